@@ -1,0 +1,2 @@
+//! The `rlvr` command-line tool.
+fn main() {}
