@@ -1,0 +1,637 @@
+#!/usr/bin/env python3
+"""Build tiny HuggingFace checkpoints plus reference log-probs for rlvr-model's parity tests.
+
+Run from the repository root:
+
+    /tmp/venv/bin/python scripts/make_model_fixtures.py
+
+It writes crates/rlvr-model/tests/fixtures/<name>/ (a model directory saved by transformers'
+`save_pretrained`, a `config.v4.json` next to it (the config in the other style; see below) and
+`expected.json`). Everything is seeded: running it twice gives the same files.
+
+Reference values
+----------------
+The stored log-probs, entropies and logits are computed in float64 from the weights as saved
+(bf16 weights are upcast exactly). transformers' own modules keep RMSNorm, the attention softmax and
+the rotary tables in float32 even after `model.double()`, so for the reference those three pieces
+are swapped for float64 versions of the same formulas (`_f64_patches`). The script asserts that
+this float64 reference agrees with plain transformers (double and float32, eager attention) and
+records the largest differences in expected.json (`hf_checks`).
+
+Config styles
+-------------
+transformers >= 5 writes `rope_parameters` (with `rope_theta` inside) and `dtype`; transformers 4
+wrote `rope_theta` / `rope_scaling` / `torch_dtype` at the top level. Whichever style the installed
+transformers writes is config.json; the other is written by hand next to it (config.v4.json or
+config.v5.json). The script asserts that both load in transformers to the same model (identical
+logits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors import safe_open
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen2 import modeling_qwen2
+from transformers.models.qwen3 import modeling_qwen3
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "crates" / "rlvr-model" / "tests" / "fixtures"
+PAD_ID = 0
+INIT_STD = 0.2
+BIAS_STD = 0.3
+# A left-padded row must give the same log-probs as the same row alone, unpadded.
+PAD_CONSISTENCY_TOL = 1e-6
+# The float64 reference against plain transformers.
+HF_DOUBLE_TOL = 1e-5
+HF_F32_TOL = 5e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixture definitions
+# ----------------------------------------------------------------------------------------------
+
+def fixture_specs():
+    return [
+        dict(
+            name="qwen2_bias_tied",
+            seed=1001,
+            cls=Qwen2ForCausalLM,
+            config=Qwen2Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=160,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                rms_norm_eps=1e-6,
+                rope_theta=10000.0,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            notes="Qwen2: q/k/v biases (random, nonzero), no o_proj bias, tied lm_head (no lm_head.weight "
+            "tensor in the file), 4 heads / 2 KV heads, head_dim 16, rope_theta 10000, weights f32.",
+        ),
+        dict(
+            name="llama_gqa_untied_rope3",
+            seed=1002,
+            cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                vocab_size=512,
+                hidden_size=96,
+                intermediate_size=192,
+                num_hidden_layers=2,
+                num_attention_heads=6,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=512,
+                rms_norm_eps=1e-5,
+                rope_theta=500000.0,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+                tie_word_embeddings=False,
+                attention_bias=False,
+                mlp_bias=False,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            save_dtype=torch.float32,
+            shard="250KB",
+            notes="Llama: untied lm_head, 6 heads / 2 KV heads (3:1 GQA), head_dim 16, rope_theta 500000 with "
+            "llama3 rope scaling (factor 8, low 1, high 4, original_max_position_embeddings 64: of the 8 "
+            "frequencies, index 0 is kept, index 1 is smoothed, 2..7 are divided by 8), rms_norm_eps 1e-5, "
+            "saved sharded with model.safetensors.index.json, weights f32.",
+        ),
+        dict(
+            name="qwen3",
+            seed=1003,
+            cls=Qwen3ForCausalLM,
+            config=Qwen3Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                max_position_embeddings=128,
+                rms_norm_eps=1e-6,
+                rope_theta=1000000.0,
+                tie_word_embeddings=True,
+                attention_bias=False,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            save_dtype=torch.bfloat16,
+            shard=None,
+            notes="Qwen3: per-head q_norm/k_norm (RMSNorm over head_dim, before rope), no q/k/v bias, explicit "
+            "head_dim 32 with hidden 64 and 4 heads (q_proj is [128, 64], o_proj is [64, 128]), tied, "
+            "rope_theta 1e6. Weights STORED in bf16; the reference is computed from those bf16 values "
+            "upcast (exactly) to float64.",
+        ),
+    ]
+
+
+def cases_for(seed: int, vocab: int):
+    """Token batches. Row 0 is always full length, so last_logits_row0 is a real position."""
+    g = torch.Generator().manual_seed(seed + 7)
+
+    def toks(n):
+        return torch.randint(1, vocab, (n,), generator=g).tolist()
+
+    rows_left = [toks(11), toks(7), toks(4)]
+    rows_right = [toks(9), toks(5), toks(8)]
+    single = [toks(40)]
+    return [
+        dict(name="left_b3_t1.0", padding_side="left", temperature=1.0, rows=rows_left),
+        dict(name="left_b3_t0.7", padding_side="left", temperature=0.7, rows=rows_left),
+        dict(name="right_b3_t1.0", padding_side="right", temperature=1.0, rows=rows_right),
+        dict(name="single_len40_t1.3", padding_side="none", temperature=1.3, rows=single),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------
+
+def random_init(model: nn.Module, seed: int):
+    """std-0.2 normal weights, random nonzero biases, RMSNorm weights uniform in [0.5, 1.5)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied weights appear once
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64))
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * BIAS_STD)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * INIT_STD)
+
+
+# ----------------------------------------------------------------------------------------------
+# float64 versions of the pieces transformers keeps in float32
+# ----------------------------------------------------------------------------------------------
+
+def inv_freq_f64(config) -> torch.Tensor:
+    """RoPE inverse frequencies in float64 (default and llama3 rope types)."""
+    rp = dict(config.rope_parameters)
+    base = float(rp["rope_theta"])
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = head_dim
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rtype = rp.get("rope_type", "default")
+    if rtype == "default":
+        return inv
+    if rtype != "llama3":
+        raise ValueError(f"rope_type {rtype} not handled")
+    factor = rp["factor"]
+    lo = rp["low_freq_factor"]
+    hi = rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    low_wl = old / lo
+    high_wl = old / hi
+    wl = 2 * math.pi / inv
+    out = torch.where(wl > low_wl, inv / factor, inv)
+    smooth = (old / wl - lo) / (hi - lo)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wl < high_wl) & ~(wl > low_wl)
+    return torch.where(medium, smoothed, out)
+
+
+def _rmsnorm_f64(self, x):
+    var = x.pow(2).mean(-1, keepdim=True)
+    return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
+
+
+def _rotary_f64(self, x, position_ids):
+    freqs = position_ids[..., None].to(torch.float64) * self._inv_freq64
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+_EAGER_CALLS = [0]
+
+
+def _eager_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    _EAGER_CALLS[0] += 1
+    n_rep = module.num_key_value_groups
+    key = modeling_llama.repeat_kv(key, n_rep)
+    value = modeling_llama.repeat_kv(value, n_rep)
+    w = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        w = w + attention_mask
+    w = torch.softmax(w, dim=-1)
+    out = torch.matmul(w, value).transpose(1, 2).contiguous()
+    return out, w
+
+
+class _f64_patches:
+    """Context manager: RMSNorm, rotary tables and eager softmax computed in the input dtype (f64)."""
+
+    MODULES = (modeling_llama, modeling_qwen2, modeling_qwen3)
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.saved = [(m, m.eager_attention_forward) for m in self.MODULES]
+        for m in self.MODULES:
+            m.eager_attention_forward = _eager_f64
+        self.patched = []
+        inv = inv_freq_f64(self.model.config)
+        n_norm = n_rot = 0
+        for mod in self.model.modules():
+            cname = type(mod).__name__
+            if cname.endswith("RMSNorm"):
+                mod.forward = types.MethodType(_rmsnorm_f64, mod)
+                self.patched.append(mod)
+                n_norm += 1
+            elif cname.endswith("RotaryEmbedding"):
+                # transformers' own table (float32 arithmetic) must agree with ours.
+                ours = inv.to(mod.inv_freq.dtype)
+                assert torch.allclose(mod.inv_freq.double(), inv, rtol=1e-6, atol=0), (mod.inv_freq, inv)
+                assert abs(mod.attention_scaling - 1.0) < 1e-12
+                mod._inv_freq64 = inv
+                mod.forward = types.MethodType(_rotary_f64, mod)
+                self.patched.append(mod)
+                n_rot += 1
+                del ours
+        assert n_norm >= 3 and n_rot == 1, (n_norm, n_rot)
+        _EAGER_CALLS[0] = 0
+        return self
+
+    def __exit__(self, *exc):
+        for m, f in self.saved:
+            m.eager_attention_forward = f
+        for mod in self.patched:
+            del mod.forward  # back to the class method
+            if hasattr(mod, "_inv_freq64"):
+                del mod._inv_freq64
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches and per-token values
+# ----------------------------------------------------------------------------------------------
+
+def make_batch(rows, side):
+    T = max(len(r) for r in rows)
+    ids, mask, pos = [], [], []
+    for r in rows:
+        n = len(r)
+        if side in ("left", "none"):
+            ids.append([PAD_ID] * (T - n) + r)
+            mask.append([0] * (T - n) + [1] * n)
+        elif side == "right":
+            ids.append(r + [PAD_ID] * (T - n))
+            mask.append([1] * n + [0] * (T - n))
+        else:
+            raise ValueError(side)
+    ids_t = torch.tensor(ids, dtype=torch.long)
+    mask_t = torch.tensor(mask, dtype=torch.long)
+    if side == "right":
+        pos_t = torch.arange(T, dtype=torch.long).unsqueeze(0).expand(len(rows), T).clone()
+    else:
+        pos_t = (mask_t.cumsum(-1) - 1).clamp(min=0)
+    return ids_t, mask_t, pos_t
+
+
+@torch.no_grad()
+def forward_logits(model, ids, mask, pos):
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    return out.logits.double()
+
+
+def token_values(logits, ids, mask, temperature):
+    """logprobs[b,t] of ids[b,t+1] and entropy at t, both from softmax(logits[b,t]/T); None where masked."""
+    lp_all = torch.log_softmax(logits[:, :-1, :] / temperature, dim=-1)
+    lp = lp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = -(lp_all.exp() * lp_all).sum(-1)
+    valid = (mask[:, 1:] == 1) & (mask[:, :-1] == 1)
+    return lp, ent, valid
+
+
+def to_nullable(x, valid):
+    return [[(float(v) if ok else None) for v, ok in zip(xr, vr)] for xr, vr in zip(x.tolist(), valid.tolist())]
+
+
+def max_diff_valid(a, b, valid):
+    d = (a - b).abs()[valid]
+    return float(d.max()) if d.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Config styles
+# ----------------------------------------------------------------------------------------------
+
+def detect_style(cfg: dict) -> str:
+    if "rope_parameters" in cfg or "dtype" in cfg:
+        return "v5"
+    return "v4"
+
+
+def to_v4(cfg: dict) -> dict:
+    """transformers-5 style -> transformers-4 style (rope_theta/rope_scaling/torch_dtype at top level)."""
+    out = {}
+    for k, v in cfg.items():
+        if k == "rope_parameters":
+            rp = dict(v)
+            out["rope_theta"] = rp.pop("rope_theta")
+            rtype = rp.get("rope_type", "default")
+            out["rope_scaling"] = None if rtype == "default" else rp
+        elif k == "dtype":
+            out["torch_dtype"] = v
+        else:
+            out[k] = v
+    out["transformers_version"] = "4.57.1"
+    return out
+
+
+def to_v5(cfg: dict) -> dict:
+    out = {}
+    for k, v in cfg.items():
+        if k in ("rope_theta", "rope_scaling"):
+            continue
+        if k == "torch_dtype":
+            out["dtype"] = v
+        else:
+            out[k] = v
+    rp = {"rope_theta": cfg["rope_theta"]}
+    rs = cfg.get("rope_scaling")
+    if rs:
+        rs = dict(rs)
+        if "type" in rs and "rope_type" not in rs:
+            rs["rope_type"] = rs.pop("type")
+        rp.update(rs)
+    else:
+        rp["rope_type"] = "default"
+    out["rope_parameters"] = rp
+    out["transformers_version"] = "5.0.0"
+    return out
+
+
+def check_other_style(d: Path, other_name: str, ref_logits, ids, mask, pos):
+    """Load config.<other>.json with the same weights in transformers; logits must be identical."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for f in d.iterdir():
+            if f.name.endswith(".safetensors") or f.name.endswith(".index.json"):
+                shutil.copy(f, tmp / f.name)
+        shutil.copy(d / other_name, tmp / "config.json")
+        m = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float64, attn_implementation="eager")
+        m.eval()
+        a = AutoConfig.from_pretrained(d)
+        b = AutoConfig.from_pretrained(tmp)
+        for key in ("rope_parameters", "head_dim", "tie_word_embeddings", "num_key_value_heads", "hidden_size"):
+            assert getattr(a, key, None) == getattr(b, key, None), (key, getattr(a, key, None), getattr(b, key, None))
+        assert str(a.dtype) == str(b.dtype), (a.dtype, b.dtype)
+        with _f64_patches(m):
+            lg = forward_logits(m, ids, mask, pos)
+        diff = float((lg - ref_logits).abs().max())
+        assert diff == 0.0, f"{other_name}: logits differ by {diff}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------
+
+def build_fixture(spec, out_root: Path) -> dict:
+    name = spec["name"]
+    d = out_root / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+
+    torch.manual_seed(spec["seed"])
+    cfg = copy.deepcopy(spec["config"])
+    model = spec["cls"](cfg)
+    random_init(model, spec["seed"])
+    if cfg.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    else:
+        assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    model = model.to(spec["save_dtype"])
+    save_kw = {}
+    if spec["shard"]:
+        save_kw["max_shard_size"] = spec["shard"]
+    model.save_pretrained(d, safe_serialization=True, **save_kw)
+    # transformers also writes generation_config.json; keep it (rlvr reads EOS ids from it).
+
+    files = sorted(f.name for f in d.iterdir())
+    st_files = [f for f in files if f.endswith(".safetensors")]
+    if spec["shard"]:
+        assert "model.safetensors.index.json" in files, files
+        assert len(st_files) >= 2, files
+    else:
+        assert st_files == ["model.safetensors"], files
+
+    # Stored tensors: names, dtypes, shapes.
+    tensors = {}
+    for f in st_files:
+        with safe_open(d / f, framework="pt") as sf:
+            for k in sf.keys():
+                t = sf.get_tensor(k)
+                tensors[k] = {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "file": f}
+    want_dtype = str(spec["save_dtype"]).replace("torch.", "")
+    assert all(v["dtype"] == want_dtype for v in tensors.values()), tensors
+    assert ("lm_head.weight" in tensors) == (not cfg.tie_word_embeddings), sorted(tensors)
+    if name.startswith("qwen2"):
+        assert "model.layers.0.self_attn.q_proj.bias" in tensors
+        assert "model.layers.0.self_attn.o_proj.bias" not in tensors
+    if name == "qwen3":
+        assert tensors["model.layers.0.self_attn.q_norm.weight"]["shape"] == [32]
+        assert tensors["model.layers.0.self_attn.q_proj.weight"]["shape"] == [128, 64]
+        assert tensors["model.layers.0.self_attn.o_proj.weight"]["shape"] == [64, 128]
+        assert "model.layers.0.self_attn.q_proj.bias" not in tensors
+
+    # Config style written by this transformers; write the other style next to it.
+    cfg_json = json.loads((d / "config.json").read_text())
+    style = detect_style(cfg_json)
+    if style == "v5":
+        other_name, other = "config.v4.json", to_v4(cfg_json)
+    else:
+        other_name, other = "config.v5.json", to_v5(cfg_json)
+    (d / other_name).write_text(json.dumps(other, indent=2, sort_keys=True) + "\n")
+
+    # Reference model: reloaded from disk (so the stored weights are what is tested), float64.
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager")
+    ref.eval()
+    assert ref.config._attn_implementation == "eager"
+    with torch.no_grad():
+        sd_mem = {k: v.double() for k, v in model.state_dict().items()}
+        for k, v in ref.state_dict().items():
+            assert torch.equal(v, sd_mem[k]), k
+    # Plain transformers in float32 (weights as stored, upcast to f32; exact for bf16).
+    hf32 = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    hf32.eval()
+
+    cases_out = []
+    hf_checks = {}
+    for case in cases_for(spec["seed"], cfg.vocab_size):
+        ids, mask, pos = make_batch(case["rows"], case["padding_side"])
+        temp = case["temperature"]
+        with _f64_patches(ref):
+            logits = forward_logits(ref, ids, mask, pos)
+            assert _EAGER_CALLS[0] == cfg.num_hidden_layers, _EAGER_CALLS
+        lp, ent, valid = token_values(logits, ids, mask, temp)
+        assert torch.isfinite(lp[valid]).all() and torch.isfinite(ent[valid]).all()
+
+        # 1. Each padded row equals the same row run alone, unpadded.
+        pad_diff = 0.0
+        for b, row in enumerate(case["rows"]):
+            i1, m1, p1 = make_batch([row], "none")
+            with _f64_patches(ref):
+                lg1 = forward_logits(ref, i1, m1, p1)
+            lp1, ent1, _ = token_values(lg1, i1, m1, temp)
+            n = len(row)
+            if case["padding_side"] == "right":
+                sl = slice(0, n - 1)
+            else:
+                sl = slice(ids.shape[1] - n, ids.shape[1] - 1)
+            assert valid[b, sl].all() and int(valid[b].sum()) == n - 1
+            dl = float((lp[b, sl] - lp1[0]).abs().max()) if n > 1 else 0.0
+            de = float((ent[b, sl] - ent1[0]).abs().max()) if n > 1 else 0.0
+            pad_diff = max(pad_diff, dl, de)
+        assert pad_diff < PAD_CONSISTENCY_TOL, (name, case["name"], pad_diff)
+
+        # 2. The float64 reference agrees with plain transformers (double, and float32).
+        #    Plain transformers in float64 turns fully masked query rows (the left padding) into NaN:
+        #    its eager softmax runs in float32, where the float64 mask value becomes -inf, and the NaN
+        #    reaches the real rows through 0 * NaN in the value product. Compare only when finite.
+        lg_hf64 = forward_logits(ref, ids, mask, pos)
+        hf64_nan = not bool(torch.isfinite(lg_hf64).all())
+        d64 = None
+        if hf64_nan:
+            assert case["padding_side"] == "left", (name, case["name"])
+        else:
+            lp64, ent64, _ = token_values(lg_hf64, ids, mask, temp)
+            d64 = max(max_diff_valid(lp, lp64, valid), max_diff_valid(ent, ent64, valid))
+            assert d64 < HF_DOUBLE_TOL, (name, case["name"], d64)
+        lg_hf32 = forward_logits(hf32, ids, mask, pos)
+        lp32, ent32, _ = token_values(lg_hf32, ids, mask, temp)
+        d32 = max(max_diff_valid(lp, lp32, valid), max_diff_valid(ent, ent32, valid))
+        assert d32 < HF_F32_TOL, (name, case["name"], d32)
+
+        # 3. Without explicit position_ids transformers uses arange positions (it does not derive them
+        #    from the mask). Under left padding that shifts every real token of a row by the same
+        #    offset, which RoPE attention (relative) cancels up to rounding: record the difference.
+        no_pos = None
+        if case["padding_side"] == "left":
+            with _f64_patches(ref), torch.no_grad():
+                out = ref(input_ids=ids, attention_mask=mask, use_cache=False).logits.double()
+            lpn, _, _ = token_values(out, ids, mask, temp)
+            no_pos = max_diff_valid(lp, lpn, valid)
+
+        hf_checks[case["name"]] = {
+            "pad_vs_unpadded_max_abs": pad_diff,
+            "vs_hf_eager_f64_max_abs": d64,
+            "hf_eager_f64_gives_nan": hf64_nan,
+            "vs_hf_eager_f32_max_abs": d32,
+            "hf_without_position_ids_max_abs": no_pos,
+        }
+        cases_out.append(
+            {
+                "name": case["name"],
+                "padding_side": case["padding_side"],
+                "temperature": temp,
+                "input_ids": ids.tolist(),
+                "attention_mask": mask.tolist(),
+                "position_ids": pos.tolist(),
+                "logprobs": to_nullable(lp, valid),
+                "entropy": to_nullable(ent, valid),
+                "last_logits_row0": [float(v) for v in logits[0, -1].tolist()],
+            }
+        )
+
+    check_other_style(d, other_name, forward_logits_ref_cache(ref, cases_out), *batch_of(cases_out[0]))
+
+    inv = inv_freq_f64(ref.config)
+    expected = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "fixture": name,
+        "notes": spec["notes"],
+        "config_style": style,
+        "other_config": other_name,
+        "weights_dtype": want_dtype,
+        "reference_dtype": "float64",
+        "pad_id": PAD_ID,
+        "rope_inv_freq": [float(v) for v in inv.tolist()],
+        "tensors": tensors,
+        "hf_checks": hf_checks,
+        "cases": cases_out,
+    }
+    (d / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+    return {"name": name, "style": style, "files": files + [other_name, "expected.json"], "checks": hf_checks}
+
+
+def batch_of(case):
+    return (
+        torch.tensor(case["input_ids"]),
+        torch.tensor(case["attention_mask"]),
+        torch.tensor(case["position_ids"]),
+    )
+
+
+def forward_logits_ref_cache(ref, cases_out):
+    ids, mask, pos = batch_of(cases_out[0])
+    with _f64_patches(ref):
+        return forward_logits(ref, ids, mask, pos)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(OUT), help="fixtures root (default: %(default)s)")
+    ap.add_argument("--only", action="append", help="build only this fixture (repeatable)")
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    out_root = Path(args.out)
+    out_root.mkdir(parents=True, exist_ok=True)
+    for spec in fixture_specs():
+        if args.only and spec["name"] not in args.only:
+            continue
+        r = build_fixture(spec, out_root)
+        worst = {
+            k: max(float(c[k] or 0.0) for c in r["checks"].values()) for k in next(iter(r["checks"].values()))
+        }
+        print(f"{r['name']}: config style {r['style']}, files {r['files']}")
+        print(f"  max abs diffs: {json.dumps(worst)}")
+    total = sum(f.stat().st_size for f in out_root.rglob("*") if f.is_file())
+    print(f"fixtures total {total / 1e6:.2f} MB under {out_root}")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
