@@ -33,9 +33,7 @@ import argparse
 import copy
 import json
 import math
-import os
 import shutil
-import sys
 import tempfile
 import types
 from pathlib import Path
@@ -279,14 +277,12 @@ class _f64_patches:
                 n_norm += 1
             elif cname.endswith("RotaryEmbedding"):
                 # transformers' own table (float32 arithmetic) must agree with ours.
-                ours = inv.to(mod.inv_freq.dtype)
                 assert torch.allclose(mod.inv_freq.double(), inv, rtol=1e-6, atol=0), (mod.inv_freq, inv)
                 assert abs(mod.attention_scaling - 1.0) < 1e-12
                 mod._inv_freq64 = inv
                 mod.forward = types.MethodType(_rotary_f64, mod)
                 self.patched.append(mod)
                 n_rot += 1
-                del ours
         assert n_norm >= 3 and n_rot == 1, (n_norm, n_rot)
         _EAGER_CALLS[0] = 0
         return self
