@@ -1,0 +1,252 @@
+//! Reward functions: weighted sums of verifier components plus an optional format reward.
+//!
+//! reward = Σ_c weight_c · reward_c + format, where `format` is the [`FormatReward`] bonus or penalty
+//! (0 when off). Each component's raw reward is kept in [`RewardBreakdown::components`] so the trainer
+//! can log it as `reward/<name>` ([`component_means`]); correctness (`accuracy`) comes from the first
+//! component alone and never includes the format term.
+
+use crate::arithmetic::ArithmeticVerifier;
+use crate::countdown::CountdownVerifier;
+use crate::external::ExternalVerifier;
+use crate::format::FormatReward;
+use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
+use crate::math::MathVerifier;
+use crate::{RewardError, Sample, Verifier};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Which verifier a component uses (a TOML inline table tagged by `kind`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum VerifierConfig {
+    /// [`Gsm8kVerifier`].
+    Gsm8k {
+        /// Extraction mode, default flexible.
+        #[serde(default)]
+        mode: Gsm8kMode,
+    },
+    /// [`MathVerifier`].
+    Math,
+    /// [`CountdownVerifier`].
+    Countdown,
+    /// [`ArithmeticVerifier`].
+    Arithmetic {
+        /// Extraction mode, default flexible.
+        #[serde(default)]
+        mode: Gsm8kMode,
+    },
+    /// [`ExternalVerifier`].
+    External {
+        /// Program and arguments.
+        command: Vec<String>,
+        /// Seconds allowed per batch, default 60.
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+    },
+}
+
+fn default_timeout_s() -> f64 {
+    60.0
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+impl VerifierConfig {
+    /// Builds the verifier.
+    ///
+    /// # Errors
+    /// [`RewardError::Config`] for an empty external command or a timeout that is not positive.
+    pub fn build(&self) -> Result<Box<dyn Verifier>, RewardError> {
+        Ok(match self {
+            VerifierConfig::Gsm8k { mode } => Box::new(Gsm8kVerifier { mode: *mode }),
+            VerifierConfig::Math => Box::new(MathVerifier),
+            VerifierConfig::Countdown => Box::new(CountdownVerifier),
+            VerifierConfig::Arithmetic { mode } => Box::new(ArithmeticVerifier { mode: *mode }),
+            VerifierConfig::External { command, timeout_s } => {
+                if command.is_empty() {
+                    return Err(RewardError::Config(
+                        "external verifier needs a non-empty `command` list".into(),
+                    ));
+                }
+                if !(timeout_s.is_finite() && *timeout_s > 0.0) {
+                    return Err(RewardError::Config(format!(
+                        "external verifier timeout_s must be a positive number of seconds, got {timeout_s}"
+                    )));
+                }
+                Box::new(ExternalVerifier {
+                    command: command.clone(),
+                    timeout: Duration::from_secs_f64(*timeout_s),
+                })
+            }
+        })
+    }
+
+    /// A short name for logs (`gsm8k`, `math`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            VerifierConfig::Gsm8k { .. } => "gsm8k",
+            VerifierConfig::Math => "math",
+            VerifierConfig::Countdown => "countdown",
+            VerifierConfig::Arithmetic { .. } => "arithmetic",
+            VerifierConfig::External { .. } => "external",
+        }
+    }
+}
+
+/// One weighted component (`[[reward.components]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentConfig {
+    /// Name used in metrics (`reward/<name>`); default: the verifier kind.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Weight in the sum, default 1.
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// The verifier.
+    pub verifier: VerifierConfig,
+}
+
+/// The `[reward]` config table.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardConfig {
+    /// Components of the weighted sum. Empty: the task's own verifier with weight 1.
+    pub components: Vec<ComponentConfig>,
+    /// Optional format reward, off by default.
+    pub format: Option<FormatReward>,
+}
+
+/// A built reward function.
+pub struct RewardFunction {
+    components: Vec<(String, f64, Box<dyn Verifier>)>,
+    format: Option<FormatReward>,
+}
+
+/// The reward of one completion with its parts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RewardBreakdown {
+    /// Total: weighted component sum plus the format term.
+    pub reward: f64,
+    /// Correctness as judged by the first component (format excluded).
+    pub correct: bool,
+    /// The format term, `None` when the format reward is off.
+    pub format: Option<f64>,
+    /// Each component's name and raw (unweighted) reward, in config order.
+    pub components: Vec<(String, f64)>,
+    /// The first component's extracted answer.
+    pub extracted: Option<String>,
+    /// The first component's gold answer.
+    pub gold: Option<String>,
+}
+
+impl RewardFunction {
+    /// Builds from config; with no components, `default` (the task's verifier) is used with weight 1.
+    ///
+    /// # Errors
+    /// [`RewardError::Config`] for a non-finite weight, a duplicate name or a bad verifier config.
+    pub fn from_config(
+        config: &RewardConfig,
+        default: &VerifierConfig,
+    ) -> Result<Self, RewardError> {
+        let fallback = [ComponentConfig {
+            name: None,
+            weight: 1.0,
+            verifier: default.clone(),
+        }];
+        let list = if config.components.is_empty() {
+            &fallback[..]
+        } else {
+            &config.components[..]
+        };
+        let mut components: Vec<(String, f64, Box<dyn Verifier>)> = Vec::new();
+        for c in list {
+            let name = c
+                .name
+                .clone()
+                .unwrap_or_else(|| c.verifier.name().to_string());
+            if !c.weight.is_finite() {
+                return Err(RewardError::Config(format!(
+                    "component `{name}` has a non-finite weight"
+                )));
+            }
+            if components.iter().any(|(n, _, _)| *n == name) {
+                return Err(RewardError::Config(format!(
+                    "two components are named `{name}`: give each a distinct `name`"
+                )));
+            }
+            components.push((name, c.weight, c.verifier.build()?));
+        }
+        Ok(RewardFunction {
+            components,
+            format: config.format,
+        })
+    }
+
+    /// A reward function from already built parts.
+    pub fn new(
+        components: Vec<(String, f64, Box<dyn Verifier>)>,
+        format: Option<FormatReward>,
+    ) -> Self {
+        RewardFunction { components, format }
+    }
+
+    /// Scores a batch (each component sees the whole batch: one process per batch for external ones).
+    ///
+    /// # Errors
+    /// The first component error.
+    pub fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<RewardBreakdown>, RewardError> {
+        let mut out: Vec<RewardBreakdown> = samples
+            .iter()
+            .map(|s| {
+                let format = self.format.map(|f| f.score(s.completion));
+                RewardBreakdown {
+                    reward: format.unwrap_or(0.0),
+                    correct: false,
+                    format,
+                    components: Vec::with_capacity(self.components.len()),
+                    extracted: None,
+                    gold: None,
+                }
+            })
+            .collect();
+        for (k, (name, weight, verifier)) in self.components.iter().enumerate() {
+            let scores = verifier.score_batch(samples)?;
+            for (b, s) in out.iter_mut().zip(scores) {
+                b.reward += weight * s.reward;
+                b.components.push((name.clone(), s.reward));
+                if k == 0 {
+                    b.correct = s.correct;
+                    b.extracted = s.extracted;
+                    b.gold = s.gold;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Batch means for logging: `("reward/<name>", mean raw reward)` per component, plus
+/// `("reward/format", mean)` when the format reward is on. Empty input gives an empty list.
+pub fn component_means(batch: &[RewardBreakdown]) -> Vec<(String, f64)> {
+    let Some(first) = batch.first() else {
+        return Vec::new();
+    };
+    let n = batch.len() as f64;
+    let mut out: Vec<(String, f64)> = first
+        .components
+        .iter()
+        .enumerate()
+        .map(|(k, (name, _))| {
+            let sum: f64 = batch.iter().map(|b| b.components[k].1).sum();
+            (format!("reward/{name}"), sum / n)
+        })
+        .collect();
+    if first.format.is_some() {
+        let sum: f64 = batch.iter().filter_map(|b| b.format).sum();
+        out.push(("reward/format".into(), sum / n));
+    }
+    out
+}

@@ -1,0 +1,151 @@
+//! External verifiers: a user command that scores completions over JSON lines.
+//!
+//! Protocol: for each batch the command is started once; it reads one JSON object per line on stdin,
+//! `{"prompt": str, "completion": str, "reference": str}`, and must write exactly one JSON object per
+//! input line on stdout, in order, `{"reward": number}` (optionally with `"correct": bool`,
+//! `"extracted": str`, `"gold": str`; without `correct` an answer counts as correct when reward > 0).
+//! stdin is closed after the last line. The command fails (a [`RewardError::External`] naming the
+//! command and what happened, with the tail of its stderr) when it cannot start, runs past the timeout
+//! (it is killed), exits non-zero, writes a line that is not such an object, writes a non-finite reward,
+//! or writes too few or too many lines.
+
+use crate::{truncate, RewardError, Sample, Score, Verifier};
+use serde::Deserialize;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A verifier that runs a command (see the module docs).
+#[derive(Debug, Clone)]
+pub struct ExternalVerifier {
+    /// Program and arguments (no shell: use `["sh", "-c", "..."]` for one).
+    pub command: Vec<String>,
+    /// Wall-clock limit for one batch.
+    pub timeout: Duration,
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    reward: f64,
+    correct: Option<bool>,
+    extracted: Option<String>,
+    gold: Option<String>,
+}
+
+impl ExternalVerifier {
+    fn fail(&self, reason: String) -> RewardError {
+        RewardError::External {
+            command: self.command.join(" "),
+            reason,
+        }
+    }
+}
+
+impl Verifier for ExternalVerifier {
+    fn score(&self, sample: &Sample<'_>) -> Result<Score, RewardError> {
+        let mut v = self.score_batch(std::slice::from_ref(sample))?;
+        v.pop()
+            .ok_or_else(|| self.fail("no reply for the sample".into()))
+    }
+
+    fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+        let (prog, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| self.fail("empty command".into()))?;
+        let mut input = String::new();
+        for s in samples {
+            let line = serde_json::json!({
+                "prompt": s.prompt, "completion": s.completion, "reference": s.reference,
+            });
+            input.push_str(&line.to_string());
+            input.push('\n');
+        }
+        let mut child = Command::new(prog)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                self.fail(format!(
+                    "could not start it: {e} (check the path and that it is executable)"
+                ))
+            })?;
+        let mut stdin = child.stdin.take().expect("stdin was piped");
+        let mut stdout = child.stdout.take().expect("stdout was piped");
+        let mut stderr = child.stderr.take().expect("stderr was piped");
+        // Separate threads so a command that writes before reading everything cannot deadlock us.
+        let writer = std::thread::spawn(move || {
+            let r = stdin.write_all(input.as_bytes());
+            drop(stdin);
+            r
+        });
+        let out_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            stdout.read_to_string(&mut s).map(|_| s)
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(self.fail(format!(
+                        "timed out after {:.1} s on a batch of {} (raise timeout_s or speed the command up)",
+                        self.timeout.as_secs_f64(),
+                        samples.len()
+                    )));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => return Err(self.fail(format!("could not wait for it: {e}"))),
+            }
+        };
+        let stderr_text = err_reader.join().unwrap_or_default();
+        let stderr_tail = truncate(stderr_text.trim_end(), 2000);
+        let _ = writer.join();
+        if !status.success() {
+            return Err(self.fail(format!("exited with {status}; stderr: {stderr_tail}")));
+        }
+        let out = out_reader
+            .join()
+            .map_err(|_| self.fail("stdout reader panicked".into()))?
+            .map_err(|e| self.fail(format!("stdout is not UTF-8 text: {e}")))?;
+        let lines: Vec<&str> = out.split('\n').filter(|l| !l.trim().is_empty()).collect();
+        if lines.len() != samples.len() {
+            return Err(self.fail(format!(
+                "wrote {} reply lines for {} inputs (one {{\"reward\": R}} per input line expected); stderr: {stderr_tail}",
+                lines.len(),
+                samples.len()
+            )));
+        }
+        lines
+            .iter()
+            .enumerate()
+            .map(|(k, line)| {
+                let r: Reply = serde_json::from_str(line).map_err(|e| {
+                    self.fail(format!(
+                        "stdout line {}: {e}: {:?} (expected {{\"reward\": number}})",
+                        k + 1,
+                        truncate(line, 200)
+                    ))
+                })?;
+                if !r.reward.is_finite() {
+                    return Err(self.fail(format!("stdout line {}: reward is not finite", k + 1)));
+                }
+                Ok(Score {
+                    reward: r.reward,
+                    correct: r.correct.unwrap_or(r.reward > 0.0),
+                    extracted: r.extracted,
+                    gold: r.gold,
+                })
+            })
+            .collect()
+    }
+}

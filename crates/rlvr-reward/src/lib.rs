@@ -1,0 +1,141 @@
+//! Verifiable rewards for RLVR: answer extraction and verifiers, in pure Rust (no tensor library).
+//!
+//! A [`Verifier`] turns a [`Sample`] (prompt, completion, reference) into a [`Score`]: the reward, whether
+//! the answer was judged correct, and the extracted and gold answers as text (the fields of the
+//! `rlvr reward` output, DESIGN.md section 10). Verifiers:
+//! - [`gsm8k::Gsm8kVerifier`]: numeric answers, strict (`#### N`) or flexible extraction;
+//! - [`math::MathVerifier`]: the last `\boxed{}`, LaTeX normalisation, equivalence of numbers, tuples,
+//!   intervals and simple expressions;
+//! - [`countdown::CountdownVerifier`]: an arithmetic expression using each given number exactly once,
+//!   evaluated exactly by a real parser (never an eval);
+//! - [`arithmetic::ArithmeticVerifier`]: exact numeric answers to generated arithmetic problems;
+//! - [`external::ExternalVerifier`]: a user command speaking JSON lines.
+//!
+//! [`combine::RewardFunction`] adds an optional format reward (reported apart from correctness) and
+//! weighted sums of components, each logged.
+//!
+//! Every extraction reads the whole completion in linear time; parsers return errors or `None`, never
+//! panic (property-tested).
+//!
+//! ```
+//! use rlvr_reward::{gsm8k::{Gsm8kMode, Gsm8kVerifier}, Sample, Verifier};
+//! let v = Gsm8kVerifier { mode: Gsm8kMode::Flexible };
+//! let s = v.score(&Sample::new("So she pays **$1,000.00**.", "Half of 2000 is 1000.\n#### 1000")).unwrap();
+//! assert_eq!((s.reward, s.extracted.as_deref(), s.gold.as_deref()), (1.0, Some("1000"), Some("1000")));
+//! ```
+#![warn(missing_docs)]
+
+pub mod arithmetic;
+pub mod cli;
+pub mod combine;
+pub mod countdown;
+pub mod external;
+pub mod extract;
+pub mod format;
+pub mod gsm8k;
+pub mod latex;
+pub mod math;
+pub mod number;
+
+use serde::Serialize;
+
+/// One completion to score.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample<'a> {
+    /// The prompt text the completion answers (only external verifiers look at it).
+    pub prompt: &'a str,
+    /// The model's completion text.
+    pub completion: &'a str,
+    /// The reference: a full solution, a bare answer, or a task-specific encoding (countdown: JSON
+    /// `{"numbers": [..], "target": N}`).
+    pub reference: &'a str,
+}
+
+impl<'a> Sample<'a> {
+    /// A sample with an empty prompt.
+    pub fn new(completion: &'a str, reference: &'a str) -> Self {
+        Sample {
+            prompt: "",
+            completion,
+            reference,
+        }
+    }
+}
+
+/// The verdict on one completion.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Score {
+    /// The reward (1.0 / 0.0 for the built-in verifiers; any finite value from external ones).
+    pub reward: f64,
+    /// Whether the answer was judged correct (feeds the `accuracy` metric; never includes a format bonus).
+    pub correct: bool,
+    /// The answer read from the completion, normalised; `None` when none was found.
+    pub extracted: Option<String>,
+    /// The gold answer read from the reference, normalised; `None` when it could not be read.
+    pub gold: Option<String>,
+}
+
+impl Score {
+    /// Reward 1.0 when `correct`, else 0.0.
+    pub fn binary(correct: bool, extracted: Option<String>, gold: Option<String>) -> Self {
+        Score {
+            reward: if correct { 1.0 } else { 0.0 },
+            correct,
+            extracted,
+            gold,
+        }
+    }
+}
+
+/// Errors of the verifiers. Wrong answers are not errors (they score 0); these are problems with the
+/// reference, the configuration or an external command.
+#[derive(Debug, thiserror::Error)]
+pub enum RewardError {
+    /// The reference cannot be read for this task.
+    #[error("{task} reference {reference:?} is invalid: {reason}")]
+    BadReference {
+        /// Task name (`countdown`, ...).
+        task: &'static str,
+        /// The reference text (truncated to 200 characters).
+        reference: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+    /// An external verifier command failed: did not start, exited non-zero, timed out or wrote
+    /// malformed output.
+    #[error("external verifier `{command}` failed: {reason}")]
+    External {
+        /// The command line.
+        command: String,
+        /// What happened (exit status, stderr tail, timeout, bad line number and text).
+        reason: String,
+    },
+    /// A reward configuration is invalid.
+    #[error("invalid reward config: {0}")]
+    Config(String),
+}
+
+pub(crate) fn truncate(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// Something that scores completions.
+pub trait Verifier: Send + Sync {
+    /// Scores one sample. A wrong or missing answer is a `Score` with reward 0, not an error.
+    ///
+    /// # Errors
+    /// [`RewardError`] when the reference is unreadable or an external command fails.
+    fn score(&self, sample: &Sample<'_>) -> Result<Score, RewardError>;
+
+    /// Scores many samples, in order. The default calls [`Verifier::score`] on each; external verifiers
+    /// send the whole batch to one process.
+    ///
+    /// # Errors
+    /// The first error of any sample.
+    fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+        samples.iter().map(|s| self.score(s)).collect()
+    }
+}

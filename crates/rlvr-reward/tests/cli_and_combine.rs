@@ -1,0 +1,254 @@
+//! `rlvr reward` (called through `cli::run`), external verifiers, weighted sums and the format reward.
+
+use clap::Parser;
+use rlvr_reward::cli::{run, RewardArgs};
+use rlvr_reward::combine::{
+    component_means, ComponentConfig, RewardConfig, RewardFunction, VerifierConfig,
+};
+use rlvr_reward::format::FormatReward;
+use rlvr_reward::gsm8k::Gsm8kMode;
+use rlvr_reward::Sample;
+use std::io::Write;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: RewardArgs,
+}
+
+/// Runs `rlvr reward ARGS` and returns its stdout lines parsed as JSON.
+fn check_cli(argv: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let cli = Cli::try_parse_from(std::iter::once("reward").chain(argv.iter().copied()))?;
+    let mut out = Vec::new();
+    run(&cli.args, &mut out)?;
+    Ok(String::from_utf8(out)?
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect())
+}
+
+#[test]
+fn cli_single_completion() {
+    let v = check_cli(&[
+        "--completion",
+        "so **$1,000**.",
+        "--reference",
+        "blah\n#### 1000",
+    ])
+    .unwrap();
+    assert_eq!(
+        v,
+        [serde_json::json!({"reward": 1.0, "extracted": "1000", "gold": "1000"})]
+    );
+    let v = check_cli(&[
+        "--completion",
+        "the answer is 7",
+        "--reference",
+        "7",
+        "--mode",
+        "strict",
+    ])
+    .unwrap();
+    assert_eq!(
+        v[0],
+        serde_json::json!({"reward": 0.0, "extracted": null, "gold": "7"})
+    );
+    let v = check_cli(&[
+        "--task",
+        "math",
+        "--completion",
+        "\\boxed{\\dfrac12}",
+        "--reference",
+        "0.5",
+    ])
+    .unwrap();
+    assert_eq!(v[0]["reward"], 1.0);
+    let v = check_cli(&[
+        "--task",
+        "countdown",
+        "--numbers",
+        "1,2,3",
+        "--target",
+        "9",
+        "--completion",
+        "<answer>(1+2)*3</answer>",
+    ])
+    .unwrap();
+    assert_eq!(
+        v[0],
+        serde_json::json!({"reward": 1.0, "extracted": "(1+2)*3", "gold": "9"})
+    );
+    let v = check_cli(&[
+        "--task",
+        "countdown",
+        "--numbers",
+        "1,2,3",
+        "--target",
+        "9",
+        "--completion",
+        "<answer>(1+2)/(3-3)</answer>",
+    ])
+    .unwrap();
+    assert_eq!(v[0]["reward"], 0.0);
+    assert!(check_cli(&["--completion", "5"])
+        .unwrap_err()
+        .to_string()
+        .contains("reference"));
+    assert!(check_cli(&["--task", "countdown", "--completion", "1"]).is_err());
+}
+
+#[test]
+fn cli_input_file_one_line_per_input_in_order() {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    // U+2028 inside a string must not split the line.
+    writeln!(
+        f,
+        r#####"{{"completion": "a\u2028b #### 5", "reference": "5"}}"#####
+    )
+    .unwrap();
+    writeln!(f, r#####"{{"completion": "#### 6", "reference": "5"}}"#####).unwrap();
+    writeln!(
+        f,
+        "{{\"completion\": \"7 \u{2028} 8\", \"reference\": \"8\"}}"
+    )
+    .unwrap();
+    let path_buf = f.path().to_path_buf();
+    let path = path_buf.to_str().unwrap();
+    let v = check_cli(&["--input", path]).unwrap();
+    let rewards: Vec<f64> = v.iter().map(|x| x["reward"].as_f64().unwrap()).collect();
+    assert_eq!(rewards, [1.0, 0.0, 1.0]);
+    // A malformed line is an error naming the file and line.
+    writeln!(f, r#"{{"reference": "5"}}"#).unwrap();
+    let err = format!("{:#}", check_cli(&["--input", path]).unwrap_err());
+    assert!(
+        err.contains(&format!("{path}:4")) && err.contains("completion"),
+        "{err}"
+    );
+}
+
+fn sh(script: &str, timeout_s: f64) -> VerifierConfig {
+    VerifierConfig::External {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        timeout_s,
+    }
+}
+
+fn score(
+    cfg: RewardConfig,
+    samples: &[Sample<'_>],
+) -> Result<Vec<rlvr_reward::combine::RewardBreakdown>, String> {
+    let f = RewardFunction::from_config(&cfg, &VerifierConfig::Math).map_err(|e| e.to_string())?;
+    f.score_batch(samples).map_err(|e| e.to_string())
+}
+
+#[test]
+fn external_verifier_protocol_and_failures() {
+    let samples = [Sample::new("a", "1"), Sample::new("bb", "2")];
+    let one = |v: VerifierConfig| RewardConfig {
+        components: vec![ComponentConfig {
+            name: None,
+            weight: 1.0,
+            verifier: v,
+        }],
+        format: None,
+    };
+    // Reward = length of the completion field, computed by a real child process reading JSON lines.
+    let ok = sh(
+        r#"while IFS= read -r l; do n=$(printf '%s' "$l" | sed 's/.*"completion":"\([^"]*\)".*/\1/' | tr -d '\n' | wc -c); echo "{\"reward\": $n}"; done"#,
+        10.0,
+    );
+    let r = score(one(ok), &samples).unwrap();
+    assert_eq!(r.iter().map(|b| b.reward).collect::<Vec<_>>(), [1.0, 2.0]);
+    let e = score(one(sh("sleep 5", 0.3)), &samples).unwrap_err();
+    assert!(e.contains("timed out after 0.3 s"), "{e}");
+    let e = score(one(sh("echo boom >&2; exit 3", 10.0)), &samples).unwrap_err();
+    assert!(e.contains("exit status: 3") && e.contains("boom"), "{e}");
+    let e = score(
+        one(sh("cat >/dev/null; echo '{\"reward\": 1}'", 10.0)),
+        &samples,
+    )
+    .unwrap_err();
+    assert!(e.contains("1 reply lines for 2 inputs"), "{e}");
+    let e = score(
+        one(sh(
+            "cat >/dev/null; echo '{\"reward\": 1}'; echo nope",
+            10.0,
+        )),
+        &samples,
+    )
+    .unwrap_err();
+    assert!(e.contains("stdout line 2"), "{e}");
+    let e = score(
+        one(VerifierConfig::External {
+            command: vec!["/no/such/verifier".into()],
+            timeout_s: 1.0,
+        }),
+        &samples,
+    )
+    .unwrap_err();
+    assert!(e.contains("could not start"), "{e}");
+}
+
+#[test]
+fn weighted_sum_and_format_reported_separately() {
+    let cfg: RewardConfig = serde_json::from_value(serde_json::json!({
+        "components": [
+            {"name": "strict", "weight": 0.5, "verifier": {"kind": "gsm8k", "mode": "strict"}},
+            {"name": "flex", "weight": 1.0, "verifier": {"kind": "gsm8k"}},
+        ],
+        "format": {"bonus": 0.1, "penalty": -0.1},
+    }))
+    .unwrap();
+    assert_eq!(
+        cfg.components[1].verifier,
+        VerifierConfig::Gsm8k {
+            mode: Gsm8kMode::Flexible
+        }
+    );
+    let samples = [
+        Sample::new("<think>2+3</think><answer>#### 5</answer>", "5"),
+        Sample::new("the answer is 5", "5"),
+        Sample::new("<think>x</think><answer>4</answer>", "5"),
+    ];
+    let r = score(cfg, &samples).unwrap();
+    let rewards: Vec<f64> = r
+        .iter()
+        .map(|b| (b.reward * 1000.0).round() / 1000.0)
+        .collect();
+    assert_eq!(rewards, [1.6, 0.9, 0.1]);
+    assert_eq!(
+        r.iter().map(|b| b.correct).collect::<Vec<_>>(),
+        [true, false, false]
+    );
+    assert_eq!(
+        r[1].components,
+        [("strict".to_string(), 0.0), ("flex".to_string(), 1.0)]
+    );
+    assert_eq!(r[0].format, Some(0.1));
+    let means = component_means(&r);
+    assert_eq!(means[0].0, "reward/strict");
+    assert_eq!(means[2].0, "reward/format");
+    // Unknown keys and duplicate names are rejected.
+    assert!(serde_json::from_value::<RewardConfig>(
+        serde_json::json!({"components": [], "bogus": 1})
+    )
+    .is_err());
+    let dup = RewardConfig {
+        components: vec![
+            ComponentConfig {
+                name: None,
+                weight: 1.0,
+                verifier: VerifierConfig::Math,
+            },
+            ComponentConfig {
+                name: None,
+                weight: 1.0,
+                verifier: VerifierConfig::Math,
+            },
+        ],
+        format: Some(FormatReward::default()),
+    };
+    assert!(score(dup, &samples)
+        .unwrap_err()
+        .contains("two components are named `math`"));
+}
