@@ -1,0 +1,175 @@
+//! Whole model directories: loading a model with its tokenizer, and writing a directory that both
+//! rlvr and transformers load (config.json, model.safetensors, tokenizer.json,
+//! tokenizer_config.json, generation_config.json).
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use serde_json::{json, Value};
+
+use crate::error::{ModelError, Result};
+use crate::model::Model;
+use crate::tokenizer::{TokenizerBundle, CHATML_TEMPLATE};
+use crate::weights::atomic_write;
+
+/// A policy: the model and the tokenizer of one model directory.
+pub struct Policy {
+    pub model: Model,
+    pub tokenizer: TokenizerBundle,
+}
+
+impl Policy {
+    /// Loads the model directory `dir` (see [`Model::load`] and [`TokenizerBundle::load`]).
+    ///
+    /// Errors: any missing or malformed file, naming it.
+    pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        let model = Model::load(dir, dtype, device)?;
+        let tokenizer = TokenizerBundle::load(dir)?;
+        Ok(Self { model, tokenizer })
+    }
+
+    /// Writes the model (weights in `dtype`) and the tokenizer files into `dir`, each file
+    /// atomically; the result is a model directory rlvr and transformers load.
+    pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
+        self.model.save(dir, dtype)?;
+        write_tokenizer_files(dir, &self.tokenizer)
+    }
+}
+
+fn json_bytes(v: &Value) -> Vec<u8> {
+    let mut b = serde_json::to_vec_pretty(v).expect("JSON serialises");
+    b.push(b'\n');
+    b
+}
+
+/// Writes tokenizer.json, tokenizer_config.json and generation_config.json of `tok` into `dir`.
+pub fn write_tokenizer_files(dir: &Path, tok: &TokenizerBundle) -> Result<()> {
+    let text = tok
+        .tokenizer
+        .to_string(false)
+        .map_err(|e| ModelError::Tokenizer {
+            file: dir.join("tokenizer.json"),
+            msg: e.to_string(),
+        })?;
+    atomic_write(&dir.join("tokenizer.json"), text.as_bytes())?;
+    let mut tc = serde_json::Map::new();
+    tc.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
+    tc.insert(
+        "bos_token".into(),
+        tok.bos_token
+            .clone()
+            .map(Value::from)
+            .unwrap_or(Value::Null),
+    );
+    tc.insert(
+        "eos_token".into(),
+        tok.eos_token
+            .clone()
+            .map(Value::from)
+            .unwrap_or(Value::Null),
+    );
+    tc.insert(
+        "pad_token".into(),
+        tok.pad_token
+            .clone()
+            .map(Value::from)
+            .unwrap_or(Value::Null),
+    );
+    if let Some(t) = &tok.chat_template {
+        tc.insert("chat_template".into(), t.clone().into());
+    }
+    tc.insert("clean_up_tokenization_spaces".into(), false.into());
+    tc.insert("model_max_length".into(), 32768.into());
+    atomic_write(
+        &dir.join("tokenizer_config.json"),
+        &json_bytes(&Value::Object(tc)),
+    )?;
+    let mut gc = serde_json::Map::new();
+    match tok.eos_ids.as_slice() {
+        [] => {}
+        [one] => {
+            gc.insert("eos_token_id".into(), (*one).into());
+        }
+        many => {
+            gc.insert("eos_token_id".into(), json!(many));
+        }
+    }
+    gc.insert("pad_token_id".into(), tok.pad_id.into());
+    if let Some(b) = tok
+        .bos_token
+        .as_deref()
+        .and_then(|t| tok.tokenizer.token_to_id(t))
+    {
+        gc.insert("bos_token_id".into(), b.into());
+    }
+    gc.insert("do_sample".into(), true.into());
+    gc.insert("transformers_version".into(), "4.46.0".into());
+    atomic_write(
+        &dir.join("generation_config.json"),
+        &json_bytes(&Value::Object(gc)),
+    )?;
+    Ok(())
+}
+
+/// Special tokens for a tokenizer that comes without a tokenizer_config.json: the EOS is the
+/// first of `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `</s>`, `<eos>` the vocabulary holds; the
+/// pad token is `<|endoftext|>` when present, else the EOS; BOS is `<|begin_of_text|>` or `<s>`
+/// when present.
+pub fn default_special_tokens(
+    tok: &tokenizers::Tokenizer,
+) -> (Option<String>, Option<String>, Option<String>) {
+    let has = |t: &str| tok.token_to_id(t).is_some();
+    let eos = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<eos>"]
+        .into_iter()
+        .find(|t| has(t))
+        .map(str::to_string);
+    let pad = if has("<|endoftext|>") {
+        Some("<|endoftext|>".to_string())
+    } else {
+        eos.clone()
+    };
+    let bos = ["<|begin_of_text|>", "<s>"]
+        .into_iter()
+        .find(|t| has(t))
+        .map(str::to_string);
+    (bos, eos, pad)
+}
+
+/// Builds the [`TokenizerBundle`] that `rlvr init` writes for `tokenizer_json`: the special tokens
+/// and chat template of a `tokenizer_config.json` beside it when there is one, else
+/// [`default_special_tokens`] and a plain ChatML template.
+pub fn tokenizer_for_init(tokenizer_json: &Path) -> Result<TokenizerBundle> {
+    let dir = tokenizer_json.parent().unwrap_or(Path::new("."));
+    let tokenizer = TokenizerBundle::read_tokenizer(tokenizer_json)?;
+    let mut bundle = if dir.join("tokenizer_config.json").exists()
+        && tokenizer_json.file_name() == Some("tokenizer.json".as_ref())
+    {
+        TokenizerBundle::load(dir)?
+    } else {
+        let (bos, eos, pad) = default_special_tokens(&tokenizer);
+        let eos_ids: Vec<u32> = eos
+            .as_deref()
+            .and_then(|t| tokenizer.token_to_id(t))
+            .into_iter()
+            .collect();
+        let pad_id = pad
+            .as_deref()
+            .and_then(|t| tokenizer.token_to_id(t))
+            .or(eos_ids.first().copied())
+            .unwrap_or(0);
+        TokenizerBundle {
+            tokenizer,
+            chat_template: None,
+            bos_token: bos,
+            eos_token: eos,
+            pad_token: pad,
+            eos_ids,
+            pad_id,
+            path: tokenizer_json.to_path_buf(),
+        }
+    };
+    if bundle.chat_template.is_none() {
+        bundle.chat_template = Some(CHATML_TEMPLATE.to_string());
+    }
+    Ok(bundle)
+}

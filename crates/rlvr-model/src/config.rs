@@ -1,0 +1,400 @@
+//! `config.json` of a HuggingFace causal-LM checkpoint, in both the transformers-4 style
+//! (`rope_theta`, `rope_scaling`, `torch_dtype` at top level) and the transformers-5 style
+//! (`rope_parameters`, `dtype`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// The decoder families rlvr implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// Qwen2 and Qwen2.5 (`model_type` "qwen2"): q/k/v projections carry biases.
+    Qwen2,
+    /// Qwen3 (`model_type` "qwen3"): RMSNorm on each head of q and k, no q/k/v bias.
+    Qwen3,
+    /// Llama 2 and 3 (`model_type` "llama"): optional `attention_bias`, Llama-3 rope scaling.
+    Llama,
+}
+
+impl Arch {
+    /// The `model_type` string of config.json.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Llama => "llama",
+        }
+    }
+
+    /// Parses a `model_type` string; `None` for families rlvr does not implement.
+    pub fn from_model_type(s: &str) -> Option<Self> {
+        match s {
+            "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            "llama" => Some(Arch::Llama),
+            _ => None,
+        }
+    }
+}
+
+/// Rotary position embedding frequency scaling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RopeScaling {
+    /// Llama-3 "llama3" scaling (transformers `_compute_llama3_parameters`): wavelengths above
+    /// `original_max_position_embeddings / low_freq_factor` are divided by `factor`, those below
+    /// `original_max_position_embeddings / high_freq_factor` are kept, and the band in between is
+    /// interpolated smoothly.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// Linear position interpolation: every inverse frequency divided by `factor`.
+    Linear { factor: f64 },
+}
+
+/// The model hyper-parameters rlvr needs, normalised from either config style.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    /// Per-head width; `hidden_size / num_attention_heads` unless config.json gives `head_dim`.
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v projections carry a bias (always for qwen2; `attention_bias` for llama).
+    pub qkv_bias: bool,
+    /// Whether the output projection carries a bias (llama `attention_bias`).
+    pub o_bias: bool,
+    /// Whether the MLP projections carry a bias (llama `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Storage dtype named by `torch_dtype` / `dtype` ("float32", "bfloat16", ...), if any.
+    pub stored_dtype: Option<String>,
+    pub bos_token_id: Option<u32>,
+    /// EOS ids from config.json (`eos_token_id`, an int or a list).
+    pub eos_token_ids: Vec<u32>,
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
+}
+
+fn req_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
+    get(v, key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| ModelError::Config {
+            file: file.to_path_buf(),
+            msg: format!("field `{key}` is missing or not a non-negative integer"),
+        })
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => vec![],
+    }
+}
+
+impl ModelConfig {
+    /// Reads and normalises `config.json`.
+    ///
+    /// Errors: the file is missing or not JSON, `model_type` is not qwen2/qwen3/llama, a
+    /// required field is missing, the head counts do not divide, or the rope scaling type is
+    /// unknown; each error names the file and the field.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            file: path.to_path_buf(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
+        Self::from_json(&v, path)
+    }
+
+    /// Normalises a parsed config.json; `file` is only used in error messages.
+    pub fn from_json(v: &Value, file: &Path) -> Result<Self> {
+        let cerr = |msg: String| ModelError::Config {
+            file: file.to_path_buf(),
+            msg,
+        };
+        let model_type = get(v, "model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| cerr("field `model_type` is missing".into()))?;
+        let arch = Arch::from_model_type(model_type).ok_or_else(|| {
+            cerr(format!(
+                "unknown `model_type` \"{model_type}\" (rlvr supports qwen2, qwen3, llama)"
+            ))
+        })?;
+        let hidden_size = req_usize(v, "hidden_size", file)?;
+        let num_attention_heads = req_usize(v, "num_attention_heads", file)?;
+        let num_key_value_heads = match get(v, "num_key_value_heads") {
+            Some(_) => req_usize(v, "num_key_value_heads", file)?,
+            None => num_attention_heads,
+        };
+        if num_attention_heads == 0
+            || num_key_value_heads == 0
+            || num_attention_heads % num_key_value_heads != 0
+        {
+            return Err(cerr(format!(
+                "`num_attention_heads` ({num_attention_heads}) must be a positive multiple of \
+                 `num_key_value_heads` ({num_key_value_heads})"
+            )));
+        }
+        let head_dim = match get(v, "head_dim") {
+            Some(_) => req_usize(v, "head_dim", file)?,
+            None => {
+                if hidden_size % num_attention_heads != 0 {
+                    return Err(cerr(format!(
+                        "`hidden_size` ({hidden_size}) is not divisible by `num_attention_heads` \
+                         ({num_attention_heads}) and no `head_dim` is given"
+                    )));
+                }
+                hidden_size / num_attention_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(cerr(format!(
+                "`head_dim` ({head_dim}) must be even for rotary embeddings"
+            )));
+        }
+        // transformers-5 keeps theta and scaling together in `rope_parameters`.
+        let rope_params = get(v, "rope_parameters");
+        let rope_theta = get(v, "rope_theta")
+            .or_else(|| rope_params.and_then(|p| get(p, "rope_theta")))
+            .and_then(Value::as_f64)
+            .unwrap_or(10000.0);
+        let scaling_obj = get(v, "rope_scaling").or(rope_params);
+        let rope_scaling = match scaling_obj {
+            None => None,
+            Some(s) => {
+                let ty = get(s, "rope_type")
+                    .or_else(|| get(s, "type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                let f = |k: &str| -> Result<f64> {
+                    get(s, k)
+                        .and_then(Value::as_f64)
+                        .ok_or_else(|| cerr(format!("rope scaling \"{ty}\" needs the field `{k}`")))
+                };
+                match ty {
+                    "default" => None,
+                    "llama3" => Some(RopeScaling::Llama3 {
+                        factor: f("factor")?,
+                        low_freq_factor: f("low_freq_factor")?,
+                        high_freq_factor: f("high_freq_factor")?,
+                        original_max_position_embeddings: f("original_max_position_embeddings")?,
+                    }),
+                    "linear" => Some(RopeScaling::Linear {
+                        factor: f("factor")?,
+                    }),
+                    other => return Err(cerr(format!(
+                        "rope scaling type \"{other}\" is not supported (default, linear, llama3)"
+                    ))),
+                }
+            }
+        };
+        let attention_bias = get(v, "attention_bias")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let (qkv_bias, o_bias) = match arch {
+            Arch::Qwen2 => (true, false),
+            Arch::Qwen3 => (attention_bias, attention_bias),
+            Arch::Llama => (attention_bias, attention_bias),
+        };
+        let mlp_bias = get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        let tie_word_embeddings = get(v, "tie_word_embeddings")
+            .and_then(Value::as_bool)
+            .unwrap_or(match arch {
+                Arch::Llama => false,
+                _ => true,
+            });
+        Ok(ModelConfig {
+            arch,
+            vocab_size: req_usize(v, "vocab_size", file)?,
+            hidden_size,
+            intermediate_size: req_usize(v, "intermediate_size", file)?,
+            num_hidden_layers: req_usize(v, "num_hidden_layers", file)?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: get(v, "rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: get(v, "max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(32768) as usize,
+            tie_word_embeddings,
+            qkv_bias,
+            o_bias,
+            mlp_bias,
+            stored_dtype: get(v, "torch_dtype")
+                .or_else(|| get(v, "dtype"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            bos_token_id: ids(get(v, "bos_token_id")).first().copied(),
+            eos_token_ids: ids(get(v, "eos_token_id")),
+        })
+    }
+
+    /// Serialises to a transformers-4 style config.json that transformers and rlvr both load.
+    pub fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        let arch_name = match self.arch {
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Llama => "LlamaForCausalLM",
+        };
+        m.insert("architectures".into(), serde_json::json!([arch_name]));
+        m.insert("model_type".into(), self.arch.model_type().into());
+        m.insert("vocab_size".into(), self.vocab_size.into());
+        m.insert("hidden_size".into(), self.hidden_size.into());
+        m.insert("intermediate_size".into(), self.intermediate_size.into());
+        m.insert("num_hidden_layers".into(), self.num_hidden_layers.into());
+        m.insert(
+            "num_attention_heads".into(),
+            self.num_attention_heads.into(),
+        );
+        m.insert(
+            "num_key_value_heads".into(),
+            self.num_key_value_heads.into(),
+        );
+        m.insert("head_dim".into(), self.head_dim.into());
+        m.insert("hidden_act".into(), "silu".into());
+        m.insert("rms_norm_eps".into(), self.rms_norm_eps.into());
+        m.insert("rope_theta".into(), self.rope_theta.into());
+        m.insert(
+            "rope_scaling".into(),
+            match &self.rope_scaling {
+                None => Value::Null,
+                Some(RopeScaling::Linear { factor }) => {
+                    serde_json::json!({"rope_type": "linear", "factor": factor})
+                }
+                Some(RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                }) => serde_json::json!({
+                    "rope_type": "llama3", "factor": factor,
+                    "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
+                    "original_max_position_embeddings": *original_max_position_embeddings as u64,
+                }),
+            },
+        );
+        m.insert(
+            "max_position_embeddings".into(),
+            self.max_position_embeddings.into(),
+        );
+        m.insert(
+            "tie_word_embeddings".into(),
+            self.tie_word_embeddings.into(),
+        );
+        if self.arch == Arch::Llama || self.arch == Arch::Qwen3 {
+            m.insert("attention_bias".into(), self.qkv_bias.into());
+        }
+        if self.arch == Arch::Llama {
+            m.insert("mlp_bias".into(), self.mlp_bias.into());
+        }
+        if self.arch == Arch::Qwen2 {
+            m.insert("use_sliding_window".into(), false.into());
+        }
+        m.insert("attention_dropout".into(), 0.0.into());
+        m.insert("initializer_range".into(), 0.02.into());
+        m.insert("use_cache".into(), true.into());
+        m.insert(
+            "torch_dtype".into(),
+            self.stored_dtype.clone().unwrap_or("float32".into()).into(),
+        );
+        if let Some(b) = self.bos_token_id {
+            m.insert("bos_token_id".into(), b.into());
+        }
+        match self.eos_token_ids.as_slice() {
+            [] => {}
+            [one] => {
+                m.insert("eos_token_id".into(), (*one).into());
+            }
+            many => {
+                m.insert("eos_token_id".into(), serde_json::json!(many));
+            }
+        }
+        Value::Object(m)
+    }
+
+    /// Inverse frequencies of the rotary embedding, `[head_dim / 2]`, with scaling applied
+    /// (transformers `ROPE_INIT_FUNCTIONS`), computed in f64.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim;
+        let base: Vec<f64> = (0..d / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64))
+            .collect();
+        match &self.rope_scaling {
+            None => base,
+            Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            }) => {
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen > low_wavelen {
+                            f / factor
+                        } else if wavelen < high_wavelen {
+                            f
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Number of parameters, counting tied embeddings once.
+    pub fn num_parameters(&self) -> usize {
+        let h = self.hidden_size;
+        let q = self.num_attention_heads * self.head_dim;
+        let kv = self.num_key_value_heads * self.head_dim;
+        let mut layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size + 2 * h;
+        if self.qkv_bias {
+            layer += q + 2 * kv;
+        }
+        if self.arch == Arch::Qwen3 {
+            layer += 2 * self.head_dim;
+        }
+        let mut n = self.vocab_size * h + self.num_hidden_layers * layer + h;
+        if !self.tie_word_embeddings {
+            n += self.vocab_size * h;
+        }
+        n
+    }
+}

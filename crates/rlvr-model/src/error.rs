@@ -1,0 +1,57 @@
+//! Errors of the model crate. Every variant names the file (and tensor or field) at fault.
+
+use std::path::PathBuf;
+
+/// Errors from loading, saving or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A required file of a model directory is absent.
+    #[error("{path}: missing file ({what})")]
+    MissingFile { path: PathBuf, what: String },
+    /// config.json (or another JSON config) is malformed or names something unsupported.
+    #[error("{file}: {msg}")]
+    Config { file: PathBuf, msg: String },
+    /// A weight is absent from every safetensors file of the checkpoint.
+    #[error("{file}: missing tensor `{tensor}`")]
+    MissingTensor { file: PathBuf, tensor: String },
+    /// A weight has a shape other than config.json implies.
+    #[error("{file}: tensor `{tensor}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        file: PathBuf,
+        tensor: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    /// A weight has a dtype rlvr cannot load.
+    #[error("{file}: tensor `{tensor}` has unsupported dtype {dtype}")]
+    UnsupportedDtype {
+        file: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    /// The safetensors container itself is malformed.
+    #[error("{file}: invalid safetensors file: {msg}")]
+    Safetensors { file: PathBuf, msg: String },
+    /// Tokenizer loading or encoding failed.
+    #[error("{file}: tokenizer error: {msg}")]
+    Tokenizer { file: PathBuf, msg: String },
+    /// A chat template failed to parse or render.
+    #[error("chat template ({source_name}): {msg}")]
+    Template { source_name: String, msg: String },
+    /// Bad arguments to a model function (shapes, lengths, ids out of range).
+    #[error("{0}")]
+    Invalid(String),
+    /// An error from the tensor library.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias of the model crate.
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,269 @@
+//! Tokenizer (`tokenizer.json` via the `tokenizers` crate), special tokens and chat template
+//! (`tokenizer_config.json`), EOS ids (`generation_config.json`), and chat-template rendering with
+//! minijinja, matching transformers' `apply_chat_template`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+
+/// One chat message, as in transformers' `messages` lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// "system", "user" or "assistant".
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    /// A message with the given role and content.
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A tokenizer with the special tokens and chat template of its model directory.
+pub struct TokenizerBundle {
+    pub tokenizer: tokenizers::Tokenizer,
+    /// The default chat template text, if the checkpoint has one.
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    /// Every id that ends a completion: generation_config.json's `eos_token_id` (int or list),
+    /// else config.json's, else the id of `eos_token`. Deduplicated, in that order.
+    pub eos_ids: Vec<u32>,
+    /// Padding id: `pad_token`'s id, else the first EOS id, else 0. Padding positions are always
+    /// masked, so the value never reaches a loss (DESIGN.md section 5: pad == EOS must not mask
+    /// a real EOS).
+    pub pad_id: u32,
+    /// Where the tokenizer was read from (for error messages).
+    pub path: PathBuf,
+}
+
+/// A special-token field of tokenizer_config.json: a string or an AddedToken object.
+fn token_str(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+fn ids_of(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => vec![],
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| ModelError::Config {
+            file: path.to_path_buf(),
+            msg: format!("not valid JSON: {e}"),
+        })
+}
+
+impl TokenizerBundle {
+    /// Loads `tokenizer.json` (required), and `tokenizer_config.json`, `generation_config.json`,
+    /// `config.json` when present, from the model directory `dir`.
+    ///
+    /// Errors: tokenizer.json is missing or malformed; a JSON file is malformed. Each names the file.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Err(ModelError::MissingFile {
+                path: tok_path,
+                what: "tokenizer".into(),
+            });
+        }
+        let tokenizer = Self::read_tokenizer(&tok_path)?;
+        let tc = read_json(&dir.join("tokenizer_config.json"))?;
+        let gc = read_json(&dir.join("generation_config.json"))?;
+        let mc = read_json(&dir.join("config.json"))?;
+        let get = |k: &str| tc.as_ref().and_then(|v| v.get(k));
+        let chat_template = match get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            // A list of named templates: take "default" (transformers' choice), else the first.
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .or(list.first())
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            _ => None,
+        };
+        // transformers >= 4.43 may keep the template in chat_template.jinja.
+        let chat_template = match chat_template {
+            Some(t) => Some(t),
+            None => {
+                let p = dir.join("chat_template.jinja");
+                if p.exists() {
+                    Some(std::fs::read_to_string(&p).map_err(|e| ModelError::Io {
+                        path: p.clone(),
+                        source: e,
+                    })?)
+                } else {
+                    None
+                }
+            }
+        };
+        let bos_token = token_str(get("bos_token"));
+        let eos_token = token_str(get("eos_token"));
+        let pad_token = token_str(get("pad_token"));
+        let mut eos_ids = ids_of(gc.as_ref().and_then(|v| v.get("eos_token_id")));
+        if eos_ids.is_empty() {
+            eos_ids = ids_of(mc.as_ref().and_then(|v| v.get("eos_token_id")));
+        }
+        if let Some(id) = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        eos_ids.retain(|x| seen.insert(*x));
+        let pad_id = pad_token
+            .as_deref()
+            .and_then(|t| tokenizer.token_to_id(t))
+            .or(eos_ids.first().copied())
+            .unwrap_or(0);
+        Ok(Self {
+            tokenizer,
+            chat_template,
+            bos_token,
+            eos_token,
+            pad_token,
+            eos_ids,
+            pad_id,
+            path: tok_path,
+        })
+    }
+
+    /// Reads a `tokenizer.json` file alone.
+    pub fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
+        tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
+            file: path.to_path_buf(),
+            msg: e.to_string(),
+        })
+    }
+
+    /// Encodes `text`; `add_special_tokens` applies the post-processor (e.g. Llama's BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.tokenizer
+            .encode(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| ModelError::Tokenizer {
+                file: self.path.clone(),
+                msg: e.to_string(),
+            })
+    }
+
+    /// Decodes ids to text; `skip_special_tokens` drops tokens marked special.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer {
+                file: self.path.clone(),
+                msg: e.to_string(),
+            })
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// Renders `messages` with this checkpoint's chat template.
+    ///
+    /// Errors: the checkpoint has no chat template, or it fails to render.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tpl = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| ModelError::Template {
+                source_name: self.path.display().to_string(),
+                msg: "the model directory has no chat_template (tokenizer_config.json)".into(),
+            })?;
+        render_chat_template(
+            tpl,
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
+        )
+    }
+}
+
+/// Renders a HuggingFace Jinja chat template as transformers' `apply_chat_template(...,
+/// tokenize=False)` does: a sandboxed Jinja environment with `trim_blocks` and `lstrip_blocks`,
+/// the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, the function
+/// `raise_exception(msg)` and `strftime_now(fmt)`, and Python string methods (`.strip()`,
+/// `.startswith()`, ...) through minijinja's pycompat layer.
+///
+/// Errors: the template does not parse, or raises while rendering.
+pub fn render_chat_template(
+    template: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: Option<&str>,
+    eos_token: Option<&str>,
+) -> Result<String> {
+    let terr = |e: minijinja::Error| ModelError::Template {
+        source_name: "chat_template".into(),
+        msg: format!("{e:#}"),
+    };
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
+    env.add_function("strftime_now", |_fmt: String| -> String {
+        // Templates use it for "Today Date" lines; rlvr renders a fixed date so that a prompt's
+        // tokens do not depend on the day it was rendered.
+        "26 Jul 2024".to_string()
+    });
+    env.add_template("chat", template).map_err(terr)?;
+    let tpl = env.get_template("chat").map_err(terr)?;
+    let ctx = minijinja::context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token.unwrap_or(""),
+        eos_token => eos_token.unwrap_or(""),
+    };
+    tpl.render(ctx).map_err(terr)
+}
+
+/// A plain ChatML template (no default system prompt), written by `rlvr init` when the
+/// tokenizer directory has none.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";

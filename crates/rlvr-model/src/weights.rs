@@ -1,0 +1,219 @@
+//! Reading and writing safetensors checkpoints: a single `model.safetensors` or shards listed by
+//! `model.safetensors.index.json`, stored in f32, bf16 or f16.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+
+use crate::error::{ModelError, Result};
+
+/// The memory-mapped safetensors files of one checkpoint and which file holds each tensor.
+pub struct WeightFiles {
+    files: Vec<(PathBuf, Mmap)>,
+    /// tensor name -> index into `files`
+    index: HashMap<String, usize>,
+    /// What error messages name as the source: the index file for sharded checkpoints.
+    origin: PathBuf,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn mmap(path: &Path) -> Result<Mmap> {
+    let f = std::fs::File::open(path).map_err(io(path))?;
+    // SAFETY: the file is opened read-only; rlvr never writes a checkpoint in place (writes go to
+    // a temporary file that is renamed), so the mapping is not modified while it is alive.
+    unsafe { Mmap::map(&f) }.map_err(io(path))
+}
+
+impl WeightFiles {
+    /// Opens the weights of the model directory `dir`: `model.safetensors`, or the shards named by
+    /// `model.safetensors.index.json` (`weight_map`).
+    ///
+    /// Errors: neither file exists; the index is malformed or names a missing shard; a shard is not
+    /// valid safetensors.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        let origin;
+        if single.exists() {
+            let m = mmap(&single)?;
+            let st = SafeTensors::deserialize(&m).map_err(|e| ModelError::Safetensors {
+                file: single.clone(),
+                msg: e.to_string(),
+            })?;
+            for name in st.names() {
+                index.insert(name.to_string(), 0);
+            }
+            files.push((single.clone(), m));
+            origin = single;
+        } else if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Config {
+                    file: index_path.clone(),
+                    msg: format!("not valid JSON: {e}"),
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Config {
+                    file: index_path.clone(),
+                    msg: "field `weight_map` is missing or not an object".into(),
+                })?;
+            let mut shard_ids: HashMap<String, usize> = HashMap::new();
+            for (tensor, shard) in map {
+                let shard = shard.as_str().ok_or_else(|| ModelError::Config {
+                    file: index_path.clone(),
+                    msg: format!("`weight_map.{tensor}` is not a file name"),
+                })?;
+                let id = match shard_ids.get(shard) {
+                    Some(&id) => id,
+                    None => {
+                        let p = dir.join(shard);
+                        if !p.exists() {
+                            return Err(ModelError::MissingFile {
+                                path: p,
+                                what: format!(
+                                    "shard named by {} for tensor `{tensor}`",
+                                    index_path.display()
+                                ),
+                            });
+                        }
+                        let m = mmap(&p)?;
+                        SafeTensors::deserialize(&m).map_err(|e| ModelError::Safetensors {
+                            file: p.clone(),
+                            msg: e.to_string(),
+                        })?;
+                        files.push((p, m));
+                        shard_ids.insert(shard.to_string(), files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                index.insert(tensor.clone(), id);
+            }
+            origin = index_path;
+        } else {
+            return Err(ModelError::MissingFile {
+                path: single,
+                what: "model weights: neither model.safetensors nor model.safetensors.index.json"
+                    .into(),
+            });
+        }
+        Ok(Self {
+            files,
+            index,
+            origin,
+        })
+    }
+
+    /// Whether the checkpoint holds a tensor of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Loads tensor `name`, checks its shape, and converts it to `dtype` on `device`.
+    ///
+    /// Errors: the tensor is missing ([`ModelError::MissingTensor`]), has another shape
+    /// ([`ModelError::ShapeMismatch`]) or an unsupported dtype; each names the file.
+    pub fn load(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let &fid = self
+            .index
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: self.origin.clone(),
+                tensor: name.to_string(),
+            })?;
+        let (path, m) = &self.files[fid];
+        let st = SafeTensors::deserialize(m).map_err(|e| ModelError::Safetensors {
+            file: path.clone(),
+            msg: e.to_string(),
+        })?;
+        let view = st.tensor(name).map_err(|_| ModelError::MissingTensor {
+            file: path.clone(),
+            tensor: name.to_string(),
+        })?;
+        if view.shape() != shape {
+            return Err(ModelError::ShapeMismatch {
+                file: path.clone(),
+                tensor: name.to_string(),
+                expected: shape.to_vec(),
+                found: view.shape().to_vec(),
+            });
+        }
+        let src = match view.dtype() {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::F64 => DType::F64,
+            other => {
+                return Err(ModelError::UnsupportedDtype {
+                    file: path.clone(),
+                    tensor: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        let t = Tensor::from_raw_buffer(view.data(), src, shape, &Device::Cpu)?;
+        Ok(t.to_dtype(dtype)?.to_device(device)?)
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename,
+/// then fsync of the directory. A crash or a full disk leaves either the old file or the new one,
+/// never a torn one.
+///
+/// Errors: any I/O error, naming `path`.
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(io(path))
+}
+
+/// Serialises named tensors to safetensors bytes, in the tensors' own dtypes, names sorted.
+pub fn safetensors_bytes(tensors: &[(String, Tensor)]) -> Result<Vec<u8>> {
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let map: Vec<(String, Tensor)> = sorted
+        .into_iter()
+        .map(|(n, t)| Ok((n.clone(), t.to_device(&Device::Cpu)?.contiguous()?)))
+        .collect::<Result<_>>()?;
+    let mut metadata = HashMap::new();
+    metadata.insert("format".to_string(), "pt".to_string());
+    safetensors::serialize(map.iter().map(|(n, t)| (n.as_str(), t)), Some(metadata))
+        .map_err(|e| ModelError::Invalid(format!("serialising safetensors: {e}")))
+}
