@@ -208,9 +208,11 @@ impl ModelConfig {
                     "linear" => Some(RopeScaling::Linear {
                         factor: f("factor")?,
                     }),
-                    other => return Err(cerr(format!(
+                    other => {
+                        return Err(cerr(format!(
                         "rope scaling type \"{other}\" is not supported (default, linear, llama3)"
-                    ))),
+                    )))
+                    }
                 }
             }
         };

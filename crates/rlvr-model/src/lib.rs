@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod model;
+pub mod ops;
 pub mod tokenizer;
 pub mod weights;
 

@@ -13,6 +13,7 @@ use rand_distr::Distribution;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::ops::{linear, log_softmax, rms_norm, rotate_half, softmax};
 use crate::weights::WeightFiles;
 
 /// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query
@@ -128,53 +129,6 @@ pub fn position_ids(mask: &[Vec<u32>]) -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
-}
-
-fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    // x: [.., in], w: [out, in]
-    let dims = x.dims().to_vec();
-    let inner = *dims.last().unwrap();
-    let rows: usize = dims[..dims.len() - 1].iter().product();
-    let y = x.reshape((rows, inner))?.matmul(&w.t()?)?;
-    let y = match b {
-        Some(b) => y.broadcast_add(b)?,
-        None => y,
-    };
-    let mut out = dims;
-    *out.last_mut().unwrap() = w.dim(0)?;
-    Ok(y.reshape(out)?)
-}
-
-/// RMSNorm over the last dimension, computed in f32 as transformers does, then cast back:
-/// `w · x / sqrt(mean(x²) + eps)`.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let dt = x.dtype();
-    let xf = x.to_dtype(DType::F32)?;
-    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
-    let y = xf.broadcast_div(&(var + eps)?.sqrt()?)?;
-    Ok(y.to_dtype(dt)?.broadcast_mul(w)?)
-}
-
-fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-    Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
-}
-
-/// Numerically stable log-softmax over the last dimension (differentiable).
-pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
-    let m = x.max_keepdim(D::Minus1)?.detach();
-    let z = x.broadcast_sub(&m)?;
-    let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    Ok(z.broadcast_sub(&lse)?)
-}
-
-fn softmax(x: &Tensor) -> Result<Tensor> {
-    let m = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&m)?.exp()?;
-    let s = e.sum_keepdim(D::Minus1)?;
-    Ok(e.broadcast_div(&s)?)
 }
 
 impl Model {
