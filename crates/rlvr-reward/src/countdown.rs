@@ -18,7 +18,7 @@ use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::{Deserialize, Serialize};
 
 /// One countdown problem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CountdownProblem {
     /// The numbers to use, each exactly once (non-negative).

@@ -1,0 +1,218 @@
+//! The `[data]` config table (DESIGN.md section 10: `data.task`, `data.train`, `data.test`,
+//! `data.experiences`, `data.prompts_per_step`, `data.seed`, plus the keys of this crate).
+//!
+//! Defaults are written once, in the `Default` impls; unknown keys are rejected with their name.
+
+use crate::generate::{ArithmeticGenConfig, CountdownGenConfig};
+use rlvr_reward::combine::VerifierConfig;
+use rlvr_reward::gsm8k::Gsm8kMode;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The task: which dataset shape, default fields, prompt template and verifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskKind {
+    /// GSM8K: fields `question` / `answer` (full solution ending `#### N`), GSM8K verifier.
+    #[default]
+    Gsm8k,
+    /// MATH-500: fields `problem` / `answer` (bare LaTeX answer), MATH verifier.
+    Math500,
+    /// Countdown: fields `nums` / `target` from a file, or generated (`[data.countdown]`).
+    Countdown,
+    /// Arithmetic: fields `question` / `answer` from a file, or generated (`[data.arithmetic]`).
+    Arithmetic,
+    /// Any JSONL/Parquet file: `question_field` / `answer_field` and the verifier named in
+    /// `data.verifier` (required).
+    Jsonl,
+}
+
+impl TaskKind {
+    /// The name used in config files and metrics (`gsm8k`, `math500`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Gsm8k => "gsm8k",
+            TaskKind::Math500 => "math500",
+            TaskKind::Countdown => "countdown",
+            TaskKind::Arithmetic => "arithmetic",
+            TaskKind::Jsonl => "jsonl",
+        }
+    }
+
+    /// Default (question, answer) field names of a data file for this task.
+    pub fn default_fields(self) -> (&'static str, &'static str) {
+        match self {
+            TaskKind::Gsm8k => ("question", "answer"),
+            TaskKind::Math500 => ("problem", "answer"),
+            TaskKind::Countdown => ("nums", "target"),
+            TaskKind::Arithmetic | TaskKind::Jsonl => ("question", "answer"),
+        }
+    }
+
+    /// The default prompt template for this task (`{question}` is the question field; countdown also
+    /// has `{numbers}` and `{target}`).
+    pub fn default_template(self) -> &'static str {
+        match self {
+            TaskKind::Gsm8k => "{question}\nLet's think step by step and output the final answer after \"####\".",
+            TaskKind::Math500 => "{question}\nLet's think step by step and output the final answer within \\boxed{{}}.",
+            TaskKind::Countdown => "Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic operations (+, -, *, /) and each number exactly once. Show your work in <think> </think> tags and return the final equation in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.",
+            TaskKind::Arithmetic | TaskKind::Jsonl => "{question}",
+        }
+    }
+
+    /// The verifier of the built-in tasks; `None` for `jsonl`, which names its own.
+    pub fn default_verifier(self) -> Option<VerifierConfig> {
+        match self {
+            TaskKind::Gsm8k => Some(VerifierConfig::Gsm8k {
+                mode: Gsm8kMode::Flexible,
+            }),
+            TaskKind::Math500 => Some(VerifierConfig::Math),
+            TaskKind::Countdown => Some(VerifierConfig::Countdown),
+            TaskKind::Arithmetic => Some(VerifierConfig::Arithmetic {
+                mode: Gsm8kMode::Flexible,
+            }),
+            TaskKind::Jsonl => None,
+        }
+    }
+}
+
+/// How the prompt text is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptStyle {
+    /// Plain text: system prompt, few-shot examples and the question joined by blank lines.
+    #[default]
+    Plain,
+    /// Chat messages rendered by the model's chat template (a caller-supplied renderer).
+    Chat,
+}
+
+/// One few-shot example: a question (rendered with the same template) and its answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FewShotExample {
+    /// The question text (fills `{question}` of the template).
+    pub question: String,
+    /// The answer shown to the model (an assistant message in chat style).
+    pub answer: String,
+}
+
+/// The `[data]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Task (gsm8k, math500, countdown, arithmetic, jsonl). Default gsm8k.
+    pub task: TaskKind,
+    /// Training data file (`.jsonl`, or `.parquet`). Countdown and arithmetic generate problems when
+    /// it is unset. Default unset.
+    pub train: Option<PathBuf>,
+    /// Held-out data file, same format. Countdown and arithmetic generate a disjoint set when unset.
+    pub test: Option<PathBuf>,
+    /// Offline experiences file (DESIGN.md section 10); when set no task or verifier is needed.
+    pub experiences: Option<PathBuf>,
+    /// B: prompts per trainer step. Default 32.
+    pub prompts_per_step: usize,
+    /// Seed of the shuffling and of the generators. Default 0.
+    pub seed: u64,
+    /// Field holding the question; default per task (gsm8k `question`, math500 `problem`, countdown
+    /// `nums`, others `question`).
+    pub question_field: Option<String>,
+    /// Field holding the reference; default per task (countdown `target`, others `answer`).
+    pub answer_field: Option<String>,
+    /// Verifier of a `jsonl` task (e.g. `{ kind = "math" }`); overrides the task's default otherwise.
+    pub verifier: Option<VerifierConfig>,
+    /// Prompt style: plain text or chat template. Default plain.
+    pub style: PromptStyle,
+    /// Prompt template; `{question}` and `{field}` placeholders (`{{`/`}}` for literal braces).
+    /// Default: the task's template ([`TaskKind::default_template`]).
+    pub template: Option<String>,
+    /// Optional system prompt (a system message in chat style, the first paragraph in plain style).
+    pub system_prompt: Option<String>,
+    /// Few-shot examples placed before the question. Default none.
+    pub few_shot: Vec<FewShotExample>,
+    /// Drop prompts longer than this many tokens (counted by the caller's tokenizer). Default: keep all.
+    pub max_prompt_len: Option<usize>,
+    /// Countdown generator settings.
+    pub countdown: CountdownGenConfig,
+    /// Arithmetic generator settings.
+    pub arithmetic: ArithmeticGenConfig,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            task: TaskKind::Gsm8k,
+            train: None,
+            test: None,
+            experiences: None,
+            prompts_per_step: 32,
+            seed: 0,
+            question_field: None,
+            answer_field: None,
+            verifier: None,
+            style: PromptStyle::Plain,
+            template: None,
+            system_prompt: None,
+            few_shot: Vec::new(),
+            max_prompt_len: None,
+            countdown: CountdownGenConfig::default(),
+            arithmetic: ArithmeticGenConfig::default(),
+        }
+    }
+}
+
+impl DataConfig {
+    /// The verifier to score this task: `data.verifier` if set, else the task's default.
+    ///
+    /// # Errors
+    /// [`crate::DataError::Config`] for a `jsonl` task without `data.verifier`.
+    pub fn verifier(&self) -> crate::Result<VerifierConfig> {
+        match (&self.verifier, self.task.default_verifier()) {
+            (Some(v), _) => Ok(v.clone()),
+            (None, Some(v)) => Ok(v),
+            (None, None) => Err(crate::DataError::Config(
+                "data.task = \"jsonl\" needs data.verifier, e.g. verifier = { kind = \"math\" } or { kind = \"external\", command = [\"./score.py\"] }".into(),
+            )),
+        }
+    }
+
+    /// The (question, answer) field names in force.
+    pub fn fields(&self) -> (String, String) {
+        let (q, a) = self.task.default_fields();
+        (
+            self.question_field.clone().unwrap_or_else(|| q.to_string()),
+            self.answer_field.clone().unwrap_or_else(|| a.to_string()),
+        )
+    }
+
+    /// The prompt template in force.
+    pub fn template(&self) -> &str {
+        self.template
+            .as_deref()
+            .unwrap_or_else(|| self.task.default_template())
+    }
+
+    /// Checks values the types cannot: B ≥ 1, generator knobs in range, `jsonl` names a verifier.
+    ///
+    /// # Errors
+    /// [`crate::DataError::Config`] naming the key.
+    pub fn validate(&self) -> crate::Result<()> {
+        if self.prompts_per_step == 0 {
+            return Err(crate::DataError::Config(
+                "data.prompts_per_step must be at least 1".into(),
+            ));
+        }
+        if self.experiences.is_none() {
+            self.verifier()?;
+        }
+        if self.max_prompt_len == Some(0) {
+            return Err(crate::DataError::Config(
+                "data.max_prompt_len must be at least 1 (or unset to keep every prompt)".into(),
+            ));
+        }
+        self.countdown.validate()?;
+        self.arithmetic.validate()?;
+        crate::template::check_template(self.template())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,60 @@
+//! Errors of the data layer. Every variant that comes from a file names the file, the 1-based line
+//! (or Parquet row) and, where one is at fault, the field.
+
+use std::path::PathBuf;
+
+/// A data-layer error.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("{}: {source}", file.display())]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A line (or Parquet row) is not a JSON object / readable record.
+    #[error("{}:{line}: malformed record: {reason}", file.display())]
+    Malformed {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line (JSONL) or row (Parquet).
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A required field is absent (or null).
+    #[error("{}:{line}: missing field `{field}` (set data.{key} to the field that holds it)", file.display())]
+    MissingField {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line or row.
+        line: usize,
+        /// The field looked for.
+        field: String,
+        /// The config key that names this field.
+        key: &'static str,
+    },
+    /// A field has the wrong type.
+    #[error("{}:{line}: field `{field}` {reason}", file.display())]
+    BadField {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line or row.
+        line: usize,
+        /// The field.
+        field: String,
+        /// What was expected and found.
+        reason: String,
+    },
+    /// The `[data]` config is inconsistent (the message names the key and the fix).
+    #[error("invalid data config: {0}")]
+    Config(String),
+    /// A prompt template refers to an unknown placeholder or is malformed.
+    #[error("prompt template: {0}")]
+    Template(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = DataError> = std::result::Result<T, E>;

@@ -1,0 +1,254 @@
+//! Prompt templates: plain text, or chat messages rendered by a caller-supplied chat template.
+//!
+//! A template is text with `{name}` placeholders filled from the problem's variables (`question`,
+//! and per task `numbers`, `target`, or any field of a `jsonl` row); `{{` and `}}` are literal braces.
+//! Plain style joins the system prompt, each few-shot example (its rendered question, a newline, its
+//! answer) and the rendered question with blank lines. Chat style builds messages — system (if any),
+//! then a user/assistant pair per few-shot example, then the user question — and hands them to the
+//! renderer with `add_generation_prompt = true` (so this crate needs no tokenizer or model).
+
+use crate::config::{DataConfig, FewShotExample, PromptStyle};
+use crate::{DataError, Result};
+use serde::{Deserialize, Serialize};
+
+/// One chat message (the shape HF chat templates take).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.to_string(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A chat template renderer: `(messages, add_generation_prompt) -> prompt text`, usually the
+/// model's HF chat template.
+pub type ChatRenderer<'a> = &'a dyn Fn(&[ChatMessage], bool) -> anyhow::Result<String>;
+
+enum Piece {
+    Text(String),
+    Var(String),
+}
+
+fn parse(template: &str) -> Result<Vec<Piece>> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut chars = template.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '{' if chars.peek().map(|p| p.1) == Some('{') => {
+                chars.next();
+                text.push('{');
+            }
+            '}' if chars.peek().map(|p| p.1) == Some('}') => {
+                chars.next();
+                text.push('}');
+            }
+            '{' => {
+                let rest = &template[i + 1..];
+                let end = rest.find('}').ok_or_else(|| {
+                    DataError::Template(format!(
+                        "unclosed `{{` at byte {i} of {template:?} (write `{{{{` for a literal brace)"
+                    ))
+                })?;
+                let name = &rest[..end];
+                if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                    return Err(DataError::Template(format!(
+                        "bad placeholder `{{{name}}}` at byte {i} (names are letters, digits and `_`; write `{{{{` for a literal brace)"
+                    )));
+                }
+                out.push(Piece::Text(std::mem::take(&mut text)));
+                out.push(Piece::Var(name.to_string()));
+                for _ in 0..end + 1 {
+                    chars.next();
+                }
+            }
+            '}' => {
+                return Err(DataError::Template(format!(
+                    "stray `}}` at byte {i} of {template:?} (write `}}}}` for a literal brace)"
+                )))
+            }
+            c => text.push(c),
+        }
+    }
+    out.push(Piece::Text(text));
+    Ok(out)
+}
+
+/// Checks that `template` is well formed (placeholders are only resolved per problem).
+///
+/// # Errors
+/// [`DataError::Template`] naming the position.
+pub fn check_template(template: &str) -> Result<()> {
+    parse(template).map(|_| ())
+}
+
+/// Fills `template` from `vars` (name, value).
+///
+/// # Errors
+/// [`DataError::Template`] for a malformed template or a placeholder with no value (listing those
+/// available).
+pub fn fill(template: &str, vars: &[(String, String)]) -> Result<String> {
+    let mut out = String::with_capacity(template.len() + 64);
+    for p in parse(template)? {
+        match p {
+            Piece::Text(t) => out.push_str(&t),
+            Piece::Var(name) => match vars.iter().find(|(k, _)| *k == name) {
+                Some((_, v)) => out.push_str(v),
+                None => {
+                    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+                    return Err(DataError::Template(format!(
+                        "placeholder `{{{name}}}` has no value; available: {names:?}"
+                    )));
+                }
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// Builds prompts from problems (the template part of [`DataConfig`]).
+#[derive(Debug, Clone)]
+pub struct PromptBuilder {
+    /// Plain or chat.
+    pub style: PromptStyle,
+    /// The template text.
+    pub template: String,
+    /// Optional system prompt.
+    pub system_prompt: Option<String>,
+    /// Few-shot examples.
+    pub few_shot: Vec<FewShotExample>,
+}
+
+impl PromptBuilder {
+    /// The builder a `[data]` config describes.
+    pub fn from_config(cfg: &DataConfig) -> Self {
+        PromptBuilder {
+            style: cfg.style,
+            template: cfg.template().to_string(),
+            system_prompt: cfg.system_prompt.clone(),
+            few_shot: cfg.few_shot.clone(),
+        }
+    }
+
+    /// The chat messages of a problem with variables `vars` (also used for plain style's layout).
+    ///
+    /// # Errors
+    /// As [`fill`].
+    pub fn messages(&self, vars: &[(String, String)]) -> Result<Vec<ChatMessage>> {
+        let mut msgs = Vec::new();
+        if let Some(s) = &self.system_prompt {
+            msgs.push(ChatMessage::new("system", s.clone()));
+        }
+        for ex in &self.few_shot {
+            let mut ex_vars = vars.to_vec();
+            ex_vars.retain(|(k, _)| k != "question");
+            ex_vars.push(("question".into(), ex.question.clone()));
+            msgs.push(ChatMessage::new("user", fill(&self.template, &ex_vars)?));
+            msgs.push(ChatMessage::new("assistant", ex.answer.clone()));
+        }
+        msgs.push(ChatMessage::new("user", fill(&self.template, vars)?));
+        Ok(msgs)
+    }
+
+    /// The prompt text of a problem.
+    ///
+    /// # Errors
+    /// [`DataError::Template`] as [`fill`], or in chat style when `renderer` is `None` or fails.
+    pub fn render(
+        &self,
+        vars: &[(String, String)],
+        renderer: Option<ChatRenderer<'_>>,
+    ) -> Result<String> {
+        let msgs = self.messages(vars)?;
+        match self.style {
+            PromptStyle::Plain => {
+                let mut parts: Vec<String> = Vec::new();
+                let mut it = msgs.iter().peekable();
+                while let Some(m) = it.next() {
+                    if m.role == "user" && it.peek().is_some_and(|n| n.role == "assistant") {
+                        let a = it.next().expect("peeked");
+                        parts.push(format!("{}\n{}", m.content, a.content));
+                    } else {
+                        parts.push(m.content.clone());
+                    }
+                }
+                Ok(parts.join("\n\n"))
+            }
+            PromptStyle::Chat => {
+                let r = renderer.ok_or_else(|| {
+                    DataError::Template(
+                        "data.style = \"chat\" needs the model's chat template (none was given); use style = \"plain\" for models without one".into(),
+                    )
+                })?;
+                r(&msgs, true)
+                    .map_err(|e| DataError::Template(format!("chat template failed: {e:#}")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(q: &str) -> Vec<(String, String)> {
+        vec![("question".into(), q.into())]
+    }
+
+    #[test]
+    fn fill_and_escape() {
+        assert_eq!(
+            fill("Q: {question} {{x}}", &vars("1+1")).unwrap(),
+            "Q: 1+1 {x}"
+        );
+        assert!(fill("{nope}", &vars("a"))
+            .unwrap_err()
+            .to_string()
+            .contains("`{nope}`"));
+        assert!(check_template("{question").is_err());
+        assert!(check_template("\\boxed{}").is_err());
+        assert!(check_template("\\boxed{{}}").is_ok());
+    }
+
+    #[test]
+    fn plain_and_chat() {
+        let b = PromptBuilder {
+            style: PromptStyle::Plain,
+            template: "Q: {question}".into(),
+            system_prompt: Some("Be brief.".into()),
+            few_shot: vec![FewShotExample {
+                question: "1+1".into(),
+                answer: "2".into(),
+            }],
+        };
+        assert_eq!(
+            b.render(&vars("2+2"), None).unwrap(),
+            "Be brief.\n\nQ: 1+1\n2\n\nQ: 2+2"
+        );
+        let chat = PromptBuilder {
+            style: PromptStyle::Chat,
+            ..b
+        };
+        let r = |m: &[ChatMessage], g: bool| -> anyhow::Result<String> {
+            Ok(m.iter()
+                .map(|m| format!("<{}>{}", m.role, m.content))
+                .collect::<String>()
+                + if g { "<assistant>" } else { "" })
+        };
+        assert_eq!(
+            chat.render(&vars("2+2"), Some(&r)).unwrap(),
+            "<system>Be brief.<user>Q: 1+1<assistant>2<user>Q: 2+2<assistant>"
+        );
+        assert!(chat.render(&vars("2+2"), None).is_err());
+    }
+}
