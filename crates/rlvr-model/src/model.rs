@@ -13,7 +13,7 @@ use rand_distr::Distribution;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::ops::{linear, log_softmax, rms_norm, rotate_half, softmax};
+use crate::ops::{linear, log_softmax, rms_norm, rotate_half, softmax, upcast};
 use crate::weights::WeightFiles;
 
 /// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query
@@ -375,7 +375,8 @@ impl Model {
         let rope = |x: &Tensor| -> Result<Tensor> {
             Ok((x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?)?)
         };
-        let bias = bias.to_dtype(DType::F32)?.unsqueeze(2)?; // [B,1,1,T,S]
+        let acc = upcast(self.dtype);
+        let bias = bias.to_dtype(acc)?.unsqueeze(2)?; // [B,1,1,T,S]
         let scale = 1.0 / (hd as f64).sqrt();
 
         let embed = self.w(&self.embed, grad);
@@ -424,7 +425,7 @@ impl Model {
             let qg = q.reshape((b, nkv, rep * t, hd))?;
             let scores = (qg.matmul(&k.t()?)? * scale)?; // [B, nkv, rep*T, S]
             let scores = scores
-                .to_dtype(DType::F32)?
+                .to_dtype(acc)?
                 .reshape((b, nkv, rep, t, s))?
                 .broadcast_add(&bias)?;
             let p = softmax(&scores)?
@@ -537,7 +538,7 @@ impl Model {
         let hidden = self.forward_hidden(&ids_t, &pos, &bias, None, grad)?;
         let n = t - 1 - start;
         let h = hidden.narrow(1, start, n)?;
-        let logits = self.lm_head(&h, grad)?.to_dtype(DType::F32)?;
+        let logits = self.lm_head(&h, grad)?.to_dtype(upcast(self.dtype))?;
         let logits = if temperature != 1.0 {
             (logits / temperature)?
         } else {
