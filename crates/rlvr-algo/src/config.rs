@@ -1,0 +1,586 @@
+//! The `[algorithm]` configuration: every knob of advantages, losses and aggregation.
+//!
+//! Two types:
+//! - [`AlgorithmConfig`] is what the user wrote (TOML `[algorithm]` table, `--set algorithm.*`): every
+//!   knob is an `Option`, `None` meaning "not set here".
+//! - [`Algorithm`] is the resolved value the loss code reads: no `Option` left except for the knobs
+//!   that are genuinely optional (dual-clip, truncated-IS cap).
+//!
+//! [`AlgorithmConfig::resolve`] applies the precedence **defaults < preset < user-set values**: a
+//! preset fills only the knobs the user left unset, and [`Algorithm::default`] fills the rest. The
+//! defaults are written once, in [`Algorithm::default`]; presets are data ([`crate::presets`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{AlgoError, Result};
+
+/// Baseline subtracted from each reward inside its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Baseline {
+    /// b = mean of the group's scored rewards (GRPO, arXiv 2402.03300 §4.1.2; paper B's group-relative REINFORCE).
+    Mean,
+    /// b = T·log(mean_j exp(r_j / T)), T = `lme_temperature` (Kimi k1.5, arXiv 2501.12599 §2.3, the
+    /// optimal value of the KL-regularised objective used with OPMD).
+    LogMeanExp,
+    /// b_i = mean of the *other* K−1 rewards of the group (RLOO, arXiv 2402.14740 Eq. 7):
+    /// A_i = K/(K−1)·(r_i − mean).
+    LeaveOneOut,
+}
+
+/// How the centred reward is divided by a standard deviation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StdNorm {
+    /// Bessel-corrected std (divide by n−1), as GRPO implementations (TRL, verl) use; A = (r − b)/(σ + ε).
+    Sample,
+    /// Population std (divide by n); RED-Drop uses it on the kept rows.
+    Population,
+    /// No division (Dr.GRPO, REINFORCE, the REC family).
+    None,
+}
+
+/// Over which rows the std of [`StdNorm`] is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StdLevel {
+    /// Each group's own std (GRPO).
+    Group,
+    /// One std of all scored, non-dropped rewards of the batch (the "group mean, batch std" variant).
+    Batch,
+}
+
+/// The per-token policy-gradient term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyLoss {
+    /// PPO clipped surrogate, −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A), ρ = exp(ℓ − ℓ_old), with optional
+    /// dual-clip (Schulman et al. arXiv 1707.06347 Eq. 7; paper A's off-policy GRPO uses it with ρ = π_θ/α).
+    Ppo,
+    /// REC family of paper B (arXiv 2509.24203): −A′·k·ℓ with keep-mask k from the detached ratio and
+    /// weight A′ ([`KeepMask`], [`RecWeight`]).
+    Rec,
+    /// GSPO (arXiv 2507.18071 Eq. 5-7): clipped surrogate on s = exp(mean_t(ℓ − ℓ_old)), gradient through s.
+    Gspo,
+    /// CISPO (MiniMax-M1, arXiv 2506.13585 Eq. 4): −sg(min(ρ, 1+ε_high))·A·ℓ.
+    Cispo,
+    /// Plain REINFORCE with a baseline: −A·ℓ (no ratio; equals REC with keep-mask and weight `none`).
+    Reinforce,
+}
+
+/// REC keep-mask k ∈ {0, 1} from the detached ratio ρ̄ (paper B, arXiv 2509.24203, REC family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeepMask {
+    /// k = 1.
+    None,
+    /// (A ≥ 0 and ρ̄ ≤ 1+ε_high) or (A ≤ 0 and ρ̄ ≥ 1−ε_low): the tokens PPO's clip keeps.
+    OneSide,
+    /// 1−ε_low ≤ ρ̄ ≤ 1+ε_high.
+    TwoSide,
+    /// two-side, or (A ≥ 0 and ρ̄ ≤ 1−ε′_low), or (A ≤ 0 and ρ̄ ≥ 1+ε′_high).
+    Ring,
+    /// one-side applied to the detached sequence ratio s̄ = exp(mean_t(ℓ − ℓ_old)).
+    GspoOneSide,
+}
+
+/// REC weight: what multiplies −k·ℓ (paper B).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecWeight {
+    /// A′ = A.
+    None,
+    /// A′ = A·ρ̄ (token IS weight, detached; capped by `is_cap` when set).
+    Is,
+    /// A′ = A·s̄, s̄ = exp(mean_t(ℓ − ℓ_old)) detached (sequence IS weight).
+    SeqIs,
+    /// A′ = A·exp(A/T), T = `adv_temperature` (RED-Weight).
+    AdvantageExp,
+}
+
+/// Regulariser added per token with coefficient τ (paper B's REP family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Regulariser {
+    /// No regulariser.
+    None,
+    /// OPMD: +τ·(ℓ − ℓ_old)². Kimi k1.5 (arXiv 2501.12599 §2.3) writes τ/2·(…)²; we follow Trinity-RFT,
+    /// which absorbs the ½ (its τ = 0.1 is Kimi's 0.2).
+    Opmd,
+    /// AsymRE: −τ·ℓ, i.e. the baseline lowered by τ (exactly so only without std normalisation).
+    Asymre,
+}
+
+/// KL-to-reference estimator, per token, with x = ℓ_ref − ℓ (Schulman, "Approximating KL divergence",
+/// <http://joschu.net/blog/kl-approx.html>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KlEstimator {
+    /// k1 = −x. Unbiased value; zero expected gradient as a loss term.
+    K1,
+    /// k2 = x²/2. Its gradient is the gradient of KL(π_θ‖π_ref).
+    K2,
+    /// k3 = exp(x) − x − 1 (GRPO, TRL). On-policy, its expected gradient is that of KL(π_ref‖π_θ).
+    K3,
+}
+
+/// Loss aggregation: how per-token terms L_it (mask m_it) become one scalar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// Σ m·L / Σ m over the whole update batch (DAPO).
+    TokenMean,
+    /// mean over sequences of (Σ_t m·L / Σ_t m) (original GRPO).
+    SeqMeanTokenMean,
+    /// mean over sequences of Σ_t m·L.
+    SeqMeanTokenSum,
+    /// Σ m·L / (B·max_new_tokens), B = rows in the normaliser (Dr.GRPO, arXiv 2503.20783).
+    Constant,
+}
+
+/// Treatment of truncated completions (no EOS within `rollout.max_new_tokens`), DAPO arXiv 2503.14476.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overlong {
+    /// Train on truncated completions like any other.
+    None,
+    /// Overlong filtering: truncated completions get no gradient and leave the normaliser.
+    Mask,
+    /// Soft overlong punishment added to the reward ([`crate::overlong_penalty`]).
+    Soft,
+}
+
+/// The user's `[algorithm]` table. Every knob is optional: `None` means "take the preset's value,
+/// else the default" (see [`AlgorithmConfig::resolve`]). Unknown keys are rejected.
+///
+/// Defaults quoted below are those of [`Algorithm::default`], used when neither the user nor the
+/// preset sets a knob.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlgorithmConfig {
+    /// Preset name (`rlvr algorithms` lists them); `"none"` applies no preset. Default `"grpo"`.
+    pub preset: String,
+
+    // ----- advantages -----
+    /// Group baseline. Default `mean`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
+    /// Std normalisation of the centred reward. Default `sample`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub std_norm: Option<StdNorm>,
+    /// Where the std is taken (group or batch). Default `group`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub std_level: Option<StdLevel>,
+    /// ε added to the std: A = (r − b)/(σ + ε). Default 1e-6.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub std_eps: Option<f64>,
+    /// δ added to the baseline before std division: A = (r − b − δ)/(σ + ε). δ = −τ reproduces AsymRE.
+    /// Zero-variance groups get A = −δ/(…) too (their centred reward is exactly 0). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_shift: Option<f64>,
+    /// Temperature T of the log-mean-exp baseline. Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lme_temperature: Option<f64>,
+    /// Zero-variance groups (all scored rewards equal, including K = 1) leave the normaliser: their rows
+    /// get weight 0 (no PG, KL, entropy or regulariser term) and are not counted. Default `true`
+    /// (DESIGN §5: counting them in the token denominator is a known peer fault).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exclude_zero_std: Option<bool>,
+    /// RED-Drop (paper B): in each group, drop surplus negatives (r < group mean) at random (seeded)
+    /// until negatives ≤ non-negatives; recompute mean/std on the kept rows; dropped rows leave the
+    /// normaliser. Requires `baseline = mean`. Default `false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub red_drop: Option<bool>,
+
+    // ----- policy loss -----
+    /// Policy-gradient term. Default `ppo`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<PolicyLoss>,
+    /// ε_low: lower clip range (ratio ≥ 1 − ε_low). Default 0.2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_low: Option<f64>,
+    /// ε_high: upper clip range (ratio ≤ 1 + ε_high). Default 0.2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_high: Option<f64>,
+    /// ε′_low of the ring keep-mask (must be ≥ ε_low, ≤ 1). Default 0.6.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_low_prime: Option<f64>,
+    /// ε′_high of the ring keep-mask (must be ≥ ε_high). Default 2.0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_high_prime: Option<f64>,
+    /// Dual-clip constant c > 1 (arXiv 1912.09729 Eq. 5): for A < 0 the PPO/GSPO loss is capped at −c·A.
+    /// Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dual_clip: Option<f64>,
+    /// REC keep-mask (used only with `loss = rec`). Default `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_mask: Option<KeepMask>,
+    /// REC weight (used only with `loss = rec`). Default `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rec_weight: Option<RecWeight>,
+    /// T of the `advantage-exp` REC weight A·exp(A/T) (RED-Weight). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adv_temperature: Option<f64>,
+    /// Regulariser (OPMD, AsymRE). Default `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regulariser: Option<Regulariser>,
+    /// τ of the regulariser. Default 0.1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tau: Option<f64>,
+    /// Truncated-IS cap C > 0 on the ratio: ρ becomes min(ρ, C) wherever it weights a gradient (the
+    /// value is capped, the gradient direction kept). Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_cap: Option<f64>,
+    /// Log-ratios ℓ − ℓ_old and ℓ_ref − ℓ are clamped to ±this before exp, for numerical safety
+    /// (a token clamped there gets no gradient through the ratio). Default 20 (as verl).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_ratio_clamp: Option<f64>,
+
+    // ----- KL and entropy -----
+    /// β, coefficient of the KL-to-reference term. 0 disables it (no reference log-probs needed). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_coef: Option<f64>,
+    /// KL estimator. Default `k3`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_estimator: Option<KlEstimator>,
+    /// Multiply the KL term by the detached ratio ρ̄ = π_θ/π_old, correcting for off-policy samples
+    /// (DeepSeek-V3.2's corrected k3). Default `false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_ratio_weighted: Option<bool>,
+    /// Entropy bonus coefficient: the loss gets −coef·H_t per token. Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entropy_coef: Option<f64>,
+
+    // ----- aggregation and shaping -----
+    /// Loss aggregation (normaliser). Default `token-mean`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregation: Option<Aggregation>,
+    /// Truncated completions: `none`, `mask` or `soft` penalty. Default `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlong: Option<Overlong>,
+    /// Soft overlong buffer L_cache as a fraction of `rollout.max_new_tokens` (DAPO: 4096/20480 = 0.2).
+    /// Default 0.2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlong_buffer_frac: Option<f64>,
+    /// Scale of the soft overlong penalty (reward units; −factor at the limit). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlong_penalty_factor: Option<f64>,
+    /// DAPO dynamic sampling: the trainer drops zero-variance groups and samples more prompts to refill
+    /// the batch. Read by the trainer, not by this crate. Default `false`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling: Option<bool>,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        Self::empty("grpo")
+    }
+}
+
+/// Calls `$m!(field, ...)` with every `Option` knob of [`AlgorithmConfig`] whose resolved type in
+/// [`Algorithm`] is not an `Option`. The one list that keeps the two structs in step.
+macro_rules! required_knobs {
+    ($m:ident, $($args:tt)*) => {
+        $m!($($args)*; baseline, std_norm, std_level, std_eps, baseline_shift, lme_temperature,
+            exclude_zero_std, red_drop, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
+            keep_mask, rec_weight, adv_temperature, regulariser, tau, log_ratio_clamp, kl_coef,
+            kl_estimator, kl_ratio_weighted, entropy_coef, aggregation, overlong, overlong_buffer_frac,
+            overlong_penalty_factor, dynamic_sampling)
+    };
+}
+/// The knobs that stay `Option` after resolution.
+macro_rules! optional_knobs {
+    ($m:ident, $($args:tt)*) => {
+        $m!($($args)*; dual_clip, is_cap)
+    };
+}
+
+impl AlgorithmConfig {
+    /// A config with preset `preset` and no knob set.
+    pub fn empty(preset: &str) -> Self {
+        AlgorithmConfig {
+            preset: preset.to_string(),
+            baseline: None,
+            std_norm: None,
+            std_level: None,
+            std_eps: None,
+            baseline_shift: None,
+            lme_temperature: None,
+            exclude_zero_std: None,
+            red_drop: None,
+            loss: None,
+            clip_low: None,
+            clip_high: None,
+            clip_low_prime: None,
+            clip_high_prime: None,
+            dual_clip: None,
+            keep_mask: None,
+            rec_weight: None,
+            adv_temperature: None,
+            regulariser: None,
+            tau: None,
+            is_cap: None,
+            log_ratio_clamp: None,
+            kl_coef: None,
+            kl_estimator: None,
+            kl_ratio_weighted: None,
+            entropy_coef: None,
+            aggregation: None,
+            overlong: None,
+            overlong_buffer_frac: None,
+            overlong_penalty_factor: None,
+            dynamic_sampling: None,
+        }
+    }
+
+    /// Fills every knob that is `None` here with `lower`'s value (the preset's). Values set here win.
+    pub fn fill_unset_from(&mut self, lower: &AlgorithmConfig) {
+        macro_rules! fill {
+            ($s:ident, $l:ident; $($f:ident),*) => { $( if $s.$f.is_none() { $s.$f = $l.$f; } )* };
+        }
+        required_knobs!(fill, self, lower);
+        optional_knobs!(fill, self, lower);
+    }
+
+    /// The knobs set here, as `(key, TOML-style value)` pairs in declaration order (no `preset`).
+    pub fn set_values(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let value = serde_json::to_value(self).expect("AlgorithmConfig serialises to JSON");
+        if let serde_json::Value::Object(map) = value {
+            for (k, v) in map {
+                if k == "preset" {
+                    continue;
+                }
+                let s = match v {
+                    serde_json::Value::String(s) => format!("\"{s}\""),
+                    other => other.to_string(),
+                };
+                out.push((k, s));
+            }
+        }
+        out
+    }
+
+    /// Resolves defaults < preset < values set here into an [`Algorithm`], and validates it.
+    ///
+    /// # Errors
+    /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the key.
+    pub fn resolve(&self) -> Result<Algorithm> {
+        let mut merged = self.clone();
+        if !matches!(self.preset.as_str(), "none" | "") {
+            let preset = crate::presets::find_preset(&self.preset)?;
+            merged.fill_unset_from(&preset.values);
+        }
+        let mut alg = Algorithm {
+            preset: self.preset.clone(),
+            ..Algorithm::default()
+        };
+        macro_rules! take {
+            ($a:ident, $c:ident; $($f:ident),*) => { $( if let Some(v) = $c.$f { $a.$f = v; } )* };
+        }
+        required_knobs!(take, alg, merged);
+        macro_rules! take_opt {
+            ($a:ident, $c:ident; $($f:ident),*) => { $( if $c.$f.is_some() { $a.$f = $c.$f; } )* };
+        }
+        optional_knobs!(take_opt, alg, merged);
+        alg.validate()?;
+        Ok(alg)
+    }
+}
+
+/// The resolved algorithm: what every function of this crate reads. Build it with
+/// [`AlgorithmConfig::resolve`]; [`Algorithm::to_config`] gives back a fully-set config (for
+/// `RUN_DIR/config.toml`). Field meanings and units: see the same-named fields of [`AlgorithmConfig`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct Algorithm {
+    pub preset: String,
+    pub baseline: Baseline,
+    pub std_norm: StdNorm,
+    pub std_level: StdLevel,
+    pub std_eps: f64,
+    pub baseline_shift: f64,
+    pub lme_temperature: f64,
+    pub exclude_zero_std: bool,
+    pub red_drop: bool,
+    pub loss: PolicyLoss,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub clip_low_prime: f64,
+    pub clip_high_prime: f64,
+    pub dual_clip: Option<f64>,
+    pub keep_mask: KeepMask,
+    pub rec_weight: RecWeight,
+    pub adv_temperature: f64,
+    pub regulariser: Regulariser,
+    pub tau: f64,
+    pub is_cap: Option<f64>,
+    pub log_ratio_clamp: f64,
+    pub kl_coef: f64,
+    pub kl_estimator: KlEstimator,
+    pub kl_ratio_weighted: bool,
+    pub entropy_coef: f64,
+    pub aggregation: Aggregation,
+    pub overlong: Overlong,
+    pub overlong_buffer_frac: f64,
+    pub overlong_penalty_factor: f64,
+    pub dynamic_sampling: bool,
+}
+
+impl Default for Algorithm {
+    /// The config defaults (the only place they are written): GRPO-shaped advantages, PPO clip 0.2/0.2,
+    /// token-mean, no KL, no entropy bonus, zero-variance groups out of the normaliser.
+    fn default() -> Self {
+        Algorithm {
+            preset: "none".into(),
+            baseline: Baseline::Mean,
+            std_norm: StdNorm::Sample,
+            std_level: StdLevel::Group,
+            std_eps: 1e-6,
+            baseline_shift: 0.0,
+            lme_temperature: 1.0,
+            exclude_zero_std: true,
+            red_drop: false,
+            loss: PolicyLoss::Ppo,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            clip_low_prime: 0.6,
+            clip_high_prime: 2.0,
+            dual_clip: None,
+            keep_mask: KeepMask::None,
+            rec_weight: RecWeight::None,
+            adv_temperature: 1.0,
+            regulariser: Regulariser::None,
+            tau: 0.1,
+            is_cap: None,
+            log_ratio_clamp: 20.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            kl_ratio_weighted: false,
+            entropy_coef: 0.0,
+            aggregation: Aggregation::TokenMean,
+            overlong: Overlong::None,
+            overlong_buffer_frac: 0.2,
+            overlong_penalty_factor: 1.0,
+            dynamic_sampling: false,
+        }
+    }
+}
+
+impl Algorithm {
+    /// A fully-set [`AlgorithmConfig`] that resolves back to `self` (same preset, every knob `Some`).
+    pub fn to_config(&self) -> AlgorithmConfig {
+        let mut c = AlgorithmConfig::empty(&self.preset);
+        macro_rules! put {
+            ($c:ident, $a:ident; $($f:ident),*) => { $( $c.$f = Some($a.$f); )* };
+        }
+        required_knobs!(put, c, self);
+        macro_rules! put_opt {
+            ($c:ident, $a:ident; $($f:ident),*) => { $( $c.$f = $a.$f; )* };
+        }
+        optional_knobs!(put_opt, c, self);
+        c
+    }
+
+    /// Whether the loss needs reference log-probs (`kl_coef` ≠ 0).
+    pub fn needs_reference(&self) -> bool {
+        self.kl_coef != 0.0
+    }
+
+    /// Whether the loss needs per-token entropies (`entropy_coef` ≠ 0).
+    pub fn needs_entropy(&self) -> bool {
+        self.entropy_coef != 0.0
+    }
+
+    fn validate(&self) -> Result<()> {
+        fn bad(key: &'static str, value: impl std::fmt::Display, why: &str) -> AlgoError {
+            AlgoError::InvalidConfig {
+                key,
+                value: value.to_string(),
+                why: why.to_string(),
+            }
+        }
+        let finite_nonneg = |key: &'static str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(bad(key, v, "must be finite and >= 0"))
+            }
+        };
+        let positive = |key: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(bad(key, v, "must be finite and > 0"))
+            }
+        };
+        finite_nonneg("std_eps", self.std_eps)?;
+        if !self.baseline_shift.is_finite() {
+            return Err(bad("baseline_shift", self.baseline_shift, "must be finite"));
+        }
+        positive("lme_temperature", self.lme_temperature)?;
+        if !(self.clip_low.is_finite() && (0.0..1.0).contains(&self.clip_low)) {
+            return Err(bad(
+                "clip_low",
+                self.clip_low,
+                "must be in [0, 1) so that 1 - clip_low > 0",
+            ));
+        }
+        finite_nonneg("clip_high", self.clip_high)?;
+        if !(self.clip_low_prime >= self.clip_low && self.clip_low_prime <= 1.0) {
+            return Err(bad(
+                "clip_low_prime",
+                self.clip_low_prime,
+                &format!(
+                    "must be in [clip_low = {}, 1] (ring keep-mask)",
+                    self.clip_low
+                ),
+            ));
+        }
+        if !(self.clip_high_prime.is_finite() && self.clip_high_prime >= self.clip_high) {
+            return Err(bad(
+                "clip_high_prime",
+                self.clip_high_prime,
+                &format!(
+                    "must be finite and >= clip_high = {} (ring keep-mask)",
+                    self.clip_high
+                ),
+            ));
+        }
+        if let Some(c) = self.dual_clip {
+            if !(c.is_finite() && c > 1.0) {
+                return Err(bad(
+                    "dual_clip",
+                    c,
+                    "must be finite and > 1 (typical: 3); unset it to disable",
+                ));
+            }
+        }
+        if let Some(c) = self.is_cap {
+            positive("is_cap", c)?;
+        }
+        positive("adv_temperature", self.adv_temperature)?;
+        finite_nonneg("tau", self.tau)?;
+        positive("log_ratio_clamp", self.log_ratio_clamp)?;
+        finite_nonneg("kl_coef", self.kl_coef)?;
+        if !self.entropy_coef.is_finite() {
+            return Err(bad("entropy_coef", self.entropy_coef, "must be finite"));
+        }
+        if !(self.overlong_buffer_frac > 0.0 && self.overlong_buffer_frac <= 1.0) {
+            return Err(bad(
+                "overlong_buffer_frac",
+                self.overlong_buffer_frac,
+                "must be in (0, 1]",
+            ));
+        }
+        finite_nonneg("overlong_penalty_factor", self.overlong_penalty_factor)?;
+        if self.red_drop && self.baseline != Baseline::Mean {
+            return Err(bad(
+                "red_drop",
+                true,
+                "RED-Drop recomputes the group mean on the kept rows: it needs `baseline = \"mean\"`",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,55 @@
+//! # rlvr-algo: advantages, policy losses and the normaliser of RLVR
+//!
+//! Everything between scored completions and a scalar loss, on tensors only: this crate knows
+//! nothing of models, tokenizers or sampling (Architecture Invariant).
+//!
+//! The trainer's path through it, once per optimizer update:
+//!
+//! 1. [`AlgorithmConfig::resolve`] (defaults < preset < user values) gives an [`Algorithm`].
+//! 2. [`shape_rewards`] (DAPO soft overlong penalty, if configured), then [`compute_advantages`]
+//!    from rewards and group ids: per-row advantages and which rows stay in the normaliser.
+//! 3. [`UpdateNormaliser::new`] over **all** rows of the update fixes one weight per row.
+//! 4. For each micro-batch, [`policy_loss`] with that micro-batch's tensors and
+//!    [`UpdateNormaliser::rows`]; `backward()` each loss and sum the gradients as they are.
+//! 5. [`LossStats::merge`] the diagnostics and [`LossStats::finalise`] them into DESIGN §10 metrics.
+//!
+//! Sources: paper A (off-policy GRPO, arXiv 2505.22257), paper B (REC/REP/RED, arXiv 2509.24203),
+//! and the peers cited on each item. Presets: [`presets`], printed by [`print_algorithms`].
+//!
+//! ```
+//! use rlvr_algo::{compute_advantages, AlgorithmConfig};
+//!
+//! let alg = AlgorithmConfig::default().resolve()?; // preset "grpo"
+//! // Two groups, interleaved: 1 of 2 correct in each.
+//! let rewards = [Some(1.0), Some(0.0), Some(0.0), Some(1.0)];
+//! let groups = ["a", "b", "a", "b"];
+//! let adv = compute_advantages(&rewards, &groups, &alg, 0)?;
+//! assert!((adv.values[0] - 0.7071).abs() < 1e-4); // (1 − 0.5) / sample std 0.7071
+//! assert!((adv.values[2] + 0.7071).abs() < 1e-4);
+//! # Ok::<(), rlvr_algo::AlgoError>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod advantage;
+pub mod config;
+pub mod error;
+pub mod kl;
+pub mod loss;
+pub mod metrics;
+pub mod normaliser;
+pub mod presets;
+
+pub use advantage::{
+    advantage_exp_weight, compute_advantages, overlong_penalty, shape_rewards, AdvantageStats,
+    Advantages,
+};
+pub use config::{
+    Aggregation, Algorithm, AlgorithmConfig, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss,
+    RecWeight, Regulariser, StdLevel, StdNorm,
+};
+pub use error::{AlgoError, Result};
+pub use kl::{kl_estimate, kl_estimate_f64};
+pub use loss::{policy_loss, LossInputs};
+pub use metrics::{LossMetrics, LossStats};
+pub use normaliser::{RowInfo, UpdateNormaliser};
+pub use presets::{find_preset, presets, print_algorithms, Preset};

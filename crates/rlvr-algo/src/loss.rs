@@ -1,0 +1,444 @@
+//! Per-token policy losses, KL and entropy terms, aggregated with the update normaliser.
+//!
+//! Notation (DESIGN §2): ℓ = log π_θ(token) (with gradient), ℓ_old = behaviour log-prob (the ratio's
+//! denominator, always: the weights that *sampled* the token), x = clamp(ℓ − ℓ_old, ±c) with
+//! c = `log_ratio_clamp`, ρ = exp(x), ρ̄ = detached ρ, A = advantage of the row, ε_l/ε_h = clip range.
+//! With a truncated-IS cap C, ρ is replaced by ρ·sg(min(1, C/ρ)) (value min(ρ, C), gradient direction
+//! kept) wherever it weights the gradient.
+//!
+//! Per-token PG term L_it (to be minimised):
+//!
+//! ```text
+//! ppo        −min(ρA, clip(ρ, 1−ε_l, 1+ε_h)A); dual-clip c: for A < 0, min(that, −cA)
+//! rec        −A′·k·ℓ,  k = keep-mask(ρ̄ or s̄), A′ ∈ {A, A·min(ρ̄,C), A·s̄, A·exp(A/T)}
+//! gspo       −min(sA, clip(s, 1−ε_l, 1+ε_h)A) per row, s = exp(Σ_t m·x / Σ_t m), same value on its tokens
+//! cispo      −sg(min(ρ, 1+ε_h))·A·ℓ
+//! reinforce  −A·ℓ
+//! ```
+//!
+//! plus the regulariser (OPMD +τx², AsymRE −τℓ), β·k(ℓ_ref − ℓ) (optionally ·ρ̄), and −c_H·H. The
+//! scalar is Σ_i w_i Σ_t m_it L_it with w from [`crate::UpdateNormaliser`]. Clip decisions are
+//! taken on detached values and applied with `where_cond`, so a clipped token has exactly zero
+//! PG gradient and ties never split a gradient.
+//!
+//! Numerical safety: padding positions (mask 0) are replaced by 0 before any arithmetic, so they may
+//! hold anything (even −∞); log-ratios are clamped to ±`log_ratio_clamp` (default 20, as verl) before
+//! `exp`, and a clamped token gets no gradient through its ratio.
+
+use candle_core::{DType, Tensor, D};
+
+use crate::config::{Algorithm, KeepMask, PolicyLoss, RecWeight, Regulariser};
+use crate::error::{AlgoError, Result};
+use crate::kl::kl_estimate;
+use crate::metrics::LossStats;
+
+/// Inputs of one micro-batch. All per-token tensors are [B, T] (B rows of the micro-batch, T padded
+/// completion length), same dtype and device as `logp`; padding is wherever `mask` is 0.
+#[derive(Debug, Clone, Copy)]
+pub struct LossInputs<'a> {
+    /// ℓ: log π_θ of each completion token, with gradient (nats), [B, T].
+    pub logp: &'a Tensor,
+    /// ℓ_old: behaviour log-probs recorded at sampling (nats), [B, T]. No gradient is taken.
+    pub logp_behaviour: &'a Tensor,
+    /// ℓ_ref: reference-policy log-probs, [B, T]; required when `kl_coef` ≠ 0.
+    pub logp_ref: Option<&'a Tensor>,
+    /// Per-token entropy H_t of π_θ (nats, with gradient), [B, T]; required when `entropy_coef` ≠ 0,
+    /// else only reported.
+    pub entropy: Option<&'a Tensor>,
+    /// Completion mask, 1 for completion tokens (a generated EOS included), 0 for padding, [B, T].
+    pub mask: &'a Tensor,
+    /// Per-row advantages A, [B] (gradients flow into it if it is a variable).
+    pub advantages: &'a Tensor,
+    /// Per-row normaliser weights w_i, [B], from [`crate::UpdateNormaliser::rows`].
+    pub row_weights: &'a [f64],
+}
+
+/// The micro-batch loss Σ_i w_i Σ_t m_it L_it (a scalar tensor, dtype of `logp`) and its diagnostics.
+///
+/// Call `backward()` on each micro-batch loss and accumulate: the sum over micro-batches is the
+/// full-update gradient (see [`crate::normaliser`]).
+///
+/// # Errors
+/// [`AlgoError::Shape`] when a tensor's shape differs from `logp`'s [B, T] (or [B] for advantages,
+/// `row_weights.len()` ≠ B); [`AlgoError::Input`] when `kl_coef` ≠ 0 without `logp_ref` or
+/// `entropy_coef` ≠ 0 without `entropy`; candle errors.
+pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossStats)> {
+    const OP: &str = "policy_loss";
+    let (b, t) = inp.logp.dims2()?;
+    let dt = inp.logp.dtype();
+    check_shape(OP, "logp_behaviour", inp.logp_behaviour, &[b, t])?;
+    check_shape(OP, "mask", inp.mask, &[b, t])?;
+    check_shape(OP, "advantages", inp.advantages, &[b])?;
+    if let Some(r) = inp.logp_ref {
+        check_shape(OP, "logp_ref", r, &[b, t])?;
+    }
+    if let Some(e) = inp.entropy {
+        check_shape(OP, "entropy", e, &[b, t])?;
+    }
+    if inp.row_weights.len() != b {
+        return Err(AlgoError::Shape {
+            op: OP,
+            what: "row_weights",
+            got: vec![inp.row_weights.len()],
+            expected: vec![b],
+        });
+    }
+    if alg.needs_reference() && inp.logp_ref.is_none() {
+        return Err(AlgoError::Input {
+            op: OP,
+            why: format!(
+                "kl_coef = {} needs reference log-probs (logp_ref)",
+                alg.kl_coef
+            ),
+        });
+    }
+    if alg.needs_entropy() && inp.entropy.is_none() {
+        return Err(AlgoError::Input {
+            op: OP,
+            why: format!(
+                "entropy_coef = {} needs per-token entropies",
+                alg.entropy_coef
+            ),
+        });
+    }
+
+    let dev = inp.logp.device();
+    let mask = inp.mask.to_dtype(dt)?;
+    let keep_pos = mask.ne(0.0)?; // u8 [B, T]
+    let zeros = mask.zeros_like()?;
+    let clean =
+        |x: &Tensor| -> Result<Tensor> { Ok(keep_pos.where_cond(&x.to_dtype(dt)?, &zeros)?) };
+    let logp = clean(inp.logp)?;
+    let logp_old = clean(inp.logp_behaviour)?.detach();
+    let adv = inp
+        .advantages
+        .to_dtype(dt)?
+        .reshape((b, 1))?
+        .broadcast_as((b, t))?;
+    let adv_d = adv.detach();
+    let c = alg.log_ratio_clamp;
+
+    // Token log-ratio x (clamped), ratio ρ (with grad) and ρ̄ (detached).
+    let x = clamp_with_grad(&(&logp - &logp_old)?, c)?;
+    let ratio = x.exp()?;
+    let ratio_d = ratio.detach();
+    let ratio_w = cap_ratio(&ratio, alg.is_cap)?; // value min(ρ, C), gradient through ρ
+
+    let pos = adv_d.gt(0.0)?;
+    let neg = adv_d.lt(0.0)?;
+    let pg = pg_term(alg, &logp, &x, &mask, &adv, &ratio_w, &ratio_d, &pos, &neg)?;
+
+    // Regulariser, KL, entropy.
+    let mut per_token = pg.loss;
+    match alg.regulariser {
+        Regulariser::None => {}
+        Regulariser::Opmd => per_token = (per_token + (x.sqr()? * alg.tau)?)?,
+        Regulariser::Asymre => per_token = (per_token - (&logp * alg.tau)?)?,
+    }
+    let mut kl_ref_value = None;
+    if let Some(lr) = inp.logp_ref {
+        let xr = clamp_with_grad(&(clean(lr)?.detach() - &logp)?, c)?;
+        let k = kl_estimate(&xr, alg.kl_estimator)?;
+        kl_ref_value = Some(k.detach());
+        if alg.kl_coef != 0.0 {
+            let k = if alg.kl_ratio_weighted {
+                (k * &ratio_d)?
+            } else {
+                k
+            };
+            per_token = (per_token + (k * alg.kl_coef)?)?;
+        }
+    }
+    let entropy = inp.entropy.map(&clean).transpose()?;
+    if let (Some(h), true) = (&entropy, alg.entropy_coef != 0.0) {
+        per_token = (per_token - (h * alg.entropy_coef)?)?;
+    }
+
+    // Aggregate: Σ_i w_i Σ_t m_it L_it.
+    let w = Tensor::from_vec(inp.row_weights.to_vec(), b, dev)?.to_dtype(dt)?;
+    let row_sums = (per_token * &mask)?.sum(D::Minus1)?;
+    let loss = (row_sums * &w)?.sum_all()?;
+
+    let stats = diagnostics(&Diag {
+        mask: &mask,
+        w: &w,
+        ratio_d: &ratio_d,
+        x_d: &x.detach(),
+        pos: &pos,
+        neg: &neg,
+        clipped_low: &pg.clipped_low,
+        clipped_high: &pg.clipped_high,
+        kl_ref: kl_ref_value.as_ref(),
+        entropy: entropy.as_ref().map(|e| e.detach()).as_ref(),
+        loss: &loss,
+    })?;
+    Ok((loss, stats))
+}
+
+/// The PG term and which tokens it zeroed (f 0/1 masks, [B, T], detached).
+struct Pg {
+    loss: Tensor,
+    clipped_low: Tensor,
+    clipped_high: Tensor,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pg_term(
+    alg: &Algorithm,
+    logp: &Tensor,
+    x: &Tensor,
+    mask: &Tensor,
+    adv: &Tensor,
+    ratio_w: &Tensor,
+    ratio_d: &Tensor,
+    pos: &Tensor,
+    neg: &Tensor,
+) -> Result<Pg> {
+    let ratio_wd = &ratio_w.detach();
+    let dt = logp.dtype();
+    let (lo, hi) = (1.0 - alg.clip_low, 1.0 + alg.clip_high);
+    let zeros = logp.zeros_like()?;
+    let f = |m: &Tensor| -> Result<Tensor> { Ok(m.to_dtype(dt)?) };
+    match alg.loss {
+        PolicyLoss::Ppo => {
+            let (loss, cl, ch) =
+                clipped_surrogate(adv, ratio_w, ratio_wd, pos, neg, lo, hi, alg.dual_clip)?;
+            Ok(Pg {
+                loss,
+                clipped_low: cl,
+                clipped_high: ch,
+            })
+        }
+        PolicyLoss::Gspo => {
+            // s = exp(Σ_t m·x / Σ_t m) per row (x is already clamped and 0 on padding).
+            let (b, t) = logp.dims2()?;
+            let n = mask
+                .sum_keepdim(D::Minus1)?
+                .clamp(1.0, f64::INFINITY)?
+                .detach();
+            let s = (x.sum_keepdim(D::Minus1)? / n)?.exp()?;
+            let s = cap_ratio(&s, alg.is_cap)?.broadcast_as((b, t))?;
+            let sd = s.detach();
+            let (loss, cl, ch) = clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, alg.dual_clip)?;
+            Ok(Pg {
+                loss,
+                clipped_low: cl,
+                clipped_high: ch,
+            })
+        }
+        PolicyLoss::Cispo => {
+            let w = ratio_wd.clamp(f64::NEG_INFINITY, hi)?;
+            let capped = f(&ratio_wd.gt(hi)?)?;
+            let loss = ((w * adv)? * logp)?.neg()?;
+            Ok(Pg {
+                loss,
+                clipped_low: zeros,
+                clipped_high: capped,
+            })
+        }
+        PolicyLoss::Reinforce => Ok(Pg {
+            loss: (adv * logp)?.neg()?,
+            clipped_low: zeros.clone(),
+            clipped_high: zeros,
+        }),
+        PolicyLoss::Rec => {
+            let (b, t) = logp.dims2()?;
+            // Detached sequence ratio s̄ (uncapped), for gspo-one-side and seq-is.
+            let n = mask.sum_keepdim(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
+            let seq_ratio = (x.detach().sum_keepdim(D::Minus1)? / n)?
+                .exp()?
+                .broadcast_as((b, t))?;
+            // The keep-mask reads the uncapped ratio; only the IS weights are capped.
+            let keep_ratio = match alg.keep_mask {
+                KeepMask::GspoOneSide => seq_ratio.clone(),
+                _ => ratio_d.clone(),
+            };
+            let adv_zero = f(&pos.eq(0u8)?.mul(&neg.eq(0u8)?)?)?; // A == 0
+            let (posf, negf) = (&(f(pos)? + &adv_zero)?, &(f(neg)? + &adv_zero)?); // A ≥ 0, A ≤ 0
+            let le_hi = f(&keep_ratio.le(hi)?)?;
+            let ge_lo = f(&keep_ratio.ge(lo)?)?;
+            let one_side = || -> Result<Tensor> {
+                Ok(((posf * &le_hi)? + (negf * &ge_lo)?)?.clamp(0.0, 1.0)?)
+            };
+            let keep = match alg.keep_mask {
+                KeepMask::None => logp.ones_like()?,
+                KeepMask::OneSide | KeepMask::GspoOneSide => one_side()?,
+                KeepMask::TwoSide => (&le_hi * &ge_lo)?,
+                KeepMask::Ring => {
+                    let far_lo = f(&keep_ratio.le(1.0 - alg.clip_low_prime)?)?;
+                    let far_hi = f(&keep_ratio.ge(1.0 + alg.clip_high_prime)?)?;
+                    let two = (&le_hi * &ge_lo)?;
+                    ((two + (posf * far_lo)?)? + (negf * far_hi)?)?.clamp(0.0, 1.0)?
+                }
+            };
+            let weight = match alg.rec_weight {
+                RecWeight::None => adv.clone(),
+                RecWeight::Is => (adv * ratio_wd)?,
+                RecWeight::SeqIs => (adv * cap_ratio(&seq_ratio, alg.is_cap)?)?,
+                RecWeight::AdvantageExp => (adv * (adv / alg.adv_temperature)?.exp()?)?,
+            };
+            let loss = ((weight * &keep)? * logp)?.neg()?;
+            // Zeroed tokens, by side of the ratio; tokens with A = 0 carry no PG term and are not counted.
+            let dropped = ((keep.ones_like()? - &keep)? * (f(pos)? + f(neg)?)?)?;
+            let below = f(&keep_ratio.lt(1.0)?)?;
+            let clipped_low = (&dropped * &below)?;
+            let clipped_high = (&dropped - &clipped_low)?;
+            Ok(Pg {
+                loss,
+                clipped_low,
+                clipped_high,
+            })
+        }
+    }
+}
+
+/// −min(ρA, clip(ρ, lo, hi)A) with optional dual-clip, on any ratio tensor (token or broadcast
+/// sequence ratio). Returns the loss and the low/high zeroed masks (f, detached).
+#[allow(clippy::too_many_arguments)]
+fn clipped_surrogate(
+    adv: &Tensor,
+    ratio: &Tensor,
+    ratio_d: &Tensor,
+    pos: &Tensor,
+    neg: &Tensor,
+    lo: f64,
+    hi: f64,
+    dual_clip: Option<f64>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let dt = ratio.dtype();
+    // Zeroed when the clipped branch is the (strictly) smaller objective.
+    let clip_hi = pos.mul(&ratio_d.gt(hi)?)?;
+    let clip_lo = neg.mul(&ratio_d.lt(lo)?)?;
+    let unclipped = (adv * ratio)?.neg()?;
+    let clipped_value = (adv * ratio_d.clamp(lo, hi)?)?.neg()?; // no ρ gradient; A's kept
+    let any_clip = clip_hi.add(&clip_lo)?; // disjoint (A > 0 vs A < 0)
+    let mut loss = any_clip.where_cond(&clipped_value, &unclipped)?;
+    let mut high = clip_hi.to_dtype(dt)?;
+    if let Some(cd) = dual_clip {
+        // A < 0 and ρ > c: the loss −ρA exceeds −cA; dual-clip caps it at the constant −cA.
+        let dual = neg.mul(&ratio_d.gt(cd)?)?;
+        let capped = (adv * cd)?.neg()?;
+        loss = dual.where_cond(&capped, &loss)?;
+        high = (high + dual.to_dtype(dt)?)?;
+    }
+    Ok((loss, clip_lo.to_dtype(dt)?, high))
+}
+
+/// x clamped to [−c, c]; gradient 1 inside, 0 where clamped.
+fn clamp_with_grad(x: &Tensor, c: f64) -> Result<Tensor> {
+    let inside = x.abs()?.le(c)?;
+    let clamped = x.detach().clamp(-c, c)?;
+    Ok(inside.where_cond(x, &clamped)?)
+}
+
+/// ρ·sg(min(1, C/ρ)): value min(ρ, C), gradient of ρ scaled by the same factor.
+fn cap_ratio(ratio: &Tensor, cap: Option<f64>) -> Result<Tensor> {
+    match cap {
+        None => Ok(ratio.clone()),
+        Some(cap) => {
+            let factor = ratio
+                .detach()
+                .recip()?
+                .affine(cap, 0.0)?
+                .clamp(f64::NEG_INFINITY, 1.0)?;
+            Ok((ratio * factor)?)
+        }
+    }
+}
+
+fn check_shape(op: &'static str, what: &'static str, t: &Tensor, expected: &[usize]) -> Result<()> {
+    if t.dims() != expected {
+        return Err(AlgoError::Shape {
+            op,
+            what,
+            got: t.dims().to_vec(),
+            expected: expected.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+struct Diag<'a> {
+    mask: &'a Tensor,
+    w: &'a Tensor,
+    ratio_d: &'a Tensor,
+    x_d: &'a Tensor,
+    pos: &'a Tensor,
+    neg: &'a Tensor,
+    clipped_low: &'a Tensor,
+    clipped_high: &'a Tensor,
+    kl_ref: Option<&'a Tensor>,
+    entropy: Option<&'a Tensor>,
+    loss: &'a Tensor,
+}
+
+/// All sums in one device→host copy.
+fn diagnostics(d: &Diag) -> Result<LossStats> {
+    let dt = d.mask.dtype();
+    let (b, t) = d.mask.dims2()?;
+    let live =
+        d.w.ne(0.0)?
+            .to_dtype(dt)?
+            .reshape((b, 1))?
+            .broadcast_as((b, t))?;
+    let tm = (d.mask.detach() * live)?; // trained tokens
+    let s = |x: &Tensor| -> Result<Tensor> { Ok((x * &tm)?.sum_all()?.to_dtype(DType::F64)?) };
+    let posf = d.pos.to_dtype(dt)?;
+    let negf = d.neg.to_dtype(dt)?;
+    let clipped = (d.clipped_low + d.clipped_high)?;
+    let big = 1e30;
+    let on = tm.ne(0.0)?;
+    let rmin = on
+        .where_cond(d.ratio_d, &d.ratio_d.ones_like()?.affine(0.0, big)?)?
+        .min_all()?;
+    let rmax = on
+        .where_cond(d.ratio_d, &d.ratio_d.ones_like()?.affine(0.0, -big)?)?
+        .max_all()?;
+    let one = tm.ones_like()?;
+    let kl_b = ((d.ratio_d - 1.0)? - d.x_d)?;
+    let zero = Tensor::zeros((), DType::F64, d.mask.device())?;
+    let parts = vec![
+        d.loss.detach().to_dtype(DType::F64)?,
+        d.mask.sum_all()?.to_dtype(DType::F64)?,
+        s(&one)?,
+        s(d.clipped_low)?,
+        s(d.clipped_high)?,
+        s(&posf)?,
+        s(&(&clipped * &posf)?)?,
+        s(&negf)?,
+        s(&(&clipped * &negf)?)?,
+        s(d.ratio_d)?,
+        s(&d.ratio_d.sqr()?)?,
+        rmin.to_dtype(DType::F64)?,
+        rmax.to_dtype(DType::F64)?,
+        s(&kl_b)?,
+        d.kl_ref.map(&s).transpose()?.unwrap_or(zero.clone()),
+        d.entropy.map(&s).transpose()?.unwrap_or(zero),
+    ];
+    let v = Tensor::stack(&parts, 0)?.to_vec1::<f64>()?;
+    let tokens = v[2];
+    Ok(LossStats {
+        loss: v[0],
+        tokens_total: v[1],
+        tokens,
+        clipped_low: v[3],
+        clipped_high: v[4],
+        pos_tokens: v[5],
+        clipped_pos: v[6],
+        neg_tokens: v[7],
+        clipped_neg: v[8],
+        ratio_sum: v[9],
+        ratio_sq_sum: v[10],
+        ratio_min: if tokens > 0.0 { v[11] } else { f64::INFINITY },
+        ratio_max: if tokens > 0.0 {
+            v[12]
+        } else {
+            f64::NEG_INFINITY
+        },
+        kl_behaviour_sum: v[13],
+        kl_ref_sum: v[14],
+        kl_ref_tokens: if d.kl_ref.is_some() { tokens } else { 0.0 },
+        entropy_sum: v[15],
+        entropy_tokens: if d.entropy.is_some() { tokens } else { 0.0 },
+    })
+}

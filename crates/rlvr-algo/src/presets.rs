@@ -1,0 +1,314 @@
+//! Named algorithm presets (DESIGN §4's table), as data.
+//!
+//! A preset is a partial [`AlgorithmConfig`]: the knobs it sets. [`AlgorithmConfig::resolve`] applies it
+//! under the user's values (defaults < preset < file < `--set`). Every preset sets `kl_coef = 0` and
+//! `entropy_coef = 0` explicitly; anything a preset does not list keeps the config default. The sync
+//! interval is never part of a preset (it is `sync.interval`).
+
+use std::io::Write;
+use std::sync::LazyLock;
+
+use crate::config::{
+    Aggregation as Ag, AlgorithmConfig, Baseline, KeepMask, Overlong, PolicyLoss as L, RecWeight,
+    Regulariser, StdLevel, StdNorm,
+};
+use crate::error::{AlgoError, Result};
+
+/// One named preset.
+#[derive(Debug, Clone)]
+pub struct Preset {
+    /// Name used in `algorithm.preset`.
+    pub name: &'static str,
+    /// One-line description.
+    pub description: &'static str,
+    /// Paper (arXiv id) and the equation the preset implements, written out.
+    pub reference: &'static str,
+    /// The knobs the preset sets (`preset` field empty); all others keep their defaults.
+    pub values: AlgorithmConfig,
+}
+
+/// Builder shorthand: advantage block.
+fn adv(std_norm: StdNorm) -> AlgorithmConfig {
+    let mut c = AlgorithmConfig::empty("");
+    c.baseline = Some(Baseline::Mean);
+    c.std_norm = Some(std_norm);
+    if std_norm != StdNorm::None {
+        c.std_level = Some(StdLevel::Group);
+        c.std_eps = Some(1e-6);
+    }
+    c.kl_coef = Some(0.0);
+    c.entropy_coef = Some(0.0);
+    c
+}
+
+fn ppo(mut c: AlgorithmConfig, lo: f64, hi: f64, agg: Ag) -> AlgorithmConfig {
+    c.loss = Some(L::Ppo);
+    c.clip_low = Some(lo);
+    c.clip_high = Some(hi);
+    c.aggregation = Some(agg);
+    c
+}
+
+fn rec(keep: KeepMask, weight: RecWeight, lo: f64, hi: f64, agg: Ag) -> AlgorithmConfig {
+    let mut c = adv(StdNorm::None);
+    c.loss = Some(L::Rec);
+    c.keep_mask = Some(keep);
+    c.rec_weight = Some(weight);
+    if keep != KeepMask::None {
+        c.clip_low = Some(lo);
+        c.clip_high = Some(hi);
+    }
+    if keep == KeepMask::Ring {
+        c.clip_low_prime = Some(0.6);
+        c.clip_high_prime = Some(2.0);
+    }
+    c.aggregation = Some(agg);
+    c
+}
+
+fn reinforce(std_norm: StdNorm) -> AlgorithmConfig {
+    let mut c = adv(std_norm);
+    c.loss = Some(L::Reinforce);
+    c.aggregation = Some(Ag::TokenMean);
+    c
+}
+
+fn build() -> Vec<Preset> {
+    let mut v = Vec::new();
+    let mut p = |name, description, reference, values| {
+        v.push(Preset {
+            name,
+            description,
+            reference,
+            values,
+        })
+    };
+    p(
+        "grpo",
+        "On-policy GRPO: group-whitened rewards, PPO clipped surrogate, per-sequence token mean",
+        "arXiv 2402.03300 (DeepSeekMath) Eq. 3 and §4.1.2: A = (r - mean)/std, \
+         J = mean_i mean_t min(rho*A, clip(rho, 1-eps, 1+eps)*A)",
+        ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::SeqMeanTokenMean),
+    );
+    p(
+        "off_policy_grpo",
+        "Off-policy GRPO (paper A): as grpo, ratio against the stale behaviour policy; set sync.interval",
+        "arXiv 2505.22257: J = E[min(rho*A, clip(rho, 1-eps, 1+eps)*A)], rho = pi_theta/alpha per token",
+        ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::SeqMeanTokenMean),
+    );
+    p(
+        "reinforce",
+        "Group-relative REINFORCE: -A*logp with the group mean as baseline, no std",
+        "arXiv 2509.24203 §3: L = -(r - mean_group) * log pi_theta",
+        reinforce(StdNorm::None),
+    );
+    for (name, desc, w) in [
+        (
+            "rec_oneside_nois",
+            "REC one-side keep-mask (PPO's clip pattern), no IS weight",
+            RecWeight::None,
+        ),
+        (
+            "rec_oneside_is",
+            "REC one-side keep-mask with token IS weight (same gradient as PPO clip)",
+            RecWeight::Is,
+        ),
+    ] {
+        p(
+            name,
+            desc,
+            "arXiv 2509.24203 REC: L = -A'*k*logp, k = [A>=0, rho<=1+eps_h] or [A<=0, rho>=1-eps_l]",
+            rec(KeepMask::OneSide, w, 0.2, 0.2, Ag::TokenMean),
+        );
+    }
+    for (name, desc, w) in [
+        (
+            "rec_twoside_nois",
+            "REC two-side keep-mask, no IS weight",
+            RecWeight::None,
+        ),
+        (
+            "rec_twoside_is",
+            "REC two-side keep-mask with token IS weight",
+            RecWeight::Is,
+        ),
+    ] {
+        p(
+            name,
+            desc,
+            "arXiv 2509.24203 REC: L = -A'*k*logp, k = [1-eps_l <= rho <= 1+eps_h]",
+            rec(KeepMask::TwoSide, w, 0.2, 0.2, Ag::TokenMean),
+        );
+    }
+    for (name, desc, w) in [
+        (
+            "rec_ring_nois",
+            "REC ring keep-mask (two-side plus far-off-policy tokens that help), no IS",
+            RecWeight::None,
+        ),
+        (
+            "rec_ring_is",
+            "REC ring keep-mask with token IS weight",
+            RecWeight::Is,
+        ),
+    ] {
+        p(
+            name,
+            desc,
+            "arXiv 2509.24203 REC: k = two-side or [A>=0, rho<=1-eps'_l] or [A<=0, rho>=1+eps'_h]",
+            rec(KeepMask::Ring, w, 0.2, 0.2, Ag::TokenMean),
+        );
+    }
+    for (name, desc, w) in [
+        (
+            "rec_gspo_nois",
+            "REC one-side keep-mask on the sequence ratio, no IS weight",
+            RecWeight::None,
+        ),
+        (
+            "rec_gspo_is",
+            "REC one-side keep-mask on the sequence ratio, detached sequence IS weight",
+            RecWeight::SeqIs,
+        ),
+    ] {
+        p(
+            name,
+            desc,
+            "arXiv 2509.24203 REC with s = exp(mean_t(logp - logp_old)) in the keep-mask (and weight)",
+            rec(KeepMask::GspoOneSide, w, 3e-4, 4e-4, Ag::SeqMeanTokenMean),
+        );
+    }
+    let mut opmd = reinforce(StdNorm::None);
+    opmd.regulariser = Some(Regulariser::Opmd);
+    opmd.tau = Some(0.1);
+    p(
+        "opmd",
+        "Online policy mirror descent: REINFORCE plus tau*(logp - logp_old)^2",
+        "arXiv 2509.24203 REP / Kimi k1.5 arXiv 2501.12599 §2.3: L = -A*logp + tau*(logp - logp_old)^2 \
+         (Trinity's tau absorbs Kimi's 1/2; mean baseline)",
+        opmd,
+    );
+    let mut asymre = reinforce(StdNorm::None);
+    asymre.regulariser = Some(Regulariser::Asymre);
+    asymre.tau = Some(0.1);
+    p(
+        "asymre",
+        "Asymmetric REINFORCE: REINFORCE with the baseline lowered by tau",
+        "arXiv 2509.24203 REP (AsymRE): L = -A*logp - tau*logp = -(r - (mean - tau))*logp",
+        asymre,
+    );
+    let mut red_drop = reinforce(StdNorm::Population);
+    red_drop.red_drop = Some(true);
+    p(
+        "red_drop",
+        "RED-Drop: drop surplus negatives per group at random, whiten on the kept rows",
+        "arXiv 2509.24203 RED-Drop: balance negatives (r < mean), A = (r - mean_kept)/(std_pop_kept + eps)",
+        red_drop,
+    );
+    let mut red_weight = rec(
+        KeepMask::None,
+        RecWeight::AdvantageExp,
+        0.2,
+        0.2,
+        Ag::TokenMean,
+    );
+    red_weight.adv_temperature = Some(1.0);
+    p(
+        "red_weight",
+        "RED-Weight: REINFORCE with advantages reweighted by exp(A/T)",
+        "arXiv 2509.24203 RED-Weight: L = -A*exp(A/T)*logp, T = 1",
+        red_weight,
+    );
+    p(
+        "dr_grpo",
+        "Dr. GRPO: no std, PPO clip, constant normaliser B*max_new_tokens (no length bias)",
+        "arXiv 2503.20783 (Understanding R1-Zero-Like Training) Eq. 3: A = r - mean, sum/(B*L_max)",
+        ppo(adv(StdNorm::None), 0.2, 0.2, Ag::Constant),
+    );
+    let mut dapo = ppo(adv(StdNorm::Sample), 0.2, 0.28, Ag::TokenMean);
+    dapo.dynamic_sampling = Some(true);
+    dapo.exclude_zero_std = Some(true);
+    dapo.overlong = Some(Overlong::Soft);
+    dapo.overlong_buffer_frac = Some(0.2);
+    dapo.overlong_penalty_factor = Some(1.0);
+    p(
+        "dapo",
+        "DAPO: clip-higher 0.2/0.28, token mean, dynamic sampling, soft overlong penalty",
+        "arXiv 2503.14476 (DAPO) Eq. 8 (clip-higher, token-level sum / total tokens) and Eq. 13 \
+         (soft overlong punishment, L_cache = 0.2*L_max)",
+        dapo,
+    );
+    let mut gspo = adv(StdNorm::Sample);
+    gspo.loss = Some(L::Gspo);
+    gspo.clip_low = Some(3e-4);
+    gspo.clip_high = Some(4e-4);
+    gspo.aggregation = Some(Ag::SeqMeanTokenMean);
+    p(
+        "gspo",
+        "GSPO: clipped surrogate on the length-normalised sequence ratio",
+        "arXiv 2507.18071 (GSPO) Eq. 5-7: s = exp(mean_t(logp - logp_old)), \
+         J = mean_i min(s*A, clip(s, 1-3e-4, 1+4e-4)*A)",
+        gspo,
+    );
+    let mut cispo = adv(StdNorm::Sample);
+    cispo.loss = Some(L::Cispo);
+    cispo.clip_high = Some(0.28);
+    cispo.aggregation = Some(Ag::TokenMean);
+    p(
+        "cispo",
+        "CISPO: REINFORCE weighted by the detached, upper-clipped IS ratio",
+        "arXiv 2506.13585 (MiniMax-M1) Eq. 4: L = -sg(min(rho, 1+eps_h))*A*logp, token mean",
+        cispo,
+    );
+    v
+}
+
+static PRESETS: LazyLock<Vec<Preset>> = LazyLock::new(build);
+
+/// All presets, in DESIGN §4's order.
+pub fn presets() -> &'static [Preset] {
+    &PRESETS
+}
+
+/// The preset called `name`.
+///
+/// # Errors
+/// [`AlgoError::UnknownPreset`] listing the valid names.
+pub fn find_preset(name: &str) -> Result<&'static Preset> {
+    presets()
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| AlgoError::UnknownPreset {
+            name: name.to_string(),
+            valid: presets()
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+/// Writes the `rlvr algorithms` listing: per preset its name, description, reference and every value it
+/// sets (as `key = value` lines ready for an `[algorithm]` table).
+///
+/// # Errors
+/// Any error of `out`.
+pub fn print_algorithms(out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "Algorithm presets (select with algorithm.preset = \"NAME\"; any value below can be overridden;\n\
+         unlisted keys keep their defaults; the sync interval is sync.interval, never part of a preset)\n"
+    )?;
+    for p in presets() {
+        writeln!(
+            out,
+            "{}\n  {}\n  ref: {}",
+            p.name, p.description, p.reference
+        )?;
+        for (k, v) in p.values.set_values() {
+            writeln!(out, "    {k} = {v}")?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
