@@ -2,15 +2,16 @@
 //! "the answer is" phrases and `####` markers. Every function here reads the whole text in time
 //! linear in its length (no window that could miss an early answer, no backtracking).
 
-use std::collections::HashMap;
-
-/// Byte positions of matching braces: for each structural `{`, the position of its `}`.
+/// For each candidate `{` position (sorted ascending), the position of its matching `}`, in one pass.
 ///
-/// `\{` and `\}` (LaTeX literal braces) are not structural. Unclosed `{` have no entry.
-fn brace_pairs(text: &str) -> HashMap<usize, usize> {
+/// `\{` and `\}` (LaTeX literal braces) are not structural. Unclosed candidates get `None`. Only the
+/// candidates' closes are stored, so memory stays small even for text full of braces.
+fn closes_for(text: &str, candidates: &[usize]) -> Vec<Option<usize>> {
     let b = text.as_bytes();
-    let mut stack = Vec::new();
-    let mut pairs = HashMap::new();
+    let mut closes = vec![None; candidates.len()];
+    // Stack of open braces: the candidate index when the brace is a candidate.
+    let mut stack: Vec<Option<usize>> = Vec::new();
+    let mut next = 0;
     let mut i = 0;
     while i < b.len() {
         match b[i] {
@@ -19,53 +20,75 @@ fn brace_pairs(text: &str) -> HashMap<usize, usize> {
                 i += 2;
                 continue;
             }
-            b'{' => stack.push(i),
+            b'{' => {
+                while next < candidates.len() && candidates[next] < i {
+                    next += 1;
+                }
+                if next < candidates.len() && candidates[next] == i {
+                    stack.push(Some(next));
+                    next += 1;
+                } else {
+                    stack.push(None);
+                }
+            }
             b'}' => {
-                if let Some(o) = stack.pop() {
-                    pairs.insert(o, i);
+                if let Some(Some(k)) = stack.pop() {
+                    closes[k] = Some(i);
                 }
             }
             _ => {}
         }
         i += 1;
     }
-    pairs
+    closes
 }
 
 /// The content of the last complete `\boxed{...}` (or `\fbox{...}`) in `text`, nested braces included.
 ///
 /// `\boxed 5` (no braces) yields the token up to the next whitespace or `$`. An unclosed last box is
 /// skipped in favour of the previous complete one. Returns `None` when the text has no complete box.
+/// One pass over the text, whatever the number of boxes.
 ///
 /// ```
 /// use rlvr_reward::extract::last_boxed;
 /// assert_eq!(last_boxed(r"so \boxed{1} then \boxed{\frac{a}{b}}."), Some(r"\frac{a}{b}"));
 /// ```
 pub fn last_boxed(text: &str) -> Option<&str> {
-    let mut starts: Vec<(usize, usize)> = Vec::new();
+    let mut starts: Vec<usize> = Vec::new();
     for pat in ["\\boxed", "\\fbox"] {
-        starts.extend(text.match_indices(pat).map(|(i, p)| (i, i + p.len())));
+        starts.extend(text.match_indices(pat).map(|(i, p)| i + p.len()));
     }
     if starts.is_empty() {
         return None;
     }
     starts.sort_unstable();
-    let pairs = brace_pairs(text);
-    for &(_, after) in starts.iter().rev() {
-        let rest = &text[after..];
-        let trimmed = rest.trim_start();
-        let open = after + (rest.len() - trimmed.len());
-        if trimmed.starts_with('{') {
-            if let Some(&close) = pairs.get(&open) {
+    // Where each box's argument starts (after optional spaces).
+    let opens: Vec<usize> = starts
+        .iter()
+        .map(|&after| after + (text[after..].len() - text[after..].trim_start().len()))
+        .collect();
+    let braced: Vec<usize> = opens
+        .iter()
+        .copied()
+        .filter(|&o| text[o..].starts_with('{'))
+        .collect();
+    let closes = closes_for(text, &braced);
+    for (&after, &open) in starts.iter().zip(&opens).rev() {
+        if text[open..].starts_with('{') {
+            let k = braced
+                .binary_search(&open)
+                .expect("every braced open is listed");
+            if let Some(close) = closes[k] {
                 return Some(&text[open + 1..close]);
             }
-        } else if trimmed.len() < rest.len() {
+        } else if open > after {
             // `\boxed 5`: a space, then a bare token.
-            let end = trimmed
+            let rest = &text[open..];
+            let end = rest
                 .find(|c: char| c.is_whitespace() || c == '$')
-                .unwrap_or(trimmed.len());
+                .unwrap_or(rest.len());
             if end > 0 {
-                return Some(&trimmed[..end]);
+                return Some(&rest[..end]);
             }
         }
     }
@@ -89,19 +112,26 @@ pub fn after_hashes(text: &str) -> Option<&str> {
 /// Phrases that introduce a final answer, matched ASCII-case-insensitively.
 const ANSWER_PHRASES: [&str; 2] = ["answer is", "answer:"];
 
-/// For every "answer is" / "answer:" phrase in `text`, last first: the rest of its line.
+/// For every "answer is" / "answer:" phrase in `text`, last first: the text after it up to the end of
+/// its line or the next phrase, whichever comes first (so the segments never overlap and reading them
+/// all is linear in the text length).
 ///
 /// Case-insensitive, so "The final answer is", "ANSWER:" and "**Answer:**" all count.
 pub fn answer_phrases(text: &str) -> Vec<&str> {
     let lower = text.to_ascii_lowercase();
-    let mut hits: Vec<usize> = Vec::new();
+    let mut hits: Vec<(usize, usize)> = Vec::new();
     for p in ANSWER_PHRASES {
-        hits.extend(lower.match_indices(p).map(|(i, _)| i + p.len()));
+        hits.extend(lower.match_indices(p).map(|(i, _)| (i, i + p.len())));
     }
-    hits.sort_unstable_by(|a, b| b.cmp(a));
-    hits.into_iter()
-        .map(|i| text[i..].split('\n').next().unwrap_or(""))
-        .collect()
+    hits.sort_unstable();
+    let mut out = Vec::with_capacity(hits.len());
+    for k in (0..hits.len()).rev() {
+        let start = hits[k].1;
+        let limit = hits.get(k + 1).map_or(text.len(), |h| h.0.max(start));
+        let seg = &text[start..limit];
+        out.push(seg.split('\n').next().unwrap_or(""));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -84,16 +84,18 @@ pub(crate) fn matching_brace(s: &str, open: usize) -> Option<usize> {
 fn strip_text(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
+    let mut seen_content = false;
     while let Some(k) = s[i..].find("\\text") {
         let at = i + k;
         out.push_str(&s[i..at]);
+        seen_content |= s[i..at].chars().any(|c| !c.is_whitespace());
         let after = at + "\\text".len();
         let open = after + (s[after..].len() - s[after..].trim_start().len());
         match (s[open..].starts_with('{'), matching_brace(s, open)) {
             (true, Some(close)) => {
                 let inner = &s[open + 1..close];
                 let mut next = close + 1;
-                let is_unit = inner.starts_with(' ') && !out.trim().is_empty();
+                let is_unit = inner.starts_with(' ') && seen_content;
                 if is_unit {
                     // Drop a following exponent (`\text{ cm}^2`).
                     let rest = &s[next..];
@@ -107,6 +109,7 @@ fn strip_text(s: &str) -> String {
                     }
                 } else {
                     out.push_str(inner);
+                    seen_content |= inner.chars().any(|c| !c.is_whitespace());
                 }
                 i = next;
             }
@@ -387,11 +390,15 @@ impl Expr {
 }
 
 const MAX_DEPTH: usize = 64;
+/// Most nodes an expression may have: bounds the depth of left-assoc chains (`1+1+...`), whose
+/// evaluation and drop recurse.
+const MAX_NODES: usize = 2_000;
 
 struct Parser<'a> {
     s: &'a [u8],
     i: usize,
     depth: usize,
+    nodes: usize,
 }
 
 impl Parser<'_> {
@@ -411,7 +418,8 @@ impl Parser<'_> {
     }
     fn enter(&mut self) -> Option<()> {
         self.depth += 1;
-        (self.depth <= MAX_DEPTH).then_some(())
+        self.nodes += 1;
+        (self.depth <= MAX_DEPTH && self.nodes <= MAX_NODES).then_some(())
     }
 
     fn expr(&mut self) -> Option<Expr> {
@@ -571,7 +579,8 @@ impl Parser<'_> {
 }
 
 /// Parses a normalised answer (see [`normalize`]) as an expression; `None` when it is not one
-/// (words, base subscripts, matrices, `\pm`, unbalanced brackets, nesting deeper than 64).
+/// (words, base subscripts, matrices, `\pm`, unbalanced brackets, nesting deeper than 64, more than
+/// 2,000 nodes).
 pub fn parse_expr(s: &str) -> Option<Expr> {
     // Mixed numbers: `1\frac{4}{5}` is 1 + 4/5, not 1 · 4/5.
     if let Some(k) = s.find("\\frac{") {
@@ -581,6 +590,7 @@ pub fn parse_expr(s: &str) -> Option<Expr> {
                 s: rest.as_bytes(),
                 i: 0,
                 depth: 0,
+                nodes: 0,
             };
             let frac = p.atom()?;
             let simple = matches!(&frac, Expr::Div(a, b) if matches!(**a, Expr::Num(_)) && matches!(**b, Expr::Num(_)));
@@ -597,6 +607,7 @@ pub fn parse_expr(s: &str) -> Option<Expr> {
         s: s.as_bytes(),
         i: 0,
         depth: 0,
+        nodes: 0,
     };
     let e = p.expr()?;
     (p.i == s.len()).then_some(e)

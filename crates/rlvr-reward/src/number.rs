@@ -328,6 +328,11 @@ fn scan_latex_frac(s: &str, i: usize) -> Option<(usize, Rational, String)> {
 /// `3/4` (no spaces) and `\frac{3}{4}` / `\dfrac` / `\tfrac`. Everything else (`$`, `%`, units,
 /// markdown `**`, a trailing period) is left out of the token.
 pub fn scan_numbers(text: &str, opts: ScanOptions) -> Vec<NumToken> {
+    scan_up_to(text, opts, usize::MAX)
+}
+
+/// [`scan_numbers`] that stops after `limit` tokens (so [`first_number`] reads only what it needs).
+fn scan_up_to(text: &str, opts: ScanOptions, limit: usize) -> Vec<NumToken> {
     let b = text.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -415,6 +420,9 @@ pub fn scan_numbers(text: &str, opts: ScanOptions) -> Vec<NumToken> {
                     value,
                     canonical,
                 });
+                if out.len() >= limit {
+                    break;
+                }
                 prev = text[..end].chars().next_back();
                 i = end;
             }
@@ -430,7 +438,7 @@ pub fn scan_numbers(text: &str, opts: ScanOptions) -> Vec<NumToken> {
 /// The number that `text` consists of, ignoring `$`, `%`, markdown emphasis, spaces, a trailing period
 /// and trailing units: the first number token when the text holds at least one.
 pub fn first_number(text: &str, opts: ScanOptions) -> Option<NumToken> {
-    scan_numbers(text, opts).into_iter().next()
+    scan_up_to(text, opts, 1).pop()
 }
 
 /// The last number token of `text`.

@@ -126,6 +126,9 @@ fn deep_nesting_does_not_overflow_the_stack() {
         "}{2}".repeat(5_000)
     );
     run_all(&deep_frac, "1");
+    // Long left-associative chains are bounded (their evaluation and drop would recurse per term).
+    let chain = format!("\\boxed{{{}1}}", "1+".repeat(300_000));
+    run_all(&chain, "300001");
     let cd = format!(
         "<answer>{}1{}</answer>",
         "(".repeat(100_000),
