@@ -5,7 +5,8 @@
 //! `####` value or last `\boxed{}`, or a bare answer); countdown takes `--numbers 1,2,3 --target N`
 //! instead of a reference. With `--input FILE.jsonl`, each line is an object
 //! `{"completion": str, "reference": str?, "numbers": [int]?, "target": int?}` (missing keys fall back
-//! to the flags), and one output line is written per input line, in order.
+//! to the flags; other keys are ignored; `text` is an alias of `completion`), and one output line is
+//! written per input line, in order.
 
 use crate::countdown::{CountdownProblem, CountdownVerifier};
 use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
@@ -56,9 +57,11 @@ pub struct RewardArgs {
     pub input: Option<PathBuf>,
 }
 
+/// One `--input` line. Other keys are ignored, and `text` is accepted for `completion`, so the output of
+/// `rlvr generate` can be scored once references are added.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct InputLine {
+    #[serde(alias = "text")]
     completion: String,
     #[serde(default)]
     prompt: Option<String>,

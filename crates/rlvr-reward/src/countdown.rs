@@ -4,7 +4,8 @@
 //! The completion's expression is read from its last `<answer>...</answer>` (else the last `\boxed{}`,
 //! else its last non-empty line); an `= N` tail is ignored (the side with operators is taken). It is
 //! parsed by a real recursive-descent parser (never an eval) accepting non-negative integer literals,
-//! binary `+ - * /` (also `×`, `·`, `÷`, `\times`, `\cdot`, `\div`, unicode minus) and parentheses;
+//! binary `+ - * /` (also `×`, `·`, `x`, `÷`, `\times`, `\cdot`, `\div`, unicode minus; `$` and
+//! `\(`/`\)` ignored) and parentheses;
 //! unary minus, decimals and other characters are rejected. Evaluation is exact rational arithmetic
 //! (`(3/2)*4` = 6). Reward 1 only when the literals are exactly the given numbers as a multiset and the
 //! value equals the target; a division by zero, an overflow, a parse error, a missing or extra number

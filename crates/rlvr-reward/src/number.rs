@@ -323,7 +323,7 @@ fn scan_latex_frac(s: &str, i: usize) -> Option<(usize, Rational, String)> {
 ///
 /// Recognised: integers and decimals (`18`, `18.00`, `.5`), valid thousands grouping (`1,000`,
 /// `1{,}000`, no-break/thin spaces, plain spaces with [`ScanOptions::space_groups`]), a sign (ASCII `-`,
-/// U+2212 and other minus signs, or `+`) when it directly precedes the digits and does not follow a
+/// U+2212 and other minus signs, or `+`; `-$5` too) when it directly precedes the digits and does not follow a
 /// letter, digit or closing bracket (so `5-3` is `5` and `3`, but `x = -3` is `-3`), simple fractions
 /// `3/4` (no spaces) and `\frac{3}{4}` / `\dfrac` / `\tfrac`. Everything else (`$`, `%`, units,
 /// markdown `**`, a trailing period) is left out of the token.
@@ -349,7 +349,13 @@ fn scan_up_to(text: &str, opts: ScanOptions, limit: usize) -> Vec<NumToken> {
         let sign_ok =
             !matches!(prev, Some(p) if p.is_alphanumeric() || matches!(p, ')' | ']' | '}' | '.'));
         if (is_minus(c) || c == '+') && sign_ok {
-            let n = i + c.len_utf8();
+            let mut n = i + c.len_utf8();
+            // A currency sign between the sign and the digits: `-$5`, `-\$5`.
+            if text[n..].starts_with("\\$") {
+                n += 2;
+            } else if text[n..].starts_with('$') {
+                n += 1;
+            }
             let starts_num = text[n..].starts_with(|d: char| d.is_ascii_digit())
                 || (text[n..].starts_with('.')
                     && text[n + 1..].starts_with(|d: char| d.is_ascii_digit()))
@@ -494,6 +500,10 @@ mod tests {
         assert_eq!(canon("1,23"), ["1", "23"]);
         assert_eq!(canon("0.50%"), ["0.5"]);
         assert_eq!(canon("-0"), ["0"]);
+        assert_eq!(
+            canon("a loss of -$5 and -\\$6.50 but $-7"),
+            ["-5", "-6.5", "-7"]
+        );
         let big = "123456789012345678901234567890123456789012345";
         let t = scan_numbers(big, ScanOptions::default());
         assert_eq!(t.len(), 1);
