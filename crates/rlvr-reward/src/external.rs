@@ -48,6 +48,8 @@ impl Verifier for ExternalVerifier {
             .ok_or_else(|| self.fail("no reply for the sample".into()))
     }
 
+    // About 100 lines: spawn, feed, wait with a deadline, then validate every reply line; each step
+    // has its own error message, which is the point of this function.
     fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
         let (prog, args) = self
             .command

@@ -29,6 +29,7 @@ pub mod arithmetic;
 pub mod cli;
 pub mod combine;
 pub mod countdown;
+pub mod expr;
 pub mod external;
 pub mod extract;
 pub mod format;

@@ -12,8 +12,9 @@
 //!    `0.333` ≠ `\frac13`), otherwise numeric agreement (relative 1e-9) at three fixed assignments of the
 //!    variables (`p - q` = `-q + p`, `\frac{\sqrt3}{2}` = `\sqrt{3}/2`, `2\sqrt2` = `\sqrt8`).
 
+use crate::expr::parse_expr;
 use crate::extract::last_boxed;
-use crate::latex::{normalize, parse_expr, SET_CLOSE, SET_OPEN};
+use crate::latex::{normalize, SET_CLOSE, SET_OPEN};
 use crate::{Sample, Score, Verifier};
 use std::collections::BTreeSet;
 

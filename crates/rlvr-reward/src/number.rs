@@ -332,6 +332,9 @@ pub fn scan_numbers(text: &str, opts: ScanOptions) -> Vec<NumToken> {
 }
 
 /// [`scan_numbers`] that stops after `limit` tokens (so [`first_number`] reads only what it needs).
+///
+/// About 100 lines: one left-to-right pass with the sign, LaTeX-fraction and decimal cases inline, kept
+/// together so the single-pass (linear-time) structure stays visible.
 fn scan_up_to(text: &str, opts: ScanOptions, limit: usize) -> Vec<NumToken> {
     let b = text.as_bytes();
     let mut out = Vec::new();

@@ -99,7 +99,7 @@ fn run_all(a: &str, b: &str) {
     let _ = extract::answer_tag(a);
     let _ = extract::answer_phrases(a);
     let n = latex::normalize(a);
-    let _ = latex::parse_expr(&n).map(|e| e.eval(&|_| 0.5));
+    let _ = rlvr_reward::expr::parse_expr(&n).map(|e| e.eval(&|_| 0.5));
     let _ = equivalent(a, b);
     let s = Sample::new(a, b);
     for mode in [Gsm8kMode::Strict, Gsm8kMode::Flexible] {
