@@ -109,6 +109,24 @@ pub fn after_hashes(text: &str) -> Option<&str> {
     Some(rest.split('\n').next().unwrap_or(""))
 }
 
+/// For every `####` marker of `text`, last first: the text after it up to the end of its line or the
+/// next marker, whichever comes first (non-overlapping, so reading them all is linear).
+pub fn all_after_hashes(text: &str) -> Vec<&str> {
+    let hits: Vec<usize> = text.match_indices("####").map(|(i, _)| i).collect();
+    let mut out = Vec::with_capacity(hits.len());
+    for k in (0..hits.len()).rev() {
+        let start = hits[k] + 4;
+        // A run of five or more `#` is one marker: skip the extra ones.
+        if hits.get(k + 1).is_some_and(|&n| n < start) {
+            continue;
+        }
+        let limit = hits.get(k + 1).map_or(text.len(), |&n| n.max(start));
+        let seg = text[start..limit].trim_start_matches('#');
+        out.push(seg.split('\n').next().unwrap_or(""));
+    }
+    out
+}
+
 /// Phrases that introduce a final answer, matched ASCII-case-insensitively.
 const ANSWER_PHRASES: [&str; 2] = ["answer is", "answer:"];
 
@@ -155,6 +173,10 @@ mod tests {
             Some("2")
         );
         assert_eq!(after_hashes("a\n#### 72\nmore"), Some(" 72"));
+        assert_eq!(
+            all_after_hashes("#### 1\n## x #### 2 #### 3"),
+            [" 3", " 2 ", " 1"]
+        );
         assert_eq!(
             answer_phrases("The answer is 5.\nFinal Answer: 6"),
             [" 6", " 5."]

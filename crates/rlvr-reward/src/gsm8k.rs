@@ -2,7 +2,8 @@
 //!
 //! Gold: the value after the last `####` of a reference solution, else the last `\boxed{}`, else the
 //! reference read as a bare answer. Extraction from the completion (DESIGN.md section 10):
-//! - [`Gsm8kMode::Strict`]: only `#### N` (the first number on the line after the last `####`);
+//! - [`Gsm8kMode::Strict`]: only `#### N`: the last `####` directly followed by a number (spaces, `:`,
+//!   `$` and markdown emphasis allowed in between, so a markdown heading `#### Step 3` is not an answer);
 //! - [`Gsm8kMode::Flexible`] (default): `#### N`, then the last `\boxed{}`, then the last "answer is" /
 //!   "answer:" phrase followed by a number on its line, then the last number anywhere; first that
 //!   yields a number wins.
@@ -12,7 +13,7 @@
 //! `3/4` = `\frac{3}{4}` = `0.75`. The whole completion is searched: peers that looked only at the last
 //! 300 characters scored early answers 0 (DESIGN.md section 5).
 
-use crate::extract::{after_hashes, answer_phrases, last_boxed};
+use crate::extract::{after_hashes, all_after_hashes, answer_phrases, last_boxed};
 use crate::number::{first_number, last_number, NumToken, ScanOptions};
 use crate::{Sample, Score, Verifier};
 use serde::{Deserialize, Serialize};
@@ -42,9 +43,35 @@ pub fn gold_number(reference: &str) -> Option<NumToken> {
     first_number(reference, SEGMENT)
 }
 
+/// The number `segment` starts with, after spaces, `:`, `$`/`\$` and markdown emphasis: `#### 72`,
+/// `#### $1,000.`, `#### **18**` count; a markdown heading such as `#### Step 3: add` does not.
+pub fn leading_number(segment: &str) -> Option<NumToken> {
+    let mut rest = segment;
+    loop {
+        let t = rest
+            .trim_start_matches(|c: char| c.is_whitespace() || matches!(c, ':' | '$' | '*' | '_'));
+        let t = t.strip_prefix("\\$").unwrap_or(t);
+        if t.len() == rest.len() {
+            break;
+        }
+        rest = t;
+    }
+    let offset = segment.len() - rest.len();
+    let line = rest.split('\n').next().unwrap_or("");
+    let tok = first_number(line, SEGMENT)?;
+    (tok.start == 0).then(|| NumToken {
+        start: tok.start + offset,
+        end: tok.end + offset,
+        ..tok
+    })
+}
+
 /// The answer a completion gives, per `mode` (see the module docs). `None` when it gives none.
 pub fn extract_number(completion: &str, mode: Gsm8kMode) -> Option<NumToken> {
-    if let Some(n) = after_hashes(completion).and_then(|s| first_number(s, SEGMENT)) {
+    if let Some(n) = all_after_hashes(completion)
+        .into_iter()
+        .find_map(leading_number)
+    {
         return Some(n);
     }
     if mode == Gsm8kMode::Strict {

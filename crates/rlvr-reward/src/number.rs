@@ -328,16 +328,21 @@ fn scan_latex_frac(s: &str, i: usize) -> Option<(usize, Rational, String)> {
 /// `3/4` (no spaces) and `\frac{3}{4}` / `\dfrac` / `\tfrac`. Everything else (`$`, `%`, units,
 /// markdown `**`, a trailing period) is left out of the token.
 pub fn scan_numbers(text: &str, opts: ScanOptions) -> Vec<NumToken> {
-    scan_up_to(text, opts, usize::MAX)
+    let mut out = Vec::new();
+    scan_each(text, opts, &mut |t| {
+        out.push(t);
+        true
+    });
+    out
 }
 
-/// [`scan_numbers`] that stops after `limit` tokens (so [`first_number`] reads only what it needs).
+/// The scanner behind [`scan_numbers`]: hands each token to `sink` and stops when it returns false (so
+/// [`first_number`] reads only what it needs and [`last_number`] keeps one token at a time).
 ///
 /// About 100 lines: one left-to-right pass with the sign, LaTeX-fraction and decimal cases inline, kept
 /// together so the single-pass (linear-time) structure stays visible.
-fn scan_up_to(text: &str, opts: ScanOptions, limit: usize) -> Vec<NumToken> {
+fn scan_each(text: &str, opts: ScanOptions, sink: &mut dyn FnMut(NumToken) -> bool) {
     let b = text.as_bytes();
-    let mut out = Vec::new();
     let mut i = 0;
     let mut prev: Option<char> = None;
     while i < b.len() {
@@ -423,13 +428,13 @@ fn scan_up_to(text: &str, opts: ScanOptions, limit: usize) -> Vec<NumToken> {
                 if body == i {
                     start = i;
                 }
-                out.push(NumToken {
+                let more = sink(NumToken {
                     start,
                     end,
                     value,
                     canonical,
                 });
-                if out.len() >= limit {
+                if !more {
                     break;
                 }
                 prev = text[..end].chars().next_back();
@@ -441,18 +446,27 @@ fn scan_up_to(text: &str, opts: ScanOptions, limit: usize) -> Vec<NumToken> {
             }
         }
     }
-    out
 }
 
 /// The number that `text` consists of, ignoring `$`, `%`, markdown emphasis, spaces, a trailing period
 /// and trailing units: the first number token when the text holds at least one.
 pub fn first_number(text: &str, opts: ScanOptions) -> Option<NumToken> {
-    scan_up_to(text, opts, 1).pop()
+    let mut first = None;
+    scan_each(text, opts, &mut |t| {
+        first = Some(t);
+        false
+    });
+    first
 }
 
 /// The last number token of `text`.
 pub fn last_number(text: &str) -> Option<NumToken> {
-    scan_numbers(text, ScanOptions::default()).pop()
+    let mut last = None;
+    scan_each(text, ScanOptions::default(), &mut |t| {
+        last = Some(t);
+        true
+    });
+    last
 }
 
 #[cfg(test)]

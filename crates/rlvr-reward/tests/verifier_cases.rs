@@ -100,6 +100,19 @@ fn gsm8k_modes_and_order() {
     check(&STRICT, "The answer is 18", "18", 0.0, None);
     check(&STRICT, "\\boxed{18}", "18", 0.0, None);
     check(&STRICT, "blah\n#### $18.", "18", 1.0, Some("18"));
+    // A markdown heading is not an answer marker; the last `####` followed by a number is.
+    check(
+        &STRICT,
+        "#### 18\n#### Step 3: check\nDone",
+        "18",
+        1.0,
+        Some("18"),
+    );
+    check(&STRICT, "#### Step 1: add\nSo 5 apples.", "5", 0.0, None);
+    check(&FLEX, "#### Step 1: add\nSo 5 apples.", "5", 1.0, Some("5"));
+    check(&STRICT, "#### **\\$1,000**", "1000", 1.0, Some("1000"));
+    check(&STRICT, "####: \\frac{3}{4}", "0.75", 1.0, Some("3/4"));
+    check(&STRICT, "#### \u{2212}3", "-3", 1.0, Some("-3"));
     // Flexible order: ####, then boxed, then "answer is", then the last number.
     check(&FLEX, "\\boxed{7} ... #### 8 ... 9", "8", 1.0, Some("8"));
     check(
