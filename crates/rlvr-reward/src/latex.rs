@@ -3,8 +3,9 @@
 //! [`normalize`] follows the string normalisation of Hendrycks et al.'s MATH grader (`strip_string`)
 //! and extends it: `\left`/`\right` and spacing commands dropped, `\dfrac`/`\tfrac` → `\frac`,
 //! `\frac12` → `\frac{1}{2}`, `\sqrt2` → `\sqrt{2}`, units in `\text{ ...}` dropped, other `\text{..}`
-//! unwrapped, `^\circ`, `\%`, `\$` dropped, spaces removed, thousands separators removed, a short
-//! `x =` left-hand side dropped, `(C)` → `C`.
+//! unwrapped, `^\circ`, `°`, `\%`, `\$` dropped, spaces removed, thousands separators removed, a unit
+//! word after a plain number dropped (`18.90 dollars` → `18.90`), a short `x =` left-hand side dropped,
+//! `(C)` → `C`.
 //!
 //! [`crate::expr::parse_expr`] then reads a normalised answer as an arithmetic expression.
 
@@ -12,6 +13,9 @@
 pub const SET_OPEN: char = '\u{2983}';
 /// See [`SET_OPEN`].
 pub const SET_CLOSE: char = '\u{2984}';
+
+/// Private-use stand-in for LaTeX's row break `\\` (matrix rows) after normalisation.
+pub const ROW_BREAK: char = '\u{2986}';
 
 /// Plain substitutions applied in order before structural clean-up.
 const REPLACEMENTS: &[(&str, &str)] = &[
@@ -45,6 +49,7 @@ const REPLACEMENTS: &[(&str, &str)] = &[
     ("^\\circ", ""),
     ("\\circ", ""),
     ("\\degree", ""),
+    ("\u{00B0}", ""),
     ("\\%", ""),
     ("%", ""),
     ("\\$", ""),
@@ -215,7 +220,11 @@ fn is_grouped_number(s: &str) -> bool {
 /// assert_eq!(normalize(r"\frac{270}7\text{ degrees}"), r"\frac{270}{7}");
 /// ```
 pub fn normalize(answer: &str) -> String {
-    let mut s = answer.trim().replace('\u{2212}', "-");
+    // LaTeX's row break `\\` first, so `\ ` (a spacing command) cannot eat half of it.
+    let mut s = answer
+        .trim()
+        .replace('\u{2212}', "-")
+        .replace("\\\\", &ROW_BREAK.to_string());
     for (from, to) in REPLACEMENTS {
         if s.contains(from) {
             s = s.replace(from, to);
@@ -243,6 +252,15 @@ pub fn normalize(answer: &str) -> String {
     }
     if is_grouped_number(&s) {
         s.retain(|c| c != ',');
+    }
+    // A plain number followed by a unit word written without `\text` (`18.90dollars`, `30degrees`):
+    // keep the number. Words of one or two letters stay, since they may be variables (`5x`, `2xy`).
+    let digits_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+        .unwrap_or(s.len());
+    let tail = &s[digits_end..];
+    if digits_end > 0 && tail.len() >= 3 && tail.bytes().all(|b| b.is_ascii_alphabetic()) {
+        s.truncate(digits_end);
     }
     if s.starts_with('.') {
         s.insert(0, '0');

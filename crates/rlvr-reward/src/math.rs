@@ -6,7 +6,8 @@
 //! [`equivalent`]:
 //! 1. equal normalised strings;
 //! 2. unions (`A\cup B`) part by part; tuples and intervals (`(a,b]`) element by element with the same
-//!    brackets; sets (`\{a,b\}`) and bare lists (`1,-2`) as unordered multisets;
+//!    brackets; sets (`\{a,b\}`) and bare lists (`1,-2`) as unordered multisets (a set equals the same
+//!    bare list); matrices (`pmatrix`, `bmatrix`) cell by cell;
 //! 3. equations with one `=` side by side;
 //! 4. expressions: exact rational equality when both sides are rational (`0.5` = `\frac12`, but
 //!    `0.333` ≠ `\frac13`), otherwise numeric agreement (relative 1e-9) at three fixed assignments of the
@@ -14,7 +15,7 @@
 
 use crate::expr::parse_expr;
 use crate::extract::last_boxed;
-use crate::latex::{normalize, SET_CLOSE, SET_OPEN};
+use crate::latex::{normalize, ROW_BREAK, SET_CLOSE, SET_OPEN};
 use crate::{Sample, Score, Verifier};
 use std::collections::BTreeSet;
 
@@ -76,6 +77,23 @@ fn bracketed(s: &str) -> Option<(char, char, Vec<String>)> {
     let inner = &s[first.len_utf8()..s.len() - last.len_utf8()];
     let parts = split_top(inner, ",");
     (parts.len() > 1 || first == SET_OPEN).then_some((first, last, parts))
+}
+
+/// The rows and cells of a normalised `\begin{pmatrix}...\end{pmatrix}` (also bmatrix, matrix).
+fn matrix(s: &str) -> Option<Vec<Vec<String>>> {
+    for env in ["pmatrix", "bmatrix", "matrix"] {
+        let body = s
+            .strip_prefix(&format!("\\begin{{{env}}}"))
+            .and_then(|r| r.strip_suffix(&format!("\\end{{{env}}}")));
+        if let Some(body) = body {
+            let rows = body.trim_end_matches(ROW_BREAK).split(ROW_BREAK);
+            return Some(
+                rows.map(|r| r.split('&').map(str::to_string).collect())
+                    .collect(),
+            );
+        }
+    }
+    None
 }
 
 /// Unordered multiset equality under [`equiv_norm`].
@@ -160,7 +178,20 @@ fn equiv_norm(a: &str, b: &str, depth: usize) -> bool {
                 && pa.iter().zip(&pb).all(|(x, y)| equiv_norm(x, y, depth + 1));
         }
         (None, None) => {}
+        // A set against a bare list (`\{1,2\}` vs `1, 2`): both are solution sets.
+        (Some((SET_OPEN, SET_CLOSE, pa)), None) if !b.starts_with(['(', '[']) => {
+            return same_multiset(&pa, &split_top(b, ","), depth);
+        }
+        (None, Some((SET_OPEN, SET_CLOSE, pb))) if !a.starts_with(['(', '[']) => {
+            return same_multiset(&split_top(a, ","), &pb, depth);
+        }
         _ => return false,
+    }
+    if let (Some(ma), Some(mb)) = (matrix(a), matrix(b)) {
+        return ma.len() == mb.len()
+            && ma.iter().zip(&mb).all(|(ra, rb)| {
+                ra.len() == rb.len() && ra.iter().zip(rb).all(|(x, y)| equiv_norm(x, y, depth + 1))
+            });
     }
     let (la, lb) = (split_top(a, ","), split_top(b, ","));
     if la.len() > 1 || lb.len() > 1 {

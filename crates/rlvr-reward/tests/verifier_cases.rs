@@ -191,6 +191,26 @@ fn math_normalisations() {
             1.0,
         ),
         ("no box: the answer is 5", "5", 0.0),
+        // degree sign, unit words, sets vs lists, matrices
+        ("\\boxed{90°}", "90^\\circ", 1.0),
+        ("\\boxed{18.90 dollars}", "\\$18.90", 1.0),
+        ("\\boxed{5x}", "5", 0.0),
+        (
+            "\\boxed{-2, 1\\pm\\sqrt{5}}",
+            "\\{1\\pm\\sqrt{5},-2\\}",
+            1.0,
+        ),
+        ("\\boxed{(-2, 1)}", "\\{1,-2\\}", 0.0),
+        (
+            "\\boxed{\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac23 \\\\ 5/3 \\end{pmatrix}}",
+            "\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}",
+            1.0,
+        ),
+        (
+            "\\boxed{\\begin{pmatrix} 1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}}",
+            "\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}",
+            0.0,
+        ),
     ];
     for &(c, r, reward) in cases {
         let s = MATH.score(&Sample::new(c, r)).unwrap();
