@@ -1,0 +1,77 @@
+//! Chat templates rendered by minijinja equal transformers' `apply_chat_template(...,
+//! tokenize=False)` on the same template text (fixtures from
+//! `scripts/make_chat_template_fixtures.py`, transformers 5.24): ChatML, a Qwen2.5-Instruct-style
+//! template with a default system prompt, Llama-3, and a template that relies on
+//! `trim_blocks`/`lstrip_blocks`.
+
+use rlvr_model::tokenizer::render_chat_template;
+use rlvr_model::Message;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    template: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    messages: Vec<Message>,
+    add_generation_prompt: bool,
+    expected: String,
+}
+
+#[test]
+fn templates_render_as_transformers_does() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json");
+    let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(cases.len() >= 24);
+    let mut families = std::collections::BTreeSet::new();
+    for c in &cases {
+        let got = render_chat_template(
+            &c.template,
+            &c.messages,
+            c.add_generation_prompt,
+            c.bos_token.as_deref(),
+            c.eos_token.as_deref(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_eq!(got, c.expected, "{}", c.name);
+        families.insert(c.name.split('/').next().unwrap().to_string());
+    }
+    for f in ["chatml", "qwen2.5_style", "llama3"] {
+        assert!(families.contains(f), "no {f} cases");
+    }
+}
+
+#[test]
+fn qwen_style_template_injects_the_default_system_prompt_only_without_one() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json");
+    let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let tpl = &cases
+        .iter()
+        .find(|c| c.name.starts_with("qwen2.5_style"))
+        .unwrap()
+        .template;
+    let without = render_chat_template(tpl, &[Message::new("user", "2+2?")], true, None, None).unwrap();
+    assert!(without.starts_with("<|im_start|>system\nYou are Qwen"), "{without}");
+    assert!(without.ends_with("<|im_start|>assistant\n"));
+    let with = render_chat_template(
+        tpl,
+        &[Message::new("system", "Be terse."), Message::new("user", "2+2?")],
+        false,
+        None,
+        None,
+    )
+    .unwrap();
+    assert!(with.starts_with("<|im_start|>system\nBe terse.<|im_end|>"), "{with}");
+    assert!(!with.contains("You are Qwen"));
+    assert!(!with.contains("assistant"));
+}
+
+#[test]
+fn a_template_that_raises_reports_its_message() {
+    let tpl = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}ok";
+    let err = render_chat_template(tpl, &[Message::new("assistant", "x")], false, None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("first message must be from the user"), "{err}");
+}
