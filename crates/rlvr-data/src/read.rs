@@ -8,7 +8,7 @@
 use crate::{DataError, Result};
 use serde_json::{Map, Value};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One record: its 1-based line (JSONL) or row (Parquet) and its fields.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,15 +94,30 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// Parquet is not compiled in: always an error saying how to enable it.
+///
+/// # Errors
+/// Always [`DataError::Malformed`] naming the file.
+#[cfg(not(feature = "parquet"))]
+pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
+    Err(DataError::Malformed {
+        file: path.to_path_buf(),
+        line: 0,
+        reason: "this build has no Parquet support; rebuild rlvr-data with its `parquet` feature"
+            .into(),
+    })
+}
+
 /// Reads a Parquet file, one record per row (columns by name; nested lists become arrays).
 ///
 /// # Errors
 /// As [`read_records`]; a codec other than Snappy or none is reported as a malformed row 0 naming it.
+#[cfg(feature = "parquet")]
 pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let file = std::fs::File::open(path).map_err(io_err(path))?;
     let bad = |line: usize, e: parquet::errors::ParquetError| DataError::Malformed {
-        file: PathBuf::from(path),
+        file: path.to_path_buf(),
         line,
         reason: format!("Parquet: {e}"),
     };

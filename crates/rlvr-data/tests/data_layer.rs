@@ -385,6 +385,7 @@ fn data_config_parses_from_toml_and_rejects_unknown_keys() {
     assert!(matches!(bad.validate(), Err(DataError::Template(_))));
 }
 
+#[cfg(feature = "parquet")]
 #[test]
 fn parquet_with_custom_fields() {
     use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
