@@ -278,3 +278,37 @@ pub fn build_prompts(
         max_len,
     })
 }
+
+/// A split ready for training or evaluation: its problems and their filtered prompts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedSplit {
+    /// The problems (references for the verifier).
+    pub dataset: Dataset,
+    /// The rendered prompts that passed `max_prompt_len` (indices into `dataset.problems`).
+    pub prompts: PromptSet,
+}
+
+/// Loads a split and renders its prompts as `cfg` says: [`load_split`], then [`build_prompts`] with
+/// [`PromptBuilder::from_config`] and `cfg.max_prompt_len`.
+///
+/// `renderer` is needed for `data.style = "chat"`, `counter` when `data.max_prompt_len` is set.
+///
+/// # Errors
+/// As [`DataConfig::validate`], [`load_split`] and [`build_prompts`].
+pub fn prepare_split(
+    cfg: &DataConfig,
+    split: Split,
+    renderer: Option<ChatRenderer<'_>>,
+    counter: Option<TokenCounter<'_>>,
+) -> Result<PreparedSplit> {
+    cfg.validate()?;
+    let dataset = load_split(cfg, split)?;
+    let prompts = build_prompts(
+        &dataset,
+        &PromptBuilder::from_config(cfg),
+        renderer,
+        cfg.max_prompt_len,
+        counter,
+    )?;
+    Ok(PreparedSplit { dataset, prompts })
+}

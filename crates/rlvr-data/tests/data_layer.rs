@@ -280,6 +280,9 @@ fn max_prompt_len_filters_and_reports() {
     )
     .unwrap();
     assert_eq!(set.dropped, 1);
+    let prepared =
+        rlvr_data::dataset::prepare_split(&cfg, Split::Train, None, Some(&words)).unwrap();
+    assert_eq!(prepared.prompts, set);
     assert_eq!(
         set.prompts.iter().map(|p| p.problem).collect::<Vec<_>>(),
         [0, 2]
