@@ -323,7 +323,7 @@ impl Parser<'_> {
     }
 }
 
-/// Parses a normalised answer (see [`normalize`]) as an expression; `None` when it is not one
+/// Parses a normalised answer (see [`crate::latex::normalize`]) as an expression; `None` when it is not one
 /// (words, base subscripts, matrices, `\pm`, unbalanced brackets, nesting deeper than 64, more than
 /// 2,000 nodes).
 pub fn parse_expr(s: &str) -> Option<Expr> {
