@@ -51,6 +51,9 @@ impl Verifier for ExternalVerifier {
     // About 100 lines: spawn, feed, wait with a deadline, then validate every reply line; each step
     // has its own error message, which is the point of this function.
     fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+        if samples.is_empty() {
+            return Ok(Vec::new());
+        }
         let (prog, args) = self
             .command
             .split_first()

@@ -6,7 +6,8 @@
 //!   `$` and markdown emphasis allowed in between, so a markdown heading `#### Step 3` is not an answer);
 //! - [`Gsm8kMode::Flexible`] (default): `#### N`, then the last `\boxed{}`, then the last "answer is" /
 //!   "answer:" phrase followed by a number on its line, then the last number anywhere; first that
-//!   yields a number wins.
+//!   yields a number wins. In a box or an answer phrase holding an equation, the number after the last
+//!   `=` is taken (`\boxed{2 \times 9 = 18}` → 18).
 //!
 //! Values are compared exactly (see [`crate::number`]): thousands separators, `$`, trailing units and
 //! `%`, a trailing period, markdown bold/italics, spaces, unicode minus, a leading `+`, `18.00` = `18`,
@@ -66,6 +67,14 @@ pub fn leading_number(segment: &str) -> Option<NumToken> {
     })
 }
 
+/// The part of an answer segment after its last `=` (`\boxed{2 \times 9 = 18}` → `18`), or all of it.
+fn result_part(segment: &str) -> &str {
+    match segment.rfind('=') {
+        Some(i) if segment[i + 1..].chars().any(|c| c.is_ascii_digit()) => &segment[i + 1..],
+        _ => segment,
+    }
+}
+
 /// The answer a completion gives, per `mode` (see the module docs). `None` when it gives none.
 pub fn extract_number(completion: &str, mode: Gsm8kMode) -> Option<NumToken> {
     if let Some(n) = all_after_hashes(completion)
@@ -77,12 +86,12 @@ pub fn extract_number(completion: &str, mode: Gsm8kMode) -> Option<NumToken> {
     if mode == Gsm8kMode::Strict {
         return None;
     }
-    if let Some(n) = last_boxed(completion).and_then(|s| first_number(s, SEGMENT)) {
+    if let Some(n) = last_boxed(completion).and_then(|s| first_number(result_part(s), SEGMENT)) {
         return Some(n);
     }
     if let Some(n) = answer_phrases(completion)
         .into_iter()
-        .find_map(|s| first_number(s, ScanOptions::default()))
+        .find_map(|s| first_number(result_part(s), ScanOptions::default()))
     {
         return Some(n);
     }

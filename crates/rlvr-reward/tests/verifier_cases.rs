@@ -130,6 +130,16 @@ fn gsm8k_modes_and_order() {
         Some("5"),
     );
     check(&FLEX, "2 + 3 = 5 so we get 5 apples", "5", 1.0, Some("5"));
+    // An equation in a box or an answer phrase: the result after the last `=`.
+    check(&FLEX, "\\boxed{2 \\times 9 = 18}", "18", 1.0, Some("18"));
+    check(
+        &FLEX,
+        "The answer is 2 × 9 = 18 apples.",
+        "18",
+        1.0,
+        Some("18"),
+    );
+    check(&FLEX, "The answer is x = 18", "18", 1.0, Some("18"));
     // Gold from a full solution is its last #### value; from a boxed reference, the box.
     check(&FLEX, "10", "a <<5*2=10>> b\n#### 10", 1.0, Some("10"));
     check(&FLEX, "10", "so \\boxed{10}", 1.0, Some("10"));
