@@ -1,0 +1,496 @@
+//! The sampler: prompts × group size K → K completions per prompt.
+//!
+//! One call of [`Sampler::sample`] runs in waves of at most `max_batch_rows` rows (whole groups).
+//! In each wave the distinct prompts are left-padded and prefilled once (`[P, L]`), their KV cache
+//! rows are copied to the K rows of each group, and the rows decode together, one token per step.
+//! A row that finishes (stop id, stop string or `max_new_tokens`) leaves the batch at the end of
+//! that step: the cache, the bias and the row state are compacted, so finished rows cost nothing.
+//!
+//! Every completion draws its uniforms from its own ChaCha12 stream keyed by
+//! (seed, prompt index, sample index), one draw per generated token, so its tokens do not depend on
+//! the batch size, the wave split, the other prompts or the thread count — up to float rounding
+//! of the logits themselves: a different padding or batch shape can move a logit by ~1e-7, which
+//! changes a token only when a draw lands within that distance of a CDF boundary.
+
+use candle_core::Tensor;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use rlvr_model::Model;
+
+use crate::decode::{DecodeWeights, KvBuffer, MASK_BIAS};
+use crate::error::{Result, RolloutError};
+use crate::select::{choose, Scratch, Selection};
+
+/// The token ids of one prompt (already rendered and encoded).
+pub type PromptIds = Vec<u32>;
+
+/// Sampling parameters of one [`Sampler::sample`] call (`rollout.*` in the config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Group size K: completions per prompt (≥ 1). Default 1.
+    pub group_size: usize,
+    /// Softmax temperature T (≥ 0); 0 = greedy (argmax, first maximum on ties). Default 1.
+    pub temperature: f64,
+    /// Nucleus mass in (0, 1]; 1 = off. Measured after top-k. Default 1.
+    pub top_p: f64,
+    /// Keep only the k most likely tokens; `None` (or 0) = off. Default off.
+    pub top_k: Option<usize>,
+    /// Most tokens generated per completion (≥ 1), a generated stop id included. Default 256.
+    pub max_new_tokens: usize,
+    /// Token ids that end a completion (the tokenizer's EOS ids plus any extra stop ids). The
+    /// generated stop id is kept in the completion. Default empty.
+    pub stop_ids: Vec<u32>,
+    /// Strings that end a completion when its decoded text contains one (checked after every
+    /// token on a window of the last tokens; needs [`Sampler::with_tokenizer`]). The token that
+    /// completes the string is kept, and nothing after it is generated. Default empty.
+    pub stop_strings: Vec<String>,
+    /// Most rows (sequences) decoded together; groups are never split across waves unless
+    /// K alone exceeds it. Bounds KV-cache memory: rows × (prompt + max_new_tokens) columns.
+    /// Default 64.
+    pub max_batch_rows: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            group_size: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: 256,
+            stop_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            max_batch_rows: 64,
+        }
+    }
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// It generated one of `stop_ids` (kept as its last token).
+    Eos,
+    /// Its text came to contain one of `stop_strings`.
+    StopString,
+    /// It reached `max_new_tokens` (truncated).
+    Length,
+}
+
+impl FinishReason {
+    /// The value written in `finish_reason` fields (DESIGN.md section 10 allows "eos" | "length").
+    ///
+    /// A stop string maps to "eos": the completion ended on its own terms and is not truncated,
+    /// which is what consumers of the field act on (e.g. DAPO's overlong shaping treats only
+    /// "length" as truncated). Library callers that need the difference match on the enum.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos | FinishReason::StopString => "eos",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One sampled completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Global prompt index: `first_prompt_index` + position of the prompt in the slice.
+    pub prompt_index: usize,
+    /// Index of this completion in its group, `0..K`.
+    pub sample_index: usize,
+    /// Generated token ids, a generated stop id included; never padded.
+    pub token_ids: Vec<u32>,
+    /// One behaviour log-prob ℓ_old per token of `token_ids` (nats, f32):
+    /// `log_softmax(logits / T)` over the full vocabulary at the sampled token, recorded at
+    /// sampling time (DESIGN.md section 3). With top-p/top-k the token was drawn from a truncated
+    /// distribution, so these are the untruncated policy's log-probs and even "on-policy" data is
+    /// slightly off-policy. Greedy (T = 0) records T = 1 log-probs.
+    pub behaviour_logprobs: Vec<f32>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Policy version of the weights that sampled it (the sampler's [`Sampler::version`]).
+    pub version: u64,
+}
+
+/// Something that turns token ids back into text, for stop strings.
+pub trait Detokenize: Send + Sync {
+    /// Decodes `ids` (special tokens kept).
+    fn detokenize(&self, ids: &[u32]) -> std::result::Result<String, String>;
+}
+
+impl Detokenize for tokenizers::Tokenizer {
+    fn detokenize(&self, ids: &[u32]) -> std::result::Result<String, String> {
+        self.decode(ids, false).map_err(|e| e.to_string())
+    }
+}
+
+/// The sampling engine. See the module docs for the algorithm.
+pub struct Sampler {
+    weights: DecodeWeights,
+    version: u64,
+    detok: Option<Box<dyn Detokenize>>,
+}
+
+/// One decoding sequence.
+struct Row {
+    prompt_index: usize,
+    sample_index: usize,
+    prompt_len: usize,
+    rng: ChaCha12Rng,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish: Option<FinishReason>,
+}
+
+/// The RNG stream of one completion: ChaCha12 keyed by the 32-byte seed
+/// `seed ‖ prompt_index ‖ sample_index ‖ 0` (little endian), so streams never collide.
+pub fn completion_rng(seed: u64, prompt_index: usize, sample_index: usize) -> ChaCha12Rng {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..16].copy_from_slice(&(prompt_index as u64).to_le_bytes());
+    key[16..24].copy_from_slice(&(sample_index as u64).to_le_bytes());
+    ChaCha12Rng::from_seed(key)
+}
+
+fn invalid(name: &'static str, value: impl std::fmt::Debug, hint: &'static str) -> RolloutError {
+    RolloutError::InvalidParam {
+        name,
+        value: format!("{value:?}"),
+        hint,
+    }
+}
+
+impl SamplingParams {
+    /// Checks every field's range.
+    ///
+    /// Errors: [`RolloutError::InvalidParam`] naming the field and the accepted range.
+    pub fn validate(&self) -> Result<()> {
+        if self.group_size == 0 {
+            return Err(invalid(
+                "group_size",
+                self.group_size,
+                "K must be at least 1",
+            ));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(invalid(
+                "temperature",
+                self.temperature,
+                "use a finite T >= 0 (0 = greedy)",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(invalid("top_p", self.top_p, "use 0 < top_p <= 1 (1 = off)"));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(invalid(
+                "max_new_tokens",
+                self.max_new_tokens,
+                "use at least 1",
+            ));
+        }
+        if self.max_batch_rows == 0 {
+            return Err(invalid(
+                "max_batch_rows",
+                self.max_batch_rows,
+                "use at least 1",
+            ));
+        }
+        if self.stop_strings.iter().any(String::is_empty) {
+            return Err(invalid(
+                "stop_strings",
+                &self.stop_strings,
+                "stop strings must not be empty",
+            ));
+        }
+        Ok(())
+    }
+
+    fn selection(&self) -> Selection {
+        Selection {
+            temperature: self.temperature,
+            top_k: self.top_k.filter(|&k| k > 0),
+            top_p: self.top_p,
+        }
+    }
+}
+
+impl Sampler {
+    /// A sampler over the weights of `model`, shared (no copy): in-place updates of the model's
+    /// `Var`s are seen by the next call. `version` is the policy version recorded in every
+    /// completion (DESIGN.md section 3); update it with [`Sampler::set_version`] after a sync.
+    pub fn new(model: &Model, version: u64) -> Self {
+        Self {
+            weights: DecodeWeights::from_model(model),
+            version,
+            detok: None,
+        }
+    }
+
+    /// A sampler over a private copy of the weights of `model` (an explorer that keeps sampling
+    /// with version `version` while the trainer updates the model).
+    ///
+    /// Errors: out of device memory.
+    pub fn snapshot(model: &Model, version: u64) -> Result<Self> {
+        Ok(Self {
+            weights: DecodeWeights::snapshot(model)?,
+            version,
+            detok: None,
+        })
+    }
+
+    /// Sets the tokenizer used to check stop strings (e.g. `policy.tokenizer.tokenizer.clone()`).
+    pub fn with_tokenizer(mut self, detok: impl Detokenize + 'static) -> Self {
+        self.detok = Some(Box::new(detok));
+        self
+    }
+
+    /// The policy version recorded in completions.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Sets the policy version recorded in completions (after loading new weights).
+    pub fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+
+    /// The inference weights.
+    pub fn weights(&self) -> &DecodeWeights {
+        &self.weights
+    }
+
+    /// Samples `params.group_size` completions for each prompt.
+    ///
+    /// - `prompts`: token ids of each prompt (non-empty, ids < vocab), e.g. a step's B prompts.
+    /// - `seed`: the run's sampling seed; completion (i, j) uses the stream
+    ///   [`completion_rng`]`(seed, first_prompt_index + i, j)`.
+    /// - `first_prompt_index`: global index of `prompts[0]` (e.g. the data cursor), so that the
+    ///   same prompt index gives the same completions whichever call samples it.
+    ///
+    /// Returns B·K completions ordered by (prompt_index, sample_index): groups are contiguous.
+    ///
+    /// Errors: [`RolloutError::InvalidParam`] for out-of-range parameters,
+    /// [`RolloutError::InvalidPrompt`] for an empty prompt or an id outside the vocabulary,
+    /// [`RolloutError::NoTokenizer`] for stop strings without a tokenizer, and tensor errors
+    /// (e.g. out of device memory).
+    pub fn sample(
+        &self,
+        prompts: &[PromptIds],
+        params: &SamplingParams,
+        seed: u64,
+        first_prompt_index: usize,
+    ) -> Result<Vec<Completion>> {
+        params.validate()?;
+        if !params.stop_strings.is_empty() && self.detok.is_none() {
+            return Err(RolloutError::NoTokenizer);
+        }
+        let vocab = self.weights.config().vocab_size;
+        for (i, p) in prompts.iter().enumerate() {
+            let prompt_index = first_prompt_index + i;
+            if p.is_empty() {
+                return Err(RolloutError::InvalidPrompt {
+                    prompt_index,
+                    msg: "empty prompt (encode at least one token, e.g. a BOS)".into(),
+                });
+            }
+            if let Some(&bad) = p.iter().find(|&&x| x as usize >= vocab) {
+                return Err(RolloutError::InvalidPrompt {
+                    prompt_index,
+                    msg: format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                });
+            }
+        }
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let rope = self.weights.rope_tables(longest + params.max_new_tokens)?;
+        let per_wave = (params.max_batch_rows / params.group_size).max(1);
+        let mut out = Vec::with_capacity(prompts.len() * params.group_size);
+        for (w, chunk) in prompts.chunks(per_wave).enumerate() {
+            let first = first_prompt_index + w * per_wave;
+            self.run_wave(chunk, first, params, seed, &rope, &mut out)?;
+        }
+        out.sort_by_key(|c| (c.prompt_index, c.sample_index));
+        Ok(out)
+    }
+
+    /// Prefills `prompts` once, copies each prompt's cache to its K rows and decodes them all.
+    fn run_wave(
+        &self,
+        prompts: &[PromptIds],
+        first_prompt_index: usize,
+        params: &SamplingParams,
+        seed: u64,
+        rope: &crate::decode::RopeTables,
+        out: &mut Vec<Completion>,
+    ) -> Result<()> {
+        let dev = self.weights.device().clone();
+        let k = params.group_size;
+        let (p_n, l) = (
+            prompts.len(),
+            prompts.iter().map(Vec::len).max().unwrap_or(0),
+        );
+        let cap = l + params.max_new_tokens;
+
+        // Prefill: left-padded [P, L]; positions count real tokens; causal + padding bias.
+        let mut ids = Vec::with_capacity(p_n * l);
+        let mut pos = Vec::with_capacity(p_n * l);
+        let mut bias = vec![MASK_BIAS; p_n * l * l];
+        let mut bias_rows = vec![0f32; p_n * cap];
+        for (pi, p) in prompts.iter().enumerate() {
+            let pad = l - p.len();
+            ids.extend(std::iter::repeat_n(0u32, pad).chain(p.iter().copied()));
+            pos.extend(std::iter::repeat_n(0u32, pad).chain(0..p.len() as u32));
+            bias_rows[pi * cap..pi * cap + pad].fill(MASK_BIAS);
+            for i in 0..l {
+                let row = &mut bias[(pi * l + i) * l..(pi * l + i + 1) * l];
+                if i >= pad {
+                    row[pad..=i].fill(0.0);
+                }
+            }
+        }
+        let ids = Tensor::from_vec(ids, (p_n, l), &dev)?;
+        let pos = Tensor::from_vec(pos, p_n * l, &dev)?;
+        let bias = Tensor::from_vec(bias, (p_n, 1, l, l), &dev)?;
+        let mut cache = self.weights.alloc_cache(bias_rows, p_n, cap)?;
+        let logits = self
+            .weights
+            .forward(&ids, &pos, Some(&bias), rope, &mut cache)?;
+        let vocab = logits.dims()[1];
+        let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
+
+        // Group sharing: row r = prompt r / K, sample r % K; copy each prompt's cache K times.
+        let mut rows: Vec<Row> = (0..p_n * k)
+            .map(|r| {
+                let (pi, s) = (r / k, r % k);
+                let prompt_index = first_prompt_index + pi;
+                Row {
+                    prompt_index,
+                    sample_index: s,
+                    prompt_len: prompts[pi].len(),
+                    rng: completion_rng(seed, prompt_index, s),
+                    tokens: Vec::with_capacity(params.max_new_tokens),
+                    logprobs: Vec::with_capacity(params.max_new_tokens),
+                    finish: None,
+                }
+            })
+            .collect();
+        if k > 1 {
+            let rep: Vec<u32> = (0..(p_n * k) as u32).map(|r| r / k as u32).collect();
+            cache.keep_rows(&rep)?;
+        }
+        // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
+        let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
+        self.decode_loop(
+            &mut rows, &mut src, &mut host, vocab, &mut cache, params, rope, out,
+        )
+    }
+
+    /// The decode loop: choose a token for every row, retire finished rows (compacting the
+    /// cache), feed the chosen tokens, repeat.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_loop(
+        &self,
+        rows: &mut Vec<Row>,
+        src: &mut Vec<usize>,
+        host: &mut Vec<f32>,
+        vocab: usize,
+        cache: &mut KvBuffer,
+        params: &SamplingParams,
+        rope: &crate::decode::RopeTables,
+        out: &mut Vec<Completion>,
+    ) -> Result<()> {
+        let dev = self.weights.device().clone();
+        let sel = params.selection();
+        let mut scratch = Scratch::default();
+        let stop_window = params
+            .stop_strings
+            .iter()
+            .map(String::len)
+            .max()
+            .map(|m| m + 2)
+            .unwrap_or(0);
+        loop {
+            // 1. Choose one token per row from its own RNG stream.
+            for (r, row) in rows.iter_mut().enumerate() {
+                let logits = &host[src[r] * vocab..(src[r] + 1) * vocab];
+                let u = if sel.temperature > 0.0 {
+                    row.rng.random::<f64>()
+                } else {
+                    0.0
+                };
+                let c = choose(logits, &sel, u, &mut scratch);
+                row.tokens.push(c.token);
+                row.logprobs.push(c.logprob);
+                row.finish = if params.stop_ids.contains(&c.token) {
+                    Some(FinishReason::Eos)
+                } else if stop_window > 0
+                    && self.hits_stop_string(&row.tokens, params, stop_window)?
+                {
+                    Some(FinishReason::StopString)
+                } else if row.tokens.len() >= params.max_new_tokens {
+                    Some(FinishReason::Length)
+                } else {
+                    None
+                };
+            }
+            // 2. Retire finished rows; compact the batch when any finished.
+            let alive: Vec<u32> = (0..rows.len() as u32)
+                .filter(|&r| rows[r as usize].finish.is_none())
+                .collect();
+            if alive.len() < rows.len() {
+                let mut kept = Vec::with_capacity(alive.len());
+                for row in rows.drain(..) {
+                    match row.finish {
+                        Some(reason) => out.push(Completion {
+                            prompt_index: row.prompt_index,
+                            sample_index: row.sample_index,
+                            token_ids: row.tokens,
+                            behaviour_logprobs: row.logprobs,
+                            finish_reason: reason,
+                            version: self.version,
+                        }),
+                        None => kept.push(row),
+                    }
+                }
+                *rows = kept;
+                if rows.is_empty() {
+                    return Ok(());
+                }
+                cache.keep_rows(&alive)?;
+            }
+            // 3. Feed the chosen tokens: one new column per row.
+            let n = rows.len();
+            let ids: Vec<u32> = rows
+                .iter()
+                .map(|r| *r.tokens.last().expect("one token"))
+                .collect();
+            let pos: Vec<u32> = rows
+                .iter()
+                .map(|r| (r.prompt_len + r.tokens.len() - 1) as u32)
+                .collect();
+            let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
+            let pos = Tensor::from_vec(pos, n, &dev)?;
+            let logits = self.weights.forward(&ids, &pos, None, rope, cache)?;
+            *host = logits.flatten_all()?.to_vec1::<f32>()?;
+            src.clear();
+            src.extend(0..n);
+        }
+    }
+
+    /// Whether the decoded text of the last `window` tokens contains a stop string. A match must
+    /// end in the newest token (an earlier one would have stopped the row), and a string of m
+    /// bytes spans at most m tokens, so a window of m + 2 tokens sees every match.
+    fn hits_stop_string(
+        &self,
+        tokens: &[u32],
+        params: &SamplingParams,
+        window: usize,
+    ) -> Result<bool> {
+        let detok = self.detok.as_ref().ok_or(RolloutError::NoTokenizer)?;
+        let tail = &tokens[tokens.len().saturating_sub(window)..];
+        let text = detok.detokenize(tail).map_err(RolloutError::Tokenizer)?;
+        Ok(params
+            .stop_strings
+            .iter()
+            .any(|s| text.contains(s.as_str())))
+    }
+}

@@ -1,0 +1,39 @@
+//! Errors of the rollout engine. Each variant carries the offending value and says what to fix.
+
+/// Errors from [`crate::Sampler::sample`] and the decode forward.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// A sampling parameter is out of range (e.g. `top_p` outside (0, 1], `group_size` 0).
+    #[error("invalid sampling parameter `{name}` = {value}: {hint}")]
+    InvalidParam {
+        /// The parameter's name, as in [`crate::SamplingParams`].
+        name: &'static str,
+        /// The value given, formatted.
+        value: String,
+        /// What is accepted.
+        hint: &'static str,
+    },
+    /// A prompt is empty or holds a token id outside the model's vocabulary.
+    #[error("prompt {prompt_index}: {msg}")]
+    InvalidPrompt {
+        /// Global index of the prompt (`first_prompt_index` + position in the slice).
+        prompt_index: usize,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// Stop strings were given but the sampler has no tokenizer to decode completions with.
+    #[error("stop strings need a tokenizer: call `Sampler::with_tokenizer` first")]
+    NoTokenizer,
+    /// Decoding generated ids to text (for stop strings) failed.
+    #[error("tokenizer error while checking stop strings: {0}")]
+    Tokenizer(String),
+    /// An error from the model crate (weights, shapes).
+    #[error(transparent)]
+    Model(#[from] rlvr_model::ModelError),
+    /// An error from the tensor library.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias of the rollout crate.
+pub type Result<T> = std::result::Result<T, RolloutError>;

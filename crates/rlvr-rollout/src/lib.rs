@@ -1,0 +1,45 @@
+//! `rlvr-rollout`: the sampling engine of rlvr (the explorer's side of DESIGN.md section 3).
+//!
+//! - [`engine`]: [`Sampler`] turns B prompts × group size K into B·K [`Completion`]s, each with
+//!   its token ids, behaviour log-probs ℓ_old (DESIGN.md section 3), finish reason and policy
+//!   version. One prefill per prompt shared by its group, a preallocated KV cache, finished rows
+//!   compacted away, randomness seeded per (seed, prompt index, sample index).
+//! - [`decode`]: the inference forward (same logits as `rlvr_model::Model::forward_cached`).
+//! - [`select`]: greedy / temperature / top-k / top-p selection by partial selection, no sort.
+//! - [`cli`]: `rlvr generate` (DESIGN.md section 10).
+//!
+//! ```
+//! use candle_core::{DType, Device};
+//! use rlvr_model::{Model, ModelConfig};
+//! use rlvr_rollout::{Sampler, SamplingParams};
+//!
+//! let config = ModelConfig::from_json(
+//!     &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 16,
+//!         "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+//!         "num_key_value_heads": 1, "max_position_embeddings": 64}),
+//!     "inline".as_ref(),
+//! ).unwrap();
+//! let model = Model::random(config, 0.02, 0, DType::F32, &Device::Cpu).unwrap();
+//! let sampler = Sampler::new(&model, 0);
+//! let params = SamplingParams { group_size: 4, max_new_tokens: 8, ..Default::default() };
+//! let out = sampler.sample(&[vec![1, 2, 3], vec![4, 5]], &params, 42, 0).unwrap();
+//! assert_eq!(out.len(), 8);
+//! assert!(out.iter().all(|c| c.token_ids.len() == c.behaviour_logprobs.len()));
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod decode;
+pub mod engine;
+pub mod error;
+pub mod select;
+
+pub use decode::DecodeWeights;
+pub use engine::{
+    completion_rng, Completion, Detokenize, FinishReason, PromptIds, Sampler, SamplingParams,
+};
+pub use error::{Result, RolloutError};
+
+#[cfg(test)]
+mod parity_tests;

@@ -1,0 +1,323 @@
+//! Choosing the next token from one row of logits: greedy, temperature, top-k and top-p
+//! (nucleus) sampling, and the behaviour log-prob of the chosen token.
+//!
+//! Top-k and top-p use partial selection, never a full vocabulary sort: top-k is one
+//! `select_nth_unstable` (expected O(V)), and the nucleus is found by a mass-guided three-way
+//! quickselect (expected O(V)) that keeps the heaviest tokens until their mass reaches `top_p`.
+//! That matters for near-uniform distributions (a fresh model), whose nucleus is most of the
+//! vocabulary: a sort there cost about 30% of decode time (DESIGN.md section 7).
+//!
+//! Order of operations follows transformers' `generate` warpers: temperature, then top-k, then
+//! top-p measured on the renormalised top-k distribution.
+
+/// The token chosen for one row and its behaviour log-prob.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// The sampled (or greedy) token id.
+    pub token: u32,
+    /// `log_softmax(logits / T)[token]` over the FULL vocabulary (DESIGN.md section 3), in nats,
+    /// whatever top-k/top-p truncation was used to draw the token. For greedy (T = 0) it is taken
+    /// at T = 1, i.e. `log_softmax(logits)[token]`.
+    pub logprob: f32,
+}
+
+/// How to pick a token; see [`crate::SamplingParams`] for the meaning of each field.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Selection {
+    /// 0 = greedy; otherwise logits are divided by it.
+    pub temperature: f64,
+    /// Keep the k most likely tokens; `None` = off.
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of most likely tokens with mass ≥ `top_p`; 1 = off.
+    pub top_p: f64,
+}
+
+/// Reusable buffers, so that a decode step allocates nothing per row.
+#[derive(Default)]
+pub struct Scratch {
+    weights: Vec<f32>,
+    idx: Vec<u32>,
+}
+
+/// Picks a token from `logits` (`[V]`, f32, one row) with the uniform draw `u` ∈ [0, 1).
+///
+/// Greedy ties go to the lowest id (as an argmax that keeps the first maximum). Sampling walks the
+/// kept tokens accumulating `exp(logit/T − max)` until it passes `u · total`; the walk order is
+/// deterministic, so the same logits and `u` give the same token.
+///
+/// Panics if `logits` is empty (the engine never passes an empty row).
+pub fn choose(logits: &[f32], sel: &Selection, u: f64, scratch: &mut Scratch) -> Choice {
+    assert!(!logits.is_empty(), "choose: empty logits row");
+    if sel.temperature == 0.0 {
+        let (best, _) = argmax(logits);
+        let lp = log_softmax_at(logits, 1.0, best, &mut scratch.weights);
+        return Choice {
+            token: best as u32,
+            logprob: lp,
+        };
+    }
+    let inv_t = (1.0 / sel.temperature) as f32;
+    // Scaled logits y = x · (1/T) in f32, as the trainer's `logits / T`; weights e = exp(y − max).
+    let m = logits
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x * inv_t));
+    let w = &mut scratch.weights;
+    w.clear();
+    w.extend(logits.iter().map(|&x| (x * inv_t - m).exp()));
+    let total: f64 = w.iter().map(|&e| e as f64).sum();
+    let v = logits.len();
+    let k = sel.top_k.filter(|&k| k > 0 && k < v);
+    let token = if k.is_none() && sel.top_p >= 1.0 {
+        walk(w, (0..v as u32).map(|i| i as usize), u * total)
+    } else {
+        let idx = &mut scratch.idx;
+        idx.clear();
+        idx.extend(0..v as u32);
+        let mut n = v;
+        if let Some(k) = k {
+            // Heaviest k first (unordered); ties broken by id for determinism.
+            idx.select_nth_unstable_by(k - 1, |&a, &b| {
+                w[b as usize].total_cmp(&w[a as usize]).then(a.cmp(&b))
+            });
+            n = k;
+        }
+        if sel.top_p < 1.0 {
+            let mass: f64 = idx[..n].iter().map(|&i| w[i as usize] as f64).sum();
+            n = nucleus(&mut idx[..n], w, sel.top_p * mass);
+        }
+        let kept: f64 = idx[..n].iter().map(|&i| w[i as usize] as f64).sum();
+        walk(w, idx[..n].iter().map(|&i| i as usize), u * kept)
+    };
+    let y = logits[token] * inv_t;
+    Choice {
+        token: token as u32,
+        logprob: ((y - m) as f64 - total.ln()) as f32,
+    }
+}
+
+/// First index of the maximum (NaN never wins) and the maximum.
+pub fn argmax(x: &[f32]) -> (usize, f32) {
+    let mut best = 0;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    (best, bv)
+}
+
+/// `log_softmax(x / t)[at]` over the whole row, with the sum in f64.
+pub fn log_softmax_at(x: &[f32], t: f64, at: usize, buf: &mut Vec<f32>) -> f32 {
+    let inv_t = (1.0 / t) as f32;
+    let m = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v * inv_t));
+    buf.clear();
+    buf.extend(x.iter().map(|&v| (v * inv_t - m).exp()));
+    let total: f64 = buf.iter().map(|&e| e as f64).sum();
+    ((x[at] * inv_t - m) as f64 - total.ln()) as f32
+}
+
+/// Walks `order`, accumulating `w`, and returns the first index whose running sum exceeds
+/// `target`; the last index when rounding leaves the target unreached.
+fn walk(w: &[f32], order: impl Iterator<Item = usize>, target: f64) -> usize {
+    let mut acc = 0.0f64;
+    let mut last = 0;
+    for i in order {
+        let e = w[i] as f64;
+        if e <= 0.0 {
+            continue;
+        }
+        acc += e;
+        last = i;
+        if acc > target {
+            return i;
+        }
+    }
+    last
+}
+
+/// Reorders `idx` so that `idx[..n]` is the nucleus and returns n ≥ 1: the smallest set of the
+/// heaviest tokens (by `w`) whose total weight reaches `need`. Among equal weights at the
+/// boundary the order left by the partition decides (deterministic for equal inputs).
+///
+/// A three-way quickselect guided by mass: partition around a pivot into heavier / equal /
+/// lighter; if the heavier part alone reaches `need`, recurse into it; otherwise keep it, take
+/// equal-weight tokens as needed, and recurse into the lighter part with the remaining need.
+/// Expected O(len) time.
+pub fn nucleus(idx: &mut [u32], w: &[f32], need: f64) -> usize {
+    let (mut lo, mut hi) = (0usize, idx.len());
+    let mut need = need;
+    while hi - lo > 1 {
+        let p = w[idx[lo + (hi - lo) / 2] as usize];
+        // Dutch national flag: [lo, gt) > p, [gt, i) == p, [lt, hi) < p.
+        let (mut gt, mut i, mut lt) = (lo, lo, hi);
+        while i < lt {
+            let x = w[idx[i] as usize];
+            if x > p {
+                idx.swap(gt, i);
+                gt += 1;
+                i += 1;
+            } else if x < p {
+                lt -= 1;
+                idx.swap(i, lt);
+            } else {
+                i += 1;
+            }
+        }
+        let mass_gt: f64 = idx[lo..gt].iter().map(|&j| w[j as usize] as f64).sum();
+        if mass_gt >= need && gt > lo {
+            hi = gt;
+            continue;
+        }
+        need -= mass_gt;
+        let n_eq = lt - gt;
+        let m_eq = p as f64 * n_eq as f64;
+        if m_eq >= need {
+            let take = if p > 0.0 {
+                ((need / p as f64).ceil() as usize).clamp(1, n_eq)
+            } else {
+                1
+            };
+            return gt + take;
+        }
+        need -= m_eq;
+        if lt == hi {
+            return hi; // everything kept (rounding left some need)
+        }
+        lo = lt;
+    }
+    hi.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reference nucleus by full sort: smallest prefix of the descending order with mass ≥ need.
+    fn nucleus_by_sort(w: &[f32], need: f64) -> usize {
+        let mut s: Vec<f32> = w.to_vec();
+        s.sort_by(|a, b| b.total_cmp(a));
+        let mut acc = 0.0;
+        for (i, &x) in s.iter().enumerate() {
+            acc += x as f64;
+            if acc >= need {
+                return i + 1;
+            }
+        }
+        s.len()
+    }
+
+    fn check_nucleus(w: &[f32], top_p: f64) {
+        let total: f64 = w.iter().map(|&x| x as f64).sum();
+        let mut idx: Vec<u32> = (0..w.len() as u32).collect();
+        let n = nucleus(&mut idx, w, top_p * total);
+        assert_eq!(n, nucleus_by_sort(w, top_p * total), "size, top_p {top_p}");
+        // The kept set is the n heaviest: its lightest ≥ the heaviest dropped.
+        let min_kept = idx[..n]
+            .iter()
+            .map(|&i| w[i as usize])
+            .fold(f32::MAX, f32::min);
+        let max_dropped = idx[n..].iter().map(|&i| w[i as usize]).fold(0.0, f32::max);
+        assert!(min_kept >= max_dropped);
+    }
+
+    #[test]
+    fn nucleus_matches_a_full_sort() {
+        let mut s = 12345u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for len in [1usize, 2, 3, 10, 1000] {
+            let w: Vec<f32> = (0..len).map(|_| rnd()).collect();
+            // Many ties: a coarse grid.
+            let ties: Vec<f32> = w.iter().map(|x| (x * 4.0).floor() / 4.0 + 0.01).collect();
+            for p in [1e-9, 0.1, 0.5, 0.9, 0.999, 1.0] {
+                check_nucleus(&w, p);
+                check_nucleus(&ties, p);
+            }
+        }
+        // A peaked row keeps one token.
+        check_nucleus(&[100.0, 1e-3, 1e-3, 1e-4], 0.9);
+    }
+
+    #[test]
+    fn greedy_takes_first_max_and_logprob_at_t1() {
+        let x = [1.0f32, 3.0, 3.0, -2.0];
+        let sel = Selection {
+            temperature: 0.0,
+            top_k: None,
+            top_p: 1.0,
+        };
+        let c = choose(&x, &sel, 0.5, &mut Scratch::default());
+        assert_eq!(c.token, 1);
+        let z: f64 = x.iter().map(|&v| (v as f64).exp()).sum();
+        assert!((c.logprob as f64 - (3.0 - z.ln())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn logprob_uses_temperature_over_the_full_vocabulary() {
+        let x = [0.5f32, 2.0, -1.0, 1.5];
+        for (t, k, p) in [(0.7, None, 1.0), (1.3, Some(2), 1.0), (1.0, None, 0.5)] {
+            let sel = Selection {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+            };
+            for u in [0.0, 0.3, 0.99] {
+                let c = choose(&x, &sel, u, &mut Scratch::default());
+                let z: f64 = x.iter().map(|&v| (v as f64 / t).exp()).sum();
+                let want = x[c.token as usize] as f64 / t - z.ln();
+                assert!((c.logprob as f64 - want).abs() < 1e-6, "{t} {k:?} {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn truncation_restricts_the_support() {
+        let x = [0.0f32, 5.0, 4.0, 1.0, 4.5];
+        let mut sc = Scratch::default();
+        let top2 = Selection {
+            temperature: 1.0,
+            top_k: Some(2),
+            top_p: 1.0,
+        };
+        let nuc = Selection {
+            temperature: 1.0,
+            top_k: None,
+            top_p: 0.5,
+        };
+        for i in 0..100 {
+            let u = i as f64 / 100.0;
+            assert!([1, 4].contains(&choose(&x, &top2, u, &mut sc).token));
+            // p(5.0) ≈ 0.51 alone reaches 0.5.
+            assert_eq!(choose(&x, &nuc, u, &mut sc).token, 1);
+        }
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        // u on a fine grid maps to tokens in proportion to their probabilities.
+        let x = [0.0f32, (2.0f32).ln(), (3.0f32).ln()];
+        let sel = Selection {
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+        };
+        let mut counts = [0usize; 3];
+        let n = 6000;
+        for i in 0..n {
+            let c = choose(
+                &x,
+                &sel,
+                (i as f64 + 0.5) / n as f64,
+                &mut Scratch::default(),
+            );
+            counts[c.token as usize] += 1;
+        }
+        assert_eq!(counts, [1000, 2000, 3000]);
+    }
+}
