@@ -1,0 +1,242 @@
+//! Config resolution (defaults < preset < user), presets of DESIGN §4, TOML round trips, errors.
+
+use rlvr_algo::{
+    find_preset, presets, print_algorithms, Aggregation, Algorithm, AlgorithmConfig, KeepMask,
+    KlEstimator, PolicyLoss, RecWeight, Regulariser, StdNorm,
+};
+
+fn resolve(preset: &str) -> Algorithm {
+    AlgorithmConfig::empty(preset).resolve().unwrap()
+}
+
+#[test]
+fn every_preset_resolves_and_round_trips_through_toml() {
+    assert_eq!(presets().len(), 19);
+    for p in presets() {
+        let alg = resolve(p.name);
+        assert_eq!(alg.kl_coef, 0.0, "{}", p.name);
+        assert_eq!(alg.entropy_coef, 0.0, "{}", p.name);
+        // Resolved → fully-set config → TOML → parse → resolve: identical.
+        let text = toml::to_string(&alg.to_config()).unwrap();
+        let back: AlgorithmConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back.resolve().unwrap(), alg, "{}:\n{text}", p.name);
+        // The preset's own values parse as an [algorithm] table too.
+        let partial = toml::to_string(&p.values).unwrap();
+        let _: AlgorithmConfig = toml::from_str(&partial).unwrap();
+        assert!(
+            !p.description.is_empty() && p.reference.contains("arXiv"),
+            "{}",
+            p.name
+        );
+        // The sync interval is never part of a preset.
+        assert!(p
+            .values
+            .set_values()
+            .iter()
+            .all(|(k, _)| !k.contains("sync")));
+    }
+}
+
+#[test]
+fn presets_set_the_values_of_design_table() {
+    let g = resolve("grpo");
+    assert_eq!(
+        (g.loss, g.std_norm, g.std_eps),
+        (PolicyLoss::Ppo, StdNorm::Sample, 1e-6)
+    );
+    assert_eq!(
+        (g.clip_low, g.clip_high, g.aggregation),
+        (0.2, 0.2, Aggregation::SeqMeanTokenMean)
+    );
+    let o = resolve("off_policy_grpo");
+    assert_eq!(
+        Algorithm {
+            preset: "grpo".into(),
+            ..o
+        },
+        g
+    );
+    let r = resolve("reinforce");
+    assert_eq!(
+        (r.loss, r.std_norm, r.aggregation),
+        (PolicyLoss::Reinforce, StdNorm::None, Aggregation::TokenMean)
+    );
+    for (name, keep, weight) in [
+        ("rec_oneside_nois", KeepMask::OneSide, RecWeight::None),
+        ("rec_oneside_is", KeepMask::OneSide, RecWeight::Is),
+        ("rec_twoside_nois", KeepMask::TwoSide, RecWeight::None),
+        ("rec_twoside_is", KeepMask::TwoSide, RecWeight::Is),
+        ("rec_ring_nois", KeepMask::Ring, RecWeight::None),
+        ("rec_ring_is", KeepMask::Ring, RecWeight::Is),
+    ] {
+        let a = resolve(name);
+        assert_eq!(
+            (a.loss, a.keep_mask, a.rec_weight),
+            (PolicyLoss::Rec, keep, weight),
+            "{name}"
+        );
+        assert_eq!(
+            (a.clip_low, a.clip_high, a.std_norm),
+            (0.2, 0.2, StdNorm::None),
+            "{name}"
+        );
+        assert_eq!(a.aggregation, Aggregation::TokenMean, "{name}");
+    }
+    let ring = resolve("rec_ring_is");
+    assert_eq!((ring.clip_low_prime, ring.clip_high_prime), (0.6, 2.0));
+    for (name, weight) in [
+        ("rec_gspo_nois", RecWeight::None),
+        ("rec_gspo_is", RecWeight::SeqIs),
+    ] {
+        let a = resolve(name);
+        assert_eq!((a.keep_mask, a.rec_weight), (KeepMask::GspoOneSide, weight));
+        assert_eq!(
+            (a.clip_low, a.clip_high, a.aggregation),
+            (3e-4, 4e-4, Aggregation::SeqMeanTokenMean)
+        );
+    }
+    let opmd = resolve("opmd");
+    assert_eq!(
+        (opmd.regulariser, opmd.tau, opmd.std_norm),
+        (Regulariser::Opmd, 0.1, StdNorm::None)
+    );
+    let asym = resolve("asymre");
+    assert_eq!((asym.regulariser, asym.tau), (Regulariser::Asymre, 0.1));
+    let rd = resolve("red_drop");
+    assert!(rd.red_drop);
+    assert_eq!(
+        (rd.std_norm, rd.loss),
+        (StdNorm::Population, PolicyLoss::Reinforce)
+    );
+    let rw = resolve("red_weight");
+    assert_eq!(
+        (rw.rec_weight, rw.keep_mask, rw.adv_temperature),
+        (RecWeight::AdvantageExp, KeepMask::None, 1.0)
+    );
+    let dr = resolve("dr_grpo");
+    assert_eq!(
+        (dr.std_norm, dr.loss, dr.aggregation),
+        (StdNorm::None, PolicyLoss::Ppo, Aggregation::Constant)
+    );
+    let dapo = resolve("dapo");
+    assert_eq!(
+        (dapo.clip_low, dapo.clip_high, dapo.aggregation),
+        (0.2, 0.28, Aggregation::TokenMean)
+    );
+    assert!(dapo.dynamic_sampling && dapo.exclude_zero_std);
+    let gspo = resolve("gspo");
+    assert_eq!(
+        (gspo.loss, gspo.clip_low, gspo.clip_high),
+        (PolicyLoss::Gspo, 3e-4, 4e-4)
+    );
+    assert_eq!(gspo.aggregation, Aggregation::SeqMeanTokenMean);
+    let cispo = resolve("cispo");
+    assert_eq!(
+        (cispo.loss, cispo.clip_high, cispo.aggregation),
+        (PolicyLoss::Cispo, 0.28, Aggregation::TokenMean)
+    );
+}
+
+#[test]
+fn precedence_is_defaults_then_preset_then_user() {
+    // The user's table sets clip_high and kl; the preset fills the rest it knows; defaults the others.
+    let user: AlgorithmConfig = toml::from_str(
+        r#"
+        preset = "dapo"
+        clip_high = 0.3
+        kl_coef = 0.05
+        kl_estimator = "k2"
+        "#,
+    )
+    .unwrap();
+    let a = user.resolve().unwrap();
+    assert_eq!(a.clip_high, 0.3); // user beats preset (0.28)
+    assert_eq!(a.clip_low, 0.2); // preset
+    assert_eq!(a.kl_coef, 0.05); // user beats preset's 0
+    assert_eq!(a.kl_estimator, KlEstimator::K2);
+    assert_eq!(a.log_ratio_clamp, 20.0); // default: no preset sets it
+    assert_eq!(a.preset, "dapo");
+    // A user value equal to the default still wins over the preset.
+    let mut c = AlgorithmConfig::empty("dr_grpo");
+    c.aggregation = Some(Aggregation::TokenMean);
+    assert_eq!(c.resolve().unwrap().aggregation, Aggregation::TokenMean);
+    // Default config is the grpo preset; "none" is the bare defaults.
+    assert_eq!(
+        AlgorithmConfig::default().resolve().unwrap(),
+        resolve("grpo")
+    );
+    assert_eq!(
+        resolve("none"),
+        Algorithm {
+            preset: "none".into(),
+            ..Algorithm::default()
+        }
+    );
+}
+
+#[test]
+fn unknown_keys_values_and_presets_are_rejected_with_their_names() {
+    let e = toml::from_str::<AlgorithmConfig>("clip_hgh = 0.3")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("clip_hgh"), "{e}");
+    let e = toml::from_str::<AlgorithmConfig>("aggregation = \"mean\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("token-mean") && e.contains("constant"), "{e}");
+    let e = AlgorithmConfig::empty("gpro")
+        .resolve()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gpro") && e.contains("grpo") && e.contains("rec_ring_is"),
+        "{e}"
+    );
+    assert!(find_preset("cispo").is_ok());
+}
+
+#[test]
+fn invalid_values_name_the_key() {
+    let bad = |f: &dyn Fn(&mut AlgorithmConfig), key: &str| {
+        let mut c = AlgorithmConfig::empty("grpo");
+        f(&mut c);
+        let e = c.resolve().unwrap_err().to_string();
+        assert!(e.contains(key), "{e}");
+    };
+    bad(&|c| c.clip_low = Some(1.0), "clip_low");
+    bad(&|c| c.clip_high = Some(-0.1), "clip_high");
+    bad(&|c| c.clip_low_prime = Some(0.1), "clip_low_prime");
+    bad(&|c| c.clip_high_prime = Some(0.1), "clip_high_prime");
+    bad(&|c| c.dual_clip = Some(0.9), "dual_clip");
+    bad(&|c| c.is_cap = Some(0.0), "is_cap");
+    bad(&|c| c.std_eps = Some(f64::NAN), "std_eps");
+    bad(&|c| c.adv_temperature = Some(0.0), "adv_temperature");
+    bad(&|c| c.kl_coef = Some(-1.0), "kl_coef");
+    bad(
+        &|c| c.overlong_buffer_frac = Some(0.0),
+        "overlong_buffer_frac",
+    );
+    bad(
+        &|c| {
+            c.red_drop = Some(true);
+            c.baseline = Some(rlvr_algo::Baseline::LeaveOneOut);
+        },
+        "red_drop",
+    );
+}
+
+#[test]
+fn print_algorithms_lists_every_preset_and_value() {
+    let mut out = Vec::new();
+    print_algorithms(&mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    for p in presets() {
+        assert!(text.contains(&format!("\n{}\n", p.name)), "{}", p.name);
+        assert!(text.contains(p.reference));
+        for (k, v) in p.values.set_values() {
+            assert!(text.contains(&format!("{k} = {v}")), "{}: {k}", p.name);
+        }
+    }
+    assert!(text.contains("clip_high = 0.28"));
+    assert!(text.contains("aggregation = \"constant\""));
+}
