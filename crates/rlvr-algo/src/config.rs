@@ -183,7 +183,8 @@ pub struct AlgorithmConfig {
     pub lme_temperature: Option<f64>,
     /// Zero-variance groups (all scored rewards equal, including K = 1) leave the normaliser: their rows
     /// get weight 0 (no PG, KL, entropy or regulariser term) and are not counted. Default `true`
-    /// (DESIGN §5: counting them in the token denominator is a known peer fault).
+    /// (DESIGN §5: counting them in the token denominator is a known peer fault). Set `false` when a
+    /// KL term or regulariser should still act on them (the `opmd` and `asymre` presets do).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exclude_zero_std: Option<bool>,
     /// RED-Drop (paper B): in each group, drop surplus negatives (r < group mean) at random (seeded)

@@ -14,9 +14,10 @@ pub struct LossStats {
     pub tokens_total: f64,
     /// Trained tokens.
     pub tokens: f64,
-    /// Trained tokens whose PG term the clip or keep-mask zeroed, with ρ̄ < 1 (CISPO: weight capped).
+    /// Trained tokens with A ≠ 0 whose PG term the clip or keep-mask zeroed, with ρ̄ < 1.
     pub clipped_low: f64,
-    /// Same with ρ̄ ≥ 1 (includes dual-clipped tokens).
+    /// Same with ρ̄ ≥ 1 (includes dual-clipped tokens). CISPO zeroes nothing: it counts here the tokens
+    /// whose IS weight was capped at 1 + ε_high (their gradient is scaled, not zeroed).
     pub clipped_high: f64,
     /// Trained tokens with A > 0.
     pub pos_tokens: f64,

@@ -34,6 +34,48 @@ pub struct RowInfo {
     pub in_normaliser: bool,
 }
 
+impl RowInfo {
+    /// One [`RowInfo`] per row from the update's completion mask [N, T] (token counts = row sums, so
+    /// they cannot disagree with the mask the loss sees), truncation flags [N] and
+    /// [`crate::Advantages::in_normaliser`] [N].
+    ///
+    /// # Errors
+    /// [`AlgoError::Shape`] when the lengths disagree with the mask's N; candle errors.
+    pub fn from_mask(
+        mask: &candle_core::Tensor,
+        truncated: &[bool],
+        in_normaliser: &[bool],
+    ) -> Result<Vec<RowInfo>> {
+        let (n, _) = mask.dims2()?;
+        for (what, len) in [
+            ("truncated", truncated.len()),
+            ("in_normaliser", in_normaliser.len()),
+        ] {
+            if len != n {
+                return Err(AlgoError::Shape {
+                    op: "RowInfo::from_mask",
+                    what,
+                    got: vec![len],
+                    expected: vec![n],
+                });
+            }
+        }
+        let counts = mask
+            .to_dtype(candle_core::DType::F64)?
+            .sum(1)?
+            .to_vec1::<f64>()?;
+        Ok(counts
+            .iter()
+            .zip(truncated.iter().zip(in_normaliser))
+            .map(|(&c, (&truncated, &in_normaliser))| RowInfo {
+                completion_tokens: c.round() as usize,
+                truncated,
+                in_normaliser,
+            })
+            .collect())
+    }
+}
+
 /// Per-row weights of one optimizer update. Cheap to clone; hold one per update.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpdateNormaliser {

@@ -181,9 +181,11 @@ fn build() -> Vec<Preset> {
     let mut opmd = reinforce(StdNorm::None);
     opmd.regulariser = Some(Regulariser::Opmd);
     opmd.tau = Some(0.1);
+    // The regulariser acts on every sample, zero-variance groups included.
+    opmd.exclude_zero_std = Some(false);
     p(
         "opmd",
-        "Online policy mirror descent: REINFORCE plus tau*(logp - logp_old)^2",
+        "Online policy mirror descent: REINFORCE plus tau*(logp - logp_old)^2 on every sample",
         "arXiv 2509.24203 REP / Kimi k1.5 arXiv 2501.12599 §2.3: L = -A*logp + tau*(logp - logp_old)^2 \
          (Trinity's tau absorbs Kimi's 1/2; mean baseline)",
         opmd,
@@ -191,9 +193,11 @@ fn build() -> Vec<Preset> {
     let mut asymre = reinforce(StdNorm::None);
     asymre.regulariser = Some(Regulariser::Asymre);
     asymre.tau = Some(0.1);
+    // −τ·ℓ acts on every sample: an all-correct group is pushed up (the lowered baseline).
+    asymre.exclude_zero_std = Some(false);
     p(
         "asymre",
-        "Asymmetric REINFORCE: REINFORCE with the baseline lowered by tau",
+        "Asymmetric REINFORCE: REINFORCE with the baseline lowered by tau (zero-variance groups too)",
         "arXiv 2509.24203 REP (AsymRE): L = -A*logp - tau*logp = -(r - (mean - tau))*logp",
         asymre,
     );

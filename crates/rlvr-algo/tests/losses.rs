@@ -270,6 +270,28 @@ fn naive_per_micro_batch_mean_would_differ() {
 }
 
 #[test]
+fn row_infos_from_mask() {
+    let mask = Tensor::from_vec(vec![1f32, 1.0, 0.0, 1.0, 1.0, 1.0], (2, 3), &Device::Cpu).unwrap();
+    let rows = RowInfo::from_mask(&mask, &[false, true], &[true, false]).unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            RowInfo {
+                completion_tokens: 2,
+                truncated: false,
+                in_normaliser: true
+            },
+            RowInfo {
+                completion_tokens: 3,
+                truncated: true,
+                in_normaliser: false
+            },
+        ]
+    );
+    assert!(RowInfo::from_mask(&mask, &[false], &[true, true]).is_err());
+}
+
+#[test]
 fn normaliser_weights_by_hand() {
     let rows = |n: &[usize]| {
         n.iter()
