@@ -44,14 +44,19 @@ fn json_bytes(v: &Value) -> Vec<u8> {
 
 /// Writes tokenizer.json, tokenizer_config.json and generation_config.json of `tok` into `dir`.
 pub fn write_tokenizer_files(dir: &Path, tok: &TokenizerBundle) -> Result<()> {
-    let text = tok
-        .tokenizer
-        .to_string(false)
-        .map_err(|e| ModelError::Tokenizer {
-            file: dir.join("tokenizer.json"),
-            msg: e.to_string(),
-        })?;
-    atomic_write(&dir.join("tokenizer.json"), text.as_bytes())?;
+    // Copy the source file byte for byte when there is one (re-serialising changes its layout).
+    let bytes = match std::fs::read(&tok.path) {
+        Ok(b) if tok.path.file_name() == Some("tokenizer.json".as_ref()) => b,
+        _ => tok
+            .tokenizer
+            .to_string(false)
+            .map_err(|e| ModelError::Tokenizer {
+                file: dir.join("tokenizer.json"),
+                msg: e.to_string(),
+            })?
+            .into_bytes(),
+    };
+    atomic_write(&dir.join("tokenizer.json"), &bytes)?;
     let mut tc = serde_json::Map::new();
     tc.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
     tc.insert(
@@ -118,7 +123,15 @@ pub fn write_tokenizer_files(dir: &Path, tok: &TokenizerBundle) -> Result<()> {
 pub fn default_special_tokens(
     tok: &tokenizers::Tokenizer,
 ) -> (Option<String>, Option<String>, Option<String>) {
-    let has = |t: &str| tok.token_to_id(t).is_some();
+    // Only added special tokens count: "<s>" is an ordinary BPE token in some vocabularies
+    // (Qwen2.5 id 128245), and must not become a BOS.
+    let special: std::collections::HashSet<String> = tok
+        .get_added_tokens_decoder()
+        .values()
+        .filter(|t| t.special)
+        .map(|t| t.content.clone())
+        .collect();
+    let has = |t: &str| special.contains(t);
     let eos = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<eos>"]
         .into_iter()
         .find(|t| has(t))

@@ -1,2 +1,46 @@
-//! The `rlvr` command-line tool.
-fn main() {}
+//! The `rlvr` command-line tool. Each subcommand lives in the crate that owns its concept; this
+//! file only parses arguments and dispatches (interfaces: DESIGN.md section 10).
+
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+
+mod init;
+mod logprobs;
+
+#[derive(Parser)]
+#[command(
+    name = "rlvr",
+    version,
+    about = "Reinforcement learning with verifiable rewards for LLMs: on- and off-policy GRPO, the REC family, OPMD, AsymRE."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a randomly initialised checkpoint in HuggingFace format (transformers loads it).
+    Init(init::InitArgs),
+    /// Print per-token log-probs of a completion given a prompt: {"tokens", "logprobs"}.
+    Logprobs(logprobs::LogprobsArgs),
+    /// Score completions with a verifier: {"reward", "extracted", "gold"} per line.
+    Reward(rlvr_reward::cli::RewardArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let res = match &cli.command {
+        Command::Init(a) => init::run(a, &mut out),
+        Command::Logprobs(a) => logprobs::run(a, &mut out),
+        Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
+    };
+    let _ = out.flush();
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

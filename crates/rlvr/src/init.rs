@@ -1,0 +1,129 @@
+//! `rlvr init`: a randomly initialised checkpoint in HuggingFace format.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+use rlvr_model::checkpoint::{tokenizer_for_init, write_tokenizer_files};
+use rlvr_model::{Arch, Model, ModelConfig};
+
+/// Arguments of `rlvr init` (DESIGN.md section 10).
+#[derive(clap::Args, Debug)]
+pub struct InitArgs {
+    /// Architecture: qwen2, qwen3 or llama.
+    #[arg(long, default_value = "qwen2")]
+    pub arch: String,
+    /// Hidden size.
+    #[arg(long, default_value_t = 64)]
+    pub hidden: usize,
+    /// Number of decoder layers.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Key/value heads (GQA); must divide --heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// MLP intermediate size (default 4 × hidden).
+    #[arg(long)]
+    pub intermediate: Option<usize>,
+    /// Per-head width (default hidden / heads).
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    /// tokenizer.json to ship with the checkpoint. A tokenizer_config.json beside it supplies the
+    /// special tokens and chat template; otherwise a ChatML template is written.
+    #[arg(long)]
+    pub tokenizer: PathBuf,
+    /// Vocabulary size (default: the tokenizer's size rounded up to a multiple of 64).
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// Tie lm_head to the embedding (default true for qwen2/qwen3, false for llama).
+    #[arg(long)]
+    pub tie_embeddings: Option<bool>,
+    /// Rotary base θ.
+    #[arg(long, default_value_t = 10000.0)]
+    pub rope_theta: f64,
+    /// Maximum positions recorded in config.json.
+    #[arg(long, default_value_t = 4096)]
+    pub max_position_embeddings: usize,
+    /// Standard deviation of the normal init (transformers' initializer_range).
+    #[arg(long, default_value_t = 0.02)]
+    pub init_std: f64,
+    /// Seed of the weight init.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Storage dtype of the weights: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Output model directory (created).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Builds the config, writes the model directory, prints `{"out", "parameters", "vocab_size"}`.
+pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let arch = Arch::from_model_type(&a.arch)
+        .with_context(|| format!("--arch {}: expected qwen2, qwen3 or llama", a.arch))?;
+    let dtype = rlvr_model::parse_dtype(&a.dtype)
+        .filter(|d| matches!(d, DType::F32 | DType::BF16))
+        .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
+    let tok = tokenizer_for_init(&a.tokenizer)?;
+    let tok_size = tok.vocab_size();
+    let vocab_size = a.vocab_size.unwrap_or(tok_size.div_ceil(64) * 64);
+    if vocab_size < tok_size {
+        bail!("--vocab-size {vocab_size} is smaller than the tokenizer's {tok_size} tokens");
+    }
+    let kv = a.kv_heads.unwrap_or(a.heads);
+    if a.heads == 0 || kv == 0 || a.heads % kv != 0 {
+        bail!("--heads {} must be a positive multiple of --kv-heads {kv}", a.heads);
+    }
+    let head_dim = match a.head_dim {
+        Some(d) => d,
+        None => {
+            if a.hidden % a.heads != 0 {
+                bail!("--hidden {} is not divisible by --heads {}; give --head-dim", a.hidden, a.heads);
+            }
+            a.hidden / a.heads
+        }
+    };
+    if head_dim % 2 != 0 {
+        bail!("head dim {head_dim} must be even (rotary embeddings)");
+    }
+    let bos = tok.bos_token.as_deref().and_then(|t| tok.tokenizer.token_to_id(t));
+    let config = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size: a.hidden,
+        intermediate_size: a.intermediate.unwrap_or(4 * a.hidden),
+        num_hidden_layers: a.layers,
+        num_attention_heads: a.heads,
+        num_key_value_heads: kv,
+        head_dim,
+        rms_norm_eps: 1e-6,
+        rope_theta: a.rope_theta,
+        rope_scaling: None,
+        max_position_embeddings: a.max_position_embeddings,
+        tie_word_embeddings: a.tie_embeddings.unwrap_or(arch != Arch::Llama),
+        qkv_bias: arch == Arch::Qwen2,
+        o_bias: false,
+        mlp_bias: false,
+        stored_dtype: None,
+        bos_token_id: bos,
+        eos_token_ids: tok.eos_ids.clone(),
+    };
+    let model = Model::random(config, a.init_std, a.seed, DType::F32, &Device::Cpu)?;
+    model.save(&a.out, dtype)?;
+    write_tokenizer_files(&a.out, &tok)?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({
+            "out": a.out.display().to_string(),
+            "parameters": model.config.num_parameters(),
+            "vocab_size": vocab_size,
+        })
+    )?;
+    Ok(())
+}

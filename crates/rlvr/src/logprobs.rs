@@ -1,0 +1,72 @@
+//! `rlvr logprobs`: per-token log-probs of a completion under a model.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use rlvr_model::checkpoint::Policy;
+use rlvr_model::Message;
+
+/// Arguments of `rlvr logprobs` (DESIGN.md section 10).
+#[derive(clap::Args, Debug)]
+pub struct LogprobsArgs {
+    /// Model directory (config.json, safetensors, tokenizer.json, ...).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt text. Plain prompts are encoded as the tokenizer's post-processor says (BOS for
+    /// Llama); with --chat it is rendered as one user message by the chat template and encoded
+    /// without added special tokens.
+    #[arg(long)]
+    pub prompt: String,
+    /// Completion text, encoded alone without special tokens and appended to the prompt.
+    #[arg(long)]
+    pub completion: String,
+    /// Render the prompt with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Logits are divided by T before the log-softmax.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Compute dtype: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Device: cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Prints `{"tokens": [completion ids], "logprobs": [one per completion id]}`.
+pub fn run(a: &LogprobsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let dtype = rlvr_model::parse_dtype(&a.dtype)
+        .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
+    let device = rlvr_model::parse_device(&a.device)?;
+    let policy = Policy::load(&a.model, dtype, &device)?;
+    let tok = &policy.tokenizer;
+    let prompt_ids = if a.chat {
+        let text = tok.apply_chat_template(&[Message::new("user", &a.prompt)], true)?;
+        tok.encode(&text, false)?
+    } else {
+        tok.encode(&a.prompt, true)?
+    };
+    let completion_ids = tok.encode(&a.completion, false)?;
+    if completion_ids.is_empty() {
+        bail!("--completion encodes to no tokens");
+    }
+    if prompt_ids.is_empty() {
+        bail!("--prompt encodes to no tokens (a plain prompt needs at least one token)");
+    }
+    let mut ids = prompt_ids.clone();
+    ids.extend(&completion_ids);
+    let mask = vec![1u32; ids.len()];
+    let start = prompt_ids.len() - 1;
+    let lp = policy
+        .model
+        .token_logprobs(&[ids], &[mask], start, a.temperature, false, false)?;
+    let logprobs: Vec<f32> = lp.logprobs.squeeze(0)?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({"tokens": completion_ids, "logprobs": logprobs})
+    )?;
+    Ok(())
+}
