@@ -283,7 +283,7 @@ pub fn advantage_exp_weight(a: f64, t: f64) -> f64 {
     a * (a / t).exp()
 }
 
-/// DAPO's soft overlong punishment (arXiv 2503.14476 Eq. 13), in reward units, for a completion of
+/// DAPO's soft overlong punishment (arXiv 2503.14476, its length-aware penalty R_length), in reward units, for a completion of
 /// `completion_tokens` tokens under the budget L_max = `max_new_tokens`, with L_cache =
 /// round(`overlong_buffer_frac`·L_max) and scale `overlong_penalty_factor`:
 ///

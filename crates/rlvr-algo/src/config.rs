@@ -20,10 +20,10 @@ use crate::error::{AlgoError, Result};
 pub enum Baseline {
     /// b = mean of the group's scored rewards (GRPO, arXiv 2402.03300 §4.1.2; paper B's group-relative REINFORCE).
     Mean,
-    /// b = T·log(mean_j exp(r_j / T)), T = `lme_temperature` (Kimi k1.5, arXiv 2501.12599 §2.3, the
+    /// b = T·log(mean_j exp(r_j / T)), T = `lme_temperature` (Kimi k1.5, arXiv 2501.12599, the
     /// optimal value of the KL-regularised objective used with OPMD).
     LogMeanExp,
-    /// b_i = mean of the *other* K−1 rewards of the group (RLOO, arXiv 2402.14740 Eq. 7):
+    /// b_i = mean of the *other* K−1 rewards of the group (RLOO, arXiv 2402.14740):
     /// A_i = K/(K−1)·(r_i − mean).
     LeaveOneOut,
 }
@@ -60,9 +60,9 @@ pub enum PolicyLoss {
     /// REC family of paper B (arXiv 2509.24203): −A′·k·ℓ with keep-mask k from the detached ratio and
     /// weight A′ ([`KeepMask`], [`RecWeight`]).
     Rec,
-    /// GSPO (arXiv 2507.18071 Eq. 5-7): clipped surrogate on s = exp(mean_t(ℓ − ℓ_old)), gradient through s.
+    /// GSPO (arXiv 2507.18071): clipped surrogate on s = exp(mean_t(ℓ − ℓ_old)), gradient through s.
     Gspo,
-    /// CISPO (MiniMax-M1, arXiv 2506.13585 Eq. 4): −sg(min(ρ, 1+ε_high))·A·ℓ.
+    /// CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_high))·A·ℓ.
     Cispo,
     /// Plain REINFORCE with a baseline: −A·ℓ (no ratio; equals REC with keep-mask and weight `none`).
     Reinforce,
@@ -104,7 +104,7 @@ pub enum RecWeight {
 pub enum Regulariser {
     /// No regulariser.
     None,
-    /// OPMD: +τ·(ℓ − ℓ_old)². Kimi k1.5 (arXiv 2501.12599 §2.3) writes τ/2·(…)²; we follow Trinity-RFT,
+    /// OPMD: +τ·(ℓ − ℓ_old)². Kimi k1.5 (arXiv 2501.12599) writes τ/2·(…)²; we follow Trinity-RFT,
     /// which absorbs the ½ (its τ = 0.1 is Kimi's 0.2).
     Opmd,
     /// AsymRE: −τ·ℓ, i.e. the baseline lowered by τ (exactly so only without std normalisation).
@@ -209,7 +209,7 @@ pub struct AlgorithmConfig {
     /// ε′_high of the ring keep-mask (must be ≥ ε_high). Default 2.0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_high_prime: Option<f64>,
-    /// Dual-clip constant c > 1 (arXiv 1912.09729 Eq. 5): for A < 0 the PPO/GSPO loss is capped at −c·A.
+    /// Dual-clip constant c > 1 (Ye et al., arXiv 1912.09729): for A < 0 the PPO/GSPO loss is capped at −c·A.
     /// Unset: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dual_clip: Option<f64>,
@@ -343,7 +343,7 @@ impl AlgorithmConfig {
         optional_knobs!(fill, self, lower);
     }
 
-    /// The knobs set here, as `(key, TOML-style value)` pairs in declaration order (no `preset`).
+    /// The knobs set here, as `(key, TOML-style value)` pairs in alphabetical order (no `preset`).
     pub fn set_values(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let value = serde_json::to_value(self).expect("AlgorithmConfig serialises to JSON");

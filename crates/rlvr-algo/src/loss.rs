@@ -33,7 +33,8 @@ use crate::kl::kl_estimate;
 use crate::metrics::LossStats;
 
 /// Inputs of one micro-batch. All per-token tensors are [B, T] (B rows of the micro-batch, T padded
-/// completion length), same dtype and device as `logp`; padding is wherever `mask` is 0.
+/// completion length), on `logp`'s device (any float dtype; they are cast to the compute dtype);
+/// padding is wherever `mask` is 0.
 #[derive(Debug, Clone, Copy)]
 pub struct LossInputs<'a> {
     /// ℓ: log π_θ of each completion token, with gradient (nats), [B, T].
@@ -53,7 +54,8 @@ pub struct LossInputs<'a> {
     pub row_weights: &'a [f64],
 }
 
-/// The micro-batch loss Σ_i w_i Σ_t m_it L_it (a scalar tensor, dtype of `logp`) and its diagnostics.
+/// The micro-batch loss Σ_i w_i Σ_t m_it L_it (a scalar tensor: f64 for f64 inputs, else f32, since the
+/// loss is computed in f32 at least) and its diagnostics.
 ///
 /// Call `backward()` on each micro-batch loss and accumulate: the sum over micro-batches is the
 /// full-update gradient (see [`crate::normaliser`]).
@@ -103,6 +105,12 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     }
 
     let dev = inp.logp.device();
+    // Compute in f32 at least: bf16/f16 sums over long completions are inexact (bf16 counts stop being
+    // exact above 256). `to_dtype` is differentiable, so gradients reach a bf16 ℓ unchanged in shape.
+    let dt = match dt {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
     let mask = inp.mask.to_dtype(dt)?;
     let keep_pos = mask.ne(0.0)?; // u8 [B, T]
     let zeros = mask.zeros_like()?;

@@ -99,7 +99,7 @@ fn build() -> Vec<Preset> {
     p(
         "reinforce",
         "Group-relative REINFORCE: -A*logp with the group mean as baseline, no std",
-        "arXiv 2509.24203 §3: L = -(r - mean_group) * log pi_theta",
+        "arXiv 2509.24203 (group-relative REINFORCE): L = -(r - mean_group) * log pi_theta",
         reinforce(StdNorm::None),
     );
     for (name, desc, w) in [
@@ -186,7 +186,7 @@ fn build() -> Vec<Preset> {
     p(
         "opmd",
         "Online policy mirror descent: REINFORCE plus tau*(logp - logp_old)^2 on every sample",
-        "arXiv 2509.24203 REP / Kimi k1.5 arXiv 2501.12599 §2.3: L = -A*logp + tau*(logp - logp_old)^2 \
+        "arXiv 2509.24203 REP / Kimi k1.5 arXiv 2501.12599: L = -A*logp + tau*(logp - logp_old)^2 \
          (Trinity's tau absorbs Kimi's 1/2; mean baseline)",
         opmd,
     );
@@ -226,7 +226,7 @@ fn build() -> Vec<Preset> {
     p(
         "dr_grpo",
         "Dr. GRPO: no std, PPO clip, constant normaliser B*max_new_tokens (no length bias)",
-        "arXiv 2503.20783 (Understanding R1-Zero-Like Training) Eq. 3: A = r - mean, sum/(B*L_max)",
+        "arXiv 2503.20783 (Understanding R1-Zero-Like Training, Dr. GRPO objective): A = r - mean, sum/(B*L_max)",
         ppo(adv(StdNorm::None), 0.2, 0.2, Ag::Constant),
     );
     let mut dapo = ppo(adv(StdNorm::Sample), 0.2, 0.28, Ag::TokenMean);
@@ -238,8 +238,8 @@ fn build() -> Vec<Preset> {
     p(
         "dapo",
         "DAPO: clip-higher 0.2/0.28, token mean, dynamic sampling, soft overlong penalty",
-        "arXiv 2503.14476 (DAPO) Eq. 8 (clip-higher, token-level sum / total tokens) and Eq. 13 \
-         (soft overlong punishment, L_cache = 0.2*L_max)",
+        "arXiv 2503.14476 (DAPO objective: clip-higher, token-level sum / total tokens; \
+         soft overlong punishment R_length, L_cache = 0.2*L_max)",
         dapo,
     );
     let mut gspo = adv(StdNorm::Sample);
@@ -250,7 +250,7 @@ fn build() -> Vec<Preset> {
     p(
         "gspo",
         "GSPO: clipped surrogate on the length-normalised sequence ratio",
-        "arXiv 2507.18071 (GSPO) Eq. 5-7: s = exp(mean_t(logp - logp_old)), \
+        "arXiv 2507.18071 (GSPO objective): s = exp(mean_t(logp - logp_old)), \
          J = mean_i min(s*A, clip(s, 1-3e-4, 1+4e-4)*A)",
         gspo,
     );
@@ -261,7 +261,7 @@ fn build() -> Vec<Preset> {
     p(
         "cispo",
         "CISPO: REINFORCE weighted by the detached, upper-clipped IS ratio",
-        "arXiv 2506.13585 (MiniMax-M1) Eq. 4: L = -sg(min(rho, 1+eps_h))*A*logp, token mean",
+        "arXiv 2506.13585 (MiniMax-M1, CISPO objective): L = -sg(min(rho, 1+eps_h))*A*logp, token mean",
         cispo,
     );
     v

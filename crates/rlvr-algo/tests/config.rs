@@ -156,6 +156,11 @@ fn precedence_is_defaults_then_preset_then_user() {
     assert_eq!(a.kl_estimator, KlEstimator::K2);
     assert_eq!(a.log_ratio_clamp, 20.0); // default: no preset sets it
     assert_eq!(a.preset, "dapo");
+    // Integers are accepted for float knobs (`--set algorithm.dual_clip=3` parses as a TOML integer).
+    let ints: AlgorithmConfig =
+        toml::from_str("dual_clip = 3\nkl_coef = 0\nclip_high = 1").unwrap();
+    let a = ints.resolve().unwrap();
+    assert_eq!((a.dual_clip, a.kl_coef, a.clip_high), (Some(3.0), 0.0, 1.0));
     // A user value equal to the default still wins over the preset.
     let mut c = AlgorithmConfig::empty("dr_grpo");
     c.aggregation = Some(Aggregation::TokenMean);

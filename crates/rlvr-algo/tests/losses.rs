@@ -771,3 +771,46 @@ fn f32_inputs_work() {
     assert_eq!(loss.dtype(), candle_core::DType::F32);
     assert!(loss.backward().unwrap().get(lp.as_tensor()).is_some());
 }
+
+#[test]
+fn bf16_inputs_are_computed_in_f32() {
+    let dev = Device::Cpu;
+    let dt = candle_core::DType::BF16;
+    let lp = Var::from_tensor(
+        &Tensor::new(&[[-0.5f32, -0.2], [-1.0, -2.0]], &dev)
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap(),
+    )
+    .unwrap();
+    let old = Tensor::new(&[[-0.6f32, -0.2], [-0.8, -2.5]], &dev)
+        .unwrap()
+        .to_dtype(dt)
+        .unwrap();
+    let mask = Tensor::new(&[[1f32, 1.0], [1.0, 0.0]], &dev)
+        .unwrap()
+        .to_dtype(dt)
+        .unwrap();
+    let adv = Tensor::new(&[1.0f32, -1.0], &dev)
+        .unwrap()
+        .to_dtype(dt)
+        .unwrap();
+    let a = AlgorithmConfig::empty("gspo").resolve().unwrap();
+    let (loss, st) = policy_loss(
+        &a,
+        &LossInputs {
+            logp: lp.as_tensor(),
+            logp_behaviour: &old,
+            logp_ref: None,
+            entropy: None,
+            mask: &mask,
+            advantages: &adv,
+            row_weights: &[0.5, 0.5],
+        },
+    )
+    .unwrap();
+    assert_eq!(loss.dtype(), candle_core::DType::F32);
+    let g = loss.backward().unwrap();
+    assert_eq!(g.get(lp.as_tensor()).unwrap().dtype(), dt);
+    assert_eq!(st.tokens, 3.0);
+}
