@@ -37,9 +37,9 @@ use crate::error::{AlgoError, Result};
 /// Advantages of one batch, row-aligned with the input.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Advantages {
-    /// A_i per row, [N]; 0 for null rewards and dropped rows.
+    /// A_i per row, `[N]`; 0 for null rewards and dropped rows.
     pub values: Vec<f64>,
-    /// Whether row i counts in the loss normaliser, [N]: false for null rewards, RED-Drop dropped rows
+    /// Whether row i counts in the loss normaliser, `[N]`: false for null rewards, RED-Drop dropped rows
     /// and (with `exclude_zero_std`) zero-variance groups. Pass it to [`crate::RowInfo`].
     pub in_normaliser: Vec<bool>,
     /// Counts for the metrics.
@@ -69,8 +69,8 @@ impl AdvantageStats {
 /// Computes advantages for one batch (one trainer step, or one update batch: the caller decides which
 /// rows share statistics; batch-level std uses every row passed in).
 ///
-/// - `rewards`: [N], `None` = unscorable.
-/// - `group_ids`: [N], any hashable id (DESIGN §10: ids compare as strings, so pass strings when the
+/// - `rewards`: `[N]`, `None` = unscorable.
+/// - `group_ids`: `[N]`, any hashable id (DESIGN §10: ids compare as strings, so pass strings when the
 ///   source mixes types).
 /// - `seed`: the run seed; only RED-Drop draws from it.
 ///
@@ -312,7 +312,7 @@ pub fn overlong_penalty(completion_tokens: usize, max_new_tokens: usize, alg: &A
     }
 }
 
-/// Adds [`overlong_penalty`] to every scored reward in place (lengths [N] in completion tokens).
+/// Adds [`overlong_penalty`] to every scored reward in place (lengths `[N]` in completion tokens).
 ///
 /// # Errors
 /// [`AlgoError::Input`] when the lengths differ.

@@ -8,7 +8,7 @@
 //!
 //! [`AlgorithmConfig::resolve`] applies the precedence **defaults < preset < user-set values**: a
 //! preset fills only the knobs the user left unset, and [`Algorithm::default`] fills the rest. The
-//! defaults are written once, in [`Algorithm::default`]; presets are data ([`crate::presets`]).
+//! defaults are written once, in [`Algorithm::default`]; presets are data ([`mod@crate::presets`]).
 
 use serde::{Deserialize, Serialize};
 

@@ -14,7 +14,7 @@
 //! 5. [`LossStats::merge`] the diagnostics and [`LossStats::finalise`] them into DESIGN §10 metrics.
 //!
 //! Sources: paper A (off-policy GRPO, arXiv 2505.22257), paper B (REC/REP/RED, arXiv 2509.24203),
-//! and the peers cited on each item. Presets: [`presets`], printed by [`print_algorithms`].
+//! and the peers cited on each item. Presets: [`presets()`], printed by [`print_algorithms`].
 //!
 //! ```
 //! use rlvr_algo::{compute_advantages, AlgorithmConfig};

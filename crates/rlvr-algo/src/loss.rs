@@ -32,25 +32,25 @@ use crate::error::{AlgoError, Result};
 use crate::kl::kl_estimate;
 use crate::metrics::LossStats;
 
-/// Inputs of one micro-batch. All per-token tensors are [B, T] (B rows of the micro-batch, T padded
+/// Inputs of one micro-batch. All per-token tensors are `[B, T]` (B rows of the micro-batch, T padded
 /// completion length), on `logp`'s device (any float dtype; they are cast to the compute dtype);
 /// padding is wherever `mask` is 0.
 #[derive(Debug, Clone, Copy)]
 pub struct LossInputs<'a> {
-    /// ℓ: log π_θ of each completion token, with gradient (nats), [B, T].
+    /// ℓ: log π_θ of each completion token, with gradient (nats), `[B, T]`.
     pub logp: &'a Tensor,
-    /// ℓ_old: behaviour log-probs recorded at sampling (nats), [B, T]. No gradient is taken.
+    /// ℓ_old: behaviour log-probs recorded at sampling (nats), `[B, T]`. No gradient is taken.
     pub logp_behaviour: &'a Tensor,
-    /// ℓ_ref: reference-policy log-probs, [B, T]; required when `kl_coef` ≠ 0.
+    /// ℓ_ref: reference-policy log-probs, `[B, T]`; required when `kl_coef` ≠ 0.
     pub logp_ref: Option<&'a Tensor>,
-    /// Per-token entropy H_t of π_θ (nats, with gradient), [B, T]; required when `entropy_coef` ≠ 0,
+    /// Per-token entropy H_t of π_θ (nats, with gradient), `[B, T]`; required when `entropy_coef` ≠ 0,
     /// else only reported.
     pub entropy: Option<&'a Tensor>,
-    /// Completion mask, 1 for completion tokens (a generated EOS included), 0 for padding, [B, T].
+    /// Completion mask, 1 for completion tokens (a generated EOS included), 0 for padding, `[B, T]`.
     pub mask: &'a Tensor,
-    /// Per-row advantages A, [B] (gradients flow into it if it is a variable).
+    /// Per-row advantages A, `[B]` (gradients flow into it if it is a variable).
     pub advantages: &'a Tensor,
-    /// Per-row normaliser weights w_i, [B], from [`crate::UpdateNormaliser::rows`].
+    /// Per-row normaliser weights w_i, `[B]`, from [`crate::UpdateNormaliser::rows`].
     pub row_weights: &'a [f64],
 }
 
@@ -61,7 +61,7 @@ pub struct LossInputs<'a> {
 /// full-update gradient (see [`crate::normaliser`]).
 ///
 /// # Errors
-/// [`AlgoError::Shape`] when a tensor's shape differs from `logp`'s [B, T] (or [B] for advantages,
+/// [`AlgoError::Shape`] when a tensor's shape differs from `logp`'s `[B, T]` (or `[B]` for advantages,
 /// `row_weights.len()` ≠ B); [`AlgoError::Input`] when `kl_coef` ≠ 0 without `logp_ref` or
 /// `entropy_coef` ≠ 0 without `entropy`; candle errors.
 pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossStats)> {
@@ -183,7 +183,7 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     Ok((loss, stats))
 }
 
-/// The PG term and which tokens it zeroed (f 0/1 masks, [B, T], detached).
+/// The PG term and which tokens it zeroed (f 0/1 masks, `[B, T]`, detached).
 struct Pg {
     loss: Tensor,
     clipped_low: Tensor,

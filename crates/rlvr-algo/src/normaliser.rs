@@ -35,9 +35,9 @@ pub struct RowInfo {
 }
 
 impl RowInfo {
-    /// One [`RowInfo`] per row from the update's completion mask [N, T] (token counts = row sums, so
-    /// they cannot disagree with the mask the loss sees), truncation flags [N] and
-    /// [`crate::Advantages::in_normaliser`] [N].
+    /// One [`RowInfo`] per row from the update's completion mask `[N, T]` (token counts = row sums, so
+    /// they cannot disagree with the mask the loss sees), truncation flags `[N]` and
+    /// [`crate::Advantages::in_normaliser`] `[N]`.
     ///
     /// # Errors
     /// [`AlgoError::Shape`] when the lengths disagree with the mask's N; candle errors.
@@ -139,7 +139,7 @@ impl UpdateNormaliser {
         })
     }
 
-    /// w_i for every row of the update, [N].
+    /// w_i for every row of the update, `[N]`.
     pub fn weights(&self) -> &[f64] {
         &self.weights
     }
