@@ -1,0 +1,2 @@
+//! Trainer of rlvr (work in progress).
+#![warn(missing_docs)]
