@@ -77,13 +77,20 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let kv = a.kv_heads.unwrap_or(a.heads);
     if a.heads == 0 || kv == 0 || a.heads % kv != 0 {
-        bail!("--heads {} must be a positive multiple of --kv-heads {kv}", a.heads);
+        bail!(
+            "--heads {} must be a positive multiple of --kv-heads {kv}",
+            a.heads
+        );
     }
     let head_dim = match a.head_dim {
         Some(d) => d,
         None => {
             if a.hidden % a.heads != 0 {
-                bail!("--hidden {} is not divisible by --heads {}; give --head-dim", a.hidden, a.heads);
+                bail!(
+                    "--hidden {} is not divisible by --heads {}; give --head-dim",
+                    a.hidden,
+                    a.heads
+                );
             }
             a.hidden / a.heads
         }
@@ -91,7 +98,10 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if head_dim % 2 != 0 {
         bail!("head dim {head_dim} must be even (rotary embeddings)");
     }
-    let bos = tok.bos_token.as_deref().and_then(|t| tok.tokenizer.token_to_id(t));
+    let bos = tok
+        .bos_token
+        .as_deref()
+        .and_then(|t| tok.tokenizer.token_to_id(t));
     let config = ModelConfig {
         arch,
         vocab_size,

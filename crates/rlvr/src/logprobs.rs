@@ -62,7 +62,11 @@ pub fn run(a: &LogprobsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let lp = policy
         .model
         .token_logprobs(&[ids], &[mask], start, a.temperature, false, false)?;
-    let logprobs: Vec<f32> = lp.logprobs.squeeze(0)?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+    let logprobs: Vec<f32> = lp
+        .logprobs
+        .squeeze(0)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?;
     writeln!(
         out,
         "{}",

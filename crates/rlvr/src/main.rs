@@ -27,6 +27,8 @@ enum Command {
     Logprobs(logprobs::LogprobsArgs),
     /// Score completions with a verifier: {"reward", "extracted", "gold"} per line.
     Reward(rlvr_reward::cli::RewardArgs),
+    /// List the algorithm presets, each with its paper and every value it sets.
+    Algorithms,
 }
 
 fn main() {
@@ -37,9 +39,16 @@ fn main() {
         Command::Init(a) => init::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
+        Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
     };
     let _ = out.flush();
     if let Err(e) = res {
+        // A closed pipe (`rlvr algorithms | head`) is not an error of ours.
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return;
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

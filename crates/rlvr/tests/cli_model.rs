@@ -8,17 +8,34 @@ fn rlvr() -> Command {
 }
 
 fn tokenizer() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/tokenizers/qwen2.5/tokenizer.json")
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/data/tokenizers/qwen2.5/tokenizer.json"
+    )
 }
 
 fn init(dir: &Path, arch: &str) {
     let out = rlvr()
-        .args(["init", "--arch", arch, "--hidden", "32", "--layers", "1", "--heads", "2"])
-        .args(["--kv-heads", "1", "--intermediate", "64", "--tokenizer", tokenizer(), "--out"])
+        .args([
+            "init", "--arch", arch, "--hidden", "32", "--layers", "1", "--heads", "2",
+        ])
+        .args([
+            "--kv-heads",
+            "1",
+            "--intermediate",
+            "64",
+            "--tokenizer",
+            tokenizer(),
+            "--out",
+        ])
         .arg(dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["vocab_size"], 151680); // 151665 tokens rounded up to a multiple of 64
 }
@@ -46,8 +63,14 @@ fn init_writes_a_complete_model_directory() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap())
             .unwrap();
     assert_eq!(tc["eos_token"], "<|im_end|>");
-    assert!(tc["bos_token"].is_null(), "<s> is an ordinary token in Qwen's vocabulary");
-    assert!(tc["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+    assert!(
+        tc["bos_token"].is_null(),
+        "<s> is an ordinary token in Qwen's vocabulary"
+    );
+    assert!(tc["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
     let gc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap())
             .unwrap();
@@ -67,12 +90,23 @@ fn logprobs_prints_one_value_per_completion_token() {
     let run = |t: &str, chat: bool| -> serde_json::Value {
         let mut c = rlvr();
         c.args(["logprobs", "--model"]).arg(&dir);
-        c.args(["--prompt", "What is 2+2?", "--completion", " 4<|im_end|>", "--temperature", t]);
+        c.args([
+            "--prompt",
+            "What is 2+2?",
+            "--completion",
+            " 4<|im_end|>",
+            "--temperature",
+            t,
+        ]);
         if chat {
             c.arg("--chat");
         }
         let out = c.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let v = run("1", true);
