@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Rollout benchmark (issue 3): rlvr's Sampler vs a PyTorch KV-cache decode loop, same model shape
+# (issue 2's: vocab 32000, hidden 256, intermediate 704, 4 layers, 8/2 heads, tied, f32), 8 prompts x 1
+# and 2 prompts x 4, prompt 32, 128 new tokens, EOS disabled, same sampling parameters, 2 threads.
+#
+#   bench/rollout.sh [--runs 3] [--temperature 1] [--top-p 0.9] [--top-k 0]
+#
+# Extra arguments go to both sides. PYTHON defaults to /tmp/venv/bin/python (torch + transformers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-/tmp/venv/bin/python}
+THREADS=${THREADS:-2}
+cargo build --release -q -p rlvr-rollout --example bench_rollout
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -m) nproc=$(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
+rust_out=$(RAYON_NUM_THREADS=$THREADS target/release/examples/bench_rollout "$@")
+torch_out=$("$PYTHON" bench/rollout_torch.py --threads "$THREADS" "$@")
+echo "$rust_out"
+echo "$torch_out"
+"$PYTHON" - "$rust_out" "$torch_out" <<'PY'
+import json, sys
+rows = [json.loads(l) for part in sys.argv[1:] for l in part.splitlines() if l.strip()]
+key = lambda r: (r["prompts"], r["group_size"])
+rl = {key(r): r for r in rows if r["impl"] == "rlvr"}
+pt = {key(r): r for r in rows if r["impl"] == "pytorch"}
+print(f"{'scenario':<16}{'rlvr tok/s':>12}{'pytorch tok/s':>15}{'ratio':>8}")
+for k in sorted(rl, reverse=True):
+    a, b = rl[k]["tok_per_s"], pt[k]["tok_per_s"]
+    print(f"{k[0]} prompts x {k[1]:<4}{a:>12.0f}{b:>15.0f}{a / b:>8.2f}")
+PY
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
