@@ -10,8 +10,10 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod fused;
 pub mod model;
 pub mod ops;
+pub mod optim;
 pub mod tokenizer;
 pub mod weights;
 

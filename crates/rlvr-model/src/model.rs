@@ -539,23 +539,57 @@ impl Model {
         let n = t - 1 - start;
         let h = hidden.narrow(1, start, n)?;
         let logits = self.lm_head(&h, grad)?.to_dtype(upcast(self.dtype))?;
-        let logits = if temperature != 1.0 {
-            (logits / temperature)?
+        let targets = ids_t.narrow(1, start + 1, n)?.contiguous()?;
+        let (lp, entropy) = if self.device.is_cpu() && logits.dtype() == DType::F32 {
+            // Fused: parallel passes over the vocabulary; no [B, n, V] intermediates besides the logits.
+            let v = logits.dim(2)?;
+            let op = crate::fused::TokenLogprobOp {
+                targets: std::sync::Arc::new(targets.flatten_all()?.to_vec1()?),
+                inv_t: (1.0 / temperature) as f32,
+                entropy: with_entropy,
+            };
+            let out = logits
+                .reshape((b * n, v))?
+                .apply_op1(op)?
+                .reshape((b, n, 2))?;
+            let lp = out.narrow(2, 0, 1)?.squeeze(2)?.contiguous()?;
+            let ent = if with_entropy {
+                Some(out.narrow(2, 1, 1)?.squeeze(2)?.contiguous()?)
+            } else {
+                None
+            };
+            (lp, ent)
         } else {
-            logits
-        };
-        let logp = log_softmax(&logits)?; // [B, n, V]
-        let targets = ids_t.narrow(1, start + 1, n)?.contiguous()?.unsqueeze(2)?;
-        let lp = logp.gather(&targets, 2)?.squeeze(2)?;
-        let entropy = if with_entropy {
-            Some((logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?)
-        } else {
-            None
+            Self::logprobs_unfused(&logits, &targets, temperature, with_entropy)?
         };
         Ok(LogProbs {
             logprobs: lp,
             entropy,
         })
+    }
+
+    /// Reference implementation of the log-prob/entropy head: `log_softmax(logits / T)` gathered
+    /// at `targets` `[B, n]`, entropy `−Σ p·log p`. Used off-CPU and for f64; the fused CPU op is
+    /// tested against it.
+    pub fn logprobs_unfused(
+        logits: &Tensor,
+        targets: &Tensor,
+        temperature: f64,
+        with_entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let logits = if temperature != 1.0 {
+            (logits / temperature)?
+        } else {
+            logits.clone()
+        };
+        let logp = log_softmax(&logits)?; // [B, n, V]
+        let lp = logp.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?;
+        let entropy = if with_entropy {
+            Some((logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?)
+        } else {
+            None
+        };
+        Ok((lp, entropy))
     }
 
     /// Inference forward for sampling: runs `ids` `[B, T]` (new positions) against `cache`,

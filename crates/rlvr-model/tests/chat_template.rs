@@ -21,7 +21,10 @@ struct Case {
 
 #[test]
 fn templates_render_as_transformers_does() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat_templates.json"
+    );
     let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert!(cases.len() >= 24);
     let mut families = std::collections::BTreeSet::new();
@@ -44,25 +47,38 @@ fn templates_render_as_transformers_does() {
 
 #[test]
 fn qwen_style_template_injects_the_default_system_prompt_only_without_one() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat_templates.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat_templates.json"
+    );
     let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let tpl = &cases
         .iter()
         .find(|c| c.name.starts_with("qwen2.5_style"))
         .unwrap()
         .template;
-    let without = render_chat_template(tpl, &[Message::new("user", "2+2?")], true, None, None).unwrap();
-    assert!(without.starts_with("<|im_start|>system\nYou are Qwen"), "{without}");
+    let without =
+        render_chat_template(tpl, &[Message::new("user", "2+2?")], true, None, None).unwrap();
+    assert!(
+        without.starts_with("<|im_start|>system\nYou are Qwen"),
+        "{without}"
+    );
     assert!(without.ends_with("<|im_start|>assistant\n"));
     let with = render_chat_template(
         tpl,
-        &[Message::new("system", "Be terse."), Message::new("user", "2+2?")],
+        &[
+            Message::new("system", "Be terse."),
+            Message::new("user", "2+2?"),
+        ],
         false,
         None,
         None,
     )
     .unwrap();
-    assert!(with.starts_with("<|im_start|>system\nBe terse.<|im_end|>"), "{with}");
+    assert!(
+        with.starts_with("<|im_start|>system\nBe terse.<|im_end|>"),
+        "{with}"
+    );
     assert!(!with.contains("You are Qwen"));
     assert!(!with.contains("assistant"));
 }

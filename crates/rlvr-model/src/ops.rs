@@ -1,0 +1,65 @@
+//! Differentiable building blocks of the decoder, written with candle-core ops that all have a
+//! backward (candle-nn's fused versions do not: DESIGN.md section 7).
+
+use candle_core::{DType, Tensor, D};
+
+use crate::error::Result;
+
+/// The dtype reductions (norms, softmax, log-softmax) run in: f64 for f64, else f32.
+pub fn upcast(dt: DType) -> DType {
+    if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// `x · wᵀ + b` over the last dimension: x `[.., in]`, w `[out, in]`, b `[out]` → `[.., out]`.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    // x: [.., in], w: [out, in]
+    let dims = x.dims().to_vec();
+    let inner = *dims.last().unwrap();
+    let rows: usize = dims[..dims.len() - 1].iter().product();
+    let y = x.reshape((rows, inner))?.matmul(&w.t()?)?;
+    let y = match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    let mut out = dims;
+    *out.last_mut().unwrap() = w.dim(0)?;
+    Ok(y.reshape(out)?)
+}
+
+/// RMSNorm over the last dimension, computed in f32 as transformers does, then cast back:
+/// `w · x / sqrt(mean(x²) + eps)`.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let dt = x.dtype();
+    let xf = x.to_dtype(upcast(dt))?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let y = xf.broadcast_div(&(var + eps)?.sqrt()?)?;
+    Ok(y.to_dtype(dt)?.broadcast_mul(w)?)
+}
+
+/// transformers' `rotate_half`: `[x1, x2] → [−x2, x1]` over the last dimension.
+pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
+}
+
+/// Numerically stable log-softmax over the last dimension (differentiable).
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let z = x.broadcast_sub(&m)?;
+    let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    Ok(z.broadcast_sub(&lse)?)
+}
+
+/// Numerically stable softmax over the last dimension (differentiable).
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&m)?.exp()?;
+    let s = e.sum_keepdim(D::Minus1)?;
+    Ok(e.broadcast_div(&s)?)
+}
