@@ -1,1 +1,242 @@
-//! `rlvr generate` (placeholder).
+//! `rlvr generate` (DESIGN.md section 10): sample completions from a model directory.
+//!
+//! Prints one JSON object per completion on `out`, groups contiguous, in prompt order:
+//! `{"prompt_index", "sample_index", "text", "token_ids", "behaviour_logprobs", "finish_reason"}`,
+//! where `text` is the completion decoded without special tokens, `token_ids` include a generated
+//! EOS, `behaviour_logprobs` has one entry per token (DESIGN.md section 3) and `finish_reason` is
+//! "eos" (an EOS id or a `--stop` string ended it) or "length". With `--out FILE.jsonl` the same
+//! completions are also written in the experiences format (`reward` null, `group_id` = prompt
+//! index, `version` 0), so that `rlvr train` can learn from them later.
+//!
+//! Prompts: `--prompt TEXT`, or `--prompts FILE.jsonl` with one `{"prompt": TEXT}` per line
+//! (lines split on `\n` only; blank lines skipped). A plain prompt is encoded as the tokenizer's
+//! post-processor says (BOS for Llama); with `--chat` it is rendered as one user message by the
+//! model's chat template (with the generation prompt) and encoded without added special tokens.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use candle_core::DType;
+use rlvr_model::checkpoint::Policy;
+use rlvr_model::{Message, TokenizerBundle};
+use serde::Serialize;
+
+use crate::engine::{Completion, PromptIds, Sampler, SamplingParams};
+
+/// Compute dtype of `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    Bf16,
+}
+
+/// Arguments of `rlvr generate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json, safetensors weights, tokenizer.json).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// One prompt.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        required_unless_present = "prompts",
+        conflicts_with = "prompts"
+    )]
+    pub prompt: Option<String>,
+    /// Many prompts: a JSONL file with one {"prompt": TEXT} per line.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub prompts: Option<PathBuf>,
+    /// Render each prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Group size K: completions per prompt.
+    #[arg(short = 'n', value_name = "K", default_value_t = 1)]
+    pub n: usize,
+    /// Softmax temperature T; 0 = greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Nucleus (top-p) mass in (0, 1]; 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Keep only the k most likely tokens (default: off).
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Most tokens generated per completion (a generated EOS included).
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Stop string (repeatable): a completion ends once its text contains it.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Sampling seed; completion (i, j) uses its own stream of (seed, i, j).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Compute dtype.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Device: cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Also write the completions as experiences JSONL (reward null, group_id = prompt index,
+    /// version 0).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub out: Option<PathBuf>,
+    /// Most sequences decoded together (bounds KV-cache memory; does not change the tokens).
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_rows: usize,
+}
+
+/// One line of `rlvr generate`'s output.
+#[derive(Serialize)]
+struct GenerateRecord<'a> {
+    prompt_index: usize,
+    sample_index: usize,
+    text: String,
+    token_ids: &'a [u32],
+    behaviour_logprobs: &'a [f32],
+    finish_reason: &'static str,
+}
+
+/// One line of the experiences format (DESIGN.md section 10).
+#[derive(Serialize)]
+struct ExperienceRecord<'a> {
+    prompt_ids: &'a [u32],
+    completion_ids: &'a [u32],
+    behaviour_logprobs: &'a [f32],
+    reward: Option<f64>,
+    group_id: usize,
+    version: u64,
+    finish_reason: &'static str,
+}
+
+/// Reads `--prompts`: one `{"prompt": TEXT}` object per `\n`-separated line, blank lines skipped.
+///
+/// Errors: the file cannot be read; a line is not such an object (the error names file and line).
+pub fn read_prompts(path: &Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read the prompts file", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.split('\n').enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
+        match v.get("prompt").and_then(|p| p.as_str()) {
+            Some(p) => out.push(p.to_string()),
+            None => bail!(
+                "{}:{}: expected {{\"prompt\": TEXT}} with a string prompt",
+                path.display(),
+                i + 1
+            ),
+        }
+    }
+    if out.is_empty() {
+        bail!("{}: no prompts in the file", path.display());
+    }
+    Ok(out)
+}
+
+/// Encodes one prompt: plain text with the tokenizer's special tokens (e.g. Llama's BOS), or with
+/// `chat` a user message rendered by the chat template and encoded without added special tokens.
+pub fn encode_prompt(tok: &TokenizerBundle, text: &str, chat: bool) -> anyhow::Result<PromptIds> {
+    Ok(if chat {
+        let rendered = tok.apply_chat_template(&[Message::new("user", text)], true)?;
+        tok.encode(&rendered, false)?
+    } else {
+        tok.encode(text, true)?
+    })
+}
+
+/// Runs `rlvr generate`: loads the model, samples, prints one JSON line per completion to `out`
+/// and writes `--out` when given.
+///
+/// Errors: bad arguments (each names the flag), an unreadable model directory or prompts file,
+/// a malformed prompts line (file and line), a tokenizer or sampling failure, an I/O error.
+pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let dtype = match args.dtype {
+        DtypeArg::F32 => DType::F32,
+        DtypeArg::Bf16 => DType::BF16,
+    };
+    let device = rlvr_model::parse_device(&args.device).context("--device")?;
+    let texts = match (&args.prompt, &args.prompts) {
+        (Some(p), None) => vec![p.clone()],
+        (None, Some(path)) => read_prompts(path)?,
+        _ => bail!("give exactly one of --prompt TEXT and --prompts FILE.jsonl"),
+    };
+    let policy = Policy::load(&args.model, dtype, &device)
+        .with_context(|| format!("loading the model directory {}", args.model.display()))?;
+    let tok = &policy.tokenizer;
+    let prompts = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            encode_prompt(tok, t, args.chat).with_context(|| format!("encoding prompt {i}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let params = SamplingParams {
+        group_size: args.n,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k.filter(|&k| k > 0),
+        max_new_tokens: args.max_new_tokens,
+        stop_ids: tok.eos_ids.clone(),
+        stop_strings: args.stop.clone(),
+        max_batch_rows: args.max_batch_rows,
+    };
+    let sampler = Sampler::new(&policy.model, 0).with_tokenizer(tok.tokenizer.clone());
+    let completions = sampler.sample(&prompts, &params, args.seed, 0)?;
+    write_generate(tok, &completions, out)?;
+    if let Some(path) = &args.out {
+        write_experiences(path, &prompts, &completions)
+            .with_context(|| format!("{}: cannot write the experiences file", path.display()))?;
+    }
+    Ok(())
+}
+
+fn write_generate(
+    tok: &TokenizerBundle,
+    completions: &[Completion],
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    for c in completions {
+        let rec = GenerateRecord {
+            prompt_index: c.prompt_index,
+            sample_index: c.sample_index,
+            text: tok.decode(&c.token_ids, true)?,
+            token_ids: &c.token_ids,
+            behaviour_logprobs: &c.behaviour_logprobs,
+            finish_reason: c.finish_reason.as_str(),
+        };
+        serde_json::to_writer(&mut *out, &rec)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn write_experiences(
+    path: &Path,
+    prompts: &[PromptIds],
+    completions: &[Completion],
+) -> anyhow::Result<()> {
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for c in completions {
+        let rec = ExperienceRecord {
+            prompt_ids: &prompts[c.prompt_index],
+            completion_ids: &c.token_ids,
+            behaviour_logprobs: &c.behaviour_logprobs,
+            reward: None,
+            group_id: c.prompt_index,
+            version: 0,
+            finish_reason: c.finish_reason.as_str(),
+        };
+        serde_json::to_writer(&mut w, &rec)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()?;
+    Ok(())
+}
