@@ -216,6 +216,13 @@ impl ModelConfig {
                 }
             }
         };
+        if get(v, "use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            return Err(cerr(
+                "`use_sliding_window` is true: sliding-window attention is not implemented \
+                 (every position would attend to the full context, unlike transformers)"
+                    .into(),
+            ));
+        }
         let attention_bias = get(v, "attention_bias")
             .and_then(Value::as_bool)
             .unwrap_or(false);

@@ -25,6 +25,8 @@ enum Command {
     Init(init::InitArgs),
     /// Print per-token log-probs of a completion given a prompt: {"tokens", "logprobs"}.
     Logprobs(logprobs::LogprobsArgs),
+    /// Sample K completions per prompt with behaviour log-probs (JSON lines; --out experiences).
+    Generate(rlvr_rollout::cli::GenerateArgs),
     /// Score completions with a verifier: {"reward", "extracted", "gold"} per line.
     Reward(rlvr_reward::cli::RewardArgs),
     /// List the algorithm presets, each with its paper and every value it sets.
@@ -38,6 +40,7 @@ fn main() {
     let res = match &cli.command {
         Command::Init(a) => init::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),
+        Command::Generate(a) => rlvr_rollout::cli::run(a, &mut out),
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
         Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
     };
