@@ -335,3 +335,39 @@ fn saved_model_reloads_bit_identical() {
         assert_eq!(a, b, "{n1}");
     }
 }
+
+#[test]
+fn weights_stored_in_f16_and_bf16_load_and_compute_in_f32() {
+    let src = fixture("qwen2_bias_tied");
+    let model = Model::load(&src, DType::F32, &Device::Cpu).unwrap();
+    let exp = load_expected(&src);
+    let case = &exp.cases[0];
+    for (dtype, name, tol) in [
+        (DType::F16, "float16", 0.05),
+        (DType::BF16, "bfloat16", 0.3),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        model.save(tmp.path(), dtype).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(tmp.path().join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(cfg["torch_dtype"], name);
+        let again = Model::load(tmp.path(), DType::F32, &Device::Cpu).unwrap();
+        let lp: Vec<Vec<f32>> = again
+            .token_logprobs(&case.input_ids, &case.attention_mask, 0, 1.0, false, false)
+            .unwrap()
+            .logprobs
+            .to_vec2()
+            .unwrap();
+        let mut worst = 0f64;
+        for (b, row) in case.logprobs.iter().enumerate() {
+            for (t, w) in row.iter().enumerate() {
+                if let Some(w) = w {
+                    worst = worst.max((lp[b][t] as f64 - w).abs());
+                }
+            }
+        }
+        // Rounding the weights moves log-probs a little, but not to another model.
+        assert!(worst > 0.0 && worst < tol, "{name}: worst {worst}");
+    }
+}
