@@ -234,10 +234,7 @@ impl ModelConfig {
         let mlp_bias = get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
         let tie_word_embeddings = get(v, "tie_word_embeddings")
             .and_then(Value::as_bool)
-            .unwrap_or(match arch {
-                Arch::Llama => false,
-                _ => true,
-            });
+            .unwrap_or(arch != Arch::Llama);
         Ok(ModelConfig {
             arch,
             vocab_size: req_usize(v, "vocab_size", file)?,

@@ -182,7 +182,14 @@ fn left_padding_and_right_padding_give_the_unpadded_values() {
     let model = Model::load(&fixture("llama_gqa_untied_rope3"), DType::F32, &Device::Cpu).unwrap();
     let seq: Vec<u32> = vec![5, 17, 301, 44, 2, 99, 120];
     let alone = model
-        .token_logprobs(&[seq.clone()], &[vec![1; 7]], 0, 1.0, false, false)
+        .token_logprobs(
+            std::slice::from_ref(&seq),
+            &[vec![1; 7]],
+            0,
+            1.0,
+            false,
+            false,
+        )
         .unwrap()
         .logprobs
         .to_vec2::<f32>()

@@ -76,7 +76,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bail!("--vocab-size {vocab_size} is smaller than the tokenizer's {tok_size} tokens");
     }
     let kv = a.kv_heads.unwrap_or(a.heads);
-    if a.heads == 0 || kv == 0 || a.heads % kv != 0 {
+    if a.heads == 0 || kv == 0 || !a.heads.is_multiple_of(kv) {
         bail!(
             "--heads {} must be a positive multiple of --kv-heads {kv}",
             a.heads
@@ -85,7 +85,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let head_dim = match a.head_dim {
         Some(d) => d,
         None => {
-            if a.hidden % a.heads != 0 {
+            if !a.hidden.is_multiple_of(a.heads) {
                 bail!(
                     "--hidden {} is not divisible by --heads {}; give --head-dim",
                     a.hidden,
