@@ -106,11 +106,11 @@ impl KvCache {
 
 /// Output of [`Model::token_logprobs`].
 pub struct LogProbs {
-    /// `[B, T-1-start]` f32: log π(x_{t+1} | x_{≤t}) at temperature T for t = start..T-2, i.e.
+    /// `[B, T-1-start]`, f32 (f64 for an f64 model): log π(x_{t+1} | x_{≤t}) at temperature T for t = start..T-2, i.e.
     /// `log_softmax(logits_t / T)[x_{t+1}]`. Positions whose token or predicted token is padding
     /// hold finite garbage: mask them with the attention mask shifted by one.
     pub logprobs: Tensor,
-    /// `[B, T-1-start]` f32 entropy of softmax(logits_t / T), in nats, when asked for.
+    /// `[B, T-1-start]` entropy of softmax(logits_t / T), in nats, when asked for.
     pub entropy: Option<Tensor>,
 }
 
@@ -497,7 +497,7 @@ impl Model {
     /// - `with_entropy`: also return per-token entropy.
     /// - `grad`: build the autograd graph (training); false for scoring only.
     ///
-    /// Returns `[B, T-1-start]` f32 tensors; see [`LogProbs`].
+    /// Returns `[B, T-1-start]` tensors (f32; f64 for an f64 model); see [`LogProbs`].
     pub fn token_logprobs(
         &self,
         ids: &[Vec<u32>],
