@@ -125,7 +125,10 @@ fn detach_opt(t: &Option<candle_core::Var>) -> Option<Tensor> {
 
 /// `x · wᵀ + b` for x `[N, in]`, w `[out, in]`.
 fn linear2(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.matmul(&w.t()?)?;
+    let y = match crate::cpu_kernels::skinny_matmul(x, w) {
+        Some(y) => y?,
+        None => x.matmul(&w.t()?)?,
+    };
     Ok(match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,

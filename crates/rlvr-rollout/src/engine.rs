@@ -15,6 +15,7 @@
 use candle_core::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
+use rayon::prelude::*;
 use rlvr_model::Model;
 
 use crate::decode::{DecodeWeights, KvBuffer, MASK_BIAS};
@@ -399,8 +400,6 @@ impl Sampler {
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.weights.device().clone();
-        let sel = params.selection();
-        let mut scratch = Scratch::default();
         let stop_window = params
             .stop_strings
             .iter()
@@ -409,29 +408,8 @@ impl Sampler {
             .map(|m| m + 2)
             .unwrap_or(0);
         loop {
-            // 1. Choose one token per row from its own RNG stream.
-            for (r, row) in rows.iter_mut().enumerate() {
-                let logits = &host[src[r] * vocab..(src[r] + 1) * vocab];
-                let u = if sel.temperature > 0.0 {
-                    row.rng.random::<f64>()
-                } else {
-                    0.0
-                };
-                let c = choose(logits, &sel, u, &mut scratch);
-                row.tokens.push(c.token);
-                row.logprobs.push(c.logprob);
-                row.finish = if params.stop_ids.contains(&c.token) {
-                    Some(FinishReason::Eos)
-                } else if stop_window > 0
-                    && self.hits_stop_string(&row.tokens, params, stop_window)?
-                {
-                    Some(FinishReason::StopString)
-                } else if row.tokens.len() >= params.max_new_tokens {
-                    Some(FinishReason::Length)
-                } else {
-                    None
-                };
-            }
+            // 1. Choose one token per row from its own RNG stream (rows in parallel).
+            self.choose_all(rows, src, host, vocab, params, stop_window)?;
             // 2. Retire finished rows; compact the batch when any finished.
             let alive: Vec<u32> = (0..rows.len() as u32)
                 .filter(|&r| rows[r as usize].finish.is_none())
@@ -474,6 +452,51 @@ impl Sampler {
             src.clear();
             src.extend(0..n);
         }
+    }
+
+    /// Appends one token to every row: row r reads logits row `src[r]` of `host` (`[.., vocab]`),
+    /// draws from its own stream, records ℓ_old and sets `finish` when a stop condition holds.
+    /// Rows run in parallel on the rayon pool; each only touches its own state, so the result
+    /// does not depend on the thread count.
+    #[allow(clippy::too_many_arguments)]
+    fn choose_all(
+        &self,
+        rows: &mut [Row],
+        src: &[usize],
+        host: &[f32],
+        vocab: usize,
+        params: &SamplingParams,
+        stop_window: usize,
+    ) -> Result<()> {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+        }
+        let sel = params.selection();
+        rows.par_iter_mut()
+            .zip(src.par_iter())
+            .try_for_each(|(row, &s)| -> Result<()> {
+                let logits = &host[s * vocab..(s + 1) * vocab];
+                let u = if sel.temperature > 0.0 {
+                    row.rng.random::<f64>()
+                } else {
+                    0.0
+                };
+                let c = SCRATCH.with(|sc| choose(logits, &sel, u, &mut sc.borrow_mut()));
+                row.tokens.push(c.token);
+                row.logprobs.push(c.logprob);
+                row.finish = if params.stop_ids.contains(&c.token) {
+                    Some(FinishReason::Eos)
+                } else if stop_window > 0
+                    && self.hits_stop_string(&row.tokens, params, stop_window)?
+                {
+                    Some(FinishReason::StopString)
+                } else if row.tokens.len() >= params.max_new_tokens {
+                    Some(FinishReason::Length)
+                } else {
+                    None
+                };
+                Ok(())
+            })
     }
 
     /// Whether the decoded text of the last `window` tokens contains a stop string. A match must

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+mod cpu_kernels;
 pub mod decode;
 pub mod engine;
 pub mod error;
