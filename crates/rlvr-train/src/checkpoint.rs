@@ -1,0 +1,224 @@
+//! Checkpoints (DESIGN.md section 10): `RUN_DIR/checkpoints/step-N/` is a model directory that
+//! `rlvr eval --model` accepts (config.json, model.safetensors, tokenizer files) plus
+//! `trainer_state/` (optimizer moments, RNG state, data cursor, buffer, explorer version and, when
+//! it differs from the policy, the explorer's weights). `checkpoints/latest` names the last complete
+//! one; `checkpoints/best` the best evaluated one.
+//!
+//! Atomicity: everything is written into `checkpoints/.tmp-step-N/`, which is renamed to `step-N`
+//! only when complete; `latest` is then replaced atomically. A crash at any point leaves the
+//! previous `latest` valid.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+use rlvr_model::checkpoint::write_tokenizer_files;
+use rlvr_model::weights::{atomic_write, safetensors_bytes};
+use rlvr_model::{Model, TokenizerBundle};
+use serde::{Deserialize, Serialize};
+
+use crate::experience::Experience;
+use crate::explorer::SourceCursor;
+
+/// `trainer_state/state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Completed trainer steps (= policy version).
+    pub step: u64,
+    /// AdamW update count.
+    pub optimizer_step: u64,
+    /// Policy version of the explorer's weights.
+    pub explorer_version: u64,
+    /// Where the experience source stands.
+    pub cursor: SourceCursor,
+    /// RNG state: every random choice is seeded by (run seed, indices), so the seed is the state.
+    pub rng_seed: u64,
+    /// Skipped steps in a row at this point.
+    pub skipped_in_row: u32,
+    /// Best held-out accuracy so far and its step.
+    pub best: Option<(f64, u64)>,
+    /// Whether `trainer_state/explorer/` holds the explorer's weights.
+    pub explorer_weights: bool,
+}
+
+/// What a checkpoint needs besides the trainer state record.
+pub struct CheckpointParts<'a> {
+    /// The policy.
+    pub model: &'a Model,
+    /// Its tokenizer.
+    pub tokenizer: &'a TokenizerBundle,
+    /// AdamW moments (m, v), in `model.named_vars()` order.
+    pub moments: (&'a [Tensor], &'a [Tensor]),
+    /// The explorer's weights when their version differs from the policy's.
+    pub explorer: Option<&'a Model>,
+    /// Experiences produced but not yet trained on.
+    pub buffer: &'a [Experience],
+}
+
+/// `RUN_DIR/checkpoints`.
+pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
+
+/// Writes checkpoint `step-N` atomically and points `latest` at it.
+///
+/// # Errors
+/// I/O and serialisation errors, naming the path.
+pub fn save(
+    run_dir: &Path,
+    state: &TrainerState,
+    parts: &CheckpointParts,
+) -> anyhow::Result<PathBuf> {
+    let root = checkpoints_dir(run_dir);
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let name = format!("step-{}", state.step);
+    let tmp = root.join(format!(".tmp-{name}"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
+    }
+    let dtype = parts.model.dtype();
+    parts
+        .model
+        .save(&tmp, dtype)
+        .with_context(|| format!("writing the model to {}", tmp.display()))?;
+    write_tokenizer_files(&tmp, parts.tokenizer)?;
+    let ts = tmp.join("trainer_state");
+    std::fs::create_dir_all(&ts)?;
+    let (m, v) = parts.moments;
+    let mut named = Vec::with_capacity(m.len() * 2);
+    for (i, (m, v)) in m.iter().zip(v).enumerate() {
+        named.push((format!("m.{i:05}"), m.clone()));
+        named.push((format!("v.{i:05}"), v.clone()));
+    }
+    atomic_write(
+        &ts.join("optimizer.safetensors"),
+        &safetensors_bytes(&named)?,
+    )?;
+    if let Some(e) = parts.explorer {
+        e.save(&ts.join("explorer"), e.dtype())?;
+    }
+    let mut buf = String::new();
+    for e in parts.buffer {
+        buf.push_str(&serde_json::to_string(e)?);
+        buf.push('\n');
+    }
+    atomic_write(&ts.join("buffer.jsonl"), buf.as_bytes())?;
+    let mut st = state.clone();
+    st.explorer_weights = parts.explorer.is_some();
+    atomic_write(
+        &ts.join("state.json"),
+        serde_json::to_string_pretty(&st)?.as_bytes(),
+    )?;
+    let dest = root.join(&name);
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest)?;
+    }
+    std::fs::rename(&tmp, &dest)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))?;
+    atomic_write(&root.join("latest"), format!("{name}\n").as_bytes())?;
+    Ok(dest)
+}
+
+/// The directory `checkpoints/latest` names, if any.
+///
+/// # Errors
+/// `latest` names a missing directory.
+pub fn latest(run_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let root = checkpoints_dir(run_dir);
+    let Ok(name) = std::fs::read_to_string(root.join("latest")) else {
+        return Ok(None);
+    };
+    let dir = root.join(name.trim());
+    anyhow::ensure!(
+        dir.is_dir(),
+        "{} names {}, which does not exist",
+        root.join("latest").display(),
+        dir.display()
+    );
+    Ok(Some(dir))
+}
+
+/// What [`load_state`] returns: the state record, AdamW moments m and v, and the buffer.
+pub type LoadedState = (TrainerState, Vec<Tensor>, Vec<Tensor>, Vec<Experience>);
+
+/// Reads `trainer_state/state.json`, the optimizer moments and the buffer of checkpoint `dir`.
+///
+/// # Errors
+/// Missing or malformed files, naming them.
+pub fn load_state(dir: &Path, device: &Device) -> anyhow::Result<LoadedState> {
+    let ts = dir.join("trainer_state");
+    let p = ts.join("state.json");
+    let st: TrainerState = serde_json::from_str(
+        &std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,
+    )
+    .with_context(|| format!("parsing {}", p.display()))?;
+    let p = ts.join("optimizer.safetensors");
+    let map = candle_core::safetensors::load(&p, device)
+        .with_context(|| format!("reading {}", p.display()))?;
+    let mut keys: Vec<&String> = map.keys().filter(|k| k.starts_with("m.")).collect();
+    keys.sort();
+    let mut m = Vec::new();
+    let mut v = Vec::new();
+    for k in keys {
+        m.push(map[k].to_dtype(DType::F32)?);
+        let vk = format!("v.{}", &k[2..]);
+        v.push(
+            map.get(&vk)
+                .with_context(|| format!("{} lacks {vk}", p.display()))?
+                .to_dtype(DType::F32)?,
+        );
+    }
+    let p = ts.join("buffer.jsonl");
+    let mut buffer = Vec::new();
+    if let Ok(text) = std::fs::read_to_string(&p) {
+        for (i, line) in text.lines().enumerate() {
+            if !line.trim().is_empty() {
+                buffer.push(
+                    serde_json::from_str(line)
+                        .with_context(|| format!("{}:{}", p.display(), i + 1))?,
+                );
+            }
+        }
+    }
+    Ok((st, m, v, buffer))
+}
+
+/// Removes old checkpoints, keeping the `keep_last` newest and the one `best` names (0 = keep all).
+///
+/// # Errors
+/// I/O errors.
+pub fn rotate(run_dir: &Path, keep_last: usize, best: Option<u64>) -> anyhow::Result<()> {
+    if keep_last == 0 {
+        return Ok(());
+    }
+    let root = checkpoints_dir(run_dir);
+    let mut steps: Vec<u64> = std::fs::read_dir(&root)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("step-"))
+                .and_then(|n| n.parse().ok())
+        })
+        .collect();
+    steps.sort_unstable();
+    let n = steps.len();
+    for (i, s) in steps.iter().enumerate() {
+        if i + keep_last < n && Some(*s) != best {
+            std::fs::remove_dir_all(root.join(format!("step-{s}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Points `checkpoints/best` at `step-N`.
+///
+/// # Errors
+/// I/O errors.
+pub fn mark_best(run_dir: &Path, step: u64) -> anyhow::Result<()> {
+    atomic_write(
+        &checkpoints_dir(run_dir).join("best"),
+        format!("step-{step}\n").as_bytes(),
+    )?;
+    Ok(())
+}

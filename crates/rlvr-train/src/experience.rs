@@ -1,0 +1,223 @@
+//! Experiences: scored completions with their behaviour log-probs and version (DESIGN.md sections 2
+//! and 10), and the offline experiences JSONL reader.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One scored completion: the unit of the buffer and of offline files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Experience {
+    /// Prompt token ids (non-empty).
+    pub prompt_ids: Vec<u32>,
+    /// Completion token ids; a generated EOS is included.
+    pub completion_ids: Vec<u32>,
+    /// ℓ_old per completion token (nats), recorded at sampling time at the sampling temperature.
+    pub behaviour_logprobs: Vec<f32>,
+    /// Reward; `None` = unscorable (A = 0, outside every statistic).
+    pub reward: Option<f64>,
+    /// Whether the verifier judged the answer correct (format bonus excluded); `None` when unknown
+    /// (offline files: then `reward > 0` is used for `accuracy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correct: Option<bool>,
+    /// Group id (compares as a string).
+    pub group_id: String,
+    /// Policy version of the weights that sampled it; `None` = unknown (staleness null).
+    #[serde(default)]
+    pub version: Option<u64>,
+    /// True when the completion hit `max_new_tokens` without EOS (`finish_reason = "length"`).
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+impl Experience {
+    /// Staleness at trainer step `step` (1-based): (step − 1) − version, `None` without a version.
+    pub fn staleness(&self, step: u64) -> Option<u64> {
+        self.version.map(|v| (step - 1).saturating_sub(v))
+    }
+
+    /// Whether it counts as correct for `accuracy`: `correct` when known, else reward > 0.
+    pub fn is_correct(&self) -> Option<bool> {
+        self.correct.or(self.reward.map(|r| r > 0.0))
+    }
+}
+
+/// A malformed line of an experiences file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}:{line}: field `{field}`: {why}", file.display())]
+pub struct ExperienceError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line number.
+    pub line: usize,
+    /// The offending field (`-` for the line as a whole).
+    pub field: String,
+    /// What is wrong and what is expected.
+    pub why: String,
+}
+
+/// Parses one line of the experiences format (DESIGN.md section 10).
+///
+/// # Errors
+/// [`ExperienceError`] naming file, line and field: invalid JSON, a missing or ill-typed field,
+/// `behaviour_logprobs` of a different length than `completion_ids`, an empty prompt.
+pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, ExperienceError> {
+    let err = |field: &str, why: String| ExperienceError {
+        file: file.to_path_buf(),
+        line,
+        field: field.to_string(),
+        why,
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| err("-", format!("invalid JSON: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| err("-", "expected a JSON object".into()))?;
+    let ids = |field: &str| -> Result<Vec<u32>, ExperienceError> {
+        let a = obj
+            .get(field)
+            .ok_or_else(|| err(field, "missing (expected an array of token ids)".into()))?
+            .as_array()
+            .ok_or_else(|| err(field, "expected an array of token ids".into()))?;
+        a.iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_u64()
+                    .filter(|&n| n <= u32::MAX as u64)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| err(field, format!("entry {i} is {x}, expected a token id")))
+            })
+            .collect()
+    };
+    let prompt_ids = ids("prompt_ids")?;
+    if prompt_ids.is_empty() {
+        return Err(err("prompt_ids", "empty prompt".into()));
+    }
+    let completion_ids = ids("completion_ids")?;
+    let lp = obj
+        .get("behaviour_logprobs")
+        .ok_or_else(|| err("behaviour_logprobs", "missing".into()))?
+        .as_array()
+        .ok_or_else(|| err("behaviour_logprobs", "expected an array of floats".into()))?;
+    let behaviour_logprobs = lp
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            x.as_f64()
+                .filter(|f| f.is_finite())
+                .map(|f| f as f32)
+                .ok_or_else(|| {
+                    err(
+                        "behaviour_logprobs",
+                        format!("entry {i} is {x}, expected a finite float"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<f32>, _>>()?;
+    if behaviour_logprobs.len() != completion_ids.len() {
+        return Err(err(
+            "behaviour_logprobs",
+            format!(
+                "has {} entries but completion_ids has {}: one log-prob per completion token",
+                behaviour_logprobs.len(),
+                completion_ids.len()
+            ),
+        ));
+    }
+    let reward = match obj.get("reward") {
+        None => return Err(err("reward", "missing (use null for unscorable)".into())),
+        Some(serde_json::Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .filter(|f| f.is_finite())
+                .ok_or_else(|| err("reward", format!("{x} is not a finite number or null")))?,
+        ),
+    };
+    let group_id = match obj.get("group_id") {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        Some(x) => {
+            return Err(err(
+                "group_id",
+                format!("{x}: expected a string or integer"),
+            ))
+        }
+        None => return Err(err("group_id", "missing".into())),
+    };
+    let version = match obj.get("version") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(x) => Some(
+            x.as_u64()
+                .ok_or_else(|| err("version", format!("{x}: expected a non-negative integer")))?,
+        ),
+    };
+    let truncated = match obj.get("finish_reason") {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::String(s)) if s == "eos" => false,
+        Some(serde_json::Value::String(s)) if s == "length" => true,
+        Some(x) => {
+            return Err(err(
+                "finish_reason",
+                format!("{x}: expected \"eos\" or \"length\""),
+            ))
+        }
+    };
+    Ok(Experience {
+        prompt_ids,
+        completion_ids,
+        behaviour_logprobs,
+        reward,
+        correct: None,
+        group_id,
+        version,
+        truncated,
+    })
+}
+
+/// Reads a whole experiences file (split on `\n` only; blank lines skipped).
+///
+/// # Errors
+/// I/O errors naming the file; [`ExperienceError`] for the first malformed line.
+pub fn read_experiences(path: &Path) -> anyhow::Result<Vec<Experience>> {
+    let f = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("opening experiences file {}: {e}", path.display()))?;
+    let mut r = std::io::BufReader::new(f);
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut line = 0;
+    loop {
+        buf.clear();
+        let n = r
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        line += 1;
+        let text = std::str::from_utf8(&buf).map_err(|_| ExperienceError {
+            file: path.to_path_buf(),
+            line,
+            field: "-".into(),
+            why: "not UTF-8".into(),
+        })?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        out.push(parse_line(text.trim_end_matches(['\n', '\r']), path, line)?);
+    }
+    Ok(out)
+}
+
+/// Splits experiences into groups (consecutive runs of one group id, in file order). A group id that
+/// reappears after another group starts a new group.
+pub fn groups_in_order(exps: Vec<Experience>) -> Vec<Vec<Experience>> {
+    let mut out: Vec<Vec<Experience>> = Vec::new();
+    for e in exps {
+        match out.last_mut() {
+            Some(g) if g[0].group_id == e.group_id => g.push(e),
+            _ => out.push(vec![e]),
+        }
+    }
+    out
+}

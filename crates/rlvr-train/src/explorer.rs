@@ -1,0 +1,381 @@
+//! The explorer (DESIGN.md section 3): samples B prompts × K completions with the weights of its
+//! policy version, scores them, and hands out one [`Batch`] of experiences per trainer step. Also the
+//! offline source, which reads the batches from an experiences file instead.
+//!
+//! Randomness is seeded per (run seed, prompt draw index, sample index) through rlvr-rollout, where
+//! the draw index counts prompts handed out since the start of the run (epoch·N + position of the
+//! data cursor), so a batch depends only on the weights, the cursor and the seed: a resumed run
+//! draws the same completions.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{Tensor, Var};
+use rlvr_data::sampler::{DataCursor, PromptSampler};
+use rlvr_model::{Model, TokenizerBundle};
+use rlvr_reward::combine::RewardFunction;
+use rlvr_reward::Sample;
+use rlvr_rollout::{FinishReason, Sampler, SamplingParams};
+use serde::{Deserialize, Serialize};
+
+use crate::experience::Experience;
+
+/// Where the experience source stands: saved in checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum SourceCursor {
+    /// Online: the prompt sampler's cursor.
+    Online {
+        /// The data cursor.
+        cursor: DataCursor,
+    },
+    /// Offline: groups of the experiences file consumed so far (wrapping around at the end).
+    Offline {
+        /// Groups consumed.
+        groups: u64,
+    },
+}
+
+/// One sampled completion kept for rollouts.jsonl.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// Group id.
+    pub group_id: String,
+    /// Prompt text.
+    pub prompt: String,
+    /// Completion text (special tokens kept).
+    pub completion: String,
+    /// Reward (null = unscorable).
+    pub reward: Option<f64>,
+    /// Judged correct.
+    pub correct: Option<bool>,
+    /// Behaviour version.
+    pub version: Option<u64>,
+    /// "eos" or "length".
+    pub finish_reason: String,
+}
+
+/// The experiences of one trainer step.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// The trainer step it is for (1-based).
+    pub step: u64,
+    /// B groups × K experiences.
+    pub experiences: Vec<Experience>,
+    /// Seconds spent sampling and scoring.
+    pub sample_s: f64,
+    /// The source cursor after this batch.
+    pub cursor: SourceCursor,
+    /// A few completions for rollouts.jsonl.
+    pub rollouts: Vec<RolloutRecord>,
+    /// Groups dropped by dynamic sampling.
+    pub dropped_groups: usize,
+}
+
+/// Sampling settings of the online explorer.
+#[derive(Debug, Clone)]
+pub struct ExplorerSettings {
+    /// rlvr-rollout parameters (K, T, top-p, top-k, max new tokens, stop ids/strings).
+    pub params: SamplingParams,
+    /// B.
+    pub prompts_per_step: usize,
+    /// Run seed.
+    pub seed: u64,
+    /// DAPO dynamic sampling: drop zero-variance groups and sample more.
+    pub dynamic_sampling: bool,
+    /// Most extra rounds for dynamic sampling.
+    pub max_rounds: usize,
+    /// Recompute ℓ_old with the training forward at the behaviour version.
+    pub recompute_behaviour: bool,
+    /// Rows per recomputation forward.
+    pub micro_batch_size: usize,
+    /// Completions per batch kept for rollouts.jsonl.
+    pub log_rollouts: usize,
+    /// Encode prompts with the tokenizer's added special tokens (plain prompts: true; chat prompts
+    /// are rendered by the template and encoded without them).
+    pub add_special_tokens: bool,
+}
+
+/// The online explorer: its own copy of the policy at `version`, the train prompts and the verifier.
+pub struct Explorer {
+    /// The explorer's weights (a private copy; synced from the trainer).
+    pub model: Model,
+    /// Policy version of `model`.
+    pub version: u64,
+    tokenizer: TokenizerBundle,
+    prompts: Vec<Vec<u32>>,
+    texts: Vec<String>,
+    references: Vec<String>,
+    sampler: PromptSampler,
+    reward: RewardFunction,
+    settings: ExplorerSettings,
+}
+
+impl Explorer {
+    /// An explorer over `model` (version `version`), train prompts (`texts` rendered, `references` for
+    /// the verifier) and a prompt sampler at `sampler`'s cursor.
+    ///
+    /// # Errors
+    /// Tokenizer errors encoding a prompt.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: Model,
+        version: u64,
+        tokenizer: TokenizerBundle,
+        texts: Vec<String>,
+        references: Vec<String>,
+        sampler: PromptSampler,
+        reward: RewardFunction,
+        settings: ExplorerSettings,
+    ) -> anyhow::Result<Self> {
+        let prompts = texts
+            .iter()
+            .map(|t| tokenizer.encode(t, settings.add_special_tokens))
+            .collect::<Result<Vec<_>, _>>()
+            .context("encoding train prompts")?;
+        Ok(Explorer {
+            model,
+            version,
+            tokenizer,
+            prompts,
+            texts,
+            references,
+            sampler,
+            reward,
+            settings,
+        })
+    }
+
+    /// Loads `weights` (one tensor per `model.named_vars()` entry, in order) as version `version`.
+    ///
+    /// # Errors
+    /// Shape mismatches.
+    pub fn set_weights(&mut self, version: u64, weights: &[Tensor]) -> anyhow::Result<()> {
+        let vars: Vec<Var> = self
+            .model
+            .named_vars()
+            .into_iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        anyhow::ensure!(vars.len() == weights.len(), "weight count mismatch on sync");
+        for (v, w) in vars.iter().zip(weights) {
+            v.set(w)?;
+        }
+        self.version = version;
+        Ok(())
+    }
+
+    /// The source cursor.
+    pub fn cursor(&self) -> SourceCursor {
+        SourceCursor::Online {
+            cursor: self.sampler.cursor(),
+        }
+    }
+
+    /// Samples, scores and returns the batch of trainer step `step`.
+    ///
+    /// # Errors
+    /// Sampling, tokenizer and verifier errors.
+    pub fn produce(&mut self, step: u64) -> anyhow::Result<Batch> {
+        let t0 = Instant::now();
+        let b = self.settings.prompts_per_step;
+        let mut groups: Vec<Vec<Experience>> = Vec::new();
+        let mut rollouts = Vec::new();
+        let mut dropped = 0;
+        let rounds = if self.settings.dynamic_sampling {
+            1 + self.settings.max_rounds
+        } else {
+            1
+        };
+        for _ in 0..rounds {
+            let c = self.sampler.cursor();
+            let first = (c.epoch as usize) * c.len + c.position;
+            let idx = self.sampler.next_batch(b);
+            let new = self.sample_groups(&idx, first, &mut rollouts)?;
+            for g in new {
+                if self.settings.dynamic_sampling && zero_variance(&g) {
+                    dropped += 1;
+                } else {
+                    groups.push(g);
+                }
+            }
+            if groups.len() >= b {
+                break;
+            }
+        }
+        groups.truncate(b);
+        let mut experiences: Vec<Experience> = groups.into_iter().flatten().collect();
+        if self.settings.recompute_behaviour {
+            self.recompute(&mut experiences)?;
+        }
+        Ok(Batch {
+            step,
+            experiences,
+            sample_s: t0.elapsed().as_secs_f64(),
+            cursor: self.cursor(),
+            rollouts,
+            dropped_groups: dropped,
+        })
+    }
+
+    fn sample_groups(
+        &self,
+        idx: &[usize],
+        first: usize,
+        rollouts: &mut Vec<RolloutRecord>,
+    ) -> anyhow::Result<Vec<Vec<Experience>>> {
+        let prompts: Vec<Vec<u32>> = idx.iter().map(|&i| self.prompts[i].clone()).collect();
+        let sampler = Sampler::new(&self.model, self.version)
+            .with_tokenizer(self.tokenizer.tokenizer.clone());
+        let completions = sampler
+            .sample(&prompts, &self.settings.params, self.settings.seed, first)
+            .context("sampling completions")?;
+        let texts: Vec<String> = completions
+            .iter()
+            .map(|c| self.tokenizer.decode(&c.token_ids, true))
+            .collect::<Result<_, _>>()?;
+        let samples: Vec<Sample> = completions
+            .iter()
+            .zip(&texts)
+            .map(|(c, t)| {
+                let p = idx[c.prompt_index - first];
+                Sample {
+                    prompt: &self.texts[p],
+                    completion: t,
+                    reference: &self.references[p],
+                }
+            })
+            .collect();
+        let scores = self
+            .reward
+            .score_batch(&samples)
+            .context("scoring completions")?;
+        let mut groups: Vec<Vec<Experience>> = vec![Vec::new(); idx.len()];
+        for ((c, s), text) in completions.iter().zip(scores).zip(&texts) {
+            let p = idx[c.prompt_index - first];
+            let e = Experience {
+                prompt_ids: self.prompts[p].clone(),
+                completion_ids: c.token_ids.clone(),
+                behaviour_logprobs: c.behaviour_logprobs.clone(),
+                reward: Some(s.reward),
+                correct: Some(s.correct),
+                group_id: c.prompt_index.to_string(),
+                version: Some(c.version),
+                truncated: c.finish_reason == FinishReason::Length,
+            };
+            if rollouts.len() < self.settings.log_rollouts {
+                rollouts.push(RolloutRecord {
+                    group_id: e.group_id.clone(),
+                    prompt: self.texts[p].clone(),
+                    completion: text.clone(),
+                    reward: e.reward,
+                    correct: e.correct,
+                    version: e.version,
+                    finish_reason: c.finish_reason.as_str().into(),
+                });
+            }
+            groups[c.prompt_index - first].push(e);
+        }
+        Ok(groups)
+    }
+
+    /// Replaces ℓ_old by the training forward's log-probs under the explorer's weights (the behaviour
+    /// version), at the sampling temperature.
+    fn recompute(&self, exps: &mut [Experience]) -> anyhow::Result<()> {
+        let t = self.settings.params.temperature.max(1e-6);
+        let pad = self.tokenizer.pad_id;
+        let rows: Vec<usize> = (0..exps.len())
+            .filter(|&i| !exps[i].completion_ids.is_empty())
+            .collect();
+        for chunk in rows.chunks(self.settings.micro_batch_size.max(1)) {
+            let lp = crate::eval::completion_logprobs(&self.model, exps, chunk, t, pad)?;
+            for (r, &i) in chunk.iter().enumerate() {
+                exps[i].behaviour_logprobs = lp[r].clone();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether every scored reward of the group is equal (DAPO drops these groups).
+pub fn zero_variance(g: &[Experience]) -> bool {
+    let r: Vec<f64> = g.iter().filter_map(|e| e.reward).collect();
+    r.windows(2).all(|w| w[0] == w[1])
+}
+
+/// The offline source: batches of B whole groups in file order, wrapping around at the end.
+pub struct OfflineSource {
+    groups: Vec<Vec<Experience>>,
+    consumed: u64,
+    prompts_per_step: usize,
+    decode: Option<TokenizerBundle>,
+    log_rollouts: usize,
+}
+
+impl OfflineSource {
+    /// A source over `groups` (see [`crate::experience::groups_in_order`]) having consumed `consumed`.
+    ///
+    /// # Errors
+    /// An empty file.
+    pub fn new(
+        groups: Vec<Vec<Experience>>,
+        consumed: u64,
+        prompts_per_step: usize,
+        decode: Option<TokenizerBundle>,
+        log_rollouts: usize,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !groups.is_empty(),
+            "the experiences file holds no experience"
+        );
+        Ok(OfflineSource {
+            groups,
+            consumed,
+            prompts_per_step,
+            decode,
+            log_rollouts,
+        })
+    }
+
+    /// The source cursor (groups consumed).
+    pub fn cursor(&self) -> SourceCursor {
+        SourceCursor::Offline {
+            groups: self.consumed,
+        }
+    }
+
+    /// The next B groups.
+    pub fn produce(&mut self, step: u64) -> anyhow::Result<Batch> {
+        let t0 = Instant::now();
+        let n = self.groups.len() as u64;
+        let mut experiences = Vec::new();
+        for _ in 0..self.prompts_per_step {
+            experiences.extend(self.groups[(self.consumed % n) as usize].iter().cloned());
+            self.consumed += 1;
+        }
+        let mut rollouts = Vec::new();
+        if let Some(tok) = &self.decode {
+            for e in experiences.iter().take(self.log_rollouts) {
+                rollouts.push(RolloutRecord {
+                    group_id: e.group_id.clone(),
+                    prompt: tok.decode(&e.prompt_ids, false).unwrap_or_default(),
+                    completion: tok.decode(&e.completion_ids, false).unwrap_or_default(),
+                    reward: e.reward,
+                    correct: e.is_correct(),
+                    version: e.version,
+                    finish_reason: if e.truncated { "length" } else { "eos" }.into(),
+                });
+            }
+        }
+        Ok(Batch {
+            step,
+            experiences,
+            sample_s: t0.elapsed().as_secs_f64(),
+            cursor: SourceCursor::Offline {
+                groups: self.consumed,
+            },
+            rollouts,
+            dropped_groups: 0,
+        })
+    }
+}

@@ -1,0 +1,149 @@
+//! metrics.jsonl (DESIGN.md section 10): one JSON object per step with exactly the listed keys
+//! (null where undefined), plus `eval/*` at evaluation steps; and the other JSONL files of the run
+//! directory (rollouts.jsonl, eval.jsonl, diagnostics.jsonl).
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::Value;
+
+/// The metric keys of every metrics.jsonl line, in the order written (DESIGN.md section 10).
+pub const METRIC_KEYS: [&str; 26] = [
+    "step",
+    "loss",
+    "reward/mean",
+    "reward/std",
+    "accuracy",
+    "completion_len/mean",
+    "clip_frac",
+    "clip_frac/low",
+    "clip_frac/high",
+    "ratio/mean",
+    "ratio/min",
+    "ratio/max",
+    "kl_ref",
+    "kl_behaviour",
+    "entropy",
+    "ess",
+    "grad_norm",
+    "lr",
+    "staleness/mean",
+    "staleness/max",
+    "zero_std_frac",
+    "masked_frac",
+    "skipped",
+    "time/sample_s",
+    "time/train_s",
+    "tokens_per_s",
+];
+
+/// Keys whose values depend on wall-clock time (excluded from reproducibility comparisons).
+pub const TIME_KEYS: [&str; 3] = ["time/sample_s", "time/train_s", "tokens_per_s"];
+
+/// One metrics line being filled: every key of [`METRIC_KEYS`] starts null.
+#[derive(Debug, Clone)]
+pub struct MetricsLine {
+    values: Vec<(String, Value)>,
+}
+
+impl MetricsLine {
+    /// A line for `step` with every other key null.
+    pub fn new(step: u64) -> Self {
+        let mut values: Vec<(String, Value)> = METRIC_KEYS
+            .iter()
+            .map(|k| (k.to_string(), Value::Null))
+            .collect();
+        values[0].1 = Value::from(step);
+        MetricsLine { values }
+    }
+
+    /// Sets `key` to a float (non-finite → null) or null.
+    pub fn set(&mut self, key: &str, v: Option<f64>) {
+        let v = match v {
+            Some(x) if x.is_finite() => Value::from(x),
+            _ => Value::Null,
+        };
+        self.set_value(key, v);
+    }
+
+    /// Sets `key` to any JSON value, appending it when it is not a standard key (e.g. `eval/*`).
+    pub fn set_value(&mut self, key: &str, v: Value) {
+        match self.values.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = v,
+            None => self.values.push((key.to_string(), v)),
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.values.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// The line as compact JSON, keys in order.
+    pub fn to_json(&self) -> String {
+        let parts: Vec<String> = self
+            .values
+            .iter()
+            .map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), v))
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+/// Appends one line to `path` (created when missing) and flushes it.
+///
+/// # Errors
+/// I/O errors naming the file.
+pub fn append_line(path: &Path, line: &str) -> anyhow::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{line}").with_context(|| format!("writing {}", path.display()))?;
+    f.flush()?;
+    Ok(())
+}
+
+/// Drops the lines of a JSONL file whose `step` is above `step` (and any torn last line): run at
+/// resume so that the files continue from the checkpoint.
+///
+/// # Errors
+/// I/O errors.
+pub fn truncate_after(path: &Path, step: u64) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let mut kept = String::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v.get("step")
+            .and_then(Value::as_u64)
+            .is_some_and(|s| s <= step)
+        {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    rlvr_model::weights::atomic_write(path, kept.as_bytes())?;
+    Ok(())
+}
+
+/// Reads every line of a metrics.jsonl file.
+///
+/// # Errors
+/// I/O or JSON errors naming file and line.
+pub fn read_metrics(path: &Path) -> anyhow::Result<Vec<serde_json::Map<String, Value>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1))
+        })
+        .collect()
+}

@@ -1,0 +1,766 @@
+//! The training run: run directory, explorer/trainer orchestration under the staleness regime of
+//! DESIGN.md section 3, metrics, evaluation, checkpoints and resume.
+//!
+//! One code path for every regime: the batch of step t is sampled by the weights of version
+//! s(t) = v·⌊(t−1−o)/v⌋ (0 while t−1 < o), so staleness = (t−1) − s(t) ∈ [o, o+v−1]. The explorer
+//! runs inline when o = 0 (deterministic and exactly resumable) and on its own thread when o ≥ 1,
+//! where the trainer publishes its weights after every step that is a multiple of v and the explorer
+//! waits for version s(t) before sampling batch t. Both give the same batches (the explorer's input
+//! is the weights, the data cursor and the seed); only the timing differs.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Tensor};
+use rlvr_data::config::PromptStyle;
+use rlvr_data::dataset::prepare_split;
+use rlvr_data::generate::Split;
+use rlvr_data::sampler::PromptSampler;
+use rlvr_data::ChatMessage;
+use rlvr_model::checkpoint::Policy;
+use rlvr_model::{Message, Model, TokenizerBundle};
+use rlvr_reward::combine::RewardFunction;
+use rlvr_rollout::SamplingParams;
+use serde_json::json;
+
+use crate::checkpoint::{self, CheckpointParts, TrainerState};
+use crate::config::ResolvedConfig;
+use crate::eval::{evaluate, EvalSettings};
+use crate::experience::{groups_in_order, read_experiences, Experience};
+use crate::explorer::{Batch, Explorer, ExplorerSettings, OfflineSource, SourceCursor};
+use crate::metrics::{append_line, truncate_after, MetricsLine};
+use crate::trainer::{StepReport, Trainer, TrainerSettings};
+
+/// Options of a run that are not part of the config.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Continue the run in the run directory from its latest checkpoint.
+    pub resume: bool,
+    /// Show a progress bar (only drawn when stderr is a terminal).
+    pub progress: bool,
+    /// Set (e.g. by Ctrl-C) to save a checkpoint and stop after the current step.
+    pub stop: Arc<AtomicBool>,
+    /// Test hook: stop making progress (sleep forever) after this step's metrics are written, so a
+    /// test can SIGKILL the process at a known point. Also read from `RLVR_DEBUG_HANG_AFTER_STEP`.
+    pub hang_after_step: Option<u64>,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// RUN_DIR.
+    pub run_dir: PathBuf,
+    /// Completed steps.
+    pub steps: u64,
+    /// True when stopped early by the stop flag (Ctrl-C).
+    pub interrupted: bool,
+    /// Last checkpoint written.
+    pub last_checkpoint: Option<PathBuf>,
+}
+
+/// A train or test split as prompt texts and verifier references.
+pub struct PreparedPrompts {
+    /// Rendered prompt texts.
+    pub texts: Vec<String>,
+    /// Reference of each prompt.
+    pub references: Vec<String>,
+}
+
+/// Loads and renders a split of `[data]` with the policy tokenizer (chat template, token counter).
+///
+/// # Errors
+/// Data errors (files, templates, all prompts filtered).
+pub fn prepare_prompts(
+    cfg: &rlvr_data::config::DataConfig,
+    split: Split,
+    tok: &TokenizerBundle,
+) -> anyhow::Result<PreparedPrompts> {
+    let render = |msgs: &[ChatMessage], gen: bool| -> anyhow::Result<String> {
+        let m: Vec<Message> = msgs
+            .iter()
+            .map(|m| Message::new(&m.role, &m.content))
+            .collect();
+        Ok(tok.apply_chat_template(&m, gen)?)
+    };
+    let count = |t: &str| -> anyhow::Result<usize> { Ok(tok.encode(t, true)?.len()) };
+    let prep = prepare_split(cfg, split, Some(&render), Some(&count))
+        .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e}"))?;
+    if prep.prompts.dropped > 0 {
+        eprintln!(
+            "note: {} {split:?} prompts longer than data.max_prompt_len were dropped",
+            prep.prompts.dropped
+        );
+    }
+    Ok(PreparedPrompts {
+        references: prep
+            .prompts
+            .prompts
+            .iter()
+            .map(|p| prep.dataset.problems[p.problem].reference.clone())
+            .collect(),
+        texts: prep.prompts.prompts.into_iter().map(|p| p.text).collect(),
+    })
+}
+
+/// Policy version whose weights sample the batch of step `t` (1-based) under interval `v`, offset `o`.
+pub fn behaviour_version(t: u64, v: u64, o: u64) -> u64 {
+    if t < 1 + o {
+        0
+    } else {
+        v * ((t - 1 - o) / v)
+    }
+}
+
+/// Where batches come from.
+#[allow(clippy::large_enum_variant)]
+enum Feed {
+    Inline(Box<Explorer>),
+    Offline(OfflineSource),
+    Threaded {
+        batches: mpsc::Receiver<anyhow::Result<Batch>>,
+        weights: Option<mpsc::Sender<(u64, Vec<Tensor>)>>,
+        handle: Option<std::thread::JoinHandle<()>>,
+        last_cursor: SourceCursor,
+    },
+}
+
+impl Feed {
+    fn next(&mut self, t: u64) -> anyhow::Result<Batch> {
+        match self {
+            Feed::Inline(e) => e.produce(t),
+            Feed::Offline(o) => o.produce(t),
+            Feed::Threaded {
+                batches,
+                last_cursor,
+                ..
+            } => {
+                let b = batches.recv().context("the explorer thread stopped")??;
+                *last_cursor = b.cursor;
+                Ok(b)
+            }
+        }
+    }
+
+    /// After step `t` completed: the explorer sees the new weights when t is a multiple of v.
+    fn publish(&mut self, t: u64, v: u64, model: &Model) -> anyhow::Result<()> {
+        if !t.is_multiple_of(v) {
+            return Ok(());
+        }
+        match self {
+            Feed::Inline(e) => {
+                let w: Vec<Tensor> = model
+                    .named_vars()
+                    .into_iter()
+                    .map(|(_, v)| v.as_tensor().clone())
+                    .collect();
+                e.set_weights(t, &w)
+            }
+            Feed::Offline(_) => Ok(()),
+            Feed::Threaded { weights, .. } => {
+                let w: Vec<Tensor> = model
+                    .named_vars()
+                    .into_iter()
+                    .map(|(_, v)| v.as_tensor().copy())
+                    .collect::<candle_core::Result<_>>()?;
+                if let Some(tx) = weights {
+                    // A closed channel means the explorer already finished its last batch.
+                    let _ = tx.send((t, w));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn cursor(&self) -> SourceCursor {
+        match self {
+            Feed::Inline(e) => e.cursor(),
+            Feed::Offline(o) => o.cursor(),
+            Feed::Threaded { last_cursor, .. } => *last_cursor,
+        }
+    }
+
+    fn shutdown(&mut self) {
+        if let Feed::Threaded {
+            weights,
+            handle,
+            batches,
+            ..
+        } = self
+        {
+            weights.take();
+            // Unblock an explorer waiting to send.
+            while batches.try_recv().is_ok() {}
+            if let Some(h) = handle.take() {
+                drop(std::mem::replace(batches, mpsc::sync_channel(0).1));
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+type WeightsMsg = (u64, Vec<Tensor>);
+type ExplorerThread = (
+    mpsc::Receiver<anyhow::Result<Batch>>,
+    mpsc::Sender<WeightsMsg>,
+    std::thread::JoinHandle<()>,
+);
+
+/// The explorer thread of o ≥ 1: batch t waits for version s(t).
+fn spawn_explorer(
+    mut ex: Explorer,
+    first_step: u64,
+    last_step: u64,
+    v: u64,
+    o: u64,
+) -> ExplorerThread {
+    let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
+    let (wtx, wrx) = mpsc::channel::<(u64, Vec<Tensor>)>();
+    let handle = std::thread::spawn(move || {
+        for t in first_step..=last_step {
+            let need = behaviour_version(t, v, o);
+            while ex.version < need {
+                let Ok((ver, w)) = wrx.recv() else { return };
+                if let Err(e) = ex.set_weights(ver, &w) {
+                    let _ = btx.send(Err(e));
+                    return;
+                }
+            }
+            let r = ex.produce(t);
+            let failed = r.is_err();
+            if btx.send(r).is_err() || failed {
+                return;
+            }
+        }
+    });
+    (brx, wtx, handle)
+}
+
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Writes RUN_DIR/run.json (git commit, seed, host, start time, rlvr version); on resume, adds the
+/// resume time to `resumed_at`.
+fn write_run_json(run_dir: &Path, seed: u64, resume: bool) -> anyhow::Result<()> {
+    let path = run_dir.join("run.json");
+    let mut v = if resume {
+        std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .unwrap_or_else(|| json!({}))
+    } else {
+        json!({})
+    };
+    if !resume || v.get("start_time").is_none() {
+        v = json!({
+            "git_commit": git_commit(),
+            "seed": seed,
+            "host": host(),
+            "start_time": now_rfc3339(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "resumed_at": [],
+        });
+    } else if let Some(a) = v.get_mut("resumed_at").and_then(|a| a.as_array_mut()) {
+        a.push(json!(now_rfc3339()));
+    }
+    rlvr_model::weights::atomic_write(&path, serde_json::to_string_pretty(&v)?.as_bytes())?;
+    Ok(())
+}
+
+/// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
+///
+/// # Errors
+/// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
+/// row abort with a message naming the last good checkpoint.
+pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
+    let c = &cfg.raw;
+    let run_dir = c.output.dir.clone();
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("creating run directory {}", run_dir.display()))?;
+    let metrics_path = run_dir.join("metrics.jsonl");
+    if !opts.resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
+        bail!(
+            "{} already holds a run; continue it with `rlvr train --resume {}` or choose another output.dir",
+            run_dir.display(),
+            run_dir.display()
+        );
+    }
+    for w in &cfg.warnings {
+        eprintln!("warning: {w}");
+    }
+    rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+    write_run_json(&run_dir, c.train.seed, opts.resume)?;
+
+    let device = rlvr_model::parse_device(&c.model.device)?;
+    let dtype = rlvr_model::parse_dtype(&c.model.dtype).unwrap_or(DType::F32);
+    let ckpt = if opts.resume {
+        checkpoint::latest(&run_dir)?
+    } else {
+        None
+    };
+    let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
+    let policy = Policy::load(&policy_dir, dtype, &device)
+        .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
+    let (state, moments, buffer) = match &ckpt {
+        Some(dir) => {
+            let (st, m, v, buf) = checkpoint::load_state(dir, &device)?;
+            (Some(st), Some((m, v)), buf)
+        }
+        None => (None, None, Vec::new()),
+    };
+    let start = state.as_ref().map(|s| s.step).unwrap_or(0);
+    for f in [
+        "metrics.jsonl",
+        "rollouts.jsonl",
+        "eval.jsonl",
+        "diagnostics.jsonl",
+    ] {
+        truncate_after(&run_dir.join(f), start)?;
+    }
+    let reference = if cfg.algorithm.needs_reference() {
+        let p = c
+            .model
+            .reference
+            .clone()
+            .unwrap_or_else(|| c.model.path.clone());
+        Some(
+            Model::load(&p, dtype, &device)
+                .with_context(|| format!("loading the reference model from {}", p.display()))?,
+        )
+    } else {
+        None
+    };
+    let tokenizer = policy.tokenizer;
+    // TokenizerBundle is not Clone: the explorer and the offline source load their own copy.
+    let load_tok = || {
+        TokenizerBundle::load(&policy_dir)
+            .with_context(|| format!("loading the tokenizer of {}", policy_dir.display()))
+    };
+    let settings = TrainerSettings {
+        algorithm: cfg.algorithm.clone(),
+        train: c.train.clone(),
+        temperature: c.rollout.temperature,
+        max_new_tokens: c.rollout.max_new_tokens,
+        pad_id: tokenizer.pad_id,
+    };
+    let mut trainer = Trainer::new(policy.model, reference, settings)?;
+    if let (Some((m, v)), Some(st)) = (moments, &state) {
+        trainer.optimizer.set_moments(m, v, st.optimizer_step)?;
+    }
+
+    // The experience source.
+    let (v, o) = (c.sync.interval, c.sync.offset);
+    let add_special_tokens = c.data.style == PromptStyle::Plain;
+    let mut feed = if let Some(path) = &c.data.experiences {
+        let groups = groups_in_order(read_experiences(path)?);
+        let consumed = match state.as_ref().map(|s| s.cursor) {
+            Some(SourceCursor::Offline { groups }) => groups,
+            _ => 0,
+        };
+        Feed::Offline(OfflineSource::new(
+            groups,
+            consumed,
+            c.data.prompts_per_step,
+            Some(load_tok()?),
+            c.train.log_rollouts,
+        )?)
+    } else {
+        let train_p = prepare_prompts(&c.data, Split::Train, &tokenizer)?;
+        let sampler = match state.as_ref().map(|s| s.cursor) {
+            Some(SourceCursor::Online { cursor }) => {
+                PromptSampler::resume(cursor, train_p.texts.len())?
+            }
+            _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
+        };
+        let verifier = c.data.verifier()?;
+        let reward = RewardFunction::from_config(&c.reward, &verifier)?;
+        let (ex_dir, ex_version) = match (&state, &ckpt) {
+            (Some(st), Some(dir)) if st.explorer_weights => {
+                (dir.join("trainer_state/explorer"), st.explorer_version)
+            }
+            (Some(st), Some(dir)) => (dir.clone(), st.step),
+            _ => (c.model.path.clone(), 0),
+        };
+        let ex_model = Model::load(&ex_dir, dtype, &device)
+            .with_context(|| format!("loading the explorer weights from {}", ex_dir.display()))?;
+        let mut stop_ids = tokenizer.eos_ids.clone();
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        let explorer = Explorer::new(
+            ex_model,
+            ex_version,
+            load_tok()?,
+            train_p.texts,
+            train_p.references,
+            sampler,
+            reward,
+            ExplorerSettings {
+                params: SamplingParams {
+                    group_size: c.rollout.group_size,
+                    temperature: c.rollout.temperature,
+                    top_p: c.rollout.top_p,
+                    top_k: (c.rollout.top_k > 0).then_some(c.rollout.top_k),
+                    max_new_tokens: c.rollout.max_new_tokens,
+                    stop_ids,
+                    stop_strings: c.rollout.stop.clone(),
+                    max_batch_rows: c.rollout.max_batch_rows,
+                },
+                prompts_per_step: c.data.prompts_per_step,
+                seed: c.train.seed,
+                dynamic_sampling: cfg.algorithm.dynamic_sampling,
+                max_rounds: c.train.dynamic_sampling_max_rounds,
+                recompute_behaviour: c.train.recompute_behaviour,
+                micro_batch_size: c.train.micro_batch_size,
+                log_rollouts: c.train.log_rollouts,
+                add_special_tokens,
+            },
+        )?;
+        if o == 0 {
+            Feed::Inline(Box::new(explorer))
+        } else {
+            let cursor = explorer.cursor();
+            let (brx, wtx, h) = spawn_explorer(explorer, start + 1, c.train.steps, v, o);
+            Feed::Threaded {
+                batches: brx,
+                weights: Some(wtx),
+                handle: Some(h),
+                last_cursor: cursor,
+            }
+        }
+    };
+    let _ = buffer; // o = 0 keeps no buffer between steps; o ≥ 1 re-samples in-flight batches.
+
+    // Held-out evaluation.
+    let eval_set = if c.train.eval_every > 0 && c.data.experiences.is_none() {
+        let mut p = prepare_prompts(&c.data, Split::Test, &tokenizer)?;
+        if let Some(n) = c.eval.limit {
+            p.texts.truncate(n);
+            p.references.truncate(n);
+        }
+        let reward = RewardFunction::from_config(&c.reward, &c.data.verifier()?)?;
+        Some((p, reward))
+    } else {
+        None
+    };
+    let eval_settings = EvalSettings {
+        samples: c.eval.samples,
+        max_new_tokens: c.eval.max_new_tokens.unwrap_or(c.rollout.max_new_tokens),
+        seed: c.train.seed,
+        max_batch_rows: c.rollout.max_batch_rows,
+        stop: c.rollout.stop.clone(),
+        add_special_tokens,
+    };
+    let mut best = state.as_ref().and_then(|s| s.best);
+    let run_eval =
+        |model: &Model, step: u64, line: &mut MetricsLine| -> anyhow::Result<Option<f64>> {
+            let Some((p, reward)) = &eval_set else {
+                return Ok(None);
+            };
+            let (r, _) = evaluate(
+                model,
+                &tokenizer,
+                c.data.task.name(),
+                &p.texts,
+                &p.references,
+                reward,
+                &eval_settings,
+            )?;
+            line.set("eval/accuracy", Some(r.accuracy));
+            line.set("eval/mean@k", Some(r.mean_at_k));
+            line.set("eval/pass@k", Some(r.pass_at_k));
+            line.set("eval/n", Some(r.n as f64));
+            let mut e = serde_json::to_value(&r)?;
+            e["step"] = json!(step);
+            append_line(&run_dir.join("eval.jsonl"), &e.to_string())?;
+            Ok(Some(r.accuracy))
+        };
+    if start == 0 && eval_set.is_some() {
+        let mut line = MetricsLine::new(0);
+        if let Some(acc) = run_eval(&trainer.model, 0, &mut line)? {
+            best = Some((acc, 0));
+        }
+        append_line(&metrics_path, &line.to_json())?;
+    }
+
+    // The loop.
+    let bar = progress_bar(opts.progress, start, c.train.steps);
+    let hang = opts.hang_after_step.or_else(|| {
+        std::env::var("RLVR_DEBUG_HANG_AFTER_STEP")
+            .ok()
+            .and_then(|s| s.parse().ok())
+    });
+    let mut skipped_in_row = state.as_ref().map(|s| s.skipped_in_row).unwrap_or(0);
+    let mut last_ckpt = ckpt.clone();
+    let mut interrupted = false;
+    let mut done = start;
+    let save = |trainer: &Trainer,
+                feed: &Feed,
+                step: u64,
+                skipped_in_row: u32,
+                best: Option<(f64, u64)>|
+     -> anyhow::Result<PathBuf> {
+        let (ex_version, ex_model) = match feed {
+            Feed::Inline(e) => (e.version, (e.version != step).then_some(&e.model)),
+            _ => (step, None),
+        };
+        let st = TrainerState {
+            step,
+            optimizer_step: trainer.optimizer.step,
+            explorer_version: ex_version,
+            cursor: feed.cursor(),
+            rng_seed: c.train.seed,
+            skipped_in_row,
+            best,
+            explorer_weights: false,
+        };
+        let (m, v) = trainer.optimizer.moments();
+        let dir = checkpoint::save(
+            &run_dir,
+            &st,
+            &CheckpointParts {
+                model: &trainer.model,
+                tokenizer: &tokenizer,
+                moments: (m, v),
+                explorer: ex_model,
+                buffer: &[],
+            },
+        )?;
+        checkpoint::rotate(&run_dir, c.train.keep_last, best.map(|b| b.1))?;
+        Ok(dir)
+    };
+    let result = (|| -> anyhow::Result<()> {
+        for t in (start + 1)..=c.train.steps {
+            // Explorer: the batch of step t, sampled by version s(t).
+            let batch = feed.next(t)?;
+            let (exps, dropped_stale) =
+                filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
+            // Trainer: advantages, updates.
+            let lr = cfg.lr_at(t);
+            let t1 = Instant::now();
+            let rep = trainer.step(&exps, t, lr, c.train.seed)?;
+            let train_s = t1.elapsed().as_secs_f64();
+            feed.publish(t, v, &trainer.model)?;
+            // Metrics.
+            let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
+            skipped_in_row = if rep.skipped { skipped_in_row + 1 } else { 0 };
+            let mut is_best = false;
+            if c.train.eval_every > 0 && t % c.train.eval_every == 0 {
+                if let Some(acc) = run_eval(&trainer.model, t, &mut line)? {
+                    if best.is_none_or(|b| acc > b.0) {
+                        best = Some((acc, t));
+                        is_best = true;
+                    }
+                }
+            }
+            append_line(&metrics_path, &line.to_json())?;
+            for r in &batch.rollouts {
+                let mut v = serde_json::to_value(r)?;
+                v["step"] = json!(t);
+                append_line(&run_dir.join("rollouts.jsonl"), &v.to_string())?;
+            }
+            let diag = json!({
+                "step": t,
+                "logprob_diff/staleness0": rep.logprob_diff_s0,
+                "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
+                "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
+                "dynamic_sampling/dropped_groups": batch.dropped_groups,
+                "stale_dropped": dropped_stale,
+                "updates": rep.updates,
+                "rows": exps.len(),
+            });
+            append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())?;
+            done = t;
+            if let Some(b) = &bar {
+                b.set_position(t);
+                b.set_message(format!(
+                    "loss {:.4} reward {:.3}",
+                    rep.loss.as_ref().map(|l| l.loss).unwrap_or(f64::NAN),
+                    line.get("reward/mean")
+                        .and_then(|v| v.as_f64())
+                        .unwrap_or(f64::NAN)
+                ));
+            }
+            if skipped_in_row >= c.train.max_skipped_in_row {
+                bail!(
+                    "{skipped_in_row} steps in a row (the last: step {t}) had a non-finite loss or gradient; \
+                     stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
+                     the rewards and behaviour log-probs of the data",
+                    last_ckpt
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "none (no checkpoint was written yet)".into())
+                );
+            }
+            let stop = opts.stop.load(Ordering::SeqCst);
+            let due = (c.train.save_every > 0 && t % c.train.save_every == 0)
+                || t == c.train.steps
+                || is_best
+                || stop;
+            if due {
+                last_ckpt = Some(save(&trainer, &feed, t, skipped_in_row, best)?);
+                if is_best {
+                    checkpoint::mark_best(&run_dir, t)?;
+                }
+            }
+            if stop {
+                interrupted = true;
+                break;
+            }
+            if hang == Some(t) {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
+        }
+        Ok(())
+    })();
+    feed.shutdown();
+    if let Some(b) = &bar {
+        b.finish();
+    }
+    result?;
+    Ok(RunSummary {
+        run_dir,
+        steps: done,
+        interrupted,
+        last_checkpoint: last_ckpt,
+    })
+}
+
+fn progress_bar(enabled: bool, start: u64, steps: u64) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !enabled || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(steps);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b.set_position(start);
+    Some(b)
+}
+
+/// Drops experiences whose staleness exceeds `max` (those without a version are kept). Returns the
+/// kept ones and how many were dropped.
+pub fn filter_stale(
+    exps: Vec<Experience>,
+    step: u64,
+    max: Option<u64>,
+) -> (Vec<Experience>, usize) {
+    let Some(max) = max else {
+        return (exps, 0);
+    };
+    let n = exps.len();
+    let kept: Vec<Experience> = exps
+        .into_iter()
+        .filter(|e| e.staleness(step).is_none_or(|s| s <= max))
+        .collect();
+    let d = n - kept.len();
+    (kept, d)
+}
+
+/// The metrics line of one step (DESIGN.md section 10 keys; null where undefined).
+pub fn step_metrics(
+    step: u64,
+    exps: &[Experience],
+    rep: &StepReport,
+    lr: f64,
+    sample_s: f64,
+    train_s: f64,
+) -> MetricsLine {
+    let mut l = MetricsLine::new(step);
+    let rewards: Vec<f64> = exps.iter().filter_map(|e| e.reward).collect();
+    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
+    let rm = mean(&rewards);
+    l.set("reward/mean", rm);
+    l.set(
+        "reward/std",
+        rm.map(|m| {
+            (rewards.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt()
+        }),
+    );
+    let correct: Vec<f64> = exps
+        .iter()
+        .filter_map(|e| e.is_correct())
+        .map(|c| if c { 1.0 } else { 0.0 })
+        .collect();
+    l.set("accuracy", mean(&correct));
+    let lens: Vec<f64> = exps.iter().map(|e| e.completion_ids.len() as f64).collect();
+    l.set("completion_len/mean", mean(&lens));
+    let st: Vec<f64> = exps
+        .iter()
+        .filter_map(|e| e.staleness(step))
+        .map(|s| s as f64)
+        .collect();
+    l.set("staleness/mean", mean(&st));
+    l.set("staleness/max", st.iter().cloned().reduce(f64::max));
+    if let Some(m) = &rep.loss {
+        l.set("loss", Some(m.loss));
+        l.set("clip_frac", m.clip_frac);
+        l.set("clip_frac/low", m.clip_frac_low);
+        l.set("clip_frac/high", m.clip_frac_high);
+        l.set("ratio/mean", m.ratio_mean);
+        l.set("ratio/min", m.ratio_min);
+        l.set("ratio/max", m.ratio_max);
+        l.set("kl_ref", m.kl_ref);
+        l.set("kl_behaviour", m.kl_behaviour);
+        l.set("entropy", m.entropy);
+        l.set("ess", m.ess);
+        l.set("masked_frac", m.masked_frac);
+    }
+    l.set("zero_std_frac", rep.adv.zero_std_frac());
+    l.set("grad_norm", rep.grad_norm);
+    l.set("lr", Some(lr));
+    l.set_value("skipped", serde_json::Value::Bool(rep.skipped));
+    l.set("time/sample_s", Some(sample_s));
+    l.set("time/train_s", Some(train_s));
+    let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
+    let secs = sample_s + train_s;
+    l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
+    l
+}

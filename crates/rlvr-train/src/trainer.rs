@@ -1,0 +1,484 @@
+//! The trainer's side of a step (DESIGN.md sections 3 and 4): advantages over the step batch, then
+//! μ epochs × mini-batches of optimizer updates, each update split into micro-batches (by row count or
+//! token budget) under one update-level normaliser, with global gradient-norm clipping and AdamW.
+//!
+//! Reads like the algorithm box:
+//!
+//! ```text
+//! A ← compute_advantages(rewards, groups)                  once per step
+//! for epoch in 1..=μ:
+//!   for mini-batch M (whole groups):                       one optimizer update each
+//!     w ← UpdateNormaliser(M)                              fixed before micro-batching
+//!     for micro-batch m ⊂ M: g += ∇ policy_loss(m, w_m)    no division by #micro-batches
+//!     if !finite(g): skip;  g ← g·min(1, c/‖g‖);  AdamW(g, lr)
+//! ```
+
+use std::collections::HashMap;
+
+use candle_core::{backprop::GradStore, DType, Tensor, Var};
+use rlvr_algo::{
+    compute_advantages, policy_loss, shape_rewards, AdvantageStats, Algorithm, LossInputs,
+    LossStats, RowInfo, UpdateNormaliser,
+};
+use rlvr_model::optim::{AdamW, AdamWConfig};
+use rlvr_model::Model;
+
+use crate::config::TrainSection;
+use crate::experience::Experience;
+
+/// What the trainer needs of the config, worked out once.
+#[derive(Debug, Clone)]
+pub struct TrainerSettings {
+    /// The resolved algorithm.
+    pub algorithm: Algorithm,
+    /// `[train]`.
+    pub train: TrainSection,
+    /// Sampling temperature T (the trainer scores with the same T).
+    pub temperature: f64,
+    /// `rollout.max_new_tokens` (the constant normaliser's L and the overlong penalty's limit).
+    pub max_new_tokens: usize,
+    /// Pad id used to fill right-padded micro-batches.
+    pub pad_id: u32,
+}
+
+/// The trainer: the policy being optimised, its optimizer and an optional frozen reference.
+pub struct Trainer {
+    /// The policy π_θ (version = completed steps).
+    pub model: Model,
+    /// Frozen reference policy for the KL term (when `kl_coef` ≠ 0).
+    pub reference: Option<Model>,
+    /// AdamW over `model.named_vars()` in order.
+    pub optimizer: AdamW,
+    /// Settings.
+    pub settings: TrainerSettings,
+}
+
+/// Result of one trainer step.
+#[derive(Debug, Clone, Default)]
+pub struct StepReport {
+    /// Loss diagnostics merged over every update of the step (`loss` = mean update loss).
+    pub loss: Option<rlvr_algo::LossMetrics>,
+    /// Advantage counts (zero-variance groups, nulls, drops).
+    pub adv: AdvantageStats,
+    /// Mean global gradient L2 norm before clipping over the updates (None if no update ran).
+    pub grad_norm: Option<f64>,
+    /// True when a non-finite loss or gradient skipped an update.
+    pub skipped: bool,
+    /// Optimizer updates applied.
+    pub updates: usize,
+    /// Mean |ℓ_sampler − ℓ_trainer| over completion tokens of staleness-0 rows, measured before the
+    /// step's first update (DESIGN.md section 3); None when no such row.
+    pub logprob_diff_s0: Option<f64>,
+    /// Completion tokens trained on (summed over updates).
+    pub tokens: usize,
+}
+
+/// One micro-batch's tensors: completion-aligned `[b, C]`.
+struct MicroBatch {
+    logp: Tensor,
+    entropy: Option<Tensor>,
+    logp_ref: Option<Tensor>,
+    logp_old: Tensor,
+    mask: Tensor,
+    mask_host: Vec<Vec<f32>>,
+}
+
+impl Trainer {
+    /// A trainer over `model` with a fresh AdamW.
+    ///
+    /// # Errors
+    /// Tensor allocation errors.
+    pub fn new(
+        model: Model,
+        reference: Option<Model>,
+        settings: TrainerSettings,
+    ) -> anyhow::Result<Self> {
+        let t = &settings.train;
+        let params: Vec<Var> = model
+            .named_vars()
+            .into_iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        let optimizer = AdamW::new(
+            params,
+            AdamWConfig {
+                lr: t.lr,
+                beta1: t.beta1,
+                beta2: t.beta2,
+                eps: t.adam_eps,
+                weight_decay: t.weight_decay,
+            },
+        )?;
+        Ok(Trainer {
+            model,
+            reference,
+            optimizer,
+            settings,
+        })
+    }
+
+    /// One trainer step on `batch` (B groups × K, any order), at trainer step `step` (1-based) with
+    /// learning rate `lr`. `seed` is the run seed (RED-Drop).
+    ///
+    /// # Errors
+    /// Shape or tensor errors, invalid rewards; a non-finite loss is not an error (the update is
+    /// skipped and reported).
+    pub fn step(
+        &mut self,
+        batch: &[Experience],
+        step: u64,
+        lr: f64,
+        seed: u64,
+    ) -> anyhow::Result<StepReport> {
+        let alg = self.settings.algorithm.clone();
+        let mut report = StepReport::default();
+        if batch.is_empty() {
+            return Ok(report);
+        }
+        // 1. Advantages over the whole step batch (groups by id).
+        let mut rewards: Vec<Option<f64>> = batch.iter().map(|e| e.reward).collect();
+        let lens: Vec<usize> = batch.iter().map(|e| e.completion_ids.len()).collect();
+        shape_rewards(&mut rewards, &lens, self.settings.max_new_tokens, &alg)?;
+        let groups: Vec<&str> = batch.iter().map(|e| e.group_id.as_str()).collect();
+        let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
+        report.adv = adv.stats;
+
+        // 2. Mini-batches of whole groups (first-appearance order).
+        let minis = split_groups(&groups, self.settings.train.mini_batches);
+        let mut stats = LossStats::default();
+        let mut norms = Vec::new();
+        let mut diff = (0.0f64, 0usize);
+        for epoch in 0..self.settings.train.epochs {
+            for (m, rows) in minis.iter().enumerate() {
+                let first = epoch == 0 && m == 0;
+                let out = self.update(batch, rows, &adv, step, lr, first.then_some(&mut diff))?;
+                stats.merge(&out.stats);
+                report.updates += 1;
+                report.tokens += out.stats.tokens as usize;
+                match out.grad_norm {
+                    Some(g) => norms.push(g),
+                    None => report.skipped = true,
+                }
+            }
+        }
+        // 3. Metrics.
+        let mut metrics = stats.finalise(Some(&adv.stats));
+        metrics.loss = stats.loss / report.updates.max(1) as f64;
+        report.loss = Some(metrics);
+        report.grad_norm =
+            (!norms.is_empty()).then(|| norms.iter().sum::<f64>() / norms.len() as f64);
+        report.logprob_diff_s0 = (diff.1 > 0).then(|| diff.0 / diff.1 as f64);
+        Ok(report)
+    }
+
+    /// One optimizer update over `rows` of `batch`. Returns the merged loss stats and the gradient
+    /// norm (None when the update was skipped as non-finite).
+    fn update(
+        &mut self,
+        batch: &[Experience],
+        rows: &[usize],
+        adv: &rlvr_algo::Advantages,
+        step: u64,
+        lr: f64,
+        mut diff: Option<&mut (f64, usize)>,
+    ) -> anyhow::Result<UpdateOut> {
+        let alg = &self.settings.algorithm;
+        let infos: Vec<RowInfo> = rows
+            .iter()
+            .map(|&i| RowInfo {
+                completion_tokens: batch[i].completion_ids.len(),
+                truncated: batch[i].truncated,
+                in_normaliser: adv.in_normaliser[i],
+            })
+            .collect();
+        let norm = UpdateNormaliser::new(alg, &infos, self.settings.max_new_tokens)?;
+        let vars: Vec<Var> = self
+            .model
+            .named_vars()
+            .into_iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let mut stats = LossStats::default();
+        let mut finite = true;
+        for mb in micro_batches(batch, rows, &self.settings.train) {
+            let local: Vec<usize> = mb
+                .iter()
+                .map(|i| {
+                    rows.iter()
+                        .position(|r| r == i)
+                        .expect("row of this update")
+                })
+                .collect();
+            let weights = norm.rows(&local);
+            let Some(t) = self.forward(batch, &mb)? else {
+                continue;
+            };
+            if let Some(d) = diff.as_deref_mut() {
+                accumulate_diff(batch, &mb, &t, step, d)?;
+            }
+            let a: Vec<f32> = mb.iter().map(|&i| adv.values[i] as f32).collect();
+            let a = Tensor::from_vec(a, mb.len(), self.model.device())?;
+            let (loss, st) = policy_loss(
+                alg,
+                &LossInputs {
+                    logp: &t.logp,
+                    logp_behaviour: &t.logp_old,
+                    logp_ref: t.logp_ref.as_ref(),
+                    entropy: t.entropy.as_ref(),
+                    mask: &t.mask,
+                    advantages: &a,
+                    row_weights: &weights,
+                },
+            )?;
+            stats.merge(&st);
+            if !st.loss.is_finite() {
+                finite = false;
+                continue;
+            }
+            let grads = loss.backward()?;
+            for (k, v) in vars.iter().enumerate() {
+                if let Some(g) = grads.get(v.as_tensor()) {
+                    let g = g.to_dtype(DType::F32)?;
+                    acc[k] = Some(match acc[k].take() {
+                        Some(prev) => (prev + g)?,
+                        None => g,
+                    });
+                }
+            }
+        }
+        // Global gradient norm, non-finite check, clipping.
+        let mut sq = 0.0f64;
+        for g in acc.iter().flatten() {
+            sq += g
+                .sqr()?
+                .sum_all()?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
+        }
+        let grad_norm = sq.sqrt();
+        if !finite || !grad_norm.is_finite() {
+            return Ok(UpdateOut {
+                stats,
+                grad_norm: None,
+            });
+        }
+        let clip = self.settings.train.grad_clip;
+        let scale = if clip > 0.0 && grad_norm > clip {
+            clip / (grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        let mut store = GradStore::default();
+        for (k, v) in vars.iter().enumerate() {
+            if let Some(g) = acc[k].take() {
+                let g = if scale != 1.0 { (g * scale)? } else { g };
+                store.insert(v.as_tensor(), g);
+            }
+        }
+        self.optimizer.step(&store, lr)?;
+        Ok(UpdateOut {
+            stats,
+            grad_norm: Some(grad_norm),
+        })
+    }
+
+    /// Training forward of one micro-batch: completion-aligned ℓ (with gradient), entropy, reference
+    /// ℓ, ℓ_old and mask, all `[b, C]` (C = longest completion). None when no row has a completion.
+    fn forward(&self, batch: &[Experience], mb: &[usize]) -> anyhow::Result<Option<MicroBatch>> {
+        let c_max = mb
+            .iter()
+            .map(|&i| batch[i].completion_ids.len())
+            .max()
+            .unwrap_or(0);
+        if c_max == 0 {
+            return Ok(None);
+        }
+        let (ids, mask, index, start) = pack(batch, mb, self.settings.pad_id);
+        let dev = self.model.device();
+        let b = mb.len();
+        let index = Tensor::from_vec(index, (b, c_max), dev)?;
+        let need_entropy = true;
+        let out = self.model.token_logprobs(
+            &ids,
+            &mask,
+            start,
+            self.settings.temperature,
+            need_entropy,
+            true,
+        )?;
+        let logp = out.logprobs.gather(&index, 1)?;
+        let entropy = match out.entropy {
+            Some(e) => Some(e.gather(&index, 1)?),
+            None => None,
+        };
+        let logp_ref = match (&self.reference, self.settings.algorithm.needs_reference()) {
+            (Some(r), true) => {
+                let o =
+                    r.token_logprobs(&ids, &mask, start, self.settings.temperature, false, false)?;
+                Some(o.logprobs.gather(&index, 1)?)
+            }
+            (None, true) => anyhow::bail!(
+                "algorithm.kl_coef = {} needs a reference model, but none was loaded",
+                self.settings.algorithm.kl_coef
+            ),
+            _ => None,
+        };
+        let mut old = vec![0f32; b * c_max];
+        let mut m = vec![0f32; b * c_max];
+        let mut mask_host = Vec::with_capacity(b);
+        for (r, &i) in mb.iter().enumerate() {
+            let e = &batch[i];
+            let mut row = vec![0f32; c_max];
+            for j in 0..e.completion_ids.len() {
+                old[r * c_max + j] = e.behaviour_logprobs[j];
+                m[r * c_max + j] = 1.0;
+                row[j] = 1.0;
+            }
+            mask_host.push(row);
+        }
+        Ok(Some(MicroBatch {
+            logp,
+            entropy,
+            logp_ref,
+            logp_old: Tensor::from_vec(old, (b, c_max), dev)?,
+            mask: Tensor::from_vec(m, (b, c_max), dev)?,
+            mask_host,
+        }))
+    }
+}
+
+struct UpdateOut {
+    stats: LossStats,
+    grad_norm: Option<f64>,
+}
+
+/// Packs rows into right-padded `[b][T]` ids and mask, the `[b·C]` gather index of each completion
+/// token in [`Model::token_logprobs`]' output, and its `start` (shortest prompt − 1).
+type Packed = (Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<u32>, usize);
+
+fn pack(batch: &[Experience], mb: &[usize], pad: u32) -> Packed {
+    let t = mb
+        .iter()
+        .map(|&i| batch[i].prompt_ids.len() + batch[i].completion_ids.len())
+        .max()
+        .unwrap_or(0)
+        .max(2);
+    let c_max = mb
+        .iter()
+        .map(|&i| batch[i].completion_ids.len())
+        .max()
+        .unwrap_or(0);
+    let start = mb
+        .iter()
+        .map(|&i| batch[i].prompt_ids.len())
+        .min()
+        .unwrap_or(1)
+        .saturating_sub(1);
+    let mut ids = Vec::with_capacity(mb.len());
+    let mut mask = Vec::with_capacity(mb.len());
+    let mut index = Vec::with_capacity(mb.len() * c_max);
+    for &i in mb {
+        let e = &batch[i];
+        let mut row: Vec<u32> = e.prompt_ids.clone();
+        row.extend_from_slice(&e.completion_ids);
+        let n = row.len();
+        row.resize(t, pad);
+        let mut mrow = vec![1u32; n];
+        mrow.resize(t, 0);
+        ids.push(row);
+        mask.push(mrow);
+        // Completion token j sits at P + j and is predicted at position P + j − 1.
+        let p = e.prompt_ids.len();
+        for j in 0..c_max {
+            let jj = j.min(e.completion_ids.len().saturating_sub(1));
+            index.push((p + jj - 1 - start) as u32);
+        }
+    }
+    (ids, mask, index, start)
+}
+
+/// Adds Σ|ℓ_old − ℓ| and the token count of staleness-0 rows of the micro-batch to `d`.
+fn accumulate_diff(
+    batch: &[Experience],
+    mb: &[usize],
+    t: &MicroBatch,
+    step: u64,
+    d: &mut (f64, usize),
+) -> anyhow::Result<()> {
+    let lp = t.logp.detach().to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let old = t.logp_old.to_vec2::<f32>()?;
+    for (r, &i) in mb.iter().enumerate() {
+        if batch[i].staleness(step) != Some(0) {
+            continue;
+        }
+        for j in 0..batch[i].completion_ids.len() {
+            if t.mask_host[r][j] > 0.0 {
+                d.0 += (lp[r][j] - old[r][j]).abs() as f64;
+                d.1 += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits the rows into `n` mini-batches of whole groups (first-appearance order, sizes differing by
+/// at most one group). Fewer groups than `n` give fewer mini-batches.
+pub fn split_groups(groups: &[&str], n: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut rows: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, g) in groups.iter().enumerate() {
+        rows.entry(g)
+            .or_insert_with(|| {
+                order.push(g);
+                Vec::new()
+            })
+            .push(i);
+    }
+    let n = n.clamp(1, order.len().max(1));
+    let mut out = vec![Vec::new(); n];
+    let per = order.len() / n;
+    let extra = order.len() % n;
+    let mut k = 0;
+    for (m, chunk) in out.iter_mut().enumerate() {
+        let take = per + usize::from(m < extra);
+        for g in &order[k..k + take] {
+            chunk.extend_from_slice(&rows[g]);
+        }
+        k += take;
+    }
+    out.retain(|c| !c.is_empty());
+    out
+}
+
+/// Splits an update's rows into micro-batches: `micro_batch_size` rows each, or, with
+/// `micro_batch_tokens`, as many rows as fit the budget rows × padded length (a row longer than
+/// the budget gets its own micro-batch).
+pub fn micro_batches(batch: &[Experience], rows: &[usize], t: &TrainSection) -> Vec<Vec<usize>> {
+    match t.micro_batch_tokens {
+        None => rows
+            .chunks(t.micro_batch_size)
+            .map(|c| c.to_vec())
+            .collect(),
+        Some(budget) => {
+            let mut out: Vec<Vec<usize>> = Vec::new();
+            let mut cur: Vec<usize> = Vec::new();
+            let mut longest = 0usize;
+            for &i in rows {
+                let len = batch[i].prompt_ids.len() + batch[i].completion_ids.len();
+                let new_longest = longest.max(len);
+                if !cur.is_empty() && new_longest * (cur.len() + 1) > budget {
+                    out.push(std::mem::take(&mut cur));
+                    longest = len;
+                } else {
+                    longest = new_longest;
+                }
+                cur.push(i);
+            }
+            if !cur.is_empty() {
+                out.push(cur);
+            }
+            out
+        }
+    }
+}
