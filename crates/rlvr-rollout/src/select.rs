@@ -37,6 +37,7 @@ pub struct Selection {
 pub struct Scratch {
     weights: Vec<f32>,
     idx: Vec<u32>,
+    mass: Vec<f64>,
 }
 
 /// Picks a token from `logits` (`[V]`, f32, one row) with the uniform draw `u` ∈ [0, 1).
@@ -69,6 +70,8 @@ pub fn choose(logits: &[f32], sel: &Selection, u: f64, scratch: &mut Scratch) ->
     let k = sel.top_k.filter(|&k| k > 0 && k < v);
     let token = if k.is_none() && sel.top_p >= 1.0 {
         walk(w, (0..v as u32).map(|i| i as usize), u * total)
+    } else if k.is_none() {
+        nucleus_sample(w, sel.top_p * total, u, &mut scratch.mass, &mut scratch.idx)
     } else {
         let idx = &mut scratch.idx;
         idx.clear();
@@ -135,6 +138,62 @@ fn walk(w: &[f32], order: impl Iterator<Item = usize>, target: f64) -> usize {
         }
     }
     last
+}
+
+/// Histogram bucket of a weight in [0, 1]: the top 13 bits of its f32 pattern (exponent and 4
+/// mantissa bits). For non-negative floats the bit pattern is monotonic, so a heavier bucket
+/// holds only heavier weights. 1.0 falls in bucket 2032.
+#[inline(always)]
+fn bucket(e: f32) -> usize {
+    (e.to_bits() >> 19) as usize
+}
+
+const BUCKETS: usize = 2033;
+
+/// Draws from the nucleus of the whole row (no top-k) without sorting: one pass builds the mass
+/// of each [`bucket`]; scanning buckets from the heaviest finds the boundary bucket where the
+/// running mass reaches `need`; every token in a heavier bucket is kept, and the boundary bucket
+/// (a few per cent of the vocabulary at most) is resolved exactly by [`nucleus`]. The draw walks
+/// the kept tokens in id order, then the kept boundary tokens. Same kept set as a sort.
+fn nucleus_sample(w: &[f32], need: f64, u: f64, mass: &mut Vec<f64>, idx: &mut Vec<u32>) -> usize {
+    mass.clear();
+    mass.resize(BUCKETS, 0.0);
+    for &e in w {
+        mass[bucket(e).min(BUCKETS - 1)] += e as f64;
+    }
+    let mut acc = 0.0;
+    let mut boundary = 0;
+    for b in (0..BUCKETS).rev() {
+        if mass[b] > 0.0 && acc + mass[b] >= need {
+            boundary = b;
+            break;
+        }
+        acc += mass[b];
+    }
+    idx.clear();
+    idx.extend(
+        w.iter()
+            .enumerate()
+            .filter(|(_, &e)| bucket(e).min(BUCKETS - 1) == boundary)
+            .map(|(i, _)| i as u32),
+    );
+    let n = if idx.is_empty() {
+        0
+    } else {
+        nucleus(idx, w, need - acc)
+    };
+    let kept_boundary: f64 = idx[..n].iter().map(|&i| w[i as usize] as f64).sum();
+    let target = u * (acc + kept_boundary);
+    let heavier = w
+        .iter()
+        .enumerate()
+        .filter(|(_, &e)| bucket(e).min(BUCKETS - 1) > boundary)
+        .map(|(i, _)| i);
+    walk(
+        w,
+        heavier.chain(idx[..n].iter().map(|&i| i as usize)),
+        target,
+    )
 }
 
 /// Reorders `idx` so that `idx[..n]` is the nucleus and returns n ≥ 1: the smallest set of the
@@ -242,6 +301,50 @@ mod tests {
         }
         // A peaked row keeps one token.
         check_nucleus(&[100.0, 1e-3, 1e-3, 1e-4], 0.9);
+    }
+
+    #[test]
+    fn histogram_nucleus_keeps_the_sorted_nucleus() {
+        let mut s = 99u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for len in [1usize, 5, 300, 5000] {
+            // Near-uniform and peaked rows; weights in (0, 1] with max 1 as `choose` makes them.
+            for spread in [0.1f32, 3.0, 20.0] {
+                let y: Vec<f32> = (0..len).map(|_| rnd() * spread).collect();
+                let m = y.iter().cloned().fold(f32::MIN, f32::max);
+                let w: Vec<f32> = y.iter().map(|v| (v - m).exp()).collect();
+                let total: f64 = w.iter().map(|&x| x as f64).sum();
+                for p in [0.05, 0.5, 0.9, 0.99] {
+                    let size = nucleus_by_sort(&w, p * total);
+                    let mut sorted = w.clone();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    let lightest_kept = sorted[size - 1];
+                    let (mut mass, mut idx) = (vec![], vec![]);
+                    let mut seen = std::collections::HashSet::new();
+                    for i in 0..400 {
+                        let u = (i as f64 + 0.5) / 400.0;
+                        let t = nucleus_sample(&w, p * total, u, &mut mass, &mut idx);
+                        assert!(
+                            w[t] >= lightest_kept,
+                            "len {len} p {p}: drew a dropped token"
+                        );
+                        seen.insert(t);
+                    }
+                    assert!(seen.len() <= size);
+                    if size <= 50 {
+                        assert!(
+                            seen.len() * 10 >= size * 7,
+                            "len {len} p {p}: support too small"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
