@@ -538,19 +538,23 @@ impl Model {
         let hidden = self.forward_hidden(&ids_t, &pos, &bias, None, grad)?;
         let n = t - 1 - start;
         let h = hidden.narrow(1, start, n)?;
-        let logits = self.lm_head(&h, grad)?.to_dtype(upcast(self.dtype))?;
         let targets = ids_t.narrow(1, start + 1, n)?.contiguous()?;
-        let (lp, entropy) = if self.device.is_cpu() && logits.dtype() == DType::F32 {
-            // Fused: parallel passes over the vocabulary; no [B, n, V] intermediates besides the logits.
-            let v = logits.dim(2)?;
-            let op = crate::fused::TokenLogprobOp {
+        let (lp, entropy) = if self.device.is_cpu() && self.dtype == DType::F32 {
+            // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
+            // [B, n, V] logits never exist (crate::fused::LmHeadLogprobOp).
+            let w = match &self.lm_head {
+                Some(head) => self.w(head, grad),
+                None => self.w(&self.embed, grad),
+            };
+            let op = crate::fused::LmHeadLogprobOp {
                 targets: std::sync::Arc::new(targets.flatten_all()?.to_vec1()?),
                 inv_t: (1.0 / temperature) as f32,
                 entropy: with_entropy,
             };
-            let out = logits
-                .reshape((b * n, v))?
-                .apply_op1(op)?
+            let out = h
+                .reshape((b * n, self.config.hidden_size))?
+                .contiguous()?
+                .apply_op2(&w, op)?
                 .reshape((b, n, 2))?;
             let lp = out.narrow(2, 0, 1)?.squeeze(2)?.contiguous()?;
             let ent = if with_entropy {
@@ -560,6 +564,7 @@ impl Model {
             };
             (lp, ent)
         } else {
+            let logits = self.lm_head(&h, grad)?.to_dtype(upcast(self.dtype))?;
             Self::logprobs_unfused(&logits, &targets, temperature, with_entropy)?
         };
         Ok(LogProbs {

@@ -1,0 +1,215 @@
+//! The fused lm_head + log-prob/entropy op (`LmHeadLogprobOp`) equals the unfused reference
+//! (`Model::lm_head`-style `h·Wᵀ`, then `Model::logprobs_unfused`) in value and in gradient
+//! w.r.t. both the hidden states and the head weight, at several temperatures, loss weightings
+//! and shapes (vocabulary and row counts that are not multiples of the op's chunk sizes), and a
+//! tied model's embedding gradient is the same through either head.
+
+use candle_core::{DType, Device, Tensor, Var};
+use rlvr_model::fused::LmHeadLogprobOp;
+use rlvr_model::ops::linear;
+use rlvr_model::Model;
+
+fn uniform(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+struct Out {
+    lp: Vec<f32>,
+    ent: Option<Vec<f32>>,
+    gh: Vec<f32>,
+    gw: Vec<f32>,
+}
+
+fn run(
+    fused: bool,
+    (n, hd, v): (usize, usize, usize),
+    h: &[f32],
+    w: &[f32],
+    targets: &[u32],
+    temperature: f64,
+    with_entropy: bool,
+) -> Out {
+    let dev = Device::Cpu;
+    let hv = Var::from_tensor(&Tensor::from_vec(h.to_vec(), (n, hd), &dev).unwrap()).unwrap();
+    let wv = Var::from_tensor(&Tensor::from_vec(w.to_vec(), (v, hd), &dev).unwrap()).unwrap();
+    let (lp, ent) = if fused {
+        let op = LmHeadLogprobOp {
+            targets: std::sync::Arc::new(targets.to_vec()),
+            inv_t: (1.0 / temperature) as f32,
+            entropy: with_entropy,
+        };
+        let out = hv.as_tensor().apply_op2(wv.as_tensor(), op).unwrap();
+        let lp = out.narrow(1, 0, 1).unwrap().squeeze(1).unwrap();
+        let e = with_entropy.then(|| out.narrow(1, 1, 1).unwrap().squeeze(1).unwrap());
+        (lp, e)
+    } else {
+        let logits = linear(&hv.as_tensor().unsqueeze(0).unwrap(), wv.as_tensor(), None).unwrap();
+        let tt = Tensor::from_vec(targets.to_vec(), (1, n), &dev).unwrap();
+        let (lp, e) = Model::logprobs_unfused(&logits, &tt, temperature, with_entropy).unwrap();
+        (lp.squeeze(0).unwrap(), e.map(|e| e.squeeze(0).unwrap()))
+    };
+    let wl = Tensor::from_vec(
+        (0..n).map(|i| (i % 4) as f32 - 1.5).collect::<Vec<_>>(),
+        n,
+        &dev,
+    )
+    .unwrap();
+    let mut loss = (&lp * &wl).unwrap().sum_all().unwrap();
+    if let Some(e) = &ent {
+        loss = (loss + (e * 0.3).unwrap().sum_all().unwrap()).unwrap();
+    }
+    let g = loss.backward().unwrap();
+    let flat = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
+    Out {
+        lp: flat(&lp),
+        ent: ent.as_ref().map(flat),
+        gh: flat(g.get(hv.as_tensor()).unwrap()),
+        gw: flat(g.get(wv.as_tensor()).unwrap()),
+    }
+}
+
+fn assert_close(what: &str, a: &[f32], b: &[f32], tol_rel_max: f32) {
+    assert_eq!(a.len(), b.len());
+    let max = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(max > 0.0, "{what}: reference is all zero");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-6 + tol_rel_max * max,
+            "{what}[{i}]: fused {x} vs unfused {y} (max |ref| {max})"
+        );
+    }
+}
+
+#[test]
+fn fused_lm_head_matches_unfused_in_value_and_gradients() {
+    // (rows, hidden, vocab): one block and one chunk; several of each with ragged tails.
+    let shapes = [(5, 16, 300), (37, 24, 1000), (600, 8, 700)];
+    let cases = [(1.0, true, 1u64), (0.6, true, 2), (1.7, false, 3)];
+    for &(n, hd, v) in &shapes {
+        for &(temperature, with_entropy, seed) in &cases {
+            let h = uniform(n * hd, seed, 4.0);
+            let w = uniform(v * hd, seed + 100, 2.0);
+            let targets: Vec<u32> = (0..n).map(|i| ((i * 389 + 7) % v) as u32).collect();
+            let shape = (n, hd, v);
+            let f = run(true, shape, &h, &w, &targets, temperature, with_entropy);
+            let u = run(false, shape, &h, &w, &targets, temperature, with_entropy);
+            let ctx = format!("shape {shape:?}, T {temperature}, entropy {with_entropy}");
+            for (a, b) in f.lp.iter().zip(&u.lp) {
+                assert!((a - b).abs() < 2e-5, "{ctx}: logprob {a} vs {b}");
+            }
+            if with_entropy {
+                for (a, b) in f.ent.unwrap().iter().zip(&u.ent.unwrap()) {
+                    assert!((a - b).abs() < 2e-5, "{ctx}: entropy {a} vs {b}");
+                }
+            }
+            assert_close(&format!("{ctx}: grad h"), &f.gh, &u.gh, 1e-4);
+            assert_close(&format!("{ctx}: grad W"), &f.gw, &u.gw, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn fused_lm_head_rejects_bad_inputs() {
+    let dev = Device::Cpu;
+    let h = Tensor::zeros((3, 4), DType::F32, &dev).unwrap();
+    let w = Tensor::zeros((10, 4), DType::F32, &dev).unwrap();
+    let op = |t: Vec<u32>| LmHeadLogprobOp {
+        targets: std::sync::Arc::new(t),
+        inv_t: 1.0,
+        entropy: false,
+    };
+    assert!(h.apply_op2(&w, op(vec![0, 1])).is_err(), "target count");
+    assert!(
+        h.apply_op2(&w, op(vec![0, 1, 10])).is_err(),
+        "target out of range"
+    );
+    let w5 = Tensor::zeros((10, 5), DType::F32, &dev).unwrap();
+    assert!(
+        h.apply_op2(&w5, op(vec![0, 1, 2])).is_err(),
+        "hidden mismatch"
+    );
+    // Uniform logits: log-prob −ln V, entropy ln V.
+    let out = h
+        .apply_op2(
+            &w,
+            LmHeadLogprobOp {
+                targets: std::sync::Arc::new(vec![0, 5, 9]),
+                inv_t: 1.0,
+                entropy: true,
+            },
+        )
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    for r in out {
+        assert!((r[0] + 10f32.ln()).abs() < 1e-6 && (r[1] - 10f32.ln()).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn tied_model_gradients_match_through_either_head() {
+    // A tied Qwen2 fixture: the embedding receives both the lookup's and the head's gradient.
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/qwen2_bias_tied"
+    );
+    let model = Model::load(std::path::Path::new(dir), DType::F32, &Device::Cpu).unwrap();
+    assert!(model.lm_head.is_none());
+    let ids = vec![
+        vec![0u32, 0, 5, 9, 30, 17, 4],
+        vec![7, 8, 9, 10, 11, 12, 13],
+    ];
+    let mask = vec![vec![0u32, 0, 1, 1, 1, 1, 1], vec![1; 7]];
+    let out = model
+        .token_logprobs(&ids, &mask, 1, 0.8, true, true)
+        .unwrap();
+    let loss_fused = (out.logprobs.sum_all().unwrap()
+        + (out.entropy.unwrap() * 0.5).unwrap().sum_all().unwrap())
+    .unwrap();
+    let g_fused = loss_fused.backward().unwrap();
+    // Reference: same hidden states through Model::lm_head + Model::logprobs_unfused.
+    let ids_t = Tensor::new(ids.clone(), &Device::Cpu).unwrap();
+    let pos = rlvr_model::model::position_ids(&mask);
+    let bias = model.attention_bias(&mask, 0, 7).unwrap();
+    let hidden = model
+        .forward_hidden(&ids_t, &pos, &bias, None, true)
+        .unwrap();
+    let logits = model
+        .lm_head(&hidden.narrow(1, 1, 5).unwrap(), true)
+        .unwrap();
+    let targets = ids_t.narrow(1, 2, 5).unwrap().contiguous().unwrap();
+    let (lp, ent) = Model::logprobs_unfused(&logits, &targets, 0.8, true).unwrap();
+    let loss_ref =
+        (lp.sum_all().unwrap() + (ent.unwrap() * 0.5).unwrap().sum_all().unwrap()).unwrap();
+    let g_ref = loss_ref.backward().unwrap();
+    let (a, b) = (
+        loss_fused.to_scalar::<f32>().unwrap(),
+        loss_ref.to_scalar::<f32>().unwrap(),
+    );
+    assert!((a - b).abs() < 1e-4 * b.abs().max(1.0), "loss {a} vs {b}");
+    for (name, var) in model.named_vars() {
+        let gf: Vec<f32> = g_fused
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no gradient through the fused head"))
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let gr: Vec<f32> = g_ref
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_close(&name, &gf, &gr, 1e-4);
+    }
+}
