@@ -634,10 +634,12 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
                 );
             }
             let stop = opts.stop.load(Ordering::SeqCst);
-            let due = (c.train.save_every > 0 && t % c.train.save_every == 0)
-                || t == c.train.steps
-                || is_best
-                || stop;
+            // A skipped step writes no checkpoint: the last one stays the last good one.
+            let due = !rep.skipped
+                && ((c.train.save_every > 0 && t % c.train.save_every == 0)
+                    || t == c.train.steps
+                    || is_best
+                    || stop);
             if due {
                 last_ckpt = Some(save(&trainer, &feed, t, skipped_in_row, best)?);
                 if is_best {

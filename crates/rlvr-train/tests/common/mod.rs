@@ -33,7 +33,7 @@ fn tokenizer_json() -> String {
     .to_string()
 }
 
-/// Writes a tiny random checkpoint (2 layers, width 16, vocab 64) with the char tokenizer into `dir`.
+/// Writes a tiny random checkpoint (2 layers, width 16, vocab 24) with the char tokenizer into `dir`.
 pub fn tiny_model(dir: &Path, seed: u64) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let tok_dir = dir.join("tok-src");
@@ -41,14 +41,14 @@ pub fn tiny_model(dir: &Path, seed: u64) -> PathBuf {
     std::fs::write(tok_dir.join("tokenizer.json"), tokenizer_json()).unwrap();
     let tok = tokenizer_for_init(&tok_dir.join("tokenizer.json")).unwrap();
     let config = ModelConfig::from_json(
-        &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 16,
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 24, "hidden_size": 16,
             "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
             "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": true,
             "eos_token_id": tok.eos_ids[0]}),
         "inline".as_ref(),
     )
     .unwrap();
-    let model = Model::random(config, 0.5, seed, DType::F32, &Device::Cpu).unwrap();
+    let model = Model::random(config, 0.05, seed, DType::F32, &Device::Cpu).unwrap();
     let out = dir.join("model");
     model.save(&out, DType::F32).unwrap();
     write_tokenizer_files(&out, &tok).unwrap();
@@ -66,7 +66,7 @@ pub fn arithmetic_sets(model: &Path, run: &Path) -> Vec<String> {
         "data.arithmetic.train_size=64".into(),
         "data.arithmetic.test_size=8".into(),
         "data.prompts_per_step=2".into(),
-        "rollout.group_size=4".into(),
+        "rollout.group_size=8".into(),
         "rollout.max_new_tokens=4".into(),
         "train.lr=1e-2".into(),
         "train.micro_batch_size=3".into(),
