@@ -1,0 +1,295 @@
+//! Offline mode (experiences JSONL), a hand-checkable trainer step, and micro-batch invariance of the
+//! whole trainer step's update.
+
+mod common;
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use rlvr_model::Model;
+use rlvr_train::config::{RawConfig, TrainSection};
+use rlvr_train::eval::completion_logprobs;
+use rlvr_train::experience::{read_experiences, Experience};
+use rlvr_train::metrics::read_metrics;
+use rlvr_train::run::{train, RunOptions};
+use rlvr_train::trainer::{Trainer, TrainerSettings};
+
+fn write(path: &Path, lines: &[String]) {
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+fn check_bad_line(line: &str, field: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("exp.jsonl");
+    let good = r#"{"prompt_ids": [1, 2], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a"}"#;
+    write(&p, &[good.to_string(), line.to_string()]);
+    let err = read_experiences(&p).unwrap_err().to_string();
+    assert!(err.contains("exp.jsonl:2"), "no file:line in {err}");
+    assert!(
+        err.contains(&format!("`{field}`")),
+        "no field `{field}` in {err}"
+    );
+}
+
+#[test]
+fn malformed_experience_lines_name_file_line_and_field() {
+    check_bad_line(
+        r#"{"completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a"}"#,
+        "prompt_ids",
+    );
+    check_bad_line(
+        r#"{"prompt_ids": [1], "completion_ids": [3, 4], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a"}"#,
+        "behaviour_logprobs",
+    );
+    check_bad_line(
+        r#"{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": "yes", "group_id": "a"}"#,
+        "reward",
+    );
+    check_bad_line(
+        r#"{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1.0}"#,
+        "group_id",
+    );
+    check_bad_line(
+        r#"{"prompt_ids": [1], "completion_ids": [-3], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a"}"#,
+        "completion_ids",
+    );
+    check_bad_line(
+        r#"{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a", "finish_reason": "stop"}"#,
+        "finish_reason",
+    );
+    check_bad_line(
+        r#"{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a", "version": -1}"#,
+        "version",
+    );
+    check_bad_line("{not json", "-");
+}
+
+#[test]
+fn experience_fields_parse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("exp.jsonl");
+    write(
+        &p,
+        &[
+            r#"{"prompt_ids": [1], "completion_ids": [3, 5], "behaviour_logprobs": [-1.0, -2.5], "reward": null, "group_id": 7, "version": 3, "finish_reason": "length"}"#.into(),
+            String::new(),
+            r#"{"prompt_ids": [1], "completion_ids": [], "behaviour_logprobs": [], "reward": 0.5, "group_id": "7"}"#.into(),
+        ],
+    );
+    let e = read_experiences(&p).unwrap();
+    assert_eq!(e.len(), 2);
+    assert_eq!(e[0].group_id, "7");
+    assert_eq!(e[1].group_id, "7", "group ids compare as strings");
+    assert_eq!(e[0].reward, None);
+    assert_eq!(e[0].version, Some(3));
+    assert!(e[0].truncated && !e[1].truncated);
+    assert_eq!(e[1].version, None);
+    assert_eq!(e[0].staleness(5), Some(1));
+    assert_eq!(e[1].staleness(5), None);
+}
+
+fn exp(prompt: Vec<u32>, completion: Vec<u32>, reward: f64, group: &str) -> Experience {
+    let n = completion.len();
+    Experience {
+        prompt_ids: prompt,
+        completion_ids: completion,
+        behaviour_logprobs: vec![-3.0; n],
+        reward: Some(reward),
+        correct: None,
+        group_id: group.into(),
+        version: None,
+        truncated: false,
+    }
+}
+
+fn json_line(e: &Experience) -> String {
+    serde_json::json!({
+        "prompt_ids": e.prompt_ids, "completion_ids": e.completion_ids,
+        "behaviour_logprobs": e.behaviour_logprobs, "reward": e.reward, "group_id": e.group_id,
+    })
+    .to_string()
+}
+
+/// One offline REINFORCE step checked by hand: loss = −Σ_i A_i Σ_t ℓ_it / Σ_i n_i (token-mean) with
+/// A = ±0.5 (group mean baseline, no std), ℓ from the initial model; and AdamW's first update moves
+/// every weight by lr·g/(|g| + ε) (weight decay 0), i.e. by at most lr and by ≈ lr where |g| ≫ ε.
+#[test]
+fn hand_checked_offline_reinforce_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = common::tiny_model(tmp.path(), 4);
+    let exps = vec![
+        exp(vec![1, 2, 3], vec![4, 5], 1.0, "g0"),
+        exp(vec![1, 2, 3], vec![6, 7, 8], 0.0, "g0"),
+        exp(vec![9, 10], vec![11], 0.0, "g1"),
+        exp(vec![9, 10], vec![12, 13, 2, 18], 1.0, "g1"),
+    ];
+    let file = tmp.path().join("exp.jsonl");
+    write(&file, &exps.iter().map(json_line).collect::<Vec<_>>());
+    let rd = tmp.path().join("run");
+    let lr = 1e-3;
+    let sets: Vec<String> = vec![
+        format!("model.path={}", model_dir.display()),
+        format!("output.dir={}", rd.display()),
+        format!("data.experiences={}", file.display()),
+        "data.prompts_per_step=2".into(),
+        "algorithm.preset=\"reinforce\"".into(),
+        "train.steps=1".into(),
+        format!("train.lr={lr}"),
+        "train.weight_decay=0".into(),
+        "train.grad_clip=0".into(),
+        "train.micro_batch_size=3".into(),
+    ];
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+
+    let before = Model::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
+    let lp = completion_logprobs(&before, &exps, &[0, 1, 2, 3], 1.0, 0).unwrap();
+    let adv = [0.5, -0.5, -0.5, 0.5];
+    let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
+    let want: f64 = -lp
+        .iter()
+        .zip(adv)
+        .map(|(l, a)| a * l.iter().map(|&x| x as f64).sum::<f64>())
+        .sum::<f64>()
+        / tokens as f64;
+    let m = read_metrics(&rd.join("metrics.jsonl")).unwrap();
+    let got = m[0]["loss"].as_f64().unwrap();
+    assert!((got - want).abs() < 1e-5, "loss {got} vs hand value {want}");
+    assert_eq!(m[0]["reward/mean"].as_f64(), Some(0.5));
+    assert_eq!(m[0]["accuracy"].as_f64(), Some(0.5));
+    assert_eq!(m[0]["completion_len/mean"].as_f64(), Some(2.5));
+    assert!(
+        m[0]["staleness/mean"].is_null(),
+        "no version: staleness null"
+    );
+    assert_eq!(m[0]["zero_std_frac"].as_f64(), Some(0.0));
+
+    let after = Model::load(&rd.join("checkpoints/step-1"), DType::F32, &Device::Cpu).unwrap();
+    let mut max_step = 0f64;
+    for ((_, a), (_, b)) in before.named_vars().iter().zip(after.named_vars().iter()) {
+        let d = (b.as_tensor() - a.as_tensor())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
+        assert!(d <= lr * (1.0 + 1e-4), "a weight moved by {d} > lr");
+        max_step = max_step.max(d);
+    }
+    assert!(
+        (max_step - lr).abs() < 1e-5,
+        "largest move {max_step}, expected ≈ lr"
+    );
+}
+
+fn batch() -> Vec<Experience> {
+    let mut out = Vec::new();
+    let mut s = 7u64;
+    let mut next = |m: u64| {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 33) % m) as u32
+    };
+    for g in 0..4 {
+        let p: Vec<u32> = (0..2 + next(3)).map(|_| next(19)).collect();
+        for k in 0..4 {
+            let c: Vec<u32> = (0..1 + next(5)).map(|_| next(19)).collect();
+            let mut e = exp(p.clone(), c, ((g + k) % 3) as f64, &format!("g{g}"));
+            e.behaviour_logprobs = e
+                .completion_ids
+                .iter()
+                .map(|_| -2.0 - next(100) as f32 / 100.0)
+                .collect();
+            out.push(e);
+        }
+    }
+    out
+}
+
+fn check_step(model_dir: &Path, preset: &str, train: TrainSection) -> (Vec<Vec<f32>>, f64) {
+    let model = Model::load(model_dir, DType::F32, &Device::Cpu).unwrap();
+    let mut alg = rlvr_algo::AlgorithmConfig::empty(preset);
+    alg.kl_coef = None;
+    let settings = TrainerSettings {
+        algorithm: alg.resolve().unwrap(),
+        train,
+        temperature: 0.7,
+        max_new_tokens: 5,
+        pad_id: 0,
+    };
+    let mut t = Trainer::new(model, None, settings).unwrap();
+    let rep = t.step(&batch(), 1, 1e-3, 0).unwrap();
+    let w = t
+        .model
+        .named_vars()
+        .iter()
+        .map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect();
+    (w, rep.grad_norm.unwrap())
+}
+
+/// The whole trainer step (advantages, normaliser, micro-batches, clipping, AdamW, two mini-batches
+/// and two epochs) gives the same update whether each update runs as 1, 2, 3 or 16 micro-batches or
+/// by token budget, for every aggregation mode.
+#[test]
+fn trainer_step_is_micro_batch_invariant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = common::tiny_model(tmp.path(), 5);
+    for preset in ["grpo", "dapo", "reinforce", "dr_grpo", "rec_oneside_is"] {
+        let base = TrainSection {
+            mini_batches: 2,
+            epochs: 2,
+            grad_clip: 0.5,
+            weight_decay: 0.01,
+            ..Default::default()
+        };
+        let (w0, g0) = check_step(
+            &model_dir,
+            preset,
+            TrainSection {
+                micro_batch_size: 16,
+                ..base.clone()
+            },
+        );
+        for mb in [
+            TrainSection {
+                micro_batch_size: 1,
+                ..base.clone()
+            },
+            TrainSection {
+                micro_batch_size: 3,
+                ..base.clone()
+            },
+            TrainSection {
+                micro_batch_tokens: Some(20),
+                ..base.clone()
+            },
+        ] {
+            let (w, g) = check_step(&model_dir, preset, mb.clone());
+            assert!(
+                (g - g0).abs() < 1e-5 * (1.0 + g0),
+                "{preset}: grad norm {g} vs {g0}"
+            );
+            for (a, b) in w.iter().zip(&w0) {
+                for (x, y) in a.iter().zip(b) {
+                    assert!(
+                        (x - y).abs() < 1e-6,
+                        "{preset} {:?}: weight {x} vs {y}",
+                        mb.micro_batch_tokens
+                    );
+                }
+            }
+        }
+    }
+}
