@@ -25,6 +25,14 @@ enum Command {
     Init(init::InitArgs),
     /// Print per-token log-probs of a completion given a prompt: {"tokens", "logprobs"}.
     Logprobs(logprobs::LogprobsArgs),
+    /// RL training: explorer samples, verifier scores, trainer updates (config: DESIGN.md section 10).
+    Train(rlvr_train::cli::TrainArgs),
+    /// Supervised warm start on {prompt, completion} pairs.
+    Sft(rlvr_train::sft::SftArgs),
+    /// Evaluate a model on a task's held-out split: {"task", "n", "accuracy", "mean@k", "pass@k"}.
+    Eval(rlvr_train::cli::EvalArgs),
+    /// Plot metrics of one or more run directories against step (SVG or PNG).
+    Plot(rlvr_train::plot::PlotArgs),
     /// Sample K completions per prompt with behaviour log-probs (JSON lines; --out experiences).
     Generate(rlvr_rollout::cli::GenerateArgs),
     /// Score completions with a verifier: {"reward", "extracted", "gold"} per line.
@@ -40,6 +48,10 @@ fn main() {
     let res = match &cli.command {
         Command::Init(a) => init::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),
+        Command::Train(a) => rlvr_train::cli::run_train(a, &mut out),
+        Command::Sft(a) => rlvr_train::sft::run_sft(a, &mut out),
+        Command::Eval(a) => rlvr_train::cli::run_eval(a, &mut out),
+        Command::Plot(a) => rlvr_train::plot::run_plot(a, &mut out),
         Command::Generate(a) => rlvr_rollout::cli::run(a, &mut out),
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
         Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
