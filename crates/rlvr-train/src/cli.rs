@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
-use candle_core::DType;
 use rlvr_data::config::{PromptStyle, TaskKind};
 use rlvr_data::generate::Split;
 use rlvr_model::checkpoint::Policy;
@@ -162,6 +161,12 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         p.texts.truncate(n);
         p.references.truncate(n);
     }
+    if p.texts.is_empty() {
+        anyhow::bail!(
+            "the {} test split has no problem (check data.test / --data and data.max_prompt_len)",
+            raw.data.task.name()
+        );
+    }
     let reward = RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?;
     let settings = EvalSettings {
         samples: a.n.max(1),
@@ -199,7 +204,6 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "pass@k": r.pass_at_k,
         })
     )?;
-    let _ = DType::F32;
     Ok(())
 }
 

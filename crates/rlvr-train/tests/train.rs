@@ -234,3 +234,108 @@ fn non_finite_steps_are_skipped_then_abort() {
     let skipped: Vec<bool> = m.iter().map(|l| l["skipped"].as_bool().unwrap()).collect();
     assert_eq!(&skipped[skipped.len() - 2..], &[true, true]);
 }
+
+fn diagnostics(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("diagnostics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// DAPO dynamic sampling drops zero-variance groups and samples more (up to the cap): no trained
+/// group has zero variance.
+#[test]
+fn dynamic_sampling_drops_zero_variance_groups() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=3".to_string(),
+        "algorithm.preset=\"dapo\"".into(),
+        "train.dynamic_sampling_max_rounds=2".into(),
+    ]);
+    run(&sets);
+    let m = metrics(&rd);
+    for l in &m {
+        assert!(
+            l["zero_std_frac"].is_null() || l["zero_std_frac"].as_f64() == Some(0.0),
+            "{l:?}"
+        );
+    }
+    let d = diagnostics(&rd);
+    assert!(d
+        .iter()
+        .any(|x| x["dynamic_sampling/dropped_groups"].as_u64().unwrap() > 0));
+    // At most B groups of K rows are trained.
+    assert!(d.iter().all(|x| x["rows"].as_u64().unwrap() <= 16));
+}
+
+/// With a KL term the frozen reference is loaded: KL is 0 while the policy equals it (step 1) and
+/// positive once it has moved.
+#[test]
+fn kl_to_reference_is_zero_then_positive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=4".to_string(),
+        "algorithm.kl_coef=0.1".into(),
+        "algorithm.exclude_zero_std=false".into(),
+    ]);
+    run(&sets);
+    let m = metrics(&rd);
+    let kl: Vec<f64> = m.iter().map(|l| l["kl_ref"].as_f64().unwrap()).collect();
+    assert!(kl[0].abs() < 1e-6, "{kl:?}");
+    assert!(kl[3] > 1e-6, "{kl:?}");
+}
+
+/// Recomputing behaviour log-probs with the training forward keeps staleness-0 ratios at 1.
+#[test]
+fn recompute_behaviour_logprobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=2".to_string(),
+        "train.recompute_behaviour=true".into(),
+    ]);
+    run(&sets);
+    for d in diagnostics(&rd) {
+        let x = d["logprob_diff/staleness0"].as_f64().unwrap();
+        assert!(
+            x < 1e-6,
+            "recomputed l_old differs from the trainer's l by {x}"
+        );
+    }
+}
+
+/// With o ≥ 1 a resumed run continues to the end (not bit-identical by design).
+#[test]
+fn offset_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend(["train.steps=2".to_string(), "sync.offset=1".into()]);
+    run(&sets);
+    let cfg =
+        rlvr_train::config::ResolvedConfig::from_run_dir(&rd, &["train.steps=4".into()]).unwrap();
+    let s = train(
+        &cfg,
+        &RunOptions {
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.steps, 4);
+    let m = metrics(&rd);
+    assert_eq!(m.len(), 4);
+    assert!(m
+        .iter()
+        .all(|l| l["staleness/max"].as_f64().unwrap() <= 1.0));
+}
