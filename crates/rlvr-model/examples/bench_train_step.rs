@@ -25,6 +25,20 @@ fn peak_rss_mb() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// User + system CPU time of this process so far, in seconds (/proc/self/stat, clock ticks of
+/// 1/100 s); NaN where unavailable.
+fn cpu_time_s() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
+        })
+        .unwrap_or(f64::NAN)
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |k: &str, d: usize| -> usize {
@@ -76,7 +90,11 @@ fn main() -> anyhow::Result<()> {
     let mask = vec![vec![1u32; seq]; batch];
     let mut times = vec![];
     let mut fwd = vec![];
+    let mut cpu0 = 0.0;
     for i in 0..steps + 2 {
+        if i == 2 {
+            cpu0 = cpu_time_s();
+        }
         let t0 = Instant::now();
         let out = model.token_logprobs(&ids, &mask, 0, 1.0, false, true)?;
         let loss = out.logprobs.mean_all()?.neg()?;
@@ -89,6 +107,7 @@ fn main() -> anyhow::Result<()> {
             fwd.push((t1 - t0).as_secs_f64());
         }
     }
+    let cpu_per_step = (cpu_time_s() - cpu0) / steps as f64;
     let mut sorted = times.clone();
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let mut fs = fwd.clone();
@@ -100,9 +119,11 @@ fn main() -> anyhow::Result<()> {
             "step_s_median": sorted[sorted.len() / 2],
             "forward_s_median": fs[fs.len() / 2],
             "step_s_all": times,
+            "cpu_s_per_step": cpu_per_step,
             "peak_rss_mb": peak_rss_mb(),
             "tokens": batch * seq,
             "threads": candle_core::utils::get_num_threads(),
+            "CANDLE_NUM_THREADS": std::env::var("CANDLE_NUM_THREADS").ok(),
         })
     );
     Ok(())

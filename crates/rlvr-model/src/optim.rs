@@ -2,7 +2,8 @@
 //! `torch.optim.AdamW`), over the model's [`Var`]s. Moments stay in f32 whatever the parameter
 //! dtype (candle-nn's AdamW keeps them in the parameter dtype: DESIGN.md section 7).
 
-use candle_core::{backprop::GradStore, DType, Tensor, Var};
+use candle_core::{backprop::GradStore, CpuStorage, DType, Layout, Tensor, Var};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -71,6 +72,40 @@ impl AdamW {
             let Some(g) = grads.get(p.as_tensor()) else {
                 continue;
             };
+            let fused = p.device().is_cpu()
+                && [p.dtype(), g.dtype(), self.m[i].dtype(), self.v[i].dtype()]
+                    .iter()
+                    .all(|&d| d == DType::F32);
+            if fused {
+                // Three in-place passes, no allocation (CPU, f32).
+                let g = g.contiguous()?;
+                self.m[i].inplace_op2(
+                    &g,
+                    &MomentUpdate {
+                        beta: c.beta1 as f32,
+                        square: false,
+                    },
+                )?;
+                self.v[i].inplace_op2(
+                    &g,
+                    &MomentUpdate {
+                        beta: c.beta2 as f32,
+                        square: true,
+                    },
+                )?;
+                p.as_tensor().inplace_op3(
+                    &self.m[i],
+                    &self.v[i],
+                    &ParamUpdate {
+                        decay: (1.0 - lr * c.weight_decay) as f32,
+                        lr: lr as f32,
+                        inv_bc1: (1.0 / bc1) as f32,
+                        inv_bc2: (1.0 / bc2) as f32,
+                        eps: c.eps as f32,
+                    },
+                )?;
+                continue;
+            }
             let g = g.to_dtype(DType::F32)?;
             let m = ((&self.m[i] * c.beta1)? + (&g * (1.0 - c.beta1))?)?;
             let v = ((&self.v[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
@@ -85,7 +120,8 @@ impl AdamW {
         Ok(())
     }
 
-    /// The moments `(m, v)` per parameter, in parameter order (for checkpoints).
+    /// The moments `(m, v)` per parameter, in parameter order (for checkpoints). On CPU in f32
+    /// they are updated in place by [`AdamW::step`]: copy them to keep a snapshot across steps.
     pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
         (&self.m, &self.v)
     }
@@ -102,6 +138,110 @@ impl AdamW {
         self.m = m;
         self.v = v;
         self.step = step;
+        Ok(())
+    }
+}
+
+/// Elements per parallel task in the fused update passes.
+const UPDATE_CHUNK: usize = 1 << 15;
+
+fn contiguous<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(d), Some((a, b))) => Ok(&d[a..b]),
+        _ => candle_core::bail!("AdamW: fused update needs contiguous f32 tensors"),
+    }
+}
+
+fn contiguous_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mut [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(d), Some((a, b))) => Ok(&mut d[a..b]),
+        _ => candle_core::bail!("AdamW: fused update needs contiguous f32 tensors"),
+    }
+}
+
+/// In place on a moment: `x ← β·x + (1 − β)·g` (or `g²` when `square`).
+struct MomentUpdate {
+    beta: f32,
+    square: bool,
+}
+
+impl candle_core::InplaceOp2 for MomentUpdate {
+    fn name(&self) -> &'static str {
+        "adamw-moment"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let x = contiguous_mut(dst, dl)?;
+        let g = contiguous(src, sl)?;
+        if x.len() != g.len() {
+            candle_core::bail!("AdamW: moment of {} for a gradient of {}", x.len(), g.len());
+        }
+        let (b, a) = (self.beta, 1.0 - self.beta);
+        let sq = self.square;
+        x.par_chunks_mut(UPDATE_CHUNK)
+            .zip(g.par_chunks(UPDATE_CHUNK))
+            .for_each(|(x, g)| {
+                if sq {
+                    x.iter_mut()
+                        .zip(g)
+                        .for_each(|(x, &g)| *x = b * *x + a * (g * g));
+                } else {
+                    x.iter_mut().zip(g).for_each(|(x, &g)| *x = b * *x + a * g);
+                }
+            });
+        Ok(())
+    }
+}
+
+/// In place on a parameter: `θ ← θ·decay − lr · (m·inv_bc1) / (√(v·inv_bc2) + ε)`.
+#[derive(Clone, Copy)]
+struct ParamUpdate {
+    decay: f32,
+    lr: f32,
+    inv_bc1: f32,
+    inv_bc2: f32,
+    eps: f32,
+}
+
+impl candle_core::InplaceOp3 for ParamUpdate {
+    fn name(&self) -> &'static str {
+        "adamw-param"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
+        let p = contiguous_mut(dst, dl)?;
+        let (m, v) = (contiguous(s1, l1)?, contiguous(s2, l2)?);
+        if p.len() != m.len() || p.len() != v.len() {
+            candle_core::bail!("AdamW: parameter and moments differ in size");
+        }
+        let ParamUpdate {
+            decay,
+            lr,
+            inv_bc1,
+            inv_bc2,
+            eps,
+        } = *self;
+        p.par_chunks_mut(UPDATE_CHUNK)
+            .zip(m.par_chunks(UPDATE_CHUNK).zip(v.par_chunks(UPDATE_CHUNK)))
+            .for_each(|(p, (m, v))| {
+                for ((p, &m), &v) in p.iter_mut().zip(m).zip(v) {
+                    *p = *p * decay - lr * (m * inv_bc1) / ((v * inv_bc2).sqrt() + eps);
+                }
+            });
         Ok(())
     }
 }
