@@ -22,9 +22,11 @@ rows = [json.loads(l) for part in sys.argv[1:] for l in part.splitlines() if l.s
 key = lambda r: (r["prompts"], r["group_size"])
 rl = {key(r): r for r in rows if r["impl"] == "rlvr"}
 pt = {key(r): r for r in rows if r["impl"] == "pytorch"}
-print(f"{'scenario':<16}{'rlvr tok/s':>12}{'pytorch tok/s':>15}{'ratio':>8}")
+print("tok/s = generated tokens / wall time of the whole call, median (best) of the timed runs")
+print(f"{'scenario':<16}{'rlvr':>14}{'pytorch':>14}{'ratio':>8}")
 for k in sorted(rl, reverse=True):
-    a, b = rl[k]["tok_per_s"], pt[k]["tok_per_s"]
-    print(f"{k[0]} prompts x {k[1]:<4}{a:>12.0f}{b:>15.0f}{a / b:>8.2f}")
+    a, b = rl[k], pt[k]
+    cell = lambda r: f"{r['tok_per_s']:.0f} ({r['tok_per_s_best']:.0f})"
+    print(f"{k[0]} prompts x {k[1]:<4}{cell(a):>14}{cell(b):>14}{a['tok_per_s'] / b['tok_per_s']:>8.2f}")
 PY
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

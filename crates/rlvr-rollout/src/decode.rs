@@ -13,7 +13,10 @@
 //! - the attention bias of a decode step is a view of one `[B, S_max]` f32 row per sequence
 //!   (0 visible, −1e30 padding) built once per wave, not a host-built `[B, 1, T, S]` tensor;
 //! - rotary cos/sin come from tables built once per wave, gathered by position on the device;
-//! - rows can be dropped ([`KvBuffer::keep_rows`]) when their completions finish.
+//! - rows can be dropped ([`KvBuffer::keep_rows`]) when their completions finish;
+//! - on the CPU in f32, the projections and the lm_head of a decode step (≤ 16 rows) run on an
+//!   AVX2/FMA skinny-matmul kernel (`cpu_kernels`) instead of candle's GEMM: the same products,
+//!   summed in another order, so logits agree with the reference to ~1e-6.
 
 use candle_core::{DType, Device, Tensor, D};
 use rlvr_model::{Model, ModelConfig};
