@@ -476,3 +476,47 @@ pub fn lr_at(t: &TrainSection, step: u64) -> f64 {
         }
     }
 }
+
+/// The config reference of the sections this crate defines, as a Markdown table generated from the
+/// `///` comments of their fields (the README embeds it; a test keeps it in sync).
+pub fn reference_markdown() -> String {
+    let src = include_str!("config.rs");
+    let mut out = String::from("| key | meaning |\n|---|---|\n");
+    let mut table: Option<&str> = None;
+    let mut doc: Vec<&str> = Vec::new();
+    for line in src.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.strip_prefix("pub struct ") {
+            table = rest
+                .split_once("Section")
+                .map(|(name, _)| name)
+                .filter(|n| !n.is_empty() && n.chars().all(char::is_alphanumeric));
+            doc.clear();
+        } else if let Some(d) = l.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let (Some(t), Some(rest)) = (table, l.strip_prefix("pub ")) {
+            if let Some((field, _)) = rest.split_once(':') {
+                if !doc.is_empty() && !field.contains('(') {
+                    out.push_str(&format!(
+                        "| `{}.{}` | {} |\n",
+                        t.to_lowercase(),
+                        field.trim(),
+                        doc.join(" ").replace('|', "\\|")
+                    ));
+                }
+            }
+            doc.clear();
+        } else if l == "}" {
+            table = None;
+            doc.clear();
+        } else if !l.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out.push_str(
+        "| `[data]` | rlvr-data's `DataConfig`: `data.task`, `data.train`, `data.test`, `data.experiences`, `data.prompts_per_step` (B), `data.seed`, template and generator keys |\n\
+         | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets) |\n\
+         | `[reward]` | rlvr-reward's `RewardConfig`: weighted components and an optional format reward |\n",
+    );
+    out
+}
