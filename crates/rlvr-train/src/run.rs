@@ -8,14 +8,13 @@
 //! waits for version s(t) before sampling batch t. Both give the same batches (the explorer's input
 //! is the weights, the data cursor and the seed); only the timing differs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use rlvr_data::config::PromptStyle;
 use rlvr_data::dataset::prepare_split;
 use rlvr_data::generate::Split;
@@ -31,8 +30,11 @@ use crate::checkpoint::{self, CheckpointParts, TrainerState};
 use crate::config::ResolvedConfig;
 use crate::eval::{evaluate, EvalSettings};
 use crate::experience::{groups_in_order, read_experiences, Experience};
-use crate::explorer::{Batch, Explorer, ExplorerSettings, OfflineSource, SourceCursor};
+use crate::explorer::{Explorer, ExplorerSettings, OfflineSource, SourceCursor};
+pub use crate::feed::{behaviour_version, filter_stale};
+use crate::feed::{spawn_explorer, Feed};
 use crate::metrics::{append_line, truncate_after, MetricsLine};
+use crate::rundir::{progress_bar, write_run_json};
 use crate::trainer::{StepReport, Trainer, TrainerSettings};
 
 /// Options of a run that are not part of the config.
@@ -106,214 +108,13 @@ pub fn prepare_prompts(
     })
 }
 
-/// Policy version whose weights sample the batch of step `t` (1-based) under interval `v`, offset `o`.
-pub fn behaviour_version(t: u64, v: u64, o: u64) -> u64 {
-    if t < 1 + o {
-        0
-    } else {
-        v * ((t - 1 - o) / v)
-    }
-}
-
-/// Where batches come from.
-#[allow(clippy::large_enum_variant)]
-enum Feed {
-    Inline(Box<Explorer>),
-    Offline(OfflineSource),
-    Threaded {
-        batches: mpsc::Receiver<anyhow::Result<Batch>>,
-        weights: Option<mpsc::Sender<(u64, Vec<Tensor>)>>,
-        handle: Option<std::thread::JoinHandle<()>>,
-        last_cursor: SourceCursor,
-    },
-}
-
-impl Feed {
-    fn next(&mut self, t: u64) -> anyhow::Result<Batch> {
-        match self {
-            Feed::Inline(e) => e.produce(t),
-            Feed::Offline(o) => o.produce(t),
-            Feed::Threaded {
-                batches,
-                last_cursor,
-                ..
-            } => {
-                let b = batches.recv().context("the explorer thread stopped")??;
-                *last_cursor = b.cursor;
-                Ok(b)
-            }
-        }
-    }
-
-    /// After step `t` completed: the explorer sees the new weights when t is a multiple of v.
-    fn publish(&mut self, t: u64, v: u64, model: &Model) -> anyhow::Result<()> {
-        if !t.is_multiple_of(v) {
-            return Ok(());
-        }
-        match self {
-            Feed::Inline(e) => {
-                let w: Vec<Tensor> = model
-                    .named_vars()
-                    .into_iter()
-                    .map(|(_, v)| v.as_tensor().clone())
-                    .collect();
-                e.set_weights(t, &w)
-            }
-            Feed::Offline(_) => Ok(()),
-            Feed::Threaded { weights, .. } => {
-                let w: Vec<Tensor> = model
-                    .named_vars()
-                    .into_iter()
-                    .map(|(_, v)| v.as_tensor().copy())
-                    .collect::<candle_core::Result<_>>()?;
-                if let Some(tx) = weights {
-                    // A closed channel means the explorer already finished its last batch.
-                    let _ = tx.send((t, w));
-                }
-                Ok(())
-            }
-        }
-    }
-
-    fn cursor(&self) -> SourceCursor {
-        match self {
-            Feed::Inline(e) => e.cursor(),
-            Feed::Offline(o) => o.cursor(),
-            Feed::Threaded { last_cursor, .. } => *last_cursor,
-        }
-    }
-
-    fn shutdown(&mut self) {
-        if let Feed::Threaded {
-            weights,
-            handle,
-            batches,
-            ..
-        } = self
-        {
-            weights.take();
-            // Unblock an explorer waiting to send.
-            while batches.try_recv().is_ok() {}
-            if let Some(h) = handle.take() {
-                drop(std::mem::replace(batches, mpsc::sync_channel(0).1));
-                let _ = h.join();
-            }
-        }
-    }
-}
-
-type WeightsMsg = (u64, Vec<Tensor>);
-type ExplorerThread = (
-    mpsc::Receiver<anyhow::Result<Batch>>,
-    mpsc::Sender<WeightsMsg>,
-    std::thread::JoinHandle<()>,
-);
-
-/// The explorer thread of o ≥ 1: batch t waits for version s(t).
-fn spawn_explorer(
-    mut ex: Explorer,
-    first_step: u64,
-    last_step: u64,
-    v: u64,
-    o: u64,
-) -> ExplorerThread {
-    let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
-    let (wtx, wrx) = mpsc::channel::<(u64, Vec<Tensor>)>();
-    let handle = std::thread::spawn(move || {
-        for t in first_step..=last_step {
-            let need = behaviour_version(t, v, o);
-            while ex.version < need {
-                let Ok((ver, w)) = wrx.recv() else { return };
-                if let Err(e) = ex.set_weights(ver, &w) {
-                    let _ = btx.send(Err(e));
-                    return;
-                }
-            }
-            let r = ex.produce(t);
-            let failed = r.is_err();
-            if btx.send(r).is_err() || failed {
-                return;
-            }
-        }
-    });
-    (brx, wtx, handle)
-}
-
-fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
-}
-
-fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown".into())
-}
-
-/// Writes RUN_DIR/run.json (git commit, seed, host, start time, rlvr version); on resume, adds the
-/// resume time to `resumed_at`.
-fn write_run_json(run_dir: &Path, seed: u64, resume: bool) -> anyhow::Result<()> {
-    let path = run_dir.join("run.json");
-    let mut v = if resume {
-        std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .unwrap_or_else(|| json!({}))
-    } else {
-        json!({})
-    };
-    if !resume || v.get("start_time").is_none() {
-        v = json!({
-            "git_commit": git_commit(),
-            "seed": seed,
-            "host": host(),
-            "start_time": now_rfc3339(),
-            "version": env!("CARGO_PKG_VERSION"),
-            "resumed_at": [],
-        });
-    } else if let Some(a) = v.get_mut("resumed_at").and_then(|a| a.as_array_mut()) {
-        a.push(json!(now_rfc3339()));
-    }
-    rlvr_model::weights::atomic_write(&path, serde_json::to_string_pretty(&v)?.as_bytes())?;
-    Ok(())
-}
-
 /// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
 ///
 /// # Errors
 /// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
 /// row abort with a message naming the last good checkpoint.
+// Note: `train` is long (set-up, then the loop); the loop body reads in the order of DESIGN.md
+// section 3 (sample, filter, train, sync, log, evaluate, checkpoint) and delegates each stage.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let c = &cfg.raw;
     let run_dir = c.output.dir.clone();
@@ -391,132 +192,24 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     }
 
     // The experience source.
-    let (v, o) = (c.sync.interval, c.sync.offset);
-    let add_special_tokens = c.data.style == PromptStyle::Plain;
-    let mut feed = if let Some(path) = &c.data.experiences {
-        let groups = groups_in_order(read_experiences(path)?);
-        let consumed = match state.as_ref().map(|s| s.cursor) {
-            Some(SourceCursor::Offline { groups }) => groups,
-            _ => 0,
-        };
-        Feed::Offline(OfflineSource::new(
-            groups,
-            consumed,
-            c.data.prompts_per_step,
-            Some(load_tok()?),
-            c.train.log_rollouts,
-        )?)
-    } else {
-        let train_p = prepare_prompts(&c.data, Split::Train, &tokenizer)?;
-        let sampler = match state.as_ref().map(|s| s.cursor) {
-            Some(SourceCursor::Online { cursor }) => {
-                PromptSampler::resume(cursor, train_p.texts.len())?
-            }
-            _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
-        };
-        let verifier = c.data.verifier()?;
-        let reward = RewardFunction::from_config(&c.reward, &verifier)?;
-        let (ex_dir, ex_version) = match (&state, &ckpt) {
-            (Some(st), Some(dir)) if st.explorer_weights => {
-                (dir.join("trainer_state/explorer"), st.explorer_version)
-            }
-            (Some(st), Some(dir)) => (dir.clone(), st.step),
-            _ => (c.model.path.clone(), 0),
-        };
-        let ex_model = Model::load(&ex_dir, dtype, &device)
-            .with_context(|| format!("loading the explorer weights from {}", ex_dir.display()))?;
-        let mut stop_ids = tokenizer.eos_ids.clone();
-        stop_ids.sort_unstable();
-        stop_ids.dedup();
-        let explorer = Explorer::new(
-            ex_model,
-            ex_version,
-            load_tok()?,
-            train_p.texts,
-            train_p.references,
-            sampler,
-            reward,
-            ExplorerSettings {
-                params: SamplingParams {
-                    group_size: c.rollout.group_size,
-                    temperature: c.rollout.temperature,
-                    top_p: c.rollout.top_p,
-                    top_k: (c.rollout.top_k > 0).then_some(c.rollout.top_k),
-                    max_new_tokens: c.rollout.max_new_tokens,
-                    stop_ids,
-                    stop_strings: c.rollout.stop.clone(),
-                    max_batch_rows: c.rollout.max_batch_rows,
-                },
-                prompts_per_step: c.data.prompts_per_step,
-                seed: c.train.seed,
-                dynamic_sampling: cfg.algorithm.dynamic_sampling,
-                max_rounds: c.train.dynamic_sampling_max_rounds,
-                recompute_behaviour: c.train.recompute_behaviour,
-                micro_batch_size: c.train.micro_batch_size,
-                log_rollouts: c.train.log_rollouts,
-                add_special_tokens,
-            },
-        )?;
-        if o == 0 {
-            Feed::Inline(Box::new(explorer))
-        } else {
-            let cursor = explorer.cursor();
-            let (brx, wtx, h) = spawn_explorer(explorer, start + 1, c.train.steps, v, o);
-            Feed::Threaded {
-                batches: brx,
-                weights: Some(wtx),
-                handle: Some(h),
-                last_cursor: cursor,
-            }
-        }
-    };
-    let _ = buffer; // o = 0 keeps no buffer between steps; o ≥ 1 re-samples in-flight batches.
+    let mut feed = build_feed(
+        cfg,
+        state.as_ref(),
+        ckpt.as_deref(),
+        &tokenizer,
+        &load_tok,
+        (dtype, &device),
+    )?;
+    // o = 0 keeps no buffer between steps; o ≥ 1 re-samples the in-flight batches after a resume.
+    drop(buffer);
 
     // Held-out evaluation.
-    let eval_set = if c.train.eval_every > 0 && c.data.experiences.is_none() {
-        let mut p = prepare_prompts(&c.data, Split::Test, &tokenizer)?;
-        if let Some(n) = c.eval.limit {
-            p.texts.truncate(n);
-            p.references.truncate(n);
-        }
-        let reward = RewardFunction::from_config(&c.reward, &c.data.verifier()?)?;
-        Some((p, reward))
-    } else {
-        None
-    };
-    let eval_settings = EvalSettings {
-        samples: c.eval.samples,
-        max_new_tokens: c.eval.max_new_tokens.unwrap_or(c.rollout.max_new_tokens),
-        seed: c.train.seed,
-        max_batch_rows: c.rollout.max_batch_rows,
-        stop: c.rollout.stop.clone(),
-        add_special_tokens,
-    };
+    let evaluator = Evaluator::new(cfg, &tokenizer)?;
     let mut best = state.as_ref().and_then(|s| s.best);
-    let run_eval =
-        |model: &Model, step: u64, line: &mut MetricsLine| -> anyhow::Result<Option<f64>> {
-            let Some((p, reward)) = &eval_set else {
-                return Ok(None);
-            };
-            let (r, _) = evaluate(
-                model,
-                &tokenizer,
-                c.data.task.name(),
-                &p.texts,
-                &p.references,
-                reward,
-                &eval_settings,
-            )?;
-            line.set("eval/accuracy", Some(r.accuracy));
-            line.set("eval/mean@k", Some(r.mean_at_k));
-            line.set("eval/pass@k", Some(r.pass_at_k));
-            line.set("eval/n", Some(r.n as f64));
-            let mut e = serde_json::to_value(&r)?;
-            e["step"] = json!(step);
-            append_line(&run_dir.join("eval.jsonl"), &e.to_string())?;
-            Ok(Some(r.accuracy))
-        };
-    if start == 0 && eval_set.is_some() {
+    let run_eval = |model: &Model, step: u64, line: &mut MetricsLine| {
+        evaluator.run(model, &tokenizer, step, line, &run_dir)
+    };
+    if start == 0 && evaluator.enabled() {
         let mut line = MetricsLine::new(0);
         if let Some(acc) = run_eval(&trainer.model, 0, &mut line)? {
             best = Some((acc, 0));
@@ -535,40 +228,15 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     let mut last_ckpt = ckpt.clone();
     let mut interrupted = false;
     let mut done = start;
-    let save = |trainer: &Trainer,
-                feed: &Feed,
-                step: u64,
-                skipped_in_row: u32,
-                best: Option<(f64, u64)>|
-     -> anyhow::Result<PathBuf> {
-        let (ex_version, ex_model) = match feed {
-            Feed::Inline(e) => (e.version, (e.version != step).then_some(&e.model)),
-            _ => (step, None),
-        };
-        let st = TrainerState {
-            step,
-            optimizer_step: trainer.optimizer.step,
-            explorer_version: ex_version,
-            cursor: feed.cursor(),
-            rng_seed: c.train.seed,
-            skipped_in_row,
-            best,
-            explorer_weights: false,
-        };
-        let (m, v) = trainer.optimizer.moments();
-        let dir = checkpoint::save(
+    let save = |trainer: &Trainer, feed: &Feed, step: u64, skipped: u32, best| {
+        save_checkpoint(
+            cfg,
             &run_dir,
-            &st,
-            &CheckpointParts {
-                model: &trainer.model,
-                tokenizer: &tokenizer,
-                moments: (m, v),
-                explorer: ex_model,
-                buffer: &[],
-            },
-        )?;
-        checkpoint::rotate(&run_dir, c.train.keep_last, best.map(|b| b.1))?;
-        Ok(dir)
+            trainer,
+            &tokenizer,
+            feed,
+            (step, skipped, best),
+        )
     };
     let result = (|| -> anyhow::Result<()> {
         for t in (start + 1)..=c.train.steps {
@@ -581,7 +249,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
             let t1 = Instant::now();
             let rep = trainer.step(&exps, t, lr, c.train.seed)?;
             let train_s = t1.elapsed().as_secs_f64();
-            feed.publish(t, v, &trainer.model)?;
+            feed.publish(t, c.sync.interval, &trainer.model)?;
             // Metrics.
             let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
             skipped_in_row = if rep.skipped { skipped_in_row + 1 } else { 0 };
@@ -595,22 +263,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
                 }
             }
             append_line(&metrics_path, &line.to_json())?;
-            for r in &batch.rollouts {
-                let mut v = serde_json::to_value(r)?;
-                v["step"] = json!(t);
-                append_line(&run_dir.join("rollouts.jsonl"), &v.to_string())?;
-            }
-            let diag = json!({
-                "step": t,
-                "logprob_diff/staleness0": rep.logprob_diff_s0,
-                "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
-                "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
-                "dynamic_sampling/dropped_groups": batch.dropped_groups,
-                "stale_dropped": dropped_stale,
-                "updates": rep.updates,
-                "rows": exps.len(),
-            });
-            append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())?;
+            write_step_logs(&run_dir, t, &batch, &rep, exps.len(), dropped_stale)?;
             done = t;
             if let Some(b) = &bar {
                 b.set_position(t);
@@ -671,39 +324,235 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     })
 }
 
-fn progress_bar(enabled: bool, start: u64, steps: u64) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !enabled || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let b = indicatif::ProgressBar::new(steps);
-    b.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta}] {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    b.set_position(start);
-    Some(b)
+/// Held-out evaluation during training (`eval/*` metrics and eval.jsonl).
+struct Evaluator {
+    set: Option<(PreparedPrompts, RewardFunction)>,
+    settings: EvalSettings,
+    task: &'static str,
 }
 
-/// Drops experiences whose staleness exceeds `max` (those without a version are kept). Returns the
-/// kept ones and how many were dropped.
-pub fn filter_stale(
-    exps: Vec<Experience>,
-    step: u64,
-    max: Option<u64>,
-) -> (Vec<Experience>, usize) {
-    let Some(max) = max else {
-        return (exps, 0);
+impl Evaluator {
+    fn new(cfg: &ResolvedConfig, tokenizer: &TokenizerBundle) -> anyhow::Result<Self> {
+        let c = &cfg.raw;
+        let set = if c.train.eval_every > 0 && c.data.experiences.is_none() {
+            let mut p = prepare_prompts(&c.data, Split::Test, tokenizer)?;
+            if let Some(n) = c.eval.limit {
+                p.texts.truncate(n);
+                p.references.truncate(n);
+            }
+            let reward = RewardFunction::from_config(&c.reward, &c.data.verifier()?)?;
+            Some((p, reward))
+        } else {
+            None
+        };
+        Ok(Evaluator {
+            set,
+            settings: EvalSettings {
+                samples: c.eval.samples,
+                max_new_tokens: c.eval.max_new_tokens.unwrap_or(c.rollout.max_new_tokens),
+                seed: c.train.seed,
+                max_batch_rows: c.rollout.max_batch_rows,
+                stop: c.rollout.stop.clone(),
+                add_special_tokens: c.data.style == PromptStyle::Plain,
+            },
+            task: c.data.task.name(),
+        })
+    }
+
+    fn enabled(&self) -> bool {
+        self.set.is_some()
+    }
+
+    /// Evaluates `model`, adds `eval/*` to `line`, appends to eval.jsonl; returns the accuracy.
+    fn run(
+        &self,
+        model: &Model,
+        tokenizer: &TokenizerBundle,
+        step: u64,
+        line: &mut MetricsLine,
+        run_dir: &std::path::Path,
+    ) -> anyhow::Result<Option<f64>> {
+        let Some((p, reward)) = &self.set else {
+            return Ok(None);
+        };
+        let (r, _) = evaluate(
+            model,
+            tokenizer,
+            self.task,
+            &p.texts,
+            &p.references,
+            reward,
+            &self.settings,
+        )?;
+        line.set("eval/accuracy", Some(r.accuracy));
+        line.set("eval/mean@k", Some(r.mean_at_k));
+        line.set("eval/pass@k", Some(r.pass_at_k));
+        line.set("eval/n", Some(r.n as f64));
+        let mut e = serde_json::to_value(&r)?;
+        e["step"] = json!(step);
+        append_line(&run_dir.join("eval.jsonl"), &e.to_string())?;
+        Ok(Some(r.accuracy))
+    }
+}
+
+/// Writes checkpoint `step-N` (policy, optimizer moments, explorer version and, when it differs from
+/// the policy's, the explorer's weights, the source cursor) and rotates old ones.
+fn save_checkpoint(
+    cfg: &ResolvedConfig,
+    run_dir: &std::path::Path,
+    trainer: &Trainer,
+    tokenizer: &TokenizerBundle,
+    feed: &Feed,
+    (step, skipped_in_row, best): (u64, u32, Option<(f64, u64)>),
+) -> anyhow::Result<PathBuf> {
+    let (ex_version, ex_model) = match feed {
+        Feed::Inline(e) => (e.version, (e.version != step).then_some(&e.model)),
+        _ => (step, None),
     };
-    let n = exps.len();
-    let kept: Vec<Experience> = exps
-        .into_iter()
-        .filter(|e| e.staleness(step).is_none_or(|s| s <= max))
-        .collect();
-    let d = n - kept.len();
-    (kept, d)
+    let st = TrainerState {
+        step,
+        optimizer_step: trainer.optimizer.step,
+        explorer_version: ex_version,
+        cursor: feed.cursor(),
+        rng_seed: cfg.raw.train.seed,
+        skipped_in_row,
+        best,
+        explorer_weights: false,
+    };
+    let (m, v) = trainer.optimizer.moments();
+    let dir = checkpoint::save(
+        run_dir,
+        &st,
+        &CheckpointParts {
+            model: &trainer.model,
+            tokenizer,
+            moments: (m, v),
+            explorer: ex_model,
+            buffer: &[],
+        },
+    )?;
+    checkpoint::rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;
+    Ok(dir)
+}
+
+/// Appends the step's rollouts.jsonl and diagnostics.jsonl lines.
+fn write_step_logs(
+    run_dir: &std::path::Path,
+    t: u64,
+    batch: &crate::explorer::Batch,
+    rep: &StepReport,
+    rows: usize,
+    dropped_stale: usize,
+) -> anyhow::Result<()> {
+    for r in &batch.rollouts {
+        let mut v = serde_json::to_value(r)?;
+        v["step"] = json!(t);
+        append_line(&run_dir.join("rollouts.jsonl"), &v.to_string())?;
+    }
+    let diag = json!({
+        "step": t,
+        "logprob_diff/staleness0": rep.logprob_diff_s0,
+        "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
+        "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
+        "dynamic_sampling/dropped_groups": batch.dropped_groups,
+        "stale_dropped": dropped_stale,
+        "updates": rep.updates,
+        "rows": rows,
+    });
+    append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
+}
+
+/// Builds the experience source: the offline file, or the explorer (inline for o = 0, on its own
+/// thread for o ≥ 1) at the checkpoint's cursor and explorer weights.
+fn build_feed(
+    cfg: &ResolvedConfig,
+    state: Option<&TrainerState>,
+    ckpt: Option<&std::path::Path>,
+    tokenizer: &TokenizerBundle,
+    load_tok: &dyn Fn() -> anyhow::Result<TokenizerBundle>,
+    (dtype, device): (DType, &candle_core::Device),
+) -> anyhow::Result<Feed> {
+    let c = &cfg.raw;
+    let (v, o) = (c.sync.interval, c.sync.offset);
+    let start = state.map(|s| s.step).unwrap_or(0);
+    let add_special_tokens = c.data.style == PromptStyle::Plain;
+    Ok(if let Some(path) = &c.data.experiences {
+        let groups = groups_in_order(read_experiences(path)?);
+        let consumed = match state.map(|s| s.cursor) {
+            Some(SourceCursor::Offline { groups }) => groups,
+            _ => 0,
+        };
+        Feed::Offline(OfflineSource::new(
+            groups,
+            consumed,
+            c.data.prompts_per_step,
+            Some(load_tok()?),
+            c.train.log_rollouts,
+        )?)
+    } else {
+        let train_p = prepare_prompts(&c.data, Split::Train, tokenizer)?;
+        let sampler = match state.map(|s| s.cursor) {
+            Some(SourceCursor::Online { cursor }) => {
+                PromptSampler::resume(cursor, train_p.texts.len())?
+            }
+            _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
+        };
+        let verifier = c.data.verifier()?;
+        let reward = RewardFunction::from_config(&c.reward, &verifier)?;
+        let (ex_dir, ex_version) = match (state, ckpt) {
+            (Some(st), Some(dir)) if st.explorer_weights => {
+                (dir.join("trainer_state/explorer"), st.explorer_version)
+            }
+            (Some(st), Some(dir)) => (dir.to_path_buf(), st.step),
+            _ => (c.model.path.clone(), 0),
+        };
+        let ex_model = Model::load(&ex_dir, dtype, device)
+            .with_context(|| format!("loading the explorer weights from {}", ex_dir.display()))?;
+        let mut stop_ids = tokenizer.eos_ids.clone();
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        let explorer = Explorer::new(
+            ex_model,
+            ex_version,
+            load_tok()?,
+            train_p.texts,
+            train_p.references,
+            sampler,
+            reward,
+            ExplorerSettings {
+                params: SamplingParams {
+                    group_size: c.rollout.group_size,
+                    temperature: c.rollout.temperature,
+                    top_p: c.rollout.top_p,
+                    top_k: (c.rollout.top_k > 0).then_some(c.rollout.top_k),
+                    max_new_tokens: c.rollout.max_new_tokens,
+                    stop_ids,
+                    stop_strings: c.rollout.stop.clone(),
+                    max_batch_rows: c.rollout.max_batch_rows,
+                },
+                prompts_per_step: c.data.prompts_per_step,
+                seed: c.train.seed,
+                dynamic_sampling: cfg.algorithm.dynamic_sampling,
+                max_rounds: c.train.dynamic_sampling_max_rounds,
+                recompute_behaviour: c.train.recompute_behaviour,
+                micro_batch_size: c.train.micro_batch_size,
+                log_rollouts: c.train.log_rollouts,
+                add_special_tokens,
+            },
+        )?;
+        if o == 0 {
+            Feed::Inline(Box::new(explorer))
+        } else {
+            let cursor = explorer.cursor();
+            let (brx, wtx, h) = spawn_explorer(explorer, start + 1, c.train.steps, v, o);
+            Feed::Threaded {
+                batches: brx,
+                weights: Some(wtx),
+                handle: Some(h),
+                last_cursor: cursor,
+            }
+        }
+    })
 }
 
 /// The metrics line of one step (DESIGN.md section 10 keys; null where undefined).
