@@ -415,6 +415,13 @@ impl RawConfig {
                 ));
             }
         }
+        if self.data.experiences.is_some() && t.eval_every > 0 {
+            warnings.push(
+                "train.eval_every is set but data.experiences (offline mode) has no task to evaluate: \
+                 no held-out evaluation will run; use `rlvr eval` on the checkpoints"
+                    .into(),
+            );
+        }
         if self.data.experiences.is_none() {
             self.data
                 .validate()

@@ -447,6 +447,7 @@ fn write_step_logs(
     for r in &batch.rollouts {
         let mut v = serde_json::to_value(r)?;
         v["step"] = json!(t);
+        v["staleness"] = json!(r.version.map(|ver| (t - 1).saturating_sub(ver)));
         append_line(&run_dir.join("rollouts.jsonl"), &v.to_string())?;
     }
     let diag = json!({
