@@ -158,7 +158,13 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
         "eval.jsonl",
         "diagnostics.jsonl",
     ] {
-        truncate_after(&run_dir.join(f), start)?;
+        let path = run_dir.join(f);
+        if state.is_some() {
+            truncate_after(&path, start)?;
+        } else if path.exists() {
+            // A resume without any checkpoint starts over: drop what the lost run wrote.
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
     }
     let reference = if cfg.algorithm.needs_reference() {
         let p = c

@@ -73,6 +73,29 @@ fn on_policy_run_writes_the_run_directory() {
         .join("checkpoints/step-3/trainer_state/optimizer.safetensors")
         .exists());
     assert!(!rd.join("checkpoints/step-1").exists());
+    // `best` names a kept checkpoint (or the initial weights, step 0, which have none).
+    if let Ok(b) = std::fs::read_to_string(rd.join("checkpoints/best")) {
+        assert!(
+            rd.join("checkpoints").join(b.trim()).is_dir(),
+            "best {b} was rotated away"
+        );
+    }
+    let best_step = std::fs::read_to_string(rd.join("eval.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .fold((f64::MIN, 0), |acc, v| {
+            let a = v["accuracy"].as_f64().unwrap();
+            if a > acc.0 {
+                (a, v["step"].as_u64().unwrap())
+            } else {
+                acc
+            }
+        })
+        .1;
+    if best_step > 0 {
+        assert!(rd.join(format!("checkpoints/step-{best_step}")).is_dir());
+    }
     let diag = std::fs::read_to_string(rd.join("diagnostics.jsonl")).unwrap();
     let d0: serde_json::Value = serde_json::from_str(diag.lines().next().unwrap()).unwrap();
     let diff = d0["logprob_diff/staleness0"].as_f64().unwrap();
@@ -338,4 +361,31 @@ fn offset_run_resumes() {
     assert!(m
         .iter()
         .all(|l| l["staleness/max"].as_f64().unwrap() <= 1.0));
+}
+
+/// `--resume` on a run that died before its first checkpoint starts over cleanly (no duplicate lines).
+#[test]
+fn resume_without_checkpoint_starts_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend(["train.steps=2".to_string(), "train.eval_every=1".into()]);
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    std::fs::remove_dir_all(rd.join("checkpoints")).unwrap();
+    let cfg = rlvr_train::config::ResolvedConfig::from_run_dir(&rd, &[]).unwrap();
+    train(
+        &cfg,
+        &RunOptions {
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let steps: Vec<u64> = metrics(&rd)
+        .iter()
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![0, 1, 2]);
 }
