@@ -28,9 +28,25 @@ pub struct SftArgs {
     /// Model directory to start from.
     #[arg(long)]
     pub model: PathBuf,
-    /// Training pairs: JSONL with `{"prompt": TEXT, "completion": TEXT}` per line.
+    /// Training pairs: JSONL with `{"prompt": TEXT, "completion": TEXT}` per line. Without it, the
+    /// pairs are the `[data]` train split of `--config`/`--set` (rendered prompt, reference as the
+    /// completion: e.g. arithmetic's answer, GSM8K's worked solution).
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: Option<PathBuf>,
+    /// A training config: its `[data]` (task, template, train/test split), `[reward]` and `[eval]` are
+    /// used for pairs without `--data` and for `--eval-every`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Config overrides (`--set data.task=arithmetic`). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Evaluate on the held-out split every this many steps (0 = never); `eval/*` keys go to
+    /// metrics.jsonl and a line to eval.jsonl in `--out`.
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Stop (and save) at the first evaluation whose accuracy reaches this value.
+    #[arg(long)]
+    pub stop_at_accuracy: Option<f64>,
     /// Output model directory (written at the end and every `--save-every` steps).
     #[arg(long)]
     pub out: PathBuf,
@@ -143,6 +159,38 @@ pub fn read_pairs(
     Ok(out)
 }
 
+/// Pairs from the `[data]` train split: the rendered prompt and the problem's reference as the
+/// completion (EOS appended).
+///
+/// # Errors
+/// Data and tokenizer errors, a tokenizer without EOS.
+pub fn pairs_from_config(
+    data: &rlvr_data::config::DataConfig,
+    tok: &TokenizerBundle,
+    max_completion_len: Option<usize>,
+) -> anyhow::Result<Vec<SftPair>> {
+    let Some(&eos) = tok.eos_ids.first() else {
+        bail!("the tokenizer has no EOS token: SFT trains the EOS that ends each completion");
+    };
+    let p = crate::run::prepare_prompts(data, rlvr_data::generate::Split::Train, tok)?;
+    let plain = data.style == rlvr_data::config::PromptStyle::Plain;
+    p.texts
+        .iter()
+        .zip(&p.references)
+        .map(|(t, r)| {
+            let mut completion = tok.encode(r, false)?;
+            completion.push(eos);
+            if let Some(m) = max_completion_len {
+                completion.truncate(m);
+            }
+            Ok(SftPair {
+                prompt: tok.encode(t, plain)?,
+                completion,
+            })
+        })
+        .collect()
+}
+
 /// Σ_t ℓ_t over the completion tokens of `rows`, with gradient (a scalar), and the token count.
 ///
 /// # Errors
@@ -212,7 +260,22 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let policy = Policy::load(&a.model, dtype, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
-    let pairs = read_pairs(&a.data, &policy.tokenizer, a.chat, a.max_completion_len)?;
+    let raw = crate::config::RawConfig::load(a.config.as_deref(), &a.set)?;
+    let pairs = match &a.data {
+        Some(d) => read_pairs(d, &policy.tokenizer, a.chat, a.max_completion_len)?,
+        None if a.config.is_some() || !a.set.is_empty() => {
+            pairs_from_config(&raw.data, &policy.tokenizer, a.max_completion_len)?
+        }
+        None => bail!(
+            "give --data PAIRS.jsonl, or --config/--set naming a task whose train split to use"
+        ),
+    };
+    let evaluator = if a.eval_every > 0 {
+        Some(SftEval::new(&raw, &policy.tokenizer)?)
+    } else {
+        None
+    };
+    let _ = std::fs::remove_file(a.out.join("eval.jsonl"));
     let per_epoch = pairs.len().div_ceil(a.batch_size) as u64;
     let steps = a.steps.unwrap_or(per_epoch * a.epochs.max(1));
     let t = TrainSection {
@@ -246,6 +309,7 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Ok(())
     };
     let mut last = f64::NAN;
+    let mut done = 0;
     for step in 1..=steps {
         let t0 = Instant::now();
         let batch = sampler.next_batch(a.batch_size);
@@ -308,17 +372,91 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             .filter(|(_, v)| !v.is_null())
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let mut compact = compact;
+        let mut reached = false;
+        if let (Some(ev), true) = (&evaluator, step % a.eval_every.max(1) == 0) {
+            let acc = ev.run(&model, &policy.tokenizer, step, &mut compact, &a.out)?;
+            reached = a.stop_at_accuracy.is_some_and(|x| acc >= x);
+        }
         append_line(&metrics, &serde_json::Value::Object(compact).to_string())?;
         last = loss;
+        done = step;
         if a.save_every > 0 && step % a.save_every == 0 {
             save(&model)?;
+        }
+        if reached {
+            break;
         }
     }
     save(&model)?;
     writeln!(
         out,
         "{}",
-        serde_json::json!({"out": a.out, "steps": steps, "loss": last})
+        serde_json::json!({"out": a.out, "steps": done, "loss": last})
     )?;
     Ok(())
+}
+
+/// Held-out evaluation during SFT.
+struct SftEval {
+    prompts: crate::run::PreparedPrompts,
+    reward: rlvr_reward::combine::RewardFunction,
+    settings: crate::eval::EvalSettings,
+    task: &'static str,
+}
+
+impl SftEval {
+    fn new(raw: &crate::config::RawConfig, tok: &TokenizerBundle) -> anyhow::Result<Self> {
+        let mut prompts =
+            crate::run::prepare_prompts(&raw.data, rlvr_data::generate::Split::Test, tok)?;
+        if let Some(n) = raw.eval.limit {
+            prompts.texts.truncate(n);
+            prompts.references.truncate(n);
+        }
+        let reward =
+            rlvr_reward::combine::RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?;
+        Ok(SftEval {
+            prompts,
+            reward,
+            settings: crate::eval::EvalSettings {
+                samples: raw.eval.samples,
+                max_new_tokens: raw
+                    .eval
+                    .max_new_tokens
+                    .unwrap_or(raw.rollout.max_new_tokens),
+                seed: raw.train.seed,
+                max_batch_rows: raw.rollout.max_batch_rows,
+                stop: raw.rollout.stop.clone(),
+                add_special_tokens: raw.data.style == rlvr_data::config::PromptStyle::Plain,
+            },
+            task: raw.data.task.name(),
+        })
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        tok: &TokenizerBundle,
+        step: u64,
+        line: &mut serde_json::Map<String, serde_json::Value>,
+        out: &Path,
+    ) -> anyhow::Result<f64> {
+        let (r, _) = crate::eval::evaluate(
+            model,
+            tok,
+            self.task,
+            &self.prompts.texts,
+            &self.prompts.references,
+            &self.reward,
+            &self.settings,
+        )?;
+        line.insert("eval/accuracy".into(), r.accuracy.into());
+        line.insert("eval/mean@k".into(), r.mean_at_k.into());
+        line.insert("eval/pass@k".into(), r.pass_at_k.into());
+        line.insert("eval/n".into(), r.n.into());
+        let mut e = serde_json::to_value(&r)?;
+        e["step"] = step.into();
+        append_line(&out.join("eval.jsonl"), &e.to_string())?;
+        Ok(r.accuracy)
+    }
 }

@@ -168,3 +168,50 @@ fn sft_bad_line_names_file_line_and_field() {
         "{err}"
     );
 }
+
+/// Without `--data` the pairs come from the config's train split; `--eval-every` writes `eval/*` and
+/// `--stop-at-accuracy` stops at the first evaluation that reaches it.
+#[test]
+fn sft_from_task_with_eval_and_early_stop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 6);
+    let out = tmp.path().join("sft");
+    let mut argv: Vec<String> = vec![
+        "--model".into(),
+        model.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+        "--steps".into(),
+        "10".into(),
+        "--batch-size".into(),
+        "8".into(),
+        "--eval-every".into(),
+        "2".into(),
+        "--stop-at-accuracy".into(),
+        "0".into(),
+    ];
+    for s in [
+        "data.task=\"arithmetic\"",
+        "data.arithmetic.min_digits=1",
+        "data.arithmetic.max_digits=1",
+        "data.arithmetic.train_size=32",
+        "data.arithmetic.test_size=4",
+        "rollout.max_new_tokens=3",
+    ] {
+        argv.extend(["--set".to_string(), s.to_string()]);
+    }
+    let a = args(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut buf = Vec::new();
+    run_sft(&a, &mut buf).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+    assert_eq!(v["steps"], 2, "stopped at the first evaluation");
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1]["eval/accuracy"].is_number() && lines[0].get("eval/accuracy").is_none());
+    assert_eq!(lines[1]["eval/n"], 4);
+    assert!(out.join("eval.jsonl").exists() && out.join("model.safetensors").exists());
+}
