@@ -178,6 +178,9 @@ const ROW_BLOCK: usize = 512;
 /// time. Gradients flow to both `h` and `W`; for tied embeddings candle adds `∂W` to the
 /// embedding's other gradient. CPU, f32, contiguous inputs only; the model uses
 /// `Model::lm_head` + `Model::logprobs_unfused` elsewhere (tested equal in value and gradient).
+///
+/// With a [`LogitStash`] the forward keeps the scaled logits (`N·V` f32) for the backward, which
+/// then skips their recomputation (a third of the head's matmul work) at the cost of that memory.
 #[derive(Clone)]
 pub struct LmHeadLogprobOp {
     /// The scored token of each row, `[N]`, each `< V`.
@@ -186,6 +189,32 @@ pub struct LmHeadLogprobOp {
     pub inv_t: f32,
     /// Compute the entropy column (and its gradient).
     pub entropy: bool,
+    /// Where the forward leaves the logits for the backward; `None`: the backward recomputes them.
+    pub stash: Option<Arc<LogitStash>>,
+}
+
+/// Largest `[N, V]` f32 logits the model keeps for the backward (512 MiB); above it the backward
+/// recomputes them.
+pub const STASH_MAX_BYTES: usize = 512 << 20;
+
+/// The scaled logits of one [`LmHeadLogprobOp`] forward, kept for its backward (which takes them:
+/// a second backward recomputes). Layout: vocabulary chunk after chunk, each `[N, chunk]`.
+#[derive(Default)]
+pub struct LogitStash(std::sync::Mutex<Option<Vec<f32>>>);
+
+impl LogitStash {
+    /// A stash when the `[n, v]` f32 logits fit in `max_bytes`, else `None`.
+    pub fn within(n: usize, v: usize, max_bytes: usize) -> Option<Arc<Self>> {
+        (n.saturating_mul(v).saturating_mul(4) <= max_bytes).then(Default::default)
+    }
+
+    fn put(&self, logits: Vec<f32>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(logits);
+    }
+
+    fn take(&self) -> Option<Vec<f32>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 fn contiguous_f32<'a>(
@@ -455,28 +484,46 @@ impl candle_core::CustomOp2 for LmHeadLogprobOp {
         let nchunks = v.div_ceil(VOCAB_CHUNK);
         // Per (chunk, row): max, Σexp(s − max), Σexp(s − max)·(s − max), s_y (when y is in it).
         let mut stats = vec![[0f32; 4]; nchunks * n];
-        stats.par_chunks_mut(n).enumerate().for_each_init(
-            || vec![0f32; ROW_BLOCK.min(n) * VOCAB_CHUNK],
-            |z, (c, st)| {
-                let c0 = c * VOCAB_CHUNK;
-                let vc = VOCAB_CHUNK.min(v - c0);
-                for r0 in (0..n).step_by(ROW_BLOCK) {
-                    let rb = ROW_BLOCK.min(n - r0);
-                    logits_block(z, h, w, hd, r0, rb, c0, vc, self.inv_t);
-                    for i in 0..rb {
-                        let row = &z[i * vc..(i + 1) * vc];
-                        let (m, se, sd) = chunk_stats(row, self.entropy, avx2);
-                        let y = self.targets[r0 + i] as usize;
-                        let sy = if (c0..c0 + vc).contains(&y) {
-                            row[y - c0]
-                        } else {
-                            0.0
-                        };
-                        st[r0 + i] = [m, se, sd, sy];
-                    }
+        let mut kept = match self.stash {
+            Some(_) => vec![0f32; n * v],
+            None => vec![],
+        };
+        let chunk_stats_of = |z: &mut [f32], c: usize, st: &mut [[f32; 4]], whole: bool| {
+            let c0 = c * VOCAB_CHUNK;
+            let vc = VOCAB_CHUNK.min(v - c0);
+            for r0 in (0..n).step_by(ROW_BLOCK) {
+                let rb = ROW_BLOCK.min(n - r0);
+                // With a stash, z is this chunk's whole [n, vc] slot in it.
+                let z = if whole { &mut z[r0 * vc..] } else { &mut *z };
+                logits_block(z, h, w, hd, r0, rb, c0, vc, self.inv_t);
+                for i in 0..rb {
+                    let row = &z[i * vc..(i + 1) * vc];
+                    let (m, se, sd) = chunk_stats(row, self.entropy, avx2);
+                    let y = self.targets[r0 + i] as usize;
+                    let sy = if (c0..c0 + vc).contains(&y) {
+                        row[y - c0]
+                    } else {
+                        0.0
+                    };
+                    st[r0 + i] = [m, se, sd, sy];
                 }
-            },
-        );
+            }
+        };
+        if self.stash.is_some() {
+            stats
+                .par_chunks_mut(n)
+                .zip(kept.par_chunks_mut(VOCAB_CHUNK * n))
+                .enumerate()
+                .for_each(|(c, (st, z))| chunk_stats_of(z, c, st, true));
+        } else {
+            stats.par_chunks_mut(n).enumerate().for_each_init(
+                || vec![0f32; ROW_BLOCK.min(n) * VOCAB_CHUNK],
+                |z, (c, st)| chunk_stats_of(z, c, st, false),
+            );
+        }
+        if let Some(stash) = &self.stash {
+            stash.put(kept);
+        }
         let mut out = vec![0f32; n * 2];
         out.par_chunks_mut(2).enumerate().for_each(|(i, o)| {
             let mm = (0..nchunks).fold(f32::NEG_INFINITY, |a, c| a.max(stats[c * n + i][0]));
@@ -571,75 +618,105 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
             .collect();
         let mut out = vec![0f32; (n + v) * hd];
         let (gh_out, gw_out) = out.split_at_mut(n * hd);
-        let gh_acc = gw_out
-            .par_chunks_mut(VOCAB_CHUNK * hd)
-            .enumerate()
-            .fold(
-                || {
-                    (
-                        vec![0f32; n * hd],
-                        vec![0f32; ROW_BLOCK.min(n) * VOCAB_CHUNK],
-                    )
-                },
-                |(mut acc, mut z), (c, gw)| {
-                    let c0 = c * VOCAB_CHUNK;
-                    let vc = gw.len() / hd;
-                    for r0 in (0..n).step_by(ROW_BLOCK) {
-                        let rb = ROW_BLOCK.min(n - r0);
-                        logits_block(&mut z, h, w, hd, r0, rb, c0, vc, f.inv_t);
-                        for i in 0..rb {
-                            let [lse, gl, gh, ent] = rows[r0 + i];
-                            let row = &mut z[i * vc..(i + 1) * vc];
-                            chunk_grad(row, lse, gl, gh, ent, avx2);
-                            let y = f.targets[r0 + i] as usize;
-                            if (c0..c0 + vc).contains(&y) {
-                                row[y - c0] += gl;
-                            }
-                        }
-                        // ∂z = inv_t·∂s.  ∂W_c (+)= inv_t · Gᵀ·h_blk, ∂h_blk += inv_t · G·W_c.
-                        // SAFETY: shapes and strides describe the buffers above, which do not
-                        // overlap one another.
-                        unsafe {
-                            sgemm(
-                                vc,
-                                hd,
-                                rb,
-                                gw.as_mut_ptr(),
-                                hd,
-                                r0 > 0,
-                                z.as_ptr(),
-                                1,
-                                vc,
-                                h.as_ptr().add(r0 * hd),
-                                hd,
-                                1,
-                                f.inv_t,
-                            );
-                            sgemm(
-                                rb,
-                                hd,
-                                vc,
-                                acc.as_mut_ptr().add(r0 * hd),
-                                hd,
-                                true,
-                                z.as_ptr(),
-                                vc,
-                                1,
-                                w.as_ptr().add(c0 * hd),
-                                hd,
-                                1,
-                                f.inv_t,
-                            );
-                        }
+        let kept = f
+            .stash
+            .as_ref()
+            .and_then(|s| s.take())
+            .filter(|k| k.len() == n * v);
+        // One vocabulary chunk: its logits (recomputed into scratch z, or its slot of the
+        // stash) → ∂s in place; ∂W_c (+)= inv_t·Gᵀ·h_blk, acc[blk] += inv_t·G·W_c (∂z = inv_t·∂s).
+        let chunk = |acc: &mut [f32], z: &mut [f32], c: usize, gw: &mut [f32], stashed: bool| {
+            let c0 = c * VOCAB_CHUNK;
+            let vc = gw.len() / hd;
+            for r0 in (0..n).step_by(ROW_BLOCK) {
+                let rb = ROW_BLOCK.min(n - r0);
+                let z = if stashed {
+                    &mut z[r0 * vc..]
+                } else {
+                    logits_block(z, h, w, hd, r0, rb, c0, vc, f.inv_t);
+                    &mut *z
+                };
+                for i in 0..rb {
+                    let [lse, gl, gh, ent] = rows[r0 + i];
+                    let row = &mut z[i * vc..(i + 1) * vc];
+                    chunk_grad(row, lse, gl, gh, ent, avx2);
+                    let y = f.targets[r0 + i] as usize;
+                    if (c0..c0 + vc).contains(&y) {
+                        row[y - c0] += gl;
                     }
-                    (acc, z)
-                },
-            )
-            .map(|(acc, _)| acc)
-            .reduce_with(|mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            });
+                }
+                assert!(z.len() >= rb * vc && acc.len() == n * hd && gw.len() == vc * hd);
+                // SAFETY: shapes and strides describe the buffers above (bounds asserted), which
+                // do not overlap one another.
+                unsafe {
+                    sgemm(
+                        vc,
+                        hd,
+                        rb,
+                        gw.as_mut_ptr(),
+                        hd,
+                        r0 > 0,
+                        z.as_ptr(),
+                        1,
+                        vc,
+                        h.as_ptr().add(r0 * hd),
+                        hd,
+                        1,
+                        f.inv_t,
+                    );
+                    sgemm(
+                        rb,
+                        hd,
+                        vc,
+                        acc.as_mut_ptr().add(r0 * hd),
+                        hd,
+                        true,
+                        z.as_ptr(),
+                        vc,
+                        1,
+                        w.as_ptr().add(c0 * hd),
+                        hd,
+                        1,
+                        f.inv_t,
+                    );
+                }
+            }
+        };
+        let sum = |mut a: Vec<f32>, b: Vec<f32>| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        };
+        let gh_acc = match kept {
+            Some(mut kept) => gw_out
+                .par_chunks_mut(VOCAB_CHUNK * hd)
+                .zip(kept.par_chunks_mut(VOCAB_CHUNK * n))
+                .enumerate()
+                .fold(
+                    || vec![0f32; n * hd],
+                    |mut acc, (c, (gw, z))| {
+                        chunk(&mut acc, z, c, gw, true);
+                        acc
+                    },
+                )
+                .reduce_with(sum),
+            None => gw_out
+                .par_chunks_mut(VOCAB_CHUNK * hd)
+                .enumerate()
+                .fold(
+                    || {
+                        (
+                            vec![0f32; n * hd],
+                            vec![0f32; ROW_BLOCK.min(n) * VOCAB_CHUNK],
+                        )
+                    },
+                    |(mut acc, mut z), (c, gw)| {
+                        chunk(&mut acc, &mut z, c, gw, false);
+                        (acc, z)
+                    },
+                )
+                .map(|(acc, _)| acc)
+                .reduce_with(sum),
+        };
         if let Some(acc) = gh_acc {
             gh_out.copy_from_slice(&acc);
         }

@@ -546,10 +546,18 @@ impl Model {
                 Some(head) => self.w(head, grad),
                 None => self.w(&self.embed, grad),
             };
+            // Training keeps the logits for the backward when they fit in STASH_MAX_BYTES.
+            let stash = if grad {
+                let v = self.config.vocab_size;
+                crate::fused::LogitStash::within(b * n, v, crate::fused::STASH_MAX_BYTES)
+            } else {
+                None
+            };
             let op = crate::fused::LmHeadLogprobOp {
                 targets: std::sync::Arc::new(targets.flatten_all()?.to_vec1()?),
                 inv_t: (1.0 / temperature) as f32,
                 entropy: with_entropy,
+                stash,
             };
             let out = h
                 .reshape((b * n, self.config.hidden_size))?

@@ -1,8 +1,9 @@
 //! The fused lm_head + log-prob/entropy op (`LmHeadLogprobOp`) equals the unfused reference
 //! (`Model::lm_head`-style `h·Wᵀ`, then `Model::logprobs_unfused`) in value and in gradient
 //! w.r.t. both the hidden states and the head weight, at several temperatures, loss weightings
-//! and shapes (vocabulary and row counts that are not multiples of the op's chunk sizes), and a
-//! tied model's embedding gradient is the same through either head.
+//! and shapes (vocabulary and row counts that are not multiples of the op's chunk sizes), with the
+//! logits kept for the backward or recomputed, and a tied model's embedding gradient is the same
+//! through either head (the model's training forward keeps the logits).
 
 use candle_core::{DType, Device, Tensor, Var};
 use rlvr_model::fused::LmHeadLogprobOp;
@@ -28,8 +29,9 @@ struct Out {
     gw: Vec<f32>,
 }
 
+/// `fused`: None = unfused reference; Some(stash) = the fused op, keeping the logits or not.
 fn run(
-    fused: bool,
+    fused: Option<bool>,
     (n, hd, v): (usize, usize, usize),
     h: &[f32],
     w: &[f32],
@@ -40,11 +42,12 @@ fn run(
     let dev = Device::Cpu;
     let hv = Var::from_tensor(&Tensor::from_vec(h.to_vec(), (n, hd), &dev).unwrap()).unwrap();
     let wv = Var::from_tensor(&Tensor::from_vec(w.to_vec(), (v, hd), &dev).unwrap()).unwrap();
-    let (lp, ent) = if fused {
+    let (lp, ent) = if let Some(stash) = fused {
         let op = LmHeadLogprobOp {
             targets: std::sync::Arc::new(targets.to_vec()),
             inv_t: (1.0 / temperature) as f32,
             entropy: with_entropy,
+            stash: stash.then(Default::default),
         };
         let out = hv.as_tensor().apply_op2(wv.as_tensor(), op).unwrap();
         let lp = out.narrow(1, 0, 1).unwrap().squeeze(1).unwrap();
@@ -99,19 +102,31 @@ fn fused_lm_head_matches_unfused_in_value_and_gradients() {
             let w = uniform(v * hd, seed + 100, 2.0);
             let targets: Vec<u32> = (0..n).map(|i| ((i * 389 + 7) % v) as u32).collect();
             let shape = (n, hd, v);
-            let f = run(true, shape, &h, &w, &targets, temperature, with_entropy);
-            let u = run(false, shape, &h, &w, &targets, temperature, with_entropy);
-            let ctx = format!("shape {shape:?}, T {temperature}, entropy {with_entropy}");
-            for (a, b) in f.lp.iter().zip(&u.lp) {
-                assert!((a - b).abs() < 2e-5, "{ctx}: logprob {a} vs {b}");
-            }
-            if with_entropy {
-                for (a, b) in f.ent.unwrap().iter().zip(&u.ent.unwrap()) {
-                    assert!((a - b).abs() < 2e-5, "{ctx}: entropy {a} vs {b}");
+            let u = run(None, shape, &h, &w, &targets, temperature, with_entropy);
+            for stash in [false, true] {
+                let f = run(
+                    Some(stash),
+                    shape,
+                    &h,
+                    &w,
+                    &targets,
+                    temperature,
+                    with_entropy,
+                );
+                let ctx = format!(
+                    "shape {shape:?}, T {temperature}, entropy {with_entropy}, stash {stash}"
+                );
+                for (a, b) in f.lp.iter().zip(&u.lp) {
+                    assert!((a - b).abs() < 2e-5, "{ctx}: logprob {a} vs {b}");
                 }
+                if with_entropy {
+                    for (a, b) in f.ent.as_ref().unwrap().iter().zip(u.ent.as_ref().unwrap()) {
+                        assert!((a - b).abs() < 2e-5, "{ctx}: entropy {a} vs {b}");
+                    }
+                }
+                assert_close(&format!("{ctx}: grad h"), &f.gh, &u.gh, 1e-4);
+                assert_close(&format!("{ctx}: grad W"), &f.gw, &u.gw, 1e-4);
             }
-            assert_close(&format!("{ctx}: grad h"), &f.gh, &u.gh, 1e-4);
-            assert_close(&format!("{ctx}: grad W"), &f.gw, &u.gw, 1e-4);
         }
     }
 }
@@ -125,6 +140,7 @@ fn fused_lm_head_rejects_bad_inputs() {
         targets: std::sync::Arc::new(t),
         inv_t: 1.0,
         entropy: false,
+        stash: None,
     };
     assert!(h.apply_op2(&w, op(vec![0, 1])).is_err(), "target count");
     assert!(
@@ -144,6 +160,7 @@ fn fused_lm_head_rejects_bad_inputs() {
                 targets: std::sync::Arc::new(vec![0, 5, 9]),
                 inv_t: 1.0,
                 entropy: true,
+                stash: None,
             },
         )
         .unwrap()
