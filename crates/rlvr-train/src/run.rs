@@ -29,10 +29,11 @@ use serde_json::json;
 use crate::checkpoint::{self, CheckpointParts, TrainerState};
 use crate::config::ResolvedConfig;
 use crate::eval::{evaluate, EvalSettings};
-use crate::experience::{groups_in_order, read_experiences, Experience};
+use crate::experience::{groups_in_order, read_experiences};
 use crate::explorer::{Explorer, ExplorerSettings, OfflineSource, SourceCursor};
 pub use crate::feed::{behaviour_version, filter_stale};
 use crate::feed::{spawn_explorer, Feed};
+pub use crate::metrics::step_metrics;
 use crate::metrics::{append_line, truncate_after, MetricsLine};
 use crate::rundir::{progress_bar, write_run_json};
 use crate::trainer::{StepReport, Trainer, TrainerSettings};
@@ -560,65 +561,4 @@ fn build_feed(
             }
         }
     })
-}
-
-/// The metrics line of one step (DESIGN.md section 10 keys; null where undefined).
-pub fn step_metrics(
-    step: u64,
-    exps: &[Experience],
-    rep: &StepReport,
-    lr: f64,
-    sample_s: f64,
-    train_s: f64,
-) -> MetricsLine {
-    let mut l = MetricsLine::new(step);
-    let rewards: Vec<f64> = exps.iter().filter_map(|e| e.reward).collect();
-    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
-    let rm = mean(&rewards);
-    l.set("reward/mean", rm);
-    l.set(
-        "reward/std",
-        rm.map(|m| {
-            (rewards.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt()
-        }),
-    );
-    let correct: Vec<f64> = exps
-        .iter()
-        .filter_map(|e| e.is_correct())
-        .map(|c| if c { 1.0 } else { 0.0 })
-        .collect();
-    l.set("accuracy", mean(&correct));
-    let lens: Vec<f64> = exps.iter().map(|e| e.completion_ids.len() as f64).collect();
-    l.set("completion_len/mean", mean(&lens));
-    let st: Vec<f64> = exps
-        .iter()
-        .filter_map(|e| e.staleness(step))
-        .map(|s| s as f64)
-        .collect();
-    l.set("staleness/mean", mean(&st));
-    l.set("staleness/max", st.iter().cloned().reduce(f64::max));
-    if let Some(m) = &rep.loss {
-        l.set("loss", Some(m.loss));
-        l.set("clip_frac", m.clip_frac);
-        l.set("clip_frac/low", m.clip_frac_low);
-        l.set("clip_frac/high", m.clip_frac_high);
-        l.set("ratio/mean", m.ratio_mean);
-        l.set("ratio/min", m.ratio_min);
-        l.set("ratio/max", m.ratio_max);
-        l.set("kl_ref", m.kl_ref);
-        l.set("kl_behaviour", m.kl_behaviour);
-        l.set("entropy", m.entropy);
-        l.set("ess", m.ess);
-        l.set("masked_frac", m.masked_frac);
-    }
-    l.set("zero_std_frac", rep.adv.zero_std_frac());
-    l.set("grad_norm", rep.grad_norm);
-    l.set("lr", Some(lr));
-    l.set_value("skipped", serde_json::Value::Bool(rep.skipped));
-    l.set("time/sample_s", Some(sample_s));
-    l.set("time/train_s", Some(train_s));
-    let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
-    let secs = sample_s + train_s;
-    l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
-    l
 }
