@@ -147,3 +147,67 @@ fn sigkill_resume_matches_uninterrupted_v1() {
 fn sigkill_resume_matches_uninterrupted_v4() {
     check_resume(4);
 }
+
+/// Entry point of the Ctrl-C child: `rlvr train` through its CLI function (which installs the
+/// handler), printing its summary line.
+#[test]
+fn cli_child_entry() {
+    let Ok(spec) = std::env::var("RLVR_TRAIN_CLI_CHILD") else {
+        return;
+    };
+    let sets: Vec<String> = serde_json::from_str(&spec).unwrap();
+    let a = rlvr_train::cli::TrainArgs {
+        set: sets,
+        no_progress: true,
+        ..Default::default()
+    };
+    let mut out = std::io::stdout();
+    rlvr_train::cli::run_train(&a, &mut out).unwrap();
+}
+
+/// A real SIGINT (Ctrl-C) makes `rlvr train` save a checkpoint after the current step and exit 0.
+#[test]
+fn sigint_saves_a_checkpoint_and_exits_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let rd = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &rd);
+    s.push("train.steps=100000".into());
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "cli_child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RLVR_TRAIN_CLI_CHILD", serde_json::to_string(&s).unwrap())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while last_step(&rd.join("metrics.jsonl")) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "child never reached step 2"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sends SIGINT to the child this test spawned (its pid is live: it was not waited on).
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "child exited with {}", out.status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"interrupted\""))
+        .unwrap_or_else(|| panic!("no summary in {text}"));
+    let v: serde_json::Value = serde_json::from_str(&line[line.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["interrupted"], true);
+    let steps = v["steps"].as_u64().unwrap();
+    assert!(steps >= 2 && steps < 100000);
+    let latest = std::fs::read_to_string(rd.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), format!("step-{steps}"));
+    assert_eq!(last_step(&rd.join("metrics.jsonl")), steps);
+}
