@@ -206,7 +206,7 @@ fn sigint_saves_a_checkpoint_and_exits_cleanly() {
     let v: serde_json::Value = serde_json::from_str(&line[line.find('{').unwrap()..]).unwrap();
     assert_eq!(v["interrupted"], true);
     let steps = v["steps"].as_u64().unwrap();
-    assert!(steps >= 2 && steps < 100000);
+    assert!((2..100000).contains(&steps));
     let latest = std::fs::read_to_string(rd.join("checkpoints/latest")).unwrap();
     assert_eq!(latest.trim(), format!("step-{steps}"));
     assert_eq!(last_step(&rd.join("metrics.jsonl")), steps);
