@@ -626,6 +626,49 @@ impl Model {
         Ok(self.lm_head(&last, false)?.to_dtype(DType::F32)?)
     }
 
+    /// A deep copy: new [`Var`]s holding copies of every weight (for a frozen reference policy or
+    /// an explorer that samples while the trainer updates).
+    pub fn try_clone(&self) -> Result<Self> {
+        let cp = |v: &Var| -> Result<Var> { Ok(Var::from_tensor(&v.as_tensor().copy()?)?) };
+        let cpo = |v: &Option<Var>| -> Result<Option<Var>> { v.as_ref().map(cp).transpose() };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    input_norm: cp(&l.input_norm)?,
+                    q_proj: cp(&l.q_proj)?,
+                    k_proj: cp(&l.k_proj)?,
+                    v_proj: cp(&l.v_proj)?,
+                    o_proj: cp(&l.o_proj)?,
+                    q_bias: cpo(&l.q_bias)?,
+                    k_bias: cpo(&l.k_bias)?,
+                    v_bias: cpo(&l.v_bias)?,
+                    o_bias: cpo(&l.o_bias)?,
+                    q_norm: cpo(&l.q_norm)?,
+                    k_norm: cpo(&l.k_norm)?,
+                    post_norm: cp(&l.post_norm)?,
+                    gate_proj: cp(&l.gate_proj)?,
+                    up_proj: cp(&l.up_proj)?,
+                    down_proj: cp(&l.down_proj)?,
+                    gate_bias: cpo(&l.gate_bias)?,
+                    up_bias: cpo(&l.up_bias)?,
+                    down_bias: cpo(&l.down_bias)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            config: self.config.clone(),
+            embed: cp(&self.embed)?,
+            layers,
+            norm: cp(&self.norm)?,
+            lm_head: cpo(&self.lm_head)?,
+            inv_freq: self.inv_freq.clone(),
+            device: self.device.clone(),
+            dtype: self.dtype,
+        })
+    }
+
     /// Writes config.json (transformers-4 style) and model.safetensors (weights in `dtype`)
     /// into `dir` atomically. Tokenizer files are not written here.
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {

@@ -28,6 +28,7 @@ impl Message {
 }
 
 /// A tokenizer with the special tokens and chat template of its model directory.
+#[derive(Clone)]
 pub struct TokenizerBundle {
     pub tokenizer: tokenizers::Tokenizer,
     /// The default chat template text, if the checkpoint has one.

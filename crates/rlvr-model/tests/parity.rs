@@ -378,3 +378,41 @@ fn weights_stored_in_f16_and_bf16_load_and_compute_in_f32() {
         assert!(worst > 0.0 && worst < tol, "{name}: worst {worst}");
     }
 }
+
+#[test]
+fn try_clone_is_a_deep_copy() {
+    let model = Model::load(&fixture("qwen2_bias_tied"), DType::F32, &Device::Cpu).unwrap();
+    let copy = model.try_clone().unwrap();
+    let ids = vec![vec![1u32, 2, 3, 4]];
+    let mask = vec![vec![1u32; 4]];
+    let a: Vec<Vec<f32>> = model
+        .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+        .unwrap()
+        .logprobs
+        .to_vec2()
+        .unwrap();
+    let b: Vec<Vec<f32>> = copy
+        .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+        .unwrap()
+        .logprobs
+        .to_vec2()
+        .unwrap();
+    assert_eq!(a, b);
+    // Changing the original leaves the copy alone.
+    let e = model.embed.as_tensor();
+    model.embed.set(&(e * 2.0).unwrap()).unwrap();
+    let c: Vec<Vec<f32>> = copy
+        .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+        .unwrap()
+        .logprobs
+        .to_vec2()
+        .unwrap();
+    assert_eq!(b, c);
+    let d: Vec<Vec<f32>> = model
+        .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+        .unwrap()
+        .logprobs
+        .to_vec2()
+        .unwrap();
+    assert_ne!(a, d);
+}
