@@ -217,6 +217,30 @@ impl LogitStash {
     }
 }
 
+/// The last stash buffer a backward finished with, reused by the next forward: a fresh `N·V`
+/// allocation is `mmap`ed and page-faulted in on every step (≈ 6% of a step here). Holds at
+/// most [`STASH_MAX_BYTES`] for the life of the process once a training step has run.
+static STASH_CACHE: std::sync::Mutex<Vec<f32>> = std::sync::Mutex::new(Vec::new());
+
+/// A buffer of `len` f32 (contents unspecified), from [`STASH_CACHE`] when it is there.
+fn stash_buffer(len: usize) -> Vec<f32> {
+    let mut b = std::mem::take(&mut *STASH_CACHE.lock().unwrap_or_else(|e| e.into_inner()));
+    if b.len() >= len {
+        b.truncate(len);
+    } else {
+        b = vec![0f32; len];
+    }
+    b
+}
+
+/// Returns a stash buffer to [`STASH_CACHE`] (keeping the larger of it and the cached one).
+fn recycle_stash(b: Vec<f32>) {
+    let mut cache = STASH_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if b.capacity() > cache.capacity() {
+        *cache = b;
+    }
+}
+
 fn contiguous_f32<'a>(
     storage: &'a CpuStorage,
     layout: &Layout,
@@ -485,7 +509,7 @@ impl candle_core::CustomOp2 for LmHeadLogprobOp {
         // Per (chunk, row): max, Σexp(s − max), Σexp(s − max)·(s − max), s_y (when y is in it).
         let mut stats = vec![[0f32; 4]; nchunks * n];
         let mut kept = match self.stash {
-            Some(_) => vec![0f32; n * v],
+            Some(_) => stash_buffer(n * v),
             None => vec![],
         };
         let chunk_stats_of = |z: &mut [f32], c: usize, st: &mut [[f32; 4]], whole: bool| {
@@ -687,18 +711,22 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
             a
         };
         let gh_acc = match kept {
-            Some(mut kept) => gw_out
-                .par_chunks_mut(VOCAB_CHUNK * hd)
-                .zip(kept.par_chunks_mut(VOCAB_CHUNK * n))
-                .enumerate()
-                .fold(
-                    || vec![0f32; n * hd],
-                    |mut acc, (c, (gw, z))| {
-                        chunk(&mut acc, z, c, gw, true);
-                        acc
-                    },
-                )
-                .reduce_with(sum),
+            Some(mut kept) => {
+                let acc = gw_out
+                    .par_chunks_mut(VOCAB_CHUNK * hd)
+                    .zip(kept.par_chunks_mut(VOCAB_CHUNK * n))
+                    .enumerate()
+                    .fold(
+                        || vec![0f32; n * hd],
+                        |mut acc, (c, (gw, z))| {
+                            chunk(&mut acc, z, c, gw, true);
+                            acc
+                        },
+                    )
+                    .reduce_with(sum);
+                recycle_stash(kept);
+                acc
+            }
             None => gw_out
                 .par_chunks_mut(VOCAB_CHUNK * hd)
                 .enumerate()
