@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod init;
 mod logprobs;
+mod quickstart;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +40,8 @@ enum Command {
     Reward(rlvr_reward::cli::RewardArgs),
     /// List the algorithm presets, each with its paper and every value it sets.
     Algorithms,
+    /// The default job: SFT warm start, then on- vs off-policy GRPO on addition; no download, no GPU.
+    Quickstart(quickstart::QuickstartArgs),
 }
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
         Command::Generate(a) => rlvr_rollout::cli::run(a, &mut out),
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
         Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
+        Command::Quickstart(a) => quickstart::run(a, &mut out),
     };
     let _ = out.flush();
     if let Err(e) = res {
