@@ -110,10 +110,42 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
     Ok(out)
 }
 
+/// Draws `size` generated problems of `split`; a test split skips every problem whose key (as
+/// `generate` returns it) is among the `train_size` train problems, so held-out never overlaps train.
+/// Gives up after `100·size + 1000` draws.
+fn draw_split<K: std::hash::Hash + Eq>(
+    split: Split,
+    train_size: usize,
+    size: usize,
+    generate: impl Fn(Split, u64) -> Result<(K, Problem)>,
+) -> Result<Vec<Problem>> {
+    let train_keys: HashSet<K> = if split == Split::Test {
+        (0..train_size as u64)
+            .map(|i| generate(Split::Train, i).map(|p| p.0))
+            .collect::<Result<_>>()?
+    } else {
+        HashSet::new()
+    };
+    let mut out = Vec::with_capacity(size);
+    let mut i = 0u64;
+    while out.len() < size && i < 100 * size as u64 + 1000 {
+        let (key, problem) = generate(split, i)?;
+        if !train_keys.contains(&key) {
+            out.push(problem);
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
 fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
     let name = match split {
         Split::Train => "train",
         Split::Test => "test",
+    };
+    let source = |s: Split, i: u64| {
+        let n = if s == Split::Train { "train" } else { "test" };
+        format!("generated:{n}:{i}")
     };
     match cfg.task {
         TaskKind::Countdown => {
@@ -124,23 +156,10 @@ fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
             } else {
                 g.test_size
             };
-            let train_keys: HashSet<CountdownProblem> = if split == Split::Test {
-                (0..g.train_size as u64)
-                    .map(|i| g.generate(cfg.seed, Split::Train, i).map(|p| p.0))
-                    .collect::<Result<_>>()?
-            } else {
-                HashSet::new()
-            };
-            let mut out = Vec::with_capacity(size);
-            let mut i = 0u64;
-            while out.len() < size && i < 100 * size as u64 + 1000 {
-                let (p, _) = g.generate(cfg.seed, split, i)?;
-                if !train_keys.contains(&p) {
-                    out.push(countdown_problem(format!("generated:{name}:{i}"), p));
-                }
-                i += 1;
-            }
-            Ok(out)
+            draw_split(split, g.train_size, size, |s, i| {
+                let (p, _) = g.generate(cfg.seed, s, i)?;
+                Ok((p.clone(), countdown_problem(source(s, i), p)))
+            })
         }
         TaskKind::Arithmetic => {
             let g = &cfg.arithmetic;
@@ -150,27 +169,15 @@ fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
             } else {
                 g.test_size
             };
-            let train_keys: HashSet<String> = if split == Split::Test {
-                (0..g.train_size as u64)
-                    .map(|i| g.generate(cfg.seed, Split::Train, i).map(|p| p.0))
-                    .collect::<Result<_>>()?
-            } else {
-                HashSet::new()
-            };
-            let mut out = Vec::with_capacity(size);
-            let mut i = 0u64;
-            while out.len() < size && i < 100 * size as u64 + 1000 {
-                let (q, a) = g.generate(cfg.seed, split, i)?;
-                if !train_keys.contains(&q) {
-                    out.push(Problem {
-                        source: format!("generated:{name}:{i}"),
-                        vars: vec![("question".into(), q)],
-                        reference: a,
-                    });
-                }
-                i += 1;
-            }
-            Ok(out)
+            draw_split(split, g.train_size, size, |s, i| {
+                let (q, a) = g.generate(cfg.seed, s, i)?;
+                let problem = Problem {
+                    source: source(s, i),
+                    vars: vec![("question".into(), q.clone())],
+                    reference: a,
+                };
+                Ok((q, problem))
+            })
         }
         _ => Err(DataError::Config(format!(
             "data.{name} is required for task {}",
