@@ -320,9 +320,10 @@ unsafe fn sgemm(
 
 /// `exp(x)` for f32 in straight-line code the compiler vectorises: Cephes' range reduction and
 /// degree-6 polynomial (max relative error ≈ 2 ulp on the clamped range); inputs are clamped to
-/// [−87.3, 88.3], so tiny results are ~1e-38 rather than 0.
+/// [−87.3, 88.3], so tiny results are ~1e-38 rather than 0. Shared with the sampler
+/// (`rlvr-rollout`'s token selection), so both sides' softmax weights come from the same function.
 #[inline(always)]
-fn exp_fast(x: f32) -> f32 {
+pub fn exp_fast(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer
     let x = if x < -87.3 { -87.3 } else { x };
     let x = if x > 88.3 { 88.3 } else { x };

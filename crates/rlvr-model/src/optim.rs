@@ -160,6 +160,80 @@ fn contiguous_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<
 }
 
 /// In place on a moment: `x ← β·x + (1 − β)·g` (or `g²` when `square`).
+/// A gradient sum over micro-batches, `Σ_m g_m`, kept per parameter.
+///
+/// The first gradient is held as given (no copy); the second makes a fresh sum tensor that this
+/// accumulator owns, and later ones are added into it in place (CPU, f32, contiguous; elsewhere a
+/// new tensor per add). An RL step of four micro-batches thus allocates one sum per parameter
+/// instead of three (155 MB each for a Qwen2.5-vocabulary embedding).
+#[derive(Default)]
+pub struct GradAccumulator {
+    sum: Option<Tensor>,
+    owned: bool,
+}
+
+impl GradAccumulator {
+    /// Adds `g` (any float dtype; summed in f32).
+    ///
+    /// # Errors
+    /// Shape mismatch with the sum so far, tensor errors.
+    pub fn add(&mut self, g: &Tensor) -> Result<()> {
+        let g = g.to_dtype(DType::F32)?;
+        self.sum = Some(match self.sum.take() {
+            None => {
+                self.owned = false;
+                g
+            }
+            Some(sum) if self.owned && sum.device().is_cpu() && sum.is_contiguous() => {
+                sum.inplace_op2(&g.contiguous()?, &AddAssign)?;
+                sum
+            }
+            Some(sum) => {
+                self.owned = true;
+                (sum + g)?
+            }
+        });
+        Ok(())
+    }
+
+    /// The sum, if any gradient was added.
+    pub fn take(self) -> Option<Tensor> {
+        self.sum
+    }
+
+    /// The sum so far, if any.
+    pub fn get(&self) -> Option<&Tensor> {
+        self.sum.as_ref()
+    }
+}
+
+/// In place: `dst += src` (f32, contiguous, same length).
+struct AddAssign;
+
+impl candle_core::InplaceOp2 for AddAssign {
+    fn name(&self) -> &'static str {
+        "add-assign"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let x = contiguous_mut(dst, dl)?;
+        let g = contiguous(src, sl)?;
+        if x.len() != g.len() {
+            candle_core::bail!("gradient sum of {} elements += {}", x.len(), g.len());
+        }
+        x.par_chunks_mut(UPDATE_CHUNK)
+            .zip(g.par_chunks(UPDATE_CHUNK))
+            .for_each(|(x, g)| x.iter_mut().zip(g).for_each(|(x, &g)| *x += g));
+        Ok(())
+    }
+}
+
 struct MomentUpdate {
     beta: f32,
     square: bool,
@@ -243,5 +317,31 @@ impl candle_core::InplaceOp3 for ParamUpdate {
                 }
             });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod grad_accumulator_tests {
+    use super::GradAccumulator;
+    use candle_core::{Device, Tensor};
+
+    /// Four adds give the plain sum; the first and second gradients given are never written
+    /// (the in-place adds go to the accumulator's own sum).
+    #[test]
+    fn sums_without_touching_the_given_gradients() {
+        let d = Device::Cpu;
+        let gs: Vec<Tensor> = (0..4)
+            .map(|i| Tensor::new(&[[1f32 + i as f32, -2.0], [0.5, 3.0 * i as f32]], &d).unwrap())
+            .collect();
+        let before: Vec<Vec<Vec<f32>>> = gs.iter().map(|g| g.to_vec2().unwrap()).collect();
+        let mut acc = GradAccumulator::default();
+        for g in &gs {
+            acc.add(g).unwrap();
+        }
+        let got: Vec<Vec<f32>> = acc.take().unwrap().to_vec2().unwrap();
+        assert_eq!(got, vec![vec![10.0, -8.0], vec![2.0, 18.0]]);
+        for (g, b) in gs.iter().zip(before) {
+            assert_eq!(g.to_vec2::<f32>().unwrap(), b);
+        }
     }
 }
