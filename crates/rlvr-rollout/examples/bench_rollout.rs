@@ -56,6 +56,7 @@ fn main() -> anyhow::Result<()> {
             top_p,
             top_k: (top_k > 0).then_some(top_k),
             max_new_tokens: 128,
+            min_new_tokens: 0,
             ..Default::default()
         };
         sampler.sample(&prompts, &params, 0, 0)?; // warm-up

@@ -68,6 +68,10 @@ pub struct GenerateArgs {
     /// Most tokens generated per completion (a generated EOS included).
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
+    /// Fewest tokens before EOS or a stop string may end a completion (EOS is not drawn until
+    /// then); equal to --max-new-tokens for fixed-length completions.
+    #[arg(long, default_value_t = 0)]
+    pub min_new_tokens: usize,
     /// Stop string (repeatable): a completion ends once its text contains it.
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
@@ -183,6 +187,7 @@ pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         top_p: args.top_p,
         top_k: args.top_k.filter(|&k| k > 0),
         max_new_tokens: args.max_new_tokens,
+        min_new_tokens: args.min_new_tokens,
         stop_ids: tok.eos_ids.clone(),
         stop_strings: args.stop.clone(),
         max_batch_rows: args.max_batch_rows,

@@ -18,6 +18,7 @@
 //!   AVX2/FMA skinny-matmul kernel (`cpu_kernels`) instead of candle's GEMM: the same products,
 //!   summed in another order, so logits agree with the reference to ~1e-6.
 
+use crate::cpu_kernels::PackedHead;
 use candle_core::{DType, Device, Tensor, D};
 use rlvr_model::{Model, ModelConfig};
 
@@ -280,6 +281,12 @@ impl DecodeWeights {
 
     /// Rotary tables for positions `0..n`, computed in f32 exactly as the model does
     /// (`position · inv_freq`, then cos/sin, then cast to the compute dtype).
+    /// The lm_head packed for this call's decode steps (see [`PackedHead`]); `None` where the
+    /// CPU lacks AVX-512, or off the CPU / f32. Pack again after the weights change.
+    pub(crate) fn packed_head(&self) -> Result<Option<PackedHead>> {
+        Ok(PackedHead::new(&self.lm_head)?)
+    }
+
     pub(crate) fn rope_tables(&self, n: usize) -> Result<RopeTables> {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(n * 2 * half);
@@ -346,6 +353,7 @@ impl DecodeWeights {
         bias: Option<&Tensor>,
         rope_t: &RopeTables,
         cache: &mut KvBuffer,
+        head: Option<&PackedHead>,
     ) -> Result<Tensor> {
         let c = &self.config;
         let (b, t) = ids.dims2()?;
@@ -423,6 +431,9 @@ impl DecodeWeights {
                 .squeeze(1)?
         };
         let h = rms_norm(&last, &self.norm, c.rms_norm_eps)?;
-        Ok(linear2(&h, &self.lm_head, None)?.to_dtype(DType::F32)?)
+        match head {
+            Some(p) if h.dtype() == DType::F32 && h.device().is_cpu() => Ok(p.matmul(&h)?),
+            _ => Ok(linear2(&h, &self.lm_head, None)?.to_dtype(DType::F32)?),
+        }
     }
 }

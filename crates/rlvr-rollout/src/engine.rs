@@ -38,6 +38,12 @@ pub struct SamplingParams {
     pub top_k: Option<usize>,
     /// Most tokens generated per completion (≥ 1), a generated stop id included. Default 256.
     pub max_new_tokens: usize,
+    /// Fewest new tokens before a completion may end: until a row has this many tokens its stop
+    /// ids are never drawn (their probability is removed before top-k/top-p, as transformers'
+    /// `min_new_tokens` and vLLM's `min_tokens`) and stop strings are not checked. Behaviour
+    /// log-probs stay those of the full distribution (see [`crate::select::choose`]).
+    /// `min_new_tokens = max_new_tokens` gives fixed-length completions (benchmarks). Default 0.
+    pub min_new_tokens: usize,
     /// Token ids that end a completion (the tokenizer's EOS ids plus any extra stop ids). The
     /// generated stop id is kept in the completion. Default empty.
     pub stop_ids: Vec<u32>,
@@ -59,6 +65,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: None,
             max_new_tokens: 256,
+            min_new_tokens: 0,
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             max_batch_rows: 64,
@@ -129,6 +136,31 @@ pub struct Sampler {
     weights: DecodeWeights,
     version: u64,
     detok: Option<Box<dyn Detokenize>>,
+    timings: Option<std::sync::Mutex<DecodeTimings>>,
+}
+
+/// Where a [`Sampler`]'s time went, summed over its `sample` calls since
+/// [`Sampler::with_timings`] (benchmarks: `rlvr bench sample`). With timings on, the device is
+/// synchronised after each forward so that GPU work is charged to the forward and not to the copy
+/// that follows; this costs a little throughput, so it is off by default.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct DecodeTimings {
+    /// Packing the lm_head for the call (CPU with AVX-512 only), seconds.
+    pub pack_s: f64,
+    /// Prefill forwards (prompt positions, all layers, last-position logits), seconds.
+    pub prefill_s: f64,
+    /// Decode-step forwards (one position per row), seconds.
+    pub forward_s: f64,
+    /// Copying each step's logits `[rows, V]` to the host, seconds.
+    pub to_host_s: f64,
+    /// Choosing tokens (temperature, top-k/top-p, draw, behaviour log-prob), seconds.
+    pub select_s: f64,
+    /// Retiring finished rows and compacting the KV cache, seconds.
+    pub compact_s: f64,
+    /// Decode steps run (forwards after the prefill).
+    pub steps: u64,
+    /// Tokens generated.
+    pub tokens: u64,
 }
 
 /// One decoding sequence.
@@ -224,6 +256,7 @@ impl Sampler {
             weights: DecodeWeights::from_model(model),
             version,
             detok: None,
+            timings: None,
         }
     }
 
@@ -236,6 +269,7 @@ impl Sampler {
             weights: DecodeWeights::snapshot(model)?,
             version,
             detok: None,
+            timings: None,
         })
     }
 
@@ -243,6 +277,25 @@ impl Sampler {
     pub fn with_tokenizer(mut self, detok: impl Detokenize + 'static) -> Self {
         self.detok = Some(Box::new(detok));
         self
+    }
+
+    /// Turns on [`DecodeTimings`] (zeroed); read them with [`Sampler::timings`].
+    pub fn with_timings(mut self) -> Self {
+        self.timings = Some(Default::default());
+        self
+    }
+
+    /// The timings summed since [`Sampler::with_timings`]; `None` when they are off.
+    pub fn timings(&self) -> Option<DecodeTimings> {
+        self.timings
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn time(&self, f: impl FnOnce(&mut DecodeTimings)) {
+        if let Some(m) = &self.timings {
+            f(&mut m.lock().unwrap_or_else(|e| e.into_inner()));
+        }
     }
 
     /// The policy version recorded in completions.
@@ -303,17 +356,22 @@ impl Sampler {
         }
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let rope = self.weights.rope_tables(longest + params.max_new_tokens)?;
+        // Packed once per call: the weights may change between calls (a sync), not during one.
+        let t = std::time::Instant::now();
+        let head = self.weights.packed_head()?;
+        self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
         let per_wave = (params.max_batch_rows / params.group_size).max(1);
         let mut out = Vec::with_capacity(prompts.len() * params.group_size);
         for (w, chunk) in prompts.chunks(per_wave).enumerate() {
             let first = first_prompt_index + w * per_wave;
-            self.run_wave(chunk, first, params, seed, &rope, &mut out)?;
+            self.run_wave(chunk, first, params, seed, &rope, head.as_ref(), &mut out)?;
         }
         out.sort_by_key(|c| (c.prompt_index, c.sample_index));
         Ok(out)
     }
 
     /// Prefills `prompts` once, copies each prompt's cache to its K rows and decodes them all.
+    #[allow(clippy::too_many_arguments)]
     fn run_wave(
         &self,
         prompts: &[PromptIds],
@@ -321,6 +379,7 @@ impl Sampler {
         params: &SamplingParams,
         seed: u64,
         rope: &crate::decode::RopeTables,
+        head: Option<&crate::cpu_kernels::PackedHead>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.weights.device().clone();
@@ -352,11 +411,13 @@ impl Sampler {
         let pos = Tensor::from_vec(pos, p_n * l, &dev)?;
         let bias = Tensor::from_vec(bias, (p_n, 1, l, l), &dev)?;
         let mut cache = self.weights.alloc_cache(bias_rows, p_n, cap)?;
+        let t = std::time::Instant::now();
         let logits = self
             .weights
-            .forward(&ids, &pos, Some(&bias), rope, &mut cache)?;
+            .forward(&ids, &pos, Some(&bias), rope, &mut cache, head)?;
         let vocab = logits.dims()[1];
         let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
+        self.time(|d| d.prefill_s += t.elapsed().as_secs_f64());
 
         // Group sharing: row r = prompt r / K, sample r % K; copy each prompt's cache K times.
         let mut rows: Vec<Row> = (0..p_n * k)
@@ -381,7 +442,7 @@ impl Sampler {
         // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
         let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
         self.decode_loop(
-            &mut rows, &mut src, &mut host, vocab, &mut cache, params, rope, out,
+            &mut rows, &mut src, &mut host, vocab, &mut cache, params, rope, head, out,
         )
     }
 
@@ -397,6 +458,7 @@ impl Sampler {
         cache: &mut KvBuffer,
         params: &SamplingParams,
         rope: &crate::decode::RopeTables,
+        head: Option<&crate::cpu_kernels::PackedHead>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.weights.device().clone();
@@ -409,8 +471,15 @@ impl Sampler {
             .unwrap_or(0);
         loop {
             // 1. Choose one token per row from its own RNG stream (rows in parallel).
+            let t = std::time::Instant::now();
             self.choose_all(rows, src, host, vocab, params, stop_window)?;
+            let n_rows = rows.len() as u64;
+            self.time(|d| {
+                d.select_s += t.elapsed().as_secs_f64();
+                d.tokens += n_rows;
+            });
             // 2. Retire finished rows; compact the batch when any finished.
+            let t = std::time::Instant::now();
             let alive: Vec<u32> = (0..rows.len() as u32)
                 .filter(|&r| rows[r as usize].finish.is_none())
                 .collect();
@@ -431,10 +500,12 @@ impl Sampler {
                 }
                 *rows = kept;
                 if rows.is_empty() {
+                    self.time(|d| d.compact_s += t.elapsed().as_secs_f64());
                     return Ok(());
                 }
                 cache.keep_rows(&alive)?;
             }
+            self.time(|d| d.compact_s += t.elapsed().as_secs_f64());
             // 3. Feed the chosen tokens: one new column per row.
             let n = rows.len();
             let ids: Vec<u32> = rows
@@ -447,8 +518,18 @@ impl Sampler {
                 .collect();
             let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
             let pos = Tensor::from_vec(pos, n, &dev)?;
-            let logits = self.weights.forward(&ids, &pos, None, rope, cache)?;
+            let t = std::time::Instant::now();
+            let logits = self.weights.forward(&ids, &pos, None, rope, cache, head)?;
+            if self.timings.is_some() {
+                dev.synchronize()?;
+            }
+            let t1 = std::time::Instant::now();
             *host = logits.flatten_all()?.to_vec1::<f32>()?;
+            self.time(|d| {
+                d.forward_s += (t1 - t).as_secs_f64();
+                d.to_host_s += t1.elapsed().as_secs_f64();
+                d.steps += 1;
+            });
             src.clear();
             src.extend(0..n);
         }
@@ -481,12 +562,16 @@ impl Sampler {
                 } else {
                     0.0
                 };
-                let c = SCRATCH.with(|sc| choose(logits, &sel, u, &mut sc.borrow_mut()));
+                let early = row.tokens.len() < params.min_new_tokens;
+                let banned: &[u32] = if early { &params.stop_ids } else { &[] };
+                let c = SCRATCH.with(|sc| choose(logits, &sel, u, banned, &mut sc.borrow_mut()));
                 row.tokens.push(c.token);
                 row.logprobs.push(c.logprob);
-                row.finish = if params.stop_ids.contains(&c.token) {
+                let early = row.tokens.len() < params.min_new_tokens;
+                row.finish = if !early && params.stop_ids.contains(&c.token) {
                     Some(FinishReason::Eos)
                 } else if stop_window > 0
+                    && !early
                     && self.hits_stop_string(&row.tokens, params, stop_window)?
                 {
                     Some(FinishReason::StopString)

@@ -38,7 +38,8 @@ pub mod select;
 
 pub use decode::DecodeWeights;
 pub use engine::{
-    completion_rng, Completion, Detokenize, FinishReason, PromptIds, Sampler, SamplingParams,
+    completion_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds, Sampler,
+    SamplingParams,
 };
 pub use error::{Result, RolloutError};
 

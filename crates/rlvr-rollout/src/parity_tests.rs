@@ -72,7 +72,7 @@ fn check_parity(model: &Model, prompts: &[Vec<u32>], rep: &[u32], steps: usize) 
     let pos_flat: Vec<u32> = pos.iter().flatten().copied().collect();
     let pos_t = Tensor::from_vec(pos_flat, p_n * l, &dev).unwrap();
     let logits = w
-        .forward(&ids_t, &pos_t, Some(&bias), &rope, &mut cache)
+        .forward(&ids_t, &pos_t, Some(&bias), &rope, &mut cache, None)
         .unwrap();
     let mut worst = max_abs_diff(&logits, &ref_logits);
 
@@ -109,7 +109,9 @@ fn check_parity(model: &Model, prompts: &[Vec<u32>], rep: &[u32], steps: usize) 
             .unwrap();
         let ids_t = Tensor::from_vec(tok, (b, 1), &dev).unwrap();
         let pos_t = Tensor::from_vec(next_pos.clone(), b, &dev).unwrap();
-        let ours = w.forward(&ids_t, &pos_t, None, &rope, &mut cache).unwrap();
+        let ours = w
+            .forward(&ids_t, &pos_t, None, &rope, &mut cache, None)
+            .unwrap();
         worst = worst.max(max_abs_diff(&ours, &r));
         for p in next_pos.iter_mut() {
             *p += 1;

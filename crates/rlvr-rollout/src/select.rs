@@ -36,6 +36,7 @@ pub struct Selection {
 #[derive(Default)]
 pub struct Scratch {
     weights: Vec<f32>,
+    block_sums: Vec<f64>,
     idx: Vec<u32>,
     mass: Vec<f64>,
 }
@@ -46,12 +47,38 @@ pub struct Scratch {
 /// kept tokens accumulating `exp(logit/T − max)` until it passes `u · total`; the walk order is
 /// deterministic, so the same logits and `u` give the same token.
 ///
+/// `banned` ids (the stop ids while `rollout.min_new_tokens` is unmet) are never chosen: their
+/// weight is removed before top-k/top-p, as transformers' `MinNewTokensLengthLogitsProcessor` sets
+/// their logits to −inf before the warpers. The returned log-prob is still taken over the full,
+/// unmasked distribution, like the top-k/top-p truncation, so that it equals the trainer's
+/// recomputed log-prob. Ids outside the vocabulary are ignored.
+///
 /// Panics if `logits` is empty (the engine never passes an empty row).
-pub fn choose(logits: &[f32], sel: &Selection, u: f64, scratch: &mut Scratch) -> Choice {
+pub fn choose(
+    logits: &[f32],
+    sel: &Selection,
+    u: f64,
+    banned: &[u32],
+    scratch: &mut Scratch,
+) -> Choice {
     assert!(!logits.is_empty(), "choose: empty logits row");
+    let v = logits.len();
+    let is_banned = |i: usize| !banned.is_empty() && banned.contains(&(i as u32));
     if sel.temperature == 0.0 {
-        let (best, _) = argmax(logits);
-        let lp = log_softmax_at(logits, 1.0, best, &mut scratch.weights);
+        let best = if banned.is_empty() {
+            argmax(logits).0
+        } else {
+            let mut best = 0;
+            let mut bv = f32::NEG_INFINITY;
+            for (i, &x) in logits.iter().enumerate() {
+                if x > bv && !is_banned(i) {
+                    bv = x;
+                    best = i;
+                }
+            }
+            best
+        };
+        let lp = log_softmax_at(logits, 1.0, best, scratch);
         return Choice {
             token: best as u32,
             logprob: lp,
@@ -59,19 +86,29 @@ pub fn choose(logits: &[f32], sel: &Selection, u: f64, scratch: &mut Scratch) ->
     }
     let inv_t = (1.0 / sel.temperature) as f32;
     // Scaled logits y = x · (1/T) in f32, as the trainer's `logits / T`; weights e = exp(y − max).
-    let m = logits
-        .iter()
-        .fold(f32::NEG_INFINITY, |a, &x| a.max(x * inv_t));
-    let w = &mut scratch.weights;
-    w.clear();
-    w.extend(logits.iter().map(|&x| (x * inv_t - m).exp()));
-    let total: f64 = w.iter().map(|&e| e as f64).sum();
-    let v = logits.len();
+    let m = scaled_max(logits, inv_t);
+    let total = weights(logits, inv_t, m, scratch);
+    let (w, sums) = (&mut scratch.weights, &mut scratch.block_sums);
+    // The draw's support: banned weights removed (the log-prob keeps the full `total`).
+    let mut draw_total = total;
+    for &b in banned {
+        if let Some(e) = w.get_mut(b as usize) {
+            draw_total -= *e as f64;
+            sums[b as usize / BLOCK] -= *e as f64;
+            *e = 0.0;
+        }
+    }
     let k = sel.top_k.filter(|&k| k > 0 && k < v);
     let token = if k.is_none() && sel.top_p >= 1.0 {
-        walk(w, (0..v as u32).map(|i| i as usize), u * total)
+        walk_blocks(w, sums, u * draw_total)
     } else if k.is_none() {
-        nucleus_sample(w, sel.top_p * total, u, &mut scratch.mass, &mut scratch.idx)
+        nucleus_sample(
+            w,
+            sel.top_p * draw_total,
+            u,
+            &mut scratch.mass,
+            &mut scratch.idx,
+        )
     } else {
         let idx = &mut scratch.idx;
         idx.clear();
@@ -111,14 +148,143 @@ pub fn argmax(x: &[f32]) -> (usize, f32) {
     (best, bv)
 }
 
-/// `log_softmax(x / t)[at]` over the whole row, with the sum in f64.
-pub fn log_softmax_at(x: &[f32], t: f64, at: usize, buf: &mut Vec<f32>) -> f32 {
+/// `log_softmax(x / t)[at]` over the whole row (block sums in f64, see [`choose`]).
+pub fn log_softmax_at(x: &[f32], t: f64, at: usize, scratch: &mut Scratch) -> f32 {
     let inv_t = (1.0 / t) as f32;
-    let m = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v * inv_t));
-    buf.clear();
-    buf.extend(x.iter().map(|&v| (v * inv_t - m).exp()));
-    let total: f64 = buf.iter().map(|&e| e as f64).sum();
+    let m = scaled_max(x, inv_t);
+    let total = weights(x, inv_t, m, scratch);
     ((x[at] * inv_t - m) as f64 - total.ln()) as f32
+}
+
+/// Tokens per block of [`weights`]' partial sums: the walk of a full-vocabulary draw skips whole
+/// blocks by their sums and walks one block token by token.
+const BLOCK: usize = 1024;
+
+/// f32 lanes of the vectorised passes (two AVX2 registers, one AVX-512 register).
+const LANES: usize = 16;
+
+/// `max_i x_i · inv_t` (NaN never wins), in [`LANES`] independent lanes the compiler vectorises.
+fn scaled_max(x: &[f32], inv_t: f32) -> f32 {
+    #[inline(always)]
+    fn body(x: &[f32], inv_t: f32) -> f32 {
+        let mut mx = [f32::NEG_INFINITY; LANES];
+        let it = x.chunks_exact(LANES);
+        let rem = it.remainder();
+        for c in it {
+            for l in 0..LANES {
+                let y = c[l] * inv_t;
+                if y > mx[l] {
+                    mx[l] = y;
+                }
+            }
+        }
+        let m = rem.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v * inv_t));
+        mx.iter().fold(m, |a, &v| a.max(v))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(x: &[f32], inv_t: f32) -> f32 {
+        body(x, inv_t)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        return unsafe { avx2(x, inv_t) };
+    }
+    body(x, inv_t)
+}
+
+/// Fills `scratch.weights` with `exp(x_i · inv_t − m)` (by [`rlvr_model::fused::exp_fast`], the
+/// trainer's exp) and `scratch.block_sums` with the f64 sum of each [`BLOCK`]; returns the total.
+/// Within a block the sum runs in [`LANES`] f32 lanes of 64 terms each (relative error ~1e-7).
+fn weights(x: &[f32], inv_t: f32, m: f32, scratch: &mut Scratch) -> f64 {
+    #[inline(always)]
+    fn body(x: &[f32], inv_t: f32, m: f32, w: &mut [f32], sums: &mut [f64]) {
+        for ((xb, wb), s) in x
+            .chunks(BLOCK)
+            .zip(w.chunks_mut(BLOCK))
+            .zip(sums.iter_mut())
+        {
+            let mut acc = [0f32; LANES];
+            let mut xi = xb.chunks_exact(LANES);
+            let mut wi = wb.chunks_exact_mut(LANES);
+            for (xc, wc) in (&mut xi).zip(&mut wi) {
+                for l in 0..LANES {
+                    let e = rlvr_model::fused::exp_fast(xc[l] * inv_t - m);
+                    wc[l] = e;
+                    acc[l] += e;
+                }
+            }
+            let mut tail = 0f32;
+            for (&xv, wv) in xi.remainder().iter().zip(wi.into_remainder()) {
+                let e = rlvr_model::fused::exp_fast(xv * inv_t - m);
+                *wv = e;
+                tail += e;
+            }
+            *s = acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2(x: &[f32], inv_t: f32, m: f32, w: &mut [f32], sums: &mut [f64]) {
+        body(x, inv_t, m, w, sums)
+    }
+    let (w, sums) = (&mut scratch.weights, &mut scratch.block_sums);
+    w.clear();
+    w.resize(x.len(), 0.0);
+    sums.clear();
+    sums.resize(x.len().div_ceil(BLOCK), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        unsafe { avx2(x, inv_t, m, w, sums) };
+        return sums.iter().sum();
+    }
+    body(x, inv_t, m, w, sums);
+    sums.iter().sum()
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX2.get_or_init(|| {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`walk`] over the whole row in id order, skipping whole blocks by their `sums` (of `w`, per
+/// [`BLOCK`]). Returns the first index whose running sum exceeds `target`, or the last token with
+/// weight when rounding leaves the target unreached.
+fn walk_blocks(w: &[f32], sums: &[f64], target: f64) -> usize {
+    let mut acc = 0.0f64;
+    let mut last_block = None;
+    for (b, &s) in sums.iter().enumerate() {
+        if s <= 0.0 {
+            continue;
+        }
+        last_block = Some(b);
+        if acc + s > target {
+            let lo = b * BLOCK;
+            let hi = (lo + BLOCK).min(w.len());
+            return walk(w, lo..hi, target - acc);
+        }
+        acc += s;
+    }
+    // Rounding: the target sits past the last block's sum; take its last token with weight.
+    match last_block {
+        Some(b) => {
+            let lo = b * BLOCK;
+            let hi = (lo + BLOCK).min(w.len());
+            (lo..hi).rev().find(|&i| w[i] > 0.0).unwrap_or(lo)
+        }
+        None => 0,
+    }
 }
 
 /// Walks `order`, accumulating `w`, and returns the first index whose running sum exceeds
@@ -355,7 +521,7 @@ mod tests {
             top_k: None,
             top_p: 1.0,
         };
-        let c = choose(&x, &sel, 0.5, &mut Scratch::default());
+        let c = choose(&x, &sel, 0.5, &[], &mut Scratch::default());
         assert_eq!(c.token, 1);
         let z: f64 = x.iter().map(|&v| (v as f64).exp()).sum();
         assert!((c.logprob as f64 - (3.0 - z.ln())).abs() < 1e-6);
@@ -371,7 +537,7 @@ mod tests {
                 top_p: p,
             };
             for u in [0.0, 0.3, 0.99] {
-                let c = choose(&x, &sel, u, &mut Scratch::default());
+                let c = choose(&x, &sel, u, &[], &mut Scratch::default());
                 let z: f64 = x.iter().map(|&v| (v as f64 / t).exp()).sum();
                 let want = x[c.token as usize] as f64 / t - z.ln();
                 assert!((c.logprob as f64 - want).abs() < 1e-6, "{t} {k:?} {p}");
@@ -395,9 +561,9 @@ mod tests {
         };
         for i in 0..100 {
             let u = i as f64 / 100.0;
-            assert!([1, 4].contains(&choose(&x, &top2, u, &mut sc).token));
+            assert!([1, 4].contains(&choose(&x, &top2, u, &[], &mut sc).token));
             // p(5.0) ≈ 0.51 alone reaches 0.5.
-            assert_eq!(choose(&x, &nuc, u, &mut sc).token, 1);
+            assert_eq!(choose(&x, &nuc, u, &[], &mut sc).token, 1);
         }
     }
 
@@ -417,10 +583,100 @@ mod tests {
                 &x,
                 &sel,
                 (i as f64 + 0.5) / n as f64,
+                &[],
                 &mut Scratch::default(),
             );
             counts[c.token as usize] += 1;
         }
         assert_eq!(counts, [1000, 2000, 3000]);
+    }
+
+    /// A row of 5000 logits (several blocks, a partial last one): the drawn token's interval of
+    /// the exact (f64) cumulative distribution holds u, up to the f32 weights' rounding, and the
+    /// log-prob equals the f64 log-softmax; the same for greedy.
+    #[test]
+    fn block_walk_draws_by_the_exact_cumulative_distribution() {
+        let v = 5000;
+        let x: Vec<f32> = (0..v)
+            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 6.0)
+            .collect();
+        let t = 0.8f64;
+        let p: Vec<f64> = x.iter().map(|&a| (a as f64 / t).exp()).collect();
+        let z: f64 = p.iter().sum();
+        let cdf: Vec<f64> = p
+            .iter()
+            .scan(0.0, |c, &q| {
+                *c += q / z;
+                Some(*c)
+            })
+            .collect();
+        let sel = Selection {
+            temperature: t,
+            top_k: None,
+            top_p: 1.0,
+        };
+        let mut sc = Scratch::default();
+        for i in 0..400 {
+            let u = (i as f64 + 0.37) / 400.0;
+            let c = choose(&x, &sel, u, &[], &mut sc);
+            let k = c.token as usize;
+            let lo = if k == 0 { 0.0 } else { cdf[k - 1] };
+            assert!(
+                lo - 1e-5 <= u && u <= cdf[k] + 1e-5,
+                "u {u}: token {k} [{lo}, {}]",
+                cdf[k]
+            );
+            let want = (p[k] / z).ln();
+            assert!(
+                (c.logprob as f64 - want).abs() < 1e-5,
+                "{} vs {want}",
+                c.logprob
+            );
+        }
+        let g = choose(
+            &x,
+            &Selection {
+                temperature: 0.0,
+                ..sel
+            },
+            0.0,
+            &[],
+            &mut sc,
+        );
+        assert_eq!(g.token as usize, argmax(&x).0);
+    }
+
+    /// Weights 1:2:3 with id 2 banned: draws split 1:2 over ids 0 and 1 (uniform grid of u), and
+    /// the log-prob stays that of the full distribution: ln(1/6) and ln(2/6). Greedy skips the
+    /// banned maximum; top-p is measured on the renormalised rest (0.9 of {1/3, 2/3} needs both).
+    #[test]
+    fn banned_ids_are_never_drawn_and_keep_full_logprobs() {
+        let x = [0.0f32, (2.0f32).ln(), (3.0f32).ln()];
+        let mut sel = Selection {
+            temperature: 1.0,
+            top_k: None,
+            top_p: 1.0,
+        };
+        let mut counts = [0usize; 3];
+        let n = 3000;
+        for i in 0..n {
+            let u = (i as f64 + 0.5) / n as f64;
+            let c = choose(&x, &sel, u, &[2], &mut Scratch::default());
+            counts[c.token as usize] += 1;
+            let want = [(1.0f64 / 6.0).ln(), (2.0f64 / 6.0).ln()][c.token as usize];
+            assert!((c.logprob as f64 - want).abs() < 1e-6, "{c:?}");
+        }
+        assert_eq!(counts, [1000, 2000, 0]);
+        sel.top_p = 0.9;
+        let mut seen = [false; 3];
+        for i in 0..100 {
+            let c = choose(&x, &sel, i as f64 / 100.0, &[2], &mut Scratch::default());
+            seen[c.token as usize] = true;
+        }
+        assert_eq!(seen, [true, true, false]);
+        sel.temperature = 0.0;
+        let c = choose(&x, &sel, 0.0, &[2], &mut Scratch::default());
+        assert_eq!(c.token, 1);
+        assert!((c.logprob as f64 - (2.0f64 / 6.0).ln()).abs() < 1e-6);
     }
 }

@@ -30,6 +30,7 @@ fn params(k: usize, t: f64, max_new: usize) -> SamplingParams {
         group_size: k,
         temperature: t,
         max_new_tokens: max_new,
+        min_new_tokens: 0,
         ..Default::default()
     }
 }
@@ -277,6 +278,49 @@ fn stop_ids_end_a_completion_and_are_kept() {
         );
     }
     assert!(out[1].token_ids.len() <= 4);
+}
+
+/// `min_new_tokens`: with the stop id set to a token that sampling draws often, no completion
+/// holds it among its first `min_new_tokens` tokens, every completion has at least that many, and
+/// ℓ_old is still the trainer's full-distribution log-prob (the ban only shapes the draw).
+#[test]
+fn min_new_tokens_bans_stop_ids_until_reached() {
+    let model = fixture("qwen2_bias_tied");
+    let sampler = Sampler::new(&model, 0);
+    let free = sampler
+        .sample(&prompts(), &params(4, 1.0, 12), 3, 0)
+        .unwrap();
+    // The most frequent token of the free samples: a stop id that would end many of them early.
+    let mut counts = std::collections::HashMap::new();
+    for c in &free {
+        for &t in &c.token_ids {
+            *counts.entry(t).or_insert(0usize) += 1;
+        }
+    }
+    let (&stop, _) = counts.iter().max_by_key(|&(t, n)| (*n, *t)).unwrap();
+    let mut p = params(4, 1.0, 12);
+    p.stop_ids = vec![stop];
+    let early = sampler.sample(&prompts(), &p, 3, 0).unwrap();
+    assert!(
+        early.iter().any(|c| c.token_ids.len() < 8),
+        "the stop id should end some completion early without min_new_tokens"
+    );
+    for min in [8, 12] {
+        p.min_new_tokens = min;
+        let out = sampler.sample(&prompts(), &p, 3, 0).unwrap();
+        assert_eq!(out.len(), 16);
+        for c in &out {
+            assert!(c.token_ids.len() >= min, "{c:?}");
+            // Like transformers: the first `min` tokens never hold a stop id, so an EOS-ended
+            // completion has at least min + 1 tokens.
+            assert!(!c.token_ids[..min].contains(&stop), "{c:?}");
+            if c.finish_reason == FinishReason::Eos {
+                assert!(c.token_ids.len() > min);
+            }
+        }
+        let gap = max_logprob_gap(&model, &out, 1.0);
+        assert!(gap < 1e-4, "min_new_tokens {min}: max |Δℓ| {gap}");
+    }
 }
 
 fn tokenizer_path() -> PathBuf {
