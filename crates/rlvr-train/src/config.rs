@@ -53,6 +53,11 @@ pub struct RolloutSection {
     /// Most generated tokens per completion (the EOS included); also the constant normaliser's L.
     /// Default 256.
     pub max_new_tokens: usize,
+    /// Fewest new tokens before EOS or a stop string may end a completion (transformers'
+    /// `min_new_tokens`, vLLM's `min_tokens`); the EOS probability is removed from the draw until
+    /// then, while ℓ_old stays the full-distribution log-prob. Equal to `max_new_tokens` it gives
+    /// fixed-length completions (benchmarks). Default 0.
+    pub min_new_tokens: usize,
     /// Sampling temperature T (> 0); the trainer scores with the same T. Default 1.
     pub temperature: f64,
     /// Nucleus mass in (0, 1]; 1 = off. Default 1. Below 1 even staleness-0 data is slightly
@@ -71,6 +76,7 @@ impl Default for RolloutSection {
         RolloutSection {
             group_size: 8,
             max_new_tokens: 256,
+            min_new_tokens: 0,
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
@@ -148,6 +154,12 @@ pub struct TrainSection {
     /// `micro_batch_size` (a single longer row still gets its own micro-batch). Default unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub micro_batch_tokens: Option<usize>,
+    /// Leave out of forward and backward the rows whose gradient is exactly zero: rows outside the
+    /// normaliser (zero-variance groups under `exclude_zero_std`, masked truncations) and, when the
+    /// loss has no KL, entropy or regulariser term, rows with advantage 0. The update is unchanged;
+    /// the step's ratio, clip, entropy and KL diagnostics then cover the trained rows only. TRL and
+    /// verl compute these rows; set false to match their work (benchmarks). Default true.
+    pub skip_zero_gradient_rows: bool,
     /// Optimizer updates per epoch: the step's groups are split into this many mini-batches. Default 1.
     pub mini_batches: usize,
     /// μ: passes over the step's batch. Default 1.
@@ -186,6 +198,7 @@ impl Default for TrainSection {
             grad_clip: 1.0,
             micro_batch_size: 8,
             micro_batch_tokens: None,
+            skip_zero_gradient_rows: true,
             mini_batches: 1,
             epochs: 1,
             seed: 0,
@@ -375,6 +388,13 @@ impl RawConfig {
         }
         if r.max_new_tokens == 0 {
             bail!("rollout.max_new_tokens must be at least 1");
+        }
+        if r.min_new_tokens > r.max_new_tokens {
+            bail!(
+                "rollout.min_new_tokens ({}) exceeds rollout.max_new_tokens ({})",
+                r.min_new_tokens,
+                r.max_new_tokens
+            );
         }
         if !(r.temperature.is_finite() && r.temperature > 0.0) {
             bail!(

@@ -92,6 +92,7 @@ pub fn evaluate(
         top_p: 1.0,
         top_k: None,
         max_new_tokens: s.max_new_tokens,
+        min_new_tokens: 0,
         stop_ids: tokenizer.eos_ids.clone(),
         stop_strings: s.stop.clone(),
         max_batch_rows: s.max_batch_rows,

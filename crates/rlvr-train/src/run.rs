@@ -466,6 +466,7 @@ fn write_step_logs(
         "stale_dropped": dropped_stale,
         "updates": rep.updates,
         "rows": rows,
+        "rows_skipped_zero_gradient": rep.rows_skipped,
     });
     append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
 }
@@ -534,6 +535,7 @@ fn build_feed(
                     top_p: c.rollout.top_p,
                     top_k: (c.rollout.top_k > 0).then_some(c.rollout.top_k),
                     max_new_tokens: c.rollout.max_new_tokens,
+                    min_new_tokens: c.rollout.min_new_tokens,
                     stop_ids,
                     stop_strings: c.rollout.stop.clone(),
                     max_batch_rows: c.rollout.max_batch_rows,

@@ -20,7 +20,7 @@ use rlvr_algo::{
     compute_advantages, policy_loss, shape_rewards, AdvantageStats, Algorithm, LossInputs,
     LossStats, RowInfo, UpdateNormaliser,
 };
-use rlvr_model::optim::{AdamW, AdamWConfig};
+use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 use rlvr_model::Model;
 
 use crate::config::TrainSection;
@@ -71,6 +71,9 @@ pub struct StepReport {
     pub logprob_diff_s0: Option<f64>,
     /// Completion tokens trained on (summed over updates).
     pub tokens: usize,
+    /// Rows left out of forward/backward because their gradient is exactly zero (summed over
+    /// updates; see [`TrainSection::skip_zero_gradient_rows`]).
+    pub rows_skipped: usize,
 }
 
 /// One micro-batch's tensors: completion-aligned `[b, C]`.
@@ -154,6 +157,7 @@ impl Trainer {
                 let out = self.update(batch, rows, &adv, step, lr, first.then_some(&mut diff))?;
                 stats.merge(&out.stats);
                 report.updates += 1;
+                report.rows_skipped += out.rows_skipped;
                 report.tokens += out.stats.tokens as usize;
                 match out.grad_norm {
                     Some(g) => norms.push(g),
@@ -192,16 +196,33 @@ impl Trainer {
             })
             .collect();
         let norm = UpdateNormaliser::new(alg, &infos, self.settings.max_new_tokens)?;
+        // Rows whose loss term has an exactly zero gradient: weight 0 (out of the normaliser), or
+        // advantage 0 when every term of the loss is proportional to the advantage. They would
+        // cost a full forward and backward for nothing (TRL and verl pay it).
+        let all_w = norm.rows(&(0..rows.len()).collect::<Vec<_>>());
+        let only_pg = alg.regulariser == rlvr_algo::Regulariser::None
+            && alg.kl_coef == 0.0
+            && alg.entropy_coef == 0.0;
+        let trained: Vec<usize> = rows
+            .iter()
+            .zip(&all_w)
+            .filter(|&(&i, &w)| {
+                !self.settings.train.skip_zero_gradient_rows
+                    || (w != 0.0 && !(only_pg && adv.values[i] == 0.0))
+            })
+            .map(|(&i, _)| i)
+            .collect();
+        let rows_skipped = rows.len() - trained.len();
         let vars: Vec<Var> = self
             .model
             .named_vars()
             .into_iter()
             .map(|(_, v)| v.clone())
             .collect();
-        let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let mut acc: Vec<GradAccumulator> = vars.iter().map(|_| Default::default()).collect();
         let mut stats = LossStats::default();
         let mut finite = true;
-        for mb in micro_batches(batch, rows, &self.settings.train) {
+        for mb in micro_batches(batch, &trained, &self.settings.train) {
             let local: Vec<usize> = mb
                 .iter()
                 .map(|i| {
@@ -239,17 +260,13 @@ impl Trainer {
             let grads = loss.backward()?;
             for (k, v) in vars.iter().enumerate() {
                 if let Some(g) = grads.get(v.as_tensor()) {
-                    let g = g.to_dtype(DType::F32)?;
-                    acc[k] = Some(match acc[k].take() {
-                        Some(prev) => (prev + g)?,
-                        None => g,
-                    });
+                    acc[k].add(g)?;
                 }
             }
         }
         // Global gradient norm, non-finite check, clipping.
         let mut sq = 0.0f64;
-        for g in acc.iter().flatten() {
+        for g in acc.iter().filter_map(|a| a.get()) {
             sq += g
                 .sqr()?
                 .sum_all()?
@@ -261,6 +278,7 @@ impl Trainer {
             return Ok(UpdateOut {
                 stats,
                 grad_norm: None,
+                rows_skipped,
             });
         }
         let clip = self.settings.train.grad_clip;
@@ -270,16 +288,22 @@ impl Trainer {
             1.0
         };
         let mut store = GradStore::default();
-        for (k, v) in vars.iter().enumerate() {
-            if let Some(g) = acc[k].take() {
-                let g = if scale != 1.0 { (g * scale)? } else { g };
-                store.insert(v.as_tensor(), g);
-            }
+        for (v, a) in vars.iter().zip(acc) {
+            // A parameter without a gradient (every row skipped as zero-gradient) gets an explicit
+            // zero: the moments still decay and weight decay still applies, as in an update that
+            // computed those rows.
+            let g = match a.take() {
+                Some(g) if scale != 1.0 => (g * scale)?,
+                Some(g) => g,
+                None => Tensor::zeros(v.shape(), DType::F32, v.device())?,
+            };
+            store.insert(v.as_tensor(), g);
         }
         self.optimizer.step(&store, lr)?;
         Ok(UpdateOut {
             stats,
             grad_norm: Some(grad_norm),
+            rows_skipped,
         })
     }
 
@@ -351,6 +375,7 @@ impl Trainer {
 struct UpdateOut {
     stats: LossStats,
     grad_norm: Option<f64>,
+    rows_skipped: usize,
 }
 
 /// Packs rows into right-padded `[b][T]` ids and mask, the `[b·C]` gather index of each completion

@@ -293,3 +293,98 @@ fn trainer_step_is_micro_batch_invariant() {
         }
     }
 }
+
+/// [`batch`] with group g0's rewards all equal (zero variance) and group g1's rewards 0, 1, 2, 1
+/// (two rows with advantage exactly 0); `all_flat` makes every group zero-variance.
+fn batch_with_zero_gradient_rows(all_flat: bool) -> Vec<Experience> {
+    let mut b = batch();
+    for (i, e) in b.iter_mut().enumerate() {
+        let (g, k) = (i / 4, i % 4);
+        e.reward = Some(if all_flat || g == 0 {
+            1.0
+        } else if g == 1 {
+            [0.0, 1.0, 2.0, 1.0][k]
+        } else {
+            e.reward.unwrap()
+        });
+    }
+    b
+}
+
+fn step_weights(
+    model_dir: &Path,
+    preset: &str,
+    skip: bool,
+    b: &[Experience],
+) -> (Vec<Vec<f32>>, Option<f64>, usize) {
+    let model = Model::load(model_dir, DType::F32, &Device::Cpu).unwrap();
+    let mut alg = rlvr_algo::AlgorithmConfig::empty(preset);
+    alg.kl_coef = None;
+    let settings = TrainerSettings {
+        algorithm: alg.resolve().unwrap(),
+        train: TrainSection {
+            micro_batch_size: 3,
+            weight_decay: 0.1,
+            skip_zero_gradient_rows: skip,
+            ..Default::default()
+        },
+        temperature: 0.7,
+        max_new_tokens: 5,
+        pad_id: 0,
+    };
+    let mut t = Trainer::new(model, None, settings).unwrap();
+    // Two steps, so the second has non-zero moments to decay.
+    let mut rep = t.step(b, 1, 1e-2, 0).unwrap();
+    let mut skipped = rep.rows_skipped;
+    rep = t.step(b, 2, 1e-2, 0).unwrap();
+    skipped += rep.rows_skipped;
+    let w = t
+        .model
+        .named_vars()
+        .iter()
+        .map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect();
+    (w, rep.grad_norm, skipped)
+}
+
+/// Leaving zero-gradient rows out of forward/backward does not change the update: zero-variance
+/// groups (weight 0) and zero-advantage rows of a pure policy-gradient loss are skipped, rows of a
+/// loss with a regulariser (OPMD) are not; a step where every row is skipped still decays the
+/// AdamW moments and applies weight decay exactly like a step that computed zero gradients.
+#[test]
+fn skipping_zero_gradient_rows_keeps_the_update() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = common::tiny_model(tmp.path(), 9);
+    for (preset, all_flat, want_skipped) in [
+        ("grpo", false, 2 * 6),    // g0 (4 rows, weight 0) + g1's two A = 0 rows
+        ("dr_grpo", false, 2 * 6), // same rows
+        ("rec_oneside_is", false, 2 * 6), // keep-masked REINFORCE: A = 0 rows too
+        ("opmd", false, 0),        // the regulariser has gradient at A = 0
+        ("grpo", true, 2 * 16),    // every row: the update is moments + weight decay
+    ] {
+        let b = batch_with_zero_gradient_rows(all_flat);
+        let (w0, g0, s0) = step_weights(&model_dir, preset, false, &b);
+        let (w1, g1, s1) = step_weights(&model_dir, preset, true, &b);
+        assert_eq!(s0, 0, "{preset}");
+        assert_eq!(s1, want_skipped, "{preset} all_flat={all_flat}");
+        let (g0, g1) = (g0.unwrap(), g1.unwrap());
+        assert!(
+            (g0 - g1).abs() < 1e-6 * (1.0 + g0),
+            "{preset}: grad norm {g1} vs {g0}"
+        );
+        for (a, b) in w1.iter().zip(&w0) {
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() < 1e-6,
+                    "{preset} all_flat={all_flat}: {x} vs {y}"
+                );
+            }
+        }
+    }
+}

@@ -28,6 +28,9 @@ fn on_policy_run_writes_the_run_directory() {
         "train.eval_every=2".into(),
         "train.save_every=1".into(),
         "train.keep_last=1".into(),
+        // Train every row so that the sampler-vs-trainer check below sees the first step's rows
+        // (most groups of a fresh model have zero variance and would be skipped).
+        "train.skip_zero_gradient_rows=false".into(),
     ]);
     let s = run(&sets);
     assert_eq!(s.steps, 3);
@@ -100,6 +103,7 @@ fn on_policy_run_writes_the_run_directory() {
     let d0: serde_json::Value = serde_json::from_str(diag.lines().next().unwrap()).unwrap();
     let diff = d0["logprob_diff/staleness0"].as_f64().unwrap();
     assert!(diff < 1e-4, "|l_sampler - l_trainer| = {diff}");
+    assert_eq!(d0["rows_skipped_zero_gradient"], 0);
 }
 
 /// Staleness per step for interval v and offset o: (t−1) − v·⌊(t−1−o)/v⌋ (0 while t−1 < o), with the
@@ -325,6 +329,8 @@ fn recompute_behaviour_logprobs() {
     sets.extend([
         "train.steps=2".to_string(),
         "train.recompute_behaviour=true".into(),
+        // Every row, so that the diagnostic covers zero-variance groups too.
+        "train.skip_zero_gradient_rows=false".into(),
     ]);
     run(&sets);
     for d in diagnostics(&rd) {
