@@ -5,6 +5,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod init;
 mod logprobs;
 mod quickstart;
@@ -42,9 +43,13 @@ enum Command {
     Algorithms,
     /// The default job: SFT warm start, then on- vs off-policy GRPO on addition; no download, no GPU.
     Quickstart(quickstart::QuickstartArgs),
+    /// Throughput of sampling or of a training step on random data (bench/gpu.sh; JSON lines).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() {
+    rlvr_model::keep_freed_memory();
     let cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -59,6 +64,7 @@ fn main() {
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
         Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
         Command::Quickstart(a) => quickstart::run(a, &mut out),
+        Command::Bench(c) => bench::run(c, &mut out),
     };
     let _ = out.flush();
     if let Err(e) = res {

@@ -139,3 +139,70 @@ fn errors_name_the_missing_file() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("config.json"), "{err}");
 }
+
+/// `rlvr bench sample` and `rlvr bench train` run on the CPU and report consistent figures: every
+/// completion has exactly --new-tokens tokens (checked inside), tok/s = batch · new tokens / wall,
+/// the step breakdown sums to its total, and TFLOP/s = 6 · parameters · tok/s.
+#[test]
+fn bench_reports_consistent_throughput() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    init(&dir, "qwen2");
+    let run = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = rlvr()
+            .arg("bench")
+            .args(args)
+            .arg("--model")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let s = run(&[
+        "sample",
+        "--batch",
+        "2",
+        "--batch",
+        "5",
+        "--prompt-len",
+        "3",
+        "--new-tokens",
+        "4",
+        "--runs",
+        "1",
+    ]);
+    assert_eq!(s.len(), 2);
+    for (v, b) in s.iter().zip([2.0, 5.0]) {
+        assert_eq!(v["batch"].as_f64().unwrap(), b);
+        let (tps, wall) = (
+            v["tok_per_s"].as_f64().unwrap(),
+            v["wall_s"].as_f64().unwrap(),
+        );
+        assert!((tps * wall - b * 4.0).abs() < 1e-6 * b * 4.0, "{v}");
+        let st = &v["step_ms"];
+        let parts: f64 = ["forward", "to_host", "select", "compact"]
+            .iter()
+            .map(|k| st[*k].as_f64().unwrap())
+            .sum();
+        assert!((parts - st["total"].as_f64().unwrap()).abs() < 1e-9, "{v}");
+        assert!(st["forward"].as_f64().unwrap() > 0.0);
+    }
+    let t = run(&["train", "--rows", "2", "--seq-len", "6", "--steps", "1"]);
+    let v = &t[0];
+    // Qwen2 1 layer, hidden 32, heads 2 / KV 1 (head dim 16), intermediate 64, tied, vocab 151680.
+    let params = 151680 * 32 + (32 * 32 + 32) + 2 * (16 * 32 + 16) + 32 * 32 + 3 * 32 * 64 + 3 * 32;
+    assert_eq!(v["params"].as_u64().unwrap(), params as u64);
+    let tps = v["tok_per_s"].as_f64().unwrap();
+    assert!((v["step_s"].as_f64().unwrap() * tps - 12.0).abs() < 1e-6);
+    let tf = v["tflop_per_s"].as_f64().unwrap();
+    assert!((tf - 6.0 * params as f64 * tps / 1e12).abs() < 1e-12 * (1.0 + tf));
+}

@@ -1,0 +1,228 @@
+//! `rlvr bench`: throughput of the sampler and of a training step on any device, one JSON line per
+//! measurement (the rlvr side of `bench/gpu.sh`; PyTorch's side is `bench/gpu_torch.py`).
+//!
+//! - `rlvr bench sample`: `--batch` distinct random prompts of `--prompt-len` ids, one completion
+//!   each, exactly `--new-tokens` new tokens (EOS never ends a completion), T = 1, top-p 1. Reports
+//!   generated tokens per second over the whole `Sampler::sample` call and the per-decode-step
+//!   breakdown from [`rlvr_rollout::DecodeTimings`] (forward, copy of the logits to the host, token
+//!   selection, KV-cache compaction; the device is synchronised after each forward).
+//! - `rlvr bench train`: `--rows` × `--seq-len` random tokens, log-probs of every next token
+//!   (`Model::token_logprobs` with gradient), loss = −mean, backward, AdamW. Reports tokens per
+//!   second and TFLOP/s counted as 6 × parameters (tied embedding once) × tokens / s, the
+//!   convention the issue and PyTorch's side use.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use rand::{Rng, SeedableRng};
+use rlvr_model::optim::{AdamW, AdamWConfig};
+use rlvr_model::Model;
+use rlvr_rollout::{Sampler, SamplingParams};
+
+/// `rlvr bench` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Sampling throughput: random prompts, fixed-length completions, per-step breakdown.
+    Sample(SampleArgs),
+    /// Training-step throughput: forward + backward + AdamW on random tokens.
+    Train(TrainArgs),
+}
+
+/// Model and device options shared by both benchmarks.
+#[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    /// Model directory (e.g. written by `rlvr init`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Device: cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Compute dtype: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Seed of the random prompts or tokens.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Arguments of `rlvr bench sample`.
+#[derive(clap::Args, Debug)]
+pub struct SampleArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Rows decoded together; repeat for several (e.g. --batch 64 --batch 256).
+    #[arg(long = "batch", default_values_t = [64usize])]
+    pub batch: Vec<usize>,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    /// New tokens per completion (EOS disabled).
+    #[arg(long, default_value_t = 256)]
+    pub new_tokens: usize,
+    /// Timed runs per batch size, after one untimed warm-up run.
+    #[arg(long, default_value_t = 2)]
+    pub runs: usize,
+}
+
+/// Arguments of `rlvr bench train`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 16)]
+    pub rows: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Timed steps, after two untimed warm-up steps.
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+}
+
+fn load(a: &ModelArgs) -> anyhow::Result<Model> {
+    let dtype = rlvr_model::parse_dtype(&a.dtype)
+        .with_context(|| format!("--dtype {:?}: expected f32 or bf16", a.dtype))?;
+    let device = rlvr_model::parse_device(&a.device)?;
+    Model::load(&a.model, dtype, &device).with_context(|| format!("loading {}", a.model.display()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs `rlvr bench`.
+pub fn run(cmd: &BenchCommand, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Sample(a) => sample(a, out),
+        BenchCommand::Train(a) => train(a, out),
+    }
+}
+
+fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.prompt_len > 0 && a.new_tokens > 0,
+        "--prompt-len and --new-tokens must be > 0"
+    );
+    anyhow::ensure!(a.runs > 0, "--runs must be at least 1");
+    let model = load(&a.model)?;
+    let vocab = model.config.vocab_size as u32;
+    for &batch in &a.batch {
+        anyhow::ensure!(batch > 0, "--batch must be at least 1");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(a.model.seed);
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|_| {
+                (0..a.prompt_len)
+                    .map(|_| rng.random_range(0..vocab))
+                    .collect()
+            })
+            .collect();
+        let params = SamplingParams {
+            group_size: 1,
+            max_new_tokens: a.new_tokens,
+            min_new_tokens: a.new_tokens,
+            max_batch_rows: batch,
+            ..Default::default()
+        };
+        Sampler::new(&model, 0).sample(&prompts, &params, a.model.seed, 0)?; // warm-up
+        let sampler = Sampler::new(&model, 0).with_timings();
+        let mut walls = Vec::with_capacity(a.runs);
+        for r in 0..a.runs {
+            let t = Instant::now();
+            let c = sampler.sample(&prompts, &params, a.model.seed + 1 + r as u64, 0)?;
+            walls.push(t.elapsed().as_secs_f64());
+            let n: usize = c.iter().map(|c| c.token_ids.len()).sum();
+            anyhow::ensure!(
+                n == batch * a.new_tokens,
+                "generated {n} tokens, expected {}",
+                batch * a.new_tokens
+            );
+        }
+        let d = sampler.timings().expect("timings are on");
+        let steps = d.steps.max(1) as f64;
+        let runs = a.runs as f64;
+        let wall = median(walls);
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({
+                "impl": "rlvr", "what": "sample", "device": a.model.device, "dtype": a.model.dtype,
+                "batch": batch, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
+                "wall_s": wall,
+                "tok_per_s": (batch * a.new_tokens) as f64 / wall,
+                "prefill_s": d.prefill_s / runs,
+                "pack_s": d.pack_s / runs,
+                "step_ms": {
+                    "total": (d.forward_s + d.to_host_s + d.select_s + d.compact_s) / steps * 1e3,
+                    "forward": d.forward_s / steps * 1e3,
+                    "to_host": d.to_host_s / steps * 1e3,
+                    "select": d.select_s / steps * 1e3,
+                    "compact": d.compact_s / steps * 1e3,
+                },
+            })
+        )?;
+    }
+    Ok(())
+}
+
+fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.rows > 0 && a.seq_len > 1,
+        "--rows must be > 0 and --seq-len > 1"
+    );
+    anyhow::ensure!(a.steps > 0, "--steps must be at least 1");
+    let model = load(&a.model)?;
+    let dev = model.device().clone();
+    let vars: Vec<_> = model
+        .named_vars()
+        .into_iter()
+        .map(|(_, v)| v.clone())
+        .collect();
+    let params: usize = vars.iter().map(|v| v.elem_count()).sum();
+    let mut opt = AdamW::new(
+        vars,
+        AdamWConfig {
+            lr: 1e-5,
+            ..Default::default()
+        },
+    )?;
+    let vocab = model.config.vocab_size as u32;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.model.seed);
+    let ids: Vec<Vec<u32>> = (0..a.rows)
+        .map(|_| (0..a.seq_len).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let mask = vec![vec![1u32; a.seq_len]; a.rows];
+    let (mut steps, mut fwds) = (Vec::new(), Vec::new());
+    for i in 0..a.steps + 2 {
+        dev.synchronize()?;
+        let t0 = Instant::now();
+        let lp = model.token_logprobs(&ids, &mask, 0, 1.0, false, true)?;
+        let loss = lp.logprobs.mean_all()?.neg()?;
+        dev.synchronize()?;
+        let t1 = Instant::now();
+        let grads = loss.backward()?;
+        opt.step(&grads, 1e-5)?;
+        dev.synchronize()?;
+        if i >= 2 {
+            steps.push(t0.elapsed().as_secs_f64());
+            fwds.push((t1 - t0).as_secs_f64());
+        }
+    }
+    let step = median(steps);
+    let tokens = (a.rows * a.seq_len) as f64;
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({
+            "impl": "rlvr", "what": "train", "device": a.model.device, "dtype": a.model.dtype,
+            "rows": a.rows, "seq_len": a.seq_len, "params": params,
+            "step_s": step, "forward_s": median(fwds),
+            "tok_per_s": tokens / step,
+            "tflop_per_s": 6.0 * params as f64 * tokens / step / 1e12,
+        })
+    )?;
+    Ok(())
+}
