@@ -8,7 +8,8 @@
 #   training: 16 x 512 tokens, forward + backward + AdamW; tok/s and TFLOP/s (6 x parameters x tok/s).
 #
 # Build here (no GPU needed), carry the binary, run on the GPU machine:
-#   ../shared/tools/cuda-build.sh --bin rlvr && gzip -c target-cuda/release/rlvr > bench/rlvr-cuda.gz
+#   ../shared/tools/cuda-build.sh --bin rlvr && strip -o /tmp/rlvr-cuda target-cuda/release/rlvr \
+#     && gzip -c /tmp/rlvr-cuda > bench/rlvr-cuda.gz         (17 MB; git ignores it: carry it)
 #   bench/gpu.sh                      (on the GPU machine, from the repository root)
 # Environment: RLVR (binary; default target-cuda/release/rlvr, else bench/rlvr-cuda.gz unpacked to /tmp),
 # PYTHON (default /opt/torch/.venv/bin/python), DEVICE (cuda:0), DTYPE (bf16), RUNS (timed sampling runs,
