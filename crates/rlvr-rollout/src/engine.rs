@@ -20,7 +20,7 @@ use rlvr_model::Model;
 
 use crate::decode::{DecodeWeights, KvBuffer, MASK_BIAS};
 use crate::error::{Result, RolloutError};
-use crate::select::{choose, Scratch, Selection};
+use crate::select::{choose, Choice, Scratch, Selection};
 
 /// The token ids of one prompt (already rendered and encoded).
 pub type PromptIds = Vec<u32>;
@@ -137,6 +137,7 @@ pub struct Sampler {
     version: u64,
     detok: Option<Box<dyn Detokenize>>,
     timings: Option<std::sync::Mutex<DecodeTimings>>,
+    device_select: Option<bool>,
 }
 
 /// Where a [`Sampler`]'s time went, summed over its `sample` calls since
@@ -151,9 +152,10 @@ pub struct DecodeTimings {
     pub prefill_s: f64,
     /// Decode-step forwards (one position per row), seconds.
     pub forward_s: f64,
-    /// Copying each step's logits `[rows, V]` to the host, seconds.
+    /// Copying each step's logits `[rows, V]` to the host (host selection only), seconds.
     pub to_host_s: f64,
-    /// Choosing tokens (temperature, top-k/top-p, draw, behaviour log-prob), seconds.
+    /// Choosing tokens (temperature, top-k/top-p, draw, behaviour log-prob), seconds; on the
+    /// device path this includes its reductions and its small transfers.
     pub select_s: f64,
     /// Retiring finished rows and compacting the KV cache, seconds.
     pub compact_s: f64,
@@ -257,6 +259,7 @@ impl Sampler {
             version,
             detok: None,
             timings: None,
+            device_select: None,
         }
     }
 
@@ -270,12 +273,22 @@ impl Sampler {
             version,
             detok: None,
             timings: None,
+            device_select: None,
         })
     }
 
     /// Sets the tokenizer used to check stop strings (e.g. `policy.tokenizer.tokenizer.clone()`).
     pub fn with_tokenizer(mut self, detok: impl Detokenize + 'static) -> Self {
         self.detok = Some(Box::new(detok));
+        self
+    }
+
+    /// Where tokens are chosen: `true` keeps the logits on the device and moves only block sums and
+    /// one block per row to the host ([`crate::device_select`]); `false` copies the whole logits to
+    /// the host ([`crate::select`]). Default: on the device everywhere but the CPU. Both draw the
+    /// same tokens from the same streams (up to float rounding at a block boundary; tested).
+    pub fn select_on_device(mut self, on: bool) -> Self {
+        self.device_select = Some(on);
         self
     }
 
@@ -415,8 +428,9 @@ impl Sampler {
         let logits = self
             .weights
             .forward(&ids, &pos, Some(&bias), rope, &mut cache, head)?;
-        let vocab = logits.dims()[1];
-        let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
+        if self.timings.is_some() {
+            dev.synchronize()?;
+        }
         self.time(|d| d.prefill_s += t.elapsed().as_secs_f64());
 
         // Group sharing: row r = prompt r / K, sample r % K; copy each prompt's cache K times.
@@ -442,7 +456,7 @@ impl Sampler {
         // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
         let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
         self.decode_loop(
-            &mut rows, &mut src, &mut host, vocab, &mut cache, params, rope, head, out,
+            &mut rows, &mut src, logits, &mut cache, params, rope, head, out,
         )
     }
 
@@ -453,8 +467,7 @@ impl Sampler {
         &self,
         rows: &mut Vec<Row>,
         src: &mut Vec<usize>,
-        host: &mut Vec<f32>,
-        vocab: usize,
+        mut logits: Tensor,
         cache: &mut KvBuffer,
         params: &SamplingParams,
         rope: &crate::decode::RopeTables,
@@ -471,13 +484,9 @@ impl Sampler {
             .unwrap_or(0);
         loop {
             // 1. Choose one token per row from its own RNG stream (rows in parallel).
-            let t = std::time::Instant::now();
-            self.choose_all(rows, src, host, vocab, params, stop_window)?;
+            self.choose_all(rows, src, &logits, params, stop_window)?;
             let n_rows = rows.len() as u64;
-            self.time(|d| {
-                d.select_s += t.elapsed().as_secs_f64();
-                d.tokens += n_rows;
-            });
+            self.time(|d| d.tokens += n_rows);
             // 2. Retire finished rows; compact the batch when any finished.
             let t = std::time::Instant::now();
             let alive: Vec<u32> = (0..rows.len() as u32)
@@ -519,15 +528,12 @@ impl Sampler {
             let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
             let pos = Tensor::from_vec(pos, n, &dev)?;
             let t = std::time::Instant::now();
-            let logits = self.weights.forward(&ids, &pos, None, rope, cache, head)?;
+            logits = self.weights.forward(&ids, &pos, None, rope, cache, head)?;
             if self.timings.is_some() {
                 dev.synchronize()?;
             }
-            let t1 = std::time::Instant::now();
-            *host = logits.flatten_all()?.to_vec1::<f32>()?;
             self.time(|d| {
-                d.forward_s += (t1 - t).as_secs_f64();
-                d.to_host_s += t1.elapsed().as_secs_f64();
+                d.forward_s += t.elapsed().as_secs_f64();
                 d.steps += 1;
             });
             src.clear();
@@ -535,17 +541,16 @@ impl Sampler {
         }
     }
 
-    /// Appends one token to every row: row r reads logits row `src[r]` of `host` (`[.., vocab]`),
+    /// Appends one token to every row: row r reads logits row `src[r]` of `logits` (`[.., V]`),
     /// draws from its own stream, records ℓ_old and sets `finish` when a stop condition holds.
-    /// Rows run in parallel on the rayon pool; each only touches its own state, so the result
-    /// does not depend on the thread count.
-    #[allow(clippy::too_many_arguments)]
+    /// On the host path rows run in parallel on the rayon pool; each only touches its own state,
+    /// so the result does not depend on the thread count. The device path
+    /// ([`crate::device_select`]) draws the same `u` per row from the same stream.
     fn choose_all(
         &self,
         rows: &mut [Row],
         src: &[usize],
-        host: &[f32],
-        vocab: usize,
+        logits: &Tensor,
         params: &SamplingParams,
         stop_window: usize,
     ) -> Result<()> {
@@ -553,6 +558,43 @@ impl Sampler {
             static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
         }
         let sel = params.selection();
+        let banning = !params.stop_ids.is_empty()
+            && rows.iter().any(|r| r.tokens.len() < params.min_new_tokens);
+        let on_device = self.device_select.unwrap_or(!logits.device().is_cpu())
+            && crate::device_select::supported(&sel)
+            && !banning;
+        if on_device {
+            let t = std::time::Instant::now();
+            let identity =
+                src.len() == logits.dims()[0] && src.iter().enumerate().all(|(i, &s)| i == s);
+            let rows_logits = if identity {
+                logits.clone()
+            } else {
+                let idx: Vec<u32> = src.iter().map(|&s| s as u32).collect();
+                let idx = Tensor::from_vec(idx, src.len(), logits.device())?;
+                logits.index_select(&idx, 0)?
+            };
+            let u: Vec<f64> = rows
+                .iter_mut()
+                .map(|row| {
+                    if sel.temperature > 0.0 {
+                        row.rng.random::<f64>()
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let choices = crate::device_select::choose_on_device(&rows_logits, &sel, &u)?;
+            self.time(|d| d.select_s += t.elapsed().as_secs_f64());
+            for (row, c) in rows.iter_mut().zip(choices) {
+                self.record(row, c, params, stop_window)?;
+            }
+            return Ok(());
+        }
+        let t = std::time::Instant::now();
+        let host = logits.flatten_all()?.to_vec1::<f32>()?;
+        let vocab = logits.dims()[1];
+        let t1 = std::time::Instant::now();
         rows.par_iter_mut()
             .zip(src.par_iter())
             .try_for_each(|(row, &s)| -> Result<()> {
@@ -565,23 +607,40 @@ impl Sampler {
                 let early = row.tokens.len() < params.min_new_tokens;
                 let banned: &[u32] = if early { &params.stop_ids } else { &[] };
                 let c = SCRATCH.with(|sc| choose(logits, &sel, u, banned, &mut sc.borrow_mut()));
-                row.tokens.push(c.token);
-                row.logprobs.push(c.logprob);
-                let early = row.tokens.len() < params.min_new_tokens;
-                row.finish = if !early && params.stop_ids.contains(&c.token) {
-                    Some(FinishReason::Eos)
-                } else if stop_window > 0
-                    && !early
-                    && self.hits_stop_string(&row.tokens, params, stop_window)?
-                {
-                    Some(FinishReason::StopString)
-                } else if row.tokens.len() >= params.max_new_tokens {
-                    Some(FinishReason::Length)
-                } else {
-                    None
-                };
-                Ok(())
-            })
+                self.record(row, c, params, stop_window)
+            })?;
+        self.time(|d| {
+            d.to_host_s += (t1 - t).as_secs_f64();
+            d.select_s += t1.elapsed().as_secs_f64();
+        });
+        Ok(())
+    }
+
+    /// Appends the chosen token and its ℓ_old to `row` and sets `finish` when a stop condition
+    /// holds (a stop id or stop string once `min_new_tokens` is reached, or the length limit).
+    fn record(
+        &self,
+        row: &mut Row,
+        c: Choice,
+        params: &SamplingParams,
+        stop_window: usize,
+    ) -> Result<()> {
+        row.tokens.push(c.token);
+        row.logprobs.push(c.logprob);
+        let early = row.tokens.len() < params.min_new_tokens;
+        row.finish = if !early && params.stop_ids.contains(&c.token) {
+            Some(FinishReason::Eos)
+        } else if stop_window > 0
+            && !early
+            && self.hits_stop_string(&row.tokens, params, stop_window)?
+        {
+            Some(FinishReason::StopString)
+        } else if row.tokens.len() >= params.max_new_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        Ok(())
     }
 
     /// Whether the decoded text of the last `window` tokens contains a stop string. A match must

@@ -5,7 +5,10 @@
 //!   version. One prefill per prompt shared by its group, a preallocated KV cache, finished rows
 //!   compacted away, randomness seeded per (seed, prompt index, sample index).
 //! - [`decode`]: the inference forward (same logits as `rlvr_model::Model::forward_cached`).
-//! - [`select`]: greedy / temperature / top-k / top-p selection by partial selection, no sort.
+//! - [`select`]: greedy / temperature / top-k / top-p selection by partial selection, no sort
+//!   (the host path: the logits copied to the host; used on the CPU).
+//! - [`device_select`]: greedy and plain sampling with the logits left on the device (GPU):
+//!   block sums and one block per row cross to the host instead of `[rows, V]` logits.
 //! - [`cli`]: `rlvr generate` (DESIGN.md section 10).
 //!
 //! ```
@@ -32,6 +35,7 @@
 pub mod cli;
 mod cpu_kernels;
 pub mod decode;
+pub mod device_select;
 pub mod engine;
 pub mod error;
 pub mod select;
