@@ -230,3 +230,116 @@ fn tied_model_gradients_match_through_either_head() {
         assert_close(&name, &gf, &gr, 1e-4);
     }
 }
+
+/// `token_logprobs_at` equals `token_logprobs` at the listed positions, in value and in every
+/// parameter's gradient of a weighted sum, and is exactly 0 after each row's last position; for
+/// the fused CPU head (f32) and the unfused path (f64, also what CUDA runs).
+#[test]
+fn logprobs_at_positions_match_the_full_forward() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/qwen2_bias_tied"
+    );
+    for dtype in [DType::F32, DType::F64] {
+        let model = Model::load(std::path::Path::new(dir), dtype, &Device::Cpu).unwrap();
+        let ids = vec![
+            vec![3u32, 5, 9, 30, 17, 4, 0, 0],
+            vec![7, 8, 9, 10, 11, 12, 13, 14],
+            vec![2, 6, 1, 0, 0, 0, 0, 0],
+        ];
+        let mask = vec![
+            vec![1u32, 1, 1, 1, 1, 1, 0, 0],
+            vec![1; 8],
+            vec![1, 1, 1, 0, 0, 0, 0, 0],
+        ];
+        let start = 1;
+        // Positions relative to start (scored positions 0..6): uneven lengths, one row empty-ish.
+        let at: Vec<Vec<usize>> = vec![vec![1, 2, 3, 4], vec![0, 1, 2, 3, 4, 5], vec![1]];
+        let w: Vec<f64> = (0..18).map(|i| 0.3 + 0.1 * i as f64).collect();
+        let weighted = |lp: &Tensor, pick: &dyn Fn(usize, usize) -> Option<usize>| -> Tensor {
+            let (b, c) = lp.dims2().unwrap();
+            let mut wt = vec![0f64; b * c];
+            for r in 0..b {
+                for j in 0..c {
+                    if let Some(k) = pick(r, j) {
+                        wt[r * c + j] = w[k];
+                    }
+                }
+            }
+            let wt = Tensor::from_vec(wt, (b, c), &Device::Cpu)
+                .unwrap()
+                .to_dtype(lp.dtype())
+                .unwrap();
+            (lp * wt).unwrap().sum_all().unwrap()
+        };
+        let full = model
+            .token_logprobs(&ids, &mask, start, 0.9, true, true)
+            .unwrap();
+        let part = model
+            .token_logprobs_at(&ids, &mask, start, &at, 0.9, true, true)
+            .unwrap();
+        assert_eq!(part.logprobs.dims(), &[3, 6]);
+        let f64s =
+            |t: &Tensor| -> Vec<Vec<f64>> { t.to_dtype(DType::F64).unwrap().to_vec2().unwrap() };
+        let (fl, pl) = (f64s(&full.logprobs), f64s(&part.logprobs));
+        let (fe, pe) = (
+            f64s(full.entropy.as_ref().unwrap()),
+            f64s(part.entropy.as_ref().unwrap()),
+        );
+        let mut k = 0;
+        let mut index = vec![vec![None; 6]; 3];
+        for (r, row) in at.iter().enumerate() {
+            for (j, &p) in row.iter().enumerate() {
+                assert!((fl[r][p] - pl[r][j]).abs() < 1e-6, "{dtype:?} lp r{r} p{p}");
+                assert!(
+                    (fe[r][p] - pe[r][j]).abs() < 1e-6,
+                    "{dtype:?} entropy r{r} p{p}"
+                );
+                index[r][p] = Some(k);
+                k += 1;
+            }
+            for j in row.len()..6 {
+                assert_eq!(
+                    (pl[r][j], pe[r][j]),
+                    (0.0, 0.0),
+                    "{dtype:?} padding r{r} j{j}"
+                );
+            }
+        }
+        let mut kk = 0;
+        let mut index_part = vec![vec![None; 6]; 3];
+        for (r, row) in at.iter().enumerate() {
+            for slot in index_part[r].iter_mut().take(row.len()) {
+                *slot = Some(kk);
+                kk += 1;
+            }
+        }
+        let g_full = weighted(&full.logprobs, &|r, j| index[r][j])
+            .backward()
+            .unwrap();
+        let g_part = weighted(&part.logprobs, &|r, j| index_part[r][j])
+            .backward()
+            .unwrap();
+        for (name, var) in model.named_vars() {
+            let a: Vec<f32> = g_full
+                .get(var.as_tensor())
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let b: Vec<f32> = g_part
+                .get(var.as_tensor())
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert_close(&format!("{dtype:?} {name}"), &b, &a, 1e-4);
+        }
+    }
+}

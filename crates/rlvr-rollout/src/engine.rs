@@ -592,7 +592,30 @@ impl Sampler {
             return Ok(());
         }
         let t = std::time::Instant::now();
-        let host = logits.flatten_all()?.to_vec1::<f32>()?;
+        // On the CPU the logits are read in place (a copy of `[rows, V]` f32 was 7% of a step).
+        let in_place = logits.device().is_cpu()
+            && logits.dtype() == candle_core::DType::F32
+            && logits.is_contiguous();
+        let owned = if in_place {
+            Vec::new()
+        } else {
+            logits.flatten_all()?.to_vec1::<f32>()?
+        };
+        let guard = in_place.then(|| logits.storage_and_layout());
+        let host: &[f32] = match &guard {
+            Some((st, l)) => match (&**st, l.contiguous_offsets()) {
+                (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) => {
+                    &v[a..b]
+                }
+                _ => {
+                    return Err(candle_core::Error::Msg(
+                        "logits: expected contiguous f32 CPU storage".into(),
+                    )
+                    .into())
+                }
+            },
+            None => &owned,
+        };
         let vocab = logits.dims()[1];
         let t1 = std::time::Instant::now();
         rows.par_iter_mut()

@@ -318,29 +318,34 @@ impl Trainer {
         if c_max == 0 {
             return Ok(None);
         }
-        let (ids, mask, index, start) = pack(batch, mb, self.settings.pad_id);
+        let (ids, mask, at, start) = pack(batch, mb, self.settings.pad_id);
         let dev = self.model.device();
         let b = mb.len();
-        let index = Tensor::from_vec(index, (b, c_max), dev)?;
         let need_entropy = true;
-        let out = self.model.token_logprobs(
+        // Only completion positions reach the lm_head ([b, C], 0 after each completion).
+        let out = self.model.token_logprobs_at(
             &ids,
             &mask,
             start,
+            &at,
             self.settings.temperature,
             need_entropy,
             true,
         )?;
-        let logp = out.logprobs.gather(&index, 1)?;
-        let entropy = match out.entropy {
-            Some(e) => Some(e.gather(&index, 1)?),
-            None => None,
-        };
+        let logp = out.logprobs;
+        let entropy = out.entropy;
         let logp_ref = match (&self.reference, self.settings.algorithm.needs_reference()) {
             (Some(r), true) => {
-                let o =
-                    r.token_logprobs(&ids, &mask, start, self.settings.temperature, false, false)?;
-                Some(o.logprobs.gather(&index, 1)?)
+                let o = r.token_logprobs_at(
+                    &ids,
+                    &mask,
+                    start,
+                    &at,
+                    self.settings.temperature,
+                    false,
+                    false,
+                )?;
+                Some(o.logprobs)
             }
             (None, true) => anyhow::bail!(
                 "algorithm.kl_coef = {} needs a reference model, but none was loaded",
@@ -378,9 +383,9 @@ struct UpdateOut {
     rows_skipped: usize,
 }
 
-/// Packs rows into right-padded `[b][T]` ids and mask, the `[b·C]` gather index of each completion
-/// token in [`Model::token_logprobs`]' output, and its `start` (shortest prompt − 1).
-type Packed = (Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<u32>, usize);
+/// Packs rows into right-padded `[b][T]` ids and mask, each row's completion positions relative
+/// to `start` (for [`Model::token_logprobs_at`]), and `start` (shortest prompt − 1).
+type Packed = (Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<Vec<usize>>, usize);
 
 fn pack(batch: &[Experience], mb: &[usize], pad: u32) -> Packed {
     let t = mb
@@ -389,11 +394,6 @@ fn pack(batch: &[Experience], mb: &[usize], pad: u32) -> Packed {
         .max()
         .unwrap_or(0)
         .max(2);
-    let c_max = mb
-        .iter()
-        .map(|&i| batch[i].completion_ids.len())
-        .max()
-        .unwrap_or(0);
     let start = mb
         .iter()
         .map(|&i| batch[i].prompt_ids.len())
@@ -402,7 +402,7 @@ fn pack(batch: &[Experience], mb: &[usize], pad: u32) -> Packed {
         .saturating_sub(1);
     let mut ids = Vec::with_capacity(mb.len());
     let mut mask = Vec::with_capacity(mb.len());
-    let mut index = Vec::with_capacity(mb.len() * c_max);
+    let mut at = Vec::with_capacity(mb.len());
     for &i in mb {
         let e = &batch[i];
         let mut row: Vec<u32> = e.prompt_ids.clone();
@@ -415,12 +415,13 @@ fn pack(batch: &[Experience], mb: &[usize], pad: u32) -> Packed {
         mask.push(mrow);
         // Completion token j sits at P + j and is predicted at position P + j − 1.
         let p = e.prompt_ids.len();
-        for j in 0..c_max {
-            let jj = j.min(e.completion_ids.len().saturating_sub(1));
-            index.push((p + jj - 1 - start) as u32);
-        }
+        at.push(
+            (0..e.completion_ids.len())
+                .map(|j| p + j - 1 - start)
+                .collect(),
+        );
     }
-    (ids, mask, index, start)
+    (ids, mask, at, start)
 }
 
 /// Adds Σ|ℓ_old − ℓ| and the token count of staleness-0 rows of the micro-batch to `d`.
