@@ -324,6 +324,19 @@ unsafe fn panel_kernel(x: &[f32], h: usize, rows: usize, panel: &[f32], tile: &m
 mod tests {
     use candle_core::{Device, Tensor};
 
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
     #[test]
     fn skinny_matmul_equals_candle_matmul() {
         let d = Device::Cpu;
@@ -332,16 +345,7 @@ mod tests {
             let w = Tensor::randn(0f32, 1., (n, k), &d).unwrap();
             let want = x.matmul(&w.t().unwrap()).unwrap();
             let got = super::skinny_matmul(&x, &w).unwrap().unwrap();
-            let diff: f32 = (want - got)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar()
-                .unwrap();
+            let diff = max_abs_diff(&want, &got);
             assert!(diff < 1e-4, "{m}x{k}x{n}: {diff}");
         }
     }
@@ -368,16 +372,7 @@ mod tests {
             let want = x.matmul(&w.t().unwrap()).unwrap();
             let got = p.matmul(&x).unwrap();
             assert_eq!(got.dims(), &[m, n]);
-            let diff: f32 = (want - got)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar()
-                .unwrap();
+            let diff = max_abs_diff(&want, &got);
             assert!(diff < 1e-4, "{m}x{k}x{n}: {diff}");
         }
     }

@@ -211,7 +211,8 @@ fn batch() -> Vec<Experience> {
     out
 }
 
-fn check_step(model_dir: &Path, preset: &str, train: TrainSection) -> (Vec<Vec<f32>>, f64) {
+/// A trainer over the model in `model_dir` with `preset` (no KL) and `train`.
+fn trainer(model_dir: &Path, preset: &str, train: TrainSection) -> Trainer {
     let model = Model::load(model_dir, DType::F32, &Device::Cpu).unwrap();
     let mut alg = rlvr_algo::AlgorithmConfig::empty(preset);
     alg.kl_coef = None;
@@ -222,10 +223,12 @@ fn check_step(model_dir: &Path, preset: &str, train: TrainSection) -> (Vec<Vec<f
         max_new_tokens: 5,
         pad_id: 0,
     };
-    let mut t = Trainer::new(model, None, settings).unwrap();
-    let rep = t.step(&batch(), 1, 1e-3, 0).unwrap();
-    let w = t
-        .model
+    Trainer::new(model, None, settings).unwrap()
+}
+
+/// Every parameter of the trainer's model, flattened, in `named_vars` order.
+fn weights(t: &Trainer) -> Vec<Vec<f32>> {
+    t.model
         .named_vars()
         .iter()
         .map(|(_, v)| {
@@ -235,8 +238,13 @@ fn check_step(model_dir: &Path, preset: &str, train: TrainSection) -> (Vec<Vec<f
                 .to_vec1::<f32>()
                 .unwrap()
         })
-        .collect();
-    (w, rep.grad_norm.unwrap())
+        .collect()
+}
+
+fn check_step(model_dir: &Path, preset: &str, train: TrainSection) -> (Vec<Vec<f32>>, f64) {
+    let mut t = trainer(model_dir, preset, train);
+    let rep = t.step(&batch(), 1, 1e-3, 0).unwrap();
+    (weights(&t), rep.grad_norm.unwrap())
 }
 
 /// The whole trainer step (advantages, normaliser, micro-batches, clipping, AdamW, two mini-batches
@@ -317,39 +325,22 @@ fn step_weights(
     skip: bool,
     b: &[Experience],
 ) -> (Vec<Vec<f32>>, Option<f64>, usize) {
-    let model = Model::load(model_dir, DType::F32, &Device::Cpu).unwrap();
-    let mut alg = rlvr_algo::AlgorithmConfig::empty(preset);
-    alg.kl_coef = None;
-    let settings = TrainerSettings {
-        algorithm: alg.resolve().unwrap(),
-        train: TrainSection {
+    let mut t = trainer(
+        model_dir,
+        preset,
+        TrainSection {
             micro_batch_size: 3,
             weight_decay: 0.1,
             skip_zero_gradient_rows: skip,
             ..Default::default()
         },
-        temperature: 0.7,
-        max_new_tokens: 5,
-        pad_id: 0,
-    };
-    let mut t = Trainer::new(model, None, settings).unwrap();
+    );
     // Two steps, so the second has non-zero moments to decay.
     let mut rep = t.step(b, 1, 1e-2, 0).unwrap();
     let mut skipped = rep.rows_skipped;
     rep = t.step(b, 2, 1e-2, 0).unwrap();
     skipped += rep.rows_skipped;
-    let w = t
-        .model
-        .named_vars()
-        .iter()
-        .map(|(_, v)| {
-            v.as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        })
-        .collect();
+    let w = weights(&t);
     (w, rep.grad_norm, skipped)
 }
 
