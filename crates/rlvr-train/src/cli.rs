@@ -117,12 +117,12 @@ pub struct EvalArgs {
     /// Per-item results (JSONL).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Weights dtype: f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
-    /// Device: cpu or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    /// Compute dtype: f32, bf16, f16 or f64 (default: the config's model.dtype, else f32).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Device: cpu or cuda:N (default: the config's model.device, else cpu).
+    #[arg(long)]
+    pub device: Option<String>,
 }
 
 /// Runs `rlvr eval`: prints `{"task", "n", "accuracy", "mean@k", "pass@k"}`.
@@ -130,16 +130,21 @@ pub struct EvalArgs {
 /// # Errors
 /// Model, data and verifier errors.
 pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let device = rlvr_model::parse_device(&a.device)?;
-    let dtype = rlvr_model::parse_dtype(&a.dtype)
-        .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
-    let policy = Policy::load(&a.model, dtype, &device)
-        .with_context(|| format!("loading {}", a.model.display()))?;
     let mut sets = a.set.clone();
     if let Some(t) = &a.task {
         sets.push(format!("data.task=\"{t}\""));
     }
     let mut raw = RawConfig::load(a.config.as_deref(), &sets)?;
+    // --dtype/--device win; else the config's [model] (defaults f32 on the CPU).
+    let dtype_s = a.dtype.as_deref().unwrap_or(&raw.model.dtype);
+    let device_s = a.device.as_deref().unwrap_or(&raw.model.device);
+    let device = rlvr_model::parse_device(device_s)
+        .with_context(|| format!("device {device_s:?} (--device, else model.device)"))?;
+    let dtype = rlvr_model::parse_dtype(dtype_s).with_context(|| {
+        format!("dtype {dtype_s:?} (--dtype, else model.dtype): expected f32, bf16, f16 or f64")
+    })?;
+    let policy = Policy::load(&a.model, dtype, &device)
+        .with_context(|| format!("loading {}", a.model.display()))?;
     if a.config.is_none() {
         // No training config: the model's chat template when it has one.
         raw.data.style = if policy.tokenizer.chat_template.is_some() {

@@ -149,6 +149,11 @@ fn gsm8k_off_policy_grpo_on_real_prompts_then_eval() {
         "3",
         "--max-new-tokens",
         "8",
+        // The config targets a GPU (model.device = "cuda:0", bf16), which eval now follows.
+        "--device",
+        "cpu",
+        "--dtype",
+        "f32",
     ]);
     let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["task"], "gsm8k", "{e}");
