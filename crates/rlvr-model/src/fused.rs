@@ -425,7 +425,9 @@ unsafe fn chunk_grad_avx2(s: &mut [f32], lse: f32, gl: f32, gh: f32, h: f32) {
     chunk_grad_body(s, lse, gl, gh, h)
 }
 
-fn has_avx2() -> bool {
+/// Whether the running CPU has AVX2 and FMA (the vectorised paths here and in the sampler's
+/// token selection; std caches the detection).
+pub fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")

@@ -320,25 +320,12 @@ fn logprobs_at_positions_match_the_full_forward() {
         let g_part = weighted(&part.logprobs, &|r, j| index_part[r][j])
             .backward()
             .unwrap();
+        let grad = |g: &candle_core::backprop::GradStore, v: &candle_core::Var| -> Vec<f32> {
+            let g = g.get(v.as_tensor()).unwrap().to_dtype(DType::F32).unwrap();
+            g.flatten_all().unwrap().to_vec1().unwrap()
+        };
         for (name, var) in model.named_vars() {
-            let a: Vec<f32> = g_full
-                .get(var.as_tensor())
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let b: Vec<f32> = g_part
-                .get(var.as_tensor())
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let (a, b) = (grad(&g_full, var), grad(&g_part, var));
             assert_close(&format!("{dtype:?} {name}"), &b, &a, 1e-4);
         }
     }

@@ -322,20 +322,8 @@ unsafe fn panel_kernel(x: &[f32], h: usize, rows: usize, panel: &[f32], tile: &m
 
 #[cfg(test)]
 mod tests {
+    use crate::parity_tests::max_abs_diff;
     use candle_core::{Device, Tensor};
-
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    }
 
     #[test]
     fn skinny_matmul_equals_candle_matmul() {

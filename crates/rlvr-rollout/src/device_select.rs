@@ -17,10 +17,10 @@
 use candle_core::{DType, Tensor, D};
 
 use crate::error::Result;
-use crate::select::{Choice, Selection};
+use crate::select::{pick_block, walk, Choice, Selection};
 
-/// Tokens per block of the two-level draw (as the host path's block sums).
-pub const BLOCK: usize = 1024;
+/// Tokens per block of the two-level draw: the host path's block size.
+pub const BLOCK: usize = crate::select::BLOCK;
 
 /// Whether [`choose_on_device`] handles this selection (plain sampling or greedy).
 pub fn supported(sel: &Selection) -> bool {
@@ -68,7 +68,7 @@ pub fn choose_on_device(logits: &Tensor, sel: &Selection, u: &[f64]) -> Result<V
     };
     let blocks = w.reshape((n * nb, BLOCK))?;
     let sums: Vec<f32> = blocks.sum(D::Minus1)?.to_vec1()?; // [n · nb]
-                                                            // Host: each row's total and the block its draw falls in.
+                                                            // Host: each row's total and the block its draw falls in (as the host path's walk).
     let mut pick = Vec::with_capacity(n);
     let mut rest = Vec::with_capacity(n);
     let mut totals = Vec::with_capacity(n);
@@ -76,43 +76,17 @@ pub fn choose_on_device(logits: &Tensor, sel: &Selection, u: &[f64]) -> Result<V
         let s = &sums[r * nb..(r + 1) * nb];
         let total: f64 = s.iter().map(|&x| x as f64).sum();
         let target = u[r] * total;
-        // The first block whose running sum passes the target, and the sum before it; rounding
-        // that leaves the target unreached takes the last block with weight.
-        let (mut acc, mut found, mut last) = (0.0f64, None, None);
-        for (i, &x) in s.iter().enumerate() {
-            if x <= 0.0 {
-                continue;
-            }
-            last = Some((i, acc));
-            if acc + x as f64 > target {
-                found = Some((i, acc));
-                break;
-            }
-            acc += x as f64;
-        }
-        let (b, before) = found.or(last).unwrap_or((0, 0.0));
-        rest.push(target - before);
+        let (b, before) = pick_block(s.iter().map(|&x| x as f64), target);
         pick.push((r * nb + b) as u32);
+        rest.push(target - before);
         totals.push(total);
     }
-    let idx = Tensor::from_vec(pick.clone(), n, w.device())?;
+    let idx = Tensor::from_slice(&pick, n, w.device())?;
     let chosen: Vec<f32> = blocks.index_select(&idx, 0)?.flatten_all()?.to_vec1()?; // [n · BLOCK]
     Ok((0..n)
         .map(|r| {
             let block = &chosen[r * BLOCK..(r + 1) * BLOCK];
-            let (mut acc, mut j, mut last) = (0.0f64, None, 0);
-            for (i, &x) in block.iter().enumerate() {
-                if x <= 0.0 {
-                    continue;
-                }
-                last = i;
-                acc += x as f64;
-                if acc > rest[r] {
-                    j = Some(i);
-                    break;
-                }
-            }
-            let j = j.unwrap_or(last);
+            let j = walk(block, 0..BLOCK, rest[r]);
             let b = pick[r] as usize % nb;
             Choice {
                 token: (b * BLOCK + j) as u32,

@@ -14,7 +14,8 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../rlvr-model/tests/fixtures/{name}"))
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+/// Largest |a − b| over all elements (f32 tensors of one shape).
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)
         .unwrap()
         .abs()

@@ -158,7 +158,7 @@ pub fn log_softmax_at(x: &[f32], t: f64, at: usize, scratch: &mut Scratch) -> f3
 
 /// Tokens per block of [`weights`]' partial sums: the walk of a full-vocabulary draw skips whole
 /// blocks by their sums and walks one block token by token.
-const BLOCK: usize = 1024;
+pub(crate) const BLOCK: usize = 1024;
 
 /// f32 lanes of the vectorised passes (two AVX2 registers, one AVX-512 register).
 const LANES: usize = 16;
@@ -187,7 +187,7 @@ fn scaled_max(x: &[f32], inv_t: f32) -> f32 {
         body(x, inv_t)
     }
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
+    if rlvr_model::fused::has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).
         return unsafe { avx2(x, inv_t) };
     }
@@ -235,7 +235,7 @@ fn weights(x: &[f32], inv_t: f32, m: f32, scratch: &mut Scratch) -> f64 {
     sums.clear();
     sums.resize(x.len().div_ceil(BLOCK), 0.0);
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
+    if rlvr_model::fused::has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).
         unsafe { avx2(x, inv_t, m, w, sums) };
         return sums.iter().sum();
@@ -244,52 +244,38 @@ fn weights(x: &[f32], inv_t: f32, m: f32, scratch: &mut Scratch) -> f64 {
     sums.iter().sum()
 }
 
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX2.get_or_init(|| {
-            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// [`walk`] over the whole row in id order, skipping whole blocks by their `sums` (of `w`, per
 /// [`BLOCK`]). Returns the first index whose running sum exceeds `target`, or the last token with
 /// weight when rounding leaves the target unreached.
 fn walk_blocks(w: &[f32], sums: &[f64], target: f64) -> usize {
-    let mut acc = 0.0f64;
-    let mut last_block = None;
-    for (b, &s) in sums.iter().enumerate() {
+    let (b, before) = pick_block(sums.iter().copied(), target);
+    let lo = b * BLOCK;
+    walk(w, lo..(lo + BLOCK).min(w.len()), target - before)
+}
+
+/// The block a draw falls in, from the blocks' weight sums in order: the first whose running sum
+/// exceeds `target`, with the sum of the blocks before it. When rounding leaves the target
+/// unreached, the last block with weight (whose [`walk`] then ends on its last token with
+/// weight); `(0, 0)` when no block has weight. Shared by the host path and
+/// [`crate::device_select`].
+pub(crate) fn pick_block(sums: impl Iterator<Item = f64>, target: f64) -> (usize, f64) {
+    let (mut acc, mut last) = (0.0f64, None);
+    for (b, s) in sums.enumerate() {
         if s <= 0.0 {
             continue;
         }
-        last_block = Some(b);
         if acc + s > target {
-            let lo = b * BLOCK;
-            let hi = (lo + BLOCK).min(w.len());
-            return walk(w, lo..hi, target - acc);
+            return (b, acc);
         }
+        last = Some((b, acc));
         acc += s;
     }
-    // Rounding: the target sits past the last block's sum; take its last token with weight.
-    match last_block {
-        Some(b) => {
-            let lo = b * BLOCK;
-            let hi = (lo + BLOCK).min(w.len());
-            (lo..hi).rev().find(|&i| w[i] > 0.0).unwrap_or(lo)
-        }
-        None => 0,
-    }
+    last.unwrap_or((0, 0.0))
 }
 
 /// Walks `order`, accumulating `w`, and returns the first index whose running sum exceeds
 /// `target`; the last index when rounding leaves the target unreached.
-fn walk(w: &[f32], order: impl Iterator<Item = usize>, target: f64) -> usize {
+pub(crate) fn walk(w: &[f32], order: impl Iterator<Item = usize>, target: f64) -> usize {
     let mut acc = 0.0f64;
     let mut last = 0;
     for i in order {

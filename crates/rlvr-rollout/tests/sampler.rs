@@ -433,27 +433,23 @@ fn device_selection_matches_host_selection() {
         Model::random(cfg, 0.5, 1, DType::F32, &Device::Cpu).unwrap(),
     ));
     for (name, model) in &models {
-        for t in [1.0, 0.7, 0.0] {
-            let mut p = params(3, t, 10);
-            let host = Sampler::new(model, 0)
-                .sample(&prompts(), &p, 11, 0)
-                .unwrap();
+        // Host and device selection on the same prompts and seed; returns the host completions.
+        let compare = |p: &SamplingParams, what: &str| -> Vec<Completion> {
+            let host = Sampler::new(model, 0).sample(&prompts(), p, 11, 0).unwrap();
             let dev = Sampler::new(model, 0)
                 .select_on_device(true)
-                .sample(&prompts(), &p, 11, 0)
+                .sample(&prompts(), p, 11, 0)
                 .unwrap();
-            assert_same(&host, &dev, &format!("{name} T={t}"));
+            assert_same(&host, &dev, &format!("{name} {what}"));
+            host
+        };
+        for t in [1.0, 0.7, 0.0] {
+            let mut p = params(3, t, 10);
+            let host = compare(&p, &format!("T={t}"));
             if t > 0.0 {
                 p.stop_ids = vec![host[0].token_ids[0]];
                 p.min_new_tokens = 4;
-                let host = Sampler::new(model, 0)
-                    .sample(&prompts(), &p, 11, 0)
-                    .unwrap();
-                let dev = Sampler::new(model, 0)
-                    .select_on_device(true)
-                    .sample(&prompts(), &p, 11, 0)
-                    .unwrap();
-                assert_same(&host, &dev, &format!("{name} T={t} min_new_tokens"));
+                compare(&p, &format!("T={t} min_new_tokens"));
             }
         }
     }
