@@ -13,7 +13,7 @@
 #   bench/gpu.sh                      (on the GPU machine, from the repository root)
 # Environment: RLVR (binary; default target-cuda/release/rlvr, else bench/rlvr-cuda.gz unpacked to /tmp),
 # PYTHON (default /opt/torch/.venv/bin/python), DEVICE (cuda:0), DTYPE (bf16), RUNS (timed sampling runs,
-# default 1, after a warm-up), TOKENIZER (a tokenizer.json; default the Qwen2.5 one in ../shared/data, else a
+# default 1, after a warm-up), TOKENIZER (a tokenizer.json; default the Qwen2.5 one in data/, else a
 # stand-in written with the `tokenizers` package: only the ids matter here), SMALL=1 (a tiny shape on the CPU
 # to check the script itself: DEVICE=cpu DTYPE=f32 SMALL=1 bench/gpu.sh).
 set -euo pipefail
@@ -38,7 +38,7 @@ else
   SHAPE=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab-size 151936)
   BATCHES=(--batch 64 --batch 256); PLEN=128; NEW=256; ROWS=16; SEQ=512
 fi
-TOK=${TOKENIZER:-../shared/data/tokenizers/qwen2.5/tokenizer.json}
+TOK=${TOKENIZER:-data/tokenizers/qwen2.5/tokenizer.json}
 if [ ! -f "$TOK" ]; then
   TOK=$W/tokenizer.json
   "$PY" - "$TOK" <<'PY'

@@ -16,7 +16,7 @@
 # sample_s; training tok/s = (prompt + completion) tokens of the B x K rows / train_s.
 #
 # Environment: PYTHON (default /tmp/venv/bin/python, with torch, transformers and trl as pinned in
-# bench/requirements.txt), DATA (default ../shared/data), THREADS (default 2), KEEP=1 keeps the work dir,
+# bench/requirements.txt), DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir,
 # RLVR (an rlvr binary to time instead of building this tree's; for before/after comparisons),
 # SIDES (default "rlvr rlvr_skip trl"; e.g. SIDES=rlvr to time rlvr alone).
 set -euo pipefail
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-3}
 ROUNDS=${2:-1}
 PY=${PYTHON:-/tmp/venv/bin/python}
-DATA=${DATA:-../shared/data}
+DATA=${DATA:-data}
 THREADS=${THREADS:-2}
 W=$(mktemp -d /tmp/rl_step.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$W"' EXIT

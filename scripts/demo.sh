@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The built-in default job until `rlvr quickstart` lands (issue 8): builds rlvr, writes a tiny random
-# Qwen2-shaped checkpoint with the Qwen2.5 tokenizer from ../shared/data, samples a group of
+# Qwen2-shaped checkpoint with the Qwen2.5 tokenizer from data/, samples a group of
 # completions with behaviour log-probs, re-scores them with the trainer's forward, and scores a GSM8K
 # answer. No downloads, no GPU. Output goes to runs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TOK=${TOKENIZER:-../shared/data/tokenizers/qwen2.5/tokenizer.json}
+TOK=${TOKENIZER:-data/tokenizers/qwen2.5/tokenizer.json}
 cargo build --release -q -p rlvr
 R=target/release/rlvr
 OUT=runs/demo

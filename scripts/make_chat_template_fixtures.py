@@ -29,9 +29,7 @@ from transformers import PreTrainedTokenizerFast
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "crates" / "rlvr-model" / "tests" / "fixtures" / "chat_templates.json"
-TOKENIZER = Path("/work/shared/data/tokenizers/qwen2.5/tokenizer.json")
-if not TOKENIZER.exists():
-    TOKENIZER = REPO.parent / "shared" / "data" / "tokenizers" / "qwen2.5" / "tokenizer.json"
+TOKENIZER = REPO / "data" / "tokenizers" / "qwen2.5" / "tokenizer.json"
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"

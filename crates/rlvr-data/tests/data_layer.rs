@@ -12,7 +12,7 @@ use rlvr_reward::Sample;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/");
 
 fn shared(rel: &str) -> PathBuf {
     PathBuf::from(format!("{DATA}{rel}"))

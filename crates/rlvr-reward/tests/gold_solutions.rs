@@ -6,7 +6,7 @@ use rlvr_reward::math::MathVerifier;
 use rlvr_reward::{Sample, Verifier};
 use serde_json::Value;
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/");
 
 /// Reads a JSONL file splitting on `\n` only (GSM8K train row 2381 holds U+2028).
 fn rows(rel: &str) -> Vec<Value> {

@@ -18,7 +18,7 @@ struct Cli {
 /// Writes a random Qwen2 model (hidden 16) with the Qwen2.5 tokenizer and a ChatML template.
 fn model_dir(dir: &Path) -> TokenizerBundle {
     let tok_json = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/tokenizers/qwen2.5/tokenizer.json");
+        .join("../../data/tokenizers/qwen2.5/tokenizer.json");
     let bundle = tokenizer_for_init(&tok_json).unwrap();
     let vocab = bundle.vocab_size().div_ceil(64) * 64;
     let config = ModelConfig::from_json(

@@ -10,7 +10,7 @@ fn rlvr() -> Command {
 fn tokenizer() -> &'static str {
     concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/data/tokenizers/qwen2.5/tokenizer.json"
+        "/../../data/tokenizers/qwen2.5/tokenizer.json"
     )
 }
 

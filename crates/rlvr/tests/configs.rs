@@ -1,6 +1,6 @@
 //! Every config shipped in `configs/` loads and resolves as `rlvr train --config FILE` does
 //! (unknown keys rejected), and the data files it names exist (paths are relative to the
-//! repository root, where `../shared/data` sits beside the clone).
+//! repository root, where the repository carries `data/`).
 
 use std::path::{Path, PathBuf};
 
@@ -61,7 +61,7 @@ fn every_shipped_config_loads_and_resolves() {
             .into_iter()
             .flatten()
         {
-            if p.starts_with("../shared") {
+            if p.starts_with("data/") {
                 assert!(
                     repo_root().join(p).exists(),
                     "{}: {} missing",

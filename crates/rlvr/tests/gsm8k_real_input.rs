@@ -2,7 +2,7 @@
 //! trained for 3 steps with the shipped GSM8K off-policy GRPO config on real GSM8K prompts rendered
 //! by the chat template; the run writes metrics and a checkpoint that `rlvr eval` loads.
 //!
-//! The binary runs in the repository root, so the config's `../shared/data/...` paths resolve as
+//! The binary runs in the repository root, so the config's `data/...` paths resolve as
 //! they do for a user. The config targets a GPU in bf16; this CPU test adds `model.device=cpu` and
 //! `model.dtype=f32`.
 
@@ -62,7 +62,7 @@ fn gsm8k_off_policy_grpo_on_real_prompts_then_eval() {
         "--intermediate",
         "128",
         "--tokenizer",
-        "../shared/data/tokenizers/qwen2.5/tokenizer.json",
+        "data/tokenizers/qwen2.5/tokenizer.json",
         "--out",
         model_s,
     ]);
