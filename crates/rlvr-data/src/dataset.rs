@@ -62,10 +62,34 @@ fn countdown_problem(source: String, p: CountdownProblem) -> Problem {
     }
 }
 
+/// A GSM8K reference must end its solution with `#### N`: without `####` the verifier would take
+/// the solution's last number as gold, and with nothing after it the gold is empty (every reward 0).
+fn check_gsm8k_reference(path: &Path, line: usize, field: &str, reference: &str) -> Result<()> {
+    let bad = |reason: String| DataError::BadField {
+        file: path.to_path_buf(),
+        line,
+        field: field.to_string(),
+        reason,
+    };
+    match rlvr_reward::extract::after_hashes(reference) {
+        None => Err(bad(
+            "has no `#### ANSWER` line: a GSM8K solution ends with `#### N` (for bare answers use \
+             data.task = \"jsonl\" with data.verifier = { kind = \"gsm8k\" })"
+                .into(),
+        )),
+        Some(seg) if rlvr_reward::gsm8k::gold_number(reference).is_none() => Err(bad(format!(
+            "has no number after its last `####` (found {:?}): the gold answer would be empty",
+            seg.trim()
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Reads the problems of a data file for `cfg.task` with `cfg`'s field names.
 ///
 /// # Errors
-/// [`DataError`] naming file, line and field for unreadable files, malformed lines, missing fields.
+/// [`DataError`] naming file, line and field for unreadable files, malformed lines, missing fields,
+/// and a GSM8K answer without a number after `####`.
 pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
     let (qf, af) = cfg.fields();
     let records = read_records(path)?;
@@ -97,6 +121,15 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                     source,
                     vars,
                     reference: r.text(&af, "answer_field")?,
+                }
+            }
+            TaskKind::Gsm8k => {
+                let reference = r.text(&af, "answer_field")?;
+                check_gsm8k_reference(path, record.line, &af, &reference)?;
+                Problem {
+                    source,
+                    vars: vec![("question".into(), r.text(&qf, "question_field")?)],
+                    reference,
                 }
             }
             _ => Problem {
@@ -284,6 +317,52 @@ pub fn build_prompts(
         dropped,
         max_len,
     })
+}
+
+/// Bytes per token beyond which a prompt is refused without tokenizing it (real tokenizers average
+/// 3 to 5 bytes a token on text; none packs 64).
+pub const BYTES_PER_POSITION: usize = 64;
+
+/// Refuses every kept prompt of `split` longer than `max_tokens` tokens (a model's
+/// `max_position_embeddings`): it could be neither sampled nor trained on, and its attention would
+/// allocate memory quadratic in its length. Only prompts whose byte length could exceed the limit
+/// are counted (no tokenizer makes more than one token per byte, plus a few special tokens), so the
+/// check costs nothing for ordinary data; a prompt of more than 64 bytes per position is refused
+/// without tokenizing it (tokenizing megabytes allocates far more than the text itself).
+///
+/// # Errors
+/// [`DataError::PromptTooLong`] naming the first such problem's `FILE:LINE`, its tokens and the
+/// limit; a failing counter, naming the problem.
+pub fn check_prompt_lengths(
+    split: &PreparedSplit,
+    max_tokens: usize,
+    counter: TokenCounter<'_>,
+) -> Result<()> {
+    for p in &split.prompts.prompts {
+        if p.text.len() + 16 <= max_tokens {
+            continue;
+        }
+        let source = &split.dataset.problems[p.problem].source;
+        let too_long = |size: String| DataError::PromptTooLong {
+            source_: source.clone(),
+            size,
+            limit: max_tokens,
+            suggest: (max_tokens / 2).max(1),
+        };
+        if p.text.len() > BYTES_PER_POSITION * max_tokens {
+            return Err(too_long(format!(
+                "{} bytes (over {BYTES_PER_POSITION} a position)",
+                p.text.len()
+            )));
+        }
+        let n = counter(&p.text).map_err(|e| {
+            DataError::Template(format!("{source}: counting prompt tokens failed: {e:#}"))
+        })?;
+        if n > max_tokens {
+            return Err(too_long(format!("{n} tokens")));
+        }
+    }
+    Ok(())
 }
 
 /// A split ready for training or evaluation: its problems and their filtered prompts.

@@ -51,6 +51,28 @@ pub enum DataError {
     /// The `[data]` config is inconsistent (the message names the key and the fix).
     #[error("invalid data config: {0}")]
     Config(String),
+    /// A line of a JSONL file is longer than [`crate::read::MAX_LINE_BYTES`].
+    #[error("{}:{line}: line longer than {limit} bytes; rlvr reads lines of at most that size (split or shorten the record)", file.display())]
+    LineTooLong {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A prompt has more tokens than the model has positions.
+    #[error("{source_}: the prompt has {size}, more than the model's max_position_embeddings = {limit}: it cannot be sampled or trained on; drop such prompts with data.max_prompt_len (e.g. {suggest}) or shorten them")]
+    PromptTooLong {
+        /// The problem's source (`FILE:LINE`).
+        source_: String,
+        /// Its size: `N tokens`, or `N bytes (over 64 a position)` when too large to tokenize.
+        size: String,
+        /// The model's positions.
+        limit: usize,
+        /// A max_prompt_len to suggest (half the positions, leaving room to generate).
+        suggest: usize,
+    },
     /// A prompt template refers to an unknown placeholder or is malformed.
     #[error("prompt template: {0}")]
     Template(String),

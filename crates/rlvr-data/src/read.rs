@@ -7,8 +7,12 @@
 
 use crate::{DataError, Result};
 use serde_json::{Map, Value};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+
+/// The longest JSONL line read, in bytes without its newline (64 MiB): a longer one is [`DataError::LineTooLong`]
+/// instead of an unbounded allocation.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
 
 /// One record: its 1-based line (JSONL) or row (Parquet) and its fields.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,10 +58,25 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
     let mut line = 0;
     loop {
         buf.clear();
-        if reader.read_until(b'\n', &mut buf).map_err(io_err(path))? == 0 {
+        // At most the limit, a newline and one more byte are read: the check below sees an
+        // over-long line without holding all of it.
+        let limit = (MAX_LINE_BYTES + 2) as u64;
+        if (&mut reader)
+            .take(limit)
+            .read_until(b'\n', &mut buf)
+            .map_err(io_err(path))?
+            == 0
+        {
             break;
         }
         line += 1;
+        if buf.len() - usize::from(buf.ends_with(b"\n")) > MAX_LINE_BYTES {
+            return Err(DataError::LineTooLong {
+                file: path.to_path_buf(),
+                line,
+                limit: MAX_LINE_BYTES,
+            });
+        }
         let malformed = |reason: String| DataError::Malformed {
             file: path.to_path_buf(),
             line,

@@ -52,8 +52,12 @@ pub struct RewardArgs {
     /// Countdown: the target value.
     #[arg(long, allow_hyphen_values = true)]
     pub target: Option<i64>,
-    /// Score every line of this JSONL file instead of `--completion`.
-    #[arg(long)]
+    /// Score every line of this JSONL file instead of `--completion`. Each line is a JSON object
+    /// `{"completion": str, "reference": str, "numbers": [int], "target": int}`: `completion` is
+    /// required (`text` is accepted for it, so `rlvr generate` output can be scored once references
+    /// are added); the others fall back to `--reference`, `--numbers`, `--target`; other keys are
+    /// ignored. One output line per input line, in order; a malformed line is an error naming it.
+    #[arg(long, value_name = "FILE.jsonl")]
     pub input: Option<PathBuf>,
 }
 

@@ -8,6 +8,12 @@
 //! command and what happened, with the tail of its stderr) when it cannot start, runs past the timeout
 //! (it is killed), exits non-zero, writes a line that is not such an object, writes a non-finite reward,
 //! or writes too few or too many lines.
+//!
+//! On Unix the command runs in its own process group, which ends with the batch: when the command
+//! exits, or is killed at the timeout, every process it started that is still in its group (a
+//! shell's children, a `sleep` in the background) is killed too, so nothing keeps running, holds
+//! the output pipe open or piles up from batch to batch. The user guide is
+//! docs/external-verifier.md.
 
 use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::Deserialize;
@@ -41,6 +47,21 @@ impl ExternalVerifier {
     }
 }
 
+/// Kills the process group that `child` leads (its descendants that did not leave it); no-op
+/// when it is already gone. Elsewhere than Unix, kills the child only.
+fn kill_group(child: &std::process::Child) {
+    #[cfg(unix)]
+    {
+        use rustix::process::{kill_process_group, Pid, Signal};
+        if let Some(pid) = Pid::from_raw(child.id() as i32) {
+            // ESRCH (nothing left in the group) is the normal case after a clean exit.
+            let _ = kill_process_group(pid, Signal::KILL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = child;
+}
+
 impl Verifier for ExternalVerifier {
     fn score(&self, sample: &Sample<'_>) -> Result<Score, RewardError> {
         let mut v = self.score_batch(std::slice::from_ref(sample))?;
@@ -66,7 +87,14 @@ impl Verifier for ExternalVerifier {
             input.push_str(&line.to_string());
             input.push('\n');
         }
-        let mut child = Command::new(prog)
+        let mut cmd = Command::new(prog);
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            // Its own process group (pgid = its pid), so kill_group reaches its children too.
+            cmd.process_group(0);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -98,8 +126,13 @@ impl Verifier for ExternalVerifier {
         let deadline = Instant::now() + self.timeout;
         let status = loop {
             match child.try_wait() {
-                Ok(Some(st)) => break st,
+                Ok(Some(st)) => {
+                    // Leftover children would hold stdout open (the reader would never finish).
+                    kill_group(&child);
+                    break st;
+                }
                 Ok(None) if Instant::now() >= deadline => {
+                    kill_group(&child);
                     let _ = child.kill();
                     let _ = child.wait();
                     return Err(self.fail(format!(

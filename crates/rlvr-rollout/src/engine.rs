@@ -337,7 +337,8 @@ impl Sampler {
     /// Returns B·K completions ordered by (prompt_index, sample_index): groups are contiguous.
     ///
     /// Errors: [`RolloutError::InvalidParam`] for out-of-range parameters,
-    /// [`RolloutError::InvalidPrompt`] for an empty prompt or an id outside the vocabulary,
+    /// [`RolloutError::InvalidPrompt`] for an empty prompt, an id outside the vocabulary or a
+    /// prompt whose tokens plus `max_new_tokens` exceed the model's `max_position_embeddings`,
     /// [`RolloutError::NoTokenizer`] for stop strings without a tokenizer, and tensor errors
     /// (e.g. out of device memory).
     pub fn sample(
@@ -358,6 +359,19 @@ impl Sampler {
                 return Err(RolloutError::InvalidPrompt {
                     prompt_index,
                     msg: "empty prompt (encode at least one token, e.g. a BOS)".into(),
+                });
+            }
+            // Bounds the prefill's [L, L] attention bias and every cache by the model's positions.
+            let max_pos = self.weights.config().max_position_embeddings;
+            if p.len() + params.max_new_tokens > max_pos {
+                return Err(RolloutError::InvalidPrompt {
+                    prompt_index,
+                    msg: format!(
+                        "{} prompt tokens + max_new_tokens {} exceed the model's \
+                         max_position_embeddings {max_pos} (shorten the prompt or lower max_new_tokens)",
+                        p.len(),
+                        params.max_new_tokens
+                    ),
                 });
             }
             if let Some(&bad) = p.iter().find(|&&x| x as usize >= vocab) {

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -34,20 +34,8 @@ pub struct TrainArgs {
     pub no_progress: bool,
 }
 
-/// Installs a Ctrl-C handler that sets `flag` (the loop saves a checkpoint and exits). A second
-/// Ctrl-C exits at once with status 130.
-fn install_ctrlc(flag: Arc<AtomicBool>) {
-    let _ = ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            std::process::exit(130);
-        }
-        eprintln!(
-            "\ninterrupted: saving a checkpoint after the current step (Ctrl-C again to quit now)"
-        );
-    });
-}
-
-/// Runs `rlvr train`. Prints one JSON summary line to `out`.
+/// Runs `rlvr train`. Prints one JSON summary line to `out`; a run interrupted by SIGINT/SIGTERM
+/// then exits the process with 130/143.
 ///
 /// # Errors
 /// Config, data, model and I/O errors.
@@ -61,7 +49,8 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => RawConfig::load(a.config.as_deref(), &a.set)?.resolve()?,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    install_ctrlc(stop.clone());
+    // SIGINT/SIGTERM: save after the current step and stop (signals.rs).
+    crate::signals::install(stop.clone());
     let s = train(
         &cfg,
         &RunOptions {
@@ -81,6 +70,8 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "checkpoint": s.last_checkpoint,
         })
     )?;
+    // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+    crate::signals::exit_if_interrupted(s.interrupted, out);
     Ok(())
 }
 
@@ -130,6 +121,13 @@ pub struct EvalArgs {
 /// # Errors
 /// Model, data and verifier errors.
 pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    for (flag, v) in [
+        ("--n", Some(a.n)),
+        ("--limit", a.limit),
+        ("--max-new-tokens", a.max_new_tokens),
+    ] {
+        anyhow::ensure!(v != Some(0), "{flag} 0: must be at least 1");
+    }
     let mut sets = a.set.clone();
     if let Some(t) = &a.task {
         sets.push(format!("data.task=\"{t}\""));

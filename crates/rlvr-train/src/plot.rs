@@ -72,6 +72,100 @@ fn register_font() {
     });
 }
 
+/// The line colours, in run order: the Okabe-Ito colour-blind-safe set without its yellow, orange and
+/// sky blue (too pale on white), then darker extras. Each has a contrast ratio of at least 3:1
+/// against white (WCAG 2 for graphics).
+pub const PALETTE: [(u8, u8, u8); 8] = [
+    (0, 114, 178),   // blue
+    (213, 94, 0),    // vermillion
+    (0, 158, 115),   // bluish green
+    (204, 121, 167), // reddish purple
+    (0, 0, 0),       // black
+    (140, 86, 75),   // brown
+    (117, 112, 179), // violet
+    (102, 102, 102), // grey
+];
+
+/// Dash pattern of run r (dash length, gap) in pixels; `None` = solid. Combined with the marker
+/// shape, runs whose curves coincide stay distinguishable.
+fn dash(r: usize) -> Option<(u32, u32)> {
+    [None, Some((8, 4)), Some((3, 3)), Some((12, 4))][(r / PALETTE.len() + r) % 4]
+}
+
+/// Draws run r's marker (circle, triangle, square, cross, in turn) at each of `points` of `chart`.
+fn markers<DB>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    r: usize,
+    points: &[(f64, f64)],
+    color: RGBAColor,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
+    let st = color.filled();
+    let at = |p: &(f64, f64)| EmptyElement::<(f64, f64), DB>::at(*p);
+    match r % 4 {
+        0 => chart
+            .draw_series(points.iter().map(|p| at(p) + Circle::new((0, 0), 4, st)))
+            .map(|_| ()),
+        1 => chart
+            .draw_series(
+                points
+                    .iter()
+                    .map(|p| at(p) + TriangleMarker::new((0, 0), 5, st)),
+            )
+            .map(|_| ()),
+        2 => chart
+            .draw_series(
+                points
+                    .iter()
+                    .map(|p| at(p) + Rectangle::new([(-4, -4), (4, 4)], st)),
+            )
+            .map(|_| ()),
+        _ => chart
+            .draw_series(
+                points
+                    .iter()
+                    .map(|p| at(p) + Cross::new((0, 0), 4, color.stroke_width(2))),
+            )
+            .map(|_| ()),
+    }
+    .map_err(err)
+}
+
+fn run_color(r: usize) -> RGBAColor {
+    let (red, g, b) = PALETTE[r % PALETTE.len()];
+    RGBColor(red, g, b).to_rgba()
+}
+
+/// Integer step labels only: a fractional tick gets no label.
+fn step_label(x: &f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        String::new()
+    }
+}
+
+/// Short y tick labels: up to 4 significant digits, scientific beyond 1e5 or under 1e-3.
+fn value_label(y: &f64) -> String {
+    let a = y.abs();
+    if *y == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e5).contains(&a) {
+        format!("{y:.1e}")
+    } else {
+        let s = format!("{y:.4}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        s.to_string()
+    }
+}
+
+// One panel per metric: the chart (caption, "step" and metric axis labels, integer step ticks, one
+// line per run with markers) on the left, the legend in its own column on the right so that it
+// never covers a curve.
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     metrics: &[String],
@@ -80,9 +174,19 @@ fn draw<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
+    root.fill(&WHITE).map_err(err)?;
+    let (width, _) = root.dim_in_pixel();
+    // Legend column: the longest name at ~7 px a character (12 px DejaVu Sans) plus the line sample.
+    let longest = data
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0);
+    let legend_w = (longest as u32 * 7 + 50).clamp(80, width / 3);
     let panels = root.split_evenly((metrics.len(), 1));
     for (k, (panel, metric)) in panels.iter().zip(metrics).enumerate() {
+        let (plot_area, legend_area) = panel.split_horizontally(width - legend_w);
         let pts: Vec<&(f64, f64)> = data.iter().flat_map(|(_, s)| s[k].iter()).collect();
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
         for &&(x, y) in &pts {
@@ -94,45 +198,93 @@ where
         if pts.is_empty() {
             (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
         }
-        if x1 <= x0 {
-            x1 = x0 + 1.0;
-        }
-        let pad = if y1 > y0 { 0.05 * (y1 - y0) } else { 0.5 };
-        let mut chart = ChartBuilder::on(panel)
+        // Half a step (or 2% of the span) on each side, so end markers are not cut.
+        let xpad = (0.02 * (x1 - x0)).max(0.5);
+        let ypad = if y1 > y0 {
+            0.06 * (y1 - y0)
+        } else {
+            0.5_f64.max(0.1 * y0.abs())
+        };
+        // At most one label per step and ten in all: key points then fall on integers.
+        let x_labels = ((x1 - x0).floor() as usize + 1).clamp(1, 10);
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(metric, ("sans-serif", 18))
-            .margin(8)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .margin_top(8)
+            .margin_left(8)
+            .margin_bottom(8)
+            .margin_right(24)
+            .x_label_area_size(40)
+            .y_label_area_size(72)
+            .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
+            .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc("step")
+            .y_desc(metric.as_str())
+            .x_labels(x_labels)
+            .y_labels(6)
+            .x_label_formatter(&step_label)
+            .y_label_formatter(&value_label)
             .label_style(("sans-serif", 12))
+            .axis_desc_style(("sans-serif", 13))
+            .light_line_style(WHITE.mix(0.0))
+            .bold_line_style(BLACK.mix(0.12))
             .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (r, (name, series)) in data.iter().enumerate() {
-            let color = Palette99::pick(r).to_rgba();
-            chart
-                .draw_series(LineSeries::new(
-                    series[k].iter().copied(),
-                    color.stroke_width(2),
-                ))
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                });
+            .map_err(err)?;
+        for (r, (_, series)) in data.iter().enumerate() {
+            let color = run_color(r);
+            let line = color.stroke_width(2);
+            let s = &series[k];
+            match dash(r) {
+                None => chart
+                    .draw_series(LineSeries::new(s.iter().copied(), line))
+                    .map(|_| ()),
+                Some((d, g)) => chart
+                    .draw_series(DashedLineSeries::new(s.iter().copied(), d, g, line))
+                    .map(|_| ()),
+            }
+            .map_err(err)?;
+            // Markers: every point of a short series (so a one-point series shows), about 25 of
+            // a long one.
+            let stride = s.len().div_ceil(25).max(1);
+            let at: Vec<(f64, f64)> = s.iter().step_by(stride).copied().collect();
+            markers(&mut chart, r, &at, color)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // Legend: a line sample with the run's marker and dash, then its name.
+        let style = ("sans-serif", 12).into_font().color(&BLACK);
+        for (r, (name, _)) in data.iter().enumerate() {
+            let y = 40 + 20 * r as i32;
+            let color = run_color(r);
+            let (x_a, x_b) = (6, 34);
+            let segs: Vec<(i32, i32)> = match dash(r) {
+                None => vec![(x_a, x_b)],
+                Some((d, g)) => (x_a..x_b)
+                    .step_by((d + g) as usize)
+                    .map(|s| (s, (s + d as i32).min(x_b)))
+                    .collect(),
+            };
+            for (a, b) in segs {
+                legend_area
+                    .draw(&PathElement::new(
+                        vec![(a, y), (b, y)],
+                        color.stroke_width(2),
+                    ))
+                    .map_err(err)?;
+            }
+            let (c, st) = ((20, y), color.filled());
+            match r % 4 {
+                0 => legend_area.draw(&Circle::new(c, 4, st)),
+                1 => legend_area.draw(&TriangleMarker::new(c, 5, st)),
+                2 => legend_area.draw(&Rectangle::new([(16, y - 4), (24, y + 4)], st)),
+                _ => legend_area.draw(&Cross::new(c, 4, color.stroke_width(2))),
+            }
+            .map_err(err)?;
+            legend_area
+                .draw(&Text::new(name.clone(), (40, y - 7), style.clone()))
+                .map_err(err)?;
+        }
     }
-    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.present().map_err(err)?;
     Ok(())
 }
 

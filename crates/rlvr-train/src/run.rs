@@ -92,11 +92,14 @@ pub fn prepare_prompts(
     let count = |t: &str| -> anyhow::Result<usize> { Ok(tok.encode(t, true)?.len()) };
     let prep = prepare_split(cfg, split, Some(&render), Some(&count))
         .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e}"))?;
+    // No prompt longer than the model's positions (limits.rs).
+    crate::limits::check_prompts(&prep, tok, &count)
+        .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e:#}"))?;
     if prep.prompts.dropped > 0 {
-        eprintln!(
+        crate::rundir::say(&format!(
             "note: {} {split:?} prompts longer than data.max_prompt_len were dropped",
             prep.prompts.dropped
-        );
+        ));
     }
     Ok(PreparedPrompts {
         references: prep
@@ -117,10 +120,14 @@ pub fn prepare_prompts(
 // Note: `train` is long (set-up, then the loop); the loop body reads in the order of DESIGN.md
 // section 3 (sample, filter, train, sync, log, evaluate, checkpoint) and delegates each stage.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
+    // The run directory's lock (one writer) and train.log, held for the whole run (rundir.rs).
+    let guard = crate::rundir::RunGuard::open(&cfg.raw.output.dir, opts.resume)?;
+    guard.finish(train_locked(cfg, opts))
+}
+
+fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let c = &cfg.raw;
     let run_dir = c.output.dir.clone();
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("creating run directory {}", run_dir.display()))?;
     let metrics_path = run_dir.join("metrics.jsonl");
     if !opts.resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
         bail!(
@@ -130,7 +137,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
         );
     }
     for w in &cfg.warnings {
-        eprintln!("warning: {w}");
+        crate::rundir::say(&format!("warning: {w}"));
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
     write_run_json(&run_dir, c.train.seed, opts.resume)?;
@@ -235,16 +242,18 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     let mut last_ckpt = ckpt.clone();
     let mut interrupted = false;
     let mut done = start;
-    let save = |trainer: &Trainer, feed: &Feed, step: u64, skipped: u32, best| {
+    let save = |trainer: &Trainer, feed: &Feed, step: u64, skipped: u32, best, cursor| {
         save_checkpoint(
             cfg,
             &run_dir,
             trainer,
             &tokenizer,
             feed,
-            (step, skipped, best),
+            (step, skipped, best, cursor),
         )
     };
+    // What an error after step 1 saves (rundir.rs).
+    let mut good = crate::rundir::LastGood::new(start, feed.cursor());
     let result = (|| -> anyhow::Result<()> {
         for t in (start + 1)..=c.train.steps {
             // Explorer: the batch of step t, sampled by version s(t).
@@ -254,6 +263,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
             // Trainer: advantages, updates.
             let lr = cfg.lr_at(t);
             let t1 = Instant::now();
+            good.begin_update();
             let rep = trainer.step(&exps, t, lr, c.train.seed)?;
             let train_s = t1.elapsed().as_secs_f64();
             feed.publish(t, c.sync.interval, &trainer.model)?;
@@ -272,6 +282,8 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
             append_line(&metrics_path, &line.to_json())?;
             write_step_logs(&run_dir, t, &batch, &rep, exps.len(), dropped_stale)?;
             done = t;
+            good.completed(t, feed.cursor());
+            crate::rundir::log_step(t, c.train.steps, &line);
             if let Some(b) = &bar {
                 b.set_position(t);
                 b.set_message(format!(
@@ -301,7 +313,15 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
                     || is_best
                     || stop);
             if due {
-                last_ckpt = Some(save(&trainer, &feed, t, skipped_in_row, best)?);
+                last_ckpt = Some(save(
+                    &trainer,
+                    &feed,
+                    t,
+                    skipped_in_row,
+                    best,
+                    feed.cursor(),
+                )?);
+                good.saved(t);
                 if is_best {
                     checkpoint::mark_best(&run_dir, t)?;
                 }
@@ -318,6 +338,9 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
         }
         Ok(())
     })();
+    let result = good.save_after_error(result, |step, cursor| {
+        save(&trainer, &feed, step, skipped_in_row, best, cursor)
+    });
     feed.shutdown();
     if let Some(b) = &bar {
         b.finish();
@@ -410,8 +433,9 @@ fn save_checkpoint(
     trainer: &Trainer,
     tokenizer: &TokenizerBundle,
     feed: &Feed,
-    (step, skipped_in_row, best): (u64, u32, Option<(f64, u64)>),
+    (step, skipped_in_row, best, cursor): (u64, u32, Option<(f64, u64)>, SourceCursor),
 ) -> anyhow::Result<PathBuf> {
+    crate::rundir::ensure_finite(&trainer.model)?;
     let (ex_version, ex_model) = match feed {
         Feed::Inline(e) => (e.version, (e.version != step).then_some(&e.model)),
         _ => (step, None),
@@ -420,7 +444,7 @@ fn save_checkpoint(
         step,
         optimizer_step: trainer.optimizer.step,
         explorer_version: ex_version,
-        cursor: feed.cursor(),
+        cursor,
         rng_seed: cfg.raw.train.seed,
         skipped_in_row,
         best,

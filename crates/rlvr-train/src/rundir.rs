@@ -1,10 +1,22 @@
-//! Run-directory records: run.json (git commit, seed, host, start time, version) and the progress bar.
+//! Run-directory records: run.json (git commit, seed, host, start time, version), the progress bar,
+//! the lock and `train.log` held while a run is open ([`RunGuard`]), the finite-weights check of
+//! checkpoints and the save-after-error bookkeeping ([`LastGood`]).
 
-use std::path::Path;
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use serde_json::json;
 
-fn now_rfc3339() -> String {
+use crate::explorer::SourceCursor;
+use crate::lock::RunLock;
+use crate::metrics::MetricsLine;
+use crate::run::RunSummary;
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+pub(crate) fn now_rfc3339() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -28,17 +40,16 @@ fn now_rfc3339() -> String {
     )
 }
 
-fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+/// The commit this binary was built from (build.rs embeds `git rev-parse HEAD`), `None` when the
+/// build had no git repository.
+pub(crate) fn git_commit() -> Option<String> {
+    Some(env!("RLVR_GIT_COMMIT"))
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
 }
 
-fn host() -> String {
+/// This machine's host name.
+pub(crate) fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()
@@ -92,4 +103,201 @@ pub(crate) fn progress_bar(
     );
     b.set_position(start);
     Some(b)
+}
+
+thread_local! {
+    // train.log of the run open on this thread (train() runs on one thread; tests run several
+    // runs at once on different threads, so the log is per thread, not per process).
+    static TRAIN_LOG: RefCell<Option<File>> = const { RefCell::new(None) };
+}
+
+/// Appends `msg` to the open run's `train.log` (nothing when no run is open on this thread).
+pub(crate) fn log_only(msg: &str) {
+    TRAIN_LOG.with(|l| {
+        if let Some(f) = l.borrow_mut().as_mut() {
+            // The log must never stop a run: a write error here is dropped.
+            let _ = writeln!(f, "{msg}");
+        }
+    });
+}
+
+/// Prints `msg` on stderr and appends it to `train.log`.
+pub(crate) fn say(msg: &str) {
+    eprintln!("{msg}");
+    log_only(msg);
+}
+
+/// Appends step `t`'s line to train.log: what the progress bar shows (loss, mean reward) plus the
+/// held-out accuracy when evaluated.
+pub(crate) fn log_step(t: u64, steps: u64, line: &MetricsLine) {
+    let f = |k: &str| line.get(k).and_then(|v| v.as_f64());
+    let mut s = format!("step {t}/{steps}");
+    for (k, name) in [
+        ("loss", "loss"),
+        ("reward/mean", "reward"),
+        ("eval/accuracy", "eval accuracy"),
+    ] {
+        if let Some(v) = f(k) {
+            s.push_str(&format!(" {name} {v:.4}"));
+        }
+    }
+    log_only(&s);
+}
+
+/// What an open run holds: the run directory's lock (one writer, DESIGN.md section 12) and its
+/// `train.log`, which keeps what the terminal showed (warnings, notes, one line per step, the
+/// interruption, the final error or summary). Dropping it closes the log and releases the lock.
+pub(crate) struct RunGuard {
+    _lock: RunLock,
+}
+
+impl RunGuard {
+    /// Creates `run_dir`, takes its lock and opens `train.log` (appended to on resume).
+    ///
+    /// # Errors
+    /// The directory cannot be created, another process holds it (named), train.log cannot be
+    /// opened.
+    pub(crate) fn open(run_dir: &Path, resume: bool) -> anyhow::Result<RunGuard> {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("creating run directory {}", run_dir.display()))?;
+        let lock = RunLock::acquire(run_dir)?;
+        let path = run_dir.join("train.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        TRAIN_LOG.with(|l| *l.borrow_mut() = Some(file));
+        let args: Vec<String> = std::env::args().collect();
+        log_only(&format!(
+            "== {} {} (pid {}, host {}, rlvr {}): {}",
+            now_rfc3339(),
+            if resume { "resumed" } else { "started" },
+            std::process::id(),
+            host(),
+            env!("CARGO_PKG_VERSION"),
+            args.join(" ")
+        ));
+        Ok(RunGuard { _lock: lock })
+    }
+
+    /// Logs how the run ended (the error as `rlvr` prints it, the interruption, or the summary) and
+    /// passes `r` through.
+    pub(crate) fn finish(self, r: anyhow::Result<RunSummary>) -> anyhow::Result<RunSummary> {
+        match &r {
+            Err(e) => log_only(&format!("error: {e:#}")),
+            Ok(s) => log_only(&format!(
+                "{} after step {}; last checkpoint {}",
+                if s.interrupted {
+                    match crate::signals::received() {
+                        Some(sig) => format!("interrupted by {}", crate::signals::name(sig)),
+                        None => "interrupted".to_string(),
+                    }
+                } else {
+                    "finished".to_string()
+                },
+                s.steps,
+                s.last_checkpoint
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "none".into())
+            )),
+        }
+        r
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        TRAIN_LOG.with(|l| *l.borrow_mut() = None);
+    }
+}
+
+/// Refuses to write a checkpoint whose weights hold a NaN or an infinity (`latest` then keeps
+/// naming the previous, good one).
+///
+/// # Errors
+/// Names the first non-finite tensor; tensor errors.
+pub(crate) fn ensure_finite(model: &rlvr_model::Model) -> anyhow::Result<()> {
+    for (name, v) in model.named_vars() {
+        let t = v.as_tensor();
+        // x − x is 0 for every finite x and NaN for NaN and ±inf: the sum is finite iff all are.
+        let s = t
+            .sub(t)?
+            .sum_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_scalar::<f32>()?;
+        anyhow::ensure!(
+            s.is_finite(),
+            "weight {name} holds a non-finite value (NaN or inf): this checkpoint is not written and \
+             checkpoints/latest still names the last good one"
+        );
+    }
+    Ok(())
+}
+
+/// The last completed step whose state can be saved after an error: the trainer's weights are
+/// those of step `step` and `cursor` is the source cursor right after it. [`begin_update`]
+/// marks the trainer as changing (an error then saves nothing: the weights would be half a step).
+///
+/// [`begin_update`]: LastGood::begin_update
+pub(crate) struct LastGood {
+    step: u64,
+    cursor: SourceCursor,
+    saved: u64,
+    updating: bool,
+}
+
+impl LastGood {
+    /// At the run's start (`step` = the resumed checkpoint's step, or 0).
+    pub(crate) fn new(step: u64, cursor: SourceCursor) -> Self {
+        LastGood {
+            step,
+            cursor,
+            saved: step,
+            updating: false,
+        }
+    }
+
+    /// The trainer starts changing the weights of the step after `self.step`.
+    pub(crate) fn begin_update(&mut self) {
+        self.updating = true;
+    }
+
+    /// Step `t` completed (metrics written); `cursor` is the source's cursor after it.
+    pub(crate) fn completed(&mut self, t: u64, cursor: SourceCursor) {
+        self.step = t;
+        self.cursor = cursor;
+        self.updating = false;
+    }
+
+    /// A checkpoint of step `t` was written.
+    pub(crate) fn saved(&mut self, t: u64) {
+        self.saved = self.saved.max(t);
+    }
+
+    /// On an error after step 1, saves the last good state with `save(step, cursor)` (as Ctrl-C
+    /// does) unless it is already saved, and says so in the error.
+    pub(crate) fn save_after_error<T>(
+        &self,
+        r: anyhow::Result<T>,
+        save: impl FnOnce(u64, SourceCursor) -> anyhow::Result<PathBuf>,
+    ) -> anyhow::Result<T> {
+        let Err(e) = r else { return r };
+        if self.updating || self.step == 0 || self.step <= self.saved {
+            return Err(e);
+        }
+        match save(self.step, self.cursor) {
+            Ok(dir) => Err(e.context(format!(
+                "stopped by an error after step {}; its state was saved to {} (continue with `rlvr train \
+                 --resume` once the cause is fixed)",
+                self.step,
+                dir.display()
+            ))),
+            Err(se) => Err(e.context(format!(
+                "stopped by an error after step {}; saving its state failed too: {se:#}",
+                self.step
+            ))),
+        }
+    }
 }

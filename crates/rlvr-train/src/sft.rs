@@ -47,9 +47,13 @@ pub struct SftArgs {
     /// Stop (and save) at the first evaluation whose accuracy reaches this value.
     #[arg(long)]
     pub stop_at_accuracy: Option<f64>,
-    /// Output model directory (written at the end and every `--save-every` steps).
+    /// Output model directory (written at the end and every `--save-every` steps). An existing
+    /// non-empty directory is refused unless `--force`; the `--model` directory always is.
     #[arg(long)]
     pub out: PathBuf,
+    /// Write into a non-empty `--out` (its `*.safetensors` files are removed first).
+    #[arg(long)]
+    pub force: bool,
     /// Render the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -246,6 +250,9 @@ pub fn completion_logprob_sum(
 /// # Errors
 /// Data, model and I/O errors; a non-finite loss aborts (nothing is saved for that step).
 pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    // --out: never the input model; non-empty only with --force (lock.rs).
+    crate::lock::refuse_same_dir(&a.model, &a.out)?;
+    crate::lock::prepare_model_output(&a.out, a.force, "--out")?;
     let device = rlvr_model::parse_device(&a.device)?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;

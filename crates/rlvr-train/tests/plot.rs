@@ -74,3 +74,169 @@ fn plots_svg_and_png() {
     let err = run_plot(&bad, &mut Vec::new()).unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
 }
+
+/// One `<text>` element of an SVG: position, anchor, font size, rotation, content.
+#[derive(Debug)]
+struct SvgText {
+    x: f64,
+    y: f64,
+    anchor: String,
+    size: f64,
+    rotated: bool,
+    text: String,
+}
+
+fn attr(tag: &str, name: &str) -> Option<String> {
+    let key = format!(" {name}=\"");
+    let i = tag.find(&key)? + key.len();
+    Some(tag[i..i + tag[i..].find('"')?].to_string())
+}
+
+fn svg_texts(svg: &str) -> Vec<SvgText> {
+    let mut out = Vec::new();
+    let mut rest = svg;
+    while let Some(i) = rest.find("<text") {
+        let tag_end = i + rest[i..].find('>').unwrap();
+        let tag = &rest[i..tag_end];
+        let close = tag_end + rest[tag_end..].find("</text>").unwrap();
+        out.push(SvgText {
+            x: attr(tag, "x").unwrap().parse().unwrap(),
+            y: attr(tag, "y").unwrap().parse().unwrap(),
+            anchor: attr(tag, "text-anchor").unwrap_or_else(|| "start".into()),
+            size: attr(tag, "font-size").unwrap().parse().unwrap(),
+            rotated: attr(tag, "transform").is_some(),
+            text: rest[tag_end + 1..close].trim().to_string(),
+        });
+        rest = &rest[close..];
+    }
+    out
+}
+
+fn plot_svg(dir: &std::path::Path, runs: &[&std::path::Path], metrics: &[&str]) -> String {
+    let out = dir.join("p.svg");
+    let mut v = vec!["x".to_string()];
+    v.extend(runs.iter().map(|r| r.display().to_string()));
+    for m in metrics {
+        v.push("--metric".into());
+        v.push(m.to_string());
+    }
+    v.push("--out".into());
+    v.push(out.display().to_string());
+    run_plot(&W::parse_from(v).a, &mut Vec::new()).unwrap();
+    std::fs::read_to_string(out).unwrap()
+}
+
+fn write_steps(dir: &std::path::Path, points: &[(u64, f64)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let lines: Vec<String> = points
+        .iter()
+        .map(|(s, v)| serde_json::json!({"step": s, "reward/mean": v}).to_string())
+        .collect();
+    std::fs::write(dir.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+}
+
+/// WCAG relative luminance of an sRGB colour.
+fn luminance((r, g, b): (u8, u8, u8)) -> f64 {
+    let lin = |c: u8| {
+        let c = c as f64 / 255.0;
+        if c <= 0.04045 {
+            c / 12.92
+        } else {
+            ((c + 0.055) / 1.055).powf(2.4)
+        }
+    };
+    0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+}
+
+#[test]
+fn ticks_are_whole_steps_and_every_label_is_inside_the_canvas() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Three steps (a span where fractional ticks 0.5, 1.5 used to appear) and a long run name.
+    let a = tmp.path().join("a-rather-long-run-directory-name");
+    let b = tmp.path().join("b");
+    write_steps(&a, &[(1, 0.25), (2, 0.5), (3, 0.125)]);
+    write_steps(&b, &[(1, 0.3), (2, 0.1), (3, 0.7)]);
+    let svg = plot_svg(tmp.path(), &[&a, &b], &["reward/mean"]);
+    let (w, h) = (800.0, 300.0);
+    let texts = svg_texts(&svg);
+    let mut x_ticks = Vec::new();
+    for t in &texts {
+        // DejaVu Sans averages about 0.6 em a character.
+        let tw = 0.6 * t.size * t.text.chars().count() as f64;
+        let (left, right) = match t.anchor.as_str() {
+            "middle" => (t.x - tw / 2.0, t.x + tw / 2.0),
+            "end" => (t.x - tw, t.x),
+            _ => (t.x, t.x + tw),
+        };
+        assert!(t.x >= 0.0 && t.x <= w && t.y >= 0.0 && t.y <= h, "{t:?}");
+        if !t.rotated {
+            assert!(left >= 0.0 && right <= w, "label leaves the canvas: {t:?}");
+        }
+        if t.anchor == "middle" && !t.rotated && t.text.parse::<f64>().is_ok() {
+            x_ticks.push(t.text.clone());
+        }
+    }
+    assert_eq!(x_ticks, ["1", "2", "3"], "{texts:?}");
+    // A y-axis label (rotated) naming the metric, and the x-axis label.
+    assert!(
+        texts.iter().any(|t| t.rotated && t.text == "reward/mean"),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| !t.rotated && t.text == "step"));
+    // The legend names both runs, to the right of every curve (the plot area ends before it).
+    let legend_x = texts
+        .iter()
+        .filter(|t| t.text == "b" || t.text.starts_with("a-rather"))
+        .map(|t| t.x)
+        .collect::<Vec<_>>();
+    let last_tick_x = texts.iter().find(|t| t.text == "3").unwrap().x;
+    assert_eq!(legend_x.len(), 2);
+    assert!(
+        legend_x.iter().all(|&x| x > last_tick_x + 10.0),
+        "{legend_x:?}"
+    );
+}
+
+#[test]
+fn a_one_point_series_gets_a_marker_and_identical_series_differ() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    write_steps(&one, &[(0, 0.5)]);
+    let svg = plot_svg(tmp.path(), &[&one], &["reward/mean"]);
+    // Its marker (run 0: a circle) is drawn, once in the plot and once in the legend.
+    assert_eq!(svg.matches("<circle").count(), 2, "{svg}");
+    let texts = svg_texts(&svg);
+    let ticks: Vec<&str> = texts
+        .iter()
+        .filter(|t| t.anchor == "middle" && !t.rotated && t.text.parse::<f64>().is_ok())
+        .map(|t| t.text.as_str())
+        .collect();
+    assert_eq!(ticks, ["0"]);
+
+    // Two runs with the same values: different marker shapes and one dashed line.
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let pts: Vec<(u64, f64)> = (0..6).map(|s| (s, 0.1 * s as f64)).collect();
+    write_steps(&a, &pts);
+    write_steps(&b, &pts);
+    let svg = plot_svg(tmp.path(), &[&a, &b], &["reward/mean"]);
+    // Run a: 6 circles + legend; run b: 6 triangles (polygons) + legend.
+    assert_eq!(svg.matches("<circle").count(), 7);
+    assert_eq!(svg.matches("<polygon").count(), 7);
+    // Run b's line is dashed: many short segments rather than one polyline of 6 points.
+    let (r, g, bl) = rlvr_train::plot::PALETTE[1];
+    let stroke = format!("stroke=\"#{r:02X}{g:02X}{bl:02X}\"");
+    assert!(svg.matches(&stroke).count() > 10, "{svg}");
+}
+
+#[test]
+fn the_palette_has_no_low_contrast_colours() {
+    for c in rlvr_train::plot::PALETTE {
+        let contrast = (1.0 + 0.05) / (luminance(c) + 0.05);
+        assert!(
+            contrast >= 3.0,
+            "{c:?}: contrast {contrast:.2} against white"
+        );
+        // Not yellow: red and green both high with little blue.
+        assert!(!(c.0 > 180 && c.1 > 160 && c.2 < 100), "{c:?} is yellow");
+    }
+}

@@ -165,7 +165,8 @@ fn cli_child_entry() {
     rlvr_train::cli::run_train(&a, &mut out).unwrap();
 }
 
-/// A real SIGINT (Ctrl-C) makes `rlvr train` save a checkpoint after the current step and exit 0.
+/// A real SIGINT (Ctrl-C) makes `rlvr train` save a checkpoint after the current step and exit 130
+/// (128 + SIGINT, so `rlvr train ... && rlvr eval ...` stops).
 #[test]
 fn sigint_saves_a_checkpoint_and_exits_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -197,7 +198,12 @@ fn sigint_saves_a_checkpoint_and_exits_cleanly() {
     let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     assert_eq!(rc, 0);
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "child exited with {}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "child exited with {}",
+        out.status
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()

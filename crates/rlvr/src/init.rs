@@ -57,13 +57,42 @@ pub struct InitArgs {
     /// Storage dtype of the weights: f32 or bf16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Output model directory (created).
+    /// Output model directory (created). An existing non-empty directory is refused unless
+    /// `--force`.
     #[arg(long)]
     pub out: PathBuf,
+    /// Write into a non-empty `--out` (its `*.safetensors` weight files are removed first, so a
+    /// loader cannot pick stale shards).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Builds the config, writes the model directory, prints `{"out", "parameters", "vocab_size"}`.
+///
+/// # Errors
+/// A size flag of 0 (named), a non-empty `--out` without `--force`, inconsistent head sizes, a
+/// tokenizer that does not load, I/O errors.
 pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    for (flag, v) in [
+        ("--hidden", Some(a.hidden)),
+        ("--layers", Some(a.layers)),
+        ("--heads", Some(a.heads)),
+        ("--kv-heads", a.kv_heads),
+        ("--intermediate", a.intermediate),
+        ("--head-dim", a.head_dim),
+        ("--vocab-size", a.vocab_size),
+        ("--max-position-embeddings", Some(a.max_position_embeddings)),
+    ] {
+        if v == Some(0) {
+            bail!("{flag} 0: every size of the model must be at least 1");
+        }
+    }
+    if !(a.init_std.is_finite() && a.init_std >= 0.0) {
+        bail!("--init-std {}: expected a finite value ≥ 0", a.init_std);
+    }
+    if !(a.rope_theta.is_finite() && a.rope_theta > 0.0) {
+        bail!("--rope-theta {}: expected a finite value > 0", a.rope_theta);
+    }
     let arch = Arch::from_model_type(&a.arch)
         .with_context(|| format!("--arch {}: expected qwen2, qwen3 or llama", a.arch))?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
@@ -123,6 +152,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
     };
+    rlvr_train::lock::prepare_model_output(&a.out, a.force, "--out")?;
     let model = Model::random(config, a.init_std, a.seed, DType::F32, &Device::Cpu)?;
     model.save(&a.out, dtype)?;
     write_tokenizer_files(&a.out, &tok)?;

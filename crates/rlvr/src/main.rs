@@ -27,7 +27,8 @@ enum Command {
     Init(init::InitArgs),
     /// Print per-token log-probs of a completion given a prompt: {"tokens", "logprobs"}.
     Logprobs(logprobs::LogprobsArgs),
-    /// RL training: explorer samples, verifier scores, trainer updates (config: DESIGN.md section 10).
+    /// RL training: explorer samples, verifier scores, trainer updates (every config key:
+    /// crates/rlvr-train/README.md; interfaces: docs/DESIGN.md section 10).
     Train(rlvr_train::cli::TrainArgs),
     /// Supervised warm start on {prompt, completion} pairs.
     Sft(rlvr_train::sft::SftArgs),

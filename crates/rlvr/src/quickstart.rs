@@ -435,6 +435,7 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             seed: a.seed,
             dtype: "f32".into(),
             out: init_dir.clone(),
+            force: false,
         },
         &mut std::io::sink(),
     )

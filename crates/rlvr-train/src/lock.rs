@@ -1,0 +1,205 @@
+//! Guards of the directories rlvr writes (DESIGN.md section 12).
+//!
+//! One writer per run directory: an exclusive `flock` on `RUN_DIR/.lock`, held for the whole
+//! `rlvr train` (fresh or `--resume`), see [`RunLock`]. Model output directories (`rlvr init --out`,
+//! `rlvr sft --out`) are not overwritten unless told `--force`, see [`prepare_model_output`].
+//!
+//! The operating system releases the lock when the holder's file descriptor closes, which includes
+//! the holder dying by SIGKILL, so a killed run can always be resumed and no stale-lock cleanup is
+//! ever needed. The lock file's content (the holder's pid, host and start time) only serves the
+//! refusal message; the lock itself is the truth.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use fs4::{FileExt, TryLockError};
+
+/// Name of the lock file inside a run directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// An exclusive lock on a run directory; released when dropped (or when the process ends).
+#[derive(Debug)]
+pub struct RunLock {
+    // Keeping the descriptor open keeps the lock.
+    _file: File,
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Takes the lock of `run_dir` (which must exist) without waiting, and writes this process's
+    /// pid, host and start time into the lock file.
+    ///
+    /// # Errors
+    /// Another process holds the lock: the message names its pid, host and start time as it
+    /// wrote them. I/O errors name the lock file.
+    pub fn acquire(run_dir: &Path) -> anyhow::Result<RunLock> {
+        let path = run_dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening the run-directory lock {}", path.display()))?;
+        // Called through the trait: std's inherent File::try_lock has the same name.
+        match FileExt::try_lock(&file) {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                anyhow::bail!(
+                    "{} is in use by another rlvr process ({}); a run directory has one writer at a \
+                     time: wait for it to finish, stop it, or choose another output.dir (lock file {})",
+                    run_dir.display(),
+                    if holder.is_empty() {
+                        "it has not written its pid yet".to_string()
+                    } else {
+                        holder.replace('\n', ", ")
+                    },
+                    path.display()
+                );
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()));
+            }
+        }
+        let info = format!(
+            "pid {}\nhost {}\nstarted {}\n",
+            std::process::id(),
+            crate::rundir::host(),
+            crate::rundir::now_rfc3339()
+        );
+        file.set_len(0)
+            .and_then(|_| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(info.as_bytes()))
+            .and_then(|_| file.sync_data())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(RunLock { _file: file, path })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Checks a model output directory before `flag` (e.g. `--out`) writes a model into it: a missing
+/// or empty directory is fine; a non-empty one (or a file) is refused unless `force`. With `force`,
+/// the weight files a loader could prefer over the new ones (`*.safetensors`,
+/// `*.safetensors.index.json` at the top level, e.g. the shards of a HuggingFace model) are removed
+/// first; other files are overwritten or left.
+///
+/// # Errors
+/// A non-empty directory without `force` (the message names up to three of its entries and
+/// `--force`); `out` is a file; I/O errors.
+pub fn prepare_model_output(out: &Path, force: bool, flag: &str) -> anyhow::Result<()> {
+    if !out.exists() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        out.is_dir(),
+        "{flag} {} is a file, not a directory",
+        out.display()
+    );
+    let mut names: Vec<String> = std::fs::read_dir(out)
+        .with_context(|| format!("reading {}", out.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    if !force {
+        let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
+        anyhow::bail!(
+            "{flag} {} is not empty (it holds {}{}); refusing to overwrite it: choose a new or empty \
+             directory, or add --force to write the new model over it",
+            out.display(),
+            shown.join(", "),
+            if names.len() > 3 { ", ..." } else { "" }
+        );
+    }
+    for n in &names {
+        let p = out.join(n);
+        if p.is_file() && (n.ends_with(".safetensors") || n.ends_with(".safetensors.index.json")) {
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an output directory that is the input model directory itself (`rlvr sft --model X
+/// --out X` would overwrite its input while reading it), whatever `--force` says.
+///
+/// # Errors
+/// `out` and `model` are the same directory.
+pub fn refuse_same_dir(model: &Path, out: &Path) -> anyhow::Result<()> {
+    if let (Ok(m), Ok(o)) = (model.canonicalize(), out.canonicalize()) {
+        anyhow::ensure!(
+            m != o,
+            "--out {} is the --model directory: writing there would overwrite the model being \
+             trained from (--force does not change this); choose another --out",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_on_the_same_directory_is_refused_and_names_the_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let a = RunLock::acquire(d.path()).unwrap();
+        // flock locks belong to the open file description: a second open in this process conflicts.
+        let e = RunLock::acquire(d.path()).unwrap_err().to_string();
+        assert!(e.contains("in use by another rlvr process"), "{e}");
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        assert!(e.contains("host "), "{e}");
+        assert!(e.contains("started 20"), "{e}");
+        drop(a);
+        // Released on drop.
+        let b = RunLock::acquire(d.path()).unwrap();
+        assert_eq!(b.path(), d.path().join(LOCK_FILE));
+    }
+
+    #[test]
+    fn model_output_is_refused_when_not_empty_unless_forced() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("m");
+        prepare_model_output(&out, false, "--out").unwrap(); // missing
+        std::fs::create_dir(&out).unwrap();
+        prepare_model_output(&out, false, "--out").unwrap(); // empty
+        for f in [
+            "config.json",
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "notes.txt",
+        ] {
+            std::fs::write(out.join(f), "x").unwrap();
+        }
+        let e = prepare_model_output(&out, false, "--out")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not empty") && e.contains("--force"), "{e}");
+        assert!(e.contains("config.json"), "{e}");
+        // Nothing was removed by the refusal.
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 4);
+        prepare_model_output(&out, true, "--out").unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["config.json", "notes.txt"]);
+        let e = refuse_same_dir(&out, &d.path().join("m/../m")).unwrap_err();
+        assert!(e.to_string().contains("is the --model directory"), "{e}");
+        refuse_same_dir(&out, &d.path().join("other")).unwrap();
+    }
+}

@@ -1,0 +1,66 @@
+//! SIGINT (Ctrl-C) and SIGTERM for `rlvr train`: the first asks the run to save a checkpoint after
+//! the current step and stop; a second one exits at once. An interrupted run exits with the shell's
+//! code for the signal, 128 + its number (130 for SIGINT, 143 for SIGTERM), so that
+//! `rlvr train ... && rlvr eval ...` does not go on after an interruption.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The first signal received (0 = none).
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+/// The first of SIGINT/SIGTERM received since [`install`], if any.
+pub(crate) fn received() -> Option<i32> {
+    Some(RECEIVED.load(Ordering::SeqCst)).filter(|&s| s != 0)
+}
+
+/// `SIGINT`, `SIGTERM` or `signal N`.
+pub(crate) fn name(sig: i32) -> String {
+    match sig {
+        SIGINT => "SIGINT".into(),
+        SIGTERM => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// Handles SIGINT and SIGTERM from now on: the first sets `stop` (the loop saves a checkpoint and
+/// returns), the second exits at once with 128 + its number. The handler runs on its own thread,
+/// so printing there is safe. When the handler cannot be installed, the default behaviour (the
+/// process dies) stays and a warning says so.
+pub(crate) fn install(stop: Arc<AtomicBool>) {
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            crate::rundir::say(&format!(
+                "warning: cannot handle SIGINT/SIGTERM ({e}); an interruption will not save a checkpoint"
+            ));
+            return;
+        }
+    };
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            let _ = RECEIVED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+            if stop.swap(true, Ordering::SeqCst) {
+                std::process::exit(128 + sig);
+            }
+            eprintln!(
+                "\n{}: saving a checkpoint after the current step, then stopping (again to quit now)",
+                name(sig)
+            );
+        }
+    });
+}
+
+/// After an interrupted run printed its summary: flushes `out` and exits with 128 + the signal's
+/// number. Returns when `interrupted` is false (or no signal was recorded, e.g. the stop flag was
+/// set by a caller).
+pub(crate) fn exit_if_interrupted(interrupted: bool, out: &mut dyn Write) {
+    if let (true, Some(sig)) = (interrupted, received()) {
+        let _ = out.flush();
+        let _ = std::io::stderr().flush();
+        std::process::exit(128 + sig);
+    }
+}

@@ -1,0 +1,438 @@
+//! Run directories and output directories through the real `rlvr` binary, several processes at once
+//! (issue 13, items 1-3): one writer per run directory, SIGKILL-resume, SIGTERM, an error that
+//! saves the last good step, train.log; `--force` on init/sft; zero sizes refused.
+#![cfg(unix)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn rlvr() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rlvr"))
+}
+
+/// A character-level WordLevel tokenizer (digits, operators, space, newline; `<|endoftext|>`).
+fn tokenizer_json() -> String {
+    let chars = "0123456789+-*= #\n";
+    let mut vocab = serde_json::Map::new();
+    for (i, ch) in chars.chars().enumerate() {
+        vocab.insert(ch.to_string(), i.into());
+    }
+    let unk = chars.chars().count();
+    vocab.insert("<unk>".into(), unk.into());
+    vocab.insert("<|endoftext|>".into(), (unk + 1).into());
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": unk + 1, "content": "<|endoftext|>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?s)."}, "behavior": "Isolated", "invert": false},
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    })
+    .to_string()
+}
+
+fn ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `rlvr init` of a tiny model (1 layer, width 16) with the char tokenizer into `dir/model`.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let tok = dir.join("tokenizer.json");
+    std::fs::write(&tok, tokenizer_json()).unwrap();
+    let model = dir.join("model");
+    let out = rlvr()
+        .args(["init", "--hidden", "16", "--layers", "1", "--heads", "2"])
+        .args(["--kv-heads", "1", "--intermediate", "32"])
+        .args(["--max-position-embeddings", "128", "--tokenizer"])
+        .arg(&tok)
+        .arg("--out")
+        .arg(&model)
+        .output()
+        .unwrap();
+    ok(&out, "init");
+    model
+}
+
+/// `--set` overrides of a small arithmetic run.
+fn sets(model: &Path, run: &Path, steps: u64) -> Vec<String> {
+    vec![
+        format!("model.path=\"{}\"", model.display()),
+        format!("output.dir=\"{}\"", run.display()),
+        "model.device=\"cpu\"".into(),
+        "model.dtype=\"f32\"".into(),
+        "data.task=\"arithmetic\"".into(),
+        "data.arithmetic.min_digits=1".into(),
+        "data.arithmetic.max_digits=1".into(),
+        "data.arithmetic.train_size=64".into(),
+        "data.arithmetic.test_size=8".into(),
+        "data.prompts_per_step=2".into(),
+        "rollout.group_size=4".into(),
+        "rollout.max_new_tokens=3".into(),
+        "train.lr=1e-2".into(),
+        "train.eval_every=0".into(),
+        format!("train.steps={steps}"),
+    ]
+}
+
+fn train_cmd(sets: &[String]) -> Command {
+    let mut c = rlvr();
+    c.args(["train", "--no-progress"]);
+    for s in sets {
+        c.arg("--set").arg(s);
+    }
+    c
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The last step of RUN_DIR/metrics.jsonl (0 when absent).
+fn last_step(run: &Path) -> u64 {
+    steps(run).last().copied().unwrap_or(0)
+}
+
+fn steps(run: &Path) -> Vec<u64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .collect()
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn latest(run: &Path) -> String {
+    std::fs::read_to_string(run.join("checkpoints/latest"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let mut s = sets(&model, &run, 5);
+    s.push("train.save_every=1".into());
+    // A: stops making progress after step 2 (its checkpoint written), holding the directory.
+    let mut c = train_cmd(&s);
+    c.env("RLVR_DEBUG_HANG_AFTER_STEP", "2");
+    let mut a = spawn(c);
+    wait_for("A reaches step 2", 120, || {
+        last_step(&run) == 2 && latest(&run) == "step-2"
+    });
+    let config_before = std::fs::read(run.join("config.toml")).unwrap();
+    let metrics_before = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let holder = format!("pid {}", a.id());
+
+    // B: --resume on the busy directory; C: a fresh start on it (with another lr).
+    let b = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let mut s2 = s.clone();
+    s2.push("train.lr=5e-2".into());
+    let c2 = train_cmd(&s2).output().unwrap();
+    for (name, out) in [("--resume", &b), ("fresh", &c2)] {
+        assert!(!out.status.success(), "{name} was not refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("in use by another rlvr process") && err.contains(&holder),
+            "{name}: {err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(run.join("config.toml")).unwrap(),
+        config_before
+    );
+    assert_eq!(
+        std::fs::read(run.join("metrics.jsonl")).unwrap(),
+        metrics_before
+    );
+    let lock = std::fs::read_to_string(run.join(".lock")).unwrap();
+    assert!(lock.contains(&holder) && lock.contains("host ") && lock.contains("started "));
+
+    // SIGKILL A: the OS releases its lock, and the run resumes to the end.
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let d = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    ok(&d, "resume after SIGKILL");
+    assert_eq!(steps(&run), [1, 2, 3, 4, 5]);
+    assert_eq!(latest(&run), "step-5");
+}
+
+#[test]
+fn of_two_fresh_starts_at_once_exactly_one_runs_and_config_toml_is_its_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let lrs = ["0.011", "0.022"];
+    let mut kids: Vec<Child> = lrs
+        .iter()
+        .map(|lr| {
+            let mut s = sets(&model, &run, 5);
+            s.push(format!("train.lr={lr}"));
+            let mut c = train_cmd(&s);
+            c.env("RLVR_DEBUG_HANG_AFTER_STEP", "1");
+            spawn(c)
+        })
+        .collect();
+    // The loser exits (non-zero); the winner hangs after step 1.
+    let mut loser = None;
+    wait_for("one start to fail", 120, || {
+        for (k, child) in kids.iter_mut().enumerate() {
+            if let Some(st) = child.try_wait().unwrap() {
+                loser = Some((k, st));
+                return true;
+            }
+        }
+        false
+    });
+    let (k, st) = loser.unwrap();
+    let winner = 1 - k;
+    assert!(!st.success(), "the second start succeeded");
+    let out = kids.remove(k).wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("in use by another rlvr process") || err.contains("already holds a run"),
+        "{err}"
+    );
+    wait_for("the winner's step 1", 120, || last_step(&run) == 1);
+    let cfg = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let has_lr = |lr: &str| cfg.lines().any(|l| l.trim() == format!("lr = {lr}"));
+    assert!(has_lr(lrs[winner]) && !has_lr(lrs[k]), "{cfg}");
+    let mut w = kids.pop().unwrap();
+    assert!(w.try_wait().unwrap().is_none(), "the winner stopped");
+    w.kill().unwrap();
+    w.wait().unwrap();
+    assert_eq!(steps(&run), [1]);
+}
+
+#[test]
+fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let child = spawn(train_cmd(&sets(&model, &run, 100_000)));
+    wait_for("step 2", 120, || last_step(&run) >= 2);
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["interrupted"], true);
+    let n = v["steps"].as_u64().unwrap();
+    assert!(n >= 2);
+    assert_eq!(latest(&run), format!("step-{n}"));
+    assert_eq!(last_step(&run), n);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("started (pid "), "{log}");
+    for t in 1..=n {
+        assert!(log.contains(&format!("step {t}/100000 loss ")), "{log}");
+    }
+    assert!(
+        log.contains(&format!("interrupted by SIGTERM after step {n}")),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_failing_verifier_after_step_4_saves_step_4_and_the_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    // Fails on its 5th call (step 5's batch), succeeds before and after; one call per step.
+    let script = tmp.path().join("score.sh");
+    let counter = tmp.path().join("calls");
+    std::fs::write(
+        &script,
+        format!(
+            "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}\n\
+             if [ $n -eq 5 ]; then echo 'verifier broke' >&2; exit 1; fi\n\
+             awk '{{ print \"{{\\\"reward\\\": \" (NR % 2) \"}}\" }}'\n",
+            c = counter.display()
+        ),
+    )
+    .unwrap();
+    let mut s = sets(&model, &run, 7);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\"], timeout_s = 60 }}",
+        script.display()
+    ));
+    let out = train_cmd(&s).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("verifier broke"), "{err}");
+    assert!(err.contains("after step 4; its state was saved"), "{err}");
+    // save_every = 0: without the error save, no checkpoint would exist.
+    assert_eq!(latest(&run), "step-4");
+    assert_eq!(steps(&run), [1, 2, 3, 4]);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains("error: ") && log.contains("verifier broke"),
+        "{log}"
+    );
+    let r = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    ok(&r, "resume");
+    assert_eq!(steps(&run), [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(latest(&run), "step-7");
+}
+
+#[test]
+fn init_and_sft_refuse_a_non_empty_output_unless_forced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let tok = tmp.path().join("tokenizer.json");
+    let init = |out: &Path, extra: &[&str]| {
+        rlvr()
+            .args(["init", "--hidden", "16", "--layers", "1", "--heads", "2"])
+            .arg("--tokenizer")
+            .arg(&tok)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // A sharded HuggingFace directory: refused; with --force, the stale shards go.
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for f in [
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "config.json",
+    ] {
+        std::fs::write(hf.join(f), "old").unwrap();
+    }
+    let out = init(&hf, &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not empty") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(hf.join("config.json")).unwrap(),
+        "old"
+    );
+    ok(&init(&hf, &["--force"]), "init --force");
+    assert!(!hf.join("model-00001-of-00002.safetensors").exists());
+    assert!(!hf.join("model.safetensors.index.json").exists());
+    assert!(hf.join("model.safetensors").exists());
+
+    // sft: --out = --model is refused even with --force; a non-empty --out without it.
+    let pairs = tmp.path().join("pairs.jsonl");
+    std::fs::write(&pairs, "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n").unwrap();
+    let sft = |out: &Path, extra: &[&str]| {
+        rlvr()
+            .args(["sft", "--steps", "1", "--model"])
+            .arg(&model)
+            .arg("--data")
+            .arg(&pairs)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let before = std::fs::read(model.join("model.safetensors")).unwrap();
+    let out = sft(&model, &["--force"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is the --model directory"), "{err}");
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        before
+    );
+    let out = sft(&hf, &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
+    ok(&sft(&hf, &["--force"]), "sft --force");
+    ok(
+        &sft(&tmp.path().join("new"), &[]),
+        "sft into a new directory",
+    );
+}
+
+#[test]
+fn zero_sizes_are_refused_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("tokenizer.json");
+    std::fs::write(&tok, tokenizer_json()).unwrap();
+    for (flag, extra) in [
+        ("--hidden", &["--hidden", "0"][..]),
+        ("--layers", &["--layers", "0"]),
+        ("--intermediate", &["--intermediate", "0"]),
+        (
+            "--max-position-embeddings",
+            &["--max-position-embeddings", "0"],
+        ),
+        ("--vocab-size", &["--vocab-size", "0"]),
+    ] {
+        let out = rlvr()
+            .args(["init", "--tokenizer"])
+            .arg(&tok)
+            .arg("--out")
+            .arg(tmp.path().join("m"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} 0 accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{flag} 0")), "{flag}: {err}");
+        assert!(!tmp.path().join("m").exists(), "{flag}: wrote a model");
+    }
+    let model = tiny_model(tmp.path());
+    for (flag, v) in [("--n", "0"), ("--limit", "0"), ("--max-new-tokens", "0")] {
+        let out = rlvr()
+            .args(["eval", "--task", "arithmetic", "--model"])
+            .arg(&model)
+            .args([flag, v])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "eval {flag} 0 accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{flag} 0")), "{flag}: {err}");
+    }
+}
