@@ -301,3 +301,63 @@ impl LastGood {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    #[test]
+    fn a_checkpoint_with_a_nan_or_inf_weight_is_refused() {
+        let config = rlvr_model::ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 16, "hidden_size": 8,
+                "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 32}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let m = rlvr_model::Model::random(config, 0.02, 0, DType::F32, &Device::Cpu).unwrap();
+        ensure_finite(&m).unwrap();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let (name, v) = m.named_vars().into_iter().last().unwrap();
+            let good = v.as_tensor().copy().unwrap();
+            let mut data = good.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            data[3] = bad;
+            v.set(&Tensor::from_vec(data, good.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+            let e = ensure_finite(&m).unwrap_err().to_string();
+            assert!(e.contains(&name) && e.contains("non-finite"), "{e}");
+            v.set(&good).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_error_saves_the_last_completed_step_only_when_it_is_whole_and_unsaved() {
+        let c = |g| SourceCursor::Offline { groups: g };
+        let err = || -> anyhow::Result<()> { Err(anyhow::anyhow!("verifier broke")) };
+        let mut g = LastGood::new(0, c(0));
+        // Nothing completed yet: nothing to save.
+        let r = g.save_after_error(err(), |_, _| panic!("saved step 0"));
+        assert_eq!(r.unwrap_err().to_string(), "verifier broke");
+        g.begin_update();
+        g.completed(4, c(8));
+        g.saved(2);
+        // Step 4 completed, step 2 saved: step 4 is saved with the cursor right after it.
+        let r = g.save_after_error(err(), |step, cur| {
+            assert_eq!((step, cur), (4, c(8)));
+            Ok(PathBuf::from("ckpt/step-4"))
+        });
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(e.contains("after step 4; its state was saved to ckpt/step-4"), "{e}");
+        assert!(e.ends_with("verifier broke"), "{e}");
+        // Mid-update (weights half way to step 5): no save.
+        g.begin_update();
+        let r = g.save_after_error(err(), |_, _| panic!("saved a half step"));
+        assert!(r.is_err());
+        // Already saved: no second save; and Ok passes through.
+        g.completed(5, c(10));
+        g.saved(5);
+        assert!(g.save_after_error(err(), |_, _| panic!("saved twice")).is_err());
+        assert!(g.save_after_error(Ok(()), |_, _| panic!("no error")).is_ok());
+    }
+}
