@@ -185,7 +185,8 @@ where
         .map(|(n, _)| n.chars().count())
         .max()
         .unwrap_or(0);
-    let legend_w = (longest as u32 * 7 + 50).clamp(80, width / 3);
+    // (Not clamp: a narrow --width makes width / 3 smaller than 80.)
+    let legend_w = (longest as u32 * 7 + 50).max(80).min(width / 3);
     let panels = root.split_evenly((metrics.len(), 1));
     for (k, (panel, metric)) in panels.iter().zip(metrics).enumerate() {
         let (plot_area, legend_area) = panel.split_horizontally(width - legend_w);

@@ -241,7 +241,10 @@ fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());
     let run = tmp.path().join("run");
-    let child = spawn(train_cmd(&sets(&model, &run, 100_000)));
+    // Run outside the repository: run.json's git_commit must still be the binary's commit.
+    let mut c = train_cmd(&sets(&model, &run, 100_000));
+    c.current_dir(tmp.path());
+    let child = spawn(c);
     wait_for("step 2", 120, || last_step(&run) >= 2);
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -262,6 +265,16 @@ fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
     assert!(n >= 2);
     assert_eq!(latest(&run), format!("step-{n}"));
     assert_eq!(last_step(&run), n);
+    let rj: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    assert_eq!(rj["git_commit"].as_str().map(str::to_string), head);
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("started (pid "), "{log}");
     for t in 1..=n {
