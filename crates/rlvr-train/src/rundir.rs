@@ -283,7 +283,10 @@ impl LastGood {
         r: anyhow::Result<T>,
         save: impl FnOnce(u64, SourceCursor) -> anyhow::Result<PathBuf>,
     ) -> anyhow::Result<T> {
-        let Err(e) = r else { return r };
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
         if self.updating || self.step == 0 || self.step <= self.saved {
             return Err(e);
         }
