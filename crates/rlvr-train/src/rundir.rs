@@ -326,7 +326,7 @@ mod tests {
             let good = v.as_tensor().copy().unwrap();
             let mut data = good.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             data[3] = bad;
-            v.set(&Tensor::from_vec(data, good.shape(), &Device::Cpu).unwrap())
+            v.set(&Tensor::from_vec(data, good.dims().to_vec(), &Device::Cpu).unwrap())
                 .unwrap();
             let e = ensure_finite(&m).unwrap_err().to_string();
             assert!(e.contains(&name) && e.contains("non-finite"), "{e}");
