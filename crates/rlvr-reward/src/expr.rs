@@ -31,6 +31,102 @@ pub enum Expr {
     Pow(Box<Expr>, Box<Expr>),
     /// Square root (or n-th root with an index).
     Root(Box<Expr>, Option<Box<Expr>>),
+    /// An elementary function applied to its argument (`\sin x`, `\ln(2)`).
+    Func(Func, Box<Expr>),
+}
+
+/// The elementary functions [`parse_expr`] reads (`\sin`, ..., `\arctan`, `\ln`, `\log`, `\exp`);
+/// `\sin^{-1}` is read as `\arcsin`, `\log_b x` as `\ln x / \ln b`, `\log x` as the natural log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Func {
+    /// sine
+    Sin,
+    /// cosine
+    Cos,
+    /// tangent
+    Tan,
+    /// secant
+    Sec,
+    /// cosecant
+    Csc,
+    /// cotangent
+    Cot,
+    /// arcsine
+    Asin,
+    /// arccosine
+    Acos,
+    /// arctangent
+    Atan,
+    /// natural logarithm
+    Ln,
+    /// exponential
+    Exp,
+}
+
+impl Func {
+    fn from_name(name: &str) -> Option<Func> {
+        Some(match name {
+            "sin" => Func::Sin,
+            "cos" => Func::Cos,
+            "tan" => Func::Tan,
+            "sec" => Func::Sec,
+            "csc" | "cosec" => Func::Csc,
+            "cot" => Func::Cot,
+            "arcsin" => Func::Asin,
+            "arccos" => Func::Acos,
+            "arctan" => Func::Atan,
+            "ln" | "log" => Func::Ln,
+            "exp" => Func::Exp,
+            _ => return None,
+        })
+    }
+    fn inverse(self) -> Option<Func> {
+        match self {
+            Func::Sin => Some(Func::Asin),
+            Func::Cos => Some(Func::Acos),
+            Func::Tan => Some(Func::Atan),
+            _ => None,
+        }
+    }
+    fn apply(self, x: f64) -> f64 {
+        match self {
+            Func::Sin => x.sin(),
+            Func::Cos => x.cos(),
+            Func::Tan => x.tan(),
+            Func::Sec => 1.0 / x.cos(),
+            Func::Csc => 1.0 / x.sin(),
+            Func::Cot => 1.0 / x.tan(),
+            Func::Asin => x.asin(),
+            Func::Acos => x.acos(),
+            Func::Atan => x.atan(),
+            Func::Ln => x.ln(),
+            Func::Exp => x.exp(),
+        }
+    }
+}
+
+/// Greek letters read as variables (each its own unknown).
+fn greek(name: &str) -> Option<char> {
+    const NAMES: &[(&str, char)] = &[
+        ("alpha", 'α'),
+        ("beta", 'β'),
+        ("gamma", 'γ'),
+        ("delta", 'δ'),
+        ("epsilon", 'ε'),
+        ("varepsilon", 'ε'),
+        ("theta", 'θ'),
+        ("vartheta", 'θ'),
+        ("lambda", 'λ'),
+        ("mu", 'μ'),
+        ("rho", 'ρ'),
+        ("sigma", 'σ'),
+        ("tau", 'τ'),
+        ("phi", 'φ'),
+        ("varphi", 'φ'),
+        ("psi", 'ψ'),
+        ("omega", 'ω'),
+    ];
+    NAMES.iter().find(|(n, _)| *n == name).map(|&(_, c)| c)
 }
 
 /// An evaluated value: exact when every step was rational, always with an `f64` approximation.
@@ -101,6 +197,7 @@ impl Expr {
                 },
                 f64::powf,
             ),
+            Func(f, a) => Value::approx(f.apply(a.eval(vars).approx)),
             Root(a, n) => {
                 let x = a.eval(vars).approx;
                 match n {
@@ -119,7 +216,7 @@ impl Expr {
                 out.insert(*c);
             }
             Num(_) | Pi => {}
-            Neg(a) => a.vars(out),
+            Neg(a) | Func(_, a) => a.vars(out),
             Root(a, n) => {
                 a.vars(out);
                 if let Some(n) = n {
@@ -161,6 +258,71 @@ impl Parser<'_> {
     fn starts(&self, p: &str) -> bool {
         self.s[self.i..].starts_with(p.as_bytes())
     }
+    /// The letters after a backslash at the cursor (`""` when the cursor is not on a command).
+    fn command_name(&self) -> &str {
+        if self.peek() != Some(b'\\') {
+            return "";
+        }
+        let rest = &self.s[self.i + 1..];
+        let n = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+        std::str::from_utf8(&rest[..n]).unwrap_or("")
+    }
+
+    /// A function application after its name: optional `^exp` and `_base`, then `(..)`, `{..}` or an
+    /// implicit product of atoms (`\sin 2x`, stopping before the next function: `\sin x \cos x`).
+    fn function(&mut self, f: Func) -> Option<Expr> {
+        let mut exp = None;
+        let mut base = None;
+        for _ in 0..2 {
+            if self.eat(b'^') {
+                exp = Some(self.script()?);
+            } else if self.eat(b'_') && f == Func::Ln {
+                base = Some(self.script()?);
+            }
+        }
+        let arg = if matches!(self.peek(), Some(b'(') | Some(b'{')) {
+            self.power()?
+        } else {
+            let mut a = self.power()?;
+            while self.starts_atom() && Func::from_name(self.command_name()).is_none() {
+                a = Expr::Mul(Box::new(a), Box::new(self.power()?));
+            }
+            a
+        };
+        let minus_one = Expr::Neg(Box::new(Expr::Num(Rational::from_int(1))));
+        let (f, exp) = match (exp, f.inverse()) {
+            (Some(e), Some(inv)) if e == minus_one => (inv, None),
+            (e, _) => (f, e),
+        };
+        let mut e = Expr::Func(f, Box::new(arg));
+        if let Some(b) = base {
+            e = Expr::Div(Box::new(e), Box::new(Expr::Func(Func::Ln, Box::new(b))));
+        }
+        Some(match exp {
+            Some(x) => Expr::Pow(Box::new(e), Box::new(x)),
+            None => e,
+        })
+    }
+
+    /// A superscript or subscript: `{..}`, `-x`, or a single digit or letter.
+    fn script(&mut self) -> Option<Expr> {
+        if self.peek() == Some(b'{') {
+            self.atom()
+        } else if self.peek() == Some(b'-') {
+            self.unary()
+        } else {
+            let c = self.peek()?;
+            self.i += 1;
+            if c.is_ascii_digit() {
+                Some(Expr::Num(Rational::from_int((c - b'0') as i128)))
+            } else if c.is_ascii_alphabetic() {
+                Some(Expr::Var(c as char))
+            } else {
+                None
+            }
+        }
+    }
+
     fn enter(&mut self) -> Option<()> {
         self.depth += 1;
         self.nodes += 1;
@@ -186,7 +348,12 @@ impl Parser<'_> {
     fn starts_atom(&self) -> bool {
         match self.peek() {
             Some(c) if c.is_ascii_alphanumeric() || c == b'(' || c == b'{' || c == b'.' => true,
-            Some(b'\\') => self.starts("\\frac") || self.starts("\\sqrt") || self.starts("\\pi"),
+            Some(b'\\') => {
+                let name = self.command_name();
+                matches!(name, "frac" | "sqrt" | "pi")
+                    || greek(name).is_some()
+                    || Func::from_name(name).is_some()
+            }
             _ => false,
         }
     }
@@ -226,22 +393,8 @@ impl Parser<'_> {
         self.enter()?;
         let base = self.atom()?;
         let e = if self.eat(b'^') {
-            let exp = if self.peek() == Some(b'{') {
-                self.atom()?
-            } else if self.peek() == Some(b'-') {
-                self.unary()?
-            } else {
-                // A single digit or letter: `x^23` is x²·3 in LaTeX.
-                let c = self.peek()?;
-                self.i += 1;
-                if c.is_ascii_digit() {
-                    Expr::Num(Rational::from_int((c - b'0') as i128))
-                } else if c.is_ascii_alphabetic() {
-                    Expr::Var(c as char)
-                } else {
-                    return None;
-                }
-            };
+            // A single digit or letter: `x^23` is x²·3 in LaTeX.
+            let exp = self.script()?;
             Expr::Pow(Box::new(base), Box::new(exp))
         } else {
             base
@@ -312,9 +465,15 @@ impl Parser<'_> {
                 None
             };
             Expr::Root(Box::new(self.group(b'{', b'}')?), index)
-        } else if self.starts("\\pi") {
+        } else if self.command_name() == "pi" {
             self.i += 3;
             Expr::Pi
+        } else if let Some(g) = greek(self.command_name()) {
+            self.i += 1 + self.command_name().len();
+            Expr::Var(g)
+        } else if let Some(f) = Func::from_name(self.command_name()) {
+            self.i += 1 + self.command_name().len();
+            self.function(f)?
         } else {
             return None;
         };
@@ -356,6 +515,136 @@ pub fn parse_expr(s: &str) -> Option<Expr> {
     };
     let e = p.expr()?;
     (p.i == s.len()).then_some(e)
+}
+
+/// Seed of the sample points of [`same_value`] and [`proportional`] (fixed: the same pair always gets
+/// the same verdict).
+pub const SAMPLE_SEED: u64 = 0x5EED_0017;
+/// Number of sample points: half with every variable in [0.5, 3), half in (-3, -0.5].
+pub const SAMPLE_POINTS: usize = 12;
+/// Relative tolerance of numeric agreement: `|x - y| <= REL_TOL * max(1, |x|, |y|)`.
+pub const REL_TOL: f64 = 1e-9;
+/// Fewest sample points at which both sides must be defined (finite) for a sampled verdict.
+pub const MIN_DEFINED: usize = 3;
+
+/// SplitMix64: a tiny seeded generator for the sample points.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The variables of both expressions, and for each sample point a value per variable.
+fn sample_points(a: &Expr, b: &Expr) -> (Vec<char>, Vec<Vec<f64>>) {
+    let mut set = BTreeSet::new();
+    a.vars(&mut set);
+    b.vars(&mut set);
+    let vars: Vec<char> = set.into_iter().collect();
+    let mut rng = SplitMix(SAMPLE_SEED);
+    let points = (0..SAMPLE_POINTS)
+        .map(|p| {
+            let sign = if p < SAMPLE_POINTS / 2 { 1.0 } else { -1.0 };
+            vars.iter()
+                .map(|_| sign * (0.5 + 2.5 * rng.next_f64()))
+                .collect()
+        })
+        .collect();
+    (vars, points)
+}
+
+fn eval_at(e: &Expr, vars: &[char], point: &[f64]) -> Value {
+    e.eval(&|c| {
+        vars.iter()
+            .position(|&v| v == c)
+            .map_or(f64::NAN, |k| point[k])
+    })
+}
+
+fn close(x: f64, y: f64) -> bool {
+    (x - y).abs() <= REL_TOL * x.abs().max(y.abs()).max(1.0)
+}
+
+/// True when `e` mentions no variable.
+pub fn is_constant(e: &Expr) -> bool {
+    let mut v = BTreeSet::new();
+    e.vars(&mut v);
+    v.is_empty()
+}
+
+/// Whether two expressions denote the same value (or the same function of their variables).
+///
+/// Both exact (rational, no variables): exact equality (`0.333` ≠ `\frac13`). Otherwise both are
+/// evaluated at [`SAMPLE_POINTS`] seeded points ([`SAMPLE_SEED`]); they agree when every point where
+/// one side is defined has the other defined too, at least [`MIN_DEFINED`] points are defined, and
+/// every defined point agrees within [`REL_TOL`] (relative, floor 1). Sampling can in principle accept
+/// two different functions that agree at every sample point; with 12 irrational points per variable this
+/// needs a contrived pair and never a plain wrong number.
+pub fn same_value(a: &Expr, b: &Expr) -> bool {
+    let (vars, points) = sample_points(a, b);
+    let mut defined = 0;
+    for p in &points {
+        let (x, y) = (eval_at(a, &vars, p), eval_at(b, &vars, p));
+        if let (Some(r), Some(q)) = (x.exact, y.exact) {
+            return r == q;
+        }
+        let (x, y) = (x.approx, y.approx);
+        if x.is_finite() != y.is_finite() {
+            return false;
+        }
+        if x.is_finite() {
+            if !close(x, y) {
+                return false;
+            }
+            defined += 1;
+        }
+        if vars.is_empty() {
+            break;
+        }
+    }
+    defined >= MIN_DEFINED || (vars.is_empty() && defined == 1)
+}
+
+/// Whether `a = 0` and `b = 0` are the same equation in the sense used for equations: `a = c · b` for
+/// one non-zero constant `c`, checked at the sample points of [`same_value`] (each side must mention a
+/// variable; points where both vanish are skipped, a point where only one vanishes refutes).
+pub fn proportional(a: &Expr, b: &Expr) -> bool {
+    if is_constant(a) || is_constant(b) {
+        return false;
+    }
+    let (vars, points) = sample_points(a, b);
+    let mut ratio: Option<f64> = None;
+    let mut defined = 0;
+    for p in &points {
+        let (x, y) = (eval_at(a, &vars, p).approx, eval_at(b, &vars, p).approx);
+        if x.is_finite() != y.is_finite() {
+            return false;
+        }
+        if !x.is_finite() {
+            continue;
+        }
+        let (zx, zy) = (x.abs() < 1e-12, y.abs() < 1e-12);
+        if zx || zy {
+            if zx != zy {
+                return false;
+            }
+            continue;
+        }
+        let r = x / y;
+        match ratio {
+            None => ratio = Some(r),
+            Some(r0) if !close(r0, r) => return false,
+            _ => {}
+        }
+        defined += 1;
+    }
+    defined >= MIN_DEFINED
 }
 
 #[cfg(test)]

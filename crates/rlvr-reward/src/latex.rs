@@ -38,7 +38,15 @@ const REPLACEMENTS: &[(&str, &str)] = &[
     ("~", ""),
     ("\\dfrac", "\\frac"),
     ("\\tfrac", "\\frac"),
+    ("\\cfrac", "\\frac"),
     ("\\mbox", "\\text"),
+    ("\\hbox", "\\text"),
+    ("\\textnormal", "\\text"),
+    ("\\textup", "\\text"),
+    ("\\textsf", "\\text"),
+    ("\\texttt", "\\text"),
+    ("\\mathit", "\\text"),
+    ("\\mathsf", "\\text"),
     ("\\textbf", "\\text"),
     ("\\textit", "\\text"),
     ("\\textrm", "\\text"),
@@ -58,6 +66,151 @@ const REPLACEMENTS: &[(&str, &str)] = &[
     ("\\times", "*"),
     ("\\{", "\u{2983}"),
     ("\\}", "\u{2984}"),
+    // Currency signs (`\$` above), unicode operators and superscripts.
+    ("\u{20AC}", ""),
+    ("\u{00A3}", ""),
+    ("\u{00A5}", ""),
+    ("\u{20B9}", ""),
+    ("\\euro", ""),
+    ("\\pounds", ""),
+    ("\u{00B2}", "^2"),
+    ("\u{00B3}", "^3"),
+    ("\u{00D7}", "*"),
+    ("\u{00B7}", "*"),
+    ("\u{00F7}", "/"),
+    ("\u{00B1}", "\\pm"),
+    ("\u{2213}", "\\mp"),
+    ("\u{221E}", "\\infty"),
+    ("\u{03C0}", "\\pi"),
+    ("\u{2248}", "\\approx"),
+    ("\u{2A7D}", "\u{2264}"),
+    ("\u{2A7E}", "\u{2265}"),
+    ("<=", "\u{2264}"),
+    (">=", "\u{2265}"),
+    ("!=", "\u{2260}"),
+    ("\\not=", "\u{2260}"),
+    ("+\\infty", "\\infty"),
+];
+
+/// LaTeX commands replaced only as whole command names (so `\le` does not eat `\leq` or `\left`):
+/// relations become one character each (`≤ ≥ ≠ < >`), `\lor`/`\vee` the [`OR_SEP`] connector, `\land`
+/// and `\wedge` a list comma.
+const COMMANDS: &[(&str, &str)] = &[
+    ("le", "\u{2264}"),
+    ("leq", "\u{2264}"),
+    ("leqslant", "\u{2264}"),
+    ("ge", "\u{2265}"),
+    ("geq", "\u{2265}"),
+    ("geqslant", "\u{2265}"),
+    ("ne", "\u{2260}"),
+    ("neq", "\u{2260}"),
+    ("lt", "<"),
+    ("gt", ">"),
+    ("nless", "\u{2265}"),
+    ("ngtr", "\u{2264}"),
+    ("nleq", ">"),
+    ("ngeq", "<"),
+    ("lor", "\u{2980}"),
+    ("vee", "\u{2980}"),
+    ("land", ","),
+    ("wedge", ","),
+    ("infin", "\\infty"),
+    ("hline", ""),
+];
+
+/// Private-use stand-in for "or" between answers (`x<2 \text{ or } x>3`, `\lor`): a list separator
+/// that also makes a union when the items are relations.
+pub const OR_SEP: char = '\u{2980}';
+
+/// Internal marker of a comma followed by a space at the top level: a list separator, never a
+/// thousands separator (`32, 349` is two numbers).
+const LIST_SEP: char = '\u{2985}';
+
+/// Unit words dropped after a value when written without `\text` (`125 miles`, `3 km/h`, `12 m^2`).
+const UNIT_WORDS: &[&str] = &[
+    "m",
+    "cm",
+    "mm",
+    "km",
+    "meter",
+    "meters",
+    "metre",
+    "metres",
+    "centimeter",
+    "centimeters",
+    "kilometer",
+    "kilometers",
+    "in",
+    "inch",
+    "inches",
+    "ft",
+    "foot",
+    "feet",
+    "yd",
+    "yard",
+    "yards",
+    "mi",
+    "mile",
+    "miles",
+    "mph",
+    "s",
+    "sec",
+    "second",
+    "seconds",
+    "min",
+    "minute",
+    "minutes",
+    "h",
+    "hr",
+    "hrs",
+    "hour",
+    "hours",
+    "day",
+    "days",
+    "week",
+    "weeks",
+    "month",
+    "months",
+    "year",
+    "years",
+    "g",
+    "kg",
+    "gram",
+    "grams",
+    "kilogram",
+    "kilograms",
+    "lb",
+    "lbs",
+    "pound",
+    "pounds",
+    "ounce",
+    "ounces",
+    "oz",
+    "l",
+    "ml",
+    "liter",
+    "liters",
+    "litre",
+    "litres",
+    "gallon",
+    "gallons",
+    "dollar",
+    "dollars",
+    "cent",
+    "cents",
+    "euro",
+    "euros",
+    "degree",
+    "degrees",
+    "unit",
+    "units",
+    "square",
+    "sq",
+    "cubic",
+    "people",
+    "students",
+    "percent",
+    "times",
 ];
 
 /// Index of the `}` matching the `{` at byte `open`, if any (linear scan).
@@ -78,8 +231,35 @@ pub(crate) fn matching_brace(s: &str, open: usize) -> Option<usize> {
     None
 }
 
-/// Removes `\text{ unit}` groups whose content starts with a space (units such as `\text{ cm}^2`), and
-/// unwraps every other `\text{...}` to its content.
+/// What a `\text{...}` group's content is, for [`strip_text`].
+fn text_role(inner: &str, seen_content: bool) -> TextRole {
+    let t = inner.trim();
+    match t {
+        "and" | "&" => return TextRole::Connector(","),
+        "or" => return TextRole::Connector("\u{2980}"),
+        _ => {}
+    }
+    // After a value, a group of letters (with `/`, `^`, digits, `.` and spaces) is a unit: `\text{ cm}^2`,
+    // `\text{meters}`, `\mbox{ inches}`, `\text{km/h}`. Before any value it is the answer itself
+    // (`\text{Evelyn}`, `\text{(C)}`).
+    let unit_like = t.starts_with(|c: char| c.is_alphabetic())
+        && t.chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, ' ' | '/' | '^' | '.' | '-' | '\''));
+    if seen_content && (unit_like || inner.starts_with(' ')) && !matches!(t, "e" | "i") {
+        TextRole::Unit
+    } else {
+        TextRole::Content
+    }
+}
+
+enum TextRole {
+    Unit,
+    Connector(&'static str),
+    Content,
+}
+
+/// Removes `\text{...}` units after a value (`\text{ cm}^2`, `\text{meters}`), turns the connector words
+/// `and` / `or` into a list comma / [`OR_SEP`], and unwraps every other `\text{...}` to its content.
 fn strip_text(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
@@ -94,21 +274,28 @@ fn strip_text(s: &str) -> String {
             (true, Some(close)) => {
                 let inner = &s[open + 1..close];
                 let mut next = close + 1;
-                let is_unit = inner.starts_with(' ') && seen_content;
-                if is_unit {
-                    // Drop a following exponent (`\text{ cm}^2`).
-                    let rest = &s[next..];
-                    if let Some(r) = rest.strip_prefix('^') {
-                        let n = if r.starts_with('{') {
-                            matching_brace(rest, 1).map(|c| c + 1).unwrap_or(1)
-                        } else {
-                            1 + r.chars().next().map(char::len_utf8).unwrap_or(0)
-                        };
-                        next += n;
+                match text_role(inner, seen_content) {
+                    TextRole::Unit => {
+                        // Drop a following exponent (`\text{ cm}^2`).
+                        let rest = &s[next..];
+                        if let Some(r) = rest.strip_prefix('^') {
+                            let n = if r.starts_with('{') {
+                                matching_brace(rest, 1).map(|c| c + 1).unwrap_or(1)
+                            } else {
+                                1 + r.chars().next().map(char::len_utf8).unwrap_or(0)
+                            };
+                            next += n;
+                        }
                     }
-                } else {
-                    out.push_str(inner);
-                    seen_content |= inner.chars().any(|c| !c.is_whitespace());
+                    TextRole::Connector(c) => {
+                        out.push(' ');
+                        out.push_str(c);
+                        out.push(' ');
+                    }
+                    TextRole::Content => {
+                        out.push_str(inner);
+                        seen_content |= inner.chars().any(|c| !c.is_whitespace());
+                    }
                 }
                 i = next;
             }
@@ -121,6 +308,118 @@ fn strip_text(s: &str) -> String {
     out.push_str(&s[i..]);
     out
 }
+
+/// Replaces whole LaTeX command names per [`COMMANDS`] (`\le` but not `\left`), in one pass.
+fn replace_commands(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(k) = rest.find('\\') {
+        out.push_str(&rest[..k]);
+        let after = &rest[k + 1..];
+        let n = after.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let name = &after[..n];
+        match COMMANDS.iter().find(|(c, _)| *c == name) {
+            Some((_, to)) if n > 0 => out.push_str(to),
+            _ => {
+                out.push('\\');
+                out.push_str(name);
+            }
+        }
+        rest = &after[n..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Joins digit groups written with LaTeX's explicit thousands separators `{,}` and `,\!` (spaces allowed
+/// after them): `14{,}916` → `14916`, `11,\! 111,\! 100` → `11111100`. A group must be exactly three
+/// digits after a digit.
+fn join_explicit_groups(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        let rest = &s[i..];
+        let sep = ["{,}", ",\\!"].iter().find(|p| rest.starts_with(**p));
+        if let Some(p) = sep {
+            let after = &rest[p.len()..];
+            let trimmed = after.trim_start();
+            let digits = trimmed.bytes().take_while(u8::is_ascii_digit).count();
+            if out.ends_with(|c: char| c.is_ascii_digit()) && digits == 3 {
+                i += p.len() + (after.len() - trimmed.len());
+                continue;
+            }
+        }
+        let c = rest.chars().next().unwrap_or(' ');
+        out.push(c);
+        i += c.len_utf8();
+    }
+    out
+}
+
+/// Marks commas followed by whitespace at bracket depth 0 as [`LIST_SEP`] (list separators).
+fn mark_list_commas(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut depth = 0i32;
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        match c {
+            '(' | '[' | '{' | SET_OPEN => depth += 1,
+            ')' | ']' | '}' | SET_CLOSE => depth -= 1,
+            _ => {}
+        }
+        if c == ',' && depth == 0 && it.peek().is_some_and(|n| n.is_whitespace()) {
+            out.push(LIST_SEP);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Drops unit words written without `\text` after a value (`125 miles`, `3 km/h`, `12 m^2`), while the
+/// text is still split by spaces. Only a trailing run of [`UNIT_WORDS`] directly after a token ending in
+/// a digit, `}` or `)` is dropped.
+fn strip_unit_words(s: &str) -> String {
+    let toks: Vec<&str> = s.split_whitespace().collect();
+    let is_unit = |t: &str| {
+        let base = t.split('^').next().unwrap_or(t);
+        let base = base.trim_end_matches(['.', ',']);
+        !base.is_empty()
+            && base
+                .split('/')
+                .all(|w| UNIT_WORDS.contains(&w.to_ascii_lowercase().as_str()))
+    };
+    let mut keep = toks.len();
+    while keep > 1 && is_unit(toks[keep - 1]) {
+        keep -= 1;
+    }
+    if keep == toks.len()
+        || !toks[keep - 1].ends_with(|c: char| c.is_ascii_digit() || c == '}' || c == ')')
+    {
+        return s.to_string();
+    }
+    toks[..keep].join(" ")
+}
+
+/// Deepest nesting of `( [ {` in `s` (linear).
+fn max_depth(s: &str) -> usize {
+    let (mut d, mut m) = (0usize, 0usize);
+    for b in s.bytes() {
+        match b {
+            b'(' | b'[' | b'{' => {
+                d += 1;
+                m = m.max(d);
+            }
+            b')' | b']' | b'}' => d = d.saturating_sub(1),
+            _ => {}
+        }
+    }
+    m
+}
+
+/// Deepest bracket nesting that [`normalize`] rewrites structurally; deeper input is only stripped of
+/// whitespace (keeps hostile input linear and the recursion shallow).
+pub const MAX_NORMALIZE_DEPTH: usize = 200;
 
 /// Wraps single-character arguments of `\frac` and `\sqrt` in braces: `\frac12` → `\frac{1}{2}`,
 /// `\frac9{19}` → `\frac{9}{19}`, `\sqrt2` → `\sqrt{2}`; and `^{2}` / `_{5}` single tokens lose braces.
@@ -220,27 +519,16 @@ fn is_grouped_number(s: &str) -> bool {
 /// assert_eq!(normalize(r"\frac{270}7\text{ degrees}"), r"\frac{270}{7}");
 /// ```
 pub fn normalize(answer: &str) -> String {
-    // LaTeX's row break `\\` first, so `\ ` (a spacing command) cannot eat half of it.
-    let mut s = answer
-        .trim()
-        .replace('\u{2212}', "-")
-        .replace("\\\\", &ROW_BREAK.to_string());
-    for (from, to) in REPLACEMENTS {
-        if s.contains(from) {
-            s = s.replace(from, to);
-        }
-    }
-    s = strip_text(&s);
-    s.retain(|c| !c.is_whitespace());
-    s = fix_args(&s);
-    s = unbrace_scripts(&s);
-    while s.ends_with('.') || s.ends_with(',') {
-        s.pop();
-    }
-    // Short left-hand side: `x=5` → `5`, `x\in[-2,7]` → `[-2,7]`.
-    if let Some((lhs, rhs)) = s.split_once("\\in") {
+    strip_short_label(normalize_keep_label(answer))
+}
+
+/// Drops a short left-hand side: `x=5` → `5`, `x\in[-2,7]` → `[-2,7]` (at most two characters before a
+/// single `=` or the `\in` command).
+fn strip_short_label(mut s: String) -> String {
+    if let Some(k) = find_command(&s, "in") {
+        let (lhs, rhs) = (&s[..k], &s[k + 3..]);
         if lhs.chars().count() <= 2 && !rhs.is_empty() {
-            s = rhs.to_string();
+            return rhs.to_string();
         }
     }
     if s.matches('=').count() == 1 {
@@ -250,7 +538,101 @@ pub fn normalize(answer: &str) -> String {
             }
         }
     }
-    if is_grouped_number(&s) {
+    s
+}
+
+/// Byte offset of the first `\name` in `s` that is the whole command name (`\in` but not `\infty`).
+pub(crate) fn find_command(s: &str, name: &str) -> Option<usize> {
+    let pat = format!("\\{name}");
+    s.match_indices(&pat)
+        .map(|(k, _)| k)
+        .find(|&k| !s[k + pat.len()..].starts_with(|c: char| c.is_ascii_alphabetic()))
+}
+
+/// Rewrites every matrix environment (`pmatrix`, `bmatrix`, `Bmatrix`, `smallmatrix`, `array` with its
+/// column spec) to `\begin{matrix}...\end{matrix}`, and drops brackets around a whole matrix
+/// (`\left[\begin{array}{cc}..\end{array}\right]`).
+fn canonical_matrix(s: &str) -> String {
+    if !s.contains("\\begin{") {
+        return s.to_string();
+    }
+    let mut out = s.to_string();
+    for env in ["pmatrix", "bmatrix", "Bmatrix", "smallmatrix", "array"] {
+        out = out.replace(&format!("\\end{{{env}}}"), "\\end{matrix}");
+        let open = format!("\\begin{{{env}}}");
+        while let Some(k) = out.find(&open) {
+            let mut end = k + open.len();
+            if env == "array" && out[end..].starts_with('{') {
+                end = matching_brace(&out, end).map_or(end, |c| c + 1);
+            }
+            out.replace_range(k..end, "\\begin{matrix}");
+        }
+    }
+    for (o, c) in [('[', ']'), ('(', ')')] {
+        if out.starts_with(o) && out.ends_with(c) {
+            let inner = &out[1..out.len() - 1];
+            if inner.starts_with("\\begin{matrix}") && inner.ends_with("\\end{matrix}") {
+                out = inner.to_string();
+            }
+        }
+    }
+    out
+}
+
+/// Turns the words `and` / `or` between answers into a list comma / [`OR_SEP`] (`6 and 8`).
+fn connector_words(s: &str) -> String {
+    if !s.contains(" and ") && !s.contains(" or ") {
+        return s.to_string();
+    }
+    s.replace(" and ", " , ")
+        .replace(" or ", &format!(" {OR_SEP} "))
+}
+
+/// [`normalize`] without dropping a short left-hand side (`x = 5` stays `x=5`): the MATH verifier strips
+/// labels itself, per list item and symmetrically, and needs equations whole.
+pub fn normalize_keep_label(answer: &str) -> String {
+    let trimmed = answer.trim();
+    if max_depth(trimmed) > MAX_NORMALIZE_DEPTH {
+        let mut s = trimmed.to_string();
+        s.retain(|c| !c.is_whitespace());
+        return s;
+    }
+    // LaTeX's row break `\\` first, so `\ ` (a spacing command) cannot eat half of it.
+    let mut s = join_explicit_groups(
+        &trimmed
+            .replace('\u{2212}', "-")
+            .replace("\\\\", &ROW_BREAK.to_string()),
+    );
+    for (from, to) in REPLACEMENTS {
+        if s.contains(from) {
+            s = s.replace(from, to);
+        }
+    }
+    s = replace_commands(&s);
+    s = strip_text(&s);
+    s = connector_words(&s);
+    s = strip_unit_words(&s);
+    s = mark_list_commas(&s);
+    s.retain(|c| !c.is_whitespace());
+    s = fix_args(&s);
+    s = unbrace_scripts(&s);
+    while s.ends_with(['.', ',', LIST_SEP]) {
+        s.pop();
+    }
+    s = canonical_matrix(&s);
+    if s.contains(LIST_SEP) {
+        let parts: Vec<String> = s
+            .split(LIST_SEP)
+            .map(|p| {
+                if is_grouped_number(p) {
+                    p.replace(',', "")
+                } else {
+                    p.to_string()
+                }
+            })
+            .collect();
+        s = parts.join(",");
+    } else if is_grouped_number(&s) {
         s.retain(|c| c != ',');
     }
     // A plain number followed by a unit word written without `\text` (`18.90dollars`, `30degrees`):

@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod answer;
 pub mod arithmetic;
 pub mod cli;
 pub mod combine;
