@@ -723,21 +723,6 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
         );
         return r;
     }
-    // Solution chains `a = b = c`: the last side is the answer (a label in front is kept).
-    let chain = split_top(p, "=");
-    if chain.len() > 2 {
-        let last = chain[chain.len() - 1];
-        let read = if is_label(chain[0]) {
-            format!("{}={last}", chain[0])
-        } else {
-            last.to_string()
-        };
-        cx.note(
-            depth,
-            format!("answer is a chain of {} sides: {read} is read", chain.len()),
-        );
-        return eq(g, &read, depth + 1, cx);
-    }
     // Lists, sets and `\pm` pairs.
     let (lg, lp) = (list_items(g), list_items(p));
     let rel_list = |s: &str| {
@@ -781,6 +766,21 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
                 }
             };
         }
+    }
+    // Solution chains `a = b = c`: the last side is the answer (a label in front is kept).
+    let chain = split_top(p, "=");
+    if chain.len() > 2 {
+        let last = chain[chain.len() - 1];
+        let read = if is_label(chain[0]) {
+            format!("{}={last}", chain[0])
+        } else {
+            last.to_string()
+        };
+        cx.note(
+            depth,
+            format!("answer is a chain of {} sides: {read} is read", chain.len()),
+        );
+        return eq(g, &read, depth + 1, cx);
     }
     if let Some(r) = eq_relations(g, p, depth, cx) {
         return r;

@@ -258,14 +258,26 @@ impl Parser<'_> {
     fn starts(&self, p: &str) -> bool {
         self.s[self.i..].starts_with(p.as_bytes())
     }
-    /// The letters after a backslash at the cursor (`""` when the cursor is not on a command).
+    /// The command name at the cursor (`""` when the cursor is not on a command). Whitespace is gone
+    /// after normalisation (`\cos x` → `\cosx`), so a known name that prefixes the letter run is the
+    /// command (the longest such name) and the rest is read after it.
     fn command_name(&self) -> &str {
         if self.peek() != Some(b'\\') {
             return "";
         }
         let rest = &self.s[self.i + 1..];
         let n = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
-        std::str::from_utf8(&rest[..n]).unwrap_or("")
+        let run = std::str::from_utf8(&rest[..n]).unwrap_or("");
+        let known = |name: &str| {
+            matches!(name, "frac" | "sqrt" | "pi")
+                || greek(name).is_some()
+                || Func::from_name(name).is_some()
+        };
+        (1..=run.len())
+            .rev()
+            .map(|k| &run[..k])
+            .find(|p| known(p))
+            .unwrap_or(run)
     }
 
     /// A function application after its name: optional `^exp` and `_base`, then `(..)`, `{..}` or an
@@ -520,7 +532,8 @@ pub fn parse_expr(s: &str) -> Option<Expr> {
 /// Seed of the sample points of [`same_value`] and [`proportional`] (fixed: the same pair always gets
 /// the same verdict).
 pub const SAMPLE_SEED: u64 = 0x5EED_0017;
-/// Number of sample points: half with every variable in [0.5, 3), half in (-3, -0.5].
+/// Number of sample points: a third with every variable in (0.1, 0.9), a third in (1.1, 3), a third in
+/// (-3, -0.1) (so domains such as `\arcsin`'s and `\ln`'s are met).
 pub const SAMPLE_POINTS: usize = 12;
 /// Relative tolerance of numeric agreement: `|x - y| <= REL_TOL * max(1, |x|, |y|)`.
 pub const REL_TOL: f64 = 1e-9;
@@ -550,9 +563,13 @@ fn sample_points(a: &Expr, b: &Expr) -> (Vec<char>, Vec<Vec<f64>>) {
     let mut rng = SplitMix(SAMPLE_SEED);
     let points = (0..SAMPLE_POINTS)
         .map(|p| {
-            let sign = if p < SAMPLE_POINTS / 2 { 1.0 } else { -1.0 };
+            let (lo, hi) = match p % 3 {
+                0 => (0.1, 0.9),
+                1 => (1.1, 3.0),
+                _ => (-3.0, -0.1),
+            };
             vars.iter()
-                .map(|_| sign * (0.5 + 2.5 * rng.next_f64()))
+                .map(|_| lo + (hi - lo) * rng.next_f64())
                 .collect()
         })
         .collect();

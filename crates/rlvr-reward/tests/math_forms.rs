@@ -1,0 +1,1043 @@
+//! Issue 17: the answer forms of MATH-500 golds and of model completions, each case with the reason it
+//! is right or wrong. Cases are written from MATH-500's gold formats (data/math500) and from the
+//! semantics Math-Verify's README documents; none is taken from Math-Verify's test suite.
+//!
+//! A case is `(gold, completion, expected, why)`; a completion without `\boxed` is boxed whole.
+
+use rlvr_reward::math::MathVerifier;
+use rlvr_reward::{Sample, Verifier};
+
+type Case = (&'static str, &'static str, bool, &'static str);
+
+fn run(class: &str, cases: &[Case]) {
+    let mut bad = Vec::new();
+    for &(gold, completion, expected, why) in cases {
+        let boxed;
+        let c = if completion.contains("\\boxed") {
+            completion
+        } else {
+            boxed = format!("so the answer is $\\boxed{{{completion}}}$.");
+            &boxed
+        };
+        let (s, text) = MathVerifier.explain(&Sample::new(c, gold));
+        if s.correct != expected {
+            bad.push(format!(
+                "[{class}] gold {gold:?} vs {completion:?}: expected {expected} ({why})\n{text}"
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
+}
+
+/// MATH-500 gold class: integers (e.g. `10`, `-2`, `0`).
+#[test]
+fn integers() {
+    run(
+        "integer",
+        &[
+            ("10", "10", true, "same integer"),
+            ("10", "10.0", true, "10.0 is exactly 10"),
+            (
+                "10",
+                "+10",
+                true,
+                "a leading plus does not change the value",
+            ),
+            ("-2", "-2", true, "same negative integer"),
+            ("-2", "2", false, "sign differs"),
+            ("0", "0", true, "zero"),
+            (
+                "0",
+                "5x - 7y + 11z + 4 = 0",
+                false,
+                "an equation with variables is not a chain ending in its value",
+            ),
+            (
+                "12",
+                "3 \\times 4 = 12",
+                true,
+                "a solution chain of constants reads its last side",
+            ),
+            (
+                "12",
+                "3 \\times 4 = 13",
+                false,
+                "the chain's stated result is wrong",
+            ),
+            (
+                "7",
+                "11a+c = 7",
+                false,
+                "an equation in variables is not the number 7",
+            ),
+            ("5", "x = 5", true, "label x dropped"),
+            ("5", "5x", false, "5x is an expression, not 5"),
+            (
+                "1000",
+                "1,000",
+                true,
+                "comma directly followed by three digits is a thousands separator",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: fractions (`\frac{3}{56}`, `\dfrac{17}{50}`, `\frac 34`, `\frac9{19}`, negative).
+#[test]
+fn fractions() {
+    run(
+        "fraction",
+        &[
+            ("\\frac{3}{56}", "\\dfrac{3}{56}", true, "\\dfrac is \\frac"),
+            ("\\dfrac{17}{50}", "0.34", true, "0.34 is exactly 17/50"),
+            ("\\frac 34", "\\tfrac{3}{4}", true, "shorthand and \\tfrac"),
+            ("\\frac9{19}", "9/19", true, "slash fraction"),
+            (
+                "\\frac{1}{3}",
+                "\\cfrac{1}{3}",
+                true,
+                "\\cfrac is a continued-fraction style \\frac",
+            ),
+            (
+                "\\frac{1}{3}",
+                "\\cfrac{2}{1+\\cfrac{5}{1}}",
+                true,
+                "a nested \\cfrac evaluates to 2/6",
+            ),
+            (
+                "-\\frac{24}{25}",
+                "\\frac{-24}{25}",
+                true,
+                "sign inside the numerator",
+            ),
+            ("-\\frac{24}{25}", "\\frac{24}{25}", false, "sign lost"),
+            (
+                "\\frac{1}{3}",
+                "0.333",
+                false,
+                "a finite decimal is not 1/3 (no \\approx)",
+            ),
+            (
+                "\\frac{1}{3}",
+                "0.33333333",
+                false,
+                "still a different rational",
+            ),
+            (
+                "\\frac{2}{3}",
+                "\\frac{4}{6}",
+                true,
+                "unreduced fraction, same value",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: decimals (`.0000672`, `0.15`, `326.5`).
+#[test]
+fn decimals() {
+    run(
+        "decimal",
+        &[
+            (".0000672", "0.0000672", true, "leading zero added"),
+            (
+                ".0000672",
+                "6.72 \\times 10^{-5}",
+                true,
+                "scientific notation, same value",
+            ),
+            ("0.15", "\\frac{3}{20}", true, "3/20 is exactly 0.15"),
+            ("326.5", "326.50", true, "trailing zero"),
+            ("326.5", "326", false, "truncated"),
+            (
+                "15",
+                "15\\%",
+                true,
+                "`\\%` is dropped like a unit (MATH golds write `15\\%` for 15)",
+            ),
+            (
+                "0.15",
+                "15\\%",
+                false,
+                "so 15% reads as 15, which is not 0.15",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: radicals, π and other irrational constants (`2\sqrt{5}`, `12\pi`,
+/// `\frac{\sqrt{3}}{3}`, `11\sqrt2`).
+#[test]
+fn radicals_and_pi() {
+    run(
+        "radical/pi",
+        &[
+            ("2\\sqrt{5}", "\\sqrt{20}", true, "same value"),
+            (
+                "\\frac{\\sqrt{3}}{3}",
+                "\\frac{1}{\\sqrt{3}}",
+                true,
+                "rationalised denominator, same value",
+            ),
+            ("11\\sqrt2", "11 \\sqrt{2}", true, "shorthand argument"),
+            ("12\\pi", "12 \\pi", true, "spacing"),
+            (
+                "12\\pi",
+                "37.70",
+                false,
+                "a bare decimal without \\approx is not 12π",
+            ),
+            (
+                "12\\pi",
+                "\\approx 37.70",
+                true,
+                "\\approx with two decimals: |12π − 37.70| < 0.01",
+            ),
+            (
+                "12\\pi",
+                "\\approx 37.5",
+                false,
+                "|12π − 37.5| ≈ 0.2 > 0.1, one unit of the last decimal",
+            ),
+            ("\\sqrt{53}", "\\sqrt{35}", false, "different radicand"),
+            ("18+2\\pi", "2(\\pi+9)", true, "factored, same value"),
+            ("\\frac{20000}{\\pi}", "20000/\\pi", true, "slash form"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: mixed numbers (`1\frac{4}{5}`, `137 \frac{1}{2}`).
+#[test]
+fn mixed_numbers() {
+    run(
+        "mixed number",
+        &[
+            ("1\\frac{4}{5}", "\\frac{9}{5}", true, "1 4/5 is 9/5"),
+            ("137 \\frac{1}{2}", "137.5", true, "137 1/2 is 137.5"),
+            (
+                "137 \\frac{1}{2}",
+                "\\frac{137}{2}",
+                false,
+                "137/2 is 68.5, not 137 1/2",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: numbers with thousands separators (`10,\!080`, `58,500`, `\$32,\!348`,
+/// `11,\! 111,\! 111,\! 100`), and the `{,}` / thin-space separators models write.
+#[test]
+fn thousands_separators() {
+    run(
+        "thousands",
+        &[
+            (
+                "10,\\!080",
+                "10080",
+                true,
+                "`,\\!` is a thousands separator",
+            ),
+            ("58,500", "58500", true, "comma then three digits"),
+            (
+                "11,\\! 111,\\! 111,\\! 100",
+                "11111111100",
+                true,
+                "`,\\!` groups with spaces after them",
+            ),
+            (
+                "14916",
+                "14{,}916",
+                true,
+                "`{,}` is MATH's own thousands separator",
+            ),
+            ("14916", "14\\,916", true, "thin space between groups"),
+            ("14916", "14\u{2009}916", true, "unicode thin space"),
+            (
+                "32349",
+                "32, 349",
+                false,
+                "a comma followed by a space separates two numbers",
+            ),
+            (
+                "32, 349",
+                "32,349",
+                false,
+                "and a comma directly followed by three digits is one number",
+            ),
+            ("\\$32,\\!348", "32348", true, "currency and separator"),
+            (
+                "1000.99",
+                "1,000.99€",
+                true,
+                "grouped decimal with a euro sign",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: degrees (`90^\circ`, `106^\circ`).
+#[test]
+fn degrees() {
+    run(
+        "degree",
+        &[
+            ("90^\\circ", "90", true, "degree sign dropped"),
+            ("90^\\circ", "90°", true, "unicode degree sign"),
+            ("90^\\circ", "90^{\\circ}", true, "braced"),
+            (
+                "90^\\circ",
+                "90 \\text{ degrees}",
+                true,
+                "unit word in \\text",
+            ),
+            ("90^\\circ", "90 degrees", true, "bare unit word"),
+            ("106^\\circ", "116^\\circ", false, "different angle"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: money (`\$18.90`, `\$36`) and other currency signs.
+#[test]
+fn currency() {
+    run(
+        "currency",
+        &[
+            ("\\$18.90", "18.9", true, "dollar sign and trailing zero"),
+            ("\\$18.90", "\\$18.90", true, "same"),
+            ("\\$36", "36 dollars", true, "unit word"),
+            ("\\$36", "€36", true, "euro sign dropped"),
+            ("\\$36", "£36", true, "pound sign dropped"),
+            ("\\$18.90", "\\$19.90", false, "different amount"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: units in `\text`/`\mbox` (`5.4 \text{ cents}`, `15\mbox{ cm}^2`,
+/// `\frac{270}7\text{ degrees}`), and the unit forms models write.
+#[test]
+fn units() {
+    run(
+        "units",
+        &[
+            (
+                "5.4 \\text{ cents}",
+                "5.4",
+                true,
+                "unit dropped on the gold",
+            ),
+            (
+                "15\\mbox{ cm}^2",
+                "15 \\text{cm}^2",
+                true,
+                "unit and its exponent dropped on both sides",
+            ),
+            (
+                "\\frac{270}7\\text{ degrees}",
+                "\\frac{270}{7}",
+                true,
+                "unit dropped",
+            ),
+            (
+                "\\frac{1}{3}",
+                "\\frac{1}{3} \\text{meters}",
+                true,
+                "\\text unit without a leading space",
+            ),
+            ("125", "125\\textnormal{ miles}", true, "\\textnormal unit"),
+            ("125", "125 \\mbox{miles}", true, "\\mbox unit"),
+            ("125", "125 miles", true, "bare unit word"),
+            ("12", "12 m²", true, "unicode square after a unit letter"),
+            (
+                "12",
+                "12 \\mathrm{~km/h}",
+                true,
+                "\\mathrm unit with a tilde",
+            ),
+            ("12", "13 \\text{ cm}", false, "wrong number with a unit"),
+            (
+                "\\text{Evelyn}",
+                "\\text{Evelyn}",
+                true,
+                "text answer, not a unit (nothing before it)",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: complex numbers (`-2 + 7i`, `1 - 12i`, `6+9i`).
+#[test]
+fn complex_numbers() {
+    run(
+        "complex",
+        &[
+            ("-2 + 7i", "7i - 2", true, "terms reordered"),
+            ("1 - 12i", "1-12i", true, "spacing"),
+            ("6+9i", "6-9i", false, "conjugate"),
+            ("1+2i", "(1+2i)", true, "outer parentheses"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: expressions in variables (`x^3+3x-6`, `2k+2`, `3R^2`, `(a+5)(b+2)`, `p - q`,
+/// `\cot x`, `\frac{11+9a}{20}`), symbolic equivalence by seeded sampling.
+#[test]
+fn expressions() {
+    run(
+        "expression",
+        &[
+            ("x^3+3x-6", "3x + x^3 - 6", true, "terms reordered"),
+            ("2k+2", "2(k+1)", true, "factored"),
+            ("2k+2", "2k+1", false, "different polynomial"),
+            ("3R^2", "3 R^{2}", true, "braced exponent"),
+            ("(a+5)(b+2)", "ab + 2a + 5b + 10", true, "expanded product"),
+            ("(a+5)(b+2)", "(a+2)(b+5)", false, "different product"),
+            ("p - q", "-(q - p)", true, "negated difference"),
+            ("\\cot x", "\\frac{\\cos x}{\\sin x}", true, "trig identity"),
+            ("\\cot x", "\\tan x", false, "different function"),
+            ("\\tan^2 y + 1", "\\sec^2 y", true, "Pythagorean identity"),
+            (
+                "\\frac{11+9a}{20}",
+                "\\frac{11}{20} + \\frac{9a}{20}",
+                true,
+                "split fraction",
+            ),
+            (
+                "x^5 - x^4 + x^3 - x^2 + x - 1",
+                "(x-1)(x^4+x^2+1)",
+                true,
+                "factored form",
+            ),
+            ("8n^2 + 4n + 1", "8n^2 + 4n", false, "constant term missing"),
+            ("\\sin^{-1} x", "\\arcsin x", true, "inverse sine notation"),
+            ("\\ln 8", "3\\ln 2", true, "log rule"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: ordered tuples (`(-1,6)`, `(1,-16,-4,43)`, `\left( 3, \frac{\pi}{2} \right)`).
+#[test]
+fn tuples() {
+    run(
+        "tuple",
+        &[
+            ("(-1,6)", "(-1, 6)", true, "spacing"),
+            ("(-1,6)", "(6,-1)", false, "a tuple is ordered"),
+            (
+                "(1,-16,-4,43)",
+                "\\left(1,-16,-4,43\\right)",
+                true,
+                "\\left/\\right",
+            ),
+            ("(1,-16,-4,43)", "(1,-16,-4)", false, "an element missing"),
+            (
+                "\\left( 3, \\frac{\\pi}{2} \\right)",
+                "(3, \\pi/2)",
+                true,
+                "elementwise equivalence",
+            ),
+            (
+                "(-1,6)",
+                "-1, 6",
+                false,
+                "a bare list is not an ordered pair (kept from the old verifier)",
+            ),
+            ("(-1,6)", "[-1,6]", false, "brackets differ"),
+            ("(p,q)=(3,2)", "(3,2)", true, "tuple label (p,q) dropped"),
+            (
+                "(3,2)",
+                "(p,q)=(3,2)",
+                true,
+                "label dropped on the answer side too",
+            ),
+            (
+                "(2,4)",
+                "2 < x < 4",
+                true,
+                "(a,b) may be an interval: a relation carrying both endpoints matches",
+            ),
+            (
+                "(8,-2)",
+                "8 < x < -2",
+                false,
+                "with 8 > -2 the gold can only be a point, not an interval",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: intervals (`(3,4]`, `(-\infty, 0]`, `(2,\infty)`,
+/// `\left[ \frac{\pi^2}{8}, \frac{5 \pi^2}{4} \right]`, `\left(\frac{3}{5},\frac{8}{3}\right]`).
+#[test]
+fn intervals() {
+    run(
+        "interval",
+        &[
+            ("(3,4]", "(3, 4]", true, "spacing"),
+            ("(3,4]", "[3,4]", false, "left endpoint closedness differs"),
+            ("(-\\infty, 0]", "(-\\infty,0]", true, "infinite endpoint"),
+            (
+                "(-\\infty, 0]",
+                "x \\le 0",
+                true,
+                "relation form of the interval",
+            ),
+            (
+                "(-\\infty, 0]",
+                "0 \\geq x",
+                true,
+                "flipped relation, direction normalised",
+            ),
+            (
+                "(-\\infty, 0]",
+                "x < 0",
+                false,
+                "open where the gold is closed",
+            ),
+            ("(2,\\infty)", "x > 2", true, "relation form"),
+            (
+                "(2,\\infty)",
+                "x+1 > 3",
+                false,
+                "the variable side must be a label, not an expression",
+            ),
+            (
+                "(2,\\infty)",
+                "y > x",
+                false,
+                "two variables describe no interval",
+            ),
+            (
+                "(0,1)",
+                "0<f(x)<1",
+                true,
+                "a bare interval gold accepts any single label, e.g. f(x)",
+            ),
+            (
+                "\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]",
+                "[\\pi^2/8, 5\\pi^2/4]",
+                true,
+                "elementwise",
+            ),
+            (
+                "\\left(\\frac{3}{5},\\frac{8}{3}\\right]",
+                "\\frac35 < x \\le \\frac83",
+                true,
+                "relation chain",
+            ),
+            (
+                "\\left(\\frac{3}{5},\\frac{8}{3}\\right]",
+                "\\frac35 < x < \\frac83",
+                false,
+                "right end open",
+            ),
+            (
+                "x \\in [-2,7]",
+                "-2 \\le x \\le 7",
+                true,
+                "membership gold against the relation",
+            ),
+            (
+                "x \\in [-2,7]",
+                "-2 \\le y \\le 7",
+                false,
+                "the gold names x; y is another variable",
+            ),
+            ("x \\in [-2,7]", "[-2,7]", true, "membership label dropped"),
+            (
+                "[-2,7]",
+                "x \\in [-2, 7]",
+                true,
+                "label dropped on the answer side",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: unions of intervals (`(-\infty, 2) \cup (3, \infty)`, `(0,9) \cup (9,36)`).
+#[test]
+fn unions() {
+    run(
+        "union",
+        &[
+            (
+                "(-\\infty, 2) \\cup (3, \\infty)",
+                "(-\\infty,2)\\cup(3,\\infty)",
+                true,
+                "spacing",
+            ),
+            (
+                "(-\\infty, 2) \\cup (3, \\infty)",
+                "x < 2 \\text{ or } x > 3",
+                true,
+                "relations joined by or",
+            ),
+            (
+                "(-\\infty, 2) \\cup (3, \\infty)",
+                "x < 2 \\lor x > 3",
+                true,
+                "\\lor",
+            ),
+            (
+                "(-\\infty, 2) \\cup (3, \\infty)",
+                "x < 2 \\text{ or } y > 3",
+                false,
+                "two different variables",
+            ),
+            (
+                "(-\\infty, 2) \\cup (3, \\infty)",
+                "x < 2",
+                false,
+                "half of the union",
+            ),
+            (
+                "(0,9) \\cup (9,36)",
+                "(0,36)",
+                false,
+                "9 is excluded from the gold",
+            ),
+            (
+                "(-\\infty, 5) \\cup (5, \\infty)",
+                "x \\neq 5",
+                true,
+                "negated equality is the union around 5",
+            ),
+            (
+                "(-\\infty, 5) \\cup (5, \\infty)",
+                "x \\ne 4",
+                false,
+                "wrong excluded point",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: bare lists of solutions (`1,-2`, `3, 5, 7`, `-2,1`), order-insensitive.
+#[test]
+fn lists() {
+    run(
+        "list",
+        &[
+            ("1,-2", "-2, 1", true, "a list of solutions is unordered"),
+            ("3, 5, 7", "7,5,3", true, "unordered"),
+            ("3, 5, 7", "3, 5", false, "an item missing"),
+            ("3, 5, 7", "3, 5, 7, 9", false, "an extra item"),
+            ("3, 5, 7", "\\{3,5,7\\}", true, "set of the same items"),
+            ("6 \\text{ and } 8", "6,8", true, "\"and\" separates items"),
+            ("6 and 8", "8, 6", true, "bare \"and\""),
+            ("AB=4, CD=5", "4, 5", true, "labels dropped per item"),
+            (
+                "4, 5",
+                "AB=4, CD=5",
+                true,
+                "labels dropped on the answer side too",
+            ),
+            ("1,-2", "x = 1, x = -2", true, "each item labelled"),
+            (
+                "1,-2",
+                "x = 1 \\text{ or } x = -2",
+                true,
+                "items joined by or",
+            ),
+            ("1,-2", "1", false, "a single answer for a two-answer gold"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: sets (`\{1\pm\sqrt{5},-2\}`) and unions of finite sets.
+#[test]
+fn sets() {
+    run(
+        "set",
+        &[
+            (
+                "\\{1\\pm\\sqrt{5},-2\\}",
+                "\\{-2, 1\\pm\\sqrt{5}\\}",
+                true,
+                "reordered",
+            ),
+            (
+                "\\{1\\pm\\sqrt{5},-2\\}",
+                "-2, 1+\\sqrt5, 1-\\sqrt5",
+                true,
+                "\\pm expanded into two items",
+            ),
+            (
+                "\\{1\\pm\\sqrt{5},-2\\}",
+                "-2, 1+\\sqrt5",
+                false,
+                "one root of the pair missing",
+            ),
+            (
+                "\\{1,2,3,4\\}",
+                "\\{1,3\\} \\cup \\{2,4\\}",
+                true,
+                "union of finite sets",
+            ),
+            ("\\{-2021, 2021\\}", "\\pm 2021", true, "\\pm pair"),
+            ("\\{5\\}", "5", true, "a one-element set and its element"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: `\pm` answers (`1 \pm \sqrt{19}`, `3 \pm 2 \sqrt{2}`).
+#[test]
+fn plus_minus() {
+    run(
+        "pm",
+        &[
+            ("1 \\pm \\sqrt{19}", "1\\pm\\sqrt{19}", true, "spacing"),
+            (
+                "1 \\pm \\sqrt{19}",
+                "1+\\sqrt{19}, 1-\\sqrt{19}",
+                true,
+                "both values listed",
+            ),
+            (
+                "3 \\pm 2 \\sqrt{2}",
+                "3 \\mp 2\\sqrt{2}",
+                true,
+                "\\mp gives the same pair",
+            ),
+            (
+                "3 \\pm 2 \\sqrt{2}",
+                "3 + 2\\sqrt{2}",
+                false,
+                "only one of the two",
+            ),
+            (
+                "1 \\pm \\sqrt{19}",
+                "\\boxed{1+\\sqrt{19}} and \\boxed{1-\\sqrt{19}}",
+                true,
+                "one box per value",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: equations (`y = 2x + 3`, `y = -2x`, `5x - 7y + 11z + 4 = 0`, `x=5`).
+#[test]
+fn equations() {
+    run(
+        "equation",
+        &[
+            ("y = 2x + 3", "y=3+2x", true, "same right side"),
+            ("y = 2x + 3", "2x + 3", true, "label y dropped"),
+            (
+                "y = 2x + 3",
+                "2x - y + 3 = 0",
+                true,
+                "same line, other arrangement",
+            ),
+            ("y = 2x + 3", "y = 3x + 2", false, "different line"),
+            ("y = -2x", "2x + y = 0", true, "same line"),
+            (
+                "5x - 7y + 11z + 4 = 0",
+                "-5x + 7y - 11z - 4 = 0",
+                true,
+                "both sides negated",
+            ),
+            (
+                "5x - 7y + 11z + 4 = 0",
+                "10x - 14y + 22z + 8 = 0",
+                true,
+                "scaled by 2",
+            ),
+            (
+                "5x - 7y + 11z + 4 = 0",
+                "5x - 7y + 11z = -4",
+                true,
+                "constant moved across",
+            ),
+            (
+                "5x - 7y + 11z + 4 = 0",
+                "5x - 7y + 11z + 4",
+                false,
+                "an expression is not the plane",
+            ),
+            (
+                "2x+4y-3=0",
+                "y=-\\frac12x+\\frac34",
+                true,
+                "same solution set",
+            ),
+            ("x^2 = 4", "x = 2", false, "not the same solution set"),
+            (
+                "7 = 11a+c",
+                "11a+c",
+                false,
+                "gold number-equation is not matched by one side",
+            ),
+            (
+                "7 = 11a+c",
+                "11a + c = 7",
+                true,
+                "the same equation with sides swapped",
+            ),
+            ("x=5", "5", true, "label dropped"),
+            ("x=5", "5 = x", true, "label on the right"),
+            ("f(x)=1", "1", true, "function label dropped"),
+            (
+                "1",
+                "f(x) = 1",
+                true,
+                "function label dropped on the answer side",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: matrices and vectors (`pmatrix`).
+#[test]
+fn matrices() {
+    run(
+        "matrix",
+        &[
+            (
+                "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+                "\\begin{bmatrix} -1 & 0 \\\\ 0 & -1 \\end{bmatrix}",
+                true,
+                "bmatrix and pmatrix hold the same matrix",
+            ),
+            (
+                "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+                "\\left[ \\begin{array}{cc} -1 & 0 \\\\ 0 & -1 \\end{array} \\right]",
+                true,
+                "array in brackets",
+            ),
+            (
+                "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+                "\\begin{pmatrix} -1 & 0 \\\\ 0 & 1 \\end{pmatrix}",
+                false,
+                "one cell differs",
+            ),
+            (
+                "\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}",
+                "\\begin{pmatrix} \\frac{1}{5} \\\\ -\\frac{18}{5} \\end{pmatrix}",
+                true,
+                "cells compared by value",
+            ),
+            (
+                "\\begin{pmatrix} -18 \\\\ -49 \\\\ 96 \\end{pmatrix}",
+                "\\begin{pmatrix} -18 & -49 & 96 \\end{pmatrix}",
+                false,
+                "a row is not a column",
+            ),
+        ],
+    );
+}
+
+/// MATH-500 gold class: numbers in a base (`204_5`, `4210_{5}`).
+#[test]
+fn bases() {
+    run(
+        "base",
+        &[
+            ("204_5", "204_{5}", true, "braced subscript"),
+            ("4210_{5}", "4210_5", true, "unbraced subscript"),
+            ("204_5", "204_6", false, "different base"),
+            ("204_5", "204", false, "base dropped"),
+        ],
+    );
+}
+
+/// MATH-500 gold class: text and multiple choice (`\text{Evelyn}`, `\text{east}`, `\text{(B)}`).
+#[test]
+fn text_answers() {
+    run(
+        "text",
+        &[
+            ("\\text{Evelyn}", "Evelyn", true, "text unwrapped"),
+            (
+                "\\text{east}",
+                "\\text{seat}",
+                false,
+                "different word with the same letters",
+            ),
+            ("\\text{(B)}", "B", true, "choice letter"),
+            ("\\text{(B)}", "(B)", true, "choice in parentheses"),
+            ("\\text{(B)}", "C", false, "other choice"),
+            ("\\text{even}", "\\textnormal{even}", true, "\\textnormal"),
+        ],
+    );
+}
+
+/// Completions with several boxes: a multi-answer gold reads all of them; a single-answer gold reads
+/// only the last.
+#[test]
+fn several_boxes() {
+    run(
+        "boxes",
+        &[
+            (
+                "1,-2",
+                "So $\\boxed{-2}$ and $\\boxed{1}$.",
+                true,
+                "one box per solution",
+            ),
+            (
+                "1,-2",
+                "$\\boxed{-2}$, $\\boxed{1}$ and again $\\boxed{1}$",
+                true,
+                "a repeated box counts once",
+            ),
+            (
+                "1,-2",
+                "$\\boxed{-2}$ and $\\boxed{3}$",
+                false,
+                "second solution wrong",
+            ),
+            (
+                "1,-2",
+                "$\\boxed{-2}$, $\\boxed{1}$, $\\boxed{3}$",
+                false,
+                "an extra wrong box is not ignored",
+            ),
+            (
+                "1,-2",
+                "first $\\boxed{-2}$ then $\\boxed{-2, 1}$",
+                true,
+                "the last box alone holds both",
+            ),
+            (
+                "5",
+                "$\\boxed{3}$ ... no, $\\boxed{5}$",
+                true,
+                "single-answer gold: last box",
+            ),
+            (
+                "5",
+                "$\\boxed{5}$ ... no, $\\boxed{3}$",
+                false,
+                "single-answer gold: only the last box counts",
+            ),
+            (
+                "\\{-2021, 2021\\}",
+                "$\\boxed{2021}$ or $\\boxed{-2021}$",
+                true,
+                "set from boxes",
+            ),
+        ],
+    );
+}
+
+/// Relations and inequalities against relations: direction normalised, `\ge` / `>=` / `≥` alike.
+#[test]
+fn relations() {
+    run(
+        "relation",
+        &[
+            ("x \\geq 5", "x >= 5", true, "ASCII >="),
+            ("x \\geq 5", "x \u{2265} 5", true, "unicode ≥"),
+            ("x \\geq 5", "5 \\leq x", true, "flipped sides"),
+            ("x \\geq 5", "x \\geqslant 5", true, "\\geqslant"),
+            ("x \\geq 5", "x > 5", false, "strict vs non-strict"),
+            ("x \\geq 5", "x \\leq 5", false, "opposite direction"),
+            ("x \\geq 5", "y \\geq 5", false, "another variable"),
+            (
+                "x \\geq 5",
+                "[5, \\infty)",
+                true,
+                "the interval the relation describes",
+            ),
+            (
+                "-2 \\le x \\le 7",
+                "x \\in [-2,7]",
+                true,
+                "relation gold against membership",
+            ),
+            ("a \\neq 2", "2 \\neq a", true, "≠ is symmetric"),
+            ("x \\geq 5", "5", false, "a number is not a relation"),
+        ],
+    );
+}
+
+/// `\approx` answers, with the stated tolerance (one unit in the last written decimal, at most 1%).
+#[test]
+fn approximations() {
+    run(
+        "approx",
+        &[
+            (
+                "\\frac{1}{3}",
+                "\\approx 0.33",
+                true,
+                "two decimals, within 0.01 and 1%",
+            ),
+            (
+                "\\frac{1}{3}",
+                "\\approx 0.3",
+                false,
+                "off by 0.033: more than 1% of the value",
+            ),
+            (
+                "\\frac{1}{3}",
+                "\\frac{1}{3} \\approx 0.333",
+                true,
+                "the exact side before \\approx matches",
+            ),
+            (
+                "\\frac{1}{3}",
+                "x = \\frac{1}{3} \\approx 0.33",
+                true,
+                "label and exact side",
+            ),
+            ("\\sqrt{2}", "\\approx 1.414", true, "three decimals"),
+            (
+                "\\sqrt{2}",
+                "\\approx 1.42",
+                true,
+                "|√2 − 1.42| < 0.01: one unit of the last decimal is allowed",
+            ),
+            ("\\sqrt{2}", "\\approx 1.43", false, "|√2 − 1.43| > 0.01"),
+            (
+                "0.003",
+                "\\approx 0",
+                false,
+                "\\approx 0 never matches a non-zero gold",
+            ),
+            ("\\pi", "\\approx 3.14", true, "π to two decimals"),
+            ("\\pi", "3.14", false, "a bare decimal is not π"),
+        ],
+    );
+}
+
+/// Solution chains: the last side is the answer.
+#[test]
+fn chains() {
+    run(
+        "chain",
+        &[
+            (
+                "12",
+                "3 \\cdot 4 = 12",
+                true,
+                "a chain of constants reads its last side",
+            ),
+            ("12", "x = 3 \\cdot 4 = 12", true, "label, working, result"),
+            (
+                "12",
+                "x = 12 = 13",
+                false,
+                "the last side is the result, and it is wrong",
+            ),
+            (
+                "2k+2",
+                "f(k) = 2(k+1) = 2k+2",
+                true,
+                "chain ending in an expression",
+            ),
+            (
+                "7",
+                "11a + c = 7",
+                false,
+                "an equation in variables is not a chain",
+            ),
+        ],
+    );
+}
