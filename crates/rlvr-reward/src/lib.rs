@@ -34,10 +34,13 @@ pub mod expr;
 pub mod external;
 pub mod extract;
 pub mod format;
+pub mod forms;
 pub mod gsm8k;
 pub mod latex;
+pub mod latex_rules;
 pub mod math;
 pub mod number;
+pub mod sampling;
 
 use serde::Serialize;
 

@@ -27,14 +27,14 @@
 //!   rounds floats (6 digits), so `0.333333` may match `\frac13`; rlvr never equates a finite decimal with a
 //!   different rational (`0.333` ≠ `\frac13`) unless the answer says `\approx`.
 //! - **`\approx`**: a decimal after `\approx` matches when within one unit of its last written decimal
-//!   place and within [`crate::answer::APPROX_REL`] (1%) of the exact value (`\approx 0.33` matches
+//!   place and within [`crate::forms::APPROX_REL`] (1%) of the exact value (`\approx 0.33` matches
 //!   `\frac13`, `\approx 0.3` does not, `\approx 0` matches no non-zero gold); an exact side before the
 //!   `\approx` may match instead (`\frac13 \approx 0.33`).
 //! - **Expressions**: symbolic equivalence by seeded numeric evaluation: both sides are parsed (numbers,
 //!   variables, Greek letters, `\pi`, `\frac`, `\sqrt`, powers, `\sin`...`\arctan`, `\sec`/`\csc`/`\cot`,
 //!   `\ln`/`\log`, `\exp`) and evaluated at 12 points drawn with a fixed seed
-//!   ([`crate::expr::SAMPLE_SEED`]); they agree when every point agrees within relative 1e-9
-//!   ([`crate::expr::REL_TOL`]) and both are defined at the same points (at least 3). So `\sec^2 y` =
+//!   ([`crate::sampling::SAMPLE_SEED`]); they agree when every point agrees within relative 1e-9
+//!   ([`crate::sampling::REL_TOL`]) and both are defined at the same points (at least 3). So `\sec^2 y` =
 //!   `\tan^2 y + 1` and `(x+1)^2` = `x^2+2x+1`. Math-Verify uses SymPy's `simplify`; sampling decides the
 //!   same pairs for the expressions answers contain and is bounded in time.
 //! - **Lists and sets**: a set `\{..\}`, a bare list `a, b`, "`a` and `b`", a union of finite sets and the

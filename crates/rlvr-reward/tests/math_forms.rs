@@ -5,7 +5,7 @@
 //! A case is `(gold, completion, expected, why)`; a completion without `\boxed` is boxed whole.
 
 use rlvr_reward::math::MathVerifier;
-use rlvr_reward::{Sample, Verifier};
+use rlvr_reward::Sample;
 
 type Case = (&'static str, &'static str, bool, &'static str);
 
