@@ -40,11 +40,16 @@ impl Ctx {
     }
 }
 
-/// Compares a normalised gold answer with a normalised predicted one (gold first).
+/// Compares a normalised gold answer with a normalised predicted one (gold first), with reasons.
 pub fn compare(gold: &str, pred: &str) -> Judgement {
+    compare_with(gold, pred, true)
+}
+
+/// [`compare`]; with `explain` off no reasons are recorded (the scoring path).
+pub fn compare_with(gold: &str, pred: &str, explain: bool) -> Judgement {
     let mut cx = Ctx {
         reasons: Vec::new(),
-        quiet: false,
+        quiet: !explain,
     };
     let equal = eq(gold, pred, 0, &mut cx);
     Judgement {

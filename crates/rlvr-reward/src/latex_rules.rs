@@ -51,6 +51,11 @@ pub(crate) const REPLACEMENTS: &[(&str, &str)] = &[
     ("$", ""),
     ("\\cdot", "*"),
     ("\\times", "*"),
+    ("\\lbrace", "\\{"),
+    ("\\rbrace", "\\}"),
+    ("\\mathbb{R}", "(-\\infty,\\infty)"),
+    ("\\varnothing", "\\emptyset"),
+    ("\u{221A}", "\\sqrt"),
     ("\\{", "\u{2983}"),
     ("\\}", "\u{2984}"),
     // Currency signs (`\$` above), unicode operators and superscripts.

@@ -66,8 +66,9 @@
 //!   side compare right sides (`x = 5` = `y = 5`, as a label is dropped). Math-Verify compares equations
 //!   symbolically; proportionality is stricter (`x^2 = 4` is not `x = 2`, rightly).
 //! - **Solution chains**: in the answer, `a = b = c` reads as its last side (a label in front kept), and
-//!   an unlabelled `expr = c` with a constant right side reads as `c` (`3 \times 4 = 12` → 12). Earlier
-//!   sides are working and are not checked; the chain states its last side as the result.
+//!   an unlabelled `a = c` with constant sides reads as `c` (`3 \times 4 = 12` → 12). Earlier sides are
+//!   working and are not checked; the chain states its last side as the result. *Asymmetry*: an equation
+//!   with a variable (`11a + c = 7`, `5x - 7y + 4 = 0`) is not a chain and never matches a number gold.
 //! - **Matrices**: every matrix environment compares cell by cell. Vectors are not equated with tuples.
 //! - **Text** answers (`\text{Evelyn}`, `(C)`) compare as written after normalisation.
 //!
@@ -76,7 +77,7 @@
 //! recursion stops at depth 16; unordered matching is used for lists of at most 64 items; at most
 //! [`MAX_BOXES`] boxes are read.
 
-use crate::answer::{compare, describe, Judgement};
+use crate::answer::{compare, compare_with, describe, Judgement};
 use crate::extract::{all_boxed, last_boxed};
 use crate::latex::normalize_keep_label;
 use crate::{Sample, Score, Verifier};
@@ -130,6 +131,7 @@ impl MathVerifier {
 
     /// Scores `sample`, writing the explanation to `log` when given.
     fn run(&self, sample: &Sample<'_>, mut log: Option<&mut String>) -> Score {
+        let explain = log.is_some();
         let mut say = |f: &dyn Fn() -> String| {
             if let Some(l) = log.as_deref_mut() {
                 l.push_str(&f());
@@ -163,18 +165,18 @@ impl MathVerifier {
                 describe(&ln)
             )
         });
-        let mut j = compare(&gn, &ln);
+        let mut j = compare_with(&gn, &ln, explain);
         let mut extracted = last.to_string();
         if !j.equal && multi && boxes.len() > 1 {
             let mut kept: Vec<String> = Vec::new();
             for b in &boxes[boxes.len().saturating_sub(MAX_BOXES)..] {
                 let n = normalize_keep_label(b);
-                if !n.is_empty() && !kept.iter().any(|k| compare(k, &n).equal) {
+                if !n.is_empty() && !kept.iter().any(|k| compare_with(k, &n, false).equal) {
                     kept.push(n);
                 }
             }
             let joined = kept.join(",");
-            let all = compare(&gn, &joined);
+            let all = compare_with(&gn, &joined, explain);
             say(&|| {
                 format!(
                     "  the gold has several answers: all {} boxes read as one list {joined:?}: {}\n",

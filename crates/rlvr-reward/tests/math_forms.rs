@@ -1041,3 +1041,190 @@ fn chains() {
         ],
     );
 }
+
+/// Attempts to collect a reward without the answer: each must score 0.
+#[test]
+fn unhackable() {
+    run(
+        "hack",
+        &[
+            (
+                "5",
+                "\\boxed{1} \\boxed{2} \\boxed{3} \\boxed{4} \\boxed{5} \\boxed{6}",
+                false,
+                "boxing every candidate: a single gold reads the last box only",
+            ),
+            (
+                "1,-2",
+                "\\boxed{1} \\boxed{-2} \\boxed{0} \\boxed{3}",
+                false,
+                "boxing extra candidates: the set of boxes must equal the gold set",
+            ),
+            (
+                "5",
+                "1, 2, 3, 4, 5",
+                false,
+                "a list containing the gold is not the gold",
+            ),
+            (
+                "5",
+                "5, 5",
+                false,
+                "a two-item list is not a single answer, even with equal items",
+            ),
+            ("5", "x \\ge 5", false, "a relation is not a number"),
+            (
+                "(0,1)",
+                "0 < x+1 < 1",
+                false,
+                "an expression in the middle describes another interval",
+            ),
+            (
+                "(0,1)",
+                "(-\\infty, \\infty)",
+                false,
+                "everything is not the interval",
+            ),
+            (
+                "(0,1)",
+                "\\mathbb{R}",
+                false,
+                "the real line is not the interval",
+            ),
+            ("7 = 11a+c", "11a+c", false, "one side of the gold equation"),
+            (
+                "7 = 11a+c",
+                "7",
+                false,
+                "the other side of the gold equation",
+            ),
+            (
+                "0",
+                "x - x = 0",
+                false,
+                "an identity with a variable is not a chain",
+            ),
+            (
+                "\\frac{1}{3}",
+                "\\approx 0",
+                false,
+                "\\approx with no precision",
+            ),
+            ("32349", "32, 349", false, "two numbers are not one"),
+            ("\\sqrt{2}", "\\frac{0}{0}", false, "undefined"),
+            (
+                "x^2+1",
+                "x^2+1+0\\cdot y",
+                true,
+                "a variable with coefficient zero does not change the function",
+            ),
+            (
+                "x^2+1",
+                "x^2 + 1.0000001",
+                false,
+                "beyond the 1e-9 relative tolerance",
+            ),
+            (
+                "2",
+                "\\sqrt{4}",
+                true,
+                "an irrational-looking form with a rational value",
+            ),
+            ("y = 2x + 3", "y", false, "the label alone"),
+            (
+                "\\text{Evelyn}",
+                "\\text{Evelyn or Navin}",
+                false,
+                "hedging between names",
+            ),
+        ],
+    );
+}
+
+/// The misses issue 17 lists, one case each (forms models trained on NuminaMath/OpenThoughts write).
+#[test]
+fn issue_17_examples() {
+    run(
+        "issue",
+        &[
+            ("6 and 8", "6,8", true, "gold in words, answer as a list"),
+            (
+                "AB=4, CD=5",
+                "4, 5",
+                true,
+                "labelled gold against bare values",
+            ),
+            (
+                "-2, 1",
+                "$\\boxed{-2}$ and $\\boxed{1}$",
+                true,
+                "several boxes",
+            ),
+            ("x \\geq 5", "x >= 5", true, "ASCII relation"),
+            (
+                "x \\geq 5",
+                "5 \\geq x",
+                false,
+                "flipped sides reverse the meaning: 5 ≥ x is x ≤ 5",
+            ),
+            (
+                "x \\geq 5",
+                "5 \\leq x",
+                true,
+                "flipped sides with the flipped symbol",
+            ),
+            ("(p,q)=(3,2)", "(3,2)", true, "labelled tuple gold"),
+            ("f(x)=1", "1", true, "labelled function value"),
+            (
+                "\\frac{1}{3}",
+                "\\frac{1}{3} \\text{meters}",
+                true,
+                "unit in \\text",
+            ),
+            (
+                "125",
+                "125\\textnormal{ miles}",
+                true,
+                "unit in \\textnormal",
+            ),
+            ("1000.99", "1,000.99€", true, "euro sign and separator"),
+            ("5", "5 m²", true, "unit with a superscript"),
+            ("(0,1)", "0<f(x)<1", true, "relation against interval"),
+            (
+                "x \\in [-2,7]",
+                "-2 \\le x \\le 7",
+                true,
+                "relation against membership",
+            ),
+            (
+                "2x+4y-3=0",
+                "y=-\\frac12x+\\frac34",
+                true,
+                "equivalent equations",
+            ),
+            ("\\frac{1}{3}", "\\approx 0.333", true, "\\approx"),
+            ("14916", "14{,}916", true, "MATH's thousands separator"),
+            ("\\frac{2}{3}", "\\cfrac{2}{3}", true, "\\cfrac"),
+            (
+                "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+                "\\left[ \\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array} \\right]",
+                true,
+                "array matrix in brackets",
+            ),
+            ("\\tan^2 y + 1", "\\sec^2 y", true, "trig identity"),
+            ("\\{-2021, 2021\\}", "\\pm 2021", true, "\\pm against a set"),
+            (
+                "32349",
+                "32, 349",
+                false,
+                "false positive: a list, not a number",
+            ),
+            (
+                "7 = 11a+c",
+                "11a+c",
+                false,
+                "false positive: one side of the gold equation",
+            ),
+        ],
+    );
+}
