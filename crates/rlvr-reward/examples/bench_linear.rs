@@ -114,7 +114,12 @@ fn main() {
             "math, multi-answer gold, every box read",
             Box::new(MathVerifier),
             Box::new(|n| {
-                build("", "If $x \\geq 2$ then $f(x) = 14{,}916$; try \\boxed{-2} and \\boxed{1}. ", "", n)
+                build(
+                    "",
+                    "If $x \\geq 2$ then $f(x) = 14{,}916$; try \\boxed{-2} and \\boxed{1}. ",
+                    "",
+                    n,
+                )
             }),
             "1 \\pm \\sqrt{2}, -2, 1".into(),
         ),

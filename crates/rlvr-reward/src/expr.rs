@@ -13,7 +13,8 @@ use std::collections::BTreeSet;
 pub enum Expr {
     /// An exact number.
     Num(Rational),
-    /// A single-letter variable (also `i`, `e`: treated as unknowns, compared symbolically by sampling).
+    /// A single-letter variable (`i` too: an unknown, compared symbolically by sampling); `e` is Euler's
+    /// number.
     Var(char),
     /// π.
     Pi,
@@ -33,6 +34,40 @@ pub enum Expr {
     Root(Box<Expr>, Option<Box<Expr>>),
     /// An elementary function applied to its argument (`\sin x`, `\ln(2)`).
     Func(Func, Box<Expr>),
+    /// Factorial `n!` (exact for integers 0..=33, else undefined).
+    Fact(Box<Expr>),
+    /// Binomial coefficient `\binom{n}{k}` (exact for integers 0 <= k <= n <= 120, else undefined).
+    Binom(Box<Expr>, Box<Expr>),
+}
+
+/// `n!` for a small non-negative integer.
+fn factorial(n: Rational) -> Option<Rational> {
+    if !n.is_integer() || !(0..=33).contains(&n.numer()) {
+        return None;
+    }
+    let mut acc = Rational::from_int(1);
+    for k in 2..=n.numer() {
+        acc = acc.checked_mul(Rational::from_int(k))?;
+    }
+    Some(acc)
+}
+
+/// `n choose k` for small non-negative integers.
+fn binomial(n: Rational, k: Rational) -> Option<Rational> {
+    if !n.is_integer() || !k.is_integer() || !(0..=120).contains(&n.numer()) {
+        return None;
+    }
+    let (n, k) = (n.numer(), k.numer());
+    if !(0..=n).contains(&k) {
+        return None;
+    }
+    let mut acc = Rational::from_int(1);
+    for j in 0..k.min(n - k) {
+        acc = acc
+            .checked_mul(Rational::from_int(n - j))?
+            .checked_div(Rational::from_int(j + 1))?;
+    }
+    Some(acc)
 }
 
 /// The elementary functions [`parse_expr`] reads (`\sin`, ..., `\arctan`, `\ln`, `\log`, `\exp`);
@@ -172,6 +207,7 @@ impl Expr {
         };
         match self {
             Num(r) => Value::exact(*r),
+            Var('e') => Value::approx(std::f64::consts::E),
             Var(c) => Value::approx(vars(*c)),
             Pi => Value::approx(std::f64::consts::PI),
             Neg(a) => {
@@ -198,6 +234,15 @@ impl Expr {
                 f64::powf,
             ),
             Func(f, a) => Value::approx(f.apply(a.eval(vars).approx)),
+            Fact(a) => a
+                .eval(vars)
+                .exact
+                .and_then(factorial)
+                .map_or(Value::approx(f64::NAN), Value::exact),
+            Binom(n, k) => match (n.eval(vars).exact, k.eval(vars).exact) {
+                (Some(n), Some(k)) => binomial(n, k).map_or(Value::approx(f64::NAN), Value::exact),
+                _ => Value::approx(f64::NAN),
+            },
             Root(a, n) => {
                 let x = a.eval(vars).approx;
                 match n {
@@ -212,11 +257,16 @@ impl Expr {
     pub fn vars(&self, out: &mut BTreeSet<char>) {
         use Expr::*;
         match self {
+            Var('e') => {}
             Var(c) => {
                 out.insert(*c);
             }
             Num(_) | Pi => {}
-            Neg(a) | Func(_, a) => a.vars(out),
+            Neg(a) | Func(_, a) | Fact(a) => a.vars(out),
+            Binom(a, b) => {
+                a.vars(out);
+                b.vars(out);
+            }
             Root(a, n) => {
                 a.vars(out);
                 if let Some(n) = n {
@@ -269,7 +319,7 @@ impl Parser<'_> {
         let n = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
         let run = std::str::from_utf8(&rest[..n]).unwrap_or("");
         let known = |name: &str| {
-            matches!(name, "frac" | "sqrt" | "pi")
+            matches!(name, "frac" | "sqrt" | "pi" | "binom" | "dbinom" | "tbinom")
                 || greek(name).is_some()
                 || Func::from_name(name).is_some()
         };
@@ -362,7 +412,7 @@ impl Parser<'_> {
             Some(c) if c.is_ascii_alphanumeric() || c == b'(' || c == b'{' || c == b'.' => true,
             Some(b'\\') => {
                 let name = self.command_name();
-                matches!(name, "frac" | "sqrt" | "pi")
+                matches!(name, "frac" | "sqrt" | "pi" | "binom" | "dbinom" | "tbinom")
                     || greek(name).is_some()
                     || Func::from_name(name).is_some()
             }
@@ -403,7 +453,10 @@ impl Parser<'_> {
 
     fn power(&mut self) -> Option<Expr> {
         self.enter()?;
-        let base = self.atom()?;
+        let mut base = self.atom()?;
+        while self.eat(b'!') {
+            base = Expr::Fact(Box::new(base));
+        }
         let e = if self.eat(b'^') {
             // A single digit or letter: `x^23` is x²·3 in LaTeX.
             let exp = self.script()?;
@@ -477,6 +530,11 @@ impl Parser<'_> {
                 None
             };
             Expr::Root(Box::new(self.group(b'{', b'}')?), index)
+        } else if matches!(self.command_name(), "binom" | "dbinom" | "tbinom") {
+            self.i += 1 + self.command_name().len();
+            let n = self.group(b'{', b'}')?;
+            let k = self.group(b'{', b'}')?;
+            Expr::Binom(Box::new(n), Box::new(k))
         } else if self.command_name() == "pi" {
             self.i += 3;
             Expr::Pi

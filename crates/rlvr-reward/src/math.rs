@@ -31,8 +31,9 @@
 //!   `\frac13`, `\approx 0.3` does not, `\approx 0` matches no non-zero gold); an exact side before the
 //!   `\approx` may match instead (`\frac13 \approx 0.33`).
 //! - **Expressions**: symbolic equivalence by seeded numeric evaluation: both sides are parsed (numbers,
-//!   variables, Greek letters, `\pi`, `\frac`, `\sqrt`, powers, `\sin`...`\arctan`, `\sec`/`\csc`/`\cot`,
-//!   `\ln`/`\log`, `\exp`) and evaluated at 12 points drawn with a fixed seed
+//!   variables, Greek letters, `\pi`, Euler's `e`, `\frac`, `\sqrt`, powers, `\sin`...`\arctan`,
+//!   `\sec`/`\csc`/`\cot`, `\ln`/`\log`/`\log_b`, `\exp`, `n!`, `\binom`; `i` is an unknown, so complex
+//!   arithmetic such as `i^2 = -1` is not applied) and evaluated at 12 points drawn with a fixed seed
 //!   ([`crate::sampling::SAMPLE_SEED`]); they agree when every point agrees within relative 1e-9
 //!   ([`crate::sampling::REL_TOL`]) and both are defined at the same points (at least 3). So `\sec^2 y` =
 //!   `\tan^2 y + 1` and `(x+1)^2` = `x^2+2x+1`. Math-Verify uses SymPy's `simplify`; sampling decides the

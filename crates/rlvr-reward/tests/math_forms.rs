@@ -1228,3 +1228,28 @@ fn issue_17_examples() {
         ],
     );
 }
+
+/// Constants and combinatorics models write: Euler's `e`, `\exp`, logs, factorials, binomials.
+#[test]
+fn constants_and_combinatorics() {
+    run(
+        "constants",
+        &[
+            ("e^2", "\\exp(2)", true, "e is Euler's number"),
+            ("e^2", "7.389", false, "a bare decimal is not e^2"),
+            (
+                "e^2",
+                "\\approx 7.389",
+                true,
+                "within one unit of the third decimal",
+            ),
+            ("\\ln 2", "\\log_e 2", true, "log base e"),
+            ("3", "\\log_2 8", true, "log base 2 of 8"),
+            ("120", "5!", true, "factorial"),
+            ("120", "4!", false, "24"),
+            ("10", "\\binom{5}{2}", true, "5 choose 2"),
+            ("10", "\\dbinom{5}{3}", true, "5 choose 3"),
+            ("\\frac{1}{4}", "\\frac{\\binom{4}{2}}{24}", true, "6/24"),
+        ],
+    );
+}
