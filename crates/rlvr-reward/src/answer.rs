@@ -58,6 +58,16 @@ pub fn compare_with(gold: &str, pred: &str, explain: bool) -> Judgement {
     }
 }
 
+/// True when one side is a round-bracket tuple and `items` (the other side's list) are all labelled
+/// (`x=3, y=-1`), as many as the tuple's elements.
+fn labelled_tuple(g: &str, p: &str, items: &[String]) -> bool {
+    let tuple = if list_items(g).is_some() { p } else { g };
+    matches!(bracketed(tuple), Some(('(', ')', parts)) if parts.len() == items.len())
+        && items
+            .iter()
+            .all(|i| equation(i).is_some_and(|(l, _)| is_label(l)))
+}
+
 /// Unordered multiset equality of items under [`eq`].
 fn same_multiset(a: &[String], b: &[String], depth: usize, cx: &mut Ctx) -> bool {
     if a.len() != b.len() {
@@ -345,6 +355,22 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
                     (g, a[0].as_str())
                 };
                 eq(x, y, depth + 1, cx)
+            }
+            (Some((ListKind::Bare, items)), None) | (None, Some((ListKind::Bare, items)))
+                if labelled_tuple(g, p, &items) =>
+            {
+                // `x=3, y=-1` against the tuple `(3,-1)`: every item labelled, read in order.
+                let tuple = if list_items(g).is_some() { p } else { g };
+                let parts = bracketed(tuple).map(|b| b.2).unwrap_or_default();
+                let values: Vec<&str> = items
+                    .iter()
+                    .filter_map(|i| equation(i).map(|e| e.1))
+                    .collect();
+                cx.note(depth, "labelled values read in order against the tuple");
+                parts
+                    .iter()
+                    .zip(&values)
+                    .all(|(x, y)| eq(x, y, depth + 1, cx))
             }
             _ => {
                 cx.note(

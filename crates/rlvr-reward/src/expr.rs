@@ -94,6 +94,8 @@ pub enum Func {
     Atan,
     /// natural logarithm
     Ln,
+    /// absolute value `|x|`
+    Abs,
     /// exponential
     Exp,
 }
@@ -135,6 +137,7 @@ impl Func {
             Func::Acos => x.acos(),
             Func::Atan => x.atan(),
             Func::Ln => x.ln(),
+            Func::Abs => x.abs(),
             Func::Exp => x.exp(),
         }
     }
@@ -517,6 +520,9 @@ impl Parser<'_> {
             self.group(b'(', b')')?
         } else if c == b'{' {
             self.group(b'{', b'}')?
+        } else if c == b'|' {
+            // `|x|`; not an implicit factor (`2|x|` is not read), so a closing bar is never an opening.
+            Expr::Func(Func::Abs, Box::new(self.group(b'|', b'|')?))
         } else if self.starts("\\frac") {
             self.i += 5;
             let n = self.group(b'{', b'}')?;

@@ -42,7 +42,9 @@
 //!   two values of `a \pm b` are compared as unordered multisets (`\pm 2021` = `\{-2021, 2021\}`), like
 //!   Math-Verify's sets. A comma followed by a space always separates items (`32, 349` is two numbers); a
 //!   comma directly followed by exactly three digits in a lone number is a thousands separator
-//!   (`14,916`). *Asymmetry kept from the old verifier*: a tuple `(1,2)` never equals the bare list `1,2`.
+//!   (`14,916`). *Asymmetry kept from the old verifier*: a tuple `(1,2)` never equals the bare list `1,2`;
+//!   it does equal a list whose every item is labelled, read in the written order (`x=3, y=-1` =
+//!   `(3,-1)`), since the labels say the values are coordinates.
 //! - **`(a, b)`**: written the same way as an open interval and an ordered pair. rlvr does not guess
 //!   which: `(a, b)` against `(a', b')` compares element by element in order with the same brackets, which
 //!   is right for both readings. It matches a relation (`a < x < b`) only when `a < b` (so it can be an

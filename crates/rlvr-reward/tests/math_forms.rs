@@ -1253,3 +1253,111 @@ fn constants_and_combinatorics() {
         ],
     );
 }
+
+/// Other forms models write, against MATH-style golds.
+#[test]
+fn model_forms() {
+    run(
+        "model",
+        &[
+            (
+                "\\frac{\\sqrt{3}}{2}",
+                "\\frac{1}{2}\\sqrt{3}",
+                true,
+                "coefficient written first",
+            ),
+            (
+                "\\sqrt[3]{2}",
+                "2^{1/3}",
+                true,
+                "root as a fractional power",
+            ),
+            ("1500", "1.5 \\times 10^{3}", true, "scientific notation"),
+            ("\\frac{5}{2}", "2\\frac{1}{2}", true, "mixed number"),
+            (
+                "(-\\infty, -3] \\cup [2, \\infty)",
+                "x \\le -3 \\text{ or } x \\ge 2",
+                true,
+                "relations joined by or",
+            ),
+            (
+                "(-\\infty,-3]\\cup[2,\\infty)",
+                "(-\\infty, -3] \\cup [2, +\\infty)",
+                true,
+                "+\\infty",
+            ),
+            (
+                "a=2, b=3",
+                "b = 3, a = 2",
+                true,
+                "labelled list, order free",
+            ),
+            ("5", "\\mathbf{5}", true, "bold"),
+            (
+                "\\dfrac{\\pi}{4}",
+                "45^\\circ",
+                false,
+                "radians are not degrees: the degree sign is dropped, 45 ≠ π/4",
+            ),
+            ("4", "x=4 \\text{ cm}", true, "label and unit"),
+            ("6", "6 \\text{ ways}", true, "a counting word as a unit"),
+            ("\\text{B}", "\\textbf{(B)}", true, "bold choice"),
+            ("0", "-0", true, "negative zero"),
+            ("\\{-1, 1\\}", "x = \\pm 1", true, "labelled \\pm"),
+            ("1, 2", "x_1 = 1, x_2 = 2", true, "subscripted labels"),
+            (
+                "(x-1)^2 + (y+2)^2 = 9",
+                "x^2 - 2x + y^2 + 4y - 4 = 0",
+                true,
+                "circle expanded",
+            ),
+            (
+                "(x-1)^2 + (y+2)^2 = 9",
+                "x^2 - 2x + y^2 + 4y - 5 = 0",
+                false,
+                "another circle",
+            ),
+            (
+                "\\frac{x+1}{x-1}",
+                "1 + \\frac{2}{x-1}",
+                true,
+                "partial fraction",
+            ),
+            ("\\cos^2 x - \\sin^2 x", "\\cos 2x", true, "double angle"),
+            ("|x-1|", "\\left| 1 - x \\right|", true, "absolute value"),
+            ("|x-1|", "x - 1", false, "not the same function for x < 1"),
+            (
+                "(3, -1)",
+                "x=3, y=-1",
+                true,
+                "labelled values against an ordered pair, in order",
+            ),
+            (
+                "(3, -1)",
+                "x=-1, y=3",
+                false,
+                "labelled values in the wrong order",
+            ),
+            ("[2,5)", "2 \\leq x < 5", true, "half-open interval"),
+            ("18", "18 \\text{ square units}", true, "unit words"),
+            (
+                "\\frac{1}{6}",
+                "16.67\\%",
+                false,
+                "a percentage is read as its number",
+            ),
+            (
+                "x < -1 \\text{ or } x > 1",
+                "(-\\infty,-1)\\cup(1,\\infty)",
+                true,
+                "gold relations, answer intervals",
+            ),
+            (
+                "4",
+                "\\boxed{4}\\text{ units}",
+                true,
+                "unit outside the box",
+            ),
+        ],
+    );
+}
