@@ -14,6 +14,12 @@ use crate::sampling::{is_constant, proportional, same_value};
 
 /// Deepest recursion of [`compare`] (each level strips a bracket, list, label or relation).
 const MAX_DEPTH: usize = 16;
+/// Most comparison steps of one [`compare`] call: nested lists of lists could otherwise multiply the
+/// quadratic item matching at every level. Past it the answers are judged unequal.
+const MAX_STEPS: usize = 50_000;
+/// Most bytes one [`compare`] call may scan, summed over its steps (each step makes a constant number of
+/// linear passes over its two strings).
+const MAX_WORK: usize = 4_000_000;
 /// Longest list compared as an unordered multiset (quadratic matching); longer lists compare in order.
 const MAX_UNORDERED: usize = 64;
 
@@ -29,6 +35,10 @@ pub struct Judgement {
 struct Ctx {
     reasons: Vec<String>,
     quiet: bool,
+    /// Comparison steps taken so far (bounded by [`MAX_STEPS`]).
+    steps: usize,
+    /// Bytes of the compared strings so far, summed over steps (bounded by [`MAX_WORK`]).
+    work: usize,
 }
 
 impl Ctx {
@@ -50,6 +60,8 @@ pub fn compare_with(gold: &str, pred: &str, explain: bool) -> Judgement {
     let mut cx = Ctx {
         reasons: Vec::new(),
         quiet: !explain,
+        steps: 0,
+        work: 0,
     };
     let equal = eq(gold, pred, 0, &mut cx);
     Judgement {
@@ -79,7 +91,7 @@ fn same_multiset(a: &[String], b: &[String], depth: usize, cx: &mut Ctx) -> bool
     }
     let mut used = vec![false; b.len()];
     for (k, x) in a.iter().enumerate() {
-        let hit = (0..b.len()).find(|&j| !used[j] && eq_quiet(x, &b[j], depth + 1));
+        let hit = (0..b.len()).find(|&j| !used[j] && eq_quiet(x, &b[j], depth + 1, cx));
         match hit {
             Some(j) => used[j] = true,
             None => {
@@ -91,17 +103,13 @@ fn same_multiset(a: &[String], b: &[String], depth: usize, cx: &mut Ctx) -> bool
     true
 }
 
-/// [`eq`] without recording reasons (for trial matches).
-fn eq_quiet(a: &str, b: &str, depth: usize) -> bool {
-    eq(
-        a,
-        b,
-        depth,
-        &mut Ctx {
-            reasons: Vec::new(),
-            quiet: true,
-        },
-    )
+/// [`eq`] without recording reasons (for trial matches); shares the step budget.
+fn eq_quiet(a: &str, b: &str, depth: usize, cx: &mut Ctx) -> bool {
+    let q = cx.quiet;
+    cx.quiet = true;
+    let r = eq(a, b, depth, cx);
+    cx.quiet = q;
+    r
 }
 
 fn same_intervals(g: &[Interval], p: &[Interval], depth: usize, cx: &mut Ctx) -> bool {
@@ -196,8 +204,8 @@ fn eq_equations(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> Option<bool> {
                     return Some(true);
                 }
             }
-            let r = (eq_quiet(gl, pl, depth + 1) && eq_quiet(gr, pr, depth + 1))
-                || (eq_quiet(gl, pr, depth + 1) && eq_quiet(gr, pl, depth + 1));
+            let r = (eq_quiet(gl, pl, depth + 1, cx) && eq_quiet(gr, pr, depth + 1, cx))
+                || (eq_quiet(gl, pr, depth + 1, cx) && eq_quiet(gr, pl, depth + 1, cx));
             cx.note(
                 depth,
                 format!(
@@ -261,10 +269,10 @@ fn eq_relations(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> Option<bool> {
                 .sides
                 .iter()
                 .zip(&b.sides)
-                .all(|(x, y)| eq_quiet(x, y, depth + 1));
+                .all(|(x, y)| eq_quiet(x, y, depth + 1, cx));
             let swapped = a.ops == ['\u{2260}']
-                && eq_quiet(a.sides[0], b.sides[1], depth + 1)
-                && eq_quiet(a.sides[1], b.sides[0], depth + 1);
+                && eq_quiet(a.sides[0], b.sides[1], depth + 1, cx)
+                && eq_quiet(a.sides[1], b.sides[0], depth + 1, cx);
             if same || swapped {
                 cx.note(depth, "same relation after normalising its direction");
                 return Some(true);
@@ -293,13 +301,22 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
         cx.note(depth, format!("{g}: identical after normalisation"));
         return true;
     }
+    cx.steps += 1;
+    cx.work += g.len() + p.len();
+    if cx.steps > MAX_STEPS || cx.work > MAX_WORK {
+        if cx.steps < MAX_STEPS + 2 {
+            cx.steps = MAX_STEPS + 2;
+            cx.note(depth, "comparison step budget exhausted: judged unequal");
+        }
+        return false;
+    }
     if depth > MAX_DEPTH || g.is_empty() || p.is_empty() {
         cx.note(depth, "empty or too deeply nested");
         return false;
     }
     // `\approx`: the exact side before it may match; the decimal after it matches within tolerance.
     if let Some((before, approx)) = approx_split(p) {
-        if !before.is_empty() && eq_quiet(g, before, depth + 1) {
+        if !before.is_empty() && eq_quiet(g, before, depth + 1, cx) {
             cx.note(depth, "the exact value before \\approx matches");
             return true;
         }
@@ -314,7 +331,8 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
         return r;
     }
     if let Some((before, approx)) = approx_split(g) {
-        let r = (!before.is_empty() && eq_quiet(before, p, depth + 1)) || approx_close(p, approx);
+        let r =
+            (!before.is_empty() && eq_quiet(before, p, depth + 1, cx)) || approx_close(p, approx);
         cx.note(
             depth,
             format!(

@@ -292,6 +292,24 @@ fn adversarial_inputs_are_bounded() {
         "Let $x \\le 7$, so $f(x) = \\frac{1}{3} \\approx 0.33$, and {,} ".repeat(20_000)
     );
     let pm = format!("\\boxed{{{}1}}", "1\\pm".repeat(10_000));
+    // Nested sets whose innermost items differ: matching would multiply at every level without the
+    // step budget.
+    let mut nested = (1..=10)
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut other = (1..=9).map(|k| k.to_string()).collect::<Vec<_>>().join(",") + ",11";
+    for _ in 0..4 {
+        nested = vec![format!("\\{{{nested}\\}}"); 10].join(",");
+        other = vec![format!("\\{{{other}\\}}"); 10].join(",");
+    }
+    let nested_box = format!("\\boxed{{\\{{{nested}\\}}}}");
+    let t = secs(|| {
+        let s = MathVerifier.score(&Sample::new(&nested_box, &format!("\\{{{other}\\}}")));
+        assert_eq!(s.unwrap().reward, 0.0);
+    });
+    eprintln!("nested sets: {t:.2} s");
+    assert!(t < 10.0, "nested sets: {t:.2} s");
     for c in [
         &deep_braces,
         &deep_frac,
