@@ -19,7 +19,7 @@ const MAX_DEPTH: usize = 16;
 const MAX_STEPS: usize = 50_000;
 /// Most bytes one [`compare`] call may scan, summed over its steps (each step makes a constant number of
 /// linear passes over its two strings).
-const MAX_WORK: usize = 4_000_000;
+const MAX_WORK: usize = 1_000_000;
 /// Longest list compared as an unordered multiset (quadratic matching); longer lists compare in order.
 const MAX_UNORDERED: usize = 64;
 
@@ -345,9 +345,10 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
     // Lists, sets and `\pm` pairs.
     let (lg, lp) = (list_items(g), list_items(p));
     let rel_list = |s: &str| {
-        split_top(s, &OR_SEP.to_string())
-            .iter()
-            .all(|x| relation(x).is_some())
+        s.contains(['<', '>', '\u{2264}', '\u{2265}', '\u{2260}'])
+            && split_top(s, &OR_SEP.to_string())
+                .iter()
+                .all(|x| relation(x).is_some())
     };
     // Relations joined by "or" are a union of intervals, not a list of answers.
     let relational = (rel_list(g) && rel_list(p))

@@ -78,7 +78,7 @@
 //! Bounded work: normalisation is linear and skips structure below bracket depth
 //! [`crate::latex::MAX_NORMALIZE_DEPTH`]; expressions stop at depth 64 and 2,000 nodes; comparison
 //! recursion stops at depth 16; unordered matching is used for lists of at most 64 items; one comparison
-//! takes at most 50,000 steps and scans at most 4 MB summed over its steps (past either it judges the
+//! takes at most 50,000 steps and scans at most 1 MB summed over its steps (past either it judges the
 //! answers unequal: nested lists of lists cannot multiply the matching); at most [`MAX_BOXES`] boxes
 //! are read.
 
