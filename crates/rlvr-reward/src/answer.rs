@@ -189,7 +189,13 @@ fn eq_equations(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> Option<bool> {
     match (equation(g), equation(p)) {
         (Some((gl, gr)), Some((pl, pr))) => {
             let ((gl, gr), (pl, pr)) = (orient(gl, gr), orient(pl, pr));
-            if is_label(gl) && is_label(pl) && (gl == pl || rhs_constant(gr) || rhs_constant(pr)) {
+            // Both labelled: the right sides compare when the labels agree, when a side is a value, or
+            // when a label is a function's name (`y = 2x+3` and `f(x) = 2x+3` name the same rule).
+            let applied = |l: &str| l.ends_with(')') && !l.starts_with('(');
+            if is_label(gl)
+                && is_label(pl)
+                && (gl == pl || rhs_constant(gr) || rhs_constant(pr) || applied(gl) || applied(pl))
+            {
                 cx.note(depth, format!("labels {gl} and {pl} dropped"));
                 if eq(gr, pr, depth + 1, cx) {
                     return Some(true);

@@ -767,6 +767,18 @@ const EQUATIONS: &[Case] = &[
         true,
         "function label dropped on the answer side",
     ),
+    (
+        "y = 2x + 3",
+        "f(x) = 2x + 3",
+        true,
+        "a function's name labels the same rule as y",
+    ),
+    (
+        "y = 2x + 3",
+        "x = 2y + 3",
+        false,
+        "the labels say which variable is which: another line",
+    ),
 ];
 
 #[test]
