@@ -4,9 +4,10 @@
 //! Gold: the last `\boxed{}` of the reference when it has one (a full solution), else the reference as a
 //! bare answer. Extracted: the last `\boxed{}` of the completion (nested braces; `\fbox` too); no box
 //! scores 0. When the gold holds several answers (a list, a set, `a \pm b`) and the last box does not
-//! match it, the set of all boxes of the completion is tried as well (`\boxed{-2}` and `\boxed{1}` against
-//! `1, -2`; a box repeated (the same normalised text) counts once; at most the last [`MAX_BOXES`] boxes). A single-answer gold is
-//! only ever compared with the last box.
+//! match it, the set of all boxes of the completion is tried as well (`\boxed{-2}` and `\boxed{1}`
+//! against `1, -2`; a box repeated with the same normalised text counts once; at most the last
+//! [`MAX_BOXES`] boxes). A single-answer gold is only ever compared with the last box, so boxing every
+//! candidate gains nothing.
 //!
 //! Both sides are normalised by [`crate::latex::normalize_keep_label`] and compared by
 //! [`crate::answer::compare`], gold first. The normal form drops `\left`/`\right`, spacing (`\,` `\!`
@@ -49,7 +50,7 @@
 //!   which: `(a, b)` against `(a', b')` compares element by element in order with the same brackets, which
 //!   is right for both readings. It matches a relation (`a < x < b`) only when `a < b` (so it can be an
 //!   interval); a relation then carries exactly the two endpoints of the gold, so nothing is gained by
-//!   writing one for a point. Math-Verify likewise lets an interval match a tuple written the same way.
+//!   writing one for a point.
 //! - **Intervals and relations**: relations are compared with their direction normalised (`x \ge 5` =
 //!   `5 \le x`; `\ne` either way round); a relation in one variable is compared with an interval gold as
 //!   the set it describes (`-2 \le x \le 7` = `x \in [-2,7]`, `0 < f(x) < 1` = `(0,1)`, `x \ne 5` =
@@ -65,15 +66,19 @@
 //!   `5x - 7y + 11z + 4 = 0`) is the answer as a whole: a bare expression that is one of its sides does not
 //!   match (`11a+c` is not `7 = 11a+c`).
 //! - **Equations**: two equations match when their `lhs - rhs` are proportional by one non-zero constant
-//!   at the sample points (`2x+4y-3=0` = `y=-\frac12x+\frac34`); labelled equations with a constant right
-//!   side compare right sides (`x = 5` = `y = 5`, as a label is dropped). Math-Verify compares equations
+//!   at the sample points (`2x+4y-3=0` = `y=-\frac12x+\frac34`); labelled equations compare right sides
+//!   when the labels agree, a right side is constant (`x = 5` = `y = 5`, as a label is dropped) or a label
+//!   is a function's name (`y = 2x+3` = `f(x) = 2x+3`); otherwise the labels matter (`x = 2y+3` is another
+//!   line than `y = 2x+3`). Math-Verify compares equations
 //!   symbolically; proportionality is stricter (`x^2 = 4` is not `x = 2`, rightly).
 //! - **Solution chains**: in the answer, `a = b = c` reads as its last side (a label in front kept), and
 //!   an unlabelled `a = c` with constant sides reads as `c` (`3 \times 4 = 12` → 12). Earlier sides are
 //!   working and are not checked; the chain states its last side as the result. *Asymmetry*: an equation
 //!   with a variable (`11a + c = 7`, `5x - 7y + 4 = 0`) is not a chain and never matches a number gold.
 //! - **Matrices**: every matrix environment compares cell by cell. Vectors are not equated with tuples.
-//! - **Text** answers (`\text{Evelyn}`, `(C)`) compare as written after normalisation.
+//! - **Text** answers (`\text{Evelyn}`, `(C)`) compare as written after normalisation (case-sensitive).
+//! - **Percent**: `\%` is dropped like a unit (MATH writes `15\%` for the answer 15), so `15\%` is not
+//!   `0.15`.
 //!
 //! Bounded work: normalisation is linear and skips structure below bracket depth
 //! [`crate::latex::MAX_NORMALIZE_DEPTH`]; expressions stop at depth 64 and 2,000 nodes; comparison
