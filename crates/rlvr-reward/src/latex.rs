@@ -258,6 +258,17 @@ pub fn normalize_keep_label(answer: &str) -> String {
         }
     }
     s = replace_commands(&s);
+    // Negated relations (`\not<`, `\not\leq`, ...) become their complements.
+    for (from, to) in [
+        ("\\not<", "\u{2265}"),
+        ("\\not>", "\u{2264}"),
+        ("\\not\u{2264}", ">"),
+        ("\\not\u{2265}", "<"),
+    ] {
+        if s.contains(from) {
+            s = s.replace(from, to);
+        }
+    }
     s = strip_text(&s);
     s = connector_words(&s);
     s = strip_unit_words(&s);

@@ -938,6 +938,10 @@ const RELATIONS: &[Case] = &[
         "relation gold against membership",
     ),
     ("a \\neq 2", "2 \\neq a", true, "≠ is symmetric"),
+    ("x \\geq 5", "x \\not< 5", true, "negated <"),
+    ("x > 5", "x \\not\\leq 5", true, "negated ≤"),
+    ("x > 5", "x \\nleq 5", true, "\\nleq"),
+    ("x > 5", "x \\not\\geq 5", false, "negated ≥ is <"),
     ("x \\geq 5", "5", false, "a number is not a relation"),
 ];
 
