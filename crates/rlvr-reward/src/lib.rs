@@ -33,6 +33,7 @@ pub mod cli;
 pub mod combine;
 pub mod countdown;
 pub mod expr;
+pub mod expr_fns;
 pub mod external;
 pub mod extract;
 pub mod format;
