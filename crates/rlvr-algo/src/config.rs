@@ -9,6 +9,14 @@
 //! [`AlgorithmConfig::resolve`] applies the precedence **defaults < preset < user-set values**: a
 //! preset fills only the knobs the user left unset, and [`Algorithm::default`] fills the rest. The
 //! defaults are written once, in [`Algorithm::default`]; presets are data ([`mod@crate::presets`]).
+//!
+//! Loss-specific knobs are grouped by the loss they belong to ([`PolicyLoss::options`]): PPO and
+//! GSPO take the clip range, dual-clip and IS cap; CISPO the upper clip and IS cap; REC its
+//! keep-mask, weight, clip ranges (ε, ε′), the RED-Weight temperature and IS cap; REINFORCE none.
+//! A knob the user set for another loss is an error naming the key and the loss (a preset's value
+//! for another loss is not: presets are partial tables shared by several losses). The TOML keys stay
+//! flat (`algorithm.clip_low`, DESIGN §10), and [`Algorithm::to_config`] writes only the knobs of
+//! the chosen loss.
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +74,71 @@ pub enum PolicyLoss {
     Cispo,
     /// Plain REINFORCE with a baseline: −A·ℓ (no ratio; equals REC with keep-mask and weight `none`).
     Reinforce,
+}
+
+/// The loss-specific `[algorithm]` keys, each listed in the [`PolicyLoss::options`] of the losses
+/// that read it. Every other knob applies to every loss.
+pub const LOSS_OPTIONS: [&str; 9] = [
+    "clip_low",
+    "clip_high",
+    "clip_low_prime",
+    "clip_high_prime",
+    "dual_clip",
+    "keep_mask",
+    "rec_weight",
+    "adv_temperature",
+    "is_cap",
+];
+
+impl PolicyLoss {
+    /// Every loss, in the order of the enum.
+    pub const ALL: [PolicyLoss; 5] = [
+        PolicyLoss::Ppo,
+        PolicyLoss::Rec,
+        PolicyLoss::Gspo,
+        PolicyLoss::Cispo,
+        PolicyLoss::Reinforce,
+    ];
+
+    /// The config name (`algorithm.loss = "ppo"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyLoss::Ppo => "ppo",
+            PolicyLoss::Rec => "rec",
+            PolicyLoss::Gspo => "gspo",
+            PolicyLoss::Cispo => "cispo",
+            PolicyLoss::Reinforce => "reinforce",
+        }
+    }
+
+    /// This loss's group of [`LOSS_OPTIONS`]: the loss-specific keys its formula reads (see
+    /// `loss.rs`). PPO and GSPO: ε_low, ε_high, dual-clip c, IS cap C. CISPO:
+    /// −sg(min(ρ, 1+ε_high))·A·ℓ reads ε_high and C only. REC: keep-mask (ε_low, ε_high; the ring's
+    /// ε′_low, ε′_high) and weight (the `is`/`seq-is` IS cap C, the `advantage-exp` temperature T).
+    /// REINFORCE (−A·ℓ): none.
+    pub fn options(self) -> &'static [&'static str] {
+        match self {
+            PolicyLoss::Ppo | PolicyLoss::Gspo => &["clip_low", "clip_high", "dual_clip", "is_cap"],
+            PolicyLoss::Cispo => &["clip_high", "is_cap"],
+            PolicyLoss::Rec => &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low",
+                "clip_high",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+                "is_cap",
+            ],
+            PolicyLoss::Reinforce => &[],
+        }
+    }
+
+    /// Whether `key` (an `[algorithm]` key) is read by this loss: true for every key that is not in
+    /// [`LOSS_OPTIONS`], else whether it is in [`PolicyLoss::options`].
+    pub fn reads(self, key: &str) -> bool {
+        !LOSS_OPTIONS.contains(&key) || self.options().contains(&key)
+    }
 }
 
 /// REC keep-mask k ∈ {0, 1} from the detached ratio ρ̄ (paper B, arXiv 2509.24203, REC family).
@@ -193,45 +266,48 @@ pub struct AlgorithmConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub red_drop: Option<bool>,
 
-    // ----- policy loss -----
+    // ----- policy loss, then its group of options (LOSS_OPTIONS; see PolicyLoss::options) -----
     /// Policy-gradient term. Default `ppo`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss: Option<PolicyLoss>,
-    /// ε_low: lower clip range (ratio ≥ 1 − ε_low). Default 0.2.
+    /// ε_low: lower clip range (ratio ≥ 1 − ε_low). Losses: ppo, gspo, rec. Default 0.2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_low: Option<f64>,
-    /// ε_high: upper clip range (ratio ≤ 1 + ε_high). Default 0.2.
+    /// ε_high: upper clip range (ratio ≤ 1 + ε_high). Losses: ppo, gspo, cispo, rec. Default 0.2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_high: Option<f64>,
-    /// ε′_low of the ring keep-mask (must be ≥ ε_low, ≤ 1). Default 0.6.
+    /// ε′_low of the ring keep-mask (must be ≥ ε_low, ≤ 1). Loss: rec. Default 0.6.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_low_prime: Option<f64>,
-    /// ε′_high of the ring keep-mask (must be ≥ ε_high). Default 2.0.
+    /// ε′_high of the ring keep-mask (must be ≥ ε_high). Loss: rec. Default 2.0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_high_prime: Option<f64>,
     /// Dual-clip constant c > 1 (Ye et al., arXiv 1912.09729): for A < 0 the PPO/GSPO loss is capped at −c·A.
-    /// Unset: off.
+    /// Losses: ppo, gspo. Unset: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dual_clip: Option<f64>,
-    /// REC keep-mask (used only with `loss = rec`). Default `none`.
+    /// REC keep-mask. Loss: rec. Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_mask: Option<KeepMask>,
-    /// REC weight (used only with `loss = rec`). Default `none`.
+    /// REC weight. Loss: rec. Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rec_weight: Option<RecWeight>,
-    /// T of the `advantage-exp` REC weight A·exp(A/T) (RED-Weight). Default 1.
+    /// T of the `advantage-exp` REC weight A·exp(A/T) (RED-Weight). Loss: rec. Default 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adv_temperature: Option<f64>,
+    /// Truncated-IS cap C > 0 on the ratio: ρ becomes min(ρ, C) wherever it weights a gradient (the
+    /// value is capped, the gradient direction kept). Losses: ppo, gspo, cispo, rec (`is`, `seq-is`
+    /// weights). Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_cap: Option<f64>,
+
+    // ----- applying to every loss -----
     /// Regulariser (OPMD, AsymRE). Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub regulariser: Option<Regulariser>,
     /// τ of the regulariser. Default 0.1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tau: Option<f64>,
-    /// Truncated-IS cap C > 0 on the ratio: ρ becomes min(ρ, C) wherever it weights a gradient (the
-    /// value is capped, the gradient direction kept). Unset: off.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub is_cap: Option<f64>,
     /// Log-ratios ℓ − ℓ_old and ℓ_ref − ℓ are clamped to ±this before exp, for numerical safety
     /// (a token clamped there gets no gradient through the ratio). Default 20 (as verl).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -362,11 +438,78 @@ impl AlgorithmConfig {
         out
     }
 
+    /// The loss these knobs select: `loss` if set here, else the preset's, else the default (`ppo`).
+    ///
+    /// # Errors
+    /// [`AlgoError::UnknownPreset`].
+    pub fn effective_loss(&self) -> Result<PolicyLoss> {
+        if let Some(l) = self.loss {
+            return Ok(l);
+        }
+        if !matches!(self.preset.as_str(), "none" | "") {
+            if let Some(l) = crate::presets::find_preset(&self.preset)?.values.loss {
+                return Ok(l);
+            }
+        }
+        Ok(Algorithm::default().loss)
+    }
+
+    /// The loss-specific knobs ([`LOSS_OPTIONS`]) set here that `loss` does not read.
+    pub fn inapplicable(&self, loss: PolicyLoss) -> Vec<&'static str> {
+        let set = self.set_values();
+        LOSS_OPTIONS
+            .into_iter()
+            .filter(|k| !loss.reads(k) && set.iter().any(|(s, _)| s == k))
+            .collect()
+    }
+
+    /// Unsets the loss-specific knob `key` (one of [`LOSS_OPTIONS`]; other names are ignored).
+    pub fn unset_loss_option(&mut self, key: &str) {
+        match key {
+            "clip_low" => self.clip_low = None,
+            "clip_high" => self.clip_high = None,
+            "clip_low_prime" => self.clip_low_prime = None,
+            "clip_high_prime" => self.clip_high_prime = None,
+            "dual_clip" => self.dual_clip = None,
+            "keep_mask" => self.keep_mask = None,
+            "rec_weight" => self.rec_weight = None,
+            "adv_temperature" => self.adv_temperature = None,
+            "is_cap" => self.is_cap = None,
+            _ => {}
+        }
+    }
+
     /// Resolves defaults < preset < values set here into an [`Algorithm`], and validates it.
     ///
     /// # Errors
-    /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the key.
+    /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the
+    /// key: a value out of range, or a loss-specific knob set here for a loss that does not read it
+    /// (the message names the key and the loss).
     pub fn resolve(&self) -> Result<Algorithm> {
+        let loss = self.effective_loss()?;
+        if let Some(&key) = self.inapplicable(loss).first() {
+            let value = self
+                .set_values()
+                .into_iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v)
+                .unwrap_or_default();
+            let readers: Vec<&str> = PolicyLoss::ALL
+                .iter()
+                .filter(|l| l.options().contains(&key))
+                .map(|l| l.name())
+                .collect();
+            return Err(AlgoError::InvalidConfig {
+                key,
+                value,
+                why: format!(
+                    "it does not apply to loss = \"{}\" (only {} read it); remove it, or set \
+                     algorithm.loss to one of those",
+                    loss.name(),
+                    readers.join(", ")
+                ),
+            });
+        }
         let mut merged = self.clone();
         if !matches!(self.preset.as_str(), "none" | "") {
             let preset = crate::presets::find_preset(&self.preset)?;
@@ -469,7 +612,10 @@ impl Default for Algorithm {
 }
 
 impl Algorithm {
-    /// A fully-set [`AlgorithmConfig`] that resolves back to `self` (same preset, every knob `Some`).
+    /// An [`AlgorithmConfig`] that resolves back to `self`: the same preset, every knob that applies to
+    /// `self.loss` set (the optional ones when `Some`), the loss-specific knobs of other losses
+    /// unset (resolving fills them from the preset and the defaults as before, and the loss never
+    /// reads them).
     pub fn to_config(&self) -> AlgorithmConfig {
         let mut c = AlgorithmConfig::empty(&self.preset);
         macro_rules! put {
@@ -480,6 +626,11 @@ impl Algorithm {
             ($c:ident, $a:ident; $($f:ident),*) => { $( $c.$f = $a.$f; )* };
         }
         optional_knobs!(put_opt, c, self);
+        for key in LOSS_OPTIONS {
+            if !self.loss.reads(key) {
+                c.unset_loss_option(key);
+            }
+        }
         c
     }
 
