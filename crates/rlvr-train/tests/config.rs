@@ -155,7 +155,10 @@ fn dtype_and_device_are_enums_with_the_accepted_values_listed() {
     assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
     assert_eq!(c.raw.model.device, DeviceSpec::Cuda(0));
     let text = c.to_toml().unwrap();
-    assert!(text.contains("dtype = \"bf16\"") && text.contains("device = \"cuda:0\""), "{text}");
+    assert!(
+        text.contains("dtype = \"bf16\"") && text.contains("device = \"cuda:0\""),
+        "{text}"
+    );
     let c = check_load("", &["model.device=\"cuda:3\""]).unwrap();
     assert_eq!(c.raw.model.device, DeviceSpec::Cuda(3));
     let err = format!("{:#}", check_load("", &["model.dtype=\"f8\""]).unwrap_err());
@@ -178,7 +181,10 @@ fn dtype_and_device_are_enums_with_the_accepted_values_listed() {
 /// keeps it: `ComputeDtype::F16` parses).
 #[test]
 fn f16_is_refused_for_training() {
-    let err = format!("{:#}", check_load("", &["model.dtype=\"f16\""]).unwrap_err());
+    let err = format!(
+        "{:#}",
+        check_load("", &["model.dtype=\"f16\""]).unwrap_err()
+    );
     assert!(
         err.contains("model.dtype") && err.contains("f16") && err.contains("bf16"),
         "{err}"
@@ -226,8 +232,18 @@ fn loss_options_of_another_loss_are_rejected() {
             "ppo",
         ),
         ("", vec!["algorithm.rec_weight=\"is\""], "rec_weight", "ppo"),
-        ("", vec!["algorithm.preset=\"cispo\"", "algorithm.dual_clip=3"], "dual_clip", "cispo"),
-        ("", vec!["algorithm.preset=\"dapo\"", "algorithm.adv_temperature=0.5"], "adv_temperature", "ppo"),
+        (
+            "",
+            vec!["algorithm.preset=\"cispo\"", "algorithm.dual_clip=3"],
+            "dual_clip",
+            "cispo",
+        ),
+        (
+            "",
+            vec!["algorithm.preset=\"dapo\"", "algorithm.adv_temperature=0.5"],
+            "adv_temperature",
+            "ppo",
+        ),
     ] {
         let err = format!("{:#}", check_load(file, &sets).unwrap_err());
         assert!(
@@ -237,7 +253,11 @@ fn loss_options_of_another_loss_are_rejected() {
     }
     // The rec_ring_is preset sets the keep-mask, weight and ring ranges; with loss = ppo they are
     // preset values, not the user's: accepted.
-    let c = check_load("", &["algorithm.preset=\"rec_ring_is\"", "algorithm.loss=\"ppo\""]).unwrap();
+    let c = check_load(
+        "",
+        &["algorithm.preset=\"rec_ring_is\"", "algorithm.loss=\"ppo\""],
+    )
+    .unwrap();
     assert_eq!(c.algorithm.loss, rlvr_algo::PolicyLoss::Ppo);
     // The same knob with a loss that reads it is fine.
     let c = check_load("", &["algorithm.preset=\"cispo\"", "algorithm.is_cap=2"]).unwrap();
@@ -255,11 +275,23 @@ fn resolved_config_holds_only_the_keys_that_apply() {
         (
             "grpo",
             &["clip_low", "clip_high", "baseline", "aggregation"][..],
-            &["keep_mask", "rec_weight", "clip_low_prime", "clip_high_prime", "adv_temperature"][..],
+            &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+            ][..],
         ),
         (
             "rec_ring_is",
-            &["keep_mask", "rec_weight", "clip_low_prime", "clip_high_prime", "adv_temperature"],
+            &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+            ],
             &["dual_clip"],
         ),
         (
@@ -290,7 +322,10 @@ fn resolved_config_holds_only_the_keys_that_apply() {
 /// the key and the fix, unless `rollout.allow_group_size_one`; offline runs take groups from the file.
 #[test]
 fn group_size_one_is_refused_unless_allowed() {
-    let err = format!("{:#}", check_load("", &["rollout.group_size=1"]).unwrap_err());
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.group_size=1"]).unwrap_err()
+    );
     assert!(
         err.contains("rollout.group_size = 1") && err.contains("rollout.allow_group_size_one"),
         "{err}"
@@ -310,7 +345,10 @@ fn group_size_one_is_refused_unless_allowed() {
 fn set_errors_are_blamed_on_the_set() {
     let file = "[train]\nlr = 1e-5\n";
     for (sets, key) in [
-        (vec!["train.steps=3", "train.lr=\"fast\""], "--set train.lr=\"fast\""),
+        (
+            vec!["train.steps=3", "train.lr=\"fast\""],
+            "--set train.lr=\"fast\"",
+        ),
         (vec!["train.lrr=1", "train.steps=3"], "--set train.lrr=1"),
         (vec!["model.dtype=\"f8\""], "--set model.dtype=\"f8\""),
     ] {

@@ -59,7 +59,11 @@ fn a_run_written_before_the_typed_config_resumes() {
     let metrics = std::fs::read_to_string(rd.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(steps, [0, 1, 2, 3]);
     assert!(rd.join("checkpoints/step-3/model.safetensors").exists());
@@ -68,7 +72,13 @@ fn a_run_written_before_the_typed_config_resumes() {
     let new = std::fs::read_to_string(rd.join("config.toml")).unwrap();
     let t: toml::Table = new.parse().unwrap();
     let alg = t["algorithm"].as_table().unwrap();
-    for k in ["keep_mask", "rec_weight", "clip_low_prime", "clip_high_prime", "adv_temperature"] {
+    for k in [
+        "keep_mask",
+        "rec_weight",
+        "clip_low_prime",
+        "clip_high_prime",
+        "adv_temperature",
+    ] {
         assert!(!alg.contains_key(k), "{k} still written:\n{new}");
     }
     assert_eq!(alg["clip_low"].as_float(), Some(0.2));
@@ -83,8 +93,8 @@ fn a_run_written_before_the_typed_config_resumes() {
 fn a_set_of_another_loss_knob_on_resume_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_copy(tmp.path());
-    let err = ResolvedConfig::from_run_dir(&rd, &["algorithm.keep_mask=\"ring\"".into()])
-        .unwrap_err();
+    let err =
+        ResolvedConfig::from_run_dir(&rd, &["algorithm.keep_mask=\"ring\"".into()]).unwrap_err();
     let err = format!("{err:#}");
     assert!(
         err.contains("algorithm.keep_mask") && err.contains("\"ppo\""),

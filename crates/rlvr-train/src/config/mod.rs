@@ -68,7 +68,6 @@ pub struct ResolvedConfig {
     pub warnings: Vec<String>,
 }
 
-
 /// Parses a `--set` value: a TOML literal (`1e-6`, `true`, `"x"`, `[1, 2]`, `{ kind = "math" }`),
 /// falling back to a plain string (`--set model.path=/models/q`).
 pub fn parse_value(text: &str) -> toml::Value {
@@ -152,11 +151,7 @@ impl RawConfig {
 /// Deserialises `base` (read from `origin`) with `overrides` applied in order. An error is said to
 /// come from the layer that introduced it: the last layer (the base, then each override) after
 /// which every partial table fails with the final error.
-fn load_layers(
-    base: toml::Table,
-    origin: &str,
-    overrides: &[String],
-) -> anyhow::Result<RawConfig> {
+fn load_layers(base: toml::Table, origin: &str, overrides: &[String]) -> anyhow::Result<RawConfig> {
     let mut table = base.clone();
     for o in overrides {
         apply_override(&mut table, o)?;
@@ -165,7 +160,11 @@ fn load_layers(
         Ok(c) => return Ok(c),
         Err(e) => e,
     };
-    let describe = |t: &toml::Table| from_table::<RawConfig>(t.clone()).err().map(|e| format!("{e:#}"));
+    let describe = |t: &toml::Table| {
+        from_table::<RawConfig>(t.clone())
+            .err()
+            .map(|e| format!("{e:#}"))
+    };
     let mut layer = base;
     let mut errors = vec![describe(&layer)];
     for o in overrides {
@@ -173,10 +172,7 @@ fn load_layers(
         errors.push(describe(&layer));
     }
     let last = errors.last().cloned().flatten();
-    let blamed = errors
-        .iter()
-        .rposition(|e| *e != last)
-        .map_or(0, |i| i + 1);
+    let blamed = errors.iter().rposition(|e| *e != last).map_or(0, |i| i + 1);
     Err(match blamed {
         0 => err.context(format!("in {origin}")),
         k => err.context(format!("in --set {}", overrides[k - 1])),

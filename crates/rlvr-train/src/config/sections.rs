@@ -249,4 +249,3 @@ impl Default for OutputSection {
         }
     }
 }
-
