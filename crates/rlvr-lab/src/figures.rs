@@ -214,7 +214,7 @@ fn save(
     Ok(vec![svg, png])
 }
 
-/// Per-run series of `key` (in percent when `pct`), smoothed over `w` steps.
+/// Per-run series of `key` mapped by `f`, smoothed over `w` steps.
 fn run_series(
     runs: &[&RunSummary],
     key: &str,

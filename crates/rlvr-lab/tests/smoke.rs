@@ -75,10 +75,20 @@ fn lab_killed_mid_run_resumes_and_completes() {
     let out = tmp.path().join("lab");
 
     let dry = lab(&sweep, &out).arg("--dry-run").output().unwrap();
-    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
     let text = String::from_utf8_lossy(&dry.stdout);
-    assert!(text.contains("grpo_v1") && text.contains("reinforce_v4"), "{text}");
-    assert!(text.contains("2 runs of 6 steps, 1 warm start(s)"), "{text}");
+    assert!(
+        text.contains("grpo_v1") && text.contains("reinforce_v4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 runs of 6 steps, 1 warm start(s)"),
+        "{text}"
+    );
 
     // First lab: kill it (SIGKILL: the children go by PR_SET_PDEATHSIG) once run 2 has a checkpoint.
     let first = out.join("grpo_v1/seed-0");
@@ -97,7 +107,10 @@ fn lab_killed_mid_run_resumes_and_completes() {
         if second.join("checkpoints/latest").exists() {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(600), "no checkpoint of run 2");
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "no checkpoint of run 2"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap();
@@ -137,7 +150,11 @@ fn lab_killed_mid_run_resumes_and_completes() {
     assert_eq!(run["resumed_at"].as_array().unwrap().len(), 1, "{run}");
     let steps: Vec<u64> = read(&second.join("metrics.jsonl"))
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(steps, (0..=300).collect::<Vec<u64>>());
 
@@ -165,7 +182,12 @@ fn lab_killed_mid_run_resumes_and_completes() {
     assert_eq!(claims, ["A1", "B1", "B2", "B3", "B4"]);
     assert!(read(&out.join("verdicts.md")).contains("| A1 |"));
     assert!(read(&out.join("summary.md")).contains("| reinforce_v4 |"));
-    for f in ["accuracy_v1", "accuracy_v4", "diagnostics_v1", "diagnostics_v4"] {
+    for f in [
+        "accuracy_v1",
+        "accuracy_v4",
+        "diagnostics_v1",
+        "diagnostics_v4",
+    ] {
         assert!(read(&out.join(format!("{f}.svg"))).contains("<svg"), "{f}");
         let png = std::fs::read(out.join(format!("{f}.png"))).unwrap();
         assert_eq!(&png[1..4], b"PNG", "{f}");
@@ -179,5 +201,9 @@ fn lab_killed_mid_run_resumes_and_completes() {
         .arg(tmp.path().join("p.svg"))
         .output()
         .unwrap();
-    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+    assert!(
+        plot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plot.stderr)
+    );
 }

@@ -83,7 +83,10 @@ fn b1_reinforce_degrades_at_the_harshest_interval() {
         r
     };
     assert_eq!(status(&mk(0.05, 3), "B1"), Status::Supported);
-    assert_eq!(verdict_of(&mk(0.05, 3), "B1").comparisons[0].b, "reinforce_v64");
+    assert_eq!(
+        verdict_of(&mk(0.05, 3), "B1").comparisons[0].b,
+        "reinforce_v64"
+    );
     assert_eq!(status(&mk(0.30, 3), "B1"), Status::NotSupported);
     assert_eq!(status(&mk(0.26, 1), "B1"), Status::Inconclusive);
 }
@@ -127,7 +130,14 @@ fn b4_red_beats_reinforce_under_staleness() {
         let mut r = Vec::new();
         arm(&mut r, "reinforce_v16", "reinforce", 16, 0.05, seeds);
         arm(&mut r, "red_drop_v16", "red_drop", 16, red, seeds);
-        arm(&mut r, "red_weight_v16", "red_weight", 16, red + 0.01, seeds);
+        arm(
+            &mut r,
+            "red_weight_v16",
+            "red_weight",
+            16,
+            red + 0.01,
+            seeds,
+        );
         r
     };
     assert_eq!(status(&mk(0.30, 3), "B4"), Status::Supported);
@@ -164,11 +174,23 @@ fn judge_bounds() {
     assert_eq!(judge(Test::Superior, 0.0499, 0.01, m), Status::Inconclusive);
     assert_eq!(judge(Test::Superior, 0.0501, 0.01, m), Status::Supported);
     assert_eq!(judge(Test::Superior, 0.0099, 0.01, m), Status::NotSupported);
-    assert_eq!(judge(Test::NonInferior, -0.0099, 0.01, m), Status::Supported);
-    assert_eq!(judge(Test::NonInferior, -0.0501, 0.01, m), Status::NotSupported);
+    assert_eq!(
+        judge(Test::NonInferior, -0.0099, 0.01, m),
+        Status::Supported
+    );
+    assert_eq!(
+        judge(Test::NonInferior, -0.0501, 0.01, m),
+        Status::NotSupported
+    );
     assert_eq!(judge(Test::Equivalent, 0.0, 0.0149, m), Status::Supported);
-    assert_eq!(judge(Test::Equivalent, 0.0, 0.0151, m), Status::Inconclusive);
-    assert_eq!(judge(Test::Equivalent, -0.0501, 0.01, m), Status::NotSupported);
+    assert_eq!(
+        judge(Test::Equivalent, 0.0, 0.0151, m),
+        Status::Inconclusive
+    );
+    assert_eq!(
+        judge(Test::Equivalent, -0.0501, 0.01, m),
+        Status::NotSupported
+    );
 }
 
 #[test]
