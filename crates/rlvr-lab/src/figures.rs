@@ -71,9 +71,14 @@ pub fn smooth(pts: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
     out
 }
 
+/// A curve: (step, value) points.
+type Series = Vec<(f64, f64)>;
+/// A band over seeds: (step, lowest, highest).
+type Band = Vec<(f64, f64, f64)>;
+
 /// Mean over seeds per step, and the band from the lowest to the highest seed (steps present in
 /// every series only).
-fn aggregate(runs: &[Vec<(f64, f64)>]) -> (Vec<(f64, f64)>, Vec<(f64, f64, f64)>) {
+fn aggregate(runs: &[Series]) -> (Series, Band) {
     let Some(first) = runs.first() else {
         return (Vec::new(), Vec::new());
     };

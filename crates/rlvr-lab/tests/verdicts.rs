@@ -33,8 +33,8 @@ fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -
 /// Three seeds at `acc` − 0.005, `acc`, `acc` + 0.005 (std 0.005, SE 0.0029), or one seed at `acc`.
 fn arm(out: &mut Vec<RunSummary>, name: &str, preset: &str, v: u64, acc: f64, seeds: usize) {
     let d = [0.0, -0.005, 0.005];
-    for s in 0..seeds {
-        out.push(run(name, preset, v, s as u64, acc + d[s], 0.20));
+    for (s, delta) in d.iter().enumerate().take(seeds) {
+        out.push(run(name, preset, v, s as u64, acc + delta, 0.20));
     }
 }
 
