@@ -19,6 +19,10 @@ use fs4::{FileExt, TryLockError};
 /// Name of the lock file inside a run directory.
 pub const LOCK_FILE: &str = ".lock";
 
+/// How long a busy run-directory lock is retried before the refusal (a holder that was just
+/// killed needs a moment to release it).
+pub const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An exclusive lock on a run directory; released when dropped (or when the process ends).
 #[derive(Debug)]
 pub struct RunLock {
@@ -28,8 +32,8 @@ pub struct RunLock {
 }
 
 impl RunLock {
-    /// Takes the lock of `run_dir` (which must exist) without waiting, and writes this process's
-    /// pid, host and start time into the lock file.
+    /// Takes the lock of `run_dir` (which must exist), waiting at most [`LOCK_GRACE`] for a busy
+    /// one, and writes this process's pid, host and start time into the lock file.
     ///
     /// # Errors
     /// Another process holds the lock: the message names its pid, host and start time as it
@@ -43,8 +47,20 @@ impl RunLock {
             .truncate(false)
             .open(&path)
             .with_context(|| format!("opening the run-directory lock {}", path.display()))?;
-        // Called through the trait: std's inherent File::try_lock has the same name.
-        match FileExt::try_lock(&file) {
+        // Called through the trait: std's inherent File::try_lock has the same name. A holder that
+        // was just killed (SIGKILL of a parent `rlvr lab` reaching its children) releases the lock
+        // only once the kernel has closed its files: a busy lock is tried again for up to
+        // LOCK_GRACE before the refusal.
+        let t0 = std::time::Instant::now();
+        let locked = loop {
+            match FileExt::try_lock(&file) {
+                Err(TryLockError::WouldBlock) if t0.elapsed() < LOCK_GRACE => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                r => break r,
+            }
+        };
+        match locked {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 let mut holder = String::new();

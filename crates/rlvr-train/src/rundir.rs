@@ -351,7 +351,10 @@ mod tests {
             Ok(PathBuf::from("ckpt/step-4"))
         });
         let e = format!("{:#}", r.unwrap_err());
-        assert!(e.contains("after step 4; its state was saved to ckpt/step-4"), "{e}");
+        assert!(
+            e.contains("after step 4; its state was saved to ckpt/step-4"),
+            "{e}"
+        );
         assert!(e.ends_with("verifier broke"), "{e}");
         // Mid-update (weights half way to step 5): no save.
         g.begin_update();
@@ -360,7 +363,11 @@ mod tests {
         // Already saved: no second save; and Ok passes through.
         g.completed(5, c(10));
         g.saved(5);
-        assert!(g.save_after_error(err(), |_, _| panic!("saved twice")).is_err());
-        assert!(g.save_after_error(Ok(()), |_, _| panic!("no error")).is_ok());
+        assert!(g
+            .save_after_error(err(), |_, _| panic!("saved twice"))
+            .is_err());
+        assert!(g
+            .save_after_error(Ok(()), |_, _| panic!("no error"))
+            .is_ok());
     }
 }

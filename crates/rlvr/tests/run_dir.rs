@@ -449,3 +449,90 @@ fn zero_sizes_are_refused_naming_the_flag() {
         assert!(err.contains(&format!("{flag} 0")), "{flag}: {err}");
     }
 }
+
+#[test]
+fn weights_that_turn_non_finite_are_never_checkpointed_and_latest_keeps_the_last_good_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let mut s = sets(&model, &run, 2);
+    s.push("train.save_every=1".into());
+    ok(&train_cmd(&s).output().unwrap(), "2 good steps");
+    assert_eq!(latest(&run), "step-2");
+    let good = std::fs::read(run.join("checkpoints/step-2/model.safetensors")).unwrap();
+    // lr = 1e39 is a finite f64 but infinite as the f32 the optimizer applies: step 3's update
+    // leaves every weight ±inf or NaN while its loss and gradient (taken before it) are finite.
+    let out = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .args(["--set", "train.steps=3", "--set", "train.lr=1e39"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("holds a non-finite value") && err.contains("checkpoints/latest still names"),
+        "{err}"
+    );
+    // Step 3 ran (its metrics are logged) but nothing of it reached the disk as a checkpoint.
+    assert_eq!(steps(&run), [1, 2, 3]);
+    assert_eq!(latest(&run), "step-2");
+    // No step-3 directory, not even a half-written temporary one.
+    let mut names: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "latest")
+        .collect();
+    names.sort();
+    assert_eq!(names, ["step-1", "step-2"]);
+    assert_eq!(
+        std::fs::read(run.join("checkpoints/step-2/model.safetensors")).unwrap(),
+        good
+    );
+}
+
+#[test]
+fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path()); // max_position_embeddings 128
+    let run = tmp.path().join("run");
+    let data = tmp.path().join("train.jsonl");
+    let row = |q: &str| serde_json::json!({"question": q, "answer": "#### 2"}).to_string();
+    std::fs::write(
+        &data,
+        format!("{}\n{}\n", row("1+1"), row(&"7".repeat(300))),
+    )
+    .unwrap();
+    let mut s = sets(&model, &run, 2);
+    s.retain(|x| !x.starts_with("data."));
+    s.extend([
+        "data.task=\"gsm8k\"".to_string(),
+        format!("data.train=\"{}\"", data.display()),
+        format!("data.test=\"{}\"", data.display()),
+        "data.prompts_per_step=1".into(),
+    ]);
+    let out = train_cmd(&s).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {err}");
+    assert!(
+        err.contains(&format!("{}:2: the prompt has ", data.display()))
+            && err.contains("max_position_embeddings = 128")
+            && err.contains("data.max_prompt_len"),
+        "{err}"
+    );
+    assert!(!run.join("metrics.jsonl").exists());
+
+    // Prompts that fit, but not with max_new_tokens on top: refused by the sampler, naming the
+    // model's positions, before anything is trained.
+    let run2 = tmp.path().join("run2");
+    let mut s = sets(&model, &run2, 2);
+    s.push("rollout.max_new_tokens=200".into());
+    let out = train_cmd(&s).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {err}");
+    assert!(
+        err.contains("max_new_tokens 200 exceed the model's max_position_embeddings 128"),
+        "{err}"
+    );
+    assert!(steps(&run2).is_empty());
+}
