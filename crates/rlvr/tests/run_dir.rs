@@ -498,9 +498,11 @@ fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
     let run = tmp.path().join("run");
     let data = tmp.path().join("train.jsonl");
     let row = |q: &str| serde_json::json!({"question": q, "answer": "#### 2"}).to_string();
+    // The report's input: a 5 MB prompt line with data.max_prompt_len unset (it aborted the process
+    // asking for a 6 TB attention bias).
     std::fs::write(
         &data,
-        format!("{}\n{}\n", row("1+1"), row(&"7".repeat(300))),
+        format!("{}\n{}\n", row("1+1"), row(&"7".repeat(5 << 20))),
     )
     .unwrap();
     let mut s = sets(&model, &run, 2);
