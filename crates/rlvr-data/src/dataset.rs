@@ -89,7 +89,7 @@ fn check_gsm8k_reference(path: &Path, line: usize, field: &str, reference: &str)
 ///
 /// # Errors
 /// [`DataError`] naming file, line and field for unreadable files, malformed lines, missing fields,
-/// and a GSM8K answer without a number after `####`.
+/// then (once every line has its fields) a GSM8K answer without a number after `####`.
 pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
     let (qf, af) = cfg.fields();
     let records = read_records(path)?;
@@ -123,15 +123,6 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                     reference: r.text(&af, "answer_field")?,
                 }
             }
-            TaskKind::Gsm8k => {
-                let reference = r.text(&af, "answer_field")?;
-                check_gsm8k_reference(path, record.line, &af, &reference)?;
-                Problem {
-                    source,
-                    vars: vec![("question".into(), r.text(&qf, "question_field")?)],
-                    reference,
-                }
-            }
             _ => Problem {
                 source,
                 vars: vec![("question".into(), r.text(&qf, "question_field")?)],
@@ -139,6 +130,13 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
             },
         };
         out.push(problem);
+    }
+    // The gold answers once every record has its fields: a file's structural errors (malformed
+    // lines, missing fields) are reported first, whichever line comes first.
+    if cfg.task == TaskKind::Gsm8k {
+        for (record, p) in records.iter().zip(&out) {
+            check_gsm8k_reference(path, record.line, &af, &p.reference)?;
+        }
     }
     Ok(out)
 }
