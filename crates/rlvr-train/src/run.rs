@@ -152,6 +152,7 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSu
     let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
     let policy = Policy::load(&policy_dir, dtype, &device)
         .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
+    crate::rundir::refuse_non_finite_policy(&policy.model, &policy_dir)?;
     let (state, moments, buffer) = match &ckpt {
         Some(dir) => {
             let (st, m, v, buf) = checkpoint::load_state(dir, &device)?;

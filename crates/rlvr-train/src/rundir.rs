@@ -219,6 +219,39 @@ impl Drop for RunGuard {
 /// # Errors
 /// Names the first non-finite tensor; tensor errors.
 pub(crate) fn ensure_finite(model: &rlvr_model::Model) -> anyhow::Result<()> {
+    if let Some(name) = non_finite_weight(model)? {
+        anyhow::bail!(
+            "weight {name} holds a non-finite value (NaN or inf): this checkpoint is not written and \
+             checkpoints/latest still names the last good one"
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a policy loaded from `dir` with a NaN or infinite weight at the start of a run: it would
+/// train on silently (identical completions make zero-variance groups, so no loss is ever checked).
+///
+/// # Errors
+/// Names `dir` and the first non-finite weight; tensor errors.
+pub(crate) fn refuse_non_finite_policy(
+    model: &rlvr_model::Model,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    if let Some(name) = non_finite_weight(model)? {
+        anyhow::bail!(
+            "the policy loaded from {} holds a non-finite value (NaN or inf) in weight {name}: \
+             nothing can be learned from it; start from another model.path or checkpoint",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The name of the first weight of `model` that holds a NaN or an infinity, if any.
+///
+/// # Errors
+/// Tensor errors.
+pub(crate) fn non_finite_weight(model: &rlvr_model::Model) -> anyhow::Result<Option<String>> {
     for (name, v) in model.named_vars() {
         let t = v.as_tensor();
         // x − x is 0 for every finite x and NaN for NaN and ±inf: the sum is finite iff all are.
@@ -227,13 +260,11 @@ pub(crate) fn ensure_finite(model: &rlvr_model::Model) -> anyhow::Result<()> {
             .sum_all()?
             .to_dtype(candle_core::DType::F32)?
             .to_scalar::<f32>()?;
-        anyhow::ensure!(
-            s.is_finite(),
-            "weight {name} holds a non-finite value (NaN or inf): this checkpoint is not written and \
-             checkpoints/latest still names the last good one"
-        );
+        if !s.is_finite() {
+            return Ok(Some(name));
+        }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The last completed step whose state can be saved after an error: the trainer's weights are

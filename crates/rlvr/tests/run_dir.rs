@@ -538,3 +538,43 @@ fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
     );
     assert!(steps(&run2).is_empty());
 }
+
+/// Overwrites element 0 of the first F32 tensor of `dir/model.safetensors` (in name order) with
+/// `v`, in place: the format is an 8-byte little-endian header length, a JSON header of
+/// `{name: {dtype, shape, data_offsets}}`, then the data. Returns the tensor's name.
+fn poison_weight(dir: &Path, v: f32) -> String {
+    let p = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut names: Vec<&String> = header
+        .keys()
+        .filter(|k| header[*k]["dtype"] == "F32")
+        .collect();
+    names.sort();
+    let name = names[0].clone();
+    let at = 8 + n + header[&name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    std::fs::write(&p, bytes).unwrap();
+    name
+}
+
+#[test]
+fn a_policy_with_a_nan_weight_is_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let name = poison_weight(&model, f32::NAN);
+    let run = tmp.path().join("run");
+    let out = train_cmd(&sets(&model, &run, 2)).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "holds a non-finite value (NaN or inf) in weight {name}"
+        )) && err.contains(&model.display().to_string()),
+        "{err}"
+    );
+    assert!(steps(&run).is_empty());
+    assert!(!run.join("checkpoints").exists());
+}
