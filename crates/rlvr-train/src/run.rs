@@ -149,6 +149,12 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSu
     } else {
         None
     };
+    if opts.resume && ckpt.is_none() {
+        crate::rundir::say(&format!(
+            "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
+            run_dir.display()
+        ));
+    }
     let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
     let policy = Policy::load(&policy_dir, dtype, &device)
         .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;

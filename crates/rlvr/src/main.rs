@@ -53,6 +53,12 @@ enum Command {
 
 fn main() {
     rlvr_model::keep_freed_memory();
+    // `rlvr help --help` (clap would call `--help` an unknown subcommand): the top-level help.
+    let args: Vec<String> = std::env::args().skip(1).take(3).collect();
+    if args.len() == 2 && args[0] == "help" && (args[1] == "--help" || args[1] == "-h") {
+        let _ = <Cli as clap::CommandFactory>::command().print_long_help();
+        return;
+    }
     let cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -75,3 +75,16 @@ fn train_help_points_to_the_repositorys_design_and_reward_help_states_the_input_
         assert!(reward.contains(want), "no {want:?} in:\n{reward}");
     }
 }
+
+#[test]
+fn help_of_help_prints_the_top_level_help() {
+    let h = help(&["help", "--help"]);
+    assert!(
+        h.starts_with("Reinforcement learning with verifiable rewards"),
+        "{h}"
+    );
+    assert!(
+        h.contains("Usage: rlvr <COMMAND>") && h.contains("train"),
+        "{h}"
+    );
+}

@@ -578,3 +578,31 @@ fn a_policy_with_a_nan_weight_is_refused_before_training() {
     assert!(steps(&run).is_empty());
     assert!(!run.join("checkpoints").exists());
 }
+
+#[test]
+fn resume_without_a_checkpoint_says_it_starts_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    // save_every = 0: killed after step 1, the run has metrics but no checkpoint.
+    let mut c = train_cmd(&sets(&model, &run, 2));
+    c.env("RLVR_DEBUG_HANG_AFTER_STEP", "1");
+    let mut a = spawn(c);
+    wait_for("step 1", 120, || last_step(&run) == 1);
+    a.kill().unwrap();
+    a.wait().unwrap();
+    assert_eq!(latest(&run), "");
+    let out = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    ok(&out, "resume without a checkpoint");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("holds no checkpoint yet: --resume starts the run over from step 0"),
+        "{err}"
+    );
+    assert_eq!(steps(&run), [1, 2]);
+    assert_eq!(latest(&run), "step-2");
+}
