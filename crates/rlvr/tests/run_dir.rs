@@ -606,3 +606,46 @@ fn resume_without_a_checkpoint_says_it_starts_over() {
     assert_eq!(steps(&run), [1, 2]);
     assert_eq!(latest(&run), "step-2");
 }
+
+#[test]
+fn relative_input_paths_are_stored_resolved_so_resume_works_from_another_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let row = |q: &str, a: &str| serde_json::json!({"question": q, "answer": a}).to_string();
+    let rows: Vec<String> = (1..=8)
+        .map(|i| row(&format!("{i}+1"), &format!("#### {}", i + 1)))
+        .collect();
+    std::fs::write(tmp.path().join("train.jsonl"), rows.join("\n") + "\n").unwrap();
+    // Typed relative to tmp (the current directory of the first command).
+    let mut s = sets(Path::new("model"), Path::new("run"), 4);
+    s.retain(|x| !x.starts_with("data."));
+    s.extend([
+        "data.task=\"gsm8k\"".to_string(),
+        "data.train=\"train.jsonl\"".into(),
+        "data.test=\"train.jsonl\"".into(),
+        "data.prompts_per_step=2".into(),
+        "train.save_every=1".into(),
+    ]);
+    let mut c = train_cmd(&s);
+    c.current_dir(tmp.path())
+        .env("RLVR_DEBUG_HANG_AFTER_STEP", "2");
+    let mut a = spawn(c);
+    let run = tmp.path().join("run");
+    wait_for("step 2", 120, || latest(&run) == "step-2");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let cfg = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let abs = |p: &Path| format!("\"{}\"", p.display());
+    assert!(cfg.contains(&abs(&model)), "{cfg}");
+    assert!(cfg.contains(&abs(&tmp.path().join("train.jsonl"))), "{cfg}");
+    // Resumed from another directory: the same files are read.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let r = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    ok(&r, "resume from another directory");
+    assert_eq!(steps(&run), [1, 2, 3, 4]);
+}
