@@ -82,7 +82,7 @@ fn check(name: &str, dtype: DType, tol: f64) -> f64 {
         let t = case.input_ids[0].len();
         let ids0 = vec![case.input_ids[0].clone()];
         let mask0 = vec![case.attention_mask[0].clone()];
-        let mut cache = rlvr_model::KvCache::new(model.config.num_hidden_layers);
+        let mut cache = rlvr_model::KvCache::new(model.config().num_hidden_layers);
         let pos = rlvr_model::model::position_ids(&mask0);
         let logits: Vec<f32> = model
             .forward_cached(&ids0, &pos, &mask0, &mut cache)
@@ -399,8 +399,9 @@ fn try_clone_is_a_deep_copy() {
         .unwrap();
     assert_eq!(a, b);
     // Changing the original leaves the copy alone.
-    let e = model.embed.as_tensor();
-    model.embed.set(&(e * 2.0).unwrap()).unwrap();
+    let embed = model.var("model.embed_tokens.weight").unwrap();
+    let e = embed.as_tensor();
+    embed.set(&(e * 2.0).unwrap()).unwrap();
     let c: Vec<Vec<f32>> = copy
         .token_logprobs(&ids, &mask, 0, 1.0, false, false)
         .unwrap()
