@@ -21,7 +21,7 @@ use rlvr_model::Model;
 use crate::decode::{forward_last, packed_head, KvBuffer, MASK_BIAS};
 use crate::error::{Result, RolloutError};
 pub use crate::params::{Completion, Detokenize, FinishReason, PromptIds, SamplingParams};
-use crate::select::{choose, Choice, Scratch, Selection};
+use crate::select::{choose, Choice, Scratch};
 
 /// The sampling engine. See the module docs for the algorithm.
 pub struct Sampler {
