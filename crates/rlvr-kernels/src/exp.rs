@@ -168,14 +168,32 @@ dispatch_avx2!(fn scaled_max_dispatch(x: &[f32], inv_t: f32) -> f32 = scaled_max
 /// (relative error ~1e-7 for blocks of 1024).
 ///
 /// Panics when the lengths disagree.
-pub fn exp_block_sums(x: &[f32], inv_t: f32, m: f32, block: usize, w: &mut [f32], sums: &mut [f64]) {
+pub fn exp_block_sums(
+    x: &[f32],
+    inv_t: f32,
+    m: f32,
+    block: usize,
+    w: &mut [f32],
+    sums: &mut [f64],
+) {
     assert!(w.len() == x.len() && sums.len() == x.len().div_ceil(block));
     exp_block_sums_dispatch(x, inv_t, m, block, w, sums)
 }
 
 #[inline(always)]
-fn exp_block_sums_body(x: &[f32], inv_t: f32, m: f32, block: usize, w: &mut [f32], sums: &mut [f64]) {
-    for ((xb, wb), s) in x.chunks(block).zip(w.chunks_mut(block)).zip(sums.iter_mut()) {
+fn exp_block_sums_body(
+    x: &[f32],
+    inv_t: f32,
+    m: f32,
+    block: usize,
+    w: &mut [f32],
+    sums: &mut [f64],
+) {
+    for ((xb, wb), s) in x
+        .chunks(block)
+        .zip(w.chunks_mut(block))
+        .zip(sums.iter_mut())
+    {
         let mut acc = [0f32; LANES];
         let mut xi = xb.chunks_exact(LANES);
         let mut wi = wb.chunks_exact_mut(LANES);

@@ -32,8 +32,14 @@ pub(crate) fn sgemm(
 ) {
     assert!(m == 0 || n == 0 || dst_rs >= n, "sgemm: dst rows overlap");
     assert!(fits(m, n, dst_rs, 1, dst.len()), "sgemm: dst out of bounds");
-    assert!(fits(m, k, lhs.rs, lhs.cs, lhs.data.len()), "sgemm: lhs out of bounds");
-    assert!(fits(k, n, rhs.rs, rhs.cs, rhs.data.len()), "sgemm: rhs out of bounds");
+    assert!(
+        fits(m, k, lhs.rs, lhs.cs, lhs.data.len()),
+        "sgemm: lhs out of bounds"
+    );
+    assert!(
+        fits(k, n, rhs.rs, rhs.cs, rhs.data.len()),
+        "sgemm: rhs out of bounds"
+    );
     // SAFETY: every element the shapes and strides address lies inside its slice (asserted
     // above); `dst` is borrowed mutably, so it overlaps neither input, and its rows are disjoint
     // (dst_rs ≥ n with column stride 1); `Parallelism::None` runs on this thread only.

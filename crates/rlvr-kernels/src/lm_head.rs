@@ -109,7 +109,9 @@ fn recycle_stash(b: Vec<f32>) {
 /// the thread count), so the summation order is too.
 pub fn dh_groups(n: usize, hd: usize, nchunks: usize) -> usize {
     let per = n.saturating_mul(hd).saturating_mul(4).max(1);
-    (DH_PARTIALS_BYTES / per).clamp(1, MAX_DH_GROUPS).min(nchunks.max(1))
+    (DH_PARTIALS_BYTES / per)
+        .clamp(1, MAX_DH_GROUPS)
+        .min(nchunks.max(1))
 }
 
 impl LmHeadLogprobOp {
@@ -312,7 +314,11 @@ impl GradCtx<'_> {
             }
             let z: &[f32] = z;
             // ∂W_c[vc, hd] (+)= inv_t · Gᵀ[vc, rb] · h[rb, hd].
-            let gt = MatRef { data: z, rs: 1, cs: vc };
+            let gt = MatRef {
+                data: z,
+                rs: 1,
+                cs: vc,
+            };
             let hb = MatRef {
                 data: &self.h[r0 * hd..],
                 rs: hd,
@@ -320,7 +326,11 @@ impl GradCtx<'_> {
             };
             sgemm(vc, hd, rb, gw, hd, r0 > 0, gt, hb, inv_t);
             // ∂h[rb, hd] += inv_t · G[rb, vc] · W_c[vc, hd].
-            let g = MatRef { data: z, rs: vc, cs: 1 };
+            let g = MatRef {
+                data: z,
+                rs: vc,
+                cs: 1,
+            };
             let wc = MatRef {
                 data: &self.w[c0 * hd..],
                 rs: hd,
@@ -392,7 +402,9 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
                 .enumerate()
                 .map(|(g, (gw, z))| {
                     let mut acc = vec![0f32; n * hd];
-                    let chunks = gw.chunks_mut(VOCAB_CHUNK * hd).zip(z.chunks_mut(VOCAB_CHUNK * n));
+                    let chunks = gw
+                        .chunks_mut(VOCAB_CHUNK * hd)
+                        .zip(z.chunks_mut(VOCAB_CHUNK * n));
                     for (i, (gw, z)) in chunks.enumerate() {
                         ctx.chunk(&mut acc, z, g * per + i, gw, true);
                     }

@@ -114,7 +114,14 @@ impl PackedHead {
 /// Both sum over k in order with one fused multiply-add per term.
 ///
 /// Panics when a slice is shorter than the shapes say.
-fn panel_tile(x: &[f32], h: usize, rows: usize, panel: &[f32], tile: &mut [f32; 4 * PANEL], avx512: bool) {
+fn panel_tile(
+    x: &[f32],
+    h: usize,
+    rows: usize,
+    panel: &[f32],
+    tile: &mut [f32; 4 * PANEL],
+    avx512: bool,
+) {
     assert!(rows <= 4 && x.len() >= rows * h && panel.len() >= h * PANEL);
     #[cfg(target_arch = "x86_64")]
     if avx512 {
@@ -182,4 +189,3 @@ unsafe fn panel_kernel(x: &[f32], h: usize, rows: usize, panel: &[f32], tile: &m
         }
     }
 }
-

@@ -17,7 +17,6 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
-
 #[test]
 fn skinny_matmul_equals_candle_matmul() {
     let d = Device::Cpu;

@@ -26,12 +26,11 @@ fn data(len: usize, seed: u64, scale: f32) -> Vec<f32> {
 /// (log-probs and entropies `[N, 2]`, ∂h, ∂W) of a weighted loss of the fused head.
 fn run(n: usize, hd: usize, stash: bool) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let dev = Device::Cpu;
-    let h = Var::from_tensor(&Tensor::from_vec(data(n * hd, 1, 2.0), (n, hd), &dev).unwrap())
-        .unwrap();
-    let w = Var::from_tensor(
-        &Tensor::from_vec(data(VOCAB * hd, 2, 0.5), (VOCAB, hd), &dev).unwrap(),
-    )
-    .unwrap();
+    let h =
+        Var::from_tensor(&Tensor::from_vec(data(n * hd, 1, 2.0), (n, hd), &dev).unwrap()).unwrap();
+    let w =
+        Var::from_tensor(&Tensor::from_vec(data(VOCAB * hd, 2, 0.5), (VOCAB, hd), &dev).unwrap())
+            .unwrap();
     let targets: Vec<u32> = (0..n).map(|i| ((i * 7919 + 13) % VOCAB) as u32).collect();
     let op = LmHeadLogprobOp {
         targets: Arc::new(targets),
@@ -45,7 +44,13 @@ fn run(n: usize, hd: usize, stash: bool) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     };
     let out = h.as_tensor().apply_op2(w.as_tensor(), op).unwrap();
     let wl: Vec<f32> = (0..n * 2)
-        .map(|i| if i % 2 == 0 { (i % 5) as f32 - 2.0 } else { 0.1 })
+        .map(|i| {
+            if i % 2 == 0 {
+                (i % 5) as f32 - 2.0
+            } else {
+                0.1
+            }
+        })
         .collect();
     let wl = Tensor::from_vec(wl, (n, 2), &dev).unwrap();
     let loss = (&out * &wl).unwrap().sum_all().unwrap();

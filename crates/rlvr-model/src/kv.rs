@@ -84,9 +84,10 @@ impl KvStore for KvCache {
     }
 
     fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let slot = self.layers.get_mut(layer).ok_or_else(|| {
-            crate::ModelError::Invalid(format!("KV cache has no layer {layer}"))
-        })?;
+        let slot = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| crate::ModelError::Invalid(format!("KV cache has no layer {layer}")))?;
         let (k, v) = match slot.take() {
             None => (k.clone(), v.clone()),
             Some((pk, pv)) => (Tensor::cat(&[&pk, k], 2)?, Tensor::cat(&[&pv, v], 2)?),

@@ -204,7 +204,10 @@ impl Rotary {
         }
         let n = n.next_power_of_two().max(256);
         let half = self.inv_freq.len();
-        let (mut cos, mut sin) = (Vec::with_capacity(n * 2 * half), Vec::with_capacity(n * 2 * half));
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(n * 2 * half),
+            Vec::with_capacity(n * 2 * half),
+        );
         for p in 0..n {
             for _ in 0..2 {
                 for &f in self.inv_freq.iter() {

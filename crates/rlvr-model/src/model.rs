@@ -112,7 +112,9 @@ impl Model {
         let cell: RefCell<&mut Loader> = RefCell::new(load);
         let vb = Vb::root(&cell);
         let m = vb.pp("model");
-        let embed = m.pp("embed_tokens").get("weight", &[c.vocab_size, c.hidden_size])?;
+        let embed = m
+            .pp("embed_tokens")
+            .get("weight", &[c.vocab_size, c.hidden_size])?;
         let layers = (0..c.num_hidden_layers)
             .map(|l| DecoderLayer::new(c, m.pp("layers").pp(l)))
             .collect::<Result<Vec<_>>>()?;
@@ -244,7 +246,8 @@ impl Model {
             if same_storage(p.var.as_tensor(), t) {
                 continue;
             }
-            p.var.set(&t.to_device(&self.device)?.to_dtype(self.dtype)?)?;
+            p.var
+                .set(&t.to_device(&self.device)?.to_dtype(self.dtype)?)?;
         }
         Ok(())
     }

@@ -46,7 +46,12 @@ impl KvBuffer {
         let shape = (rows, c.num_key_value_heads, capacity, c.head_dim);
         let (dtype, dev) = (model.dtype(), model.device());
         let layers = (0..c.num_hidden_layers)
-            .map(|_| Ok((Tensor::zeros(shape, dtype, dev)?, Tensor::zeros(shape, dtype, dev)?)))
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(shape, dtype, dev)?,
+                    Tensor::zeros(shape, dtype, dev)?,
+                ))
+            })
             .collect::<Result<_>>()?;
         let bias = Tensor::from_vec(bias, (rows, capacity), dev)?;
         Ok(Self {
@@ -125,9 +130,10 @@ impl KvStore for KvBuffer {
                 self.capacity
             )));
         }
-        let (ck, cv) = self.layers.get(layer).ok_or_else(|| {
-            ModelError::Invalid(format!("KV cache has no layer {layer}"))
-        })?;
+        let (ck, cv) = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::Invalid(format!("KV cache has no layer {layer}")))?;
         ck.slice_set(k, 2, self.len)?;
         cv.slice_set(v, 2, self.len)?;
         Ok((ck.narrow(2, 0, s)?, cv.narrow(2, 0, s)?))

@@ -94,7 +94,12 @@ fn runs_are_bit_identical_at_2_and_4_threads() {
     for threads in [2, 4] {
         let rd = tmp.path().join(format!("run-{threads}"));
         let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "determinism_child", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "determinism_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("RAYON_NUM_THREADS", threads.to_string())
             .env(CHILD_ENV, format!("{}|{}", model.display(), rd.display()))
             .output()
