@@ -334,7 +334,7 @@ fn saved_model_reloads_bit_identical() {
     let tmp = tempfile::tempdir().unwrap();
     model.save(tmp.path(), DType::F32).unwrap();
     let again = Model::load(tmp.path(), DType::F32, &Device::Cpu).unwrap();
-    assert_eq!(again.config.head_dim, 32);
+    assert_eq!(again.config().head_dim, 32);
     for ((n1, v1), (n2, v2)) in model.named_vars().iter().zip(again.named_vars().iter()) {
         assert_eq!(n1, n2);
         let a: Vec<f32> = v1.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
