@@ -206,7 +206,7 @@ impl Sampler {
                 });
             }
             // Bounds the prefill's [L, L] attention bias and every cache by the model's positions.
-            let max_pos = self.weights.config().max_position_embeddings;
+            let max_pos = self.model.config().max_position_embeddings;
             if p.len() + params.max_new_tokens > max_pos {
                 return Err(RolloutError::InvalidPrompt {
                     prompt_index,
