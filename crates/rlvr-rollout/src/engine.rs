@@ -134,6 +134,8 @@ impl Detokenize for tokenizers::Tokenizer {
 /// The sampling engine. See the module docs for the algorithm.
 pub struct Sampler {
     weights: DecodeWeights,
+    /// The model's variables by checkpoint name, sharing storage with `weights` ([`Sampler::load_named`]).
+    vars: Vec<(String, candle_core::Var)>,
     version: u64,
     detok: Option<Box<dyn Detokenize>>,
     timings: Option<std::sync::Mutex<DecodeTimings>>,
@@ -174,6 +176,14 @@ struct Row {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     finish: Option<FinishReason>,
+}
+
+fn named_vars(model: &Model) -> Vec<(String, candle_core::Var)> {
+    model
+        .named_vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.clone()))
+        .collect()
 }
 
 /// The RNG stream of one completion: ChaCha12 keyed by the 32-byte seed
@@ -256,6 +266,7 @@ impl Sampler {
     pub fn new(model: &Model, version: u64) -> Self {
         Self {
             weights: DecodeWeights::from_model(model),
+            vars: named_vars(model),
             version,
             detok: None,
             timings: None,
@@ -268,13 +279,48 @@ impl Sampler {
     ///
     /// Errors: out of device memory.
     pub fn snapshot(model: &Model, version: u64) -> Result<Self> {
-        Ok(Self {
-            weights: DecodeWeights::snapshot(model)?,
-            version,
-            detok: None,
-            timings: None,
-            device_select: None,
-        })
+        // A sampler over a deep copy, whose variables it keeps for `load_named`.
+        Ok(Self::new(&model.try_clone()?, version))
+    }
+
+    /// Copies `weights` into the sampler's weights by checkpoint name (the names of
+    /// `rlvr_model::Model::named_vars`, in any order) and sets the policy version to `version`.
+    /// Values are copied (converted to the sampler's dtype and device); a sampler made by
+    /// [`Sampler::new`] shares its model's storage, so that model sees the new values too.
+    /// `lm_head.weight` of a tied model is ignored (tying wins, as in transformers).
+    ///
+    /// Errors: a name the sampler does not have, one it has that `weights` lacks, or a shape
+    /// mismatch (each names the tensor); the weights are unchanged after such an error.
+    pub fn load_named(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<()> {
+        let bad = |msg: String| RolloutError::from(candle_core::Error::Msg(msg));
+        let given: std::collections::HashMap<&str, &Tensor> =
+            weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let tied = !self.vars.iter().any(|(n, _)| n == "lm_head.weight");
+        if let Some((n, _)) = weights.iter().find(|(n, _)| {
+            !self.vars.iter().any(|(m, _)| m == n) && !(tied && n == "lm_head.weight")
+        }) {
+            return Err(bad(format!("load_named: unknown weight `{n}`")));
+        }
+        if let Some((n, _)) = self.vars.iter().find(|(n, _)| !given.contains_key(n.as_str())) {
+            return Err(bad(format!("load_named: weight `{n}` is missing")));
+        }
+        if let Some((n, var)) = self
+            .vars
+            .iter()
+            .find(|(n, var)| given[n.as_str()].dims() != var.dims())
+        {
+            return Err(bad(format!(
+                "load_named: `{n}` has shape {:?}, expected {:?}",
+                given[n.as_str()].dims(),
+                var.dims()
+            )));
+        }
+        for (n, var) in &self.vars {
+            let w = given[n.as_str()];
+            var.set(&w.to_dtype(var.dtype())?.to_device(var.device())?)?;
+        }
+        self.version = version;
+        Ok(())
     }
 
     /// Sets the tokenizer used to check stop strings (e.g. `policy.tokenizer.tokenizer.clone()`).
