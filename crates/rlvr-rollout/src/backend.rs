@@ -85,11 +85,7 @@ impl NativeRollout {
     /// A backend that owns `model` (version `version`) and samples with it in place (no copy);
     /// [`Rollout::local_model`] returns it, and [`Rollout::load_weights`] updates it.
     /// `tokenizer` decodes completions for stop strings.
-    pub fn owning(
-        model: Model,
-        version: u64,
-        tokenizer: Option<tokenizers::Tokenizer>,
-    ) -> Self {
+    pub fn owning(model: Model, version: u64, tokenizer: Option<tokenizers::Tokenizer>) -> Self {
         let mut sampler = Sampler::new(&model, version);
         if let Some(t) = tokenizer {
             sampler = sampler.with_tokenizer(t);
@@ -191,16 +187,21 @@ mod tests {
     fn native_groups_equal_the_sampler_output() {
         let m = model(0);
         let prompts = vec![vec![1, 2, 3], vec![4, 5], vec![6]];
-        let direct = Sampler::new(&m, 3).sample(&prompts, &params(4), 7, 10).unwrap();
+        let direct = Sampler::new(&m, 3)
+            .sample(&prompts, &params(4), 7, 10)
+            .unwrap();
         let mut r = NativeRollout::new(Sampler::new(&m, 3));
         let groups = r.sample(&prompts, 10, &params(4), 7).unwrap();
         assert_eq!(groups.len(), 3);
         let flat = flatten(groups).unwrap();
         assert_eq!(flat, direct);
-        assert!(flat.chunks(4).enumerate().all(|(i, g)| g
-            .iter()
+        assert!(flat
+            .chunks(4)
             .enumerate()
-            .all(|(j, c)| c.prompt_index == 10 + i && c.sample_index == j && c.version == 3)));
+            .all(|(i, g)| g
+                .iter()
+                .enumerate()
+                .all(|(j, c)| c.prompt_index == 10 + i && c.sample_index == j && c.version == 3)));
     }
 
     /// Weights cross by name: after loading model B's tensors into a backend over model A, it
@@ -229,7 +230,10 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert_ne!(
-            before.into_iter().flat_map(|g| g.unwrap()).collect::<Vec<_>>(),
+            before
+                .into_iter()
+                .flat_map(|g| g.unwrap())
+                .collect::<Vec<_>>(),
             want
         );
         let local = r.local_model().unwrap();
@@ -246,7 +250,8 @@ mod tests {
             assert_eq!(d, 0.0, "{n1}");
         }
         // The caller's tensors are copied, not shared: changing B afterwards leaves the backend.
-        let (_, v) = &b.named_vars()[0];
+        let nv = b.named_vars();
+        let v = nv[0].1;
         v.set(&v.as_tensor().zeros_like().unwrap()).unwrap();
         let l0 = local.named_vars()[0].1.as_tensor().abs().unwrap();
         assert!(l0.max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0);

@@ -301,7 +301,11 @@ impl Sampler {
         }) {
             return Err(bad(format!("load_named: unknown weight `{n}`")));
         }
-        if let Some((n, _)) = self.vars.iter().find(|(n, _)| !given.contains_key(n.as_str())) {
+        if let Some((n, _)) = self
+            .vars
+            .iter()
+            .find(|(n, _)| !given.contains_key(n.as_str()))
+        {
             return Err(bad(format!("load_named: weight `{n}` is missing")));
         }
         if let Some((n, var)) = self

@@ -342,7 +342,9 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         grad_clip: a.grad_clip,
         seed: a.seed,
         eval_every: a.eval_every,
-        stop: a.stop_at_accuracy.map_or(StopRule::Never, StopRule::AccuracyAtLeast),
+        stop: a
+            .stop_at_accuracy
+            .map_or(StopRule::Never, StopRule::AccuracyAtLeast),
         save_every: a.save_every,
         save_dtype: dtype,
     };

@@ -136,7 +136,11 @@ impl Explorer {
     ///
     /// # Errors
     /// A name or shape mismatch, a backend failure.
-    pub fn set_weights(&mut self, version: u64, weights: &[(String, Tensor)]) -> anyhow::Result<()> {
+    pub fn set_weights(
+        &mut self,
+        version: u64,
+        weights: &[(String, Tensor)],
+    ) -> anyhow::Result<()> {
         self.rollout
             .load_weights(version, weights)
             .with_context(|| format!("loading the weights of version {version} into the explorer"))
@@ -294,4 +298,3 @@ pub fn zero_variance(g: &[Experience]) -> bool {
     let r: Vec<f64> = g.iter().filter_map(|e| e.reward).collect();
     r.windows(2).all(|w| w[0] == w[1])
 }
-

@@ -172,7 +172,14 @@ mod tests {
 
     fn loss(m: &Model, scale: f64) -> Tensor {
         let out = m
-            .token_logprobs(&[vec![1, 2, 3, 4]], &[vec![1, 1, 1, 1]], 0, 1.0, false, true)
+            .token_logprobs(
+                &[vec![1, 2, 3, 4]],
+                &[vec![1, 1, 1, 1]],
+                0,
+                1.0,
+                false,
+                true,
+            )
             .unwrap();
         (out.logprobs.sum_all().unwrap() * scale).unwrap()
     }
@@ -229,6 +236,9 @@ mod tests {
         o.accumulate(&mut whole, &loss(&m, 1.0)).unwrap();
         let n_half = o.apply(g, 0.0).unwrap().unwrap();
         let n_whole = o.apply(whole, 0.0).unwrap().unwrap();
-        assert!((n_half - n_whole).abs() < 1e-6 * n_whole, "{n_half} {n_whole}");
+        assert!(
+            (n_half - n_whole).abs() < 1e-6 * n_whole,
+            "{n_half} {n_whole}"
+        );
     }
 }

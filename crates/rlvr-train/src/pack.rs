@@ -69,7 +69,7 @@ mod tests {
 
     #[test]
     fn rows_are_right_padded_and_completion_positions_are_relative_to_start() {
-        let rows: Vec<(&[u32], &[u32])> = vec![(&[1, 2, 3], &[4, 5]), (&[6], &[7])];
+        let rows: Vec<(&[u32], &[u32])> = vec![(&[1, 2, 3][..], &[4, 5][..]), (&[6][..], &[7][..])];
         let p = pack_rows(&rows, 0);
         assert_eq!(p.ids, vec![vec![1, 2, 3, 4, 5], vec![6, 7, 0, 0, 0]]);
         assert_eq!(p.mask, vec![vec![1, 1, 1, 1, 1], vec![1, 1, 0, 0, 0]]);
@@ -81,9 +81,12 @@ mod tests {
 
     #[test]
     fn a_lone_one_token_row_still_gets_two_positions() {
-        let rows: Vec<(&[u32], &[u32])> = vec![(&[9], &[])];
+        let rows: Vec<(&[u32], &[u32])> = vec![(&[9][..], &[][..])];
         let p = pack_rows(&rows, 0);
-        assert_eq!((p.ids.clone(), p.start, p.columns()), (vec![vec![9, 0]], 0, 1));
+        assert_eq!(
+            (p.ids.clone(), p.start, p.columns()),
+            (vec![vec![9, 0]], 0, 1)
+        );
         assert!(p.at[0].is_empty());
     }
 }

@@ -25,15 +25,15 @@ use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Model, TokenizerBundle};
 use serde_json::json;
 
-use crate::checkpoint::{self, TrainerState};
+use crate::checkpoint;
 use crate::config::ResolvedConfig;
 use crate::eval::Evaluator;
 use crate::explorer::Batch;
 pub use crate::metrics::step_metrics;
 use crate::metrics::{append_line, truncate_after, MetricsLine};
 use crate::rundir::{progress_bar, write_run_json};
-use crate::schedule::{build_feed, Feed};
 pub use crate::schedule::{behaviour_version, filter_stale};
+use crate::schedule::{build_feed, Feed};
 pub use crate::source::{prepare_prompts, PreparedPrompts};
 use crate::trainer::{StepReport, Trainer, TrainerSettings};
 
@@ -109,7 +109,8 @@ impl Run<'_> {
         opts: &RunOptions,
         bar: Option<&indicatif::ProgressBar>,
     ) -> anyhow::Result<(u64, bool)> {
-        let c = &self.cfg.raw;
+        let cfg = self.cfg;
+        let c = &cfg.raw;
         let (v, max_stale, seed) = (c.sync.interval, c.sync.max_staleness, c.train.seed);
         let mut done = self.start;
         for t in (self.start + 1)..=c.train.steps {
@@ -118,7 +119,7 @@ impl Run<'_> {
             // staleness: drop experiences older than sync.max_staleness
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, max_stale);
             // trainer update: advantages, mini-batches, micro-batches, optimizer steps
-            let (lr, t0) = (self.cfg.lr_at(t), Instant::now());
+            let (lr, t0) = (cfg.lr_at(t), Instant::now());
             let rep = self.trainer.step(&exps, t, lr, seed)?;
             let train_s = t0.elapsed().as_secs_f64();
             // sync: the explorer gets version t when v divides t
@@ -281,14 +282,21 @@ impl Run<'_> {
     /// Saves a checkpoint when one is due: every `train.save_every` steps, at the last step, at a
     /// new best evaluation, and when stopping. A skipped step writes none: the last one stays the
     /// last good one.
-    fn checkpoint(&mut self, t: u64, rep: &StepReport, is_best: bool, stop: bool) -> anyhow::Result<()> {
-        let tr = &self.cfg.raw.train;
+    fn checkpoint(
+        &mut self,
+        t: u64,
+        rep: &StepReport,
+        is_best: bool,
+        stop: bool,
+    ) -> anyhow::Result<()> {
+        let cfg = self.cfg;
+        let tr = &cfg.raw.train;
         let due = !rep.skipped
             && ((tr.save_every > 0 && t % tr.save_every == 0) || t == tr.steps || is_best || stop);
         if due {
             let pos = (t, self.skipped_in_row, self.best);
             let dir = checkpoint::save_run(
-                self.cfg,
+                cfg,
                 &self.run_dir,
                 &self.trainer,
                 &self.tokenizer,
@@ -343,7 +351,12 @@ fn reset_logs(run_dir: &Path, resumed: Option<u64>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn show_progress(bar: Option<&indicatif::ProgressBar>, t: u64, rep: &StepReport, line: &MetricsLine) {
+fn show_progress(
+    bar: Option<&indicatif::ProgressBar>,
+    t: u64,
+    rep: &StepReport,
+    line: &MetricsLine,
+) {
     if let Some(b) = bar {
         b.set_position(t);
         b.set_message(format!(
@@ -398,4 +411,3 @@ fn write_step_logs(
     });
     append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
 }
-

@@ -224,11 +224,7 @@ pub(crate) fn build_feed(
     };
     let reward = RewardFunction::from_config(&c.reward, &c.data.verifier()?)?;
     let ex_tok = load_tok()?;
-    let backend = NativeRollout::owning(
-        model.try_clone()?,
-        start,
-        Some(ex_tok.tokenizer.clone()),
-    );
+    let backend = NativeRollout::owning(model.try_clone()?, start, Some(ex_tok.tokenizer.clone()));
     let mut stop_ids = tokenizer.eos_ids.clone();
     stop_ids.sort_unstable();
     stop_ids.dedup();

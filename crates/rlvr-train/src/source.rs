@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use rlvr_data::generate::Split;
 use rlvr_data::dataset::prepare_split;
+use rlvr_data::generate::Split;
 use rlvr_data::sampler::DataCursor;
 use rlvr_data::ChatMessage;
 use rlvr_model::{Message, TokenizerBundle};

@@ -548,12 +548,7 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
     };
     let mut table = format!(
         "\nheld-out: {} problems, greedy; seed {}\n{:<24} {:>10} {:>8} {:>9}\n",
-        ph.held_out_n,
-        a.seed,
-        "model",
-        "accuracy",
-        "gain",
-        "wall s"
+        ph.held_out_n, a.seed, "model", "accuracy", "gain", "wall s"
     );
     table.push_str(&row(
         &format!("warm start ({} steps)", ws.steps),
