@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use candle_core::DType;
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Model, TokenizerBundle};
 use serde_json::json;
@@ -150,8 +149,8 @@ impl Run<'_> {
         let c = &cfg.raw;
         let run_dir = c.output.dir.clone();
         prepare_run_dir(cfg, &run_dir, opts.resume)?;
-        let device = rlvr_model::parse_device(&c.model.device)?;
-        let dtype = rlvr_model::parse_dtype(&c.model.dtype).unwrap_or(DType::F32);
+        let device = c.model.open_device()?;
+        let dtype = c.model.dtype.dtype();
         let ckpt = if opts.resume {
             checkpoint::latest(&run_dir)?
         } else {
@@ -239,7 +238,7 @@ impl Run<'_> {
         let Some(ev) = &self.evaluator else {
             return Ok(false);
         };
-        if t > 0 && (every == 0 || t % every != 0) {
+        if t > 0 && (every == 0 || !t.is_multiple_of(every)) {
             return Ok(false);
         }
         let r = ev.record(&self.trainer.model, &self.tokenizer, t, &self.run_dir)?;
@@ -292,7 +291,10 @@ impl Run<'_> {
         let cfg = self.cfg;
         let tr = &cfg.raw.train;
         let due = !rep.skipped
-            && ((tr.save_every > 0 && t % tr.save_every == 0) || t == tr.steps || is_best || stop);
+            && ((tr.save_every > 0 && t.is_multiple_of(tr.save_every))
+                || t == tr.steps
+                || is_best
+                || stop);
         if due {
             let pos = (t, self.skipped_in_row, self.best);
             let dir = checkpoint::save_run(
