@@ -108,6 +108,18 @@ impl Rollout for NativeRollout {
     }
 
     fn load_weights(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<()> {
+        // A new version must replace every weight: one left out would sample with a stale part
+        // (`Sampler::load_named` itself accepts partial sets; a tied lm_head is not a weight).
+        let model = self.sampler.model();
+        if let Some((name, _)) = model
+            .named_vars()
+            .into_iter()
+            .find(|(n, _)| !weights.iter().any(|(m, _)| m == n))
+        {
+            return Err(crate::RolloutError::from(candle_core::Error::Msg(format!(
+                "load_weights: weight `{name}` of version {version} is missing"
+            ))));
+        }
         // The sampler shares storage with `self.model` (Sampler::new), so this updates both.
         self.sampler.load_named(version, weights)
     }
