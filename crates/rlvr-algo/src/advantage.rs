@@ -76,6 +76,9 @@ impl AdvantageStats {
 ///
 /// # Errors
 /// [`AlgoError::Input`] when lengths differ or a reward is not finite (use `None` for unscorable).
+// Long (about 125 lines) on purpose: one pass per rule of DESIGN §5 in the order they apply
+// (group, RED-Drop, centre, std-normalise, weight), each short and commented; split, the
+// intermediate per-group vectors would have to travel between functions.
 pub fn compute_advantages<G: Hash + Eq>(
     rewards: &[Option<f64>],
     group_ids: &[G],
@@ -164,7 +167,8 @@ pub fn compute_advantages<G: Hash + Eq>(
         }
     }
 
-    // Std normalisation.
+    // Std normalisation: A = (r − b)/(std + ε_std), GRPO (arXiv 2402.03300 Eq. 3 / §4.1.2) and paper A
+    // (whitening inside each group); none for Dr.GRPO (arXiv 2503.20783) and paper B's REINFORCE.
     let batch_std = match alg.std_level {
         StdLevel::Batch => {
             let all: Vec<f64> = (0..n).filter(|&i| kept[i]).map(r).collect();
@@ -207,8 +211,11 @@ fn baselines(vals: &[f64], alg: &Algorithm) -> Vec<f64> {
     let n = vals.len() as f64;
     let sum: f64 = vals.iter().sum();
     match alg.baseline {
+        // GRPO's group mean (arXiv 2402.03300 §4.1.2; paper A; paper B's group-relative REINFORCE).
         Baseline::Mean => vec![sum / n; vals.len()],
+        // RLOO (arXiv 2402.14740): the mean of the other K−1 rewards.
         Baseline::LeaveOneOut => vals.iter().map(|v| (sum - v) / (n - 1.0)).collect(),
+        // Kimi k1.5 (arXiv 2501.12599): b = T·log mean_j exp(r_j / T).
         Baseline::LogMeanExp => {
             let t = alg.lme_temperature;
             let m = vals.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v / t));
@@ -232,7 +239,8 @@ fn std_of(vals: &[f64], norm: StdNorm) -> f64 {
     (vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / denom).sqrt()
 }
 
-/// RED-Drop: the rows to drop so that negatives (r < mean) do not outnumber the rest.
+/// RED-Drop (paper B, arXiv 2509.24203; DESIGN §4 preset table): the rows to drop so that
+/// negatives (r < mean) do not outnumber the rest.
 fn red_drop_choice(rows: &[usize], r: &dyn Fn(usize) -> f64, seed: u64) -> Vec<usize> {
     let mean = rows.iter().map(|&i| r(i)).sum::<f64>() / rows.len() as f64;
     let mut negatives: Vec<usize> = rows.iter().copied().filter(|&i| r(i) < mean).collect();

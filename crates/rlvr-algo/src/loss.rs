@@ -64,6 +64,8 @@ pub struct LossInputs<'a> {
 /// [`AlgoError::Shape`] when a tensor's shape differs from `logp`'s `[B, T]` (or `[B]` for advantages,
 /// `row_weights.len()` ≠ B); [`AlgoError::Input`] when `kl_coef` ≠ 0 without `logp_ref` or
 /// `entropy_coef` ≠ 0 without `entropy`; candle errors.
+// Long (about 120 lines, a third of them input checks) on purpose: it reads as the module docs'
+// formula top to bottom (ratio, PG term, regulariser, KL, entropy, aggregation).
 pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossStats)> {
     const OP: &str = "policy_loss";
     let (b, t) = inp.logp.dims2()?;
@@ -138,11 +140,15 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
 
     // Regulariser, KL, entropy.
     let mut per_token = pg.loss;
+    // Paper B's REP regularisers (arXiv 2509.24203; DESIGN §4): OPMD +τ·(ℓ − ℓ_old)² (Kimi k1.5,
+    // arXiv 2501.12599, with Trinity-RFT's convention), AsymRE −τ·ℓ.
     match alg.regulariser {
         Regulariser::None => {}
         Regulariser::Opmd => per_token = (per_token + (x.sqr()? * alg.tau)?)?,
         Regulariser::Asymre => per_token = (per_token - (&logp * alg.tau)?)?,
     }
+    // β·k(ℓ_ref − ℓ) with k1/k2/k3 of DESIGN §4 (k3: arXiv 2402.03300 Eq. 4); ·ρ̄ is the off-policy
+    // "corrected k3" of DeepSeek-V3.2 (DESIGN §4).
     let mut kl_ref_value = None;
     if let Some(lr) = inp.logp_ref {
         let xr = clamp_with_grad(&(clean(lr)?.detach() - &logp)?, c)?;
@@ -162,7 +168,7 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
         per_token = (per_token - (h * alg.entropy_coef)?)?;
     }
 
-    // Aggregate: Σ_i w_i Σ_t m_it L_it.
+    // Aggregate: Σ_i w_i Σ_t m_it L_it, w fixed per update before micro-batching (DESIGN §4).
     let w = Tensor::from_vec(inp.row_weights.to_vec(), b, dev)?.to_dtype(dt)?;
     let row_sums = (per_token * &mask)?.sum(D::Minus1)?;
     let loss = (row_sums * &w)?.sum_all()?;
@@ -191,6 +197,8 @@ struct Pg {
 }
 
 #[allow(clippy::too_many_arguments)]
+// Long (about 120 lines) on purpose: one match arm per loss of the module docs' table, each
+// with its paper; splitting per arm would scatter the shared clip and keep-mask inputs.
 fn pg_term(
     alg: &Algorithm,
     logp: &Tensor,
@@ -208,6 +216,9 @@ fn pg_term(
     let zeros = logp.zeros_like()?;
     let f = |m: &Tensor| -> Result<Tensor> { Ok(m.to_dtype(dt)?) };
     match alg.loss {
+        // PPO clipped surrogate (Schulman et al., arXiv 1707.06347 Eq. 7) per token with ρ against
+        // the behaviour policy: GRPO (arXiv 2402.03300 Eq. 3) and paper A's off-policy GRPO
+        // (arXiv 2505.22257, ρ = π_θ/α with α the stale sampler; DESIGN §1).
         PolicyLoss::Ppo => {
             let (loss, cl, ch) =
                 clipped_surrogate(adv, ratio_w, ratio_wd, pos, neg, lo, hi, alg.dual_clip)?;
@@ -217,6 +228,8 @@ fn pg_term(
                 clipped_high: ch,
             })
         }
+        // GSPO (arXiv 2507.18071, its sequence-level objective): the clipped surrogate on the
+        // length-normalised sequence ratio s, gradient through s.
         PolicyLoss::Gspo => {
             // s = exp(Σ_t m·x / Σ_t m) per row (x is already clamped and 0 on padding).
             let (b, t) = logp.dims2()?;
@@ -234,6 +247,8 @@ fn pg_term(
                 clipped_high: ch,
             })
         }
+        // CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_h))·A·ℓ, the IS weight clipped and
+        // detached so every token keeps a gradient.
         PolicyLoss::Cispo => {
             let w = ratio_wd.clamp(f64::NEG_INFINITY, hi)?;
             let capped = f(&ratio_wd.gt(hi)?)?;
@@ -244,11 +259,14 @@ fn pg_term(
                 clipped_high: capped,
             })
         }
+        // Group-relative REINFORCE (paper B, arXiv 2509.24203): −A·ℓ.
         PolicyLoss::Reinforce => Ok(Pg {
             loss: (adv * logp)?.neg()?,
             clipped_low: zeros.clone(),
             clipped_high: zeros,
         }),
+        // Paper B's REC family (arXiv 2509.24203; DESIGN §1): −A′·k·ℓ with keep-mask k from the
+        // detached ratio and weight A′ (reference: Trinity-RFT rec_policy_loss.py).
         PolicyLoss::Rec => {
             let (b, t) = logp.dims2()?;
             // Detached sequence ratio s̄ (uncapped), for gspo-one-side and seq-is.
@@ -268,6 +286,8 @@ fn pg_term(
             let one_side = || -> Result<Tensor> {
                 Ok(((posf * &le_hi)? + (negf * &ge_lo)?)?.clamp(0.0, 1.0)?)
             };
+            // Keep-masks (paper B; DESIGN §1): one-side is PPO's own pattern, two-side keeps
+            // 1−ε_l ≤ ρ̄ ≤ 1+ε_h, ring adds the far tails beyond ε′.
             let keep = match alg.keep_mask {
                 KeepMask::None => logp.ones_like()?,
                 KeepMask::OneSide | KeepMask::GspoOneSide => one_side()?,
@@ -279,6 +299,7 @@ fn pg_term(
                     ((two + (posf * far_lo)?)? + (negf * far_hi)?)?.clamp(0.0, 1.0)?
                 }
             };
+            // A′ (paper B): A, A·ρ̄ (IS), A·s̄ (sequence IS), A·exp(A/T) (RED-Weight).
             let weight = match alg.rec_weight {
                 RecWeight::None => adv.clone(),
                 RecWeight::Is => (adv * ratio_wd)?,
@@ -322,6 +343,7 @@ fn clipped_surrogate(
     let any_clip = clip_hi.add(&clip_lo)?; // disjoint (A > 0 vs A < 0)
     let mut loss = any_clip.where_cond(&clipped_value, &unclipped)?;
     let mut high = clip_hi.to_dtype(dt)?;
+    // Dual-clip (Ye et al., arXiv 1912.09729): for A < 0 the loss is at most −c·A.
     if let Some(cd) = dual_clip {
         // A < 0 and ρ > c: the loss −ρA exceeds −cA; dual-clip caps it at the constant −cA.
         let dual = neg.mul(&ratio_d.gt(cd)?)?;
@@ -339,7 +361,8 @@ fn clamp_with_grad(x: &Tensor, c: f64) -> Result<Tensor> {
     Ok(inside.where_cond(x, &clamped)?)
 }
 
-/// ρ·sg(min(1, C/ρ)): value min(ρ, C), gradient of ρ scaled by the same factor.
+/// ρ·sg(min(1, C/ρ)): value min(ρ, C), gradient of ρ scaled by the same factor: truncated importance
+/// sampling (DESIGN §3 "train/sampler mismatch"; `algorithm.is_cap`).
 fn cap_ratio(ratio: &Tensor, cap: Option<f64>) -> Result<Tensor> {
     match cap {
         None => Ok(ratio.clone()),

@@ -114,6 +114,8 @@ impl UpdateNormaliser {
             .map(|r| r.completion_tokens)
             .sum();
         let tokens_total: usize = rows.iter().map(|r| r.completion_tokens).sum();
+        // DESIGN §4: token-mean (DAPO, arXiv 2503.14476), per-sequence means (GRPO, arXiv
+        // 2402.03300 Eq. 3), constant B·L (Dr.GRPO, arXiv 2503.20783), all fixed per update.
         let denominator = match alg.aggregation {
             Aggregation::TokenMean => tokens_trained as f64,
             Aggregation::SeqMeanTokenMean | Aggregation::SeqMeanTokenSum => n_rows as f64,

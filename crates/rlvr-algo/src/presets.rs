@@ -73,6 +73,7 @@ fn reinforce(std_norm: StdNorm) -> AlgorithmConfig {
     c
 }
 
+// Long on purpose: the preset table as data, one entry per row of DESIGN §4's table.
 fn build() -> Vec<Preset> {
     let mut v = Vec::new();
     let mut p = |name, description, reference, values| {

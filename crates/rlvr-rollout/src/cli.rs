@@ -22,6 +22,7 @@ use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Message, TokenizerBundle};
 use serde::Serialize;
 
+use crate::backend::{flatten, NativeRollout, Rollout};
 use crate::engine::{Completion, PromptIds, Sampler, SamplingParams};
 
 /// Compute dtype of `--dtype`.
@@ -193,7 +194,8 @@ pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         max_batch_rows: args.max_batch_rows,
     };
     let sampler = Sampler::new(&policy.model, 0).with_tokenizer(tok.tokenizer.clone());
-    let completions = sampler.sample(&prompts, &params, args.seed, 0)?;
+    let mut rollout = NativeRollout::new(sampler);
+    let completions = flatten(rollout.sample(&prompts, 0, &params, args.seed)?)?;
     write_generate(tok, &completions, out)?;
     if let Some(path) = &args.out {
         write_experiences(path, &prompts, &completions)

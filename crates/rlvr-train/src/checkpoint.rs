@@ -17,8 +17,11 @@ use rlvr_model::weights::{atomic_write, safetensors_bytes};
 use rlvr_model::{Model, TokenizerBundle};
 use serde::{Deserialize, Serialize};
 
+use crate::config::ResolvedConfig;
 use crate::experience::Experience;
-use crate::explorer::SourceCursor;
+use crate::schedule::Feed;
+use crate::source::SourceCursor;
+use crate::trainer::Trainer;
 
 /// `trainer_state/state.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -221,4 +224,63 @@ pub fn mark_best(run_dir: &Path, step: u64) -> anyhow::Result<()> {
         format!("step-{step}\n").as_bytes(),
     )?;
     Ok(())
+}
+
+/// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
+pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
+
+/// The checkpoint stage of a run: writes `step-N` (policy, optimizer moments, explorer version
+/// and, when it differs from the policy's, the explorer's weights, the source cursor) and rotates
+/// old ones (`train.keep_last`, the best kept).
+///
+/// # Errors
+/// I/O errors; an explorer whose version differs from the policy's but whose backend keeps no
+/// local weights to save.
+pub(crate) fn save_run(
+    cfg: &ResolvedConfig,
+    run_dir: &Path,
+    trainer: &Trainer,
+    tokenizer: &TokenizerBundle,
+    feed: &Feed,
+    (step, skipped_in_row, best): RunPosition,
+    cursor: SourceCursor,
+) -> anyhow::Result<PathBuf> {
+    crate::rundir::ensure_finite(&trainer.model)?;
+    let (ex_version, ex_model) = match feed {
+        Feed::Inline(e) if e.version() != step => {
+            let m = e.behaviour_model().with_context(|| {
+                format!(
+                    "the explorer samples with version {} at step {step}, but its backend keeps \
+                     no local weights to checkpoint",
+                    e.version()
+                )
+            })?;
+            (e.version(), Some(m))
+        }
+        _ => (step, None),
+    };
+    let st = TrainerState {
+        step,
+        optimizer_step: trainer.optimizer.adamw.step,
+        explorer_version: ex_version,
+        cursor,
+        rng_seed: cfg.raw.train.seed,
+        skipped_in_row,
+        best,
+        explorer_weights: false,
+    };
+    let (m, v) = trainer.optimizer.adamw.moments();
+    let dir = save(
+        run_dir,
+        &st,
+        &CheckpointParts {
+            model: &trainer.model,
+            tokenizer,
+            moments: (m, v),
+            explorer: ex_model,
+            buffer: &[],
+        },
+    )?;
+    rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;
+    Ok(dir)
 }

@@ -6,16 +6,19 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use rlvr_data::config::{PromptStyle, TaskKind};
 use rlvr_data::generate::Split;
 use rlvr_model::checkpoint::Policy;
+use rlvr_model::optim::AdamWConfig;
 use rlvr_model::{ComputeDtype, DeviceSpec};
 use rlvr_reward::combine::RewardFunction;
 
-use crate::config::{RawConfig, ResolvedConfig};
-use crate::eval::{evaluate, EvalSettings};
-use crate::run::{prepare_prompts, train, RunOptions};
+use crate::config::{RawConfig, ResolvedConfig, Schedule, TrainSection};
+use crate::eval::{EvalSettings, Evaluator};
+use crate::run::{train, RunOptions};
+use crate::sft::{pairs_from_config, read_pairs, train_sft, SftSettings, StopRule};
+use crate::source::prepare_prompts;
 
 /// `rlvr train`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -200,24 +203,21 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             raw.data.task.name()
         );
     }
-    let reward = RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?;
-    let settings = EvalSettings {
-        samples: a.n.max(1),
-        max_new_tokens: a.max_new_tokens.unwrap_or(raw.rollout.max_new_tokens),
-        seed: a.seed,
-        max_batch_rows: raw.rollout.max_batch_rows,
-        stop: raw.rollout.stop.clone(),
-        add_special_tokens: raw.data.style == PromptStyle::Plain,
+    let evaluator = Evaluator {
+        texts: p.texts,
+        references: p.references,
+        reward: RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?,
+        settings: EvalSettings {
+            samples: a.n.max(1),
+            max_new_tokens: a.max_new_tokens.unwrap_or(raw.rollout.max_new_tokens),
+            seed: a.seed,
+            max_batch_rows: raw.rollout.max_batch_rows,
+            stop: raw.rollout.stop.clone(),
+            add_special_tokens: raw.data.style == PromptStyle::Plain,
+        },
+        task: raw.data.task.name(),
     };
-    let (r, items) = evaluate(
-        &policy.model,
-        &policy.tokenizer,
-        raw.data.task.name(),
-        &p.texts,
-        &p.references,
-        &reward,
-        &settings,
-    )?;
+    let (r, items) = evaluator.run_model(&policy.model, &policy.tokenizer)?;
     if let Some(path) = &a.out {
         let mut s = String::new();
         for it in &items {
@@ -241,4 +241,161 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 pub use crate::plot::{run_plot, PlotArgs};
-pub use crate::sft::{run_sft, SftArgs};
+
+/// `rlvr sft`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SftArgs {
+    /// Model directory to start from.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Training pairs: JSONL with `{"prompt": TEXT, "completion": TEXT}` per line. Without it, the
+    /// pairs are the `[data]` train split of `--config`/`--set` (rendered prompt, reference as the
+    /// completion: e.g. arithmetic's answer, GSM8K's worked solution).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A training config: its `[data]` (task, template, train/test split), `[reward]` and `[eval]` are
+    /// used for pairs without `--data` and for `--eval-every`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Config overrides (`--set data.task=arithmetic`). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Evaluate on the held-out split every this many steps (0 = never); `eval/*` keys go to
+    /// metrics.jsonl and a line to eval.jsonl in `--out`.
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Stop (and save) at the first evaluation whose accuracy reaches this value.
+    #[arg(long)]
+    pub stop_at_accuracy: Option<f64>,
+    /// Output model directory (written at the end and every `--save-every` steps). An existing
+    /// non-empty directory is refused unless `--force`; the `--model` directory always is.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Write into a non-empty `--out` (its `*.safetensors` files are removed first).
+    #[arg(long)]
+    pub force: bool,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Pairs per optimizer step.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Rows per forward/backward (does not change the gradient).
+    #[arg(long, default_value_t = 16)]
+    pub micro_batch_size: usize,
+    /// Passes over the data (ignored when `--steps` is given).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Optimizer steps (default: epochs × ⌈pairs / batch size⌉).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-5)]
+    pub lr: f64,
+    /// Linear warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: u64,
+    /// Schedule: constant, linear or cosine.
+    #[arg(long, default_value = "constant")]
+    pub schedule: String,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    /// Shuffling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Drop completion tokens beyond this many (the EOS included).
+    #[arg(long)]
+    pub max_completion_len: Option<usize>,
+    /// Save the model every this many steps (0 = only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: u64,
+    /// Weights dtype: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Device: cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Runs `rlvr sft` ([`crate::sft::train_sft`]). Prints `{"out", "steps", "loss"}`.
+///
+/// # Errors
+/// Data, model and I/O errors; a non-finite loss aborts (nothing is saved for that step).
+pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    // --out: never the input model; non-empty only with --force (lock.rs).
+    crate::lock::refuse_same_dir(&a.model, &a.out)?;
+    crate::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    let device = rlvr_model::parse_device(&a.device)?;
+    let dtype = rlvr_model::parse_dtype(&a.dtype)
+        .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
+    let schedule = match a.schedule.as_str() {
+        "constant" => Schedule::Constant,
+        "linear" => Schedule::Linear,
+        "cosine" => Schedule::Cosine,
+        s => bail!("--schedule {s}: expected constant, linear or cosine"),
+    };
+    if a.batch_size == 0 || a.micro_batch_size == 0 {
+        bail!("--batch-size and --micro-batch-size must be at least 1");
+    }
+    let policy = Policy::load(&a.model, dtype, &device)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let raw = RawConfig::load(a.config.as_deref(), &a.set)?;
+    let pairs = match &a.data {
+        Some(d) => read_pairs(d, &policy.tokenizer, a.chat, a.max_completion_len)?,
+        None if a.config.is_some() || !a.set.is_empty() => {
+            pairs_from_config(&raw.data, &policy.tokenizer, a.max_completion_len)?
+        }
+        None => bail!(
+            "give --data PAIRS.jsonl, or --config/--set naming a task whose train split to use"
+        ),
+    };
+    let evaluator = if a.eval_every > 0 {
+        Some(Evaluator::from_config(&raw, &policy.tokenizer)?)
+    } else {
+        None
+    };
+    let per_epoch = pairs.len().div_ceil(a.batch_size) as u64;
+    let settings = SftSettings {
+        batch_size: a.batch_size,
+        micro_batch_size: a.micro_batch_size,
+        schedule: TrainSection {
+            steps: a.steps.unwrap_or(per_epoch * a.epochs.max(1)),
+            lr: a.lr,
+            warmup_steps: a.warmup_steps,
+            schedule,
+            ..TrainSection::default()
+        },
+        adamw: AdamWConfig {
+            lr: a.lr,
+            weight_decay: a.weight_decay,
+            ..AdamWConfig::default()
+        },
+        grad_clip: a.grad_clip,
+        seed: a.seed,
+        eval_every: a.eval_every,
+        stop: a
+            .stop_at_accuracy
+            .map_or(StopRule::Never, StopRule::AccuracyAtLeast),
+        save_every: a.save_every,
+        save_dtype: dtype,
+    };
+    let done = train_sft(
+        &policy.model,
+        &policy.tokenizer,
+        &pairs,
+        &settings,
+        evaluator.as_ref(),
+        &a.out,
+        &mut |_| {},
+    )?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({"out": a.out, "steps": done.steps, "loss": done.loss})
+    )?;
+    Ok(())
+}

@@ -1,14 +1,23 @@
-//! Held-out evaluation (`eval/*` metrics during training, and `rlvr eval`): greedy with one sample per
-//! problem by default, temperature 1 with n > 1 (mean@k and pass@k).
+//! The evaluator stage: held-out evaluation for every caller (`eval/*` metrics during training and
+//! SFT, `rlvr eval`, the quickstart): greedy with one sample per problem by default, temperature 1
+//! with n > 1 (mean@k and pass@k). Completions come through the [`Rollout`] boundary.
+
+use std::path::Path;
 
 use anyhow::Context;
+use rlvr_data::config::PromptStyle;
+use rlvr_data::generate::Split;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_reward::combine::RewardFunction;
 use rlvr_reward::Sample;
-use rlvr_rollout::{Sampler, SamplingParams};
+use rlvr_rollout::{NativeRollout, Rollout, Sampler, SamplingParams};
 use serde::Serialize;
 
+use crate::config::RawConfig;
 use crate::experience::Experience;
+use crate::metrics::append_line;
+use crate::pack::pack_rows;
+use crate::source::prepare_prompts;
 
 /// Result of one evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,13 +76,125 @@ pub struct EvalSettings {
     pub add_special_tokens: bool,
 }
 
-/// Evaluates `model` on `prompts` (rendered texts) against `references`.
+/// The held-out set and how it is scored: the one evaluator of rlvr-train.
+pub struct Evaluator {
+    /// Rendered prompt texts.
+    pub texts: Vec<String>,
+    /// The verifier reference of each prompt.
+    pub references: Vec<String>,
+    /// The reward function (the run's verifier and shaping).
+    pub reward: RewardFunction,
+    /// Sampling settings.
+    pub settings: EvalSettings,
+    /// Task name (in results).
+    pub task: &'static str,
+}
+
+impl Evaluator {
+    /// The `[data]` test split of `raw` (first `eval.limit` problems), scored by its `[reward]`,
+    /// sampled as `[eval]` says (max new tokens defaulting to `rollout.max_new_tokens`, seed
+    /// `train.seed`).
+    ///
+    /// # Errors
+    /// Data, template and verifier configuration errors.
+    pub fn from_config(raw: &RawConfig, tok: &TokenizerBundle) -> anyhow::Result<Self> {
+        let mut p = prepare_prompts(&raw.data, Split::Test, tok)?;
+        if let Some(n) = raw.eval.limit {
+            p.texts.truncate(n);
+            p.references.truncate(n);
+        }
+        Ok(Evaluator {
+            texts: p.texts,
+            references: p.references,
+            reward: RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?,
+            settings: EvalSettings {
+                samples: raw.eval.samples,
+                max_new_tokens: raw
+                    .eval
+                    .max_new_tokens
+                    .unwrap_or(raw.rollout.max_new_tokens),
+                seed: raw.train.seed,
+                max_batch_rows: raw.rollout.max_batch_rows,
+                stop: raw.rollout.stop.clone(),
+                add_special_tokens: raw.data.style == PromptStyle::Plain,
+            },
+            task: raw.data.task.name(),
+        })
+    }
+
+    /// Evaluates the policy behind `rollout`.
+    ///
+    /// # Errors
+    /// Tokenizer, sampling and verifier errors.
+    pub fn run(
+        &self,
+        rollout: &mut dyn Rollout,
+        tok: &TokenizerBundle,
+    ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+        evaluate(
+            rollout,
+            tok,
+            self.task,
+            &self.texts,
+            &self.references,
+            &self.reward,
+            &self.settings,
+        )
+    }
+
+    /// Evaluates `model` with the native engine (sharing its weights).
+    ///
+    /// # Errors
+    /// As [`Evaluator::run`].
+    pub fn run_model(
+        &self,
+        model: &Model,
+        tok: &TokenizerBundle,
+    ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+        let sampler = Sampler::new(model, 0).with_tokenizer(tok.tokenizer.clone());
+        self.run(&mut NativeRollout::new(sampler), tok)
+    }
+
+    /// Evaluates `model` at trainer step `step` and records it: appends `{EvalResult…, "step"}`
+    /// to `dir/eval.jsonl` and returns the result, whose [`EvalResult::metrics`] go to the
+    /// metrics line.
+    ///
+    /// # Errors
+    /// As [`Evaluator::run`], and I/O errors.
+    pub fn record(
+        &self,
+        model: &Model,
+        tok: &TokenizerBundle,
+        step: u64,
+        dir: &Path,
+    ) -> anyhow::Result<EvalResult> {
+        let (r, _) = self.run_model(model, tok)?;
+        let mut e = serde_json::to_value(&r)?;
+        e["step"] = step.into();
+        append_line(&dir.join("eval.jsonl"), &e.to_string())?;
+        Ok(r)
+    }
+}
+
+impl EvalResult {
+    /// The `eval/*` metrics keys (DESIGN.md section 10) and their values (`eval/n` an integer).
+    pub fn metrics(&self) -> [(&'static str, serde_json::Value); 4] {
+        [
+            ("eval/accuracy", self.accuracy.into()),
+            ("eval/mean@k", self.mean_at_k.into()),
+            ("eval/pass@k", self.pass_at_k.into()),
+            ("eval/n", self.n.into()),
+        ]
+    }
+}
+
+/// Evaluates the policy behind `rollout` on `prompts` (rendered texts) against `references`.
 ///
 /// # Errors
-/// Tokenizer, sampling and verifier errors.
+/// Tokenizer, sampling and verifier errors (a failed group fails the evaluation).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
-    model: &Model,
+    rollout: &mut dyn Rollout,
     tokenizer: &TokenizerBundle,
     task: &str,
     prompts: &[String],
@@ -97,14 +218,16 @@ pub fn evaluate(
         stop_strings: s.stop.clone(),
         max_batch_rows: s.max_batch_rows,
     };
-    let sampler = Sampler::new(model, 0).with_tokenizer(tokenizer.tokenizer.clone());
     let mut items = Vec::new();
     let chunk = (s.max_batch_rows / s.samples).max(1);
     for start in (0..ids.len()).step_by(chunk) {
         let end = (start + chunk).min(ids.len());
-        let out = sampler
-            .sample(&ids[start..end], &params, s.seed, start)
-            .context("sampling eval completions")?;
+        let out = flatten_groups(
+            rollout
+                .sample(&ids[start..end], start, &params, s.seed)
+                .context("sampling eval completions")?,
+            start,
+        )?;
         let texts: Vec<String> = out
             .iter()
             .map(|c| tokenizer.decode(&c.token_ids, true))
@@ -168,40 +291,32 @@ pub fn completion_logprobs(
     t: f64,
     pad: u32,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
-    let len = rows
+    let packed: Vec<(&[u32], &[u32])> = rows
         .iter()
-        .map(|&i| exps[i].prompt_ids.len() + exps[i].completion_ids.len())
-        .max()
-        .unwrap_or(0)
-        .max(2);
-    let start = rows
-        .iter()
-        .map(|&i| exps[i].prompt_ids.len())
-        .min()
-        .unwrap_or(1)
-        .saturating_sub(1);
-    let mut ids = Vec::new();
-    let mut mask = Vec::new();
-    for &i in rows {
-        let mut r = exps[i].prompt_ids.clone();
-        r.extend_from_slice(&exps[i].completion_ids);
-        let n = r.len();
-        r.resize(len, pad);
-        let mut m = vec![1u32; n];
-        m.resize(len, 0);
-        ids.push(r);
-        mask.push(m);
-    }
-    let out = model.token_logprobs(&ids, &mask, start, t, false, false)?;
+        .map(|&i| (&exps[i].prompt_ids[..], &exps[i].completion_ids[..]))
+        .collect();
+    let p = pack_rows(&packed, pad);
+    let out = model.token_logprobs(&p.ids, &p.mask, p.start, t, false, false)?;
     let lp: Vec<Vec<f32>> = out.logprobs.to_vec2()?;
-    Ok(rows
+    Ok(p.at
         .iter()
         .enumerate()
-        .map(|(r, &i)| {
-            let p = exps[i].prompt_ids.len();
-            (0..exps[i].completion_ids.len())
-                .map(|j| lp[r][p + j - 1 - start])
-                .collect()
-        })
+        .map(|(r, at)| at.iter().map(|&k| lp[r][k]).collect())
         .collect())
+}
+
+/// The completions of every group in order, or an error naming the first group that failed
+/// (its draw index: `first_index` + its position).
+///
+/// # Errors
+/// A group the backend could not sample.
+pub(crate) fn flatten_groups(
+    groups: Vec<rlvr_rollout::GroupResult>,
+    first_index: usize,
+) -> anyhow::Result<Vec<rlvr_rollout::Completion>> {
+    let mut out = Vec::new();
+    for (i, g) in groups.into_iter().enumerate() {
+        out.extend(g.with_context(|| format!("sampling the group of prompt {}", first_index + i))?);
+    }
+    Ok(out)
 }

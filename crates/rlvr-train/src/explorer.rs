@@ -1,6 +1,8 @@
-//! The explorer (DESIGN.md section 3): samples B prompts × K completions with the weights of its
-//! policy version, scores them, and hands out one [`Batch`] of experiences per trainer step. Also the
-//! offline source, which reads the batches from an experiences file instead.
+//! The explorer stage (DESIGN.md section 3): samples B prompts × K completions through a
+//! [`Rollout`] backend holding the weights of its policy version, scores them with the verifier,
+//! and hands out one [`Batch`] of experiences per trainer step. DAPO's dynamic sampling (arXiv
+//! 2503.14476, "Dynamic Sampling": drop groups whose rewards are all equal and draw more prompts)
+//! lives here; the offline replacement is [`crate::source::OfflineSource`].
 //!
 //! Randomness is seeded per (run seed, prompt draw index, sample index) through rlvr-rollout, where
 //! the draw index counts prompts handed out since the start of the run (epoch·N + position of the
@@ -10,31 +12,17 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{Tensor, Var};
-use rlvr_data::sampler::{DataCursor, PromptSampler};
+use candle_core::Tensor;
+use rlvr_data::sampler::PromptSampler;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_reward::combine::RewardFunction;
 use rlvr_reward::Sample;
-use rlvr_rollout::{FinishReason, Sampler, SamplingParams};
+use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
+use crate::eval::flatten_groups;
 use crate::experience::Experience;
-
-/// Where the experience source stands: saved in checkpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum SourceCursor {
-    /// Online: the prompt sampler's cursor.
-    Online {
-        /// The data cursor.
-        cursor: DataCursor,
-    },
-    /// Offline: groups of the experiences file consumed so far (wrapping around at the end).
-    Offline {
-        /// Groups consumed.
-        groups: u64,
-    },
-}
+pub use crate::source::{OfflineSource, SourceCursor};
 
 /// One sampled completion kept for rollouts.jsonl.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,12 +84,10 @@ pub struct ExplorerSettings {
     pub add_special_tokens: bool,
 }
 
-/// The online explorer: its own copy of the policy at `version`, the train prompts and the verifier.
+/// The online explorer: a rollout backend holding the policy at its version, the train prompts and
+/// the verifier.
 pub struct Explorer {
-    /// The explorer's weights (a private copy; synced from the trainer).
-    pub model: Model,
-    /// Policy version of `model`.
-    pub version: u64,
+    rollout: Box<dyn Rollout>,
     tokenizer: TokenizerBundle,
     prompts: Vec<Vec<u32>>,
     texts: Vec<String>,
@@ -112,15 +98,15 @@ pub struct Explorer {
 }
 
 impl Explorer {
-    /// An explorer over `model` (version `version`), train prompts (`texts` rendered, `references` for
-    /// the verifier) and a prompt sampler at `sampler`'s cursor.
+    /// An explorer sampling through `rollout` (its weights loaded by the caller, see
+    /// [`Explorer::set_weights`]), over train prompts (`texts` rendered, `references` for the
+    /// verifier) and a prompt sampler at `sampler`'s cursor.
     ///
     /// # Errors
     /// Tokenizer errors encoding a prompt.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        model: Model,
-        version: u64,
+        rollout: Box<dyn Rollout>,
         tokenizer: TokenizerBundle,
         texts: Vec<String>,
         references: Vec<String>,
@@ -134,8 +120,7 @@ impl Explorer {
             .collect::<Result<Vec<_>, _>>()
             .context("encoding train prompts")?;
         Ok(Explorer {
-            model,
-            version,
+            rollout,
             tokenizer,
             prompts,
             texts,
@@ -146,23 +131,29 @@ impl Explorer {
         })
     }
 
-    /// Loads `weights` (one tensor per `model.named_vars()` entry, in order) as version `version`.
+    /// Loads `weights` (named as in the checkpoint) as policy version `version` into the backend:
+    /// at start, on resume and at every sync (DESIGN.md section 3).
     ///
     /// # Errors
-    /// Shape mismatches.
-    pub fn set_weights(&mut self, version: u64, weights: &[Tensor]) -> anyhow::Result<()> {
-        let vars: Vec<Var> = self
-            .model
-            .named_vars()
-            .into_iter()
-            .map(|(_, v)| v.clone())
-            .collect();
-        anyhow::ensure!(vars.len() == weights.len(), "weight count mismatch on sync");
-        for (v, w) in vars.iter().zip(weights) {
-            v.set(w)?;
-        }
-        self.version = version;
-        Ok(())
+    /// A name or shape mismatch, a backend failure.
+    pub fn set_weights(
+        &mut self,
+        version: u64,
+        weights: &[(String, Tensor)],
+    ) -> anyhow::Result<()> {
+        self.rollout
+            .load_weights(version, weights)
+            .with_context(|| format!("loading the weights of version {version} into the explorer"))
+    }
+
+    /// Policy version of the weights it samples with.
+    pub fn version(&self) -> u64 {
+        self.rollout.version()
+    }
+
+    /// The behaviour weights as a local model, when the backend has one (the native engine).
+    pub fn behaviour_model(&self) -> Option<&Model> {
+        self.rollout.local_model()
     }
 
     /// The source cursor.
@@ -219,17 +210,18 @@ impl Explorer {
     }
 
     fn sample_groups(
-        &self,
+        &mut self,
         idx: &[usize],
         first: usize,
         rollouts: &mut Vec<RolloutRecord>,
     ) -> anyhow::Result<Vec<Vec<Experience>>> {
         let prompts: Vec<Vec<u32>> = idx.iter().map(|&i| self.prompts[i].clone()).collect();
-        let sampler = Sampler::new(&self.model, self.version)
-            .with_tokenizer(self.tokenizer.tokenizer.clone());
-        let completions = sampler
-            .sample(&prompts, &self.settings.params, self.settings.seed, first)
+        let groups = self
+            .rollout
+            .sample(&prompts, first, &self.settings.params, self.settings.seed)
             .context("sampling completions")?;
+        // Nothing is trained on a partial batch: a failed group fails the step.
+        let completions = flatten_groups(groups, first)?;
         let texts: Vec<String> = completions
             .iter()
             .map(|c| self.tokenizer.decode(&c.token_ids, true))
@@ -282,13 +274,17 @@ impl Explorer {
     /// Replaces ℓ_old by the training forward's log-probs under the explorer's weights (the behaviour
     /// version), at the sampling temperature.
     fn recompute(&self, exps: &mut [Experience]) -> anyhow::Result<()> {
+        let model = self.behaviour_model().context(
+            "train.recompute_behaviour needs the behaviour weights on this process, \
+             which this rollout backend does not keep",
+        )?;
         let t = self.settings.params.temperature.max(1e-6);
         let pad = self.tokenizer.pad_id;
         let rows: Vec<usize> = (0..exps.len())
             .filter(|&i| !exps[i].completion_ids.is_empty())
             .collect();
         for chunk in rows.chunks(self.settings.micro_batch_size.max(1)) {
-            let lp = crate::eval::completion_logprobs(&self.model, exps, chunk, t, pad)?;
+            let lp = crate::eval::completion_logprobs(model, exps, chunk, t, pad)?;
             for (r, &i) in chunk.iter().enumerate() {
                 exps[i].behaviour_logprobs = lp[r].clone();
             }
@@ -301,81 +297,4 @@ impl Explorer {
 pub fn zero_variance(g: &[Experience]) -> bool {
     let r: Vec<f64> = g.iter().filter_map(|e| e.reward).collect();
     r.windows(2).all(|w| w[0] == w[1])
-}
-
-/// The offline source: batches of B whole groups in file order, wrapping around at the end.
-pub struct OfflineSource {
-    groups: Vec<Vec<Experience>>,
-    consumed: u64,
-    prompts_per_step: usize,
-    decode: Option<TokenizerBundle>,
-    log_rollouts: usize,
-}
-
-impl OfflineSource {
-    /// A source over `groups` (see [`crate::experience::groups_in_order`]) having consumed `consumed`.
-    ///
-    /// # Errors
-    /// An empty file.
-    pub fn new(
-        groups: Vec<Vec<Experience>>,
-        consumed: u64,
-        prompts_per_step: usize,
-        decode: Option<TokenizerBundle>,
-        log_rollouts: usize,
-    ) -> anyhow::Result<Self> {
-        anyhow::ensure!(
-            !groups.is_empty(),
-            "the experiences file holds no experience"
-        );
-        Ok(OfflineSource {
-            groups,
-            consumed,
-            prompts_per_step,
-            decode,
-            log_rollouts,
-        })
-    }
-
-    /// The source cursor (groups consumed).
-    pub fn cursor(&self) -> SourceCursor {
-        SourceCursor::Offline {
-            groups: self.consumed,
-        }
-    }
-
-    /// The next B groups.
-    pub fn produce(&mut self, step: u64) -> anyhow::Result<Batch> {
-        let t0 = Instant::now();
-        let n = self.groups.len() as u64;
-        let mut experiences = Vec::new();
-        for _ in 0..self.prompts_per_step {
-            experiences.extend(self.groups[(self.consumed % n) as usize].iter().cloned());
-            self.consumed += 1;
-        }
-        let mut rollouts = Vec::new();
-        if let Some(tok) = &self.decode {
-            for e in experiences.iter().take(self.log_rollouts) {
-                rollouts.push(RolloutRecord {
-                    group_id: e.group_id.clone(),
-                    prompt: tok.decode(&e.prompt_ids, false).unwrap_or_default(),
-                    completion: tok.decode(&e.completion_ids, false).unwrap_or_default(),
-                    reward: e.reward,
-                    correct: e.is_correct(),
-                    version: e.version,
-                    finish_reason: if e.truncated { "length" } else { "eos" }.into(),
-                });
-            }
-        }
-        Ok(Batch {
-            step,
-            experiences,
-            sample_s: t0.elapsed().as_secs_f64(),
-            cursor: SourceCursor::Offline {
-                groups: self.consumed,
-            },
-            rollouts,
-            dropped_groups: 0,
-        })
-    }
 }

@@ -5,15 +5,24 @@
 //! evaluation, checkpoints with exact resume, metrics and plots. The `rlvr` binary wires
 //! [`cli`]'s `Args` and `run` functions into `rlvr train`, `rlvr sft`, `rlvr eval` and `rlvr plot`.
 //!
-//! Code map:
-//! - [`config`]: the TOML config (defaults < preset < file < `--set`), resolve step, LR schedules.
-//! - [`experience`]: the experience record and the offline JSONL reader.
-//! - [`explorer`]: sampling + scoring one step's batch (rlvr-rollout, rlvr-reward), DAPO dynamic
-//!   sampling, behaviour log-prob recomputation; the offline source.
-//! - [`trainer`]: one trainer step (advantages, mini-batches × epochs, micro-batches under the
-//!   update normaliser, gradient clipping, AdamW).
-//! - [`run`]: the loop, run directory, staleness regimes, evaluation, checkpoints, resume.
-//! - [`checkpoint`], [`metrics`], [`eval`], [`sft`], [`plot`], [`cli`].
+//! Code map, one module per stage of the data flow:
+//! - [`source`] (prompt source): the `[data]` split rendered with the policy's tokenizer; offline,
+//!   the experiences file in place of the explorer; the cursor checkpoints save.
+//! - [`explorer`]: sampling through the [`rlvr_rollout::Rollout`] boundary and scoring one step's
+//!   batch (rlvr-reward), DAPO dynamic sampling, behaviour log-prob recomputation.
+//! - [`schedule`] (staleness and sync schedule, paper A's sync interval v and the offset o): which
+//!   version samples each step, weight sync to the explorer, inline or threaded explorer,
+//!   stale-experience filter.
+//! - [`trainer`] (trainer update): advantages, mini-batches × epochs, micro-batches under the
+//!   update normaliser, on the rows packed by [`pack`].
+//! - [`optimizer`] (optimizer step): accumulate → reduce hook → global norm → clip → AdamW, shared
+//!   by RL and SFT; [`optimizer::GradReduce`] is where a data-parallel all-reduce plugs in.
+//! - [`eval`] (evaluator): the one held-out evaluator of training, SFT, `rlvr eval` and the
+//!   quickstart.
+//! - [`checkpoint`]: checkpoints with exact resume.
+//! - [`run`] (run loop): set-up and the loop, one labelled line per stage.
+//! - Around them: [`config`] (TOML config, LR schedules), [`experience`], [`metrics`], [`sft`]
+//!   (supervised warm start on the same optimizer step and evaluator), [`plot`], [`cli`].
 //!
 //! ```
 //! use rlvr_train::config::{lr_at, Schedule, TrainSection};
@@ -34,13 +43,16 @@ pub mod config;
 pub mod eval;
 pub mod experience;
 pub mod explorer;
-mod feed;
 mod limits;
 pub mod lock;
 pub mod metrics;
+pub mod optimizer;
+pub mod pack;
 pub mod plot;
 pub mod run;
 mod rundir;
+pub mod schedule;
 pub mod sft;
 mod signals;
+pub mod source;
 pub mod trainer;

@@ -1,41 +1,39 @@
-//! The training run: run directory, explorer/trainer orchestration under the staleness regime of
-//! DESIGN.md section 3, metrics, evaluation, checkpoints and resume.
+//! The run loop: one trainer step after another through the stages of the pipeline, under the
+//! staleness regime of DESIGN.md section 3, with metrics, evaluation, checkpoints and resume.
+//!
+//! Stages (one module each): prompt source ([`crate::source`]) → explorer ([`crate::explorer`],
+//! sampling through the [`rlvr_rollout::Rollout`] boundary) → staleness and sync schedule
+//! ([`crate::schedule`]) → trainer update ([`crate::trainer`]) → optimizer step
+//! ([`crate::optimizer`]) → evaluator ([`crate::eval`]) → checkpoint ([`crate::checkpoint`]).
 //!
 //! One code path for every regime: the batch of step t is sampled by the weights of version
-//! s(t) = v·⌊(t−1−o)/v⌋ (0 while t−1 < o), so staleness = (t−1) − s(t) ∈ [o, o+v−1]. The explorer
-//! runs inline when o = 0 (deterministic and exactly resumable) and on its own thread when o ≥ 1,
-//! where the trainer publishes its weights after every step that is a multiple of v and the explorer
-//! waits for version s(t) before sampling batch t. Both give the same batches (the explorer's input
-//! is the weights, the data cursor and the seed); only the timing differs.
+//! s(t) = v·⌊(t−1−o)/v⌋ (0 while t−1 < o), so staleness = (t−1) − s(t) ∈ [o, o+v−1] (paper A,
+//! arXiv 2505.22257, off-policy GRPO, is o = 0). The explorer runs inline when o = 0
+//! (deterministic and exactly resumable) and on its own thread when o ≥ 1, where the trainer
+//! publishes its weights after every step that is a multiple of v and the explorer waits for
+//! version s(t) before sampling batch t. Both give the same batches (the explorer's input is the
+//! weights, the data cursor and the seed); only the timing differs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use candle_core::DType;
-use rlvr_data::config::PromptStyle;
-use rlvr_data::dataset::prepare_split;
-use rlvr_data::generate::Split;
-use rlvr_data::sampler::PromptSampler;
-use rlvr_data::ChatMessage;
 use rlvr_model::checkpoint::Policy;
-use rlvr_model::{Message, Model, TokenizerBundle};
-use rlvr_reward::combine::RewardFunction;
-use rlvr_rollout::SamplingParams;
+use rlvr_model::{Model, TokenizerBundle};
 use serde_json::json;
 
-use crate::checkpoint::{self, CheckpointParts, TrainerState};
+use crate::checkpoint;
 use crate::config::ResolvedConfig;
-use crate::eval::{evaluate, EvalSettings};
-use crate::experience::{groups_in_order, read_experiences};
-use crate::explorer::{Explorer, ExplorerSettings, OfflineSource, SourceCursor};
-pub use crate::feed::{behaviour_version, filter_stale};
-use crate::feed::{spawn_explorer, Feed};
+use crate::eval::Evaluator;
+use crate::explorer::Batch;
 pub use crate::metrics::step_metrics;
 use crate::metrics::{append_line, truncate_after, MetricsLine};
-use crate::rundir::{progress_bar, write_run_json};
+use crate::rundir::{progress_bar, write_run_json, LastGood};
+pub use crate::schedule::{behaviour_version, filter_stale};
+use crate::schedule::{build_feed, Feed};
+pub use crate::source::{prepare_prompts, PreparedPrompts};
 use crate::trainer::{StepReport, Trainer, TrainerSettings};
 
 /// Options of a run that are not part of the config.
@@ -65,51 +63,19 @@ pub struct RunSummary {
     pub last_checkpoint: Option<PathBuf>,
 }
 
-/// A train or test split as prompt texts and verifier references.
-pub struct PreparedPrompts {
-    /// Rendered prompt texts.
-    pub texts: Vec<String>,
-    /// Reference of each prompt.
-    pub references: Vec<String>,
-}
-
-/// Loads and renders a split of `[data]` with the policy tokenizer (chat template, token counter).
-///
-/// # Errors
-/// Data errors (files, templates, all prompts filtered).
-pub fn prepare_prompts(
-    cfg: &rlvr_data::config::DataConfig,
-    split: Split,
-    tok: &TokenizerBundle,
-) -> anyhow::Result<PreparedPrompts> {
-    let render = |msgs: &[ChatMessage], gen: bool| -> anyhow::Result<String> {
-        let m: Vec<Message> = msgs
-            .iter()
-            .map(|m| Message::new(&m.role, &m.content))
-            .collect();
-        Ok(tok.apply_chat_template(&m, gen)?)
-    };
-    let count = |t: &str| -> anyhow::Result<usize> { Ok(tok.encode(t, true)?.len()) };
-    let prep = prepare_split(cfg, split, Some(&render), Some(&count))
-        .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e}"))?;
-    // No prompt longer than the model's positions (limits.rs).
-    crate::limits::check_prompts(&prep, tok, &count)
-        .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e:#}"))?;
-    if prep.prompts.dropped > 0 {
-        crate::rundir::say(&format!(
-            "note: {} {split:?} prompts longer than data.max_prompt_len were dropped",
-            prep.prompts.dropped
-        ));
-    }
-    Ok(PreparedPrompts {
-        references: prep
-            .prompts
-            .prompts
-            .iter()
-            .map(|p| prep.dataset.problems[p.problem].reference.clone())
-            .collect(),
-        texts: prep.prompts.prompts.into_iter().map(|p| p.text).collect(),
-    })
+/// A run between set-up and shutdown: every stage's state.
+struct Run<'a> {
+    cfg: &'a ResolvedConfig,
+    run_dir: PathBuf,
+    trainer: Trainer,
+    tokenizer: TokenizerBundle,
+    feed: Feed,
+    evaluator: Option<Evaluator>,
+    /// Best held-out accuracy so far and its step.
+    best: Option<(f64, u64)>,
+    skipped_in_row: u32,
+    last_ckpt: Option<PathBuf>,
+    start: u64,
 }
 
 /// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
@@ -117,8 +83,6 @@ pub fn prepare_prompts(
 /// # Errors
 /// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
 /// row abort with a message naming the last good checkpoint.
-// Note: `train` is long (set-up, then the loop); the loop body reads in the order of DESIGN.md
-// section 3 (sample, filter, train, sync, log, evaluate, checkpoint) and delegates each stage.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     // The run directory's lock (one writer) and train.log, held for the whole run (rundir.rs).
     let guard = crate::rundir::RunGuard::open(&cfg.raw.output.dir, opts.resume)?;
@@ -126,10 +90,271 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
 }
 
 fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
-    let c = &cfg.raw;
-    let run_dir = c.output.dir.clone();
+    let mut run = Run::start(cfg, opts)?;
+    let bar = progress_bar(opts.progress, run.start, cfg.raw.train.steps);
+    // What an error after step 1 saves (rundir.rs).
+    let mut good = LastGood::new(run.start, run.feed.cursor());
+    let result = run.steps(opts, bar.as_ref(), &mut good);
+    let result = good.save_after_error(result, |step, cursor| {
+        let pos = (step, run.skipped_in_row, run.best);
+        checkpoint::save_run(
+            cfg,
+            &run.run_dir,
+            &run.trainer,
+            &run.tokenizer,
+            &run.feed,
+            pos,
+            cursor,
+        )
+    });
+    run.feed.shutdown();
+    if let Some(b) = &bar {
+        b.finish();
+    }
+    let (steps, interrupted) = result?;
+    Ok(RunSummary {
+        run_dir: run.run_dir,
+        steps,
+        interrupted,
+        last_checkpoint: run.last_ckpt,
+    })
+}
+
+impl Run<'_> {
+    /// The loop, one labelled line per stage (DESIGN.md section 3). Returns the last completed
+    /// step and whether the stop flag ended the run.
+    fn steps(
+        &mut self,
+        opts: &RunOptions,
+        bar: Option<&indicatif::ProgressBar>,
+        good: &mut LastGood,
+    ) -> anyhow::Result<(u64, bool)> {
+        let cfg = self.cfg;
+        let c = &cfg.raw;
+        let (v, max_stale, seed) = (c.sync.interval, c.sync.max_staleness, c.train.seed);
+        let mut done = self.start;
+        for t in (self.start + 1)..=c.train.steps {
+            // explorer: the batch of step t, sampled by version s(t) (prompt source inside)
+            let batch = self.feed.next(t)?;
+            // staleness: drop experiences older than sync.max_staleness
+            let (exps, stale) = filter_stale(batch.experiences.clone(), t, max_stale);
+            // trainer update: advantages, mini-batches, micro-batches, optimizer steps
+            let (lr, t0) = (cfg.lr_at(t), Instant::now());
+            good.begin_update();
+            let rep = self.trainer.step(&exps, t, lr, seed)?;
+            let train_s = t0.elapsed().as_secs_f64();
+            // sync: the explorer gets version t when v divides t
+            self.feed.publish(t, v, &self.trainer.model)?;
+            // evaluator (every train.eval_every steps), then metrics and the JSONL logs
+            let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
+            let is_best = self.evaluate(t, &mut line)?;
+            append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
+            write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
+            done = t;
+            good.completed(t, self.feed.cursor());
+            crate::rundir::log_step(t, c.train.steps, &line);
+            show_progress(bar, t, &rep, &line);
+            self.check_skipped(t, &rep)?;
+            // checkpoint: every train.save_every steps, at the end, at a new best, on stop
+            let stop = opts.stop.load(Ordering::SeqCst);
+            if self.checkpoint(t, &rep, is_best, stop)? {
+                good.saved(t);
+            }
+            if stop {
+                return Ok((done, true));
+            }
+            hang_if_asked(opts, t);
+        }
+        Ok((done, false))
+    }
+
+    /// Set-up: the run directory, the policy and optimizer state (from the latest checkpoint on
+    /// resume), the reference policy, the experience source and the evaluator; evaluates the
+    /// initial policy on a fresh start.
+    fn start<'a>(cfg: &'a ResolvedConfig, opts: &RunOptions) -> anyhow::Result<Run<'a>> {
+        let c = &cfg.raw;
+        let run_dir = c.output.dir.clone();
+        prepare_run_dir(cfg, &run_dir, opts.resume)?;
+        let device = c.model.open_device()?;
+        let dtype = c.model.dtype.dtype();
+        let ckpt = if opts.resume {
+            checkpoint::latest(&run_dir)?
+        } else {
+            None
+        };
+        let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
+        if opts.resume && ckpt.is_none() {
+            crate::rundir::say(&format!(
+                "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
+                run_dir.display()
+            ));
+        }
+        let policy = Policy::load(&policy_dir, dtype, &device)
+            .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
+        crate::rundir::refuse_non_finite_policy(&policy.model, &policy_dir)?;
+        let (state, moments) = match &ckpt {
+            // o = 0 keeps no buffer between steps; o ≥ 1 re-samples the in-flight batches.
+            Some(dir) => {
+                let (st, m, v, _buffer) = checkpoint::load_state(dir, &device)?;
+                (Some(st), Some((m, v)))
+            }
+            None => (None, None),
+        };
+        let start = state.as_ref().map(|s| s.step).unwrap_or(0);
+        reset_logs(&run_dir, state.as_ref().map(|_| start))?;
+        let reference = if cfg.algorithm.needs_reference() {
+            let p = c.model.reference.as_ref().unwrap_or(&c.model.path);
+            Some(
+                Model::load(p, dtype, &device)
+                    .with_context(|| format!("loading the reference model from {}", p.display()))?,
+            )
+        } else {
+            None
+        };
+        let tokenizer = policy.tokenizer;
+        let settings = TrainerSettings {
+            algorithm: cfg.algorithm.clone(),
+            train: c.train.clone(),
+            temperature: c.rollout.temperature,
+            max_new_tokens: c.rollout.max_new_tokens,
+            pad_id: tokenizer.pad_id,
+        };
+        let mut trainer = Trainer::new(policy.model, reference, settings)?;
+        if let (Some((m, v)), Some(st)) = (moments, &state) {
+            trainer
+                .optimizer
+                .adamw
+                .set_moments(m, v, st.optimizer_step)?;
+        }
+        // TokenizerBundle is not Clone: the explorer and the offline source load their own copy.
+        let load_tok = || {
+            TokenizerBundle::load(&policy_dir)
+                .with_context(|| format!("loading the tokenizer of {}", policy_dir.display()))
+        };
+        let feed = build_feed(
+            cfg,
+            state.as_ref(),
+            ckpt.as_deref(),
+            (&trainer.model, &tokenizer),
+            &load_tok,
+        )?;
+        let evaluator = if c.train.eval_every > 0 && c.data.experiences.is_none() {
+            Some(Evaluator::from_config(c, &tokenizer)?)
+        } else {
+            None
+        };
+        let mut run = Run {
+            cfg,
+            run_dir,
+            trainer,
+            tokenizer,
+            feed,
+            evaluator,
+            best: state.as_ref().and_then(|s| s.best),
+            skipped_in_row: state.as_ref().map(|s| s.skipped_in_row).unwrap_or(0),
+            last_ckpt: ckpt,
+            start,
+        };
+        if start == 0 && run.evaluator.is_some() {
+            let mut line = MetricsLine::new(0);
+            run.evaluate(0, &mut line)?;
+            append_line(&run.run_dir.join("metrics.jsonl"), &line.to_json())?;
+        }
+        Ok(run)
+    }
+
+    /// At step 0 and every `train.eval_every` steps: evaluates the policy, adds `eval/*` to `line`,
+    /// appends eval.jsonl. Returns whether this is the best accuracy so far (step 0 sets the first
+    /// best without counting as one).
+    fn evaluate(&mut self, t: u64, line: &mut MetricsLine) -> anyhow::Result<bool> {
+        let every = self.cfg.raw.train.eval_every;
+        let Some(ev) = &self.evaluator else {
+            return Ok(false);
+        };
+        if t > 0 && (every == 0 || !t.is_multiple_of(every)) {
+            return Ok(false);
+        }
+        let r = ev.record(&self.trainer.model, &self.tokenizer, t, &self.run_dir)?;
+        for (k, v) in r.metrics() {
+            line.set_value(k, v);
+        }
+        if t == 0 {
+            self.best = Some((r.accuracy, 0));
+            return Ok(false);
+        }
+        let better = self.best.is_none_or(|b| r.accuracy > b.0);
+        if better {
+            self.best = Some((r.accuracy, t));
+        }
+        Ok(better)
+    }
+
+    /// Counts non-finite (skipped) steps in a row and stops at `train.max_skipped_in_row`.
+    fn check_skipped(&mut self, t: u64, rep: &StepReport) -> anyhow::Result<()> {
+        self.skipped_in_row = if rep.skipped {
+            self.skipped_in_row + 1
+        } else {
+            0
+        };
+        if self.skipped_in_row >= self.cfg.raw.train.max_skipped_in_row {
+            bail!(
+                "{} steps in a row (the last: step {t}) had a non-finite loss or gradient; \
+                 stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
+                 the rewards and behaviour log-probs of the data",
+                self.skipped_in_row,
+                self.last_ckpt
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "none (no checkpoint was written yet)".into())
+            );
+        }
+        Ok(())
+    }
+
+    /// Saves a checkpoint when one is due: every `train.save_every` steps, at the last step, at a
+    /// new best evaluation, and when stopping. A skipped step writes none: the last one stays the
+    /// last good one. Returns whether a checkpoint was written.
+    fn checkpoint(
+        &mut self,
+        t: u64,
+        rep: &StepReport,
+        is_best: bool,
+        stop: bool,
+    ) -> anyhow::Result<bool> {
+        let cfg = self.cfg;
+        let tr = &cfg.raw.train;
+        let due = !rep.skipped
+            && ((tr.save_every > 0 && t.is_multiple_of(tr.save_every))
+                || t == tr.steps
+                || is_best
+                || stop);
+        if due {
+            let pos = (t, self.skipped_in_row, self.best);
+            let dir = checkpoint::save_run(
+                cfg,
+                &self.run_dir,
+                &self.trainer,
+                &self.tokenizer,
+                &self.feed,
+                pos,
+                self.feed.cursor(),
+            )?;
+            self.last_ckpt = Some(dir);
+            if is_best {
+                checkpoint::mark_best(&self.run_dir, t)?;
+            }
+        }
+        Ok(due)
+    }
+}
+
+/// Creates the run directory (refusing one that holds a run unless resuming), prints the config
+/// warnings and writes config.toml and run.json.
+fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow::Result<()> {
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("creating run directory {}", run_dir.display()))?;
     let metrics_path = run_dir.join("metrics.jsonl");
-    if !opts.resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
+    if !resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
         bail!(
             "{} already holds a run; continue it with `rlvr train --resume {}` or choose another output.dir",
             run_dir.display(),
@@ -140,33 +365,12 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSu
         crate::rundir::say(&format!("warning: {w}"));
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
-    write_run_json(&run_dir, c.train.seed, opts.resume)?;
+    write_run_json(run_dir, cfg.raw.train.seed, resume)
+}
 
-    let device = c.model.open_device()?;
-    let dtype = c.model.dtype.dtype();
-    let ckpt = if opts.resume {
-        checkpoint::latest(&run_dir)?
-    } else {
-        None
-    };
-    if opts.resume && ckpt.is_none() {
-        crate::rundir::say(&format!(
-            "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
-            run_dir.display()
-        ));
-    }
-    let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
-    let policy = Policy::load(&policy_dir, dtype, &device)
-        .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
-    crate::rundir::refuse_non_finite_policy(&policy.model, &policy_dir)?;
-    let (state, moments, buffer) = match &ckpt {
-        Some(dir) => {
-            let (st, m, v, buf) = checkpoint::load_state(dir, &device)?;
-            (Some(st), Some((m, v)), buf)
-        }
-        None => (None, None, Vec::new()),
-    };
-    let start = state.as_ref().map(|s| s.step).unwrap_or(0);
+/// On resume from a checkpoint at step `resumed`, cuts the JSONL logs after that step; without a
+/// checkpoint, removes what an earlier (lost) run wrote.
+fn reset_logs(run_dir: &Path, resumed: Option<u64>) -> anyhow::Result<()> {
     for f in [
         "metrics.jsonl",
         "rollouts.jsonl",
@@ -174,310 +378,52 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSu
         "diagnostics.jsonl",
     ] {
         let path = run_dir.join(f);
-        if state.is_some() {
+        if let Some(start) = resumed {
             truncate_after(&path, start)?;
         } else if path.exists() {
-            // A resume without any checkpoint starts over: drop what the lost run wrote.
             std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
         }
     }
-    let reference = if cfg.algorithm.needs_reference() {
-        let p = c
-            .model
-            .reference
-            .clone()
-            .unwrap_or_else(|| c.model.path.clone());
-        Some(
-            Model::load(&p, dtype, &device)
-                .with_context(|| format!("loading the reference model from {}", p.display()))?,
-        )
-    } else {
-        None
-    };
-    let tokenizer = policy.tokenizer;
-    // TokenizerBundle is not Clone: the explorer and the offline source load their own copy.
-    let load_tok = || {
-        TokenizerBundle::load(&policy_dir)
-            .with_context(|| format!("loading the tokenizer of {}", policy_dir.display()))
-    };
-    let settings = TrainerSettings {
-        algorithm: cfg.algorithm.clone(),
-        train: c.train.clone(),
-        temperature: c.rollout.temperature,
-        max_new_tokens: c.rollout.max_new_tokens,
-        pad_id: tokenizer.pad_id,
-    };
-    let mut trainer = Trainer::new(policy.model, reference, settings)?;
-    if let (Some((m, v)), Some(st)) = (moments, &state) {
-        trainer.optimizer.set_moments(m, v, st.optimizer_step)?;
+    Ok(())
+}
+
+fn show_progress(
+    bar: Option<&indicatif::ProgressBar>,
+    t: u64,
+    rep: &StepReport,
+    line: &MetricsLine,
+) {
+    if let Some(b) = bar {
+        b.set_position(t);
+        b.set_message(format!(
+            "loss {:.4} reward {:.3}",
+            rep.loss.as_ref().map(|l| l.loss).unwrap_or(f64::NAN),
+            line.get("reward/mean")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(f64::NAN)
+        ));
     }
+}
 
-    // The experience source.
-    let mut feed = build_feed(
-        cfg,
-        state.as_ref(),
-        ckpt.as_deref(),
-        &tokenizer,
-        &load_tok,
-        (dtype, &device),
-    )?;
-    // o = 0 keeps no buffer between steps; o ≥ 1 re-samples the in-flight batches after a resume.
-    drop(buffer);
-
-    // Held-out evaluation.
-    let evaluator = Evaluator::new(cfg, &tokenizer)?;
-    let mut best = state.as_ref().and_then(|s| s.best);
-    let run_eval = |model: &Model, step: u64, line: &mut MetricsLine| {
-        evaluator.run(model, &tokenizer, step, line, &run_dir)
-    };
-    if start == 0 && evaluator.enabled() {
-        let mut line = MetricsLine::new(0);
-        if let Some(acc) = run_eval(&trainer.model, 0, &mut line)? {
-            best = Some((acc, 0));
-        }
-        append_line(&metrics_path, &line.to_json())?;
-    }
-
-    // The loop.
-    let bar = progress_bar(opts.progress, start, c.train.steps);
+/// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]).
+fn hang_if_asked(opts: &RunOptions, t: u64) {
     let hang = opts.hang_after_step.or_else(|| {
         std::env::var("RLVR_DEBUG_HANG_AFTER_STEP")
             .ok()
             .and_then(|s| s.parse().ok())
     });
-    let mut skipped_in_row = state.as_ref().map(|s| s.skipped_in_row).unwrap_or(0);
-    let mut last_ckpt = ckpt.clone();
-    let mut interrupted = false;
-    let mut done = start;
-    let save = |trainer: &Trainer, feed: &Feed, step: u64, skipped: u32, best, cursor| {
-        save_checkpoint(
-            cfg,
-            &run_dir,
-            trainer,
-            &tokenizer,
-            feed,
-            (step, skipped, best, cursor),
-        )
-    };
-    // What an error after step 1 saves (rundir.rs).
-    let mut good = crate::rundir::LastGood::new(start, feed.cursor());
-    let result = (|| -> anyhow::Result<()> {
-        for t in (start + 1)..=c.train.steps {
-            // Explorer: the batch of step t, sampled by version s(t).
-            let batch = feed.next(t)?;
-            let (exps, dropped_stale) =
-                filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
-            // Trainer: advantages, updates.
-            let lr = cfg.lr_at(t);
-            let t1 = Instant::now();
-            good.begin_update();
-            let rep = trainer.step(&exps, t, lr, c.train.seed)?;
-            let train_s = t1.elapsed().as_secs_f64();
-            feed.publish(t, c.sync.interval, &trainer.model)?;
-            // Metrics.
-            let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
-            skipped_in_row = if rep.skipped { skipped_in_row + 1 } else { 0 };
-            let mut is_best = false;
-            if c.train.eval_every > 0 && t % c.train.eval_every == 0 {
-                if let Some(acc) = run_eval(&trainer.model, t, &mut line)? {
-                    if best.is_none_or(|b| acc > b.0) {
-                        best = Some((acc, t));
-                        is_best = true;
-                    }
-                }
-            }
-            append_line(&metrics_path, &line.to_json())?;
-            write_step_logs(&run_dir, t, &batch, &rep, exps.len(), dropped_stale)?;
-            done = t;
-            good.completed(t, feed.cursor());
-            crate::rundir::log_step(t, c.train.steps, &line);
-            if let Some(b) = &bar {
-                b.set_position(t);
-                b.set_message(format!(
-                    "loss {:.4} reward {:.3}",
-                    rep.loss.as_ref().map(|l| l.loss).unwrap_or(f64::NAN),
-                    line.get("reward/mean")
-                        .and_then(|v| v.as_f64())
-                        .unwrap_or(f64::NAN)
-                ));
-            }
-            if skipped_in_row >= c.train.max_skipped_in_row {
-                bail!(
-                    "{skipped_in_row} steps in a row (the last: step {t}) had a non-finite loss or gradient; \
-                     stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
-                     the rewards and behaviour log-probs of the data",
-                    last_ckpt
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|| "none (no checkpoint was written yet)".into())
-                );
-            }
-            let stop = opts.stop.load(Ordering::SeqCst);
-            // A skipped step writes no checkpoint: the last one stays the last good one.
-            let due = !rep.skipped
-                && ((c.train.save_every > 0 && t % c.train.save_every == 0)
-                    || t == c.train.steps
-                    || is_best
-                    || stop);
-            if due {
-                last_ckpt = Some(save(
-                    &trainer,
-                    &feed,
-                    t,
-                    skipped_in_row,
-                    best,
-                    feed.cursor(),
-                )?);
-                good.saved(t);
-                if is_best {
-                    checkpoint::mark_best(&run_dir, t)?;
-                }
-            }
-            if stop {
-                interrupted = true;
-                break;
-            }
-            if hang == Some(t) {
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(3600));
-                }
-            }
+    if hang == Some(t) {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
         }
-        Ok(())
-    })();
-    let result = good.save_after_error(result, |step, cursor| {
-        save(&trainer, &feed, step, skipped_in_row, best, cursor)
-    });
-    feed.shutdown();
-    if let Some(b) = &bar {
-        b.finish();
     }
-    result?;
-    Ok(RunSummary {
-        run_dir,
-        steps: done,
-        interrupted,
-        last_checkpoint: last_ckpt,
-    })
-}
-
-/// Held-out evaluation during training (`eval/*` metrics and eval.jsonl).
-struct Evaluator {
-    set: Option<(PreparedPrompts, RewardFunction)>,
-    settings: EvalSettings,
-    task: &'static str,
-}
-
-impl Evaluator {
-    fn new(cfg: &ResolvedConfig, tokenizer: &TokenizerBundle) -> anyhow::Result<Self> {
-        let c = &cfg.raw;
-        let set = if c.train.eval_every > 0 && c.data.experiences.is_none() {
-            let mut p = prepare_prompts(&c.data, Split::Test, tokenizer)?;
-            if let Some(n) = c.eval.limit {
-                p.texts.truncate(n);
-                p.references.truncate(n);
-            }
-            let reward = RewardFunction::from_config(&c.reward, &c.data.verifier()?)?;
-            Some((p, reward))
-        } else {
-            None
-        };
-        Ok(Evaluator {
-            set,
-            settings: EvalSettings {
-                samples: c.eval.samples,
-                max_new_tokens: c.eval.max_new_tokens.unwrap_or(c.rollout.max_new_tokens),
-                seed: c.train.seed,
-                max_batch_rows: c.rollout.max_batch_rows,
-                stop: c.rollout.stop.clone(),
-                add_special_tokens: c.data.style == PromptStyle::Plain,
-            },
-            task: c.data.task.name(),
-        })
-    }
-
-    fn enabled(&self) -> bool {
-        self.set.is_some()
-    }
-
-    /// Evaluates `model`, adds `eval/*` to `line`, appends to eval.jsonl; returns the accuracy.
-    fn run(
-        &self,
-        model: &Model,
-        tokenizer: &TokenizerBundle,
-        step: u64,
-        line: &mut MetricsLine,
-        run_dir: &std::path::Path,
-    ) -> anyhow::Result<Option<f64>> {
-        let Some((p, reward)) = &self.set else {
-            return Ok(None);
-        };
-        let (r, _) = evaluate(
-            model,
-            tokenizer,
-            self.task,
-            &p.texts,
-            &p.references,
-            reward,
-            &self.settings,
-        )?;
-        line.set("eval/accuracy", Some(r.accuracy));
-        line.set("eval/mean@k", Some(r.mean_at_k));
-        line.set("eval/pass@k", Some(r.pass_at_k));
-        line.set("eval/n", Some(r.n as f64));
-        let mut e = serde_json::to_value(&r)?;
-        e["step"] = json!(step);
-        append_line(&run_dir.join("eval.jsonl"), &e.to_string())?;
-        Ok(Some(r.accuracy))
-    }
-}
-
-/// Writes checkpoint `step-N` (policy, optimizer moments, explorer version and, when it differs from
-/// the policy's, the explorer's weights, the source cursor) and rotates old ones.
-fn save_checkpoint(
-    cfg: &ResolvedConfig,
-    run_dir: &std::path::Path,
-    trainer: &Trainer,
-    tokenizer: &TokenizerBundle,
-    feed: &Feed,
-    (step, skipped_in_row, best, cursor): (u64, u32, Option<(f64, u64)>, SourceCursor),
-) -> anyhow::Result<PathBuf> {
-    crate::rundir::ensure_finite(&trainer.model)?;
-    let (ex_version, ex_model) = match feed {
-        Feed::Inline(e) => (e.version, (e.version != step).then_some(&e.model)),
-        _ => (step, None),
-    };
-    let st = TrainerState {
-        step,
-        optimizer_step: trainer.optimizer.step,
-        explorer_version: ex_version,
-        cursor,
-        rng_seed: cfg.raw.train.seed,
-        skipped_in_row,
-        best,
-        explorer_weights: false,
-    };
-    let (m, v) = trainer.optimizer.moments();
-    let dir = checkpoint::save(
-        run_dir,
-        &st,
-        &CheckpointParts {
-            model: &trainer.model,
-            tokenizer,
-            moments: (m, v),
-            explorer: ex_model,
-            buffer: &[],
-        },
-    )?;
-    checkpoint::rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;
-    Ok(dir)
 }
 
 /// Appends the step's rollouts.jsonl and diagnostics.jsonl lines.
 fn write_step_logs(
-    run_dir: &std::path::Path,
+    run_dir: &Path,
     t: u64,
-    batch: &crate::explorer::Batch,
+    batch: &Batch,
     rep: &StepReport,
     rows: usize,
     dropped_stale: usize,
@@ -500,98 +446,4 @@ fn write_step_logs(
         "rows_skipped_zero_gradient": rep.rows_skipped,
     });
     append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
-}
-
-/// Builds the experience source: the offline file, or the explorer (inline for o = 0, on its own
-/// thread for o ≥ 1) at the checkpoint's cursor and explorer weights.
-fn build_feed(
-    cfg: &ResolvedConfig,
-    state: Option<&TrainerState>,
-    ckpt: Option<&std::path::Path>,
-    tokenizer: &TokenizerBundle,
-    load_tok: &dyn Fn() -> anyhow::Result<TokenizerBundle>,
-    (dtype, device): (DType, &candle_core::Device),
-) -> anyhow::Result<Feed> {
-    let c = &cfg.raw;
-    let (v, o) = (c.sync.interval, c.sync.offset);
-    let start = state.map(|s| s.step).unwrap_or(0);
-    let add_special_tokens = c.data.style == PromptStyle::Plain;
-    Ok(if let Some(path) = &c.data.experiences {
-        let groups = groups_in_order(read_experiences(path)?);
-        let consumed = match state.map(|s| s.cursor) {
-            Some(SourceCursor::Offline { groups }) => groups,
-            _ => 0,
-        };
-        Feed::Offline(OfflineSource::new(
-            groups,
-            consumed,
-            c.data.prompts_per_step,
-            Some(load_tok()?),
-            c.train.log_rollouts,
-        )?)
-    } else {
-        let train_p = prepare_prompts(&c.data, Split::Train, tokenizer)?;
-        let sampler = match state.map(|s| s.cursor) {
-            Some(SourceCursor::Online { cursor }) => {
-                PromptSampler::resume(cursor, train_p.texts.len())?
-            }
-            _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
-        };
-        let verifier = c.data.verifier()?;
-        let reward = RewardFunction::from_config(&c.reward, &verifier)?;
-        let (ex_dir, ex_version) = match (state, ckpt) {
-            (Some(st), Some(dir)) if st.explorer_weights => {
-                (dir.join("trainer_state/explorer"), st.explorer_version)
-            }
-            (Some(st), Some(dir)) => (dir.to_path_buf(), st.step),
-            _ => (c.model.path.clone(), 0),
-        };
-        let ex_model = Model::load(&ex_dir, dtype, device)
-            .with_context(|| format!("loading the explorer weights from {}", ex_dir.display()))?;
-        let mut stop_ids = tokenizer.eos_ids.clone();
-        stop_ids.sort_unstable();
-        stop_ids.dedup();
-        let explorer = Explorer::new(
-            ex_model,
-            ex_version,
-            load_tok()?,
-            train_p.texts,
-            train_p.references,
-            sampler,
-            reward,
-            ExplorerSettings {
-                params: SamplingParams {
-                    group_size: c.rollout.group_size,
-                    temperature: c.rollout.temperature,
-                    top_p: c.rollout.top_p,
-                    top_k: (c.rollout.top_k > 0).then_some(c.rollout.top_k),
-                    max_new_tokens: c.rollout.max_new_tokens,
-                    min_new_tokens: c.rollout.min_new_tokens,
-                    stop_ids,
-                    stop_strings: c.rollout.stop.clone(),
-                    max_batch_rows: c.rollout.max_batch_rows,
-                },
-                prompts_per_step: c.data.prompts_per_step,
-                seed: c.train.seed,
-                dynamic_sampling: cfg.algorithm.dynamic_sampling,
-                max_rounds: c.train.dynamic_sampling_max_rounds,
-                recompute_behaviour: c.train.recompute_behaviour,
-                micro_batch_size: c.train.micro_batch_size,
-                log_rollouts: c.train.log_rollouts,
-                add_special_tokens,
-            },
-        )?;
-        if o == 0 {
-            Feed::Inline(Box::new(explorer))
-        } else {
-            let cursor = explorer.cursor();
-            let (brx, wtx, h) = spawn_explorer(explorer, start + 1, c.train.steps, v, o);
-            Feed::Threaded {
-                batches: brx,
-                weights: Some(wtx),
-                handle: Some(h),
-                last_cursor: cursor,
-            }
-        }
-    })
 }

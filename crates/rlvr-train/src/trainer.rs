@@ -1,6 +1,9 @@
-//! The trainer's side of a step (DESIGN.md sections 3 and 4): advantages over the step batch, then
+//! The trainer update stage (DESIGN.md sections 3 and 4): advantages over the step batch, then
 //! μ epochs × mini-batches of optimizer updates, each update split into micro-batches (by row count or
-//! token budget) under one update-level normaliser, with global gradient-norm clipping and AdamW.
+//! token budget, rows packed by [`crate::pack`]) under one update-level normaliser; each update ends
+//! in the shared optimizer step ([`crate::optimizer`]: reduce hook, global-norm clipping, AdamW).
+//! The losses, advantages and normalisers themselves, with their paper equations, are rlvr-algo's
+//! (`compute_advantages`, `policy_loss`, `UpdateNormaliser`).
 //!
 //! Reads like the algorithm box:
 //!
@@ -15,16 +18,18 @@
 
 use std::collections::HashMap;
 
-use candle_core::{backprop::GradStore, DType, Tensor, Var};
+use candle_core::{DType, Tensor};
 use rlvr_algo::{
     compute_advantages, policy_loss, shape_rewards, AdvantageStats, Algorithm, LossInputs,
     LossStats, RowInfo, UpdateNormaliser,
 };
-use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
+use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
 
 use crate::config::TrainSection;
 use crate::experience::Experience;
+use crate::optimizer::OptimizerStep;
+use crate::pack::pack_rows;
 
 /// What the trainer needs of the config, worked out once.
 #[derive(Debug, Clone)]
@@ -47,8 +52,8 @@ pub struct Trainer {
     pub model: Model,
     /// Frozen reference policy for the KL term (when `kl_coef` ≠ 0).
     pub reference: Option<Model>,
-    /// AdamW over `model.named_vars()` in order.
-    pub optimizer: AdamW,
+    /// The optimizer step (AdamW over `model.named_vars()` in order, clipping, reduce hook).
+    pub optimizer: OptimizerStep,
     /// Settings.
     pub settings: TrainerSettings,
 }
@@ -97,13 +102,8 @@ impl Trainer {
         settings: TrainerSettings,
     ) -> anyhow::Result<Self> {
         let t = &settings.train;
-        let params: Vec<Var> = model
-            .named_vars()
-            .into_iter()
-            .map(|(_, v)| v.clone())
-            .collect();
-        let optimizer = AdamW::new(
-            params,
+        let optimizer = OptimizerStep::new(
+            &model,
             AdamWConfig {
                 lr: t.lr,
                 beta1: t.beta1,
@@ -111,6 +111,7 @@ impl Trainer {
                 eps: t.adam_eps,
                 weight_decay: t.weight_decay,
             },
+            t.grad_clip,
         )?;
         Ok(Trainer {
             model,
@@ -213,15 +214,8 @@ impl Trainer {
             .map(|(&i, _)| i)
             .collect();
         let rows_skipped = rows.len() - trained.len();
-        let vars: Vec<Var> = self
-            .model
-            .named_vars()
-            .into_iter()
-            .map(|(_, v)| v.clone())
-            .collect();
-        let mut acc: Vec<GradAccumulator> = vars.iter().map(|_| Default::default()).collect();
+        let mut grads = self.optimizer.gradients();
         let mut stats = LossStats::default();
-        let mut finite = true;
         for mb in micro_batches(batch, &trained, &self.settings.train) {
             let local: Vec<usize> = mb
                 .iter()
@@ -254,55 +248,15 @@ impl Trainer {
             )?;
             stats.merge(&st);
             if !st.loss.is_finite() {
-                finite = false;
+                grads.mark_non_finite();
                 continue;
             }
-            let grads = loss.backward()?;
-            for (k, v) in vars.iter().enumerate() {
-                if let Some(g) = grads.get(v.as_tensor()) {
-                    acc[k].add(g)?;
-                }
-            }
+            self.optimizer.accumulate(&mut grads, &loss)?;
         }
-        // Global gradient norm, non-finite check, clipping.
-        let mut sq = 0.0f64;
-        for g in acc.iter().filter_map(|a| a.get()) {
-            sq += g
-                .sqr()?
-                .sum_all()?
-                .to_dtype(DType::F64)?
-                .to_scalar::<f64>()?;
-        }
-        let grad_norm = sq.sqrt();
-        if !finite || !grad_norm.is_finite() {
-            return Ok(UpdateOut {
-                stats,
-                grad_norm: None,
-                rows_skipped,
-            });
-        }
-        let clip = self.settings.train.grad_clip;
-        let scale = if clip > 0.0 && grad_norm > clip {
-            clip / (grad_norm + 1e-6)
-        } else {
-            1.0
-        };
-        let mut store = GradStore::default();
-        for (v, a) in vars.iter().zip(acc) {
-            // A parameter without a gradient (every row skipped as zero-gradient) gets an explicit
-            // zero: the moments still decay and weight decay still applies, as in an update that
-            // computed those rows.
-            let g = match a.take() {
-                Some(g) if scale != 1.0 => (g * scale)?,
-                Some(g) => g,
-                None => Tensor::zeros(v.shape(), DType::F32, v.device())?,
-            };
-            store.insert(v.as_tensor(), g);
-        }
-        self.optimizer.step(&store, lr)?;
+        let grad_norm = self.optimizer.apply(grads, lr)?;
         Ok(UpdateOut {
             stats,
-            grad_norm: Some(grad_norm),
+            grad_norm,
             rows_skipped,
         })
     }
@@ -318,16 +272,21 @@ impl Trainer {
         if c_max == 0 {
             return Ok(None);
         }
-        let (ids, mask, at, start) = pack(batch, mb, self.settings.pad_id);
+        let rows: Vec<(&[u32], &[u32])> = mb
+            .iter()
+            .map(|&i| (&batch[i].prompt_ids[..], &batch[i].completion_ids[..]))
+            .collect();
+        let p = pack_rows(&rows, self.settings.pad_id);
+        let (ids, mask, at, start) = (&p.ids, &p.mask, &p.at, p.start);
         let dev = self.model.device();
         let b = mb.len();
         let need_entropy = true;
         // Only completion positions reach the lm_head ([b, C], 0 after each completion).
         let out = self.model.token_logprobs_at(
-            &ids,
-            &mask,
+            ids,
+            mask,
             start,
-            &at,
+            at,
             self.settings.temperature,
             need_entropy,
             true,
@@ -337,10 +296,10 @@ impl Trainer {
         let logp_ref = match (&self.reference, self.settings.algorithm.needs_reference()) {
             (Some(r), true) => {
                 let o = r.token_logprobs_at(
-                    &ids,
-                    &mask,
+                    ids,
+                    mask,
                     start,
-                    &at,
+                    at,
                     self.settings.temperature,
                     false,
                     false,
@@ -381,47 +340,6 @@ struct UpdateOut {
     stats: LossStats,
     grad_norm: Option<f64>,
     rows_skipped: usize,
-}
-
-/// Packs rows into right-padded `[b][T]` ids and mask, each row's completion positions relative
-/// to `start` (for [`Model::token_logprobs_at`]), and `start` (shortest prompt − 1).
-type Packed = (Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<Vec<usize>>, usize);
-
-fn pack(batch: &[Experience], mb: &[usize], pad: u32) -> Packed {
-    let t = mb
-        .iter()
-        .map(|&i| batch[i].prompt_ids.len() + batch[i].completion_ids.len())
-        .max()
-        .unwrap_or(0)
-        .max(2);
-    let start = mb
-        .iter()
-        .map(|&i| batch[i].prompt_ids.len())
-        .min()
-        .unwrap_or(1)
-        .saturating_sub(1);
-    let mut ids = Vec::with_capacity(mb.len());
-    let mut mask = Vec::with_capacity(mb.len());
-    let mut at = Vec::with_capacity(mb.len());
-    for &i in mb {
-        let e = &batch[i];
-        let mut row: Vec<u32> = e.prompt_ids.clone();
-        row.extend_from_slice(&e.completion_ids);
-        let n = row.len();
-        row.resize(t, pad);
-        let mut mrow = vec![1u32; n];
-        mrow.resize(t, 0);
-        ids.push(row);
-        mask.push(mrow);
-        // Completion token j sits at P + j and is predicted at position P + j − 1.
-        let p = e.prompt_ids.len();
-        at.push(
-            (0..e.completion_ids.len())
-                .map(|j| p + j - 1 - start)
-                .collect(),
-        );
-    }
-    (ids, mask, at, start)
 }
 
 /// Adds Σ|ℓ_old − ℓ| and the token count of staleness-0 rows of the micro-batch to `d`.

@@ -33,7 +33,7 @@ enum Command {
     /// crates/rlvr-train/README.md; interfaces: docs/DESIGN.md section 10).
     Train(rlvr_train::cli::TrainArgs),
     /// Supervised warm start on {prompt, completion} pairs.
-    Sft(rlvr_train::sft::SftArgs),
+    Sft(rlvr_train::cli::SftArgs),
     /// Evaluate a model on a task's held-out split: {"task", "n", "accuracy", "mean@k", "pass@k"}.
     Eval(rlvr_train::cli::EvalArgs),
     /// Plot metrics of one or more run directories against step (SVG or PNG).
@@ -68,7 +68,7 @@ fn main() {
         Command::Init(a) => init::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),
         Command::Train(a) => rlvr_train::cli::run_train(a, &mut out),
-        Command::Sft(a) => rlvr_train::sft::run_sft(a, &mut out),
+        Command::Sft(a) => rlvr_train::cli::run_sft(a, &mut out),
         Command::Eval(a) => rlvr_train::cli::run_eval(a, &mut out),
         Command::Plot(a) => rlvr_train::plot::run_plot(a, &mut out),
         Command::Generate(a) => rlvr_rollout::cli::run(a, &mut out),

@@ -5,9 +5,10 @@
 //! 1. **init**: a character-level tokenizer made here with the `tokenizers` crate, the seeded
 //!    addition problems (`042+317=` → `359`: a training pool and a disjoint held-out set of 500),
 //!    and a tiny Qwen2-shaped model written by the same code as `rlvr init`.
-//! 2. **sft**: a supervised warm start (token-mean cross-entropy on the answer and its EOS, as
-//!    `rlvr sft`), evaluated greedily on the held-out set every few steps and stopped at the first
-//!    evaluation whose accuracy lies in [10%, 50%], so that RL has room to show a gain.
+//! 2. **sft**: a supervised warm start (rlvr-train's SFT, as `rlvr sft`: token-mean cross-entropy
+//!    on the answer and its EOS), evaluated greedily on the held-out set every few steps and
+//!    stopped at the first evaluation whose accuracy lies in [10%, 50%]
+//!    ([`StopRule::AccuracyWithin`]), so that RL has room to show a gain.
 //! 3. **on_policy** and **off_policy**: two `rlvr train` runs of `configs/quickstart.toml` from that
 //!    warm start with the same steps, prompts and seed: GRPO with sync interval v = 1, and off-policy
 //!    GRPO (arXiv 2505.22257) with v = 4.
@@ -26,19 +27,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Var};
+use anyhow::Context;
+use candle_core::{DType, Device};
 use rlvr_data::generate::{ArithmeticGenConfig, Split};
-use rlvr_data::sampler::PromptSampler;
-use rlvr_model::checkpoint::{write_tokenizer_files, Policy};
-use rlvr_model::optim::{AdamW, AdamWConfig};
-use rlvr_model::{Model, TokenizerBundle};
-use rlvr_reward::combine::RewardFunction;
-use rlvr_train::config::{RawConfig, ResolvedConfig};
-use rlvr_train::eval::{evaluate, EvalSettings};
-use rlvr_train::run::{prepare_prompts, train, RunOptions};
-use rlvr_train::sft::{completion_logprob_sum, read_pairs};
+use rlvr_model::checkpoint::Policy;
+use rlvr_model::optim::AdamWConfig;
+use rlvr_model::TokenizerBundle;
+use rlvr_train::config::{RawConfig, ResolvedConfig, Schedule, TrainSection};
+use rlvr_train::eval::{EvalSettings, Evaluator};
+use rlvr_train::run::{train, RunOptions};
+use rlvr_train::sft::{read_pairs, train_sft, SftSettings, StopRule};
 use serde_json::json;
 
 use crate::init;
@@ -219,48 +217,20 @@ fn write_data(dir: &Path, plan: &Plan) -> anyhow::Result<()> {
     write_lines(&dir.join("sft.jsonl"), &sft)
 }
 
-/// The fixed held-out set and how it is scored.
-struct HeldOut {
-    texts: Vec<String>,
-    references: Vec<String>,
-    reward: RewardFunction,
-    settings: EvalSettings,
-    task: &'static str,
-}
-
-impl HeldOut {
-    fn new(cfg: &ResolvedConfig, tok: &TokenizerBundle) -> anyhow::Result<HeldOut> {
-        let c = &cfg.raw;
-        let p = prepare_prompts(&c.data, Split::Test, tok)?;
-        Ok(HeldOut {
-            texts: p.texts,
-            references: p.references,
-            reward: RewardFunction::from_config(&c.reward, &c.data.verifier()?)?,
-            settings: EvalSettings {
-                samples: 1,
-                max_new_tokens: c.rollout.max_new_tokens,
-                seed: 0,
-                max_batch_rows: c.rollout.max_batch_rows,
-                stop: c.rollout.stop.clone(),
-                add_special_tokens: true,
-            },
-            task: c.data.task.name(),
-        })
-    }
-
-    /// Greedy accuracy of `model`.
-    fn accuracy(&self, model: &Model, tok: &TokenizerBundle) -> anyhow::Result<f64> {
-        let (r, _) = evaluate(
-            model,
-            tok,
-            self.task,
-            &self.texts,
-            &self.references,
-            &self.reward,
-            &self.settings,
-        )?;
-        Ok(r.accuracy)
-    }
+/// The fixed held-out set: the test split of `cfg`, greedy, one sample, seed 0, plain prompts
+/// encoded with the tokenizer's special tokens, at most `rollout.max_new_tokens` new tokens.
+fn held_out_set(cfg: &ResolvedConfig, tok: &TokenizerBundle) -> anyhow::Result<Evaluator> {
+    let c = &cfg.raw;
+    let mut ev = Evaluator::from_config(c, tok)?;
+    ev.settings = EvalSettings {
+        samples: 1,
+        max_new_tokens: c.rollout.max_new_tokens,
+        seed: 0,
+        max_batch_rows: c.rollout.max_batch_rows,
+        stop: c.rollout.stop.clone(),
+        add_special_tokens: true,
+    };
+    Ok(ev)
 }
 
 /// What the warm start reached.
@@ -269,79 +239,72 @@ struct WarmStart {
     steps: u64,
 }
 
-/// Supervised warm start from `init_dir` into `out_dir`: AdamW on the token-mean cross-entropy of
-/// the answers (rlvr-train's SFT loss), a held-out evaluation every `plan.sft_eval_every` steps,
-/// stopping at the first one inside `plan.sft_range` (or at `plan.sft_max_steps`).
+/// Supervised warm start from `init_dir` into `out_dir` with rlvr-train's SFT: constant learning
+/// rate `plan.sft_lr`, batches of `plan.sft_batch` in one micro-batch, clip 1, a held-out
+/// evaluation every `plan.sft_eval_every` steps, stopping at the first one inside
+/// `plan.sft_range` (or after `plan.sft_max_steps`).
 fn warm_start(
     plan: &Plan,
     seed: u64,
     init_dir: &Path,
     sft_data: &Path,
     out_dir: &Path,
-    held_out: &HeldOut,
+    held_out: &Evaluator,
 ) -> anyhow::Result<WarmStart> {
     let policy = Policy::load(init_dir, DType::F32, &Device::Cpu)?;
     let tok = &policy.tokenizer;
     let pairs = read_pairs(sft_data, tok, false, None)?;
-    let model = policy.model;
-    let vars: Vec<Var> = model
-        .named_vars()
-        .into_iter()
-        .map(|(_, v)| v.clone())
-        .collect();
-    let mut opt = AdamW::new(
-        vars.clone(),
-        AdamWConfig {
+    let settings = SftSettings {
+        batch_size: plan.sft_batch,
+        micro_batch_size: plan.sft_batch,
+        schedule: TrainSection {
+            steps: plan.sft_max_steps,
+            lr: plan.sft_lr,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+            ..TrainSection::default()
+        },
+        adamw: AdamWConfig {
             lr: plan.sft_lr,
             weight_decay: 0.0,
             ..AdamWConfig::default()
         },
-    )?;
-    let mut sampler = PromptSampler::new(pairs.len(), seed)?;
-    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let metrics = out_dir.join("metrics.jsonl");
-    let mut log = String::new();
+        grad_clip: 1.0,
+        seed,
+        eval_every: plan.sft_eval_every,
+        stop: match plan.sft_range {
+            Some((lo, hi)) => StopRule::AccuracyWithin(lo, hi),
+            None => StopRule::Never,
+        },
+        save_every: 0,
+        save_dtype: DType::F32,
+    };
     let pb = bar(plan.sft_max_steps, "sft");
-    let mut accuracy = f64::NAN;
-    let mut steps = 0;
     let t0 = Instant::now();
-    for step in 1..=plan.sft_max_steps {
-        // Loss: −Σ ℓ / (completion tokens of the batch), one backward.
-        let batch = sampler.next_batch(plan.sft_batch);
-        let (sum, n) = completion_logprob_sum(&model, &pairs, &batch, tok.pad_id)?;
-        let loss = (sum.neg()? / n as f64)?;
-        let loss_v = loss.to_scalar::<f32>()? as f64;
-        if !loss_v.is_finite() {
-            bail!("warm start step {step}: non-finite loss");
-        }
-        let grads = loss.backward()?;
-        opt.step(&clip_grads(&vars, grads, 1.0)?, plan.sft_lr)?;
-        steps = step;
-        pb.set_position(step);
-        let mut line = json!({"step": step, "loss": loss_v});
-        if step % plan.sft_eval_every == 0 || step == plan.sft_max_steps {
-            accuracy = held_out.accuracy(&model, tok)?;
-            line["eval/accuracy"] = json!(accuracy);
-            let msg = format!("loss {loss_v:.3} held-out {:.1}%", 100.0 * accuracy);
-            if pb.is_hidden() {
-                eprintln!(
-                    "  sft step {step}: {msg} ({:.1} s)",
-                    t0.elapsed().as_secs_f64()
-                );
+    let done = train_sft(
+        &policy.model,
+        tok,
+        &pairs,
+        &settings,
+        Some(held_out),
+        out_dir,
+        &mut |st| {
+            pb.set_position(st.step);
+            if let Some(r) = st.eval {
+                let msg = format!("loss {:.3} held-out {:.1}%", st.loss, 100.0 * r.accuracy);
+                if pb.is_hidden() {
+                    eprintln!(
+                        "  sft step {}: {msg} ({:.1} s)",
+                        st.step,
+                        t0.elapsed().as_secs_f64()
+                    );
+                }
+                pb.set_message(msg);
             }
-            pb.set_message(msg);
-            if plan
-                .sft_range
-                .is_some_and(|(lo, hi)| (lo..=hi).contains(&accuracy))
-            {
-                log.push_str(&format!("{line}\n"));
-                break;
-            }
-        }
-        log.push_str(&format!("{line}\n"));
-    }
+        },
+    )?;
     pb.finish();
-    std::fs::write(&metrics, log).with_context(|| format!("writing {}", metrics.display()))?;
+    let accuracy = done.accuracy.unwrap_or(f64::NAN);
     if let Some((lo, hi)) = plan.sft_range {
         if !(lo..=hi).contains(&accuracy) {
             eprintln!(
@@ -352,29 +315,10 @@ fn warm_start(
             );
         }
     }
-    model.save(out_dir, DType::F32)?;
-    write_tokenizer_files(out_dir, tok)?;
-    Ok(WarmStart { accuracy, steps })
-}
-
-/// Scales the gradients so their global L2 norm is at most `max_norm`.
-fn clip_grads(vars: &[Var], mut grads: GradStore, max_norm: f64) -> anyhow::Result<GradStore> {
-    let mut sq = 0.0;
-    for v in vars {
-        if let Some(g) = grads.get(v.as_tensor()) {
-            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
-    }
-    let norm = sq.sqrt();
-    if norm > max_norm {
-        let scale = max_norm / (norm + 1e-6);
-        for v in vars {
-            if let Some(g) = grads.remove(v.as_tensor()) {
-                grads.insert(v.as_tensor(), (g * scale)?);
-            }
-        }
-    }
-    Ok(grads)
+    Ok(WarmStart {
+        accuracy,
+        steps: done.steps,
+    })
 }
 
 /// Wall-clock seconds of each phase.
@@ -413,12 +357,97 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 
     // 1. init: tokenizer, data, random model (the `rlvr init` path).
     let t = Instant::now();
+    let (data_dir, init_dir) = init_phase(a, &plan)?;
+    let cfg_path = dir.join("quickstart.toml");
+    std::fs::write(&cfg_path, CONFIG).with_context(|| format!("writing {}", cfg_path.display()))?;
+    let sft_dir = dir.join("sft");
+    let sets = |run: &str, extra: &[&str]| -> Vec<String> {
+        let p = |x: &Path| x.display().to_string();
+        let mut s = vec![
+            format!("model.path={}", p(&sft_dir)),
+            format!("data.train={}", p(&data_dir.join("train.jsonl"))),
+            format!("data.test={}", p(&data_dir.join("test.jsonl"))),
+            format!("data.seed={}", a.seed),
+            format!("train.seed={}", a.seed),
+            format!("output.dir={}", p(&dir.join(run))),
+        ];
+        s.extend(plan.rl_sets.iter().cloned());
+        s.extend(extra.iter().map(|x| x.to_string()));
+        s
+    };
+    let resolve = |s: &[String]| -> anyhow::Result<ResolvedConfig> {
+        RawConfig::load(Some(&cfg_path), s)?.resolve()
+    };
+    let on_cfg = resolve(&sets("on_policy", &["sync.interval=1"]))?;
+    let off_cfg = resolve(&sets(
+        "off_policy",
+        &["algorithm.preset=\"off_policy_grpo\"", "sync.interval=4"],
+    ))?;
+    let tok = TokenizerBundle::load(&init_dir)?;
+    let held_out = held_out_set(&on_cfg, &tok)?;
+    w.init = t.elapsed().as_secs_f64();
+
+    // 2. sft: warm start until the held-out accuracy is in range.
+    let t = Instant::now();
+    let ws = warm_start(
+        &plan,
+        a.seed,
+        &init_dir,
+        &data_dir.join("sft.jsonl"),
+        &sft_dir,
+        &held_out,
+    )
+    .context("quickstart warm start")?;
+    w.sft = t.elapsed().as_secs_f64();
+    if a.warm_start_only {
+        let s = json!({"sft_accuracy": ws.accuracy, "sft_steps": ws.steps, "seed": a.seed,
+            "fast": a.fast, "wall_s": {"init": w.init, "sft": w.sft}});
+        std::fs::write(dir.join("warm_start.json"), format!("{s}\n"))?;
+        writeln!(out, "{s}")?;
+        return Ok(());
+    }
+
+    // 3. the two RL runs, same warm start, steps, prompts and seed.
+    let (s, on_ckpt) = rl_run(&on_cfg, "on_policy")?;
+    w.on_policy = s;
+    let (s, off_ckpt) = rl_run(&off_cfg, "off_policy")?;
+    w.off_policy = s;
+
+    // 4. eval: both final checkpoints on the held-out set.
+    let t = Instant::now();
+    let pb = bar(2, "eval");
+    let mut final_acc = Vec::new();
+    for ckpt in [&on_ckpt, &off_ckpt] {
+        let p = Policy::load(ckpt, DType::F32, &Device::Cpu)?;
+        final_acc.push(held_out.run_model(&p.model, &p.tokenizer)?.0.accuracy);
+        pb.inc(1);
+    }
+    pb.finish();
+    w.eval = t.elapsed().as_secs_f64();
+
+    // Plot, summary, table.
+    let phases = Phases {
+        warm: &ws,
+        final_acc: [final_acc[0], final_acc[1]],
+        walls: &w,
+        rl_steps: on_cfg.raw.train.steps,
+        held_out_n: held_out.texts.len(),
+        load_start,
+        t_total,
+    };
+    report(a, &phases, out)
+}
+
+/// Phase 1: the character tokenizer, the data files and the random model (the `rlvr init` path).
+/// Returns the data directory and the model directory.
+fn init_phase(a: &QuickstartArgs, plan: &Plan) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let dir = &a.out;
     let pb = bar(3, "init");
     let data_dir = dir.join("data");
     let tok_path = dir.join("tokenizer").join("tokenizer.json");
     write_char_tokenizer(&tok_path)?;
     pb.inc(1);
-    write_data(&data_dir, &plan)?;
+    write_data(&data_dir, plan)?;
     pb.inc(1);
     let init_dir = dir.join("init");
     init::run(
@@ -446,96 +475,48 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     .context("quickstart init")?;
     pb.inc(1);
     pb.finish();
-    let cfg_path = dir.join("quickstart.toml");
-    std::fs::write(&cfg_path, CONFIG).with_context(|| format!("writing {}", cfg_path.display()))?;
-    let sft_dir = dir.join("sft");
-    let sets = |run: &str, extra: &[&str]| -> Vec<String> {
-        let p = |x: &Path| x.display().to_string();
-        let mut s = vec![
-            format!("model.path={}", p(&sft_dir)),
-            format!("data.train={}", p(&data_dir.join("train.jsonl"))),
-            format!("data.test={}", p(&data_dir.join("test.jsonl"))),
-            format!("data.seed={}", a.seed),
-            format!("train.seed={}", a.seed),
-            format!("output.dir={}", p(&dir.join(run))),
-        ];
-        s.extend(plan.rl_sets.iter().cloned());
-        s.extend(extra.iter().map(|x| x.to_string()));
-        s
-    };
-    let resolve = |s: &[String]| -> anyhow::Result<ResolvedConfig> {
-        RawConfig::load(Some(&cfg_path), s)?.resolve()
-    };
-    let on_cfg = resolve(&sets("on_policy", &["sync.interval=1"]))?;
-    let off_cfg = resolve(&sets(
-        "off_policy",
-        &["algorithm.preset=\"off_policy_grpo\"", "sync.interval=4"],
-    ))?;
-    let tok = TokenizerBundle::load(&init_dir)?;
-    let held_out = HeldOut::new(&on_cfg, &tok)?;
-    w.init = t.elapsed().as_secs_f64();
+    Ok((data_dir, init_dir))
+}
 
-    // 2. sft: warm start until the held-out accuracy is in range.
+/// Phases 3a/3b: one `rlvr train` run; returns its wall time and last checkpoint.
+fn rl_run(cfg: &ResolvedConfig, name: &str) -> anyhow::Result<(f64, PathBuf)> {
+    if !std::io::stderr().is_terminal() {
+        eprintln!("quickstart: {name}");
+    } else {
+        eprintln!("{name:>10} (sync.interval = {})", cfg.raw.sync.interval);
+    }
     let t = Instant::now();
-    let ws = warm_start(
-        &plan,
-        a.seed,
-        &init_dir,
-        &data_dir.join("sft.jsonl"),
-        &sft_dir,
-        &held_out,
+    let s = train(
+        cfg,
+        &RunOptions {
+            resume: false,
+            progress: true,
+            stop: Arc::new(AtomicBool::new(false)),
+            hang_after_step: None,
+        },
     )
-    .context("quickstart warm start")?;
-    w.sft = t.elapsed().as_secs_f64();
-    if a.warm_start_only {
-        let s = json!({"sft_accuracy": ws.accuracy, "sft_steps": ws.steps, "seed": a.seed,
-            "fast": a.fast, "wall_s": {"init": w.init, "sft": w.sft}});
-        std::fs::write(dir.join("warm_start.json"), format!("{s}\n"))?;
-        writeln!(out, "{s}")?;
-        return Ok(());
-    }
+    .with_context(|| format!("quickstart {name} run"))?;
+    let ckpt = s
+        .last_checkpoint
+        .with_context(|| format!("the {name} run wrote no checkpoint"))?;
+    Ok((t.elapsed().as_secs_f64(), ckpt))
+}
 
-    // 3. the two RL runs, same warm start, steps, prompts and seed.
-    let rl = |cfg: &ResolvedConfig, name: &str| -> anyhow::Result<(f64, PathBuf)> {
-        if !std::io::stderr().is_terminal() {
-            eprintln!("quickstart: {name}");
-        } else {
-            eprintln!("{name:>10} (sync.interval = {})", cfg.raw.sync.interval);
-        }
-        let t = Instant::now();
-        let s = train(
-            cfg,
-            &RunOptions {
-                resume: false,
-                progress: true,
-                stop: Arc::new(AtomicBool::new(false)),
-                hang_after_step: None,
-            },
-        )
-        .with_context(|| format!("quickstart {name} run"))?;
-        let ckpt = s
-            .last_checkpoint
-            .with_context(|| format!("the {name} run wrote no checkpoint"))?;
-        Ok((t.elapsed().as_secs_f64(), ckpt))
-    };
-    let (s, on_ckpt) = rl(&on_cfg, "on_policy")?;
-    w.on_policy = s;
-    let (s, off_ckpt) = rl(&off_cfg, "off_policy")?;
-    w.off_policy = s;
+/// What the phases measured, for the report.
+struct Phases<'a> {
+    warm: &'a WarmStart,
+    final_acc: [f64; 2],
+    walls: &'a Walls,
+    rl_steps: u64,
+    held_out_n: usize,
+    load_start: Option<String>,
+    t_total: Instant,
+}
 
-    // 4. eval: both final checkpoints on the held-out set.
-    let t = Instant::now();
-    let pb = bar(2, "eval");
-    let mut final_acc = Vec::new();
-    for ckpt in [&on_ckpt, &off_ckpt] {
-        let p = Policy::load(ckpt, DType::F32, &Device::Cpu)?;
-        final_acc.push(held_out.accuracy(&p.model, &p.tokenizer)?);
-        pb.inc(1);
-    }
-    pb.finish();
-    w.eval = t.elapsed().as_secs_f64();
-
-    // Plot, summary, table.
+/// The plot, `summary.json` and the result table on `out`.
+fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Result<()> {
+    let dir = &a.out;
+    let (ws, w, final_acc) = (ph.warm, ph.walls, &ph.final_acc);
     let plot_path = dir.join("comparison.svg");
     rlvr_train::plot::plot(&rlvr_train::plot::PlotArgs {
         runs: vec![dir.join("on_policy"), dir.join("off_policy")],
@@ -545,7 +526,7 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         panel_height: 300,
     })
     .context("quickstart plot")?;
-    let total = t_total.elapsed().as_secs_f64();
+    let total = ph.t_total.elapsed().as_secs_f64();
     let summary = json!({
         "sft_accuracy": ws.accuracy,
         "on_policy_accuracy": final_acc[0],
@@ -561,9 +542,9 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "seed": a.seed,
         "fast": a.fast,
         "sft_steps": ws.steps,
-        "rl_steps": on_cfg.raw.train.steps,
-        "held_out_n": held_out.texts.len(),
-        "loadavg": {"start": load_start, "end": load_avg()},
+        "rl_steps": ph.rl_steps,
+        "held_out_n": ph.held_out_n,
+        "loadavg": {"start": ph.load_start, "end": load_avg()},
         "plot": plot_path,
     });
     let path = dir.join("summary.json");
@@ -579,12 +560,7 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let mut table = format!(
         "\nheld-out: {} problems, greedy; seed {}\n{:<24} {:>10} {:>8} {:>9}\n",
-        held_out.texts.len(),
-        a.seed,
-        "model",
-        "accuracy",
-        "gain",
-        "wall s"
+        ph.held_out_n, a.seed, "model", "accuracy", "gain", "wall s"
     );
     table.push_str(&row(
         &format!("warm start ({} steps)", ws.steps),

@@ -1,0 +1,285 @@
+//! The `Rollout` boundary: what the explorer, evaluation and `rlvr generate` need of a sampling
+//! engine, so that another engine (a vLLM server, issue 15) plugs in beside the native one.
+//!
+//! A backend samples K completions for each prompt of a batch with the weights of one policy
+//! version, and is told new weights (with their checkpoint names) after every sync. Every call
+//! returns a `Result`: a remote backend can fail (network, server error). `sample` answers one
+//! result per group, so a caller can tell which groups failed and never trains on a partial one.
+//!
+//! Seeds (DESIGN.md section 3, "explorer"): completion j of the prompt with draw index i uses the
+//! randomness of (seed, i, j), whatever the batch split; the native engine keys a ChaCha12 stream
+//! by exactly that triple ([`crate::completion_rng`]), and a remote backend derives its request
+//! seeds from it.
+
+use candle_core::Tensor;
+use rlvr_model::Model;
+
+use crate::engine::{Completion, PromptIds, Sampler, SamplingParams};
+use crate::error::{Result, RolloutError};
+
+/// One group's outcome: its K completions in sample order (`sample_index` 0..K, every one with
+/// the draw index of its prompt as `prompt_index`), or why this group could not be sampled.
+pub type GroupResult = std::result::Result<Vec<Completion>, RolloutError>;
+
+/// A sampling engine behind the explorer (DESIGN.md section 3).
+///
+/// `Send`: the explorer runs on its own thread when the sync offset o ≥ 1.
+pub trait Rollout: Send {
+    /// The policy version of the weights it samples with (the last [`Rollout::load_weights`]).
+    fn version(&self) -> u64;
+
+    /// Loads `weights` as policy version `version`: every trainable tensor, named as in the
+    /// checkpoint (`rlvr_model::Model::named_vars`: `model.layers.0.self_attn.q_proj.weight`, …),
+    /// values copied (later changes of the caller's tensors are not seen). The run calls it once
+    /// at start and on resume (a remote backend must be told the starting weights) and after
+    /// every sync (every v-th trainer step).
+    ///
+    /// Errors: a missing or unknown name, a shape mismatch, or a backend failure; after an error
+    /// the backend's weights are unspecified and it must not be sampled from.
+    fn load_weights(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<()>;
+
+    /// Samples `params.group_size` (K) completions for each of `prompts` (token ids, already
+    /// rendered and encoded). `prompts[i]` has draw index `first_index + i`, which keys its
+    /// randomness together with `seed` (module docs) and is its completions' `prompt_index`.
+    ///
+    /// Returns one [`GroupResult`] per prompt, in prompt order. Each completion carries its ids
+    /// (a generated stop id included), one behaviour log-prob ℓ_old per id (DESIGN.md section 3),
+    /// its finish reason and the policy version that sampled it.
+    ///
+    /// Errors (the whole call): invalid parameters or prompts, or a backend that cannot sample at
+    /// all; a failure confined to some groups is reported in those groups' entries instead.
+    fn sample(
+        &mut self,
+        prompts: &[PromptIds],
+        first_index: usize,
+        params: &SamplingParams,
+        seed: u64,
+    ) -> Result<Vec<GroupResult>>;
+
+    /// The weights it samples with as a model on this process, when it has one (the native
+    /// engine over a model it owns): the explorer then scores with the behaviour weights
+    /// (`train.recompute_behaviour`) and checkpoints them without a second copy. Default `None`
+    /// (a remote backend).
+    fn local_model(&self) -> Option<&Model> {
+        None
+    }
+}
+
+/// The native engine ([`Sampler`]) behind the [`Rollout`] boundary.
+pub struct NativeRollout {
+    sampler: Sampler,
+    /// The model the sampler shares storage with, when this backend owns it.
+    model: Option<Model>,
+}
+
+impl NativeRollout {
+    /// Wraps `sampler` (built over the caller's model with [`Sampler::new`], which shares its
+    /// storage, or over a private copy with [`Sampler::snapshot`]).
+    pub fn new(sampler: Sampler) -> Self {
+        Self {
+            sampler,
+            model: None,
+        }
+    }
+
+    /// A backend that owns `model` (version `version`) and samples with it in place (no copy);
+    /// [`Rollout::local_model`] returns it, and [`Rollout::load_weights`] updates it.
+    /// `tokenizer` decodes completions for stop strings.
+    pub fn owning(model: Model, version: u64, tokenizer: Option<tokenizers::Tokenizer>) -> Self {
+        let mut sampler = Sampler::new(&model, version);
+        if let Some(t) = tokenizer {
+            sampler = sampler.with_tokenizer(t);
+        }
+        Self {
+            sampler,
+            model: Some(model),
+        }
+    }
+
+    /// The wrapped sampler.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+}
+
+impl Rollout for NativeRollout {
+    fn version(&self) -> u64 {
+        self.sampler.version()
+    }
+
+    fn load_weights(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<()> {
+        // A new version must replace every weight: one left out would sample with a stale part
+        // (`Sampler::load_named` itself accepts partial sets; a tied lm_head is not a weight).
+        let model = self.sampler.model();
+        if let Some((name, _)) = model
+            .named_vars()
+            .into_iter()
+            .find(|(n, _)| !weights.iter().any(|(m, _)| m == n))
+        {
+            return Err(crate::RolloutError::from(candle_core::Error::Msg(format!(
+                "load_weights: weight `{name}` of version {version} is missing"
+            ))));
+        }
+        // The sampler shares storage with `self.model` (Sampler::new), so this updates both.
+        self.sampler.load_named(version, weights)
+    }
+
+    fn sample(
+        &mut self,
+        prompts: &[PromptIds],
+        first_index: usize,
+        params: &SamplingParams,
+        seed: u64,
+    ) -> Result<Vec<GroupResult>> {
+        let k = params.group_size;
+        let out = self.sampler.sample(prompts, params, seed, first_index)?;
+        // `Sampler::sample` returns B·K completions ordered by (prompt index, sample index).
+        let mut groups: Vec<GroupResult> = Vec::with_capacity(prompts.len());
+        let mut it = out.into_iter();
+        for _ in 0..prompts.len() {
+            groups.push(Ok(it.by_ref().take(k).collect()));
+        }
+        Ok(groups)
+    }
+
+    fn local_model(&self) -> Option<&Model> {
+        self.model.as_ref()
+    }
+}
+
+/// The completions of every group in order (groups contiguous), or the first failed group's
+/// error.
+///
+/// Errors: the first [`GroupResult`] that is an error.
+pub fn flatten(groups: Vec<GroupResult>) -> Result<Vec<Completion>> {
+    let mut out = Vec::new();
+    for g in groups {
+        out.extend(g?);
+    }
+    Ok(out)
+}
+
+/// A model's trainable tensors with their checkpoint names, as [`Rollout::load_weights`] takes
+/// them (shared storage, no copy: the backend copies).
+pub fn named_tensors(model: &Model) -> Vec<(String, Tensor)> {
+    model
+        .named_vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().detach()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use rlvr_model::ModelConfig;
+
+    fn model(seed: u64) -> Model {
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 16,
+                "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 64}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        Model::random(config, 0.02, seed, DType::F32, &Device::Cpu).unwrap()
+    }
+
+    fn params(k: usize) -> SamplingParams {
+        SamplingParams {
+            group_size: k,
+            max_new_tokens: 6,
+            ..Default::default()
+        }
+    }
+
+    /// The boundary returns exactly the sampler's completions, grouped, with the same seeds.
+    #[test]
+    fn native_groups_equal_the_sampler_output() {
+        let m = model(0);
+        let prompts = vec![vec![1, 2, 3], vec![4, 5], vec![6]];
+        let direct = Sampler::new(&m, 3)
+            .sample(&prompts, &params(4), 7, 10)
+            .unwrap();
+        let mut r = NativeRollout::new(Sampler::new(&m, 3));
+        let groups = r.sample(&prompts, 10, &params(4), 7).unwrap();
+        assert_eq!(groups.len(), 3);
+        let flat = flatten(groups).unwrap();
+        assert_eq!(flat, direct);
+        assert!(flat
+            .chunks(4)
+            .enumerate()
+            .all(|(i, g)| g
+                .iter()
+                .enumerate()
+                .all(|(j, c)| c.prompt_index == 10 + i && c.sample_index == j && c.version == 3)));
+    }
+
+    /// Weights cross by name: after loading model B's tensors into a backend over model A, it
+    /// samples exactly as a sampler over B, reports the new version, and its model holds B.
+    #[test]
+    fn load_weights_by_name_switches_the_policy() {
+        let (a, b) = (model(0), model(1));
+        let prompts = vec![vec![1, 2, 3], vec![4, 5]];
+        let p = SamplingParams {
+            temperature: 0.0,
+            ..params(1)
+        };
+        let want = Sampler::new(&b, 9).sample(&prompts, &p, 0, 0).unwrap();
+        let mut r = NativeRollout::owning(a, 0, None);
+        let before = r.sample(&prompts, 0, &p, 0).unwrap();
+        // Reversed order: names, not positions, decide where each tensor goes.
+        let mut w = named_tensors(&b);
+        w.reverse();
+        r.load_weights(9, &w).unwrap();
+        assert_eq!(r.version(), 9);
+        let got: Vec<Completion> = r
+            .sample(&prompts, 0, &p, 0)
+            .unwrap()
+            .into_iter()
+            .flat_map(|g| g.unwrap())
+            .collect();
+        assert_eq!(got, want);
+        assert_ne!(
+            before
+                .into_iter()
+                .flat_map(|g| g.unwrap())
+                .collect::<Vec<_>>(),
+            want
+        );
+        let local = r.local_model().unwrap();
+        for ((n1, v1), (n2, v2)) in local.named_vars().iter().zip(b.named_vars().iter()) {
+            assert_eq!(n1, n2);
+            let d = (v1.as_tensor() - v2.as_tensor())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(d, 0.0, "{n1}");
+        }
+        // The caller's tensors are copied, not shared: changing B afterwards leaves the backend.
+        let nv = b.named_vars();
+        let v = nv[0].1;
+        v.set(&v.as_tensor().zeros_like().unwrap()).unwrap();
+        let l0 = local.named_vars()[0].1.as_tensor().abs().unwrap();
+        assert!(l0.max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn load_weights_rejects_missing_and_unknown_names() {
+        let (a, b) = (model(0), model(1));
+        let mut r = NativeRollout::owning(a, 0, None);
+        let mut w = named_tensors(&b);
+        let last = w.pop().unwrap();
+        let e = r.load_weights(1, &w).unwrap_err().to_string();
+        assert!(e.contains(&last.0), "{e}");
+        w.push(last);
+        w.push(("model.layers.7.mlp.up_proj.weight".into(), w[0].1.clone()));
+        let e = r.load_weights(1, &w).unwrap_err().to_string();
+        assert!(e.contains("model.layers.7.mlp.up_proj.weight"), "{e}");
+    }
+}

@@ -1,0 +1,244 @@
+//! The optimizer step, one for RL, SFT and the quickstart's warm start:
+//!
+//! ```text
+//! g_k = Σ_m ∇ loss_m              accumulate micro-batch gradients (no division by their count)
+//! g_k ← reduce(g_k)               GradReduce: identity on one process; a data-parallel all-reduce later
+//! ‖g‖ = sqrt(Σ_k Σ g_k²)          global L2 norm; non-finite loss or norm → skip, no update
+//! g_k ← g_k · min(1, c/(‖g‖+1e-6)) when c > 0 and ‖g‖ > c   (global-norm clipping)
+//! θ ← AdamW(θ, g, lr)             decoupled weight decay (Loshchilov & Hutter, arXiv 1711.05101)
+//! ```
+
+use candle_core::{backprop::GradStore, DType, Tensor, Var};
+use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
+use rlvr_model::Model;
+
+/// Where the gradient of one update is combined across processes before the norm is taken.
+///
+/// Called once per optimizer update with this process's gradient sums, one entry per parameter
+/// in `Model::named_vars` order (`None`: no micro-batch reached that parameter). A data-parallel
+/// implementation must leave in each entry the sum over all processes (an all-reduce with `sum`;
+/// the loss normaliser is already global, so no averaging), with every process calling it in the
+/// same order. [`LocalReduce`] (one process) leaves them as they are.
+pub trait GradReduce: Send {
+    /// Combines `grads` in place (see the trait docs).
+    ///
+    /// # Errors
+    /// A failed collective (a peer died, a shape mismatch).
+    fn reduce(&mut self, grads: &mut [Option<Tensor>]) -> anyhow::Result<()>;
+}
+
+/// The identity reduction of a single process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalReduce;
+
+impl GradReduce for LocalReduce {
+    fn reduce(&mut self, _grads: &mut [Option<Tensor>]) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// The gradient of one update being accumulated (see [`OptimizerStep::accumulate`]).
+pub struct Gradients {
+    acc: Vec<GradAccumulator>,
+    finite: bool,
+}
+
+impl Gradients {
+    /// Marks the update as non-finite (a micro-batch's loss was NaN or infinite): it will be
+    /// skipped by [`OptimizerStep::apply`].
+    pub fn mark_non_finite(&mut self) {
+        self.finite = false;
+    }
+}
+
+/// AdamW over a model's parameters with global-norm clipping and a gradient reduction hook
+/// (module docs).
+pub struct OptimizerStep {
+    vars: Vec<Var>,
+    /// The AdamW state (moments, update count).
+    pub adamw: AdamW,
+    grad_clip: f64,
+    reduce: Box<dyn GradReduce>,
+}
+
+impl OptimizerStep {
+    /// An optimizer over every parameter of `model` (`named_vars` order), clipping the global
+    /// gradient norm to `grad_clip` (0 = off), with the single-process [`LocalReduce`].
+    ///
+    /// # Errors
+    /// Tensor allocation errors (the moments).
+    pub fn new(model: &Model, config: AdamWConfig, grad_clip: f64) -> anyhow::Result<Self> {
+        let vars: Vec<Var> = model
+            .named_vars()
+            .into_iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        Ok(OptimizerStep {
+            adamw: AdamW::new(vars.clone(), config)?,
+            vars,
+            grad_clip,
+            reduce: Box::new(LocalReduce),
+        })
+    }
+
+    /// Replaces the gradient reduction (data-parallel training).
+    pub fn with_reduce(mut self, reduce: Box<dyn GradReduce>) -> Self {
+        self.reduce = reduce;
+        self
+    }
+
+    /// An empty gradient for a new update.
+    pub fn gradients(&self) -> Gradients {
+        Gradients {
+            acc: self.vars.iter().map(|_| Default::default()).collect(),
+            finite: true,
+        }
+    }
+
+    /// Backpropagates `loss` (a scalar already weighted by the update's normaliser) and adds its
+    /// gradient to `g` (summed in f32).
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub fn accumulate(&self, g: &mut Gradients, loss: &Tensor) -> anyhow::Result<()> {
+        let grads = loss.backward()?;
+        for (k, v) in self.vars.iter().enumerate() {
+            if let Some(x) = grads.get(v.as_tensor()) {
+                g.acc[k].add(x)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces, measures, clips and applies `g` with learning rate `lr` (module docs). Returns
+    /// the global gradient norm before clipping, or `None` when the update was skipped (a
+    /// non-finite loss or norm: the weights and moments are untouched).
+    ///
+    /// A parameter no micro-batch reached gets an explicit zero gradient: its moments still
+    /// decay and weight decay still applies, as in an update that computed it.
+    ///
+    /// # Errors
+    /// Tensor errors and [`GradReduce`] failures.
+    pub fn apply(&mut self, g: Gradients, lr: f64) -> anyhow::Result<Option<f64>> {
+        let mut sums: Vec<Option<Tensor>> = g.acc.into_iter().map(|a| a.take()).collect();
+        self.reduce.reduce(&mut sums)?;
+        let mut sq = 0.0f64;
+        for s in sums.iter().flatten() {
+            sq += s
+                .sqr()?
+                .sum_all()?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
+        }
+        let grad_norm = sq.sqrt();
+        if !g.finite || !grad_norm.is_finite() {
+            return Ok(None);
+        }
+        let clip = self.grad_clip;
+        let scale = if clip > 0.0 && grad_norm > clip {
+            clip / (grad_norm + 1e-6)
+        } else {
+            1.0
+        };
+        let mut store = GradStore::default();
+        for (v, s) in self.vars.iter().zip(sums) {
+            let s = match s {
+                Some(s) if scale != 1.0 => (s * scale)?,
+                Some(s) => s,
+                None => Tensor::zeros(v.shape(), DType::F32, v.device())?,
+            };
+            store.insert(v.as_tensor(), s);
+        }
+        self.adamw.step(&store, lr)?;
+        Ok(Some(grad_norm))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn tiny() -> Model {
+        let config = rlvr_model::ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 16, "hidden_size": 8,
+                "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 16}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        Model::random(config, 0.02, 0, DType::F32, &Device::Cpu).unwrap()
+    }
+
+    fn loss(m: &Model, scale: f64) -> Tensor {
+        let out = m
+            .token_logprobs(
+                &[vec![1, 2, 3, 4]],
+                &[vec![1, 1, 1, 1]],
+                0,
+                1.0,
+                false,
+                true,
+            )
+            .unwrap();
+        (out.logprobs.sum_all().unwrap() * scale).unwrap()
+    }
+
+    /// A reduction that doubles every gradient stands in for a two-process all-reduce of equal
+    /// halves: the norm it reports is twice the single-process one.
+    struct Double;
+    impl GradReduce for Double {
+        fn reduce(&mut self, grads: &mut [Option<Tensor>]) -> anyhow::Result<()> {
+            for g in grads.iter_mut().flatten() {
+                *g = (&*g * 2.0)?;
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn reduce_hook_runs_before_the_norm_and_non_finite_updates_are_skipped() {
+        let cfg = AdamWConfig::default();
+        let m1 = tiny();
+        let mut one = OptimizerStep::new(&m1, cfg, 0.0).unwrap();
+        let mut g = one.gradients();
+        one.accumulate(&mut g, &loss(&m1, 1.0)).unwrap();
+        let n1 = one.apply(g, 1e-3).unwrap().unwrap();
+        let m2 = tiny();
+        let mut two = OptimizerStep::new(&m2, cfg, 0.0)
+            .unwrap()
+            .with_reduce(Box::new(Double));
+        let mut g = two.gradients();
+        two.accumulate(&mut g, &loss(&m2, 1.0)).unwrap();
+        let n2 = two.apply(g, 1e-3).unwrap().unwrap();
+        assert!(n1 > 0.0 && (n2 / n1 - 2.0).abs() < 1e-6, "{n1} {n2}");
+
+        let before = m1.named_vars()[0].1.as_tensor().to_vec2::<f32>().unwrap();
+        let mut g = one.gradients();
+        one.accumulate(&mut g, &loss(&m1, 1.0)).unwrap();
+        g.mark_non_finite();
+        assert_eq!(one.apply(g, 1e-3).unwrap(), None);
+        assert_eq!(one.adamw.step, 1);
+        let after = m1.named_vars()[0].1.as_tensor().to_vec2::<f32>().unwrap();
+        assert_eq!(before, after);
+    }
+
+    /// Two micro-batches of half the loss give the gradient of one full micro-batch.
+    #[test]
+    fn accumulation_sums_micro_batch_gradients() {
+        let cfg = AdamWConfig::default();
+        let m = tiny();
+        let mut o = OptimizerStep::new(&m, cfg, 0.0).unwrap();
+        let mut g = o.gradients();
+        o.accumulate(&mut g, &loss(&m, 0.5)).unwrap();
+        o.accumulate(&mut g, &loss(&m, 0.5)).unwrap();
+        let mut whole = o.gradients();
+        o.accumulate(&mut whole, &loss(&m, 1.0)).unwrap();
+        let n_half = o.apply(g, 0.0).unwrap().unwrap();
+        let n_whole = o.apply(whole, 0.0).unwrap().unwrap();
+        assert!(
+            (n_half - n_whole).abs() < 1e-6 * n_whole,
+            "{n_half} {n_whole}"
+        );
+    }
+}
