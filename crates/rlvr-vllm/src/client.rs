@@ -30,8 +30,8 @@ pub struct ClientConfig {
     pub backoff: Duration,
     /// Requests in flight per server (≥ 1). Default 8.
     pub in_flight: usize,
-    /// Accept top-p < 1 / top-k: vLLM's behaviour log-probs are then renormalised over the kept
-    /// tokens (not DESIGN.md section 3's full-vocabulary ℓ_old), so the ratio carries
+    /// Accept top-p < 1, top-k, or `min_new_tokens` > 0 with stop ids: vLLM's behaviour log-probs
+    /// are then renormalised over the kept tokens (not DESIGN.md section 3's full-vocabulary ℓ_old), so the ratio carries
     /// log(kept mass). Default false: such parameters are refused.
     pub accept_renormalised_logprobs: bool,
 }
@@ -131,7 +131,8 @@ impl VllmClient {
     ///
     /// # Errors
     /// [`VllmError::Config`]: group size or `max_new_tokens` 0, `min_new_tokens > max_new_tokens`,
-    /// or truncated sampling (top-p < 1, top-k) without
+    /// or truncated sampling ([`crate::completion::is_truncated`]: top-p < 1, top-k, min new
+    /// tokens with stop ids) without
     /// [`ClientConfig::accept_renormalised_logprobs`].
     pub fn check_params(&self, params: &SamplingParams) -> Result<()> {
         if params.group_size == 0 || params.max_new_tokens == 0 {
@@ -145,11 +146,12 @@ impl VllmClient {
         }
         if is_truncated(params) && !self.config.accept_renormalised_logprobs {
             return Err(VllmError::Config(format!(
-                "top_p = {} / top_k = {:?}: vLLM's behaviour log-probs are then renormalised over the kept \
-                 tokens, while the native engine's ℓ_old is over the full vocabulary (DESIGN.md section 3), \
-                 so the same config would train differently; set rollout.accept_renormalised_logprobs = true \
-                 to accept that, or use top_p = 1 and top_k = 0",
-                params.top_p, params.top_k
+                "top_p = {}, top_k = {:?}, min_new_tokens = {} with stop ids: vLLM's behaviour log-probs are \
+                 then renormalised over the kept tokens, while the native engine's ℓ_old is over the full \
+                 vocabulary (DESIGN.md section 3), so the same config would train differently; set \
+                 rollout.accept_renormalised_logprobs = true to accept that, or use top_p = 1, top_k = 0 \
+                 and min_new_tokens = 0",
+                params.top_p, params.top_k, params.min_new_tokens
             )));
         }
         Ok(())

@@ -30,10 +30,15 @@ pub fn request_seed(run_seed: u64, prompt_index: usize, group_size: usize) -> u6
     (base + offset) % SEED_SPACE
 }
 
-/// Whether `params` make vLLM's processed log-probs renormalised over a truncated distribution
-/// (top-p < 1 or top-k), unlike DESIGN.md section 3's ℓ_old over the full vocabulary.
+/// Whether `params` make vLLM's processed log-probs renormalised over a truncated distribution,
+/// unlike DESIGN.md section 3's ℓ_old over the full vocabulary (which the native engine records):
+/// top-p < 1, top-k, or `min_new_tokens > 0` with stop ids (vLLM masks the stop ids before the
+/// log-softmax; measured on vLLM 0.32: a masked stop id of probability p shifts every log-prob
+/// by −log(1 − p) until `min_tokens`).
 pub fn is_truncated(params: &SamplingParams) -> bool {
-    params.top_p < 1.0 || params.top_k.is_some_and(|k| k > 0)
+    params.top_p < 1.0
+        || params.top_k.is_some_and(|k| k > 0)
+        || (params.min_new_tokens > 0 && !params.stop_ids.is_empty())
 }
 
 /// The JSON body of the request for one group.

@@ -99,7 +99,7 @@ fn refresh_pauses_reloads_resets_resumes_verifies_and_prunes() {
         ["POST /pause?mode=wait", "POST /collective_rpc", "POST /reset_prefix_cache", "POST /resume", "POST /v1/completions"]
     );
     let dir = version_dir(&weights.path().canonicalize().unwrap(), 2);
-    let rpc = &fake.seen.lock().unwrap()[1].body;
+    let rpc = fake.seen.lock().unwrap()[1].body.clone();
     assert_eq!(rpc["method"], "reload_weights");
     assert_eq!(rpc["kwargs"]["weights_path"], dir.to_string_lossy().as_ref());
     // Tied model: lm_head.weight written explicitly, equal to the embedding.
@@ -173,7 +173,7 @@ fn the_logprob_mode_check_catches_raw_logprobs() {
     let ok = mode_server(&m, 0.7);
     let gaps = client(&ok.url).check_logprob_mode(&m, &prompt, 6).unwrap();
     assert!(gaps[0] < 1e-6, "{gaps:?}");
-    let body = &ok.seen.lock().unwrap()[0].body;
+    let body = ok.seen.lock().unwrap()[0].body.clone();
     assert_eq!((body["temperature"].clone(), body["top_p"].clone(), body["n"].clone()), (json!(0.7), json!(1.0), json!(1)));
     // vLLM's default returns raw log-probs (before temperature): refused with the flag to set.
     let raw_server = mode_server(&m, 1.0);

@@ -12,7 +12,7 @@ use rlvr_vllm::completion::request_seed;
 use rlvr_vllm::{ClientConfig, VllmClient, VllmError};
 use serde_json::{json, Value};
 
-fn client(urls: &[&str], retries: usize) -> VllmClient {
+fn client(urls: &[&String], retries: usize) -> VllmClient {
     VllmClient::new(ClientConfig {
         servers: urls.iter().map(|u| u.to_string()).collect(),
         served_model_name: "policy".into(),
@@ -30,7 +30,6 @@ fn params(k: usize) -> SamplingParams {
         group_size: k,
         temperature: 0.7,
         max_new_tokens: 4,
-        min_new_tokens: 1,
         stop_ids: vec![9],
         ..Default::default()
     }
@@ -69,7 +68,7 @@ fn a_group_is_one_request_and_comes_back_as_native_records() {
     assert_eq!(b["temperature"], 0.7);
     assert_eq!(b["top_p"], 1.0);
     assert_eq!(b["max_tokens"], 4);
-    assert_eq!(b["min_tokens"], 1);
+    assert_eq!(b["min_tokens"], 0);
     assert_eq!(b["stop_token_ids"], json!([9]));
     assert_eq!(b["ignore_eos"], true);
     assert_eq!(b["seed"], request_seed(42, 10, 2));
@@ -244,7 +243,7 @@ fn stop_strings_keep_the_completing_token_and_ids_aligned_with_logprobs() {
     assert_eq!(out[0].finish_reason, FinishReason::StopString);
     assert_eq!(out[1].token_ids.len(), out[1].behaviour_logprobs.len());
     assert_eq!(out[1].finish_reason, FinishReason::Length);
-    let body = &fake.seen.lock().unwrap()[0].body;
+    let body = fake.seen.lock().unwrap()[0].body.clone();
     assert_eq!(body["stop"], json!(["cd"]));
     assert_eq!(body["include_stop_str_in_output"], true);
 }
@@ -252,11 +251,20 @@ fn stop_strings_keep_the_completing_token_and_ids_aligned_with_logprobs() {
 #[test]
 fn truncated_sampling_is_refused_unless_accepted() {
     let fake = FakeServer::scripted(vec![Reply::Status(200, good_group())]);
-    for p in [SamplingParams { top_p: 0.9, ..params(2) }, SamplingParams { top_k: Some(20), ..params(2) }] {
+    for p in [
+        SamplingParams { top_p: 0.9, ..params(2) },
+        SamplingParams { top_k: Some(20), ..params(2) },
+        // vLLM masks the stop ids before its log-softmax while min_tokens is pending.
+        SamplingParams { min_new_tokens: 1, ..params(2) },
+    ] {
         let err = client(&[&fake.url], 0).sample(&[vec![1]], &p, 0, 0).unwrap_err();
         assert!(err.to_string().contains("accept_renormalised_logprobs"), "{err}");
     }
     assert!(fake.lines().is_empty());
+    // Without stop ids min_new_tokens masks nothing: accepted.
+    let fixed = SamplingParams { min_new_tokens: 4, stop_ids: vec![], ..params(2) };
+    assert_eq!(client(&[&fake.url], 0).sample(&[vec![1]], &fixed, 0, 0).unwrap().len(), 2);
+    fake.seen.lock().unwrap().clear();
     let accepting = VllmClient::new(ClientConfig {
         servers: vec![fake.url.clone()],
         served_model_name: "policy".into(),
@@ -266,7 +274,7 @@ fn truncated_sampling_is_refused_unless_accepted() {
     .unwrap();
     let p = SamplingParams { top_k: Some(20), top_p: 0.9, ..params(2) };
     assert_eq!(accepting.sample(&[vec![1]], &p, 0, 0).unwrap().len(), 2);
-    let body = &fake.seen.lock().unwrap()[0].body;
+    let body = fake.seen.lock().unwrap()[0].body.clone();
     assert_eq!((body["top_k"].clone(), body["top_p"].clone()), (json!(20), json!(0.9)));
 }
 
