@@ -30,14 +30,25 @@ pub struct ServerInfo {
 ///
 /// # Errors
 /// An empty prompt or completion ([`VllmError::Config`]); model errors.
-pub fn trainer_logprobs(model: &Model, prompt: &[u32], completion: &[u32], temperature: f64) -> Result<Vec<f32>> {
+pub fn trainer_logprobs(
+    model: &Model,
+    prompt: &[u32],
+    completion: &[u32],
+    temperature: f64,
+) -> Result<Vec<f32>> {
     if prompt.is_empty() || completion.is_empty() {
-        return Err(VllmError::Config("scoring needs a non-empty prompt and completion".into()));
+        return Err(VllmError::Config(
+            "scoring needs a non-empty prompt and completion".into(),
+        ));
     }
     let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
     let mask = vec![vec![1u32; ids.len()]];
     let lp = model.token_logprobs(&[ids], &mask, prompt.len() - 1, temperature, false, false)?;
-    Ok(lp.logprobs.i(0)?.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?)
+    Ok(lp
+        .logprobs
+        .i(0)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?)
 }
 
 fn server_logprobs(server: &Server, model: &str, ids: &[u32]) -> Result<Vec<f32>> {
@@ -48,7 +59,11 @@ fn server_logprobs(server: &Server, model: &str, ids: &[u32]) -> Result<Vec<f32>
             .as_array()
             .ok_or("no `choices[0].prompt_logprobs`")?;
         if pl.len() != ids.len() {
-            return Err(format!("{} prompt log-prob entries for {} ids", pl.len(), ids.len()));
+            return Err(format!(
+                "{} prompt log-prob entries for {} ids",
+                pl.len(),
+                ids.len()
+            ));
         }
         ids.iter()
             .zip(pl)
@@ -97,7 +112,9 @@ impl VllmClient {
     /// As [`crate::Server::call`]; an empty prompt or completion.
     pub fn score(&self, prompt: &[u32], completion: &[u32]) -> Result<Vec<Vec<f32>>> {
         if prompt.is_empty() || completion.is_empty() {
-            return Err(VllmError::Config("scoring needs a non-empty prompt and completion".into()));
+            return Err(VllmError::Config(
+                "scoring needs a non-empty prompt and completion".into(),
+            ));
         }
         let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
         self.servers
@@ -132,17 +149,26 @@ impl VllmClient {
                 let data = a["data"].as_array().ok_or("no `data` array")?;
                 Ok(data
                     .iter()
-                    .map(|m| (m["id"].as_str().unwrap_or("").to_string(), m["max_model_len"].as_u64()))
+                    .map(|m| {
+                        (
+                            m["id"].as_str().unwrap_or("").to_string(),
+                            m["max_model_len"].as_u64(),
+                        )
+                    })
                     .collect())
             })?;
-            let check = |msg: String| VllmError::Check { server: s.url.clone(), msg };
+            let check = |msg: String| VllmError::Check {
+                server: s.url.clone(),
+                msg,
+            };
             let Some((_, len)) = models.iter().find(|(id, _)| id == name) else {
                 let ids: Vec<&str> = models.iter().map(|(id, _)| id.as_str()).collect();
                 return Err(check(format!(
                     "serves {ids:?}, not rollout.served_model_name = {name:?} (start it with --served-model-name {name})"
                 )));
             };
-            let max_model_len = len.ok_or_else(|| check("/v1/models gives no max_model_len".into()))? as usize;
+            let max_model_len =
+                len.ok_or_else(|| check("/v1/models gives no max_model_len".into()))? as usize;
             if max_model_len < longest_prompt + max_new_tokens {
                 return Err(check(format!(
                     "max_model_len {max_model_len} < longest prompt {longest_prompt} + max_new_tokens \
@@ -160,7 +186,10 @@ impl VllmClient {
                      (serve the policy's own tokenizer files)"
                 )));
             }
-            infos.push(ServerInfo { url: s.url.clone(), max_model_len });
+            infos.push(ServerInfo {
+                url: s.url.clone(),
+                max_model_len,
+            });
         }
         Ok(infos)
     }
@@ -174,7 +203,12 @@ impl VllmClient {
     /// [`VllmError::Check`] when a mean gap exceeds [`LOGPROB_MODE_TOLERANCE`]: the server returns
     /// log-probs before temperature (vLLM's default) and must run with
     /// `--logprobs-mode processed_logprobs`. Request and model errors.
-    pub fn check_logprob_mode(&self, model: &Model, prompt: &[u32], tokens: usize) -> Result<Vec<f64>> {
+    pub fn check_logprob_mode(
+        &self,
+        model: &Model,
+        prompt: &[u32],
+        tokens: usize,
+    ) -> Result<Vec<f64>> {
         let params = SamplingParams {
             group_size: 1,
             temperature: 0.7,
@@ -182,14 +216,20 @@ impl VllmClient {
             min_new_tokens: tokens,
             ..Default::default()
         };
-        let body = crate::completion::request_body(&self.config.served_model_name, prompt, &params, 7);
+        let body =
+            crate::completion::request_body(&self.config.served_model_name, prompt, &params, 7);
         let mut gaps = Vec::new();
         for s in &self.servers {
             let c = s.call("POST", "/v1/completions", Some(&body), |a: Value| {
                 parse_group(&a, 1, tokens).map(|mut v| v.remove(0))
             })?;
             let ours = trainer_logprobs(model, prompt, &c.token_ids, 0.7)?;
-            let gap = c.logprobs.iter().zip(&ours).map(|(a, b)| (a - b).abs() as f64).sum::<f64>()
+            let gap = c
+                .logprobs
+                .iter()
+                .zip(&ours)
+                .map(|(a, b)| (a - b).abs() as f64)
+                .sum::<f64>()
                 / ours.len().max(1) as f64;
             if gap > LOGPROB_MODE_TOLERANCE {
                 return Err(VllmError::Check {

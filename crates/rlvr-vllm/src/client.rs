@@ -69,15 +69,20 @@ impl VllmClient {
     /// [`VllmError::Config`] for no server, an empty model name, `in_flight` 0 or a non-http URL.
     pub fn new(config: ClientConfig) -> Result<Self> {
         if config.servers.is_empty() {
-            return Err(VllmError::Config("rollout.servers is empty: give at least one base URL".into()));
+            return Err(VllmError::Config(
+                "rollout.servers is empty: give at least one base URL".into(),
+            ));
         }
         if config.served_model_name.is_empty() {
             return Err(VllmError::Config(
-                "rollout.served_model_name is empty: give the --served-model-name the servers run".into(),
+                "rollout.served_model_name is empty: give the --served-model-name the servers run"
+                    .into(),
             ));
         }
         if config.in_flight == 0 {
-            return Err(VllmError::Config("requests in flight per server must be ≥ 1".into()));
+            return Err(VllmError::Config(
+                "requests in flight per server must be ≥ 1".into(),
+            ));
         }
         let policy = RetryPolicy {
             retries: config.retries,
@@ -136,7 +141,9 @@ impl VllmClient {
     /// [`ClientConfig::accept_renormalised_logprobs`].
     pub fn check_params(&self, params: &SamplingParams) -> Result<()> {
         if params.group_size == 0 || params.max_new_tokens == 0 {
-            return Err(VllmError::Config("group_size and max_new_tokens must be ≥ 1".into()));
+            return Err(VllmError::Config(
+                "group_size and max_new_tokens must be ≥ 1".into(),
+            ));
         }
         if params.min_new_tokens > params.max_new_tokens {
             return Err(VllmError::Config(format!(
@@ -186,7 +193,10 @@ impl VllmClient {
             )));
         }
         if let Some(p) = prompts.iter().position(|p| p.is_empty()) {
-            return Err(VllmError::Config(format!("prompt {} is empty", first_prompt_index + p)));
+            return Err(VllmError::Config(format!(
+                "prompt {} is empty",
+                first_prompt_index + p
+            )));
         }
         let queue: Mutex<VecDeque<usize>> = Mutex::new((0..prompts.len()).collect());
         let results: Mutex<Vec<Option<Vec<Completion>>>> = Mutex::new(vec![None; prompts.len()]);
@@ -199,8 +209,16 @@ impl VllmClient {
                 for _ in 0..workers {
                     s.spawn(move || {
                         while !stop.load(Ordering::Relaxed) {
-                            let Some(i) = queue.lock().unwrap().pop_front() else { break };
-                            match self.sample_group(server, &prompts[i], params, seed, first_prompt_index + i) {
+                            let Some(i) = queue.lock().unwrap().pop_front() else {
+                                break;
+                            };
+                            match self.sample_group(
+                                server,
+                                &prompts[i],
+                                params,
+                                seed,
+                                first_prompt_index + i,
+                            ) {
                                 Ok(group) => results.lock().unwrap()[i] = Some(group),
                                 Err(e) => {
                                     stop.store(true, Ordering::Relaxed);

@@ -48,12 +48,7 @@ pub fn is_truncated(params: &SamplingParams) -> bool {
 /// `min_tokens` withholds those ids like the native `min_new_tokens`. Stop strings are sent with
 /// `include_stop_str_in_output`, and the client cuts the ids after the completing token
 /// ([`stop_string_cut`]), as the native engine keeps that token.
-pub fn request_body(
-    model: &str,
-    prompt: &[u32],
-    params: &SamplingParams,
-    seed: u64,
-) -> Value {
+pub fn request_body(model: &str, prompt: &[u32], params: &SamplingParams, seed: u64) -> Value {
     let mut body = json!({
         "model": model,
         "prompt": prompt,
@@ -95,10 +90,12 @@ pub struct Choice {
 }
 
 fn parse_choice(c: &Value) -> Result<Choice, String> {
-    let index = c["index"].as_u64().ok_or("a choice without an integer `index`")? as usize;
-    let ids = c["token_ids"]
-        .as_array()
-        .ok_or_else(|| format!("choice {index} has no `token_ids` (does the server support return_token_ids?)"))?;
+    let index = c["index"]
+        .as_u64()
+        .ok_or("a choice without an integer `index`")? as usize;
+    let ids = c["token_ids"].as_array().ok_or_else(|| {
+        format!("choice {index} has no `token_ids` (does the server support return_token_ids?)")
+    })?;
     let token_ids: Vec<u32> = ids
         .iter()
         .map(|v| v.as_u64().map(|x| x as u32))
@@ -120,11 +117,16 @@ fn parse_choice(c: &Value) -> Result<Choice, String> {
         ));
     }
     if let Some(x) = logprobs.iter().find(|x| !x.is_finite() || **x > 1e-4) {
-        return Err(format!("choice {index}: log-prob {x} is not a log-probability"));
+        return Err(format!(
+            "choice {index}: log-prob {x} is not a log-probability"
+        ));
     }
     let finish_reason = c["finish_reason"].as_str().unwrap_or("").to_string();
     if finish_reason != "stop" && finish_reason != "length" {
-        return Err(format!("choice {index}: finish_reason {:?}", c["finish_reason"]));
+        return Err(format!(
+            "choice {index}: finish_reason {:?}",
+            c["finish_reason"]
+        ));
     }
     Ok(Choice {
         index,
@@ -140,7 +142,11 @@ fn parse_choice(c: &Value) -> Result<Choice, String> {
 ///
 /// # Errors
 /// A message naming what is missing or inconsistent (the caller retries, then reports it).
-pub fn parse_group(answer: &Value, group_size: usize, max_new_tokens: usize) -> Result<Vec<Choice>, String> {
+pub fn parse_group(
+    answer: &Value,
+    group_size: usize,
+    max_new_tokens: usize,
+) -> Result<Vec<Choice>, String> {
     let choices = answer["choices"]
         .as_array()
         .ok_or("the answer has no `choices` array")?;
@@ -151,7 +157,10 @@ pub fn parse_group(answer: &Value, group_size: usize, max_new_tokens: usize) -> 
     out.sort_by_key(|c| c.index);
     for (j, c) in out.iter().enumerate() {
         if c.index != j {
-            return Err(format!("choice indices are not 0..{group_size} (found {})", c.index));
+            return Err(format!(
+                "choice indices are not 0..{group_size} (found {})",
+                c.index
+            ));
         }
         if c.token_ids.len() > max_new_tokens {
             return Err(format!(
@@ -214,7 +223,9 @@ pub fn to_completions(
             };
             let (mut token_ids, mut behaviour_logprobs) = (c.token_ids, c.logprobs);
             if let Some(d) = detok {
-                if let Some(t) = stop_string_cut(&token_ids, &params.stop_strings, params.min_new_tokens, d)? {
+                if let Some(t) =
+                    stop_string_cut(&token_ids, &params.stop_strings, params.min_new_tokens, d)?
+                {
                     token_ids.truncate(t + 1);
                     behaviour_logprobs.truncate(t + 1);
                     finish_reason = FinishReason::StopString;

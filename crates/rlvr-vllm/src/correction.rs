@@ -57,7 +57,11 @@ pub struct MismatchRow<'a> {
 pub fn mismatch_stats(rows: &[MismatchRow]) -> Option<MismatchStats> {
     let (mut abs, mut k3, mut n) = (0.0f64, 0.0f64, 0usize);
     for row in rows.iter().filter(|r| r.staleness == 0) {
-        assert_eq!(row.sampler.len(), row.trainer.len(), "sampler and trainer log-probs differ in length");
+        assert_eq!(
+            row.sampler.len(),
+            row.trainer.len(),
+            "sampler and trainer log-probs differ in length"
+        );
         for (&s, &t) in row.sampler.iter().zip(row.trainer) {
             let r = t as f64 - s as f64;
             abs += r.abs();
@@ -109,15 +113,26 @@ pub enum IsCorrection {
 /// # Panics
 /// When the slices differ in length, or a cap / bound is not positive or lo > hi.
 pub fn correction_weights(trainer: &[f32], sampler: &[f32], c: IsCorrection) -> Vec<f32> {
-    assert_eq!(trainer.len(), sampler.len(), "sampler and trainer log-probs differ in length");
-    let log_ratios: Vec<f64> = trainer.iter().zip(sampler).map(|(&t, &s)| t as f64 - s as f64).collect();
+    assert_eq!(
+        trainer.len(),
+        sampler.len(),
+        "sampler and trainer log-probs differ in length"
+    );
+    let log_ratios: Vec<f64> = trainer
+        .iter()
+        .zip(sampler)
+        .map(|(&t, &s)| t as f64 - s as f64)
+        .collect();
     let level = match c {
         IsCorrection::Truncate { level, cap } => {
             assert!(cap > 0.0, "truncated IS needs a positive cap, got {cap}");
             level
         }
         IsCorrection::Mask { level, lo, hi } => {
-            assert!(lo > 0.0 && lo <= hi, "masked IS needs 0 < lo ≤ hi, got [{lo}, {hi}]");
+            assert!(
+                lo > 0.0 && lo <= hi,
+                "masked IS needs 0 < lo ≤ hi, got [{lo}, {hi}]"
+            );
             level
         }
     };

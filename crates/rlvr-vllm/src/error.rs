@@ -5,7 +5,9 @@
 #[derive(Debug, thiserror::Error)]
 pub enum VllmError {
     /// A request failed on every attempt (down, slow, 5xx, malformed answer): the last answer.
-    #[error("vLLM server {server}: {what} failed after {attempts} attempt(s); last answer: {answer}")]
+    #[error(
+        "vLLM server {server}: {what} failed after {attempts} attempt(s); last answer: {answer}"
+    )]
     Server {
         /// The server's base URL.
         server: String,

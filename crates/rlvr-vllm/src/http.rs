@@ -89,7 +89,12 @@ impl Server {
         self.policy
     }
 
-    fn once(&self, method: &str, path: &str, body: Option<&Value>) -> std::result::Result<Value, Failure> {
+    fn once(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> std::result::Result<Value, Failure> {
         let url = format!("{}{}", self.url, path);
         let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
         let sent = match (method, body) {
@@ -126,15 +131,27 @@ impl Server {
             Err(e) => return Err(Failure::Retry(format!("transport error: {e}"))),
         };
         let status = resp.status().as_u16();
-        let text = match resp.body_mut().with_config().limit(BODY_LIMIT).read_to_string() {
+        let text = match resp
+            .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
+            .read_to_string()
+        {
             Ok(t) => t,
-            Err(e) => return Err(Failure::Retry(format!("HTTP {status}, body unreadable: {e}"))),
+            Err(e) => {
+                return Err(Failure::Retry(format!(
+                    "HTTP {status}, body unreadable: {e}"
+                )))
+            }
         };
         if (400..500).contains(&status) {
             return Err(Failure::Refused(status, cut(&text, 500)));
         }
         if status != 200 {
-            return Err(Failure::Retry(format!("HTTP {status}: {}", cut(&text, 300))));
+            return Err(Failure::Retry(format!(
+                "HTTP {status}: {}",
+                cut(&text, 300)
+            )));
         }
         if text.trim().is_empty() {
             return Ok(Value::Null);
@@ -167,7 +184,10 @@ impl Server {
         let mut last = String::new();
         for i in 0..attempts {
             if i > 0 {
-                let wait = self.policy.backoff.saturating_mul(1 << (i - 1).min(16) as u32);
+                let wait = self
+                    .policy
+                    .backoff
+                    .saturating_mul(1 << (i - 1).min(16) as u32);
                 std::thread::sleep(wait.min(Duration::from_secs(30)));
             }
             match self.once(method, path, body) {

@@ -29,7 +29,9 @@ pub mod refresh;
 
 pub use checks::{trainer_logprobs, ServerInfo};
 pub use client::{ClientConfig, VllmClient};
-pub use correction::{correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchStats};
+pub use correction::{
+    correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchStats,
+};
 pub use error::{Result, VllmError};
 pub use http::{RetryPolicy, Server};
 pub use refresh::{prune_versions, version_dir, write_weights, RefreshCheck, RefreshTimings};

@@ -19,7 +19,10 @@ pub fn version_dir(weights_dir: &Path, version: u64) -> PathBuf {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
-    move |source| VllmError::Io { path: path.to_path_buf(), source }
+    move |source| VllmError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Writes `tensors` (HuggingFace names, e.g. `rlvr_model::Model::named_vars`) in `dtype` and
@@ -55,7 +58,9 @@ pub fn write_weights(
             .iter()
             .find(|(n, _)| n == "model.embed_tokens.weight")
             .map(|(_, t)| t.clone())
-            .ok_or_else(|| VllmError::Config("a tied model's tensors lack model.embed_tokens.weight".into()))?;
+            .ok_or_else(|| {
+                VllmError::Config("a tied model's tensors lack model.embed_tokens.weight".into())
+            })?;
         out.push(("lm_head.weight".into(), embed));
     }
     let bytes = rlvr_model::weights::safetensors_bytes(&out)?;
@@ -158,7 +163,8 @@ impl VllmClient {
                 .zip(&check.expected)
                 .map(|(a, b)| (a - b).abs() as f64)
                 .fold(0.0, f64::max);
-            if lps.len() != check.expected.len() || !(d <= check.tolerance) {
+            let non_finite = lps.iter().any(|x| !x.is_finite());
+            if lps.len() != check.expected.len() || non_finite || d > check.tolerance {
                 return Err(VllmError::Check {
                     server: url.clone(),
                     msg: format!(
@@ -203,6 +209,11 @@ impl VllmClient {
         self.version = version;
         self.refresh_failed = None;
         prune_versions(weights_dir, version)?;
-        Ok(RefreshTimings { write_s, reload_s, verify_s, max_abs_diff })
+        Ok(RefreshTimings {
+            write_s,
+            reload_s,
+            verify_s,
+            max_abs_diff,
+        })
     }
 }

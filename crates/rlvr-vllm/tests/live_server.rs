@@ -33,7 +33,9 @@ fn live() -> Option<Live> {
         eprintln!("RLVR_VLLM_URL not set: skipping the live vLLM test");
         return None;
     };
-    let dir = PathBuf::from(std::env::var("RLVR_VLLM_MODEL").expect("RLVR_VLLM_MODEL: the served model dir"));
+    let dir = PathBuf::from(
+        std::env::var("RLVR_VLLM_MODEL").expect("RLVR_VLLM_MODEL: the served model dir"),
+    );
     let policy = Policy::load(&dir, DType::F32, &Device::Cpu).unwrap();
     let client = VllmClient::new(ClientConfig {
         servers: vec![url],
@@ -47,10 +49,14 @@ fn live() -> Option<Live> {
 }
 
 fn prompts(l: &Live) -> Vec<Vec<u32>> {
-    ["Natalia sold clips to 48 of her friends in April.", "What is 12 + 30?", "def fib(n):"]
-        .iter()
-        .map(|t| l.policy.tokenizer.encode(t, false).unwrap())
-        .collect()
+    [
+        "Natalia sold clips to 48 of her friends in April.",
+        "What is 12 + 30?",
+        "def fib(n):",
+    ]
+    .iter()
+    .map(|t| l.policy.tokenizer.encode(t, false).unwrap())
+    .collect()
 }
 
 fn params(temperature: f64, l: &Live) -> SamplingParams {
@@ -68,7 +74,8 @@ fn max_gap(model: &Model, prompts: &[Vec<u32>], out: &[Completion], temperature:
     let mut worst = 0.0f64;
     for c in out {
         assert_eq!(c.token_ids.len(), c.behaviour_logprobs.len());
-        let ours = trainer_logprobs(model, &prompts[c.prompt_index], &c.token_ids, temperature).unwrap();
+        let ours =
+            trainer_logprobs(model, &prompts[c.prompt_index], &c.token_ids, temperature).unwrap();
         for (a, b) in c.behaviour_logprobs.iter().zip(&ours) {
             worst = worst.max((a - b).abs() as f64);
         }
@@ -82,9 +89,15 @@ fn startup_checks_pass_on_a_correctly_started_server() {
     let Some(l) = live() else { return };
     let infos = l.client.check_servers(&l.policy.tokenizer, 32, 64).unwrap();
     assert!(infos[0].max_model_len >= 96);
-    let gaps = l.client.check_logprob_mode(&l.policy.model, &prompts(&l)[0], 16).unwrap();
+    let gaps = l
+        .client
+        .check_logprob_mode(&l.policy.model, &prompts(&l)[0], 16)
+        .unwrap();
     assert!(gaps[0] < 1e-4, "{gaps:?}");
-    let err = l.client.check_servers(&l.policy.tokenizer, 32, 100_000).unwrap_err();
+    let err = l
+        .client
+        .check_servers(&l.policy.tokenizer, 32, 100_000)
+        .unwrap_err();
     assert!(err.to_string().contains("max_model_len"), "{err}");
 }
 
@@ -97,13 +110,20 @@ fn behaviour_logprobs_equal_the_trainers_at_staleness_zero() {
         let out = l.client.sample(&p, &params(t, &l), 11, 0).unwrap();
         assert_eq!(out.len(), p.len() * 4);
         let gap = max_gap(&l.policy.model, &p, &out, t);
-        eprintln!("T = {t}: max |ℓ_vLLM − ℓ_trainer| = {gap:.2e} over {} tokens", out.iter().map(|c| c.token_ids.len()).sum::<usize>());
+        eprintln!(
+            "T = {t}: max |ℓ_vLLM − ℓ_trainer| = {gap:.2e} over {} tokens",
+            out.iter().map(|c| c.token_ids.len()).sum::<usize>()
+        );
         assert!(gap <= 1e-4, "T = {t}: max gap {gap}");
         for c in &out {
             assert_eq!(c.version, 0);
             // A completion that ended on a stop id carries it as its last token.
             if c.finish_reason == rlvr_rollout::FinishReason::Eos {
-                assert!(l.policy.tokenizer.eos_ids.contains(c.token_ids.last().unwrap()));
+                assert!(l
+                    .policy
+                    .tokenizer
+                    .eos_ids
+                    .contains(c.token_ids.last().unwrap()));
             } else {
                 assert_eq!(c.token_ids.len(), 24);
             }
@@ -120,43 +140,90 @@ fn the_same_seed_gives_the_same_completions() {
     let b = l.client.sample(&p, &params(1.0, &l), 5, 100).unwrap();
     assert_eq!(a, b);
     let c = l.client.sample(&p, &params(1.0, &l), 6, 100).unwrap();
-    assert_ne!(a.iter().map(|c| &c.token_ids).collect::<Vec<_>>(), c.iter().map(|c| &c.token_ids).collect::<Vec<_>>());
+    assert_ne!(
+        a.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
+        c.iter().map(|c| &c.token_ids).collect::<Vec<_>>()
+    );
     // Within a request the K samples differ (seed + j), and so do requests of different prompt indices.
     assert_ne!(a[0].token_ids, a[1].token_ids);
 }
 
 fn tensors(m: &Model) -> Vec<(String, Tensor)> {
-    m.named_vars().into_iter().map(|(n, v)| (n, v.as_tensor().clone())).collect()
+    m.named_vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect()
 }
 
 fn check_for(m: &Model, prompt: &[u32]) -> RefreshCheck {
     let completion: Vec<u32> = (0..12u32).map(|i| 100 + 37 * i).collect();
     let expected = trainer_logprobs(m, prompt, &completion, 1.0).unwrap();
-    RefreshCheck { prompt: prompt.to_vec(), completion, expected, tolerance: 1e-4 }
+    RefreshCheck {
+        prompt: prompt.to_vec(),
+        completion,
+        expected,
+        tolerance: 1e-4,
+    }
 }
 
 #[test]
 fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
     let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut l) = live() else { return };
-    assert!(l.policy.model.config.tie_word_embeddings, "the served model must be tied (it is the hard case)");
+    assert!(
+        l.policy.model.config.tie_word_embeddings,
+        "the served model must be tied (it is the hard case)"
+    );
     let weights = tempfile::tempdir().unwrap();
     let p = prompts(&l);
     // New weights: same shapes, other values (another init), tied like the served model.
-    let new = Model::random(l.policy.model.config.clone(), 0.05, 99, DType::F32, &Device::Cpu).unwrap();
+    let new = Model::random(
+        l.policy.model.config.clone(),
+        0.05,
+        99,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     let t0 = Instant::now();
-    let timings = l.client.refresh(weights.path(), 1, &tensors(&new), &new.config, &check_for(&new, &p[0])).unwrap();
-    eprintln!("refresh: {:.3} s in all, {timings:?}", t0.elapsed().as_secs_f64());
+    let timings = l
+        .client
+        .refresh(
+            weights.path(),
+            1,
+            &tensors(&new),
+            &new.config,
+            &check_for(&new, &p[0]),
+        )
+        .unwrap();
+    eprintln!(
+        "refresh: {:.3} s in all, {timings:?}",
+        t0.elapsed().as_secs_f64()
+    );
     assert_eq!(l.client.version(), 1);
     let out = l.client.sample(&p, &params(0.7, &l), 3, 0).unwrap();
     assert!(out.iter().all(|c| c.version == 1));
     let gap_new = max_gap(&new, &p, &out, 0.7);
-    assert!(gap_new <= 1e-4, "after the refresh: max gap to the new weights {gap_new}");
+    assert!(
+        gap_new <= 1e-4,
+        "after the refresh: max gap to the new weights {gap_new}"
+    );
     let gap_old = max_gap(&l.policy.model, &p, &out, 0.7);
-    assert!(gap_old > 1e-2, "the old and new weights must differ ({gap_old})");
+    assert!(
+        gap_old > 1e-2,
+        "the old and new weights must differ ({gap_old})"
+    );
     // Back to the served checkpoint's weights (a second sync), which also prunes version 1.
     let original = &l.policy.model;
-    l.client.refresh(weights.path(), 2, &tensors(original), &original.config, &check_for(original, &p[0])).unwrap();
+    l.client
+        .refresh(
+            weights.path(),
+            2,
+            &tensors(original),
+            &original.config,
+            &check_for(original, &p[0]),
+        )
+        .unwrap();
     let names: Vec<String> = std::fs::read_dir(weights.path().canonicalize().unwrap())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

@@ -68,7 +68,12 @@ impl FakeServer {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        self.seen.lock().unwrap().iter().map(|s| s.line.clone()).collect()
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.line.clone())
+            .collect()
     }
 }
 
@@ -92,8 +97,15 @@ fn serve(stream: TcpStream, handler: &Handler, seen: &Mutex<Vec<Seen>>) {
     let mut body = vec![0u8; len];
     let _ = reader.read_exact(&mut body);
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let line = first.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
-    seen.lock().unwrap().push(Seen { line: line.clone(), body: body.clone() });
+    let line = first
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    seen.lock().unwrap().push(Seen {
+        line: line.clone(),
+        body: body.clone(),
+    });
     let mut stream = stream;
     let send = |stream: &mut TcpStream, status: u16, body: &str, claimed: usize| {
         let head = format!(
