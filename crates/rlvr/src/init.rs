@@ -67,6 +67,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let arch = Arch::from_model_type(&a.arch)
         .with_context(|| format!("--arch {}: expected qwen2, qwen3 or llama", a.arch))?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
+        .ok()
         .filter(|d| matches!(d, DType::F32 | DType::BF16))
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let tok = tokenizer_for_init(&a.tokenizer)?;
