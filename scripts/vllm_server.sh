@@ -77,8 +77,10 @@ model() {
   local tied=true
   if [ "${1:-}" = "--tied" ]; then tied=${2:?}; fi
   # Head size 32 (vLLM's CPU attention refuses 16); Qwen2.5 tokenizer, so the vocabulary is the real one.
+  # Init std 0.15 (not 0.02): peaked next-token distributions, so that temperature changes log-probs by
+  # tenths of a nat and the tests can tell raw from processed log-probs.
   "$(rlvr_bin)" init --arch qwen2 --hidden 64 --layers 2 --heads 2 --kv-heads 1 --intermediate 128 \
-    --tokenizer data/tokenizers/qwen2.5/tokenizer.json --tie-embeddings "$tied" --seed 7 \
+    --tokenizer data/tokenizers/qwen2.5/tokenizer.json --tie-embeddings "$tied" --seed 7 --init-std 0.15 \
     --max-position-embeddings 1024 --out "$out" >/dev/null
   echo "$out"
 }

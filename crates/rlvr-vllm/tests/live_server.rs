@@ -83,6 +83,19 @@ fn max_gap(model: &Model, prompts: &[Vec<u32>], out: &[Completion], temperature:
     worst
 }
 
+/// Mean |ℓ_vLLM − log_softmax(logits)| (T = 1) over all tokens of `out`.
+fn mean_gap_to_raw(model: &Model, prompts: &[Vec<u32>], out: &[Completion]) -> f64 {
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for c in out {
+        let raw = trainer_logprobs(model, &prompts[c.prompt_index], &c.token_ids, 1.0).unwrap();
+        for (a, b) in c.behaviour_logprobs.iter().zip(&raw) {
+            sum += (a - b).abs() as f64;
+            n += 1;
+        }
+    }
+    sum / n as f64
+}
+
 #[test]
 fn startup_checks_pass_on_a_correctly_started_server() {
     let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
@@ -93,6 +106,10 @@ fn startup_checks_pass_on_a_correctly_started_server() {
         .client
         .check_logprob_mode(&l.policy.model, &prompts(&l)[0], 16)
         .unwrap();
+    eprintln!(
+        "log-prob-mode check: mean |ℓ_vLLM − ℓ_trainer| at T = 0.7 = {:.2e}",
+        gaps[0]
+    );
     assert!(gaps[0] < 1e-4, "{gaps:?}");
     let err = l
         .client
@@ -115,6 +132,16 @@ fn behaviour_logprobs_equal_the_trainers_at_staleness_zero() {
             out.iter().map(|c| c.token_ids.len()).sum::<usize>()
         );
         assert!(gap <= 1e-4, "T = {t}: max gap {gap}");
+        if t != 1.0 {
+            // What a server with raw log-probs (vLLM's default, before temperature) would return:
+            // the model is peaked enough that the log-prob-mode check tells the two apart.
+            let raw = mean_gap_to_raw(&l.policy.model, &p, &out);
+            eprintln!("T = {t}: raw log-probs would be {raw:.3} nats away on average");
+            assert!(
+                raw > 2.0 * rlvr_vllm::checks::LOGPROB_MODE_TOLERANCE,
+                "{raw}"
+            );
+        }
         for c in &out {
             assert_eq!(c.version, 0);
             // A completion that ended on a stop id carries it as its last token.
@@ -209,6 +236,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
         "after the refresh: max gap to the new weights {gap_new}"
     );
     let gap_old = max_gap(&l.policy.model, &p, &out, 0.7);
+    eprintln!("after the refresh, T = 0.7: max gap to the new weights {gap_new:.2e}, to the old {gap_old:.2}");
     assert!(
         gap_old > 1e-2,
         "the old and new weights must differ ({gap_old})"
