@@ -12,6 +12,8 @@
 //!
 //! Process handling and resume: see [`runner`].
 
+#![deny(unsafe_code)] // two audited exceptions in runner.rs: installing a signal handler, prctl in pre_exec
+
 pub mod figures;
 pub mod runner;
 pub mod summary;

@@ -30,6 +30,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 fn install_signal_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores into an atomic (async-signal-safe).
+        #[allow(unsafe_code)]
         unsafe {
             libc::signal(
                 sig,
@@ -122,6 +123,7 @@ fn spawn(exe: &Path, args: &[String], threads: usize, log: &Path) -> anyhow::Res
         .stderr(e);
     let lab_pid = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {

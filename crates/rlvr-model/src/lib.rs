@@ -3,8 +3,10 @@
 //! - [`device`]: compute dtype and device, parsed once from their names.
 //! - [`config`]: `config.json` of HuggingFace checkpoints (transformers-4 and -5 styles).
 //! - [`weights`]: safetensors I/O (single file or sharded), atomic writes.
-//! - [`model`]: the decoder (Qwen2/Qwen2.5, Qwen3, Llama) with a differentiable training forward
-//!   giving per-token log-probs and entropy, and a KV-cached inference forward.
+//! - [`model`]: the decoder (Qwen2/Qwen2.5, Qwen3, Llama): one forward for training (per-token
+//!   log-probs and entropy with gradients), prefill and cached decoding; its blocks are private
+//!   (`layers`), in candle's model-file layout.
+//! - [`kv`]: the [`KvStore`] interface of cached decoding and the reference [`KvCache`].
 //! - [`tokenizer`]: tokenizer.json, special tokens, EOS ids, chat templates (minijinja).
 //! - [`checkpoint`]: loading a whole model directory and writing one (`rlvr init`, checkpoints).
 
@@ -12,7 +14,9 @@ pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod error;
-pub mod fused;
+mod head;
+pub mod kv;
+mod layers;
 pub mod model;
 pub mod ops;
 pub mod optim;
@@ -22,7 +26,9 @@ pub mod weights;
 pub use config::{Arch, ModelConfig, RopeScaling};
 pub use device::{ComputeDtype, DeviceSpec};
 pub use error::{ModelError, Result};
-pub use model::{KvCache, LogProbs, Model};
+pub use head::LogProbs;
+pub use kv::{KvCache, KvStore};
+pub use model::Model;
 pub use tokenizer::{Message, TokenizerBundle};
 
 /// Parses a dtype name (`--dtype`): see [`ComputeDtype`]'s `FromStr`.

@@ -132,7 +132,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "out": a.out.display().to_string(),
-            "parameters": model.config.num_parameters(),
+            "parameters": model.config().num_parameters(),
             "vocab_size": vocab_size,
         })
     )?;

@@ -1,6 +1,8 @@
 //! The `rlvr` command-line tool. Each subcommand lives in the crate that owns its concept; this
 //! file only parses arguments and dispatches (interfaces: DESIGN.md section 10).
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 
 use clap::{Parser, Subcommand};
