@@ -17,6 +17,7 @@
 //! temperature) and, for refreshes, `VLLM_SERVER_DEV_MODE=1`: see `scripts/vllm_server.sh` and
 //! this crate's README.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod checks;
