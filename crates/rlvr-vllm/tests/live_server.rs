@@ -202,14 +202,14 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
     // lm_head.weight is written); `RLVR_VLLM_TIED=false` declares an untied one, for a run by hand.
     let tied = std::env::var("RLVR_VLLM_TIED").map_or(true, |v| v != "false");
     assert_eq!(
-        l.policy.model.config.tie_word_embeddings, tied,
+        l.policy.model.config().tie_word_embeddings, tied,
         "the served model's tie_word_embeddings differs from RLVR_VLLM_TIED (default true)"
     );
     let weights = tempfile::tempdir().unwrap();
     let p = prompts(&l);
     // New weights: same shapes, other values (another init), tied like the served model.
     let new = Model::random(
-        l.policy.model.config.clone(),
+        l.policy.model.config().clone(),
         0.05,
         99,
         DType::F32,
@@ -223,7 +223,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
             weights.path(),
             1,
             &tensors(&new),
-            &new.config,
+            &new.config(),
             &check_for(&new, &p[0]),
         )
         .unwrap();
@@ -252,7 +252,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
             weights.path(),
             2,
             &tensors(original),
-            &original.config,
+            &original.config(),
             &check_for(original, &p[0]),
         )
         .unwrap();
