@@ -1,0 +1,248 @@
+//! Start-up checks (health, served model, context length, tokenizer, log-prob mode) and the
+//! scoring of a fixed sequence on a server (`prompt_logprobs`) and by the trainer.
+
+use candle_core::IndexOp;
+use rlvr_model::{Model, TokenizerBundle};
+use rlvr_rollout::SamplingParams;
+use serde_json::{json, Value};
+
+use crate::client::VllmClient;
+use crate::completion::parse_group;
+use crate::error::{Result, VllmError};
+use crate::http::Server;
+
+/// Mean |ℓ_vLLM − ℓ_trainer| (nats) above which [`VllmClient::check_logprob_mode`] fails. Raw
+/// log-probs at T = 0.7 were 0.4–0.76 nats away (../shared/VLLM.md); processed ones ~1e-6 in f32,
+/// ~1e-2 in bf16.
+pub const LOGPROB_MODE_TOLERANCE: f64 = 0.05;
+
+/// What one server reported at start-up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerInfo {
+    /// Base URL.
+    pub url: String,
+    /// `max_model_len` of the served model.
+    pub max_model_len: usize,
+}
+
+/// The trainer's log-probs of `completion` after `prompt`: `log_softmax(logits / T)` at each
+/// completion token ([`Model::token_logprobs`], no gradient), f32, one per completion token.
+///
+/// # Errors
+/// An empty prompt or completion ([`VllmError::Config`]); model errors.
+pub fn trainer_logprobs(
+    model: &Model,
+    prompt: &[u32],
+    completion: &[u32],
+    temperature: f64,
+) -> Result<Vec<f32>> {
+    if prompt.is_empty() || completion.is_empty() {
+        return Err(VllmError::Config(
+            "scoring needs a non-empty prompt and completion".into(),
+        ));
+    }
+    let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+    let mask = vec![vec![1u32; ids.len()]];
+    let lp = model.token_logprobs(&[ids], &mask, prompt.len() - 1, temperature, false, false)?;
+    Ok(lp
+        .logprobs
+        .i(0)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?)
+}
+
+fn server_logprobs(server: &Server, model: &str, ids: &[u32]) -> Result<Vec<f32>> {
+    let body = json!({"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0,
+                      "prompt_logprobs": 0, "logprobs": 0});
+    server.call("POST", "/v1/completions", Some(&body), |a| {
+        let pl = a["choices"][0]["prompt_logprobs"]
+            .as_array()
+            .ok_or("no `choices[0].prompt_logprobs`")?;
+        if pl.len() != ids.len() {
+            return Err(format!(
+                "{} prompt log-prob entries for {} ids",
+                pl.len(),
+                ids.len()
+            ));
+        }
+        ids.iter()
+            .zip(pl)
+            .skip(1)
+            .map(|(id, e)| {
+                e[id.to_string()]["logprob"]
+                    .as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| format!("no prompt log-prob for token {id}"))
+            })
+            .collect()
+    })
+}
+
+/// The tokenizer probe of [`VllmClient::check_servers`]: a text holding plain text, the
+/// highest token id's text and every EOS token, and our ids for it (special tokens parsed, none
+/// added).
+///
+/// # Errors
+/// [`VllmError::Config`] when our ids for the probe do not contain the last id and the EOS ids
+/// (the check could not see them); tokenizer errors.
+pub fn tokenizer_probe(tokenizer: &TokenizerBundle) -> Result<(String, Vec<u32>)> {
+    let last_id = tokenizer.vocab_size() as u32 - 1;
+    let mut probe = String::from("rlvr tokenizer check: 12 + 30 = 42. Ünïcödé ✓ ");
+    probe.push_str(&tokenizer.decode(&[last_id], false)?);
+    for &e in &tokenizer.eos_ids {
+        probe.push_str(&tokenizer.decode(&[e], false)?);
+    }
+    let ours = tokenizer.encode(&probe, false)?;
+    if !ours.contains(&last_id) || tokenizer.eos_ids.iter().any(|e| !ours.contains(e)) {
+        return Err(VllmError::Config(format!(
+            "the tokenizer probe {probe:?} does not encode to its last id {last_id} and EOS ids {:?} \
+             (ours: {ours:?}); the check cannot run with this tokenizer",
+            tokenizer.eos_ids
+        )));
+    }
+    Ok((probe, ours))
+}
+
+impl VllmClient {
+    /// Each server's log-probs (T = 1) of `completion` after `prompt`, scored as a prompt
+    /// (`prompt_logprobs: 0, max_tokens: 1`): one vector per server, in [`VllmClient::server_urls`]
+    /// order, one value per completion token.
+    ///
+    /// # Errors
+    /// As [`crate::Server::call`]; an empty prompt or completion.
+    pub fn score(&self, prompt: &[u32], completion: &[u32]) -> Result<Vec<Vec<f32>>> {
+        if prompt.is_empty() || completion.is_empty() {
+            return Err(VllmError::Config(
+                "scoring needs a non-empty prompt and completion".into(),
+            ));
+        }
+        let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+        self.servers
+            .iter()
+            .map(|s| {
+                let all = server_logprobs(s, &self.config.served_model_name, &ids)?;
+                Ok(all[prompt.len() - 1..].to_vec())
+            })
+            .collect()
+    }
+
+    /// Start-up checks on every server: `/health` answers; `/v1/models` lists
+    /// `served_model_name` with a `max_model_len` ≥ `longest_prompt + max_new_tokens`; and the
+    /// server's tokenizer agrees with `tokenizer` on one `/tokenize` request of a probe text that
+    /// holds plain text, every EOS token and the highest token id's text — the same ids come back,
+    /// so the vocabulary (up to its last id) and the EOS ids agree.
+    ///
+    /// # Errors
+    /// [`VllmError::Check`] naming the server and the disagreement; request errors.
+    pub fn check_servers(
+        &self,
+        tokenizer: &TokenizerBundle,
+        longest_prompt: usize,
+        max_new_tokens: usize,
+    ) -> Result<Vec<ServerInfo>> {
+        let name = &self.config.served_model_name;
+        let (probe, ours) = tokenizer_probe(tokenizer)?;
+        let mut infos = Vec::new();
+        for s in &self.servers {
+            s.health()?;
+            let models: Vec<(String, Option<u64>)> = s.call("GET", "/v1/models", None, |a| {
+                let data = a["data"].as_array().ok_or("no `data` array")?;
+                Ok(data
+                    .iter()
+                    .map(|m| {
+                        (
+                            m["id"].as_str().unwrap_or("").to_string(),
+                            m["max_model_len"].as_u64(),
+                        )
+                    })
+                    .collect())
+            })?;
+            let check = |msg: String| VllmError::Check {
+                server: s.url.clone(),
+                msg,
+            };
+            let Some((_, len)) = models.iter().find(|(id, _)| id == name) else {
+                let ids: Vec<&str> = models.iter().map(|(id, _)| id.as_str()).collect();
+                return Err(check(format!(
+                    "serves {ids:?}, not rollout.served_model_name = {name:?} (start it with --served-model-name {name})"
+                )));
+            };
+            let max_model_len =
+                len.ok_or_else(|| check("/v1/models gives no max_model_len".into()))? as usize;
+            if max_model_len < longest_prompt + max_new_tokens {
+                return Err(check(format!(
+                    "max_model_len {max_model_len} < longest prompt {longest_prompt} + max_new_tokens \
+                     {max_new_tokens}: restart it with --max-model-len {}",
+                    longest_prompt + max_new_tokens
+                )));
+            }
+            let body = json!({"model": name, "prompt": probe, "add_special_tokens": false});
+            let theirs: Vec<u32> = s.call("POST", "/tokenize", Some(&body), |a| {
+                serde_json::from_value(a["tokens"].clone()).map_err(|e| format!("`tokens`: {e}"))
+            })?;
+            if theirs != ours {
+                return Err(check(format!(
+                    "its tokenizer disagrees with ours on {probe:?}: it gives {theirs:?}, we give {ours:?} \
+                     (serve the policy's own tokenizer files)"
+                )));
+            }
+            infos.push(ServerInfo {
+                url: s.url.clone(),
+                max_model_len,
+            });
+        }
+        Ok(infos)
+    }
+
+    /// The log-prob-mode check: on every server, one completion of `prompt` (`tokens` tokens, no
+    /// stop) sampled at T = 0.7, top-p 1, top-k off, whose behaviour log-probs are compared with
+    /// the trainer's ([`trainer_logprobs`] at T = 0.7 on `model`, the weights the servers hold).
+    /// Returns the mean |ℓ_vLLM − ℓ_trainer| per server.
+    ///
+    /// # Errors
+    /// [`VllmError::Check`] when a mean gap exceeds [`LOGPROB_MODE_TOLERANCE`]: the server returns
+    /// log-probs before temperature (vLLM's default) and must run with
+    /// `--logprobs-mode processed_logprobs`. Request and model errors.
+    pub fn check_logprob_mode(
+        &self,
+        model: &Model,
+        prompt: &[u32],
+        tokens: usize,
+    ) -> Result<Vec<f64>> {
+        let params = SamplingParams {
+            group_size: 1,
+            temperature: 0.7,
+            max_new_tokens: tokens,
+            min_new_tokens: tokens,
+            ..Default::default()
+        };
+        let body =
+            crate::completion::request_body(&self.config.served_model_name, prompt, &params, 7);
+        let mut gaps = Vec::new();
+        for s in &self.servers {
+            let c = s.call("POST", "/v1/completions", Some(&body), |a: Value| {
+                parse_group(&a, 1, tokens).map(|mut v| v.remove(0))
+            })?;
+            let ours = trainer_logprobs(model, prompt, &c.token_ids, 0.7)?;
+            let gap = c
+                .logprobs
+                .iter()
+                .zip(&ours)
+                .map(|(a, b)| (a - b).abs() as f64)
+                .sum::<f64>()
+                / ours.len().max(1) as f64;
+            if gap > LOGPROB_MODE_TOLERANCE {
+                return Err(VllmError::Check {
+                    server: s.url.clone(),
+                    msg: format!(
+                        "its behaviour log-probs at T = 0.7 are {gap:.3} nats from the trainer's on average: \
+                         it returns log-probs before temperature; restart it with \
+                         `--logprobs-mode processed_logprobs`"
+                    ),
+                });
+            }
+            gaps.push(gap);
+        }
+        Ok(gaps)
+    }
+}

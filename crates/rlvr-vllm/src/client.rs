@@ -1,0 +1,262 @@
+//! [`VllmClient`]: the explorer's side on one or several vLLM servers. Each group is one
+//! `/v1/completions` request; the groups of a call are spread over the servers and run
+//! concurrently, at most `in_flight` requests per server.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rlvr_rollout::{Completion, Detokenize, PromptIds, SamplingParams};
+
+use crate::completion::{is_truncated, parse_group, request_body, request_seed, to_completions};
+use crate::error::{Result, VllmError};
+use crate::http::{RetryPolicy, Server};
+
+/// Settings of the vLLM backend (`rollout.*` keys of DESIGN.md section 12).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientConfig {
+    /// Base URLs of the servers, e.g. `["http://127.0.0.1:8000"]` (at least one).
+    pub servers: Vec<String>,
+    /// The name the servers were started with (`--served-model-name`).
+    pub served_model_name: String,
+    /// Sent as `Authorization: Bearer KEY` when set (vLLM's `--api-key`). Default none.
+    pub api_key: Option<String>,
+    /// Whole-request timeout. Default 600 s.
+    pub timeout: Duration,
+    /// Attempts after the first failed one. Default 3.
+    pub retries: usize,
+    /// First back-off; doubled per retry, at most 30 s. Default 0.5 s.
+    pub backoff: Duration,
+    /// Requests in flight per server (≥ 1). Default 8.
+    pub in_flight: usize,
+    /// Accept top-p < 1, top-k, or `min_new_tokens` > 0 with stop ids: vLLM's behaviour log-probs
+    /// are then renormalised over the kept tokens (not DESIGN.md section 3's full-vocabulary ℓ_old), so the ratio carries
+    /// log(kept mass). Default false: such parameters are refused.
+    pub accept_renormalised_logprobs: bool,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            servers: Vec::new(),
+            served_model_name: String::new(),
+            api_key: None,
+            timeout: Duration::from_secs(600),
+            retries: 3,
+            backoff: Duration::from_millis(500),
+            in_flight: 8,
+            accept_renormalised_logprobs: false,
+        }
+    }
+}
+
+/// A client for vLLM servers serving one policy. See the crate docs.
+pub struct VllmClient {
+    pub(crate) servers: Vec<Server>,
+    pub(crate) config: ClientConfig,
+    pub(crate) version: u64,
+    /// The version of a refresh that failed (cleared by a successful one): sampling is refused.
+    pub(crate) refresh_failed: Option<u64>,
+    detok: Option<Box<dyn Detokenize>>,
+}
+
+impl VllmClient {
+    /// A client for `config.servers`, at policy version 0. No request is sent (see
+    /// [`VllmClient::check_servers`] for the start-up checks).
+    ///
+    /// # Errors
+    /// [`VllmError::Config`] for no server, an empty model name, `in_flight` 0 or a non-http URL.
+    pub fn new(config: ClientConfig) -> Result<Self> {
+        if config.servers.is_empty() {
+            return Err(VllmError::Config(
+                "rollout.servers is empty: give at least one base URL".into(),
+            ));
+        }
+        if config.served_model_name.is_empty() {
+            return Err(VllmError::Config(
+                "rollout.served_model_name is empty: give the --served-model-name the servers run"
+                    .into(),
+            ));
+        }
+        if config.in_flight == 0 {
+            return Err(VllmError::Config(
+                "requests in flight per server must be ≥ 1".into(),
+            ));
+        }
+        let policy = RetryPolicy {
+            retries: config.retries,
+            backoff: config.backoff,
+            timeout: config.timeout,
+        };
+        let servers = config
+            .servers
+            .iter()
+            .map(|u| Server::new(u, config.api_key.clone(), policy))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            servers,
+            config,
+            version: 0,
+            refresh_failed: None,
+            detok: None,
+        })
+    }
+
+    /// Adds a detokenizer: completions are then cut after the token completing a stop string
+    /// (see [`crate::completion::to_completions`]).
+    pub fn with_tokenizer(mut self, detok: impl Detokenize + 'static) -> Self {
+        self.detok = Some(Box::new(detok));
+        self
+    }
+
+    /// The policy version the servers hold (set by [`VllmClient::refresh`] or
+    /// [`VllmClient::set_version`]); stamped on every completion.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Declares the version the servers hold without refreshing them (e.g. servers started on
+    /// the checkpoint of that version).
+    pub fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The base URLs, in order.
+    pub fn server_urls(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.url.clone()).collect()
+    }
+
+    /// Refuses parameters vLLM cannot honour as the native engine does.
+    ///
+    /// # Errors
+    /// [`VllmError::Config`]: group size or `max_new_tokens` 0, `min_new_tokens > max_new_tokens`,
+    /// or truncated sampling ([`crate::completion::is_truncated`]: top-p < 1, top-k, min new
+    /// tokens with stop ids) without
+    /// [`ClientConfig::accept_renormalised_logprobs`].
+    pub fn check_params(&self, params: &SamplingParams) -> Result<()> {
+        if params.group_size == 0 || params.max_new_tokens == 0 {
+            return Err(VllmError::Config(
+                "group_size and max_new_tokens must be ≥ 1".into(),
+            ));
+        }
+        if params.min_new_tokens > params.max_new_tokens {
+            return Err(VllmError::Config(format!(
+                "min_new_tokens {} > max_new_tokens {}",
+                params.min_new_tokens, params.max_new_tokens
+            )));
+        }
+        if is_truncated(params) && !self.config.accept_renormalised_logprobs {
+            return Err(VllmError::Config(format!(
+                "top_p = {}, top_k = {:?}, min_new_tokens = {} with stop ids: vLLM's behaviour log-probs are \
+                 then renormalised over the kept tokens, while the native engine's ℓ_old is over the full \
+                 vocabulary (DESIGN.md section 3), so the same config would train differently; set \
+                 rollout.accept_renormalised_logprobs = true to accept that, or use top_p = 1, top_k = 0 \
+                 and min_new_tokens = 0",
+                params.top_p, params.top_k, params.min_new_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Samples `params.group_size` completions for each prompt, like
+    /// `rlvr_rollout::Sampler::sample(prompts, params, seed, first_prompt_index)`: the result is
+    /// ordered by (prompt, sample index), prompt indices start at `first_prompt_index`, and every
+    /// completion carries [`VllmClient::version`].
+    ///
+    /// One request per group (seed: [`crate::completion::request_seed`]), spread over the servers
+    /// from a shared queue, `in_flight` workers per server; a failed request is retried on its
+    /// server with back-off. `params.max_batch_rows` is not used (the servers batch).
+    ///
+    /// # Errors
+    /// [`VllmError::Config`] from [`VllmClient::check_params`], or after a failed
+    /// [`VllmClient::refresh`]; the first request that failed on
+    /// every attempt ([`VllmError::Server`] / [`VllmError::Refused`], naming the server). Nothing
+    /// is returned then: no partial group, no partial batch.
+    pub fn sample(
+        &self,
+        prompts: &[PromptIds],
+        params: &SamplingParams,
+        seed: u64,
+        first_prompt_index: usize,
+    ) -> Result<Vec<Completion>> {
+        self.check_params(params)?;
+        if let Some(v) = self.refresh_failed {
+            return Err(VllmError::Config(format!(
+                "the refresh to version {v} failed: the servers may hold stale or mixed weights; \
+                 refresh again before sampling"
+            )));
+        }
+        if let Some(p) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(VllmError::Config(format!(
+                "prompt {} is empty",
+                first_prompt_index + p
+            )));
+        }
+        let queue: Mutex<VecDeque<usize>> = Mutex::new((0..prompts.len()).collect());
+        let results: Mutex<Vec<Option<Vec<Completion>>>> = Mutex::new(vec![None; prompts.len()]);
+        let failed: Mutex<Option<VllmError>> = Mutex::new(None);
+        let stop = AtomicBool::new(false);
+        let workers = self.config.in_flight.min(prompts.len().max(1));
+        let (queue, results, failed, stop) = (&queue, &results, &failed, &stop);
+        std::thread::scope(|s| {
+            for server in &self.servers {
+                for _ in 0..workers {
+                    s.spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            let Some(i) = queue.lock().unwrap().pop_front() else {
+                                break;
+                            };
+                            match self.sample_group(
+                                server,
+                                &prompts[i],
+                                params,
+                                seed,
+                                first_prompt_index + i,
+                            ) {
+                                Ok(group) => results.lock().unwrap()[i] = Some(group),
+                                Err(e) => {
+                                    stop.store(true, Ordering::Relaxed);
+                                    failed.lock().unwrap().get_or_insert(e);
+                                    break;
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        if let Some(e) = failed.lock().unwrap().take() {
+            return Err(e);
+        }
+        let groups = std::mem::take(&mut *results.lock().unwrap());
+        Ok(groups.into_iter().flatten().flatten().collect())
+    }
+
+    /// One group on `server`: the request, its checks, the records.
+    fn sample_group(
+        &self,
+        server: &Server,
+        prompt: &[u32],
+        params: &SamplingParams,
+        seed: u64,
+        prompt_index: usize,
+    ) -> Result<Vec<Completion>> {
+        let body = request_body(
+            &self.config.served_model_name,
+            prompt,
+            params,
+            request_seed(seed, prompt_index, params.group_size),
+        );
+        let detok = self.detok.as_deref();
+        server.call("POST", "/v1/completions", Some(&body), |answer| {
+            let choices = parse_group(&answer, params.group_size, params.max_new_tokens)?;
+            to_completions(choices, prompt_index, params, self.version, detok)
+        })
+    }
+}

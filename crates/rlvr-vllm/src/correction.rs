@@ -1,0 +1,153 @@
+//! Sampler/trainer mismatch: the diagnostics logged per step and the importance-sampling
+//! corrections, as pure functions on per-token log-probs (nats).
+//!
+//! The ratio is ρ_mismatch = exp(ℓ_trainer − ℓ_sampler), where ℓ_trainer is the trainer's log-prob
+//! of the token at the start of the step (the current weights, no gradient) and ℓ_sampler the
+//! behaviour log-prob the sampler (vLLM) recorded. Semantics follow verl's `rollout_correction`
+//! (volcengine/verl, `verl/trainer/ppo/rollout_corr_helper.py` at commit 0b4e2a81:
+//! `log_ratio = old_log_prob − rollout_log_prob` at line 623, where `old_log_prob` is the actor's
+//! recomputation at the current weights):
+//! - truncated IS (`compute_rollout_correction_weights`, 0b4e2a81 lines 318–399): token level
+//!   w_t = min(exp(clamp(log ρ_t, ±20)), C); sequence level one weight per completion,
+//!   w = min(exp(clamp(Σ_t log ρ_t, ±20)), C), on all its tokens;
+//! - masked IS (`compute_rollout_rejection_mask`, 0b4e2a81 lines 82–164, "token" / "sequence"):
+//!   a token (or a whole completion, by its summed log-ratio) is kept (weight 1) when
+//!   lo ≤ ρ ≤ hi and dropped (weight 0) otherwise; lo defaults to 1/hi (line 131);
+//! - k3 KL (`compute_offpolicy_metrics`, 0b4e2a81 line 768): mean over tokens of
+//!   exp(r) − r − 1 with r = ℓ_trainer − ℓ_sampler, an estimate of KL(π_sampler ‖ π_trainer).
+//!
+//! Stale rows: like verl (whose `old_log_prob` is recomputed at the current weights) and AReaL's
+//! decoupled objective (its proximal policy), ℓ_trainer is always taken at the start of the step,
+//! so for a row of staleness s > 0 the ratio covers both the kernel mismatch and the s steps of
+//! policy change; the weight multiplies the loss of any algorithm as a constant (no gradient).
+//! The diagnostics, which measure the kernel mismatch alone, use the staleness-0 rows only.
+
+/// Tokens whose |log ρ| exceeds this are clamped before exponentiating (verl's SAFETY_BOUND,
+/// 0b4e2a81 line 79).
+pub const LOG_RATIO_BOUND: f64 = 20.0;
+
+/// Mismatch diagnostics of one step (`diagnostics.jsonl`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MismatchStats {
+    /// Mean over tokens of |ℓ_sampler − ℓ_trainer| (nats).
+    pub mean_abs_diff: f64,
+    /// Mean over tokens of exp(r) − r − 1, r = ℓ_trainer − ℓ_sampler (k3 estimate of
+    /// KL(π_sampler ‖ π_trainer), nats).
+    pub k3_kl: f64,
+    /// Tokens counted (those of the staleness-0 rows).
+    pub tokens: usize,
+}
+
+/// One completion's log-probs for the diagnostics.
+#[derive(Debug, Clone, Copy)]
+pub struct MismatchRow<'a> {
+    /// Behaviour log-probs recorded by the sampler, one per completion token.
+    pub sampler: &'a [f32],
+    /// The trainer's log-probs of the same tokens at the start of the step.
+    pub trainer: &'a [f32],
+    /// Trainer version − behaviour version (DESIGN.md section 3).
+    pub staleness: u64,
+}
+
+/// [`MismatchStats`] over the tokens of the staleness-0 rows (token mean, as verl's
+/// `masked_mean`); `None` when there is no such token.
+///
+/// # Panics
+/// When a row's two slices differ in length.
+pub fn mismatch_stats(rows: &[MismatchRow]) -> Option<MismatchStats> {
+    let (mut abs, mut k3, mut n) = (0.0f64, 0.0f64, 0usize);
+    for row in rows.iter().filter(|r| r.staleness == 0) {
+        assert_eq!(
+            row.sampler.len(),
+            row.trainer.len(),
+            "sampler and trainer log-probs differ in length"
+        );
+        for (&s, &t) in row.sampler.iter().zip(row.trainer) {
+            let r = t as f64 - s as f64;
+            abs += r.abs();
+            k3 += r.exp() - r - 1.0;
+            n += 1;
+        }
+    }
+    (n > 0).then(|| MismatchStats {
+        mean_abs_diff: abs / n as f64,
+        k3_kl: k3 / n as f64,
+        tokens: n,
+    })
+}
+
+/// Whether a correction weighs each token by its own ratio or a whole completion by the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsLevel {
+    /// ρ_t per token.
+    Token,
+    /// ∏_t ρ_t per completion, the same weight on all its tokens.
+    Sequence,
+}
+
+/// The correction applied to the loss of every token (a constant factor, no gradient).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum IsCorrection {
+    /// Truncated IS: weight min(ρ, cap) (cap > 0).
+    Truncate {
+        /// Token or sequence ratio.
+        level: IsLevel,
+        /// C: the largest weight.
+        cap: f64,
+    },
+    /// Masked IS: weight 1 when lo ≤ ρ ≤ hi, else 0 (the token or completion is dropped).
+    Mask {
+        /// Token or sequence ratio.
+        level: IsLevel,
+        /// Lower bound of the kept ratios (verl's default: 1/hi).
+        lo: f64,
+        /// Upper bound of the kept ratios.
+        hi: f64,
+    },
+}
+
+/// The correction weights of one completion, one per token: see [`IsCorrection`] and the module
+/// docs for the formulas and their source. `trainer` and `sampler` are per-token log-probs of the
+/// same tokens.
+///
+/// # Panics
+/// When the slices differ in length, or a cap / bound is not positive or lo > hi.
+pub fn correction_weights(trainer: &[f32], sampler: &[f32], c: IsCorrection) -> Vec<f32> {
+    assert_eq!(
+        trainer.len(),
+        sampler.len(),
+        "sampler and trainer log-probs differ in length"
+    );
+    let log_ratios: Vec<f64> = trainer
+        .iter()
+        .zip(sampler)
+        .map(|(&t, &s)| t as f64 - s as f64)
+        .collect();
+    let level = match c {
+        IsCorrection::Truncate { level, cap } => {
+            assert!(cap > 0.0, "truncated IS needs a positive cap, got {cap}");
+            level
+        }
+        IsCorrection::Mask { level, lo, hi } => {
+            assert!(
+                lo > 0.0 && lo <= hi,
+                "masked IS needs 0 < lo ≤ hi, got [{lo}, {hi}]"
+            );
+            level
+        }
+    };
+    let weight = |log_ratio: f64| -> f32 {
+        let rho = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp();
+        match c {
+            IsCorrection::Truncate { cap, .. } => rho.min(cap) as f32,
+            IsCorrection::Mask { lo, hi, .. } => f32::from(u8::from(rho >= lo && rho <= hi)),
+        }
+    };
+    match level {
+        IsLevel::Token => log_ratios.into_iter().map(weight).collect(),
+        IsLevel::Sequence => {
+            let w = weight(log_ratios.iter().sum());
+            vec![w; trainer.len()]
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! One vLLM server over blocking HTTP: a request with retries and back-off, and the check of what
+//! came back. Transport errors, timeouts, HTTP 5xx and answers that fail validation (truncated
+//! JSON, a token count that differs from its log-prob count, ...) are retried; HTTP 4xx is not
+//! (the request itself is wrong). The final error names the server and its last answer.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::error::{Result, VllmError};
+
+/// How often and how patiently a request is retried.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts after the first (0 = no retry).
+    pub retries: usize,
+    /// Wait before the first retry; doubled before each further one, capped at 30 s.
+    pub backoff: Duration,
+    /// Whole-request timeout (connect, send, wait, read).
+    pub timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            retries: 3,
+            backoff: Duration::from_millis(500),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Largest answer read (bytes): a group of K completions with log-probs fits many times over.
+const BODY_LIMIT: u64 = 256 << 20;
+
+/// Why one attempt failed.
+enum Failure {
+    /// Worth another attempt (down, slow, 5xx, malformed answer).
+    Retry(String),
+    /// HTTP 4xx: status and body.
+    Refused(u16, String),
+}
+
+/// A vLLM server: its base URL (e.g. `http://127.0.0.1:8000`, no trailing slash) and an agent.
+pub struct Server {
+    /// The base URL, without a trailing slash.
+    pub url: String,
+    agent: ureq::Agent,
+    api_key: Option<String>,
+    policy: RetryPolicy,
+}
+
+fn cut(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(n).collect();
+        format!("{head}… ({} bytes in all)", s.len())
+    }
+}
+
+impl Server {
+    /// A client for the server at `url` (http only; `https://` is refused since this build has
+    /// no TLS: put the servers on a private network or localhost).
+    ///
+    /// # Errors
+    /// [`VllmError::Config`] for a URL that does not start with `http://`.
+    pub fn new(url: &str, api_key: Option<String>, policy: RetryPolicy) -> Result<Self> {
+        let url = url.trim_end_matches('/').to_string();
+        if !url.starts_with("http://") {
+            return Err(VllmError::Config(format!(
+                "server URL {url:?}: expected http://host:port (this build speaks plain HTTP only)"
+            )));
+        }
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(policy.timeout))
+            .build();
+        Ok(Self {
+            url,
+            agent: ureq::Agent::new_with_config(config),
+            api_key,
+            policy,
+        })
+    }
+
+    /// The retry policy in force.
+    pub fn policy(&self) -> RetryPolicy {
+        self.policy
+    }
+
+    fn once(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> std::result::Result<Value, Failure> {
+        let url = format!("{}{}", self.url, path);
+        let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
+        let sent = match (method, body) {
+            ("GET", _) => {
+                let mut r = self.agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+            (_, Some(b)) => {
+                let mut r = self.agent.post(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.send_json(b)
+            }
+            (_, None) => {
+                let mut r = self.agent.post(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.send_empty()
+            }
+        };
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(ureq::Error::Timeout(_)) => {
+                return Err(Failure::Retry(format!(
+                    "no answer within {:.1} s (timeout)",
+                    self.policy.timeout.as_secs_f64()
+                )))
+            }
+            Err(e) => return Err(Failure::Retry(format!("transport error: {e}"))),
+        };
+        let status = resp.status().as_u16();
+        let text = match resp
+            .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
+            .read_to_string()
+        {
+            Ok(t) => t,
+            Err(e) => {
+                return Err(Failure::Retry(format!(
+                    "HTTP {status}, body unreadable: {e}"
+                )))
+            }
+        };
+        if (400..500).contains(&status) {
+            return Err(Failure::Refused(status, cut(&text, 500)));
+        }
+        if status != 200 {
+            return Err(Failure::Retry(format!(
+                "HTTP {status}: {}",
+                cut(&text, 300)
+            )));
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            Failure::Retry(format!(
+                "HTTP 200 with invalid JSON ({e}; {} bytes): {}",
+                text.len(),
+                cut(&text, 200)
+            ))
+        })
+    }
+
+    /// Sends `method path` (GET, or POST with `body` as JSON / empty), then `check`s the parsed
+    /// answer (an empty body parses as `null`). A failed attempt or check is retried per the
+    /// policy, waiting `backoff · 2^i` (at most 30 s) before retry i.
+    ///
+    /// # Errors
+    /// [`VllmError::Server`] after the last attempt, with the last answer;
+    /// [`VllmError::Refused`] at once on HTTP 4xx.
+    pub fn call<T>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        check: impl Fn(Value) -> std::result::Result<T, String>,
+    ) -> Result<T> {
+        let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let attempts = self.policy.retries + 1;
+        let mut last = String::new();
+        for i in 0..attempts {
+            if i > 0 {
+                let wait = self
+                    .policy
+                    .backoff
+                    .saturating_mul(1 << (i - 1).min(16) as u32);
+                std::thread::sleep(wait.min(Duration::from_secs(30)));
+            }
+            match self.once(method, path, body) {
+                Ok(v) => match check(v) {
+                    Ok(t) => return Ok(t),
+                    Err(msg) => last = format!("HTTP 200 with a malformed answer: {msg}"),
+                },
+                Err(Failure::Retry(msg)) => last = msg,
+                Err(Failure::Refused(status, body)) => {
+                    return Err(VllmError::Refused {
+                        server: self.url.clone(),
+                        what,
+                        status,
+                        body,
+                    })
+                }
+            }
+        }
+        Err(VllmError::Server {
+            server: self.url.clone(),
+            what,
+            attempts,
+            answer: last,
+        })
+    }
+
+    /// `GET /health` answered 200 (one attempt per retry; the body is ignored).
+    ///
+    /// # Errors
+    /// As [`Server::call`].
+    pub fn health(&self) -> Result<()> {
+        self.call("GET", "/health", None, |_| Ok(()))
+    }
+}

