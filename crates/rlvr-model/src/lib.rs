@@ -8,6 +8,7 @@
 //! - [`checkpoint`]: loading a whole model directory and writing one (`rlvr init`, checkpoints).
 
 pub mod checkpoint;
+pub mod chunked;
 pub mod config;
 pub mod error;
 pub mod fused;

@@ -35,6 +35,7 @@ pub mod experience;
 pub mod explorer;
 mod feed;
 pub mod metrics;
+pub mod plan;
 pub mod plot;
 pub mod run;
 mod rundir;

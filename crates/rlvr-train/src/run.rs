@@ -197,6 +197,11 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     if let (Some((m, v)), Some(st)) = (moments, &state) {
         trainer.optimizer.set_moments(m, v, st.optimizer_step)?;
     }
+    if let Some(dir) = &ckpt {
+        let n = trainer.model.named_vars().len();
+        let masters = checkpoint::load_masters(dir, n, &device)?;
+        trainer.optimizer.set_masters(masters)?;
+    }
 
     // The experience source.
     let mut feed = build_feed(
@@ -434,6 +439,7 @@ fn save_checkpoint(
             model: &trainer.model,
             tokenizer,
             moments: (m, v),
+            masters: trainer.optimizer.masters(),
             explorer: ex_model,
             buffer: &[],
         },
