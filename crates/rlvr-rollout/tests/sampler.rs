@@ -324,7 +324,8 @@ fn min_new_tokens_bans_stop_ids_until_reached() {
 }
 
 fn tokenizer_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/tokenizers/qwen2.5/tokenizer.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/tokenizers/qwen2.5/tokenizer.json")
 }
 
 #[test]
