@@ -143,7 +143,7 @@ impl AdamW {
         let mut v = Vec::with_capacity(params.len());
         let mut masters = Vec::with_capacity(params.len());
         for p in &params {
-            let z = Tensor::zeros(p.shape(), DType::F32, p.device())?;
+            let z = Tensor::zeros(p.dims(), DType::F32, p.device())?;
             m.push(z.clone());
             v.push(z.copy()?);
             masters.push(if needs_master(p.dtype()) {

@@ -150,10 +150,10 @@ fn main() -> anyhow::Result<()> {
     }
     let t0 = Instant::now();
     let out = model.token_logprobs(&ids, &mask, 0, 1.0, true, true)?;
-    let loss = (out.logprobs.mean_all()?.neg()? - (out.entropy.unwrap().mean_all()? * 0.01)?)?;
+    let ent = out.entropy.expect("asked for entropy");
+    let loss = (out.logprobs.mean_all()?.neg()? - (ent.mean_all()? * 0.01)?)?;
     let grads = loss.backward()?;
     drop(loss);
-    drop(out);
     opt.step(&grads, 1e-6)?;
     let secs = t0.elapsed().as_secs_f64();
     // The estimate of `rlvr plan` for this work (no explorer, no reference, no KV cache; the

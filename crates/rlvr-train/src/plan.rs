@@ -237,7 +237,7 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let master_weights = if b == 2 { p * 4 } else { 0 };
     let gradients = p * 4 + p * b;
     let adamw_moments = 2 * p * 4;
-    let explorer_weights = if online { weights } else { 0 } + if threaded { weights } else { 0 };
+    let explorer_weights = (if online { weights } else { 0 }) + (if threaded { weights } else { 0 });
     let reference_model = if needs_reference { weights } else { 0 };
     let layer = shape.layer_bytes_per_token(b, t);
     // Embedding output and final norm, plus one layer of backward working set.
@@ -402,7 +402,7 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
 /// # Errors
 /// Config errors, a missing model config.json, a malformed `--gpu-memory`.
 pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let raw = RawConfig::load(Some(&a.config), &a.set)?;
+    let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
     let resolved = raw.resolve()?;
     let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
     let p = plan(&resolved.raw, resolved.algorithm.needs_reference(), memory)?;

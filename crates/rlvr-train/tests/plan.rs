@@ -72,7 +72,7 @@ fn raw(sets: &[&str]) -> RawConfig {
         repo().join("configs/shapes/qwen2.5-0.5b").display()
     )];
     s.extend(sets.iter().map(|x| x.to_string()));
-    RawConfig::load(Some(&cfg), &s).unwrap()
+    RawConfig::load(Some(cfg.as_path()), &s).unwrap()
 }
 
 #[test]
