@@ -21,7 +21,7 @@
 //!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each).
 //! - the native sampler's **KV cache**: `rollout.max_batch_rows × T × layers × 2 × kv_heads ×
 //!   head_dim × b`.
-//! - a constant **process overhead** (runtime, tokenizer, allocator), fitted on CPU runs (see
+//! - a constant **process overhead** (runtime, tokenizer, allocator), to be fitted on CPU runs (see
 //!   [`CPU_OVERHEAD`]); on a GPU the CUDA context ([`GPU_OVERHEAD`]).
 
 use std::io::Write;
@@ -33,8 +33,8 @@ use serde::Serialize;
 
 use crate::config::RawConfig;
 
-/// Constant process overhead on the CPU (bytes): the peak RSS of a training step less the
-/// components above, fitted on CPU runs of 100–150 M-parameter shapes (BENCHMARKS.md, "Memory").
+/// Constant process overhead on the CPU (bytes), a placeholder until fitted: the peak RSS of a step less the
+/// components above, to be fitted on CPU runs of ~100 M-parameter shapes (BENCHMARKS.md, "Memory").
 pub const CPU_OVERHEAD: u64 = 300 << 20;
 /// Constant overhead on a GPU (bytes): the CUDA context and allocator slack.
 pub const GPU_OVERHEAD: u64 = 1 << 30;
