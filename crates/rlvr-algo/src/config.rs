@@ -9,146 +9,24 @@
 //! [`AlgorithmConfig::resolve`] applies the precedence **defaults < preset < user-set values**: a
 //! preset fills only the knobs the user left unset, and [`Algorithm::default`] fills the rest. The
 //! defaults are written once, in [`Algorithm::default`]; presets are data ([`mod@crate::presets`]).
+//!
+//! Loss-specific knobs are grouped by the loss they belong to ([`PolicyLoss::options`]): PPO and
+//! GSPO take the clip range, dual-clip and IS cap; CISPO the upper clip and IS cap; REC its
+//! keep-mask, weight, clip ranges (ε, ε′), the RED-Weight temperature and IS cap; REINFORCE none.
+//! A knob the user set for another loss is an error naming the key and the loss (a preset's value
+//! for another loss is not: presets are partial tables shared by several losses). The TOML keys stay
+//! flat (`algorithm.clip_low`, DESIGN §10), and [`Algorithm::to_config`] writes only the knobs of
+//! the chosen loss.
 
 use serde::{Deserialize, Serialize};
 
+mod choices;
+pub use choices::{
+    Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, Regulariser,
+    StdLevel, StdNorm, LOSS_OPTIONS,
+};
+
 use crate::error::{AlgoError, Result};
-
-/// Baseline subtracted from each reward inside its group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Baseline {
-    /// b = mean of the group's scored rewards (GRPO, arXiv 2402.03300 §4.1.2; paper B's group-relative REINFORCE).
-    Mean,
-    /// b = T·log(mean_j exp(r_j / T)), T = `lme_temperature` (Kimi k1.5, arXiv 2501.12599, the
-    /// optimal value of the KL-regularised objective used with OPMD).
-    LogMeanExp,
-    /// b_i = mean of the *other* K−1 rewards of the group (RLOO, arXiv 2402.14740):
-    /// A_i = K/(K−1)·(r_i − mean).
-    LeaveOneOut,
-}
-
-/// How the centred reward is divided by a standard deviation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StdNorm {
-    /// Bessel-corrected std (divide by n−1), as GRPO implementations (TRL, verl) use; A = (r − b)/(σ + ε).
-    Sample,
-    /// Population std (divide by n); RED-Drop uses it on the kept rows.
-    Population,
-    /// No division (Dr.GRPO, REINFORCE, the REC family).
-    None,
-}
-
-/// Over which rows the std of [`StdNorm`] is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StdLevel {
-    /// Each group's own std (GRPO).
-    Group,
-    /// One std of all scored, non-dropped rewards of the batch (the "group mean, batch std" variant).
-    Batch,
-}
-
-/// The per-token policy-gradient term.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyLoss {
-    /// PPO clipped surrogate, −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A), ρ = exp(ℓ − ℓ_old), with optional
-    /// dual-clip (Schulman et al. arXiv 1707.06347 Eq. 7; paper A's off-policy GRPO uses it with ρ = π_θ/α).
-    Ppo,
-    /// REC family of paper B (arXiv 2509.24203): −A′·k·ℓ with keep-mask k from the detached ratio and
-    /// weight A′ ([`KeepMask`], [`RecWeight`]).
-    Rec,
-    /// GSPO (arXiv 2507.18071): clipped surrogate on s = exp(mean_t(ℓ − ℓ_old)), gradient through s.
-    Gspo,
-    /// CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_high))·A·ℓ.
-    Cispo,
-    /// Plain REINFORCE with a baseline: −A·ℓ (no ratio; equals REC with keep-mask and weight `none`).
-    Reinforce,
-}
-
-/// REC keep-mask k ∈ {0, 1} from the detached ratio ρ̄ (paper B, arXiv 2509.24203, REC family).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KeepMask {
-    /// k = 1.
-    None,
-    /// (A ≥ 0 and ρ̄ ≤ 1+ε_high) or (A ≤ 0 and ρ̄ ≥ 1−ε_low): the tokens PPO's clip keeps.
-    OneSide,
-    /// 1−ε_low ≤ ρ̄ ≤ 1+ε_high.
-    TwoSide,
-    /// two-side, or (A ≥ 0 and ρ̄ ≤ 1−ε′_low), or (A ≤ 0 and ρ̄ ≥ 1+ε′_high).
-    Ring,
-    /// one-side applied to the detached sequence ratio s̄ = exp(mean_t(ℓ − ℓ_old)).
-    GspoOneSide,
-}
-
-/// REC weight: what multiplies −k·ℓ (paper B).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RecWeight {
-    /// A′ = A.
-    None,
-    /// A′ = A·ρ̄ (token IS weight, detached; capped by `is_cap` when set).
-    Is,
-    /// A′ = A·s̄, s̄ = exp(mean_t(ℓ − ℓ_old)) detached (sequence IS weight).
-    SeqIs,
-    /// A′ = A·exp(A/T), T = `adv_temperature` (RED-Weight).
-    AdvantageExp,
-}
-
-/// Regulariser added per token with coefficient τ (paper B's REP family).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Regulariser {
-    /// No regulariser.
-    None,
-    /// OPMD: +τ·(ℓ − ℓ_old)². Kimi k1.5 (arXiv 2501.12599) writes τ/2·(…)²; we follow Trinity-RFT,
-    /// which absorbs the ½ (its τ = 0.1 is Kimi's 0.2).
-    Opmd,
-    /// AsymRE: −τ·ℓ, i.e. the baseline lowered by τ (exactly so only without std normalisation).
-    Asymre,
-}
-
-/// KL-to-reference estimator, per token, with x = ℓ_ref − ℓ (Schulman, "Approximating KL divergence",
-/// <http://joschu.net/blog/kl-approx.html>).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KlEstimator {
-    /// k1 = −x. Unbiased value; zero expected gradient as a loss term.
-    K1,
-    /// k2 = x²/2. Its gradient is the gradient of KL(π_θ‖π_ref).
-    K2,
-    /// k3 = exp(x) − x − 1 (GRPO, TRL). On-policy, its expected gradient is that of KL(π_ref‖π_θ).
-    K3,
-}
-
-/// Loss aggregation: how per-token terms L_it (mask m_it) become one scalar.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Aggregation {
-    /// Σ m·L / Σ m over the whole update batch (DAPO).
-    TokenMean,
-    /// mean over sequences of (Σ_t m·L / Σ_t m) (original GRPO).
-    SeqMeanTokenMean,
-    /// mean over sequences of Σ_t m·L.
-    SeqMeanTokenSum,
-    /// Σ m·L / (B·max_new_tokens), B = rows in the normaliser (Dr.GRPO, arXiv 2503.20783).
-    Constant,
-}
-
-/// Treatment of truncated completions (no EOS within `rollout.max_new_tokens`), DAPO arXiv 2503.14476.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Overlong {
-    /// Train on truncated completions like any other.
-    None,
-    /// Overlong filtering: truncated completions get no gradient and leave the normaliser.
-    Mask,
-    /// Soft overlong punishment added to the reward ([`crate::overlong_penalty`]).
-    Soft,
-}
 
 /// The user's `[algorithm]` table. Every knob is optional: `None` means "take the preset's value,
 /// else the default" (see [`AlgorithmConfig::resolve`]). Unknown keys are rejected.
@@ -193,45 +71,48 @@ pub struct AlgorithmConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub red_drop: Option<bool>,
 
-    // ----- policy loss -----
+    // ----- policy loss, then its group of options (LOSS_OPTIONS; see PolicyLoss::options) -----
     /// Policy-gradient term. Default `ppo`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss: Option<PolicyLoss>,
-    /// ε_low: lower clip range (ratio ≥ 1 − ε_low). Default 0.2.
+    /// ε_low: lower clip range (ratio ≥ 1 − ε_low). Losses: ppo, gspo, rec. Default 0.2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_low: Option<f64>,
-    /// ε_high: upper clip range (ratio ≤ 1 + ε_high). Default 0.2.
+    /// ε_high: upper clip range (ratio ≤ 1 + ε_high). Losses: ppo, gspo, cispo, rec. Default 0.2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_high: Option<f64>,
-    /// ε′_low of the ring keep-mask (must be ≥ ε_low, ≤ 1). Default 0.6.
+    /// ε′_low of the ring keep-mask (must be ≥ ε_low, ≤ 1). Loss: rec. Default 0.6.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_low_prime: Option<f64>,
-    /// ε′_high of the ring keep-mask (must be ≥ ε_high). Default 2.0.
+    /// ε′_high of the ring keep-mask (must be ≥ ε_high). Loss: rec. Default 2.0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_high_prime: Option<f64>,
     /// Dual-clip constant c > 1 (Ye et al., arXiv 1912.09729): for A < 0 the PPO/GSPO loss is capped at −c·A.
-    /// Unset: off.
+    /// Losses: ppo, gspo. Unset: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dual_clip: Option<f64>,
-    /// REC keep-mask (used only with `loss = rec`). Default `none`.
+    /// REC keep-mask. Loss: rec. Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_mask: Option<KeepMask>,
-    /// REC weight (used only with `loss = rec`). Default `none`.
+    /// REC weight. Loss: rec. Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rec_weight: Option<RecWeight>,
-    /// T of the `advantage-exp` REC weight A·exp(A/T) (RED-Weight). Default 1.
+    /// T of the `advantage-exp` REC weight A·exp(A/T) (RED-Weight). Loss: rec. Default 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adv_temperature: Option<f64>,
+    /// Truncated-IS cap C > 0 on the ratio: ρ becomes min(ρ, C) wherever it weights a gradient (the
+    /// value is capped, the gradient direction kept). Losses: ppo, gspo, cispo, rec (`is`, `seq-is`
+    /// weights). Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_cap: Option<f64>,
+
+    // ----- applying to every loss -----
     /// Regulariser (OPMD, AsymRE). Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub regulariser: Option<Regulariser>,
     /// τ of the regulariser. Default 0.1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tau: Option<f64>,
-    /// Truncated-IS cap C > 0 on the ratio: ρ becomes min(ρ, C) wherever it weights a gradient (the
-    /// value is capped, the gradient direction kept). Unset: off.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub is_cap: Option<f64>,
     /// Log-ratios ℓ − ℓ_old and ℓ_ref − ℓ are clamped to ±this before exp, for numerical safety
     /// (a token clamped there gets no gradient through the ratio). Default 20 (as verl).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -362,11 +243,78 @@ impl AlgorithmConfig {
         out
     }
 
+    /// The loss these knobs select: `loss` if set here, else the preset's, else the default (`ppo`).
+    ///
+    /// # Errors
+    /// [`AlgoError::UnknownPreset`].
+    pub fn effective_loss(&self) -> Result<PolicyLoss> {
+        if let Some(l) = self.loss {
+            return Ok(l);
+        }
+        if !matches!(self.preset.as_str(), "none" | "") {
+            if let Some(l) = crate::presets::find_preset(&self.preset)?.values.loss {
+                return Ok(l);
+            }
+        }
+        Ok(Algorithm::default().loss)
+    }
+
+    /// The loss-specific knobs ([`LOSS_OPTIONS`]) set here that `loss` does not read.
+    pub fn inapplicable(&self, loss: PolicyLoss) -> Vec<&'static str> {
+        let set = self.set_values();
+        LOSS_OPTIONS
+            .into_iter()
+            .filter(|k| !loss.reads(k) && set.iter().any(|(s, _)| s == k))
+            .collect()
+    }
+
+    /// Unsets the loss-specific knob `key` (one of [`LOSS_OPTIONS`]; other names are ignored).
+    pub fn unset_loss_option(&mut self, key: &str) {
+        match key {
+            "clip_low" => self.clip_low = None,
+            "clip_high" => self.clip_high = None,
+            "clip_low_prime" => self.clip_low_prime = None,
+            "clip_high_prime" => self.clip_high_prime = None,
+            "dual_clip" => self.dual_clip = None,
+            "keep_mask" => self.keep_mask = None,
+            "rec_weight" => self.rec_weight = None,
+            "adv_temperature" => self.adv_temperature = None,
+            "is_cap" => self.is_cap = None,
+            _ => {}
+        }
+    }
+
     /// Resolves defaults < preset < values set here into an [`Algorithm`], and validates it.
     ///
     /// # Errors
-    /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the key.
+    /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the
+    /// key: a value out of range, or a loss-specific knob set here for a loss that does not read it
+    /// (the message names the key and the loss).
     pub fn resolve(&self) -> Result<Algorithm> {
+        let loss = self.effective_loss()?;
+        if let Some(&key) = self.inapplicable(loss).first() {
+            let value = self
+                .set_values()
+                .into_iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v)
+                .unwrap_or_default();
+            let readers: Vec<&str> = PolicyLoss::ALL
+                .iter()
+                .filter(|l| l.options().contains(&key))
+                .map(|l| l.name())
+                .collect();
+            return Err(AlgoError::InvalidConfig {
+                key,
+                value,
+                why: format!(
+                    "it does not apply to loss = \"{}\" (only {} read it); remove it, or set \
+                     algorithm.loss to one of those",
+                    loss.name(),
+                    readers.join(", ")
+                ),
+            });
+        }
         let mut merged = self.clone();
         if !matches!(self.preset.as_str(), "none" | "") {
             let preset = crate::presets::find_preset(&self.preset)?;
@@ -469,7 +417,10 @@ impl Default for Algorithm {
 }
 
 impl Algorithm {
-    /// A fully-set [`AlgorithmConfig`] that resolves back to `self` (same preset, every knob `Some`).
+    /// An [`AlgorithmConfig`] that resolves back to `self`: the same preset, every knob that applies to
+    /// `self.loss` set (the optional ones when `Some`), the loss-specific knobs of other losses
+    /// unset (resolving fills them from the preset and the defaults as before, and the loss never
+    /// reads them).
     pub fn to_config(&self) -> AlgorithmConfig {
         let mut c = AlgorithmConfig::empty(&self.preset);
         macro_rules! put {
@@ -480,6 +431,11 @@ impl Algorithm {
             ($c:ident, $a:ident; $($f:ident),*) => { $( $c.$f = $a.$f; )* };
         }
         optional_knobs!(put_opt, c, self);
+        for key in LOSS_OPTIONS {
+            if !self.loss.reads(key) {
+                c.unset_loss_option(key);
+            }
+        }
         c
     }
 

@@ -29,6 +29,7 @@
 //! # Ok::<(), rlvr_algo::AlgoError>(())
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod advantage;
 pub mod config;

@@ -245,3 +245,92 @@ fn print_algorithms_lists_every_preset_and_value() {
     assert!(text.contains("clip_high = 0.28"));
     assert!(text.contains("aggregation = \"constant\""));
 }
+
+/// Each loss reads its own group of options; a knob of another loss that the user set is rejected
+/// with the key and the loss named, a preset's is not; `to_config` writes the chosen loss's only.
+#[test]
+fn loss_options_are_grouped_by_loss() {
+    use rlvr_algo::config::LOSS_OPTIONS;
+    // Every loss-specific key belongs to at least one loss, and REINFORCE reads none.
+    for key in LOSS_OPTIONS {
+        assert!(
+            PolicyLoss::ALL.iter().any(|l| l.options().contains(&key)),
+            "{key}"
+        );
+    }
+    assert!(PolicyLoss::Reinforce.options().is_empty());
+    assert!(PolicyLoss::Reinforce.reads("kl_coef"));
+    assert!(PolicyLoss::Rec.reads("keep_mask") && !PolicyLoss::Ppo.reads("keep_mask"));
+    assert!(PolicyLoss::Ppo.reads("dual_clip") && !PolicyLoss::Cispo.reads("dual_clip"));
+    assert!(PolicyLoss::Cispo.reads("clip_high") && !PolicyLoss::Cispo.reads("clip_low"));
+    for (preset, f, key, loss) in [
+        (
+            "grpo",
+            (|c: &mut AlgorithmConfig| c.keep_mask = Some(KeepMask::Ring))
+                as fn(&mut AlgorithmConfig),
+            "keep_mask",
+            "ppo",
+        ),
+        (
+            "reinforce",
+            |c| c.clip_high = Some(0.3),
+            "clip_high",
+            "reinforce",
+        ),
+        ("cispo", |c| c.clip_low = Some(0.1), "clip_low", "cispo"),
+        (
+            "gspo",
+            |c| c.adv_temperature = Some(2.0),
+            "adv_temperature",
+            "gspo",
+        ),
+        (
+            "rec_ring_is",
+            |c| c.dual_clip = Some(3.0),
+            "dual_clip",
+            "rec",
+        ),
+        (
+            "rec_oneside_is",
+            |c| {
+                c.loss = Some(PolicyLoss::Reinforce);
+                c.is_cap = Some(2.0);
+            },
+            "is_cap",
+            "reinforce",
+        ),
+    ] {
+        let mut c = AlgorithmConfig::empty(preset);
+        f(&mut c);
+        let e = c.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("`algorithm.{key}`")) && e.contains(&format!("\"{loss}\"")),
+            "{preset}: {e}"
+        );
+    }
+    // The preset's REC knobs with a user-chosen PPO loss: not the user's, accepted; not written.
+    let mut c = AlgorithmConfig::empty("rec_ring_is");
+    c.loss = Some(PolicyLoss::Ppo);
+    let a = c.resolve().unwrap();
+    let back = a.to_config();
+    assert_eq!(
+        (back.keep_mask, back.clip_low_prime, back.rec_weight),
+        (None, None, None)
+    );
+    assert_eq!((back.clip_low, back.clip_high), (Some(0.2), Some(0.2)));
+    assert_eq!(back.resolve().unwrap(), a);
+    // Every preset writes exactly the loss-specific knobs its loss reads (optional ones when set).
+    for p in presets() {
+        let a = resolve(p.name);
+        let written: Vec<String> = a
+            .to_config()
+            .set_values()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        for key in LOSS_OPTIONS {
+            let want = a.loss.reads(key) && !matches!(key, "dual_clip" | "is_cap");
+            assert_eq!(written.iter().any(|k| k == key), want, "{}: {key}", p.name);
+        }
+    }
+}

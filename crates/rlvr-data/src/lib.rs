@@ -21,6 +21,7 @@
 //! assert!(p.question().ends_with('=') && !p.reference.is_empty());
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod dataset;

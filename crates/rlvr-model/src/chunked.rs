@@ -4,14 +4,14 @@
 //!
 //! The forward streams over vocabulary chunks `W[c0..c0+C]` of the head weight, keeping per row
 //! the running max `M`, `S = Σ exp(s − M)` and `D = Σ exp(s − M)·(s − M)` (the online log-sum-exp
-//! of Milakov & Gimelshein 2018, as in the CPU kernel of [`crate::fused`]), and the target's
+//! of Milakov & Gimelshein 2018, as in the CPU kernel `rlvr_kernels::LmHeadLogprobOp`), and the target's
 //! scaled logit `s_y`. Then `log p_y = s_y − (M + ln S)` and `H = ln S − D/S`.
 //!
 //! The backward recomputes each chunk's logits and forms the gradient w.r.t. them,
 //! `∂/∂s_j = g_ℓ·(δ_jy − p_j) − g_H·p_j·(log p_j + H)`, then accumulates `∂h += ∂z·W_c` and
 //! writes `∂W_c = ∂zᵀ·h` (with `∂z = ∂s / T`). Peak memory beyond the inputs and the gradients
 //! themselves: a few `[N, C]` tensors. Values and gradients equal [`crate::Model::logprobs_unfused`]
-//! (tested in f32 and f64). Source: the same formulas as `fused::LmHeadLogprobOp` (CPU, f32 only),
+//! (tested in f32 and f64). Source: the same formulas as `rlvr_kernels::LmHeadLogprobOp` (CPU, f32 only),
 //! which stays the CPU f32 path; this op is the path everywhere else.
 //!
 //! Autograd: the forward is computed on detached tensors; a [`CustomOp3`] node `(h, W, out)`

@@ -1,17 +1,23 @@
 //! `rlvr-model`: the policy model of rlvr.
 //!
+//! - [`device`]: compute dtype and device, parsed once from their names.
 //! - [`config`]: `config.json` of HuggingFace checkpoints (transformers-4 and -5 styles).
 //! - [`weights`]: safetensors I/O (single file or sharded), atomic writes.
-//! - [`model`]: the decoder (Qwen2/Qwen2.5, Qwen3, Llama) with a differentiable training forward
-//!   giving per-token log-probs and entropy, and a KV-cached inference forward.
+//! - [`model`]: the decoder (Qwen2/Qwen2.5, Qwen3, Llama): one forward for training (per-token
+//!   log-probs and entropy with gradients), prefill and cached decoding; its blocks are private
+//!   (`layers`), in candle's model-file layout.
+//! - [`kv`]: the [`KvStore`] interface of cached decoding and the reference [`KvCache`].
 //! - [`tokenizer`]: tokenizer.json, special tokens, EOS ids, chat templates (minijinja).
 //! - [`checkpoint`]: loading a whole model directory and writing one (`rlvr init`, checkpoints).
 
 pub mod checkpoint;
 pub mod chunked;
 pub mod config;
+pub mod device;
 pub mod error;
-pub mod fused;
+mod head;
+pub mod kv;
+mod layers;
 pub mod model;
 pub mod ops;
 pub mod optim;
@@ -19,37 +25,31 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeScaling};
+pub use device::{ComputeDtype, DeviceSpec};
 pub use error::{ModelError, Result};
-pub use model::{KvCache, LogProbs, Model};
+pub use head::LogProbs;
+pub use kv::{KvCache, KvStore};
+pub use model::Model;
+/// Largest `[N, V]` f32 logits (bytes) the CPU's fused head keeps for its backward
+/// (`rlvr_kernels::LogitStash`); memory estimates (`rlvr plan`) count it.
+pub use rlvr_kernels::STASH_MAX_BYTES;
 pub use tokenizer::{Message, TokenizerBundle};
 
-/// Parses a dtype name as used in configs and on the command line: "f32"/"float32",
-/// "bf16"/"bfloat16", "f16"/"float16".
-pub fn parse_dtype(s: &str) -> Option<candle_core::DType> {
-    match s {
-        "f32" | "float32" => Some(candle_core::DType::F32),
-        "bf16" | "bfloat16" => Some(candle_core::DType::BF16),
-        "f16" | "float16" => Some(candle_core::DType::F16),
-        "f64" | "float64" => Some(candle_core::DType::F64),
-        _ => None,
-    }
+/// Parses a dtype name (`--dtype`): see [`ComputeDtype`]'s `FromStr`.
+///
+/// # Errors
+/// An unknown name, listing the accepted ones.
+pub fn parse_dtype(s: &str) -> Result<candle_core::DType> {
+    Ok(s.parse::<ComputeDtype>()?.dtype())
 }
 
-/// Parses a device name: "cpu" or "cuda:N" (needs the `cuda` feature).
+/// Parses and opens a device name (`--device`): see [`DeviceSpec`]'s `FromStr` and
+/// [`DeviceSpec::open`].
+///
+/// # Errors
+/// An unknown name (listing the accepted forms), `cuda:N` without CUDA support or without that GPU.
 pub fn parse_device(s: &str) -> Result<candle_core::Device> {
-    if s == "cpu" {
-        return Ok(candle_core::Device::Cpu);
-    }
-    if let Some(n) = s.strip_prefix("cuda") {
-        let n = n.strip_prefix(':').unwrap_or("0");
-        let ord: usize = n
-            .parse()
-            .map_err(|_| ModelError::Invalid(format!("bad device `{s}` (cpu or cuda:N)")))?;
-        return Ok(candle_core::Device::new_cuda(ord)?);
-    }
-    Err(ModelError::Invalid(format!(
-        "bad device `{s}` (cpu or cuda:N)"
-    )))
+    s.parse::<DeviceSpec>()?.open()
 }
 
 /// Makes glibc's malloc keep freed memory for reuse instead of returning it to the kernel. Call

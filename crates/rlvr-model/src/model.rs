@@ -2,116 +2,54 @@
 //! differentiable candle-core ops only (candle-nn's fused rope/rms-norm/softmax have no backward:
 //! DESIGN.md section 7), so every parameter receives its gradient.
 //!
-//! Numerics follow transformers' eager implementation: RMSNorm in f32, rotary embedding with
-//! `rotate_half`, attention `softmax(q·kᵀ/√d + mask)·v` with grouped KV heads, SiLU-gated MLP.
+//! Numerics follow transformers' eager implementation (`modeling_qwen2.py`, `modeling_llama.py`):
+//! RMSNorm in f32, rotary embedding with `rotate_half`, attention `softmax(q·kᵀ/√d + mask)·v` with
+//! grouped KV heads, SiLU-gated MLP. The blocks are in [`crate::layers`] (candle's model-file
+//! layout: private blocks with `new(config, weights)` and `forward`, weight paths equal to the
+//! checkpoint names); this file holds the public [`Model`].
+//!
+//! One forward ([`Model::forward`]) serves training (with the autograd graph), scoring, prefill
+//! and cached decoding; a cached forward writes keys and values through a [`KvStore`] (the
+//! concatenating [`crate::KvCache`] here, the sampler's preallocated in-place cache in
+//! `rlvr-rollout`).
 
+use std::cell::RefCell;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{DType, Device, Tensor, Var};
 use rand::SeedableRng;
 use rand_distr::Distribution;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::ops::{linear, log_softmax, rms_norm, rotate_half, softmax, upcast};
+use crate::kv::KvStore;
+use crate::layers::{DecoderLayer, Linear, Loader, Param, Pass, RmsNorm, Rotary, Vb};
+use crate::ops::upcast;
 use crate::weights::WeightFiles;
 
 /// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query
 /// row with no visible key (a left-padding position) gives a uniform softmax instead of NaN; such
 /// rows are padding and never scored.
-const MASK_BIAS: f32 = -1e30;
-
-/// Weights of one decoder layer.
-pub struct Layer {
-    pub input_norm: Var,
-    pub q_proj: Var,
-    pub k_proj: Var,
-    pub v_proj: Var,
-    pub o_proj: Var,
-    pub q_bias: Option<Var>,
-    pub k_bias: Option<Var>,
-    pub v_bias: Option<Var>,
-    pub o_bias: Option<Var>,
-    /// Qwen3 per-head RMSNorm weights, `[head_dim]`.
-    pub q_norm: Option<Var>,
-    pub k_norm: Option<Var>,
-    pub post_norm: Var,
-    pub gate_proj: Var,
-    pub up_proj: Var,
-    pub down_proj: Var,
-    pub gate_bias: Option<Var>,
-    pub up_bias: Option<Var>,
-    pub down_bias: Option<Var>,
-}
+pub const MASK_BIAS: f32 = -1e30;
 
 /// A causal language model with trainable weights.
 ///
-/// Weights are candle [`Var`]s in the compute dtype; the training forward builds the autograd
-/// graph through them, the inference forward ([`Model::forward_cached`]) detaches them.
+/// Weights are candle [`Var`]s in the compute dtype, each under its checkpoint name
+/// ([`Model::named_vars`]); the training forward builds the autograd graph through them, the
+/// other forwards use detached handles on the same storage. `clone()` shares the weights (an
+/// in-place update through one is seen by the other, as for `Var`); [`Model::try_clone`] copies.
+#[derive(Clone)]
 pub struct Model {
-    pub config: ModelConfig,
-    pub embed: Var,
-    pub layers: Vec<Layer>,
-    pub norm: Var,
-    /// `None` when the head is tied to `embed`.
-    pub lm_head: Option<Var>,
-    inv_freq: Tensor,
+    config: ModelConfig,
+    embed: Param,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// The output projection; shares `embed`'s weight when tied.
+    pub(crate) lm_head: Linear,
+    tied: bool,
+    rotary: Rotary,
     device: Device,
     dtype: DType,
-}
-
-/// Per-layer key/value cache for incremental decoding. Keys and values are stored after the
-/// rotary embedding, `[B, n_kv_heads, S, head_dim]` per layer.
-#[derive(Clone, Default)]
-pub struct KvCache {
-    pub layers: Vec<Option<(Tensor, Tensor)>>,
-}
-
-impl KvCache {
-    /// An empty cache for `n_layers` layers.
-    pub fn new(n_layers: usize) -> Self {
-        Self {
-            layers: vec![None; n_layers],
-        }
-    }
-
-    /// Number of cached positions (0 when empty).
-    pub fn len(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map(|(k, _)| k.dim(2).unwrap_or(0))
-            .unwrap_or(0)
-    }
-
-    /// Whether nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keeps only the batch rows `rows` (e.g. to drop finished sequences or to copy one prompt's
-    /// cache to the K rows of its group).
-    pub fn select_rows(&self, rows: &Tensor) -> Result<Self> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| match l {
-                None => Ok(None),
-                Some((k, v)) => Ok(Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?))),
-            })
-            .collect::<Result<_>>()?;
-        Ok(Self { layers })
-    }
-}
-
-/// Output of [`Model::token_logprobs`].
-pub struct LogProbs {
-    /// `[B, T-1-start]`, f32 (f64 for an f64 model): log π(x_{t+1} | x_{≤t}) at temperature T for t = start..T-2, i.e.
-    /// `log_softmax(logits_t / T)[x_{t+1}]`. Positions whose token or predicted token is padding
-    /// hold finite garbage: mask them with the attention mask shifted by one.
-    pub logprobs: Tensor,
-    /// `[B, T-1-start]` entropy of softmax(logits_t / T), in nats, when asked for.
-    pub entropy: Option<Tensor>,
 }
 
 /// Converts an attention mask `[B, T]` (1 = token, 0 = padding) to position ids: the number of
@@ -129,6 +67,15 @@ pub fn position_ids(mask: &[Vec<u32>]) -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
+}
+
+/// Whether two tensors share one storage (candle's own check is private to it).
+fn same_storage(a: &Tensor, b: &Tensor) -> bool {
+    let addr = |t: &Tensor| {
+        let (s, _) = t.storage_and_layout();
+        &*s as *const candle_core::Storage as usize
+    };
+    addr(a) == addr(b)
 }
 
 impl Model {
@@ -153,6 +100,8 @@ impl Model {
         Self::build(config, dtype, device, &mut load)
     }
 
+    /// Builds the model from `load` (`(checkpoint name, shape) → Var`), called once per weight
+    /// in checkpoint order.
     fn build(
         config: ModelConfig,
         dtype: DType,
@@ -160,75 +109,31 @@ impl Model {
         load: &mut dyn FnMut(&str, &[usize]) -> Result<Var>,
     ) -> Result<Self> {
         let c = &config;
-        let (h, q, kv, i) = (
-            c.hidden_size,
-            c.num_attention_heads * c.head_dim,
-            c.num_key_value_heads * c.head_dim,
-            c.intermediate_size,
-        );
-        let embed = load("model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for l in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            let opt = |flag: bool,
-                       load: &mut dyn FnMut(&str, &[usize]) -> Result<Var>,
-                       name: String,
-                       n: usize|
-             -> Result<Option<Var>> {
-                if flag {
-                    Ok(Some(load(&name, &[n])?))
-                } else {
-                    Ok(None)
-                }
-            };
-            let qk_norm = c.arch == Arch::Qwen3;
-            layers.push(Layer {
-                input_norm: load(&format!("{p}.input_layernorm.weight"), &[h])?,
-                q_proj: load(&format!("{p}.self_attn.q_proj.weight"), &[q, h])?,
-                k_proj: load(&format!("{p}.self_attn.k_proj.weight"), &[kv, h])?,
-                v_proj: load(&format!("{p}.self_attn.v_proj.weight"), &[kv, h])?,
-                o_proj: load(&format!("{p}.self_attn.o_proj.weight"), &[h, q])?,
-                q_bias: opt(c.qkv_bias, load, format!("{p}.self_attn.q_proj.bias"), q)?,
-                k_bias: opt(c.qkv_bias, load, format!("{p}.self_attn.k_proj.bias"), kv)?,
-                v_bias: opt(c.qkv_bias, load, format!("{p}.self_attn.v_proj.bias"), kv)?,
-                o_bias: opt(c.o_bias, load, format!("{p}.self_attn.o_proj.bias"), h)?,
-                q_norm: opt(
-                    qk_norm,
-                    load,
-                    format!("{p}.self_attn.q_norm.weight"),
-                    c.head_dim,
-                )?,
-                k_norm: opt(
-                    qk_norm,
-                    load,
-                    format!("{p}.self_attn.k_norm.weight"),
-                    c.head_dim,
-                )?,
-                post_norm: load(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_proj: load(&format!("{p}.mlp.gate_proj.weight"), &[i, h])?,
-                up_proj: load(&format!("{p}.mlp.up_proj.weight"), &[i, h])?,
-                down_proj: load(&format!("{p}.mlp.down_proj.weight"), &[h, i])?,
-                gate_bias: opt(c.mlp_bias, load, format!("{p}.mlp.gate_proj.bias"), i)?,
-                up_bias: opt(c.mlp_bias, load, format!("{p}.mlp.up_proj.bias"), i)?,
-                down_bias: opt(c.mlp_bias, load, format!("{p}.mlp.down_proj.bias"), h)?,
-            });
-        }
-        let norm = load("model.norm.weight", &[h])?;
+        let cell: RefCell<&mut Loader> = RefCell::new(load);
+        let vb = Vb::root(&cell);
+        let m = vb.pp("model");
+        let embed = m
+            .pp("embed_tokens")
+            .get("weight", &[c.vocab_size, c.hidden_size])?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|l| DecoderLayer::new(c, m.pp("layers").pp(l)))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::new(m.pp("norm"), c.hidden_size, c.rms_norm_eps)?;
         // Some tied checkpoints still store lm_head.weight; tying wins, as in transformers.
-        let lm_head = if c.tie_word_embeddings {
-            None
+        let tied = c.tie_word_embeddings;
+        let lm_head = if tied {
+            Linear::tied(embed.clone())
         } else {
-            Some(load("lm_head.weight", &[c.vocab_size, h])?)
+            Linear::new(vb.pp("lm_head"), c.vocab_size, c.hidden_size, false)?
         };
-        let inv_freq: Vec<f32> = c.rope_inv_freq().iter().map(|&x| x as f32).collect();
-        let inv_freq = Tensor::from_vec(inv_freq, c.head_dim / 2, device)?;
         Ok(Self {
+            rotary: Rotary::new(c, dtype, device),
             config,
             embed,
             layers,
             norm,
             lm_head,
-            inv_freq,
+            tied,
             device: device.clone(),
             dtype,
         })
@@ -261,6 +166,11 @@ impl Model {
         Self::build(config, dtype, device, &mut load)
     }
 
+    /// The model configuration (config.json).
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         &self.device
@@ -271,194 +181,143 @@ impl Model {
         self.dtype
     }
 
-    /// Every trainable weight with its HuggingFace tensor name, in a fixed order. Tied models list
-    /// the embedding once (as `model.embed_tokens.weight`).
-    pub fn named_vars(&self) -> Vec<(String, &Var)> {
-        let mut v: Vec<(String, &Var)> = vec![("model.embed_tokens.weight".into(), &self.embed)];
-        for (l, layer) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{l}");
-            v.push((format!("{p}.input_layernorm.weight"), &layer.input_norm));
-            v.push((format!("{p}.self_attn.q_proj.weight"), &layer.q_proj));
-            if let Some(b) = &layer.q_bias {
-                v.push((format!("{p}.self_attn.q_proj.bias"), b));
-            }
-            v.push((format!("{p}.self_attn.k_proj.weight"), &layer.k_proj));
-            if let Some(b) = &layer.k_bias {
-                v.push((format!("{p}.self_attn.k_proj.bias"), b));
-            }
-            v.push((format!("{p}.self_attn.v_proj.weight"), &layer.v_proj));
-            if let Some(b) = &layer.v_bias {
-                v.push((format!("{p}.self_attn.v_proj.bias"), b));
-            }
-            v.push((format!("{p}.self_attn.o_proj.weight"), &layer.o_proj));
-            if let Some(b) = &layer.o_bias {
-                v.push((format!("{p}.self_attn.o_proj.bias"), b));
-            }
-            if let Some(n) = &layer.q_norm {
-                v.push((format!("{p}.self_attn.q_norm.weight"), n));
-            }
-            if let Some(n) = &layer.k_norm {
-                v.push((format!("{p}.self_attn.k_norm.weight"), n));
-            }
-            v.push((
-                format!("{p}.post_attention_layernorm.weight"),
-                &layer.post_norm,
-            ));
-            v.push((format!("{p}.mlp.gate_proj.weight"), &layer.gate_proj));
-            if let Some(b) = &layer.gate_bias {
-                v.push((format!("{p}.mlp.gate_proj.bias"), b));
-            }
-            v.push((format!("{p}.mlp.up_proj.weight"), &layer.up_proj));
-            if let Some(b) = &layer.up_bias {
-                v.push((format!("{p}.mlp.up_proj.bias"), b));
-            }
-            v.push((format!("{p}.mlp.down_proj.weight"), &layer.down_proj));
-            if let Some(b) = &layer.down_bias {
-                v.push((format!("{p}.mlp.down_proj.bias"), b));
-            }
+    /// The params in checkpoint order (the one weight list).
+    fn params(&self) -> Vec<&Param> {
+        let mut v = vec![&self.embed];
+        for layer in &self.layers {
+            layer.params(&mut v);
         }
-        v.push(("model.norm.weight".into(), &self.norm));
-        if let Some(h) = &self.lm_head {
-            v.push(("lm_head.weight".into(), h));
+        v.push(&self.norm.weight);
+        if !self.tied {
+            v.push(&self.lm_head.weight);
         }
         v
     }
 
-    fn w(&self, v: &Var, grad: bool) -> Tensor {
-        if grad {
-            v.as_tensor().clone()
-        } else {
-            v.as_tensor().detach()
-        }
+    /// Every trainable weight with its HuggingFace tensor name, in a fixed order (embedding,
+    /// layers, final norm, lm_head). Tied models list the embedding once (as
+    /// `model.embed_tokens.weight`).
+    pub fn named_vars(&self) -> Vec<(String, &Var)> {
+        self.params()
+            .into_iter()
+            .map(|p| (p.name.clone(), &p.var))
+            .collect()
     }
 
-    fn wo(&self, v: &Option<Var>, grad: bool) -> Option<Tensor> {
-        v.as_ref().map(|v| self.w(v, grad))
+    /// The weight named `name` (a checkpoint name, as in [`Model::named_vars`]), if the model has it.
+    pub fn var(&self, name: &str) -> Option<&Var> {
+        self.params()
+            .into_iter()
+            .find(|p| p.name == name)
+            .map(|p| &p.var)
     }
 
-    /// Runs the decoder stack and the final norm.
+    /// The lm_head weight `[vocab, hidden]` (the embedding when tied), detached.
+    pub fn head_weight(&self) -> &Tensor {
+        self.lm_head.weight.get(false)
+    }
+
+    /// Copies `weights` (checkpoint name → tensor) into the model's weights in place, converted
+    /// to the model's dtype and device; weights not listed keep their values, and
+    /// `lm_head.weight` of a tied model is skipped (tying wins, as when loading). A tensor that
+    /// already is the weight's storage (a model sharing its weights) is left as it is.
     ///
-    /// - `ids`: `[B, T]` u32 token ids of the new positions.
-    /// - `positions`: `[B, T]` rotary positions of those tokens.
+    /// Errors: an unknown name or a shape mismatch (nothing is copied then), tensor errors.
+    pub fn load_named(&self, weights: &[(String, Tensor)]) -> Result<()> {
+        let params = self.params();
+        let mut plan = Vec::with_capacity(weights.len());
+        for (name, t) in weights {
+            if self.tied && name == "lm_head.weight" {
+                continue;
+            }
+            let p = params.iter().find(|p| &p.name == name).ok_or_else(|| {
+                ModelError::Invalid(format!("load_named: the model has no weight `{name}`"))
+            })?;
+            if t.dims() != p.var.dims() {
+                return Err(ModelError::Invalid(format!(
+                    "load_named: `{name}` has shape {:?}, the model's is {:?}",
+                    t.dims(),
+                    p.var.dims()
+                )));
+            }
+            plan.push((p, t));
+        }
+        for (p, t) in plan {
+            if same_storage(p.var.as_tensor(), t) {
+                continue;
+            }
+            p.var
+                .set(&t.to_device(&self.device)?.to_dtype(self.dtype)?)?;
+        }
+        Ok(())
+    }
+
+    /// The one forward: runs the decoder stack and the final norm over `ids` `[B, T]`.
+    ///
+    /// - `positions`: `B·T` rotary positions (row-major), e.g. from [`position_ids`].
     /// - `bias`: `[B, 1, T, S]` additive attention bias (0 visible, [`MASK_BIAS`] hidden) over the
-    ///   S = cached + T key positions.
+    ///   S = cached + T key positions; a `[B, 1, 1, S]` bias broadcasts over the T queries.
     /// - `cache`: when given, keys/values of earlier positions are read from it and the new ones
-    ///   appended.
-    /// - `grad`: build the autograd graph through the weights.
+    ///   stored (prefill and decode); on the CPU in f32 a forward of at most
+    ///   `rlvr_kernels::skinny::MAX_ROWS` positions then takes the skinny matmul kernel.
+    /// - `grad`: build the autograd graph through the weights (training).
     ///
     /// Returns the final hidden states `[B, T, hidden]` in the compute dtype.
+    ///
+    /// Errors: `positions` not `B·T` long, shapes that disagree, a full cache.
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        positions: &[u32],
+        bias: &Tensor,
+        mut cache: Option<&mut dyn KvStore>,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if positions.len() != b * t {
+            return Err(ModelError::Invalid(format!(
+                "positions hold {} entries for ids of shape [{b}, {t}]",
+                positions.len()
+            )));
+        }
+        let pass = Pass {
+            grad,
+            fast: cache.is_some() && !grad,
+        };
+        let rope = self.rotary.forward(positions, b, t)?;
+        let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
+        let mut x = self
+            .embed
+            .get(grad)
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, self.config.hidden_size))?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let store = cache.as_deref_mut().map(|c| (c, li));
+            x = layer.forward(&x, &rope, &bias, store, pass)?;
+        }
+        if let Some(c) = cache {
+            c.commit(t)?;
+        }
+        self.norm.forward(&x, pass)
+    }
+
+    /// [`Model::forward`] with positions given per row, `[B][T]`.
     pub fn forward_hidden(
         &self,
         ids: &Tensor,
         positions: &[Vec<u32>],
         bias: &Tensor,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut dyn KvStore>,
         grad: bool,
     ) -> Result<Tensor> {
-        let c = &self.config;
-        let (b, t) = ids.dims2()?;
-        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let rep = nh / nkv;
-        // Rotary tables [B, T, 1, hd] from positions.
-        let pos: Vec<f32> = positions.iter().flatten().map(|&p| p as f32).collect();
-        if pos.len() != b * t {
-            return Err(ModelError::Invalid(format!(
-                "positions hold {} entries for ids of shape [{b}, {t}]",
-                pos.len()
-            )));
-        }
-        let pos = Tensor::from_vec(pos, (b, t, 1), &self.device)?;
-        let freqs = pos.broadcast_mul(&self.inv_freq.reshape((1, 1, hd / 2))?)?;
-        let freqs = Tensor::cat(&[&freqs, &freqs], D::Minus1)?;
-        let cos = freqs.cos()?.to_dtype(self.dtype)?.unsqueeze(2)?;
-        let sin = freqs.sin()?.to_dtype(self.dtype)?.unsqueeze(2)?;
-        let rope = |x: &Tensor| -> Result<Tensor> {
-            Ok((x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?)?)
-        };
-        let acc = upcast(self.dtype);
-        let bias = bias.to_dtype(acc)?.unsqueeze(2)?; // [B,1,1,T,S]
-        let scale = 1.0 / (hd as f64).sqrt();
-
-        let embed = self.w(&self.embed, grad);
-        let mut x = embed
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, c.hidden_size))?;
-        for (li, layer) in self.layers.iter().enumerate() {
-            let residual = x.clone();
-            let hn = rms_norm(&x, &self.w(&layer.input_norm, grad), c.rms_norm_eps)?;
-            let qb = self.wo(&layer.q_bias, grad);
-            let kb = self.wo(&layer.k_bias, grad);
-            let vb = self.wo(&layer.v_bias, grad);
-            let q =
-                linear(&hn, &self.w(&layer.q_proj, grad), qb.as_ref())?.reshape((b, t, nh, hd))?;
-            let k =
-                linear(&hn, &self.w(&layer.k_proj, grad), kb.as_ref())?.reshape((b, t, nkv, hd))?;
-            let v =
-                linear(&hn, &self.w(&layer.v_proj, grad), vb.as_ref())?.reshape((b, t, nkv, hd))?;
-            let (q, k) = match (&layer.q_norm, &layer.k_norm) {
-                (Some(qn), Some(kn)) => (
-                    rms_norm(&q, &self.w(qn, grad), c.rms_norm_eps)?,
-                    rms_norm(&k, &self.w(kn, grad), c.rms_norm_eps)?,
-                ),
-                _ => (q, k),
-            };
-            let q = rope(&q)?.transpose(1, 2)?.contiguous()?; // [B, nh, T, hd]
-            let k = rope(&k)?.transpose(1, 2)?.contiguous()?; // [B, nkv, T, hd]
-            let v = v.transpose(1, 2)?.contiguous()?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(cache) => {
-                    let slot = &mut cache.layers[li];
-                    let (k, v) = match slot.take() {
-                        None => (k, v),
-                        Some((pk, pv)) => {
-                            (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?)
-                        }
-                    };
-                    *slot = Some((k.clone(), v.clone()));
-                    (k, v)
-                }
-                None => (k, v),
-            };
-            let s = k.dim(2)?;
-            // Grouped-query attention without repeating K/V: the `rep` query heads of one KV
-            // head are stacked along the row axis.
-            let qg = q.reshape((b, nkv, rep * t, hd))?;
-            let scores = (qg.matmul(&k.t()?)? * scale)?; // [B, nkv, rep*T, S]
-            let scores = scores
-                .to_dtype(acc)?
-                .reshape((b, nkv, rep, t, s))?
-                .broadcast_add(&bias)?;
-            let p = softmax(&scores)?
-                .to_dtype(self.dtype)?
-                .reshape((b, nkv, rep * t, s))?;
-            let o = p.matmul(&v)?; // [B, nkv, rep*T, hd]
-            let o = o
-                .reshape((b, nh, t, hd))?
-                .transpose(1, 2)?
-                .reshape((b, t, nh * hd))?;
-            let ob = self.wo(&layer.o_bias, grad);
-            let o = linear(&o, &self.w(&layer.o_proj, grad), ob.as_ref())?;
-            x = (residual + o)?;
-            let residual = x.clone();
-            let hn = rms_norm(&x, &self.w(&layer.post_norm, grad), c.rms_norm_eps)?;
-            let gb = self.wo(&layer.gate_bias, grad);
-            let ub = self.wo(&layer.up_bias, grad);
-            let db = self.wo(&layer.down_bias, grad);
-            let g = linear(&hn, &self.w(&layer.gate_proj, grad), gb.as_ref())?.silu()?;
-            let u = linear(&hn, &self.w(&layer.up_proj, grad), ub.as_ref())?;
-            let m = linear(&(g * u)?, &self.w(&layer.down_proj, grad), db.as_ref())?;
-            x = (residual + m)?;
-        }
-        rms_norm(&x, &self.w(&self.norm, grad), c.rms_norm_eps)
+        let flat: Vec<u32> = positions.iter().flatten().copied().collect();
+        self.forward(ids, &flat, bias, cache, grad)
     }
 
-    /// Logits `[.., vocab]` (compute dtype) of final hidden states `[.., hidden]`.
+    /// Logits `[.., vocab]` (compute dtype) of final hidden states `[.., hidden]`. Without
+    /// `grad`, on the CPU in f32, a few rows take the skinny matmul kernel.
     pub fn lm_head(&self, hidden: &Tensor, grad: bool) -> Result<Tensor> {
-        let w = match &self.lm_head {
-            Some(h) => self.w(h, grad),
-            None => self.w(&self.embed, grad),
-        };
-        linear(hidden, &w, None)
+        self.lm_head.forward(hidden, Pass { grad, fast: !grad })
     }
 
     /// Builds the additive attention bias `[B, 1, T, S]` for `T` new positions after `past`
@@ -487,255 +346,6 @@ impl Model {
         Ok(Tensor::from_vec(data, (b, 1, t, s), &self.device)?)
     }
 
-    /// Per-token log-probs of the next token for a padded batch — the training forward.
-    ///
-    /// - `ids`: `[B][T]` token ids, left or right padded (any pad id).
-    /// - `mask`: `[B][T]`, 1 for real tokens, 0 for padding.
-    /// - `start`: first position t whose next token is scored; positions before it get no
-    ///   lm_head logits (pass the shortest prompt length − 1 to score completions only).
-    /// - `temperature`: logits are divided by it before the log-softmax (DESIGN.md section 3).
-    /// - `with_entropy`: also return per-token entropy.
-    /// - `grad`: build the autograd graph (training); false for scoring only.
-    ///
-    /// Returns `[B, T-1-start]` tensors (f32; f64 for an f64 model); see [`LogProbs`].
-    pub fn token_logprobs(
-        &self,
-        ids: &[Vec<u32>],
-        mask: &[Vec<u32>],
-        start: usize,
-        temperature: f64,
-        with_entropy: bool,
-        grad: bool,
-    ) -> Result<LogProbs> {
-        self.logprobs_impl(ids, mask, start, None, temperature, with_entropy, grad)
-    }
-
-    /// [`Model::token_logprobs`] at chosen positions only: row r's outputs are the log-probs (and
-    /// entropies) at positions `start + at[r][j]` (j-th entry; each `< T − 1 − start`), packed to
-    /// `[B, C]` with C = the longest `at[r]` and exact 0 after each row's last entry.
-    ///
-    /// Only those positions reach the lm_head: the trainer passes each row's completion positions,
-    /// so neither the padding of shorter completions nor a longer prompt's own positions cost
-    /// lm_head work (the head is most of a training step at a 151936-token vocabulary). Values and
-    /// gradients at the listed positions equal [`Model::token_logprobs`]' (tested).
-    ///
-    /// # Errors
-    /// As [`Model::token_logprobs`], and a position past the scored ones.
-    #[allow(clippy::too_many_arguments)]
-    pub fn token_logprobs_at(
-        &self,
-        ids: &[Vec<u32>],
-        mask: &[Vec<u32>],
-        start: usize,
-        at: &[Vec<usize>],
-        temperature: f64,
-        with_entropy: bool,
-        grad: bool,
-    ) -> Result<LogProbs> {
-        if at.len() != ids.len() {
-            return Err(ModelError::Invalid(format!(
-                "token_logprobs_at: {} position lists for {} rows",
-                at.len(),
-                ids.len()
-            )));
-        }
-        self.logprobs_impl(ids, mask, start, Some(at), temperature, with_entropy, grad)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn logprobs_impl(
-        &self,
-        ids: &[Vec<u32>],
-        mask: &[Vec<u32>],
-        start: usize,
-        at: Option<&[Vec<usize>]>,
-        temperature: f64,
-        with_entropy: bool,
-        grad: bool,
-    ) -> Result<LogProbs> {
-        let b = ids.len();
-        let t = ids.first().map(|r| r.len()).unwrap_or(0);
-        if b == 0 || t < 2 || start + 1 >= t {
-            return Err(ModelError::Invalid(format!(
-                "token_logprobs needs B >= 1 and start + 1 < T (B {b}, T {t}, start {start})"
-            )));
-        }
-        if ids.iter().any(|r| r.len() != t) || mask.len() != b || mask.iter().any(|r| r.len() != t)
-        {
-            return Err(ModelError::Invalid(
-                "ids and mask must both be [B, T]".into(),
-            ));
-        }
-        if temperature <= 0.0 || !temperature.is_finite() {
-            return Err(ModelError::Invalid(format!(
-                "temperature must be positive, got {temperature}"
-            )));
-        }
-        let vocab = self.config.vocab_size as u32;
-        if let Some(&bad) = ids.iter().flatten().find(|&&x| x >= vocab) {
-            return Err(ModelError::Invalid(format!(
-                "token id {bad} is outside the vocabulary (size {vocab})"
-            )));
-        }
-        let flat: Vec<u32> = ids.iter().flatten().copied().collect();
-        let ids_t = Tensor::from_vec(flat, (b, t), &self.device)?;
-        let pos = position_ids(mask);
-        let bias = self.attention_bias(mask, 0, t)?;
-        let hidden = self.forward_hidden(&ids_t, &pos, &bias, None, grad)?;
-        let n = t - 1 - start;
-        let h = hidden
-            .narrow(1, start, n)?
-            .reshape((b * n, self.config.hidden_size))?;
-        let targets = ids_t.narrow(1, start + 1, n)?.contiguous()?.flatten_all()?;
-        match at {
-            None => {
-                let (lp, ent) = self.head(&h, &targets, temperature, with_entropy, grad)?;
-                Ok(LogProbs {
-                    logprobs: lp.reshape((b, n))?,
-                    entropy: ent.map(|e| e.reshape((b, n))).transpose()?,
-                })
-            }
-            Some(at) => {
-                // Only the listed positions reach the lm_head; the rest of [B, C] is 0.
-                let c = at.iter().map(Vec::len).max().unwrap_or(0);
-                let mut sel = Vec::new();
-                let mut back = Vec::with_capacity(b * c);
-                for (r, row) in at.iter().enumerate() {
-                    for &p in row {
-                        if p >= n {
-                            return Err(ModelError::Invalid(format!(
-                                "token_logprobs_at: position {p} of row {r} is past the {n} scored positions"
-                            )));
-                        }
-                        back.push(sel.len() as u32);
-                        sel.push((r * n + p) as u32);
-                    }
-                    back.extend(std::iter::repeat_n(u32::MAX, c - row.len()));
-                }
-                let k = sel.len();
-                for x in back.iter_mut().filter(|x| **x == u32::MAX) {
-                    *x = k as u32; // the zero row appended below
-                }
-                let sel = Tensor::from_vec(sel, k, &self.device)?;
-                let back = Tensor::from_vec(back, b * c, &self.device)?;
-                let (lp, ent) = if k == 0 {
-                    (None, None)
-                } else {
-                    let (lp, ent) = self.head(
-                        &h.index_select(&sel, 0)?,
-                        &targets.index_select(&sel, 0)?,
-                        temperature,
-                        with_entropy,
-                        grad,
-                    )?;
-                    (Some(lp), ent)
-                };
-                let place = |x: Option<Tensor>| -> Result<Tensor> {
-                    let dt = upcast(self.dtype);
-                    let zero = Tensor::zeros(1, dt, &self.device)?;
-                    let x = match x {
-                        Some(x) => Tensor::cat(&[&x.to_dtype(dt)?, &zero], 0)?,
-                        None => zero,
-                    };
-                    Ok(x.index_select(&back, 0)?.reshape((b, c))?)
-                };
-                let entropy = if with_entropy {
-                    Some(place(ent)?)
-                } else {
-                    None
-                };
-                Ok(LogProbs {
-                    logprobs: place(lp)?,
-                    entropy,
-                })
-            }
-        }
-    }
-
-    /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
-    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere).
-    fn head(
-        &self,
-        h: &Tensor,
-        targets: &Tensor,
-        temperature: f64,
-        with_entropy: bool,
-        grad: bool,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        let n = h.dim(0)?;
-        if self.device.is_cpu() && self.dtype == DType::F32 && !crate::chunked::forced_on_cpu() {
-            // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
-            // [N, V] logits never exist (crate::fused::LmHeadLogprobOp).
-            let w = match &self.lm_head {
-                Some(head) => self.w(head, grad),
-                None => self.w(&self.embed, grad),
-            };
-            // Training keeps the logits for the backward when they fit in STASH_MAX_BYTES.
-            let stash = if grad {
-                let v = self.config.vocab_size;
-                crate::fused::LogitStash::within(n, v, crate::fused::STASH_MAX_BYTES)
-            } else {
-                None
-            };
-            let op = crate::fused::LmHeadLogprobOp {
-                targets: std::sync::Arc::new(targets.to_vec1()?),
-                inv_t: (1.0 / temperature) as f32,
-                entropy: with_entropy,
-                stash,
-            };
-            let out = h.contiguous()?.apply_op2(&w, op)?;
-            let lp = out.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
-            let ent = if with_entropy {
-                Some(out.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?)
-            } else {
-                None
-            };
-            Ok((lp, ent))
-        } else {
-            // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
-            // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
-            let w = match &self.lm_head {
-                Some(head) => self.w(head, grad),
-                None => self.w(&self.embed, grad),
-            };
-            let chunk =
-                crate::chunked::chunk_width(n, self.config.vocab_size, crate::chunked::CHUNK_ELEMS);
-            crate::chunked::chunked_logprobs(
-                &h.contiguous()?,
-                &w,
-                &targets.to_vec1()?,
-                temperature,
-                with_entropy,
-                chunk,
-                grad,
-            )
-        }
-    }
-
-    /// Reference implementation of the log-prob/entropy head: `log_softmax(logits / T)` gathered
-    /// at `targets` `[B, n]`, entropy `−Σ p·log p`. Used off-CPU and for f64; the fused CPU op is
-    /// tested against it.
-    pub fn logprobs_unfused(
-        logits: &Tensor,
-        targets: &Tensor,
-        temperature: f64,
-        with_entropy: bool,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        let logits = if temperature != 1.0 {
-            (logits / temperature)?
-        } else {
-            logits.clone()
-        };
-        let logp = log_softmax(&logits)?; // [B, n, V]
-        let lp = logp.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?;
-        let entropy = if with_entropy {
-            Some((logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?)
-        } else {
-            None
-        };
-        Ok((lp, entropy))
-    }
-
     /// Inference forward for sampling: runs `ids` `[B, T]` (new positions) against `cache`,
     /// appending their keys/values, and returns logits `[B, vocab]` (f32) of the last new
     /// position only. `key_mask` is `[B][cached + T]`; `positions` `[B][T]`.
@@ -744,7 +354,7 @@ impl Model {
         ids: &[Vec<u32>],
         positions: &[Vec<u32>],
         key_mask: &[Vec<u32>],
-        cache: &mut KvCache,
+        cache: &mut dyn KvStore,
     ) -> Result<Tensor> {
         let b = ids.len();
         let t = ids.first().map(|r| r.len()).unwrap_or(0);
@@ -760,44 +370,17 @@ impl Model {
     /// A deep copy: new [`Var`]s holding copies of every weight (for a frozen reference policy or
     /// an explorer that samples while the trainer updates).
     pub fn try_clone(&self) -> Result<Self> {
-        let cp = |v: &Var| -> Result<Var> { Ok(Var::from_tensor(&v.as_tensor().copy()?)?) };
-        let cpo = |v: &Option<Var>| -> Result<Option<Var>> { v.as_ref().map(cp).transpose() };
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(Layer {
-                    input_norm: cp(&l.input_norm)?,
-                    q_proj: cp(&l.q_proj)?,
-                    k_proj: cp(&l.k_proj)?,
-                    v_proj: cp(&l.v_proj)?,
-                    o_proj: cp(&l.o_proj)?,
-                    q_bias: cpo(&l.q_bias)?,
-                    k_bias: cpo(&l.k_bias)?,
-                    v_bias: cpo(&l.v_bias)?,
-                    o_bias: cpo(&l.o_bias)?,
-                    q_norm: cpo(&l.q_norm)?,
-                    k_norm: cpo(&l.k_norm)?,
-                    post_norm: cp(&l.post_norm)?,
-                    gate_proj: cp(&l.gate_proj)?,
-                    up_proj: cp(&l.up_proj)?,
-                    down_proj: cp(&l.down_proj)?,
-                    gate_bias: cpo(&l.gate_bias)?,
-                    up_bias: cpo(&l.up_bias)?,
-                    down_bias: cpo(&l.down_bias)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            config: self.config.clone(),
-            embed: cp(&self.embed)?,
-            layers,
-            norm: cp(&self.norm)?,
-            lm_head: cpo(&self.lm_head)?,
-            inv_freq: self.inv_freq.clone(),
-            device: self.device.clone(),
-            dtype: self.dtype,
-        })
+        let params = self.params();
+        let mut copy = |name: &str, _shape: &[usize]| -> Result<Var> {
+            let p = params
+                .iter()
+                .find(|p| p.name == name)
+                .expect("the same config builds the same weight list");
+            Ok(Var::from_tensor(&p.var.as_tensor().copy()?)?)
+        };
+        let mut m = Self::build(self.config.clone(), self.dtype, &self.device, &mut copy)?;
+        m.rotary = self.rotary.clone();
+        Ok(m)
     }
 
     /// Writes config.json (transformers-4 style) and model.safetensors (weights in `dtype`)

@@ -8,8 +8,8 @@
 //! bf16 ulp (an lr-1e-6 step on a weight of magnitude ≥ 2⁻¹² ≈ 2.4e-4) thus accumulate in the
 //! master instead of vanishing. f32 and f64 parameters are updated directly (no master).
 
-use candle_core::{backprop::GradStore, CpuStorage, DType, Layout, Tensor, Var};
-use rayon::prelude::*;
+use candle_core::{backprop::GradStore, DType, Tensor, Var};
+use rlvr_kernels::adamw::{AddAssign, MomentUpdate, ParamUpdate};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -274,23 +274,6 @@ impl AdamW {
     }
 }
 
-/// Elements per parallel task in the fused update passes.
-const UPDATE_CHUNK: usize = 1 << 15;
-
-fn contiguous<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(d), Some((a, b))) => Ok(&d[a..b]),
-        _ => candle_core::bail!("AdamW: fused update needs contiguous f32 tensors"),
-    }
-}
-
-fn contiguous_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> candle_core::Result<&'a mut [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(d), Some((a, b))) => Ok(&mut d[a..b]),
-        _ => candle_core::bail!("AdamW: fused update needs contiguous f32 tensors"),
-    }
-}
-
 /// A gradient sum over micro-batches, `Σ_m g_m`, kept per parameter.
 ///
 /// The first gradient is held as given (no copy); the second makes a fresh sum tensor that this
@@ -335,120 +318,6 @@ impl GradAccumulator {
     /// The sum so far, if any.
     pub fn get(&self) -> Option<&Tensor> {
         self.sum.as_ref()
-    }
-}
-
-/// In place: `dst += src` (f32, contiguous, same length).
-struct AddAssign;
-
-impl candle_core::InplaceOp2 for AddAssign {
-    fn name(&self) -> &'static str {
-        "add-assign"
-    }
-
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        src: &CpuStorage,
-        sl: &Layout,
-    ) -> candle_core::Result<()> {
-        let x = contiguous_mut(dst, dl)?;
-        let g = contiguous(src, sl)?;
-        if x.len() != g.len() {
-            candle_core::bail!("gradient sum of {} elements += {}", x.len(), g.len());
-        }
-        x.par_chunks_mut(UPDATE_CHUNK)
-            .zip(g.par_chunks(UPDATE_CHUNK))
-            .for_each(|(x, g)| x.iter_mut().zip(g).for_each(|(x, &g)| *x += g));
-        Ok(())
-    }
-}
-
-/// In place on a moment: `x ← β·x + (1 − β)·g` (or `g²` when `square`).
-struct MomentUpdate {
-    beta: f32,
-    square: bool,
-}
-
-impl candle_core::InplaceOp2 for MomentUpdate {
-    fn name(&self) -> &'static str {
-        "adamw-moment"
-    }
-
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        src: &CpuStorage,
-        sl: &Layout,
-    ) -> candle_core::Result<()> {
-        let x = contiguous_mut(dst, dl)?;
-        let g = contiguous(src, sl)?;
-        if x.len() != g.len() {
-            candle_core::bail!("AdamW: moment of {} for a gradient of {}", x.len(), g.len());
-        }
-        let (b, a) = (self.beta, 1.0 - self.beta);
-        let sq = self.square;
-        x.par_chunks_mut(UPDATE_CHUNK)
-            .zip(g.par_chunks(UPDATE_CHUNK))
-            .for_each(|(x, g)| {
-                if sq {
-                    x.iter_mut()
-                        .zip(g)
-                        .for_each(|(x, &g)| *x = b * *x + a * (g * g));
-                } else {
-                    x.iter_mut().zip(g).for_each(|(x, &g)| *x = b * *x + a * g);
-                }
-            });
-        Ok(())
-    }
-}
-
-/// In place on a parameter: `θ ← θ·decay − lr · (m·inv_bc1) / (√(v·inv_bc2) + ε)`.
-#[derive(Clone, Copy)]
-struct ParamUpdate {
-    decay: f32,
-    lr: f32,
-    inv_bc1: f32,
-    inv_bc2: f32,
-    eps: f32,
-}
-
-impl candle_core::InplaceOp3 for ParamUpdate {
-    fn name(&self) -> &'static str {
-        "adamw-param"
-    }
-
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<()> {
-        let p = contiguous_mut(dst, dl)?;
-        let (m, v) = (contiguous(s1, l1)?, contiguous(s2, l2)?);
-        if p.len() != m.len() || p.len() != v.len() {
-            candle_core::bail!("AdamW: parameter and moments differ in size");
-        }
-        let ParamUpdate {
-            decay,
-            lr,
-            inv_bc1,
-            inv_bc2,
-            eps,
-        } = *self;
-        p.par_chunks_mut(UPDATE_CHUNK)
-            .zip(m.par_chunks(UPDATE_CHUNK).zip(v.par_chunks(UPDATE_CHUNK)))
-            .for_each(|(p, (m, v))| {
-                for ((p, &m), &v) in p.iter_mut().zip(m).zip(v) {
-                    *p = *p * decay - lr * (m * inv_bc1) / ((v * inv_bc2).sqrt() + eps);
-                }
-            });
-        Ok(())
     }
 }
 

@@ -34,7 +34,7 @@ fn fused_head_matches_unfused_in_value_and_gradient() {
                 Var::from_tensor(&Tensor::from_vec(data.clone(), (b, n, v), &Device::Cpu).unwrap())
                     .unwrap();
             let (lp, ent) = if fused {
-                let op = rlvr_model::fused::TokenLogprobOp {
+                let op = rlvr_kernels::TokenLogprobOp {
                     targets: std::sync::Arc::new(targets.clone()),
                     inv_t: (1.0 / temperature) as f32,
                     entropy: with_entropy,

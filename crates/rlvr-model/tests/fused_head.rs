@@ -6,7 +6,7 @@
 //! through either head (the model's training forward keeps the logits).
 
 use candle_core::{DType, Device, Tensor, Var};
-use rlvr_model::fused::LmHeadLogprobOp;
+use rlvr_kernels::LmHeadLogprobOp;
 use rlvr_model::ops::linear;
 use rlvr_model::Model;
 
@@ -179,7 +179,7 @@ fn tied_model_gradients_match_through_either_head() {
         "/tests/fixtures/qwen2_bias_tied"
     );
     let model = Model::load(std::path::Path::new(dir), DType::F32, &Device::Cpu).unwrap();
-    assert!(model.lm_head.is_none());
+    assert!(model.var("lm_head.weight").is_none());
     let ids = vec![
         vec![0u32, 0, 5, 9, 30, 17, 4],
         vec![7, 8, 9, 10, 11, 12, 13],

@@ -82,7 +82,7 @@ fn check(name: &str, dtype: DType, tol: f64) -> f64 {
         let t = case.input_ids[0].len();
         let ids0 = vec![case.input_ids[0].clone()];
         let mask0 = vec![case.attention_mask[0].clone()];
-        let mut cache = rlvr_model::KvCache::new(model.config.num_hidden_layers);
+        let mut cache = rlvr_model::KvCache::new(model.config().num_hidden_layers);
         let pos = rlvr_model::model::position_ids(&mask0);
         let logits: Vec<f32> = model
             .forward_cached(&ids0, &pos, &mask0, &mut cache)
@@ -334,7 +334,7 @@ fn saved_model_reloads_bit_identical() {
     let tmp = tempfile::tempdir().unwrap();
     model.save(tmp.path(), DType::F32).unwrap();
     let again = Model::load(tmp.path(), DType::F32, &Device::Cpu).unwrap();
-    assert_eq!(again.config.head_dim, 32);
+    assert_eq!(again.config().head_dim, 32);
     for ((n1, v1), (n2, v2)) in model.named_vars().iter().zip(again.named_vars().iter()) {
         assert_eq!(n1, n2);
         let a: Vec<f32> = v1.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
@@ -399,8 +399,9 @@ fn try_clone_is_a_deep_copy() {
         .unwrap();
     assert_eq!(a, b);
     // Changing the original leaves the copy alone.
-    let e = model.embed.as_tensor();
-    model.embed.set(&(e * 2.0).unwrap()).unwrap();
+    let embed = model.var("model.embed_tokens.weight").unwrap();
+    let e = embed.as_tensor();
+    embed.set(&(e * 2.0).unwrap()).unwrap();
     let c: Vec<Vec<f32>> = copy
         .token_logprobs(&ids, &mask, 0, 1.0, false, false)
         .unwrap()

@@ -111,6 +111,19 @@ fn main() {
             "(3,\\frac{\\pi}{2})".into(),
         ),
         (
+            "math, multi-answer gold, every box read",
+            Box::new(MathVerifier),
+            Box::new(|n| {
+                build(
+                    "",
+                    "If $x \\geq 2$ then $f(x) = 14{,}916$; try \\boxed{-2} and \\boxed{1}. ",
+                    "",
+                    n,
+                )
+            }),
+            "1 \\pm \\sqrt{2}, -2, 1".into(),
+        ),
+        (
             "countdown, answer tag then a long tail",
             Box::new(CountdownVerifier),
             Box::new(|n| {

@@ -55,6 +55,11 @@ pub struct RewardArgs {
     /// Score every line of this JSONL file instead of `--completion`.
     #[arg(long)]
     pub input: Option<PathBuf>,
+    /// Print to stderr how the gold and the answer were read and normalised and why they were judged
+    /// equal or not (MATH: parsed forms and the deciding steps; other tasks: the extracted values).
+    /// Stdout is unchanged.
+    #[arg(long)]
+    pub explain: bool,
 }
 
 /// One `--input` line. Other keys are ignored, and `text` is accepted for `completion`, so the output of
@@ -71,6 +76,33 @@ struct InputLine {
     numbers: Option<Vec<i64>>,
     #[serde(default)]
     target: Option<i64>,
+}
+
+/// Scores one sample, writing an explanation to `log` when `--explain` is on.
+fn score_one(
+    args: &RewardArgs,
+    v: &dyn Verifier,
+    sample: &Sample<'_>,
+    log: &mut dyn Write,
+    label: &str,
+) -> anyhow::Result<crate::Score> {
+    if !args.explain {
+        return Ok(v.score(sample)?);
+    }
+    let (s, text) = if args.task == RewardTask::Math {
+        MathVerifier.explain(sample)
+    } else {
+        let s = v.score(sample)?;
+        let t = format!(
+            "extracted: {:?}\ngold:      {:?}\nverdict:   {}\n",
+            s.extracted,
+            s.gold,
+            if s.correct { "equal" } else { "not equal" }
+        );
+        (s, t)
+    };
+    writeln!(log, "== {label}\n{text}").context("writing the explanation")?;
+    Ok(s)
 }
 
 fn verifier(args: &RewardArgs) -> Box<dyn Verifier> {
@@ -112,12 +144,26 @@ fn write_score(out: &mut dyn Write, s: &crate::Score) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `rlvr reward`, writing one JSON line per scored completion to `out`.
+/// Runs `rlvr reward`, writing one JSON line per scored completion to `out` (and, with `--explain`, the
+/// explanations to stderr).
 ///
 /// # Errors
 /// A missing `--completion`/`--input`, a missing reference (or countdown numbers/target), an unreadable
 /// input file, or a malformed input line (the error names the file, the 1-based line and the field).
 pub fn run(args: &RewardArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    run_with_log(args, out, &mut std::io::stderr())
+}
+
+/// [`run`] with the `--explain` text written to `log` instead of stderr (one block per completion,
+/// headed `== completion` or `== line N`).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_with_log(
+    args: &RewardArgs,
+    out: &mut dyn Write,
+    log: &mut dyn Write,
+) -> anyhow::Result<()> {
     let v = verifier(args);
     let Some(path) = &args.input else {
         let Some(completion) = &args.completion else {
@@ -129,7 +175,13 @@ pub fn run(args: &RewardArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             args.numbers.as_ref(),
             args.target,
         )?;
-        let s = v.score(&Sample::new(completion, &reference))?;
+        let s = score_one(
+            args,
+            v.as_ref(),
+            &Sample::new(completion, &reference),
+            log,
+            "completion",
+        )?;
         return write_score(out, &s);
     };
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -169,8 +221,7 @@ pub fn run(args: &RewardArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             completion: &row.completion,
             reference: &reference,
         };
-        let s = v
-            .score(&sample)
+        let s = score_one(args, v.as_ref(), &sample, log, &format!("line {lineno}"))
             .with_context(|| format!("{}:{lineno}", path.display()))?;
         write_score(out, &s)?;
     }

@@ -5,6 +5,8 @@
 //! rational and approximately otherwise. Parsing is recursive descent with a depth limit (64) and a node
 //! limit (2,000), so hostile input returns `None` instead of overflowing the stack.
 
+use crate::expr_fns::greek;
+pub use crate::expr_fns::Func;
 use crate::number::Rational;
 use std::collections::BTreeSet;
 
@@ -13,7 +15,8 @@ use std::collections::BTreeSet;
 pub enum Expr {
     /// An exact number.
     Num(Rational),
-    /// A single-letter variable (also `i`, `e`: treated as unknowns, compared symbolically by sampling).
+    /// A single-letter variable (`i` too: an unknown, compared symbolically by sampling); `e` is Euler's
+    /// number.
     Var(char),
     /// π.
     Pi,
@@ -31,6 +34,42 @@ pub enum Expr {
     Pow(Box<Expr>, Box<Expr>),
     /// Square root (or n-th root with an index).
     Root(Box<Expr>, Option<Box<Expr>>),
+    /// An elementary function applied to its argument (`\sin x`, `\ln(2)`).
+    Func(Func, Box<Expr>),
+    /// Factorial `n!` (exact for integers 0..=33, else undefined).
+    Fact(Box<Expr>),
+    /// Binomial coefficient `\binom{n}{k}` (exact for integers 0 <= k <= n <= 120, else undefined).
+    Binom(Box<Expr>, Box<Expr>),
+}
+
+/// `n!` for a small non-negative integer.
+fn factorial(n: Rational) -> Option<Rational> {
+    if !n.is_integer() || !(0..=33).contains(&n.numer()) {
+        return None;
+    }
+    let mut acc = Rational::from_int(1);
+    for k in 2..=n.numer() {
+        acc = acc.checked_mul(Rational::from_int(k))?;
+    }
+    Some(acc)
+}
+
+/// `n choose k` for small non-negative integers.
+fn binomial(n: Rational, k: Rational) -> Option<Rational> {
+    if !n.is_integer() || !k.is_integer() || !(0..=120).contains(&n.numer()) {
+        return None;
+    }
+    let (n, k) = (n.numer(), k.numer());
+    if !(0..=n).contains(&k) {
+        return None;
+    }
+    let mut acc = Rational::from_int(1);
+    for j in 0..k.min(n - k) {
+        acc = acc
+            .checked_mul(Rational::from_int(n - j))?
+            .checked_div(Rational::from_int(j + 1))?;
+    }
+    Some(acc)
 }
 
 /// An evaluated value: exact when every step was rational, always with an `f64` approximation.
@@ -76,6 +115,7 @@ impl Expr {
         };
         match self {
             Num(r) => Value::exact(*r),
+            Var('e') => Value::approx(std::f64::consts::E),
             Var(c) => Value::approx(vars(*c)),
             Pi => Value::approx(std::f64::consts::PI),
             Neg(a) => {
@@ -101,6 +141,16 @@ impl Expr {
                 },
                 f64::powf,
             ),
+            Func(f, a) => Value::approx(f.apply(a.eval(vars).approx)),
+            Fact(a) => a
+                .eval(vars)
+                .exact
+                .and_then(factorial)
+                .map_or(Value::approx(f64::NAN), Value::exact),
+            Binom(n, k) => match (n.eval(vars).exact, k.eval(vars).exact) {
+                (Some(n), Some(k)) => binomial(n, k).map_or(Value::approx(f64::NAN), Value::exact),
+                _ => Value::approx(f64::NAN),
+            },
             Root(a, n) => {
                 let x = a.eval(vars).approx;
                 match n {
@@ -115,11 +165,16 @@ impl Expr {
     pub fn vars(&self, out: &mut BTreeSet<char>) {
         use Expr::*;
         match self {
+            Var('e') => {}
             Var(c) => {
                 out.insert(*c);
             }
             Num(_) | Pi => {}
-            Neg(a) => a.vars(out),
+            Neg(a) | Func(_, a) | Fact(a) => a.vars(out),
+            Binom(a, b) => {
+                a.vars(out);
+                b.vars(out);
+            }
             Root(a, n) => {
                 a.vars(out);
                 if let Some(n) = n {
@@ -161,6 +216,83 @@ impl Parser<'_> {
     fn starts(&self, p: &str) -> bool {
         self.s[self.i..].starts_with(p.as_bytes())
     }
+    /// The command name at the cursor (`""` when the cursor is not on a command). Whitespace is gone
+    /// after normalisation (`\cos x` → `\cosx`), so a known name that prefixes the letter run is the
+    /// command (the longest such name) and the rest is read after it.
+    fn command_name(&self) -> &str {
+        if self.peek() != Some(b'\\') {
+            return "";
+        }
+        let rest = &self.s[self.i + 1..];
+        let n = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+        let run = std::str::from_utf8(&rest[..n]).unwrap_or("");
+        let known = |name: &str| {
+            matches!(name, "frac" | "sqrt" | "pi" | "binom" | "dbinom" | "tbinom")
+                || greek(name).is_some()
+                || Func::from_name(name).is_some()
+        };
+        (1..=run.len())
+            .rev()
+            .map(|k| &run[..k])
+            .find(|p| known(p))
+            .unwrap_or(run)
+    }
+
+    /// A function application after its name: optional `^exp` and `_base`, then `(..)`, `{..}` or an
+    /// implicit product of atoms (`\sin 2x`, stopping before the next function: `\sin x \cos x`).
+    fn function(&mut self, f: Func) -> Option<Expr> {
+        let mut exp = None;
+        let mut base = None;
+        for _ in 0..2 {
+            if self.eat(b'^') {
+                exp = Some(self.script()?);
+            } else if self.eat(b'_') && f == Func::Ln {
+                base = Some(self.script()?);
+            }
+        }
+        let arg = if matches!(self.peek(), Some(b'(') | Some(b'{')) {
+            self.power()?
+        } else {
+            let mut a = self.power()?;
+            while self.starts_atom() && Func::from_name(self.command_name()).is_none() {
+                a = Expr::Mul(Box::new(a), Box::new(self.power()?));
+            }
+            a
+        };
+        let minus_one = Expr::Neg(Box::new(Expr::Num(Rational::from_int(1))));
+        let (f, exp) = match (exp, f.inverse()) {
+            (Some(e), Some(inv)) if e == minus_one => (inv, None),
+            (e, _) => (f, e),
+        };
+        let mut e = Expr::Func(f, Box::new(arg));
+        if let Some(b) = base {
+            e = Expr::Div(Box::new(e), Box::new(Expr::Func(Func::Ln, Box::new(b))));
+        }
+        Some(match exp {
+            Some(x) => Expr::Pow(Box::new(e), Box::new(x)),
+            None => e,
+        })
+    }
+
+    /// A superscript or subscript: `{..}`, `-x`, or a single digit or letter.
+    fn script(&mut self) -> Option<Expr> {
+        if self.peek() == Some(b'{') {
+            self.atom()
+        } else if self.peek() == Some(b'-') {
+            self.unary()
+        } else {
+            let c = self.peek()?;
+            self.i += 1;
+            if c.is_ascii_digit() {
+                Some(Expr::Num(Rational::from_int((c - b'0') as i128)))
+            } else if c.is_ascii_alphabetic() {
+                Some(Expr::Var(c as char))
+            } else {
+                None
+            }
+        }
+    }
+
     fn enter(&mut self) -> Option<()> {
         self.depth += 1;
         self.nodes += 1;
@@ -186,7 +318,12 @@ impl Parser<'_> {
     fn starts_atom(&self) -> bool {
         match self.peek() {
             Some(c) if c.is_ascii_alphanumeric() || c == b'(' || c == b'{' || c == b'.' => true,
-            Some(b'\\') => self.starts("\\frac") || self.starts("\\sqrt") || self.starts("\\pi"),
+            Some(b'\\') => {
+                let name = self.command_name();
+                matches!(name, "frac" | "sqrt" | "pi" | "binom" | "dbinom" | "tbinom")
+                    || greek(name).is_some()
+                    || Func::from_name(name).is_some()
+            }
             _ => false,
         }
     }
@@ -224,24 +361,13 @@ impl Parser<'_> {
 
     fn power(&mut self) -> Option<Expr> {
         self.enter()?;
-        let base = self.atom()?;
+        let mut base = self.atom()?;
+        while self.eat(b'!') {
+            base = Expr::Fact(Box::new(base));
+        }
         let e = if self.eat(b'^') {
-            let exp = if self.peek() == Some(b'{') {
-                self.atom()?
-            } else if self.peek() == Some(b'-') {
-                self.unary()?
-            } else {
-                // A single digit or letter: `x^23` is x²·3 in LaTeX.
-                let c = self.peek()?;
-                self.i += 1;
-                if c.is_ascii_digit() {
-                    Expr::Num(Rational::from_int((c - b'0') as i128))
-                } else if c.is_ascii_alphabetic() {
-                    Expr::Var(c as char)
-                } else {
-                    return None;
-                }
-            };
+            // A single digit or letter: `x^23` is x²·3 in LaTeX.
+            let exp = self.script()?;
             Expr::Pow(Box::new(base), Box::new(exp))
         } else {
             base
@@ -299,6 +425,9 @@ impl Parser<'_> {
             self.group(b'(', b')')?
         } else if c == b'{' {
             self.group(b'{', b'}')?
+        } else if c == b'|' {
+            // `|x|`; not an implicit factor (`2|x|` is not read), so a closing bar is never an opening.
+            Expr::Func(Func::Abs, Box::new(self.group(b'|', b'|')?))
         } else if self.starts("\\frac") {
             self.i += 5;
             let n = self.group(b'{', b'}')?;
@@ -312,9 +441,20 @@ impl Parser<'_> {
                 None
             };
             Expr::Root(Box::new(self.group(b'{', b'}')?), index)
-        } else if self.starts("\\pi") {
+        } else if matches!(self.command_name(), "binom" | "dbinom" | "tbinom") {
+            self.i += 1 + self.command_name().len();
+            let n = self.group(b'{', b'}')?;
+            let k = self.group(b'{', b'}')?;
+            Expr::Binom(Box::new(n), Box::new(k))
+        } else if self.command_name() == "pi" {
             self.i += 3;
             Expr::Pi
+        } else if let Some(g) = greek(self.command_name()) {
+            self.i += 1 + self.command_name().len();
+            Expr::Var(g)
+        } else if let Some(f) = Func::from_name(self.command_name()) {
+            self.i += 1 + self.command_name().len();
+            self.function(f)?
         } else {
             return None;
         };

@@ -43,6 +43,41 @@ fn closes_for(text: &str, candidates: &[usize]) -> Vec<Option<usize>> {
     closes
 }
 
+/// Byte offsets of every `\\boxed`/`\\fbox` in `text`, found in one pass each: where each keyword ends
+/// (`starts`, sorted), where its argument begins after optional spaces (`opens`), the braced opens
+/// (`braced`, sorted) and each braced open's matching close (`closes`, `None` when unclosed).
+struct BoxScan {
+    starts: Vec<usize>,
+    opens: Vec<usize>,
+    braced: Vec<usize>,
+    closes: Vec<Option<usize>>,
+}
+
+/// Scans `text` once for the boxes that [`last_boxed`] and [`all_boxed`] read.
+fn scan_boxes(text: &str) -> BoxScan {
+    let mut starts: Vec<usize> = Vec::new();
+    for pat in ["\\boxed", "\\fbox"] {
+        starts.extend(text.match_indices(pat).map(|(i, p)| i + p.len()));
+    }
+    starts.sort_unstable();
+    let opens: Vec<usize> = starts
+        .iter()
+        .map(|&after| after + (text[after..].len() - text[after..].trim_start().len()))
+        .collect();
+    let braced: Vec<usize> = opens
+        .iter()
+        .copied()
+        .filter(|&o| text[o..].starts_with('{'))
+        .collect();
+    let closes = closes_for(text, &braced);
+    BoxScan {
+        starts,
+        opens,
+        braced,
+        closes,
+    }
+}
+
 /// The content of the last complete `\boxed{...}` (or `\fbox{...}`) in `text`, nested braces included.
 ///
 /// `\boxed 5` (no braces) yields the token up to the next whitespace or `$`. An unclosed last box is
@@ -54,25 +89,15 @@ fn closes_for(text: &str, candidates: &[usize]) -> Vec<Option<usize>> {
 /// assert_eq!(last_boxed(r"so \boxed{1} then \boxed{\frac{a}{b}}."), Some(r"\frac{a}{b}"));
 /// ```
 pub fn last_boxed(text: &str) -> Option<&str> {
-    let mut starts: Vec<usize> = Vec::new();
-    for pat in ["\\boxed", "\\fbox"] {
-        starts.extend(text.match_indices(pat).map(|(i, p)| i + p.len()));
-    }
+    let BoxScan {
+        starts,
+        opens,
+        braced,
+        closes,
+    } = scan_boxes(text);
     if starts.is_empty() {
         return None;
     }
-    starts.sort_unstable();
-    // Where each box's argument starts (after optional spaces).
-    let opens: Vec<usize> = starts
-        .iter()
-        .map(|&after| after + (text[after..].len() - text[after..].trim_start().len()))
-        .collect();
-    let braced: Vec<usize> = opens
-        .iter()
-        .copied()
-        .filter(|&o| text[o..].starts_with('{'))
-        .collect();
-    let closes = closes_for(text, &braced);
     for (&after, &open) in starts.iter().zip(&opens).rev() {
         if text[open..].starts_with('{') {
             let k = braced
@@ -93,6 +118,49 @@ pub fn last_boxed(text: &str) -> Option<&str> {
         }
     }
     None
+}
+
+/// The contents of every complete `\boxed{...}` / `\fbox{...}` in `text`, in order; a box inside another
+/// box is part of the outer one and not listed on its own. Same rules as [`last_boxed`] (`\boxed 5`,
+/// unclosed boxes skipped); one pass over the text.
+///
+/// ```
+/// use rlvr_reward::extract::all_boxed;
+/// assert_eq!(all_boxed(r"\boxed{-2} and \boxed{1}; \boxed{\boxed{3}}"), ["-2", "1", r"\boxed{3}"]);
+/// ```
+pub fn all_boxed(text: &str) -> Vec<&str> {
+    let BoxScan {
+        starts,
+        opens,
+        braced,
+        closes,
+    } = scan_boxes(text);
+    let mut out = Vec::new();
+    let mut covered = 0usize;
+    for (&after, &open) in starts.iter().zip(&opens) {
+        if after <= covered {
+            continue;
+        }
+        if text[open..].starts_with('{') {
+            let k = braced
+                .binary_search(&open)
+                .expect("every braced open is listed");
+            if let Some(close) = closes[k] {
+                out.push(&text[open + 1..close]);
+                covered = close;
+            }
+        } else if open > after {
+            let rest = &text[open..];
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '$')
+                .unwrap_or(rest.len());
+            if end > 0 {
+                out.push(&rest[..end]);
+                covered = open + end;
+            }
+        }
+    }
+    out
 }
 
 /// The content of the last `<answer>...</answer>` pair in `text`, if any.

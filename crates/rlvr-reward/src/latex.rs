@@ -7,7 +7,14 @@
 //! word after a plain number dropped (`18.90 dollars` → `18.90`), a short `x =` left-hand side dropped,
 //! `(C)` → `C`.
 //!
+//! The tables and passes live in [`crate::latex_rules`].
+//!
 //! [`crate::expr::parse_expr`] then reads a normalised answer as an arithmetic expression.
+
+use crate::latex_rules::{
+    join_explicit_groups, mark_list_commas, replace_commands, strip_text, strip_unit_words,
+    REPLACEMENTS,
+};
 
 /// Private-use stand-ins for LaTeX's literal braces `\{` and `\}` after normalisation.
 pub const SET_OPEN: char = '\u{2983}';
@@ -17,48 +24,33 @@ pub const SET_CLOSE: char = '\u{2984}';
 /// Private-use stand-in for LaTeX's row break `\\` (matrix rows) after normalisation.
 pub const ROW_BREAK: char = '\u{2986}';
 
-/// Plain substitutions applied in order before structural clean-up.
-const REPLACEMENTS: &[(&str, &str)] = &[
-    ("\\left", ""),
-    ("\\right", ""),
-    ("\\bigl", ""),
-    ("\\bigr", ""),
-    ("\\Bigl", ""),
-    ("\\Bigr", ""),
-    ("\\big", ""),
-    ("\\Big", ""),
-    ("\\displaystyle", ""),
-    ("\\!", ""),
-    ("\\,", ""),
-    ("\\:", ""),
-    ("\\;", ""),
-    ("\\qquad", ""),
-    ("\\quad", ""),
-    ("\\ ", ""),
-    ("~", ""),
-    ("\\dfrac", "\\frac"),
-    ("\\tfrac", "\\frac"),
-    ("\\mbox", "\\text"),
-    ("\\textbf", "\\text"),
-    ("\\textit", "\\text"),
-    ("\\textrm", "\\text"),
-    ("\\mathrm", "\\text"),
-    ("\\mathbf", "\\text"),
-    ("\\operatorname", "\\text"),
-    ("^{\\circ}", ""),
-    ("^\\circ", ""),
-    ("\\circ", ""),
-    ("\\degree", ""),
-    ("\u{00B0}", ""),
-    ("\\%", ""),
-    ("%", ""),
-    ("\\$", ""),
-    ("$", ""),
-    ("\\cdot", "*"),
-    ("\\times", "*"),
-    ("\\{", "\u{2983}"),
-    ("\\}", "\u{2984}"),
-];
+/// Private-use stand-in for "or" between answers (`x<2 \text{ or } x>3`, `\lor`): a list separator
+/// that also makes a union when the items are relations.
+pub const OR_SEP: char = '\u{2980}';
+
+/// Internal marker of a comma followed by a space at the top level: a list separator, never a
+/// thousands separator (`32, 349` is two numbers).
+pub(crate) const LIST_SEP: char = '\u{2985}';
+
+/// Deepest nesting of `( [ {` in `s` (linear).
+fn max_depth(s: &str) -> usize {
+    let (mut d, mut m) = (0usize, 0usize);
+    for b in s.bytes() {
+        match b {
+            b'(' | b'[' | b'{' => {
+                d += 1;
+                m = m.max(d);
+            }
+            b')' | b']' | b'}' => d = d.saturating_sub(1),
+            _ => {}
+        }
+    }
+    m
+}
+
+/// Deepest bracket nesting that [`normalize`] rewrites structurally; deeper input is only stripped of
+/// whitespace (keeps hostile input linear and the recursion shallow).
+pub const MAX_NORMALIZE_DEPTH: usize = 200;
 
 /// Index of the `}` matching the `{` at byte `open`, if any (linear scan).
 pub(crate) fn matching_brace(s: &str, open: usize) -> Option<usize> {
@@ -76,50 +68,6 @@ pub(crate) fn matching_brace(s: &str, open: usize) -> Option<usize> {
         }
     }
     None
-}
-
-/// Removes `\text{ unit}` groups whose content starts with a space (units such as `\text{ cm}^2`), and
-/// unwraps every other `\text{...}` to its content.
-fn strip_text(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    let mut seen_content = false;
-    while let Some(k) = s[i..].find("\\text") {
-        let at = i + k;
-        out.push_str(&s[i..at]);
-        seen_content |= s[i..at].chars().any(|c| !c.is_whitespace());
-        let after = at + "\\text".len();
-        let open = after + (s[after..].len() - s[after..].trim_start().len());
-        match (s[open..].starts_with('{'), matching_brace(s, open)) {
-            (true, Some(close)) => {
-                let inner = &s[open + 1..close];
-                let mut next = close + 1;
-                let is_unit = inner.starts_with(' ') && seen_content;
-                if is_unit {
-                    // Drop a following exponent (`\text{ cm}^2`).
-                    let rest = &s[next..];
-                    if let Some(r) = rest.strip_prefix('^') {
-                        let n = if r.starts_with('{') {
-                            matching_brace(rest, 1).map(|c| c + 1).unwrap_or(1)
-                        } else {
-                            1 + r.chars().next().map(char::len_utf8).unwrap_or(0)
-                        };
-                        next += n;
-                    }
-                } else {
-                    out.push_str(inner);
-                    seen_content |= inner.chars().any(|c| !c.is_whitespace());
-                }
-                i = next;
-            }
-            _ => {
-                out.push_str("\\text");
-                i = after;
-            }
-        }
-    }
-    out.push_str(&s[i..]);
-    out
 }
 
 /// Wraps single-character arguments of `\frac` and `\sqrt` in braces: `\frac12` → `\frac{1}{2}`,
@@ -220,27 +168,16 @@ fn is_grouped_number(s: &str) -> bool {
 /// assert_eq!(normalize(r"\frac{270}7\text{ degrees}"), r"\frac{270}{7}");
 /// ```
 pub fn normalize(answer: &str) -> String {
-    // LaTeX's row break `\\` first, so `\ ` (a spacing command) cannot eat half of it.
-    let mut s = answer
-        .trim()
-        .replace('\u{2212}', "-")
-        .replace("\\\\", &ROW_BREAK.to_string());
-    for (from, to) in REPLACEMENTS {
-        if s.contains(from) {
-            s = s.replace(from, to);
-        }
-    }
-    s = strip_text(&s);
-    s.retain(|c| !c.is_whitespace());
-    s = fix_args(&s);
-    s = unbrace_scripts(&s);
-    while s.ends_with('.') || s.ends_with(',') {
-        s.pop();
-    }
-    // Short left-hand side: `x=5` → `5`, `x\in[-2,7]` → `[-2,7]`.
-    if let Some((lhs, rhs)) = s.split_once("\\in") {
+    strip_short_label(normalize_keep_label(answer))
+}
+
+/// Drops a short left-hand side: `x=5` → `5`, `x\in[-2,7]` → `[-2,7]` (at most two characters before a
+/// single `=` or the `\in` command).
+fn strip_short_label(mut s: String) -> String {
+    if let Some(k) = find_command(&s, "in") {
+        let (lhs, rhs) = (&s[..k], &s[k + 3..]);
         if lhs.chars().count() <= 2 && !rhs.is_empty() {
-            s = rhs.to_string();
+            return rhs.to_string();
         }
     }
     if s.matches('=').count() == 1 {
@@ -250,7 +187,112 @@ pub fn normalize(answer: &str) -> String {
             }
         }
     }
-    if is_grouped_number(&s) {
+    s
+}
+
+/// Byte offset of the first `\name` in `s` that is the whole command name (`\in` but not `\infty`).
+pub(crate) fn find_command(s: &str, name: &str) -> Option<usize> {
+    let pat = format!("\\{name}");
+    s.match_indices(&pat)
+        .map(|(k, _)| k)
+        .find(|&k| !s[k + pat.len()..].starts_with(|c: char| c.is_ascii_alphabetic()))
+}
+
+/// Rewrites every matrix environment (`pmatrix`, `bmatrix`, `Bmatrix`, `smallmatrix`, `array` with its
+/// column spec) to `\begin{matrix}...\end{matrix}`, and drops brackets around a whole matrix
+/// (`\left[\begin{array}{cc}..\end{array}\right]`).
+fn canonical_matrix(s: &str) -> String {
+    if !s.contains("\\begin{") {
+        return s.to_string();
+    }
+    let mut out = s.to_string();
+    for env in ["pmatrix", "bmatrix", "Bmatrix", "smallmatrix", "array"] {
+        out = out.replace(&format!("\\end{{{env}}}"), "\\end{matrix}");
+        let open = format!("\\begin{{{env}}}");
+        while let Some(k) = out.find(&open) {
+            let mut end = k + open.len();
+            if env == "array" && out[end..].starts_with('{') {
+                end = matching_brace(&out, end).map_or(end, |c| c + 1);
+            }
+            out.replace_range(k..end, "\\begin{matrix}");
+        }
+    }
+    for (o, c) in [('[', ']'), ('(', ')')] {
+        if out.starts_with(o) && out.ends_with(c) {
+            let inner = &out[1..out.len() - 1];
+            if inner.starts_with("\\begin{matrix}") && inner.ends_with("\\end{matrix}") {
+                out = inner.to_string();
+            }
+        }
+    }
+    out
+}
+
+/// Turns the words `and` / `or` between answers into a list comma / [`OR_SEP`] (`6 and 8`).
+fn connector_words(s: &str) -> String {
+    if !s.contains(" and ") && !s.contains(" or ") {
+        return s.to_string();
+    }
+    s.replace(" and ", " , ")
+        .replace(" or ", &format!(" {OR_SEP} "))
+}
+
+/// [`normalize`] without dropping a short left-hand side (`x = 5` stays `x=5`): the MATH verifier strips
+/// labels itself, per list item and symmetrically, and needs equations whole.
+pub fn normalize_keep_label(answer: &str) -> String {
+    let trimmed = answer.trim();
+    if max_depth(trimmed) > MAX_NORMALIZE_DEPTH {
+        let mut s = trimmed.to_string();
+        s.retain(|c| !c.is_whitespace());
+        return s;
+    }
+    // LaTeX's row break `\\` first, so `\ ` (a spacing command) cannot eat half of it.
+    let mut s = join_explicit_groups(
+        &trimmed
+            .replace('\u{2212}', "-")
+            .replace("\\\\", &ROW_BREAK.to_string()),
+    );
+    for (from, to) in REPLACEMENTS {
+        if s.contains(from) {
+            s = s.replace(from, to);
+        }
+    }
+    s = replace_commands(&s);
+    // Negated relations (`\not<`, `\not\leq`, ...) become their complements.
+    for (from, to) in [
+        ("\\not<", "\u{2265}"),
+        ("\\not>", "\u{2264}"),
+        ("\\not\u{2264}", ">"),
+        ("\\not\u{2265}", "<"),
+    ] {
+        if s.contains(from) {
+            s = s.replace(from, to);
+        }
+    }
+    s = strip_text(&s);
+    s = connector_words(&s);
+    s = strip_unit_words(&s);
+    s = mark_list_commas(&s);
+    s.retain(|c| !c.is_whitespace());
+    s = fix_args(&s);
+    s = unbrace_scripts(&s);
+    while s.ends_with(['.', ',', LIST_SEP]) {
+        s.pop();
+    }
+    s = canonical_matrix(&s);
+    if s.contains(LIST_SEP) {
+        let parts: Vec<String> = s
+            .split(LIST_SEP)
+            .map(|p| {
+                if is_grouped_number(p) {
+                    p.replace(',', "")
+                } else {
+                    p.to_string()
+                }
+            })
+            .collect();
+        s = parts.join(",");
+    } else if is_grouped_number(&s) {
         s.retain(|c| c != ',');
     }
     // A plain number followed by a unit word written without `\text` (`18.90dollars`, `30degrees`):

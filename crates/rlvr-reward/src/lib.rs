@@ -4,8 +4,10 @@
 //! the answer was judged correct, and the extracted and gold answers as text (the fields of the
 //! `rlvr reward` output, DESIGN.md section 10). Verifiers:
 //! - [`gsm8k::Gsm8kVerifier`]: numeric answers, strict (`#### N`) or flexible extraction;
-//! - [`math::MathVerifier`]: the last `\boxed{}`, LaTeX normalisation, equivalence of numbers, tuples,
-//!   intervals and simple expressions;
+//! - [`math::MathVerifier`]: the last `\boxed{}` (every box for a multi-answer gold), LaTeX
+//!   normalisation, equivalence of numbers, lists and sets, tuples, intervals and relations, equations,
+//!   matrices and expressions (seeded numeric sampling); the policies and where they follow or differ
+//!   from Math-Verify are in the [`math`] module docs;
 //! - [`countdown::CountdownVerifier`]: an arithmetic expression using each given number exactly once,
 //!   evaluated exactly by a real parser (never an eval);
 //! - [`arithmetic::ArithmeticVerifier`]: exact numeric answers to generated arithmetic problems;
@@ -24,19 +26,25 @@
 //! assert_eq!((s.reward, s.extracted.as_deref(), s.gold.as_deref()), (1.0, Some("1000"), Some("1000")));
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
+pub mod answer;
 pub mod arithmetic;
 pub mod cli;
 pub mod combine;
 pub mod countdown;
 pub mod expr;
+pub mod expr_fns;
 pub mod external;
 pub mod extract;
 pub mod format;
+pub mod forms;
 pub mod gsm8k;
 pub mod latex;
+pub mod latex_rules;
 pub mod math;
 pub mod number;
+pub mod sampling;
 
 use serde::Serialize;
 

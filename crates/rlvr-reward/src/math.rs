@@ -1,220 +1,118 @@
 //! MATH (Hendrycks et al.; MATH-500) verifier.
 //!
-//! Gold: the last `\boxed{}` of the reference when it has one (a full solution), else the reference as
-//! a bare answer. Extracted: the last `\boxed{}` of the completion (nested braces; `\fbox` too); no box
-//! scores 0. Both are normalised by [`crate::latex::normalize`] and then judged equal by
-//! [`equivalent`]:
-//! 1. equal normalised strings;
-//! 2. unions (`A\cup B`) part by part; tuples and intervals (`(a,b]`) element by element with the same
-//!    brackets; sets (`\{a,b\}`) and bare lists (`1,-2`) as unordered multisets (a set equals the same
-//!    bare list); matrices (`pmatrix`, `bmatrix`) cell by cell;
-//! 3. equations with one `=` side by side;
-//! 4. expressions: exact rational equality when both sides are rational (`0.5` = `\frac12`, but
-//!    `0.333` ≠ `\frac13`), otherwise numeric agreement (relative 1e-9) at three fixed assignments of the
-//!    variables (`p - q` = `-q + p`, `\frac{\sqrt3}{2}` = `\sqrt{3}/2`, `2\sqrt2` = `\sqrt8`).
+//! # What is compared
+//! Gold: the last `\boxed{}` of the reference when it has one (a full solution), else the reference as a
+//! bare answer. Extracted: the last `\boxed{}` of the completion (nested braces; `\fbox` too); no box
+//! scores 0. When the gold holds several answers (a list, a set, `a \pm b`) and the last box does not
+//! match it, the set of all boxes of the completion is tried as well (`\boxed{-2}` and `\boxed{1}`
+//! against `1, -2`; a box repeated with the same normalised text counts once; at most the last
+//! [`MAX_BOXES`] boxes). A single-answer gold is only ever compared with the last box, so boxing every
+//! candidate gains nothing.
+//!
+//! Both sides are normalised by [`crate::latex::normalize_keep_label`] and compared by
+//! [`crate::answer::compare`], gold first. The normal form drops `\left`/`\right`, spacing (`\,` `\!`
+//! `\quad` `~`), `\displaystyle`; maps `\dfrac`/`\tfrac`/`\cfrac` to `\frac`, `\mbox`/`\textnormal`/
+//! `\mathrm`/... to `\text`; drops `\text{..}` units after a value (`\frac13 \text{meters}`,
+//! `125\textnormal{ miles}`, `15\mbox{ cm}^2`) and unit words after a number (`125 miles`, `3 km/h`); drops
+//! `^\circ`, `°`, `\%`, `\$`, `€`, `£`, `¥`; reads `²`/`³` as powers, `≤ \le \leq \leqslant <=` as one
+//! relation (likewise `≥`, `≠`, `\not=`), `and` as a list comma and `or`/`\lor` as a union of relations;
+//! joins thousands groups (`14,916`, `14{,}916`, `10,\!080`, thin spaces); rewrites every matrix
+//! environment (`pmatrix`, `bmatrix`, `array` in `\left[ \right]`, ...) to one.
+//!
+//! # Policies (where rlvr follows Math-Verify and where it differs)
+//! Math-Verify (Hugging Face; its README) parses both sides to SymPy and compares them, gold first, by
+//! string, numeric (rounded) and symbolic equality, with sets order-insensitive, relations with their
+//! direction normalised (`a < 2` = `2 > a`), intervals, matrices and equations. rlvr follows those
+//! semantics with a parser of its own and no computer algebra:
+//! - **Numbers**: exact rational equality (`0.5` = `\frac12`, `18.00` = `18`). *Differs*: Math-Verify
+//!   rounds floats (6 digits), so `0.333333` may match `\frac13`; rlvr never equates a finite decimal with a
+//!   different rational (`0.333` ≠ `\frac13`) unless the answer says `\approx`.
+//! - **`\approx`**: a decimal after `\approx` matches when within one unit of its last written decimal
+//!   place and within [`crate::forms::APPROX_REL`] (1%) of the exact value (`\approx 0.33` matches
+//!   `\frac13`, `\approx 0.3` does not, `\approx 0` matches no non-zero gold); an exact side before the
+//!   `\approx` may match instead (`\frac13 \approx 0.33`).
+//! - **Expressions**: symbolic equivalence by seeded numeric evaluation: both sides are parsed (numbers,
+//!   variables, Greek letters, `\pi`, Euler's `e`, `\frac`, `\sqrt`, powers, `\sin`...`\arctan`,
+//!   `\sec`/`\csc`/`\cot`, `\ln`/`\log`/`\log_b`, `\exp`, `|x|`, `n!`, `\binom`; `i` is an unknown, so complex
+//!   arithmetic such as `i^2 = -1` is not applied) and evaluated at 12 points drawn with a fixed seed
+//!   ([`crate::sampling::SAMPLE_SEED`]); they agree when every point agrees within relative 1e-9
+//!   ([`crate::sampling::REL_TOL`]) and both are defined at the same points (at least 3). So `\sec^2 y` =
+//!   `\tan^2 y + 1` and `(x+1)^2` = `x^2+2x+1`. Math-Verify uses SymPy's `simplify`; sampling decides the
+//!   same pairs for the expressions answers contain and is bounded in time.
+//! - **Lists and sets**: a set `\{..\}`, a bare list `a, b`, "`a` and `b`", a union of finite sets and the
+//!   two values of `a \pm b` are compared as unordered multisets (`\pm 2021` = `\{-2021, 2021\}`), like
+//!   Math-Verify's sets. A comma followed by a space always separates items (`32, 349` is two numbers); a
+//!   comma directly followed by exactly three digits in a lone number is a thousands separator
+//!   (`14,916`). *Asymmetry kept from the old verifier*: a tuple `(1,2)` never equals the bare list `1,2`;
+//!   it does equal a list whose every item is labelled, read in the written order (`x=3, y=-1` =
+//!   `(3,-1)`), since the labels say the values are coordinates.
+//! - **`(a, b)`**: written the same way as an open interval and an ordered pair. rlvr does not guess
+//!   which: `(a, b)` against `(a', b')` compares element by element in order with the same brackets, which
+//!   is right for both readings. It matches a relation (`a < x < b`) only when `a < b` (so it can be an
+//!   interval); a relation then carries exactly the two endpoints of the gold, so nothing is gained by
+//!   writing one for a point.
+//! - **Intervals and relations**: relations are compared with their direction normalised (`x \ge 5` =
+//!   `5 \le x`; `\ne` either way round); a relation in one variable is compared with an interval gold as
+//!   the set it describes (`-2 \le x \le 7` = `x \in [-2,7]`, `0 < f(x) < 1` = `(0,1)`, `x \ne 5` =
+//!   `(-\infty,5)\cup(5,\infty)`, `x<2 \text{ or } x>3` = `(-\infty,2)\cup(3,\infty)`). *Asymmetry*: the
+//!   variable side must be a label and the other sides constants (`0 < x+1 < 1` or `0 < x < y` match no
+//!   interval); a gold that names its variable (`x \in ..`, `0<x<1`) accepts only that variable, while a
+//!   bare interval gold accepts any single label. Two unions written as intervals still compare part by
+//!   part in order, as before.
+//! - **Labels** (`x =`, `f(x) =`, `(p,q) =`, `AB =`, `\angle A =`, `x \in`) are dropped on either side and
+//!   per list item (`AB=4, CD=5` = `4, 5`), like Math-Verify's non-strict mode. A label is a name of at
+//!   most six letters or a Greek letter, with an optional subscript, primes and argument list, or a tuple
+//!   of names. *Asymmetry*: a gold equation whose left side is not a label (`7 = 11a+c`, a plane
+//!   `5x - 7y + 11z + 4 = 0`) is the answer as a whole: a bare expression that is one of its sides does not
+//!   match (`11a+c` is not `7 = 11a+c`).
+//! - **Equations**: two equations match when their `lhs - rhs` are proportional by one non-zero constant
+//!   at the sample points (`2x+4y-3=0` = `y=-\frac12x+\frac34`); labelled equations compare right sides
+//!   when the labels agree, a right side is constant (`x = 5` = `y = 5`, as a label is dropped) or a label
+//!   is a function's name (`y = 2x+3` = `f(x) = 2x+3`); otherwise the labels matter (`x = 2y+3` is another
+//!   line than `y = 2x+3`). Math-Verify compares equations
+//!   symbolically; proportionality is stricter (`x^2 = 4` is not `x = 2`, rightly).
+//! - **Solution chains**: in the answer, `a = b = c` reads as its last side (a label in front kept), and
+//!   an unlabelled `a = c` with constant sides reads as `c` (`3 \times 4 = 12` → 12). Earlier sides are
+//!   working and are not checked; the chain states its last side as the result. *Asymmetry*: an equation
+//!   with a variable (`11a + c = 7`, `5x - 7y + 4 = 0`) is not a chain and never matches a number gold.
+//! - **Matrices**: every matrix environment compares cell by cell. Vectors are not equated with tuples.
+//! - **Text** answers (`\text{Evelyn}`, `(C)`) compare as written after normalisation (case-sensitive).
+//! - **Percent**: `\%` is dropped like a unit (MATH writes `15\%` for the answer 15), so `15\%` is not
+//!   `0.15`.
+//!
+//! Bounded work: normalisation is linear and skips structure below bracket depth
+//! [`crate::latex::MAX_NORMALIZE_DEPTH`]; expressions stop at depth 64 and 2,000 nodes; comparison
+//! recursion stops at depth 16; unordered matching is used for lists of at most 64 items; one comparison
+//! takes at most 50,000 steps and scans at most 1 MB summed over its steps (past either it judges the
+//! answers unequal: nested lists of lists cannot multiply the matching); at most [`MAX_BOXES`] boxes
+//! are read.
 
-use crate::expr::parse_expr;
-use crate::extract::last_boxed;
-use crate::latex::{normalize, ROW_BREAK, SET_CLOSE, SET_OPEN};
+use crate::answer::{compare, compare_with, describe, Judgement};
+use crate::extract::{all_boxed, last_boxed};
+use crate::latex::normalize_keep_label;
 use crate::{Sample, Score, Verifier};
-use std::collections::BTreeSet;
 
-/// Splits `s` at top-level occurrences of `sep` (outside (), [], {}, and set braces).
-fn split_top(s: &str, sep: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut depth = 0i32;
-    let mut last = 0;
-    let mut i = 0;
-    while i < s.len() {
-        let c = match s[i..].chars().next() {
-            Some(c) => c,
-            None => break,
-        };
-        match c {
-            '(' | '[' | '{' | SET_OPEN => depth += 1,
-            ')' | ']' | '}' | SET_CLOSE => depth -= 1,
-            _ => {}
-        }
-        if depth == 0 && s[i..].starts_with(sep) {
-            parts.push(s[last..i].to_string());
-            i += sep.len();
-            last = i;
-            continue;
-        }
-        i += c.len_utf8();
-    }
-    parts.push(s[last..].to_string());
-    parts
-}
+/// Most boxes of a completion read together against a multi-answer gold (the last ones).
+pub const MAX_BOXES: usize = 64;
 
-/// True when the bracket opening at byte 0 closes at the last character.
-fn encloses_whole(s: &str) -> bool {
-    let mut depth = 0i32;
-    let n = s.chars().count();
-    for (k, c) in s.chars().enumerate() {
-        match c {
-            '(' | '[' | '{' | SET_OPEN => depth += 1,
-            ')' | ']' | '}' | SET_CLOSE => depth -= 1,
-            _ => {}
-        }
-        if depth == 0 && k + 1 < n {
-            return false;
-        }
-    }
-    depth == 0
-}
-
-/// Splits a bracketed list `(a,b]` into its brackets and elements, if `s` is one with a top-level comma.
-fn bracketed(s: &str) -> Option<(char, char, Vec<String>)> {
-    let first = s.chars().next()?;
-    let last = s.chars().next_back()?;
-    if !matches!(first, '(' | '[' | SET_OPEN) || !matches!(last, ')' | ']' | SET_CLOSE) {
-        return None;
-    }
-    if s.chars().count() < 2 || !encloses_whole(s) {
-        return None;
-    }
-    let inner = &s[first.len_utf8()..s.len() - last.len_utf8()];
-    let parts = split_top(inner, ",");
-    (parts.len() > 1 || first == SET_OPEN).then_some((first, last, parts))
-}
-
-/// The rows and cells of a normalised `\begin{pmatrix}...\end{pmatrix}` (also bmatrix, matrix).
-fn matrix(s: &str) -> Option<Vec<Vec<String>>> {
-    for env in ["pmatrix", "bmatrix", "matrix"] {
-        let body = s
-            .strip_prefix(&format!("\\begin{{{env}}}"))
-            .and_then(|r| r.strip_suffix(&format!("\\end{{{env}}}")));
-        if let Some(body) = body {
-            let rows = body.trim_end_matches(ROW_BREAK).split(ROW_BREAK);
-            return Some(
-                rows.map(|r| r.split('&').map(str::to_string).collect())
-                    .collect(),
-            );
-        }
-    }
-    None
-}
-
-/// Unordered multiset equality under [`equiv_norm`].
-fn same_multiset(a: &[String], b: &[String], depth: usize) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    if a.len() > 64 {
-        // Quadratic matching is bounded: long lists compare in order.
-        return a.iter().zip(b).all(|(x, y)| equiv_norm(x, y, depth + 1));
-    }
-    let mut used = vec![false; b.len()];
-    a.iter().all(|x| {
-        let hit = (0..b.len()).find(|&j| !used[j] && equiv_norm(x, &b[j], depth + 1));
-        match hit {
-            Some(j) => {
-                used[j] = true;
-                true
-            }
-            None => false,
-        }
-    })
-}
-
-/// Numeric agreement of two expressions (see the module docs).
-fn same_expression(a: &str, b: &str) -> bool {
-    let (Some(ea), Some(eb)) = (parse_expr(a), parse_expr(b)) else {
-        return false;
-    };
-    let mut vars = BTreeSet::new();
-    ea.vars(&mut vars);
-    eb.vars(&mut vars);
-    let vars: Vec<char> = vars.into_iter().collect();
-    let mut agreed = 0;
-    for trial in 0..3 {
-        let assign = |c: char| {
-            let k = vars.iter().position(|&v| v == c).unwrap_or(0) as f64;
-            // Distinct irrational-ish values per variable and trial.
-            0.6180339887 + 1.3247179572 * k + 0.7548776662 * trial as f64 + 0.1 * (k * k)
-        };
-        let (va, vb) = (ea.eval(&assign), eb.eval(&assign));
-        if let (Some(x), Some(y)) = (va.exact, vb.exact) {
-            return x == y;
-        }
-        let (x, y) = (va.approx, vb.approx);
-        if !x.is_finite() || !y.is_finite() {
-            if x.is_finite() != y.is_finite() {
-                return false;
-            }
-            continue;
-        }
-        if (x - y).abs() > 1e-9 * x.abs().max(y.abs()).max(1.0) {
-            return false;
-        }
-        agreed += 1;
-    }
-    agreed > 0
-}
-
-/// Equivalence of two already normalised answers.
-fn equiv_norm(a: &str, b: &str, depth: usize) -> bool {
-    if a == b {
-        return true;
-    }
-    if depth > 16 || a.is_empty() || b.is_empty() {
-        return false;
-    }
-    let (ua, ub) = (split_top(a, "\\cup"), split_top(b, "\\cup"));
-    if ua.len() > 1 || ub.len() > 1 {
-        return ua.len() == ub.len()
-            && ua.iter().zip(&ub).all(|(x, y)| equiv_norm(x, y, depth + 1));
-    }
-    match (bracketed(a), bracketed(b)) {
-        (Some((oa, ca, pa)), Some((ob, cb, pb))) => {
-            if oa != ob || ca != cb {
-                return false;
-            }
-            if oa == SET_OPEN {
-                return same_multiset(&pa, &pb, depth);
-            }
-            return pa.len() == pb.len()
-                && pa.iter().zip(&pb).all(|(x, y)| equiv_norm(x, y, depth + 1));
-        }
-        (None, None) => {}
-        // A set against a bare list (`\{1,2\}` vs `1, 2`): both are solution sets.
-        (Some((SET_OPEN, SET_CLOSE, pa)), None) if !b.starts_with(['(', '[']) => {
-            return same_multiset(&pa, &split_top(b, ","), depth);
-        }
-        (None, Some((SET_OPEN, SET_CLOSE, pb))) if !a.starts_with(['(', '[']) => {
-            return same_multiset(&split_top(a, ","), &pb, depth);
-        }
-        _ => return false,
-    }
-    if let (Some(ma), Some(mb)) = (matrix(a), matrix(b)) {
-        return ma.len() == mb.len()
-            && ma.iter().zip(&mb).all(|(ra, rb)| {
-                ra.len() == rb.len() && ra.iter().zip(rb).all(|(x, y)| equiv_norm(x, y, depth + 1))
-            });
-    }
-    let (la, lb) = (split_top(a, ","), split_top(b, ","));
-    if la.len() > 1 || lb.len() > 1 {
-        return same_multiset(&la, &lb, depth);
-    }
-    let (qa, qb) = (split_top(a, "="), split_top(b, "="));
-    if qa.len() > 1 || qb.len() > 1 {
-        return qa.len() == qb.len()
-            && qa.iter().zip(&qb).all(|(x, y)| equiv_norm(x, y, depth + 1));
-    }
-    same_expression(a, b)
-}
-
-/// True when two LaTeX answers are equivalent (normalised, then compared as in the module docs).
+/// True when two LaTeX answers are equivalent: `gold` first (a few rules are asymmetric, see the module
+/// docs), both normalised, then compared.
 ///
 /// ```
 /// use rlvr_reward::math::equivalent;
 /// assert!(equivalent(r"\dfrac{1}{2}", "0.5"));
 /// assert!(equivalent(r"\left( 3, \frac{\pi}{2} \right)", r"(3,\pi/2)"));
 /// assert!(!equivalent("(3,4]", "(3,4)"));
+/// assert!(equivalent(r"x \in [-2,7]", r"-2 \le x \le 7"));
+/// assert!(!equivalent("7 = 11a+c", "11a+c"));
 /// ```
-pub fn equivalent(a: &str, b: &str) -> bool {
-    equiv_norm(&normalize(a), &normalize(b), 0)
+pub fn equivalent(gold: &str, answer: &str) -> bool {
+    judge(gold, answer).equal
+}
+
+/// [`equivalent`] with the reasons of the verdict.
+pub fn judge(gold: &str, answer: &str) -> Judgement {
+    compare(&normalize_keep_label(gold), &normalize_keep_label(answer))
 }
 
 /// The gold answer of a MATH reference: its last `\boxed{}`, else the whole reference.
@@ -222,20 +120,108 @@ pub fn gold_answer(reference: &str) -> &str {
     last_boxed(reference).unwrap_or(reference).trim()
 }
 
-/// Scores MATH completions: reward 1 when the last boxed answer is [`equivalent`] to the gold.
+/// True when a normalised gold holds several answers (a list, a set or a `\pm` pair).
+fn is_multi(gold_norm: &str) -> bool {
+    crate::answer::answer_count(gold_norm) > 1
+}
+
+/// Scores MATH completions: reward 1 when the last boxed answer (or, for a multi-answer gold, the set of
+/// all boxes) is [`equivalent`] to the gold.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MathVerifier;
 
+impl MathVerifier {
+    /// Scores `sample` and explains the verdict: how both sides were read and normalised, what form each
+    /// has, and the steps that decided (the text `rlvr reward --task math --explain` prints).
+    pub fn explain(&self, sample: &Sample<'_>) -> (Score, String) {
+        let mut text = String::new();
+        let s = self.run(sample, Some(&mut text));
+        (s, text)
+    }
+
+    /// Scores `sample`, writing the explanation to `log` when given.
+    fn run(&self, sample: &Sample<'_>, mut log: Option<&mut String>) -> Score {
+        let explain = log.is_some();
+        let mut say = |f: &dyn Fn() -> String| {
+            if let Some(l) = log.as_deref_mut() {
+                l.push_str(&f());
+            }
+        };
+        let gold = gold_answer(sample.reference);
+        let gn = normalize_keep_label(gold);
+        say(&|| {
+            format!(
+                "gold:      {gold:?}\n  normalised {gn:?}: {}\n",
+                describe(&gn)
+            )
+        });
+        let Some(last) = last_boxed(sample.completion).map(str::trim) else {
+            say(&|| {
+                "extracted: none (no complete \\boxed{} in the completion)\nverdict:   not equal\n"
+                    .into()
+            });
+            return Score::binary(false, None, Some(gold.to_string()));
+        };
+        let ln = normalize_keep_label(last);
+        let multi = is_multi(&gn);
+        let boxes = if multi {
+            all_boxed(sample.completion)
+        } else {
+            Vec::new()
+        };
+        say(&|| {
+            format!(
+                "extracted: {last:?} (the last box)\n  normalised {ln:?}: {}\n",
+                describe(&ln)
+            )
+        });
+        let mut j = compare_with(&gn, &ln, explain);
+        let mut extracted = last.to_string();
+        if !j.equal && multi && boxes.len() > 1 {
+            let mut kept: Vec<String> = Vec::new();
+            for b in &boxes[boxes.len().saturating_sub(MAX_BOXES)..] {
+                let n = normalize_keep_label(b);
+                if !n.is_empty() && !kept.contains(&n) {
+                    kept.push(n);
+                }
+            }
+            let joined = kept.join(",");
+            let all = compare_with(&gn, &joined, explain);
+            say(&|| {
+                format!(
+                    "  the gold has several answers: all {} boxes read as one list {joined:?}: {}\n",
+                    boxes.len(),
+                    describe(&joined)
+                )
+            });
+            if all.equal {
+                extracted = boxes
+                    .iter()
+                    .map(|b| b.trim())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+            }
+            j.reasons.push("-- against all boxes:".into());
+            j.reasons.extend(all.reasons);
+            j.equal = all.equal;
+        }
+        say(&|| {
+            let mut t = format!(
+                "verdict:   {}\n",
+                if j.equal { "equal" } else { "not equal" }
+            );
+            for r in &j.reasons {
+                t.push_str(&format!("  {r}\n"));
+            }
+            t
+        });
+        Score::binary(j.equal, Some(extracted), Some(gold.to_string()))
+    }
+}
+
 impl Verifier for MathVerifier {
     fn score(&self, sample: &Sample<'_>) -> Result<Score, crate::RewardError> {
-        let gold = gold_answer(sample.reference);
-        let got = last_boxed(sample.completion).map(str::trim);
-        let correct = got.is_some_and(|g| equivalent(g, gold));
-        Ok(Score::binary(
-            correct,
-            got.map(str::to_string),
-            Some(gold.to_string()),
-        ))
+        Ok(self.run(sample, None))
     }
 }
 

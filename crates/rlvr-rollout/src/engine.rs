@@ -18,122 +18,15 @@ use rand_chacha::ChaCha12Rng;
 use rayon::prelude::*;
 use rlvr_model::Model;
 
-use crate::decode::{DecodeWeights, KvBuffer, MASK_BIAS};
+use crate::decode::{forward_last, packed_head, KvBuffer, MASK_BIAS};
 use crate::error::{Result, RolloutError};
-use crate::select::{choose, Choice, Scratch, Selection};
-
-/// The token ids of one prompt (already rendered and encoded).
-pub type PromptIds = Vec<u32>;
-
-/// Sampling parameters of one [`Sampler::sample`] call (`rollout.*` in the config).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// Group size K: completions per prompt (≥ 1). Default 1.
-    pub group_size: usize,
-    /// Softmax temperature T (≥ 0); 0 = greedy (argmax, first maximum on ties). Default 1.
-    pub temperature: f64,
-    /// Nucleus mass in (0, 1]; 1 = off. Measured after top-k. Default 1.
-    pub top_p: f64,
-    /// Keep only the k most likely tokens; `None` (or 0) = off. Default off.
-    pub top_k: Option<usize>,
-    /// Most tokens generated per completion (≥ 1), a generated stop id included. Default 256.
-    pub max_new_tokens: usize,
-    /// Fewest new tokens before a completion may end: until a row has this many tokens its stop
-    /// ids are never drawn (their probability is removed before top-k/top-p, as transformers'
-    /// `min_new_tokens` and vLLM's `min_tokens`) and stop strings are not checked. Behaviour
-    /// log-probs stay those of the full distribution (see [`crate::select::choose`]).
-    /// `min_new_tokens = max_new_tokens` gives fixed-length completions (benchmarks). Default 0.
-    pub min_new_tokens: usize,
-    /// Token ids that end a completion (the tokenizer's EOS ids plus any extra stop ids). The
-    /// generated stop id is kept in the completion. Default empty.
-    pub stop_ids: Vec<u32>,
-    /// Strings that end a completion when its decoded text contains one (checked after every
-    /// token on a window of the last tokens; needs [`Sampler::with_tokenizer`]). The token that
-    /// completes the string is kept, and nothing after it is generated. Default empty.
-    pub stop_strings: Vec<String>,
-    /// Most rows (sequences) decoded together; groups are never split across waves unless
-    /// K alone exceeds it. Bounds KV-cache memory: rows × (prompt + max_new_tokens) columns.
-    /// Default 64.
-    pub max_batch_rows: usize,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            group_size: 1,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            max_new_tokens: 256,
-            min_new_tokens: 0,
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            max_batch_rows: 64,
-        }
-    }
-}
-
-/// Why a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// It generated one of `stop_ids` (kept as its last token).
-    Eos,
-    /// Its text came to contain one of `stop_strings`.
-    StopString,
-    /// It reached `max_new_tokens` (truncated).
-    Length,
-}
-
-impl FinishReason {
-    /// The value written in `finish_reason` fields (DESIGN.md section 10 allows "eos" | "length").
-    ///
-    /// A stop string maps to "eos": the completion ended on its own terms and is not truncated,
-    /// which is what consumers of the field act on (e.g. DAPO's overlong shaping treats only
-    /// "length" as truncated). Library callers that need the difference match on the enum.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Eos | FinishReason::StopString => "eos",
-            FinishReason::Length => "length",
-        }
-    }
-}
-
-/// One sampled completion.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
-    /// Global prompt index: `first_prompt_index` + position of the prompt in the slice.
-    pub prompt_index: usize,
-    /// Index of this completion in its group, `0..K`.
-    pub sample_index: usize,
-    /// Generated token ids, a generated stop id included; never padded.
-    pub token_ids: Vec<u32>,
-    /// One behaviour log-prob ℓ_old per token of `token_ids` (nats, f32):
-    /// `log_softmax(logits / T)` over the full vocabulary at the sampled token, recorded at
-    /// sampling time (DESIGN.md section 3). With top-p/top-k the token was drawn from a truncated
-    /// distribution, so these are the untruncated policy's log-probs and even "on-policy" data is
-    /// slightly off-policy. Greedy (T = 0) records T = 1 log-probs.
-    pub behaviour_logprobs: Vec<f32>,
-    /// Why it ended.
-    pub finish_reason: FinishReason,
-    /// Policy version of the weights that sampled it (the sampler's [`Sampler::version`]).
-    pub version: u64,
-}
-
-/// Something that turns token ids back into text, for stop strings.
-pub trait Detokenize: Send + Sync {
-    /// Decodes `ids` (special tokens kept).
-    fn detokenize(&self, ids: &[u32]) -> std::result::Result<String, String>;
-}
-
-impl Detokenize for tokenizers::Tokenizer {
-    fn detokenize(&self, ids: &[u32]) -> std::result::Result<String, String> {
-        self.decode(ids, false).map_err(|e| e.to_string())
-    }
-}
+pub use crate::params::{Completion, Detokenize, FinishReason, PromptIds, SamplingParams};
+use crate::select::{choose, Choice, Scratch};
 
 /// The sampling engine. See the module docs for the algorithm.
 pub struct Sampler {
-    weights: DecodeWeights,
+    /// The policy (sharing the caller's weights, or a private copy).
+    model: Model,
     version: u64,
     detok: Option<Box<dyn Detokenize>>,
     timings: Option<std::sync::Mutex<DecodeTimings>>,
@@ -186,76 +79,13 @@ pub fn completion_rng(seed: u64, prompt_index: usize, sample_index: usize) -> Ch
     ChaCha12Rng::from_seed(key)
 }
 
-fn invalid(name: &'static str, value: impl std::fmt::Debug, hint: &'static str) -> RolloutError {
-    RolloutError::InvalidParam {
-        name,
-        value: format!("{value:?}"),
-        hint,
-    }
-}
-
-impl SamplingParams {
-    /// Checks every field's range.
-    ///
-    /// Errors: [`RolloutError::InvalidParam`] naming the field and the accepted range.
-    pub fn validate(&self) -> Result<()> {
-        if self.group_size == 0 {
-            return Err(invalid(
-                "group_size",
-                self.group_size,
-                "K must be at least 1",
-            ));
-        }
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(invalid(
-                "temperature",
-                self.temperature,
-                "use a finite T >= 0 (0 = greedy)",
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(invalid("top_p", self.top_p, "use 0 < top_p <= 1 (1 = off)"));
-        }
-        if self.max_new_tokens == 0 {
-            return Err(invalid(
-                "max_new_tokens",
-                self.max_new_tokens,
-                "use at least 1",
-            ));
-        }
-        if self.max_batch_rows == 0 {
-            return Err(invalid(
-                "max_batch_rows",
-                self.max_batch_rows,
-                "use at least 1",
-            ));
-        }
-        if self.stop_strings.iter().any(String::is_empty) {
-            return Err(invalid(
-                "stop_strings",
-                &self.stop_strings,
-                "stop strings must not be empty",
-            ));
-        }
-        Ok(())
-    }
-
-    fn selection(&self) -> Selection {
-        Selection {
-            temperature: self.temperature,
-            top_k: self.top_k.filter(|&k| k > 0),
-            top_p: self.top_p,
-        }
-    }
-}
-
 impl Sampler {
     /// A sampler over the weights of `model`, shared (no copy): in-place updates of the model's
     /// `Var`s are seen by the next call. `version` is the policy version recorded in every
     /// completion (DESIGN.md section 3); update it with [`Sampler::set_version`] after a sync.
     pub fn new(model: &Model, version: u64) -> Self {
         Self {
-            weights: DecodeWeights::from_model(model),
+            model: model.clone(),
             version,
             detok: None,
             timings: None,
@@ -269,7 +99,7 @@ impl Sampler {
     /// Errors: out of device memory.
     pub fn snapshot(model: &Model, version: u64) -> Result<Self> {
         Ok(Self {
-            weights: DecodeWeights::snapshot(model)?,
+            model: model.try_clone()?,
             version,
             detok: None,
             timings: None,
@@ -321,9 +151,23 @@ impl Sampler {
         self.version = version;
     }
 
-    /// The inference weights.
-    pub fn weights(&self) -> &DecodeWeights {
-        &self.weights
+    /// The model the sampler runs (its weights shared with the caller's model after
+    /// [`Sampler::new`], a private copy after [`Sampler::snapshot`]).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Loads new weights by checkpoint name (as `rlvr_model::Model::named_vars` names them) into
+    /// the sampler's weights, in place, and sets the policy version to `version`. Names not given
+    /// keep their weights; a tied model skips `lm_head.weight`. After [`Sampler::new`] the
+    /// weights are the caller's model's, so that model changes too.
+    ///
+    /// Errors: an unknown name or a shape mismatch (then nothing is loaded and the version is
+    /// kept), tensor errors.
+    pub fn load_named(&mut self, version: u64, weights: &[(String, Tensor)]) -> Result<()> {
+        self.model.load_named(weights)?;
+        self.version = version;
+        Ok(())
     }
 
     /// Samples `params.group_size` completions for each prompt.
@@ -351,7 +195,7 @@ impl Sampler {
         if !params.stop_strings.is_empty() && self.detok.is_none() {
             return Err(RolloutError::NoTokenizer);
         }
-        let vocab = self.weights.config().vocab_size;
+        let vocab = self.model.config().vocab_size;
         for (i, p) in prompts.iter().enumerate() {
             let prompt_index = first_prompt_index + i;
             if p.is_empty() {
@@ -367,17 +211,15 @@ impl Sampler {
                 });
             }
         }
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let rope = self.weights.rope_tables(longest + params.max_new_tokens)?;
         // Packed once per call: the weights may change between calls (a sync), not during one.
         let t = std::time::Instant::now();
-        let head = self.weights.packed_head()?;
+        let head = packed_head(&self.model)?;
         self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
         let per_wave = (params.max_batch_rows / params.group_size).max(1);
         let mut out = Vec::with_capacity(prompts.len() * params.group_size);
         for (w, chunk) in prompts.chunks(per_wave).enumerate() {
             let first = first_prompt_index + w * per_wave;
-            self.run_wave(chunk, first, params, seed, &rope, head.as_ref(), &mut out)?;
+            self.run_wave(chunk, first, params, seed, head.as_ref(), &mut out)?;
         }
         out.sort_by_key(|c| (c.prompt_index, c.sample_index));
         Ok(out)
@@ -391,11 +233,10 @@ impl Sampler {
         first_prompt_index: usize,
         params: &SamplingParams,
         seed: u64,
-        rope: &crate::decode::RopeTables,
-        head: Option<&crate::cpu_kernels::PackedHead>,
+        head: Option<&rlvr_kernels::PackedHead>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
-        let dev = self.weights.device().clone();
+        let dev = self.model.device().clone();
         let k = params.group_size;
         let (p_n, l) = (
             prompts.len(),
@@ -421,13 +262,10 @@ impl Sampler {
             }
         }
         let ids = Tensor::from_vec(ids, (p_n, l), &dev)?;
-        let pos = Tensor::from_vec(pos, p_n * l, &dev)?;
         let bias = Tensor::from_vec(bias, (p_n, 1, l, l), &dev)?;
-        let mut cache = self.weights.alloc_cache(bias_rows, p_n, cap)?;
+        let mut cache = KvBuffer::new(&self.model, bias_rows, p_n, cap)?;
         let t = std::time::Instant::now();
-        let logits = self
-            .weights
-            .forward(&ids, &pos, Some(&bias), rope, &mut cache, head)?;
+        let logits = forward_last(&self.model, &ids, &pos, Some(&bias), &mut cache, head)?;
         if self.timings.is_some() {
             dev.synchronize()?;
         }
@@ -455,9 +293,7 @@ impl Sampler {
         }
         // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
         let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
-        self.decode_loop(
-            &mut rows, &mut src, logits, &mut cache, params, rope, head, out,
-        )
+        self.decode_loop(&mut rows, &mut src, logits, &mut cache, params, head, out)
     }
 
     /// The decode loop: choose a token for every row, retire finished rows (compacting the
@@ -470,11 +306,10 @@ impl Sampler {
         mut logits: Tensor,
         cache: &mut KvBuffer,
         params: &SamplingParams,
-        rope: &crate::decode::RopeTables,
-        head: Option<&crate::cpu_kernels::PackedHead>,
+        head: Option<&rlvr_kernels::PackedHead>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
-        let dev = self.weights.device().clone();
+        let dev = self.model.device().clone();
         let stop_window = params
             .stop_strings
             .iter()
@@ -526,9 +361,8 @@ impl Sampler {
                 .map(|r| (r.prompt_len + r.tokens.len() - 1) as u32)
                 .collect();
             let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
-            let pos = Tensor::from_vec(pos, n, &dev)?;
             let t = std::time::Instant::now();
-            logits = self.weights.forward(&ids, &pos, None, rope, cache, head)?;
+            logits = forward_last(&self.model, &ids, &pos, None, cache, head)?;
             if self.timings.is_some() {
                 dev.synchronize()?;
             }

@@ -4,7 +4,8 @@
 //!   its token ids, behaviour log-probs ℓ_old (DESIGN.md section 3), finish reason and policy
 //!   version. One prefill per prompt shared by its group, a preallocated KV cache, finished rows
 //!   compacted away, randomness seeded per (seed, prompt index, sample index).
-//! - [`decode`]: the inference forward (same logits as `rlvr_model::Model::forward_cached`).
+//! - [`decode`]: the preallocated in-place KV cache the model's forward writes through, and the
+//!   last-position logits of a step (same as `rlvr_model::Model::forward_cached`'s).
 //! - [`select`]: greedy / temperature / top-k / top-p selection by partial selection, no sort
 //!   (the host path: the logits copied to the host; used on the CPU).
 //! - [`device_select`]: greedy and plain sampling with the logits left on the device (GPU):
@@ -31,16 +32,17 @@
 //! ```
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod cli;
-mod cpu_kernels;
 pub mod decode;
 pub mod device_select;
 pub mod engine;
 pub mod error;
+pub mod params;
 pub mod select;
 
-pub use decode::DecodeWeights;
+pub use decode::KvBuffer;
 pub use engine::{
     completion_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds, Sampler,
     SamplingParams,

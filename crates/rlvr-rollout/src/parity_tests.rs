@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Tensor};
 use rlvr_model::{KvCache, Model};
 
-use crate::decode::{DecodeWeights, MASK_BIAS};
+use crate::decode::{forward_last, KvBuffer, MASK_BIAS};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../rlvr-model/tests/fixtures/{name}"))
@@ -33,10 +33,8 @@ pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// the largest logit difference seen.
 fn check_parity(model: &Model, prompts: &[Vec<u32>], rep: &[u32], steps: usize) -> f32 {
     let dev = Device::Cpu;
-    let w = DecodeWeights::from_model(model);
     let l = prompts.iter().map(Vec::len).max().unwrap();
     let cap = l + steps + 1;
-    let rope = w.rope_tables(cap).unwrap();
     let p_n = prompts.len();
 
     // Reference inputs.
@@ -52,7 +50,7 @@ fn check_parity(model: &Model, prompts: &[Vec<u32>], rep: &[u32], steps: usize) 
         mask.push(m);
     }
     let pos = rlvr_model::model::position_ids(&mask);
-    let mut ref_cache = KvCache::new(model.config.num_hidden_layers);
+    let mut ref_cache = KvCache::new(model.config().num_hidden_layers);
     let ref_logits = model
         .forward_cached(&ids, &pos, &mask, &mut ref_cache)
         .unwrap();
@@ -67,14 +65,11 @@ fn check_parity(model: &Model, prompts: &[Vec<u32>], rep: &[u32], steps: usize) 
         }
     }
     let bias = model.attention_bias(&mask, 0, l).unwrap();
-    let mut cache = w.alloc_cache(bias_rows, p_n, cap).unwrap();
+    let mut cache = KvBuffer::new(model, bias_rows, p_n, cap).unwrap();
     let flat: Vec<u32> = ids.iter().flatten().copied().collect();
     let ids_t = Tensor::from_vec(flat, (p_n, l), &dev).unwrap();
     let pos_flat: Vec<u32> = pos.iter().flatten().copied().collect();
-    let pos_t = Tensor::from_vec(pos_flat, p_n * l, &dev).unwrap();
-    let logits = w
-        .forward(&ids_t, &pos_t, Some(&bias), &rope, &mut cache, None)
-        .unwrap();
+    let logits = forward_last(model, &ids_t, &pos_flat, Some(&bias), &mut cache, None).unwrap();
     let mut worst = max_abs_diff(&logits, &ref_logits);
 
     // Replicate rows (group sharing) in both.
@@ -109,10 +104,7 @@ fn check_parity(model: &Model, prompts: &[Vec<u32>], rep: &[u32], steps: usize) 
             .forward_cached(&ids, &pos, &mask, &mut ref_cache)
             .unwrap();
         let ids_t = Tensor::from_vec(tok, (b, 1), &dev).unwrap();
-        let pos_t = Tensor::from_vec(next_pos.clone(), b, &dev).unwrap();
-        let ours = w
-            .forward(&ids_t, &pos_t, None, &rope, &mut cache, None)
-            .unwrap();
+        let ours = forward_last(model, &ids_t, &next_pos, None, &mut cache, None).unwrap();
         worst = worst.max(max_abs_diff(&ours, &r));
         for p in next_pos.iter_mut() {
             *p += 1;

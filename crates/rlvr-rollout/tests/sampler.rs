@@ -324,8 +324,7 @@ fn min_new_tokens_bans_stop_ids_until_reached() {
 }
 
 fn tokenizer_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../data/tokenizers/qwen2.5/tokenizer.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/tokenizers/qwen2.5/tokenizer.json")
 }
 
 #[test]
@@ -426,7 +425,7 @@ fn device_selection_matches_host_selection() {
         .iter()
         .map(|n| (n.to_string(), fixture(n)))
         .collect();
-    let mut cfg: ModelConfig = fixture("qwen2_bias_tied").config.clone();
+    let mut cfg: ModelConfig = fixture("qwen2_bias_tied").config().clone();
     cfg.vocab_size = 3000;
     models.push((
         "random-3000".into(),

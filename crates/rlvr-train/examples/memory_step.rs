@@ -7,7 +7,8 @@
 //! bf16). `--head chunked` forces the chunked head on the CPU (default: the model's choice).
 //!
 //! `--mode head`: only the head, `h` `[rows·seq, hidden]` and `W` `[vocab, hidden]` as trainable
-//! tensors: `--head unfused` (h·Wᵀ, then `Model::logprobs_unfused`), `chunked` or `fused`.
+//! tensors: `--head unfused` (h·Wᵀ, then `Model::logprobs_unfused`) or `chunked` (the CPU's fused
+//! head is measured by `--mode step`, whose default head it is in f32).
 //!
 //! Prints one JSON line: peak RSS (VmHWM, MiB), seconds of the measured step, and the estimate.
 
@@ -99,16 +100,6 @@ fn main() -> anyhow::Result<()> {
                 let (lp, e) = Model::logprobs_unfused(&logits, &tt, 1.0, true)?;
                 (lp, e.unwrap())
             }
-            "fused" => {
-                let op = rlvr_model::fused::LmHeadLogprobOp {
-                    targets: std::sync::Arc::new(targets.clone()),
-                    inv_t: 1.0,
-                    entropy: true,
-                    stash: None,
-                };
-                let out = hh.apply_op2(&ww, op)?;
-                (out.narrow(1, 0, 1)?, out.narrow(1, 1, 1)?)
-            }
             _ => {
                 let c = rlvr_model::chunked::chunk_width(n, v, rlvr_model::chunked::CHUNK_ELEMS);
                 let (lp, e) =
@@ -165,7 +156,7 @@ fn main() -> anyhow::Result<()> {
     let act = rows as u64 * t * (layer * (shape.layers + 1) + outside);
     let n = (rows * (seq - 1)) as u64;
     let logits = if head != "chunked" && dtype == DType::F32 {
-        (n * shape.vocab * 4).min(rlvr_model::fused::STASH_MAX_BYTES as u64)
+        (n * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
     } else {
         6 * rlvr_model::chunked::CHUNK_ELEMS as u64 * 4 + shape.vocab * shape.hidden * b
     };

@@ -10,6 +10,7 @@ use anyhow::Context;
 use rlvr_data::config::{PromptStyle, TaskKind};
 use rlvr_data::generate::Split;
 use rlvr_model::checkpoint::Policy;
+use rlvr_model::{ComputeDtype, DeviceSpec};
 use rlvr_reward::combine::RewardFunction;
 
 use crate::config::{RawConfig, ResolvedConfig};
@@ -60,6 +61,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         None => RawConfig::load(a.config.as_deref(), &a.set)?.resolve()?,
     };
+    cfg.check_runnable()?;
     let stop = Arc::new(AtomicBool::new(false));
     install_ctrlc(stop.clone());
     let s = train(
@@ -136,13 +138,18 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut raw = RawConfig::load(a.config.as_deref(), &sets)?;
     // --dtype/--device win; else the config's [model] (defaults f32 on the CPU).
-    let dtype_s = a.dtype.as_deref().unwrap_or(&raw.model.dtype);
-    let device_s = a.device.as_deref().unwrap_or(&raw.model.device);
-    let device = rlvr_model::parse_device(device_s)
-        .with_context(|| format!("device {device_s:?} (--device, else model.device)"))?;
-    let dtype = rlvr_model::parse_dtype(dtype_s).with_context(|| {
-        format!("dtype {dtype_s:?} (--dtype, else model.dtype): expected f32, bf16, f16 or f64")
-    })?;
+    let dtype = match &a.dtype {
+        Some(s) => s.parse::<ComputeDtype>().context("--dtype")?,
+        None => raw.model.dtype,
+    };
+    let device = match &a.device {
+        Some(s) => s.parse::<DeviceSpec>().context("--device")?,
+        None => raw.model.device,
+    };
+    let device = device
+        .open()
+        .with_context(|| format!("device {device} (--device, else model.device)"))?;
+    let dtype = dtype.dtype();
     let policy = Policy::load(&a.model, dtype, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
     if a.config.is_none() {

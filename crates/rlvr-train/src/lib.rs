@@ -26,6 +26,7 @@
 //! assert_eq!(lr_at(&t, 1), 0.5);
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod checkpoint;
 pub mod cli;

@@ -17,7 +17,7 @@
 //!   one layer of backward working set; with activation checkpointing only each layer's input is
 //!   kept and one layer is recomputed at a time.
 //! - the **logits buffer**: on the CPU in f32 the fused head keeps the `[N, V]` logits up to
-//!   512 MiB (`rlvr_model::fused::STASH_MAX_BYTES`); elsewhere the chunked head holds a few
+//!   512 MiB (`rlvr_model::STASH_MAX_BYTES`); elsewhere the chunked head holds a few
 //!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each).
 //! - the native sampler's **KV cache**: `rollout.max_batch_rows × T × layers × 2 × kv_heads ×
 //!   head_dim × b`.
@@ -28,7 +28,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use rlvr_model::ModelConfig;
+use rlvr_model::{ComputeDtype, DeviceSpec, ModelConfig};
 use serde::Serialize;
 
 use crate::config::RawConfig;
@@ -61,14 +61,23 @@ pub struct PlanArgs {
 /// The model's shape, from config.json.
 #[derive(Debug, Clone, Serialize)]
 pub struct Shape {
+    /// Trainable parameters (as `Model::named_vars` lists them; a tied head counted once).
     pub params: u64,
+    /// Vocabulary entries (`vocab_size`).
     pub vocab: u64,
+    /// Hidden size.
     pub hidden: u64,
+    /// Decoder layers.
     pub layers: u64,
+    /// Attention (query) heads.
     pub heads: u64,
+    /// Key/value heads.
     pub kv_heads: u64,
+    /// Per-head width.
     pub head_dim: u64,
+    /// MLP width.
     pub intermediate: u64,
+    /// Whether the lm_head is the embedding.
     pub tied: bool,
     qkv_bias: bool,
     qk_norm: bool,
@@ -149,24 +158,41 @@ impl Shape {
 /// Everything `rlvr plan` reports, in bytes.
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
+    /// `model.path`.
     pub model: String,
+    /// The model's shape.
     pub shape: Shape,
+    /// `model.dtype`.
     pub dtype: String,
+    /// `model.device`.
     pub device: String,
-    /// Tokens per row: prompt + completion.
+    /// Prompt tokens per row (`data.max_prompt_len`, or [`DEFAULT_PROMPT_TOKENS`]).
     pub prompt_tokens: u64,
+    /// Completion tokens per row (`rollout.max_new_tokens`).
     pub completion_tokens: u64,
+    /// Policy weights in the compute dtype.
     pub weights: u64,
+    /// The optimizer's f32 master weights (16-bit dtypes only).
     pub master_weights: u64,
+    /// The f32 gradient sum plus one micro-batch's gradients in the compute dtype.
     pub gradients: u64,
+    /// AdamW's two f32 moments.
     pub adamw_moments: u64,
+    /// The explorer's copies of the weights (sampling from a dataset; one more with `sync.offset ≥ 1`).
     pub explorer_weights: u64,
+    /// The reference model's weights (KL on).
     pub reference_model: u64,
+    /// Activations kept for the backward per micro-batch row of prompt + completion tokens.
     pub activations_per_row: u64,
+    /// The same with activation checkpointing (each layer's input kept, one layer recomputed).
     pub activations_per_row_checkpointed: u64,
+    /// The log-prob head's logits memory (fused CPU stash, or the chunked head's chunks).
     pub logits_buffer: u64,
+    /// The native sampler's KV cache for `kv_cache_rows` rows.
     pub kv_cache: u64,
+    /// `rollout.max_batch_rows`.
     pub kv_cache_rows: u64,
+    /// Constant process overhead ([`CPU_OVERHEAD`] or [`GPU_OVERHEAD`]).
     pub overhead: u64,
     /// Rows per micro-batch in the config (from `train.micro_batch_tokens` when set).
     pub micro_batch_rows: u64,
@@ -177,10 +203,13 @@ pub struct Plan {
     pub rollout_peak: u64,
     /// The memory to fit, when given.
     pub memory: Option<u64>,
+    /// Whether both peaks fit that memory.
     pub fits: Option<bool>,
-    /// Largest micro-batch rows (and rows × tokens) that fit, without and with checkpointing.
+    /// Largest micro-batch rows that fit (without checkpointing).
     pub max_micro_batch_rows: Option<u64>,
+    /// Rows × tokens of that largest micro-batch.
     pub max_micro_batch_tokens: Option<u64>,
+    /// Largest micro-batch rows with activation checkpointing.
     pub max_micro_batch_rows_checkpointed: Option<u64>,
     /// Largest `rollout.max_batch_rows` whose KV cache fits.
     pub max_rollout_rows: Option<u64>,
@@ -220,13 +249,12 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let mc = ModelConfig::from_file(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
     let shape = Shape::of(&mc);
-    let b: u64 = match raw.model.dtype.as_str() {
-        "bf16" | "f16" => 2,
-        "f32" => 4,
-        "f64" => 8,
-        d => bail!("model.dtype = {d:?}: expected f32 or bf16"),
+    let b: u64 = match raw.model.dtype {
+        ComputeDtype::Bf16 | ComputeDtype::F16 => 2,
+        ComputeDtype::F32 => 4,
+        ComputeDtype::F64 => 8,
     };
-    let cpu = raw.model.device == "cpu";
+    let cpu = raw.model.device == DeviceSpec::Cpu;
     let p = shape.params;
     let prompt = raw.data.max_prompt_len.unwrap_or(DEFAULT_PROMPT_TOKENS) as u64;
     let completion = raw.rollout.max_new_tokens as u64;
@@ -251,7 +279,7 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     };
     let scored = rows * completion;
     let logits_buffer = if cpu && b == 4 {
-        (scored * shape.vocab * 4).min(rlvr_model::fused::STASH_MAX_BYTES as u64)
+        (scored * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
     } else {
         // A few [N, C] chunk tensors in f32, and the head's gradient chunks before their concat.
         6 * rlvr_model::chunked::CHUNK_ELEMS as u64 * b.max(4) + shape.vocab * shape.hidden * b
@@ -291,8 +319,8 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     Ok(Plan {
         model: raw.model.path.display().to_string(),
         shape,
-        dtype: raw.model.dtype.clone(),
-        device: raw.model.device.clone(),
+        dtype: raw.model.dtype.to_string(),
+        device: raw.model.device.to_string(),
         prompt_tokens: prompt,
         completion_tokens: completion,
         weights,

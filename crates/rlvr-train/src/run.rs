@@ -135,8 +135,8 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
     write_run_json(&run_dir, c.train.seed, opts.resume)?;
 
-    let device = rlvr_model::parse_device(&c.model.device)?;
-    let dtype = rlvr_model::parse_dtype(&c.model.dtype).unwrap_or(DType::F32);
+    let device = c.model.open_device()?;
+    let dtype = c.model.dtype.dtype();
     let ckpt = if opts.resume {
         checkpoint::latest(&run_dir)?
     } else {

@@ -1,5 +1,10 @@
-//! Config precedence (defaults < preset < file < --set) and errors naming the offending key.
+//! Config precedence (defaults < preset < file < --set), typed dtype and device, loss options, and
+//! errors naming the offending key, where it came from and the fix.
 
+mod common;
+
+use rlvr_model::{ComputeDtype, DeviceSpec};
+use rlvr_train::cli::{run_train, TrainArgs};
 use rlvr_train::config::{apply_override, lr_at, parse_value, RawConfig, Schedule, TrainSection};
 
 fn check_load(file: &str, sets: &[&str]) -> anyhow::Result<rlvr_train::config::ResolvedConfig> {
@@ -140,4 +145,237 @@ fn lr_schedules() {
     assert!((lr_at(&k, 6) - 0.5).abs() < 1e-12); // half-way: cos(π/2) = 0
     assert!((lr_at(&k, 4) - 0.5 * (1.0 + (std::f64::consts::PI / 4.0).cos())).abs() < 1e-12);
     assert!(lr_at(&k, 10).abs() < 1e-12);
+}
+
+/// `model.dtype` and `model.device` are parsed once, at load, into enums; an unknown name fails
+/// there with the key and the accepted names; the resolved config writes the canonical names.
+#[test]
+fn dtype_and_device_are_enums_with_the_accepted_values_listed() {
+    let c = check_load("[model]\ndtype = \"bfloat16\"\ndevice = \"cuda\"\n", &[]).unwrap();
+    assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
+    assert_eq!(c.raw.model.device, DeviceSpec::Cuda(0));
+    let text = c.to_toml().unwrap();
+    assert!(
+        text.contains("dtype = \"bf16\"") && text.contains("device = \"cuda:0\""),
+        "{text}"
+    );
+    let c = check_load("", &["model.device=\"cuda:3\""]).unwrap();
+    assert_eq!(c.raw.model.device, DeviceSpec::Cuda(3));
+    let err = format!("{:#}", check_load("", &["model.dtype=\"f8\""]).unwrap_err());
+    for want in ["model.dtype", "\"f8\"", "f32", "bf16"] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    for bad in ["gpu", "cuda:x", "cuda0"] {
+        let err = format!(
+            "{:#}",
+            check_load("", &[&format!("model.device=\"{bad}\"")]).unwrap_err()
+        );
+        assert!(
+            err.contains("model.device") && err.contains(bad) && err.contains("cpu or cuda:N"),
+            "{err}"
+        );
+    }
+}
+
+/// f16 without loss scaling is unsafe for training: refused with the alternatives named (inference
+/// keeps it: `ComputeDtype::F16` parses).
+#[test]
+fn f16_is_refused_for_training() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["model.dtype=\"f16\""]).unwrap_err()
+    );
+    assert!(
+        err.contains("model.dtype") && err.contains("f16") && err.contains("bf16"),
+        "{err}"
+    );
+    assert_eq!("f16".parse::<ComputeDtype>().unwrap(), ComputeDtype::F16);
+    assert!(check_load("", &["model.dtype=\"f64\""]).is_ok());
+}
+
+/// A CUDA device on a binary built without CUDA: the error names the override that runs on the CPU.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_on_a_cpu_build_names_the_cpu_override() {
+    let c = check_load("", &["model.device=\"cuda:0\""]).unwrap();
+    let err = format!("{:#}", c.raw.model.open_device().unwrap_err());
+    assert!(err.contains("--set model.device=\"cpu\""), "{err}");
+    // Through `rlvr train`, with a model that loads.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let mut set = common::arithmetic_sets(&model, &tmp.path().join("run"));
+    set.push("model.device=\"cuda:0\"".into());
+    let args = TrainArgs {
+        set,
+        no_progress: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+    assert!(err.contains("--set model.device=\"cpu\""), "{err}");
+}
+
+/// An option of another loss that the user set (file or `--set`) is an error naming the key and the
+/// loss; the preset's values for other losses are not.
+#[test]
+fn loss_options_of_another_loss_are_rejected() {
+    for (file, sets, key, loss) in [
+        (
+            "",
+            vec!["algorithm.preset=\"reinforce\"", "algorithm.clip_low=0.1"],
+            "clip_low",
+            "reinforce",
+        ),
+        (
+            "[algorithm]\nloss = \"ppo\"\nkeep_mask = \"ring\"\n",
+            vec![],
+            "keep_mask",
+            "ppo",
+        ),
+        ("", vec!["algorithm.rec_weight=\"is\""], "rec_weight", "ppo"),
+        (
+            "",
+            vec!["algorithm.preset=\"cispo\"", "algorithm.dual_clip=3"],
+            "dual_clip",
+            "cispo",
+        ),
+        (
+            "",
+            vec!["algorithm.preset=\"dapo\"", "algorithm.adv_temperature=0.5"],
+            "adv_temperature",
+            "ppo",
+        ),
+    ] {
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(
+            err.contains(&format!("algorithm.{key}")) && err.contains(&format!("\"{loss}\"")),
+            "{sets:?}: {err}"
+        );
+    }
+    // The rec_ring_is preset sets the keep-mask, weight and ring ranges; with loss = ppo they are
+    // preset values, not the user's: accepted.
+    let c = check_load(
+        "",
+        &["algorithm.preset=\"rec_ring_is\"", "algorithm.loss=\"ppo\""],
+    )
+    .unwrap();
+    assert_eq!(c.algorithm.loss, rlvr_algo::PolicyLoss::Ppo);
+    // The same knob with a loss that reads it is fine.
+    let c = check_load("", &["algorithm.preset=\"cispo\"", "algorithm.is_cap=2"]).unwrap();
+    assert_eq!(c.algorithm.is_cap, Some(2.0));
+}
+
+/// `config.toml` holds the knobs of the chosen loss only, and still resolves to the same algorithm.
+#[test]
+fn resolved_config_holds_only_the_keys_that_apply() {
+    let algorithm_table = |text: &str| -> toml::Table {
+        let t: toml::Table = text.parse().unwrap();
+        t["algorithm"].as_table().unwrap().clone()
+    };
+    for (preset, present, absent) in [
+        (
+            "grpo",
+            &["clip_low", "clip_high", "baseline", "aggregation"][..],
+            &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+            ][..],
+        ),
+        (
+            "rec_ring_is",
+            &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+            ],
+            &["dual_clip"],
+        ),
+        (
+            "reinforce",
+            &["baseline", "tau", "regulariser"],
+            &["clip_low", "clip_high", "keep_mask", "clip_low_prime"],
+        ),
+        ("cispo", &["clip_high"], &["clip_low", "keep_mask"]),
+    ] {
+        let c = check_load("", &[&format!("algorithm.preset=\"{preset}\"")]).unwrap();
+        let text = c.to_toml().unwrap();
+        let alg = algorithm_table(&text);
+        for k in present {
+            assert!(alg.contains_key(*k), "{preset}: {k} missing:\n{text}");
+        }
+        for k in absent {
+            assert!(!alg.contains_key(*k), "{preset}: {k} written:\n{text}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("config.toml");
+        std::fs::write(&p, &text).unwrap();
+        let again = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+        assert_eq!(again.algorithm, c.algorithm, "{preset}");
+    }
+}
+
+/// `rollout.group_size = 1` never learns (every group baseline equals the one reward): an error naming
+/// the key and the fix, unless `rollout.allow_group_size_one`; offline runs take groups from the file.
+#[test]
+fn group_size_one_is_refused_unless_allowed() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.group_size=1"]).unwrap_err()
+    );
+    assert!(
+        err.contains("rollout.group_size = 1") && err.contains("rollout.allow_group_size_one"),
+        "{err}"
+    );
+    let c = check_load(
+        "",
+        &["rollout.group_size=1", "rollout.allow_group_size_one=true"],
+    )
+    .unwrap();
+    assert_eq!(c.raw.rollout.group_size, 1);
+    assert!(check_load("", &["rollout.group_size=2"]).is_ok());
+}
+
+/// An error that a `--set` introduced is said to come from that `--set`, not from the file; one in
+/// the file is said to come from the file.
+#[test]
+fn set_errors_are_blamed_on_the_set() {
+    let file = "[train]\nlr = 1e-5\n";
+    for (sets, key) in [
+        (
+            vec!["train.steps=3", "train.lr=\"fast\""],
+            "--set train.lr=\"fast\"",
+        ),
+        (vec!["train.lrr=1", "train.steps=3"], "--set train.lrr=1"),
+        (vec!["model.dtype=\"f8\""], "--set model.dtype=\"f8\""),
+    ] {
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(err.contains(key), "{err}");
+        assert!(!err.contains("c.toml"), "blamed on the file: {err}");
+    }
+    let err = format!(
+        "{:#}",
+        check_load("[train]\nlr = \"fast\"\n", &["train.steps=3"]).unwrap_err()
+    );
+    assert!(err.contains("c.toml") && !err.contains("--set"), "{err}");
+    // A --set that fixes the file's error is no error at all.
+    let c = check_load("[train]\nlr = \"fast\"\n", &["train.lr=1e-4"]).unwrap();
+    assert_eq!(c.raw.train.lr, 1e-4);
+}
+
+/// `rlvr train` with no model: says model.path is required (not "loading the policy from :").
+#[test]
+fn train_without_a_model_says_model_path_is_required() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = TrainArgs {
+        set: vec![format!("output.dir={}", tmp.path().join("run").display())],
+        no_progress: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+    assert!(err.contains("model.path is required"), "{err}");
+    assert!(!tmp.path().join("run").exists(), "nothing is written");
 }

@@ -152,3 +152,63 @@ fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
         assert!(text.contains(k), "table lacks {k}:\n{text}");
     }
 }
+
+/// The per-layer activation bytes of a small shape, term by term by hand (hidden 16, 4 heads of 8,
+/// 2 KV heads, MLP 24, q/k/v bias, T = 10): f32 (b = 4) and bf16 (b = 2, reductions in f32).
+#[test]
+fn layer_activation_bytes_match_a_hand_count() {
+    let c = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 50, "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+            "tie_word_embeddings": true}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    let s = Shape::of(&c);
+    // f32: norms 2·3·16·4 = 384; q/k/v with bias (32+16+16)·4·2 = 512; rotary (11·32+13·16)·4/2 =
+    // 1120; scores 4 heads·10·(2·4+4·4) = 960; p·v, copy, o-proj, residual 2·32·4+2·16·4 = 384;
+    // MLP 4·24·4+2·16·4 = 512.
+    assert_eq!(s.layer_bytes_per_token(4, 10), 384 + 512 + 1120 + 960 + 384 + 512);
+    // bf16: norms 2·(3·16·4+2·16·2) = 512; q/k/v 64·2·2 = 256; rotary 560·2/2 = 560; scores
+    // 4·10·(2·2+4·4+4+2) = 1040; 2·32·2+2·16·2 = 192; MLP 4·24·2+2·16·2 = 256.
+    assert_eq!(s.layer_bytes_per_token(2, 10), 512 + 256 + 560 + 1040 + 192 + 256);
+    // Parameters by hand: embedding 50·16 (tied) + 3 layers × (2 norms 2·16 + q 16·32 + k, v
+    // 2·16·16 + o 32·16 + MLP 3·16·24 + q/k/v bias 32+16+16) + final norm 16.
+    let layer = 2 * 16 + 16 * 32 + 2 * 16 * 16 + 32 * 16 + 3 * 16 * 24 + (32 + 16 + 16);
+    assert_eq!(s.params, 50 * 16 + 3 * layer + 16);
+}
+
+/// The Qwen2.5-0.5B plan of the shipped GSM8K config, by hand: 512 + 512 tokens, bf16 on a GPU.
+#[test]
+fn qwen2_5_0_5b_plan_matches_a_hand_count() {
+    let p = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
+    let n: u64 = 494_032_768;
+    assert_eq!((p.prompt_tokens, p.completion_tokens), (512, 512));
+    assert_eq!(p.gradients, 4 * n + 2 * n);
+    // KV cache per row: 1024 tokens × 24 layers × (k, v) × 2 KV heads × 64 × 2 bytes = 12 MiB.
+    assert_eq!(p.kv_cache, p.kv_cache_rows * 1024 * 24 * 2 * 2 * 64 * 2);
+    assert_eq!(1024 * 24 * 2 * 2 * 64 * 2, 12 << 20);
+    // Chunked logits: 6 chunks of 8 Mi f32 logits + the head's [V, H] gradient chunks in bf16.
+    assert_eq!(p.logits_buffer, 6 * (8 << 20) * 4 + 151_936 * 896 * 2);
+    // Activations per row: 25 layers' worth (24 + one of backward working set) + embedding and
+    // final norm, 896·(2 + 16) bytes per token.
+    let layer = p.shape.layer_bytes_per_token(2, 1024);
+    assert_eq!(p.activations_per_row, 1024 * (25 * layer + 896 * 18));
+    assert_eq!(
+        p.activations_per_row_checkpointed,
+        1024 * (896 * 2 * 24 + 2 * layer + 896 * 18)
+    );
+    // The largest micro-batch: what is left after the fixed part, in whole rows.
+    let fixed = p.weights
+        + p.master_weights
+        + p.adamw_moments
+        + p.explorer_weights
+        + p.gradients
+        + p.logits_buffer
+        + p.overhead;
+    assert_eq!(
+        p.max_micro_batch_rows.unwrap(),
+        ((80u64 << 30) - fixed) / p.activations_per_row
+    );
+}

@@ -109,7 +109,7 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     anyhow::ensure!(a.runs > 0, "--runs must be at least 1");
     let model = load(&a.model)?;
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     for &batch in &a.batch {
         anyhow::ensure!(batch > 0, "--batch must be at least 1");
         let mut rng = rand::rngs::StdRng::seed_from_u64(a.model.seed);
@@ -189,7 +189,7 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.model.seed);
     let ids: Vec<Vec<u32>> = (0..a.rows)
         .map(|_| (0..a.seq_len).map(|_| rng.random_range(0..vocab)).collect())

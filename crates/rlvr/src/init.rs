@@ -67,6 +67,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let arch = Arch::from_model_type(&a.arch)
         .with_context(|| format!("--arch {}: expected qwen2, qwen3 or llama", a.arch))?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
+        .ok()
         .filter(|d| matches!(d, DType::F32 | DType::BF16))
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let tok = tokenizer_for_init(&a.tokenizer)?;
@@ -131,7 +132,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "out": a.out.display().to_string(),
-            "parameters": model.config.num_parameters(),
+            "parameters": model.config().num_parameters(),
             "vocab_size": vocab_size,
         })
     )?;

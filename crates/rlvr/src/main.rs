@@ -1,6 +1,8 @@
 //! The `rlvr` command-line tool. Each subcommand lives in the crate that owns its concept; this
 //! file only parses arguments and dispatches (interfaces: DESIGN.md section 10).
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +47,8 @@ enum Command {
     Algorithms,
     /// The default job: SFT warm start, then on- vs off-policy GRPO on addition; no download, no GPU.
     Quickstart(quickstart::QuickstartArgs),
+    /// Reproduce the papers: a sweep of arms x seeds as child runs, then summaries, figures, verdicts.
+    Lab(rlvr_lab::LabArgs),
     /// Throughput of sampling or of a training step on random data (bench/gpu.sh; JSON lines).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -67,6 +71,7 @@ fn main() {
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
         Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
         Command::Quickstart(a) => quickstart::run(a, &mut out),
+        Command::Lab(a) => rlvr_lab::run(a, &mut out),
         Command::Bench(c) => bench::run(c, &mut out),
     };
     let _ = out.flush();

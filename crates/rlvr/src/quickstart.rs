@@ -64,6 +64,10 @@ pub struct QuickstartArgs {
     /// Output directory (its phase subdirectories are replaced).
     #[arg(long, default_value = "runs/quickstart")]
     pub out: PathBuf,
+    /// Stop after the SFT warm start: OUT/sft, OUT/data, OUT/quickstart.toml and
+    /// OUT/warm_start.json (`sft_accuracy`, `sft_steps`, `seed`); `rlvr lab` runs this once per seed.
+    #[arg(long)]
+    pub warm_start_only: bool,
 }
 
 /// Every size of one quickstart (full or `--fast`), worked out once.
@@ -482,6 +486,13 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )
     .context("quickstart warm start")?;
     w.sft = t.elapsed().as_secs_f64();
+    if a.warm_start_only {
+        let s = json!({"sft_accuracy": ws.accuracy, "sft_steps": ws.steps, "seed": a.seed,
+            "fast": a.fast, "wall_s": {"init": w.init, "sft": w.sft}});
+        std::fs::write(dir.join("warm_start.json"), format!("{s}\n"))?;
+        writeln!(out, "{s}")?;
+        return Ok(());
+    }
 
     // 3. the two RL runs, same warm start, steps, prompts and seed.
     let rl = |cfg: &ResolvedConfig, name: &str| -> anyhow::Result<(f64, PathBuf)> {

@@ -1,0 +1,207 @@
+//! The choices of the `[algorithm]` table: one enum per choice knob (baseline, std normalisation,
+//! policy loss, REC keep-mask and weight, regulariser, KL estimator, aggregation, overlong
+//! treatment), and the grouping of the loss-specific knobs by the loss that reads them
+//! ([`LOSS_OPTIONS`], [`PolicyLoss::options`]).
+
+use serde::{Deserialize, Serialize};
+
+/// Baseline subtracted from each reward inside its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Baseline {
+    /// b = mean of the group's scored rewards (GRPO, arXiv 2402.03300 §4.1.2; paper B's group-relative REINFORCE).
+    Mean,
+    /// b = T·log(mean_j exp(r_j / T)), T = `lme_temperature` (Kimi k1.5, arXiv 2501.12599, the
+    /// optimal value of the KL-regularised objective used with OPMD).
+    LogMeanExp,
+    /// b_i = mean of the *other* K−1 rewards of the group (RLOO, arXiv 2402.14740):
+    /// A_i = K/(K−1)·(r_i − mean).
+    LeaveOneOut,
+}
+
+/// How the centred reward is divided by a standard deviation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StdNorm {
+    /// Bessel-corrected std (divide by n−1), as GRPO implementations (TRL, verl) use; A = (r − b)/(σ + ε).
+    Sample,
+    /// Population std (divide by n); RED-Drop uses it on the kept rows.
+    Population,
+    /// No division (Dr.GRPO, REINFORCE, the REC family).
+    None,
+}
+
+/// Over which rows the std of [`StdNorm`] is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StdLevel {
+    /// Each group's own std (GRPO).
+    Group,
+    /// One std of all scored, non-dropped rewards of the batch (the "group mean, batch std" variant).
+    Batch,
+}
+
+/// The per-token policy-gradient term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyLoss {
+    /// PPO clipped surrogate, −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A), ρ = exp(ℓ − ℓ_old), with optional
+    /// dual-clip (Schulman et al. arXiv 1707.06347 Eq. 7; paper A's off-policy GRPO uses it with ρ = π_θ/α).
+    Ppo,
+    /// REC family of paper B (arXiv 2509.24203): −A′·k·ℓ with keep-mask k from the detached ratio and
+    /// weight A′ ([`KeepMask`], [`RecWeight`]).
+    Rec,
+    /// GSPO (arXiv 2507.18071): clipped surrogate on s = exp(mean_t(ℓ − ℓ_old)), gradient through s.
+    Gspo,
+    /// CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_high))·A·ℓ.
+    Cispo,
+    /// Plain REINFORCE with a baseline: −A·ℓ (no ratio; equals REC with keep-mask and weight `none`).
+    Reinforce,
+}
+
+/// The loss-specific `[algorithm]` keys, each listed in the [`PolicyLoss::options`] of the losses
+/// that read it. Every other knob applies to every loss.
+pub const LOSS_OPTIONS: [&str; 9] = [
+    "clip_low",
+    "clip_high",
+    "clip_low_prime",
+    "clip_high_prime",
+    "dual_clip",
+    "keep_mask",
+    "rec_weight",
+    "adv_temperature",
+    "is_cap",
+];
+
+impl PolicyLoss {
+    /// Every loss, in the order of the enum.
+    pub const ALL: [PolicyLoss; 5] = [
+        PolicyLoss::Ppo,
+        PolicyLoss::Rec,
+        PolicyLoss::Gspo,
+        PolicyLoss::Cispo,
+        PolicyLoss::Reinforce,
+    ];
+
+    /// The config name (`algorithm.loss = "ppo"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyLoss::Ppo => "ppo",
+            PolicyLoss::Rec => "rec",
+            PolicyLoss::Gspo => "gspo",
+            PolicyLoss::Cispo => "cispo",
+            PolicyLoss::Reinforce => "reinforce",
+        }
+    }
+
+    /// This loss's group of [`LOSS_OPTIONS`]: the loss-specific keys its formula reads (see
+    /// `loss.rs`). PPO and GSPO: ε_low, ε_high, dual-clip c, IS cap C. CISPO:
+    /// −sg(min(ρ, 1+ε_high))·A·ℓ reads ε_high and C only. REC: keep-mask (ε_low, ε_high; the ring's
+    /// ε′_low, ε′_high) and weight (the `is`/`seq-is` IS cap C, the `advantage-exp` temperature T).
+    /// REINFORCE (−A·ℓ): none.
+    pub fn options(self) -> &'static [&'static str] {
+        match self {
+            PolicyLoss::Ppo | PolicyLoss::Gspo => &["clip_low", "clip_high", "dual_clip", "is_cap"],
+            PolicyLoss::Cispo => &["clip_high", "is_cap"],
+            PolicyLoss::Rec => &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low",
+                "clip_high",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+                "is_cap",
+            ],
+            PolicyLoss::Reinforce => &[],
+        }
+    }
+
+    /// Whether `key` (an `[algorithm]` key) is read by this loss: true for every key that is not in
+    /// [`LOSS_OPTIONS`], else whether it is in [`PolicyLoss::options`].
+    pub fn reads(self, key: &str) -> bool {
+        !LOSS_OPTIONS.contains(&key) || self.options().contains(&key)
+    }
+}
+
+/// REC keep-mask k ∈ {0, 1} from the detached ratio ρ̄ (paper B, arXiv 2509.24203, REC family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeepMask {
+    /// k = 1.
+    None,
+    /// (A ≥ 0 and ρ̄ ≤ 1+ε_high) or (A ≤ 0 and ρ̄ ≥ 1−ε_low): the tokens PPO's clip keeps.
+    OneSide,
+    /// 1−ε_low ≤ ρ̄ ≤ 1+ε_high.
+    TwoSide,
+    /// two-side, or (A ≥ 0 and ρ̄ ≤ 1−ε′_low), or (A ≤ 0 and ρ̄ ≥ 1+ε′_high).
+    Ring,
+    /// one-side applied to the detached sequence ratio s̄ = exp(mean_t(ℓ − ℓ_old)).
+    GspoOneSide,
+}
+
+/// REC weight: what multiplies −k·ℓ (paper B).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecWeight {
+    /// A′ = A.
+    None,
+    /// A′ = A·ρ̄ (token IS weight, detached; capped by `is_cap` when set).
+    Is,
+    /// A′ = A·s̄, s̄ = exp(mean_t(ℓ − ℓ_old)) detached (sequence IS weight).
+    SeqIs,
+    /// A′ = A·exp(A/T), T = `adv_temperature` (RED-Weight).
+    AdvantageExp,
+}
+
+/// Regulariser added per token with coefficient τ (paper B's REP family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Regulariser {
+    /// No regulariser.
+    None,
+    /// OPMD: +τ·(ℓ − ℓ_old)². Kimi k1.5 (arXiv 2501.12599) writes τ/2·(…)²; we follow Trinity-RFT,
+    /// which absorbs the ½ (its τ = 0.1 is Kimi's 0.2).
+    Opmd,
+    /// AsymRE: −τ·ℓ, i.e. the baseline lowered by τ (exactly so only without std normalisation).
+    Asymre,
+}
+
+/// KL-to-reference estimator, per token, with x = ℓ_ref − ℓ (Schulman, "Approximating KL divergence",
+/// <http://joschu.net/blog/kl-approx.html>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KlEstimator {
+    /// k1 = −x. Unbiased value; zero expected gradient as a loss term.
+    K1,
+    /// k2 = x²/2. Its gradient is the gradient of KL(π_θ‖π_ref).
+    K2,
+    /// k3 = exp(x) − x − 1 (GRPO, TRL). On-policy, its expected gradient is that of KL(π_ref‖π_θ).
+    K3,
+}
+
+/// Loss aggregation: how per-token terms L_it (mask m_it) become one scalar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Aggregation {
+    /// Σ m·L / Σ m over the whole update batch (DAPO).
+    TokenMean,
+    /// mean over sequences of (Σ_t m·L / Σ_t m) (original GRPO).
+    SeqMeanTokenMean,
+    /// mean over sequences of Σ_t m·L.
+    SeqMeanTokenSum,
+    /// Σ m·L / (B·max_new_tokens), B = rows in the normaliser (Dr.GRPO, arXiv 2503.20783).
+    Constant,
+}
+
+/// Treatment of truncated completions (no EOS within `rollout.max_new_tokens`), DAPO arXiv 2503.14476.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overlong {
+    /// Train on truncated completions like any other.
+    None,
+    /// Overlong filtering: truncated completions get no gradient and leave the normaliser.
+    Mask,
+    /// Soft overlong punishment added to the reward ([`crate::overlong_penalty`]).
+    Soft,
+}

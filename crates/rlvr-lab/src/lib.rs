@@ -1,0 +1,216 @@
+//! `rlvr lab [SWEEP.toml] [--jobs N] [--fast] [--out DIR] [--dry-run] [--only ARM]` (issue 16,
+//! DESIGN.md section 12): runs a grid of arms (an algorithm preset plus overrides at a sync interval
+//! and offset) × seeds from one warm start per seed, as child processes of the `rlvr` binary, then
+//! analyses it.
+//!
+//! Output in DIR (default `runs/lab`, `runs/lab-fast` with `--fast`):
+//! - `ARM/seed-S/`: ordinary run directories (`rlvr plot`, `rlvr eval` and `rlvr train --resume`
+//!   accept them), plus the lab's `lab.json` and `lab.log`;
+//! - `warm_start/seed-S/`: the quickstart's warm start of seed S (`rlvr quickstart --warm-start-only`);
+//! - `summary.json`, `summary.md` ([`summary`]), `verdicts.json`, `verdicts.md` ([`verdict`]), the
+//!   figures as `.svg` and `.png` ([`figures`]) and `lab.json` (the sweep, wall time, load).
+//!
+//! Process handling and resume: see [`runner`].
+
+#![deny(unsafe_code)] // two audited exceptions in runner.rs: installing a signal handler, prctl in pre_exec
+
+pub mod figures;
+pub mod runner;
+pub mod summary;
+pub mod sweep;
+pub mod verdict;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::sweep::Sweep;
+
+/// Arguments of `rlvr lab`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LabArgs {
+    /// Sweep file (default: the built-in `configs/lab.toml`).
+    pub sweep: Option<PathBuf>,
+    /// Runs at once (default: the sweep's `[lab].jobs`). Each run has the sweep's pinned thread
+    /// count, so results do not depend on this.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// The sweep's `[fast]` selection: one seed, fewer steps, only the arms the claims need.
+    #[arg(long)]
+    pub fast: bool,
+    /// Lab directory (default `runs/lab`, or `runs/lab-fast` with `--fast`). Rerunning on the same
+    /// directory resumes: finished runs are kept, unfinished ones continue.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// List the runs and the estimated wall time; run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Only these arms (name or preset; repeatable).
+    #[arg(long)]
+    pub only: Vec<String>,
+    /// Moving-average window of the diagnostics figures (default: the sweep's `[lab].smooth`).
+    #[arg(long)]
+    pub smooth: Option<usize>,
+}
+
+fn load_avg() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+fn fmt_min(s: f64) -> String {
+    format!("{:.0} min {:02.0} s", (s / 60.0).floor(), s % 60.0)
+}
+
+/// Reads the runs under `out`, writes summary.json/md, the figures and verdicts.json/md, and
+/// returns the verdicts.
+///
+/// # Errors
+/// I/O and drawing errors.
+pub fn analyse(
+    sweep: &Sweep,
+    out: &std::path::Path,
+    smooth: usize,
+) -> anyhow::Result<Vec<verdict::Verdict>> {
+    let runs: Vec<summary::RunSummary> = sweep
+        .runs()
+        .iter()
+        .filter(|r| sweep.run_dir(out, r).join("metrics.jsonl").exists())
+        .map(|r| summary::summarise(sweep, out, r))
+        .collect();
+    let stats = summary::arm_stats(&runs);
+    summary::write(out, &runs, &stats)?;
+    if !runs.is_empty() {
+        figures::write_all(out, &runs, smooth)?;
+    }
+    let vs = verdict::verdicts(&stats, verdict::MARGIN);
+    let p = out.join("verdicts.json");
+    let j = json!({"margin": verdict::MARGIN, "verdicts": vs});
+    std::fs::write(&p, serde_json::to_string_pretty(&j)? + "\n")
+        .with_context(|| format!("writing {}", p.display()))?;
+    std::fs::write(
+        out.join("verdicts.md"),
+        verdict::markdown(&vs, verdict::MARGIN),
+    )?;
+    Ok(vs)
+}
+
+/// Runs `rlvr lab`: the sweep (resuming what a previous lab on the same directory left), then the
+/// analysis; prints the verdict table.
+///
+/// # Errors
+/// A bad sweep, I/O, an interruption (rerun to resume), and failed runs (listed; the analysis of
+/// the others is written first).
+pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let text = match &a.sweep {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => sweep::DEFAULT_SWEEP.to_string(),
+    };
+    let sweep = Sweep::parse(&text)?.select(a.fast, &a.only)?;
+    let dir = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(if a.fast { "runs/lab-fast" } else { "runs/lab" }));
+    let jobs = a.jobs.unwrap_or(sweep.lab.jobs).max(1);
+    let smooth = a.smooth.unwrap_or(sweep.lab.smooth);
+    let runs = sweep.runs();
+    if a.dry_run {
+        writeln!(
+            out,
+            "{:<24} {:<18} {:>8} {:>6} {:>5}  {:<9} run directory",
+            "arm", "preset", "interval", "offset", "seed", "state"
+        )?;
+        for r in &runs {
+            let arm = &sweep.arms[r.arm];
+            let d = sweep.run_dir(&dir, r);
+            let rec = runner::RunRecord::read(&d);
+            let state = if rec.done {
+                "done"
+            } else if d.join("config.toml").exists() {
+                "resume"
+            } else {
+                "new"
+            };
+            writeln!(
+                out,
+                "{:<24} {:<18} {:>8} {:>6} {:>5}  {:<9} {}",
+                arm.name,
+                arm.preset,
+                arm.interval,
+                arm.offset,
+                r.seed,
+                state,
+                d.display()
+            )?;
+        }
+        let warm = if sweep.uses_quickstart() {
+            sweep.lab.seeds.len()
+        } else {
+            0
+        };
+        writeln!(
+            out,
+            "{} runs of {} steps, {warm} warm start(s), {jobs} at once ({} thread(s) each): about {} \
+             ({} s/step, {:.0} s per warm start; from the sweep's [lab].seconds_per_step)",
+            runs.len(),
+            sweep.lab.steps,
+            sweep.lab.threads,
+            fmt_min(sweep.estimate_s(jobs)),
+            sweep.lab.seconds_per_step,
+            sweep.warm_start.seconds,
+        )?;
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let load_start = load_avg();
+    let exe = std::env::current_exe().context("locating the rlvr binary")?;
+    let outcome = runner::run_sweep(&sweep, &dir, &exe, jobs)?;
+    let vs = analyse(&sweep, &dir, smooth)?;
+    let wall = t0.elapsed().as_secs_f64();
+    runner::write_lab_json(
+        &dir,
+        &text,
+        json!({
+            "fast": a.fast, "only": a.only, "jobs": jobs, "threads": sweep.lab.threads,
+            "runs": runs.len(), "kept": outcome.kept, "started": outcome.started,
+            "wall_s": wall, "loadavg": {"start": load_start, "end": load_avg()},
+            "failures": outcome.failures,
+        }),
+    )?;
+    writeln!(out, "\n{:<4} {:<14} claim", "", "status")?;
+    for v in &vs {
+        writeln!(
+            out,
+            "{:<4} {:<14} {}",
+            v.claim,
+            v.status.name(),
+            v.statement
+        )?;
+    }
+    writeln!(
+        out,
+        "lab: {} runs ({} kept, {} children started) in {}; {}, {}, {}",
+        runs.len(),
+        outcome.kept,
+        outcome.started,
+        fmt_min(wall),
+        dir.join("summary.md").display(),
+        dir.join("verdicts.md").display(),
+        dir.join("accuracy_v*.png").display(),
+    )?;
+    if !outcome.failures.is_empty() {
+        anyhow::bail!(
+            "{} task(s) failed:\n  {}",
+            outcome.failures.len(),
+            outcome.failures.join("\n  ")
+        );
+    }
+    Ok(())
+}

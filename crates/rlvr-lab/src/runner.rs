@@ -1,0 +1,452 @@
+//! Runs a sweep's warm starts and runs as child processes of the same `rlvr` binary.
+//!
+//! - At most `jobs` children at once, each with `RAYON_NUM_THREADS = [lab].threads`, so a run's
+//!   numbers do not depend on `--jobs`.
+//! - Children die with the lab: they stay in the lab's process group (a terminal's Ctrl-C and
+//!   `kill -- -PGID` reach every one), each asks the kernel for `SIGKILL` when the lab dies
+//!   (`prctl(PR_SET_PDEATHSIG)`, Linux; it covers `kill -9` of the lab), and on `SIGINT`, `SIGTERM`
+//!   or `SIGHUP` the lab kills its children itself before it exits (status 130).
+//! - Resume: a run is finished when RUN/lab.json says `"done": true` (written after `rlvr train`
+//!   exits 0) and is then never rerun; an unfinished run with a RUN/config.toml continues with
+//!   `rlvr train --resume RUN` from its latest checkpoint (`[lab].save_every`); a warm start is
+//!   finished when its `warm_start.json` exists.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::sweep::{RunSpec, Sweep};
+
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores into an atomic (async-signal-safe).
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::signal(
+                sig,
+                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+}
+
+/// A run's lab record, RUN/lab.json.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    /// `rlvr train` exited 0: the run is complete and is never rerun.
+    pub done: bool,
+    /// Wall seconds over every attempt (a resumed run adds up).
+    pub wall_s: f64,
+    /// Children started for this run (1 + resumes).
+    pub attempts: u32,
+    /// Exit status of the last finished attempt.
+    pub exit: Option<i32>,
+}
+
+impl RunRecord {
+    /// Reads RUN/lab.json (a missing or unreadable file is a fresh record).
+    pub fn read(run_dir: &Path) -> RunRecord {
+        std::fs::read_to_string(run_dir.join("lab.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    }
+
+    fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
+        let path = run_dir.join("lab.json");
+        let tmp = run_dir.join(".lab.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// One unit of work.
+#[derive(Debug, Clone)]
+enum Task {
+    Warm(u64),
+    Run(RunSpec),
+}
+
+struct Running {
+    task: Task,
+    child: Child,
+    started: Instant,
+    prev_wall: f64,
+    record: RunRecord,
+    last_write: Instant,
+}
+
+/// What [`run_sweep`] did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Tasks that failed, with the reason (the sweep went on without them).
+    pub failures: Vec<String>,
+    /// Runs skipped because they were already finished.
+    pub kept: usize,
+    /// Children started.
+    pub started: usize,
+}
+
+fn warm_done(out: &Path, seed: u64) -> bool {
+    Sweep::warm_dir(out, seed).join("warm_start.json").exists()
+}
+
+fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok((Stdio::from(f.try_clone()?), Stdio::from(f)))
+}
+
+/// Spawns `exe args` with the pinned thread count, its output appended to `log`, and the
+/// parent-death signal set.
+fn spawn(exe: &Path, args: &[String], threads: usize, log: &Path) -> anyhow::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let (o, e) = log_file(log)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .stdin(Stdio::null())
+        .stdout(o)
+        .stderr(e);
+    let lab_pid = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The lab died between fork and prctl: no signal will come, so go now.
+            if libc::getppid() != lab_pid {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
+}
+
+/// Steps a run directory's metrics.jsonl has reached (its last line's `step`), 0 if none.
+pub fn steps_reached(run_dir: &Path) -> u64 {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        })
+        .and_then(|v| v.get("step")?.as_u64())
+        .unwrap_or(0)
+}
+
+fn task_name(sweep: &Sweep, t: &Task) -> String {
+    match t {
+        Task::Warm(s) => format!("warm start seed {s}"),
+        Task::Run(r) => format!("{} seed {}", sweep.arms[r.arm].name, r.seed),
+    }
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}
+
+/// Runs every unfinished warm start and run of `sweep` under `out` with `exe` (the `rlvr` binary),
+/// at most `jobs` at once, with a progress display on stderr.
+///
+/// # Errors
+/// I/O errors of the lab itself, and an interruption by a signal (after the children are killed;
+/// rerunning the same command resumes). A failing child is not an error here: it is listed in
+/// [`Outcome::failures`].
+pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::Result<Outcome> {
+    install_signal_handlers();
+    let mut outcome = Outcome::default();
+    let mut queue: Vec<Task> = Vec::new();
+    if sweep.uses_quickstart() {
+        for &s in &sweep.lab.seeds {
+            if !warm_done(out, s) {
+                queue.push(Task::Warm(s));
+            }
+        }
+    }
+    let all = sweep.runs();
+    for r in &all {
+        if RunRecord::read(&sweep.run_dir(out, r)).done {
+            outcome.kept += 1;
+        } else {
+            queue.push(Task::Run(r.clone()));
+        }
+    }
+    let total = queue.len();
+    let pb = Display::new(total as u64);
+    let mut failed_seeds: Vec<u64> = Vec::new();
+    let mut running: Vec<Running> = Vec::new();
+    let mut done = 0usize;
+    let mut rate = sweep.lab.seconds_per_step;
+    let (mut measured_s, mut measured_steps) = (0.0, 0u64);
+    loop {
+        if let sig @ 1.. = SIGNALLED.load(Ordering::SeqCst) {
+            for r in &mut running {
+                let _ = r.child.kill();
+            }
+            for mut r in running.drain(..) {
+                let _ = r.child.wait();
+                if let Task::Run(spec) = &r.task {
+                    r.record.wall_s = r.prev_wall + r.started.elapsed().as_secs_f64();
+                    let _ = r.record.write(&sweep.run_dir(out, spec));
+                }
+            }
+            pb.bar.abandon();
+            anyhow::bail!(
+                "interrupted by signal {sig}: the children were stopped; rerun the same command to resume"
+            );
+        }
+        // Start what may start: runs wait for their seed's warm start.
+        let mut i = 0;
+        while running.len() < jobs && i < queue.len() {
+            let ready = match &queue[i] {
+                Task::Warm(_) => true,
+                Task::Run(r) => !sweep.uses_quickstart() || warm_done(out, r.seed),
+            };
+            let blocked = match &queue[i] {
+                Task::Run(r) => failed_seeds.contains(&r.seed),
+                Task::Warm(_) => false,
+            };
+            if blocked {
+                let t = queue.remove(i);
+                outcome
+                    .failures
+                    .push(format!("{}: its warm start failed", task_name(sweep, &t)));
+                done += 1;
+                continue;
+            }
+            if !ready {
+                i += 1;
+                continue;
+            }
+            let task = queue.remove(i);
+            running.push(start(sweep, out, exe, task)?);
+            outcome.started += 1;
+            let r = running.last().expect("just pushed");
+            pb.println(format!("start {}", task_name(sweep, &r.task)));
+        }
+        if running.is_empty() && queue.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        // Reap finished children.
+        let mut k = 0;
+        while k < running.len() {
+            let status = running[k].child.try_wait()?;
+            let Some(status) = status else {
+                let r = &mut running[k];
+                if let Task::Run(spec) = &r.task {
+                    if r.last_write.elapsed() > Duration::from_secs(5) {
+                        r.record.wall_s = r.prev_wall + r.started.elapsed().as_secs_f64();
+                        r.record.write(&sweep.run_dir(out, spec))?;
+                        r.last_write = Instant::now();
+                    }
+                }
+                k += 1;
+                continue;
+            };
+            let mut r = running.remove(k);
+            let secs = r.started.elapsed().as_secs_f64();
+            done += 1;
+            let name = task_name(sweep, &r.task);
+            match &r.task {
+                Task::Run(spec) => {
+                    let dir = sweep.run_dir(out, spec);
+                    r.record.wall_s = r.prev_wall + secs;
+                    r.record.exit = status.code();
+                    r.record.done = status.success();
+                    r.record.write(&dir)?;
+                    if status.success() {
+                        measured_s += secs;
+                        measured_steps += sweep.lab.steps;
+                        rate = measured_s / measured_steps as f64;
+                    } else {
+                        outcome.failures.push(format!(
+                            "{name}: rlvr train exited with {status}; see {}",
+                            dir.join("lab.log").display()
+                        ));
+                    }
+                }
+                Task::Warm(seed) => {
+                    if !status.success() || !warm_done(out, *seed) {
+                        failed_seeds.push(*seed);
+                        outcome.failures.push(format!(
+                            "{name}: rlvr quickstart exited with {status}; see {}",
+                            Sweep::warm_dir(out, *seed).with_extension("log").display()
+                        ));
+                    }
+                }
+            }
+            pb.println(format!("done  {name} ({secs:.0} s, {status})"));
+        }
+        // Progress: done / running / left, and the time left at the measured rate.
+        let mut steps_left = 0u64;
+        for t in &queue {
+            if let Task::Run(r) = t {
+                steps_left +=
+                    sweep.lab.steps - steps_reached(&sweep.run_dir(out, r)).min(sweep.lab.steps);
+            }
+        }
+        let mut warm_left = queue.iter().filter(|t| matches!(t, Task::Warm(_))).count();
+        for r in &running {
+            match &r.task {
+                Task::Run(s) => {
+                    steps_left +=
+                        sweep.lab.steps - steps_reached(&sweep.run_dir(out, s)).min(sweep.lab.steps)
+                }
+                Task::Warm(_) => warm_left += 1,
+            }
+        }
+        let left_s = (steps_left as f64 * rate + warm_left as f64 * sweep.warm_start.seconds)
+            / jobs.max(1) as f64;
+        pb.status(
+            done as u64,
+            format!(
+                "done {done}, running {}, left {} (+{} kept) ~{} left",
+                running.len(),
+                queue.len(),
+                outcome.kept,
+                fmt_secs(left_s)
+            ),
+        );
+    }
+    pb.bar.finish();
+    Ok(outcome)
+}
+
+/// The progress display: an indicatif bar on a terminal, plain `lab:` lines otherwise.
+struct Display {
+    bar: indicatif::ProgressBar,
+    terminal: bool,
+}
+
+impl Display {
+    fn new(len: u64) -> Display {
+        use std::io::IsTerminal;
+        let terminal = std::io::stderr().is_terminal();
+        let bar = if terminal {
+            let b = indicatif::ProgressBar::new(len);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "lab {bar:30} {pos}/{len} [{elapsed_precise}] {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b.enable_steady_tick(Duration::from_millis(500));
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        Display { bar, terminal }
+    }
+
+    fn println(&self, line: String) {
+        if self.terminal {
+            self.bar.println(line);
+        } else {
+            eprintln!("lab: {line}");
+        }
+    }
+
+    /// Updates the bar; off a terminal, prints the status when a task has finished.
+    fn status(&self, done: u64, msg: String) {
+        if !self.terminal && done != self.bar.position() {
+            eprintln!("lab: {msg}");
+        }
+        self.bar.set_position(done);
+        self.bar.set_message(msg);
+    }
+}
+
+fn start(sweep: &Sweep, out: &Path, exe: &Path, task: Task) -> anyhow::Result<Running> {
+    let threads = sweep.lab.threads;
+    match &task {
+        Task::Warm(seed) => {
+            let dir = Sweep::warm_dir(out, *seed);
+            std::fs::create_dir_all(&dir)?;
+            let mut args: Vec<String> = vec![
+                "quickstart".into(),
+                "--warm-start-only".into(),
+                "--seed".into(),
+                seed.to_string(),
+                "--out".into(),
+                dir.display().to_string(),
+            ];
+            args.extend(sweep.warm_start.quickstart_args.iter().cloned());
+            let child = spawn(exe, &args, threads, &dir.with_extension("log"))?;
+            Ok(Running {
+                task,
+                child,
+                started: Instant::now(),
+                prev_wall: 0.0,
+                record: RunRecord::default(),
+                last_write: Instant::now(),
+            })
+        }
+        Task::Run(spec) => {
+            let dir = sweep.run_dir(out, spec);
+            std::fs::create_dir_all(&dir)?;
+            let mut record = RunRecord::read(&dir);
+            let args: Vec<String> = if dir.join("config.toml").exists() {
+                vec![
+                    "train".into(),
+                    "--no-progress".into(),
+                    "--resume".into(),
+                    dir.display().to_string(),
+                ]
+            } else {
+                sweep.train_args(out, spec)
+            };
+            record.attempts += 1;
+            record.done = false;
+            record.write(&dir)?;
+            let child = spawn(exe, &args, threads, &dir.join("lab.log"))?;
+            Ok(Running {
+                task,
+                child,
+                started: Instant::now(),
+                prev_wall: record.wall_s,
+                record,
+                last_write: Instant::now(),
+            })
+        }
+    }
+}
+
+/// The run directories of `sweep` under `out`, in [`Sweep::runs`] order.
+pub fn run_dirs(sweep: &Sweep, out: &Path) -> Vec<PathBuf> {
+    sweep.runs().iter().map(|r| sweep.run_dir(out, r)).collect()
+}
+
+/// The lab's record of what it ran, OUT/lab.json (sweep text, command, load).
+///
+/// # Errors
+/// I/O.
+pub fn write_lab_json(out: &Path, sweep_text: &str, v: serde_json::Value) -> anyhow::Result<()> {
+    let mut v = v;
+    v["sweep"] = json!(sweep_text);
+    std::fs::write(
+        out.join("lab.json"),
+        serde_json::to_string_pretty(&v)? + "\n",
+    )
+    .with_context(|| format!("writing {}", out.join("lab.json").display()))
+}

@@ -1,0 +1,336 @@
+//! The sweep file (`configs/lab.toml` documents every key in its comments): what to run.
+//!
+//! A sweep is a list of **arms** (an algorithm preset plus `--set` overrides, at a sync interval and
+//! offset, DESIGN.md section 2) crossed with **seeds**. Every run of a seed starts from that seed's
+//! warm start: the quickstart's SFT checkpoint (`rlvr quickstart --warm-start-only --seed S`), or
+//! any model the sweep names.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+/// The default sweep (`configs/lab.toml`), used when `rlvr lab` gets no file.
+pub const DEFAULT_SWEEP: &str = include_str!("../../../configs/lab.toml");
+
+/// `[lab]`: settings shared by every run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabSection {
+    /// Runs at once when `--jobs` is not given.
+    #[serde(default = "one")]
+    pub jobs: usize,
+    /// `RAYON_NUM_THREADS` of every child (pinned, so results do not depend on `--jobs`).
+    #[serde(default = "one")]
+    pub threads: usize,
+    /// Seeds; each seed has its own warm start and one run per arm.
+    pub seeds: Vec<u64>,
+    /// `train.steps` of every run.
+    pub steps: u64,
+    /// `train.eval_every` (held-out evaluations; the verdicts use the last one).
+    #[serde(default = "default_eval_every")]
+    pub eval_every: u64,
+    /// `train.save_every`: checkpoints a killed lab resumes from.
+    #[serde(default = "default_save_every")]
+    pub save_every: u64,
+    /// `--set` overrides of every run (before the arm's own).
+    #[serde(default)]
+    pub sets: Vec<String>,
+    /// Wall seconds of one training step of one run at `threads` threads, for `--dry-run` and the
+    /// time left (replaced by the measured rate once runs finish).
+    #[serde(default = "default_step_s")]
+    pub seconds_per_step: f64,
+    /// Moving-average window of the training-metric figures (1 = raw).
+    #[serde(default = "one")]
+    pub smooth: usize,
+}
+
+fn one() -> usize {
+    1
+}
+fn default_eval_every() -> u64 {
+    25
+}
+fn default_save_every() -> u64 {
+    50
+}
+fn default_step_s() -> f64 {
+    0.15
+}
+
+/// `[warm_start]`: where each seed's runs start.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct WarmStartSection {
+    /// A model directory for every run instead of the quickstart's warm start; `{seed}` is replaced
+    /// by the seed. Requires `config`.
+    pub model: Option<String>,
+    /// Base config of every run; `{seed}` is replaced. Default: the quickstart's own
+    /// (`configs/quickstart.toml`, as written into the warm-start directory).
+    pub config: Option<String>,
+    /// Extra arguments of `rlvr quickstart --warm-start-only` (e.g. `["--fast"]` in tests).
+    #[serde(default)]
+    pub quickstart_args: Vec<String>,
+    /// Wall seconds of one quickstart warm start, for `--dry-run`.
+    #[serde(default = "default_warm_s")]
+    pub seconds: f64,
+}
+
+fn default_warm_s() -> f64 {
+    60.0
+}
+
+/// `[fast]`: what `--fast` changes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FastSection {
+    /// Seeds under `--fast`.
+    pub seeds: Vec<u64>,
+    /// `train.steps` under `--fast`.
+    pub steps: u64,
+    /// Arms kept under `--fast` (by name).
+    pub arms: Vec<String>,
+    /// Runs at once under `--fast` when `--jobs` is not given (default: `[lab].jobs`).
+    pub jobs: Option<usize>,
+}
+
+/// `[[arm]]`: one algorithm at one sync interval and offset.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Arm {
+    /// Unique name; the run directories are OUT/NAME/seed-S (letters, digits, `_`, `-`).
+    pub name: String,
+    /// Algorithm name in figures and tables (arms with the same label are one algorithm at
+    /// several intervals). Default: the preset.
+    pub label: Option<String>,
+    /// `algorithm.preset` (`rlvr algorithms` lists them).
+    pub preset: String,
+    /// `sync.interval` v.
+    #[serde(default = "one_u64")]
+    pub interval: u64,
+    /// `sync.offset` o.
+    #[serde(default)]
+    pub offset: u64,
+    /// `--set` overrides of this arm (after `[lab].sets`).
+    #[serde(default)]
+    pub sets: Vec<String>,
+}
+
+fn one_u64() -> u64 {
+    1
+}
+
+impl Arm {
+    /// The algorithm's display name.
+    pub fn label(&self) -> &str {
+        self.label.as_deref().unwrap_or(&self.preset)
+    }
+}
+
+/// A whole sweep file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    /// Shared settings.
+    pub lab: LabSection,
+    /// Warm start.
+    #[serde(default)]
+    pub warm_start: WarmStartSection,
+    /// `--fast` settings (optional; without it `--fast` is an error).
+    pub fast: Option<FastSection>,
+    /// The arms.
+    #[serde(rename = "arm")]
+    pub arms: Vec<Arm>,
+}
+
+/// One run: an arm at a seed.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Index into [`Sweep::arms`].
+    pub arm: usize,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Sweep {
+    /// Parses a sweep file's text and checks it.
+    ///
+    /// # Errors
+    /// TOML errors (with the key), an empty arm or seed list, duplicate or unsafe arm names, a
+    /// `model` without a `config`.
+    pub fn parse(text: &str) -> anyhow::Result<Sweep> {
+        let s: Sweep = toml::from_str(text).context("parsing the sweep")?;
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Reads `path`, or the default sweep when `None`.
+    ///
+    /// # Errors
+    /// As [`Sweep::parse`], plus I/O.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Sweep> {
+        match path {
+            None => Sweep::parse(DEFAULT_SWEEP),
+            Some(p) => {
+                let t = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                Sweep::parse(&t).with_context(|| format!("in {}", p.display()))
+            }
+        }
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if self.arms.is_empty() || self.lab.seeds.is_empty() {
+            bail!("a sweep needs at least one [[arm]] and one seed");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for a in &self.arms {
+            let ok = !a.name.is_empty()
+                && a.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !ok {
+                bail!("arm name `{}`: use letters, digits, `_` and `-`", a.name);
+            }
+            if !seen.insert(a.name.as_str()) {
+                bail!("arm `{}` appears twice", a.name);
+            }
+            if a.interval == 0 {
+                bail!("arm `{}`: interval must be >= 1", a.name);
+            }
+        }
+        if let Some(f) = &self.fast {
+            for n in &f.arms {
+                if !seen.contains(n.as_str()) {
+                    bail!("[fast].arms names `{n}`, which is no [[arm]]");
+                }
+            }
+        }
+        if self.warm_start.model.is_some() && self.warm_start.config.is_none() {
+            bail!("[warm_start].model needs [warm_start].config (the runs' base config)");
+        }
+        if self.lab.jobs == 0 || self.lab.threads == 0 || self.lab.steps == 0 {
+            bail!("[lab] jobs, threads and steps must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// Applies `--fast` (its seeds, steps and arms) and `--only` (arm names or presets).
+    ///
+    /// # Errors
+    /// `--fast` without a `[fast]` section; `--only` matching no arm.
+    pub fn select(mut self, fast: bool, only: &[String]) -> anyhow::Result<Sweep> {
+        if fast {
+            let f = self
+                .fast
+                .clone()
+                .context("--fast: this sweep has no [fast] section")?;
+            self.lab.seeds = f.seeds;
+            self.lab.steps = f.steps;
+            if let Some(j) = f.jobs {
+                self.lab.jobs = j;
+            }
+            self.arms.retain(|a| f.arms.contains(&a.name));
+        }
+        if !only.is_empty() {
+            self.arms
+                .retain(|a| only.iter().any(|o| *o == a.name || *o == a.preset));
+            if self.arms.is_empty() {
+                bail!("--only {only:?} matches no arm of the sweep");
+            }
+        }
+        self.check()?;
+        Ok(self)
+    }
+
+    /// Every run, seed-major (all arms of the first seed first, so one seed's results are complete
+    /// early).
+    pub fn runs(&self) -> Vec<RunSpec> {
+        let mut v = Vec::new();
+        for &seed in &self.lab.seeds {
+            for arm in 0..self.arms.len() {
+                v.push(RunSpec { arm, seed });
+            }
+        }
+        v
+    }
+
+    /// Whether the runs start from the quickstart's warm start (one child per seed).
+    pub fn uses_quickstart(&self) -> bool {
+        self.warm_start.model.is_none()
+    }
+
+    /// Run directory of `r` under `out`: OUT/ARM/seed-S.
+    pub fn run_dir(&self, out: &Path, r: &RunSpec) -> PathBuf {
+        out.join(&self.arms[r.arm].name)
+            .join(format!("seed-{}", r.seed))
+    }
+
+    /// The quickstart warm-start directory of `seed` under `out`.
+    pub fn warm_dir(out: &Path, seed: u64) -> PathBuf {
+        out.join("warm_start").join(format!("seed-{seed}"))
+    }
+
+    /// Arguments of `rlvr train` for a fresh run `r` (config and `--set` list).
+    pub fn train_args(&self, out: &Path, r: &RunSpec) -> Vec<String> {
+        let arm = &self.arms[r.arm];
+        let seed = r.seed.to_string();
+        let sub = |s: &str| s.replace("{seed}", &seed);
+        let p = |x: &Path| x.display().to_string();
+        let mut sets = Vec::new();
+        let config = match (&self.warm_start.model, &self.warm_start.config) {
+            (Some(m), Some(c)) => {
+                sets.push(format!("model.path={}", sub(m)));
+                sub(c)
+            }
+            (None, c) => {
+                let w = Sweep::warm_dir(out, r.seed);
+                sets.push(format!("model.path={}", p(&w.join("sft"))));
+                sets.push(format!("data.train={}", p(&w.join("data/train.jsonl"))));
+                sets.push(format!("data.test={}", p(&w.join("data/test.jsonl"))));
+                c.as_deref()
+                    .map(sub)
+                    .unwrap_or_else(|| p(&w.join("quickstart.toml")))
+            }
+            (Some(_), None) => unreachable!("checked in Sweep::check"),
+        };
+        sets.extend([
+            format!("data.seed={seed}"),
+            format!("train.seed={seed}"),
+            format!("train.steps={}", self.lab.steps),
+            format!("train.eval_every={}", self.lab.eval_every),
+            format!("train.save_every={}", self.lab.save_every),
+            format!("output.dir={}", p(&self.run_dir(out, r))),
+        ]);
+        sets.extend(self.lab.sets.iter().map(|s| sub(s)));
+        sets.extend([
+            format!("algorithm.preset=\"{}\"", arm.preset),
+            format!("sync.interval={}", arm.interval),
+            format!("sync.offset={}", arm.offset),
+        ]);
+        sets.extend(arm.sets.iter().map(|s| sub(s)));
+        let mut args = vec![
+            "train".into(),
+            "--no-progress".into(),
+            "--config".into(),
+            config,
+        ];
+        for s in sets {
+            args.push("--set".into());
+            args.push(s);
+        }
+        args
+    }
+
+    /// Estimated wall seconds of the whole sweep at `jobs` runs at once: warm starts plus
+    /// runs × steps × `seconds_per_step`, divided over the jobs.
+    pub fn estimate_s(&self, jobs: usize) -> f64 {
+        let warm = if self.uses_quickstart() {
+            self.lab.seeds.len() as f64 * self.warm_start.seconds
+        } else {
+            0.0
+        };
+        let runs = self.runs().len() as f64 * self.lab.steps as f64 * self.lab.seconds_per_step;
+        (warm + runs) / jobs.max(1) as f64
+    }
+}

@@ -1,0 +1,384 @@
+//! The papers' claims, judged from the data (issue 16; DESIGN.md section 12): verdicts.json and
+//! verdicts.md.
+//!
+//! Every claim compares final held-out accuracies (the last evaluation): per arm the mean over
+//! seeds and its standard error ([`Estimate`]: std/√n over n ≥ 2 seeds, the binomial SE of the
+//! evaluation with one seed). A difference d = mean_a − mean_b has SE s = √(se_a² + se_b²). With
+//! the margin m (3 points by default), each comparison is one of:
+//! - **non-inferiority** "a is not worse than b by more than m" (d > −m): supported when
+//!   d − 2s > −m, not supported when d + 2s < −m;
+//! - **superiority** "a is better than b by more than m" (d > m): supported when d − 2s > m, not
+//!   supported when d + 2s < m;
+//! - **equivalence** "a and b are within m" (|d| < m): supported when −m < d − 2s and d + 2s < m,
+//!   not supported when d − 2s > m or d + 2s < −m;
+//!
+//! and inconclusive otherwise. A claim made of several comparisons is supported when all are, not
+//! supported when any is not, inconclusive otherwise (also when an arm it needs is missing).
+//!
+//! The claims (arms found by preset and sync interval):
+//! - **A1** off-policy GRPO (`grpo`/`off_policy_grpo` at intervals 4 and 16) is not worse than
+//!   on-policy GRPO (interval 1) by more than m (arXiv 2505.22257);
+//! - **B1** REINFORCE at the harshest interval of the sweep is worse than REINFORCE at interval 1 by
+//!   more than m (arXiv 2509.24203);
+//! - **B2** REC-OneSide-NoIS and REC-OneSide-IS at interval 16 are within m of each other;
+//! - **B3** OPMD and AsymRE at the harshest interval end at or above the warm-start accuracy of the
+//!   same seeds (non-inferiority with margin m: no collapse);
+//! - **B4** RED-Drop and RED-Weight at interval 16 are better than REINFORCE at interval 16 by more
+//!   than m.
+
+use serde::{Deserialize, Serialize};
+
+use crate::summary::{ArmStats, Estimate};
+
+/// Margin m of the claims, as a fraction (3 points).
+pub const MARGIN: f64 = 0.03;
+
+/// A claim's (or comparison's) status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Status {
+    /// The data show the claim beyond the margin and two standard errors.
+    #[serde(rename = "supported")]
+    Supported,
+    /// The data show the opposite beyond the margin and two standard errors.
+    #[serde(rename = "not supported")]
+    NotSupported,
+    /// Neither.
+    #[serde(rename = "inconclusive")]
+    Inconclusive,
+}
+
+impl Status {
+    /// The name written in verdicts.json/md.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Supported => "supported",
+            Status::NotSupported => "not supported",
+            Status::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// The form of one comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Test {
+    /// a − b > −m.
+    NonInferior,
+    /// a − b > m.
+    Superior,
+    /// |a − b| < m.
+    Equivalent,
+}
+
+/// One comparison a − b, numbers as fractions.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Comparison {
+    /// Arm a.
+    pub a: String,
+    /// Arm b (or "warm start of ARM").
+    pub b: String,
+    /// The form of the test.
+    pub test: Test,
+    /// a's estimate.
+    pub est_a: Estimate,
+    /// b's estimate.
+    pub est_b: Estimate,
+    /// d = mean_a − mean_b.
+    pub diff: f64,
+    /// SE of d.
+    pub se: f64,
+    /// Outcome.
+    pub status: Status,
+}
+
+/// One claim's verdict.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Verdict {
+    /// A1, B1, B2, B3 or B4.
+    pub claim: String,
+    /// What the claim says.
+    pub statement: String,
+    /// The verdict.
+    pub status: Status,
+    /// The numbers behind it.
+    pub comparisons: Vec<Comparison>,
+    /// Why it is inconclusive without numbers (a missing arm), else empty.
+    pub note: String,
+}
+
+/// Judges d with SE s against margin m for `test`.
+pub fn judge(test: Test, d: f64, s: f64, m: f64) -> Status {
+    let (lo, hi) = (d - 2.0 * s, d + 2.0 * s);
+    match test {
+        Test::NonInferior if lo > -m => Status::Supported,
+        Test::NonInferior if hi < -m => Status::NotSupported,
+        Test::Superior if lo > m => Status::Supported,
+        Test::Superior if hi < m => Status::NotSupported,
+        Test::Equivalent if lo > -m && hi < m => Status::Supported,
+        Test::Equivalent if lo > m || hi < -m => Status::NotSupported,
+        _ => Status::Inconclusive,
+    }
+}
+
+fn compare(a: &str, ea: Estimate, b: &str, eb: Estimate, test: Test, m: f64) -> Comparison {
+    let diff = ea.mean - eb.mean;
+    let se = (ea.se * ea.se + eb.se * eb.se).sqrt();
+    Comparison {
+        a: a.into(),
+        b: b.into(),
+        test,
+        est_a: ea,
+        est_b: eb,
+        diff,
+        se,
+        status: judge(test, diff, se, m),
+    }
+}
+
+/// The arm of `presets` at `interval` (offset 0 preferred), with a final accuracy.
+fn find<'a>(arms: &'a [ArmStats], presets: &[&str], interval: u64) -> Option<&'a ArmStats> {
+    let mut c: Vec<&ArmStats> = arms
+        .iter()
+        .filter(|a| presets.contains(&a.preset.as_str()) && a.interval == interval)
+        .filter(|a| a.final_accuracy.is_some())
+        .collect();
+    c.sort_by_key(|a| a.offset);
+    c.first().copied()
+}
+
+/// The largest interval (> 1) at which an arm of `preset` has a final accuracy.
+fn harshest(arms: &[ArmStats], preset: &str) -> Option<u64> {
+    arms.iter()
+        .filter(|a| a.preset == preset && a.interval > 1 && a.final_accuracy.is_some())
+        .map(|a| a.interval)
+        .max()
+}
+
+fn combine(
+    claim: &str,
+    statement: String,
+    comps: Vec<Comparison>,
+    missing: Vec<String>,
+) -> Verdict {
+    let status = if comps.iter().any(|c| c.status == Status::NotSupported) {
+        Status::NotSupported
+    } else if missing.is_empty()
+        && !comps.is_empty()
+        && comps.iter().all(|c| c.status == Status::Supported)
+    {
+        Status::Supported
+    } else {
+        Status::Inconclusive
+    };
+    let note = if missing.is_empty() {
+        String::new()
+    } else {
+        format!("missing from the data: {}", missing.join(", "))
+    };
+    Verdict {
+        claim: claim.into(),
+        statement,
+        status,
+        comparisons: comps,
+        note,
+    }
+}
+
+const GRPO: &[&str] = &["grpo", "off_policy_grpo"];
+
+/// The five verdicts from per-arm statistics, with margin `m` (a fraction).
+pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
+    let fin = |a: &ArmStats| a.final_accuracy.expect("find() keeps arms with one");
+    let pts = 100.0 * m;
+    let mut out = Vec::new();
+
+    // A1.
+    let (mut comps, mut missing) = (Vec::new(), Vec::new());
+    match find(arms, GRPO, 1) {
+        Some(on) => {
+            for v in [4, 16] {
+                match find(arms, GRPO, v) {
+                    Some(off) => comps.push(compare(
+                        &off.arm,
+                        fin(off),
+                        &on.arm,
+                        fin(on),
+                        Test::NonInferior,
+                        m,
+                    )),
+                    None => missing.push(format!("GRPO at interval {v}")),
+                }
+            }
+        }
+        None => missing.push("GRPO at interval 1".into()),
+    }
+    out.push(combine(
+        "A1",
+        format!("off-policy GRPO (intervals 4 and 16) is not worse than on-policy GRPO (interval 1) by more than {pts:.0} points"),
+        comps,
+        missing,
+    ));
+
+    // B1.
+    let (mut comps, mut missing) = (Vec::new(), Vec::new());
+    match (find(arms, &["reinforce"], 1), harshest(arms, "reinforce")) {
+        (Some(on), Some(v)) => {
+            let off = find(arms, &["reinforce"], v).expect("harshest has one");
+            comps.push(compare(
+                &on.arm,
+                fin(on),
+                &off.arm,
+                fin(off),
+                Test::Superior,
+                m,
+            ));
+        }
+        (on, v) => {
+            if on.is_none() {
+                missing.push("REINFORCE at interval 1".into());
+            }
+            if v.is_none() {
+                missing.push("REINFORCE at an interval > 1".into());
+            }
+        }
+    }
+    out.push(combine(
+        "B1",
+        format!("REINFORCE at the harshest interval is worse than REINFORCE at interval 1 by more than {pts:.0} points"),
+        comps,
+        missing,
+    ));
+
+    // B2.
+    let (mut comps, mut missing) = (Vec::new(), Vec::new());
+    match (
+        find(arms, &["rec_oneside_nois"], 16),
+        find(arms, &["rec_oneside_is"], 16),
+    ) {
+        (Some(a), Some(b)) => {
+            comps.push(compare(&a.arm, fin(a), &b.arm, fin(b), Test::Equivalent, m))
+        }
+        (a, b) => {
+            for (x, n) in [
+                (a.is_none(), "REC-OneSide-NoIS"),
+                (b.is_none(), "REC-OneSide-IS"),
+            ] {
+                if x {
+                    missing.push(format!("{n} at interval 16"));
+                }
+            }
+        }
+    }
+    out.push(combine(
+        "B2",
+        format!("REC-OneSide-NoIS and REC-OneSide-IS at interval 16 are within {pts:.0} points of each other"),
+        comps,
+        missing,
+    ));
+
+    // B3.
+    let (mut comps, mut missing) = (Vec::new(), Vec::new());
+    for p in ["opmd", "asymre"] {
+        match harshest(arms, p).and_then(|v| find(arms, &[p], v)) {
+            Some(a) => match a.warm_accuracy {
+                Some(w) => comps.push(compare(
+                    &a.arm,
+                    fin(a),
+                    &format!("warm start of {}", a.arm),
+                    w,
+                    Test::NonInferior,
+                    m,
+                )),
+                None => missing.push(format!("the warm-start accuracy of {}", a.arm)),
+            },
+            None => missing.push(format!("{p} at an interval > 1")),
+        }
+    }
+    out.push(combine(
+        "B3",
+        format!("OPMD and AsymRE at the harshest interval end at or above the warm-start accuracy (no collapse; margin {pts:.0} points)"),
+        comps,
+        missing,
+    ));
+
+    // B4.
+    let (mut comps, mut missing) = (Vec::new(), Vec::new());
+    match find(arms, &["reinforce"], 16) {
+        Some(base) => {
+            for p in ["red_drop", "red_weight"] {
+                match find(arms, &[p], 16) {
+                    Some(a) => comps.push(compare(
+                        &a.arm,
+                        fin(a),
+                        &base.arm,
+                        fin(base),
+                        Test::Superior,
+                        m,
+                    )),
+                    None => missing.push(format!("{p} at interval 16")),
+                }
+            }
+        }
+        None => missing.push("REINFORCE at interval 16".into()),
+    }
+    out.push(combine(
+        "B4",
+        format!("RED-Drop and RED-Weight at interval 16 are better than REINFORCE at interval 16 by more than {pts:.0} points"),
+        comps,
+        missing,
+    ));
+    out
+}
+
+fn est(e: &Estimate) -> String {
+    format!("{:.1} ± {:.1} (n={})", 100.0 * e.mean, 100.0 * e.se, e.n)
+}
+
+/// verdicts.md: one row per claim with its numbers (percent; ± is the standard error).
+pub fn markdown(vs: &[Verdict], m: f64) -> String {
+    let mut s = format!(
+        "# Verdicts\n\nFinal held-out accuracy in percent, mean ± standard error over seeds (one seed: \
+         the binomial SE of the evaluation). d = a − b ± its SE. Margin m = {:.0} points; a claim is \
+         supported when the data show it beyond m and two standard errors, not supported when they \
+         show the opposite beyond them, inconclusive otherwise.\n\n\
+         | claim | status | comparison (a vs b) | a | b | d | test |\n|---|---|---|---|---|---|---|\n",
+        100.0 * m
+    );
+    for v in vs {
+        if v.comparisons.is_empty() {
+            s.push_str(&format!(
+                "| {} | **{}** | {} | | | | |\n",
+                v.claim,
+                v.status.name(),
+                v.note
+            ));
+        }
+        for (i, c) in v.comparisons.iter().enumerate() {
+            let (claim, status) = if i == 0 {
+                (v.claim.as_str(), format!("**{}**", v.status.name()))
+            } else {
+                ("", String::new())
+            };
+            s.push_str(&format!(
+                "| {claim} | {status} | {} vs {} | {} | {} | {:+.1} ± {:.1} | {:?}: {} |\n",
+                c.a,
+                c.b,
+                est(&c.est_a),
+                est(&c.est_b),
+                100.0 * c.diff,
+                100.0 * c.se,
+                c.test,
+                c.status.name()
+            ));
+        }
+    }
+    s.push_str("\nClaims:\n");
+    for v in vs {
+        s.push_str(&format!("- **{}** {}.", v.claim, v.statement));
+        if !v.note.is_empty() {
+            s.push_str(&format!(" ({})", v.note));
+        }
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,209 @@
+//! CI smoke test of `rlvr lab` through the binary: a tiny sweep (2 arms, one seed, the quickstart's
+//! `--fast` warm start) is killed with SIGKILL while its second run is mid-way, then rerun: the
+//! finished run is kept untouched, the unfinished one resumes from its checkpoint, and the summary,
+//! verdicts and figures are complete.
+//!
+//! The `rlvr` binary is the one next to this test's directory (target/debug/rlvr, built by
+//! `cargo test --workspace` or `cargo build -p rlvr`), or `$RLVR_BIN`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn rlvr_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("RLVR_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/debug/deps/smoke-HASH → target/debug/rlvr
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("rlvr");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p rlvr` first (or set RLVR_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+const SWEEP: &str = r#"
+[lab]
+jobs = 1
+threads = 1
+seeds = [0]
+steps = 6
+eval_every = 3
+save_every = 2
+sets = ["data.prompts_per_step=4", "rollout.group_size=4"]
+seconds_per_step = 0.05
+
+[warm_start]
+quickstart_args = ["--fast"]
+seconds = 5
+
+[[arm]]
+name = "grpo_v1"
+preset = "grpo"
+interval = 1
+
+# Long enough to be killed mid-way.
+[[arm]]
+name = "reinforce_v4"
+preset = "reinforce"
+interval = 4
+sets = ["train.steps=300", "train.eval_every=100"]
+"#;
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&read(p)).unwrap()
+}
+
+fn lab(sweep: &Path, out: &Path) -> Command {
+    let mut c = Command::new(rlvr_bin());
+    c.arg("lab").arg(sweep).arg("--out").arg(out);
+    c
+}
+
+#[test]
+fn lab_killed_mid_run_resumes_and_completes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sweep.toml");
+    std::fs::write(&sweep, SWEEP).unwrap();
+    let out = tmp.path().join("lab");
+
+    let dry = lab(&sweep, &out).arg("--dry-run").output().unwrap();
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let text = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        text.contains("grpo_v1") && text.contains("reinforce_v4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 runs of 6 steps, 1 warm start(s)"),
+        "{text}"
+    );
+
+    // First lab: kill it (SIGKILL: the children go by PR_SET_PDEATHSIG) once run 2 has a checkpoint.
+    let first = out.join("grpo_v1/seed-0");
+    let second = out.join("reinforce_v4/seed-0");
+    let mut child = lab(&sweep, &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the lab ended before it was killed"
+        );
+        if second.join("checkpoints/latest").exists() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "no checkpoint of run 2"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The orphaned `rlvr train` died too: its metrics stop growing.
+    std::thread::sleep(Duration::from_millis(1500));
+    let len = read(&second.join("metrics.jsonl")).len();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        read(&second.join("metrics.jsonl")).len(),
+        len,
+        "run 2 kept running after the lab died"
+    );
+    let rec1: serde_json::Value = json(&first.join("lab.json"));
+    assert_eq!(rec1["done"], true);
+    assert_eq!(rec1["attempts"], 1);
+    let rec2 = json(&second.join("lab.json"));
+    assert_eq!(rec2["done"], false);
+    let first_metrics = read(&first.join("metrics.jsonl"));
+    let warm = read(&out.join("warm_start/seed-0/warm_start.json"));
+
+    // Second lab: resumes.
+    let res = lab(&sweep, &out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(res.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&res.stdout);
+    assert!(stdout.contains("1 kept, 1 children started"), "{stdout}");
+    // Finished run and warm start untouched.
+    assert_eq!(read(&first.join("metrics.jsonl")), first_metrics);
+    assert_eq!(json(&first.join("lab.json"))["attempts"], 1);
+    assert_eq!(read(&out.join("warm_start/seed-0/warm_start.json")), warm);
+    // The unfinished run was resumed (not restarted) and finished, each step once.
+    let rec2 = json(&second.join("lab.json"));
+    assert_eq!(rec2["done"], true);
+    assert_eq!(rec2["attempts"], 2);
+    let run = json(&second.join("run.json"));
+    assert_eq!(run["resumed_at"].as_array().unwrap().len(), 1, "{run}");
+    let steps: Vec<u64> = read(&second.join("metrics.jsonl"))
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, (0..=300).collect::<Vec<u64>>());
+
+    // Analysis complete.
+    let s = json(&out.join("summary.json"));
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert_eq!(r["done"], true, "{r}");
+        let acc = r["final_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc), "{r}");
+        assert!(r["warm_accuracy"].as_f64().is_some(), "{r}");
+        assert!(r["wall_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert_eq!(runs[1]["steps"], 300);
+    assert_eq!(runs[1]["final_step"], 300);
+    assert_eq!(s["arms"].as_array().unwrap().len(), 2);
+    let v = json(&out.join("verdicts.json"));
+    let claims: Vec<&str> = v["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["claim"].as_str().unwrap())
+        .collect();
+    assert_eq!(claims, ["A1", "B1", "B2", "B3", "B4"]);
+    assert!(read(&out.join("verdicts.md")).contains("| A1 |"));
+    assert!(read(&out.join("summary.md")).contains("| reinforce_v4 |"));
+    for f in [
+        "accuracy_v1",
+        "accuracy_v4",
+        "diagnostics_v1",
+        "diagnostics_v4",
+    ] {
+        assert!(read(&out.join(format!("{f}.svg"))).contains("<svg"), "{f}");
+        let png = std::fs::read(out.join(format!("{f}.png"))).unwrap();
+        assert_eq!(&png[1..4], b"PNG", "{f}");
+    }
+    // Every run directory is an ordinary one: `rlvr plot` reads it.
+    let plot = Command::new(rlvr_bin())
+        .arg("plot")
+        .arg(&first)
+        .arg(&second)
+        .args(["--metric", "eval/accuracy", "--out"])
+        .arg(tmp.path().join("p.svg"))
+        .output()
+        .unwrap();
+    assert!(
+        plot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plot.stderr)
+    );
+}

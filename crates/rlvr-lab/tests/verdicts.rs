@@ -1,0 +1,211 @@
+//! The verdict logic on synthetic summaries: for each claim (A1, B1–B4) a supported, a
+//! not-supported and an inconclusive case; plus the standard errors and the area under the curve.
+
+use rlvr_lab::summary::{arm_stats, mean_area, Estimate, RunSummary};
+use rlvr_lab::verdict::{judge, verdicts, Status, Test, Verdict, MARGIN};
+
+/// A finished run of `arm` (`preset` at `interval`) with final accuracy `acc` and warm start `warm`.
+fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -> RunSummary {
+    RunSummary {
+        arm: arm.into(),
+        label: preset.into(),
+        preset: preset.into(),
+        interval,
+        offset: 0,
+        seed,
+        run_dir: format!("/nonexistent/{arm}/seed-{seed}"),
+        done: true,
+        steps: 300,
+        final_accuracy: Some(acc),
+        final_step: Some(300),
+        best_accuracy: Some(acc.max(warm)),
+        auc: Some(0.5 * (acc + warm)),
+        warm_accuracy: Some(warm),
+        eval_n: Some(500),
+        wall_s: 60.0,
+        clip_frac: Some(0.0),
+        ratio_min: Some(1.0),
+        ratio_max: Some(1.0),
+        entropy: Some(0.5),
+    }
+}
+
+/// Three seeds at `acc` − 0.005, `acc`, `acc` + 0.005 (std 0.005, SE 0.0029), or one seed at `acc`.
+fn arm(out: &mut Vec<RunSummary>, name: &str, preset: &str, v: u64, acc: f64, seeds: usize) {
+    let d = [0.0, -0.005, 0.005];
+    for (s, delta) in d.iter().enumerate().take(seeds) {
+        out.push(run(name, preset, v, s as u64, acc + delta, 0.20));
+    }
+}
+
+fn verdict_of(runs: &[RunSummary], claim: &str) -> Verdict {
+    verdicts(&arm_stats(runs), MARGIN)
+        .into_iter()
+        .find(|v| v.claim == claim)
+        .unwrap()
+}
+
+fn status(runs: &[RunSummary], claim: &str) -> Status {
+    verdict_of(runs, claim).status
+}
+
+#[test]
+fn a1_off_policy_grpo_not_worse() {
+    let mk = |v4: f64, v16: f64, seeds: usize| {
+        let mut r = Vec::new();
+        arm(&mut r, "grpo_v1", "grpo", 1, 0.30, seeds);
+        arm(&mut r, "grpo_v4", "off_policy_grpo", 4, v4, seeds);
+        arm(&mut r, "grpo_v16", "off_policy_grpo", 16, v16, seeds);
+        r
+    };
+    assert_eq!(status(&mk(0.31, 0.30, 3), "A1"), Status::Supported);
+    // Interval 16 ten points worse: the opposite, beyond m and 2 SE.
+    assert_eq!(status(&mk(0.31, 0.20, 3), "A1"), Status::NotSupported);
+    // One seed: SE = √(2·0.3·0.7/500) ≈ 2.9 points, so −2 points is neither.
+    assert_eq!(status(&mk(0.28, 0.28, 1), "A1"), Status::Inconclusive);
+    let v = verdict_of(&mk(0.28, 0.28, 1), "A1");
+    assert_eq!(v.comparisons.len(), 2);
+    let c = &v.comparisons[0];
+    assert_eq!((c.a.as_str(), c.b.as_str()), ("grpo_v4", "grpo_v1"));
+    assert!((c.diff + 0.02).abs() < 1e-12);
+    let se = ((0.28 * 0.72 + 0.3 * 0.7) / 500.0_f64).sqrt();
+    assert!((c.se - se).abs() < 1e-12, "{} vs {se}", c.se);
+}
+
+#[test]
+fn b1_reinforce_degrades_at_the_harshest_interval() {
+    let mk = |v64: f64, seeds: usize| {
+        let mut r = Vec::new();
+        arm(&mut r, "reinforce_v1", "reinforce", 1, 0.30, seeds);
+        // Interval 16 is fine; the claim uses the harshest interval (64).
+        arm(&mut r, "reinforce_v16", "reinforce", 16, 0.30, seeds);
+        arm(&mut r, "reinforce_v64", "reinforce", 64, v64, seeds);
+        r
+    };
+    assert_eq!(status(&mk(0.05, 3), "B1"), Status::Supported);
+    assert_eq!(
+        verdict_of(&mk(0.05, 3), "B1").comparisons[0].b,
+        "reinforce_v64"
+    );
+    assert_eq!(status(&mk(0.30, 3), "B1"), Status::NotSupported);
+    assert_eq!(status(&mk(0.26, 1), "B1"), Status::Inconclusive);
+}
+
+#[test]
+fn b2_rec_oneside_is_and_nois_agree() {
+    let mk = |is: f64, seeds: usize| {
+        let mut r = Vec::new();
+        arm(&mut r, "nois", "rec_oneside_nois", 16, 0.30, seeds);
+        arm(&mut r, "is", "rec_oneside_is", 16, is, seeds);
+        r
+    };
+    assert_eq!(status(&mk(0.305, 3), "B2"), Status::Supported);
+    assert_eq!(status(&mk(0.15, 3), "B2"), Status::NotSupported);
+    // One seed: equal means, but 2 SE (5.8 points) exceed the margin.
+    assert_eq!(status(&mk(0.30, 1), "B2"), Status::Inconclusive);
+}
+
+#[test]
+fn b3_opmd_and_asymre_do_not_collapse() {
+    // Warm start 20% in every run.
+    let mk = |opmd: f64, asymre: f64, seeds: usize| {
+        let mut r = Vec::new();
+        arm(&mut r, "opmd_v16", "opmd", 16, 0.05, seeds);
+        arm(&mut r, "opmd_v64", "opmd", 64, opmd, seeds);
+        arm(&mut r, "asymre_v64", "asymre", 64, asymre, seeds);
+        r
+    };
+    // opmd at 16 collapsed, but the claim is about the harshest interval.
+    assert_eq!(status(&mk(0.30, 0.28, 3), "B3"), Status::Supported);
+    assert_eq!(status(&mk(0.02, 0.28, 3), "B3"), Status::NotSupported);
+    assert_eq!(status(&mk(0.18, 0.25, 1), "B3"), Status::Inconclusive);
+    let v = verdict_of(&mk(0.30, 0.28, 3), "B3");
+    assert_eq!(v.comparisons[0].a, "opmd_v64");
+    assert!((v.comparisons[0].est_b.mean - 0.20).abs() < 1e-12);
+}
+
+#[test]
+fn b4_red_beats_reinforce_under_staleness() {
+    let mk = |red: f64, seeds: usize| {
+        let mut r = Vec::new();
+        arm(&mut r, "reinforce_v16", "reinforce", 16, 0.05, seeds);
+        arm(&mut r, "red_drop_v16", "red_drop", 16, red, seeds);
+        arm(
+            &mut r,
+            "red_weight_v16",
+            "red_weight",
+            16,
+            red + 0.01,
+            seeds,
+        );
+        r
+    };
+    assert_eq!(status(&mk(0.30, 3), "B4"), Status::Supported);
+    assert_eq!(status(&mk(0.04, 3), "B4"), Status::NotSupported);
+    // One seed: +4 and +5 points with SE ≈ √(.09·.91/500 + .05·.95/500) ≈ 1.6 points: lower bounds
+    // under m, upper bounds over it.
+    assert_eq!(status(&mk(0.09, 1), "B4"), Status::Inconclusive);
+}
+
+#[test]
+fn a_missing_arm_makes_a_claim_inconclusive_and_named() {
+    let mut r = Vec::new();
+    arm(&mut r, "reinforce_v16", "reinforce", 16, 0.05, 3);
+    arm(&mut r, "red_drop_v16", "red_drop", 16, 0.30, 3);
+    let v = verdict_of(&r, "B4");
+    assert_eq!(v.status, Status::Inconclusive);
+    assert!(v.note.contains("red_weight"), "{}", v.note);
+    assert_eq!(v.comparisons.len(), 1);
+    assert_eq!(v.comparisons[0].status, Status::Supported);
+    for c in ["A1", "B1", "B2", "B3"] {
+        assert_eq!(status(&r, c), Status::Inconclusive, "{c}");
+    }
+    // One not-supported comparison decides even with an arm missing.
+    let mut r = Vec::new();
+    arm(&mut r, "reinforce_v16", "reinforce", 16, 0.30, 3);
+    arm(&mut r, "red_drop_v16", "red_drop", 16, 0.30, 3);
+    assert_eq!(status(&r, "B4"), Status::NotSupported);
+}
+
+#[test]
+fn judge_bounds() {
+    let m = 0.03;
+    // Just inside the margin is inconclusive.
+    assert_eq!(judge(Test::Superior, 0.0499, 0.01, m), Status::Inconclusive);
+    assert_eq!(judge(Test::Superior, 0.0501, 0.01, m), Status::Supported);
+    assert_eq!(judge(Test::Superior, 0.0099, 0.01, m), Status::NotSupported);
+    assert_eq!(
+        judge(Test::NonInferior, -0.0099, 0.01, m),
+        Status::Supported
+    );
+    assert_eq!(
+        judge(Test::NonInferior, -0.0501, 0.01, m),
+        Status::NotSupported
+    );
+    assert_eq!(judge(Test::Equivalent, 0.0, 0.0149, m), Status::Supported);
+    assert_eq!(
+        judge(Test::Equivalent, 0.0, 0.0151, m),
+        Status::Inconclusive
+    );
+    assert_eq!(
+        judge(Test::Equivalent, -0.0501, 0.01, m),
+        Status::NotSupported
+    );
+}
+
+#[test]
+fn standard_errors_and_area() {
+    // One seed: binomial SE of a 500-problem evaluation.
+    let e = Estimate::of([Some(0.5)], 500).unwrap();
+    assert!((e.se - (0.25f64 / 500.0).sqrt()).abs() < 1e-15);
+    assert!((100.0 * e.se - 2.236).abs() < 1e-3);
+    // Three seeds: std / √3 (sample std).
+    let e = Estimate::of([Some(0.2), Some(0.3), Some(0.4)], 500).unwrap();
+    assert!((e.mean - 0.3).abs() < 1e-12 && (e.std - 0.1).abs() < 1e-12);
+    assert!((e.se - 0.1 / 3f64.sqrt()).abs() < 1e-12);
+    // Trapezoid over uneven steps, divided by the span: (0.1+0.3)/2·10 + (0.3+0.3)/2·30 = 11 over 40.
+    let a = mean_area(&[(0.0, 0.1), (10.0, 0.3), (40.0, 0.3)]).unwrap();
+    assert!((a - 11.0 / 40.0).abs() < 1e-12);
+    assert_eq!(mean_area(&[(5.0, 0.4)]), Some(0.4));
+    assert_eq!(mean_area(&[]), None);
+}

@@ -1,0 +1,200 @@
+//! Where and in which precision the model computes: [`ComputeDtype`] and [`DeviceSpec`], parsed once
+//! from their names (config values `model.dtype`/`model.device`, command-line `--dtype`/`--device`)
+//! and turned into candle's `DType`/`Device` where a tensor is made.
+//!
+//! Both (de)serialise as their names, so a TOML config holds `dtype = "bf16"` and
+//! `device = "cuda:0"`, and an unknown name fails at load with the accepted names listed.
+
+use std::fmt;
+use std::str::FromStr;
+
+use candle_core::{DType, Device};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+
+/// Compute dtype of the weights and activations.
+///
+/// `f32` and `bf16` are the training dtypes. `f16` serves inference (`rlvr eval`, `rlvr logprobs`);
+/// training refuses it (rlvr-train's config check) because, without loss scaling, f16 gradients
+/// underflow and its 65504 range overflows in long-sequence sums. `f64` is for reference checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum ComputeDtype {
+    /// 32-bit float (`f32`, `float32`).
+    F32,
+    /// bfloat16 (`bf16`, `bfloat16`): f32's range with an 8-bit mantissa.
+    Bf16,
+    /// IEEE half (`f16`, `float16`): inference only.
+    F16,
+    /// 64-bit float (`f64`, `float64`): reference checks.
+    F64,
+}
+
+impl ComputeDtype {
+    /// Every dtype with its canonical name (what [`fmt::Display`] writes).
+    pub const ALL: [(ComputeDtype, &'static str); 4] = [
+        (ComputeDtype::F32, "f32"),
+        (ComputeDtype::Bf16, "bf16"),
+        (ComputeDtype::F16, "f16"),
+        (ComputeDtype::F64, "f64"),
+    ];
+
+    /// The canonical name: `f32`, `bf16`, `f16` or `f64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeDtype::F32 => "f32",
+            ComputeDtype::Bf16 => "bf16",
+            ComputeDtype::F16 => "f16",
+            ComputeDtype::F64 => "f64",
+        }
+    }
+
+    /// candle's dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            ComputeDtype::F32 => DType::F32,
+            ComputeDtype::Bf16 => DType::BF16,
+            ComputeDtype::F16 => DType::F16,
+            ComputeDtype::F64 => DType::F64,
+        }
+    }
+
+    /// Whether training may use it (all but `f16`: see the type's docs).
+    pub fn trainable(self) -> bool {
+        self != ComputeDtype::F16
+    }
+}
+
+impl From<ComputeDtype> for DType {
+    fn from(d: ComputeDtype) -> DType {
+        d.dtype()
+    }
+}
+
+impl fmt::Display for ComputeDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ComputeDtype {
+    type Err = ModelError;
+
+    /// Parses `f32`/`float32`, `bf16`/`bfloat16`, `f16`/`float16` or `f64`/`float64`.
+    ///
+    /// # Errors
+    /// [`ModelError::Invalid`] naming the value and listing the accepted names.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "f32" | "float32" => ComputeDtype::F32,
+            "bf16" | "bfloat16" => ComputeDtype::Bf16,
+            "f16" | "float16" => ComputeDtype::F16,
+            "f64" | "float64" => ComputeDtype::F64,
+            _ => {
+                return Err(ModelError::Invalid(format!(
+                    "unknown dtype {s:?}: expected one of f32, bf16, f16 (inference only), f64 \
+                     (or float32, bfloat16, float16, float64)"
+                )))
+            }
+        })
+    }
+}
+
+impl TryFrom<String> for ComputeDtype {
+    type Error = ModelError;
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
+    }
+}
+
+impl From<ComputeDtype> for String {
+    fn from(d: ComputeDtype) -> String {
+        d.name().to_string()
+    }
+}
+
+/// The device the model computes on: the CPU or one CUDA GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceSpec {
+    /// The CPU (`cpu`).
+    Cpu,
+    /// CUDA GPU of this ordinal (`cuda:N`; `cuda` alone is `cuda:0`). Needs a binary built with the
+    /// `cuda` feature.
+    Cuda(usize),
+}
+
+impl DeviceSpec {
+    /// Opens the device.
+    ///
+    /// # Errors
+    /// `cuda:N` on a binary built without the `cuda` feature ([`ModelError::Invalid`] saying so and
+    /// how to run on the CPU instead), or a CUDA driver error (no such GPU).
+    pub fn open(self) -> Result<Device> {
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => {
+                if !cfg!(feature = "cuda") {
+                    return Err(ModelError::Invalid(format!(
+                        "device cuda:{n}: this rlvr was built without CUDA support (rebuild with \
+                         `--features cuda`); to compute on the CPU instead use \
+                         `--set model.device=\"cpu\"` (rlvr train) or `--device cpu`"
+                    )));
+                }
+                Device::new_cuda(n).map_err(|e| {
+                    ModelError::Invalid(format!(
+                        "device cuda:{n} could not be opened ({e}); to compute on the CPU instead \
+                         use `--set model.device=\"cpu\"` (rlvr train) or `--device cpu`"
+                    ))
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = ModelError;
+
+    /// Parses `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
+    ///
+    /// # Errors
+    /// [`ModelError::Invalid`] naming the value and listing the accepted forms.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || ModelError::Invalid(format!("unknown device {s:?}: expected cpu or cuda:N"));
+        if s == "cpu" {
+            return Ok(DeviceSpec::Cpu);
+        }
+        match s.strip_prefix("cuda") {
+            Some("") => Ok(DeviceSpec::Cuda(0)),
+            Some(rest) => rest
+                .strip_prefix(':')
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(bad),
+            None => Err(bad()),
+        }
+    }
+}
+
+impl TryFrom<String> for DeviceSpec {
+    type Error = ModelError;
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
+    }
+}
+
+impl From<DeviceSpec> for String {
+    fn from(d: DeviceSpec) -> String {
+        d.to_string()
+    }
+}

@@ -1,0 +1,266 @@
+//! The log-prob head of the training forward: per-token log π(x_{t+1} | x_{≤t}) and entropy
+//! at a temperature, through the fused CPU op (`rlvr_kernels::LmHeadLogprobOp`) or the unfused
+//! reference elsewhere.
+
+use candle_core::{DType, Tensor, D};
+use rlvr_kernels::{LmHeadLogprobOp, LogitStash, STASH_MAX_BYTES};
+
+use crate::error::{ModelError, Result};
+use crate::model::{position_ids, Model};
+use crate::ops::{log_softmax, upcast};
+
+/// Output of [`Model::token_logprobs`].
+pub struct LogProbs {
+    /// `[B, T-1-start]`, f32 (f64 for an f64 model): log π(x_{t+1} | x_{≤t}) at temperature T for t = start..T-2, i.e.
+    /// `log_softmax(logits_t / T)[x_{t+1}]`. Positions whose token or predicted token is padding
+    /// hold finite garbage: mask them with the attention mask shifted by one.
+    pub logprobs: Tensor,
+    /// `[B, T-1-start]` entropy of softmax(logits_t / T), in nats, when asked for.
+    pub entropy: Option<Tensor>,
+}
+
+impl Model {
+    /// Per-token log-probs of the next token for a padded batch — the training forward.
+    ///
+    /// - `ids`: `[B][T]` token ids, left or right padded (any pad id).
+    /// - `mask`: `[B][T]`, 1 for real tokens, 0 for padding.
+    /// - `start`: first position t whose next token is scored; positions before it get no
+    ///   lm_head logits (pass the shortest prompt length − 1 to score completions only).
+    /// - `temperature`: logits are divided by it before the log-softmax (DESIGN.md section 3).
+    /// - `with_entropy`: also return per-token entropy.
+    /// - `grad`: build the autograd graph (training); false for scoring only.
+    ///
+    /// Returns `[B, T-1-start]` tensors (f32; f64 for an f64 model); see [`LogProbs`].
+    pub fn token_logprobs(
+        &self,
+        ids: &[Vec<u32>],
+        mask: &[Vec<u32>],
+        start: usize,
+        temperature: f64,
+        with_entropy: bool,
+        grad: bool,
+    ) -> Result<LogProbs> {
+        self.logprobs_impl(ids, mask, start, None, temperature, with_entropy, grad)
+    }
+
+    /// [`Model::token_logprobs`] at chosen positions only: row r's outputs are the log-probs (and
+    /// entropies) at positions `start + at[r][j]` (j-th entry; each `< T − 1 − start`), packed to
+    /// `[B, C]` with C = the longest `at[r]` and exact 0 after each row's last entry.
+    ///
+    /// Only those positions reach the lm_head: the trainer passes each row's completion positions,
+    /// so neither the padding of shorter completions nor a longer prompt's own positions cost
+    /// lm_head work (the head is most of a training step at a 151936-token vocabulary). Values and
+    /// gradients at the listed positions equal [`Model::token_logprobs`]' (tested).
+    ///
+    /// # Errors
+    /// As [`Model::token_logprobs`], and a position past the scored ones.
+    #[allow(clippy::too_many_arguments)]
+    pub fn token_logprobs_at(
+        &self,
+        ids: &[Vec<u32>],
+        mask: &[Vec<u32>],
+        start: usize,
+        at: &[Vec<usize>],
+        temperature: f64,
+        with_entropy: bool,
+        grad: bool,
+    ) -> Result<LogProbs> {
+        if at.len() != ids.len() {
+            return Err(ModelError::Invalid(format!(
+                "token_logprobs_at: {} position lists for {} rows",
+                at.len(),
+                ids.len()
+            )));
+        }
+        self.logprobs_impl(ids, mask, start, Some(at), temperature, with_entropy, grad)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn logprobs_impl(
+        &self,
+        ids: &[Vec<u32>],
+        mask: &[Vec<u32>],
+        start: usize,
+        at: Option<&[Vec<usize>]>,
+        temperature: f64,
+        with_entropy: bool,
+        grad: bool,
+    ) -> Result<LogProbs> {
+        let b = ids.len();
+        let t = ids.first().map(|r| r.len()).unwrap_or(0);
+        if b == 0 || t < 2 || start + 1 >= t {
+            return Err(ModelError::Invalid(format!(
+                "token_logprobs needs B >= 1 and start + 1 < T (B {b}, T {t}, start {start})"
+            )));
+        }
+        if ids.iter().any(|r| r.len() != t) || mask.len() != b || mask.iter().any(|r| r.len() != t)
+        {
+            return Err(ModelError::Invalid(
+                "ids and mask must both be [B, T]".into(),
+            ));
+        }
+        if temperature <= 0.0 || !temperature.is_finite() {
+            return Err(ModelError::Invalid(format!(
+                "temperature must be positive, got {temperature}"
+            )));
+        }
+        let vocab = self.config().vocab_size as u32;
+        if let Some(&bad) = ids.iter().flatten().find(|&&x| x >= vocab) {
+            return Err(ModelError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        let flat: Vec<u32> = ids.iter().flatten().copied().collect();
+        let ids_t = Tensor::from_vec(flat, (b, t), self.device())?;
+        let pos = position_ids(mask);
+        let bias = self.attention_bias(mask, 0, t)?;
+        let hidden = self.forward_hidden(&ids_t, &pos, &bias, None, grad)?;
+        let n = t - 1 - start;
+        let h = hidden
+            .narrow(1, start, n)?
+            .reshape((b * n, self.config().hidden_size))?;
+        let targets = ids_t.narrow(1, start + 1, n)?.contiguous()?.flatten_all()?;
+        match at {
+            None => {
+                let (lp, ent) = self.head(&h, &targets, temperature, with_entropy, grad)?;
+                Ok(LogProbs {
+                    logprobs: lp.reshape((b, n))?,
+                    entropy: ent.map(|e| e.reshape((b, n))).transpose()?,
+                })
+            }
+            Some(at) => {
+                // Only the listed positions reach the lm_head; the rest of [B, C] is 0.
+                let c = at.iter().map(Vec::len).max().unwrap_or(0);
+                let mut sel = Vec::new();
+                let mut back = Vec::with_capacity(b * c);
+                for (r, row) in at.iter().enumerate() {
+                    for &p in row {
+                        if p >= n {
+                            return Err(ModelError::Invalid(format!(
+                                "token_logprobs_at: position {p} of row {r} is past the {n} scored positions"
+                            )));
+                        }
+                        back.push(sel.len() as u32);
+                        sel.push((r * n + p) as u32);
+                    }
+                    back.extend(std::iter::repeat_n(u32::MAX, c - row.len()));
+                }
+                let k = sel.len();
+                for x in back.iter_mut().filter(|x| **x == u32::MAX) {
+                    *x = k as u32; // the zero row appended below
+                }
+                let sel = Tensor::from_vec(sel, k, self.device())?;
+                let back = Tensor::from_vec(back, b * c, self.device())?;
+                let (lp, ent) = if k == 0 {
+                    (None, None)
+                } else {
+                    let (lp, ent) = self.head(
+                        &h.index_select(&sel, 0)?,
+                        &targets.index_select(&sel, 0)?,
+                        temperature,
+                        with_entropy,
+                        grad,
+                    )?;
+                    (Some(lp), ent)
+                };
+                let place = |x: Option<Tensor>| -> Result<Tensor> {
+                    let dt = upcast(self.dtype());
+                    let zero = Tensor::zeros(1, dt, self.device())?;
+                    let x = match x {
+                        Some(x) => Tensor::cat(&[&x.to_dtype(dt)?, &zero], 0)?,
+                        None => zero,
+                    };
+                    Ok(x.index_select(&back, 0)?.reshape((b, c))?)
+                };
+                let entropy = if with_entropy {
+                    Some(place(ent)?)
+                } else {
+                    None
+                };
+                Ok(LogProbs {
+                    logprobs: place(lp)?,
+                    entropy,
+                })
+            }
+        }
+    }
+
+    /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
+    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere; the chunked
+    /// op equals [`Model::logprobs_unfused`], tested).
+    fn head(
+        &self,
+        h: &Tensor,
+        targets: &Tensor,
+        temperature: f64,
+        with_entropy: bool,
+        grad: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let n = h.dim(0)?;
+        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu() {
+            // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
+            // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
+            let w = self.lm_head.weight.get(grad);
+            // Training keeps the logits for the backward when they fit in STASH_MAX_BYTES.
+            let stash = if grad {
+                let v = self.config().vocab_size;
+                LogitStash::within(n, v, STASH_MAX_BYTES)
+            } else {
+                None
+            };
+            let op = LmHeadLogprobOp {
+                targets: std::sync::Arc::new(targets.to_vec1()?),
+                inv_t: (1.0 / temperature) as f32,
+                entropy: with_entropy,
+                stash,
+            };
+            let out = h.contiguous()?.apply_op2(w, op)?;
+            let lp = out.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+            let ent = if with_entropy {
+                Some(out.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?)
+            } else {
+                None
+            };
+            Ok((lp, ent))
+        } else {
+            // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
+            // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
+            let w = self.lm_head.weight.get(grad);
+            let chunk =
+                crate::chunked::chunk_width(n, self.config().vocab_size, crate::chunked::CHUNK_ELEMS);
+            crate::chunked::chunked_logprobs(
+                &h.contiguous()?,
+                w,
+                &targets.to_vec1()?,
+                temperature,
+                with_entropy,
+                chunk,
+                grad,
+            )
+        }
+    }
+
+    /// Reference implementation of the log-prob/entropy head: `log_softmax(logits / T)` gathered
+    /// at `targets` `[B, n]`, entropy `−Σ p·log p`. Used off-CPU and for f64; the fused CPU op is
+    /// tested against it.
+    pub fn logprobs_unfused(
+        logits: &Tensor,
+        targets: &Tensor,
+        temperature: f64,
+        with_entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let logits = if temperature != 1.0 {
+            (logits / temperature)?
+        } else {
+            logits.clone()
+        };
+        let logp = log_softmax(&logits)?; // [B, n, V]
+        let lp = logp.gather(&targets.unsqueeze(2)?, 2)?.squeeze(2)?;
+        let entropy = if with_entropy {
+            Some((logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?)
+        } else {
+            None
+        };
+        Ok((lp, entropy))
+    }
+}

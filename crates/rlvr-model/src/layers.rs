@@ -1,0 +1,421 @@
+//! The decoder's private blocks, in candle's model-file order: the weight loader, then linear,
+//! RMSNorm, rotary embedding, attention, MLP and decoder layer, each with `new(config, weights)`
+//! and `forward`. Weight paths are built with [`Vb::pp`] and equal the checkpoint names, so the
+//! constructors are the model's one weight list.
+//!
+//! Every block runs in one of three modes, given by [`Pass`]: training (the autograd graph is
+//! built through the weights), scoring (no graph), and cached inference (no graph; on the CPU in
+//! f32 the few-row matmuls of a decode step take the skinny kernel, `rlvr_kernels::skinny`).
+
+use std::cell::RefCell;
+use std::sync::{Arc, RwLock};
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::Result;
+use crate::kv::KvStore;
+use crate::ops::{rms_norm, rotate_half, softmax, upcast};
+
+/// How a forward runs: with the autograd graph (`grad`), and whether the decode fast path may be
+/// used (`fast`: cached inference, never with `grad`).
+#[derive(Clone, Copy)]
+pub(crate) struct Pass {
+    pub grad: bool,
+    pub fast: bool,
+}
+
+/// One weight: its checkpoint name, the trainable [`Var`] and a detached handle on the same
+/// storage (for forwards without a graph; in-place updates of the `Var` are seen through it).
+#[derive(Clone)]
+pub(crate) struct Param {
+    pub name: String,
+    pub var: Var,
+    frozen: Tensor,
+}
+
+impl Param {
+    fn new(name: String, var: Var) -> Self {
+        let frozen = var.as_tensor().detach();
+        Self { name, var, frozen }
+    }
+
+    /// The weight, tracked by autograd when `grad`.
+    pub fn get(&self, grad: bool) -> &Tensor {
+        if grad {
+            self.var.as_tensor()
+        } else {
+            &self.frozen
+        }
+    }
+}
+
+/// The source of a model's weights: `(checkpoint name, shape) → Var`.
+pub(crate) type Loader<'a> = dyn FnMut(&str, &[usize]) -> Result<Var> + 'a;
+
+/// A weight loader positioned at a name prefix (candle's `VarBuilder::pp`).
+pub(crate) struct Vb<'a, 'b> {
+    prefix: String,
+    load: &'a RefCell<&'b mut Loader<'b>>,
+}
+
+impl<'a, 'b> Vb<'a, 'b> {
+    pub fn root(load: &'a RefCell<&'b mut Loader<'b>>) -> Self {
+        Self {
+            prefix: String::new(),
+            load,
+        }
+    }
+
+    /// The loader at `prefix.name`.
+    pub fn pp(&self, name: impl std::fmt::Display) -> Self {
+        let prefix = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        };
+        Self {
+            prefix,
+            load: self.load,
+        }
+    }
+
+    /// Loads weight `prefix.name` of `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Param> {
+        let full = self.pp(name).prefix;
+        let mut load = self.load.borrow_mut();
+        let var = (*load)(&full, shape)?;
+        Ok(Param::new(full, var))
+    }
+
+    /// Loads `prefix.name` when `present`.
+    pub fn get_if(&self, present: bool, name: &str, shape: &[usize]) -> Result<Option<Param>> {
+        present.then(|| self.get(name, shape)).transpose()
+    }
+}
+
+/// `x · wᵀ + b` over the last dimension: x `[.., in]`, w `[out, in]` → `[.., out]`.
+#[derive(Clone)]
+pub(crate) struct Linear {
+    pub weight: Param,
+    pub bias: Option<Param>,
+}
+
+impl Linear {
+    /// Loads `weight` `[out, in]` and, when `bias`, `bias` `[out]` under `vb`.
+    pub fn new(vb: Vb, out: usize, inp: usize, bias: bool) -> Result<Self> {
+        let weight = vb.get("weight", &[out, inp])?;
+        let bias = vb.get_if(bias, "bias", &[out])?;
+        Ok(Self { weight, bias })
+    }
+
+    /// A linear layer over an existing weight (the lm_head tied to the embedding).
+    pub fn tied(weight: Param) -> Self {
+        Self { weight, bias: None }
+    }
+
+    pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let w = self.weight.get(pass.grad);
+        let dims = x.dims();
+        let inner = *dims.last().expect("linear input has a last dimension");
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let x2 = x.reshape((rows, inner))?;
+        // Decode fast path: few rows, f32 on the CPU (an implementation detail of this layer).
+        let skinny = if pass.fast && !pass.grad && rows <= rlvr_kernels::skinny::MAX_ROWS {
+            rlvr_kernels::skinny_matmul(&x2, w)
+        } else {
+            None
+        };
+        let y = match skinny {
+            Some(y) => y?,
+            None => x2.matmul(&w.t()?)?,
+        };
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b.get(pass.grad))?,
+            None => y,
+        };
+        let mut out = dims.to_vec();
+        *out.last_mut().expect("non-empty dims") = w.dim(0)?;
+        Ok(y.reshape(out)?)
+    }
+
+    /// The params, weight then bias.
+    fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
+        out.push(&self.weight);
+        out.extend(self.bias.as_ref());
+    }
+}
+
+/// RMSNorm over the last dimension, in f32 (transformers' `Qwen2RMSNorm`).
+#[derive(Clone)]
+pub(crate) struct RmsNorm {
+    pub weight: Param,
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(vb: Vb, size: usize, eps: f64) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get("weight", &[size])?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        rms_norm(x, self.weight.get(pass.grad), self.eps)
+    }
+}
+
+/// cos/sin tables of positions `0..n`, `[n, head_dim]` in the compute dtype.
+struct RopeTable {
+    n: usize,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Rotary position embedding (`x·cos + rotate_half(x)·sin`, transformers' `apply_rotary_pos_emb`)
+/// with tables computed in f32 (`position · inv_freq`, then cos/sin, then cast to the compute
+/// dtype), grown on demand and shared by clones.
+#[derive(Clone)]
+pub(crate) struct Rotary {
+    inv_freq: Arc<Vec<f32>>,
+    table: Arc<RwLock<Option<Arc<RopeTable>>>>,
+    dtype: DType,
+    device: Device,
+}
+
+impl Rotary {
+    pub fn new(cfg: &ModelConfig, dtype: DType, device: &Device) -> Self {
+        let inv_freq = cfg.rope_inv_freq().iter().map(|&x| x as f32).collect();
+        Self {
+            inv_freq: Arc::new(inv_freq),
+            table: Arc::new(RwLock::new(None)),
+            dtype,
+            device: device.clone(),
+        }
+    }
+
+    /// A table covering positions `0..n` (at least).
+    fn table(&self, n: usize) -> Result<Arc<RopeTable>> {
+        if let Some(t) = &*self.table.read().unwrap_or_else(|e| e.into_inner()) {
+            if t.n >= n {
+                return Ok(t.clone());
+            }
+        }
+        let n = n.next_power_of_two().max(256);
+        let half = self.inv_freq.len();
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(n * 2 * half),
+            Vec::with_capacity(n * 2 * half),
+        );
+        for p in 0..n {
+            for _ in 0..2 {
+                for &f in self.inv_freq.iter() {
+                    let a = p as f32 * f;
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
+            }
+        }
+        let mk = |v: Vec<f32>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(v, (n, 2 * half), &self.device)?.to_dtype(self.dtype)?)
+        };
+        let t = Arc::new(RopeTable {
+            n,
+            cos: mk(cos)?,
+            sin: mk(sin)?,
+        });
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+        Ok(t)
+    }
+
+    /// cos and sin `[B, T, 1, head_dim]` of `positions` (`B·T`, row-major).
+    pub fn forward(&self, positions: &[u32], b: usize, t: usize) -> Result<(Tensor, Tensor)> {
+        let max = positions.iter().copied().max().unwrap_or(0) as usize;
+        let table = self.table(max + 1)?;
+        let idx = Tensor::from_slice(positions, positions.len(), &self.device)?;
+        let hd = 2 * self.inv_freq.len();
+        let cos = table.cos.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
+        let sin = table.sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
+        Ok((cos, sin))
+    }
+}
+
+/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
+}
+
+/// Multi-head attention with grouped KV heads (no repetition), optional q/k RMSNorm (Qwen3).
+#[derive(Clone)]
+pub(crate) struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    pub fn new(cfg: &ModelConfig, vb: Vb) -> Result<Self> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
+        let qk_norm = cfg.arch == Arch::Qwen3;
+        // Loaded in this order (random init draws weights in load order).
+        let q_proj = Linear::new(vb.pp("q_proj"), q, h, cfg.qkv_bias)?;
+        let k_proj = Linear::new(vb.pp("k_proj"), kv, h, cfg.qkv_bias)?;
+        let v_proj = Linear::new(vb.pp("v_proj"), kv, h, cfg.qkv_bias)?;
+        let o_proj = Linear::new(vb.pp("o_proj"), h, q, cfg.o_bias)?;
+        let norm = |name: &str| -> Result<Option<RmsNorm>> {
+            qk_norm
+                .then(|| RmsNorm::new(vb.pp(name), hd, cfg.rms_norm_eps))
+                .transpose()
+        };
+        Ok(Self {
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            n_heads: cfg.num_attention_heads,
+            n_kv: cfg.num_key_value_heads,
+            head_dim: hd,
+        })
+    }
+
+    /// x `[B, T, H]`; `rope` = (cos, sin) `[B, T, 1, hd]`; `bias` `[B, 1, 1, T or 1, S]` in the
+    /// reduction dtype; `cache` the store and this layer's index.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope_cs: &(Tensor, Tensor),
+        bias: &Tensor,
+        cache: Option<(&mut (dyn KvStore + '_), usize)>,
+        pass: Pass,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
+        let rep = nh / nkv;
+        let q = self.q_proj.forward(x, pass)?.reshape((b, t, nh, hd))?;
+        let k = self.k_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
+        let v = self.v_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(&q, pass)?, kn.forward(&k, pass)?),
+            _ => (q, k),
+        };
+        let (cos, sin) = rope_cs;
+        let q = rope(&q, cos, sin)?.transpose(1, 2)?.contiguous()?; // [B, nh, T, hd]
+        let k = rope(&k, cos, sin)?.transpose(1, 2)?.contiguous()?; // [B, nkv, T, hd]
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match cache {
+            Some((store, layer)) => store.append(layer, &k, &v)?,
+            None => (k, v),
+        };
+        let s = k.dim(2)?;
+        // Grouped-query attention without repeating K/V: the `rep` query heads of one KV head
+        // are stacked along the row axis.
+        let qg = q.reshape((b, nkv, rep * t, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (qg.matmul(&k.t()?)? * scale)?; // [B, nkv, rep·T, S]
+        let scores = scores
+            .to_dtype(upcast(x.dtype()))?
+            .reshape((b, nkv, rep, t, s))?
+            .broadcast_add(bias)?;
+        let p = softmax(&scores)?
+            .to_dtype(x.dtype())?
+            .reshape((b, nkv, rep * t, s))?;
+        let o = p.matmul(&v)?; // [B, nkv, rep·T, hd]
+        let o = o
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .reshape((b, t, nh * hd))?;
+        self.o_proj.forward(&o, pass)
+    }
+
+    fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
+        for l in [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj] {
+            l.params(out);
+        }
+        out.extend(self.q_norm.as_ref().map(|n| &n.weight));
+        out.extend(self.k_norm.as_ref().map(|n| &n.weight));
+    }
+}
+
+/// The SiLU-gated MLP: `down(silu(gate(x)) · up(x))`.
+#[derive(Clone)]
+pub(crate) struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn new(cfg: &ModelConfig, vb: Vb) -> Result<Self> {
+        let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Ok(Self {
+            gate_proj: Linear::new(vb.pp("gate_proj"), i, h, bias)?,
+            up_proj: Linear::new(vb.pp("up_proj"), i, h, bias)?,
+            down_proj: Linear::new(vb.pp("down_proj"), h, i, bias)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let g = self.gate_proj.forward(x, pass)?.silu()?;
+        let u = self.up_proj.forward(x, pass)?;
+        self.down_proj.forward(&(g * u)?, pass)
+    }
+
+    fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
+        for l in [&self.gate_proj, &self.up_proj, &self.down_proj] {
+            l.params(out);
+        }
+    }
+}
+
+/// One pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Clone)]
+pub(crate) struct DecoderLayer {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    pub fn new(cfg: &ModelConfig, vb: Vb) -> Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        Ok(Self {
+            input_norm: RmsNorm::new(vb.pp("input_layernorm"), h, eps)?,
+            attn: Attention::new(cfg, vb.pp("self_attn"))?,
+            post_norm: RmsNorm::new(vb.pp("post_attention_layernorm"), h, eps)?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+        })
+    }
+
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope_cs: &(Tensor, Tensor),
+        bias: &Tensor,
+        cache: Option<(&mut (dyn KvStore + '_), usize)>,
+        pass: Pass,
+    ) -> Result<Tensor> {
+        let h = self.input_norm.forward(x, pass)?;
+        let x = (x + self.attn.forward(&h, rope_cs, bias, cache, pass)?)?;
+        let h = self.post_norm.forward(&x, pass)?;
+        Ok((&x + self.mlp.forward(&h, pass)?)?)
+    }
+
+    /// The layer's params in checkpoint order.
+    pub fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
+        out.push(&self.input_norm.weight);
+        self.attn.params(out);
+        out.push(&self.post_norm.weight);
+        self.mlp.params(out);
+    }
+}

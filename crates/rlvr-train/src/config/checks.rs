@@ -1,0 +1,210 @@
+//! The checks of a configuration: [`RawConfig::resolve`] (values the types cannot check), what
+//! starting a run needs ([`ResolvedConfig::check_runnable`]) and what a resume needs
+//! ([`ResolvedConfig::from_run_dir`]). Every error names the key and the fix.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use rlvr_algo::config::LOSS_OPTIONS;
+use rlvr_algo::AlgorithmConfig;
+
+use super::{apply_override, from_table, load_layers, RawConfig, ResolvedConfig};
+use crate::checkpoint::TrainerState;
+
+impl RawConfig {
+    /// The one resolve step: preset expansion, value checks, staleness warning.
+    ///
+    /// # Errors
+    /// Invalid values, each naming its key and the fix: out-of-range values, a loss-specific
+    /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
+    /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
+    pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
+        let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
+        self.algorithm = algorithm.to_config();
+        let mut warnings = Vec::new();
+        let (r, t, s) = (&self.rollout, &self.train, &self.sync);
+        if !self.model.dtype.trainable() {
+            bail!(
+                "model.dtype = \"{}\" cannot train: without loss scaling f16 gradients underflow to 0 \
+                 (and sums overflow its 65504 range); use \"bf16\" (same memory, f32's range) or \
+                 \"f32\". f16 is for inference: `rlvr eval --dtype f16`, `rlvr logprobs --dtype f16`",
+                self.model.dtype
+            );
+        }
+        if r.group_size == 0 {
+            bail!("rollout.group_size must be at least 1");
+        }
+        if r.group_size == 1 && self.data.experiences.is_none() && !r.allow_group_size_one {
+            bail!(
+                "rollout.group_size = 1: every baseline (algorithm.baseline = mean, leave-one-out, \
+                 log-mean-exp) is taken within the group, so a one-completion group's advantage is 0 \
+                 and the policy never learns from its rewards; set rollout.group_size to 2 or more \
+                 (GRPO uses 8 to 64), or rollout.allow_group_size_one = true to run it anyway"
+            );
+        }
+        if r.max_new_tokens == 0 {
+            bail!("rollout.max_new_tokens must be at least 1");
+        }
+        if r.min_new_tokens > r.max_new_tokens {
+            bail!(
+                "rollout.min_new_tokens ({}) exceeds rollout.max_new_tokens ({})",
+                r.min_new_tokens,
+                r.max_new_tokens
+            );
+        }
+        if !(r.temperature.is_finite() && r.temperature > 0.0) {
+            bail!(
+                "rollout.temperature = {} must be > 0 (the trainer divides logits by it)",
+                r.temperature
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            bail!("rollout.top_p = {} must be in (0, 1]", r.top_p);
+        }
+        if s.interval == 0 {
+            bail!("sync.interval must be at least 1 (1 = on-policy)");
+        }
+        if t.micro_batch_size == 0 || t.mini_batches == 0 || t.epochs == 0 {
+            bail!("train.micro_batch_size, train.mini_batches and train.epochs must be at least 1");
+        }
+        if t.micro_batch_tokens == Some(0) {
+            bail!("train.micro_batch_tokens must be at least 1 (or unset)");
+        }
+        if !(t.lr.is_finite() && t.lr >= 0.0 && t.min_lr.is_finite() && t.min_lr >= 0.0) {
+            bail!("train.lr and train.min_lr must be finite and >= 0");
+        }
+        if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+            bail!("train.grad_clip must be finite and >= 0 (0 = off)");
+        }
+        if t.max_skipped_in_row == 0 {
+            bail!("train.max_skipped_in_row must be at least 1");
+        }
+        if self.eval.samples == 0 {
+            bail!("eval.samples must be at least 1");
+        }
+        if let Some(m) = s.max_staleness {
+            let worst = s.offset + s.interval - 1;
+            if m < worst {
+                warnings.push(format!(
+                    "sync.max_staleness = {m} is below offset + interval - 1 = {worst}: part of every \
+                     sync cycle's data will be discarded"
+                ));
+            }
+        }
+        if self.data.experiences.is_some() && t.eval_every > 0 {
+            warnings.push(
+                "train.eval_every is set but data.experiences (offline mode) has no task to evaluate: \
+                 no held-out evaluation will run; use `rlvr eval` on the checkpoints"
+                    .into(),
+            );
+        }
+        if self.data.experiences.is_none() {
+            self.data
+                .validate()
+                .map_err(|e| anyhow::anyhow!("[data]: {e}"))?;
+        } else if self.data.prompts_per_step == 0 {
+            bail!("data.prompts_per_step must be at least 1");
+        }
+        Ok(ResolvedConfig {
+            raw: self,
+            algorithm,
+            warnings,
+        })
+    }
+}
+
+impl ResolvedConfig {
+    /// Checks what starting a run needs beyond [`RawConfig::resolve`] (which tests and `rlvr plan`
+    /// use without a model): `model.path` is set.
+    ///
+    /// # Errors
+    /// `model.path` unset, saying how to set it.
+    pub fn check_runnable(&self) -> anyhow::Result<()> {
+        if self.raw.model.path.as_os_str().is_empty() {
+            bail!(
+                "model.path is required: the policy checkpoint directory (config.json, \
+                 *.safetensors, tokenizer.json); set `path` in the config file's [model] table or \
+                 pass --set model.path=DIR"
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads `RUN_DIR/config.toml` back (for `--resume`), with `overrides` applied on top.
+    ///
+    /// A `config.toml` written before the loss options were grouped holds every `[algorithm]`
+    /// knob; the loss-specific ones the run's loss does not read are dropped from it (they were the
+    /// resolver's, not the user's), while an override setting one is still an error.
+    ///
+    /// # Errors
+    /// As [`RawConfig::load`] and [`RawConfig::resolve`]; a `train.steps` below the step of the
+    /// run's latest checkpoint (a resume continues a run and cannot shorten it), naming that step.
+    pub fn from_run_dir(run_dir: &Path, overrides: &[String]) -> anyhow::Result<ResolvedConfig> {
+        let path = run_dir.join("config.toml");
+        if !path.exists() {
+            bail!(
+                "{} does not exist: --resume needs a run directory written by `rlvr train`",
+                path.display()
+            );
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut table = text
+            .parse::<toml::Table>()
+            .with_context(|| format!("parsing {}", path.display()))?;
+        drop_unread_loss_options(&mut table, overrides)?;
+        let cfg = load_layers(table, &path.display().to_string(), overrides)?.resolve()?;
+        if let Some(dir) = crate::checkpoint::latest(run_dir)? {
+            let p = dir.join("trainer_state/state.json");
+            let st: TrainerState = serde_json::from_str(
+                &std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,
+            )
+            .with_context(|| format!("parsing {}", p.display()))?;
+            let steps = cfg.raw.train.steps;
+            if steps < st.step {
+                bail!(
+                    "train.steps = {steps}, but the run in {} is already at step {} (its latest \
+                     checkpoint, {}): --resume continues a run and cannot shorten it; set \
+                     train.steps to {} or more, or evaluate an earlier checkpoint with \
+                     `rlvr eval --model`",
+                    run_dir.display(),
+                    st.step,
+                    dir.display(),
+                    st.step
+                );
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// Removes from `table`'s `[algorithm]` the loss-specific knobs that the loss in force after
+/// `overrides` does not read and that no override sets (see [`ResolvedConfig::from_run_dir`]).
+/// A table that does not parse is left for [`load_layers`] to report.
+fn drop_unread_loss_options(table: &mut toml::Table, overrides: &[String]) -> anyhow::Result<()> {
+    let mut merged = table.clone();
+    let mut set = toml::Table::new();
+    for o in overrides {
+        apply_override(&mut merged, o)?;
+        apply_override(&mut set, o)?;
+    }
+    let Some(toml::Value::Table(alg)) = merged.remove("algorithm") else {
+        return Ok(());
+    };
+    let Ok(loss) = from_table::<AlgorithmConfig>(alg).and_then(|a| Ok(a.effective_loss()?)) else {
+        return Ok(());
+    };
+    let set_here = |key: &str| {
+        set.get("algorithm")
+            .and_then(|a| a.as_table())
+            .is_some_and(|a| a.contains_key(key))
+    };
+    if let Some(toml::Value::Table(alg)) = table.get_mut("algorithm") {
+        for key in LOSS_OPTIONS {
+            if !loss.reads(key) && !set_here(key) {
+                alg.remove(key);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! The run configuration (DESIGN.md section 10): one TOML file, precedence
+//! **defaults < preset < file < `--set key=value`**, unknown keys rejected by name, and the resolved
+//! config written to `RUN_DIR/config.toml`.
+//!
+//! - [`RawConfig`] is what the user wrote (file + overrides), deserialised with `deny_unknown_fields`
+//!   everywhere, so a misspelt key fails at load with its dotted path; an error is blamed on the layer
+//!   that introduced it (the file, or the `--set` that did). `model.dtype` and `model.device` are
+//!   parsed there, once, into [`rlvr_model::ComputeDtype`] and [`rlvr_model::DeviceSpec`].
+//! - [`RawConfig::resolve`] (in `checks.rs`) is the one resolve step: it expands the algorithm
+//!   preset ([`rlvr_algo::AlgorithmConfig::resolve`], which rejects a loss-specific knob set for
+//!   another loss), checks values the types cannot, and works out the staleness warning. Its result
+//!   ([`ResolvedConfig`]) is what the loop reads and what `config.toml` holds (every `[algorithm]`
+//!   knob that applies to the chosen loss, so a resume re-resolves to the same values).
+//! - [`ResolvedConfig::from_run_dir`] reads a run's `config.toml` back for `--resume`, also one
+//!   written before the loss options were grouped (it held every knob), and refuses a `train.steps`
+//!   below the step the run has reached.
+//! - The sections rlvr-train defines are in `sections.rs`; their doc comments are the README's
+//!   config reference ([`reference_markdown`]).
+
+mod checks;
+mod sections;
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use rlvr_algo::{Algorithm, AlgorithmConfig};
+use rlvr_data::config::DataConfig;
+use rlvr_reward::combine::RewardConfig;
+use serde::{Deserialize, Serialize};
+
+pub use sections::{
+    EvalSection, ModelSection, OutputSection, RolloutSection, Schedule, SyncSection, TrainSection,
+};
+
+/// The whole file as the user wrote it (after `--set`), before resolution.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    /// `[model]`.
+    pub model: ModelSection,
+    /// `[data]` (rlvr-data).
+    pub data: DataConfig,
+    /// `[rollout]`.
+    pub rollout: RolloutSection,
+    /// `[algorithm]` (rlvr-algo; preset applied in [`RawConfig::resolve`]).
+    pub algorithm: AlgorithmConfig,
+    /// `[reward]` (rlvr-reward).
+    pub reward: RewardConfig,
+    /// `[sync]`.
+    pub sync: SyncSection,
+    /// `[train]`.
+    pub train: TrainSection,
+    /// `[eval]`.
+    pub eval: EvalSection,
+    /// `[output]`.
+    pub output: OutputSection,
+}
+
+/// The resolved configuration: what the loop reads. `raw.algorithm` is the fully-set table of
+/// `algorithm` (every knob that applies to the chosen loss, so it round-trips).
+#[derive(Debug, Clone)]
+pub struct ResolvedConfig {
+    /// Every section, with `algorithm` set for every knob of the chosen loss.
+    pub raw: RawConfig,
+    /// The resolved algorithm.
+    pub algorithm: Algorithm,
+    /// Start-up warnings (e.g. `max_staleness` below o+v−1); printed and kept.
+    pub warnings: Vec<String>,
+}
+
+/// Parses a `--set` value: a TOML literal (`1e-6`, `true`, `"x"`, `[1, 2]`, `{ kind = "math" }`),
+/// falling back to a plain string (`--set model.path=/models/q`).
+pub fn parse_value(text: &str) -> toml::Value {
+    let doc = format!("v = {text}");
+    match doc.parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(text.into())),
+        Err(_) => toml::Value::String(text.to_string()),
+    }
+}
+
+/// Applies one `key=value` override (dotted key) to `table`, creating intermediate tables.
+///
+/// # Errors
+/// A malformed override (no `=`, empty key part) or a key that walks through a non-table value.
+pub fn apply_override(table: &mut toml::Table, spec: &str) -> anyhow::Result<()> {
+    let (key, value) = spec
+        .split_once('=')
+        .with_context(|| format!("--set {spec:?}: expected key=value, e.g. train.lr=1e-6"))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("--set {spec:?}: empty part in key `{key}`");
+    }
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match entry {
+            toml::Value::Table(t) => t,
+            _ => bail!("--set {spec:?}: `{p}` in `{key}` is not a table"),
+        };
+    }
+    cur.insert(
+        parts[parts.len() - 1].to_string(),
+        parse_value(value.trim()),
+    );
+    Ok(())
+}
+
+/// Deserialises a table into `T`, naming the dotted path of the offending key on error
+/// (e.g. `unknown key in [train]: unknown field `lr_max`, expected one of ...`).
+pub fn from_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> anyhow::Result<T> {
+    let value = toml::Value::Table(table);
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            anyhow::anyhow!("config: {inner}")
+        } else {
+            anyhow::anyhow!("config key `{path}`: {inner}")
+        }
+    })
+}
+
+impl RawConfig {
+    /// Loads `file` (if any) and applies `overrides` (`key=value`, in order): file < `--set`.
+    ///
+    /// # Errors
+    /// Unreadable or malformed TOML (naming the file), malformed overrides, unknown keys (named by
+    /// their dotted path) and ill-typed values (e.g. a `model.dtype` that is no dtype, listing the
+    /// accepted ones), each said to come from the file or from the `--set` that introduced it.
+    pub fn load(file: Option<&Path>, overrides: &[String]) -> anyhow::Result<RawConfig> {
+        let (table, origin) = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading config {}", p.display()))?;
+                let table = text
+                    .parse::<toml::Table>()
+                    .with_context(|| format!("parsing config {}", p.display()))?;
+                (table, p.display().to_string())
+            }
+            None => (toml::Table::new(), "the defaults".to_string()),
+        };
+        load_layers(table, &origin, overrides)
+    }
+}
+
+/// Deserialises `base` (read from `origin`) with `overrides` applied in order. An error is said to
+/// come from the layer that introduced it: the last layer (the base, then each override) after
+/// which every partial table fails with the final error.
+fn load_layers(base: toml::Table, origin: &str, overrides: &[String]) -> anyhow::Result<RawConfig> {
+    let mut table = base.clone();
+    for o in overrides {
+        apply_override(&mut table, o)?;
+    }
+    let err = match from_table::<RawConfig>(table) {
+        Ok(c) => return Ok(c),
+        Err(e) => e,
+    };
+    let describe = |t: &toml::Table| {
+        from_table::<RawConfig>(t.clone())
+            .err()
+            .map(|e| format!("{e:#}"))
+    };
+    let mut layer = base;
+    let mut errors = vec![describe(&layer)];
+    for o in overrides {
+        apply_override(&mut layer, o)?;
+        errors.push(describe(&layer));
+    }
+    let last = errors.last().cloned().flatten();
+    let blamed = errors.iter().rposition(|e| *e != last).map_or(0, |i| i + 1);
+    Err(match blamed {
+        0 => err.context(format!("in {origin}")),
+        k => err.context(format!("in --set {}", overrides[k - 1])),
+    })
+}
+
+impl ModelSection {
+    /// Opens `model.device`.
+    ///
+    /// # Errors
+    /// As [`rlvr_model::DeviceSpec::open`] (a `cuda:N` device on a binary without CUDA names the
+    /// `--set model.device="cpu"` override), prefixed with the key.
+    pub fn open_device(&self) -> anyhow::Result<candle_core::Device> {
+        self.device
+            .open()
+            .with_context(|| format!("model.device = \"{}\"", self.device))
+    }
+}
+
+impl ResolvedConfig {
+    /// The resolved config as TOML (what `RUN_DIR/config.toml` holds).
+    ///
+    /// # Errors
+    /// Serialisation errors (a bug).
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        toml::to_string_pretty(&self.raw).context("serialising the resolved config")
+    }
+
+    /// The learning rate of trainer step `step` (1-based).
+    pub fn lr_at(&self, step: u64) -> f64 {
+        lr_at(&self.raw.train, step)
+    }
+}
+
+/// The learning rate of trainer step `step` (1-based) under `t`'s schedule: linear warm-up
+/// lr·step/warmup for step ≤ warmup, then constant, linear or cosine decay to `min_lr` at `t.steps`.
+pub fn lr_at(t: &TrainSection, step: u64) -> f64 {
+    if t.warmup_steps > 0 && step <= t.warmup_steps {
+        return t.lr * step as f64 / t.warmup_steps as f64;
+    }
+    let span = t.steps.saturating_sub(t.warmup_steps).max(1) as f64;
+    let progress = (step.saturating_sub(t.warmup_steps) as f64 / span).clamp(0.0, 1.0);
+    match t.schedule {
+        Schedule::Constant => t.lr,
+        Schedule::Linear => t.min_lr + (t.lr - t.min_lr) * (1.0 - progress),
+        Schedule::Cosine => {
+            t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+    }
+}
+
+/// The config reference of the sections this crate defines, as a Markdown table generated from the
+/// `///` comments of their fields (the README embeds it; a test keeps it in sync).
+pub fn reference_markdown() -> String {
+    let src = include_str!("sections.rs");
+    let mut out = String::from("| key | meaning |\n|---|---|\n");
+    let mut table: Option<&str> = None;
+    let mut doc: Vec<&str> = Vec::new();
+    for line in src.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.strip_prefix("pub struct ") {
+            table = rest
+                .split_once("Section")
+                .map(|(name, _)| name)
+                .filter(|n| !n.is_empty() && n.chars().all(char::is_alphanumeric));
+            doc.clear();
+        } else if let Some(d) = l.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let (Some(t), Some(rest)) = (table, l.strip_prefix("pub ")) {
+            if let Some((field, _)) = rest.split_once(':') {
+                if !doc.is_empty() && !field.contains('(') {
+                    out.push_str(&format!(
+                        "| `{}.{}` | {} |\n",
+                        t.to_lowercase(),
+                        field.trim(),
+                        doc.join(" ").replace('|', "\\|")
+                    ));
+                }
+            }
+            doc.clear();
+        } else if l == "}" {
+            table = None;
+            doc.clear();
+        } else if !l.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out.push_str(
+        "| `[data]` | rlvr-data's `DataConfig`: `data.task`, `data.train`, `data.test`, `data.experiences`, `data.prompts_per_step` (B), `data.seed`, template and generator keys |\n\
+         | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets); a loss-specific knob (`clip_low`, `clip_high`, `clip_low_prime`, `clip_high_prime`, `dual_clip`, `keep_mask`, `rec_weight`, `adv_temperature`, `is_cap`) set for a loss that does not read it is an error |\n\
+         | `[reward]` | rlvr-reward's `RewardConfig`: weighted components and an optional format reward |\n",
+    );
+    out
+}

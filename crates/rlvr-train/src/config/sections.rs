@@ -1,0 +1,251 @@
+//! The sections of the run configuration that rlvr-train defines (`[model]`, `[rollout]`, `[sync]`,
+//! `[train]`, `[eval]`, `[output]`). The `///` comments of their fields are the README's config
+//! reference ([`super::reference_markdown`] reads this file).
+
+use std::path::PathBuf;
+
+use rlvr_model::{ComputeDtype, DeviceSpec};
+use serde::{Deserialize, Serialize};
+
+/// `[model]`: the policy checkpoint and where it computes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// Policy checkpoint directory (HF layout: config.json, *.safetensors, tokenizer.json). Required.
+    pub path: PathBuf,
+    /// Compute dtype of the weights: `f32` or `bf16` (or `f64`, slow, for checks). `f16` is refused for
+    /// training (no loss scaling: its gradients underflow); `rlvr eval` and `rlvr logprobs` accept it.
+    /// Default `f32`.
+    pub dtype: ComputeDtype,
+    /// Device: `cpu` or `cuda:N` (a binary built with `--features cuda`). Default `cpu`.
+    pub device: DeviceSpec,
+    /// Frozen reference policy for the KL term; default: `model.path` (the initial policy). Loaded only
+    /// when `algorithm.kl_coef` ≠ 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<PathBuf>,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: PathBuf::new(),
+            dtype: ComputeDtype::F32,
+            device: DeviceSpec::Cpu,
+            reference: None,
+        }
+    }
+}
+
+/// `[rollout]`: sampling (DESIGN.md section 3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// K: completions per prompt; at least 2 (a group baseline needs two; see
+    /// `allow_group_size_one`). Default 8.
+    pub group_size: usize,
+    /// Most generated tokens per completion (the EOS included); also the constant normaliser's L.
+    /// Default 256.
+    pub max_new_tokens: usize,
+    /// Fewest new tokens before EOS or a stop string may end a completion (transformers'
+    /// `min_new_tokens`, vLLM's `min_tokens`); the EOS probability is removed from the draw until
+    /// then, while ℓ_old stays the full-distribution log-prob. Equal to `max_new_tokens` it gives
+    /// fixed-length completions (benchmarks). Default 0.
+    pub min_new_tokens: usize,
+    /// Sampling temperature T (> 0); the trainer scores with the same T. Default 1.
+    pub temperature: f64,
+    /// Nucleus mass in (0, 1]; 1 = off. Default 1. Below 1 even staleness-0 data is slightly
+    /// off-policy (ℓ_old is the untruncated log-prob).
+    pub top_p: f64,
+    /// Top-k; 0 = off. Default 0.
+    pub top_k: usize,
+    /// Extra stop strings (the tokenizer's EOS ids always stop). Default none.
+    pub stop: Vec<String>,
+    /// Most rows decoded together (KV-cache memory bound). Default 64.
+    pub max_batch_rows: usize,
+    /// Allow `group_size = 1`, which every group baseline turns into zero advantages (the policy
+    /// never learns from rewards); for benchmarks. Default false: `group_size = 1` is an error.
+    pub allow_group_size_one: bool,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            group_size: 8,
+            max_new_tokens: 256,
+            min_new_tokens: 0,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop: Vec::new(),
+            max_batch_rows: 64,
+            allow_group_size_one: false,
+        }
+    }
+}
+
+/// `[sync]`: staleness regime (DESIGN.md section 3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyncSection {
+    /// v: the explorer loads the trainer's weights when the completed step count is a multiple of v.
+    /// v = 1 is on-policy (with o = 0). Default 1.
+    pub interval: u64,
+    /// o: the explorer runs o steps ahead on its own thread (staleness o..o+v−1). Default 0.
+    pub offset: u64,
+    /// Drop experiences older than this many steps (staleness > max). Unset: keep all. Experiences
+    /// without a version (offline files) are never dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_staleness: Option<u64>,
+}
+
+impl Default for SyncSection {
+    fn default() -> Self {
+        SyncSection {
+            interval: 1,
+            offset: 0,
+            max_staleness: None,
+        }
+    }
+}
+
+/// Learning-rate schedule over trainer steps (all start with `train.warmup_steps` of linear warm-up
+/// from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Schedule {
+    /// lr after the warm-up.
+    Constant,
+    /// Linear decay from lr to `train.min_lr` at the last step.
+    Linear,
+    /// Cosine decay from lr to `train.min_lr` at the last step.
+    Cosine,
+}
+
+/// `[train]`: the trainer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Trainer steps (each: B prompts × K completions, possibly several optimizer updates). Default 100.
+    pub steps: u64,
+    /// Peak learning rate. Default 1e-6.
+    pub lr: f64,
+    /// Lowest learning rate of the `linear` and `cosine` schedules. Default 0.
+    pub min_lr: f64,
+    /// Steps of linear warm-up from 0 to `lr`. Default 0.
+    pub warmup_steps: u64,
+    /// `constant`, `linear` or `cosine`. Default `constant`.
+    pub schedule: Schedule,
+    /// AdamW decoupled weight decay λ. Default 0.01.
+    pub weight_decay: f64,
+    /// AdamW β₁. Default 0.9.
+    pub beta1: f64,
+    /// AdamW β₂. Default 0.999.
+    pub beta2: f64,
+    /// AdamW ε. Default 1e-8.
+    pub adam_eps: f64,
+    /// Clip the global gradient L2 norm to this value; 0 = off. Default 1.
+    pub grad_clip: f64,
+    /// Rows (completions) per micro-batch. Default 8.
+    pub micro_batch_size: usize,
+    /// Token budget per micro-batch (rows × padded length); when set it replaces
+    /// `micro_batch_size` (a single longer row still gets its own micro-batch). Default unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<usize>,
+    /// Leave out of forward and backward the rows whose gradient is exactly zero: rows outside the
+    /// normaliser (zero-variance groups under `exclude_zero_std`, masked truncations) and, when the
+    /// loss has no KL, entropy or regulariser term, rows with advantage 0. The update is unchanged;
+    /// the step's ratio, clip, entropy and KL diagnostics then cover the trained rows only. TRL and
+    /// verl compute these rows; set false to match their work (benchmarks). Default true.
+    pub skip_zero_gradient_rows: bool,
+    /// Optimizer updates per epoch: the step's groups are split into this many mini-batches. Default 1.
+    pub mini_batches: usize,
+    /// μ: passes over the step's batch. Default 1.
+    pub epochs: usize,
+    /// Seed of sampling and of the trainer's random choices (RED-Drop). Default 0.
+    pub seed: u64,
+    /// Held-out evaluation every this many steps (and at step 0); 0 = never. Default 0.
+    pub eval_every: u64,
+    /// Checkpoint every this many steps (and at the end); 0 = only at the end. Default 0.
+    pub save_every: u64,
+    /// Keep this many newest checkpoints (the best one is kept too); 0 = keep all. Default 2.
+    pub keep_last: usize,
+    /// Recompute behaviour log-probs with the trainer's forward at the behaviour version (train/sampler
+    /// mismatch correction, DESIGN.md section 3). Default false.
+    pub recompute_behaviour: bool,
+    /// DAPO dynamic sampling: most extra sampling rounds per step to refill dropped groups. Default 4.
+    pub dynamic_sampling_max_rounds: usize,
+    /// Abort after this many skipped (non-finite) steps in a row. Default 3.
+    pub max_skipped_in_row: u32,
+    /// Completions per step written to rollouts.jsonl (0 = none). Default 4.
+    pub log_rollouts: usize,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            steps: 100,
+            lr: 1e-6,
+            min_lr: 0.0,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            adam_eps: 1e-8,
+            grad_clip: 1.0,
+            micro_batch_size: 8,
+            micro_batch_tokens: None,
+            skip_zero_gradient_rows: true,
+            mini_batches: 1,
+            epochs: 1,
+            seed: 0,
+            eval_every: 0,
+            save_every: 0,
+            keep_last: 2,
+            recompute_behaviour: false,
+            dynamic_sampling_max_rounds: 4,
+            max_skipped_in_row: 3,
+            log_rollouts: 4,
+        }
+    }
+}
+
+/// `[eval]`: held-out evaluation during training and in `rlvr eval`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Samples per problem; 1 = greedy, > 1 = temperature 1 (mean@k, pass@k). Default 1.
+    pub samples: usize,
+    /// First N problems of the test split; unset = all. Default unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+    /// Most new tokens; default `rollout.max_new_tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection {
+            samples: 1,
+            limit: None,
+            max_new_tokens: None,
+        }
+    }
+}
+
+/// `[output]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSection {
+    /// RUN_DIR. Default `runs/run`.
+    pub dir: PathBuf,
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        OutputSection {
+            dir: PathBuf::from("runs/run"),
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The crate graph's invariants (ARCHITECTURE.md, "Invariants"), checked from the manifests and
+//! crate roots so that a change that breaks a boundary fails here rather than in review:
+//!
+//! 1. Layers: a workspace crate depends only on workspace crates of a strictly lower layer.
+//! 2. Light crates (verifiers, data, the lab) never depend on candle: `rlvr reward` and the data
+//!    loaders build and test without the tensor stack.
+//! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
+//!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
+//!    calls under `#![deny(unsafe_code)]` with a scoped `allow`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Layer of each workspace crate (lower = more basic). A new crate must be added here.
+const LAYERS: &[(&str, u32)] = &[
+    ("rlvr-kernels", 0),
+    ("rlvr-reward", 0),
+    ("rlvr-algo", 1),
+    ("rlvr-data", 1),
+    ("rlvr-model", 1),
+    ("rlvr-rollout", 2),
+    ("rlvr-vllm", 3),
+    ("rlvr-train", 4),
+    ("rlvr-lab", 5),
+    ("rlvr", 6),
+];
+
+const LIGHT: &[&str] = &["rlvr-reward", "rlvr-data", "rlvr-lab"];
+const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];
+const UNSAFE_DENIED: &[&str] = &["rlvr-lab"];
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Non-dev dependency names of a manifest: every `[dependencies]` and
+/// `[target.'…'.dependencies]` table (build-dependencies too), not `[dev-dependencies]`.
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            inside = t.ends_with("dependencies]") && !t.contains("dev-dependencies");
+            continue;
+        }
+        if inside && !t.is_empty() && !t.starts_with('#') {
+            if let Some((name, _)) = t.split_once('=') {
+                // `clap.workspace = true` names `clap`.
+                let name = name.trim().split('.').next().unwrap_or_default();
+                out.push(name.trim_matches('"').to_string());
+            }
+        }
+    }
+    out
+}
+
+fn workspace_crates() -> BTreeMap<String, (PathBuf, Vec<String>)> {
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir(crates_dir()).unwrap() {
+        let dir = e.unwrap().path();
+        let manifest = dir.join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let name = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name = "))
+            .unwrap_or_else(|| panic!("{}: no package name", manifest.display()))
+            .trim_matches('"')
+            .to_string();
+        m.insert(name, (dir, dependencies(&text)));
+    }
+    m
+}
+
+fn layer(name: &str) -> u32 {
+    LAYERS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("crate `{name}` has no layer in crate_graph.rs LAYERS"))
+        .1
+}
+
+#[test]
+fn crates_depend_only_on_lower_layers() {
+    let crates = workspace_crates();
+    assert!(crates.len() >= 9, "found only {:?}", crates.keys());
+    let mut bad = Vec::new();
+    for (name, (_, deps)) in &crates {
+        for d in deps.iter().filter(|d| crates.contains_key(*d)) {
+            if layer(d) >= layer(name) {
+                bad.push(format!(
+                    "{name} (layer {}) -> {d} (layer {})",
+                    layer(name),
+                    layer(d)
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "layering broken: {bad:?}");
+}
+
+#[test]
+fn light_crates_do_not_pull_candle() {
+    let crates = workspace_crates();
+    // Transitively: a light crate may depend only on light workspace crates.
+    for light in LIGHT {
+        let (_, deps) = &crates[*light];
+        for d in deps {
+            assert!(!d.starts_with("candle"), "{light} depends on {d}");
+            if crates.contains_key(d) {
+                assert!(
+                    LIGHT.contains(&d.as_str()),
+                    "{light} depends on heavy crate {d}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn unsafe_code_is_confined() {
+    for (name, (dir, _)) in workspace_crates() {
+        let root = if dir.join("src/lib.rs").exists() {
+            dir.join("src/lib.rs")
+        } else {
+            dir.join("src/main.rs")
+        };
+        let text = std::fs::read_to_string(&root).unwrap();
+        let forbids = text.lines().any(|l| l.trim() == "#![forbid(unsafe_code)]");
+        let denies = text
+            .lines()
+            .any(|l| l.trim().starts_with("#![deny(unsafe_code)]"));
+        if UNSAFE_ALLOWED.contains(&name.as_str()) {
+            continue;
+        } else if UNSAFE_DENIED.contains(&name.as_str()) {
+            assert!(denies, "{}: expected #![deny(unsafe_code)]", root.display());
+        } else {
+            assert!(
+                forbids,
+                "{}: expected #![forbid(unsafe_code)]",
+                root.display()
+            );
+        }
+        // A binary crate's other roots (src/bin/*.rs) would escape the check: there are none.
+        assert!(
+            !dir.join("src/bin").exists(),
+            "{name} has src/bin: extend this test"
+        );
+    }
+}
+
+#[test]
+fn manifest_parser_reads_target_tables_and_skips_dev() {
+    let m = "[package]\nname = \"x\"\n[dependencies]\na = \"1\"\nd.workspace = true\n[dev-dependencies]\nb = \"1\"\n\
+             [target.'cfg(unix)'.dependencies]\nc = { version = \"1\" }\n";
+    assert_eq!(dependencies(m), ["a", "d", "c"]);
+}
