@@ -197,7 +197,8 @@ impl Model {
         grad: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let n = h.dim(0)?;
-        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu() {
+        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu()
+        {
             // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
             // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
             let w = self.lm_head.weight.get(grad);
@@ -226,8 +227,11 @@ impl Model {
             // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
             // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
             let w = self.lm_head.weight.get(grad);
-            let chunk =
-                crate::chunked::chunk_width(n, self.config().vocab_size, crate::chunked::CHUNK_ELEMS);
+            let chunk = crate::chunked::chunk_width(
+                n,
+                self.config().vocab_size,
+                crate::chunked::CHUNK_ELEMS,
+            );
             crate::chunked::chunked_logprobs(
                 &h.contiguous()?,
                 w,

@@ -265,7 +265,8 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let master_weights = if b == 2 { p * 4 } else { 0 };
     let gradients = p * 4 + p * b;
     let adamw_moments = 2 * p * 4;
-    let explorer_weights = (if online { weights } else { 0 }) + (if threaded { weights } else { 0 });
+    let explorer_weights =
+        (if online { weights } else { 0 }) + (if threaded { weights } else { 0 });
     let reference_model = if needs_reference { weights } else { 0 };
     let layer = shape.layer_bytes_per_token(b, t);
     // Embedding output and final norm, plus one layer of backward working set.

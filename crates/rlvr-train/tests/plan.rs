@@ -169,10 +169,16 @@ fn layer_activation_bytes_match_a_hand_count() {
     // f32: norms 2·3·16·4 = 384; q/k/v with bias (32+16+16)·4·2 = 512; rotary (11·32+13·16)·4/2 =
     // 1120; scores 4 heads·10·(2·4+4·4) = 960; p·v, copy, o-proj, residual 2·32·4+2·16·4 = 384;
     // MLP 4·24·4+2·16·4 = 512.
-    assert_eq!(s.layer_bytes_per_token(4, 10), 384 + 512 + 1120 + 960 + 384 + 512);
+    assert_eq!(
+        s.layer_bytes_per_token(4, 10),
+        384 + 512 + 1120 + 960 + 384 + 512
+    );
     // bf16: norms 2·(3·16·4+2·16·2) = 512; q/k/v 64·2·2 = 256; rotary 560·2/2 = 560; scores
     // 4·10·(2·2+4·4+4+2) = 1040; 2·32·2+2·16·2 = 192; MLP 4·24·2+2·16·2 = 256.
-    assert_eq!(s.layer_bytes_per_token(2, 10), 512 + 256 + 560 + 1040 + 192 + 256);
+    assert_eq!(
+        s.layer_bytes_per_token(2, 10),
+        512 + 256 + 560 + 1040 + 192 + 256
+    );
     // Parameters by hand: embedding 50·16 (tied) + 3 layers × (2 norms 2·16 + q 16·32 + k, v
     // 2·16·16 + o 32·16 + MLP 3·16·24 + q/k/v bias 32+16+16) + final norm 16.
     let layer = 2 * 16 + 16 * 32 + 2 * 16 * 16 + 32 * 16 + 3 * 16 * 24 + (32 + 16 + 16);
