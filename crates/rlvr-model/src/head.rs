@@ -186,7 +186,8 @@ impl Model {
     }
 
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
-    /// asked, `[N]` entropies (fused on the CPU in f32, [`Model::logprobs_unfused`] elsewhere).
+    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere; the chunked
+    /// op equals [`Model::logprobs_unfused`], tested).
     fn head(
         &self,
         h: &Tensor,
@@ -196,7 +197,8 @@ impl Model {
         grad: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let n = h.dim(0)?;
-        if self.device().is_cpu() && self.dtype() == DType::F32 {
+        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu()
+        {
             // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
             // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
             let w = self.lm_head.weight.get(grad);
@@ -222,12 +224,23 @@ impl Model {
             };
             Ok((lp, ent))
         } else {
-            let logits = self
-                .lm_head(&h.unsqueeze(0)?, grad)?
-                .to_dtype(upcast(self.dtype()))?;
-            let (lp, ent) =
-                Self::logprobs_unfused(&logits, &targets.unsqueeze(0)?, temperature, with_entropy)?;
-            Ok((lp.squeeze(0)?, ent.map(|e| e.squeeze(0)).transpose()?))
+            // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
+            // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
+            let w = self.lm_head.weight.get(grad);
+            let chunk = crate::chunked::chunk_width(
+                n,
+                self.config().vocab_size,
+                crate::chunked::CHUNK_ELEMS,
+            );
+            crate::chunked::chunked_logprobs(
+                &h.contiguous()?,
+                w,
+                &targets.to_vec1()?,
+                temperature,
+                with_entropy,
+                chunk,
+                grad,
+            )
         }
     }
 

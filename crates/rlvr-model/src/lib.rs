@@ -11,6 +11,7 @@
 //! - [`checkpoint`]: loading a whole model directory and writing one (`rlvr init`, checkpoints).
 
 pub mod checkpoint;
+pub mod chunked;
 pub mod config;
 pub mod device;
 pub mod error;
@@ -29,6 +30,9 @@ pub use error::{ModelError, Result};
 pub use head::LogProbs;
 pub use kv::{KvCache, KvStore};
 pub use model::Model;
+/// Largest `[N, V]` f32 logits (bytes) the CPU's fused head keeps for its backward
+/// (`rlvr_kernels::LogitStash`); memory estimates (`rlvr plan`) count it.
+pub use rlvr_kernels::STASH_MAX_BYTES;
 pub use tokenizer::{Message, TokenizerBundle};
 
 /// Parses a dtype name (`--dtype`): see [`ComputeDtype`]'s `FromStr`.

@@ -1,6 +1,12 @@
 //! AdamW with decoupled weight decay and f32 moments (Loshchilov & Hutter 2019, as
 //! `torch.optim.AdamW`), over the model's [`Var`]s. Moments stay in f32 whatever the parameter
 //! dtype (candle-nn's AdamW keeps them in the parameter dtype: DESIGN.md section 7).
+//!
+//! Mixed precision as torch AMP / DeepSpeed / Megatron do it: a 16-bit parameter (bf16) gets an
+//! f32 **master weight**; each step updates the master in f32 and writes the master rounded to
+//! the parameter dtype (round to nearest even) back into the [`Var`]. Updates smaller than half a
+//! bf16 ulp (an lr-1e-6 step on a weight of magnitude ≥ 2⁻¹² ≈ 2.4e-4) thus accumulate in the
+//! master instead of vanishing. f32 and f64 parameters are updated directly (no master).
 
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 use rlvr_kernels::adamw::{AddAssign, MomentUpdate, ParamUpdate};
@@ -30,28 +36,126 @@ impl Default for AdamWConfig {
     }
 }
 
-/// AdamW state: the parameters and their first/second moments (f32), and the step count.
+/// Whether a parameter of dtype `dt` is trained through an f32 master weight (the 16-bit float
+/// dtypes).
+pub fn needs_master(dt: DType) -> bool {
+    matches!(dt, DType::BF16 | DType::F16)
+}
+
+/// AdamW state: the parameters, their f32 master weights (16-bit parameters only), their
+/// first/second moments (f32), and the step count.
 pub struct AdamW {
     pub config: AdamWConfig,
     params: Vec<Var>,
+    /// Per parameter: its f32 master weight when [`needs_master`] of its dtype, else `None`.
+    masters: Vec<Option<Tensor>>,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     /// Number of updates applied.
     pub step: u64,
 }
 
+/// The scalars of one AdamW update (learning rate, weight-decay factor, bias corrections).
+#[derive(Debug, Clone, Copy)]
+pub struct UpdateScalars {
+    /// β₁, β₂ and ε of [`AdamWConfig`].
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// The learning rate of this step.
+    pub lr: f64,
+    /// `1 − lr·λ` (decoupled weight decay).
+    pub decay: f64,
+    /// `1 − β₁ᵗ` and `1 − β₂ᵗ` at this step t.
+    pub bc1: f64,
+    pub bc2: f64,
+}
+
+/// The f32 inner loop of AdamW on one parameter: updates the moments `m`, `v` (f32) with the
+/// gradient `g` (f32) and returns the new parameter, or `None` when `theta` (f32) was updated in
+/// place (CPU: three in-place passes, no allocation). `theta`, `m`, `v` and `g` share one shape.
+///
+/// θ ← θ·(1 − lr·λ) − lr · m̂ / (√v̂ + ε), with m̂ = m/(1−β₁ᵗ), v̂ = v/(1−β₂ᵗ)
+/// (`torch.optim.AdamW`). A `theta` of another dtype is computed in f32 and returned in f32.
+///
+/// # Errors
+/// Shape mismatches, tensor errors.
+pub fn adamw_update_f32(
+    theta: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    g: &Tensor,
+    s: &UpdateScalars,
+) -> Result<Option<Tensor>> {
+    let fused = theta.device().is_cpu()
+        && [theta.dtype(), g.dtype(), m.dtype(), v.dtype()]
+            .iter()
+            .all(|&d| d == DType::F32);
+    if fused {
+        let g = g.contiguous()?;
+        m.inplace_op2(
+            &g,
+            &MomentUpdate {
+                beta: s.beta1 as f32,
+                square: false,
+            },
+        )?;
+        v.inplace_op2(
+            &g,
+            &MomentUpdate {
+                beta: s.beta2 as f32,
+                square: true,
+            },
+        )?;
+        theta.inplace_op3(
+            m,
+            v,
+            &ParamUpdate {
+                decay: s.decay as f32,
+                lr: s.lr as f32,
+                inv_bc1: (1.0 / s.bc1) as f32,
+                inv_bc2: (1.0 / s.bc2) as f32,
+                eps: s.eps as f32,
+            },
+        )?;
+        return Ok(None);
+    }
+    let g = g.to_dtype(DType::F32)?;
+    let nm = ((&*m * s.beta1)? + (&g * (1.0 - s.beta1))?)?;
+    let nv = ((&*v * s.beta2)? + (g.sqr()? * (1.0 - s.beta2))?)?;
+    let denom = ((&nv / s.bc2)?.sqrt()? + s.eps)?;
+    let upd = ((&nm / s.bc1)? / denom)?;
+    let th = theta.to_dtype(DType::F32)?;
+    let th = ((th * s.decay)? - (upd * s.lr)?)?;
+    *m = nm;
+    *v = nv;
+    Ok(Some(th))
+}
+
 impl AdamW {
-    /// Optimises `params` (e.g. `model.named_vars()` values).
+    /// Optimises `params` (e.g. `model.named_vars()` values). 16-bit parameters get an f32
+    /// master weight copied from their current value.
+    ///
+    /// # Errors
+    /// Tensor errors (allocation, dtype conversion).
     pub fn new(params: Vec<Var>, config: AdamWConfig) -> Result<Self> {
         let mut m = Vec::with_capacity(params.len());
         let mut v = Vec::with_capacity(params.len());
+        let mut masters = Vec::with_capacity(params.len());
         for p in &params {
-            m.push(p.as_tensor().zeros_like()?.to_dtype(DType::F32)?);
-            v.push(p.as_tensor().zeros_like()?.to_dtype(DType::F32)?);
+            let z = Tensor::zeros(p.dims(), DType::F32, p.device())?;
+            m.push(z.clone());
+            v.push(z.copy()?);
+            masters.push(if needs_master(p.dtype()) {
+                Some(p.as_tensor().detach().to_dtype(DType::F32)?.copy()?)
+            } else {
+                None
+            });
         }
         Ok(Self {
             config,
             params,
+            masters,
             m,
             v,
             step: 0,
@@ -59,63 +163,47 @@ impl AdamW {
     }
 
     /// One update with learning rate `lr` (the schedule's value for this step), from the gradients
-    /// in `grads`; parameters without a gradient are left unchanged (their moments too).
+    /// in `grads`; parameters without a gradient are left unchanged (their moments and masters
+    /// too). A parameter with a master weight: the master is updated by [`adamw_update_f32`]
+    /// and the parameter set to the master rounded to its dtype.
     ///
-    /// θ ← θ·(1 − lr·λ) − lr · m̂ / (√v̂ + ε), with m̂ = m/(1−β₁ᵗ), v̂ = v/(1−β₂ᵗ).
+    /// # Errors
+    /// Tensor errors.
     pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
         self.step += 1;
         let c = self.config;
         let t = self.step as i32;
-        let bc1 = 1.0 - c.beta1.powi(t);
-        let bc2 = 1.0 - c.beta2.powi(t);
+        let s = UpdateScalars {
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            lr,
+            decay: 1.0 - lr * c.weight_decay,
+            bc1: 1.0 - c.beta1.powi(t),
+            bc2: 1.0 - c.beta2.powi(t),
+        };
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = grads.get(p.as_tensor()) else {
                 continue;
             };
-            let fused = p.device().is_cpu()
-                && [p.dtype(), g.dtype(), self.m[i].dtype(), self.v[i].dtype()]
-                    .iter()
-                    .all(|&d| d == DType::F32);
-            if fused {
-                // Three in-place passes, no allocation (CPU, f32).
-                let g = g.contiguous()?;
-                self.m[i].inplace_op2(
-                    &g,
-                    &MomentUpdate {
-                        beta: c.beta1 as f32,
-                        square: false,
-                    },
-                )?;
-                self.v[i].inplace_op2(
-                    &g,
-                    &MomentUpdate {
-                        beta: c.beta2 as f32,
-                        square: true,
-                    },
-                )?;
-                p.as_tensor().inplace_op3(
-                    &self.m[i],
-                    &self.v[i],
-                    &ParamUpdate {
-                        decay: (1.0 - lr * c.weight_decay) as f32,
-                        lr: lr as f32,
-                        inv_bc1: (1.0 / bc1) as f32,
-                        inv_bc2: (1.0 / bc2) as f32,
-                        eps: c.eps as f32,
-                    },
-                )?;
-                continue;
-            }
             let g = g.to_dtype(DType::F32)?;
-            let m = ((&self.m[i] * c.beta1)? + (&g * (1.0 - c.beta1))?)?;
-            let v = ((&self.v[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
-            let denom = ((&v / bc2)?.sqrt()? + c.eps)?;
-            let upd = ((&m / bc1)? / denom)?;
-            let theta = p.as_tensor().to_dtype(DType::F32)?;
-            let theta = ((theta * (1.0 - lr * c.weight_decay))? - (upd * lr)?)?;
-            p.set(&theta.to_dtype(p.dtype())?)?;
-            self.m[i] = m;
-            self.v[i] = v;
+            match &mut self.masters[i] {
+                Some(w) => {
+                    if let Some(new) = adamw_update_f32(w, &mut self.m[i], &mut self.v[i], &g, &s)?
+                    {
+                        *w = new;
+                    }
+                    p.set(&w.to_dtype(p.dtype())?)?;
+                }
+                None => {
+                    let theta = p.as_tensor();
+                    if let Some(new) =
+                        adamw_update_f32(theta, &mut self.m[i], &mut self.v[i], &g, &s)?
+                    {
+                        p.set(&new.to_dtype(p.dtype())?)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -127,6 +215,9 @@ impl AdamW {
     }
 
     /// Restores moments and step count saved by [`AdamW::moments`].
+    ///
+    /// # Errors
+    /// A count differing from the number of parameters.
     pub fn set_moments(&mut self, m: Vec<Tensor>, v: Vec<Tensor>, step: u64) -> Result<()> {
         if m.len() != self.params.len() || v.len() != self.params.len() {
             return Err(crate::ModelError::Invalid(format!(
@@ -138,6 +229,47 @@ impl AdamW {
         self.m = m;
         self.v = v;
         self.step = step;
+        Ok(())
+    }
+
+    /// The f32 master weight per parameter (`None` for f32/f64 parameters), in parameter order
+    /// (for checkpoints; updated in place on the CPU like the moments).
+    pub fn masters(&self) -> &[Option<Tensor>] {
+        &self.masters
+    }
+
+    /// Restores master weights saved by [`AdamW::masters`] (converted to f32) and sets each
+    /// parameter to its master rounded to the parameter dtype. An entry `None` for a parameter
+    /// that needs a master keeps the one made from the parameter's current value (a checkpoint
+    /// written without masters).
+    ///
+    /// # Errors
+    /// A count or shape differing from the parameters', tensor errors.
+    pub fn set_masters(&mut self, masters: Vec<Option<Tensor>>) -> Result<()> {
+        if masters.len() != self.params.len() {
+            return Err(crate::ModelError::Invalid(format!(
+                "optimizer state has {} master weights for {} parameters",
+                masters.len(),
+                self.params.len()
+            )));
+        }
+        for (i, w) in masters.into_iter().enumerate() {
+            let p = &self.params[i];
+            let Some(w) = w else { continue };
+            if !needs_master(p.dtype()) {
+                continue;
+            }
+            if w.shape() != p.shape() {
+                return Err(crate::ModelError::Invalid(format!(
+                    "master weight {i} has shape {:?}, its parameter {:?}",
+                    w.dims(),
+                    p.dims()
+                )));
+            }
+            let w = w.to_dtype(DType::F32)?.to_device(p.device())?.copy()?;
+            p.set(&w.to_dtype(p.dtype())?)?;
+            self.masters[i] = Some(w);
+        }
         Ok(())
     }
 }

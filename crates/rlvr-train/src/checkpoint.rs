@@ -1,6 +1,6 @@
 //! Checkpoints (DESIGN.md section 10): `RUN_DIR/checkpoints/step-N/` is a model directory that
 //! `rlvr eval --model` accepts (config.json, model.safetensors, tokenizer files) plus
-//! `trainer_state/` (optimizer moments, RNG state, data cursor, buffer, explorer version and, when
+//! `trainer_state/` (optimizer moments and, for bf16 weights, f32 master weights, RNG state, data cursor, buffer, explorer version and, when
 //! it differs from the policy, the explorer's weights). `checkpoints/latest` names the last complete
 //! one; `checkpoints/best` the best evaluated one.
 //!
@@ -52,6 +52,9 @@ pub struct CheckpointParts<'a> {
     pub tokenizer: &'a TokenizerBundle,
     /// AdamW moments (m, v), in `model.named_vars()` order.
     pub moments: (&'a [Tensor], &'a [Tensor]),
+    /// AdamW's f32 master weights, in the same order (`None` for f32 parameters; empty = none):
+    /// saved beside the moments so a bf16 run resumes exactly.
+    pub masters: &'a [Option<Tensor>],
     /// The explorer's weights when their version differs from the policy's.
     pub explorer: Option<&'a Model>,
     /// Experiences produced but not yet trained on.
@@ -92,6 +95,11 @@ pub fn save(
     for (i, (m, v)) in m.iter().zip(v).enumerate() {
         named.push((format!("m.{i:05}"), m.clone()));
         named.push((format!("v.{i:05}"), v.clone()));
+    }
+    for (i, w) in parts.masters.iter().enumerate() {
+        if let Some(w) = w {
+            named.push((format!("w.{i:05}"), w.clone()));
+        }
     }
     atomic_write(
         &ts.join("optimizer.safetensors"),
@@ -186,6 +194,26 @@ pub fn load_state(dir: &Path, device: &Device) -> anyhow::Result<LoadedState> {
     Ok((st, m, v, buffer))
 }
 
+/// The f32 master weights of checkpoint `dir` (`trainer_state/optimizer.safetensors`, keys
+/// `w.NNNNN`), one entry per parameter (`n` of them), `None` where none was saved (f32 parameters,
+/// or a checkpoint written before masters existed: the optimizer then starts from the weights).
+///
+/// # Errors
+/// A missing or unreadable optimizer file, a master index ≥ `n`.
+pub fn load_masters(dir: &Path, n: usize, device: &Device) -> anyhow::Result<Vec<Option<Tensor>>> {
+    let p = dir.join("trainer_state/optimizer.safetensors");
+    let map = candle_core::safetensors::load(&p, device)
+        .with_context(|| format!("reading {}", p.display()))?;
+    let mut out = vec![None; n];
+    for (k, t) in map {
+        if let Some(i) = k.strip_prefix("w.").and_then(|i| i.parse::<usize>().ok()) {
+            anyhow::ensure!(i < n, "{}: master {k} for {n} parameters", p.display());
+            out[i] = Some(t.to_dtype(DType::F32)?);
+        }
+    }
+    Ok(out)
+}
+
 /// Removes old checkpoints, keeping the `keep_last` newest and the one `best` names (0 = keep all).
 ///
 /// # Errors
@@ -277,6 +305,7 @@ pub(crate) fn save_run(
             model: &trainer.model,
             tokenizer,
             moments: (m, v),
+            masters: trainer.optimizer.adamw.masters(),
             explorer: ex_model,
             buffer: &[],
         },

@@ -48,6 +48,7 @@ pub mod lock;
 pub mod metrics;
 pub mod optimizer;
 pub mod pack;
+pub mod plan;
 pub mod plot;
 pub mod run;
 mod rundir;

@@ -226,6 +226,12 @@ impl Run<'_> {
                 .adamw
                 .set_moments(m, v, st.optimizer_step)?;
         }
+        if let Some(dir) = &ckpt {
+            // bf16 weights resume from their f32 masters (none for f32 weights).
+            let n = trainer.model.named_vars().len();
+            let masters = checkpoint::load_masters(dir, n, &device)?;
+            trainer.optimizer.adamw.set_masters(masters)?;
+        }
         // TokenizerBundle is not Clone: the explorer and the offline source load their own copy.
         let load_tok = || {
             TokenizerBundle::load(&policy_dir)

@@ -202,7 +202,8 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
     // lm_head.weight is written); `RLVR_VLLM_TIED=false` declares an untied one, for a run by hand.
     let tied = std::env::var("RLVR_VLLM_TIED").map_or(true, |v| v != "false");
     assert_eq!(
-        l.policy.model.config().tie_word_embeddings, tied,
+        l.policy.model.config().tie_word_embeddings,
+        tied,
         "the served model's tie_word_embeddings differs from RLVR_VLLM_TIED (default true)"
     );
     let weights = tempfile::tempdir().unwrap();

@@ -1,0 +1,445 @@
+//! `rlvr plan` (DESIGN.md section 12): the memory a run config needs, from the model's
+//! `config.json` alone (no weights are read), and the largest micro-batch and rollout batch that
+//! fit a given memory.
+//!
+//! The estimate counts what this code base holds, by component:
+//!
+//! - **weights** `P·b` (b = 2 for bf16, 4 for f32); **master weights** `P·4` for bf16 (the optimizer's
+//!   f32 copy, `rlvr_model::optim`); **gradients** `P·4` (the f32 sum over micro-batches) plus `P·b`
+//!   (one micro-batch's gradients while they are added); **AdamW moments** `2·P·4`.
+//! - the **explorer's weights**: sampling from a dataset (not an experiences file) loads a second
+//!   copy of the policy (`P·b`) whatever `sync.offset`; with `sync.offset ≥ 1` the explorer runs on
+//!   its own thread and one more copy is in flight at each weight sync.
+//! - the **reference model** `P·b` when the algorithm has a KL term.
+//! - **activations** per micro-batch row of `T` tokens: every tensor the training forward keeps for
+//!   the backward, counted op by op from `rlvr_model::model` (rms-norms computed in f32, q/k/v,
+//!   rotary, the `[heads, T, T]` attention scores and softmax in f32, o-projection, SiLU MLP), plus
+//!   one layer of backward working set; with activation checkpointing only each layer's input is
+//!   kept and one layer is recomputed at a time.
+//! - the **logits buffer**: on the CPU in f32 the fused head keeps the `[N, V]` logits up to
+//!   512 MiB (`rlvr_model::STASH_MAX_BYTES`); elsewhere the chunked head holds a few
+//!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each).
+//! - the native sampler's **KV cache**: `rollout.max_batch_rows × T × layers × 2 × kv_heads ×
+//!   head_dim × b`.
+//! - a constant **process overhead** (runtime, tokenizer, allocator; [`CPU_OVERHEAD`]); on a GPU the
+//!   CUDA context ([`GPU_OVERHEAD`]).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use rlvr_model::{ComputeDtype, DeviceSpec, ModelConfig};
+use serde::Serialize;
+
+use crate::config::RawConfig;
+
+/// Constant process overhead on the CPU (bytes). Checked on a 108 M-parameter step (BENCHMARKS.md,
+/// "Memory"): the measured peak RSS less the other components was 61 MiB (f32) and 100 MiB (bf16),
+/// so with this constant the estimate is 13% and 9% above the measured peak.
+pub const CPU_OVERHEAD: u64 = 300 << 20;
+/// Constant overhead on a GPU (bytes): the CUDA context and allocator slack.
+pub const GPU_OVERHEAD: u64 = 1 << 30;
+/// Prompt tokens assumed when the config sets no `data.max_prompt_len`.
+pub const DEFAULT_PROMPT_TOKENS: usize = 256;
+
+/// `rlvr plan` arguments.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PlanArgs {
+    /// Run config (TOML); its `model.path` must hold a config.json.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override a config key (`--set train.micro_batch_size=4`); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Memory to fit (e.g. 80GB, 24GiB, 16000MiB; GB and GiB both mean 2^30 bytes).
+    #[arg(long)]
+    pub gpu_memory: Option<String>,
+    /// One JSON object on the last line of stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The model's shape, from config.json.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shape {
+    /// Trainable parameters (as `Model::named_vars` lists them; a tied head counted once).
+    pub params: u64,
+    /// Vocabulary entries (`vocab_size`).
+    pub vocab: u64,
+    /// Hidden size.
+    pub hidden: u64,
+    /// Decoder layers.
+    pub layers: u64,
+    /// Attention (query) heads.
+    pub heads: u64,
+    /// Key/value heads.
+    pub kv_heads: u64,
+    /// Per-head width.
+    pub head_dim: u64,
+    /// MLP width.
+    pub intermediate: u64,
+    /// Whether the lm_head is the embedding.
+    pub tied: bool,
+    qkv_bias: bool,
+    qk_norm: bool,
+}
+
+impl Shape {
+    /// The shape and parameter count of `c` (as `Model::named_vars` lists them).
+    pub fn of(c: &ModelConfig) -> Self {
+        let (h, q, kv, i) = (
+            c.hidden_size as u64,
+            (c.num_attention_heads * c.head_dim) as u64,
+            (c.num_key_value_heads * c.head_dim) as u64,
+            c.intermediate_size as u64,
+        );
+        let qk_norm = c.arch == rlvr_model::Arch::Qwen3;
+        let mut layer = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * i;
+        if c.qkv_bias {
+            layer += q + 2 * kv;
+        }
+        if c.o_bias {
+            layer += h;
+        }
+        if c.mlp_bias {
+            layer += 2 * i + h;
+        }
+        if qk_norm {
+            layer += 2 * c.head_dim as u64;
+        }
+        let v = c.vocab_size as u64;
+        let embed = v * h * if c.tie_word_embeddings { 1 } else { 2 };
+        Self {
+            params: embed + c.num_hidden_layers as u64 * layer + h,
+            vocab: v,
+            hidden: h,
+            layers: c.num_hidden_layers as u64,
+            heads: c.num_attention_heads as u64,
+            kv_heads: c.num_key_value_heads as u64,
+            head_dim: c.head_dim as u64,
+            intermediate: i,
+            tied: c.tie_word_embeddings,
+            qkv_bias: c.qkv_bias,
+            qk_norm,
+        }
+    }
+
+    /// Bytes one layer keeps for the backward per token of a `t`-token row, compute dtype of
+    /// `b` bytes (reductions in f32, or f64 when b = 8).
+    pub fn layer_bytes_per_token(&self, b: u64, t: u64) -> u64 {
+        let a = b.max(4);
+        let (h, q, kv, i, nh) = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+            self.heads,
+        );
+        let up = |n: u64| if b == a { 0 } else { n };
+        // rms-norm: x², x/rms (f32), times w; below f32 also x in f32 and x/rms back in b.
+        let norm = |n: u64| 3 * n * a + up(2 * n * b);
+        let mut bytes = 2 * norm(h);
+        // q, k, v projections (+ bias adds).
+        bytes += (q + 2 * kv) * b * if self.qkv_bias { 2 } else { 1 };
+        if self.qk_norm {
+            bytes += norm(q) + norm(kv);
+        }
+        // Rotary on q and k (x·cos, −x₂, cat, ·sin, sum) and the [heads, T, d] copies of q, k, v.
+        bytes += (11 * q + 13 * kv) * b / 2;
+        // Scores, scaled, (to f32), + mask, − max, exp, / sum, (back to b): per query token.
+        bytes += nh * t * (2 * b + 4 * a + up(a + b));
+        // p·v, its [T, heads·d] copy, o-projection, residual.
+        bytes += 2 * q * b + 2 * h * b;
+        // gate, silu, up, gate·up, down, residual.
+        bytes += 4 * i * b + 2 * h * b;
+        bytes
+    }
+}
+
+/// Everything `rlvr plan` reports, in bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// `model.path`.
+    pub model: String,
+    /// The model's shape.
+    pub shape: Shape,
+    /// `model.dtype`.
+    pub dtype: String,
+    /// `model.device`.
+    pub device: String,
+    /// Prompt tokens per row (`data.max_prompt_len`, or [`DEFAULT_PROMPT_TOKENS`]).
+    pub prompt_tokens: u64,
+    /// Completion tokens per row (`rollout.max_new_tokens`).
+    pub completion_tokens: u64,
+    /// Policy weights in the compute dtype.
+    pub weights: u64,
+    /// The optimizer's f32 master weights (16-bit dtypes only).
+    pub master_weights: u64,
+    /// The f32 gradient sum plus one micro-batch's gradients in the compute dtype.
+    pub gradients: u64,
+    /// AdamW's two f32 moments.
+    pub adamw_moments: u64,
+    /// The explorer's copies of the weights (sampling from a dataset; one more with `sync.offset ≥ 1`).
+    pub explorer_weights: u64,
+    /// The reference model's weights (KL on).
+    pub reference_model: u64,
+    /// Activations kept for the backward per micro-batch row of prompt + completion tokens.
+    pub activations_per_row: u64,
+    /// The same with activation checkpointing (each layer's input kept, one layer recomputed).
+    pub activations_per_row_checkpointed: u64,
+    /// The log-prob head's logits memory (fused CPU stash, or the chunked head's chunks).
+    pub logits_buffer: u64,
+    /// The native sampler's KV cache for `kv_cache_rows` rows.
+    pub kv_cache: u64,
+    /// `rollout.max_batch_rows`.
+    pub kv_cache_rows: u64,
+    /// Constant process overhead ([`CPU_OVERHEAD`] or [`GPU_OVERHEAD`]).
+    pub overhead: u64,
+    /// Rows per micro-batch in the config (from `train.micro_batch_tokens` when set).
+    pub micro_batch_rows: u64,
+    /// Peak of a training step at that micro-batch (with the KV cache when the explorer runs
+    /// concurrently, `sync.offset ≥ 1`).
+    pub train_peak: u64,
+    /// Peak while sampling (inline explorer: no activations or gradients alive).
+    pub rollout_peak: u64,
+    /// The memory to fit, when given.
+    pub memory: Option<u64>,
+    /// Whether both peaks fit that memory.
+    pub fits: Option<bool>,
+    /// Largest micro-batch rows that fit (without checkpointing).
+    pub max_micro_batch_rows: Option<u64>,
+    /// Rows × tokens of that largest micro-batch.
+    pub max_micro_batch_tokens: Option<u64>,
+    /// Largest micro-batch rows with activation checkpointing.
+    pub max_micro_batch_rows_checkpointed: Option<u64>,
+    /// Largest `rollout.max_batch_rows` whose KV cache fits.
+    pub max_rollout_rows: Option<u64>,
+}
+
+/// Parses a memory size: a number with an optional unit B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB
+/// (all powers of 1024).
+///
+/// # Errors
+/// No number, an unknown unit.
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num
+        .parse()
+        .with_context(|| format!("memory size {s:?}: expected e.g. 80GB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => bail!("memory size {s:?}: unknown unit {u:?}"),
+    };
+    Ok((x * mult as f64) as u64)
+}
+
+/// The plan of a raw config (its model's config.json is read; nothing else).
+///
+/// # Errors
+/// A missing or malformed config.json, an unknown dtype.
+pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyhow::Result<Plan> {
+    let cfg_path = raw.model.path.join("config.json");
+    let mc = ModelConfig::from_file(&cfg_path)
+        .with_context(|| format!("reading {}", cfg_path.display()))?;
+    let shape = Shape::of(&mc);
+    let b: u64 = match raw.model.dtype {
+        ComputeDtype::Bf16 | ComputeDtype::F16 => 2,
+        ComputeDtype::F32 => 4,
+        ComputeDtype::F64 => 8,
+    };
+    let cpu = raw.model.device == DeviceSpec::Cpu;
+    let p = shape.params;
+    let prompt = raw.data.max_prompt_len.unwrap_or(DEFAULT_PROMPT_TOKENS) as u64;
+    let completion = raw.rollout.max_new_tokens as u64;
+    let t = prompt + completion;
+    let online = raw.data.experiences.is_none();
+    let threaded = online && raw.sync.offset >= 1;
+    let weights = p * b;
+    let master_weights = if b == 2 { p * 4 } else { 0 };
+    let gradients = p * 4 + p * b;
+    let adamw_moments = 2 * p * 4;
+    let explorer_weights =
+        (if online { weights } else { 0 }) + (if threaded { weights } else { 0 });
+    let reference_model = if needs_reference { weights } else { 0 };
+    let layer = shape.layer_bytes_per_token(b, t);
+    // Embedding output and final norm, plus one layer of backward working set.
+    let outside = shape.hidden * (b + 4 * b.max(4));
+    let activations_per_row = t * (layer * (shape.layers + 1) + outside);
+    let activations_per_row_checkpointed =
+        t * (shape.hidden * b * shape.layers + 2 * layer + outside);
+    let rows = match raw.train.micro_batch_tokens {
+        Some(tok) => (tok as u64 / t).max(1),
+        None => raw.train.micro_batch_size as u64,
+    };
+    let scored = rows * completion;
+    let logits_buffer = if cpu && b == 4 {
+        (scored * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
+    } else {
+        // A few [N, C] chunk tensors in f32, and the head's gradient chunks before their concat.
+        6 * rlvr_model::chunked::CHUNK_ELEMS as u64 * b.max(4) + shape.vocab * shape.hidden * b
+    };
+    let kv_per_row = t * shape.layers * 2 * shape.kv_heads * shape.head_dim * b;
+    let kv_cache_rows = raw.rollout.max_batch_rows as u64;
+    let kv_cache = kv_cache_rows * kv_per_row;
+    let overhead = if cpu { CPU_OVERHEAD } else { GPU_OVERHEAD };
+    let resident = weights + master_weights + adamw_moments + explorer_weights + reference_model;
+    let train_fixed = resident + gradients + logits_buffer + overhead + threaded as u64 * kv_cache;
+    let train_peak = train_fixed + rows * activations_per_row;
+    let rollout_peak = resident
+        + kv_cache
+        + overhead
+        + if threaded {
+            gradients + logits_buffer + rows * activations_per_row
+        } else {
+            0
+        };
+    let (mut fits, mut max_rows, mut max_tokens, mut max_rows_ck, mut max_roll) =
+        (None, None, None, None, None);
+    if let Some(m) = memory {
+        fits = Some(train_peak.max(rollout_peak) <= m);
+        let free = m.saturating_sub(train_fixed);
+        max_rows = Some(free / activations_per_row);
+        max_tokens = Some(free / activations_per_row * t);
+        max_rows_ck = Some(free / activations_per_row_checkpointed);
+        let roll_fixed = resident
+            + overhead
+            + if threaded {
+                gradients + logits_buffer + rows * activations_per_row
+            } else {
+                0
+            };
+        max_roll = Some(m.saturating_sub(roll_fixed) / kv_per_row);
+    }
+    Ok(Plan {
+        model: raw.model.path.display().to_string(),
+        shape,
+        dtype: raw.model.dtype.to_string(),
+        device: raw.model.device.to_string(),
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        weights,
+        master_weights,
+        gradients,
+        adamw_moments,
+        explorer_weights,
+        reference_model,
+        activations_per_row,
+        activations_per_row_checkpointed,
+        logits_buffer,
+        kv_cache,
+        kv_cache_rows,
+        overhead,
+        micro_batch_rows: rows,
+        train_peak,
+        rollout_peak,
+        memory,
+        fits,
+        max_micro_batch_rows: max_rows,
+        max_micro_batch_tokens: max_tokens,
+        max_micro_batch_rows_checkpointed: max_rows_ck,
+        max_rollout_rows: max_roll,
+    })
+}
+
+fn gib(x: u64) -> String {
+    format!("{:.2} GiB", x as f64 / (1u64 << 30) as f64)
+}
+
+fn mib(x: u64) -> String {
+    format!("{:.1} MiB", x as f64 / (1u64 << 20) as f64)
+}
+
+/// Writes the plan as a table.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
+    let s = &p.shape;
+    writeln!(
+        out,
+        "model {}: {:.1} M parameters ({} layers, hidden {}, {} heads / {} kv heads, vocab {}{})",
+        p.model,
+        s.params as f64 / 1e6,
+        s.layers,
+        s.hidden,
+        s.heads,
+        s.kv_heads,
+        s.vocab,
+        if s.tied { ", tied" } else { "" }
+    )?;
+    writeln!(
+        out,
+        "dtype {} on {}; rows of {} prompt + {} completion tokens",
+        p.dtype, p.device, p.prompt_tokens, p.completion_tokens
+    )?;
+    let rows: [(&str, String); 12] = [
+        ("weights", gib(p.weights)),
+        ("master weights (f32)", gib(p.master_weights)),
+        ("gradients", gib(p.gradients)),
+        ("AdamW moments (f32)", gib(p.adamw_moments)),
+        ("explorer weights", gib(p.explorer_weights)),
+        ("reference model (KL)", gib(p.reference_model)),
+        ("activations per row", mib(p.activations_per_row)),
+        (
+            "  with checkpointing",
+            mib(p.activations_per_row_checkpointed),
+        ),
+        ("logits buffer", mib(p.logits_buffer)),
+        (
+            "KV cache",
+            format!("{} ({} rows)", gib(p.kv_cache), p.kv_cache_rows),
+        ),
+        ("process overhead", gib(p.overhead)),
+        (
+            "training step peak",
+            format!(
+                "{} ({} rows per micro-batch)",
+                gib(p.train_peak),
+                p.micro_batch_rows
+            ),
+        ),
+    ];
+    for (k, v) in rows {
+        writeln!(out, "  {k:<24} {v}")?;
+    }
+    writeln!(out, "  {:<24} {}", "sampling peak", gib(p.rollout_peak))?;
+    if let (Some(m), Some(f)) = (p.memory, p.fits) {
+        writeln!(
+            out,
+            "in {}: this config {}; largest micro-batch {} rows ({} tokens), {} rows with \
+             checkpointing; largest rollout batch {} rows",
+            gib(m),
+            if f { "fits" } else { "does NOT fit" },
+            p.max_micro_batch_rows.unwrap_or(0),
+            p.max_micro_batch_tokens.unwrap_or(0),
+            p.max_micro_batch_rows_checkpointed.unwrap_or(0),
+            p.max_rollout_rows.unwrap_or(0)
+        )?;
+    }
+    Ok(())
+}
+
+/// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line.
+///
+/// # Errors
+/// Config errors, a missing model config.json, a malformed `--gpu-memory`.
+pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    let resolved = raw.resolve()?;
+    let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
+    let p = plan(&resolved.raw, resolved.algorithm.needs_reference(), memory)?;
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string(&p)?)?;
+    } else {
+        write_table(&p, out)?;
+    }
+    Ok(())
+}

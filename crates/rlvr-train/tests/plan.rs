@@ -1,0 +1,220 @@
+//! `rlvr plan`: parameter counts equal the published ones of the Qwen2.5 shapes and the model's
+//! own tensors; the JSON line and the table agree with the components; memory fits are monotone
+//! and consistent with the peaks; sizes parse.
+
+use std::path::Path;
+
+use rlvr_model::ModelConfig;
+use rlvr_train::config::RawConfig;
+use rlvr_train::plan::{parse_size, plan, run_plan, PlanArgs, Shape};
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn shape(name: &str) -> Shape {
+    let p = repo().join("configs/shapes").join(name).join("config.json");
+    Shape::of(&ModelConfig::from_file(&p).unwrap())
+}
+
+#[test]
+fn parameter_counts_match_the_published_qwen2_5_models() {
+    // transformers' `num_parameters()` of Qwen2.5-{0.5,1.5,3,7}B-Instruct.
+    assert_eq!(shape("qwen2.5-0.5b").params, 494_032_768);
+    assert_eq!(shape("qwen2.5-1.5b").params, 1_543_714_304);
+    assert_eq!(shape("qwen2.5-3b").params, 3_085_938_688);
+    assert_eq!(shape("qwen2.5-7b").params, 7_615_616_512);
+}
+
+#[test]
+fn parameter_count_equals_the_model_tensors() {
+    for (arch, tied) in [("qwen2", true), ("qwen3", false), ("llama", false)] {
+        let c = ModelConfig::from_json(
+            &serde_json::json!({"model_type": arch, "vocab_size": 50, "hidden_size": 16,
+                "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+                "tie_word_embeddings": tied}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let m = rlvr_model::Model::random(
+            c.clone(),
+            0.02,
+            0,
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let n: usize = m
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count())
+            .sum();
+        assert_eq!(Shape::of(&c).params, n as u64, "{arch}");
+    }
+}
+
+#[test]
+fn sizes_parse() {
+    assert_eq!(parse_size("80GB").unwrap(), 80 << 30);
+    assert_eq!(parse_size("24GiB").unwrap(), 24 << 30);
+    assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+    assert_eq!(parse_size("16000MiB").unwrap(), 16000 << 20);
+    assert_eq!(parse_size("4096").unwrap(), 4096);
+    assert!(parse_size("lots").is_err());
+    assert!(parse_size("3 parsecs").is_err());
+}
+
+fn raw(sets: &[&str]) -> RawConfig {
+    let cfg = repo().join("configs/gsm8k_off_policy_grpo_qwen2.5-0.5b.toml");
+    let mut s: Vec<String> = vec![format!(
+        "model.path={}",
+        repo().join("configs/shapes/qwen2.5-0.5b").display()
+    )];
+    s.extend(sets.iter().map(|x| x.to_string()));
+    RawConfig::load(Some(cfg.as_path()), &s).unwrap()
+}
+
+#[test]
+fn components_add_up_and_fits_are_consistent() {
+    let r = raw(&[]);
+    let p = plan(&r, false, Some(80 << 30)).unwrap();
+    let n = p.shape.params;
+    assert_eq!(p.weights, 2 * n, "bf16 weights");
+    assert_eq!(p.master_weights, 4 * n);
+    assert_eq!(p.adamw_moments, 8 * n);
+    assert_eq!(
+        p.explorer_weights,
+        2 * n,
+        "online sampling keeps a second copy"
+    );
+    assert_eq!(p.reference_model, 0, "kl_coef = 0");
+    assert!(p.activations_per_row_checkpointed < p.activations_per_row / 4);
+    // The largest micro-batch fits and one more row does not.
+    let rows = p.max_micro_batch_rows.unwrap();
+    assert!(rows >= 1);
+    let at = |rows: u64| {
+        let r = raw(&[&format!("train.micro_batch_size={rows}")]);
+        plan(&r, false, Some(80 << 30)).unwrap()
+    };
+    assert!(at(rows).train_peak <= 80 << 30);
+    assert!(at(rows + 1).train_peak > 80 << 30);
+    // f32 drops the masters; KL adds the reference; an experiences file drops the explorer.
+    let f = plan(&raw(&["model.dtype=\"f32\""]), true, None).unwrap();
+    assert_eq!((f.master_weights, f.reference_model), (0, 4 * n));
+    assert!(f.fits.is_none());
+    let off = plan(&raw(&["data.experiences=\"x.jsonl\""]), false, None).unwrap();
+    assert_eq!(off.explorer_weights, 0);
+    // Asynchronous sampling keeps one more copy in flight and the KV cache during training.
+    let asy = plan(&raw(&["sync.offset=1"]), false, None).unwrap();
+    assert_eq!(asy.explorer_weights, 4 * n);
+    assert!(asy.train_peak >= p.train_peak + p.kv_cache);
+}
+
+#[test]
+fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
+    let cfg = repo().join("configs/gsm8k_off_policy_grpo_qwen2.5-0.5b.toml");
+    let mp = format!(
+        "model.path={}",
+        repo().join("configs/shapes/qwen2.5-0.5b").display()
+    );
+    let mut args = PlanArgs {
+        config: cfg,
+        set: vec![mp],
+        gpu_memory: Some("24GB".into()),
+        json: true,
+    };
+    let mut out = Vec::new();
+    run_plan(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(v["shape"]["params"], 494_032_768u64);
+    assert_eq!(v["memory"], 24u64 << 30);
+    assert!(v["max_micro_batch_rows"].as_u64().is_some());
+    args.json = false;
+    let mut out = Vec::new();
+    run_plan(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    for k in [
+        "weights",
+        "master weights",
+        "gradients",
+        "AdamW moments",
+        "explorer weights",
+        "reference model",
+        "activations per row",
+        "with checkpointing",
+        "logits buffer",
+        "KV cache",
+        "largest micro-batch",
+        "largest rollout batch",
+    ] {
+        assert!(text.contains(k), "table lacks {k}:\n{text}");
+    }
+}
+
+/// The per-layer activation bytes of a small shape, term by term by hand (hidden 16, 4 heads of 8,
+/// 2 KV heads, MLP 24, q/k/v bias, T = 10): f32 (b = 4) and bf16 (b = 2, reductions in f32).
+#[test]
+fn layer_activation_bytes_match_a_hand_count() {
+    let c = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 50, "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+            "tie_word_embeddings": true}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    let s = Shape::of(&c);
+    // f32: norms 2·3·16·4 = 384; q/k/v with bias (32+16+16)·4·2 = 512; rotary (11·32+13·16)·4/2 =
+    // 1120; scores 4 heads·10·(2·4+4·4) = 960; p·v, copy, o-proj, residual 2·32·4+2·16·4 = 384;
+    // MLP 4·24·4+2·16·4 = 512.
+    assert_eq!(
+        s.layer_bytes_per_token(4, 10),
+        384 + 512 + 1120 + 960 + 384 + 512
+    );
+    // bf16: norms 2·(3·16·4+2·16·2) = 512; q/k/v 64·2·2 = 256; rotary 560·2/2 = 560; scores
+    // 4·10·(2·2+4·4+4+2) = 1040; 2·32·2+2·16·2 = 192; MLP 4·24·2+2·16·2 = 256.
+    assert_eq!(
+        s.layer_bytes_per_token(2, 10),
+        512 + 256 + 560 + 1040 + 192 + 256
+    );
+    // Parameters by hand: embedding 50·16 (tied) + 3 layers × (2 norms 2·16 + q 16·32 + k, v
+    // 2·16·16 + o 32·16 + MLP 3·16·24 + q/k/v bias 32+16+16) + final norm 16.
+    let layer = 2 * 16 + 16 * 32 + 2 * 16 * 16 + 32 * 16 + 3 * 16 * 24 + (32 + 16 + 16);
+    assert_eq!(s.params, 50 * 16 + 3 * layer + 16);
+}
+
+/// The Qwen2.5-0.5B plan of the shipped GSM8K config, by hand: 512 + 512 tokens, bf16 on a GPU.
+#[test]
+fn qwen2_5_0_5b_plan_matches_a_hand_count() {
+    let p = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
+    let n: u64 = 494_032_768;
+    assert_eq!((p.prompt_tokens, p.completion_tokens), (512, 512));
+    assert_eq!(p.gradients, 4 * n + 2 * n);
+    // KV cache per row: 1024 tokens × 24 layers × (k, v) × 2 KV heads × 64 × 2 bytes = 12 MiB.
+    assert_eq!(p.kv_cache, p.kv_cache_rows * 1024 * 24 * 2 * 2 * 64 * 2);
+    assert_eq!(1024 * 24 * 2 * 2 * 64 * 2, 12 << 20);
+    // Chunked logits: 6 chunks of 8 Mi f32 logits + the head's [V, H] gradient chunks in bf16.
+    assert_eq!(p.logits_buffer, 6 * (8 << 20) * 4 + 151_936 * 896 * 2);
+    // Activations per row: 25 layers' worth (24 + one of backward working set) + embedding and
+    // final norm, 896·(2 + 16) bytes per token.
+    let layer = p.shape.layer_bytes_per_token(2, 1024);
+    assert_eq!(p.activations_per_row, 1024 * (25 * layer + 896 * 18));
+    assert_eq!(
+        p.activations_per_row_checkpointed,
+        1024 * (896 * 2 * 24 + 2 * layer + 896 * 18)
+    );
+    // The largest micro-batch: what is left after the fixed part, in whole rows.
+    let fixed = p.weights
+        + p.master_weights
+        + p.adamw_moments
+        + p.explorer_weights
+        + p.gradients
+        + p.logits_buffer
+        + p.overhead;
+    assert_eq!(
+        p.max_micro_batch_rows.unwrap(),
+        ((80u64 << 30) - fixed) / p.activations_per_row
+    );
+}
