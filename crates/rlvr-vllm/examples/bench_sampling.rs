@@ -112,8 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tolerance: 1e-3,
         };
         let t = Instant::now();
-        let timings =
-            client.refresh(weights.path(), r as u64 + 1, &tensors, &m.config(), &check)?;
+        let timings = client.refresh(weights.path(), r as u64 + 1, &tensors, m.config(), &check)?;
         println!(
             "{}",
             json!({"refresh": r + 1, "total_s": t.elapsed().as_secs_f64(), "write_s": timings.write_s,

@@ -98,9 +98,9 @@ fn refresh_pauses_reloads_resets_resumes_verifies_and_prunes() {
     let fake = vllm_serving(served.clone(), 200);
     let mut c = client(&fake.url);
     // A leftover of version 1 (e.g. from the previous refresh) is deleted after version 2 took.
-    rlvr_vllm::write_weights(weights.path(), 1, &tensors(&old), &old.config(), DType::F32).unwrap();
+    rlvr_vllm::write_weights(weights.path(), 1, &tensors(&old), old.config(), DType::F32).unwrap();
     let t = c
-        .refresh(weights.path(), 2, &tensors(&new), &new.config(), &check)
+        .refresh(weights.path(), 2, &tensors(&new), new.config(), &check)
         .unwrap();
     assert!(t.max_abs_diff <= 1e-7, "{t:?}");
     assert_eq!(c.version(), 2);
@@ -146,7 +146,7 @@ fn untied_models_get_no_extra_head() {
     let weights = tempfile::tempdir().unwrap();
     let m = model(false, 3);
     let dir =
-        rlvr_vllm::write_weights(weights.path(), 0, &tensors(&m), &m.config(), DType::F32).unwrap();
+        rlvr_vllm::write_weights(weights.path(), 0, &tensors(&m), m.config(), DType::F32).unwrap();
     let names = safetensor_names(&dir);
     assert_eq!(names.iter().filter(|n| *n == "lm_head.weight").count(), 1);
     assert_eq!(names.len(), tensors(&m).len());
@@ -162,7 +162,7 @@ fn a_stale_server_fails_the_refresh_and_blocks_sampling() {
     let fake = vllm_serving(Arc::new(Mutex::new(stale)), 200);
     let mut c = client(&fake.url);
     let err = c
-        .refresh(weights.path(), 2, &tensors(&new), &new.config(), &check)
+        .refresh(weights.path(), 2, &tensors(&new), new.config(), &check)
         .unwrap_err();
     assert!(
         err.to_string().contains("still serves other weights")
@@ -187,7 +187,7 @@ fn a_failed_reload_is_an_error_and_the_server_is_still_resumed() {
     let fake = vllm_serving(Arc::new(Mutex::new(check.expected.clone())), 500);
     let mut c = client(&fake.url);
     let err = c
-        .refresh(weights.path(), 1, &tensors(&new), &new.config(), &check)
+        .refresh(weights.path(), 1, &tensors(&new), new.config(), &check)
         .unwrap_err();
     assert!(
         err.to_string().contains("POST /collective_rpc") && err.to_string().contains("HTTP 500"),

@@ -224,7 +224,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
             weights.path(),
             1,
             &tensors(&new),
-            &new.config(),
+            new.config(),
             &check_for(&new, &p[0]),
         )
         .unwrap();
@@ -253,7 +253,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
             weights.path(),
             2,
             &tensors(original),
-            &original.config(),
+            original.config(),
             &check_for(original, &p[0]),
         )
         .unwrap();
