@@ -151,10 +151,12 @@ fn step_label(x: &f64) -> String {
     }
 }
 
-/// Short y tick labels: up to 4 significant digits, scientific beyond 1e5 or under 1e-3.
-fn value_label(y: &f64) -> String {
+/// Short y tick labels: up to 4 significant digits, scientific beyond 1e5 or under 1e-3. `span`
+/// is the axis range: a tick within 1e-9 of the span from 0 is 0 (plotters computes ticks by
+/// adding steps, so the tick at 0 of the axis -0.5..0.5 comes out as -5.6e-17).
+fn value_label(y: f64, span: f64) -> String {
     let a = y.abs();
-    if *y == 0.0 {
+    if y == 0.0 || a <= 1e-9 * span {
         "0".into()
     } else if !(1e-3..1e5).contains(&a) {
         format!("{y:.1e}")
@@ -227,7 +229,7 @@ where
             .x_labels(x_labels)
             .y_labels(6)
             .x_label_formatter(&step_label)
-            .y_label_formatter(&value_label)
+            .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
             .label_style(("sans-serif", 12))
             .axis_desc_style(("sans-serif", 13))
             .light_line_style(WHITE.mix(0.0))
@@ -354,4 +356,21 @@ pub fn run_plot(a: &PlotArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         serde_json::json!({"out": a.out, "points": points})
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value_label;
+
+    #[test]
+    fn tick_labels_round_float_noise_at_zero_only() {
+        // plotters' tick at 0 of the axis -0.5..0.5 (seen in a PNG of a flat zero series).
+        assert_eq!(value_label(-5.551115123125783e-17, 1.0), "0");
+        assert_eq!(value_label(0.0, 1.0), "0");
+        assert_eq!(value_label(0.2, 1.0), "0.2");
+        assert_eq!(value_label(-0.4, 1.0), "-0.4");
+        // A genuinely small value on a small axis keeps its value.
+        assert_eq!(value_label(2e-4, 1e-3), "2.0e-4");
+        assert_eq!(value_label(123456.0, 1e6), "1.2e5");
+    }
 }
