@@ -12,6 +12,14 @@ use crate::storage::{contiguous_f32, contiguous_f32_mut};
 /// Elements per parallel task in the update passes.
 const UPDATE_CHUNK: usize = 1 << 15;
 
+/// `f(x[i], g[i])` for every i, in parallel chunks of [`UPDATE_CHUNK`] (each element on its own,
+/// so the result does not depend on the thread count). `x` and `g` have the same length.
+fn update_each(x: &mut [f32], g: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
+    x.par_chunks_mut(UPDATE_CHUNK)
+        .zip(g.par_chunks(UPDATE_CHUNK))
+        .for_each(|(x, g)| x.iter_mut().zip(g).for_each(|(x, &g)| f(x, g)));
+}
+
 /// In place: `dst += src` (f32, contiguous, same length), e.g. a gradient sum over micro-batches.
 pub struct AddAssign;
 
@@ -32,9 +40,7 @@ impl candle_core::InplaceOp2 for AddAssign {
         if x.len() != g.len() {
             candle_core::bail!("gradient sum of {} elements += {}", x.len(), g.len());
         }
-        x.par_chunks_mut(UPDATE_CHUNK)
-            .zip(g.par_chunks(UPDATE_CHUNK))
-            .for_each(|(x, g)| x.iter_mut().zip(g).for_each(|(x, &g)| *x += g));
+        update_each(x, g, |x, g| *x += g);
         Ok(())
     }
 }
@@ -65,18 +71,11 @@ impl candle_core::InplaceOp2 for MomentUpdate {
             candle_core::bail!("AdamW: moment of {} for a gradient of {}", x.len(), g.len());
         }
         let (b, a) = (self.beta, 1.0 - self.beta);
-        let sq = self.square;
-        x.par_chunks_mut(UPDATE_CHUNK)
-            .zip(g.par_chunks(UPDATE_CHUNK))
-            .for_each(|(x, g)| {
-                if sq {
-                    x.iter_mut()
-                        .zip(g)
-                        .for_each(|(x, &g)| *x = b * *x + a * (g * g));
-                } else {
-                    x.iter_mut().zip(g).for_each(|(x, &g)| *x = b * *x + a * g);
-                }
-            });
+        if self.square {
+            update_each(x, g, |x, g| *x = b * *x + a * (g * g));
+        } else {
+            update_each(x, g, |x, g| *x = b * *x + a * g);
+        }
         Ok(())
     }
 }
