@@ -24,7 +24,8 @@
 //! - **RED-Drop** (paper B, arXiv 2509.24203): per group, negatives are rows with r < group mean; when they
 //!   outnumber the other rows, the surplus is dropped at random (seeded by the run seed and the group
 //!   id, so it does not depend on the layout of other groups); mean and std are recomputed on the kept
-//!   rows; dropped rows get A = 0 and leave the normaliser.
+//!   rows; dropped rows get A = 0 and leave the normaliser (or, with `red_drop_in_normaliser`, stay
+//!   in it as Trinity-RFT's rows do).
 //! - **RED-Weight** (A·exp(A/T)) is applied in the loss as the REC weight `advantage-exp`
 //!   ([`crate::RecWeight::AdvantageExp`]); [`advantage_exp_weight`] is the same function on the host.
 
@@ -180,6 +181,8 @@ pub fn compute_advantages<G: Hash + Eq>(
     let mut in_normaliser = vec![false; n];
     for i in 0..n {
         if !kept[i] {
+            // A RED-Drop dropped row (scored, not kept): A = 0, in the normaliser only when asked.
+            in_normaliser[i] = alg.red_drop_in_normaliser && rewards[i].is_some();
             continue;
         }
         let a = if zero_std[i] {

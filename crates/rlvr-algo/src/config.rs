@@ -61,15 +61,26 @@ pub struct AlgorithmConfig {
     pub lme_temperature: Option<f64>,
     /// Zero-variance groups (all scored rewards equal, including K = 1) leave the normaliser: their rows
     /// get weight 0 (no PG, KL, entropy or regulariser term) and are not counted. Default `true`
-    /// (DESIGN §5: counting them in the token denominator is a known peer fault). Set `false` when a
-    /// KL term or regulariser should still act on them (the `opmd` and `asymre` presets do).
+    /// (DESIGN §5: counting them in the token denominator is a known peer fault). `false` is what TRL,
+    /// verl and Trinity-RFT do (their token mean runs over every row of the batch, A = 0 rows
+    /// included: Trinity's `rec_policy_loss.py` `masked_mean(pg_losses, action_mask)`), a smaller
+    /// step at the same learning rate; the presets that follow paper B's Trinity recipes set it, and
+    /// `opmd`/`asymre` need it anyway (their regulariser acts on every sample).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exclude_zero_std: Option<bool>,
     /// RED-Drop (paper B): in each group, drop surplus negatives (r < group mean) at random (seeded)
-    /// until negatives ≤ non-negatives; recompute mean/std on the kept rows; dropped rows leave the
-    /// normaliser. Requires `baseline = mean`. Default `false`.
+    /// until negatives ≤ non-negatives; recompute mean/std on the kept rows; dropped rows get A = 0
+    /// and leave the normaliser unless `red_drop_in_normaliser`. Requires `baseline = mean`. Default
+    /// `false`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub red_drop: Option<bool>,
+    /// RED-Drop's dropped rows stay in the normaliser with A = 0 (they are in the batch, as in
+    /// Trinity-RFT, whose `RECGroupedAdvantage` (`trinity/algorithm/advantage_fn/rec_advantage.py`)
+    /// zeroes their advantage and whose REC loss takes the token mean over every row). `false`:
+    /// they leave it, as if removed from the batch. Only read with `red_drop`. Default `false`; the
+    /// `red_drop` preset sets `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub red_drop_in_normaliser: Option<bool>,
 
     // ----- policy loss, then its group of options (LOSS_OPTIONS; see PolicyLoss::options) -----
     /// Policy-gradient term. Default `ppo`.
@@ -164,7 +175,7 @@ impl Default for AlgorithmConfig {
 macro_rules! required_knobs {
     ($m:ident, $($args:tt)*) => {
         $m!($($args)*; baseline, std_norm, std_level, std_eps, baseline_shift, lme_temperature,
-            exclude_zero_std, red_drop, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
+            exclude_zero_std, red_drop, red_drop_in_normaliser, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
             keep_mask, rec_weight, adv_temperature, regulariser, tau, log_ratio_clamp, kl_coef,
             kl_estimator, kl_ratio_weighted, entropy_coef, aggregation, overlong, overlong_buffer_frac,
             overlong_penalty_factor, dynamic_sampling)
@@ -190,6 +201,7 @@ impl AlgorithmConfig {
             lme_temperature: None,
             exclude_zero_std: None,
             red_drop: None,
+            red_drop_in_normaliser: None,
             loss: None,
             clip_low: None,
             clip_high: None,
@@ -352,6 +364,7 @@ pub struct Algorithm {
     pub lme_temperature: f64,
     pub exclude_zero_std: bool,
     pub red_drop: bool,
+    pub red_drop_in_normaliser: bool,
     pub loss: PolicyLoss,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -390,6 +403,7 @@ impl Default for Algorithm {
             lme_temperature: 1.0,
             exclude_zero_std: true,
             red_drop: false,
+            red_drop_in_normaliser: false,
             loss: PolicyLoss::Ppo,
             clip_low: 0.2,
             clip_high: 0.2,

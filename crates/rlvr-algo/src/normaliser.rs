@@ -7,8 +7,13 @@
 //! token-mean           w_i = 1 / Σ_j n_j                 (n_j = completion tokens of row j)
 //! seq-mean-token-mean  w_i = 1 / (N · n_i)               (N = rows in the normaliser)
 //! seq-mean-token-sum   w_i = 1 / N
-//! constant             w_i = 1 / (N · max_new_tokens)    (Dr.GRPO: the fixed budget, not the longest row)
+//! constant             w_i = 1 / (B·K · max_new_tokens)  (Dr.GRPO: the fixed budget, not the longest row)
 //! ```
+//!
+//! For `constant`, B·K counts **every** row of the update, those that leave the normaliser included:
+//! the denominator is then a constant of the config (Dr.GRPO, arXiv 2503.20783, divides each
+//! sequence's token sum by the generation budget and averages over the whole batch), not a count
+//! that shrinks when zero-variance groups or null rewards are excluded.
 //!
 //! with w_i = 0 for rows that leave the normaliser (null rewards, RED-Drop drops, zero-variance groups
 //! when excluded, truncated completions under `overlong = "mask"`), and the sums taken over the
@@ -119,7 +124,7 @@ impl UpdateNormaliser {
         let denominator = match alg.aggregation {
             Aggregation::TokenMean => tokens_trained as f64,
             Aggregation::SeqMeanTokenMean | Aggregation::SeqMeanTokenSum => n_rows as f64,
-            Aggregation::Constant => (n_rows * max_new_tokens) as f64,
+            Aggregation::Constant => (rows.len() * max_new_tokens) as f64,
         };
         let weights = rows
             .iter()

@@ -49,8 +49,27 @@ fn ppo(mut c: AlgorithmConfig, lo: f64, hi: f64, agg: Ag) -> AlgorithmConfig {
     c
 }
 
+/// Paper B's presets follow its Trinity-RFT recipes (`examples/rec_gsm8k/README.md`), whose REC
+/// loss takes the token mean over every row of the batch (`rec_policy_loss.py`, `masked_mean(pg_losses,
+/// action_mask)`): zero-variance groups stay in the normaliser.
+fn paper_b(mut c: AlgorithmConfig) -> AlgorithmConfig {
+    c.exclude_zero_std = Some(false);
+    c
+}
+
 fn rec(keep: KeepMask, weight: RecWeight, lo: f64, hi: f64, agg: Ag) -> AlgorithmConfig {
-    let mut c = adv(StdNorm::None);
+    rec_with(adv(StdNorm::None), keep, weight, lo, hi, agg)
+}
+
+fn rec_with(
+    mut c: AlgorithmConfig,
+    keep: KeepMask,
+    weight: RecWeight,
+    lo: f64,
+    hi: f64,
+    agg: Ag,
+) -> AlgorithmConfig {
+    c = paper_b(c);
     c.loss = Some(L::Rec);
     c.keep_mask = Some(keep);
     c.rec_weight = Some(weight);
@@ -67,7 +86,7 @@ fn rec(keep: KeepMask, weight: RecWeight, lo: f64, hi: f64, agg: Ag) -> Algorith
 }
 
 fn reinforce(std_norm: StdNorm) -> AlgorithmConfig {
-    let mut c = adv(std_norm);
+    let mut c = paper_b(adv(std_norm));
     c.loss = Some(L::Reinforce);
     c.aggregation = Some(Ag::TokenMean);
     c
@@ -202,12 +221,17 @@ fn build() -> Vec<Preset> {
         "arXiv 2509.24203 REP (AsymRE): L = -A*logp - tau*logp = -(r - (mean - tau))*logp",
         asymre,
     );
-    let mut red_drop = reinforce(StdNorm::Population);
+    // Trinity-RFT's RED-Drop recipe (examples/rec_gsm8k/README.md: `std_normalize: false`, `drop:
+    // "balance"`; advantage_fn/rec_advantage.py): A = r - mean of the kept rows, no std; dropped rows
+    // keep A = 0 in the batch, so they stay in the token-mean normaliser.
+    let mut red_drop = reinforce(StdNorm::None);
     red_drop.red_drop = Some(true);
+    red_drop.red_drop_in_normaliser = Some(true);
     p(
         "red_drop",
-        "RED-Drop: drop surplus negatives per group at random, whiten on the kept rows",
-        "arXiv 2509.24203 RED-Drop: balance negatives (r < mean), A = (r - mean_kept)/(std_pop_kept + eps)",
+        "RED-Drop: drop surplus negatives per group at random, centre on the kept rows (no std)",
+        "arXiv 2509.24203 RED-Drop, as its Trinity-RFT recipe: balance negatives (r < mean), \
+         A = r - mean_kept; dropped rows A = 0, still in the token mean",
         red_drop,
     );
     let mut red_weight = rec(
@@ -223,6 +247,23 @@ fn build() -> Vec<Preset> {
         "RED-Weight: REINFORCE with advantages reweighted by exp(A/T)",
         "arXiv 2509.24203 RED-Weight: L = -A*exp(A/T)*logp, T = 1",
         red_weight,
+    );
+    // Paper B's own GRPO baseline, its Trinity-RFT recipe (examples/rec_gsm8k/README.md "GRPO":
+    // clip_mode one-side, weight importance_sampling, std_normalize true); the std is the population
+    // std of the group (rec_advantage.py: `std(unbiased=False)`), the aggregation the REC token mean.
+    p(
+        "grpo_rec",
+        "GRPO as paper B runs it: REC one-side keep-mask with the IS weight, population-std whitening, token mean",
+        "arXiv 2509.24203 GRPO baseline (Trinity-RFT rec recipe): A = (r - mean)/(std_pop + eps), \
+         L = -A*sg(rho)*k*logp, k = one-side keep-mask 0.2/0.2",
+        rec_with(
+            adv(StdNorm::Population),
+            KeepMask::OneSide,
+            RecWeight::Is,
+            0.2,
+            0.2,
+            Ag::TokenMean,
+        ),
     );
     p(
         "dr_grpo",

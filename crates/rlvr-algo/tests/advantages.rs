@@ -231,7 +231,14 @@ fn log_mean_exp_baseline_hand_value() {
 
 #[test]
 fn red_drop_balances_negatives_and_recomputes_population_std() {
-    let a = AlgorithmConfig::empty("red_drop").resolve().unwrap();
+    // The rlvr variant (not the preset): population std on the kept rows, dropped rows out of the
+    // normaliser.
+    let mut c = AlgorithmConfig::empty("red_drop");
+    c.std_norm = Some(StdNorm::Population);
+    c.std_level = Some(StdLevel::Group);
+    c.std_eps = Some(1e-6);
+    c.red_drop_in_normaliser = Some(false);
+    let a = c.resolve().unwrap();
     // 1 of 6 correct: 5 negatives, 1 other → 4 negatives dropped; kept [1, 0]: mean 0.5, pop std 0.5.
     let rewards = [
         Some(0.0),
@@ -276,6 +283,41 @@ fn red_drop_balances_negatives_and_recomputes_population_std() {
     // Balanced or positive-heavy groups lose nothing.
     let adv = compute_advantages(&[Some(1.0), Some(1.0), Some(0.0)], &[0; 3], &a, 1).unwrap();
     assert_eq!(adv.stats.dropped, 0);
+}
+
+/// The `red_drop` preset follows paper B's Trinity-RFT recipe (`std_normalize: false`, `drop:
+/// "balance"`; `trinity/algorithm/advantage_fn/rec_advantage.py`): A = r − mean of the kept rows,
+/// no std; dropped rows keep A = 0 and stay in the normaliser (Trinity's REC loss takes the token
+/// mean over every row of the batch).
+#[test]
+fn red_drop_preset_follows_the_trinity_recipe() {
+    let a = AlgorithmConfig::empty("red_drop").resolve().unwrap();
+    assert_eq!(a.std_norm, StdNorm::None);
+    // 1 of 6 correct (reward 2): 4 of the 5 negatives dropped; kept [2, 0]: mean 1 → A = ±1.
+    let rewards = [
+        Some(0.0),
+        Some(2.0),
+        Some(0.0),
+        Some(0.0),
+        Some(0.0),
+        Some(0.0),
+    ];
+    let adv = compute_advantages(&rewards, &["q"; 6], &a, 42).unwrap();
+    assert_eq!(adv.stats.dropped, 4);
+    assert_eq!(adv.in_normaliser, vec![true; 6]);
+    assert_eq!(adv.values[1], 1.0);
+    assert_eq!(adv.values.iter().filter(|&&v| v == -1.0).count(), 1);
+    assert_eq!(adv.values.iter().filter(|&&v| v == 0.0).count(), 4);
+    // 2 of 5 correct (0.25 vs 1): balanced after dropping one negative, kept mean (1+1+.25+.25)/4.
+    let rewards = [Some(1.0), Some(0.25), Some(1.0), Some(0.25), Some(0.25)];
+    let adv = compute_advantages(&rewards, &["q"; 5], &a, 7).unwrap();
+    assert_eq!(adv.stats.dropped, 1);
+    let mut got: Vec<f64> = adv.values.clone();
+    got.sort_by(f64::total_cmp);
+    assert_eq!(got, vec![-0.375, -0.375, 0.0, 0.375, 0.375]);
+    // A null reward is never in the normaliser, dropped or not.
+    let adv = compute_advantages(&[Some(1.0), None, Some(0.0), Some(0.0)], &[0; 4], &a, 1).unwrap();
+    assert!(!adv.in_normaliser[1]);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use rlvr_algo::{
     find_preset, presets, print_algorithms, Aggregation, Algorithm, AlgorithmConfig, KeepMask,
-    KlEstimator, PolicyLoss, RecWeight, Regulariser, StdNorm,
+    KlEstimator, PolicyLoss, RecWeight, Regulariser, StdLevel, StdNorm,
 };
 
 fn resolve(preset: &str) -> Algorithm {
@@ -11,7 +11,7 @@ fn resolve(preset: &str) -> Algorithm {
 
 #[test]
 fn every_preset_resolves_and_round_trips_through_toml() {
-    assert_eq!(presets().len(), 19);
+    assert_eq!(presets().len(), 20);
     for p in presets() {
         let alg = resolve(p.name);
         assert_eq!(alg.kl_coef, 0.0, "{}", p.name);
@@ -102,12 +102,60 @@ fn presets_set_the_values_of_design_table() {
     );
     let asym = resolve("asymre");
     assert_eq!((asym.regulariser, asym.tau), (Regulariser::Asymre, 0.1));
+    // Trinity-RFT's RED-Drop recipe: `std_normalize: false`; dropped rows stay in the batch.
     let rd = resolve("red_drop");
-    assert!(rd.red_drop);
+    assert!(rd.red_drop && rd.red_drop_in_normaliser);
     assert_eq!(
         (rd.std_norm, rd.loss),
-        (StdNorm::Population, PolicyLoss::Reinforce)
+        (StdNorm::None, PolicyLoss::Reinforce)
     );
+    // Paper B's presets count zero-variance groups in the normaliser, as its Trinity recipes do;
+    // the others keep rlvr's default (out).
+    for name in [
+        "reinforce",
+        "rec_oneside_nois",
+        "rec_oneside_is",
+        "rec_twoside_nois",
+        "rec_twoside_is",
+        "rec_ring_nois",
+        "rec_ring_is",
+        "rec_gspo_nois",
+        "rec_gspo_is",
+        "opmd",
+        "asymre",
+        "red_drop",
+        "red_weight",
+        "grpo_rec",
+    ] {
+        assert!(!resolve(name).exclude_zero_std, "{name}");
+    }
+    for name in [
+        "grpo",
+        "off_policy_grpo",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "cispo",
+    ] {
+        assert!(resolve(name).exclude_zero_std, "{name}");
+    }
+    // Paper B's GRPO baseline (Trinity's rec recipe "GRPO"): one-side keep-mask with the IS weight,
+    // population std (`std(unbiased=False)`), token mean.
+    let g = resolve("grpo_rec");
+    assert_eq!(
+        (g.loss, g.keep_mask, g.rec_weight),
+        (PolicyLoss::Rec, KeepMask::OneSide, RecWeight::Is)
+    );
+    assert_eq!(
+        (g.std_norm, g.std_level, g.std_eps, g.aggregation),
+        (
+            StdNorm::Population,
+            StdLevel::Group,
+            1e-6,
+            Aggregation::TokenMean
+        )
+    );
+    assert_eq!((g.clip_low, g.clip_high), (0.2, 0.2));
     let rw = resolve("red_weight");
     assert_eq!(
         (rw.rec_weight, rw.keep_mask, rw.adv_temperature),

@@ -328,7 +328,8 @@ fn normaliser_weights_by_hand() {
     );
     assert_eq!(
         w(Aggregation::Constant, Keep).weights(),
-        &[1.0 / 30.0, 1.0 / 30.0, 0.0, 1.0 / 30.0]
+        // constant: B·K = 4 rows (row 2 included) × max_new_tokens 10, fixed per update.
+        &[1.0 / 40.0, 1.0 / 40.0, 0.0, 1.0 / 40.0]
     );
     assert_eq!(
         w(Aggregation::TokenMean, Mask).masked_frac(),

@@ -20,6 +20,7 @@ use rlvr_reward::Sample;
 use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
+use crate::config::ShortBatch;
 use crate::eval::flatten_groups;
 use crate::experience::Experience;
 pub use crate::source::{OfflineSource, SourceCursor};
@@ -58,6 +59,8 @@ pub struct Batch {
     pub rollouts: Vec<RolloutRecord>,
     /// Groups dropped by dynamic sampling.
     pub dropped_groups: usize,
+    /// Groups missing from B after dynamic sampling's last round (the batch trained short).
+    pub short_groups: usize,
 }
 
 /// Sampling settings of the online explorer.
@@ -73,6 +76,8 @@ pub struct ExplorerSettings {
     pub dynamic_sampling: bool,
     /// Most extra rounds for dynamic sampling.
     pub max_rounds: usize,
+    /// What dynamic sampling does when the rounds end short of B groups.
+    pub short_batch: ShortBatch,
     /// Recompute ℓ_old with the training forward at the behaviour version.
     pub recompute_behaviour: bool,
     /// Rows per recomputation forward.
@@ -195,6 +200,19 @@ impl Explorer {
             }
         }
         groups.truncate(b);
+        let short = b - groups.len();
+        if self.settings.dynamic_sampling && short > 0 {
+            if self.settings.short_batch == ShortBatch::Error {
+                anyhow::bail!(
+                    "step {step}: DAPO dynamic sampling found only {} of {b} groups with reward \
+                     variance in {rounds} sampling rounds ({dropped} zero-variance groups dropped); \
+                     train.dynamic_sampling_short_batch = \"error\" stops here. Raise \
+                     train.dynamic_sampling_max_rounds, or set it to \"train\" to train on the \
+                     short batch",
+                    groups.len()
+                );
+            }
+        }
         let mut experiences: Vec<Experience> = groups.into_iter().flatten().collect();
         if self.settings.recompute_behaviour {
             self.recompute(&mut experiences)?;
@@ -206,6 +224,11 @@ impl Explorer {
             cursor: self.cursor(),
             rollouts,
             dropped_groups: dropped,
+            short_groups: if self.settings.dynamic_sampling {
+                short
+            } else {
+                0
+            },
         })
     }
 

@@ -446,6 +446,7 @@ fn write_step_logs(
         "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
         "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
         "dynamic_sampling/dropped_groups": batch.dropped_groups,
+        "dynamic_sampling/short_groups": batch.short_groups,
         "stale_dropped": dropped_stale,
         "updates": rep.updates,
         "rows": rows,

@@ -251,6 +251,7 @@ pub(crate) fn build_feed(
             seed: c.train.seed,
             dynamic_sampling: cfg.algorithm.dynamic_sampling,
             max_rounds: c.train.dynamic_sampling_max_rounds,
+            short_batch: c.train.dynamic_sampling_short_batch,
             recompute_behaviour: c.train.recompute_behaviour,
             micro_batch_size: c.train.micro_batch_size,
             log_rollouts: c.train.log_rollouts,

@@ -295,8 +295,71 @@ fn dynamic_sampling_drops_zero_variance_groups() {
     assert!(d
         .iter()
         .any(|x| x["dynamic_sampling/dropped_groups"].as_u64().unwrap() > 0));
-    // At most B groups of K rows are trained.
-    assert!(d.iter().all(|x| x["rows"].as_u64().unwrap() <= 16));
+    // At most B groups of K rows are trained, and a short batch says so: rows = (B − short)·K.
+    for x in &d {
+        let short = x["dynamic_sampling/short_groups"].as_u64().unwrap();
+        assert!(short <= 2, "{x:?}");
+        assert_eq!(x["rows"].as_u64().unwrap(), (2 - short) * 8, "{x:?}");
+    }
+}
+
+/// `train.dynamic_sampling_short_batch = "error"` stops a run whose refill rounds end short of B
+/// groups with reward variance (verl's behaviour), naming the key; `train` (the default) trains the
+/// short batch and counts the missing groups.
+#[test]
+fn dynamic_sampling_short_batch_is_explicit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let base = |rd: &Path, short: &str| {
+        let mut sets = common::arithmetic_sets(&model, rd);
+        sets.extend([
+            "train.steps=2".to_string(),
+            "algorithm.preset=\"dapo\"".into(),
+            "algorithm.overlong=\"none\"".into(),
+            // Near-greedy sampling: the K completions of a prompt are equal, so are their rewards.
+            "rollout.temperature=0.001".into(),
+            "train.dynamic_sampling_max_rounds=1".into(),
+            format!("train.dynamic_sampling_short_batch=\"{short}\""),
+        ]);
+        sets
+    };
+    let rd = tmp.path().join("err");
+    let cfg = RawConfig::load(None, &base(&rd, "error"))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let err = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(
+        err.contains("train.dynamic_sampling_short_batch") && err.contains("only 0 of 2 groups"),
+        "{err}"
+    );
+    let rd = tmp.path().join("train");
+    run(&base(&rd, "train"));
+    let d = diagnostics(&rd);
+    assert_eq!(d.len(), 2);
+    for x in &d {
+        assert_eq!(
+            x["dynamic_sampling/short_groups"].as_u64(),
+            Some(2),
+            "{x:?}"
+        );
+        assert_eq!(
+            x["dynamic_sampling/dropped_groups"].as_u64(),
+            Some(4),
+            "{x:?}"
+        );
+        assert_eq!(x["rows"].as_u64(), Some(0), "{x:?}");
+    }
+    // Refused values name the key.
+    let bad = RawConfig::load(
+        None,
+        &["train.dynamic_sampling_short_batch=\"skip\"".to_string()],
+    );
+    let msg = match bad.and_then(|r| r.resolve()) {
+        Ok(_) => panic!("\"skip\" accepted"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(msg.contains("dynamic_sampling_short_batch"), "{msg}");
 }
 
 /// With a KL term the frozen reference is loaded: KL is 0 while the policy equals it (step 1) and

@@ -232,7 +232,8 @@ def loss_torch(cfg, batch, logp, adv, ent):
         return per[live].sum() / n_rows
     if agg == "seq-mean-token-sum":
         return ML.sum(1)[live].sum() / n_rows
-    return ML.sum() / (n_rows * batch["max_new_tokens"])
+    # constant (Dr.GRPO): every row of the update counts, live or not (B*K*L_max, fixed per update).
+    return ML.sum() / (mask.shape[0] * batch["max_new_tokens"])
 
 
 def loss_cases(batch):

@@ -121,6 +121,20 @@ pub enum Schedule {
     Cosine,
 }
 
+/// What DAPO dynamic sampling does when the refill rounds end with fewer than B groups that have
+/// reward variance (`train.dynamic_sampling_short_batch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShortBatch {
+    /// Train on the groups found (fewer than B); `dynamic_sampling/short_groups` in
+    /// diagnostics.jsonl counts the missing ones. DAPO's paper does not say; this keeps a run going
+    /// on tasks where most groups are all-correct or all-wrong.
+    Train,
+    /// Stop the run (the last good state is saved) with an error naming the key, as verl's DAPO
+    /// trainer does when `max_num_gen_batches` is reached (`recipe/dapo/dapo_ray_trainer.py`).
+    Error,
+}
+
 /// `[train]`: the trainer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -174,6 +188,10 @@ pub struct TrainSection {
     pub recompute_behaviour: bool,
     /// DAPO dynamic sampling: most extra sampling rounds per step to refill dropped groups. Default 4.
     pub dynamic_sampling_max_rounds: usize,
+    /// DAPO dynamic sampling when the rounds end short of B groups with reward variance: `train`
+    /// on the short batch (counted in diagnostics.jsonl `dynamic_sampling/short_groups`) or stop
+    /// with an `error` (verl's behaviour). Default `train`.
+    pub dynamic_sampling_short_batch: ShortBatch,
     /// Abort after this many skipped (non-finite) steps in a row. Default 3.
     pub max_skipped_in_row: u32,
     /// Completions per step written to rollouts.jsonl (0 = none). Default 4.
@@ -204,6 +222,7 @@ impl Default for TrainSection {
             keep_last: 2,
             recompute_behaviour: false,
             dynamic_sampling_max_rounds: 4,
+            dynamic_sampling_short_batch: ShortBatch::Train,
             max_skipped_in_row: 3,
             log_rollouts: 4,
         }
