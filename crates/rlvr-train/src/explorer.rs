@@ -201,9 +201,11 @@ impl Explorer {
         }
         groups.truncate(b);
         let short = b - groups.len();
-        if self.settings.dynamic_sampling && short > 0 {
-            if self.settings.short_batch == ShortBatch::Error {
-                anyhow::bail!(
+        if self.settings.dynamic_sampling
+            && short > 0
+            && self.settings.short_batch == ShortBatch::Error
+        {
+            anyhow::bail!(
                     "step {step}: DAPO dynamic sampling found only {} of {b} groups with reward \
                      variance in {rounds} sampling rounds ({dropped} zero-variance groups dropped); \
                      train.dynamic_sampling_short_batch = \"error\" stops here. Raise \
@@ -211,7 +213,6 @@ impl Explorer {
                      short batch",
                     groups.len()
                 );
-            }
         }
         let mut experiences: Vec<Experience> = groups.into_iter().flatten().collect();
         if self.settings.recompute_behaviour {
