@@ -36,6 +36,18 @@ pub enum ModelError {
         tensor: String,
         dtype: String,
     },
+    /// A weight holds NaN or ±∞ (a diverged or corrupted checkpoint): refused at load, so that
+    /// sampling and training never run on it.
+    #[error(
+        "{file}: tensor `{tensor}` holds {count} non-finite values (NaN or inf; the first at flat \
+         index {first}): the checkpoint is diverged or corrupted; load an earlier checkpoint"
+    )]
+    NonFinite {
+        file: PathBuf,
+        tensor: String,
+        count: usize,
+        first: usize,
+    },
     /// The safetensors container itself is malformed.
     #[error("{file}: invalid safetensors file: {msg}")]
     Safetensors { file: PathBuf, msg: String },

@@ -170,8 +170,44 @@ impl WeightFiles {
                 })
             }
         };
+        if let Some((count, first)) = non_finite(view.data(), src) {
+            return Err(ModelError::NonFinite {
+                file: path.clone(),
+                tensor: name.to_string(),
+                count,
+                first,
+            });
+        }
         let t = Tensor::from_raw_buffer(view.data(), src, shape, &Device::Cpu)?;
         Ok(t.to_dtype(dtype)?.to_device(device)?)
+    }
+}
+
+/// Counts the NaN/±∞ values of a little-endian buffer of `dtype` and gives the flat index of the
+/// first: `None` when every value is finite. Reads the bit patterns (an all-ones exponent), so it
+/// costs one pass over the bytes and no conversion.
+fn non_finite(bytes: &[u8], dtype: DType) -> Option<(usize, usize)> {
+    let scan = |width: usize, bad: &dyn Fn(&[u8]) -> bool| {
+        let mut count = 0;
+        let mut first = None;
+        for (i, v) in bytes.chunks_exact(width).enumerate() {
+            if bad(v) {
+                count += 1;
+                first.get_or_insert(i);
+            }
+        }
+        first.map(|f| (count, f))
+    };
+    match dtype {
+        DType::F32 => scan(4, &|v| {
+            !f32::from_le_bytes(v.try_into().expect("4 bytes")).is_finite()
+        }),
+        DType::F64 => scan(8, &|v| {
+            !f64::from_le_bytes(v.try_into().expect("8 bytes")).is_finite()
+        }),
+        DType::BF16 => scan(2, &|v| u16::from_le_bytes([v[0], v[1]]) & 0x7F80 == 0x7F80),
+        DType::F16 => scan(2, &|v| u16::from_le_bytes([v[0], v[1]]) & 0x7C00 == 0x7C00),
+        _ => None,
     }
 }
 

@@ -417,3 +417,38 @@ fn try_clone_is_a_deep_copy() {
         .unwrap();
     assert_ne!(a, d);
 }
+
+/// A checkpoint whose weights hold NaN or ∞ is refused at load, naming the file, the tensor, the
+/// count and the first index, in every stored dtype (issue 13 item 5: such weights used to sample
+/// ids past the vocabulary and train with a zero gradient, silently).
+#[test]
+fn non_finite_weights_are_refused_at_load() {
+    let model = Model::load(&fixture("qwen3"), DType::F32, &Device::Cpu).unwrap();
+    let name = "model.layers.1.mlp.up_proj.weight";
+    let v = model.var(name).unwrap();
+    let mut w: Vec<f32> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+    w[7] = f32::NAN;
+    w[20] = f32::INFINITY;
+    w[21] = f32::NEG_INFINITY;
+    v.set(&candle_core::Tensor::from_vec(w, v.shape(), &Device::Cpu).unwrap())
+        .unwrap();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let tmp = tempfile::tempdir().unwrap();
+        model.save(tmp.path(), dtype).unwrap();
+        let Err(err) = Model::load(tmp.path(), DType::F32, &Device::Cpu) else {
+            panic!("{dtype:?}: a checkpoint with NaN and inf loaded");
+        };
+        let msg = err.to_string();
+        assert!(
+            matches!(
+                &err,
+                rlvr_model::ModelError::NonFinite { tensor, count: 3, first: 7, .. } if tensor == name
+            ),
+            "{dtype:?}: {msg}"
+        );
+        assert!(
+            msg.contains("model.safetensors") && msg.contains(name),
+            "{msg}"
+        );
+    }
+}

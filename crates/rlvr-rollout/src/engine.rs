@@ -496,6 +496,16 @@ impl Sampler {
         params: &SamplingParams,
         stop_window: usize,
     ) -> Result<()> {
+        // NaN or infinite logits (non-finite weights or an overflow) pick no meaningful token: the
+        // chosen token's log-prob over the full vocabulary is finite whenever the logits are.
+        if !c.logprob.is_finite() {
+            return Err(RolloutError::NonFinite {
+                prompt_index: row.prompt_index,
+                sample_index: row.sample_index,
+                position: row.tokens.len(),
+                logprob: c.logprob,
+            });
+        }
         row.tokens.push(c.token);
         row.logprobs.push(c.logprob);
         let early = row.tokens.len() < params.min_new_tokens;

@@ -27,6 +27,23 @@ pub enum RolloutError {
     /// Decoding generated ids to text (for stop strings) failed.
     #[error("tokenizer error while checking stop strings: {0}")]
     Tokenizer(String),
+    /// The model's logits were not finite (NaN or ±∞) where a token was chosen: the weights hold a
+    /// non-finite value, or an activation overflowed (f16/bf16).
+    #[error(
+        "non-finite logits while sampling completion {sample_index} of prompt {prompt_index} at \
+         generated token {position} (log-prob of the chosen token: {logprob}): the model's weights \
+         or activations are not finite (check the checkpoint for NaN/inf, or use model.dtype = \"f32\")"
+    )]
+    NonFinite {
+        /// Draw index of the prompt.
+        prompt_index: usize,
+        /// Which of its K completions.
+        sample_index: usize,
+        /// 0-based position in the completion.
+        position: usize,
+        /// The chosen token's log-prob (NaN or −∞).
+        logprob: f32,
+    },
     /// An error from the model crate (weights, shapes).
     #[error(transparent)]
     Model(#[from] rlvr_model::ModelError),

@@ -453,3 +453,31 @@ fn device_selection_matches_host_selection() {
         }
     }
 }
+
+/// NaN weights make NaN logits: sampling stops with an error naming the completion and position
+/// (greedy and sampled, with and without top-p), never an id past the vocabulary (issue 13 item 5).
+#[test]
+fn non_finite_logits_stop_sampling_with_an_error() {
+    let model = fixture("qwen3");
+    let v = model.var("model.norm.weight").unwrap();
+    v.set(&Tensor::full(f32::NAN, v.shape(), &Device::Cpu).unwrap())
+        .unwrap();
+    for (t, top_p) in [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)] {
+        let p = SamplingParams {
+            top_p,
+            ..params(2, t, 4)
+        };
+        let err = Sampler::new(&model, 0)
+            .sample(&prompts(), &p, 3, 10)
+            .unwrap_err();
+        assert!(
+            matches!(err, RolloutError::NonFinite { position: 0, .. }),
+            "T={t} top_p={top_p}: {err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("non-finite logits") && msg.contains("of prompt 1"),
+            "{msg}"
+        ); // draw indices 10..13
+    }
+}
