@@ -92,6 +92,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
 fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let mut run = Run::start(cfg, opts)?;
     let bar = progress_bar(opts.progress, run.start, cfg.raw.train.steps);
+    crate::rundir::set_bar(bar.as_ref());
     // What an error after step 1 saves (rundir.rs).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
@@ -108,6 +109,7 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSu
         )
     });
     run.feed.shutdown();
+    crate::rundir::set_bar(None);
     if let Some(b) = &bar {
         b.finish();
     }
@@ -189,6 +191,12 @@ impl Run<'_> {
                 run_dir.display()
             ));
         }
+        crate::rundir::phase(&format!(
+            "loading the policy from {} ({} on {})",
+            policy_dir.display(),
+            c.model.dtype.name(),
+            c.model.device
+        ));
         let policy = Policy::load(&policy_dir, dtype, &device)
             .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
         crate::rundir::refuse_non_finite_policy(&policy.model, &policy_dir)?;
@@ -280,6 +288,11 @@ impl Run<'_> {
         if t > 0 && (every == 0 || !t.is_multiple_of(every)) {
             return Ok(false);
         }
+        crate::rundir::phase(&format!(
+            "evaluating step {t} on {} held-out problems ({} new tokens at most)",
+            ev.texts.len(),
+            self.cfg.raw.rollout.max_new_tokens
+        ));
         let r = ev.record(&self.trainer.model, &self.tokenizer, t, &self.run_dir)?;
         for (k, v) in r.metrics() {
             line.set_value(k, v);
@@ -336,6 +349,7 @@ impl Run<'_> {
                 || stop);
         if due {
             let pos = (t, self.skipped_in_row, self.best);
+            crate::rundir::phase(&format!("saving checkpoint step-{t}"));
             let dir = checkpoint::save_run(
                 cfg,
                 &self.run_dir,

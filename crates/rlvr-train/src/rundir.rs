@@ -121,6 +121,31 @@ pub(crate) fn log_only(msg: &str) {
     });
 }
 
+thread_local! {
+    // The progress bar of the run on this thread, while it is drawn ([`set_bar`]).
+    static BAR: RefCell<Option<indicatif::ProgressBar>> = const { RefCell::new(None) };
+}
+
+/// Makes `bar` the progress bar that [`phase`] labels (`None` when the run ends).
+pub(crate) fn set_bar(bar: Option<&indicatif::ProgressBar>) {
+    BAR.with(|b| *b.borrow_mut() = bar.cloned());
+}
+
+/// Labels a long phase (loading, evaluating, saving) before it starts, so a silent minute has a
+/// name: on the progress bar's message while one is drawn, else as a line on stderr; always in
+/// `train.log`.
+pub(crate) fn phase(msg: &str) {
+    let drawn = BAR.with(|b| {
+        b.borrow().as_ref().map(|bar| {
+            bar.set_message(format!("{msg}…"));
+        })
+    });
+    if drawn.is_none() {
+        eprintln!("{msg}…");
+    }
+    log_only(&format!("{msg}…"));
+}
+
 /// Prints `msg` on stderr and appends it to `train.log`.
 pub(crate) fn say(msg: &str) {
     eprintln!("{msg}");

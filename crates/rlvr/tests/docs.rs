@@ -88,3 +88,51 @@ fn help_of_help_prints_the_top_level_help() {
         "{h}"
     );
 }
+
+/// The README's Tour block runs as written on a CPU (issue 13 item 10: its train and eval commands
+/// used to fail there, the shipped config saying cuda:0 and bf16), from a directory that holds the
+/// repository's `data/` and `configs/`, with this build's binary as `$R`.
+#[test]
+fn the_readme_tour_runs_as_written_on_a_cpu() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let tour = &readme[readme.find("## Tour").expect("a Tour section")..];
+    let start = tour.find("```sh\n").expect("a sh block") + 6;
+    let block = &tour[start..start + tour[start..].find("```").unwrap()];
+    let first = block.lines().next().unwrap();
+    assert!(first.starts_with("R=target/release/rlvr"), "{first}");
+    let script = block.replacen(
+        "R=target/release/rlvr",
+        &format!("R={}", env!("CARGO_BIN_EXE_rlvr")),
+        1,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    for d in ["data", "configs"] {
+        std::os::unix::fs::symlink(root().join(d), tmp.path().join(d)).unwrap();
+    }
+    let out = Command::new("bash")
+        .args(["-e", "-c", &script])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the tour failed:\n{stderr}");
+    let runs = tmp.path().join("runs");
+    for f in [
+        "a/checkpoints/step-6/config.json",
+        "a/metrics.jsonl",
+        "sft/config.json",
+        "a.svg",
+    ] {
+        assert!(runs.join(f).is_file(), "{f} missing; stderr:\n{stderr}");
+    }
+    let exp = std::fs::read_to_string(runs.join("exp.jsonl")).unwrap();
+    assert_eq!(exp.lines().count(), 16, "2 prompts × 8 completions");
+    // Long phases are labelled (issue 13 item 10): the step-0 evaluation and the saves.
+    for label in [
+        "loading the policy from",
+        "evaluating step 0 on 20 held-out problems",
+        "saving checkpoint step-3",
+    ] {
+        assert!(stderr.contains(label), "no {label:?} in:\n{stderr}");
+    }
+}
