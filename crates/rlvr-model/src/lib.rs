@@ -21,6 +21,7 @@ mod layers;
 pub mod model;
 pub mod ops;
 pub mod optim;
+pub mod recompute;
 pub mod tokenizer;
 pub mod weights;
 

@@ -50,6 +50,8 @@ pub struct Model {
     rotary: Rotary,
     device: Device,
     dtype: DType,
+    /// Recompute each decoder layer's forward in the backward ([`crate::recompute`]).
+    checkpointing: bool,
 }
 
 /// Converts an attention mask `[B, T]` (1 = token, 0 = padding) to position ids: the number of
@@ -136,6 +138,7 @@ impl Model {
             tied,
             device: device.clone(),
             dtype,
+            checkpointing: false,
         })
     }
 
@@ -179,6 +182,19 @@ impl Model {
     /// The compute dtype of the weights.
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// Activation (gradient) checkpointing: when on, a forward with `grad` keeps one
+    /// `[B, T, hidden]` tensor per decoder layer and recomputes the layer in the backward
+    /// ([`crate::recompute`]; transformers' `gradient_checkpointing_enable`). Backpropagate with
+    /// [`crate::recompute::backward`] to get the weight gradients. Off by default.
+    pub fn set_gradient_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Whether activation checkpointing is on.
+    pub fn gradient_checkpointing(&self) -> bool {
+        self.checkpointing
     }
 
     /// The params in checkpoint order (the one weight list).
@@ -291,7 +307,12 @@ impl Model {
             .get(grad)
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, self.config.hidden_size))?;
+        let recompute = grad && self.checkpointing && cache.is_none();
         for (li, layer) in self.layers.iter().enumerate() {
+            if recompute {
+                x = crate::recompute::checkpointed(layer, &x, &rope, &bias)?;
+                continue;
+            }
             let store = cache.as_deref_mut().map(|c| (c, li));
             x = layer.forward(&x, &rope, &bias, store, pass)?;
         }
@@ -380,6 +401,7 @@ impl Model {
         };
         let mut m = Self::build(self.config.clone(), self.dtype, &self.device, &mut copy)?;
         m.rotary = self.rotary.clone();
+        m.checkpointing = self.checkpointing;
         Ok(m)
     }
 

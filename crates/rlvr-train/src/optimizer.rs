@@ -101,7 +101,8 @@ impl OptimizerStep {
     /// # Errors
     /// Tensor errors.
     pub fn accumulate(&self, g: &mut Gradients, loss: &Tensor) -> anyhow::Result<()> {
-        let grads = loss.backward()?;
+        // Tensor::backward plus the weight gradients of checkpointed decoder layers.
+        let grads = rlvr_model::recompute::backward(loss)?;
         for (k, v) in self.vars.iter().enumerate() {
             if let Some(x) = grads.get(v.as_tensor()) {
                 g.acc[k].add(x)?;

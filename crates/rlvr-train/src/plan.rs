@@ -275,6 +275,12 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let activations_per_row = t * (layer * (shape.layers + 1) + outside);
     let activations_per_row_checkpointed =
         t * (shape.hidden * b * shape.layers + 2 * layer + outside);
+    // What a training micro-batch keeps per row with this config's `train.gradient_checkpointing`.
+    let kept_per_row = if raw.train.gradient_checkpointing {
+        activations_per_row_checkpointed
+    } else {
+        activations_per_row
+    };
     let rows = match raw.train.micro_batch_tokens {
         Some(tok) => (tok as u64 / t).max(1),
         None => raw.train.micro_batch_size as u64,
@@ -292,12 +298,12 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let overhead = if cpu { CPU_OVERHEAD } else { GPU_OVERHEAD };
     let resident = weights + master_weights + adamw_moments + explorer_weights + reference_model;
     let train_fixed = resident + gradients + logits_buffer + overhead + threaded as u64 * kv_cache;
-    let train_peak = train_fixed + rows * activations_per_row;
+    let train_peak = train_fixed + rows * kept_per_row;
     let rollout_peak = resident
         + kv_cache
         + overhead
         + if threaded {
-            gradients + logits_buffer + rows * activations_per_row
+            gradients + logits_buffer + rows * kept_per_row
         } else {
             0
         };
@@ -312,7 +318,7 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         let roll_fixed = resident
             + overhead
             + if threaded {
-                gradients + logits_buffer + rows * activations_per_row
+                gradients + logits_buffer + rows * kept_per_row
             } else {
                 0
             };

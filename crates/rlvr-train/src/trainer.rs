@@ -97,11 +97,12 @@ impl Trainer {
     /// # Errors
     /// Tensor allocation errors.
     pub fn new(
-        model: Model,
+        mut model: Model,
         reference: Option<Model>,
         settings: TrainerSettings,
     ) -> anyhow::Result<Self> {
         let t = &settings.train;
+        model.set_gradient_checkpointing(t.gradient_checkpointing);
         let optimizer = OptimizerStep::new(
             &model,
             AdamWConfig {

@@ -90,6 +90,18 @@ fn components_add_up_and_fits_are_consistent() {
     );
     assert_eq!(p.reference_model, 0, "kl_coef = 0");
     assert!(p.activations_per_row_checkpointed < p.activations_per_row / 4);
+    // train.gradient_checkpointing = true: the peak keeps the checkpointed activations instead.
+    let ck = plan(
+        &raw(&["train.gradient_checkpointing=true"]),
+        false,
+        Some(80 << 30),
+    )
+    .unwrap();
+    assert_eq!(
+        p.train_peak - ck.train_peak,
+        4 * (p.activations_per_row - p.activations_per_row_checkpointed),
+        "micro_batch_size 4"
+    );
     // The largest micro-batch fits and one more row does not.
     let rows = p.max_micro_batch_rows.unwrap();
     assert!(rows >= 1);

@@ -171,6 +171,11 @@ pub struct TrainSection {
     /// the step's ratio, clip, entropy and KL diagnostics then cover the trained rows only. TRL and
     /// verl compute these rows; set false to match their work (benchmarks). Default true.
     pub skip_zero_gradient_rows: bool,
+    /// Activation (gradient) checkpointing: each decoder layer keeps only its input for the
+    /// backward and recomputes its forward there (transformers' `gradient_checkpointing`), about
+    /// one more forward per step for much less activation memory (`rlvr plan` shows both).
+    /// Gradients equal the plain path's up to float reassociation. Default false.
+    pub gradient_checkpointing: bool,
     /// Optimizer updates per epoch: the step's groups are split into this many mini-batches. Default 1.
     pub mini_batches: usize,
     /// μ: passes over the step's batch. Default 1.
@@ -214,6 +219,7 @@ impl Default for TrainSection {
             micro_batch_size: 8,
             micro_batch_tokens: None,
             skip_zero_gradient_rows: true,
+            gradient_checkpointing: false,
             mini_batches: 1,
             epochs: 1,
             seed: 0,
