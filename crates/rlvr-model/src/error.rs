@@ -39,8 +39,8 @@ pub enum ModelError {
     /// A weight holds NaN or ±∞ (a diverged or corrupted checkpoint): refused at load, so that
     /// sampling and training never run on it.
     #[error(
-        "{file}: tensor `{tensor}` holds {count} non-finite values (NaN or inf; the first at flat \
-         index {first}): the checkpoint is diverged or corrupted; load an earlier checkpoint"
+        "{file} holds a non-finite value (NaN or inf) in weight {tensor} ({count} such values, the \
+         first at flat index {first}): the checkpoint is diverged or corrupted; load an earlier one"
     )]
     NonFinite {
         file: PathBuf,
