@@ -143,8 +143,6 @@ impl Run<'_> {
             good.begin_update();
             let rep = self.trainer.step(&exps, t, lr, seed)?;
             let train_s = t0.elapsed().as_secs_f64();
-            // sync: the explorer gets version t when v divides t
-            self.feed.publish(t, v, &self.trainer.model)?;
             // evaluator (every train.eval_every steps), then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
             let is_best = self.evaluate(t, &mut line)?;
@@ -152,6 +150,9 @@ impl Run<'_> {
             write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
             done = t;
             good.completed(t, self.feed.cursor());
+            // sync: the explorer gets version t when v divides t (after the step counts as
+            // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
+            self.feed.publish(t, v, &self.trainer.model)?;
             crate::rundir::log_step(t, c.train.steps, &line);
             show_progress(bar, t, &rep, &line);
             self.check_skipped(t, &rep)?;
