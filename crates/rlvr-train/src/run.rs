@@ -444,6 +444,7 @@ fn write_step_logs(
     let diag = json!({
         "step": t,
         "logprob_diff/staleness0": rep.logprob_diff_s0,
+        "logprob_k3/staleness0": rep.logprob_k3_s0,
         "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
         "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
         "dynamic_sampling/dropped_groups": batch.dropped_groups,

@@ -74,6 +74,10 @@ pub struct StepReport {
     /// Mean |ℓ_sampler − ℓ_trainer| over completion tokens of staleness-0 rows, measured before the
     /// step's first update (DESIGN.md section 3); None when no such row.
     pub logprob_diff_s0: Option<f64>,
+    /// k3 estimate of KL(π_sampler ‖ π_trainer) over the same tokens: mean of e^r − r − 1 with
+    /// r = ℓ_trainer − ℓ_sampler (verl's `rollout_corr/kl_k3`, see `rlvr_vllm::correction`);
+    /// None when no staleness-0 row.
+    pub logprob_k3_s0: Option<f64>,
     /// Completion tokens trained on (summed over updates).
     pub tokens: usize,
     /// Rows left out of forward/backward because their gradient is exactly zero (summed over
@@ -151,7 +155,7 @@ impl Trainer {
         let minis = split_groups(&groups, self.settings.train.mini_batches);
         let mut stats = LossStats::default();
         let mut norms = Vec::new();
-        let mut diff = (0.0f64, 0usize);
+        let mut diff = (0.0f64, 0.0f64, 0usize);
         for epoch in 0..self.settings.train.epochs {
             for (m, rows) in minis.iter().enumerate() {
                 let first = epoch == 0 && m == 0;
@@ -172,7 +176,8 @@ impl Trainer {
         report.loss = Some(metrics);
         report.grad_norm =
             (!norms.is_empty()).then(|| norms.iter().sum::<f64>() / norms.len() as f64);
-        report.logprob_diff_s0 = (diff.1 > 0).then(|| diff.0 / diff.1 as f64);
+        report.logprob_diff_s0 = (diff.2 > 0).then(|| diff.0 / diff.2 as f64);
+        report.logprob_k3_s0 = (diff.2 > 0).then(|| diff.1 / diff.2 as f64);
         Ok(report)
     }
 
@@ -185,7 +190,7 @@ impl Trainer {
         adv: &rlvr_algo::Advantages,
         step: u64,
         lr: f64,
-        mut diff: Option<&mut (f64, usize)>,
+        mut diff: Option<&mut (f64, f64, usize)>,
     ) -> anyhow::Result<UpdateOut> {
         let alg = &self.settings.algorithm;
         let infos: Vec<RowInfo> = rows
@@ -348,7 +353,7 @@ fn accumulate_diff(
     mb: &[usize],
     t: &MicroBatch,
     step: u64,
-    d: &mut (f64, usize),
+    d: &mut (f64, f64, usize),
 ) -> anyhow::Result<()> {
     let lp = t.logp.detach().to_dtype(DType::F32)?.to_vec2::<f32>()?;
     let old = t.logp_old.to_vec2::<f32>()?;
@@ -358,8 +363,10 @@ fn accumulate_diff(
         }
         for j in 0..batch[i].completion_ids.len() {
             if t.mask_host[r][j] > 0.0 {
-                d.0 += (lp[r][j] - old[r][j]).abs() as f64;
-                d.1 += 1;
+                let x = lp[r][j] as f64 - old[r][j] as f64;
+                d.0 += x.abs();
+                d.1 += x.exp() - x - 1.0;
+                d.2 += 1;
             }
         }
     }

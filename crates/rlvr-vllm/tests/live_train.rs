@@ -137,6 +137,8 @@ fn check_schedule(run: &Path, steps: u64) -> Vec<Vec<String>> {
             let gap = gap.unwrap();
             eprintln!("step {t}: mean |ℓ_vLLM − ℓ_trainer| at staleness 0 = {gap:.2e}");
             assert!(gap < 1e-4, "step {t}: {gap}");
+            let k3 = d["logprob_k3/staleness0"].as_f64().unwrap();
+            assert!((0.0..1e-6).contains(&k3), "step {t}: k3 {k3}");
         } else {
             assert_eq!(gap, None, "step {t} has no staleness-0 row");
         }
