@@ -48,6 +48,7 @@ pub mod explorer;
 mod limits;
 pub mod lock;
 pub mod metrics;
+pub mod mismatch;
 pub mod optimizer;
 pub mod pack;
 pub mod plan;

@@ -151,6 +151,9 @@ impl Trainer {
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
 
+        // Sampler/trainer mismatch correction: ℓ_trainer of every row at the start of the step.
+        let start_lp = self.start_logprobs(batch, &alg)?;
+
         // 2. Mini-batches of whole groups (first-appearance order).
         let minis = split_groups(&groups, self.settings.train.mini_batches);
         let mut stats = LossStats::default();
@@ -159,7 +162,14 @@ impl Trainer {
         for epoch in 0..self.settings.train.epochs {
             for (m, rows) in minis.iter().enumerate() {
                 let first = epoch == 0 && m == 0;
-                let out = self.update(batch, rows, &adv, step, lr, first.then_some(&mut diff))?;
+                let out = self.update(
+                    batch,
+                    rows,
+                    (&adv, start_lp.as_deref()),
+                    step,
+                    lr,
+                    first.then_some(&mut diff),
+                )?;
                 stats.merge(&out.stats);
                 report.updates += 1;
                 report.rows_skipped += out.rows_skipped;
@@ -181,13 +191,37 @@ impl Trainer {
         Ok(report)
     }
 
+    /// With `algorithm.mismatch_correction` on, every row's completion log-probs under the weights
+    /// at the start of the step (no gradient): ℓ_trainer of ρ_mismatch ([`rlvr_algo::mismatch`]).
+    fn start_logprobs(
+        &self,
+        batch: &[Experience],
+        alg: &rlvr_algo::Algorithm,
+    ) -> anyhow::Result<Option<Vec<Vec<f32>>>> {
+        if !alg.mismatch_correction.is_on() {
+            return Ok(None);
+        }
+        let mut out = vec![Vec::new(); batch.len()];
+        let rows: Vec<usize> = (0..batch.len())
+            .filter(|&i| !batch[i].completion_ids.is_empty())
+            .collect();
+        let (t, pad) = (self.settings.temperature.max(1e-6), self.settings.pad_id);
+        for chunk in rows.chunks(self.settings.train.micro_batch_size.max(1)) {
+            let lp = crate::eval::completion_logprobs(&self.model, batch, chunk, t, pad)?;
+            for (&i, l) in chunk.iter().zip(lp) {
+                out[i] = l;
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// One optimizer update over `rows` of `batch`. Returns the merged loss stats and the gradient
     /// norm (None when the update was skipped as non-finite).
     fn update(
         &mut self,
         batch: &[Experience],
         rows: &[usize],
-        adv: &rlvr_algo::Advantages,
+        (adv, start_lp): (&rlvr_algo::Advantages, Option<&[Vec<f32>]>),
         step: u64,
         lr: f64,
         mut diff: Option<&mut (f64, f64, usize)>,
@@ -237,6 +271,13 @@ impl Trainer {
             if let Some(d) = diff.as_deref_mut() {
                 accumulate_diff(batch, &mb, &t, step, d)?;
             }
+            // The correction weights c_it ride on the mask: Σ_i w_i Σ_t m_it c_it L_it.
+            let mask = match start_lp {
+                Some(lp) => crate::mismatch::corrected_mask(batch, &mb, &t.mask_host, lp, alg)?
+                    .to_dtype(t.mask.dtype())?
+                    .to_device(t.mask.device())?,
+                None => t.mask.clone(),
+            };
             let a: Vec<f32> = mb.iter().map(|&i| adv.values[i] as f32).collect();
             let a = Tensor::from_vec(a, mb.len(), self.model.device())?;
             let (loss, st) = policy_loss(
@@ -246,7 +287,7 @@ impl Trainer {
                     logp_behaviour: &t.logp_old,
                     logp_ref: t.logp_ref.as_ref(),
                     entropy: t.entropy.as_ref(),
-                    mask: &t.mask,
+                    mask: &mask,
                     advantages: &a,
                     row_weights: &weights,
                 },
