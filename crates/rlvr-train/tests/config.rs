@@ -483,3 +483,28 @@ fn vllm_backend_without_a_server_names_it() {
                 .is_empty()
     );
 }
+
+/// `rlvr eval` takes the same rollout keys (issue 15 item 4): with `rollout.backend = "vllm"` and no
+/// server it stops with an error naming the server.
+#[test]
+fn eval_with_the_vllm_backend_names_a_missing_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let args = rlvr_train::cli::EvalArgs {
+        model,
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(2),
+        set: vec![
+            "rollout.backend=\"vllm\"".into(),
+            "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
+            "rollout.retries=0".into(),
+        ],
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(err.contains("vLLM server http://127.0.0.1:9"), "{err}");
+}

@@ -243,3 +243,30 @@ fn a_killed_server_stops_the_run_with_a_checkpoint_and_resume_continues() {
         .collect();
     assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
 }
+
+/// `rlvr eval` with `rollout.backend = "vllm"` (issue 15 item 4): greedy completions sampled by the
+/// server equal the native engine's, item by item.
+#[test]
+fn eval_on_vllm_equals_native_greedy() {
+    let Some(l) = live() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let eval = |out: &Path, vllm: bool| {
+        let mut c = Command::new(&l.rlvr);
+        c.args(["eval", "--task", "arithmetic", "--n", "1", "--limit", "6"])
+            .args(["--max-new-tokens", "8", "--model"])
+            .arg(&l.model)
+            .arg("--out")
+            .arg(out);
+        if vllm {
+            c.args(["--set", "rollout.backend=\"vllm\""])
+                .arg("--set")
+                .arg(format!("rollout.servers=[\"{}\"]", l.url));
+        }
+        assert!(c.status().unwrap().success());
+        jsonl(out)
+    };
+    let native = eval(&tmp.path().join("native.jsonl"), false);
+    let vllm = eval(&tmp.path().join("vllm.jsonl"), true);
+    assert_eq!(native.len(), 6);
+    assert_eq!(native, vllm);
+}
