@@ -2,7 +2,10 @@
 # CI for the vLLM rollout backend (issue 15): install the pinned vLLM CPU build (venv reused when
 # present), make a small random tied Qwen2 checkpoint, start a server on 127.0.0.1, run
 # crates/rlvr-vllm/tests/live_server.rs against it, then crates/rlvr-vllm/tests/live_killed.rs
-# (which kills the server mid-call), and stop whatever is left of the server by its PID.
+# (which kills the server mid-call); then a server on a small random UNTIED Qwen2 for
+# crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm": schedule, seed,
+# a server killed mid-run and restarted for --resume), and stop whatever is left of the server by
+# its PID.
 #
 #   bash scripts/ci_vllm.sh
 #
@@ -43,7 +46,7 @@ live() {
   expected=$(grep -c '^#\[test\]' "crates/rlvr-vllm/tests/$file.rs")
   log="$RUN/$file.log"
   set +e
-  env "$@" RLVR_VLLM_URL="$URL" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_REQUIRED=1 \
+  env RLVR_VLLM_URL="$URL" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_REQUIRED=1 "$@" \
     cargo test --workspace --locked --test "$file" -- --test-threads 1 --nocapture 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
   set -e
@@ -54,5 +57,14 @@ live() {
 }
 live live_server
 live live_killed RLVR_VLLM_PID="$(cat "$RUN/vllm.pid")"
-rm -rf "$MODEL" # the logs stay in $RUN
+"$S" stop
+t3=$SECONDS
+UNTIED="$RUN/model-untied"
+rm -rf "$UNTIED"
+"$S" model "$UNTIED" --tied false >/dev/null
+URL=$("$S" start "$UNTIED")
+echo "ci_vllm: untied-model server at $URL after $((SECONDS - t3)) s"
+# live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port) after killing it.
+live live_train RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_PID="$(cat "$RUN/vllm.pid")" RLVR="$RLVR" RUN="$RUN"
+rm -rf "$MODEL" "$UNTIED" # the logs stay in $RUN
 echo "ci_vllm: live tests took $((SECONDS - t2)) s; whole script $((SECONDS - t0)) s"

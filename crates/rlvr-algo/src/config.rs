@@ -143,6 +143,15 @@ pub struct AlgorithmConfig {
     /// Entropy bonus coefficient: the loss gets −coef·H_t per token. Default 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entropy_coef: Option<f64>,
+    /// Sampler/trainer mismatch correction, any loss: `none`, `token-truncate`, `sequence-truncate`
+    /// (weight min(ρ, C)), `token-mask`, `sequence-mask` (drop where ρ ∉ [1/C, C]), with
+    /// ρ = exp(ℓ_trainer − ℓ_sampler) and ℓ_trainer taken at the start of the step (verl's
+    /// `rollout_correction` semantics, stale rows included: [`crate::mismatch`]). Default `none`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch_correction: Option<crate::MismatchCorrection>,
+    /// C of `mismatch_correction` (≥ 1 for the masks). Default 2 (verl's `rollout_is_threshold`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch_cap: Option<f64>,
 
     // ----- aggregation and shaping -----
     /// Loss aggregation (normaliser). Default `token-mean`.
@@ -178,7 +187,7 @@ macro_rules! required_knobs {
             exclude_zero_std, red_drop, red_drop_in_normaliser, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
             keep_mask, rec_weight, adv_temperature, regulariser, tau, log_ratio_clamp, kl_coef,
             kl_estimator, kl_ratio_weighted, entropy_coef, aggregation, overlong, overlong_buffer_frac,
-            overlong_penalty_factor, dynamic_sampling)
+            overlong_penalty_factor, dynamic_sampling, mismatch_correction, mismatch_cap)
     };
 }
 /// The knobs that stay `Option` after resolution.
@@ -224,6 +233,8 @@ impl AlgorithmConfig {
             overlong_buffer_frac: None,
             overlong_penalty_factor: None,
             dynamic_sampling: None,
+            mismatch_correction: None,
+            mismatch_cap: None,
         }
     }
 
@@ -387,6 +398,8 @@ pub struct Algorithm {
     pub overlong_buffer_frac: f64,
     pub overlong_penalty_factor: f64,
     pub dynamic_sampling: bool,
+    pub mismatch_correction: crate::MismatchCorrection,
+    pub mismatch_cap: f64,
 }
 
 impl Default for Algorithm {
@@ -426,6 +439,8 @@ impl Default for Algorithm {
             overlong_buffer_frac: 0.2,
             overlong_penalty_factor: 1.0,
             dynamic_sampling: false,
+            mismatch_correction: crate::MismatchCorrection::None,
+            mismatch_cap: 2.0,
         }
     }
 }
@@ -533,6 +548,27 @@ impl Algorithm {
         positive("adv_temperature", self.adv_temperature)?;
         finite_nonneg("tau", self.tau)?;
         positive("log_ratio_clamp", self.log_ratio_clamp)?;
+        positive("mismatch_cap", self.mismatch_cap)?;
+        let mc = self.mismatch_correction;
+        if matches!(
+            mc,
+            crate::MismatchCorrection::TokenMask | crate::MismatchCorrection::SequenceMask
+        ) && self.mismatch_cap < 1.0
+        {
+            return Err(bad(
+                "mismatch_cap",
+                self.mismatch_cap,
+                "must be >= 1 for a mask (the kept ratios are [1/C, C])",
+            ));
+        }
+        if mc.token_level() && self.loss == PolicyLoss::Gspo {
+            return Err(bad(
+                "mismatch_correction",
+                "token-level",
+                "gspo's sequence ratio averages over the completion mask, which a token weight would \
+                 distort: use sequence-truncate or sequence-mask",
+            ));
+        }
         finite_nonneg("kl_coef", self.kl_coef)?;
         if !self.entropy_coef.is_finite() {
             return Err(bad("entropy_coef", self.entropy_coef, "must be finite"));

@@ -37,6 +37,7 @@ pub mod error;
 pub mod kl;
 pub mod loss;
 pub mod metrics;
+pub mod mismatch;
 pub mod normaliser;
 pub mod presets;
 
@@ -52,5 +53,6 @@ pub use error::{AlgoError, Result};
 pub use kl::{kl_estimate, kl_estimate_f64};
 pub use loss::{policy_loss, LossInputs};
 pub use metrics::{LossMetrics, LossStats};
+pub use mismatch::MismatchCorrection;
 pub use normaliser::{RowInfo, UpdateNormaliser};
 pub use presets::{find_preset, presets, print_algorithms, Preset};

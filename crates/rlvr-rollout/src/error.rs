@@ -44,6 +44,10 @@ pub enum RolloutError {
         /// The chosen token's log-prob (NaN or −∞).
         logprob: f32,
     },
+    /// A remote backend failed (a vLLM server down or answering wrongly, a failed weight refresh):
+    /// the backend's own error, which names the server and what it answered.
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     /// An error from the model crate (weights, shapes).
     #[error(transparent)]
     Model(#[from] rlvr_model::ModelError),

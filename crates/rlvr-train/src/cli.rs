@@ -217,7 +217,12 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         },
         task: raw.data.task.name(),
     };
-    let (r, items) = evaluator.run_model(&policy.model, &policy.tokenizer)?;
+    let (r, items) = match raw.rollout.backend {
+        crate::config::RolloutBackend::Native => {
+            evaluator.run_model(&policy.model, &policy.tokenizer)?
+        }
+        crate::config::RolloutBackend::Vllm => eval_on_vllm(&raw, &evaluator, &policy)?,
+    };
     if let Some(path) = &a.out {
         let mut s = String::new();
         for it in &items {
@@ -238,6 +243,42 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         })
     )?;
     Ok(())
+}
+
+/// `rlvr eval` with `rollout.backend = "vllm"`: the start-up checks, the evaluated model pushed to
+/// the servers as version 0 (written under `rollout.weights_dir`, default a temporary directory
+/// removed afterwards), then the evaluation sampled by the servers.
+fn eval_on_vllm(
+    raw: &RawConfig,
+    evaluator: &Evaluator,
+    policy: &Policy,
+) -> anyhow::Result<(crate::eval::EvalResult, Vec<crate::eval::EvalItem>)> {
+    let tmp = std::env::temp_dir().join(format!("rlvr-eval-vllm-{}", std::process::id()));
+    let base = raw
+        .rollout
+        .weights_dir
+        .clone()
+        .unwrap_or_else(|| tmp.clone());
+    let mut r = raw.rollout.clone();
+    r.weights_dir = Some(base);
+    let mut longest = 0;
+    for t in &evaluator.texts {
+        let ids = policy
+            .tokenizer
+            .encode(t, evaluator.settings.add_special_tokens)?;
+        longest = longest.max(ids.len());
+    }
+    r.max_new_tokens = evaluator.settings.max_new_tokens;
+    let result = (|| {
+        let mut backend =
+            crate::backend::build(&r, &tmp, &policy.model, &policy.tokenizer, 0, longest)?;
+        backend
+            .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
+            .context("pushing the evaluated model to the vLLM servers")?;
+        evaluator.run(backend.as_mut(), &policy.tokenizer)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
 }
 
 pub use crate::plot::{run_plot, PlotArgs};

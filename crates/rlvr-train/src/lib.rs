@@ -12,7 +12,8 @@
 //!   batch (rlvr-reward), DAPO dynamic sampling, behaviour log-prob recomputation.
 //! - [`schedule`] (staleness and sync schedule, paper A's sync interval v and the offset o): which
 //!   version samples each step, weight sync to the explorer, inline or threaded explorer,
-//!   stale-experience filter.
+//!   stale-experience filter; [`backend`]: the explorer's engine (`rollout.backend`: native or
+//!   vLLM servers through rlvr-vllm).
 //! - [`trainer`] (trainer update): advantages, mini-batches × epochs, micro-batches under the
 //!   update normaliser, on the rows packed by [`pack`].
 //! - [`optimizer`] (optimizer step): accumulate → reduce hook → global norm → clip → AdamW, shared
@@ -37,6 +38,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
@@ -46,6 +48,7 @@ pub mod explorer;
 mod limits;
 pub mod lock;
 pub mod metrics;
+pub mod mismatch;
 pub mod optimizer;
 pub mod pack;
 pub mod plan;

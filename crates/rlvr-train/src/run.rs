@@ -145,8 +145,6 @@ impl Run<'_> {
             good.begin_update();
             let rep = self.trainer.step(&exps, t, lr, seed)?;
             let train_s = t0.elapsed().as_secs_f64();
-            // sync: the explorer gets version t when v divides t
-            self.feed.publish(t, v, &self.trainer.model)?;
             // evaluator (every train.eval_every steps), then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
             let is_best = self.evaluate(t, &mut line)?;
@@ -154,6 +152,9 @@ impl Run<'_> {
             write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
             done = t;
             good.completed(t, self.feed.cursor());
+            // sync: the explorer gets version t when v divides t (after the step counts as
+            // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
+            self.feed.publish(t, v, &self.trainer.model)?;
             crate::rundir::log_step(t, c.train.steps, &line);
             show_progress(bar, t, &rep, &line);
             self.check_skipped(t, &rep)?;
@@ -457,6 +458,7 @@ fn write_step_logs(
     let diag = json!({
         "step": t,
         "logprob_diff/staleness0": rep.logprob_diff_s0,
+        "logprob_k3/staleness0": rep.logprob_k3_s0,
         "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
         "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
         "dynamic_sampling/dropped_groups": batch.dropped_groups,

@@ -21,7 +21,7 @@ use rlvr_data::generate::Split;
 use rlvr_data::sampler::PromptSampler;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_reward::combine::RewardFunction;
-use rlvr_rollout::{named_tensors, NativeRollout, SamplingParams};
+use rlvr_rollout::{named_tensors, SamplingParams};
 
 use crate::checkpoint::TrainerState;
 use crate::config::ResolvedConfig;
@@ -183,8 +183,9 @@ pub fn filter_stale(
 }
 
 /// Builds the experience source of a run: the offline file, or the explorer (inline for o = 0,
-/// on its own thread for o ≥ 1) at the checkpoint's cursor. The explorer's backend is the native
-/// engine over its own copy of the policy; the run then loads the starting weights into it through
+/// on its own thread for o ≥ 1) at the checkpoint's cursor. The explorer's backend is the one
+/// `rollout.backend` names ([`crate::backend::build`]: the native engine over its own copy of the
+/// policy, or vLLM servers); the run then loads the starting weights into it through
 /// the [`rlvr_rollout::Rollout`] boundary, as a remote backend must be told them: the policy's
 /// (version = completed steps), or, when the checkpoint holds them, the explorer's own.
 ///
@@ -224,12 +225,23 @@ pub(crate) fn build_feed(
     };
     let reward = RewardFunction::from_config(&c.reward, &c.data.verifier()?)?;
     let ex_tok = load_tok()?;
-    let backend = NativeRollout::owning(model.try_clone()?, start, Some(ex_tok.tokenizer.clone()));
+    let add_special = c.data.style == PromptStyle::Plain;
+    let longest = if c.rollout.backend == crate::config::RolloutBackend::Vllm {
+        let mut m = 0;
+        for t in &train_p.texts {
+            m = m.max(tokenizer.encode(t, add_special)?.len());
+        }
+        m
+    } else {
+        0
+    };
+    crate::backend::record_in_run_json(&c.rollout, &c.output.dir)?;
+    let backend = crate::backend::build(&c.rollout, &c.output.dir, model, &ex_tok, start, longest)?;
     let mut stop_ids = tokenizer.eos_ids.clone();
     stop_ids.sort_unstable();
     stop_ids.dedup();
     let mut explorer = Explorer::new(
-        Box::new(backend),
+        backend,
         ex_tok,
         train_p.texts,
         train_p.references,
@@ -255,7 +267,7 @@ pub(crate) fn build_feed(
             recompute_behaviour: c.train.recompute_behaviour,
             micro_batch_size: c.train.micro_batch_size,
             log_rollouts: c.train.log_rollouts,
-            add_special_tokens: c.data.style == PromptStyle::Plain,
+            add_special_tokens: add_special,
         },
     )?;
     // The starting weights cross the boundary once, at start and on resume.

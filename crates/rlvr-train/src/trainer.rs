@@ -74,6 +74,10 @@ pub struct StepReport {
     /// Mean |ℓ_sampler − ℓ_trainer| over completion tokens of staleness-0 rows, measured before the
     /// step's first update (DESIGN.md section 3); None when no such row.
     pub logprob_diff_s0: Option<f64>,
+    /// k3 estimate of KL(π_sampler ‖ π_trainer) over the same tokens: mean of e^r − r − 1 with
+    /// r = ℓ_trainer − ℓ_sampler (verl's `rollout_corr/kl_k3`, see `rlvr_vllm::correction`);
+    /// None when no staleness-0 row.
+    pub logprob_k3_s0: Option<f64>,
     /// Completion tokens trained on (summed over updates).
     pub tokens: usize,
     /// Rows left out of forward/backward because their gradient is exactly zero (summed over
@@ -148,15 +152,25 @@ impl Trainer {
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
 
+        // Sampler/trainer mismatch correction: ℓ_trainer of every row at the start of the step.
+        let start_lp = self.start_logprobs(batch, &alg)?;
+
         // 2. Mini-batches of whole groups (first-appearance order).
         let minis = split_groups(&groups, self.settings.train.mini_batches);
         let mut stats = LossStats::default();
         let mut norms = Vec::new();
-        let mut diff = (0.0f64, 0usize);
+        let mut diff = (0.0f64, 0.0f64, 0usize);
         for epoch in 0..self.settings.train.epochs {
             for (m, rows) in minis.iter().enumerate() {
                 let first = epoch == 0 && m == 0;
-                let out = self.update(batch, rows, &adv, step, lr, first.then_some(&mut diff))?;
+                let out = self.update(
+                    batch,
+                    rows,
+                    (&adv, start_lp.as_deref()),
+                    step,
+                    lr,
+                    first.then_some(&mut diff),
+                )?;
                 stats.merge(&out.stats);
                 report.updates += 1;
                 report.rows_skipped += out.rows_skipped;
@@ -173,8 +187,33 @@ impl Trainer {
         report.loss = Some(metrics);
         report.grad_norm =
             (!norms.is_empty()).then(|| norms.iter().sum::<f64>() / norms.len() as f64);
-        report.logprob_diff_s0 = (diff.1 > 0).then(|| diff.0 / diff.1 as f64);
+        report.logprob_diff_s0 = (diff.2 > 0).then(|| diff.0 / diff.2 as f64);
+        report.logprob_k3_s0 = (diff.2 > 0).then(|| diff.1 / diff.2 as f64);
         Ok(report)
+    }
+
+    /// With `algorithm.mismatch_correction` on, every row's completion log-probs under the weights
+    /// at the start of the step (no gradient): ℓ_trainer of ρ_mismatch ([`rlvr_algo::mismatch`]).
+    fn start_logprobs(
+        &self,
+        batch: &[Experience],
+        alg: &rlvr_algo::Algorithm,
+    ) -> anyhow::Result<Option<Vec<Vec<f32>>>> {
+        if !alg.mismatch_correction.is_on() {
+            return Ok(None);
+        }
+        let mut out = vec![Vec::new(); batch.len()];
+        let rows: Vec<usize> = (0..batch.len())
+            .filter(|&i| !batch[i].completion_ids.is_empty())
+            .collect();
+        let (t, pad) = (self.settings.temperature.max(1e-6), self.settings.pad_id);
+        for chunk in rows.chunks(self.settings.train.micro_batch_size.max(1)) {
+            let lp = crate::eval::completion_logprobs(&self.model, batch, chunk, t, pad)?;
+            for (&i, l) in chunk.iter().zip(lp) {
+                out[i] = l;
+            }
+        }
+        Ok(Some(out))
     }
 
     /// One optimizer update over `rows` of `batch`. Returns the merged loss stats and the gradient
@@ -183,10 +222,10 @@ impl Trainer {
         &mut self,
         batch: &[Experience],
         rows: &[usize],
-        adv: &rlvr_algo::Advantages,
+        (adv, start_lp): (&rlvr_algo::Advantages, Option<&[Vec<f32>]>),
         step: u64,
         lr: f64,
-        mut diff: Option<&mut (f64, usize)>,
+        mut diff: Option<&mut (f64, f64, usize)>,
     ) -> anyhow::Result<UpdateOut> {
         let alg = &self.settings.algorithm;
         let infos: Vec<RowInfo> = rows
@@ -233,6 +272,13 @@ impl Trainer {
             if let Some(d) = diff.as_deref_mut() {
                 accumulate_diff(batch, &mb, &t, step, d)?;
             }
+            // The correction weights c_it ride on the mask: Σ_i w_i Σ_t m_it c_it L_it.
+            let mask = match start_lp {
+                Some(lp) => crate::mismatch::corrected_mask(batch, &mb, &t.mask_host, lp, alg)?
+                    .to_dtype(t.mask.dtype())?
+                    .to_device(t.mask.device())?,
+                None => t.mask.clone(),
+            };
             let a: Vec<f32> = mb.iter().map(|&i| adv.values[i] as f32).collect();
             let a = Tensor::from_vec(a, mb.len(), self.model.device())?;
             let (loss, st) = policy_loss(
@@ -242,7 +288,7 @@ impl Trainer {
                     logp_behaviour: &t.logp_old,
                     logp_ref: t.logp_ref.as_ref(),
                     entropy: t.entropy.as_ref(),
-                    mask: &t.mask,
+                    mask: &mask,
                     advantages: &a,
                     row_weights: &weights,
                 },
@@ -349,7 +395,7 @@ fn accumulate_diff(
     mb: &[usize],
     t: &MicroBatch,
     step: u64,
-    d: &mut (f64, usize),
+    d: &mut (f64, f64, usize),
 ) -> anyhow::Result<()> {
     let lp = t.logp.detach().to_dtype(DType::F32)?.to_vec2::<f32>()?;
     let old = t.logp_old.to_vec2::<f32>()?;
@@ -359,8 +405,10 @@ fn accumulate_diff(
         }
         for j in 0..batch[i].completion_ids.len() {
             if t.mask_host[r][j] > 0.0 {
-                d.0 += (lp[r][j] - old[r][j]).abs() as f64;
-                d.1 += 1;
+                let x = lp[r][j] as f64 - old[r][j] as f64;
+                d.0 += x.abs();
+                d.1 += x.exp() - x - 1.0;
+                d.2 += 1;
             }
         }
     }

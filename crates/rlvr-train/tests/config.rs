@@ -379,3 +379,132 @@ fn train_without_a_model_says_model_path_is_required() {
     assert!(err.contains("model.path is required"), "{err}");
     assert!(!tmp.path().join("run").exists(), "nothing is written");
 }
+
+/// `rollout.backend = "vllm"` (issue 15): servers are required, truncated sampling (top-p < 1,
+/// top-k, min new tokens: vLLM renormalises its behaviour log-probs) is refused unless accepted,
+/// and the keys round-trip through config.toml.
+#[test]
+fn vllm_backend_keys_are_checked() {
+    let vllm = "rollout.backend=\"vllm\"";
+    let err = format!("{:#}", check_load("", &[vllm]).unwrap_err());
+    assert!(err.contains("rollout.servers"), "{err}");
+    let server = "rollout.servers=[\"http://127.0.0.1:8000\"]";
+    let c = check_load("", &[vllm, server]).unwrap();
+    assert_eq!(
+        c.raw.rollout.backend,
+        rlvr_train::config::RolloutBackend::Vllm
+    );
+    assert_eq!(c.raw.rollout.served_model_name, "rlvr-policy");
+    for bad in [
+        "rollout.top_p=0.9",
+        "rollout.top_k=20",
+        "rollout.min_new_tokens=2",
+    ] {
+        let err = format!("{:#}", check_load("", &[vllm, server, bad]).unwrap_err());
+        assert!(
+            err.contains("rollout.accept_renormalised_logprobs = true"),
+            "{bad}: {err}"
+        );
+        check_load(
+            "",
+            &[
+                vllm,
+                server,
+                bad,
+                "rollout.accept_renormalised_logprobs=true",
+            ],
+        )
+        .unwrap();
+        // The native engine records full-vocabulary log-probs: nothing to accept.
+        check_load("", &[bad]).unwrap();
+    }
+    let err = format!(
+        "{:#}",
+        check_load("", &[vllm, server, "rollout.in_flight=0"]).unwrap_err()
+    );
+    assert!(err.contains("rollout.in_flight"), "{err}");
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.backend=\"sglang\""]).unwrap_err()
+    );
+    assert!(err.contains("rollout.backend"), "{err}");
+    // Round trip through the resolved config.toml.
+    let c = check_load(
+        "",
+        &[
+            vllm,
+            server,
+            "rollout.retries=1",
+            "rollout.weights_dir=\"/w\"",
+        ],
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("config.toml");
+    std::fs::write(&p, c.to_toml().unwrap()).unwrap();
+    let again = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    assert_eq!(again.raw.rollout, c.raw.rollout);
+}
+
+/// A vLLM backend whose server is not there: `rlvr train` stops before training with an error
+/// naming the server and what it answered (here: nothing listens on the port).
+#[test]
+fn vllm_backend_without_a_server_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut set = common::arithmetic_sets(&model, &run);
+    set.extend([
+        "rollout.backend=\"vllm\"".to_string(),
+        "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
+        "rollout.retries=0".into(),
+        "rollout.request_timeout_s=5".into(),
+        "train.steps=2".into(),
+    ]);
+    let args = TrainArgs {
+        set,
+        no_progress: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+    assert!(err.contains("vLLM server http://127.0.0.1:9"), "{err}");
+    assert!(err.contains("rollout.backend = \"vllm\""), "{err}");
+    let run_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run_json["rollout_backend"]["backend"], "vllm");
+    assert_eq!(
+        run_json["rollout_backend"]["accept_renormalised_logprobs"],
+        false
+    );
+    assert!(
+        !run.join("metrics.jsonl").exists()
+            || std::fs::read_to_string(run.join("metrics.jsonl"))
+                .unwrap()
+                .is_empty()
+    );
+}
+
+/// `rlvr eval` takes the same rollout keys (issue 15 item 4): with `rollout.backend = "vllm"` and no
+/// server it stops with an error naming the server.
+#[test]
+fn eval_with_the_vllm_backend_names_a_missing_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let args = rlvr_train::cli::EvalArgs {
+        model,
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(2),
+        set: vec![
+            "rollout.backend=\"vllm\"".into(),
+            "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
+            "rollout.retries=0".into(),
+        ],
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(err.contains("vLLM server http://127.0.0.1:9"), "{err}");
+}

@@ -379,3 +379,83 @@ fn skipping_zero_gradient_rows_keeps_the_update() {
         }
     }
 }
+
+/// `algorithm.mismatch_correction` (issue 15 item 6) against reference values: with every
+/// behaviour log-prob ln 4 below the trainer's start-of-step log-prob (ρ_mismatch = 4 on every
+/// token), truncation at C = 2 (token or sequence: 4^n > 2) weighs every token's loss term by 2,
+/// so the loss is exactly twice the uncorrected loss on the same inputs; the masks with C = 2
+/// drop every token (loss 0); with ρ = 1 every correction leaves the loss as it is.
+#[test]
+fn mismatch_corrections_weigh_the_loss_by_reference_values() {
+    use rlvr_algo::MismatchCorrection as M;
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = common::tiny_model(tmp.path(), 6);
+    // (loss, gradient norm before clipping) of one trainer step.
+    let loss_with = |b: &[Experience], mc: M| -> (f64, f64) {
+        let model = Model::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
+        let mut alg = rlvr_algo::AlgorithmConfig::empty("grpo");
+        alg.kl_coef = None;
+        alg.mismatch_correction = Some(mc);
+        alg.mismatch_cap = Some(2.0);
+        let settings = TrainerSettings {
+            algorithm: alg.resolve().unwrap(),
+            train: TrainSection::default(),
+            temperature: 0.7,
+            max_new_tokens: 5,
+            pad_id: 0,
+        };
+        let mut t = Trainer::new(model, None, settings).unwrap();
+        let rep = t.step(b, 1, 1e-3, 0).unwrap();
+        (rep.loss.unwrap().loss, rep.grad_norm.unwrap())
+    };
+    let model = Model::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
+    let mut b = batch();
+    let rows: Vec<usize> = (0..b.len()).collect();
+    let lp = completion_logprobs(&model, &b, &rows, 0.7, 0).unwrap();
+    for (e, l) in b.iter_mut().zip(&lp) {
+        e.behaviour_logprobs = l.clone();
+    }
+    // ρ = 1: no change (the same update).
+    let plain = loss_with(&b, M::None);
+    assert!(plain.1 > 1e-6, "{plain:?}");
+    for mc in [
+        M::TokenTruncate,
+        M::SequenceTruncate,
+        M::TokenMask,
+        M::SequenceMask,
+    ] {
+        let l = loss_with(&b, mc);
+        assert!((l.0 - plain.0).abs() <= 1e-6, "{mc:?}: {l:?} vs {plain:?}");
+        assert!(
+            (l.1 - plain.1).abs() <= 1e-6 * plain.1,
+            "{mc:?}: {l:?} vs {plain:?}"
+        );
+    }
+    // ρ = 4 on every token.
+    for e in &mut b {
+        for x in &mut e.behaviour_logprobs {
+            *x -= 4f32.ln();
+        }
+    }
+    let plain = loss_with(&b, M::None);
+    assert!(plain.0.abs() > 1e-4 && plain.1 > 1e-6, "{plain:?}");
+    for mc in [M::TokenTruncate, M::SequenceTruncate] {
+        let l = loss_with(&b, mc);
+        assert!(
+            (l.0 - 2.0 * plain.0).abs() <= 1e-5 * plain.0.abs(),
+            "{mc:?}: {l:?} vs 2 × {plain:?}"
+        );
+        assert!(
+            (l.1 - 2.0 * plain.1).abs() <= 1e-5 * plain.1,
+            "{mc:?}: {l:?} vs 2 × {plain:?}"
+        );
+    }
+    for mc in [M::TokenMask, M::SequenceMask] {
+        assert_eq!(loss_with(&b, mc), (0.0, 0.0), "{mc:?}");
+    }
+    // gspo reads a sequence ratio over the mask: token-level corrections are refused.
+    let mut alg = rlvr_algo::AlgorithmConfig::empty("gspo");
+    alg.mismatch_correction = Some(M::TokenTruncate);
+    let err = alg.resolve().unwrap_err().to_string();
+    assert!(err.contains("mismatch_correction"), "{err}");
+}

@@ -11,6 +11,8 @@
 //!   and the log-prob-mode check (`--logprobs-mode processed_logprobs`).
 //! - [`refresh`]: the policy written as a checkpoint per version and reloaded on every server,
 //!   verified by scoring a fixed sequence.
+//! - [`VllmRollout`]: all of the above behind `rlvr_rollout::Rollout`, the explorer's boundary
+//!   (`rollout.backend = "vllm"` in rlvr-train).
 //! - [`correction`]: mismatch diagnostics and truncated / masked IS weights (pure functions).
 //!
 //! Servers must run with `--logprobs-mode processed_logprobs` (behaviour log-probs after
@@ -27,6 +29,7 @@ pub mod correction;
 pub mod error;
 pub mod http;
 pub mod refresh;
+pub mod rollout;
 
 pub use checks::{trainer_logprobs, ServerInfo};
 pub use client::{ClientConfig, VllmClient};
@@ -36,3 +39,4 @@ pub use correction::{
 pub use error::{Result, VllmError};
 pub use http::{RetryPolicy, Server};
 pub use refresh::{prune_versions, version_dir, write_weights, RefreshCheck, RefreshTimings};
+pub use rollout::{VllmRollout, VllmRolloutConfig};

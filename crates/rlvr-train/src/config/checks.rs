@@ -61,6 +61,9 @@ impl RawConfig {
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {
             bail!("rollout.top_p = {} must be in (0, 1]", r.top_p);
         }
+        if r.backend == super::RolloutBackend::Vllm {
+            check_vllm_keys(r)?;
+        }
         if s.interval == 0 {
             bail!("sync.interval must be at least 1 (1 = on-policy)");
         }
@@ -111,6 +114,51 @@ impl RawConfig {
             warnings,
         })
     }
+}
+
+/// The `rollout.*` keys of the vLLM backend (issue 15): servers given, positive limits, and
+/// truncated sampling only with `rollout.accept_renormalised_logprobs` (vLLM renormalises its
+/// behaviour log-probs over the kept tokens; the EOS ids are stop ids, so `min_new_tokens > 0`
+/// truncates too).
+fn check_vllm_keys(r: &super::RolloutSection) -> anyhow::Result<()> {
+    if r.servers.is_empty() {
+        bail!(
+            "rollout.backend = \"vllm\" needs rollout.servers, e.g. [\"http://127.0.0.1:8000\"] \
+             (README \"Scaling out with vLLM\" says how to start one)"
+        );
+    }
+    if r.served_model_name.is_empty() {
+        bail!("rollout.served_model_name is empty: give the --served-model-name the servers run");
+    }
+    if !(r.request_timeout_s.is_finite() && r.request_timeout_s > 0.0) {
+        bail!(
+            "rollout.request_timeout_s = {} must be > 0",
+            r.request_timeout_s
+        );
+    }
+    if r.in_flight == 0 {
+        bail!("rollout.in_flight must be at least 1");
+    }
+    if !(r.refresh_tolerance.is_finite() && r.refresh_tolerance > 0.0) {
+        bail!(
+            "rollout.refresh_tolerance = {} must be > 0",
+            r.refresh_tolerance
+        );
+    }
+    let truncated = r.top_p < 1.0 || r.top_k > 0 || r.min_new_tokens > 0;
+    if truncated && !r.accept_renormalised_logprobs {
+        bail!(
+            "rollout.top_p = {}, rollout.top_k = {}, rollout.min_new_tokens = {} with rollout.backend = \
+             \"vllm\": vLLM's behaviour log-probs are then renormalised over the kept tokens, while the \
+             native engine's ℓ_old is over the full vocabulary (DESIGN.md section 3), so the same config \
+             would train differently; set rollout.accept_renormalised_logprobs = true to accept that, or \
+             use top_p = 1, top_k = 0, min_new_tokens = 0",
+            r.top_p,
+            r.top_k,
+            r.min_new_tokens
+        );
+    }
+    Ok(())
 }
 
 impl ResolvedConfig {

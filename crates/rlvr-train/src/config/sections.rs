@@ -65,6 +65,51 @@ pub struct RolloutSection {
     /// Allow `group_size = 1`, which every group baseline turns into zero advantages (the policy
     /// never learns from rewards); for benchmarks. Default false: `group_size = 1` is an error.
     pub allow_group_size_one: bool,
+    /// The sampling engine: `native` (this process) or `vllm` (vLLM OpenAI-compatible servers
+    /// started with `--logprobs-mode processed_logprobs` and `VLLM_SERVER_DEV_MODE=1`; README
+    /// "Scaling out with vLLM"). Same experience records and staleness semantics. Default `native`.
+    pub backend: RolloutBackend,
+    /// vLLM backend: base URLs of the servers, e.g. `["http://127.0.0.1:8000"]`; groups are spread
+    /// over them. Required with `backend = "vllm"`.
+    pub servers: Vec<String>,
+    /// vLLM backend: the `--served-model-name` the servers run. Default `rlvr-policy`.
+    pub served_model_name: String,
+    /// vLLM backend: where each policy version is written as a checkpoint directory for the servers to
+    /// reload (a path they can read: a shared filesystem for remote servers). Default
+    /// `RUN_DIR/vllm-weights`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights_dir: Option<PathBuf>,
+    /// vLLM backend: the name of an environment variable holding the servers' API key (vLLM's
+    /// `--api-key`), sent as a bearer token; the key itself never reaches config.toml. Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// vLLM backend: whole-request timeout in seconds. Default 600.
+    pub request_timeout_s: f64,
+    /// vLLM backend: attempts after a failed request (back-off from 0.5 s, doubled); then the run
+    /// stops with a checkpoint and an error naming the server. Default 3.
+    pub retries: usize,
+    /// vLLM backend: requests (groups) in flight per server. Default 8.
+    pub in_flight: usize,
+    /// vLLM backend: accept `top_p < 1`, `top_k > 0` or `min_new_tokens > 0`, whose behaviour
+    /// log-probs vLLM renormalises over the kept tokens (not DESIGN.md section 3's full-vocabulary
+    /// ℓ_old of the native engine, so the ratio carries log(kept mass)); recorded in run.json.
+    /// Default false: such a config is refused.
+    pub accept_renormalised_logprobs: bool,
+    /// vLLM backend: largest max |ℓ_server − ℓ_trainer| (nats, T = 1) on the fixed sequence scored
+    /// after each weight refresh; above it the refresh failed (stale weights). ~1e-6 is seen with
+    /// `--dtype float32` servers; raise it for bf16 servers (~0.05). Default 0.01.
+    pub refresh_tolerance: f64,
+}
+
+/// `rollout.backend`: which engine samples (DESIGN.md section 12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutBackend {
+    /// rlvr's own engine in this process (rlvr-rollout).
+    #[default]
+    Native,
+    /// vLLM OpenAI-compatible servers (rlvr-vllm).
+    Vllm,
 }
 
 impl Default for RolloutSection {
@@ -79,6 +124,16 @@ impl Default for RolloutSection {
             stop: Vec::new(),
             max_batch_rows: 64,
             allow_group_size_one: false,
+            backend: RolloutBackend::Native,
+            servers: Vec::new(),
+            served_model_name: "rlvr-policy".into(),
+            weights_dir: None,
+            api_key_env: None,
+            request_timeout_s: 600.0,
+            retries: 3,
+            in_flight: 8,
+            accept_renormalised_logprobs: false,
+            refresh_tolerance: 0.01,
         }
     }
 }

@@ -1,0 +1,69 @@
+//! The trainer's side of `algorithm.mismatch_correction` ([`rlvr_algo::mismatch`]): the
+//! per-token correction weights c_it of a micro-batch, multiplied into its completion mask.
+
+use candle_core::{Device, Tensor};
+use rlvr_algo::{Algorithm, MismatchCorrection};
+use rlvr_vllm::{correction_weights, IsCorrection, IsLevel};
+
+use crate::experience::Experience;
+
+/// The correction `alg` selects, as `rlvr_vllm::correction_weights` takes it; `None` when off.
+pub fn is_correction(alg: &Algorithm) -> Option<IsCorrection> {
+    let c = alg.mismatch_cap;
+    let level = if alg.mismatch_correction.token_level() {
+        IsLevel::Token
+    } else {
+        IsLevel::Sequence
+    };
+    match alg.mismatch_correction {
+        MismatchCorrection::None => None,
+        MismatchCorrection::TokenTruncate | MismatchCorrection::SequenceTruncate => {
+            Some(IsCorrection::Truncate { level, cap: c })
+        }
+        MismatchCorrection::TokenMask | MismatchCorrection::SequenceMask => {
+            Some(IsCorrection::Mask {
+                level,
+                lo: 1.0 / c,
+                hi: c,
+            })
+        }
+    }
+}
+
+/// The micro-batch `mb`'s mask `[b, C]` (f32, on the CPU) with each completion token's 1 replaced
+/// by its correction weight c_it from `start_lp[i]` (ℓ_trainer at the start of the step) and the
+/// row's behaviour log-probs (ℓ_sampler); padding stays 0.
+///
+/// # Errors
+/// Tensor errors; a row whose start log-probs and completion differ in length.
+pub(crate) fn corrected_mask(
+    batch: &[Experience],
+    mb: &[usize],
+    mask_host: &[Vec<f32>],
+    start_lp: &[Vec<f32>],
+    alg: &Algorithm,
+) -> anyhow::Result<Tensor> {
+    let c_max = mask_host.first().map_or(0, |r| r.len());
+    let mut m = vec![0f32; mb.len() * c_max];
+    let corr = is_correction(alg);
+    for (r, &i) in mb.iter().enumerate() {
+        let e = &batch[i];
+        let n = e.completion_ids.len();
+        let w = match corr {
+            Some(c) if n > 0 => {
+                anyhow::ensure!(
+                    start_lp[i].len() == n && e.behaviour_logprobs.len() == n,
+                    "row {i}: {} start log-probs and {} behaviour log-probs for {n} tokens",
+                    start_lp[i].len(),
+                    e.behaviour_logprobs.len()
+                );
+                correction_weights(&start_lp[i], &e.behaviour_logprobs, c)
+            }
+            _ => vec![1.0; n],
+        };
+        for j in 0..n.min(c_max) {
+            m[r * c_max + j] = mask_host[r][j] * w[j];
+        }
+    }
+    Ok(Tensor::from_vec(m, (mb.len(), c_max), &Device::Cpu)?)
+}

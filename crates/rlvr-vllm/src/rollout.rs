@@ -1,0 +1,206 @@
+//! [`VllmRollout`]: the vLLM servers behind rlvr's [`Rollout`] boundary, so that the explorer,
+//! checkpoints and resume treat them as they treat the native engine (DESIGN.md sections 3 and 12).
+//!
+//! - `load_weights(version, w)`: the weights go into a local copy of the policy (which the
+//!   checkpoint saves as the explorer's weights when their version differs from the trainer's, and
+//!   which scores the refresh check), are written as the checkpoint directory of `version` under
+//!   `weights_dir` (`lm_head.weight` written for tied models), reloaded on every server (pause,
+//!   `reload_weights`, reset prefix cache, resume), verified by scoring a fixed sequence against
+//!   the local copy's log-probs, and older version directories are deleted
+//!   ([`VllmClient::refresh`]). The first successful push also runs the log-prob-mode check
+//!   ([`VllmClient::check_logprob_mode`]).
+//! - `sample`: one request per group, groups spread over the servers concurrently
+//!   ([`VllmClient::sample`]); a failure fails the whole call, so nothing is trained on a partial
+//!   group.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+use rlvr_model::{Model, TokenizerBundle};
+use rlvr_rollout::{GroupResult, PromptIds, Rollout, RolloutError, SamplingParams};
+
+use crate::checks::{trainer_logprobs, ServerInfo};
+use crate::client::{ClientConfig, VllmClient};
+use crate::error::{Result, VllmError};
+use crate::refresh::{RefreshCheck, RefreshTimings};
+
+/// Tokens sampled by the log-prob-mode check after the first push.
+const MODE_CHECK_TOKENS: usize = 16;
+
+/// Settings of [`VllmRollout`] beyond the client's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmRolloutConfig {
+    /// The client (servers, served name, key, timeout, retries, in-flight requests, truncated
+    /// sampling acceptance).
+    pub client: ClientConfig,
+    /// Where the checkpoint directory of each version is written; the servers must read the same
+    /// path (a shared filesystem for remote servers).
+    pub weights_dir: PathBuf,
+    /// Largest accepted max |ℓ_server − ℓ_local| (nats, T = 1) on the refresh check sequence.
+    pub refresh_tolerance: f64,
+}
+
+/// The vLLM backend of the explorer. See the module docs.
+pub struct VllmRollout {
+    client: VllmClient,
+    /// The policy at [`Rollout::version`] (a copy owned by this backend).
+    model: Model,
+    weights_dir: PathBuf,
+    tolerance: f64,
+    /// The refresh check's fixed prompt and completion (ids spread over the vocabulary).
+    check_prompt: Vec<u32>,
+    check_completion: Vec<u32>,
+    mode_checked: bool,
+    last_refresh: Option<RefreshTimings>,
+    infos: Vec<ServerInfo>,
+}
+
+/// `n` ids spread over a vocabulary of `vocab` by a fixed stride from `start` (a fixed, model-
+/// independent sequence for scoring).
+fn spread_ids(n: usize, start: u64, vocab: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((start + 7919 * i) % vocab as u64) as u32)
+        .collect()
+}
+
+fn backend_err(e: VllmError) -> RolloutError {
+    RolloutError::Backend(Box::new(e))
+}
+
+impl VllmRollout {
+    /// Connects to the servers and runs the start-up checks ([`VllmClient::check_servers`]:
+    /// health, served name, `max_model_len ≥ longest_prompt + max_new_tokens`, tokenizer
+    /// agreement). No weights are pushed yet: the caller's first [`Rollout::load_weights`] does
+    /// that (at start and on resume alike) and then checks the log-prob mode.
+    ///
+    /// `model` is the policy (copied: the backend keeps its own weights); `tokenizer` cuts stop
+    /// strings and probes the servers' tokenizers.
+    ///
+    /// # Errors
+    /// [`VllmError::Config`] for a bad client config; a failed check naming the server.
+    pub fn connect(
+        config: VllmRolloutConfig,
+        model: &Model,
+        tokenizer: &TokenizerBundle,
+        longest_prompt: usize,
+        max_new_tokens: usize,
+    ) -> Result<Self> {
+        let client = VllmClient::new(config.client)?.with_tokenizer(tokenizer.tokenizer.clone());
+        let infos = client.check_servers(tokenizer, longest_prompt, max_new_tokens)?;
+        let vocab = model.config().vocab_size;
+        Ok(Self {
+            client,
+            model: model.try_clone()?,
+            weights_dir: config.weights_dir,
+            tolerance: config.refresh_tolerance,
+            check_prompt: spread_ids(6, 11, vocab),
+            check_completion: spread_ids(12, 5003, vocab),
+            mode_checked: false,
+            last_refresh: None,
+            infos,
+        })
+    }
+
+    /// What each server reported at start-up.
+    pub fn servers(&self) -> &[ServerInfo] {
+        &self.infos
+    }
+
+    /// The timings of the last successful refresh.
+    pub fn last_refresh(&self) -> Option<RefreshTimings> {
+        self.last_refresh
+    }
+
+    /// The directory the versions are written under.
+    pub fn weights_dir(&self) -> &Path {
+        &self.weights_dir
+    }
+
+    /// The client.
+    pub fn client(&self) -> &VllmClient {
+        &self.client
+    }
+
+    /// Pushes the local copy's weights as `version` (see the module docs).
+    fn push(&mut self, version: u64) -> Result<()> {
+        let expected =
+            trainer_logprobs(&self.model, &self.check_prompt, &self.check_completion, 1.0)?;
+        let check = RefreshCheck {
+            prompt: self.check_prompt.clone(),
+            completion: self.check_completion.clone(),
+            expected,
+            tolerance: self.tolerance,
+        };
+        let tensors = rlvr_rollout::named_tensors(&self.model);
+        let timings = self.client.refresh(
+            &self.weights_dir,
+            version,
+            &tensors,
+            self.model.config(),
+            &check,
+        )?;
+        self.last_refresh = Some(timings);
+        if !self.mode_checked {
+            self.client
+                .check_logprob_mode(&self.model, &self.check_prompt, MODE_CHECK_TOKENS)?;
+            self.mode_checked = true;
+        }
+        Ok(())
+    }
+}
+
+impl Rollout for VllmRollout {
+    fn version(&self) -> u64 {
+        self.client.version()
+    }
+
+    /// On an error the servers' weights are unknown: the client refuses to sample until a later
+    /// refresh succeeds, and [`Rollout::version`] and the local copy already hold `version`
+    /// (a checkpoint written then records the explorer at the trainer's version, so a resume
+    /// pushes the trainer's weights again).
+    fn load_weights(
+        &mut self,
+        version: u64,
+        weights: &[(String, Tensor)],
+    ) -> rlvr_rollout::Result<()> {
+        if let Some((name, _)) = self
+            .model
+            .named_vars()
+            .into_iter()
+            .find(|(n, _)| !weights.iter().any(|(m, _)| m == n))
+        {
+            return Err(backend_err(VllmError::Config(format!(
+                "load_weights: weight `{name}` of version {version} is missing"
+            ))));
+        }
+        self.model.load_named(weights)?;
+        let r = self.push(version);
+        if r.is_err() {
+            // The servers may hold anything now; sampling is refused by the client.
+            self.client.set_version(version);
+        }
+        r.map_err(backend_err)
+    }
+
+    fn sample(
+        &mut self,
+        prompts: &[PromptIds],
+        first_index: usize,
+        params: &SamplingParams,
+        seed: u64,
+    ) -> rlvr_rollout::Result<Vec<GroupResult>> {
+        let out = self
+            .client
+            .sample(prompts, params, seed, first_index)
+            .map_err(backend_err)?;
+        // `VllmClient::sample` returns every group or fails: B·K completions in (prompt, sample) order.
+        let k = params.group_size;
+        Ok(out.chunks(k).map(|g| Ok(g.to_vec())).collect())
+    }
+
+    /// The local copy of the policy at [`Rollout::version`]: the run checkpoints it as the
+    /// explorer's weights and `train.recompute_behaviour` scores with it.
+    fn local_model(&self) -> Option<&Model> {
+        Some(&self.model)
+    }
+}
