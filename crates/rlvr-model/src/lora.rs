@@ -382,7 +382,17 @@ pub fn read_adapter_config(adapter_dir: &Path) -> Result<(LoraConfig, Option<Pat
             return Err(bad(format!("a non-empty {key} is not supported")));
         }
     }
-    for key in ["layers_to_transform", "modules_to_save"] {
+    if v.get("lora_bias").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("lora_bias = true is not supported".into()));
+    }
+    for key in [
+        "layers_to_transform",
+        "modules_to_save",
+        "exclude_modules",
+        "layer_replication",
+        "target_parameters",
+        "trainable_token_indices",
+    ] {
         if v.get(key).is_some_and(|x| !x.is_null()) {
             return Err(bad(format!("{key} is not supported")));
         }
