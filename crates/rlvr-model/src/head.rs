@@ -232,20 +232,21 @@ impl Model {
         } else {
             // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
             // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
-            let w = self.lm_head.weight.get(grad && self.lora.is_none());
+            // A frozen head (LoRA) gets no ∂W.
+            let train_w = self.lora.is_none();
+            let w = self.lm_head.weight.get(grad && train_w);
             let chunk = crate::chunked::chunk_width(
                 n,
                 self.config().vocab_size,
                 crate::chunked::CHUNK_ELEMS,
             );
-            crate::chunked::chunked_logprobs(
+            crate::chunked::chunked_logprobs_head(
                 &h.contiguous()?,
                 w,
                 &targets.to_vec1()?,
-                temperature,
-                with_entropy,
-                chunk,
+                (temperature, with_entropy, chunk),
                 grad,
+                train_w,
             )
         }
     }
