@@ -120,6 +120,15 @@ fn adapter_off_model_equals_the_base_and_adapters_change_outputs() {
     assert_eq!(logprobs(&c), adapted);
     randomise_b(&c, 2);
     assert_eq!(logprobs(&m), adapted, "the clone's adapters are its own");
+    // ... and its base is the same storage: a write to the original's base shows in the clone.
+    let (name, w) = m
+        .base_vars()
+        .into_iter()
+        .find(|(n, _)| n.ends_with("q_proj.weight"))
+        .unwrap();
+    let before = logprobs(&c);
+    w.set(&(w.as_tensor() * 1.5).unwrap()).unwrap();
+    assert_ne!(logprobs(&c), before, "{name} is shared");
 }
 
 /// ∂(Σ w·ℓ)/∂θ for every adapter entry vs central differences, in f64.

@@ -36,7 +36,8 @@ pub struct ModelSection {
     /// `q_proj` … `down_proj`). Default all seven.
     pub lora_targets: Vec<LoraTarget>,
     /// Dropout probability on the adapters' input in training forwards, in [0, 1) (PEFT's
-    /// `lora_dropout`; sampling and scoring never drop). Default 0.
+    /// `lora_dropout`; sampling and scoring never drop, so dropout > 0 makes even staleness-0 data
+    /// slightly off-policy; the masks' seeded stream restarts on resume). Default 0.
     pub lora_dropout: f64,
 }
 
