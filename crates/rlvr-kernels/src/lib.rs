@@ -47,7 +47,7 @@ pub mod skinny;
 mod storage;
 pub mod token_logprob;
 
-pub use lm_head::{LmHeadLogprobOp, LogitStash, STASH_MAX_BYTES};
+pub use lm_head::{FrozenHeadLogprobOp, LmHeadLogprobOp, LogitStash, STASH_MAX_BYTES};
 pub use packed_head::PackedHead;
 pub use skinny::skinny_matmul;
 pub use token_logprob::TokenLogprobOp;

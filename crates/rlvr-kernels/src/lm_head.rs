@@ -256,6 +256,7 @@ impl candle_core::CustomOp2 for LmHeadLogprobOp {
             fwd: self.clone(),
             grad: g,
             res: r,
+            weight_grad: true,
         };
         let both = h.apply_op2_no_bwd(w, &op)?;
         let v = both.dim(0)? - n;
@@ -274,6 +275,8 @@ struct LmHeadLogprobGradOp {
     grad: Vec<f32>,
     /// Forward output `[N, 2]` (ℓ_y, H), row-major.
     res: Vec<f32>,
+    /// Compute `∂W` too (rows `N..N+V` of the output); false: the output is `∂h` `[N, H]` only.
+    weight_grad: bool,
 }
 
 /// What one vocabulary chunk's backward reads: the inputs and each row's (lse, g_ℓ, g_H, H).
@@ -281,6 +284,7 @@ struct GradCtx<'a> {
     h: &'a [f32],
     w: &'a [f32],
     n: usize,
+    v: usize,
     hd: usize,
     rows: &'a [[f32; 4]],
     targets: &'a [u32],
@@ -289,12 +293,12 @@ struct GradCtx<'a> {
 
 impl GradCtx<'_> {
     /// Chunk `c`'s backward: its logits (recomputed into scratch `z`, or read from its slot of
-    /// the stash when `stashed`) → ∂s in place; `gw` (this chunk's rows of ∂W) = inv_t·Gᵀ·h and
-    /// `acc` (∂h, `[n, hd]`) += inv_t·G·W_c, where ∂z = inv_t·∂s.
+    /// the stash when `stashed`) → ∂s in place; `gw` (this chunk's rows of ∂W; empty: no ∂W) =
+    /// inv_t·Gᵀ·h and `acc` (∂h, `[n, hd]`) += inv_t·G·W_c, where ∂z = inv_t·∂s.
     fn chunk(&self, acc: &mut [f32], z: &mut [f32], c: usize, gw: &mut [f32], stashed: bool) {
         let (n, hd, inv_t) = (self.n, self.hd, self.inv_t);
         let c0 = c * VOCAB_CHUNK;
-        let vc = gw.len() / hd;
+        let vc = VOCAB_CHUNK.min(self.v - c0);
         for r0 in (0..n).step_by(ROW_BLOCK) {
             let rb = ROW_BLOCK.min(n - r0);
             let z = if stashed {
@@ -313,18 +317,20 @@ impl GradCtx<'_> {
                 }
             }
             let z: &[f32] = z;
-            // ∂W_c[vc, hd] (+)= inv_t · Gᵀ[vc, rb] · h[rb, hd].
-            let gt = MatRef {
-                data: z,
-                rs: 1,
-                cs: vc,
-            };
-            let hb = MatRef {
-                data: &self.h[r0 * hd..],
-                rs: hd,
-                cs: 1,
-            };
-            sgemm(vc, hd, rb, gw, hd, r0 > 0, gt, hb, inv_t);
+            if !gw.is_empty() {
+                // ∂W_c[vc, hd] (+)= inv_t · Gᵀ[vc, rb] · h[rb, hd].
+                let gt = MatRef {
+                    data: z,
+                    rs: 1,
+                    cs: vc,
+                };
+                let hb = MatRef {
+                    data: &self.h[r0 * hd..],
+                    rs: hd,
+                    cs: 1,
+                };
+                sgemm(vc, hd, rb, gw, hd, r0 > 0, gt, hb, inv_t);
+            }
             // ∂h[rb, hd] += inv_t · G[rb, vc] · W_c[vc, hd].
             let g = MatRef {
                 data: z,
@@ -378,12 +384,14 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
             h,
             w,
             n,
+            v,
             hd,
             rows: &rows,
             targets: &f.targets,
             inv_t: f.inv_t,
         };
-        let mut out = vec![0f32; (n + v) * hd];
+        let wrows = if self.weight_grad { v } else { 0 };
+        let mut out = vec![0f32; (n + wrows) * hd];
         let (gh_out, gw_out) = out.split_at_mut(n * hd);
         let mut kept = f
             .stash
@@ -392,33 +400,47 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
             .filter(|k| k.len() == n * v);
         // A fixed split of the chunks into groups (see `dh_groups`): group g owns chunks
         // [g·per, (g+1)·per), its rows of ∂W, its slots of the stash and its own ∂h partial sum.
+        // Without ∂W each group gets an empty ∂W slice (the ∂h sums are the same).
         let nchunks = v.div_ceil(VOCAB_CHUNK);
         let per = nchunks.div_ceil(dh_groups(n, hd, nchunks));
+        let ngroups = nchunks.div_ceil(per);
+        let gw_groups: Vec<&mut [f32]> = if self.weight_grad {
+            gw_out.chunks_mut(per * VOCAB_CHUNK * hd).collect()
+        } else {
+            (0..ngroups).map(|_| <&mut [f32]>::default()).collect()
+        };
+        // Chunk i of a group's ∂W rows (empty without ∂W).
+        let chunk_gw = |total: usize, i: usize| -> std::ops::Range<usize> {
+            let len = VOCAB_CHUNK * hd;
+            (i * len).min(total)..((i + 1) * len).min(total)
+        };
+        let in_group = |g: usize| (g * per..((g + 1) * per).min(nchunks)).enumerate();
         let mut partials: Vec<Vec<f32>> = Vec::new();
         match kept.as_mut() {
-            Some(kept) => gw_out
-                .par_chunks_mut(per * VOCAB_CHUNK * hd)
+            Some(kept) => gw_groups
+                .into_par_iter()
                 .zip(kept.par_chunks_mut(per * VOCAB_CHUNK * n))
                 .enumerate()
                 .map(|(g, (gw, z))| {
                     let mut acc = vec![0f32; n * hd];
-                    let chunks = gw
-                        .chunks_mut(VOCAB_CHUNK * hd)
-                        .zip(z.chunks_mut(VOCAB_CHUNK * n));
-                    for (i, (gw, z)) in chunks.enumerate() {
-                        ctx.chunk(&mut acc, z, g * per + i, gw, true);
+                    let mut zs = z.chunks_mut(VOCAB_CHUNK * n);
+                    for (i, c) in in_group(g) {
+                        let z = zs.next().expect("one stash slot per chunk");
+                        let r = chunk_gw(gw.len(), i);
+                        ctx.chunk(&mut acc, z, c, &mut gw[r], true);
                     }
                     acc
                 })
                 .collect_into_vec(&mut partials),
-            None => gw_out
-                .par_chunks_mut(per * VOCAB_CHUNK * hd)
+            None => gw_groups
+                .into_par_iter()
                 .enumerate()
                 .map(|(g, gw)| {
                     let mut acc = vec![0f32; n * hd];
                     let mut z = vec![0f32; ROW_BLOCK.min(n) * VOCAB_CHUNK];
-                    for (i, gw) in gw.chunks_mut(VOCAB_CHUNK * hd).enumerate() {
-                        ctx.chunk(&mut acc, &mut z, g * per + i, gw, false);
+                    for (i, c) in in_group(g) {
+                        let r = chunk_gw(gw.len(), i);
+                        ctx.chunk(&mut acc, &mut z, c, &mut gw[r], false);
                     }
                     acc
                 })
@@ -431,6 +453,47 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
         for p in &partials {
             gh_out.iter_mut().zip(p).for_each(|(x, y)| *x += y);
         }
-        Ok((CpuStorage::F32(out), Shape::from((n + v, hd))))
+        Ok((CpuStorage::F32(out), Shape::from((n + wrows, hd))))
+    }
+}
+
+/// [`LmHeadLogprobOp`] over a frozen head weight: the same forward (bit-identical values), and a
+/// backward that gives `∂h` only (bit-identical to [`LmHeadLogprobOp`]'s: the same chunk groups,
+/// summed in the same order) and computes no `∂W` (a third of the head's backward matmul work,
+/// and no `[V, H]` gradient). For LoRA training, where the lm_head is not trained.
+#[derive(Clone)]
+pub struct FrozenHeadLogprobOp(pub LmHeadLogprobOp);
+
+impl candle_core::CustomOp2 for FrozenHeadLogprobOp {
+    fn name(&self) -> &'static str {
+        "lm-head-logprob-entropy-frozen-head"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.0.cpu_fwd(s1, l1, s2, l2)
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let g: Vec<f32> = grad_res.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+        let r: Vec<f32> = res.flatten_all()?.to_vec1()?;
+        let op = LmHeadLogprobGradOp {
+            fwd: self.0.clone(),
+            grad: g,
+            res: r,
+            weight_grad: false,
+        };
+        Ok((Some(h.apply_op2_no_bwd(w, &op)?), None))
     }
 }

@@ -70,6 +70,24 @@ pub fn chunked_logprobs(
     chunk: usize,
     grad: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    let op = (temperature, with_entropy, chunk);
+    chunked_logprobs_head(h, w, targets, op, grad, true)
+}
+
+/// [`chunked_logprobs`] with the head weight's gradient optional: `weight_grad = false` (a frozen
+/// lm_head, LoRA) gives the same values and `∂h` and computes no `∂W`. `op` is (temperature,
+/// with_entropy, chunk).
+///
+/// # Errors
+/// As [`chunked_logprobs`].
+pub fn chunked_logprobs_head(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &[u32],
+    (temperature, with_entropy, chunk): (f64, bool, usize),
+    grad: bool,
+    weight_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
     let (n, hd) = h.dims2()?;
     let (v, hd2) = w.dims2()?;
     if hd != hd2 || targets.len() != n || chunk == 0 {
@@ -89,6 +107,7 @@ pub fn chunked_logprobs(
         entropy: with_entropy,
         chunk,
         lse: None,
+        weight_grad,
     };
     let (out, lse) = op.forward(&h.detach(), &w.detach())?;
     let out = if grad {
@@ -118,6 +137,8 @@ struct ChunkedHead {
     chunk: usize,
     /// Per-row log-sum-exp of the scaled logits `[N, 1]` (upcast dtype), from the forward.
     lse: Option<Tensor>,
+    /// Compute `∂W` in the backward (false: a frozen head).
+    weight_grad: bool,
 }
 
 impl ChunkedHead {
@@ -196,14 +217,15 @@ impl ChunkedHead {
         Ok((out, lse))
     }
 
-    /// Gradients w.r.t. `h` `[N, H]` and `W` `[V, H]` (their dtypes) for upstream `g` `[N, 2]`.
+    /// Gradients w.r.t. `h` `[N, H]` and `W` `[V, H]` (their dtypes; `W`'s only when
+    /// `weight_grad`) for upstream `g` `[N, 2]`.
     fn backward(
         &self,
         h: &Tensor,
         w: &Tensor,
         res: &Tensor,
         g: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let (n, hd) = h.dims2()?;
         let v = w.dim(0)?;
         let acc = upcast(h.dtype());
@@ -242,9 +264,15 @@ impl ChunkedHead {
             let dz = (ds * self.inv_t)?.to_dtype(h.dtype())?;
             let wc = w.narrow(0, c0, cs)?;
             dh = (dh + dz.matmul(&wc)?.to_dtype(acc)?)?;
-            dw.push(dz.t()?.matmul(h)?.to_dtype(w.dtype())?);
+            if self.weight_grad {
+                dw.push(dz.t()?.matmul(h)?.to_dtype(w.dtype())?);
+            }
         }
-        let dw = Tensor::cat(&dw, 0)?;
+        let dw = if self.weight_grad {
+            Some(Tensor::cat(&dw, 0)?)
+        } else {
+            None
+        };
         Ok((dh.to_dtype(h.dtype())?, dw))
     }
 }
@@ -312,6 +340,6 @@ impl CustomOp3 for ChunkedHead {
         let (dh, dw) = self
             .backward(&h.detach(), &w.detach(), &res.detach(), &grad_res.detach())
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        Ok((Some(dh), Some(dw), None))
+        Ok((Some(dh), dw, None))
     }
 }

@@ -3,7 +3,7 @@
 //! reference elsewhere.
 
 use candle_core::{DType, Tensor, D};
-use rlvr_kernels::{LmHeadLogprobOp, LogitStash, STASH_MAX_BYTES};
+use rlvr_kernels::{FrozenHeadLogprobOp, LmHeadLogprobOp, LogitStash, STASH_MAX_BYTES};
 
 use crate::error::{ModelError, Result};
 use crate::model::{position_ids, Model};
@@ -201,7 +201,9 @@ impl Model {
         {
             // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
             // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
-            let w = self.lm_head.weight.get(grad);
+            // The head weight trains only without LoRA (frozen: no ∂W, FrozenHeadLogprobOp).
+            let train_w = grad && self.lora.is_none();
+            let w = self.lm_head.weight.get(train_w);
             // Training keeps the logits for the backward when they fit in STASH_MAX_BYTES.
             let stash = if grad {
                 let v = self.config().vocab_size;
@@ -215,7 +217,11 @@ impl Model {
                 entropy: with_entropy,
                 stash,
             };
-            let out = h.contiguous()?.apply_op2(w, op)?;
+            let out = if train_w || !grad {
+                h.contiguous()?.apply_op2(w, op)?
+            } else {
+                h.contiguous()?.apply_op2(w, FrozenHeadLogprobOp(op))?
+            };
             let lp = out.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
             let ent = if with_entropy {
                 Some(out.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?)
@@ -226,20 +232,21 @@ impl Model {
         } else {
             // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
             // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
-            let w = self.lm_head.weight.get(grad);
+            // A frozen head (LoRA) gets no ∂W.
+            let train_w = self.lora.is_none();
+            let w = self.lm_head.weight.get(grad && train_w);
             let chunk = crate::chunked::chunk_width(
                 n,
                 self.config().vocab_size,
                 crate::chunked::CHUNK_ELEMS,
             );
-            crate::chunked::chunked_logprobs(
+            crate::chunked::chunked_logprobs_head(
                 &h.contiguous()?,
                 w,
                 &targets.to_vec1()?,
-                temperature,
-                with_entropy,
-                chunk,
+                (temperature, with_entropy, chunk),
                 grad,
+                train_w,
             )
         }
     }

@@ -17,11 +17,13 @@ use crate::error::Result;
 use crate::kv::KvStore;
 use crate::ops::{rms_norm, rotate_half, softmax, upcast};
 
-/// How a forward runs: with the autograd graph (`grad`), and whether the decode fast path may be
-/// used (`fast`: cached inference, never with `grad`).
+/// How a forward runs: with the autograd graph (`grad`), through the base weights too (`base`:
+/// false when only LoRA adapters train, so the frozen base gets no gradient), and whether the
+/// decode fast path may be used (`fast`: cached inference, never with `grad`).
 #[derive(Clone, Copy)]
 pub(crate) struct Pass {
     pub grad: bool,
+    pub base: bool,
     pub fast: bool,
 }
 
@@ -35,7 +37,7 @@ pub(crate) struct Param {
 }
 
 impl Param {
-    fn new(name: String, var: Var) -> Self {
+    pub(crate) fn new(name: String, var: Var) -> Self {
         let frozen = var.as_tensor().detach();
         Self { name, var, frozen }
     }
@@ -94,11 +96,13 @@ impl<'a, 'b> Vb<'a, 'b> {
     }
 }
 
-/// `x · wᵀ + b` over the last dimension: x `[.., in]`, w `[out, in]` → `[.., out]`.
+/// `x · wᵀ + b` over the last dimension: x `[.., in]`, w `[out, in]` → `[.., out]`, plus a LoRA
+/// adapter's `(α/r)·B·(A·x)` when one is attached ([`crate::lora`]).
 #[derive(Clone)]
 pub(crate) struct Linear {
     pub weight: Param,
     pub bias: Option<Param>,
+    pub lora: Option<crate::lora::Adapter>,
 }
 
 impl Linear {
@@ -106,16 +110,24 @@ impl Linear {
     pub fn new(vb: Vb, out: usize, inp: usize, bias: bool) -> Result<Self> {
         let weight = vb.get("weight", &[out, inp])?;
         let bias = vb.get_if(bias, "bias", &[out])?;
-        Ok(Self { weight, bias })
+        Ok(Self {
+            weight,
+            bias,
+            lora: None,
+        })
     }
 
     /// A linear layer over an existing weight (the lm_head tied to the embedding).
     pub fn tied(weight: Param) -> Self {
-        Self { weight, bias: None }
+        Self {
+            weight,
+            bias: None,
+            lora: None,
+        }
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        let w = self.weight.get(pass.grad);
+        let w = self.weight.get(pass.base);
         let dims = x.dims();
         let inner = *dims.last().expect("linear input has a last dimension");
         let rows: usize = dims[..dims.len() - 1].iter().product();
@@ -131,7 +143,11 @@ impl Linear {
             None => x2.matmul(&w.t()?)?,
         };
         let y = match &self.bias {
-            Some(b) => y.broadcast_add(b.get(pass.grad))?,
+            Some(b) => y.broadcast_add(b.get(pass.base))?,
+            None => y,
+        };
+        let y = match &self.lora {
+            Some(a) => a.forward(&x2, &y, pass)?,
             None => y,
         };
         let mut out = dims.to_vec();
@@ -162,7 +178,7 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        rms_norm(x, self.weight.get(pass.grad), self.eps)
+        rms_norm(x, self.weight.get(pass.base), self.eps)
     }
 }
 
@@ -381,9 +397,9 @@ impl Mlp {
 #[derive(Clone)]
 pub(crate) struct DecoderLayer {
     input_norm: RmsNorm,
-    attn: Attention,
+    pub attn: Attention,
     post_norm: RmsNorm,
-    mlp: Mlp,
+    pub mlp: Mlp,
 }
 
 impl DecoderLayer {
@@ -409,6 +425,35 @@ impl DecoderLayer {
         let x = (x + self.attn.forward(&h, rope_cs, bias, cache, pass)?)?;
         let h = self.post_norm.forward(&x, pass)?;
         Ok((&x + self.mlp.forward(&h, pass)?)?)
+    }
+
+    /// The layer's seven projections with their module names under the layer (PEFT's
+    /// `target_modules` names: `q_proj` … `down_proj`), in checkpoint order.
+    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 7] {
+        let (a, m) = (&mut self.attn, &mut self.mlp);
+        [
+            ("self_attn.q_proj", &mut a.q_proj),
+            ("self_attn.k_proj", &mut a.k_proj),
+            ("self_attn.v_proj", &mut a.v_proj),
+            ("self_attn.o_proj", &mut a.o_proj),
+            ("mlp.gate_proj", &mut m.gate_proj),
+            ("mlp.up_proj", &mut m.up_proj),
+            ("mlp.down_proj", &mut m.down_proj),
+        ]
+    }
+
+    /// [`DecoderLayer::linears_mut`], shared.
+    pub fn linears(&self) -> [(&'static str, &Linear); 7] {
+        let (a, m) = (&self.attn, &self.mlp);
+        [
+            ("self_attn.q_proj", &a.q_proj),
+            ("self_attn.k_proj", &a.k_proj),
+            ("self_attn.v_proj", &a.v_proj),
+            ("self_attn.o_proj", &a.o_proj),
+            ("mlp.gate_proj", &m.gate_proj),
+            ("mlp.up_proj", &m.up_proj),
+            ("mlp.down_proj", &m.down_proj),
+        ]
     }
 
     /// The layer's params in checkpoint order.

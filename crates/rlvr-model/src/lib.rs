@@ -8,6 +8,7 @@
 //!   (`layers`), in candle's model-file layout.
 //! - [`kv`]: the [`KvStore`] interface of cached decoding and the reference [`KvCache`].
 //! - [`tokenizer`]: tokenizer.json, special tokens, EOS ids, chat templates (minijinja).
+//! - [`lora`]: LoRA adapters on the decoder's projections (PEFT's math, files and names).
 //! - [`checkpoint`]: loading a whole model directory and writing one (`rlvr init`, checkpoints).
 
 pub mod checkpoint;
@@ -18,6 +19,7 @@ pub mod error;
 mod head;
 pub mod kv;
 mod layers;
+pub mod lora;
 pub mod model;
 pub mod ops;
 pub mod optim;
@@ -30,6 +32,7 @@ pub use device::{ComputeDtype, DeviceSpec};
 pub use error::{ModelError, Result};
 pub use head::LogProbs;
 pub use kv::{KvCache, KvStore};
+pub use lora::{LoraConfig, LoraTarget};
 pub use model::Model;
 /// Largest `[N, V]` f32 logits (bytes) the CPU's fused head keeps for its backward
 /// (`rlvr_kernels::LogitStash`); memory estimates (`rlvr plan`) count it.

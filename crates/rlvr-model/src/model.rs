@@ -38,12 +38,15 @@ pub const MASK_BIAS: f32 = -1e30;
 /// ([`Model::named_vars`]); the training forward builds the autograd graph through them, the
 /// other forwards use detached handles on the same storage. `clone()` shares the weights (an
 /// in-place update through one is seen by the other, as for `Var`); [`Model::try_clone`] copies.
+///
+/// With LoRA adapters attached ([`Model::add_lora`], or loaded from a checkpoint's `adapter/`)
+/// the trainable weights are the adapters only and the base is frozen (module [`crate::lora`]).
 #[derive(Clone)]
 pub struct Model {
     config: ModelConfig,
-    embed: Param,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
+    pub(crate) embed: Param,
+    pub(crate) layers: Vec<DecoderLayer>,
+    pub(crate) norm: RmsNorm,
     /// The output projection; shares `embed`'s weight when tied.
     pub(crate) lm_head: Linear,
     tied: bool,
@@ -52,6 +55,11 @@ pub struct Model {
     dtype: DType,
     /// Recompute each decoder layer's forward in the backward ([`crate::recompute`]).
     checkpointing: bool,
+    /// The LoRA adapters' settings when adapters are attached (then the base is frozen).
+    pub(crate) lora: Option<crate::lora::LoraConfig>,
+    /// The directory the base weights were loaded from (`base_model_name_or_path` of a saved
+    /// adapter); `None` for a random model.
+    pub(crate) source: Option<std::path::PathBuf>,
 }
 
 /// Converts an attention mask `[B, T]` (1 = token, 0 = padding) to position ids: the number of
@@ -86,7 +94,20 @@ impl Model {
     ///
     /// Errors: missing config.json or weights, unknown `model_type`, a missing tensor or a shape
     /// mismatch; each names the file and the tensor.
+    ///
+    /// A directory with a LoRA adapter (`adapter/adapter_config.json`, as rlvr's checkpoints
+    /// write, or `adapter_config.json` at the top, as PEFT's `save_pretrained` does) loads its
+    /// base (the directory's own weights when it has them, else `base_model_name_or_path`) and
+    /// attaches the adapter: see [`crate::lora::find_adapter`].
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        if let Some(adapter) = crate::lora::find_adapter(dir) {
+            return crate::lora::load_with_adapter(dir, &adapter, dtype, device);
+        }
+        Self::load_base(dir, dtype, device)
+    }
+
+    /// [`Model::load`] of the weights in `dir` alone (any adapter there is ignored).
+    pub fn load_base(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
         let cfg_path = dir.join("config.json");
         if !cfg_path.exists() {
             return Err(ModelError::MissingFile {
@@ -99,7 +120,9 @@ impl Model {
         let mut load = |name: &str, shape: &[usize]| -> Result<Var> {
             Ok(Var::from_tensor(&files.load(name, shape, dtype, device)?)?)
         };
-        Self::build(config, dtype, device, &mut load)
+        let mut m = Self::build(config, dtype, device, &mut load)?;
+        m.source = Some(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+        Ok(m)
     }
 
     /// Builds the model from `load` (`(checkpoint name, shape) → Var`), called once per weight
@@ -139,6 +162,8 @@ impl Model {
             device: device.clone(),
             dtype,
             checkpointing: false,
+            lora: None,
+            source: None,
         })
     }
 
@@ -197,8 +222,8 @@ impl Model {
         self.checkpointing
     }
 
-    /// The params in checkpoint order (the one weight list).
-    fn params(&self) -> Vec<&Param> {
+    /// The base params in checkpoint order (the one weight list).
+    pub(crate) fn params(&self) -> Vec<&Param> {
         let mut v = vec![&self.embed];
         for layer in &self.layers {
             layer.params(&mut v);
@@ -210,20 +235,40 @@ impl Model {
         v
     }
 
+    /// The trainable params: the adapters when LoRA is on, else the base params.
+    fn trainable(&self) -> Vec<&Param> {
+        match self.lora {
+            Some(_) => self.adapter_params(),
+            None => self.params(),
+        }
+    }
+
     /// Every trainable weight with its HuggingFace tensor name, in a fixed order (embedding,
     /// layers, final norm, lm_head). Tied models list the embedding once (as
-    /// `model.embed_tokens.weight`).
+    /// `model.embed_tokens.weight`). With LoRA adapters attached: the adapters only, under PEFT's
+    /// names (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` `[r, in]`, then
+    /// `…lora_B.weight` `[out, r]`), layer by layer; the frozen base is [`Model::base_vars`].
     pub fn named_vars(&self) -> Vec<(String, &Var)> {
+        self.trainable()
+            .into_iter()
+            .map(|p| (p.name.clone(), &p.var))
+            .collect()
+    }
+
+    /// The base weights with their checkpoint names (equal to [`Model::named_vars`] without LoRA).
+    pub fn base_vars(&self) -> Vec<(String, &Var)> {
         self.params()
             .into_iter()
             .map(|p| (p.name.clone(), &p.var))
             .collect()
     }
 
-    /// The weight named `name` (a checkpoint name, as in [`Model::named_vars`]), if the model has it.
+    /// The weight named `name` (a checkpoint name, as in [`Model::named_vars`] or
+    /// [`Model::base_vars`]), if the model has it.
     pub fn var(&self, name: &str) -> Option<&Var> {
-        self.params()
+        self.trainable()
             .into_iter()
+            .chain(self.params())
             .find(|p| p.name == name)
             .map(|p| &p.var)
     }
@@ -239,8 +284,11 @@ impl Model {
     /// already is the weight's storage (a model sharing its weights) is left as it is.
     ///
     /// Errors: an unknown name or a shape mismatch (nothing is copied then), tensor errors.
+    ///
+    /// With LoRA the names are the adapters' ([`Model::named_vars`]); the frozen base is not
+    /// loaded this way.
     pub fn load_named(&self, weights: &[(String, Tensor)]) -> Result<()> {
-        let params = self.params();
+        let params = self.trainable();
         let mut plan = Vec::with_capacity(weights.len());
         for (name, t) in weights {
             if self.tied && name == "lm_head.weight" {
@@ -263,7 +311,7 @@ impl Model {
                 continue;
             }
             p.var
-                .set(&t.to_device(&self.device)?.to_dtype(self.dtype)?)?;
+                .set(&t.to_device(&self.device)?.to_dtype(p.var.dtype())?)?;
         }
         Ok(())
     }
@@ -298,19 +346,20 @@ impl Model {
         }
         let pass = Pass {
             grad,
+            base: grad && self.lora.is_none(),
             fast: cache.is_some() && !grad,
         };
         let rope = self.rotary.forward(positions, b, t)?;
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
         let mut x = self
             .embed
-            .get(grad)
+            .get(pass.base)
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, self.config.hidden_size))?;
         let recompute = grad && self.checkpointing && cache.is_none();
         for (li, layer) in self.layers.iter().enumerate() {
             if recompute {
-                x = crate::recompute::checkpointed(layer, &x, &rope, &bias)?;
+                x = crate::recompute::checkpointed(layer, &x, &rope, &bias, pass.base)?;
                 continue;
             }
             let store = cache.as_deref_mut().map(|c| (c, li));
@@ -338,7 +387,15 @@ impl Model {
     /// Logits `[.., vocab]` (compute dtype) of final hidden states `[.., hidden]`. Without
     /// `grad`, on the CPU in f32, a few rows take the skinny matmul kernel.
     pub fn lm_head(&self, hidden: &Tensor, grad: bool) -> Result<Tensor> {
-        self.lm_head.forward(hidden, Pass { grad, fast: !grad })
+        let base = grad && self.lora.is_none();
+        self.lm_head.forward(
+            hidden,
+            Pass {
+                grad,
+                base,
+                fast: !grad,
+            },
+        )
     }
 
     /// Builds the additive attention bias `[B, 1, T, S]` for `T` new positions after `past`
@@ -389,8 +446,13 @@ impl Model {
     }
 
     /// A deep copy: new [`Var`]s holding copies of every weight (for a frozen reference policy or
-    /// an explorer that samples while the trainer updates).
+    /// an explorer that samples while the trainer updates). With LoRA adapters only the adapters
+    /// are copied and the frozen base is shared (nothing writes it), so an explorer costs no
+    /// second base in memory.
     pub fn try_clone(&self) -> Result<Self> {
+        if self.lora.is_some() {
+            return self.copy_adapters();
+        }
         let params = self.params();
         let mut copy = |name: &str, _shape: &[usize]| -> Result<Var> {
             let p = params
@@ -402,23 +464,39 @@ impl Model {
         let mut m = Self::build(self.config.clone(), self.dtype, &self.device, &mut copy)?;
         m.rotary = self.rotary.clone();
         m.checkpointing = self.checkpointing;
+        m.source = self.source.clone();
         Ok(m)
     }
 
     /// Writes config.json (transformers-4 style) and model.safetensors (weights in `dtype`)
     /// into `dir` atomically. Tokenizer files are not written here.
+    ///
+    /// With LoRA adapters: config.json and `adapter/` (PEFT's files, [`crate::lora`]); the frozen
+    /// base is referenced by `base_model_name_or_path` and not written again, except for a model
+    /// whose base came from no directory (a random one), whose base weights are written too.
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
             path: dir.to_path_buf(),
             source: e,
         })?;
+        if self.lora.is_some() {
+            crate::lora::save_adapter(self, &dir.join("adapter"))?;
+            if self.source.is_some() {
+                return self.save_config(dir, dtype);
+            }
+        }
         let tensors: Vec<(String, Tensor)> = self
-            .named_vars()
+            .base_vars()
             .into_iter()
             .map(|(n, v)| Ok((n, v.as_tensor().detach().to_dtype(dtype)?)))
             .collect::<Result<_>>()?;
         let bytes = crate::weights::safetensors_bytes(&tensors)?;
         crate::weights::atomic_write(&dir.join("model.safetensors"), &bytes)?;
+        self.save_config(dir, dtype)
+    }
+
+    /// Writes config.json with `torch_dtype` = `dtype`.
+    fn save_config(&self, dir: &Path, dtype: DType) -> Result<()> {
         let mut cfg = self.config.clone();
         cfg.stored_dtype = Some(
             match dtype {

@@ -47,7 +47,8 @@ pub fn backward(loss: &Tensor) -> candle_core::Result<GradStore> {
 }
 
 /// The checkpointed forward of one decoder layer: `x` `[B, T, hidden]` with the graph, `rope` and
-/// `bias` as for [`DecoderLayer::forward`] (no KV cache: training only). Returns the layer's output,
+/// `bias` as for [`DecoderLayer::forward`] (no KV cache: training only), `base` whether the base
+/// weights train (false with LoRA adapters: only they get gradients). Returns the layer's output,
 /// tracked through `x` only.
 ///
 /// Errors: candle errors of the layer's forward.
@@ -56,18 +57,28 @@ pub(crate) fn checkpointed(
     x: &Tensor,
     rope: &(Tensor, Tensor),
     bias: &Tensor,
+    base: bool,
 ) -> candle_core::Result<Tensor> {
     let plain = Pass {
         grad: false,
+        base: false,
         fast: false,
     };
     let y = layer
         .forward(&x.detach(), rope, bias, None, plain)
         .map_err(candle_core::Error::wrap)?;
+    // With a frozen base (LoRA) the first layer's input carries no graph; the op must still be
+    // recorded for the adapters' gradients, so the input becomes a leaf (its gradient is unused).
+    let x = if x.track_op() {
+        x.clone()
+    } else {
+        Var::from_tensor(x)?.as_tensor().clone()
+    };
     x.apply_op1(Recompute {
         layer: layer.clone(),
         rope: rope.clone(),
         bias: bias.clone(),
+        base,
         out: Mutex::new(Some(y)),
     })
 }
@@ -77,6 +88,8 @@ struct Recompute {
     layer: DecoderLayer,
     rope: (Tensor, Tensor),
     bias: Tensor,
+    /// Whether the base weights train (else only LoRA adapters do).
+    base: bool,
     /// The output computed without a graph; taken by the forward (so the op does not keep it).
     out: Mutex<Option<Tensor>>,
 }
@@ -145,6 +158,7 @@ impl CustomOp1 for Recompute {
         let leaf = Var::from_tensor(&x.detach())?;
         let graph = Pass {
             grad: true,
+            base: self.base,
             fast: false,
         };
         let y = self
@@ -155,6 +169,11 @@ impl CustomOp1 for Recompute {
         let grads = (y * grad_res.detach())?.sum_all()?.backward()?;
         let mut params = Vec::new();
         self.layer.params(&mut params);
+        for (_, lin) in self.layer.linears() {
+            if let Some(a) = &lin.lora {
+                params.extend([&a.a, &a.b]);
+            }
+        }
         SINK.with(|s| {
             let mut s = s.borrow_mut();
             for p in params {

@@ -246,3 +246,55 @@ fn gradient_checkpointing_gives_the_plain_gradients() {
         }
     }
 }
+
+/// With LoRA adapters (frozen base, so the first layer's input carries no graph) activation
+/// checkpointing still gives the adapters the plain path's gradients.
+#[test]
+fn gradient_checkpointing_with_lora_adapters() {
+    for (arch, tied) in [(Arch::Qwen2, true), (Arch::Llama, false)] {
+        let mut model = Model::random(tiny(arch, tied), 0.3, 4, DType::F64, &Device::Cpu).unwrap();
+        let lora = rlvr_model::LoraConfig {
+            rank: 2,
+            alpha: 4.0,
+            targets: rlvr_model::LoraTarget::ALL.to_vec(),
+            dropout: 0.0,
+        };
+        model.add_lora(&lora, 5).unwrap();
+        randomise(&model, 13); // the adapters (B non-zero): named_vars lists only them now
+        let g0 = rlvr_model::recompute::backward(&loss(&model, 1.0)).unwrap();
+        model.set_gradient_checkpointing(true);
+        let g1 = rlvr_model::recompute::backward(&loss(&model, 1.0)).unwrap();
+        let vars = model.named_vars();
+        assert_eq!(
+            vars.len(),
+            2 * 7 * 2,
+            "A and B of 7 projections in 2 layers"
+        );
+        for (name, var) in vars {
+            let a: Vec<f64> = g0
+                .get(var)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let b: Vec<f64> = g1
+                .get(var)
+                .unwrap_or_else(|| panic!("{name}: no checkpointed gradient"))
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let scale = a.iter().fold(0f64, |m, x| m.max(x.abs()));
+            assert!(scale > 0.0, "{name}");
+            let worst = a
+                .iter()
+                .zip(&b)
+                .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                worst <= 1e-12 * scale,
+                "{arch:?} {name}: {worst:e} of {scale:e}"
+            );
+        }
+    }
+}

@@ -21,6 +21,8 @@
 //! - [`eval`] (evaluator): the one held-out evaluator of training, SFT, `rlvr eval` and the
 //!   quickstart.
 //! - [`checkpoint`]: checkpoints with exact resume.
+//! - [`lora`]: LoRA in a run (`model.lora_*`: fresh adapters, the shared-base KL reference) and
+//!   `rlvr merge`.
 //! - [`run`] (run loop): set-up and the loop, one labelled line per stage.
 //! - Around them: [`config`] (TOML config, LR schedules), [`experience`], [`metrics`], [`sft`]
 //!   (supervised warm start on the same optimizer step and evaluator), [`plot`], [`cli`].
@@ -47,6 +49,7 @@ pub mod experience;
 pub mod explorer;
 mod limits;
 pub mod lock;
+pub mod lora;
 pub mod metrics;
 pub mod mismatch;
 pub mod optimizer;

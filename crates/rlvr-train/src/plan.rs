@@ -21,6 +21,11 @@
 //!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each).
 //! - the native sampler's **KV cache**: `rollout.max_batch_rows × T × layers × 2 × kv_heads ×
 //!   head_dim × b`.
+//! - **LoRA** (`model.lora_rank` ≥ 1): the base weights `P·b` are frozen (no masters, gradients or
+//!   moments); the adapters' `A` (P_a parameters in f32) get the f32 gradient sum, one
+//!   micro-batch's gradients and two moments; the explorer copies the adapters only (it shares
+//!   the base), the KL reference is the shared base (nothing extra); each adapted projection adds
+//!   its `x·Aᵀ`, `·Bᵀ`, scale and f32 sum to the activations; the head computes no `∂W`.
 //! - a constant **process overhead** (runtime, tokenizer, allocator; [`CPU_OVERHEAD`]); on a GPU the
 //!   CUDA context ([`GPU_OVERHEAD`]).
 
@@ -28,7 +33,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use rlvr_model::{ComputeDtype, DeviceSpec, ModelConfig};
+use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget, ModelConfig};
 use serde::Serialize;
 
 use crate::config::RawConfig;
@@ -124,6 +129,53 @@ impl Shape {
         }
     }
 
+    /// The (in, out) widths of projection `t`.
+    fn dims(&self, t: LoraTarget) -> (u64, u64) {
+        let (h, q, kv, i) = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        );
+        match t {
+            LoraTarget::Q => (h, q),
+            LoraTarget::K | LoraTarget::V => (h, kv),
+            LoraTarget::O => (q, h),
+            LoraTarget::Gate | LoraTarget::Up => (h, i),
+            LoraTarget::Down => (i, h),
+        }
+    }
+
+    /// LoRA adapter parameters: `r·(in + out)` per adapted projection and layer (as
+    /// `Model::named_vars` lists them with adapters attached).
+    pub fn adapter_params(&self, lora: &LoraConfig) -> u64 {
+        let r = lora.rank as u64;
+        let per_layer: u64 = lora
+            .targets
+            .iter()
+            .map(|&t| {
+                let (i, o) = self.dims(t);
+                r * (i + o)
+            })
+            .sum();
+        self.layers * per_layer
+    }
+
+    /// Bytes the adapters add per token and layer to what the backward keeps (compute dtype of
+    /// `b` bytes, adapters in f32): the input cast to f32 (below f32), `x·Aᵀ`, `·Bᵀ`, the scaled
+    /// update, the base output in f32, their sum, and the sum cast back.
+    pub fn adapter_bytes_per_token(&self, lora: &LoraConfig, b: u64) -> u64 {
+        let a = b.max(4);
+        let r = lora.rank as u64;
+        lora.targets
+            .iter()
+            .map(|&t| {
+                let (i, o) = self.dims(t);
+                (if b < 4 { i * a } else { 0 }) + r * a + o * (4 * a + b)
+            })
+            .sum()
+    }
+
     /// Bytes one layer keeps for the backward per token of a `t`-token row, compute dtype of
     /// `b` bytes (reductions in f32, or f64 when b = 8).
     pub fn layer_bytes_per_token(&self, b: u64, t: u64) -> u64 {
@@ -171,7 +223,11 @@ pub struct Plan {
     pub prompt_tokens: u64,
     /// Completion tokens per row (`rollout.max_new_tokens`).
     pub completion_tokens: u64,
-    /// Policy weights in the compute dtype.
+    /// LoRA rank (`model.lora_rank`; 0 = full fine-tuning).
+    pub lora_rank: u64,
+    /// Trainable LoRA adapter parameters (0 without LoRA).
+    pub adapter_params: u64,
+    /// Policy weights in the compute dtype (with LoRA: the frozen base plus the f32 adapters).
     pub weights: u64,
     /// The optimizer's f32 master weights (16-bit dtypes only).
     pub master_weights: u64,
@@ -262,14 +318,36 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let t = prompt + completion;
     let online = raw.data.experiences.is_none();
     let threaded = online && raw.sync.offset >= 1;
-    let weights = p * b;
-    let master_weights = if b == 2 { p * 4 } else { 0 };
-    let gradients = p * 4 + p * b;
-    let adamw_moments = 2 * p * 4;
-    let explorer_weights =
-        (if online { weights } else { 0 }) + (if threaded { weights } else { 0 });
-    let reference_model = if needs_reference { weights } else { 0 };
-    let layer = shape.layer_bytes_per_token(b, t);
+    let lora = raw.model.lora();
+    let adapter_params = lora.as_ref().map_or(0, |l| shape.adapter_params(l));
+    // Trainable parameters and their bytes: the adapters in f32 with LoRA, else every weight.
+    let (trained, tb) = match lora {
+        Some(_) => (adapter_params, 4),
+        None => (p, b),
+    };
+    let weights = p * b
+        + if lora.is_some() {
+            adapter_params * 4
+        } else {
+            0
+        };
+    let master_weights = if tb == 2 { trained * 4 } else { 0 };
+    let gradients = trained * 4 + trained * tb;
+    let adamw_moments = 2 * trained * 4;
+    // The explorer copies what trains (LoRA: the adapters; it shares the frozen base).
+    let copy = trained * tb;
+    let explorer_weights = (if online { copy } else { 0 }) + (if threaded { copy } else { 0 });
+    // LoRA's KL reference is the shared base with the adapters off (no copy).
+    let shared_ref = lora.is_some() && raw.model.reference.is_none();
+    let reference_model = if needs_reference && !shared_ref {
+        p * b
+    } else {
+        0
+    };
+    let layer = shape.layer_bytes_per_token(b, t)
+        + lora
+            .as_ref()
+            .map_or(0, |l| shape.adapter_bytes_per_token(l, b));
     // Embedding output and final norm, plus one layer of backward working set.
     let outside = shape.hidden * (b + 4 * b.max(4));
     let activations_per_row = t * (layer * (shape.layers + 1) + outside);
@@ -289,8 +367,14 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let logits_buffer = if cpu && b == 4 {
         (scored * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
     } else {
-        // A few [N, C] chunk tensors in f32, and the head's gradient chunks before their concat.
-        6 * rlvr_model::chunked::CHUNK_ELEMS as u64 * b.max(4) + shape.vocab * shape.hidden * b
+        // A few [N, C] chunk tensors in f32, and the head's gradient chunks before their concat
+        // (none for LoRA's frozen head).
+        let head_grad = if lora.is_some() {
+            0
+        } else {
+            shape.vocab * shape.hidden * b
+        };
+        6 * rlvr_model::chunked::CHUNK_ELEMS as u64 * b.max(4) + head_grad
     };
     let kv_per_row = t * shape.layers * 2 * shape.kv_heads * shape.head_dim * b;
     let kv_cache_rows = raw.rollout.max_batch_rows as u64;
@@ -331,6 +415,8 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         device: raw.model.device.to_string(),
         prompt_tokens: prompt,
         completion_tokens: completion,
+        lora_rank: raw.model.lora_rank as u64,
+        adapter_params,
         weights,
         master_weights,
         gradients,
@@ -386,6 +472,14 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
         "dtype {} on {}; rows of {} prompt + {} completion tokens",
         p.dtype, p.device, p.prompt_tokens, p.completion_tokens
     )?;
+    if p.lora_rank > 0 {
+        writeln!(
+            out,
+            "LoRA rank {}: {:.2} M adapter parameters train (f32); the base is frozen",
+            p.lora_rank,
+            p.adapter_params as f64 / 1e6
+        )?;
+    }
     let rows: [(&str, String); 12] = [
         ("weights", gib(p.weights)),
         ("master weights (f32)", gib(p.master_weights)),

@@ -198,8 +198,9 @@ impl Run<'_> {
             c.model.dtype.name(),
             c.model.device
         ));
-        let policy = Policy::load(&policy_dir, dtype, &device)
+        let mut policy = Policy::load(&policy_dir, dtype, &device)
             .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
+        crate::lora::attach(&mut policy.model, &c.model, &policy_dir, c.train.seed)?;
         crate::rundir::refuse_non_finite_policy(&policy.model, &policy_dir)?;
         let (state, moments) = match &ckpt {
             // o = 0 keeps no buffer between steps; o ≥ 1 re-samples the in-flight batches.
@@ -213,9 +214,14 @@ impl Run<'_> {
         reset_logs(&run_dir, state.as_ref().map(|_| start))?;
         let reference = if cfg.algorithm.needs_reference() {
             let p = c.model.reference.as_ref().unwrap_or(&c.model.path);
+            // LoRA: the base with the adapters off, sharing the policy's base weights.
             Some(
-                Model::load(p, dtype, &device)
-                    .with_context(|| format!("loading the reference model from {}", p.display()))?,
+                match crate::lora::shared_reference(&policy.model, &c.model) {
+                    Some(m) => m,
+                    None => Model::load(p, dtype, &device).with_context(|| {
+                        format!("loading the reference model from {}", p.display())
+                    })?,
+                },
             )
         } else {
             None

@@ -423,6 +423,15 @@ fn vllm_backend_keys_are_checked() {
         check_load("", &[vllm, server, "rollout.in_flight=0"]).unwrap_err()
     );
     assert!(err.contains("rollout.in_flight"), "{err}");
+    // LoRA adapters cannot be pushed to vLLM yet: refused, naming both keys.
+    let err = format!(
+        "{:#}",
+        check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap_err()
+    );
+    assert!(
+        err.contains("model.lora_rank") && err.contains("rollout.backend"),
+        "{err}"
+    );
     let err = format!(
         "{:#}",
         check_load("", &["rollout.backend=\"sglang\""]).unwrap_err()

@@ -38,6 +38,8 @@ enum Command {
     Eval(rlvr_train::cli::EvalArgs),
     /// Memory estimate of a run config (weights, optimizer, activations, KV cache) and what fits.
     Plan(rlvr_train::plan::PlanArgs),
+    /// Fold a checkpoint's LoRA adapter into a full HuggingFace model (W + (alpha/r)·B·A).
+    Merge(rlvr_train::lora::MergeArgs),
     /// Plot metrics of one or more run directories against step (SVG or PNG).
     Plot(rlvr_train::plot::PlotArgs),
     /// Sample K completions per prompt with behaviour log-probs (JSON lines; --out experiences).
@@ -73,6 +75,7 @@ fn main() {
         Command::Sft(a) => rlvr_train::cli::run_sft(a, &mut out),
         Command::Eval(a) => rlvr_train::cli::run_eval(a, &mut out),
         Command::Plan(a) => rlvr_train::plan::run_plan(a, &mut out),
+        Command::Merge(a) => rlvr_train::lora::run_merge(a, &mut out),
         Command::Plot(a) => rlvr_train::plot::run_plot(a, &mut out),
         Command::Generate(a) => rlvr_rollout::cli::run(a, &mut out),
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),

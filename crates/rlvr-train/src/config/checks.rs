@@ -12,6 +12,40 @@ use super::{apply_override, from_table, load_layers, RawConfig, ResolvedConfig};
 use crate::checkpoint::TrainerState;
 
 impl RawConfig {
+    /// Checks the `model.lora_*` keys and records the default α (2 × rank) in the config.
+    ///
+    /// # Errors
+    /// An invalid value, naming its key.
+    fn check_lora(&mut self) -> anyhow::Result<()> {
+        let m = &mut self.model;
+        if m.lora_rank == 0 {
+            if m.lora_alpha.is_some() || m.lora_dropout != 0.0 {
+                bail!(
+                    "model.lora_alpha / model.lora_dropout are set but model.lora_rank = 0 (LoRA \
+                     off); set model.lora_rank (e.g. 8) to train LoRA adapters"
+                );
+            }
+            return Ok(());
+        }
+        let alpha = m.lora_alpha.unwrap_or(2.0 * m.lora_rank as f64);
+        if !(alpha.is_finite() && alpha > 0.0) {
+            bail!("model.lora_alpha = {alpha} must be positive");
+        }
+        m.lora_alpha = Some(alpha);
+        if m.lora_targets.is_empty() {
+            bail!("model.lora_targets is empty; list some of q, k, v, o, gate, up, down");
+        }
+        for (i, t) in m.lora_targets.iter().enumerate() {
+            if m.lora_targets[..i].contains(t) {
+                bail!("model.lora_targets lists `{}` twice", String::from(*t));
+            }
+        }
+        if !(0.0..1.0).contains(&m.lora_dropout) {
+            bail!("model.lora_dropout = {} must be in [0, 1)", m.lora_dropout);
+        }
+        Ok(())
+    }
+
     /// The one resolve step: preset expansion, value checks, staleness warning.
     ///
     /// # Errors
@@ -22,6 +56,7 @@ impl RawConfig {
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
         let mut warnings = Vec::new();
+        self.check_lora()?;
         let (r, t, s) = (&self.rollout, &self.train, &self.sync);
         if !self.model.dtype.trainable() {
             bail!(
@@ -63,6 +98,15 @@ impl RawConfig {
         }
         if r.backend == super::RolloutBackend::Vllm {
             check_vllm_keys(r)?;
+            if self.model.lora_rank > 0 {
+                bail!(
+                    "model.lora_rank = {} with rollout.backend = \"vllm\": pushing LoRA adapters to vLLM \
+                     servers (POST /v1/load_lora_adapter) is not built yet (issue 19 item 5), and the \
+                     full-weight refresh would send the adapters alone; use rollout.backend = \"native\" \
+                     with LoRA, or train without it",
+                    self.model.lora_rank
+                );
+            }
         }
         if s.interval == 0 {
             bail!("sync.interval must be at least 1 (1 = on-policy)");

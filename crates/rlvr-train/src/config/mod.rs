@@ -29,8 +29,8 @@ use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
 pub use sections::{
-    EvalSection, ModelSection, OutputSection, RolloutBackend, RolloutSection, Schedule,
-    ShortBatch, SyncSection, TrainSection,
+    EvalSection, ModelSection, OutputSection, RolloutBackend, RolloutSection, Schedule, ShortBatch,
+    SyncSection, TrainSection,
 };
 
 /// The whole file as the user wrote it (after `--set`), before resolution.

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use rlvr_model::{ComputeDtype, DeviceSpec};
+use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget};
 use serde::{Deserialize, Serialize};
 
 /// `[model]`: the policy checkpoint and where it computes.
@@ -23,6 +23,22 @@ pub struct ModelSection {
     /// when `algorithm.kl_coef` ≠ 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reference: Option<PathBuf>,
+    /// LoRA rank r (Hu et al. 2021, arXiv 2106.09685): 0 = off (full fine-tuning); r ≥ 1 trains rank-r
+    /// adapters A `[r, in]`, B `[out, r]` (f32) on the `lora_targets` projections of every layer while
+    /// the base, the embedding and the lm_head stay frozen. Checkpoints then hold `adapter/` in PEFT's
+    /// format; the KL reference is the base with the adapters off. Default 0.
+    pub lora_rank: usize,
+    /// LoRA α: the adapter update is scaled by α / r (PEFT's `lora_alpha`). Default 2 × `lora_rank`
+    /// (the resolved config records the value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_alpha: Option<f64>,
+    /// Projections that get an adapter: any of `q`, `k`, `v`, `o`, `gate`, `up`, `down` (or PEFT's
+    /// `q_proj` … `down_proj`). Default all seven.
+    pub lora_targets: Vec<LoraTarget>,
+    /// Dropout probability on the adapters' input in training forwards, in [0, 1) (PEFT's
+    /// `lora_dropout`; sampling and scoring never drop, so dropout > 0 makes even staleness-0 data
+    /// slightly off-policy; the masks' seeded stream restarts on resume). Default 0.
+    pub lora_dropout: f64,
 }
 
 impl Default for ModelSection {
@@ -32,7 +48,23 @@ impl Default for ModelSection {
             dtype: ComputeDtype::F32,
             device: DeviceSpec::Cpu,
             reference: None,
+            lora_rank: 0,
+            lora_alpha: None,
+            lora_targets: LoraTarget::ALL.to_vec(),
+            lora_dropout: 0.0,
         }
+    }
+}
+
+impl ModelSection {
+    /// The LoRA settings, `None` when `lora_rank = 0`; α defaults to 2 × rank.
+    pub fn lora(&self) -> Option<LoraConfig> {
+        (self.lora_rank > 0).then(|| LoraConfig {
+            rank: self.lora_rank,
+            alpha: self.lora_alpha.unwrap_or(2.0 * self.lora_rank as f64),
+            targets: self.lora_targets.clone(),
+            dropout: self.lora_dropout,
+        })
     }
 }
 

@@ -1,0 +1,572 @@
+//! LoRA adapters (Hu et al. 2021, arXiv 2106.09685) on the decoder's linear layers, with PEFT's
+//! math, initialisation, file format and names, so PEFT and vLLM load what rlvr writes and rlvr
+//! loads what PEFT writes.
+//!
+//! A targeted projection `y = W·x + b` becomes `y = W·x + b + (α/r)·B·(A·dropout(x))` with A
+//! `[r, in]` and B `[out, r]` (peft `tuners/lora/layer.py`, `LoraLayer.update_layer` and
+//! `Linear.forward`: `result + lora_B(lora_A(dropout(x))) * scaling`, `scaling = lora_alpha / r`).
+//! A is initialised Kaiming-uniform with a = √5 (`nn.init.kaiming_uniform_(…, a=math.sqrt(5))`,
+//! i.e. U(−1/√in, 1/√in)) and B with zeros, so a fresh adapter leaves the model unchanged. The
+//! adapters are f32 (f64 in an f64 model) whatever the base dtype: the input is cast to the
+//! adapter dtype, the sum `y + Δ` is taken there and cast back to the base dtype, as peft's
+//! `_cast_input_dtype` and `result.to(torch_result_dtype)` do.
+//!
+//! With adapters attached the model's trainable weights ([`Model::named_vars`]) are the adapters
+//! alone; the base weights, the embedding and the lm_head are frozen (no autograd graph through
+//! them, no ∂W in the fused head). [`Model::without_adapters`] is the base model sharing the same
+//! storage (the KL reference); [`Model::try_clone`] copies only the adapters (the explorer).
+//!
+//! Files (PEFT's `save_pretrained` layout): `adapter_config.json` (`peft_type` "LORA",
+//! `task_type` "CAUSAL_LM", `r`, `lora_alpha`, `target_modules`, `bias` "none",
+//! `base_model_name_or_path`, …) and `adapter_model.safetensors` with tensors
+//! `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` `[r, in]` and
+//! `….lora_B.weight` `[out, r]`. rlvr's checkpoints put them under `adapter/`.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::error::{ModelError, Result};
+use crate::layers::{Param, Pass};
+use crate::model::Model;
+
+/// A decoder projection LoRA may target; names as PEFT's `target_modules` (`q_proj` …), with the
+/// short forms `q`, `k`, `v`, `o`, `gate`, `up`, `down` accepted too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LoraTarget {
+    /// All seven, in checkpoint order (the default target list).
+    pub const ALL: [LoraTarget; 7] = [
+        Self::Q,
+        Self::K,
+        Self::V,
+        Self::O,
+        Self::Gate,
+        Self::Up,
+        Self::Down,
+    ];
+
+    /// PEFT's module name: `q_proj`, …, `down_proj`.
+    pub fn module(self) -> &'static str {
+        match self {
+            Self::Q => "q_proj",
+            Self::K => "k_proj",
+            Self::V => "v_proj",
+            Self::O => "o_proj",
+            Self::Gate => "gate_proj",
+            Self::Up => "up_proj",
+            Self::Down => "down_proj",
+        }
+    }
+}
+
+impl FromStr for LoraTarget {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let short = s.strip_suffix("_proj").unwrap_or(s);
+        Ok(match short {
+            "q" => Self::Q,
+            "k" => Self::K,
+            "v" => Self::V,
+            "o" => Self::O,
+            "gate" => Self::Gate,
+            "up" => Self::Up,
+            "down" => Self::Down,
+            _ => {
+                return Err(format!(
+                    "unknown LoRA target `{s}`; valid: q, k, v, o, gate, up, down (or q_proj, …, down_proj)"
+                ))
+            }
+        })
+    }
+}
+
+impl TryFrom<String> for LoraTarget {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<LoraTarget> for String {
+    fn from(t: LoraTarget) -> String {
+        t.module().strip_suffix("_proj").unwrap_or("").to_string()
+    }
+}
+
+/// LoRA settings (the `model.lora_*` config keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    /// r: the adapters' rank (≥ 1).
+    pub rank: usize,
+    /// α: the update is scaled by α / r.
+    pub alpha: f64,
+    /// The projections that get an adapter (non-empty, no repeats).
+    pub targets: Vec<LoraTarget>,
+    /// Dropout probability on the adapter input during training forwards, in [0, 1).
+    pub dropout: f64,
+}
+
+impl LoraConfig {
+    /// The scale α / r of the adapter update.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// Rank 0, a non-finite or non-positive α, no targets or a repeated one, dropout outside [0, 1).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(ModelError::Invalid(m));
+        if self.rank == 0 {
+            return bad("LoRA rank must be at least 1".into());
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return bad(format!("LoRA alpha must be positive, got {}", self.alpha));
+        }
+        if self.targets.is_empty() {
+            return bad("LoRA needs at least one target module".into());
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            if self.targets[..i].contains(t) {
+                return bad(format!("LoRA target `{}` is listed twice", t.module()));
+            }
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad(format!(
+                "LoRA dropout must be in [0, 1), got {}",
+                self.dropout
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One projection's adapter: A `[r, in]`, B `[out, r]`, the scale α/r and the dropout.
+#[derive(Clone)]
+pub(crate) struct Adapter {
+    pub a: Param,
+    pub b: Param,
+    scale: f64,
+    dropout: f64,
+    /// Dropout masks drawn so far (shared by clones) and the seed of their stream.
+    draws: Arc<AtomicU64>,
+    seed: u64,
+}
+
+impl Adapter {
+    /// `y + (α/r)·((dropout(x)·Aᵀ)·Bᵀ)` for x `[rows, in]` and y `[rows, out]`, computed in the
+    /// adapter dtype and returned in y's dtype (peft's order: A, then B, then the scale).
+    pub fn forward(&self, x: &Tensor, y: &Tensor, pass: Pass) -> Result<Tensor> {
+        let dt = self.a.var.dtype();
+        let mut xa = x.to_dtype(dt)?;
+        if pass.grad && self.dropout > 0.0 {
+            xa = (xa * self.dropout_mask(x.dims(), x.device())?)?;
+        }
+        let (a, b) = (self.a.get(pass.grad), self.b.get(pass.grad));
+        let delta = (xa.matmul(&a.t()?)?.matmul(&b.t()?)? * self.scale)?;
+        Ok((y.to_dtype(dt)? + delta)?.to_dtype(y.dtype())?)
+    }
+
+    /// An inverted-dropout mask (0 or 1/(1−p)) of `shape`, from the adapter's seeded stream.
+    fn dropout_mask(&self, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let k = self.draws.fetch_add(1, Ordering::Relaxed);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed ^ k.wrapping_mul(0x9E37_79B9));
+        let keep = 1.0 / (1.0 - self.dropout);
+        let n: usize = shape.iter().product();
+        let m: Vec<f32> = (0..n)
+            .map(|_| {
+                if rng.random::<f64>() < self.dropout {
+                    0.0
+                } else {
+                    keep as f32
+                }
+            })
+            .collect();
+        Ok(Tensor::from_vec(m, shape, device)?.to_dtype(self.a.var.dtype())?)
+    }
+}
+
+/// The dtype adapters are kept in for a base of dtype `dt`: f64 for f64, else f32.
+fn adapter_dtype(dt: DType) -> DType {
+    if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+impl Model {
+    /// Attaches fresh LoRA adapters (A Kaiming-uniform, a = √5, drawn from `seed` in
+    /// [`Model::named_vars`] order; B zeros) to the `cfg.targets` projections of every layer and
+    /// freezes the base. The model's outputs are unchanged until B moves.
+    ///
+    /// # Errors
+    /// Invalid settings ([`LoraConfig::validate`]), adapters already attached.
+    pub fn add_lora(&mut self, cfg: &LoraConfig, seed: u64) -> Result<()> {
+        cfg.validate()?;
+        if self.lora.is_some() {
+            return Err(ModelError::Invalid(
+                "this model already has LoRA adapters".into(),
+            ));
+        }
+        let dt = adapter_dtype(self.dtype());
+        let device = self.device().clone();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let r = cfg.rank;
+        for (li, layer) in self.layers.iter_mut().enumerate() {
+            for (path, lin) in layer.linears_mut() {
+                let module = path.rsplit('.').next().expect("a module name");
+                if !cfg.targets.iter().any(|t| t.module() == module) {
+                    continue;
+                }
+                let (out, inp) = lin.weight.var.dims2()?;
+                let bound = 1.0 / (inp as f64).sqrt();
+                let a: Vec<f64> = (0..r * inp)
+                    .map(|_| rng.random_range(-bound..bound))
+                    .collect();
+                let a = Tensor::from_vec(a, (r, inp), &device)?.to_dtype(dt)?;
+                let b = Tensor::zeros((out, r), dt, &device)?;
+                let name =
+                    |m: &str| format!("base_model.model.model.layers.{li}.{path}.lora_{m}.weight");
+                lin.lora = Some(Adapter {
+                    a: Param::new(name("A"), Var::from_tensor(&a)?),
+                    b: Param::new(name("B"), Var::from_tensor(&b)?),
+                    scale: cfg.scale(),
+                    dropout: cfg.dropout,
+                    draws: Arc::new(AtomicU64::new(0)),
+                    seed: seed ^ ((li as u64) << 8) ^ path.len() as u64,
+                });
+            }
+        }
+        self.lora = Some(cfg.clone());
+        Ok(())
+    }
+
+    /// The LoRA settings when adapters are attached.
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    /// The base model with the adapters disabled, sharing the base weights' storage (no copy):
+    /// the KL reference of a LoRA run.
+    pub fn without_adapters(&self) -> Model {
+        let mut m = self.clone();
+        for layer in &mut m.layers {
+            for (_, lin) in layer.linears_mut() {
+                lin.lora = None;
+            }
+        }
+        m.lora = None;
+        m
+    }
+
+    /// The adapters' params (A then B per projection, layer by layer, checkpoint order).
+    pub(crate) fn adapter_params(&self) -> Vec<&Param> {
+        let mut v = Vec::new();
+        for layer in &self.layers {
+            for (_, lin) in layer.linears() {
+                if let Some(a) = &lin.lora {
+                    v.push(&a.a);
+                    v.push(&a.b);
+                }
+            }
+        }
+        v
+    }
+
+    /// A model sharing the frozen base with copies of the adapters (see [`Model::try_clone`]).
+    pub(crate) fn copy_adapters(&self) -> Result<Model> {
+        let mut m = self.clone();
+        for layer in &mut m.layers {
+            for (_, lin) in layer.linears_mut() {
+                if let Some(a) = &mut lin.lora {
+                    for p in [&mut a.a, &mut a.b] {
+                        let copy = Var::from_tensor(&p.var.as_tensor().copy()?)?;
+                        *p = Param::new(p.name.clone(), copy);
+                    }
+                    a.draws = Arc::new(AtomicU64::new(a.draws.load(Ordering::Relaxed)));
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// A model without adapters whose targeted weights are `W + (α/r)·B·A`, computed in f32 (f64
+    /// for an f64 model) and cast to the model's dtype (peft's `merge_and_unload`); new storage
+    /// for every weight. Without adapters: a deep copy.
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub fn merged(&self) -> Result<Model> {
+        let m = self.without_adapters().try_clone()?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            for (k, (_, lin)) in layer.linears().into_iter().enumerate() {
+                let Some(a) = &lin.lora else { continue };
+                let dt = a.a.var.dtype();
+                let delta = (a.b.var.as_tensor().matmul(a.a.var.as_tensor())? * a.scale)?;
+                let w = (lin.weight.var.as_tensor().to_dtype(dt)? + delta)?;
+                let target = &m.layers[li].linears()[k].1.weight.var;
+                target.set(&w.to_dtype(target.dtype())?)?;
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// The adapter directory of model directory `dir`: `dir/adapter` when it holds
+/// `adapter_config.json` (rlvr's checkpoints), else `dir` itself when it does (PEFT's layout).
+pub fn find_adapter(dir: &Path) -> Option<PathBuf> {
+    let sub = dir.join("adapter");
+    if sub.join("adapter_config.json").is_file() {
+        Some(sub)
+    } else if dir.join("adapter_config.json").is_file() {
+        Some(dir.to_path_buf())
+    } else {
+        None
+    }
+}
+
+/// What an `adapter_config.json` says: the settings and `base_model_name_or_path`.
+pub fn read_adapter_config(adapter_dir: &Path) -> Result<(LoraConfig, Option<PathBuf>)> {
+    let file = adapter_dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&file).map_err(|e| ModelError::Io {
+        path: file.clone(),
+        source: e,
+    })?;
+    let bad = |msg: String| ModelError::Config {
+        file: file.clone(),
+        msg,
+    };
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if let Some(t) = v.get("peft_type").and_then(Value::as_str) {
+        if t != "LORA" {
+            return Err(bad(format!("peft_type is {t}; only LORA is supported")));
+        }
+    }
+    for key in ["use_rslora", "use_dora"] {
+        if v.get(key).and_then(Value::as_bool) == Some(true) {
+            return Err(bad(format!("{key} = true is not supported")));
+        }
+    }
+    if let Some(b) = v.get("bias").and_then(Value::as_str) {
+        if b != "none" {
+            return Err(bad(format!(
+                "bias = \"{b}\" is not supported (only \"none\")"
+            )));
+        }
+    }
+    for key in ["rank_pattern", "alpha_pattern"] {
+        if v.get(key)
+            .and_then(Value::as_object)
+            .is_some_and(|o| !o.is_empty())
+        {
+            return Err(bad(format!("a non-empty {key} is not supported")));
+        }
+    }
+    if v.get("lora_bias").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("lora_bias = true is not supported".into()));
+    }
+    for key in [
+        "layers_to_transform",
+        "modules_to_save",
+        "exclude_modules",
+        "layer_replication",
+        "target_parameters",
+        "trainable_token_indices",
+    ] {
+        if v.get(key).is_some_and(|x| !x.is_null()) {
+            return Err(bad(format!("{key} is not supported")));
+        }
+    }
+    let rank = v
+        .get("r")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad("missing or invalid `r`".into()))? as usize;
+    let alpha = v
+        .get("lora_alpha")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| bad("missing or invalid `lora_alpha`".into()))?;
+    let targets = match v.get("target_modules") {
+        Some(Value::String(s)) if s == "all-linear" => LoraTarget::ALL.to_vec(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .ok_or_else(|| bad("target_modules must be strings".into()))?
+                    .parse::<LoraTarget>()
+                    .map_err(bad)
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => {
+            return Err(bad(
+                "target_modules must be a list of module names or \"all-linear\"".into(),
+            ))
+        }
+    };
+    let dropout = v.get("lora_dropout").and_then(Value::as_f64).unwrap_or(0.0);
+    let base = v
+        .get("base_model_name_or_path")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from);
+    let cfg = LoraConfig {
+        rank,
+        alpha,
+        targets,
+        dropout,
+    };
+    cfg.validate().map_err(|e| bad(e.to_string()))?;
+    Ok((cfg, base))
+}
+
+/// Loads model directory `dir` with the adapter in `adapter_dir`: the base weights are `dir`'s
+/// own when it has weights, else those of `base_model_name_or_path` (relative to `dir` when
+/// relative); then the adapter's A and B from `adapter_model.safetensors`.
+///
+/// # Errors
+/// No base found, a malformed adapter config, a missing or mis-shaped adapter tensor, a tensor
+/// the model has no place for.
+pub(crate) fn load_with_adapter(
+    dir: &Path,
+    adapter_dir: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<Model> {
+    let (cfg, base) = read_adapter_config(adapter_dir)?;
+    let has_weights = |d: &Path| {
+        d.join("model.safetensors").is_file() || d.join("model.safetensors.index.json").is_file()
+    };
+    let base_dir = if has_weights(dir) {
+        dir.to_path_buf()
+    } else {
+        let b = base.ok_or_else(|| ModelError::MissingFile {
+            path: dir.join("model.safetensors"),
+            what: "base weights (the adapter names no base_model_name_or_path)".into(),
+        })?;
+        if b.is_absolute() {
+            b
+        } else {
+            dir.join(b)
+        }
+    };
+    let mut model = Model::load_base(&base_dir, dtype, device)?;
+    model.add_lora(&cfg, 0)?;
+    let file = adapter_dir.join("adapter_model.safetensors");
+    if !file.is_file() {
+        return Err(ModelError::MissingFile {
+            path: file,
+            what: "LoRA adapter weights".into(),
+        });
+    }
+    let stored =
+        candle_core::safetensors::load(&file, device).map_err(|e| ModelError::Safetensors {
+            file: file.clone(),
+            msg: e.to_string(),
+        })?;
+    let mut weights = Vec::with_capacity(stored.len());
+    for (name, _) in model.named_vars() {
+        // PEFT writes no adapter name; some writers keep `.default` before `.weight`.
+        let alt = name.replace(".weight", ".default.weight");
+        let t = stored
+            .get(&name)
+            .or_else(|| stored.get(&alt))
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: file.clone(),
+                tensor: name.clone(),
+            })?;
+        weights.push((name, t.clone()));
+    }
+    if stored.len() != weights.len() {
+        let known: Vec<&String> = weights.iter().map(|(n, _)| n).collect();
+        let extra = stored
+            .keys()
+            .find(|k| {
+                !known.contains(k)
+                    && !known
+                        .iter()
+                        .any(|n| n.replace(".weight", ".default.weight") == **k)
+            })
+            .cloned()
+            .unwrap_or_default();
+        return Err(ModelError::Config {
+            file,
+            msg: format!("tensor `{extra}` matches no adapter of target_modules"),
+        });
+    }
+    model.load_named(&weights)?;
+    Ok(model)
+}
+
+/// Writes `model`'s adapters into `adapter_dir` in PEFT's format (module docs), atomically per
+/// file. `base_model_name_or_path` is the directory the base was loaded from (empty for a random
+/// base, which [`Model::save`] then writes beside the adapter).
+///
+/// # Errors
+/// A model without adapters, I/O errors.
+pub(crate) fn save_adapter(model: &Model, adapter_dir: &Path) -> Result<()> {
+    let cfg = model
+        .lora_config()
+        .ok_or_else(|| ModelError::Invalid("save_adapter: the model has no adapters".into()))?;
+    std::fs::create_dir_all(adapter_dir).map_err(|e| ModelError::Io {
+        path: adapter_dir.to_path_buf(),
+        source: e,
+    })?;
+    let tensors: Vec<(String, Tensor)> = model
+        .named_vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().detach()))
+        .collect();
+    let bytes = crate::weights::safetensors_bytes(&tensors)?;
+    crate::weights::atomic_write(&adapter_dir.join("adapter_model.safetensors"), &bytes)?;
+    let alpha = if cfg.alpha.fract() == 0.0 {
+        json!(cfg.alpha as i64)
+    } else {
+        json!(cfg.alpha)
+    };
+    let base = model
+        .source
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let targets: Vec<&str> = cfg.targets.iter().map(|t| t.module()).collect();
+    let config = json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": cfg.rank,
+        "lora_alpha": alpha,
+        "lora_dropout": cfg.dropout,
+        "target_modules": targets,
+        "bias": "none",
+        "base_model_name_or_path": base,
+        "fan_in_fan_out": false,
+        "use_rslora": false,
+        "use_dora": false,
+        "init_lora_weights": true,
+        "inference_mode": true,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "revision": null,
+    });
+    let mut json = serde_json::to_vec_pretty(&config).expect("JSON serialises");
+    json.push(b'\n');
+    crate::weights::atomic_write(&adapter_dir.join("adapter_config.json"), &json)
+}

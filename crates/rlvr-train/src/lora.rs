@@ -1,0 +1,131 @@
+//! LoRA in a run (the `model.lora_*` keys; the adapters themselves are `rlvr_model::lora`):
+//! attaching fresh adapters to the loaded policy, the KL reference that shares the frozen base,
+//! and `rlvr merge`, which folds a checkpoint's adapter into a full HuggingFace model.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+use clap::Args;
+use rlvr_model::checkpoint::write_tokenizer_files;
+use rlvr_model::{LoraConfig, Model, TokenizerBundle};
+
+use crate::config::ModelSection;
+
+/// Makes `model` (loaded from `dir`: `model.path`, or a checkpoint on resume) match the run's LoRA
+/// settings: fresh adapters (seeded by `seed`) when `model.lora_rank` ≥ 1 and `dir` holds none;
+/// the loaded adapters when their settings equal the config's.
+///
+/// # Errors
+/// `dir` holds an adapter but LoRA is off, or its settings differ from the config's (both named).
+pub(crate) fn attach(
+    model: &mut Model,
+    cfg: &ModelSection,
+    dir: &Path,
+    seed: u64,
+) -> anyhow::Result<()> {
+    match (cfg.lora(), model.lora_config().cloned()) {
+        (None, None) => Ok(()),
+        (None, Some(l)) => bail!(
+            "{} holds a LoRA adapter (r = {}) but model.lora_rank = 0; set model.lora_rank = {} \
+             (and the other model.lora_* keys as in its adapter_config.json) to keep training it, \
+             or fold it into a full model first: rlvr merge --checkpoint {} --out DIR",
+            dir.display(),
+            l.rank,
+            l.rank,
+            dir.display()
+        ),
+        (Some(c), None) => model
+            .add_lora(&c, seed)
+            .context("model.lora_*: attaching LoRA adapters"),
+        (Some(c), Some(l)) if same(&c, &l) => Ok(()),
+        (Some(c), Some(l)) => bail!(
+            "{} holds a LoRA adapter with r = {}, alpha = {}, targets {:?}, dropout {}, but the \
+             config asks for r = {}, alpha = {}, targets {:?}, dropout {} (model.lora_*)",
+            dir.display(),
+            l.rank,
+            l.alpha,
+            l.targets,
+            l.dropout,
+            c.rank,
+            c.alpha,
+            c.targets,
+            c.dropout
+        ),
+    }
+}
+
+/// Equal settings, the target order aside.
+fn same(a: &LoraConfig, b: &LoraConfig) -> bool {
+    a.rank == b.rank
+        && a.alpha == b.alpha
+        && a.dropout == b.dropout
+        && a.targets.len() == b.targets.len()
+        && a.targets.iter().all(|t| b.targets.contains(t))
+}
+
+/// The KL reference of a LoRA run without `model.reference`: the policy's base with the adapters
+/// off, sharing its storage (the initial policy, when `model.path` holds no adapter of its own).
+/// `None` otherwise (the caller loads the reference from disk).
+pub(crate) fn shared_reference(policy: &Model, cfg: &ModelSection) -> Option<Model> {
+    let own_adapter = rlvr_model::lora::find_adapter(&cfg.path).is_some();
+    (cfg.reference.is_none() && policy.lora_config().is_some() && !own_adapter)
+        .then(|| policy.without_adapters())
+}
+
+/// `rlvr merge`: fold a checkpoint's LoRA adapter into a full HuggingFace model.
+#[derive(Args, Debug, Clone)]
+pub struct MergeArgs {
+    /// A model directory with an adapter: an rlvr checkpoint (`adapter/` inside) or a PEFT
+    /// adapter directory (`adapter_config.json` naming its base).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Output model directory (config.json, model.safetensors, tokenizer files); a non-empty one
+    /// is refused unless `--force`.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Write into a non-empty `--out` (its `*.safetensors` files are removed first).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Runs `rlvr merge`: loads the base and the adapter in f32, writes `W + (α/r)·B·A` for every
+/// adapted projection (peft's `merge_and_unload`), cast to the base's stored dtype
+/// (`torch_dtype` of its config.json), with the tokenizer files of `--checkpoint`; prints
+/// `{"out", "dtype", "merged"}`.
+///
+/// # Errors
+/// No adapter in `--checkpoint`, a non-empty `--out` without `--force`, load and I/O errors.
+pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    crate::lock::refuse_same_dir(&a.checkpoint, &a.out)?;
+    if rlvr_model::lora::find_adapter(&a.checkpoint).is_none() {
+        bail!(
+            "{} holds no LoRA adapter (adapter/adapter_config.json or adapter_config.json); it \
+             already is a full model",
+            a.checkpoint.display()
+        );
+    }
+    crate::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    let model = Model::load(&a.checkpoint, DType::F32, &Device::Cpu)
+        .with_context(|| format!("loading {}", a.checkpoint.display()))?;
+    let n = model.named_vars().len() / 2;
+    let merged = model.merged()?;
+    let dtype = match merged.config().stored_dtype.as_deref() {
+        Some("bfloat16") => DType::BF16,
+        Some("float16") => DType::F16,
+        _ => DType::F32,
+    };
+    merged
+        .save(&a.out, dtype)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let tok = TokenizerBundle::load(&a.checkpoint)
+        .with_context(|| format!("loading the tokenizer of {}", a.checkpoint.display()))?;
+    write_tokenizer_files(&a.out, &tok)?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({"out": a.out, "dtype": format!("{dtype:?}").to_lowercase(), "merged": n})
+    )?;
+    Ok(())
+}
