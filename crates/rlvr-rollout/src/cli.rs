@@ -92,7 +92,30 @@ pub struct GenerateArgs {
     /// Most sequences decoded together (bounds KV-cache memory; does not change the tokens).
     #[arg(long, default_value_t = 64)]
     pub max_batch_rows: usize,
+    /// Sample on this vLLM OpenAI-compatible server instead of the native engine (repeatable:
+    /// groups are spread over the servers), as `rollout.backend = "vllm"` with `rollout.servers`
+    /// does in training: the model's weights are pushed to every server first, and behaviour
+    /// log-probs are vLLM's (README "Scaling out with vLLM").
+    #[arg(long = "server", value_name = "URL")]
+    pub servers: Vec<String>,
+    /// The servers' `--served-model-name` (`rollout.served_model_name`).
+    #[arg(long, default_value = "rlvr-policy")]
+    pub served_model_name: String,
+    /// Where the pushed weights are written, a directory the servers can read
+    /// (`rollout.weights_dir`); default a temporary directory, removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// With `--server`: accept vLLM's log-probs renormalised over the tokens `--top-p`/`--top-k`
+    /// keep (`rollout.accept_renormalised_logprobs`).
+    #[arg(long)]
+    pub accept_renormalised_logprobs: bool,
 }
+
+/// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters
+/// and the longest encoded prompt (tokens). [`run`] uses the native engine; the binary passes one
+/// that honours `--server` (a vLLM backend lives above this crate).
+pub type RolloutFactory<'a> =
+    dyn Fn(&Policy, &SamplingParams, usize) -> anyhow::Result<Box<dyn Rollout>> + 'a;
 
 /// One line of `rlvr generate`'s output.
 #[derive(Serialize)]
@@ -162,6 +185,32 @@ pub fn encode_prompt(tok: &TokenizerBundle, text: &str, chat: bool) -> anyhow::R
 /// Errors: bad arguments (each names the flag), an unreadable model directory or prompts file,
 /// a malformed prompts line (file and line), a tokenizer or sampling failure, an I/O error.
 pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if !args.servers.is_empty() {
+        bail!("--server needs the vLLM backend, which this entry point does not have (use the rlvr binary)");
+    }
+    run_with(args, out, &native)
+}
+
+/// The native engine over the loaded policy (its storage shared, not copied).
+///
+/// Errors: none today (a `Result` for the [`RolloutFactory`] signature).
+pub fn native(
+    policy: &Policy,
+    _params: &SamplingParams,
+    _longest_prompt: usize,
+) -> anyhow::Result<Box<dyn Rollout>> {
+    let sampler = Sampler::new(&policy.model, 0).with_tokenizer(policy.tokenizer.tokenizer.clone());
+    Ok(Box::new(NativeRollout::new(sampler)))
+}
+
+/// [`run`] with the engine `make` builds (module docs).
+///
+/// Errors: as [`run`], and `make`'s.
+pub fn run_with(
+    args: &GenerateArgs,
+    out: &mut dyn Write,
+    make: &RolloutFactory,
+) -> anyhow::Result<()> {
     let dtype = match args.dtype {
         DtypeArg::F32 => DType::F32,
         DtypeArg::Bf16 => DType::BF16,
@@ -193,8 +242,8 @@ pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         stop_strings: args.stop.clone(),
         max_batch_rows: args.max_batch_rows,
     };
-    let sampler = Sampler::new(&policy.model, 0).with_tokenizer(tok.tokenizer.clone());
-    let mut rollout = NativeRollout::new(sampler);
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    let mut rollout = make(&policy, &params, longest)?;
     let completions = flatten(rollout.sample(&prompts, 0, &params, args.seed)?)?;
     write_generate(tok, &completions, out)?;
     if let Some(path) = &args.out {

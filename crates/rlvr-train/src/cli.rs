@@ -440,3 +440,47 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     Ok(())
 }
+
+/// `rlvr generate`: the native engine, or with `--server URL` vLLM servers (the `rollout.*` keys
+/// of training as flags: `--served-model-name`, `--weights-dir`, `--accept-renormalised-logprobs`),
+/// to which the model's weights are pushed first as version 0 and checked.
+///
+/// # Errors
+/// As [`rlvr_rollout::cli::run`]; a vLLM start-up check, push or request failure naming the server;
+/// a model with LoRA adapters on vLLM (not built yet).
+pub fn run_generate(a: &rlvr_rollout::cli::GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if a.servers.is_empty() {
+        return rlvr_rollout::cli::run(a, out);
+    }
+    let tmp = std::env::temp_dir().join(format!("rlvr-generate-vllm-{}", std::process::id()));
+    let make = |policy: &rlvr_model::checkpoint::Policy,
+                params: &rlvr_rollout::SamplingParams,
+                longest: usize|
+     -> anyhow::Result<Box<dyn rlvr_rollout::Rollout>> {
+        if policy.model.lora_config().is_some() {
+            anyhow::bail!(
+                "{}: a model with LoRA adapters cannot be pushed to vLLM servers yet (issue 19 \
+                 item 5); merge it first with `rlvr merge`",
+                a.model.display()
+            );
+        }
+        let r = crate::config::RolloutSection {
+            backend: crate::config::RolloutBackend::Vllm,
+            servers: a.servers.clone(),
+            served_model_name: a.served_model_name.clone(),
+            weights_dir: Some(a.weights_dir.clone().unwrap_or_else(|| tmp.clone())),
+            accept_renormalised_logprobs: a.accept_renormalised_logprobs,
+            max_new_tokens: params.max_new_tokens,
+            ..Default::default()
+        };
+        let mut backend =
+            crate::backend::build(&r, &tmp, &policy.model, &policy.tokenizer, 0, longest)?;
+        backend
+            .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
+            .context("pushing the model to the vLLM servers")?;
+        Ok(backend)
+    };
+    let result = rlvr_rollout::cli::run_with(a, out, &make);
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}

@@ -265,3 +265,44 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
     let out = l.client.sample(&p, &params(1.0, &l), 3, 0).unwrap();
     assert!(max_gap(original, &p, &out, 1.0) <= 1e-4);
 }
+
+/// `rlvr generate --server URL` samples on the server (the model pushed first as version 0): one
+/// line per completion, and its behaviour log-probs equal the trainer's at T = 0.7 (issue 15 item 1).
+#[test]
+fn rlvr_generate_samples_on_the_server() {
+    let Some(l) = live() else { return };
+    let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let rlvr = std::env::var("RLVR").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/rlvr")
+    });
+    let url = std::env::var("RLVR_VLLM_URL").unwrap();
+    let model = std::env::var("RLVR_VLLM_MODEL").unwrap();
+    let name = std::env::var("RLVR_VLLM_NAME").unwrap_or_else(|_| "rlvr-policy".into());
+    let text = "What is 12 + 30?";
+    let out = std::process::Command::new(&rlvr)
+        .args(["generate", "--model", &model, "--prompt", text, "-n", "4"])
+        .args(["--temperature", "0.7", "--max-new-tokens", "16", "--seed", "3"])
+        .args(["--server", &url, "--served-model-name", &name])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|x| serde_json::from_str(x).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    let prompt = l.policy.tokenizer.encode(text, true).unwrap();
+    let mut worst = 0f64;
+    for c in &lines {
+        let ids: Vec<u32> = serde_json::from_value(c["token_ids"].clone()).unwrap();
+        let lps: Vec<f32> = serde_json::from_value(c["behaviour_logprobs"].clone()).unwrap();
+        assert!(!ids.is_empty() && ids.len() == lps.len(), "{c}");
+        let ours = trainer_logprobs(&l.policy.model, &prompt, &ids, 0.7).unwrap();
+        for (a, b) in lps.iter().zip(&ours) {
+            worst = worst.max((a - b).abs() as f64);
+        }
+    }
+    eprintln!("rlvr generate on vLLM: max |l_vllm - l_trainer| = {worst:e}");
+    assert!(worst < 1e-4, "{worst}");
+}

@@ -77,7 +77,7 @@ fn main() {
         Command::Plan(a) => rlvr_train::plan::run_plan(a, &mut out),
         Command::Merge(a) => rlvr_train::lora::run_merge(a, &mut out),
         Command::Plot(a) => rlvr_train::plot::run_plot(a, &mut out),
-        Command::Generate(a) => rlvr_rollout::cli::run(a, &mut out),
+        Command::Generate(a) => rlvr_train::cli::run_generate(a, &mut out),
         Command::Reward(a) => rlvr_reward::cli::run(a, &mut out),
         Command::Algorithms => rlvr_algo::print_algorithms(&mut out).map_err(Into::into),
         Command::Quickstart(a) => quickstart::run(a, &mut out),
