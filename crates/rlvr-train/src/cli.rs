@@ -448,7 +448,10 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// # Errors
 /// As [`rlvr_rollout::cli::run`]; a vLLM start-up check, push or request failure naming the server;
 /// a model with LoRA adapters on vLLM (not built yet).
-pub fn run_generate(a: &rlvr_rollout::cli::GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn run_generate(
+    a: &rlvr_rollout::cli::GenerateArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     if a.servers.is_empty() {
         return rlvr_rollout::cli::run(a, out);
     }

@@ -272,16 +272,25 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
 fn rlvr_generate_samples_on_the_server() {
     let Some(l) = live() else { return };
     let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
-    let rlvr = std::env::var("RLVR").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/rlvr")
-    });
+    let rlvr = std::env::var("RLVR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/rlvr")
+        });
     let url = std::env::var("RLVR_VLLM_URL").unwrap();
     let model = std::env::var("RLVR_VLLM_MODEL").unwrap();
     let name = std::env::var("RLVR_VLLM_NAME").unwrap_or_else(|_| "rlvr-policy".into());
     let text = "What is 12 + 30?";
     let out = std::process::Command::new(&rlvr)
         .args(["generate", "--model", &model, "--prompt", text, "-n", "4"])
-        .args(["--temperature", "0.7", "--max-new-tokens", "16", "--seed", "3"])
+        .args([
+            "--temperature",
+            "0.7",
+            "--max-new-tokens",
+            "16",
+            "--seed",
+            "3",
+        ])
         .args(["--server", &url, "--served-model-name", &name])
         .output()
         .unwrap();
