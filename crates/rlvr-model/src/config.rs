@@ -123,7 +123,7 @@ impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
             path: path.to_path_buf(),
-            source: e,
+            err: e,
         })?;
         let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
             file: path.to_path_buf(),

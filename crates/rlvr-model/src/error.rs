@@ -6,12 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The I/O error is part of the message, not a `source`: anyhow's `{:#}` would print it twice.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     /// A required file of a model directory is absent.
     #[error("{path}: missing file ({what})")]
     MissingFile { path: PathBuf, what: String },

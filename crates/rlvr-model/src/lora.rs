@@ -350,7 +350,7 @@ pub fn read_adapter_config(adapter_dir: &Path) -> Result<(LoraConfig, Option<Pat
     let file = adapter_dir.join("adapter_config.json");
     let text = std::fs::read_to_string(&file).map_err(|e| ModelError::Io {
         path: file.clone(),
-        source: e,
+        err: e,
     })?;
     let bad = |msg: String| ModelError::Config {
         file: file.clone(),
@@ -528,7 +528,7 @@ pub(crate) fn save_adapter(model: &Model, adapter_dir: &Path) -> Result<()> {
         .ok_or_else(|| ModelError::Invalid("save_adapter: the model has no adapters".into()))?;
     std::fs::create_dir_all(adapter_dir).map_err(|e| ModelError::Io {
         path: adapter_dir.to_path_buf(),
-        source: e,
+        err: e,
     })?;
     let tensors: Vec<(String, Tensor)> = model
         .named_vars()

@@ -477,7 +477,7 @@ impl Model {
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
             path: dir.to_path_buf(),
-            source: e,
+            err: e,
         })?;
         if self.lora.is_some() {
             crate::lora::save_adapter(self, &dir.join("adapter"))?;

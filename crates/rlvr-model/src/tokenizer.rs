@@ -73,7 +73,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     }
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
         path: path.to_path_buf(),
-        source: e,
+        err: e,
     })?;
     serde_json::from_str(&text)
         .map(Some)
@@ -121,7 +121,7 @@ impl TokenizerBundle {
                 if p.exists() {
                     Some(std::fs::read_to_string(&p).map_err(|e| ModelError::Io {
                         path: p.clone(),
-                        source: e,
+                        err: e,
                     })?)
                 } else {
                     None

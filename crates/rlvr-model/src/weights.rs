@@ -21,9 +21,9 @@ pub struct WeightFiles {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
-    move |source| ModelError::Io {
+    move |err| ModelError::Io {
         path: path.to_path_buf(),
-        source,
+        err,
     }
 }
 

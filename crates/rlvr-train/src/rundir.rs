@@ -353,6 +353,12 @@ impl LastGood {
                 self.step,
                 dir.display()
             ))),
+            // Saving again can fail exactly as the step did (a full disk while checkpointing):
+            // say so instead of printing the same chain twice.
+            Err(se) if format!("{se:#}") == format!("{e:#}") => Err(e.context(format!(
+                "stopped by an error after step {}; saving its state again failed the same way",
+                self.step
+            ))),
             Err(se) => Err(e.context(format!(
                 "stopped by an error after step {}; saving its state failed too: {se:#}",
                 self.step
@@ -388,6 +394,46 @@ mod tests {
             assert!(e.contains(&name) && e.contains("non-finite"), "{e}");
             v.set(&good).unwrap();
         }
+    }
+
+    /// A full disk while checkpointing fails the step and then the save after the error the same
+    /// way: the message says it once (issue 13 item 11; it printed the whole chain twice, and the
+    /// I/O cause twice within each).
+    #[test]
+    fn a_save_that_fails_like_the_step_is_reported_once() {
+        let disk_full = || {
+            let io =
+                std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device");
+            anyhow::Error::from(rlvr_model::ModelError::Io {
+                path: "/run/checkpoints/.tmp-step-1/model.safetensors".into(),
+                err: io,
+            })
+            .context("writing the model to /run/checkpoints/.tmp-step-1")
+        };
+        let mut g = LastGood::new(0, SourceCursor::Offline { groups: 0 });
+        g.begin_update();
+        g.completed(1, SourceCursor::Offline { groups: 2 });
+        let r: anyhow::Result<()> = Err(disk_full());
+        let msg = format!(
+            "{:#}",
+            g.save_after_error(r, |_, _| Err(disk_full())).unwrap_err()
+        );
+        assert_eq!(msg.matches("No space left on device").count(), 1, "{msg}");
+        assert!(
+            msg.contains("saving its state again failed the same way"),
+            "{msg}"
+        );
+        // A different failure of the save is still reported beside the step's.
+        let r: anyhow::Result<()> = Err(anyhow::anyhow!("verifier broke"));
+        let msg = format!(
+            "{:#}",
+            g.save_after_error(r, |_, _| Err(disk_full())).unwrap_err()
+        );
+        assert!(
+            msg.contains("saving its state failed too") && msg.contains("verifier broke"),
+            "{msg}"
+        );
+        assert_eq!(msg.matches("No space left on device").count(), 1, "{msg}");
     }
 
     #[test]
