@@ -30,6 +30,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         servers: vec![a[2].clone()],
         served_model_name: a[3].clone(),
         in_flight: 64,
+        // Exactly N new tokens (min = max) bans the stop ids for vLLM too: its log-probs are then
+        // renormalised, which a throughput measurement may accept.
+        accept_renormalised_logprobs: true,
         ..Default::default()
     })?;
     let questions: Vec<String> = std::fs::read_to_string(&a[4])?
