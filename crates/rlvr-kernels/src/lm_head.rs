@@ -159,6 +159,24 @@ fn logits_block(
     sgemm(rb, vc, hd, z, vc, false, lhs, rhs, inv_t);
 }
 
+impl LmHeadLogprobOp {
+    /// The backward op for the forward's result `res` and its gradient `grad_res` (both read to the
+    /// host), computing `∂W` too when `weight_grad` (the full op) or only `∂h` (the frozen head).
+    fn grad_op(
+        &self,
+        res: &Tensor,
+        grad_res: &Tensor,
+        weight_grad: bool,
+    ) -> candle_core::Result<LmHeadLogprobGradOp> {
+        Ok(LmHeadLogprobGradOp {
+            fwd: self.clone(),
+            grad: grad_res.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?,
+            res: res.flatten_all()?.to_vec1()?,
+            weight_grad,
+        })
+    }
+}
+
 impl candle_core::CustomOp2 for LmHeadLogprobOp {
     fn name(&self) -> &'static str {
         "lm-head-logprob-entropy"
@@ -250,14 +268,7 @@ impl candle_core::CustomOp2 for LmHeadLogprobOp {
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let (n, hd) = h.dims2()?;
-        let g: Vec<f32> = grad_res.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-        let r: Vec<f32> = res.flatten_all()?.to_vec1()?;
-        let op = LmHeadLogprobGradOp {
-            fwd: self.clone(),
-            grad: g,
-            res: r,
-            weight_grad: true,
-        };
+        let op = self.grad_op(res, grad_res, true)?;
         let both = h.apply_op2_no_bwd(w, &op)?;
         let v = both.dim(0)? - n;
         Ok((
@@ -486,14 +497,7 @@ impl candle_core::CustomOp2 for FrozenHeadLogprobOp {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let g: Vec<f32> = grad_res.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-        let r: Vec<f32> = res.flatten_all()?.to_vec1()?;
-        let op = LmHeadLogprobGradOp {
-            fwd: self.0.clone(),
-            grad: g,
-            res: r,
-            weight_grad: false,
-        };
+        let op = self.0.grad_op(res, grad_res, false)?;
         Ok((Some(h.apply_op2_no_bwd(w, &op)?), None))
     }
 }

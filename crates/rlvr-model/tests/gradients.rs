@@ -184,6 +184,33 @@ fn autograd_matches_finite_differences_in_f64() {
     }
 }
 
+/// Largest |a − b| between the plain (`g0`) and checkpointed (`g1`) gradients of `var`, and the
+/// largest |a| (in f64); panics naming `name` when either gradient is missing.
+fn gradient_gap(
+    g0: &candle_core::backprop::GradStore,
+    g1: &candle_core::backprop::GradStore,
+    var: &Var,
+    name: &str,
+) -> (f64, f64) {
+    let host = |g: &candle_core::backprop::GradStore, which: &str| -> Vec<f64> {
+        g.get(var)
+            .unwrap_or_else(|| panic!("{name}: no {which} gradient"))
+            .to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let (a, b) = (host(g0, "plain"), host(g1, "checkpointed"));
+    let scale = a.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+    (worst, scale)
+}
+
 /// Activation checkpointing (issue 14 item 3) changes where the activations live, not the math: the
 /// loss and every parameter's gradient equal the plain path's (f64: to 1e-12 relative; f32: 1e-5),
 /// on all three architectures, and a loss that never reaches a checkpointed layer (scoring without
@@ -213,31 +240,8 @@ fn gradient_checkpointing_gives_the_plain_gradients() {
                 .is_none());
             let g1 = rlvr_model::recompute::backward(&l1).unwrap();
             for (name, var) in model.named_vars() {
-                let a = g0
-                    .get(var)
-                    .unwrap_or_else(|| panic!("{name}: no plain gradient"));
-                let b = g1
-                    .get(var)
-                    .unwrap_or_else(|| panic!("{name}: no checkpointed gradient"));
-                let a: Vec<f64> = a
-                    .to_dtype(DType::F64)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                let b: Vec<f64> = b
-                    .to_dtype(DType::F64)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                let scale = a.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-30);
-                let worst = a
-                    .iter()
-                    .zip(&b)
-                    .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+                let (worst, scale) = gradient_gap(&g0, &g1, var, &name);
+                let scale = scale.max(1e-30);
                 assert!(
                     worst <= tol * scale,
                     "{arch:?} {dtype:?} {name}: worst {worst:e} of {scale:e}"
@@ -271,26 +275,8 @@ fn gradient_checkpointing_with_lora_adapters() {
             "A and B of 7 projections in 2 layers"
         );
         for (name, var) in vars {
-            let a: Vec<f64> = g0
-                .get(var)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let b: Vec<f64> = g1
-                .get(var)
-                .unwrap_or_else(|| panic!("{name}: no checkpointed gradient"))
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let scale = a.iter().fold(0f64, |m, x| m.max(x.abs()));
+            let (worst, scale) = gradient_gap(&g0, &g1, var, &name);
             assert!(scale > 0.0, "{name}");
-            let worst = a
-                .iter()
-                .zip(&b)
-                .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
             assert!(
                 worst <= 1e-12 * scale,
                 "{arch:?} {name}: {worst:e} of {scale:e}"
