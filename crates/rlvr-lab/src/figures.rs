@@ -164,6 +164,7 @@ where
         chart
             .configure_mesh()
             .x_desc("step")
+            .x_label_formatter(&step_label)
             .y_desc(&panel.y_desc)
             .label_style(("sans-serif", 13))
             .light_line_style(RGBColor(235, 235, 235))
@@ -405,4 +406,23 @@ pub fn write_all(out: &Path, runs: &[RunSummary], smooth_w: usize) -> anyhow::Re
         )?);
     }
     Ok(files)
+}
+
+/// Step ticks as integers ("20", not "20.0"); a fractional tick gets no label (as `rlvr plot`'s).
+fn step_label(x: &f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        String::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn step_ticks_are_integers() {
+        assert_eq!(super::step_label(&20.0), "20");
+        assert_eq!(super::step_label(&0.0), "0");
+        assert_eq!(super::step_label(&12.5), "");
+    }
 }
