@@ -121,6 +121,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let jobs = a.jobs.unwrap_or(sweep.lab.jobs).max(1);
     let smooth = a.smooth.unwrap_or(sweep.lab.smooth);
     let runs = sweep.runs();
+    let exe = std::env::current_exe().context("locating the rlvr binary")?;
     if a.dry_run {
         writeln!(
             out,
@@ -131,7 +132,9 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             let arm = &sweep.arms[r.arm];
             let d = sweep.run_dir(&dir, r);
             let rec = runner::RunRecord::read(&d);
-            let state = if rec.done {
+            let state = if runner::stale(&sweep, &dir, &exe, r)?.is_some() {
+                "stale"
+            } else if rec.done {
                 "done"
             } else if d.join("config.toml").exists() {
                 "resume"
@@ -170,7 +173,6 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let load_start = load_avg();
-    let exe = std::env::current_exe().context("locating the rlvr binary")?;
     let outcome = runner::run_sweep(&sweep, &dir, &exe, jobs)?;
     let vs = analyse(&sweep, &dir, smooth)?;
     let wall = t0.elapsed().as_secs_f64();
@@ -180,6 +182,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         json!({
             "fast": a.fast, "only": a.only, "jobs": jobs, "threads": sweep.lab.threads,
             "runs": runs.len(), "kept": outcome.kept, "started": outcome.started,
+            "stale": outcome.stale,
             "wall_s": wall, "loadavg": {"start": load_start, "end": load_avg()},
             "failures": outcome.failures,
         }),

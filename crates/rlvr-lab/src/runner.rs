@@ -10,6 +10,11 @@
 //!   exits 0) and is then never rerun; an unfinished run with a RUN/config.toml continues with
 //!   `rlvr train --resume RUN` from its latest checkpoint (`[lab].save_every`); a warm start is
 //!   finished when its `warm_start.json` exists.
+//! - Stale runs: before keeping or resuming a run that has a RUN/config.toml, the lab asks the
+//!   binary it will use what the sweep resolves to today (`rlvr train ... --print-config`) and
+//!   compares it with that file (as TOML values). A run whose config differs (a preset or a default
+//!   changed, the sweep file was edited, its warm start is gone) is moved aside to
+//!   `seed-N.stale-UNIXSECS` (nothing is deleted) and rerun from scratch.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -95,6 +100,95 @@ pub struct Outcome {
     pub kept: usize,
     /// Children started.
     pub started: usize,
+    /// Runs whose config.toml no longer matched the sweep: moved aside and rerun.
+    pub stale: usize,
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Why the run `r` under `out` no longer matches what `sweep` resolves to with `exe` today, or
+/// `None` when it matches or has no RUN/config.toml yet (a new run).
+///
+/// The comparison is between RUN/config.toml and `exe train <the run's arguments> --print-config`,
+/// both parsed as TOML, so formatting does not matter; a run that cannot be resolved today (its
+/// warm start is missing) is stale too.
+///
+/// # Errors
+/// Starting `exe`, or reading a config.toml that exists.
+pub fn stale(sweep: &Sweep, out: &Path, exe: &Path, r: &RunSpec) -> anyhow::Result<Option<String>> {
+    let dir = sweep.run_dir(out, r);
+    let path = dir.join("config.toml");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let old_text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut args = sweep.train_args(out, r);
+    args.push("--print-config".into());
+    let o = Command::new(exe)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))?;
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        return Ok(Some(format!(
+            "its config cannot be resolved today ({})",
+            first.trim()
+        )));
+    }
+    let new_text = String::from_utf8_lossy(&o.stdout);
+    let old: toml::Value = match toml::from_str(&old_text) {
+        Ok(v) => v,
+        Err(e) => return Ok(Some(format!("{} does not parse: {e}", path.display()))),
+    };
+    let new: toml::Value = toml::from_str(&new_text)
+        .with_context(|| format!("parsing the output of {} --print-config", exe.display()))?;
+    Ok(first_difference("", &old, &new, &out.display().to_string()))
+}
+
+/// The first key (dotted path, in sorted order) whose value differs between `old` and `new`,
+/// described as `config key K was A, is now B`. A path inside the lab directory `lab` (the warm
+/// start's model and data, the run's own directory) matches an old path with the same ending, so
+/// a lab directory that was moved or copied is not rerun.
+fn first_difference(
+    prefix: &str,
+    old: &toml::Value,
+    new: &toml::Value,
+    lab: &str,
+) -> Option<String> {
+    use toml::Value::{String as S, Table};
+    match (old, new) {
+        (S(a), S(b)) if b.starts_with(lab) && a.ends_with(&b[lab.len()..]) => None,
+        (Table(a), Table(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter().find_map(|k| {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => first_difference(&key, x, y, lab),
+                    (x, y) => Some(format!(
+                        "config key {key} was {}, is now {}",
+                        x.map_or("unset".into(), |v| v.to_string()),
+                        y.map_or("unset".into(), |v| v.to_string())
+                    )),
+                }
+            })
+        }
+        (a, b) if a == b => None,
+        (a, b) => Some(format!("config key {prefix} was {a}, is now {b}")),
+    }
 }
 
 fn warm_done(out: &Path, seed: u64) -> bool {
@@ -185,7 +279,20 @@ pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::
     }
     let all = sweep.runs();
     for r in &all {
-        if RunRecord::read(&sweep.run_dir(out, r)).done {
+        let dir = sweep.run_dir(out, r);
+        if let Some(why) = stale(sweep, out, exe, r)? {
+            let aside = dir.with_extension(format!("stale-{}", unix_secs()));
+            std::fs::rename(&dir, &aside)
+                .with_context(|| format!("moving the stale run {} aside", dir.display()))?;
+            eprintln!(
+                "lab: rerunning {} seed {} from scratch: {why}; the old run is now {}",
+                sweep.arms[r.arm].name,
+                r.seed,
+                aside.display()
+            );
+            outcome.stale += 1;
+        }
+        if RunRecord::read(&dir).done {
             outcome.kept += 1;
         } else {
             queue.push(Task::Run(r.clone()));
@@ -449,4 +556,43 @@ pub fn write_lab_json(out: &Path, sweep_text: &str, v: serde_json::Value) -> any
         serde_json::to_string_pretty(&v)? + "\n",
     )
     .with_context(|| format!("writing {}", out.join("lab.json").display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_difference;
+
+    fn t(s: &str) -> toml::Value {
+        toml::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn first_difference_names_the_key_and_ignores_a_moved_lab_directory() {
+        let old = t(
+            "[model]\npath = \"/old/lab/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\n",
+        );
+        let same_moved = t(
+            "[model]\npath = \"/new/lab/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\n",
+        );
+        assert_eq!(first_difference("", &old, &same_moved, "/new/lab"), None);
+        let lr = t(
+            "[model]\npath = \"/new/lab/warm_start/seed-0/sft\"\n[train]\nlr = 3e-5\nseed = 0\n",
+        );
+        assert_eq!(
+            first_difference("", &old, &lr, "/new/lab").as_deref(),
+            Some("config key train.lr was 0.00001, is now 0.00003")
+        );
+        // A path outside the lab directory must match exactly; a key only one side has is named.
+        let other = t(
+            "[model]\npath = \"/elsewhere/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\n",
+        );
+        assert!(first_difference("", &old, &other, "/new/lab")
+            .unwrap()
+            .starts_with("config key model.path was"));
+        let added = t("[model]\npath = \"/new/lab/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\nsteps = 9\n");
+        assert_eq!(
+            first_difference("", &old, &added, "/new/lab").as_deref(),
+            Some("config key train.steps was unset, is now 9")
+        );
+    }
 }

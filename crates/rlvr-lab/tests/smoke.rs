@@ -206,4 +206,46 @@ fn lab_killed_mid_run_resumes_and_completes() {
         "{}",
         String::from_utf8_lossy(&plot.stderr)
     );
+
+    // Third lab after an edit of grpo_v1's arm: that run no longer matches its sweep, so it is
+    // moved aside (not deleted) and rerun; the unchanged run is kept.
+    std::fs::write(
+        &sweep,
+        SWEEP.replace(
+            "preset = \"grpo\"\ninterval = 1\n",
+            "preset = \"grpo\"\ninterval = 1\nsets = [\"train.lr=3e-5\"]\n",
+        ),
+    )
+    .unwrap();
+    let dry = lab(&sweep, &out).arg("--dry-run").output().unwrap();
+    let text = String::from_utf8_lossy(&dry.stdout);
+    let state = |arm: &str| {
+        text.lines()
+            .find(|l| l.starts_with(arm))
+            .and_then(|l| l.split_whitespace().nth(5))
+            .unwrap_or("")
+            .to_string()
+    };
+    assert_eq!(state("grpo_v1"), "stale", "{text}");
+    assert_eq!(state("reinforce_v4"), "done", "{text}");
+    let res = lab(&sweep, &out).output().unwrap();
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(res.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("rerunning grpo_v1 seed 0 from scratch: config key train.lr was"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&res.stdout);
+    assert!(stdout.contains("1 kept, 1 children started"), "{stdout}");
+    let aside: Vec<PathBuf> = std::fs::read_dir(out.join("grpo_v1"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("seed-0.stale-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(read(&aside[0].join("metrics.jsonl")), first_metrics);
+    let cfg: toml::Value = toml::from_str(&read(&first.join("config.toml"))).unwrap();
+    assert_eq!(cfg["train"]["lr"].as_float(), Some(3e-5));
+    assert_eq!(json(&first.join("lab.json"))["attempts"], 1);
+    assert_eq!(json(&second.join("lab.json"))["attempts"], 2);
 }

@@ -36,6 +36,10 @@ pub struct TrainArgs {
     /// Never draw the progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Print the resolved config (what `RUN_DIR/config.toml` would hold) and exit without
+    /// training. `rlvr lab` uses it to tell whether a finished run still matches its sweep.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// Runs `rlvr train`. Prints one JSON summary line to `out`; a run interrupted by SIGINT/SIGTERM
@@ -53,6 +57,10 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => RawConfig::load(a.config.as_deref(), &a.set)?.resolve()?,
     };
     resolve_input_paths(&mut cfg)?;
+    if a.print_config {
+        write!(out, "{}", cfg.to_toml()?)?;
+        return Ok(());
+    }
     cfg.check_runnable()?;
     let stop = Arc::new(AtomicBool::new(false));
     // SIGINT/SIGTERM: save after the current step and stop (signals.rs).
