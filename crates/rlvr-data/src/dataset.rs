@@ -178,15 +178,13 @@ fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
         let n = if s == Split::Train { "train" } else { "test" };
         format!("generated:{n}:{i}")
     };
+    // The split's size knob: `train_size` or `test_size`.
+    let pick = |train: usize, test: usize| if split == Split::Train { train } else { test };
     match cfg.task {
         TaskKind::Countdown => {
             let g = &cfg.countdown;
             g.validate()?;
-            let size = if split == Split::Train {
-                g.train_size
-            } else {
-                g.test_size
-            };
+            let size = pick(g.train_size, g.test_size);
             draw_split(split, g.train_size, size, |s, i| {
                 let (p, _) = g.generate(cfg.seed, s, i)?;
                 Ok((p.clone(), countdown_problem(source(s, i), p)))
@@ -195,11 +193,7 @@ fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
         TaskKind::Arithmetic => {
             let g = &cfg.arithmetic;
             g.validate()?;
-            let size = if split == Split::Train {
-                g.train_size
-            } else {
-                g.test_size
-            };
+            let size = pick(g.train_size, g.test_size);
             draw_split(split, g.train_size, size, |s, i| {
                 let (q, a) = g.generate(cfg.seed, s, i)?;
                 let problem = Problem {

@@ -103,7 +103,8 @@ fn req_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
         })
 }
 
-fn ids(v: Option<&Value>) -> Vec<u32> {
+/// A `config.json` token-id field (one number or a list) as ids; anything else is none.
+pub(crate) fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         Some(Value::Array(a)) => a

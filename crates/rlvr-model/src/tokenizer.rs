@@ -56,17 +56,6 @@ fn token_str(v: Option<&Value>) -> Option<String> {
     }
 }
 
-fn ids_of(v: Option<&Value>) -> Vec<u32> {
-    match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
-        _ => vec![],
-    }
-}
-
 fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
@@ -131,9 +120,9 @@ impl TokenizerBundle {
         let bos_token = token_str(get("bos_token"));
         let eos_token = token_str(get("eos_token"));
         let pad_token = token_str(get("pad_token"));
-        let mut eos_ids = ids_of(gc.as_ref().and_then(|v| v.get("eos_token_id")));
+        let mut eos_ids = crate::config::ids(gc.as_ref().and_then(|v| v.get("eos_token_id")));
         if eos_ids.is_empty() {
-            eos_ids = ids_of(mc.as_ref().and_then(|v| v.get("eos_token_id")));
+            eos_ids = crate::config::ids(mc.as_ref().and_then(|v| v.get("eos_token_id")));
         }
         if let Some(id) = eos_token.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
             if !eos_ids.contains(&id) {

@@ -53,6 +53,30 @@ struct BoxScan {
     closes: Vec<Option<usize>>,
 }
 
+impl BoxScan {
+    /// The content of box `i` of `text` and the offset where it ends (the closing brace, or the end
+    /// of a bare `\boxed 5` token), or `None` for an unclosed or empty box.
+    fn content<'t>(&self, text: &'t str, i: usize) -> Option<(&'t str, usize)> {
+        let (after, open) = (self.starts[i], self.opens[i]);
+        if text[open..].starts_with('{') {
+            let k = self
+                .braced
+                .binary_search(&open)
+                .expect("every braced open is listed");
+            self.closes[k].map(|close| (&text[open + 1..close], close))
+        } else if open > after {
+            // `\boxed 5`: a space, then a bare token.
+            let rest = &text[open..];
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '$')
+                .unwrap_or(rest.len());
+            (end > 0).then(|| (&rest[..end], open + end))
+        } else {
+            None
+        }
+    }
+}
+
 /// Scans `text` once for the boxes that [`last_boxed`] and [`all_boxed`] read.
 fn scan_boxes(text: &str) -> BoxScan {
     let mut starts: Vec<usize> = Vec::new();
@@ -89,35 +113,11 @@ fn scan_boxes(text: &str) -> BoxScan {
 /// assert_eq!(last_boxed(r"so \boxed{1} then \boxed{\frac{a}{b}}."), Some(r"\frac{a}{b}"));
 /// ```
 pub fn last_boxed(text: &str) -> Option<&str> {
-    let BoxScan {
-        starts,
-        opens,
-        braced,
-        closes,
-    } = scan_boxes(text);
-    if starts.is_empty() {
-        return None;
-    }
-    for (&after, &open) in starts.iter().zip(&opens).rev() {
-        if text[open..].starts_with('{') {
-            let k = braced
-                .binary_search(&open)
-                .expect("every braced open is listed");
-            if let Some(close) = closes[k] {
-                return Some(&text[open + 1..close]);
-            }
-        } else if open > after {
-            // `\boxed 5`: a space, then a bare token.
-            let rest = &text[open..];
-            let end = rest
-                .find(|c: char| c.is_whitespace() || c == '$')
-                .unwrap_or(rest.len());
-            if end > 0 {
-                return Some(&rest[..end]);
-            }
-        }
-    }
-    None
+    let scan = scan_boxes(text);
+    (0..scan.starts.len())
+        .rev()
+        .find_map(|i| scan.content(text, i))
+        .map(|(c, _)| c)
 }
 
 /// The contents of every complete `\boxed{...}` / `\fbox{...}` in `text`, in order; a box inside another
@@ -129,35 +129,16 @@ pub fn last_boxed(text: &str) -> Option<&str> {
 /// assert_eq!(all_boxed(r"\boxed{-2} and \boxed{1}; \boxed{\boxed{3}}"), ["-2", "1", r"\boxed{3}"]);
 /// ```
 pub fn all_boxed(text: &str) -> Vec<&str> {
-    let BoxScan {
-        starts,
-        opens,
-        braced,
-        closes,
-    } = scan_boxes(text);
+    let scan = scan_boxes(text);
     let mut out = Vec::new();
     let mut covered = 0usize;
-    for (&after, &open) in starts.iter().zip(&opens) {
-        if after <= covered {
+    for i in 0..scan.starts.len() {
+        if scan.starts[i] <= covered {
             continue;
         }
-        if text[open..].starts_with('{') {
-            let k = braced
-                .binary_search(&open)
-                .expect("every braced open is listed");
-            if let Some(close) = closes[k] {
-                out.push(&text[open + 1..close]);
-                covered = close;
-            }
-        } else if open > after {
-            let rest = &text[open..];
-            let end = rest
-                .find(|c: char| c.is_whitespace() || c == '$')
-                .unwrap_or(rest.len());
-            if end > 0 {
-                out.push(&rest[..end]);
-                covered = open + end;
-            }
+        if let Some((c, end)) = scan.content(text, i) {
+            out.push(c);
+            covered = end;
         }
     }
     out
