@@ -105,6 +105,8 @@ pub fn analyse(
 /// # Errors
 /// A bad sweep, I/O, an interruption (rerun to resume), and failed runs (listed; the analysis of
 /// the others is written first).
+// Long (about 110 lines) on purpose: the command top to bottom (dry run, sweep, analysis, verdict
+// table); each stage is one call and most lines are the printing.
 pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let text = match &a.sweep {

@@ -187,6 +187,8 @@ fn combine(
 const GRPO: &[&str] = &["grpo", "off_policy_grpo"];
 
 /// The five verdicts from per-arm statistics, with margin `m` (a fraction).
+// Long (about 140 lines) on purpose: one block per claim (A1, B1-B4), each reading as the issue
+// states it, side by side so the five rules can be checked against its text.
 pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
     let fin = |a: &ArmStats| a.final_accuracy.expect("find() keeps arms with one");
     let pts = 100.0 * m;

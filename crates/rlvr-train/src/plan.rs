@@ -301,6 +301,9 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 ///
 /// # Errors
 /// A missing or malformed config.json, an unknown dtype.
+// Long (about 140 lines) on purpose: one line per memory term (weights, gradients, moments,
+// masters, reference, KV cache, activations) in the order of the printed table, so each term and
+// the sum can be checked at once.
 pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyhow::Result<Plan> {
     let cfg_path = raw.model.path.join("config.json");
     let mc = ModelConfig::from_file(&cfg_path)

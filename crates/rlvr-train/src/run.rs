@@ -174,6 +174,8 @@ impl Run<'_> {
     /// Set-up: the run directory, the policy and optimizer state (from the latest checkpoint on
     /// resume), the reference policy, the experience source and the evaluator; evaluates the
     /// initial policy on a fresh start.
+    // Long (about 110 lines) on purpose: set-up in dependency order (run directory, policy,
+    // optimizer state, reference, experience source, evaluator), each piece using those before it.
     fn start<'a>(cfg: &'a ResolvedConfig, opts: &RunOptions) -> anyhow::Result<Run<'a>> {
         let c = &cfg.raw;
         let run_dir = c.output.dir.clone();

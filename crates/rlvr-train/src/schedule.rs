@@ -191,6 +191,9 @@ pub fn filter_stale(
 ///
 /// # Errors
 /// Data, tokenizer, verifier and weight-loading errors.
+// Long (about 100 lines) on purpose: the feed is offline experiences, the explorer inline, or the
+// explorer on its own thread; the set-up the two explorer arms share (prompts, backend, starting
+// weights) stays above the branch that picks one.
 pub(crate) fn build_feed(
     cfg: &ResolvedConfig,
     state: Option<&TrainerState>,

@@ -52,6 +52,8 @@ impl RawConfig {
     /// Invalid values, each naming its key and the fix: out-of-range values, a loss-specific
     /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
     /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
+    // Long (about 105 lines) on purpose: one check per key in config-file order, each with its own
+    // message naming the key and the fix.
     pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
