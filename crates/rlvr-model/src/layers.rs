@@ -18,13 +18,16 @@ use crate::kv::KvStore;
 use crate::ops::{rms_norm, rotate_half, softmax, upcast};
 
 /// How a forward runs: with the autograd graph (`grad`), through the base weights too (`base`:
-/// false when only LoRA adapters train, so the frozen base gets no gradient), and whether the
-/// decode fast path may be used (`fast`: cached inference, never with `grad`).
+/// false when only LoRA adapters train, so the frozen base gets no gradient), whether the
+/// decode fast path may be used (`fast`: cached inference, never with `grad`), and whether LoRA
+/// dropout applies (`dropout`: training forwards, including a checkpointed layer's first pass,
+/// which runs without a graph but must see the masks its recompute will see).
 #[derive(Clone, Copy)]
 pub(crate) struct Pass {
     pub grad: bool,
     pub base: bool,
     pub fast: bool,
+    pub dropout: bool,
 }
 
 /// One weight: its checkpoint name, the trainable [`Var`] and a detached handle on the same

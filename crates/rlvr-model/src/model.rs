@@ -348,6 +348,7 @@ impl Model {
             grad,
             base: grad && self.lora.is_none(),
             fast: cache.is_some() && !grad,
+            dropout: grad,
         };
         let rope = self.rotary.forward(positions, b, t)?;
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
@@ -394,6 +395,7 @@ impl Model {
                 grad,
                 base,
                 fast: !grad,
+                dropout: grad,
             },
         )
     }

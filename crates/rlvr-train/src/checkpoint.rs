@@ -42,6 +42,11 @@ pub struct TrainerState {
     pub best: Option<(f64, u64)>,
     /// Whether `trainer_state/explorer/` holds the explorer's weights.
     pub explorer_weights: bool,
+    /// LoRA-dropout masks drawn so far per adapter ([`rlvr_model::Model::lora_dropout_draws`]), so
+    /// a resumed run with `model.lora_dropout` > 0 draws the masks an uninterrupted one would (0,
+    /// and absent in checkpoints written before it existed, without LoRA).
+    #[serde(default)]
+    pub lora_dropout_draws: u64,
 }
 
 /// What a checkpoint needs besides the trainer state record.
@@ -296,6 +301,7 @@ pub(crate) fn save_run(
         skipped_in_row,
         best,
         explorer_weights: false,
+        lora_dropout_draws: trainer.model.lora_dropout_draws().unwrap_or(0),
     };
     let (m, v) = trainer.optimizer.adamw.moments();
     let dir = save(

@@ -242,6 +242,7 @@ impl Run<'_> {
                 .optimizer
                 .adamw
                 .set_moments(m, v, st.optimizer_step)?;
+            trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
         }
         if let Some(dir) = &ckpt {
             // bf16 weights resume from their f32 masters (none for f32 weights).

@@ -181,6 +181,61 @@ fn lora_kl_reference_is_the_base_and_resume_is_exact() {
     }
 }
 
+/// With `model.lora_dropout` > 0 a stopped and resumed run draws the dropout masks an
+/// uninterrupted one draws (the stream position is in trainer_state), so it ends with the same
+/// adapters; and the masks are really drawn (a run without dropout ends elsewhere).
+#[test]
+fn lora_dropout_resume_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 4);
+    let run = |name: &str, dropout: &str, stop_after_one: bool| {
+        let dir = tmp.path().join(name);
+        // Every row goes through a training forward (and the KL term gives a gradient even when
+        // all rewards of a group agree), so each step draws masks.
+        let extra = [
+            "train.steps=3",
+            "train.save_every=1",
+            "train.skip_zero_gradient_rows=false",
+            "algorithm.kl_coef=0.1",
+            dropout,
+        ];
+        let cfg = RawConfig::load(None, &sets(&model, &dir, &extra))
+            .unwrap()
+            .resolve()
+            .unwrap();
+        if stop_after_one {
+            let opts = RunOptions::default();
+            opts.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(train(&cfg, &opts).unwrap().steps, 1);
+            let cfg = ResolvedConfig::from_run_dir(&dir, &[]).unwrap();
+            let resumed = RunOptions {
+                resume: true,
+                ..Default::default()
+            };
+            assert_eq!(train(&cfg, &resumed).unwrap().steps, 3);
+        } else {
+            assert_eq!(train(&cfg, &RunOptions::default()).unwrap().steps, 3);
+        }
+        let m = Model::load(&dir.join("checkpoints/step-3"), DType::F32, &Device::Cpu).unwrap();
+        let vars: Vec<Vec<f32>> = m
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+            .collect();
+        (dir, vars)
+    };
+    let (da, a) = run("a", "model.lora_dropout=0.25", false);
+    let (_, b) = run("b", "model.lora_dropout=0.25", true);
+    let (_, c) = run("c", "model.lora_dropout=0.0", false);
+    assert!(a == b, "adapters differ after a resume with LoRA dropout");
+    assert!(a != c, "LoRA dropout changed nothing");
+    let st: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(da.join("checkpoints/step-3/trainer_state/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(st["lora_dropout_draws"].as_u64().unwrap() >= 3, "{st}");
+}
+
 #[test]
 fn invalid_lora_keys_are_refused_by_name() {
     let base = ["model.path=\"m\"".to_string()];

@@ -37,7 +37,8 @@ pub struct ModelSection {
     pub lora_targets: Vec<LoraTarget>,
     /// Dropout probability on the adapters' input in training forwards, in [0, 1) (PEFT's
     /// `lora_dropout`; sampling and scoring never drop, so dropout > 0 makes even staleness-0 data
-    /// slightly off-policy; the masks' seeded stream restarts on resume). Default 0.
+    /// slightly off-policy; the masks come from a seeded stream whose position trainer_state
+    /// keeps, so a resume is exact). Default 0.
     pub lora_dropout: f64,
 }
 
