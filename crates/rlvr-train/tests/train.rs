@@ -147,6 +147,15 @@ fn staleness_follows_interval_and_offset() {
                 *w
             );
         }
+        // train.log times each sync: one line per step that v divides, none for the others.
+        let log = std::fs::read_to_string(rd.join("train.log")).unwrap();
+        let synced: Vec<u64> = log
+            .lines()
+            .filter_map(|l| l.strip_prefix("sync: version "))
+            .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        let every_v: Vec<u64> = (1..=6u64).filter(|t| t % v == 0).collect();
+        assert_eq!(synced, every_v, "v={v} o={o}:\n{log}");
     }
 }
 
