@@ -25,6 +25,7 @@ use rlvr_algo::{
 };
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
+use rlvr_vllm::MismatchSums;
 
 use crate::config::TrainSection;
 use crate::experience::Experience;
@@ -159,7 +160,7 @@ impl Trainer {
         let minis = split_groups(&groups, self.settings.train.mini_batches);
         let mut stats = LossStats::default();
         let mut norms = Vec::new();
-        let mut diff = (0.0f64, 0.0f64, 0usize);
+        let mut diff = MismatchSums::default();
         for epoch in 0..self.settings.train.epochs {
             for (m, rows) in minis.iter().enumerate() {
                 let first = epoch == 0 && m == 0;
@@ -187,8 +188,9 @@ impl Trainer {
         report.loss = Some(metrics);
         report.grad_norm =
             (!norms.is_empty()).then(|| norms.iter().sum::<f64>() / norms.len() as f64);
-        report.logprob_diff_s0 = (diff.2 > 0).then(|| diff.0 / diff.2 as f64);
-        report.logprob_k3_s0 = (diff.2 > 0).then(|| diff.1 / diff.2 as f64);
+        let mismatch = diff.stats();
+        report.logprob_diff_s0 = mismatch.map(|m| m.mean_abs_diff);
+        report.logprob_k3_s0 = mismatch.map(|m| m.k3_kl);
         Ok(report)
     }
 
@@ -225,7 +227,7 @@ impl Trainer {
         (adv, start_lp): (&rlvr_algo::Advantages, Option<&[Vec<f32>]>),
         step: u64,
         lr: f64,
-        mut diff: Option<&mut (f64, f64, usize)>,
+        mut diff: Option<&mut MismatchSums>,
     ) -> anyhow::Result<UpdateOut> {
         let alg = &self.settings.algorithm;
         let infos: Vec<RowInfo> = rows
@@ -389,13 +391,13 @@ struct UpdateOut {
     rows_skipped: usize,
 }
 
-/// Adds Σ|ℓ_old − ℓ| and the token count of staleness-0 rows of the micro-batch to `d`.
+/// Adds the completion tokens of the micro-batch's staleness-0 rows (ℓ vs ℓ_old) to `d`.
 fn accumulate_diff(
     batch: &[Experience],
     mb: &[usize],
     t: &MicroBatch,
     step: u64,
-    d: &mut (f64, f64, usize),
+    d: &mut MismatchSums,
 ) -> anyhow::Result<()> {
     let lp = t.logp.detach().to_dtype(DType::F32)?.to_vec2::<f32>()?;
     let old = t.logp_old.to_vec2::<f32>()?;
@@ -405,10 +407,7 @@ fn accumulate_diff(
         }
         for j in 0..batch[i].completion_ids.len() {
             if t.mask_host[r][j] > 0.0 {
-                let x = lp[r][j] as f64 - old[r][j] as f64;
-                d.0 += x.abs();
-                d.1 += x.exp() - x - 1.0;
-                d.2 += 1;
+                d.add(lp[r][j], old[r][j]);
             }
         }
     }

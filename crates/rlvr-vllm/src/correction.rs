@@ -38,6 +38,36 @@ pub struct MismatchStats {
     pub tokens: usize,
 }
 
+/// The running sums behind [`MismatchStats`]: tokens are added one at a time (from any number of
+/// micro-batches, in a fixed order), then [`MismatchSums::stats`] divides. The trainer's
+/// per-step diagnostics and [`mismatch_stats`] both use it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MismatchSums {
+    abs: f64,
+    k3: f64,
+    n: usize,
+}
+
+impl MismatchSums {
+    /// Adds one token with trainer log-prob `trainer` and sampler log-prob `sampler` (nats):
+    /// r = ℓ_trainer − ℓ_sampler adds |r| and exp(r) − r − 1.
+    pub fn add(&mut self, trainer: f32, sampler: f32) {
+        let r = trainer as f64 - sampler as f64;
+        self.abs += r.abs();
+        self.k3 += r.exp() - r - 1.0;
+        self.n += 1;
+    }
+
+    /// The token means; `None` when no token was added.
+    pub fn stats(&self) -> Option<MismatchStats> {
+        (self.n > 0).then(|| MismatchStats {
+            mean_abs_diff: self.abs / self.n as f64,
+            k3_kl: self.k3 / self.n as f64,
+            tokens: self.n,
+        })
+    }
+}
+
 /// One completion's log-probs for the diagnostics.
 #[derive(Debug, Clone, Copy)]
 pub struct MismatchRow<'a> {
@@ -55,7 +85,7 @@ pub struct MismatchRow<'a> {
 /// # Panics
 /// When a row's two slices differ in length.
 pub fn mismatch_stats(rows: &[MismatchRow]) -> Option<MismatchStats> {
-    let (mut abs, mut k3, mut n) = (0.0f64, 0.0f64, 0usize);
+    let mut sums = MismatchSums::default();
     for row in rows.iter().filter(|r| r.staleness == 0) {
         assert_eq!(
             row.sampler.len(),
@@ -63,17 +93,10 @@ pub fn mismatch_stats(rows: &[MismatchRow]) -> Option<MismatchStats> {
             "sampler and trainer log-probs differ in length"
         );
         for (&s, &t) in row.sampler.iter().zip(row.trainer) {
-            let r = t as f64 - s as f64;
-            abs += r.abs();
-            k3 += r.exp() - r - 1.0;
-            n += 1;
+            sums.add(t, s);
         }
     }
-    (n > 0).then(|| MismatchStats {
-        mean_abs_diff: abs / n as f64,
-        k3_kl: k3 / n as f64,
-        tokens: n,
-    })
+    sums.stats()
 }
 
 /// Whether a correction weighs each token by its own ratio or a whole completion by the product.

@@ -35,6 +35,7 @@ pub use checks::{trainer_logprobs, ServerInfo};
 pub use client::{ClientConfig, VllmClient};
 pub use correction::{
     correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchStats,
+    MismatchSums,
 };
 pub use error::{Result, VllmError};
 pub use http::{RetryPolicy, Server};

@@ -1,7 +1,9 @@
 //! Mismatch diagnostics and IS correction weights against reference values worked out by hand
 //! (log ρ = ℓ_trainer − ℓ_sampler = [0.2, −0.5, 0]; verl's rollout_corr_helper semantics).
 
-use rlvr_vllm::{correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow};
+use rlvr_vllm::{
+    correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchSums,
+};
 
 const TRAINER: [f32; 3] = [-1.0, -2.0, -0.5];
 const SAMPLER: [f32; 3] = [-1.2, -1.5, -0.5];
@@ -42,6 +44,22 @@ fn diagnostics_use_the_staleness_zero_rows_only() {
         staleness: 0,
     }];
     assert_eq!(mismatch_stats(&same).unwrap().k3_kl, 0.0);
+}
+
+/// The trainer's per-step diagnostics add tokens micro-batch by micro-batch through
+/// `MismatchSums`: the same reference values, however the tokens are split.
+#[test]
+fn mismatch_sums_accumulate_across_micro_batches() {
+    let mut sums = MismatchSums::default();
+    assert!(sums.stats().is_none());
+    sums.add(TRAINER[0], SAMPLER[0]);
+    sums.add(TRAINER[1], SAMPLER[1]);
+    let mut second = sums;
+    second.add(TRAINER[2], SAMPLER[2]);
+    let s = second.stats().unwrap();
+    assert_eq!(s.tokens, 3);
+    assert!((s.mean_abs_diff - 0.233_333_33).abs() < 1e-6, "{s:?}");
+    assert!((s.k3_kl - 0.042_644_47).abs() < 1e-6, "{s:?}");
 }
 
 #[test]
