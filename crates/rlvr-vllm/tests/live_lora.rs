@@ -163,7 +163,9 @@ fn adapter_logprobs_on_vllm_equal_the_trainers() {
         stop_ids: policy.tokenizer.eos_ids.clone(),
         ..Default::default()
     };
-    let groups = r.sample(&[prompt.clone()], 0, &params, 9).unwrap();
+    let groups = r
+        .sample(std::slice::from_ref(&prompt), 0, &params, 9)
+        .unwrap();
     let mut worst = 0.0f64;
     for c in groups.into_iter().next().unwrap().unwrap() {
         assert_eq!(c.version, 1);
