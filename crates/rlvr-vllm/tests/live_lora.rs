@@ -10,7 +10,9 @@
 //! directory: the trainer's base), `RLVR_VLLM_LORA_RANK` (the server's `--max-lora-rank`, default
 //! 8) and `RLVR` (the rlvr binary). Without a server each test returns at once, unless
 //! `RLVR_VLLM_REQUIRED=1` makes that a failure. The tests share the server, so they hold one
-//! lock, and a test that changes its base weights puts the original back.
+//! lock; each test that needs the server's own base weights pushes them first (live_train.rs,
+//! run before on the same server, leaves trained weights there), and one that changes them puts
+//! the original back.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -109,6 +111,30 @@ fn rollout(l: &Live, policy: &Policy, weights_dir: &Path) -> VllmRollout {
     .unwrap()
 }
 
+/// Pushes the served model's own weights back (full-weight refresh) and unloads this policy's
+/// adapters: a test before may have left other weights (live_train.rs's runs leave trained ones).
+fn restore_base(l: &Live, served: &Policy, tmp: &Path) {
+    let mut c = VllmClient::new(client_config(l)).unwrap();
+    let (prompt, completion) = (encode(served, "What is 12 + 30?"), encode(served, " 42"));
+    let check = RefreshCheck {
+        expected: trainer_logprobs(&served.model, &prompt, &completion, 1.0).unwrap(),
+        prompt,
+        completion,
+        tolerance: 1e-4,
+    };
+    let tensors = named_tensors(&served.model.without_adapters());
+    c.refresh(
+        &tmp.join("restore"),
+        0,
+        &tensors,
+        served.model.config(),
+        &check,
+    )
+    .unwrap();
+    c.unload_other_adapters("").unwrap();
+    let _ = std::fs::remove_dir_all(tmp.join("restore"));
+}
+
 fn encode(policy: &Policy, text: &str) -> Vec<u32> {
     policy.tokenizer.encode(text, false).unwrap()
 }
@@ -127,8 +153,9 @@ fn adapter_logprobs_on_vllm_equal_the_trainers() {
     let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let Some(l) = live() else { return };
     let mut policy = Policy::load(&l.model, DType::F32, &Device::Cpu).unwrap();
-    policy.model.add_lora(&lora(l.max_rank), 3).unwrap();
     let tmp = tempfile::tempdir().unwrap();
+    restore_base(&l, &policy, tmp.path());
+    policy.model.add_lora(&lora(l.max_rank), 3).unwrap();
     let mut r = rollout(&l, &policy, tmp.path());
     // Version 0: B = 0, the base the server already serves, so no base push.
     r.load_weights(0, &named_tensors(&policy.model)).unwrap();
@@ -236,22 +263,7 @@ fn a_trainer_base_other_than_the_servers_is_pushed_once() {
     eprintln!("other base pushed, then its adapter: max |ℓ_vLLM − ℓ_trainer| = {d:.2e}");
     assert!(d < 1e-4, "{d}");
     // Put the served model's weights back for the other tests.
-    let mut c = VllmClient::new(client_config(&l)).unwrap();
-    let check = RefreshCheck {
-        expected: trainer_logprobs(&served.model, &prompt, &completion, 1.0).unwrap(),
-        prompt,
-        completion,
-        tolerance: 1e-4,
-    };
-    c.refresh(
-        &tmp.path().join("restore"),
-        0,
-        &named_tensors(&served.model),
-        served.model.config(),
-        &check,
-    )
-    .unwrap();
-    c.unload_other_adapters("").unwrap();
+    restore_base(&l, &served, tmp.path());
 }
 
 #[test]
@@ -296,6 +308,8 @@ fn a_lora_run_on_vllm_follows_the_schedule() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target/debug/rlvr"));
     let tmp = tempfile::tempdir().unwrap();
+    let served = Policy::load(&l.model, DType::F32, &Device::Cpu).unwrap();
+    restore_base(&l, &served, tmp.path());
     let run = tmp.path().join("lora");
     let score = tmp.path().join("score.sh");
     // The parity of the input line's length: varied rewards, so every step has gradients.
