@@ -104,6 +104,14 @@ free_port() {
   "${PYTHON:-python3}" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# Whether process $1 exists and is not a zombie (a killed process its parent has not reaped yet).
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ "$state" != Z ] && [ "$state" != X ]
+}
+
 start() {
   need_avx512
   local model_dir=${1:?usage: start MODEL_DIR [PORT]}
@@ -111,8 +119,12 @@ start() {
   local port=${2:-${PORT:-$(free_port)}}
   [ -x "$VENV/bin/python" ] || die "no venv at $VENV: run '$0 install' first"
   mkdir -p "$RUN"
-  if [ -f "$RUN/vllm.pid" ] && kill -0 "$(cat "$RUN/vllm.pid")" 2>/dev/null; then
-    die "a server is already running (pid $(cat "$RUN/vllm.pid")); '$0 stop' first"
+  if [ -f "$RUN/vllm.pid" ]; then
+    # A server killed a moment ago (kill -KILL of its group, as live_train.rs does) may still be
+    # tearing down its processes (seconds for a LoRA-enabled one): wait up to 30 s before refusing.
+    local old; old=$(cat "$RUN/vllm.pid")
+    for _ in $(seq 1 30); do alive "$old" || break; sleep 1; done
+    alive "$old" && die "a server is already running (pid $old); '$0 stop' first"
   fi
   # LoRA adapters loaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
   local lora=()
