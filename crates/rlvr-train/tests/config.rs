@@ -423,15 +423,8 @@ fn vllm_backend_keys_are_checked() {
         check_load("", &[vllm, server, "rollout.in_flight=0"]).unwrap_err()
     );
     assert!(err.contains("rollout.in_flight"), "{err}");
-    // LoRA adapters cannot be pushed to vLLM yet: refused, naming both keys.
-    let err = format!(
-        "{:#}",
-        check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap_err()
-    );
-    assert!(
-        err.contains("model.lora_rank") && err.contains("rollout.backend"),
-        "{err}"
-    );
+    // LoRA adapters are pushed to vLLM by name (issue 19 item 5): accepted.
+    check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap();
     let err = format!(
         "{:#}",
         check_load("", &["rollout.backend=\"sglang\""]).unwrap_err()

@@ -105,12 +105,27 @@ pub fn tokenizer_probe(tokenizer: &TokenizerBundle) -> Result<(String, Vec<u32>)
 
 impl VllmClient {
     /// Each server's log-probs (T = 1) of `completion` after `prompt`, scored as a prompt
-    /// (`prompt_logprobs: 0, max_tokens: 1`): one vector per server, in [`VllmClient::server_urls`]
-    /// order, one value per completion token.
+    /// (`prompt_logprobs: 0, max_tokens: 1`) by [`VllmClient::model_name`] (the served model, or
+    /// the current LoRA adapter): one vector per server, in [`VllmClient::server_urls`] order, one
+    /// value per completion token.
     ///
     /// # Errors
     /// As [`crate::Server::call`]; an empty prompt or completion.
     pub fn score(&self, prompt: &[u32], completion: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.score_as(&self.model_name, prompt, completion)
+    }
+
+    /// As [`VllmClient::score`], naming `model` in the request (e.g. `served_model_name` for the
+    /// base weights while a LoRA adapter is current).
+    ///
+    /// # Errors
+    /// As [`VllmClient::score`].
+    pub fn score_as(
+        &self,
+        model: &str,
+        prompt: &[u32],
+        completion: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
         if prompt.is_empty() || completion.is_empty() {
             return Err(VllmError::Config(
                 "scoring needs a non-empty prompt and completion".into(),
@@ -120,7 +135,7 @@ impl VllmClient {
         self.servers
             .iter()
             .map(|s| {
-                let all = server_logprobs(s, &self.config.served_model_name, &ids)?;
+                let all = server_logprobs(s, model, &ids)?;
                 Ok(all[prompt.len() - 1..].to_vec())
             })
             .collect()
@@ -195,7 +210,7 @@ impl VllmClient {
     }
 
     /// The log-prob-mode check: on every server, one completion of `prompt` (`tokens` tokens, no
-    /// stop) sampled at T = 0.7, top-p 1, top-k off, whose behaviour log-probs are compared with
+    /// stop) sampled at T = 0.7, top-p 1, top-k off by [`VllmClient::model_name`], whose behaviour log-probs are compared with
     /// the trainer's ([`trainer_logprobs`] at T = 0.7 on `model`, the weights the servers hold).
     /// Returns the mean |ℓ_vLLM − ℓ_trainer| per server.
     ///
@@ -216,8 +231,7 @@ impl VllmClient {
             min_new_tokens: tokens,
             ..Default::default()
         };
-        let body =
-            crate::completion::request_body(&self.config.served_model_name, prompt, &params, 7);
+        let body = crate::completion::request_body(&self.model_name, prompt, &params, 7);
         let mut gaps = Vec::new();
         for s in &self.servers {
             let c = s.call("POST", "/v1/completions", Some(&body), |a: Value| {

@@ -58,6 +58,9 @@ pub struct VllmClient {
     pub(crate) version: u64,
     /// The version of a refresh that failed (cleared by a successful one): sampling is refused.
     pub(crate) refresh_failed: Option<u64>,
+    /// The `model` of sampling and scoring requests: the served name, or the loaded LoRA
+    /// adapter's name ([`crate::lora`]).
+    pub(crate) model_name: String,
     detok: Option<Box<dyn Detokenize>>,
 }
 
@@ -96,6 +99,7 @@ impl VllmClient {
             .collect::<Result<_>>()?;
         Ok(Self {
             servers,
+            model_name: config.served_model_name.clone(),
             config,
             version: 0,
             refresh_failed: None,
@@ -120,6 +124,12 @@ impl VllmClient {
     /// the checkpoint of that version).
     pub fn set_version(&mut self, version: u64) {
         self.version = version;
+    }
+
+    /// The `model` that sampling and scoring requests name: `served_model_name`, or after a
+    /// LoRA refresh ([`VllmClient::refresh_adapter`]) the adapter version's name.
+    pub fn model_name(&self) -> &str {
+        &self.model_name
     }
 
     /// The settings in force.
@@ -248,7 +258,7 @@ impl VllmClient {
         prompt_index: usize,
     ) -> Result<Vec<Completion>> {
         let body = request_body(
-            &self.config.served_model_name,
+            &self.model_name,
             prompt,
             params,
             request_seed(seed, prompt_index, params.group_size),

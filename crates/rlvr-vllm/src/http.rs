@@ -89,12 +89,13 @@ impl Server {
         self.policy
     }
 
+    /// One attempt: the answer's body on HTTP 200.
     fn once(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
-    ) -> std::result::Result<Value, Failure> {
+    ) -> std::result::Result<String, Failure> {
         let url = format!("{}{}", self.url, path);
         let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
         let sent = match (method, body) {
@@ -153,16 +154,7 @@ impl Server {
                 cut(&text, 300)
             )));
         }
-        if text.trim().is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_str(&text).map_err(|e| {
-            Failure::Retry(format!(
-                "HTTP 200 with invalid JSON ({e}; {} bytes): {}",
-                text.len(),
-                cut(&text, 200)
-            ))
-        })
+        Ok(text)
     }
 
     /// Sends `method path` (GET, or POST with `body` as JSON / empty), then `check`s the parsed
@@ -179,6 +171,35 @@ impl Server {
         body: Option<&Value>,
         check: impl Fn(Value) -> std::result::Result<T, String>,
     ) -> Result<T> {
+        self.call_text(method, path, body, |text| {
+            let v = if text.trim().is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(text).map_err(|e| {
+                    format!(
+                        "HTTP 200 with invalid JSON ({e}; {} bytes): {}",
+                        text.len(),
+                        cut(text, 200)
+                    )
+                })?
+            };
+            check(v).map_err(|msg| format!("HTTP 200 with a malformed answer: {msg}"))
+        })
+    }
+
+    /// As [`Server::call`], for routes whose answer is plain text (vLLM's
+    /// `/v1/load_lora_adapter` answers `Success: LoRA adapter '…' added successfully.`): `check`
+    /// gets the body of an HTTP 200 and its error is the attempt's whole failure message.
+    ///
+    /// # Errors
+    /// As [`Server::call`].
+    pub fn call_text<T>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        check: impl Fn(&str) -> std::result::Result<T, String>,
+    ) -> Result<T> {
         let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
         let attempts = self.policy.retries + 1;
         let mut last = String::new();
@@ -191,9 +212,9 @@ impl Server {
                 std::thread::sleep(wait.min(Duration::from_secs(30)));
             }
             match self.once(method, path, body) {
-                Ok(v) => match check(v) {
+                Ok(text) => match check(&text) {
                     Ok(t) => return Ok(t),
-                    Err(msg) => last = format!("HTTP 200 with a malformed answer: {msg}"),
+                    Err(msg) => last = msg,
                 },
                 Err(Failure::Retry(msg)) => last = msg,
                 Err(Failure::Refused(status, body)) => {

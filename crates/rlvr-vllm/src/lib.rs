@@ -11,6 +11,8 @@
 //!   and the log-prob-mode check (`--logprobs-mode processed_logprobs`).
 //! - [`refresh`]: the policy written as a checkpoint per version and reloaded on every server,
 //!   verified by scoring a fixed sequence.
+//! - [`lora`]: with LoRA, each version's adapter written in PEFT's format and loaded by name
+//!   (`/v1/load_lora_adapter`), requests naming it, older versions unloaded.
 //! - [`VllmRollout`]: all of the above behind `rlvr_rollout::Rollout`, the explorer's boundary
 //!   (`rollout.backend = "vllm"` in rlvr-train).
 //! - [`correction`]: mismatch diagnostics and truncated / masked IS weights (pure functions).
@@ -28,6 +30,7 @@ pub mod completion;
 pub mod correction;
 pub mod error;
 pub mod http;
+pub mod lora;
 pub mod refresh;
 pub mod rollout;
 
@@ -39,5 +42,6 @@ pub use correction::{
 };
 pub use error::{Result, VllmError};
 pub use http::{RetryPolicy, Server};
+pub use lora::{adapter_name, write_adapter, LORA_SERVER_FLAGS};
 pub use refresh::{prune_versions, version_dir, write_weights, RefreshCheck, RefreshTimings};
 pub use rollout::{VllmRollout, VllmRolloutConfig};

@@ -18,7 +18,7 @@ pub fn version_dir(weights_dir: &Path, version: u64) -> PathBuf {
     weights_dir.join(format!("version-{version:08}"))
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
     move |source| VllmError::Io {
         path: path.to_path_buf(),
         source,
@@ -43,12 +43,56 @@ pub fn write_weights(
     config: &ModelConfig,
     dtype: DType,
 ) -> Result<PathBuf> {
+    let name = format!("version-{version:08}");
+    write_weights_as(weights_dir, &name, tensors, config, dtype)
+}
+
+/// As [`write_weights`], into `weights_dir/name`.
+///
+/// # Errors
+/// As [`write_weights`].
+pub(crate) fn write_weights_as(
+    weights_dir: &Path,
+    name: &str,
+    tensors: &[(String, Tensor)],
+    config: &ModelConfig,
+    dtype: DType,
+) -> Result<PathBuf> {
+    write_dir(weights_dir, name, |tmp| {
+        write_checkpoint(tmp, tensors, config, dtype)
+    })
+}
+
+/// Creates `weights_dir/name` atomically: `fill` writes into a fresh directory beside it, which
+/// is then renamed (replacing an older `name`). Returns the absolute path.
+///
+/// # Errors
+/// [`VllmError::Io`]; `fill`'s errors.
+pub(crate) fn write_dir(
+    weights_dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(weights_dir).map_err(io(weights_dir))?;
     let weights_dir = weights_dir.canonicalize().map_err(io(weights_dir))?;
-    let dir = version_dir(&weights_dir, version);
-    let tmp = weights_dir.join(format!(".tmp-version-{version:08}-{}", std::process::id()));
+    let dir = weights_dir.join(name);
+    let tmp = weights_dir.join(format!(".tmp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    fill(&tmp)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
+    Ok(dir)
+}
+
+/// `tensors` in `dtype` and `config` as a HuggingFace checkpoint in the existing directory `tmp`
+/// (see [`write_weights`]).
+fn write_checkpoint(
+    tmp: &Path,
+    tensors: &[(String, Tensor)],
+    config: &ModelConfig,
+    dtype: DType,
+) -> Result<()> {
     let mut out: Vec<(String, Tensor)> = tensors
         .iter()
         .map(|(n, t)| Ok((n.clone(), t.detach().to_dtype(dtype)?)))
@@ -64,7 +108,7 @@ pub fn write_weights(
         out.push(("lm_head.weight".into(), embed));
     }
     let bytes = rlvr_model::weights::safetensors_bytes(&out)?;
-    std::fs::write(tmp.join("model.safetensors"), bytes).map_err(io(&tmp))?;
+    std::fs::write(tmp.join("model.safetensors"), bytes).map_err(io(tmp))?;
     let mut cfg = config.clone();
     cfg.stored_dtype = Some(
         match dtype {
@@ -75,10 +119,8 @@ pub fn write_weights(
         .into(),
     );
     let json = serde_json::to_vec_pretty(&cfg.to_json()).expect("config serialises");
-    std::fs::write(tmp.join("config.json"), json).map_err(io(&tmp))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
-    Ok(dir)
+    std::fs::write(tmp.join("config.json"), json).map_err(io(tmp))?;
+    Ok(())
 }
 
 /// Deletes every `version-*` directory under `weights_dir` except that of `keep`.
@@ -156,16 +198,30 @@ impl VllmClient {
     /// was not reloaded, another dtype); request errors.
     pub fn verify(&self, check: &RefreshCheck) -> Result<f64> {
         let scored = self.score(&check.prompt, &check.completion)?;
-        let mut worst = 0.0f64;
-        for (url, lps) in self.server_urls().iter().zip(scored) {
-            let d = lps
-                .iter()
-                .zip(&check.expected)
-                .map(|(a, b)| (a - b).abs() as f64)
-                .fold(0.0, f64::max);
-            let non_finite = lps.iter().any(|x| !x.is_finite());
-            if lps.len() != check.expected.len() || non_finite || d > check.tolerance {
-                return Err(VllmError::Check {
+        check_scores(&self.server_urls(), &scored, check)
+    }
+}
+
+/// The largest max |ℓ_server − ℓ_expected| of `scored` (one vector per server of `urls`).
+///
+/// # Errors
+/// [`VllmError::Check`] naming the first server beyond `check.tolerance`, with a wrong count or
+/// a non-finite value.
+pub(crate) fn check_scores(
+    urls: &[String],
+    scored: &[Vec<f32>],
+    check: &RefreshCheck,
+) -> Result<f64> {
+    let mut worst = 0.0f64;
+    for (url, lps) in urls.iter().zip(scored) {
+        let d = lps
+            .iter()
+            .zip(&check.expected)
+            .map(|(a, b)| (a - b).abs() as f64)
+            .fold(0.0, f64::max);
+        let non_finite = lps.iter().any(|x| !x.is_finite());
+        if lps.len() != check.expected.len() || non_finite || d > check.tolerance {
+            return Err(VllmError::Check {
                     server: url.clone(),
                     msg: format!(
                         "after the refresh it scores the check sequence up to {d:.3e} nats away from the \
@@ -173,12 +229,13 @@ impl VllmClient {
                         check.tolerance
                     ),
                 });
-            }
-            worst = worst.max(d);
         }
-        Ok(worst)
+        worst = worst.max(d);
     }
+    Ok(worst)
+}
 
+impl VllmClient {
     /// Pushes the policy of `version` to every server: [`write_weights`] under `weights_dir`,
     /// [`VllmClient::reload`], [`VllmClient::verify`] with `check`, then the client's version
     /// becomes `version` and older version directories are deleted ([`prune_versions`]).
@@ -204,6 +261,7 @@ impl VllmClient {
         self.reload(&dir)?;
         let reload_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
+        self.model_name = self.config.served_model_name.clone();
         let max_abs_diff = self.verify(check)?;
         let verify_s = t2.elapsed().as_secs_f64();
         self.version = version;

@@ -9,6 +9,13 @@
 //!   the local copy's log-probs, and older version directories are deleted
 //!   ([`VllmClient::refresh`]). The first successful push also runs the log-prob-mode check
 //!   ([`VllmClient::check_logprob_mode`]).
+//! - With LoRA (`model.lora_rank` > 0) the weights are the adapters: each version is written as a
+//!   PEFT adapter and loaded by name on every server, and requests name it
+//!   ([`VllmClient::refresh_adapter`], [`crate::lora`]). The servers keep the base they loaded;
+//!   at the first push it is compared with the trainer's base (the fixed sequence scored through
+//!   the served name against the policy with its adapters off), and only when it differs
+//!   (servers started on another checkpoint) the trainer's base is pushed once by the full-weight
+//!   reload, then checked again.
 //! - `sample`: one request per group, groups spread over the servers concurrently
 //!   ([`VllmClient::sample`]); a failure fails the whole call, so nothing is trained on a partial
 //!   group.
@@ -22,7 +29,7 @@ use rlvr_rollout::{GroupResult, PromptIds, Rollout, RolloutError, SamplingParams
 use crate::checks::{trainer_logprobs, ServerInfo};
 use crate::client::{ClientConfig, VllmClient};
 use crate::error::{Result, VllmError};
-use crate::refresh::{RefreshCheck, RefreshTimings};
+use crate::refresh::{check_scores, write_weights_as, RefreshCheck, RefreshTimings};
 
 /// Tokens sampled by the log-prob-mode check after the first push.
 const MODE_CHECK_TOKENS: usize = 16;
@@ -51,6 +58,9 @@ pub struct VllmRollout {
     check_prompt: Vec<u32>,
     check_completion: Vec<u32>,
     mode_checked: bool,
+    /// With LoRA: whether the servers' base was compared with the trainer's, and whether it had
+    /// to be pushed then.
+    base_pushed: Option<bool>,
     last_refresh: Option<RefreshTimings>,
     infos: Vec<ServerInfo>,
 }
@@ -96,6 +106,7 @@ impl VllmRollout {
             check_prompt: spread_ids(6, 11, vocab),
             check_completion: spread_ids(12, 5003, vocab),
             mode_checked: false,
+            base_pushed: None,
             last_refresh: None,
             infos,
         })
@@ -111,6 +122,12 @@ impl VllmRollout {
         self.last_refresh
     }
 
+    /// With LoRA, after the first push: whether the servers' base weights differed from the
+    /// trainer's and were pushed (`Some(true)`) or were already the trainer's (`Some(false)`).
+    pub fn base_pushed(&self) -> Option<bool> {
+        self.base_pushed
+    }
+
     /// The directory the versions are written under.
     pub fn weights_dir(&self) -> &Path {
         &self.weights_dir
@@ -121,24 +138,81 @@ impl VllmRollout {
         &self.client
     }
 
-    /// Pushes the local copy's weights as `version` (see the module docs).
-    fn push(&mut self, version: u64) -> Result<()> {
-        let expected =
-            trainer_logprobs(&self.model, &self.check_prompt, &self.check_completion, 1.0)?;
-        let check = RefreshCheck {
+    /// The refresh check of `model`: the fixed sequence and `model`'s log-probs of it (T = 1).
+    fn check_of(&self, model: &Model) -> Result<RefreshCheck> {
+        let expected = trainer_logprobs(model, &self.check_prompt, &self.check_completion, 1.0)?;
+        Ok(RefreshCheck {
             prompt: self.check_prompt.clone(),
             completion: self.check_completion.clone(),
             expected,
             tolerance: self.tolerance,
-        };
-        let tensors = rlvr_rollout::named_tensors(&self.model);
-        let timings = self.client.refresh(
+        })
+    }
+
+    /// With LoRA: makes the servers' base weights the trainer's (see the module docs). Returns
+    /// whether they had to be pushed.
+    ///
+    /// # Errors
+    /// [`VllmError::Check`] when a server still scores the base differently after the push;
+    /// request, write and reload errors.
+    fn push_base_if_needed(&mut self) -> Result<bool> {
+        let base = self.model.without_adapters();
+        let check = self.check_of(&base)?;
+        let served = self.client.config().served_model_name.clone();
+        let urls = self.client.server_urls();
+        let scored = self
+            .client
+            .score_as(&served, &check.prompt, &check.completion)?;
+        if check_scores(&urls, &scored, &check).is_ok() {
+            return Ok(false);
+        }
+        let tensors = rlvr_rollout::named_tensors(&base);
+        let dir = write_weights_as(
             &self.weights_dir,
-            version,
+            "base",
             &tensors,
-            self.model.config(),
-            &check,
+            base.config(),
+            candle_core::DType::F32,
         )?;
+        self.client.reload(&dir)?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let scored = self
+            .client
+            .score_as(&served, &check.prompt, &check.completion)?;
+        check_scores(&urls, &scored, &check).map_err(|e| match e {
+            VllmError::Check { server, msg } => VllmError::Check {
+                server,
+                msg: format!(
+                    "its base model differed from the trainer's (model.path), and after the \
+                     trainer's base weights were pushed (reload_weights) it still differs: {msg}"
+                ),
+            },
+            e => e,
+        })?;
+        Ok(true)
+    }
+
+    /// Pushes the local copy's weights as `version` (see the module docs).
+    fn push(&mut self, version: u64) -> Result<()> {
+        let check = self.check_of(&self.model)?;
+        let timings = if self.model.lora_config().is_some() {
+            if self.base_pushed.is_none() {
+                // Not yet compared: on failure the next push compares again.
+                self.client.refresh_failed = Some(version);
+                self.base_pushed = Some(self.push_base_if_needed()?);
+            }
+            self.client
+                .refresh_adapter(&self.weights_dir, version, &self.model, &check)?
+        } else {
+            let tensors = rlvr_rollout::named_tensors(&self.model);
+            self.client.refresh(
+                &self.weights_dir,
+                version,
+                &tensors,
+                self.model.config(),
+                &check,
+            )?
+        };
         self.last_refresh = Some(timings);
         if !self.mode_checked {
             self.client

@@ -100,15 +100,6 @@ impl RawConfig {
         }
         if r.backend == super::RolloutBackend::Vllm {
             check_vllm_keys(r)?;
-            if self.model.lora_rank > 0 {
-                bail!(
-                    "model.lora_rank = {} with rollout.backend = \"vllm\": pushing LoRA adapters to vLLM \
-                     servers (POST /v1/load_lora_adapter) is not built yet (issue 19 item 5), and the \
-                     full-weight refresh would send the adapters alone; use rollout.backend = \"native\" \
-                     with LoRA, or train without it",
-                    self.model.lora_rank
-                );
-            }
         }
         if s.interval == 0 {
             bail!("sync.interval must be at least 1 (1 = on-policy)");
