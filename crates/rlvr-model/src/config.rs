@@ -268,6 +268,21 @@ impl ModelConfig {
         })
     }
 
+    /// config.json's bytes (pretty JSON, [`ModelConfig::to_json`]) for weights stored as `dtype`:
+    /// `torch_dtype` is "bfloat16", "float16" or "float32" (anything else is written as f32).
+    pub fn json_bytes_for(&self, dtype: candle_core::DType) -> Vec<u8> {
+        let mut cfg = self.clone();
+        cfg.stored_dtype = Some(
+            match dtype {
+                candle_core::DType::BF16 => "bfloat16",
+                candle_core::DType::F16 => "float16",
+                _ => "float32",
+            }
+            .into(),
+        );
+        serde_json::to_vec_pretty(&cfg.to_json()).expect("config serialises")
+    }
+
     /// Serialises to a transformers-4 style config.json that transformers and rlvr both load.
     pub fn to_json(&self) -> Value {
         let mut m = serde_json::Map::new();

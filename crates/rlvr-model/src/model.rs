@@ -499,16 +499,7 @@ impl Model {
 
     /// Writes config.json with `torch_dtype` = `dtype`.
     fn save_config(&self, dir: &Path, dtype: DType) -> Result<()> {
-        let mut cfg = self.config.clone();
-        cfg.stored_dtype = Some(
-            match dtype {
-                DType::BF16 => "bfloat16",
-                DType::F16 => "float16",
-                _ => "float32",
-            }
-            .into(),
-        );
-        let json = serde_json::to_vec_pretty(&cfg.to_json()).expect("config serialises");
+        let json = self.config.json_bytes_for(dtype);
         crate::weights::atomic_write(&dir.join("config.json"), &json)?;
         Ok(())
     }

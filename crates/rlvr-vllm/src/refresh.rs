@@ -109,17 +109,7 @@ fn write_checkpoint(
     }
     let bytes = rlvr_model::weights::safetensors_bytes(&out)?;
     std::fs::write(tmp.join("model.safetensors"), bytes).map_err(io(tmp))?;
-    let mut cfg = config.clone();
-    cfg.stored_dtype = Some(
-        match dtype {
-            DType::BF16 => "bfloat16",
-            DType::F16 => "float16",
-            _ => "float32",
-        }
-        .into(),
-    );
-    let json = serde_json::to_vec_pretty(&cfg.to_json()).expect("config serialises");
-    std::fs::write(tmp.join("config.json"), json).map_err(io(tmp))?;
+    std::fs::write(tmp.join("config.json"), config.json_bytes_for(dtype)).map_err(io(tmp))?;
     Ok(())
 }
 
