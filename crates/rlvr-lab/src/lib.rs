@@ -189,13 +189,18 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "failures": outcome.failures,
         }),
     )?;
-    writeln!(out, "\n{:<4} {:<14} claim", "", "status")?;
+    writeln!(
+        out,
+        "\n{:<4} {:<14} {:<15} claim",
+        "", "status", "paired by seed"
+    )?;
     for v in &vs {
         writeln!(
             out,
-            "{:<4} {:<14} {}",
+            "{:<4} {:<14} {:<15} {}",
             v.claim,
             v.status.name(),
+            v.paired_status.map_or("–", |p| p.name()),
             v.statement
         )?;
     }

@@ -207,6 +207,10 @@ pub struct ArmStats {
     pub ratio_min: Option<f64>,
     /// Largest `ratio/max` at the end over seeds.
     pub ratio_max: Option<f64>,
+    /// Final held-out accuracy per seed, `(seed, fraction)`: for comparisons paired by seed.
+    pub final_by_seed: Vec<(u64, f64)>,
+    /// Warm-start held-out accuracy per seed, `(seed, fraction)`.
+    pub warm_by_seed: Vec<(u64, f64)>,
 }
 
 /// Groups `runs` by arm (first-appearance order) into [`ArmStats`].
@@ -239,6 +243,14 @@ pub fn arm_stats(runs: &[RunSummary]) -> Vec<ArmStats> {
                 clip_frac: mean_std(rs.iter().map(|r| r.clip_frac)).map(|m| m.0),
                 ratio_min: rs.iter().filter_map(|r| fin(r.ratio_min)).reduce(f64::min),
                 ratio_max: rs.iter().filter_map(|r| fin(r.ratio_max)).reduce(f64::max),
+                final_by_seed: rs
+                    .iter()
+                    .filter_map(|r| fin(r.final_accuracy).map(|v| (r.seed, v)))
+                    .collect(),
+                warm_by_seed: rs
+                    .iter()
+                    .filter_map(|r| fin(r.warm_accuracy).map(|v| (r.seed, v)))
+                    .collect(),
             }
         })
         .collect()

@@ -15,6 +15,13 @@
 //! and inconclusive otherwise. A claim made of several comparisons is supported when all are, not
 //! supported when any is not, inconclusive otherwise (also when an arm it needs is missing).
 //!
+//! Paired by seed, beside it: the arms of one seed share that seed's warm start, whose accuracy
+//! varies from seed to seed by more than the arms differ, and the unpaired SE above carries that
+//! variance twice. Each comparison therefore also judges the per-seed differences
+//! d_i = a_i − b_i over the seeds both arms have (n ≥ 2): mean d̄, SE = sd(d)/√n, the same rules
+//! ([`Paired`], [`Verdict::paired_status`]). The unpaired verdict is the one the issue asks for
+//! and stays the headline; the paired one is the sharper test of the same claim.
+//!
 //! The claims (arms found by preset and sync interval):
 //! - **A1** off-policy GRPO (`grpo`/`off_policy_grpo` at intervals 4 and 16) is not worse than
 //!   on-policy GRPO (interval 1) by more than m (arXiv 2505.22257);
@@ -89,6 +96,44 @@ pub struct Comparison {
     pub se: f64,
     /// Outcome.
     pub status: Status,
+    /// The same comparison paired by seed (`None` with fewer than two shared seeds).
+    #[serde(default)]
+    pub paired: Option<Paired>,
+}
+
+/// A comparison paired by seed: d_i = a_i − b_i over the seeds both sides have.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Paired {
+    /// Shared seeds.
+    pub n: usize,
+    /// Mean of the per-seed differences.
+    pub diff: f64,
+    /// Its standard error, sd(d)/√n.
+    pub se: f64,
+    /// Outcome under the same rule as the unpaired comparison.
+    pub status: Status,
+}
+
+/// `test` on the per-seed differences of `a` and `b` (`(seed, value)` lists); `None` with fewer
+/// than two shared seeds.
+pub fn paired(a: &[(u64, f64)], b: &[(u64, f64)], test: Test, m: f64) -> Option<Paired> {
+    let d: Vec<f64> = a
+        .iter()
+        .filter_map(|(s, x)| b.iter().find(|(t, _)| t == s).map(|(_, y)| x - y))
+        .collect();
+    let n = d.len();
+    if n < 2 {
+        return None;
+    }
+    let mean = d.iter().sum::<f64>() / n as f64;
+    let var = d.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
+    let se = (var / n as f64).sqrt();
+    Some(Paired {
+        n,
+        diff: mean,
+        se,
+        status: judge(test, mean, se, m),
+    })
 }
 
 /// One claim's verdict.
@@ -104,6 +149,10 @@ pub struct Verdict {
     pub comparisons: Vec<Comparison>,
     /// Why it is inconclusive without numbers (a missing arm), else empty.
     pub note: String,
+    /// The verdict from the comparisons paired by seed (same combination rule); `None` when a
+    /// comparison has no paired form (fewer than two shared seeds) or an arm is missing.
+    #[serde(default)]
+    pub paired_status: Option<Status>,
 }
 
 /// Judges d with SE s against margin m for `test`.
@@ -120,7 +169,10 @@ pub fn judge(test: Test, d: f64, s: f64, m: f64) -> Status {
     }
 }
 
-fn compare(a: &str, ea: Estimate, b: &str, eb: Estimate, test: Test, m: f64) -> Comparison {
+/// One side of a comparison: its name, its estimate and its per-seed values.
+type Side<'a> = (&'a str, Estimate, &'a [(u64, f64)]);
+
+fn compare((a, ea, sa): Side, (b, eb, sb): Side, test: Test, m: f64) -> Comparison {
     let diff = ea.mean - eb.mean;
     let se = (ea.se * ea.se + eb.se * eb.se).sqrt();
     Comparison {
@@ -132,6 +184,18 @@ fn compare(a: &str, ea: Estimate, b: &str, eb: Estimate, test: Test, m: f64) -> 
         diff,
         se,
         status: judge(test, diff, se, m),
+        paired: paired(sa, sb, test, m),
+    }
+}
+
+/// The combination rule of a claim over its comparisons' statuses.
+fn combined(statuses: &[Status], complete: bool) -> Status {
+    if statuses.contains(&Status::NotSupported) {
+        Status::NotSupported
+    } else if complete && !statuses.is_empty() && statuses.iter().all(|s| *s == Status::Supported) {
+        Status::Supported
+    } else {
+        Status::Inconclusive
     }
 }
 
@@ -160,16 +224,12 @@ fn combine(
     comps: Vec<Comparison>,
     missing: Vec<String>,
 ) -> Verdict {
-    let status = if comps.iter().any(|c| c.status == Status::NotSupported) {
-        Status::NotSupported
-    } else if missing.is_empty()
-        && !comps.is_empty()
-        && comps.iter().all(|c| c.status == Status::Supported)
-    {
-        Status::Supported
-    } else {
-        Status::Inconclusive
-    };
+    let statuses: Vec<Status> = comps.iter().map(|c| c.status).collect();
+    let status = combined(&statuses, missing.is_empty());
+    let paired: Option<Vec<Status>> = comps.iter().map(|c| c.paired.map(|p| p.status)).collect();
+    let paired_status = paired
+        .filter(|p| missing.is_empty() && !p.is_empty())
+        .map(|p| combined(&p, true));
     let note = if missing.is_empty() {
         String::new()
     } else {
@@ -181,6 +241,7 @@ fn combine(
         status,
         comparisons: comps,
         note,
+        paired_status,
     }
 }
 
@@ -190,7 +251,10 @@ const GRPO: &[&str] = &["grpo", "off_policy_grpo"];
 // Long (about 140 lines) on purpose: one block per claim (A1, B1-B4), each reading as the issue
 // states it, side by side so the five rules can be checked against its text.
 pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
-    let fin = |a: &ArmStats| a.final_accuracy.expect("find() keeps arms with one");
+    fn side(a: &ArmStats) -> Side<'_> {
+        let fin = a.final_accuracy.expect("find() keeps arms with one");
+        (&a.arm, fin, &a.final_by_seed)
+    }
     let pts = 100.0 * m;
     let mut out = Vec::new();
 
@@ -200,14 +264,7 @@ pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
         Some(on) => {
             for v in [4, 16] {
                 match find(arms, GRPO, v) {
-                    Some(off) => comps.push(compare(
-                        &off.arm,
-                        fin(off),
-                        &on.arm,
-                        fin(on),
-                        Test::NonInferior,
-                        m,
-                    )),
+                    Some(off) => comps.push(compare(side(off), side(on), Test::NonInferior, m)),
                     None => missing.push(format!("GRPO at interval {v}")),
                 }
             }
@@ -226,14 +283,7 @@ pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
     match (find(arms, &["reinforce"], 1), harshest(arms, "reinforce")) {
         (Some(on), Some(v)) => {
             let off = find(arms, &["reinforce"], v).expect("harshest has one");
-            comps.push(compare(
-                &on.arm,
-                fin(on),
-                &off.arm,
-                fin(off),
-                Test::Superior,
-                m,
-            ));
+            comps.push(compare(side(on), side(off), Test::Superior, m));
         }
         (on, v) => {
             if on.is_none() {
@@ -257,9 +307,7 @@ pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
         find(arms, &["rec_oneside_nois"], 16),
         find(arms, &["rec_oneside_is"], 16),
     ) {
-        (Some(a), Some(b)) => {
-            comps.push(compare(&a.arm, fin(a), &b.arm, fin(b), Test::Equivalent, m))
-        }
+        (Some(a), Some(b)) => comps.push(compare(side(a), side(b), Test::Equivalent, m)),
         (a, b) => {
             for (x, n) in [
                 (a.is_none(), "REC-OneSide-NoIS"),
@@ -284,10 +332,8 @@ pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
         match harshest(arms, p).and_then(|v| find(arms, &[p], v)) {
             Some(a) => match a.warm_accuracy {
                 Some(w) => comps.push(compare(
-                    &a.arm,
-                    fin(a),
-                    &format!("warm start of {}", a.arm),
-                    w,
+                    side(a),
+                    (&format!("warm start of {}", a.arm), w, &a.warm_by_seed),
                     Test::NonInferior,
                     m,
                 )),
@@ -309,14 +355,7 @@ pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
         Some(base) => {
             for p in ["red_drop", "red_weight"] {
                 match find(arms, &[p], 16) {
-                    Some(a) => comps.push(compare(
-                        &a.arm,
-                        fin(a),
-                        &base.arm,
-                        fin(base),
-                        Test::Superior,
-                        m,
-                    )),
+                    Some(a) => comps.push(compare(side(a), side(base), Test::Superior, m)),
                     None => missing.push(format!("{p} at interval 16")),
                 }
             }
@@ -342,27 +381,42 @@ pub fn markdown(vs: &[Verdict], m: f64) -> String {
         "# Verdicts\n\nFinal held-out accuracy in percent, mean ± standard error over seeds (one seed: \
          the binomial SE of the evaluation). d = a − b ± its SE. Margin m = {:.0} points; a claim is \
          supported when the data show it beyond m and two standard errors, not supported when they \
-         show the opposite beyond them, inconclusive otherwise.\n\n\
-         | claim | status | comparison (a vs b) | a | b | d | test |\n|---|---|---|---|---|---|---|\n",
+         show the opposite beyond them, inconclusive otherwise. Paired by seed: the same test on the \
+         per-seed differences (the arms of a seed share its warm start, so the warm start's \
+         seed-to-seed variance drops out), mean ± sd/√n over the shared seeds.\n\n\
+         | claim | status | paired by seed | comparison (a vs b) | a | b | d | test | paired d | paired |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
         100.0 * m
     );
     for v in vs {
         if v.comparisons.is_empty() {
             s.push_str(&format!(
-                "| {} | **{}** | {} | | | | |\n",
+                "| {} | **{}** | | {} | | | | | | |\n",
                 v.claim,
                 v.status.name(),
                 v.note
             ));
         }
         for (i, c) in v.comparisons.iter().enumerate() {
-            let (claim, status) = if i == 0 {
-                (v.claim.as_str(), format!("**{}**", v.status.name()))
+            let (claim, status, pstatus) = if i == 0 {
+                (
+                    v.claim.as_str(),
+                    format!("**{}**", v.status.name()),
+                    v.paired_status
+                        .map_or("–".into(), |p| format!("**{}**", p.name())),
+                )
             } else {
-                ("", String::new())
+                ("", String::new(), String::new())
+            };
+            let (pd, ps) = match c.paired {
+                Some(p) => (
+                    format!("{:+.1} ± {:.1} (n={})", 100.0 * p.diff, 100.0 * p.se, p.n),
+                    p.status.name(),
+                ),
+                None => ("–".into(), "–"),
             };
             s.push_str(&format!(
-                "| {claim} | {status} | {} vs {} | {} | {} | {:+.1} ± {:.1} | {:?}: {} |\n",
+                "| {claim} | {status} | {pstatus} | {} vs {} | {} | {} | {:+.1} ± {:.1} | {:?}: {} | {pd} | {ps} |\n",
                 c.a,
                 c.b,
                 est(&c.est_a),

@@ -209,3 +209,80 @@ fn standard_errors_and_area() {
     assert_eq!(mean_area(&[(5.0, 0.4)]), Some(0.4));
     assert_eq!(mean_area(&[]), None);
 }
+
+/// Paired by seed: with the warm start's seed-to-seed spread in every arm (as in a real sweep),
+/// the unpaired SE hides a difference that every seed shows; the paired test sees it, both ways.
+#[test]
+fn paired_by_seed_sees_what_the_warm_start_spread_hides() {
+    let base = [0.37, 0.51, 0.45];
+    let mk = |v4: [f64; 3], v16: [f64; 3]| {
+        let mut r = Vec::new();
+        for s in 0..3 {
+            let warm = base[s] - 0.25;
+            r.push(run("grpo_v1", "grpo", 1, s as u64, base[s], warm));
+            r.push(run(
+                "grpo_v4",
+                "off_policy_grpo",
+                4,
+                s as u64,
+                base[s] + v4[s],
+                warm,
+            ));
+            r.push(run(
+                "grpo_v16",
+                "off_policy_grpo",
+                16,
+                s as u64,
+                base[s] + v16[s],
+                warm,
+            ));
+        }
+        r
+    };
+    // Off-policy within a point of on-policy on every seed.
+    let v = verdict_of(&mk([0.02, 0.03, 0.025], [0.0, 0.01, -0.005]), "A1");
+    assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+    assert_eq!(v.paired_status, Some(Status::Supported), "{v:?}");
+    let p = v.comparisons[0].paired.unwrap();
+    assert_eq!(p.n, 3);
+    assert!((p.diff - 0.025).abs() < 1e-12, "{p:?}");
+    // sd of (0.02, 0.03, 0.025) = 0.005, SE = 0.005/√3.
+    assert!((p.se - 0.005 / 3f64.sqrt()).abs() < 1e-12, "{p:?}");
+    // Interval 16 six to seven points worse on every seed: the unpaired test cannot tell, the
+    // paired one shows the opposite of the claim.
+    let v = verdict_of(&mk([0.02, 0.03, 0.025], [-0.06, -0.07, -0.065]), "A1");
+    assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+    assert_eq!(v.paired_status, Some(Status::NotSupported), "{v:?}");
+    // B3's warm-start comparison pairs each seed's final accuracy with its own warm start.
+    let mut r = Vec::new();
+    for s in 0..3u64 {
+        r.push(run(
+            "opmd_v64",
+            "opmd",
+            64,
+            s,
+            base[s as usize],
+            base[s as usize] - 0.1,
+        ));
+        r.push(run(
+            "asymre_v64",
+            "asymre",
+            64,
+            s,
+            base[s as usize],
+            base[s as usize] - 0.1,
+        ));
+    }
+    let v = verdict_of(&r, "B3");
+    let p = v.comparisons[0].paired.unwrap();
+    assert!((p.diff - 0.1).abs() < 1e-12 && p.se < 1e-12, "{p:?}");
+    assert_eq!(v.paired_status, Some(Status::Supported));
+    // One seed: no paired form.
+    let mut r = Vec::new();
+    arm(&mut r, "grpo_v1", "grpo", 1, 0.30, 1);
+    arm(&mut r, "grpo_v4", "off_policy_grpo", 4, 0.31, 1);
+    arm(&mut r, "grpo_v16", "off_policy_grpo", 16, 0.30, 1);
+    let v = verdict_of(&r, "A1");
+    assert!(v.comparisons.iter().all(|c| c.paired.is_none()));
+    assert_eq!(v.paired_status, None);
+}
