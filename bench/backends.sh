@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 STEPS=${1:-4}
 THREADS=${THREADS:-2}
 if [ -z "${RLVR:-}" ]; then
-  cargo build --release -q --locked -p rlvr
+  cargo build --release -q --locked --workspace --bins
   RLVR=target/release/rlvr
 fi
 RLVR=$(realpath "$RLVR")
