@@ -21,7 +21,7 @@ pub mod sweep;
 pub mod verdict;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -178,7 +178,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let outcome = runner::run_sweep(&sweep, &dir, &exe, jobs)?;
     let vs = analyse(&sweep, &dir, smooth)?;
     let wall = t0.elapsed().as_secs_f64();
-    runner::write_lab_json(
+    let total = write_lab_json(
         &dir,
         &text,
         json!({
@@ -206,11 +206,13 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "lab: {} runs ({} kept, {} children started) in {}; {}, {}, {}",
+        "lab: {} runs ({} kept, {} children started) in {} (all invocations on this directory: \
+         {}); {}, {}, {}",
         runs.len(),
         outcome.kept,
         outcome.started,
         fmt_min(wall),
+        fmt_min(total),
         dir.join("summary.md").display(),
         dir.join("verdicts.md").display(),
         dir.join("accuracy_v*.png").display(),
@@ -223,4 +225,43 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Writes OUT/lab.json: this invocation's record `v` (options, runs kept and started, wall time,
+/// load) with the sweep's text, plus `invocations`, every invocation's record on this directory in
+/// order (a killed and resumed lab, or a rerun that only re-analyses, adds one), and `wall_s_total`,
+/// their wall times summed. Returns that total.
+///
+/// # Errors
+/// I/O.
+fn write_lab_json(out: &Path, sweep_text: &str, v: serde_json::Value) -> anyhow::Result<f64> {
+    let path = out.join("lab.json");
+    let old: Option<serde_json::Value> = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let mut history: Vec<serde_json::Value> = match old {
+        Some(o) => match o.get("invocations").and_then(|h| h.as_array()) {
+            Some(h) => h.clone(),
+            // A lab.json from before `invocations` existed: its own record is the first one.
+            None => {
+                let mut first = o.clone();
+                if let Some(m) = first.as_object_mut() {
+                    m.remove("sweep");
+                }
+                vec![first]
+            }
+        },
+        None => Vec::new(),
+    };
+    history.push(v.clone());
+    let total: f64 = history.iter().filter_map(|h| h["wall_s"].as_f64()).sum();
+    let mut v = v;
+    v["sweep"] = json!(sweep_text);
+    v["invocations"] = json!(history);
+    v["wall_s_total"] = json!(total);
+    let tmp = out.join(".lab.json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&v)? + "\n")
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(total)
 }

@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use serde_json::json;
 
 use crate::sweep::{RunSpec, Sweep};
 
@@ -544,20 +543,6 @@ fn start(sweep: &Sweep, out: &Path, exe: &Path, task: Task) -> anyhow::Result<Ru
 /// The run directories of `sweep` under `out`, in [`Sweep::runs`] order.
 pub fn run_dirs(sweep: &Sweep, out: &Path) -> Vec<PathBuf> {
     sweep.runs().iter().map(|r| sweep.run_dir(out, r)).collect()
-}
-
-/// The lab's record of what it ran, OUT/lab.json (sweep text, command, load).
-///
-/// # Errors
-/// I/O.
-pub fn write_lab_json(out: &Path, sweep_text: &str, v: serde_json::Value) -> anyhow::Result<()> {
-    let mut v = v;
-    v["sweep"] = json!(sweep_text);
-    std::fs::write(
-        out.join("lab.json"),
-        serde_json::to_string_pretty(&v)? + "\n",
-    )
-    .with_context(|| format!("writing {}", out.join("lab.json").display()))
 }
 
 #[cfg(test)]

@@ -248,4 +248,14 @@ fn lab_killed_mid_run_resumes_and_completes() {
     assert_eq!(cfg["train"]["lr"].as_float(), Some(3e-5));
     assert_eq!(json(&first.join("lab.json"))["attempts"], 1);
     assert_eq!(json(&second.join("lab.json"))["attempts"], 2);
+    // OUT/lab.json keeps every invocation that finished (the killed first one wrote none).
+    let lj = json(&out.join("lab.json"));
+    let inv = lj["invocations"].as_array().unwrap();
+    assert_eq!(inv.len(), 2, "{lj}");
+    assert_eq!(inv[1]["started"], 1);
+    let sum: f64 = inv.iter().map(|i| i["wall_s"].as_f64().unwrap()).sum();
+    assert!(
+        (lj["wall_s_total"].as_f64().unwrap() - sum).abs() < 1e-9,
+        "{lj}"
+    );
 }
