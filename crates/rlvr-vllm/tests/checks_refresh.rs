@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
-use common::{completion_answer, FakeServer, Reply};
+use common::{check_for, completion_answer, FakeServer, Reply};
 use rlvr_model::{Model, ModelConfig};
 use rlvr_rollout::SamplingParams;
-use rlvr_vllm::{trainer_logprobs, version_dir, ClientConfig, RefreshCheck, VllmClient};
+use rlvr_vllm::{trainer_logprobs, version_dir, ClientConfig, VllmClient};
 use serde_json::{json, Value};
 
 fn model(tied: bool, seed: u64) -> Model {
@@ -52,17 +52,6 @@ fn prompt_logprobs_answer(ids: &[u32], lps: &[f32]) -> String {
     }
     json!({"choices": [{"index": 0, "text": "", "prompt_logprobs": pl, "finish_reason": "length"}]})
         .to_string()
-}
-
-fn check_for(m: &Model) -> RefreshCheck {
-    let (prompt, completion) = (vec![1, 2, 3], vec![4, 5, 6, 7]);
-    let expected = trainer_logprobs(m, &prompt, &completion, 1.0).unwrap();
-    RefreshCheck {
-        prompt,
-        completion,
-        expected,
-        tolerance: 1e-4,
-    }
 }
 
 /// A fake vLLM whose scoring answers with `served` (the log-probs of ids[1..] of [1..=7]).

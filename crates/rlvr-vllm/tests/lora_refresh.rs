@@ -10,12 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
-use common::{completion_answer, FakeServer, Reply};
+use common::{check_for, completion_answer, FakeServer, Reply};
 use rlvr_model::{LoraConfig, LoraTarget, Model, ModelConfig};
 use rlvr_rollout::SamplingParams;
-use rlvr_vllm::{
-    adapter_name, trainer_logprobs, version_dir, ClientConfig, RefreshCheck, VllmClient, VllmError,
-};
+use rlvr_vllm::{adapter_name, trainer_logprobs, version_dir, ClientConfig, VllmClient, VllmError};
 use serde_json::{json, Value};
 
 /// A tiny random qwen2 with rank-2 adapters on every projection and non-zero B.
@@ -54,17 +52,6 @@ fn client(url: &str) -> VllmClient {
         ..Default::default()
     })
     .unwrap()
-}
-
-fn check_for(m: &Model) -> RefreshCheck {
-    let (prompt, completion) = (vec![1, 2, 3], vec![4, 5, 6, 7]);
-    let expected = trainer_logprobs(m, &prompt, &completion, 1.0).unwrap();
-    RefreshCheck {
-        prompt,
-        completion,
-        expected,
-        tolerance: 1e-4,
-    }
 }
 
 /// vLLM's prompt_logprobs answer for `ids` whose last `served.len()` log-probs are `served`.

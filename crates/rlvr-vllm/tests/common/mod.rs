@@ -142,3 +142,16 @@ pub fn completion_answer(ids: &[Vec<u32>], lps: &[Vec<f32>], finish: &[(&str, Va
         .collect();
     serde_json::json!({"id": "cmpl-1", "object": "text_completion", "choices": choices}).to_string()
 }
+
+/// The refresh check of the fake-server tests: a fixed sequence ([1, 2, 3] then [4, 5, 6, 7]) with
+/// `m`'s log-probs of the completion at T = 1 as the expected values, tolerance 1e-4.
+pub fn check_for(m: &rlvr_model::Model) -> rlvr_vllm::RefreshCheck {
+    let (prompt, completion) = (vec![1, 2, 3], vec![4, 5, 6, 7]);
+    let expected = rlvr_vllm::trainer_logprobs(m, &prompt, &completion, 1.0).unwrap();
+    rlvr_vllm::RefreshCheck {
+        prompt,
+        completion,
+        expected,
+        tolerance: 1e-4,
+    }
+}
