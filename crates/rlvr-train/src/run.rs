@@ -154,14 +154,7 @@ impl Run<'_> {
             good.completed(t, self.feed.cursor());
             // sync: the explorer gets version t when v divides t (after the step counts as
             // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
-            let t_sync = Instant::now();
             self.feed.publish(t, v, &self.trainer.model)?;
-            if t.is_multiple_of(v) {
-                crate::rundir::log_only(&format!(
-                    "sync: version {t} handed to the explorer in {:.2} s",
-                    t_sync.elapsed().as_secs_f64()
-                ));
-            }
             crate::rundir::log_step(t, c.train.steps, &line);
             show_progress(bar, t, &rep, &line);
             self.check_skipped(t, &rep)?;

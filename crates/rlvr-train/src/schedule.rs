@@ -74,11 +74,23 @@ impl Feed {
     }
 
     /// After step `t` completed: the explorer sees the new weights when t is a multiple of v
-    /// (paper A, arXiv 2505.22257: the behaviour policy is refreshed every v steps).
+    /// (paper A, arXiv 2505.22257: the behaviour policy is refreshed every v steps). train.log gets
+    /// the sync's time (the whole refresh with the vLLM backend; the hand-over to the explorer's
+    /// thread with an offset); an offline source has no explorer and logs nothing.
     pub(crate) fn publish(&mut self, t: u64, v: u64, model: &Model) -> anyhow::Result<()> {
-        if !t.is_multiple_of(v) {
+        if !t.is_multiple_of(v) || matches!(self, Feed::Offline(_)) {
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
+        self.push(t, model)?;
+        crate::rundir::log_only(&format!(
+            "sync: version {t} handed to the explorer in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
+    fn push(&mut self, t: u64, model: &Model) -> anyhow::Result<()> {
         match self {
             Feed::Inline(e) => e.set_weights(t, &rlvr_rollout::named_tensors(model)),
             Feed::Offline(_) => Ok(()),
