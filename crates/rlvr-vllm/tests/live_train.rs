@@ -5,10 +5,11 @@
 //! it and a checkpoint (only the error saves one: `train.save_every = 0`), and `rlvr train
 //! --resume` continues once a server is back, pushing the weights first.
 //!
-//! scripts/ci_vllm.sh runs this after live_killed.rs on a server of an UNTIED model (the tied
-//! case is live_server.rs's), with `RLVR_VLLM_URL`, `RLVR_VLLM_MODEL` (the served directory, also
-//! the policy), `RLVR_VLLM_PID` (the server's process group), `RLVR` (the rlvr binary) and `RUN` /
-//! `VENV` (for `scripts/vllm_server.sh start`, which restarts the server on the same port).
+//! scripts/ci_vllm.sh runs this first in its untied lane, on a server of an UNTIED model (the
+//! tied case is live_server.rs's, in the other lane, on another server), with `RLVR_VLLM_URL`,
+//! `RLVR_VLLM_MODEL` (the served directory, also the policy), `RLVR_VLLM_PID` (the server's
+//! process group), `RLVR` (the rlvr binary) and `RUN` / `VENV` / `CPU_BIND` / `LORA_RANK` (for
+//! `scripts/vllm_server.sh start`, which restarts the server on the same port, as it was started).
 //! Without a server the test returns at once, unless `RLVR_VLLM_REQUIRED=1` makes that a failure.
 
 use std::path::{Path, PathBuf};
