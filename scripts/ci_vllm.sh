@@ -45,11 +45,13 @@ t1=$SECONDS
 export RLVR=${RLVR:-$(pwd)/target/debug/rlvr}
 [ -x "$RLVR" ] || cargo build -q --locked --workspace --bin rlvr
 # The live test executables, run directly (not through `cargo test`, which holds the build
-# directory's lock while its tests run, so two lanes would run one after the other).
+# directory's lock while its tests run, so two lanes would run one after the other). Their paths
+# come from the README's test command with --no-run, all targets as .ci/run built them: with
+# `--test live_server ...` filters cargo resolves dev-dependency features otherwise and rebuilt
+# rlvr-kernels, -model, -rollout, -vllm and the four tests (5 min 20 s on a fresh CI clone).
 declare -A EXE
 while IFS=' ' read -r name exe; do EXE[$name]=$exe; done < <(
-  cargo test --workspace --locked --no-run --message-format=json \
-    --test live_server --test live_killed --test live_train --test live_lora 2>/dev/null |
+  cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
