@@ -26,24 +26,16 @@ export RUN="$W/vllm"
 mkdir -p "$RUN"
 trap 'scripts/vllm_server.sh stop >/dev/null 2>&1 || true; rm -rf "$W"' EXIT
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-"$RLVR" init --arch qwen2 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 1024 \
-  --vocab-size 151936 --tie-embeddings true --tokenizer data/tokenizers/qwen2.5/tokenizer.json \
-  --seed 0 --out "$W/model" >/dev/null
-head -n 4 data/gsm8k/train.jsonl > "$W/prompts.jsonl"
+# shellcheck source=bench/workload.sh
+source bench/workload.sh
+bench_workload_files data
 URL=$(RLVR="$RLVR" scripts/vllm_server.sh start "$W/model")
 echo "# vLLM server at $URL"
 
 run() { # $1 = name, then extra --set arguments
   local name=$1; shift
-  RAYON_NUM_THREADS=$THREADS "$RLVR" train --no-progress \
-    --set model.path="\"$W/model\"" --set model.dtype='"f32"' --set model.device='"cpu"' \
-    --set data.task='"gsm8k"' --set data.train="\"$W/prompts.jsonl\"" --set data.template='"{question}"' \
-    --set data.prompts_per_step=4 --set data.seed=0 \
-    --set rollout.group_size=8 --set rollout.max_new_tokens=32 --set rollout.min_new_tokens=32 \
-    --set rollout.temperature=1.0 --set rollout.top_p=1.0 --set rollout.top_k=0 \
-    --set algorithm.preset='"grpo"' --set algorithm.kl_coef=0.0 \
-    --set train.steps="$STEPS" --set train.lr=1e-6 --set train.eval_every=0 \
-    --set train.skip_zero_gradient_rows=false --set sync.interval=1 \
+  RAYON_NUM_THREADS=$THREADS "$RLVR" train --no-progress "${BENCH_WORKLOAD_SETS[@]}" \
+    --set train.steps="$STEPS" --set train.skip_zero_gradient_rows=false --set sync.interval=1 \
     --set output.dir="\"$W/$name\"" "$@" >/dev/null 2>"$W/$name.log" || { cat "$W/$name.log"; exit 1; }
   python3 - "$W/$name" "$name" <<'PY'
 import json, re, statistics, sys

@@ -33,10 +33,9 @@ if [ -z "${RLVR:-}" ]; then
   RLVR=target/release/rlvr
 fi
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-"$RLVR" init --arch qwen2 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 1024 \
-  --vocab-size 151936 --tie-embeddings true --tokenizer "$DATA/tokenizers/qwen2.5/tokenizer.json" \
-  --seed 0 --out "$W/model" >/dev/null
-head -n 4 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
+# shellcheck source=bench/workload.sh
+source bench/workload.sh
+bench_workload_files "$DATA"
 # rlvr's prompt token ids, by the same plain encoding the trainer uses (`rlvr generate --out` writes them).
 "$PY" -c 'import json,sys; [print(json.dumps({"prompt": json.loads(l)["question"]})) for l in open(sys.argv[1])]' \
   "$W/prompts.jsonl" > "$W/plain_prompts.jsonl"
@@ -46,14 +45,7 @@ head -n 4 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
   "$W/rlvr_prompt_ids.jsonl" "$W/rlvr.prompt_ids.json"
 
 rlvr_run() { # $1 = run dir, $2 = skip_zero_gradient_rows
-  RAYON_NUM_THREADS=$THREADS "$RLVR" train \
-    --set model.path="\"$W/model\"" --set model.dtype='"f32"' --set model.device='"cpu"' \
-    --set data.task='"gsm8k"' --set data.train="\"$W/prompts.jsonl\"" --set data.template='"{question}"' \
-    --set data.prompts_per_step=4 --set data.seed=0 \
-    --set rollout.group_size=8 --set rollout.max_new_tokens=32 --set rollout.min_new_tokens=32 \
-    --set rollout.temperature=1.0 --set rollout.top_p=1.0 --set rollout.top_k=0 \
-    --set algorithm.preset='"grpo"' --set algorithm.kl_coef=0.0 \
-    --set train.steps=$((STEPS + 1)) --set train.lr=1e-6 --set train.eval_every=0 \
+  RAYON_NUM_THREADS=$THREADS "$RLVR" train "${BENCH_WORKLOAD_SETS[@]}" --set train.steps=$((STEPS + 1)) \
     --set train.skip_zero_gradient_rows="$2" --set output.dir="\"$1\"" >/dev/null 2>"$1.log" \
     || { cat "$1.log"; exit 1; }
   "$PY" - "$1" "$W/rlvr.prompt_ids.json" <<'PY'
