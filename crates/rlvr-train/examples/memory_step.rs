@@ -18,7 +18,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rlvr_model::optim::{AdamW, AdamWConfig};
 use rlvr_model::{Arch, Model, ModelConfig};
-use rlvr_train::plan::{Shape, CPU_OVERHEAD};
+use rlvr_train::config::plan::{Shape, CPU_OVERHEAD};
 
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")

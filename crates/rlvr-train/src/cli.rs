@@ -1,5 +1,7 @@
-//! Command-line front ends: `rlvr train`, `rlvr sft`, `rlvr eval`, `rlvr plot` (DESIGN.md section 10).
-//! Each has a clap `Args` struct and a `run` function; the `rlvr` binary dispatches to them.
+//! Command-line front ends: `rlvr train`, `rlvr sft`, `rlvr eval`, `rlvr generate`, `rlvr plan`
+//! and `rlvr plot` (DESIGN.md section 10). Each has a clap `Args` struct and a `run` function; the
+//! `rlvr` binary dispatches to them. A front end loads the config, builds its stages through
+//! [`crate::config::settings`] and hands them over; none holds logic of its own beyond its flags.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,17 +10,17 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use rlvr_data::config::{PromptStyle, TaskKind};
-use rlvr_data::generate::Split;
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::{ComputeDtype, DeviceSpec};
-use rlvr_reward::combine::RewardFunction;
 
-use crate::config::{RawConfig, ResolvedConfig, Schedule, TrainSection};
-use crate::eval::{EvalSettings, Evaluator};
-use crate::run::{train, RunOptions};
+use crate::config::plan::{parse_size, plan, write_table};
+use crate::config::{settings, RawConfig, ResolvedConfig, RolloutSection, Schedule};
+use crate::eval::{EvalItem, EvalResult, Evaluator};
+use crate::feed::backend::{self, BackendSettings, NativeWeights, VllmSettings, Workload};
+use crate::run::{signals, train, RunOptions};
 use crate::sft::{pairs_from_config, read_pairs, train_sft, SftSettings, StopRule};
-use crate::source::prepare_prompts;
+use crate::update::LrSchedule;
 
 /// `rlvr train`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -63,8 +65,8 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     cfg.check_runnable()?;
     let stop = Arc::new(AtomicBool::new(false));
-    // SIGINT/SIGTERM: save after the current step and stop (signals.rs).
-    crate::signals::install(stop.clone());
+    // SIGINT/SIGTERM: save after the current step and stop.
+    signals::install(stop.clone());
     let s = train(
         &cfg,
         &RunOptions {
@@ -85,7 +87,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         })
     )?;
     // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
-    crate::signals::exit_if_interrupted(s.interrupted, out);
+    signals::exit_if_interrupted(s.interrupted, out);
     Ok(())
 }
 
@@ -200,37 +202,21 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "--task jsonl needs data.verifier (--set 'data.verifier={{ kind = \"math\" }}')"
         );
     }
-    let mut p = prepare_prompts(&raw.data, Split::Test, &policy.tokenizer)?;
-    if let Some(n) = a.limit {
-        p.texts.truncate(n);
-        p.references.truncate(n);
-    }
-    if p.texts.is_empty() {
+    // The flags replace the config's [eval] keys (a flag left out means its default, not the
+    // config's value), the seed is --seed's.
+    raw.eval.samples = a.n.max(1);
+    raw.eval.limit = a.limit;
+    raw.eval.max_new_tokens = a.max_new_tokens;
+    let reward = Arc::new(settings::reward_function(&raw)?);
+    let mut evaluator = settings::evaluator(&raw, &policy.tokenizer, reward)?;
+    evaluator.settings.seed = a.seed;
+    if evaluator.texts.is_empty() {
         anyhow::bail!(
             "the {} test split has no problem (check data.test / --data and data.max_prompt_len)",
             raw.data.task.name()
         );
     }
-    let evaluator = Evaluator {
-        texts: p.texts,
-        references: p.references,
-        reward: RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?,
-        settings: EvalSettings {
-            samples: a.n.max(1),
-            max_new_tokens: a.max_new_tokens.unwrap_or(raw.rollout.max_new_tokens),
-            seed: a.seed,
-            max_batch_rows: raw.rollout.max_batch_rows,
-            stop: raw.rollout.stop.clone(),
-            add_special_tokens: raw.data.style == PromptStyle::Plain,
-        },
-        task: raw.data.task.name(),
-    };
-    let (r, items) = match raw.rollout.backend {
-        crate::config::RolloutBackend::Native => {
-            evaluator.run_model(&policy.model, &policy.tokenizer)?
-        }
-        crate::config::RolloutBackend::Vllm => eval_on_vllm(&raw, &evaluator, &policy)?,
-    };
+    let (r, items) = eval_on_backend(&raw.rollout, &evaluator, &policy)?;
     if let Some(path) = &a.out {
         let mut s = String::new();
         for it in &items {
@@ -253,40 +239,61 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rlvr eval` with `rollout.backend = "vllm"`: the start-up checks, the evaluated model pushed to
-/// the servers as version 0 (written under `rollout.weights_dir`, default a temporary directory
-/// removed afterwards), then the evaluation sampled by the servers.
-fn eval_on_vllm(
-    raw: &RawConfig,
+/// Samples `rlvr eval`'s completions with the engine `rollout.backend` names: the native engine
+/// over the loaded model, or vLLM servers after the start-up checks and a push of the evaluated
+/// model as version 0 (written under `rollout.weights_dir`, default a temporary directory removed
+/// afterwards).
+fn eval_on_backend(
+    rollout: &RolloutSection,
     evaluator: &Evaluator,
     policy: &Policy,
-) -> anyhow::Result<(crate::eval::EvalResult, Vec<crate::eval::EvalItem>)> {
+) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
     let tmp = std::env::temp_dir().join(format!("rlvr-eval-vllm-{}", std::process::id()));
-    let base = raw
-        .rollout
-        .weights_dir
-        .clone()
-        .unwrap_or_else(|| tmp.clone());
-    let mut r = raw.rollout.clone();
-    r.weights_dir = Some(base);
-    let mut longest = 0;
-    for t in &evaluator.texts {
-        let ids = policy
-            .tokenizer
-            .encode(t, evaluator.settings.add_special_tokens)?;
-        longest = longest.max(ids.len());
-    }
-    r.max_new_tokens = evaluator.settings.max_new_tokens;
+    let s = settings::backend_settings(rollout, &tmp);
+    let s = match s {
+        BackendSettings::Vllm(mut v) if rollout.weights_dir.is_none() => {
+            v.weights_dir = tmp.clone();
+            BackendSettings::Vllm(v)
+        }
+        s => s,
+    };
     let result = (|| {
-        let mut backend =
-            crate::backend::build(&r, &tmp, &policy.model, &policy.tokenizer, 0, longest)?;
-        backend
-            .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
-            .context("pushing the evaluated model to the vLLM servers")?;
-        evaluator.run(backend.as_mut(), &policy.tokenizer)
+        let ids = policy_prompt_ids(evaluator, policy)?;
+        let work = Workload {
+            longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
+            max_new_tokens: evaluator.settings.max_new_tokens,
+        };
+        let mut engine = backend::build(
+            &s,
+            &policy.model,
+            &policy.tokenizer,
+            0,
+            work,
+            NativeWeights::Share,
+        )?;
+        if s != BackendSettings::Native {
+            engine
+                .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
+                .context("pushing the evaluated model to the vLLM servers")?;
+        }
+        evaluator.run(engine.as_mut(), &policy.tokenizer)
     })();
     let _ = std::fs::remove_dir_all(&tmp);
     result
+}
+
+/// The token ids of the evaluator's prompts under the policy's tokenizer.
+fn policy_prompt_ids(evaluator: &Evaluator, policy: &Policy) -> anyhow::Result<Vec<Vec<u32>>> {
+    evaluator
+        .texts
+        .iter()
+        .map(|t| {
+            policy
+                .tokenizer
+                .encode(t, evaluator.settings.add_special_tokens)
+                .map_err(anyhow::Error::from)
+        })
+        .collect()
 }
 
 pub use crate::plot::{run_plot, PlotArgs};
@@ -375,9 +382,9 @@ pub struct SftArgs {
 /// # Errors
 /// Data, model and I/O errors; a non-finite loss aborts (nothing is saved for that step).
 pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    // --out: never the input model; non-empty only with --force (lock.rs).
-    crate::lock::refuse_same_dir(&a.model, &a.out)?;
-    crate::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    // --out: never the input model; non-empty only with --force.
+    crate::store::lock::refuse_same_dir(&a.model, &a.out)?;
+    crate::store::lock::prepare_model_output(&a.out, a.force, "--out")?;
     let device = rlvr_model::parse_device(&a.device)?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
@@ -403,7 +410,8 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         ),
     };
     let evaluator = if a.eval_every > 0 {
-        Some(Evaluator::from_config(&raw, &policy.tokenizer)?)
+        let reward = Arc::new(settings::reward_function(&raw)?);
+        Some(settings::evaluator(&raw, &policy.tokenizer, reward)?)
     } else {
         None
     };
@@ -411,12 +419,12 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let settings = SftSettings {
         batch_size: a.batch_size,
         micro_batch_size: a.micro_batch_size,
-        schedule: TrainSection {
+        schedule: LrSchedule {
             steps: a.steps.unwrap_or(per_epoch * a.epochs.max(1)),
             lr: a.lr,
             warmup_steps: a.warmup_steps,
             schedule,
-            ..TrainSection::default()
+            min_lr: 0.0,
         },
         adamw: AdamWConfig {
             lr: a.lr,
@@ -461,31 +469,81 @@ pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    if a.servers.is_empty() {
-        return rlvr_rollout::cli::run(a, out);
-    }
     let tmp = std::env::temp_dir().join(format!("rlvr-generate-vllm-{}", std::process::id()));
-    let make = |policy: &rlvr_model::checkpoint::Policy,
+    let s = if a.servers.is_empty() {
+        BackendSettings::Native
+    } else {
+        let d = RolloutSection::default();
+        BackendSettings::Vllm(VllmSettings {
+            servers: a.servers.clone(),
+            served_model_name: a.served_model_name.clone(),
+            weights_dir: a.weights_dir.clone().unwrap_or_else(|| tmp.clone()),
+            api_key_env: d.api_key_env,
+            request_timeout_s: d.request_timeout_s,
+            retries: d.retries,
+            in_flight: d.in_flight,
+            accept_renormalised_logprobs: a.accept_renormalised_logprobs,
+            refresh_tolerance: d.refresh_tolerance,
+        })
+    };
+    let make = |policy: &Policy,
                 params: &rlvr_rollout::SamplingParams,
                 longest: usize|
      -> anyhow::Result<Box<dyn rlvr_rollout::Rollout>> {
-        let r = crate::config::RolloutSection {
-            backend: crate::config::RolloutBackend::Vllm,
-            servers: a.servers.clone(),
-            served_model_name: a.served_model_name.clone(),
-            weights_dir: Some(a.weights_dir.clone().unwrap_or_else(|| tmp.clone())),
-            accept_renormalised_logprobs: a.accept_renormalised_logprobs,
+        let work = Workload {
+            longest_prompt: longest,
             max_new_tokens: params.max_new_tokens,
-            ..Default::default()
         };
-        let mut backend =
-            crate::backend::build(&r, &tmp, &policy.model, &policy.tokenizer, 0, longest)?;
-        backend
-            .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
-            .context("pushing the model to the vLLM servers")?;
-        Ok(backend)
+        let mut engine = backend::build(
+            &s,
+            &policy.model,
+            &policy.tokenizer,
+            0,
+            work,
+            NativeWeights::Share,
+        )?;
+        if s != BackendSettings::Native {
+            engine
+                .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
+                .context("pushing the model to the vLLM servers")?;
+        }
+        Ok(engine)
     };
     let result = rlvr_rollout::cli::run_with(a, out, &make);
     let _ = std::fs::remove_dir_all(&tmp);
     result
+}
+
+/// `rlvr plan` arguments.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PlanArgs {
+    /// Run config (TOML); its `model.path` must hold a config.json.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Override a config key (`--set train.micro_batch_size=4`); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Memory to fit (e.g. 80GB, 24GiB, 16000MiB; GB and GiB both mean 2^30 bytes).
+    #[arg(long)]
+    pub gpu_memory: Option<String>,
+    /// One JSON object on the last line of stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line.
+///
+/// # Errors
+/// Config errors, a missing model config.json, a malformed `--gpu-memory`.
+pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    let resolved = raw.resolve()?;
+    let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
+    let p = plan(&resolved.raw, resolved.algorithm.needs_reference(), memory)?;
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string(&p)?)?;
+    } else {
+        write_table(&p, out)?;
+    }
+    Ok(())
 }

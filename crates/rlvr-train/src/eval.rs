@@ -3,21 +3,16 @@
 //! with n > 1 (mean@k and pass@k). Completions come through the [`Rollout`] boundary.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
-use rlvr_data::config::PromptStyle;
-use rlvr_data::generate::Split;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_reward::combine::RewardFunction;
 use rlvr_reward::Sample;
 use rlvr_rollout::{NativeRollout, Rollout, Sampler, SamplingParams};
 use serde::Serialize;
 
-use crate::config::RawConfig;
-use crate::experience::Experience;
-use crate::metrics::append_line;
-use crate::pack::pack_rows;
-use crate::source::prepare_prompts;
+use crate::store::metrics::append_line;
 
 /// Result of one evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -82,8 +77,8 @@ pub struct Evaluator {
     pub texts: Vec<String>,
     /// The verifier reference of each prompt.
     pub references: Vec<String>,
-    /// The reward function (the run's verifier and shaping).
-    pub reward: RewardFunction,
+    /// The reward function (the run's verifier and shaping, shared with its explorer).
+    pub reward: Arc<RewardFunction>,
     /// Sampling settings.
     pub settings: EvalSettings,
     /// Task name (in results).
@@ -91,37 +86,6 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    /// The `[data]` test split of `raw` (first `eval.limit` problems), scored by its `[reward]`,
-    /// sampled as `[eval]` says (max new tokens defaulting to `rollout.max_new_tokens`, seed
-    /// `train.seed`).
-    ///
-    /// # Errors
-    /// Data, template and verifier configuration errors.
-    pub fn from_config(raw: &RawConfig, tok: &TokenizerBundle) -> anyhow::Result<Self> {
-        let mut p = prepare_prompts(&raw.data, Split::Test, tok)?;
-        if let Some(n) = raw.eval.limit {
-            p.texts.truncate(n);
-            p.references.truncate(n);
-        }
-        Ok(Evaluator {
-            texts: p.texts,
-            references: p.references,
-            reward: RewardFunction::from_config(&raw.reward, &raw.data.verifier()?)?,
-            settings: EvalSettings {
-                samples: raw.eval.samples,
-                max_new_tokens: raw
-                    .eval
-                    .max_new_tokens
-                    .unwrap_or(raw.rollout.max_new_tokens),
-                seed: raw.train.seed,
-                max_batch_rows: raw.rollout.max_batch_rows,
-                stop: raw.rollout.stop.clone(),
-                add_special_tokens: raw.data.style == PromptStyle::Plain,
-            },
-            task: raw.data.task.name(),
-        })
-    }
-
     /// Evaluates the policy behind `rollout`.
     ///
     /// # Errors
@@ -222,12 +186,12 @@ pub fn evaluate(
     let chunk = (s.max_batch_rows / s.samples).max(1);
     for start in (0..ids.len()).step_by(chunk) {
         let end = (start + chunk).min(ids.len());
-        let out = flatten_groups(
+        let out = rlvr_rollout::flatten(
             rollout
                 .sample(&ids[start..end], start, &params, s.seed)
                 .context("sampling eval completions")?,
-            start,
-        )?;
+        )
+        .with_context(|| format!("sampling the groups of eval problems {start}..{end}"))?;
         let texts: Vec<String> = out
             .iter()
             .map(|c| tokenizer.decode(&c.token_ids, true))
@@ -277,46 +241,4 @@ pub fn evaluate(
         },
         items,
     ))
-}
-
-/// Training-forward log-probs of the completion tokens of `rows` of `exps` under `model`, without
-/// gradient, at temperature `t`: one `Vec<f32>` per row, as long as its completion.
-///
-/// # Errors
-/// Tensor errors.
-pub fn completion_logprobs(
-    model: &Model,
-    exps: &[Experience],
-    rows: &[usize],
-    t: f64,
-    pad: u32,
-) -> anyhow::Result<Vec<Vec<f32>>> {
-    let packed: Vec<(&[u32], &[u32])> = rows
-        .iter()
-        .map(|&i| (&exps[i].prompt_ids[..], &exps[i].completion_ids[..]))
-        .collect();
-    let p = pack_rows(&packed, pad);
-    let out = model.token_logprobs(&p.ids, &p.mask, p.start, t, false, false)?;
-    let lp: Vec<Vec<f32>> = out.logprobs.to_vec2()?;
-    Ok(p.at
-        .iter()
-        .enumerate()
-        .map(|(r, at)| at.iter().map(|&k| lp[r][k]).collect())
-        .collect())
-}
-
-/// The completions of every group in order, or an error naming the first group that failed
-/// (its draw index: `first_index` + its position).
-///
-/// # Errors
-/// A group the backend could not sample.
-pub(crate) fn flatten_groups(
-    groups: Vec<rlvr_rollout::GroupResult>,
-    first_index: usize,
-) -> anyhow::Result<Vec<rlvr_rollout::Completion>> {
-    let mut out = Vec::new();
-    for (i, g) in groups.into_iter().enumerate() {
-        out.extend(g.with_context(|| format!("sampling the group of prompt {}", first_index + i))?);
-    }
-    Ok(out)
 }

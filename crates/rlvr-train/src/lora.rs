@@ -11,21 +11,19 @@ use clap::Args;
 use rlvr_model::checkpoint::write_tokenizer_files;
 use rlvr_model::{LoraConfig, Model, TokenizerBundle};
 
-use crate::config::ModelSection;
-
 /// Makes `model` (loaded from `dir`: `model.path`, or a checkpoint on resume) match the run's LoRA
 /// settings: fresh adapters (seeded by `seed`) when `model.lora_rank` ≥ 1 and `dir` holds none;
 /// the loaded adapters when their settings equal the config's.
 ///
 /// # Errors
 /// `dir` holds an adapter but LoRA is off, or its settings differ from the config's (both named).
-pub(crate) fn attach(
+pub fn attach(
     model: &mut Model,
-    cfg: &ModelSection,
+    lora: Option<LoraConfig>,
     dir: &Path,
     seed: u64,
 ) -> anyhow::Result<()> {
-    match (cfg.lora(), model.lora_config().cloned()) {
+    match (lora, model.lora_config().cloned()) {
         (None, None) => Ok(()),
         (None, Some(l)) => bail!(
             "{} holds a LoRA adapter (r = {}) but model.lora_rank = 0; set model.lora_rank = {} \
@@ -65,12 +63,12 @@ fn same(a: &LoraConfig, b: &LoraConfig) -> bool {
         && a.targets.iter().all(|t| b.targets.contains(t))
 }
 
-/// The KL reference of a LoRA run without `model.reference`: the policy's base with the adapters
-/// off, sharing its storage (the initial policy, when `model.path` holds no adapter of its own).
-/// `None` otherwise (the caller loads the reference from disk).
-pub(crate) fn shared_reference(policy: &Model, cfg: &ModelSection) -> Option<Model> {
-    let own_adapter = rlvr_model::lora::find_adapter(&cfg.path).is_some();
-    (cfg.reference.is_none() && policy.lora_config().is_some() && !own_adapter)
+/// The KL reference of a LoRA run without `model.reference` (`own_reference` false): the policy's
+/// base with the adapters off, sharing its storage (the initial policy, when `model_path` holds no
+/// adapter of its own). `None` otherwise (the caller loads the reference from disk).
+pub fn shared_reference(policy: &Model, model_path: &Path, own_reference: bool) -> Option<Model> {
+    let own_adapter = rlvr_model::lora::find_adapter(model_path).is_some();
+    (!own_reference && policy.lora_config().is_some() && !own_adapter)
         .then(|| policy.without_adapters())
 }
 
@@ -98,7 +96,7 @@ pub struct MergeArgs {
 /// # Errors
 /// No adapter in `--checkpoint`, a non-empty `--out` without `--force`, load and I/O errors.
 pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    crate::lock::refuse_same_dir(&a.checkpoint, &a.out)?;
+    crate::store::lock::refuse_same_dir(&a.checkpoint, &a.out)?;
     if rlvr_model::lora::find_adapter(&a.checkpoint).is_none() {
         bail!(
             "{} holds no LoRA adapter (adapter/adapter_config.json or adapter_config.json); it \
@@ -106,7 +104,7 @@ pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             a.checkpoint.display()
         );
     }
-    crate::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    crate::store::lock::prepare_model_output(&a.out, a.force, "--out")?;
     let model = Model::load(&a.checkpoint, DType::F32, &Device::Cpu)
         .with_context(|| format!("loading {}", a.checkpoint.display()))?;
     let n = model.named_vars().len() / 2;

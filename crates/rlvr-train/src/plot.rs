@@ -13,7 +13,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::metrics::read_metrics;
+use crate::store::metrics::read_metrics;
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
@@ -170,8 +170,6 @@ fn value_label(y: f64, span: f64) -> String {
 // One panel per metric: the chart (caption, "step" and metric axis labels, integer step ticks, one
 // line per run with markers) on the left, the legend in its own column on the right so that it
 // never covers a curve.
-// Long (about 120 lines) on purpose: plotters builds the chart, its series and the legend column
-// in one scope that borrows the drawing area.
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     metrics: &[String],

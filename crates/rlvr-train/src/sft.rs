@@ -22,11 +22,10 @@ use rlvr_model::checkpoint::write_tokenizer_files;
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::{Message, Model, TokenizerBundle};
 
-use crate::config::{lr_at, TrainSection};
 use crate::eval::{EvalResult, Evaluator};
-use crate::metrics::{append_line, MetricsLine};
-use crate::optimizer::OptimizerStep;
 use crate::pack::pack_rows;
+use crate::store::metrics::{append_line, MetricsLine};
+use crate::update::{LrSchedule, OptimizerStep};
 
 /// One tokenised pair.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +102,7 @@ pub fn pairs_from_config(
     let Some(&eos) = tok.eos_ids.first() else {
         bail!("the tokenizer has no EOS token: SFT trains the EOS that ends each completion");
     };
-    let p = crate::source::prepare_prompts(data, rlvr_data::generate::Split::Train, tok)?;
+    let p = crate::feed::prompts::prepare_prompts(data, rlvr_data::generate::Split::Train, tok)?;
     let plain = data.style == rlvr_data::config::PromptStyle::Plain;
     p.texts
         .iter()
@@ -181,9 +180,8 @@ pub struct SftSettings {
     pub batch_size: usize,
     /// Rows per forward/backward (≥ 1; does not change the gradient).
     pub micro_batch_size: usize,
-    /// Learning rate and its schedule: `lr`, `warmup_steps`, `schedule`, `min_lr`, and `steps`,
-    /// the number of optimizer steps.
-    pub schedule: TrainSection,
+    /// Learning rate and its schedule; its `steps` is the number of optimizer steps.
+    pub schedule: LrSchedule,
     /// AdamW hyper-parameters (`lr` is taken from the schedule at each step).
     pub adamw: AdamWConfig,
     /// Global gradient-norm clip (0 = off).
@@ -271,7 +269,7 @@ pub fn train_sft(
         if !loss.is_finite() {
             grads.mark_non_finite();
         }
-        let lr = lr_at(&s.schedule, step);
+        let lr = s.schedule.at(step);
         let Some(norm) = opt.apply(grads, lr)? else {
             bail!("SFT step {step}: non-finite loss or gradient; lower the learning rate");
         };

@@ -15,8 +15,8 @@ use candle_core::{DType, Device};
 use rlvr_model::checkpoint::{tokenizer_for_init, write_tokenizer_files};
 use rlvr_model::{Model, ModelConfig};
 use rlvr_train::config::RawConfig;
-use rlvr_train::metrics::{read_metrics, TIME_KEYS};
 use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
 /// Set in a child: `MODEL_DIR|RUN_DIR`.
 const CHILD_ENV: &str = "RLVR_DETERMINISM_CHILD";

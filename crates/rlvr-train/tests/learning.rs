@@ -5,8 +5,8 @@
 mod common;
 
 use rlvr_train::config::RawConfig;
-use rlvr_train::metrics::read_metrics;
 use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::read_metrics;
 
 fn check_learns(extra: &[&str]) -> (f64, f64) {
     let tmp = tempfile::tempdir().unwrap();

@@ -11,8 +11,8 @@ use std::path::Path;
 use candle_core::{DType, Device};
 use rlvr_model::Model;
 use rlvr_train::config::{RawConfig, ResolvedConfig};
-use rlvr_train::metrics::read_metrics;
 use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::read_metrics;
 
 fn sets(model: &Path, run: &Path, extra: &[&str]) -> Vec<String> {
     let mut s = common::arithmetic_sets(model, run);

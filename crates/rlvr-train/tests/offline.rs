@@ -8,11 +8,11 @@ use std::path::Path;
 use candle_core::{DType, Device};
 use rlvr_model::Model;
 use rlvr_train::config::{RawConfig, TrainSection};
-use rlvr_train::eval::completion_logprobs;
-use rlvr_train::experience::{read_experiences, Experience};
-use rlvr_train::metrics::read_metrics;
 use rlvr_train::run::{train, RunOptions};
-use rlvr_train::trainer::{Trainer, TrainerSettings};
+use rlvr_train::score::completion_logprobs;
+use rlvr_train::store::experience::{read_experiences, Experience};
+use rlvr_train::store::metrics::read_metrics;
+use rlvr_train::update::{Trainer, TrainerSettings};
 
 fn write(path: &Path, lines: &[String]) {
     std::fs::write(path, lines.join("\n") + "\n").unwrap();
@@ -218,7 +218,7 @@ fn trainer(model_dir: &Path, preset: &str, train: TrainSection) -> Trainer {
     alg.kl_coef = None;
     let settings = TrainerSettings {
         algorithm: alg.resolve().unwrap(),
-        train,
+        train: (&train).into(),
         temperature: 0.7,
         max_new_tokens: 5,
         pad_id: 0,
@@ -399,7 +399,7 @@ fn mismatch_corrections_weigh_the_loss_by_reference_values() {
         alg.mismatch_cap = Some(2.0);
         let settings = TrainerSettings {
             algorithm: alg.resolve().unwrap(),
-            train: TrainSection::default(),
+            train: (&TrainSection::default()).into(),
             temperature: 0.7,
             max_new_tokens: 5,
             pad_id: 0,

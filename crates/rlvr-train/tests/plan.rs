@@ -5,8 +5,9 @@
 use std::path::Path;
 
 use rlvr_model::ModelConfig;
+use rlvr_train::cli::{run_plan, PlanArgs};
+use rlvr_train::config::plan::{parse_size, plan, Shape};
 use rlvr_train::config::RawConfig;
-use rlvr_train::plan::{parse_size, plan, run_plan, PlanArgs, Shape};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))

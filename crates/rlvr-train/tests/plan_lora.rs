@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use rlvr_model::{LoraConfig, LoraTarget, ModelConfig};
+use rlvr_train::config::plan::{plan, Shape};
 use rlvr_train::config::RawConfig;
-use rlvr_train::plan::{plan, Shape};
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
@@ -92,7 +92,7 @@ fn lora_plan_counts_a_frozen_base_and_f32_adapters() {
     assert_eq!(full.reference_model, p * 2);
     assert!(lora.activations_per_row > full.activations_per_row);
     // What stays resident whatever the batch: the full model's is past 80 GB, LoRA's under 24 GB.
-    let resident = |q: &rlvr_train::plan::Plan| {
+    let resident = |q: &rlvr_train::config::plan::Plan| {
         q.weights
             + q.master_weights
             + q.gradients

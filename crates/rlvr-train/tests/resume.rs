@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rlvr_train::config::{RawConfig, ResolvedConfig};
-use rlvr_train::metrics::{read_metrics, TIME_KEYS};
 use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
 fn sets(model: &Path, run: &Path, v: u64) -> Vec<String> {
     let mut s = common::arithmetic_sets(model, run);

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use rlvr_train::config::{RawConfig, ResolvedConfig};
-use rlvr_train::metrics::{read_metrics, TIME_KEYS};
 use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
 fn sets(model: &Path, run: &Path) -> Vec<String> {
     let mut s = common::arithmetic_sets(model, run);

@@ -7,9 +7,9 @@ use candle_core::{DType, Device};
 use clap::Parser;
 use rlvr_model::checkpoint::Policy;
 use rlvr_train::cli::{run_sft, SftArgs};
-use rlvr_train::eval::completion_logprobs;
-use rlvr_train::experience::Experience;
+use rlvr_train::score::completion_logprobs;
 use rlvr_train::sft::read_pairs;
+use rlvr_train::store::experience::Experience;
 
 #[derive(Parser)]
 struct W {

@@ -5,8 +5,8 @@ mod common;
 use std::path::Path;
 
 use rlvr_train::config::RawConfig;
-use rlvr_train::metrics::{read_metrics, METRIC_KEYS};
 use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::{read_metrics, METRIC_KEYS};
 
 fn run(sets: &[String]) -> rlvr_train::run::RunSummary {
     let cfg = RawConfig::load(None, sets).unwrap().resolve().unwrap();
@@ -143,7 +143,7 @@ fn staleness_follows_interval_and_offset() {
         );
         for (t, w) in (1..=6u64).zip(&want) {
             assert_eq!(
-                (t - 1 - rlvr_train::run::behaviour_version(t, v, o)) as f64,
+                (t - 1 - rlvr_train::feed::behaviour_version(t, v, o)) as f64,
                 *w
             );
         }
@@ -175,7 +175,7 @@ fn threaded_explorer_is_deterministic() {
     }
     for (a, b) in lines[0].iter().zip(&lines[1]) {
         for (k, v) in a {
-            if !rlvr_train::metrics::TIME_KEYS.contains(&k.as_str()) {
+            if !rlvr_train::store::metrics::TIME_KEYS.contains(&k.as_str()) {
                 assert_eq!(v, &b[k], "{k}");
             }
         }

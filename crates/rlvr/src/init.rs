@@ -153,7 +153,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
     };
-    rlvr_train::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    rlvr_train::store::lock::prepare_model_output(&a.out, a.force, "--out")?;
     let model = Model::random(config, a.init_std, a.seed, DType::F32, &Device::Cpu)?;
     model.save(&a.out, dtype)?;
     write_tokenizer_files(&a.out, &tok)?;

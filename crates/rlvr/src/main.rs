@@ -37,7 +37,7 @@ enum Command {
     /// Evaluate a model on a task's held-out split: {"task", "n", "accuracy", "mean@k", "pass@k"}.
     Eval(rlvr_train::cli::EvalArgs),
     /// Memory estimate of a run config (weights, optimizer, activations, KV cache) and what fits.
-    Plan(rlvr_train::plan::PlanArgs),
+    Plan(rlvr_train::cli::PlanArgs),
     /// Fold a checkpoint's LoRA adapter into a full HuggingFace model (W + (alpha/r)·B·A).
     Merge(rlvr_train::lora::MergeArgs),
     /// Plot metrics of one or more run directories against step (SVG or PNG).
@@ -74,7 +74,7 @@ fn main() {
         Command::Train(a) => rlvr_train::cli::run_train(a, &mut out),
         Command::Sft(a) => rlvr_train::cli::run_sft(a, &mut out),
         Command::Eval(a) => rlvr_train::cli::run_eval(a, &mut out),
-        Command::Plan(a) => rlvr_train::plan::run_plan(a, &mut out),
+        Command::Plan(a) => rlvr_train::cli::run_plan(a, &mut out),
         Command::Merge(a) => rlvr_train::lora::run_merge(a, &mut out),
         Command::Plot(a) => rlvr_train::plot::run_plot(a, &mut out),
         Command::Generate(a) => rlvr_train::cli::run_generate(a, &mut out),

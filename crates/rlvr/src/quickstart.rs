@@ -33,10 +33,11 @@ use rlvr_data::generate::{ArithmeticGenConfig, Split};
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::TokenizerBundle;
-use rlvr_train::config::{RawConfig, ResolvedConfig, Schedule, TrainSection};
+use rlvr_train::config::{settings, RawConfig, ResolvedConfig};
 use rlvr_train::eval::{EvalSettings, Evaluator};
 use rlvr_train::run::{train, RunOptions};
 use rlvr_train::sft::{read_pairs, train_sft, SftSettings, StopRule};
+use rlvr_train::update::LrSchedule;
 use serde_json::json;
 
 use crate::init;
@@ -221,7 +222,8 @@ fn write_data(dir: &Path, plan: &Plan) -> anyhow::Result<()> {
 /// encoded with the tokenizer's special tokens, at most `rollout.max_new_tokens` new tokens.
 fn held_out_set(cfg: &ResolvedConfig, tok: &TokenizerBundle) -> anyhow::Result<Evaluator> {
     let c = &cfg.raw;
-    let mut ev = Evaluator::from_config(c, tok)?;
+    let reward = std::sync::Arc::new(settings::reward_function(c)?);
+    let mut ev = settings::evaluator(c, tok, reward)?;
     ev.settings = EvalSettings {
         samples: 1,
         max_new_tokens: c.rollout.max_new_tokens,
@@ -257,13 +259,7 @@ fn warm_start(
     let settings = SftSettings {
         batch_size: plan.sft_batch,
         micro_batch_size: plan.sft_batch,
-        schedule: TrainSection {
-            steps: plan.sft_max_steps,
-            lr: plan.sft_lr,
-            warmup_steps: 0,
-            schedule: Schedule::Constant,
-            ..TrainSection::default()
-        },
+        schedule: LrSchedule::constant(plan.sft_lr, plan.sft_max_steps),
         adamw: AdamWConfig {
             lr: plan.sft_lr,
             weight_decay: 0.0,

@@ -9,7 +9,7 @@ use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::AlgorithmConfig;
 
 use super::{apply_override, from_table, load_layers, RawConfig, ResolvedConfig};
-use crate::checkpoint::TrainerState;
+use crate::store::checkpoint::TrainerState;
 
 impl RawConfig {
     /// Checks the `model.lora_*` keys and records the default α (2 × rank) in the config.
@@ -52,8 +52,6 @@ impl RawConfig {
     /// Invalid values, each naming its key and the fix: out-of-range values, a loss-specific
     /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
     /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
-    // Long (about 105 lines) on purpose: one check per key in config-file order, each with its own
-    // message naming the key and the fix.
     pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
@@ -153,7 +151,7 @@ impl RawConfig {
     }
 }
 
-/// The `rollout.*` keys of the vLLM backend (issue 15): servers given, positive limits, and
+/// The `rollout.*` keys of the vLLM backend: servers given, positive limits, and
 /// truncated sampling only with `rollout.accept_renormalised_logprobs` (vLLM renormalises its
 /// behaviour log-probs over the kept tokens; the EOS ids are stop ids, so `min_new_tokens > 0`
 /// truncates too).
@@ -239,7 +237,7 @@ impl ResolvedConfig {
             .with_context(|| format!("parsing {}", path.display()))?;
         drop_unread_loss_options(&mut table, overrides)?;
         let cfg = load_layers(table, &path.display().to_string(), overrides)?.resolve()?;
-        if let Some(dir) = crate::checkpoint::latest(run_dir)? {
+        if let Some(dir) = crate::store::checkpoint::latest(run_dir)? {
             let p = dir.join("trainer_state/state.json");
             let st: TrainerState = serde_json::from_str(
                 &std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,

@@ -18,7 +18,9 @@
 //!   config reference ([`reference_markdown`]).
 
 mod checks;
+pub mod plan;
 mod sections;
+pub mod settings;
 
 use std::path::Path;
 
@@ -209,20 +211,10 @@ impl ResolvedConfig {
 }
 
 /// The learning rate of trainer step `step` (1-based) under `t`'s schedule: linear warm-up
-/// lr·step/warmup for step ≤ warmup, then constant, linear or cosine decay to `min_lr` at `t.steps`.
+/// lr·step/warmup for step ≤ warmup, then constant, linear or cosine decay to `min_lr` at `t.steps`
+/// ([`crate::update::LrSchedule::at`]).
 pub fn lr_at(t: &TrainSection, step: u64) -> f64 {
-    if t.warmup_steps > 0 && step <= t.warmup_steps {
-        return t.lr * step as f64 / t.warmup_steps as f64;
-    }
-    let span = t.steps.saturating_sub(t.warmup_steps).max(1) as f64;
-    let progress = (step.saturating_sub(t.warmup_steps) as f64 / span).clamp(0.0, 1.0);
-    match t.schedule {
-        Schedule::Constant => t.lr,
-        Schedule::Linear => t.min_lr + (t.lr - t.min_lr) * (1.0 - progress),
-        Schedule::Cosine => {
-            t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
-        }
-    }
+    crate::update::LrSchedule::from(t).at(step)
 }
 
 /// The config reference of the sections this crate defines, as a Markdown table generated from the

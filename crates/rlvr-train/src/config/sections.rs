@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget};
 use serde::{Deserialize, Serialize};
 
+pub use crate::feed::explorer::ShortBatch;
+pub use crate::update::lr::Schedule;
+
 /// `[model]`: the policy checkpoint and where it computes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -194,33 +197,6 @@ impl Default for SyncSection {
             max_staleness: None,
         }
     }
-}
-
-/// Learning-rate schedule over trainer steps (all start with `train.warmup_steps` of linear warm-up
-/// from 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Schedule {
-    /// lr after the warm-up.
-    Constant,
-    /// Linear decay from lr to `train.min_lr` at the last step.
-    Linear,
-    /// Cosine decay from lr to `train.min_lr` at the last step.
-    Cosine,
-}
-
-/// What DAPO dynamic sampling does when the refill rounds end with fewer than B groups that have
-/// reward variance (`train.dynamic_sampling_short_batch`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ShortBatch {
-    /// Train on the groups found (fewer than B); `dynamic_sampling/short_groups` in
-    /// diagnostics.jsonl counts the missing ones. DAPO's paper does not say; this keeps a run going
-    /// on tasks where most groups are all-correct or all-wrong.
-    Train,
-    /// Stop the run (the last good state is saved) with an error naming the key, as verl's DAPO
-    /// trainer does when `max_num_gen_batches` is reached (`recipe/dapo/dapo_ray_trainer.py`).
-    Error,
 }
 
 /// `[train]`: the trainer.

@@ -1,7 +1,9 @@
 //! Checkpoints (DESIGN.md section 10): `RUN_DIR/checkpoints/step-N/` is a model directory that
 //! `rlvr eval --model` accepts (config.json, model.safetensors, tokenizer files) plus
-//! `trainer_state/` (optimizer moments and, for bf16 weights, f32 master weights, RNG state, data cursor, buffer, explorer version and, when
-//! it differs from the policy, the explorer's weights). `checkpoints/latest` names the last complete
+//! `trainer_state/` (optimizer moments and, for bf16 weights, f32 master weights, RNG state, data
+//! cursor, explorer version and, when it differs from the policy, the explorer's weights; and
+//! `buffer.jsonl`, which a run writes empty: with o ≥ 1 a resume re-samples the batches that were
+//! in flight). `checkpoints/latest` names the last complete
 //! one; `checkpoints/best` the best evaluated one.
 //!
 //! Atomicity: everything is written into `checkpoints/.tmp-step-N/`, which is renamed to `step-N`
@@ -12,16 +14,30 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use rlvr_data::sampler::DataCursor;
 use rlvr_model::checkpoint::write_tokenizer_files;
 use rlvr_model::weights::{atomic_write, safetensors_bytes};
 use rlvr_model::{Model, TokenizerBundle};
 use serde::{Deserialize, Serialize};
 
-use crate::config::ResolvedConfig;
-use crate::experience::Experience;
-use crate::schedule::Feed;
-use crate::source::SourceCursor;
-use crate::trainer::Trainer;
+use crate::store::experience::Experience;
+
+/// Where the experience source stands: saved in checkpoints, so a resumed run draws the prompts
+/// (online) or reads the groups (offline) an uninterrupted one would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum SourceCursor {
+    /// Online: the prompt sampler's cursor.
+    Online {
+        /// The data cursor.
+        cursor: DataCursor,
+    },
+    /// Offline: groups of the experiences file consumed so far (wrapping around at the end).
+    Offline {
+        /// Groups consumed.
+        groups: u64,
+    },
+}
 
 /// `trainer_state/state.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -259,63 +275,67 @@ pub fn mark_best(run_dir: &Path, step: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
-pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
-
-/// The checkpoint stage of a run: writes `step-N` (policy, optimizer moments, explorer version
-/// and, when it differs from the policy's, the explorer's weights, the source cursor) and rotates
-/// old ones (`train.keep_last`, the best kept).
+/// Refuses to write a checkpoint whose weights hold a NaN or an infinity (`latest` then keeps
+/// naming the previous, good one).
 ///
 /// # Errors
-/// I/O errors; an explorer whose version differs from the policy's but whose backend keeps no
-/// local weights to save.
-pub(crate) fn save_run(
-    cfg: &ResolvedConfig,
-    run_dir: &Path,
-    trainer: &Trainer,
-    tokenizer: &TokenizerBundle,
-    feed: &Feed,
-    (step, skipped_in_row, best): RunPosition,
-    cursor: SourceCursor,
-) -> anyhow::Result<PathBuf> {
-    crate::rundir::ensure_finite(&trainer.model)?;
-    let (ex_version, ex_model) = match feed {
-        Feed::Inline(e) if e.version() != step => {
-            let m = e.behaviour_model().with_context(|| {
-                format!(
-                    "the explorer samples with version {} at step {step}, but its backend keeps \
-                     no local weights to checkpoint",
-                    e.version()
-                )
-            })?;
-            (e.version(), Some(m))
+/// Names the first non-finite tensor; tensor errors.
+pub fn ensure_finite(model: &Model) -> anyhow::Result<()> {
+    if let Some(name) = non_finite_weight(model)? {
+        anyhow::bail!(
+            "weight {name} holds a non-finite value (NaN or inf): this checkpoint is not written and \
+             checkpoints/latest still names the last good one"
+        );
+    }
+    Ok(())
+}
+
+/// The name of the first weight of `model` that holds a NaN or an infinity, if any.
+///
+/// # Errors
+/// Tensor errors.
+pub fn non_finite_weight(model: &Model) -> anyhow::Result<Option<String>> {
+    for (name, v) in model.named_vars() {
+        let t = v.as_tensor();
+        // x − x is 0 for every finite x and NaN for NaN and ±inf: the sum is finite iff all are.
+        let s = t
+            .sub(t)?
+            .sum_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_scalar::<f32>()?;
+        if !s.is_finite() {
+            return Ok(Some(name));
         }
-        _ => (step, None),
-    };
-    let st = TrainerState {
-        step,
-        optimizer_step: trainer.optimizer.adamw.step,
-        explorer_version: ex_version,
-        cursor,
-        rng_seed: cfg.raw.train.seed,
-        skipped_in_row,
-        best,
-        explorer_weights: false,
-        lora_dropout_draws: trainer.model.lora_dropout_draws().unwrap_or(0),
-    };
-    let (m, v) = trainer.optimizer.adamw.moments();
-    let dir = save(
-        run_dir,
-        &st,
-        &CheckpointParts {
-            model: &trainer.model,
-            tokenizer,
-            moments: (m, v),
-            masters: trainer.optimizer.adamw.masters(),
-            explorer: ex_model,
-            buffer: &[],
-        },
-    )?;
-    rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;
-    Ok(dir)
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    #[test]
+    fn a_checkpoint_with_a_nan_or_inf_weight_is_refused() {
+        let config = rlvr_model::ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 16, "hidden_size": 8,
+                "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 32}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let m = rlvr_model::Model::random(config, 0.02, 0, DType::F32, &Device::Cpu).unwrap();
+        ensure_finite(&m).unwrap();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let (name, v) = m.named_vars().into_iter().last().unwrap();
+            let good = v.as_tensor().copy().unwrap();
+            let mut data = good.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            data[3] = bad;
+            v.set(&Tensor::from_vec(data, good.dims().to_vec(), &Device::Cpu).unwrap())
+                .unwrap();
+            let e = ensure_finite(&m).unwrap_err().to_string();
+            assert!(e.contains(&name) && e.contains("non-finite"), "{e}");
+            v.set(&good).unwrap();
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The trainer update stage (DESIGN.md sections 3 and 4): advantages over the step batch, then
 //! μ epochs × mini-batches of optimizer updates, each update split into micro-batches (by row count or
 //! token budget, rows packed by [`crate::pack`]) under one update-level normaliser; each update ends
-//! in the shared optimizer step ([`crate::optimizer`]: reduce hook, global-norm clipping, AdamW).
+//! in the shared optimizer step ([`super::optimizer`]: reduce hook, global-norm clipping, AdamW).
 //! The losses, advantages and normalisers themselves, with their paper equations, are rlvr-algo's
 //! (`compute_advantages`, `policy_loss`, `UpdateNormaliser`).
 //!
@@ -27,18 +27,47 @@ use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
 use rlvr_vllm::MismatchSums;
 
-use crate::config::TrainSection;
-use crate::experience::Experience;
-use crate::optimizer::OptimizerStep;
+use super::optimizer::OptimizerStep;
 use crate::pack::pack_rows;
+use crate::store::experience::Experience;
+
+/// How the trainer splits and optimises a step (the `train.*` keys of the same names document
+/// each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateSettings {
+    /// Peak learning rate (AdamW's base rate; each update gets the schedule's value).
+    pub lr: f64,
+    /// AdamW decoupled weight decay λ.
+    pub weight_decay: f64,
+    /// AdamW β₁.
+    pub beta1: f64,
+    /// AdamW β₂.
+    pub beta2: f64,
+    /// AdamW ε.
+    pub adam_eps: f64,
+    /// Global gradient-norm clip (0 = off).
+    pub grad_clip: f64,
+    /// Rows per micro-batch.
+    pub micro_batch_size: usize,
+    /// Token budget per micro-batch (rows × padded length), replacing `micro_batch_size` when set.
+    pub micro_batch_tokens: Option<usize>,
+    /// Leave rows whose gradient is exactly zero out of forward and backward.
+    pub skip_zero_gradient_rows: bool,
+    /// Activation checkpointing.
+    pub gradient_checkpointing: bool,
+    /// Optimizer updates per epoch (mini-batches of whole groups).
+    pub mini_batches: usize,
+    /// μ: passes over the step's batch.
+    pub epochs: usize,
+}
 
 /// What the trainer needs of the config, worked out once.
 #[derive(Debug, Clone)]
 pub struct TrainerSettings {
     /// The resolved algorithm.
     pub algorithm: Algorithm,
-    /// `[train]`.
-    pub train: TrainSection,
+    /// Splitting and optimising.
+    pub train: UpdateSettings,
     /// Sampling temperature T (the trainer scores with the same T).
     pub temperature: f64,
     /// `rollout.max_new_tokens` (the constant normaliser's L and the overlong penalty's limit).
@@ -82,7 +111,7 @@ pub struct StepReport {
     /// Completion tokens trained on (summed over updates).
     pub tokens: usize,
     /// Rows left out of forward/backward because their gradient is exactly zero (summed over
-    /// updates; see [`TrainSection::skip_zero_gradient_rows`]).
+    /// updates; see [`UpdateSettings::skip_zero_gradient_rows`]).
     pub rows_skipped: usize,
 }
 
@@ -204,18 +233,14 @@ impl Trainer {
         if !alg.mismatch_correction.is_on() {
             return Ok(None);
         }
-        let mut out = vec![Vec::new(); batch.len()];
-        let rows: Vec<usize> = (0..batch.len())
-            .filter(|&i| !batch[i].completion_ids.is_empty())
-            .collect();
-        let (t, pad) = (self.settings.temperature.max(1e-6), self.settings.pad_id);
-        for chunk in rows.chunks(self.settings.train.micro_batch_size.max(1)) {
-            let lp = crate::eval::completion_logprobs(&self.model, batch, chunk, t, pad)?;
-            for (&i, l) in chunk.iter().zip(lp) {
-                out[i] = l;
-            }
-        }
-        Ok(Some(out))
+        let lp = crate::score::score_rows(
+            &self.model,
+            batch,
+            self.settings.train.micro_batch_size,
+            self.settings.temperature.max(1e-6),
+            self.settings.pad_id,
+        )?;
+        Ok(Some(lp))
     }
 
     /// One optimizer update over `rows` of `batch`. Returns the merged loss stats and the gradient
@@ -276,7 +301,7 @@ impl Trainer {
             }
             // The correction weights c_it ride on the mask: Σ_i w_i Σ_t m_it c_it L_it.
             let mask = match start_lp {
-                Some(lp) => crate::mismatch::corrected_mask(batch, &mb, &t.mask_host, lp, alg)?
+                Some(lp) => super::mismatch::corrected_mask(batch, &mb, &t.mask_host, lp, alg)?
                     .to_dtype(t.mask.dtype())?
                     .to_device(t.mask.device())?,
                 None => t.mask.clone(),
@@ -446,7 +471,7 @@ pub fn split_groups(groups: &[&str], n: usize) -> Vec<Vec<usize>> {
 /// Splits an update's rows into micro-batches: `micro_batch_size` rows each, or, with
 /// `micro_batch_tokens`, as many rows as fit the budget rows × padded length (a row longer than
 /// the budget gets its own micro-batch).
-pub fn micro_batches(batch: &[Experience], rows: &[usize], t: &TrainSection) -> Vec<Vec<usize>> {
+pub fn micro_batches(batch: &[Experience], rows: &[usize], t: &UpdateSettings) -> Vec<Vec<usize>> {
     match t.micro_batch_tokens {
         None => rows
             .chunks(t.micro_batch_size)

@@ -34,7 +34,7 @@ pub(crate) fn install(stop: Arc<AtomicBool>) {
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
         Ok(s) => s,
         Err(e) => {
-            crate::rundir::say(&format!(
+            crate::log::say(&format!(
                 "warning: cannot handle SIGINT/SIGTERM ({e}); an interruption will not save a checkpoint"
             ));
             return;

@@ -62,8 +62,6 @@ pub struct ExperienceError {
 /// # Errors
 /// [`ExperienceError`] naming file, line and field: invalid JSON, a missing or ill-typed field,
 /// `behaviour_logprobs` of a different length than `completion_ids`, an empty prompt.
-// Long (about 110 lines) on purpose: one check per field of the DESIGN §10 record, each with
-// its own error message naming the field.
 pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, ExperienceError> {
     let err = |field: &str, why: String| ExperienceError {
         file: file.to_path_buf(),

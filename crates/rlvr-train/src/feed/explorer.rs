@@ -2,13 +2,14 @@
 //! [`Rollout`] backend holding the weights of its policy version, scores them with the verifier,
 //! and hands out one [`Batch`] of experiences per trainer step. DAPO's dynamic sampling (arXiv
 //! 2503.14476, "Dynamic Sampling": drop groups whose rewards are all equal and draw more prompts)
-//! lives here; the offline replacement is [`crate::source::OfflineSource`].
+//! lives here; the offline replacement is [`super::offline::OfflineSource`].
 //!
 //! Randomness is seeded per (run seed, prompt draw index, sample index) through rlvr-rollout, where
 //! the draw index counts prompts handed out since the start of the run (epoch·N + position of the
 //! data cursor), so a batch depends only on the weights, the cursor and the seed: a resumed run
 //! draws the same completions.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -20,28 +21,22 @@ use rlvr_reward::Sample;
 use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
-use crate::config::ShortBatch;
-use crate::eval::flatten_groups;
-use crate::experience::Experience;
-pub use crate::source::{OfflineSource, SourceCursor};
+use crate::store::checkpoint::SourceCursor;
+use crate::store::experience::Experience;
+use crate::store::rollouts::RolloutRecord;
 
-/// One sampled completion kept for rollouts.jsonl.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutRecord {
-    /// Group id.
-    pub group_id: String,
-    /// Prompt text.
-    pub prompt: String,
-    /// Completion text (special tokens kept).
-    pub completion: String,
-    /// Reward (null = unscorable).
-    pub reward: Option<f64>,
-    /// Judged correct.
-    pub correct: Option<bool>,
-    /// Behaviour version.
-    pub version: Option<u64>,
-    /// "eos" or "length".
-    pub finish_reason: String,
+/// What DAPO dynamic sampling does when the refill rounds end with fewer than B groups that have
+/// reward variance (`train.dynamic_sampling_short_batch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShortBatch {
+    /// Train on the groups found (fewer than B); `dynamic_sampling/short_groups` in
+    /// diagnostics.jsonl counts the missing ones. DAPO's paper does not say; this keeps a run going
+    /// on tasks where most groups are all-correct or all-wrong.
+    Train,
+    /// Stop the run (the last good state is saved) with an error naming the key, as verl's DAPO
+    /// trainer does when `max_num_gen_batches` is reached (`recipe/dapo/dapo_ray_trainer.py`).
+    Error,
 }
 
 /// The experiences of one trainer step.
@@ -84,9 +79,17 @@ pub struct ExplorerSettings {
     pub micro_batch_size: usize,
     /// Completions per batch kept for rollouts.jsonl.
     pub log_rollouts: usize,
-    /// Encode prompts with the tokenizer's added special tokens (plain prompts: true; chat prompts
-    /// are rendered by the template and encoded without them).
-    pub add_special_tokens: bool,
+}
+
+/// The train prompts as the explorer needs them: token ids to sample from, rendered texts and
+/// references for the verifier, one entry per prompt in each.
+pub struct TrainPrompts {
+    /// Token ids of each prompt (see [`super::prompts::PreparedPrompts::encode`]).
+    pub ids: Vec<Vec<u32>>,
+    /// Rendered prompt texts.
+    pub texts: Vec<String>,
+    /// The verifier reference of each prompt.
+    pub references: Vec<String>,
 }
 
 /// The online explorer: a rollout backend holding the policy at its version, the train prompts and
@@ -98,32 +101,37 @@ pub struct Explorer {
     texts: Vec<String>,
     references: Vec<String>,
     sampler: PromptSampler,
-    reward: RewardFunction,
+    reward: Arc<RewardFunction>,
     settings: ExplorerSettings,
 }
 
 impl Explorer {
     /// An explorer sampling through `rollout` (its weights loaded by the caller, see
-    /// [`Explorer::set_weights`]), over train prompts (`texts` rendered, `references` for the
-    /// verifier) and a prompt sampler at `sampler`'s cursor.
+    /// [`Explorer::set_weights`]) over `prompts`, drawn by a prompt sampler at `sampler`'s cursor
+    /// and scored by `reward`; `tokenizer` decodes completions for the verifier.
     ///
     /// # Errors
-    /// Tokenizer errors encoding a prompt.
-    #[allow(clippy::too_many_arguments)]
+    /// The prompt lists differ in length.
     pub fn new(
         rollout: Box<dyn Rollout>,
         tokenizer: TokenizerBundle,
-        texts: Vec<String>,
-        references: Vec<String>,
+        prompts: TrainPrompts,
         sampler: PromptSampler,
-        reward: RewardFunction,
+        reward: Arc<RewardFunction>,
         settings: ExplorerSettings,
     ) -> anyhow::Result<Self> {
-        let prompts = texts
-            .iter()
-            .map(|t| tokenizer.encode(t, settings.add_special_tokens))
-            .collect::<Result<Vec<_>, _>>()
-            .context("encoding train prompts")?;
+        let TrainPrompts {
+            ids: prompts,
+            texts,
+            references,
+        } = prompts;
+        anyhow::ensure!(
+            prompts.len() == texts.len() && texts.len() == references.len(),
+            "{} prompt ids, {} texts and {} references",
+            prompts.len(),
+            texts.len(),
+            references.len()
+        );
         Ok(Explorer {
             rollout,
             tokenizer,
@@ -245,7 +253,12 @@ impl Explorer {
             .sample(&prompts, first, &self.settings.params, self.settings.seed)
             .context("sampling completions")?;
         // Nothing is trained on a partial batch: a failed group fails the step.
-        let completions = flatten_groups(groups, first)?;
+        let completions = rlvr_rollout::flatten(groups).with_context(|| {
+            format!(
+                "sampling the groups of prompts {first}..{} (draw indices)",
+                first + idx.len()
+            )
+        })?;
         let texts: Vec<String> = completions
             .iter()
             .map(|c| self.tokenizer.decode(&c.token_ids, true))
@@ -303,14 +316,16 @@ impl Explorer {
              which this rollout backend does not keep",
         )?;
         let t = self.settings.params.temperature.max(1e-6);
-        let pad = self.tokenizer.pad_id;
-        let rows: Vec<usize> = (0..exps.len())
-            .filter(|&i| !exps[i].completion_ids.is_empty())
-            .collect();
-        for chunk in rows.chunks(self.settings.micro_batch_size.max(1)) {
-            let lp = crate::eval::completion_logprobs(model, exps, chunk, t, pad)?;
-            for (r, &i) in chunk.iter().enumerate() {
-                exps[i].behaviour_logprobs = lp[r].clone();
+        let lp = crate::score::score_rows(
+            model,
+            exps,
+            self.settings.micro_batch_size,
+            t,
+            self.tokenizer.pad_id,
+        )?;
+        for (e, l) in exps.iter_mut().zip(lp) {
+            if !e.completion_ids.is_empty() {
+                e.behaviour_logprobs = l;
             }
         }
         Ok(())

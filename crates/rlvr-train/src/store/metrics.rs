@@ -1,6 +1,7 @@
-//! metrics.jsonl (DESIGN.md section 10): one JSON object per step with exactly the listed keys
-//! (null where undefined), plus `eval/*` at evaluation steps; and the other JSONL files of the run
-//! directory (rollouts.jsonl, eval.jsonl, diagnostics.jsonl).
+//! The JSONL files of a run directory: metrics.jsonl (DESIGN.md section 10: one JSON object per
+//! step with exactly the listed keys, null where undefined, plus `eval/*` at evaluation steps),
+//! and the appending, reading and resume cut-back that rollouts.jsonl, eval.jsonl and
+//! diagnostics.jsonl share with it.
 
 use std::io::Write;
 use std::path::Path;
@@ -146,65 +147,4 @@ pub fn read_metrics(path: &Path) -> anyhow::Result<Vec<serde_json::Map<String, V
             serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1))
         })
         .collect()
-}
-
-/// The metrics line of one step (DESIGN.md section 10 keys; null where undefined).
-pub fn step_metrics(
-    step: u64,
-    exps: &[crate::experience::Experience],
-    rep: &crate::trainer::StepReport,
-    lr: f64,
-    sample_s: f64,
-    train_s: f64,
-) -> MetricsLine {
-    let mut l = MetricsLine::new(step);
-    let rewards: Vec<f64> = exps.iter().filter_map(|e| e.reward).collect();
-    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
-    let rm = mean(&rewards);
-    l.set("reward/mean", rm);
-    l.set(
-        "reward/std",
-        rm.map(|m| {
-            (rewards.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt()
-        }),
-    );
-    let correct: Vec<f64> = exps
-        .iter()
-        .filter_map(|e| e.is_correct())
-        .map(|c| if c { 1.0 } else { 0.0 })
-        .collect();
-    l.set("accuracy", mean(&correct));
-    let lens: Vec<f64> = exps.iter().map(|e| e.completion_ids.len() as f64).collect();
-    l.set("completion_len/mean", mean(&lens));
-    let st: Vec<f64> = exps
-        .iter()
-        .filter_map(|e| e.staleness(step))
-        .map(|s| s as f64)
-        .collect();
-    l.set("staleness/mean", mean(&st));
-    l.set("staleness/max", st.iter().cloned().reduce(f64::max));
-    if let Some(m) = &rep.loss {
-        l.set("loss", Some(m.loss));
-        l.set("clip_frac", m.clip_frac);
-        l.set("clip_frac/low", m.clip_frac_low);
-        l.set("clip_frac/high", m.clip_frac_high);
-        l.set("ratio/mean", m.ratio_mean);
-        l.set("ratio/min", m.ratio_min);
-        l.set("ratio/max", m.ratio_max);
-        l.set("kl_ref", m.kl_ref);
-        l.set("kl_behaviour", m.kl_behaviour);
-        l.set("entropy", m.entropy);
-        l.set("ess", m.ess);
-        l.set("masked_frac", m.masked_frac);
-    }
-    l.set("zero_std_frac", rep.adv.zero_std_frac());
-    l.set("grad_norm", rep.grad_norm);
-    l.set("lr", Some(lr));
-    l.set_value("skipped", serde_json::Value::Bool(rep.skipped));
-    l.set("time/sample_s", Some(sample_s));
-    l.set("time/train_s", Some(train_s));
-    let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
-    let secs = sample_s + train_s;
-    l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
-    l
 }

@@ -5,7 +5,7 @@ use candle_core::{Device, Tensor};
 use rlvr_algo::{Algorithm, MismatchCorrection};
 use rlvr_vllm::{correction_weights, IsCorrection, IsLevel};
 
-use crate::experience::Experience;
+use crate::store::experience::Experience;
 
 /// The correction `alg` selects, as `rlvr_vllm::correction_weights` takes it; `None` when off.
 pub fn is_correction(alg: &Algorithm) -> Option<IsCorrection> {

@@ -85,8 +85,8 @@ impl RunLock {
         let info = format!(
             "pid {}\nhost {}\nstarted {}\n",
             std::process::id(),
-            crate::rundir::host(),
-            crate::rundir::now_rfc3339()
+            crate::store::run_json::host(),
+            crate::store::run_json::now_rfc3339()
         );
         file.set_len(0)
             .and_then(|_| file.seek(SeekFrom::Start(0)))

@@ -36,7 +36,7 @@ use anyhow::{bail, Context};
 use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget, ModelConfig};
 use serde::Serialize;
 
-use crate::config::RawConfig;
+use super::RawConfig;
 
 /// Constant process overhead on the CPU (bytes). Checked on a 108 M-parameter step (BENCHMARKS.md,
 /// "Memory"): the measured peak RSS less the other components was 61 MiB (f32) and 100 MiB (bf16),
@@ -46,23 +46,6 @@ pub const CPU_OVERHEAD: u64 = 300 << 20;
 pub const GPU_OVERHEAD: u64 = 1 << 30;
 /// Prompt tokens assumed when the config sets no `data.max_prompt_len`.
 pub const DEFAULT_PROMPT_TOKENS: usize = 256;
-
-/// `rlvr plan` arguments.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct PlanArgs {
-    /// Run config (TOML); its `model.path` must hold a config.json.
-    #[arg(long)]
-    pub config: PathBuf,
-    /// Override a config key (`--set train.micro_batch_size=4`); repeatable.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub set: Vec<String>,
-    /// Memory to fit (e.g. 80GB, 24GiB, 16000MiB; GB and GiB both mean 2^30 bytes).
-    #[arg(long)]
-    pub gpu_memory: Option<String>,
-    /// One JSON object on the last line of stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// The model's shape, from config.json.
 #[derive(Debug, Clone, Serialize)]
@@ -301,9 +284,6 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 ///
 /// # Errors
 /// A missing or malformed config.json, an unknown dtype.
-// Long (about 140 lines) on purpose: one line per memory term (weights, gradients, moments,
-// masters, reference, KV cache, activations) in the order of the printed table, so each term and
-// the sum can be checked at once.
 pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyhow::Result<Plan> {
     let cfg_path = raw.model.path.join("config.json");
     let mc = ModelConfig::from_file(&cfg_path)
@@ -526,23 +506,6 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
             p.max_micro_batch_rows_checkpointed.unwrap_or(0),
             p.max_rollout_rows.unwrap_or(0)
         )?;
-    }
-    Ok(())
-}
-
-/// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line.
-///
-/// # Errors
-/// Config errors, a missing model config.json, a malformed `--gpu-memory`.
-pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
-    let resolved = raw.resolve()?;
-    let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
-    let p = plan(&resolved.raw, resolved.algorithm.needs_reference(), memory)?;
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string(&p)?)?;
-    } else {
-        write_table(&p, out)?;
     }
     Ok(())
 }

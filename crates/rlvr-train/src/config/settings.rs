@@ -1,0 +1,190 @@
+//! The one translation of the resolved config into each stage's settings and parts: the trainer's,
+//! the explorer's (with its sampling parameters), the evaluator's, the rollout backend's, the
+//! learning-rate schedule, and the reward function. `rlvr train`, `rlvr eval`, `rlvr sft` and the
+//! quickstart all build their stages through these functions, so a key means the same thing in
+//! every command.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use rlvr_data::config::{DataConfig, PromptStyle};
+use rlvr_data::generate::Split;
+use rlvr_model::TokenizerBundle;
+use rlvr_reward::combine::RewardFunction;
+use rlvr_rollout::SamplingParams;
+
+use super::{RawConfig, ResolvedConfig, RolloutBackend, RolloutSection, TrainSection};
+use crate::eval::{EvalSettings, Evaluator};
+use crate::feed::backend::{BackendSettings, VllmSettings};
+use crate::feed::explorer::ExplorerSettings;
+use crate::feed::prompts::prepare_prompts;
+use crate::update::{LrSchedule, TrainerSettings, UpdateSettings};
+
+impl From<&TrainSection> for UpdateSettings {
+    fn from(t: &TrainSection) -> Self {
+        UpdateSettings {
+            lr: t.lr,
+            weight_decay: t.weight_decay,
+            beta1: t.beta1,
+            beta2: t.beta2,
+            adam_eps: t.adam_eps,
+            grad_clip: t.grad_clip,
+            micro_batch_size: t.micro_batch_size,
+            micro_batch_tokens: t.micro_batch_tokens,
+            skip_zero_gradient_rows: t.skip_zero_gradient_rows,
+            gradient_checkpointing: t.gradient_checkpointing,
+            mini_batches: t.mini_batches,
+            epochs: t.epochs,
+        }
+    }
+}
+
+impl From<&TrainSection> for LrSchedule {
+    fn from(t: &TrainSection) -> Self {
+        LrSchedule {
+            lr: t.lr,
+            min_lr: t.min_lr,
+            warmup_steps: t.warmup_steps,
+            schedule: t.schedule,
+            steps: t.steps,
+        }
+    }
+}
+
+/// Whether prompts of `data` are encoded with the tokenizer's added special tokens: plain prompts
+/// are; chat prompts are rendered by the template, which writes them itself.
+pub fn add_special_tokens(data: &DataConfig) -> bool {
+    data.style == PromptStyle::Plain
+}
+
+/// The trainer's settings; `pad_id` fills its right-padded micro-batches.
+pub fn trainer_settings(cfg: &ResolvedConfig, pad_id: u32) -> TrainerSettings {
+    let c = &cfg.raw;
+    TrainerSettings {
+        algorithm: cfg.algorithm.clone(),
+        train: (&c.train).into(),
+        temperature: c.rollout.temperature,
+        max_new_tokens: c.rollout.max_new_tokens,
+        pad_id,
+    }
+}
+
+/// The sampling parameters of `[rollout]`; the ids in `eos_ids` stop a completion (sorted and
+/// deduplicated here).
+pub fn sampling_params(r: &RolloutSection, eos_ids: &[u32]) -> SamplingParams {
+    let mut stop_ids = eos_ids.to_vec();
+    stop_ids.sort_unstable();
+    stop_ids.dedup();
+    SamplingParams {
+        group_size: r.group_size,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: (r.top_k > 0).then_some(r.top_k),
+        max_new_tokens: r.max_new_tokens,
+        min_new_tokens: r.min_new_tokens,
+        stop_ids,
+        stop_strings: r.stop.clone(),
+        max_batch_rows: r.max_batch_rows,
+    }
+}
+
+/// The online explorer's settings (`eos_ids`: the policy tokenizer's EOS ids).
+pub fn explorer_settings(cfg: &ResolvedConfig, eos_ids: &[u32]) -> ExplorerSettings {
+    let c = &cfg.raw;
+    ExplorerSettings {
+        params: sampling_params(&c.rollout, eos_ids),
+        prompts_per_step: c.data.prompts_per_step,
+        seed: c.train.seed,
+        dynamic_sampling: cfg.algorithm.dynamic_sampling,
+        max_rounds: c.train.dynamic_sampling_max_rounds,
+        short_batch: c.train.dynamic_sampling_short_batch,
+        recompute_behaviour: c.train.recompute_behaviour,
+        micro_batch_size: c.train.micro_batch_size,
+        log_rollouts: c.train.log_rollouts,
+    }
+}
+
+/// The evaluator's sampling settings: `[eval]`, with max new tokens defaulting to
+/// `rollout.max_new_tokens` and the seed `train.seed`.
+pub fn eval_settings(raw: &RawConfig) -> EvalSettings {
+    EvalSettings {
+        samples: raw.eval.samples,
+        max_new_tokens: raw
+            .eval
+            .max_new_tokens
+            .unwrap_or(raw.rollout.max_new_tokens),
+        seed: raw.train.seed,
+        max_batch_rows: raw.rollout.max_batch_rows,
+        stop: raw.rollout.stop.clone(),
+        add_special_tokens: add_special_tokens(&raw.data),
+    }
+}
+
+/// The reward function of `[reward]`, over the task's verifier (`data.verifier`) when it lists
+/// no component. A run builds it once and shares it between its explorer and its evaluator.
+///
+/// # Errors
+/// Verifier configuration errors.
+pub fn reward_function(raw: &RawConfig) -> anyhow::Result<RewardFunction> {
+    Ok(RewardFunction::from_config(
+        &raw.reward,
+        &raw.data.verifier()?,
+    )?)
+}
+
+/// The held-out evaluator: the `[data]` test split rendered with `tok` (its first `eval.limit`
+/// problems), scored by `reward`, sampled as [`eval_settings`] says.
+///
+/// # Errors
+/// Data and template errors.
+pub fn evaluator(
+    raw: &RawConfig,
+    tok: &TokenizerBundle,
+    reward: Arc<RewardFunction>,
+) -> anyhow::Result<Evaluator> {
+    let mut p = prepare_prompts(&raw.data, Split::Test, tok)?;
+    if let Some(n) = raw.eval.limit {
+        p.texts.truncate(n);
+        p.references.truncate(n);
+    }
+    Ok(Evaluator {
+        texts: p.texts,
+        references: p.references,
+        reward,
+        settings: eval_settings(raw),
+        task: raw.data.task.name(),
+    })
+}
+
+/// The rollout backend `rollout.backend` names; vLLM versions go to `rollout.weights_dir`,
+/// defaulting to `run_dir/vllm-weights`.
+pub fn backend_settings(r: &RolloutSection, run_dir: &Path) -> BackendSettings {
+    match r.backend {
+        RolloutBackend::Native => BackendSettings::Native,
+        RolloutBackend::Vllm => BackendSettings::Vllm(VllmSettings {
+            servers: r.servers.clone(),
+            served_model_name: r.served_model_name.clone(),
+            weights_dir: r
+                .weights_dir
+                .clone()
+                .unwrap_or_else(|| run_dir.join("vllm-weights")),
+            api_key_env: r.api_key_env.clone(),
+            request_timeout_s: r.request_timeout_s,
+            retries: r.retries,
+            in_flight: r.in_flight,
+            accept_renormalised_logprobs: r.accept_renormalised_logprobs,
+            refresh_tolerance: r.refresh_tolerance,
+        }),
+    }
+}
+
+/// Loads the tokenizer of the model directory `dir` (the explorer and the offline source keep
+/// their own copy: a tokenizer bundle is not `Clone`).
+///
+/// # Errors
+/// Missing or malformed tokenizer files, naming `dir`.
+pub fn load_tokenizer(dir: &Path) -> anyhow::Result<TokenizerBundle> {
+    TokenizerBundle::load(dir)
+        .with_context(|| format!("loading the tokenizer of {}", dir.display()))
+}

@@ -1,0 +1,155 @@
+//! The one place that picks the sampling engine (DESIGN.md section 12), for `rlvr train`'s
+//! explorer, `rlvr eval` and `rlvr generate` alike: the native engine of this process, or vLLM
+//! OpenAI-compatible servers ([`rlvr_vllm::VllmRollout`]). Whatever the engine, the caller then
+//! pushes the weights it samples with through [`Rollout::load_weights`] before the first batch.
+//!
+//! Architecture invariant: no other file of rlvr-train names a vLLM type; everything else sees a
+//! `Box<dyn Rollout>`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use rlvr_model::{Model, TokenizerBundle};
+use rlvr_rollout::{NativeRollout, Rollout, Sampler};
+use rlvr_vllm::{ClientConfig, VllmRollout, VllmRolloutConfig};
+use serde_json::json;
+
+/// Which engine samples, with its settings (`rollout.backend` and the `rollout.*` vLLM keys).
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendSettings {
+    /// rlvr's own engine in this process (rlvr-rollout).
+    Native,
+    /// vLLM servers (rlvr-vllm).
+    Vllm(VllmSettings),
+}
+
+/// The vLLM servers a run samples from and how it talks to them (the `rollout.*` keys of the same
+/// names document each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VllmSettings {
+    /// Base URLs of the servers; groups are spread over them.
+    pub servers: Vec<String>,
+    /// The `--served-model-name` the servers run.
+    pub served_model_name: String,
+    /// Where each policy version is written for the servers to reload.
+    pub weights_dir: PathBuf,
+    /// The environment variable holding the servers' API key, if any.
+    pub api_key_env: Option<String>,
+    /// Whole-request timeout, seconds.
+    pub request_timeout_s: f64,
+    /// Attempts after a failed request.
+    pub retries: usize,
+    /// Requests (groups) in flight per server.
+    pub in_flight: usize,
+    /// Accept behaviour log-probs renormalised over truncated sampling's kept tokens.
+    pub accept_renormalised_logprobs: bool,
+    /// Largest max |ℓ_server − ℓ_trainer| (nats) on the check sequence after a weight refresh.
+    pub refresh_tolerance: f64,
+}
+
+/// How the native engine holds the weights it samples with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeWeights {
+    /// Its own copy, updated only by [`Rollout::load_weights`]: the explorer, whose version lags
+    /// the trainer's under a sync interval.
+    Copy,
+    /// The caller's weights, shared without a copy: evaluation and generation of a fixed model.
+    Share,
+}
+
+/// What the engine will be asked to do, for the vLLM start-up check
+/// `max_model_len ≥ longest_prompt + max_new_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Workload {
+    /// Tokens of the longest prompt.
+    pub longest_prompt: usize,
+    /// Most new tokens per completion.
+    pub max_new_tokens: usize,
+}
+
+impl BackendSettings {
+    /// The engine as RUN_DIR/run.json records it (`rollout_backend`): the engine, and for vLLM
+    /// the servers, served name, weights directory and whether renormalised behaviour log-probs
+    /// were accepted.
+    pub fn describe(&self) -> serde_json::Value {
+        match self {
+            BackendSettings::Native => json!({"backend": "native"}),
+            BackendSettings::Vllm(v) => json!({
+                "backend": "vllm",
+                "servers": v.servers,
+                "served_model_name": v.served_model_name,
+                "weights_dir": v.weights_dir,
+                "accept_renormalised_logprobs": v.accept_renormalised_logprobs,
+            }),
+        }
+    }
+}
+
+/// The vLLM client settings; the API key is read from the environment variable
+/// `api_key_env` names.
+///
+/// # Errors
+/// `api_key_env` names a variable that is not set.
+fn client_config(v: &VllmSettings) -> anyhow::Result<ClientConfig> {
+    let api_key = match &v.api_key_env {
+        Some(var) => Some(std::env::var(var).with_context(|| {
+            format!("rollout.api_key_env = {var:?}, but the environment variable {var} is not set")
+        })?),
+        None => None,
+    };
+    Ok(ClientConfig {
+        servers: v.servers.clone(),
+        served_model_name: v.served_model_name.clone(),
+        api_key,
+        timeout: Duration::from_secs_f64(v.request_timeout_s),
+        retries: v.retries,
+        in_flight: v.in_flight,
+        accept_renormalised_logprobs: v.accept_renormalised_logprobs,
+        ..Default::default()
+    })
+}
+
+/// The engine `s` names, at version `version`, with no weights pushed yet (the caller loads the
+/// starting version). Native: over `model` as `native` says. vLLM: connects and runs the start-up
+/// checks (health, served name, `max_model_len ≥ longest_prompt + max_new_tokens`, tokenizer
+/// agreement), with versions written under the settings' weights directory.
+///
+/// # Errors
+/// Model copy errors; a failed start-up check naming the server and what it answered.
+pub fn build(
+    s: &BackendSettings,
+    model: &Model,
+    tokenizer: &TokenizerBundle,
+    version: u64,
+    work: Workload,
+    native: NativeWeights,
+) -> anyhow::Result<Box<dyn Rollout>> {
+    Ok(match (s, native) {
+        (BackendSettings::Native, NativeWeights::Copy) => Box::new(NativeRollout::owning(
+            model.try_clone()?,
+            version,
+            Some(tokenizer.tokenizer.clone()),
+        )),
+        (BackendSettings::Native, NativeWeights::Share) => {
+            let sampler = Sampler::new(model, version).with_tokenizer(tokenizer.tokenizer.clone());
+            Box::new(NativeRollout::new(sampler))
+        }
+        (BackendSettings::Vllm(v), _) => {
+            let config = VllmRolloutConfig {
+                client: client_config(v)?,
+                weights_dir: v.weights_dir.clone(),
+                refresh_tolerance: v.refresh_tolerance,
+            };
+            let r = VllmRollout::connect(
+                config,
+                model,
+                tokenizer,
+                work.longest_prompt,
+                work.max_new_tokens,
+            )
+            .context("starting the vLLM rollout backend (rollout.backend = \"vllm\")")?;
+            Box::new(r)
+        }
+    })
+}

@@ -1,0 +1,222 @@
+//! Where a step's batch comes from (DESIGN.md section 3): the explorer, inline for sync offset
+//! o = 0 and on its own thread for o ≥ 1, or an offline experiences file; when the trainer's
+//! weights reach the explorer; and the one place that picks the rollout backend ([`backend`]).
+//!
+//! - [`schedule`]: the staleness rule s(t) and the stale filter;
+//! - [`prompts`]: the `[data]` split rendered with the policy's tokenizer, within the model's
+//!   positions;
+//! - [`explorer`]: sampling and scoring one step's batch, DAPO's dynamic sampling, behaviour
+//!   log-prob recomputation;
+//! - [`offline`]: the experiences file in place of the explorer;
+//! - [`backend`]: the native engine or vLLM servers, for train, eval and generate alike.
+//!
+//! Architecture invariant: a batch depends only on the explorer's weights, the source cursor and
+//! the run seed, never on timing, so the inline and the threaded explorer give the same batches
+//! and a resumed run the batches an uninterrupted one would. The feed receives built parts (the
+//! backend, the prompts, the reward function) and its own settings; it never sees the config.
+
+pub mod backend;
+pub mod explorer;
+pub mod offline;
+pub mod prompts;
+pub mod schedule;
+
+use std::sync::mpsc;
+
+use anyhow::Context;
+use candle_core::Tensor;
+use rlvr_model::Model;
+
+use crate::store::checkpoint::SourceCursor;
+use explorer::{Batch, Explorer};
+use offline::OfflineSource;
+pub use schedule::{behaviour_version, filter_stale};
+
+/// Named weights sent from the trainer to the explorer at a sync (checkpoint names).
+pub type NamedWeights = Vec<(String, Tensor)>;
+
+/// Where batches come from.
+#[allow(clippy::large_enum_variant)]
+pub enum Feed {
+    /// The explorer on the trainer's thread (o = 0): deterministic and exactly resumable.
+    Inline(Box<Explorer>),
+    /// An experiences file.
+    Offline(OfflineSource),
+    /// The explorer on its own thread (o ≥ 1), o batches ahead of the trainer.
+    Threaded {
+        /// Batches in step order.
+        batches: mpsc::Receiver<anyhow::Result<Batch>>,
+        /// Weights to the explorer (closed at shutdown).
+        weights: Option<mpsc::Sender<WeightsMsg>>,
+        /// The explorer thread.
+        handle: Option<std::thread::JoinHandle<()>>,
+        /// The source cursor after the last batch received.
+        last_cursor: SourceCursor,
+    },
+}
+
+impl Feed {
+    /// The online feed for steps `first_step..=last_step` under sync interval `v` and offset `o`:
+    /// `explorer` (its starting weights already loaded) inline when o = 0, else on its own thread.
+    pub fn online(explorer: Explorer, first_step: u64, last_step: u64, v: u64, o: u64) -> Feed {
+        if o == 0 {
+            return Feed::Inline(Box::new(explorer));
+        }
+        let cursor = explorer.cursor();
+        let (brx, wtx, h) = spawn_explorer(explorer, first_step, last_step, v, o);
+        Feed::Threaded {
+            batches: brx,
+            weights: Some(wtx),
+            handle: Some(h),
+            last_cursor: cursor,
+        }
+    }
+
+    /// The batch of step `t`.
+    ///
+    /// # Errors
+    /// Sampling, scoring and verifier errors; the explorer thread stopped.
+    pub fn next(&mut self, t: u64) -> anyhow::Result<Batch> {
+        match self {
+            Feed::Inline(e) => e.produce(t),
+            Feed::Offline(o) => o.produce(t),
+            Feed::Threaded {
+                batches,
+                last_cursor,
+                ..
+            } => {
+                let b = batches.recv().context("the explorer thread stopped")??;
+                *last_cursor = b.cursor;
+                Ok(b)
+            }
+        }
+    }
+
+    /// After step `t` completed: the explorer sees the new weights when t is a multiple of v
+    /// (paper A, arXiv 2505.22257: the behaviour policy is refreshed every v steps). train.log gets
+    /// the sync's time (the whole refresh with the vLLM backend; the hand-over to the explorer's
+    /// thread with an offset); an offline source has no explorer and logs nothing.
+    ///
+    /// # Errors
+    /// The backend refused the weights (e.g. a dead vLLM server).
+    pub fn publish(&mut self, t: u64, v: u64, model: &Model) -> anyhow::Result<()> {
+        if !t.is_multiple_of(v) || matches!(self, Feed::Offline(_)) {
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        self.push(t, model)?;
+        crate::log::log_only(&format!(
+            "sync: version {t} handed to the explorer in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
+    fn push(&mut self, t: u64, model: &Model) -> anyhow::Result<()> {
+        match self {
+            Feed::Inline(e) => e.set_weights(t, &rlvr_rollout::named_tensors(model)),
+            Feed::Offline(_) => Ok(()),
+            Feed::Threaded { weights, .. } => {
+                // A copy: the trainer keeps updating its weights while the explorer loads these.
+                let w: NamedWeights = model
+                    .named_vars()
+                    .into_iter()
+                    .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
+                    .collect::<candle_core::Result<_>>()?;
+                if let Some(tx) = weights {
+                    // A closed channel means the explorer already finished its last batch.
+                    let _ = tx.send((t, w));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Where the source stands (after the last batch handed out).
+    pub fn cursor(&self) -> SourceCursor {
+        match self {
+            Feed::Inline(e) => e.cursor(),
+            Feed::Offline(o) => o.cursor(),
+            Feed::Threaded { last_cursor, .. } => *last_cursor,
+        }
+    }
+
+    /// The explorer's version and, when it differs from `policy_version`, its weights as a local
+    /// model (what a checkpoint must keep to resume sampling exactly). Only the inline explorer can
+    /// lag the policy at a checkpoint; the threaded one re-samples its in-flight batches.
+    ///
+    /// # Errors
+    /// The explorer's version differs but its backend keeps no local weights to save.
+    pub fn explorer_state(&self, policy_version: u64) -> anyhow::Result<(u64, Option<&Model>)> {
+        match self {
+            Feed::Inline(e) if e.version() != policy_version => {
+                let m = e.behaviour_model().with_context(|| {
+                    format!(
+                        "the explorer samples with version {} at step {policy_version}, but its \
+                         backend keeps no local weights to checkpoint",
+                        e.version()
+                    )
+                })?;
+                Ok((e.version(), Some(m)))
+            }
+            _ => Ok((policy_version, None)),
+        }
+    }
+
+    /// Stops the explorer thread, if any (its in-flight batch is dropped).
+    pub fn shutdown(&mut self) {
+        if let Feed::Threaded {
+            weights,
+            handle,
+            batches,
+            ..
+        } = self
+        {
+            weights.take();
+            // Unblock an explorer waiting to send.
+            while batches.try_recv().is_ok() {}
+            if let Some(h) = handle.take() {
+                drop(std::mem::replace(batches, mpsc::sync_channel(0).1));
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// A weight sync to the explorer thread: the version and its weights.
+pub type WeightsMsg = (u64, NamedWeights);
+type ExplorerThread = (
+    mpsc::Receiver<anyhow::Result<Batch>>,
+    mpsc::Sender<WeightsMsg>,
+    std::thread::JoinHandle<()>,
+);
+
+/// The explorer thread of o ≥ 1: batch t waits for version s(t).
+fn spawn_explorer(
+    mut ex: Explorer,
+    first_step: u64,
+    last_step: u64,
+    v: u64,
+    o: u64,
+) -> ExplorerThread {
+    let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
+    let (wtx, wrx) = mpsc::channel::<WeightsMsg>();
+    let handle = std::thread::spawn(move || {
+        for t in first_step..=last_step {
+            let need = behaviour_version(t, v, o);
+            while ex.version() < need {
+                let Ok((ver, w)) = wrx.recv() else { return };
+                if let Err(e) = ex.set_weights(ver, &w) {
+                    let _ = btx.send(Err(e));
+                    return;
+                }
+            }
+            let r = ex.produce(t);
+            let failed = r.is_err();
+            if btx.send(r).is_err() || failed {
+                return;
+            }
+        }
+    });
+    (brx, wtx, handle)
+}

@@ -1,0 +1,87 @@
+//! What a run tells its user while it works: the lines of `RUN_DIR/train.log` and the labels of the
+//! progress bar.
+//!
+//! Every layer may call [`say`], [`phase`] and [`log_only`]; this module imports nothing of the
+//! crate, so calling it never ties a low layer to a high one. The run's guard opens the log
+//! ([`open`]) when it takes the run directory and closes it ([`close`]) when it lets go; while no
+//! run is open the messages go to stderr only.
+//!
+//! The log and the bar are per thread, not per process: `rlvr train` runs on one thread, while the
+//! tests run several runs at once on different threads.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Write;
+
+thread_local! {
+    static TRAIN_LOG: RefCell<Option<File>> = const { RefCell::new(None) };
+    static BAR: RefCell<Option<indicatif::ProgressBar>> = const { RefCell::new(None) };
+}
+
+/// Makes `file` the train.log of the run open on this thread.
+pub(crate) fn open(file: File) {
+    TRAIN_LOG.with(|l| *l.borrow_mut() = Some(file));
+}
+
+/// Closes this thread's train.log (the run ended).
+pub(crate) fn close() {
+    TRAIN_LOG.with(|l| *l.borrow_mut() = None);
+}
+
+/// Appends `msg` to the open run's `train.log` (nothing when no run is open on this thread).
+pub(crate) fn log_only(msg: &str) {
+    TRAIN_LOG.with(|l| {
+        if let Some(f) = l.borrow_mut().as_mut() {
+            // The log must never stop a run: a write error here is dropped.
+            let _ = writeln!(f, "{msg}");
+        }
+    });
+}
+
+/// A progress bar over `steps` trainer steps standing at `start`, or `None` when disabled or when
+/// stderr is not a terminal (a bar written into a file is noise).
+pub(crate) fn progress_bar(
+    enabled: bool,
+    start: u64,
+    steps: u64,
+) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !enabled || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(steps);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b.set_position(start);
+    Some(b)
+}
+
+/// Makes `bar` the progress bar that [`phase`] labels (`None` when the run ends).
+pub(crate) fn set_bar(bar: Option<&indicatif::ProgressBar>) {
+    BAR.with(|b| *b.borrow_mut() = bar.cloned());
+}
+
+/// Labels a long phase (loading, evaluating, saving) before it starts, so a silent minute has a
+/// name: on the progress bar's message while one is drawn, else as a line on stderr; always in
+/// `train.log`.
+pub(crate) fn phase(msg: &str) {
+    let drawn = BAR.with(|b| {
+        b.borrow().as_ref().map(|bar| {
+            bar.set_message(format!("{msg}…"));
+        })
+    });
+    if drawn.is_none() {
+        eprintln!("{msg}…");
+    }
+    log_only(&format!("{msg}…"));
+}
+
+/// Prints `msg` on stderr and appends it to `train.log`.
+pub(crate) fn say(msg: &str) {
+    eprintln!("{msg}");
+    log_only(msg);
+}

@@ -1,0 +1,238 @@
+//! What guards an open run: the run directory's lock (one writer) and its `train.log`, held from
+//! start to end ([`RunGuard`]), and the save-after-error bookkeeping ([`LastGood`]): an error
+//! after step 1 saves the last completed step, as Ctrl-C does.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::RunSummary;
+use crate::store::checkpoint::SourceCursor;
+use crate::store::lock::RunLock;
+use crate::store::run_json;
+
+/// What an open run holds: the run directory's lock (one writer, DESIGN.md section 12) and its
+/// `train.log`, which keeps what the terminal showed (warnings, notes, one line per step, the
+/// interruption, the final error or summary). Dropping it closes the log and releases the lock.
+pub(crate) struct RunGuard {
+    _lock: RunLock,
+}
+
+impl RunGuard {
+    /// Creates `run_dir`, takes its lock and opens `train.log` (appended to on resume).
+    ///
+    /// # Errors
+    /// The directory cannot be created, another process holds it (named), train.log cannot be
+    /// opened.
+    pub(crate) fn open(run_dir: &Path, resume: bool) -> anyhow::Result<RunGuard> {
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("creating run directory {}", run_dir.display()))?;
+        let lock = RunLock::acquire(run_dir)?;
+        let path = run_dir.join("train.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        crate::log::open(file);
+        let args: Vec<String> = std::env::args().collect();
+        crate::log::log_only(&format!(
+            "== {} {} (pid {}, host {}, rlvr {}): {}",
+            run_json::now_rfc3339(),
+            if resume { "resumed" } else { "started" },
+            std::process::id(),
+            run_json::host(),
+            env!("CARGO_PKG_VERSION"),
+            args.join(" ")
+        ));
+        Ok(RunGuard { _lock: lock })
+    }
+
+    /// Logs how the run ended (the error as `rlvr` prints it, the interruption, or the summary) and
+    /// passes `r` through.
+    pub(crate) fn finish(self, r: anyhow::Result<RunSummary>) -> anyhow::Result<RunSummary> {
+        match &r {
+            Err(e) => crate::log::log_only(&format!("error: {e:#}")),
+            Ok(s) => crate::log::log_only(&format!(
+                "{} after step {}; last checkpoint {}",
+                if s.interrupted {
+                    match super::signals::received() {
+                        Some(sig) => format!("interrupted by {}", super::signals::name(sig)),
+                        None => "interrupted".to_string(),
+                    }
+                } else {
+                    "finished".to_string()
+                },
+                s.steps,
+                s.last_checkpoint
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "none".into())
+            )),
+        }
+        r
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        crate::log::close();
+    }
+}
+
+/// The last completed step whose state can be saved after an error: the trainer's weights are
+/// those of step `step` and `cursor` is the source cursor right after it. [`begin_update`]
+/// marks the trainer as changing (an error then saves nothing: the weights would be half a step).
+///
+/// [`begin_update`]: LastGood::begin_update
+pub(crate) struct LastGood {
+    step: u64,
+    cursor: SourceCursor,
+    saved: u64,
+    updating: bool,
+}
+
+impl LastGood {
+    /// At the run's start (`step` = the resumed checkpoint's step, or 0).
+    pub(crate) fn new(step: u64, cursor: SourceCursor) -> Self {
+        LastGood {
+            step,
+            cursor,
+            saved: step,
+            updating: false,
+        }
+    }
+
+    /// The trainer starts changing the weights of the step after `self.step`.
+    pub(crate) fn begin_update(&mut self) {
+        self.updating = true;
+    }
+
+    /// Step `t` completed (metrics written); `cursor` is the source's cursor after it.
+    pub(crate) fn completed(&mut self, t: u64, cursor: SourceCursor) {
+        self.step = t;
+        self.cursor = cursor;
+        self.updating = false;
+    }
+
+    /// A checkpoint of step `t` was written.
+    pub(crate) fn saved(&mut self, t: u64) {
+        self.saved = self.saved.max(t);
+    }
+
+    /// On an error after step 1, saves the last good state with `save(step, cursor)` (as Ctrl-C
+    /// does) unless it is already saved, and says so in the error.
+    pub(crate) fn save_after_error<T>(
+        &self,
+        r: anyhow::Result<T>,
+        save: impl FnOnce(u64, SourceCursor) -> anyhow::Result<PathBuf>,
+    ) -> anyhow::Result<T> {
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if self.updating || self.step == 0 || self.step <= self.saved {
+            return Err(e);
+        }
+        match save(self.step, self.cursor) {
+            Ok(dir) => Err(e.context(format!(
+                "stopped by an error after step {}; its state was saved to {} (continue with `rlvr train \
+                 --resume` once the cause is fixed)",
+                self.step,
+                dir.display()
+            ))),
+            // Saving again can fail exactly as the step did (a full disk while checkpointing):
+            // say so instead of printing the same chain twice.
+            Err(se) if format!("{se:#}") == format!("{e:#}") => Err(e.context(format!(
+                "stopped by an error after step {}; saving its state again failed the same way",
+                self.step
+            ))),
+            Err(se) => Err(e.context(format!(
+                "stopped by an error after step {}; saving its state failed too: {se:#}",
+                self.step
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full disk while checkpointing fails the step and then the save after the error the same
+    /// way: the message says it once (it used to print the whole chain twice, and the I/O cause
+    /// twice within each).
+    #[test]
+    fn a_save_that_fails_like_the_step_is_reported_once() {
+        let disk_full = || {
+            let io =
+                std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device");
+            anyhow::Error::from(rlvr_model::ModelError::Io {
+                path: "/run/checkpoints/.tmp-step-1/model.safetensors".into(),
+                err: io,
+            })
+            .context("writing the model to /run/checkpoints/.tmp-step-1")
+        };
+        let mut g = LastGood::new(0, SourceCursor::Offline { groups: 0 });
+        g.begin_update();
+        g.completed(1, SourceCursor::Offline { groups: 2 });
+        let r: anyhow::Result<()> = Err(disk_full());
+        let msg = format!(
+            "{:#}",
+            g.save_after_error(r, |_, _| Err(disk_full())).unwrap_err()
+        );
+        assert_eq!(msg.matches("No space left on device").count(), 1, "{msg}");
+        assert!(
+            msg.contains("saving its state again failed the same way"),
+            "{msg}"
+        );
+        // A different failure of the save is still reported beside the step's.
+        let r: anyhow::Result<()> = Err(anyhow::anyhow!("verifier broke"));
+        let msg = format!(
+            "{:#}",
+            g.save_after_error(r, |_, _| Err(disk_full())).unwrap_err()
+        );
+        assert!(
+            msg.contains("saving its state failed too") && msg.contains("verifier broke"),
+            "{msg}"
+        );
+        assert_eq!(msg.matches("No space left on device").count(), 1, "{msg}");
+    }
+
+    #[test]
+    fn an_error_saves_the_last_completed_step_only_when_it_is_whole_and_unsaved() {
+        let c = |g| SourceCursor::Offline { groups: g };
+        let err = || -> anyhow::Result<()> { Err(anyhow::anyhow!("verifier broke")) };
+        let mut g = LastGood::new(0, c(0));
+        // Nothing completed yet: nothing to save.
+        let r = g.save_after_error(err(), |_, _| panic!("saved step 0"));
+        assert_eq!(r.unwrap_err().to_string(), "verifier broke");
+        g.begin_update();
+        g.completed(4, c(8));
+        g.saved(2);
+        // Step 4 completed, step 2 saved: step 4 is saved with the cursor right after it.
+        let r = g.save_after_error(err(), |step, cur| {
+            assert_eq!((step, cur), (4, c(8)));
+            Ok(PathBuf::from("ckpt/step-4"))
+        });
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(
+            e.contains("after step 4; its state was saved to ckpt/step-4"),
+            "{e}"
+        );
+        assert!(e.ends_with("verifier broke"), "{e}");
+        // Mid-update (weights half way to step 5): no save.
+        g.begin_update();
+        let r = g.save_after_error(err(), |_, _| panic!("saved a half step"));
+        assert!(r.is_err());
+        // Already saved: no second save; and Ok passes through.
+        g.completed(5, c(10));
+        g.saved(5);
+        assert!(g
+            .save_after_error(err(), |_, _| panic!("saved twice"))
+            .is_err());
+        assert!(g
+            .save_after_error(Ok(()), |_, _| panic!("no error"))
+            .is_ok());
+    }
+}

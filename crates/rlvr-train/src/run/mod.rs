@@ -1,0 +1,285 @@
+//! The run loop: one trainer step after another through the stages of the pipeline, under the
+//! staleness regime of DESIGN.md section 3, with metrics, evaluation, checkpoints and resume.
+//!
+//! Stages: feed ([`crate::feed`]: prompts, the explorer sampling through the
+//! [`rlvr_rollout::Rollout`] boundary, the staleness rule) → trainer update ([`crate::update`]:
+//! advantages, micro-batches, the optimizer step) → evaluator ([`crate::eval`]) → checkpoint
+//! ([`save`], in [`crate::store::checkpoint`]'s format). [`setup`] builds them from the config;
+//! [`guard`] holds the run directory and saves what was done after an error; [`report`] writes
+//! each step's lines; [`signals`] turns Ctrl-C into a checkpoint.
+//!
+//! Architecture invariant: this folder, `config/` and `cli.rs` are the only places that name the
+//! whole config; the loop below is one screen, one labelled line per stage.
+//!
+//! One code path for every regime: the batch of step t is sampled by the weights of version
+//! s(t) = v·⌊(t−1−o)/v⌋ (0 while t−1 < o), so staleness = (t−1) − s(t) ∈ [o, o+v−1] (paper A,
+//! arXiv 2505.22257, off-policy GRPO, is o = 0). The explorer runs inline when o = 0
+//! (deterministic and exactly resumable) and on its own thread when o ≥ 1, where the trainer
+//! publishes its weights after every step that is a multiple of v and the explorer waits for
+//! version s(t) before sampling batch t. Both give the same batches (the explorer's input is the
+//! weights, the data cursor and the seed); only the timing differs.
+
+mod guard;
+pub mod report;
+mod save;
+mod setup;
+pub(crate) mod signals;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::bail;
+use rlvr_model::TokenizerBundle;
+
+use crate::config::ResolvedConfig;
+use crate::eval::Evaluator;
+use crate::feed::{filter_stale, Feed};
+use crate::log::progress_bar;
+use crate::store::checkpoint;
+use crate::store::metrics::{append_line, MetricsLine};
+use crate::update::{StepReport, Trainer};
+use guard::LastGood;
+use report::{log_step, show_progress, step_metrics, write_step_logs};
+use save::save_run;
+
+/// Options of a run that are not part of the config.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Continue the run in the run directory from its latest checkpoint.
+    pub resume: bool,
+    /// Show a progress bar (only drawn when stderr is a terminal).
+    pub progress: bool,
+    /// Set (e.g. by Ctrl-C) to save a checkpoint and stop after the current step.
+    pub stop: Arc<AtomicBool>,
+    /// Test hook: stop making progress (sleep forever) after this step's metrics are written, so a
+    /// test can SIGKILL the process at a known point. Also read from `RLVR_DEBUG_HANG_AFTER_STEP`.
+    pub hang_after_step: Option<u64>,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// RUN_DIR.
+    pub run_dir: PathBuf,
+    /// Completed steps.
+    pub steps: u64,
+    /// True when stopped early by the stop flag (Ctrl-C).
+    pub interrupted: bool,
+    /// Last checkpoint written.
+    pub last_checkpoint: Option<PathBuf>,
+}
+
+/// A run between set-up and shutdown: every stage's state.
+struct Run<'a> {
+    cfg: &'a ResolvedConfig,
+    run_dir: PathBuf,
+    trainer: Trainer,
+    tokenizer: TokenizerBundle,
+    feed: Feed,
+    evaluator: Option<Evaluator>,
+    /// Best held-out accuracy so far and its step.
+    best: Option<(f64, u64)>,
+    skipped_in_row: u32,
+    last_ckpt: Option<PathBuf>,
+    start: u64,
+}
+
+/// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
+///
+/// # Errors
+/// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
+/// row abort with a message naming the last good checkpoint.
+pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
+    // The run directory's lock (one writer) and train.log, held for the whole run.
+    let guard = guard::RunGuard::open(&cfg.raw.output.dir, opts.resume)?;
+    guard.finish(train_locked(cfg, opts))
+}
+
+fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
+    let mut run = Run::start(cfg, opts)?;
+    let bar = progress_bar(opts.progress, run.start, cfg.raw.train.steps);
+    crate::log::set_bar(bar.as_ref());
+    // What an error after step 1 saves.
+    let mut good = LastGood::new(run.start, run.feed.cursor());
+    let result = run.steps(opts, bar.as_ref(), &mut good);
+    let result = good.save_after_error(result, |step, cursor| {
+        let pos = (step, run.skipped_in_row, run.best);
+        save_run(
+            cfg,
+            &run.run_dir,
+            &run.trainer,
+            &run.tokenizer,
+            &run.feed,
+            pos,
+            cursor,
+        )
+    });
+    run.feed.shutdown();
+    crate::log::set_bar(None);
+    if let Some(b) = &bar {
+        b.finish();
+    }
+    let (steps, interrupted) = result?;
+    Ok(RunSummary {
+        run_dir: run.run_dir,
+        steps,
+        interrupted,
+        last_checkpoint: run.last_ckpt,
+    })
+}
+
+impl Run<'_> {
+    /// The loop, one labelled line per stage (DESIGN.md section 3). Returns the last completed
+    /// step and whether the stop flag ended the run.
+    fn steps(
+        &mut self,
+        opts: &RunOptions,
+        bar: Option<&indicatif::ProgressBar>,
+        good: &mut LastGood,
+    ) -> anyhow::Result<(u64, bool)> {
+        let cfg = self.cfg;
+        let c = &cfg.raw;
+        let (v, max_stale, seed) = (c.sync.interval, c.sync.max_staleness, c.train.seed);
+        let mut done = self.start;
+        for t in (self.start + 1)..=c.train.steps {
+            // explorer: the batch of step t, sampled by version s(t) (prompt source inside)
+            let batch = self.feed.next(t)?;
+            // staleness: drop experiences older than sync.max_staleness
+            let (exps, stale) = filter_stale(batch.experiences.clone(), t, max_stale);
+            // trainer update: advantages, mini-batches, micro-batches, optimizer steps
+            let (lr, t0) = (cfg.lr_at(t), Instant::now());
+            good.begin_update();
+            let rep = self.trainer.step(&exps, t, lr, seed)?;
+            let train_s = t0.elapsed().as_secs_f64();
+            // evaluator (every train.eval_every steps), then metrics and the JSONL logs
+            let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
+            let is_best = self.evaluate(t, &mut line)?;
+            append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
+            write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
+            done = t;
+            good.completed(t, self.feed.cursor());
+            // sync: the explorer gets version t when v divides t (after the step counts as
+            // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
+            self.feed.publish(t, v, &self.trainer.model)?;
+            log_step(t, c.train.steps, &line);
+            show_progress(bar, t, &rep, &line);
+            self.check_skipped(t, &rep)?;
+            // checkpoint: every train.save_every steps, at the end, at a new best, on stop
+            let stop = opts.stop.load(Ordering::SeqCst);
+            if self.checkpoint(t, &rep, is_best, stop)? {
+                good.saved(t);
+            }
+            if stop {
+                return Ok((done, true));
+            }
+            hang_if_asked(opts, t);
+        }
+        Ok((done, false))
+    }
+
+    /// At step 0 and every `train.eval_every` steps: evaluates the policy, adds `eval/*` to `line`,
+    /// appends eval.jsonl. Returns whether this is the best accuracy so far (step 0 sets the first
+    /// best without counting as one).
+    fn evaluate(&mut self, t: u64, line: &mut MetricsLine) -> anyhow::Result<bool> {
+        let every = self.cfg.raw.train.eval_every;
+        let Some(ev) = &self.evaluator else {
+            return Ok(false);
+        };
+        if t > 0 && (every == 0 || !t.is_multiple_of(every)) {
+            return Ok(false);
+        }
+        crate::log::phase(&format!(
+            "evaluating step {t} on {} held-out problems ({} new tokens at most)",
+            ev.texts.len(),
+            self.cfg.raw.rollout.max_new_tokens
+        ));
+        let r = ev.record(&self.trainer.model, &self.tokenizer, t, &self.run_dir)?;
+        for (k, v) in r.metrics() {
+            line.set_value(k, v);
+        }
+        if t == 0 {
+            self.best = Some((r.accuracy, 0));
+            return Ok(false);
+        }
+        let better = self.best.is_none_or(|b| r.accuracy > b.0);
+        if better {
+            self.best = Some((r.accuracy, t));
+        }
+        Ok(better)
+    }
+
+    /// Counts non-finite (skipped) steps in a row and stops at `train.max_skipped_in_row`.
+    fn check_skipped(&mut self, t: u64, rep: &StepReport) -> anyhow::Result<()> {
+        self.skipped_in_row = if rep.skipped {
+            self.skipped_in_row + 1
+        } else {
+            0
+        };
+        if self.skipped_in_row >= self.cfg.raw.train.max_skipped_in_row {
+            bail!(
+                "{} steps in a row (the last: step {t}) had a non-finite loss or gradient; \
+                 stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
+                 the rewards and behaviour log-probs of the data",
+                self.skipped_in_row,
+                self.last_ckpt
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "none (no checkpoint was written yet)".into())
+            );
+        }
+        Ok(())
+    }
+
+    /// Saves a checkpoint when one is due: every `train.save_every` steps, at the last step, at a
+    /// new best evaluation, and when stopping. A skipped step writes none: the last one stays the
+    /// last good one. Returns whether a checkpoint was written.
+    fn checkpoint(
+        &mut self,
+        t: u64,
+        rep: &StepReport,
+        is_best: bool,
+        stop: bool,
+    ) -> anyhow::Result<bool> {
+        let cfg = self.cfg;
+        let tr = &cfg.raw.train;
+        let due = !rep.skipped
+            && ((tr.save_every > 0 && t.is_multiple_of(tr.save_every))
+                || t == tr.steps
+                || is_best
+                || stop);
+        if due {
+            let pos = (t, self.skipped_in_row, self.best);
+            crate::log::phase(&format!("saving checkpoint step-{t}"));
+            let dir = save_run(
+                cfg,
+                &self.run_dir,
+                &self.trainer,
+                &self.tokenizer,
+                &self.feed,
+                pos,
+                self.feed.cursor(),
+            )?;
+            self.last_ckpt = Some(dir);
+            if is_best {
+                checkpoint::mark_best(&self.run_dir, t)?;
+            }
+        }
+        Ok(due)
+    }
+}
+
+/// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]).
+fn hang_if_asked(opts: &RunOptions, t: u64) {
+    let hang = opts.hang_after_step.or_else(|| {
+        std::env::var("RLVR_DEBUG_HANG_AFTER_STEP")
+            .ok()
+            .and_then(|s| s.parse().ok())
+    });
+    if hang == Some(t) {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}

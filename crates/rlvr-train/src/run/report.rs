@@ -1,0 +1,143 @@
+//! What a completed step leaves behind besides the weights: its metrics.jsonl line (DESIGN.md
+//! section 10 keys), its rollouts.jsonl and diagnostics.jsonl lines, its train.log line and the
+//! progress bar's message.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::feed::explorer::Batch;
+use crate::store::experience::Experience;
+use crate::store::metrics::{append_line, MetricsLine};
+use crate::update::StepReport;
+
+/// The metrics line of one step (DESIGN.md section 10 keys; null where undefined).
+pub fn step_metrics(
+    step: u64,
+    exps: &[Experience],
+    rep: &StepReport,
+    lr: f64,
+    sample_s: f64,
+    train_s: f64,
+) -> MetricsLine {
+    let mut l = MetricsLine::new(step);
+    let rewards: Vec<f64> = exps.iter().filter_map(|e| e.reward).collect();
+    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
+    let rm = mean(&rewards);
+    l.set("reward/mean", rm);
+    l.set(
+        "reward/std",
+        rm.map(|m| {
+            (rewards.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt()
+        }),
+    );
+    let correct: Vec<f64> = exps
+        .iter()
+        .filter_map(|e| e.is_correct())
+        .map(|c| if c { 1.0 } else { 0.0 })
+        .collect();
+    l.set("accuracy", mean(&correct));
+    let lens: Vec<f64> = exps.iter().map(|e| e.completion_ids.len() as f64).collect();
+    l.set("completion_len/mean", mean(&lens));
+    let st: Vec<f64> = exps
+        .iter()
+        .filter_map(|e| e.staleness(step))
+        .map(|s| s as f64)
+        .collect();
+    l.set("staleness/mean", mean(&st));
+    l.set("staleness/max", st.iter().cloned().reduce(f64::max));
+    if let Some(m) = &rep.loss {
+        l.set("loss", Some(m.loss));
+        l.set("clip_frac", m.clip_frac);
+        l.set("clip_frac/low", m.clip_frac_low);
+        l.set("clip_frac/high", m.clip_frac_high);
+        l.set("ratio/mean", m.ratio_mean);
+        l.set("ratio/min", m.ratio_min);
+        l.set("ratio/max", m.ratio_max);
+        l.set("kl_ref", m.kl_ref);
+        l.set("kl_behaviour", m.kl_behaviour);
+        l.set("entropy", m.entropy);
+        l.set("ess", m.ess);
+        l.set("masked_frac", m.masked_frac);
+    }
+    l.set("zero_std_frac", rep.adv.zero_std_frac());
+    l.set("grad_norm", rep.grad_norm);
+    l.set("lr", Some(lr));
+    l.set_value("skipped", serde_json::Value::Bool(rep.skipped));
+    l.set("time/sample_s", Some(sample_s));
+    l.set("time/train_s", Some(train_s));
+    let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
+    let secs = sample_s + train_s;
+    l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
+    l
+}
+
+/// Appends the step's rollouts.jsonl and diagnostics.jsonl lines.
+///
+/// # Errors
+/// I/O errors naming the file.
+pub(crate) fn write_step_logs(
+    run_dir: &Path,
+    t: u64,
+    batch: &Batch,
+    rep: &StepReport,
+    rows: usize,
+    dropped_stale: usize,
+) -> anyhow::Result<()> {
+    for r in &batch.rollouts {
+        let mut v = serde_json::to_value(r)?;
+        v["step"] = json!(t);
+        v["staleness"] = json!(r.version.map(|ver| (t - 1).saturating_sub(ver)));
+        append_line(&run_dir.join("rollouts.jsonl"), &v.to_string())?;
+    }
+    let diag = json!({
+        "step": t,
+        "logprob_diff/staleness0": rep.logprob_diff_s0,
+        "logprob_k3/staleness0": rep.logprob_k3_s0,
+        "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
+        "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
+        "dynamic_sampling/dropped_groups": batch.dropped_groups,
+        "dynamic_sampling/short_groups": batch.short_groups,
+        "stale_dropped": dropped_stale,
+        "updates": rep.updates,
+        "rows": rows,
+        "rows_skipped_zero_gradient": rep.rows_skipped,
+    });
+    append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
+}
+
+/// Appends step `t`'s line to train.log: what the progress bar shows (loss, mean reward) plus the
+/// held-out accuracy when evaluated.
+pub(crate) fn log_step(t: u64, steps: u64, line: &MetricsLine) {
+    let f = |k: &str| line.get(k).and_then(|v| v.as_f64());
+    let mut s = format!("step {t}/{steps}");
+    for (k, name) in [
+        ("loss", "loss"),
+        ("reward/mean", "reward"),
+        ("eval/accuracy", "eval accuracy"),
+    ] {
+        if let Some(v) = f(k) {
+            s.push_str(&format!(" {name} {v:.4}"));
+        }
+    }
+    crate::log::log_only(&s);
+}
+
+/// Moves the progress bar to step `t` with the step's loss and mean reward.
+pub(crate) fn show_progress(
+    bar: Option<&indicatif::ProgressBar>,
+    t: u64,
+    rep: &StepReport,
+    line: &MetricsLine,
+) {
+    if let Some(b) = bar {
+        b.set_position(t);
+        b.set_message(format!(
+            "loss {:.4} reward {:.3}",
+            rep.loss.as_ref().map(|l| l.loss).unwrap_or(f64::NAN),
+            line.get("reward/mean")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(f64::NAN)
+        ));
+    }
+}

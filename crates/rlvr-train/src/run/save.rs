@@ -1,0 +1,61 @@
+//! The checkpoint stage of a run: what a checkpoint of the run holds (the policy, the optimizer
+//! state, the explorer's version and, when it lags the policy, the explorer's weights, the source
+//! cursor and the run's position), in the format [`crate::store::checkpoint`] writes.
+
+use std::path::{Path, PathBuf};
+
+use rlvr_model::TokenizerBundle;
+
+use crate::config::ResolvedConfig;
+use crate::feed::Feed;
+use crate::store::checkpoint::{
+    ensure_finite, rotate, save, CheckpointParts, SourceCursor, TrainerState,
+};
+use crate::update::Trainer;
+
+/// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
+pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
+
+/// Writes checkpoint `step-N` of the run and rotates old ones (`train.keep_last`, the best kept).
+///
+/// # Errors
+/// A non-finite weight (nothing is written); I/O errors; an explorer whose version differs from
+/// the policy's but whose backend keeps no local weights to save.
+pub(crate) fn save_run(
+    cfg: &ResolvedConfig,
+    run_dir: &Path,
+    trainer: &Trainer,
+    tokenizer: &TokenizerBundle,
+    feed: &Feed,
+    (step, skipped_in_row, best): RunPosition,
+    cursor: SourceCursor,
+) -> anyhow::Result<PathBuf> {
+    ensure_finite(&trainer.model)?;
+    let (ex_version, ex_model) = feed.explorer_state(step)?;
+    let st = TrainerState {
+        step,
+        optimizer_step: trainer.optimizer.adamw.step,
+        explorer_version: ex_version,
+        cursor,
+        rng_seed: cfg.raw.train.seed,
+        skipped_in_row,
+        best,
+        explorer_weights: false,
+        lora_dropout_draws: trainer.model.lora_dropout_draws().unwrap_or(0),
+    };
+    let (m, v) = trainer.optimizer.adamw.moments();
+    let dir = save(
+        run_dir,
+        &st,
+        &CheckpointParts {
+            model: &trainer.model,
+            tokenizer,
+            moments: (m, v),
+            masters: trainer.optimizer.adamw.masters(),
+            explorer: ex_model,
+            buffer: &[],
+        },
+    )?;
+    rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;
+    Ok(dir)
+}

@@ -1,0 +1,297 @@
+//! The composition root of `rlvr train`: builds every part of a run from the resolved config, in
+//! dependency order (run directory, policy and optimizer state, reference, reward function, feed,
+//! evaluator), each from those before it. The stages receive these parts and their own settings
+//! ([`crate::config::settings`]); only this file and the loop see the whole config.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use rlvr_data::generate::Split;
+use rlvr_data::sampler::PromptSampler;
+use rlvr_model::checkpoint::Policy;
+use rlvr_model::{Model, TokenizerBundle};
+use rlvr_reward::combine::RewardFunction;
+use rlvr_rollout::named_tensors;
+
+use super::{Run, RunOptions};
+use crate::config::settings;
+use crate::config::ResolvedConfig;
+use crate::feed::backend::{self, NativeWeights, Workload};
+use crate::feed::explorer::{Explorer, TrainPrompts};
+use crate::feed::offline::OfflineSource;
+use crate::feed::prompts::prepare_prompts;
+use crate::feed::Feed;
+use crate::store::checkpoint::{self, non_finite_weight, SourceCursor, TrainerState};
+use crate::store::experience::{groups_in_order, read_experiences};
+use crate::store::metrics::{append_line, truncate_after, MetricsLine};
+use crate::update::Trainer;
+
+impl<'a> Run<'a> {
+    /// Set-up: the run directory, the policy and optimizer state (from the latest checkpoint on
+    /// resume), the reference policy, the feed and the evaluator; evaluates the initial policy on
+    /// a fresh start.
+    ///
+    /// # Errors
+    /// Config, data, model, checkpoint and I/O errors with context.
+    pub(super) fn start(cfg: &'a ResolvedConfig, opts: &RunOptions) -> anyhow::Result<Run<'a>> {
+        let c = &cfg.raw;
+        let run_dir = c.output.dir.clone();
+        prepare_run_dir(cfg, &run_dir, opts.resume)?;
+        let device = c.model.open_device()?;
+        let dtype = c.model.dtype.dtype();
+        let ckpt = if opts.resume {
+            checkpoint::latest(&run_dir)?
+        } else {
+            None
+        };
+        let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
+        if opts.resume && ckpt.is_none() {
+            crate::log::say(&format!(
+                "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
+                run_dir.display()
+            ));
+        }
+        crate::log::phase(&format!(
+            "loading the policy from {} ({} on {})",
+            policy_dir.display(),
+            c.model.dtype.name(),
+            c.model.device
+        ));
+        let mut policy = Policy::load(&policy_dir, dtype, &device)
+            .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
+        crate::lora::attach(&mut policy.model, c.model.lora(), &policy_dir, c.train.seed)?;
+        refuse_non_finite_policy(&policy.model, &policy_dir)?;
+        // o = 0 keeps no buffer between steps; o ≥ 1 re-samples the in-flight batches.
+        let (state, moments) = match &ckpt {
+            Some(dir) => {
+                let (st, m, v, _buffer) = checkpoint::load_state(dir, &device)?;
+                (Some(st), Some((m, v)))
+            }
+            None => (None, None),
+        };
+        let start = state.as_ref().map(|s| s.step).unwrap_or(0);
+        reset_logs(&run_dir, state.as_ref().map(|_| start))?;
+        let reference = if cfg.algorithm.needs_reference() {
+            let p = c.model.reference.as_ref().unwrap_or(&c.model.path);
+            // LoRA: the base with the adapters off, sharing the policy's base weights.
+            let own = c.model.reference.is_some();
+            Some(
+                match crate::lora::shared_reference(&policy.model, &c.model.path, own) {
+                    Some(m) => m,
+                    None => Model::load(p, dtype, &device).with_context(|| {
+                        format!("loading the reference model from {}", p.display())
+                    })?,
+                },
+            )
+        } else {
+            None
+        };
+        let tokenizer = policy.tokenizer;
+        let settings = settings::trainer_settings(cfg, tokenizer.pad_id);
+        let mut trainer = Trainer::new(policy.model, reference, settings)?;
+        if let (Some((m, v)), Some(st)) = (moments, &state) {
+            trainer
+                .optimizer
+                .adamw
+                .set_moments(m, v, st.optimizer_step)?;
+            trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
+        }
+        if let Some(dir) = &ckpt {
+            // bf16 weights resume from their f32 masters (none for f32 weights).
+            let n = trainer.model.named_vars().len();
+            let masters = checkpoint::load_masters(dir, n, &device)?;
+            trainer.optimizer.adamw.set_masters(masters)?;
+        }
+        let (feed, reward) = match &c.data.experiences {
+            Some(path) => {
+                let consumed = match state.as_ref().map(|s| s.cursor) {
+                    Some(SourceCursor::Offline { groups }) => groups,
+                    _ => 0,
+                };
+                let source = OfflineSource::new(
+                    groups_in_order(read_experiences(path)?),
+                    consumed,
+                    c.data.prompts_per_step,
+                    Some(settings::load_tokenizer(&policy_dir)?),
+                    c.train.log_rollouts,
+                )?;
+                (Feed::Offline(source), None)
+            }
+            None => {
+                let start_weights = StartWeights {
+                    state: state.as_ref(),
+                    ckpt: ckpt.as_deref(),
+                    policy: &trainer.model,
+                };
+                let (feed, reward) = online_feed(cfg, start_weights, &tokenizer, &policy_dir)?;
+                (feed, Some(reward))
+            }
+        };
+        let evaluator = match reward {
+            Some(reward) if c.train.eval_every > 0 => {
+                Some(settings::evaluator(c, &tokenizer, reward)?)
+            }
+            _ => None,
+        };
+        let mut run = Run {
+            cfg,
+            run_dir,
+            trainer,
+            tokenizer,
+            feed,
+            evaluator,
+            best: state.as_ref().and_then(|s| s.best),
+            skipped_in_row: state.as_ref().map(|s| s.skipped_in_row).unwrap_or(0),
+            last_ckpt: ckpt,
+            start,
+        };
+        if start == 0 && run.evaluator.is_some() {
+            let mut line = MetricsLine::new(0);
+            run.evaluate(0, &mut line)?;
+            append_line(&run.run_dir.join("metrics.jsonl"), &line.to_json())?;
+        }
+        Ok(run)
+    }
+}
+
+/// The weights the explorer starts from: the policy's (version = completed steps), or, when the
+/// checkpoint holds them, the explorer's own.
+struct StartWeights<'p> {
+    state: Option<&'p TrainerState>,
+    ckpt: Option<&'p Path>,
+    policy: &'p Model,
+}
+
+/// The online feed at the checkpoint's cursor: the train prompts, the reward function (returned
+/// too, for the evaluator to share), the backend `rollout.backend` names (the native engine over
+/// its own copy of the policy, or vLLM servers), and the explorer with its starting weights
+/// loaded through the [`rlvr_rollout::Rollout`] boundary, inline for o = 0 or on its own thread.
+///
+/// # Errors
+/// Data, tokenizer, verifier, backend start-up and weight-loading errors.
+fn online_feed(
+    cfg: &ResolvedConfig,
+    start: StartWeights,
+    tokenizer: &TokenizerBundle,
+    policy_dir: &Path,
+) -> anyhow::Result<(Feed, Arc<RewardFunction>)> {
+    let c = &cfg.raw;
+    let model = start.policy;
+    let step = start.state.map(|s| s.step).unwrap_or(0);
+    let train_p = prepare_prompts(&c.data, Split::Train, tokenizer)?;
+    let sampler = match start.state.map(|s| s.cursor) {
+        Some(SourceCursor::Online { cursor }) => {
+            PromptSampler::resume(cursor, train_p.texts.len())?
+        }
+        _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
+    };
+    let reward = Arc::new(settings::reward_function(c)?);
+    // A tokenizer bundle is not Clone: the explorer loads its own copy.
+    let ex_tok = settings::load_tokenizer(policy_dir)?;
+    let ids = train_p
+        .encode(&ex_tok, settings::add_special_tokens(&c.data))
+        .context("encoding train prompts")?;
+    let work = Workload {
+        longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
+        max_new_tokens: c.rollout.max_new_tokens,
+    };
+    let backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
+    crate::store::run_json::record(
+        &c.output.dir,
+        "rollout_backend",
+        backend_settings.describe(),
+    )?;
+    let rollout = backend::build(
+        &backend_settings,
+        model,
+        &ex_tok,
+        step,
+        work,
+        NativeWeights::Copy,
+    )?;
+    let prompts = TrainPrompts {
+        ids,
+        texts: train_p.texts,
+        references: train_p.references,
+    };
+    let mut explorer = Explorer::new(
+        rollout,
+        ex_tok,
+        prompts,
+        sampler,
+        reward.clone(),
+        settings::explorer_settings(cfg, &tokenizer.eos_ids),
+    )?;
+    // The starting weights cross the boundary once, at start and on resume.
+    match (start.state, start.ckpt) {
+        (Some(st), Some(dir)) if st.explorer_weights => {
+            let ex_dir = dir.join("trainer_state/explorer");
+            let w = Model::load(&ex_dir, model.dtype(), model.device()).with_context(|| {
+                format!("loading the explorer weights from {}", ex_dir.display())
+            })?;
+            explorer.set_weights(st.explorer_version, &named_tensors(&w))?;
+        }
+        _ => explorer.set_weights(step, &named_tensors(model))?,
+    }
+    let (v, o) = (c.sync.interval, c.sync.offset);
+    Ok((
+        Feed::online(explorer, step + 1, c.train.steps, v, o),
+        reward,
+    ))
+}
+
+/// Refuses a policy loaded from `dir` with a NaN or infinite weight at the start of a run: it would
+/// train on silently (identical completions make zero-variance groups, so no loss is ever checked).
+///
+/// # Errors
+/// Names `dir` and the first non-finite weight; tensor errors.
+fn refuse_non_finite_policy(model: &Model, dir: &Path) -> anyhow::Result<()> {
+    if let Some(name) = non_finite_weight(model)? {
+        bail!(
+            "the policy loaded from {} holds a non-finite value (NaN or inf) in weight {name}: \
+             nothing can be learned from it; start from another model.path or checkpoint",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Creates the run directory (refusing one that holds a run unless resuming), prints the config
+/// warnings and writes config.toml and run.json.
+fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow::Result<()> {
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("creating run directory {}", run_dir.display()))?;
+    let metrics_path = run_dir.join("metrics.jsonl");
+    if !resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
+        bail!(
+            "{} already holds a run; continue it with `rlvr train --resume {}` or choose another output.dir",
+            run_dir.display(),
+            run_dir.display()
+        );
+    }
+    for w in &cfg.warnings {
+        crate::log::say(&format!("warning: {w}"));
+    }
+    rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
+    crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)
+}
+
+/// On resume from a checkpoint at step `resumed`, cuts the JSONL logs after that step; without a
+/// checkpoint, removes what an earlier (lost) run wrote.
+fn reset_logs(run_dir: &Path, resumed: Option<u64>) -> anyhow::Result<()> {
+    for f in [
+        "metrics.jsonl",
+        "rollouts.jsonl",
+        "eval.jsonl",
+        "diagnostics.jsonl",
+    ] {
+        let path = run_dir.join(f);
+        if let Some(start) = resumed {
+            truncate_after(&path, start)?;
+        } else if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}

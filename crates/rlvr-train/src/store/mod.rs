@@ -1,0 +1,15 @@
+//! The on-disk records of a run, knowing no stage and no config: experiences and rollout records,
+//! the JSONL metrics files, the checkpoint format with its rotation, run.json and the
+//! run-directory lock.
+//!
+//! Architecture invariant: every file a run writes is written here, and every write that replaces
+//! a file is atomic (written beside it, synced, renamed) except the JSONL appends, which a resume
+//! cuts back to the checkpoint's step. Nothing here imports a stage, the config, or the run loop:
+//! the records are plain data that the stages fill in.
+
+pub mod checkpoint;
+pub mod experience;
+pub mod lock;
+pub mod metrics;
+pub mod rollouts;
+pub(crate) mod run_json;
