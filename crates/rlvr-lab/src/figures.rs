@@ -1,4 +1,4 @@
-//! The lab's figures, each as SVG and PNG (plotters; DejaVu Sans from rlvr-train's assets, so no
+//! The lab's figures, each as SVG and PNG (plotters; DejaVu Sans from rlvr-fonts, built in, so no
 //! system font is needed):
 //! - `accuracy_vV`: held-out accuracy against step at sync interval V, one curve per algorithm (mean
 //!   over seeds) with a band from the lowest to the highest seed;
@@ -15,8 +15,6 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::summary::{read_lines, series, RunSummary};
-
-static FONT: &[u8] = include_bytes!("../../rlvr-train/assets/DejaVuSans.ttf");
 
 /// Twelve dark, distinct colours (Tableau/ColorBrewer-derived; no yellow or pale tints).
 pub const PALETTE: [RGBColor; 12] = [
@@ -50,7 +48,7 @@ struct Panel {
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, rlvr_fonts::DEJAVU_SANS);
     });
 }
 
