@@ -59,12 +59,12 @@ fn main() -> anyhow::Result<()> {
             min_new_tokens: 0,
             ..Default::default()
         };
-        sampler.sample(&prompts, &params, 0, 0)?; // warm-up
+        sampler.sample(&prompts, 0, &params, 0)?; // warm-up
         let mut times = Vec::with_capacity(runs);
         let mut tokens = 0;
         for r in 0..runs {
             let t0 = Instant::now();
-            let out = sampler.sample(&prompts, &params, r as u64 + 1, 0)?;
+            let out = sampler.sample(&prompts, 0, &params, r as u64 + 1)?;
             times.push(t0.elapsed().as_secs_f64());
             tokens = out.iter().map(|c| c.token_ids.len()).sum::<usize>();
         }

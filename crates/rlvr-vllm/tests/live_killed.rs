@@ -47,7 +47,7 @@ fn a_server_killed_mid_call_gives_an_error_naming_it() {
     std::thread::scope(|s| {
         let call = s.spawn(|| {
             let t = Instant::now();
-            (client.sample(&prompts, &params, 1, 0), t.elapsed())
+            (client.sample(&prompts, 0, &params, 1), t.elapsed())
         });
         std::thread::sleep(Duration::from_millis(1500));
         assert!(
