@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark, rlvr vs PyTorch/transformers, in one invocation (issue 7, DESIGN.md section 9).
+# GPU benchmark, rlvr vs PyTorch/transformers, in one invocation (DESIGN.md section 9).
 #
 # Model: `rlvr init` Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4864,
 # vocab 151936, tied), random bf16 weights; both sides load the same directory.

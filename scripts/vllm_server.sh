@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real vLLM OpenAI-compatible server on this machine's CPU, for rlvr's vLLM rollout backend (issue 15).
+# A real vLLM OpenAI-compatible server on this machine's CPU, for rlvr's vLLM rollout backend.
 #
 #   scripts/vllm_server.sh install                      venv at $VENV (default .venv-vllm), reused when present
 #   scripts/vllm_server.sh model DIR [--tied true|false] a small random Qwen2 checkpoint (`rlvr init`, head size 32)

@@ -248,8 +248,8 @@ fn curve(color: RGBColor, runs: &[Vec<(f64, f64)>]) -> Curve {
 ///
 /// # Errors
 /// I/O and drawing errors.
-// Long (about 155 lines) on purpose: one block per figure of issue 16 item 3, in order, each
-// choosing its runs and series and calling the shared drawing code.
+// One block per figure of the module docs' list, in that order, each choosing its runs and series
+// and calling the shared drawing code, so the figures are found in one place.
 pub fn write_all(out: &Path, runs: &[RunSummary], smooth_w: usize) -> anyhow::Result<Vec<PathBuf>> {
     register_font();
     let mut labels: Vec<&str> = Vec::new();

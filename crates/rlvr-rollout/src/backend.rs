@@ -1,5 +1,5 @@
 //! The `Rollout` boundary: what the explorer, evaluation and `rlvr generate` need of a sampling
-//! engine, so that another engine (a vLLM server, issue 15) plugs in beside the native one.
+//! engine, so that another engine (a vLLM server: rlvr-vllm) plugs in beside the native one.
 //!
 //! A backend samples K completions for each prompt of a batch with the weights of one policy
 //! version, and is told new weights (with their checkpoint names) after every sync. Every call

@@ -455,7 +455,8 @@ fn device_selection_matches_host_selection() {
 }
 
 /// NaN weights make NaN logits: sampling stops with an error naming the completion and position
-/// (greedy and sampled, with and without top-p), never an id past the vocabulary (issue 13 item 5).
+/// (greedy and sampled, with and without top-p), never an id past the vocabulary (which NaN
+/// logits used to yield, silently).
 #[test]
 fn non_finite_logits_stop_sampling_with_an_error() {
     let model = fixture("qwen3");

@@ -1,5 +1,5 @@
 //! Sampling throughput of the native engine and of a vLLM server on the same checkpoint and
-//! prompts, and the time of a weight refresh (issue 15's measurements; BENCHMARKS.md).
+//! prompts, and the time of a weight refresh (BENCHMARKS.md, "Native engine vs a vLLM CPU server").
 //!
 //! ```text
 //! cargo run --release -p rlvr-vllm --example bench_sampling -- MODEL_DIR URL SERVED_NAME PROMPTS.jsonl [SHAPES] [REFRESHES]

@@ -1,5 +1,5 @@
-//! `rlvr-vllm`: rlvr's rollouts on vLLM OpenAI-compatible servers (issue 15, DESIGN.md
-//! sections 3 and 12).
+//! `rlvr-vllm`: rlvr's rollouts on vLLM OpenAI-compatible servers (DESIGN.md sections 3 and 12),
+//! so that generation, most of an RL step, can run on machines other than the trainer's.
 //!
 //! - [`VllmClient`]: a blocking client for one or several servers serving the policy. Each group
 //!   is one `/v1/completions` request (prompt as token ids, `n` = group size, `logprobs: 0`,

@@ -267,7 +267,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
 }
 
 /// `rlvr generate --server URL` samples on the server (the model pushed first as version 0): one
-/// line per completion, and its behaviour log-probs equal the trainer's at T = 0.7 (issue 15 item 1).
+/// line per completion, and its behaviour log-probs equal the trainer's at T = 0.7.
 #[test]
 fn rlvr_generate_samples_on_the_server() {
     let Some(l) = live() else { return };

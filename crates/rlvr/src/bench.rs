@@ -9,7 +9,7 @@
 //! - `rlvr bench train`: `--rows` × `--seq-len` random tokens, log-probs of every next token
 //!   (`Model::token_logprobs` with gradient), loss = −mean, backward, AdamW. Reports tokens per
 //!   second and TFLOP/s counted as 6 × parameters (tied embedding once) × tokens / s, the
-//!   convention the issue and PyTorch's side use.
+//!   convention PyTorch's side (bench/gpu_torch.py) uses too.
 
 use std::io::Write;
 use std::path::PathBuf;
