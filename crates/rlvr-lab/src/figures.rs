@@ -48,7 +48,11 @@ struct Panel {
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, rlvr_fonts::DEJAVU_SANS);
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            rlvr_fonts::DEJAVU_SANS,
+        );
     });
 }
 
