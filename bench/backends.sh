@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RL step time with each rollout backend (issue 15): the native engine and a vLLM CPU server, same
+# RL step time with each rollout backend: the native engine and a vLLM CPU server, same
 # checkpoint, prompts and work, in one invocation.
 #
 #   VENV=/path/to/vllm-venv bench/backends.sh [STEPS]      default 4 steps (the first is a warm-up)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Old binary against new, alternating, on the three benchmarks of issue 12's speed bound.
+"""Old binary against new, alternating, on the three benchmarks a refactor's speed bound is judged by
+(new at most 3% slower).
 
     python3 bench/before_after.py --old DIR --new DIR [--rounds 5]
 
@@ -8,7 +9,7 @@ built in release at the commit to time (`cargo build --release --workspace --exa
 copy target/release/{rlvr,examples/bench_train_step,examples/bench_rollout} into DIR). Each round
 runs both sides, old first in odd rounds and new first in even ones, so that drift in the machine's
 load reaches both alike:
-- train step: `bench_train_step --steps 5` (issue 2's shape, 8 x 128 tokens, 2 threads), the median
+- train step: `bench_train_step --steps 5` (the policy-model benchmark's shape, 8 x 128 tokens, 2 threads), the median
   step wall time;
 - sampling: `bench_rollout --runs 3` (8 prompts x 1 and 2 prompts x 4, 128 new tokens), tok/s;
 - RL step: `bench/rl_step.sh 3 1` with SIDES=rlvr (the 43 M model, 4 x 8 x 32 tokens), the median

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark, rlvr vs PyTorch/transformers, in one invocation (issue 7, DESIGN.md section 9).
+# GPU benchmark, rlvr vs PyTorch/transformers, in one invocation (DESIGN.md section 9).
 #
 # Model: `rlvr init` Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4864,
 # vocab 151936, tied), random bf16 weights; both sides load the same directory.
@@ -8,7 +8,7 @@
 #   training: 16 x 512 tokens, forward + backward + AdamW; tok/s and TFLOP/s (6 x parameters x tok/s).
 #
 # Build here (no GPU needed), carry the binary, run on the GPU machine:
-#   ../shared/tools/cuda-build.sh --bin rlvr && strip -o /tmp/rlvr-cuda target-cuda/release/rlvr \
+#   scripts/cuda-build.sh --bin rlvr && strip -o /tmp/rlvr-cuda target-cuda/release/rlvr \
 #     && gzip -c /tmp/rlvr-cuda > bench/rlvr-cuda.gz         (17 MB; git ignores it: carry it)
 #   bench/gpu.sh                      (on the GPU machine, from the repository root)
 # Environment: RLVR (binary; default target-cuda/release/rlvr, else bench/rlvr-cuda.gz unpacked to /tmp),
@@ -29,7 +29,7 @@ CU=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
 if [ -z "${RLVR:-}" ]; then
   if [ -x target-cuda/release/rlvr ]; then RLVR=target-cuda/release/rlvr
   elif [ -f bench/rlvr-cuda.gz ]; then gunzip -c bench/rlvr-cuda.gz > "$W/rlvr" && chmod +x "$W/rlvr" && RLVR=$W/rlvr
-  else echo "no rlvr binary: set RLVR or build with ../shared/tools/cuda-build.sh" >&2; exit 2; fi
+  else echo "no rlvr binary: set RLVR or build with scripts/cuda-build.sh" >&2; exit 2; fi
 fi
 if [ "${SMALL:-0}" = 1 ]; then
   SHAPE=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --vocab-size 4096)

@@ -1,4 +1,4 @@
-"""PyTorch/transformers side of bench/gpu.sh (issue 7): the same measurements as `rlvr bench`.
+"""PyTorch/transformers side of bench/gpu.sh: the same measurements as `rlvr bench`.
 
 - sample: HF `generate` on `--batch` random prompts of `--prompt-len` ids, do_sample, T = 1, top-p 1,
   top-k off, min_new_tokens = max_new_tokens = `--new-tokens` (EOS never ends a completion), KV cache

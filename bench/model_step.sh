@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Policy-model train step, rlvr vs PyTorch eager, in one invocation on the same work (issue 2):
+# Policy-model train step, rlvr vs PyTorch eager, in one invocation on the same work:
 # vocab 32000, hidden 256, intermediate 704, 4 layers, 8 heads / 2 KV heads, tied, f32, 2 threads,
 # forward + backward + AdamW on 8 x 128 tokens, log-probs at all 127 positions in both.
 #   bench/model_step.sh [STEPS] [ROUNDS]    (PYTHON defaults to /tmp/venv/bin/python)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RL step, rlvr vs TRL GRPOTrainer, in one invocation on the same checkpoint and prompts (issue 7).
+# RL step, rlvr vs TRL GRPOTrainer, in one invocation on the same checkpoint and prompts.
 #
 #   bench/rl_step.sh [STEPS] [ROUNDS]     defaults: 3 timed steps, 1 round
 #

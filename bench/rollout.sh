@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Rollout benchmark (issue 3): rlvr's Sampler vs a PyTorch KV-cache decode loop, same model shape
-# (issue 2's: vocab 32000, hidden 256, intermediate 704, 4 layers, 8/2 heads, tied, f32), 8 prompts x 1
+# Rollout benchmark: rlvr's Sampler vs a PyTorch KV-cache decode loop, same model shape
+# (the policy-model benchmark's: vocab 32000, hidden 256, intermediate 704, 4 layers, 8/2 heads, tied, f32), 8 prompts x 1
 # and 2 prompts x 4, prompt 32, 128 new tokens, EOS disabled, same sampling parameters, 2 threads.
 #
 #   bench/rollout.sh [--runs 3] [--temperature 1] [--top-p 0.9] [--top-k 0]

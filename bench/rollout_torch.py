@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch side of the rollout benchmark (issue 3, crates/rlvr-rollout/BENCH.md); run both sides with
+"""PyTorch side of the rollout benchmark (crates/rlvr-rollout/BENCH.md); run both sides with
 bench/rollout.sh.
 
     /tmp/venv/bin/python bench/rollout_torch.py [--threads 2] [--runs 3] [--top-p 0.9]

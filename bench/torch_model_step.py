@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch side of the policy-model train-step benchmark (issue 2, BENCHMARKS.md).
+"""PyTorch side of the policy-model train-step benchmark (BENCHMARKS.md).
 
     /tmp/venv/bin/python bench/torch_model_step.py [--steps 5] [--threads 2] [--model DIR]
 

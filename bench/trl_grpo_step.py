@@ -1,4 +1,4 @@
-"""TRL GRPOTrainer side of bench/rl_step.sh (issue 7): RL steps on CPU, timed per step.
+"""TRL GRPOTrainer side of bench/rl_step.sh: RL steps on CPU, timed per step.
 
 One RL step = sample B x K completions with transformers' `generate` (TRL's non-vLLM path), score
 them, one forward + backward + AdamW update. Settings mirror the rlvr side: beta 0 (no reference

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI for the vLLM rollout backend (issue 15): install the pinned vLLM CPU build (venv reused when
+# CI for the vLLM rollout backend: install the pinned vLLM CPU build (venv reused when
 # present), make two small random Qwen2 checkpoints, start two servers on 127.0.0.1 at once, and run
 # the live tests against them in two parallel lanes:
 #   lane T, a server on the TIED model: crates/rlvr-vllm/tests/live_server.rs, then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The built-in default job until `rlvr quickstart` lands (issue 8): builds rlvr, writes a tiny random
+# A 30-second tour of the lower-level commands (`rlvr quickstart` is the end-to-end demo): builds rlvr, writes a tiny random
 # Qwen2-shaped checkpoint with the Qwen2.5 tokenizer from data/, samples a group of
 # completions with behaviour log-probs, re-scores them with the trainer's forward, and scores a GSM8K
 # answer. No downloads, no GPU. Output goes to runs/demo/.

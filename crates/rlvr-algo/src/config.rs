@@ -478,8 +478,8 @@ impl Algorithm {
         self.entropy_coef != 0.0
     }
 
-    // Long (about 110 lines) on purpose: one check per key, each with its own message naming the
-    // key and the accepted range.
+    // One check per key, each with its own message naming the key and the accepted range, so every
+    // rule on a key is found in one place.
     fn validate(&self) -> Result<()> {
         fn bad(key: &'static str, value: impl std::fmt::Display, why: &str) -> AlgoError {
             AlgoError::InvalidConfig {

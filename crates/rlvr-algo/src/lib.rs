@@ -13,6 +13,11 @@
 //!    [`UpdateNormaliser::rows`]; `backward()` each loss and sum the gradients as they are.
 //! 5. [`LossStats::merge`] the diagnostics and [`LossStats::finalise`] them into DESIGN §10 metrics.
 //!
+//! When the sampler is not the trainer's own forward (a vLLM server), [`mismatch`] measures the gap
+//! between the two log-probs of each token ([`MismatchSums`]) and gives the truncated or masked
+//! importance weights that `algorithm.mismatch_correction` applies to any loss
+//! ([`correction_weights`]).
+//!
 //! Sources: paper A (off-policy GRPO, arXiv 2505.22257), paper B (REC/REP/RED, arXiv 2509.24203),
 //! and the peers cited on each item. Presets: [`presets()`], printed by [`print_algorithms`].
 //!
@@ -53,6 +58,9 @@ pub use error::{AlgoError, Result};
 pub use kl::{kl_estimate, kl_estimate_f64};
 pub use loss::{policy_loss, LossInputs};
 pub use metrics::{LossMetrics, LossStats};
-pub use mismatch::MismatchCorrection;
+pub use mismatch::{
+    correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchCorrection, MismatchRow,
+    MismatchStats, MismatchSums,
+};
 pub use normaliser::{RowInfo, UpdateNormaliser};
 pub use presets::{find_preset, presets, print_algorithms, Preset};

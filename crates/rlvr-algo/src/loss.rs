@@ -64,8 +64,8 @@ pub struct LossInputs<'a> {
 /// [`AlgoError::Shape`] when a tensor's shape differs from `logp`'s `[B, T]` (or `[B]` for advantages,
 /// `row_weights.len()` ≠ B); [`AlgoError::Input`] when `kl_coef` ≠ 0 without `logp_ref` or
 /// `entropy_coef` ≠ 0 without `entropy`; candle errors.
-// Long (about 120 lines, a third of them input checks) on purpose: it reads as the module docs'
-// formula top to bottom (ratio, PG term, regulariser, KL, entropy, aggregation).
+// One function so that it reads as the module docs' formula top to bottom (input checks, ratio,
+// PG term, regulariser, KL, entropy, aggregation).
 pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossStats)> {
     const OP: &str = "policy_loss";
     let (b, t) = inp.logp.dims2()?;
@@ -197,8 +197,8 @@ struct Pg {
 }
 
 #[allow(clippy::too_many_arguments)]
-// Long (about 120 lines) on purpose: one match arm per loss of the module docs' table, each
-// with its paper; splitting per arm would scatter the shared clip and keep-mask inputs.
+// One match arm per loss of the module docs' table, each with its paper; splitting per arm would
+// scatter the shared clip and keep-mask inputs.
 fn pg_term(
     alg: &Algorithm,
     logp: &Tensor,

@@ -92,7 +92,8 @@ fn reinforce(std_norm: StdNorm) -> AlgorithmConfig {
     c
 }
 
-// Long on purpose: the preset table as data, one entry per row of DESIGN §4's table.
+// The preset table as data, one entry per row of DESIGN §4's table, in one list so that it reads
+// as that table.
 fn build() -> Vec<Preset> {
     let mut v = Vec::new();
     let mut p = |name, description, reference, values| {

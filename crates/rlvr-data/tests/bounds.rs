@@ -1,6 +1,6 @@
-//! Inputs that cannot work are errors naming file and line (issue 13): GSM8K references without a
+//! Inputs that cannot work are errors naming file and line, not panics or silent zero rewards: GSM8K references without a
 //! gold answer, JSONL lines past the read limit, prompts longer than the model's positions (with the
-//! real input size of the report: a 5 MB prompt line).
+//! size of a real input seen: a 5 MB prompt line).
 
 use rlvr_data::config::{DataConfig, TaskKind};
 use rlvr_data::dataset::{check_prompt_lengths, prepare_split, BYTES_PER_POSITION};

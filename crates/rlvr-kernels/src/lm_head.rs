@@ -363,8 +363,8 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
         "lm-head-logprob-entropy-grad"
     }
 
-    // Long (about 100 lines) on purpose: per vocabulary chunk, the forward is recomputed and both
-    // gradient products are taken in one pass, which is what bounds memory to one chunk.
+    // One function because per vocabulary chunk the forward is recomputed and both gradient
+    // products are taken in one pass, which is what bounds memory to one chunk.
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,

@@ -1,4 +1,4 @@
-//! The lab's figures, each as SVG and PNG (plotters; DejaVu Sans from rlvr-train's assets, so no
+//! The lab's figures, each as SVG and PNG (plotters; DejaVu Sans from rlvr-fonts, built in, so no
 //! system font is needed):
 //! - `accuracy_vV`: held-out accuracy against step at sync interval V, one curve per algorithm (mean
 //!   over seeds) with a band from the lowest to the highest seed;
@@ -15,8 +15,6 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::summary::{read_lines, series, RunSummary};
-
-static FONT: &[u8] = include_bytes!("../../rlvr-train/assets/DejaVuSans.ttf");
 
 /// Twelve dark, distinct colours (Tableau/ColorBrewer-derived; no yellow or pale tints).
 pub const PALETTE: [RGBColor; 12] = [
@@ -50,7 +48,11 @@ struct Panel {
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            rlvr_fonts::DEJAVU_SANS,
+        );
     });
 }
 
@@ -250,8 +252,8 @@ fn curve(color: RGBColor, runs: &[Vec<(f64, f64)>]) -> Curve {
 ///
 /// # Errors
 /// I/O and drawing errors.
-// Long (about 155 lines) on purpose: one block per figure of issue 16 item 3, in order, each
-// choosing its runs and series and calling the shared drawing code.
+// One block per figure of the module docs' list, in that order, each choosing its runs and series
+// and calling the shared drawing code, so the figures are found in one place.
 pub fn write_all(out: &Path, runs: &[RunSummary], smooth_w: usize) -> anyhow::Result<Vec<PathBuf>> {
     register_font();
     let mut labels: Vec<&str> = Vec::new();

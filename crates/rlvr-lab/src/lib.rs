@@ -1,5 +1,5 @@
-//! `rlvr lab [SWEEP.toml] [--jobs N] [--fast] [--out DIR] [--dry-run] [--only ARM]` (issue 16,
-//! DESIGN.md section 12): runs a grid of arms (an algorithm preset plus overrides at a sync interval
+//! `rlvr lab [SWEEP.toml] [--jobs N] [--fast] [--out DIR] [--dry-run] [--only ARM]` (DESIGN.md
+//! section 12): runs a grid of arms (an algorithm preset plus overrides at a sync interval
 //! and offset) × seeds from one warm start per seed, as child processes of the `rlvr` binary, then
 //! analyses it.
 //!
@@ -105,8 +105,8 @@ pub fn analyse(
 /// # Errors
 /// A bad sweep, I/O, an interruption (rerun to resume), and failed runs (listed; the analysis of
 /// the others is written first).
-// Long (about 110 lines) on purpose: the command top to bottom (dry run, sweep, analysis, verdict
-// table); each stage is one call and most lines are the printing.
+// The command top to bottom (dry run, sweep, analysis, verdict table); each stage is one call and
+// most lines are the printing.
 pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let text = match &a.sweep {

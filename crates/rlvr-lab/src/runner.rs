@@ -265,8 +265,8 @@ fn fmt_secs(s: f64) -> String {
 /// I/O errors of the lab itself, and an interruption by a signal (after the children are killed;
 /// rerunning the same command resumes). A failing child is not an error here: it is listed in
 /// [`Outcome::failures`].
-// Long (about 170 lines) on purpose: the scheduler's event loop (signals, starts, reaping,
-// progress), whose steps all read and change the same queue and running set.
+// One function: the scheduler's event loop (signals, starts, reaping, progress), whose steps all
+// read and change the same queue and running set.
 pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::Result<Outcome> {
     install_signal_handlers();
     let mut outcome = Outcome::default();

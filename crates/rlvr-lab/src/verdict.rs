@@ -1,4 +1,4 @@
-//! The papers' claims, judged from the data (issue 16; DESIGN.md section 12): verdicts.json and
+//! The papers' claims, judged from the data (DESIGN.md section 12): verdicts.json and
 //! verdicts.md.
 //!
 //! Every claim compares final held-out accuracies (the last evaluation): per arm the mean over
@@ -19,8 +19,8 @@
 //! varies from seed to seed by more than the arms differ, and the unpaired SE above carries that
 //! variance twice. Each comparison therefore also judges the per-seed differences
 //! d_i = a_i − b_i over the seeds both arms have (n ≥ 2): mean d̄, SE = sd(d)/√n, the same rules
-//! ([`Paired`], [`Verdict::paired_status`]). The unpaired verdict is the one the issue asks for
-//! and stays the headline; the paired one is the sharper test of the same claim.
+//! ([`Paired`], [`Verdict::paired_status`]). The unpaired verdict is the rule the lab was specified
+//! with and stays the headline; the paired one is the sharper test of the same claim.
 //!
 //! The claims (arms found by preset and sync interval):
 //! - **A1** off-policy GRPO (`grpo`/`off_policy_grpo` at intervals 4 and 16) is not worse than
@@ -248,8 +248,8 @@ fn combine(
 const GRPO: &[&str] = &["grpo", "off_policy_grpo"];
 
 /// The five verdicts from per-arm statistics, with margin `m` (a fraction).
-// Long (about 140 lines) on purpose: one block per claim (A1, B1-B4), each reading as the issue
-// states it, side by side so the five rules can be checked against its text.
+// One block per claim (A1, B1-B4), each reading as the README's "Reading the verdicts" states it,
+// side by side so the five rules can be checked against that text.
 pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
     fn side(a: &ArmStats) -> Side<'_> {
         let fin = a.final_accuracy.expect("find() keeps arms with one");

@@ -1,4 +1,4 @@
-//! rlvr side of the policy-model train-step benchmark (issue 2; run both sides with
+//! rlvr side of the policy-model train-step benchmark (BENCHMARKS.md; run both sides with
 //! `bench/model_step.sh`). Work per step, identical to `bench/torch_model_step.py`: a
 //! Qwen2-shaped decoder (vocab 32000, hidden 256, intermediate 704, 4 layers, 8 heads / 2 KV
 //! heads, tied, f32), 8 × 128 random tokens without padding, log-probs of the next token at all

@@ -134,8 +134,8 @@ impl ModelConfig {
     }
 
     /// Normalises a parsed config.json; `file` is only used in error messages.
-    // Long (about 130 lines) on purpose: one field of config.json at a time with its aliases and
-    // its error message, in the order of the HF config it mirrors.
+    // One field of config.json at a time with its aliases and its error message, in the order of
+    // the HF config it mirrors, so the function reads as a map of config.json.
     pub fn from_json(v: &Value, file: &Path) -> Result<Self> {
         let cerr = |msg: String| ModelError::Config {
             file: file.to_path_buf(),

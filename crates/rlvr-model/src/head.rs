@@ -76,8 +76,8 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    // Long (about 110 lines, a third of them argument checks) on purpose: the fused CPU path and the
-    // chunked path share the checks and the row/position gather; one function keeps the two in step.
+    // The fused CPU path and the chunked path share the argument checks and the row/position
+    // gather; one function keeps the two in step.
     fn logprobs_impl(
         &self,
         ids: &[Vec<u32>],

@@ -1,6 +1,7 @@
 //! Activation checkpointing (gradient checkpointing): a decoder layer's forward keeps no
 //! activations for the backward; the backward runs the layer's forward again, with the graph, and
-//! backpropagates through that (issue 14; transformers' `gradient_checkpointing_enable`, which wraps
+//! backpropagates through that, trading one more forward for the memory of the activations
+//! (transformers' `gradient_checkpointing_enable`, which wraps
 //! each decoder layer in `torch.utils.checkpoint`).
 //!
 //! How, in candle (which has no checkpoint primitive): the layer runs once without a graph, giving

@@ -211,7 +211,7 @@ fn gradient_gap(
     (worst, scale)
 }
 
-/// Activation checkpointing (issue 14 item 3) changes where the activations live, not the math: the
+/// Activation checkpointing changes where the activations live, not the math: the
 /// loss and every parameter's gradient equal the plain path's (f64: to 1e-12 relative; f32: 1e-5),
 /// on all three architectures, and a loss that never reaches a checkpointed layer (scoring without
 /// a graph) is unaffected. Gradients come from `rlvr_model::recompute::backward`, which a plain

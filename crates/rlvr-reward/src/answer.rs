@@ -302,7 +302,7 @@ fn eq_relations(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> Option<bool> {
 }
 
 /// Equivalence of two normalised answers, gold first.
-// Long (about 185 lines) on purpose: the answer forms are tried in one fixed priority order
+// One function because the answer forms are tried in one fixed priority order
 // (identical, `\approx`, lists and sets, chains, relations, labels, equations, unions, intervals,
 // matrices, then numbers and expressions), and that order decides which form wins; split, the order
 // would be spread over several functions.

@@ -1,4 +1,4 @@
-//! docs/external-verifier.md (issue 13, item 12) stays true: its example `score.py`, run by
+//! docs/external-verifier.md stays true, so a user who copies it gets a working verifier: its example `score.py`, run by
 //! [`ExternalVerifier`] exactly as the guide's configuration does, gives the outputs the guide shows.
 #![cfg(unix)]
 

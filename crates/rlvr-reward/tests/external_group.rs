@@ -1,5 +1,6 @@
 //! An external verifier's children end with it: on timeout the whole process group is killed, and a
-//! child left in the background after a clean exit does not outlive the batch (issue 13, item 9).
+//! child left in the background after a clean exit does not outlive the batch (a verifier
+//! script that forks must not leave processes behind a long run).
 #![cfg(unix)]
 
 use std::path::Path;

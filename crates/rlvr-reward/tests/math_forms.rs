@@ -1,5 +1,5 @@
-//! Issue 17: the answer forms of MATH-500 golds and of model completions, each case with the reason it
-//! is right or wrong. Cases are written from MATH-500's gold formats (data/math500) and from the
+//! The answer forms of MATH-500 golds and of model completions that the MATH verifier must judge,
+//! each case with the reason it is right or wrong. Cases are written from MATH-500's gold formats (data/math500) and from the
 //! semantics Math-Verify's README documents; none is taken from Math-Verify's test suite.
 //!
 //! A case is `(gold, completion, expected, why)`; a completion without `\boxed` is boxed whole.
@@ -1131,7 +1131,8 @@ fn unhackable() {
     run("hack", UNHACKABLE);
 }
 
-/// The misses issue 17 lists, one case each (forms models trained on NuminaMath/OpenThoughts write).
+/// Answers the verifier used to misjudge, one case each (forms models trained on
+/// NuminaMath/OpenThoughts write).
 const ISSUE_17_EXAMPLES: &[Case] = &[
     ("6 and 8", "6,8", true, "gold in words, answer as a list"),
     (
@@ -1215,7 +1216,7 @@ const ISSUE_17_EXAMPLES: &[Case] = &[
 
 #[test]
 fn issue_17_examples() {
-    run("issue", ISSUE_17_EXAMPLES);
+    run("reported misses", ISSUE_17_EXAMPLES);
 }
 
 /// Constants and combinatorics models write: Euler's `e`, `\exp`, logs, factorials, binomials.

@@ -103,7 +103,7 @@ proptest! {
     }
 }
 
-/// Strings built from the answer forms of issue 17: relations, intervals, labels, units, separators,
+/// Strings built from the MATH answer forms (tests/math_forms.rs): relations, intervals, labels, units, separators,
 /// `\approx`, `\pm`, matrices, functions.
 fn forms() -> impl Strategy<Value = String> {
     prop::collection::vec(
@@ -263,7 +263,7 @@ fn secs(f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// Issue 17's adversarial sizes: 1 MB completions, 100k-deep braces, 10k-term expressions, many boxes;
+/// Adversarial sizes a runaway or hostile completion can reach: 1 MB completions, 100k-deep braces, 10k-term expressions, many boxes;
 /// each scored within a generous bound (seconds, so unoptimised builds pass too) and without
 /// overflowing the stack.
 #[test]

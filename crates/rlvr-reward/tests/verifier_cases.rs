@@ -1,4 +1,5 @@
-//! Hand-written verifier cases: every normalisation of issue 5 and each answer-parsing fault of
+//! Hand-written verifier cases: every answer normalisation the verifiers apply (thousands
+//! separators, `$`, units and %, markdown, LaTeX fractions and spacing, ...) and each answer-parsing fault of
 //! DESIGN.md section 5, through one `check` helper per verifier.
 
 use rlvr_reward::arithmetic::ArithmeticVerifier;

@@ -1,4 +1,4 @@
-//! Rust side of the rollout benchmark (issue 3; see `bench/rollout.sh`, which runs it next to
+//! Rust side of the rollout benchmark (see `bench/rollout.sh`, which runs it next to
 //! `bench/rollout_torch.py`, and `crates/rlvr-rollout/BENCH.md`).
 //!
 //! ```text
@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Model: Qwen2-shaped, vocab 32000, hidden 256, intermediate 704, 4 layers, 8 heads / 2 KV
-//! heads, tied, f32, random init std 0.02 (the shape of issue 2's benchmark). Work: 8 prompts × 1
+//! heads, tied, f32, random init std 0.02 (the shape of the policy-model train-step benchmark). Work: 8 prompts × 1
 //! and 2 prompts × 4 (one prefill per group), prompts of 32 random tokens, 128 new tokens, EOS
 //! disabled. One warm-up call per scenario, then `--runs` timed calls of `Sampler::sample`; prints
 //! one JSON line per scenario with the median (and best) generated tok/s, prefill included in the
@@ -59,12 +59,12 @@ fn main() -> anyhow::Result<()> {
             min_new_tokens: 0,
             ..Default::default()
         };
-        sampler.sample(&prompts, &params, 0, 0)?; // warm-up
+        sampler.sample(&prompts, 0, &params, 0)?; // warm-up
         let mut times = Vec::with_capacity(runs);
         let mut tokens = 0;
         for r in 0..runs {
             let t0 = Instant::now();
-            let out = sampler.sample(&prompts, &params, r as u64 + 1, 0)?;
+            let out = sampler.sample(&prompts, 0, &params, r as u64 + 1)?;
             times.push(t0.elapsed().as_secs_f64());
             tokens = out.iter().map(|c| c.token_ids.len()).sum::<usize>();
         }

@@ -1,5 +1,5 @@
 //! The `Rollout` boundary: what the explorer, evaluation and `rlvr generate` need of a sampling
-//! engine, so that another engine (a vLLM server, issue 15) plugs in beside the native one.
+//! engine, so that another engine (a vLLM server: rlvr-vllm) plugs in beside the native one.
 //!
 //! A backend samples K completions for each prompt of a batch with the weights of one policy
 //! version, and is told new weights (with their checkpoint names) after every sync. Every call
@@ -132,7 +132,7 @@ impl Rollout for NativeRollout {
         seed: u64,
     ) -> Result<Vec<GroupResult>> {
         let k = params.group_size;
-        let out = self.sampler.sample(prompts, params, seed, first_index)?;
+        let out = self.sampler.sample(prompts, first_index, params, seed)?;
         // `Sampler::sample` returns B·K completions ordered by (prompt index, sample index).
         let mut groups: Vec<GroupResult> = Vec::with_capacity(prompts.len());
         let mut it = out.into_iter();
@@ -200,7 +200,7 @@ mod tests {
         let m = model(0);
         let prompts = vec![vec![1, 2, 3], vec![4, 5], vec![6]];
         let direct = Sampler::new(&m, 3)
-            .sample(&prompts, &params(4), 7, 10)
+            .sample(&prompts, 10, &params(4), 7)
             .unwrap();
         let mut r = NativeRollout::new(Sampler::new(&m, 3));
         let groups = r.sample(&prompts, 10, &params(4), 7).unwrap();
@@ -226,7 +226,7 @@ mod tests {
             temperature: 0.0,
             ..params(1)
         };
-        let want = Sampler::new(&b, 9).sample(&prompts, &p, 0, 0).unwrap();
+        let want = Sampler::new(&b, 9).sample(&prompts, 0, &p, 0).unwrap();
         let mut r = NativeRollout::owning(a, 0, None);
         let before = r.sample(&prompts, 0, &p, 0).unwrap();
         // Reversed order: names, not positions, decide where each tensor goes.

@@ -173,10 +173,13 @@ impl Sampler {
     /// Samples `params.group_size` completions for each prompt.
     ///
     /// - `prompts`: token ids of each prompt (non-empty, ids < vocab), e.g. a step's B prompts.
-    /// - `seed`: the run's sampling seed; completion (i, j) uses the stream
-    ///   [`completion_rng`]`(seed, first_prompt_index + i, j)`.
     /// - `first_prompt_index`: global index of `prompts[0]` (e.g. the data cursor), so that the
     ///   same prompt index gives the same completions whichever call samples it.
+    /// - `params`: group size K, temperature, truncation, lengths and stop conditions.
+    /// - `seed`: the run's sampling seed; completion (i, j) uses the stream
+    ///   [`completion_rng`]`(seed, first_prompt_index + i, j)`.
+    ///
+    /// The arguments come in [`crate::Rollout::sample`]'s order, so the two read alike.
     ///
     /// Returns B·K completions ordered by (prompt_index, sample_index): groups are contiguous.
     ///
@@ -188,9 +191,9 @@ impl Sampler {
     pub fn sample(
         &self,
         prompts: &[PromptIds],
+        first_prompt_index: usize,
         params: &SamplingParams,
         seed: u64,
-        first_prompt_index: usize,
     ) -> Result<Vec<Completion>> {
         params.validate()?;
         if !params.stop_strings.is_empty() && self.detok.is_none() {

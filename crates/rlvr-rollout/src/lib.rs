@@ -28,7 +28,7 @@
 //! let model = Model::random(config, 0.02, 0, DType::F32, &Device::Cpu).unwrap();
 //! let sampler = Sampler::new(&model, 0);
 //! let params = SamplingParams { group_size: 4, max_new_tokens: 8, ..Default::default() };
-//! let out = sampler.sample(&[vec![1, 2, 3], vec![4, 5]], &params, 42, 0).unwrap();
+//! let out = sampler.sample(&[vec![1, 2, 3], vec![4, 5]], 0, &params, 42).unwrap();
 //! assert_eq!(out.len(), 8);
 //! assert!(out.iter().all(|c| c.token_ids.len() == c.behaviour_logprobs.len()));
 //! ```

@@ -54,7 +54,7 @@ fn greedy_equals_argmax_of_a_full_forward() {
     for name in FIXTURES {
         let model = fixture(name);
         let out = Sampler::new(&model, 3)
-            .sample(&prompts(), &params(2, 0.0, 12), 0, 0)
+            .sample(&prompts(), 0, &params(2, 0.0, 12), 0)
             .unwrap();
         assert_eq!(out.len(), 8);
         for c in &out {
@@ -105,7 +105,7 @@ fn behaviour_logprobs_equal_trainer_logprobs_at_staleness_0() {
         let model = fixture(name);
         for t in [1.0, 0.7, 1.6] {
             let out = Sampler::new(&model, 0)
-                .sample(&prompts(), &params(3, t, 16), 7, 0)
+                .sample(&prompts(), 0, &params(3, t, 16), 7)
                 .unwrap();
             let gap = max_logprob_gap(&model, &out, t);
             eprintln!("{name} T={t}: max |ℓ_old − ℓ_trainer| {gap:e}");
@@ -120,7 +120,7 @@ fn bf16_sampling_runs_and_matches_the_bf16_trainer_to_its_precision() {
         .join("../rlvr-model/tests/fixtures/qwen2_bias_tied");
     let model = Model::load(&dir, DType::BF16, &Device::Cpu).unwrap();
     let out = Sampler::new(&model, 0)
-        .sample(&prompts(), &params(2, 1.0, 8), 3, 0)
+        .sample(&prompts(), 0, &params(2, 1.0, 8), 3)
         .unwrap();
     assert!(out.iter().all(|c| c
         .behaviour_logprobs
@@ -141,7 +141,7 @@ fn truncated_sampling_records_untruncated_logprobs() {
     p.top_k = Some(5);
     p.top_p = 0.7;
     let out = Sampler::new(&model, 0)
-        .sample(&prompts(), &p, 1, 0)
+        .sample(&prompts(), 0, &p, 1)
         .unwrap();
     let gap = max_logprob_gap(&model, &out, 0.8);
     assert!(gap < 1e-4, "max |Δℓ| {gap}");
@@ -191,18 +191,18 @@ fn same_seed_same_tokens_whatever_the_batching() {
     let sampler = Sampler::new(&model, 0);
     let mut p = params(3, 1.0, 20);
     p.top_p = 0.95;
-    let reference = sampler.sample(&prompts(), &p, 11, 0).unwrap();
+    let reference = sampler.sample(&prompts(), 0, &p, 11).unwrap();
     for rows in [1, 2, 3, 5, 64] {
         p.max_batch_rows = rows;
-        let out = sampler.sample(&prompts(), &p, 11, 0).unwrap();
+        let out = sampler.sample(&prompts(), 0, &p, 11).unwrap();
         assert_same(&out, &reference, &format!("max_batch_rows {rows}"));
     }
     // A prompt sampled alone (with its global index) gets the same completions.
     p.max_batch_rows = 64;
-    let alone = sampler.sample(&prompts()[2..3], &p, 11, 2).unwrap();
+    let alone = sampler.sample(&prompts()[2..3], 2, &p, 11).unwrap();
     assert_same(&alone, &reference[6..9], "prompt 2 alone");
     // Another seed gives other tokens; samples of a group differ.
-    let other = sampler.sample(&prompts(), &p, 12, 0).unwrap();
+    let other = sampler.sample(&prompts(), 0, &p, 12).unwrap();
     assert_ne!(other, reference);
     assert_ne!(reference[0].token_ids, reference[1].token_ids);
     // Layout: groups contiguous, ordered by (prompt, sample).
@@ -223,7 +223,7 @@ fn child_sample_to_file() {
     };
     let model = fixture("qwen3");
     let out = Sampler::new(&model, 0)
-        .sample(&prompts(), &params(4, 1.0, 24), 5, 0)
+        .sample(&prompts(), 0, &params(4, 1.0, 24), 5)
         .unwrap();
     let text: Vec<String> = out.iter().map(|c| format!("{:?}", c.token_ids)).collect();
     std::fs::write(path, text.join("\n")).unwrap();
@@ -253,13 +253,13 @@ fn stop_ids_end_a_completion_and_are_kept() {
     let model = fixture("qwen2_bias_tied");
     let sampler = Sampler::new(&model, 0);
     let free = sampler
-        .sample(&prompts(), &params(1, 0.0, 10), 0, 0)
+        .sample(&prompts(), 0, &params(1, 0.0, 10), 0)
         .unwrap();
     // Stop on the 4th greedy token of prompt 1: it must end there, with the stop id included.
     let stop = free[1].token_ids[3];
     let mut p = params(1, 0.0, 10);
     p.stop_ids = vec![stop];
-    let out = sampler.sample(&prompts(), &p, 0, 0).unwrap();
+    let out = sampler.sample(&prompts(), 0, &p, 0).unwrap();
     for (f, c) in free.iter().zip(&out) {
         match f.token_ids.iter().position(|&t| t == stop) {
             Some(i) => {
@@ -288,7 +288,7 @@ fn min_new_tokens_bans_stop_ids_until_reached() {
     let model = fixture("qwen2_bias_tied");
     let sampler = Sampler::new(&model, 0);
     let free = sampler
-        .sample(&prompts(), &params(4, 1.0, 12), 3, 0)
+        .sample(&prompts(), 0, &params(4, 1.0, 12), 3)
         .unwrap();
     // The most frequent token of the free samples: a stop id that would end many of them early.
     let mut counts = std::collections::HashMap::new();
@@ -300,14 +300,14 @@ fn min_new_tokens_bans_stop_ids_until_reached() {
     let (&stop, _) = counts.iter().max_by_key(|&(t, n)| (*n, *t)).unwrap();
     let mut p = params(4, 1.0, 12);
     p.stop_ids = vec![stop];
-    let early = sampler.sample(&prompts(), &p, 3, 0).unwrap();
+    let early = sampler.sample(&prompts(), 0, &p, 3).unwrap();
     assert!(
         early.iter().any(|c| c.token_ids.len() < 8),
         "the stop id should end some completion early without min_new_tokens"
     );
     for min in [8, 12] {
         p.min_new_tokens = min;
-        let out = sampler.sample(&prompts(), &p, 3, 0).unwrap();
+        let out = sampler.sample(&prompts(), 0, &p, 3).unwrap();
         assert_eq!(out.len(), 16);
         for c in &out {
             assert!(c.token_ids.len() >= min, "{c:?}");
@@ -341,14 +341,14 @@ fn stop_strings_end_a_completion() {
     let model = Model::random(config, 0.5, 3, DType::F32, &Device::Cpu).unwrap();
     let sampler = Sampler::new(&model, 0).with_tokenizer(tok.clone());
     let prompt = vec![tok.encode("Hello world", false).unwrap().get_ids().to_vec()];
-    let free = sampler.sample(&prompt, &params(1, 0.0, 30), 0, 0).unwrap();
+    let free = sampler.sample(&prompt, 0, &params(1, 0.0, 30), 0).unwrap();
     let ids = &free[0].token_ids;
     // Stop string: the text of tokens 10..12 (decoded alone), which first appears at token ≤ 11.
     let stop = tok.decode(&ids[10..12], false).unwrap();
     assert!(!stop.is_empty());
     let mut p = params(1, 0.0, 30);
     p.stop_strings = vec![stop.clone()];
-    let out = sampler.sample(&prompt, &p, 0, 0).unwrap();
+    let out = sampler.sample(&prompt, 0, &p, 0).unwrap();
     let c = &out[0];
     assert_eq!(c.finish_reason, FinishReason::StopString);
     assert_eq!(c.finish_reason.as_str(), "eos");
@@ -366,7 +366,7 @@ fn stop_strings_end_a_completion() {
 fn bad_inputs_are_rejected_with_their_name() {
     let model = fixture("qwen3");
     let s = Sampler::new(&model, 0);
-    let err = |p: &SamplingParams, prompts: &[Vec<u32>]| s.sample(prompts, p, 0, 10).unwrap_err();
+    let err = |p: &SamplingParams, prompts: &[Vec<u32>]| s.sample(prompts, 10, p, 0).unwrap_err();
     let mut p = params(0, 1.0, 4);
     assert!(matches!(
         err(&p, &prompts()),
@@ -434,10 +434,10 @@ fn device_selection_matches_host_selection() {
     for (name, model) in &models {
         // Host and device selection on the same prompts and seed; returns the host completions.
         let compare = |p: &SamplingParams, what: &str| -> Vec<Completion> {
-            let host = Sampler::new(model, 0).sample(&prompts(), p, 11, 0).unwrap();
+            let host = Sampler::new(model, 0).sample(&prompts(), 0, p, 11).unwrap();
             let dev = Sampler::new(model, 0)
                 .select_on_device(true)
-                .sample(&prompts(), p, 11, 0)
+                .sample(&prompts(), 0, p, 11)
                 .unwrap();
             assert_same(&host, &dev, &format!("{name} {what}"));
             host
@@ -455,7 +455,8 @@ fn device_selection_matches_host_selection() {
 }
 
 /// NaN weights make NaN logits: sampling stops with an error naming the completion and position
-/// (greedy and sampled, with and without top-p), never an id past the vocabulary (issue 13 item 5).
+/// (greedy and sampled, with and without top-p), never an id past the vocabulary (which NaN
+/// logits used to yield, silently).
 #[test]
 fn non_finite_logits_stop_sampling_with_an_error() {
     let model = fixture("qwen3");
@@ -468,7 +469,7 @@ fn non_finite_logits_stop_sampling_with_an_error() {
             ..params(2, t, 4)
         };
         let err = Sampler::new(&model, 0)
-            .sample(&prompts(), &p, 3, 10)
+            .sample(&prompts(), 10, &p, 3)
             .unwrap_err();
         assert!(
             matches!(err, RolloutError::NonFinite { position: 0, .. }),

@@ -1,4 +1,4 @@
-//! Peak memory and time of one training step (issue 14; BENCHMARKS.md "Memory"), next to what
+//! Peak memory and time of one training step (BENCHMARKS.md "Memory"), next to what
 //! `rlvr plan`'s model predicts for the same work.
 //!
 //! `--mode step` (default): a random Qwen2-shaped model (`--hidden --layers --heads --kv-heads

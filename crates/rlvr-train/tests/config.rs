@@ -380,7 +380,7 @@ fn train_without_a_model_says_model_path_is_required() {
     assert!(!tmp.path().join("run").exists(), "nothing is written");
 }
 
-/// `rollout.backend = "vllm"` (issue 15): servers are required, truncated sampling (top-p < 1,
+/// `rollout.backend = "vllm"`: servers are required, truncated sampling (top-p < 1,
 /// top-k, min new tokens: vLLM renormalises its behaviour log-probs) is refused unless accepted,
 /// and the keys round-trip through config.toml.
 #[test]
@@ -423,7 +423,7 @@ fn vllm_backend_keys_are_checked() {
         check_load("", &[vllm, server, "rollout.in_flight=0"]).unwrap_err()
     );
     assert!(err.contains("rollout.in_flight"), "{err}");
-    // LoRA adapters are pushed to vLLM by name (issue 19 item 5): accepted.
+    // LoRA adapters are pushed to vLLM by name (no full-weight reload needed): accepted.
     check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap();
     let err = format!(
         "{:#}",
@@ -486,7 +486,7 @@ fn vllm_backend_without_a_server_names_it() {
     );
 }
 
-/// `rlvr eval` takes the same rollout keys (issue 15 item 4): with `rollout.backend = "vllm"` and no
+/// `rlvr eval` takes the same rollout keys as `rlvr train`: with `rollout.backend = "vllm"` and no
 /// server it stops with an error naming the server.
 #[test]
 fn eval_with_the_vllm_backend_names_a_missing_server() {

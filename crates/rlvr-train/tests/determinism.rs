@@ -1,4 +1,5 @@
-//! Runs of one config are bit-identical whatever the thread count (issue 13, item 4): the same
+//! Runs of one config are bit-identical whatever the thread count, so a result can be reproduced
+//! on a machine with another number of cores: the same
 //! 12-step RL run (a small model with the Qwen2.5 tokenizer and its 151936-token vocabulary,
 //! sync interval 4) in child processes with RAYON_NUM_THREADS=2 and 4 writes the same
 //! metrics.jsonl, every value equal bit for bit except the timings.

@@ -380,7 +380,7 @@ fn skipping_zero_gradient_rows_keeps_the_update() {
     }
 }
 
-/// `algorithm.mismatch_correction` (issue 15 item 6) against reference values: with every
+/// `algorithm.mismatch_correction` (the sampler/trainer IS correction) against reference values: with every
 /// behaviour log-prob ln 4 below the trainer's start-of-step log-prob (ρ_mismatch = 4 on every
 /// token), truncation at C = 2 (token or sequence: 4^n > 2) weighs every token's loss term by 2,
 /// so the loss is exactly twice the uncorrected loss on the same inputs; the masks with C = 2

@@ -1,5 +1,5 @@
 //! Sampling throughput of the native engine and of a vLLM server on the same checkpoint and
-//! prompts, and the time of a weight refresh (issue 15's measurements; BENCHMARKS.md).
+//! prompts, and the time of a weight refresh (BENCHMARKS.md, "Native engine vs a vLLM CPU server").
 //!
 //! ```text
 //! cargo run --release -p rlvr-vllm --example bench_sampling -- MODEL_DIR URL SERVED_NAME PROMPTS.jsonl [SHAPES] [REFRESHES]
@@ -51,11 +51,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let p0 = vec![policy.tokenizer.encode(&questions[0], false)?];
     client.sample(
         &p0,
+        0,
         &SamplingParams {
             max_new_tokens: 4,
             ..Default::default()
         },
-        0,
         0,
     )?;
     for shape in shapes.split(',') {
@@ -76,10 +76,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         };
         let t = Instant::now();
-        let native = Sampler::new(&policy.model, 0).sample(&prompts, &params, 1, 0)?;
+        let native = Sampler::new(&policy.model, 0).sample(&prompts, 0, &params, 1)?;
         let native_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let vllm = client.sample(&prompts, &params, 1, 0)?;
+        let vllm = client.sample(&prompts, 0, &params, 1)?;
         let vllm_s = t.elapsed().as_secs_f64();
         let toks =
             |v: &[rlvr_rollout::Completion]| v.iter().map(|c| c.token_ids.len()).sum::<usize>();

@@ -12,8 +12,8 @@ use crate::error::{Result, VllmError};
 use crate::http::Server;
 
 /// Mean |ℓ_vLLM − ℓ_trainer| (nats) above which [`VllmClient::check_logprob_mode`] fails. Raw
-/// log-probs at T = 0.7 were 0.4–0.76 nats away (../shared/VLLM.md); processed ones ~1e-6 in f32,
-/// ~1e-2 in bf16.
+/// log-probs at T = 0.7 were 0.4–0.76 nats away (this crate's docs/VLLM-CPU.md); processed ones
+/// ~1e-6 in f32, ~1e-2 in bf16.
 pub const LOGPROB_MODE_TOLERANCE: f64 = 0.05;
 
 /// What one server reported at start-up.

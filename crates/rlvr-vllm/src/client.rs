@@ -175,7 +175,7 @@ impl VllmClient {
     }
 
     /// Samples `params.group_size` completions for each prompt, like
-    /// `rlvr_rollout::Sampler::sample(prompts, params, seed, first_prompt_index)`: the result is
+    /// `rlvr_rollout::Sampler::sample(prompts, first_prompt_index, params, seed)`: the result is
     /// ordered by (prompt, sample index), prompt indices start at `first_prompt_index`, and every
     /// completion carries [`VllmClient::version`].
     ///
@@ -191,9 +191,9 @@ impl VllmClient {
     pub fn sample(
         &self,
         prompts: &[PromptIds],
+        first_prompt_index: usize,
         params: &SamplingParams,
         seed: u64,
-        first_prompt_index: usize,
     ) -> Result<Vec<Completion>> {
         self.check_params(params)?;
         if let Some(v) = self.refresh_failed {

@@ -1,5 +1,5 @@
-//! `rlvr-vllm`: rlvr's rollouts on vLLM OpenAI-compatible servers (issue 15, DESIGN.md
-//! sections 3 and 12).
+//! `rlvr-vllm`: rlvr's rollouts on vLLM OpenAI-compatible servers (DESIGN.md sections 3 and 12),
+//! so that generation, most of an RL step, can run on machines other than the trainer's.
 //!
 //! - [`VllmClient`]: a blocking client for one or several servers serving the policy. Each group
 //!   is one `/v1/completions` request (prompt as token ids, `n` = group size, `logprobs: 0`,
@@ -15,7 +15,6 @@
 //!   (`/v1/load_lora_adapter`), requests naming it, older versions unloaded.
 //! - [`VllmRollout`]: all of the above behind `rlvr_rollout::Rollout`, the explorer's boundary
 //!   (`rollout.backend = "vllm"` in rlvr-train).
-//! - [`correction`]: mismatch diagnostics and truncated / masked IS weights (pure functions).
 //!
 //! Servers must run with `--logprobs-mode processed_logprobs` (behaviour log-probs after
 //! temperature) and, for refreshes, `VLLM_SERVER_DEV_MODE=1`: see `scripts/vllm_server.sh` and
@@ -27,7 +26,6 @@
 pub mod checks;
 pub mod client;
 pub mod completion;
-pub mod correction;
 pub mod error;
 pub mod http;
 pub mod lora;
@@ -36,10 +34,6 @@ pub mod rollout;
 
 pub use checks::{trainer_logprobs, ServerInfo};
 pub use client::{ClientConfig, VllmClient};
-pub use correction::{
-    correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchStats,
-    MismatchSums,
-};
 pub use error::{Result, VllmError};
 pub use http::{RetryPolicy, Server};
 pub use lora::{adapter_name, write_adapter, LORA_SERVER_FLAGS};

@@ -1,4 +1,4 @@
-//! LoRA adapters served by vLLM (issue 19 item 5): instead of reloading the full weights, each
+//! LoRA adapters served by vLLM: instead of reloading the full weights, each
 //! sync writes the policy's adapter as a new version in PEFT's format and loads it by name on
 //! every server; sampling requests then name that version as their `model`.
 //!
@@ -17,8 +17,8 @@
 //!
 //! Step 5 may run at once: the explorer samples and loads weights on one thread (also with
 //! `sync.offset` ≥ 1), so no request of an older version is in flight when v is loaded. At most
-//! two adapters are loaded at a time, so `--max-loras 2` suffices (the issue's bound,
-//! `sync.offset + 2`, is met for offset 0 and kept by `scripts/vllm_server.sh`'s default 3).
+//! two adapters are loaded at a time, so `--max-loras 2` suffices (`scripts/vllm_server.sh`
+//! defaults to 3, which also covers `sync.offset + 2` at offset 1).
 //!
 //! The servers need `--enable-lora --max-lora-rank R` (R ≥ `model.lora_rank`) and the
 //! environment `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` (which adds the two routes). A server

@@ -1,7 +1,8 @@
 //! Weight refresh: the policy written as a HuggingFace checkpoint directory per version under
 //! `weights_dir`, then on every server pause → `collective_rpc reload_weights` → reset the prefix
-//! cache → resume (../shared/VLLM.md), then a check that the servers score a fixed sequence as
-//! the new weights do. Old version directories are deleted after a successful refresh.
+//! cache → resume (the HTTP-only sequence of this crate's docs/VLLM-CPU.md), then a check that the
+//! servers score a fixed sequence as the new weights do. Old version directories are deleted after
+//! a successful refresh.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -31,7 +32,8 @@ pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
 ///
 /// For a tied-embedding model (`config.tie_word_embeddings`) without an `lm_head.weight` tensor, a
 /// copy of `model.embed_tokens.weight` is written as `lm_head.weight`: vLLM's reload otherwise
-/// keeps its old head silently ("ParallelLMHead: Failed to load weights", ../shared/VLLM.md).
+/// keeps its old head silently ("ParallelLMHead: Failed to load weights"; this crate's
+/// docs/VLLM-CPU.md).
 ///
 /// # Errors
 /// [`VllmError::Io`]; a tied model without `model.embed_tokens.weight` ([`VllmError::Config`]);

@@ -265,7 +265,7 @@ impl Rollout for VllmRollout {
     ) -> rlvr_rollout::Result<Vec<GroupResult>> {
         let out = self
             .client
-            .sample(prompts, params, seed, first_index)
+            .sample(prompts, first_index, params, seed)
             .map_err(backend_err)?;
         // `VllmClient::sample` returns every group or fails: B·K completions in (prompt, sample) order.
         let k = params.group_size;

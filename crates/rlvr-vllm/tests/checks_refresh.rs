@@ -160,7 +160,7 @@ fn a_stale_server_fails_the_refresh_and_blocks_sampling() {
     );
     assert_eq!(c.version(), 0);
     let err = c
-        .sample(&[vec![1]], &SamplingParams::default(), 0, 0)
+        .sample(&[vec![1]], 0, &SamplingParams::default(), 0)
         .unwrap_err();
     assert!(
         err.to_string().contains("refresh to version 2 failed"),
@@ -184,7 +184,7 @@ fn a_failed_reload_is_an_error_and_the_server_is_still_resumed() {
     );
     assert_eq!(fake.lines().last().unwrap(), "POST /resume");
     assert!(c
-        .sample(&[vec![1]], &SamplingParams::default(), 0, 0)
+        .sample(&[vec![1]], 0, &SamplingParams::default(), 0)
         .is_err());
 }
 

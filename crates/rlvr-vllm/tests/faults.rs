@@ -48,7 +48,7 @@ fn a_group_is_one_request_and_comes_back_as_native_records() {
     let fake = FakeServer::scripted(vec![Reply::Status(200, good_group())]);
     let mut c = client(&[&fake.url], 0);
     c.set_version(3);
-    let out = c.sample(&[vec![1, 2, 3]], &params(2), 42, 10).unwrap();
+    let out = c.sample(&[vec![1, 2, 3]], 10, &params(2), 42).unwrap();
     assert_eq!(out.len(), 2);
     assert_eq!(
         (out[0].prompt_index, out[0].sample_index, out[0].version),
@@ -100,7 +100,7 @@ fn a_500_is_retried_then_succeeds() {
         Reply::Status(200, good_group()),
     ]);
     let out = client(&[&fake.url], 2)
-        .sample(&[vec![1]], &params(2), 0, 0)
+        .sample(&[vec![1]], 0, &params(2), 0)
         .unwrap();
     assert_eq!(out.len(), 2);
     assert_eq!(fake.lines().len(), 2);
@@ -125,7 +125,7 @@ fn a_persistent_500_names_the_server_and_its_answer() {
         "{\"error\": \"engine dead\"}".into(),
     )]);
     let err = client(&[&fake.url], 2)
-        .sample(&[vec![1]], &params(2), 0, 0)
+        .sample(&[vec![1]], 0, &params(2), 0)
         .unwrap_err();
     let text = err.to_string();
     let (server, attempts, answer) = server_error(err);
@@ -148,7 +148,7 @@ fn truncated_json_is_retried_then_reported() {
     let fake = FakeServer::scripted(vec![Reply::Truncated(body[..body.len() / 2].to_string())]);
     let (_, attempts, answer) = server_error(
         client(&[&fake.url], 1)
-            .sample(&[vec![1]], &params(2), 0, 0)
+            .sample(&[vec![1]], 0, &params(2), 0)
             .unwrap_err(),
     );
     assert_eq!(attempts, 2);
@@ -168,7 +168,7 @@ fn a_token_count_that_differs_from_its_logprob_count_is_a_fault() {
     let fake = FakeServer::scripted(vec![Reply::Status(200, bad)]);
     let (_, attempts, answer) = server_error(
         client(&[&fake.url], 1)
-            .sample(&[vec![1]], &params(2), 0, 0)
+            .sample(&[vec![1]], 0, &params(2), 0)
             .unwrap_err(),
     );
     assert_eq!(attempts, 2);
@@ -184,7 +184,7 @@ fn too_few_choices_is_a_fault_and_nothing_partial_is_returned() {
     let fake = FakeServer::scripted(vec![Reply::Status(200, one)]);
     let (_, _, answer) = server_error(
         client(&[&fake.url], 0)
-            .sample(&[vec![1]], &params(2), 0, 0)
+            .sample(&[vec![1]], 0, &params(2), 0)
             .unwrap_err(),
     );
     assert!(answer.contains("1 choices for n = 2"), "{answer}");
@@ -199,7 +199,7 @@ fn a_server_that_is_down_is_reported_as_such() {
     let url = format!("http://127.0.0.1:{port}");
     let (server, attempts, answer) = server_error(
         client(&[&url], 1)
-            .sample(&[vec![1]], &params(2), 0, 0)
+            .sample(&[vec![1]], 0, &params(2), 0)
             .unwrap_err(),
     );
     assert_eq!((server, attempts), (url, 2));
@@ -211,14 +211,14 @@ fn a_slow_server_times_out_and_a_hangup_is_retried() {
     let fake = FakeServer::scripted(vec![Reply::Slow(Duration::from_secs(4), good_group())]);
     let (_, _, answer) = server_error(
         client(&[&fake.url], 0)
-            .sample(&[vec![1]], &params(2), 0, 0)
+            .sample(&[vec![1]], 0, &params(2), 0)
             .unwrap_err(),
     );
     assert!(answer.contains("timeout"), "{answer}");
     let fake = FakeServer::scripted(vec![Reply::Hangup, Reply::Status(200, good_group())]);
     assert_eq!(
         client(&[&fake.url], 1)
-            .sample(&[vec![1]], &params(2), 0, 0)
+            .sample(&[vec![1]], 0, &params(2), 0)
             .unwrap()
             .len(),
         2
@@ -229,7 +229,7 @@ fn a_slow_server_times_out_and_a_hangup_is_retried() {
 fn a_4xx_is_not_retried() {
     let fake = FakeServer::scripted(vec![Reply::Status(400, "{\"error\": \"bad n\"}".into())]);
     let err = client(&[&fake.url], 3)
-        .sample(&[vec![1]], &params(2), 0, 0)
+        .sample(&[vec![1]], 0, &params(2), 0)
         .unwrap_err();
     assert!(
         matches!(err, VllmError::Refused { status: 400, .. }),
@@ -251,7 +251,7 @@ fn one_failing_group_fails_the_whole_call() {
     let prompts = vec![vec![1], vec![2], vec![4], vec![3]];
     let (_, _, answer) = server_error(
         client(&[&fake.url], 1)
-            .sample(&prompts, &params(2), 0, 0)
+            .sample(&prompts, 0, &params(2), 0)
             .unwrap_err(),
     );
     assert!(answer.contains("HTTP 503"), "{answer}");
@@ -273,7 +273,7 @@ fn groups_are_spread_over_servers_and_come_back_in_order() {
     let (a, b) = (FakeServer::start(echo), FakeServer::start(echo));
     let prompts: Vec<Vec<u32>> = (0..8).map(|p| vec![p]).collect();
     let out = client(&[&a.url, &b.url], 0)
-        .sample(&prompts, &params(2), 1, 0)
+        .sample(&prompts, 0, &params(2), 1)
         .unwrap();
     assert_eq!(out.len(), 16);
     for (i, c) in out.iter().enumerate() {
@@ -313,7 +313,7 @@ fn stop_strings_keep_the_completing_token_and_ids_aligned_with_logprobs() {
     };
     let out = client(&[&fake.url], 0)
         .with_tokenizer(Letters)
-        .sample(&[vec![1]], &p, 0, 0)
+        .sample(&[vec![1]], 0, &p, 0)
         .unwrap();
     assert_eq!(out[0].token_ids, vec![0, 1, 2, 3]);
     assert_eq!(out[0].behaviour_logprobs, vec![-0.1, -0.2, -0.3, -0.4]);
@@ -344,7 +344,7 @@ fn truncated_sampling_is_refused_unless_accepted() {
         },
     ] {
         let err = client(&[&fake.url], 0)
-            .sample(&[vec![1]], &p, 0, 0)
+            .sample(&[vec![1]], 0, &p, 0)
             .unwrap_err();
         assert!(
             err.to_string().contains("accept_renormalised_logprobs"),
@@ -360,7 +360,7 @@ fn truncated_sampling_is_refused_unless_accepted() {
     };
     assert_eq!(
         client(&[&fake.url], 0)
-            .sample(&[vec![1]], &fixed, 0, 0)
+            .sample(&[vec![1]], 0, &fixed, 0)
             .unwrap()
             .len(),
         2
@@ -378,7 +378,7 @@ fn truncated_sampling_is_refused_unless_accepted() {
         top_p: 0.9,
         ..params(2)
     };
-    assert_eq!(accepting.sample(&[vec![1]], &p, 0, 0).unwrap().len(), 2);
+    assert_eq!(accepting.sample(&[vec![1]], 0, &p, 0).unwrap().len(), 2);
     let body = fake.seen.lock().unwrap()[0].body.clone();
     assert_eq!(
         (body["top_k"].clone(), body["top_p"].clone()),

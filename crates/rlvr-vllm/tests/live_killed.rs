@@ -1,5 +1,5 @@
-//! The real vLLM server killed while a sampling call is in flight (issue 15: "the down case with
-//! the real server killed mid-run"). scripts/ci_vllm.sh runs this after tests/live_server.rs,
+//! The real vLLM server killed while a sampling call is in flight: the fake server's "down" case,
+//! checked against the real one, so that a dead server is an error naming it and never a hang. scripts/ci_vllm.sh runs this after tests/live_server.rs,
 //! since it ends the server.
 //!
 //! It runs only when `RLVR_VLLM_URL` names a live server whose process group id (scripts/
@@ -47,7 +47,7 @@ fn a_server_killed_mid_call_gives_an_error_naming_it() {
     std::thread::scope(|s| {
         let call = s.spawn(|| {
             let t = Instant::now();
-            (client.sample(&prompts, &params, 1, 0), t.elapsed())
+            (client.sample(&prompts, 0, &params, 1), t.elapsed())
         });
         std::thread::sleep(Duration::from_millis(1500));
         assert!(

@@ -1,4 +1,4 @@
-//! LoRA adapters on a real vLLM server (issue 19 item 5): adapters with non-zero B loaded with
+//! LoRA adapters on a real vLLM server: adapters with non-zero B loaded with
 //! `POST /v1/load_lora_adapter` are scored and sampled by vLLM as the trainer computes them; a
 //! trainer whose base is not the server's model gets its base pushed once; an adapter above the
 //! server's `--max-lora-rank` is refused with an error naming the flag; and a short `rlvr train`

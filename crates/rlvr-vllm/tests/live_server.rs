@@ -125,7 +125,7 @@ fn behaviour_logprobs_equal_the_trainers_at_staleness_zero() {
     let Some(l) = live() else { return };
     let p = prompts(&l);
     for t in [1.0, 0.7] {
-        let out = l.client.sample(&p, &params(t, &l), 11, 0).unwrap();
+        let out = l.client.sample(&p, 0, &params(t, &l), 11).unwrap();
         assert_eq!(out.len(), p.len() * 4);
         let gap = max_gap(&l.policy.model, &p, &out, t);
         eprintln!(
@@ -164,10 +164,10 @@ fn the_same_seed_gives_the_same_completions() {
     let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let Some(l) = live() else { return };
     let p = prompts(&l);
-    let a = l.client.sample(&p, &params(1.0, &l), 5, 100).unwrap();
-    let b = l.client.sample(&p, &params(1.0, &l), 5, 100).unwrap();
+    let a = l.client.sample(&p, 100, &params(1.0, &l), 5).unwrap();
+    let b = l.client.sample(&p, 100, &params(1.0, &l), 5).unwrap();
     assert_eq!(a, b);
-    let c = l.client.sample(&p, &params(1.0, &l), 6, 100).unwrap();
+    let c = l.client.sample(&p, 100, &params(1.0, &l), 6).unwrap();
     assert_ne!(
         a.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
         c.iter().map(|c| &c.token_ids).collect::<Vec<_>>()
@@ -233,7 +233,7 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
         t0.elapsed().as_secs_f64()
     );
     assert_eq!(l.client.version(), 1);
-    let out = l.client.sample(&p, &params(0.7, &l), 3, 0).unwrap();
+    let out = l.client.sample(&p, 0, &params(0.7, &l), 3).unwrap();
     assert!(out.iter().all(|c| c.version == 1));
     let gap_new = max_gap(&new, &p, &out, 0.7);
     assert!(
@@ -262,12 +262,12 @@ fn after_a_refresh_the_server_samples_and_scores_with_the_new_weights() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     assert_eq!(names, ["version-00000002"]);
-    let out = l.client.sample(&p, &params(1.0, &l), 3, 0).unwrap();
+    let out = l.client.sample(&p, 0, &params(1.0, &l), 3).unwrap();
     assert!(max_gap(original, &p, &out, 1.0) <= 1e-4);
 }
 
 /// `rlvr generate --server URL` samples on the server (the model pushed first as version 0): one
-/// line per completion, and its behaviour log-probs equal the trainer's at T = 0.7 (issue 15 item 1).
+/// line per completion, and its behaviour log-probs equal the trainer's at T = 0.7.
 #[test]
 fn rlvr_generate_samples_on_the_server() {
     let Some(l) = live() else { return };

@@ -1,4 +1,4 @@
-//! `rlvr train` with `rollout.backend = "vllm"` against a real vLLM server (issue 15 item 8):
+//! `rlvr train` with `rollout.backend = "vllm"` against a real vLLM server:
 //! a 6-step run with sync.interval = 2 samples every step with the scheduled version (staleness
 //! 0, 1, 0, 1, 0, 1) and its behaviour log-probs equal the trainer's at staleness 0; the same
 //! seed gives the same completions; the server killed mid-run stops the run with an error naming
@@ -245,7 +245,7 @@ fn a_killed_server_stops_the_run_with_a_checkpoint_and_resume_continues() {
     assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
 }
 
-/// `rlvr eval` with `rollout.backend = "vllm"` (issue 15 item 4): greedy completions sampled by the
+/// `rlvr eval` with `rollout.backend = "vllm"`: greedy completions sampled by the
 /// server equal the native engine's, item by item.
 #[test]
 fn eval_on_vllm_equals_native_greedy() {

@@ -235,7 +235,7 @@ fn refresh_writes_peft_files_loads_checks_through_the_adapter_and_unloads_the_ol
     assert_eq!(again, check.expected);
 
     // Sampling names the adapter version.
-    let out = c.sample(&[vec![1, 2]], &params(), 0, 0).unwrap();
+    let out = c.sample(&[vec![1, 2]], 0, &params(), 0).unwrap();
     assert_eq!(out[0].version, 2);
     let last = s.fake.seen.lock().unwrap().last().unwrap().clone();
     assert_eq!(last.body["model"], json!(name));
@@ -262,7 +262,7 @@ fn a_server_scoring_the_adapter_differently_fails_the_refresh_and_blocks_samplin
     assert_eq!(c.version(), 0);
     assert_eq!(c.model_name(), "policy");
     let e = c
-        .sample(&[vec![1]], &params(), 0, 0)
+        .sample(&[vec![1]], 0, &params(), 0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("refresh to version 3 failed"), "{e}");
@@ -281,7 +281,7 @@ fn load_failure(reply: Reply) -> (String, usize) {
     let mut c = client(&s.fake.url);
     let e = c.refresh_adapter(dir.path(), 1, &m, &check).unwrap_err();
     assert!(matches!(e, VllmError::Check { .. }), "{e}");
-    assert!(c.sample(&[vec![1]], &params(), 0, 0).is_err());
+    assert!(c.sample(&[vec![1]], 0, &params(), 0).is_err());
     let loads = s
         .fake
         .lines()

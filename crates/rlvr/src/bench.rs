@@ -9,7 +9,7 @@
 //! - `rlvr bench train`: `--rows` × `--seq-len` random tokens, log-probs of every next token
 //!   (`Model::token_logprobs` with gradient), loss = −mean, backward, AdamW. Reports tokens per
 //!   second and TFLOP/s counted as 6 × parameters (tied embedding once) × tokens / s, the
-//!   convention the issue and PyTorch's side use.
+//!   convention PyTorch's side (bench/gpu_torch.py) uses too.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -127,12 +127,12 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             max_batch_rows: batch,
             ..Default::default()
         };
-        Sampler::new(&model, 0).sample(&prompts, &params, a.model.seed, 0)?; // warm-up
+        Sampler::new(&model, 0).sample(&prompts, 0, &params, a.model.seed)?; // warm-up
         let sampler = Sampler::new(&model, 0).with_timings();
         let mut walls = Vec::with_capacity(a.runs);
         for r in 0..a.runs {
             let t = Instant::now();
-            let c = sampler.sample(&prompts, &params, a.model.seed + 1 + r as u64, 0)?;
+            let c = sampler.sample(&prompts, 0, &params, a.model.seed + 1 + r as u64)?;
             walls.push(t.elapsed().as_secs_f64());
             let n: usize = c.iter().map(|c| c.token_ids.len()).sum();
             anyhow::ensure!(

@@ -1,5 +1,5 @@
 //! `rlvr quickstart`: a run that visibly learns on a laptop CPU, with no download and no GPU
-//! (issue 8, DESIGN.md section 11).
+//! (DESIGN.md section 11).
 //!
 //! Phases, each timed and shown with a progress bar:
 //! 1. **init**: a character-level tokenizer made here with the `tokenizers` crate, the seeded

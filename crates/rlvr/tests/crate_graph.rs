@@ -2,7 +2,7 @@
 //! crate roots so that a change that breaks a boundary fails here rather than in review:
 //!
 //! 1. Layers: a workspace crate depends only on workspace crates of a strictly lower layer.
-//! 2. Light crates (verifiers, data, the lab) never depend on candle: `rlvr reward` and the data
+//! 2. Light crates (the font, verifiers, data, the lab) never depend on candle: `rlvr reward` and the data
 //!    loaders build and test without the tensor stack.
 //! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
 //!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// Layer of each workspace crate (lower = more basic). A new crate must be added here.
 const LAYERS: &[(&str, u32)] = &[
+    ("rlvr-fonts", 0),
     ("rlvr-kernels", 0),
     ("rlvr-reward", 0),
     ("rlvr-algo", 1),
@@ -25,7 +26,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("rlvr", 6),
 ];
 
-const LIGHT: &[&str] = &["rlvr-reward", "rlvr-data", "rlvr-lab"];
+const LIGHT: &[&str] = &["rlvr-fonts", "rlvr-reward", "rlvr-data", "rlvr-lab"];
 const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];
 const UNSAFE_DENIED: &[&str] = &["rlvr-lab"];
 

@@ -1,4 +1,5 @@
-//! What users are pointed to exists in the repository (issue 13, item 12): every relative link of
+//! What users are pointed to exists in the repository, so no link or help text sends them nowhere:
+//! every relative link of
 //! README.md and docs/*.md names a file of the repository, `rlvr train --help` points to
 //! docs/DESIGN.md (which holds the config interface, section 10), and `rlvr reward --help` states
 //! the `--input` line format.
@@ -89,8 +90,8 @@ fn help_of_help_prints_the_top_level_help() {
     );
 }
 
-/// The README's Tour block runs as written on a CPU (issue 13 item 10: its train and eval commands
-/// used to fail there, the shipped config saying cuda:0 and bf16), from a directory that holds the
+/// The README's Tour block runs as written on a CPU (its train and eval commands used to fail
+/// there, the shipped config saying cuda:0 and bf16), from a directory that holds the
 /// repository's `data/` and `configs/`, with this build's binary as `$R`.
 #[test]
 fn the_readme_tour_runs_as_written_on_a_cpu() {
@@ -127,7 +128,8 @@ fn the_readme_tour_runs_as_written_on_a_cpu() {
     }
     let exp = std::fs::read_to_string(runs.join("exp.jsonl")).unwrap();
     assert_eq!(exp.lines().count(), 16, "2 prompts × 8 completions");
-    // Long phases are labelled (issue 13 item 10): the step-0 evaluation and the saves.
+    // Long phases are labelled, so a silent terminal is never mistaken for a hang: the step-0
+    // evaluation and the saves.
     for label in [
         "loading the policy from",
         "evaluating step 0 on 20 held-out problems",

@@ -1,4 +1,4 @@
-//! Real input end to end (issue 8 item 3): a tiny random Qwen2 with the real Qwen2.5 tokenizer is
+//! Real input end to end, so that the shipped config and data work together: a tiny random Qwen2 with the real Qwen2.5 tokenizer is
 //! trained for 3 steps with the shipped GSM8K off-policy GRPO config on real GSM8K prompts rendered
 //! by the chat template; the run writes metrics and a checkpoint that `rlvr eval` loads.
 //!

@@ -1,5 +1,5 @@
 //! Run directories and output directories through the real `rlvr` binary, several processes at once
-//! (issue 13, items 1-3): one writer per run directory, SIGKILL-resume, SIGTERM, an error that
+//! (the ways a run is interrupted, reused or misconfigured): one writer per run directory, SIGKILL-resume, SIGTERM, an error that
 //! saves the last good step, train.log; `--force` on init/sft; zero sizes refused.
 #![cfg(unix)]
 

@@ -1,7 +1,7 @@
 //! Mismatch diagnostics and IS correction weights against reference values worked out by hand
 //! (log ρ = ℓ_trainer − ℓ_sampler = [0.2, −0.5, 0]; verl's rollout_corr_helper semantics).
 
-use rlvr_vllm::{
+use rlvr_algo::{
     correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchRow, MismatchSums,
 };
 
