@@ -464,7 +464,7 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// As [`rlvr_rollout::cli::run`]; a vLLM start-up check, push or request failure naming the server;
-/// with LoRA adapters, a server started without `--enable-lora` (see `rlvr_vllm::lora`).
+/// with LoRA adapters, a server started without `--enable-lora` (rlvr-vllm's `lora` module).
 pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,

@@ -1,8 +1,7 @@
 //! `rlvr plot RUN_DIR... --metric NAME... --out FILE.svg|png` (DESIGN.md section 10): x = step, one
 //! panel per metric, one line per run (legend = the run directory's name), nulls skipped. SVG by
-//! default; PNG too. Text is laid out with DejaVu Sans, which ships inside this crate
-//! (`assets/DejaVuSans.ttf`, Bitstream Vera licence in `assets/DejaVuSans.LICENSE`), so no system
-//! font is needed.
+//! default; PNG too. Text is laid out with DejaVu Sans, which the rlvr-fonts crate ships (with its
+//! Bitstream Vera licence) for this crate and the lab alike, so no system font is needed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,7 +14,6 @@ use plotters::prelude::*;
 
 use crate::store::metrics::read_metrics;
 
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
 /// `rlvr plot`.
 #[derive(clap::Args, Debug, Clone)]
@@ -70,7 +68,7 @@ fn run_name(run: &Path) -> String {
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, rlvr_fonts::DEJAVU_SANS);
     });
 }
 

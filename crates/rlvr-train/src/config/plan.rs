@@ -30,7 +30,6 @@
 //!   CUDA context ([`GPU_OVERHEAD`]).
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget, ModelConfig};

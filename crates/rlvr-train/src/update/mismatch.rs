@@ -3,11 +3,11 @@
 
 use candle_core::{Device, Tensor};
 use rlvr_algo::{Algorithm, MismatchCorrection};
-use rlvr_vllm::{correction_weights, IsCorrection, IsLevel};
+use rlvr_algo::{correction_weights, IsCorrection, IsLevel};
 
 use crate::store::experience::Experience;
 
-/// The correction `alg` selects, as `rlvr_vllm::correction_weights` takes it; `None` when off.
+/// The correction `alg` selects, as `rlvr_algo::correction_weights` takes it; `None` when off.
 pub fn is_correction(alg: &Algorithm) -> Option<IsCorrection> {
     let c = alg.mismatch_cap;
     let level = if alg.mismatch_correction.token_level() {

@@ -21,11 +21,10 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor};
 use rlvr_algo::{
     compute_advantages, policy_loss, shape_rewards, AdvantageStats, Algorithm, LossInputs,
-    LossStats, RowInfo, UpdateNormaliser,
+    LossStats, MismatchSums, RowInfo, UpdateNormaliser,
 };
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
-use rlvr_vllm::MismatchSums;
 
 use super::optimizer::OptimizerStep;
 use crate::pack::pack_rows;
@@ -105,7 +104,7 @@ pub struct StepReport {
     /// step's first update (DESIGN.md section 3); None when no such row.
     pub logprob_diff_s0: Option<f64>,
     /// k3 estimate of KL(π_sampler ‖ π_trainer) over the same tokens: mean of e^r − r − 1 with
-    /// r = ℓ_trainer − ℓ_sampler (verl's `rollout_corr/kl_k3`, see `rlvr_vllm::correction`);
+    /// r = ℓ_trainer − ℓ_sampler (verl's `rollout_corr/kl_k3`, see `rlvr_algo::mismatch`);
     /// None when no staleness-0 row.
     pub logprob_k3_s0: Option<f64>,
     /// Completion tokens trained on (summed over updates).
