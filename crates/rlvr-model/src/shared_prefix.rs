@@ -5,18 +5,23 @@
 //! of a split group) are padded on the right to P (the longest prompt) and R completion rows to C
 //! (the longest completion minus its last token, whose hidden state predicts nothing). The
 //! projections, norms and MLP run over all N positions at once; only attention tells the two parts
-//! apart ([`crate::layers::SharedLayout`]): each prompt attends causally within itself, each
+//! apart (the private `layers::SharedLayout`): each prompt attends causally within itself, each
 //! completion row to its group's prompt keys/values (gathered per row, so the backward sums the K
 //! rows' gradients into the one prompt computation) and causally to its own keys. Rotary positions
 //! of a completion continue its prompt's (P_g, P_g + 1, …). Activation checkpointing checkpoints
 //! the flat `[1, N, hidden]` state per layer ([`crate::recompute`]); LoRA runs through the same
-//! linear layers.
+//! linear layers. With LoRA dropout > 0 the masks are drawn over the flat layout (one draw per
+//! adapter per forward, as before), so they are not the unshared path's masks token for token.
 //!
 //! The log-prob of a row's first completion token comes from its prompt's last position, the
 //! others from the completion part; only those positions reach the final norm and the lm_head.
 //! Values and gradients equal the unshared path ([`Model::token_logprobs_at`] over right-padded
 //! `[prompt, completion]` rows) up to float reassociation: masked keys get weight exactly 0 in
 //! both, and the same keys are visible to every scored query (`tests/shared_prefix.rs`).
+//!
+//! Cost: [`SharedPrefixBatch::decoder_positions`] positions through the decoder instead of
+//! [`SharedPrefixBatch::unshared_positions`] (110-token prompt, K = 8, 64-token completions: 614
+//! instead of 1392); the lm_head work is the same (the completion tokens only).
 
 use std::collections::HashMap;
 use std::sync::Arc;
