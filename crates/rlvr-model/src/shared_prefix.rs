@@ -230,10 +230,12 @@ impl Model {
     }
 
     /// [`Model::shared_prefix_logprobs`] over `(prompt, completion)` rows in any order: rows with
-    /// identical prompt ids share one prompt computation ([`SharedPrefixBatch::from_rows`]), rows
-    /// with a prompt of their own are computed alone (exactly the unshared path's values). The
-    /// output `[b, C]` keeps the input row order, so it is a drop-in for
-    /// [`Model::token_logprobs_at`] over the right-padded rows at their completion positions.
+    /// identical prompt ids share one prompt computation ([`SharedPrefixBatch::from_rows`]). When
+    /// sharing would not run fewer decoder positions than the unshared batch
+    /// ([`SharedPrefixBatch::decoder_positions`] ≥ [`SharedPrefixBatch::unshared_positions`], e.g.
+    /// no two rows share a prompt), the rows take the unshared path instead: exactly
+    /// [`Model::token_logprobs_at`] over the right-padded rows at their completion positions. The
+    /// output `[b, C]` keeps the input row order, so either way it is a drop-in for that call.
     ///
     /// # Errors
     /// As [`Model::shared_prefix_logprobs`].
@@ -245,6 +247,11 @@ impl Model {
         grad: bool,
     ) -> Result<LogProbs> {
         let (batch, order) = SharedPrefixBatch::from_rows(rows);
+        batch.validate(self.config().vocab_size)?;
+        if batch.longest_completion() > 0 && batch.decoder_positions() >= batch.unshared_positions()
+        {
+            return self.unshared_rows(rows, temperature, with_entropy, grad);
+        }
         let out = self.shared_prefix_logprobs(&batch, temperature, with_entropy, grad)?;
         if order.iter().enumerate().all(|(i, &o)| i == o) {
             return Ok(out);
@@ -255,6 +262,34 @@ impl Model {
             logprobs: out.logprobs.index_select(&idx, 0)?,
             entropy: out.entropy.map(|e| e.index_select(&idx, 0)).transpose()?,
         })
+    }
+
+    /// The unshared path over validated rows with at least one completion token: rows `[prompt,
+    /// completion]` right-padded with id 0, scored from the shortest prompt − 1 at each row's
+    /// completion positions (rlvr-train's `pack_rows` layout).
+    fn unshared_rows(
+        &self,
+        rows: &[(&[u32], &[u32])],
+        temperature: f64,
+        with_entropy: bool,
+        grad: bool,
+    ) -> Result<LogProbs> {
+        let t = rows
+            .iter()
+            .map(|(p, c)| p.len() + c.len())
+            .max()
+            .unwrap_or(0);
+        let start = rows.iter().map(|(p, _)| p.len()).min().unwrap_or(1) - 1;
+        let (mut ids, mut mask, mut at) = (vec![], vec![], vec![]);
+        for (p, c) in rows {
+            let n = p.len() + c.len();
+            let mut row = [*p, *c].concat();
+            row.resize(t, 0);
+            ids.push(row);
+            mask.push([vec![1u32; n], vec![0; t - n]].concat());
+            at.push((0..c.len()).map(|j| p.len() + j - 1 - start).collect());
+        }
+        self.token_logprobs_at(&ids, &mask, start, &at, temperature, with_entropy, grad)
     }
 
     /// The flat ids, positions, masks and head gather of `batch` (validated).

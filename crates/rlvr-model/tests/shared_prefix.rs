@@ -581,6 +581,7 @@ fn rows_in_any_order_keep_their_order_and_layout() {
     ];
     let (batch, order) = SharedPrefixBatch::from_rows(&rows);
     assert_eq!(batch.groups.len(), 3);
+    assert!(batch.decoder_positions() < batch.unshared_positions()); // the shared path
     assert_eq!(order, vec![0, 2, 5, 3, 1, 4]);
     let got = m
         .shared_prefix_logprobs_rows(&rows, TEMPERATURE, true, false)
@@ -604,6 +605,29 @@ fn rows_in_any_order_keep_their_order_and_layout() {
             assert_eq!(v == 0.0, j >= c.len(), "row {r} column {j}: {v}");
         }
     }
+}
+
+/// Rows that share no prompt would gain nothing: the rows form takes the unshared path, so its
+/// values are bit for bit those of `token_logprobs_at` over the same rows.
+#[test]
+fn rows_without_a_shared_prompt_take_the_unshared_path() {
+    let m = model(Arch::Qwen3, DType::F32, 14);
+    let g = groups(&[(4, &[5]), (6, &[1]), (3, &[6])], 75); // 33 shared vs 27 unshared positions
+    let rows: Vec<(&[u32], &[u32])> = g
+        .iter()
+        .map(|x| (&x.prompt[..], &x.completions[0][..]))
+        .collect();
+    let batch = SharedPrefixBatch::from_rows(&rows).0;
+    assert!(batch.decoder_positions() >= batch.unshared_positions());
+    let got = m
+        .shared_prefix_logprobs_rows(&rows, TEMPERATURE, true, false)
+        .unwrap();
+    let want = unshared(&m, &g, false);
+    assert_eq!(host(&got.logprobs), host(&want.logprobs));
+    assert_eq!(
+        host(got.entropy.as_ref().unwrap()),
+        host(want.entropy.as_ref().unwrap())
+    );
 }
 
 /// The comparison is sensitive: changing one prompt token of the shared side moves every row of
