@@ -165,15 +165,7 @@ impl Model {
                     )?;
                     (Some(lp), ent)
                 };
-                let place = |x: Option<Tensor>| -> Result<Tensor> {
-                    let dt = upcast(self.dtype());
-                    let zero = Tensor::zeros(1, dt, self.device())?;
-                    let x = match x {
-                        Some(x) => Tensor::cat(&[&x.to_dtype(dt)?, &zero], 0)?,
-                        None => zero,
-                    };
-                    Ok(x.index_select(&back, 0)?.reshape((b, c))?)
-                };
+                let place = |x: Option<Tensor>| self.place_rows(x, &back, b, c);
                 let entropy = if with_entropy {
                     Some(place(ent)?)
                 } else {
@@ -187,10 +179,28 @@ impl Model {
         }
     }
 
+    /// Packs the head's outputs `x` `[k]` (`None` when k = 0) into `[b, c]` (upcast dtype):
+    /// entry i is `x[back[i]]`, and `back[i] == k` gives an exact 0 (`back` holds `b·c` indices).
+    pub(crate) fn place_rows(
+        &self,
+        x: Option<Tensor>,
+        back: &Tensor,
+        b: usize,
+        c: usize,
+    ) -> Result<Tensor> {
+        let dt = upcast(self.dtype());
+        let zero = Tensor::zeros(1, dt, self.device())?;
+        let x = match x {
+            Some(x) => Tensor::cat(&[&x.to_dtype(dt)?, &zero], 0)?,
+            None => zero,
+        };
+        Ok(x.index_select(back, 0)?.reshape((b, c))?)
+    }
+
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
     /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere; the chunked
     /// op equals [`Model::logprobs_unfused`], tested).
-    fn head(
+    pub(crate) fn head(
         &self,
         h: &Tensor,
         targets: &Tensor,

@@ -265,6 +265,44 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
 }
 
+/// Which keys each query of a forward attends to.
+#[derive(Clone)]
+pub(crate) enum AttnMask {
+    /// Every row of `[B, T]` attends within itself (and to its cached past): the additive bias
+    /// `[B, 1, 1, T or 1, S]` in the reduction dtype (0 visible, [`crate::model::MASK_BIAS`] not).
+    Dense(Tensor),
+    /// The shared-prefix layout of [`crate::shared_prefix`]: one flat `[1, N]` forward holding
+    /// each group's prompt once and every completion row.
+    Shared(Arc<SharedLayout>),
+}
+
+/// Geometry and masks of a shared-prefix forward: G prompts padded to P positions, then R
+/// completion rows padded to C positions, flattened to N = G·P + R·C positions.
+pub(crate) struct SharedLayout {
+    /// G: prompts (groups or parts of groups).
+    pub groups: usize,
+    /// P: positions per prompt (the longest prompt; shorter ones right-padded).
+    pub prompt_len: usize,
+    /// R: completion rows.
+    pub rows: usize,
+    /// C: positions per completion row (may be 0: then no completion part).
+    pub comp_len: usize,
+    /// `[R]` u32: the prompt (0..G) each completion row continues.
+    pub row_group: Tensor,
+    /// `[G, 1, 1, P, P]` (reduction dtype): causal within each prompt, its padding hidden.
+    pub prompt_bias: Tensor,
+    /// `[R, 1, 1, C, P + C]` (reduction dtype): the row's prompt keys (its padding hidden), then
+    /// its own keys causally (its padding hidden); `None` when C = 0.
+    pub comp_bias: Option<Tensor>,
+}
+
+impl SharedLayout {
+    /// N = G·P + R·C: positions of the flat forward.
+    pub fn positions(&self) -> usize {
+        self.groups * self.prompt_len + self.rows * self.comp_len
+    }
+}
+
 /// Multi-head attention with grouped KV heads (no repetition), optional q/k RMSNorm (Qwen3).
 #[derive(Clone)]
 pub(crate) struct Attention {
@@ -307,19 +345,18 @@ impl Attention {
         })
     }
 
-    /// x `[B, T, H]`; `rope` = (cos, sin) `[B, T, 1, hd]`; `bias` `[B, 1, 1, T or 1, S]` in the
-    /// reduction dtype; `cache` the store and this layer's index.
+    /// x `[B, T, H]`; `rope` = (cos, sin) `[B, T, 1, hd]`; `mask` which keys each query sees
+    /// ([`AttnMask`]); `cache` the store and this layer's index (dense masks only).
     pub fn forward(
         &self,
         x: &Tensor,
         rope_cs: &(Tensor, Tensor),
-        bias: &Tensor,
+        mask: &AttnMask,
         cache: Option<(&mut (dyn KvStore + '_), usize)>,
         pass: Pass,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
-        let rep = nh / nkv;
         let q = self.q_proj.forward(x, pass)?.reshape((b, t, nh, hd))?;
         let k = self.k_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
         let v = self.v_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
@@ -328,32 +365,101 @@ impl Attention {
             _ => (q, k),
         };
         let (cos, sin) = rope_cs;
-        let q = rope(&q, cos, sin)?.transpose(1, 2)?.contiguous()?; // [B, nh, T, hd]
-        let k = rope(&k, cos, sin)?.transpose(1, 2)?.contiguous()?; // [B, nkv, T, hd]
-        let v = v.transpose(1, 2)?.contiguous()?;
-        let (k, v) = match cache {
-            Some((store, layer)) => store.append(layer, &k, &v)?,
-            None => (k, v),
+        let q = rope(&q, cos, sin)?;
+        let k = rope(&k, cos, sin)?;
+        let o = match mask {
+            AttnMask::Dense(bias) => {
+                let q = q.transpose(1, 2)?.contiguous()?; // [B, nh, T, hd]
+                let k = k.transpose(1, 2)?.contiguous()?; // [B, nkv, T, hd]
+                let v = v.transpose(1, 2)?.contiguous()?;
+                let (k, v) = match cache {
+                    Some((store, layer)) => store.append(layer, &k, &v)?,
+                    None => (k, v),
+                };
+                self.attend(&q, &k, &v, bias)?
+            }
+            AttnMask::Shared(l) => {
+                if cache.is_some() || b != 1 || t != l.positions() {
+                    return Err(crate::ModelError::Invalid(format!(
+                        "shared-prefix attention over [{b}, {t}] positions (expected [1, {}], no cache)",
+                        l.positions()
+                    )));
+                }
+                self.attend_shared(&q, &k, &v, l)?
+            }
         };
+        self.o_proj.forward(&o, pass)
+    }
+
+    /// `softmax(q·kᵀ/√d + bias)·v` for q `[B, nh, T, hd]`, k and v `[B, nkv, S, hd]` and `bias`
+    /// `[B, 1, 1, T or 1, S]` (reduction dtype), giving `[B, T, nh·hd]`. Grouped-query attention
+    /// without repeating K/V: the `rep` query heads of one KV head are stacked along the row axis.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let (b, nh, t, hd) = q.dims4()?;
+        let nkv = self.n_kv;
+        let rep = nh / nkv;
         let s = k.dim(2)?;
-        // Grouped-query attention without repeating K/V: the `rep` query heads of one KV head
-        // are stacked along the row axis.
         let qg = q.reshape((b, nkv, rep * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
         let scores = (qg.matmul(&k.t()?)? * scale)?; // [B, nkv, rep·T, S]
         let scores = scores
-            .to_dtype(upcast(x.dtype()))?
+            .to_dtype(upcast(q.dtype()))?
             .reshape((b, nkv, rep, t, s))?
             .broadcast_add(bias)?;
         let p = softmax(&scores)?
-            .to_dtype(x.dtype())?
+            .to_dtype(q.dtype())?
             .reshape((b, nkv, rep * t, s))?;
-        let o = p.matmul(&v)?; // [B, nkv, rep·T, hd]
-        let o = o
-            .reshape((b, nh, t, hd))?
+        let o = p.matmul(v)?; // [B, nkv, rep·T, hd]
+        Ok(o.reshape((b, nh, t, hd))?
             .transpose(1, 2)?
-            .reshape((b, t, nh * hd))?;
-        self.o_proj.forward(&o, pass)
+            .reshape((b, t, nh * hd))?)
+    }
+
+    /// Shared-prefix attention ([`SharedLayout`]): q, k, v `[1, N, heads, hd]` after the rotary
+    /// embedding, N = G·P prompt positions then R·C completion positions. The prompts attend
+    /// causally within themselves; each completion row attends to its group's prompt keys/values
+    /// (gathered per row, so their gradients sum over the rows in the backward) and causally to
+    /// its own. Returns `[1, N, nh·hd]`.
+    fn attend_shared(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        l: &SharedLayout,
+    ) -> Result<Tensor> {
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
+        let (g, p, r, c) = (l.groups, l.prompt_len, l.rows, l.comp_len);
+        let split =
+            |x: &Tensor, heads: usize, at: usize, rows: usize, len: usize| -> Result<Tensor> {
+                Ok(x.narrow(1, at, rows * len)?
+                    .reshape((rows, len, heads, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?)
+            };
+        let (qp, kp, vp) = (
+            split(q, nh, 0, g, p)?,
+            split(k, nkv, 0, g, p)?,
+            split(v, nkv, 0, g, p)?,
+        );
+        let op = self
+            .attend(&qp, &kp, &vp, &l.prompt_bias)?
+            .reshape((g * p, nh * hd))?;
+        let o = match &l.comp_bias {
+            Some(bias) if c > 0 => {
+                let at = g * p;
+                let qc = split(q, nh, at, r, c)?;
+                let kc = split(k, nkv, at, r, c)?;
+                let vc = split(v, nkv, at, r, c)?;
+                let kc = Tensor::cat(&[&kp.index_select(&l.row_group, 0)?, &kc], 2)?;
+                let vc = Tensor::cat(&[&vp.index_select(&l.row_group, 0)?, &vc], 2)?;
+                let oc = self
+                    .attend(&qc, &kc, &vc, bias)?
+                    .reshape((r * c, nh * hd))?;
+                Tensor::cat(&[&op, &oc], 0)?
+            }
+            _ => op,
+        };
+        Ok(o.unsqueeze(0)?)
     }
 
     fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
@@ -420,12 +526,12 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         rope_cs: &(Tensor, Tensor),
-        bias: &Tensor,
+        mask: &AttnMask,
         cache: Option<(&mut (dyn KvStore + '_), usize)>,
         pass: Pass,
     ) -> Result<Tensor> {
         let h = self.input_norm.forward(x, pass)?;
-        let x = (x + self.attn.forward(&h, rope_cs, bias, cache, pass)?)?;
+        let x = (x + self.attn.forward(&h, rope_cs, mask, cache, pass)?)?;
         let h = self.post_norm.forward(&x, pass)?;
         Ok((&x + self.mlp.forward(&h, pass)?)?)
     }

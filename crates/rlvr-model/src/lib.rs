@@ -6,6 +6,7 @@
 //! - [`model`]: the decoder (Qwen2/Qwen2.5, Qwen3, Llama): one forward for training (per-token
 //!   log-probs and entropy with gradients), prefill and cached decoding; its blocks are private
 //!   (`layers`), in candle's model-file layout.
+//! - [`shared_prefix`]: the training forward of whole groups with each prompt computed once.
 //! - [`kv`]: the [`KvStore`] interface of cached decoding and the reference [`KvCache`].
 //! - [`tokenizer`]: tokenizer.json, special tokens, EOS ids, chat templates (minijinja).
 //! - [`lora`]: LoRA adapters on the decoder's projections (PEFT's math, files and names).
@@ -24,6 +25,7 @@ pub mod model;
 pub mod ops;
 pub mod optim;
 pub mod recompute;
+pub mod shared_prefix;
 pub mod tokenizer;
 pub mod weights;
 
@@ -37,6 +39,7 @@ pub use model::Model;
 /// Largest `[N, V]` f32 logits (bytes) the CPU's fused head keeps for its backward
 /// (`rlvr_kernels::LogitStash`); memory estimates (`rlvr plan`) count it.
 pub use rlvr_kernels::STASH_MAX_BYTES;
+pub use shared_prefix::{PromptGroup, SharedPrefixBatch};
 pub use tokenizer::{Message, TokenizerBundle};
 
 /// Parses a dtype name (`--dtype`): see [`ComputeDtype`]'s `FromStr`.

@@ -23,7 +23,7 @@ use rand_distr::Distribution;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::KvStore;
-use crate::layers::{DecoderLayer, Linear, Loader, Param, Pass, RmsNorm, Rotary, Vb};
+use crate::layers::{AttnMask, DecoderLayer, Linear, Loader, Param, Pass, RmsNorm, Rotary, Vb};
 use crate::ops::upcast;
 use crate::weights::WeightFiles;
 
@@ -334,7 +334,7 @@ impl Model {
         ids: &Tensor,
         positions: &[u32],
         bias: &Tensor,
-        mut cache: Option<&mut dyn KvStore>,
+        cache: Option<&mut dyn KvStore>,
         grad: bool,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
@@ -344,14 +344,36 @@ impl Model {
                 positions.len()
             )));
         }
-        let pass = Pass {
+        let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
+        let x = self.stack(ids, positions, &AttnMask::Dense(bias), cache, grad)?;
+        let pass = self.pass(grad, false);
+        self.norm.forward(&x, pass)
+    }
+
+    /// How a forward with (`grad`) or without the graph runs; `cached` whether it reads a KV cache.
+    pub(crate) fn pass(&self, grad: bool, cached: bool) -> Pass {
+        Pass {
             grad,
             base: grad && self.lora.is_none(),
-            fast: cache.is_some() && !grad,
+            fast: cached && !grad,
             dropout: grad,
-        };
+        }
+    }
+
+    /// The decoder stack without the final norm: embeds `ids` `[B, T]` and runs every layer with
+    /// `positions` (`B·T`) and `mask`; with `grad` and checkpointing on (and no cache), each layer
+    /// is checkpointed ([`crate::recompute`]). Returns `[B, T, hidden]` (compute dtype).
+    pub(crate) fn stack(
+        &self,
+        ids: &Tensor,
+        positions: &[u32],
+        mask: &AttnMask,
+        mut cache: Option<&mut dyn KvStore>,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let pass = self.pass(grad, cache.is_some());
         let rope = self.rotary.forward(positions, b, t)?;
-        let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
         let mut x = self
             .embed
             .get(pass.base)
@@ -360,16 +382,21 @@ impl Model {
         let recompute = grad && self.checkpointing && cache.is_none();
         for (li, layer) in self.layers.iter().enumerate() {
             if recompute {
-                x = crate::recompute::checkpointed(layer, &x, &rope, &bias, pass.base)?;
+                x = crate::recompute::checkpointed(layer, &x, &rope, mask, pass.base)?;
                 continue;
             }
             let store = cache.as_deref_mut().map(|c| (c, li));
-            x = layer.forward(&x, &rope, &bias, store, pass)?;
+            x = layer.forward(&x, &rope, mask, store, pass)?;
         }
         if let Some(c) = cache {
             c.commit(t)?;
         }
-        self.norm.forward(&x, pass)
+        Ok(x)
+    }
+
+    /// The final RMSNorm on hidden states `[.., hidden]` (with the graph when `grad`).
+    pub(crate) fn final_norm(&self, x: &Tensor, grad: bool) -> Result<Tensor> {
+        self.norm.forward(x, self.pass(grad, false))
     }
 
     /// [`Model::forward`] with positions given per row, `[B][T]`.

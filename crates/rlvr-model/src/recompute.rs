@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor, TensorId, Var};
 
-use crate::layers::{DecoderLayer, Pass};
+use crate::layers::{AttnMask, DecoderLayer, Pass};
 
 thread_local! {
     // Weight gradients found by `Recompute::bwd` during the backward running on this thread.
@@ -48,7 +48,7 @@ pub fn backward(loss: &Tensor) -> candle_core::Result<GradStore> {
 }
 
 /// The checkpointed forward of one decoder layer: `x` `[B, T, hidden]` with the graph, `rope` and
-/// `bias` as for [`DecoderLayer::forward`] (no KV cache: training only), `base` whether the base
+/// `mask` as for [`DecoderLayer::forward`] (no KV cache: training only), `base` whether the base
 /// weights train (false with LoRA adapters: only they get gradients). Returns the layer's output,
 /// tracked through `x` only.
 ///
@@ -57,7 +57,7 @@ pub(crate) fn checkpointed(
     layer: &DecoderLayer,
     x: &Tensor,
     rope: &(Tensor, Tensor),
-    bias: &Tensor,
+    mask: &AttnMask,
     base: bool,
 ) -> candle_core::Result<Tensor> {
     let plain = Pass {
@@ -70,7 +70,7 @@ pub(crate) fn checkpointed(
     // adapter's mask stream where this pass starts it.
     let draws = adapter_draws(layer);
     let y = layer
-        .forward(&x.detach(), rope, bias, None, plain)
+        .forward(&x.detach(), rope, mask, None, plain)
         .map_err(candle_core::Error::wrap)?;
     // With a frozen base (LoRA) the first layer's input carries no graph; the op must still be
     // recorded for the adapters' gradients, so the input becomes a leaf (its gradient is unused).
@@ -82,7 +82,7 @@ pub(crate) fn checkpointed(
     x.apply_op1(Recompute {
         layer: layer.clone(),
         rope: rope.clone(),
-        bias: bias.clone(),
+        mask: mask.clone(),
         base,
         draws,
         out: Mutex::new(Some(y)),
@@ -113,7 +113,7 @@ fn set_adapter_draws(layer: &DecoderLayer, draws: &[u64]) {
 struct Recompute {
     layer: DecoderLayer,
     rope: (Tensor, Tensor),
-    bias: Tensor,
+    mask: AttnMask,
     /// Whether the base weights train (else only LoRA adapters do).
     base: bool,
     /// Each adapter's LoRA-dropout stream position before the first pass.
@@ -195,7 +195,7 @@ impl CustomOp1 for Recompute {
         set_adapter_draws(&self.layer, &self.draws);
         let y = self
             .layer
-            .forward(leaf.as_tensor(), &self.rope, &self.bias, None, graph)
+            .forward(leaf.as_tensor(), &self.rope, &self.mask, None, graph)
             .map_err(candle_core::Error::wrap);
         set_adapter_draws(&self.layer, &now);
         let y = y?;
