@@ -1,4 +1,4 @@
-//! Shared-prefix vs unshared training forward + backward (issue 28): one group of K completions of
+//! Shared-prefix vs unshared training forward + backward: one group of K completions of
 //! one prompt, the loss −Σ ℓ over the completion tokens (with entropy, as the trainer asks),
 //! backward; no optimizer step (the same in both). Each mode runs in its own child process so
 //! that peak memory is its own: `peak_rss_mb` is the peak resident memory over the warm-up and the

@@ -1,4 +1,4 @@
-//! The shared-prefix training forward (issue 28): the K completions of a group share one prompt,
+//! The shared-prefix training forward: the K completions of a group share one prompt,
 //! so the prompt's hidden states and keys/values are computed once per layer instead of K times.
 //!
 //! Layout: one flat forward `[1, N]` over N = G·P + R·C positions, where G prompts (groups, or parts

@@ -1,4 +1,4 @@
-//! The shared-prefix training forward (issue 28, `Model::shared_prefix_logprobs`) equals the
+//! The shared-prefix training forward (`Model::shared_prefix_logprobs`) equals the
 //! unshared path (`Model::token_logprobs_at` over right-padded `[prompt, completion]` rows, as
 //! rlvr-train packs them) in log-probs, entropies, a weighted loss, every parameter's gradient and
 //! the gradient norm: within 1e-5 relative in f32 and 1e-6 in f64, on random qwen2 (q/k/v biases,
