@@ -15,6 +15,8 @@
 //! - `hang`: the last rank sleeps instead of joining; the others must time out and abort.
 //! - `finalize-early`: the last rank finalises MPI and returns 0 while the others wait.
 //! - `panic`: the last rank panics while the others wait.
+//! - `init`: [`rlvr_dist::init`] from the launcher's variables: MPI under mpirun, [`rlvr_dist::LocalComm`]
+//!   for a world of 1 (started without mpirun).
 //!
 //! Prints `rank R: ok (…)` and exits 0 when its checks pass; panics otherwise.
 
@@ -476,6 +478,19 @@ fn main() {
         .unwrap_or("collectives");
     let t0 = Instant::now();
     let launch = rlvr_dist::env::from_process_env().expect("launcher environment");
+    if case == "init" {
+        let mut comm = rlvr_dist::init(&launch).expect("init");
+        assert_eq!(
+            (comm.rank(), comm.world_size()),
+            (launch.rank, launch.world_size)
+        );
+        let t = Tensor::ones(3, DType::F32, &Device::Cpu).unwrap();
+        comm.all_reduce(std::slice::from_ref(&t), Op::Sum).unwrap();
+        let w = launch.world_size as f32;
+        assert_eq!(t.to_vec1::<f32>().unwrap(), [w, w, w]);
+        println!("rank {}: ok (init: {launch})", launch.rank);
+        return;
+    }
     let comm = MpiComm::init().expect("MPI init");
     let (rank, world) = (comm.rank(), comm.world_size());
     assert_eq!(

@@ -68,6 +68,29 @@ fn collectives_on_three_ranks() {
 }
 
 #[test]
+fn init_picks_mpi_under_mpirun_and_local_without() {
+    let (out, _) = mpirun(2, "init", None);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("rank 1: ok (init: rank 1 of 2, local rank 1 (from OMPI_COMM_WORLD_RANK))"),
+        "{t}"
+    );
+    // Without a launcher: a world of 1, no MPI initialised.
+    let out = Command::new(env!("CARGO_BIN_EXE_rlvr-dist-check"))
+        .args(["--case", "init"])
+        .env_remove("RLVR_RANK")
+        .env_remove("RLVR_WORLD_SIZE")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(
+        out.status.success() && t.contains("rank 0: ok (init: rank 0 of 1, local rank 0)"),
+        "{t}"
+    );
+}
+
+#[test]
 fn a_layout_mismatch_is_an_error_on_every_rank() {
     let (out, _) = mpirun(2, "mismatch", Some(30));
     let t = text(&out);

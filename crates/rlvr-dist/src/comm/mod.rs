@@ -337,8 +337,8 @@ pub fn timeout_from_env() -> Result<Option<Duration>> {
     timeout_from(std::env::var(TIMEOUT_VAR).ok().as_deref())
 }
 
-/// The communicator for `launch`: [`LocalComm`] for a world of 1; for more, `MpiComm` (with
-/// [`timeout_from_env`]'s timeout) when the crate has the `mpi` feature, after checking that
+/// The communicator for `launch`: [`LocalComm`] for a world of 1; for more, `MpiComm` (its
+/// timeout from [`timeout_from_env`]) when the crate has the `mpi` feature, after checking that
 /// MPI sees the same rank and world size as the launcher's variables.
 ///
 /// # Errors
@@ -352,7 +352,7 @@ pub fn init(launch: &Launch) -> Result<Box<dyn Communicator>> {
     }
     #[cfg(feature = "mpi")]
     {
-        let comm = MpiComm::init()?.with_timeout(timeout_from_env()?);
+        let comm = MpiComm::init()?;
         if comm.rank() != launch.rank || comm.world_size() != launch.world_size {
             return Err(DistError::Mpi(format!(
                 "MPI says rank {} of {}, the launcher's variables say {launch}: was this binary \
