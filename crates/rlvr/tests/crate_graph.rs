@@ -6,7 +6,8 @@
 //!    loaders build and test without the tensor stack.
 //! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
 //!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
-//!    calls under `#![deny(unsafe_code)]` with a scoped `allow`.
+//!    calls and rlvr-dist's `unsafe impl Send` for the MPI communicator, each under
+//!    `#![deny(unsafe_code)]` with a scoped `allow`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("rlvr-data", 1),
     ("rlvr-model", 1),
     ("rlvr-rollout", 2),
+    ("rlvr-dist", 2),
     ("rlvr-vllm", 3),
     ("rlvr-train", 4),
     ("rlvr-lab", 5),
@@ -28,7 +30,7 @@ const LAYERS: &[(&str, u32)] = &[
 
 const LIGHT: &[&str] = &["rlvr-fonts", "rlvr-reward", "rlvr-data", "rlvr-lab"];
 const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];
-const UNSAFE_DENIED: &[&str] = &["rlvr-lab"];
+const UNSAFE_DENIED: &[&str] = &["rlvr-lab", "rlvr-dist"];
 
 fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -149,7 +151,41 @@ fn unsafe_code_is_confined() {
             !dir.join("src/bin").exists(),
             "{name} has src/bin: extend this test"
         );
+        // Explicit `[[bin]]` targets elsewhere (rlvr-dist's MPI check program) are roots too,
+        // and forbid unsafe code in every crate outside UNSAFE_ALLOWED.
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        for path in bin_paths(&manifest) {
+            let file = dir.join(&path);
+            if file == root || UNSAFE_ALLOWED.contains(&name.as_str()) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            assert!(
+                text.lines().any(|l| l.trim() == "#![forbid(unsafe_code)]"),
+                "{}: expected #![forbid(unsafe_code)]",
+                file.display()
+            );
+        }
     }
+}
+
+/// The `path`s of a manifest's `[[bin]]` tables.
+fn bin_paths(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            inside = t == "[[bin]]";
+            continue;
+        }
+        if let Some(v) = t.strip_prefix("path").map(str::trim_start) {
+            if let (true, Some(v)) = (inside, v.strip_prefix('=')) {
+                out.push(v.trim().trim_matches('"').to_string());
+            }
+        }
+    }
+    out
 }
 
 #[test]
@@ -157,4 +193,6 @@ fn manifest_parser_reads_target_tables_and_skips_dev() {
     let m = "[package]\nname = \"x\"\n[dependencies]\na = \"1\"\nd.workspace = true\n[dev-dependencies]\nb = \"1\"\n\
              [target.'cfg(unix)'.dependencies]\nc = { version = \"1\" }\n";
     assert_eq!(dependencies(m), ["a", "d", "c"]);
+    let m = "[package]\nname = \"x\"\n[[bin]]\nname = \"c\"\npath = \"check/c.rs\"\n[[test]]\npath = \"tests/t.rs\"\n";
+    assert_eq!(bin_paths(m), ["check/c.rs"]);
 }

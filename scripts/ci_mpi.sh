@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# rlvr-dist's MPI tests with real processes. Installs OpenMPI and libclang from Debian's
+# packages when they are missing (rsmpi's mpi-sys runs bindgen, which needs libclang, and finds MPI
+# through mpicc / pkg-config), builds rlvr-dist with the `mpi` feature and runs its tests:
+# the unit tests again with the feature on, and tests/mpi.rs, which starts check/mpi_check.rs under
+# `mpirun --allow-run-as-root --oversubscribe -np 2` and `-np 3` (collectives, the NaN flag, a
+# layout mismatch, a rank that hangs, exits or finalises early).
+# Usage: bash scripts/ci_mpi.sh   (from anywhere; as root, or with sudo for the install)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+packages=(libopenmpi-dev openmpi-bin libclang-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "ci_mpi: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  echo "ci_mpi: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+echo "ci_mpi: $(mpirun --version | head -n 1); packages ready after $((SECONDS - t0)) s"
+# OpenMPI refuses root without these (the tests also pass --allow-run-as-root).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+t1=$SECONDS
+cargo test -p rlvr-dist --features mpi --locked --no-run
+echo "ci_mpi: built in $((SECONDS - t1)) s"
+t2=$SECONDS
+cargo test -p rlvr-dist --features mpi --locked -- --test-threads=1
+echo "ci_mpi: tests ran in $((SECONDS - t2)) s; $((SECONDS - t0)) s in all"
