@@ -14,7 +14,6 @@ use plotters::prelude::*;
 
 use crate::store::metrics::read_metrics;
 
-
 /// `rlvr plot`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PlotArgs {
@@ -68,7 +67,11 @@ fn run_name(run: &Path) -> String {
 fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, rlvr_fonts::DEJAVU_SANS);
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            rlvr_fonts::DEJAVU_SANS,
+        );
     });
 }
 

@@ -2,8 +2,8 @@
 //! per-token correction weights c_it of a micro-batch, multiplied into its completion mask.
 
 use candle_core::{Device, Tensor};
-use rlvr_algo::{Algorithm, MismatchCorrection};
 use rlvr_algo::{correction_weights, IsCorrection, IsLevel};
+use rlvr_algo::{Algorithm, MismatchCorrection};
 
 use crate::store::experience::Experience;
 
