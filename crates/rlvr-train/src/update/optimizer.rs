@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! g_k = Σ_m ∇ loss_m              accumulate micro-batch gradients (no division by their count)
-//! g_k ← reduce(g_k)               GradReduce: identity on one process; a data-parallel all-reduce later
+//! g_k ← reduce(g_k), finite       GradReduce: identity on one process; a data-parallel all-reduce
+//!                                 of the sums and of the non-finite flag (rlvr_dist::DistReduce)
 //! ‖g‖ = sqrt(Σ_k Σ g_k²)          global L2 norm; non-finite loss or norm → skip, no update
 //! g_k ← g_k · min(1, c/(‖g‖+1e-6)) when c > 0 and ‖g‖ > c   (global-norm clipping)
 //! θ ← AdamW(θ, g, lr)             decoupled weight decay (Loshchilov & Hutter, arXiv 1711.05101)
@@ -15,16 +16,19 @@ use rlvr_model::Model;
 /// Where the gradient of one update is combined across processes before the norm is taken.
 ///
 /// Called once per optimizer update with this process's gradient sums, one entry per parameter
-/// in `Model::named_vars` order (`None`: no micro-batch reached that parameter). A data-parallel
-/// implementation must leave in each entry the sum over all processes (an all-reduce with `sum`;
-/// the loss normaliser is already global, so no averaging), with every process calling it in the
-/// same order. [`LocalReduce`] (one process) leaves them as they are.
+/// in `Model::named_vars` order (`None`: no micro-batch reached that parameter), and whether this
+/// process's part of the update was finite. A data-parallel implementation must leave in each
+/// entry the sum over all processes (an all-reduce with `sum`; the loss normaliser is already
+/// global, so no averaging) and in `finite` the AND over all processes, with every process calling
+/// it in the same order: then every replica skips or applies the update together (a flag kept
+/// per process let one rank skip an update the others applied, and the replicas diverged).
+/// [`LocalReduce`] (one process) leaves both as they are.
 pub trait GradReduce: Send {
-    /// Combines `grads` in place (see the trait docs).
+    /// Combines `grads` and `finite` in place (see the trait docs).
     ///
     /// # Errors
     /// A failed collective (a peer died, a shape mismatch).
-    fn reduce(&mut self, grads: &mut [Option<Tensor>]) -> anyhow::Result<()>;
+    fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> anyhow::Result<()>;
 }
 
 /// The identity reduction of a single process.
@@ -32,8 +36,16 @@ pub trait GradReduce: Send {
 pub struct LocalReduce;
 
 impl GradReduce for LocalReduce {
-    fn reduce(&mut self, _grads: &mut [Option<Tensor>]) -> anyhow::Result<()> {
+    fn reduce(&mut self, _grads: &mut [Option<Tensor>], _finite: &mut bool) -> anyhow::Result<()> {
         Ok(())
+    }
+}
+
+/// The data-parallel reduction over a [`rlvr_dist::Communicator`]: gradient sums and the
+/// non-finite flag in one all-reduce per bucket.
+impl GradReduce for rlvr_dist::DistReduce {
+    fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> anyhow::Result<()> {
+        Ok(rlvr_dist::DistReduce::reduce(self, grads, finite)?)
     }
 }
 
@@ -122,7 +134,8 @@ impl OptimizerStep {
     /// Tensor errors and [`GradReduce`] failures.
     pub fn apply(&mut self, g: Gradients, lr: f64) -> anyhow::Result<Option<f64>> {
         let mut sums: Vec<Option<Tensor>> = g.acc.into_iter().map(|a| a.take()).collect();
-        self.reduce.reduce(&mut sums)?;
+        let mut finite = g.finite;
+        self.reduce.reduce(&mut sums, &mut finite)?;
         let mut sq = 0.0f64;
         for s in sums.iter().flatten() {
             sq += s
@@ -132,7 +145,7 @@ impl OptimizerStep {
                 .to_scalar::<f64>()?;
         }
         let grad_norm = sq.sqrt();
-        if !g.finite || !grad_norm.is_finite() {
+        if !finite || !grad_norm.is_finite() {
             return Ok(None);
         }
         let clip = self.grad_clip;
@@ -189,7 +202,7 @@ mod tests {
     /// halves: the norm it reports is twice the single-process one.
     struct Double;
     impl GradReduce for Double {
-        fn reduce(&mut self, grads: &mut [Option<Tensor>]) -> anyhow::Result<()> {
+        fn reduce(&mut self, grads: &mut [Option<Tensor>], _: &mut bool) -> anyhow::Result<()> {
             for g in grads.iter_mut().flatten() {
                 *g = (&*g * 2.0)?;
             }
