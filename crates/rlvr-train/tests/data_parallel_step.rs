@@ -42,7 +42,13 @@ fn loss(m: &Model, rows: &[usize]) -> Tensor {
 fn weights(m: &Model) -> Vec<Vec<f32>> {
     m.named_vars()
         .iter()
-        .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap())
+        .map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -78,7 +84,8 @@ fn ranked(steps: usize, poison: Option<usize>) -> Vec<(Vec<Option<f64>>, Vec<Vec
         let mut norms = Vec::new();
         for step in 0..steps {
             let mut g = opt.gradients();
-            opt.accumulate(&mut g, &loss(&m, &[rank, rank + 2])).unwrap();
+            opt.accumulate(&mut g, &loss(&m, &[rank, rank + 2]))
+                .unwrap();
             if rank == 1 && poison == Some(step) {
                 g.mark_non_finite();
             }
@@ -105,7 +112,10 @@ fn two_ranks_with_half_the_rows_each_update_as_one_process_with_all() {
         .zip(w2.iter().flatten())
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
-    assert!(worst <= 1e-2 * LR as f32, "largest weight difference {worst}");
+    assert!(
+        worst <= 1e-2 * LR as f32,
+        "largest weight difference {worst}"
+    );
     assert!(n1[0] > 0.0);
 }
 
