@@ -10,6 +10,7 @@ use crate::countdown::CountdownVerifier;
 use crate::external::ExternalVerifier;
 use crate::format::FormatReward;
 use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
+use crate::judge::JudgeConfig;
 use crate::math::MathVerifier;
 use crate::persistent::PersistentVerifier;
 use crate::{RewardError, Sample, Verifier};
@@ -52,6 +53,8 @@ pub enum VerifierConfig {
         #[serde(default = "default_restarts")]
         restarts: u32,
     },
+    /// An LLM judge over HTTP ([`crate::judge::JudgeVerifier`]).
+    Judge(JudgeConfig),
 }
 
 /// When an external verifier's program runs (`mode`).
@@ -91,6 +94,7 @@ impl VerifierConfig {
             VerifierConfig::Math => Box::new(MathVerifier),
             VerifierConfig::Countdown => Box::new(CountdownVerifier),
             VerifierConfig::Arithmetic { mode } => Box::new(ArithmeticVerifier { mode: *mode }),
+            VerifierConfig::Judge(j) => Box::new(j.build()?),
             VerifierConfig::External {
                 command,
                 timeout_s,
@@ -129,6 +133,7 @@ impl VerifierConfig {
             VerifierConfig::Countdown => "countdown",
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
+            VerifierConfig::Judge(_) => "judge",
         }
     }
 }

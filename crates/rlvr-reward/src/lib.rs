@@ -12,6 +12,8 @@
 //!   evaluated exactly by a real parser (never an eval);
 //! - [`arithmetic::ArithmeticVerifier`]: exact numeric answers to generated arithmetic problems;
 //! - [`external::ExternalVerifier`]: a user command speaking JSON lines, started once per batch;
+//! - [`judge::JudgeVerifier`]: an LLM judge on an OpenAI-compatible server, its answer parsed by
+//!   a stated rule;
 //! - [`persistent::PersistentVerifier`]: a user program started once per run, one JSON line per
 //!   batch in and out.
 //!
@@ -42,6 +44,7 @@ pub mod extract;
 pub mod format;
 pub mod forms;
 pub mod gsm8k;
+pub mod judge;
 pub mod latex;
 pub mod latex_rules;
 pub mod math;
@@ -128,6 +131,15 @@ pub enum RewardError {
         /// The command line.
         command: String,
         /// What happened (exit status, stderr tail, timeout, bad line number and text).
+        reason: String,
+    },
+    /// An LLM judge's server failed: no answer in time after the retries, a refusal (HTTP 4xx),
+    /// a malformed answer, or an answer that could not be parsed under `on_parse_failure = "error"`.
+    #[error("judge at {server} failed: {reason}")]
+    Judge {
+        /// The server's base URL.
+        server: String,
+        /// What happened.
         reason: String,
     },
     /// A reward configuration is invalid.
