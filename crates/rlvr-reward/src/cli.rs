@@ -224,6 +224,7 @@ pub fn run_with_log(
             prompt: row.prompt.as_deref().unwrap_or(""),
             completion: &row.completion,
             reference: &reference,
+            ..Default::default()
         };
         let s = score_one(args, v.as_ref(), &sample, log, &format!("line {lineno}"))
             .with_context(|| format!("{}:{lineno}", path.display()))?;

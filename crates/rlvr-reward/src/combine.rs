@@ -10,7 +10,9 @@ use crate::countdown::CountdownVerifier;
 use crate::external::ExternalVerifier;
 use crate::format::FormatReward;
 use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
+use crate::judge::JudgeConfig;
 use crate::math::MathVerifier;
+use crate::persistent::PersistentVerifier;
 use crate::{RewardError, Sample, Verifier};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -35,14 +37,42 @@ pub enum VerifierConfig {
         #[serde(default)]
         mode: Gsm8kMode,
     },
-    /// [`ExternalVerifier`].
+    /// A user program: [`ExternalVerifier`] (`mode = "per_batch"`) or [`PersistentVerifier`]
+    /// (`mode = "persistent"`).
     External {
         /// Program and arguments.
         command: Vec<String>,
         /// Seconds allowed per batch, default 60.
         #[serde(default = "default_timeout_s")]
         timeout_s: f64,
+        /// When the program runs: once per batch (default) or once per run.
+        #[serde(default)]
+        mode: ExternalMode,
+        /// Persistent mode: how many times a program that dies is started again in one run before
+        /// the run stops, default 3.
+        #[serde(default = "default_restarts")]
+        restarts: u32,
     },
+    /// An LLM judge over HTTP ([`crate::judge::JudgeVerifier`]).
+    Judge(JudgeConfig),
+}
+
+/// When an external verifier's program runs (`mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ExternalMode {
+    /// Started once per batch: JSON lines in, one per completion, stdin closed, one line out per
+    /// completion.
+    #[default]
+    #[serde(rename = "per_batch", alias = "per-batch")]
+    PerBatch,
+    /// Started once per run: one `{"items": [...]}` line in and one `{"rewards": [...]}` line out
+    /// per batch.
+    #[serde(rename = "persistent")]
+    Persistent,
+}
+
+fn default_restarts() -> u32 {
+    3
 }
 
 fn default_timeout_s() -> f64 {
@@ -64,7 +94,13 @@ impl VerifierConfig {
             VerifierConfig::Math => Box::new(MathVerifier),
             VerifierConfig::Countdown => Box::new(CountdownVerifier),
             VerifierConfig::Arithmetic { mode } => Box::new(ArithmeticVerifier { mode: *mode }),
-            VerifierConfig::External { command, timeout_s } => {
+            VerifierConfig::Judge(j) => Box::new(j.build()?),
+            VerifierConfig::External {
+                command,
+                timeout_s,
+                mode,
+                restarts,
+            } => {
                 if command.is_empty() {
                     return Err(RewardError::Config(
                         "external verifier needs a non-empty `command` list".into(),
@@ -75,10 +111,16 @@ impl VerifierConfig {
                         "external verifier timeout_s must be a positive number of seconds, got {timeout_s}"
                     )));
                 }
-                Box::new(ExternalVerifier {
-                    command: command.clone(),
-                    timeout: Duration::from_secs_f64(*timeout_s),
-                })
+                let timeout = Duration::from_secs_f64(*timeout_s);
+                match mode {
+                    ExternalMode::PerBatch => Box::new(ExternalVerifier {
+                        command: command.clone(),
+                        timeout,
+                    }),
+                    ExternalMode::Persistent => {
+                        Box::new(PersistentVerifier::new(command.clone(), timeout, *restarts))
+                    }
+                }
             }
         })
     }
@@ -91,6 +133,7 @@ impl VerifierConfig {
             VerifierConfig::Countdown => "countdown",
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
+            VerifierConfig::Judge(_) => "judge",
         }
     }
 }

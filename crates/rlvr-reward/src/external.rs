@@ -1,7 +1,8 @@
 //! External verifiers: a user command that scores completions over JSON lines.
 //!
 //! Protocol: for each batch the command is started once; it reads one JSON object per line on stdin,
-//! `{"prompt": str, "completion": str, "reference": str}`, and must write exactly one JSON object per
+//! `{"prompt": str, "completion": str, "reference": str, "index": int|null, "row": {str: str}}`
+//! ([`item_json`]), and must write exactly one JSON object per
 //! input line on stdout, in order, `{"reward": number}` (optionally with `"correct": bool`,
 //! `"extracted": str`, `"gold": str`; without `correct` an answer counts as correct when reward > 0).
 //! stdin is closed after the last line. The command fails (a [`RewardError::External`] naming the
@@ -31,11 +32,52 @@ pub struct ExternalVerifier {
 }
 
 #[derive(Deserialize)]
-struct Reply {
+pub(crate) struct Reply {
     reward: f64,
     correct: Option<bool>,
     extracted: Option<String>,
     gold: Option<String>,
+}
+
+impl Reply {
+    /// A bare reward.
+    pub(crate) fn number(reward: f64) -> Self {
+        Reply {
+            reward,
+            correct: None,
+            extracted: None,
+            gold: None,
+        }
+    }
+
+    /// The score, or why the reward is refused.
+    pub(crate) fn into_score(self) -> Result<Score, String> {
+        if !self.reward.is_finite() {
+            return Err("reward is not finite".into());
+        }
+        Ok(Score {
+            reward: self.reward,
+            correct: self.correct.unwrap_or(self.reward > 0.0),
+            extracted: self.extracted,
+            gold: self.gold,
+        })
+    }
+}
+
+/// The JSON object an external program receives for one sample, in both modes: `prompt`,
+/// `completion`, `reference`, `index` (the row's index in its split, or null) and `row` (the
+/// row's columns, [`Sample::columns`], as an object of strings). Programs ignore keys they do not
+/// know, so keys may be added without a protocol version change.
+pub fn item_json(s: &Sample<'_>) -> serde_json::Value {
+    let row: serde_json::Map<String, serde_json::Value> = s
+        .columns
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+        .collect();
+    serde_json::json!({
+        "prompt": s.prompt, "completion": s.completion, "reference": s.reference,
+        "index": s.index, "row": row,
+    })
 }
 
 impl ExternalVerifier {
@@ -49,7 +91,7 @@ impl ExternalVerifier {
 
 /// Kills the process group that `child` leads (its descendants that did not leave it); no-op
 /// when it is already gone. Elsewhere than Unix, kills the child only.
-fn kill_group(child: &std::process::Child) {
+pub(crate) fn kill_group(child: &std::process::Child) {
     #[cfg(unix)]
     {
         use rustix::process::{kill_process_group, Pid, Signal};
@@ -81,10 +123,7 @@ impl Verifier for ExternalVerifier {
             .ok_or_else(|| self.fail("empty command".into()))?;
         let mut input = String::new();
         for s in samples {
-            let line = serde_json::json!({
-                "prompt": s.prompt, "completion": s.completion, "reference": s.reference,
-            });
-            input.push_str(&line.to_string());
+            input.push_str(&item_json(s).to_string());
             input.push('\n');
         }
         let mut cmd = Command::new(prog);
@@ -174,15 +213,8 @@ impl Verifier for ExternalVerifier {
                         truncate(line, 200)
                     ))
                 })?;
-                if !r.reward.is_finite() {
-                    return Err(self.fail(format!("stdout line {}: reward is not finite", k + 1)));
-                }
-                Ok(Score {
-                    reward: r.reward,
-                    correct: r.correct.unwrap_or(r.reward > 0.0),
-                    extracted: r.extracted,
-                    gold: r.gold,
-                })
+                r.into_score()
+                    .map_err(|e| self.fail(format!("stdout line {}: {e}", k + 1)))
             })
             .collect()
     }

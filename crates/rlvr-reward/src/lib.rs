@@ -11,7 +11,11 @@
 //! - [`countdown::CountdownVerifier`]: an arithmetic expression using each given number exactly once,
 //!   evaluated exactly by a real parser (never an eval);
 //! - [`arithmetic::ArithmeticVerifier`]: exact numeric answers to generated arithmetic problems;
-//! - [`external::ExternalVerifier`]: a user command speaking JSON lines.
+//! - [`external::ExternalVerifier`]: a user command speaking JSON lines, started once per batch;
+//! - [`judge::JudgeVerifier`]: an LLM judge on an OpenAI-compatible server, its answer parsed by
+//!   a stated rule;
+//! - [`persistent::PersistentVerifier`]: a user program started once per run, one JSON line per
+//!   batch in and out.
 //!
 //! [`combine::RewardFunction`] adds an optional format reward (reported apart from correctness) and
 //! weighted sums of components, each logged.
@@ -40,10 +44,12 @@ pub mod extract;
 pub mod format;
 pub mod forms;
 pub mod gsm8k;
+pub mod judge;
 pub mod latex;
 pub mod latex_rules;
 pub mod math;
 pub mod number;
+pub mod persistent;
 pub mod sampling;
 
 use serde::Serialize;
@@ -58,6 +64,12 @@ pub struct Sample<'a> {
     /// The reference: a full solution, a bare answer, or a task-specific encoding (countdown: JSON
     /// `{"numbers": [..], "target": N}`).
     pub reference: &'a str,
+    /// The dataset row's columns as (name, text) pairs: `question`, and for a `jsonl` task every
+    /// string or number field of the row (numbers as text); empty when unknown. Only external
+    /// verifiers look at them.
+    pub columns: &'a [(String, String)],
+    /// The row's index in its split (0-based, in file order), when known.
+    pub index: Option<usize>,
 }
 
 impl<'a> Sample<'a> {
@@ -67,6 +79,8 @@ impl<'a> Sample<'a> {
             prompt: "",
             completion,
             reference,
+            columns: &[],
+            index: None,
         }
     }
 }
@@ -117,6 +131,15 @@ pub enum RewardError {
         /// The command line.
         command: String,
         /// What happened (exit status, stderr tail, timeout, bad line number and text).
+        reason: String,
+    },
+    /// An LLM judge's server failed: no answer in time after the retries, a refusal (HTTP 4xx),
+    /// a malformed answer, or an answer that could not be parsed under `on_parse_failure = "error"`.
+    #[error("judge at {server} failed: {reason}")]
+    Judge {
+        /// The server's base URL.
+        server: String,
+        /// What happened.
         reason: String,
     },
     /// A reward configuration is invalid.

@@ -3,7 +3,7 @@
 use clap::Parser;
 use rlvr_reward::cli::{run, RewardArgs};
 use rlvr_reward::combine::{
-    component_means, ComponentConfig, RewardConfig, RewardFunction, VerifierConfig,
+    component_means, ComponentConfig, ExternalMode, RewardConfig, RewardFunction, VerifierConfig,
 };
 use rlvr_reward::format::FormatReward;
 use rlvr_reward::gsm8k::Gsm8kMode;
@@ -130,6 +130,8 @@ fn sh(script: &str, timeout_s: f64) -> VerifierConfig {
     VerifierConfig::External {
         command: vec!["sh".into(), "-c".into(), script.into()],
         timeout_s,
+        mode: ExternalMode::PerBatch,
+        restarts: 3,
     }
 }
 
@@ -182,6 +184,8 @@ fn external_verifier_protocol_and_failures() {
         one(VerifierConfig::External {
             command: vec!["/no/such/verifier".into()],
             timeout_s: 1.0,
+            mode: ExternalMode::PerBatch,
+            restarts: 3,
         }),
         &samples,
     )

@@ -54,11 +54,13 @@ fn the_guides_example_verifier_scores_as_the_guide_says() {
             prompt: "2+2=",
             completion: "4",
             reference: "4",
+            ..Default::default()
         },
         Sample {
             prompt: "2+3=",
             completion: "6",
             reference: "5",
+            ..Default::default()
         },
     ];
     let got = v.score_batch(&samples).unwrap();

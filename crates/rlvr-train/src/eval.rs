@@ -77,6 +77,10 @@ pub struct Evaluator {
     pub texts: Vec<String>,
     /// The verifier reference of each prompt.
     pub references: Vec<String>,
+    /// The index of each prompt's dataset row in the test split.
+    pub rows: Vec<usize>,
+    /// The columns of each prompt's dataset row (for the verifier).
+    pub columns: Vec<Vec<(String, String)>>,
     /// The reward function (the run's verifier and shaping, shared with its explorer).
     pub reward: Arc<RewardFunction>,
     /// Sampling settings.
@@ -99,8 +103,12 @@ impl Evaluator {
             rollout,
             tok,
             self.task,
-            &self.texts,
-            &self.references,
+            &Problems {
+                texts: &self.texts,
+                references: &self.references,
+                rows: &self.rows,
+                columns: &self.columns,
+            },
             &self.reward,
             &self.settings,
         )
@@ -152,20 +160,46 @@ impl EvalResult {
     }
 }
 
-/// Evaluates the policy behind `rollout` on `prompts` (rendered texts) against `references`.
+/// The held-out problems as [`evaluate`] reads them: one entry per prompt in each list.
+pub struct Problems<'a> {
+    /// Rendered prompt texts.
+    pub texts: &'a [String],
+    /// The verifier reference of each prompt.
+    pub references: &'a [String],
+    /// The index of each prompt's dataset row.
+    pub rows: &'a [usize],
+    /// The columns of each prompt's dataset row.
+    pub columns: &'a [Vec<(String, String)>],
+}
+
+/// Evaluates the policy behind `rollout` on `problems` (rendered texts, references, rows).
 ///
 /// # Errors
 /// Tokenizer, sampling and verifier errors (a failed group fails the evaluation).
-#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     rollout: &mut dyn Rollout,
     tokenizer: &TokenizerBundle,
     task: &str,
-    prompts: &[String],
-    references: &[String],
+    problems: &Problems<'_>,
     reward: &RewardFunction,
     s: &EvalSettings,
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+    let Problems {
+        texts: prompts,
+        references,
+        rows,
+        columns,
+    } = *problems;
+    anyhow::ensure!(
+        prompts.len() == references.len()
+            && references.len() == rows.len()
+            && rows.len() == columns.len(),
+        "{} eval prompts, {} references, {} row indices and {} column sets",
+        prompts.len(),
+        references.len(),
+        rows.len(),
+        columns.len()
+    );
     let ids: Vec<Vec<u32>> = prompts
         .iter()
         .map(|t| tokenizer.encode(t, s.add_special_tokens))
@@ -203,6 +237,8 @@ pub fn evaluate(
                 prompt: &prompts[c.prompt_index],
                 completion: t,
                 reference: &references[c.prompt_index],
+                columns: &columns[c.prompt_index],
+                index: Some(rows[c.prompt_index]),
             })
             .collect();
         let scores = reward

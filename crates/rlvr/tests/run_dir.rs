@@ -332,6 +332,59 @@ fn a_failing_verifier_after_step_4_saves_step_4_and_the_run_resumes() {
     assert_eq!(latest(&run), "step-7");
 }
 
+/// A persistent Python verifier (examples/reward_persistent.py) trains a run with evaluations:
+/// it is started once, sees each row's index and columns, and each step's scoring time is logged.
+#[test]
+fn a_persistent_python_verifier_is_started_once_per_run() {
+    let python = Command::new("python3").arg("--version").output();
+    if !python.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!("python3 not found: the persistent verifier run is skipped");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let (starts, items) = (tmp.path().join("starts"), tmp.path().join("items"));
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/reward_persistent.py");
+    let script = format!(
+        "echo start >> {}; tee -a {} | python3 {}",
+        starts.display(),
+        items.display(),
+        example.display()
+    );
+    let mut s = sets(&model, &run, 4);
+    s.push("train.eval_every=2".into());
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    ok(&train_cmd(&s).output().unwrap(), "train");
+    assert_eq!(
+        steps(&run),
+        [0, 1, 2, 3, 4],
+        "metrics lines (step 0: the first evaluation)"
+    );
+    assert_eq!(std::fs::read_to_string(&starts).unwrap(), "start\n");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&items)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // 4 training batches and the evaluations at steps 0, 2 and 4.
+    assert!(lines.len() >= 7, "{} batches", lines.len());
+    let first = &lines[0];
+    assert_eq!(first["version"], 1);
+    assert!(!first["items"].as_array().unwrap().is_empty());
+    for it in first["items"].as_array().unwrap() {
+        assert!(it["index"].as_u64().is_some_and(|i| i < 64), "{it}");
+        assert!(!it["row"]["question"].as_str().unwrap().is_empty(), "{it}");
+    }
+    let diag = std::fs::read_to_string(run.join("diagnostics.jsonl")).unwrap();
+    for l in diag.lines() {
+        let d: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert!(d["time/score_s"].as_f64().is_some_and(|t| t >= 0.0), "{l}");
+    }
+}
+
 #[test]
 fn init_and_sft_refuse_a_non_empty_output_unless_forced() {
     let tmp = tempfile::tempdir().unwrap();

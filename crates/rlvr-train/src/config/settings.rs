@@ -147,10 +147,14 @@ pub fn evaluator(
     if let Some(n) = raw.eval.limit {
         p.texts.truncate(n);
         p.references.truncate(n);
+        p.rows.truncate(n);
+        p.columns.truncate(n);
     }
     Ok(Evaluator {
         texts: p.texts,
         references: p.references,
+        rows: p.rows,
+        columns: p.columns,
         reward,
         settings: eval_settings(raw),
         task: raw.data.task.name(),

@@ -48,6 +48,9 @@ pub struct Batch {
     pub experiences: Vec<Experience>,
     /// Seconds spent sampling and scoring.
     pub sample_s: f64,
+    /// Of which seconds spent scoring (the reward function over every round's completions);
+    /// `None` when nothing was scored here (offline experiences).
+    pub score_s: Option<f64>,
     /// The source cursor after this batch.
     pub cursor: SourceCursor,
     /// A few completions for rollouts.jsonl.
@@ -90,6 +93,10 @@ pub struct TrainPrompts {
     pub texts: Vec<String>,
     /// The verifier reference of each prompt.
     pub references: Vec<String>,
+    /// The index of each prompt's dataset row in the train split.
+    pub rows: Vec<usize>,
+    /// The columns of each prompt's dataset row.
+    pub columns: Vec<Vec<(String, String)>>,
 }
 
 /// The online explorer: a rollout backend holding the policy at its version, the train prompts and
@@ -100,6 +107,8 @@ pub struct Explorer {
     prompts: Vec<Vec<u32>>,
     texts: Vec<String>,
     references: Vec<String>,
+    rows: Vec<usize>,
+    columns: Vec<Vec<(String, String)>>,
     sampler: PromptSampler,
     reward: Arc<RewardFunction>,
     settings: ExplorerSettings,
@@ -124,13 +133,20 @@ impl Explorer {
             ids: prompts,
             texts,
             references,
+            rows,
+            columns,
         } = prompts;
         anyhow::ensure!(
-            prompts.len() == texts.len() && texts.len() == references.len(),
-            "{} prompt ids, {} texts and {} references",
+            prompts.len() == texts.len()
+                && texts.len() == references.len()
+                && references.len() == rows.len()
+                && rows.len() == columns.len(),
+            "{} prompt ids, {} texts, {} references, {} row indices and {} column sets",
             prompts.len(),
             texts.len(),
-            references.len()
+            references.len(),
+            rows.len(),
+            columns.len()
         );
         Ok(Explorer {
             rollout,
@@ -138,6 +154,8 @@ impl Explorer {
             prompts,
             texts,
             references,
+            rows,
+            columns,
             sampler,
             reward,
             settings,
@@ -186,6 +204,7 @@ impl Explorer {
         let mut groups: Vec<Vec<Experience>> = Vec::new();
         let mut rollouts = Vec::new();
         let mut dropped = 0;
+        let mut score_s = 0.0;
         let rounds = if self.settings.dynamic_sampling {
             1 + self.settings.max_rounds
         } else {
@@ -195,7 +214,7 @@ impl Explorer {
             let c = self.sampler.cursor();
             let first = (c.epoch as usize) * c.len + c.position;
             let idx = self.sampler.next_batch(b);
-            let new = self.sample_groups(&idx, first, &mut rollouts)?;
+            let new = self.sample_groups(&idx, first, &mut rollouts, &mut score_s)?;
             for g in new {
                 if self.settings.dynamic_sampling && zero_variance(&g) {
                     dropped += 1;
@@ -230,6 +249,7 @@ impl Explorer {
             step,
             experiences,
             sample_s: t0.elapsed().as_secs_f64(),
+            score_s: Some(score_s),
             cursor: self.cursor(),
             rollouts,
             dropped_groups: dropped,
@@ -246,6 +266,7 @@ impl Explorer {
         idx: &[usize],
         first: usize,
         rollouts: &mut Vec<RolloutRecord>,
+        score_s: &mut f64,
     ) -> anyhow::Result<Vec<Vec<Experience>>> {
         let prompts: Vec<Vec<u32>> = idx.iter().map(|&i| self.prompts[i].clone()).collect();
         let groups = self
@@ -272,13 +293,17 @@ impl Explorer {
                     prompt: &self.texts[p],
                     completion: t,
                     reference: &self.references[p],
+                    columns: &self.columns[p],
+                    index: Some(self.rows[p]),
                 }
             })
             .collect();
+        let t0 = Instant::now();
         let scores = self
             .reward
             .score_batch(&samples)
             .context("scoring completions")?;
+        *score_s += t0.elapsed().as_secs_f64();
         let mut groups: Vec<Vec<Experience>> = vec![Vec::new(); idx.len()];
         for ((c, s), text) in completions.iter().zip(scores).zip(&texts) {
             let p = idx[c.prompt_index - first];

@@ -78,6 +78,7 @@ impl OfflineSource {
             step,
             experiences,
             sample_s: t0.elapsed().as_secs_f64(),
+            score_s: None,
             cursor: SourceCursor::Offline {
                 groups: self.consumed,
             },

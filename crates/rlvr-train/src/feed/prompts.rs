@@ -12,12 +12,18 @@ use rlvr_data::generate::Split;
 use rlvr_data::ChatMessage;
 use rlvr_model::{Message, ModelConfig, TokenizerBundle};
 
-/// A train or test split as prompt texts and verifier references.
+/// A train or test split as prompt texts and verifier references, with the dataset row each
+/// prompt comes from.
 pub struct PreparedPrompts {
     /// Rendered prompt texts.
     pub texts: Vec<String>,
     /// Reference of each prompt.
     pub references: Vec<String>,
+    /// The index of each prompt's row in its split (0-based, file order, before length filtering).
+    pub rows: Vec<usize>,
+    /// Each prompt's row columns (`question`, and every string or number field of a `jsonl` row)
+    /// for the verifier ([`rlvr_reward::Sample::columns`]).
+    pub columns: Vec<Vec<(String, String)>>,
 }
 
 /// Loads and renders a split of `[data]` with the policy tokenizer (chat template, token counter).
@@ -48,7 +54,15 @@ pub fn prepare_prompts(
             prep.prompts.dropped
         ));
     }
+    let problems = &prep.dataset.problems;
     Ok(PreparedPrompts {
+        rows: prep.prompts.prompts.iter().map(|p| p.problem).collect(),
+        columns: prep
+            .prompts
+            .prompts
+            .iter()
+            .map(|p| problems[p.problem].vars.clone())
+            .collect(),
         references: prep
             .prompts
             .prompts

@@ -102,6 +102,7 @@ pub(crate) fn write_step_logs(
         "updates": rep.updates,
         "rows": rows,
         "rows_skipped_zero_gradient": rep.rows_skipped,
+        "time/score_s": batch.score_s,
     });
     append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
 }

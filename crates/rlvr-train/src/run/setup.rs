@@ -214,6 +214,8 @@ fn online_feed(
         ids,
         texts: train_p.texts,
         references: train_p.references,
+        rows: train_p.rows,
+        columns: train_p.columns,
     };
     let mut explorer = Explorer::new(
         rollout,

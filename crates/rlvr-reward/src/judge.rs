@@ -1,0 +1,477 @@
+//! An LLM judge over HTTP: a prompt built from a template is sent to an OpenAI-compatible server
+//! (`/v1/chat/completions` or `/v1/completions`) and a score is read from its answer by a stated
+//! rule.
+//!
+//! - Template: `{prompt}`, `{completion}`, `{reference}`, `{index}` and any column of the row
+//!   (`{question}`, `{NAME}`, [`Sample::columns`]); `{{` and `}}` are literal braces. A name that
+//!   is none of these is an error.
+//! - Parse rule ([`JudgeParse`]): the first number of the answer within `[min, max]`, or the first
+//!   word of the answer among the given labels (case-insensitive), mapped to its value.
+//! - An answer that does not parse is a counted failure ([`JudgeVerifier::parse_failures`], and a
+//!   warning per batch on stderr): with `on_parse_failure = "zero"` it scores 0, not correct; with
+//!   `"error"` the batch fails.
+//! - Requests: at most `in_flight` at once, each with a timeout; a timeout, a transport error or
+//!   an HTTP 5xx is retried `retries` times (waiting 0.1 s · 2^i); an HTTP 4xx fails at once.
+//!   Every error names the server. The judge samples at `temperature` with `seed` (sent to the
+//!   server) and at most `max_tokens` tokens.
+
+use crate::{truncate, RewardError, Sample, Score, Verifier};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Most bytes read from one answer.
+const BODY_LIMIT: u64 = 1 << 20;
+
+/// Which OpenAI-compatible route the judge uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JudgeEndpoint {
+    /// `/v1/chat/completions`, the prompt as one user message.
+    #[default]
+    Chat,
+    /// `/v1/completions`, the prompt as is.
+    Completions,
+}
+
+/// How a score is read from the judge's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum JudgeParse {
+    /// The first number in the answer; it must lie in `[min, max]` and is the reward.
+    Number {
+        /// Smallest accepted value.
+        min: f64,
+        /// Largest accepted value.
+        max: f64,
+    },
+    /// The answer's first word (letters, digits, `_` and `-`), compared case-insensitively with
+    /// the labels; the reward is the label's value.
+    Labels {
+        /// Label → reward.
+        labels: BTreeMap<String, f64>,
+    },
+}
+
+/// What a judge does with an answer it cannot parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ParseFailure {
+    /// Reward 0, not correct, counted and reported.
+    #[default]
+    Zero,
+    /// The batch fails (the run stops with a checkpoint).
+    Error,
+}
+
+/// The settings of a judge (`verifier = { kind = "judge", ... }`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeConfig {
+    /// Base URL of the server, `http://host:port` (plain HTTP).
+    pub server: String,
+    /// Model name sent with every request.
+    pub model: String,
+    /// The prompt template (see the module docs for its names).
+    pub template: String,
+    /// How the score is read from the answer.
+    pub parse: JudgeParse,
+    /// `chat` (default) or `completions`.
+    #[serde(default)]
+    pub endpoint: JudgeEndpoint,
+    /// `zero` (default: score 0 and count it) or `error`.
+    #[serde(default)]
+    pub on_parse_failure: ParseFailure,
+    /// Most tokens of the judge's answer, default 8.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// The judge's sampling temperature, default 0 (greedy).
+    #[serde(default)]
+    pub temperature: f64,
+    /// The judge's sampling seed, default 0.
+    #[serde(default)]
+    pub seed: u64,
+    /// Most requests in flight at once, default 8.
+    #[serde(default = "default_in_flight")]
+    pub in_flight: usize,
+    /// Seconds allowed per request, default 60.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// Retries of a request after a timeout, a transport error or HTTP 5xx, default 2.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Extra JSON keys merged into every request body (e.g. vLLM's `allowed_token_ids`).
+    #[serde(default)]
+    pub extra_body: BTreeMap<String, Value>,
+}
+
+fn default_max_tokens() -> u32 {
+    8
+}
+fn default_in_flight() -> usize {
+    8
+}
+fn default_timeout() -> f64 {
+    60.0
+}
+fn default_retries() -> u32 {
+    2
+}
+
+/// A built judge.
+pub struct JudgeVerifier {
+    cfg: JudgeConfig,
+    url: String,
+    agent: ureq::Agent,
+    failures: AtomicU64,
+}
+
+/// Why one request failed.
+enum Failure {
+    Retry(String),
+    Refused(String),
+}
+
+impl JudgeConfig {
+    /// Checks the settings and builds the judge.
+    ///
+    /// # Errors
+    /// [`RewardError::Config`] for a URL that is not `http://`, a zero `in_flight`, a timeout that
+    /// is not positive, an empty or inverted range, no labels, or a template naming an unclosed
+    /// brace.
+    pub fn build(&self) -> Result<JudgeVerifier, RewardError> {
+        let bad = |m: String| {
+            Err(RewardError::Config(format!(
+                "judge at {}: {m}",
+                self.server
+            )))
+        };
+        let base = self.server.trim_end_matches('/');
+        if !base.starts_with("http://") {
+            return bad("server: expected http://host:port (plain HTTP only)".into());
+        }
+        if self.in_flight == 0 {
+            return bad("in_flight must be at least 1".into());
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return bad(format!(
+                "timeout_s must be positive, got {}",
+                self.timeout_s
+            ));
+        }
+        match &self.parse {
+            JudgeParse::Number { min, max }
+                if !(min.is_finite() && max.is_finite() && min <= max) =>
+            {
+                return bad(format!("parse range [{min}, {max}] is empty or not finite"))
+            }
+            JudgeParse::Labels { labels } if labels.is_empty() => {
+                return bad("parse.labels is empty".into())
+            }
+            JudgeParse::Labels { labels } if labels.values().any(|v| !v.is_finite()) => {
+                return bad("a label's value is not finite".into())
+            }
+            _ => {}
+        }
+        // The template's syntax, with every name present (names are checked per sample).
+        render(&self.template, &|_| Some(String::new()))
+            .map_err(|e| RewardError::Config(format!("judge at {}: template: {e}", self.server)))?;
+        let path = match self.endpoint {
+            JudgeEndpoint::Chat => "/v1/chat/completions",
+            JudgeEndpoint::Completions => "/v1/completions",
+        };
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs_f64(self.timeout_s)))
+            .build();
+        Ok(JudgeVerifier {
+            cfg: self.clone(),
+            url: format!("{base}{path}"),
+            agent: ureq::Agent::new_with_config(config),
+            failures: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Fills `{name}` from `lookup`; `{{` and `}}` are literal braces.
+fn render(template: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("{{") || tail.starts_with("}}") {
+            out.push_str(&tail[..1]);
+            rest = &tail[2..];
+        } else if tail.starts_with('}') {
+            return Err("a lone `}` (write `}}` for a literal brace)".into());
+        } else {
+            let end = tail
+                .find('}')
+                .ok_or("a `{` without its `}` (write `{{` for a literal brace)")?;
+            let name = tail[1..end].trim();
+            let v = lookup(name).ok_or_else(|| {
+                format!(
+                    "`{{{name}}}` is not prompt, completion, reference, index or a column of the row"
+                )
+            })?;
+            out.push_str(&v);
+            rest = &tail[end + 1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The judge prompt for one sample.
+fn prompt_for(template: &str, s: &Sample<'_>) -> Result<String, String> {
+    render(template, &|name| match name {
+        "prompt" => Some(s.prompt.to_string()),
+        "completion" => Some(s.completion.to_string()),
+        "reference" => Some(s.reference.to_string()),
+        "index" => Some(s.index.map_or_else(String::new, |i| i.to_string())),
+        _ => s
+            .columns
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone()),
+    })
+}
+
+/// The first decimal number in `text` (sign, digits, optional fraction).
+fn first_number(text: &str) -> Option<f64> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() {
+            let start = if i > 0 && (b[i - 1] == b'-' || b[i - 1] == b'+') {
+                i - 1
+            } else {
+                i
+            };
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            if j + 1 < b.len() && b[j] == b'.' && b[j + 1].is_ascii_digit() {
+                j += 1;
+                while j < b.len() && b[j].is_ascii_digit() {
+                    j += 1;
+                }
+            }
+            return text[start..j].parse().ok();
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The reward that `rule` reads from `answer`, or `None` when it does not parse.
+pub fn parse_answer(rule: &JudgeParse, answer: &str) -> Option<f64> {
+    match rule {
+        JudgeParse::Number { min, max } => first_number(answer).filter(|x| x >= min && x <= max),
+        JudgeParse::Labels { labels } => {
+            let word: String = answer
+                .trim_start_matches(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-')
+                .collect();
+            labels
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(&word))
+                .map(|(_, v)| *v)
+        }
+    }
+}
+
+impl JudgeVerifier {
+    /// Answers that could not be parsed so far (over every batch).
+    pub fn parse_failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    fn fail(&self, reason: String) -> RewardError {
+        RewardError::Judge {
+            server: self.cfg.server.clone(),
+            reason,
+        }
+    }
+
+    fn body(&self, prompt: &str) -> Value {
+        let c = &self.cfg;
+        let mut body = json!({
+            "model": c.model, "max_tokens": c.max_tokens, "temperature": c.temperature,
+            "seed": c.seed, "n": 1,
+        });
+        match c.endpoint {
+            JudgeEndpoint::Chat => body["messages"] = json!([{"role": "user", "content": prompt}]),
+            JudgeEndpoint::Completions => body["prompt"] = json!(prompt),
+        }
+        for (k, v) in &c.extra_body {
+            body[k] = v.clone();
+        }
+        body
+    }
+
+    /// One attempt: the answer's text.
+    fn once(&self, body: &Value) -> Result<String, Failure> {
+        let mut resp = match self.agent.post(&self.url).send_json(body) {
+            Ok(r) => r,
+            Err(ureq::Error::Timeout(_)) => {
+                return Err(Failure::Retry(format!(
+                    "no answer within {:.1} s (timeout_s)",
+                    self.cfg.timeout_s
+                )))
+            }
+            Err(e) => return Err(Failure::Retry(format!("transport error: {e}"))),
+        };
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
+            .read_to_string()
+            .map_err(|e| Failure::Retry(format!("HTTP {status}, body unreadable: {e}")))?;
+        if (400..500).contains(&status) {
+            return Err(Failure::Refused(format!(
+                "refused the request: HTTP {status}: {}",
+                truncate(&text, 500)
+            )));
+        }
+        if status != 200 {
+            return Err(Failure::Retry(format!(
+                "HTTP {status}: {}",
+                truncate(&text, 300)
+            )));
+        }
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            Failure::Retry(format!(
+                "HTTP 200 with invalid JSON ({e}): {}",
+                truncate(&text, 200)
+            ))
+        })?;
+        let choice = &v["choices"][0];
+        let answer = match self.cfg.endpoint {
+            JudgeEndpoint::Chat => choice["message"]["content"].as_str(),
+            JudgeEndpoint::Completions => choice["text"].as_str(),
+        };
+        answer.map(str::to_string).ok_or_else(|| {
+            Failure::Retry(format!(
+                "HTTP 200 without choices[0].{}: {}",
+                match self.cfg.endpoint {
+                    JudgeEndpoint::Chat => "message.content",
+                    JudgeEndpoint::Completions => "text",
+                },
+                truncate(&text, 200)
+            ))
+        })
+    }
+
+    /// The answer to `prompt`, retried per the settings.
+    fn ask(&self, prompt: &str) -> Result<String, RewardError> {
+        let body = self.body(prompt);
+        let mut last = String::new();
+        for attempt in 0..=self.cfg.retries {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(100 << (attempt - 1).min(8)));
+            }
+            match self.once(&body) {
+                Ok(a) => return Ok(a),
+                Err(Failure::Refused(m)) => return Err(self.fail(m)),
+                Err(Failure::Retry(m)) => last = m,
+            }
+        }
+        Err(self.fail(format!(
+            "{last} (after {} attempts; check the server, or raise retries or timeout_s)",
+            self.cfg.retries + 1
+        )))
+    }
+}
+
+impl Verifier for JudgeVerifier {
+    fn score(&self, sample: &Sample<'_>) -> Result<Score, RewardError> {
+        let mut v = self.score_batch(std::slice::from_ref(sample))?;
+        v.pop()
+            .ok_or_else(|| self.fail("no answer for the sample".into()))
+    }
+
+    fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+        let prompts: Vec<String> = samples
+            .iter()
+            .map(|s| prompt_for(&self.cfg.template, s))
+            .collect::<Result<_, _>>()
+            .map_err(|e| RewardError::Config(format!("judge template: {e}")))?;
+        let answers: Vec<Mutex<Option<Result<String, RewardError>>>> =
+            prompts.iter().map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..self.cfg.in_flight.min(prompts.len()) {
+                scope.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(p) = prompts.get(k) else { break };
+                    let a = self.ask(p);
+                    let stop = a.is_err();
+                    *answers[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
+                    if stop {
+                        // No new requests after a failure: the batch fails anyway.
+                        next.store(prompts.len(), Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let mut out = Vec::with_capacity(samples.len());
+        let mut failed = Vec::new();
+        for (k, slot) in answers.into_iter().enumerate() {
+            let answer = match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(a) => a?,
+                None => continue, // not sent after an earlier failure, reported below
+            };
+            match parse_answer(&self.cfg.parse, &answer) {
+                Some(r) => out.push(Score {
+                    reward: r,
+                    correct: r > 0.0,
+                    extracted: Some(answer),
+                    gold: None,
+                }),
+                None => {
+                    failed.push((k, answer.clone()));
+                    out.push(Score {
+                        reward: 0.0,
+                        correct: false,
+                        extracted: Some(answer),
+                        gold: None,
+                    });
+                }
+            }
+        }
+        if out.len() != samples.len() {
+            return Err(self.fail("a request failed; the batch is incomplete".into()));
+        }
+        if let Some((k, a)) = failed.first() {
+            let total = self
+                .failures
+                .fetch_add(failed.len() as u64, Ordering::Relaxed)
+                + failed.len() as u64;
+            let what = format!(
+                "{} of {} answers could not be parsed ({total} in this run), e.g. item {}: {:?}",
+                failed.len(),
+                samples.len(),
+                k + 1,
+                truncate(a, 100)
+            );
+            match self.cfg.on_parse_failure {
+                ParseFailure::Error => {
+                    return Err(self.fail(format!("{what} (on_parse_failure = \"error\")")))
+                }
+                ParseFailure::Zero => eprintln!(
+                    "warning: judge at {}: {what}; they score 0 (on_parse_failure = \"zero\")",
+                    self.cfg.server
+                ),
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,353 @@
+//! Persistent external verifiers: a user program started once per run that scores one batch per
+//! JSON line.
+//!
+//! Protocol (version [`PROTOCOL_VERSION`]): for each batch rlvr writes one line
+//! `{"version": 1, "items": [ITEM, ...]}` to the program's stdin, where an ITEM is
+//! [`crate::external::item_json`] (prompt, completion, reference, index, row), and reads one line
+//! from its stdout: `{"rewards": [R, ...]}` with one entry per item in order, each a number or an
+//! object `{"reward": number, "correct"?: bool, "extracted"?: str, "gold"?: str}`. Blank lines are
+//! skipped. A reply `{"error": "..."}` stops the run with that message, and a reply carrying a
+//! `"version"` other than [`PROTOCOL_VERSION`] is refused.
+//!
+//! Lifetime: the program starts at the first batch. When it dies (its stdout closes, or its stdin
+//! is closed when a batch is written), the batch is sent again to a fresh start, with a message on
+//! stderr, at most `max_restarts` times in a run; then the batch fails with the exit status and
+//! the tail of its stderr. A timeout, a malformed reply or a wrong count fails the batch at once
+//! (and the program is killed, so that a later batch starts it afresh). On Unix the program leads
+//! its own process group; dropping the verifier closes its stdin, waits up to
+//! [`EXIT_GRACE`] for it to exit, then kills the whole group. The user guide is
+//! docs/external-verifier.md.
+
+use crate::external::{item_json, kill_group, Reply};
+use crate::{truncate, RewardError, Sample, Score, Verifier};
+use serde::Deserialize;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The protocol version written in every request as `"version"`. It changes only when a change
+/// would break a program written for the previous one; new keys in an item do not change it.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// How long a program gets to exit after its stdin is closed, at the end of a run, before its
+/// process group is killed.
+pub const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Bytes of the program's stderr kept for error messages (its last ones).
+const STDERR_KEEP: usize = 4000;
+
+/// A verifier that keeps one program running for the whole run (see the module docs).
+pub struct PersistentVerifier {
+    command: Vec<String>,
+    timeout: Duration,
+    max_restarts: u32,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    proc: Option<Proc>,
+    starts: u32,
+    restarts: u32,
+}
+
+/// A running program: a writer thread owns its stdin, a reader thread turns its stdout into lines,
+/// another keeps the tail of its stderr.
+struct Proc {
+    child: Child,
+    input: Option<Sender<String>>,
+    lines: Receiver<std::io::Result<String>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+/// Why one exchange failed.
+enum Failure {
+    /// The program is gone: start it again if restarts remain.
+    Died(String),
+    /// The batch fails (timeout, protocol violation).
+    Fatal(String),
+}
+
+#[derive(Deserialize)]
+struct BatchReply {
+    version: Option<u64>,
+    rewards: Option<Vec<Entry>>,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Entry {
+    Number(f64),
+    Full(Reply),
+}
+
+impl PersistentVerifier {
+    /// A verifier for `command` (program and arguments, no shell) with `timeout` per batch
+    /// (the first batch's includes the program's start-up) and at most `max_restarts` restarts
+    /// in its lifetime. Nothing starts until the first batch.
+    pub fn new(command: Vec<String>, timeout: Duration, max_restarts: u32) -> Self {
+        PersistentVerifier {
+            command,
+            timeout,
+            max_restarts,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// How many times the program has been started so far (1 for a run where it never died).
+    pub fn starts(&self) -> u32 {
+        self.lock().starts
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves no half-written state worth refusing.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, reason: String) -> RewardError {
+        RewardError::External {
+            command: self.command.join(" "),
+            reason,
+        }
+    }
+
+    fn spawn(&self) -> Result<Proc, RewardError> {
+        let (prog, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| self.fail("empty command".into()))?;
+        let mut cmd = Command::new(prog);
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                self.fail(format!(
+                    "could not start it: {e} (check the path and that it is executable)"
+                ))
+            })?;
+        let mut stdin = child.stdin.take().expect("stdin was piped");
+        let stdout = child.stdout.take().expect("stdout was piped");
+        let mut stderr = child.stderr.take().expect("stderr was piped");
+        let (input, requests) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for r in requests {
+                if stdin.write_all(r.as_bytes()).is_err() || stdin.flush().is_err() {
+                    break;
+                }
+            }
+        });
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let stop = line.is_err();
+                if tx.send(line).is_err() || stop {
+                    break;
+                }
+            }
+        });
+        let tail = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&tail);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = keep.lock().unwrap_or_else(|e| e.into_inner());
+                t.extend_from_slice(&buf[..n]);
+                let excess = t.len().saturating_sub(STDERR_KEEP);
+                t.drain(..excess);
+            }
+        });
+        Ok(Proc {
+            child,
+            input: Some(input),
+            lines,
+            stderr: tail,
+        })
+    }
+
+    /// Sends one request and reads its reply line.
+    fn exchange(&self, p: &mut Proc, request: &str, n: usize) -> Result<Vec<Score>, Failure> {
+        // A line left over from the last batch means the program and rlvr disagree on the count.
+        loop {
+            match p.lines.try_recv() {
+                Ok(Ok(l)) if l.trim().is_empty() => continue,
+                Ok(Ok(l)) => {
+                    return Err(Failure::Fatal(format!(
+                        "wrote a line between batches (one reply line per request expected): {:?}",
+                        truncate(&l, 200)
+                    )))
+                }
+                Ok(Err(e)) => return Err(Failure::Fatal(format!("stdout is not UTF-8 text: {e}"))),
+                Err(TryRecvError::Disconnected) => {
+                    return Err(Failure::Died("its stdout closed between batches".into()))
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        let sent = p.input.as_ref().map(|i| i.send(request.to_string()));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(Failure::Died("its stdin is closed".into()));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let line = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match p.lines.recv_timeout(left) {
+                Ok(Ok(l)) if l.trim().is_empty() => continue,
+                Ok(Ok(l)) => break l,
+                Ok(Err(e)) => return Err(Failure::Fatal(format!("stdout is not UTF-8 text: {e}"))),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Failure::Died("its stdout closed before the reply".into()))
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Failure::Fatal(format!(
+                        "timed out after {:.1} s on a batch of {n} (raise timeout_s or speed the program up)",
+                        self.timeout.as_secs_f64()
+                    )))
+                }
+            }
+        };
+        parse_reply(&line, n).map_err(Failure::Fatal)
+    }
+}
+
+/// The scores of one reply line for `n` items, or what is wrong with it.
+fn parse_reply(line: &str, n: usize) -> Result<Vec<Score>, String> {
+    let shown = || truncate(line, 200);
+    let r: BatchReply = serde_json::from_str(line).map_err(|e| {
+        format!(
+            "reply {:?}: {e} (expected {{\"rewards\": [number, ...]}})",
+            shown()
+        )
+    })?;
+    if let Some(v) = r.version.filter(|v| *v != PROTOCOL_VERSION) {
+        return Err(format!(
+            "replied with protocol version {v}; this rlvr speaks version {PROTOCOL_VERSION}"
+        ));
+    }
+    if let Some(e) = r.error {
+        return Err(format!("reported an error: {e}"));
+    }
+    let rewards = r
+        .rewards
+        .ok_or_else(|| format!("reply {:?} has neither \"rewards\" nor \"error\"", shown()))?;
+    if rewards.len() != n {
+        return Err(format!(
+            "replied with {} rewards for {n} items (one per item, in order, expected)",
+            rewards.len()
+        ));
+    }
+    rewards
+        .into_iter()
+        .enumerate()
+        .map(|(k, e)| {
+            let score = match e {
+                Entry::Number(x) => Reply::number(x).into_score(),
+                Entry::Full(r) => r.into_score(),
+            };
+            score.map_err(|e| format!("reward {} of the reply: {e}", k + 1))
+        })
+        .collect()
+}
+
+impl Proc {
+    /// Ends the program (at once, or after `grace` once its stdin is closed) and describes how it
+    /// ended: exit status and stderr tail.
+    fn end(mut self, grace: Duration) -> String {
+        drop(self.input.take());
+        let t0 = Instant::now();
+        let mut status = None;
+        while t0.elapsed() < grace {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        kill_group(&self.child);
+        let _ = self.child.kill();
+        let status = match status {
+            Some(s) => Ok(s),
+            None => self.child.wait(),
+        };
+        let tail = self.stderr.lock().map(|t| t.clone()).unwrap_or_default();
+        let tail = String::from_utf8_lossy(&tail);
+        let status = status.map_or_else(|e| format!("unknown status ({e})"), |s| s.to_string());
+        format!("{status}; stderr: {}", tail.trim_end())
+    }
+}
+
+impl Drop for PersistentVerifier {
+    fn drop(&mut self) {
+        if let Some(p) = self.lock().proc.take() {
+            p.end(EXIT_GRACE);
+        }
+    }
+}
+
+impl Verifier for PersistentVerifier {
+    fn score(&self, sample: &Sample<'_>) -> Result<Score, RewardError> {
+        let mut v = self.score_batch(std::slice::from_ref(sample))?;
+        v.pop()
+            .ok_or_else(|| self.fail("no reply for the sample".into()))
+    }
+
+    fn score_batch(&self, samples: &[Sample<'_>]) -> Result<Vec<Score>, RewardError> {
+        if samples.is_empty() {
+            return Ok(Vec::new());
+        }
+        let items: Vec<serde_json::Value> = samples.iter().map(item_json).collect();
+        let request = serde_json::json!({"version": PROTOCOL_VERSION, "items": items});
+        let request = format!("{request}\n");
+        let mut st = self.lock();
+        loop {
+            if st.proc.is_none() {
+                st.proc = Some(self.spawn()?);
+                st.starts += 1;
+            }
+            let p = st.proc.as_mut().expect("started above");
+            let failure = match self.exchange(p, &request, samples.len()) {
+                Ok(scores) => return Ok(scores),
+                Err(f) => f,
+            };
+            let p = st.proc.take().expect("started above");
+            match failure {
+                Failure::Fatal(why) => {
+                    let ended = p.end(Duration::ZERO);
+                    return Err(self.fail(format!("{why} (it was killed: {ended})")));
+                }
+                Failure::Died(why) => {
+                    let ended = p.end(Duration::from_millis(500));
+                    if st.restarts >= self.max_restarts {
+                        return Err(self.fail(format!(
+                            "died ({why}: {ended}) after {} restarts in this run (the limit, \
+                             `restarts`); fix the program and resume",
+                            st.restarts
+                        )));
+                    }
+                    st.restarts += 1;
+                    eprintln!(
+                        "warning: external verifier `{}` died ({why}: {}); restarting it \
+                         (restart {} of at most {})",
+                        self.command.join(" "),
+                        truncate(&ended, 2000),
+                        st.restarts,
+                        self.max_restarts
+                    );
+                }
+            }
+        }
+    }
+}
