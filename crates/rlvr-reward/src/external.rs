@@ -91,6 +91,26 @@ impl ExternalVerifier {
 
 /// Kills the process group that `child` leads (its descendants that did not leave it); no-op
 /// when it is already gone. Elsewhere than Unix, kills the child only.
+/// Starts `prog args` with piped stdin, stdout and stderr in its own process group (pgid = its
+/// pid), so [`kill_group`] reaches its children too.
+///
+/// # Errors
+/// The program cannot be started: the reason, worded for a verifier error.
+pub(crate) fn spawn_in_group(prog: &str, args: &[String]) -> Result<std::process::Child, String> {
+    let mut cmd = Command::new(prog);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start it: {e} (check the path and that it is executable)"))
+}
+
 pub(crate) fn kill_group(child: &std::process::Child) {
     #[cfg(unix)]
     {
@@ -126,24 +146,7 @@ impl Verifier for ExternalVerifier {
             input.push_str(&item_json(s).to_string());
             input.push('\n');
         }
-        let mut cmd = Command::new(prog);
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt;
-            // Its own process group (pgid = its pid), so kill_group reaches its children too.
-            cmd.process_group(0);
-        }
-        let mut child = cmd
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                self.fail(format!(
-                    "could not start it: {e} (check the path and that it is executable)"
-                ))
-            })?;
+        let mut child = spawn_in_group(prog, args).map_err(|e| self.fail(e))?;
         let mut stdin = child.stdin.take().expect("stdin was piped");
         let mut stdout = child.stdout.take().expect("stdout was piped");
         let mut stderr = child.stderr.take().expect("stderr was piped");

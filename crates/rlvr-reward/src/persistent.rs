@@ -18,11 +18,11 @@
 //! [`EXIT_GRACE`] for it to exit, then kills the whole group. The user guide is
 //! docs/external-verifier.md.
 
-use crate::external::{item_json, kill_group, Reply};
+use crate::external::{item_json, kill_group, spawn_in_group, Reply};
 use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::Deserialize;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -119,23 +119,7 @@ impl PersistentVerifier {
             .command
             .split_first()
             .ok_or_else(|| self.fail("empty command".into()))?;
-        let mut cmd = Command::new(prog);
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt;
-            cmd.process_group(0);
-        }
-        let mut child = cmd
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                self.fail(format!(
-                    "could not start it: {e} (check the path and that it is executable)"
-                ))
-            })?;
+        let mut child = spawn_in_group(prog, args).map_err(|e| self.fail(e))?;
         let mut stdin = child.stdin.take().expect("stdin was piped");
         let stdout = child.stdout.take().expect("stdout was piped");
         let mut stderr = child.stderr.take().expect("stderr was piped");

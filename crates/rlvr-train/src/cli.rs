@@ -249,37 +249,46 @@ fn eval_on_backend(
     policy: &Policy,
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
     let tmp = std::env::temp_dir().join(format!("rlvr-eval-vllm-{}", std::process::id()));
-    let s = settings::backend_settings(rollout, &tmp);
-    let s = match s {
-        BackendSettings::Vllm(mut v) if rollout.weights_dir.is_none() => {
-            v.weights_dir = tmp.clone();
-            BackendSettings::Vllm(v)
-        }
-        s => s,
-    };
+    let mut r = rollout.clone();
+    r.weights_dir.get_or_insert_with(|| tmp.clone());
+    let s = settings::backend_settings(&r, &tmp);
     let result = (|| {
         let ids = policy_prompt_ids(evaluator, policy)?;
         let work = Workload {
             longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
             max_new_tokens: evaluator.settings.max_new_tokens,
         };
-        let mut engine = backend::build(
-            &s,
-            &policy.model,
-            &policy.tokenizer,
-            0,
-            work,
-            NativeWeights::Share,
-        )?;
-        if s != BackendSettings::Native {
-            engine
-                .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
-                .context("pushing the evaluated model to the vLLM servers")?;
-        }
+        let mut engine = fixed_model_engine(&s, policy, work)?;
         evaluator.run(engine.as_mut(), &policy.tokenizer)
     })();
     let _ = std::fs::remove_dir_all(&tmp);
     result
+}
+
+/// The engine `s` names over a fixed model (`rlvr eval`, `rlvr generate`), as version 0: the
+/// native engine shares the model's weights; vLLM servers get them pushed first.
+///
+/// # Errors
+/// A vLLM start-up check or push failing, naming the server.
+fn fixed_model_engine(
+    s: &BackendSettings,
+    policy: &Policy,
+    work: Workload,
+) -> anyhow::Result<Box<dyn rlvr_rollout::Rollout>> {
+    let mut engine = backend::build(
+        s,
+        &policy.model,
+        &policy.tokenizer,
+        0,
+        work,
+        NativeWeights::Share,
+    )?;
+    if *s != BackendSettings::Native {
+        engine
+            .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
+            .context("pushing the model to the vLLM servers")?;
+    }
+    Ok(engine)
 }
 
 /// The token ids of the evaluator's prompts under the policy's tokenizer.
@@ -494,20 +503,7 @@ pub fn run_generate(
             longest_prompt: longest,
             max_new_tokens: params.max_new_tokens,
         };
-        let mut engine = backend::build(
-            &s,
-            &policy.model,
-            &policy.tokenizer,
-            0,
-            work,
-            NativeWeights::Share,
-        )?;
-        if s != BackendSettings::Native {
-            engine
-                .load_weights(0, &rlvr_rollout::named_tensors(&policy.model))
-                .context("pushing the model to the vLLM servers")?;
-        }
-        Ok(engine)
+        fixed_model_engine(&s, policy, work)
     };
     let result = rlvr_rollout::cli::run_with(a, out, &make);
     let _ = std::fs::remove_dir_all(&tmp);
