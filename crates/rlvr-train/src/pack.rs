@@ -6,6 +6,14 @@
 //! positions). The forward starts its output at `start` = shortest prompt − 1, the position that
 //! predicts the first completion token of the shortest prompt; completion token j of row r
 //! (at position P_r + j) is predicted by output column `at[r][j]` = P_r + j − 1 − `start`.
+//!
+//! [`micro_batches`] decides which rows go into one forward: whole groups, a group larger than the
+//! limit split into parts (each part shares its prompt in the prefix-shared forward,
+//! `rlvr_model::shared_prefix`). This is the boundary every stage agrees on: the unit a micro-batch,
+//! a mini-batch or (data parallel) a rank holds is a list of whole groups or group parts, never
+//! rows of a group scattered among other groups.
+
+use crate::store::experience::Experience;
 
 /// A packed micro-batch (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
@@ -63,9 +71,177 @@ pub fn pack_rows(rows: &[(&[u32], &[u32])], pad: u32) -> PackedRows {
     out
 }
 
+/// How big one micro-batch may be ([`micro_batches`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroBatchLimit {
+    /// Rows (completions) per micro-batch, at least 1; ignored when `tokens` is set.
+    pub rows: usize,
+    /// Token budget per micro-batch: the decoder positions its forward runs ([`forward_cost`]).
+    pub tokens: Option<usize>,
+    /// Whether the forward shares each group's prompt (`train.share_prompt`): the budget then
+    /// counts a shared prompt once.
+    pub share_prompt: bool,
+}
+
+/// Decoder positions one forward over `rows` of `batch` runs: the right-padded `[b, T]` batch
+/// (b × longest row); with `share_prompt`, the least of that and the prefix-shared layout's
+/// G·P + R·C (G distinct prompts padded to the longest P, R rows padded to the longest completion
+/// minus one, C), which is what `Model::shared_prefix_logprobs_rows` runs (it falls back to the
+/// unshared batch when that is not larger).
+pub fn forward_cost(batch: &[Experience], rows: &[usize], share_prompt: bool) -> usize {
+    let longest = rows
+        .iter()
+        .map(|&i| batch[i].prompt_ids.len() + batch[i].completion_ids.len())
+        .max()
+        .unwrap_or(0);
+    let unshared = rows.len() * longest;
+    if !share_prompt {
+        return unshared;
+    }
+    let mut prompts: Vec<&[u32]> = rows.iter().map(|&i| &batch[i].prompt_ids[..]).collect();
+    prompts.sort_unstable();
+    prompts.dedup();
+    let p = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    let c = rows
+        .iter()
+        .map(|&i| batch[i].completion_ids.len().saturating_sub(1))
+        .max()
+        .unwrap_or(0);
+    unshared.min(prompts.len() * p + rows.len() * c)
+}
+
+/// Splits `rows` of `batch` into micro-batches of whole groups (by `group_id`, groups in order of
+/// first appearance in `rows`, each group's rows in `rows` order). Groups are added to the current
+/// micro-batch while it stays within `limit`; a group that would overflow it starts the next one,
+/// and a group that alone exceeds the limit is split into parts of as many rows as fit (at least
+/// one row each), the last part staying open for the groups after it. With a token budget a single
+/// row longer than the budget still gets its own micro-batch.
+///
+/// Every row of `rows` appears in exactly one micro-batch; no micro-batch is empty.
+pub fn micro_batches(
+    batch: &[Experience],
+    rows: &[usize],
+    limit: MicroBatchLimit,
+) -> Vec<Vec<usize>> {
+    let fits = |mb: &[usize]| match limit.tokens {
+        None => mb.len() <= limit.rows.max(1),
+        Some(budget) => forward_cost(batch, mb, limit.share_prompt) <= budget,
+    };
+    let mut order: Vec<&str> = Vec::new();
+    let mut members: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+    for &i in rows {
+        let g = batch[i].group_id.as_str();
+        members
+            .entry(g)
+            .or_insert_with(|| {
+                order.push(g);
+                Vec::new()
+            })
+            .push(i);
+    }
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    for g in order {
+        let group = &members[g];
+        let mut joined = cur.clone();
+        joined.extend_from_slice(group);
+        if fits(&joined) {
+            cur = joined;
+            continue;
+        }
+        if !cur.is_empty() {
+            out.push(std::mem::take(&mut cur));
+        }
+        // The group alone: whole if it fits, else parts of as many rows as fit.
+        for &i in group {
+            cur.push(i);
+            if cur.len() > 1 && !fits(&cur) {
+                cur.pop();
+                out.push(std::mem::replace(&mut cur, vec![i]));
+            }
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exp(group: &str, prompt: &[u32], completion: usize) -> Experience {
+        Experience {
+            group_id: group.into(),
+            prompt_ids: prompt.to_vec(),
+            completion_ids: vec![1; completion],
+            behaviour_logprobs: vec![0.0; completion],
+            reward: Some(0.0),
+            correct: None,
+            version: Some(0),
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn micro_batches_hold_whole_groups_and_split_only_groups_above_the_limit() {
+        // Groups a (3 rows), b (2), c (5), d (1); rows of a and b interleaved in `rows`.
+        let mut batch = Vec::new();
+        for (g, k) in [("a", 3), ("b", 2), ("c", 5), ("d", 1)] {
+            for _ in 0..k {
+                batch.push(exp(g, &[7, 8], 3));
+            }
+        }
+        let rows = [0, 3, 1, 4, 2, 5, 6, 7, 8, 9, 10];
+        let limit = MicroBatchLimit {
+            rows: 4,
+            tokens: None,
+            share_prompt: true,
+        };
+        let mbs = micro_batches(&batch, &rows, limit);
+        // a alone (b would make 5); b; c split 4 + 1, d joins c's last part.
+        assert_eq!(
+            mbs,
+            vec![vec![0, 1, 2], vec![3, 4], vec![5, 6, 7, 8], vec![9, 10]]
+        );
+        let limit1 = MicroBatchLimit { rows: 1, ..limit };
+        assert_eq!(micro_batches(&batch, &rows, limit1).len(), 11);
+    }
+
+    #[test]
+    fn the_token_budget_counts_a_shared_prompt_once() {
+        // One group of 4 rows, prompt 10, completions 5: unshared 4 × 15 = 60, shared 10 + 4 × 4 = 26.
+        let batch: Vec<Experience> = (0..4).map(|_| exp("g", &[3; 10], 5)).collect();
+        let rows = [0, 1, 2, 3];
+        assert_eq!(forward_cost(&batch, &rows, false), 60);
+        assert_eq!(forward_cost(&batch, &rows, true), 26);
+        let budget = |share_prompt| MicroBatchLimit {
+            rows: 1,
+            tokens: Some(30),
+            share_prompt,
+        };
+        assert_eq!(
+            micro_batches(&batch, &rows, budget(true)),
+            vec![vec![0, 1, 2, 3]]
+        );
+        assert_eq!(
+            micro_batches(&batch, &rows, budget(false)),
+            vec![vec![0, 1], vec![2, 3]]
+        );
+        // A row longer than the budget gets its own micro-batch.
+        let tiny = MicroBatchLimit {
+            rows: 1,
+            tokens: Some(5),
+            share_prompt: true,
+        };
+        assert_eq!(micro_batches(&batch, &rows, tiny).len(), 4);
+        // Distinct prompts share nothing; the flat layout still drops each row's last position
+        // (2 × 10 + 2 × 4 = 28 < 2 × 15), so that is the forward that runs.
+        let mixed = vec![exp("x", &[1; 10], 5), exp("x", &[2; 10], 5)];
+        assert_eq!(forward_cost(&mixed, &[0, 1], true), 28);
+        assert_eq!(forward_cost(&mixed, &[0, 1], false), 30);
+    }
 
     #[test]
     fn rows_are_right_padded_and_completion_positions_are_relative_to_start() {

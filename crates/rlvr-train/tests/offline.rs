@@ -143,7 +143,7 @@ fn hand_checked_offline_reinforce_step() {
     train(&cfg, &RunOptions::default()).unwrap();
 
     let before = Model::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
-    let lp = completion_logprobs(&before, &exps, &[0, 1, 2, 3], 1.0, 0).unwrap();
+    let lp = completion_logprobs(&before, &exps, &[0, 1, 2, 3], 1.0, 0, false).unwrap();
     let adv = [0.5, -0.5, -0.5, 0.5];
     let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
     let want: f64 = -lp
@@ -249,17 +249,25 @@ fn check_step(model_dir: &Path, preset: &str, train: TrainSection) -> (Vec<Vec<f
 
 /// The whole trainer step (advantages, normaliser, micro-batches, clipping, AdamW, two mini-batches
 /// and two epochs) gives the same update whether each update runs as 1, 2, 3 or 16 micro-batches or
-/// by token budget, for every aggregation mode.
+/// by token budget, for every aggregation mode, with and without the shared prompt: gradient norms
+/// within 1e-5 relative, weights within 1e-2 × lr (the data-parallel bound: the float sums are
+/// reassociated with the micro-batch layout, and four AdamW updates magnify that where gradients
+/// are near zero; 2e-6 = 2e-3 × lr was seen).
 #[test]
 fn trainer_step_is_micro_batch_invariant() {
     let tmp = tempfile::tempdir().unwrap();
     let model_dir = common::tiny_model(tmp.path(), 5);
-    for preset in ["grpo", "dapo", "reinforce", "dr_grpo", "rec_oneside_is"] {
+    for (preset, share_prompt) in ["grpo", "dapo", "reinforce", "dr_grpo", "rec_oneside_is"]
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)])
+    {
+        let tol = 1e-2 * 1e-3;
         let base = TrainSection {
             mini_batches: 2,
             epochs: 2,
             grad_clip: 0.5,
             weight_decay: 0.01,
+            share_prompt,
             ..Default::default()
         };
         let (w0, g0) = check_step(
@@ -292,8 +300,8 @@ fn trainer_step_is_micro_batch_invariant() {
             for (a, b) in w.iter().zip(&w0) {
                 for (x, y) in a.iter().zip(b) {
                     assert!(
-                        (x - y).abs() < 1e-6,
-                        "{preset} {:?}: weight {x} vs {y}",
+                        (x - y).abs() < tol,
+                        "{preset} share {share_prompt} {:?}: weight {x} vs {y}",
                         mb.micro_batch_tokens
                     );
                 }
@@ -411,7 +419,7 @@ fn mismatch_corrections_weigh_the_loss_by_reference_values() {
     let model = Model::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
     let mut b = batch();
     let rows: Vec<usize> = (0..b.len()).collect();
-    let lp = completion_logprobs(&model, &b, &rows, 0.7, 0).unwrap();
+    let lp = completion_logprobs(&model, &b, &rows, 0.7, 0, false).unwrap();
     for (e, l) in b.iter_mut().zip(&lp) {
         e.behaviour_logprobs = l.clone();
     }

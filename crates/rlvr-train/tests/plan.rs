@@ -100,9 +100,26 @@ fn components_add_up_and_fits_are_consistent() {
     .unwrap();
     assert_eq!(
         p.train_peak - ck.train_peak,
+        p.activations_per_micro_batch - ck.activations_per_micro_batch
+    );
+    assert!(p.share_prompt && p.activations_per_micro_batch < 4 * p.activations_per_row);
+    // Without the shared prompt, 4 rows (micro_batch_size 4) of the per-row difference.
+    let u = plan(&raw(&["train.share_prompt=false"]), false, None).unwrap();
+    let uck = plan(
+        &raw(&[
+            "train.share_prompt=false",
+            "train.gradient_checkpointing=true",
+        ]),
+        false,
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        u.train_peak - uck.train_peak,
         4 * (p.activations_per_row - p.activations_per_row_checkpointed),
         "micro_batch_size 4"
     );
+    assert_eq!(u.activations_per_micro_batch, 4 * p.activations_per_row);
     // The largest micro-batch fits and one more row does not.
     let rows = p.max_micro_batch_rows.unwrap();
     assert!(rows >= 1);
@@ -158,6 +175,7 @@ fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
         "activations per row",
         "with checkpointing",
         "logits buffer",
+        "activations/micro-batch",
         "KV cache",
         "largest micro-batch",
         "largest rollout batch",
@@ -226,8 +244,31 @@ fn qwen2_5_0_5b_plan_matches_a_hand_count() {
         + p.gradients
         + p.logits_buffer
         + p.overhead;
+    let free = (80u64 << 30) - fixed;
+    // train.share_prompt (default): a micro-batch of r rows of groups of K = 8 runs ⌈r / 8⌉ prompts
+    // of 512 and r completions of 512 through the decoder, and every row keeps its gathered copy of
+    // the prompt's keys and values (512 × (k, v) × 2 KV heads × 64 × 2 bytes) in 25 layers.
+    let per_position = 25 * layer + 896 * 18;
+    let kept =
+        |r: u64| (r.div_ceil(8) * 512 + r * 512) * per_position + r * 512 * 2 * 2 * 64 * 2 * 25;
     assert_eq!(
-        p.max_micro_batch_rows.unwrap(),
-        ((80u64 << 30) - fixed) / p.activations_per_row
+        p.micro_batch_positions,
+        512 + 4 * 512,
+        "micro_batch_size 4: half a group"
     );
+    assert_eq!(p.activations_per_micro_batch, kept(4));
+    let r = p.max_micro_batch_rows.unwrap();
+    assert!(kept(r) <= free && kept(r + 1) > free, "{r} rows");
+    assert_eq!(
+        p.max_micro_batch_tokens.unwrap(),
+        r.div_ceil(8) * 512 + r * 512
+    );
+    // Every row computing its prompt: whole rows of the per-row activations, fewer of them.
+    let u = plan(&raw(&["train.share_prompt=false"]), false, Some(80 << 30)).unwrap();
+    assert_eq!(
+        u.max_micro_batch_rows.unwrap(),
+        free / p.activations_per_row
+    );
+    assert_eq!(u.micro_batch_positions, 4 * 1024);
+    assert!(r > u.max_micro_batch_rows.unwrap());
 }

@@ -82,7 +82,7 @@ fn sft_loss_is_token_mean_ce_with_eos_and_decreases() {
         })
         .collect();
     let rows: Vec<usize> = (0..exps.len()).collect();
-    let lp = completion_logprobs(&p.model, &exps, &rows, 1.0, p.tokenizer.pad_id).unwrap();
+    let lp = completion_logprobs(&p.model, &exps, &rows, 1.0, p.tokenizer.pad_id, false).unwrap();
     let n: usize = lp.iter().map(|r| r.len()).sum();
     assert_eq!(n, 16 * 2, "one answer digit + EOS per pair");
     let want = -lp.iter().flatten().map(|&x| x as f64).sum::<f64>() / n as f64;

@@ -221,7 +221,8 @@ pub struct Plan {
     pub explorer_weights: u64,
     /// The reference model's weights (KL on).
     pub reference_model: u64,
-    /// Activations kept for the backward per micro-batch row of prompt + completion tokens.
+    /// Activations kept for the backward per micro-batch row of prompt + completion tokens
+    /// (the unshared forward: every row computes its prompt).
     pub activations_per_row: u64,
     /// The same with activation checkpointing (each layer's input kept, one layer recomputed).
     pub activations_per_row_checkpointed: u64,
@@ -235,6 +236,17 @@ pub struct Plan {
     pub overhead: u64,
     /// Rows per micro-batch in the config (from `train.micro_batch_tokens` when set).
     pub micro_batch_rows: u64,
+    /// `train.share_prompt`: a micro-batch computes each group's prompt once.
+    pub share_prompt: bool,
+    /// `rollout.group_size` K (completions sharing one prompt).
+    pub group_size: u64,
+    /// Decoder positions of one micro-batch of `micro_batch_rows` rows: ⌈rows / K⌉ prompts plus
+    /// rows × completion tokens when the prompt is shared, rows × (prompt + completion) otherwise.
+    pub micro_batch_positions: u64,
+    /// Activations kept for the backward by that micro-batch, with this config's
+    /// `train.gradient_checkpointing` (shared: per position as [`Plan::activations_per_row`]'s,
+    /// plus each completion row's gathered copy of its prompt's keys and values per layer).
+    pub activations_per_micro_batch: u64,
     /// Peak of a training step at that micro-batch (with the KV cache when the explorer runs
     /// concurrently, `sync.offset ≥ 1`).
     pub train_peak: u64,
@@ -246,7 +258,7 @@ pub struct Plan {
     pub fits: Option<bool>,
     /// Largest micro-batch rows that fit (without checkpointing).
     pub max_micro_batch_rows: Option<u64>,
-    /// Rows × tokens of that largest micro-batch.
+    /// Decoder positions of that largest micro-batch (the `train.micro_batch_tokens` to set).
     pub max_micro_batch_tokens: Option<u64>,
     /// Largest micro-batch rows with activation checkpointing.
     pub max_micro_batch_rows_checkpointed: Option<u64>,
@@ -332,17 +344,38 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
             .map_or(0, |l| shape.adapter_bytes_per_token(l, b));
     // Embedding output and final norm, plus one layer of backward working set.
     let outside = shape.hidden * (b + 4 * b.max(4));
-    let activations_per_row = t * (layer * (shape.layers + 1) + outside);
-    let activations_per_row_checkpointed =
-        t * (shape.hidden * b * shape.layers + 2 * layer + outside);
-    // What a training micro-batch keeps per row with this config's `train.gradient_checkpointing`.
-    let kept_per_row = if raw.train.gradient_checkpointing {
-        activations_per_row_checkpointed
-    } else {
-        activations_per_row
+    let per_position = layer * (shape.layers + 1) + outside;
+    let per_position_checkpointed = shape.hidden * b * shape.layers + 2 * layer + outside;
+    let activations_per_row = t * per_position;
+    let activations_per_row_checkpointed = t * per_position_checkpointed;
+    // A micro-batch holds whole groups (parts of K rows at most share one prompt): with the prompt
+    // shared, ⌈rows / K⌉ prompts and rows completions run through the decoder, and each completion
+    // row attends to a gathered copy of its prompt's keys and values in every layer kept.
+    let share = raw.train.share_prompt;
+    let k = (raw.rollout.group_size as u64).max(1);
+    let positions = move |rows: u64| match share {
+        true => rows.div_ceil(k) * prompt + rows * completion,
+        false => rows * t,
     };
+    let kv_gather = prompt * 2 * shape.kv_heads * shape.head_dim * b;
+    let n_layers = shape.layers;
+    let kept_with = move |rows: u64, checkpointed: bool| {
+        let (per, layers_kept) = match checkpointed {
+            true => (per_position_checkpointed, 2),
+            false => (per_position, n_layers + 1),
+        };
+        positions(rows) * per
+            + if share {
+                rows * kv_gather * layers_kept
+            } else {
+                0
+            }
+    };
+    // What a training micro-batch keeps with this config's `train.gradient_checkpointing`.
+    let ck = raw.train.gradient_checkpointing;
+    let kept = move |rows: u64| kept_with(rows, ck);
     let rows = match raw.train.micro_batch_tokens {
-        Some(tok) => (tok as u64 / t).max(1),
+        Some(tok) => largest(|r| positions(r) <= tok as u64).max(1),
         None => raw.train.micro_batch_size as u64,
     };
     let scored = rows * completion;
@@ -364,12 +397,13 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let overhead = if cpu { CPU_OVERHEAD } else { GPU_OVERHEAD };
     let resident = weights + master_weights + adamw_moments + explorer_weights + reference_model;
     let train_fixed = resident + gradients + logits_buffer + overhead + threaded as u64 * kv_cache;
-    let train_peak = train_fixed + rows * kept_per_row;
+    let activations_per_micro_batch = kept(rows);
+    let train_peak = train_fixed + activations_per_micro_batch;
     let rollout_peak = resident
         + kv_cache
         + overhead
         + if threaded {
-            gradients + logits_buffer + rows * kept_per_row
+            gradients + logits_buffer + activations_per_micro_batch
         } else {
             0
         };
@@ -378,13 +412,14 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     if let Some(m) = memory {
         fits = Some(train_peak.max(rollout_peak) <= m);
         let free = m.saturating_sub(train_fixed);
-        max_rows = Some(free / activations_per_row);
-        max_tokens = Some(free / activations_per_row * t);
-        max_rows_ck = Some(free / activations_per_row_checkpointed);
+        let r = largest(|r| kept_with(r, false) <= free);
+        max_rows = Some(r);
+        max_tokens = Some(positions(r));
+        max_rows_ck = Some(largest(|r| kept_with(r, true) <= free));
         let roll_fixed = resident
             + overhead
             + if threaded {
-                gradients + logits_buffer + rows * kept_per_row
+                gradients + logits_buffer + activations_per_micro_batch
             } else {
                 0
             };
@@ -412,6 +447,10 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         kv_cache_rows,
         overhead,
         micro_batch_rows: rows,
+        share_prompt: share,
+        group_size: k,
+        micro_batch_positions: positions(rows),
+        activations_per_micro_batch,
         train_peak,
         rollout_peak,
         memory,
@@ -421,6 +460,24 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         max_micro_batch_rows_checkpointed: max_rows_ck,
         max_rollout_rows: max_roll,
     })
+}
+
+/// The largest `r` below 2²⁴ with `ok(r)`, for `ok` true up to some point and false after it.
+fn largest(ok: impl Fn(u64) -> bool) -> u64 {
+    let (mut lo, mut hi) = (0u64, 1u64 << 24);
+    if !ok(0) {
+        return 0;
+    }
+    // Invariant: ok(lo), !ok(hi) (or hi past the range).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 fn gib(x: u64) -> String {
@@ -462,7 +519,7 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
             p.adapter_params as f64 / 1e6
         )?;
     }
-    let rows: [(&str, String); 12] = [
+    let rows: [(&str, String); 13] = [
         ("weights", gib(p.weights)),
         ("master weights (f32)", gib(p.master_weights)),
         ("gradients", gib(p.gradients)),
@@ -473,6 +530,19 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
         (
             "  with checkpointing",
             mib(p.activations_per_row_checkpointed),
+        ),
+        (
+            "activations/micro-batch",
+            format!(
+                "{} ({} positions: {})",
+                mib(p.activations_per_micro_batch),
+                p.micro_batch_positions,
+                if p.share_prompt {
+                    format!("each prompt once per {} rows", p.group_size)
+                } else {
+                    "every row's prompt".to_string()
+                }
+            ),
         ),
         ("logits buffer", mib(p.logits_buffer)),
         (
@@ -496,7 +566,7 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
     if let (Some(m), Some(f)) = (p.memory, p.fits) {
         writeln!(
             out,
-            "in {}: this config {}; largest micro-batch {} rows ({} tokens), {} rows with \
+            "in {}: this config {}; largest micro-batch {} rows ({} positions), {} rows with \
              checkpointing; largest rollout batch {} rows",
             gib(m),
             if f { "fits" } else { "does NOT fit" },

@@ -225,10 +225,19 @@ pub struct TrainSection {
     pub grad_clip: f64,
     /// Rows (completions) per micro-batch. Default 8.
     pub micro_batch_size: usize,
-    /// Token budget per micro-batch (rows × padded length); when set it replaces
-    /// `micro_batch_size` (a single longer row still gets its own micro-batch). Default unset.
+    /// Token budget per micro-batch: the decoder positions of its forward (rows × padded length,
+    /// or with `share_prompt` each distinct prompt once plus rows × longest completion, whichever
+    /// is less); when set it replaces `micro_batch_size` (a single longer row still gets its own
+    /// micro-batch). Default unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub micro_batch_tokens: Option<usize>,
+    /// Compute each group's prompt once for its K completions, forward and backward (the
+    /// prefix-shared forward), in the training pass, the KL reference pass, the mismatch scoring
+    /// and `recompute_behaviour`. Micro-batches always hold whole groups (a group above the limit
+    /// is split into parts that each share the prompt). Rows are grouped by identical prompt ids,
+    /// so rows that share no prompt take the unshared path. The same values up to float
+    /// reassociation; false computes every row's prompt (for checking). Default true.
+    pub share_prompt: bool,
     /// Leave out of forward and backward the rows whose gradient is exactly zero: rows outside the
     /// normaliser (zero-variance groups under `exclude_zero_std`, masked truncations) and, when the
     /// loss has no KL, entropy or regulariser term, rows with advantage 0. The update is unchanged;
@@ -282,6 +291,7 @@ impl Default for TrainSection {
             grad_clip: 1.0,
             micro_batch_size: 8,
             micro_batch_tokens: None,
+            share_prompt: true,
             skip_zero_gradient_rows: true,
             gradient_checkpointing: false,
             mini_batches: 1,

@@ -32,6 +32,7 @@ impl From<&TrainSection> for UpdateSettings {
             grad_clip: t.grad_clip,
             micro_batch_size: t.micro_batch_size,
             micro_batch_tokens: t.micro_batch_tokens,
+            share_prompt: t.share_prompt,
             skip_zero_gradient_rows: t.skip_zero_gradient_rows,
             gradient_checkpointing: t.gradient_checkpointing,
             mini_batches: t.mini_batches,
@@ -101,6 +102,7 @@ pub fn explorer_settings(cfg: &ResolvedConfig, eos_ids: &[u32]) -> ExplorerSetti
         short_batch: c.train.dynamic_sampling_short_batch,
         recompute_behaviour: c.train.recompute_behaviour,
         micro_batch_size: c.train.micro_batch_size,
+        share_prompt: c.train.share_prompt,
         log_rollouts: c.train.log_rollouts,
     }
 }

@@ -78,8 +78,10 @@ pub struct ExplorerSettings {
     pub short_batch: ShortBatch,
     /// Recompute ℓ_old with the training forward at the behaviour version.
     pub recompute_behaviour: bool,
-    /// Rows per recomputation forward.
+    /// Rows per recomputation forward (micro-batches of whole groups).
     pub micro_batch_size: usize,
+    /// Compute each group's prompt once in the recomputation (`train.share_prompt`).
+    pub share_prompt: bool,
     /// Completions per batch kept for rollouts.jsonl.
     pub log_rollouts: usize,
 }
@@ -347,6 +349,7 @@ impl Explorer {
             self.settings.micro_batch_size,
             t,
             self.tokenizer.pad_id,
+            self.settings.share_prompt,
         )?;
         for (e, l) in exps.iter_mut().zip(lp) {
             if !e.completion_ids.is_empty() {

@@ -1,7 +1,10 @@
 //! The trainer update stage (DESIGN.md sections 3 and 4): advantages over the step batch, then
-//! μ epochs × mini-batches of optimizer updates, each update split into micro-batches (by row count or
-//! token budget, rows packed by [`crate::pack`]) under one update-level normaliser; each update ends
-//! in the shared optimizer step ([`super::optimizer`]: reduce hook, global-norm clipping, AdamW).
+//! μ epochs × mini-batches of optimizer updates, each update split into micro-batches of whole groups
+//! (by row count or token budget, [`crate::pack::micro_batches`]) under one update-level
+//! normaliser; each update ends in the shared optimizer step ([`super::optimizer`]: reduce hook,
+//! global-norm clipping, AdamW). With `share_prompt` (the default) each micro-batch's forward
+//! computes a group's prompt once for all its completions (`rlvr_model::shared_prefix`), in the
+//! training pass, the reference pass and the start-of-step scoring alike.
 //! The losses, advantages and normalisers themselves, with their paper equations, are rlvr-algo's
 //! (`compute_advantages`, `policy_loss`, `UpdateNormaliser`).
 //!
@@ -12,7 +15,8 @@
 //! for epoch in 1..=μ:
 //!   for mini-batch M (whole groups):                       one optimizer update each
 //!     w ← UpdateNormaliser(M)                              fixed before micro-batching
-//!     for micro-batch m ⊂ M: g += ∇ policy_loss(m, w_m)    no division by #micro-batches
+//!     for micro-batch m ⊂ M (whole groups):              prompt computed once per group
+//!       g += ∇ policy_loss(m, w_m)                         no division by #micro-batches
 //!     if !finite(g): skip;  g ← g·min(1, c/‖g‖);  AdamW(g, lr)
 //! ```
 
@@ -27,7 +31,7 @@ use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
 
 use super::optimizer::OptimizerStep;
-use crate::pack::pack_rows;
+use crate::pack::{micro_batches, pack_rows, MicroBatchLimit};
 use crate::store::experience::Experience;
 
 /// How the trainer splits and optimises a step (the `train.*` keys of the same names document
@@ -48,8 +52,13 @@ pub struct UpdateSettings {
     pub grad_clip: f64,
     /// Rows per micro-batch.
     pub micro_batch_size: usize,
-    /// Token budget per micro-batch (rows × padded length), replacing `micro_batch_size` when set.
+    /// Token budget per micro-batch (decoder positions: [`crate::pack::forward_cost`]), replacing
+    /// `micro_batch_size` when set.
     pub micro_batch_tokens: Option<usize>,
+    /// Compute each group's prompt once for all its completions (prefix-shared forward and
+    /// backward, `rlvr_model::shared_prefix`; rows that share no prompt fall back to the unshared
+    /// batch). Off: every row is its own `[prompt, completion]` row (for checking).
+    pub share_prompt: bool,
     /// Leave rows whose gradient is exactly zero out of forward and backward.
     pub skip_zero_gradient_rows: bool,
     /// Activation checkpointing.
@@ -238,6 +247,7 @@ impl Trainer {
             self.settings.train.micro_batch_size,
             self.settings.temperature.max(1e-6),
             self.settings.pad_id,
+            self.settings.train.share_prompt,
         )?;
         Ok(Some(lp))
     }
@@ -282,7 +292,13 @@ impl Trainer {
         let rows_skipped = rows.len() - trained.len();
         let mut grads = self.optimizer.gradients();
         let mut stats = LossStats::default();
-        for mb in micro_batches(batch, &trained, &self.settings.train) {
+        let t = &self.settings.train;
+        let limit = MicroBatchLimit {
+            rows: t.micro_batch_size,
+            tokens: t.micro_batch_tokens,
+            share_prompt: t.share_prompt,
+        };
+        for mb in micro_batches(batch, &trained, limit) {
             let local: Vec<usize> = mb
                 .iter()
                 .map(|i| {
@@ -349,36 +365,33 @@ impl Trainer {
             .iter()
             .map(|&i| (&batch[i].prompt_ids[..], &batch[i].completion_ids[..]))
             .collect();
-        let p = pack_rows(&rows, self.settings.pad_id);
-        let (ids, mask, at, start) = (&p.ids, &p.mask, &p.at, p.start);
         let dev = self.model.device();
         let b = mb.len();
         let need_entropy = true;
-        // Only completion positions reach the lm_head ([b, C], 0 after each completion).
-        let out = self.model.token_logprobs_at(
-            ids,
-            mask,
-            start,
-            at,
-            self.settings.temperature,
-            need_entropy,
-            true,
-        )?;
+        let temperature = self.settings.temperature;
+        // Only completion positions reach the lm_head ([b, C], 0 after each completion); shared:
+        // each distinct prompt once (same layout and values up to float reassociation).
+        let packed =
+            (!self.settings.train.share_prompt).then(|| pack_rows(&rows, self.settings.pad_id));
+        let score = |m: &Model, entropy: bool, grad: bool| -> anyhow::Result<_> {
+            Ok(match &packed {
+                None => m.shared_prefix_logprobs_rows(&rows, temperature, entropy, grad)?,
+                Some(p) => m.token_logprobs_at(
+                    &p.ids,
+                    &p.mask,
+                    p.start,
+                    &p.at,
+                    temperature,
+                    entropy,
+                    grad,
+                )?,
+            })
+        };
+        let out = score(&self.model, need_entropy, true)?;
         let logp = out.logprobs;
         let entropy = out.entropy;
         let logp_ref = match (&self.reference, self.settings.algorithm.needs_reference()) {
-            (Some(r), true) => {
-                let o = r.token_logprobs_at(
-                    ids,
-                    mask,
-                    start,
-                    at,
-                    self.settings.temperature,
-                    false,
-                    false,
-                )?;
-                Some(o.logprobs)
-            }
+            (Some(r), true) => Some(score(r, false, false)?.logprobs),
             (None, true) => anyhow::bail!(
                 "algorithm.kl_coef = {} needs a reference model, but none was loaded",
                 self.settings.algorithm.kl_coef
@@ -465,36 +478,4 @@ pub fn split_groups(groups: &[&str], n: usize) -> Vec<Vec<usize>> {
     }
     out.retain(|c| !c.is_empty());
     out
-}
-
-/// Splits an update's rows into micro-batches: `micro_batch_size` rows each, or, with
-/// `micro_batch_tokens`, as many rows as fit the budget rows × padded length (a row longer than
-/// the budget gets its own micro-batch).
-pub fn micro_batches(batch: &[Experience], rows: &[usize], t: &UpdateSettings) -> Vec<Vec<usize>> {
-    match t.micro_batch_tokens {
-        None => rows
-            .chunks(t.micro_batch_size)
-            .map(|c| c.to_vec())
-            .collect(),
-        Some(budget) => {
-            let mut out: Vec<Vec<usize>> = Vec::new();
-            let mut cur: Vec<usize> = Vec::new();
-            let mut longest = 0usize;
-            for &i in rows {
-                let len = batch[i].prompt_ids.len() + batch[i].completion_ids.len();
-                let new_longest = longest.max(len);
-                if !cur.is_empty() && new_longest * (cur.len() + 1) > budget {
-                    out.push(std::mem::take(&mut cur));
-                    longest = len;
-                } else {
-                    longest = new_longest;
-                }
-                cur.push(i);
-            }
-            if !cur.is_empty() {
-                out.push(cur);
-            }
-            out
-        }
-    }
 }
