@@ -98,6 +98,21 @@ impl MismatchSums {
         self.n += 1;
     }
 
+    /// The sums as `[Σ|r|, Σ(e^r − r − 1), tokens]`, to be summed across processes (data-parallel
+    /// training) and rebuilt with [`MismatchSums::from_parts`].
+    pub fn to_parts(&self) -> [f64; 3] {
+        [self.abs, self.k3, self.n as f64]
+    }
+
+    /// The sums of [`MismatchSums::to_parts`] (the token count rounded to an integer).
+    pub fn from_parts(p: [f64; 3]) -> Self {
+        MismatchSums {
+            abs: p[0],
+            k3: p[1],
+            n: p[2].round().max(0.0) as usize,
+        }
+    }
+
     /// The token means; `None` when no token was added.
     pub fn stats(&self) -> Option<MismatchStats> {
         (self.n > 0).then(|| MismatchStats {

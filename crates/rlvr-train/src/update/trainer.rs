@@ -30,6 +30,7 @@ use rlvr_algo::{
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
 
+use super::dp::{gather_view, local_view, reduce_stats, GlobalView};
 use super::optimizer::OptimizerStep;
 use crate::pack::{micro_batches, pack_rows, MicroBatchLimit};
 use crate::store::experience::Experience;
@@ -94,6 +95,9 @@ pub struct Trainer {
     pub optimizer: OptimizerStep,
     /// Settings.
     pub settings: TrainerSettings,
+    /// Data parallel: the communicator this rank shares with its optimizer's gradient reduction
+    /// ([`Trainer::data_parallel`]); `None` in one process.
+    comm: Option<rlvr_dist::SharedComm>,
 }
 
 /// Result of one trainer step.
@@ -161,11 +165,49 @@ impl Trainer {
             reference,
             optimizer,
             settings,
+            comm: None,
         })
     }
 
+    /// Makes this trainer one rank of a data-parallel group over `comm` (world size ≥ 1): the
+    /// optimizer's gradients are summed over the ranks (`rlvr_dist::DistReduce`, with the
+    /// non-finite flag), and [`Trainer::step`] takes this rank's whole groups of the step batch
+    /// (ranks in order: rank 0's rows first), gathers the per-row metadata, and computes the
+    /// advantages, normalisers and reported statistics of the whole batch, as one process would.
+    /// Every rank must call `step` for every step, also with no rows.
+    ///
+    /// # Errors
+    /// Tensor errors building the reduction's buffers.
+    pub fn data_parallel(mut self, comm: rlvr_dist::SharedComm) -> anyhow::Result<Self> {
+        let params: Vec<Tensor> = self
+            .model
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().clone())
+            .collect();
+        let reduce = rlvr_dist::DistReduce::new(Box::new(comm.clone()), &params)?;
+        let t = &self.settings.train;
+        let optimizer = OptimizerStep::new(
+            &self.model,
+            AdamWConfig {
+                lr: t.lr,
+                beta1: t.beta1,
+                beta2: t.beta2,
+                eps: t.adam_eps,
+                weight_decay: t.weight_decay,
+            },
+            t.grad_clip,
+        )?
+        .with_reduce(Box::new(reduce));
+        self.optimizer = optimizer;
+        self.comm = Some(comm);
+        Ok(self)
+    }
+
     /// One trainer step on `batch` (B groups × K, any order), at trainer step `step` (1-based) with
-    /// learning rate `lr`. `seed` is the run seed (RED-Drop).
+    /// learning rate `lr`. `seed` is the run seed (RED-Drop). Data parallel
+    /// ([`Trainer::data_parallel`]), `batch` is this rank's whole groups and the report is the
+    /// whole batch's, the same on every rank.
     ///
     /// # Errors
     /// Shape or tensor errors, invalid rewards; a non-finite loss is not an error (the update is
@@ -179,14 +221,19 @@ impl Trainer {
     ) -> anyhow::Result<StepReport> {
         let alg = self.settings.algorithm.clone();
         let mut report = StepReport::default();
-        if batch.is_empty() {
+        // Every rank's rows, as far as the advantages and normalisers need them.
+        let view = match self.comm.as_mut() {
+            Some(c) => gather_view(c, batch)?,
+            None => local_view(batch),
+        };
+        if view.rows.is_empty() {
             return Ok(report);
         }
         // 1. Advantages over the whole step batch (groups by id).
-        let mut rewards: Vec<Option<f64>> = batch.iter().map(|e| e.reward).collect();
-        let lens: Vec<usize> = batch.iter().map(|e| e.completion_ids.len()).collect();
+        let mut rewards: Vec<Option<f64>> = view.rows.iter().map(|e| e.reward).collect();
+        let lens: Vec<usize> = view.rows.iter().map(|e| e.completion_tokens).collect();
         shape_rewards(&mut rewards, &lens, self.settings.max_new_tokens, &alg)?;
-        let groups: Vec<&str> = batch.iter().map(|e| e.group_id.as_str()).collect();
+        let groups: Vec<&str> = view.rows.iter().map(|e| e.group_id.as_str()).collect();
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
 
@@ -203,6 +250,7 @@ impl Trainer {
                 let first = epoch == 0 && m == 0;
                 let out = self.update(
                     batch,
+                    &view,
                     rows,
                     (&adv, start_lp.as_deref()),
                     step,
@@ -212,13 +260,16 @@ impl Trainer {
                 stats.merge(&out.stats);
                 report.updates += 1;
                 report.rows_skipped += out.rows_skipped;
-                report.tokens += out.stats.tokens as usize;
                 match out.grad_norm {
                     Some(g) => norms.push(g),
                     None => report.skipped = true,
                 }
             }
         }
+        if let Some(c) = self.comm.as_mut() {
+            reduce_stats(c, &mut stats, &mut diff)?;
+        }
+        report.tokens = stats.tokens as usize;
         // 3. Metrics.
         let mut metrics = stats.finalise(Some(&adv.stats));
         metrics.loss = stats.loss / report.updates.max(1) as f64;
@@ -252,11 +303,13 @@ impl Trainer {
         Ok(Some(lp))
     }
 
-    /// One optimizer update over `rows` of `batch`. Returns the merged loss stats and the gradient
-    /// norm (None when the update was skipped as non-finite).
+    /// One optimizer update over the global `rows` of `view`, of which this rank trains those in
+    /// `batch`. Returns this rank's merged loss stats, the gradient norm (None when the update was
+    /// skipped as non-finite) and the rows skipped of all ranks.
     fn update(
         &mut self,
         batch: &[Experience],
+        view: &GlobalView,
         rows: &[usize],
         (adv, start_lp): (&rlvr_algo::Advantages, Option<&[Vec<f32>]>),
         step: u64,
@@ -267,8 +320,8 @@ impl Trainer {
         let infos: Vec<RowInfo> = rows
             .iter()
             .map(|&i| RowInfo {
-                completion_tokens: batch[i].completion_ids.len(),
-                truncated: batch[i].truncated,
+                completion_tokens: view.rows[i].completion_tokens,
+                truncated: view.rows[i].truncated,
                 in_normaliser: adv.in_normaliser[i],
             })
             .collect();
@@ -290,6 +343,12 @@ impl Trainer {
             .map(|(&i, _)| i)
             .collect();
         let rows_skipped = rows.len() - trained.len();
+        // This rank's trained rows (local indices) and each global row's place in `rows`.
+        let place: HashMap<usize, usize> = rows.iter().enumerate().map(|(p, &g)| (g, p)).collect();
+        let trained: Vec<usize> = trained
+            .iter()
+            .filter_map(|&g| view.local_index(g))
+            .collect();
         let mut grads = self.optimizer.gradients();
         let mut stats = LossStats::default();
         let t = &self.settings.train;
@@ -299,14 +358,7 @@ impl Trainer {
             share_prompt: t.share_prompt,
         };
         for mb in micro_batches(batch, &trained, limit) {
-            let local: Vec<usize> = mb
-                .iter()
-                .map(|i| {
-                    rows.iter()
-                        .position(|r| r == i)
-                        .expect("row of this update")
-                })
-                .collect();
+            let local: Vec<usize> = mb.iter().map(|&i| place[&view.global(i)]).collect();
             let weights = norm.rows(&local);
             let Some(t) = self.forward(batch, &mb)? else {
                 continue;
@@ -321,7 +373,10 @@ impl Trainer {
                     .to_device(t.mask.device())?,
                 None => t.mask.clone(),
             };
-            let a: Vec<f32> = mb.iter().map(|&i| adv.values[i] as f32).collect();
+            let a: Vec<f32> = mb
+                .iter()
+                .map(|&i| adv.values[view.global(i)] as f32)
+                .collect();
             let a = Tensor::from_vec(a, mb.len(), self.model.device())?;
             let (loss, st) = policy_loss(
                 alg,

@@ -1,0 +1,260 @@
+//! The whole trainer step data-parallel (`Trainer::data_parallel`): W ranks (threads of one
+//! process over rlvr-dist's `ThreadComm`, each with its own replica) holding consecutive whole
+//! groups of the step batch give the step one process gives for the whole batch, for each
+//! aggregation and normaliser mode: the reported loss, gradient norm and statistics within 1e-5
+//! relative (1e-7 absolute near zero), weights within 1e-2 × lr after 3 steps (AdamW magnifies
+//! rounding where gradients are near zero), replicas bitwise equal, rows and tokens counted
+//! exactly. Covered: zero-variance groups, groups that do not divide evenly over the ranks (5
+//! groups on 2 and 3 ranks), a rank with no rows at all (2 groups on 3 ranks), two mini-batches ×
+//! two epochs, RED-Drop's seeded choice, the mismatch correction, a group split over two ranks
+//! refused.
+
+use candle_core::{DType, Device};
+use rlvr_dist::{Communicator, SharedComm, ThreadComm};
+use rlvr_model::{Model, ModelConfig};
+use rlvr_train::config::TrainSection;
+use rlvr_train::store::experience::Experience;
+use rlvr_train::update::{StepReport, Trainer, TrainerSettings};
+
+const LR: f64 = 1e-3;
+
+fn model() -> Model {
+    let config = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 32, "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 4, "max_position_embeddings": 64,
+            "tie_word_embeddings": true}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    Model::random(config, 0.3, 5, DType::F32, &Device::Cpu).unwrap()
+}
+
+/// `groups` groups of K = 4 (prompts 2-5 tokens, completions 1-6), the second zero-variance.
+fn batch(groups: usize) -> Vec<Experience> {
+    let mut s = 3u64;
+    let mut next = |m: u64| {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 33) % m) as u32
+    };
+    let mut out = Vec::new();
+    for g in 0..groups {
+        let prompt: Vec<u32> = (0..2 + next(4)).map(|_| 1 + next(30)).collect();
+        for k in 0..4 {
+            let c: Vec<u32> = (0..1 + next(6)).map(|_| 1 + next(30)).collect();
+            out.push(Experience {
+                prompt_ids: prompt.clone(),
+                behaviour_logprobs: c.iter().map(|_| -3.0 + next(200) as f32 / 100.0).collect(),
+                completion_ids: c,
+                reward: Some(if g == 1 { 1.0 } else { ((g + k) % 3) as f64 }),
+                correct: None,
+                group_id: format!("g{g}"),
+                version: Some(0),
+                truncated: k == 3 && g == 0,
+            });
+        }
+    }
+    out
+}
+
+fn trainer(preset: &str, train: &TrainSection, mismatch: bool) -> Trainer {
+    let mut alg = rlvr_algo::AlgorithmConfig::empty(preset);
+    alg.kl_coef = None;
+    if mismatch {
+        alg.mismatch_correction = Some(rlvr_algo::MismatchCorrection::TokenTruncate);
+    }
+    let settings = TrainerSettings {
+        algorithm: alg.resolve().unwrap(),
+        train: train.into(),
+        temperature: 0.8,
+        max_new_tokens: 6,
+        pad_id: 0,
+    };
+    Trainer::new(model(), None, settings).unwrap()
+}
+
+fn weights(t: &Trainer) -> Vec<f32> {
+    t.model
+        .named_vars()
+        .iter()
+        .flat_map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Three steps; the reports and the final weights.
+fn steps(t: &mut Trainer, rows: &[Experience]) -> (Vec<StepReport>, Vec<f32>) {
+    let reps = (1..=3).map(|s| t.step(rows, s, LR, 7).unwrap()).collect();
+    (reps, weights(t))
+}
+
+/// Rank r's consecutive share of the groups of `b` (groups of 4 rows), as even as it goes.
+fn share(b: &[Experience], world: usize, rank: usize) -> Vec<Experience> {
+    let groups = b.len() / 4;
+    let (per, extra) = (groups / world, groups % world);
+    let start = rank * per + rank.min(extra);
+    let n = per + usize::from(rank < extra);
+    b[start * 4..(start + n) * 4].to_vec()
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-7,
+        "{what}: {a} vs {b}"
+    );
+}
+
+fn check(preset: &str, train: TrainSection, groups: usize, world: usize, mismatch: bool) {
+    let what = format!("{preset} {groups} groups on {world} ranks");
+    let b = batch(groups);
+    let (one, w1) = steps(&mut trainer(preset, &train, mismatch), &b);
+    let ranks = ThreadComm::run(world, |comm| {
+        let rank = comm.rank();
+        let comm = SharedComm::new(Box::new(comm));
+        let mut t = trainer(preset, &train, mismatch)
+            .data_parallel(comm)
+            .unwrap();
+        steps(&mut t, &share(&b, world, rank))
+    });
+    for (r, (_, w)) in ranks.iter().enumerate() {
+        assert!(
+            w == &ranks[0].1,
+            "{what}: replica {r} differs from rank 0's"
+        );
+    }
+    for (r, (reps, _)) in ranks.iter().enumerate() {
+        for (s, (a, b)) in one.iter().zip(reps).enumerate() {
+            let w = format!("{what}, rank {r}, step {}", s + 1);
+            assert_eq!(a.updates, b.updates, "{w}");
+            assert_eq!(
+                (a.tokens, a.rows_skipped),
+                (b.tokens, b.rows_skipped),
+                "{w}"
+            );
+            assert_eq!(a.skipped, b.skipped, "{w}");
+            assert_eq!(format!("{:?}", a.adv), format!("{:?}", b.adv), "{w}");
+            close(
+                a.grad_norm.unwrap(),
+                b.grad_norm.unwrap(),
+                &format!("{w} grad norm"),
+            );
+            let (la, lb) = (a.loss.as_ref().unwrap(), b.loss.as_ref().unwrap());
+            close(la.loss, lb.loss, &format!("{w} loss"));
+            let fields = |m: &rlvr_algo::LossMetrics| {
+                [
+                    m.clip_frac,
+                    m.clip_frac_low,
+                    m.clip_frac_high,
+                    m.clip_frac_adv_pos,
+                    m.clip_frac_adv_neg,
+                    m.ratio_mean,
+                    m.ratio_min,
+                    m.ratio_max,
+                    m.kl_behaviour,
+                    m.kl_ref,
+                    m.entropy,
+                    m.ess,
+                    m.masked_frac,
+                    m.zero_std_frac,
+                ]
+            };
+            for (k, (x, y)) in fields(la).into_iter().zip(fields(lb)).enumerate() {
+                match (x, y) {
+                    (Some(x), Some(y)) => close(x, y, &format!("{w} metric {k}")),
+                    _ => assert_eq!(x, y, "{w} metric {k}"),
+                }
+            }
+            match (a.logprob_diff_s0, b.logprob_diff_s0) {
+                (Some(x), Some(y)) => close(x, y, &format!("{w} logprob_diff_s0")),
+                (x, y) => assert_eq!(x, y, "{w}"),
+            }
+        }
+    }
+    assert!(
+        one[0].loss.as_ref().unwrap().loss != 0.0,
+        "{what}: zero loss"
+    );
+    let worst = w1
+        .iter()
+        .zip(&ranks[0].1)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-2 * LR as f32,
+        "{what}: weights differ by {worst}"
+    );
+}
+
+fn base() -> TrainSection {
+    TrainSection {
+        micro_batch_size: 3,
+        grad_clip: 1.0,
+        weight_decay: 0.01,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn each_normaliser_gives_the_one_process_step_on_two_and_three_ranks() {
+    // token mean (dapo), sequence mean of token means (grpo), a constant (dr_grpo), REINFORCE,
+    // REC's keep-mask, OPMD's regulariser.
+    for preset in [
+        "grpo",
+        "dapo",
+        "dr_grpo",
+        "reinforce",
+        "rec_oneside_is",
+        "opmd",
+    ] {
+        check(preset, base(), 5, 2, false);
+    }
+    check("grpo", base(), 5, 3, false);
+    check("dapo", base(), 5, 3, false);
+}
+
+#[test]
+fn a_rank_without_rows_still_runs_every_update() {
+    check("grpo", base(), 2, 3, false);
+}
+
+#[test]
+fn mini_batches_epochs_red_drop_and_the_mismatch_correction_keep_their_meaning() {
+    let more = TrainSection {
+        mini_batches: 2,
+        epochs: 2,
+        ..base()
+    };
+    check("grpo", more.clone(), 5, 2, false);
+    check("red_drop", base(), 5, 2, false);
+    check("grpo", base(), 4, 2, true);
+    let no_skip = TrainSection {
+        skip_zero_gradient_rows: false,
+        share_prompt: false,
+        ..base()
+    };
+    check("dapo", no_skip, 5, 3, false);
+}
+
+#[test]
+fn a_group_on_two_ranks_is_refused() {
+    let b = batch(2);
+    let errs = ThreadComm::run(2, |comm| {
+        let rank = comm.rank();
+        let mut t = trainer("grpo", &base(), false)
+            .data_parallel(SharedComm::new(Box::new(comm)))
+            .unwrap();
+        // Rows 0-5 and 6-7: group g1 is on both.
+        let rows = if rank == 0 { &b[..6] } else { &b[6..] };
+        t.step(rows, 1, LR, 0).unwrap_err().to_string()
+    });
+    for e in errs {
+        assert!(e.contains("\"g1\"") && e.contains("one rank"), "{e}");
+    }
+}
