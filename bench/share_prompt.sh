@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The trainer's RL step with each group's prompt computed once (train.share_prompt = true, the
+# default) vs every row computing it (false), in one invocation, alternating, on the same model,
+# prompts and completions.
+#
+#   bench/share_prompt.sh [ROUNDS]        default 1 round (each mode once)
+#
+# Model: `rlvr init` with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 / 2 heads, intermediate
+# 4864, vocab 151936, tied, rope θ 1e6; random weights), f32 on the CPU. Prompt: the first GSM8K
+# training question in the model's chat template (Qwen2.5's ChatML, one user message; its length
+# is printed), K = 8 completions of exactly 64 new tokens (min = max), T = 1; GRPO, one step, one
+# micro-batch of the whole group (train.micro_batch_size = 8), train.skip_zero_gradient_rows =
+# false (random weights score 0 everywhere, and skipping would train nothing). Both modes sample
+# the same completions (same seed, same sampler): only the training pass differs.
+#
+# Prints, per run: time/train_s from metrics.jsonl (the trainer step: forward, backward, AdamW),
+# the process's peak RSS (GNU time), and the loss (equal in both modes up to rounding).
+# Environment: RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
+# DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-1}
+DATA=${DATA:-data}
+THREADS=${THREADS:-2}
+W=$(mktemp -d /tmp/share_prompt.XXXXXX)
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$W"' EXIT
+if [ -z "${RLVR:-}" ]; then
+  CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build -q --workspace --locked --bins
+  RLVR=target/debug/rlvr
+fi
+command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)" >&2; exit 1; }
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+"$RLVR" init --arch qwen2 --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 \
+  --vocab-size 151936 --tie-embeddings true --rope-theta 1000000 --max-position-embeddings 32768 \
+  --tokenizer "$DATA/tokenizers/qwen2.5/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
+head -n 1 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
+run() { # $1 = share_prompt, $2 = run dir
+  RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%M' -o "$2.rss" "$RLVR" train \
+    --set model.path="\"$W/model\"" --set model.dtype='"f32"' --set model.device='"cpu"' \
+    --set data.task='"gsm8k"' --set data.train="\"$W/prompts.jsonl\"" --set data.style='"chat"' \
+    --set data.prompts_per_step=1 --set data.seed=0 \
+    --set rollout.group_size=8 --set rollout.max_new_tokens=64 --set rollout.min_new_tokens=64 \
+    --set rollout.temperature=1.0 --set rollout.top_p=1.0 --set rollout.top_k=0 \
+    --set algorithm.preset='"grpo"' --set algorithm.kl_coef=0.0 \
+    --set train.steps=1 --set train.lr=1e-6 --set train.eval_every=0 --set train.micro_batch_size=8 \
+    --set train.skip_zero_gradient_rows=false --set train.share_prompt="$1" \
+    --set output.dir="\"$2\"" --no-progress >/dev/null 2>"$2.log" || { cat "$2.log"; exit 1; }
+  # The prompt's token count: its rendered text (rollouts.jsonl) encoded as the trainer encodes it.
+  python3 -c 'import json,sys; print(json.dumps({"prompt": json.loads(open(sys.argv[1]).readline())["prompt"]}))' \
+    "$2/rollouts.jsonl" > "$2.prompt.jsonl"
+  "$RLVR" generate --model "$W/model" --prompts "$2.prompt.jsonl" -n 1 --max-new-tokens 1 \
+    --out "$2.prompt_ids.jsonl" >/dev/null
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+share, run = sys.argv[1], sys.argv[2]
+m = [json.loads(l) for l in open(f"{run}/metrics.jsonl")][-1]
+rss = int(open(f"{run}.rss").read().split()[-1]) // 1024
+plen = len(json.loads(open(f"{run}.prompt_ids.jsonl").readline())["prompt_ids"])
+print(json.dumps({"share_prompt": share == "true", "train_s": round(m["time/train_s"], 2),
+                  "sample_s": round(m["time/sample_s"], 2), "peak_rss_mb": rss,
+                  "loss": m["loss"], "prompt_tokens": plen,
+                  "completion_len": m["completion_len/mean"]}))
+PY
+}
+for r in $(seq 1 "$ROUNDS"); do
+  run false "$W/unshared-$r"
+  run true "$W/shared-$r"
+done
