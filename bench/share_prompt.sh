@@ -7,8 +7,8 @@
 #
 # Model: `rlvr init` with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 / 2 heads, intermediate
 # 4864, vocab 151936, tied, rope θ 1e6; random weights), f32 on the CPU. Prompt: the first GSM8K
-# training question in the model's chat template (Qwen2.5's ChatML, one user message; its length
-# is printed), K = 8 completions of exactly 64 new tokens (min = max), T = 1; GRPO, one step, one
+# training question with the task's instruction in Qwen2.5's chat template (data/tokenizers/qwen2.5:
+# its default system message, one user message; the length is printed), K = 8 completions of exactly 64 new tokens (min = max), T = 1; GRPO, one step, one
 # micro-batch of the whole group (train.micro_batch_size = 8), train.skip_zero_gradient_rows =
 # false (random weights score 0 everywhere, and skipping would train nothing). Both modes sample
 # the same completions (same seed, same sampler): only the training pass differs.
@@ -29,10 +29,14 @@ if [ -z "${RLVR:-}" ]; then
   RLVR=target/debug/rlvr
 fi
 command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)" >&2; exit 1; }
+# Qwen2.5's own chat template (and special tokens): its tokenizer_config.json beside the tokenizer.
+mkdir -p "$W/tok"
+cp "$DATA/tokenizers/qwen2.5/tokenizer.json" "$W/tok/"
+cp "$DATA/tokenizers/qwen2.5/tokenizer_config.source.json" "$W/tok/tokenizer_config.json"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$RLVR" init --arch qwen2 --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 \
   --vocab-size 151936 --tie-embeddings true --rope-theta 1000000 --max-position-embeddings 32768 \
-  --tokenizer "$DATA/tokenizers/qwen2.5/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
+  --tokenizer "$W/tok/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
 head -n 1 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
 run() { # $1 = share_prompt, $2 = run dir
   RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%M' -o "$2.rss" "$RLVR" train \

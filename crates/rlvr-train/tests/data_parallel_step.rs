@@ -73,7 +73,10 @@ fn single(steps: usize) -> (Vec<f64>, Vec<Vec<f32>>) {
 }
 
 /// Rank r of 2 takes rows r and r + 2; `poison` marks rank 1's part of update `poison` non-finite.
-fn ranked(steps: usize, poison: Option<usize>) -> Vec<(Vec<Option<f64>>, Vec<Vec<f32>>)> {
+/// Per rank: each update's gradient norm (None = skipped) and the final weights.
+type RankOutcome = (Vec<Option<f64>>, Vec<Vec<f32>>);
+
+fn ranked(steps: usize, poison: Option<usize>) -> Vec<RankOutcome> {
     ThreadComm::run(2, |comm| {
         let m = tiny();
         let rank = comm.rank();

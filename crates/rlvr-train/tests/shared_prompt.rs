@@ -20,7 +20,10 @@ use rlvr_train::update::{GradReduce, OptimizerStep, StepReport, Trainer, Trainer
 /// A reduction that records each update's gradient sums (as f64, `named_vars` order) and leaves
 /// them as they are.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Vec<Option<Vec<f64>>>>>>);
+struct Capture(Arc<Mutex<Vec<UpdateGrads>>>);
+
+/// One update's gradient per parameter (`None`: not reached).
+type UpdateGrads = Vec<Option<Vec<f64>>>;
 
 impl GradReduce for Capture {
     fn reduce(&mut self, grads: &mut [Option<Tensor>], _finite: &mut bool) -> anyhow::Result<()> {
@@ -87,7 +90,7 @@ fn batch() -> Vec<Experience> {
 
 struct Outcome {
     report: StepReport,
-    grads: Vec<Vec<Option<Vec<f64>>>>,
+    grads: Vec<UpdateGrads>,
     start_scores: Vec<Vec<f32>>,
 }
 

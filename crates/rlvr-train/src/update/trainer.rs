@@ -249,8 +249,7 @@ impl Trainer {
             for (m, rows) in minis.iter().enumerate() {
                 let first = epoch == 0 && m == 0;
                 let out = self.update(
-                    batch,
-                    &view,
+                    (batch, &view),
                     rows,
                     (&adv, start_lp.as_deref()),
                     step,
@@ -308,8 +307,7 @@ impl Trainer {
     /// skipped as non-finite) and the rows skipped of all ranks.
     fn update(
         &mut self,
-        batch: &[Experience],
-        view: &GlobalView,
+        (batch, view): (&[Experience], &GlobalView),
         rows: &[usize],
         (adv, start_lp): (&rlvr_algo::Advantages, Option<&[Vec<f32>]>),
         step: u64,
