@@ -46,6 +46,10 @@ pub struct PlotArgs {
     /// One title over the figure (none by default).
     #[arg(long)]
     pub title: Option<String>,
+    /// Small multiples: one panel per run (captioned with its label) in each metric's row, all on
+    /// the row's axes, instead of every run in one panel.
+    #[arg(long)]
+    pub facet: bool,
 }
 
 /// One run's series of one metric: (step, value) with nulls skipped.
@@ -302,6 +306,7 @@ fn draw<DB: DrawingBackend>(
     data: &[(String, Vec<Series>)],
     smooth: Option<f64>,
     title: Option<&str>,
+    facet: bool,
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
@@ -320,7 +325,11 @@ where
         .max()
         .unwrap_or(0);
     // (Not clamp: a narrow --width makes width / 3 smaller than 80.)
-    let legend_w = (longest as u32 * 7 + 50).max(80).min(width / 3);
+    let legend_w = if facet {
+        0
+    } else {
+        (longest as u32 * 7 + 50).max(80).min(width / 3)
+    };
     let panels = root.split_evenly((metrics.len(), 1));
     for (k, (panel, metric)) in panels.iter().zip(metrics).enumerate() {
         let (plot_area, legend_area) = panel.split_horizontally(width - legend_w);
@@ -344,63 +353,82 @@ where
         };
         // At most one label per step and ten in all: key points then fall on integers.
         let x_labels = ((x1 - x0).floor() as usize + 1).clamp(1, 10);
-        let mut chart = ChartBuilder::on(&plot_area)
-            .margin_top(12)
-            .margin_left(8)
-            .margin_bottom(8)
-            .margin_right(24)
-            .x_label_area_size(40)
-            .y_label_area_size(72)
-            .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc(axis_label(metric))
-            .x_labels(x_labels)
-            .y_labels(6)
-            .x_label_formatter(&step_label)
-            .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
-            .label_style(("sans-serif", 12))
-            .axis_desc_style(("sans-serif", 13))
-            .light_line_style(WHITE.mix(0.0))
-            .bold_line_style(BLACK.mix(0.12))
-            .draw()
-            .map_err(err)?;
-        for (r, (_, series)) in data.iter().enumerate() {
-            let color = run_color(r);
-            let line = color.stroke_width(2);
-            let raw = &series[k];
-            let mut smoothed = Vec::new();
-            for seg in segments(raw) {
-                if let Some(w) = smooth {
-                    // The raw series faint, without markers, under the smoothed one.
-                    let faint = color.mix(0.25).stroke_width(1);
-                    chart
-                        .draw_series(LineSeries::new(seg.iter().copied(), faint))
-                        .map_err(err)?;
-                    smoothed.push(ema(seg, w));
-                } else {
-                    smoothed.push(seg.to_vec());
-                }
+        // One chart, or with --facet one per run side by side on the same axes.
+        let cells: Vec<Option<usize>> = if facet {
+            (0..data.len()).map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let areas = plot_area.split_evenly((1, cells.len()));
+        for (cell, cell_area) in cells.iter().copied().zip(&areas) {
+            let mut builder = ChartBuilder::on(cell_area);
+            if let Some(c) = cell {
+                builder.caption(data[c].0.as_str(), ("sans-serif", 14));
             }
-            for seg in &smoothed {
-                match dash(r) {
-                    None => chart
-                        .draw_series(LineSeries::new(seg.iter().copied(), line))
-                        .map(|_| ()),
-                    Some((d, g)) => chart
-                        .draw_series(DashedLineSeries::new(seg.iter().copied(), d, g, line))
-                        .map(|_| ()),
-                }
+            let mut chart = builder
+                .margin_top(12)
+                .margin_left(8)
+                .margin_bottom(8)
+                .margin_right(24)
+                .x_label_area_size(40)
+                .y_label_area_size(72)
+                .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
                 .map_err(err)?;
+            chart
+                .configure_mesh()
+                .x_desc("step")
+                .y_desc(axis_label(metric))
+                .x_labels(x_labels)
+                .y_labels(6)
+                .x_label_formatter(&step_label)
+                .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
+                .label_style(("sans-serif", 12))
+                .axis_desc_style(("sans-serif", 13))
+                .light_line_style(WHITE.mix(0.0))
+                .bold_line_style(BLACK.mix(0.12))
+                .draw()
+                .map_err(err)?;
+            for (r, (_, series)) in data.iter().enumerate() {
+                if cell.is_some_and(|c| c != r) {
+                    continue;
+                }
+                let color = run_color(r);
+                let line = color.stroke_width(2);
+                let raw = &series[k];
+                let mut smoothed = Vec::new();
+                for seg in segments(raw) {
+                    if let Some(w) = smooth {
+                        // The raw series faint, without markers, under the smoothed one.
+                        let faint = color.mix(0.25).stroke_width(1);
+                        chart
+                            .draw_series(LineSeries::new(seg.iter().copied(), faint))
+                            .map_err(err)?;
+                        smoothed.push(ema(seg, w));
+                    } else {
+                        smoothed.push(seg.to_vec());
+                    }
+                }
+                for seg in &smoothed {
+                    match dash(r) {
+                        None => chart
+                            .draw_series(LineSeries::new(seg.iter().copied(), line))
+                            .map(|_| ()),
+                        Some((d, g)) => chart
+                            .draw_series(DashedLineSeries::new(seg.iter().copied(), d, g, line))
+                            .map(|_| ()),
+                    }
+                    .map_err(err)?;
+                }
+                let s: Series = smoothed.concat();
+                // Markers: every point of a short series (so a one-point series shows), about 25 of
+                // a long one.
+                let stride = s.len().div_ceil(25).max(1);
+                let at: Vec<(f64, f64)> = s.iter().step_by(stride).copied().collect();
+                markers(&mut chart, r, &at, color)?;
             }
-            let s: Series = smoothed.concat();
-            // Markers: every point of a short series (so a one-point series shows), about 25 of
-            // a long one.
-            let stride = s.len().div_ceil(25).max(1);
-            let at: Vec<(f64, f64)> = s.iter().step_by(stride).copied().collect();
-            markers(&mut chart, r, &at, color)?;
+        }
+        if facet {
+            continue;
         }
         // Legend: a line sample with the run's marker and dash, then its name.
         let style = ("sans-serif", 12).into_font().color(&BLACK);
@@ -486,6 +514,7 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             &data,
             a.smooth,
             a.title.as_deref(),
+            a.facet,
         )?,
         "png" => draw(
             BitMapBackend::new(&a.out, size).into_drawing_area(),
@@ -493,6 +522,7 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             &data,
             a.smooth,
             a.title.as_deref(),
+            a.facet,
         )?,
         e => bail!(
             "--out {}: unknown extension `{e}` (use .svg or .png)",

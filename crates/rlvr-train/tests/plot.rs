@@ -332,3 +332,40 @@ fn a_diagnostics_series_with_labels_title_and_smoothing_draws() {
     let err = run_plot(&bad, &mut Vec::new()).unwrap_err().to_string();
     assert!(err.contains("--smooth 1"), "{err}");
 }
+
+#[test]
+fn facet_draws_one_captioned_panel_per_run_without_a_legend() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("v1"), tmp.path().join("v16"));
+    write_steps(&a, &[(1, 0.1), (2, 0.2), (3, 0.3)]);
+    write_steps(&b, &[(1, 0.3), (2, 0.2), (3, 0.1)]);
+    let out = tmp.path().join("f.svg");
+    let args = W::parse_from([
+        "x",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--metric",
+        "reward/mean",
+        "--facet",
+        "--width",
+        "900",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .a;
+    run_plot(&args, &mut Vec::new()).unwrap();
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let texts = svg_texts(&svg);
+    for name in ["v1", "v16"] {
+        let t: Vec<&SvgText> = texts.iter().filter(|t| t.text == name).collect();
+        assert_eq!(t.len(), 1, "{name} once, as its panel's caption");
+        // 14 px: larger than the axis descriptions (13 px), however the SVG scales font sizes.
+        let desc = texts.iter().find(|t| t.text == "step").unwrap().size;
+        assert!(t[0].size > desc, "{} vs {desc}", t[0].size);
+    }
+    // Side by side: v16's caption right of v1's, both inside the canvas.
+    let x = |n: &str| texts.iter().find(|t| t.text == n).unwrap().x;
+    assert!(x("v1") < 450.0 && x("v16") > 450.0 && x("v16") < 900.0);
+    // Two y axes labelled with the metric, one per panel.
+    assert_eq!(texts.iter().filter(|t| t.text == "reward/mean").count(), 2);
+}

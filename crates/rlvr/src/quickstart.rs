@@ -523,6 +523,7 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
         labels: vec!["on_policy (v = 1)".into(), "off_policy (v = 4)".into()],
         smooth: None,
         title: Some("quickstart: on- vs off-policy GRPO, same warm start and seed".into()),
+        facet: false,
     })
     .context("quickstart plot")?;
     let total = ph.t_total.elapsed().as_secs_f64();
