@@ -157,10 +157,10 @@ pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
 /// The y axis label of a metric: its name and unit (`time/train_s (s)`, `tokens_per_s
 /// (tokens/s)`, accuracies and fractions as `(fraction)`).
 pub fn axis_label(metric: &str) -> String {
-    let unit = if metric.ends_with("_s") {
-        Some("s")
-    } else if metric.contains("tokens_per_s") {
+    let unit = if metric.contains("tokens_per_s") {
         Some("tokens/s")
+    } else if metric.ends_with("_s") {
+        Some("s")
     } else if metric.contains("completion_len") {
         Some("tokens")
     } else if metric.contains("accuracy")

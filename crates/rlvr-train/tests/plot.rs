@@ -276,6 +276,7 @@ fn labels_are_unique_gaps_stay_gaps_and_smoothing_is_tensorboards() {
     assert_eq!(axis_label("time/train_s"), "time/train_s (s)");
     assert_eq!(axis_label("eval/accuracy"), "eval/accuracy (fraction)");
     assert_eq!(axis_label("loss"), "loss");
+    assert_eq!(axis_label("tokens_per_s"), "tokens_per_s (tokens/s)");
 }
 
 #[test]

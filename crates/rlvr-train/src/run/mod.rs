@@ -284,7 +284,8 @@ impl Run<'_> {
                 t + 1 - n,
             ));
         }
-        if t == self.cfg.raw.train.steps && f("eval/accuracy") == Some(0.0) {
+        let evaluated = f("eval/n").is_some_and(|n| n > 0.0);
+        if t == self.cfg.raw.train.steps && evaluated && f("eval/accuracy") == Some(0.0) {
             let at0 = crate::store::metrics::read_metrics(&self.run_dir.join("eval.jsonl"))?
                 .into_iter()
                 .find(|r| r.get("step").and_then(|v| v.as_u64()) == Some(0))
