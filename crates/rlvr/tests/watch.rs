@@ -449,3 +449,46 @@ fn check_model_paths(run: &Path) {
     );
     std::fs::write(run.join("checkpoints/latest"), "step-5\n").unwrap();
 }
+
+#[test]
+fn sft_prints_step_lines_off_a_terminal_with_metrics_jsonl_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let pairs = tmp.path().join("pairs.jsonl");
+    std::fs::write(
+        &pairs,
+        "{\"prompt\": \"1+2=\", \"completion\": \"3\"}\n{\"prompt\": \"2+2=\", \"completion\": \"4\"}\n",
+    )
+    .unwrap();
+    let out_dir = tmp.path().join("sft");
+    let out = rlvr()
+        .args([
+            "sft",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--log-every",
+            "2",
+            "--model",
+        ])
+        .arg(&model)
+        .arg("--data")
+        .arg(&pairs)
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    ok(&out, "sft");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("sft step ")).collect();
+    assert_eq!(lines.len(), 2, "steps 2 and 3 (the last): {err}");
+    let metrics = jsonl(&out_dir.join("metrics.jsonl"));
+    for (l, t) in lines.iter().zip([2u64, 3]) {
+        assert!(l.starts_with(&format!("sft step {t}/3 loss ")), "{l}");
+        let loss: f64 = l.split_whitespace().nth(4).unwrap().parse().unwrap();
+        let m = metrics.iter().find(|r| r["step"] == t).unwrap();
+        let want = m["loss"].as_f64().unwrap();
+        assert!((loss - want).abs() <= 5e-5 + 1e-12, "{loss} vs {want}");
+    }
+}
