@@ -522,7 +522,7 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
         panel_height: 300,
         labels: vec!["on_policy (v = 1)".into(), "off_policy (v = 4)".into()],
         smooth: None,
-        title: Some("quickstart: on- vs off-policy GRPO, same warm start and seed".into()),
+        title: Some("quickstart, on- vs off-policy GRPO (same warm start and seed)".into()),
         facet: false,
     })
     .context("quickstart plot")?;
