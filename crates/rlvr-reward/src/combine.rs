@@ -236,6 +236,15 @@ impl RewardFunction {
         RewardFunction { components, format }
     }
 
+    /// Each component's name and weight, in config order (the order of
+    /// [`RewardBreakdown::components`]).
+    pub fn component_weights(&self) -> Vec<(String, f64)> {
+        self.components
+            .iter()
+            .map(|(n, w, _)| (n.clone(), *w))
+            .collect()
+    }
+
     /// Scores a batch (each component sees the whole batch: one process per batch for external ones).
     ///
     /// # Errors

@@ -326,9 +326,16 @@ pub struct SftArgs {
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Evaluate on the held-out split every this many steps (0 = never); `eval/*` keys go to
-    /// metrics.jsonl and a line to eval.jsonl in `--out`.
+    /// metrics.jsonl and a line to eval.jsonl in `--out`. The last step is evaluated too.
     #[arg(long, default_value_t = 0)]
     pub eval_every: u64,
+    /// Off a terminal (or with `--no-progress`): a line on stderr every this many steps (and at
+    /// the last step); evaluations always get a line.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_every: u64,
+    /// Never draw the progress bar: step lines on stderr instead.
+    #[arg(long)]
+    pub no_progress: bool,
     /// Stop (and save) at the first evaluation whose accuracy reaches this value.
     #[arg(long)]
     pub stop_at_accuracy: Option<f64>,
@@ -449,6 +456,8 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         save_every: a.save_every,
         save_dtype: dtype,
     };
+    let bar = crate::log::progress_bar(!a.no_progress, 0, settings.schedule.steps);
+    let t0 = std::time::Instant::now();
     let done = train_sft(
         &policy.model,
         &policy.tokenizer,
@@ -456,14 +465,65 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         &settings,
         evaluator.as_ref(),
         &a.out,
-        &mut |_| {},
+        &mut |st| sft_progress(st, bar.as_ref(), a.log_every, t0),
     )?;
+    if let Some(b) = &bar {
+        b.finish();
+    }
     writeln!(
         out,
         "{}",
         serde_json::json!({"out": a.out, "steps": done.steps, "loss": done.loss})
     )?;
     Ok(())
+}
+
+/// One SFT step on the bar (on a terminal) or as a line on stderr (every `log_every` steps, at
+/// the last, and at each evaluation): `sft step T/N loss L lr R tokens/s X elapsed E eta A`, the
+/// values of its metrics.jsonl line.
+fn sft_progress(
+    st: &crate::sft::SftStep,
+    bar: Option<&indicatif::ProgressBar>,
+    log_every: u64,
+    t0: std::time::Instant,
+) {
+    let f = |k: &str| st.metrics.get(k).and_then(|v| v.as_f64());
+    if let Some(b) = bar {
+        b.set_position(st.step);
+        b.set_message(format!("loss {:.4}", st.loss));
+        return;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let eta = elapsed / st.step as f64 * (st.steps - st.step) as f64;
+    if st.step.is_multiple_of(log_every) || st.step == st.steps {
+        eprintln!(
+            "sft step {}/{} {} elapsed {} eta {}",
+            st.step,
+            st.steps,
+            crate::log::fields(&[
+                ("loss", f("loss"), 4),
+                ("lr", f("lr"), 8),
+                ("grad_norm", f("grad_norm"), 4),
+                ("tokens/s", f("tokens_per_s"), 1),
+            ]),
+            crate::log::clock(elapsed),
+            crate::log::clock(eta),
+        );
+    }
+    if st.eval.is_some() {
+        if let Some(acc) = f("eval/accuracy") {
+            eprintln!(
+                "sft eval step {} {}",
+                st.step,
+                crate::log::fields(&[
+                    ("accuracy", Some(acc), 4),
+                    ("mean@k", f("eval/mean@k"), 4),
+                    ("pass@k", f("eval/pass@k"), 4),
+                    ("n", f("eval/n"), 0),
+                ])
+            );
+        }
+    }
 }
 
 /// `rlvr generate`: the native engine, or with `--server URL` vLLM servers (the `rollout.*` keys

@@ -85,3 +85,60 @@ pub(crate) fn say(msg: &str) {
     eprintln!("{msg}");
     log_only(msg);
 }
+
+/// Whether a progress bar is drawn on this thread (then step lines stay out of stderr).
+pub(crate) fn bar_drawn() -> bool {
+    BAR.with(|b| b.borrow().is_some())
+}
+
+/// A step or evaluation line: always in `train.log`; on stderr too when `console` is true and no
+/// progress bar is drawn (off a terminal, or with `--no-progress`).
+pub(crate) fn line(msg: &str, console: bool) {
+    if console && !bar_drawn() {
+        eprintln!("{msg}");
+    }
+    log_only(msg);
+}
+
+/// Seconds as `M:SS` or `H:MM:SS` (`?` when not finite).
+pub(crate) fn clock(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "?".into();
+    }
+    let s = secs.round() as u64;
+    let (h, m, s) = (s / 3600, (s / 60) % 60, s % 60);
+    if h > 0 {
+        format!("{h}:{m:02}:{s:02}")
+    } else {
+        format!("{m}:{s:02}")
+    }
+}
+
+/// `name value` pairs joined by spaces, each value with `decimals` places; `None` values are left
+/// out (a quantity that is off or undefined at this step).
+pub(crate) fn fields(parts: &[(&str, Option<f64>, usize)]) -> String {
+    parts
+        .iter()
+        .filter_map(|(name, v, d)| v.map(|x| format!("{name} {x:.d$}")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clock_and_fields() {
+        assert_eq!(super::clock(0.4), "0:00");
+        assert_eq!(super::clock(75.0), "1:15");
+        assert_eq!(super::clock(3723.0), "1:02:03");
+        assert_eq!(super::clock(f64::NAN), "?");
+        assert_eq!(
+            super::fields(&[
+                ("loss", Some(0.123456), 4),
+                ("kl", None, 4),
+                ("n", Some(3.0), 0)
+            ]),
+            "loss 0.1235 n 3"
+        );
+    }
+}

@@ -1,6 +1,9 @@
 //! `rlvr plot RUN_DIR... --metric NAME... --out FILE.svg|png` (DESIGN.md section 10): x = step, one
-//! panel per metric, one line per run (legend = the run directory's name), nulls skipped. SVG by
-//! default; PNG too. Text is laid out with DejaVu Sans, which the rlvr-fonts crate ships (with its
+//! panel per metric, one line per run (legend = `--label`, else the run directory's name, made
+//! unique with its parent's), a null or a missing step left as a gap, `--smooth` an exponential
+//! moving average over the faint raw series, one `--title`, y axes labelled with the metric and
+//! its unit. A metric is a metrics.jsonl key, or `diagnostics/KEY` for a diagnostics.jsonl key.
+//! SVG by default; PNG too. Text is laid out with DejaVu Sans, which the rlvr-fonts crate ships (with its
 //! Bitstream Vera licence) for this crate and the lab alike, so no system font is needed.
 
 use std::io::Write;
@@ -32,6 +35,21 @@ pub struct PlotArgs {
     /// Height of one panel in pixels.
     #[arg(long, default_value_t = 300)]
     pub panel_height: u32,
+    /// Legend label of each run, in the order of the runs (repeatable; all or none). Default: the
+    /// run directory's name, with its parent's prepended where two runs share a name.
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// Exponential moving average with this weight on the past, in [0, 1) (TensorBoard's
+    /// smoothing; 0.6 is its default): the smoothed line drawn over the faint raw one.
+    #[arg(long)]
+    pub smooth: Option<f64>,
+    /// One title over the figure (none by default).
+    #[arg(long)]
+    pub title: Option<String>,
+    /// Small multiples: one panel per run (captioned with its label) in each metric's row, all on
+    /// the row's axes, instead of every run in one panel.
+    #[arg(long)]
+    pub facet: bool,
 }
 
 /// One run's series of one metric: (step, value) with nulls skipped.
@@ -42,15 +60,126 @@ pub type Series = Vec<(f64, f64)>;
 /// # Errors
 /// Unreadable or malformed metrics file.
 pub fn read_series(run: &Path, metric: &str) -> anyhow::Result<Series> {
-    let path = if run.is_dir() {
-        run.join("metrics.jsonl")
+    let dir = if run.is_dir() {
+        run
     } else {
-        run.to_path_buf()
+        run.parent().unwrap_or(run)
+    };
+    let (path, key) = match metric.strip_prefix("diagnostics/") {
+        Some(k) => (dir.join("diagnostics.jsonl"), k),
+        None if run.is_dir() => (run.join("metrics.jsonl"), metric),
+        None => (run.to_path_buf(), metric),
     };
     Ok(read_metrics(&path)?
         .iter()
-        .filter_map(|l| Some((l.get("step")?.as_f64()?, l.get(metric)?.as_f64()?)))
+        .filter_map(|l| Some((l.get("step")?.as_f64()?, l.get(key)?.as_f64()?)))
         .collect())
+}
+
+/// The runs' legend labels: `labels` when given (one per run), else each run directory's name,
+/// with its parent's name prepended (`arm/seed-0`) where two runs share a name, then `#2`, `#3`
+/// where they still do.
+///
+/// # Errors
+/// A `--label` count other than the number of runs.
+pub fn labels(runs: &[PathBuf], labels: &[String]) -> anyhow::Result<Vec<String>> {
+    if !labels.is_empty() {
+        if labels.len() != runs.len() {
+            bail!(
+                "{} --label values for {} runs: give one per run, in the order of the runs",
+                labels.len(),
+                runs.len()
+            );
+        }
+        return Ok(labels.to_vec());
+    }
+    let names: Vec<String> = runs.iter().map(|r| run_name(r)).collect();
+    let mut out: Vec<String> = names
+        .iter()
+        .zip(runs)
+        .map(|(n, r)| {
+            if names.iter().filter(|m| *m == n).count() < 2 {
+                return n.clone();
+            }
+            let dir = if r.is_dir() {
+                r.as_path()
+            } else {
+                r.parent().unwrap_or(r)
+            };
+            match dir.parent().and_then(|p| p.file_name()) {
+                Some(p) => format!("{}/{n}", p.to_string_lossy()),
+                None => n.clone(),
+            }
+        })
+        .collect();
+    for i in 0..out.len() {
+        let same = out[..i].iter().filter(|m| **m == out[i]).count();
+        if same > 0 {
+            out[i] = format!("{} #{}", out[i], same + 1);
+        }
+    }
+    Ok(out)
+}
+
+/// The series cut at its gaps: where consecutive steps are more than 1.5 × the median spacing
+/// apart (a null, a missing step, an evaluation not made), so no line bridges them.
+pub fn segments(s: &[(f64, f64)]) -> Vec<&[(f64, f64)]> {
+    if s.len() < 2 {
+        return vec![s];
+    }
+    let mut dx: Vec<f64> = s.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    dx.sort_by(f64::total_cmp);
+    let median = dx[dx.len() / 2];
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..s.len() {
+        if s[i].0 - s[i - 1].0 > 1.5 * median {
+            out.push(&s[start..i]);
+            start = i;
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// TensorBoard's smoothing: y′₀ = y₀, y′ᵢ = w·y′ᵢ₋₁ + (1 − w)·yᵢ, over one segment.
+pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
+    let mut last = None;
+    s.iter()
+        .map(|&(x, y)| {
+            let v = last.map_or(y, |l: f64| w * l + (1.0 - w) * y);
+            last = Some(v);
+            (x, v)
+        })
+        .collect()
+}
+
+/// The y axis label of a metric: its name and unit (`time/train_s (s)`, `tokens_per_s
+/// (tokens/s)`, accuracies and fractions as `(fraction)`).
+pub fn axis_label(metric: &str) -> String {
+    let unit = if metric.contains("tokens_per_s") {
+        Some("tokens/s")
+    } else if metric.ends_with("_s") {
+        Some("s")
+    } else if metric.contains("completion_len") {
+        Some("tokens")
+    } else if metric.contains("accuracy")
+        || metric.contains("frac")
+        || metric.contains("@k")
+        || metric.ends_with("/share")
+    {
+        Some("fraction")
+    } else if metric.starts_with("kl") || metric == "entropy" || metric.contains("logprob") {
+        Some("nats")
+    } else if metric.starts_with("staleness") {
+        Some("steps")
+    } else {
+        None
+    };
+    match unit {
+        Some(u) => format!("{metric} ({u})"),
+        None => metric.to_string(),
+    }
 }
 
 fn run_name(run: &Path) -> String {
@@ -175,12 +304,19 @@ fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     metrics: &[String],
     data: &[(String, Vec<Series>)],
+    smooth: Option<f64>,
+    title: Option<&str>,
+    facet: bool,
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
     root.fill(&WHITE).map_err(err)?;
+    let root = match title {
+        Some(t) => root.titled(t, ("sans-serif", 20)).map_err(err)?,
+        None => root,
+    };
     let (width, _) = root.dim_in_pixel();
     // Legend column: the longest name at ~7 px a character (12 px DejaVu Sans) plus the line sample.
     let longest = data
@@ -189,7 +325,11 @@ where
         .max()
         .unwrap_or(0);
     // (Not clamp: a narrow --width makes width / 3 smaller than 80.)
-    let legend_w = (longest as u32 * 7 + 50).max(80).min(width / 3);
+    let legend_w = if facet {
+        0
+    } else {
+        (longest as u32 * 7 + 50).max(80).min(width / 3)
+    };
     let panels = root.split_evenly((metrics.len(), 1));
     for (k, (panel, metric)) in panels.iter().zip(metrics).enumerate() {
         let (plot_area, legend_area) = panel.split_horizontally(width - legend_w);
@@ -213,48 +353,82 @@ where
         };
         // At most one label per step and ten in all: key points then fall on integers.
         let x_labels = ((x1 - x0).floor() as usize + 1).clamp(1, 10);
-        let mut chart = ChartBuilder::on(&plot_area)
-            .caption(metric, ("sans-serif", 18))
-            .margin_top(8)
-            .margin_left(8)
-            .margin_bottom(8)
-            .margin_right(24)
-            .x_label_area_size(40)
-            .y_label_area_size(72)
-            .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc(metric.as_str())
-            .x_labels(x_labels)
-            .y_labels(6)
-            .x_label_formatter(&step_label)
-            .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
-            .label_style(("sans-serif", 12))
-            .axis_desc_style(("sans-serif", 13))
-            .light_line_style(WHITE.mix(0.0))
-            .bold_line_style(BLACK.mix(0.12))
-            .draw()
-            .map_err(err)?;
-        for (r, (_, series)) in data.iter().enumerate() {
-            let color = run_color(r);
-            let line = color.stroke_width(2);
-            let s = &series[k];
-            match dash(r) {
-                None => chart
-                    .draw_series(LineSeries::new(s.iter().copied(), line))
-                    .map(|_| ()),
-                Some((d, g)) => chart
-                    .draw_series(DashedLineSeries::new(s.iter().copied(), d, g, line))
-                    .map(|_| ()),
+        // One chart, or with --facet one per run side by side on the same axes.
+        let cells: Vec<Option<usize>> = if facet {
+            (0..data.len()).map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let areas = plot_area.split_evenly((1, cells.len()));
+        for (cell, cell_area) in cells.iter().copied().zip(&areas) {
+            let mut builder = ChartBuilder::on(cell_area);
+            if let Some(c) = cell {
+                builder.caption(data[c].0.as_str(), ("sans-serif", 14));
             }
-            .map_err(err)?;
-            // Markers: every point of a short series (so a one-point series shows), about 25 of
-            // a long one.
-            let stride = s.len().div_ceil(25).max(1);
-            let at: Vec<(f64, f64)> = s.iter().step_by(stride).copied().collect();
-            markers(&mut chart, r, &at, color)?;
+            let mut chart = builder
+                .margin_top(12)
+                .margin_left(8)
+                .margin_bottom(8)
+                .margin_right(24)
+                .x_label_area_size(40)
+                .y_label_area_size(72)
+                .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
+                .map_err(err)?;
+            chart
+                .configure_mesh()
+                .x_desc("step")
+                .y_desc(axis_label(metric))
+                .x_labels(x_labels)
+                .y_labels(6)
+                .x_label_formatter(&step_label)
+                .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
+                .label_style(("sans-serif", 12))
+                .axis_desc_style(("sans-serif", 13))
+                .light_line_style(WHITE.mix(0.0))
+                .bold_line_style(BLACK.mix(0.12))
+                .draw()
+                .map_err(err)?;
+            for (r, (_, series)) in data.iter().enumerate() {
+                if cell.is_some_and(|c| c != r) {
+                    continue;
+                }
+                let color = run_color(r);
+                let line = color.stroke_width(2);
+                let raw = &series[k];
+                let mut smoothed = Vec::new();
+                for seg in segments(raw) {
+                    if let Some(w) = smooth {
+                        // The raw series faint, without markers, under the smoothed one.
+                        let faint = color.mix(0.25).stroke_width(1);
+                        chart
+                            .draw_series(LineSeries::new(seg.iter().copied(), faint))
+                            .map_err(err)?;
+                        smoothed.push(ema(seg, w));
+                    } else {
+                        smoothed.push(seg.to_vec());
+                    }
+                }
+                for seg in &smoothed {
+                    match dash(r) {
+                        None => chart
+                            .draw_series(LineSeries::new(seg.iter().copied(), line))
+                            .map(|_| ()),
+                        Some((d, g)) => chart
+                            .draw_series(DashedLineSeries::new(seg.iter().copied(), d, g, line))
+                            .map(|_| ()),
+                    }
+                    .map_err(err)?;
+                }
+                let s: Series = smoothed.concat();
+                // Markers: every point of a short series (so a one-point series shows), about 25 of
+                // a long one.
+                let stride = s.len().div_ceil(25).max(1);
+                let at: Vec<(f64, f64)> = s.iter().step_by(stride).copied().collect();
+                markers(&mut chart, r, &at, color)?;
+            }
+        }
+        if facet {
+            continue;
         }
         // Legend: a line sample with the run's marker and dash, then its name.
         let style = ("sans-serif", 12).into_font().color(&BLACK);
@@ -300,15 +474,21 @@ where
 /// Unreadable runs, a metric absent from every run, an unknown extension, drawing errors.
 pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
     register_font();
+    if let Some(w) = a.smooth {
+        if !(0.0..1.0).contains(&w) {
+            bail!("--smooth {w}: the weight on the past must be in [0, 1)");
+        }
+    }
+    let names = labels(&a.runs, &a.labels)?;
     let mut data = Vec::new();
-    for run in &a.runs {
+    for (run, name) in a.runs.iter().zip(names) {
         let series = a
             .metrics
             .iter()
             .map(|m| read_series(run, m))
             .collect::<anyhow::Result<Vec<_>>>()
             .with_context(|| format!("reading {}", run.display()))?;
-        data.push((run_name(run), series));
+        data.push((name, series));
     }
     for (k, m) in a.metrics.iter().enumerate() {
         if data.iter().all(|(_, s)| s[k].is_empty()) {
@@ -319,7 +499,8 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
         .iter()
         .map(|(_, s)| s.iter().map(Vec::len).sum::<usize>())
         .sum();
-    let size = (a.width, a.panel_height * a.metrics.len() as u32);
+    let title_h = if a.title.is_some() { 30 } else { 0 };
+    let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
     let ext = a
         .out
         .extension()
@@ -331,11 +512,17 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             SVGBackend::new(&a.out, size).into_drawing_area(),
             &a.metrics,
             &data,
+            a.smooth,
+            a.title.as_deref(),
+            a.facet,
         )?,
         "png" => draw(
             BitMapBackend::new(&a.out, size).into_drawing_area(),
             &a.metrics,
             &data,
+            a.smooth,
+            a.title.as_deref(),
+            a.facet,
         )?,
         e => bail!(
             "--out {}: unknown extension `{e}` (use .svg or .png)",

@@ -207,6 +207,10 @@ pub struct SftStep<'a> {
     pub loss: f64,
     /// The evaluation run after this step, if any.
     pub eval: Option<&'a EvalResult>,
+    /// Steps of the run.
+    pub steps: u64,
+    /// The step's metrics.jsonl line (its null keys included).
+    pub metrics: &'a MetricsLine,
 }
 
 /// What an SFT run reached.
@@ -281,7 +285,10 @@ pub fn train_sft(
         line.set("time/train_s", Some(secs));
         line.set("tokens_per_s", Some(total as f64 / secs.max(1e-9)));
         let eval = match evaluator {
-            Some(ev) if s.eval_every > 0 && step % s.eval_every == 0 => {
+            // Every eval_every steps and at the last step.
+            Some(ev)
+                if s.eval_every > 0 && (step % s.eval_every == 0 || step == s.schedule.steps) =>
+            {
                 let r = ev.record(model, tok, step, out)?;
                 for (k, v) in r.metrics() {
                     line.set_value(k, v);
@@ -300,6 +307,8 @@ pub fn train_sft(
             step,
             loss,
             eval: eval.as_ref(),
+            steps: s.schedule.steps,
+            metrics: &line,
         });
         if s.save_every > 0 && step % s.save_every == 0 {
             save()?;

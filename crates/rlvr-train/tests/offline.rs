@@ -99,6 +99,7 @@ fn exp(prompt: Vec<u32>, completion: Vec<u32>, reward: f64, group: &str) -> Expe
         group_id: group.into(),
         version: None,
         truncated: false,
+        components: Vec::new(),
     }
 }
 

@@ -240,3 +240,133 @@ fn the_palette_has_no_low_contrast_colours() {
         assert!(!(c.0 > 180 && c.1 > 160 && c.2 < 100), "{c:?} is yellow");
     }
 }
+
+#[test]
+fn labels_are_unique_gaps_stay_gaps_and_smoothing_is_tensorboards() {
+    use rlvr_train::plot::{axis_label, ema, labels, segments};
+    use std::path::PathBuf;
+    let tmp = tempfile::tempdir().unwrap();
+    let runs: Vec<PathBuf> = ["a/seed-0", "b/seed-0", "b/seed-1"]
+        .iter()
+        .map(|r| tmp.path().join(r))
+        .collect();
+    for r in &runs {
+        write_steps(r, &[(1, 0.5)]);
+    }
+    assert_eq!(
+        labels(&runs, &[]).unwrap(),
+        ["a/seed-0", "b/seed-0", "seed-1"]
+    );
+    let same = vec![runs[0].clone(), runs[0].clone()];
+    assert_eq!(labels(&same, &[]).unwrap(), ["a/seed-0", "a/seed-0 #2"]);
+    let err = labels(&runs, &["x".into()]).unwrap_err().to_string();
+    assert!(err.contains("1 --label values for 3 runs"), "{err}");
+    // Steps 1, 2, 3 then 6, 7: a gap; evaluations every 2 with the last at 5: none.
+    let s = [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (6.0, 6.0), (7.0, 7.0)];
+    let seg = segments(&s);
+    assert_eq!(seg.len(), 2);
+    assert_eq!(seg[0], &s[..3]);
+    let e = [(0.0, 0.1), (2.0, 0.2), (4.0, 0.3), (5.0, 0.3)];
+    assert_eq!(segments(&e).len(), 1);
+    // w = 0.5: 1, then 0.5·1 + 0.5·3 = 2, then 0.5·2 + 0.5·0 = 1.
+    assert_eq!(
+        ema(&[(1.0, 1.0), (2.0, 3.0), (3.0, 0.0)], 0.5),
+        [(1.0, 1.0), (2.0, 2.0), (3.0, 1.0)]
+    );
+    assert_eq!(axis_label("time/train_s"), "time/train_s (s)");
+    assert_eq!(axis_label("eval/accuracy"), "eval/accuracy (fraction)");
+    assert_eq!(axis_label("loss"), "loss");
+    assert_eq!(axis_label("tokens_per_s"), "tokens_per_s (tokens/s)");
+}
+
+#[test]
+fn a_diagnostics_series_with_labels_title_and_smoothing_draws() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    write_steps(&run, &[(1, 0.0), (2, 1.0), (3, 0.0)]);
+    let diag: Vec<String> = (1..=3)
+        .map(|s| serde_json::json!({"step": s, "rows": 8 * s}).to_string())
+        .collect();
+    std::fs::write(run.join("diagnostics.jsonl"), diag.join("\n") + "\n").unwrap();
+    let out = tmp.path().join("d.svg");
+    let a = W::parse_from([
+        "x",
+        run.to_str().unwrap(),
+        "--metric",
+        "diagnostics/rows",
+        "--metric",
+        "reward/mean",
+        "--label",
+        "my run",
+        "--smooth",
+        "0.6",
+        "--title",
+        "One title",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .a;
+    let mut buf = Vec::new();
+    run_plot(&a, &mut buf).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+    assert_eq!(v["points"], 6);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let texts: Vec<String> = svg_texts(&svg).into_iter().map(|t| t.text).collect();
+    assert_eq!(
+        texts.iter().filter(|t| *t == "One title").count(),
+        1,
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t == "diagnostics/rows"), "{texts:?}");
+    assert_eq!(texts.iter().filter(|t| *t == "my run").count(), 2);
+    // The faint raw line (opacity 0.25) under each smoothed one.
+    assert_eq!(svg.matches("opacity=\"0.25\"").count(), 2, "{svg}");
+    let bad = W::parse_from([
+        "x",
+        run.to_str().unwrap(),
+        "--metric",
+        "loss",
+        "--smooth",
+        "1",
+    ])
+    .a;
+    let err = run_plot(&bad, &mut Vec::new()).unwrap_err().to_string();
+    assert!(err.contains("--smooth 1"), "{err}");
+}
+
+#[test]
+fn facet_draws_one_captioned_panel_per_run_without_a_legend() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("v1"), tmp.path().join("v16"));
+    write_steps(&a, &[(1, 0.1), (2, 0.2), (3, 0.3)]);
+    write_steps(&b, &[(1, 0.3), (2, 0.2), (3, 0.1)]);
+    let out = tmp.path().join("f.svg");
+    let args = W::parse_from([
+        "x",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--metric",
+        "reward/mean",
+        "--facet",
+        "--width",
+        "900",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .a;
+    run_plot(&args, &mut Vec::new()).unwrap();
+    let svg = std::fs::read_to_string(&out).unwrap();
+    let texts = svg_texts(&svg);
+    for name in ["v1", "v16"] {
+        let t: Vec<&SvgText> = texts.iter().filter(|t| t.text == name).collect();
+        assert_eq!(t.len(), 1, "{name} once, as its panel's caption");
+        // 14 px: larger than the axis descriptions (13 px), however the SVG scales font sizes.
+        let desc = texts.iter().find(|t| t.text == "step").unwrap().size;
+        assert!(t[0].size > desc, "{} vs {desc}", t[0].size);
+    }
+    // Side by side: v16's caption right of v1's, both inside the canvas.
+    let x = |n: &str| texts.iter().find(|t| t.text == n).unwrap().x;
+    assert!(x("v1") < 450.0 && x("v16") > 450.0 && x("v16") < 900.0);
+    // Two y axes labelled with the metric, one per panel.
+    assert_eq!(texts.iter().filter(|t| t.text == "reward/mean").count(), 2);
+}

@@ -79,6 +79,7 @@ fn sft_loss_is_token_mean_ce_with_eos_and_decreases() {
             group_id: "g".into(),
             version: None,
             truncated: false,
+            components: Vec::new(),
         })
         .collect();
     let rows: Vec<usize> = (0..exps.len()).collect();

@@ -57,6 +57,20 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
+/// `--model RUN` and `--model RUN/checkpoints/latest` of `eval`, `generate` and `logprobs`: the
+/// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`).
+fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
+    use rlvr_train::store::checkpoint::resolve_model_dir;
+    let model = match c {
+        Command::Eval(a) => &mut a.model,
+        Command::Generate(a) => &mut a.model,
+        Command::Logprobs(a) => &mut a.model,
+        _ => return Ok(()),
+    };
+    *model = resolve_model_dir(model)?;
+    Ok(())
+}
+
 fn main() {
     rlvr_model::keep_freed_memory();
     // `rlvr help --help` (clap would call `--help` an unknown subcommand): the top-level help.
@@ -65,10 +79,10 @@ fn main() {
         let _ = <Cli as clap::CommandFactory>::command().print_long_help();
         return;
     }
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let res = match &cli.command {
+    let res = resolve_model(&mut cli.command).and_then(|()| match &cli.command {
         Command::Init(a) => init::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),
         Command::Train(a) => rlvr_train::cli::run_train(a, &mut out),
@@ -83,7 +97,7 @@ fn main() {
         Command::Quickstart(a) => quickstart::run(a, &mut out),
         Command::Lab(a) => rlvr_lab::run(a, &mut out),
         Command::Bench(c) => bench::run(c, &mut out),
-    };
+    });
     let _ = out.flush();
     if let Err(e) = res {
         // A closed pipe (`rlvr algorithms | head`) is not an error of ours.

@@ -520,6 +520,10 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
         out: plot_path.clone(),
         width: 800,
         panel_height: 300,
+        labels: vec!["on_policy (v = 1)".into(), "off_policy (v = 4)".into()],
+        smooth: None,
+        title: Some("quickstart, on- vs off-policy GRPO (same warm start and seed)".into()),
+        facet: false,
     })
     .context("quickstart plot")?;
     let total = ph.t_total.elapsed().as_secs_f64();

@@ -120,6 +120,9 @@ impl RawConfig {
         if self.eval.samples == 0 {
             bail!("eval.samples must be at least 1");
         }
+        if self.output.log_every == 0 {
+            bail!("output.log_every must be at least 1 (a console line every this many steps)");
+        }
         if let Some(m) = s.max_staleness {
             let worst = s.offset + s.interval - 1;
             if m < worst {

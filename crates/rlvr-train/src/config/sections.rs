@@ -255,7 +255,8 @@ pub struct TrainSection {
     pub epochs: usize,
     /// Seed of sampling and of the trainer's random choices (RED-Drop). Default 0.
     pub seed: u64,
-    /// Held-out evaluation every this many steps (and at step 0); 0 = never. Default 0.
+    /// Held-out evaluation every this many steps, at step 0 and at the last step; 0 = never.
+    /// Default 0.
     pub eval_every: u64,
     /// Checkpoint every this many steps (and at the end); 0 = only at the end. Default 0.
     pub save_every: u64,
@@ -339,12 +340,24 @@ impl Default for EvalSection {
 pub struct OutputSection {
     /// RUN_DIR. Default `runs/run`.
     pub dir: PathBuf,
+    /// Write TensorBoard event files in `RUN_DIR/tensorboard/` (every scalar of metrics.jsonl,
+    /// eval.jsonl and diagnostics.jsonl, the resolved config as text). Default true.
+    pub tensorboard: bool,
+    /// Off a terminal (or with `--no-progress`): a console line every this many steps (and at the
+    /// last step); evaluations always get a line. At least 1. Default 1.
+    pub log_every: u64,
+    /// Warn when this many steps in a row gave no learning signal (every group of equal reward,
+    /// or every row skipped), or had one reward across the whole batch; 0 = never. Default 10.
+    pub warn_no_signal_steps: u64,
 }
 
 impl Default for OutputSection {
     fn default() -> Self {
         OutputSection {
             dir: PathBuf::from("runs/run"),
+            tensorboard: true,
+            log_every: 1,
+            warn_no_signal_steps: 10,
         }
     }
 }

@@ -306,6 +306,7 @@ impl Explorer {
             .score_batch(&samples)
             .context("scoring completions")?;
         *score_s += t0.elapsed().as_secs_f64();
+        let weights = self.reward.component_weights();
         let mut groups: Vec<Vec<Experience>> = vec![Vec::new(); idx.len()];
         for ((c, s), text) in completions.iter().zip(scores).zip(&texts) {
             let p = idx[c.prompt_index - first];
@@ -318,6 +319,7 @@ impl Explorer {
                 group_id: c.prompt_index.to_string(),
                 version: Some(c.version),
                 truncated: c.finish_reason == FinishReason::Length,
+                components: reward_parts(&weights, &s),
             };
             if rollouts.len() < self.settings.log_rollouts {
                 rollouts.push(RolloutRecord {
@@ -364,4 +366,31 @@ impl Explorer {
 pub fn zero_variance(g: &[Experience]) -> bool {
     let r: Vec<f64> = g.iter().filter_map(|e| e.reward).collect();
     r.windows(2).all(|w| w[0] == w[1])
+}
+
+/// The parts of one reward: each component (raw and weighted by its `weights` entry), then the
+/// format term when on.
+fn reward_parts(
+    weights: &[(String, f64)],
+    b: &rlvr_reward::combine::RewardBreakdown,
+) -> Vec<crate::store::experience::RewardPart> {
+    use crate::store::experience::RewardPart;
+    let mut parts: Vec<RewardPart> = b
+        .components
+        .iter()
+        .zip(weights)
+        .map(|((name, raw), (_, w))| RewardPart {
+            name: name.clone(),
+            raw: *raw,
+            weighted: w * raw,
+        })
+        .collect();
+    if let Some(f) = b.format {
+        parts.push(RewardPart {
+            name: "format".into(),
+            raw: f,
+            weighted: f,
+        });
+    }
+    parts
 }

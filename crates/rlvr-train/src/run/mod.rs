@@ -39,9 +39,10 @@ use crate::feed::{filter_stale, Feed};
 use crate::log::progress_bar;
 use crate::store::checkpoint;
 use crate::store::metrics::{append_line, MetricsLine};
+use crate::store::tensorboard::{EventWriter, Source};
 use crate::update::{StepReport, Trainer};
 use guard::LastGood;
-use report::{log_step, show_progress, step_metrics, write_step_logs};
+use report::{eval_text, show_progress, step_metrics, step_text, write_step_logs};
 use save::save_run;
 
 /// Options of a run that are not part of the config.
@@ -84,6 +85,12 @@ struct Run<'a> {
     skipped_in_row: u32,
     last_ckpt: Option<PathBuf>,
     start: u64,
+    /// The TensorBoard event file (`output.tensorboard`).
+    tb: Option<EventWriter>,
+    /// When the first step of this process began (elapsed time and ETA of the console lines).
+    began: Instant,
+    /// Steps in a row without learning signal, and with one reward for the whole batch.
+    no_signal: (u64, u64),
 }
 
 /// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
@@ -143,6 +150,7 @@ impl Run<'_> {
         let c = &cfg.raw;
         let (v, max_stale, seed) = (c.sync.interval, c.sync.max_staleness, c.train.seed);
         let mut done = self.start;
+        self.began = Instant::now();
         for t in (self.start + 1)..=c.train.steps {
             // explorer: the batch of step t, sampled by version s(t) (prompt source inside)
             let batch = self.feed.next(t)?;
@@ -157,14 +165,19 @@ impl Run<'_> {
             let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
             let is_best = self.evaluate(t, &mut line)?;
             append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
-            write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
+            let diag = write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
+            self.tensorboard(&[
+                (Source::Metrics, &line.to_json()),
+                (Source::Diagnostics, &diag),
+            ])?;
             done = t;
             good.completed(t, self.feed.cursor());
             // sync: the explorer gets version t when v divides t (after the step counts as
             // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
             self.feed.publish(t, v, &self.trainer.model)?;
-            log_step(t, c.train.steps, &line);
+            self.console(t, &line);
             show_progress(bar, t, &rep, &line);
+            self.check_signal(t, &rep, &line)?;
             self.check_skipped(t, &rep)?;
             // checkpoint: every train.save_every steps, at the end, at a new best, on stop
             let stop = opts.stop.load(Ordering::SeqCst);
@@ -187,7 +200,8 @@ impl Run<'_> {
         let Some(ev) = &self.evaluator else {
             return Ok(false);
         };
-        if t > 0 && (every == 0 || !t.is_multiple_of(every)) {
+        let last = t == self.cfg.raw.train.steps;
+        if t > 0 && (every == 0 || !(t.is_multiple_of(every) || last)) {
             return Ok(false);
         }
         crate::log::phase(&format!(
@@ -199,6 +213,12 @@ impl Run<'_> {
         for (k, v) in r.metrics() {
             line.set_value(k, v);
         }
+        if let Some(tb) = &mut self.tb {
+            // The eval.jsonl record as `record` wrote it.
+            let mut e = serde_json::to_value(&r)?;
+            e["step"] = t.into();
+            tb.line(Source::Eval, &e.to_string())?;
+        }
         if t == 0 {
             self.best = Some((r.accuracy, 0));
             return Ok(false);
@@ -208,6 +228,78 @@ impl Run<'_> {
             self.best = Some((r.accuracy, t));
         }
         Ok(better)
+    }
+
+    /// Appends JSONL lines just written to the TensorBoard event file (when on).
+    fn tensorboard(&mut self, lines: &[(Source, &str)]) -> anyhow::Result<()> {
+        if let Some(tb) = &mut self.tb {
+            for (source, l) in lines {
+                tb.line(*source, l)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Step `t`'s console line ([`step_text`]: train.log always, stderr every `output.log_every`
+    /// steps and at the last when no bar is drawn) and its evaluation's line.
+    fn console(&self, t: u64, line: &MetricsLine) {
+        let c = &self.cfg.raw;
+        let elapsed = self.began.elapsed().as_secs_f64();
+        let eta = elapsed / (t - self.start) as f64 * (c.train.steps - t) as f64;
+        let due = t.is_multiple_of(c.output.log_every) || t == c.train.steps;
+        crate::log::line(&step_text(t, c.train.steps, line, elapsed, eta), due);
+        if let Some(e) = eval_text(t, line) {
+            crate::log::line(&e, true);
+        }
+    }
+
+    /// Warns (console and train.log) when the run cannot learn: `output.warn_no_signal_steps`
+    /// steps in a row where every group had one reward for all its completions (or every row was
+    /// skipped), or where the whole batch had one reward; and when the held-out accuracy is
+    /// exactly 0 at step 0 and at the last step.
+    fn check_signal(&mut self, t: u64, rep: &StepReport, line: &MetricsLine) -> anyhow::Result<()> {
+        let n = self.cfg.raw.output.warn_no_signal_steps;
+        let f = |k: &str| line.get(k).and_then(|v| v.as_f64());
+        let no_signal = f("zero_std_frac").is_none_or(|z| z == 1.0) || rep.skipped;
+        let constant = f("reward/std") == Some(0.0);
+        self.no_signal = (
+            if no_signal { self.no_signal.0 + 1 } else { 0 },
+            if constant { self.no_signal.1 + 1 } else { 0 },
+        );
+        if n > 0 && self.no_signal.1 == n {
+            crate::log::say(&format!(
+                "warning: steps {}-{t}: every completion of the batch got the same reward ({}), so \
+                 every advantage is 0 and the policy does not change. Check the verifier on a few \
+                 completions (rollouts.jsonl; `rlvr reward --explain`), and that the prompt asks for \
+                 the answer form the verifier reads",
+                t + 1 - n,
+                f("reward/mean").map_or("none".into(), |r| format!("{r}")),
+            ));
+        } else if n > 0 && self.no_signal.0 == n && self.no_signal.1 < n {
+            crate::log::say(&format!(
+                "warning: steps {}-{t}: no learning signal: every group's completions got the same \
+                 reward (zero_std_frac = 1) or every row was skipped, so the policy does not change. \
+                 Try a larger rollout.group_size, a warm start (`rlvr sft`), an easier task, or a \
+                 softer reward (partial credit, a format reward)",
+                t + 1 - n,
+            ));
+        }
+        let evaluated = f("eval/n").is_some_and(|n| n > 0.0);
+        if t == self.cfg.raw.train.steps && evaluated && f("eval/accuracy") == Some(0.0) {
+            let at0 = crate::store::metrics::read_metrics(&self.run_dir.join("eval.jsonl"))?
+                .into_iter()
+                .find(|r| r.get("step").and_then(|v| v.as_u64()) == Some(0))
+                .and_then(|r| r.get("accuracy").and_then(|v| v.as_f64()));
+            if at0 == Some(0.0) {
+                crate::log::say(&format!(
+                    "warning: the held-out accuracy was exactly 0 at step 0 and at step {t}: the \
+                     model never solved a held-out problem. Check the answer format on a few \
+                     completions (eval.jsonl, rollouts.jsonl), raise rollout.max_new_tokens if they \
+                     are cut off, or warm-start with `rlvr sft`"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Counts non-finite (skipped) steps in a row and stops at `train.max_skipped_in_row`.

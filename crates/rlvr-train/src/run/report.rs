@@ -31,6 +31,7 @@ pub fn step_metrics(
             (rewards.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt()
         }),
     );
+    set_components(&mut l, exps);
     let correct: Vec<f64> = exps
         .iter()
         .filter_map(|e| e.is_correct())
@@ -72,7 +73,34 @@ pub fn step_metrics(
     l
 }
 
-/// Appends the step's rollouts.jsonl and diagnostics.jsonl lines.
+/// `reward/<name>/mean` (the raw component reward over the scored experiences) and
+/// `reward/<name>/share` (its weighted part of the summed reward; null when that sum is 0) for
+/// each reward part the experiences carry (none for offline experiences).
+fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
+    let Some(first) = exps.iter().find(|e| !e.components.is_empty()) else {
+        return;
+    };
+    let scored: Vec<&Experience> = exps
+        .iter()
+        .filter(|e| e.reward.is_some() && e.components.len() == first.components.len())
+        .collect();
+    let total: f64 = scored.iter().filter_map(|e| e.reward).sum();
+    for (k, part) in first.components.iter().enumerate() {
+        let raw: f64 = scored.iter().map(|e| e.components[k].raw).sum();
+        let weighted: f64 = scored.iter().map(|e| e.components[k].weighted).sum();
+        let n = scored.len() as f64;
+        l.set(
+            &format!("reward/{}/mean", part.name),
+            (n > 0.0).then(|| raw / n),
+        );
+        l.set(
+            &format!("reward/{}/share", part.name),
+            (total != 0.0).then(|| weighted / total),
+        );
+    }
+}
+
+/// Appends the step's rollouts.jsonl and diagnostics.jsonl lines; returns the diagnostics line.
 ///
 /// # Errors
 /// I/O errors naming the file.
@@ -83,7 +111,7 @@ pub(crate) fn write_step_logs(
     rep: &StepReport,
     rows: usize,
     dropped_stale: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
     for r in &batch.rollouts {
         let mut v = serde_json::to_value(r)?;
         v["step"] = json!(t);
@@ -104,24 +132,72 @@ pub(crate) fn write_step_logs(
         "rows_skipped_zero_gradient": rep.rows_skipped,
         "time/score_s": batch.score_s,
     });
-    append_line(&run_dir.join("diagnostics.jsonl"), &diag.to_string())
+    let diag = diag.to_string();
+    append_line(&run_dir.join("diagnostics.jsonl"), &diag)?;
+    Ok(diag)
 }
 
-/// Appends step `t`'s line to train.log: what the progress bar shows (loss, mean reward) plus the
-/// held-out accuracy when evaluated.
-pub(crate) fn log_step(t: u64, steps: u64, line: &MetricsLine) {
+/// Step `t`'s line (train.log always, stderr off a terminal every `output.log_every` steps):
+/// the values of its metrics.jsonl line rounded to 4 places (step, staleness, reward mean,
+/// accuracy, loss, KL and entropy where on, tokens/s, each reward component's mean and share),
+/// the elapsed time and the ETA. Keys that are null at this step are left out.
+pub(crate) fn step_text(t: u64, steps: u64, line: &MetricsLine, elapsed: f64, eta: f64) -> String {
     let f = |k: &str| line.get(k).and_then(|v| v.as_f64());
-    let mut s = format!("step {t}/{steps}");
-    for (k, name) in [
-        ("loss", "loss"),
-        ("reward/mean", "reward"),
-        ("eval/accuracy", "eval accuracy"),
-    ] {
-        if let Some(v) = f(k) {
-            s.push_str(&format!(" {name} {v:.4}"));
-        }
+    let mut s = format!("step {t}/{steps} ");
+    s.push_str(&crate::log::fields(&[
+        ("staleness", f("staleness/mean"), 2),
+        ("reward", f("reward/mean"), 4),
+        ("accuracy", f("accuracy"), 4),
+        ("loss", f("loss"), 4),
+        ("kl_ref", f("kl_ref"), 4),
+        ("entropy", f("entropy"), 4),
+        ("tokens/s", f("tokens_per_s"), 1),
+    ]));
+    if line.get("skipped").and_then(|v| v.as_bool()) == Some(true) {
+        s.push_str(" skipped");
     }
-    crate::log::log_only(&s);
+    // reward/<name>/mean and share: every pair the line holds, in its order.
+    let comps: Vec<String> = line
+        .keys()
+        .filter_map(|k| k.strip_prefix("reward/")?.strip_suffix("/mean"))
+        .map(|name| {
+            crate::log::fields(&[
+                (
+                    &format!("reward/{name}"),
+                    f(&format!("reward/{name}/mean")),
+                    4,
+                ),
+                ("share", f(&format!("reward/{name}/share")), 4),
+            ])
+        })
+        .filter(|x| !x.is_empty())
+        .collect();
+    for c in comps {
+        s.push(' ');
+        s.push_str(&c);
+    }
+    s.push_str(&format!(
+        " elapsed {} eta {}",
+        crate::log::clock(elapsed),
+        crate::log::clock(eta)
+    ));
+    s
+}
+
+/// An evaluation's line: `eval step T accuracy A mean@k M pass@k P n N` (the `eval/*` values of
+/// the metrics line, 4 places), or `None` when the line holds no evaluation.
+pub(crate) fn eval_text(t: u64, line: &MetricsLine) -> Option<String> {
+    let f = |k: &str| line.get(k).and_then(|v| v.as_f64());
+    let acc = f("eval/accuracy")?;
+    Some(format!(
+        "eval step {t} {}",
+        crate::log::fields(&[
+            ("accuracy", Some(acc), 4),
+            ("mean@k", f("eval/mean@k"), 4),
+            ("pass@k", f("eval/pass@k"), 4),
+            ("n", f("eval/n"), 0),
+        ])
+    ))
 }
 
 /// Moves the progress bar to step `t` with the step's loss and mean reward.

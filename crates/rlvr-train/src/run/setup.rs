@@ -25,6 +25,7 @@ use crate::feed::Feed;
 use crate::store::checkpoint::{self, non_finite_weight, SourceCursor, TrainerState};
 use crate::store::experience::{groups_in_order, read_experiences};
 use crate::store::metrics::{append_line, truncate_after, MetricsLine};
+use crate::store::tensorboard::Source;
 use crate::update::Trainer;
 
 impl<'a> Run<'a> {
@@ -145,11 +146,23 @@ impl<'a> Run<'a> {
             skipped_in_row: state.as_ref().map(|s| s.skipped_in_row).unwrap_or(0),
             last_ckpt: ckpt,
             start,
+            tb: None,
+            began: std::time::Instant::now(),
+            no_signal: (0, 0),
         };
+        if c.output.tensorboard {
+            // A fresh event file from the JSONL files as cut back to the checkpoint.
+            let toml = cfg.to_toml()?;
+            run.tb = Some(crate::store::tensorboard::rebuild(&run.run_dir, &toml)?);
+        }
         if start == 0 && run.evaluator.is_some() {
             let mut line = MetricsLine::new(0);
             run.evaluate(0, &mut line)?;
             append_line(&run.run_dir.join("metrics.jsonl"), &line.to_json())?;
+            run.tensorboard(&[(Source::Metrics, &line.to_json())])?;
+            if let Some(e) = super::report::eval_text(0, &line) {
+                crate::log::line(&e, true);
+            }
         }
         Ok(run)
     }

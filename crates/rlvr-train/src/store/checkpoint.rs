@@ -170,6 +170,48 @@ pub fn latest(run_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
+/// The model directory a `--model` path names: `RUN_DIR` (a directory with `checkpoints/latest`
+/// and no `config.json` of its own) and `RUN_DIR/checkpoints/latest` (the text file) both name the
+/// checkpoint that `latest` names; any other path is returned as given. The name in `latest` must
+/// be one plain path component (`step-N`), so it never leaves the run's `checkpoints/` folder.
+///
+/// # Errors
+/// An unreadable `latest`, a name that is not one plain component, or a checkpoint that does not
+/// exist, naming the file.
+pub fn resolve_model_dir(path: &Path) -> anyhow::Result<PathBuf> {
+    let latest = if path.is_file() && path.file_name().is_some_and(|n| n == "latest") {
+        path.to_path_buf()
+    } else if path.is_dir()
+        && !path.join("config.json").exists()
+        && checkpoints_dir(path).join("latest").is_file()
+    {
+        checkpoints_dir(path).join("latest")
+    } else {
+        return Ok(path.to_path_buf());
+    };
+    let name = std::fs::read_to_string(&latest)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", latest.display()))?;
+    let name = name.trim();
+    let mut parts = Path::new(name).components();
+    let plain = matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    );
+    anyhow::ensure!(
+        plain,
+        "{} names `{name}`, which is not a checkpoint folder beside it (expected e.g. step-12)",
+        latest.display()
+    );
+    let dir = latest.with_file_name(name);
+    anyhow::ensure!(
+        dir.join("config.json").is_file(),
+        "{} names {}, which is not a model directory (no config.json)",
+        latest.display(),
+        dir.display()
+    );
+    Ok(dir)
+}
+
 /// What [`load_state`] returns: the state record, AdamW moments m and v, and the buffer.
 pub type LoadedState = (TrainerState, Vec<Tensor>, Vec<Tensor>, Vec<Experience>);
 

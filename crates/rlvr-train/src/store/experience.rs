@@ -29,6 +29,21 @@ pub struct Experience {
     /// True when the completion hit `max_new_tokens` without EOS (`finish_reason = "length"`).
     #[serde(default)]
     pub truncated: bool,
+    /// The reward's parts, one per `[[reward.components]]` entry (then `format` when the format
+    /// reward is on); empty when unknown (offline files).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<RewardPart>,
+}
+
+/// One part of an experience's reward: a reward component, or the format term.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewardPart {
+    /// The component's name (`format` for the format term).
+    pub name: String,
+    /// Its raw (unweighted) reward.
+    pub raw: f64,
+    /// What it adds to the reward (weight × raw; the format term as is).
+    pub weighted: f64,
 }
 
 impl Experience {
@@ -172,6 +187,7 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
         group_id,
         version,
         truncated,
+        components: Vec::new(),
     })
 }
 

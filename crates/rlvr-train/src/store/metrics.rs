@@ -81,6 +81,11 @@ impl MetricsLine {
         self.values.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    /// The keys, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.iter().map(|(k, _)| k.as_str())
+    }
+
     /// The line as compact JSON, keys in order.
     pub fn to_json(&self) -> String {
         let parts: Vec<String> = self

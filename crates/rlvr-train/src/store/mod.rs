@@ -13,3 +13,4 @@ pub mod lock;
 pub mod metrics;
 pub mod rollouts;
 pub(crate) mod run_json;
+pub mod tensorboard;
