@@ -14,7 +14,9 @@
 # the same completions (same seed, same sampler): only the training pass differs.
 #
 # Prints, per run: time/train_s from metrics.jsonl (the trainer step: forward, backward, AdamW),
-# the process's peak RSS (GNU time), and the loss (equal in both modes up to rounding).
+# the whole process's CPU time (user + system: loading, the identical sampling and the step, so the
+# two modes' difference is the step's) and peak RSS (GNU time), and the loss (0: random weights
+# reward nothing; the equality of the two modes' values is tests/shared_prompt.rs's job).
 # Environment: RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
 # DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir.
 set -euo pipefail
@@ -39,7 +41,7 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /pro
   --tokenizer "$W/tok/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
 head -n 1 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
 run() { # $1 = share_prompt, $2 = run dir
-  RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%M' -o "$2.rss" "$RLVR" train \
+  RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%U %S %M' -o "$2.rss" "$RLVR" train \
     --set model.path="\"$W/model\"" --set model.dtype='"f32"' --set model.device='"cpu"' \
     --set data.task='"gsm8k"' --set data.train="\"$W/prompts.jsonl\"" --set data.style='"chat"' \
     --set data.prompts_per_step=1 --set data.seed=0 \
@@ -58,10 +60,12 @@ run() { # $1 = share_prompt, $2 = run dir
 import json, sys
 share, run = sys.argv[1], sys.argv[2]
 m = [json.loads(l) for l in open(f"{run}/metrics.jsonl")][-1]
-rss = int(open(f"{run}.rss").read().split()[-1]) // 1024
+user, sys_s, rss = open(f"{run}.rss").read().split()[-3:]
+rss = int(rss) // 1024
+cpu = float(user) + float(sys_s)
 plen = len(json.loads(open(f"{run}.prompt_ids.jsonl").readline())["prompt_ids"])
 print(json.dumps({"share_prompt": share == "true", "train_s": round(m["time/train_s"], 2),
-                  "sample_s": round(m["time/sample_s"], 2), "peak_rss_mb": rss,
+                  "sample_s": round(m["time/sample_s"], 2), "process_cpu_s": round(cpu, 1), "peak_rss_mb": rss,
                   "loss": m["loss"], "prompt_tokens": plen,
                   "completion_len": m["completion_len/mean"]}))
 PY

@@ -15,7 +15,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import tensorboard" 2
 fi
 echo "ci_tensorboard: venv ready in $((SECONDS - t0)) s ($("$VENV/bin/python" -c 'import tensorboard; print(tensorboard.__version__)'))"
 t1=$SECONDS
-[ -x "$R" ] || cargo build -p rlvr
+[ -x "$R" ] || cargo build -q --locked --workspace --bins
 W=$(mktemp -d)
 trap 'kill -9 "${pid:-}" 2>/dev/null || true; rm -rf "$W"' EXIT
 "$R" init --arch qwen2 --hidden 16 --layers 1 --heads 2 --kv-heads 1 --intermediate 32 \

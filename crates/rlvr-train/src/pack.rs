@@ -180,6 +180,7 @@ mod tests {
             reward: Some(0.0),
             correct: None,
             version: Some(0),
+            components: Vec::new(),
             truncated: false,
         }
     }

@@ -52,6 +52,7 @@ fn batch(groups: usize) -> Vec<Experience> {
                 correct: None,
                 group_id: format!("g{g}"),
                 version: Some(0),
+                components: Vec::new(),
                 truncated: k == 3 && g == 0,
             });
         }

@@ -81,6 +81,7 @@ fn batch() -> Vec<Experience> {
                 correct: None,
                 group_id: format!("g{g}"),
                 version: Some(0),
+                components: Vec::new(),
                 truncated: j == 1 && k == 8,
             });
         }

@@ -217,6 +217,7 @@ mod tests {
             correct: None,
             group_id: g.into(),
             version: None,
+            components: Vec::new(),
             truncated: t,
         };
         let batch = vec![
