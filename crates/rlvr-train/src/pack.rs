@@ -71,6 +71,21 @@ pub fn pack_rows(rows: &[(&[u32], &[u32])], pad: u32) -> PackedRows {
     out
 }
 
+/// The positions of each group in `ids` (one group id per row), groups in order of first
+/// appearance, positions ascending: the grouping every split of rows into whole groups uses.
+pub fn group_positions<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<Vec<usize>> {
+    let mut index: std::collections::HashMap<&str, usize> = Default::default();
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (p, g) in ids.into_iter().enumerate() {
+        let k = *index.entry(g).or_insert_with(|| {
+            out.push(Vec::new());
+            out.len() - 1
+        });
+        out[k].push(p);
+    }
+    out
+}
+
 /// How big one micro-batch may be ([`micro_batches`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MicroBatchLimit {
@@ -127,24 +142,13 @@ pub fn micro_batches(
         None => mb.len() <= limit.rows.max(1),
         Some(budget) => forward_cost(batch, mb, limit.share_prompt) <= budget,
     };
-    let mut order: Vec<&str> = Vec::new();
-    let mut members: std::collections::HashMap<&str, Vec<usize>> = Default::default();
-    for &i in rows {
-        let g = batch[i].group_id.as_str();
-        members
-            .entry(g)
-            .or_insert_with(|| {
-                order.push(g);
-                Vec::new()
-            })
-            .push(i);
-    }
+    let groups = group_positions(rows.iter().map(|&i| batch[i].group_id.as_str()));
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut cur: Vec<usize> = Vec::new();
-    for g in order {
-        let group = &members[g];
+    for positions in groups {
+        let group: Vec<usize> = positions.iter().map(|&p| rows[p]).collect();
         let mut joined = cur.clone();
-        joined.extend_from_slice(group);
+        joined.extend_from_slice(&group);
         if fits(&joined) {
             cur = joined;
             continue;
@@ -153,7 +157,7 @@ pub fn micro_batches(
             out.push(std::mem::take(&mut cur));
         }
         // The group alone: whole if it fits, else parts of as many rows as fit.
-        for &i in group {
+        for i in group {
             cur.push(i);
             if cur.len() > 1 && !fits(&cur) {
                 cur.pop();

@@ -178,7 +178,7 @@ impl Trainer {
     ///
     /// # Errors
     /// Tensor errors building the reduction's buffers.
-    pub fn data_parallel(mut self, comm: rlvr_dist::SharedComm) -> anyhow::Result<Self> {
+    pub fn data_parallel(self, comm: rlvr_dist::SharedComm) -> anyhow::Result<Self> {
         let params: Vec<Tensor> = self
             .model
             .named_vars()
@@ -186,22 +186,21 @@ impl Trainer {
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
         let reduce = rlvr_dist::DistReduce::new(Box::new(comm.clone()), &params)?;
-        let t = &self.settings.train;
-        let optimizer = OptimizerStep::new(
-            &self.model,
-            AdamWConfig {
-                lr: t.lr,
-                beta1: t.beta1,
-                beta2: t.beta2,
-                eps: t.adam_eps,
-                weight_decay: t.weight_decay,
-            },
-            t.grad_clip,
-        )?
-        .with_reduce(Box::new(reduce));
-        self.optimizer = optimizer;
-        self.comm = Some(comm);
-        Ok(self)
+        // The optimizer built by `new` (no update has run yet), with the ranks' reduction.
+        let Trainer {
+            model,
+            reference,
+            optimizer,
+            settings,
+            ..
+        } = self;
+        Ok(Trainer {
+            model,
+            reference,
+            optimizer: optimizer.with_reduce(Box::new(reduce)),
+            settings,
+            comm: Some(comm),
+        })
     }
 
     /// One trainer step on `batch` (B groups × K, any order), at trainer step `step` (1-based) with
@@ -507,25 +506,16 @@ fn accumulate_diff(
 /// Splits the rows into `n` mini-batches of whole groups (first-appearance order, sizes differing by
 /// at most one group). Fewer groups than `n` give fewer mini-batches.
 pub fn split_groups(groups: &[&str], n: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<&str> = Vec::new();
-    let mut rows: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, g) in groups.iter().enumerate() {
-        rows.entry(g)
-            .or_insert_with(|| {
-                order.push(g);
-                Vec::new()
-            })
-            .push(i);
-    }
-    let n = n.clamp(1, order.len().max(1));
+    let rows = crate::pack::group_positions(groups.iter().copied());
+    let n = n.clamp(1, rows.len().max(1));
     let mut out = vec![Vec::new(); n];
-    let per = order.len() / n;
-    let extra = order.len() % n;
+    let per = rows.len() / n;
+    let extra = rows.len() % n;
     let mut k = 0;
     for (m, chunk) in out.iter_mut().enumerate() {
         let take = per + usize::from(m < extra);
-        for g in &order[k..k + take] {
-            chunk.extend_from_slice(&rows[g]);
+        for g in &rows[k..k + take] {
+            chunk.extend_from_slice(g);
         }
         k += take;
     }
