@@ -39,6 +39,6 @@ mod reduce;
 
 #[cfg(feature = "mpi")]
 pub use comm::MpiComm;
-pub use comm::{init, Communicator, LocalComm, Op, SharedComm, ThreadComm};
+pub use comm::{init, init_with_timeout, Communicator, LocalComm, Op, SharedComm, ThreadComm};
 pub use error::{DistError, Result};
 pub use reduce::DistReduce;

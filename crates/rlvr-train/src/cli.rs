@@ -19,7 +19,7 @@ use crate::config::{settings, RawConfig, ResolvedConfig, RolloutSection, Schedul
 use crate::eval::{EvalItem, EvalResult, Evaluator};
 use crate::feed::backend::{self, BackendSettings, NativeWeights, VllmSettings, Workload};
 use crate::run::{signals, train, RunOptions};
-use crate::sft::{pairs_from_config, read_pairs, train_sft, SftSettings, StopRule};
+use crate::sft::{pairs_from_config, read_pairs, train_sft_on, SftSettings, StopRule};
 use crate::update::LrSchedule;
 
 /// `rlvr train`.
@@ -76,6 +76,10 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             hang_after_step: None,
         },
     )?;
+    // Data parallel, rank 0 prints the summary.
+    if rlvr_dist::env::from_process_env()?.rank != 0 {
+        return Ok(());
+    }
     writeln!(
         out,
         "{}",
@@ -398,10 +402,39 @@ pub struct SftArgs {
 /// # Errors
 /// Data, model and I/O errors; a non-finite loss aborts (nothing is saved for that step).
 pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use rlvr_dist::Communicator;
+    // Under mpirun/srun/torchrun every process is one rank of a data-parallel run; rank 0 alone
+    // prepares and writes --out.
+    let launch = rlvr_dist::env::from_process_env()?;
+    let raw = RawConfig::load(a.config.as_deref(), &a.set)?;
+    let mut comm = match launch.world_size {
+        1 => None,
+        _ => {
+            let timeout = raw.distributed.timeout()?;
+            let c = rlvr_dist::init_with_timeout(&launch, timeout)?;
+            Some(rlvr_dist::SharedComm::new(c))
+        }
+    };
+    let writer = launch.rank == 0;
     // --out: never the input model; non-empty only with --force.
     crate::store::lock::refuse_same_dir(&a.model, &a.out)?;
-    crate::store::lock::prepare_model_output(&a.out, a.force, "--out")?;
-    let device = rlvr_model::parse_device(&a.device)?;
+    let prepared = if writer {
+        crate::store::lock::prepare_model_output(&a.out, a.force, "--out")
+    } else {
+        Ok(())
+    };
+    if let Some(c) = comm.as_mut() {
+        if c.any(prepared.is_err())? && prepared.is_ok() {
+            bail!(
+                "rank 0 could not prepare --out {} (its error says why)",
+                a.out.display()
+            );
+        }
+    }
+    prepared?;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let device = rlvr_dist::env::device_for(&a.device, &launch, visible.as_deref())?;
+    let device = rlvr_model::parse_device(&device)?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let schedule = match a.schedule.as_str() {
@@ -415,7 +448,6 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let policy = Policy::load(&a.model, dtype, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
-    let raw = RawConfig::load(a.config.as_deref(), &a.set)?;
     let pairs = match &a.data {
         Some(d) => read_pairs(d, &policy.tokenizer, a.chat, a.max_completion_len)?,
         None if a.config.is_some() || !a.set.is_empty() => {
@@ -456,9 +488,9 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         save_every: a.save_every,
         save_dtype: dtype,
     };
-    let bar = crate::log::progress_bar(!a.no_progress, 0, settings.schedule.steps);
+    let bar = crate::log::progress_bar(!a.no_progress && writer, 0, settings.schedule.steps);
     let t0 = std::time::Instant::now();
-    let done = train_sft(
+    let done = train_sft_on(
         &policy.model,
         &policy.tokenizer,
         &pairs,
@@ -466,9 +498,13 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         evaluator.as_ref(),
         &a.out,
         &mut |st| sft_progress(st, bar.as_ref(), a.log_every, t0),
+        comm,
     )?;
     if let Some(b) = &bar {
         b.finish();
+    }
+    if !writer {
+        return Ok(());
     }
     writeln!(
         out,

@@ -140,11 +140,59 @@ impl Evaluator {
         step: u64,
         dir: &Path,
     ) -> anyhow::Result<EvalResult> {
-        let (r, _) = self.run_model(model, tok)?;
-        let mut e = serde_json::to_value(&r)?;
-        e["step"] = step.into();
-        append_line(&dir.join("eval.jsonl"), &e.to_string())?;
+        self.record_split(model, tok, step, Some(dir), None)
+    }
+
+    /// [`Evaluator::record`] split over data-parallel ranks: each rank samples and scores its
+    /// [`crate::pack::rank_range`] of the problems, the per-problem correct counts are summed over
+    /// `comm` (exact: small integers in f64), so every rank returns the one-process result; only
+    /// a caller passing `dir` (rank 0) appends to eval.jsonl.
+    ///
+    /// # Errors
+    /// As [`Evaluator::record`]; a failed collective.
+    pub fn record_split(
+        &self,
+        model: &Model,
+        tok: &TokenizerBundle,
+        step: u64,
+        dir: Option<&Path>,
+        comm: Option<&mut rlvr_dist::SharedComm>,
+    ) -> anyhow::Result<EvalResult> {
+        use rlvr_dist::Communicator;
+        let n = self.texts.len();
+        let range = match &comm {
+            Some(c) => crate::pack::rank_range(n, c.rank(), c.world_size()),
+            None => 0..n,
+        };
+        let sampler = Sampler::new(model, 0).with_tokenizer(tok.tokenizer.clone());
+        let items = sample_problems(
+            &mut NativeRollout::new(sampler),
+            tok,
+            &self.problems(),
+            &self.reward,
+            &self.settings,
+            range,
+        )?;
+        let mut per = correct_per_problem(&items, n);
+        if let Some(c) = comm {
+            c.all_reduce_f64(&mut per, rlvr_dist::Op::Sum)?;
+        }
+        let r = summarise(self.task, &per, self.settings.samples);
+        if let Some(dir) = dir {
+            let mut e = serde_json::to_value(&r)?;
+            e["step"] = step.into();
+            append_line(&dir.join("eval.jsonl"), &e.to_string())?;
+        }
         Ok(r)
+    }
+
+    fn problems(&self) -> Problems<'_> {
+        Problems {
+            texts: &self.texts,
+            references: &self.references,
+            rows: &self.rows,
+            columns: &self.columns,
+        }
     }
 }
 
@@ -184,6 +232,22 @@ pub fn evaluate(
     reward: &RewardFunction,
     s: &EvalSettings,
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+    let n = problems.texts.len();
+    let items = sample_problems(rollout, tokenizer, problems, reward, s, 0..n)?;
+    let per = correct_per_problem(&items, n);
+    Ok((summarise(task, &per, s.samples), items))
+}
+
+/// Samples and scores the problems `range` of `problems` (sampling seeds and chunks indexed by
+/// the problem's place in the whole list, so a part gives the items the whole would).
+fn sample_problems(
+    rollout: &mut dyn Rollout,
+    tokenizer: &TokenizerBundle,
+    problems: &Problems<'_>,
+    reward: &RewardFunction,
+    s: &EvalSettings,
+    range: std::ops::Range<usize>,
+) -> anyhow::Result<Vec<EvalItem>> {
     let Problems {
         texts: prompts,
         references,
@@ -200,11 +264,12 @@ pub fn evaluate(
         rows.len(),
         columns.len()
     );
-    let ids: Vec<Vec<u32>> = prompts
+    let ids: Vec<Vec<u32>> = prompts[range.clone()]
         .iter()
         .map(|t| tokenizer.encode(t, s.add_special_tokens))
         .collect::<Result<_, _>>()
         .context("encoding eval prompts")?;
+    let base = range.start;
     let params = SamplingParams {
         group_size: s.samples,
         temperature: if s.samples > 1 { 1.0 } else { 0.0 },
@@ -220,12 +285,13 @@ pub fn evaluate(
     let chunk = (s.max_batch_rows / s.samples).max(1);
     for start in (0..ids.len()).step_by(chunk) {
         let end = (start + chunk).min(ids.len());
+        let (first, last) = (base + start, base + end);
         let out = rlvr_rollout::flatten(
             rollout
-                .sample(&ids[start..end], start, &params, s.seed)
+                .sample(&ids[start..end], first, &params, s.seed)
                 .context("sampling eval completions")?,
         )
-        .with_context(|| format!("sampling the groups of eval problems {start}..{end}"))?;
+        .with_context(|| format!("sampling the groups of eval problems {first}..{last}"))?;
         let texts: Vec<String> = out
             .iter()
             .map(|c| tokenizer.decode(&c.token_ids, true))
@@ -257,24 +323,30 @@ pub fn evaluate(
             });
         }
     }
-    let n = prompts.len();
-    let k = s.samples;
-    let mut per = vec![0usize; n];
-    for it in &items {
-        per[it.index] += usize::from(it.correct);
+    Ok(items)
+}
+
+/// Correct samples per problem (indexed over the whole list of `n`).
+fn correct_per_problem(items: &[EvalItem], n: usize) -> Vec<f64> {
+    let mut per = vec![0.0; n];
+    for it in items {
+        per[it.index] += f64::from(u8::from(it.correct));
     }
+    per
+}
+
+/// The result over `per` (correct samples of each of the n problems, k samples each).
+fn summarise(task: &str, per: &[f64], k: usize) -> EvalResult {
+    let n = per.len();
     let frac = |x: f64| if n == 0 { 0.0 } else { x / n as f64 };
-    let mean_at_k = frac(per.iter().map(|&c| c as f64 / k as f64).sum());
-    let pass_at_k = frac(per.iter().filter(|&&c| c > 0).count() as f64);
-    Ok((
-        EvalResult {
-            task: task.to_string(),
-            n,
-            accuracy: mean_at_k,
-            mean_at_k,
-            pass_at_k,
-            k,
-        },
-        items,
-    ))
+    let mean_at_k = frac(per.iter().map(|&c| c / k as f64).sum());
+    let pass_at_k = frac(per.iter().filter(|&&c| c > 0.0).count() as f64);
+    EvalResult {
+        task: task.to_string(),
+        n,
+        accuracy: mean_at_k,
+        mean_at_k,
+        pass_at_k,
+        k,
+    }
 }

@@ -86,6 +86,33 @@ pub fn group_positions<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<Vec<us
     out
 }
 
+/// Rank `rank`'s share of `n` items split over `world` ranks: consecutive, in rank order, the
+/// first `n mod world` ranks one item more (sizes differ by at most one; a rank may get none).
+/// Data parallel splits a step's groups and the held-out problems this way, so the ranks' shares
+/// concatenated in rank order are the one-process order.
+///
+/// # Panics
+/// `world` is 0 or `rank ≥ world`.
+pub fn rank_range(n: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
+    assert!(rank < world, "rank {rank} of a world of {world}");
+    let (base, extra) = (n / world, n % world);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
+
+/// Rank `rank`'s rows of a step batch under data parallel: its [`rank_range`] of the batch's
+/// groups ([`group_positions`] order), each group's rows in batch order. With groups stored
+/// consecutively (as the explorer and the offline source hand them out) this is a consecutive
+/// slice, and the ranks' slices in rank order are the batch.
+pub fn rank_rows(batch: &[Experience], rank: usize, world: usize) -> Vec<Experience> {
+    let groups = group_positions(batch.iter().map(|e| e.group_id.as_str()));
+    groups[rank_range(groups.len(), rank, world)]
+        .iter()
+        .flatten()
+        .map(|&i| batch[i].clone())
+        .collect()
+}
+
 /// How big one micro-batch may be ([`micro_batches`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MicroBatchLimit {
@@ -246,6 +273,52 @@ mod tests {
         let mixed = vec![exp("x", &[1; 10], 5), exp("x", &[2; 10], 5)];
         assert_eq!(forward_cost(&mixed, &[0, 1], true), 28);
         assert_eq!(forward_cost(&mixed, &[0, 1], false), 30);
+    }
+
+    #[test]
+    fn rank_shares_are_consecutive_balanced_and_cover_every_item_once() {
+        assert_eq!(rank_range(5, 0, 2), 0..3);
+        assert_eq!(rank_range(5, 1, 2), 3..5);
+        assert_eq!(
+            (0..3).map(|r| rank_range(7, r, 3)).collect::<Vec<_>>(),
+            vec![0..3, 3..5, 5..7]
+        );
+        // Fewer items than ranks: the last ranks get none.
+        assert_eq!(
+            (0..3).map(|r| rank_range(2, r, 3)).collect::<Vec<_>>(),
+            vec![0..1, 1..2, 2..2]
+        );
+        for n in 0..20 {
+            for w in 1..6 {
+                let all: Vec<usize> = (0..w).flat_map(|r| rank_range(n, r, w)).collect();
+                assert_eq!(all, (0..n).collect::<Vec<_>>(), "n {n} w {w}");
+                let sizes: Vec<usize> = (0..w).map(|r| rank_range(n, r, w).len()).collect();
+                assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn rank_rows_hand_out_whole_groups_in_batch_order() {
+        let mut batch = Vec::new();
+        for (g, k) in [("a", 2), ("b", 3), ("c", 1)] {
+            for i in 0..k {
+                batch.push(exp(g, &[i as u32], 1));
+            }
+        }
+        let ids = |rows: Vec<Experience>| -> Vec<(String, u32)> {
+            rows.into_iter()
+                .map(|e| (e.group_id, e.prompt_ids[0]))
+                .collect()
+        };
+        let r0 = ids(rank_rows(&batch, 0, 2));
+        let r1 = ids(rank_rows(&batch, 1, 2));
+        assert_eq!(
+            r0,
+            [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)].map(|(g, i)| (g.to_string(), i))
+        );
+        assert_eq!(r1, vec![("c".to_string(), 0)]);
+        assert!(rank_rows(&batch, 3, 4).is_empty());
     }
 
     #[test]

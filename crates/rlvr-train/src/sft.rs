@@ -239,16 +239,57 @@ pub fn train_sft(
     out: &Path,
     progress: &mut dyn FnMut(&SftStep),
 ) -> anyhow::Result<SftOutcome> {
+    train_sft_on(model, tok, pairs, s, evaluator, out, progress, None)
+}
+
+/// [`train_sft`] as one rank of a data-parallel group over `comm` (`None`: one process): every
+/// rank draws the same batch, trains its [`crate::pack::rank_range`] of the pairs with the whole
+/// batch's token normaliser, the gradients and the non-finite flag are summed over the ranks
+/// (`rlvr_dist::DistReduce`) and the loss too, so each step is the one-process step within
+/// rounding; evaluation is split ([`Evaluator::record_split`]); rank 0 alone writes `out` and
+/// calls `progress`.
+///
+/// # Errors
+/// As [`train_sft`]; a failed collective.
+#[allow(clippy::too_many_arguments)]
+pub fn train_sft_on(
+    model: &Model,
+    tok: &TokenizerBundle,
+    pairs: &[SftPair],
+    s: &SftSettings,
+    evaluator: Option<&Evaluator>,
+    out: &Path,
+    progress: &mut dyn FnMut(&SftStep),
+    mut comm: Option<rlvr_dist::SharedComm>,
+) -> anyhow::Result<SftOutcome> {
+    use rlvr_dist::Communicator;
     if s.batch_size == 0 || s.micro_batch_size == 0 {
         bail!("the SFT batch size and micro-batch size must be at least 1");
     }
+    comm = comm.filter(|c| c.world_size() > 1);
+    let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
+    let writer = rank == 0;
     let mut opt = OptimizerStep::new(model, s.adamw, s.grad_clip)?;
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    if let Some(c) = &comm {
+        let params: Vec<Tensor> = model
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().clone())
+            .collect();
+        let reduce = rlvr_dist::DistReduce::new(Box::new(c.clone()), &params)?;
+        opt = opt.with_reduce(Box::new(reduce));
+    }
     let metrics = out.join("metrics.jsonl");
-    let _ = std::fs::remove_file(&metrics);
-    let _ = std::fs::remove_file(out.join("eval.jsonl"));
+    if writer {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let _ = std::fs::remove_file(&metrics);
+        let _ = std::fs::remove_file(out.join("eval.jsonl"));
+    }
     let mut sampler = PromptSampler::new(pairs.len(), s.seed)?;
     let save = || -> anyhow::Result<()> {
+        if !writer {
+            return Ok(());
+        }
         model.save(out, s.save_dtype)?;
         write_tokenizer_files(out, tok)?;
         Ok(())
@@ -264,11 +305,17 @@ pub fn train_sft(
         let total: usize = batch.iter().map(|&i| pairs[i].completion.len()).sum();
         let mut grads = opt.gradients();
         let mut loss = 0.0;
-        for mb in batch.chunks(s.micro_batch_size) {
+        let mine = &batch[crate::pack::rank_range(batch.len(), rank, world)];
+        for mb in mine.chunks(s.micro_batch_size) {
             let (sum, _) = completion_logprob_sum(model, pairs, mb, tok.pad_id)?;
             let l = (sum.neg()? / total as f64)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             opt.accumulate(&mut grads, &l)?;
+        }
+        if let Some(c) = comm.as_mut() {
+            let mut l = [loss];
+            c.all_reduce_f64(&mut l, rlvr_dist::Op::Sum)?;
+            loss = l[0];
         }
         if !loss.is_finite() {
             grads.mark_non_finite();
@@ -289,7 +336,7 @@ pub fn train_sft(
             Some(ev)
                 if s.eval_every > 0 && (step % s.eval_every == 0 || step == s.schedule.steps) =>
             {
-                let r = ev.record(model, tok, step, out)?;
+                let r = ev.record_split(model, tok, step, writer.then_some(out), comm.as_mut())?;
                 for (k, v) in r.metrics() {
                     line.set_value(k, v);
                 }
@@ -297,19 +344,23 @@ pub fn train_sft(
             }
             _ => None,
         };
-        append_line(&metrics, &compact(&line)?)?;
+        if writer {
+            append_line(&metrics, &compact(&line)?)?;
+        }
         done = SftOutcome {
             steps: step,
             loss,
             accuracy: eval.as_ref().map(|r| r.accuracy).or(done.accuracy),
         };
-        progress(&SftStep {
-            step,
-            loss,
-            eval: eval.as_ref(),
-            steps: s.schedule.steps,
-            metrics: &line,
-        });
+        if writer {
+            progress(&SftStep {
+                step,
+                loss,
+                eval: eval.as_ref(),
+                steps: s.schedule.steps,
+                metrics: &line,
+            });
+        }
         if s.save_every > 0 && step % s.save_every == 0 {
             save()?;
         }

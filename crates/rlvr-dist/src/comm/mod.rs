@@ -347,12 +347,24 @@ pub fn timeout_from_env() -> Result<Option<Duration>> {
 /// launcher (a binary built against another MPI than the `mpirun` that started it runs every
 /// rank as a world of 1).
 pub fn init(launch: &Launch) -> Result<Box<dyn Communicator>> {
+    init_with_timeout(launch, timeout_from_env()?)
+}
+
+/// [`init`] with the collective timeout `timeout` (`None`: wait forever) instead of
+/// [`TIMEOUT_VAR`]'s (rlvr's `distributed.timeout_s`).
+///
+/// # Errors
+/// As [`init`].
+pub fn init_with_timeout(
+    launch: &Launch,
+    timeout: Option<Duration>,
+) -> Result<Box<dyn Communicator>> {
     if launch.world_size == 1 {
         return Ok(Box::new(LocalComm));
     }
     #[cfg(feature = "mpi")]
     {
-        let comm = MpiComm::init()?;
+        let comm = MpiComm::init()?.with_timeout(timeout);
         if comm.rank() != launch.rank || comm.world_size() != launch.world_size {
             return Err(DistError::Mpi(format!(
                 "MPI says rank {} of {}, the launcher's variables say {launch}: was this binary \
@@ -363,6 +375,8 @@ pub fn init(launch: &Launch) -> Result<Box<dyn Communicator>> {
         }
         Ok(Box::new(comm))
     }
+    #[cfg(not(feature = "mpi"))]
+    let _ = timeout;
     #[cfg(not(feature = "mpi"))]
     Err(DistError::FeatureMissing {
         world_size: launch.world_size,

@@ -31,8 +31,8 @@ use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
 pub use sections::{
-    EvalSection, ModelSection, OutputSection, RolloutBackend, RolloutSection, Schedule, ShortBatch,
-    SyncSection, TrainSection,
+    DistributedSection, EvalSection, ModelSection, OutputSection, RolloutBackend, RolloutSection,
+    Schedule, ShortBatch, SyncSection, TrainSection,
 };
 
 /// The whole file as the user wrote it (after `--set`), before resolution.
@@ -57,6 +57,8 @@ pub struct RawConfig {
     pub eval: EvalSection,
     /// `[output]`.
     pub output: OutputSection,
+    /// `[distributed]`.
+    pub distributed: DistributedSection,
 }
 
 /// The resolved configuration: what the loop reads. `raw.algorithm` is the fully-set table of

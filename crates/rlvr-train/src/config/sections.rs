@@ -199,6 +199,37 @@ impl Default for SyncSection {
     }
 }
 
+/// `[distributed]`: data parallel across processes (DESIGN.md section 12). How many processes and
+/// which one this is come from the launcher (`mpirun -np N`, `srun --mpi=pmix`, torchrun), never
+/// from the config; the engine is MPI (build with `--features mpi`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistributedSection {
+    /// Seconds a collective waits for the slowest rank before the job is aborted with a message
+    /// naming the ranks that never arrived; 0 waits forever. It must exceed the longest skew
+    /// between ranks (one rank sampling longer completions, one evaluating more problems).
+    /// Unset: the `RLVR_DIST_TIMEOUT_S` environment variable, else 600 (torch's NCCL default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+}
+
+impl DistributedSection {
+    /// The collective timeout: `Some(d)`, or `None` to wait forever (module docs of the field).
+    ///
+    /// # Errors
+    /// A negative or non-finite `timeout_s`; a bad `RLVR_DIST_TIMEOUT_S`.
+    pub fn timeout(&self) -> anyhow::Result<Option<std::time::Duration>> {
+        match self.timeout_s {
+            Some(s) if !(s.is_finite() && s >= 0.0) => {
+                anyhow::bail!("distributed.timeout_s = {s}: expected a number of seconds ≥ 0 (0 waits forever)")
+            }
+            Some(s) if s == 0.0 => Ok(None),
+            Some(s) => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            None => Ok(rlvr_dist::comm::timeout_from_env()?),
+        }
+    }
+}
+
 /// `[train]`: the trainer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -21,6 +21,7 @@ use rlvr_reward::Sample;
 use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
+use super::share::Share;
 use crate::store::checkpoint::SourceCursor;
 use crate::store::experience::Experience;
 use crate::store::rollouts::RolloutRecord;
@@ -114,6 +115,9 @@ pub struct Explorer {
     sampler: PromptSampler,
     reward: Arc<RewardFunction>,
     settings: ExplorerSettings,
+    /// Data parallel: this rank's share of every round's groups ([`super::share`]); `None` in one
+    /// process.
+    share: Option<Share>,
 }
 
 impl Explorer {
@@ -161,7 +165,26 @@ impl Explorer {
             sampler,
             reward,
             settings,
+            share: None,
         })
+    }
+
+    /// Makes this explorer one rank of a data-parallel run: it samples, scores (and, with
+    /// `recompute_behaviour`, rescores) only `share`'s part of every round's groups. With a
+    /// communicator in `share` it gathers every round, so [`Explorer::produce`] returns the whole
+    /// batch, the same on every rank (DAPO's dynamic sampling decides on the gathered groups);
+    /// without one it returns this rank's groups only, for the caller to gather.
+    ///
+    /// # Errors
+    /// Dynamic sampling without a communicator (its decision needs every rank's groups).
+    pub fn with_share(mut self, share: Share) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            share.world == 1 || share.comm.is_some() || !self.settings.dynamic_sampling,
+            "DAPO dynamic sampling under data parallel needs the explorer on the run's thread \
+             (sync.offset = 0): its keep decision gathers every rank's groups"
+        );
+        self.share = (share.world > 1).then_some(share);
+        Ok(self)
     }
 
     /// Loads `weights` (named as in the checkpoint) as policy version `version` into the backend:
@@ -216,7 +239,12 @@ impl Explorer {
             let c = self.sampler.cursor();
             let first = (c.epoch as usize) * c.len + c.position;
             let idx = self.sampler.next_batch(b);
-            let new = self.sample_groups(&idx, first, &mut rollouts, &mut score_s)?;
+            let new = match self.share.clone() {
+                None => self.sample_groups(&idx, first, &mut rollouts, &mut score_s)?,
+                Some(share) => {
+                    self.sample_share(&idx, first, share, &mut rollouts, &mut score_s)?
+                }
+            };
             for g in new {
                 if self.settings.dynamic_sampling && zero_variance(&g) {
                     dropped += 1;
@@ -244,7 +272,8 @@ impl Explorer {
                 );
         }
         let mut experiences: Vec<Experience> = groups.into_iter().flatten().collect();
-        if self.settings.recompute_behaviour {
+        // Data parallel, each rank rescored its own share before the gather.
+        if self.settings.recompute_behaviour && self.share.is_none() {
             self.recompute(&mut experiences)?;
         }
         Ok(Batch {
@@ -261,6 +290,44 @@ impl Explorer {
                 0
             },
         })
+    }
+
+    /// Data parallel: samples this rank's share of the groups of draws `idx` (draw indices from
+    /// `first`), rescores them when `recompute_behaviour` is on, and gathers every rank's groups
+    /// and rollout records when the share has a communicator.
+    fn sample_share(
+        &mut self,
+        idx: &[usize],
+        first: usize,
+        mut share: Share,
+        rollouts: &mut Vec<RolloutRecord>,
+        score_s: &mut f64,
+    ) -> anyhow::Result<Vec<Vec<Experience>>> {
+        let mine = crate::pack::rank_range(idx.len(), share.rank, share.world);
+        let mut recs = Vec::new();
+        let mut groups = if mine.is_empty() {
+            Vec::new()
+        } else {
+            self.sample_groups(&idx[mine.clone()], first + mine.start, &mut recs, score_s)?
+        };
+        if self.settings.recompute_behaviour && !groups.is_empty() {
+            let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
+            let mut rows: Vec<Experience> = groups.into_iter().flatten().collect();
+            self.recompute(&mut rows)?;
+            let mut it = rows.into_iter();
+            groups = sizes
+                .iter()
+                .map(|&n| it.by_ref().take(n).collect())
+                .collect();
+        }
+        if let Some(comm) = share.comm.as_mut() {
+            let (all, all_recs) = super::share::gather_round(comm, &groups, &recs)?;
+            groups = all;
+            recs = all_recs;
+        }
+        let room = self.settings.log_rollouts.saturating_sub(rollouts.len());
+        rollouts.extend(recs.into_iter().take(room));
+        Ok(groups)
     }
 
     fn sample_groups(

@@ -20,6 +20,7 @@ pub mod explorer;
 pub mod offline;
 pub mod prompts;
 pub mod schedule;
+pub mod share;
 
 use std::sync::mpsc;
 
@@ -52,24 +53,54 @@ pub enum Feed {
         handle: Option<std::thread::JoinHandle<()>>,
         /// The source cursor after the last batch received.
         last_cursor: SourceCursor,
+        /// Data parallel: the explorer thread samples this rank's groups only; they are gathered
+        /// here, on the run's thread, over this communicator, keeping this many rollout records.
+        gather: Option<(rlvr_dist::SharedComm, usize)>,
     },
 }
 
 impl Feed {
     /// The online feed for steps `first_step..=last_step` under sync interval `v` and offset `o`:
     /// `explorer` (its starting weights already loaded) inline when o = 0, else on its own thread.
-    pub fn online(explorer: Explorer, first_step: u64, last_step: u64, v: u64, o: u64) -> Feed {
+    /// Data parallel, `gather` is the communicator and the rollout records to keep: the inline
+    /// explorer gathers each round itself, the threaded one samples its share and [`Feed::next`]
+    /// gathers on the run's thread (collectives never leave it).
+    ///
+    /// # Errors
+    /// Dynamic sampling with an explorer thread under data parallel.
+    pub fn online(
+        explorer: Explorer,
+        (first_step, last_step): (u64, u64),
+        v: u64,
+        o: u64,
+        gather: Option<(rlvr_dist::SharedComm, usize)>,
+    ) -> anyhow::Result<Feed> {
+        use rlvr_dist::Communicator;
+        let share = |comm: Option<rlvr_dist::SharedComm>, c: &rlvr_dist::SharedComm| share::Share {
+            rank: c.rank(),
+            world: c.world_size(),
+            comm,
+        };
         if o == 0 {
-            return Feed::Inline(Box::new(explorer));
+            let explorer = match &gather {
+                Some((c, _)) => explorer.with_share(share(Some(c.clone()), c))?,
+                None => explorer,
+            };
+            return Ok(Feed::Inline(Box::new(explorer)));
         }
+        let explorer = match &gather {
+            Some((c, _)) => explorer.with_share(share(None, c))?,
+            None => explorer,
+        };
         let cursor = explorer.cursor();
         let (brx, wtx, h) = spawn_explorer(explorer, first_step, last_step, v, o);
-        Feed::Threaded {
+        Ok(Feed::Threaded {
             batches: brx,
             weights: Some(wtx),
             handle: Some(h),
             last_cursor: cursor,
-        }
+            gather: gather.filter(|(c, _)| c.world_size() > 1),
+        })
     }
 
     /// The batch of step `t`.
@@ -83,9 +114,21 @@ impl Feed {
             Feed::Threaded {
                 batches,
                 last_cursor,
+                gather,
                 ..
             } => {
-                let b = batches.recv().context("the explorer thread stopped")??;
+                // A rank whose explorer failed leaves here; its peers wait in the gather until
+                // the launcher ends the job (mpirun does at once) or the timeout names it.
+                let mut b = batches.recv().context("the explorer thread stopped")??;
+                let Some((comm, keep)) = gather.as_mut() else {
+                    *last_cursor = b.cursor;
+                    return Ok(b);
+                };
+                let rows = vec![std::mem::take(&mut b.experiences)];
+                let recs = std::mem::take(&mut b.rollouts);
+                let (all, all_recs) = share::gather_round(comm, &rows, &recs)?;
+                b.experiences = all.into_iter().flatten().collect();
+                b.rollouts = all_recs.into_iter().take(*keep).collect();
                 *last_cursor = b.cursor;
                 Ok(b)
             }

@@ -15,7 +15,8 @@ use crate::store::run_json;
 /// `train.log`, which keeps what the terminal showed (warnings, notes, one line per step, the
 /// interruption, the final error or summary). Dropping it closes the log and releases the lock.
 pub(crate) struct RunGuard {
-    _lock: RunLock,
+    /// `None` on data-parallel ranks above 0 (rank 0 holds the lock).
+    _lock: Option<RunLock>,
 }
 
 impl RunGuard {
@@ -45,7 +46,32 @@ impl RunGuard {
             env!("CARGO_PKG_VERSION"),
             args.join(" ")
         ));
-        Ok(RunGuard { _lock: lock })
+        Ok(RunGuard { _lock: Some(lock) })
+    }
+
+    /// Data parallel, rank `rank` > 0 of `world`: no lock (rank 0 holds it), its lines in
+    /// `run_dir/ranks/rank-{rank}.log` (appended to), started with the same header as train.log.
+    ///
+    /// # Errors
+    /// The log cannot be created.
+    pub(crate) fn open_rank(run_dir: &Path, rank: usize, world: usize) -> anyhow::Result<RunGuard> {
+        let dir = run_dir.join("ranks");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("rank-{rank}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        crate::log::open(file);
+        crate::log::log_only(&format!(
+            "== {} rank {rank} of {world} (pid {}, host {}, rlvr {})",
+            run_json::now_rfc3339(),
+            std::process::id(),
+            run_json::host(),
+            env!("CARGO_PKG_VERSION"),
+        ));
+        Ok(RunGuard { _lock: None })
     }
 
     /// Logs how the run ended (the error as `rlvr` prints it, the interruption, or the summary) and

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
+use rlvr_dist::{Communicator, SharedComm};
 use rlvr_model::TokenizerBundle;
 
 use crate::config::ResolvedConfig;
@@ -91,38 +92,110 @@ struct Run<'a> {
     began: Instant,
     /// Steps in a row without learning signal, and with one reward for the whole batch.
     no_signal: (u64, u64),
+    /// Data parallel (world size > 1): this rank's communicator; `None` in one process.
+    dp: Option<SharedComm>,
 }
 
 /// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
 ///
+/// Launched by `mpirun`, `srun --mpi=pmix` or torchrun (rank and world size read from the
+/// launcher's environment by [`rlvr_dist::env::from_process_env`]), every process is one rank of
+/// a data-parallel run ([`train_on`]); `model.device = "cuda"` then means `cuda:{local rank}`.
+///
 /// # Errors
 /// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
-/// row abort with a message naming the last good checkpoint.
+/// row abort with a message naming the last good checkpoint; a launcher environment that
+/// contradicts itself; a world size above 1 in a build without the `mpi` feature.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
-    // The run directory's lock (one writer) and train.log, held for the whole run.
-    let guard = guard::RunGuard::open(&cfg.raw.output.dir, opts.resume)?;
-    guard.finish(train_locked(cfg, opts))
+    let launch = rlvr_dist::env::from_process_env()?;
+    if launch.world_size == 1 {
+        return train_on(cfg, opts, None);
+    }
+    let timeout = cfg.raw.distributed.timeout()?;
+    let comm = SharedComm::new(rlvr_dist::init_with_timeout(&launch, timeout)?);
+    let mut cfg = cfg.clone();
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let device = rlvr_dist::env::device_for(
+        &cfg.raw.model.device.to_string(),
+        &launch,
+        visible.as_deref(),
+    )?;
+    cfg.raw.model.device = device
+        .parse()
+        .map_err(|e| anyhow::anyhow!("model.device {device:?} for rank {}: {e}", launch.rank))?;
+    train_on(&cfg, opts, Some(comm))
 }
 
-fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
-    let mut run = Run::start(cfg, opts)?;
-    let bar = progress_bar(opts.progress, run.start, cfg.raw.train.steps);
+/// [`train`] as one rank of `comm` (`None`, or a world of 1: one process).
+///
+/// Data parallel (DESIGN.md section 12): every rank draws the same prompts, samples and scores
+/// its share of the groups and gathers the rest, so every rank holds the whole batch; the trainer
+/// trains the rank's share of the groups and sums the gradients over the ranks, with the
+/// advantages and normalisers of the whole batch; evaluation is split and its counts summed.
+/// Rank 0 alone writes the run directory (lock, train.log, JSONL files, TensorBoard, checkpoints);
+/// rank r > 0 writes only `RUN/ranks/rank-r.log`. Every metric is the whole batch's, so rank 0's
+/// lines are the one-process lines within rounding (timings: the slowest rank's).
+///
+/// # Errors
+/// As [`train`]; a failed collective (a rank that died or hung: named after
+/// `RLVR_DIST_TIMEOUT_S`).
+pub fn train_on(
+    cfg: &ResolvedConfig,
+    opts: &RunOptions,
+    comm: Option<SharedComm>,
+) -> anyhow::Result<RunSummary> {
+    let dir = &cfg.raw.output.dir;
+    let Some(mut comm) = comm.filter(|c| c.world_size() > 1) else {
+        // The run directory's lock (one writer) and train.log, held for the whole run.
+        let guard = guard::RunGuard::open(dir, opts.resume)?;
+        return guard.finish(train_locked(cfg, opts, None));
+    };
+    // Rank 0 takes the directory first; the others learn whether it could.
+    let guard = if comm.rank() == 0 {
+        let g = guard::RunGuard::open(dir, opts.resume);
+        comm.any(g.is_err())?;
+        g?
+    } else {
+        if comm.any(false)? {
+            bail!(
+                "rank 0 could not open the run directory {} (its error says why)",
+                dir.display()
+            );
+        }
+        guard::RunGuard::open_rank(dir, comm.rank(), comm.world_size())?
+    };
+    guard.finish(train_locked(cfg, opts, Some(comm)))
+}
+
+fn train_locked(
+    cfg: &ResolvedConfig,
+    opts: &RunOptions,
+    dp: Option<SharedComm>,
+) -> anyhow::Result<RunSummary> {
+    let writer = dp.as_ref().is_none_or(|c| c.rank() == 0);
+    let mut run = Run::start(cfg, opts, dp)?;
+    let bar = progress_bar(opts.progress && writer, run.start, cfg.raw.train.steps);
     crate::log::set_bar(bar.as_ref());
-    // What an error after step 1 saves.
+    // What an error after step 1 saves (rank 0 alone writes checkpoints).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
-    let result = good.save_after_error(result, |step, cursor| {
-        let pos = (step, run.skipped_in_row, run.best);
-        save_run(
-            cfg,
-            &run.run_dir,
-            &run.trainer,
-            &run.tokenizer,
-            &run.feed,
-            pos,
-            cursor,
-        )
-    });
+    let result = if writer {
+        good.save_after_error(result, |step, cursor| {
+            let pos = (step, run.skipped_in_row, run.best);
+            save_run(
+                cfg,
+                &run.run_dir,
+                &run.trainer,
+                &run.tokenizer,
+                &run.feed,
+                pos,
+                cursor,
+                run.world(),
+            )
+        })
+    } else {
+        result
+    };
     run.feed.shutdown();
     crate::log::set_bar(None);
     if let Some(b) = &bar {
@@ -156,20 +229,29 @@ impl Run<'_> {
             let batch = self.feed.next(t)?;
             // staleness: drop experiences older than sync.max_staleness
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, max_stale);
-            // trainer update: advantages, mini-batches, micro-batches, optimizer steps
+            // trainer update: advantages, mini-batches, micro-batches, optimizer steps (data
+            // parallel: this rank's share of the groups, the whole batch's normalisers)
             let (lr, t0) = (cfg.lr_at(t), Instant::now());
             good.begin_update();
-            let rep = self.trainer.step(&exps, t, lr, seed)?;
-            let train_s = t0.elapsed().as_secs_f64();
+            let rep = match &self.dp {
+                Some(c) => {
+                    let mine = crate::pack::rank_rows(&exps, c.rank(), c.world_size());
+                    self.trainer.step(&mine, t, lr, seed)?
+                }
+                None => self.trainer.step(&exps, t, lr, seed)?,
+            };
+            let (sample_s, train_s) = self.slowest(batch.sample_s, t0.elapsed().as_secs_f64())?;
             // evaluator (every train.eval_every steps), then metrics and the JSONL logs
-            let mut line = step_metrics(t, &exps, &rep, lr, batch.sample_s, train_s);
+            let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
             let is_best = self.evaluate(t, &mut line)?;
-            append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
-            let diag = write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
-            self.tensorboard(&[
-                (Source::Metrics, &line.to_json()),
-                (Source::Diagnostics, &diag),
-            ])?;
+            if self.writer() {
+                append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
+                let diag = write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
+                self.tensorboard(&[
+                    (Source::Metrics, &line.to_json()),
+                    (Source::Diagnostics, &diag),
+                ])?;
+            }
             done = t;
             good.completed(t, self.feed.cursor());
             // sync: the explorer gets version t when v divides t (after the step counts as
@@ -179,17 +261,41 @@ impl Run<'_> {
             show_progress(bar, t, &rep, &line);
             self.check_signal(t, &rep, &line)?;
             self.check_skipped(t, &rep)?;
-            // checkpoint: every train.save_every steps, at the end, at a new best, on stop
+            // checkpoint: every train.save_every steps, at the end, at a new best, on stop (on
+            // every rank when any rank was asked to stop)
             let stop = opts.stop.load(Ordering::SeqCst);
+            let stop = match self.dp.as_mut() {
+                Some(c) => c.any(stop)?,
+                None => stop,
+            };
             if self.checkpoint(t, &rep, is_best, stop)? {
                 good.saved(t);
             }
             if stop {
                 return Ok((done, true));
             }
-            hang_if_asked(opts, t);
+            hang_if_asked(opts, t, self.dp.as_ref().map_or(0, |c| c.rank()));
         }
         Ok((done, false))
+    }
+
+    /// Whether this process writes the run directory (one process, or rank 0).
+    fn writer(&self) -> bool {
+        self.dp.as_ref().is_none_or(|c| c.rank() == 0)
+    }
+
+    /// The world size (1 in one process).
+    fn world(&self) -> usize {
+        self.dp.as_ref().map_or(1, |c| c.world_size())
+    }
+
+    /// The step's sampling and training seconds of the slowest rank (a step waits for it).
+    fn slowest(&mut self, sample_s: f64, train_s: f64) -> anyhow::Result<(f64, f64)> {
+        let mut t = [sample_s, train_s];
+        if let Some(c) = self.dp.as_mut() {
+            c.all_reduce_f64(&mut t, rlvr_dist::Op::Max)?;
+        }
+        Ok((t[0], t[1]))
     }
 
     /// At step 0 and every `train.eval_every` steps: evaluates the policy, adds `eval/*` to `line`,
@@ -209,7 +315,19 @@ impl Run<'_> {
             ev.texts.len(),
             self.cfg.raw.rollout.max_new_tokens
         ));
-        let r = ev.record(&self.trainer.model, &self.tokenizer, t, &self.run_dir)?;
+        // Data parallel: every rank evaluates its share of the problems; rank 0 records.
+        let dir = self
+            .dp
+            .as_ref()
+            .is_none_or(|c| c.rank() == 0)
+            .then_some(self.run_dir.as_path());
+        let r = ev.record_split(
+            &self.trainer.model,
+            &self.tokenizer,
+            t,
+            dir,
+            self.dp.as_mut(),
+        )?;
         for (k, v) in r.metrics() {
             line.set_value(k, v);
         }
@@ -246,10 +364,11 @@ impl Run<'_> {
         let c = &self.cfg.raw;
         let elapsed = self.began.elapsed().as_secs_f64();
         let eta = elapsed / (t - self.start) as f64 * (c.train.steps - t) as f64;
-        let due = t.is_multiple_of(c.output.log_every) || t == c.train.steps;
+        // Data parallel, rank r > 0 keeps its lines in its own log.
+        let due = (t.is_multiple_of(c.output.log_every) || t == c.train.steps) && self.writer();
         crate::log::line(&step_text(t, c.train.steps, line, elapsed, eta), due);
         if let Some(e) = eval_text(t, line) {
-            crate::log::line(&e, true);
+            crate::log::line(&e, self.writer());
         }
     }
 
@@ -258,6 +377,9 @@ impl Run<'_> {
     /// skipped), or where the whole batch had one reward; and when the held-out accuracy is
     /// exactly 0 at step 0 and at the last step.
     fn check_signal(&mut self, t: u64, rep: &StepReport, line: &MetricsLine) -> anyhow::Result<()> {
+        if !self.writer() {
+            return Ok(());
+        }
         let n = self.cfg.raw.output.warn_no_signal_steps;
         let f = |k: &str| line.get(k).and_then(|v| v.as_f64());
         let no_signal = f("zero_std_frac").is_none_or(|z| z == 1.0) || rep.skipped;
@@ -341,7 +463,7 @@ impl Run<'_> {
                 || t == tr.steps
                 || is_best
                 || stop);
-        if due {
+        if due && self.writer() {
             let pos = (t, self.skipped_in_row, self.best);
             crate::log::phase(&format!("saving checkpoint step-{t}"));
             let dir = save_run(
@@ -352,18 +474,32 @@ impl Run<'_> {
                 &self.feed,
                 pos,
                 self.feed.cursor(),
+                self.world(),
             )?;
             self.last_ckpt = Some(dir);
             if is_best {
                 checkpoint::mark_best(&self.run_dir, t)?;
             }
+        } else if due {
+            self.last_ckpt =
+                Some(checkpoint::checkpoints_dir(&self.run_dir).join(format!("step-{t}")));
         }
         Ok(due)
     }
 }
 
-/// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]).
-fn hang_if_asked(opts: &RunOptions, t: u64) {
+/// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]), and the data-parallel one:
+/// `RLVR_DEBUG_EXIT_RANK_AFTER_STEP=R:T` makes rank R exit with code 3 after step T (a rank that
+/// dies).
+fn hang_if_asked(opts: &RunOptions, t: u64, rank: usize) {
+    if let Ok(spec) = std::env::var("RLVR_DEBUG_EXIT_RANK_AFTER_STEP") {
+        if spec == format!("{rank}:{t}") {
+            crate::log::say(&format!(
+                "rank {rank}: exiting after step {t} (RLVR_DEBUG_EXIT_RANK_AFTER_STEP)"
+            ));
+            std::process::exit(3);
+        }
+    }
     let hang = opts.hang_after_step.or_else(|| {
         std::env::var("RLVR_DEBUG_HANG_AFTER_STEP")
             .ok()

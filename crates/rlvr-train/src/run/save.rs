@@ -17,6 +17,8 @@ use crate::update::Trainer;
 pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
 
 /// Writes checkpoint `step-N` of the run and rotates old ones (`train.keep_last`, the best kept).
+/// Data parallel, rank 0 alone calls it (every rank holds the same weights and optimizer state);
+/// `world_size` is recorded.
 ///
 /// # Errors
 /// A non-finite weight (nothing is written); I/O errors; an explorer whose version differs from
@@ -29,6 +31,7 @@ pub(crate) fn save_run(
     feed: &Feed,
     (step, skipped_in_row, best): RunPosition,
     cursor: SourceCursor,
+    world_size: usize,
 ) -> anyhow::Result<PathBuf> {
     ensure_finite(&trainer.model)?;
     let (ex_version, ex_model) = feed.explorer_state(step)?;
@@ -42,6 +45,7 @@ pub(crate) fn save_run(
         best,
         explorer_weights: false,
         lora_dropout_draws: trainer.model.lora_dropout_draws().unwrap_or(0),
+        world_size: world_size as u64,
     };
     let (m, v) = trainer.optimizer.adamw.moments();
     let dir = save(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use rlvr_data::generate::Split;
 use rlvr_data::sampler::PromptSampler;
+use rlvr_dist::{Communicator, SharedComm};
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_reward::combine::RewardFunction;
@@ -35,19 +36,37 @@ impl<'a> Run<'a> {
     ///
     /// # Errors
     /// Config, data, model, checkpoint and I/O errors with context.
-    pub(super) fn start(cfg: &'a ResolvedConfig, opts: &RunOptions) -> anyhow::Result<Run<'a>> {
+    pub(super) fn start(
+        cfg: &'a ResolvedConfig,
+        opts: &RunOptions,
+        mut dp: Option<SharedComm>,
+    ) -> anyhow::Result<Run<'a>> {
         let c = &cfg.raw;
         let run_dir = c.output.dir.clone();
-        prepare_run_dir(cfg, &run_dir, opts.resume)?;
-        let device = c.model.open_device()?;
-        let dtype = c.model.dtype.dtype();
-        let ckpt = if opts.resume {
-            checkpoint::latest(&run_dir)?
+        let writer = dp.as_ref().is_none_or(|d| d.rank() == 0);
+        if let Some(d) = &dp {
+            refuse_under_data_parallel(cfg, d.world_size())?;
+        }
+        // Data parallel: rank 0 prepares the directory and picks the checkpoint, then every rank
+        // loads that one.
+        let ckpt = if writer {
+            prepare_run_dir(cfg, &run_dir, opts.resume)?;
+            if opts.resume {
+                checkpoint::latest(&run_dir)?
+            } else {
+                None
+            }
         } else {
             None
         };
+        let ckpt = match dp.as_mut() {
+            Some(d) => agree_on_checkpoint(d, ckpt)?,
+            None => ckpt,
+        };
+        let device = c.model.open_device()?;
+        let dtype = c.model.dtype.dtype();
         let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
-        if opts.resume && ckpt.is_none() {
+        if opts.resume && ckpt.is_none() && writer {
             crate::log::say(&format!(
                 "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
                 run_dir.display()
@@ -72,7 +91,18 @@ impl<'a> Run<'a> {
             None => (None, None),
         };
         let start = state.as_ref().map(|s| s.step).unwrap_or(0);
-        reset_logs(&run_dir, state.as_ref().map(|_| start))?;
+        if writer {
+            reset_logs(&run_dir, state.as_ref().map(|_| start))?;
+        }
+        let world = dp.as_ref().map_or(1, |d| d.world_size()) as u64;
+        if let Some(st) = state.as_ref().filter(|st| st.world_size != world) {
+            crate::log::log_only(&format!(
+                "note: the checkpoint of step {} was written at world size {}, this run has {world}: \
+                 the batch and its normalisers are the whole batch's at any world size, so the run \
+                 continues as it would have (within rounding)",
+                st.step, st.world_size
+            ));
+        }
         let reference = if cfg.algorithm.needs_reference() {
             let p = c.model.reference.as_ref().unwrap_or(&c.model.path);
             // LoRA: the base with the adapters off, sharing the policy's base weights.
@@ -91,6 +121,9 @@ impl<'a> Run<'a> {
         let tokenizer = policy.tokenizer;
         let settings = settings::trainer_settings(cfg, tokenizer.pad_id);
         let mut trainer = Trainer::new(policy.model, reference, settings)?;
+        if let Some(d) = &dp {
+            trainer = trainer.data_parallel(d.clone())?;
+        }
         if let (Some((m, v)), Some(st)) = (moments, &state) {
             trainer
                 .optimizer
@@ -125,7 +158,8 @@ impl<'a> Run<'a> {
                     ckpt: ckpt.as_deref(),
                     policy: &trainer.model,
                 };
-                let (feed, reward) = online_feed(cfg, start_weights, &tokenizer, &policy_dir)?;
+                let (feed, reward) =
+                    online_feed(cfg, start_weights, &tokenizer, &policy_dir, dp.clone())?;
                 (feed, Some(reward))
             }
         };
@@ -149,8 +183,9 @@ impl<'a> Run<'a> {
             tb: None,
             began: std::time::Instant::now(),
             no_signal: (0, 0),
+            dp,
         };
-        if c.output.tensorboard {
+        if c.output.tensorboard && writer {
             // A fresh event file from the JSONL files as cut back to the checkpoint.
             let toml = cfg.to_toml()?;
             run.tb = Some(crate::store::tensorboard::rebuild(&run.run_dir, &toml)?);
@@ -158,10 +193,12 @@ impl<'a> Run<'a> {
         if start == 0 && run.evaluator.is_some() {
             let mut line = MetricsLine::new(0);
             run.evaluate(0, &mut line)?;
-            append_line(&run.run_dir.join("metrics.jsonl"), &line.to_json())?;
-            run.tensorboard(&[(Source::Metrics, &line.to_json())])?;
+            if writer {
+                append_line(&run.run_dir.join("metrics.jsonl"), &line.to_json())?;
+                run.tensorboard(&[(Source::Metrics, &line.to_json())])?;
+            }
             if let Some(e) = super::report::eval_text(0, &line) {
-                crate::log::line(&e, true);
+                crate::log::line(&e, writer);
             }
         }
         Ok(run)
@@ -188,6 +225,7 @@ fn online_feed(
     start: StartWeights,
     tokenizer: &TokenizerBundle,
     policy_dir: &Path,
+    dp: Option<SharedComm>,
 ) -> anyhow::Result<(Feed, Arc<RewardFunction>)> {
     let c = &cfg.raw;
     let model = start.policy;
@@ -210,11 +248,13 @@ fn online_feed(
         max_new_tokens: c.rollout.max_new_tokens,
     };
     let backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
-    crate::store::run_json::record(
-        &c.output.dir,
-        "rollout_backend",
-        backend_settings.describe(),
-    )?;
+    if dp.as_ref().is_none_or(|d| d.rank() == 0) {
+        crate::store::run_json::record(
+            &c.output.dir,
+            "rollout_backend",
+            backend_settings.describe(),
+        )?;
+    }
     let rollout = backend::build(
         &backend_settings,
         model,
@@ -250,10 +290,64 @@ fn online_feed(
         _ => explorer.set_weights(step, &named_tensors(model))?,
     }
     let (v, o) = (c.sync.interval, c.sync.offset);
+    let gather = dp.map(|d| (d, c.train.log_rollouts));
     Ok((
-        Feed::online(explorer, step + 1, c.train.steps, v, o),
+        Feed::online(explorer, (step + 1, c.train.steps), v, o, gather)?,
         reward,
     ))
+}
+
+/// What data parallel does not run yet, refused before anything is loaded (each with what to do).
+///
+/// # Errors
+/// The vLLM backend (every rank would write and push its own copy of each version to the same
+/// servers), LoRA dropout (each rank would draw the same masks for different rows), DAPO's
+/// dynamic sampling with an explorer thread (its decision needs a gather off the run's thread).
+fn refuse_under_data_parallel(cfg: &ResolvedConfig, world: usize) -> anyhow::Result<()> {
+    let c = &cfg.raw;
+    let why = if c.rollout.backend == crate::config::RolloutBackend::Vllm {
+        Some(
+            "rollout.backend = \"vllm\" is not supported with data parallel yet (every rank would \
+              write and load its own copy of each policy version on the same servers); use the \
+              native backend, or one process per vLLM-backed run",
+        )
+    } else if c.model.lora_dropout > 0.0 && c.model.lora_rank > 0 {
+        Some("model.lora_dropout > 0 is not supported with data parallel yet (every rank would draw \
+              the same dropout masks for different rows); set model.lora_dropout = 0")
+    } else if cfg.algorithm.dynamic_sampling && c.sync.offset > 0 && c.data.experiences.is_none() {
+        Some(
+            "DAPO's dynamic sampling with sync.offset > 0 is not supported with data parallel yet \
+              (the keep decision gathers every rank's groups, which the explorer thread cannot); \
+              use sync.offset = 0",
+        )
+    } else {
+        None
+    };
+    match why {
+        Some(w) => bail!("{w} (this run has {world} ranks)"),
+        None => Ok(()),
+    }
+}
+
+/// Data parallel: every rank resumes from the checkpoint rank 0 chose (one `broadcast_bytes`).
+///
+/// # Errors
+/// A failed collective; a path that is not UTF-8.
+fn agree_on_checkpoint(
+    comm: &mut SharedComm,
+    mine: Option<std::path::PathBuf>,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let mut buf = match &mine {
+        Some(p) => p
+            .to_str()
+            .with_context(|| format!("checkpoint path {} is not UTF-8", p.display()))?
+            .as_bytes()
+            .to_vec(),
+        None => Vec::new(),
+    };
+    comm.broadcast_bytes(&mut buf, 0)?;
+    Ok((!buf.is_empty())
+        .then(|| std::path::PathBuf::from(String::from_utf8_lossy(&buf).into_owned())))
 }
 
 /// Refuses a policy loaded from `dir` with a NaN or infinite weight at the start of a run: it would

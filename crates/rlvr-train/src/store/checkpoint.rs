@@ -63,6 +63,16 @@ pub struct TrainerState {
     /// and absent in checkpoints written before it existed, without LoRA).
     #[serde(default)]
     pub lora_dropout_draws: u64,
+    /// Data-parallel ranks of the run that wrote it (1, and absent in checkpoints written before
+    /// it existed, for one process). Without optimizer sharding every rank holds the whole state,
+    /// and the batch and normalisers are the whole batch's at any world size, so a run may resume
+    /// at another world size (train.log notes it).
+    #[serde(default = "one")]
+    pub world_size: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// What a checkpoint needs besides the trainer state record.

@@ -1,0 +1,369 @@
+//! `rlvr train` and `rlvr sft` data-parallel as real processes under
+//! `mpirun --allow-run-as-root --oversubscribe -np N` (feature `mpi`; run by scripts/ci_mpi.sh),
+//! against one process of the same binary on the same config: metrics within 1e-5 relative (1e-7
+//! absolute; time keys excepted), evaluation and rollouts exactly, weights within 1e-2 × lr;
+//! reruns bit-identical at a fixed world size; rank 0 alone writes the run directory; a run
+//! killed (SIGKILL to the job) after its step-2 checkpoint resumes under mpirun to the
+//! uninterrupted run; a rank that dies ends the job with the last checkpoint intact.
+#![cfg(all(unix, feature = "mpi"))]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn rlvr() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rlvr"))
+}
+
+/// `mpirun -np N [-x VAR=VALUE …] rlvr`: each rank one thread (two ranks on two cores), a
+/// 60 s collective timeout.
+fn mpirun_with(np: usize, env: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+    ])
+    .args(["-np", &np.to_string()])
+    .args(["-x", "RAYON_NUM_THREADS=1", "-x", "RLVR_DIST_TIMEOUT_S=60"]);
+    for e in env {
+        c.args(["-x", e]);
+    }
+    c.arg(env!("CARGO_BIN_EXE_rlvr"));
+    c
+}
+
+fn mpirun(np: usize) -> Command {
+    mpirun_with(np, &[])
+}
+
+fn ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn tokenizer_json() -> String {
+    let chars = "0123456789+-*= #\n";
+    let mut vocab = serde_json::Map::new();
+    for (i, ch) in chars.chars().enumerate() {
+        vocab.insert(ch.to_string(), i.into());
+    }
+    let unk = chars.chars().count();
+    vocab.insert("<unk>".into(), unk.into());
+    vocab.insert("<|endoftext|>".into(), (unk + 1).into());
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": unk + 1, "content": "<|endoftext|>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?s)."}, "behavior": "Isolated", "invert": false},
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    })
+    .to_string()
+}
+
+fn tiny_model(dir: &Path) -> PathBuf {
+    let tok = dir.join("tokenizer.json");
+    std::fs::write(&tok, tokenizer_json()).unwrap();
+    let model = dir.join("model");
+    let out = rlvr()
+        .args(["init", "--hidden", "16", "--layers", "2", "--heads", "2"])
+        .args(["--kv-heads", "1", "--intermediate", "32"])
+        .args(["--max-position-embeddings", "128", "--tokenizer"])
+        .arg(&tok)
+        .arg("--out")
+        .arg(&model)
+        .output()
+        .unwrap();
+    ok(&out, "init");
+    model
+}
+
+fn sets(model: &Path, run: &Path, extra: &[&str]) -> Vec<String> {
+    let mut s: Vec<String> = vec![
+        format!("model.path=\"{}\"", model.display()),
+        format!("output.dir=\"{}\"", run.display()),
+        "model.device=\"cpu\"".into(),
+        "model.dtype=\"f32\"".into(),
+        "data.task=\"arithmetic\"".into(),
+        "data.arithmetic.min_digits=1".into(),
+        "data.arithmetic.max_digits=1".into(),
+        "data.arithmetic.train_size=64".into(),
+        "data.arithmetic.test_size=9".into(),
+        "data.prompts_per_step=5".into(),
+        "rollout.group_size=4".into(),
+        "rollout.max_new_tokens=4".into(),
+        "train.lr=1e-2".into(),
+        "train.steps=4".into(),
+        "train.eval_every=2".into(),
+        "train.save_every=2".into(),
+        "train.keep_last=0".into(),
+        "train.log_rollouts=6".into(),
+        "train.micro_batch_size=3".into(),
+        "train.skip_zero_gradient_rows=false".into(),
+    ];
+    s.extend(extra.iter().map(|x| x.to_string()));
+    s
+}
+
+fn train_args(c: &mut Command, sets: &[String]) {
+    c.args(["train", "--no-progress"]);
+    for s in sets {
+        c.arg("--set").arg(s);
+    }
+}
+
+type Line = serde_json::Map<String, serde_json::Value>;
+
+fn lines(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+const TIME_KEYS: [&str; 3] = ["time/sample_s", "time/train_s", "tokens_per_s"];
+
+fn same_metrics(a: &Path, b: &Path, exact: bool) {
+    let (la, lb) = (
+        lines(&a.join("metrics.jsonl")),
+        lines(&b.join("metrics.jsonl")),
+    );
+    assert_eq!(la.len(), lb.len());
+    for (x, y) in la.iter().zip(&lb) {
+        assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>());
+        for (k, va) in x {
+            if TIME_KEYS.contains(&k.as_str()) {
+                continue;
+            }
+            match (va.as_f64(), y[k].as_f64()) {
+                (Some(p), Some(q)) if !exact => assert!(
+                    (p - q).abs() <= 1e-5 * p.abs().max(q.abs()) + 1e-7,
+                    "step {} {k}: {p} vs {q}",
+                    x["step"]
+                ),
+                _ => assert_eq!(va, &y[k], "step {} {k}", x["step"]),
+            }
+        }
+    }
+}
+
+fn weights(dir: &Path) -> Vec<f32> {
+    let data = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&data).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    names
+        .iter()
+        .flat_map(|n| {
+            st.tensor(n)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn max_diff(a: &Path, b: &Path) -> f32 {
+    weights(a)
+        .iter()
+        .zip(weights(b))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn ckpt(run: &Path, step: u64) -> PathBuf {
+    run.join("checkpoints").join(format!("step-{step}"))
+}
+
+#[test]
+fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let extra = ["train.mini_batches=2", "algorithm.preset=\"grpo\""];
+    // One process.
+    let one = tmp.path().join("one");
+    let mut c = rlvr();
+    train_args(&mut c, &sets(&model, &one, &extra));
+    ok(&c.output().unwrap(), "one process");
+    for np in [2, 3] {
+        let dp = tmp.path().join(format!("np{np}"));
+        let mut c = mpirun(np);
+        train_args(&mut c, &sets(&model, &dp, &extra));
+        let out = c.output().unwrap();
+        ok(&out, &format!("mpirun -np {np}"));
+        // One summary line (rank 0's).
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+        same_metrics(&one, &dp, false);
+        for f in ["eval.jsonl", "rollouts.jsonl"] {
+            assert_eq!(
+                std::fs::read_to_string(one.join(f)).unwrap(),
+                std::fs::read_to_string(dp.join(f)).unwrap(),
+                "{f} at np {np}"
+            );
+        }
+        let d = max_diff(&ckpt(&one, 4), &ckpt(&dp, 4));
+        assert!(
+            f64::from(d) <= 1e-2 * 1e-2,
+            "np {np}: weights differ by {d:e}"
+        );
+        for r in 1..np {
+            assert!(dp.join("ranks").join(format!("rank-{r}.log")).exists());
+        }
+        let st: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(ckpt(&dp, 4).join("trainer_state/state.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(st["world_size"], np as u64);
+    }
+    // A rerun at np 2 is bit-identical (every key but the clocks, and the weights).
+    let again = tmp.path().join("np2-again");
+    let mut c = mpirun(2);
+    train_args(&mut c, &sets(&model, &again, &extra));
+    ok(&c.output().unwrap(), "rerun");
+    same_metrics(&tmp.path().join("np2"), &again, true);
+    assert_eq!(
+        max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&again, 4)),
+        0.0
+    );
+
+    // Killed after step 3 (the step-2 checkpoint written), resumed under mpirun.
+    let killed = tmp.path().join("killed");
+    let mut c = mpirun_with(2, &["RLVR_DEBUG_HANG_AFTER_STEP=3"]);
+    train_args(&mut c, &sets(&model, &killed, &extra));
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !metrics_reach(&killed, 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the killed run never reached step 3"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap(); // SIGKILL to mpirun: its ranks go with it
+    child.wait().unwrap();
+    wait_for_ranks_gone(&killed);
+    let mut c = mpirun(2);
+    c.arg("train")
+        .arg("--resume")
+        .arg(&killed)
+        .arg("--no-progress");
+    ok(&c.output().unwrap(), "resume");
+    same_metrics(&tmp.path().join("np2"), &killed, false);
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("np2/eval.jsonl")).unwrap(),
+        std::fs::read_to_string(killed.join("eval.jsonl")).unwrap()
+    );
+    let d = max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&killed, 4));
+    assert!(f64::from(d) <= 1e-4, "resumed weights differ by {d:e}");
+}
+
+fn metrics_reach(run: &Path, step: u64) -> bool {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|v| v["step"].as_u64() == Some(step))
+}
+
+/// The ranks of a killed mpirun can outlive it briefly; the run lock tells when rank 0 is gone.
+fn wait_for_ranks_gone(run: &Path) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        let out = Command::new("pgrep")
+            .args(["-f", &run.display().to_string()])
+            .output()
+            .unwrap();
+        if out.stdout.is_empty() {
+            return;
+        }
+        let _ = Command::new("pkill")
+            .args(["-9", "-f", &run.display().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_rank_that_dies_ends_the_job_and_the_last_checkpoint_stays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    // Rank 1 exits (code 3) after step 3 (test hook); rank 0 wrote the step-2 checkpoint before
+    // step 3's collectives, which need rank 1. mpirun ends the job at once, naming the rank.
+    let mut c = mpirun_with(2, &["RLVR_DEBUG_EXIT_RANK_AFTER_STEP=1:3"]);
+    train_args(&mut c, &sets(&model, &run, &[]));
+    let t0 = Instant::now();
+    let out = c.output().unwrap();
+    let took = t0.elapsed();
+    assert!(!out.status.success(), "the job must fail");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    // The step-2 checkpoint is whole: its state and weights read back.
+    let st: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(ckpt(&run, 2).join("trainer_state/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(st["step"], 2);
+    assert!(!weights(&ckpt(&run, 2)).is_empty());
+    eprintln!("a dead rank ended the job in {took:?}");
+}
+
+#[test]
+fn mpirun_sft_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let data = tmp.path().join("pairs.jsonl");
+    let pairs: String = (0..12)
+        .map(|i| {
+            format!(
+                "{{\"prompt\": \"{i}+{i}=\", \"completion\": \"{}\"}}\n",
+                2 * i
+            )
+        })
+        .collect();
+    std::fs::write(&data, pairs).unwrap();
+    let args = |c: &mut Command, out: &Path| {
+        c.arg("sft")
+            .arg("--model")
+            .arg(&model)
+            .arg("--data")
+            .arg(&data);
+        c.args([
+            "--steps",
+            "4",
+            "--batch-size",
+            "5",
+            "--micro-batch-size",
+            "2",
+            "--lr",
+            "1e-2",
+        ]);
+        c.args(["--no-progress", "--out"]).arg(out);
+    };
+    let one = tmp.path().join("one");
+    let mut c = rlvr();
+    args(&mut c, &one);
+    ok(&c.output().unwrap(), "sft");
+    let dp = tmp.path().join("np2");
+    let mut c = mpirun(2);
+    args(&mut c, &dp);
+    ok(&c.output().unwrap(), "mpirun sft");
+    same_metrics(&one, &dp, false);
+    let d = max_diff(&one, &dp);
+    assert!(f64::from(d) <= 1e-4, "sft weights differ by {d:e}");
+}
