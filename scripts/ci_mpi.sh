@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rlvr-dist's MPI tests with real processes. Installs OpenMPI and libclang from Debian's
 # packages when they are missing (rsmpi's mpi-sys runs bindgen, which needs libclang, and finds MPI
-# through mpicc / pkg-config), builds rlvr-dist with the `mpi` feature and runs its tests:
+# through mpicc / pkg-config), builds rlvr-dist and the rlvr binary with the `mpi` feature and runs
+# rlvr-dist's tests and crates/rlvr/tests/mpi_train.rs (rlvr train / sft under mpirun). rlvr-dist's:
 # the unit tests again with the feature on, and tests/mpi.rs, which starts check/mpi_check.rs under
 # `mpirun --allow-run-as-root --oversubscribe -np 2` and `-np 3` (collectives, the NaN flag, a
 # layout mismatch, a rank that hangs, exits or finalises early).
@@ -29,7 +30,13 @@ echo "ci_mpi: $(mpirun --version | head -n 1); packages ready after $((SECONDS -
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 t1=$SECONDS
 cargo test -p rlvr-dist --features mpi --locked --no-run
+cargo test -p rlvr --features mpi --locked --test mpi_train --no-run
 echo "ci_mpi: built in $((SECONDS - t1)) s"
 t2=$SECONDS
 cargo test -p rlvr-dist --features mpi --locked -- --test-threads=1
-echo "ci_mpi: tests ran in $((SECONDS - t2)) s; $((SECONDS - t0)) s in all"
+echo "ci_mpi: rlvr-dist's tests ran in $((SECONDS - t2)) s"
+# rlvr train and rlvr sft under mpirun -np 2 and 3 against one process, a rerun, a kill and
+# resume, a rank that dies (crates/rlvr/tests/mpi_train.rs).
+t3=$SECONDS
+cargo test -p rlvr --features mpi --locked --test mpi_train -- --test-threads=1
+echo "ci_mpi: rlvr's mpirun tests ran in $((SECONDS - t3)) s; $((SECONDS - t0)) s in all"

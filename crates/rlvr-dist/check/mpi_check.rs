@@ -18,6 +18,11 @@
 //! - `init`: [`rlvr_dist::init`] from the launcher's variables: MPI under mpirun, [`rlvr_dist::LocalComm`]
 //!   for a world of 1 (started without mpirun).
 //!
+//! - `bandwidth`: not a check: times the in-place f32 SUM all-reduce of 4 KiB to 256 MiB
+//!   (median of repeated calls after a warm-up) and prints one JSON line per size from rank 0:
+//!   seconds per call, algorithm bandwidth (bytes / s) and bus bandwidth (× 2(W−1)/W, as
+//!   nccl-tests reports it). `bench/data_parallel.sh` runs it.
+//!
 //! Prints `rank R: ok (…)` and exits 0 when its checks pass; panics otherwise.
 
 #![forbid(unsafe_code)]
@@ -557,6 +562,39 @@ fn main() {
             comm.all_reduce(&[t], Op::Sum).unwrap();
             panic!("rank {rank}: the all_reduce completed without the last rank");
         }
+        "bandwidth" => bandwidth(comm),
         other => panic!("unknown case {other:?}"),
+    }
+}
+
+/// The `bandwidth` case (module docs).
+fn bandwidth(mut comm: MpiComm) {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    for log2 in (10..=26).step_by(2) {
+        let n = 1usize << log2; // f32 elements: 4 KiB .. 256 MiB
+        let t = Tensor::ones(n, DType::F32, &Device::Cpu).unwrap();
+        let reps = (((1usize << 28) / (n * 4)).clamp(3, 200)) + 1;
+        let mut secs = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            comm.barrier().unwrap();
+            let t0 = Instant::now();
+            comm.all_reduce(std::slice::from_ref(&t), Op::Sum).unwrap();
+            secs.push(t0.elapsed().as_secs_f64());
+        }
+        secs.remove(0); // warm-up
+        secs.sort_by(f64::total_cmp);
+        let med = secs[secs.len() / 2];
+        let bytes = (n * 4) as f64;
+        let alg = bytes / med;
+        let bus = alg * 2.0 * (world - 1) as f64 / world as f64;
+        if rank == 0 {
+            println!(
+                "{{\"world\": {world}, \"bytes\": {}, \"calls\": {}, \"median_s\": {med:.6e}, \"algbw_gb_s\": {:.3}, \"busbw_gb_s\": {:.3}}}",
+                n * 4,
+                secs.len(),
+                alg / 1e9,
+                bus / 1e9
+            );
+        }
     }
 }

@@ -120,9 +120,12 @@ impl From<ComputeDtype> for String {
 pub enum DeviceSpec {
     /// The CPU (`cpu`).
     Cpu,
-    /// CUDA GPU of this ordinal (`cuda:N`; `cuda` alone is `cuda:0`). Needs a binary built with the
-    /// `cuda` feature.
+    /// CUDA GPU of this ordinal (`cuda:N`). Needs a binary built with the `cuda` feature.
     Cuda(usize),
+    /// `cuda` without an ordinal: the GPU of this process's local rank under a data-parallel
+    /// launcher (rlvr-dist's `device_for` turns it into `cuda:{local rank}`), `cuda:0` in one
+    /// process.
+    CudaLocal,
 }
 
 impl DeviceSpec {
@@ -134,6 +137,7 @@ impl DeviceSpec {
     pub fn open(self) -> Result<Device> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::CudaLocal => DeviceSpec::Cuda(0).open(),
             DeviceSpec::Cuda(n) => {
                 if !cfg!(feature = "cuda") {
                     return Err(ModelError::Invalid(format!(
@@ -158,6 +162,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Cpu => f.write_str("cpu"),
             DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::CudaLocal => f.write_str("cuda"),
         }
     }
 }
@@ -165,7 +170,7 @@ impl fmt::Display for DeviceSpec {
 impl FromStr for DeviceSpec {
     type Err = ModelError;
 
-    /// Parses `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
+    /// Parses `cpu`, `cuda` ([`DeviceSpec::CudaLocal`]) or `cuda:N`.
     ///
     /// # Errors
     /// [`ModelError::Invalid`] naming the value and listing the accepted forms.
@@ -175,7 +180,7 @@ impl FromStr for DeviceSpec {
             return Ok(DeviceSpec::Cpu);
         }
         match s.strip_prefix("cuda") {
-            Some("") => Ok(DeviceSpec::Cuda(0)),
+            Some("") => Ok(DeviceSpec::CudaLocal),
             Some(rest) => rest
                 .strip_prefix(':')
                 .and_then(|n| n.parse().ok())

@@ -16,6 +16,17 @@ use std::io::Write;
 thread_local! {
     static TRAIN_LOG: RefCell<Option<File>> = const { RefCell::new(None) };
     static BAR: RefCell<Option<indicatif::ProgressBar>> = const { RefCell::new(None) };
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes this thread's messages go to its log only, never to stderr: data-parallel ranks above 0,
+/// whose console would repeat rank 0's (cleared by [`close`]).
+pub(crate) fn set_quiet(quiet: bool) {
+    QUIET.with(|q| q.set(quiet));
+}
+
+fn quiet() -> bool {
+    QUIET.with(|q| q.get())
 }
 
 /// Makes `file` the train.log of the run open on this thread.
@@ -26,6 +37,7 @@ pub(crate) fn open(file: File) {
 /// Closes this thread's train.log (the run ended).
 pub(crate) fn close() {
     TRAIN_LOG.with(|l| *l.borrow_mut() = None);
+    set_quiet(false);
 }
 
 /// Appends `msg` to the open run's `train.log` (nothing when no run is open on this thread).
@@ -74,7 +86,7 @@ pub(crate) fn phase(msg: &str) {
             bar.set_message(format!("{msg}…"));
         })
     });
-    if drawn.is_none() {
+    if drawn.is_none() && !quiet() {
         eprintln!("{msg}…");
     }
     log_only(&format!("{msg}…"));
@@ -82,7 +94,9 @@ pub(crate) fn phase(msg: &str) {
 
 /// Prints `msg` on stderr and appends it to `train.log`.
 pub(crate) fn say(msg: &str) {
-    eprintln!("{msg}");
+    if !quiet() {
+        eprintln!("{msg}");
+    }
     log_only(msg);
 }
 
@@ -94,7 +108,7 @@ pub(crate) fn bar_drawn() -> bool {
 /// A step or evaluation line: always in `train.log`; on stderr too when `console` is true and no
 /// progress bar is drawn (off a terminal, or with `--no-progress`).
 pub(crate) fn line(msg: &str, console: bool) {
-    if console && !bar_drawn() {
+    if console && !bar_drawn() && !quiet() {
         eprintln!("{msg}");
     }
     log_only(msg);

@@ -153,10 +153,12 @@ fn lr_schedules() {
 fn dtype_and_device_are_enums_with_the_accepted_values_listed() {
     let c = check_load("[model]\ndtype = \"bfloat16\"\ndevice = \"cuda\"\n", &[]).unwrap();
     assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
-    assert_eq!(c.raw.model.device, DeviceSpec::Cuda(0));
+    // `cuda` alone stays the local rank's GPU (cuda:0 in one process, cuda:{local rank} under a
+    // data-parallel launcher).
+    assert_eq!(c.raw.model.device, DeviceSpec::CudaLocal);
     let text = c.to_toml().unwrap();
     assert!(
-        text.contains("dtype = \"bf16\"") && text.contains("device = \"cuda:0\""),
+        text.contains("dtype = \"bf16\"") && text.contains("device = \"cuda\""),
         "{text}"
     );
     let c = check_load("", &["model.device=\"cuda:3\""]).unwrap();

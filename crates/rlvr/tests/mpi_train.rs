@@ -87,20 +87,36 @@ fn tiny_model(dir: &Path) -> PathBuf {
     model
 }
 
+/// A task a tiny random model gets right now and then (every answer is 5, two new tokens), so
+/// that rewards vary, the weights move and evaluations count some correct samples.
+fn five(dir: &Path) -> PathBuf {
+    let data = dir.join("five.jsonl");
+    let rows: Vec<String> = (0..40)
+        .map(|i| {
+            serde_json::json!({"question": format!("{}+{}=", i % 10, (i + 3) % 10), "answer": "5"})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    data
+}
+
 fn sets(model: &Path, run: &Path, extra: &[&str]) -> Vec<String> {
+    let data = five(model.parent().unwrap());
     let mut s: Vec<String> = vec![
         format!("model.path=\"{}\"", model.display()),
         format!("output.dir=\"{}\"", run.display()),
         "model.device=\"cpu\"".into(),
         "model.dtype=\"f32\"".into(),
-        "data.task=\"arithmetic\"".into(),
-        "data.arithmetic.min_digits=1".into(),
-        "data.arithmetic.max_digits=1".into(),
-        "data.arithmetic.train_size=64".into(),
-        "data.arithmetic.test_size=9".into(),
+        "data.task=\"jsonl\"".into(),
+        format!("data.train=\"{}\"", data.display()),
+        format!("data.test=\"{}\"", data.display()),
+        "data.verifier={ kind = \"arithmetic\" }".into(),
+        "eval.limit=9".into(),
+        "eval.samples=4".into(),
         "data.prompts_per_step=5".into(),
-        "rollout.group_size=4".into(),
-        "rollout.max_new_tokens=4".into(),
+        "rollout.group_size=8".into(),
+        "rollout.max_new_tokens=2".into(),
         "train.lr=1e-2".into(),
         "train.steps=4".into(),
         "train.eval_every=2".into(),
@@ -197,6 +213,18 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
     let mut c = rlvr();
     train_args(&mut c, &sets(&model, &one, &extra));
     ok(&c.output().unwrap(), "one process");
+    // The comparison means something: rewards vary, the weights move, some answers are right.
+    let m = lines(&one.join("metrics.jsonl"));
+    assert!(m
+        .iter()
+        .any(|l| l["grad_norm"].as_f64().is_some_and(|g| g > 0.0)));
+    assert!(m
+        .iter()
+        .any(|l| l["zero_std_frac"].as_f64().is_some_and(|z| z < 1.0)));
+    let e = lines(&one.join("eval.jsonl"));
+    assert!(e
+        .iter()
+        .any(|l| l["accuracy"].as_f64().is_some_and(|a| a > 0.0)));
     for np in [2, 3] {
         let dp = tmp.path().join(format!("np{np}"));
         let mut c = mpirun(np);

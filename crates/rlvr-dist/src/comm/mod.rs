@@ -248,6 +248,8 @@ pub struct SharedComm {
     inner: Arc<Mutex<Box<dyn Communicator>>>,
     rank: usize,
     world: usize,
+    /// Nanoseconds spent inside collectives, all owners together ([`SharedComm::busy`]).
+    busy_ns: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SharedComm {
@@ -258,14 +260,27 @@ impl SharedComm {
             inner: Arc::new(Mutex::new(comm)),
             rank,
             world,
+            busy_ns: Default::default(),
         }
+    }
+
+    /// Time this rank has spent inside collectives through any clone of this handle since it was
+    /// made: the communication itself and the wait for the slowest rank to arrive (rlvr's
+    /// `time/comm_s` diagnostic is its growth over a step).
+    pub fn busy(&self) -> Duration {
+        Duration::from_nanos(self.busy_ns.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut dyn Communicator) -> Result<R>) -> Result<R> {
         // A panic inside a collective leaves the engine as it was (it returns errors, not
         // half-written state), so a poisoned lock is still usable.
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut **g)
+        let t0 = std::time::Instant::now();
+        let r = f(&mut **g);
+        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.busy_ns
+            .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        r
     }
 }
 

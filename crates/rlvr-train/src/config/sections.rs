@@ -199,7 +199,7 @@ impl Default for SyncSection {
     }
 }
 
-/// `[distributed]`: data parallel across processes (DESIGN.md section 12). How many processes and
+/// `[distributed]`: data parallel across processes (README, "Scaling out"). How many processes and
 /// which one this is come from the launcher (`mpirun -np N`, `srun --mpi=pmix`, torchrun), never
 /// from the config; the engine is MPI (build with `--features mpi`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

@@ -1,4 +1,4 @@
-//! Data parallel sampling (DESIGN.md section 12, "data parallel"): every rank draws the same B
+//! Data parallel sampling (ARCHITECTURE.md, "Data parallel"): every rank draws the same B
 //! prompts of a step from the one prompt sampler (same seed, same cursor), samples and scores only
 //! its share of the groups ([`crate::pack::rank_range`]: consecutive, rank order), and the groups
 //! are then gathered, so that every rank holds the whole batch, exactly as one process would have

@@ -64,6 +64,7 @@ impl RunGuard {
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
         crate::log::open(file);
+        crate::log::set_quiet(true);
         crate::log::log_only(&format!(
             "== {} rank {rank} of {world} (pid {}, host {}, rlvr {})",
             run_json::now_rfc3339(),

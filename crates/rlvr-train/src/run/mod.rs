@@ -128,7 +128,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
 
 /// [`train`] as one rank of `comm` (`None`, or a world of 1: one process).
 ///
-/// Data parallel (DESIGN.md section 12): every rank draws the same prompts, samples and scores
+/// Data parallel (ARCHITECTURE.md, "Data parallel"): every rank draws the same prompts, samples and scores
 /// its share of the groups and gathers the rest, so every rank holds the whole batch; the trainer
 /// trains the rank's share of the groups and sums the gradients over the ranks, with the
 /// advantages and normalisers of the whole batch; evaluation is split and its counts summed.
@@ -226,6 +226,7 @@ impl Run<'_> {
         self.began = Instant::now();
         for t in (self.start + 1)..=c.train.steps {
             // explorer: the batch of step t, sampled by version s(t) (prompt source inside)
+            let comm0 = self.dp.as_ref().map(|c| c.busy());
             let batch = self.feed.next(t)?;
             // staleness: drop experiences older than sync.max_staleness
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, max_stale);
@@ -246,7 +247,13 @@ impl Run<'_> {
             let is_best = self.evaluate(t, &mut line)?;
             if self.writer() {
                 append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
-                let diag = write_step_logs(&self.run_dir, t, &batch, &rep, exps.len(), stale)?;
+                let comm_s = self
+                    .dp
+                    .as_ref()
+                    .zip(comm0)
+                    .map(|(c, b)| (c.busy() - b).as_secs_f64());
+                let n = exps.len();
+                let diag = write_step_logs(&self.run_dir, t, &batch, &rep, n, stale, comm_s)?;
                 self.tensorboard(&[
                     (Source::Metrics, &line.to_json()),
                     (Source::Diagnostics, &diag),

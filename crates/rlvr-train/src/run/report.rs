@@ -101,6 +101,8 @@ fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
 }
 
 /// Appends the step's rollouts.jsonl and diagnostics.jsonl lines; returns the diagnostics line.
+/// `comm_s`: data parallel, the seconds rank 0 spent in collectives during the step (the
+/// communication and the wait for slower ranks); `None` (null) in one process.
 ///
 /// # Errors
 /// I/O errors naming the file.
@@ -111,6 +113,7 @@ pub(crate) fn write_step_logs(
     rep: &StepReport,
     rows: usize,
     dropped_stale: usize,
+    comm_s: Option<f64>,
 ) -> anyhow::Result<String> {
     for r in &batch.rollouts {
         let mut v = serde_json::to_value(r)?;
@@ -131,6 +134,7 @@ pub(crate) fn write_step_logs(
         "rows": rows,
         "rows_skipped_zero_gradient": rep.rows_skipped,
         "time/score_s": batch.score_s,
+        "time/comm_s": comm_s,
     });
     let diag = diag.to_string();
     append_line(&run_dir.join("diagnostics.jsonl"), &diag)?;
