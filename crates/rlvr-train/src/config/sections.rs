@@ -223,7 +223,7 @@ impl DistributedSection {
             Some(s) if !(s.is_finite() && s >= 0.0) => {
                 anyhow::bail!("distributed.timeout_s = {s}: expected a number of seconds ≥ 0 (0 waits forever)")
             }
-            Some(s) if s == 0.0 => Ok(None),
+            Some(0.0) => Ok(None),
             Some(s) => Ok(Some(std::time::Duration::from_secs_f64(s))),
             None => Ok(rlvr_dist::comm::timeout_from_env()?),
         }

@@ -274,7 +274,7 @@ mod tests {
             reward: (i != 2).then_some(0.1 * i as f64),
             correct: [None, Some(false), Some(true)][i as usize % 3],
             group_id: g.into(),
-            version: (i % 2 == 0).then_some(u64::MAX - i as u64),
+            version: i.is_multiple_of(2).then_some(u64::MAX - i as u64),
             truncated: i % 2 == 1,
             components: (0..i % 3)
                 .map(|k| RewardPart {

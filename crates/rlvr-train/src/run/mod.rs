@@ -189,8 +189,7 @@ fn train_locked(
                 &run.tokenizer,
                 &run.feed,
                 pos,
-                cursor,
-                run.world(),
+                (cursor, run.world()),
             )
         })
     } else {
@@ -480,8 +479,7 @@ impl Run<'_> {
                 &self.tokenizer,
                 &self.feed,
                 pos,
-                self.feed.cursor(),
-                self.world(),
+                (self.feed.cursor(), self.world()),
             )?;
             self.last_ckpt = Some(dir);
             if is_best {

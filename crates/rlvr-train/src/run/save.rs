@@ -18,7 +18,7 @@ pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
 
 /// Writes checkpoint `step-N` of the run and rotates old ones (`train.keep_last`, the best kept).
 /// Data parallel, rank 0 alone calls it (every rank holds the same weights and optimizer state);
-/// `world_size` is recorded.
+/// `world_size` (ranks of the run) is recorded beside the source `cursor`.
 ///
 /// # Errors
 /// A non-finite weight (nothing is written); I/O errors; an explorer whose version differs from
@@ -30,8 +30,7 @@ pub(crate) fn save_run(
     tokenizer: &TokenizerBundle,
     feed: &Feed,
     (step, skipped_in_row, best): RunPosition,
-    cursor: SourceCursor,
-    world_size: usize,
+    (cursor, world_size): (SourceCursor, usize),
 ) -> anyhow::Result<PathBuf> {
     ensure_finite(&trainer.model)?;
     let (ex_version, ex_model) = feed.explorer_state(step)?;
