@@ -327,6 +327,65 @@ fn wait_for_ranks_gone(run: &Path) {
     }
 }
 
+/// `extra` on one process and under `mpirun -np np`: the same metrics, evaluation, rollouts and
+/// (within 1e-2 × lr) weights.
+fn same_as_one_process(extra: &[&str], np: usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let one = tmp.path().join("one");
+    let mut c = rlvr();
+    train_args(&mut c, &sets(&model, &one, extra));
+    ok(&c.output().unwrap(), "one process");
+    let dp = tmp.path().join("dp");
+    let mut c = mpirun(np);
+    train_args(&mut c, &sets(&model, &dp, extra));
+    ok(&c.output().unwrap(), &format!("mpirun -np {np} {extra:?}"));
+    same_metrics(&one, &dp, false);
+    for f in ["eval.jsonl", "rollouts.jsonl"] {
+        assert_eq!(
+            std::fs::read_to_string(one.join(f)).unwrap(),
+            std::fs::read_to_string(dp.join(f)).unwrap(),
+            "{f} with {extra:?}"
+        );
+    }
+}
+
+#[test]
+fn mpirun_dapo_with_recompute_and_an_explorer_thread_with_lora_equal_one_process() {
+    // DAPO's dynamic sampling decides on the gathered groups (2 ranks).
+    same_as_one_process(
+        &[
+            "algorithm.preset=\"dapo\"",
+            "train.dynamic_sampling_max_rounds=2",
+            "train.recompute_behaviour=true",
+        ],
+        2,
+    );
+    // sync.offset = 1: the explorer thread samples its share while the run's thread talks MPI;
+    // LoRA adapters are what the ranks train (3 ranks, 5 groups: 2 + 2 + 1).
+    same_as_one_process(
+        &["sync.interval=2", "sync.offset=1", "model.lora_rank=4"],
+        3,
+    );
+}
+
+#[test]
+fn mpirun_equals_one_process_for_each_aggregation_and_normaliser() {
+    // Token mean (grpo, above), sequence mean-token sum with a constant (dr_grpo), REINFORCE's
+    // sequence sum, REC with IS weights, OPMD's regulariser, GSPO's sequence ratio, RED-Weight's
+    // reweighting; 2 ranks, 5 groups (3 + 2), a zero-variance group most steps.
+    for preset in [
+        "dr_grpo",
+        "reinforce",
+        "rec_oneside_is",
+        "opmd",
+        "gspo",
+        "red_weight",
+    ] {
+        same_as_one_process(&[&format!("algorithm.preset=\"{preset}\"")], 2);
+    }
+}
+
 #[test]
 fn a_rank_that_dies_ends_the_job_and_the_last_checkpoint_stays() {
     let tmp = tempfile::tempdir().unwrap();
