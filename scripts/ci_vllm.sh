@@ -3,7 +3,8 @@
 # present), make two small random Qwen2 checkpoints, start two servers on 127.0.0.1 at once, and run
 # the live tests against them in two parallel lanes:
 #   lane T, a server on the TIED model: crates/rlvr-vllm/tests/live_server.rs, then
-#     crates/rlvr-vllm/tests/live_killed.rs (which kills that server mid-call);
+#     crates/rlvr-train/tests/live_data_parallel.rs (two data-parallel ranks on the server equal one
+#     process), then crates/rlvr-vllm/tests/live_killed.rs (which kills that server mid-call);
 #   lane U, a server on the UNTIED model with LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8
 #     --max-loras 3): crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm":
 #     schedule, seed, a server killed mid-run and restarted on the same port for --resume; full-weight
@@ -58,7 +59,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"].startswith("live_"):
         print(m["target"]["name"], m["executable"])')
-for f in live_server live_killed live_train live_lora; do
+for f in live_server live_data_parallel live_killed live_train live_lora; do
   [ -x "${EXE[$f]:-}" ] || { echo "ci_vllm: FAIL: no test executable for $f (cargo test --no-run)" >&2; exit 1; }
 done
 MODEL="$RUN/model" UNTIED="$RUN/model-untied"
@@ -80,15 +81,16 @@ URL_T=$(cat "$RUN_T/url") URL_U=$(cat "$RUN_U/url")
 echo "ci_vllm: servers at $URL_T (tied) and $URL_U (untied, LoRA rank ≤ 8), $((SECONDS - t1)) s after the install"
 t2=$SECONDS
 
-# Runs one live test file's executable (from crates/rlvr-vllm, as cargo would) with the given
+# Runs one live test file's executable (from its crate's directory, as cargo would) with the given
 # environment; its output goes to $RUN/FILE.log. Fails unless all of the file's tests passed.
 live() {
   local file=$1; shift
-  local expected log status
-  expected=$(grep -c '^#\[test\]' "crates/rlvr-vllm/tests/$file.rs")
+  local expected log status src
+  src=$(ls crates/*/tests/"$file".rs | head -n 1)
+  expected=$(grep -c '^#\[test\]' "$src")
   log="$RUN/$file.log"
   set +e
-  (cd crates/rlvr-vllm && env RLVR_VLLM_REQUIRED=1 "$@" "${EXE[$file]}" --test-threads 1 --nocapture) > "$log" 2>&1
+  (cd "${src%/tests/*}" && env RLVR_VLLM_REQUIRED=1 "$@" "${EXE[$file]}" --test-threads 1 --nocapture) > "$log" 2>&1
   status=$?
   set -e
   [ "$status" = 0 ] || { echo "ci_vllm: FAIL: live vLLM tests $file failed (exit $status; log $log)" >&2; return 1; }
@@ -98,6 +100,7 @@ live() {
 }
 lane_t() {
   live live_server RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" &&
+    live live_data_parallel RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" &&
     live live_killed RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_PID="$(cat "$RUN_T/vllm.pid")"
 }
 lane_u() {
@@ -114,7 +117,7 @@ lu=$!
 ok=1
 wait "$lt" || ok=0
 wait "$lu" || ok=0
-for f in live_server live_killed live_train live_lora; do
+for f in live_server live_data_parallel live_killed live_train live_lora; do
   [ -f "$RUN/$f.log" ] && { echo "--- $f"; cat "$RUN/$f.log"; }
 done
 cat "$RUN/lane_t.out" "$RUN/lane_u.out"

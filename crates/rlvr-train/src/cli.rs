@@ -589,6 +589,7 @@ pub fn run_generate(
             in_flight: d.in_flight,
             accept_renormalised_logprobs: a.accept_renormalised_logprobs,
             refresh_tolerance: d.refresh_tolerance,
+            follower: false,
         })
     };
     let make = |policy: &Policy,

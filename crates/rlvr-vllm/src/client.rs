@@ -126,6 +126,19 @@ impl VllmClient {
         self.version = version;
     }
 
+    /// Data parallel, a follower rank ([`crate::VllmRolloutConfig::follower`]): takes `version` as
+    /// the leader pushed it, naming the served model (full weights) or the version's adapter
+    /// (`lora`) in later requests, and clears a failed refresh.
+    pub fn follow(&mut self, version: u64, lora: bool) {
+        self.model_name = if lora {
+            crate::lora::adapter_name(&self.config.served_model_name, version)
+        } else {
+            self.config.served_model_name.clone()
+        };
+        self.version = version;
+        self.refresh_failed = None;
+    }
+
     /// The `model` that sampling and scoring requests name: `served_model_name`, or after a
     /// LoRA refresh ([`VllmClient::refresh_adapter`]) the adapter version's name.
     pub fn model_name(&self) -> &str {

@@ -45,6 +45,12 @@ pub struct VllmRolloutConfig {
     pub weights_dir: PathBuf,
     /// Largest accepted max |ℓ_server − ℓ_local| (nats, T = 1) on the refresh check sequence.
     pub refresh_tolerance: f64,
+    /// Data parallel, a rank above 0: the leader (rank 0) alone writes and pushes each version;
+    /// a follower's [`Rollout::load_weights`] keeps its local copy and takes the version (and,
+    /// with LoRA, the adapter's name) as pushed. The caller makes every follower wait until the
+    /// leader's push is done (rlvr's run loop: a barrier after every weight load) and never lets
+    /// a push overlap a follower's sampling (data parallel with vLLM runs the explorer inline).
+    pub follower: bool,
 }
 
 /// The vLLM backend of the explorer. See the module docs.
@@ -63,6 +69,8 @@ pub struct VllmRollout {
     base_pushed: Option<bool>,
     last_refresh: Option<RefreshTimings>,
     infos: Vec<ServerInfo>,
+    /// [`VllmRolloutConfig::follower`].
+    follower: bool,
 }
 
 /// `n` ids spread over a vocabulary of `vocab` by a fixed stride from `start` (a fixed, model-
@@ -109,6 +117,7 @@ impl VllmRollout {
             base_pushed: None,
             last_refresh: None,
             infos,
+            follower: config.follower,
         })
     }
 
@@ -248,6 +257,11 @@ impl Rollout for VllmRollout {
             ))));
         }
         self.model.load_named(weights)?;
+        if self.follower {
+            let lora = self.model.lora_config().is_some();
+            self.client.follow(version, lora);
+            return Ok(());
+        }
         let r = self.push(version);
         if r.is_err() {
             // The servers may hold anything now; sampling is refused by the client.

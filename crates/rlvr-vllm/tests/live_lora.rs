@@ -102,6 +102,7 @@ fn rollout(l: &Live, policy: &Policy, weights_dir: &Path) -> VllmRollout {
             client: client_config(l),
             weights_dir: weights_dir.to_path_buf(),
             refresh_tolerance: 1e-4,
+            follower: false,
         },
         &policy.model,
         &policy.tokenizer,

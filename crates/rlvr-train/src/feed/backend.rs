@@ -46,6 +46,10 @@ pub struct VllmSettings {
     pub accept_renormalised_logprobs: bool,
     /// Largest max |ℓ_server − ℓ_trainer| (nats) on the check sequence after a weight refresh.
     pub refresh_tolerance: f64,
+    /// Data parallel, a rank above 0: rank 0 writes and pushes every version, this rank takes it
+    /// (`rlvr_vllm::VllmRolloutConfig::follower`); the run loop holds every rank at a barrier
+    /// after each weight load.
+    pub follower: bool,
 }
 
 /// How the native engine holds the weights it samples with.
@@ -140,6 +144,7 @@ pub fn build(
                 client: client_config(v)?,
                 weights_dir: v.weights_dir.clone(),
                 refresh_tolerance: v.refresh_tolerance,
+                follower: v.follower,
             };
             let r = VllmRollout::connect(
                 config,

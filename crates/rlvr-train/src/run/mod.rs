@@ -263,6 +263,12 @@ impl Run<'_> {
             // sync: the explorer gets version t when v divides t (after the step counts as
             // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
             self.feed.publish(t, v, &self.trainer.model)?;
+            if t.is_multiple_of(v) {
+                // Data parallel: nobody samples until every rank (rank 0's push to vLLM) loaded.
+                if let Some(c) = self.dp.as_mut() {
+                    c.barrier()?;
+                }
+            }
             self.console(t, &line);
             show_progress(bar, t, &rep, &line);
             self.check_signal(t, &rep, &line)?;

@@ -18,7 +18,7 @@ use rlvr_rollout::named_tensors;
 use super::{Run, RunOptions};
 use crate::config::settings;
 use crate::config::ResolvedConfig;
-use crate::feed::backend::{self, NativeWeights, Workload};
+use crate::feed::backend::{self, BackendSettings, NativeWeights, Workload};
 use crate::feed::explorer::{Explorer, TrainPrompts};
 use crate::feed::offline::OfflineSource;
 use crate::feed::prompts::prepare_prompts;
@@ -247,7 +247,11 @@ fn online_feed(
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
         max_new_tokens: c.rollout.max_new_tokens,
     };
-    let backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
+    let mut backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
+    // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.
+    if let (BackendSettings::Vllm(v), Some(d)) = (&mut backend_settings, &dp) {
+        v.follower = d.rank() > 0;
+    }
     if dp.as_ref().is_none_or(|d| d.rank() == 0) {
         crate::store::run_json::record(
             &c.output.dir,
@@ -289,6 +293,10 @@ fn online_feed(
         }
         _ => explorer.set_weights(step, &named_tensors(model))?,
     }
+    // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
+    if let Some(mut d) = dp.clone() {
+        d.barrier()?;
+    }
     let (v, o) = (c.sync.interval, c.sync.offset);
     let gather = dp.map(|d| (d, c.train.log_rollouts));
     Ok((
@@ -300,16 +308,16 @@ fn online_feed(
 /// What data parallel does not run yet, refused before anything is loaded (each with what to do).
 ///
 /// # Errors
-/// The vLLM backend (every rank would write and push its own copy of each version to the same
-/// servers), LoRA dropout (each rank would draw the same masks for different rows), DAPO's
+/// The vLLM backend with an explorer thread (rank 0's push of a version could overlap another
+/// rank's sampling of an older one), LoRA dropout (each rank would draw the same masks for different rows), DAPO's
 /// dynamic sampling with an explorer thread (its decision needs a gather off the run's thread).
 fn refuse_under_data_parallel(cfg: &ResolvedConfig, world: usize) -> anyhow::Result<()> {
     let c = &cfg.raw;
-    let why = if c.rollout.backend == crate::config::RolloutBackend::Vllm {
+    let why = if c.rollout.backend == crate::config::RolloutBackend::Vllm && c.sync.offset > 0 {
         Some(
-            "rollout.backend = \"vllm\" is not supported with data parallel yet (every rank would \
-              write and load its own copy of each policy version on the same servers); use the \
-              native backend, or one process per vLLM-backed run",
+            "rollout.backend = \"vllm\" with sync.offset > 0 is not supported with data parallel \
+             yet (rank 0 pushes each version to the servers every rank samples from, which must \
+             not happen while another rank's explorer thread still samples); use sync.offset = 0",
         )
     } else if c.model.lora_dropout > 0.0 && c.model.lora_rank > 0 {
         Some("model.lora_dropout > 0 is not supported with data parallel yet (every rank would draw \
