@@ -10,6 +10,9 @@
 //! - [`DistReduce`]: the optimizer's gradient reduction (a SUM all-reduce of every parameter's
 //!   gradient in fixed buckets) together with the non-finite flag (an OR), so that every rank
 //!   makes the same skip decision.
+//! - [`ZeroReduce`] ([`zero`]): ZeRO stage 1, the optimizer state sharded by whole parameters:
+//!   gradients reduce-scattered to their owners, the global norm summed over the shards, each
+//!   owner's new weights broadcast, state gathered to rank 0 for checkpoints.
 //! - Failure: every collective has a timeout ([`comm::TIMEOUT_VAR`], default
 //!   [`comm::DEFAULT_TIMEOUT`] = 600 s). On MPI a rank that times out asks its peers which
 //!   collective they are in, prints one line naming the ranks that never arrived, and aborts the
@@ -36,9 +39,11 @@ pub mod comm;
 pub mod env;
 mod error;
 mod reduce;
+pub mod zero;
 
 #[cfg(feature = "mpi")]
 pub use comm::MpiComm;
 pub use comm::{init, init_with_timeout, Communicator, LocalComm, Op, SharedComm, ThreadComm};
 pub use error::{DistError, Result};
 pub use reduce::DistReduce;
+pub use zero::ZeroReduce;

@@ -53,6 +53,9 @@ pub struct AdamW {
     v: Vec<Tensor>,
     /// Number of updates applied.
     pub step: u64,
+    /// Sharded (ZeRO-1): the parameters whose state this optimizer keeps and updates; the others'
+    /// moments are empty placeholders and they have no master. `None`: every parameter.
+    owned: Option<Vec<bool>>,
 }
 
 /// The scalars of one AdamW update (learning rate, weight-decay factor, bias corrections).
@@ -159,7 +162,47 @@ impl AdamW {
             m,
             v,
             step: 0,
+            owned: None,
         })
+    }
+
+    /// Shards this optimizer (ZeRO stage 1, arXiv 1910.02054): it keeps moments and masters for
+    /// the parameters `owned` marks, and frees the others' (their [`AdamW::moments`] entries
+    /// become empty placeholders, their masters `None`). [`AdamW::step`] must then be given
+    /// gradients for owned parameters only; the caller brings the others' new values.
+    ///
+    /// # Errors
+    /// A mask whose length differs from the number of parameters.
+    pub fn shard(&mut self, owned: &[bool]) -> Result<()> {
+        if owned.len() != self.params.len() {
+            return Err(crate::ModelError::Invalid(format!(
+                "an ownership mask of {} entries for {} parameters",
+                owned.len(),
+                self.params.len()
+            )));
+        }
+        self.owned = Some(owned.to_vec());
+        self.drop_unowned()
+    }
+
+    /// The ownership mask of a sharded optimizer ([`AdamW::shard`]); `None` when unsharded.
+    pub fn owned(&self) -> Option<&[bool]> {
+        self.owned.as_deref()
+    }
+
+    fn drop_unowned(&mut self) -> Result<()> {
+        let Some(owned) = &self.owned else {
+            return Ok(());
+        };
+        for (i, &own) in owned.iter().enumerate() {
+            if !own {
+                let empty = Tensor::zeros(0, DType::F32, self.params[i].device())?;
+                self.m[i] = empty.clone();
+                self.v[i] = empty;
+                self.masters[i] = None;
+            }
+        }
+        Ok(())
     }
 
     /// One update with learning rate `lr` (the schedule's value for this step), from the gradients
@@ -210,6 +253,8 @@ impl AdamW {
 
     /// The moments `(m, v)` per parameter, in parameter order (for checkpoints). On CPU in f32
     /// they are updated in place by [`AdamW::step`]: copy them to keep a snapshot across steps.
+    /// Sharded ([`AdamW::shard`]), the entries of parameters this optimizer does not own are
+    /// empty.
     pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
         (&self.m, &self.v)
     }
@@ -229,7 +274,7 @@ impl AdamW {
         self.m = m;
         self.v = v;
         self.step = step;
-        Ok(())
+        self.drop_unowned()
     }
 
     /// The f32 master weight per parameter (`None` for f32/f64 parameters), in parameter order
@@ -270,7 +315,7 @@ impl AdamW {
             p.set(&w.to_dtype(p.dtype())?)?;
             self.masters[i] = Some(w);
         }
-        Ok(())
+        self.drop_unowned()
     }
 }
 

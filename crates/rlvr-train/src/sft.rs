@@ -277,7 +277,7 @@ pub fn train_sft_on(
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
         let reduce = rlvr_dist::DistReduce::new(Box::new(c.clone()), &params)?;
-        opt = opt.with_reduce(Box::new(reduce));
+        opt = opt.with_reduce(Box::new(reduce))?;
     }
     let metrics = out.join("metrics.jsonl");
     if writer {

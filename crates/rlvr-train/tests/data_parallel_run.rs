@@ -368,3 +368,61 @@ fn bf16_with_f32_masters_stays_within_bf16_rounding_of_one_process() {
          {differ} differ from one process"
     );
 }
+
+#[test]
+fn zero_1_gives_the_one_process_run_and_its_checkpoints_resume_at_any_world_size() {
+    // ZeRO-1 at 2 and 3 ranks (bf16 weights with sharded f32 masters at 2): the same run as one
+    // process, and the checkpoint (gathered to rank 0) the same files.
+    check(&["distributed.zero=1", "train.mini_batches=2"], &[2, 3]);
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 5);
+    let extra = ["train.steps=4", "sync.interval=2", "distributed.zero=1"];
+    let whole = tmp.path().join("whole");
+    run(&sets(&model, &whole, &extra), 1, false);
+    // Saved at 2 ranks (sharded), resumed at 3 and at 1.
+    for resume_world in [3, 1] {
+        let part = tmp.path().join(format!("part{resume_world}"));
+        let mut first = sets(&model, &part, &extra);
+        first.push("train.steps=2".into());
+        run(&first, 2, false);
+        run(&sets(&model, &part, &extra), resume_world, true);
+        same_metrics(&whole, &part);
+        same_weights(&checkpoint(&whole, 4), &checkpoint(&part, 4), 3e-3);
+        // The optimizer state on disk is the whole one: the same moments as one process's.
+        let (a, b) = (
+            std::fs::read(checkpoint(&whole, 4).join("trainer_state/optimizer.safetensors"))
+                .unwrap(),
+            std::fs::read(checkpoint(&part, 4).join("trainer_state/optimizer.safetensors"))
+                .unwrap(),
+        );
+        let (a, b) = (
+            safetensors::SafeTensors::deserialize(&a).unwrap(),
+            safetensors::SafeTensors::deserialize(&b).unwrap(),
+        );
+        let mut names = a.names();
+        names.sort();
+        let mut bn = b.names();
+        bn.sort();
+        assert_eq!(names, bn);
+        for n in names {
+            let (x, y) = (a.tensor(n).unwrap(), b.tensor(n).unwrap());
+            assert_eq!(x.shape(), y.shape(), "{n}");
+            let f = |d: &[u8]| -> Vec<f32> {
+                d.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            };
+            for (p, q) in f(x.data()).iter().zip(f(y.data())) {
+                assert!(
+                    (p - q).abs() <= 1e-4 * p.abs().max(q.abs()) + 1e-9,
+                    "{n}: {p} vs {q}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_1_with_bf16_masters() {
+    check(&["distributed.zero=1", "model.dtype=\"bf16\""], &[2]);
+}

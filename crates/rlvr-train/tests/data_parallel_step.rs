@@ -83,7 +83,8 @@ fn ranked(steps: usize, poison: Option<usize>) -> Vec<RankOutcome> {
         let reduce = DistReduce::new(Box::new(comm), &params(&m)).unwrap();
         let mut opt = OptimizerStep::new(&m, AdamWConfig::default(), 1.0)
             .unwrap()
-            .with_reduce(Box::new(reduce));
+            .with_reduce(Box::new(reduce))
+            .unwrap();
         let mut norms = Vec::new();
         for step in 0..steps {
             let mut g = opt.gradients();

@@ -259,3 +259,72 @@ fn a_group_on_two_ranks_is_refused() {
         assert!(e.contains("\"g1\"") && e.contains("one rank"), "{e}");
     }
 }
+
+/// ZeRO-1 (`data_parallel_with(comm, true)`): each rank keeps the moments of the parameters it
+/// owns only (the owners partition the parameters), and three steps give the replicas the same
+/// weights as each other and, within 1e-2 × lr, as one process, with the same gradient norms.
+#[test]
+fn zero_1_shards_the_moments_and_takes_the_same_steps() {
+    let b = batch(5);
+    let train = base();
+    let (one, w1) = steps(&mut trainer("grpo", &train, false), &b);
+    for world in [2usize, 3] {
+        let ranks = ThreadComm::run(world, |comm| {
+            let rank = comm.rank();
+            let comm = SharedComm::new(Box::new(comm));
+            let mut t = trainer("grpo", &train, false)
+                .data_parallel_with(comm, true)
+                .unwrap();
+            assert!(t.optimizer.is_sharded());
+            let (reps, w) = steps(&mut t, &share(&b, world, rank));
+            let kept: Vec<usize> = t
+                .optimizer
+                .adamw
+                .moments()
+                .0
+                .iter()
+                .map(|m| m.elem_count())
+                .collect();
+            (reps, w, kept)
+        });
+        let sizes: Vec<usize> = model()
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count())
+            .collect();
+        for (i, &n) in sizes.iter().enumerate() {
+            let holders: Vec<usize> = (0..world).filter(|&r| ranks[r].2[i] > 0).collect();
+            assert_eq!(
+                holders.len(),
+                1,
+                "parameter {i} ({n} elements): held by {holders:?}"
+            );
+            assert_eq!(ranks[holders[0]].2[i], n);
+        }
+        let per_rank: Vec<usize> = ranks.iter().map(|r| r.2.iter().sum()).collect();
+        assert!(
+            per_rank.iter().all(|&k| k < sizes.iter().sum::<usize>()),
+            "no rank holds every moment: {per_rank:?}"
+        );
+        for (r, (reps, w, _)) in ranks.iter().enumerate() {
+            assert!(w == &ranks[0].1, "replica {r} differs from rank 0's");
+            for (a, b) in one.iter().zip(reps) {
+                close(a.grad_norm.unwrap(), b.grad_norm.unwrap(), "grad norm");
+                close(
+                    a.loss.as_ref().unwrap().loss,
+                    b.loss.as_ref().unwrap().loss,
+                    "loss",
+                );
+            }
+        }
+        let worst = w1
+            .iter()
+            .zip(&ranks[0].1)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-2 * LR as f32,
+            "{world} ranks: weights differ by {worst}"
+        );
+    }
+}

@@ -128,7 +128,7 @@ fn run(
         weight_decay: train.weight_decay,
     };
     t.optimizer =
-        OptimizerStep::new(&t.model, cfg, train.grad_clip)?.with_reduce(Box::new(cap.clone()));
+        OptimizerStep::new(&t.model, cfg, train.grad_clip)?.with_reduce(Box::new(cap.clone()))?;
     let report = t.step(&batch(), 1, 1e-3, 0)?;
     let grads = cap.0.lock().unwrap().clone();
     Ok(Outcome {

@@ -387,6 +387,37 @@ fn mpirun_equals_one_process_for_each_aggregation_and_normaliser() {
 }
 
 #[test]
+fn mpirun_zero_1_equals_one_process_and_resumes_at_another_world_size() {
+    // The optimizer state sharded over 2 and 3 ranks; bf16 weights with sharded f32 masters.
+    same_as_one_process(&["distributed.zero=1"], 2);
+    same_as_one_process(&["distributed.zero=1", "model.dtype=\"bf16\""], 3);
+    // Saved at 2 ranks (state gathered to rank 0), resumed at 3: as the uninterrupted run.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let extra = ["distributed.zero=1"];
+    let whole = tmp.path().join("whole");
+    let mut c = rlvr();
+    train_args(&mut c, &sets(&model, &whole, &extra));
+    ok(&c.output().unwrap(), "one process");
+    let part = tmp.path().join("part");
+    let mut first = sets(&model, &part, &extra);
+    first.push("train.steps=2".into());
+    let mut c = mpirun(2);
+    train_args(&mut c, &first);
+    ok(&c.output().unwrap(), "steps 1-2 at np 2");
+    let mut c = mpirun(3);
+    c.arg("train")
+        .arg("--resume")
+        .arg(&part)
+        .arg("--no-progress");
+    c.arg("--set").arg("train.steps=4");
+    ok(&c.output().unwrap(), "resumed at np 3");
+    same_metrics(&whole, &part, false);
+    let d = max_diff(&ckpt(&whole, 4), &ckpt(&part, 4));
+    assert!(f64::from(d) <= 1e-4, "weights differ by {d:e}");
+}
+
+#[test]
 fn a_rank_that_dies_ends_the_job_and_the_last_checkpoint_stays() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());

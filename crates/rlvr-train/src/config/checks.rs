@@ -102,6 +102,22 @@ impl RawConfig {
         if s.interval == 0 {
             bail!("sync.interval must be at least 1 (1 = on-policy)");
         }
+        // distributed.zero and distributed.timeout_s (the environment variable is read at launch).
+        if self.distributed.zero > 1 {
+            bail!(
+                "distributed.zero = {}: expected 0 (no sharding) or 1 (optimizer state sharded)",
+                self.distributed.zero
+            );
+        }
+        if let Some(x) = self
+            .distributed
+            .timeout_s
+            .filter(|x| !(x.is_finite() && *x >= 0.0))
+        {
+            bail!(
+                "distributed.timeout_s = {x}: expected a number of seconds ≥ 0 (0 waits forever)"
+            );
+        }
         if t.micro_batch_size == 0 || t.mini_batches == 0 || t.epochs == 0 {
             bail!("train.micro_batch_size, train.mini_batches and train.epochs must be at least 1");
         }

@@ -211,6 +211,11 @@ pub struct DistributedSection {
     /// Unset: the `RLVR_DIST_TIMEOUT_S` environment variable, else 600 (torch's NCCL default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
+    /// ZeRO stage: 0 every rank holds the whole optimizer state (AdamW moments, the f32 masters
+    /// of bf16 weights); 1 shards it over the ranks by whole parameters (about 1/W of it per
+    /// rank), with the same steps, metrics and checkpoints (`rlvr plan --world-size N --zero 1`
+    /// shows the memory). Default 0.
+    pub zero: u8,
 }
 
 impl DistributedSection {
@@ -220,6 +225,10 @@ impl DistributedSection {
     /// A negative or non-finite `timeout_s`; a bad `RLVR_DIST_TIMEOUT_S`.
     pub fn timeout(&self) -> anyhow::Result<Option<std::time::Duration>> {
         match self.timeout_s {
+            _ if self.zero > 1 => anyhow::bail!(
+                "distributed.zero = {}: expected 0 (no sharding) or 1 (optimizer state sharded)",
+                self.zero
+            ),
             Some(s) if !(s.is_finite() && s >= 0.0) => {
                 anyhow::bail!("distributed.timeout_s = {s}: expected a number of seconds ≥ 0 (0 waits forever)")
             }

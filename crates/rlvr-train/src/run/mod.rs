@@ -190,6 +190,7 @@ fn train_locked(
                 &run.feed,
                 pos,
                 (cursor, run.world()),
+                None,
             )
         })
     } else {
@@ -475,6 +476,12 @@ impl Run<'_> {
                 || t == tr.steps
                 || is_best
                 || stop);
+        // ZeRO-1: every rank brings its share of the optimizer state to rank 0 first.
+        let gathered = if due {
+            self.trainer.optimizer.gather_state()?
+        } else {
+            None
+        };
         if due && self.writer() {
             let pos = (t, self.skipped_in_row, self.best);
             crate::log::phase(&format!("saving checkpoint step-{t}"));
@@ -486,6 +493,7 @@ impl Run<'_> {
                 &self.feed,
                 pos,
                 (self.feed.cursor(), self.world()),
+                gathered.as_ref(),
             )?;
             self.last_ckpt = Some(dir);
             if is_best {

@@ -11,14 +11,15 @@ use crate::feed::Feed;
 use crate::store::checkpoint::{
     ensure_finite, rotate, save, CheckpointParts, SourceCursor, TrainerState,
 };
-use crate::update::Trainer;
+use crate::update::{FullState, Trainer};
 
 /// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
 pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
 
 /// Writes checkpoint `step-N` of the run and rotates old ones (`train.keep_last`, the best kept).
 /// Data parallel, rank 0 alone calls it (every rank holds the same weights and optimizer state);
-/// `world_size` (ranks of the run) is recorded beside the source `cursor`.
+/// `world_size` (ranks of the run) is recorded beside the source `cursor`. A sharded optimizer
+/// (ZeRO-1) saves `gathered`, its state brought to rank 0 ([`crate::update::OptimizerStep::gather_state`]).
 ///
 /// # Errors
 /// A non-finite weight (nothing is written); I/O errors; an explorer whose version differs from
@@ -31,8 +32,15 @@ pub(crate) fn save_run(
     feed: &Feed,
     (step, skipped_in_row, best): RunPosition,
     (cursor, world_size): (SourceCursor, usize),
+    gathered: Option<&FullState>,
 ) -> anyhow::Result<PathBuf> {
     ensure_finite(&trainer.model)?;
+    if trainer.optimizer.is_sharded() && gathered.is_none() {
+        anyhow::bail!(
+            "the optimizer state is sharded over the ranks (distributed.zero = 1) and was not \
+             gathered: a checkpoint needs every rank (the last one written stays the last good one)"
+        );
+    }
     let (ex_version, ex_model) = feed.explorer_state(step)?;
     let st = TrainerState {
         step,
@@ -46,7 +54,14 @@ pub(crate) fn save_run(
         lora_dropout_draws: trainer.model.lora_dropout_draws().unwrap_or(0),
         world_size: world_size as u64,
     };
-    let (m, v) = trainer.optimizer.adamw.moments();
+    let (m, v) = match gathered {
+        Some(f) => (&f.m[..], &f.v[..]),
+        None => trainer.optimizer.adamw.moments(),
+    };
+    let masters = match gathered {
+        Some(f) => &f.masters[..],
+        None => trainer.optimizer.adamw.masters(),
+    };
     let dir = save(
         run_dir,
         &st,
@@ -54,7 +69,7 @@ pub(crate) fn save_run(
             model: &trainer.model,
             tokenizer,
             moments: (m, v),
-            masters: trainer.optimizer.adamw.masters(),
+            masters,
             explorer: ex_model,
             buffer: &[],
         },

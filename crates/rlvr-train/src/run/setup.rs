@@ -122,7 +122,7 @@ impl<'a> Run<'a> {
         let settings = settings::trainer_settings(cfg, tokenizer.pad_id);
         let mut trainer = Trainer::new(policy.model, reference, settings)?;
         if let Some(d) = &dp {
-            trainer = trainer.data_parallel(d.clone())?;
+            trainer = trainer.data_parallel_with(d.clone(), c.distributed.zero == 1)?;
         }
         if let (Some((m, v)), Some(st)) = (moments, &state) {
             trainer

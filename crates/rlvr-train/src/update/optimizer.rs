@@ -8,6 +8,10 @@
 //! g_k ← g_k · min(1, c/(‖g‖+1e-6)) when c > 0 and ‖g‖ > c   (global-norm clipping)
 //! θ ← AdamW(θ, g, lr)             decoupled weight decay (Loshchilov & Hutter, arXiv 1711.05101)
 //! ```
+//!
+//! Sharded (ZeRO-1, `rlvr_dist::ZeroReduce`): the reduction leaves each rank the sums of the
+//! parameters it owns, ‖g‖² is summed over the ranks' shares, each rank's AdamW keeps state for
+//! and updates its own parameters only, and the owners then share the new weights.
 
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
@@ -29,6 +33,82 @@ pub trait GradReduce: Send {
     /// # Errors
     /// A failed collective (a peer died, a shape mismatch).
     fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> anyhow::Result<()>;
+
+    /// A sharded optimizer (ZeRO-1): the parameters this rank updates (it keeps their optimizer
+    /// state; `reduce` left it their sums and `None` for the rest). `None`: every parameter.
+    fn owned(&self) -> Option<&[bool]> {
+        None
+    }
+
+    /// The global ‖g‖² from this rank's sum of squares over the gradients `reduce` left it:
+    /// the identity when every rank holds every sum; summed over the ranks when sharded.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn norm_sq(&mut self, local: f64) -> anyhow::Result<f64> {
+        Ok(local)
+    }
+
+    /// After an applied update: makes every rank's `params` the updated ones (sharded: each
+    /// owner's are broadcast). Nothing to do otherwise.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn share_weights(&mut self, _params: &[Var]) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Sharded, for a checkpoint: parameter `i`'s `count` state tensors (its moments, then its
+    /// master), given by its owner, returned on rank 0 (`None` elsewhere); every rank calls it for
+    /// every parameter in order. Unsharded: `state` as it is.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn gather_to_root(
+        &mut self,
+        _i: usize,
+        state: Option<&[Tensor]>,
+        _count: usize,
+    ) -> anyhow::Result<Option<Vec<Tensor>>> {
+        Ok(state.map(<[Tensor]>::to_vec))
+    }
+}
+
+/// ZeRO-1 over a [`rlvr_dist::Communicator`] (`rlvr_dist::zero`'s module docs).
+impl GradReduce for rlvr_dist::ZeroReduce {
+    fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> anyhow::Result<()> {
+        Ok(rlvr_dist::ZeroReduce::reduce(self, grads, finite)?)
+    }
+    fn owned(&self) -> Option<&[bool]> {
+        Some(rlvr_dist::ZeroReduce::owned(self))
+    }
+    fn norm_sq(&mut self, local: f64) -> anyhow::Result<f64> {
+        Ok(rlvr_dist::ZeroReduce::norm_sq(self, local)?)
+    }
+    fn share_weights(&mut self, params: &[Var]) -> anyhow::Result<()> {
+        Ok(rlvr_dist::ZeroReduce::share_weights(self, params)?)
+    }
+    fn gather_to_root(
+        &mut self,
+        i: usize,
+        state: Option<&[Tensor]>,
+        count: usize,
+    ) -> anyhow::Result<Option<Vec<Tensor>>> {
+        Ok(rlvr_dist::ZeroReduce::gather_to_root(
+            self, i, state, count,
+        )?)
+    }
+}
+
+/// An optimizer's whole state as one process holds it (for a checkpoint): moments and masters in
+/// parameter order.
+pub struct FullState {
+    /// First moments.
+    pub m: Vec<Tensor>,
+    /// Second moments.
+    pub v: Vec<Tensor>,
+    /// f32 masters of 16-bit parameters.
+    pub masters: Vec<Option<Tensor>>,
 }
 
 /// The identity reduction of a single process.
@@ -93,10 +173,66 @@ impl OptimizerStep {
         })
     }
 
-    /// Replaces the gradient reduction (data-parallel training).
-    pub fn with_reduce(mut self, reduce: Box<dyn GradReduce>) -> Self {
+    /// Replaces the gradient reduction (data-parallel training). A sharding reduction
+    /// ([`GradReduce::owned`]) shards the AdamW state: the moments and masters of parameters
+    /// another rank owns are freed.
+    ///
+    /// # Errors
+    /// An ownership mask that does not fit the parameters.
+    pub fn with_reduce(mut self, reduce: Box<dyn GradReduce>) -> anyhow::Result<Self> {
+        if let Some(owned) = reduce.owned() {
+            self.adamw.shard(owned)?;
+        }
         self.reduce = reduce;
-        self
+        Ok(self)
+    }
+
+    /// Whether the optimizer state is sharded over ranks (ZeRO-1).
+    pub fn is_sharded(&self) -> bool {
+        self.adamw.owned().is_some()
+    }
+
+    /// For a checkpoint of a sharded optimizer: every parameter's state brought to rank 0, one
+    /// parameter at a time (`Some` on rank 0, `None` on the others); every rank must call it.
+    /// Unsharded: `None` (the caller reads [`AdamW::moments`] and [`AdamW::masters`]).
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn gather_state(&mut self) -> anyhow::Result<Option<FullState>> {
+        if !self.is_sharded() {
+            return Ok(None);
+        }
+        let owned: Vec<bool> = self.adamw.owned().map(<[bool]>::to_vec).unwrap_or_default();
+        let (mut m, mut v, mut masters) = (Vec::new(), Vec::new(), Vec::new());
+        let mut root = true;
+        for (i, p) in self.vars.iter().enumerate() {
+            let with_master = rlvr_model::optim::needs_master(p.dtype());
+            let count = 2 + usize::from(with_master);
+            let state = owned[i].then(|| {
+                let (am, av) = self.adamw.moments();
+                let mut s = vec![am[i].clone(), av[i].clone()];
+                if let Some(w) = &self.adamw.masters()[i] {
+                    s.push(w.clone());
+                }
+                s
+            });
+            match self.reduce.gather_to_root(i, state.as_deref(), count)? {
+                Some(mut s) if s.len() == count => {
+                    let master = with_master.then(|| s.pop()).flatten();
+                    let sv = s.pop();
+                    let sm = s.pop();
+                    m.extend(sm);
+                    v.extend(sv);
+                    masters.push(master);
+                }
+                Some(s) => anyhow::bail!(
+                    "parameter {i}: {} state tensors gathered, {count} expected",
+                    s.len()
+                ),
+                None => root = false,
+            }
+        }
+        Ok(root.then_some(FullState { m, v, masters }))
     }
 
     /// An empty gradient for a new update.
@@ -144,6 +280,7 @@ impl OptimizerStep {
                 .to_dtype(DType::F64)?
                 .to_scalar::<f64>()?;
         }
+        let sq = self.reduce.norm_sq(sq)?;
         let grad_norm = sq.sqrt();
         if !finite || !grad_norm.is_finite() {
             return Ok(None);
@@ -154,8 +291,13 @@ impl OptimizerStep {
         } else {
             1.0
         };
+        let owned = self.adamw.owned().map(<[bool]>::to_vec);
         let mut store = GradStore::default();
-        for (v, s) in self.vars.iter().zip(sums) {
+        for (k, (v, s)) in self.vars.iter().zip(sums).enumerate() {
+            if owned.as_ref().is_some_and(|o| !o[k]) {
+                // Sharded: another rank updates it and shares the result below.
+                continue;
+            }
             let s = match s {
                 Some(s) if scale != 1.0 => (s * scale)?,
                 Some(s) => s,
@@ -164,6 +306,8 @@ impl OptimizerStep {
             store.insert(v.as_tensor(), s);
         }
         self.adamw.step(&store, lr)?;
+        drop(store);
+        self.reduce.share_weights(&self.vars)?;
         Ok(Some(grad_norm))
     }
 }
@@ -221,7 +365,8 @@ mod tests {
         let m2 = tiny();
         let mut two = OptimizerStep::new(&m2, cfg, 0.0)
             .unwrap()
-            .with_reduce(Box::new(Double));
+            .with_reduce(Box::new(Double))
+            .unwrap();
         let mut g = two.gradients();
         two.accumulate(&mut g, &loss(&m2, 1.0)).unwrap();
         let n2 = two.apply(g, 1e-3).unwrap().unwrap();

@@ -179,13 +179,32 @@ impl Trainer {
     /// # Errors
     /// Tensor errors building the reduction's buffers.
     pub fn data_parallel(self, comm: rlvr_dist::SharedComm) -> anyhow::Result<Self> {
+        self.data_parallel_with(comm, false)
+    }
+
+    /// [`Trainer::data_parallel`], with the optimizer state sharded over the ranks when `zero`
+    /// (ZeRO-1, `rlvr_dist::ZeroReduce`: gradients reduced to each parameter's owner, the global
+    /// norm summed over the shards, each owner's new weights broadcast); the steps and reports
+    /// are the same.
+    ///
+    /// # Errors
+    /// As [`Trainer::data_parallel`].
+    pub fn data_parallel_with(
+        self,
+        comm: rlvr_dist::SharedComm,
+        zero: bool,
+    ) -> anyhow::Result<Self> {
         let params: Vec<Tensor> = self
             .model
             .named_vars()
             .iter()
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
-        let reduce = rlvr_dist::DistReduce::new(Box::new(comm.clone()), &params)?;
+        let reduce: Box<dyn crate::update::GradReduce> = if zero {
+            Box::new(rlvr_dist::ZeroReduce::new(Box::new(comm.clone()), &params)?)
+        } else {
+            Box::new(rlvr_dist::DistReduce::new(Box::new(comm.clone()), &params)?)
+        };
         // The optimizer built by `new` (no update has run yet), with the ranks' reduction.
         let Trainer {
             model,
@@ -197,7 +216,7 @@ impl Trainer {
         Ok(Trainer {
             model,
             reference,
-            optimizer: optimizer.with_reduce(Box::new(reduce)),
+            optimizer: optimizer.with_reduce(reduce)?,
             settings,
             comm: Some(comm),
         })

@@ -1,0 +1,455 @@
+//! ZeRO stage 1 (Rajbhandari et al., arXiv 1910.02054, "P_os"): the optimizer state (AdamW's
+//! moments and the f32 masters of 16-bit weights) sharded across ranks by whole parameters.
+//!
+//! Per optimizer update, with [`ZeroReduce`]:
+//!
+//! 1. **Reduce to the owner**: every rank packs its gradient sums into one f32 buffer of W equal
+//!    chunks, chunk r holding the parameters rank r owns (in parameter order, zero-padded to the
+//!    largest owner's size) plus one element for the non-finite flag; one reduce-scatter
+//!    ([`Op::Sum`]) leaves each rank the sums of its own parameters only (and the flag's sum in
+//!    every chunk), so no rank holds the whole reduced gradient.
+//! 2. **The exact global norm**: each rank's sum of squares of its own reduced gradients, summed
+//!    over the ranks ([`ZeroReduce::norm_sq`]), is the one-process ‖g‖² (up to the order of the
+//!    f64 additions); clipping uses it on every rank alike.
+//! 3. **Each owner updates its parameters** (the optimizer skips the others: it keeps no state for
+//!    them);
+//! 4. **The new weights reach every rank**: each owner broadcasts its parameters, packed in one
+//!    buffer of their dtype ([`ZeroReduce::share_weights`]).
+//!
+//! Owners ([`assign_owners`]) are a function of the parameter sizes and the world size only.
+//! Checkpoints are gathered on save ([`ZeroReduce::gather_to_root`]: each owner broadcasts one
+//! parameter's state at a time, rank 0 keeps it), so they hold what one process would write and
+//! load at any world size, re-sharded by the new owners.
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use crate::{Communicator, DistError, Op, Result};
+
+/// The owner of each parameter: greedy longest-processing-time over the ranks (parameters by
+/// size, largest first, ties by index; each to the rank holding the fewest elements so far, ties
+/// to the lowest rank). Deterministic, and within the largest parameter of a perfect balance.
+///
+/// # Panics
+/// `world == 0`.
+pub fn assign_owners(sizes: &[usize], world: usize) -> Vec<usize> {
+    assert!(world > 0, "a world of 0 ranks");
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+    let mut load = vec![0usize; world];
+    let mut owner = vec![0usize; sizes.len()];
+    for i in order {
+        let r = (0..world).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        owner[i] = r;
+        load[r] += sizes[i];
+    }
+    owner
+}
+
+/// Elements each rank owns under `owner` ([`assign_owners`]).
+pub fn owned_elements(sizes: &[usize], owner: &[usize], world: usize) -> Vec<usize> {
+    let mut load = vec![0usize; world];
+    for (s, &r) in sizes.iter().zip(owner) {
+        load[r] += s;
+    }
+    load
+}
+
+/// The ZeRO-1 side of one rank (module docs).
+pub struct ZeroReduce {
+    comm: Box<dyn Communicator>,
+    shapes: Vec<candle_core::Shape>,
+    owner: Vec<usize>,
+    owned: Vec<bool>,
+    chunk: usize,
+    device: Device,
+    non_finite_ranks: usize,
+}
+
+impl ZeroReduce {
+    /// The ZeRO-1 reduction over `params` (the model's parameters in `named_vars` order; their
+    /// shapes and device are read).
+    ///
+    /// # Errors
+    /// Parameters on different devices.
+    pub fn new(comm: Box<dyn Communicator>, params: &[Tensor]) -> Result<Self> {
+        let device = params.first().map_or(Device::Cpu, |p| p.device().clone());
+        if params.iter().any(|p| !p.device().same_device(&device)) {
+            return Err(DistError::Invalid {
+                op: "ZeroReduce",
+                detail: "the parameters are on different devices".into(),
+            });
+        }
+        let sizes: Vec<usize> = params.iter().map(Tensor::elem_count).collect();
+        let world = comm.world_size();
+        let owner = assign_owners(&sizes, world);
+        let chunk = owned_elements(&sizes, &owner, world)
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let rank = comm.rank();
+        Ok(ZeroReduce {
+            owned: owner.iter().map(|&r| r == rank).collect(),
+            shapes: params.iter().map(|p| p.shape().clone()).collect(),
+            owner,
+            chunk,
+            device,
+            comm,
+            non_finite_ranks: 0,
+        })
+    }
+
+    /// Which parameters this rank owns (updates and keeps optimizer state for).
+    pub fn owned(&self) -> &[bool] {
+        &self.owned
+    }
+
+    /// The owner of each parameter.
+    pub fn owners(&self) -> &[usize] {
+        &self.owner
+    }
+
+    /// Ranks whose part of the last update was non-finite.
+    pub fn non_finite_ranks(&self) -> usize {
+        self.non_finite_ranks
+    }
+
+    /// Step 1 of the module docs: leaves in `grads` the sums over all ranks of this rank's own
+    /// parameters (`Some`, f32) and `None` for the others; clears `finite` on every rank when any
+    /// rank's part was non-finite.
+    ///
+    /// # Errors
+    /// A failed collective; a count of gradients differing from the parameters'.
+    pub fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> Result<()> {
+        if grads.len() != self.shapes.len() {
+            return Err(DistError::Invalid {
+                op: "ZeroReduce::reduce",
+                detail: format!(
+                    "{} gradients for {} parameters",
+                    grads.len(),
+                    self.shapes.len()
+                ),
+            });
+        }
+        let world = self.comm.world_size();
+        let flag = Tensor::new(&[if *finite { 0f32 } else { 1f32 }], &self.device)?;
+        let mut parts: Vec<Tensor> = Vec::new();
+        for r in 0..world {
+            let mut n = 0;
+            for (i, g) in grads.iter().enumerate() {
+                if self.owner[i] != r {
+                    continue;
+                }
+                let t = match g {
+                    Some(g) => g.to_dtype(DType::F32)?.flatten_all()?,
+                    None => Tensor::zeros(self.shapes[i].elem_count(), DType::F32, &self.device)?,
+                };
+                n += t.elem_count();
+                parts.push(t);
+            }
+            if n + 1 < self.chunk {
+                parts.push(Tensor::zeros(self.chunk - 1 - n, DType::F32, &self.device)?);
+            }
+            parts.push(flag.clone());
+        }
+        let flat = Tensor::cat(&parts, 0)?;
+        drop(parts);
+        let mine = self.comm.reduce_scatter(&flat, Op::Sum)?;
+        drop(flat);
+        self.non_finite_ranks = mine.get(self.chunk - 1)?.to_scalar::<f32>()?.round() as usize;
+        if self.non_finite_ranks > 0 {
+            *finite = false;
+        }
+        let mut at = 0;
+        for (i, g) in grads.iter_mut().enumerate() {
+            if !self.owned[i] {
+                *g = None;
+                continue;
+            }
+            let n = self.shapes[i].elem_count();
+            *g = Some(mine.narrow(0, at, n)?.reshape(self.shapes[i].clone())?);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Step 2: the sum over the ranks of each rank's sum of squares of its own reduced gradients.
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn norm_sq(&mut self, local: f64) -> Result<f64> {
+        let mut x = [local];
+        self.comm.all_reduce_f64(&mut x, Op::Sum)?;
+        Ok(x[0])
+    }
+
+    /// Step 4: every owner broadcasts its (just updated) parameters, packed in one buffer of their
+    /// dtype per owner and dtype; every rank sets them.
+    ///
+    /// # Errors
+    /// A failed collective; `params` not matching the parameters it was built from.
+    pub fn share_weights(&mut self, params: &[Var]) -> Result<()> {
+        if params.len() != self.shapes.len() {
+            return Err(DistError::Invalid {
+                op: "ZeroReduce::share_weights",
+                detail: format!(
+                    "{} parameters, built for {}",
+                    params.len(),
+                    self.shapes.len()
+                ),
+            });
+        }
+        let world = self.comm.world_size();
+        let mut dtypes: Vec<DType> = params.iter().map(|p| p.dtype()).collect();
+        dtypes.sort_by_key(|d| d.as_str());
+        dtypes.dedup();
+        for r in 0..world {
+            for &dt in &dtypes {
+                let idx: Vec<usize> = (0..params.len())
+                    .filter(|&i| self.owner[i] == r && params[i].dtype() == dt)
+                    .collect();
+                if idx.is_empty() {
+                    continue;
+                }
+                let parts: Vec<Tensor> = idx
+                    .iter()
+                    .map(|&i| params[i].as_tensor().flatten_all())
+                    .collect::<candle_core::Result<_>>()?;
+                let buf = Tensor::cat(&parts, 0)?.contiguous()?.copy()?;
+                drop(parts);
+                self.comm.broadcast(std::slice::from_ref(&buf), r)?;
+                if r == self.comm.rank() {
+                    continue;
+                }
+                let mut at = 0;
+                for &i in &idx {
+                    let n = self.shapes[i].elem_count();
+                    params[i].set(&buf.narrow(0, at, n)?.reshape(self.shapes[i].clone())?)?;
+                    at += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// For a checkpoint: parameter `i`'s optimizer state tensors `state` (its moments, its
+    /// master), held by its owner, broadcast from there one tensor at a time; returns them on
+    /// rank 0 (`None` elsewhere, where each is dropped at once, so no rank but 0 ever holds more
+    /// than one parameter's state it does not own). Every rank calls it for every parameter in
+    /// order, with the same `shapes` (the state tensors' shapes, f32).
+    ///
+    /// # Errors
+    /// A failed collective; a wrong number of tensors on the owner.
+    pub fn gather_to_root(
+        &mut self,
+        i: usize,
+        state: Option<&[Tensor]>,
+        count: usize,
+    ) -> Result<Option<Vec<Tensor>>> {
+        let owner = self.owner[i];
+        let rank = self.comm.rank();
+        let mut out = Vec::with_capacity(count);
+        for k in 0..count {
+            let t = if rank == owner {
+                let s = state.ok_or_else(|| DistError::Invalid {
+                    op: "ZeroReduce::gather_to_root",
+                    detail: format!("rank {rank} owns parameter {i} but passed no state"),
+                })?;
+                s.get(k)
+                    .ok_or_else(|| DistError::Invalid {
+                        op: "ZeroReduce::gather_to_root",
+                        detail: format!("parameter {i}: {} state tensors, {count} wanted", s.len()),
+                    })?
+                    .to_dtype(DType::F32)?
+                    .contiguous()?
+                    .copy()?
+            } else {
+                Tensor::zeros(self.shapes[i].clone(), DType::F32, &self.device)?
+            };
+            self.comm.broadcast(std::slice::from_ref(&t), owner)?;
+            if rank == 0 {
+                out.push(t);
+            }
+        }
+        Ok((rank == 0).then_some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ThreadComm;
+
+    #[test]
+    fn owners_are_balanced_deterministic_and_cover_every_parameter() {
+        // Largest first: 100 → r0; 60 → r1; 50 → r1 (60 < 100); 40 → r0 (100 < 110); 10 → r1.
+        let sizes = [40, 100, 50, 60, 10];
+        let o = assign_owners(&sizes, 2);
+        assert_eq!(o, vec![0, 0, 1, 1, 1]);
+        assert_eq!(owned_elements(&sizes, &o, 2), vec![140, 120]);
+        assert_eq!(assign_owners(&sizes, 1), vec![0; 5]);
+        // More ranks than parameters: some own none.
+        assert_eq!(
+            owned_elements(&[5, 5], &assign_owners(&[5, 5], 3), 3),
+            vec![5, 5, 0]
+        );
+        // Within the largest parameter of a perfect split.
+        let sizes: Vec<usize> = (0..50).map(|i| (i * 7919) % 1000 + 1).collect();
+        for w in 1..6 {
+            let load = owned_elements(&sizes, &assign_owners(&sizes, w), w);
+            let (hi, lo) = (load.iter().max().unwrap(), load.iter().min().unwrap());
+            assert!(hi - lo <= 1000, "w {w}: {load:?}");
+        }
+    }
+
+    /// Two and three ranks: each owner ends with the sum over the ranks of its parameters'
+    /// gradients (equal to an in-process sum), the others with `None`; the squared norms sum to
+    /// the whole gradient's; a NaN on one rank clears `finite` everywhere; shared weights arrive.
+    #[test]
+    fn reduce_to_owner_norm_and_shared_weights() {
+        let shapes: Vec<Vec<usize>> = vec![vec![3, 2], vec![5], vec![2, 2], vec![7]];
+        for world in [2usize, 3] {
+            let grad = |rank: usize, i: usize| -> Tensor {
+                let n: usize = shapes[i].iter().product();
+                let v: Vec<f32> = (0..n)
+                    .map(|k| ((rank * 31 + i * 7 + k) as f32 * 0.37).sin())
+                    .collect();
+                Tensor::from_vec(v, shapes[i].clone(), &Device::Cpu).unwrap()
+            };
+            let out = ThreadComm::run(world, |c| {
+                let rank = c.rank();
+                let params: Vec<Tensor> = shapes
+                    .iter()
+                    .map(|s| Tensor::zeros(s.clone(), DType::F32, &Device::Cpu).unwrap())
+                    .collect();
+                let mut z = ZeroReduce::new(Box::new(c), &params).unwrap();
+                // Parameter 1 reached by no micro-batch on rank 0.
+                let mut g: Vec<Option<Tensor>> = (0..shapes.len())
+                    .map(|i| (rank != 0 || i != 1).then(|| grad(rank, i)))
+                    .collect();
+                let mut finite = true;
+                z.reduce(&mut g, &mut finite).unwrap();
+                let local: f64 = g
+                    .iter()
+                    .flatten()
+                    .map(|t| {
+                        t.sqr()
+                            .unwrap()
+                            .sum_all()
+                            .unwrap()
+                            .to_scalar::<f32>()
+                            .unwrap() as f64
+                    })
+                    .sum();
+                let total = z.norm_sq(local).unwrap();
+                // NaN on the last rank.
+                let mut g2: Vec<Option<Tensor>> =
+                    (0..shapes.len()).map(|i| Some(grad(rank, i))).collect();
+                let mut f2 = rank + 1 != world;
+                z.reduce(&mut g2, &mut f2).unwrap();
+                // Each owner sets its parameters to (rank + 1); everyone must see the owner's value.
+                let vars: Vec<Var> = params
+                    .iter()
+                    .map(|p| Var::from_tensor(p).unwrap())
+                    .collect();
+                for (i, v) in vars.iter().enumerate() {
+                    if z.owned()[i] {
+                        v.set(&(v.as_tensor().ones_like().unwrap() * (rank + 1) as f64).unwrap())
+                            .unwrap();
+                    }
+                }
+                z.share_weights(&vars).unwrap();
+                let seen: Vec<f32> = vars
+                    .iter()
+                    .map(|v| {
+                        v.as_tensor()
+                            .flatten_all()
+                            .unwrap()
+                            .get(0)
+                            .unwrap()
+                            .to_scalar::<f32>()
+                            .unwrap()
+                    })
+                    .collect();
+                let mine: Vec<(usize, Vec<f32>)> = g
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, t)| {
+                        t.map(|t| (i, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+                    })
+                    .collect();
+                (z.owners().to_vec(), mine, total, f2, seen)
+            });
+            let owners = out[0].0.clone();
+            let mut whole = 0f64;
+            for i in 0..shapes.len() {
+                let mut sum = grad(0, i).zeros_like().unwrap();
+                for r in 0..world {
+                    if r != 0 || i != 1 {
+                        sum = (sum + grad(r, i)).unwrap();
+                    }
+                }
+                whole += sum
+                    .sqr()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap() as f64;
+                let want = sum.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let (_, got) = out[owners[i]].1.iter().find(|(j, _)| *j == i).unwrap();
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                        "param {i}: {a} vs {b}"
+                    );
+                }
+                for (r, o) in out.iter().enumerate() {
+                    assert_eq!(o.1.iter().any(|(j, _)| *j == i), r == owners[i]);
+                    assert_eq!(o.4[i], (owners[i] + 1) as f32, "rank {r} sees param {i}");
+                }
+            }
+            for o in &out {
+                assert!((o.2 - whole).abs() <= 1e-9 * whole, "{} vs {whole}", o.2);
+                assert!(
+                    !o.3,
+                    "the NaN of the last rank must clear finite everywhere"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gather_to_root_brings_each_owners_state_to_rank_0() {
+        let out = ThreadComm::run(3, |c| {
+            let rank = c.rank();
+            let params: Vec<Tensor> = [4usize, 9, 2]
+                .iter()
+                .map(|&n| Tensor::zeros(n, DType::F32, &Device::Cpu).unwrap())
+                .collect();
+            let mut z = ZeroReduce::new(Box::new(c), &params).unwrap();
+            let mut got = Vec::new();
+            for (i, p) in params.iter().enumerate() {
+                let state = z.owned()[i].then(|| {
+                    vec![
+                        (p.ones_like().unwrap() * (10 * i + 1) as f64).unwrap(),
+                        (p.ones_like().unwrap() * (10 * i + 2) as f64).unwrap(),
+                    ]
+                });
+                got.push(z.gather_to_root(i, state.as_deref(), 2).unwrap());
+            }
+            (rank, got)
+        });
+        for (rank, got) in out {
+            for (i, g) in got.into_iter().enumerate() {
+                if rank != 0 {
+                    assert!(g.is_none());
+                    continue;
+                }
+                let g = g.unwrap();
+                assert_eq!(g[0].to_vec1::<f32>().unwrap()[0], (10 * i + 1) as f32);
+                assert_eq!(g[1].to_vec1::<f32>().unwrap()[0], (10 * i + 2) as f32);
+            }
+        }
+    }
+}
