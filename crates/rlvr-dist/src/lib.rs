@@ -38,7 +38,7 @@ mod buf;
 pub mod comm;
 pub mod env;
 mod error;
-mod reduce;
+pub mod reduce;
 pub mod zero;
 
 #[cfg(feature = "mpi")]

@@ -3,11 +3,10 @@
 //!
 //! Per optimizer update, with [`ZeroReduce`]:
 //!
-//! 1. **Reduce to the owner**: every rank packs its gradient sums into one f32 buffer of W equal
-//!    chunks, chunk r holding the parameters rank r owns (in parameter order, zero-padded to the
-//!    largest owner's size) plus one element for the non-finite flag; one reduce-scatter
-//!    ([`Op::Sum`]) leaves each rank the sums of its own parameters only (and the flag's sum in
-//!    every chunk), so no rank holds the whole reduced gradient.
+//! 1. **Reduce to the owner**: rank r's region is the parameters it owns, flattened in parameter
+//!    order; reduce-scatters ([`Op::Sum`]) over buckets of every rank's region (at most
+//!    [`DEFAULT_BUCKET_MB`] MiB of f32 each) leave each rank the sums of its own parameters only,
+//!    so no rank holds the whole reduced gradient; the non-finite flags are summed alongside.
 //! 2. **The exact global norm**: each rank's sum of squares of its own reduced gradients, summed
 //!    over the ranks ([`ZeroReduce::norm_sq`]), is the one-process ‖g‖² (up to the order of the
 //!    f64 additions); clipping uses it on every rank alike.
@@ -54,13 +53,19 @@ pub fn owned_elements(sizes: &[usize], owner: &[usize], world: usize) -> Vec<usi
     load
 }
 
+/// The reduce-scatter bucket when none is given: 64 MiB of f32 over all ranks together.
+pub const DEFAULT_BUCKET_MB: usize = 64;
+
 /// The ZeRO-1 side of one rank (module docs).
 pub struct ZeroReduce {
     comm: Box<dyn Communicator>,
     shapes: Vec<candle_core::Shape>,
     owner: Vec<usize>,
     owned: Vec<bool>,
+    /// The largest region (owned elements of one rank) + 1.
     chunk: usize,
+    /// Elements per rank per reduce-scatter bucket.
+    bucket: usize,
     device: Device,
     non_finite_ranks: usize,
 }
@@ -93,10 +98,17 @@ impl ZeroReduce {
             shapes: params.iter().map(|p| p.shape().clone()).collect(),
             owner,
             chunk,
+            bucket: (DEFAULT_BUCKET_MB << 20) / 4 / world.max(1),
             device,
             comm,
             non_finite_ranks: 0,
         })
+    }
+
+    /// Buckets of at most `elems` f32 per rank (tests use small ones; at least 1).
+    pub fn with_bucket_elems(mut self, elems: usize) -> Self {
+        self.bucket = elems.max(1);
+        self
     }
 
     /// Which parameters this rank owns (updates and keeps optimizer state for).
@@ -118,6 +130,11 @@ impl ZeroReduce {
     /// parameters (`Some`, f32) and `None` for the others; clears `finite` on every rank when any
     /// rank's part was non-finite.
     ///
+    /// Each rank's owned parameters, flattened in parameter order, form its region; the regions
+    /// are reduce-scattered in buckets of at most `bucket` elements per rank (bucket k: every
+    /// rank's elements [k·s, (k+1)·s) of each region, zero-padded), so the transient memory is
+    /// one bucket of W·s f32 plus this rank's reduced region, never the whole gradient twice.
+    ///
     /// # Errors
     /// A failed collective; a count of gradients differing from the parameters'.
     pub fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> Result<()> {
@@ -132,37 +149,65 @@ impl ZeroReduce {
             });
         }
         let world = self.comm.world_size();
-        let flag = Tensor::new(&[if *finite { 0f32 } else { 1f32 }], &self.device)?;
-        let mut parts: Vec<Tensor> = Vec::new();
-        for r in 0..world {
-            let mut n = 0;
-            for (i, g) in grads.iter().enumerate() {
-                if self.owner[i] != r {
-                    continue;
-                }
-                let t = match g {
-                    Some(g) => g.to_dtype(DType::F32)?.flatten_all()?,
-                    None => Tensor::zeros(self.shapes[i].elem_count(), DType::F32, &self.device)?,
-                };
-                n += t.elem_count();
-                parts.push(t);
-            }
-            if n + 1 < self.chunk {
-                parts.push(Tensor::zeros(self.chunk - 1 - n, DType::F32, &self.device)?);
-            }
-            parts.push(flag.clone());
-        }
-        let flat = Tensor::cat(&parts, 0)?;
-        drop(parts);
-        let mine = self.comm.reduce_scatter(&flat, Op::Sum)?;
-        drop(flat);
-        self.non_finite_ranks = mine.get(self.chunk - 1)?.to_scalar::<f32>()?.round() as usize;
+        let mut flag = [if *finite { 0.0 } else { 1.0 }];
+        self.comm.all_reduce_f64(&mut flag, Op::Sum)?;
+        self.non_finite_ranks = flag[0].round() as usize;
         if self.non_finite_ranks > 0 {
             *finite = false;
         }
+        // Each rank's region: (parameter, elements) in order.
+        let regions: Vec<Vec<usize>> = (0..world)
+            .map(|r| (0..grads.len()).filter(|&i| self.owner[i] == r).collect())
+            .collect();
+        let region_len = self.chunk - 1;
+        let s = self.bucket.max(1).min(region_len.max(1));
+        let rank = self.comm.rank();
+        let mut mine: Vec<Tensor> = Vec::new();
+        let mut k0 = 0;
+        while k0 < region_len {
+            let k1 = (k0 + s).min(region_len);
+            let mut parts: Vec<Tensor> = Vec::new();
+            for region in &regions {
+                // Elements [k0, k1) of this region, from the parameters they fall in.
+                let mut at = 0;
+                let mut filled = 0;
+                for &i in region {
+                    let n = self.shapes[i].elem_count();
+                    let (lo, hi) = (k0.max(at), k1.min(at + n));
+                    if lo < hi {
+                        let g = match &grads[i] {
+                            Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.narrow(
+                                0,
+                                lo - at,
+                                hi - lo,
+                            )?,
+                            None => Tensor::zeros(hi - lo, DType::F32, &self.device)?,
+                        };
+                        parts.push(g);
+                        filled += hi - lo;
+                    }
+                    at += n;
+                    if at >= k1 {
+                        break;
+                    }
+                }
+                if filled < k1 - k0 {
+                    parts.push(Tensor::zeros(k1 - k0 - filled, DType::F32, &self.device)?);
+                }
+            }
+            let flat = Tensor::cat(&parts, 0)?;
+            drop(parts);
+            mine.push(self.comm.reduce_scatter(&flat, Op::Sum)?);
+            k0 = k1;
+        }
+        let mine = match mine.len() {
+            0 => Tensor::zeros(0, DType::F32, &self.device)?,
+            1 => mine.pop().unwrap_or_else(|| unreachable!()),
+            _ => Tensor::cat(&mine, 0)?,
+        };
         let mut at = 0;
         for (i, g) in grads.iter_mut().enumerate() {
-            if !self.owned[i] {
+            if self.owner[i] != rank {
                 *g = None;
                 continue;
             }
@@ -322,7 +367,10 @@ mod tests {
                     .iter()
                     .map(|s| Tensor::zeros(s.clone(), DType::F32, &Device::Cpu).unwrap())
                     .collect();
-                let mut z = ZeroReduce::new(Box::new(c), &params).unwrap();
+                // Buckets of 4 elements per rank: regions span several buckets and parameters.
+                let mut z = ZeroReduce::new(Box::new(c), &params)
+                    .unwrap()
+                    .with_bucket_elems(4);
                 // Parameter 1 reached by no micro-batch on rank 0.
                 let mut g: Vec<Option<Tensor>> = (0..shapes.len())
                     .map(|i| (rank != 0 || i != 1).then(|| grad(rank, i)))

@@ -14,7 +14,7 @@ use rlvr_model::checkpoint::Policy;
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::{ComputeDtype, DeviceSpec};
 
-use crate::config::plan::{parse_size, plan, write_table};
+use crate::config::plan::{parse_size, plan_ranks, suggestions, write_table};
 use crate::config::{settings, RawConfig, ResolvedConfig, RolloutSection, Schedule};
 use crate::eval::{EvalItem, EvalResult, Evaluator};
 use crate::feed::backend::{self, BackendSettings, NativeWeights, VllmSettings, Workload};
@@ -622,6 +622,13 @@ pub struct PlanArgs {
     /// One JSON object on the last line of stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Plan per rank of this many data-parallel ranks (`mpirun -np N`).
+    #[arg(long, default_value_t = 1)]
+    pub world_size: u64,
+    /// ZeRO stage per rank: 0 (every rank holds the optimizer state) or 1 (sharded); default:
+    /// the config's `distributed.zero`.
+    #[arg(long)]
+    pub zero: Option<u8>,
 }
 
 /// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line.
@@ -632,11 +639,35 @@ pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
     let resolved = raw.resolve()?;
     let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
-    let p = plan(&resolved.raw, resolved.algorithm.needs_reference(), memory)?;
+    let zero = a.zero.unwrap_or(resolved.raw.distributed.zero);
+    let needs_ref = resolved.algorithm.needs_reference();
+    let p = plan_ranks(&resolved.raw, needs_ref, memory, a.world_size, zero)?;
+    // What to change when it does not fit.
+    let to_fit = match (memory, p.fits) {
+        (Some(m), Some(false)) => suggestions(&resolved.raw, needs_ref, m, a.world_size, zero)?,
+        _ => Vec::new(),
+    };
     if a.json {
-        writeln!(out, "{}", serde_json::to_string(&p)?)?;
+        let mut v = serde_json::to_value(&p)?;
+        v["to_fit"] = serde_json::json!(to_fit);
+        writeln!(out, "{v}")?;
     } else {
         write_table(&p, out)?;
+        if p.fits == Some(false) {
+            match to_fit.is_empty() {
+                true => writeln!(
+                    out,
+                    "none of ZeRO-1, activation checkpointing, one row per micro-batch or LoRA \
+                     rank 16 makes it fit: more ranks, a smaller model or more memory"
+                )?,
+                false => {
+                    writeln!(out, "to fit, set one of:")?;
+                    for s in &to_fit {
+                        writeln!(out, "  --set {}", s.replace(' ', " --set "))?;
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -153,6 +153,8 @@ fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
         set: vec![mp],
         gpu_memory: Some("24GB".into()),
         json: true,
+        world_size: 1,
+        zero: None,
     };
     let mut out = Vec::new();
     run_plan(&args, &mut out).unwrap();
@@ -271,4 +273,85 @@ fn qwen2_5_0_5b_plan_matches_a_hand_count() {
     );
     assert_eq!(u.micro_batch_positions, 4 * 1024);
     assert!(r > u.max_micro_batch_rows.unwrap());
+}
+
+/// `Shape::param_sizes` lists the model's own tensors (as a multiset), for each architecture.
+#[test]
+fn param_sizes_are_the_model_tensors() {
+    for (arch, tied) in [("qwen2", true), ("qwen3", false), ("llama", false)] {
+        let c = ModelConfig::from_json(
+            &serde_json::json!({"model_type": arch, "vocab_size": 50, "hidden_size": 16,
+                "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+                "tie_word_embeddings": tied}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let m = rlvr_model::Model::random(
+            c.clone(),
+            0.02,
+            0,
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let mut want: Vec<u64> = m
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count() as u64)
+            .collect();
+        let mut got = Shape::of(&c).param_sizes();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{arch}");
+    }
+}
+
+/// Per rank: ZeRO-1 divides the masters and moments by the owners' largest share (within one
+/// parameter of 1/W) and leaves every other term; a world above 1 adds the reduction buffer; the
+/// 7B shape on 8 × 80 GB does not fit as full fine-tuning and the plan names what does.
+#[test]
+fn world_size_and_zero_1_per_rank() {
+    use rlvr_train::config::plan::{plan_ranks, suggestions};
+    let r = RawConfig::load(
+        None,
+        &[
+            format!(
+                "model.path=\"{}\"",
+                repo().join("configs/shapes/qwen2.5-7b").display()
+            ),
+            "model.dtype=\"bf16\"".into(),
+            "model.device=\"cuda:0\"".into(),
+            "data.max_prompt_len=256".into(),
+            "rollout.max_new_tokens=512".into(),
+            "train.micro_batch_size=4".into(),
+        ],
+    )
+    .unwrap();
+    let one = plan_ranks(&r, false, None, 1, 0).unwrap();
+    let z0 = plan_ranks(&r, false, None, 8, 0).unwrap();
+    let z1 = plan_ranks(&r, false, None, 8, 1).unwrap();
+    let p = shape("qwen2.5-7b").params;
+    assert_eq!(
+        (one.reduction_buffer, one.optimizer_params_per_rank),
+        (0, p)
+    );
+    assert_eq!(z0.adamw_moments, one.adamw_moments);
+    assert_eq!(z0.reduction_buffer, 256 << 20);
+    // The largest tensor (the 152064 × 3584 embedding, 545 M) is below p/8 = 952 M: balanced.
+    let share = z1.optimizer_params_per_rank;
+    assert!(share >= p / 8 && share <= p / 8 + 152_064 * 3584, "{share}");
+    assert_eq!(z1.adamw_moments, 8 * share);
+    assert_eq!(z1.master_weights, 4 * share);
+    assert_eq!((z1.weights, z1.gradients), (one.weights, one.gradients));
+    assert_eq!(
+        z0.train_peak - z1.train_peak,
+        (z0.adamw_moments + z0.master_weights + z0.reduction_buffer)
+            - (z1.adamw_moments + z1.master_weights + z1.reduction_buffer)
+    );
+    let fit = suggestions(&r, false, 80 << 30, 8, 1).unwrap();
+    assert!(
+        !fit.is_empty() && fit.iter().all(|s| s.contains("model.lora_rank=16")),
+        "{fit:?}"
+    );
 }

@@ -68,6 +68,8 @@ pub struct Shape {
     /// Whether the lm_head is the embedding.
     pub tied: bool,
     qkv_bias: bool,
+    o_bias: bool,
+    mlp_bias: bool,
     qk_norm: bool,
 }
 
@@ -107,8 +109,42 @@ impl Shape {
             intermediate: i,
             tied: c.tie_word_embeddings,
             qkv_bias: c.qkv_bias,
+            o_bias: c.o_bias,
+            mlp_bias: c.mlp_bias,
             qk_norm,
         }
+    }
+
+    /// Elements of each parameter tensor (full fine-tuning; `Model::named_vars`' tensors, in no
+    /// particular order): what ZeRO-1 assigns to owners. They sum to [`Shape::params`].
+    pub fn param_sizes(&self) -> Vec<u64> {
+        let (h, q, kv, i) = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        );
+        let mut layer = vec![h, h, h * q, h * kv, h * kv, q * h, h * i, h * i, i * h];
+        if self.qkv_bias {
+            layer.extend([q, kv, kv]);
+        }
+        if self.o_bias {
+            layer.push(h);
+        }
+        if self.mlp_bias {
+            layer.extend([i, i, h]);
+        }
+        if self.qk_norm {
+            layer.extend([self.head_dim, self.head_dim]);
+        }
+        let mut out = vec![self.vocab * h, h];
+        if !self.tied {
+            out.push(self.vocab * h);
+        }
+        for _ in 0..self.layers {
+            out.extend_from_slice(&layer);
+        }
+        out
     }
 
     /// The (in, out) widths of projection `t`.
@@ -215,8 +251,18 @@ pub struct Plan {
     pub master_weights: u64,
     /// The f32 gradient sum plus one micro-batch's gradients in the compute dtype.
     pub gradients: u64,
-    /// AdamW's two f32 moments.
+    /// AdamW's two f32 moments (this rank's share under ZeRO-1).
     pub adamw_moments: u64,
+    /// Data-parallel ranks the plan is for (`--world-size`); every figure is per rank.
+    pub world_size: u64,
+    /// ZeRO stage (`--zero`, else `distributed.zero`): 1 shards the masters and moments.
+    pub zero: u8,
+    /// Trained parameters whose optimizer state this rank keeps: all of them, or under ZeRO-1 the
+    /// most-loaded rank's share (owners by whole parameters, as `rlvr_dist::zero::assign_owners`).
+    pub optimizer_params_per_rank: u64,
+    /// World size > 1: the reduction's transient f32 (one all-reduce bucket of at most 256 MiB;
+    /// ZeRO-1: one reduce-scatter bucket of at most 64 MiB plus this rank's reduced share).
+    pub reduction_buffer: u64,
     /// The explorer's copies of the weights (sampling from a dataset; one more with `sync.offset ≥ 1`).
     pub explorer_weights: u64,
     /// The reference model's weights (KL on).
@@ -296,6 +342,26 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 /// # Errors
 /// A missing or malformed config.json, an unknown dtype.
 pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyhow::Result<Plan> {
+    plan_ranks(raw, needs_reference, memory, 1, raw.distributed.zero)
+}
+
+/// [`plan`] per rank of a data-parallel run of `world` ranks with ZeRO stage `zero` (0 or 1):
+/// each rank holds the weights, its explorer's copy, the gradient and the activations of its
+/// micro-batches as one process does; ZeRO-1 divides the masters and moments by whole
+/// parameters (the most-loaded rank's share is reported); a world above 1 adds the reduction's
+/// f32 gradient buffer.
+///
+/// # Errors
+/// As [`plan`]; a world size of 0 or a ZeRO stage above 1.
+pub fn plan_ranks(
+    raw: &RawConfig,
+    needs_reference: bool,
+    memory: Option<u64>,
+    world: u64,
+    zero: u8,
+) -> anyhow::Result<Plan> {
+    anyhow::ensure!(world >= 1, "--world-size must be at least 1");
+    anyhow::ensure!(zero <= 1, "--zero {zero}: expected 0 or 1");
     let cfg_path = raw.model.path.join("config.json");
     let mc = ModelConfig::from_file(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
@@ -325,9 +391,34 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         } else {
             0
         };
-    let master_weights = if tb == 2 { trained * 4 } else { 0 };
+    // ZeRO-1: this rank's share of the optimizer state (the most-loaded owner's).
+    let owned = if zero == 1 && world > 1 {
+        match lora {
+            Some(_) => trained.div_ceil(world),
+            None => {
+                let sizes: Vec<usize> = shape.param_sizes().iter().map(|&n| n as usize).collect();
+                let owners = rlvr_dist::zero::assign_owners(&sizes, world as usize);
+                rlvr_dist::zero::owned_elements(&sizes, &owners, world as usize)
+                    .into_iter()
+                    .max()
+                    .unwrap_or(0) as u64
+            }
+        }
+    } else {
+        trained
+    };
+    let master_weights = if tb == 2 { owned * 4 } else { 0 };
     let gradients = trained * 4 + trained * tb;
-    let adamw_moments = 2 * trained * 4;
+    let adamw_moments = 2 * owned * 4;
+    // The reduction's transient f32: one all-reduce bucket (ZeRO-0), or one reduce-scatter bucket
+    // plus this rank's reduced share (ZeRO-1).
+    let reduction_buffer = match (world > 1, zero) {
+        (false, _) => 0,
+        (true, 0) => (trained * 4).min((rlvr_dist::reduce::DEFAULT_BUCKET_MB as u64) << 20),
+        (true, _) => {
+            owned * 4 + (trained * 4).min((rlvr_dist::zero::DEFAULT_BUCKET_MB as u64) << 20)
+        }
+    };
     // The explorer copies what trains (LoRA: the adapters; it shares the frozen base).
     let copy = trained * tb;
     let explorer_weights = (if online { copy } else { 0 }) + (if threaded { copy } else { 0 });
@@ -396,7 +487,12 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     let kv_cache = kv_cache_rows * kv_per_row;
     let overhead = if cpu { CPU_OVERHEAD } else { GPU_OVERHEAD };
     let resident = weights + master_weights + adamw_moments + explorer_weights + reference_model;
-    let train_fixed = resident + gradients + logits_buffer + overhead + threaded as u64 * kv_cache;
+    let train_fixed = resident
+        + gradients
+        + reduction_buffer
+        + logits_buffer
+        + overhead
+        + threaded as u64 * kv_cache;
     let activations_per_micro_batch = kept(rows);
     let train_peak = train_fixed + activations_per_micro_batch;
     let rollout_peak = resident
@@ -438,6 +534,10 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         master_weights,
         gradients,
         adamw_moments,
+        world_size: world,
+        zero,
+        optimizer_params_per_rank: owned,
+        reduction_buffer,
         explorer_weights,
         reference_model,
         activations_per_row,
@@ -460,6 +560,72 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
         max_micro_batch_rows_checkpointed: max_rows_ck,
         max_rollout_rows: max_roll,
     })
+}
+
+/// When a plan does not fit `memory`: the changes, alone or together, that make it fit (each as
+/// the `--set` keys to use), tried in this order: ZeRO-1 (world size > 1), activation
+/// checkpointing, both, one row per micro-batch with checkpointing, LoRA rank 16 (with ZeRO and
+/// checkpointing as the plan has them), LoRA with checkpointing. Empty when it fits or nothing
+/// listed fits.
+///
+/// # Errors
+/// As [`plan_ranks`].
+pub fn suggestions(
+    raw: &RawConfig,
+    needs_reference: bool,
+    memory: u64,
+    world: u64,
+    zero: u8,
+) -> anyhow::Result<Vec<String>> {
+    let fits = |sets: &[(&str, &dyn Fn(&mut RawConfig))], z: u8| -> anyhow::Result<bool> {
+        let mut r = raw.clone();
+        for (_, f) in sets {
+            f(&mut r);
+        }
+        Ok(plan_ranks(&r, needs_reference, Some(memory), world, z)?.fits == Some(true))
+    };
+    if fits(&[], zero)? {
+        return Ok(Vec::new());
+    }
+    let ck: (&str, &dyn Fn(&mut RawConfig)) =
+        ("train.gradient_checkpointing=true", &|r: &mut RawConfig| {
+            r.train.gradient_checkpointing = true
+        });
+    let mb1: (&str, &dyn Fn(&mut RawConfig)) =
+        ("train.micro_batch_size=1", &|r: &mut RawConfig| {
+            r.train.micro_batch_size = 1;
+            r.train.micro_batch_tokens = None;
+        });
+    let lora: (&str, &dyn Fn(&mut RawConfig)) = ("model.lora_rank=16", &|r: &mut RawConfig| {
+        r.model.lora_rank = 16
+    });
+    let mut tries: Vec<(Vec<(&str, &dyn Fn(&mut RawConfig))>, u8)> = Vec::new();
+    if world > 1 && zero == 0 {
+        tries.push((vec![], 1));
+    }
+    if !raw.train.gradient_checkpointing {
+        tries.push((vec![ck], zero));
+        if world > 1 && zero == 0 {
+            tries.push((vec![ck], 1));
+        }
+    }
+    let z = if world > 1 { 1 } else { zero };
+    tries.push((vec![ck, mb1], z));
+    if raw.model.lora_rank == 0 {
+        tries.push((vec![lora], z));
+        tries.push((vec![lora, ck], z));
+    }
+    let mut out = Vec::new();
+    for (sets, z) in tries {
+        if fits(&sets, z)? {
+            let mut keys: Vec<String> = sets.iter().map(|(k, _)| k.to_string()).collect();
+            if z != zero {
+                keys.insert(0, format!("distributed.zero={z}"));
+            }
+            out.push(keys.join(" "));
+        }
+    }
+    Ok(out)
 }
 
 /// The largest `r` below 2²⁴ with `ok(r)`, for `ok` true up to some point and false after it.
@@ -511,6 +677,21 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
         "dtype {} on {}; rows of {} prompt + {} completion tokens",
         p.dtype, p.device, p.prompt_tokens, p.completion_tokens
     )?;
+    if p.world_size > 1 {
+        writeln!(
+            out,
+            "per rank of {} data-parallel ranks{}",
+            p.world_size,
+            if p.zero == 1 {
+                format!(
+                    ", ZeRO-1: optimizer state of {:.1} M parameters on the most-loaded rank",
+                    p.optimizer_params_per_rank as f64 / 1e6
+                )
+            } else {
+                ", ZeRO-0: every rank holds the whole optimizer state".to_string()
+            }
+        )?;
+    }
     if p.lora_rank > 0 {
         writeln!(
             out,
@@ -519,10 +700,11 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
             p.adapter_params as f64 / 1e6
         )?;
     }
-    let rows: [(&str, String); 13] = [
+    let rows: [(&str, String); 14] = [
         ("weights", gib(p.weights)),
         ("master weights (f32)", gib(p.master_weights)),
         ("gradients", gib(p.gradients)),
+        ("reduction buffer (f32)", gib(p.reduction_buffer)),
         ("AdamW moments (f32)", gib(p.adamw_moments)),
         ("explorer weights", gib(p.explorer_weights)),
         ("reference model (KL)", gib(p.reference_model)),
