@@ -7,7 +7,9 @@
 # counted). Per step: sample_s and train_s from metrics.jsonl (under mpirun the slowest rank's),
 # and under mpirun time/comm_s from diagnostics.jsonl (rank 0's time inside collectives: the
 # communication and the wait for the other rank). Then the all-reduce bandwidth at 2 ranks
-# (rlvr-dist-check --case bandwidth). Medians are printed.
+# (rlvr-dist-check --case bandwidth). Medians are printed. Then memory per rank at 2 ranks with
+# ZeRO-1 off and on: each rank's peak RSS (/usr/bin/time -f %M around each rank) next to
+# `rlvr plan --world-size 2 --zero Z`'s training-step peak for the same config.
 #
 #   bench/data_parallel.sh [STEPS] [ROUNDS]        defaults: 3 timed steps, 3 rounds
 #
@@ -74,3 +76,23 @@ for side, label in (("one", "1 process x 2 threads"), ("dp", "2 ranks x 1 thread
 PY
 echo "# all-reduce, f32 SUM in place, 2 ranks (rlvr-dist MpiComm over $(mpirun --version | head -n 1))"
 "${MPIRUN[@]}" "$CHECK" --case bandwidth
+
+echo "# memory per rank at 2 ranks, ZeRO-0 vs ZeRO-1: peak RSS of each rank (GNU time), and rlvr plan's peaks"
+printf '' > "$W/empty.toml"
+for z in 0 1; do
+  dir="$W/zero$z"
+  "${MPIRUN[@]}" -x RAYON_NUM_THREADS=1 /usr/bin/time -f "rank peak RSS kB %M" \
+    "$RLVR" train --no-progress "${BENCH_WORKLOAD_SETS[@]}" --set train.steps=3 \
+    --set train.skip_zero_gradient_rows=false --set distributed.zero=$z --set output.dir="\"$dir\"" \
+    >/dev/null 2>"$dir.log" || { cat "$dir.log"; exit 1; }
+  plan=$("$RLVR" plan --config "$W/empty.toml" "${BENCH_WORKLOAD_SETS[@]}" --world-size 2 --zero $z --json | tail -n 1)
+  python3 - "$dir.log" "$z" "$plan" <<'PY'
+import json, re, sys
+rss = [int(x) * 1024 for x in re.findall(r"rank peak RSS kB (\d+)", open(sys.argv[1]).read())]
+p = json.loads(sys.argv[3])
+mib = lambda b: round(b / 2**20, 1)
+print(json.dumps({"zero": int(sys.argv[2]), "peak_rss_mib_per_rank": [mib(x) for x in rss],
+                  "plan_train_peak_mib": mib(p["train_peak"]), "plan_sampling_peak_mib": mib(p["rollout_peak"]),
+                  "plan_moments_mib": mib(p["adamw_moments"]), "plan_reduction_buffer_mib": mib(p["reduction_buffer"])}))
+PY
+done

@@ -12,8 +12,8 @@
 //!    f64 additions); clipping uses it on every rank alike.
 //! 3. **Each owner updates its parameters** (the optimizer skips the others: it keeps no state for
 //!    them);
-//! 4. **The new weights reach every rank**: each owner broadcasts its parameters, packed in one
-//!    buffer of their dtype ([`ZeroReduce::share_weights`]).
+//! 4. **The new weights reach every rank**: each owner broadcasts its parameters in place, one
+//!    collective per owner and dtype ([`ZeroReduce::share_weights`]).
 //!
 //! Owners ([`assign_owners`]) are a function of the parameter sizes and the world size only.
 //! Checkpoints are gathered on save ([`ZeroReduce::gather_to_root`]: each owner broadcasts one
@@ -162,7 +162,15 @@ impl ZeroReduce {
         let region_len = self.chunk - 1;
         let s = self.bucket.max(1).min(region_len.max(1));
         let rank = self.comm.rank();
-        let mut mine: Vec<Tensor> = Vec::new();
+        // This rank's reduced parameters, filled bucket by bucket (each bucket's output dropped
+        // once copied in).
+        let mut out: Vec<Option<Tensor>> = (0..grads.len())
+            .map(|i| {
+                (self.owner[i] == rank)
+                    .then(|| Tensor::zeros(self.shapes[i].elem_count(), DType::F32, &self.device))
+                    .transpose()
+            })
+            .collect::<candle_core::Result<_>>()?;
         let mut k0 = 0;
         while k0 < region_len {
             let k1 = (k0 + s).min(region_len);
@@ -197,23 +205,27 @@ impl ZeroReduce {
             }
             let flat = Tensor::cat(&parts, 0)?;
             drop(parts);
-            mine.push(self.comm.reduce_scatter(&flat, Op::Sum)?);
+            let mine = self.comm.reduce_scatter(&flat, Op::Sum)?;
+            drop(flat);
+            // Copy elements [k0, k1) of this rank's region into its parameters.
+            let mut at = 0;
+            for &i in &regions[rank] {
+                let n = self.shapes[i].elem_count();
+                let (lo, hi) = (k0.max(at), k1.min(at + n));
+                if lo < hi {
+                    if let Some(t) = &out[i] {
+                        t.slice_set(&mine.narrow(0, lo - k0, hi - lo)?, 0, lo - at)?;
+                    }
+                }
+                at += n;
+            }
             k0 = k1;
         }
-        let mine = match mine.len() {
-            0 => Tensor::zeros(0, DType::F32, &self.device)?,
-            1 => mine.pop().unwrap_or_else(|| unreachable!()),
-            _ => Tensor::cat(&mine, 0)?,
-        };
-        let mut at = 0;
         for (i, g) in grads.iter_mut().enumerate() {
-            if self.owner[i] != rank {
-                *g = None;
-                continue;
-            }
-            let n = self.shapes[i].elem_count();
-            *g = Some(mine.narrow(0, at, n)?.reshape(self.shapes[i].clone())?);
-            at += n;
+            *g = match out[i].take() {
+                Some(t) => Some(t.reshape(self.shapes[i].clone())?),
+                None => None,
+            };
         }
         Ok(())
     }
@@ -228,8 +240,8 @@ impl ZeroReduce {
         Ok(x[0])
     }
 
-    /// Step 4: every owner broadcasts its (just updated) parameters, packed in one buffer of their
-    /// dtype per owner and dtype; every rank sets them.
+    /// Step 4: every owner broadcasts its (just updated) parameters, in place in every rank's
+    /// parameter storage, one collective per owner and dtype.
     ///
     /// # Errors
     /// A failed collective; `params` not matching the parameters it was built from.
@@ -256,22 +268,13 @@ impl ZeroReduce {
                 if idx.is_empty() {
                     continue;
                 }
-                let parts: Vec<Tensor> = idx
+                // In place: the owner's parameters are read, every other rank's are written (no
+                // packed copy).
+                let bufs: Vec<Tensor> = idx
                     .iter()
                     .map(|&i| params[i].as_tensor().flatten_all())
                     .collect::<candle_core::Result<_>>()?;
-                let buf = Tensor::cat(&parts, 0)?.contiguous()?.copy()?;
-                drop(parts);
-                self.comm.broadcast(std::slice::from_ref(&buf), r)?;
-                if r == self.comm.rank() {
-                    continue;
-                }
-                let mut at = 0;
-                for &i in &idx {
-                    let n = self.shapes[i].elem_count();
-                    params[i].set(&buf.narrow(0, at, n)?.reshape(self.shapes[i].clone())?)?;
-                    at += n;
-                }
+                self.comm.broadcast(&bufs, r)?;
             }
         }
         Ok(())
