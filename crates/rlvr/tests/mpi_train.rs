@@ -485,3 +485,93 @@ fn mpirun_sft_equals_one_process() {
     let d = max_diff(&one, &dp);
     assert!(f64::from(d) <= 1e-4, "sft weights differ by {d:e}");
 }
+
+/// `rlvr plan --world-size 2 --zero Z` against each rank's measured peak RSS (GNU time around
+/// each rank of `mpirun -np 2`), on the RL-step benchmark's 43 M-parameter Qwen2.5-vocabulary
+/// model: within 20% for ZeRO-0 and ZeRO-1 (the plan reports the most-loaded rank).
+#[test]
+fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
+    if !Path::new("/usr/bin/time").exists() {
+        eprintln!("no /usr/bin/time: skipped");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = tmp.path().join("model");
+    let out = rlvr()
+        .args(["init", "--arch", "qwen2", "--hidden", "256", "--layers", "4", "--heads", "4"])
+        .args(["--kv-heads", "2", "--intermediate", "1024", "--vocab-size", "151936"])
+        .args(["--tie-embeddings", "true", "--seed", "0", "--tokenizer"])
+        .arg(root.join("data/tokenizers/qwen2.5/tokenizer.json"))
+        .arg("--out")
+        .arg(&model)
+        .output()
+        .unwrap();
+    ok(&out, "init");
+    let prompts = tmp.path().join("prompts.jsonl");
+    let train = std::fs::read_to_string(root.join("data/gsm8k/train.jsonl")).unwrap();
+    std::fs::write(&prompts, train.lines().take(4).collect::<Vec<_>>().join("\n")).unwrap();
+    let empty = tmp.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    for zero in [0, 1] {
+        let run = tmp.path().join(format!("zero{zero}"));
+        let sets: Vec<String> = vec![
+            format!("model.path=\"{}\"", model.display()),
+            "model.dtype=\"f32\"".into(),
+            "model.device=\"cpu\"".into(),
+            "data.task=\"gsm8k\"".into(),
+            format!("data.train=\"{}\"", prompts.display()),
+            "data.template=\"{question}\"".into(),
+            "data.prompts_per_step=4".into(),
+            "rollout.group_size=8".into(),
+            "rollout.max_new_tokens=32".into(),
+            "rollout.min_new_tokens=32".into(),
+            "algorithm.preset=\"grpo\"".into(),
+            "algorithm.kl_coef=0.0".into(),
+            "train.lr=1e-6".into(),
+            "train.eval_every=0".into(),
+            "train.steps=2".into(),
+            "train.skip_zero_gradient_rows=false".into(),
+            format!("distributed.zero={zero}"),
+        ];
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"])
+            .args(["-x", "RAYON_NUM_THREADS=1", "/usr/bin/time", "-f", "rank peak RSS kB %M"])
+            .arg(env!("CARGO_BIN_EXE_rlvr"));
+        let mut all = sets.clone();
+        all.push(format!("output.dir=\"{}\"", run.display()));
+        train_args(&mut c, &all);
+        let out = c.output().unwrap();
+        ok(&out, &format!("zero {zero}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let rss: Vec<f64> = err
+            .lines()
+            .filter_map(|l| l.strip_prefix("rank peak RSS kB "))
+            .map(|k| k.trim().parse::<f64>().unwrap() * 1024.0)
+            .collect();
+        assert_eq!(rss.len(), 2, "{err}");
+        let mut p = rlvr();
+        p.arg("plan").arg("--config").arg(&empty);
+        for s in &sets {
+            p.arg("--set").arg(s);
+        }
+        p.args(["--world-size", "2", "--zero", &zero.to_string(), "--json"]);
+        let out = p.output().unwrap();
+        ok(&out, "plan");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        let planned = v["train_peak"]
+            .as_f64()
+            .unwrap()
+            .max(v["rollout_peak"].as_f64().unwrap());
+        let measured = rss.iter().cloned().fold(0.0, f64::max);
+        let err = (measured - planned).abs() / measured;
+        eprintln!(
+            "zero {zero}: ranks' peak RSS {:?} MiB, plan {:.0} MiB ({:+.1}%)",
+            rss.iter().map(|x| (x / 1048576.0).round()).collect::<Vec<_>>(),
+            planned / 1048576.0,
+            100.0 * (planned - measured) / measured
+        );
+        assert!(err <= 0.2, "zero {zero}: plan {planned} vs measured {measured}");
+    }
+}
