@@ -79,20 +79,43 @@ echo "# all-reduce, f32 SUM in place, 2 ranks (rlvr-dist MpiComm over $(mpirun -
 
 echo "# memory per rank at 2 ranks, ZeRO-0 vs ZeRO-1: peak RSS of each rank (GNU time), and rlvr plan's peaks"
 printf '' > "$W/empty.toml"
+# Two models: the workload's (39 M of its 43 M parameters are the tied embedding, one tensor,
+# which whole-parameter sharding cannot split), and one whose parameters sit in its layers
+# (hidden 1024, 8 layers, a character vocabulary: 134 M parameters, the embedding 0.07 M).
+python3 - "$W/char.json" <<'PY'
+import json, sys
+chars = "0123456789+-*= #\n"
+vocab = {c: i for i, c in enumerate(chars)}
+vocab["<unk>"] = len(chars); vocab["<|endoftext|>"] = len(chars) + 1
+json.dump({"version": "1.0", "truncation": None, "padding": None,
+  "added_tokens": [{"id": len(chars) + 1, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                    "rstrip": False, "normalized": False, "special": True}],
+  "normalizer": None, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?s)."}, "behavior": "Isolated", "invert": False},
+  "post_processor": None, "decoder": {"type": "Fuse"},
+  "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}, open(sys.argv[1], "w"))
+PY
+"$RLVR" init --arch qwen2 --hidden 1024 --layers 8 --heads 8 --kv-heads 8 --intermediate 4096 \
+  --max-position-embeddings 256 --tokenizer "$W/char.json" --seed 0 --out "$W/layers" >/dev/null
+LAYER_SETS=(--set model.path="\"$W/layers\"" --set model.dtype='"f32"' --set model.device='"cpu"'
+  --set data.task='"arithmetic"' --set data.prompts_per_step=4 --set rollout.group_size=8
+  --set rollout.max_new_tokens=16 --set train.lr=1e-6 --set train.eval_every=0)
+for m in embedding layers; do
 for z in 0 1; do
-  dir="$W/zero$z"
+  dir="$W/$m-zero$z"
+  if [ $m = embedding ]; then sets=("${BENCH_WORKLOAD_SETS[@]}"); else sets=("${LAYER_SETS[@]}"); fi
   "${MPIRUN[@]}" -x RAYON_NUM_THREADS=1 /usr/bin/time -f "rank peak RSS kB %M" \
-    "$RLVR" train --no-progress "${BENCH_WORKLOAD_SETS[@]}" --set train.steps=3 \
+    "$RLVR" train --no-progress "${sets[@]}" --set train.steps=3 \
     --set train.skip_zero_gradient_rows=false --set distributed.zero=$z --set output.dir="\"$dir\"" \
     >/dev/null 2>"$dir.log" || { cat "$dir.log"; exit 1; }
-  plan=$("$RLVR" plan --config "$W/empty.toml" "${BENCH_WORKLOAD_SETS[@]}" --world-size 2 --zero $z --json | tail -n 1)
-  python3 - "$dir.log" "$z" "$plan" <<'PY'
+  plan=$("$RLVR" plan --config "$W/empty.toml" "${sets[@]}" --world-size 2 --zero $z --json | tail -n 1)
+  python3 - "$dir.log" "$z" "$plan" "$m" <<'PY'
 import json, re, sys
 rss = [int(x) * 1024 for x in re.findall(r"rank peak RSS kB (\d+)", open(sys.argv[1]).read())]
 p = json.loads(sys.argv[3])
 mib = lambda b: round(b / 2**20, 1)
-print(json.dumps({"zero": int(sys.argv[2]), "peak_rss_mib_per_rank": [mib(x) for x in rss],
+print(json.dumps({"model": sys.argv[4], "zero": int(sys.argv[2]), "peak_rss_mib_per_rank": [mib(x) for x in rss],
                   "plan_train_peak_mib": mib(p["train_peak"]), "plan_sampling_peak_mib": mib(p["rollout_peak"]),
                   "plan_moments_mib": mib(p["adamw_moments"]), "plan_reduction_buffer_mib": mib(p["reduction_buffer"])}))
 PY
+done
 done
