@@ -255,6 +255,23 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
         .unwrap();
         assert_eq!(st["world_size"], np as u64);
     }
+    // At 2 ranks a sum is one addition, so MPI gives what two in-process ranks (ThreadComm
+    // threads running the same run loop) give: bit for bit.
+    let threads = tmp.path().join("threads2");
+    let cfg = rlvr_train::config::RawConfig::load(None, &sets(&model, &threads, &extra))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    rlvr_dist::ThreadComm::run(2, |c| {
+        rlvr_train::run::train_on(
+            &cfg,
+            &rlvr_train::run::RunOptions::default(),
+            Some(rlvr_dist::SharedComm::new(Box::new(c))),
+        )
+        .unwrap()
+    });
+    same_metrics(&tmp.path().join("np2"), &threads, true);
+    assert_eq!(max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&threads, 4)), 0.0);
     // A rerun at np 2 is bit-identical (every key but the clocks, and the weights).
     let again = tmp.path().join("np2-again");
     let mut c = mpirun(2);
