@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 
 mod choices;
 pub use choices::{
-    Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, Regulariser,
-    StdLevel, StdNorm, LOSS_OPTIONS,
+    Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, RedDropRule,
+    Regulariser, StdLevel, StdNorm, LOSS_OPTIONS,
 };
 
 use crate::error::{AlgoError, Result};
@@ -81,6 +81,14 @@ pub struct AlgorithmConfig {
     /// `red_drop` preset sets `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub red_drop_in_normaliser: Option<bool>,
+    /// How RED-Drop chooses the dropped rows. `surplus`: exactly the surplus negatives, chosen at
+    /// random, then mean (and std) recomputed on the kept rows (Trinity-RFT as released, PR #292,
+    /// `rec_advantage.py` `drop = "balance"`). `bernoulli`: each negative dropped independently
+    /// with probability 1 − pos/neg, the mean (and std) of all the group's rows kept (Trinity-RFT
+    /// as first written, yaochaorui/Trinity-RFT commit 8a0e9e81). Only read with `red_drop`.
+    /// Default `surplus`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub red_drop_rule: Option<RedDropRule>,
 
     // ----- policy loss, then its group of options (LOSS_OPTIONS; see PolicyLoss::options) -----
     /// Policy-gradient term. Default `ppo`.
@@ -143,15 +151,35 @@ pub struct AlgorithmConfig {
     /// Entropy bonus coefficient: the loss gets −coef·H_t per token. Default 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entropy_coef: Option<f64>,
-    /// Sampler/trainer mismatch correction, any loss: `none`, `token-truncate`, `sequence-truncate`
-    /// (weight min(ρ, C)), `token-mask`, `sequence-mask` (drop where ρ ∉ [1/C, C]), with
-    /// ρ = exp(ℓ_trainer − ℓ_sampler) and ℓ_trainer taken at the start of the step (verl's
-    /// `rollout_correction` semantics, stale rows included: [`crate::mismatch`]). Default `none`.
+    /// Off-policy sequence masking (OPSM, DeepSeek-V3.2 arXiv 2512.02556 Eq. 9; TRL's
+    /// `off_policy_mask_threshold`): a row with A < 0 whose mean per-token log-ratio
+    /// mean_t(ℓ_old − ℓ) (a k1 estimate of KL(π_behaviour ‖ π_θ), nats, with ℓ the current weights
+    /// of the training forward, detached) exceeds δ gets no policy-gradient term; it stays in the
+    /// normaliser, and its KL, entropy and regulariser terms are kept (as TRL). Any loss. Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opsm_delta: Option<f64>,
+    /// Sampler/trainer mismatch correction, any loss, on ρ = exp(ℓ_trainer − ℓ_sampler) with
+    /// ℓ_trainer taken at the start of the step (verl's `rollout_correction` semantics, stale rows
+    /// included: [`crate::mismatch`]): `none`; `token-truncate`, `sequence-truncate`,
+    /// `geometric-truncate` (weight min(ρ, C) on the token, product or geometric-mean ratio);
+    /// `token-mask`, `sequence-mask`, `geometric-mask` (weight 0 where that ratio ∉ [lo, C], else
+    /// 1); `icepop` (token weight ρ on [lo, C], else 0); `sequence-k3-mask` (a row whose mean
+    /// per-token k3 exceeds `mismatch_k3_threshold` dropped). Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mismatch_correction: Option<crate::MismatchCorrection>,
-    /// C of `mismatch_correction` (≥ 1 for the masks). Default 2 (verl's `rollout_is_threshold`).
+    /// C of `mismatch_correction`: the truncation cap, and the upper bound of the masks and of
+    /// IcePop (its authors' β = 5). Default 2 (verl's `rollout_is_threshold`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mismatch_cap: Option<f64>,
+    /// lo: lower bound of the kept ratios of `token-mask`, `sequence-mask`, `geometric-mask` and
+    /// `icepop` (IcePop's authors: α = 0.5), in (0, C]; refused with the other corrections. Unset:
+    /// 1/C (verl's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch_low: Option<f64>,
+    /// τ of `sequence-k3-mask`: the largest mean per-token k3 = ρ − 1 − log ρ a row may have (nats,
+    /// ≥ 0). Default 0.01 (verl's `bypass_ppo_clip_k3_rs` preset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch_k3_threshold: Option<f64>,
 
     // ----- aggregation and shaping -----
     /// Loss aggregation (normaliser). Default `token-mean`.
@@ -184,16 +212,17 @@ impl Default for AlgorithmConfig {
 macro_rules! required_knobs {
     ($m:ident, $($args:tt)*) => {
         $m!($($args)*; baseline, std_norm, std_level, std_eps, baseline_shift, lme_temperature,
-            exclude_zero_std, red_drop, red_drop_in_normaliser, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
+            exclude_zero_std, red_drop, red_drop_in_normaliser, red_drop_rule, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
             keep_mask, rec_weight, adv_temperature, regulariser, tau, log_ratio_clamp, kl_coef,
             kl_estimator, kl_ratio_weighted, entropy_coef, aggregation, overlong, overlong_buffer_frac,
-            overlong_penalty_factor, dynamic_sampling, mismatch_correction, mismatch_cap)
+            overlong_penalty_factor, dynamic_sampling, mismatch_correction, mismatch_cap,
+            mismatch_k3_threshold)
     };
 }
 /// The knobs that stay `Option` after resolution.
 macro_rules! optional_knobs {
     ($m:ident, $($args:tt)*) => {
-        $m!($($args)*; dual_clip, is_cap)
+        $m!($($args)*; dual_clip, is_cap, opsm_delta, mismatch_low)
     };
 }
 
@@ -211,6 +240,7 @@ impl AlgorithmConfig {
             exclude_zero_std: None,
             red_drop: None,
             red_drop_in_normaliser: None,
+            red_drop_rule: None,
             loss: None,
             clip_low: None,
             clip_high: None,
@@ -233,8 +263,11 @@ impl AlgorithmConfig {
             overlong_buffer_frac: None,
             overlong_penalty_factor: None,
             dynamic_sampling: None,
+            opsm_delta: None,
             mismatch_correction: None,
             mismatch_cap: None,
+            mismatch_low: None,
+            mismatch_k3_threshold: None,
         }
     }
 
@@ -376,6 +409,7 @@ pub struct Algorithm {
     pub exclude_zero_std: bool,
     pub red_drop: bool,
     pub red_drop_in_normaliser: bool,
+    pub red_drop_rule: RedDropRule,
     pub loss: PolicyLoss,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -398,8 +432,11 @@ pub struct Algorithm {
     pub overlong_buffer_frac: f64,
     pub overlong_penalty_factor: f64,
     pub dynamic_sampling: bool,
+    pub opsm_delta: Option<f64>,
     pub mismatch_correction: crate::MismatchCorrection,
     pub mismatch_cap: f64,
+    pub mismatch_low: Option<f64>,
+    pub mismatch_k3_threshold: f64,
 }
 
 impl Default for Algorithm {
@@ -417,6 +454,7 @@ impl Default for Algorithm {
             exclude_zero_std: true,
             red_drop: false,
             red_drop_in_normaliser: false,
+            red_drop_rule: RedDropRule::Surplus,
             loss: PolicyLoss::Ppo,
             clip_low: 0.2,
             clip_high: 0.2,
@@ -439,8 +477,11 @@ impl Default for Algorithm {
             overlong_buffer_frac: 0.2,
             overlong_penalty_factor: 1.0,
             dynamic_sampling: false,
+            opsm_delta: None,
             mismatch_correction: crate::MismatchCorrection::None,
             mismatch_cap: 2.0,
+            mismatch_low: None,
+            mismatch_k3_threshold: 0.01,
         }
     }
 }
@@ -552,24 +593,44 @@ impl Algorithm {
         positive("log_ratio_clamp", self.log_ratio_clamp)?;
         positive("mismatch_cap", self.mismatch_cap)?;
         let mc = self.mismatch_correction;
-        if matches!(
-            mc,
-            crate::MismatchCorrection::TokenMask | crate::MismatchCorrection::SequenceMask
-        ) && self.mismatch_cap < 1.0
-        {
+        if let Some(lo) = self.mismatch_low {
+            if !mc.has_lower_bound() {
+                return Err(bad(
+                    "mismatch_low",
+                    lo,
+                    "only token-mask, sequence-mask, geometric-mask and icepop have a lower bound; \
+                     remove it, or choose one of those as mismatch_correction",
+                ));
+            }
+            positive("mismatch_low", lo)?;
+            if lo > self.mismatch_cap {
+                return Err(bad(
+                    "mismatch_low",
+                    lo,
+                    &format!(
+                        "must be <= mismatch_cap = {} (the kept ratios are [mismatch_low, mismatch_cap])",
+                        self.mismatch_cap
+                    ),
+                ));
+            }
+        } else if mc.has_lower_bound() && self.mismatch_cap < 1.0 {
             return Err(bad(
                 "mismatch_cap",
                 self.mismatch_cap,
-                "must be >= 1 for a mask (the kept ratios are [1/C, C])",
+                "must be >= 1 when mismatch_low is unset (the kept ratios are then [1/C, C])",
             ));
         }
+        finite_nonneg("mismatch_k3_threshold", self.mismatch_k3_threshold)?;
         if mc.token_level() && self.loss == PolicyLoss::Gspo {
             return Err(bad(
                 "mismatch_correction",
                 "token-level",
                 "gspo's sequence ratio averages over the completion mask, which a token weight would \
-                 distort: use sequence-truncate or sequence-mask",
+                 distort: use a sequence or geometric correction, or sequence-k3-mask",
             ));
+        }
+        if let Some(d) = self.opsm_delta {
+            finite_nonneg("opsm_delta", d)?;
         }
         finite_nonneg("kl_coef", self.kl_coef)?;
         if !self.entropy_coef.is_finite() {
@@ -583,6 +644,13 @@ impl Algorithm {
             ));
         }
         finite_nonneg("overlong_penalty_factor", self.overlong_penalty_factor)?;
+        if !self.red_drop && self.red_drop_rule != RedDropRule::Surplus {
+            return Err(bad(
+                "red_drop_rule",
+                "bernoulli",
+                "it chooses RED-Drop's dropped rows: set red_drop = true, or remove it",
+            ));
+        }
         if self.red_drop && self.baseline != Baseline::Mean {
             return Err(bad(
                 "red_drop",
