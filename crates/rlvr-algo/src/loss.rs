@@ -51,6 +51,11 @@ pub struct LossInputs<'a> {
     pub entropy: Option<&'a Tensor>,
     /// Completion mask, 1 for completion tokens (a generated EOS included), 0 for padding, `[B, T]`.
     pub mask: &'a Tensor,
+    /// Per-token importance weights c_t ≥ 0 multiplying every loss term of the token, `[B, T]`
+    /// (the trainer's sampler/trainer mismatch correction, [`crate::mismatch`]); `None` = 1. They
+    /// change the loss only: the normaliser, the sequence ratios and every diagnostic (ratio
+    /// statistics, histogram, clip fractions) still see the whole completion mask.
+    pub is_weights: Option<&'a Tensor>,
     /// Per-row advantages A, `[B]` (gradients flow into it if it is a variable).
     pub advantages: &'a Tensor,
     /// Per-row normaliser weights w_i, `[B]`, from [`crate::UpdateNormaliser::rows`].
@@ -81,6 +86,9 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     }
     if let Some(e) = inp.entropy {
         check_shape(OP, "entropy", e, &[b, t])?;
+    }
+    if let Some(w) = inp.is_weights {
+        check_shape(OP, "is_weights", w, &[b, t])?;
     }
     if inp.row_weights.len() != b {
         return Err(AlgoError::Shape {
@@ -191,7 +199,11 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
 
     // Aggregate: Σ_i w_i Σ_t m_it L_it, w fixed per update before micro-batching (DESIGN §4).
     let w = Tensor::from_vec(inp.row_weights.to_vec(), b, dev)?.to_dtype(dt)?;
-    let row_sums = (per_token * &mask)?.sum(D::Minus1)?;
+    let weighted_mask = match inp.is_weights {
+        Some(c) => (&mask * c.to_dtype(dt)?.detach())?,
+        None => mask.clone(),
+    };
+    let row_sums = (per_token * &weighted_mask)?.sum(D::Minus1)?;
     let loss = (row_sums * &w)?.sum_all()?;
 
     let stats = diagnostics(&Diag {
@@ -435,7 +447,9 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
             .to_dtype(dt)?
             .reshape((b, 1))?
             .broadcast_as((b, t))?;
-    let tm = (d.mask.detach() * live)?; // trained tokens
+    // Trained tokens: completion tokens (mask not 0) of rows in the normaliser.
+    let support = d.mask.ne(0.0)?.to_dtype(dt)?;
+    let tm = (&support * live)?;
     let s = |x: &Tensor| -> Result<Tensor> { Ok((x * &tm)?.sum_all()?.to_dtype(DType::F64)?) };
     let posf = d.pos.to_dtype(dt)?;
     let negf = d.neg.to_dtype(dt)?;
@@ -470,7 +484,7 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
         .collect::<Result<_>>()?;
     let mut parts = vec![
         d.loss.detach().to_dtype(DType::F64)?,
-        d.mask.sum_all()?.to_dtype(DType::F64)?,
+        support.sum_all()?.to_dtype(DType::F64)?,
         s(&one)?,
         s(d.clipped_low)?,
         s(d.clipped_high)?,

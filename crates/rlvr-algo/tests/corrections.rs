@@ -158,6 +158,7 @@ fn reinforce(
             mask: &m,
             advantages: &av,
             row_weights: &w,
+            is_weights: None,
         },
     )
     .unwrap();

@@ -390,21 +390,23 @@ impl Trainer {
             if let Some(d) = diff.as_deref_mut() {
                 accumulate_diff(batch, &mb, &t, step, d)?;
             }
-            // The correction weights c_it ride on the mask: Σ_i w_i Σ_t m_it c_it L_it.
+            // The correction weights c_it weigh the loss: Σ_i w_i Σ_t m_it c_it L_it.
             let mut corrected = rlvr_algo::CorrectionCounts::default();
-            let mask = match start_lp {
-                Some(lp) => super::mismatch::corrected_mask(
-                    batch,
-                    &mb,
-                    &t.mask_host,
-                    lp,
-                    alg,
-                    &weights,
-                    &mut corrected,
-                )?
-                .to_dtype(t.mask.dtype())?
-                .to_device(t.mask.device())?,
-                None => t.mask.clone(),
+            let is_weights = match start_lp {
+                Some(lp) => Some(
+                    super::mismatch::corrected_mask(
+                        batch,
+                        &mb,
+                        &t.mask_host,
+                        lp,
+                        alg,
+                        &weights,
+                        &mut corrected,
+                    )?
+                    .to_dtype(t.mask.dtype())?
+                    .to_device(t.mask.device())?,
+                ),
+                None => None,
             };
             let a: Vec<f32> = mb
                 .iter()
@@ -418,7 +420,8 @@ impl Trainer {
                     logp_behaviour: &t.logp_old,
                     logp_ref: t.logp_ref.as_ref(),
                     entropy: t.entropy.as_ref(),
-                    mask: &mask,
+                    mask: &t.mask,
+                    is_weights: is_weights.as_ref(),
                     advantages: &a,
                     row_weights: &weights,
                 },
