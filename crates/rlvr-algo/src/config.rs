@@ -201,6 +201,39 @@ pub struct AlgorithmConfig {
     pub dynamic_sampling: Option<bool>,
 }
 
+/// The `[algorithm]` keys as rows of a Markdown table (`| `algorithm.KEY` | meaning |`), one per
+/// field of [`AlgorithmConfig`] in its order, generated from the fields' `///` comments (rlvr-train's
+/// README embeds them in its config reference, which a test keeps in sync).
+pub fn reference_rows() -> String {
+    let src = include_str!("config.rs");
+    let start = src
+        .find("pub struct AlgorithmConfig {")
+        .expect("AlgorithmConfig is defined here");
+    let mut out = String::new();
+    let mut doc: Vec<&str> = Vec::new();
+    for line in src[start..].lines().skip(1) {
+        let l = line.trim();
+        if l == "}" {
+            break;
+        }
+        if let Some(d) = l.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let Some((field, _)) = l.strip_prefix("pub ").and_then(|r| r.split_once(':')) {
+            if !doc.is_empty() {
+                out.push_str(&format!(
+                    "| `algorithm.{}` | {} |\n",
+                    field.trim(),
+                    doc.join(" ").replace('|', "\\|")
+                ));
+            }
+            doc.clear();
+        } else if !l.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out
+}
+
 impl Default for AlgorithmConfig {
     fn default() -> Self {
         Self::empty("grpo")

@@ -50,6 +50,7 @@ pub use advantage::{
     advantage_exp_weight, compute_advantages, overlong_penalty, shape_rewards, AdvantageStats,
     Advantages,
 };
+pub use config::reference_rows;
 pub use config::{
     Aggregation, Algorithm, AlgorithmConfig, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss,
     RecWeight, RedDropRule, Regulariser, StdLevel, StdNorm,
