@@ -293,7 +293,8 @@ fn build() -> Vec<Preset> {
         "grpo_verl",
         "GRPO as verl and Trinity-RFT ship it: sample-std whitening, PPO clip 0.2 with dual clip 3, token mean over every row",
         "arXiv 2402.03300 GRPO with verl's defaults: A = (r - mean)/(std + 1e-6), \
-         L = max(-min(rho*A, clip(rho, 0.8, 1.2)*A), ...) capped at -3*A for A < 0, sum/(all tokens)",
+         L = -min(rho*A, clip(rho, 0.8, 1.2)*A), at most -3*A when A < 0 (dual clip), \
+         summed over every token of the batch / their count",
         grpo_verl,
     );
     p(
