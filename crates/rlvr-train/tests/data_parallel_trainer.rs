@@ -305,12 +305,12 @@ fn a_group_on_two_ranks_is_refused() {
 fn zero_1_shards_the_moments_and_takes_the_same_steps() {
     let b = batch(5);
     let train = base();
-    let (one, w1) = steps(&mut trainer("grpo", &train, false), &b);
+    let (one, w1) = steps(&mut trainer("grpo", &train, plain), &b);
     for world in [2usize, 3] {
         let ranks = ThreadComm::run(world, |comm| {
             let rank = comm.rank();
             let comm = SharedComm::new(Box::new(comm));
-            let mut t = trainer("grpo", &train, false)
+            let mut t = trainer("grpo", &train, plain)
                 .data_parallel_with(comm, true)
                 .unwrap();
             assert!(t.optimizer.is_sharded());
