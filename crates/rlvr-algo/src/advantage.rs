@@ -25,14 +25,16 @@
 //!   outnumber the other rows, the surplus is dropped at random (seeded by the run seed and the group
 //!   id, so it does not depend on the layout of other groups); mean and std are recomputed on the kept
 //!   rows; dropped rows get A = 0 and leave the normaliser (or, with `red_drop_in_normaliser`, stay
-//!   in it as Trinity-RFT's rows do).
+//!   in it as Trinity-RFT's rows do). With `red_drop_rule = "bernoulli"` (Trinity-RFT as first
+//!   written) each negative is instead dropped with probability 1 − pos/neg and the group's mean and
+//!   std stay those of all its rows.
 //! - **RED-Weight** (A·exp(A/T)) is applied in the loss as the REC weight `advantage-exp`
 //!   ([`crate::RecWeight::AdvantageExp`]); [`advantage_exp_weight`] is the same function on the host.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use crate::config::{Algorithm, Baseline, Overlong, StdLevel, StdNorm};
+use crate::config::{Algorithm, Baseline, Overlong, RedDropRule, StdLevel, StdNorm};
 use crate::error::{AlgoError, Result};
 
 /// Advantages of one batch, row-aligned with the input.
@@ -58,12 +60,21 @@ pub struct AdvantageStats {
     pub null_rewards: usize,
     /// Rows dropped by RED-Drop.
     pub dropped: usize,
+    /// Rows with a scored (non-null) reward.
+    pub scored: usize,
 }
 
 impl AdvantageStats {
     /// `zero_std_frac` (DESIGN §10): share of groups with zero reward variance; `None` without groups.
     pub fn zero_std_frac(&self) -> Option<f64> {
         (self.groups > 0).then(|| self.zero_std_groups as f64 / self.groups as f64)
+    }
+
+    /// `red_drop/dropped_frac`: share of the scored rows RED-Drop dropped (A = 0); `None` without
+    /// scored rows. With equal group sizes it is the mean over groups of Trinity-RFT's
+    /// `drop_balance` metric (dropped / group size, `rec_advantage.py`).
+    pub fn dropped_frac(&self) -> Option<f64> {
+        (self.scored > 0).then(|| self.dropped as f64 / self.scored as f64)
     }
 }
 
@@ -112,6 +123,7 @@ pub fn compute_advantages<G: Hash + Eq>(
     let n = rewards.len();
     let mut stats = AdvantageStats {
         null_rewards: rewards.iter().filter(|r| r.is_none()).count(),
+        scored: rewards.iter().filter(|r| r.is_some()).count(),
         ..Default::default()
     };
 
@@ -129,16 +141,25 @@ pub fn compute_advantages<G: Hash + Eq>(
     }
     let r = |i: usize| rewards[i].expect("scored rows only");
 
-    // RED-Drop: choose the kept rows of each group.
+    // RED-Drop: choose the dropped rows of each group. `surplus` takes them out of the group's
+    // statistics too; `bernoulli` keeps the statistics of all rows (Trinity-RFT as first written).
     let mut kept = vec![false; n];
+    let mut in_stats = vec![false; n];
     for (gid_hash, rows) in &mut groups {
+        let mut dropped = Vec::new();
         if alg.red_drop && rows.len() > 1 {
-            let dropped = red_drop_choice(rows, &r, seed ^ *gid_hash);
+            dropped = match alg.red_drop_rule {
+                RedDropRule::Surplus => red_drop_choice(rows, &r, seed ^ *gid_hash),
+                RedDropRule::Bernoulli => red_drop_bernoulli(rows, &r, seed ^ *gid_hash),
+            };
             stats.dropped += dropped.len();
-            rows.retain(|i| !dropped.contains(i));
+            if alg.red_drop_rule == RedDropRule::Surplus {
+                rows.retain(|i| !dropped.contains(i));
+            }
         }
         for &i in rows.iter() {
-            kept[i] = true;
+            in_stats[i] = true;
+            kept[i] = !dropped.contains(&i);
         }
     }
 
@@ -172,7 +193,7 @@ pub fn compute_advantages<G: Hash + Eq>(
     // (whitening inside each group); none for Dr.GRPO (arXiv 2503.20783) and paper B's REINFORCE.
     let batch_std = match alg.std_level {
         StdLevel::Batch => {
-            let all: Vec<f64> = (0..n).filter(|&i| kept[i]).map(r).collect();
+            let all: Vec<f64> = (0..n).filter(|&i| in_stats[i]).map(r).collect();
             std_of(&all, alg.std_norm)
         }
         StdLevel::Group => 0.0,
@@ -259,6 +280,30 @@ fn red_drop_choice(rows: &[usize], r: &dyn Fn(usize) -> f64, seed: u64) -> Vec<u
     }
     negatives.truncate(negatives.len() - others);
     negatives
+}
+
+/// RED-Drop as first written in Trinity-RFT (yaochaorui/Trinity-RFT 8a0e9e81,
+/// `rec_advantage.py` `drop = "balance"`): with pos = rows with r ≥ mean and neg the others, each
+/// negative is dropped independently with probability 1 − pos/neg when neg > pos. The draws
+/// (SplitMix64, 53-bit uniforms in [0, 1)) go through the negatives in row order.
+fn red_drop_bernoulli(rows: &[usize], r: &dyn Fn(usize) -> f64, seed: u64) -> Vec<usize> {
+    let mean = rows.iter().map(|&i| r(i)).sum::<f64>() / rows.len() as f64;
+    let negatives: Vec<usize> = rows.iter().copied().filter(|&i| r(i) < mean).collect();
+    let pos = rows.len() - negatives.len();
+    if negatives.len() <= pos {
+        return Vec::new();
+    }
+    let p = 1.0 - pos as f64 / negatives.len() as f64;
+    let mut state = seed;
+    negatives
+        .into_iter()
+        .filter(|_| unit(splitmix64(&mut state)) < p)
+        .collect()
+}
+
+/// The top 53 bits of `x` as a uniform number in [0, 1).
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn splitmix64(state: &mut u64) -> u64 {

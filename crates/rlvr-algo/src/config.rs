@@ -21,9 +21,10 @@
 use serde::{Deserialize, Serialize};
 
 mod choices;
+mod validate;
 pub use choices::{
-    Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, Regulariser,
-    StdLevel, StdNorm, LOSS_OPTIONS,
+    Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, RedDropRule,
+    Regulariser, StdLevel, StdNorm, LOSS_OPTIONS,
 };
 
 use crate::error::{AlgoError, Result};
@@ -81,6 +82,14 @@ pub struct AlgorithmConfig {
     /// `red_drop` preset sets `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub red_drop_in_normaliser: Option<bool>,
+    /// How RED-Drop chooses the dropped rows. `surplus`: exactly the surplus negatives, chosen at
+    /// random, then mean (and std) recomputed on the kept rows (Trinity-RFT as released, PR #292,
+    /// `rec_advantage.py` `drop = "balance"`). `bernoulli`: each negative dropped independently
+    /// with probability 1 − pos/neg, the mean (and std) of all the group's rows kept (Trinity-RFT
+    /// as first written, yaochaorui/Trinity-RFT commit 8a0e9e81). Only read with `red_drop`.
+    /// Default `surplus`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub red_drop_rule: Option<RedDropRule>,
 
     // ----- policy loss, then its group of options (LOSS_OPTIONS; see PolicyLoss::options) -----
     /// Policy-gradient term. Default `ppo`.
@@ -143,15 +152,35 @@ pub struct AlgorithmConfig {
     /// Entropy bonus coefficient: the loss gets −coef·H_t per token. Default 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entropy_coef: Option<f64>,
-    /// Sampler/trainer mismatch correction, any loss: `none`, `token-truncate`, `sequence-truncate`
-    /// (weight min(ρ, C)), `token-mask`, `sequence-mask` (drop where ρ ∉ [1/C, C]), with
-    /// ρ = exp(ℓ_trainer − ℓ_sampler) and ℓ_trainer taken at the start of the step (verl's
-    /// `rollout_correction` semantics, stale rows included: [`crate::mismatch`]). Default `none`.
+    /// Off-policy sequence masking (OPSM, DeepSeek-V3.2 arXiv 2512.02556 Eq. 9; TRL's
+    /// `off_policy_mask_threshold`): a row with A < 0 whose mean per-token log-ratio
+    /// mean_t(ℓ_old − ℓ) (a k1 estimate of KL(π_behaviour ‖ π_θ), nats, with ℓ the current weights
+    /// of the training forward, detached) exceeds δ gets no policy-gradient term; it stays in the
+    /// normaliser, and its KL, entropy and regulariser terms are kept (as TRL). Any loss. Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opsm_delta: Option<f64>,
+    /// Sampler/trainer mismatch correction, any loss, on ρ = exp(ℓ_trainer − ℓ_sampler) with
+    /// ℓ_trainer taken at the start of the step (verl's `rollout_correction` semantics, stale rows
+    /// included: [`crate::mismatch`]): `none`; `token-truncate`, `sequence-truncate`,
+    /// `geometric-truncate` (weight min(ρ, C) on the token, product or geometric-mean ratio);
+    /// `token-mask`, `sequence-mask`, `geometric-mask` (weight 0 where that ratio ∉ [lo, C], else
+    /// 1); `icepop` (token weight ρ on [lo, C], else 0); `sequence-k3-mask` (a row whose mean
+    /// per-token k3 exceeds `mismatch_k3_threshold` dropped). Default `none`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mismatch_correction: Option<crate::MismatchCorrection>,
-    /// C of `mismatch_correction` (≥ 1 for the masks). Default 2 (verl's `rollout_is_threshold`).
+    /// C of `mismatch_correction`: the truncation cap, and the upper bound of the masks and of
+    /// IcePop (its authors' β = 5). Default 2 (verl's `rollout_is_threshold`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mismatch_cap: Option<f64>,
+    /// lo: lower bound of the kept ratios of `token-mask`, `sequence-mask`, `geometric-mask` and
+    /// `icepop` (IcePop's authors: α = 0.5), in (0, C]; refused with the other corrections. Unset:
+    /// 1/C (verl's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch_low: Option<f64>,
+    /// τ of `sequence-k3-mask`: the largest mean per-token k3 = ρ − 1 − log ρ a row may have (nats,
+    /// ≥ 0). Default 0.01 (verl's `bypass_ppo_clip_k3_rs` preset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mismatch_k3_threshold: Option<f64>,
 
     // ----- aggregation and shaping -----
     /// Loss aggregation (normaliser). Default `token-mean`.
@@ -173,6 +202,39 @@ pub struct AlgorithmConfig {
     pub dynamic_sampling: Option<bool>,
 }
 
+/// The `[algorithm]` keys as rows of a Markdown table (`| `algorithm.KEY` | meaning |`), one per
+/// field of [`AlgorithmConfig`] in its order, generated from the fields' `///` comments (rlvr-train's
+/// README embeds them in its config reference, which a test keeps in sync).
+pub fn reference_rows() -> String {
+    let src = include_str!("config.rs");
+    let start = src
+        .find("pub struct AlgorithmConfig {")
+        .expect("AlgorithmConfig is defined here");
+    let mut out = String::new();
+    let mut doc: Vec<&str> = Vec::new();
+    for line in src[start..].lines().skip(1) {
+        let l = line.trim();
+        if l == "}" {
+            break;
+        }
+        if let Some(d) = l.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let Some((field, _)) = l.strip_prefix("pub ").and_then(|r| r.split_once(':')) {
+            if !doc.is_empty() {
+                out.push_str(&format!(
+                    "| `algorithm.{}` | {} |\n",
+                    field.trim(),
+                    doc.join(" ").replace('|', "\\|")
+                ));
+            }
+            doc.clear();
+        } else if !l.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out
+}
+
 impl Default for AlgorithmConfig {
     fn default() -> Self {
         Self::empty("grpo")
@@ -184,16 +246,17 @@ impl Default for AlgorithmConfig {
 macro_rules! required_knobs {
     ($m:ident, $($args:tt)*) => {
         $m!($($args)*; baseline, std_norm, std_level, std_eps, baseline_shift, lme_temperature,
-            exclude_zero_std, red_drop, red_drop_in_normaliser, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
+            exclude_zero_std, red_drop, red_drop_in_normaliser, red_drop_rule, loss, clip_low, clip_high, clip_low_prime, clip_high_prime,
             keep_mask, rec_weight, adv_temperature, regulariser, tau, log_ratio_clamp, kl_coef,
             kl_estimator, kl_ratio_weighted, entropy_coef, aggregation, overlong, overlong_buffer_frac,
-            overlong_penalty_factor, dynamic_sampling, mismatch_correction, mismatch_cap)
+            overlong_penalty_factor, dynamic_sampling, mismatch_correction, mismatch_cap,
+            mismatch_k3_threshold)
     };
 }
 /// The knobs that stay `Option` after resolution.
 macro_rules! optional_knobs {
     ($m:ident, $($args:tt)*) => {
-        $m!($($args)*; dual_clip, is_cap)
+        $m!($($args)*; dual_clip, is_cap, opsm_delta, mismatch_low)
     };
 }
 
@@ -211,6 +274,7 @@ impl AlgorithmConfig {
             exclude_zero_std: None,
             red_drop: None,
             red_drop_in_normaliser: None,
+            red_drop_rule: None,
             loss: None,
             clip_low: None,
             clip_high: None,
@@ -233,8 +297,11 @@ impl AlgorithmConfig {
             overlong_buffer_frac: None,
             overlong_penalty_factor: None,
             dynamic_sampling: None,
+            opsm_delta: None,
             mismatch_correction: None,
             mismatch_cap: None,
+            mismatch_low: None,
+            mismatch_k3_threshold: None,
         }
     }
 
@@ -376,6 +443,7 @@ pub struct Algorithm {
     pub exclude_zero_std: bool,
     pub red_drop: bool,
     pub red_drop_in_normaliser: bool,
+    pub red_drop_rule: RedDropRule,
     pub loss: PolicyLoss,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -398,8 +466,11 @@ pub struct Algorithm {
     pub overlong_buffer_frac: f64,
     pub overlong_penalty_factor: f64,
     pub dynamic_sampling: bool,
+    pub opsm_delta: Option<f64>,
     pub mismatch_correction: crate::MismatchCorrection,
     pub mismatch_cap: f64,
+    pub mismatch_low: Option<f64>,
+    pub mismatch_k3_threshold: f64,
 }
 
 impl Default for Algorithm {
@@ -417,6 +488,7 @@ impl Default for Algorithm {
             exclude_zero_std: true,
             red_drop: false,
             red_drop_in_normaliser: false,
+            red_drop_rule: RedDropRule::Surplus,
             loss: PolicyLoss::Ppo,
             clip_low: 0.2,
             clip_high: 0.2,
@@ -439,8 +511,11 @@ impl Default for Algorithm {
             overlong_buffer_frac: 0.2,
             overlong_penalty_factor: 1.0,
             dynamic_sampling: false,
+            opsm_delta: None,
             mismatch_correction: crate::MismatchCorrection::None,
             mismatch_cap: 2.0,
+            mismatch_low: None,
+            mismatch_k3_threshold: 0.01,
         }
     }
 }
@@ -476,120 +551,5 @@ impl Algorithm {
     /// Whether the loss needs per-token entropies (`entropy_coef` ≠ 0).
     pub fn needs_entropy(&self) -> bool {
         self.entropy_coef != 0.0
-    }
-
-    // One check per key, each with its own message naming the key and the accepted range, so every
-    // rule on a key is found in one place.
-    fn validate(&self) -> Result<()> {
-        fn bad(key: &'static str, value: impl std::fmt::Display, why: &str) -> AlgoError {
-            AlgoError::InvalidConfig {
-                key,
-                value: value.to_string(),
-                why: why.to_string(),
-            }
-        }
-        let finite_nonneg = |key: &'static str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(bad(key, v, "must be finite and >= 0"))
-            }
-        };
-        let positive = |key: &'static str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(bad(key, v, "must be finite and > 0"))
-            }
-        };
-        finite_nonneg("std_eps", self.std_eps)?;
-        if !self.baseline_shift.is_finite() {
-            return Err(bad("baseline_shift", self.baseline_shift, "must be finite"));
-        }
-        positive("lme_temperature", self.lme_temperature)?;
-        if !(self.clip_low.is_finite() && (0.0..1.0).contains(&self.clip_low)) {
-            return Err(bad(
-                "clip_low",
-                self.clip_low,
-                "must be in [0, 1) so that 1 - clip_low > 0",
-            ));
-        }
-        finite_nonneg("clip_high", self.clip_high)?;
-        if !(self.clip_low_prime >= self.clip_low && self.clip_low_prime <= 1.0) {
-            return Err(bad(
-                "clip_low_prime",
-                self.clip_low_prime,
-                &format!(
-                    "must be in [clip_low = {}, 1] (ring keep-mask)",
-                    self.clip_low
-                ),
-            ));
-        }
-        if !(self.clip_high_prime.is_finite() && self.clip_high_prime >= self.clip_high) {
-            return Err(bad(
-                "clip_high_prime",
-                self.clip_high_prime,
-                &format!(
-                    "must be finite and >= clip_high = {} (ring keep-mask)",
-                    self.clip_high
-                ),
-            ));
-        }
-        if let Some(c) = self.dual_clip {
-            if !(c.is_finite() && c > 1.0) {
-                return Err(bad(
-                    "dual_clip",
-                    c,
-                    "must be finite and > 1 (typical: 3); unset it to disable",
-                ));
-            }
-        }
-        if let Some(c) = self.is_cap {
-            positive("is_cap", c)?;
-        }
-        positive("adv_temperature", self.adv_temperature)?;
-        finite_nonneg("tau", self.tau)?;
-        positive("log_ratio_clamp", self.log_ratio_clamp)?;
-        positive("mismatch_cap", self.mismatch_cap)?;
-        let mc = self.mismatch_correction;
-        if matches!(
-            mc,
-            crate::MismatchCorrection::TokenMask | crate::MismatchCorrection::SequenceMask
-        ) && self.mismatch_cap < 1.0
-        {
-            return Err(bad(
-                "mismatch_cap",
-                self.mismatch_cap,
-                "must be >= 1 for a mask (the kept ratios are [1/C, C])",
-            ));
-        }
-        if mc.token_level() && self.loss == PolicyLoss::Gspo {
-            return Err(bad(
-                "mismatch_correction",
-                "token-level",
-                "gspo's sequence ratio averages over the completion mask, which a token weight would \
-                 distort: use sequence-truncate or sequence-mask",
-            ));
-        }
-        finite_nonneg("kl_coef", self.kl_coef)?;
-        if !self.entropy_coef.is_finite() {
-            return Err(bad("entropy_coef", self.entropy_coef, "must be finite"));
-        }
-        if !(self.overlong_buffer_frac > 0.0 && self.overlong_buffer_frac <= 1.0) {
-            return Err(bad(
-                "overlong_buffer_frac",
-                self.overlong_buffer_frac,
-                "must be in (0, 1]",
-            ));
-        }
-        finite_nonneg("overlong_penalty_factor", self.overlong_penalty_factor)?;
-        if self.red_drop && self.baseline != Baseline::Mean {
-            return Err(bad(
-                "red_drop",
-                true,
-                "RED-Drop recomputes the group mean on the kept rows: it needs `baseline = \"mean\"`",
-            ));
-        }
-        Ok(())
     }
 }

@@ -50,17 +50,21 @@ pub use advantage::{
     advantage_exp_weight, compute_advantages, overlong_penalty, shape_rewards, AdvantageStats,
     Advantages,
 };
+pub use config::reference_rows;
 pub use config::{
     Aggregation, Algorithm, AlgorithmConfig, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss,
-    RecWeight, Regulariser, StdLevel, StdNorm,
+    RecWeight, RedDropRule, Regulariser, StdLevel, StdNorm,
 };
 pub use error::{AlgoError, Result};
 pub use kl::{kl_estimate, kl_estimate_f64};
 pub use loss::{policy_loss, LossInputs};
-pub use metrics::{LossMetrics, LossStats};
+pub use metrics::{
+    ratio_bucket, ratio_bucket_label, CorrectionCounts, LossMetrics, LossStats, RATIO_BUCKETS,
+    RATIO_HIST_EDGES,
+};
 pub use mismatch::{
-    correction_weights, mismatch_stats, IsCorrection, IsLevel, MismatchCorrection, MismatchRow,
-    MismatchStats, MismatchSums,
+    correct, correction_weights, mismatch_stats, Corrected, IsCorrection, IsLevel,
+    MismatchCorrection, MismatchRow, MismatchStats, MismatchSums,
 };
 pub use normaliser::{RowInfo, UpdateNormaliser};
 pub use presets::{find_preset, presets, print_algorithms, Preset};

@@ -16,6 +16,9 @@
 //! reinforce  −A·ℓ
 //! ```
 //!
+//! With `opsm_delta` = δ the PG term of a row with A < 0 and mean_t(ℓ_old − ℓ) > δ is removed
+//! (off-policy sequence masking, DeepSeek-V3.2 arXiv 2512.02556 Eq. 9, as TRL applies it).
+//!
 //! plus the regulariser (OPMD +τx², AsymRE −τℓ), β·k(ℓ_ref − ℓ) (optionally ·ρ̄), and −c_H·H. The
 //! scalar is Σ_i w_i Σ_t m_it L_it with w from [`crate::UpdateNormaliser`]. Clip decisions are
 //! taken on detached values and applied with `where_cond`, so a clipped token has exactly zero
@@ -30,7 +33,7 @@ use candle_core::{DType, Tensor, D};
 use crate::config::{Algorithm, KeepMask, PolicyLoss, RecWeight, Regulariser};
 use crate::error::{AlgoError, Result};
 use crate::kl::kl_estimate;
-use crate::metrics::LossStats;
+use crate::metrics::{LossStats, RATIO_BUCKETS, RATIO_HIST_EDGES};
 
 /// Inputs of one micro-batch. All per-token tensors are `[B, T]` (B rows of the micro-batch, T padded
 /// completion length), on `logp`'s device (any float dtype; they are cast to the compute dtype);
@@ -48,6 +51,11 @@ pub struct LossInputs<'a> {
     pub entropy: Option<&'a Tensor>,
     /// Completion mask, 1 for completion tokens (a generated EOS included), 0 for padding, `[B, T]`.
     pub mask: &'a Tensor,
+    /// Per-token importance weights c_t ≥ 0 multiplying every loss term of the token, `[B, T]`
+    /// (the trainer's sampler/trainer mismatch correction, [`crate::mismatch`]); `None` = 1. They
+    /// change the loss only: the normaliser, the sequence ratios and every diagnostic (ratio
+    /// statistics, histogram, clip fractions) still see the whole completion mask.
+    pub is_weights: Option<&'a Tensor>,
     /// Per-row advantages A, `[B]` (gradients flow into it if it is a variable).
     pub advantages: &'a Tensor,
     /// Per-row normaliser weights w_i, `[B]`, from [`crate::UpdateNormaliser::rows`].
@@ -78,6 +86,9 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     }
     if let Some(e) = inp.entropy {
         check_shape(OP, "entropy", e, &[b, t])?;
+    }
+    if let Some(w) = inp.is_weights {
+        check_shape(OP, "is_weights", w, &[b, t])?;
     }
     if inp.row_weights.len() != b {
         return Err(AlgoError::Shape {
@@ -138,8 +149,26 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     let neg = adv_d.lt(0.0)?;
     let pg = pg_term(alg, &logp, &x, &mask, &adv, &ratio_w, &ratio_d, &pos, &neg)?;
 
+    // Off-policy sequence masking (DeepSeek-V3.2, arXiv 2512.02556 Eq. 9; TRL's
+    // `get_off_policy_mask`): a row with A < 0 whose mean_t(ℓ_old − ℓ) exceeds δ loses its PG term
+    // (ℓ detached, the current weights; x is 0 on padding). Its other terms and its place in the
+    // normaliser stay.
+    let opsm_drop = match alg.opsm_delta {
+        Some(delta) => {
+            let n = mask.sum_keepdim(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
+            let kl = (x.detach().neg()?.sum_keepdim(D::Minus1)? / n)?;
+            let far = kl.gt(delta)?.to_dtype(dt)?.broadcast_as((b, t))?;
+            Some((far * neg.to_dtype(dt)?)?)
+        }
+        None => None,
+    };
+    let pg_loss = match &opsm_drop {
+        Some(d) => (pg.loss * (d.ones_like()? - d)?)?,
+        None => pg.loss,
+    };
+
     // Regulariser, KL, entropy.
-    let mut per_token = pg.loss;
+    let mut per_token = pg_loss;
     // Paper B's REP regularisers (arXiv 2509.24203; DESIGN §4): OPMD +τ·(ℓ − ℓ_old)² (Kimi k1.5,
     // arXiv 2501.12599, with Trinity-RFT's convention), AsymRE −τ·ℓ.
     match alg.regulariser {
@@ -170,7 +199,11 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
 
     // Aggregate: Σ_i w_i Σ_t m_it L_it, w fixed per update before micro-batching (DESIGN §4).
     let w = Tensor::from_vec(inp.row_weights.to_vec(), b, dev)?.to_dtype(dt)?;
-    let row_sums = (per_token * &mask)?.sum(D::Minus1)?;
+    let weighted_mask = match inp.is_weights {
+        Some(c) => (&mask * c.to_dtype(dt)?.detach())?,
+        None => mask.clone(),
+    };
+    let row_sums = (per_token * &weighted_mask)?.sum(D::Minus1)?;
     let loss = (row_sums * &w)?.sum_all()?;
 
     let stats = diagnostics(&Diag {
@@ -184,6 +217,7 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
         clipped_high: &pg.clipped_high,
         kl_ref: kl_ref_value.as_ref(),
         entropy: entropy.as_ref().map(|e| e.detach()).as_ref(),
+        opsm_drop: opsm_drop.as_ref(),
         loss: &loss,
     })?;
     Ok((loss, stats))
@@ -400,6 +434,7 @@ struct Diag<'a> {
     clipped_high: &'a Tensor,
     kl_ref: Option<&'a Tensor>,
     entropy: Option<&'a Tensor>,
+    opsm_drop: Option<&'a Tensor>,
     loss: &'a Tensor,
 }
 
@@ -412,7 +447,9 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
             .to_dtype(dt)?
             .reshape((b, 1))?
             .broadcast_as((b, t))?;
-    let tm = (d.mask.detach() * live)?; // trained tokens
+    // Trained tokens: completion tokens (mask not 0) of rows in the normaliser.
+    let support = d.mask.ne(0.0)?.to_dtype(dt)?;
+    let tm = (&support * live)?;
     let s = |x: &Tensor| -> Result<Tensor> { Ok((x * &tm)?.sum_all()?.to_dtype(DType::F64)?) };
     let posf = d.pos.to_dtype(dt)?;
     let negf = d.neg.to_dtype(dt)?;
@@ -428,9 +465,26 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     let one = tm.ones_like()?;
     let kl_b = ((d.ratio_d - 1.0)? - d.x_d)?;
     let zero = Tensor::zeros((), DType::F64, d.mask.device())?;
-    let parts = vec![
+    // Rows with trained tokens, and (OPSM) tokens and rows it masked.
+    let rows = |x: &Tensor| -> Result<Tensor> {
+        Ok((x * &tm)?
+            .sum(D::Minus1)?
+            .gt(0.0)?
+            .to_dtype(DType::F64)?
+            .sum_all()?)
+    };
+    let opsm = match d.opsm_drop {
+        Some(o) => vec![s(o)?, rows(&one)?, rows(o)?],
+        None => vec![zero.clone(), zero.clone(), zero.clone()],
+    };
+    // Ratio histogram: tokens with log ρ̄ ≥ each edge.
+    let at_least: Vec<Tensor> = RATIO_HIST_EDGES
+        .iter()
+        .map(|&e| s(&d.x_d.ge(e)?.to_dtype(dt)?))
+        .collect::<Result<_>>()?;
+    let mut parts = vec![
         d.loss.detach().to_dtype(DType::F64)?,
-        d.mask.sum_all()?.to_dtype(DType::F64)?,
+        support.sum_all()?.to_dtype(DType::F64)?,
         s(&one)?,
         s(d.clipped_low)?,
         s(d.clipped_high)?,
@@ -446,8 +500,24 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
         d.kl_ref.map(&s).transpose()?.unwrap_or(zero.clone()),
         d.entropy.map(&s).transpose()?.unwrap_or(zero),
     ];
+    parts.extend(opsm);
+    parts.extend(at_least);
     let v = Tensor::stack(&parts, 0)?.to_vec1::<f64>()?;
     let tokens = v[2];
+    let mut opsm = crate::metrics::CorrectionCounts::default();
+    if d.opsm_drop.is_some() {
+        opsm.tokens = tokens;
+        opsm.masked_tokens = v[16];
+        opsm.rows = v[17];
+        opsm.masked_rows = v[18];
+    }
+    let ge = &v[19..];
+    let mut ratio_hist = [0.0; RATIO_BUCKETS];
+    ratio_hist[0] = tokens - ge[0];
+    for k in 1..RATIO_HIST_EDGES.len() {
+        ratio_hist[k] = ge[k - 1] - ge[k];
+    }
+    ratio_hist[RATIO_HIST_EDGES.len()] = ge[RATIO_HIST_EDGES.len() - 1];
     Ok(LossStats {
         loss: v[0],
         tokens_total: v[1],
@@ -471,5 +541,8 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
         kl_ref_tokens: if d.kl_ref.is_some() { tokens } else { 0.0 },
         entropy_sum: v[15],
         entropy_tokens: if d.entropy.is_some() { tokens } else { 0.0 },
+        ratio_hist,
+        mismatch: crate::metrics::CorrectionCounts::default(),
+        opsm,
     })
 }

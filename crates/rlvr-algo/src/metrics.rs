@@ -3,6 +3,132 @@
 
 use crate::advantage::AdvantageStats;
 
+/// Edges of the ratio histograms, in log-ratio (nats): log ρ = ±10^k for k = −4..1, so that the
+/// buckets are log-spaced in |log ρ| on each side of ρ = 1. Bucket 0 is log ρ < −10, bucket k
+/// (1 ≤ k ≤ 11) is `EDGES[k−1] ≤ log ρ < EDGES[k]`, bucket 12 is log ρ ≥ 10; bucket 6,
+/// |log ρ| < 1e-4 (−1e-4 included), is "ρ = 1 within 0.01%".
+pub const RATIO_HIST_EDGES: [f64; 12] = [
+    -10.0, -1.0, -0.1, -0.01, -1e-3, -1e-4, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0,
+];
+
+/// Number of buckets of a ratio histogram (`RATIO_HIST_EDGES.len() + 1`).
+pub const RATIO_BUCKETS: usize = RATIO_HIST_EDGES.len() + 1;
+
+/// The bucket of [`RATIO_HIST_EDGES`] that log-ratio `x` (nats) falls in: the number of edges
+/// ≤ x. NaN falls in bucket 0.
+pub fn ratio_bucket(x: f64) -> usize {
+    RATIO_HIST_EDGES.iter().take_while(|&&e| x >= e).count()
+}
+
+/// A human label of bucket `k` of [`RATIO_HIST_EDGES`] in log ρ (`"log ρ < -10"`, `"[-1, -0.1)"`,
+/// `"|log ρ| < 1e-4"`, `"≥ 10"`), for figures.
+pub fn ratio_bucket_label(k: usize) -> String {
+    let e = |i: usize| {
+        let v = RATIO_HIST_EDGES[i];
+        if v.abs() < 0.01 {
+            format!("{v:.0e}")
+        } else {
+            format!("{v}")
+        }
+    };
+    let n = RATIO_HIST_EDGES.len();
+    if k == 0 {
+        format!("log ρ < {}", e(0))
+    } else if k >= n {
+        format!("log ρ ≥ {}", e(n - 1))
+    } else if RATIO_HIST_EDGES[k - 1] < 0.0 && RATIO_HIST_EDGES[k] > 0.0 {
+        format!("|log ρ| < {}", e(k))
+    } else {
+        format!("[{}, {})", e(k - 1), e(k))
+    }
+}
+
+/// What one correction (the sampler/trainer mismatch correction, or OPSM) did to the trained tokens
+/// of one or more micro-batches. Counts in completion tokens and rows of rows in the normaliser;
+/// summed over micro-batches, updates and data-parallel ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CorrectionCounts {
+    /// Tokens the correction looked at.
+    pub tokens: f64,
+    /// Of those, tokens whose weight it set to 0.
+    pub masked_tokens: f64,
+    /// Of those, tokens whose weight it capped (truncated IS).
+    pub truncated_tokens: f64,
+    /// Rows (with at least one token) it looked at.
+    pub rows: f64,
+    /// Rows with at least one masked token (verl's `rollout_rs_seq_masked_fraction`).
+    pub masked_rows: f64,
+    /// Rows with at least one truncated token.
+    pub truncated_rows: f64,
+}
+
+impl CorrectionCounts {
+    /// Adds one row of `tokens` tokens of which `masked` were masked and `truncated` truncated.
+    pub fn add_row(&mut self, tokens: usize, masked: usize, truncated: usize) {
+        if tokens == 0 {
+            return;
+        }
+        self.tokens += tokens as f64;
+        self.masked_tokens += masked as f64;
+        self.truncated_tokens += truncated as f64;
+        self.rows += 1.0;
+        self.masked_rows += f64::from(u8::from(masked > 0));
+        self.truncated_rows += f64::from(u8::from(truncated > 0));
+    }
+
+    /// Adds `other`'s counts.
+    pub fn merge(&mut self, other: &CorrectionCounts) {
+        for (a, b) in self.as_array_mut().into_iter().zip(other.as_array()) {
+            *a += b;
+        }
+    }
+
+    fn as_array(&self) -> [f64; 6] {
+        [
+            self.tokens,
+            self.masked_tokens,
+            self.truncated_tokens,
+            self.rows,
+            self.masked_rows,
+            self.truncated_rows,
+        ]
+    }
+
+    fn as_array_mut(&mut self) -> [&mut f64; 6] {
+        [
+            &mut self.tokens,
+            &mut self.masked_tokens,
+            &mut self.truncated_tokens,
+            &mut self.rows,
+            &mut self.masked_rows,
+            &mut self.truncated_rows,
+        ]
+    }
+
+    fn from_array(a: [f64; 6]) -> Self {
+        CorrectionCounts {
+            tokens: a[0],
+            masked_tokens: a[1],
+            truncated_tokens: a[2],
+            rows: a[3],
+            masked_rows: a[4],
+            truncated_rows: a[5],
+        }
+    }
+
+    /// `(masked token share, masked row share, truncated token share, truncated row share)`, each
+    /// `None` when nothing was looked at.
+    pub fn fractions(&self) -> [Option<f64>; 4] {
+        let frac = |num: f64, den: f64| (den > 0.0).then(|| num / den);
+        [
+            frac(self.masked_tokens, self.tokens),
+            frac(self.masked_rows, self.rows),
+            frac(self.truncated_tokens, self.tokens),
+            frac(self.truncated_rows, self.rows),
+        ]
+    }
+}
+
 /// Additive sums behind the loss metrics of one or more micro-batches. Counts are in completion tokens
 /// of rows that are in the normaliser ("trained tokens") unless said otherwise. Merge with
 /// [`LossStats::merge`]; finish with [`LossStats::finalise`].
@@ -45,6 +171,13 @@ pub struct LossStats {
     pub entropy_sum: f64,
     /// Trained tokens that had entropies.
     pub entropy_tokens: f64,
+    /// Histogram of the trained tokens' log-ratio log ρ̄ = clamped ℓ − ℓ_old over
+    /// [`RATIO_HIST_EDGES`] (token counts).
+    pub ratio_hist: [f64; RATIO_BUCKETS],
+    /// What `algorithm.mismatch_correction` did (filled by the trainer, which applies it).
+    pub mismatch: CorrectionCounts,
+    /// What `algorithm.opsm_delta` did (rows whose PG term it removed; their tokens as masked).
+    pub opsm: CorrectionCounts,
 }
 
 impl Default for LossStats {
@@ -68,6 +201,9 @@ impl Default for LossStats {
             kl_ref_tokens: 0.0,
             entropy_sum: 0.0,
             entropy_tokens: 0.0,
+            ratio_hist: [0.0; RATIO_BUCKETS],
+            mismatch: CorrectionCounts::default(),
+            opsm: CorrectionCounts::default(),
         }
     }
 }
@@ -105,6 +241,12 @@ pub struct LossMetrics {
     pub masked_frac: Option<f64>,
     /// `zero_std_frac`: share of zero-variance groups (from the advantages).
     pub zero_std_frac: Option<f64>,
+    /// `hist/ratio`: token counts of log ρ̄ over [`RATIO_HIST_EDGES`] (summed over the updates).
+    pub ratio_hist: [f64; RATIO_BUCKETS],
+    /// What the mismatch correction did (`mismatch/*` fractions).
+    pub mismatch: CorrectionCounts,
+    /// What OPSM did (`opsm/*` fractions).
+    pub opsm: CorrectionCounts,
 }
 
 impl LossStats {
@@ -128,6 +270,80 @@ impl LossStats {
         self.kl_ref_tokens += other.kl_ref_tokens;
         self.entropy_sum += other.entropy_sum;
         self.entropy_tokens += other.entropy_tokens;
+        for (a, b) in self.ratio_hist.iter_mut().zip(other.ratio_hist) {
+            *a += b;
+        }
+        self.mismatch.merge(&other.mismatch);
+        self.opsm.merge(&other.opsm);
+    }
+
+    /// Every additive field, in a fixed order, for a sum across processes (data-parallel training);
+    /// [`LossStats::from_sums`] rebuilds the struct from the summed vector and the reduced
+    /// [`LossStats::extrema`]. The one list of the fields that add, kept beside the struct.
+    pub fn to_sums(&self) -> Vec<f64> {
+        let mut v = vec![
+            self.loss,
+            self.tokens_total,
+            self.tokens,
+            self.clipped_low,
+            self.clipped_high,
+            self.pos_tokens,
+            self.clipped_pos,
+            self.neg_tokens,
+            self.clipped_neg,
+            self.ratio_sum,
+            self.ratio_sq_sum,
+            self.kl_behaviour_sum,
+            self.kl_ref_sum,
+            self.kl_ref_tokens,
+            self.entropy_sum,
+            self.entropy_tokens,
+        ];
+        v.extend_from_slice(&self.ratio_hist);
+        v.extend_from_slice(&self.mismatch.as_array());
+        v.extend_from_slice(&self.opsm.as_array());
+        v
+    }
+
+    /// The fields that reduce by a maximum: `[ratio_max, −ratio_min]` (reduce both with max).
+    pub fn extrema(&self) -> [f64; 2] {
+        [self.ratio_max, -self.ratio_min]
+    }
+
+    /// The stats whose [`LossStats::to_sums`] and [`LossStats::extrema`] are `sums` and `extrema`.
+    ///
+    /// # Panics
+    /// When `sums` is not as long as [`LossStats::to_sums`]'s vector.
+    pub fn from_sums(sums: &[f64], extrema: [f64; 2]) -> LossStats {
+        let n = LossStats::default().to_sums().len();
+        assert_eq!(sums.len(), n, "LossStats::from_sums takes {n} sums");
+        let mut ratio_hist = [0.0; RATIO_BUCKETS];
+        ratio_hist.copy_from_slice(&sums[16..16 + RATIO_BUCKETS]);
+        let at = 16 + RATIO_BUCKETS;
+        let six = |k: usize| -> [f64; 6] { sums[k..k + 6].try_into().expect("six sums") };
+        LossStats {
+            loss: sums[0],
+            tokens_total: sums[1],
+            tokens: sums[2],
+            clipped_low: sums[3],
+            clipped_high: sums[4],
+            pos_tokens: sums[5],
+            clipped_pos: sums[6],
+            neg_tokens: sums[7],
+            clipped_neg: sums[8],
+            ratio_sum: sums[9],
+            ratio_sq_sum: sums[10],
+            ratio_min: -extrema[1],
+            ratio_max: extrema[0],
+            kl_behaviour_sum: sums[11],
+            kl_ref_sum: sums[12],
+            kl_ref_tokens: sums[13],
+            entropy_sum: sums[14],
+            entropy_tokens: sums[15],
+            ratio_hist,
+            mismatch: CorrectionCounts::from_array(six(at)),
+            opsm: CorrectionCounts::from_array(six(at + 6)),
+        }
     }
 
     /// Metric values; `adv` supplies `zero_std_frac` when given.
@@ -150,6 +366,9 @@ impl LossStats {
             ess: frac(self.ratio_sum * self.ratio_sum, n * self.ratio_sq_sum),
             masked_frac: frac(self.tokens_total - self.tokens, self.tokens_total),
             zero_std_frac: adv.and_then(|a| a.zero_std_frac()),
+            ratio_hist: self.ratio_hist,
+            mismatch: self.mismatch,
+            opsm: self.opsm,
         }
     }
 }

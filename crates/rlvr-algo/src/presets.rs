@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 
 use crate::config::{
     Aggregation as Ag, AlgorithmConfig, Baseline, KeepMask, Overlong, PolicyLoss as L, RecWeight,
-    Regulariser, StdLevel, StdNorm,
+    RedDropRule, Regulariser, StdLevel, StdNorm,
 };
 use crate::error::{AlgoError, Result};
 
@@ -23,6 +23,9 @@ pub struct Preset {
     pub description: &'static str,
     /// Paper (arXiv id) and the equation the preset implements, written out.
     pub reference: &'static str,
+    /// The code the preset's values follow (repository, file, commit where it matters), or that
+    /// no peer's code was compared.
+    pub follows: &'static str,
     /// The knobs the preset sets (`preset` field empty); all others keep their defaults.
     pub values: AlgorithmConfig,
 }
@@ -101,6 +104,7 @@ fn build() -> Vec<Preset> {
             name,
             description,
             reference,
+            follows: follows(name),
             values,
         })
     };
@@ -233,7 +237,19 @@ fn build() -> Vec<Preset> {
         "RED-Drop: drop surplus negatives per group at random, centre on the kept rows (no std)",
         "arXiv 2509.24203 RED-Drop, as its Trinity-RFT recipe: balance negatives (r < mean), \
          A = r - mean_kept; dropped rows A = 0, still in the token mean",
-        red_drop,
+        red_drop.clone(),
+    );
+    // Trinity-RFT's RED-Drop as first written (yaochaorui/Trinity-RFT 8a0e9e81,
+    // `rec_advantage.py`): each negative dropped with probability 1 - pos/neg, the group mean of all
+    // rows kept; dropped rows A = 0 in the batch (token mean over every row).
+    let mut red_drop_bernoulli = red_drop.clone();
+    red_drop_bernoulli.red_drop_rule = Some(RedDropRule::Bernoulli);
+    p(
+        "red_drop_bernoulli",
+        "RED-Drop as first written in Trinity-RFT: each negative dropped with probability 1 - pos/neg, mean not recomputed",
+        "arXiv 2509.24203 RED-Drop, Trinity-RFT's first code: drop each r < mean with p = 1 - pos/neg, \
+         A = r - mean_all (no std); dropped rows A = 0, still in the token mean",
+        red_drop_bernoulli,
     );
     let mut red_weight = rec(
         KeepMask::None,
@@ -265,6 +281,21 @@ fn build() -> Vec<Preset> {
             0.2,
             Ag::TokenMean,
         ),
+    );
+    // GRPO as verl and Trinity-RFT ship it: verl `compute_grpo_outcome_advantage` (torch.std,
+    // epsilon 1e-6) and actor defaults (clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode
+    // token-mean); Trinity-RFT `grpo_advantage.py` and `ppo_policy_loss.py` (clip_ratio_c 3.0,
+    // token-mean). Their token mean runs over every row: zero-variance groups stay in it.
+    let mut grpo_verl = ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::TokenMean);
+    grpo_verl.dual_clip = Some(3.0);
+    grpo_verl.exclude_zero_std = Some(false);
+    p(
+        "grpo_verl",
+        "GRPO as verl and Trinity-RFT ship it: sample-std whitening, PPO clip 0.2 with dual clip 3, token mean over every row",
+        "arXiv 2402.03300 GRPO with verl's defaults: A = (r - mean)/(std + 1e-6), \
+         L = -min(rho*A, clip(rho, 0.8, 1.2)*A), at most -3*A when A < 0 (dual clip), \
+         summed over every token of the batch / their count",
+        grpo_verl,
     );
     p(
         "dr_grpo",
@@ -310,6 +341,48 @@ fn build() -> Vec<Preset> {
     v
 }
 
+/// The code each preset follows ([`Preset::follows`]), by name: a peer's file (and commit where
+/// it changed), or the paper alone where no code was compared.
+fn follows(name: &str) -> &'static str {
+    const TRINITY_REC: &str =
+        "Trinity-RFT trinity/algorithm/policy_loss_fn/rec_policy_loss.py and \
+        advantage_fn/rec_advantage.py, recipe examples/rec_gsm8k/README.md (PR #292, f777fb22)";
+    match name {
+        "grpo" => {
+            "TRL GRPOTrainer loss_type=\"grpo\" (per-sequence token mean, torch.std); \
+                   zero-variance groups out of the normaliser (rlvr's default, DESIGN §5)"
+        }
+        "off_policy_grpo" => "grpo's code with sync.interval > 1; paper A's own code was not found",
+        "reinforce" | "rec_oneside_nois" | "rec_oneside_is" | "rec_twoside_nois"
+        | "rec_twoside_is" | "rec_ring_nois" | "rec_ring_is" | "opmd" | "asymre" | "red_weight"
+        | "grpo_rec" => TRINITY_REC,
+        "rec_gspo_nois" | "rec_gspo_is" => {
+            "Trinity-RFT rec_policy_loss.py clip_mode=\"gspo-one-side\", weight \
+                   \"gspo_importance_sampling\" (yanxi-chen/Trinity-RFT 9051d637)"
+        }
+        "red_drop" => {
+            "Trinity-RFT rec_advantage.py drop=\"balance\" as released (PR #292, f777fb22): \
+                   exactly the surplus negatives dropped, mean recomputed on the kept rows"
+        }
+        "red_drop_bernoulli" => {
+            "Trinity-RFT rec_advantage.py drop=\"balance\" as first written \
+                   (yaochaorui/Trinity-RFT 8a0e9e81, 2025-09-12)"
+        }
+        "grpo_verl" => {
+            "verl trainer/ppo/core_algos.py compute_grpo_outcome_advantage and \
+                   compute_policy_loss_vanilla with actor.yaml defaults (b178a3cd); Trinity-RFT \
+                   grpo_advantage.py and ppo_policy_loss.py defaults"
+        }
+        "gspo" => "TRL GRPOTrainer importance_sampling_level=\"sequence\" (mean log-ratio per row)",
+        "cispo" => {
+            "TRL GRPOTrainer loss_type=\"cispo\" (there epsilon_high is the absolute cap; \
+                   here the cap is 1 + clip_high)"
+        }
+        "dr_grpo" | "dapo" => "the paper's objective; no peer code compared",
+        _ => "the paper's objective; no peer code compared",
+    }
+}
+
 static PRESETS: LazyLock<Vec<Preset>> = LazyLock::new(build);
 
 /// All presets, in DESIGN §4's order.
@@ -349,8 +422,8 @@ pub fn print_algorithms(out: &mut dyn Write) -> std::io::Result<()> {
     for p in presets() {
         writeln!(
             out,
-            "{}\n  {}\n  ref: {}",
-            p.name, p.description, p.reference
+            "{}\n  {}\n  ref: {}\n  follows: {}",
+            p.name, p.description, p.reference, p.follows
         )?;
         for (k, v) in p.values.set_values() {
             writeln!(out, "    {k} = {v}")?;

@@ -111,6 +111,7 @@ fn grad_split(
                 mask: &m_mb,
                 advantages: &a_mb,
                 row_weights: &w,
+                is_weights: None,
             },
         )
         .unwrap();
@@ -422,6 +423,7 @@ fn full(a: &Algorithm, bt: &Batch) -> (f64, Vec<f64>) {
             mask: &mask,
             advantages: &adv,
             row_weights: &w,
+            is_weights: None,
         },
     )
     .unwrap();
@@ -587,6 +589,7 @@ fn tiny(a: &Algorithm, logp: &[f64], old: &[f64], adv: &[f64]) -> LossStats {
         mask: &m,
         advantages: &av,
         row_weights: &w,
+        is_weights: None,
     };
     policy_loss(a, &inputs).unwrap().1
 }
@@ -682,6 +685,7 @@ fn padding_may_hold_anything() {
             mask: &mask,
             advantages: &adv,
             row_weights: &[0.5, 0.5],
+            is_weights: None,
         };
         let (loss, st) = policy_loss(&a, &inputs).unwrap();
         assert!(loss.to_scalar::<f64>().unwrap().is_finite(), "{preset}");
@@ -716,6 +720,7 @@ fn shape_and_input_errors_name_the_problem() {
                 mask: &x,
                 advantages: &adv,
                 row_weights: w,
+                is_weights: None,
             },
         )
         .map(|_| ())
@@ -740,6 +745,7 @@ fn shape_and_input_errors_name_the_problem() {
             mask: &x,
             advantages: &adv,
             row_weights: &[0.5, 0.5],
+            is_weights: None,
         },
     )
     .map(|_| ())
@@ -766,6 +772,7 @@ fn f32_inputs_work() {
             mask: &mask,
             advantages: &adv,
             row_weights: &[0.5, 1.0],
+            is_weights: None,
         },
     )
     .unwrap();
@@ -807,6 +814,7 @@ fn bf16_inputs_are_computed_in_f32() {
             mask: &mask,
             advantages: &adv,
             row_weights: &[0.5, 0.5],
+            is_weights: None,
         },
     )
     .unwrap();

@@ -143,6 +143,7 @@ fn losses_and_gradients_match_pytorch() {
             mask: &mask,
             advantages: adv.as_tensor(),
             row_weights: &weights,
+            is_weights: None,
         };
         let (loss, stats) = policy_loss(&alg, &inputs).unwrap();
         let got = loss.to_scalar::<f64>().unwrap();

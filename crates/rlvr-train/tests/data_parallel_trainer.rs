@@ -60,12 +60,11 @@ fn batch(groups: usize) -> Vec<Experience> {
     out
 }
 
-fn trainer(preset: &str, train: &TrainSection, mismatch: bool) -> Trainer {
+/// The preset's trainer with `fix` applied to its `[algorithm]` table.
+fn trainer(preset: &str, train: &TrainSection, fix: Fix) -> Trainer {
     let mut alg = rlvr_algo::AlgorithmConfig::empty(preset);
     alg.kl_coef = None;
-    if mismatch {
-        alg.mismatch_correction = Some(rlvr_algo::MismatchCorrection::TokenTruncate);
-    }
+    fix(&mut alg);
     let settings = TrainerSettings {
         algorithm: alg.resolve().unwrap(),
         train: train.into(),
@@ -112,7 +111,25 @@ fn close(a: f64, b: f64, what: &str) {
     );
 }
 
-fn check(preset: &str, train: TrainSection, groups: usize, world: usize, mismatch: bool) {
+type Fix = fn(&mut rlvr_algo::AlgorithmConfig);
+
+/// No change to the preset.
+fn plain(_: &mut rlvr_algo::AlgorithmConfig) {}
+
+/// verl's truncated token IS.
+fn token_truncate(a: &mut rlvr_algo::AlgorithmConfig) {
+    a.mismatch_correction = Some(rlvr_algo::MismatchCorrection::TokenTruncate);
+}
+
+/// IcePop with its authors' bounds and OPSM: masked counts, histograms.
+fn icepop_opsm(a: &mut rlvr_algo::AlgorithmConfig) {
+    a.mismatch_correction = Some(rlvr_algo::MismatchCorrection::Icepop);
+    a.mismatch_low = Some(0.5);
+    a.mismatch_cap = Some(5.0);
+    a.opsm_delta = Some(0.05);
+}
+
+fn check(preset: &str, train: TrainSection, groups: usize, world: usize, mismatch: Fix) {
     let what = format!("{preset} {groups} groups on {world} ranks");
     let b = batch(groups);
     let (one, w1) = steps(&mut trainer(preset, &train, mismatch), &b);
@@ -176,6 +193,18 @@ fn check(preset: &str, train: TrainSection, groups: usize, world: usize, mismatc
                 (Some(x), Some(y)) => close(x, y, &format!("{w} logprob_diff_s0")),
                 (x, y) => assert_eq!(x, y, "{w}"),
             }
+            // Counts (histogram buckets, masked and truncated tokens and rows) are sums of
+            // integers: exact.
+            assert_eq!(la.ratio_hist, lb.ratio_hist, "{w} hist/ratio");
+            assert_eq!(la.mismatch, lb.mismatch, "{w} mismatch counts");
+            assert_eq!(la.opsm, lb.opsm, "{w} opsm counts");
+            assert_eq!(a.mismatch_hist, b.mismatch_hist, "{w} hist/mismatch");
+            assert_eq!(a.dropped_frac, b.dropped_frac, "{w} red_drop/dropped_frac");
+            let hist: f64 = la.ratio_hist.iter().sum();
+            assert_eq!(
+                hist, a.tokens as f64,
+                "{w}: the histogram counts every trained token"
+            );
         }
     }
     assert!(
@@ -214,15 +243,15 @@ fn each_normaliser_gives_the_one_process_step_on_two_and_three_ranks() {
         "rec_oneside_is",
         "opmd",
     ] {
-        check(preset, base(), 5, 2, false);
+        check(preset, base(), 5, 2, plain);
     }
-    check("grpo", base(), 5, 3, false);
-    check("dapo", base(), 5, 3, false);
+    check("grpo", base(), 5, 3, plain);
+    check("dapo", base(), 5, 3, plain);
 }
 
 #[test]
 fn a_rank_without_rows_still_runs_every_update() {
-    check("grpo", base(), 2, 3, false);
+    check("grpo", base(), 2, 3, plain);
 }
 
 #[test]
@@ -232,15 +261,24 @@ fn mini_batches_epochs_red_drop_and_the_mismatch_correction_keep_their_meaning()
         epochs: 2,
         ..base()
     };
-    check("grpo", more.clone(), 5, 2, false);
-    check("red_drop", base(), 5, 2, false);
-    check("grpo", base(), 4, 2, true);
+    check("grpo", more.clone(), 5, 2, plain);
+    check("red_drop", base(), 5, 2, plain);
+    check("red_drop_bernoulli", base(), 5, 2, plain);
+    check("grpo", base(), 4, 2, token_truncate);
+    check("grpo_verl", more.clone(), 5, 3, icepop_opsm);
+    // That case is not vacuous: IcePop and OPSM both masked something in one process.
+    let rep = trainer("grpo_verl", &more, icepop_opsm)
+        .step(&batch(5), 1, LR, 7)
+        .unwrap();
+    let l = rep.loss.unwrap();
+    assert!(l.mismatch.masked_tokens > 0.0 && l.mismatch.masked_tokens < l.mismatch.tokens);
+    assert!(l.opsm.masked_rows > 0.0, "{:?}", l.opsm);
     let no_skip = TrainSection {
         skip_zero_gradient_rows: false,
         share_prompt: false,
         ..base()
     };
-    check("dapo", no_skip, 5, 3, false);
+    check("dapo", no_skip, 5, 3, plain);
 }
 
 #[test]
@@ -248,7 +286,7 @@ fn a_group_on_two_ranks_is_refused() {
     let b = batch(2);
     let errs = ThreadComm::run(2, |comm| {
         let rank = comm.rank();
-        let mut t = trainer("grpo", &base(), false)
+        let mut t = trainer("grpo", &base(), plain)
             .data_parallel(SharedComm::new(Box::new(comm)))
             .unwrap();
         // Rows 0-5 and 6-7: group g1 is on both.
@@ -267,12 +305,12 @@ fn a_group_on_two_ranks_is_refused() {
 fn zero_1_shards_the_moments_and_takes_the_same_steps() {
     let b = batch(5);
     let train = base();
-    let (one, w1) = steps(&mut trainer("grpo", &train, false), &b);
+    let (one, w1) = steps(&mut trainer("grpo", &train, plain), &b);
     for world in [2usize, 3] {
         let ranks = ThreadComm::run(world, |comm| {
             let rank = comm.rank();
             let comm = SharedComm::new(Box::new(comm));
-            let mut t = trainer("grpo", &train, false)
+            let mut t = trainer("grpo", &train, plain)
                 .data_parallel_with(comm, true)
                 .unwrap();
             assert!(t.optimizer.is_sharded());

@@ -524,6 +524,7 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
         smooth: None,
         title: Some("quickstart, on- vs off-policy GRPO (same warm start and seed)".into()),
         facet: false,
+        heatmap: false,
     })
     .context("quickstart plot")?;
     let total = ph.t_total.elapsed().as_secs_f64();

@@ -194,6 +194,20 @@ pub enum Aggregation {
     Constant,
 }
 
+/// How RED-Drop (paper B, arXiv 2509.24203) chooses which negatives (r < group mean) to drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedDropRule {
+    /// Exactly the surplus (negatives − others), chosen uniformly at random; the baseline (and the
+    /// std) recomputed on the kept rows. Trinity-RFT as released (PR #292, `rec_advantage.py`).
+    Surplus,
+    /// Each negative dropped independently with probability 1 − pos/neg (pos = rows with r ≥ mean,
+    /// neg = the others; nothing when neg ≤ pos); the baseline (and the std) of all the group's
+    /// rows kept. Trinity-RFT as first written (yaochaorui/Trinity-RFT commit 8a0e9e81,
+    /// 2025-09-12).
+    Bernoulli,
+}
+
 /// Treatment of truncated completions (no EOS within `rollout.max_new_tokens`), DAPO arXiv 2503.14476.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -257,8 +257,13 @@ pub fn reference_markdown() -> String {
     }
     out.push_str(
         "| `[data]` | rlvr-data's `DataConfig`: `data.task`, `data.train`, `data.test`, `data.experiences`, `data.prompts_per_step` (B), `data.seed`, template and generator keys |\n\
-         | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets); a loss-specific knob (`clip_low`, `clip_high`, `clip_low_prime`, `clip_high_prime`, `dual_clip`, `keep_mask`, `rec_weight`, `adv_temperature`, `is_cap`) set for a loss that does not read it is an error |\n\
-         | `[reward]` | rlvr-reward's `RewardConfig`: weighted components and an optional format reward |\n",
+         | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets); a loss-specific knob (`clip_low`, `clip_high`, `clip_low_prime`, `clip_high_prime`, `dual_clip`, `keep_mask`, `rec_weight`, `adv_temperature`, `is_cap`) set for a loss that does not read it is an error |\n",
+    );
+    // Every `[algorithm]` key, from rlvr-algo's doc comments (docs/corrections.md explains the
+    // off-policy corrections among them).
+    out.push_str(&rlvr_algo::reference_rows());
+    out.push_str(
+        "| `[reward]` | rlvr-reward's `RewardConfig`: weighted components and an optional format reward |\n",
     );
     out
 }

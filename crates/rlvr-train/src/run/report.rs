@@ -121,12 +121,31 @@ pub(crate) fn write_step_logs(
         v["staleness"] = json!(r.version.map(|ver| (t - 1).saturating_sub(ver)));
         append_line(&run_dir.join("rollouts.jsonl"), &v.to_string())?;
     }
+    let loss = rep.loss.as_ref();
+    // What each correction did: [masked tokens, masked rows, truncated tokens, truncated rows]
+    // as shares; null when it is off (nothing looked at).
+    let none = [None; 4];
+    let mm = loss.map_or(none, |l| l.mismatch.fractions());
+    let op = loss.map_or(none, |l| l.opsm.fractions());
+    let (stale_counts, stale_unknown) = staleness_counts(&batch.experiences, t);
     let diag = json!({
         "step": t,
         "logprob_diff/staleness0": rep.logprob_diff_s0,
         "logprob_k3/staleness0": rep.logprob_k3_s0,
-        "clip_frac/adv_pos": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_pos),
-        "clip_frac/adv_neg": rep.loss.as_ref().and_then(|l| l.clip_frac_adv_neg),
+        "clip_frac/adv_pos": loss.and_then(|l| l.clip_frac_adv_pos),
+        "clip_frac/adv_neg": loss.and_then(|l| l.clip_frac_adv_neg),
+        "hist/ratio": loss.map(|l| l.ratio_hist),
+        "hist/mismatch": rep.mismatch_hist,
+        "mismatch/masked_frac": mm[0],
+        "mismatch/masked_rows_frac": mm[1],
+        "mismatch/truncated_frac": mm[2],
+        "mismatch/truncated_rows_frac": mm[3],
+        "opsm/masked_frac": op[0],
+        "opsm/masked_rows_frac": op[1],
+        "red_drop/dropped_frac": rep.dropped_frac,
+        "red_drop/dropped": rep.dropped_frac.map(|_| rep.adv.dropped),
+        "staleness/counts": stale_counts,
+        "staleness/unknown": stale_unknown,
         "dynamic_sampling/dropped_groups": batch.dropped_groups,
         "dynamic_sampling/short_groups": batch.short_groups,
         "stale_dropped": dropped_stale,
@@ -139,6 +158,26 @@ pub(crate) fn write_step_logs(
     let diag = diag.to_string();
     append_line(&run_dir.join("diagnostics.jsonl"), &diag)?;
     Ok(diag)
+}
+
+/// Rows of the step's batch (before `sync.max_staleness` drops any) by staleness: entry s counts
+/// the rows of staleness s (up to the largest seen), then the rows whose version is unknown.
+fn staleness_counts(exps: &[Experience], t: u64) -> (Vec<usize>, usize) {
+    let mut counts = Vec::new();
+    let mut unknown = 0;
+    for e in exps {
+        match e.staleness(t) {
+            Some(s) => {
+                let s = s as usize;
+                if counts.len() <= s {
+                    counts.resize(s + 1, 0);
+                }
+                counts[s] += 1;
+            }
+            None => unknown += 1,
+        }
+    }
+    (counts, unknown)
 }
 
 /// Step `t`'s line (train.log always, stderr off a terminal every `output.log_every` steps):

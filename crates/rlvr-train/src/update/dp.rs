@@ -141,8 +141,10 @@ fn decode(mut b: &[u8]) -> anyhow::Result<Vec<RowMeta>> {
     Ok(out)
 }
 
-/// Sums `stats` and `diff` over the ranks (min and max of the ratio by min and max), in place:
-/// two `all_reduce_f64` calls.
+/// Sums `stats` and `diff` over the ranks in place (the ratio's min and max by min and max):
+/// two `all_reduce_f64` calls. The fields that add are [`LossStats::to_sums`]'s and
+/// [`MismatchSums::to_parts`]'s (counts and histogram buckets included), so a new statistic is
+/// reduced where it is defined.
 ///
 /// # Errors
 /// A failed collective.
@@ -151,55 +153,14 @@ pub fn reduce_stats(
     stats: &mut LossStats,
     diff: &mut MismatchSums,
 ) -> anyhow::Result<()> {
-    let s = &*stats;
-    let d = diff.to_parts();
-    let mut sums = [
-        s.loss,
-        s.tokens_total,
-        s.tokens,
-        s.clipped_low,
-        s.clipped_high,
-        s.pos_tokens,
-        s.clipped_pos,
-        s.neg_tokens,
-        s.clipped_neg,
-        s.ratio_sum,
-        s.ratio_sq_sum,
-        s.kl_behaviour_sum,
-        s.kl_ref_sum,
-        s.kl_ref_tokens,
-        s.entropy_sum,
-        s.entropy_tokens,
-        d[0],
-        d[1],
-        d[2],
-    ];
+    let mut sums = stats.to_sums();
+    let n = sums.len();
+    sums.extend(diff.to_parts());
     comm.all_reduce_f64(&mut sums, Op::Sum)?;
-    let mut ext = [s.ratio_max, -s.ratio_min];
+    let mut ext = stats.extrema();
     comm.all_reduce_f64(&mut ext, Op::Max)?;
-    let [loss, tokens_total, tokens, clipped_low, clipped_high, pos_tokens, clipped_pos, neg_tokens, clipped_neg, ratio_sum, ratio_sq_sum, kl_behaviour_sum, kl_ref_sum, kl_ref_tokens, entropy_sum, entropy_tokens, d0, d1, d2] =
-        sums;
-    *stats = LossStats {
-        loss,
-        tokens_total,
-        tokens,
-        clipped_low,
-        clipped_high,
-        pos_tokens,
-        clipped_pos,
-        neg_tokens,
-        clipped_neg,
-        ratio_sum,
-        ratio_sq_sum,
-        ratio_min: -ext[1],
-        ratio_max: ext[0],
-        kl_behaviour_sum,
-        kl_ref_sum,
-        kl_ref_tokens,
-        entropy_sum,
-        entropy_tokens,
-    };
-    *diff = MismatchSums::from_parts([d0, d1, d2]);
+    *stats = LossStats::from_sums(&sums[..n], ext);
+    *diff = MismatchSums::from_parts(&sums[n..]);
     Ok(())
 }
 

@@ -1,38 +1,25 @@
 //! The trainer's side of `algorithm.mismatch_correction` ([`rlvr_algo::mismatch`]): the
-//! per-token correction weights c_it of a micro-batch, multiplied into its completion mask.
+//! per-token correction weights c_it of a micro-batch, multiplied into its completion mask, and
+//! what they did (masked and truncated tokens and rows, [`CorrectionCounts`]).
 
 use candle_core::{Device, Tensor};
-use rlvr_algo::{correction_weights, IsCorrection, IsLevel};
-use rlvr_algo::{Algorithm, MismatchCorrection};
+use rlvr_algo::{correct, Algorithm, CorrectionCounts, IsCorrection};
 
 use crate::store::experience::Experience;
 
-/// The correction `alg` selects, as `rlvr_algo::correction_weights` takes it; `None` when off.
+/// The correction `alg` selects, as `rlvr_algo::correct` takes it; `None` when off.
 pub fn is_correction(alg: &Algorithm) -> Option<IsCorrection> {
-    let c = alg.mismatch_cap;
-    let level = if alg.mismatch_correction.token_level() {
-        IsLevel::Token
-    } else {
-        IsLevel::Sequence
-    };
-    match alg.mismatch_correction {
-        MismatchCorrection::None => None,
-        MismatchCorrection::TokenTruncate | MismatchCorrection::SequenceTruncate => {
-            Some(IsCorrection::Truncate { level, cap: c })
-        }
-        MismatchCorrection::TokenMask | MismatchCorrection::SequenceMask => {
-            Some(IsCorrection::Mask {
-                level,
-                lo: 1.0 / c,
-                hi: c,
-            })
-        }
-    }
+    alg.mismatch_correction.with_bounds(
+        alg.mismatch_cap,
+        alg.mismatch_low,
+        alg.mismatch_k3_threshold,
+    )
 }
 
 /// The micro-batch `mb`'s mask `[b, C]` (f32, on the CPU) with each completion token's 1 replaced
 /// by its correction weight c_it from `start_lp[i]` (ℓ_trainer at the start of the step) and the
-/// row's behaviour log-probs (ℓ_sampler); padding stays 0.
+/// row's behaviour log-probs (ℓ_sampler); padding stays 0. The rows whose normaliser weight in
+/// `row_weights` is not 0 (the trained rows) are counted into `counts`.
 ///
 /// # Errors
 /// Tensor errors; a row whose start log-probs and completion differ in length.
@@ -42,6 +29,8 @@ pub(crate) fn corrected_mask(
     mask_host: &[Vec<f32>],
     start_lp: &[Vec<f32>],
     alg: &Algorithm,
+    row_weights: &[f64],
+    counts: &mut CorrectionCounts,
 ) -> anyhow::Result<Tensor> {
     let c_max = mask_host.first().map_or(0, |r| r.len());
     let mut m = vec![0f32; mb.len() * c_max];
@@ -57,7 +46,11 @@ pub(crate) fn corrected_mask(
                     start_lp[i].len(),
                     e.behaviour_logprobs.len()
                 );
-                correction_weights(&start_lp[i], &e.behaviour_logprobs, c)
+                let out = correct(&start_lp[i], &e.behaviour_logprobs, c);
+                if row_weights.get(r).is_some_and(|&w| w != 0.0) {
+                    counts.add_row(n, out.masked, out.truncated);
+                }
+                out.weights
             }
             _ => vec![1.0; n],
         };

@@ -120,6 +120,12 @@ pub struct StepReport {
     /// r = ℓ_trainer − ℓ_sampler (verl's `rollout_corr/kl_k3`, see `rlvr_algo::mismatch`);
     /// None when no staleness-0 row.
     pub logprob_k3_s0: Option<f64>,
+    /// Token counts of r = ℓ_trainer − ℓ_sampler over `rlvr_algo::RATIO_HIST_EDGES`, on the same
+    /// tokens as `logprob_diff_s0` (`hist/mismatch`); None when no staleness-0 row.
+    pub mismatch_hist: Option<[f64; rlvr_algo::RATIO_BUCKETS]>,
+    /// RED-Drop's share of the scored rows dropped (`red_drop/dropped_frac`); None when
+    /// `algorithm.red_drop` is off.
+    pub dropped_frac: Option<f64>,
     /// Completion tokens trained on (summed over updates).
     pub tokens: usize,
     /// Rows left out of forward/backward because their gradient is exactly zero (summed over
@@ -254,6 +260,7 @@ impl Trainer {
         let groups: Vec<&str> = view.rows.iter().map(|e| e.group_id.as_str()).collect();
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
+        report.dropped_frac = adv.stats.dropped_frac().filter(|_| alg.red_drop);
 
         // Sampler/trainer mismatch correction: ℓ_trainer of every row at the start of the step.
         let start_lp = self.start_logprobs(batch, &alg)?;
@@ -296,6 +303,7 @@ impl Trainer {
         let mismatch = diff.stats();
         report.logprob_diff_s0 = mismatch.map(|m| m.mean_abs_diff);
         report.logprob_k3_s0 = mismatch.map(|m| m.k3_kl);
+        report.mismatch_hist = mismatch.map(|_| diff.hist());
         Ok(report)
     }
 
@@ -382,12 +390,23 @@ impl Trainer {
             if let Some(d) = diff.as_deref_mut() {
                 accumulate_diff(batch, &mb, &t, step, d)?;
             }
-            // The correction weights c_it ride on the mask: Σ_i w_i Σ_t m_it c_it L_it.
-            let mask = match start_lp {
-                Some(lp) => super::mismatch::corrected_mask(batch, &mb, &t.mask_host, lp, alg)?
+            // The correction weights c_it weigh the loss: Σ_i w_i Σ_t m_it c_it L_it.
+            let mut corrected = rlvr_algo::CorrectionCounts::default();
+            let is_weights = match start_lp {
+                Some(lp) => Some(
+                    super::mismatch::corrected_mask(
+                        batch,
+                        &mb,
+                        &t.mask_host,
+                        lp,
+                        alg,
+                        &weights,
+                        &mut corrected,
+                    )?
                     .to_dtype(t.mask.dtype())?
                     .to_device(t.mask.device())?,
-                None => t.mask.clone(),
+                ),
+                None => None,
             };
             let a: Vec<f32> = mb
                 .iter()
@@ -401,12 +420,14 @@ impl Trainer {
                     logp_behaviour: &t.logp_old,
                     logp_ref: t.logp_ref.as_ref(),
                     entropy: t.entropy.as_ref(),
-                    mask: &mask,
+                    mask: &t.mask,
+                    is_weights: is_weights.as_ref(),
                     advantages: &a,
                     row_weights: &weights,
                 },
             )?;
             stats.merge(&st);
+            stats.mismatch.merge(&corrected);
             if !st.loss.is_finite() {
                 grads.mark_non_finite();
                 continue;

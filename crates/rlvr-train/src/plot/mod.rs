@@ -3,6 +3,8 @@
 //! unique with its parent's), a null or a missing step left as a gap, `--smooth` an exponential
 //! moving average over the faint raw series, one `--title`, y axes labelled with the metric and
 //! its unit. A metric is a metrics.jsonl key, or `diagnostics/KEY` for a diagnostics.jsonl key.
+//! With `--heatmap` a metric is a histogram key of diagnostics.jsonl (`diagnostics/hist/ratio`,
+//! `diagnostics/hist/mismatch`) and each run gets a heat map of it over the steps ([`heatmap`]).
 //! SVG by default; PNG too. Text is laid out with DejaVu Sans, which the rlvr-fonts crate ships (with its
 //! Bitstream Vera licence) for this crate and the lab alike, so no system font is needed.
 
@@ -16,6 +18,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::store::metrics::read_metrics;
+
+pub mod heatmap;
 
 /// `rlvr plot`.
 #[derive(clap::Args, Debug, Clone)]
@@ -50,6 +54,11 @@ pub struct PlotArgs {
     /// the row's axes, instead of every run in one panel.
     #[arg(long)]
     pub facet: bool,
+    /// Heat maps instead of lines: each metric is a histogram of diagnostics.jsonl (an array of
+    /// counts per step, e.g. `diagnostics/hist/ratio`), drawn per run as buckets × steps coloured
+    /// by the share of the step's tokens in each bucket (log scale).
+    #[arg(long)]
+    pub heatmap: bool,
 }
 
 /// One run's series of one metric: (step, value) with nulls skipped.
@@ -182,7 +191,7 @@ pub fn axis_label(metric: &str) -> String {
     }
 }
 
-fn run_name(run: &Path) -> String {
+pub(crate) fn run_name(run: &Path) -> String {
     let p = if run.is_dir() {
         run
     } else {
@@ -193,7 +202,7 @@ fn run_name(run: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
-fn register_font() {
+pub(crate) fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _ = plotters::style::register_font(
@@ -273,7 +282,7 @@ fn run_color(r: usize) -> RGBAColor {
 }
 
 /// Integer step labels only: a fractional tick gets no label.
-fn step_label(x: &f64) -> String {
+pub(crate) fn step_label(x: &f64) -> String {
     if x.fract() == 0.0 {
         format!("{x:.0}")
     } else {
@@ -468,12 +477,17 @@ where
     Ok(())
 }
 
-/// Draws the plot `a` describes. Returns the number of points drawn.
+/// Draws the plot `a` describes. Returns the number of points drawn (with `--heatmap`, the number
+/// of cells: steps × buckets, summed over runs and metrics).
 ///
 /// # Errors
-/// Unreadable runs, a metric absent from every run, an unknown extension, drawing errors.
+/// Unreadable runs, a metric absent from every run (with `--heatmap`: no run has it as an
+/// array), an unknown extension, drawing errors.
 pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
     register_font();
+    if a.heatmap {
+        return heatmap::plot_heatmaps(a);
+    }
     if let Some(w) = a.smooth {
         if !(0.0..1.0).contains(&w) {
             bail!("--smooth {w}: the weight on the past must be in [0, 1)");

@@ -1,0 +1,150 @@
+//! The checks of a resolved [`Algorithm`]: one per key, each with its own message naming the key
+//! and the accepted range, including the combinations that make no sense (a lower bound for a
+//! correction without one, a token-level correction under GSPO, a RED-Drop rule without RED-Drop).
+
+use super::{Algorithm, Baseline, PolicyLoss, RedDropRule};
+use crate::error::{AlgoError, Result};
+
+impl Algorithm {
+    // One check per key, each with its own message naming the key and the accepted range, so every
+    // rule on a key is found in one place.
+    pub(super) fn validate(&self) -> Result<()> {
+        fn bad(key: &'static str, value: impl std::fmt::Display, why: &str) -> AlgoError {
+            AlgoError::InvalidConfig {
+                key,
+                value: value.to_string(),
+                why: why.to_string(),
+            }
+        }
+        let finite_nonneg = |key: &'static str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(bad(key, v, "must be finite and >= 0"))
+            }
+        };
+        let positive = |key: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(bad(key, v, "must be finite and > 0"))
+            }
+        };
+        finite_nonneg("std_eps", self.std_eps)?;
+        if !self.baseline_shift.is_finite() {
+            return Err(bad("baseline_shift", self.baseline_shift, "must be finite"));
+        }
+        positive("lme_temperature", self.lme_temperature)?;
+        if !(self.clip_low.is_finite() && (0.0..1.0).contains(&self.clip_low)) {
+            return Err(bad(
+                "clip_low",
+                self.clip_low,
+                "must be in [0, 1) so that 1 - clip_low > 0",
+            ));
+        }
+        finite_nonneg("clip_high", self.clip_high)?;
+        if !(self.clip_low_prime >= self.clip_low && self.clip_low_prime <= 1.0) {
+            return Err(bad(
+                "clip_low_prime",
+                self.clip_low_prime,
+                &format!(
+                    "must be in [clip_low = {}, 1] (ring keep-mask)",
+                    self.clip_low
+                ),
+            ));
+        }
+        if !(self.clip_high_prime.is_finite() && self.clip_high_prime >= self.clip_high) {
+            return Err(bad(
+                "clip_high_prime",
+                self.clip_high_prime,
+                &format!(
+                    "must be finite and >= clip_high = {} (ring keep-mask)",
+                    self.clip_high
+                ),
+            ));
+        }
+        if let Some(c) = self.dual_clip {
+            if !(c.is_finite() && c > 1.0) {
+                return Err(bad(
+                    "dual_clip",
+                    c,
+                    "must be finite and > 1 (typical: 3); unset it to disable",
+                ));
+            }
+        }
+        if let Some(c) = self.is_cap {
+            positive("is_cap", c)?;
+        }
+        positive("adv_temperature", self.adv_temperature)?;
+        finite_nonneg("tau", self.tau)?;
+        positive("log_ratio_clamp", self.log_ratio_clamp)?;
+        positive("mismatch_cap", self.mismatch_cap)?;
+        let mc = self.mismatch_correction;
+        if let Some(lo) = self.mismatch_low {
+            if !mc.has_lower_bound() {
+                return Err(bad(
+                    "mismatch_low",
+                    lo,
+                    "only token-mask, sequence-mask, geometric-mask and icepop have a lower bound; \
+                     remove it, or choose one of those as mismatch_correction",
+                ));
+            }
+            positive("mismatch_low", lo)?;
+            if lo > self.mismatch_cap {
+                return Err(bad(
+                    "mismatch_low",
+                    lo,
+                    &format!(
+                        "must be <= mismatch_cap = {} (the kept ratios are [mismatch_low, mismatch_cap])",
+                        self.mismatch_cap
+                    ),
+                ));
+            }
+        } else if mc.has_lower_bound() && self.mismatch_cap < 1.0 {
+            return Err(bad(
+                "mismatch_cap",
+                self.mismatch_cap,
+                "must be >= 1 when mismatch_low is unset (the kept ratios are then [1/C, C])",
+            ));
+        }
+        finite_nonneg("mismatch_k3_threshold", self.mismatch_k3_threshold)?;
+        if mc.token_level() && self.loss == PolicyLoss::Gspo {
+            return Err(bad(
+                "mismatch_correction",
+                "token-level",
+                "gspo's sequence ratio averages over the completion mask, which a token weight would \
+                 distort: use a sequence or geometric correction, or sequence-k3-mask",
+            ));
+        }
+        if let Some(d) = self.opsm_delta {
+            finite_nonneg("opsm_delta", d)?;
+        }
+        finite_nonneg("kl_coef", self.kl_coef)?;
+        if !self.entropy_coef.is_finite() {
+            return Err(bad("entropy_coef", self.entropy_coef, "must be finite"));
+        }
+        if !(self.overlong_buffer_frac > 0.0 && self.overlong_buffer_frac <= 1.0) {
+            return Err(bad(
+                "overlong_buffer_frac",
+                self.overlong_buffer_frac,
+                "must be in (0, 1]",
+            ));
+        }
+        finite_nonneg("overlong_penalty_factor", self.overlong_penalty_factor)?;
+        if !self.red_drop && self.red_drop_rule != RedDropRule::Surplus {
+            return Err(bad(
+                "red_drop_rule",
+                "bernoulli",
+                "it chooses RED-Drop's dropped rows: set red_drop = true, or remove it",
+            ));
+        }
+        if self.red_drop && self.baseline != Baseline::Mean {
+            return Err(bad(
+                "red_drop",
+                true,
+                "RED-Drop recomputes the group mean on the kept rows: it needs `baseline = \"mean\"`",
+            ));
+        }
+        Ok(())
+    }
+}
