@@ -271,7 +271,10 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
         .unwrap()
     });
     same_metrics(&tmp.path().join("np2"), &threads, true);
-    assert_eq!(max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&threads, 4)), 0.0);
+    assert_eq!(
+        max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&threads, 4)),
+        0.0
+    );
     // A rerun at np 2 is bit-identical (every key but the clocks, and the weights).
     let again = tmp.path().join("np2-again");
     let mut c = mpirun(2);
@@ -516,8 +519,17 @@ fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let model = tmp.path().join("model");
     let out = rlvr()
-        .args(["init", "--arch", "qwen2", "--hidden", "256", "--layers", "4", "--heads", "4"])
-        .args(["--kv-heads", "2", "--intermediate", "1024", "--vocab-size", "151936"])
+        .args([
+            "init", "--arch", "qwen2", "--hidden", "256", "--layers", "4", "--heads", "4",
+        ])
+        .args([
+            "--kv-heads",
+            "2",
+            "--intermediate",
+            "1024",
+            "--vocab-size",
+            "151936",
+        ])
         .args(["--tie-embeddings", "true", "--seed", "0", "--tokenizer"])
         .arg(root.join("data/tokenizers/qwen2.5/tokenizer.json"))
         .arg("--out")
@@ -527,7 +539,11 @@ fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
     ok(&out, "init");
     let prompts = tmp.path().join("prompts.jsonl");
     let train = std::fs::read_to_string(root.join("data/gsm8k/train.jsonl")).unwrap();
-    std::fs::write(&prompts, train.lines().take(4).collect::<Vec<_>>().join("\n")).unwrap();
+    std::fs::write(
+        &prompts,
+        train.lines().take(4).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
     let empty = tmp.path().join("empty.toml");
     std::fs::write(&empty, "").unwrap();
     for zero in [0, 1] {
@@ -552,9 +568,22 @@ fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
             format!("distributed.zero={zero}"),
         ];
         let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"])
-            .args(["-x", "RAYON_NUM_THREADS=1", "/usr/bin/time", "-f", "rank peak RSS kB %M"])
-            .arg(env!("CARGO_BIN_EXE_rlvr"));
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-np",
+            "2",
+        ])
+        .args([
+            "-x",
+            "RAYON_NUM_THREADS=1",
+            "/usr/bin/time",
+            "-f",
+            "rank peak RSS kB %M",
+        ])
+        .arg(env!("CARGO_BIN_EXE_rlvr"));
         let mut all = sets.clone();
         all.push(format!("output.dir=\"{}\"", run.display()));
         train_args(&mut c, &all);
@@ -585,10 +614,15 @@ fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
         let err = (measured - planned).abs() / measured;
         eprintln!(
             "zero {zero}: ranks' peak RSS {:?} MiB, plan {:.0} MiB ({:+.1}%)",
-            rss.iter().map(|x| (x / 1048576.0).round()).collect::<Vec<_>>(),
+            rss.iter()
+                .map(|x| (x / 1048576.0).round())
+                .collect::<Vec<_>>(),
             planned / 1048576.0,
             100.0 * (planned - measured) / measured
         );
-        assert!(err <= 0.2, "zero {zero}: plan {planned} vs measured {measured}");
+        assert!(
+            err <= 0.2,
+            "zero {zero}: plan {planned} vs measured {measured}"
+        );
     }
 }

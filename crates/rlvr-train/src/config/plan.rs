@@ -562,6 +562,9 @@ pub fn plan_ranks(
     })
 }
 
+/// One change [`suggestions`] tries: its `--set` text and what it does to the config.
+type Change<'a> = (&'a str, &'a dyn Fn(&mut RawConfig));
+
 /// When a plan does not fit `memory`: the changes, alone or together, that make it fit (each as
 /// the `--set` keys to use), tried in this order: ZeRO-1 (world size > 1), activation
 /// checkpointing, both, one row per micro-batch with checkpointing, LoRA rank 16 (with ZeRO and
@@ -577,7 +580,7 @@ pub fn suggestions(
     world: u64,
     zero: u8,
 ) -> anyhow::Result<Vec<String>> {
-    let fits = |sets: &[(&str, &dyn Fn(&mut RawConfig))], z: u8| -> anyhow::Result<bool> {
+    let fits = |sets: &[Change], z: u8| -> anyhow::Result<bool> {
         let mut r = raw.clone();
         for (_, f) in sets {
             f(&mut r);
@@ -587,19 +590,17 @@ pub fn suggestions(
     if fits(&[], zero)? {
         return Ok(Vec::new());
     }
-    let ck: (&str, &dyn Fn(&mut RawConfig)) =
-        ("train.gradient_checkpointing=true", &|r: &mut RawConfig| {
-            r.train.gradient_checkpointing = true
-        });
-    let mb1: (&str, &dyn Fn(&mut RawConfig)) =
-        ("train.micro_batch_size=1", &|r: &mut RawConfig| {
-            r.train.micro_batch_size = 1;
-            r.train.micro_batch_tokens = None;
-        });
-    let lora: (&str, &dyn Fn(&mut RawConfig)) = ("model.lora_rank=16", &|r: &mut RawConfig| {
+    let ck: Change = ("train.gradient_checkpointing=true", &|r: &mut RawConfig| {
+        r.train.gradient_checkpointing = true
+    });
+    let mb1: Change = ("train.micro_batch_size=1", &|r: &mut RawConfig| {
+        r.train.micro_batch_size = 1;
+        r.train.micro_batch_tokens = None;
+    });
+    let lora: Change = ("model.lora_rank=16", &|r: &mut RawConfig| {
         r.model.lora_rank = 16
     });
-    let mut tries: Vec<(Vec<(&str, &dyn Fn(&mut RawConfig))>, u8)> = Vec::new();
+    let mut tries: Vec<(Vec<Change>, u8)> = Vec::new();
     if world > 1 && zero == 0 {
         tries.push((vec![], 1));
     }

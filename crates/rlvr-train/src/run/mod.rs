@@ -189,8 +189,11 @@ fn train_locked(
                 &run.tokenizer,
                 &run.feed,
                 pos,
-                (cursor, run.world()),
-                None,
+                save::SaveSource {
+                    cursor,
+                    world_size: run.world(),
+                    gathered: None,
+                },
             )
         })
     } else {
@@ -492,8 +495,11 @@ impl Run<'_> {
                 &self.tokenizer,
                 &self.feed,
                 pos,
-                (self.feed.cursor(), self.world()),
-                gathered.as_ref(),
+                save::SaveSource {
+                    cursor: self.feed.cursor(),
+                    world_size: self.world(),
+                    gathered: gathered.as_ref(),
+                },
             )?;
             self.last_ckpt = Some(dir);
             if is_best {

@@ -13,6 +13,17 @@ use crate::store::checkpoint::{
 };
 use crate::update::{FullState, Trainer};
 
+/// What a checkpoint records besides the trainer: the source cursor, the world size, and under
+/// ZeRO-1 the optimizer state gathered to rank 0 ([`crate::update::OptimizerStep::gather_state`]).
+pub(crate) struct SaveSource<'a> {
+    /// The source cursor after the saved step.
+    pub cursor: SourceCursor,
+    /// Data-parallel ranks of the run.
+    pub world_size: usize,
+    /// The gathered optimizer state (`None` unsharded).
+    pub gathered: Option<&'a FullState>,
+}
+
 /// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
 pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
 
@@ -31,8 +42,11 @@ pub(crate) fn save_run(
     tokenizer: &TokenizerBundle,
     feed: &Feed,
     (step, skipped_in_row, best): RunPosition,
-    (cursor, world_size): (SourceCursor, usize),
-    gathered: Option<&FullState>,
+    SaveSource {
+        cursor,
+        world_size,
+        gathered,
+    }: SaveSource,
 ) -> anyhow::Result<PathBuf> {
     ensure_finite(&trainer.model)?;
     if trainer.optimizer.is_sharded() && gathered.is_none() {
