@@ -4,7 +4,11 @@
 # the live tests against them in two parallel lanes:
 #   lane T, a server on the TIED model: crates/rlvr-vllm/tests/live_server.rs, then
 #     crates/rlvr-train/tests/live_data_parallel.rs (two data-parallel ranks on the server equal one
-#     process), then crates/rlvr-vllm/tests/live_killed.rs (which kills that server mid-call);
+#     process), then crates/rlvr-reward/tests/live_judge.rs (the LLM judge, its answer constrained
+#     to its labels), then crates/rlvr-vllm/tests/live_killed.rs (which kills that server
+#     mid-call); then, on the same core, a third server with --runner pooling on a small random
+#     reward model (scripts/make_reward_model.py, which also writes transformers' scores) for
+#     crates/rlvr-reward/tests/live_reward_model.rs;
 #   lane U, a server on the UNTIED model with LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8
 #     --max-loras 3): crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm":
 #     schedule, seed, a server killed mid-run and restarted on the same port for --resume; full-weight
@@ -59,17 +63,20 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"].startswith("live_"):
         print(m["target"]["name"], m["executable"])')
-for f in live_server live_data_parallel live_killed live_train live_lora; do
+for f in live_server live_data_parallel live_judge live_killed live_reward_model live_train live_lora; do
   [ -x "${EXE[$f]:-}" ] || { echo "ci_vllm: FAIL: no test executable for $f (cargo test --no-run)" >&2; exit 1; }
 done
-MODEL="$RUN/model" UNTIED="$RUN/model-untied"
+MODEL="$RUN/model" UNTIED="$RUN/model-untied" RM="$RUN/reward-model-dir"
+VENV_PY=${VENV:-$(pwd)/.venv-vllm}/bin/python
 rm -rf "$MODEL" "$UNTIED"
 "$S" model "$MODEL" --tied true >/dev/null
 "$S" model "$UNTIED" --tied false >/dev/null
 # One core each for the two engines where there are two.
 BIND_T=auto BIND_U=auto
 if [ "$(nproc)" -ge 2 ]; then BIND_T=0 BIND_U=1; fi
-trap 'RUN=$RUN_T "$S" stop; RUN=$RUN_U "$S" stop' EXIT
+RUN_R="$RUN/reward-model"
+mkdir -p "$RUN_R"
+trap 'RUN=$RUN_T "$S" stop; RUN=$RUN_U "$S" stop; RUN=$RUN_R "$S" stop' EXIT
 RUN=$RUN_T CPU_BIND=$BIND_T "$S" start "$MODEL" > "$RUN_T/url" &
 start_t=$!
 # LoRA on for the untied server (and for live_train.rs's restart of it, which inherits LORA_RANK).
@@ -101,7 +108,21 @@ live() {
 lane_t() {
   live live_server RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" &&
     live live_data_parallel RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" &&
-    live live_killed RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_PID="$(cat "$RUN_T/vllm.pid")"
+    live live_judge RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" &&
+    live live_killed RLVR_VLLM_URL="$URL_T" RLVR_VLLM_MODEL="$MODEL" RLVR_VLLM_PID="$(cat "$RUN_T/vllm.pid")" &&
+    lane_r
+}
+# The reward model, after lane T's server is gone, on its core: a pooling server.
+lane_r() {
+  local t=$SECONDS url
+  "$VENV_PY" scripts/make_reward_model.py "$RM" > /dev/null || { echo "ci_vllm: FAIL: make_reward_model.py" >&2; return 1; }
+  url=$(RUN=$RUN_R CPU_BIND=$BIND_T RUNNER=pooling SERVED_NAME=rlvr-rm "$S" start "$RM") ||
+    { echo "ci_vllm: FAIL: the reward-model server did not start (log: $RUN_R/vllm.log)" >&2; return 1; }
+  echo "ci_vllm: reward-model server at $url after $((SECONDS - t)) s"
+  live live_reward_model RLVR_RM_URL="$url" RLVR_RM_DIR="$RM" RLVR_RM_NAME=rlvr-rm
+  local ok=$?
+  RUN=$RUN_R "$S" stop || true
+  return $ok
 }
 lane_u() {
   # live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port, RUN and
@@ -117,10 +138,10 @@ lu=$!
 ok=1
 wait "$lt" || ok=0
 wait "$lu" || ok=0
-for f in live_server live_data_parallel live_killed live_train live_lora; do
+for f in live_server live_data_parallel live_judge live_killed live_reward_model live_train live_lora; do
   [ -f "$RUN/$f.log" ] && { echo "--- $f"; cat "$RUN/$f.log"; }
 done
 cat "$RUN/lane_t.out" "$RUN/lane_u.out"
 [ "$ok" = 1 ] || { echo "ci_vllm: FAIL (server logs: $RUN_T/vllm.log, $RUN_U/vllm.log)" >&2; exit 1; }
-rm -rf "$MODEL" "$UNTIED" # the logs stay in $RUN
+rm -rf "$MODEL" "$UNTIED" "$RM" # the logs stay in $RUN
 echo "ci_vllm: live tests took $((SECONDS - t2)) s; whole script $((SECONDS - t0)) s"

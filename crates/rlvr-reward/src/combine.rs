@@ -13,6 +13,7 @@ use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
 use crate::judge::JudgeConfig;
 use crate::math::MathVerifier;
 use crate::persistent::PersistentVerifier;
+use crate::reward_model::RewardModelConfig;
 use crate::{RewardError, Sample, Verifier};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -55,6 +56,9 @@ pub enum VerifierConfig {
     },
     /// An LLM judge over HTTP ([`crate::judge::JudgeVerifier`]).
     Judge(JudgeConfig),
+    /// A reward model over HTTP ([`crate::reward_model::RewardModelVerifier`]).
+    #[serde(rename = "reward_model", alias = "reward-model")]
+    RewardModel(RewardModelConfig),
 }
 
 /// When an external verifier's program runs (`mode`).
@@ -95,6 +99,7 @@ impl VerifierConfig {
             VerifierConfig::Countdown => Box::new(CountdownVerifier),
             VerifierConfig::Arithmetic { mode } => Box::new(ArithmeticVerifier { mode: *mode }),
             VerifierConfig::Judge(j) => Box::new(j.build()?),
+            VerifierConfig::RewardModel(r) => Box::new(r.build()?),
             VerifierConfig::External {
                 command,
                 timeout_s,
@@ -134,6 +139,7 @@ impl VerifierConfig {
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
             VerifierConfig::Judge(_) => "judge",
+            VerifierConfig::RewardModel(_) => "reward_model",
         }
     }
 }

@@ -15,16 +15,12 @@
 //!   Every error names the server. The judge samples at `temperature` with `seed` (sent to the
 //!   server) and at most `max_tokens` tokens.
 
+use crate::http::{self, Failure};
 use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::Duration;
-
-/// Most bytes read from one answer.
-const BODY_LIMIT: u64 = 1 << 20;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Which OpenAI-compatible route the judge uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -129,12 +125,6 @@ pub struct JudgeVerifier {
     failures: AtomicU64,
 }
 
-/// Why one request failed.
-enum Failure {
-    Retry(String),
-    Refused(String),
-}
-
 impl JudgeConfig {
     /// Checks the settings and builds the judge.
     ///
@@ -183,21 +173,20 @@ impl JudgeConfig {
             JudgeEndpoint::Chat => "/v1/chat/completions",
             JudgeEndpoint::Completions => "/v1/completions",
         };
-        let config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs_f64(self.timeout_s)))
-            .build();
         Ok(JudgeVerifier {
             cfg: self.clone(),
             url: format!("{base}{path}"),
-            agent: ureq::Agent::new_with_config(config),
+            agent: http::agent(self.timeout_s),
             failures: AtomicU64::new(0),
         })
     }
 }
 
 /// Fills `{name}` from `lookup`; `{{` and `}}` are literal braces.
-fn render(template: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(crate) fn render(
+    template: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(i) = rest.find(['{', '}']) {
@@ -227,7 +216,7 @@ fn render(template: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Str
 }
 
 /// The judge prompt for one sample.
-fn prompt_for(template: &str, s: &Sample<'_>) -> Result<String, String> {
+pub(crate) fn prompt_for(template: &str, s: &Sample<'_>) -> Result<String, String> {
     render(template, &|name| match name {
         "prompt" => Some(s.prompt.to_string()),
         "completion" => Some(s.completion.to_string()),
@@ -318,54 +307,16 @@ impl JudgeVerifier {
 
     /// One attempt: the answer's text.
     fn once(&self, body: &Value) -> Result<String, Failure> {
-        let mut resp = match self.agent.post(&self.url).send_json(body) {
-            Ok(r) => r,
-            Err(ureq::Error::Timeout(_)) => {
-                return Err(Failure::Retry(format!(
-                    "no answer within {:.1} s (timeout_s)",
-                    self.cfg.timeout_s
-                )))
-            }
-            Err(e) => return Err(Failure::Retry(format!("transport error: {e}"))),
-        };
-        let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .with_config()
-            .limit(BODY_LIMIT)
-            .read_to_string()
-            .map_err(|e| Failure::Retry(format!("HTTP {status}, body unreadable: {e}")))?;
-        if (400..500).contains(&status) {
-            return Err(Failure::Refused(format!(
-                "refused the request: HTTP {status}: {}",
-                truncate(&text, 500)
-            )));
-        }
-        if status != 200 {
-            return Err(Failure::Retry(format!(
-                "HTTP {status}: {}",
-                truncate(&text, 300)
-            )));
-        }
-        let v: Value = serde_json::from_str(&text).map_err(|e| {
-            Failure::Retry(format!(
-                "HTTP 200 with invalid JSON ({e}): {}",
-                truncate(&text, 200)
-            ))
-        })?;
+        let v = http::post_json(&self.agent, &self.url, body, self.cfg.timeout_s)?;
         let choice = &v["choices"][0];
-        let answer = match self.cfg.endpoint {
-            JudgeEndpoint::Chat => choice["message"]["content"].as_str(),
-            JudgeEndpoint::Completions => choice["text"].as_str(),
+        let (answer, field) = match self.cfg.endpoint {
+            JudgeEndpoint::Chat => (choice["message"]["content"].as_str(), "message.content"),
+            JudgeEndpoint::Completions => (choice["text"].as_str(), "text"),
         };
         answer.map(str::to_string).ok_or_else(|| {
             Failure::Retry(format!(
-                "HTTP 200 without choices[0].{}: {}",
-                match self.cfg.endpoint {
-                    JudgeEndpoint::Chat => "message.content",
-                    JudgeEndpoint::Completions => "text",
-                },
-                truncate(&text, 200)
+                "HTTP 200 without choices[0].{field}: {}",
+                truncate(&v.to_string(), 200)
             ))
         })
     }
@@ -373,21 +324,7 @@ impl JudgeVerifier {
     /// The answer to `prompt`, retried per the settings.
     fn ask(&self, prompt: &str) -> Result<String, RewardError> {
         let body = self.body(prompt);
-        let mut last = String::new();
-        for attempt in 0..=self.cfg.retries {
-            if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(100 << (attempt - 1).min(8)));
-            }
-            match self.once(&body) {
-                Ok(a) => return Ok(a),
-                Err(Failure::Refused(m)) => return Err(self.fail(m)),
-                Err(Failure::Retry(m)) => last = m,
-            }
-        }
-        Err(self.fail(format!(
-            "{last} (after {} attempts; check the server, or raise retries or timeout_s)",
-            self.cfg.retries + 1
-        )))
+        http::with_retries(self.cfg.retries, || self.once(&body)).map_err(|m| self.fail(m))
     }
 }
 
@@ -404,28 +341,11 @@ impl Verifier for JudgeVerifier {
             .map(|s| prompt_for(&self.cfg.template, s))
             .collect::<Result<_, _>>()
             .map_err(|e| RewardError::Config(format!("judge template: {e}")))?;
-        let answers: Vec<Mutex<Option<Result<String, RewardError>>>> =
-            prompts.iter().map(|_| Mutex::new(None)).collect();
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..self.cfg.in_flight.min(prompts.len()) {
-                scope.spawn(|| loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(p) = prompts.get(k) else { break };
-                    let a = self.ask(p);
-                    let stop = a.is_err();
-                    *answers[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
-                    if stop {
-                        // No new requests after a failure: the batch fails anyway.
-                        next.store(prompts.len(), Ordering::Relaxed);
-                    }
-                });
-            }
-        });
+        let answers = http::in_pool(prompts.len(), self.cfg.in_flight, |k| self.ask(&prompts[k]));
         let mut out = Vec::with_capacity(samples.len());
         let mut failed = Vec::new();
         for (k, slot) in answers.into_iter().enumerate() {
-            let answer = match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            let answer = match slot {
                 Some(a) => a?,
                 None => continue, // not sent after an earlier failure, reported below
             };

@@ -15,7 +15,9 @@
 //! - [`judge::JudgeVerifier`]: an LLM judge on an OpenAI-compatible server, its answer parsed by
 //!   a stated rule;
 //! - [`persistent::PersistentVerifier`]: a user program started once per run, one JSON line per
-//!   batch in and out.
+//!   batch in and out;
+//! - [`reward_model::RewardModelVerifier`]: a learned reward model's scalar score from a server
+//!   speaking vLLM's pooling API.
 //!
 //! [`combine::RewardFunction`] adds an optional format reward (reported apart from correctness) and
 //! weighted sums of components, each logged.
@@ -44,12 +46,14 @@ pub mod extract;
 pub mod format;
 pub mod forms;
 pub mod gsm8k;
+mod http;
 pub mod judge;
 pub mod latex;
 pub mod latex_rules;
 pub mod math;
 pub mod number;
 pub mod persistent;
+pub mod reward_model;
 pub mod sampling;
 
 use serde::Serialize;
@@ -133,7 +137,7 @@ pub enum RewardError {
         /// What happened (exit status, stderr tail, timeout, bad line number and text).
         reason: String,
     },
-    /// An LLM judge's server failed: no answer in time after the retries, a refusal (HTTP 4xx),
+    /// An LLM judge's or a reward model's server failed: no answer in time after the retries, a refusal (HTTP 4xx),
     /// a malformed answer, or an answer that could not be parsed under `on_parse_failure = "error"`.
     #[error("judge at {server} failed: {reason}")]
     Judge {

@@ -2,70 +2,15 @@
 //! both parse rules, parse failures under both policies, retries on timeouts and HTTP 5xx, no retry
 //! on a refusal, garbage answers, and the bound on requests in flight.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use common::server;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rlvr_reward::combine::VerifierConfig;
 use rlvr_reward::judge::{parse_answer, JudgeConfig, JudgeParse};
 use rlvr_reward::{Sample, Verifier};
-
-/// What the fake server saw.
-#[derive(Default)]
-struct Seen {
-    bodies: Mutex<Vec<serde_json::Value>>,
-    now: AtomicUsize,
-    peak: AtomicUsize,
-}
-
-/// A server answering every request with `reply(request number, body)` = (status, body, delay),
-/// for at most `limit` requests; returns its URL and what it saw.
-fn server(
-    limit: usize,
-    reply: impl Fn(usize, &serde_json::Value) -> (u16, String, u64) + Send + Sync + 'static,
-) -> (String, Arc<Seen>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    let seen = Arc::new(Seen::default());
-    let reply = Arc::new(reply);
-    let s = Arc::clone(&seen);
-    std::thread::spawn(move || {
-        for (n, conn) in l.incoming().take(limit).enumerate() {
-            let Ok(mut conn) = conn else { continue };
-            let (s, reply) = (Arc::clone(&s), Arc::clone(&reply));
-            std::thread::spawn(move || {
-                let now = s.now.fetch_add(1, Ordering::SeqCst) + 1;
-                s.peak.fetch_max(now, Ordering::SeqCst);
-                let mut r = BufReader::new(conn.try_clone().unwrap());
-                let mut len = 0;
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap();
-                    }
-                }
-                let mut body = vec![0; len];
-                r.read_exact(&mut body).unwrap();
-                let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                let (status, text, delay) = reply(n, &body);
-                s.bodies.lock().unwrap().push(body);
-                std::thread::sleep(Duration::from_millis(delay));
-                s.now.fetch_sub(1, Ordering::SeqCst);
-                let _ = write!(
-                    conn,
-                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
-                    text.len()
-                );
-            });
-        }
-    });
-    (url, seen)
-}
 
 fn chat(answer: &str) -> String {
     serde_json::json!({"choices": [{"message": {"role": "assistant", "content": answer}}]})

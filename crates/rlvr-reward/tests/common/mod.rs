@@ -1,0 +1,70 @@
+//! A fake HTTP server on 127.0.0.1 for the tests of the verifiers that ask a server (the judge, the
+//! reward model): it answers each request by a given rule and records what it saw.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the fake server saw.
+#[derive(Default)]
+pub struct Seen {
+    pub bodies: Mutex<Vec<serde_json::Value>>,
+    pub now: AtomicUsize,
+    pub peak: AtomicUsize,
+    /// Each request's path (`/pooling`, ...), in arrival order.
+    pub paths: Mutex<Vec<String>>,
+}
+
+/// A server answering every request with `reply(request number, body)` = (status, body, delay),
+/// for at most `limit` requests; returns its URL and what it saw.
+pub fn server(
+    limit: usize,
+    reply: impl Fn(usize, &serde_json::Value) -> (u16, String, u64) + Send + Sync + 'static,
+) -> (String, Arc<Seen>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let seen = Arc::new(Seen::default());
+    let reply = Arc::new(reply);
+    let s = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for (n, conn) in l.incoming().take(limit).enumerate() {
+            let Ok(mut conn) = conn else { continue };
+            let (s, reply) = (Arc::clone(&s), Arc::clone(&reply));
+            std::thread::spawn(move || {
+                let now = s.now.fetch_add(1, Ordering::SeqCst) + 1;
+                s.peak.fetch_max(now, Ordering::SeqCst);
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut len = 0;
+                let mut request_line = String::new();
+                r.read_line(&mut request_line).unwrap_or(0);
+                let path = request_line.split(' ').nth(1).unwrap_or("").to_string();
+                s.paths.lock().unwrap().push(path);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut body = vec![0; len];
+                r.read_exact(&mut body).unwrap();
+                let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let (status, text, delay) = reply(n, &body);
+                s.bodies.lock().unwrap().push(body);
+                std::thread::sleep(Duration::from_millis(delay));
+                s.now.fetch_sub(1, Ordering::SeqCst);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            });
+        }
+    });
+    (url, seen)
+}
