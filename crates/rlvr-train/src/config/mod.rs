@@ -263,7 +263,8 @@ pub fn reference_markdown() -> String {
     // off-policy corrections among them).
     out.push_str(&rlvr_algo::reference_rows());
     out.push_str(
-        "| `[reward]` | rlvr-reward's `RewardConfig`: weighted components and an optional format reward |\n",
+        "| `data.verifier` | The verifier, an inline table tagged by `kind`: `gsm8k` (`mode`), `math`, `countdown`, `arithmetic` (`mode`), `external` (`command`, `mode` = `per_batch` or `persistent`, `timeout_s`, `restarts`), `judge` (an LLM judge over HTTP: `server`, `model`, `template`, `parse`, `endpoint`, `on_parse_failure`, `max_tokens`, `temperature`, `seed`, `in_flight`, `timeout_s`, `retries`, `extra_body`) or `reward_model` (a reward model on vLLM's pooling API: `server`, `model`, `endpoint`, `activation`, `input`, `template`, `label`, `scale`, `shift`, `correct_above`, `batch_size`, `in_flight`, `timeout_s`, `retries`, `extra_body`); every key is described in docs/external-verifier.md. Required for `task = \"jsonl\"`; the built-in tasks default to their own. |\n\
+         | `[reward]` | rlvr-reward's `RewardConfig`: weighted components (`[[reward.components]]`: `name`, `weight`, `verifier` as `data.verifier`) and an optional format reward |\n",
     );
     out
 }
