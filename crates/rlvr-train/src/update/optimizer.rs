@@ -35,10 +35,11 @@ pub struct OptimizerValues<'a> {
     pub grad_clip: (&'a str, f64),
 }
 
-/// Checks the optimizer settings before anything is trained: lr finite and > 0; β₁, β₂ in
+/// Checks the optimizer settings before anything is trained: lr finite and positive; β₁, β₂ in
 /// [0, 1) (β = 1 freezes a moment and AdamW's bias correction 1 − βᵗ divides by 0); ε finite and
-/// > 0 (it keeps the step finite where the second moment is 0); weight decay finite and ≥ 0;
-/// the gradient clip finite and ≥ 0 (0 = off). A NaN anywhere would train every weight into NaN.
+/// positive (it keeps the step finite where the second moment is 0); weight decay finite and
+/// ≥ 0; the gradient clip finite and ≥ 0 (0 = off). A NaN anywhere would train every weight into
+/// NaN.
 ///
 /// # Errors
 /// The first value out of range, naming its key, the value and the allowed range.
