@@ -928,3 +928,48 @@ fn a_sigkilled_rlvr_takes_its_persistent_verifier_with_it() {
         "verifier {pid} outlived the SIGKILLed rlvr by 5 s"
     );
 }
+
+/// The parent-death signal follows the *thread* that forked: a persistent verifier first started
+/// by the explorer thread (o = 1, a resumed run: no step-0 evaluation on the main thread) must
+/// outlive that thread, which ends after the last batch, for the final evaluation.
+#[test]
+fn a_persistent_verifier_started_by_the_explorer_thread_survives_its_end() {
+    let python = Command::new("python3").arg("--version").output();
+    if !python.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!("python3 not found: the persistent verifier run is skipped");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let starts = tmp.path().join("starts");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/reward_persistent.py");
+    let script = format!(
+        "echo start >> {}; exec python3 {}",
+        starts.display(),
+        example.display()
+    );
+    let mut s = sets(&model, &run, 2);
+    s.push("sync.offset=1".into());
+    s.push("train.eval_every=4".into());
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    ok(&train_cmd(&s).output().unwrap(), "train to step 2");
+    assert_eq!(std::fs::read_to_string(&starts).unwrap(), "start\n");
+    let out = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .args(["--set", "train.steps=4"])
+        .output()
+        .unwrap();
+    ok(&out, "resume to step 4");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(steps(&run), [0, 1, 2, 3, 4], "{err}");
+    // One start per run: the final evaluation found the explorer thread's program alive.
+    assert_eq!(
+        std::fs::read_to_string(&starts).unwrap(),
+        "start\nstart\n",
+        "{err}"
+    );
+}
