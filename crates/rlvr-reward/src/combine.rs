@@ -87,7 +87,86 @@ fn default_weight() -> f64 {
     1.0
 }
 
+/// The longest `timeout_s` a verifier accepts, in seconds (10⁶ s, about 11.6 days): a longer
+/// one is a typo or a wish for "never", and far beyond it the deadline `now + timeout` overflows.
+pub const MAX_TIMEOUT_S: f64 = 1e6;
+
+/// The largest |value| of a reward component's `weight` and of the format reward's `bonus` and
+/// `penalty`: rewards beyond it overflow the squares of the reward statistics and swamp every
+/// other component.
+pub const MAX_REWARD_WEIGHT: f64 = 1e6;
+
+/// `x` as written in an error: plainly when short, in scientific notation when its plain form
+/// would run long (1e300 is 301 digits plainly).
+fn show(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.len() <= 16 {
+        plain
+    } else {
+        format!("{x:e}")
+    }
+}
+
+/// `secs` as a [`Duration`] when it is a finite number of seconds in (0, [`MAX_TIMEOUT_S`]].
+///
+/// # Errors
+/// [`RewardError::Config`] naming `key`, the value and the range.
+pub fn timeout_duration(key: &str, secs: f64) -> Result<Duration, RewardError> {
+    let out_of_range = || {
+        RewardError::Config(format!(
+            "{key} = {} is out of range: expected a number of seconds in (0, {MAX_TIMEOUT_S:e}]",
+            show(secs)
+        ))
+    };
+    if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT_S) {
+        return Err(out_of_range());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| out_of_range())
+}
+
+/// Refuses a reward weight (`key` = `value`) that is not finite or exceeds
+/// [`MAX_REWARD_WEIGHT`] in magnitude.
+fn check_weight(key: &str, value: f64) -> Result<(), RewardError> {
+    if value.is_finite() && value.abs() <= MAX_REWARD_WEIGHT {
+        return Ok(());
+    }
+    Err(RewardError::Config(format!(
+        "{key} = {} is out of range: expected a finite number in [-{MAX_REWARD_WEIGHT:e}, \
+         {MAX_REWARD_WEIGHT:e}]",
+        show(value)
+    )))
+}
+
 impl VerifierConfig {
+    /// Checks what [`VerifierConfig::build`] would refuse, without building or starting anything
+    /// (for a config check at start-up); `key` names where the verifier was given, e.g.
+    /// `data.verifier` or `reward.components[0].verifier`.
+    ///
+    /// # Errors
+    /// [`RewardError::Config`] naming the key: an empty external `command`, a `timeout_s` outside
+    /// (0, [`MAX_TIMEOUT_S`]]; a judge's or a reward model's invalid settings.
+    pub fn check(&self, key: &str) -> Result<(), RewardError> {
+        match self {
+            VerifierConfig::External {
+                command, timeout_s, ..
+            } => {
+                if command.is_empty() {
+                    return Err(RewardError::Config(format!(
+                        "{key}.command is empty: an external verifier needs a program to run"
+                    )));
+                }
+                timeout_duration(&format!("{key}.timeout_s"), *timeout_s).map(|_| ())
+            }
+            VerifierConfig::Judge(j) => j
+                .check()
+                .map_err(|e| RewardError::Config(format!("{key}: {e}"))),
+            VerifierConfig::RewardModel(r) => r
+                .check()
+                .map_err(|e| RewardError::Config(format!("{key}: {e}"))),
+            _ => Ok(()),
+        }
+    }
+
     /// Builds the verifier.
     ///
     /// # Errors
@@ -106,17 +185,8 @@ impl VerifierConfig {
                 mode,
                 restarts,
             } => {
-                if command.is_empty() {
-                    return Err(RewardError::Config(
-                        "external verifier needs a non-empty `command` list".into(),
-                    ));
-                }
-                if !(timeout_s.is_finite() && *timeout_s > 0.0) {
-                    return Err(RewardError::Config(format!(
-                        "external verifier timeout_s must be a positive number of seconds, got {timeout_s}"
-                    )));
-                }
-                let timeout = Duration::from_secs_f64(*timeout_s);
+                self.check("verifier")?;
+                let timeout = timeout_duration("verifier.timeout_s", *timeout_s)?;
                 match mode {
                     ExternalMode::PerBatch => Box::new(ExternalVerifier {
                         command: command.clone(),
@@ -168,10 +238,47 @@ pub struct RewardConfig {
     pub format: Option<FormatReward>,
 }
 
+impl RewardConfig {
+    /// Checks the table without building a verifier: every component's weight finite with
+    /// |weight| ≤ [`MAX_REWARD_WEIGHT`], distinct names, each verifier's settings
+    /// ([`VerifierConfig::check`]), the format reward's `bonus` and `penalty` finite within the
+    /// same bound.
+    ///
+    /// # Errors
+    /// [`RewardError::Config`] naming the key (`reward.components[1].weight`,
+    /// `reward.format.bonus`), the value and the allowed range.
+    pub fn check(&self) -> Result<(), RewardError> {
+        let mut names: Vec<String> = Vec::new();
+        for (i, c) in self.components.iter().enumerate() {
+            let key = format!("reward.components[{i}]");
+            check_weight(&format!("{key}.weight"), c.weight)?;
+            c.verifier.check(&format!("{key}.verifier"))?;
+            let name = c
+                .name
+                .clone()
+                .unwrap_or_else(|| c.verifier.name().to_string());
+            if names.contains(&name) {
+                return Err(RewardError::Config(format!(
+                    "two components are named `{name}`: give each a distinct `name`"
+                )));
+            }
+            names.push(name);
+        }
+        if let Some(f) = &self.format {
+            check_weight("reward.format.bonus", f.bonus)?;
+            check_weight("reward.format.penalty", f.penalty)?;
+        }
+        Ok(())
+    }
+}
+
 /// A built reward function.
 pub struct RewardFunction {
     components: Vec<(String, f64, Box<dyn Verifier>)>,
     format: Option<FormatReward>,
+    /// Per component, the warning about its first reward that is not finite or exceeds
+    /// [`MAX_REWARD_WEIGHT`] in magnitude (set, and printed on stderr, once per function).
+    warned: Vec<std::sync::OnceLock<String>>,
 }
 
 /// The reward of one completion with its parts.
@@ -216,11 +323,7 @@ impl RewardFunction {
                 .name
                 .clone()
                 .unwrap_or_else(|| c.verifier.name().to_string());
-            if !c.weight.is_finite() {
-                return Err(RewardError::Config(format!(
-                    "component `{name}` has a non-finite weight"
-                )));
-            }
+            check_weight(&format!("reward component `{name}`: weight"), c.weight)?;
             if components.iter().any(|(n, _, _)| *n == name) {
                 return Err(RewardError::Config(format!(
                     "two components are named `{name}`: give each a distinct `name`"
@@ -228,10 +331,11 @@ impl RewardFunction {
             }
             components.push((name, c.weight, c.verifier.build()?));
         }
-        Ok(RewardFunction {
-            components,
-            format: config.format,
-        })
+        if let Some(f) = &config.format {
+            check_weight("reward.format.bonus", f.bonus)?;
+            check_weight("reward.format.penalty", f.penalty)?;
+        }
+        Ok(RewardFunction::new(components, config.format))
     }
 
     /// A reward function from already built parts.
@@ -239,7 +343,49 @@ impl RewardFunction {
         components: Vec<(String, f64, Box<dyn Verifier>)>,
         format: Option<FormatReward>,
     ) -> Self {
-        RewardFunction { components, format }
+        let warned = components
+            .iter()
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
+        RewardFunction {
+            components,
+            format,
+            warned,
+        }
+    }
+
+    /// The warnings given so far, one per component at most: a verifier returned a reward that is
+    /// not finite or whose magnitude exceeds [`MAX_REWARD_WEIGHT`] (each was printed on stderr
+    /// when it first happened; the reward is kept as it is: a non-finite one makes the step's
+    /// update skipped).
+    pub fn warnings(&self) -> Vec<String> {
+        self.warned
+            .iter()
+            .filter_map(|w| w.get().cloned())
+            .collect()
+    }
+
+    /// Warns once per component about a reward that is not finite or exceeds
+    /// [`MAX_REWARD_WEIGHT`] in magnitude.
+    fn check_reward(&self, k: usize, reward: f64) {
+        if reward.is_finite() && reward.abs() <= MAX_REWARD_WEIGHT {
+            return;
+        }
+        let name = &self.components[k].0;
+        let mut first = false;
+        let msg = self.warned[k].get_or_init(|| {
+            first = true;
+            format!(
+                "warning: verifier `{name}` returned a reward of {}, which is not a finite \
+                 number of magnitude ≤ {MAX_REWARD_WEIGHT:e}: the statistics and advantages of its \
+                 batch are not meaningful (a non-finite reward skips the update); warned once per \
+                 run",
+                show(reward)
+            )
+        });
+        if first {
+            eprintln!("{msg}");
+        }
     }
 
     /// Each component's name and weight, in config order (the order of
@@ -272,6 +418,9 @@ impl RewardFunction {
             .collect();
         for (k, (name, weight, verifier)) in self.components.iter().enumerate() {
             let scores = verifier.score_batch(samples)?;
+            for s in &scores {
+                self.check_reward(k, s.reward);
+            }
             for (b, s) in out.iter_mut().zip(scores) {
                 b.reward += weight * s.reward;
                 b.components.push((name.clone(), s.reward));

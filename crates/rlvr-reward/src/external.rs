@@ -13,8 +13,9 @@
 //! On Unix the command runs in its own process group, which ends with the batch: when the command
 //! exits, or is killed at the timeout, every process it started that is still in its group (a
 //! shell's children, a `sleep` in the background) is killed too, so nothing keeps running, holds
-//! the output pipe open or piles up from batch to batch. The user guide is
-//! docs/external-verifier.md.
+//! the output pipe open or piles up from batch to batch. On Linux the command also dies with rlvr
+//! (`PR_SET_PDEATHSIG`: the kernel sends it `SIGKILL` when rlvr exits, even by `kill -9`). The user
+//! guide is docs/external-verifier.md.
 
 use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::Deserialize;
@@ -92,7 +93,9 @@ impl ExternalVerifier {
 /// Kills the process group that `child` leads (its descendants that did not leave it); no-op
 /// when it is already gone. Elsewhere than Unix, kills the child only.
 /// Starts `prog args` with piped stdin, stdout and stderr in its own process group (pgid = its
-/// pid), so [`kill_group`] reaches its children too.
+/// pid), so [`kill_group`] reaches its children too. On Linux the program also dies with rlvr: it
+/// asks the kernel for `SIGKILL` when its parent goes ([`die_with_parent`]), which covers a
+/// `kill -9` of rlvr that no cleanup code of ours outlives.
 ///
 /// # Errors
 /// The program cannot be started: the reason, worded for a verifier error.
@@ -103,12 +106,75 @@ pub(crate) fn spawn_in_group(prog: &str, args: &[String]) -> Result<std::process
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
     }
+    #[cfg(target_os = "linux")]
+    die_with_parent(&mut cmd);
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .stderr(Stdio::piped());
+    spawn_from_long_lived_thread(cmd)
         .map_err(|e| format!("could not start it: {e} (check the path and that it is executable)"))
+}
+
+/// Makes `cmd`'s child ask for `SIGKILL` when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and
+/// exit at once if rlvr already died between the fork and that call.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use rustix::process::{getpid, getppid, set_parent_process_death_signal, Signal};
+    use std::os::unix::process::CommandExt;
+    let rlvr = getpid();
+    // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: it makes two system calls (prctl, getppid) through rustix, which are
+    // plain syscalls, and allocates nothing (an `Errno` converts to `io::Error` without a heap
+    // allocation).
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != Some(rlvr) {
+                return Err(rustix::io::Errno::SRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Spawns `cmd` from one thread that lives as long as the process. The kernel's "parent death"
+/// of `PR_SET_PDEATHSIG` is the exit of the *thread* that forked the child, so a persistent
+/// verifier started from, say, the explorer thread would be killed when that thread ends while
+/// rlvr goes on (its last evaluation would find it dead); forked from this thread, it dies with
+/// the process only.
+fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<std::process::Child> {
+    use std::sync::mpsc;
+    type Request = (Command, mpsc::Sender<std::io::Result<std::process::Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Request>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let started = std::thread::Builder::new()
+            .name("rlvr-verifier-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            });
+        if let Err(e) = started {
+            // No thread: the senders below fail and each spawn happens on the caller's thread.
+            eprintln!("warning: could not start the verifier spawner thread: {e}");
+        }
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    let sent = spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply));
+    match sent {
+        Ok(()) => answer
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the verifier spawner thread is gone"))),
+        Err(mpsc::SendError((mut cmd, _))) => cmd.spawn(),
+    }
 }
 
 pub(crate) fn kill_group(child: &std::process::Child) {

@@ -23,10 +23,10 @@ pub(crate) enum Failure {
 
 /// A plain-HTTP client with a per-request timeout, answering every status (no status is an
 /// error of the transport).
-pub(crate) fn agent(timeout_s: f64) -> ureq::Agent {
+pub(crate) fn agent(timeout: Duration) -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs_f64(timeout_s)))
+        .timeout_global(Some(timeout))
         .build();
     ureq::Agent::new_with_config(config)
 }

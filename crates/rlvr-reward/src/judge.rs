@@ -133,6 +133,28 @@ impl JudgeConfig {
     /// is not positive, an empty or inverted range, no labels, or a template naming an unclosed
     /// brace.
     pub fn build(&self) -> Result<JudgeVerifier, RewardError> {
+        self.check()?;
+        let base = self.server.trim_end_matches('/');
+        let path = match self.endpoint {
+            JudgeEndpoint::Chat => "/v1/chat/completions",
+            JudgeEndpoint::Completions => "/v1/completions",
+        };
+        Ok(JudgeVerifier {
+            cfg: self.clone(),
+            url: format!("{base}{path}"),
+            agent: http::agent(crate::combine::timeout_duration(
+                "timeout_s",
+                self.timeout_s,
+            )?),
+            failures: AtomicU64::new(0),
+        })
+    }
+
+    /// Checks the settings [`JudgeConfig::build`] would refuse, without building the client.
+    ///
+    /// # Errors
+    /// As [`JudgeConfig::build`].
+    pub fn check(&self) -> Result<(), RewardError> {
         let bad = |m: String| {
             Err(RewardError::Config(format!(
                 "judge at {}: {m}",
@@ -146,11 +168,8 @@ impl JudgeConfig {
         if self.in_flight == 0 {
             return bad("in_flight must be at least 1".into());
         }
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
-            return bad(format!(
-                "timeout_s must be positive, got {}",
-                self.timeout_s
-            ));
+        if let Err(e) = crate::combine::timeout_duration("timeout_s", self.timeout_s) {
+            return bad(e.to_string());
         }
         match &self.parse {
             JudgeParse::Number { min, max }
@@ -169,16 +188,7 @@ impl JudgeConfig {
         // The template's syntax, with every name present (names are checked per sample).
         render(&self.template, &|_| Some(String::new()))
             .map_err(|e| RewardError::Config(format!("judge at {}: template: {e}", self.server)))?;
-        let path = match self.endpoint {
-            JudgeEndpoint::Chat => "/v1/chat/completions",
-            JudgeEndpoint::Completions => "/v1/completions",
-        };
-        Ok(JudgeVerifier {
-            cfg: self.clone(),
-            url: format!("{base}{path}"),
-            agent: http::agent(self.timeout_s),
-            failures: AtomicU64::new(0),
-        })
+        Ok(())
     }
 }
 

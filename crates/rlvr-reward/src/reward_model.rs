@@ -142,9 +142,31 @@ impl RewardModelConfig {
     ///
     /// # Errors
     /// [`RewardError::Config`] for a URL that is not `http://`, `in_flight` or `batch_size` of 0
-    /// or above their bounds (256 and 4096), a timeout that is not a positive finite number, a
+    /// or above their bounds (256 and 4096), a timeout outside (0, 1e6] seconds, a
     /// non-finite `scale`, `shift` or `correct_above`, or a template with an unclosed brace.
     pub fn build(&self) -> Result<RewardModelVerifier, RewardError> {
+        self.check()?;
+        let base = self.server.trim_end_matches('/');
+        let path = match self.endpoint {
+            RewardModelEndpoint::Pooling => "/pooling",
+            RewardModelEndpoint::Classify => "/classify",
+        };
+        Ok(RewardModelVerifier {
+            cfg: self.clone(),
+            url: format!("{base}{path}"),
+            agent: http::agent(crate::combine::timeout_duration(
+                "timeout_s",
+                self.timeout_s,
+            )?),
+        })
+    }
+
+    /// Checks the settings [`RewardModelConfig::build`] would refuse, without building the
+    /// client (for the config check at start-up).
+    ///
+    /// # Errors
+    /// As [`RewardModelConfig::build`].
+    pub fn check(&self) -> Result<(), RewardError> {
         let bad = |m: String| {
             Err(RewardError::Config(format!(
                 "reward model at {}: {m}",
@@ -167,11 +189,8 @@ impl RewardModelConfig {
                 self.batch_size
             ));
         }
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 86_400.0) {
-            return bad(format!(
-                "timeout_s must be in (0, 86400] seconds, got {}",
-                self.timeout_s
-            ));
+        if let Err(e) = crate::combine::timeout_duration("timeout_s", self.timeout_s) {
+            return bad(e.to_string());
         }
         for (k, v) in [
             ("scale", self.scale),
@@ -185,15 +204,7 @@ impl RewardModelConfig {
         render(&self.template, &|_| Some(String::new())).map_err(|e| {
             RewardError::Config(format!("reward model at {}: template: {e}", self.server))
         })?;
-        let path = match self.endpoint {
-            RewardModelEndpoint::Pooling => "/pooling",
-            RewardModelEndpoint::Classify => "/classify",
-        };
-        Ok(RewardModelVerifier {
-            cfg: self.clone(),
-            url: format!("{base}{path}"),
-            agent: http::agent(self.timeout_s),
-        })
+        Ok(())
     }
 }
 

@@ -256,3 +256,116 @@ fn weighted_sum_and_format_reported_separately() {
         .unwrap_err()
         .contains("two components are named `math`"));
 }
+
+/// A verifier that returns the number in the completion as the reward.
+struct Echo;
+
+impl rlvr_reward::Verifier for Echo {
+    fn score(&self, s: &Sample<'_>) -> Result<rlvr_reward::Score, rlvr_reward::RewardError> {
+        Ok(rlvr_reward::Score {
+            reward: s.completion.parse().unwrap(),
+            correct: false,
+            extracted: None,
+            gold: None,
+        })
+    }
+}
+
+#[test]
+fn a_non_finite_or_huge_reward_is_warned_about_once_naming_the_verifier() {
+    let f = RewardFunction::new(
+        vec![
+            ("echo".into(), 1.0, Box::new(Echo)),
+            ("tame".into(), 1.0, Box::new(Echo)),
+        ],
+        None,
+    );
+    let batch = |xs: &[&str]| {
+        let samples: Vec<Sample> = xs.iter().map(|x| Sample::new(x, "")).collect();
+        f.score_batch(&samples).unwrap()
+    };
+    batch(&["1", "-1e6"]);
+    assert!(f.warnings().is_empty());
+    let b = batch(&["NaN", "2e6"]);
+    assert!(b[0].reward.is_nan() && b[1].reward == 4e6);
+    batch(&["inf"]);
+    let w = f.warnings();
+    // One per verifier, the first value each saw.
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w[0].contains("verifier `echo`") && w[0].contains("NaN"),
+        "{w:?}"
+    );
+    assert!(
+        w[1].contains("verifier `tame`") && w[1].contains("NaN"),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn reward_weights_and_verifier_timeouts_out_of_range_are_named() {
+    let with = |weight: f64, format: Option<FormatReward>, timeout_s: f64| RewardConfig {
+        components: vec![ComponentConfig {
+            name: None,
+            weight,
+            verifier: sh("true", timeout_s),
+        }],
+        format,
+    };
+    for (cfg, key) in [
+        (
+            with(f64::NAN, None, 1.0),
+            "reward.components[0].weight = NaN",
+        ),
+        (
+            with(1e7, None, 1.0),
+            "reward.components[0].weight = 10000000",
+        ),
+        (
+            with(
+                1.0,
+                Some(FormatReward {
+                    bonus: f64::NAN,
+                    penalty: -0.1,
+                }),
+                1.0,
+            ),
+            "reward.format.bonus = NaN",
+        ),
+        (
+            with(
+                1.0,
+                Some(FormatReward {
+                    bonus: 0.1,
+                    penalty: f64::NEG_INFINITY,
+                }),
+                1.0,
+            ),
+            "reward.format.penalty = -inf",
+        ),
+        (
+            with(1.0, None, 1e300),
+            "reward.components[0].verifier.timeout_s = 1e300",
+        ),
+        (
+            with(1.0, None, 0.0),
+            "reward.components[0].verifier.timeout_s = 0",
+        ),
+    ] {
+        let e = cfg.check().unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains("out of range"), "{key}: {e}");
+        // Building refuses it too (the format bonus and the timeout without a panic).
+        let sample = VerifierConfig::Math;
+        assert!(RewardFunction::from_config(&cfg, &sample).is_err(), "{key}");
+    }
+    with(
+        -1e6,
+        Some(FormatReward {
+            bonus: 1e6,
+            penalty: -1e6,
+        }),
+        1e6,
+    )
+    .check()
+    .unwrap();
+}

@@ -54,7 +54,7 @@ pub struct GenerateArgs {
     /// Render each prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Group size K: completions per prompt.
+    /// Group size K: completions per prompt (1 to 4096).
     #[arg(short = 'n', value_name = "K", default_value_t = 1)]
     pub n: usize,
     /// Softmax temperature T; 0 = greedy.
@@ -211,6 +211,13 @@ pub fn run_with(
     out: &mut dyn Write,
     make: &RolloutFactory,
 ) -> anyhow::Result<()> {
+    let max = crate::params::MAX_GROUP_SIZE;
+    if !(1..=max).contains(&args.n) {
+        bail!(
+            "-n {} is out of range: expected 1 to {max} completions per prompt",
+            args.n
+        );
+    }
     let dtype = match args.dtype {
         DtypeArg::F32 => DType::F32,
         DtypeArg::Bf16 => DType::BF16,

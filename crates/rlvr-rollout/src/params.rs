@@ -113,6 +113,10 @@ impl Detokenize for tokenizers::Tokenizer {
     }
 }
 
+/// The most completions per prompt one sampling call accepts (`group_size`, `rlvr generate -n`):
+/// GRPO uses 8 to 64; far beyond it the row buffers of one group exhaust memory.
+pub const MAX_GROUP_SIZE: usize = 4096;
+
 fn invalid(name: &'static str, value: impl std::fmt::Debug, hint: &'static str) -> RolloutError {
     RolloutError::InvalidParam {
         name,
@@ -131,6 +135,13 @@ impl SamplingParams {
                 "group_size",
                 self.group_size,
                 "K must be at least 1",
+            ));
+        }
+        if self.group_size > MAX_GROUP_SIZE {
+            return Err(invalid(
+                "group_size",
+                self.group_size,
+                "K must be at most 4096 (MAX_GROUP_SIZE)",
             ));
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {

@@ -170,6 +170,12 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     ] {
         anyhow::ensure!(v != Some(0), "{flag} 0: must be at least 1");
     }
+    let max = crate::config::MAX_EVAL_SAMPLES;
+    anyhow::ensure!(
+        a.n <= max,
+        "--n {} is out of range: at most {max} samples per problem",
+        a.n
+    );
     let mut sets = a.set.clone();
     if let Some(t) = &a.task {
         sets.push(format!("data.task=\"{t}\""));
@@ -416,12 +422,31 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     };
     let writer = launch.rank == 0;
-    // --out: never the input model; non-empty only with --force.
+    if a.batch_size == 0 || a.micro_batch_size == 0 {
+        bail!("--batch-size and --micro-batch-size must be at least 1");
+    }
+    let max = crate::config::MAX_ROWS_PER_STEP;
+    for (flag, v) in [
+        ("--batch-size", a.batch_size),
+        ("--micro-batch-size", a.micro_batch_size),
+    ] {
+        anyhow::ensure!(v <= max, "{flag} {v} is out of range: at most {max} pairs");
+    }
+    crate::update::optimizer::check_optimizer(&crate::update::optimizer::OptimizerValues {
+        lr: ("--lr", a.lr),
+        beta1: None,
+        beta2: None,
+        eps: None,
+        weight_decay: ("--weight-decay", a.weight_decay),
+        grad_clip: ("--grad-clip", a.grad_clip),
+    })?;
+    // --out: never the input model; non-empty only with --force, and then written into a staging
+    // sibling that replaces it only once the run has succeeded.
     crate::store::lock::refuse_same_dir(&a.model, &a.out)?;
     let prepared = if writer {
-        crate::store::lock::prepare_model_output(&a.out, a.force, "--out")
+        crate::store::lock::StagedOutput::prepare(&a.out, a.force, "--out").map(Some)
     } else {
-        Ok(())
+        Ok(None)
     };
     if let Some(c) = comm.as_mut() {
         if c.any(prepared.is_err())? && prepared.is_ok() {
@@ -431,9 +456,47 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             );
         }
     }
-    prepared?;
+    let staged = prepared?;
+    let write_to = staged
+        .as_ref()
+        .map_or(a.out.as_path(), |s| s.path())
+        .to_path_buf();
+    let done = sft_run(a, &raw, &launch, comm, writer, &write_to);
+    let done = match (done, staged.as_ref().and_then(|s| s.staging())) {
+        (Err(e), Some(staging)) => {
+            return Err(e.context(format!(
+                "--out {} is unchanged (--force writes into {} and replaces --out only when the \
+                 run succeeds)",
+                a.out.display(),
+                staging.display()
+            )))
+        }
+        (done, _) => done?,
+    };
+    let Some(staged) = staged else {
+        return Ok(());
+    };
+    staged.commit()?;
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({"out": a.out, "steps": done.steps, "loss": done.loss})
+    )?;
+    Ok(())
+}
+
+/// The part of `rlvr sft` after `--out` is prepared: device, model, pairs, evaluator, settings,
+/// then training into `write_to` (the staging directory under `--force`).
+fn sft_run(
+    a: &SftArgs,
+    raw: &RawConfig,
+    launch: &rlvr_dist::env::Launch,
+    comm: Option<rlvr_dist::SharedComm>,
+    writer: bool,
+    write_to: &std::path::Path,
+) -> anyhow::Result<crate::sft::SftOutcome> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let device = rlvr_dist::env::device_for(&a.device, &launch, visible.as_deref())?;
+    let device = rlvr_dist::env::device_for(&a.device, launch, visible.as_deref())?;
     let device = rlvr_model::parse_device(&device)?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
@@ -443,9 +506,6 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "cosine" => Schedule::Cosine,
         s => bail!("--schedule {s}: expected constant, linear or cosine"),
     };
-    if a.batch_size == 0 || a.micro_batch_size == 0 {
-        bail!("--batch-size and --micro-batch-size must be at least 1");
-    }
     let policy = Policy::load(&a.model, dtype, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let pairs = match &a.data {
@@ -458,8 +518,8 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         ),
     };
     let evaluator = if a.eval_every > 0 {
-        let reward = Arc::new(settings::reward_function(&raw)?);
-        Some(settings::evaluator(&raw, &policy.tokenizer, reward)?)
+        let reward = Arc::new(settings::reward_function(raw)?);
+        Some(settings::evaluator(raw, &policy.tokenizer, reward)?)
     } else {
         None
     };
@@ -496,22 +556,14 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         &pairs,
         &settings,
         evaluator.as_ref(),
-        &a.out,
+        write_to,
         &mut |st| sft_progress(st, bar.as_ref(), a.log_every, t0),
         comm,
     )?;
     if let Some(b) = &bar {
         b.finish();
     }
-    if !writer {
-        return Ok(());
-    }
-    writeln!(
-        out,
-        "{}",
-        serde_json::json!({"out": a.out, "steps": done.steps, "loss": done.loss})
-    )?;
-    Ok(())
+    Ok(done)
 }
 
 /// One SFT step on the bar (on a terminal) or as a line on stderr (every `log_every` steps, at

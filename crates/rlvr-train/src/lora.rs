@@ -34,9 +34,20 @@ pub fn attach(
             l.rank,
             dir.display()
         ),
-        (Some(c), None) => model
-            .add_lora(&c, seed)
-            .context("model.lora_*: attaching LoRA adapters"),
+        (Some(c), None) => {
+            let hidden = model.config().hidden_size;
+            if c.rank > hidden {
+                bail!(
+                    "model.lora_rank = {} is out of range: at most the hidden size of {}, {hidden} \
+                     (a rank-r adapter of a width-{hidden} projection is full rank at r = {hidden})",
+                    c.rank,
+                    dir.display()
+                );
+            }
+            model
+                .add_lora(&c, seed)
+                .context("model.lora_*: attaching LoRA adapters")
+        }
         (Some(c), Some(l)) if same(&c, &l) => Ok(()),
         (Some(c), Some(l)) => bail!(
             "{} holds a LoRA adapter with r = {}, alpha = {}, targets {:?}, dropout {}, but the \

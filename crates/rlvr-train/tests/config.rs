@@ -100,6 +100,63 @@ fn bad_values_are_named() {
 }
 
 #[test]
+fn optimizer_keys_out_of_range_are_named_with_their_range() {
+    for (set, key, range) in [
+        ("train.beta1=1.0", "train.beta1 = 1", "[0, 1)"),
+        ("train.beta1=-0.1", "train.beta1 = -0.1", "[0, 1)"),
+        ("train.beta1=nan", "train.beta1 = NaN", "[0, 1)"),
+        ("train.beta2=1.5", "train.beta2 = 1.5", "[0, 1)"),
+        (
+            "train.adam_eps=0.0",
+            "train.adam_eps = 0",
+            "a finite number > 0",
+        ),
+        (
+            "train.adam_eps=inf",
+            "train.adam_eps = inf",
+            "a finite number > 0",
+        ),
+        (
+            "train.weight_decay=-0.01",
+            "train.weight_decay = -0.01",
+            ">= 0",
+        ),
+        ("train.weight_decay=nan", "train.weight_decay = NaN", ">= 0"),
+        ("train.lr=nan", "train.lr = NaN", "a finite number > 0"),
+        ("train.lr=0.0", "train.lr = 0", "a finite number > 0"),
+        (
+            "train.lr=-1e-6",
+            "train.lr = -0.000001",
+            "a finite number > 0",
+        ),
+        ("train.grad_clip=inf", "train.grad_clip = inf", "(0 = off)"),
+        ("train.grad_clip=-1.0", "train.grad_clip = -1", "(0 = off)"),
+        (
+            "train.min_lr=1.0",
+            "train.min_lr = 1",
+            "[0, train.lr = 0.000001]",
+        ),
+    ] {
+        let err = format!("{:#}", check_load("", &[set]).unwrap_err());
+        assert!(
+            err.contains(key) && err.contains(range),
+            "{set}: expected `{key}` and `{range}` in: {err}"
+        );
+    }
+    // The edges that are allowed.
+    check_load(
+        "",
+        &[
+            "train.beta1=0.0",
+            "train.beta2=0.0",
+            "train.weight_decay=0.0",
+            "train.grad_clip=0.0",
+        ],
+    )
+    .unwrap();
+}
+
+#[test]
 fn set_values_parse_as_toml_then_string() {
     assert_eq!(parse_value("1e-6"), toml::Value::Float(1e-6));
     assert_eq!(parse_value("3"), toml::Value::Integer(3));

@@ -65,6 +65,107 @@ fn malformed_experience_lines_name_file_line_and_field() {
 }
 
 #[test]
+fn impossible_log_probs_and_split_groups_are_refused_naming_file_line_and_field() {
+    for lp in ["0.5", "-20000.0", "1e400"] {
+        let line = format!(
+            r#"{{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [{lp}], "reward": 1.0, "group_id": "a"}}"#
+        );
+        // 1e400 is not a JSON number serde accepts: the line as a whole is refused.
+        check_bad_line(
+            &line,
+            if lp == "1e400" {
+                "-"
+            } else {
+                "behaviour_logprobs"
+            },
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("exp.jsonl");
+    let row = |g: &str, lp: &str| {
+        format!(
+            r#"{{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [{lp}], "reward": 1.0, "group_id": "{g}"}}"#
+        )
+    };
+    // The edges of the log-prob range are accepted.
+    write(
+        &p,
+        &[row("a", "0.0"), row("a", "-10000.0"), row("b", "-1.0")],
+    );
+    assert_eq!(read_experiences(&p).unwrap().len(), 3);
+    let err = {
+        write(&p, &[row("a", "-1"), row("b", "-1"), row("a", "-1")]);
+        read_experiences(&p).unwrap_err().to_string()
+    };
+    assert!(
+        err.contains("exp.jsonl:3: field `group_id`")
+            && err.contains("began at line 1")
+            && err.contains("consecutive"),
+        "{err}"
+    );
+}
+
+/// An offline run over `lines` with B = 1 group per step for `steps` steps; its error, if any.
+fn offline_run(lines: &[String], steps: u64) -> Option<String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = common::tiny_model(tmp.path(), 4);
+    let file = tmp.path().join("exp.jsonl");
+    write(&file, lines);
+    let sets: Vec<String> = vec![
+        format!("model.path={}", model_dir.display()),
+        format!("output.dir={}", tmp.path().join("run").display()),
+        format!("data.experiences={}", file.display()),
+        "data.prompts_per_step=1".into(),
+        format!("train.steps={steps}"),
+    ];
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default())
+        .err()
+        .map(|e| format!("{e:#}"))
+}
+
+#[test]
+fn rows_from_the_future_or_longer_than_the_model_are_refused_naming_file_line_and_field() {
+    let row = |g: &str, version: u64, completion: &str| {
+        format!(
+            r#"{{"prompt_ids": [1, 2], "completion_ids": [{completion}], "behaviour_logprobs": [{}], "reward": {}, "group_id": "{g}", "version": {version}}}"#,
+            completion
+                .split(',')
+                .map(|_| "-1.0")
+                .collect::<Vec<_>>()
+                .join(","),
+            if completion == "3" { 1.0 } else { 0.0 },
+        )
+    };
+    // Step 2 takes group b, sampled by version 1 (staleness 0: fine); step 3 takes group c, whose
+    // second row claims version 3, the weights after step 3.
+    let lines = vec![
+        row("a", 0, "3"),
+        row("a", 0, "4"),
+        row("b", 1, "3"),
+        row("b", 1, "4"),
+        row("c", 2, "3"),
+        row("c", 3, "4"),
+    ];
+    let err = offline_run(&lines, 3).expect("version 3 at step 3 is refused");
+    assert!(
+        err.contains("exp.jsonl:6: field `version`: 3 is from the future: step 3"),
+        "{err}"
+    );
+    assert!(offline_run(&lines[..4], 2).is_none());
+    // tiny_model has 128 positions: 2 prompt + 127 completion tokens do not fit.
+    let long = vec!["3"; 127].join(",");
+    let lines = vec![row("a", 0, "3"), row("a", 0, &long)];
+    let err = offline_run(&lines, 1).expect("a row longer than the model is refused");
+    assert!(
+        err.contains("exp.jsonl:2: field `completion_ids`")
+            && err.contains("129 tokens")
+            && err.contains("max_position_embeddings (128)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn experience_fields_parse() {
     let tmp = tempfile::tempdir().unwrap();
     let p = tmp.path().join("exp.jsonl");

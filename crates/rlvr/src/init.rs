@@ -67,11 +67,63 @@ pub struct InitArgs {
     pub force: bool,
 }
 
+/// The most parameters `rlvr init` creates: 10¹¹ (400 GB of f32 weights, built in memory before
+/// they are written); larger sizes are typos.
+pub const MAX_PARAMETERS: f64 = 1e11;
+
+/// Refuses sizes whose model has more than [`MAX_PARAMETERS`] parameters, or needs more memory
+/// than this machine has (`MemTotal` of /proc/meminfo, where there is one: the f32 weights and the
+/// written file's bytes), naming the flags. Counted in f64, so no size overflows.
+fn check_size(
+    a: &InitArgs,
+    vocab: usize,
+    kv: usize,
+    head_dim: usize,
+    inter: usize,
+    tie: bool,
+    dtype: DType,
+) -> anyhow::Result<()> {
+    let [v, h, l, q, kv, d, i] =
+        [vocab, a.hidden, a.layers, a.heads, kv, head_dim, inter].map(|x| x as f64);
+    // q, k, v, o projections (+ q/k/v biases), the MLP's three, two norms per layer.
+    let layer = 2.0 * h * q * d + 2.0 * h * kv * d + (q + 2.0 * kv) * d + 3.0 * h * i + 2.0 * h;
+    let embeddings = if tie { v * h } else { 2.0 * v * h };
+    let params = embeddings + l * layer + h;
+    let flags = format!(
+        "--vocab-size {vocab}, --hidden {}, --layers {}, --heads {}, --kv-heads {kv}, --head-dim \
+         {head_dim}, --intermediate {inter}",
+        a.hidden, a.layers, a.heads
+    );
+    anyhow::ensure!(
+        params <= MAX_PARAMETERS,
+        "the model of {flags} has {params:.3e} parameters: out of range, at most \
+         {MAX_PARAMETERS:e} (`rlvr init` builds it in memory)"
+    );
+    let need = params * (4.0 + dtype.size_in_bytes() as f64);
+    if let Some(total) = mem_total_bytes().filter(|&t| need > t as f64) {
+        anyhow::bail!(
+            "the model of {flags} needs about {:.1} GiB of memory ({params:.3e} parameters in f32, \
+             and the file's bytes), more than this machine's {:.1} GiB",
+            need / f64::from(1u32 << 30),
+            total as f64 / f64::from(1u32 << 30)
+        );
+    }
+    Ok(())
+}
+
+/// This machine's memory from /proc/meminfo (`MemTotal`), where there is one.
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Builds the config, writes the model directory, prints `{"out", "parameters", "vocab_size"}`.
 ///
 /// # Errors
-/// A size flag of 0 (named), a non-empty `--out` without `--force`, inconsistent head sizes, a
-/// tokenizer that does not load, I/O errors.
+/// A size flag of 0 (named), a non-empty `--out` without `--force`, inconsistent head sizes, a model
+/// above [`MAX_PARAMETERS`] or this machine's memory, a tokenizer that does not load, I/O errors.
 pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     for (flag, v) in [
         ("--hidden", Some(a.hidden)),
@@ -132,11 +184,14 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .bos_token
         .as_deref()
         .and_then(|t| tok.tokenizer.token_to_id(t));
+    let intermediate = a.intermediate.unwrap_or(a.hidden.saturating_mul(4));
+    let tie = a.tie_embeddings.unwrap_or(arch != Arch::Llama);
+    check_size(a, vocab_size, kv, head_dim, intermediate, tie, dtype)?;
     let config = ModelConfig {
         arch,
         vocab_size,
         hidden_size: a.hidden,
-        intermediate_size: a.intermediate.unwrap_or(4 * a.hidden),
+        intermediate_size: intermediate,
         num_hidden_layers: a.layers,
         num_attention_heads: a.heads,
         num_key_value_heads: kv,
@@ -145,7 +200,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         rope_theta: a.rope_theta,
         rope_scaling: None,
         max_position_embeddings: a.max_position_embeddings,
-        tie_word_embeddings: a.tie_embeddings.unwrap_or(arch != Arch::Llama),
+        tie_word_embeddings: tie,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
         mlp_bias: false,

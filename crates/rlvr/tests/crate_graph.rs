@@ -6,7 +6,8 @@
 //!    loaders build and test without the tensor stack.
 //! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
 //!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
-//!    calls and rlvr-dist's `unsafe impl Send` for the MPI communicator, each under
+//!    calls, rlvr-reward's one (`pre_exec` setting `PR_SET_PDEATHSIG` for an external verifier) and
+//!    rlvr-dist's `unsafe impl Send` for the MPI communicator, each under
 //!    `#![deny(unsafe_code)]` with a scoped `allow`.
 
 use std::collections::BTreeMap;
@@ -30,7 +31,7 @@ const LAYERS: &[(&str, u32)] = &[
 
 const LIGHT: &[&str] = &["rlvr-fonts", "rlvr-reward", "rlvr-data", "rlvr-lab"];
 const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];
-const UNSAFE_DENIED: &[&str] = &["rlvr-lab", "rlvr-dist"];
+const UNSAFE_DENIED: &[&str] = &["rlvr-lab", "rlvr-dist", "rlvr-reward"];
 
 fn crates_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -702,3 +702,274 @@ fn relative_input_paths_are_stored_resolved_so_resume_works_from_another_directo
     ok(&r, "resume from another directory");
     assert_eq!(steps(&run), [1, 2, 3, 4]);
 }
+
+/// The steps of RUN_DIR/rollouts.jsonl, one per line, read as bytes (lines that do not parse
+/// are skipped).
+fn rollout_steps(run: &Path) -> Vec<u64> {
+    std::fs::read(run.join("rollouts.jsonl"))
+        .unwrap_or_default()
+        .split(|&b| b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .collect()
+}
+
+/// metrics.jsonl's line of `step` without the wall-clock keys.
+fn metrics_at(run: &Path, step: u64) -> serde_json::Value {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let mut v: serde_json::Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["step"] == step)
+        .unwrap();
+    for k in ["time/sample_s", "time/train_s", "tokens_per_s"] {
+        v.as_object_mut().unwrap().remove(k);
+    }
+    v
+}
+
+#[test]
+fn a_lost_or_torn_latest_resumes_from_the_newest_complete_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let mut s = sets(&model, &run, 3);
+    s.push("train.save_every=1".into());
+    s.push("train.keep_last=0".into());
+    ok(&train_cmd(&s).output().unwrap(), "train");
+    assert_eq!(steps(&run), [1, 2, 3]);
+    let step3 = metrics_at(&run, 3);
+    // step-3 torn (its optimizer state cut short) while latest names it, and a rollouts line
+    // torn inside a two-byte character.
+    let ckpts = run.join("checkpoints");
+    let opt = ckpts.join("step-3/trainer_state/optimizer.safetensors");
+    let bytes = std::fs::read(&opt).unwrap();
+    std::fs::write(&opt, &bytes[..bytes.len() / 2]).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(run.join("rollouts.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"step\":4,\"completion\":\"\xC3").unwrap();
+    let resume = |steps: u64| {
+        rlvr()
+            .args(["train", "--no-progress", "--resume"])
+            .arg(&run)
+            .args(["--set", &format!("train.steps={steps}")])
+            .output()
+            .unwrap()
+    };
+    let out = resume(4);
+    ok(&out, "resume past a torn step-3");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "names {}, which is incomplete",
+            ckpts.join("step-3").display()
+        )) && err.contains(&format!(
+            "resuming from the newest complete checkpoint, {}",
+            ckpts.join("step-2").display()
+        )),
+        "{err}"
+    );
+    assert_eq!(steps(&run), [1, 2, 3, 4]);
+    // Step 3 was trained again from step 2's state: the same values (o = 0 resumes exactly).
+    assert_eq!(metrics_at(&run, 3), step3);
+    let per_step = |r: Vec<u64>| {
+        (1..=4)
+            .map(|t| r.iter().filter(|&&s| s == t).count())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(per_step(rollout_steps(&run)), [4, 4, 4, 4]);
+    assert_eq!(latest(&run), "step-4");
+    // latest lost: the newest complete checkpoint (step-4), not a start over from step 0.
+    std::fs::remove_file(ckpts.join("latest")).unwrap();
+    let out = resume(5);
+    ok(&out, "resume without latest");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("latest is missing: resuming from the newest complete checkpoint")
+            && err.contains(&ckpts.join("step-4").display().to_string()),
+        "{err}"
+    );
+    assert_eq!(steps(&run), [1, 2, 3, 4, 5]);
+    assert!(ckpts.join("step-1").is_dir());
+}
+
+#[test]
+fn sft_refuses_a_non_finite_lr_and_a_failed_force_keeps_the_old_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let pairs = tmp.path().join("pairs.jsonl");
+    std::fs::write(&pairs, "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n").unwrap();
+    let sft = |out: &Path, data: &Path, extra: &[&str]| {
+        rlvr()
+            .args(["sft", "--no-progress", "--model"])
+            .arg(&model)
+            .arg("--data")
+            .arg(data)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let fresh = tmp.path().join("fresh");
+    for (flag, value, range) in [
+        ("--lr", "nan", "a finite number > 0"),
+        ("--lr", "inf", "a finite number > 0"),
+        ("--lr", "-1e-3", "a finite number > 0"),
+        ("--lr", "0", "a finite number > 0"),
+        ("--weight-decay", "-0.1", "a finite number >= 0"),
+        ("--grad-clip", "nan", "a finite number >= 0 (0 = off)"),
+    ] {
+        let out = sft(&fresh, &pairs, &[&format!("{flag}={value}")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} {value}: {err}");
+        assert!(
+            err.contains(&format!("{flag} = ")) && err.contains(range),
+            "{flag} {value}: {err}"
+        );
+        assert!(!fresh.exists(), "{flag} {value}");
+    }
+    // A model in --out; --force runs that fail (bad data, weights that blow up after a save)
+    // leave it whole.
+    let out_dir = tmp.path().join("out");
+    ok(&sft(&out_dir, &pairs, &["--steps", "1"]), "first sft");
+    let old = std::fs::read(out_dir.join("model.safetensors")).unwrap();
+    let bad = tmp.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"prompt\": \"1+1=\"}\n").unwrap();
+    let staging = tmp.path().join(".out.staging");
+    for (data, extra) in [
+        (&bad, &["--steps", "1"][..]),
+        (
+            &pairs,
+            &["--steps", "4", "--save-every", "1", "--lr", "1e30"][..],
+        ),
+    ] {
+        let out = sft(&out_dir, data, &[&["--force"][..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains(&format!("--out {} is unchanged", out_dir.display())),
+            "{extra:?}: {err}"
+        );
+        assert_eq!(
+            std::fs::read(out_dir.join("model.safetensors")).unwrap(),
+            old,
+            "{extra:?}"
+        );
+        assert!(staging.is_dir());
+    }
+    // A --force run that succeeds replaces the model and removes the staging directory.
+    ok(
+        &sft(
+            &out_dir,
+            &pairs,
+            &["--force", "--steps", "2", "--lr", "1e-2"],
+        ),
+        "sft --force",
+    );
+    assert_ne!(
+        std::fs::read(out_dir.join("model.safetensors")).unwrap(),
+        old
+    );
+    assert!(out_dir.join("config.json").is_file() && out_dir.join("metrics.jsonl").is_file());
+    assert!(!staging.exists());
+}
+
+/// Whether process `pid` is alive (a zombie, killed but not yet reaped, counts as gone).
+fn alive(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: `PID (COMM) S ...`.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_sigkilled_rlvr_takes_its_persistent_verifier_with_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let pidfile = tmp.path().join("verifier.pid");
+    // The verifier writes its pid and then never answers nor reads stdin (so the closed pipe of a
+    // dead rlvr would not end it either): only the kernel's parent-death signal stops it.
+    let script = format!(
+        "echo $$ > {}.tmp; mv {0}.tmp {0}; exec sleep 1000",
+        pidfile.display()
+    );
+    let mut s = sets(&model, &run, 2);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", timeout_s = 600, command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    let mut child = spawn(train_cmd(&s));
+    wait_for("the verifier's pid", 120, || pidfile.exists());
+    let pid = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(alive(&pid), "verifier {pid} is not running");
+    child.kill().unwrap(); // SIGKILL: no code of rlvr runs after it
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while alive(&pid) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let orphaned = alive(&pid);
+    if orphaned {
+        // Do not leave it behind: it is the process this test started.
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+    }
+    assert!(
+        !orphaned,
+        "verifier {pid} outlived the SIGKILLed rlvr by 5 s"
+    );
+}
+
+/// The parent-death signal follows the *thread* that forked: a persistent verifier first started
+/// by the explorer thread (o = 1, a resumed run: no step-0 evaluation on the main thread) must
+/// outlive that thread, which ends after the last batch, for the final evaluation.
+#[test]
+fn a_persistent_verifier_started_by_the_explorer_thread_survives_its_end() {
+    let python = Command::new("python3").arg("--version").output();
+    if !python.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!("python3 not found: the persistent verifier run is skipped");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let starts = tmp.path().join("starts");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/reward_persistent.py");
+    let script = format!(
+        "echo start >> {}; exec python3 {}",
+        starts.display(),
+        example.display()
+    );
+    let mut s = sets(&model, &run, 2);
+    s.push("sync.offset=1".into());
+    s.push("train.eval_every=4".into());
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    ok(&train_cmd(&s).output().unwrap(), "train to step 2");
+    assert_eq!(std::fs::read_to_string(&starts).unwrap(), "start\n");
+    let out = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .args(["--set", "train.steps=4"])
+        .output()
+        .unwrap();
+    ok(&out, "resume to step 4");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(steps(&run), [0, 1, 2, 3, 4], "{err}");
+    // One start per run: the final evaluation found the explorer thread's program alive.
+    assert_eq!(
+        std::fs::read_to_string(&starts).unwrap(),
+        "start\nstart\n",
+        "{err}"
+    );
+}

@@ -325,6 +325,10 @@ pub const TIMEOUT_VAR: &str = "RLVR_DIST_TIMEOUT_S";
 /// because it sampled longer completions, so the bound must exceed the longest step's skew.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The longest collective timeout accepted, in seconds (10⁶ s, about 11.6 days; 0 means wait
+/// forever): far beyond it a deadline `now + timeout` overflows.
+pub const MAX_TIMEOUT_S: f64 = 1e6;
+
 /// The collective timeout from [`TIMEOUT_VAR`]'s value (`None`: unset): `Some(timeout)`, or
 /// `None` when it is `0` (wait forever).
 ///
@@ -336,10 +340,15 @@ pub fn timeout_from(value: Option<&str>) -> Result<Option<Duration>> {
     };
     match v.trim().parse::<f64>() {
         Ok(0.0) => Ok(None),
-        Ok(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Ok(s) if s.is_finite() && s > 0.0 && s <= MAX_TIMEOUT_S => {
+            Ok(Duration::try_from_secs_f64(s).ok())
+        }
         _ => Err(DistError::Invalid {
             op: "init",
-            detail: format!("{TIMEOUT_VAR}={v:?} is not a non-negative number of seconds"),
+            detail: format!(
+                "{TIMEOUT_VAR}={v:?} is not a number of seconds in [0, {MAX_TIMEOUT_S:e}] (0 \
+                 waits forever)"
+            ),
         }),
     }
 }

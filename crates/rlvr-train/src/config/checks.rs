@@ -11,6 +11,31 @@ use rlvr_algo::AlgorithmConfig;
 use super::{apply_override, from_table, load_layers, RawConfig, ResolvedConfig};
 use crate::store::checkpoint::TrainerState;
 
+/// The most completions per prompt, `rollout.group_size` (GRPO uses 8 to 64; DAPO 16): the
+/// sampler's own bound.
+pub const MAX_GROUP_SIZE: usize = rlvr_rollout::params::MAX_GROUP_SIZE;
+
+/// The most rows (completions) one step may sample: `data.prompts_per_step` ×
+/// `rollout.group_size` (and `data.prompts_per_step` alone, offline); also the most pairs of an
+/// `rlvr sft` batch. 2²⁰ rows of even one token each hold more than any step can train.
+pub const MAX_ROWS_PER_STEP: usize = 1 << 20;
+
+/// The most samples per problem of an evaluation (`eval.samples`, `rlvr eval --n`): the
+/// sampler's bound on a group.
+pub const MAX_EVAL_SAMPLES: usize = rlvr_rollout::params::MAX_GROUP_SIZE;
+
+/// The largest `model.lora_rank` accepted before the model is loaded; once it is, the rank must
+/// also not exceed the model's hidden size.
+pub const MAX_LORA_RANK: usize = 65536;
+
+/// Refuses `value` of `key` above `max`, naming both.
+fn at_most(key: &str, value: usize, max: usize) -> anyhow::Result<()> {
+    if value > max {
+        bail!("{key} = {value} is out of range: at most {max}");
+    }
+    Ok(())
+}
+
 impl RawConfig {
     /// Checks the `model.lora_*` keys and records the default α (2 × rank) in the config.
     ///
@@ -18,6 +43,7 @@ impl RawConfig {
     /// An invalid value, naming its key.
     fn check_lora(&mut self) -> anyhow::Result<()> {
         let m = &mut self.model;
+        at_most("model.lora_rank", m.lora_rank, MAX_LORA_RANK)?;
         if m.lora_rank == 0 {
             if m.lora_alpha.is_some() || m.lora_dropout != 0.0 {
                 bail!(
@@ -69,6 +95,24 @@ impl RawConfig {
         if r.group_size == 0 {
             bail!("rollout.group_size must be at least 1");
         }
+        at_most("rollout.group_size", r.group_size, MAX_GROUP_SIZE)?;
+        at_most(
+            "data.prompts_per_step",
+            self.data.prompts_per_step,
+            MAX_ROWS_PER_STEP,
+        )?;
+        if self.data.experiences.is_none() {
+            match self.data.prompts_per_step.checked_mul(r.group_size) {
+                Some(rows) if rows <= MAX_ROWS_PER_STEP => {}
+                rows => bail!(
+                    "data.prompts_per_step × rollout.group_size = {} × {} = {} rows per step is out \
+                     of range: at most {MAX_ROWS_PER_STEP}",
+                    self.data.prompts_per_step,
+                    r.group_size,
+                    rows.map_or("more than 2^64".to_string(), |n| n.to_string())
+                ),
+            }
+        }
         if r.group_size == 1 && self.data.experiences.is_none() && !r.allow_group_size_one {
             bail!(
                 "rollout.group_size = 1: every baseline (algorithm.baseline = mean, leave-one-out, \
@@ -102,6 +146,15 @@ impl RawConfig {
         if s.interval == 0 {
             bail!("sync.interval must be at least 1 (1 = on-policy)");
         }
+        if s.offset > t.steps {
+            bail!(
+                "sync.offset = {} is out of range: at most train.steps = {} (the explorer runs o \
+                 steps ahead; with o ≥ train.steps every batch is already sampled by the initial \
+                 weights)",
+                s.offset,
+                t.steps
+            );
+        }
         // distributed.zero and distributed.timeout_s (the environment variable is read at launch).
         if self.distributed.zero > 1 {
             bail!(
@@ -109,14 +162,8 @@ impl RawConfig {
                 self.distributed.zero
             );
         }
-        if let Some(x) = self
-            .distributed
-            .timeout_s
-            .filter(|x| !(x.is_finite() && *x >= 0.0))
-        {
-            bail!(
-                "distributed.timeout_s = {x}: expected a number of seconds ≥ 0 (0 waits forever)"
-            );
+        if self.distributed.timeout_s.is_some() {
+            self.distributed.timeout()?;
         }
         if t.micro_batch_size == 0 || t.mini_batches == 0 || t.epochs == 0 {
             bail!("train.micro_batch_size, train.mini_batches and train.epochs must be at least 1");
@@ -124,11 +171,20 @@ impl RawConfig {
         if t.micro_batch_tokens == Some(0) {
             bail!("train.micro_batch_tokens must be at least 1 (or unset)");
         }
-        if !(t.lr.is_finite() && t.lr >= 0.0 && t.min_lr.is_finite() && t.min_lr >= 0.0) {
-            bail!("train.lr and train.min_lr must be finite and >= 0");
-        }
-        if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
-            bail!("train.grad_clip must be finite and >= 0 (0 = off)");
+        crate::update::optimizer::check_optimizer(&crate::update::optimizer::OptimizerValues {
+            lr: ("train.lr", t.lr),
+            beta1: Some(("train.beta1", t.beta1)),
+            beta2: Some(("train.beta2", t.beta2)),
+            eps: Some(("train.adam_eps", t.adam_eps)),
+            weight_decay: ("train.weight_decay", t.weight_decay),
+            grad_clip: ("train.grad_clip", t.grad_clip),
+        })?;
+        if !(t.min_lr.is_finite() && t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+            bail!(
+                "train.min_lr = {} is out of range: expected a finite number in [0, train.lr = {}]",
+                t.min_lr,
+                t.lr
+            );
         }
         if t.max_skipped_in_row == 0 {
             bail!("train.max_skipped_in_row must be at least 1");
@@ -136,11 +192,22 @@ impl RawConfig {
         if self.eval.samples == 0 {
             bail!("eval.samples must be at least 1");
         }
+        at_most("eval.samples", self.eval.samples, MAX_EVAL_SAMPLES)?;
+        if self.eval.limit == Some(0) {
+            bail!(
+                "eval.limit = 0 would evaluate no problem (an accuracy of 0/0); give a number of \
+                 problems ≥ 1, or leave eval.limit unset for the whole test split"
+            );
+        }
+        self.reward.check()?;
+        if let Some(v) = &self.data.verifier {
+            v.check("data.verifier")?;
+        }
         if self.output.log_every == 0 {
             bail!("output.log_every must be at least 1 (a console line every this many steps)");
         }
         if let Some(m) = s.max_staleness {
-            let worst = s.offset + s.interval - 1;
+            let worst = s.offset.saturating_add(s.interval - 1);
             if m < worst {
                 warnings.push(format!(
                     "sync.max_staleness = {m} is below offset + interval - 1 = {worst}: part of every \
@@ -184,12 +251,7 @@ fn check_vllm_keys(r: &super::RolloutSection) -> anyhow::Result<()> {
     if r.served_model_name.is_empty() {
         bail!("rollout.served_model_name is empty: give the --served-model-name the servers run");
     }
-    if !(r.request_timeout_s.is_finite() && r.request_timeout_s > 0.0) {
-        bail!(
-            "rollout.request_timeout_s = {} must be > 0",
-            r.request_timeout_s
-        );
-    }
+    rlvr_reward::combine::timeout_duration("rollout.request_timeout_s", r.request_timeout_s)?;
     if r.in_flight == 0 {
         bail!("rollout.in_flight must be at least 1");
     }

@@ -29,7 +29,8 @@ pub struct ModelSection {
     /// LoRA rank r (Hu et al. 2021, arXiv 2106.09685): 0 = off (full fine-tuning); r ≥ 1 trains rank-r
     /// adapters A `[r, in]`, B `[out, r]` (f32) on the `lora_targets` projections of every layer while
     /// the base, the embedding and the lm_head stay frozen. Checkpoints then hold `adapter/` in PEFT's
-    /// format; the KL reference is the base with the adapters off. Default 0.
+    /// format; the KL reference is the base with the adapters off. At most the model's hidden size
+    /// (and 65536). Default 0.
     pub lora_rank: usize,
     /// LoRA α: the adapter update is scaled by α / r (PEFT's `lora_alpha`). Default 2 × `lora_rank`
     /// (the resolved config records the value).
@@ -77,7 +78,8 @@ impl ModelSection {
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutSection {
     /// K: completions per prompt; at least 2 (a group baseline needs two; see
-    /// `allow_group_size_one`). Default 8.
+    /// `allow_group_size_one`), at most 4096, and `data.prompts_per_step` × K at most 2²⁰ rows per
+    /// step. Default 8.
     pub group_size: usize,
     /// Most generated tokens per completion (the EOS included); also the constant normaliser's L.
     /// Default 256.
@@ -181,7 +183,8 @@ pub struct SyncSection {
     /// v: the explorer loads the trainer's weights when the completed step count is a multiple of v.
     /// v = 1 is on-policy (with o = 0). Default 1.
     pub interval: u64,
-    /// o: the explorer runs o steps ahead on its own thread (staleness o..o+v−1). Default 0.
+    /// o: the explorer runs o steps ahead on its own thread (staleness o..o+v−1); at most
+    /// `train.steps`. Default 0.
     pub offset: u64,
     /// Drop experiences older than this many steps (staleness > max). Unset: keep all. Experiences
     /// without a version (offline files) are never dropped.
@@ -229,11 +232,18 @@ impl DistributedSection {
                 "distributed.zero = {}: expected 0 (no sharding) or 1 (optimizer state sharded)",
                 self.zero
             ),
-            Some(s) if !(s.is_finite() && s >= 0.0) => {
-                anyhow::bail!("distributed.timeout_s = {s}: expected a number of seconds ≥ 0 (0 waits forever)")
+            Some(s) if !(s.is_finite() && (0.0..=rlvr_dist::comm::MAX_TIMEOUT_S).contains(&s)) => {
+                let shown = Some(s.to_string())
+                    .filter(|p| p.len() <= 16)
+                    .unwrap_or_else(|| format!("{s:e}"));
+                anyhow::bail!(
+                    "distributed.timeout_s = {shown} is out of range: expected a number of seconds \
+                     in [0, {:e}] (0 waits forever)",
+                    rlvr_dist::comm::MAX_TIMEOUT_S
+                )
             }
             Some(0.0) => Ok(None),
-            Some(s) => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            Some(s) => Ok(std::time::Duration::try_from_secs_f64(s).ok()),
             None => Ok(rlvr_dist::comm::timeout_from_env()?),
         }
     }
@@ -245,23 +255,23 @@ impl DistributedSection {
 pub struct TrainSection {
     /// Trainer steps (each: B prompts × K completions, possibly several optimizer updates). Default 100.
     pub steps: u64,
-    /// Peak learning rate. Default 1e-6.
+    /// Peak learning rate, finite and > 0. Default 1e-6.
     pub lr: f64,
-    /// Lowest learning rate of the `linear` and `cosine` schedules. Default 0.
+    /// Lowest learning rate of the `linear` and `cosine` schedules, in [0, `lr`]. Default 0.
     pub min_lr: f64,
     /// Steps of linear warm-up from 0 to `lr`. Default 0.
     pub warmup_steps: u64,
     /// `constant`, `linear` or `cosine`. Default `constant`.
     pub schedule: Schedule,
-    /// AdamW decoupled weight decay λ. Default 0.01.
+    /// AdamW decoupled weight decay λ, finite and ≥ 0. Default 0.01.
     pub weight_decay: f64,
-    /// AdamW β₁. Default 0.9.
+    /// AdamW β₁, in [0, 1). Default 0.9.
     pub beta1: f64,
-    /// AdamW β₂. Default 0.999.
+    /// AdamW β₂, in [0, 1). Default 0.999.
     pub beta2: f64,
-    /// AdamW ε. Default 1e-8.
+    /// AdamW ε, finite and > 0. Default 1e-8.
     pub adam_eps: f64,
-    /// Clip the global gradient L2 norm to this value; 0 = off. Default 1.
+    /// Clip the global gradient L2 norm to this value (finite, ≥ 0); 0 = off. Default 1.
     pub grad_clip: f64,
     /// Rows (completions) per micro-batch. Default 8.
     pub micro_batch_size: usize,
@@ -354,9 +364,10 @@ impl Default for TrainSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvalSection {
-    /// Samples per problem; 1 = greedy, > 1 = temperature 1 (mean@k, pass@k). Default 1.
+    /// Samples per problem; 1 = greedy, > 1 = temperature 1 (mean@k, pass@k); at most 4096.
+    /// Default 1.
     pub samples: usize,
-    /// First N problems of the test split; unset = all. Default unset.
+    /// First N problems of the test split (N ≥ 1); unset = all. Default unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
     /// Most new tokens; default `rollout.max_new_tokens`.

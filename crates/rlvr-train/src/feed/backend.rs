@@ -106,7 +106,8 @@ fn client_config(v: &VllmSettings) -> anyhow::Result<ClientConfig> {
         servers: v.servers.clone(),
         served_model_name: v.served_model_name.clone(),
         api_key,
-        timeout: Duration::from_secs_f64(v.request_timeout_s),
+        timeout: Duration::try_from_secs_f64(v.request_timeout_s)
+            .unwrap_or(Duration::from_secs(600)),
         retries: v.retries,
         in_flight: v.in_flight,
         accept_renormalised_logprobs: v.accept_renormalised_logprobs,

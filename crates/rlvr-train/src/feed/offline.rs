@@ -1,18 +1,22 @@
 //! The offline feed: the experiences of a file in place of the explorer, B whole groups per
 //! step in file order, wrapping around at the end.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use rlvr_model::TokenizerBundle;
 
 use super::explorer::Batch;
 use crate::store::checkpoint::SourceCursor;
-use crate::store::experience::Experience;
+use crate::store::experience::{Experience, ExperienceError};
 use crate::store::rollouts::RolloutRecord;
 
 /// The offline source: batches of B whole groups in file order, wrapping around at the end.
 pub struct OfflineSource {
     groups: Vec<Vec<Experience>>,
+    /// Each row's line in `file`, in the shape of `groups`.
+    lines: Vec<Vec<usize>>,
+    file: PathBuf,
     consumed: u64,
     prompts_per_step: usize,
     decode: Option<TokenizerBundle>,
@@ -20,23 +24,44 @@ pub struct OfflineSource {
 }
 
 impl OfflineSource {
-    /// A source over `groups` (see [`crate::store::experience::groups_in_order`]) having consumed `consumed`.
+    /// A source over the rows of `file` with their line numbers
+    /// ([`crate::store::experience::read_experience_lines`]; consecutive rows of one group id form
+    /// a group) having consumed `consumed` groups.
     ///
     /// # Errors
     /// An empty file.
     pub fn new(
-        groups: Vec<Vec<Experience>>,
+        rows: Vec<(usize, Experience)>,
+        file: PathBuf,
         consumed: u64,
         prompts_per_step: usize,
         decode: Option<TokenizerBundle>,
         log_rollouts: usize,
     ) -> anyhow::Result<Self> {
+        let mut groups: Vec<Vec<Experience>> = Vec::new();
+        let mut lines: Vec<Vec<usize>> = Vec::new();
+        for (line, e) in rows {
+            let last =
+                (groups.len().checked_sub(1)).filter(|&i| groups[i][0].group_id == e.group_id);
+            match last {
+                Some(i) => {
+                    groups[i].push(e);
+                    lines[i].push(line);
+                }
+                None => {
+                    groups.push(vec![e]);
+                    lines.push(vec![line]);
+                }
+            }
+        }
         anyhow::ensure!(
             !groups.is_empty(),
             "the experiences file holds no experience"
         );
         Ok(OfflineSource {
             groups,
+            lines,
+            file,
             consumed,
             prompts_per_step,
             decode,
@@ -51,13 +76,33 @@ impl OfflineSource {
         }
     }
 
-    /// The next B groups.
+    /// The next B groups, for trainer step `step` (1-based).
+    ///
+    /// # Errors
+    /// A row whose `version` is `step` or more: it claims weights this run has not made yet (at
+    /// step t the trainer holds version t − 1), named by file, line and field.
     pub fn produce(&mut self, step: u64) -> anyhow::Result<Batch> {
         let t0 = Instant::now();
         let n = self.groups.len() as u64;
         let mut experiences = Vec::new();
         for _ in 0..self.prompts_per_step {
-            experiences.extend(self.groups[(self.consumed % n) as usize].iter().cloned());
+            let g = (self.consumed % n) as usize;
+            for (e, &line) in self.groups[g].iter().zip(&self.lines[g]) {
+                if let Some(v) = e.version.filter(|&v| v >= step) {
+                    return Err(ExperienceError {
+                        file: self.file.clone(),
+                        line,
+                        field: "version".into(),
+                        why: format!(
+                            "{v} is from the future: step {step} trains the policy of version {} \
+                             (a completion sampled by version v is trained at step v + 1 or later)",
+                            step.saturating_sub(1)
+                        ),
+                    }
+                    .into());
+                }
+            }
+            experiences.extend(self.groups[g].iter().cloned());
             self.consumed += 1;
         }
         let mut rollouts = Vec::new();

@@ -11,6 +11,32 @@ use crate::store::experience::Experience;
 use crate::store::metrics::{append_line, MetricsLine};
 use crate::update::StepReport;
 
+/// Mean and population standard deviation of `x` (`None` when empty). Finite values of any
+/// magnitude give finite statistics: when the plain sums overflow (Σ(r − m)² passes f64's range
+/// beyond |r| ≈ 1e154), they are taken again on x / max|x| and scaled back. A NaN or infinite
+/// value gives NaN (null in metrics.jsonl).
+pub fn mean_std(x: &[f64]) -> (Option<f64>, Option<f64>) {
+    if x.is_empty() {
+        return (None, None);
+    }
+    let n = x.len() as f64;
+    let plain = |x: &mut dyn Iterator<Item = f64>| {
+        let v: Vec<f64> = x.collect();
+        let m = v.iter().sum::<f64>() / n;
+        (
+            m,
+            (v.iter().map(|r| (r - m).powi(2)).sum::<f64>() / n).sqrt(),
+        )
+    };
+    let (m, s) = plain(&mut x.iter().copied());
+    if (m.is_finite() && s.is_finite()) || x.iter().any(|v| !v.is_finite()) {
+        return (Some(m), Some(s));
+    }
+    let scale = x.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+    let (m, s) = plain(&mut x.iter().map(|v| v / scale));
+    (Some(m * scale), Some(s * scale))
+}
+
 /// The metrics line of one step (DESIGN.md section 10 keys; null where undefined).
 pub fn step_metrics(
     step: u64,
@@ -23,14 +49,9 @@ pub fn step_metrics(
     let mut l = MetricsLine::new(step);
     let rewards: Vec<f64> = exps.iter().filter_map(|e| e.reward).collect();
     let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
-    let rm = mean(&rewards);
+    let (rm, rs) = mean_std(&rewards);
     l.set("reward/mean", rm);
-    l.set(
-        "reward/std",
-        rm.map(|m| {
-            (rewards.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rewards.len() as f64).sqrt()
-        }),
-    );
+    l.set("reward/std", rs);
     set_components(&mut l, exps);
     let correct: Vec<f64> = exps
         .iter()
@@ -259,5 +280,27 @@ pub(crate) fn show_progress(
                 .and_then(|v| v.as_f64())
                 .unwrap_or(f64::NAN)
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mean_std;
+
+    #[test]
+    fn reward_statistics_of_huge_finite_rewards_stay_finite() {
+        assert_eq!(mean_std(&[]), (None, None));
+        assert_eq!(mean_std(&[0.0, 1.0]), (Some(0.5), Some(0.5)));
+        // Σ(r − m)² = 4e300 · 2 overflows to inf in the plain sums.
+        let (m, s) = mean_std(&[1e300, -1e300, 1e300, -1e300]);
+        assert_eq!((m, s), (Some(0.0), Some(1e300)));
+        let (m, s) = mean_std(&[f64::MAX, f64::MAX]);
+        assert_eq!((m, s), (Some(f64::MAX), Some(0.0)));
+        let (m, s) = mean_std(&[1e200, 3e200]);
+        assert!((m.unwrap() / 2e200 - 1.0).abs() < 1e-12, "{m:?}");
+        assert!((s.unwrap() / 1e200 - 1.0).abs() < 1e-12, "{s:?}");
+        // A non-finite reward stays undefined.
+        assert!(mean_std(&[f64::NAN, 1.0]).1.unwrap().is_nan());
+        assert!(mean_std(&[f64::INFINITY, 1.0]).1.unwrap().is_nan());
     }
 }

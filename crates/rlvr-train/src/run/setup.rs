@@ -24,7 +24,7 @@ use crate::feed::offline::OfflineSource;
 use crate::feed::prompts::prepare_prompts;
 use crate::feed::Feed;
 use crate::store::checkpoint::{self, non_finite_weight, SourceCursor, TrainerState};
-use crate::store::experience::{groups_in_order, read_experiences};
+use crate::store::experience::{check_lengths, read_experience_lines};
 use crate::store::metrics::{append_line, truncate_after, MetricsLine};
 use crate::store::tensorboard::Source;
 use crate::update::Trainer;
@@ -52,7 +52,11 @@ impl<'a> Run<'a> {
         let ckpt = if writer {
             prepare_run_dir(cfg, &run_dir, opts.resume)?;
             if opts.resume {
-                checkpoint::latest(&run_dir)?
+                let point = checkpoint::resume_point(&run_dir)?;
+                if let Some(note) = point.as_ref().and_then(|p| p.note.as_deref()) {
+                    crate::log::say(note);
+                }
+                point.map(|p| p.dir)
             } else {
                 None
             }
@@ -143,8 +147,12 @@ impl<'a> Run<'a> {
                     Some(SourceCursor::Offline { groups }) => groups,
                     _ => 0,
                 };
+                let rows = read_experience_lines(path)?;
+                let max_positions = trainer.model.config().max_position_embeddings;
+                check_lengths(&rows, path, max_positions)?;
                 let source = OfflineSource::new(
-                    groups_in_order(read_experiences(path)?),
+                    rows,
+                    path.clone(),
                     consumed,
                     c.data.prompts_per_step,
                     Some(settings::load_tokenizer(&policy_dir)?),

@@ -161,23 +161,259 @@ pub fn save(
     Ok(dest)
 }
 
-/// The directory `checkpoints/latest` names, if any.
+/// The checkpoint `--resume` continues from: [`resume_point`]'s directory.
 ///
 /// # Errors
-/// `latest` names a missing directory.
+/// As [`resume_point`].
 pub fn latest(run_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    Ok(resume_point(run_dir)?.map(|p| p.dir))
+}
+
+/// The checkpoint a resume continues from, and why it is not the one `checkpoints/latest` names
+/// when it is not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The checkpoint directory (`RUN_DIR/checkpoints/step-N`), complete ([`incomplete`]).
+    pub dir: PathBuf,
+    /// Set when `latest` is missing or names an incomplete checkpoint, so the newest complete
+    /// `step-N` was taken instead: a line for stderr naming both.
+    pub note: Option<String>,
+}
+
+/// The checkpoint a resume continues from: the one `checkpoints/latest` names when it is complete
+/// ([`incomplete`]); when `latest` is missing or names a missing or incomplete checkpoint, the
+/// newest complete `step-N` directory (with a [`ResumePoint::note`] naming it), so a lost or torn
+/// `latest` never makes a resume start over and overwrite later work. `None`: no `latest` and no
+/// complete checkpoint (a fresh start).
+///
+/// # Errors
+/// A `latest` whose name is not one plain component of `checkpoints/` (e.g. `../x`, an absolute
+/// path) or that resolves outside it through a link, naming the file and the path; a `latest` that
+/// names an incomplete checkpoint when no complete one exists (nothing is started over); I/O errors
+/// listing `checkpoints/`.
+pub fn resume_point(run_dir: &Path) -> anyhow::Result<Option<ResumePoint>> {
     let root = checkpoints_dir(run_dir);
-    let Ok(name) = std::fs::read_to_string(root.join("latest")) else {
-        return Ok(None);
+    let latest = root.join("latest");
+    let named = match std::fs::read(&latest) {
+        Ok(bytes) => Some(checkpoint_named(&latest, &bytes)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => anyhow::bail!("reading {}: {e}", latest.display()),
     };
-    let dir = root.join(name.trim());
-    anyhow::ensure!(
-        dir.is_dir(),
-        "{} names {}, which does not exist",
-        root.join("latest").display(),
-        dir.display()
+    let broken = match &named {
+        Some(dir) => match incomplete(dir) {
+            None => {
+                return Ok(Some(ResumePoint {
+                    dir: dir.clone(),
+                    note: None,
+                }))
+            }
+            Some(why) => Some((dir.clone(), why)),
+        },
+        None => None,
+    };
+    let newest = newest_complete(&root)?;
+    match (newest, broken) {
+        (Some(dir), None) => Ok(Some(ResumePoint {
+            note: Some(format!(
+                "note: {} is missing: resuming from the newest complete checkpoint, {}",
+                latest.display(),
+                dir.display()
+            )),
+            dir,
+        })),
+        (Some(dir), Some((bad, why))) => Ok(Some(ResumePoint {
+            note: Some(format!(
+                "note: {} names {}, which is incomplete ({why}): resuming from the newest \
+                 complete checkpoint, {}",
+                latest.display(),
+                bad.display(),
+                dir.display()
+            )),
+            dir,
+        })),
+        (None, None) => Ok(None),
+        (None, Some((bad, why))) => anyhow::bail!(
+            "{} names {}, which is incomplete ({why}), and no other checkpoint in {} is complete: \
+             nothing to resume from (move the run directory aside to start over)",
+            latest.display(),
+            bad.display(),
+            root.display()
+        ),
+    }
+}
+
+/// The checkpoint directory that `latest` (the file, holding `bytes`) names: one plain path
+/// component inside `latest`'s folder, which must not leave it through a link either.
+fn checkpoint_named(latest: &Path, bytes: &[u8]) -> anyhow::Result<PathBuf> {
+    let root = latest.parent().unwrap_or(Path::new("."));
+    let name = String::from_utf8_lossy(bytes);
+    let name = name.trim();
+    let mut parts = Path::new(name).components();
+    let plain = matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
     );
-    Ok(Some(dir))
+    anyhow::ensure!(
+        plain,
+        "{} names `{name}`, which is not a checkpoint folder inside {} (expected e.g. step-12): \
+         refusing to resume from outside the run's checkpoints",
+        latest.display(),
+        root.display()
+    );
+    let dir = root.join(name);
+    if let (Ok(real), Ok(real_root)) = (dir.canonicalize(), root.canonicalize()) {
+        anyhow::ensure!(
+            real.parent() == Some(real_root.as_path()),
+            "{} names {}, which resolves to {}, outside {}: refusing to resume from outside the \
+             run's checkpoints",
+            latest.display(),
+            dir.display(),
+            real.display(),
+            real_root.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// The newest `step-N` directory of `root` that is complete ([`incomplete`]), if any.
+fn newest_complete(root: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => anyhow::bail!("listing {}: {e}", root.display()),
+    };
+    let mut steps: Vec<u64> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("step-"))
+                .and_then(|n| n.parse().ok())
+        })
+        .collect();
+    steps.sort_unstable_by(|a, b| b.cmp(a));
+    // A `step-N` that is a link out of `checkpoints/` is not one of this run's checkpoints.
+    let real_root = root.canonicalize().ok();
+    let inside = |d: &PathBuf| {
+        d.canonicalize().ok().as_deref().and_then(Path::parent) == real_root.as_deref()
+    };
+    Ok(steps
+        .into_iter()
+        .map(|s| root.join(format!("step-{s}")))
+        .find(|d| inside(d) && incomplete(d).is_none()))
+}
+
+/// Why checkpoint `dir` is incomplete, or `None` when every file [`save`] writes is present and
+/// parses: config.json and tokenizer_config.json (JSON), tokenizer.json, the weights
+/// (`model.safetensors`, and/or LoRA's `adapter/adapter_config.json` and
+/// `adapter/adapter_model.safetensors`: a header that parses and a length that matches it),
+/// `trainer_state/state.json` (a [`TrainerState`]), `trainer_state/optimizer.safetensors`,
+/// `trainer_state/buffer.jsonl` and, when the state says so, `trainer_state/explorer/` (the same
+/// model files). Reads headers only, not the tensors.
+pub fn incomplete(dir: &Path) -> Option<String> {
+    if !dir.is_dir() {
+        return Some(format!("{} does not exist", dir.display()));
+    }
+    let ts = dir.join("trainer_state");
+    let state = match std::fs::read(ts.join("state.json"))
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice::<TrainerState>(&b).map_err(|e| e.to_string()))
+    {
+        Ok(s) => s,
+        Err(e) => return Some(format!("{}: {e}", ts.join("state.json").display())),
+    };
+    let mut checks = model_dir_problem(dir, true)
+        .into_iter()
+        .chain(safetensors_problem(&ts.join("optimizer.safetensors")))
+        .chain(
+            (!ts.join("buffer.jsonl").is_file())
+                .then(|| format!("{} is missing", ts.join("buffer.jsonl").display())),
+        );
+    if let Some(why) = checks.next() {
+        return Some(why);
+    }
+    if state.explorer_weights {
+        return model_dir_problem(&ts.join("explorer"), false);
+    }
+    None
+}
+
+/// What is wrong with the model files of `dir` (config.json, the weights; the tokenizer files when
+/// `tokenizer`), if anything.
+fn model_dir_problem(dir: &Path, tokenizer: bool) -> Option<String> {
+    let json = |p: PathBuf| -> Option<String> {
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice::<serde_json::Value>(&b)
+                .err()
+                .map(|e| format!("{}: {e}", p.display())),
+            Err(e) => Some(format!("{}: {e}", p.display())),
+        }
+    };
+    if let Some(why) = json(dir.join("config.json")) {
+        return Some(why);
+    }
+    if tokenizer {
+        if let Some(why) = json(dir.join("tokenizer_config.json")) {
+            return Some(why);
+        }
+        let t = dir.join("tokenizer.json");
+        if !t.is_file() {
+            return Some(format!("{} is missing", t.display()));
+        }
+    }
+    let adapter = dir.join("adapter");
+    if adapter.is_dir() {
+        if let Some(why) = json(adapter.join("adapter_config.json")) {
+            return Some(why);
+        }
+        if let Some(why) = safetensors_problem(&adapter.join("adapter_model.safetensors")) {
+            return Some(why);
+        }
+        let base = dir.join("model.safetensors");
+        return base.exists().then(|| safetensors_problem(&base)).flatten();
+    }
+    safetensors_problem(&dir.join("model.safetensors"))
+}
+
+/// What is wrong with safetensors file `p` (missing, a header that does not parse, a length that
+/// does not match the header's offsets), if anything. Reads the header only.
+fn safetensors_problem(p: &Path) -> Option<String> {
+    use std::io::Read;
+    let check = || -> Result<(), String> {
+        let mut f = std::fs::File::open(p).map_err(|e| e.to_string())?;
+        let len = f.metadata().map_err(|e| e.to_string())?.len();
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n)
+            .map_err(|_| format!("{len} bytes, shorter than a header"))?;
+        let n = u64::from_le_bytes(n);
+        if n > len.saturating_sub(8) || n > 100 << 20 {
+            return Err(format!("header of {n} bytes in a file of {len}"));
+        }
+        let mut header = vec![0u8; n as usize];
+        f.read_exact(&mut header).map_err(|e| e.to_string())?;
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&header).map_err(|e| format!("header: {e}"))?;
+        let mut end = 0u64;
+        for (name, t) in &map {
+            if name == "__metadata__" {
+                continue;
+            }
+            let off = t
+                .get("data_offsets")
+                .and_then(|o| o.get(1))
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("header: tensor {name} has no data_offsets"))?;
+            end = end.max(off);
+        }
+        if 8 + n + end != len {
+            return Err(format!(
+                "{len} bytes, but its header describes {}",
+                8 + n + end
+            ));
+        }
+        Ok(())
+    };
+    check().err().map(|e| format!("{}: {e}", p.display()))
 }
 
 /// The model directory a `--model` path names: `RUN_DIR` (a directory with `checkpoints/latest`
@@ -366,6 +602,146 @@ pub fn non_finite_weight(model: &Model) -> anyhow::Result<Option<String>> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Tensor};
+
+    /// A safetensors file holding one f32 tensor named `name`.
+    fn safetensors_file(p: &Path, name: &str) {
+        let header =
+            format!("{{\"{name}\":{{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}}}");
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(&[0u8; 8]);
+        std::fs::write(p, b).unwrap();
+    }
+
+    /// A checkpoint `RUN/checkpoints/step-N` with every file [`save`] writes (tiny stand-ins).
+    fn fake_checkpoint(run: &Path, step: u64) -> PathBuf {
+        let dir = checkpoints_dir(run).join(format!("step-{step}"));
+        std::fs::create_dir_all(dir.join("trainer_state")).unwrap();
+        std::fs::write(dir.join("config.json"), "{\"model_type\": \"qwen2\"}").unwrap();
+        std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
+        safetensors_file(&dir.join("model.safetensors"), "w");
+        safetensors_file(&dir.join("trainer_state/optimizer.safetensors"), "m.00000");
+        std::fs::write(dir.join("trainer_state/buffer.jsonl"), "").unwrap();
+        let st = TrainerState {
+            step,
+            optimizer_step: step,
+            explorer_version: step,
+            cursor: SourceCursor::Offline { groups: step },
+            rng_seed: 0,
+            skipped_in_row: 0,
+            best: None,
+            explorer_weights: false,
+            lora_dropout_draws: 0,
+            world_size: 1,
+        };
+        std::fs::write(
+            dir.join("trainer_state/state.json"),
+            serde_json::to_string(&st).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(incomplete(&dir), None);
+        dir
+    }
+
+    fn set_latest(run: &Path, name: &str) {
+        std::fs::write(checkpoints_dir(run).join("latest"), format!("{name}\n")).unwrap();
+    }
+
+    #[test]
+    fn resume_takes_the_newest_complete_checkpoint_when_latest_is_missing_or_broken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path();
+        assert_eq!(resume_point(run).unwrap(), None);
+        fake_checkpoint(run, 1);
+        let two = fake_checkpoint(run, 2);
+        let three = fake_checkpoint(run, 3);
+        // step-3's optimizer state was torn (a crash while a copy was written, a full disk).
+        let opt = three.join("trainer_state/optimizer.safetensors");
+        let full = std::fs::read(&opt).unwrap();
+        std::fs::write(&opt, &full[..full.len() - 3]).unwrap();
+        let why = incomplete(&three).unwrap();
+        assert!(why.contains("optimizer.safetensors"), "{why}");
+        set_latest(run, "step-3");
+        let p = resume_point(run).unwrap().unwrap();
+        assert_eq!(p.dir, two);
+        let note = p.note.unwrap();
+        assert!(
+            note.contains(&three.display().to_string())
+                && note.contains("incomplete")
+                && note.contains(&two.display().to_string()),
+            "{note}"
+        );
+        // `latest` lost: the newest complete one, not a fresh start.
+        std::fs::remove_file(checkpoints_dir(run).join("latest")).unwrap();
+        let p = resume_point(run).unwrap().unwrap();
+        assert_eq!(p.dir, two);
+        assert!(p.note.unwrap().contains("is missing"));
+        // `latest` naming a complete checkpoint is taken as it is, without a note.
+        set_latest(run, "step-1");
+        let p = resume_point(run).unwrap().unwrap();
+        assert_eq!((p.dir, p.note), (checkpoints_dir(run).join("step-1"), None));
+        // Each missing or unparsable file makes a checkpoint incomplete.
+        for (file, bad) in [
+            ("trainer_state/state.json", Some("{\"step\": 2")),
+            ("trainer_state/buffer.jsonl", None),
+            ("config.json", Some("{")),
+            ("tokenizer.json", None),
+            ("model.safetensors", Some("\u{1}")),
+        ] {
+            let d = fake_checkpoint(run, 2);
+            match bad {
+                Some(text) => std::fs::write(d.join(file), text).unwrap(),
+                None => std::fs::remove_file(d.join(file)).unwrap(),
+            }
+            let why = incomplete(&d).unwrap_or_else(|| panic!("{file}"));
+            assert!(why.contains(file.rsplit('/').next().unwrap()), "{why}");
+            set_latest(run, "step-2");
+            assert_eq!(
+                resume_point(run).unwrap().unwrap().dir,
+                checkpoints_dir(run).join("step-1"),
+                "{file}"
+            );
+        }
+        // Nothing complete but what `latest` names is broken: an error, not a start over.
+        std::fs::remove_dir_all(checkpoints_dir(run).join("step-1")).unwrap();
+        let e = resume_point(run).unwrap_err().to_string();
+        assert!(
+            e.contains("no other checkpoint") && e.contains("step-2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn latest_must_name_a_checkpoint_inside_the_checkpoints_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        fake_checkpoint(&run, 1);
+        let outside = fake_checkpoint(tmp.path(), 7);
+        for name in ["../../checkpoints/step-7", "/etc", "step-1/.."] {
+            set_latest(&run, name);
+            let e = resume_point(&run).unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains("outside the run's checkpoints"),
+                "{name}: {e}"
+            );
+        }
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&outside, checkpoints_dir(&run).join("step-9")).unwrap();
+            set_latest(&run, "step-9");
+            let e = resume_point(&run).unwrap_err().to_string();
+            assert!(
+                e.contains("resolves to")
+                    && e.contains(&outside.canonicalize().unwrap().display().to_string()),
+                "{e}"
+            );
+            // Nor is such a link taken when `latest` is lost.
+            std::fs::remove_file(checkpoints_dir(&run).join("latest")).unwrap();
+            let p = resume_point(&run).unwrap().unwrap();
+            assert_eq!(p.dir, checkpoints_dir(&run).join("step-1"));
+        }
+    }
 
     #[test]
     fn a_checkpoint_with_a_nan_or_inf_weight_is_refused() {

@@ -58,6 +58,12 @@ impl Experience {
     }
 }
 
+/// The lowest behaviour log-prob an experiences line may hold, in nats: e^−10⁴ is far below any
+/// probability a sampler draws (f32's smallest is e^−103), so a lower value is a unit or sign
+/// error, and the importance ratio exp(ℓ − ℓ_old) it makes is meaningless. Log-probs above 0
+/// (probabilities above 1) and non-finite ones are refused too.
+pub const MIN_BEHAVIOUR_LOGPROB: f64 = -1e4;
+
 /// A malformed line of an experiences file.
 #[derive(Debug, thiserror::Error)]
 #[error("{}:{line}: field `{field}`: {why}", file.display())]
@@ -120,12 +126,15 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
         .enumerate()
         .map(|(i, x)| {
             x.as_f64()
-                .filter(|f| f.is_finite())
+                .filter(|f| f.is_finite() && (MIN_BEHAVIOUR_LOGPROB..=0.0).contains(f))
                 .map(|f| f as f32)
                 .ok_or_else(|| {
                     err(
                         "behaviour_logprobs",
-                        format!("entry {i} is {x}, expected a finite float"),
+                        format!(
+                            "entry {i} is {x}, expected a log-prob: a finite number in \
+                             [{MIN_BEHAVIOUR_LOGPROB:e}, 0]"
+                        ),
                     )
                 })
         })
@@ -194,14 +203,29 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
 /// Reads a whole experiences file (split on `\n` only; blank lines skipped).
 ///
 /// # Errors
-/// I/O errors naming the file; [`ExperienceError`] for the first malformed line.
+/// As [`read_experience_lines`].
 pub fn read_experiences(path: &Path) -> anyhow::Result<Vec<Experience>> {
+    Ok(read_experience_lines(path)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect())
+}
+
+/// Reads a whole experiences file (split on `\n` only; blank lines skipped), each experience
+/// with its 1-based line number. A group's rows must be consecutive lines.
+///
+/// # Errors
+/// I/O errors naming the file; [`ExperienceError`] for the first malformed line, or for the
+/// first row of a group id that already appeared before another group (field `group_id`, naming
+/// the line where that group began).
+pub fn read_experience_lines(path: &Path) -> anyhow::Result<Vec<(usize, Experience)>> {
     let f = std::fs::File::open(path)
         .map_err(|e| anyhow::anyhow!("opening experiences file {}: {e}", path.display()))?;
     let mut r = std::io::BufReader::new(f);
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut line = 0;
+    let mut started: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     loop {
         buf.clear();
         let n = r
@@ -220,9 +244,57 @@ pub fn read_experiences(path: &Path) -> anyhow::Result<Vec<Experience>> {
         if text.trim().is_empty() {
             continue;
         }
-        out.push(parse_line(text.trim_end_matches(['\n', '\r']), path, line)?);
+        let e = parse_line(text.trim_end_matches(['\n', '\r']), path, line)?;
+        let continues = out
+            .last()
+            .is_some_and(|(_, p): &(usize, Experience)| p.group_id == e.group_id);
+        if !continues {
+            if let Some(first) = started.insert(e.group_id.clone(), line) {
+                return Err(ExperienceError {
+                    file: path.to_path_buf(),
+                    line,
+                    field: "group_id".into(),
+                    why: format!(
+                        "group `{}` began at line {first} and another group came between: a \
+                         group's rows must be consecutive lines",
+                        e.group_id
+                    ),
+                }
+                .into());
+            }
+        }
+        out.push((line, e));
     }
     Ok(out)
+}
+
+/// Refuses a row whose prompt and completion together exceed `max_positions` tokens (the policy's
+/// `max_position_embeddings`: the training forward could not place it).
+///
+/// # Errors
+/// [`ExperienceError`] naming `file`, the row's line, field `completion_ids`, the length and the
+/// limit.
+pub fn check_lengths(
+    rows: &[(usize, Experience)],
+    file: &Path,
+    max_positions: usize,
+) -> Result<(), ExperienceError> {
+    for (line, e) in rows {
+        let (p, c) = (e.prompt_ids.len(), e.completion_ids.len());
+        if p + c > max_positions {
+            return Err(ExperienceError {
+                file: file.to_path_buf(),
+                line: *line,
+                field: "completion_ids".into(),
+                why: format!(
+                    "prompt ({p}) + completion ({c}) = {} tokens, more than the model's \
+                     max_position_embeddings ({max_positions})",
+                    p + c
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Splits experiences into groups (consecutive runs of one group id, in file order). A group id that

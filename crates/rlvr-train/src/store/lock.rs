@@ -148,6 +148,106 @@ pub fn prepare_model_output(out: &Path, force: bool, flag: &str) -> anyhow::Resu
     Ok(())
 }
 
+/// Where a command writes a model directory for `--out`: straight into it when it is missing or
+/// empty, or, with `--force` over a non-empty one, into a staging sibling
+/// (`.NAME.staging`) that [`StagedOutput::commit`] moves into place only once the command has
+/// succeeded, so a `--force` run that fails leaves the old model whole.
+#[derive(Debug)]
+pub struct StagedOutput {
+    out: PathBuf,
+    staging: Option<PathBuf>,
+}
+
+impl StagedOutput {
+    /// Checks `out` as [`prepare_model_output`] does (a non-empty directory only with `force`, never
+    /// a file) without removing anything from it; over a non-empty one, prepares a fresh, empty
+    /// staging sibling (replacing one a failed earlier run left).
+    ///
+    /// # Errors
+    /// As [`prepare_model_output`]; I/O errors naming the staging directory.
+    pub fn prepare(out: &Path, force: bool, flag: &str) -> anyhow::Result<StagedOutput> {
+        let non_empty = out.is_dir()
+            && std::fs::read_dir(out)
+                .with_context(|| format!("reading {}", out.display()))?
+                .next()
+                .is_some();
+        if !(non_empty && force) {
+            prepare_model_output(out, force, flag)?;
+            return Ok(StagedOutput {
+                out: out.to_path_buf(),
+                staging: None,
+            });
+        }
+        let name = out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "out".into());
+        let staging = out.with_file_name(format!(".{name}.staging"));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging)
+                .with_context(|| format!("removing {}", staging.display()))?;
+        }
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("creating {}", staging.display()))?;
+        Ok(StagedOutput {
+            out: out.to_path_buf(),
+            staging: Some(staging),
+        })
+    }
+
+    /// The directory to write the model into now.
+    pub fn path(&self) -> &Path {
+        self.staging.as_deref().unwrap_or(&self.out)
+    }
+
+    /// The staging directory, when there is one (the output goes to `--out` on commit).
+    pub fn staging(&self) -> Option<&Path> {
+        self.staging.as_deref()
+    }
+
+    /// Moves a staged model into `--out`: each entry renamed over its namesake (a rename replaces
+    /// a file atomically, so the new weights are in place before anything old goes), then the
+    /// weight files of the old model the new one did not write (`*.safetensors`,
+    /// `*.safetensors.index.json`, e.g. stale shards a loader could prefer) removed, then the
+    /// staging directory. Other files of `--out` are left. Nothing to do without staging.
+    ///
+    /// # Errors
+    /// I/O errors naming the paths.
+    pub fn commit(self) -> anyhow::Result<()> {
+        let Some(staging) = self.staging else {
+            return Ok(());
+        };
+        let mut written = Vec::new();
+        for e in
+            std::fs::read_dir(&staging).with_context(|| format!("reading {}", staging.display()))?
+        {
+            let e = e?;
+            let dest = self.out.join(e.file_name());
+            if dest.is_dir() && !dest.is_symlink() {
+                std::fs::remove_dir_all(&dest)
+                    .with_context(|| format!("removing {}", dest.display()))?;
+            }
+            std::fs::rename(e.path(), &dest)
+                .with_context(|| format!("moving {} to {}", e.path().display(), dest.display()))?;
+            written.push(e.file_name());
+        }
+        for e in std::fs::read_dir(&self.out)
+            .with_context(|| format!("reading {}", self.out.display()))?
+        {
+            let e = e?;
+            let n = e.file_name().to_string_lossy().into_owned();
+            let weights = n.ends_with(".safetensors") || n.ends_with(".safetensors.index.json");
+            if weights && e.path().is_file() && !written.contains(&e.file_name()) {
+                std::fs::remove_file(e.path())
+                    .with_context(|| format!("removing {}", e.path().display()))?;
+            }
+        }
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("removing {}", staging.display()))?;
+        Ok(())
+    }
+}
+
 /// Refuses an output directory that is the input model directory itself (`rlvr sft --model X
 /// --out X` would overwrite its input while reading it), whatever `--force` says.
 ///

@@ -112,29 +112,34 @@ pub fn append_line(path: &Path, line: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Drops the lines of a JSONL file whose `step` is above `step` (and any torn last line): run at
-/// resume so that the files continue from the checkpoint.
+/// Drops the lines of a JSONL file whose `step` is above `step` (and any torn or unparsable line,
+/// such as a last line cut inside a multi-byte character): run at resume so that the files continue
+/// from the checkpoint. Works on bytes, so a file holding invalid UTF-8 is still cut back; a missing
+/// file is left missing.
 ///
 /// # Errors
-/// I/O errors.
+/// I/O errors naming the file.
 pub fn truncate_after(path: &Path, step: u64) -> anyhow::Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let mut kept = String::new();
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
+    let mut kept = Vec::with_capacity(bytes.len());
+    for line in bytes.split(|&b| b == b'\n') {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else {
             continue;
         };
         if v.get("step")
             .and_then(Value::as_u64)
             .is_some_and(|s| s <= step)
         {
-            kept.push_str(line);
-            kept.push('\n');
+            kept.extend_from_slice(line);
+            kept.push(b'\n');
         }
     }
-    rlvr_model::weights::atomic_write(path, kept.as_bytes())?;
+    rlvr_model::weights::atomic_write(path, &kept)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
@@ -152,4 +157,51 @@ pub fn read_metrics(path: &Path) -> anyhow::Result<Vec<serde_json::Map<String, V
             serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps_in(path: &Path) -> Vec<u64> {
+        let bytes = std::fs::read(path).unwrap();
+        let text = String::from_utf8(bytes).expect("cut back to valid UTF-8");
+        text.lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_torn_non_ascii_last_line_does_not_stop_the_cut_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("rollouts.jsonl");
+        let mut bytes = Vec::new();
+        for s in 1..=4 {
+            bytes.extend_from_slice(
+                format!("{{\"step\":{s},\"completion\":\"é{s}\"}}\n").as_bytes(),
+            );
+        }
+        // The next line was cut inside "é" (0xC3 0xA9): invalid UTF-8 at the end of the file.
+        bytes.extend_from_slice(b"{\"step\":5,\"completion\":\"\xC3");
+        std::fs::write(&path, &bytes).unwrap();
+        truncate_after(&path, 2).unwrap();
+        assert_eq!(steps_in(&path), [1, 2]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"é2\"") && text.ends_with("}\n"), "{text}");
+        // Invalid UTF-8 inside a kept step's line is dropped with the line, the rest kept.
+        std::fs::write(
+            &path,
+            b"{\"step\":1}\n{\"step\":2,\"x\":\"\xFF\"}\n{\"step\":3}\n",
+        )
+        .unwrap();
+        truncate_after(&path, 3).unwrap();
+        assert_eq!(steps_in(&path), [1, 3]);
+        // A missing file stays missing.
+        truncate_after(&tmp.path().join("none.jsonl"), 1).unwrap();
+        assert!(!tmp.path().join("none.jsonl").exists());
+    }
 }

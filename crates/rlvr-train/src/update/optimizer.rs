@@ -17,6 +17,67 @@ use candle_core::{backprop::GradStore, DType, Tensor, Var};
 use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 use rlvr_model::Model;
 
+/// The optimizer settings checked at start-up by [`check_optimizer`], with the name each has
+/// where it was given (`train.beta1` in a config, `--lr` on `rlvr sft`).
+#[derive(Debug, Clone, Copy)]
+pub struct OptimizerValues<'a> {
+    /// Peak learning rate, with its key.
+    pub lr: (&'a str, f64),
+    /// AdamW β₁, β₂, ε and weight decay, with their keys (`None`: fixed, not user-given).
+    pub beta1: Option<(&'a str, f64)>,
+    /// AdamW β₂.
+    pub beta2: Option<(&'a str, f64)>,
+    /// AdamW ε.
+    pub eps: Option<(&'a str, f64)>,
+    /// Decoupled weight decay λ.
+    pub weight_decay: (&'a str, f64),
+    /// Global gradient-norm clip (0 = off).
+    pub grad_clip: (&'a str, f64),
+}
+
+/// Checks the optimizer settings before anything is trained: lr finite and positive; β₁, β₂ in
+/// [0, 1) (β = 1 freezes a moment and AdamW's bias correction 1 − βᵗ divides by 0); ε finite and
+/// positive (it keeps the step finite where the second moment is 0); weight decay finite and
+/// ≥ 0; the gradient clip finite and ≥ 0 (0 = off). A NaN anywhere would train every weight into
+/// NaN.
+///
+/// # Errors
+/// The first value out of range, naming its key, the value and the allowed range.
+pub fn check_optimizer(v: &OptimizerValues) -> anyhow::Result<()> {
+    let check = |(key, x): (&str, f64), ok: bool, range: &str| {
+        // Scientific notation where the plain form runs long (1e300 is 301 digits).
+        let shown = Some(x.to_string())
+            .filter(|p| p.len() <= 16)
+            .unwrap_or_else(|| format!("{x:e}"));
+        anyhow::ensure!(ok, "{key} = {shown} is out of range: expected {range}");
+        Ok(())
+    };
+    let (_, lr) = v.lr;
+    check(v.lr, lr.is_finite() && lr > 0.0, "a finite number > 0")?;
+    for b in [v.beta1, v.beta2].into_iter().flatten() {
+        check(b, (0.0..1.0).contains(&b.1), "[0, 1)")?;
+    }
+    if let Some(e) = v.eps {
+        check(
+            e,
+            e.1.is_finite() && e.1 > 0.0,
+            "a finite number > 0 (e.g. 1e-8)",
+        )?;
+    }
+    let (_, wd) = v.weight_decay;
+    check(
+        v.weight_decay,
+        wd.is_finite() && wd >= 0.0,
+        "a finite number >= 0",
+    )?;
+    let (_, c) = v.grad_clip;
+    check(
+        v.grad_clip,
+        c.is_finite() && c >= 0.0,
+        "a finite number >= 0 (0 = off)",
+    )
+}
+
 /// Where the gradient of one update is combined across processes before the norm is taken.
 ///
 /// Called once per optimizer update with this process's gradient sums, one entry per parameter
