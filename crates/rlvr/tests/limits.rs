@@ -2,35 +2,11 @@
 //! error naming its key or flag and the limit, never a panic, an overflow or an abort.
 #![cfg(unix)]
 
+mod common;
+
+use common::{rlvr, tokenizer_json};
 use std::path::Path;
 use std::process::Command;
-
-fn rlvr() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rlvr"))
-}
-
-/// A character-level WordLevel tokenizer (digits, operators, space, newline; `<|endoftext|>`).
-fn tokenizer_json() -> String {
-    let chars = "0123456789+-*= #\n";
-    let mut vocab = serde_json::Map::new();
-    for (i, ch) in chars.chars().enumerate() {
-        vocab.insert(ch.to_string(), i.into());
-    }
-    let unk = chars.chars().count();
-    vocab.insert("<unk>".into(), unk.into());
-    vocab.insert("<|endoftext|>".into(), (unk + 1).into());
-    serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [{"id": unk + 1, "content": "<|endoftext|>", "single_word": false,
-            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?s)."}, "behavior": "Isolated", "invert": false},
-        "post_processor": null,
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    })
-    .to_string()
-}
 
 /// `rlvr train` of a small arithmetic run on `model` with `extra` overrides.
 fn train(model: &Path, run: &Path, extra: &[&str]) -> Command {

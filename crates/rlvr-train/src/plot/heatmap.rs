@@ -26,16 +26,7 @@ pub const MIN_SHARE: f64 = 1e-4;
 /// # Errors
 /// Unreadable or malformed file.
 pub fn read_hist(run: &Path, metric: &str) -> anyhow::Result<HistSeries> {
-    let dir = if run.is_dir() {
-        run
-    } else {
-        run.parent().unwrap_or(run)
-    };
-    let (path, key) = match metric.strip_prefix("diagnostics/") {
-        Some(k) => (dir.join("diagnostics.jsonl"), k),
-        None if run.is_dir() => (run.join("metrics.jsonl"), metric),
-        None => (run.to_path_buf(), metric),
-    };
+    let (path, key) = super::metric_source(run, metric);
     Ok(read_metrics(&path)?
         .iter()
         .filter_map(|l| {

@@ -64,21 +64,28 @@ pub struct PlotArgs {
 /// One run's series of one metric: (step, value) with nulls skipped.
 pub type Series = Vec<(f64, f64)>;
 
-/// Reads `metric` from a run directory's metrics.jsonl (nulls and non-numbers skipped).
-///
-/// # Errors
-/// Unreadable or malformed metrics file.
-pub fn read_series(run: &Path, metric: &str) -> anyhow::Result<Series> {
+/// The file and key a `metric` of `run` is read from: `diagnostics/KEY` from diagnostics.jsonl
+/// beside it, any other key from a run directory's metrics.jsonl, or from `run` itself when it is
+/// a JSONL file.
+pub(crate) fn metric_source<'a>(run: &Path, metric: &'a str) -> (PathBuf, &'a str) {
     let dir = if run.is_dir() {
         run
     } else {
         run.parent().unwrap_or(run)
     };
-    let (path, key) = match metric.strip_prefix("diagnostics/") {
+    match metric.strip_prefix("diagnostics/") {
         Some(k) => (dir.join("diagnostics.jsonl"), k),
         None if run.is_dir() => (run.join("metrics.jsonl"), metric),
         None => (run.to_path_buf(), metric),
-    };
+    }
+}
+
+/// Reads `metric` from a run directory's metrics.jsonl (nulls and non-numbers skipped).
+///
+/// # Errors
+/// Unreadable or malformed metrics file.
+pub fn read_series(run: &Path, metric: &str) -> anyhow::Result<Series> {
+    let (path, key) = metric_source(run, metric);
     Ok(read_metrics(&path)?
         .iter()
         .filter_map(|l| Some((l.get("step")?.as_f64()?, l.get(key)?.as_f64()?)))
