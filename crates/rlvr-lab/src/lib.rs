@@ -115,7 +115,12 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         None => sweep::DEFAULT_SWEEP.to_string(),
     };
-    let sweep = Sweep::parse(&text)?.select(a.fast, &a.only)?;
+    let sweep = Sweep::parse(&text)
+        .and_then(|s| s.select(a.fast, &a.only))
+        .with_context(|| match &a.sweep {
+            Some(p) => format!("in the sweep file {}", p.display()),
+            None => "in the built-in sweep (configs/lab.toml)".into(),
+        })?;
     let dir = a
         .out
         .clone()
@@ -134,7 +139,10 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             let arm = &sweep.arms[r.arm];
             let d = sweep.run_dir(&dir, r);
             let rec = runner::RunRecord::read(&d);
-            let state = if runner::stale(&sweep, &dir, &exe, r)?.is_some() {
+            let busy = d.is_dir() && runner::try_hold(&d)?.is_err();
+            let state = if busy {
+                "in use"
+            } else if runner::stale(&sweep, &dir, &exe, r)?.is_some() {
                 "stale"
             } else if rec.done {
                 "done"
@@ -185,6 +193,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "fast": a.fast, "only": a.only, "jobs": jobs, "threads": sweep.lab.threads,
             "runs": runs.len(), "kept": outcome.kept, "started": outcome.started,
             "stale": outcome.stale,
+            "busy": outcome.busy,
             "wall_s": wall, "loadavg": {"start": load_start, "end": load_avg()},
             "failures": outcome.failures,
         }),

@@ -15,6 +15,12 @@
 //!   compares it with that file (as TOML values). A run whose config differs (a preset or a default
 //!   changed, the sweep file was edited, its warm start is gone) is moved aside to
 //!   `seed-N.stale-UNIXSECS` (nothing is deleted) and rerun from scratch.
+//! - One writer: a run directory whose lock (`RUN/.lock`, the `flock` every `rlvr train` holds for
+//!   its whole life) is held by another process (an `rlvr train` started by hand, or another lab
+//!   on the same directory) is left alone: it is neither moved aside nor resumed, and it is listed
+//!   in [`Outcome::failures`] with the holder's pid, so the lab exits non-zero. The lab holds the
+//!   lock itself while it checks and moves a run aside, and releases it just before it starts the
+//!   run's child (which then takes it, waiting up to two seconds for a busy lock).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -101,6 +107,61 @@ pub struct Outcome {
     pub started: usize,
     /// Runs whose config.toml no longer matched the sweep: moved aside and rerun.
     pub stale: usize,
+    /// Runs left alone because another process held their lock (also in `failures`).
+    pub busy: usize,
+}
+
+/// Name of a run directory's lock file (the same file `rlvr train` locks: rlvr-train's
+/// `store::lock::LOCK_FILE`).
+pub const RUN_LOCK_FILE: &str = ".lock";
+
+/// The lab's hold on a run directory's lock; released when dropped.
+#[derive(Debug)]
+pub struct RunHold {
+    _file: std::fs::File,
+}
+
+/// Takes the lock of the existing run directory `dir` without waiting: `Ok(Ok(hold))` when it was
+/// free, `Ok(Err(holder))` when another process holds it (`holder`: what that process wrote in the
+/// lock file, e.g. `pid 123, host h, started …`, or a note that it wrote nothing yet).
+///
+/// # Errors
+/// Opening the lock file, or a locking error other than "held".
+pub fn try_hold(dir: &Path) -> anyhow::Result<Result<RunHold, String>> {
+    use std::io::Read;
+    let path = dir.join(RUN_LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening the run-directory lock {}", path.display()))?;
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(Ok(RunHold { _file: file })),
+        Err(fs4::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim().replace('\n', ", ");
+            Ok(Err(if holder.is_empty() {
+                "its holder has not written its pid yet".into()
+            } else {
+                holder
+            }))
+        }
+        Err(fs4::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
+/// The failure line of a run left alone because `holder` holds its lock.
+fn busy_line(name: &str, dir: &Path, holder: &str) -> String {
+    format!(
+        "{name}: {} is in use by another rlvr process ({holder}); left alone (not moved aside, not \
+         resumed): wait for that process to finish or stop it, then rerun the lab",
+        dir.display()
+    )
 }
 
 fn unix_secs() -> u64 {
@@ -281,6 +342,22 @@ pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::
     let all = sweep.runs();
     for r in &all {
         let dir = sweep.run_dir(out, r);
+        // One writer: hold the run's lock while deciding (and moving it aside); a held one is
+        // another process's run and is left alone.
+        let _hold = if dir.is_dir() {
+            match try_hold(&dir)? {
+                Ok(h) => Some(h),
+                Err(holder) => {
+                    let name = task_name(sweep, &Task::Run(r.clone()));
+                    eprintln!("lab: {}", busy_line(&name, &dir, &holder));
+                    outcome.failures.push(busy_line(&name, &dir, &holder));
+                    outcome.busy += 1;
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
         if let Some(why) = stale(sweep, out, exe, r)? {
             let aside = dir.with_extension(format!("stale-{}", unix_secs()));
             std::fs::rename(&dir, &aside)
@@ -347,6 +424,20 @@ pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::
                 continue;
             }
             let task = queue.remove(i);
+            if let Task::Run(spec) = &task {
+                let dir = sweep.run_dir(out, spec);
+                if dir.is_dir() {
+                    if let Err(holder) = try_hold(&dir)? {
+                        // Taken since the plan was made: leave it to its holder.
+                        let line = busy_line(&task_name(sweep, &task), &dir, &holder);
+                        pb.println(line.clone());
+                        outcome.failures.push(line);
+                        outcome.busy += 1;
+                        done += 1;
+                        continue;
+                    }
+                }
+            }
             running.push(start(sweep, out, exe, task)?);
             outcome.started += 1;
             let r = running.last().expect("just pushed");

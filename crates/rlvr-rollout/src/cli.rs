@@ -109,6 +109,11 @@ pub struct GenerateArgs {
     /// keep (`rollout.accept_renormalised_logprobs`).
     #[arg(long)]
     pub accept_renormalised_logprobs: bool,
+    /// With `--server`: use servers leased to another process (a training run) anyway; the model
+    /// is pushed over that run's weights and the run stops at its next weight check. Without it
+    /// such servers are refused, naming the run.
+    #[arg(long)]
+    pub share_server: bool,
 }
 
 /// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters

@@ -17,7 +17,9 @@ use rlvr_model::{ComputeDtype, DeviceSpec};
 use crate::config::plan::{parse_size, plan_ranks, suggestions, write_table};
 use crate::config::{settings, RawConfig, ResolvedConfig, RolloutSection, Schedule};
 use crate::eval::{EvalItem, EvalResult, Evaluator};
-use crate::feed::backend::{self, BackendSettings, NativeWeights, VllmSettings, Workload};
+use crate::feed::backend::{
+    self, BackendSettings, NativeWeights, ServerUse, VllmSettings, Workload,
+};
 use crate::run::{signals, train, RunOptions};
 use crate::sft::{pairs_from_config, read_pairs, train_sft_on, SftSettings, StopRule};
 use crate::update::LrSchedule;
@@ -156,6 +158,11 @@ pub struct EvalArgs {
     /// Device: cpu or cuda:N (default: the config's model.device, else cpu).
     #[arg(long)]
     pub device: Option<String>,
+    /// With `rollout.backend = "vllm"`: use servers leased to another process (a training run)
+    /// anyway. The evaluated model is pushed over that run's weights, and the run stops at its
+    /// next weight check. Without it such servers are refused, naming the run.
+    #[arg(long)]
+    pub share_server: bool,
 }
 
 /// Runs `rlvr eval`: prints `{"task", "n", "accuracy", "mean@k", "pass@k"}`.
@@ -226,7 +233,11 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             raw.data.task.name()
         );
     }
-    let (r, items) = eval_on_backend(&raw.rollout, &evaluator, &policy)?;
+    let use_ = ServerUse::Fixed {
+        command: "rlvr eval",
+        share: a.share_server,
+    };
+    let (r, items) = eval_on_backend(&raw.rollout, &evaluator, &policy, &use_)?;
     if let Some(path) = &a.out {
         let mut s = String::new();
         for it in &items {
@@ -257,6 +268,7 @@ fn eval_on_backend(
     rollout: &RolloutSection,
     evaluator: &Evaluator,
     policy: &Policy,
+    server_use: &ServerUse,
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
     let tmp = std::env::temp_dir().join(format!("rlvr-eval-vllm-{}", std::process::id()));
     let mut r = rollout.clone();
@@ -268,7 +280,7 @@ fn eval_on_backend(
             longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
             max_new_tokens: evaluator.settings.max_new_tokens,
         };
-        let mut engine = fixed_model_engine(&s, policy, work)?;
+        let mut engine = fixed_model_engine(&s, policy, work, server_use)?;
         evaluator.run(engine.as_mut(), &policy.tokenizer)
     })();
     let _ = std::fs::remove_dir_all(&tmp);
@@ -284,6 +296,7 @@ fn fixed_model_engine(
     s: &BackendSettings,
     policy: &Policy,
     work: Workload,
+    server_use: &ServerUse,
 ) -> anyhow::Result<Box<dyn rlvr_rollout::Rollout>> {
     let mut engine = backend::build(
         s,
@@ -292,6 +305,7 @@ fn fixed_model_engine(
         0,
         work,
         NativeWeights::Share,
+        server_use,
     )?;
     if *s != BackendSettings::Native {
         engine
@@ -652,7 +666,11 @@ pub fn run_generate(
             longest_prompt: longest,
             max_new_tokens: params.max_new_tokens,
         };
-        fixed_model_engine(&s, policy, work)
+        let use_ = ServerUse::Fixed {
+            command: "rlvr generate",
+            share: a.share_server,
+        };
+        fixed_model_engine(&s, policy, work, &use_)
     };
     let result = rlvr_rollout::cli::run_with(a, out, &make);
     let _ = std::fs::remove_dir_all(&tmp);

@@ -569,3 +569,51 @@ fn eval_with_the_vllm_backend_names_a_missing_server() {
     );
     assert!(err.contains("vLLM server http://127.0.0.1:9"), "{err}");
 }
+
+#[test]
+fn eval_refuses_a_server_leased_to_a_training_run_unless_told_to_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    // Port 7 is nobody's: the lease is all this test touches (the default lease directory, as
+    // `rlvr train` takes it).
+    let url = "http://127.0.0.1:7";
+    let mut lease = rlvr_vllm::ServerLease::acquire(
+        &[url.to_string()],
+        rlvr_vllm::LeaseHolder::new("training run /runs/the-other-one", true),
+    )
+    .unwrap();
+    lease.tag(12).unwrap();
+    let args = |share: bool| rlvr_train::cli::EvalArgs {
+        model: model.clone(),
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(2),
+        set: vec![
+            "rollout.backend=\"vllm\"".into(),
+            format!("rollout.servers=[\"{url}\"]"),
+            "rollout.retries=0".into(),
+        ],
+        share_server: share,
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args(false), &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        err.contains(url)
+            && err.contains("is leased to training run /runs/the-other-one")
+            && err.contains("weights at version 12")
+            && err.contains("--share-server"),
+        "{err}"
+    );
+    // --share-server goes on to the server (which is not there).
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args(true), &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        !err.contains("is leased") && err.contains("vLLM server http://127.0.0.1:7"),
+        "{err}"
+    );
+}

@@ -62,6 +62,11 @@ pub struct VllmClient {
     /// adapter's name ([`crate::lora`]).
     pub(crate) model_name: String,
     detok: Option<Box<dyn Detokenize>>,
+    /// The check of the last successful refresh: scored again after every sampling call, so
+    /// samples drawn after another process reloaded a server are never used ([`crate::lease`]).
+    pub(crate) verified: Option<crate::refresh::RefreshCheck>,
+    /// The servers' lease, when this client took one ([`VllmClient::take_lease`]).
+    pub(crate) lease: Option<crate::lease::ServerLease>,
 }
 
 impl VllmClient {
@@ -104,6 +109,8 @@ impl VllmClient {
             version: 0,
             refresh_failed: None,
             detok: None,
+            verified: None,
+            lease: None,
         })
     }
 
@@ -112,6 +119,35 @@ impl VllmClient {
     pub fn with_tokenizer(mut self, detok: impl Detokenize + 'static) -> Self {
         self.detok = Some(Box::new(detok));
         self
+    }
+
+    /// Takes the lease of every server for `holder` ([`crate::lease`]); held until the client is
+    /// dropped, and tagged with the version at every successful refresh.
+    ///
+    /// # Errors
+    /// A server leased to another process, naming it ([`crate::ServerLease::acquire`]).
+    pub fn take_lease(&mut self, holder: crate::lease::LeaseHolder) -> Result<()> {
+        self.lease = Some(crate::lease::ServerLease::acquire(
+            &self.server_urls(),
+            holder,
+        )?);
+        Ok(())
+    }
+
+    /// After a successful refresh to `version` with `check`: remembers the check for the
+    /// post-sampling fingerprint and tags the lease with the version.
+    pub(crate) fn refreshed(
+        &mut self,
+        version: u64,
+        check: &crate::refresh::RefreshCheck,
+    ) -> Result<()> {
+        self.version = version;
+        self.refresh_failed = None;
+        self.verified = Some(check.clone());
+        if let Some(l) = &mut self.lease {
+            l.tag(version)?;
+        }
+        Ok(())
     }
 
     /// The policy version the servers hold (set by [`VllmClient::refresh`] or
@@ -257,8 +293,37 @@ impl VllmClient {
         if let Some(e) = failed.lock().unwrap().take() {
             return Err(e);
         }
+        self.check_fingerprint()?;
         let groups = std::mem::take(&mut *results.lock().unwrap());
         Ok(groups.into_iter().flatten().flatten().collect())
+    }
+
+    /// After sampling: every server still scores the last refresh's check sequence as the pushed
+    /// weights do (nothing to check before the first refresh).
+    ///
+    /// # Errors
+    /// [`VllmError::Check`] naming the server whose weights changed since the refresh.
+    fn check_fingerprint(&self) -> Result<()> {
+        let Some(check) = &self.verified else {
+            return Ok(());
+        };
+        self.verify(check).map(|_| ()).map_err(|e| match e {
+            VllmError::Check { server, msg } => VllmError::Check {
+                msg: format!(
+                    "its weights changed after this client pushed version {} (another process \
+                     reloaded the server?), so the samples just drawn are not this policy's and \
+                     are dropped; a vLLM server serves one run at a time: give each run its own \
+                     server ({msg}){}",
+                    self.version,
+                    self.lease
+                        .as_ref()
+                        .map(|l| format!("; this client holds the lease as {}", l.holder().owner))
+                        .unwrap_or_default()
+                ),
+                server,
+            },
+            e => e,
+        })
     }
 
     /// One group on `server`: the request, its checks, the records.

@@ -13,6 +13,8 @@
 //!   verified by scoring a fixed sequence.
 //! - [`lora`]: with LoRA, each version's adapter written in PEFT's format and loaded by name
 //!   (`/v1/load_lora_adapter`), requests naming it, older versions unloaded.
+//! - [`lease`]: one run per server: a lease per server URL (a `flock`ed file naming the holding
+//!   run and its version) and, after every sampling call, the weights' fingerprint checked again.
 //! - [`VllmRollout`]: all of the above behind `rlvr_rollout::Rollout`, the explorer's boundary
 //!   (`rollout.backend = "vllm"` in rlvr-train).
 //!
@@ -28,6 +30,7 @@ pub mod client;
 pub mod completion;
 pub mod error;
 pub mod http;
+pub mod lease;
 pub mod lora;
 pub mod refresh;
 pub mod rollout;
@@ -36,6 +39,7 @@ pub use checks::{trainer_logprobs, ServerInfo};
 pub use client::{ClientConfig, VllmClient};
 pub use error::{Result, VllmError};
 pub use http::{RetryPolicy, Server};
+pub use lease::{LeaseHolder, ServerLease};
 pub use lora::{adapter_name, write_adapter, LORA_SERVER_FLAGS};
 pub use refresh::{prune_versions, version_dir, write_weights, RefreshCheck, RefreshTimings};
 pub use rollout::{VllmRollout, VllmRolloutConfig};

@@ -219,8 +219,7 @@ impl VllmClient {
         let max_abs_diff = crate::refresh::check_scores(&self.server_urls(), &scored, check)?;
         let verify_s = t2.elapsed().as_secs_f64();
         self.model_name = name.clone();
-        self.version = version;
-        self.refresh_failed = None;
+        self.refreshed(version, check)?;
         let t3 = Instant::now();
         self.unload_other_adapters(&name)?;
         reload_s += t3.elapsed().as_secs_f64();

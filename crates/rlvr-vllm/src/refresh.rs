@@ -256,8 +256,7 @@ impl VllmClient {
         self.model_name = self.config.served_model_name.clone();
         let max_abs_diff = self.verify(check)?;
         let verify_s = t2.elapsed().as_secs_f64();
-        self.version = version;
-        self.refresh_failed = None;
+        self.refreshed(version, check)?;
         prune_versions(weights_dir, version)?;
         Ok(RefreshTimings {
             write_s,

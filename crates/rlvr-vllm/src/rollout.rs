@@ -51,6 +51,10 @@ pub struct VllmRolloutConfig {
     /// leader's push is done (rlvr's run loop: a barrier after every weight load) and never lets
     /// a push overlap a follower's sampling (data parallel with vLLM runs the explorer inline).
     pub follower: bool,
+    /// The servers' lease ([`crate::lease`]): taken at [`VllmRollout::connect`] for this holder
+    /// and held while the backend lives, tagged with the version at every push. `None`: no lease
+    /// (a data-parallel follower, whose leader holds it; `--share-server`).
+    pub lease: Option<crate::lease::LeaseHolder>,
 }
 
 /// The vLLM backend of the explorer. See the module docs.
@@ -95,7 +99,8 @@ impl VllmRollout {
     /// strings and probes the servers' tokenizers.
     ///
     /// # Errors
-    /// [`VllmError::Config`] for a bad client config; a failed check naming the server.
+    /// [`VllmError::Config`] for a bad client config; a server leased to another process
+    /// (naming it); a failed check naming the server.
     pub fn connect(
         config: VllmRolloutConfig,
         model: &Model,
@@ -103,7 +108,11 @@ impl VllmRollout {
         longest_prompt: usize,
         max_new_tokens: usize,
     ) -> Result<Self> {
-        let client = VllmClient::new(config.client)?.with_tokenizer(tokenizer.tokenizer.clone());
+        let mut client =
+            VllmClient::new(config.client)?.with_tokenizer(tokenizer.tokenizer.clone());
+        if let Some(holder) = config.lease {
+            client.take_lease(holder)?;
+        }
         let infos = client.check_servers(tokenizer, longest_prompt, max_new_tokens)?;
         let vocab = model.config().vocab_size;
         Ok(Self {

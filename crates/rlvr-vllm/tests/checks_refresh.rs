@@ -295,3 +295,99 @@ fn startup_checks_name_what_disagrees() {
         .to_string();
     assert!(e.contains("tokenizer disagrees"), "{e}");
 }
+
+/// A fake vLLM that scores with `served` (as [`vllm_serving`]) and samples one group of two
+/// completions.
+fn sampling_and_scoring(served: Arc<Mutex<Vec<f32>>>) -> FakeServer {
+    let group = completion_answer(
+        &[vec![5, 6], vec![7, 8]],
+        &[vec![-0.5, -0.25], vec![-1.0, -0.5]],
+        &[("length", Value::Null), ("length", Value::Null)],
+    );
+    FakeServer::start(move |line, body| match line {
+        "POST /v1/completions" if body.get("prompt_logprobs").is_some() => {
+            let ids: Vec<u32> = serde_json::from_value(body["prompt"].clone()).unwrap();
+            let served = served.lock().unwrap();
+            let mut all = vec![-1.0f32; ids.len() - 1 - served.len()];
+            all.extend(served.iter());
+            Reply::Status(200, prompt_logprobs_answer(&ids, &all))
+        }
+        "POST /v1/completions" => Reply::Status(200, group.clone()),
+        "POST /collective_rpc" => Reply::Status(200, "{\"results\": [null]}".into()),
+        _ => Reply::Status(200, String::new()),
+    })
+}
+
+#[test]
+fn samples_drawn_after_another_process_reloaded_the_server_are_refused() {
+    let weights = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (model(true, 2), model(true, 5));
+    let check = check_for(&ours);
+    let served = Arc::new(Mutex::new(check.expected.clone()));
+    let fake = sampling_and_scoring(served.clone());
+    let mut c = client(&fake.url);
+    c.refresh(weights.path(), 3, &tensors(&ours), ours.config(), &check)
+        .unwrap();
+    let params = SamplingParams {
+        group_size: 2,
+        max_new_tokens: 2,
+        ..Default::default()
+    };
+    // Still our weights: the samples are used, after one more scoring of the check sequence.
+    let n_before = fake.lines().len();
+    let out = c.sample(&[vec![1, 2]], 0, &params, 0).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(fake.lines().len(), n_before + 2, "{:?}", fake.lines());
+    // Another run reloads the server with its weights: the next samples are refused.
+    *served.lock().unwrap() =
+        trainer_logprobs(&theirs, &check.prompt, &check.completion, 1.0).unwrap();
+    let err = c
+        .sample(&[vec![1, 2]], 0, &params, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&fake.url)
+            && err.contains("its weights changed after this client pushed version 3")
+            && err.contains("are dropped"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_leased_server_is_refused_naming_the_run_and_its_version() {
+    let weights = tempfile::tempdir().unwrap();
+    let leases = tempfile::tempdir().unwrap();
+    let m = model(true, 2);
+    let check = check_for(&m);
+    let fake = vllm_serving(Arc::new(Mutex::new(check.expected.clone())), 200);
+    let holder = |owner: &str, training| rlvr_vllm::LeaseHolder {
+        owner: owner.into(),
+        training,
+        dir: leases.path().to_path_buf(),
+    };
+    let mut a = client(&fake.url);
+    a.take_lease(holder("training run /runs/a", true)).unwrap();
+    a.refresh(weights.path(), 4, &tensors(&m), m.config(), &check)
+        .unwrap();
+    // A second run on the same server (spelled with localhost) is refused.
+    let port = fake.url.rsplit(':').next().unwrap();
+    let mut b = client(&format!("http://localhost:{port}/"));
+    let err = b
+        .take_lease(holder("training run /runs/b", true))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is leased to training run /runs/a")
+            && err.contains("weights at version 4")
+            && err.contains("start another vLLM server"),
+        "{err}"
+    );
+    // An evaluation is told about --share-server.
+    let err = client(&fake.url)
+        .take_lease(holder("rlvr eval", false))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--share-server"), "{err}");
+    drop(a);
+    b.take_lease(holder("training run /runs/b", true)).unwrap();
+}

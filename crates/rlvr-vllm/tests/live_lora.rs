@@ -103,6 +103,7 @@ fn rollout(l: &Live, policy: &Policy, weights_dir: &Path) -> VllmRollout {
             weights_dir: weights_dir.to_path_buf(),
             refresh_tolerance: 1e-4,
             follower: false,
+            lease: None,
         },
         &policy.model,
         &policy.tokenizer,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_rollout::{NativeRollout, Rollout, Sampler};
-use rlvr_vllm::{ClientConfig, VllmRollout, VllmRolloutConfig};
+use rlvr_vllm::{ClientConfig, LeaseHolder, VllmRollout, VllmRolloutConfig};
 use serde_json::json;
 
 /// Which engine samples, with its settings (`rollout.backend` and the `rollout.*` vLLM keys).
@@ -50,6 +50,27 @@ pub struct VllmSettings {
     /// (`rlvr_vllm::VllmRolloutConfig::follower`); the run loop holds every rank at a barrier
     /// after each weight load.
     pub follower: bool,
+}
+
+/// What the vLLM servers are used for, which decides their lease (rlvr-vllm's `lease` module:
+/// one run per server, named in the refusal of a second).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerUse {
+    /// A training run (its run directory): the servers are leased to it for its whole life and
+    /// tagged with its policy version at every sync; a server leased to anything else is refused.
+    Train {
+        /// The run directory (named in another process's refusal).
+        run_dir: PathBuf,
+    },
+    /// `rlvr eval` or `rlvr generate` of a fixed model (`command`): the servers are leased while
+    /// it runs, and one leased to a training run is refused, unless `share` (`--share-server`).
+    Fixed {
+        /// The command, e.g. `rlvr eval`.
+        command: &'static str,
+        /// `--share-server`: take no lease and push anyway (a training run on the server then
+        /// stops at its next weight check).
+        share: bool,
+    },
 }
 
 /// How the native engine holds the weights it samples with.
@@ -115,10 +136,28 @@ fn client_config(v: &VllmSettings) -> anyhow::Result<ClientConfig> {
     })
 }
 
+/// The lease `u` takes, if any: none for a data-parallel follower (its leader holds it) or a
+/// shared fixed-model use.
+fn lease_holder(u: &ServerUse, follower: bool) -> Option<LeaseHolder> {
+    match u {
+        _ if follower => None,
+        ServerUse::Train { run_dir } => {
+            let dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.clone());
+            Some(LeaseHolder::new(
+                format!("training run {}", dir.display()),
+                true,
+            ))
+        }
+        ServerUse::Fixed { share: true, .. } => None,
+        ServerUse::Fixed { command, .. } => Some(LeaseHolder::new(*command, false)),
+    }
+}
+
 /// The engine `s` names, at version `version`, with no weights pushed yet (the caller loads the
 /// starting version). Native: over `model` as `native` says. vLLM: connects and runs the start-up
 /// checks (health, served name, `max_model_len ≥ longest_prompt + max_new_tokens`, tokenizer
-/// agreement), with versions written under the settings' weights directory.
+/// agreement), with versions written under the settings' weights directory, the servers leased
+/// as `server_use` says.
 ///
 /// # Errors
 /// Model copy errors; a failed start-up check naming the server and what it answered.
@@ -129,6 +168,7 @@ pub fn build(
     version: u64,
     work: Workload,
     native: NativeWeights,
+    server_use: &ServerUse,
 ) -> anyhow::Result<Box<dyn Rollout>> {
     Ok(match (s, native) {
         (BackendSettings::Native, NativeWeights::Copy) => Box::new(NativeRollout::owning(
@@ -146,6 +186,7 @@ pub fn build(
                 weights_dir: v.weights_dir.clone(),
                 refresh_tolerance: v.refresh_tolerance,
                 follower: v.follower,
+                lease: lease_holder(server_use, v.follower),
             };
             let r = VllmRollout::connect(
                 config,

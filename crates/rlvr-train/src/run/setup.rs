@@ -18,7 +18,7 @@ use rlvr_rollout::named_tensors;
 use super::{Run, RunOptions};
 use crate::config::settings;
 use crate::config::ResolvedConfig;
-use crate::feed::backend::{self, BackendSettings, NativeWeights, Workload};
+use crate::feed::backend::{self, BackendSettings, NativeWeights, ServerUse, Workload};
 use crate::feed::explorer::{Explorer, TrainPrompts};
 use crate::feed::offline::OfflineSource;
 use crate::feed::prompts::prepare_prompts;
@@ -274,6 +274,9 @@ fn online_feed(
         step,
         work,
         NativeWeights::Copy,
+        &ServerUse::Train {
+            run_dir: c.output.dir.clone(),
+        },
     )?;
     let prompts = TrainPrompts {
         ids,
