@@ -152,12 +152,28 @@ pub struct RunSpec {
     pub seed: u64,
 }
 
+/// Refuses a seed listed twice in `seeds` (the key `key`): each arm of `arms` would run it twice
+/// into one run directory, and the statistics would count one run as two seeds.
+fn duplicate_seed(key: &str, seeds: &[u64], arms: &[&str]) -> anyhow::Result<()> {
+    for (i, s) in seeds.iter().enumerate() {
+        if seeds[..i].contains(s) {
+            bail!(
+                "{key} lists seed {s} twice: arm `{}` (and every other arm: {}) would run seed {s} \
+                 twice into one run directory and count it as two seeds; list each seed once",
+                arms.first().copied().unwrap_or("?"),
+                arms.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 impl Sweep {
     /// Parses a sweep file's text and checks it.
     ///
     /// # Errors
     /// TOML errors (with the key), an empty arm or seed list, duplicate or unsafe arm names, a
-    /// `model` without a `config`.
+    /// seed listed twice, a `model` without a `config`.
     pub fn parse(text: &str) -> anyhow::Result<Sweep> {
         let s: Sweep = toml::from_str(text).context("parsing the sweep")?;
         s.check()?;
@@ -199,7 +215,10 @@ impl Sweep {
                 bail!("arm `{}`: interval must be >= 1", a.name);
             }
         }
+        let arms: Vec<&str> = self.arms.iter().map(|a| a.name.as_str()).collect();
+        duplicate_seed("[lab].seeds", &self.lab.seeds, &arms)?;
         if let Some(f) = &self.fast {
+            duplicate_seed("[fast].seeds", &f.seeds, &arms)?;
             for n in &f.arms {
                 if !seen.contains(n.as_str()) {
                     bail!("[fast].arms names `{n}`, which is no [[arm]]");

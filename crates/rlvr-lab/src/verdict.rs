@@ -12,7 +12,10 @@
 //! - **equivalence** "a and b are within m" (|d| < m): supported when −m < d − 2s and d + 2s < m,
 //!   not supported when d − 2s > m or d + 2s < −m;
 //!
-//! and inconclusive otherwise. A claim made of several comparisons is supported when all are, not
+//! and inconclusive otherwise. A comparison is supported only when each side has at least two
+//! distinct seeds ([`MIN_SEEDS`]): with one seed the SE is the evaluation's binomial one, which
+//! ignores the seed-to-seed spread, so a "supported" there would be read as more than it is; such a
+//! comparison is inconclusive instead (not supported stays as judged). A claim made of several comparisons is supported when all are, not
 //! supported when any is not, inconclusive otherwise (also when an arm it needs is missing).
 //!
 //! Paired by seed, beside it: the arms of one seed share that seed's warm start, whose accuracy
@@ -36,6 +39,17 @@
 use serde::{Deserialize, Serialize};
 
 use crate::summary::{ArmStats, Estimate};
+
+/// Fewest distinct seeds each side of a comparison needs for "supported".
+pub const MIN_SEEDS: usize = 2;
+
+/// Distinct seeds among `(seed, value)` pairs.
+fn distinct_seeds(s: &[(u64, f64)]) -> usize {
+    let mut seeds: Vec<u64> = s.iter().map(|x| x.0).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    seeds.len()
+}
 
 /// Margin m of the claims, as a fraction (3 points).
 pub const MARGIN: f64 = 0.03;
@@ -99,6 +113,9 @@ pub struct Comparison {
     /// The same comparison paired by seed (`None` with fewer than two shared seeds).
     #[serde(default)]
     pub paired: Option<Paired>,
+    /// A side had fewer than [`MIN_SEEDS`] distinct seeds: a "supported" was made inconclusive.
+    #[serde(default)]
+    pub few_seeds: bool,
 }
 
 /// A comparison paired by seed: d_i = a_i − b_i over the seeds both sides have.
@@ -175,6 +192,11 @@ type Side<'a> = (&'a str, Estimate, &'a [(u64, f64)]);
 fn compare((a, ea, sa): Side, (b, eb, sb): Side, test: Test, m: f64) -> Comparison {
     let diff = ea.mean - eb.mean;
     let se = (ea.se * ea.se + eb.se * eb.se).sqrt();
+    let few_seeds = distinct_seeds(sa) < MIN_SEEDS || distinct_seeds(sb) < MIN_SEEDS;
+    let status = match judge(test, diff, se, m) {
+        Status::Supported if few_seeds => Status::Inconclusive,
+        s => s,
+    };
     Comparison {
         a: a.into(),
         b: b.into(),
@@ -183,8 +205,9 @@ fn compare((a, ea, sa): Side, (b, eb, sb): Side, test: Test, m: f64) -> Comparis
         est_b: eb,
         diff,
         se,
-        status: judge(test, diff, se, m),
+        status,
         paired: paired(sa, sb, test, m),
+        few_seeds,
     }
 }
 
@@ -230,11 +253,22 @@ fn combine(
     let paired_status = paired
         .filter(|p| missing.is_empty() && !p.is_empty())
         .map(|p| combined(&p, true));
-    let note = if missing.is_empty() {
-        String::new()
-    } else {
-        format!("missing from the data: {}", missing.join(", "))
-    };
+    let mut notes = Vec::new();
+    if !missing.is_empty() {
+        notes.push(format!("missing from the data: {}", missing.join(", ")));
+    }
+    let few: Vec<String> = comps
+        .iter()
+        .filter(|c| c.few_seeds)
+        .map(|c| format!("{} vs {}", c.a, c.b))
+        .collect();
+    if !few.is_empty() {
+        notes.push(format!(
+            "fewer than {MIN_SEEDS} distinct seeds per arm in {}: at best inconclusive (run more seeds)",
+            few.join(", ")
+        ));
+    }
+    let note = notes.join("; ");
     Verdict {
         claim: claim.into(),
         statement,

@@ -286,3 +286,69 @@ fn paired_by_seed_sees_what_the_warm_start_spread_hides() {
     assert!(v.comparisons.iter().all(|c| c.paired.is_none()));
     assert_eq!(v.paired_status, None);
 }
+
+#[test]
+fn one_distinct_seed_per_arm_is_never_supported() {
+    // One seed: interval 4 and 16 thirty points better than interval 1. The binomial SE (about
+    // 3 points) would make A1 "supported"; one seed cannot support a claim.
+    let mut one = Vec::new();
+    arm(&mut one, "grpo_v1", "grpo", 1, 0.30, 1);
+    arm(&mut one, "grpo_v4", "off_policy_grpo", 4, 0.60, 1);
+    arm(&mut one, "grpo_v16", "off_policy_grpo", 16, 0.60, 1);
+    let v = verdict_of(&one, "A1");
+    assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+    assert!(v.comparisons.iter().all(|c| c.few_seeds), "{v:?}");
+    assert!(
+        v.note
+            .contains("fewer than 2 distinct seeds per arm in grpo_v4 vs grpo_v1"),
+        "{}",
+        v.note
+    );
+    // The same seed twice per arm (std 0, so SE 0 over "two seeds") is still one seed.
+    let mut twice = one.clone();
+    twice.extend(one.iter().cloned());
+    let v = verdict_of(&twice, "A1");
+    assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+    // Not supported is still judged with one seed (thirty points worse).
+    let mut worse = Vec::new();
+    arm(&mut worse, "grpo_v1", "grpo", 1, 0.60, 1);
+    arm(&mut worse, "grpo_v4", "off_policy_grpo", 4, 0.30, 1);
+    arm(&mut worse, "grpo_v16", "off_policy_grpo", 16, 0.30, 1);
+    assert_eq!(status(&worse, "A1"), Status::NotSupported);
+    // Two distinct seeds per arm: supported.
+    let mut two = Vec::new();
+    arm(&mut two, "grpo_v1", "grpo", 1, 0.30, 2);
+    arm(&mut two, "grpo_v4", "off_policy_grpo", 4, 0.60, 2);
+    arm(&mut two, "grpo_v16", "off_policy_grpo", 16, 0.60, 2);
+    let v = verdict_of(&two, "A1");
+    assert_eq!(v.status, Status::Supported, "{v:?}");
+    assert!(v.note.is_empty(), "{}", v.note);
+}
+
+#[test]
+fn a_seed_listed_twice_is_refused_naming_the_sweep_file_and_arm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("dup.toml");
+    std::fs::write(
+        &path,
+        "[lab]\nseeds = [0, 1, 0]\nsteps = 2\n[[arm]]\nname = \"grpo_v1\"\npreset = \"grpo\"\n",
+    )
+    .unwrap();
+    let args = rlvr_lab::LabArgs {
+        sweep: Some(path.clone()),
+        dry_run: true,
+        ..Default::default()
+    };
+    let e = format!("{:#}", rlvr_lab::run(&args, &mut Vec::new()).unwrap_err());
+    assert!(
+        e.contains(&path.display().to_string())
+            && e.contains("[lab].seeds lists seed 0 twice")
+            && e.contains("arm `grpo_v1`"),
+        "{e}"
+    );
+    // [fast].seeds too.
+    let fast = "[lab]\nseeds = [0]\nsteps = 2\n[fast]\nseeds = [3, 3]\nsteps = 1\narms = [\"a\"]\n\
+                [[arm]]\nname = \"a\"\npreset = \"grpo\"\n";
+    let e = format!("{:#}", rlvr_lab::sweep::Sweep::parse(fast).unwrap_err());
+    assert!(e.contains("[fast].seeds lists seed 3 twice"), "{e}");
+}
