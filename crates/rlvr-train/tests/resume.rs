@@ -1,5 +1,6 @@
 //! A run killed by SIGKILL and resumed from its last checkpoint gives, at every later step, the same
-//! non-time metrics as an uninterrupted run (o = 0; v = 1 and v = 4). The killed run is this test
+//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1: bit-identical, from
+//! the checkpoint's buffer of in-flight batches). The killed run is this test
 //! binary re-executed on `child_entry` with `RLVR_TRAIN_CHILD` set; it hangs after step 3 (test hook
 //! `RLVR_DEBUG_HANG_AFTER_STEP`), after the step-2 checkpoint, and is killed there.
 
@@ -12,7 +13,7 @@ use rlvr_train::config::{RawConfig, ResolvedConfig};
 use rlvr_train::run::{train, RunOptions};
 use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
-fn sets(model: &Path, run: &Path, v: u64) -> Vec<String> {
+fn sets(model: &Path, run: &Path, v: u64, o: u64) -> Vec<String> {
     let mut s = common::arithmetic_sets(model, run);
     s.extend([
         "train.steps=6".to_string(),
@@ -21,6 +22,7 @@ fn sets(model: &Path, run: &Path, v: u64) -> Vec<String> {
         "train.mini_batches=2".into(),
         "train.epochs=2".into(),
         format!("sync.interval={v}"),
+        format!("sync.offset={o}"),
     ]);
     s
 }
@@ -46,12 +48,14 @@ fn last_step(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn check_resume(v: u64) {
+/// Kills a run (interval `v`, offset `o`) after step 3, resumes it from step 2, and compares its
+/// metrics with an uninterrupted run's: within 1e-6 relative, or bit for bit when `exact`.
+fn check_resume(v: u64, o: u64, exact: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::tiny_model(tmp.path(), 1);
     // Uninterrupted reference run.
     let ra = tmp.path().join("a");
-    let cfg = RawConfig::load(None, &sets(&model, &ra, v))
+    let cfg = RawConfig::load(None, &sets(&model, &ra, v, o))
         .unwrap()
         .resolve()
         .unwrap();
@@ -63,7 +67,7 @@ fn check_resume(v: u64) {
         .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
         .env(
             "RLVR_TRAIN_CHILD",
-            serde_json::to_string(&sets(&model, &rb, v)).unwrap(),
+            serde_json::to_string(&sets(&model, &rb, v, o)).unwrap(),
         )
         .env("RLVR_DEBUG_HANG_AFTER_STEP", "3")
         .stdout(std::process::Stdio::null())
@@ -89,6 +93,17 @@ fn check_resume(v: u64) {
         "step-2"
     );
 
+    if o > 0 {
+        // The in-flight batch of step 3 is in the step-2 checkpoint's buffer.
+        let buf = std::fs::read_to_string(rb.join("checkpoints/step-2/trainer_state/buffer.jsonl"))
+            .unwrap();
+        let lines: Vec<serde_json::Value> = buf
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len() as u64, o, "{buf}");
+        assert_eq!(lines[0]["step"], 3);
+    }
     // Resume.
     let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
     cfg.raw.output.dir = rb.clone();
@@ -112,6 +127,10 @@ fn check_resume(v: u64) {
                 continue;
             }
             let vb = &lb[k];
+            if exact {
+                assert_eq!(va, vb, "v={v} o={o} step {}: {k}", la["step"]);
+                continue;
+            }
             match (va.as_f64(), vb.as_f64()) {
                 (Some(x), Some(y)) => assert!(
                     (x - y).abs() <= 1e-6 * (1.0 + x.abs()),
@@ -134,18 +153,28 @@ fn check_resume(v: u64) {
         .iter()
         .map(|l| l["staleness/max"].as_f64().unwrap())
         .collect();
-    let want: Vec<f64> = (1..=6u64).map(|t| ((t - 1) % v) as f64).collect();
+    let want: Vec<f64> = (1..=6u64)
+        .map(|t| ((t - 1) - rlvr_train::feed::behaviour_version(t, v, o)) as f64)
+        .collect();
     assert_eq!(st, want);
 }
 
 #[test]
 fn sigkill_resume_matches_uninterrupted_v1() {
-    check_resume(1);
+    check_resume(1, 0, false);
+}
+
+/// One-step-off-policy (o = 1): the batch of step 3 was sampled (by version 1) before the kill;
+/// the checkpoint of step 2 keeps it in trainer_state/buffer.jsonl, so the resumed run trains on
+/// it instead of re-sampling it with version 2's weights, and every metric is bit-identical.
+#[test]
+fn sigkill_resume_matches_uninterrupted_offset_1() {
+    check_resume(1, 1, true);
 }
 
 #[test]
 fn sigkill_resume_matches_uninterrupted_v4() {
-    check_resume(4);
+    check_resume(4, 0, false);
 }
 
 /// Entry point of the Ctrl-C child: `rlvr train` through its CLI function (which installs the

@@ -40,8 +40,9 @@ pub enum ShortBatch {
     Error,
 }
 
-/// The experiences of one trainer step.
-#[derive(Debug, Clone)]
+/// The experiences of one trainer step (a line of a checkpoint's `trainer_state/buffer.jsonl`
+/// when it was sampled but not yet trained on).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Batch {
     /// The trainer step it is for (1-based).
     pub step: u64,

@@ -22,6 +22,7 @@ pub mod prompts;
 pub mod schedule;
 pub mod share;
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
 
 use anyhow::Context;
@@ -56,6 +57,11 @@ pub enum Feed {
         /// Data parallel: the explorer thread samples this rank's groups only; they are gathered
         /// here, on the run's thread, over this communicator, keeping this many rollout records.
         gather: Option<(rlvr_dist::SharedComm, usize)>,
+        /// Batches sampled but not yet handed out, in step order: a resumed checkpoint's buffer,
+        /// or the in-flight batches [`Feed::in_flight`] received for a checkpoint.
+        pending: VecDeque<Batch>,
+        /// The sync interval v and offset o.
+        sync: (u64, u64),
     },
 }
 
@@ -66,14 +72,20 @@ impl Feed {
     /// explorer gathers each round itself, the threaded one samples its share and [`Feed::next`]
     /// gathers on the run's thread (collectives never leave it).
     ///
+    /// `buffered`: a resumed checkpoint's in-flight batches (steps `first_step..`, see
+    /// [`Feed::in_flight`]), handed out first; the explorer thread then starts after them (its
+    /// weights and cursor are the checkpoint's, which are those the next batch needs).
+    ///
     /// # Errors
-    /// Dynamic sampling with an explorer thread under data parallel.
+    /// Dynamic sampling with an explorer thread under data parallel; a buffered batch for another
+    /// step than expected.
     pub fn online(
         explorer: Explorer,
         (first_step, last_step): (u64, u64),
         v: u64,
         o: u64,
         gather: Option<(rlvr_dist::SharedComm, usize)>,
+        buffered: Vec<Batch>,
     ) -> anyhow::Result<Feed> {
         use rlvr_dist::Communicator;
         let share = |comm: Option<rlvr_dist::SharedComm>, c: &rlvr_dist::SharedComm| share::Share {
@@ -92,14 +104,25 @@ impl Feed {
             Some((c, _)) => explorer.with_share(share(None, c))?,
             None => explorer,
         };
+        for (i, b) in buffered.iter().enumerate() {
+            anyhow::ensure!(
+                b.step == first_step + i as u64,
+                "the checkpoint's buffer holds the batch of step {} where step {} was expected",
+                b.step,
+                first_step + i as u64
+            );
+        }
         let cursor = explorer.cursor();
-        let (brx, wtx, h) = spawn_explorer(explorer, first_step, last_step, v, o);
+        let from = first_step + buffered.len() as u64;
+        let (brx, wtx, h) = spawn_explorer(explorer, from, last_step, v, o);
         Ok(Feed::Threaded {
             batches: brx,
             weights: Some(wtx),
             handle: Some(h),
             last_cursor: cursor,
             gather: gather.filter(|(c, _)| c.world_size() > 1),
+            pending: buffered.into(),
+            sync: (v, o),
         })
     }
 
@@ -115,8 +138,18 @@ impl Feed {
                 batches,
                 last_cursor,
                 gather,
+                pending,
                 ..
             } => {
+                if let Some(b) = pending.pop_front() {
+                    anyhow::ensure!(
+                        b.step == t,
+                        "internal: the buffered batch of step {} came out at step {t}",
+                        b.step
+                    );
+                    *last_cursor = b.cursor;
+                    return Ok(b);
+                }
                 // A rank whose explorer failed leaves here; its peers wait in the gather until
                 // the launcher ends the job (mpirun does at once) or the timeout names it.
                 let mut b = batches.recv().context("the explorer thread stopped")??;
@@ -204,6 +237,41 @@ impl Feed {
             }
             _ => Ok((policy_version, None)),
         }
+    }
+
+    /// For the checkpoint of step `t` (completed, its weights published) of a run ending at
+    /// `last_step`: the batches already sampled for the steps after `t`, for
+    /// `trainer_state/buffer.jsonl` (DESIGN.md section 10), so a resume trains on them instead of
+    /// re-sampling them with other weights. With an explorer thread (o ≥ 1) these are steps
+    /// t+1..=min(t+o, last_step), sampled by versions up to t−1; they are received here (waiting
+    /// for the explorer, whose next steps need no newer weights) and handed out by
+    /// [`Feed::next`] as usual. Empty when there is nothing in flight (inline, offline), under
+    /// data parallel (each rank holds only its share before the gather), and when the explorer
+    /// after them would need weights older than the policy's (v > 1 with v not dividing t): the
+    /// resume then re-samples them, as before.
+    ///
+    /// # Errors
+    /// The explorer failed or stopped while sampling one of them.
+    pub fn in_flight(&mut self, t: u64, last_step: u64) -> anyhow::Result<Vec<&Batch>> {
+        let Feed::Threaded {
+            batches,
+            gather: None,
+            pending,
+            sync: (v, o),
+            ..
+        } = self
+        else {
+            return Ok(Vec::new());
+        };
+        let until = (t + *o).min(last_step);
+        if until < last_step && behaviour_version(until + 1, *v, *o) != t {
+            return Ok(Vec::new());
+        }
+        while pending.back().map_or(t, |b| b.step) < until {
+            let b = batches.recv().context("the explorer thread stopped")??;
+            pending.push_back(b);
+        }
+        Ok(pending.iter().filter(|b| b.step > t).collect())
     }
 
     /// Stops the explorer thread, if any (its in-flight batch is dropped).

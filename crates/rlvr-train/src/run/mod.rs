@@ -193,6 +193,7 @@ fn train_locked(
                     cursor,
                     world_size: run.world(),
                     gathered: None,
+                    buffer: &[],
                 },
             )
         })
@@ -488,6 +489,20 @@ impl Run<'_> {
         if due && self.writer() {
             let pos = (t, self.skipped_in_row, self.best);
             crate::log::phase(&format!("saving checkpoint step-{t}"));
+            // o ≥ 1: the batches already sampled for the next steps go into the buffer (not when
+            // stopping: a stop does not wait for the explorer; the resume re-samples them).
+            let mut cursor = self.feed.cursor();
+            let buffer = if stop {
+                Vec::new()
+            } else {
+                let b = self.feed.in_flight(t, tr.steps)?;
+                if let Some(last) = b.last() {
+                    cursor = last.cursor;
+                }
+                b.iter()
+                    .map(serde_json::to_value)
+                    .collect::<serde_json::Result<Vec<_>>>()?
+            };
             let dir = save_run(
                 cfg,
                 &self.run_dir,
@@ -496,9 +511,10 @@ impl Run<'_> {
                 &self.feed,
                 pos,
                 save::SaveSource {
-                    cursor: self.feed.cursor(),
+                    cursor,
                     world_size: self.world(),
                     gathered: gathered.as_ref(),
+                    buffer: &buffer,
                 },
             )?;
             self.last_ckpt = Some(dir);

@@ -22,6 +22,9 @@ pub(crate) struct SaveSource<'a> {
     pub world_size: usize,
     /// The gathered optimizer state (`None` unsharded).
     pub gathered: Option<&'a FullState>,
+    /// The in-flight batches (`Feed::in_flight`, as JSON); `cursor` is then the source's after the
+    /// last of them.
+    pub buffer: &'a [serde_json::Value],
 }
 
 /// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
@@ -46,6 +49,7 @@ pub(crate) fn save_run(
         cursor,
         world_size,
         gathered,
+        buffer,
     }: SaveSource,
 ) -> anyhow::Result<PathBuf> {
     ensure_finite(&trainer.model)?;
@@ -85,7 +89,7 @@ pub(crate) fn save_run(
             moments: (m, v),
             masters,
             explorer: ex_model,
-            buffer: &[],
+            buffer,
         },
     )?;
     rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;

@@ -86,10 +86,10 @@ impl<'a> Run<'a> {
             .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
         crate::lora::attach(&mut policy.model, c.model.lora(), &policy_dir, c.train.seed)?;
         refuse_non_finite_policy(&policy.model, &policy_dir)?;
-        // o = 0 keeps no buffer between steps; o ≥ 1 re-samples the in-flight batches.
+        // o ≥ 1: the in-flight batches in the buffer are read by the feed (online_feed).
         let (state, moments) = match &ckpt {
             Some(dir) => {
-                let (st, m, v, _buffer) = checkpoint::load_state(dir, &device)?;
+                let (st, m, v) = checkpoint::load_state(dir, &device)?;
                 (Some(st), Some((m, v)))
             }
             None => (None, None),
@@ -309,9 +309,27 @@ fn online_feed(
         d.barrier()?;
     }
     let (v, o) = (c.sync.interval, c.sync.offset);
+    // The checkpoint's in-flight batches (o ≥ 1): trained on as they were sampled.
+    let buffered: Vec<crate::feed::explorer::Batch> = match start.ckpt {
+        Some(dir) if o > 0 && dp.is_none() => checkpoint::read_buffer(dir)?
+            .into_iter()
+            .map(|(at, v)| {
+                serde_json::from_value(v).with_context(|| format!("parsing the batch at {at}"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        _ => Vec::new(),
+    };
+    if !buffered.is_empty() {
+        crate::log::log_only(&format!(
+            "resume: {} in-flight batch(es) from the checkpoint's buffer (steps {}..={})",
+            buffered.len(),
+            step + 1,
+            step + buffered.len() as u64
+        ));
+    }
     let gather = dp.map(|d| (d, c.train.log_rollouts));
     Ok((
-        Feed::online(explorer, (step + 1, c.train.steps), v, o, gather)?,
+        Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)?,
         reward,
     ))
 }

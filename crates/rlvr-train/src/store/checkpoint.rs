@@ -2,8 +2,9 @@
 //! `rlvr eval --model` accepts (config.json, model.safetensors, tokenizer files) plus
 //! `trainer_state/` (optimizer moments and, for bf16 weights, f32 master weights, RNG state, data
 //! cursor, explorer version and, when it differs from the policy, the explorer's weights; and
-//! `buffer.jsonl`, which a run writes empty: with o ≥ 1 a resume re-samples the batches that were
-//! in flight). `checkpoints/latest` names the last complete
+//! `buffer.jsonl`: with o ≥ 1 the batches sampled for the steps after the checkpoint, one JSON
+//! object each, which a resume trains on instead of re-sampling them; empty with o = 0).
+//! `checkpoints/latest` names the last complete
 //! one; `checkpoints/best` the best evaluated one.
 //!
 //! Atomicity: everything is written into `checkpoints/.tmp-step-N/`, which is renamed to `step-N`
@@ -19,8 +20,6 @@ use rlvr_model::checkpoint::write_tokenizer_files;
 use rlvr_model::weights::{atomic_write, safetensors_bytes};
 use rlvr_model::{Model, TokenizerBundle};
 use serde::{Deserialize, Serialize};
-
-use crate::store::experience::Experience;
 
 /// Where the experience source stands: saved in checkpoints, so a resumed run draws the prompts
 /// (online) or reads the groups (offline) an uninterrupted one would.
@@ -88,8 +87,9 @@ pub struct CheckpointParts<'a> {
     pub masters: &'a [Option<Tensor>],
     /// The explorer's weights when their version differs from the policy's.
     pub explorer: Option<&'a Model>,
-    /// Experiences produced but not yet trained on.
-    pub buffer: &'a [Experience],
+    /// Batches sampled but not yet trained on (the explorer's in flight under a sync offset), one
+    /// JSON object each, in step order.
+    pub buffer: &'a [serde_json::Value],
 }
 
 /// `RUN_DIR/checkpoints`.
@@ -140,7 +140,7 @@ pub fn save(
         e.save(&ts.join("explorer"), e.dtype())?;
     }
     let mut buf = String::new();
-    for e in parts.buffer {
+    for e in parts.buffer.iter() {
         buf.push_str(&serde_json::to_string(e)?);
         buf.push('\n');
     }
@@ -458,10 +458,32 @@ pub fn resolve_model_dir(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// What [`load_state`] returns: the state record, AdamW moments m and v, and the buffer.
-pub type LoadedState = (TrainerState, Vec<Tensor>, Vec<Tensor>, Vec<Experience>);
+/// What [`load_state`] returns: the state record and the AdamW moments m and v.
+pub type LoadedState = (TrainerState, Vec<Tensor>, Vec<Tensor>);
 
-/// Reads `trainer_state/state.json`, the optimizer moments and the buffer of checkpoint `dir`.
+/// The lines of checkpoint `dir`'s `trainer_state/buffer.jsonl` (one JSON object per in-flight
+/// batch), each with its `file:line`; a missing or empty file (checkpoints of o = 0, or written
+/// before the buffer was kept) is an empty buffer.
+///
+/// # Errors
+/// A line that is not JSON, naming file and line.
+pub fn read_buffer(dir: &Path) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+    let p = dir.join("trainer_state/buffer.jsonl");
+    let mut buffer = Vec::new();
+    if let Ok(text) = std::fs::read_to_string(&p) {
+        for (i, line) in text.lines().enumerate() {
+            if !line.trim().is_empty() {
+                let at = format!("{}:{}", p.display(), i + 1);
+                let v = serde_json::from_str(line).with_context(|| at.clone())?;
+                buffer.push((at, v));
+            }
+        }
+    }
+    Ok(buffer)
+}
+
+/// Reads `trainer_state/state.json` and the optimizer moments of checkpoint `dir` (the buffer:
+/// [`read_buffer`]).
 ///
 /// # Errors
 /// Missing or malformed files, naming them.
@@ -488,19 +510,7 @@ pub fn load_state(dir: &Path, device: &Device) -> anyhow::Result<LoadedState> {
                 .to_dtype(DType::F32)?,
         );
     }
-    let p = ts.join("buffer.jsonl");
-    let mut buffer = Vec::new();
-    if let Ok(text) = std::fs::read_to_string(&p) {
-        for (i, line) in text.lines().enumerate() {
-            if !line.trim().is_empty() {
-                buffer.push(
-                    serde_json::from_str(line)
-                        .with_context(|| format!("{}:{}", p.display(), i + 1))?,
-                );
-            }
-        }
-    }
-    Ok((st, m, v, buffer))
+    Ok((st, m, v))
 }
 
 /// The f32 master weights of checkpoint `dir` (`trainer_state/optimizer.safetensors`, keys
