@@ -201,6 +201,14 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .open()
         .with_context(|| format!("device {device} (--device, else model.device)"))?;
     let dtype = dtype.dtype();
+    // A checkpoint with a manifest: every file as it was written (sizes, CRC-32C).
+    let model_dir = crate::store::checkpoint::resolve_model_dir(&a.model)?;
+    crate::store::manifest::verify(&model_dir).with_context(|| {
+        format!(
+            "refusing to evaluate {}: it differs from its checkpoint manifest",
+            model_dir.display()
+        )
+    })?;
     let policy = Policy::load(&a.model, dtype, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
     if a.config.is_none() {

@@ -246,3 +246,79 @@ fn sigint_saves_a_checkpoint_and_exits_cleanly() {
     assert_eq!(latest.trim(), format!("step-{steps}"));
     assert_eq!(last_step(&rd.join("metrics.jsonl")), steps);
 }
+
+/// Every checkpoint carries manifest.json (sizes and CRC-32C of its files, the dataset files'
+/// identity); a checkpoint whose weights changed afterwards (same size, one byte flipped) is named
+/// and skipped by the resume, refused by `rlvr eval`, and one without a manifest still loads.
+#[test]
+fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
+    use rlvr_train::store::{checkpoint, manifest};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &run);
+    s.extend(["train.steps=4".to_string(), "train.save_every=2".into()]);
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let (s2, s4) = (
+        run.join("checkpoints/step-2"),
+        run.join("checkpoints/step-4"),
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s4.join("manifest.json")).unwrap()).unwrap();
+    let w = &m["files"]["model.safetensors"];
+    assert_eq!(
+        w["bytes"].as_u64().unwrap(),
+        std::fs::metadata(s4.join("model.safetensors"))
+            .unwrap()
+            .len()
+    );
+    assert!(m["files"]["trainer_state/optimizer.safetensors"]["crc32c"].is_string());
+    assert!(manifest::verify(&s4).unwrap());
+    // One byte of the weights flipped, size unchanged.
+    let p = s4.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let k = bytes.len() - 3;
+    bytes[k] ^= 0x40;
+    std::fs::write(&p, &bytes).unwrap();
+    let e = format!("{:#}", manifest::verify(&s4).unwrap_err());
+    assert!(
+        e.contains("model.safetensors has CRC-32C") && e.contains("its manifest says"),
+        "{e}"
+    );
+    let point = checkpoint::resume_point(&run).unwrap().unwrap();
+    assert_eq!(point.dir, s2);
+    let note = point.note.unwrap();
+    assert!(
+        note.contains("step-4") && note.contains("model.safetensors"),
+        "{note}"
+    );
+    // rlvr eval refuses it, naming the file.
+    let args = rlvr_train::cli::EvalArgs {
+        model: s4.clone(),
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(1),
+        ..Default::default()
+    };
+    let e = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        e.contains("refusing to evaluate") && e.contains("model.safetensors"),
+        "{e}"
+    );
+    // A file added after the save is named too.
+    std::fs::write(s2.join("extra.safetensors"), b"x").unwrap();
+    let e = format!("{:#}", manifest::verify(&s2).unwrap_err());
+    assert!(
+        e.contains("extra.safetensors is not in the checkpoint's manifest"),
+        "{e}"
+    );
+    std::fs::remove_file(s2.join("extra.safetensors")).unwrap();
+    // An old checkpoint without a manifest still verifies as "unchecked".
+    std::fs::remove_file(s2.join("manifest.json")).unwrap();
+    assert!(!manifest::verify(&s2).unwrap());
+    assert!(checkpoint::incomplete(&s2).is_none());
+}

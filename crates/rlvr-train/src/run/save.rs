@@ -27,6 +27,22 @@ pub(crate) struct SaveSource<'a> {
     pub buffer: &'a [serde_json::Value],
 }
 
+/// The identity of the run's inputs for the checkpoint's manifest: the dataset files the config
+/// names and, with LoRA, the base model's files (`crate::store::manifest::inputs`).
+pub(crate) fn run_inputs(cfg: &ResolvedConfig) -> serde_json::Value {
+    let d = &cfg.raw.data;
+    let data: Vec<(&str, &Path)> = [
+        ("data.train", d.train.as_deref()),
+        ("data.test", d.test.as_deref()),
+        ("data.experiences", d.experiences.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(k, p)| p.filter(|p| p.is_file()).map(|p| (k, p)))
+    .collect();
+    let base = (cfg.raw.model.lora_rank > 0).then_some(cfg.raw.model.path.as_path());
+    crate::store::manifest::inputs(&data, base)
+}
+
 /// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
 pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
 
@@ -90,6 +106,7 @@ pub(crate) fn save_run(
             masters,
             explorer: ex_model,
             buffer,
+            inputs: run_inputs(cfg),
         },
     )?;
     rotate(run_dir, cfg.raw.train.keep_last, best.map(|b| b.1))?;

@@ -56,6 +56,9 @@ impl<'a> Run<'a> {
                 if let Some(note) = point.as_ref().and_then(|p| p.note.as_deref()) {
                     crate::log::say(note);
                 }
+                if let Some(p) = &point {
+                    say_manifest(cfg, &p.dir);
+                }
                 point.map(|p| p.dir)
             } else {
                 None
@@ -332,6 +335,29 @@ fn online_feed(
         Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)?,
         reward,
     ))
+}
+
+/// On resume from checkpoint `dir` (already verified against its manifest by `resume_point`):
+/// says when it has no manifest (written before manifests: loaded unchecked), and names every
+/// input (dataset file, LoRA base model file) that changed since it was written.
+fn say_manifest(cfg: &ResolvedConfig, dir: &Path) {
+    use crate::store::manifest;
+    if !dir.join(manifest::MANIFEST).is_file() {
+        crate::log::say(&format!(
+            "note: {} has no {} (written before checkpoints had one): its files are loaded \
+             without checksums",
+            dir.display(),
+            manifest::MANIFEST
+        ));
+        return;
+    }
+    for line in manifest::changed_inputs(dir, &super::save::run_inputs(cfg)) {
+        crate::log::say(&format!(
+            "warning: {line} since {} was written: the resumed run will not continue as the \
+             original would have",
+            dir.display()
+        ));
+    }
 }
 
 /// What data parallel does not run yet, refused before anything is loaded (each with what to do).

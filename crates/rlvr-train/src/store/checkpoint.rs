@@ -90,6 +90,8 @@ pub struct CheckpointParts<'a> {
     /// Batches sampled but not yet trained on (the explorer's in flight under a sync offset), one
     /// JSON object each, in step order.
     pub buffer: &'a [serde_json::Value],
+    /// The identity of the run's inputs for `manifest.json` ([`crate::store::manifest::inputs`]).
+    pub inputs: serde_json::Value,
 }
 
 /// `RUN_DIR/checkpoints`.
@@ -151,6 +153,8 @@ pub fn save(
         &ts.join("state.json"),
         serde_json::to_string_pretty(&st)?.as_bytes(),
     )?;
+    // Last: sizes and checksums of everything above, before the checkpoint becomes visible.
+    crate::store::manifest::write(&tmp, parts.inputs.clone())?;
     let dest = root.join(&name);
     if dest.exists() {
         std::fs::remove_dir_all(&dest)?;
@@ -309,7 +313,8 @@ fn newest_complete(root: &Path) -> anyhow::Result<Option<PathBuf>> {
 /// `adapter/adapter_model.safetensors`: a header that parses and a length that matches it),
 /// `trainer_state/state.json` (a [`TrainerState`]), `trainer_state/optimizer.safetensors`,
 /// `trainer_state/buffer.jsonl` and, when the state says so, `trainer_state/explorer/` (the same
-/// model files). Reads headers only, not the tensors.
+/// model files); then, when it has a `manifest.json`, every file's size and CRC-32C
+/// ([`crate::store::manifest::verify`], which reads every file once).
 pub fn incomplete(dir: &Path) -> Option<String> {
     if !dir.is_dir() {
         return Some(format!("{} does not exist", dir.display()));
@@ -333,9 +338,13 @@ pub fn incomplete(dir: &Path) -> Option<String> {
         return Some(why);
     }
     if state.explorer_weights {
-        return model_dir_problem(&ts.join("explorer"), false);
+        if let Some(why) = model_dir_problem(&ts.join("explorer"), false) {
+            return Some(why);
+        }
     }
-    None
+    crate::store::manifest::verify(dir)
+        .err()
+        .map(|e| format!("{e:#}"))
 }
 
 /// What is wrong with the model files of `dir` (config.json, the weights; the tokenizer files when

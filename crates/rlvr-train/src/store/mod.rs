@@ -10,6 +10,7 @@
 pub mod checkpoint;
 pub mod experience;
 pub mod lock;
+pub mod manifest;
 pub mod metrics;
 pub mod rollouts;
 pub(crate) mod run_json;
