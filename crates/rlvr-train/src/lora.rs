@@ -115,7 +115,8 @@ pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             a.checkpoint.display()
         );
     }
-    crate::store::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    // --force over a model: written into a staging sibling, moved over --out only when complete.
+    let staged = crate::store::lock::StagedOutput::prepare(&a.out, a.force, "--out")?;
     let model = Model::load(&a.checkpoint, DType::F32, &Device::Cpu)
         .with_context(|| format!("loading {}", a.checkpoint.display()))?;
     let n = model.named_vars().len() / 2;
@@ -126,11 +127,12 @@ pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         _ => DType::F32,
     };
     merged
-        .save(&a.out, dtype)
-        .with_context(|| format!("writing {}", a.out.display()))?;
+        .save(staged.path(), dtype)
+        .with_context(|| format!("writing {}", staged.path().display()))?;
     let tok = TokenizerBundle::load(&a.checkpoint)
         .with_context(|| format!("loading the tokenizer of {}", a.checkpoint.display()))?;
-    write_tokenizer_files(&a.out, &tok)?;
+    write_tokenizer_files(staged.path(), &tok)?;
+    staged.commit()?;
     writeln!(
         out,
         "{}",

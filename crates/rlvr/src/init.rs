@@ -208,10 +208,13 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
     };
-    rlvr_train::store::lock::prepare_model_output(&a.out, a.force, "--out")?;
+    // --force over a model: the new one is written into a staging sibling and moved over the old
+    // one only when complete, so a failure leaves the old weights in place.
+    let staged = rlvr_train::store::lock::StagedOutput::prepare(&a.out, a.force, "--out")?;
     let model = Model::random(config, a.init_std, a.seed, DType::F32, &Device::Cpu)?;
-    model.save(&a.out, dtype)?;
-    write_tokenizer_files(&a.out, &tok)?;
+    model.save(staged.path(), dtype)?;
+    write_tokenizer_files(staged.path(), &tok)?;
+    staged.commit()?;
     writeln!(
         out,
         "{}",

@@ -949,3 +949,50 @@ fn a_persistent_verifier_started_by_the_explorer_thread_survives_its_end() {
         "{err}"
     );
 }
+
+#[test]
+fn merge_force_that_fails_keeps_the_old_model() {
+    // `rlvr merge --force` over a model writes into a staging sibling: a merge that fails after
+    // the output was accepted (an adapter that does not load) leaves the old weights whole (the
+    // old code removed *.safetensors from --out first).
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let out_dir = tmp.path().join("merged");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(model.join(f), out_dir.join(f)).unwrap();
+    }
+    let old = std::fs::read(out_dir.join("model.safetensors")).unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    std::fs::create_dir_all(ckpt.join("adapter")).unwrap();
+    for e in std::fs::read_dir(&model).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), ckpt.join(e.file_name())).unwrap();
+        }
+    }
+    std::fs::write(
+        ckpt.join("adapter/adapter_config.json"),
+        r#"{"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        ckpt.join("adapter/adapter_model.safetensors"),
+        b"not a safetensors file",
+    )
+    .unwrap();
+    let out = rlvr()
+        .args(["merge", "--force", "--checkpoint"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the broken adapter merged");
+    assert_eq!(
+        std::fs::read(out_dir.join("model.safetensors")).unwrap(),
+        old,
+        "the old weights were removed or changed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
