@@ -170,6 +170,9 @@ pub struct EvalArgs {
 /// # Errors
 /// Model, data and verifier errors.
 pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if let Some(p) = &a.out {
+        probe_writable(p, "--out")?;
+    }
     for (flag, v) in [
         ("--n", Some(a.n)),
         ("--limit", a.limit),
@@ -265,6 +268,31 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "pass@k": r.pass_at_k,
         })
     )?;
+    Ok(())
+}
+
+/// Checks, before any work, that the file `p` (given as `flag`) can be written: opened for
+/// appending (created if missing, then removed again), so an unwritable path fails at once instead
+/// of after an evaluation.
+///
+/// # Errors
+/// The file cannot be opened for writing, naming the flag, the path and the reason.
+fn probe_writable(p: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .with_context(|| {
+            format!(
+                "{flag} {}: cannot be written (checked before the evaluation); choose a path in \
+                 an existing, writable directory",
+                p.display()
+            )
+        })?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
     Ok(())
 }
 

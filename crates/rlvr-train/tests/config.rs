@@ -617,3 +617,41 @@ fn eval_refuses_a_server_leased_to_a_training_run_unless_told_to_share() {
         "{err}"
     );
 }
+
+#[test]
+fn eval_out_on_an_unwritable_path_fails_before_the_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("no-such-dir/items.jsonl");
+    // The model does not exist either: the --out check comes first (the old code loaded the
+    // model and evaluated before it found the path unwritable).
+    let args = rlvr_train::cli::EvalArgs {
+        model: tmp.path().join("no-model"),
+        task: Some("arithmetic".into()),
+        n: 1,
+        out: Some(bad.clone()),
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        err.contains(&format!("--out {}", bad.display())) && err.contains("cannot be written"),
+        "{err}"
+    );
+    // A writable path is not left behind by the check alone.
+    let good = tmp.path().join("items.jsonl");
+    args_with_out(&tmp, &good);
+    assert!(!good.exists());
+}
+
+fn args_with_out(tmp: &tempfile::TempDir, out: &std::path::Path) {
+    let args = rlvr_train::cli::EvalArgs {
+        model: tmp.path().join("no-model"),
+        task: Some("arithmetic".into()),
+        n: 1,
+        out: Some(out.to_path_buf()),
+        ..Default::default()
+    };
+    assert!(rlvr_train::cli::run_eval(&args, &mut Vec::new()).is_err());
+}
