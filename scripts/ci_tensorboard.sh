@@ -23,7 +23,8 @@ trap 'kill -9 "${pid:-}" 2>/dev/null || true; rm -rf "$W"' EXIT
 sets=(--set "model.path=\"$W/model\"" --set 'model.device="cpu"' --set 'model.dtype="f32"'
   --set 'data.task="arithmetic"' --set data.arithmetic.min_digits=1 --set data.arithmetic.max_digits=1 --set data.arithmetic.train_size=64 --set data.arithmetic.test_size=4
   --set data.prompts_per_step=2 --set rollout.group_size=4 --set rollout.max_new_tokens=4
-  --set train.lr=1e-2 --set train.steps=5 --set train.eval_every=2 --set train.save_every=2)
+  --set train.lr=1e-2 --set train.steps=5 --set train.eval_every=2 --set train.save_every=2
+  --set train.skip_zero_gradient_rows=false)  # every step trains tokens: its ratio histogram has counts
 "$R" train --no-progress "${sets[@]}" --set "output.dir=\"$W/done\"" > /dev/null 2> "$W/done.log" || { cat "$W/done.log"; exit 1; }
 # Killed after step 3 (the hang hook), then resumed from step 2's checkpoint.
 RLVR_DEBUG_HANG_AFTER_STEP=3 "$R" train --no-progress "${sets[@]}" --set "output.dir=\"$W/killed\"" \

@@ -392,7 +392,8 @@ pub struct OutputSection {
     /// RUN_DIR. Default `runs/run`.
     pub dir: PathBuf,
     /// Write TensorBoard event files in `RUN_DIR/tensorboard/` (every scalar of metrics.jsonl,
-    /// eval.jsonl and diagnostics.jsonl, the resolved config as text). Default true.
+    /// eval.jsonl and diagnostics.jsonl, the log-ratio histograms `diagnostics/hist/*`, the
+    /// resolved config as text). Default true.
     pub tensorboard: bool,
     /// Off a terminal (or with `--no-progress`): a console line every this many steps (and at the
     /// last step); evaluations always get a line. At least 1. Default 1.

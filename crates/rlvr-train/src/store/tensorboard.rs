@@ -11,6 +11,9 @@
 //! its own tag (`loss`, `reward/mean`, `reward/<component>/mean`, …) except the `eval/*` keys,
 //! which come from eval.jsonl as `eval/<field>`; a diagnostics.jsonl key `k` is `diagnostics/k`;
 //! the config is the text tag `config`. Booleans are written as 0/1, nulls are left out (a gap).
+//! The log-ratio histograms of diagnostics.jsonl (`hist/ratio`, `hist/mismatch`: token counts over
+//! `rlvr_algo::RATIO_HIST_EDGES`) are TensorBoard histograms under `diagnostics/hist/…` (see
+//! [`histograms`] for how the buckets map).
 //!
 //! Each step's events are written with one `write_all` and flushed, so a killed run leaves a file
 //! whose completed steps a reader sees (at most a torn last record, which readers skip). On resume
@@ -66,12 +69,43 @@ pub struct SummaryValue {
     /// A scalar.
     #[prost(float, optional, tag = "2")]
     pub simple_value: Option<f32>,
+    /// A histogram (TensorBoard's histograms and distributions dashboards).
+    #[prost(message, optional, tag = "5")]
+    pub histo: Option<HistogramProto>,
     /// A tensor (the text plugin's string).
     #[prost(message, optional, tag = "8")]
     pub tensor: Option<TensorProto>,
     /// Which plugin reads `tensor`.
     #[prost(message, optional, tag = "9")]
     pub metadata: Option<SummaryMetadata>,
+}
+
+/// `tensorflow.HistogramProto`: bucket `i` counts the values in
+/// `(bucket_limit[i-1], bucket_limit[i]]`, the first from `min`; TensorBoard draws the first bucket
+/// from `min` and the last up to `max`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HistogramProto {
+    /// The left end of the first bucket.
+    #[prost(double, tag = "1")]
+    pub min: f64,
+    /// The right end of the last bucket.
+    #[prost(double, tag = "2")]
+    pub max: f64,
+    /// The number of values (the sum of `bucket`).
+    #[prost(double, tag = "3")]
+    pub num: f64,
+    /// The sum of the values (0 here: rlvr keeps counts per bucket only).
+    #[prost(double, tag = "4")]
+    pub sum: f64,
+    /// The sum of the squared values (0 here, as `sum`).
+    #[prost(double, tag = "5")]
+    pub sum_squares: f64,
+    /// The right edge of each bucket.
+    #[prost(double, repeated, tag = "6")]
+    pub bucket_limit: Vec<f64>,
+    /// The count of each bucket.
+    #[prost(double, repeated, tag = "7")]
+    pub bucket: Vec<f64>,
 }
 
 /// `tensorflow.SummaryMetadata`.
@@ -203,6 +237,56 @@ pub fn scalars(source: Source, record: &Map<String, Value>) -> Vec<(String, f32)
     out
 }
 
+/// The outer ends drawn for the open first and last buckets of a log-ratio histogram (nats): the
+/// edges of `RATIO_HIST_EDGES` are ±10 at most, so ±20 draws those buckets as wide as `[-20, -10)`
+/// and `[10, 20)`.
+const HIST_OUTER: f64 = 20.0;
+
+/// The log-ratio histograms of one diagnostics.jsonl record as (tag, histogram): each key
+/// `hist/…` whose value is `RATIO_BUCKETS` finite counts over `rlvr_algo::RATIO_HIST_EDGES` (other
+/// sources and keys give none). Bucket `k` keeps its count; its right edge is `RATIO_HIST_EDGES[k]`
+/// (the last one's is [`HIST_OUTER`]), and `min` is −[`HIST_OUTER`]. rlvr's buckets are closed on
+/// the left (`e ≤ log ρ < e'`), TensorBoard's on the right: a value exactly on an edge is counted
+/// one bucket up of where TensorBoard's convention would put it, and `sum`/`sum_squares` are 0
+/// (not recorded). A step with no tokens (all counts 0) is left out.
+pub fn histograms(source: Source, record: &Map<String, Value>) -> Vec<(String, HistogramProto)> {
+    use rlvr_algo::{RATIO_BUCKETS, RATIO_HIST_EDGES};
+    if source != Source::Diagnostics {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (k, v) in record {
+        if !k.starts_with("hist/") {
+            continue;
+        }
+        let Some(a) = v.as_array() else { continue };
+        let counts: Option<Vec<f64>> = a.iter().map(Value::as_f64).collect();
+        let Some(bucket) = counts else { continue };
+        if bucket.len() != RATIO_BUCKETS || bucket.iter().any(|c| !c.is_finite()) {
+            continue;
+        }
+        let num: f64 = bucket.iter().sum();
+        if num <= 0.0 {
+            continue;
+        }
+        let mut bucket_limit = RATIO_HIST_EDGES.to_vec();
+        bucket_limit.push(HIST_OUTER);
+        out.push((
+            format!("diagnostics/{k}"),
+            HistogramProto {
+                min: -HIST_OUTER,
+                max: HIST_OUTER,
+                num,
+                sum: 0.0,
+                sum_squares: 0.0,
+                bucket_limit,
+                bucket,
+            },
+        ));
+    }
+    out
+}
+
 /// The event file of a run, appended to step by step.
 pub struct EventWriter {
     path: PathBuf,
@@ -251,6 +335,7 @@ impl EventWriter {
         let text = SummaryValue {
             tag: "config".into(),
             simple_value: None,
+            histo: None,
             // Indented: Markdown shows it as code, one key per line.
             tensor: Some(TensorProto {
                 dtype: 7,
@@ -282,7 +367,8 @@ impl EventWriter {
         &self.path
     }
 
-    /// Appends the scalars of one JSONL record (its `step` field is the event's step), flushed.
+    /// Appends the scalars and histograms of one JSONL record (its `step` field is the event's
+    /// step), flushed.
     ///
     /// # Errors
     /// I/O errors naming the file; a record without `step`.
@@ -291,15 +377,27 @@ impl EventWriter {
             .get("step")
             .and_then(Value::as_i64)
             .context("a JSONL record without an integer `step`")?;
-        let value: Vec<SummaryValue> = scalars(source, record)
+        let mut value: Vec<SummaryValue> = scalars(source, record)
             .into_iter()
             .map(|(tag, x)| SummaryValue {
                 tag,
                 simple_value: Some(x),
+                histo: None,
                 tensor: None,
                 metadata: None,
             })
             .collect();
+        value.extend(
+            histograms(source, record)
+                .into_iter()
+                .map(|(tag, h)| SummaryValue {
+                    tag,
+                    simple_value: None,
+                    histo: Some(h),
+                    tensor: None,
+                    metadata: None,
+                }),
+        );
         if value.is_empty() {
             return Ok(());
         }
@@ -373,8 +471,11 @@ mod tests {
             r#"{"step":1,"loss":0.5,"eval/accuracy":0.25,"skipped":true,"x":null}"#,
         )
         .unwrap();
-        w.line(Source::Diagnostics, r#"{"step":1,"rows":8}"#)
-            .unwrap();
+        w.line(
+            Source::Diagnostics,
+            r#"{"step":1,"rows":8,"hist/ratio":[0,1,0,0,0,0,5,2,0,0,0,0,3],"hist/mismatch":null,"staleness/counts":[4,4]}"#,
+        )
+        .unwrap();
         let p = w.path().to_path_buf();
         let ev = read_events(&p).unwrap();
         assert_eq!(ev.len(), 4);
@@ -396,6 +497,19 @@ mod tests {
             panic!();
         };
         assert_eq!(s.value[0].tag, "diagnostics/rows");
+        // The ratio histogram: counts unchanged, right edges RATIO_HIST_EDGES then +20.
+        assert_eq!(s.value.len(), 2, "{:?}", s.value);
+        assert_eq!(s.value[1].tag, "diagnostics/hist/ratio");
+        let h = s.value[1].histo.as_ref().unwrap();
+        assert_eq!(
+            h.bucket,
+            vec![0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 5.0, 2.0, 0.0, 0.0, 0.0, 0.0, 3.0]
+        );
+        assert_eq!(h.num, 11.0);
+        assert_eq!((h.min, h.max), (-20.0, 20.0));
+        assert_eq!(h.bucket_limit[0], -10.0);
+        assert_eq!(h.bucket_limit[6], 1e-4);
+        assert_eq!(h.bucket_limit[12], 20.0);
         // Cut the file inside the last record: the reader keeps the complete ones.
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
