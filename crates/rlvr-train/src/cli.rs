@@ -50,7 +50,7 @@ pub struct TrainArgs {
 /// # Errors
 /// Config, data, model and I/O errors.
 pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut cfg = match &a.resume {
+    let cfg = match &a.resume {
         Some(dir) => {
             let mut c = ResolvedConfig::from_run_dir(dir, &a.set)?;
             c.raw.output.dir = dir.clone();
@@ -58,7 +58,6 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         None => RawConfig::load(a.config.as_deref(), &a.set)?.resolve()?,
     };
-    resolve_input_paths(&mut cfg)?;
     if a.print_config {
         write!(out, "{}", cfg.to_toml()?)?;
         return Ok(());
@@ -92,28 +91,6 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
     signals::exit_if_interrupted(s.interrupted, out);
-    Ok(())
-}
-
-/// Makes the relative input paths of a run (`model.path`, `model.reference`, `data.train`,
-/// `data.test`, `data.experiences`) absolute against the current directory, the one they were
-/// typed in, so that the run's config.toml names the same files whatever directory a later
-/// `--resume` runs from. (A run directory written before this keeps its relative paths until its
-/// next resume, which resolves them against the current directory as before.)
-///
-/// # Errors
-/// The current directory cannot be read.
-fn resolve_input_paths(cfg: &mut ResolvedConfig) -> anyhow::Result<()> {
-    let cwd = std::env::current_dir().context("reading the current directory")?;
-    let (m, d) = (&mut cfg.raw.model, &mut cfg.raw.data);
-    let paths = [Some(&mut m.path), m.reference.as_mut()]
-        .into_iter()
-        .chain([d.train.as_mut(), d.test.as_mut(), d.experiences.as_mut()]);
-    for p in paths.flatten() {
-        if p.is_relative() && !p.as_os_str().is_empty() {
-            *p = cwd.join(&*p);
-        }
-    }
     Ok(())
 }
 

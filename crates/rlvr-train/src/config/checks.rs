@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::AlgorithmConfig;
 
-use super::{apply_override, from_table, load_layers, RawConfig, ResolvedConfig};
+use super::{apply_override, from_table, load_layers, FileLayer, RawConfig, ResolvedConfig};
 use crate::store::checkpoint::TrainerState;
 
 /// The most completions per prompt, `rollout.group_size` (GRPO uses 8 to 64; DAPO 16): the
@@ -229,11 +229,16 @@ impl RawConfig {
         } else if self.data.prompts_per_step == 0 {
             bail!("data.prompts_per_step must be at least 1");
         }
-        Ok(ResolvedConfig {
+        let written = std::mem::take(&mut self.written);
+        let cfg = ResolvedConfig {
             raw: self,
             algorithm,
             warnings,
-        })
+        };
+        super::gates::check(&cfg, &written)?;
+        let mut cfg = cfg;
+        cfg.raw.written = written;
+        Ok(cfg)
     }
 }
 
@@ -317,7 +322,18 @@ impl ResolvedConfig {
             .parse::<toml::Table>()
             .with_context(|| format!("parsing {}", path.display()))?;
         drop_unread_loss_options(&mut table, overrides)?;
-        let cfg = load_layers(table, &path.display().to_string(), overrides)?.resolve()?;
+        let layer = FileLayer {
+            path: path.clone(),
+            text,
+        };
+        let mut raw = load_layers(table, Some(&layer), overrides)?;
+        // config.toml holds every key; only what the overrides write is the user's now.
+        raw.written.retain(|w| w.origin.starts_with("--set"));
+        // Paths of a config.toml written before they were recorded absolute: the working
+        // directory, as then.
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        super::paths::absolutize(&mut raw, &cwd);
+        let cfg = raw.resolve()?;
         if let Some(dir) = crate::store::checkpoint::latest(run_dir)? {
             let p = dir.join("trainer_state/state.json");
             let st: TrainerState = serde_json::from_str(

@@ -18,6 +18,9 @@
 //!   config reference ([`reference_markdown`]).
 
 mod checks;
+pub mod gates;
+pub mod help;
+pub mod paths;
 pub use checks::{MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_ROWS_PER_STEP};
 pub mod plan;
 mod sections;
@@ -60,6 +63,11 @@ pub struct RawConfig {
     pub output: OutputSection,
     /// `[distributed]`.
     pub distributed: DistributedSection,
+    /// The keys the user wrote (file and `--set`; on `--resume`, the `--set` overrides) and
+    /// where: a knob of [`gates::GATES`] among them whose option is off is an error. Not part of
+    /// the TOML.
+    #[serde(skip)]
+    pub written: Vec<Written>,
 }
 
 /// The resolved configuration: what the loop reads. `raw.algorithm` is the fully-set table of
@@ -119,57 +127,186 @@ pub fn apply_override(table: &mut toml::Table, spec: &str) -> anyhow::Result<()>
 /// Deserialises a table into `T`, naming the dotted path of the offending key on error
 /// (e.g. `unknown key in [train]: unknown field `lr_max`, expected one of ...`).
 pub fn from_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> anyhow::Result<T> {
+    from_table_keyed(table).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// A deserialisation error with the dotted key it is about.
+struct KeyError {
+    /// The dotted key (empty: the whole file).
+    key: String,
+    /// The message, naming the key.
+    message: String,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// [`from_table`] with the key kept apart, and the help of `help.rs` for an unknown key (the
+/// peer's name it is, or the nearest key) and an unknown value (the nearest accepted value).
+fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, KeyError> {
     let value = toml::Value::Table(table);
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            anyhow::anyhow!("config: {inner}")
-        } else {
-            anyhow::anyhow!("config key `{path}`: {inner}")
+        let path = if path == "." { String::new() } else { path };
+        let inner = e.into_inner().to_string();
+        let inner = inner.trim_end();
+        if let Some(field) = help::quoted_after(inner, "unknown field") {
+            let key = match path.as_str() {
+                "" => field.to_string(),
+                p if p == field || p.ends_with(&format!(".{field}")) => p.to_string(),
+                p => format!("{p}.{field}"),
+            };
+            let expected = help::expected_words(inner);
+            let message = match help::unknown_key_help(&key, &expected, &known_keys()) {
+                Some(h) if help::alias_for(&key).is_some() => format!("unknown key: {h}"),
+                Some(h) => format!("unknown key `{key}`: {h} ({inner})"),
+                None => format!("unknown key `{key}` ({inner})"),
+            };
+            return KeyError { key, message };
         }
+        let mut message = if path.is_empty() {
+            format!("config: {inner}")
+        } else {
+            format!("config key `{path}`: {inner}")
+        };
+        if let Some(v) = help::quoted_after(inner, "unknown variant") {
+            if let Some(n) = help::nearest(v, help::expected_words(inner)) {
+                message.push_str(&format!("; did you mean \"{n}\"?"));
+            }
+        }
+        KeyError { key: path, message }
     })
+}
+
+/// A key the user wrote, and where: the file and line, or the `--set` (the gate check names it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Dotted key of a leaf value (`algorithm.tau`; a table's keys are listed one by one).
+    pub key: String,
+    /// Where: `configs/x.toml line 12`, or `--set algorithm.tau=0.1`.
+    pub origin: String,
+}
+
+/// The dotted keys of `t`'s leaf values (arrays of tables count as leaves).
+fn leaf_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(sub) => leaf_keys(sub, &key, out),
+            _ => out.push(key),
+        }
+    }
+}
+
+/// Every documented key of the config (the rows of the README's config reference): the
+/// candidates of "did you mean".
+pub fn known_keys() -> Vec<String> {
+    reference_markdown()
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split_once('`'))
+        .map(|(k, _)| k.to_string())
+        .filter(|k| k.contains('.') && !k.contains(' '))
+        .collect()
+}
+
+/// One config file: its path, text and table, input paths resolved against its directory.
+struct FileLayer {
+    /// The path as given.
+    path: std::path::PathBuf,
+    /// Its text (for the line of an error).
+    text: String,
 }
 
 impl RawConfig {
     /// Loads `file` (if any) and applies `overrides` (`key=value`, in order): file < `--set`.
     ///
+    /// Input paths written in the file (`model.path`, `data.train`, an external verifier's
+    /// program, ...: `paths.rs`) are relative to the file's directory; those given by `--set` to
+    /// the working directory; after loading every one is absolute.
+    ///
     /// # Errors
     /// Unreadable or malformed TOML (naming the file), malformed overrides, unknown keys (named by
-    /// their dotted path) and ill-typed values (e.g. a `model.dtype` that is no dtype, listing the
-    /// accepted ones), each said to come from the file or from the `--set` that introduced it.
+    /// their dotted path, with the peer's name it is or the nearest key, and the file's line) and
+    /// ill-typed values (e.g. a `model.dtype` that is no dtype, listing the accepted ones), each
+    /// said to come from the file or from the `--set` that introduced it.
     pub fn load(file: Option<&Path>, overrides: &[String]) -> anyhow::Result<RawConfig> {
-        let (table, origin) = match file {
+        let (table, layer) = match file {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading config {}", p.display()))?;
-                let table = text
+                let mut table = text
                     .parse::<toml::Table>()
                     .with_context(|| format!("parsing config {}", p.display()))?;
-                (table, p.display().to_string())
+                paths::resolve_in_table(&mut table, &paths::config_dir(p)?);
+                let layer = FileLayer {
+                    path: p.to_path_buf(),
+                    text,
+                };
+                (table, Some(layer))
             }
-            None => (toml::Table::new(), "the defaults".to_string()),
+            None => (toml::Table::new(), None),
         };
-        load_layers(table, &origin, overrides)
+        let mut raw = load_layers(table, layer.as_ref(), overrides)?;
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        paths::absolutize(&mut raw, &cwd);
+        Ok(raw)
     }
 }
 
-/// Deserialises `base` (read from `origin`) with `overrides` applied in order. An error is said to
-/// come from the layer that introduced it: the last layer (the base, then each override) after
-/// which every partial table fails with the final error.
-fn load_layers(base: toml::Table, origin: &str, overrides: &[String]) -> anyhow::Result<RawConfig> {
+/// Deserialises `base` (read from `file`, or the defaults) with `overrides` applied in order, and
+/// records the keys each layer wrote ([`RawConfig::written`]). An error is said to come from the
+/// layer that introduced it: the last layer (the base, then each override) after which every
+/// partial table fails with the final error; an error of the file names its line.
+fn load_layers(
+    base: toml::Table,
+    file: Option<&FileLayer>,
+    overrides: &[String],
+) -> anyhow::Result<RawConfig> {
+    let origin = file.map_or_else(
+        || "the defaults".to_string(),
+        |f| f.path.display().to_string(),
+    );
+    let mut written = Vec::new();
+    let mut keys = Vec::new();
+    leaf_keys(&base, "", &mut keys);
+    for key in keys {
+        let line = file.and_then(|f| help::locate(&f.text, &key));
+        let origin = match line {
+            Some(n) => format!("{origin} line {n}"),
+            None => origin.clone(),
+        };
+        written.push(Written { key, origin });
+    }
     let mut table = base.clone();
     for o in overrides {
         apply_override(&mut table, o)?;
+        let mut set = toml::Table::new();
+        apply_override(&mut set, o)?;
+        let mut keys = Vec::new();
+        leaf_keys(&set, "", &mut keys);
+        written.extend(keys.into_iter().map(|key| Written {
+            key,
+            origin: format!("--set {o}"),
+        }));
     }
-    let err = match from_table::<RawConfig>(table) {
-        Ok(c) => return Ok(c),
+    let err = match from_table_keyed::<RawConfig>(table) {
+        Ok(mut c) => {
+            c.written = written;
+            return Ok(c);
+        }
         Err(e) => e,
     };
     let describe = |t: &toml::Table| {
-        from_table::<RawConfig>(t.clone())
+        from_table_keyed::<RawConfig>(t.clone())
             .err()
-            .map(|e| format!("{e:#}"))
+            .map(|e| e.message)
     };
     let mut layer = base;
     let mut errors = vec![describe(&layer)];
@@ -179,9 +316,11 @@ fn load_layers(base: toml::Table, origin: &str, overrides: &[String]) -> anyhow:
     }
     let last = errors.last().cloned().flatten();
     let blamed = errors.iter().rposition(|e| *e != last).map_or(0, |i| i + 1);
-    Err(match blamed {
-        0 => err.context(format!("in {origin}")),
-        k => err.context(format!("in --set {}", overrides[k - 1])),
+    let line = file.and_then(|f| help::locate(&f.text, &err.key));
+    Err(match (blamed, line) {
+        (0, Some(n)) => anyhow::anyhow!("{err}").context(format!("in {origin} line {n}")),
+        (0, None) => anyhow::anyhow!("{err}").context(format!("in {origin}")),
+        (k, _) => anyhow::anyhow!("{err}").context(format!("in --set {}", overrides[k - 1])),
     })
 }
 
