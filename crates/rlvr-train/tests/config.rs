@@ -323,7 +323,10 @@ fn loss_options_of_another_loss_are_rejected() {
     assert_eq!(c.algorithm.is_cap, Some(2.0));
 }
 
-/// `config.toml` holds the knobs of the chosen loss only, and still resolves to the same algorithm.
+/// `config.toml` holds the knobs of the chosen loss only, and of those only the ones whose option
+/// is on (a knob of `gates::GATES` whose option is off is left out: `adv_temperature` without
+/// `rec_weight = "advantage-exp"`, `tau` without a regulariser), and still resolves to the same
+/// algorithm.
 #[test]
 fn resolved_config_holds_only_the_keys_that_apply() {
     let algorithm_table = |text: &str| -> toml::Table {
@@ -349,15 +352,21 @@ fn resolved_config_holds_only_the_keys_that_apply() {
                 "rec_weight",
                 "clip_low_prime",
                 "clip_high_prime",
-                "adv_temperature",
             ],
-            &["dual_clip"],
+            &["dual_clip", "adv_temperature"],
         ),
         (
             "reinforce",
-            &["baseline", "tau", "regulariser"],
-            &["clip_low", "clip_high", "keep_mask", "clip_low_prime"],
+            &["baseline", "regulariser"],
+            &[
+                "clip_low",
+                "clip_high",
+                "keep_mask",
+                "clip_low_prime",
+                "tau",
+            ],
         ),
+        ("opmd", &["regulariser", "tau"], &["clip_low"]),
         ("cispo", &["clip_high"], &["clip_low", "keep_mask"]),
     ] {
         let c = check_load("", &[&format!("algorithm.preset=\"{preset}\"")]).unwrap();

@@ -281,3 +281,40 @@ fn lookup<'a>(t: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
     }
     Some(cur)
 }
+
+/// `text` (the resolved config as TOML, `toml::to_string_pretty`'s layout: `[table]` headers,
+/// one `key = value` per line, an array over several lines closed by a line `]`) without the
+/// knobs of [`GATES`] that `cfg` does not read: what `config.toml` and `--print-config` hold, so
+/// that they load again as a `--config`.
+pub fn drop_unread(cfg: &ResolvedConfig, text: &str) -> String {
+    let unread: Vec<&str> = GATES
+        .iter()
+        .filter(|g| !(g.reads)(cfg))
+        .map(|g| g.key)
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    let mut table = String::new();
+    let mut skipping_array = false;
+    for line in text.lines() {
+        if skipping_array {
+            skipping_array = line.trim() != "]";
+            continue;
+        }
+        let l = line.trim();
+        if let Some(h) = l.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            if !l.starts_with("[[") {
+                table = h.trim().to_string();
+            }
+        } else if let Some((k, v)) = l.split_once(" = ") {
+            let key = format!("{table}.{}", k.trim().trim_matches('"'));
+            if unread.contains(&key.as_str()) {
+                let v = v.trim();
+                skipping_array = v.starts_with('[') && !v.ends_with(']');
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}

@@ -67,7 +67,31 @@ pub struct RawConfig {
     /// where: a knob of [`gates::GATES`] among them whose option is off is an error. Not part of
     /// the TOML.
     #[serde(skip)]
-    pub written: Vec<Written>,
+    pub written: WrittenKeys,
+}
+
+/// The keys the user wrote ([`RawConfig::written`]): where a value came from, not part of the
+/// config's value, so two configs with the same values are equal whatever wrote them.
+#[derive(Debug, Clone, Default)]
+pub struct WrittenKeys(pub Vec<Written>);
+
+impl PartialEq for WrittenKeys {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::ops::Deref for WrittenKeys {
+    type Target = Vec<Written>;
+    fn deref(&self) -> &Vec<Written> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WrittenKeys {
+    fn deref_mut(&mut self) -> &mut Vec<Written> {
+        &mut self.0
+    }
 }
 
 /// The resolved configuration: what the loop reads. `raw.algorithm` is the fully-set table of
@@ -298,7 +322,7 @@ fn load_layers(
     }
     let err = match from_table_keyed::<RawConfig>(table) {
         Ok(mut c) => {
-            c.written = written;
+            c.written = WrittenKeys(written);
             return Ok(c);
         }
         Err(e) => e,
@@ -338,12 +362,15 @@ impl ModelSection {
 }
 
 impl ResolvedConfig {
-    /// The resolved config as TOML (what `RUN_DIR/config.toml` holds).
+    /// The resolved config as TOML (what `RUN_DIR/config.toml` holds and `--print-config`
+    /// prints): every key that is read, without the knobs of [`gates::GATES`] whose option is off
+    /// (so the file loads again as a `--config`, where such a knob is an error).
     ///
     /// # Errors
     /// Serialisation errors (a bug).
     pub fn to_toml(&self) -> anyhow::Result<String> {
-        toml::to_string_pretty(&self.raw).context("serialising the resolved config")
+        let text = toml::to_string_pretty(&self.raw).context("serialising the resolved config")?;
+        Ok(gates::drop_unread(self, &text))
     }
 
     /// The learning rate of trainer step `step` (1-based).
