@@ -45,12 +45,7 @@ impl RawConfig {
         let m = &mut self.model;
         at_most("model.lora_rank", m.lora_rank, MAX_LORA_RANK)?;
         if m.lora_rank == 0 {
-            if m.lora_alpha.is_some() || m.lora_dropout != 0.0 {
-                bail!(
-                    "model.lora_alpha / model.lora_dropout are set but model.lora_rank = 0 (LoRA \
-                     off); set model.lora_rank (e.g. 8) to train LoRA adapters"
-                );
-            }
+            // A LoRA knob written while LoRA is off is the gate check's (gates.rs).
             return Ok(());
         }
         let alpha = m.lora_alpha.unwrap_or(2.0 * m.lora_rank as f64);

@@ -171,6 +171,7 @@ impl std::fmt::Display for KeyError {
 /// [`from_table`] with the key kept apart, and the help of `help.rs` for an unknown key (the
 /// peer's name it is, or the nearest key) and an unknown value (the nearest accepted value).
 fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, KeyError> {
+    let original = table.clone();
     let value = toml::Value::Table(table);
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
@@ -182,6 +183,18 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
                 "" => field.to_string(),
                 p if p == field || p.ends_with(&format!(".{field}")) => p.to_string(),
                 p => format!("{p}.{field}"),
+            };
+            // An unknown table (`actor_rollout_ref`): a peer's name among its leaves is the help.
+            let key = match paths::get(&original, &key) {
+                Some(toml::Value::Table(t)) => {
+                    let mut leaves = Vec::new();
+                    leaf_keys(t, &key, &mut leaves);
+                    leaves
+                        .into_iter()
+                        .find(|k| help::alias_for(k).is_some())
+                        .unwrap_or(key)
+                }
+                _ => key,
             };
             let expected = help::expected_words(inner);
             let message = match help::unknown_key_help(&key, &expected, &known_keys()) {
@@ -229,15 +242,42 @@ fn leaf_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Every documented key of the config (the rows of the README's config reference): the
-/// candidates of "did you mean".
+/// Every key of the config's tables (`section.key`, as the deserialiser accepts them: asked by
+/// giving each table a key it refuses, whose error lists the accepted ones) and the documented
+/// keys of the README's config reference: the candidates of "did you mean".
 pub fn known_keys() -> Vec<String> {
-    reference_markdown()
+    let accepted = |table: toml::Table| -> Vec<String> {
+        match serde_path_to_error::deserialize::<_, RawConfig>(toml::Value::Table(table)) {
+            Err(e) => help::expected_words(&e.into_inner().to_string())
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            Ok(_) => Vec::new(),
+        }
+    };
+    let probe = "\u{1}";
+    let mut top = toml::Table::new();
+    top.insert(probe.into(), toml::Value::Integer(0));
+    let mut keys = Vec::new();
+    for section in accepted(top) {
+        let mut inner = toml::Table::new();
+        inner.insert(probe.into(), toml::Value::Integer(0));
+        let mut t = toml::Table::new();
+        t.insert(section.clone(), toml::Value::Table(inner));
+        keys.extend(accepted(t).into_iter().map(|k| format!("{section}.{k}")));
+    }
+    let documented = reference_markdown()
         .lines()
         .filter_map(|l| l.strip_prefix("| `")?.split_once('`'))
         .map(|(k, _)| k.to_string())
         .filter(|k| k.contains('.') && !k.contains(' '))
-        .collect()
+        .collect::<Vec<_>>();
+    for k in documented {
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys
 }
 
 /// One config file: its path, text and table, input paths resolved against its directory.

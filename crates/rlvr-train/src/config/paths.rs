@@ -156,6 +156,16 @@ pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
 }
 
 /// The value at dotted `key` of `table`, if every part exists.
+pub(super) fn get<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+    let mut parts = key.split('.');
+    let mut cur = table.get(parts.next()?)?;
+    for p in parts {
+        cur = cur.as_table()?.get(p)?;
+    }
+    Some(cur)
+}
+
+/// The value at dotted `key` of `table`, if every part exists.
 fn get_mut<'a>(table: &'a mut toml::Table, key: &str) -> Option<&'a mut toml::Value> {
     let mut parts = key.split('.');
     let mut cur = table.get_mut(parts.next()?)?;
