@@ -127,10 +127,12 @@ pub struct EvalArgs {
     /// Per-item results (JSONL).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Compute dtype: f32, bf16, f16 or f64 (default: the config's model.dtype, else f32).
+    /// Compute dtype: auto, f32, bf16, f16 or f64 (default: the config's model.dtype, else auto:
+    /// bf16 on a GPU, f32 on the CPU).
     #[arg(long)]
     pub dtype: Option<String>,
-    /// Device: cpu or cuda:N (default: the config's model.device, else cpu).
+    /// Device: auto, cpu, cuda or cuda:N (default: the config's model.device, else auto: the GPU
+    /// when this build has CUDA and one is visible, else the CPU).
     #[arg(long)]
     pub device: Option<String>,
 }
@@ -167,6 +169,11 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(s) => s.parse::<DeviceSpec>().context("--device")?,
         None => raw.model.device,
     };
+    let device = match device {
+        DeviceSpec::Auto => crate::config::auto_device()?.0,
+        d => d,
+    };
+    let dtype = dtype.for_device(device);
     let device = device
         .open()
         .with_context(|| format!("device {device} (--device, else model.device)"))?;
@@ -665,7 +672,9 @@ pub struct PlanArgs {
 /// # Errors
 /// Config errors, a missing model config.json, a malformed `--gpu-memory`.
 pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    let mut raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    // A plan is for a GPU: `auto` is cuda and bf16 whatever this machine has.
+    raw.model.assume_gpu();
     let resolved = raw.resolve()?;
     let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
     let zero = a.zero.unwrap_or(resolved.raw.distributed.zero);

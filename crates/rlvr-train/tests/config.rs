@@ -959,3 +959,62 @@ fn a_typo_gets_did_you_mean() {
     let err = format!("{:#}", check_load("", &["train.zzzzzz=1"]).unwrap_err());
     assert!(!err.contains("did you mean"), "{err}");
 }
+
+/// `model.device` and `model.dtype` default to `auto`: on a build without CUDA that is the CPU in
+/// f32, said in one line and recorded concretely in config.toml; `auto` dtype with a GPU device is
+/// bf16; an explicit choice is kept and says nothing.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn auto_device_and_dtype_resolve_once_and_say_so() {
+    let raw = RawConfig::load(None, &[]).unwrap();
+    assert_eq!(
+        (raw.model.device, raw.model.dtype),
+        (DeviceSpec::Auto, ComputeDtype::Auto)
+    );
+    let c = raw.resolve().unwrap();
+    assert_eq!(
+        (c.raw.model.device, c.raw.model.dtype),
+        (DeviceSpec::Cpu, ComputeDtype::F32)
+    );
+    assert_eq!(
+        c.auto.as_deref(),
+        Some(
+            "model.device = \"auto\" is cpu (this rlvr was built without CUDA); \
+             model.dtype = \"auto\" is f32 on the CPU"
+        )
+    );
+    let text = c.to_toml().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.contains(&"dtype = \"f32\"") && lines.contains(&"device = \"cpu\""),
+        "{text}"
+    );
+    // The recorded values load again as they are: nothing left to resolve.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.toml"), &text).unwrap();
+    let again = RawConfig::load(Some(&tmp.path().join("config.toml")), &[])
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert_eq!(again.auto, None);
+    // dtype auto on a GPU device: bf16.
+    let c = check_load("", &["model.device=\"cuda:1\""]).unwrap();
+    assert_eq!(
+        (c.raw.model.device, c.raw.model.dtype),
+        (DeviceSpec::Cuda(1), ComputeDtype::Bf16)
+    );
+    assert_eq!(
+        c.auto.as_deref(),
+        Some("model.dtype = \"auto\" is bf16 on the GPU (f32 master weights and AdamW moments)")
+    );
+    // Both explicit: nothing to say.
+    let c = check_load("", &["model.device=\"cpu\"", "model.dtype=\"bf16\""]).unwrap();
+    assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
+    assert_eq!(c.auto, None);
+    // `auto` parses and prints as itself.
+    assert_eq!("auto".parse::<DeviceSpec>().unwrap().to_string(), "auto");
+    assert_eq!("auto".parse::<ComputeDtype>().unwrap().to_string(), "auto");
+    // A command-line dtype has no device to resolve against.
+    let err = rlvr_model::parse_dtype("auto").unwrap_err().to_string();
+    assert!(err.contains("give f32 or bf16 here"), "{err}");
+}

@@ -74,6 +74,7 @@ impl RawConfig {
     /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
     /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
     pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
+        let auto = self.model.resolve_auto()?;
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
         let mut warnings = Vec::new();
@@ -229,6 +230,7 @@ impl RawConfig {
             raw: self,
             algorithm,
             warnings,
+            auto,
         };
         super::gates::check(&cfg, &written)?;
         let mut cfg = cfg;

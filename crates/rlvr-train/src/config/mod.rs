@@ -31,6 +31,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use rlvr_algo::{Algorithm, AlgorithmConfig};
 use rlvr_data::config::DataConfig;
+use rlvr_model::{ComputeDtype, DeviceSpec};
 use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
@@ -104,6 +105,9 @@ pub struct ResolvedConfig {
     pub algorithm: Algorithm,
     /// Start-up warnings (e.g. `max_staleness` below o+v−1); printed and kept.
     pub warnings: Vec<String>,
+    /// What `model.device`/`model.dtype = "auto"` became ([`ModelSection::resolve_auto`]),
+    /// printed once at start; `None` when neither was `auto`.
+    pub auto: Option<String>,
 }
 
 /// Parses a `--set` value: a TOML literal (`1e-6`, `true`, `"x"`, `[1, 2]`, `{ kind = "math" }`),
@@ -389,6 +393,43 @@ fn load_layers(
 }
 
 impl ModelSection {
+    /// Resolves `model.device = "auto"` ([`auto_device`]) and then `model.dtype = "auto"` (bf16
+    /// on a GPU, f32 on the CPU: [`rlvr_model::ComputeDtype::for_device`]).
+    ///
+    /// Returns what `auto` became, to print once at start (`None` when neither was `auto`).
+    ///
+    /// # Errors
+    /// A launcher environment that contradicts itself (as [`rlvr_dist::env::from_process_env`]).
+    pub fn resolve_auto(&mut self) -> anyhow::Result<Option<String>> {
+        let mut said = Vec::new();
+        if self.device == DeviceSpec::Auto {
+            let (device, why) = auto_device()?;
+            self.device = device;
+            said.push(format!("model.device = \"auto\" is {why}"));
+        }
+        if self.dtype == ComputeDtype::Auto {
+            self.dtype = self.dtype.for_device(self.device);
+            said.push(match self.dtype {
+                ComputeDtype::Bf16 => {
+                    "model.dtype = \"auto\" is bf16 on the GPU (f32 master weights and AdamW \
+                     moments)"
+                        .to_string()
+                }
+                d => format!("model.dtype = \"auto\" is {d} on the CPU"),
+            });
+        }
+        Ok((!said.is_empty()).then(|| said.join("; ")))
+    }
+
+    /// Resolves `auto` for a GPU whatever this machine has (`rlvr plan` estimates a GPU run):
+    /// the device `cuda`, the dtype bf16.
+    pub fn assume_gpu(&mut self) {
+        if self.device == DeviceSpec::Auto {
+            self.device = DeviceSpec::CudaLocal;
+        }
+        self.dtype = self.dtype.for_device(self.device);
+    }
+
     /// Opens `model.device`.
     ///
     /// # Errors
@@ -399,6 +440,40 @@ impl ModelSection {
             .open()
             .with_context(|| format!("model.device = \"{}\"", self.device))
     }
+}
+
+/// What `model.device = "auto"` is in this process, and why: `cuda` (the local rank's GPU, as
+/// `rlvr_dist::env::device_for` picks it) when the binary has CUDA and that GPU opens, else `cpu`.
+///
+/// # Errors
+/// A launcher environment that contradicts itself.
+pub fn auto_device() -> anyhow::Result<(DeviceSpec, String)> {
+    if !cfg!(feature = "cuda") {
+        return Ok((
+            DeviceSpec::Cpu,
+            "cpu (this rlvr was built without CUDA)".to_string(),
+        ));
+    }
+    let launch = rlvr_dist::env::from_process_env()?;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let gpu = match rlvr_dist::env::device_for("cuda", &launch, visible.as_deref()) {
+        Ok(g) => g,
+        Err(e) => return Ok((DeviceSpec::Cpu, format!("cpu ({e})"))),
+    };
+    let ordinal = gpu
+        .strip_prefix("cuda:")
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    Ok(match DeviceSpec::open_gpu(ordinal) {
+        Some(_) => (
+            DeviceSpec::CudaLocal,
+            format!("cuda ({gpu}: a CUDA build and a visible GPU)"),
+        ),
+        None => (
+            DeviceSpec::Cpu,
+            format!("cpu (a CUDA build, but {gpu} does not open: no GPU visible)"),
+        ),
+    })
 }
 
 impl ResolvedConfig {
