@@ -1018,3 +1018,76 @@ fn auto_device_and_dtype_resolve_once_and_say_so() {
     let err = rlvr_model::parse_dtype("auto").unwrap_err().to_string();
     assert!(err.contains("give f32 or bf16 here"), "{err}");
 }
+
+/// Input paths written in a config file are relative to its directory, and so an external
+/// verifier's program (a path with a `/`) and the arguments that name files beside the config; a
+/// bare program name (`python3`), an option and a word naming no file stay as written; output
+/// paths and `--set` paths are relative to the working directory.
+#[test]
+fn input_paths_are_relative_to_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let dir = root.join("configs");
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::write(dir.join("score.py"), "").unwrap();
+    let p = dir.join("run.toml");
+    std::fs::write(
+        &p,
+        "[model]\npath = \"../models/m\"\nreference = \"/abs/ref\"\n\n\
+         [data]\ntask = \"jsonl\"\ntrain = \"../data/train.jsonl\"\ntest = \"./held_out.jsonl\"\n\
+         verifier = { kind = \"external\", command = [\"python3\", \"score.py\", \"--strict\", \"gold\"] }\n\n\
+         [[reward.components]]\nname = \"tool\"\nweight = 1.0\n\
+         verifier = { kind = \"external\", command = [\"tools/score\", \"-v\"] }\n\n\
+         [algorithm]\nkl_coef = 0.01\n\n\
+         [output]\ndir = \"runs/x\"\n",
+    )
+    .unwrap();
+    let c = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    let m = &c.raw.model;
+    assert_eq!(m.path, root.join("models/m"));
+    assert_eq!(
+        m.reference.as_deref(),
+        Some(std::path::Path::new("/abs/ref"))
+    );
+    assert_eq!(c.raw.data.train, Some(root.join("data/train.jsonl")));
+    assert_eq!(c.raw.data.test, Some(dir.join("held_out.jsonl")));
+    let command = |v: &rlvr_reward::combine::VerifierConfig| match v {
+        rlvr_reward::combine::VerifierConfig::External { command, .. } => command.clone(),
+        other => panic!("{other:?}"),
+    };
+    let script = dir.join("score.py").display().to_string();
+    assert_eq!(
+        command(c.raw.data.verifier.as_ref().unwrap()),
+        ["python3", script.as_str(), "--strict", "gold"]
+    );
+    let tool = dir.join("tools/score").display().to_string();
+    assert_eq!(
+        command(&c.raw.reward.components[0].verifier),
+        [tool.as_str(), "-v"]
+    );
+    assert_eq!(c.raw.output.dir, std::path::Path::new("runs/x"));
+    // The same keys by --set: the working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let c = RawConfig::load(
+        Some(&p),
+        &["data.train=t.jsonl".into(), "model.path=m2".into()],
+    )
+    .unwrap()
+    .resolve()
+    .unwrap();
+    assert_eq!(c.raw.data.train, Some(cwd.join("t.jsonl")));
+    assert_eq!(c.raw.model.path, cwd.join("m2"));
+    // What config.toml holds loads again from anywhere to the same paths.
+    let copy = root.join("elsewhere.toml");
+    std::fs::write(&copy, c.to_toml().unwrap()).unwrap();
+    let again = RawConfig::load(Some(&copy), &[])
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert_eq!(again.raw.data.train, Some(cwd.join("t.jsonl")));
+    assert_eq!(again.raw.data.test, Some(dir.join("held_out.jsonl")));
+    assert_eq!(
+        command(again.raw.data.verifier.as_ref().unwrap()),
+        ["python3", script.as_str(), "--strict", "gold"]
+    );
+}
