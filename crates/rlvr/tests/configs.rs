@@ -198,3 +198,34 @@ fn a_shipped_config_loads_from_another_working_directory() {
     let line = format!("test = \"{}\"", cwd.join("held_out.jsonl").display());
     assert!(printed.lines().any(|l| l == line), "{line}:\n{printed}");
 }
+
+/// `--print-config` and config.toml leave out the knobs nothing reads with the run's options and
+/// list them in one comment line, which `rlvr lab` reads (its copy of the line's start must match).
+#[test]
+fn print_config_lists_the_unread_knobs_it_leaves_out() {
+    assert_eq!(
+        rlvr_lab::runner::UNREAD_COMMENT,
+        rlvr_train::config::gates::UNREAD_COMMENT
+    );
+    let cfg = RawConfig::load(None, &[]).unwrap().resolve().unwrap();
+    let text = cfg.to_toml().unwrap();
+    let first = text.lines().next().unwrap();
+    let keys = first
+        .strip_prefix(rlvr_train::config::gates::UNREAD_COMMENT)
+        .unwrap_or_else(|| panic!("{text}"));
+    // Preset grpo, no regulariser, no KL, no LoRA, the native engine.
+    for k in [
+        "algorithm.lme_temperature",
+        "algorithm.tau",
+        "algorithm.kl_estimator",
+        "model.lora_targets",
+        "rollout.in_flight",
+    ] {
+        assert!(keys.split(", ").any(|x| x == k), "{k}: {first}");
+        let field = k.rsplit_once('.').unwrap().1;
+        assert!(
+            !text.lines().any(|l| l.starts_with(&format!("{field} = "))),
+            "{k} written:\n{text}"
+        );
+    }
+}

@@ -286,6 +286,10 @@ fn lookup<'a>(t: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
 /// one `key = value` per line, an array over several lines closed by a line `]`) without the
 /// knobs of [`GATES`] that `cfg` does not read: what `config.toml` and `--print-config` hold, so
 /// that they load again as a `--config`.
+///
+/// When it leaves knobs out, the text starts with a comment line [`UNREAD_COMMENT`] followed by
+/// their dotted keys, comma-separated: `rlvr lab` reads it to tell a knob an older config.toml
+/// still holds (written before such knobs were left out) from a change of the sweep.
 pub fn drop_unread(cfg: &ResolvedConfig, text: &str) -> String {
     let unread: Vec<&str> = GATES
         .iter()
@@ -295,6 +299,7 @@ pub fn drop_unread(cfg: &ResolvedConfig, text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut table = String::new();
     let mut skipping_array = false;
+    let mut left_out = Vec::new();
     for line in text.lines() {
         if skipping_array {
             skipping_array = line.trim() != "]";
@@ -310,11 +315,19 @@ pub fn drop_unread(cfg: &ResolvedConfig, text: &str) -> String {
             if unread.contains(&key.as_str()) {
                 let v = v.trim();
                 skipping_array = v.starts_with('[') && !v.ends_with(']');
+                left_out.push(key);
                 continue;
             }
         }
         out.push_str(line);
         out.push('\n');
     }
-    out
+    match left_out.is_empty() {
+        true => out,
+        false => format!("{UNREAD_COMMENT}{}\n{out}", left_out.join(", ")),
+    }
 }
+
+/// The start of the comment line of [`drop_unread`] (rlvr-lab's `runner::UNREAD_COMMENT` is the
+/// same text; `crates/rlvr/tests/configs.rs` checks it).
+pub const UNREAD_COMMENT: &str = "# Not read with these options, so left out: ";
