@@ -955,6 +955,27 @@ fn a_typo_gets_did_you_mean() {
         check_load("", &["train.schedule=\"cosin\""]).unwrap_err()
     );
     assert!(err.ends_with("; did you mean \"cosine\"?"), "{err}");
+    // A misspelt peer's name: the peer's name it is near, and our key.
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.lerning_rate=1e-6"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set train.lerning_rate=1e-6: unknown key `train.lerning_rate`: did you mean \
+             `learning_rate`? That is TRL's name, not rlvr's: write `lr = …` in [train] (or --set \
+             train.lr=…) for train.lr (the peak learning rate) (unknown field `lerning_rate`, \
+             expected one of `steps`, `lr`,"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("`log_rollouts`)"), "{err}");
+    // Three edits from verl's `test_freq` is too far to be that name.
+    let err = format!(
+        "{:#}",
+        check_load("", &["data.test_file=\"x\""]).unwrap_err()
+    );
+    assert!(!err.contains("test_freq"), "{err}");
     // Nothing near: no guess.
     let err = format!("{:#}", check_load("", &["train.zzzzzz=1"]).unwrap_err());
     assert!(!err.contains("did you mean"), "{err}");

@@ -400,7 +400,15 @@ pub fn alias_message(key: &str, a: &Alias) -> String {
 /// The closest of `candidates` to `word` by edit distance, when close enough to be a slip
 /// (at most a third of the word's length, and at least 1, edits away).
 pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (word.chars().count() / 3).max(1);
+    nearest_within(word, candidates, (word.chars().count() / 3).max(1))
+}
+
+/// The closest of `candidates` to `word` at most `limit` edits away.
+pub fn nearest_within<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+    limit: usize,
+) -> Option<&'a str> {
     candidates
         .into_iter()
         .map(|c| (strsim::damerau_levenshtein(word, c), c))
@@ -446,6 +454,24 @@ pub fn unknown_key_help(key: &str, expected: &[&str], known: &[String]) -> Optio
         return Some(format!(
             "did you mean `{k}`? (`{field}` is a key of another table)"
         ));
+    }
+    // A misspelt peer's name (`lerning_rate`): the alias it is near (at most 2 edits, a quarter
+    // of the word), and our key.
+    let peer_names = ALIASES
+        .iter()
+        .map(|a| a.name.rsplit('.').next().unwrap_or(a.name));
+    if let Some(n) = nearest_within(field, peer_names, (field.chars().count() / 4).clamp(1, 2)) {
+        if let Some(a) = ALIASES
+            .iter()
+            .find(|a| a.name.rsplit('.').next() == Some(n))
+        {
+            let (t, f) = a.ours.rsplit_once('.').unwrap_or(("", a.ours));
+            return Some(format!(
+                "did you mean `{n}`? That is {}'s name, not rlvr's: write `{f} = …` in [{t}] \
+                 (or --set {}=…) for {} ({})",
+                a.peer, a.ours, a.ours, a.note
+            ));
+        }
     }
     let fields = known
         .iter()

@@ -182,6 +182,11 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
         let path = if path == "." { String::new() } else { path };
         let inner = e.into_inner().to_string();
         let inner = inner.trim_end();
+        // toml's own "in `table`" line repeats the key the message names.
+        let inner = match inner.rsplit_once('\n') {
+            Some((head, tail)) if tail.starts_with("in `") => head.trim_end(),
+            _ => inner,
+        };
         if let Some(field) = help::quoted_after(inner, "unknown field") {
             let key = match path.as_str() {
                 "" => field.to_string(),
