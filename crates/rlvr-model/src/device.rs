@@ -151,7 +151,7 @@ impl DeviceSpec {
     /// CUDA GPU `ordinal`, when this binary has CUDA and the GPU can be opened (none otherwise:
     /// a CPU build, no driver, or no such GPU visible).
     pub fn open_gpu(ordinal: usize) -> Option<Device> {
-        if !cfg!(feature = "cuda") {
+        if !candle_core::utils::cuda_is_available() {
             return None;
         }
         Device::new_cuda(ordinal).ok()

@@ -448,12 +448,15 @@ impl ModelSection {
 }
 
 /// What `model.device = "auto"` is in this process, and why: `cuda` (the local rank's GPU, as
-/// `rlvr_dist::env::device_for` picks it) when the binary has CUDA and that GPU opens, else `cpu`.
+/// `rlvr_dist::env::device_for` picks it) when the binary has CUDA and that GPU opens, else `cpu`
+/// (also when `CUDA_VISIBLE_DEVICES` lists no GPU).
 ///
 /// # Errors
-/// A launcher environment that contradicts itself.
+/// A launcher environment that contradicts itself, or one that leaves the GPU of a rank unknown
+/// (several ranks and no local rank, more ranks on a node than visible GPUs): falling back to
+/// the CPU there would hide the mistake.
 pub fn auto_device() -> anyhow::Result<(DeviceSpec, String)> {
-    if !cfg!(feature = "cuda") {
+    if !candle_core::utils::cuda_is_available() {
         return Ok((
             DeviceSpec::Cpu,
             "cpu (this rlvr was built without CUDA)".to_string(),
@@ -463,7 +466,10 @@ pub fn auto_device() -> anyhow::Result<(DeviceSpec, String)> {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let gpu = match rlvr_dist::env::device_for("cuda", &launch, visible.as_deref()) {
         Ok(g) => g,
-        Err(e) => return Ok((DeviceSpec::Cpu, format!("cpu ({e})"))),
+        Err(e @ rlvr_dist::env::EnvError::NoVisibleGpu(_)) => {
+            return Ok((DeviceSpec::Cpu, format!("cpu ({e})")))
+        }
+        Err(e) => return Err(anyhow::anyhow!("model.device = \"auto\": {e}")),
     };
     let ordinal = gpu
         .strip_prefix("cuda:")
