@@ -970,6 +970,19 @@ fn a_typo_gets_did_you_mean() {
         "{err}"
     );
     assert!(err.ends_with("`log_rollouts`)"), "{err}");
+    // Our key nested under a peer's table (verl's layout).
+    let err = format!(
+        "{:#}",
+        check_load("", &["actor_rollout_ref.rollout.temperature=0.7"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set actor_rollout_ref.rollout.temperature=0.7: unknown key \
+             `actor_rollout_ref.rollout.temperature`: did you mean `rollout.temperature`? \
+             (rlvr's tables are top-level, not under `actor_rollout_ref`)"
+        ),
+        "{err}"
+    );
     // Three edits from verl's `test_freq` is too far to be that name.
     let err = format!(
         "{:#}",

@@ -387,6 +387,15 @@ pub fn alias_for(key: &str) -> Option<&'static Alias> {
     })
 }
 
+/// Our key that dotted `key` ends with, when `key` nests it deeper (verl's
+/// `actor_rollout_ref.rollout.temperature` is our `rollout.temperature`).
+pub fn nested_key<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(String::as_str)
+        .find(|k| key.len() > k.len() && key.ends_with(&format!(".{k}")))
+}
+
 /// The message for an alias: what the peer's key is and what to write instead.
 pub fn alias_message(key: &str, a: &Alias) -> String {
     let (table, field) = a.ours.rsplit_once('.').unwrap_or(("", a.ours));
@@ -437,6 +446,12 @@ pub fn quoted_after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
 pub fn unknown_key_help(key: &str, expected: &[&str], known: &[String]) -> Option<String> {
     if let Some(a) = alias_for(key) {
         return Some(alias_message(key, a));
+    }
+    if let Some(ours) = nested_key(key, known) {
+        let outer = &key[..key.len() - ours.len() - 1];
+        return Some(format!(
+            "did you mean `{ours}`? (rlvr's tables are top-level, not under `{outer}`)"
+        ));
     }
     let (table, field) = key.rsplit_once('.').unwrap_or(("", key));
     let full = |f: &str| match table {

@@ -198,10 +198,11 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
                 Some(toml::Value::Table(t)) => {
                     let mut leaves = Vec::new();
                     leaf_keys(t, &key, &mut leaves);
-                    leaves
-                        .into_iter()
-                        .find(|k| help::alias_for(k).is_some())
-                        .unwrap_or(key)
+                    let known = known_keys();
+                    let ours_nested = |k: &str| help::nested_key(k, &known).is_some();
+                    let alias = leaves.iter().find(|k| help::alias_for(k).is_some());
+                    let nested = leaves.iter().find(|k| ours_nested(k));
+                    alias.or(nested).cloned().unwrap_or(key)
                 }
                 _ => key,
             };
