@@ -210,18 +210,37 @@ pub fn stale(sweep: &Sweep, out: &Path, exe: &Path, r: &RunSpec) -> anyhow::Resu
     };
     let new: toml::Value = toml::from_str(&new_text)
         .with_context(|| format!("parsing the output of {} --print-config", exe.display()))?;
-    Ok(first_difference("", &old, &new, &out.display().to_string()))
+    let unread: Vec<&str> = new_text
+        .lines()
+        .filter_map(|l| l.strip_prefix(UNREAD_COMMENT))
+        .flat_map(|keys| keys.split(", "))
+        .collect();
+    Ok(first_difference(
+        "",
+        &old,
+        &new,
+        &out.display().to_string(),
+        &unread,
+    ))
 }
+
+/// The start of the comment line of `rlvr train --print-config` that lists the knobs it left
+/// out because nothing reads them with the run's options (rlvr-train's
+/// `config::gates::UNREAD_COMMENT`). A config.toml written before such knobs were left out holds
+/// them; they are no difference.
+pub const UNREAD_COMMENT: &str = "# Not read with these options, so left out: ";
 
 /// The first key (dotted path, in sorted order) whose value differs between `old` and `new`,
 /// described as `config key K was A, is now B`. A path inside the lab directory `lab` (the warm
 /// start's model and data, the run's own directory) matches an old path with the same ending, so
-/// a lab directory that was moved or copied is not rerun.
+/// a lab directory that was moved or copied is not rerun. A key of `unread` (dotted) that only
+/// `old` holds is no difference: today's config leaves it out because nothing reads it.
 fn first_difference(
     prefix: &str,
     old: &toml::Value,
     new: &toml::Value,
     lab: &str,
+    unread: &[&str],
 ) -> Option<String> {
     use toml::Value::{String as S, Table};
     match (old, new) {
@@ -237,7 +256,8 @@ fn first_difference(
                     format!("{prefix}.{k}")
                 };
                 match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => first_difference(&key, x, y, lab),
+                    (Some(x), Some(y)) => first_difference(&key, x, y, lab, unread),
+                    (Some(_), None) if unread.contains(&key.as_str()) => None,
                     (x, y) => Some(format!(
                         "config key {key} was {}, is now {}",
                         x.map_or("unset".into(), |v| v.to_string()),
@@ -652,25 +672,41 @@ mod tests {
         let same_moved = t(
             "[model]\npath = \"/new/lab/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\n",
         );
-        assert_eq!(first_difference("", &old, &same_moved, "/new/lab"), None);
+        assert_eq!(
+            first_difference("", &old, &same_moved, "/new/lab", &[]),
+            None
+        );
         let lr = t(
             "[model]\npath = \"/new/lab/warm_start/seed-0/sft\"\n[train]\nlr = 3e-5\nseed = 0\n",
         );
         assert_eq!(
-            first_difference("", &old, &lr, "/new/lab").as_deref(),
+            first_difference("", &old, &lr, "/new/lab", &[]).as_deref(),
             Some("config key train.lr was 0.00001, is now 0.00003")
         );
         // A path outside the lab directory must match exactly; a key only one side has is named.
         let other = t(
             "[model]\npath = \"/elsewhere/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\n",
         );
-        assert!(first_difference("", &old, &other, "/new/lab")
+        assert!(first_difference("", &old, &other, "/new/lab", &[])
             .unwrap()
             .starts_with("config key model.path was"));
         let added = t("[model]\npath = \"/new/lab/warm_start/seed-0/sft\"\n[train]\nlr = 1e-5\nseed = 0\nsteps = 9\n");
         assert_eq!(
-            first_difference("", &old, &added, "/new/lab").as_deref(),
+            first_difference("", &old, &added, "/new/lab", &[]).as_deref(),
             Some("config key train.steps was unset, is now 9")
+        );
+        // A knob an older config.toml holds and today's leaves out as unread is no difference;
+        // any other key only the old side has is.
+        let old_all = t("[algorithm]\ntau = 0.1\nkl_coef = 0.0\n[eval]\nlimit = 20\n");
+        let new_read = t("[algorithm]\nkl_coef = 0.0\n[eval]\n");
+        assert_eq!(
+            first_difference("", &old_all, &new_read, "/new/lab", &["algorithm.tau"]).as_deref(),
+            Some("config key eval.limit was 20, is now unset")
+        );
+        let new_limit = t("[algorithm]\nkl_coef = 0.0\n[eval]\nlimit = 20\n");
+        assert_eq!(
+            first_difference("", &old_all, &new_limit, "/new/lab", &["algorithm.tau"]),
+            None
         );
     }
 }

@@ -29,6 +29,9 @@ pub enum ComputeDtype {
     F16,
     /// 64-bit float (`f64`, `float64`): reference checks.
     F64,
+    /// `auto`: `bf16` on a GPU (training keeps f32 master weights and AdamW moments), `f32` on the
+    /// CPU ([`ComputeDtype::for_device`]); rlvr-train resolves it once the device is known.
+    Auto,
 }
 
 impl ComputeDtype {
@@ -47,13 +50,24 @@ impl ComputeDtype {
             ComputeDtype::Bf16 => "bf16",
             ComputeDtype::F16 => "f16",
             ComputeDtype::F64 => "f64",
+            ComputeDtype::Auto => "auto",
         }
     }
 
-    /// candle's dtype.
+    /// `auto` resolved for `device`: `bf16` on a CUDA device, `f32` on the CPU (and for a device
+    /// still `auto`); any other dtype unchanged.
+    pub fn for_device(self, device: DeviceSpec) -> ComputeDtype {
+        match (self, device) {
+            (ComputeDtype::Auto, DeviceSpec::Cuda(_) | DeviceSpec::CudaLocal) => ComputeDtype::Bf16,
+            (ComputeDtype::Auto, _) => ComputeDtype::F32,
+            (d, _) => d,
+        }
+    }
+
+    /// candle's dtype. `auto` not yet resolved ([`ComputeDtype::for_device`]) is f32, the CPU's.
     pub fn dtype(self) -> DType {
         match self {
-            ComputeDtype::F32 => DType::F32,
+            ComputeDtype::F32 | ComputeDtype::Auto => DType::F32,
             ComputeDtype::Bf16 => DType::BF16,
             ComputeDtype::F16 => DType::F16,
             ComputeDtype::F64 => DType::F64,
@@ -91,10 +105,11 @@ impl FromStr for ComputeDtype {
             "bf16" | "bfloat16" => ComputeDtype::Bf16,
             "f16" | "float16" => ComputeDtype::F16,
             "f64" | "float64" => ComputeDtype::F64,
+            "auto" => ComputeDtype::Auto,
             _ => {
                 return Err(ModelError::Invalid(format!(
-                    "unknown dtype {s:?}: expected one of f32, bf16, f16 (inference only), f64 \
-                     (or float32, bfloat16, float16, float64)"
+                    "unknown dtype {s:?}: expected one of auto, f32, bf16, f16 (inference only), \
+                     f64 (or float32, bfloat16, float16, float64)"
                 )))
             }
         })
@@ -126,9 +141,22 @@ pub enum DeviceSpec {
     /// launcher (rlvr-dist's `device_for` turns it into `cuda:{local rank}`), `cuda:0` in one
     /// process.
     CudaLocal,
+    /// `auto`: the GPU of this process (as [`DeviceSpec::CudaLocal`]) when the binary has CUDA and
+    /// that GPU can be opened, else the CPU. rlvr-train resolves it once at start and says what it
+    /// chose; [`DeviceSpec::open`] decides the same way for one process.
+    Auto,
 }
 
 impl DeviceSpec {
+    /// CUDA GPU `ordinal`, when this binary has CUDA and the GPU can be opened (none otherwise:
+    /// a CPU build, no driver, or no such GPU visible).
+    pub fn open_gpu(ordinal: usize) -> Option<Device> {
+        if !candle_core::utils::cuda_is_available() {
+            return None;
+        }
+        Device::new_cuda(ordinal).ok()
+    }
+
     /// Opens the device.
     ///
     /// # Errors
@@ -137,6 +165,7 @@ impl DeviceSpec {
     pub fn open(self) -> Result<Device> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Auto => Ok(DeviceSpec::open_gpu(0).unwrap_or(Device::Cpu)),
             DeviceSpec::CudaLocal => DeviceSpec::Cuda(0).open(),
             DeviceSpec::Cuda(n) => {
                 if !cfg!(feature = "cuda") {
@@ -163,6 +192,7 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Cpu => f.write_str("cpu"),
             DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
             DeviceSpec::CudaLocal => f.write_str("cuda"),
+            DeviceSpec::Auto => f.write_str("auto"),
         }
     }
 }
@@ -170,14 +200,20 @@ impl fmt::Display for DeviceSpec {
 impl FromStr for DeviceSpec {
     type Err = ModelError;
 
-    /// Parses `cpu`, `cuda` ([`DeviceSpec::CudaLocal`]) or `cuda:N`.
+    /// Parses `auto`, `cpu`, `cuda` ([`DeviceSpec::CudaLocal`]) or `cuda:N`.
     ///
     /// # Errors
     /// [`ModelError::Invalid`] naming the value and listing the accepted forms.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || ModelError::Invalid(format!("unknown device {s:?}: expected cpu or cuda:N"));
-        if s == "cpu" {
-            return Ok(DeviceSpec::Cpu);
+        let bad = || {
+            ModelError::Invalid(format!(
+                "unknown device {s:?}: expected auto, cuda, cpu or cuda:N"
+            ))
+        };
+        match s {
+            "cpu" => return Ok(DeviceSpec::Cpu),
+            "auto" => return Ok(DeviceSpec::Auto),
+            _ => {}
         }
         match s.strip_prefix("cuda") {
             Some("") => Ok(DeviceSpec::CudaLocal),

@@ -47,7 +47,14 @@ pub use tokenizer::{Message, TokenizerBundle};
 /// # Errors
 /// An unknown name, listing the accepted ones.
 pub fn parse_dtype(s: &str) -> Result<candle_core::DType> {
-    Ok(s.parse::<ComputeDtype>()?.dtype())
+    match s.parse::<ComputeDtype>()? {
+        ComputeDtype::Auto => Err(error::ModelError::Invalid(
+            "dtype \"auto\" depends on the device: give f32 or bf16 here (`auto` is for the \
+             config's model.dtype, resolved against model.device)"
+                .into(),
+        )),
+        d => Ok(d.dtype()),
+    }
 }
 
 /// Parses and opens a device name (`--device`): see [`DeviceSpec`]'s `FromStr` and

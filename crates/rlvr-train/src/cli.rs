@@ -52,7 +52,7 @@ pub struct TrainArgs {
 /// # Errors
 /// Config, data, model and I/O errors.
 pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut cfg = match &a.resume {
+    let cfg = match &a.resume {
         Some(dir) => {
             let mut c = ResolvedConfig::from_run_dir(dir, &a.set)?;
             c.raw.output.dir = dir.clone();
@@ -60,7 +60,6 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         None => RawConfig::load(a.config.as_deref(), &a.set)?.resolve()?,
     };
-    resolve_input_paths(&mut cfg)?;
     if a.print_config {
         write!(out, "{}", cfg.to_toml()?)?;
         return Ok(());
@@ -97,28 +96,6 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Makes the relative input paths of a run (`model.path`, `model.reference`, `data.train`,
-/// `data.test`, `data.experiences`) absolute against the current directory, the one they were
-/// typed in, so that the run's config.toml names the same files whatever directory a later
-/// `--resume` runs from. (A run directory written before this keeps its relative paths until its
-/// next resume, which resolves them against the current directory as before.)
-///
-/// # Errors
-/// The current directory cannot be read.
-fn resolve_input_paths(cfg: &mut ResolvedConfig) -> anyhow::Result<()> {
-    let cwd = std::env::current_dir().context("reading the current directory")?;
-    let (m, d) = (&mut cfg.raw.model, &mut cfg.raw.data);
-    let paths = [Some(&mut m.path), m.reference.as_mut()]
-        .into_iter()
-        .chain([d.train.as_mut(), d.test.as_mut(), d.experiences.as_mut()]);
-    for p in paths.flatten() {
-        if p.is_relative() && !p.as_os_str().is_empty() {
-            *p = cwd.join(&*p);
-        }
-    }
-    Ok(())
-}
-
 /// `rlvr eval`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct EvalArgs {
@@ -152,10 +129,12 @@ pub struct EvalArgs {
     /// Per-item results (JSONL).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Compute dtype: f32, bf16, f16 or f64 (default: the config's model.dtype, else f32).
+    /// Compute dtype: auto, f32, bf16, f16 or f64 (default: the config's model.dtype, else auto:
+    /// bf16 on a GPU, f32 on the CPU).
     #[arg(long)]
     pub dtype: Option<String>,
-    /// Device: cpu or cuda:N (default: the config's model.device, else cpu).
+    /// Device: auto, cpu, cuda or cuda:N (default: the config's model.device, else auto: the GPU
+    /// when this build has CUDA and one is visible, else the CPU).
     #[arg(long)]
     pub device: Option<String>,
     /// With `rollout.backend = "vllm"`: use servers leased to another process (a training run)
@@ -200,6 +179,11 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(s) => s.parse::<DeviceSpec>().context("--device")?,
         None => raw.model.device,
     };
+    let device = match device {
+        DeviceSpec::Auto => crate::config::auto_device()?.0,
+        d => d,
+    };
+    let dtype = dtype.for_device(device);
     let device = device
         .open()
         .with_context(|| format!("device {device} (--device, else model.device)"))?;
@@ -742,7 +726,9 @@ pub struct PlanArgs {
 /// # Errors
 /// Config errors, a missing model config.json, a malformed `--gpu-memory`.
 pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    let mut raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    // A plan is for a GPU: `auto` is cuda and bf16 whatever this machine has.
+    raw.model.assume_gpu();
     let resolved = raw.resolve()?;
     let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
     let zero = a.zero.unwrap_or(resolved.raw.distributed.zero);

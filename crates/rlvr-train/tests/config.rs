@@ -323,7 +323,10 @@ fn loss_options_of_another_loss_are_rejected() {
     assert_eq!(c.algorithm.is_cap, Some(2.0));
 }
 
-/// `config.toml` holds the knobs of the chosen loss only, and still resolves to the same algorithm.
+/// `config.toml` holds the knobs of the chosen loss only, and of those only the ones whose option
+/// is on (a knob of `gates::GATES` whose option is off is left out: `adv_temperature` without
+/// `rec_weight = "advantage-exp"`, `tau` without a regulariser), and still resolves to the same
+/// algorithm.
 #[test]
 fn resolved_config_holds_only_the_keys_that_apply() {
     let algorithm_table = |text: &str| -> toml::Table {
@@ -349,15 +352,21 @@ fn resolved_config_holds_only_the_keys_that_apply() {
                 "rec_weight",
                 "clip_low_prime",
                 "clip_high_prime",
-                "adv_temperature",
             ],
-            &["dual_clip"],
+            &["dual_clip", "adv_temperature"],
         ),
         (
             "reinforce",
-            &["baseline", "tau", "regulariser"],
-            &["clip_low", "clip_high", "keep_mask", "clip_low_prime"],
+            &["baseline", "regulariser"],
+            &[
+                "clip_low",
+                "clip_high",
+                "keep_mask",
+                "clip_low_prime",
+                "tau",
+            ],
         ),
+        ("opmd", &["regulariser", "tau"], &["clip_low"]),
         ("cispo", &["clip_high"], &["clip_low", "keep_mask"]),
     ] {
         let c = check_load("", &[&format!("algorithm.preset=\"{preset}\"")]).unwrap();
@@ -654,4 +663,551 @@ fn args_with_out(tmp: &tempfile::TempDir, out: &std::path::Path) {
         ..Default::default()
     };
     assert!(rlvr_train::cli::run_eval(&args, &mut Vec::new()).is_err());
+}
+
+/// Every knob of `gates::GATES`, a value for it, the `--set`s that leave its option off (on top of
+/// the defaults, preset `grpo`) and those that turn it on. Listed by hand, so that a knob added to
+/// `GATES` without a line here fails `every_gated_knob_is_refused_with_its_option_off`.
+const GATED: &[(&str, &str, &[&str], &[&str])] = &[
+    (
+        "algorithm.lme_temperature",
+        "2.0",
+        &[],
+        &["algorithm.baseline=\"log-mean-exp\""],
+    ),
+    (
+        "algorithm.std_eps",
+        "1e-4",
+        &["algorithm.std_norm=\"none\""],
+        &[],
+    ),
+    (
+        "algorithm.std_level",
+        "\"batch\"",
+        &["algorithm.std_norm=\"none\""],
+        &[],
+    ),
+    (
+        "algorithm.red_drop_in_normaliser",
+        "true",
+        &[],
+        &["algorithm.red_drop=true"],
+    ),
+    (
+        "algorithm.red_drop_rule",
+        "\"bernoulli\"",
+        &[],
+        &["algorithm.red_drop=true"],
+    ),
+    (
+        "algorithm.clip_low_prime",
+        "0.7",
+        &["algorithm.preset=\"rec_oneside_nois\""],
+        &["algorithm.preset=\"rec_ring_nois\""],
+    ),
+    (
+        "algorithm.clip_high_prime",
+        "3.0",
+        &["algorithm.preset=\"rec_oneside_nois\""],
+        &["algorithm.preset=\"rec_ring_nois\""],
+    ),
+    (
+        "algorithm.adv_temperature",
+        "2.0",
+        &["algorithm.preset=\"rec_oneside_nois\""],
+        &["algorithm.preset=\"red_weight\""],
+    ),
+    ("algorithm.tau", "0.2", &[], &["algorithm.preset=\"opmd\""]),
+    (
+        "algorithm.kl_estimator",
+        "\"k2\"",
+        &[],
+        &["algorithm.kl_coef=0.01"],
+    ),
+    (
+        "algorithm.kl_ratio_weighted",
+        "true",
+        &[],
+        &["algorithm.kl_coef=0.01"],
+    ),
+    (
+        "model.reference",
+        "\"/models/ref\"",
+        &[],
+        &["algorithm.kl_coef=0.01"],
+    ),
+    (
+        "algorithm.mismatch_cap",
+        "3.0",
+        &[],
+        &["algorithm.mismatch_correction=\"token-truncate\""],
+    ),
+    (
+        "algorithm.mismatch_low",
+        "0.5",
+        &["algorithm.mismatch_correction=\"token-truncate\""],
+        &["algorithm.mismatch_correction=\"icepop\""],
+    ),
+    (
+        "algorithm.mismatch_k3_threshold",
+        "0.02",
+        &["algorithm.mismatch_correction=\"token-mask\""],
+        &["algorithm.mismatch_correction=\"sequence-k3-mask\""],
+    ),
+    (
+        "algorithm.overlong_buffer_frac",
+        "0.1",
+        &[],
+        &["algorithm.overlong=\"soft\""],
+    ),
+    (
+        "algorithm.overlong_penalty_factor",
+        "0.5",
+        &[],
+        &["algorithm.overlong=\"soft\""],
+    ),
+    ("train.min_lr", "1e-7", &[], &["train.schedule=\"cosine\""]),
+    (
+        "train.dynamic_sampling_max_rounds",
+        "2",
+        &[],
+        &["algorithm.dynamic_sampling=true"],
+    ),
+    (
+        "train.dynamic_sampling_short_batch",
+        "\"error\"",
+        &[],
+        &["algorithm.dynamic_sampling=true"],
+    ),
+    ("model.lora_alpha", "16.0", &[], &["model.lora_rank=4"]),
+    (
+        "model.lora_targets",
+        "[\"q\", \"v\"]",
+        &[],
+        &["model.lora_rank=4"],
+    ),
+    ("model.lora_dropout", "0.1", &[], &["model.lora_rank=4"]),
+    (
+        "rollout.servers",
+        "[\"http://127.0.0.1:8000\"]",
+        &[],
+        &["rollout.backend=\"vllm\""],
+    ),
+    ("rollout.served_model_name", "\"m\"", &[], VLLM),
+    ("rollout.weights_dir", "\"/tmp/w\"", &[], VLLM),
+    ("rollout.api_key_env", "\"KEY\"", &[], VLLM),
+    ("rollout.request_timeout_s", "60.0", &[], VLLM),
+    ("rollout.retries", "1", &[], VLLM),
+    ("rollout.in_flight", "2", &[], VLLM),
+    ("rollout.accept_renormalised_logprobs", "true", &[], VLLM),
+    ("rollout.refresh_tolerance", "1e-3", &[], VLLM),
+];
+
+/// The knobs of `GATED` whose option rlvr-algo's own check names first, with its message.
+const ALGO_REFUSES: &[(&str, &str)] = &[
+    (
+        "algorithm.red_drop_rule",
+        "resolving [algorithm]: invalid `algorithm.red_drop_rule` = bernoulli: it chooses \
+         RED-Drop's dropped rows: set red_drop = true, or remove it",
+    ),
+    (
+        "algorithm.mismatch_low",
+        "resolving [algorithm]: invalid `algorithm.mismatch_low` = 0.5: only token-mask, \
+         sequence-mask, geometric-mask and icepop have a lower bound; remove it, or choose one of \
+         those as mismatch_correction",
+    ),
+];
+
+/// The vLLM backend with a server.
+const VLLM: &[&str] = &[
+    "rollout.backend=\"vllm\"",
+    "rollout.servers=[\"http://127.0.0.1:8000\"]",
+];
+
+/// Each knob read only when another option is on: set with that option off, the error names the
+/// knob, the `--set` that wrote it, the option and its value in force, and the values that would
+/// read it; set with the option on, it loads and takes the value.
+#[test]
+fn every_gated_knob_is_refused_with_its_option_off() {
+    use rlvr_train::config::gates::GATES;
+    let listed: Vec<&str> = GATED.iter().map(|g| g.0).collect();
+    let gates: Vec<&str> = GATES.iter().map(|g| g.key).collect();
+    assert_eq!(listed, gates, "GATED must list gates::GATES in order");
+    for (g, (key, value, off, on)) in GATES.iter().zip(GATED) {
+        let set = format!("{key}={value}");
+        let mut sets: Vec<&str> = off.to_vec();
+        sets.push(&set);
+        let err = format!("{:#}", check_load("", &sets).unwrap_err());
+        let (table, field) = key.rsplit_once('.').unwrap();
+        // Two knobs rlvr-algo refuses first, naming the option too.
+        if let Some(want) = ALGO_REFUSES.iter().find(|(k, _)| k == key).map(|(_, m)| m) {
+            assert_eq!(&err, want, "{key}");
+            continue;
+        }
+        let head = format!(
+            "{key} is set (--set {set}) but nothing reads it: {} = ",
+            g.gate
+        );
+        let tail = format!(
+            ", and {field} is read only when {} is {}; remove `{field}` from [{table}], or set {}",
+            g.gate, g.when, g.gate
+        );
+        assert!(
+            err.starts_with(&head) && err.ends_with(&tail),
+            "{key}:\n{err}\nwant: {head}…{tail}"
+        );
+        let mut sets: Vec<&str> = on.to_vec();
+        sets.push(&set);
+        let c = check_load("", &sets).unwrap_or_else(|e| panic!("{key} with {on:?}: {e:#}"));
+        // The value was taken: the resolved config holds it.
+        let text = c.to_toml().unwrap();
+        let resolved: toml::Table = text.parse().unwrap();
+        let want = rlvr_train::config::parse_value(value);
+        let got = &resolved[table][field];
+        assert_eq!(got, &want, "{key}:\n{text}");
+    }
+}
+
+/// Two gated knobs in full: the value of the option in force and the file line that wrote it.
+#[test]
+fn a_gated_knob_error_names_its_option_and_where_it_was_written() {
+    let err = format!("{:#}", check_load("", &["algorithm.tau=0.2"]).unwrap_err());
+    assert_eq!(
+        err,
+        "algorithm.tau is set (--set algorithm.tau=0.2) but nothing reads it: \
+         algorithm.regulariser = \"none\", and tau is read only when algorithm.regulariser is \
+         \"opmd\" or \"asymre\"; remove `tau` from [algorithm], or set algorithm.regulariser"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "[model]\npath = \"m\"\n\n[algorithm]\nmismatch_cap = 3.0\n",
+    )
+    .unwrap();
+    let err = format!(
+        "{:#}",
+        RawConfig::load(Some(&p), &[])
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+    );
+    assert_eq!(
+        err,
+        format!(
+            "algorithm.mismatch_cap is set ({} line 5) but nothing reads it: \
+             algorithm.mismatch_correction = \"none\", and mismatch_cap is read only when \
+             algorithm.mismatch_correction is a truncation, a mask or \"icepop\"; remove \
+             `mismatch_cap` from [algorithm], or set algorithm.mismatch_correction",
+            p.display()
+        )
+    );
+}
+
+/// A documented key that says it is read only under another option has a gate.
+#[test]
+fn every_key_documented_as_conditional_has_a_gate() {
+    use rlvr_train::config::gates::GATES;
+    let reference = rlvr_train::config::reference_markdown();
+    for line in reference.lines() {
+        let Some((key, meaning)) = line.strip_prefix("| `").and_then(|l| l.split_once("` | "))
+        else {
+            continue;
+        };
+        let conditional = ["vLLM backend:", "Only read with", "Loaded only when"]
+            .iter()
+            .any(|p| meaning.contains(p))
+            || key.starts_with("train.dynamic_sampling_");
+        if conditional {
+            assert!(
+                GATES.iter().any(|g| g.key == key),
+                "{key} is documented as read only under another option but has no gate: {meaning}"
+            );
+        }
+    }
+}
+
+/// A peer's name (TRL's GRPOConfig, verl's ppo_trainer.yaml) is refused with our key and what
+/// differs, whether written in a file or by `--set`.
+#[test]
+fn a_peers_key_names_ours() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.learning_rate=1e-6"]).unwrap_err()
+    );
+    assert_eq!(
+        err,
+        "in --set train.learning_rate=1e-6: unknown key: `train.learning_rate` is TRL's name, not \
+         rlvr's: write `lr = …` in [train] (or --set train.lr=…) for train.lr (the peak learning \
+         rate); rlvr does not accept the peers' names, so that each key has one meaning"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(&p, "[rollout]\ngroup_size = 8\nnum_generations = 8\n").unwrap();
+    let err = format!("{:#}", RawConfig::load(Some(&p), &[]).unwrap_err());
+    assert_eq!(
+        err,
+        format!(
+            "in {} line 3: unknown key: `rollout.num_generations` is TRL's name, not rlvr's: \
+             write `group_size = …` in [rollout] (or --set rollout.group_size=…) for \
+             rollout.group_size (K, completions per prompt); rlvr does not accept the peers' \
+             names, so that each key has one meaning",
+            p.display()
+        )
+    );
+    for (set, ours, peer) in [
+        ("algorithm.beta=0.04", "algorithm.kl_coef", "TRL"),
+        (
+            "actor_rollout_ref.rollout.n=8",
+            "rollout.group_size",
+            "verl",
+        ),
+        (
+            "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "algorithm.kl_coef",
+            "verl",
+        ),
+        ("actor_rollout_ref.actor.optim.lr=1e-6", "train.lr", "verl"),
+        (
+            "algorithm.clip_ratio_high=0.28",
+            "algorithm.clip_high",
+            "verl",
+        ),
+        ("data.train_batch_size=64", "data.prompts_per_step", "verl"),
+    ] {
+        let err = format!("{:#}", check_load("", &[set]).unwrap_err());
+        let key = set.split_once('=').unwrap().0;
+        assert!(
+            err.contains(&format!("`{key}` is {peer}'s name, not rlvr's"))
+                && err.contains(&format!("(or --set {ours}=…) for {ours} (")),
+            "{set}: {err}"
+        );
+    }
+}
+
+/// Every alias names a key that exists.
+#[test]
+fn every_alias_names_a_documented_key() {
+    let known = rlvr_train::config::known_keys();
+    for a in rlvr_train::config::help::ALIASES {
+        assert!(
+            known.iter().any(|k| k == a.ours),
+            "{} ({}) maps to {}, which is no key",
+            a.name,
+            a.peer,
+            a.ours
+        );
+        assert!(a.peer == "TRL" || a.peer == "verl", "{}", a.name);
+    }
+}
+
+/// A misspelt key gets the nearest key by edit distance, in its table or (same name) in another.
+#[test]
+fn a_typo_gets_did_you_mean() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.temprature=0.7"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set rollout.temprature=0.7: unknown key `rollout.temprature`: did you mean \
+             `rollout.temperature`? (unknown field `temprature`, expected one of "
+        ),
+        "{err}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(&p, "[train]\nsteps = 3\nwarmup_step = 2\n").unwrap();
+    let err = format!("{:#}", RawConfig::load(Some(&p), &[]).unwrap_err());
+    assert!(
+        err.starts_with(&format!(
+            "in {} line 3: unknown key `train.warmup_step`: did you mean `train.warmup_steps`?",
+            p.display()
+        )),
+        "{err}"
+    );
+    // The right name in the wrong table.
+    let err = format!("{:#}", check_load("", &["train.group_size=4"]).unwrap_err());
+    assert!(
+        err.starts_with(
+            "in --set train.group_size=4: unknown key `train.group_size`: did you mean \
+             `rollout.group_size`? (`group_size` is a key of another table)"
+        ),
+        "{err}"
+    );
+    // A value: the nearest accepted one.
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.schedule=\"cosin\""]).unwrap_err()
+    );
+    assert!(err.ends_with("; did you mean \"cosine\"?"), "{err}");
+    // A misspelt peer's name: the peer's name it is near, and our key.
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.lerning_rate=1e-6"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set train.lerning_rate=1e-6: unknown key `train.lerning_rate`: did you mean \
+             `learning_rate`? That is TRL's name, not rlvr's: write `lr = …` in [train] (or --set \
+             train.lr=…) for train.lr (the peak learning rate) (unknown field `lerning_rate`, \
+             expected one of `steps`, `lr`,"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("`log_rollouts`)"), "{err}");
+    // Our key nested under a peer's table (verl's layout).
+    let err = format!(
+        "{:#}",
+        check_load("", &["actor_rollout_ref.rollout.temperature=0.7"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set actor_rollout_ref.rollout.temperature=0.7: unknown key \
+             `actor_rollout_ref.rollout.temperature`: did you mean `rollout.temperature`? \
+             (rlvr's tables are top-level, not under `actor_rollout_ref`)"
+        ),
+        "{err}"
+    );
+    // Three edits from verl's `test_freq` is too far to be that name.
+    let err = format!(
+        "{:#}",
+        check_load("", &["data.test_file=\"x\""]).unwrap_err()
+    );
+    assert!(!err.contains("test_freq"), "{err}");
+    // Nothing near: no guess.
+    let err = format!("{:#}", check_load("", &["train.zzzzzz=1"]).unwrap_err());
+    assert!(!err.contains("did you mean"), "{err}");
+}
+
+/// `model.device` and `model.dtype` default to `auto`: on a build without CUDA that is the CPU in
+/// f32, said in one line and recorded concretely in config.toml; `auto` dtype with a GPU device is
+/// bf16; an explicit choice is kept and says nothing.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn auto_device_and_dtype_resolve_once_and_say_so() {
+    let raw = RawConfig::load(None, &[]).unwrap();
+    assert_eq!(
+        (raw.model.device, raw.model.dtype),
+        (DeviceSpec::Auto, ComputeDtype::Auto)
+    );
+    let c = raw.resolve().unwrap();
+    assert_eq!(
+        (c.raw.model.device, c.raw.model.dtype),
+        (DeviceSpec::Cpu, ComputeDtype::F32)
+    );
+    assert_eq!(
+        c.auto.as_deref(),
+        Some(
+            "model.device = \"auto\" is cpu (this rlvr was built without CUDA); \
+             model.dtype = \"auto\" is f32 on the CPU"
+        )
+    );
+    let text = c.to_toml().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.contains(&"dtype = \"f32\"") && lines.contains(&"device = \"cpu\""),
+        "{text}"
+    );
+    // The recorded values load again as they are: nothing left to resolve.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.toml"), &text).unwrap();
+    let again = RawConfig::load(Some(&tmp.path().join("config.toml")), &[])
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert_eq!(again.auto, None);
+    // dtype auto on a GPU device: bf16.
+    let c = check_load("", &["model.device=\"cuda:1\""]).unwrap();
+    assert_eq!(
+        (c.raw.model.device, c.raw.model.dtype),
+        (DeviceSpec::Cuda(1), ComputeDtype::Bf16)
+    );
+    assert_eq!(
+        c.auto.as_deref(),
+        Some("model.dtype = \"auto\" is bf16 on the GPU (f32 master weights and AdamW moments)")
+    );
+    // Both explicit: nothing to say.
+    let c = check_load("", &["model.device=\"cpu\"", "model.dtype=\"bf16\""]).unwrap();
+    assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
+    assert_eq!(c.auto, None);
+    // `auto` parses and prints as itself.
+    assert_eq!("auto".parse::<DeviceSpec>().unwrap().to_string(), "auto");
+    assert_eq!("auto".parse::<ComputeDtype>().unwrap().to_string(), "auto");
+    // A command-line dtype has no device to resolve against.
+    let err = rlvr_model::parse_dtype("auto").unwrap_err().to_string();
+    assert!(err.contains("give f32 or bf16 here"), "{err}");
+}
+
+/// Input paths written in a config file are relative to its directory, and so an external
+/// verifier's program (a path with a `/`) and the arguments that name files beside the config; a
+/// bare program name (`python3`), an option and a word naming no file stay as written; output
+/// paths and `--set` paths are relative to the working directory.
+#[test]
+fn input_paths_are_relative_to_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let dir = root.join("configs");
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::write(dir.join("score.py"), "").unwrap();
+    let p = dir.join("run.toml");
+    std::fs::write(
+        &p,
+        "[model]\npath = \"../models/m\"\nreference = \"/abs/ref\"\n\n\
+         [data]\ntask = \"jsonl\"\ntrain = \"../data/train.jsonl\"\ntest = \"./held_out.jsonl\"\n\
+         verifier = { kind = \"external\", command = [\"python3\", \"score.py\", \"--strict\", \"gold\"] }\n\n\
+         [[reward.components]]\nname = \"tool\"\nweight = 1.0\n\
+         verifier = { kind = \"external\", command = [\"tools/score\", \"-v\"] }\n\n\
+         [algorithm]\nkl_coef = 0.01\n\n\
+         [output]\ndir = \"runs/x\"\n",
+    )
+    .unwrap();
+    let c = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    let m = &c.raw.model;
+    assert_eq!(m.path, root.join("models/m"));
+    assert_eq!(
+        m.reference.as_deref(),
+        Some(std::path::Path::new("/abs/ref"))
+    );
+    assert_eq!(c.raw.data.train, Some(root.join("data/train.jsonl")));
+    assert_eq!(c.raw.data.test, Some(dir.join("held_out.jsonl")));
+    let command = |v: &rlvr_reward::combine::VerifierConfig| match v {
+        rlvr_reward::combine::VerifierConfig::External { command, .. } => command.clone(),
+        other => panic!("{other:?}"),
+    };
+    let script = dir.join("score.py").display().to_string();
+    assert_eq!(
+        command(c.raw.data.verifier.as_ref().unwrap()),
+        ["python3", script.as_str(), "--strict", "gold"]
+    );
+    let tool = dir.join("tools/score").display().to_string();
+    assert_eq!(
+        command(&c.raw.reward.components[0].verifier),
+        [tool.as_str(), "-v"]
+    );
+    assert_eq!(c.raw.output.dir, std::path::Path::new("runs/x"));
+    // The same keys by --set: the working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let c = RawConfig::load(
+        Some(&p),
+        &["data.train=t.jsonl".into(), "model.path=m2".into()],
+    )
+    .unwrap()
+    .resolve()
+    .unwrap();
+    assert_eq!(c.raw.data.train, Some(cwd.join("t.jsonl")));
+    assert_eq!(c.raw.model.path, cwd.join("m2"));
+    // What config.toml holds loads again from anywhere to the same paths.
+    let copy = root.join("elsewhere.toml");
+    std::fs::write(&copy, c.to_toml().unwrap()).unwrap();
+    let again = RawConfig::load(Some(&copy), &[])
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert_eq!(again.raw.data.train, Some(cwd.join("t.jsonl")));
+    assert_eq!(again.raw.data.test, Some(dir.join("held_out.jsonl")));
+    assert_eq!(
+        command(again.raw.data.verifier.as_ref().unwrap()),
+        ["python3", script.as_str(), "--strict", "gold"]
+    );
 }

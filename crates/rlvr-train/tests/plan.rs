@@ -81,6 +81,8 @@ fn components_add_up_and_fits_are_consistent() {
     let r = raw(&[]);
     let p = plan(&r, false, Some(80 << 30)).unwrap();
     let n = p.shape.params;
+    // The config's device and dtype are `auto`: a plan is for a GPU whatever this machine has.
+    assert_eq!((p.device.as_str(), p.dtype.as_str()), ("cuda", "bf16"));
     assert_eq!(p.weights, 2 * n, "bf16 weights");
     assert_eq!(p.master_weights, 4 * n);
     assert_eq!(p.adamw_moments, 8 * n);

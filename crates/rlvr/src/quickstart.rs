@@ -45,6 +45,16 @@ use crate::init;
 /// The RL config both runs start from (shipped as `configs/quickstart.toml`).
 const CONFIG: &str = include_str!("../../../configs/quickstart.toml");
 
+/// The prefix of the input paths of `configs/quickstart.toml` (relative to `configs/`, naming the
+/// default `--out`): the copy written to OUT/quickstart.toml drops it, so that its paths name
+/// OUT/sft and OUT/data/*.jsonl, beside the copy, whatever OUT is.
+const CONFIG_PATH_PREFIX: &str = "\"../runs/quickstart/";
+
+/// `configs/quickstart.toml` as written to OUT/quickstart.toml: input paths relative to OUT.
+pub fn config_copy() -> String {
+    CONFIG.replace(CONFIG_PATH_PREFIX, "\"")
+}
+
 /// Seed of the problem pool: the held-out set is the same for every `--seed`.
 const DATA_SEED: u64 = 0;
 
@@ -355,7 +365,8 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let t = Instant::now();
     let (data_dir, init_dir) = init_phase(a, &plan)?;
     let cfg_path = dir.join("quickstart.toml");
-    std::fs::write(&cfg_path, CONFIG).with_context(|| format!("writing {}", cfg_path.display()))?;
+    std::fs::write(&cfg_path, config_copy())
+        .with_context(|| format!("writing {}", cfg_path.display()))?;
     let sft_dir = dir.join("sft");
     let sets = |run: &str, extra: &[&str]| -> Vec<String> {
         let p = |x: &Path| x.display().to_string();

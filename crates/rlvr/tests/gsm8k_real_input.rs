@@ -2,9 +2,10 @@
 //! trained for 3 steps with the shipped GSM8K off-policy GRPO config on real GSM8K prompts rendered
 //! by the chat template; the run writes metrics and a checkpoint that `rlvr eval` loads.
 //!
-//! The binary runs in the repository root, so the config's `data/...` paths resolve as
-//! they do for a user. The config targets a GPU in bf16; this CPU test adds `model.device=cpu` and
-//! `model.dtype=f32`.
+//! The training run starts in a directory outside the repository: the config's `../data/...`
+//! paths are relative to the config file, not to where the run starts. The config's device and
+//! dtype are `auto`: on this CPU build the run computes on the CPU in f32 with only size
+//! overrides, and says so once at start.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -19,8 +20,13 @@ fn repo_root() -> PathBuf {
 }
 
 fn rlvr(args: &[&str]) -> Output {
+    rlvr_in(&repo_root(), args)
+}
+
+/// `rlvr ARGS` run in `cwd`, which must succeed.
+fn rlvr_in(cwd: &Path, args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_rlvr"))
-        .current_dir(repo_root())
+        .current_dir(cwd)
         .args(args)
         .output()
         .unwrap();
@@ -68,30 +74,43 @@ fn gsm8k_off_policy_grpo_on_real_prompts_then_eval() {
     ]);
     let set_model = format!("model.path={model_s}");
     let set_out = format!("output.dir={run_s}");
-    let out = rlvr(&[
-        "train",
-        "--config",
-        CONFIG,
-        "--set",
-        &set_model,
-        "--set",
-        "train.steps=3",
-        "--set",
-        "data.prompts_per_step=2",
-        "--set",
-        "rollout.group_size=2",
-        "--set",
-        "rollout.max_new_tokens=16",
-        "--set",
-        &set_out,
-        "--set",
-        "model.device=cpu",
-        "--set",
-        "model.dtype=f32",
-        "--set",
-        "eval.limit=4",
-        "--no-progress",
-    ]);
+    let config = repo_root().join(CONFIG);
+    let out = rlvr_in(
+        tmp.path(),
+        &[
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--set",
+            &set_model,
+            "--set",
+            "train.steps=3",
+            "--set",
+            "data.prompts_per_step=2",
+            "--set",
+            "rollout.group_size=2",
+            "--set",
+            "rollout.max_new_tokens=16",
+            "--set",
+            &set_out,
+            "--set",
+            "eval.limit=4",
+            "--no-progress",
+        ],
+    );
+    // `auto` said once, at start.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = if cfg!(feature = "cuda") {
+        "model.device = \"auto\" is "
+    } else {
+        "model.device = \"auto\" is cpu (this rlvr was built without CUDA); model.dtype = \"auto\" \
+         is f32 on the CPU"
+    };
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains(said)).count(),
+        1,
+        "{said}:\n{stderr}"
+    );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["steps"], 3, "{summary}");
 
@@ -127,6 +146,19 @@ fn gsm8k_off_policy_grpo_on_real_prompts_then_eval() {
     }
     let cfg = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(cfg.contains("preset = \"off_policy_grpo\""), "{cfg}");
+    // What auto chose is recorded, and the data paths are absolute.
+    if !cfg!(feature = "cuda") {
+        let lines: Vec<&str> = cfg.lines().collect();
+        assert!(
+            lines.contains(&"dtype = \"f32\"") && lines.contains(&"device = \"cpu\""),
+            "{cfg}"
+        );
+    }
+    let train = repo_root().join("data/gsm8k/train.jsonl");
+    assert!(
+        cfg.contains(&format!("train = \"{}\"", train.display())),
+        "{cfg}"
+    );
 
     // The last checkpoint is a model directory `rlvr eval` loads.
     let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
@@ -149,11 +181,6 @@ fn gsm8k_off_policy_grpo_on_real_prompts_then_eval() {
         "3",
         "--max-new-tokens",
         "8",
-        // The config targets a GPU (model.device = "cuda:0", bf16), which eval now follows.
-        "--device",
-        "cpu",
-        "--dtype",
-        "f32",
     ]);
     let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["task"], "gsm8k", "{e}");

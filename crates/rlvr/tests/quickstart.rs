@@ -59,4 +59,44 @@ fn quickstart_fast_runs_end_to_end() {
             .collect()
     };
     assert_eq!(prompts("on_policy"), prompts("off_policy"));
+
+    // OUT/quickstart.toml names the warm start and the data beside it, so it runs as it is from
+    // another working directory (one step here; output.dir relative to that directory).
+    let out_abs = out_dir.canonicalize().unwrap();
+    let copy = std::fs::read_to_string(out_dir.join("quickstart.toml")).unwrap();
+    for line in [
+        "path = \"sft\"",
+        "train = \"data/train.jsonl\"",
+        "test = \"data/test.jsonl\"",
+    ] {
+        assert!(copy.lines().any(|l| l == line), "{line}:\n{copy}");
+    }
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rlvr"))
+        .current_dir(&elsewhere)
+        .args(["train", "--no-progress", "--config"])
+        .arg(out_abs.join("quickstart.toml"))
+        .args(["--set", "train.steps=1", "--set", "train.eval_every=0"])
+        .args([
+            "--set",
+            "data.prompts_per_step=2",
+            "--set",
+            "output.dir=again",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg = std::fs::read_to_string(elsewhere.join("again/config.toml")).unwrap();
+    for line in [
+        format!("path = \"{}\"", out_abs.join("sft").display()),
+        format!("train = \"{}\"", out_abs.join("data/train.jsonl").display()),
+        "dir = \"again\"".to_string(),
+    ] {
+        assert!(cfg.lines().any(|l| l == line), "{line}:\n{cfg}");
+    }
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::AlgorithmConfig;
 
-use super::{apply_override, from_table, load_layers, RawConfig, ResolvedConfig};
+use super::{apply_override, from_table, load_layers, FileLayer, RawConfig, ResolvedConfig};
 use crate::store::checkpoint::TrainerState;
 
 /// The most completions per prompt, `rollout.group_size` (GRPO uses 8 to 64; DAPO 16): the
@@ -45,12 +45,7 @@ impl RawConfig {
         let m = &mut self.model;
         at_most("model.lora_rank", m.lora_rank, MAX_LORA_RANK)?;
         if m.lora_rank == 0 {
-            if m.lora_alpha.is_some() || m.lora_dropout != 0.0 {
-                bail!(
-                    "model.lora_alpha / model.lora_dropout are set but model.lora_rank = 0 (LoRA \
-                     off); set model.lora_rank (e.g. 8) to train LoRA adapters"
-                );
-            }
+            // A LoRA knob written while LoRA is off is the gate check's (gates.rs).
             return Ok(());
         }
         let alpha = m.lora_alpha.unwrap_or(2.0 * m.lora_rank as f64);
@@ -79,6 +74,7 @@ impl RawConfig {
     /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
     /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
     pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
+        let auto = self.model.resolve_auto()?;
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
         let mut warnings = Vec::new();
@@ -229,11 +225,17 @@ impl RawConfig {
         } else if self.data.prompts_per_step == 0 {
             bail!("data.prompts_per_step must be at least 1");
         }
-        Ok(ResolvedConfig {
+        let written = std::mem::take(&mut self.written);
+        let cfg = ResolvedConfig {
             raw: self,
             algorithm,
             warnings,
-        })
+            auto,
+        };
+        super::gates::check(&cfg, &written)?;
+        let mut cfg = cfg;
+        cfg.raw.written = written;
+        Ok(cfg)
     }
 }
 
@@ -317,7 +319,18 @@ impl ResolvedConfig {
             .parse::<toml::Table>()
             .with_context(|| format!("parsing {}", path.display()))?;
         drop_unread_loss_options(&mut table, overrides)?;
-        let cfg = load_layers(table, &path.display().to_string(), overrides)?.resolve()?;
+        let layer = FileLayer {
+            path: path.clone(),
+            text,
+        };
+        let mut raw = load_layers(table, Some(&layer), overrides)?;
+        // config.toml holds every key; only what the overrides write is the user's now.
+        raw.written.retain(|w| w.origin.starts_with("--set"));
+        // Paths of a config.toml written before they were recorded absolute: the working
+        // directory, as then.
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        super::paths::absolutize(&mut raw, &cwd);
+        let cfg = raw.resolve()?;
         if let Some(dir) = crate::store::checkpoint::latest(run_dir)? {
             let p = dir.join("trainer_state/state.json");
             let st: TrainerState = serde_json::from_str(

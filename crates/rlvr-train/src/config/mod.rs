@@ -18,6 +18,9 @@
 //!   config reference ([`reference_markdown`]).
 
 mod checks;
+pub mod gates;
+pub mod help;
+pub mod paths;
 pub use checks::{MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_ROWS_PER_STEP};
 pub mod plan;
 mod sections;
@@ -28,6 +31,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use rlvr_algo::{Algorithm, AlgorithmConfig};
 use rlvr_data::config::DataConfig;
+use rlvr_model::{ComputeDtype, DeviceSpec};
 use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +64,35 @@ pub struct RawConfig {
     pub output: OutputSection,
     /// `[distributed]`.
     pub distributed: DistributedSection,
+    /// The keys the user wrote (file and `--set`; on `--resume`, the `--set` overrides) and
+    /// where: a knob of [`gates::GATES`] among them whose option is off is an error. Not part of
+    /// the TOML.
+    #[serde(skip)]
+    pub written: WrittenKeys,
+}
+
+/// The keys the user wrote ([`RawConfig::written`]): where a value came from, not part of the
+/// config's value, so two configs with the same values are equal whatever wrote them.
+#[derive(Debug, Clone, Default)]
+pub struct WrittenKeys(pub Vec<Written>);
+
+impl PartialEq for WrittenKeys {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::ops::Deref for WrittenKeys {
+    type Target = Vec<Written>;
+    fn deref(&self) -> &Vec<Written> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WrittenKeys {
+    fn deref_mut(&mut self) -> &mut Vec<Written> {
+        &mut self.0
+    }
 }
 
 /// The resolved configuration: what the loop reads. `raw.algorithm` is the fully-set table of
@@ -72,6 +105,9 @@ pub struct ResolvedConfig {
     pub algorithm: Algorithm,
     /// Start-up warnings (e.g. `max_staleness` below o+v−1); printed and kept.
     pub warnings: Vec<String>,
+    /// What `model.device`/`model.dtype = "auto"` became ([`ModelSection::resolve_auto`]),
+    /// printed once at start; `None` when neither was `auto`.
+    pub auto: Option<String>,
 }
 
 /// Parses a `--set` value: a TOML literal (`1e-6`, `true`, `"x"`, `[1, 2]`, `{ kind = "math" }`),
@@ -119,57 +155,232 @@ pub fn apply_override(table: &mut toml::Table, spec: &str) -> anyhow::Result<()>
 /// Deserialises a table into `T`, naming the dotted path of the offending key on error
 /// (e.g. `unknown key in [train]: unknown field `lr_max`, expected one of ...`).
 pub fn from_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> anyhow::Result<T> {
+    from_table_keyed(table).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// A deserialisation error with the dotted key it is about.
+struct KeyError {
+    /// The dotted key (empty: the whole file).
+    key: String,
+    /// The message, naming the key.
+    message: String,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// [`from_table`] with the key kept apart, and the help of `help.rs` for an unknown key (the
+/// peer's name it is, or the nearest key) and an unknown value (the nearest accepted value).
+fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, KeyError> {
+    let original = table.clone();
     let value = toml::Value::Table(table);
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            anyhow::anyhow!("config: {inner}")
-        } else {
-            anyhow::anyhow!("config key `{path}`: {inner}")
+        let path = if path == "." { String::new() } else { path };
+        let inner = e.into_inner().to_string();
+        let inner = inner.trim_end();
+        // toml's own "in `table`" line repeats the key the message names.
+        let inner = match inner.rsplit_once('\n') {
+            Some((head, tail)) if tail.starts_with("in `") => head.trim_end(),
+            _ => inner,
+        };
+        if let Some(field) = help::quoted_after(inner, "unknown field") {
+            let key = match path.as_str() {
+                "" => field.to_string(),
+                p if p == field || p.ends_with(&format!(".{field}")) => p.to_string(),
+                p => format!("{p}.{field}"),
+            };
+            // An unknown table (`actor_rollout_ref`): a peer's name among its leaves is the help.
+            let key = match paths::get(&original, &key) {
+                Some(toml::Value::Table(t)) => {
+                    let mut leaves = Vec::new();
+                    leaf_keys(t, &key, &mut leaves);
+                    let known = known_keys();
+                    let ours_nested = |k: &str| help::nested_key(k, &known).is_some();
+                    let alias = leaves.iter().find(|k| help::alias_for(k).is_some());
+                    let nested = leaves.iter().find(|k| ours_nested(k));
+                    alias.or(nested).cloned().unwrap_or(key)
+                }
+                _ => key,
+            };
+            let expected = help::expected_words(inner);
+            let message = match help::unknown_key_help(&key, &expected, &known_keys()) {
+                Some(h) if help::alias_for(&key).is_some() => format!("unknown key: {h}"),
+                Some(h) => format!("unknown key `{key}`: {h} ({inner})"),
+                None => format!("unknown key `{key}` ({inner})"),
+            };
+            return KeyError { key, message };
         }
+        let mut message = if path.is_empty() {
+            format!("config: {inner}")
+        } else {
+            format!("config key `{path}`: {inner}")
+        };
+        if let Some(v) = help::quoted_after(inner, "unknown variant") {
+            if let Some(n) = help::nearest(v, help::expected_words(inner)) {
+                message.push_str(&format!("; did you mean \"{n}\"?"));
+            }
+        }
+        KeyError { key: path, message }
     })
+}
+
+/// A key the user wrote, and where: the file and line, or the `--set` (the gate check names it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Dotted key of a leaf value (`algorithm.tau`; a table's keys are listed one by one).
+    pub key: String,
+    /// Where: `configs/x.toml line 12`, or `--set algorithm.tau=0.1`.
+    pub origin: String,
+}
+
+/// The dotted keys of `t`'s leaf values (arrays of tables count as leaves).
+fn leaf_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(sub) => leaf_keys(sub, &key, out),
+            _ => out.push(key),
+        }
+    }
+}
+
+/// Every key of the config's tables (`section.key`, as the deserialiser accepts them: asked by
+/// giving each table a key it refuses, whose error lists the accepted ones) and the documented
+/// keys of the README's config reference: the candidates of "did you mean".
+pub fn known_keys() -> Vec<String> {
+    let accepted = |table: toml::Table| -> Vec<String> {
+        match serde_path_to_error::deserialize::<_, RawConfig>(toml::Value::Table(table)) {
+            Err(e) => help::expected_words(&e.into_inner().to_string())
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            Ok(_) => Vec::new(),
+        }
+    };
+    let probe = "\u{1}";
+    let mut top = toml::Table::new();
+    top.insert(probe.into(), toml::Value::Integer(0));
+    let mut keys = Vec::new();
+    for section in accepted(top) {
+        let mut inner = toml::Table::new();
+        inner.insert(probe.into(), toml::Value::Integer(0));
+        let mut t = toml::Table::new();
+        t.insert(section.clone(), toml::Value::Table(inner));
+        keys.extend(accepted(t).into_iter().map(|k| format!("{section}.{k}")));
+    }
+    let documented = reference_markdown()
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split_once('`'))
+        .map(|(k, _)| k.to_string())
+        .filter(|k| k.contains('.') && !k.contains(' '))
+        .collect::<Vec<_>>();
+    for k in documented {
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys
+}
+
+/// One config file: its path, text and table, input paths resolved against its directory.
+struct FileLayer {
+    /// The path as given.
+    path: std::path::PathBuf,
+    /// Its text (for the line of an error).
+    text: String,
 }
 
 impl RawConfig {
     /// Loads `file` (if any) and applies `overrides` (`key=value`, in order): file < `--set`.
     ///
+    /// Input paths written in the file (`model.path`, `data.train`, an external verifier's
+    /// program, ...: `paths.rs`) are relative to the file's directory; those given by `--set` to
+    /// the working directory; after loading every one is absolute.
+    ///
     /// # Errors
     /// Unreadable or malformed TOML (naming the file), malformed overrides, unknown keys (named by
-    /// their dotted path) and ill-typed values (e.g. a `model.dtype` that is no dtype, listing the
-    /// accepted ones), each said to come from the file or from the `--set` that introduced it.
+    /// their dotted path, with the peer's name it is or the nearest key, and the file's line) and
+    /// ill-typed values (e.g. a `model.dtype` that is no dtype, listing the accepted ones), each
+    /// said to come from the file or from the `--set` that introduced it.
     pub fn load(file: Option<&Path>, overrides: &[String]) -> anyhow::Result<RawConfig> {
-        let (table, origin) = match file {
+        let (table, layer) = match file {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading config {}", p.display()))?;
-                let table = text
+                let mut table = text
                     .parse::<toml::Table>()
                     .with_context(|| format!("parsing config {}", p.display()))?;
-                (table, p.display().to_string())
+                paths::resolve_in_table(&mut table, &paths::config_dir(p)?);
+                let layer = FileLayer {
+                    path: p.to_path_buf(),
+                    text,
+                };
+                (table, Some(layer))
             }
-            None => (toml::Table::new(), "the defaults".to_string()),
+            None => (toml::Table::new(), None),
         };
-        load_layers(table, &origin, overrides)
+        let mut raw = load_layers(table, layer.as_ref(), overrides)?;
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        paths::absolutize(&mut raw, &cwd);
+        Ok(raw)
     }
 }
 
-/// Deserialises `base` (read from `origin`) with `overrides` applied in order. An error is said to
-/// come from the layer that introduced it: the last layer (the base, then each override) after
-/// which every partial table fails with the final error.
-fn load_layers(base: toml::Table, origin: &str, overrides: &[String]) -> anyhow::Result<RawConfig> {
+/// Deserialises `base` (read from `file`, or the defaults) with `overrides` applied in order, and
+/// records the keys each layer wrote ([`RawConfig::written`]). An error is said to come from the
+/// layer that introduced it: the last layer (the base, then each override) after which every
+/// partial table fails with the final error; an error of the file names its line.
+fn load_layers(
+    base: toml::Table,
+    file: Option<&FileLayer>,
+    overrides: &[String],
+) -> anyhow::Result<RawConfig> {
+    let origin = file.map_or_else(
+        || "the defaults".to_string(),
+        |f| f.path.display().to_string(),
+    );
+    let mut written = Vec::new();
+    let mut keys = Vec::new();
+    leaf_keys(&base, "", &mut keys);
+    for key in keys {
+        let line = file.and_then(|f| help::locate(&f.text, &key));
+        let origin = match line {
+            Some(n) => format!("{origin} line {n}"),
+            None => origin.clone(),
+        };
+        written.push(Written { key, origin });
+    }
     let mut table = base.clone();
     for o in overrides {
         apply_override(&mut table, o)?;
+        let mut set = toml::Table::new();
+        apply_override(&mut set, o)?;
+        let mut keys = Vec::new();
+        leaf_keys(&set, "", &mut keys);
+        written.extend(keys.into_iter().map(|key| Written {
+            key,
+            origin: format!("--set {o}"),
+        }));
     }
-    let err = match from_table::<RawConfig>(table) {
-        Ok(c) => return Ok(c),
+    let err = match from_table_keyed::<RawConfig>(table) {
+        Ok(mut c) => {
+            c.written = WrittenKeys(written);
+            return Ok(c);
+        }
         Err(e) => e,
     };
     let describe = |t: &toml::Table| {
-        from_table::<RawConfig>(t.clone())
+        from_table_keyed::<RawConfig>(t.clone())
             .err()
-            .map(|e| format!("{e:#}"))
+            .map(|e| e.message)
     };
     let mut layer = base;
     let mut errors = vec![describe(&layer)];
@@ -179,13 +390,52 @@ fn load_layers(base: toml::Table, origin: &str, overrides: &[String]) -> anyhow:
     }
     let last = errors.last().cloned().flatten();
     let blamed = errors.iter().rposition(|e| *e != last).map_or(0, |i| i + 1);
-    Err(match blamed {
-        0 => err.context(format!("in {origin}")),
-        k => err.context(format!("in --set {}", overrides[k - 1])),
+    let line = file.and_then(|f| help::locate(&f.text, &err.key));
+    Err(match (blamed, line) {
+        (0, Some(n)) => anyhow::anyhow!("{err}").context(format!("in {origin} line {n}")),
+        (0, None) => anyhow::anyhow!("{err}").context(format!("in {origin}")),
+        (k, _) => anyhow::anyhow!("{err}").context(format!("in --set {}", overrides[k - 1])),
     })
 }
 
 impl ModelSection {
+    /// Resolves `model.device = "auto"` ([`auto_device`]) and then `model.dtype = "auto"` (bf16
+    /// on a GPU, f32 on the CPU: [`rlvr_model::ComputeDtype::for_device`]).
+    ///
+    /// Returns what `auto` became, to print once at start (`None` when neither was `auto`).
+    ///
+    /// # Errors
+    /// A launcher environment that contradicts itself (as [`rlvr_dist::env::from_process_env`]).
+    pub fn resolve_auto(&mut self) -> anyhow::Result<Option<String>> {
+        let mut said = Vec::new();
+        if self.device == DeviceSpec::Auto {
+            let (device, why) = auto_device()?;
+            self.device = device;
+            said.push(format!("model.device = \"auto\" is {why}"));
+        }
+        if self.dtype == ComputeDtype::Auto {
+            self.dtype = self.dtype.for_device(self.device);
+            said.push(match self.dtype {
+                ComputeDtype::Bf16 => {
+                    "model.dtype = \"auto\" is bf16 on the GPU (f32 master weights and AdamW \
+                     moments)"
+                        .to_string()
+                }
+                d => format!("model.dtype = \"auto\" is {d} on the CPU"),
+            });
+        }
+        Ok((!said.is_empty()).then(|| said.join("; ")))
+    }
+
+    /// Resolves `auto` for a GPU whatever this machine has (`rlvr plan` estimates a GPU run):
+    /// the device `cuda`, the dtype bf16.
+    pub fn assume_gpu(&mut self) {
+        if self.device == DeviceSpec::Auto {
+            self.device = DeviceSpec::CudaLocal;
+        }
+        self.dtype = self.dtype.for_device(self.device);
+    }
+
     /// Opens `model.device`.
     ///
     /// # Errors
@@ -198,13 +448,56 @@ impl ModelSection {
     }
 }
 
+/// What `model.device = "auto"` is in this process, and why: `cuda` (the local rank's GPU, as
+/// `rlvr_dist::env::device_for` picks it) when the binary has CUDA and that GPU opens, else `cpu`
+/// (also when `CUDA_VISIBLE_DEVICES` lists no GPU).
+///
+/// # Errors
+/// A launcher environment that contradicts itself, or one that leaves the GPU of a rank unknown
+/// (several ranks and no local rank, more ranks on a node than visible GPUs): falling back to
+/// the CPU there would hide the mistake.
+pub fn auto_device() -> anyhow::Result<(DeviceSpec, String)> {
+    if !candle_core::utils::cuda_is_available() {
+        return Ok((
+            DeviceSpec::Cpu,
+            "cpu (this rlvr was built without CUDA)".to_string(),
+        ));
+    }
+    let launch = rlvr_dist::env::from_process_env()?;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let gpu = match rlvr_dist::env::device_for("cuda", &launch, visible.as_deref()) {
+        Ok(g) => g,
+        Err(e @ rlvr_dist::env::EnvError::NoVisibleGpu(_)) => {
+            return Ok((DeviceSpec::Cpu, format!("cpu ({e})")))
+        }
+        Err(e) => return Err(anyhow::anyhow!("model.device = \"auto\": {e}")),
+    };
+    let ordinal = gpu
+        .strip_prefix("cuda:")
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    Ok(match DeviceSpec::open_gpu(ordinal) {
+        Some(_) => (
+            DeviceSpec::CudaLocal,
+            format!("cuda ({gpu}: a CUDA build and a visible GPU)"),
+        ),
+        None => (
+            DeviceSpec::Cpu,
+            format!("cpu (a CUDA build, but {gpu} does not open: no GPU visible)"),
+        ),
+    })
+}
+
 impl ResolvedConfig {
-    /// The resolved config as TOML (what `RUN_DIR/config.toml` holds).
+    /// The resolved config as TOML (what `RUN_DIR/config.toml` holds and `--print-config`
+    /// prints): every key that is read, without the knobs of [`gates::GATES`] whose option is off
+    /// (so the file loads again as a `--config`, where such a knob is an error).
     ///
     /// # Errors
     /// Serialisation errors (a bug).
     pub fn to_toml(&self) -> anyhow::Result<String> {
-        toml::to_string_pretty(&self.raw).context("serialising the resolved config")
+        let text = toml::to_string_pretty(&self.raw).context("serialising the resolved config")?;
+        Ok(gates::drop_unread(self, &text))
     }
 
     /// The learning rate of trainer step `step` (1-based).

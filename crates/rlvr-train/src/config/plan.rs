@@ -345,7 +345,9 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     plan_ranks(raw, needs_reference, memory, 1, raw.distributed.zero)
 }
 
-/// [`plan`] per rank of a data-parallel run of `world` ranks with ZeRO stage `zero` (0 or 1):
+/// [`plan`] per rank of a data-parallel run of `world` ranks with ZeRO stage `zero` (0 or 1).
+/// `model.device`/`model.dtype = "auto"` are planned as a GPU run (`cuda`, bf16) whatever this
+/// machine has ([`super::ModelSection::assume_gpu`]):
 /// each rank holds the weights, its explorer's copy, the gradient and the activations of its
 /// micro-batches as one process does; ZeRO-1 divides the masters and moments by whole
 /// parameters (the most-loaded rank's share is reported); a world above 1 adds the reduction's
@@ -362,12 +364,15 @@ pub fn plan_ranks(
 ) -> anyhow::Result<Plan> {
     anyhow::ensure!(world >= 1, "--world-size must be at least 1");
     anyhow::ensure!(zero <= 1, "--zero {zero}: expected 0 or 1");
+    let mut gpu = raw.clone();
+    gpu.model.assume_gpu();
+    let raw = &gpu;
     let cfg_path = raw.model.path.join("config.json");
     let mc = ModelConfig::from_file(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
     let shape = Shape::of(&mc);
     let b: u64 = match raw.model.dtype {
-        ComputeDtype::Bf16 | ComputeDtype::F16 => 2,
+        ComputeDtype::Bf16 | ComputeDtype::F16 | ComputeDtype::Auto => 2,
         ComputeDtype::F32 => 4,
         ComputeDtype::F64 => 8,
     };

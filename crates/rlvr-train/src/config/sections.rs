@@ -16,11 +16,14 @@ pub use crate::update::lr::Schedule;
 pub struct ModelSection {
     /// Policy checkpoint directory (HF layout: config.json, *.safetensors, tokenizer.json). Required.
     pub path: PathBuf,
-    /// Compute dtype of the weights: `f32` or `bf16` (or `f64`, slow, for checks). `f16` is refused for
-    /// training (no loss scaling: its gradients underflow); `rlvr eval` and `rlvr logprobs` accept it.
-    /// Default `f32`.
+    /// Compute dtype of the weights: `auto`, `f32` or `bf16` (or `f64`, slow, for checks). `auto` is
+    /// `bf16` on a GPU (with f32 master weights and AdamW moments) and `f32` on the CPU. `f16` is
+    /// refused for training (no loss scaling: its gradients underflow); `rlvr eval` and
+    /// `rlvr logprobs` accept it. Default `auto`.
     pub dtype: ComputeDtype,
-    /// Device: `cpu` or `cuda:N` (a binary built with `--features cuda`). Default `cpu`.
+    /// Device: `auto`, `cpu`, `cuda` (the GPU of this process's local rank) or `cuda:N` (a binary
+    /// built with `--features cuda`). `auto` is `cuda` when the binary has CUDA and that GPU opens,
+    /// else `cpu`; the choice is printed once at start and recorded in config.toml. Default `auto`.
     pub device: DeviceSpec,
     /// Frozen reference policy for the KL term; default: `model.path` (the initial policy). Loaded only
     /// when `algorithm.kl_coef` ≠ 0.
@@ -50,8 +53,8 @@ impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
             path: PathBuf::new(),
-            dtype: ComputeDtype::F32,
-            device: DeviceSpec::Cpu,
+            dtype: ComputeDtype::Auto,
+            device: DeviceSpec::Auto,
             reference: None,
             lora_rank: 0,
             lora_alpha: None,

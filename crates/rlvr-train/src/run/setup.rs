@@ -442,6 +442,9 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
             run_dir.display()
         );
     }
+    if let Some(a) = &cfg.auto {
+        crate::log::say(a);
+    }
     for w in &cfg.warnings {
         crate::log::say(&format!("warning: {w}"));
     }

@@ -1,0 +1,571 @@
+//! Help on a config key that is not one of ours: the peer's name it is ([`ALIASES`]: TRL's
+//! `GRPOConfig` and verl's `ppo_trainer.yaml`, each mapped to our key with what differs), else the
+//! nearest key by edit distance ("did you mean"), and the line of the file that wrote it.
+//!
+//! An alias is never accepted silently: the names of the peers mean slightly different things
+//! (TRL's `per_device_train_batch_size` counts completions per GPU, ours prompts per step), so the
+//! error says what to write instead and how the meanings differ.
+
+/// A peer's name for one of our keys.
+#[derive(Debug, Clone, Copy)]
+pub struct Alias {
+    /// The peer's key as its config writes it, dotted; it matches the trailing parts of the key
+    /// the user wrote (`rollout.n` matches `actor_rollout_ref.rollout.n` and `rollout.n`).
+    pub name: &'static str,
+    /// Whose name it is: `TRL` (GRPOConfig) or `verl` (ppo_trainer.yaml).
+    pub peer: &'static str,
+    /// Our key.
+    pub ours: &'static str,
+    /// What the peer's key means and how ours differs (or how to get the same effect).
+    pub note: &'static str,
+}
+
+/// TRL's (`trl.GRPOConfig`) and verl's (`verl/trainer/config/ppo_trainer.yaml`) names of our keys.
+pub const ALIASES: &[Alias] = &[
+    // TRL GRPOConfig.
+    Alias {
+        name: "num_generations",
+        peer: "TRL",
+        ours: "rollout.group_size",
+        note: "K, completions per prompt",
+    },
+    Alias {
+        name: "beta",
+        peer: "TRL",
+        ours: "algorithm.kl_coef",
+        note: "β, the coefficient of the KL-to-reference term (0 = no reference model)",
+    },
+    Alias {
+        name: "max_completion_length",
+        peer: "TRL",
+        ours: "rollout.max_new_tokens",
+        note: "the most generated tokens per completion",
+    },
+    Alias {
+        name: "max_prompt_length",
+        peer: "TRL",
+        ours: "data.max_prompt_len",
+        note: "TRL truncates longer prompts (verl truncates or errors); rlvr drops them",
+    },
+    Alias {
+        name: "learning_rate",
+        peer: "TRL",
+        ours: "train.lr",
+        note: "the peak learning rate",
+    },
+    Alias {
+        name: "per_device_train_batch_size",
+        peer: "TRL",
+        ours: "train.micro_batch_size",
+        note: "TRL's counts completions per device per forward; rlvr's micro-batch is rows \
+               (completions) per forward, and the prompts per step are data.prompts_per_step",
+    },
+    Alias {
+        name: "gradient_accumulation_steps",
+        peer: "TRL",
+        ours: "train.micro_batch_size",
+        note: "rlvr splits each update into micro-batches of train.micro_batch_size rows (or \
+               train.micro_batch_tokens) and sums their gradients; the update size is the step's \
+               batch divided by train.mini_batches",
+    },
+    Alias {
+        name: "num_iterations",
+        peer: "TRL",
+        ours: "train.epochs",
+        note: "μ, passes over each step's batch",
+    },
+    Alias {
+        name: "epsilon",
+        peer: "TRL",
+        ours: "algorithm.clip_low",
+        note: "ε, the lower clip range (TRL's epsilon is both sides unless epsilon_high is set: \
+               set algorithm.clip_high too)",
+    },
+    Alias {
+        name: "epsilon_high",
+        peer: "TRL",
+        ours: "algorithm.clip_high",
+        note: "ε_high, the upper clip range (DAPO's clip-higher)",
+    },
+    Alias {
+        name: "delta",
+        peer: "TRL",
+        ours: "algorithm.dual_clip",
+        note:
+            "TRL's delta caps the ratio of two-sided GRPO (INTELLECT-2); the nearest rlvr knob is \
+               the dual-clip constant c, or algorithm.is_cap for a truncated ratio",
+    },
+    Alias {
+        name: "loss_type",
+        peer: "TRL",
+        ours: "algorithm.aggregation",
+        note: "TRL's grpo = seq-mean-token-mean, dapo/bnpo = token-mean, dr_grpo = constant",
+    },
+    Alias {
+        name: "scale_rewards",
+        peer: "TRL",
+        ours: "algorithm.std_norm",
+        note: "std normalisation of the advantages (none, sample, population); where the std is \
+               taken is algorithm.std_level (group or batch)",
+    },
+    Alias {
+        name: "mask_truncated_completions",
+        peer: "TRL",
+        ours: "algorithm.overlong",
+        note: "write algorithm.overlong = \"mask\"",
+    },
+    Alias {
+        name: "importance_sampling_level",
+        peer: "TRL",
+        ours: "algorithm.loss",
+        note: "sequence-level ratios are algorithm.loss = \"gspo\"",
+    },
+    Alias {
+        name: "off_policy_mask_threshold",
+        peer: "TRL",
+        ours: "algorithm.opsm_delta",
+        note: "δ of off-policy sequence masking",
+    },
+    Alias {
+        name: "vllm_importance_sampling_cap",
+        peer: "TRL",
+        ours: "algorithm.mismatch_cap",
+        note: "C of the sampler/trainer mismatch correction (algorithm.mismatch_correction)",
+    },
+    Alias {
+        name: "max_steps",
+        peer: "TRL",
+        ours: "train.steps",
+        note: "trainer steps",
+    },
+    Alias {
+        name: "max_grad_norm",
+        peer: "TRL",
+        ours: "train.grad_clip",
+        note: "the global gradient-norm clip",
+    },
+    Alias {
+        name: "lr_scheduler_type",
+        peer: "TRL",
+        ours: "train.schedule",
+        note: "constant, linear or cosine",
+    },
+    Alias {
+        name: "adam_beta1",
+        peer: "TRL",
+        ours: "train.beta1",
+        note: "AdamW β₁",
+    },
+    Alias {
+        name: "adam_beta2",
+        peer: "TRL",
+        ours: "train.beta2",
+        note: "AdamW β₂",
+    },
+    Alias {
+        name: "adam_epsilon",
+        peer: "TRL",
+        ours: "train.adam_eps",
+        note: "AdamW ε",
+    },
+    Alias {
+        name: "save_steps",
+        peer: "TRL",
+        ours: "train.save_every",
+        note: "a checkpoint every this many steps",
+    },
+    Alias {
+        name: "eval_steps",
+        peer: "TRL",
+        ours: "train.eval_every",
+        note: "a held-out evaluation every this many steps",
+    },
+    Alias {
+        name: "output_dir",
+        peer: "TRL",
+        ours: "output.dir",
+        note: "the run directory",
+    },
+    Alias {
+        name: "model_name_or_path",
+        peer: "TRL",
+        ours: "model.path",
+        note: "a local HF checkpoint directory (rlvr downloads nothing)",
+    },
+    Alias {
+        name: "use_vllm",
+        peer: "TRL",
+        ours: "rollout.backend",
+        note: "write rollout.backend = \"vllm\" and rollout.servers",
+    },
+    // verl ppo_trainer.yaml (actor_rollout_ref.*, data.*, algorithm.*, trainer.*).
+    Alias {
+        name: "rollout.n",
+        peer: "verl",
+        ours: "rollout.group_size",
+        note: "K, completions per prompt",
+    },
+    Alias {
+        name: "kl_loss_coef",
+        peer: "verl",
+        ours: "algorithm.kl_coef",
+        note: "β of the KL loss term (verl also needs use_kl_loss; rlvr's is on when β ≠ 0)",
+    },
+    Alias {
+        name: "use_kl_loss",
+        peer: "verl",
+        ours: "algorithm.kl_coef",
+        note: "the KL term is on when algorithm.kl_coef ≠ 0",
+    },
+    Alias {
+        name: "kl_loss_type",
+        peer: "verl",
+        ours: "algorithm.kl_estimator",
+        note: "k1, k2 or k3 (verl's low_var_kl is k3)",
+    },
+    Alias {
+        name: "kl_ctrl.kl_coef",
+        peer: "verl",
+        ours: "algorithm.kl_coef",
+        note: "rlvr has no KL penalty in the reward; the KL-to-reference term is in the loss",
+    },
+    Alias {
+        name: "optim.lr",
+        peer: "verl",
+        ours: "train.lr",
+        note: "the peak learning rate",
+    },
+    Alias {
+        name: "optim.weight_decay",
+        peer: "verl",
+        ours: "train.weight_decay",
+        note: "AdamW decoupled weight decay",
+    },
+    Alias {
+        name: "optim.lr_warmup_steps",
+        peer: "verl",
+        ours: "train.warmup_steps",
+        note: "linear warm-up steps",
+    },
+    Alias {
+        name: "ppo_mini_batch_size",
+        peer: "verl",
+        ours: "train.mini_batches",
+        note: "verl gives the prompts per optimizer update; rlvr gives the number of updates per \
+               epoch: data.prompts_per_step / ppo_mini_batch_size",
+    },
+    Alias {
+        name: "ppo_micro_batch_size_per_gpu",
+        peer: "verl",
+        ours: "train.micro_batch_size",
+        note: "rows (completions) per forward",
+    },
+    Alias {
+        name: "ppo_epochs",
+        peer: "verl",
+        ours: "train.epochs",
+        note: "μ, passes over each step's batch",
+    },
+    Alias {
+        name: "clip_ratio",
+        peer: "verl",
+        ours: "algorithm.clip_low",
+        note: "ε of both sides: set algorithm.clip_low and algorithm.clip_high",
+    },
+    Alias {
+        name: "clip_ratio_low",
+        peer: "verl",
+        ours: "algorithm.clip_low",
+        note: "ε_low, the lower clip range",
+    },
+    Alias {
+        name: "clip_ratio_high",
+        peer: "verl",
+        ours: "algorithm.clip_high",
+        note: "ε_high, the upper clip range",
+    },
+    Alias {
+        name: "clip_ratio_c",
+        peer: "verl",
+        ours: "algorithm.dual_clip",
+        note: "the dual-clip constant c",
+    },
+    Alias {
+        name: "loss_agg_mode",
+        peer: "verl",
+        ours: "algorithm.aggregation",
+        note: "token-mean, seq-mean-token-mean, seq-mean-token-sum, or constant (verl's \
+               seq-mean-token-sum-norm)",
+    },
+    Alias {
+        name: "entropy_coeff",
+        peer: "verl",
+        ours: "algorithm.entropy_coef",
+        note: "the entropy bonus coefficient",
+    },
+    Alias {
+        name: "adv_estimator",
+        peer: "verl",
+        ours: "algorithm.preset",
+        note: "verl's grpo is preset grpo, rloo is algorithm.baseline = \"leave-one-out\" (`rlvr \
+               algorithms` lists the presets)",
+    },
+    Alias {
+        name: "norm_adv_by_std_in_grpo",
+        peer: "verl",
+        ours: "algorithm.std_norm",
+        note: "false is algorithm.std_norm = \"none\" (Dr. GRPO)",
+    },
+    Alias {
+        name: "train_batch_size",
+        peer: "verl",
+        ours: "data.prompts_per_step",
+        note: "B, prompts per trainer step",
+    },
+    Alias {
+        name: "max_response_length",
+        peer: "verl",
+        ours: "rollout.max_new_tokens",
+        note: "the most generated tokens per completion",
+    },
+    Alias {
+        name: "response_length",
+        peer: "verl",
+        ours: "rollout.max_new_tokens",
+        note: "the most generated tokens per completion",
+    },
+    Alias {
+        name: "train_files",
+        peer: "verl",
+        ours: "data.train",
+        note: "one JSONL or Parquet file",
+    },
+    Alias {
+        name: "val_files",
+        peer: "verl",
+        ours: "data.test",
+        note: "one JSONL or Parquet file",
+    },
+    Alias {
+        name: "prompt_key",
+        peer: "verl",
+        ours: "data.question_field",
+        note: "the column holding the question (rlvr renders the prompt from it)",
+    },
+    Alias {
+        name: "total_training_steps",
+        peer: "verl",
+        ours: "train.steps",
+        note: "trainer steps",
+    },
+    Alias {
+        name: "save_freq",
+        peer: "verl",
+        ours: "train.save_every",
+        note: "a checkpoint every this many steps",
+    },
+    Alias {
+        name: "test_freq",
+        peer: "verl",
+        ours: "train.eval_every",
+        note: "a held-out evaluation every this many steps",
+    },
+    Alias {
+        name: "default_local_dir",
+        peer: "verl",
+        ours: "output.dir",
+        note: "the run directory",
+    },
+];
+
+/// The alias whose name matches the trailing parts of dotted `key`.
+pub fn alias_for(key: &str) -> Option<&'static Alias> {
+    let parts: Vec<&str> = key.split('.').collect();
+    ALIASES.iter().find(|a| {
+        let name: Vec<&str> = a.name.split('.').collect();
+        parts.len() >= name.len() && parts[parts.len() - name.len()..] == name[..]
+    })
+}
+
+/// Our key that dotted `key` ends with, when `key` nests it deeper (verl's
+/// `actor_rollout_ref.rollout.temperature` is our `rollout.temperature`).
+pub fn nested_key<'a>(key: &str, known: &'a [String]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(String::as_str)
+        .find(|k| key.len() > k.len() && key.ends_with(&format!(".{k}")))
+}
+
+/// The message for an alias: what the peer's key is and what to write instead.
+pub fn alias_message(key: &str, a: &Alias) -> String {
+    let (table, field) = a.ours.rsplit_once('.').unwrap_or(("", a.ours));
+    format!(
+        "`{key}` is {}'s name, not rlvr's: write `{field} = …` in [{table}] (or --set {}=…) for \
+         {} ({}); rlvr does not accept the peers' names, so that each key has one meaning",
+        a.peer, a.ours, a.ours, a.note
+    )
+}
+
+/// The closest of `candidates` to `word` by edit distance, when close enough to be a slip
+/// (at most a third of the word's length, and at least 1, edits away).
+pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    nearest_within(word, candidates, (word.chars().count() / 3).max(1))
+}
+
+/// The closest of `candidates` to `word` at most `limit` edits away.
+pub fn nearest_within<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+    limit: usize,
+) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (strsim::damerau_levenshtein(word, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// The words in backticks after "expected" in a serde message (`expected one of `a`, `b``).
+pub fn expected_words(message: &str) -> Vec<&str> {
+    let Some((_, tail)) = message.split_once("expected") else {
+        return Vec::new();
+    };
+    tail.split('`').skip(1).step_by(2).collect()
+}
+
+/// The first word in backticks of `message` after `prefix` (`unknown field `x``).
+pub fn quoted_after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
+    let rest = &message[message.find(prefix)? + prefix.len()..];
+    rest.trim_start().strip_prefix('`')?.split('`').next()
+}
+
+/// The help for unknown key `key` (dotted), whose table accepts `expected`: its alias, else the
+/// nearest accepted key of that table, else a key of the same name in another table among `known`
+/// (every documented key).
+pub fn unknown_key_help(key: &str, expected: &[&str], known: &[String]) -> Option<String> {
+    if let Some(a) = alias_for(key) {
+        return Some(alias_message(key, a));
+    }
+    if let Some(ours) = nested_key(key, known) {
+        let outer = &key[..key.len() - ours.len() - 1];
+        return Some(format!(
+            "did you mean `{ours}`? (rlvr's tables are top-level, not under `{outer}`)"
+        ));
+    }
+    let (table, field) = key.rsplit_once('.').unwrap_or(("", key));
+    let full = |f: &str| match table {
+        "" => f.to_string(),
+        t => format!("{t}.{f}"),
+    };
+    if let Some(n) = nearest(field, expected.iter().copied()) {
+        return Some(format!("did you mean `{}`?", full(n)));
+    }
+    let same_name: Vec<&String> = known
+        .iter()
+        .filter(|k| k.rsplit_once('.').map(|(_, f)| f) == Some(field) && k.as_str() != key)
+        .collect();
+    if let Some(k) = same_name.first() {
+        return Some(format!(
+            "did you mean `{k}`? (`{field}` is a key of another table)"
+        ));
+    }
+    // A misspelt peer's name (`lerning_rate`): the alias it is near (at most 2 edits, a quarter
+    // of the word), and our key.
+    let peer_names = ALIASES
+        .iter()
+        .map(|a| a.name.rsplit('.').next().unwrap_or(a.name));
+    if let Some(n) = nearest_within(field, peer_names, (field.chars().count() / 4).clamp(1, 2)) {
+        if let Some(a) = ALIASES
+            .iter()
+            .find(|a| a.name.rsplit('.').next() == Some(n))
+        {
+            let (t, f) = a.ours.rsplit_once('.').unwrap_or(("", a.ours));
+            return Some(format!(
+                "did you mean `{n}`? That is {}'s name, not rlvr's: write `{f} = …` in [{t}] \
+                 (or --set {}=…) for {} ({})",
+                a.peer, a.ours, a.ours, a.note
+            ));
+        }
+    }
+    let fields = known
+        .iter()
+        .filter_map(|k| k.rsplit_once('.').map(|(_, f)| f));
+    nearest(field, fields).and_then(|f| {
+        known
+            .iter()
+            .find(|k| k.ends_with(&format!(".{f}")))
+            .map(|k| format!("did you mean `{k}`?"))
+    })
+}
+
+/// The 1-based line of config text `text` that writes dotted key `key` (a `k = v` line under its
+/// table header, a dotted `a.b = v` line, or the header of a table at or under `key`).
+pub fn locate(text: &str, key: &str) -> Option<usize> {
+    let mut table = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim();
+        if l.starts_with('#') || l.is_empty() {
+            continue;
+        }
+        if let Some(h) = l.strip_prefix('[') {
+            let h = h.trim_start_matches('[');
+            let name = h.split(']').next().unwrap_or("").trim();
+            table = unquote_dotted(name);
+            if table == key || table.starts_with(&format!("{key}.")) {
+                return Some(i + 1);
+            }
+            continue;
+        }
+        let Some((k, _)) = l.split_once('=') else {
+            continue;
+        };
+        let k = unquote_dotted(k.trim());
+        let full = if table.is_empty() {
+            k
+        } else {
+            format!("{table}.{k}")
+        };
+        if full == key
+            || key.starts_with(&format!("{full}."))
+            || full.starts_with(&format!("{key}."))
+        {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// A TOML dotted key with its parts unquoted and the spaces around dots removed.
+fn unquote_dotted(k: &str) -> String {
+    k.split('.')
+        .map(|p| p.trim().trim_matches('"').trim_matches('\''))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases_match_trailing_parts() {
+        assert_eq!(
+            alias_for("actor_rollout_ref.rollout.n").unwrap().ours,
+            "rollout.group_size"
+        );
+        assert_eq!(alias_for("train.learning_rate").unwrap().ours, "train.lr");
+        assert!(alias_for("train.n").is_none());
+        assert!(alias_for("train.lr").is_none());
+    }
+
+    #[test]
+    fn lines_are_found_under_their_table() {
+        let text =
+            "# c\n[model]\npath = \"x\"\n\n[train]\nlr = 1\nlearning_rate = 2\n[a.b]\nc = 1\n";
+        assert_eq!(locate(text, "train.learning_rate"), Some(7));
+        assert_eq!(locate(text, "model.path"), Some(3));
+        assert_eq!(locate(text, "a"), Some(8));
+        assert_eq!(locate(text, "train.nothing"), None);
+    }
+}
