@@ -101,8 +101,15 @@ fn jsonl(path: &Path) -> Vec<Map<String, Value>> {
         .collect()
 }
 
-/// Every scalar of the run's event file: (tag, step) → value; the config text's presence.
-fn events(run: &Path) -> (BTreeMap<(String, i64), f32>, bool) {
+/// The run's event file: every scalar as (tag, step) → value, every histogram's bucket counts
+/// as (tag, step) → counts, and the config text's presence.
+type Events = (
+    BTreeMap<(String, i64), f32>,
+    BTreeMap<(String, i64), Vec<f64>>,
+    bool,
+);
+
+fn events(run: &Path) -> Events {
     let dir = run.join("tensorboard");
     let files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -115,6 +122,7 @@ fn events(run: &Path) -> (BTreeMap<(String, i64), f32>, bool) {
         dir.display()
     );
     let mut out = BTreeMap::new();
+    let mut hists = BTreeMap::new();
     let mut config = false;
     for e in read_events(&files[0]).unwrap() {
         if let Some(EventWhat::Summary(s)) = e.what {
@@ -124,20 +132,29 @@ fn events(run: &Path) -> (BTreeMap<(String, i64), f32>, bool) {
                     config = text.contains("[train]");
                     continue;
                 }
+                if let Some(h) = v.histo {
+                    assert_eq!(h.num, h.bucket.iter().sum::<f64>(), "{}", v.tag);
+                    assert_eq!(h.bucket_limit.len(), h.bucket.len(), "{}", v.tag);
+                    let old = hists.insert((v.tag.clone(), e.step), h.bucket);
+                    assert!(old.is_none(), "{} at step {} written twice", v.tag, e.step);
+                    continue;
+                }
                 let old = out.insert((v.tag.clone(), e.step), v.simple_value.unwrap());
                 assert!(old.is_none(), "{} at step {} written twice", v.tag, e.step);
             }
         }
     }
-    (out, config)
+    (out, hists, config)
 }
 
 /// The event file holds exactly the scalars of metrics.jsonl (`eval/*` from eval.jsonl),
-/// eval.jsonl (`eval/<field>`) and diagnostics.jsonl (`diagnostics/<key>`), each equal as f32.
+/// eval.jsonl (`eval/<field>`) and diagnostics.jsonl (`diagnostics/<key>`), each equal as f32,
+/// and diagnostics.jsonl's `hist/*` arrays with counts as histograms with the same counts.
 fn check_events_equal_jsonl(run: &Path) {
-    let (ev, config) = events(run);
+    let (ev, hists, config) = events(run);
     assert!(config, "the config text is in the event file");
     let mut want = BTreeMap::new();
+    let mut want_hists = BTreeMap::new();
     for (file, prefix) in [
         ("metrics.jsonl", ""),
         ("eval.jsonl", "eval/"),
@@ -147,6 +164,16 @@ fn check_events_equal_jsonl(run: &Path) {
             let step = rec["step"].as_i64().unwrap();
             for (k, v) in &rec {
                 if k == "step" || (file == "metrics.jsonl" && k.starts_with("eval/")) {
+                    continue;
+                }
+                if file == "diagnostics.jsonl" && k.starts_with("hist/") {
+                    let counts: Vec<f64> = v
+                        .as_array()
+                        .map(|a| a.iter().map(|c| c.as_f64().unwrap()).collect())
+                        .unwrap_or_default();
+                    if counts.iter().sum::<f64>() > 0.0 {
+                        want_hists.insert((format!("diagnostics/{k}"), step), counts);
+                    }
                     continue;
                 }
                 let x = match v {
@@ -165,6 +192,7 @@ fn check_events_equal_jsonl(run: &Path) {
     }
     assert!(want.len() > 100, "{}", want.len());
     assert_eq!(ev, want);
+    assert_eq!(hists, want_hists);
 }
 
 /// The `step T/N ...` lines of stderr as step → (name → value).
@@ -324,7 +352,7 @@ fn a_killed_run_leaves_readable_events_and_resume_rebuilds_them() {
     std::thread::sleep(Duration::from_millis(300));
     child.kill().unwrap();
     child.wait().unwrap();
-    let (ev, _) = events(&run);
+    let (ev, _, _) = events(&run);
     for t in 1..=3 {
         assert!(
             ev.contains_key(&("loss".to_string(), t)),
