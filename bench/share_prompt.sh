@@ -8,22 +8,25 @@
 # Model: `rlvr init` with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 / 2 heads, intermediate
 # 4864, vocab 151936, tied, rope θ 1e6; random weights), f32 on the CPU. Prompt: the first GSM8K
 # training question with the task's instruction in Qwen2.5's chat template (data/tokenizers/qwen2.5:
-# its default system message, one user message; the length is printed), K = 8 completions of exactly 64 new tokens (min = max), T = 1; GRPO, one step, one
+# its default system message, one user message; the length is printed), K = 8 completions of exactly 64 new tokens (min = max), T = 1; GRPO, STEPS steps (default 3), one
 # micro-batch of the whole group (train.micro_batch_size = 8), train.skip_zero_gradient_rows =
 # false (random weights score 0 everywhere, and skipping would train nothing). Both modes sample
 # the same completions (same seed, same sampler): only the training pass differs.
 #
-# Prints, per run: time/train_s from metrics.jsonl (the trainer step: forward, backward, AdamW),
-# the whole process's CPU time (user + system: loading, the identical sampling and the step, so the
-# two modes' difference is the step's) and peak RSS (GNU time), and the loss (0: random weights
+# Prints, per run: time/train_s of each step from metrics.jsonl (the trainer step: forward,
+# backward, AdamW) and their mean over the steps after the first (the first also pays one-time
+# costs, about 20-26 s at this shape: the steady state is what a run of many steps sees), the whole
+# process's CPU time (user + system: loading, the identical sampling and the steps) and peak RSS
+# (GNU time), and the loss (0: random weights
 # reward nothing; the equality of the two modes' values is tests/shared_prompt.rs's job).
-# Environment: RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
+# Environment: STEPS (default 3), RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
 # DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-1}
 DATA=${DATA:-data}
 THREADS=${THREADS:-2}
+STEPS=${STEPS:-3}
 W=$(mktemp -d /tmp/share_prompt.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$W"' EXIT
 if [ -z "${RLVR:-}" ]; then
@@ -48,7 +51,7 @@ run() { # $1 = share_prompt, $2 = run dir
     --set rollout.group_size=8 --set rollout.max_new_tokens=64 --set rollout.min_new_tokens=64 \
     --set rollout.temperature=1.0 --set rollout.top_p=1.0 --set rollout.top_k=0 \
     --set algorithm.preset='"grpo"' --set algorithm.kl_coef=0.0 \
-    --set train.steps=1 --set train.lr=1e-6 --set train.eval_every=0 --set train.micro_batch_size=8 \
+    --set train.steps=$STEPS --set train.lr=1e-6 --set train.eval_every=0 --set train.micro_batch_size=8 \
     --set train.skip_zero_gradient_rows=false --set train.share_prompt="$1" \
     --set output.dir="\"$2\"" --no-progress >/dev/null 2>"$2.log" || { cat "$2.log"; exit 1; }
   # The prompt's token count: its rendered text (rollouts.jsonl) encoded as the trainer encodes it.
@@ -59,12 +62,16 @@ run() { # $1 = share_prompt, $2 = run dir
   python3 - "$1" "$2" <<'PY'
 import json, sys
 share, run = sys.argv[1], sys.argv[2]
-m = [json.loads(l) for l in open(f"{run}/metrics.jsonl")][-1]
+ms = [x for x in (json.loads(l) for l in open(f"{run}/metrics.jsonl")) if "time/train_s" in x]
+m = ms[-1]
+per_step = [round(x["time/train_s"], 2) for x in ms]
+steady = per_step[1:] or per_step
 user, sys_s, rss = open(f"{run}.rss").read().split()[-3:]
 rss = int(rss) // 1024
 cpu = float(user) + float(sys_s)
 plen = len(json.loads(open(f"{run}.prompt_ids.jsonl").readline())["prompt_ids"])
-print(json.dumps({"share_prompt": share == "true", "train_s": round(m["time/train_s"], 2),
+print(json.dumps({"share_prompt": share == "true", "train_s_per_step": per_step,
+                  "train_s_steady": round(sum(steady) / len(steady), 2),
                   "sample_s": round(m["time/sample_s"], 2), "process_cpu_s": round(cpu, 1), "peak_rss_mb": rss,
                   "loss": m["loss"], "prompt_tokens": plen,
                   "completion_len": m["completion_len/mean"]}))
