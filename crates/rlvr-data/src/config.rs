@@ -130,7 +130,9 @@ pub struct DataConfig {
     pub system_prompt: Option<String>,
     /// Few-shot examples placed before the question. Default none.
     pub few_shot: Vec<FewShotExample>,
-    /// Drop prompts longer than this many tokens (counted by the caller's tokenizer). Default: keep all.
+    /// Drop prompts longer than this many tokens (counted by the caller's tokenizer, after the
+    /// template and few-shot examples): such a prompt is left out of training, not cut (verl's
+    /// `max_prompt_length` truncates or errors instead). Default: keep all.
     pub max_prompt_len: Option<usize>,
     /// Countdown generator settings.
     pub countdown: CountdownGenConfig,
@@ -215,4 +217,55 @@ impl DataConfig {
         crate::template::check_template(self.template())?;
         Ok(())
     }
+}
+
+/// The `[data]` keys as rows of a Markdown table (`| `data.KEY` | meaning |`), generated from the
+/// `///` comments of [`DataConfig`]'s fields and of its generator sub-tables
+/// (`data.countdown.*`, `data.arithmetic.*`), in field order (rlvr-train's README embeds them in
+/// its config reference, which a test keeps in sync). `data.verifier` and `data.few_shot` are one
+/// row each (their inner keys: the external verifier docs and the README's data layouts).
+pub fn reference_rows() -> String {
+    let mut out = struct_rows(include_str!("config.rs"), "DataConfig", "data");
+    let generate = include_str!("generate.rs");
+    out.push_str(&struct_rows(
+        generate,
+        "CountdownGenConfig",
+        "data.countdown",
+    ));
+    out.push_str(&struct_rows(
+        generate,
+        "ArithmeticGenConfig",
+        "data.arithmetic",
+    ));
+    out
+}
+
+/// The documented `pub` fields of `pub struct NAME` in `src` as `| `PREFIX.field` | doc |` rows.
+fn struct_rows(src: &str, name: &str, prefix: &str) -> String {
+    let start = src
+        .find(&format!("pub struct {name} {{"))
+        .unwrap_or_else(|| panic!("{name} is not defined in the given source"));
+    let mut out = String::new();
+    let mut doc: Vec<&str> = Vec::new();
+    for line in src[start..].lines().skip(1) {
+        let l = line.trim();
+        if l == "}" {
+            break;
+        }
+        if let Some(d) = l.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let Some((field, _)) = l.strip_prefix("pub ").and_then(|r| r.split_once(':')) {
+            if !doc.is_empty() {
+                out.push_str(&format!(
+                    "| `{prefix}.{}` | {} |\n",
+                    field.trim(),
+                    doc.join(" ").replace('|', "\\|")
+                ));
+            }
+            doc.clear();
+        } else if !l.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out
 }

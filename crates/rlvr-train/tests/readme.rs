@@ -20,3 +20,30 @@ fn readme_config_reference_is_current() {
         }
     }
 }
+
+/// Every `[data]` key the config accepts (the fields of rlvr-data's `DataConfig`, and of its
+/// `countdown` and `arithmetic` sub-tables) has a row in the config reference.
+#[test]
+fn every_data_key_is_in_the_config_reference() {
+    let reference = rlvr_train::config::reference_markdown();
+    let data = serde_json::to_value(rlvr_data::config::DataConfig::default()).unwrap();
+    let mut keys = Vec::new();
+    for (k, v) in data.as_object().unwrap() {
+        keys.push(format!("data.{k}"));
+        if matches!(k.as_str(), "countdown" | "arithmetic") {
+            for sub in v.as_object().unwrap().keys() {
+                keys.push(format!("data.{k}.{sub}"));
+            }
+        }
+    }
+    assert!(keys.len() > 20, "{keys:?}");
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| {
+            // The sub-tables are documented by their keys.
+            !matches!(k.as_str(), "data.countdown" | "data.arithmetic")
+                && !reference.contains(&format!("| `{k}` |"))
+        })
+        .collect();
+    assert!(missing.is_empty(), "undocumented [data] keys: {missing:?}");
+}

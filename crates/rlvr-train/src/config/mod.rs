@@ -553,6 +553,8 @@ pub fn reference_markdown() -> String {
         "| `[data]` | rlvr-data's `DataConfig`: `data.task`, `data.train`, `data.test`, `data.experiences`, `data.prompts_per_step` (B, at most 2²⁰), `data.seed`, template and generator keys; an external verifier's `timeout_s` in (0, 1e6] seconds |\n\
          | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets); a loss-specific knob (`clip_low`, `clip_high`, `clip_low_prime`, `clip_high_prime`, `dual_clip`, `keep_mask`, `rec_weight`, `adv_temperature`, `is_cap`) set for a loss that does not read it is an error |\n",
     );
+    // Every `[data]` key, from rlvr-data's doc comments.
+    out.push_str(&rlvr_data::config::reference_rows());
     // Every `[algorithm]` key, from rlvr-algo's doc comments (docs/corrections.md explains the
     // off-policy corrections among them).
     out.push_str(&rlvr_algo::reference_rows());
