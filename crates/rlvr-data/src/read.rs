@@ -46,7 +46,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
     }
 }
 
-/// Reads a JSONL file of JSON objects (see the module docs for line splitting).
+/// Reads a JSONL file of JSON objects (see the module docs for line splitting). A UTF-8
+/// byte-order mark before the first line is skipped.
 ///
 /// # Errors
 /// As [`read_records`].
@@ -85,6 +86,13 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
         let text = std::str::from_utf8(&buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
         let text = text.strip_suffix('\n').unwrap_or(text);
         let text = text.strip_suffix('\r').unwrap_or(text);
+        // A UTF-8 byte-order mark at the start of the file (Windows editors, Excel exports) is
+        // skipped, as Python's `utf-8-sig` and pandas' JSONL reader do; anywhere else it is data.
+        let text = if line == 1 {
+            text.strip_prefix('\u{feff}').unwrap_or(text)
+        } else {
+            text
+        };
         if text.trim().is_empty() {
             continue;
         }

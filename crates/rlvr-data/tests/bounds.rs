@@ -122,3 +122,30 @@ fn a_jsonl_line_past_the_read_limit_is_an_error_naming_it() {
         .to_string()
         .contains(&format!("{}:2: line longer than", f.path().display())));
 }
+
+/// A UTF-8 byte-order mark before the first line (an Excel or Notepad export) is skipped, not
+/// reported as invalid JSON; one inside the file is still an error naming its line.
+#[test]
+fn a_byte_order_mark_before_the_first_line_is_skipped() {
+    let mut f = tempfile::Builder::new()
+        .suffix(".jsonl")
+        .tempfile()
+        .unwrap();
+    f.write_all("\u{feff}".as_bytes()).unwrap();
+    writeln!(f, "{}", row("q1", "#### 1")).unwrap();
+    writeln!(f, "{}", row("q2", "#### 2")).unwrap();
+    let recs = read_jsonl(f.path()).unwrap();
+    assert_eq!(recs.len(), 2);
+    assert_eq!(recs[0].line, 1);
+    assert_eq!(recs[0].fields["question"], "q1");
+    f.write_all("\u{feff}".as_bytes()).unwrap();
+    writeln!(f, "{}", row("q3", "#### 3")).unwrap();
+    let e = read_jsonl(f.path()).unwrap_err();
+    assert!(
+        e.to_string().contains(&format!(
+            "{}:3: malformed record: invalid JSON",
+            f.path().display()
+        )),
+        "{e}"
+    );
+}
