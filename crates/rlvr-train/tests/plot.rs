@@ -370,3 +370,29 @@ fn facet_draws_one_captioned_panel_per_run_without_a_legend() {
     // Two y axes labelled with the metric, one per panel.
     assert_eq!(texts.iter().filter(|t| t.text == "reward/mean").count(), 2);
 }
+
+/// An `--out` that cannot be written is an error naming the flag and the path (it used to say
+/// only "Drawing backend error: No such file or directory"), for SVG and PNG.
+#[test]
+fn an_unwritable_out_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    write_run(&run, 0.0);
+    for ext in ["svg", "png"] {
+        let out = tmp.path().join(format!("no-such-dir/p.{ext}"));
+        let args = W::parse_from([
+            "x",
+            run.to_str().unwrap(),
+            "--metric",
+            "loss",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .a;
+        let err = format!("{:#}", run_plot(&args, &mut Vec::new()).unwrap_err());
+        assert!(
+            err.starts_with(&format!("writing --out {}: ", out.display())),
+            "{err}"
+        );
+    }
+}

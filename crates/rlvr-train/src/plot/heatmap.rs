@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -146,12 +146,14 @@ pub fn plot_heatmaps(a: &PlotArgs) -> anyhow::Result<usize> {
             SVGBackend::new(&a.out, size).into_drawing_area(),
             &panels,
             title,
-        )?,
+        )
+        .with_context(|| format!("writing --out {}", a.out.display()))?,
         "png" => draw(
             BitMapBackend::new(&a.out, size).into_drawing_area(),
             &panels,
             title,
-        )?,
+        )
+        .with_context(|| format!("writing --out {}", a.out.display()))?,
         e => bail!(
             "--out {}: unknown extension `{e}` (use .svg or .png)",
             a.out.display()

@@ -536,7 +536,8 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             a.smooth,
             a.title.as_deref(),
             a.facet,
-        )?,
+        )
+        .with_context(|| format!("writing --out {}", a.out.display()))?,
         "png" => draw(
             BitMapBackend::new(&a.out, size).into_drawing_area(),
             &a.metrics,
@@ -544,7 +545,8 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             a.smooth,
             a.title.as_deref(),
             a.facet,
-        )?,
+        )
+        .with_context(|| format!("writing --out {}", a.out.display()))?,
         e => bail!(
             "--out {}: unknown extension `{e}` (use .svg or .png)",
             a.out.display()
