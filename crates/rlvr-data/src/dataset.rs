@@ -88,11 +88,30 @@ fn check_gsm8k_reference(path: &Path, line: usize, field: &str, reference: &str)
 /// Reads the problems of a data file for `cfg.task` with `cfg`'s field names.
 ///
 /// # Errors
-/// [`DataError`] naming file, line and field for unreadable files, malformed lines, missing fields,
-/// then (once every line has its fields) a GSM8K answer without a number after `####`.
+/// [`DataError`] naming the file for an empty one; file, line and field for unreadable files,
+/// malformed lines, missing fields and empty questions, then (once every line has its fields) a GSM8K answer without a number after `####`.
 pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
     let (qf, af) = cfg.fields();
     let records = read_records(path)?;
+    if records.is_empty() {
+        return Err(DataError::Config(format!(
+            "{}: the file has no records (it is empty or holds only blank lines)",
+            path.display()
+        )));
+    }
+    // A question that is empty or only whitespace trains the model on the template alone.
+    let question = |r: &FieldReader| -> Result<String> {
+        let q = r.text(&qf, "question_field")?;
+        if q.trim().is_empty() {
+            return Err(DataError::BadField {
+                file: path.to_path_buf(),
+                line: r.record.line,
+                field: qf.clone(),
+                reason: "is empty (a prompt needs a question)".into(),
+            });
+        }
+        Ok(q)
+    };
     let mut out = Vec::with_capacity(records.len());
     for record in &records {
         let r = FieldReader { file: path, record };
@@ -106,7 +125,7 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                 },
             ),
             TaskKind::Jsonl => {
-                let mut vars = vec![("question".to_string(), r.text(&qf, "question_field")?)];
+                let mut vars = vec![("question".to_string(), question(&r)?)];
                 for (k, v) in &record.fields {
                     let s = match v {
                         serde_json::Value::String(s) => s.clone(),
@@ -125,7 +144,7 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
             }
             _ => Problem {
                 source,
-                vars: vec![("question".into(), r.text(&qf, "question_field")?)],
+                vars: vec![("question".into(), question(&r)?)],
                 reference: r.text(&af, "answer_field")?,
             },
         };

@@ -467,3 +467,38 @@ fn parquet_with_custom_fields() {
     assert_eq!(ds.problems[2].question(), "4+4=");
     assert_eq!(ds.problems[2].reference, "9");
 }
+
+/// An empty data file is an error naming the file, and an empty or blank question one naming
+/// file, line and field, when the file is loaded (they used to surface as "the dataset has no
+/// prompts" without a file, or train on the template alone).
+#[test]
+fn an_empty_file_or_question_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n\n").unwrap();
+    let cfg = DataConfig {
+        task: TaskKind::Gsm8k,
+        train: Some(empty.clone()),
+        ..Default::default()
+    };
+    let err = load_split(&cfg, Split::Train).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{}: the file has no records", empty.display())),
+        "{err}"
+    );
+    let blank = dir.path().join("blank.jsonl");
+    std::fs::write(
+        &blank,
+        "{\"question\": \"2+2?\", \"answer\": \"#### 4\"}\n{\"question\": \" \\n\", \"answer\": \"#### 1\"}\n",
+    )
+    .unwrap();
+    let cfg = DataConfig {
+        train: Some(blank.clone()),
+        ..cfg
+    };
+    let err = load_split(&cfg, Split::Train).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{}:2: field `question` is empty", blank.display())),
+        "{err}"
+    );
+}
