@@ -11,7 +11,7 @@
 #   scripts/cuda-build.sh --bin rlvr && strip -o /tmp/rlvr-cuda target-cuda/release/rlvr \
 #     && gzip -c /tmp/rlvr-cuda > bench/rlvr-cuda.gz         (17 MB; git ignores it: carry it)
 #   bench/gpu.sh                      (on the GPU machine, from the repository root)
-# Environment: RLVR (binary; default target-cuda/release/rlvr, else bench/rlvr-cuda.gz unpacked to /tmp),
+# Environment: STEP_TIMEOUT (seconds per measurement, default 300), RLVR (binary; default target-cuda/release/rlvr, else bench/rlvr-cuda.gz unpacked to /tmp),
 # PYTHON (default /opt/torch/.venv/bin/python), DEVICE (cuda:0), DTYPE (bf16), RUNS (timed sampling runs,
 # default 1, after a warm-up), TOKENIZER (a tokenizer.json; default the Qwen2.5 one in data/, else a
 # stand-in written with the `tokenizers` package: only the ids matter here), SMALL=1 (a tiny shape on the CPU
@@ -53,7 +53,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
   --seed 0 --out "$W/model" >/dev/null
 OUT=$W/results.jsonl
 M=(--model "$W/model" --device "$DEVICE" --dtype "$DTYPE")
-step() { echo "## $1" >&2; shift; timeout 300 "$@" | tee -a "$OUT" || echo "## failed (rc $?): $*" >&2; }
+step() { echo "## $1" >&2; shift; timeout "${STEP_TIMEOUT:-300}" "$@" | tee -a "$OUT" || echo "## failed (rc $?): $*" >&2; }
 TDEV=${DEVICE/cuda:*/cuda}
 step "rlvr sampling" "$RLVR" bench sample "${M[@]}" "${BATCHES[@]}" --prompt-len $PLEN --new-tokens $NEW --runs "$RUNS"
 step "transformers generate" "$PY" bench/gpu_torch.py --model "$W/model" --device "$TDEV" --dtype "$DTYPE" \
@@ -85,4 +85,6 @@ for key, label in (("tok_per_s", "training tok/s"), ("tflop_per_s", "training TF
     print(f"{label:<28}{ra:>12}{rp:>12}{ratio:>9}   {'>= 0.5x' if key == 'tok_per_s' else ''}")
 if a and p:
     print(f"  forward s: rlvr {a['forward_s']:.3f}, pytorch {p['forward_s']:.3f}; step s: rlvr {a['step_s']:.3f}, pytorch {p['step_s']:.3f}")
+    if "backward_s" in a and "backward_s" in p:
+        print(f"  backward s: rlvr {a['backward_s']:.3f}, pytorch {p['backward_s']:.3f}; optimizer s: rlvr {a['optimizer_s']:.3f}, pytorch {p['optimizer_s']:.3f}")
 PY

@@ -87,7 +87,7 @@ def main() -> None:
         except (RuntimeError, TypeError):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         ids = torch.randint(0, vocab, (a.rows, a.seq_len), generator=g).to(dev)
-        steps, fwds = [], []
+        steps, fwds, bwds, opts = [], [], [], []
         for i in range(a.steps + 2):
             sync(dev)
             t0 = time.perf_counter()
@@ -97,16 +97,21 @@ def main() -> None:
             sync(dev)
             t1 = time.perf_counter()
             loss.backward()
+            sync(dev)
+            t2 = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=True)
             sync(dev)
             if i >= 2:
                 steps.append(time.perf_counter() - t0)
                 fwds.append(t1 - t0)
+                bwds.append(t2 - t1)
+                opts.append(time.perf_counter() - t2)
         step = statistics.median(steps)
         tokens = a.rows * a.seq_len
         print(json.dumps({**base, "what": "train", "rows": a.rows, "seq_len": a.seq_len, "params": params,
-                          "step_s": step, "forward_s": statistics.median(fwds), "tok_per_s": tokens / step,
+                          "step_s": step, "forward_s": statistics.median(fwds), "backward_s": statistics.median(bwds),
+                          "optimizer_s": statistics.median(opts), "tok_per_s": tokens / step,
                           "tflop_per_s": 6 * params * tokens / step / 1e12}), flush=True)
 
 

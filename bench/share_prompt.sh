@@ -20,20 +20,27 @@
 # (GNU time), and the loss (0: random weights
 # reward nothing; the equality of the two modes' values is tests/shared_prompt.rs's job).
 # Environment: STEPS (default 3), RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
-# DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir.
+# DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir; DEVICE (default cpu) and DTYPE
+# (default f32) for a GPU (bench/gpu_check.sh runs DEVICE=cuda:0 DTYPE=bf16), GROUP (K, default 8) and
+# NEW (new tokens per completion, default 64). Without GNU time the CPU time and peak RSS are null.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-1}
 DATA=${DATA:-data}
 THREADS=${THREADS:-2}
 STEPS=${STEPS:-3}
+DEVICE=${DEVICE:-cpu}
+DTYPE=${DTYPE:-f32}
+GROUP=${GROUP:-8}
+NEW=${NEW:-64}
 W=$(mktemp -d /tmp/share_prompt.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$W"' EXIT
 if [ -z "${RLVR:-}" ]; then
   CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build -q --workspace --locked --bins
   RLVR=target/debug/rlvr
 fi
-command -v /usr/bin/time >/dev/null || { echo "needs GNU time (apt-get install time)" >&2; exit 1; }
+TIMED=(/usr/bin/time -f '%U %S %M' -o)
+[ -x /usr/bin/time ] || { echo "no GNU time: CPU time and peak RSS are not measured" >&2; TIMED=(env -u NOTHING); }
 # Qwen2.5's own chat template (and special tokens): its tokenizer_config.json beside the tokenizer.
 mkdir -p "$W/tok"
 cp "$DATA/tokenizers/qwen2.5/tokenizer.json" "$W/tok/"
@@ -44,14 +51,15 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /pro
   --tokenizer "$W/tok/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
 head -n 1 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
 run() { # $1 = share_prompt, $2 = run dir
-  RAYON_NUM_THREADS=$THREADS /usr/bin/time -f '%U %S %M' -o "$2.rss" "$RLVR" train \
-    --set model.path="\"$W/model\"" --set model.dtype='"f32"' --set model.device='"cpu"' \
+  [ -x /usr/bin/time ] || : > "$2.rss"
+  RAYON_NUM_THREADS=$THREADS "${TIMED[@]}" $([ -x /usr/bin/time ] && echo "$2.rss") "$RLVR" train \
+    --set model.path="\"$W/model\"" --set model.dtype="\"$DTYPE\"" --set model.device="\"$DEVICE\"" \
     --set data.task='"gsm8k"' --set data.train="\"$W/prompts.jsonl\"" --set data.style='"chat"' \
     --set data.prompts_per_step=1 --set data.seed=0 \
-    --set rollout.group_size=8 --set rollout.max_new_tokens=64 --set rollout.min_new_tokens=64 \
+    --set rollout.group_size=$GROUP --set rollout.max_new_tokens=$NEW --set rollout.min_new_tokens=$NEW \
     --set rollout.temperature=1.0 --set rollout.top_p=1.0 --set rollout.top_k=0 \
     --set algorithm.preset='"grpo"' --set algorithm.kl_coef=0.0 \
-    --set train.steps=$STEPS --set train.lr=1e-6 --set train.eval_every=0 --set train.micro_batch_size=8 \
+    --set train.steps=$STEPS --set train.lr=1e-6 --set train.eval_every=0 --set train.micro_batch_size=$GROUP \
     --set train.skip_zero_gradient_rows=false --set train.share_prompt="$1" \
     --set output.dir="\"$2\"" --no-progress >/dev/null 2>"$2.log" || { cat "$2.log"; exit 1; }
   # The prompt's token count: its rendered text (rollouts.jsonl) encoded as the trainer encodes it.
@@ -66,13 +74,13 @@ ms = [x for x in (json.loads(l) for l in open(f"{run}/metrics.jsonl")) if "time/
 m = ms[-1]
 per_step = [round(x["time/train_s"], 2) for x in ms]
 steady = per_step[1:] or per_step
-user, sys_s, rss = open(f"{run}.rss").read().split()[-3:]
-rss = int(rss) // 1024
-cpu = float(user) + float(sys_s)
+t = open(f"{run}.rss").read().split()[-3:]
+rss = int(t[2]) // 1024 if t else None
+cpu = round(float(t[0]) + float(t[1]), 1) if t else None
 plen = len(json.loads(open(f"{run}.prompt_ids.jsonl").readline())["prompt_ids"])
 print(json.dumps({"share_prompt": share == "true", "train_s_per_step": per_step,
                   "train_s_steady": round(sum(steady) / len(steady), 2),
-                  "sample_s": round(m["time/sample_s"], 2), "process_cpu_s": round(cpu, 1), "peak_rss_mb": rss,
+                  "sample_s": round(m["time/sample_s"], 2), "process_cpu_s": cpu, "peak_rss_mb": rss,
                   "loss": m["loss"], "prompt_tokens": plen,
                   "completion_len": m["completion_len/mean"]}))
 PY

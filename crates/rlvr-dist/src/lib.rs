@@ -6,7 +6,8 @@
 //! - [`Communicator`]: in-place all-reduce (sum, max, min) and broadcast over candle tensors,
 //!   all-gather and reduce-scatter, small host collectives (f64 values, bytes), a barrier.
 //!   Implementations: [`LocalComm`] (one process, the identity: the default), [`ThreadComm`]
-//!   (threads of one process, tests only), `MpiComm` (feature `mpi`).
+//!   (threads of one process, tests only), `MpiComm` (feature `mpi`), `NcclComm` (feature `nccl`:
+//!   GPU tensors over NCCL, host values over one of the others), chosen by [`init_on`]'s [`Backend`].
 //! - [`DistReduce`]: the optimizer's gradient reduction (a SUM all-reduce of every parameter's
 //!   gradient in fixed buckets) together with the non-finite flag (an OR), so that every rank
 //!   makes the same skip decision.
@@ -43,7 +44,12 @@ pub mod zero;
 
 #[cfg(feature = "mpi")]
 pub use comm::MpiComm;
-pub use comm::{init, init_with_timeout, Communicator, LocalComm, Op, SharedComm, ThreadComm};
+#[cfg(feature = "nccl")]
+pub use comm::NcclComm;
+pub use comm::{
+    init, init_on, init_with_timeout, Backend, Communicator, LocalComm, Op, SharedComm, ThreadComm,
+    NCCL_BUILT,
+};
 pub use error::{DistError, Result};
 pub use reduce::DistReduce;
 pub use zero::ZeroReduce;

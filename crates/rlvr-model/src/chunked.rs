@@ -30,6 +30,33 @@ use crate::ops::upcast;
 /// `C = CHUNK_ELEMS / N`, at least 1 and at most V.
 pub const CHUNK_ELEMS: usize = 8 << 20;
 
+/// Elements of one chunk on a GPU (64 Mi: 256 MiB in f32). A chunk costs a dozen kernel launches
+/// forward and as many backward whatever its width, so the CPU's 8 Mi (chosen for its caches and
+/// RSS) would cut a 16 × 512-token micro-batch at the Qwen2.5 vocabulary into 149 chunks of
+/// launches each; 64 Mi makes it 19. Peak memory: a few `[N, C]` f32 tensors, about 1.5 GiB.
+pub const CHUNK_ELEMS_GPU: usize = 64 << 20;
+
+/// The environment variable that overrides the chunk size in elements on every device (for
+/// measurements such as `bench/gpu_check.sh`'s; unset in normal use).
+pub const CHUNK_ELEMS_VAR: &str = "RLVR_HEAD_CHUNK_ELEMS";
+
+/// Logits per chunk on `device`: [`CHUNK_ELEMS`] on the CPU, [`CHUNK_ELEMS_GPU`] elsewhere, or
+/// [`CHUNK_ELEMS_VAR`]'s value (a positive integer) when it is set.
+pub fn chunk_elems(device: &candle_core::Device) -> usize {
+    if let Some(n) = std::env::var(CHUNK_ELEMS_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return n;
+    }
+    if device.is_cpu() {
+        CHUNK_ELEMS
+    } else {
+        CHUNK_ELEMS_GPU
+    }
+}
+
 /// The vocabulary chunk width for `n` rows over a `v`-entry vocabulary with `elems` logits per chunk.
 pub fn chunk_width(n: usize, v: usize, elems: usize) -> usize {
     (elems / n.max(1)).clamp(1, v.max(1))

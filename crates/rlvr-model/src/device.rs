@@ -147,6 +147,28 @@ pub enum DeviceSpec {
     Auto,
 }
 
+/// CUDA GPU `ordinal`, opened once per process: every later call returns the same [`Device`].
+///
+/// candle's `Device::new_cuda` makes a new device (its own stream and id) on every call; tensors of
+/// two such devices cannot be combined ("device mismatch"), and work queued on two streams is not
+/// ordered. The policy, the reference model, the sampler and the NCCL communicator therefore all
+/// take their GPU from here.
+fn cuda_device(ordinal: usize) -> candle_core::Result<Device> {
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock};
+    static OPENED: OnceLock<Mutex<BTreeMap<usize, Device>>> = OnceLock::new();
+    let mut opened = OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = opened.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = Device::new_cuda(ordinal)?;
+    opened.insert(ordinal, d.clone());
+    Ok(d)
+}
+
 impl DeviceSpec {
     /// CUDA GPU `ordinal`, when this binary has CUDA and the GPU can be opened (none otherwise:
     /// a CPU build, no driver, or no such GPU visible).
@@ -154,7 +176,7 @@ impl DeviceSpec {
         if !candle_core::utils::cuda_is_available() {
             return None;
         }
-        Device::new_cuda(ordinal).ok()
+        cuda_device(ordinal).ok()
     }
 
     /// Opens the device.
@@ -175,7 +197,7 @@ impl DeviceSpec {
                          `--set model.device=\"cpu\"` (rlvr train) or `--device cpu`"
                     )));
                 }
-                Device::new_cuda(n).map_err(|e| {
+                cuda_device(n).map_err(|e| {
                     ModelError::Invalid(format!(
                         "device cuda:{n} could not be opened ({e}); to compute on the CPU instead \
                          use `--set model.device=\"cpu\"` (rlvr train) or `--device cpu`"

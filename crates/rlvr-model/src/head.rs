@@ -250,7 +250,7 @@ impl Model {
             let chunk = crate::chunked::chunk_width(
                 n,
                 self.config().vocab_size,
-                crate::chunked::CHUNK_ELEMS,
+                crate::chunked::chunk_elems(self.device()),
             );
             crate::chunked::chunked_logprobs_head(
                 &h.contiguous()?,

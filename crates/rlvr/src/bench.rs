@@ -195,7 +195,8 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .map(|_| (0..a.seq_len).map(|_| rng.random_range(0..vocab)).collect())
         .collect();
     let mask = vec![vec![1u32; a.seq_len]; a.rows];
-    let (mut steps, mut fwds) = (Vec::new(), Vec::new());
+    let (mut steps, mut fwds, mut bwds, mut opts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..a.steps + 2 {
         dev.synchronize()?;
         let t0 = Instant::now();
@@ -204,11 +205,15 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         dev.synchronize()?;
         let t1 = Instant::now();
         let grads = loss.backward()?;
+        dev.synchronize()?;
+        let t2 = Instant::now();
         opt.step(&grads, 1e-5)?;
         dev.synchronize()?;
         if i >= 2 {
             steps.push(t0.elapsed().as_secs_f64());
             fwds.push((t1 - t0).as_secs_f64());
+            bwds.push((t2 - t1).as_secs_f64());
+            opts.push(t2.elapsed().as_secs_f64());
         }
     }
     let step = median(steps);
@@ -219,7 +224,8 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         serde_json::json!({
             "impl": "rlvr", "what": "train", "device": a.model.device, "dtype": a.model.dtype,
             "rows": a.rows, "seq_len": a.seq_len, "params": params,
-            "step_s": step, "forward_s": median(fwds),
+            "step_s": step, "forward_s": median(fwds), "backward_s": median(bwds),
+            "optimizer_s": median(opts),
             "tok_per_s": tokens / step,
             "tflop_per_s": 6.0 * params as f64 * tokens / step / 1e12,
         })

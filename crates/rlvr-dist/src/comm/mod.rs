@@ -5,8 +5,9 @@
 //! | [`LocalComm`] | one process (the default) | none: every collective is the identity |
 //! | [`ThreadComm`] | tests only (never offered to users) | N threads of one process, `std::sync` |
 //! | `MpiComm` (feature `mpi`) | `mpirun` / `srun --mpi=pmix` launches | rsmpi over the system MPI |
+//! | `NcclComm` (feature `nccl`) | ranks on GPUs ([`Backend`]) | NCCL for device tensors, over one of the above for host values |
 //!
-//! [`init`] picks one from a [`Launch`].
+//! [`init`] picks one of the first three from a [`Launch`]; [`init_on`] adds NCCL for a CUDA device.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +19,12 @@ use crate::{DistError, Result};
 
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod thread;
+
+#[cfg(feature = "nccl")]
+pub use self::nccl::NcclComm;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiComm, CHECK_VAR, PANIC_EXIT_CODE, REPORT_GRACE, TIMEOUT_EXIT_CODE};
@@ -408,10 +414,90 @@ pub fn init_with_timeout(
     })
 }
 
+/// Which engine carries the tensor collectives (rlvr's `distributed.backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// NCCL when this build has it, the device is a GPU and there is more than one rank; else
+    /// the host engine. The default, as torch's `init_process_group` picks NCCL for GPUs.
+    #[default]
+    Auto,
+    /// The host engine ([`init`]): MPI, or nothing at a world size of 1. CUDA tensors are staged
+    /// through host memory.
+    Host,
+    /// NCCL, also at a world size of 1 (a check of the NCCL path on one GPU); an error in a build
+    /// without the `nccl` feature or on a CPU device.
+    Nccl,
+}
+
+/// Whether this build has the `nccl` feature (NCCL collectives for GPU tensors).
+pub const NCCL_BUILT: bool = cfg!(feature = "nccl");
+
+/// The communicator of this rank for tensors on `device`: [`init_with_timeout`]'s host engine,
+/// wrapped in NCCL as `backend` says ([`Backend`]). Every rank calls it together.
+///
+/// # Errors
+/// As [`init_with_timeout`]; [`Backend::Nccl`] without the feature or with a CPU `device`;
+/// NCCL's initialisation errors.
+pub fn init_on(
+    launch: &Launch,
+    timeout: Option<Duration>,
+    backend: Backend,
+    device: &candle_core::Device,
+) -> Result<Box<dyn Communicator>> {
+    let host = init_with_timeout(launch, timeout)?;
+    let nccl = match backend {
+        Backend::Host => false,
+        Backend::Auto => NCCL_BUILT && device.is_cuda() && launch.world_size > 1,
+        Backend::Nccl => true,
+    };
+    if !nccl {
+        return Ok(host);
+    }
+    if !device.is_cuda() {
+        return Err(DistError::Invalid {
+            op: "nccl init",
+            detail: format!(
+                "distributed.backend = \"nccl\" needs a GPU device, got {device:?} (use \"auto\" \
+                 or \"host\" on CPUs)"
+            ),
+        });
+    }
+    #[cfg(feature = "nccl")]
+    {
+        let (rank, world) = (host.rank(), host.world_size());
+        let comm = NcclComm::new(device, host)?;
+        if rank == 0 {
+            eprintln!(
+                "data parallel: tensor collectives over NCCL {} on {device:?}, {world} rank(s)",
+                NcclComm::version()?
+            );
+        }
+        Ok(Box::new(comm))
+    }
+    #[cfg(not(feature = "nccl"))]
+    Err(DistError::Invalid {
+        op: "nccl init",
+        detail: "distributed.backend = \"nccl\" needs a build with the `nccl` feature \
+                 (scripts/cuda-build.sh --features nccl); \"auto\" or \"host\" use MPI"
+            .into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+
+    #[test]
+    fn nccl_is_refused_on_a_cpu_and_auto_stays_on_the_host() {
+        let launch = Launch::single();
+        let e = init_on(&launch, None, Backend::Nccl, &Device::Cpu)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("needs a GPU device"), "{e}");
+        let c = init_on(&launch, None, Backend::Auto, &Device::Cpu).unwrap();
+        assert_eq!((c.rank(), c.world_size()), (0, 1));
+    }
 
     #[test]
     fn local_is_the_identity() {

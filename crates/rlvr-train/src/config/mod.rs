@@ -36,8 +36,8 @@ use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
 pub use sections::{
-    DistributedSection, EvalSection, ModelSection, OutputSection, RolloutBackend, RolloutSection,
-    Schedule, ShortBatch, SyncSection, TrainSection,
+    DistBackend, DistributedSection, EvalSection, ModelSection, OutputSection, RolloutBackend,
+    RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
 };
 
 /// The whole file as the user wrote it (after `--set`), before resolution.

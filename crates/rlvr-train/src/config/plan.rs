@@ -18,7 +18,7 @@
 //!   kept and one layer is recomputed at a time.
 //! - the **logits buffer**: on the CPU in f32 the fused head keeps the `[N, V]` logits up to
 //!   512 MiB (`rlvr_model::STASH_MAX_BYTES`); elsewhere the chunked head holds a few
-//!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each).
+//!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each on the CPU, `CHUNK_ELEMS_GPU` on a GPU).
 //! - the native sampler's **KV cache**: `rollout.max_batch_rows × T × layers × 2 × kv_heads ×
 //!   head_dim × b`.
 //! - **LoRA** (`model.lora_rank` ≥ 1): the base weights `P·b` are frozen (no masters, gradients or
@@ -485,7 +485,12 @@ pub fn plan_ranks(
         } else {
             shape.vocab * shape.hidden * b
         };
-        6 * rlvr_model::chunked::CHUNK_ELEMS as u64 * b.max(4) + head_grad
+        let chunk = if cpu {
+            rlvr_model::chunked::CHUNK_ELEMS
+        } else {
+            rlvr_model::chunked::CHUNK_ELEMS_GPU
+        };
+        6 * chunk as u64 * b.max(4) + head_grad
     };
     let kv_per_row = t * shape.layers * 2 * shape.kv_heads * shape.head_dim * b;
     let kv_cache_rows = raw.rollout.max_batch_rows as u64;

@@ -207,10 +207,16 @@ impl Default for SyncSection {
 
 /// `[distributed]`: data parallel across processes (README, "Scaling out"). How many processes and
 /// which one this is come from the launcher (`mpirun -np N`, `srun --mpi=pmix`, torchrun), never
-/// from the config; the engine is MPI (build with `--features mpi`).
+/// from the config; the engine is MPI (build with `--features mpi`), with NCCL for GPU tensors in
+/// a build with `--features nccl`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DistributedSection {
+    /// Engine of the tensor collectives: "auto" (NCCL when the build has the `nccl` feature, the
+    /// device is a GPU and there is more than one rank, else MPI; torch's rule), "host" (MPI;
+    /// GPU tensors staged through host memory), "nccl" (NCCL, also in one process: a check of
+    /// the NCCL path on one GPU). Default "auto".
+    pub backend: DistBackend,
     /// Seconds a collective waits for the slowest rank before the job is aborted with a message
     /// naming the ranks that never arrived; 0 waits forever. It must exceed the longest skew
     /// between ranks (one rank sampling longer completions, one evaluating more problems).
@@ -222,6 +228,29 @@ pub struct DistributedSection {
     /// rank), with the same steps, metrics and checkpoints (`rlvr plan --world-size N --zero 1`
     /// shows the memory). Default 0.
     pub zero: u8,
+}
+
+/// `distributed.backend` (see [`DistributedSection::backend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DistBackend {
+    /// NCCL for GPUs at more than one rank when built, else the host engine.
+    #[default]
+    Auto,
+    /// MPI (or nothing in one process).
+    Host,
+    /// NCCL, also in one process.
+    Nccl,
+}
+
+impl From<DistBackend> for rlvr_dist::Backend {
+    fn from(b: DistBackend) -> Self {
+        match b {
+            DistBackend::Auto => rlvr_dist::Backend::Auto,
+            DistBackend::Host => rlvr_dist::Backend::Host,
+            DistBackend::Nccl => rlvr_dist::Backend::Nccl,
+        }
+    }
 }
 
 impl DistributedSection {

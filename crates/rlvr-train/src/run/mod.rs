@@ -108,11 +108,11 @@ struct Run<'a> {
 /// contradicts itself; a world size above 1 in a build without the `mpi` feature.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let launch = rlvr_dist::env::from_process_env()?;
-    if launch.world_size == 1 {
+    let backend = cfg.raw.distributed.backend;
+    if launch.world_size == 1 && backend != crate::config::DistBackend::Nccl {
         return train_on(cfg, opts, None);
     }
     let timeout = cfg.raw.distributed.timeout()?;
-    let comm = SharedComm::new(rlvr_dist::init_with_timeout(&launch, timeout)?);
     let mut cfg = cfg.clone();
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let device = rlvr_dist::env::device_for(
@@ -123,7 +123,11 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
     cfg.raw.model.device = device
         .parse()
         .map_err(|e| anyhow::anyhow!("model.device {device:?} for rank {}: {e}", launch.rank))?;
-    train_on(&cfg, opts, Some(comm))
+    // The same device the model will be loaded on (rlvr-model opens each GPU once), so NCCL
+    // runs on the stream of the kernels that write the gradients.
+    let dev = cfg.raw.model.device.clone().open()?;
+    let comm = rlvr_dist::init_on(&launch, timeout, backend.into(), &dev)?;
+    train_on(&cfg, opts, Some(SharedComm::new(comm)))
 }
 
 /// [`train`] as one rank of `comm` (`None`, or a world of 1: one process).

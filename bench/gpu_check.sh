@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The prepared GPU run: the CUDA build checked against the CPU on the same machine, then timed
+# against transformers/PyTorch, in one invocation with a deadline. Every part has its own timeout
+# and writes what it measured as it goes, so a part that fails or hangs costs only itself.
+#
+#   bench/gpu_check.sh [OUT_DIR]        (on the GPU machine, from the repository root)
+#
+# Parts (each prints a `## part` header and PASS/FAIL lines; results in OUT_DIR/*.jsonl, log in
+# OUT_DIR/gpu_check.log):
+#   1. logprobs  `rlvr logprobs` of one chat completion on a random Qwen2 model (hidden 256, 4 layers,
+#                GQA 4/2, the Qwen2.5 tokenizer's vocabulary): cuda f32 vs cpu f32 within 1e-5 absolute;
+#                cuda bf16 and cpu bf16 against cpu f32, the max difference reported (bound 0.1 nats).
+#   2. offline   10 steps of GRPO from one offline experiences file (written by `rlvr generate` on the
+#                CPU, rewards set by a fixed rule so groups have variance): every per-step metric of
+#                cuda f32 equals cpu f32 within 1e-5 relative at step 1 and 1e-4 relative over all
+#                10 steps (differences under 1e-6 absolute count as equal: a step's GRPO loss is ~0); two cuda f32 runs bit-identical (metrics and checkpoint files; else the
+#                first differing step and key are named); cuda bf16 against cpu f32 reported.
+#   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; a
+#                training step against PyTorch's), Qwen2.5-0.5B shape in bf16.
+#   3b. breakdown the training step of part 3 as forward, backward and optimizer, with the head's
+#                chunk at the GPU and the CPU size, with a small vocabulary, and in f32.
+#   4. shared    bench/share_prompt.sh on the GPU (bf16): the training step with each group's prompt
+#                computed once against every row computing it.
+#   5. nccl      a world-size-1 data-parallel step over NCCL, when the binary has the `nccl` feature.
+# Environment: RLVR (binary; default bench/rlvr-cuda-nccl.gz unpacked when it starts, else
+# bench/rlvr-cuda.gz, else target-cuda/release/rlvr),
+# DEVICE (cuda:0), BUDGET (seconds for the whole script, default 330), PARTS (default
+# "logprobs offline nccl speed breakdown shared"). On a CPU-only machine, to check the script itself:
+#   RLVR=target/release/rlvr DEVICE=cpu PARTS="logprobs offline" bench/gpu_check.sh /tmp/gc
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTD=${1:-${OUT:-/tmp/gpu_check}}
+mkdir -p "$OUTD"
+DEVICE=${DEVICE:-cuda:0}
+BUDGET=${BUDGET:-330}
+PARTS=${PARTS:-logprobs offline nccl speed breakdown shared}
+PY=python3
+[ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
+START=$(date +%s)
+W=$(mktemp -d /tmp/gpu_check.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+CU=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
+[ -d "$CU" ] && export LD_LIBRARY_PATH=$CU:${LD_LIBRARY_PATH:-}
+NCCL_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
+[ -d "$NCCL_LIB" ] && export LD_LIBRARY_PATH=$NCCL_LIB:$LD_LIBRARY_PATH
+if [ -z "${RLVR:-}" ]; then
+  # The binary with NCCL when it starts here (it needs libnccl.so.2), else the one without.
+  for b in rlvr-cuda-nccl rlvr-cuda; do
+    [ -f "bench/$b.gz" ] || continue
+    gunzip -c "bench/$b.gz" > "$W/$b" && chmod +x "$W/$b"
+    if "$W/$b" --version >/dev/null 2>&1; then RLVR=$W/$b; break; fi
+    echo "bench/$b.gz does not start here: $("$W/$b" --version 2>&1 | head -1)"
+  done
+  [ -z "${RLVR:-}" ] && [ -x target-cuda/release/rlvr ] && RLVR=target-cuda/release/rlvr
+  [ -z "${RLVR:-}" ] && { echo "no rlvr binary: set RLVR or build with scripts/cuda-build.sh" >&2; exit 2; }
+fi
+export RLVR
+LOG=$OUTD/gpu_check.log
+exec > >(tee -a "$LOG") 2>&1
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+# part NAME LIMIT CMD...: runs CMD under min(LIMIT, time left), reports its status and duration.
+part() {
+  local name=$1 limit=$2; shift 2
+  case " $PARTS " in *" $name "*) ;; *) return 0 ;; esac
+  local l; l=$(left); [ "$l" -lt "$limit" ] && limit=$l
+  if [ "$limit" -le 5 ]; then echo "## $name: SKIPPED (budget spent)"; return 0; fi
+  echo "## $name (limit ${limit}s, $(date -u +%H:%M:%S))"
+  local t0; t0=$(date +%s)
+  timeout -k 5 "$limit" bash -c "$*"; local rc=$?
+  echo "## $name: rc $rc in $(($(date +%s) - t0)) s"
+}
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -n) device=$DEVICE binary=$RLVR"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+"$RLVR" --version || { echo "the binary does not start"; ldd "$RLVR" | grep -i "not found"; exit 3; }
+
+# The small model and tokenizer of parts 1 and 2 (Qwen2.5's tokenizer and chat template).
+mkdir -p "$W/tok"
+cp data/tokenizers/qwen2.5/tokenizer.json "$W/tok/"
+cp data/tokenizers/qwen2.5/tokenizer_config.source.json "$W/tok/tokenizer_config.json"
+"$RLVR" init --arch qwen2 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 512 \
+  --vocab-size 151936 --tie-embeddings true --tokenizer "$W/tok/tokenizer.json" --seed 0 \
+  --out "$W/small" >/dev/null || exit 3
+
+logprobs() {
+  local q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+  local c=" In May she sold 48 / 2 = 24 clips, so 48 + 24 = 72 in all. #### 72<|im_end|>"
+  for spec in cpu:f32 "$DEVICE":f32 "$DEVICE":bf16 cpu:bf16; do
+    local dev=${spec%:*} dt=${spec##*:}
+    "$RLVR" logprobs --model "$W/small" --prompt "$q" --completion "$c" --chat --device "$dev" --dtype "$dt" \
+      > "$W/lp_${dev/:/}_$dt.json" || echo "FAIL logprobs $dev $dt: rc $?"
+  done
+  "$PY" - "$W" "${DEVICE/:/}" "$OUTD/logprobs.jsonl" <<'PY'
+import json, os, sys
+w, dev, out = sys.argv[1:]
+load = lambda d, t: json.load(open(f"{w}/lp_{d}_{t}.json")) if os.path.getsize(f"{w}/lp_{d}_{t}.json") else None
+ref = load("cpu", "f32")
+for d, t, bound in ((dev, "f32", 1e-5), (dev, "bf16", 0.1), ("cpu", "bf16", 0.1)):
+    x = load(d, t)
+    if x is None or ref is None:
+        print(f"FAIL logprobs {d} {t}: no output"); continue
+    same_tokens = x["tokens"] == ref["tokens"]
+    diff = max(abs(a - b) for a, b in zip(x["logprobs"], ref["logprobs"]))
+    ok = same_tokens and diff <= bound
+    rec = {"check": "logprobs", "device": d, "dtype": t, "tokens": len(x["tokens"]), "max_abs_diff_vs_cpu_f32": diff,
+           "bound": bound, "mean_logprob": sum(x["logprobs"]) / len(x["logprobs"]), "pass": ok}
+    open(out, "a").write(json.dumps(rec) + "\n")
+    print(("PASS" if ok else "FAIL"), f"logprobs {d} {t}: {len(x['tokens'])} tokens, max |diff| vs cpu f32 = {diff:.3g} (bound {bound:g})")
+PY
+}
+
+offline() {
+  head -n 4 data/gsm8k/train.jsonl | "$PY" -c '
+import json, sys
+for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > "$W/prompts.jsonl"
+  "$RLVR" generate --model "$W/small" --prompts "$W/prompts.jsonl" --chat -n 4 --top-p 1 --max-new-tokens 24 \
+    --seed 0 --device cpu --out "$W/exp_raw.jsonl" >/dev/null || { echo "FAIL offline: generate"; return 1; }
+  # Rewards by a fixed rule of the sampled ids (1 when their sum is even), so groups have variance.
+  "$PY" - "$W/exp_raw.jsonl" "$W/exp.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+with open(sys.argv[2], "w") as f:
+    for r in rows:
+        r["reward"] = float(sum(r["completion_ids"]) % 2 == 0)
+        f.write(json.dumps(r) + "\n")
+print(f"{len(rows)} experiences, {sum(r['reward'] for r in rows):.0f} rewarded")
+PY
+  train() { # $1 device, $2 dtype, $3 run dir
+    "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$1\"" --set model.dtype="\"$2\"" \
+      --set data.experiences="\"$W/exp.jsonl\"" --set data.prompts_per_step=2 \
+      --set rollout.group_size=4 --set algorithm.preset='"grpo"' --set train.steps=10 --set train.lr=1e-3 \
+      --set train.micro_batch_size=4 --set train.eval_every=0 --set train.save_every=10 --set train.seed=0 \
+      --set output.dir="\"$3\"" --no-progress > "$3.log" 2>&1 || { echo "FAIL offline $1 $2: rc $?"; tail -5 "$3.log"; }
+  }
+  train cpu f32 "$W/cpu_f32"
+  train "$DEVICE" f32 "$W/gpu_f32_a"
+  train "$DEVICE" f32 "$W/gpu_f32_b"
+  train "$DEVICE" bf16 "$W/gpu_bf16"
+  "$PY" - "$W" "$OUTD/offline.jsonl" <<'PY'
+import hashlib, json, math, os, sys
+w, out = sys.argv[1:]
+def metrics(run):
+    p = f"{w}/{run}/metrics.jsonl"
+    if not os.path.exists(p): return None
+    rows = [json.loads(l) for l in open(p)]
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k and k != "elapsed_s"} for r in rows]
+ATOL = 1e-6  # values near 0 (the GRPO loss of a step, a KL of 1e-6) are compared absolutely
+def rel(a, b):
+    """|a - b| / max(|a|, |b|), with differences below ATOL counted as 0; inf for a type or length mismatch."""
+    if a is None or b is None or isinstance(a, (str, bool)) or isinstance(b, (str, bool)): return 0.0 if a == b else math.inf
+    if isinstance(a, list) or isinstance(b, list):
+        return max([rel(x, y) for x, y in zip(a, b)] or [0.0]) if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) else math.inf
+    return abs(a - b) / max(abs(a), abs(b)) if abs(a - b) > ATOL else 0.0
+def compare(x, y):
+    worst, where = 0.0, None
+    for s, (a, b) in enumerate(zip(x, y), 1):
+        for k in sorted(set(a) | set(b)):
+            r = rel(a.get(k), b.get(k))
+            if r > worst: worst, where = r, (s, k, a.get(k), b.get(k))
+    return worst, where
+ref = metrics("cpu_f32")
+def record(**r):
+    open(out, "a").write(json.dumps(r) + "\n")
+if ref is None:
+    print("FAIL offline: no cpu f32 metrics"); sys.exit()
+print(f"cpu f32: {len(ref)} steps; step 1 loss {ref[0].get('loss')}, grad_norm {ref[0].get('grad_norm')}")
+for run, bound in (("gpu_f32_a", 1e-4), ("gpu_bf16", None)):
+    x = metrics(run)
+    if x is None: print(f"FAIL offline {run}: no metrics"); continue
+    s1, w1 = compare(x[:1], ref[:1]); worst, where = compare(x, ref)
+    ok = bound is None or (len(x) == len(ref) and s1 <= 1e-5 and worst <= bound)
+    record(check="offline", run=run, steps=len(x), step1_max_rel=s1, max_rel=worst, worst=str(where), pass_=ok)
+    print(("INFO" if bound is None else ("PASS" if ok else "FAIL")),
+          f"offline {run} vs cpu f32: step 1 max rel {s1:.3g}, 10 steps max rel {worst:.3g} at {where}")
+a, b = metrics("gpu_f32_a"), metrics("gpu_f32_b")
+if a and b:
+    same = a == b
+    first = next(((s, k) for s, (x, y) in enumerate(zip(a, b), 1) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), None)
+    def digests(run):
+        d = f"{w}/{run}/checkpoints/step-10"
+        return {f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest() for f in sorted(os.listdir(d))
+                if f.endswith(".safetensors")} if os.path.isdir(d) else {}
+        
+    da, db = digests("gpu_f32_a"), digests("gpu_f32_b")
+    ck = bool(da) and da == db
+    record(check="determinism", metrics_identical=same, first_difference=str(first), checkpoints_identical=ck, files=sorted(da))
+    print(("PASS" if same and ck else "FAIL"), f"two {len(a)}-step cuda runs: metrics identical {same} (first difference {first}),"
+          f" checkpoint files {sorted(da)} identical {ck}")
+PY
+}
+
+speed() { RUNS=1 STEP_TIMEOUT=${STEP_TIMEOUT:-90} bench/gpu.sh | tee -a "$OUTD/speed.txt"; }
+
+breakdown() {
+  # The training step of part 3 (bf16, 16 x 512 tokens) split into forward, backward and optimizer,
+  # and measured again with one stage changed, to place its time: the head's chunk at the CPU's
+  # size; one layer instead of 24 (the head and embedding with one layer); a 256-entry vocabulary
+  # (the decoder body alone; a two-token stand-in tokenizer); 64 x 128 tokens (the same tokens
+  # with a quarter of the attention's quadratic part).
+  local shape=(--arch qwen2 --hidden 896 --heads 14 --kv-heads 2 --intermediate 4864 --tie-embeddings true --seed 0 --dtype bf16)
+  local tok=data/tokenizers/qwen2.5/tokenizer.json
+  "$PY" -c 'import sys; from tokenizers import Tokenizer, models; Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1}, unk_token="<unk>")).save(sys.argv[1])' "$W/tok2.json"
+  "$RLVR" init "${shape[@]}" --layers 24 --vocab-size 151936 --tokenizer $tok --out "$W/b_full" >/dev/null
+  "$RLVR" init "${shape[@]}" --layers 1 --vocab-size 151936 --tokenizer $tok --out "$W/b_one" >/dev/null
+  "$RLVR" init "${shape[@]}" --layers 24 --vocab-size 256 --tokenizer "$W/tok2.json" --out "$W/b_body" >/dev/null
+  local t=(bench train --device "$DEVICE" --dtype bf16 --steps 3)
+  b() { local label=$1; shift; echo "{\"variant\": \"$label\", \"result\": $("$@" || echo null)}" | tee -a "$OUTD/breakdown.jsonl"; }
+  b "full" "$RLVR" "${t[@]}" --rows 16 --seq-len 512 --model "$W/b_full"
+  b "cpu chunk" env RLVR_HEAD_CHUNK_ELEMS=8388608 "$RLVR" "${t[@]}" --rows 16 --seq-len 512 --model "$W/b_full"
+  b "1 layer" "$RLVR" "${t[@]}" --rows 16 --seq-len 512 --model "$W/b_one"
+  b "vocab 256" "$RLVR" "${t[@]}" --rows 16 --seq-len 512 --model "$W/b_body"
+  b "vocab 256, 64 x 128" "$RLVR" "${t[@]}" --rows 64 --seq-len 128 --model "$W/b_body"
+}
+
+shared() {
+  DEVICE=$DEVICE DTYPE=bf16 STEPS=3 GROUP=16 NEW=128 bench/share_prompt.sh | tee -a "$OUTD/shared.jsonl"
+}
+
+nccl() {
+  if ! ldd "$RLVR" | grep -q libnccl; then echo "SKIP nccl: the binary is not built with the nccl feature"; return 0; fi
+  # World size 1 over NCCL: the same 10 steps as part 2's cuda f32 run (at one rank NCCL's
+  # all-reduce copies), so the metrics must be identical.
+  "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$DEVICE\"" --set model.dtype='"f32"' \
+    --set data.experiences="\"$W/exp.jsonl\"" --set data.prompts_per_step=2 --set rollout.group_size=4 \
+    --set algorithm.preset='"grpo"' --set train.steps=10 --set train.lr=1e-3 --set train.micro_batch_size=4 \
+    --set train.eval_every=0 --set train.seed=0 --set distributed.backend='"nccl"' \
+    --set output.dir="\"$W/nccl\"" --no-progress > "$W/nccl.log" 2>&1 || { echo "FAIL nccl: rc $?"; tail -20 "$W/nccl.log"; return 1; }
+  grep -i nccl "$W/nccl.log" | head -3
+  "$PY" - "$W" "$OUTD/nccl.jsonl" <<'PY'
+import json, sys
+w, out = sys.argv[1:]
+strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k and k != "elapsed_s"}
+a = [strip(json.loads(l)) for l in open(f"{w}/nccl/metrics.jsonl")]
+b = [strip(json.loads(l)) for l in open(f"{w}/gpu_f32_a/metrics.jsonl")][:len(a)]
+diff = [(s, k, x.get(k), y.get(k)) for s, (x, y) in enumerate(zip(a, b), 1) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+ok = len(a) == 10 and not diff
+open(out, "a").write(json.dumps({"check": "nccl_world_size_1", "steps": len(a), "differences": [str(d) for d in diff[:5]], "pass": ok}) + "\n")
+print(("PASS" if ok else "FAIL"), f"nccl world size 1: {len(a)} steps, metrics equal to the run without NCCL: {not diff}", diff[:3])
+PY
+}
+
+export W OUTD DEVICE PY RLVR
+export -f logprobs offline speed breakdown shared nccl
+part logprobs 60 logprobs
+part offline 120 offline
+part nccl 40 nccl
+part speed 200 speed
+part breakdown 120 breakdown
+part shared 110 shared
+echo "# done in $(($(date +%s) - START)) s"
+cp "$LOG" "$OUTD/" 2>/dev/null || true
