@@ -18,7 +18,8 @@
 # Environment: PYTHON (default /tmp/venv/bin/python, with torch, transformers and trl as pinned in
 # bench/requirements.txt), DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir,
 # RLVR (an rlvr binary to time instead of building this tree's; for before/after comparisons),
-# SIDES (default "rlvr rlvr_skip trl"; e.g. SIDES=rlvr to time rlvr alone).
+# SIDES (default "rlvr rlvr_unshared rlvr_skip trl"; rlvr_unshared sets train.share_prompt = false;
+# e.g. SIDES=rlvr to time rlvr alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-3}
@@ -44,9 +45,10 @@ bench_workload_files "$DATA"
 "$PY" -c 'import json,sys; json.dump([json.loads(l)["prompt_ids"] for l in open(sys.argv[1])], open(sys.argv[2], "w"))' \
   "$W/rlvr_prompt_ids.jsonl" "$W/rlvr.prompt_ids.json"
 
-rlvr_run() { # $1 = run dir, $2 = skip_zero_gradient_rows
+rlvr_run() { # $1 = run dir, $2 = skip_zero_gradient_rows, $3 = train.share_prompt (default true)
   RAYON_NUM_THREADS=$THREADS "$RLVR" train "${BENCH_WORKLOAD_SETS[@]}" --set train.steps=$((STEPS + 1)) \
-    --set train.skip_zero_gradient_rows="$2" --set output.dir="\"$1\"" >/dev/null 2>"$1.log" \
+    --set train.skip_zero_gradient_rows="$2" --set train.share_prompt="${3:-true}" \
+    --set output.dir="\"$1\"" >/dev/null 2>"$1.log" \
     || { cat "$1.log"; exit 1; }
   "$PY" - "$1" "$W/rlvr.prompt_ids.json" <<'PY'
 import json, sys
@@ -62,12 +64,16 @@ PY
 }
 
 OUT="$W/results.jsonl"
-SIDES=${SIDES:-rlvr rlvr_skip trl}
+SIDES=${SIDES:-rlvr rlvr_unshared rlvr_skip trl}
 has() { case " $SIDES " in *" $1 "*) return 0;; *) return 1;; esac; }
 for r in $(seq "$ROUNDS"); do
   if has rlvr; then
   echo "round $r rlvr (work-equal) load $(cut -d' ' -f1-3 /proc/loadavg)"
   rlvr_run "$W/rlvr_r$r" false | sed "s/\"rlvr\"/\"rlvr\", \"round\": $r/" | tee -a "$OUT"
+  fi
+  if has rlvr_unshared; then
+  echo "round $r rlvr (work-equal, every row computes its prompt) load $(cut -d' ' -f1-3 /proc/loadavg)"
+  rlvr_run "$W/rlvr_unshared_r$r" false false | sed "s/\"rlvr\"/\"rlvr_unshared\", \"round\": $r/" | tee -a "$OUT"
   fi
   if has rlvr_skip; then
   echo "round $r rlvr (default, zero-gradient rows skipped) load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -98,7 +104,7 @@ timed = [r for r in rows if "step_s" in r and r["step"] > 1]  # step 1 is the wa
 med = lambda xs: statistics.median(xs)
 summary = {}
 print(f"{'side':<11}{'step s':>9}{'sample s':>10}{'train s':>9}{'sample tok/s':>14}{'train tok/s':>13}   (median over the timed steps)")
-for impl in ("trl", "rlvr", "rlvr_skip"):
+for impl in ("trl", "rlvr", "rlvr_unshared", "rlvr_skip"):
     rs = [r for r in timed if r["impl"] == impl]
     if not rs:
         continue
@@ -109,6 +115,8 @@ for impl in ("trl", "rlvr", "rlvr_skip"):
     print(f"{impl:<11}{st:>9.3f}{ss:>10.3f}{ts:>9.3f}{stok:>14.0f}{ttok:>13.0f}")
 if "trl" in summary and "rlvr" in summary:
     print(f"speed-up per RL step, TRL / rlvr (same work): {summary['trl'] / summary['rlvr']:.1f}x")
+if "trl" in summary and "rlvr_unshared" in summary:
+    print(f"speed-up per RL step, TRL / rlvr without the shared prompt (same work): {summary['trl'] / summary['rlvr_unshared']:.1f}x")
 if "trl" in summary and "rlvr_skip" in summary:
     print(f"speed-up per RL step, TRL / rlvr default (zero-gradient rows skipped): {summary['trl'] / summary['rlvr_skip']:.1f}x")
 if not same:

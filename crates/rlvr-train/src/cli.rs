@@ -451,7 +451,12 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         1 => None,
         _ => {
             let timeout = raw.distributed.timeout()?;
-            let c = rlvr_dist::init_with_timeout(&launch, timeout)?;
+            // The rank's device, opened here first: NCCL (distributed.backend) runs on its stream,
+            // and sft_run's later open returns the same device.
+            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+            let device = rlvr_dist::env::device_for(&a.device, &launch, visible.as_deref())?;
+            let device = rlvr_model::parse_device(&device)?;
+            let c = rlvr_dist::init_on(&launch, timeout, raw.distributed.backend.into(), &device)?;
             Some(rlvr_dist::SharedComm::new(c))
         }
     };
