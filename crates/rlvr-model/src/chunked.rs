@@ -30,11 +30,13 @@ use crate::ops::upcast;
 /// `C = CHUNK_ELEMS / N`, at least 1 and at most V.
 pub const CHUNK_ELEMS: usize = 8 << 20;
 
-/// Elements of one chunk on a GPU (64 Mi: 256 MiB in f32). A chunk costs a dozen kernel launches
-/// forward and as many backward whatever its width, so the CPU's 8 Mi (chosen for its caches and
-/// RSS) would cut a 16 × 512-token micro-batch at the Qwen2.5 vocabulary into 149 chunks of
-/// launches each; 64 Mi makes it 19. Peak memory: a few `[N, C]` f32 tensors, about 1.5 GiB.
-pub const CHUNK_ELEMS_GPU: usize = 64 << 20;
+/// Elements of one chunk on a GPU (32 Mi: 128 MiB in f32). A chunk costs a dozen kernel launches
+/// forward and as many backward whatever its width: on an H200 (BENCHMARKS.md, "GPU: first light")
+/// a 16 × 512-token step of the Qwen2.5-0.5B shape took 1.037 s with the CPU's 8 Mi (149 chunks)
+/// and 0.953 s with 64 Mi (19 chunks), about 0.65 ms per chunk; 32 Mi (37 chunks, ≈ 0.965 s by that
+/// rate) keeps most of the gain at half the memory of 64 Mi: a few `[N, C]` f32 tensors, about
+/// 768 MiB, so one 1024-token row of the 0.5B shape still trains on a 24 GB card.
+pub const CHUNK_ELEMS_GPU: usize = 32 << 20;
 
 /// The environment variable that overrides the chunk size in elements on every device (for
 /// measurements such as `bench/gpu_check.sh`'s; unset in normal use).

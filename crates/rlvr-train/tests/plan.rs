@@ -230,8 +230,9 @@ fn qwen2_5_0_5b_plan_matches_a_hand_count() {
     // KV cache per row: 1024 tokens × 24 layers × (k, v) × 2 KV heads × 64 × 2 bytes = 12 MiB.
     assert_eq!(p.kv_cache, p.kv_cache_rows * 1024 * 24 * 2 * 2 * 64 * 2);
     assert_eq!(1024 * 24 * 2 * 2 * 64 * 2, 12 << 20);
-    // Chunked logits: 6 chunks of 8 Mi f32 logits + the head's [V, H] gradient chunks in bf16.
-    assert_eq!(p.logits_buffer, 6 * (8 << 20) * 4 + 151_936 * 896 * 2);
+    // Chunked logits: 6 chunks of 32 Mi f32 logits (the GPU chunk) + the head's [V, H] gradient
+    // chunks in bf16.
+    assert_eq!(p.logits_buffer, 6 * (32 << 20) * 4 + 151_936 * 896 * 2);
     // Activations per row: 25 layers' worth (24 + one of backward working set) + embedding and
     // final norm, 896·(2 + 16) bytes per token.
     let layer = p.shape.layer_bytes_per_token(2, 1024);
