@@ -66,8 +66,8 @@ impl TaskKind {
             TaskKind::Gsm8k => Some(VerifierConfig::Gsm8k {
                 mode: Gsm8kMode::Flexible,
             }),
-            TaskKind::Math500 => Some(VerifierConfig::Math),
-            TaskKind::Countdown => Some(VerifierConfig::Countdown),
+            TaskKind::Math500 => Some(VerifierConfig::Math {}),
+            TaskKind::Countdown => Some(VerifierConfig::Countdown {}),
             TaskKind::Arithmetic => Some(VerifierConfig::Arithmetic {
                 mode: Gsm8kMode::Flexible,
             }),

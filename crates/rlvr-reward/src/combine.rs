@@ -29,9 +29,12 @@ pub enum VerifierConfig {
         mode: Gsm8kMode,
     },
     /// [`MathVerifier`].
-    Math,
+    // `{}`, not a unit variant: serde ignores every other key of an internally tagged unit
+    // variant, so `{ kind = "math", mode = "strict" }` would pass with `mode` unread.
+    Math {},
     /// [`CountdownVerifier`].
-    Countdown,
+    // As `Math {}`.
+    Countdown {},
     /// [`ArithmeticVerifier`].
     Arithmetic {
         /// Extraction mode, default flexible.
@@ -174,8 +177,8 @@ impl VerifierConfig {
     pub fn build(&self) -> Result<Box<dyn Verifier>, RewardError> {
         Ok(match self {
             VerifierConfig::Gsm8k { mode } => Box::new(Gsm8kVerifier { mode: *mode }),
-            VerifierConfig::Math => Box::new(MathVerifier),
-            VerifierConfig::Countdown => Box::new(CountdownVerifier),
+            VerifierConfig::Math {} => Box::new(MathVerifier),
+            VerifierConfig::Countdown {} => Box::new(CountdownVerifier),
             VerifierConfig::Arithmetic { mode } => Box::new(ArithmeticVerifier { mode: *mode }),
             VerifierConfig::Judge(j) => Box::new(j.build()?),
             VerifierConfig::RewardModel(r) => Box::new(r.build()?),
@@ -204,8 +207,8 @@ impl VerifierConfig {
     pub fn name(&self) -> &'static str {
         match self {
             VerifierConfig::Gsm8k { .. } => "gsm8k",
-            VerifierConfig::Math => "math",
-            VerifierConfig::Countdown => "countdown",
+            VerifierConfig::Math {} => "math",
+            VerifierConfig::Countdown {} => "countdown",
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
             VerifierConfig::Judge(_) => "judge",
