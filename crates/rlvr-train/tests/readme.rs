@@ -1,5 +1,13 @@
-//! The README's config reference is generated from the config structs' doc comments
-//! (`RLVR_BLESS=1 cargo test -p rlvr-train --test readme` rewrites it).
+//! The docs and the config agree:
+//! - the README's config reference is generated from the config structs' doc comments
+//!   (`RLVR_BLESS=1 cargo test --workspace --locked --test readme` rewrites it) and has a row for
+//!   every key the config accepts, and no other;
+//! - every example of docs/data.md loads, resolves and renders its sample rows.
+
+use std::path::{Path, PathBuf};
+
+use rlvr_train::config::keys::{accepted_keys, AcceptedKey};
+use rlvr_train::config::RawConfig;
 
 #[test]
 fn readme_config_reference_is_current() {
@@ -16,34 +24,262 @@ fn readme_config_reference_is_current() {
         if std::env::var("RLVR_BLESS").is_ok() {
             std::fs::write(&path, format!("{}{}{}", &text[..i], want, &text[j..])).unwrap();
         } else {
-            panic!("README.md's config reference is stale: run RLVR_BLESS=1 cargo test -p rlvr-train --test readme");
+            panic!("README.md's config reference is stale: run RLVR_BLESS=1 cargo test --workspace --locked --test readme");
         }
     }
 }
 
-/// Every `[data]` key the config accepts (the fields of rlvr-data's `DataConfig`, and of its
-/// `countdown` and `arithmetic` sub-tables) has a row in the config reference.
+/// The repository root.
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// The config reference's rows as (key, note, whole line): `| `data.verifier.mode` (kind
+/// `gsm8k`) | ... |` is (`data.verifier.mode`, `kind `gsm8k``, line).
+fn reference_rows(reference: &str) -> Vec<(String, String, String)> {
+    reference
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("| `")?;
+            let (key, after) = rest.split_once('`')?;
+            let note = after
+                .trim_start()
+                .strip_prefix('(')
+                .and_then(|n| n.split_once(") |"))
+                .map_or("", |(n, _)| n);
+            Some((key.to_string(), note.to_string(), l.to_string()))
+        })
+        .collect()
+}
+
+/// Where a key is documented: the keys of a component's verifier are those of `data.verifier`.
+fn documented_as(key: &str) -> String {
+    match key.strip_prefix("reward.components[].verifier.") {
+        Some(k) => format!("data.verifier.{k}"),
+        None => key.to_string(),
+    }
+}
+
+/// `kind = "judge", rule = "number"` → `kind `judge`, rule `number`` (a row's note).
+fn note_of(within: &str) -> String {
+    within.replace(" = \"", " `").replace('"', "`")
+}
+
+/// Every key the config accepts (asked of the deserialiser, tagged tables and arrays of tables
+/// included) has a row in the config reference: with its variant's note when it belongs to one
+/// (`data.verifier.command` (kind `external`)), and a tag key's row names every tag value. Every
+/// row names a key the config accepts.
 #[test]
-fn every_data_key_is_in_the_config_reference() {
+fn every_accepted_key_has_a_row_and_every_row_is_a_key() {
     let reference = rlvr_train::config::reference_markdown();
-    let data = serde_json::to_value(rlvr_data::config::DataConfig::default()).unwrap();
-    let mut keys = Vec::new();
-    for (k, v) in data.as_object().unwrap() {
-        keys.push(format!("data.{k}"));
-        if matches!(k.as_str(), "countdown" | "arithmetic") {
-            for sub in v.as_object().unwrap().keys() {
-                keys.push(format!("data.{k}.{sub}"));
+    let rows = reference_rows(&reference);
+    let accepted: Vec<AcceptedKey> = accepted_keys()
+        .into_iter()
+        .filter(|k| k.key.contains('.'))
+        .collect();
+    assert!(accepted.len() > 150, "{accepted:?}");
+    for want in [
+        "data.few_shot[].answer",
+        "data.verifier.command",
+        "data.verifier.parse.labels",
+        "reward.components[].verifier.extra_body",
+        "reward.format.penalty",
+        "data.arithmetic.pad",
+    ] {
+        assert!(
+            accepted.iter().any(|k| k.key == want),
+            "{want}: {accepted:?}"
+        );
+    }
+    let mut missing = Vec::new();
+    for k in &accepted {
+        let key = documented_as(&k.key);
+        let of_key: Vec<&(String, String, String)> =
+            rows.iter().filter(|(r, _, _)| *r == key).collect();
+        if of_key.is_empty() {
+            missing.push(key.clone());
+            continue;
+        }
+        for w in &k.within {
+            let note = note_of(w);
+            if !of_key.iter().any(|(_, n, _)| *n == note) {
+                missing.push(format!("{key} ({note})"));
+            }
+        }
+        for t in &k.tags {
+            if !of_key.iter().any(|(_, _, l)| l.contains(&format!("`{t}`"))) {
+                missing.push(format!("{key} = \"{t}\""));
             }
         }
     }
-    assert!(keys.len() > 20, "{keys:?}");
-    let missing: Vec<&String> = keys
+    assert!(
+        missing.is_empty(),
+        "keys the config accepts without a row in the config reference (give the field a `///` \
+         comment): {missing:?}"
+    );
+    let unknown: Vec<&String> = rows
         .iter()
-        .filter(|k| {
-            // The sub-tables are documented by their keys.
-            !matches!(k.as_str(), "data.countdown" | "data.arithmetic")
-                && !reference.contains(&format!("| `{k}` |"))
-        })
+        .map(|(r, _, _)| r)
+        .filter(|r| !r.starts_with('['))
+        .filter(|r| !accepted.iter().any(|k| documented_as(&k.key) == **r))
         .collect();
-    assert!(missing.is_empty(), "undocumented [data] keys: {missing:?}");
+    assert!(
+        unknown.is_empty(),
+        "rows that name no accepted key: {unknown:?}"
+    );
+}
+
+/// The fenced blocks of Markdown `text`: (info string, body).
+fn fenced_blocks(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut open: Option<(String, String)> = None;
+    for line in text.lines() {
+        let t = line.trim_start();
+        match (&mut open, t.strip_prefix("```")) {
+            (None, Some(info)) => open = Some((info.trim().to_string(), String::new())),
+            (Some(_), Some(_)) => out.push(open.take().unwrap()),
+            (Some((_, body)), None) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+/// A chat template for tests: each message as `<|role|>content`, then `<|assistant|>`.
+fn render_chat(msgs: &[rlvr_data::ChatMessage], generation: bool) -> anyhow::Result<String> {
+    let mut s: String = msgs
+        .iter()
+        .map(|m| format!("<|{}|>{}\n", m.role, m.content))
+        .collect();
+    if generation {
+        s.push_str("<|assistant|>");
+    }
+    Ok(s)
+}
+
+/// Every `toml` example of docs/data.md, with the `jsonl` rows after it written to each data file
+/// it names (a `.parquet` name gets the same rows as the JSON objects the Parquet reader makes,
+/// in a `.jsonl` file, given by `--set`), loads and resolves as `rlvr train --config` does; every
+/// row renders to a prompt holding its question (and the system prompt and few-shot answers the
+/// example sets), with its answer as the reference; the reward function builds.
+#[test]
+fn every_data_layout_example_loads_resolves_and_renders() {
+    use rlvr_data::dataset::prepare_split;
+    use rlvr_data::generate::Split;
+    let text = std::fs::read_to_string(repo_root().join("docs/data.md")).unwrap();
+    let blocks = fenced_blocks(&text);
+    let mut examples = 0;
+    for (i, (info, body)) in blocks.iter().enumerate() {
+        if info != "toml" {
+            continue;
+        }
+        examples += 1;
+        let rows = blocks
+            .get(i + 1)
+            .filter(|(info, _)| info == "jsonl")
+            .map(|(_, b)| b.as_str());
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("config.toml");
+        std::fs::write(&file, body).unwrap();
+        let mut sets = vec!["model.path=runs/tiny".to_string()];
+        let table: toml::Table = body.parse().unwrap();
+        let data = table.get("data").and_then(|d| d.as_table());
+        for split in ["train", "test"] {
+            let Some(name) = data.and_then(|d| d.get(split)).and_then(|v| v.as_str()) else {
+                continue;
+            };
+            let rows = rows.unwrap_or_else(|| panic!("example {examples}: no jsonl rows"));
+            let mut path = tmp.path().join(name);
+            if path.extension().is_some_and(|e| e == "parquet") {
+                path.set_extension("jsonl");
+                sets.push(format!("data.{split}={}", path.display()));
+            }
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, rows).unwrap();
+        }
+        let cfg = RawConfig::load(Some(&file), &sets)
+            .and_then(RawConfig::resolve)
+            .unwrap_or_else(|e| panic!("docs/data.md example {examples}: {e:#}\n{body}"));
+        cfg.check_runnable().unwrap();
+        let d = &cfg.raw.data;
+        let verifier = d.verifier().unwrap();
+        rlvr_reward::combine::RewardFunction::from_config(&cfg.raw.reward, &verifier)
+            .unwrap_or_else(|e| panic!("docs/data.md example {examples}: {e:#}"));
+        let (qf, af) = d.fields();
+        for split in [Split::Train, Split::Test] {
+            let prepared = prepare_split(d, split, Some(&render_chat), None)
+                .unwrap_or_else(|e| panic!("docs/data.md example {examples}: {e:#}"));
+            let n = prepared.dataset.problems.len();
+            assert!(
+                n > 0 && prepared.prompts.prompts.len() == n,
+                "example {examples}"
+            );
+            for p in &prepared.prompts.prompts {
+                if let Some(s) = &d.system_prompt {
+                    assert!(p.text.contains(s.as_str()), "{}", p.text);
+                }
+                for ex in &d.few_shot {
+                    assert!(p.text.contains(ex.answer.as_str()), "{}", p.text);
+                }
+            }
+            if d.train.is_none() {
+                continue;
+            }
+            let rows: Vec<serde_json::Value> = rows
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(rows.len(), n, "example {examples}");
+            for (row, (problem, prompt)) in rows.iter().zip(
+                prepared
+                    .dataset
+                    .problems
+                    .iter()
+                    .zip(&prepared.prompts.prompts),
+            ) {
+                let text = |f: &str| match &row[f] {
+                    serde_json::Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                };
+                assert!(prompt.text.contains(&text(&qf)), "{qf}: {}", prompt.text);
+                assert_eq!(problem.reference, text(&af), "example {examples}");
+            }
+        }
+    }
+    assert!(examples >= 6, "docs/data.md has {examples} examples");
+}
+
+/// docs/data.md says a question field holding chat `messages` (a list) is refused naming the
+/// file, line and field.
+#[test]
+fn a_messages_list_as_question_is_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("train.jsonl");
+    std::fs::write(
+        &path,
+        "{\"question\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"answer\": \"1\"}\n",
+    )
+    .unwrap();
+    let d = rlvr_data::config::DataConfig {
+        task: rlvr_data::config::TaskKind::Jsonl,
+        verifier: Some(rlvr_reward::combine::VerifierConfig::Math {}),
+        ..Default::default()
+    };
+    let e = rlvr_data::dataset::load_file(&d, &path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("train.jsonl")
+            && e.contains(":1")
+            && e.contains("question")
+            && e.contains("must be a string"),
+        "{e}"
+    );
 }
