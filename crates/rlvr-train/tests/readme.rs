@@ -2,7 +2,9 @@
 //! - the README's config reference is generated from the config structs' doc comments
 //!   (`RLVR_BLESS=1 cargo test --workspace --locked --test readme` rewrites it) and has a row for
 //!   every key the config accepts, and no other;
-//! - every example of docs/data.md loads, resolves and renders its sample rows.
+//! - every example of docs/data.md loads, resolves and renders its sample rows;
+//! - every dotted config key the Markdown docs name (`train.lr`, `--set rollout.group_size=`) is
+//!   one the config accepts.
 
 use std::path::{Path, PathBuf};
 
@@ -281,5 +283,205 @@ fn a_messages_list_as_question_is_refused_naming_the_field() {
             && e.contains("question")
             && e.contains("must be a string"),
         "{e}"
+    );
+}
+
+/// The Markdown docs whose config keys are checked: every README.md of the repository, every
+/// `.md` file under a `docs/` directory, and ARCHITECTURE.md (BENCHMARKS.md and the crates'
+/// BENCH.md are dated records of measurements, not docs of the config).
+fn markdown_docs(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if p.is_dir() {
+            if !name.starts_with('.') && name != "target" && name != "runs" {
+                markdown_docs(&p, out);
+            }
+        } else if name == "README.md"
+            || name == "ARCHITECTURE.md"
+            || (name.ends_with(".md") && p.components().any(|c| c.as_os_str() == "docs"))
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// The last part of a dotted word that makes it a file name (`eval.jsonl`, `model.safetensors`),
+/// not a key.
+const FILE_EXTENSIONS: [&str; 18] = [
+    "jsonl",
+    "json",
+    "log",
+    "toml",
+    "md",
+    "rs",
+    "py",
+    "sh",
+    "safetensors",
+    "parquet",
+    "svg",
+    "png",
+    "txt",
+    "yaml",
+    "yml",
+    "csv",
+    "lock",
+    "gz",
+];
+
+/// The dotted words of `span` that start with a config section (`train.lr`,
+/// `reward.components[0].weight`), with array indices written `[]`; file names and placeholders
+/// (`data.KEY`) are left out, and so is a word inside another (`actor_rollout_ref.rollout.n`,
+/// `data/gsm8k/train.jsonl`).
+fn dotted_keys(span: &str, sections: &[&str]) -> Vec<String> {
+    let b = span.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'[' | b']');
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let boundary =
+            i == 0 || !(word(b[i - 1]) || matches!(b[i - 1], b'/' | b'-' | b'$' | b'{' | b'<'));
+        if !(boundary && b[i].is_ascii_lowercase()) {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < b.len() && word(b[j]) {
+            j += 1;
+        }
+        let w = span[i..j].trim_end_matches('.');
+        i = j;
+        let Some((first, _)) = w.split_once('.') else {
+            continue;
+        };
+        let last = w.rsplit('.').next().unwrap_or("");
+        if !sections.contains(&first)
+            || FILE_EXTENSIONS.contains(&last)
+            || w.chars().any(|c| c.is_ascii_uppercase())
+        {
+            continue;
+        }
+        // `[0]` → `[]`.
+        let mut key = String::new();
+        let mut in_index = false;
+        for c in w.chars() {
+            match c {
+                '[' => {
+                    in_index = true;
+                    key.push('[');
+                }
+                ']' => {
+                    in_index = false;
+                    key.push(']');
+                }
+                _ if in_index => {}
+                c => key.push(c),
+            }
+        }
+        out.push(key);
+    }
+    out
+}
+
+/// Every dotted config key the Markdown docs name in backticks (`train.lr`,
+/// `` `--set rollout.group_size=4` ``), after `--set` in a code block, or in a ```toml block of
+/// config tables is one the config accepts (or a peer's name that its help maps to ours: verl's
+/// `rollout.n`), so the docs never name a key that does not exist.
+#[test]
+fn the_docs_name_only_keys_the_config_accepts() {
+    let root = repo_root();
+    let accepted: Vec<String> = accepted_keys().into_iter().map(|k| k.key).collect();
+    let sections: Vec<&str> = accepted
+        .iter()
+        .filter(|k| !k.contains('.'))
+        .map(String::as_str)
+        .collect();
+    assert!(
+        sections.contains(&"train") && sections.contains(&"reward"),
+        "{sections:?}"
+    );
+    let ok = |key: &str| {
+        accepted.iter().any(|k| k == key) || rlvr_train::config::help::alias_for(key).is_some()
+    };
+    let mut files = Vec::new();
+    markdown_docs(&root, &mut files);
+    for want in [
+        "README.md",
+        "configs/README.md",
+        "docs/data.md",
+        "crates/rlvr-train/README.md",
+    ] {
+        assert!(files.contains(&root.join(want)), "{want}: {files:?}");
+    }
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let name = f.strip_prefix(&root).unwrap().display().to_string();
+        let mut fence: Option<(String, usize, String)> = None;
+        for (n, line) in text.lines().enumerate() {
+            let at = format!("{name}:{}", n + 1);
+            if let Some(info) = line.trim_start().strip_prefix("```") {
+                match fence.take() {
+                    None => fence = Some((info.trim().to_string(), n + 1, String::new())),
+                    Some((info, start, body)) if info == "toml" => {
+                        // A block of config tables is deserialised as a config.
+                        let Ok(table) = body.parse::<toml::Table>() else {
+                            continue;
+                        };
+                        if table.is_empty() || !table.keys().all(|k| sections.contains(&k.as_str()))
+                        {
+                            continue;
+                        }
+                        checked += 1;
+                        if let Err(e) = rlvr_train::config::from_table::<RawConfig>(table) {
+                            let e = format!("{e:#}");
+                            if e.contains("unknown") {
+                                bad.push(format!("{name}:{start}: ```toml block: {e}"));
+                            }
+                        }
+                    }
+                    Some(_) => {}
+                }
+                continue;
+            }
+            let spans: Vec<String> = match &mut fence {
+                Some((_, _, body)) => {
+                    body.push_str(line);
+                    body.push('\n');
+                    line.split("--set")
+                        .skip(1)
+                        .map(|s| {
+                            let s = s.trim_start().trim_start_matches(['\'', '"']);
+                            s.split('=').next().unwrap_or("").to_string()
+                        })
+                        .collect()
+                }
+                None => line
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(String::from)
+                    .collect(),
+            };
+            for span in spans {
+                for key in dotted_keys(&span, &sections) {
+                    checked += 1;
+                    if !ok(&key) {
+                        bad.push(format!("{at}: `{key}`"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 200, "only {checked} keys checked");
+    assert!(
+        bad.is_empty(),
+        "the docs name keys the config does not accept:\n{}",
+        bad.join("\n")
     );
 }
