@@ -66,8 +66,8 @@ impl TaskKind {
             TaskKind::Gsm8k => Some(VerifierConfig::Gsm8k {
                 mode: Gsm8kMode::Flexible,
             }),
-            TaskKind::Math500 => Some(VerifierConfig::Math),
-            TaskKind::Countdown => Some(VerifierConfig::Countdown),
+            TaskKind::Math500 => Some(VerifierConfig::Math {}),
+            TaskKind::Countdown => Some(VerifierConfig::Countdown {}),
             TaskKind::Arithmetic => Some(VerifierConfig::Arithmetic {
                 mode: Gsm8kMode::Flexible,
             }),
@@ -91,9 +91,11 @@ pub enum PromptStyle {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FewShotExample {
-    /// The question text (fills `{question}` of the template).
+    /// The example's question (fills `{question}` of the template; other placeholders take the
+    /// problem's values).
     pub question: String,
-    /// The answer shown to the model (an assistant message in chat style).
+    /// The example's answer shown to the model (on the next line in plain style, an assistant
+    /// message in chat style).
     pub answer: String,
 }
 
@@ -114,21 +116,29 @@ pub struct DataConfig {
     pub prompts_per_step: usize,
     /// Seed of the shuffling and of the generators. Default 0.
     pub seed: u64,
-    /// Field holding the question; default per task (gsm8k `question`, math500 `problem`, countdown
-    /// `nums`, others `question`).
+    /// Field (JSONL key, Parquet column) holding the question; default per task (gsm8k `question`,
+    /// math500 `problem`, countdown `nums`, others `question`). docs/data.md shows each layout.
     pub question_field: Option<String>,
-    /// Field holding the reference; default per task (countdown `target`, others `answer`).
+    /// Field (JSONL key, Parquet column) holding the reference handed to the verifier; default per
+    /// task (countdown `target`, others `answer`).
     pub answer_field: Option<String>,
-    /// Verifier of a `jsonl` task (e.g. `{ kind = "math" }`); overrides the task's default otherwise.
+    /// Verifier of a `jsonl` task, an inline table tagged by `kind` (e.g. `{ kind = "math" }`; each
+    /// kind's keys follow); required for `task = "jsonl"`, and overrides a built-in task's own
+    /// otherwise. docs/external-verifier.md describes the external, judge and reward-model kinds.
     pub verifier: Option<VerifierConfig>,
-    /// Prompt style: plain text or chat template. Default plain.
+    /// Prompt style: `plain` (system prompt, few-shot examples and the question joined by blank
+    /// lines) or `chat` (system, user/assistant pairs of the few-shot examples, then the question
+    /// as the user's message, rendered by the model's chat template). Default `plain`.
     pub style: PromptStyle,
-    /// Prompt template; `{question}` and `{field}` placeholders (`{{`/`}}` for literal braces).
-    /// Default: the task's template ([`TaskKind::default_template`]).
+    /// Prompt template: `{question}` is the question field; countdown adds `{numbers}` and
+    /// `{target}`, a `jsonl` task any string or number field of the row as `{NAME}`; `{{`/`}}` for
+    /// literal braces. Default: the task's template (gsm8k and math500 add their answer-format
+    /// instruction, countdown its instructions, others `{question}` alone).
     pub template: Option<String>,
     /// Optional system prompt (a system message in chat style, the first paragraph in plain style).
     pub system_prompt: Option<String>,
-    /// Few-shot examples placed before the question. Default none.
+    /// Few-shot examples placed before the question, each a table of `question` (rendered with the
+    /// same template) and `answer`. Default none.
     pub few_shot: Vec<FewShotExample>,
     /// Drop prompts longer than this many tokens (counted by the caller's tokenizer, after the
     /// template and few-shot examples): such a prompt is left out of training, not cut (verl's
@@ -220,51 +230,38 @@ impl DataConfig {
 }
 
 /// The `[data]` keys as rows of a Markdown table (`| `data.KEY` | meaning |`), generated from the
-/// `///` comments of [`DataConfig`]'s fields and of its generator sub-tables
-/// (`data.countdown.*`, `data.arithmetic.*`), in field order (rlvr-train's README embeds them in
-/// its config reference, which a test keeps in sync). `data.verifier` and `data.few_shot` are one
-/// row each (their inner keys: the external verifier docs and the README's data layouts).
+/// `///` comments of [`DataConfig`]'s fields, in field order, each table's keys right after its
+/// row: a few-shot example's (`data.few_shot[].question`), the verifier's (every kind's keys,
+/// from rlvr-reward's doc comments: [`rlvr_reward::reference::verifier_rows`]) and the
+/// generators' (`data.countdown.*`, `data.arithmetic.*`). rlvr-train's README embeds them in its
+/// config reference, which a test keeps in sync and which fails on a key without a row.
 pub fn reference_rows() -> String {
-    let mut out = struct_rows(include_str!("config.rs"), "DataConfig", "data");
-    let generate = include_str!("generate.rs");
-    out.push_str(&struct_rows(
-        generate,
-        "CountdownGenConfig",
-        "data.countdown",
-    ));
-    out.push_str(&struct_rows(
-        generate,
-        "ArithmeticGenConfig",
-        "data.arithmetic",
-    ));
-    out
-}
-
-/// The documented `pub` fields of `pub struct NAME` in `src` as `| `PREFIX.field` | doc |` rows.
-fn struct_rows(src: &str, name: &str, prefix: &str) -> String {
-    let start = src
-        .find(&format!("pub struct {name} {{"))
-        .unwrap_or_else(|| panic!("{name} is not defined in the given source"));
+    use rlvr_reward::reference::{fields, row, verifier_rows};
+    let config = [include_str!("config.rs")];
+    let generate = [include_str!("generate.rs")];
     let mut out = String::new();
-    let mut doc: Vec<&str> = Vec::new();
-    for line in src[start..].lines().skip(1) {
-        let l = line.trim();
-        if l == "}" {
-            break;
-        }
-        if let Some(d) = l.strip_prefix("///") {
-            doc.push(d.trim());
-        } else if let Some((field, _)) = l.strip_prefix("pub ").and_then(|r| r.split_once(':')) {
-            if !doc.is_empty() {
-                out.push_str(&format!(
-                    "| `{prefix}.{}` | {} |\n",
-                    field.trim(),
-                    doc.join(" ").replace('|', "\\|")
-                ));
+    for f in fields(&config, "pub struct DataConfig {") {
+        out.push_str(&row(&format!("data.{}", f.name), "", &f.doc));
+        let (src, header, prefix) = match f.name.as_str() {
+            "verifier" => {
+                out.push_str(&verifier_rows("data.verifier"));
+                continue;
             }
-            doc.clear();
-        } else if !l.starts_with("#[") {
-            doc.clear();
+            "few_shot" => (&config, "pub struct FewShotExample {", "data.few_shot[]"),
+            "countdown" => (
+                &generate,
+                "pub struct CountdownGenConfig {",
+                "data.countdown",
+            ),
+            "arithmetic" => (
+                &generate,
+                "pub struct ArithmeticGenConfig {",
+                "data.arithmetic",
+            ),
+            _ => continue,
+        };
+        for g in fields(src, header) {
+            out.push_str(&row(&format!("{prefix}.{}", g.name), "", &g.doc));
         }
     }
     out

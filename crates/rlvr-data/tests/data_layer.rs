@@ -168,7 +168,7 @@ fn custom_field_names_and_jsonl_task_with_its_verifier() {
         .unwrap_err()
         .to_string()
         .contains("data.verifier"));
-    cfg.verifier = Some(VerifierConfig::Math);
+    cfg.verifier = Some(VerifierConfig::Math {});
     cfg.validate().unwrap();
     let ds = load_split(&cfg, Split::Train).unwrap();
     let rewards = self_scores(&cfg, &ds, |_| "\\boxed{\\frac12}".into());

@@ -115,7 +115,11 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         None => sweep::DEFAULT_SWEEP.to_string(),
     };
-    let sweep = Sweep::parse(&text)
+    let parsed = match &a.sweep {
+        Some(p) => Sweep::parse_file(&text, p),
+        None => Sweep::parse(&text),
+    };
+    let sweep = parsed
         .and_then(|s| s.select(a.fast, &a.only))
         .with_context(|| match &a.sweep {
             Some(p) => format!("in the sweep file {}", p.display()),

@@ -63,10 +63,12 @@ fn default_step_s() -> f64 {
 #[serde(deny_unknown_fields)]
 pub struct WarmStartSection {
     /// A model directory for every run instead of the quickstart's warm start; `{seed}` is replaced
-    /// by the seed. Requires `config`.
+    /// by the seed. Requires `config`. A relative path is relative to the sweep file's directory
+    /// ([`Sweep::parse_file`]), as input paths in a train config are to the config's.
     pub model: Option<String>,
     /// Base config of every run; `{seed}` is replaced. Default: the quickstart's own
-    /// (`configs/quickstart.toml`, as written into the warm-start directory).
+    /// (`configs/quickstart.toml`, as written into the warm-start directory). A relative path is
+    /// relative to the sweep file's directory.
     pub config: Option<String>,
     /// Extra arguments of `rlvr quickstart --warm-start-only` (e.g. `["--fast"]` in tests).
     #[serde(default)]
@@ -143,6 +145,27 @@ pub struct Sweep {
     pub arms: Vec<Arm>,
 }
 
+/// `rel` joined to the absolute directory `dir` (without symbolic links): `.` parts dropped and
+/// leading `..` parts taken off `dir`.
+fn join_clean(dir: &Path, rel: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = dir.to_path_buf();
+    let mut leading = true;
+    for c in rel.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if leading && out.parent().is_some() => {
+                out.pop();
+            }
+            other => {
+                leading = false;
+                out.push(other.as_os_str());
+            }
+        }
+    }
+    out
+}
+
 /// One run: an arm at a seed.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
@@ -180,17 +203,54 @@ impl Sweep {
         Ok(s)
     }
 
-    /// Reads `path`, or the default sweep when `None`.
+    /// Parses `text`, the contents of the sweep file `file`, and makes `[warm_start]`'s relative
+    /// `model` and `config` paths relative to `file`'s directory (absolute, so every child run
+    /// finds them whatever the working directory of `rlvr lab`). The `--set` values of `[lab].sets`
+    /// and `[[arm]].sets` stay relative to the working directory, as `--set` values of
+    /// `rlvr train` do.
     ///
     /// # Errors
-    /// As [`Sweep::parse`], plus I/O.
+    /// As [`Sweep::parse`]; the file's directory cannot be resolved or is not UTF-8.
+    pub fn parse_file(text: &str, file: &Path) -> anyhow::Result<Sweep> {
+        let mut s = Sweep::parse(text)?;
+        let parent = match file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = parent
+            .canonicalize()
+            .with_context(|| format!("resolving the directory of {}", file.display()))?;
+        let ws = &mut s.warm_start;
+        for (key, value) in [("model", &mut ws.model), ("config", &mut ws.config)] {
+            let Some(v) = value.as_mut() else { continue };
+            if Path::new(v.as_str()).is_absolute() {
+                continue;
+            }
+            let joined = join_clean(&dir, Path::new(v.as_str()));
+            *v = joined
+                .to_str()
+                .with_context(|| {
+                    format!(
+                        "[warm_start].{key}: {} is not UTF-8",
+                        joined.to_string_lossy()
+                    )
+                })?
+                .to_string();
+        }
+        Ok(s)
+    }
+
+    /// Reads `path` ([`Sweep::parse_file`]), or the default sweep when `None`.
+    ///
+    /// # Errors
+    /// As [`Sweep::parse_file`], plus I/O.
     pub fn load(path: Option<&Path>) -> anyhow::Result<Sweep> {
         match path {
             None => Sweep::parse(DEFAULT_SWEEP),
             Some(p) => {
                 let t = std::fs::read_to_string(p)
                     .with_context(|| format!("reading {}", p.display()))?;
-                Sweep::parse(&t).with_context(|| format!("in {}", p.display()))
+                Sweep::parse_file(&t, p).with_context(|| format!("in {}", p.display()))
             }
         }
     }

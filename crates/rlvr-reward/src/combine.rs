@@ -18,45 +18,62 @@ use crate::{RewardError, Sample, Verifier};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// Which verifier a component uses (a TOML inline table tagged by `kind`).
+/// Which verifier a component uses (a TOML inline table tagged by `kind`). The `///` comments of
+/// the variants and their fields are the config reference's `data.verifier.*` rows
+/// ([`crate::reference`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum VerifierConfig {
-    /// [`Gsm8kVerifier`].
+    /// GSM8K (`Gsm8kVerifier`): the number after the reference's last `####` against the
+    /// completion's answer, compared exactly.
     Gsm8k {
-        /// Extraction mode, default flexible.
+        /// Which answer forms count: `strict` (`#### N` only) or `flexible` (`#### N`, then
+        /// `\boxed{}`, then an "answer is" phrase, then the last number). Default `flexible`.
         #[serde(default)]
         mode: Gsm8kMode,
     },
-    /// [`MathVerifier`].
-    Math,
-    /// [`CountdownVerifier`].
-    Countdown,
-    /// [`ArithmeticVerifier`].
+    /// MATH (`MathVerifier`): the completion's last `\boxed{}` against the reference's (or the bare
+    /// reference), with Math-Verify's answer forms (crates/rlvr-reward/src/math.rs).
+    // `{}`, not a unit variant: serde ignores every other key of an internally tagged unit
+    // variant, so `{ kind = "math", mode = "strict" }` would pass with `mode` unread.
+    Math {},
+    /// Countdown (`CountdownVerifier`): the completion's equation must use each given number once
+    /// and reach the target; the reference is `{"numbers": [..], "target": N}`.
+    // As `Math {}`.
+    Countdown {},
+    /// Arithmetic (`ArithmeticVerifier`): the completion's number (its last `<answer>…</answer>`,
+    /// else the whole completion) equals the reference exactly.
     Arithmetic {
-        /// Extraction mode, default flexible.
+        /// `strict` (the answer text must be exactly one number) or `flexible` (GSM8K's
+        /// extraction). Default `flexible`.
         #[serde(default)]
         mode: Gsm8kMode,
     },
-    /// A user program: [`ExternalVerifier`] (`mode = "per_batch"`) or [`PersistentVerifier`]
-    /// (`mode = "persistent"`).
+    /// Your own program (`ExternalVerifier`, `PersistentVerifier`): JSON lines over stdin and
+    /// stdout (docs/external-verifier.md).
     External {
-        /// Program and arguments.
+        /// Program and arguments, e.g. `["python3", "score.py"]` (required, not empty). In a
+        /// config file, a program written as a path (`./score.py`) and an argument naming a file
+        /// that exists beside the config (`score.py`) are relative to the file's directory; a bare
+        /// program name (`python3`) is looked up on `PATH`.
         command: Vec<String>,
-        /// Seconds allowed per batch, default 60.
+        /// Seconds allowed per batch, in (0, 1e6]. Default 60.
         #[serde(default = "default_timeout_s")]
         timeout_s: f64,
-        /// When the program runs: once per batch (default) or once per run.
+        /// When the program runs: `per_batch` (started for every batch) or `persistent` (started
+        /// once per run). Default `per_batch`.
         #[serde(default)]
         mode: ExternalMode,
         /// Persistent mode: how many times a program that dies is started again in one run before
-        /// the run stops, default 3.
+        /// the run stops. Default 3.
         #[serde(default = "default_restarts")]
         restarts: u32,
     },
-    /// An LLM judge over HTTP ([`crate::judge::JudgeVerifier`]).
+    /// An LLM judge over HTTP (`JudgeVerifier`): an OpenAI-compatible server scores each
+    /// completion by a prompt (docs/external-verifier.md).
     Judge(JudgeConfig),
-    /// A reward model over HTTP ([`crate::reward_model::RewardModelVerifier`]).
+    /// A reward model on vLLM's pooling API (`RewardModelVerifier`; docs/external-verifier.md);
+    /// also written `reward-model`.
     #[serde(rename = "reward_model", alias = "reward-model")]
     RewardModel(RewardModelConfig),
 }
@@ -174,8 +191,8 @@ impl VerifierConfig {
     pub fn build(&self) -> Result<Box<dyn Verifier>, RewardError> {
         Ok(match self {
             VerifierConfig::Gsm8k { mode } => Box::new(Gsm8kVerifier { mode: *mode }),
-            VerifierConfig::Math => Box::new(MathVerifier),
-            VerifierConfig::Countdown => Box::new(CountdownVerifier),
+            VerifierConfig::Math {} => Box::new(MathVerifier),
+            VerifierConfig::Countdown {} => Box::new(CountdownVerifier),
             VerifierConfig::Arithmetic { mode } => Box::new(ArithmeticVerifier { mode: *mode }),
             VerifierConfig::Judge(j) => Box::new(j.build()?),
             VerifierConfig::RewardModel(r) => Box::new(r.build()?),
@@ -204,8 +221,8 @@ impl VerifierConfig {
     pub fn name(&self) -> &'static str {
         match self {
             VerifierConfig::Gsm8k { .. } => "gsm8k",
-            VerifierConfig::Math => "math",
-            VerifierConfig::Countdown => "countdown",
+            VerifierConfig::Math {} => "math",
+            VerifierConfig::Countdown {} => "countdown",
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
             VerifierConfig::Judge(_) => "judge",
@@ -218,13 +235,15 @@ impl VerifierConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ComponentConfig {
-    /// Name used in metrics (`reward/<name>`); default: the verifier kind.
+    /// Name in the metrics (`reward/<name>/mean`, `reward/<name>/share`), distinct per component.
+    /// Default: the verifier's kind.
     #[serde(default)]
     pub name: Option<String>,
-    /// Weight in the sum, default 1.
+    /// Weight in the sum, finite with |weight| ≤ 1e6. Default 1.
     #[serde(default = "default_weight")]
     pub weight: f64,
-    /// The verifier.
+    /// The verifier, an inline table with the keys of `data.verifier` (its `kind` and that kind's
+    /// keys). Required.
     pub verifier: VerifierConfig,
 }
 
@@ -232,9 +251,13 @@ pub struct ComponentConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardConfig {
-    /// Components of the weighted sum. Empty: the task's own verifier with weight 1.
+    /// Components of the reward, one `[[reward.components]]` table each: reward = Σ weight ·
+    /// the component's reward, plus the format term; `accuracy` is the first component's
+    /// correctness. Empty: the task's verifier (`data.verifier`) with weight 1. Default empty.
     pub components: Vec<ComponentConfig>,
-    /// Optional format reward, off by default.
+    /// The format reward (`[reward.format]`): `bonus` when the completion is exactly
+    /// `<think>…</think><answer>…</answer>`, else `penalty`; logged apart and never part of
+    /// `accuracy`. Off when the table is absent.
     pub format: Option<FormatReward>,
 }
 

@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FormatReward {
-    /// Added when the completion follows the template. Default 0.1.
+    /// Added when the completion follows the template; finite with |bonus| ≤ 1e6. Default 0.1.
     pub bonus: f64,
-    /// Added when it does not (usually negative). Default -0.1.
+    /// Added when it does not (usually negative); finite with |penalty| ≤ 1e6. Default -0.1.
     pub penalty: f64,
 }
 

@@ -37,7 +37,7 @@ pub enum JudgeEndpoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum JudgeParse {
-    /// The first number in the answer; it must lie in `[min, max]` and is the reward.
+    /// The first number of the answer; it must lie in `[min, max]` and is the reward.
     Number {
         /// Smallest accepted value.
         min: f64,
@@ -47,7 +47,7 @@ pub enum JudgeParse {
     /// The answer's first word (letters, digits, `_` and `-`), compared case-insensitively with
     /// the labels; the reward is the label's value.
     Labels {
-        /// Label → reward.
+        /// The first word's reward per label, e.g. `{ yes = 1.0, no = 0.0 }`.
         labels: BTreeMap<String, f64>,
     },
 }
@@ -67,18 +67,21 @@ pub enum ParseFailure {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JudgeConfig {
-    /// Base URL of the server, `http://host:port` (plain HTTP).
+    /// Base URL of the server, `http://host:port` (plain HTTP). Required.
     pub server: String,
-    /// Model name sent with every request.
+    /// Model name sent with every request. Required.
     pub model: String,
-    /// The prompt template (see the module docs for its names).
+    /// The judge's prompt: `{prompt}`, `{completion}`, `{reference}`, `{index}` and any column of
+    /// the row (`{question}`, `{NAME}`); `{{`/`}}` for literal braces. Required.
     pub template: String,
-    /// How the score is read from the answer.
+    /// How the score is read from the answer, an inline table tagged by `rule`. Required.
     pub parse: JudgeParse,
-    /// `chat` (default) or `completions`.
+    /// `chat` (`/v1/chat/completions`, the prompt as one user message) or `completions`
+    /// (`/v1/completions`, the prompt as is). Default `chat`.
     #[serde(default)]
     pub endpoint: JudgeEndpoint,
-    /// `zero` (default: score 0 and count it) or `error`.
+    /// An answer that does not parse: `zero` (reward 0, not correct, counted and warned about) or
+    /// `error` (the batch fails). Default `zero`.
     #[serde(default)]
     pub on_parse_failure: ParseFailure,
     /// Most tokens of the judge's answer, default 8.

@@ -55,25 +55,29 @@ pub enum RewardModelInput {
     Chat,
 }
 
-/// The settings of a reward model (`verifier = { kind = "reward-model", ... }`).
+/// The settings of a reward model (`verifier = { kind = "reward_model", ... }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RewardModelConfig {
-    /// Base URL of the server, `http://host:port` (plain HTTP).
+    /// Base URL of the server, `http://host:port` (plain HTTP). Required.
     pub server: String,
-    /// Model name sent with every request.
+    /// Model name sent with every request. Required.
     pub model: String,
-    /// `pooling` (default) or `classify`.
+    /// `pooling` (`POST /pooling`, the model's raw output unless `activation`) or `classify`
+    /// (`POST /classify`, after the model's activation). Default `pooling`.
     #[serde(default)]
     pub endpoint: RewardModelEndpoint,
     /// With `endpoint = "pooling"`: apply the model's activation (vLLM's `use_activation`) to
     /// the score; default false, the raw output.
     #[serde(default)]
     pub activation: bool,
-    /// `text` (default) or `chat`.
+    /// `text` (the `template` rendered, `batch_size` texts per request) or `chat` (user: prompt,
+    /// assistant: completion, rendered by the server's chat template; one request each). Default
+    /// `text`.
     #[serde(default)]
     pub input: RewardModelInput,
-    /// The text sent with `input = "text"`, default `{prompt}{completion}`.
+    /// The text sent with `input = "text"`, with the judge's `template` names. Default
+    /// `{prompt}{completion}`.
     #[serde(default = "default_template")]
     pub template: String,
     /// Which value of the model's output vector is the score, default 0.

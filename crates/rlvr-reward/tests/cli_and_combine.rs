@@ -139,7 +139,8 @@ fn score(
     cfg: RewardConfig,
     samples: &[Sample<'_>],
 ) -> Result<Vec<rlvr_reward::combine::RewardBreakdown>, String> {
-    let f = RewardFunction::from_config(&cfg, &VerifierConfig::Math).map_err(|e| e.to_string())?;
+    let f =
+        RewardFunction::from_config(&cfg, &VerifierConfig::Math {}).map_err(|e| e.to_string())?;
     f.score_batch(samples).map_err(|e| e.to_string())
 }
 
@@ -242,12 +243,12 @@ fn weighted_sum_and_format_reported_separately() {
             ComponentConfig {
                 name: None,
                 weight: 1.0,
-                verifier: VerifierConfig::Math,
+                verifier: VerifierConfig::Math {},
             },
             ComponentConfig {
                 name: None,
                 weight: 1.0,
-                verifier: VerifierConfig::Math,
+                verifier: VerifierConfig::Math {},
             },
         ],
         format: Some(FormatReward::default()),
@@ -355,7 +356,7 @@ fn reward_weights_and_verifier_timeouts_out_of_range_are_named() {
         let e = cfg.check().unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("out of range"), "{key}: {e}");
         // Building refuses it too (the format bonus and the timeout without a panic).
-        let sample = VerifierConfig::Math;
+        let sample = VerifierConfig::Math {};
         assert!(RewardFunction::from_config(&cfg, &sample).is_err(), "{key}");
     }
     with(
@@ -368,4 +369,25 @@ fn reward_weights_and_verifier_timeouts_out_of_range_are_named() {
     )
     .check()
     .unwrap();
+}
+
+/// A verifier kind without keys (`math`, `countdown`) refuses any other key by name instead of
+/// ignoring it (serde ignores the keys of an internally tagged unit variant), and its table
+/// round-trips as `{ kind = "math" }`.
+#[test]
+fn a_key_set_on_a_verifier_kind_without_keys_is_refused() {
+    for kind in ["math", "countdown"] {
+        let e = serde_json::from_value::<VerifierConfig>(
+            serde_json::json!({"kind": kind, "mode": "strict"}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown field `mode`"), "{kind}: {e}");
+        let v: VerifierConfig =
+            serde_json::from_value(serde_json::json!({ "kind": kind })).unwrap();
+        assert_eq!(
+            serde_json::to_value(&v).unwrap(),
+            serde_json::json!({ "kind": kind })
+        );
+    }
 }

@@ -280,7 +280,7 @@ fn config_builds_a_persistent_verifier_and_times_both_modes() {
         ("reward_persistent.py", "persistent"),
     ] {
         let f =
-            RewardFunction::from_config(&toml_like(&example(file), mode), &VerifierConfig::Math)
+            RewardFunction::from_config(&toml_like(&example(file), mode), &VerifierConfig::Math {})
                 .unwrap();
         // The first batch pays the persistent program's start-up; the next ten are timed.
         f.score_batch(&s).unwrap();

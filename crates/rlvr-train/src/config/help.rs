@@ -371,6 +371,14 @@ pub const ALIASES: &[Alias] = &[
         note: "a held-out evaluation every this many steps",
     },
     Alias {
+        name: "rollout_correction",
+        peer: "verl",
+        ours: "algorithm.mismatch_correction",
+        note: "the sampler/trainer mismatch correction: verl's token or sequence IS and \
+               rejection sampling are rlvr's truncations and masks, the threshold \
+               algorithm.mismatch_cap (docs/corrections.md)",
+    },
+    Alias {
         name: "default_local_dir",
         peer: "verl",
         ours: "output.dir",

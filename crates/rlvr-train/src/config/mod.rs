@@ -20,6 +20,7 @@
 mod checks;
 pub mod gates;
 pub mod help;
+pub mod keys;
 pub mod paths;
 pub use checks::{MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_ROWS_PER_STEP};
 pub mod plan;
@@ -550,17 +551,16 @@ pub fn reference_markdown() -> String {
         }
     }
     out.push_str(
-        "| `[data]` | rlvr-data's `DataConfig`: `data.task`, `data.train`, `data.test`, `data.experiences`, `data.prompts_per_step` (B, at most 2²⁰), `data.seed`, template and generator keys; an external verifier's `timeout_s` in (0, 1e6] seconds |\n\
-         | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets); a loss-specific knob (`clip_low`, `clip_high`, `clip_low_prime`, `clip_high_prime`, `dual_clip`, `keep_mask`, `rec_weight`, `adv_temperature`, `is_cap`) set for a loss that does not read it is an error |\n",
+        "| `[data]` | rlvr-data's `DataConfig`: `data.task`, `data.train`, `data.test`, `data.experiences`, `data.prompts_per_step` (B, at most 2²⁰), `data.seed`, template, few-shot, verifier and generator keys (docs/data.md shows each data layout); an external verifier's `timeout_s` in (0, 1e6] seconds |\n\
+         | `[algorithm]` | rlvr-algo's `AlgorithmConfig`: `algorithm.preset` and every knob (`rlvr algorithms` lists the presets); a loss-specific knob (`clip_low`, `clip_high`, `clip_low_prime`, `clip_high_prime`, `dual_clip`, `keep_mask`, `rec_weight`, `adv_temperature`, `is_cap`) set for a loss that does not read it is an error |\n\
+         | `[reward]` | rlvr-reward's `RewardConfig`: reward = Σ weight · component + format term; weights and the format reward's `bonus` and `penalty` are checked at start-up, and a verifier reward that is not finite or exceeds 1e6 in magnitude is warned about on stderr once per run, naming the verifier |\n",
     );
-    // Every `[data]` key, from rlvr-data's doc comments.
+    // Every `[data]` key, from rlvr-data's doc comments (the verifier's, from rlvr-reward's).
     out.push_str(&rlvr_data::config::reference_rows());
     // Every `[algorithm]` key, from rlvr-algo's doc comments (docs/corrections.md explains the
     // off-policy corrections among them).
     out.push_str(&rlvr_algo::reference_rows());
-    out.push_str(
-        "| `data.verifier` | The verifier, an inline table tagged by `kind`: `gsm8k` (`mode`), `math`, `countdown`, `arithmetic` (`mode`), `external` (`command`, `mode` = `per_batch` or `persistent`, `timeout_s`, `restarts`), `judge` (an LLM judge over HTTP: `server`, `model`, `template`, `parse`, `endpoint`, `on_parse_failure`, `max_tokens`, `temperature`, `seed`, `in_flight`, `timeout_s`, `retries`, `extra_body`) or `reward_model` (a reward model on vLLM's pooling API: `server`, `model`, `endpoint`, `activation`, `input`, `template`, `label`, `scale`, `shift`, `correct_above`, `batch_size`, `in_flight`, `timeout_s`, `retries`, `extra_body`; timeouts in (0, 1e6] seconds); every key is described in docs/external-verifier.md. Required for `task = \"jsonl\"`; the built-in tasks default to their own. |\n\
-         | `[reward]` | rlvr-reward's `RewardConfig`: weighted components (`[[reward.components]]`: `name`, `weight`, `verifier` as `data.verifier`) and an optional format reward; every weight, `format.bonus` and `format.penalty` finite with \\|value\\| ≤ 1e6 (checked at start-up); a verifier reward that is not finite or exceeds 1e6 in magnitude is warned about on stderr once per run, naming the verifier |\n",
-    );
+    // Every `[reward]` key, from rlvr-reward's doc comments.
+    out.push_str(&rlvr_reward::reference::reward_rows());
     out
 }
