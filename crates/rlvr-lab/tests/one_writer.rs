@@ -39,6 +39,12 @@ fn fake_rlvr(dir: &Path) -> (PathBuf, PathBuf) {
     (exe, starts)
 }
 
+/// The tests of this file run one at a time: a flock is released only when every copy of its file
+/// description is closed, and a child that another test thread forks (the fake `rlvr`) holds a copy
+/// of this test's lock descriptor until it execs (close-on-exec), so under load a dropped lock
+/// could still be held when the lab looks again (seen once in a full `cargo test` at load 6).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Holds `run/.lock` as a running `rlvr train` would (with its pid line).
 fn hold(run: &Path) -> File {
     std::fs::write(run.join(".lock"), "pid 4242\nhost testhost\nstarted now\n").unwrap();
@@ -64,6 +70,7 @@ fn setup(lr: &str) -> (tempfile::TempDir, Sweep, PathBuf, PathBuf, PathBuf, Path
 
 #[test]
 fn a_held_stale_run_is_not_moved_aside() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // lr 1.0 on disk, 2.0 today: stale. Unheld, the lab moves it aside (checked below).
     let (_tmp, sweep, out, run, exe, starts) = setup("1.0");
     let lock = hold(&run);
@@ -89,6 +96,7 @@ fn a_held_stale_run_is_not_moved_aside() {
 
 #[test]
 fn a_held_unfinished_run_is_not_resumed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Not stale: unheld, the lab resumes it (checked below).
     let (_tmp, sweep, out, run, exe, starts) = setup("2.0");
     let lock = hold(&run);
