@@ -125,7 +125,7 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
         .map_err(|e| anyhow::anyhow!("model.device {device:?} for rank {}: {e}", launch.rank))?;
     // The same device the model will be loaded on (rlvr-model opens each GPU once), so NCCL
     // runs on the stream of the kernels that write the gradients.
-    let dev = cfg.raw.model.device.clone().open()?;
+    let dev = cfg.raw.model.device.open()?;
     let comm = rlvr_dist::init_on(&launch, timeout, backend.into(), &dev)?;
     train_on(&cfg, opts, Some(SharedComm::new(comm)))
 }
