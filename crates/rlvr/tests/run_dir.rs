@@ -553,8 +553,8 @@ fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
     );
     assert!(!run.join("metrics.jsonl").exists());
 
-    // Prompts that fit, but not with max_new_tokens on top: refused by the sampler, naming the
-    // model's positions, before anything is trained.
+    // Prompts that fit, but not with max_new_tokens on top: refused at start-up, naming the
+    // prompt's source, the key and the model's positions, before anything is trained.
     let run2 = tmp.path().join("run2");
     let mut s = sets(&model, &run2, 2);
     s.push("rollout.max_new_tokens=200".into());
@@ -562,7 +562,11 @@ fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "accepted: {err}");
     assert!(
-        err.contains("max_new_tokens 200 exceed the model's max_position_embeddings 128"),
+        err.contains("[data] Train split: generated:train:")
+            && err.contains(
+                "+ rollout.max_new_tokens = 200 is more than the model's \
+                 max_position_embeddings = 128"
+            ),
         "{err}"
     );
     assert!(steps(&run2).is_empty());

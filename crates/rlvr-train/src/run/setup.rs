@@ -254,6 +254,15 @@ fn online_feed(
     let ids = train_p
         .encode(&ex_tok, settings::add_special_tokens(&c.data))
         .context("encoding train prompts")?;
+    // No prompt without room for its completion: refused now rather than at its first step.
+    train_p
+        .check_room(
+            &ids,
+            model.config().max_position_embeddings,
+            c.rollout.max_new_tokens,
+            "rollout.max_new_tokens",
+        )
+        .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
         max_new_tokens: c.rollout.max_new_tokens,
