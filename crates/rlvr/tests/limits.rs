@@ -322,3 +322,48 @@ fn model_files_that_would_fail_late_are_refused_at_start_up_naming_file_and_fiel
     }
     assert!(!run.join("metrics.jsonl").exists());
 }
+
+#[test]
+fn a_config_json_that_disagrees_with_the_weights_is_refused_naming_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = init_model(tmp.path(), "model", "2");
+    let cfg_of = |m: &Path| m.join("config.json").display().to_string();
+    // config.json edited to fewer layers than the weights hold: refused naming the first tensor
+    // it has no place for (it loaded silently, dropping layer 1); to more: the first missing one.
+    let fewer = with_config_field(
+        &model,
+        &tmp.path().join("fewer"),
+        "num_hidden_layers",
+        1.into(),
+    );
+    let err = fails({
+        let mut c = rlvr();
+        c.args(["eval", "--task", "arithmetic", "--limit", "2", "--model"])
+            .arg(&fewer);
+        c
+    });
+    let want = format!(
+        "{}: tensor `model.layers.1.input_layernorm.weight` is not part of the model {} describes \
+         (12 such tensors in all)",
+        fewer.join("model.safetensors").display(),
+        cfg_of(&fewer)
+    );
+    assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    let more = with_config_field(
+        &model,
+        &tmp.path().join("more"),
+        "num_hidden_layers",
+        3.into(),
+    );
+    let err = fails({
+        let mut c = rlvr();
+        c.args(["eval", "--task", "arithmetic", "--limit", "2", "--model"])
+            .arg(&more);
+        c
+    });
+    let want = format!(
+        "{}: missing tensor `model.layers.2.",
+        more.join("model.safetensors").display()
+    );
+    assert!(err.contains(&want), "{want}\nnot in\n{err}");
+}
