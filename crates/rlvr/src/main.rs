@@ -107,6 +107,8 @@ fn main() {
             return;
         }
         eprintln!("error: {e:#}");
+        // Verifier programs whose owner did not end them (nothing should be left by now).
+        rlvr_reward::external::kill_all_groups();
         std::process::exit(1);
     }
 }

@@ -1000,3 +1000,97 @@ fn merge_force_that_fails_keeps_the_old_model() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn resume_names_the_external_command_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let script = tmp.path().join("score.sh");
+    std::fs::write(
+        &script,
+        "awk '{ print \"{\\\"reward\\\": \" (NR % 2) \"}\" }'\n",
+    )
+    .unwrap();
+    let mut s = sets(&model, &run, 2);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\"] }}",
+        script.display()
+    ));
+    let out = train_cmd(&s).output().unwrap();
+    ok(&out, "train");
+    // A fresh start runs the command the user just gave: no note.
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("--resume runs"));
+    // A resume says which program of the run directory's config it runs, before running it.
+    let out = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .args(["--set", "train.steps=3"])
+        .output()
+        .unwrap();
+    ok(&out, "resume to 3");
+    let note = format!(
+        "note: --resume runs the external verifier command of {}/config.toml (data.verifier): sh {}",
+        run.display(),
+        script.display()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&note), "{note}\nnot in\n{err}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains(&note), "{log}");
+    assert_eq!(steps(&run), [1, 2, 3]);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_second_sigterm_kills_the_verifiers_whole_process_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let pidfile = tmp.path().join("child.pid");
+    // The verifier starts a background child (same process group) and never answers: the first
+    // SIGTERM waits for the step, the second quits at once. The program itself dies by its
+    // parent-death signal; its child only if rlvr kills the group on the way out.
+    let script = format!(
+        "sleep 1000 & echo $! > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = pidfile.display()
+    );
+    let mut s = sets(&model, &run, 2);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", timeout_s = 600, command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    let child = spawn(train_cmd(&s));
+    wait_for("the verifier's child", 120, || pidfile.exists());
+    let pid = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(alive(&pid), "the verifier's child {pid} is not running");
+    for _ in 0..2 {
+        let st = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t0 = Instant::now();
+    while alive(&pid) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let orphaned = alive(&pid);
+    if orphaned {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+    }
+    assert!(
+        !orphaned,
+        "the verifier's child {pid} outlived rlvr's second SIGTERM"
+    );
+}

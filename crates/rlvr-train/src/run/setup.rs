@@ -52,6 +52,7 @@ impl<'a> Run<'a> {
         let ckpt = if writer {
             prepare_run_dir(cfg, &run_dir, opts.resume)?;
             if opts.resume {
+                say_external_commands(cfg);
                 let point = checkpoint::resume_point(&run_dir)?;
                 if let Some(note) = point.as_ref().and_then(|p| p.note.as_deref()) {
                     crate::log::say(note);
@@ -344,6 +345,64 @@ fn online_feed(
         Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)?,
         reward,
     ))
+}
+
+/// On `--resume`: names every external verifier command the run directory's config.toml will
+/// run, with its key, before anything starts. A run directory is code as well as data (a
+/// downloaded one can name any program); rlvr says what it runs rather than asking, so that
+/// resumes under a scheduler, with no terminal, keep working (docs/external-verifier.md).
+fn say_external_commands(cfg: &ResolvedConfig) {
+    for (key, command) in external_commands(&cfg.raw) {
+        crate::log::say(&format!(
+            "note: --resume runs the external verifier command of {}/config.toml ({key}): {}",
+            cfg.raw.output.dir.display(),
+            shell_words(&command)
+        ));
+    }
+}
+
+/// The external verifier commands of a config with their keys (`data.verifier`,
+/// `reward.components[i].verifier`), in that order.
+fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>)> {
+    use rlvr_reward::combine::VerifierConfig;
+    let data = raw
+        .data
+        .verifier
+        .iter()
+        .map(|v| ("data.verifier".to_string(), v));
+    let components = raw
+        .reward
+        .components
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("reward.components[{i}].verifier"), &c.verifier));
+    data.chain(components)
+        .filter_map(|(key, v)| match v {
+            VerifierConfig::External { command, .. } => Some((key, command.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A command as a shell would read it back: each word quoted when it holds anything but
+/// letters, digits and `-_./=:,+@%`.
+fn shell_words(command: &[String]) -> String {
+    let plain = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    };
+    command
+        .iter()
+        .map(|w| {
+            if plain(w) {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// On resume from checkpoint `dir` (already verified against its manifest by `resume_point`):
