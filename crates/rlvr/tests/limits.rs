@@ -367,3 +367,18 @@ fn a_config_json_that_disagrees_with_the_weights_is_refused_naming_the_tensor() 
     );
     assert!(err.contains(&want), "{want}\nnot in\n{err}");
 }
+
+#[test]
+fn a_300_digit_value_is_not_echoed_in_full() {
+    let digits = format!("1{}", "0".repeat(299));
+    let out = rlvr()
+        .args(["train", "--no-progress", "--set"])
+        .arg(format!("train.steps={digits}"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("train.steps"), "{err}");
+    assert!(!err.contains(&digits[..40]), "{err}");
+    assert!(err.contains("100000000000… (300 digits)"), "{err}");
+}

@@ -1041,6 +1041,83 @@ fn resume_names_the_external_command_it_runs() {
     assert_eq!(steps(&run), [1, 2, 3]);
 }
 
+/// Sets `state.json` of checkpoint `dir` with `edit` and removes the checkpoint's manifest (as a
+/// checkpoint written before manifests, whose edits no checksum catches).
+fn edit_state(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("trainer_state/state.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    std::fs::remove_file(dir.join("manifest.json")).unwrap();
+}
+
+#[test]
+fn resume_refuses_to_shorten_and_names_an_edited_state_file_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let mut s = sets(&model, &run, 3);
+    s.push("train.save_every=1".into());
+    s.push("train.keep_last=0".into());
+    ok(&train_cmd(&s).output().unwrap(), "train");
+    let resume = |steps: u64| {
+        rlvr()
+            .args(["train", "--no-progress", "--resume"])
+            .arg(&run)
+            .args(["--set", &format!("train.steps={steps}")])
+            .output()
+            .unwrap()
+    };
+    // A resume cannot shorten the run: said in terms of steps trained.
+    let out = resume(1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let ckpts = run.join("checkpoints");
+    let want = format!(
+        "train.steps = 1 is fewer than the 3 steps the run in {} has already trained (its \
+         checkpoint to resume from, {}, holds step 3)",
+        run.display(),
+        ckpts.join("step-3").display()
+    );
+    assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    // step-3's state.json edited to step 100 (an old checkpoint: no manifest to catch it). It said
+    // "already at step 100 (its latest checkpoint, .../step-3)" and resumed at step 100; now the
+    // checkpoint is incomplete and the resume takes step-2.
+    edit_state(&ckpts.join("step-3"), |v| v["step"] = 100.into());
+    let out = resume(4);
+    ok(&out, "resume past an edited step-3");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        format!(
+            "{}: field `step` is 100, but the directory is step-3",
+            ckpts.join("step-3/trainer_state/state.json").display()
+        ),
+        format!(
+            "resuming from the newest complete checkpoint, {}",
+            ckpts.join("step-2").display()
+        ),
+    ] {
+        assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    }
+    assert_eq!(steps(&run), [1, 2, 3, 4]);
+    // A data cursor past the end of the epoch: an error naming the file, the field and the data
+    // (it was "invalid data config: data cursor position ... is past the dataset length ...").
+    edit_state(&ckpts.join("step-4"), |v| {
+        v["cursor"]["cursor"]["position"] = 1_000_000.into()
+    });
+    let out = resume(5);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let want = format!(
+        "{}: field `cursor`: the data cursor stands at position 1000000 of an epoch of 64 \
+         prompts, past its end (the train split: data.task = \"arithmetic\"'s generated problems)",
+        ckpts.join("step-4/trainer_state/state.json").display()
+    );
+    assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    assert!(!err.contains("invalid data config"), "{err}");
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn a_second_sigterm_kills_the_verifiers_whole_process_group() {

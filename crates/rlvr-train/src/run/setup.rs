@@ -244,9 +244,24 @@ fn online_feed(
     let step = start.state.map(|s| s.step).unwrap_or(0);
     let train_p = prepare_prompts(&c.data, Split::Train, tokenizer)?;
     let sampler = match start.state.map(|s| s.cursor) {
-        Some(SourceCursor::Online { cursor }) => {
-            PromptSampler::resume(cursor, train_p.texts.len())?
-        }
+        Some(SourceCursor::Online { cursor }) => PromptSampler::resume(cursor, train_p.texts.len())
+            .map_err(|e| {
+                let state = start.ckpt.map_or_else(
+                    || "the checkpoint".to_string(),
+                    |d| d.join("trainer_state/state.json").display().to_string(),
+                );
+                let data = match &c.data.train {
+                    Some(p) => p.display().to_string(),
+                    None => format!(
+                        "data.task = \"{}\"'s generated problems",
+                        c.data.task.name()
+                    ),
+                };
+                anyhow::anyhow!(
+                    "{state}: field `cursor`: {e} (the train split: {data}); the checkpoint was \
+                 written for other data, or edited"
+                )
+            })?,
         _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
     };
     let reward = Arc::new(settings::reward_function(c)?);
