@@ -48,6 +48,10 @@ pub enum DataError {
         /// What was expected and found.
         reason: String,
     },
+    /// A saved data cursor does not fit the dataset (a position past its end, another length):
+    /// the checkpoint holding it was written for other data, or edited.
+    #[error("the data cursor {0}")]
+    Cursor(String),
     /// The `[data]` config is inconsistent (the message names the key and the fix).
     #[error("invalid data config: {0}")]
     Config(String),

@@ -58,7 +58,8 @@ impl PromptSampler {
     /// A sampler resumed from a saved cursor.
     ///
     /// # Errors
-    /// [`DataError::Config`] when the cursor is empty or its position is past its length.
+    /// [`DataError::Config`] when the cursor is empty; [`DataError::Cursor`] when its position
+    /// is past its length.
     pub fn from_cursor(cursor: DataCursor) -> Result<Self> {
         if cursor.len == 0 {
             return Err(DataError::Config(
@@ -66,8 +67,8 @@ impl PromptSampler {
             ));
         }
         if cursor.position > cursor.len {
-            return Err(DataError::Config(format!(
-                "data cursor position {} is past the dataset length {}",
+            return Err(DataError::Cursor(format!(
+                "stands at position {} of an epoch of {} prompts, past its end",
                 cursor.position, cursor.len
             )));
         }
@@ -80,11 +81,12 @@ impl PromptSampler {
     /// Resumes from `cursor`, checking that it was saved for a dataset of `len` prompts.
     ///
     /// # Errors
-    /// [`DataError::Config`] when the lengths differ (the data changed since the checkpoint).
+    /// [`DataError::Cursor`] when the lengths differ (the data changed since the checkpoint) or
+    /// the position is past the end.
     pub fn resume(cursor: DataCursor, len: usize) -> Result<Self> {
         if cursor.len != len {
-            return Err(DataError::Config(format!(
-                "the checkpoint's data cursor is for {} prompts but the dataset now has {len}; resume with the same data and max_prompt_len",
+            return Err(DataError::Cursor(format!(
+                "is for {} prompts but the dataset now has {len}; resume with the same data and max_prompt_len",
                 cursor.len
             )));
         }

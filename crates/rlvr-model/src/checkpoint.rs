@@ -7,6 +7,7 @@ use std::path::Path;
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
 
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::model::Model;
 use crate::tokenizer::{TokenizerBundle, CHATML_TEMPLATE};
@@ -21,10 +22,15 @@ pub struct Policy {
 impl Policy {
     /// Loads the model directory `dir` (see [`Model::load`] and [`TokenizerBundle::load`]).
     ///
-    /// Errors: any missing or malformed file, naming it.
+    /// Errors: any missing or malformed file, naming it; a tokenizer with a token id at or above
+    /// config.json's `vocab_size` ([`check_vocabulary`]), before the weights are read.
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let model = Model::load(dir, dtype, device)?;
         let tokenizer = TokenizerBundle::load(dir)?;
+        let config = dir.join("config.json");
+        if config.is_file() {
+            check_vocabulary(&tokenizer, &ModelConfig::from_file(&config)?, &config)?;
+        }
+        let model = Model::load(dir, dtype, device)?;
         Ok(Self { model, tokenizer })
     }
 
@@ -34,6 +40,40 @@ impl Policy {
         self.model.save(dir, dtype)?;
         write_tokenizer_files(dir, &self.tokenizer)
     }
+}
+
+/// Refuses a tokenizer that can produce a token id the model has no embedding row for: its
+/// largest id (added tokens included) at or above `config`'s `vocab_size`. Such an id would
+/// otherwise fail deep inside sampling or training, or, in a prompt, only at the first step.
+/// (A `vocab_size` above the tokenizer's size is normal: Qwen's pads it to a multiple of 64.)
+///
+/// # Errors
+/// [`ModelError::Tokenizer`] naming the tokenizer file, the token and its id, and `config_path`
+/// (the config.json whose `vocab_size` it exceeds).
+pub fn check_vocabulary(
+    tok: &TokenizerBundle,
+    config: &ModelConfig,
+    config_path: &Path,
+) -> Result<()> {
+    let vocab = tok.tokenizer.get_vocab(true);
+    let Some((token, &id)) = vocab.iter().max_by_key(|entry| *entry.1) else {
+        return Ok(());
+    };
+    if (id as usize) < config.vocab_size {
+        return Ok(());
+    }
+    let token: String = token.chars().take(40).collect();
+    Err(ModelError::Tokenizer {
+        file: tok.path.clone(),
+        msg: format!(
+            "token {token:?} has id {id}, but {}'s `vocab_size` is {}: ids from {} up have no \
+             embedding row (this tokenizer is not the model's, or config.json's vocab_size is \
+             wrong)",
+            config_path.display(),
+            config.vocab_size,
+            config.vocab_size
+        ),
+    })
 }
 
 fn json_bytes(v: &Value) -> Vec<u8> {

@@ -103,6 +103,43 @@ fn req_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
         })
 }
 
+/// Why `rope_theta` must be positive, for its error message.
+const ROPE_THETA_WHY: &str = "the rotary base: every inverse frequency is theta^(-2i/d), so 0 or \
+     less makes them infinite or NaN (released models use 10000 to 1000000)";
+
+/// Why `rms_norm_eps` must be positive, for its error message.
+const RMS_NORM_EPS_WHY: &str = "RMSNorm divides by sqrt(mean(x²) + eps), so 0 or less gives \
+     infinite or NaN activations (released models use 1e-5 or 1e-6)";
+
+/// The number `x` of config.json's field `key` when it is finite and above 0.
+///
+/// # Errors
+/// [`ModelError::Config`] naming `file`, the field, its value and `why` it must be positive: a
+/// value that is not a number, not finite (a JSON number beyond f64's range) or ≤ 0.
+fn positive(x: &Value, key: &str, why: &str, file: &Path) -> Result<f64> {
+    match x.as_f64() {
+        Some(f) if f.is_finite() && f > 0.0 => Ok(f),
+        _ => Err(ModelError::Config {
+            file: file.to_path_buf(),
+            msg: format!(
+                "field `{key}` = {} is out of range: expected a finite number > 0 ({why})",
+                shown(x)
+            ),
+        }),
+    }
+}
+
+/// A config.json value as written in an error: at most 40 characters of its JSON.
+fn shown(x: &Value) -> String {
+    let s = x.to_string();
+    if s.chars().count() <= 40 {
+        s
+    } else {
+        let head: String = s.chars().take(40).collect();
+        format!("{head}… ({} characters)", s.chars().count())
+    }
+}
+
 /// A `config.json` token-id field (one number or a list) as ids; anything else is none.
 pub(crate) fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {
@@ -119,8 +156,9 @@ impl ModelConfig {
     /// Reads and normalises `config.json`.
     ///
     /// Errors: the file is missing or not JSON, `model_type` is not qwen2/qwen3/llama, a
-    /// required field is missing, the head counts do not divide, or the rope scaling type is
-    /// unknown; each error names the file and the field.
+    /// required field is missing, the head counts do not divide, `rms_norm_eps` or `rope_theta`
+    /// is not a finite number > 0, or the rope scaling type is unknown; each error names the
+    /// file and the field.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
             path: path.to_path_buf(),
@@ -183,10 +221,14 @@ impl ModelConfig {
         }
         // transformers-5 keeps theta and scaling together in `rope_parameters`.
         let rope_params = get(v, "rope_parameters");
-        let rope_theta = get(v, "rope_theta")
-            .or_else(|| rope_params.and_then(|p| get(p, "rope_theta")))
-            .and_then(Value::as_f64)
-            .unwrap_or(10000.0);
+        let rope_theta = match (
+            get(v, "rope_theta"),
+            rope_params.and_then(|p| get(p, "rope_theta")),
+        ) {
+            (Some(x), _) => positive(x, "rope_theta", ROPE_THETA_WHY, file)?,
+            (None, Some(x)) => positive(x, "rope_parameters.rope_theta", ROPE_THETA_WHY, file)?,
+            (None, None) => 10000.0,
+        };
         let scaling_obj = get(v, "rope_scaling").or(rope_params);
         let rope_scaling = match scaling_obj {
             None => None,
@@ -247,9 +289,10 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: get(v, "rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_norm_eps: match get(v, "rms_norm_eps") {
+                Some(x) => positive(x, "rms_norm_eps", RMS_NORM_EPS_WHY, file)?,
+                None => 1e-6,
+            },
             rope_theta,
             rope_scaling,
             max_position_embeddings: get(v, "max_position_embeddings")

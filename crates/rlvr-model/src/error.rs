@@ -18,6 +18,19 @@ pub enum ModelError {
     /// A weight is absent from every safetensors file of the checkpoint.
     #[error("{file}: missing tensor `{tensor}`")]
     MissingTensor { file: PathBuf, tensor: String },
+    /// The weights hold a tensor the model config.json describes has no place for (config.json
+    /// and the weights disagree, e.g. `num_hidden_layers` edited down).
+    #[error(
+        "{file}: tensor `{tensor}` is not part of the model {config} describes ({count} such \
+         tensors in all): config.json and the weights disagree (config.json edited, or another \
+         model's weights); fix config.json (e.g. num_hidden_layers) or use the matching weights"
+    )]
+    UnexpectedTensor {
+        file: PathBuf,
+        tensor: String,
+        count: usize,
+        config: PathBuf,
+    },
     /// A weight has a shape other than config.json implies.
     #[error("{file}: tensor `{tensor}` has shape {found:?}, expected {expected:?}")]
     ShapeMismatch {

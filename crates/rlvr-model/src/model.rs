@@ -92,8 +92,9 @@ impl Model {
     /// Loads a HuggingFace model directory (config.json + safetensors weights) with weights in
     /// `dtype` (F32 or BF16) on `device`.
     ///
-    /// Errors: missing config.json or weights, unknown `model_type`, a missing tensor or a shape
-    /// mismatch; each names the file and the tensor.
+    /// Errors: missing config.json or weights, unknown `model_type`, a missing tensor, a shape
+    /// mismatch, or a tensor config.json has no place for (weights of more layers than
+    /// `num_hidden_layers`); each names the file and the tensor.
     ///
     /// A directory with a LoRA adapter (`adapter/adapter_config.json`, as rlvr's checkpoints
     /// write, or `adapter_config.json` at the top, as PEFT's `save_pretrained` does) loads its
@@ -117,10 +118,13 @@ impl Model {
         }
         let config = ModelConfig::from_file(&cfg_path)?;
         let files = WeightFiles::open(dir)?;
+        let mut used = std::collections::HashSet::new();
         let mut load = |name: &str, shape: &[usize]| -> Result<Var> {
+            used.insert(name.to_string());
             Ok(Var::from_tensor(&files.load(name, shape, dtype, device)?)?)
         };
         let mut m = Self::build(config, dtype, device, &mut load)?;
+        files.refuse_unused(&used, &cfg_path)?;
         m.source = Some(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
         Ok(m)
     }

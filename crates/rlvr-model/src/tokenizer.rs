@@ -207,13 +207,20 @@ impl TokenizerBundle {
     }
 }
 
+/// The most template instructions one rendering may execute ([`render_chat_template`]'s fuel).
+/// Released chat templates render a prompt of a few messages in a few thousand; a template that
+/// loops without end (nested `range(100000)` loops) stops here with an error instead of hanging
+/// start-up.
+pub const TEMPLATE_FUEL: u64 = 1_000_000;
+
 /// Renders a HuggingFace Jinja chat template as transformers' `apply_chat_template(...,
 /// tokenize=False)` does: a sandboxed Jinja environment with `trim_blocks` and `lstrip_blocks`,
 /// the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, the function
 /// `raise_exception(msg)` and `strftime_now(fmt)`, and Python string methods (`.strip()`,
-/// `.startswith()`, ...) through minijinja's pycompat layer.
+/// `.startswith()`, ...) through minijinja's pycompat layer. One rendering executes at most
+/// [`TEMPLATE_FUEL`] instructions.
 ///
-/// Errors: the template does not parse, or raises while rendering.
+/// Errors: the template does not parse, raises while rendering, or runs out of fuel.
 pub fn render_chat_template(
     template: &str,
     messages: &[Message],
@@ -223,9 +230,17 @@ pub fn render_chat_template(
 ) -> Result<String> {
     let terr = |e: minijinja::Error| ModelError::Template {
         source_name: "chat_template".into(),
-        msg: format!("{e:#}"),
+        msg: if e.kind() == minijinja::ErrorKind::OutOfFuel {
+            format!(
+                "rendering one prompt ran past {TEMPLATE_FUEL} template instructions and was \
+                 stopped (a loop that does not end, or loops nested too deep?): {e:#}"
+            )
+        } else {
+            format!("{e:#}")
+        },
     };
     let mut env = minijinja::Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);

@@ -1,7 +1,7 @@
 //! Reading and writing safetensors checkpoints: a single `model.safetensors` or shards listed by
 //! `model.safetensors.index.json`, stored in f32, bf16 or f16.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -117,6 +117,33 @@ impl WeightFiles {
         })
     }
 
+    /// Refuses a checkpoint holding tensors the model did not load (`used`: every name it asked
+    /// for), other than those transformers ignores too (`lm_head.weight` beside tied embeddings,
+    /// the rotary `inv_freq` buffers of older checkpoints): the config.json at `config` describes
+    /// a different model than the weights (e.g. `num_hidden_layers` edited down), and loading
+    /// would silently drop part of it.
+    ///
+    /// Errors: [`ModelError::UnexpectedTensor`] naming the weights file, the first such tensor
+    /// (layers in numeric order), how many there are, and `config`.
+    pub fn refuse_unused(&self, used: &HashSet<String>, config: &Path) -> Result<()> {
+        let ignored = |k: &str| k == "lm_head.weight" || k.ends_with(".rotary_emb.inv_freq");
+        let mut extra: Vec<&String> = self
+            .index
+            .keys()
+            .filter(|k| !used.contains(*k) && !ignored(k.as_str()))
+            .collect();
+        if extra.is_empty() {
+            return Ok(());
+        }
+        extra.sort_by_cached_key(|k| natural_key(k));
+        Err(ModelError::UnexpectedTensor {
+            file: self.origin.clone(),
+            tensor: extra[0].clone(),
+            count: extra.len(),
+            config: config.to_path_buf(),
+        })
+    }
+
     /// Whether the checkpoint holds a tensor of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
@@ -181,6 +208,17 @@ impl WeightFiles {
         let t = Tensor::from_raw_buffer(view.data(), src, shape, &Device::Cpu)?;
         Ok(t.to_dtype(dtype)?.to_device(device)?)
     }
+}
+
+/// A tensor name's sort key: its dot-separated parts, numbers compared as numbers (so layer 2
+/// comes before layer 10).
+fn natural_key(name: &str) -> Vec<(u64, String)> {
+    name.split('.')
+        .map(|p| match p.parse::<u64>() {
+            Ok(n) => (n, String::new()),
+            Err(_) => (u64::MAX, p.to_string()),
+        })
+        .collect()
 }
 
 /// Counts the NaN/±∞ values of a little-endian buffer of `dtype` and gives the flat index of the

@@ -91,3 +91,52 @@ fn a_template_that_raises_reports_its_message() {
         .to_string();
     assert!(err.contains("first message must be from the user"), "{err}");
 }
+
+#[test]
+fn a_template_that_loops_without_end_stops_with_an_error_not_a_hang() {
+    // 10^10 iterations unbounded; the fuel stops it after TEMPLATE_FUEL instructions. Rendered on
+    // a thread so that a renderer without fuel fails this test instead of hanging it.
+    let tpl = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = render_chat_template(tpl, &[Message::new("user", "2+2?")], true, None, None);
+        let _ = tx.send(r.map(|s| s.len()).map_err(|e| e.to_string()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the template still renders after 60 s: no fuel limit");
+    let err = got.unwrap_err();
+    assert!(
+        err.contains(&format!(
+            "ran past {} template instructions",
+            rlvr_model::tokenizer::TEMPLATE_FUEL
+        )),
+        "{err}"
+    );
+    assert!(err.starts_with("chat template (chat_template):"), "{err}");
+}
+
+#[test]
+fn the_fuel_leaves_room_for_long_conversations_in_real_templates() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat_templates.json"
+    );
+    let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // 500 turns of a conversation, each family's template: far more than a training prompt holds.
+    let messages: Vec<Message> = (0..500)
+        .map(|i| Message::new(if i % 2 == 0 { "user" } else { "assistant" }, "2+2?"))
+        .collect();
+    for f in ["chatml", "qwen2.5_style", "llama3"] {
+        let c = cases.iter().find(|c| c.name.starts_with(f)).unwrap();
+        let out = render_chat_template(
+            &c.template,
+            &messages,
+            true,
+            c.bos_token.as_deref(),
+            c.eos_token.as_deref(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_eq!(out.matches("2+2?").count(), 500, "{}", c.name);
+    }
+}

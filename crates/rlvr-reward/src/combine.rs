@@ -68,6 +68,11 @@ pub enum VerifierConfig {
         /// the run stops. Default 3.
         #[serde(default = "default_restarts")]
         restarts: u32,
+        /// Names of environment variables the program gets from rlvr's environment besides
+        /// `PATH`, `HOME`, `LANG` and `TMPDIR` (e.g. `["OPENAI_API_KEY"]`); every other variable,
+        /// API keys included, is withheld. Default empty.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<String>,
     },
     /// An LLM judge over HTTP (`JudgeVerifier`): an OpenAI-compatible server scores each
     /// completion by a prompt (docs/external-verifier.md).
@@ -165,13 +170,17 @@ impl VerifierConfig {
     pub fn check(&self, key: &str) -> Result<(), RewardError> {
         match self {
             VerifierConfig::External {
-                command, timeout_s, ..
+                command,
+                timeout_s,
+                env,
+                ..
             } => {
                 if command.is_empty() {
                     return Err(RewardError::Config(format!(
                         "{key}.command is empty: an external verifier needs a program to run"
                     )));
                 }
+                crate::external::check_env_names(&format!("{key}.env"), env)?;
                 timeout_duration(&format!("{key}.timeout_s"), *timeout_s).map(|_| ())
             }
             VerifierConfig::Judge(j) => j
@@ -201,6 +210,7 @@ impl VerifierConfig {
                 timeout_s,
                 mode,
                 restarts,
+                env,
             } => {
                 self.check("verifier")?;
                 let timeout = timeout_duration("verifier.timeout_s", *timeout_s)?;
@@ -208,10 +218,12 @@ impl VerifierConfig {
                     ExternalMode::PerBatch => Box::new(ExternalVerifier {
                         command: command.clone(),
                         timeout,
+                        env: env.clone(),
                     }),
-                    ExternalMode::Persistent => {
-                        Box::new(PersistentVerifier::new(command.clone(), timeout, *restarts))
-                    }
+                    ExternalMode::Persistent => Box::new(
+                        PersistentVerifier::new(command.clone(), timeout, *restarts)
+                            .with_env(env.clone()),
+                    ),
                 }
             }
         })

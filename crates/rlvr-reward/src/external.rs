@@ -14,8 +14,13 @@
 //! exits, or is killed at the timeout, every process it started that is still in its group (a
 //! shell's children, a `sleep` in the background) is killed too, so nothing keeps running, holds
 //! the output pipe open or piles up from batch to batch. On Linux the command also dies with rlvr
-//! (`PR_SET_PDEATHSIG`: the kernel sends it `SIGKILL` when rlvr exits, even by `kill -9`). The user
-//! guide is docs/external-verifier.md.
+//! (`PR_SET_PDEATHSIG`: the kernel sends it `SIGKILL` when rlvr exits, even by `kill -9`), and an
+//! exit of rlvr that skips the verifiers' clean-up (a second Ctrl-C) kills their whole groups
+//! first ([`kill_all_groups`]).
+//!
+//! The command gets a minimal environment: [`BASE_ENV`] (`PATH`, `HOME`, `LANG`, `TMPDIR`) and the
+//! variables its config's `env` list names, not rlvr's whole environment (which may hold API
+//! keys). The user guide is docs/external-verifier.md.
 
 use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::Deserialize;
@@ -30,6 +35,57 @@ pub struct ExternalVerifier {
     pub command: Vec<String>,
     /// Wall-clock limit for one batch.
     pub timeout: Duration,
+    /// Names of environment variables passed to the program besides [`BASE_ENV`] (config key
+    /// `env`); every other variable of rlvr's environment is withheld.
+    pub env: Vec<String>,
+}
+
+/// The environment variables every verifier program gets from rlvr's environment (when set):
+/// where programs are found, the home directory, the locale, and the temporary directory. All
+/// others (API keys such as `OPENAI_API_KEY` or the vLLM key of `rollout.api_key_env`, cloud
+/// credentials) are withheld unless the verifier's `env` list names them.
+pub const BASE_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TMPDIR"];
+
+/// The process groups (leader pids) of verifier programs started and not yet killed, so that an
+/// exit that skips the verifiers' own clean-up ([`kill_all_groups`]) still ends them.
+static LIVE_GROUPS: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn live_groups() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    LIVE_GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Kills the process group of every verifier program still running (on Unix; elsewhere nothing).
+/// For exits that skip the verifiers' clean-up: a second Ctrl-C or SIGTERM, or an error exit,
+/// calls it just before `std::process::exit`. (A `kill -9` of rlvr runs no code: there only the
+/// program itself dies, by its parent-death signal, not the children it started.)
+pub fn kill_all_groups() {
+    let groups = std::mem::take(&mut *live_groups());
+    #[cfg(unix)]
+    for pid in groups {
+        use rustix::process::{kill_process_group, Pid, Signal};
+        if let Some(pid) = Pid::from_raw(pid as i32) {
+            let _ = kill_process_group(pid, Signal::KILL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = groups;
+}
+
+/// Checks a verifier's `env` list (`key` names it in the message): each entry must be a variable
+/// name (not empty, no `=` and no NUL).
+///
+/// # Errors
+/// The first bad entry, with `key` and its index.
+pub fn check_env_names(key: &str, env: &[String]) -> Result<(), RewardError> {
+    for (i, name) in env.iter().enumerate() {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(RewardError::Config(format!(
+                "{key}[{i}] = {:?} is not an environment variable name (expected e.g. \"OPENAI_API_KEY\")",
+                truncate(name, 60)
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -90,17 +146,31 @@ impl ExternalVerifier {
     }
 }
 
-/// Kills the process group that `child` leads (its descendants that did not leave it); no-op
-/// when it is already gone. Elsewhere than Unix, kills the child only.
 /// Starts `prog args` with piped stdin, stdout and stderr in its own process group (pgid = its
-/// pid), so [`kill_group`] reaches its children too. On Linux the program also dies with rlvr: it
-/// asks the kernel for `SIGKILL` when its parent goes ([`die_with_parent`]), which covers a
-/// `kill -9` of rlvr that no cleanup code of ours outlives.
+/// pid), so [`kill_group`] reaches its children too, and with a minimal environment: the
+/// variables of [`BASE_ENV`] and those `env` names, as far as rlvr's environment sets them. On
+/// Linux the program also dies with rlvr: it asks the kernel for `SIGKILL` when its parent goes
+/// ([`die_with_parent`]), which covers a `kill -9` of rlvr that no cleanup code of ours outlives.
+/// The group is recorded for [`kill_all_groups`] until [`kill_group`] ends it.
 ///
 /// # Errors
 /// The program cannot be started: the reason, worded for a verifier error.
-pub(crate) fn spawn_in_group(prog: &str, args: &[String]) -> Result<std::process::Child, String> {
+pub(crate) fn spawn_in_group(
+    prog: &str,
+    args: &[String],
+    env: &[String],
+) -> Result<std::process::Child, String> {
     let mut cmd = Command::new(prog);
+    cmd.env_clear();
+    for name in BASE_ENV
+        .iter()
+        .copied()
+        .chain(env.iter().map(String::as_str))
+    {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
@@ -112,8 +182,11 @@ pub(crate) fn spawn_in_group(prog: &str, args: &[String]) -> Result<std::process
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    spawn_from_long_lived_thread(cmd)
-        .map_err(|e| format!("could not start it: {e} (check the path and that it is executable)"))
+    let child = spawn_from_long_lived_thread(cmd).map_err(|e| {
+        format!("could not start it: {e} (check the path and that it is executable)")
+    })?;
+    live_groups().push(child.id());
+    Ok(child)
 }
 
 /// Makes `cmd`'s child ask for `SIGKILL` when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and
@@ -177,7 +250,10 @@ fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<std::process::C
     }
 }
 
+/// Kills the process group that `child` leads (its descendants that did not leave it); no-op
+/// when it is already gone. Elsewhere than Unix, kills the child only.
 pub(crate) fn kill_group(child: &std::process::Child) {
+    live_groups().retain(|&pid| pid != child.id());
     #[cfg(unix)]
     {
         use rustix::process::{kill_process_group, Pid, Signal};
@@ -212,7 +288,7 @@ impl Verifier for ExternalVerifier {
             input.push_str(&item_json(s).to_string());
             input.push('\n');
         }
-        let mut child = spawn_in_group(prog, args).map_err(|e| self.fail(e))?;
+        let mut child = spawn_in_group(prog, args, &self.env).map_err(|e| self.fail(e))?;
         let mut stdin = child.stdin.take().expect("stdin was piped");
         let mut stdout = child.stdout.take().expect("stdout was piped");
         let mut stderr = child.stderr.take().expect("stderr was piped");
@@ -250,7 +326,11 @@ impl Verifier for ExternalVerifier {
                     )));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(self.fail(format!("could not wait for it: {e}"))),
+                Err(e) => {
+                    kill_group(&child);
+                    let _ = child.kill();
+                    return Err(self.fail(format!("could not wait for it: {e}")));
+                }
             }
         };
         let stderr_text = err_reader.join().unwrap_or_default();

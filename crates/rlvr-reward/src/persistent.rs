@@ -15,8 +15,9 @@
 //! the tail of its stderr. A timeout, a malformed reply or a wrong count fails the batch at once
 //! (and the program is killed, so that a later batch starts it afresh). On Unix the program leads
 //! its own process group; dropping the verifier closes its stdin, waits up to
-//! [`EXIT_GRACE`] for it to exit, then kills the whole group. The user guide is
-//! docs/external-verifier.md.
+//! [`EXIT_GRACE`] for it to exit, then kills the whole group. Its environment is minimal, as for
+//! per-batch programs ([`crate::external::BASE_ENV`] and the config's `env` list). The user guide
+//! is docs/external-verifier.md.
 
 use crate::external::{item_json, kill_group, spawn_in_group, Reply};
 use crate::{truncate, RewardError, Sample, Score, Verifier};
@@ -41,6 +42,7 @@ const STDERR_KEEP: usize = 4000;
 /// A verifier that keeps one program running for the whole run (see the module docs).
 pub struct PersistentVerifier {
     command: Vec<String>,
+    env: Vec<String>,
     timeout: Duration,
     max_restarts: u32,
     state: Mutex<State>,
@@ -91,10 +93,18 @@ impl PersistentVerifier {
     pub fn new(command: Vec<String>, timeout: Duration, max_restarts: u32) -> Self {
         PersistentVerifier {
             command,
+            env: Vec::new(),
             timeout,
             max_restarts,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// The verifier with the environment variables `env` names passed to its program besides
+    /// [`crate::external::BASE_ENV`] (the config's `env` list; all others are withheld).
+    pub fn with_env(mut self, env: Vec<String>) -> Self {
+        self.env = env;
+        self
     }
 
     /// How many times the program has been started so far (1 for a run where it never died).
@@ -119,7 +129,7 @@ impl PersistentVerifier {
             .command
             .split_first()
             .ok_or_else(|| self.fail("empty command".into()))?;
-        let mut child = spawn_in_group(prog, args).map_err(|e| self.fail(e))?;
+        let mut child = spawn_in_group(prog, args, &self.env).map_err(|e| self.fail(e))?;
         let mut stdin = child.stdin.take().expect("stdin was piped");
         let stdout = child.stdout.take().expect("stdout was piped");
         let mut stderr = child.stderr.take().expect("stderr was piped");

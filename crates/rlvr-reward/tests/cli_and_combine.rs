@@ -132,6 +132,7 @@ fn sh(script: &str, timeout_s: f64) -> VerifierConfig {
         timeout_s,
         mode: ExternalMode::PerBatch,
         restarts: 3,
+        env: Vec::new(),
     }
 }
 
@@ -187,6 +188,7 @@ fn external_verifier_protocol_and_failures() {
             timeout_s: 1.0,
             mode: ExternalMode::PerBatch,
             restarts: 3,
+            env: Vec::new(),
         }),
         &samples,
     )

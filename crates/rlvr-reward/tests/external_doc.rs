@@ -48,6 +48,7 @@ fn the_guides_example_verifier_scores_as_the_guide_says() {
     let v = ExternalVerifier {
         command: vec!["python3".into(), script.display().to_string()],
         timeout: Duration::from_secs(60),
+        env: Vec::new(),
     };
     let samples = [
         Sample {

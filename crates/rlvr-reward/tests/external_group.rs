@@ -50,6 +50,7 @@ fn verifier(script: String, timeout_s: f64) -> ExternalVerifier {
     ExternalVerifier {
         command: vec!["sh".into(), "-c".into(), script],
         timeout: Duration::from_secs_f64(timeout_s),
+        env: Vec::new(),
     }
 }
 

@@ -93,6 +93,7 @@ fn both_examples_score_alike_and_the_persistent_one_starts_once() {
     let per_batch = ExternalVerifier {
         command: vec!["python3".into(), example("reward_per_batch.py")],
         timeout: Duration::from_secs(60),
+        env: Vec::new(),
     };
     let p = persistent(&["python3", &example("reward_persistent.py")], 60.0, 0);
     assert_eq!(p.starts(), 0, "nothing starts before the first batch");
@@ -270,6 +271,7 @@ fn config_builds_a_persistent_verifier_and_times_both_modes() {
             timeout_s: 60.0,
             mode: ExternalMode::Persistent,
             restarts: 3,
+            env: Vec::new(),
         }
     );
     let cols = columns();

@@ -565,6 +565,8 @@ fn eval_with_the_vllm_backend_names_a_missing_server() {
         task: Some("arithmetic".into()),
         n: 1,
         limit: Some(2),
+        // Within the tiny model's 128 positions (the default 256 is refused at start-up).
+        max_new_tokens: Some(4),
         set: vec![
             "rollout.backend=\"vllm\"".into(),
             "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
@@ -597,6 +599,8 @@ fn eval_refuses_a_server_leased_to_a_training_run_unless_told_to_share() {
         task: Some("arithmetic".into()),
         n: 1,
         limit: Some(2),
+        // Within the tiny model's 128 positions (the default 256 is refused at start-up).
+        max_new_tokens: Some(4),
         set: vec![
             "rollout.backend=\"vllm\"".into(),
             format!("rollout.servers=[\"{url}\"]"),

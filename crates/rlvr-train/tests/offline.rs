@@ -64,21 +64,69 @@ fn malformed_experience_lines_name_file_line_and_field() {
     check_bad_line("{not json", "-");
 }
 
+/// The error of an experiences file whose line 2 is `line` (line 1 is good).
+fn bad_line_error(line: &str) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("exp.jsonl");
+    let good = r#"{"prompt_ids": [1, 2], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1.0, "group_id": "a"}"#;
+    write(&p, &[good.to_string(), line.to_string()]);
+    read_experiences(&p).unwrap_err().to_string()
+}
+
+#[test]
+fn nan_and_infinity_in_an_experiences_line_name_their_field() {
+    // Not JSON at all, so the JSON parser refuses them; the error names the field being read
+    // (it was `-`, the whole line) and says what to write instead.
+    let nan = r#"{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": NaN, "group_id": "a"}"#;
+    // (line, what the error says, the bare word it names, if any)
+    let cases = [
+        (
+            nan,
+            "exp.jsonl:2: field `reward`: invalid JSON: expected value at line 1 column 84",
+            Some("NaN"),
+        ),
+        (
+            r#"{"prompt_ids": [1], "completion_ids": [3, 4], "behaviour_logprobs": [-1.0, -Infinity], "reward": 1.0, "group_id": "a"}"#,
+            "exp.jsonl:2: field `behaviour_logprobs`: invalid JSON: invalid number",
+            Some("-Infinity"),
+        ),
+        (
+            r#"{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [nan], "reward": 1.0, "group_id": "a"}"#,
+            "exp.jsonl:2: field `behaviour_logprobs`: invalid JSON: expected ident",
+            Some("nan"),
+        ),
+        (
+            // A value that is a string with a colon is not taken for a key.
+            r#"{"group_id": "a:b", "prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [-1.0], "reward": 1e400}"#,
+            "exp.jsonl:2: field `reward`: invalid JSON: number out of range",
+            None,
+        ),
+    ];
+    for (line, want, word) in cases {
+        let err = bad_line_error(line);
+        assert!(err.contains(want), "{want}\nnot in\n{err}");
+        if let Some(w) = word {
+            let hint =
+                format!("(`{w}` is not a JSON number: NaN and infinities cannot be trained on");
+            assert!(err.contains(&hint), "{hint}\nnot in\n{err}");
+        }
+    }
+    // Trailing text after a whole object is the line's fault, not a field's.
+    let err = bad_line_error(&format!("{} x", nan.replace("NaN", "1.0")));
+    assert!(
+        err.contains("exp.jsonl:2: field `-`: invalid JSON: trailing characters"),
+        "{err}"
+    );
+}
+
 #[test]
 fn impossible_log_probs_and_split_groups_are_refused_naming_file_line_and_field() {
     for lp in ["0.5", "-20000.0", "1e400"] {
         let line = format!(
             r#"{{"prompt_ids": [1], "completion_ids": [3], "behaviour_logprobs": [{lp}], "reward": 1.0, "group_id": "a"}}"#
         );
-        // 1e400 is not a JSON number serde accepts: the line as a whole is refused.
-        check_bad_line(
-            &line,
-            if lp == "1e400" {
-                "-"
-            } else {
-                "behaviour_logprobs"
-            },
-        );
+        // 1e400 is not a JSON number serde accepts; the error still names the field it is in.
+        check_bad_line(&line, "behaviour_logprobs");
     }
     let tmp = tempfile::tempdir().unwrap();
     let p = tmp.path().join("exp.jsonl");

@@ -22,7 +22,7 @@ pub struct ClientConfig {
     pub served_model_name: String,
     /// Sent as `Authorization: Bearer KEY` when set (vLLM's `--api-key`). Default none.
     pub api_key: Option<String>,
-    /// Whole-request timeout. Default 600 s.
+    /// Whole-request timeout. Default [`crate::http::DEFAULT_TIMEOUT`] (180 s).
     pub timeout: Duration,
     /// Attempts after the first failed one. Default 3.
     pub retries: usize,
@@ -42,7 +42,7 @@ impl Default for ClientConfig {
             servers: Vec::new(),
             served_model_name: String::new(),
             api_key: None,
-            timeout: Duration::from_secs(600),
+            timeout: crate::http::DEFAULT_TIMEOUT,
             retries: 3,
             backoff: Duration::from_millis(500),
             in_flight: 8,

@@ -1,7 +1,10 @@
 //! One vLLM server over blocking HTTP: a request with retries and back-off, and the check of what
 //! came back. Transport errors, timeouts, HTTP 5xx and answers that fail validation (truncated
 //! JSON, a token count that differs from its log-prob count, ...) are retried; HTTP 4xx is not
-//! (the request itself is wrong). The final error names the server and its last answer.
+//! (the request itself is wrong). A timed-out request is sent again only when the server answers
+//! `GET /health` within [`HEALTH_PROBE_TIMEOUT`]: a hung server (connections accepted, nothing
+//! answered) stops the caller after one timeout, about 3 minutes by default, not after every
+//! retry's. The final error names the server and its last answer.
 
 use std::time::Duration;
 
@@ -20,12 +23,22 @@ pub struct RetryPolicy {
     pub timeout: Duration,
 }
 
+/// The default whole-request timeout, [`RetryPolicy::timeout`]: one group of completions must come
+/// back within it. 180 s holds a group of 512-token completions on a loaded server many times
+/// over; raise it (`rollout.request_timeout_s`) for completions of many thousand tokens or the
+/// weight reload of a large model.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long `GET /health` may take, after a request timed out, for the server to count as alive
+/// and the request to be sent again (at most the request timeout itself).
+pub const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             retries: 3,
             backoff: Duration::from_millis(500),
-            timeout: Duration::from_secs(600),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }
@@ -35,8 +48,11 @@ const BODY_LIMIT: u64 = 256 << 20;
 
 /// Why one attempt failed.
 enum Failure {
-    /// Worth another attempt (down, slow, 5xx, malformed answer).
+    /// Worth another attempt (down, 5xx, malformed answer).
     Retry(String),
+    /// No answer within the timeout: worth another attempt only if the server answers
+    /// `GET /health` (slow, not silent).
+    Timeout(String),
     /// HTTP 4xx: status and body.
     Refused(u16, String),
 }
@@ -124,7 +140,7 @@ impl Server {
         let mut resp = match sent {
             Ok(r) => r,
             Err(ureq::Error::Timeout(_)) => {
-                return Err(Failure::Retry(format!(
+                return Err(Failure::Timeout(format!(
                     "no answer within {:.1} s (timeout)",
                     self.policy.timeout.as_secs_f64()
                 )))
@@ -217,6 +233,25 @@ impl Server {
                     Err(msg) => last = msg,
                 },
                 Err(Failure::Retry(msg)) => last = msg,
+                Err(Failure::Timeout(msg)) => {
+                    last = msg;
+                    // A server that accepts connections and never answers (hung) would hold the
+                    // run for every attempt's timeout: ask it for /health before trying again.
+                    if i + 1 < attempts {
+                        if let Err(why) = self.probe_health() {
+                            return Err(VllmError::Server {
+                                server: self.url.clone(),
+                                what,
+                                attempts: i + 1,
+                                answer: format!(
+                                    "{last}; then GET /health {why}: the server accepts \
+                                     connections but does not answer (hung), so the request was \
+                                     not sent again"
+                                ),
+                            });
+                        }
+                    }
+                }
                 Err(Failure::Refused(status, body)) => {
                     return Err(VllmError::Refused {
                         server: self.url.clone(),
@@ -233,6 +268,31 @@ impl Server {
             attempts,
             answer: last,
         })
+    }
+
+    /// One `GET /health` within [`HEALTH_PROBE_TIMEOUT`] (or the request timeout, if shorter):
+    /// `Ok` on HTTP 200, else what happened, worded to follow "GET /health".
+    fn probe_health(&self) -> std::result::Result<(), String> {
+        let limit = HEALTH_PROBE_TIMEOUT.min(self.policy.timeout);
+        let url = format!("{}/health", self.url);
+        let mut r = self
+            .agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(limit))
+            .build();
+        if let Some(k) = &self.api_key {
+            r = r.header("Authorization", format!("Bearer {k}"));
+        }
+        match r.call() {
+            Ok(resp) if resp.status().as_u16() == 200 => Ok(()),
+            Ok(resp) => Err(format!("answered HTTP {}", resp.status().as_u16())),
+            Err(ureq::Error::Timeout(_)) => Err(format!(
+                "did not answer within {:.1} s either",
+                limit.as_secs_f64()
+            )),
+            Err(e) => Err(format!("failed too ({e})")),
+        }
     }
 
     /// `GET /health` answered 200 (one attempt per retry; the body is ignored).

@@ -420,3 +420,62 @@ fn bad_settings_are_refused_before_any_request() {
     })
     .contains("in flight"));
 }
+
+#[test]
+fn a_hung_server_stops_after_one_timeout_and_a_slow_one_is_retried() {
+    // Accepts every connection and never answers (its /health neither): one timeout, then the
+    // /health probe, then the error. Before, every retry waited its own timeout (with the 600 s
+    // default and 3 retries, 40 minutes).
+    let hung = FakeServer::start(|_, _| Reply::Slow(Duration::from_secs(120), String::new()));
+    let t0 = std::time::Instant::now();
+    let (server, attempts, answer) = server_error(
+        client(&[&hung.url], 3)
+            .sample(&[vec![1]], 0, &params(2), 0)
+            .unwrap_err(),
+    );
+    assert_eq!((server, attempts), (hung.url.clone(), 1), "{answer}");
+    assert!(
+        answer.contains(
+            "no answer within 1.5 s (timeout); then GET /health did not answer within 1.5 s either"
+        ),
+        "{answer}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(
+        hung.lines(),
+        ["POST /v1/completions", "GET /health"],
+        "not sent again"
+    );
+    // Slow on completions but alive (/health answers): the request is sent again, as before.
+    let slow = FakeServer::start(|line, _| {
+        if line.starts_with("GET /health") {
+            Reply::Status(200, String::new())
+        } else {
+            Reply::Slow(Duration::from_secs(120), String::new())
+        }
+    });
+    let (_, attempts, answer) = server_error(
+        client(&[&slow.url], 1)
+            .sample(&[vec![1]], 0, &params(2), 0)
+            .unwrap_err(),
+    );
+    assert_eq!(attempts, 2, "{answer}");
+    assert!(answer.contains("timeout"), "{answer}");
+    assert_eq!(
+        slow.lines(),
+        [
+            "POST /v1/completions",
+            "GET /health",
+            "POST /v1/completions"
+        ]
+    );
+}
+
+#[test]
+fn the_default_request_timeout_stops_a_hung_server_within_a_few_minutes() {
+    let c = ClientConfig::default();
+    assert_eq!(c.timeout, Duration::from_secs(180));
+    // One timeout plus the /health probe: under 3.5 minutes (was (3 + 1) × 600 s).
+    let worst = c.timeout + rlvr_vllm::http::HEALTH_PROBE_TIMEOUT;
+    assert!(worst <= Duration::from_secs(210), "{worst:?}");
+}

@@ -71,6 +71,36 @@ fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs of more digits than this in an error message are shortened ([`shorten_long_numbers`]).
+const MAX_DIGITS_SHOWN: usize = 24;
+
+/// `msg` with every run of more than [`MAX_DIGITS_SHOWN`] ASCII digits cut to its first 12, an
+/// ellipsis and its length (`100000000000… (300 digits)`), so an error about a 300-digit value
+/// does not echo it in full. u64's largest value (20 digits) stays whole.
+fn shorten_long_numbers(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut digits = String::new();
+    let flush = |digits: &mut String, out: &mut String| {
+        if digits.len() > MAX_DIGITS_SHOWN {
+            out.push_str(&digits[..12]);
+            out.push_str(&format!("… ({} digits)", digits.len()));
+        } else {
+            out.push_str(digits);
+        }
+        digits.clear();
+    };
+    for c in msg.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            flush(&mut digits, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut digits, &mut out);
+    out
+}
+
 fn main() {
     rlvr_model::keep_freed_memory();
     // `rlvr help --help` (clap would call `--help` an unknown subcommand): the top-level help.
@@ -106,7 +136,9 @@ fn main() {
         {
             return;
         }
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", shorten_long_numbers(&format!("{e:#}")));
+        // Verifier programs whose owner did not end them (nothing should be left by now).
+        rlvr_reward::external::kill_all_groups();
         std::process::exit(1);
     }
 }

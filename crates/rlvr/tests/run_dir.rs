@@ -553,8 +553,8 @@ fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
     );
     assert!(!run.join("metrics.jsonl").exists());
 
-    // Prompts that fit, but not with max_new_tokens on top: refused by the sampler, naming the
-    // model's positions, before anything is trained.
+    // Prompts that fit, but not with max_new_tokens on top: refused at start-up, naming the
+    // prompt's source, the key and the model's positions, before anything is trained.
     let run2 = tmp.path().join("run2");
     let mut s = sets(&model, &run2, 2);
     s.push("rollout.max_new_tokens=200".into());
@@ -562,7 +562,11 @@ fn a_prompt_longer_than_the_model_positions_is_refused_naming_file_and_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "accepted: {err}");
     assert!(
-        err.contains("max_new_tokens 200 exceed the model's max_position_embeddings 128"),
+        err.contains("[data] Train split: generated:train:")
+            && err.contains(
+                "+ rollout.max_new_tokens = 200 is more than the model's \
+                 max_position_embeddings = 128"
+            ),
         "{err}"
     );
     assert!(steps(&run2).is_empty());
@@ -994,5 +998,176 @@ fn merge_force_that_fails_keeps_the_old_model() {
         old,
         "the old weights were removed or changed: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn resume_names_the_external_command_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let script = tmp.path().join("score.sh");
+    std::fs::write(
+        &script,
+        "awk '{ print \"{\\\"reward\\\": \" (NR % 2) \"}\" }'\n",
+    )
+    .unwrap();
+    let mut s = sets(&model, &run, 2);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\"] }}",
+        script.display()
+    ));
+    let out = train_cmd(&s).output().unwrap();
+    ok(&out, "train");
+    // A fresh start runs the command the user just gave: no note.
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("--resume runs"));
+    // A resume says which program of the run directory's config it runs, before running it.
+    let out = rlvr()
+        .args(["train", "--no-progress", "--resume"])
+        .arg(&run)
+        .args(["--set", "train.steps=3"])
+        .output()
+        .unwrap();
+    ok(&out, "resume to 3");
+    let note = format!(
+        "note: --resume runs the external verifier command of {}/config.toml (data.verifier): sh {}",
+        run.display(),
+        script.display()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&note), "{note}\nnot in\n{err}");
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains(&note), "{log}");
+    assert_eq!(steps(&run), [1, 2, 3]);
+}
+
+/// Sets `state.json` of checkpoint `dir` with `edit` and removes the checkpoint's manifest (as a
+/// checkpoint written before manifests, whose edits no checksum catches).
+fn edit_state(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("trainer_state/state.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    std::fs::remove_file(dir.join("manifest.json")).unwrap();
+}
+
+#[test]
+fn resume_refuses_to_shorten_and_names_an_edited_state_file_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let mut s = sets(&model, &run, 3);
+    s.push("train.save_every=1".into());
+    s.push("train.keep_last=0".into());
+    ok(&train_cmd(&s).output().unwrap(), "train");
+    let resume = |steps: u64| {
+        rlvr()
+            .args(["train", "--no-progress", "--resume"])
+            .arg(&run)
+            .args(["--set", &format!("train.steps={steps}")])
+            .output()
+            .unwrap()
+    };
+    // A resume cannot shorten the run: said in terms of steps trained.
+    let out = resume(1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let ckpts = run.join("checkpoints");
+    let want = format!(
+        "train.steps = 1 is fewer than the 3 steps the run in {} has already trained (its \
+         checkpoint to resume from, {}, holds step 3)",
+        run.display(),
+        ckpts.join("step-3").display()
+    );
+    assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    // step-3's state.json edited to step 100 (an old checkpoint: no manifest to catch it). It said
+    // "already at step 100 (its latest checkpoint, .../step-3)" and resumed at step 100; now the
+    // checkpoint is incomplete and the resume takes step-2.
+    edit_state(&ckpts.join("step-3"), |v| v["step"] = 100.into());
+    let out = resume(4);
+    ok(&out, "resume past an edited step-3");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        format!(
+            "{}: field `step` is 100, but the directory is step-3",
+            ckpts.join("step-3/trainer_state/state.json").display()
+        ),
+        format!(
+            "resuming from the newest complete checkpoint, {}",
+            ckpts.join("step-2").display()
+        ),
+    ] {
+        assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    }
+    assert_eq!(steps(&run), [1, 2, 3, 4]);
+    // A data cursor past the end of the epoch: an error naming the file, the field and the data
+    // (it was "invalid data config: data cursor position ... is past the dataset length ...").
+    edit_state(&ckpts.join("step-4"), |v| {
+        v["cursor"]["cursor"]["position"] = 1_000_000.into()
+    });
+    let out = resume(5);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let want = format!(
+        "{}: field `cursor`: the data cursor stands at position 1000000 of an epoch of 64 \
+         prompts, past its end (the train split: data.task = \"arithmetic\"'s generated problems)",
+        ckpts.join("step-4/trainer_state/state.json").display()
+    );
+    assert!(err.contains(&want), "{want}\nnot in\n{err}");
+    assert!(!err.contains("invalid data config"), "{err}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_second_sigterm_kills_the_verifiers_whole_process_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    let pidfile = tmp.path().join("child.pid");
+    // The verifier starts a background child (same process group) and never answers: the first
+    // SIGTERM waits for the step, the second quits at once. The program itself dies by its
+    // parent-death signal; its child only if rlvr kills the group on the way out.
+    let script = format!(
+        "sleep 1000 & echo $! > {p}.tmp; mv {p}.tmp {p}; exec sleep 1000",
+        p = pidfile.display()
+    );
+    let mut s = sets(&model, &run, 2);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", timeout_s = 600, command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    let child = spawn(train_cmd(&s));
+    wait_for("the verifier's child", 120, || pidfile.exists());
+    let pid = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(alive(&pid), "the verifier's child {pid} is not running");
+    for _ in 0..2 {
+        let st = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t0 = Instant::now();
+    while alive(&pid) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let orphaned = alive(&pid);
+    if orphaned {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+    }
+    assert!(
+        !orphaned,
+        "the verifier's child {pid} outlived rlvr's second SIGTERM"
     );
 }

@@ -340,13 +340,14 @@ impl ResolvedConfig {
             let steps = cfg.raw.train.steps;
             if steps < st.step {
                 bail!(
-                    "train.steps = {steps}, but the run in {} is already at step {} (its latest \
-                     checkpoint, {}): --resume continues a run and cannot shorten it; set \
-                     train.steps to {} or more, or evaluate an earlier checkpoint with \
-                     `rlvr eval --model`",
-                    run_dir.display(),
+                    "train.steps = {steps} is fewer than the {} steps the run in {} has already \
+                     trained (its checkpoint to resume from, {}, holds step {}): --resume \
+                     continues a run and cannot shorten it; set train.steps to {} or more, or \
+                     evaluate an earlier checkpoint with `rlvr eval --model`",
                     st.step,
+                    run_dir.display(),
                     dir.display(),
+                    st.step,
                     st.step
                 );
             }

@@ -124,7 +124,10 @@ pub struct RolloutSection {
     /// `--api-key`), sent as a bearer token; the key itself never reaches config.toml. Default none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
-    /// vLLM backend: whole-request timeout in seconds. Default 600.
+    /// vLLM backend: whole-request timeout in seconds: one group of completions (and a weight
+    /// reload) must come back within it. A request that times out is sent again only if the server
+    /// answers `GET /health` within 10 s, so a hung server stops the run after one timeout. Default
+    /// 180; raise it for completions of many thousand tokens or a large model's reload.
     pub request_timeout_s: f64,
     /// vLLM backend: attempts after a failed request (back-off from 0.5 s, doubled); then the run
     /// stops with a checkpoint and an error naming the server. Default 3.
@@ -170,7 +173,7 @@ impl Default for RolloutSection {
             served_model_name: "rlvr-policy".into(),
             weights_dir: None,
             api_key_env: None,
-            request_timeout_s: 600.0,
+            request_timeout_s: 180.0,
             retries: 3,
             in_flight: 8,
             accept_renormalised_logprobs: false,

@@ -18,7 +18,7 @@ use super::{RawConfig, ResolvedConfig, RolloutBackend, RolloutSection, TrainSect
 use crate::eval::{EvalSettings, Evaluator};
 use crate::feed::backend::{BackendSettings, VllmSettings};
 use crate::feed::explorer::ExplorerSettings;
-use crate::feed::prompts::prepare_prompts;
+use crate::feed::prompts::{model_positions, prepare_prompts};
 use crate::update::{LrSchedule, TrainerSettings, UpdateSettings};
 
 impl From<&TrainSection> for UpdateSettings {
@@ -139,7 +139,8 @@ pub fn reward_function(raw: &RawConfig) -> anyhow::Result<RewardFunction> {
 /// problems), scored by `reward`, sampled as [`eval_settings`] says.
 ///
 /// # Errors
-/// Data and template errors.
+/// Data and template errors; a prompt whose tokens plus the evaluation's max new tokens exceed
+/// the model's positions (the config.json beside `tok`), naming its source and the key.
 pub fn evaluator(
     raw: &RawConfig,
     tok: &TokenizerBundle,
@@ -147,10 +148,17 @@ pub fn evaluator(
 ) -> anyhow::Result<Evaluator> {
     let mut p = prepare_prompts(&raw.data, Split::Test, tok)?;
     if let Some(n) = raw.eval.limit {
-        p.texts.truncate(n);
-        p.references.truncate(n);
-        p.rows.truncate(n);
-        p.columns.truncate(n);
+        p.truncate(n);
+    }
+    let settings = eval_settings(raw);
+    if let Some(positions) = model_positions(tok)? {
+        let key = match raw.eval.max_new_tokens {
+            Some(_) => "eval.max_new_tokens",
+            None => "rollout.max_new_tokens",
+        };
+        let ids = p.encode(tok, settings.add_special_tokens)?;
+        p.check_room(&ids, positions, settings.max_new_tokens, key)
+            .map_err(|e| anyhow::anyhow!("[data] Test split: {e:#}"))?;
     }
     Ok(Evaluator {
         texts: p.texts,
@@ -158,7 +166,7 @@ pub fn evaluator(
         rows: p.rows,
         columns: p.columns,
         reward,
-        settings: eval_settings(raw),
+        settings,
         task: raw.data.task.name(),
     })
 }

@@ -128,7 +128,7 @@ fn client_config(v: &VllmSettings) -> anyhow::Result<ClientConfig> {
         served_model_name: v.served_model_name.clone(),
         api_key,
         timeout: Duration::try_from_secs_f64(v.request_timeout_s)
-            .unwrap_or(Duration::from_secs(600)),
+            .unwrap_or(rlvr_vllm::http::DEFAULT_TIMEOUT),
         retries: v.retries,
         in_flight: v.in_flight,
         accept_renormalised_logprobs: v.accept_renormalised_logprobs,

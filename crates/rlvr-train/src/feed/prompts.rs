@@ -24,6 +24,9 @@ pub struct PreparedPrompts {
     /// Each prompt's row columns (`question`, and every string or number field of a `jsonl` row)
     /// for the verifier ([`rlvr_reward::Sample::columns`]).
     pub columns: Vec<Vec<(String, String)>>,
+    /// Where each prompt's problem comes from (`FILE:LINE`, or `generated:<split>:<index>`), for
+    /// error messages.
+    pub sources: Vec<String>,
 }
 
 /// Loads and renders a split of `[data]` with the policy tokenizer (chat template, token counter).
@@ -56,6 +59,12 @@ pub fn prepare_prompts(
     }
     let problems = &prep.dataset.problems;
     Ok(PreparedPrompts {
+        sources: prep
+            .prompts
+            .prompts
+            .iter()
+            .map(|p| problems[p.problem].source.clone())
+            .collect(),
         rows: prep.prompts.prompts.iter().map(|p| p.problem).collect(),
         columns: prep
             .prompts
@@ -91,6 +100,71 @@ impl PreparedPrompts {
             .collect::<Result<Vec<_>, _>>()
             .context("encoding prompts")
     }
+
+    /// Keeps the first `n` prompts (`eval.limit`).
+    pub fn truncate(&mut self, n: usize) {
+        self.texts.truncate(n);
+        self.references.truncate(n);
+        self.rows.truncate(n);
+        self.columns.truncate(n);
+        self.sources.truncate(n);
+    }
+
+    /// Refuses, at start-up, a prompt with no room to generate: its tokens (`ids`, one list per
+    /// prompt, as [`PreparedPrompts::encode`] returns them) plus `max_new_tokens` above the
+    /// model's `max_positions`, which would otherwise fail at the first step that samples it.
+    /// `key` names the setting `max_new_tokens` comes from (`rollout.max_new_tokens`,
+    /// `eval.max_new_tokens`).
+    ///
+    /// # Errors
+    /// The first such prompt, naming its source (`FILE:LINE`), its tokens, `key` and its value,
+    /// `max_position_embeddings` and the largest `key` that fits.
+    pub fn check_room(
+        &self,
+        ids: &[Vec<u32>],
+        max_positions: usize,
+        max_new_tokens: usize,
+        key: &str,
+    ) -> anyhow::Result<()> {
+        let Some((i, longest)) = ids
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i, p.len()))
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
+        else {
+            return Ok(());
+        };
+        if longest.saturating_add(max_new_tokens) <= max_positions {
+            return Ok(());
+        }
+        let source = self.sources.get(i).map_or("?", String::as_str);
+        let fits = max_positions.saturating_sub(longest);
+        anyhow::bail!(
+            "{source}: the prompt has {longest} tokens, and {longest} + {key} = {max_new_tokens} \
+             is more than the model's max_position_embeddings = {max_positions}: its completion \
+             would run past the model's positions; set {key} to at most {fits}, or drop long \
+             prompts with data.max_prompt_len"
+        )
+    }
+}
+
+/// The model's positions (`max_position_embeddings` of the config.json beside `tok`'s file), or
+/// `None` when there is no config.json there (a bare tokenizer).
+///
+/// # Errors
+/// An unreadable or invalid config.json, naming it.
+pub fn model_positions(tok: &TokenizerBundle) -> anyhow::Result<Option<usize>> {
+    let Some(config) = tok
+        .path
+        .parent()
+        .map(|d| d.join("config.json"))
+        .filter(|p| p.is_file())
+    else {
+        return Ok(None);
+    };
+    let mc =
+        ModelConfig::from_file(&config).with_context(|| format!("reading {}", config.display()))?;
+    Ok(Some(mc.max_position_embeddings))
 }
 
 /// Checks every prompt of `prep` against the positions of the model whose directory `tok` was
@@ -104,16 +178,9 @@ pub(crate) fn check_prompts(
     tok: &TokenizerBundle,
     count: TokenCounter<'_>,
 ) -> anyhow::Result<()> {
-    let Some(config) = tok
-        .path
-        .parent()
-        .map(|d| d.join("config.json"))
-        .filter(|p| p.is_file())
-    else {
+    let Some(positions) = model_positions(tok)? else {
         return Ok(());
     };
-    let mc =
-        ModelConfig::from_file(&config).with_context(|| format!("reading {}", config.display()))?;
-    check_prompt_lengths(prep, mc.max_position_embeddings, count)?;
+    check_prompt_lengths(prep, positions, count)?;
     Ok(())
 }

@@ -52,6 +52,7 @@ impl<'a> Run<'a> {
         let ckpt = if writer {
             prepare_run_dir(cfg, &run_dir, opts.resume)?;
             if opts.resume {
+                say_external_commands(cfg);
                 let point = checkpoint::resume_point(&run_dir)?;
                 if let Some(note) = point.as_ref().and_then(|p| p.note.as_deref()) {
                     crate::log::say(note);
@@ -243,9 +244,24 @@ fn online_feed(
     let step = start.state.map(|s| s.step).unwrap_or(0);
     let train_p = prepare_prompts(&c.data, Split::Train, tokenizer)?;
     let sampler = match start.state.map(|s| s.cursor) {
-        Some(SourceCursor::Online { cursor }) => {
-            PromptSampler::resume(cursor, train_p.texts.len())?
-        }
+        Some(SourceCursor::Online { cursor }) => PromptSampler::resume(cursor, train_p.texts.len())
+            .map_err(|e| {
+                let state = start.ckpt.map_or_else(
+                    || "the checkpoint".to_string(),
+                    |d| d.join("trainer_state/state.json").display().to_string(),
+                );
+                let data = match &c.data.train {
+                    Some(p) => p.display().to_string(),
+                    None => format!(
+                        "data.task = \"{}\"'s generated problems",
+                        c.data.task.name()
+                    ),
+                };
+                anyhow::anyhow!(
+                    "{state}: field `cursor`: {e} (the train split: {data}); the checkpoint was \
+                 written for other data, or edited"
+                )
+            })?,
         _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
     };
     let reward = Arc::new(settings::reward_function(c)?);
@@ -254,6 +270,15 @@ fn online_feed(
     let ids = train_p
         .encode(&ex_tok, settings::add_special_tokens(&c.data))
         .context("encoding train prompts")?;
+    // No prompt without room for its completion: refused now rather than at its first step.
+    train_p
+        .check_room(
+            &ids,
+            model.config().max_position_embeddings,
+            c.rollout.max_new_tokens,
+            "rollout.max_new_tokens",
+        )
+        .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
         max_new_tokens: c.rollout.max_new_tokens,
@@ -335,6 +360,64 @@ fn online_feed(
         Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)?,
         reward,
     ))
+}
+
+/// On `--resume`: names every external verifier command the run directory's config.toml will
+/// run, with its key, before anything starts. A run directory is code as well as data (a
+/// downloaded one can name any program); rlvr says what it runs rather than asking, so that
+/// resumes under a scheduler, with no terminal, keep working (docs/external-verifier.md).
+fn say_external_commands(cfg: &ResolvedConfig) {
+    for (key, command) in external_commands(&cfg.raw) {
+        crate::log::say(&format!(
+            "note: --resume runs the external verifier command of {}/config.toml ({key}): {}",
+            cfg.raw.output.dir.display(),
+            shell_words(&command)
+        ));
+    }
+}
+
+/// The external verifier commands of a config with their keys (`data.verifier`,
+/// `reward.components[i].verifier`), in that order.
+fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>)> {
+    use rlvr_reward::combine::VerifierConfig;
+    let data = raw
+        .data
+        .verifier
+        .iter()
+        .map(|v| ("data.verifier".to_string(), v));
+    let components = raw
+        .reward
+        .components
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("reward.components[{i}].verifier"), &c.verifier));
+    data.chain(components)
+        .filter_map(|(key, v)| match v {
+            VerifierConfig::External { command, .. } => Some((key, command.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A command as a shell would read it back: each word quoted when it holds anything but
+/// letters, digits and `-_./=:,+@%`.
+fn shell_words(command: &[String]) -> String {
+    let plain = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    };
+    command
+        .iter()
+        .map(|w| {
+            if plain(w) {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// On resume from checkpoint `dir` (already verified against its manifest by `resume_point`):

@@ -1,5 +1,6 @@
 //! SIGINT (Ctrl-C) and SIGTERM for `rlvr train`: the first asks the run to save a checkpoint after
-//! the current step and stop; a second one exits at once. An interrupted run exits with the shell's
+//! the current step and stop; a second one exits at once, killing the external verifiers' process
+//! groups first. An interrupted run exits with the shell's
 //! code for the signal, 128 + its number (130 for SIGINT, 143 for SIGTERM), so that
 //! `rlvr train ... && rlvr eval ...` does not go on after an interruption.
 
@@ -44,6 +45,9 @@ pub(crate) fn install(stop: Arc<AtomicBool>) {
         for sig in signals.forever() {
             let _ = RECEIVED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
             if stop.swap(true, Ordering::SeqCst) {
+                // No clean-up of ours runs after exit: end the verifiers' process groups first
+                // (the parent-death signal would reach their programs, not their children).
+                rlvr_reward::external::kill_all_groups();
                 std::process::exit(128 + sig);
             }
             eprintln!(
@@ -61,6 +65,7 @@ pub(crate) fn exit_if_interrupted(interrupted: bool, out: &mut dyn Write) {
     if let (true, Some(sig)) = (interrupted, received()) {
         let _ = out.flush();
         let _ = std::io::stderr().flush();
+        rlvr_reward::external::kill_all_groups();
         std::process::exit(128 + sig);
     }
 }

@@ -311,7 +311,8 @@ fn newest_complete(root: &Path) -> anyhow::Result<Option<PathBuf>> {
 /// parses: config.json and tokenizer_config.json (JSON), tokenizer.json, the weights
 /// (`model.safetensors`, and/or LoRA's `adapter/adapter_config.json` and
 /// `adapter/adapter_model.safetensors`: a header that parses and a length that matches it),
-/// `trainer_state/state.json` (a [`TrainerState`]), `trainer_state/optimizer.safetensors`,
+/// `trainer_state/state.json` (a [`TrainerState`] whose `step` is the N of a `step-N` directory),
+/// `trainer_state/optimizer.safetensors`,
 /// `trainer_state/buffer.jsonl` and, when the state says so, `trainer_state/explorer/` (the same
 /// model files); then, when it has a `manifest.json`, every file's size and CRC-32C
 /// ([`crate::store::manifest::verify`], which reads every file once).
@@ -327,6 +328,19 @@ pub fn incomplete(dir: &Path) -> Option<String> {
         Ok(s) => s,
         Err(e) => return Some(format!("{}: {e}", ts.join("state.json").display())),
     };
+    // A `step-N` directory holds the state after step N; another step is a copied or edited file.
+    let named = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse::<u64>().ok());
+    if let Some(n) = named.filter(|&n| n != state.step) {
+        return Some(format!(
+            "{}: field `step` is {}, but the directory is step-{n}",
+            ts.join("state.json").display(),
+            state.step
+        ));
+    }
     let mut checks = model_dir_problem(dir, true)
         .into_iter()
         .chain(safetensors_problem(&ts.join("optimizer.safetensors")))

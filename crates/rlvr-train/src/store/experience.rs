@@ -90,8 +90,35 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
         field: field.to_string(),
         why,
     };
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| err("-", format!("invalid JSON: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        // Name the field whose value does not parse (NaN, Infinity, a bare word) when there is one.
+        let at = byte_offset(text, e.column());
+        let bad_value = [
+            "expected value",
+            "expected ident",
+            "invalid number",
+            "number out of range",
+        ]
+        .iter()
+        .any(|m| e.to_string().starts_with(m));
+        match key_before(text, at).filter(|_| bad_value) {
+            Some(field) => {
+                let word = token_at(text, at);
+                let hint = if ["nan", "infinity", "-infinity", "inf", "-inf"]
+                    .contains(&word.to_ascii_lowercase().as_str())
+                {
+                    format!(
+                        " (`{word}` is not a JSON number: NaN and infinities cannot be trained on; \
+                         write a finite number, or null for an unscored reward)"
+                    )
+                } else {
+                    String::new()
+                };
+                err(&field, format!("invalid JSON: {e}{hint}"))
+            }
+            None => err("-", format!("invalid JSON: {e}")),
+        }
+    })?;
     let obj = v
         .as_object()
         .ok_or_else(|| err("-", "expected a JSON object".into()))?;
@@ -198,6 +225,64 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
         truncated,
         components: Vec::new(),
     })
+}
+
+/// The byte offset in the one-line `text` of serde_json's 1-based byte `column` (the position its
+/// error points at), clamped to the text and moved back to a character boundary.
+fn byte_offset(text: &str, column: usize) -> usize {
+    let mut at = column.saturating_sub(1).min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// The bare word (letters, digits, `+-.`) of `text` around byte `at`, at most 20 characters: the
+/// value serde_json stopped at (`NaN`, `-Infinity`, `nan`).
+fn token_at(text: &str, at: usize) -> String {
+    let word = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '.');
+    let start = text[..at]
+        .char_indices()
+        .rev()
+        .take_while(|&(_, c)| word(c))
+        .last()
+        .map_or(at, |(i, _)| i);
+    text[start..]
+        .chars()
+        .take_while(|&c| word(c))
+        .take(20)
+        .collect()
+}
+
+/// The object key whose value is being read at byte `at` of the JSON `text`: the last string
+/// before `at` that is followed by `:` (skipping strings that are values), read without decoding
+/// escapes. `None` before the first key.
+fn key_before(text: &str, at: usize) -> Option<String> {
+    let bytes = text.as_bytes();
+    let end = at.min(bytes.len());
+    let mut key = None;
+    let mut i = 0;
+    while i < end {
+        if bytes[i] != b'"' {
+            i += 1;
+            continue;
+        }
+        let start = i + 1;
+        let mut j = start;
+        while j < bytes.len() && bytes[j] != b'"' {
+            j += if bytes[j] == b'\\' { 2 } else { 1 };
+        }
+        let close = j.min(bytes.len());
+        let mut k = close + 1;
+        while k < bytes.len() && bytes[k].is_ascii_whitespace() {
+            k += 1;
+        }
+        if k < end && bytes[k] == b':' {
+            key = text.get(start..close).map(|k| k.chars().take(60).collect());
+        }
+        i = close + 1;
+    }
+    key
 }
 
 /// Reads a whole experiences file (split on `\n` only; blank lines skipped).
