@@ -25,11 +25,17 @@ impl Policy {
     /// Errors: any missing or malformed file, naming it; a tokenizer with a token id at or above
     /// config.json's `vocab_size` ([`check_vocabulary`]), before the weights are read.
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let tokenizer = TokenizerBundle::load(dir)?;
         let config = dir.join("config.json");
-        if config.is_file() {
-            check_vocabulary(&tokenizer, &ModelConfig::from_file(&config)?, &config)?;
+        if !config.is_file() {
+            // A PEFT adapter directory, or not a model directory at all: the model's loader
+            // finds the base or names the missing config.json.
+            let model = Model::load(dir, dtype, device)?;
+            let tokenizer = TokenizerBundle::load(dir)?;
+            return Ok(Self { model, tokenizer });
         }
+        let model_config = ModelConfig::from_file(&config)?;
+        let tokenizer = TokenizerBundle::load(dir)?;
+        check_vocabulary(&tokenizer, &model_config, &config)?;
         let model = Model::load(dir, dtype, device)?;
         Ok(Self { model, tokenizer })
     }
