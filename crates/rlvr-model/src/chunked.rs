@@ -44,12 +44,16 @@ pub const CHUNK_ELEMS_VAR: &str = "RLVR_HEAD_CHUNK_ELEMS";
 
 /// Logits per chunk on `device`: [`CHUNK_ELEMS`] on the CPU, [`CHUNK_ELEMS_GPU`] elsewhere, or
 /// [`CHUNK_ELEMS_VAR`]'s value (a positive integer) when it is set.
+/// The variable is read once per process (the head runs once per micro-batch).
 pub fn chunk_elems(device: &candle_core::Device) -> usize {
-    if let Some(n) = std::env::var(CHUNK_ELEMS_VAR)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-    {
+    static FROM_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let from_env = FROM_ENV.get_or_init(|| {
+        std::env::var(CHUNK_ELEMS_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+    });
+    if let Some(n) = *from_env {
         return n;
     }
     if device.is_cpu() {

@@ -123,6 +123,45 @@ fn contiguous_range(op: &'static str, l: &Layout) -> Result<std::ops::Range<usiz
         })
 }
 
+/// Runs `$call` with `$t` bound to the element type of `$dtype` (the dtypes NCCL carries), as a
+/// candle result.
+macro_rules! by_dtype {
+    ($dtype:expr, $t:ident => $call:expr) => {{
+        let r = match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $call
+            }
+            DType::F64 => {
+                type $t = f64;
+                $call
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $call
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $call
+            }
+            DType::U8 => {
+                type $t = u8;
+                $call
+            }
+            DType::U32 => {
+                type $t = u32;
+                $call
+            }
+            DType::I64 => {
+                type $t = i64;
+                $call
+            }
+            other => candle_core::bail!("nccl: unsupported dtype {other:?}"),
+        };
+        r.map_err(|e| candle_core::Error::Msg(e.to_string()))
+    }};
+}
+
 /// What an in-place NCCL call does to one device buffer.
 #[derive(Clone, Copy)]
 enum InPlace {
@@ -162,17 +201,7 @@ impl InplaceOp1 for InPlaceOp<'_> {
         candle_core::bail!("nccl: a CPU tensor reached the device path")
     }
     fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
-        let r = match s.dtype() {
-            DType::F32 => self.run::<f32>(s, l),
-            DType::F64 => self.run::<f64>(s, l),
-            DType::BF16 => self.run::<half::bf16>(s, l),
-            DType::F16 => self.run::<half::f16>(s, l),
-            DType::U8 => self.run::<u8>(s, l),
-            DType::U32 => self.run::<u32>(s, l),
-            DType::I64 => self.run::<i64>(s, l),
-            other => candle_core::bail!("nccl: unsupported dtype {other:?}"),
-        };
-        r.map_err(|e| candle_core::Error::Msg(e.to_string()))
+        by_dtype!(s.dtype(), T => self.run::<T>(s, l))
     }
 }
 
@@ -234,17 +263,7 @@ impl InplaceOp2 for OutOfPlaceOp<'_> {
         s: &CudaStorage,
         sl: &Layout,
     ) -> candle_core::Result<()> {
-        let r = match d.dtype() {
-            DType::F32 => self.run::<f32>(d, dl, s, sl),
-            DType::F64 => self.run::<f64>(d, dl, s, sl),
-            DType::BF16 => self.run::<half::bf16>(d, dl, s, sl),
-            DType::F16 => self.run::<half::f16>(d, dl, s, sl),
-            DType::U8 => self.run::<u8>(d, dl, s, sl),
-            DType::U32 => self.run::<u32>(d, dl, s, sl),
-            DType::I64 => self.run::<i64>(d, dl, s, sl),
-            other => candle_core::bail!("nccl: unsupported dtype {other:?}"),
-        };
-        r.map_err(|e| candle_core::Error::Msg(e.to_string()))
+        by_dtype!(d.dtype(), T => self.run::<T>(d, dl, s, sl))
     }
 }
 
