@@ -33,10 +33,13 @@ cargo test -p rlvr-dist --features mpi --locked --no-run
 cargo test -p rlvr --features mpi --locked --test mpi_train --no-run
 echo "ci_mpi: built in $((SECONDS - t1)) s"
 t2=$SECONDS
-cargo test -p rlvr-dist --features mpi --locked -- --test-threads=1
+# Each test run under a limit far above its time here (~1 min and ~3 min warm), so that a hang
+# fails CI with its output instead of holding it: the tests also bound each mpirun themselves
+# (rlvr_dist::watch; Open MPI 4.1.4's mpirun can outlive its ranks after an abort).
+timeout -k 10 900 cargo test -p rlvr-dist --features mpi --locked -- --test-threads=1
 echo "ci_mpi: rlvr-dist's tests ran in $((SECONDS - t2)) s"
 # rlvr train and rlvr sft under mpirun -np 2 and 3 against one process, a rerun, a kill and
 # resume, a rank that dies (crates/rlvr/tests/mpi_train.rs).
 t3=$SECONDS
-cargo test -p rlvr --features mpi --locked --test mpi_train -- --test-threads=1
+timeout -k 10 1500 cargo test -p rlvr --features mpi --locked --test mpi_train -- --test-threads=1
 echo "ci_mpi: rlvr's mpirun tests ran in $((SECONDS - t3)) s; $((SECONDS - t0)) s in all"

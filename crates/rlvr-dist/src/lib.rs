@@ -18,6 +18,8 @@
 //!   [`comm::DEFAULT_TIMEOUT`] = 600 s). On MPI a rank that times out asks its peers which
 //!   collective they are in, prints one line naming the ranks that never arrived, and aborts the
 //!   job; a rank that exits is reported by `mpirun`, which ends the job at once.
+//! - [`watch`]: runs a launcher with a deadline for tests and benchmarks (Open MPI's `mpirun`
+//!   can outlive its ranks after an abort).
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -40,6 +42,8 @@ pub mod comm;
 pub mod env;
 mod error;
 pub mod reduce;
+#[cfg(unix)]
+pub mod watch;
 pub mod zero;
 
 #[cfg(feature = "mpi")]

@@ -37,6 +37,21 @@ fn mpirun(np: usize) -> Command {
     mpirun_with(np, &[])
 }
 
+/// Runs an mpirun job: at most 600 s; an mpirun that outlives its ranks (an Open MPI fault,
+/// rlvr_dist::watch) is ended and the ranks' own exit statuses stand for its own.
+fn job(c: &mut Command) -> Output {
+    let w = rlvr_dist::watch::output_watched(c, Duration::from_secs(600)).unwrap();
+    assert!(
+        !w.timed_out,
+        "{c:?} hung: {}",
+        String::from_utf8_lossy(&w.output.stderr)
+    );
+    if let Some(codes) = &w.hung {
+        eprintln!("mpirun outlived its ranks (wait statuses {codes:?}); ended");
+    }
+    w.output
+}
+
 fn ok(out: &Output, what: &str) {
     assert!(
         out.status.success(),
@@ -206,7 +221,7 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
         let dp = tmp.path().join(format!("np{np}"));
         let mut c = mpirun(np);
         train_args(&mut c, &sets(&model, &dp, &extra));
-        let out = c.output().unwrap();
+        let out = job(&mut c);
         ok(&out, &format!("mpirun -np {np}"));
         // One summary line (rank 0's).
         assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
@@ -256,7 +271,7 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
     let again = tmp.path().join("np2-again");
     let mut c = mpirun(2);
     train_args(&mut c, &sets(&model, &again, &extra));
-    ok(&c.output().unwrap(), "rerun");
+    ok(&job(&mut c), "rerun");
     same_metrics(&tmp.path().join("np2"), &again, true);
     assert_eq!(
         max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&again, 4)),
@@ -288,7 +303,7 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
         .arg("--resume")
         .arg(&killed)
         .arg("--no-progress");
-    ok(&c.output().unwrap(), "resume");
+    ok(&job(&mut c), "resume");
     same_metrics(&tmp.path().join("np2"), &killed, false);
     assert_eq!(
         std::fs::read_to_string(tmp.path().join("np2/eval.jsonl")).unwrap(),
@@ -336,7 +351,7 @@ fn same_as_one_process(extra: &[&str], np: usize) {
     let dp = tmp.path().join("dp");
     let mut c = mpirun(np);
     train_args(&mut c, &sets(&model, &dp, extra));
-    ok(&c.output().unwrap(), &format!("mpirun -np {np} {extra:?}"));
+    ok(&job(&mut c), &format!("mpirun -np {np} {extra:?}"));
     same_metrics(&one, &dp, false);
     for f in ["eval.jsonl", "rollouts.jsonl"] {
         assert_eq!(
@@ -401,14 +416,14 @@ fn mpirun_zero_1_equals_one_process_and_resumes_at_another_world_size() {
     first.push("train.steps=2".into());
     let mut c = mpirun(2);
     train_args(&mut c, &first);
-    ok(&c.output().unwrap(), "steps 1-2 at np 2");
+    ok(&job(&mut c), "steps 1-2 at np 2");
     let mut c = mpirun(3);
     c.arg("train")
         .arg("--resume")
         .arg(&part)
         .arg("--no-progress");
     c.arg("--set").arg("train.steps=4");
-    ok(&c.output().unwrap(), "resumed at np 3");
+    ok(&job(&mut c), "resumed at np 3");
     same_metrics(&whole, &part, false);
     let d = max_diff(&ckpt(&whole, 4), &ckpt(&part, 4));
     assert!(f64::from(d) <= 1e-4, "weights differ by {d:e}");
@@ -424,7 +439,7 @@ fn a_rank_that_dies_ends_the_job_and_the_last_checkpoint_stays() {
     let mut c = mpirun_with(2, &["RLVR_DEBUG_EXIT_RANK_AFTER_STEP=1:3"]);
     train_args(&mut c, &sets(&model, &run, &[]));
     let t0 = Instant::now();
-    let out = c.output().unwrap();
+    let out = job(&mut c);
     let took = t0.elapsed();
     assert!(!out.status.success(), "the job must fail");
     assert!(took < Duration::from_secs(120), "{took:?}");
@@ -477,7 +492,7 @@ fn mpirun_sft_equals_one_process() {
     let dp = tmp.path().join("np2");
     let mut c = mpirun(2);
     args(&mut c, &dp);
-    ok(&c.output().unwrap(), "mpirun sft");
+    ok(&job(&mut c), "mpirun sft");
     same_metrics(&one, &dp, false);
     let d = max_diff(&one, &dp);
     assert!(f64::from(d) <= 1e-4, "sft weights differ by {d:e}");
@@ -564,7 +579,7 @@ fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
         let mut all = sets.clone();
         all.push(format!("output.dir=\"{}\"", run.display()));
         train_args(&mut c, &all);
-        let out = c.output().unwrap();
+        let out = job(&mut c);
         ok(&out, &format!("zero {zero}"));
         let err = String::from_utf8_lossy(&out.stderr);
         let rss: Vec<f64> = err
