@@ -102,17 +102,20 @@ impl Drop for MpiComm {
     /// their next collective until the timeout. (A normal drop finalises MPI.)
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let mut err = std::io::stderr().lock();
-            let _ = writeln!(
-                err,
+            say_whole(&format!(
                 "rlvr-dist: rank {} of {} panicked (message above); aborting the job",
                 self.rank, self.size
-            );
-            let _ = err.flush();
-            drop(err);
+            ));
             self.world.abort(PANIC_EXIT_CODE);
         }
     }
+}
+
+/// Writes `line` and its newline to stderr in one `write` call: stderr is unbuffered, and
+/// `mpirun` forwards each write as it comes, so a line written in pieces can be split by
+/// `mpirun`'s own report of the abort that follows.
+fn say_whole(line: &str) {
+    let _ = std::io::stderr().lock().write_all(format!("{line}\n").as_bytes());
 }
 
 fn system_op(op: Op) -> SystemOperation {
@@ -352,10 +355,7 @@ impl MpiComm {
                 other.join(", ")
             },
         );
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(err, "{line}");
-        let _ = err.flush();
-        drop(err);
+        say_whole(&line);
         self.world.abort(TIMEOUT_EXIT_CODE)
     }
 
