@@ -442,12 +442,11 @@ pub struct SftArgs {
 /// # Errors
 /// Data, model and I/O errors; a non-finite loss aborts (nothing is saved for that step).
 pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    use rlvr_dist::Communicator;
     // Under mpirun/srun/torchrun every process is one rank of a data-parallel run; rank 0 alone
     // prepares and writes --out.
     let launch = rlvr_dist::env::from_process_env()?;
     let raw = RawConfig::load(a.config.as_deref(), &a.set)?;
-    let mut comm = match launch.world_size {
+    let comm = match launch.world_size {
         1 => None,
         _ => {
             let timeout = raw.distributed.timeout()?;
@@ -460,6 +459,22 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             Some(rlvr_dist::SharedComm::new(c))
         }
     };
+    let res = sft_ranked(a, out, &launch, &raw, comm.clone());
+    match &comm {
+        Some(c) => crate::run::leave_job_on_error(res, c),
+        None => res,
+    }
+}
+
+/// [`run_sft`] once its communicator is made.
+fn sft_ranked(
+    a: &SftArgs,
+    out: &mut dyn Write,
+    launch: &rlvr_dist::env::Launch,
+    raw: &RawConfig,
+    mut comm: Option<rlvr_dist::SharedComm>,
+) -> anyhow::Result<()> {
+    use rlvr_dist::Communicator;
     let writer = launch.rank == 0;
     if a.batch_size == 0 || a.micro_batch_size == 0 {
         bail!("--batch-size and --micro-batch-size must be at least 1");
@@ -500,7 +515,7 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .as_ref()
         .map_or(a.out.as_path(), |s| s.path())
         .to_path_buf();
-    let done = sft_run(a, &raw, &launch, comm, writer, &write_to);
+    let done = sft_run(a, raw, launch, comm, writer, &write_to);
     let done = match (done, staged.as_ref().and_then(|s| s.staging())) {
         (Err(e), Some(staging)) => {
             return Err(e.context(format!(

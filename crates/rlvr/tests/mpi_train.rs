@@ -454,6 +454,39 @@ fn a_rank_that_dies_ends_the_job_and_the_last_checkpoint_stays() {
 }
 
 #[test]
+fn a_rank_that_fails_alone_ends_the_job_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    // Rank 1 returns an error of its own after step 3 (test hook); rank 0 is then in step 4's
+    // collectives. Finalising would leave rank 0 waiting for the 60 s collective timeout: rank 1
+    // leaves without finalising and mpirun ends the job at once.
+    let mut c = mpirun_with(2, &["RLVR_DEBUG_EXIT_RANK_AFTER_STEP=1:3:error"]);
+    train_args(&mut c, &sets(&model, &run, &[]));
+    let t0 = Instant::now();
+    let out = job(&mut c);
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the job must fail: {err}");
+    assert!(
+        err.contains("rank 1: a deliberate error after step 3")
+            && err.contains("rank 1 of 2 failed; it leaves the job without finalising MPI"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("did not complete within"),
+        "rank 0 waited for its timeout: {err}"
+    );
+    assert!(took < Duration::from_secs(45), "{took:?}: {err}");
+    let st: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(ckpt(&run, 2).join("trainer_state/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(st["step"], 2);
+    eprintln!("a rank's own error ended the job in {took:?}");
+}
+
+#[test]
 fn mpirun_sft_equals_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());

@@ -65,6 +65,15 @@ pub trait Communicator: Send {
     /// The number of ranks (≥ 1).
     fn world_size(&self) -> usize;
 
+    /// Whether each rank is a process of its own under a launcher (MPI, NCCL): then a rank that
+    /// fails alone should exit without finalising, so that the launcher ends the whole job at
+    /// once (`mpirun` does, naming the rank), instead of its peers waiting in their next
+    /// collective for the timeout. False for [`LocalComm`] and [`ThreadComm`] (threads of one
+    /// process, whose peers learn at once that one left).
+    fn separate_processes(&self) -> bool {
+        false
+    }
+
     /// Replaces each tensor in `bufs`, in place, by the elementwise `op` of that tensor over all
     /// ranks.
     ///
@@ -219,6 +228,9 @@ impl Communicator for Box<dyn Communicator> {
     fn world_size(&self) -> usize {
         (**self).world_size()
     }
+    fn separate_processes(&self) -> bool {
+        (**self).separate_processes()
+    }
     fn all_reduce(&mut self, bufs: &[Tensor], op: Op) -> Result<()> {
         (**self).all_reduce(bufs, op)
     }
@@ -254,6 +266,7 @@ pub struct SharedComm {
     inner: Arc<Mutex<Box<dyn Communicator>>>,
     rank: usize,
     world: usize,
+    separate: bool,
     /// Nanoseconds spent inside collectives, all owners together ([`SharedComm::busy`]).
     busy_ns: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -261,11 +274,12 @@ pub struct SharedComm {
 impl SharedComm {
     /// Wraps `comm`.
     pub fn new(comm: Box<dyn Communicator>) -> Self {
-        let (rank, world) = (comm.rank(), comm.world_size());
+        let (rank, world, separate) = (comm.rank(), comm.world_size(), comm.separate_processes());
         SharedComm {
             inner: Arc::new(Mutex::new(comm)),
             rank,
             world,
+            separate,
             busy_ns: Default::default(),
         }
     }
@@ -296,6 +310,9 @@ impl Communicator for SharedComm {
     }
     fn world_size(&self) -> usize {
         self.world
+    }
+    fn separate_processes(&self) -> bool {
+        self.separate
     }
     fn all_reduce(&mut self, bufs: &[Tensor], op: Op) -> Result<()> {
         self.with(|c| c.all_reduce(bufs, op))

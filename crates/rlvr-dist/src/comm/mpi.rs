@@ -115,7 +115,9 @@ impl Drop for MpiComm {
 /// `mpirun` forwards each write as it comes, so a line written in pieces can be split by
 /// `mpirun`'s own report of the abort that follows.
 fn say_whole(line: &str) {
-    let _ = std::io::stderr().lock().write_all(format!("{line}\n").as_bytes());
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{line}\n").as_bytes());
 }
 
 fn system_op(op: Op) -> SystemOperation {
@@ -552,6 +554,9 @@ impl Communicator for MpiComm {
 
     fn world_size(&self) -> usize {
         self.size
+    }
+    fn separate_processes(&self) -> bool {
+        true
     }
 
     fn all_reduce(&mut self, bufs: &[Tensor], op: Op) -> Result<()> {

@@ -280,6 +280,9 @@ impl Communicator for NcclComm {
     fn world_size(&self) -> usize {
         self.host.world_size()
     }
+    fn separate_processes(&self) -> bool {
+        true
+    }
 
     fn all_reduce(&mut self, bufs: &[Tensor], op: Op) -> Result<()> {
         let (dev, host): (Vec<Tensor>, Vec<Tensor>) =

@@ -155,20 +155,23 @@ pub fn train_on(
         return guard.finish(train_locked(cfg, opts, None));
     };
     // Rank 0 takes the directory first; the others learn whether it could.
-    let guard = if comm.rank() == 0 {
-        let g = guard::RunGuard::open(dir, opts.resume);
-        comm.any(g.is_err())?;
-        g?
-    } else {
-        if comm.any(false)? {
-            bail!(
-                "rank 0 could not open the run directory {} (its error says why)",
-                dir.display()
-            );
-        }
-        guard::RunGuard::open_rank(dir, comm.rank(), comm.world_size())?
-    };
-    guard.finish(train_locked(cfg, opts, Some(comm)))
+    let res = (|| {
+        let guard = if comm.rank() == 0 {
+            let g = guard::RunGuard::open(dir, opts.resume);
+            comm.any(g.is_err())?;
+            g?
+        } else {
+            if comm.any(false)? {
+                bail!(
+                    "rank 0 could not open the run directory {} (its error says why)",
+                    dir.display()
+                );
+            }
+            guard::RunGuard::open_rank(dir, comm.rank(), comm.world_size())?
+        };
+        guard.finish(train_locked(cfg, opts, Some(comm.clone())))
+    })();
+    leave_job_on_error(res, &comm)
 }
 
 fn train_locked(
@@ -295,7 +298,7 @@ impl Run<'_> {
             if stop {
                 return Ok((done, true));
             }
-            hang_if_asked(opts, t, self.dp.as_ref().map_or(0, |c| c.rank()));
+            hang_if_asked(opts, t, self.dp.as_ref().map_or(0, |c| c.rank()))?;
         }
         Ok((done, false))
     }
@@ -533,16 +536,21 @@ impl Run<'_> {
     }
 }
 
-/// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]), and the data-parallel one:
+/// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]), and the data-parallel ones:
 /// `RLVR_DEBUG_EXIT_RANK_AFTER_STEP=R:T` makes rank R exit with code 3 after step T (a rank that
-/// dies).
-fn hang_if_asked(opts: &RunOptions, t: u64, rank: usize) {
+/// dies), `R:T:error` makes it fail with an error of its own (a rank that fails alone).
+fn hang_if_asked(opts: &RunOptions, t: u64, rank: usize) -> anyhow::Result<()> {
     if let Ok(spec) = std::env::var("RLVR_DEBUG_EXIT_RANK_AFTER_STEP") {
         if spec == format!("{rank}:{t}") {
             crate::log::say(&format!(
                 "rank {rank}: exiting after step {t} (RLVR_DEBUG_EXIT_RANK_AFTER_STEP)"
             ));
             std::process::exit(3);
+        }
+        if spec == format!("{rank}:{t}:error") {
+            bail!(
+                "rank {rank}: a deliberate error after step {t} (RLVR_DEBUG_EXIT_RANK_AFTER_STEP)"
+            );
         }
     }
     let hang = opts.hang_after_step.or_else(|| {
@@ -554,5 +562,32 @@ fn hang_if_asked(opts: &RunOptions, t: u64, rank: usize) {
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
+    }
+    Ok(())
+}
+
+/// On a rank of a job of separate processes ([`Communicator::separate_processes`]), an error
+/// ends this process at once, without finalising MPI: the launcher then ends the other ranks,
+/// naming this one (`mpirun` does), where finalising would leave them waiting in their next
+/// collective until `distributed.timeout_s` and then abort (and Open MPI's `mpirun` can outlive
+/// ranks that aborted after one finalised). The error is printed as `rlvr` prints any (what the
+/// run saved is saved by then: [`guard::RunGuard::finish`]). Otherwise returns `res`.
+pub(crate) fn leave_job_on_error<T>(
+    res: anyhow::Result<T>,
+    comm: &impl Communicator,
+) -> anyhow::Result<T> {
+    match res {
+        Err(e) if comm.world_size() > 1 && comm.separate_processes() => {
+            let (r, w) = (comm.rank(), comm.world_size());
+            // One write: mpirun forwards each write as it comes (see rlvr-dist's say_whole).
+            let msg = format!(
+                "error: {e:#}\nrlvr: rank {r} of {w} failed; it leaves the job without finalising \
+                 MPI, so that the launcher ends the other ranks now\n"
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), msg.as_bytes());
+            rlvr_reward::external::kill_all_groups();
+            std::process::exit(1);
+        }
+        res => res,
     }
 }
