@@ -20,6 +20,7 @@
 //! weights, the data cursor and the seed); only the timing differs.
 
 mod guard;
+mod memory;
 pub mod report;
 mod save;
 mod setup;
@@ -245,6 +246,7 @@ impl Run<'_> {
             // parallel: this rank's share of the groups, the whole batch's normalisers)
             let (lr, t0) = (cfg.lr_at(t), Instant::now());
             good.begin_update();
+            let mem = memory::UpdateMemory::begin();
             let rep = match &self.dp {
                 Some(c) => {
                     let mine = crate::pack::rank_rows(&exps, c.rank(), c.world_size());
@@ -252,6 +254,7 @@ impl Run<'_> {
                 }
                 None => self.trainer.step(&exps, t, lr, seed)?,
             };
+            let mem = mem.end();
             let (sample_s, train_s) = self.slowest(batch.sample_s, t0.elapsed().as_secs_f64())?;
             // evaluator (every train.eval_every steps), then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
@@ -264,7 +267,8 @@ impl Run<'_> {
                     .zip(comm0)
                     .map(|(c, b)| (c.busy() - b).as_secs_f64());
                 let n = exps.len();
-                let diag = write_step_logs(&self.run_dir, t, &batch, &rep, n, stale, comm_s)?;
+                let diag =
+                    write_step_logs(&self.run_dir, t, &batch, &rep, n, stale, (comm_s, mem))?;
                 self.tensorboard(&[
                     (Source::Metrics, &line.to_json()),
                     (Source::Diagnostics, &diag),

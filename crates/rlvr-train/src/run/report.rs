@@ -123,7 +123,10 @@ fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
 
 /// Appends the step's rollouts.jsonl and diagnostics.jsonl lines; returns the diagnostics line.
 /// `comm_s`: data parallel, the seconds rank 0 spent in collectives during the step (the
-/// communication and the wait for slower ranks); `None` (null) in one process.
+/// communication and the wait for slower ranks); `None` (null) in one process. `mem`: this
+/// process's resident memory over the update (`memory/rss_mib` when it began,
+/// `memory/update_peak_mib` the most above that; the whole process, so an explorer thread
+/// sampling beside the update counts too).
 ///
 /// # Errors
 /// I/O errors naming the file.
@@ -134,7 +137,7 @@ pub(crate) fn write_step_logs(
     rep: &StepReport,
     rows: usize,
     dropped_stale: usize,
-    comm_s: Option<f64>,
+    (comm_s, mem): (Option<f64>, super::memory::MemoryReport),
 ) -> anyhow::Result<String> {
     for r in &batch.rollouts {
         let mut v = serde_json::to_value(r)?;
@@ -175,6 +178,8 @@ pub(crate) fn write_step_logs(
         "rows_skipped_zero_gradient": rep.rows_skipped,
         "time/score_s": batch.score_s,
         "time/comm_s": comm_s,
+        "memory/rss_mib": mem.rss_mib,
+        "memory/update_peak_mib": mem.update_peak_mib,
     });
     let diag = diag.to_string();
     append_line(&run_dir.join("diagnostics.jsonl"), &diag)?;
