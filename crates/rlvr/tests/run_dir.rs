@@ -358,6 +358,11 @@ fn a_persistent_python_verifier_is_started_once_per_run() {
     for l in diag.lines() {
         let d: serde_json::Value = serde_json::from_str(l).unwrap();
         assert!(d["time/score_s"].as_f64().is_some_and(|t| t >= 0.0), "{l}");
+        // The process's memory over the update (Linux: read from /proc).
+        if cfg!(target_os = "linux") {
+            assert!(d["memory/rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{l}");
+            assert!(d["memory/update_peak_mib"].as_f64().is_some_and(|m| m >= 0.0), "{l}");
+        }
     }
 }
 
