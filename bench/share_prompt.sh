@@ -22,7 +22,9 @@
 # Environment: STEPS (default 3), RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
 # DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir; DEVICE (default cpu) and DTYPE
 # (default f32) for a GPU (bench/gpu_check.sh runs DEVICE=cuda:0 DTYPE=bf16), GROUP (K, default 8) and
-# NEW (new tokens per completion, default 64). Without GNU time the CPU time and peak RSS are null.
+# NEW (new tokens per completion, default 64), LAYERS (decoder layers, default 24: Qwen2.5-0.5B's). Each
+# run also prints, per step, diagnostics.jsonl's memory/rss_mib (resident MiB when the update began)
+# and memory/update_peak_mib (the most above it during the update: the activations). Without GNU time the CPU time and peak RSS are null.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-1}
@@ -33,6 +35,7 @@ DEVICE=${DEVICE:-cpu}
 DTYPE=${DTYPE:-f32}
 GROUP=${GROUP:-8}
 NEW=${NEW:-64}
+LAYERS=${LAYERS:-24}
 W=$(mktemp -d /tmp/share_prompt.XXXXXX)
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$W"' EXIT
 if [ -z "${RLVR:-}" ]; then
@@ -46,7 +49,7 @@ mkdir -p "$W/tok"
 cp "$DATA/tokenizers/qwen2.5/tokenizer.json" "$W/tok/"
 cp "$DATA/tokenizers/qwen2.5/tokenizer_config.source.json" "$W/tok/tokenizer_config.json"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
-"$RLVR" init --arch qwen2 --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 \
+"$RLVR" init --arch qwen2 --hidden 896 --layers "$LAYERS" --heads 14 --kv-heads 2 --intermediate 4864 \
   --vocab-size 151936 --tie-embeddings true --rope-theta 1000000 --max-position-embeddings 32768 \
   --tokenizer "$W/tok/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
 head -n 1 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
@@ -73,6 +76,8 @@ share, run = sys.argv[1], sys.argv[2]
 ms = [x for x in (json.loads(l) for l in open(f"{run}/metrics.jsonl")) if "time/train_s" in x]
 m = ms[-1]
 per_step = [round(x["time/train_s"], 2) for x in ms]
+ds = [json.loads(l) for l in open(f"{run}/diagnostics.jsonl")]
+mem = lambda k: [None if d.get(k) is None else round(d[k]) for d in ds]
 steady = per_step[1:] or per_step
 t = open(f"{run}.rss").read().split()[-3:]
 rss = int(t[2]) // 1024 if t else None
@@ -81,6 +86,8 @@ plen = len(json.loads(open(f"{run}.prompt_ids.jsonl").readline())["prompt_ids"])
 print(json.dumps({"share_prompt": share == "true", "train_s_per_step": per_step,
                   "train_s_steady": round(sum(steady) / len(steady), 2),
                   "sample_s": round(m["time/sample_s"], 2), "process_cpu_s": cpu, "peak_rss_mb": rss,
+                  "rss_before_update_mib": mem("memory/rss_mib"),
+                  "update_peak_mib": mem("memory/update_peak_mib"),
                   "loss": m["loss"], "prompt_tokens": plen,
                   "completion_len": m["completion_len/mean"]}))
 PY

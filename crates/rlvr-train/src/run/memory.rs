@@ -6,6 +6,11 @@
 //! it (`/proc/self/clear_refs`) would also falsify a `/usr/bin/time` of the whole process. An
 //! activation peak lasts through the backward pass (seconds), far longer than the period.
 //! Elsewhere (no /proc) both values are null.
+//!
+//! The `rlvr` binary keeps freed memory for reuse ([`rlvr_model::keep_freed_memory`]): the first
+//! update's peak is its whole need (activations, and the gradients and optimizer moments it
+//! allocates), later updates reuse what the first left resident and show only new growth. Compare
+//! step 1 across settings (`bench/share_prompt.sh` does).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
