@@ -23,8 +23,9 @@
 # DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir; DEVICE (default cpu) and DTYPE
 # (default f32) for a GPU (bench/gpu_check.sh runs DEVICE=cuda:0 DTYPE=bf16), GROUP (K, default 8) and
 # NEW (new tokens per completion, default 64), LAYERS (decoder layers, default 24: Qwen2.5-0.5B's). Each
-# run also prints, per step, diagnostics.jsonl's memory/rss_mib (resident MiB when the update began)
-# and memory/update_peak_mib (the most above it during the update: the activations). Without GNU time the CPU time and peak RSS are null.
+# run also prints, per step, diagnostics.jsonl's memory/rss_mib and memory/heap_mib (resident and
+# live heap MiB when the update began) and memory/update_peak_mib (the most live heap above that
+# during the update: from step 2 on, the activations and temporaries). Without GNU time the CPU time and peak RSS are null.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-1}
@@ -87,6 +88,7 @@ print(json.dumps({"share_prompt": share == "true", "train_s_per_step": per_step,
                   "train_s_steady": round(sum(steady) / len(steady), 2),
                   "sample_s": round(m["time/sample_s"], 2), "process_cpu_s": cpu, "peak_rss_mb": rss,
                   "rss_before_update_mib": mem("memory/rss_mib"),
+                  "heap_before_update_mib": mem("memory/heap_mib"),
                   "update_peak_mib": mem("memory/update_peak_mib"),
                   "loss": m["loss"], "prompt_tokens": plen,
                   "completion_len": m["completion_len/mean"]}))

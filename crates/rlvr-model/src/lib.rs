@@ -66,6 +66,23 @@ pub fn parse_device(s: &str) -> Result<candle_core::Device> {
     s.parse::<DeviceSpec>()?.open()
 }
 
+/// Bytes the allocator has handed out and not had back (glibc's `mallinfo2`: heap chunks in
+/// use plus mmapped blocks): the program's live heap memory, unlike the resident size, which
+/// keeps what [`keep_freed_memory`] retains. `None` off glibc. Takes the allocator's arena
+/// locks for a few microseconds.
+pub fn heap_in_use() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics (glibc ≥ 2.33).
+        let m = unsafe { libc::mallinfo2() };
+        Some((m.uordblks + m.hblkhd) as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 /// Makes glibc's malloc keep freed memory for reuse instead of returning it to the kernel. Call
 /// once at program start, before threads start (the `rlvr` binary does).
 ///

@@ -361,7 +361,16 @@ fn a_persistent_python_verifier_is_started_once_per_run() {
         // The process's memory over the update (Linux: read from /proc).
         if cfg!(target_os = "linux") {
             assert!(d["memory/rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{l}");
-            assert!(d["memory/update_peak_mib"].as_f64().is_some_and(|m| m >= 0.0), "{l}");
+            assert!(
+                d["memory/heap_mib"].as_f64().is_some_and(|m| m > 1.0),
+                "{l}"
+            );
+            assert!(
+                d["memory/update_peak_mib"]
+                    .as_f64()
+                    .is_some_and(|m| m >= 0.0),
+                "{l}"
+            );
         }
     }
 }

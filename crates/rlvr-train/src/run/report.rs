@@ -124,9 +124,9 @@ fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
 /// Appends the step's rollouts.jsonl and diagnostics.jsonl lines; returns the diagnostics line.
 /// `comm_s`: data parallel, the seconds rank 0 spent in collectives during the step (the
 /// communication and the wait for slower ranks); `None` (null) in one process. `mem`: this
-/// process's resident memory over the update (`memory/rss_mib` when it began,
-/// `memory/update_peak_mib` the most above that; the whole process, so an explorer thread
-/// sampling beside the update counts too).
+/// process's memory over the update ([`super::memory`]: `memory/rss_mib` and `memory/heap_mib`
+/// when it began, `memory/update_peak_mib` the most live heap above that; the whole process, so
+/// an explorer thread sampling beside the update counts too).
 ///
 /// # Errors
 /// I/O errors naming the file.
@@ -179,6 +179,7 @@ pub(crate) fn write_step_logs(
         "time/score_s": batch.score_s,
         "time/comm_s": comm_s,
         "memory/rss_mib": mem.rss_mib,
+        "memory/heap_mib": mem.heap_mib,
         "memory/update_peak_mib": mem.update_peak_mib,
     });
     let diag = diag.to_string();
