@@ -318,8 +318,11 @@ pub fn build_prompts(
     }
     if prompts.is_empty() && !dataset.problems.is_empty() {
         return Err(DataError::Config(format!(
-            "all {} prompts are longer than data.max_prompt_len = {}; raise it",
-            dataset.problems.len(),
+            "{} longer than data.max_prompt_len = {}; raise it",
+            match dataset.problems.len() {
+                1 => "the only prompt is".to_string(),
+                n => format!("all {n} prompts are"),
+            },
             max_prompt_len.unwrap_or(0)
         )));
     }

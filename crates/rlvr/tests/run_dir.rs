@@ -799,7 +799,7 @@ fn sft_refuses_a_non_finite_lr_and_a_failed_force_keeps_the_old_model() {
         ("--lr", "inf", "a finite number > 0"),
         ("--lr", "-1e-3", "a finite number > 0"),
         ("--lr", "0", "a finite number > 0"),
-        ("--weight-decay", "-0.1", "a finite number >= 0"),
+        ("--weight-decay", "-0.1", "a finite number in [0, 1000]"),
         ("--grad-clip", "nan", "a finite number >= 0 (0 = off)"),
     ] {
         let out = sft(&fresh, &pairs, &[&format!("{flag}={value}")]);

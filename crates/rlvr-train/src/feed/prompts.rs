@@ -53,8 +53,8 @@ pub fn prepare_prompts(
         .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e:#}"))?;
     if prep.prompts.dropped > 0 {
         crate::log::say(&format!(
-            "note: {} {split:?} prompts longer than data.max_prompt_len were dropped",
-            prep.prompts.dropped
+            "note: {} longer than data.max_prompt_len dropped",
+            crate::counted(prep.prompts.dropped as u64, &format!("{split:?} prompt"))
         ));
     }
     let problems = &prep.dataset.problems;

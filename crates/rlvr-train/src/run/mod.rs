@@ -454,10 +454,10 @@ impl Run<'_> {
         };
         if self.skipped_in_row >= self.cfg.raw.train.max_skipped_in_row {
             bail!(
-                "{} steps in a row (the last: step {t}) had a non-finite loss or gradient; \
+                "{} in a row (the last: step {t}) had a non-finite loss or gradient; \
                  stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
                  the rewards and behaviour log-probs of the data",
-                self.skipped_in_row,
+                crate::counted(u64::from(self.skipped_in_row), "step"),
                 self.last_ckpt
                     .as_ref()
                     .map(|p| p.display().to_string())
