@@ -178,6 +178,7 @@ fn train_locked(
 ) -> anyhow::Result<RunSummary> {
     let writer = dp.as_ref().is_none_or(|c| c.rank() == 0);
     let mut run = Run::start(cfg, opts, dp)?;
+    signals::started();
     let bar = progress_bar(opts.progress && writer, run.start, cfg.raw.train.steps);
     crate::log::set_bar(bar.as_ref());
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
