@@ -131,9 +131,9 @@ pub struct CountdownGenConfig {
     pub operators: Vec<Op>,
     /// Largest target; solutions must reach an integer in 1..=max_target. Default 1000.
     pub max_target: i64,
-    /// Problems in a generated train split. Default 10000.
+    /// Problems in a generated train split, 1 to 10⁷. Default 10000.
     pub train_size: usize,
-    /// Problems in a generated test split. Default 500.
+    /// Problems in a generated test split, 1 to 10⁷. Default 500.
     pub test_size: usize,
 }
 
@@ -266,9 +266,9 @@ pub struct ArithmeticGenConfig {
     pub operators: Vec<Op>,
     /// Zero-pad every operand to `max_digits` (fixed-width problems such as `042+317=`). Default true.
     pub pad: bool,
-    /// Problems in a generated train split. Default 10000.
+    /// Problems in a generated train split, 1 to 10⁷. Default 10000.
     pub train_size: usize,
-    /// Problems in a generated test split. Default 500.
+    /// Problems in a generated test split, 1 to 10⁷. Default 500.
     pub test_size: usize,
 }
 

@@ -39,9 +39,9 @@ pub enum JudgeEndpoint {
 pub enum JudgeParse {
     /// The first number of the answer; it must lie in `[min, max]` and is the reward.
     Number {
-        /// Smallest accepted value.
+        /// Smallest accepted value, in [-1e6, 1e6] and below `max`.
         min: f64,
-        /// Largest accepted value.
+        /// Largest accepted value, in [-1e6, 1e6].
         max: f64,
     },
     /// The answer's first word (letters, digits, `_` and `-`), compared case-insensitively with
@@ -84,16 +84,16 @@ pub struct JudgeConfig {
     /// `error` (the batch fails). Default `zero`.
     #[serde(default)]
     pub on_parse_failure: ParseFailure,
-    /// Most tokens of the judge's answer, default 8.
+    /// Most tokens of the judge's answer, 1 to 2²⁰, default 8.
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
-    /// The judge's sampling temperature, default 0 (greedy).
+    /// The judge's sampling temperature, in [0, 1000], default 0 (greedy).
     #[serde(default)]
     pub temperature: f64,
     /// The judge's sampling seed, default 0.
     #[serde(default)]
     pub seed: u64,
-    /// Most requests in flight at once, default 8.
+    /// Most requests in flight at once, 1 to 256, default 8.
     #[serde(default = "default_in_flight")]
     pub in_flight: usize,
     /// Seconds allowed per request, default 60.

@@ -80,13 +80,13 @@ pub struct RewardModelConfig {
     /// `{prompt}{completion}`.
     #[serde(default = "default_template")]
     pub template: String,
-    /// Which value of the model's output vector is the score, default 0.
+    /// Which value of the model's output vector is the score, below 2²⁰, default 0.
     #[serde(default)]
     pub label: usize,
-    /// reward = scale · score + shift; default 1.
+    /// reward = scale · score + shift, in [-1e6, 1e6]; default 1.
     #[serde(default = "default_scale")]
     pub scale: f64,
-    /// See `scale`; default 0.
+    /// See `scale`; in [-1e6, 1e6], default 0.
     #[serde(default)]
     pub shift: f64,
     /// A completion counts as correct (the `accuracy` metric) when its reward exceeds this,

@@ -460,8 +460,9 @@ fn check_sft_flags(a: &SftArgs) -> anyhow::Result<()> {
     );
     if let Some(acc) = a.stop_at_accuracy {
         anyhow::ensure!(
-            acc > 0.0 && acc <= 1.0,
-            "--stop-at-accuracy {acc:e} is out of range: expected an accuracy in (0, 1]"
+            (0.0..=1.0).contains(&acc),
+            "--stop-at-accuracy {acc:e} is out of range: expected an accuracy in [0, 1] (0: stop \
+             at the first evaluation)"
         );
     }
     anyhow::ensure!(

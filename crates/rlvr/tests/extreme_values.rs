@@ -320,6 +320,12 @@ const ACCEPTED_FLAGS: &[(&str, &str, &[&str], &str)] = &[
     ),
     (
         "sft",
+        "stop-at-accuracy",
+        &["0"],
+        "stops at the first evaluation",
+    ),
+    (
+        "sft",
         "save-every",
         &[BIG, "0"],
         "a cadence (0 = only at the end)",
