@@ -378,7 +378,7 @@ impl ResolvedConfig {
                      trained (its checkpoint to resume from, {}, holds step {}): --resume \
                      continues a run and cannot shorten it; set train.steps to {} or more, or \
                      evaluate an earlier checkpoint with `rlvr eval --model`",
-                    crate::counted(st.step, "step"),
+                    crate::log::counted(st.step, "step"),
                     run_dir.display(),
                     dir.display(),
                     st.step,

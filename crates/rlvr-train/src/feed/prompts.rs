@@ -54,7 +54,7 @@ pub fn prepare_prompts(
     if prep.prompts.dropped > 0 {
         crate::log::say(&format!(
             "note: {} longer than data.max_prompt_len dropped",
-            crate::counted(prep.prompts.dropped as u64, &format!("{split:?} prompt"))
+            crate::log::counted(prep.prompts.dropped as u64, &format!("{split:?} prompt"))
         ));
     }
     // Each kept prompt's problem is moved out (one prompt per problem), never copied: a large

@@ -103,8 +103,8 @@ pub fn labels(runs: &[PathBuf], labels: &[String]) -> anyhow::Result<Vec<String>
         if labels.len() != runs.len() {
             bail!(
                 "{} for {}: give one per run, in the order of the runs",
-                crate::counted(labels.len() as u64, "--label value"),
-                crate::counted(runs.len() as u64, "run")
+                crate::log::counted(labels.len() as u64, "--label value"),
+                crate::log::counted(runs.len() as u64, "run")
             );
         }
         return Ok(labels.to_vec());

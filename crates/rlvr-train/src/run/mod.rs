@@ -458,7 +458,7 @@ impl Run<'_> {
                 "{} in a row (the last: step {t}) had a non-finite loss or gradient; \
                  stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
                  the rewards and behaviour log-probs of the data",
-                crate::counted(u64::from(self.skipped_in_row), "step"),
+                crate::log::counted(u64::from(self.skipped_in_row), "step"),
                 self.last_ckpt
                     .as_ref()
                     .map(|p| p.display().to_string())
