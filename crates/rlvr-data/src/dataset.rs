@@ -3,7 +3,7 @@
 
 use crate::config::{DataConfig, TaskKind};
 use crate::generate::Split;
-use crate::read::{read_records, FieldReader};
+use crate::read::{for_each_record, FieldReader};
 use crate::template::{ChatRenderer, PromptBuilder};
 use crate::{DataError, Result};
 use rlvr_reward::countdown::CountdownProblem;
@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 /// One problem: what the prompt template needs and what the verifier compares against.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Problem {
     /// Where it came from: `FILE:LINE` or `generated:<split>:<index>`.
     pub source: String,
@@ -92,13 +92,6 @@ fn check_gsm8k_reference(path: &Path, line: usize, field: &str, reference: &str)
 /// malformed lines, missing fields and empty questions, then (once every line has its fields) a GSM8K answer without a number after `####`.
 pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
     let (qf, af) = cfg.fields();
-    let records = read_records(path)?;
-    if records.is_empty() {
-        return Err(DataError::Config(format!(
-            "{}: the file has no records (it is empty or holds only blank lines)",
-            path.display()
-        )));
-    }
     // A question that is empty or only whitespace trains the model on the template alone.
     let question = |r: &FieldReader| -> Result<String> {
         let q = r.text(&qf, "question_field")?;
@@ -112,10 +105,15 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
         }
         Ok(q)
     };
-    let mut out = Vec::with_capacity(records.len());
-    for record in &records {
+    // One record at a time: a problem keeps the fields it uses, never the record's JSON tree.
+    let mut out = Vec::new();
+    // The line of each problem, for the GSM8K answers checked once every record has its fields.
+    let mut lines = Vec::new();
+    let shown = path.display().to_string();
+    for_each_record(path, |record| {
+        let record = &record;
         let r = FieldReader { file: path, record };
-        let source = format!("{}:{}", path.display(), record.line);
+        let source = format!("{shown}:{}", record.line);
         let problem = match cfg.task {
             TaskKind::Countdown => countdown_problem(
                 source,
@@ -148,13 +146,26 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                 reference: r.text(&af, "answer_field")?,
             },
         };
+        let mut problem = problem;
+        problem.vars.shrink_to_fit();
         out.push(problem);
+        if cfg.task == TaskKind::Gsm8k {
+            lines.push(record.line);
+        }
+        Ok(())
+    })?;
+    if out.is_empty() {
+        return Err(DataError::Config(format!(
+            "{}: the file has no records (it is empty or holds only blank lines)",
+            path.display()
+        )));
     }
+    out.shrink_to_fit();
     // The gold answers once every record has its fields: a file's structural errors (malformed
     // lines, missing fields) are reported first, whichever line comes first.
     if cfg.task == TaskKind::Gsm8k {
-        for (record, p) in records.iter().zip(&out) {
-            check_gsm8k_reference(path, record.line, &af, &p.reference)?;
+        for (line, p) in lines.iter().zip(&out) {
+            check_gsm8k_reference(path, *line, &af, &p.reference)?;
         }
     }
     Ok(out)
@@ -318,8 +329,11 @@ pub fn build_prompts(
     }
     if prompts.is_empty() && !dataset.problems.is_empty() {
         return Err(DataError::Config(format!(
-            "all {} prompts are longer than data.max_prompt_len = {}; raise it",
-            dataset.problems.len(),
+            "{} longer than data.max_prompt_len = {}; raise it",
+            match dataset.problems.len() {
+                1 => "the only prompt is".to_string(),
+                n => format!("all {n} prompts are"),
+            },
             max_prompt_len.unwrap_or(0)
         )));
     }

@@ -131,9 +131,9 @@ pub struct CountdownGenConfig {
     pub operators: Vec<Op>,
     /// Largest target; solutions must reach an integer in 1..=max_target. Default 1000.
     pub max_target: i64,
-    /// Problems in a generated train split. Default 10000.
+    /// Problems in a generated train split, 1 to 10⁷. Default 10000.
     pub train_size: usize,
-    /// Problems in a generated test split. Default 500.
+    /// Problems in a generated test split, 1 to 10⁷. Default 500.
     pub test_size: usize,
 }
 
@@ -149,6 +149,22 @@ impl Default for CountdownGenConfig {
             test_size: 500,
         }
     }
+}
+
+/// The most problems a generated split may hold (`train_size`, `test_size`): ten million short
+/// problems already take gigabytes, and every one is drawn at start-up.
+pub const MAX_GENERATED: usize = 10_000_000;
+
+/// Refuses a `data.{table}.train_size` or `test_size` of 0 or above [`MAX_GENERATED`].
+fn check_sizes(table: &str, train_size: usize, test_size: usize) -> Result<()> {
+    for (key, n) in [("train_size", train_size), ("test_size", test_size)] {
+        if !(1..=MAX_GENERATED).contains(&n) {
+            return Err(DataError::Config(format!(
+                "data.{table}.{key} = {n} is out of range: expected 1 to {MAX_GENERATED} problems"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn check_digits(table: &str, min: u32, max: u32) -> Result<()> {
@@ -167,6 +183,7 @@ impl CountdownGenConfig {
     /// [`DataError::Config`] naming the key.
     pub fn validate(&self) -> Result<()> {
         check_digits("countdown", self.min_digits, self.max_digits)?;
+        check_sizes("countdown", self.train_size, self.test_size)?;
         if !(2..=8).contains(&self.numbers) {
             return Err(DataError::Config(format!(
                 "data.countdown.numbers must be 2..=8, got {}",
@@ -249,9 +266,9 @@ pub struct ArithmeticGenConfig {
     pub operators: Vec<Op>,
     /// Zero-pad every operand to `max_digits` (fixed-width problems such as `042+317=`). Default true.
     pub pad: bool,
-    /// Problems in a generated train split. Default 10000.
+    /// Problems in a generated train split, 1 to 10⁷. Default 10000.
     pub train_size: usize,
-    /// Problems in a generated test split. Default 500.
+    /// Problems in a generated test split, 1 to 10⁷. Default 500.
     pub test_size: usize,
 }
 
@@ -276,6 +293,7 @@ impl ArithmeticGenConfig {
     /// [`DataError::Config`] naming the key.
     pub fn validate(&self) -> Result<()> {
         check_digits("arithmetic", self.min_digits, self.max_digits)?;
+        check_sizes("arithmetic", self.train_size, self.test_size)?;
         if !(2..=16).contains(&self.operands) || self.operators.is_empty() {
             return Err(DataError::Config(format!(
                 "data.arithmetic needs 2..=16 operands and at least one operator, got {} and {:?}",

@@ -29,13 +29,29 @@ pub struct Record {
 /// [`DataError::Io`] when the file cannot be read, [`DataError::Malformed`] for a line that is not a
 /// JSON object (naming file and line) or an unreadable Parquet row.
 pub fn read_records(path: &Path) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for_each_record(path, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Hands every record of `path` to `f` in file order, one at a time (Parquet when the name ends
+/// in `.parquet`, JSONL otherwise): only the record being handled is held, so a caller that
+/// keeps less than the whole record (the fields it reads) needs no memory for the others. Stops
+/// at `f`'s first error.
+///
+/// # Errors
+/// As [`read_records`], and `f`'s.
+pub fn for_each_record(path: &Path, f: impl FnMut(Record) -> Result<()>) -> Result<()> {
     if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
     {
-        read_parquet(path)
+        for_each_parquet(path, f)
     } else {
-        read_jsonl(path)
+        for_each_jsonl(path, f)
     }
 }
 
@@ -52,9 +68,18 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
 /// # Errors
 /// As [`read_records`].
 pub fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for_each_jsonl(path, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// [`for_each_record`] of a JSONL file.
+fn for_each_jsonl(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Result<()> {
     let file = std::fs::File::open(path).map_err(io_err(path))?;
     let mut reader = BufReader::new(file);
-    let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut line = 0;
     loop {
@@ -97,7 +122,7 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
             continue;
         }
         match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(fields)) => out.push(Record { line, fields }),
+            Ok(Value::Object(fields)) => f(Record { line, fields })?,
             Ok(other) => {
                 return Err(malformed(format!(
                     "expected a JSON object, found {}",
@@ -107,7 +132,7 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Record>> {
             Err(e) => return Err(malformed(format!("invalid JSON: {e}"))),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -127,6 +152,12 @@ fn kind(v: &Value) -> &'static str {
 /// Always [`DataError::Malformed`] naming the file.
 #[cfg(not(feature = "parquet"))]
 pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
+    for_each_parquet(path, |_| Ok(())).map(|()| Vec::new())
+}
+
+/// Parquet is not compiled in: always an error saying how to enable it.
+#[cfg(not(feature = "parquet"))]
+fn for_each_parquet(path: &Path, _f: impl FnMut(Record) -> Result<()>) -> Result<()> {
     Err(DataError::Malformed {
         file: path.to_path_buf(),
         line: 0,
@@ -141,6 +172,17 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
 /// As [`read_records`]; a codec other than Snappy or none is reported as a malformed row 0 naming it.
 #[cfg(feature = "parquet")]
 pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for_each_parquet(path, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// [`for_each_record`] of a Parquet file.
+#[cfg(feature = "parquet")]
+fn for_each_parquet(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Result<()> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let file = std::fs::File::open(path).map_err(io_err(path))?;
     let bad = |line: usize, e: parquet::errors::ParquetError| DataError::Malformed {
@@ -150,15 +192,14 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
     };
     let reader = SerializedFileReader::new(file).map_err(|e| bad(0, e))?;
     let rows = reader.get_row_iter(None).map_err(|e| bad(0, e))?;
-    let mut out = Vec::new();
     for (k, row) in rows.enumerate() {
         let row = row.map_err(|e| bad(k + 1, e))?;
         let value = row.to_json_value();
         match value {
-            Value::Object(fields) => out.push(Record {
+            Value::Object(fields) => f(Record {
                 line: k + 1,
                 fields,
-            }),
+            })?,
             other => {
                 return Err(DataError::Malformed {
                     file: path.to_path_buf(),
@@ -168,7 +209,7 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Field access with errors that name the file, line and field.

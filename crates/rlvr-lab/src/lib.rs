@@ -62,6 +62,21 @@ fn load_avg() -> Option<String> {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
+/// `n` and `noun`, pluralised with an `s` unless `n` is 1: `1 step`, `2 steps`, `0 runs`.
+pub fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// The most runs at once (`--jobs`): each is a process with its own threads.
+pub const MAX_JOBS: usize = 1024;
+
+/// The widest moving average of the figures (`--smooth`), in steps.
+pub const MAX_SMOOTH: usize = 100_000;
+
 fn fmt_min(s: f64) -> String {
     format!("{:.0} min {:02.0} s", (s / 60.0).floor(), s % 60.0)
 }
@@ -129,6 +144,18 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(if a.fast { "runs/lab-fast" } else { "runs/lab" }));
+    if let Some(j) = a.jobs {
+        anyhow::ensure!(
+            (1..=MAX_JOBS).contains(&j),
+            "--jobs {j} is out of range: expected 1 to {MAX_JOBS} runs at once"
+        );
+    }
+    if let Some(w) = a.smooth {
+        anyhow::ensure!(
+            w <= MAX_SMOOTH,
+            "--smooth {w} is out of range: at most {MAX_SMOOTH} steps (0 and 1: no smoothing)"
+        );
+    }
     let jobs = a.jobs.unwrap_or(sweep.lab.jobs).max(1);
     let smooth = a.smooth.unwrap_or(sweep.lab.smooth);
     let runs = sweep.runs();
@@ -174,11 +201,12 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "{} runs of {} steps, {warm} warm start(s), {jobs} at once ({} thread(s) each): about {} \
+            "{} of {}, {}, {jobs} at once ({} each): about {} \
              ({} s/step, {:.0} s per warm start; from the sweep's [lab].seconds_per_step)",
-            runs.len(),
-            sweep.lab.steps,
-            sweep.lab.threads,
+            counted(runs.len() as u64, "run"),
+            counted(sweep.lab.steps, "step"),
+            counted(warm as u64, "warm start"),
+            counted(sweep.lab.threads as u64, "thread"),
             fmt_min(sweep.estimate_s(jobs)),
             sweep.lab.seconds_per_step,
             sweep.warm_start.seconds,
@@ -219,9 +247,9 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "lab: {} runs ({} kept, {} children started) in {} (all invocations on this directory: \
+        "lab: {} ({} kept, {} children started) in {} (all invocations on this directory: \
          {}); {}, {}, {}",
-        runs.len(),
+        counted(runs.len() as u64, "run"),
         outcome.kept,
         outcome.started,
         fmt_min(wall),

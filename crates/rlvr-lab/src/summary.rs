@@ -276,10 +276,10 @@ fn num(x: Option<f64>) -> String {
 pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
     let seeds: std::collections::BTreeSet<u64> = runs.iter().map(|r| r.seed).collect();
     let mut s = format!(
-        "# Lab summary\n\n{} runs, seeds {:?}. Held-out accuracy in percent (greedy), mean ± std over \
+        "# Lab summary\n\n{}, seeds {:?}. Held-out accuracy in percent (greedy), mean ± std over \
          seeds; AUC = mean held-out accuracy over the run; clip fraction and ratio range at the last \
          step (range over seeds).\n\n",
-        runs.len(),
+        crate::counted(runs.len() as u64, "run"),
         seeds
     );
     s.push_str(

@@ -86,7 +86,7 @@ fn lab_killed_mid_run_resumes_and_completes() {
         "{text}"
     );
     assert!(
-        text.contains("2 runs of 6 steps, 1 warm start(s)"),
+        text.contains("2 runs of 6 steps, 1 warm start, 1 at once (1 thread each)"),
         "{text}"
     );
 
@@ -257,5 +257,34 @@ fn lab_killed_mid_run_resumes_and_completes() {
     assert!(
         (lj["wall_s_total"].as_f64().unwrap() - sum).abs() < 1e-9,
         "{lj}"
+    );
+}
+
+/// A dry run of one run of one step says so in the singular ("1 run of 1 step, 1 warm start, 1 at
+/// once (1 thread each)"), never "1 runs of 1 steps".
+#[test]
+fn dry_run_counts_are_pluralised() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sweep.toml");
+    let one = SWEEP
+        .replace("steps = 6", "steps = 1")
+        .split("# Long enough")
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(&sweep, one).unwrap();
+    let dry = lab(&sweep, &tmp.path().join("lab"))
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(
+        text.contains("1 run of 1 step, 1 warm start, 1 at once (1 thread each)"),
+        "{text}"
     );
 }

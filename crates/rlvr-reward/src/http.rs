@@ -92,8 +92,11 @@ pub(crate) fn with_retries<T>(
         }
     }
     Err(format!(
-        "{last} (after {} attempts; check the server, or raise retries or timeout_s)",
-        retries + 1
+        "{last} (after {}; check the server, or raise retries or timeout_s)",
+        match retries {
+            0 => "1 attempt".to_string(),
+            r => format!("{} attempts", r + 1),
+        }
     ))
 }
 

@@ -39,9 +39,9 @@ pub enum JudgeEndpoint {
 pub enum JudgeParse {
     /// The first number of the answer; it must lie in `[min, max]` and is the reward.
     Number {
-        /// Smallest accepted value.
+        /// Smallest accepted value, in [-1e6, 1e6] and below `max`.
         min: f64,
-        /// Largest accepted value.
+        /// Largest accepted value, in [-1e6, 1e6].
         max: f64,
     },
     /// The answer's first word (letters, digits, `_` and `-`), compared case-insensitively with
@@ -84,16 +84,16 @@ pub struct JudgeConfig {
     /// `error` (the batch fails). Default `zero`.
     #[serde(default)]
     pub on_parse_failure: ParseFailure,
-    /// Most tokens of the judge's answer, default 8.
+    /// Most tokens of the judge's answer, 1 to 2²⁰, default 8.
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
-    /// The judge's sampling temperature, default 0 (greedy).
+    /// The judge's sampling temperature, in [0, 1000], default 0 (greedy).
     #[serde(default)]
     pub temperature: f64,
     /// The judge's sampling seed, default 0.
     #[serde(default)]
     pub seed: u64,
-    /// Most requests in flight at once, default 8.
+    /// Most requests in flight at once, 1 to 256, default 8.
     #[serde(default = "default_in_flight")]
     pub in_flight: usize,
     /// Seconds allowed per request, default 60.
@@ -132,9 +132,10 @@ impl JudgeConfig {
     /// Checks the settings and builds the judge.
     ///
     /// # Errors
-    /// [`RewardError::Config`] for a URL that is not `http://`, a zero `in_flight`, a timeout that
-    /// is not positive, an empty or inverted range, no labels, or a template naming an unclosed
-    /// brace.
+    /// [`RewardError::Config`] for a URL that is not `http://`, an `in_flight` of 0 or above 256,
+    /// a `max_tokens` of 0 or above [`MOST_ANSWER_TOKENS`], a `temperature` outside [0, 1000], a
+    /// timeout that is not positive, a `parse` range that is empty or beyond ±1e6, no labels, or a
+    /// template naming an unclosed brace.
     pub fn build(&self) -> Result<JudgeVerifier, RewardError> {
         self.check()?;
         let base = self.server.trim_end_matches('/');
@@ -171,14 +172,52 @@ impl JudgeConfig {
         if self.in_flight == 0 {
             return bad("in_flight must be at least 1".into());
         }
+        let most = crate::reward_model::MOST_IN_FLIGHT;
+        if self.in_flight > most {
+            return bad(format!(
+                "in_flight = {} is out of range: at most {most}",
+                self.in_flight
+            ));
+        }
+        if !(1..=MOST_ANSWER_TOKENS).contains(&self.max_tokens) {
+            return bad(format!(
+                "max_tokens = {} is out of range: expected 1 to {MOST_ANSWER_TOKENS} (the judge's \
+                 answer is a score or a label)",
+                self.max_tokens
+            ));
+        }
+        if !(self.temperature.is_finite() && (0.0..=1000.0).contains(&self.temperature)) {
+            return bad(format!(
+                "temperature = {:e} is out of range: expected a finite number in [0, 1000] (0 = \
+                 greedy)",
+                self.temperature
+            ));
+        }
         if let Err(e) = crate::combine::timeout_duration("timeout_s", self.timeout_s) {
             return bad(e.to_string());
         }
         match &self.parse {
             JudgeParse::Number { min, max }
-                if !(min.is_finite() && max.is_finite() && min <= max) =>
+                if !(min.is_finite()
+                    && max.is_finite()
+                    && min < max
+                    && min.abs() <= 1e6
+                    && max.abs() <= 1e6) =>
             {
-                return bad(format!("parse range [{min}, {max}] is empty or not finite"))
+                let shown = |x: f64| {
+                    if x.is_finite() && x.abs() < 1e7 {
+                        x.to_string()
+                    } else {
+                        format!("{x:e}")
+                    }
+                };
+                return bad(format!(
+                    "parse range [parse.min, parse.max] = [{}, {}] is empty, not finite or beyond \
+                     ±1e6: expected parse.min < parse.max within [-1e6, 1e6] (the range a judge's \
+                     score must lie in)",
+                    shown(*min),
+                    shown(*max)
+                ));
             }
             JudgeParse::Labels { labels } if labels.is_empty() => {
                 return bad("parse.labels is empty".into())
@@ -194,6 +233,9 @@ impl JudgeConfig {
         Ok(())
     }
 }
+
+/// The most tokens a judge's answer may ask for (`max_tokens`).
+pub const MOST_ANSWER_TOKENS: u32 = 1 << 20;
 
 /// Fills `{name}` from `lookup`; `{{` and `}}` are literal braces.
 pub(crate) fn render(

@@ -80,13 +80,13 @@ pub struct RewardModelConfig {
     /// `{prompt}{completion}`.
     #[serde(default = "default_template")]
     pub template: String,
-    /// Which value of the model's output vector is the score, default 0.
+    /// Which value of the model's output vector is the score, below 2²⁰, default 0.
     #[serde(default)]
     pub label: usize,
-    /// reward = scale · score + shift; default 1.
+    /// reward = scale · score + shift, in [-1e6, 1e6]; default 1.
     #[serde(default = "default_scale")]
     pub scale: f64,
-    /// See `scale`; default 0.
+    /// See `scale`; in [-1e6, 1e6], default 0.
     #[serde(default)]
     pub shift: f64,
     /// A completion counts as correct (the `accuracy` metric) when its reward exceeds this,
@@ -130,9 +130,13 @@ fn default_retries() -> u32 {
     2
 }
 
+/// The largest `label` (an index into the model's output vector: a classifier's classes or a
+/// pooling model's output width, which no model has 2^20 of).
+pub const MOST_LABEL: usize = (1 << 20) - 1;
+
 /// Most texts per request and requests in flight (a bound on what a config can allocate).
 const MOST_PER_REQUEST: usize = 4096;
-const MOST_IN_FLIGHT: usize = 256;
+pub(crate) const MOST_IN_FLIGHT: usize = 256;
 
 /// A built reward-model verifier.
 pub struct RewardModelVerifier {
@@ -147,7 +151,8 @@ impl RewardModelConfig {
     /// # Errors
     /// [`RewardError::Config`] for a URL that is not `http://`, `in_flight` or `batch_size` of 0
     /// or above their bounds (256 and 4096), a timeout outside (0, 1e6] seconds, a
-    /// non-finite `scale`, `shift` or `correct_above`, or a template with an unclosed brace.
+    /// `scale`, `shift` or `correct_above` not finite or beyond 1e6 in magnitude, a `label` above
+    /// [`MOST_LABEL`], or a template with an unclosed brace.
     pub fn build(&self) -> Result<RewardModelVerifier, RewardError> {
         self.check()?;
         let base = self.server.trim_end_matches('/');
@@ -204,6 +209,19 @@ impl RewardModelConfig {
             if !v.is_finite() {
                 return bad(format!("{k} must be a finite number, got {v}"));
             }
+            if v.abs() > 1e6 {
+                return bad(format!(
+                    "{k} = {v:e} is out of range: expected a number in [-1e6, 1e6] (rewards \
+                     beyond 1e6 in magnitude are warned about as broken)"
+                ));
+            }
+        }
+        if self.label > MOST_LABEL {
+            return bad(format!(
+                "label = {} is out of range: at most {MOST_LABEL} (an index into the model's \
+                 output vector)",
+                self.label
+            ));
         }
         render(&self.template, &|_| Some(String::new())).map_err(|e| {
             RewardError::Config(format!("reward model at {}: template: {e}", self.server))

@@ -208,6 +208,41 @@ pub fn native(
     Ok(Box::new(NativeRollout::new(sampler)))
 }
 
+/// Refuses a numeric flag out of range before anything is loaded, naming the flag and the range.
+fn check_flags(args: &GenerateArgs) -> anyhow::Result<()> {
+    use crate::params::{MAX_GROUP_SIZE, MAX_NEW_TOKENS, MAX_TEMPERATURE};
+    if !(1..=MAX_GROUP_SIZE).contains(&args.n) {
+        bail!(
+            "-n {} is out of range: expected 1 to {MAX_GROUP_SIZE} completions per prompt",
+            args.n
+        );
+    }
+    let t = args.temperature;
+    if !(t.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&t)) {
+        bail!("--temperature {t:e} is out of range: expected a finite T in [0, {MAX_TEMPERATURE}] (0 = greedy)");
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!(
+            "--top-p {:e} is out of range: expected 0 < top_p <= 1 (1 = off)",
+            args.top_p
+        );
+    }
+    if !(1..=MAX_NEW_TOKENS).contains(&args.max_new_tokens) {
+        bail!(
+            "--max-new-tokens {} is out of range: expected 1 to {MAX_NEW_TOKENS}",
+            args.max_new_tokens
+        );
+    }
+    if args.min_new_tokens > args.max_new_tokens {
+        bail!(
+            "--min-new-tokens {} is out of range: at most --max-new-tokens = {}",
+            args.min_new_tokens,
+            args.max_new_tokens
+        );
+    }
+    Ok(())
+}
+
 /// [`run`] with the engine `make` builds (module docs).
 ///
 /// Errors: as [`run`], and `make`'s.
@@ -216,13 +251,7 @@ pub fn run_with(
     out: &mut dyn Write,
     make: &RolloutFactory,
 ) -> anyhow::Result<()> {
-    let max = crate::params::MAX_GROUP_SIZE;
-    if !(1..=max).contains(&args.n) {
-        bail!(
-            "-n {} is out of range: expected 1 to {max} completions per prompt",
-            args.n
-        );
-    }
+    check_flags(args)?;
     let dtype = match args.dtype {
         DtypeArg::F32 => DType::F32,
         DtypeArg::Bf16 => DType::BF16,

@@ -117,6 +117,14 @@ impl Detokenize for tokenizers::Tokenizer {
 /// GRPO uses 8 to 64; far beyond it the row buffers of one group exhaust memory.
 pub const MAX_GROUP_SIZE: usize = 4096;
 
+/// The most new tokens of one completion accepted before a model is loaded (2^24, beyond every
+/// model's context; once it is, prompt + new tokens must also fit its `max_position_embeddings`).
+pub const MAX_NEW_TOKENS: usize = 1 << 24;
+
+/// The highest sampling temperature: at 1000 every logit of a real model is within a few
+/// hundredths of the others, so sampling is already uniform.
+pub const MAX_TEMPERATURE: f64 = 1000.0;
+
 fn invalid(name: &'static str, value: impl std::fmt::Debug, hint: &'static str) -> RolloutError {
     RolloutError::InvalidParam {
         name,

@@ -165,6 +165,13 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "--n {} is out of range: at most {max} samples per problem",
         a.n
     );
+    if let Some(n) = a.max_new_tokens {
+        let max = crate::config::MAX_NEW_TOKENS;
+        anyhow::ensure!(
+            n <= max,
+            "--max-new-tokens {n} is out of range: at most {max}"
+        );
+    }
     let mut sets = a.set.clone();
     if let Some(t) = &a.task {
         sets.push(format!("data.task=\"{t}\""));
@@ -437,6 +444,34 @@ pub struct SftArgs {
     pub device: String,
 }
 
+/// The most epochs of `rlvr sft --epochs`.
+pub const MAX_SFT_EPOCHS: u64 = 1_000_000;
+
+/// Refuses `rlvr sft`'s step, epoch, accuracy and length flags out of range, naming the flag.
+fn check_sft_flags(a: &SftArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=MAX_SFT_EPOCHS).contains(&a.epochs),
+        "--epochs {} is out of range: expected 1 to {MAX_SFT_EPOCHS}",
+        a.epochs
+    );
+    anyhow::ensure!(
+        a.steps != Some(0),
+        "--steps 0: must be at least 1 (or unset)"
+    );
+    if let Some(acc) = a.stop_at_accuracy {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&acc),
+            "--stop-at-accuracy {acc:e} is out of range: expected an accuracy in [0, 1] (0: stop \
+             at the first evaluation)"
+        );
+    }
+    anyhow::ensure!(
+        a.max_completion_len != Some(0),
+        "--max-completion-len 0: must be at least 1 (or unset)"
+    );
+    Ok(())
+}
+
 /// Runs `rlvr sft` ([`crate::sft::train_sft`]). Prints `{"out", "steps", "loss"}`.
 ///
 /// # Errors
@@ -479,6 +514,7 @@ fn sft_ranked(
     if a.batch_size == 0 || a.micro_batch_size == 0 {
         bail!("--batch-size and --micro-batch-size must be at least 1");
     }
+    check_sft_flags(a)?;
     let max = crate::config::MAX_ROWS_PER_STEP;
     for (flag, v) in [
         ("--batch-size", a.batch_size),
@@ -741,11 +777,20 @@ pub struct PlanArgs {
     pub zero: Option<u8>,
 }
 
+/// The most ranks `rlvr plan --world-size` plans for (2^20: beyond every cluster).
+pub const MAX_PLAN_RANKS: u64 = 1 << 20;
+
 /// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line.
 ///
 /// # Errors
 /// Config errors, a missing model config.json, a malformed `--gpu-memory`.
 pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let most = MAX_PLAN_RANKS;
+    anyhow::ensure!(
+        (1..=most).contains(&a.world_size),
+        "--world-size {} is out of range: expected 1 to {most} ranks",
+        a.world_size
+    );
     let mut raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
     // A plan is for a GPU: `auto` is cuda and bf16 whatever this machine has.
     raw.model.assume_gpu();

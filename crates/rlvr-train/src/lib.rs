@@ -35,6 +35,7 @@ pub mod config;
 pub mod eval;
 pub mod feed;
 mod log;
+pub use log::counted;
 pub mod lora;
 pub mod pack;
 pub mod plot;

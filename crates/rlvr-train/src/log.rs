@@ -19,6 +19,15 @@ thread_local! {
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// `n` and `noun`, pluralised with an `s` unless `n` is 1: `1 step`, `2 steps`, `0 steps`.
+pub fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// Makes this thread's messages go to its log only, never to stderr: data-parallel ranks above 0,
 /// whose console would repeat rank 0's (cleared by [`close`]).
 pub(crate) fn set_quiet(quiet: bool) {

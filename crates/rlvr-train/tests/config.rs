@@ -109,19 +109,23 @@ fn optimizer_keys_out_of_range_are_named_with_their_range() {
         (
             "train.adam_eps=0.0",
             "train.adam_eps = 0",
-            "a finite number > 0",
+            "a finite number in (0, 1]",
         ),
         (
             "train.adam_eps=inf",
             "train.adam_eps = inf",
-            "a finite number > 0",
+            "a finite number in (0, 1]",
         ),
         (
             "train.weight_decay=-0.01",
             "train.weight_decay = -0.01",
-            ">= 0",
+            "[0, 1000]",
         ),
-        ("train.weight_decay=nan", "train.weight_decay = NaN", ">= 0"),
+        (
+            "train.weight_decay=nan",
+            "train.weight_decay = NaN",
+            "[0, 1000]",
+        ),
         ("train.lr=nan", "train.lr = NaN", "a finite number > 0"),
         ("train.lr=0.0", "train.lr = 0", "a finite number > 0"),
         (

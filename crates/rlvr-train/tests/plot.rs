@@ -260,7 +260,7 @@ fn labels_are_unique_gaps_stay_gaps_and_smoothing_is_tensorboards() {
     let same = vec![runs[0].clone(), runs[0].clone()];
     assert_eq!(labels(&same, &[]).unwrap(), ["a/seed-0", "a/seed-0 #2"]);
     let err = labels(&runs, &["x".into()]).unwrap_err().to_string();
-    assert!(err.contains("1 --label values for 3 runs"), "{err}");
+    assert!(err.contains("1 --label value for 3 runs"), "{err}");
     // Steps 1, 2, 3 then 6, 7: a gap; evaluations every 2 with the last at 5: none.
     let s = [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (6.0, 6.0), (7.0, 7.0)];
     let seg = segments(&s);

@@ -280,6 +280,26 @@ fn non_finite_steps_are_skipped_then_abort() {
     assert_eq!(&skipped[skipped.len() - 2..], &[true, true]);
 }
 
+/// One non-finite step with `train.max_skipped_in_row = 1` is said in the singular ("1 step in a
+/// row", not "1 steps").
+#[test]
+fn one_non_finite_step_is_said_in_the_singular() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=2".to_string(),
+        "train.lr=1e30".into(),
+        "train.grad_clip=0".into(),
+        "train.max_skipped_in_row=1".into(),
+    ]);
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    let err = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(err.contains("1 step in a row"), "{err}");
+    assert!(!err.contains("1 steps"), "{err}");
+}
+
 fn diagnostics(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("diagnostics.jsonl"))
         .unwrap()

@@ -4,7 +4,7 @@
 use candle_core::IndexOp;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_rollout::SamplingParams;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::client::VllmClient;
 use crate::completion::parse_group;
@@ -234,8 +234,8 @@ impl VllmClient {
         let body = crate::completion::request_body(&self.model_name, prompt, &params, 7);
         let mut gaps = Vec::new();
         for s in &self.servers {
-            let c = s.call("POST", "/v1/completions", Some(&body), |a: Value| {
-                parse_group(&a, 1, tokens).map(|mut v| v.remove(0))
+            let c = s.call_typed("POST", "/v1/completions", Some(&body), |a| {
+                parse_group(a, 1, tokens).map(|mut v| v.remove(0))
             })?;
             let ours = trainer_logprobs(model, prompt, &c.token_ids, 0.7)?;
             let gap = c

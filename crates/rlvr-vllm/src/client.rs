@@ -34,6 +34,9 @@ pub struct ClientConfig {
     /// are then renormalised over the kept tokens (not DESIGN.md section 3's full-vocabulary ℓ_old), so the ratio carries
     /// log(kept mass). Default false: such parameters are refused.
     pub accept_renormalised_logprobs: bool,
+    /// Largest answer read, in bytes: a larger one is refused naming this limit. Default
+    /// [`crate::http::BODY_LIMIT`] (256 MiB).
+    pub body_limit: u64,
 }
 
 impl Default for ClientConfig {
@@ -47,6 +50,7 @@ impl Default for ClientConfig {
             backoff: Duration::from_millis(500),
             in_flight: 8,
             accept_renormalised_logprobs: false,
+            body_limit: crate::http::BODY_LIMIT,
         }
     }
 }
@@ -100,7 +104,10 @@ impl VllmClient {
         let servers = config
             .servers
             .iter()
-            .map(|u| Server::new(u, config.api_key.clone(), policy))
+            .map(|u| {
+                Server::new(u, config.api_key.clone(), policy)
+                    .map(|s| s.with_body_limit(config.body_limit))
+            })
             .collect::<Result<_>>()?;
         Ok(Self {
             servers,
@@ -342,8 +349,8 @@ impl VllmClient {
             request_seed(seed, prompt_index, params.group_size),
         );
         let detok = self.detok.as_deref();
-        server.call("POST", "/v1/completions", Some(&body), |answer| {
-            let choices = parse_group(&answer, params.group_size, params.max_new_tokens)?;
+        server.call_typed("POST", "/v1/completions", Some(&body), |answer| {
+            let choices = parse_group(answer, params.group_size, params.max_new_tokens)?;
             to_completions(choices, prompt_index, params, self.version, detok)
         })
     }

@@ -2,6 +2,7 @@
 //! into the native engine's [`Completion`] records (ids, behaviour log-probs, finish reason).
 
 use rlvr_rollout::{Completion, Detokenize, FinishReason, SamplingParams};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// vLLM's largest accepted seed + 1 (it validates seeds as signed 64-bit integers).
@@ -74,6 +75,56 @@ pub fn request_body(model: &str, prompt: &[u32], params: &SamplingParams, seed: 
     body
 }
 
+/// The parts of a `/v1/completions` answer the client reads, parsed by serde derive: the texts,
+/// token strings, top log-probs and text offsets vLLM also sends are skipped without being held,
+/// so an answer of N tokens takes about 12·N bytes besides its body, up to twice that while its
+/// vectors grow (a `serde_json::Value` of it takes several times the body).
+#[derive(Debug, Deserialize)]
+pub struct CompletionAnswer {
+    /// `choices`, one per sample (`None` when absent).
+    #[serde(default)]
+    pub choices: Option<Vec<RawChoice>>,
+}
+
+/// One element of `choices` as sent, before [`parse_group`] checks it.
+#[derive(Debug, Deserialize)]
+pub struct RawChoice {
+    /// `index`: prompt position · n + sample index.
+    #[serde(default)]
+    pub index: Option<u64>,
+    /// `token_ids` (with `return_token_ids`).
+    #[serde(default)]
+    pub token_ids: Option<Vec<u32>>,
+    /// `logprobs`.
+    #[serde(default)]
+    pub logprobs: Option<RawLogprobs>,
+    /// `finish_reason`.
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// `stop_reason`: the stop id (number), the stop string (string) or null.
+    #[serde(default)]
+    pub stop_reason: Option<StopReason>,
+}
+
+/// A choice's `logprobs` object: only `token_logprobs` is read, as f32 (what the records keep;
+/// null entries kept as `None`).
+#[derive(Debug, Deserialize)]
+pub struct RawLogprobs {
+    /// One log-prob per generated token.
+    #[serde(default)]
+    pub token_logprobs: Option<Vec<Option<f32>>>,
+}
+
+/// Why a choice stopped, as vLLM's `stop_reason` says.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    /// A stop token id.
+    Id(i64),
+    /// A stop string.
+    Text(String),
+}
+
 /// One choice of the answer, checked: ids and log-probs of equal length, finite log-probs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
@@ -85,30 +136,23 @@ pub struct Choice {
     pub logprobs: Vec<f32>,
     /// `finish_reason`: "stop" or "length" (anything else is refused).
     pub finish_reason: String,
-    /// `stop_reason`: the stop id (number), the stop string (string) or null (EOS / length).
-    pub stop_reason: Value,
+    /// `stop_reason`: the stop id, the stop string or `None` (EOS / length).
+    pub stop_reason: Option<StopReason>,
 }
 
-fn parse_choice(c: &Value) -> Result<Choice, String> {
-    let index = c["index"]
-        .as_u64()
-        .ok_or("a choice without an integer `index`")? as usize;
-    let ids = c["token_ids"].as_array().ok_or_else(|| {
+fn parse_choice(c: RawChoice) -> Result<Choice, String> {
+    let index = c.index.ok_or("a choice without an integer `index`")? as usize;
+    let token_ids = c.token_ids.ok_or_else(|| {
         format!("choice {index} has no `token_ids` (does the server support return_token_ids?)")
     })?;
-    let token_ids: Vec<u32> = ids
-        .iter()
-        .map(|v| v.as_u64().map(|x| x as u32))
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("choice {index}: `token_ids` holds a non-integer"))?;
-    let lps = c["logprobs"]["token_logprobs"]
-        .as_array()
+    let lps = c
+        .logprobs
+        .and_then(|l| l.token_logprobs)
         .ok_or_else(|| format!("choice {index} has no `logprobs.token_logprobs`"))?;
     let logprobs: Vec<f32> = lps
-        .iter()
-        .map(|v| v.as_f64().map(|x| x as f32))
+        .into_iter()
         .collect::<Option<_>>()
-        .ok_or_else(|| format!("choice {index}: a log-prob is null or not a number"))?;
+        .ok_or_else(|| format!("choice {index}: a log-prob is null"))?;
     if token_ids.len() != logprobs.len() {
         return Err(format!(
             "choice {index} has {} token ids but {} log-probs",
@@ -121,19 +165,16 @@ fn parse_choice(c: &Value) -> Result<Choice, String> {
             "choice {index}: log-prob {x} is not a log-probability"
         ));
     }
-    let finish_reason = c["finish_reason"].as_str().unwrap_or("").to_string();
+    let finish_reason = c.finish_reason.unwrap_or_default();
     if finish_reason != "stop" && finish_reason != "length" {
-        return Err(format!(
-            "choice {index}: finish_reason {:?}",
-            c["finish_reason"]
-        ));
+        return Err(format!("choice {index}: finish_reason {finish_reason:?}"));
     }
     Ok(Choice {
         index,
         token_ids,
         logprobs,
         finish_reason,
-        stop_reason: c["stop_reason"].clone(),
+        stop_reason: c.stop_reason,
     })
 }
 
@@ -143,17 +184,18 @@ fn parse_choice(c: &Value) -> Result<Choice, String> {
 /// # Errors
 /// A message naming what is missing or inconsistent (the caller retries, then reports it).
 pub fn parse_group(
-    answer: &Value,
+    answer: CompletionAnswer,
     group_size: usize,
     max_new_tokens: usize,
 ) -> Result<Vec<Choice>, String> {
-    let choices = answer["choices"]
-        .as_array()
-        .ok_or("the answer has no `choices` array")?;
+    let choices = answer.choices.ok_or("the answer has no `choices` array")?;
     if choices.len() != group_size {
         return Err(format!("{} choices for n = {group_size}", choices.len()));
     }
-    let mut out: Vec<Choice> = choices.iter().map(parse_choice).collect::<Result<_, _>>()?;
+    let mut out: Vec<Choice> = choices
+        .into_iter()
+        .map(parse_choice)
+        .collect::<Result<_, _>>()?;
     out.sort_by_key(|c| c.index);
     for (j, c) in out.iter().enumerate() {
         if c.index != j {
@@ -218,7 +260,7 @@ pub fn to_completions(
         .map(|c| {
             let mut finish_reason = match (c.finish_reason.as_str(), &c.stop_reason) {
                 ("length", _) => FinishReason::Length,
-                (_, Value::String(_)) => FinishReason::StopString,
+                (_, Some(StopReason::Text(_))) => FinishReason::StopString,
                 _ => FinishReason::Eos,
             };
             let (mut token_ids, mut behaviour_logprobs) = (c.token_ids, c.logprobs);

@@ -43,8 +43,9 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Largest answer read (bytes): a group of K completions with log-probs fits many times over.
-const BODY_LIMIT: u64 = 256 << 20;
+/// Largest answer read by default (bytes, 256 MiB): a group of K completions with log-probs fits
+/// many times over. A larger answer is refused naming the limit ([`Server::with_body_limit`]).
+pub const BODY_LIMIT: u64 = 256 << 20;
 
 /// Why one attempt failed.
 enum Failure {
@@ -64,6 +65,7 @@ pub struct Server {
     agent: ureq::Agent,
     api_key: Option<String>,
     policy: RetryPolicy,
+    body_limit: u64,
 }
 
 fn cut(s: &str, n: usize) -> String {
@@ -97,7 +99,14 @@ impl Server {
             agent: ureq::Agent::new_with_config(config),
             api_key,
             policy,
+            body_limit: BODY_LIMIT,
         })
+    }
+
+    /// The same client, reading answers of at most `bytes` (default [`BODY_LIMIT`]).
+    pub fn with_body_limit(mut self, bytes: u64) -> Self {
+        self.body_limit = bytes;
+        self
     }
 
     /// The retry policy in force.
@@ -151,10 +160,18 @@ impl Server {
         let text = match resp
             .body_mut()
             .with_config()
-            .limit(BODY_LIMIT)
+            .limit(self.body_limit)
             .read_to_string()
         {
             Ok(t) => t,
+            Err(ureq::Error::BodyExceedsLimit(_)) => {
+                return Err(Failure::Retry(format!(
+                    "HTTP {status} with an answer larger than the limit of {} bytes ({:.0} MiB) \
+                     read from a server: ask for fewer or shorter completions per request",
+                    self.body_limit,
+                    self.body_limit as f64 / (1 << 20) as f64
+                )))
+            }
             Err(e) => {
                 return Err(Failure::Retry(format!(
                     "HTTP {status}, body unreadable: {e}"
@@ -200,6 +217,37 @@ impl Server {
                 })?
             };
             check(v).map_err(|msg| format!("HTTP 200 with a malformed answer: {msg}"))
+        })
+    }
+
+    /// As [`Server::call`], with the answer parsed into `A` (serde derive) instead of a
+    /// [`serde_json::Value`]: what `A` skips (texts, token strings, top log-probs) is never held,
+    /// so a large answer takes a small multiple of its size (the body once, then `A`), not the
+    /// tens of bytes per number a `Value` tree spends. An empty body is malformed.
+    ///
+    /// # Errors
+    /// As [`Server::call`].
+    pub fn call_typed<A: serde::de::DeserializeOwned, T>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        check: impl Fn(A) -> std::result::Result<T, String>,
+    ) -> Result<T> {
+        self.call_text(method, path, body, |text| {
+            let a = serde_json::from_str::<A>(text).map_err(|e| {
+                let what = if e.is_data() {
+                    "a malformed answer"
+                } else {
+                    "invalid JSON"
+                };
+                format!(
+                    "HTTP 200 with {what} ({e}; {} bytes): {}",
+                    text.len(),
+                    cut(text, 200)
+                )
+            })?;
+            check(a).map_err(|msg| format!("HTTP 200 with a malformed answer: {msg}"))
         })
     }
 

@@ -158,6 +158,37 @@ fn truncated_json_is_retried_then_reported() {
     );
 }
 
+/// An answer above the body limit is refused with a message naming the limit (here 1 MiB; the
+/// default is 256 MiB), never read whole or parsed.
+#[test]
+fn an_answer_above_the_body_limit_is_refused_naming_the_limit() {
+    let n = 200_000;
+    let big = completion_answer(
+        &[vec![5; n], vec![7; n]],
+        &[vec![-0.5; n], vec![-1.5; n]],
+        &[("length", Value::Null), ("length", Value::Null)],
+    );
+    assert!(big.len() > 2 << 20, "{}", big.len());
+    let fake = FakeServer::scripted(vec![Reply::Status(200, big)]);
+    let c = VllmClient::new(ClientConfig {
+        servers: vec![fake.url.clone()],
+        served_model_name: "policy".into(),
+        retries: 0,
+        timeout: Duration::from_secs(10),
+        body_limit: 1 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut p = params(2);
+    p.max_new_tokens = n;
+    let (_, attempts, answer) = server_error(c.sample(&[vec![1]], 0, &p, 0).unwrap_err());
+    assert_eq!(attempts, 1);
+    assert!(
+        answer.contains("larger than the limit of 1048576 bytes (1 MiB)"),
+        "{answer}"
+    );
+}
+
 #[test]
 fn a_token_count_that_differs_from_its_logprob_count_is_a_fault() {
     let bad = completion_answer(

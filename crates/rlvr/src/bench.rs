@@ -102,13 +102,48 @@ pub fn run(cmd: &BenchCommand, out: &mut dyn Write) -> anyhow::Result<()> {
     }
 }
 
+/// The most rows of a benchmark batch (`--batch`, `--rows`).
+pub const MAX_BENCH_ROWS: usize = 65536;
+
+/// The most timed repetitions (`bench sample --runs`, `bench train --steps`).
+pub const MAX_BENCH_REPEATS: usize = 100_000;
+
+/// Refuses `value` of `flag` outside `1..=max`, naming both.
+fn in_range(flag: &str, value: usize, max: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=max).contains(&value),
+        "{flag} {value} is out of range: expected 1 to {max}"
+    );
+    Ok(())
+}
+
+/// Refuses `positions` (prompt and new tokens, or a row's length) beyond the model's
+/// `max_position_embeddings`, naming `flags`.
+fn fits(model: &Model, flags: &str, positions: usize) -> anyhow::Result<()> {
+    let max = model.config().max_position_embeddings;
+    anyhow::ensure!(
+        positions <= max,
+        "{flags} = {positions} positions is out of range: at most the model's \
+         max_position_embeddings = {max}"
+    );
+    Ok(())
+}
+
 fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.prompt_len > 0 && a.new_tokens > 0,
         "--prompt-len and --new-tokens must be > 0"
     );
-    anyhow::ensure!(a.runs > 0, "--runs must be at least 1");
+    in_range("--runs", a.runs, MAX_BENCH_REPEATS)?;
+    for &batch in &a.batch {
+        in_range("--batch", batch, MAX_BENCH_ROWS)?;
+    }
     let model = load(&a.model)?;
+    fits(
+        &model,
+        "--prompt-len + --new-tokens",
+        a.prompt_len.saturating_add(a.new_tokens),
+    )?;
     let vocab = model.config().vocab_size as u32;
     for &batch in &a.batch {
         anyhow::ensure!(batch > 0, "--batch must be at least 1");
@@ -132,7 +167,8 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         let mut walls = Vec::with_capacity(a.runs);
         for r in 0..a.runs {
             let t = Instant::now();
-            let c = sampler.sample(&prompts, 0, &params, a.model.seed + 1 + r as u64)?;
+            let seed = a.model.seed.wrapping_add(1 + r as u64);
+            let c = sampler.sample(&prompts, 0, &params, seed)?;
             walls.push(t.elapsed().as_secs_f64());
             let n: usize = c.iter().map(|c| c.token_ids.len()).sum();
             anyhow::ensure!(
@@ -173,8 +209,10 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         a.rows > 0 && a.seq_len > 1,
         "--rows must be > 0 and --seq-len > 1"
     );
-    anyhow::ensure!(a.steps > 0, "--steps must be at least 1");
+    in_range("--rows", a.rows, MAX_BENCH_ROWS)?;
+    in_range("--steps", a.steps, MAX_BENCH_REPEATS)?;
     let model = load(&a.model)?;
+    fits(&model, "--seq-len", a.seq_len)?;
     let dev = model.device().clone();
     let vars: Vec<_> = model
         .named_vars()

@@ -8,6 +8,10 @@ use candle_core::{DType, Device};
 use rlvr_model::checkpoint::{tokenizer_for_init, write_tokenizer_files};
 use rlvr_model::{Arch, Model, ModelConfig};
 
+/// The largest `--init-std`: weights drawn with a larger standard deviation overflow every
+/// activation of the first layer.
+pub const MAX_INIT_STD: f64 = 10.0;
+
 /// Arguments of `rlvr init` (DESIGN.md section 10).
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
@@ -125,6 +129,7 @@ fn mem_total_bytes() -> Option<u64> {
 /// A size flag of 0 (named), a non-empty `--out` without `--force`, inconsistent head sizes, a model
 /// above [`MAX_PARAMETERS`] or this machine's memory, a tokenizer that does not load, I/O errors.
 pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    // (Sizes first, then the initialisation and position flags.)
     for (flag, v) in [
         ("--hidden", Some(a.hidden)),
         ("--layers", Some(a.layers)),
@@ -139,8 +144,19 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             bail!("{flag} 0: every size of the model must be at least 1");
         }
     }
-    if !(a.init_std.is_finite() && a.init_std >= 0.0) {
-        bail!("--init-std {}: expected a finite value ≥ 0", a.init_std);
+    if !(a.init_std.is_finite() && (0.0..=MAX_INIT_STD).contains(&a.init_std)) {
+        bail!(
+            "--init-std {:e}: expected a finite value in [0, {MAX_INIT_STD}] (0.02 is usual; 0 \
+             writes all-zero weights)",
+            a.init_std
+        );
+    }
+    let most = rlvr_rollout::params::MAX_NEW_TOKENS;
+    if a.max_position_embeddings > most {
+        bail!(
+            "--max-position-embeddings {} is out of range: at most {most}",
+            a.max_position_embeddings
+        );
     }
     if !(a.rope_theta.is_finite() && a.rope_theta > 0.0) {
         bail!("--rope-theta {}: expected a finite value > 0", a.rope_theta);

@@ -37,6 +37,14 @@ pub struct LogprobsArgs {
 
 /// Prints `{"tokens": [completion ids], "logprobs": [one per completion id]}`.
 pub fn run(a: &LogprobsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let most = rlvr_rollout::params::MAX_TEMPERATURE;
+    if !(a.temperature.is_finite() && a.temperature > 0.0 && a.temperature <= most) {
+        bail!(
+            "--temperature {:e} is out of range: expected a finite T in (0, {most}] (the logits \
+             are divided by it)",
+            a.temperature
+        );
+    }
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let device = rlvr_model::parse_device(&a.device)?;

@@ -575,7 +575,7 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
         ph.held_out_n, a.seed, "model", "accuracy", "gain", "wall s"
     );
     table.push_str(&row(
-        &format!("warm start ({} steps)", ws.steps),
+        &format!("warm start ({})", rlvr_train::counted(ws.steps, "step")),
         ws.accuracy,
         w.sft,
     ));

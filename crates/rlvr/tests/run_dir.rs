@@ -212,6 +212,52 @@ fn of_two_fresh_starts_at_once_exactly_one_runs_and_config_toml_is_its_own() {
     assert_eq!(steps(&run), [1]);
 }
 
+/// SIGTERM during start-up (here: rendering thousands of prompts with a slow chat template, which
+/// takes tens of seconds) ends the process within seconds, exit 143, saying that no step ran;
+/// before, it waited for the end of start-up and the first step.
+#[test]
+fn sigterm_during_start_up_exits_within_seconds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let cfg_path = model.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    // About 10 ms a prompt, within the template's fuel.
+    cfg["chat_template"] = "{% for i in range(50000) %}{% endfor %}{% for m in messages %}\
+                            {{ m['content'] }}{% endfor %}"
+        .into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let run = tmp.path().join("run");
+    let mut s = sets(&model, &run, 2);
+    s.extend([
+        "data.style=\"chat\"".to_string(),
+        "data.arithmetic.train_size=5000".into(),
+    ]);
+    let child = spawn(train_cmd(&s));
+    // The run directory is open: the signal handler is in place and start-up is under way.
+    wait_for("train.log", 60, || run.join("train.log").exists());
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let waited = t0.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "exited {waited:?} after SIGTERM: {err}"
+    );
+    assert!(
+        err.contains("SIGTERM: stopping during start-up") && err.contains("nothing to save"),
+        "{err}"
+    );
+    assert_eq!(last_step(&run), 0, "{err}");
+}
+
 #[test]
 fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
     let tmp = tempfile::tempdir().unwrap();
@@ -813,7 +859,7 @@ fn sft_refuses_a_non_finite_lr_and_a_failed_force_keeps_the_old_model() {
         ("--lr", "inf", "a finite number > 0"),
         ("--lr", "-1e-3", "a finite number > 0"),
         ("--lr", "0", "a finite number > 0"),
-        ("--weight-decay", "-0.1", "a finite number >= 0"),
+        ("--weight-decay", "-0.1", "a finite number in [0, 1000]"),
         ("--grad-clip", "nan", "a finite number >= 0 (0 = off)"),
     ] {
         let out = sft(&fresh, &pairs, &[&format!("{flag}={value}")]);

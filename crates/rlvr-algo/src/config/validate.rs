@@ -5,6 +5,11 @@
 use super::{Algorithm, Baseline, PolicyLoss, RedDropRule};
 use crate::error::{AlgoError, Result};
 
+/// The largest magnitude of a real-valued `[algorithm]` knob (coefficients, clips, caps,
+/// temperatures, thresholds): every default and published setting is within 1e3, and beyond 1e6
+/// a knob only turns into overflow or an effective "off" that unsetting it says plainly.
+pub const MAX_MAGNITUDE: f64 = 1e6;
+
 impl Algorithm {
     // One check per key, each with its own message naming the key and the accepted range, so every
     // rule on a key is found in one place.
@@ -17,23 +22,28 @@ impl Algorithm {
             }
         }
         let finite_nonneg = |key: &'static str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
+            if v.is_finite() && (0.0..=MAX_MAGNITUDE).contains(&v) {
                 Ok(())
             } else {
-                Err(bad(key, v, "must be finite and >= 0"))
+                Err(bad(key, v, "must be finite and >= 0, at most 1e6"))
             }
         };
         let positive = |key: &'static str, v: f64| {
-            if v.is_finite() && v > 0.0 {
+            if v.is_finite() && v > 0.0 && v <= MAX_MAGNITUDE {
                 Ok(())
             } else {
-                Err(bad(key, v, "must be finite and > 0"))
+                Err(bad(key, v, "must be finite and > 0, at most 1e6"))
+            }
+        };
+        let bounded = |key: &'static str, v: f64| {
+            if v.is_finite() && v.abs() <= MAX_MAGNITUDE {
+                Ok(())
+            } else {
+                Err(bad(key, v, "must be finite, in [-1e6, 1e6]"))
             }
         };
         finite_nonneg("std_eps", self.std_eps)?;
-        if !self.baseline_shift.is_finite() {
-            return Err(bad("baseline_shift", self.baseline_shift, "must be finite"));
-        }
+        bounded("baseline_shift", self.baseline_shift)?;
         positive("lme_temperature", self.lme_temperature)?;
         if !(self.clip_low.is_finite() && (0.0..1.0).contains(&self.clip_low)) {
             return Err(bad(
@@ -64,11 +74,11 @@ impl Algorithm {
             ));
         }
         if let Some(c) = self.dual_clip {
-            if !(c.is_finite() && c > 1.0) {
+            if !(c.is_finite() && c > 1.0 && c <= MAX_MAGNITUDE) {
                 return Err(bad(
                     "dual_clip",
                     c,
-                    "must be finite and > 1 (typical: 3); unset it to disable",
+                    "must be finite and > 1, at most 1e6 (typical: 3); unset it to disable",
                 ));
             }
         }
@@ -120,9 +130,7 @@ impl Algorithm {
             finite_nonneg("opsm_delta", d)?;
         }
         finite_nonneg("kl_coef", self.kl_coef)?;
-        if !self.entropy_coef.is_finite() {
-            return Err(bad("entropy_coef", self.entropy_coef, "must be finite"));
-        }
+        bounded("entropy_coef", self.entropy_coef)?;
         if !(self.overlong_buffer_frac > 0.0 && self.overlong_buffer_frac <= 1.0) {
             return Err(bad(
                 "overlong_buffer_frac",

@@ -28,6 +28,18 @@ pub const MAX_EVAL_SAMPLES: usize = rlvr_rollout::params::MAX_GROUP_SIZE;
 /// also not exceed the model's hidden size.
 pub const MAX_LORA_RANK: usize = 65536;
 
+/// The most new tokens of one completion (`rollout.max_new_tokens`, `eval.max_new_tokens`)
+/// accepted before the model is loaded (2^24, beyond every model's context); once it is, prompt +
+/// new tokens must also fit the model's `max_position_embeddings`.
+pub const MAX_NEW_TOKENS: usize = rlvr_rollout::params::MAX_NEW_TOKENS;
+
+/// The most passes over one step's batch (`train.epochs`): PPO-style runs use 1 to 4.
+pub const MAX_EPOCHS: usize = 1024;
+
+/// The highest sampling temperature (`rollout.temperature`): at 1000 every logit of a real model
+/// is within a few hundredths of the others, so sampling is already uniform.
+pub const MAX_TEMPERATURE: f64 = rlvr_rollout::params::MAX_TEMPERATURE;
+
 /// Refuses `value` of `key` above `max`, naming both.
 fn at_most(key: &str, value: usize, max: usize) -> anyhow::Result<()> {
     if value > max {
@@ -120,6 +132,15 @@ impl RawConfig {
         if r.max_new_tokens == 0 {
             bail!("rollout.max_new_tokens must be at least 1");
         }
+        at_most("rollout.max_new_tokens", r.max_new_tokens, MAX_NEW_TOKENS)?;
+        if let Some(n) = self.eval.max_new_tokens {
+            if n == 0 {
+                bail!(
+                    "eval.max_new_tokens must be at least 1 (or unset for rollout.max_new_tokens)"
+                );
+            }
+            at_most("eval.max_new_tokens", n, MAX_NEW_TOKENS)?;
+        }
         if r.min_new_tokens > r.max_new_tokens {
             bail!(
                 "rollout.min_new_tokens ({}) exceeds rollout.max_new_tokens ({})",
@@ -130,6 +151,13 @@ impl RawConfig {
         if !(r.temperature.is_finite() && r.temperature > 0.0) {
             bail!(
                 "rollout.temperature = {} must be > 0 (the trainer divides logits by it)",
+                r.temperature
+            );
+        }
+        if r.temperature > MAX_TEMPERATURE {
+            bail!(
+                "rollout.temperature = {:e} is out of range: at most {MAX_TEMPERATURE} (sampling is \
+                 already uniform there)",
                 r.temperature
             );
         }
@@ -164,6 +192,12 @@ impl RawConfig {
         if t.micro_batch_size == 0 || t.mini_batches == 0 || t.epochs == 0 {
             bail!("train.micro_batch_size, train.mini_batches and train.epochs must be at least 1");
         }
+        if t.steps == 0 {
+            bail!("train.steps must be at least 1 (the number of optimizer steps of the run)");
+        }
+        at_most("train.epochs", t.epochs, MAX_EPOCHS)?;
+        // More mini-batches than rows would leave some empty.
+        at_most("train.mini_batches", t.mini_batches, MAX_ROWS_PER_STEP)?;
         if t.micro_batch_tokens == Some(0) {
             bail!("train.micro_batch_tokens must be at least 1 (or unset)");
         }
@@ -340,11 +374,11 @@ impl ResolvedConfig {
             let steps = cfg.raw.train.steps;
             if steps < st.step {
                 bail!(
-                    "train.steps = {steps} is fewer than the {} steps the run in {} has already \
+                    "train.steps = {steps} is fewer than the {} the run in {} has already \
                      trained (its checkpoint to resume from, {}, holds step {}): --resume \
                      continues a run and cannot shorten it; set train.steps to {} or more, or \
                      evaluate an earlier checkpoint with `rlvr eval --model`",
-                    st.step,
+                    crate::log::counted(st.step, "step"),
                     run_dir.display(),
                     dir.display(),
                     st.step,

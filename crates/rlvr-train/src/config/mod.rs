@@ -22,7 +22,10 @@ pub mod gates;
 pub mod help;
 pub mod keys;
 pub mod paths;
-pub use checks::{MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_ROWS_PER_STEP};
+pub use checks::{
+    MAX_EPOCHS, MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROWS_PER_STEP,
+    MAX_TEMPERATURE,
+};
 pub mod plan;
 mod sections;
 pub mod settings;
@@ -215,6 +218,13 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
             };
             return KeyError { key, message };
         }
+        // An internally tagged table (`data.verifier`) reports its fields' errors at the table.
+        let path = match value_at(&original, &path) {
+            Some(toml::Value::Table(_)) if help::quoted_after(inner, "missing field").is_none() => {
+                blame_leaf::<T>(&original, &path).unwrap_or(path)
+            }
+            _ => path,
+        };
         let mut message = if path.is_empty() {
             format!("config: {inner}")
         } else {
@@ -227,6 +237,93 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
         }
         KeyError { key: path, message }
     })
+}
+
+/// The parts of a path as serde_path_to_error writes it (`reward.components[0].verifier`): a
+/// table key, or an array index.
+fn path_parts(path: &str) -> Vec<Result<&str, usize>> {
+    let mut out = Vec::new();
+    for part in path.split('.') {
+        let (name, mut rest) = part.split_once('[').map_or((part, ""), |(n, r)| (n, r));
+        out.push(Ok(name));
+        while let Some((i, after)) = rest.split_once(']') {
+            out.extend(i.parse().ok().map(Err));
+            rest = after.strip_prefix('[').unwrap_or("");
+        }
+    }
+    out
+}
+
+/// The value at `path` (as [`path_parts`] reads it) in `table`.
+fn value_at<'a>(table: &'a toml::Table, path: &str) -> Option<&'a toml::Value> {
+    let mut parts = path_parts(path).into_iter();
+    let mut cur = table.get(parts.next()?.ok()?)?;
+    for p in parts {
+        cur = match p {
+            Ok(k) => cur.as_table()?.get(k)?,
+            Err(i) => cur.as_array()?.get(i)?,
+        };
+    }
+    Some(cur)
+}
+
+/// `table` without the leaf `key` of the table at `path` (`None` if there is none).
+fn without(table: &toml::Table, path: &str, key: &str) -> Option<toml::Table> {
+    let mut t = table.clone();
+    let mut parts = path_parts(path).into_iter();
+    let mut cur = t.get_mut(parts.next()?.ok()?)?;
+    for p in parts {
+        cur = match p {
+            Ok(k) => cur.as_table_mut()?.get_mut(k)?,
+            Err(i) => cur.as_array_mut()?.get_mut(i)?,
+        };
+    }
+    cur.as_table_mut()?.remove(key)?;
+    Some(t)
+}
+
+/// The key under the table at `path` that makes `original` fail to deserialise as `T`, when
+/// serde names only the table (an internally tagged one, such as `data.verifier`: its fields'
+/// errors carry no field name). Each key of the table is removed in turn: the culprit is the first
+/// whose removal leaves `original` valid or changes its error to another (the removed key's error
+/// hid it), else the first whose removal only leaves that very key missing, keys holding a string
+/// last (a tag such as `kind`, whose removal is also "missing").
+fn blame_leaf<T: serde::de::DeserializeOwned>(
+    original: &toml::Table,
+    path: &str,
+) -> Option<String> {
+    let Some(toml::Value::Table(t)) = value_at(original, path) else {
+        return None;
+    };
+    let message = |table: toml::Table| {
+        serde_path_to_error::deserialize::<_, T>(toml::Value::Table(table))
+            .err()
+            .map(|e| e.into_inner().to_string())
+    };
+    let before = message(original.clone());
+    let mut missing = Vec::new();
+    let mut found = None;
+    for (key, value) in t {
+        let after = message(without(original, path, key)?);
+        match after {
+            None => found = Some(key),
+            Some(m) if help::quoted_after(&m, "missing field") == Some(key.as_str()) => {
+                missing.push((value.is_str(), key));
+            }
+            Some(m) if Some(&m) != before.as_ref() => found = Some(key),
+            Some(_) => {}
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    missing.sort_by_key(|(is_str, _)| *is_str);
+    let key = format!("{path}.{}", found.or(missing.first().map(|(_, k)| *k))?);
+    // A tagged table inside a tagged table (a judge's `parse`): its own key.
+    match value_at(original, &key) {
+        Some(toml::Value::Table(_)) => Some(blame_leaf::<T>(original, &key).unwrap_or(key)),
+        _ => Some(key),
+    }
 }
 
 /// A key the user wrote, and where: the file and line, or the `--set` (the gate check names it).

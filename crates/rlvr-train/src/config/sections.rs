@@ -85,14 +85,14 @@ pub struct RolloutSection {
     /// step. Default 8.
     pub group_size: usize,
     /// Most generated tokens per completion (the EOS included); also the constant normaliser's L.
-    /// Default 256.
+    /// At least 1, at most 2²⁴, and prompt + this must fit the model's positions. Default 256.
     pub max_new_tokens: usize,
     /// Fewest new tokens before EOS or a stop string may end a completion (transformers'
     /// `min_new_tokens`, vLLM's `min_tokens`); the EOS probability is removed from the draw until
     /// then, while ℓ_old stays the full-distribution log-prob. Equal to `max_new_tokens` it gives
     /// fixed-length completions (benchmarks). Default 0.
     pub min_new_tokens: usize,
-    /// Sampling temperature T (> 0); the trainer scores with the same T. Default 1.
+    /// Sampling temperature T, in (0, 1000]; the trainer scores with the same T. Default 1.
     pub temperature: f64,
     /// Nucleus mass in (0, 1]; 1 = off. Default 1. Below 1 even staleness-0 data is slightly
     /// off-policy (ℓ_old is the untruncated log-prob).
@@ -288,7 +288,8 @@ impl DistributedSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainSection {
-    /// Trainer steps (each: B prompts × K completions, possibly several optimizer updates). Default 100.
+    /// Trainer steps (each: B prompts × K completions, possibly several optimizer updates), at
+    /// least 1. Default 100.
     pub steps: u64,
     /// Peak learning rate, finite and > 0. Default 1e-6.
     pub lr: f64,
@@ -298,13 +299,13 @@ pub struct TrainSection {
     pub warmup_steps: u64,
     /// `constant`, `linear` or `cosine`. Default `constant`.
     pub schedule: Schedule,
-    /// AdamW decoupled weight decay λ, finite and ≥ 0. Default 0.01.
+    /// AdamW decoupled weight decay λ, in [0, 1000]. Default 0.01.
     pub weight_decay: f64,
     /// AdamW β₁, in [0, 1). Default 0.9.
     pub beta1: f64,
     /// AdamW β₂, in [0, 1). Default 0.999.
     pub beta2: f64,
-    /// AdamW ε, finite and > 0. Default 1e-8.
+    /// AdamW ε, in (0, 1]. Default 1e-8.
     pub adam_eps: f64,
     /// Clip the global gradient L2 norm to this value (finite, ≥ 0); 0 = off. Default 1.
     pub grad_clip: f64,
@@ -334,9 +335,10 @@ pub struct TrainSection {
     /// one more forward per step for much less activation memory (`rlvr plan` shows both).
     /// Gradients equal the plain path's up to float reassociation. Default false.
     pub gradient_checkpointing: bool,
-    /// Optimizer updates per epoch: the step's groups are split into this many mini-batches. Default 1.
+    /// Optimizer updates per epoch: the step's groups are split into this many mini-batches, at
+    /// most 2²⁰. Default 1.
     pub mini_batches: usize,
-    /// μ: passes over the step's batch. Default 1.
+    /// μ: passes over the step's batch, 1 to 1024. Default 1.
     pub epochs: usize,
     /// Seed of sampling and of the trainer's random choices (RED-Drop). Default 0.
     pub seed: u64,
@@ -405,7 +407,7 @@ pub struct EvalSection {
     /// First N problems of the test split (N ≥ 1); unset = all. Default unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
-    /// Most new tokens; default `rollout.max_new_tokens`.
+    /// Most new tokens, 1 to 2²⁴; default `rollout.max_new_tokens`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_new_tokens: Option<usize>,
 }

@@ -53,33 +53,30 @@ pub fn prepare_prompts(
         .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e:#}"))?;
     if prep.prompts.dropped > 0 {
         crate::log::say(&format!(
-            "note: {} {split:?} prompts longer than data.max_prompt_len were dropped",
-            prep.prompts.dropped
+            "note: {} longer than data.max_prompt_len dropped",
+            crate::log::counted(prep.prompts.dropped as u64, &format!("{split:?} prompt"))
         ));
     }
-    let problems = &prep.dataset.problems;
-    Ok(PreparedPrompts {
-        sources: prep
-            .prompts
-            .prompts
-            .iter()
-            .map(|p| problems[p.problem].source.clone())
-            .collect(),
-        rows: prep.prompts.prompts.iter().map(|p| p.problem).collect(),
-        columns: prep
-            .prompts
-            .prompts
-            .iter()
-            .map(|p| problems[p.problem].vars.clone())
-            .collect(),
-        references: prep
-            .prompts
-            .prompts
-            .iter()
-            .map(|p| prep.dataset.problems[p.problem].reference.clone())
-            .collect(),
-        texts: prep.prompts.prompts.into_iter().map(|p| p.text).collect(),
-    })
+    // Each kept prompt's problem is moved out (one prompt per problem), never copied: a large
+    // dataset is held once.
+    let mut problems = prep.dataset.problems;
+    let n = prep.prompts.prompts.len();
+    let mut out = PreparedPrompts {
+        sources: Vec::with_capacity(n),
+        rows: Vec::with_capacity(n),
+        columns: Vec::with_capacity(n),
+        references: Vec::with_capacity(n),
+        texts: Vec::with_capacity(n),
+    };
+    for p in prep.prompts.prompts {
+        let problem = std::mem::take(&mut problems[p.problem]);
+        out.sources.push(problem.source);
+        out.rows.push(p.problem);
+        out.columns.push(problem.vars);
+        out.references.push(problem.reference);
+        out.texts.push(p.text);
+    }
+    Ok(out)
 }
 
 impl PreparedPrompts {

@@ -102,9 +102,9 @@ pub fn labels(runs: &[PathBuf], labels: &[String]) -> anyhow::Result<Vec<String>
     if !labels.is_empty() {
         if labels.len() != runs.len() {
             bail!(
-                "{} --label values for {} runs: give one per run, in the order of the runs",
-                labels.len(),
-                runs.len()
+                "{} for {}: give one per run, in the order of the runs",
+                crate::log::counted(labels.len() as u64, "--label value"),
+                crate::log::counted(runs.len() as u64, "run")
             );
         }
         return Ok(labels.to_vec());
@@ -157,6 +157,9 @@ pub fn segments(s: &[(f64, f64)]) -> Vec<&[(f64, f64)]> {
     out.push(&s[start..]);
     out
 }
+
+/// The widest `--width` and tallest `--panel-height`, in pixels (a PNG of 16384² is 1 GiB).
+pub const MAX_PIXELS: u32 = 16384;
 
 /// TensorBoard's smoothing: y′₀ = y₀, y′ᵢ = w·y′ᵢ₋₁ + (1 − w)·yᵢ, over one segment.
 pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
@@ -488,9 +491,15 @@ where
 /// of cells: steps × buckets, summed over runs and metrics).
 ///
 /// # Errors
-/// Unreadable runs, a metric absent from every run (with `--heatmap`: no run has it as an
-/// array), an unknown extension, drawing errors.
+/// `--width` or `--panel-height` of 0 or above [`MAX_PIXELS`], unreadable runs, a metric absent
+/// from every run (with `--heatmap`: no run has it as an array), an unknown extension, drawing
+/// errors.
 pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
+    for (flag, v) in [("--width", a.width), ("--panel-height", a.panel_height)] {
+        if !(1..=MAX_PIXELS).contains(&v) {
+            bail!("{flag} {v} is out of range: expected 1 to {MAX_PIXELS} pixels");
+        }
+    }
     register_font();
     if a.heatmap {
         return heatmap::plot_heatmaps(a);

@@ -182,6 +182,7 @@ fn train_locked(
 ) -> anyhow::Result<RunSummary> {
     let writer = dp.as_ref().is_none_or(|c| c.rank() == 0);
     let mut run = Run::start(cfg, opts, dp)?;
+    signals::started();
     let bar = progress_bar(opts.progress && writer, run.start, cfg.raw.train.steps);
     crate::log::set_bar(bar.as_ref());
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
@@ -461,10 +462,10 @@ impl Run<'_> {
         };
         if self.skipped_in_row >= self.cfg.raw.train.max_skipped_in_row {
             bail!(
-                "{} steps in a row (the last: step {t}) had a non-finite loss or gradient; \
+                "{} in a row (the last: step {t}) had a non-finite loss or gradient; \
                  stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
                  the rewards and behaviour log-probs of the data",
-                self.skipped_in_row,
+                crate::log::counted(u64::from(self.skipped_in_row), "step"),
                 self.last_ckpt
                     .as_ref()
                     .map(|p| p.display().to_string())

@@ -60,15 +60,15 @@ pub fn check_optimizer(v: &OptimizerValues) -> anyhow::Result<()> {
     if let Some(e) = v.eps {
         check(
             e,
-            e.1.is_finite() && e.1 > 0.0,
-            "a finite number > 0 (e.g. 1e-8)",
+            e.1.is_finite() && e.1 > 0.0 && e.1 <= 1.0,
+            "a finite number in (0, 1] (e.g. 1e-8)",
         )?;
     }
     let (_, wd) = v.weight_decay;
     check(
         v.weight_decay,
-        wd.is_finite() && wd >= 0.0,
-        "a finite number >= 0",
+        wd.is_finite() && (0.0..=1e3).contains(&wd),
+        "a finite number in [0, 1000] (AdamW's decoupled decay; 0.01 to 0.1 is usual)",
     )?;
     let (_, c) = v.grad_clip;
     check(
