@@ -69,6 +69,11 @@ pub struct Figure {
     pub smooth: Option<f64>,
     /// Markers on the lines (every point of a short series, about 25 of a long one).
     pub markers: bool,
+    /// Every line solid (no dashes: for long noisy series, where dashes blur).
+    pub solid: bool,
+    /// Axis descriptions on the outer panels only: the y description left of a row's first
+    /// column, "step" under the panels with none below them.
+    pub outer_labels: bool,
 }
 
 /// Pixel rectangle `((x0, y0), (x1, y1))`, corners included.
@@ -324,7 +329,9 @@ where
             c => c.min(row.panels.len().max(1)),
         };
         let cells = plot_area.split_evenly((lines_of(row), cols));
-        for (panel, cell) in row.panels.iter().zip(&cells) {
+        for (j, (panel, cell)) in row.panels.iter().zip(&cells).enumerate() {
+            let show_y = !fig.outer_labels || j % cols == 0;
+            let show_x = !fig.outer_labels || j + cols >= row.panels.len();
             let mut builder = ChartBuilder::on(cell);
             if let Some(c) = &panel.caption {
                 builder.caption(c.as_str(), ("sans-serif", 14));
@@ -340,8 +347,8 @@ where
                 .map_err(err)?;
             chart
                 .configure_mesh()
-                .x_desc("step")
-                .y_desc(row.y_desc.as_str())
+                .x_desc(if show_x { "step" } else { "" })
+                .y_desc(if show_y { row.y_desc.as_str() } else { "" })
                 .x_labels(x_labels)
                 .y_labels(6)
                 .x_label_formatter(&step_label)
@@ -389,8 +396,9 @@ where
                         drawn.push(seg.to_vec());
                     }
                 }
+                let dashes = if fig.solid { None } else { dash(r) };
                 for seg in &drawn {
-                    match dash(r) {
+                    match dashes {
                         None => chart
                             .draw_series(LineSeries::new(seg.iter().copied(), stroke))
                             .map(|_| ()),
@@ -423,7 +431,8 @@ where
             let y = 40 + 20 * i as i32;
             let c = color(r);
             let (x_a, x_b) = (6, 34);
-            let segs: Vec<(i32, i32)> = match dash(r) {
+            let dashes = if fig.solid { None } else { dash(r) };
+            let segs: Vec<(i32, i32)> = match dashes {
                 None => vec![(x_a, x_b)],
                 Some((d, g)) => (x_a..x_b)
                     .step_by((d + g) as usize)
@@ -578,6 +587,8 @@ mod tests {
             cols: 3,
             smooth: None,
             markers: true,
+            solid: false,
+            outer_labels: true,
         };
         let (w, h) = (1200, 900);
         let (_, l) = svg_string((w, h), &fig).unwrap();

@@ -28,15 +28,29 @@ pub const FORMAT: u32 = 1;
 pub const SERIES: [&str; 4] = ["clip_frac", "ratio/min", "ratio/max", "entropy"];
 
 /// Significant digits the training series keep (the figures draw them as 1-2 px lines).
-pub const SIGNIFICANT: usize = 4;
+pub const SIGNIFICANT: usize = 3;
 
 /// A series over consecutive steps from `start`; `None` where a step has no value.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Steps {
     /// First step.
     pub start: u64,
-    /// One value per step from `start`.
+    /// One value per step from `start` (whole numbers written without `.0`).
+    #[serde(serialize_with = "short_numbers")]
     pub values: Vec<Option<f64>>,
+}
+
+/// Writes whole numbers as integers (`0`, not `0.0`): the file is mostly such zeros and ones.
+fn short_numbers<S: serde::Serializer>(v: &[Option<f64>], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for x in v {
+        match x {
+            Some(y) if y.fract() == 0.0 && y.abs() < 1e15 => seq.serialize_element(&(*y as i64))?,
+            _ => seq.serialize_element(x)?,
+        }
+    }
+    seq.end()
 }
 
 impl Steps {
@@ -209,5 +223,9 @@ mod tests {
         assert_eq!(s.values[2], None);
         assert_eq!(s.points(), [(1.0, 0.1235), (2.0, 1e-7), (4.0, 12350.0)]);
         assert_eq!(round(0.0, 4), 0.0);
+        let z = Steps::from_points(&[(3.0, 0.0), (4.0, 1.0), (5.0, 0.5)], 4);
+        let j = serde_json::to_string(&z).unwrap();
+        assert_eq!(j, r#"{"start":3,"values":[0,1,0.5]}"#);
+        assert_eq!(serde_json::from_str::<Steps>(&j).unwrap(), z);
     }
 }

@@ -87,12 +87,12 @@ pub fn family(label: &str) -> &str {
         .unwrap_or(label)
 }
 
-/// Seeds shown in a title: "3 seeds", "1 seed".
+/// What a title says of the seeds: "mean of 3 seeds; band: lowest to highest seed", "1 seed".
 fn seeds_text(n: usize) -> String {
     if n == 1 {
         "1 seed".into()
     } else {
-        format!("{n} seeds")
+        format!("mean of {n} seeds; band: lowest to highest seed")
     }
 }
 
@@ -215,7 +215,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             .max()
             .unwrap_or(0);
         let title = format!(
-            "Held-out accuracy at sync interval {v} (mean of {}; band: lowest to highest seed)",
+            "Held-out accuracy at sync interval {v} ({})",
             seeds_text(seeds)
         );
         out.push(Drawn {
@@ -234,6 +234,8 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                 cols: COLS,
                 smooth: None,
                 markers: true,
+                solid: false,
+                outer_labels: true,
             },
         });
 
@@ -245,6 +247,13 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
         {
             p.lines.extend(lower.lines);
         }
+        // Captions (the families) over the first row only: the columns are the same below.
+        let uncaptioned = |mut ps: Vec<Panel>| {
+            for p in &mut ps {
+                p.caption = None;
+            }
+            ps
+        };
         let rows = vec![
             Row {
                 y_desc: "clip fraction".into(),
@@ -253,12 +262,12 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             },
             Row {
                 y_desc: "log10 ratio: max, min".into(),
-                panels: ratio,
+                panels: uncaptioned(ratio),
                 legend: Vec::new(),
             },
             Row {
                 y_desc: "entropy (nats/token)".into(),
-                panels: panels("entropy", smooth_w, &|y| y),
+                panels: uncaptioned(panels("entropy", smooth_w, &|y| y)),
                 legend: Vec::new(),
             },
         ];
@@ -268,8 +277,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             String::new()
         };
         let title = format!(
-            "Training diagnostics at sync interval {v} (mean of {}; band: lowest to highest \
-             seed{avg})",
+            "Training diagnostics at sync interval {v} ({}{avg})",
             seeds_text(seeds)
         );
         out.push(Drawn {
@@ -284,6 +292,8 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                 cols: 0,
                 smooth: None,
                 markers: false,
+                solid: true,
+                outer_labels: true,
             },
         });
     }
@@ -335,7 +345,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
         let cols = panels.len().min(COLS);
         let lines = panels.len().div_ceil(COLS) as u32;
         let title = format!(
-            "Held-out accuracy across sync intervals (mean of {}; band: lowest to highest seed)",
+            "Held-out accuracy across sync intervals ({})",
             seeds_text(seeds)
         );
         out.push(Drawn {
@@ -354,6 +364,8 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                 cols: COLS,
                 smooth: None,
                 markers: true,
+                solid: false,
+                outer_labels: true,
             },
         });
     }

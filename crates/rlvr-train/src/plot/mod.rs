@@ -220,6 +220,8 @@ pub(crate) fn figure(
         cols: 0,
         smooth,
         markers: true,
+        solid: false,
+        outer_labels: false,
     }
 }
 
