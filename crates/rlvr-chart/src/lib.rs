@@ -69,7 +69,8 @@ pub struct Figure {
     pub smooth: Option<f64>,
     /// Markers on the lines (every point of a short series, about 25 of a long one).
     pub markers: bool,
-    /// Every line solid (no dashes: for long noisy series, where dashes blur).
+    /// Lines solid while their colour is unique (no dashes: for long noisy series, where dashes
+    /// blur); styles past [`PALETTE`]'s length, whose colours repeat, keep their dashes.
     pub solid: bool,
     /// Axis descriptions on the outer panels only: the y description left of a row's first
     /// column, "step" under the panels with none below them.
@@ -396,7 +397,11 @@ where
                         drawn.push(seg.to_vec());
                     }
                 }
-                let dashes = if fig.solid { None } else { dash(r) };
+                let dashes = if fig.solid && r < PALETTE.len() {
+                    None
+                } else {
+                    dash(r)
+                };
                 for seg in &drawn {
                     match dashes {
                         None => chart
@@ -431,7 +436,11 @@ where
             let y = 40 + 20 * i as i32;
             let c = color(r);
             let (x_a, x_b) = (6, 34);
-            let dashes = if fig.solid { None } else { dash(r) };
+            let dashes = if fig.solid && r < PALETTE.len() {
+                None
+            } else {
+                dash(r)
+            };
             let segs: Vec<(i32, i32)> = match dashes {
                 None => vec![(x_a, x_b)],
                 Some((d, g)) => (x_a..x_b)
