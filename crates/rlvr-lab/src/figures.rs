@@ -1,60 +1,21 @@
-//! The lab's figures, each as SVG and PNG (plotters; DejaVu Sans from rlvr-fonts, built in, so no
-//! system font is needed):
-//! - `accuracy_vV`: held-out accuracy against step at sync interval V, one curve per algorithm (mean
-//!   over seeds) with a band from the lowest to the highest seed;
+//! The lab's figures, each as SVG and PNG, drawn from [`LabData`] (the lab's `lab_data.json`) with
+//! rlvr-chart, the small-multiples code `rlvr plot --facet` draws with: panels on shared axes, one
+//! title, the legend in its own column right of the data, integer steps, a band from the lowest to
+//! the highest seed under each mean curve.
+//! - `accuracy_vV`: held-out accuracy against step at sync interval V, one panel per algorithm
+//!   family (the label's first word: GRPO, REINFORCE, REC, OPMD, AsymRE, RED), one curve per arm;
 //! - `intervals`: one panel per algorithm run at several intervals, one curve per interval;
-//! - `diagnostics_vV`: clip fraction, log10 of the importance ratio's min and max, and entropy
-//!   against step at interval V (moving average over `smooth` steps when `smooth` > 1).
+//! - `diagnostics_vV`: rows clip fraction, log10 of the importance ratio's max and min, entropy, by
+//!   the same family panels as `accuracy_vV` (moving average over `smooth` steps when > 1).
 //!
-//! Legends sit in their own column right of the data; the palette has no pale colours.
+//! [`figures`] builds them as data ([`Drawn`]); [`write_all`] draws them. A redraw from
+//! lab_data.json builds the same data, which a test compares.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-use plotters::coord::Shift;
-use plotters::prelude::*;
+use rlvr_chart::{Figure, Line, Panel, Row};
 
-use crate::summary::{read_lines, series, RunSummary};
-
-/// Twelve dark, distinct colours (Tableau/ColorBrewer-derived; no yellow or pale tints).
-pub const PALETTE: [RGBColor; 12] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-    RGBColor(230, 97, 0),
-    RGBColor(0, 0, 0),
-    RGBColor(140, 81, 10),
-    RGBColor(197, 27, 125),
-    RGBColor(1, 102, 94),
-    RGBColor(102, 102, 102),
-    RGBColor(37, 52, 148),
-    RGBColor(122, 122, 0),
-];
-
-/// One curve: mean points and an optional (x, low, high) band.
-struct Curve {
-    color: RGBColor,
-    mean: Vec<(f64, f64)>,
-    band: Vec<(f64, f64, f64)>,
-}
-
-struct Panel {
-    title: String,
-    y_desc: String,
-    curves: Vec<Curve>,
-}
-
-fn register_font() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = plotters::style::register_font(
-            "sans-serif",
-            FontStyle::Normal,
-            rlvr_fonts::DEJAVU_SANS,
-        );
-    });
-}
+use crate::data::{LabData, RunData};
 
 /// Trailing moving average over `w` points (w ≤ 1: unchanged).
 pub fn smooth(pts: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
@@ -79,7 +40,7 @@ type Series = Vec<(f64, f64)>;
 type Band = Vec<(f64, f64, f64)>;
 
 /// Mean over seeds per step, and the band from the lowest to the highest seed (steps present in
-/// every series only).
+/// every series only; no band for one series).
 fn aggregate(runs: &[Series]) -> (Series, Band) {
     let Some(first) = runs.first() else {
         return (Vec::new(), Vec::new());
@@ -106,269 +67,246 @@ fn aggregate(runs: &[Series]) -> (Series, Band) {
     (mean, band)
 }
 
-fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
-    anyhow::anyhow!("drawing: {e}")
+/// One figure to draw: file stem, size in pixels, the figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    /// File name without extension (`accuracy_v16`).
+    pub stem: String,
+    /// Width and height in pixels.
+    pub size: (u32, u32),
+    /// What is drawn.
+    pub figure: Figure,
 }
 
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    panels: &[Panel],
-    cols: usize,
-    legend: &[(String, RGBColor)],
-) -> anyhow::Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    root.fill(&WHITE).map_err(err)?;
-    let (w, _) = root.dim_in_pixel();
-    let (plots, key) = root.split_horizontally(w.saturating_sub(230));
-    // The legend column, outside every data area.
-    for (i, (name, c)) in legend.iter().enumerate() {
-        let y = 40 + 22 * i as i32;
-        key.draw(&PathElement::new(vec![(8, y), (36, y)], c.stroke_width(3)))
-            .map_err(err)?;
-        key.draw(&Text::new(name.clone(), (44, y - 7), ("sans-serif", 14)))
-            .map_err(err)?;
+/// An algorithm's family: its label's first word (`REC-OneSide-IS` → `REC`, `GRPO (paper B)` →
+/// `GRPO`).
+pub fn family(label: &str) -> &str {
+    label
+        .split(['-', ' '])
+        .find(|w| !w.is_empty())
+        .unwrap_or(label)
+}
+
+/// What a title says of the seeds: "mean of 3 seeds; band: lowest to highest seed", "1 seed".
+fn seeds_text(n: usize) -> String {
+    if n == 1 {
+        "1 seed".into()
+    } else {
+        format!("mean of {n} seeds; band: lowest to highest seed")
     }
-    let rows = panels.len().div_ceil(cols.max(1));
-    let areas = plots.split_evenly((rows.max(1), cols.max(1)));
-    for (panel, area) in panels.iter().zip(areas.iter()) {
-        let pts = panel.curves.iter().flat_map(|c| {
-            c.mean
-                .iter()
-                .map(|p| (p.0, p.1, p.1))
-                .chain(c.band.iter().copied())
-        });
-        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for (x, lo, hi) in pts {
-            if !(lo.is_finite() && hi.is_finite()) {
-                continue;
-            }
-            x0 = x0.min(x);
-            x1 = x1.max(x);
-            y0 = y0.min(lo);
-            y1 = y1.max(hi);
-        }
-        if x0 > x1 {
-            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-        }
-        if x1 <= x0 {
-            x1 = x0 + 1.0;
-        }
-        let pad = if y1 > y0 { 0.05 * (y1 - y0) } else { 0.5 };
-        let mut chart = ChartBuilder::on(area)
-            .caption(&panel.title, ("sans-serif", 17))
-            .margin(10)
-            .x_label_area_size(36)
-            .y_label_area_size(56)
-            .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .x_label_formatter(&step_label)
-            .y_desc(&panel.y_desc)
-            .label_style(("sans-serif", 13))
-            .light_line_style(RGBColor(235, 235, 235))
-            .draw()
-            .map_err(err)?;
-        for c in &panel.curves {
-            if c.band.len() > 1 {
-                let mut poly: Vec<(f64, f64)> = c.band.iter().map(|b| (b.0, b.2)).collect();
-                poly.extend(c.band.iter().rev().map(|b| (b.0, b.1)));
-                chart
-                    .draw_series(std::iter::once(Polygon::new(
-                        poly,
-                        c.color.mix(0.18).filled(),
-                    )))
-                    .map_err(err)?;
-            }
-            chart
-                .draw_series(LineSeries::new(
-                    c.mean.iter().copied(),
-                    c.color.stroke_width(2),
-                ))
-                .map_err(err)?;
-        }
-    }
-    root.present().map_err(err)?;
-    Ok(())
 }
 
-/// Writes STEM.svg and STEM.png; returns both paths.
-fn save(
-    stem: &Path,
-    size: (u32, u32),
-    panels: &[Panel],
-    cols: usize,
-    legend: &[(String, RGBColor)],
-) -> anyhow::Result<Vec<PathBuf>> {
-    let svg = stem.with_extension("svg");
-    let png = stem.with_extension("png");
-    draw(
-        SVGBackend::new(&svg, size).into_drawing_area(),
-        panels,
-        cols,
-        legend,
-    )
-    .with_context(|| format!("{}", svg.display()))?;
-    draw(
-        BitMapBackend::new(&png, size).into_drawing_area(),
-        panels,
-        cols,
-        legend,
-    )
-    .with_context(|| format!("{}", png.display()))?;
-    Ok(vec![svg, png])
+/// Columns of panels per line.
+const COLS: usize = 3;
+/// Height of one line of panels, pixels.
+const PANEL_H: u32 = 290;
+/// Width of one panel, pixels.
+const PANEL_W: u32 = 380;
+
+/// A width that holds `title` (20 px DejaVu Sans, about 12 px a character) and at least `w`.
+fn fit_title(title: &str, w: u32) -> u32 {
+    w.max(title.chars().count() as u32 * 12 + 40)
 }
 
-/// Per-run series of `key` mapped by `f`, smoothed over `w` steps.
-fn run_series(
-    runs: &[&RunSummary],
-    key: &str,
-    w: usize,
-    f: impl Fn(f64) -> f64,
-) -> Vec<Vec<(f64, f64)>> {
-    runs.iter()
-        .map(|r| {
-            let s: Vec<(f64, f64)> = series(&read_lines(Path::new(&r.run_dir)), key)
-                .into_iter()
-                .map(|(x, y)| (x, f(y)))
-                .filter(|p| p.1.is_finite())
-                .collect();
-            smooth(&s, w)
-        })
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-fn curve(color: RGBColor, runs: &[Vec<(f64, f64)>]) -> Curve {
-    let (mean, band) = aggregate(runs);
-    Curve { color, mean, band }
-}
-
-/// Draws every figure of the lab from `runs` into `out`; returns the files written. `smooth` is
-/// the moving-average window of the training diagnostics (1 = raw).
-///
-/// # Errors
-/// I/O and drawing errors.
-// One block per figure of the module docs' list, in that order, each choosing its runs and series
-// and calling the shared drawing code, so the figures are found in one place.
-pub fn write_all(out: &Path, runs: &[RunSummary], smooth_w: usize) -> anyhow::Result<Vec<PathBuf>> {
-    register_font();
+/// The lab's figures as data (see the module docs). `smooth_w` is the moving-average window of
+/// the training diagnostics (1 = raw).
+// One block per figure of the module docs' list, in that order; the runs are grouped by arm (the
+// sweep's order), arms by interval and family.
+pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
+    let runs = &data.runs;
+    let mut arms: Vec<&str> = Vec::new();
     let mut labels: Vec<&str> = Vec::new();
     let mut intervals: Vec<u64> = Vec::new();
-    let mut arms: Vec<&str> = Vec::new();
     for r in runs {
-        if !labels.contains(&r.label.as_str()) {
-            labels.push(&r.label);
+        let s = &r.summary;
+        if !arms.contains(&s.arm.as_str()) {
+            arms.push(&s.arm);
         }
-        if !intervals.contains(&r.interval) {
-            intervals.push(r.interval);
+        if !labels.contains(&s.label.as_str()) {
+            labels.push(&s.label);
         }
-        if !arms.contains(&r.arm.as_str()) {
-            arms.push(&r.arm);
+        if !intervals.contains(&s.interval) {
+            intervals.push(s.interval);
         }
     }
     intervals.sort_unstable();
-    let color_of =
-        |label: &str| PALETTE[labels.iter().position(|l| *l == label).unwrap_or(0) % PALETTE.len()];
-    let of_arm = |arm: &str| -> Vec<&RunSummary> { runs.iter().filter(|r| r.arm == arm).collect() };
-    let mut files = Vec::new();
+    let of_arm =
+        |arm: &str| -> Vec<&RunData> { runs.iter().filter(|r| r.summary.arm == arm).collect() };
+    let first = |arm: &str| &of_arm(arm)[0].summary;
+    // Per-run series of `key` mapped by `f` and smoothed over `w` steps, then mean and band.
+    let line = |arm: &str, style: usize, key: &str, w: usize, f: &dyn Fn(f64) -> f64| {
+        let per_run: Vec<Series> = of_arm(arm)
+            .iter()
+            .map(|r| {
+                let s: Series = r
+                    .points(key)
+                    .into_iter()
+                    .map(|(x, y)| (x, f(y)))
+                    .filter(|p| p.1.is_finite())
+                    .collect();
+                smooth(&s, w)
+            })
+            .filter(|s| !s.is_empty())
+            .collect();
+        let (points, band) = aggregate(&per_run);
+        Line {
+            style,
+            points,
+            band,
+        }
+    };
+    let pct = |y: f64| 100.0 * y;
+    let mut out = Vec::new();
 
     for &v in &intervals {
         let here: Vec<&str> = arms
             .iter()
             .copied()
-            .filter(|a| of_arm(a)[0].interval == v)
+            .filter(|a| first(a).interval == v)
             .collect();
-        let legend: Vec<(String, RGBColor)> = here
+        let mut families: Vec<&str> = Vec::new();
+        for a in &here {
+            let f = family(&first(a).label);
+            if !families.contains(&f) {
+                families.push(f);
+            }
+        }
+        // Styles in legend order: arms grouped by family.
+        let ordered: Vec<&str> = families
+            .iter()
+            .flat_map(|f| {
+                here.iter()
+                    .copied()
+                    .filter(move |a| family(&first(a).label) == *f)
+            })
+            .collect();
+        let style = |a: &str| ordered.iter().position(|x| *x == a).unwrap_or(0);
+        let legend: Vec<(String, usize)> = ordered
             .iter()
             .map(|a| {
-                let r = of_arm(a)[0];
-                let name = if r.offset > 0 {
-                    format!("{} (o={})", r.label, r.offset)
+                let s = first(a);
+                let name = if s.offset > 0 {
+                    format!("{} (o={})", s.label, s.offset)
                 } else {
-                    r.label.clone()
+                    s.label.clone()
                 };
-                (name, color_of(&r.label))
+                (name, style(a))
             })
             .collect();
         let seeds = of_arm(here[0]).len();
-        let acc = Panel {
-            title: format!(
-                "held-out accuracy, sync interval {v} (mean, band: min-max over {seeds} seed(s))"
-            ),
-            y_desc: "accuracy %".into(),
-            curves: here
+        let panels = |key: &str, w: usize, f: &dyn Fn(f64) -> f64| -> Vec<Panel> {
+            families
                 .iter()
-                .map(|a| {
-                    curve(
-                        color_of(&of_arm(a)[0].label),
-                        &run_series(&of_arm(a), "eval/accuracy", 1, |y| 100.0 * y),
-                    )
+                .map(|fam| Panel {
+                    caption: Some(fam.to_string()),
+                    lines: ordered
+                        .iter()
+                        .filter(|a| family(&first(a).label) == *fam)
+                        .map(|a| line(a, style(a), key, w, f))
+                        .collect(),
                 })
-                .collect(),
+                .collect()
         };
-        files.extend(save(
-            &out.join(format!("accuracy_v{v}")),
-            (1000, 450),
-            &[acc],
-            1,
-            &legend,
-        )?);
-        let diag = |key: &str, title: &str, y: &str, f: fn(f64) -> f64| Panel {
-            title: format!(
-                "{title}, interval {v}{}",
-                if smooth_w > 1 {
-                    format!(" (moving average {smooth_w})")
-                } else {
-                    String::new()
-                }
-            ),
-            y_desc: y.into(),
-            curves: here
-                .iter()
-                .map(|a| {
-                    curve(
-                        color_of(&of_arm(a)[0].label),
-                        &run_series(&of_arm(a), key, smooth_w, f),
-                    )
-                })
-                .collect(),
-        };
-        let mut ratio = diag(
-            "ratio/max",
-            "log10 importance ratio: max (upper) and min (lower)",
-            "log10 ratio",
-            f64::log10,
+        let cols = families.len().min(COLS);
+        let lines = families.len().div_ceil(COLS) as u32;
+        let legend_w = legend
+            .iter()
+            .map(|l| l.0.len() as u32 * 7 + 50)
+            .max()
+            .unwrap_or(0);
+        let title = format!(
+            "Held-out accuracy at sync interval {v} ({})",
+            seeds_text(seeds)
         );
-        ratio
-            .curves
-            .extend(diag("ratio/min", "", "", f64::log10).curves);
-        let panels = [
-            diag("clip_frac", "clip fraction", "fraction", |y| y),
-            ratio,
-            diag("entropy", "entropy", "nats/token", |y| y),
+        out.push(Drawn {
+            stem: format!("accuracy_v{v}"),
+            size: (
+                fit_title(&title, PANEL_W * cols as u32 + legend_w),
+                PANEL_H * lines + 40,
+            ),
+            figure: Figure {
+                title: Some(title),
+                rows: vec![Row {
+                    y_desc: "held-out accuracy (%)".into(),
+                    panels: panels("eval/accuracy", 1, &pct),
+                    legend: legend.clone(),
+                }],
+                cols: COLS,
+                smooth: None,
+                markers: true,
+                solid: false,
+                outer_labels: true,
+            },
+        });
+
+        // Diagnostics: one row per quantity, the families side by side.
+        let mut ratio = panels("ratio/max", smooth_w, &f64::log10);
+        for (p, lower) in ratio
+            .iter_mut()
+            .zip(panels("ratio/min", smooth_w, &f64::log10))
+        {
+            p.lines.extend(lower.lines);
+        }
+        // Captions (the families) over the first row only: the columns are the same below.
+        let uncaptioned = |mut ps: Vec<Panel>| {
+            for p in &mut ps {
+                p.caption = None;
+            }
+            ps
+        };
+        let rows = vec![
+            Row {
+                y_desc: "clip fraction".into(),
+                panels: panels("clip_frac", smooth_w, &|y| y),
+                legend: legend.clone(),
+            },
+            Row {
+                y_desc: "log10 ratio: max, min".into(),
+                panels: uncaptioned(ratio),
+                legend: Vec::new(),
+            },
+            Row {
+                y_desc: "entropy (nats/token)".into(),
+                panels: uncaptioned(panels("entropy", smooth_w, &|y| y)),
+                legend: Vec::new(),
+            },
         ];
-        files.extend(save(
-            &out.join(format!("diagnostics_v{v}")),
-            (1000, 900),
-            &panels,
-            1,
-            &legend,
-        )?);
+        let avg = if smooth_w > 1 {
+            format!("; moving average over {smooth_w} steps")
+        } else {
+            String::new()
+        };
+        let title = format!(
+            "Training diagnostics at sync interval {v} ({}{avg})",
+            seeds_text(seeds)
+        );
+        out.push(Drawn {
+            stem: format!("diagnostics_v{v}"),
+            size: (
+                fit_title(&title, (PANEL_W - 60) * families.len() as u32 + legend_w),
+                3 * (PANEL_H - 30) + 40,
+            ),
+            figure: Figure {
+                title: Some(title),
+                rows,
+                cols: 0,
+                smooth: None,
+                markers: false,
+                solid: true,
+                outer_labels: true,
+            },
+        });
     }
 
-    // Each algorithm across intervals.
+    // Each algorithm across intervals (offset-0 arms).
     let multi: Vec<&str> = labels
         .iter()
         .copied()
         .filter(|l| {
             let mut vs: Vec<u64> = runs
                 .iter()
-                .filter(|r| r.label == *l)
-                .map(|r| r.interval)
+                .filter(|r| r.summary.label == *l && r.summary.offset == 0)
+                .map(|r| r.summary.interval)
                 .collect();
             vs.sort_unstable();
             vs.dedup();
@@ -376,57 +314,88 @@ pub fn write_all(out: &Path, runs: &[RunSummary], smooth_w: usize) -> anyhow::Re
         })
         .collect();
     if !multi.is_empty() {
-        let icolor =
-            |v: u64| PALETTE[intervals.iter().position(|x| *x == v).unwrap_or(0) % PALETTE.len()];
-        let legend: Vec<(String, RGBColor)> = intervals
+        let istyle = |v: u64| intervals.iter().position(|x| *x == v).unwrap_or(0);
+        let legend: Vec<(String, usize)> = intervals
             .iter()
-            .map(|&v| (format!("interval {v}"), icolor(v)))
+            .map(|&v| (format!("interval {v}"), istyle(v)))
             .collect();
         let panels: Vec<Panel> = multi
             .iter()
             .map(|l| Panel {
-                title: format!("{l}: held-out accuracy"),
-                y_desc: "accuracy %".into(),
-                curves: arms
+                caption: Some(l.to_string()),
+                lines: intervals
                     .iter()
-                    .filter(|a| of_arm(a)[0].label == *l && of_arm(a)[0].offset == 0)
-                    .map(|a| {
-                        curve(
-                            icolor(of_arm(a)[0].interval),
-                            &run_series(&of_arm(a), "eval/accuracy", 1, |y| 100.0 * y),
-                        )
+                    .filter_map(|&v| {
+                        arms.iter()
+                            .copied()
+                            .find(|a| {
+                                let s = first(a);
+                                s.label == *l && s.offset == 0 && s.interval == v
+                            })
+                            .map(|a| line(a, istyle(v), "eval/accuracy", 1, &pct))
                     })
                     .collect(),
             })
             .collect();
-        let cols = if panels.len() > 1 { 2 } else { 1 };
-        let rows = panels.len().div_ceil(cols) as u32;
-        files.extend(save(
-            &out.join("intervals"),
-            (1100, 340 * rows),
-            &panels,
-            cols,
-            &legend,
-        )?);
+        let seeds = runs
+            .iter()
+            .map(|r| r.summary.seed)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let cols = panels.len().min(COLS);
+        let lines = panels.len().div_ceil(COLS) as u32;
+        let title = format!(
+            "Held-out accuracy across sync intervals ({})",
+            seeds_text(seeds)
+        );
+        out.push(Drawn {
+            stem: "intervals".into(),
+            size: (
+                fit_title(&title, PANEL_W * cols as u32 + 150),
+                PANEL_H * lines + 40,
+            ),
+            figure: Figure {
+                title: Some(title),
+                rows: vec![Row {
+                    y_desc: "held-out accuracy (%)".into(),
+                    panels,
+                    legend,
+                }],
+                cols: COLS,
+                smooth: None,
+                markers: true,
+                solid: false,
+                outer_labels: true,
+            },
+        });
     }
-    Ok(files)
+    out
 }
 
-/// Step ticks as integers ("20", not "20.0"); a fractional tick gets no label (as `rlvr plot`'s).
-fn step_label(x: &f64) -> String {
-    if x.fract() == 0.0 {
-        format!("{x:.0}")
-    } else {
-        String::new()
+/// Draws every figure of the lab from `data` into `out`, as `.svg` and `.png`; returns the files
+/// written. `smooth_w` is the moving-average window of the training diagnostics (1 = raw).
+///
+/// # Errors
+/// I/O and drawing errors.
+pub fn write_all(out: &Path, data: &LabData, smooth_w: usize) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for d in figures(data, smooth_w) {
+        for ext in ["svg", "png"] {
+            let p = out.join(format!("{}.{ext}", d.stem));
+            rlvr_chart::save(&p, d.size, &d.figure)?;
+            files.push(p);
+        }
     }
+    Ok(files)
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn step_ticks_are_integers() {
-        assert_eq!(super::step_label(&20.0), "20");
-        assert_eq!(super::step_label(&0.0), "0");
-        assert_eq!(super::step_label(&12.5), "");
+    fn families_are_the_labels_first_word() {
+        assert_eq!(super::family("REC-OneSide-IS"), "REC");
+        assert_eq!(super::family("GRPO (paper B)"), "GRPO");
+        assert_eq!(super::family("AsymRE"), "AsymRE");
+        assert_eq!(super::family("off_policy_grpo"), "off_policy_grpo");
     }
 }

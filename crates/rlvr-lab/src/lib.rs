@@ -8,12 +8,15 @@
 //!   accept them), plus the lab's `lab.json` and `lab.log`;
 //! - `warm_start/seed-S/`: the quickstart's warm start of seed S (`rlvr quickstart --warm-start-only`);
 //! - `summary.json`, `summary.md` ([`summary`]), `verdicts.json`, `verdicts.md` ([`verdict`]), the
-//!   figures as `.svg` and `.png` ([`figures`]) and `lab.json` (the sweep, wall time, load).
+//!   figures as `.svg` and `.png` ([`figures`]) and `lab.json` (the sweep, wall time, load);
+//! - `lab_data.json` ([`data`]): the small per-run data all of those are made from;
+//!   `rlvr lab --redraw DIR` remakes them from it alone, without the run directories.
 //!
 //! Process handling and resume: see [`runner`].
 
 #![deny(unsafe_code)] // two audited exceptions in runner.rs: installing a signal handler, prctl in pre_exec
 
+pub mod data;
 pub mod figures;
 pub mod runner;
 pub mod summary;
@@ -51,9 +54,18 @@ pub struct LabArgs {
     /// Only these arms (name or preset; repeatable).
     #[arg(long)]
     pub only: Vec<String>,
-    /// Moving-average window of the diagnostics figures (default: the sweep's `[lab].smooth`).
+    /// Moving-average window of the diagnostics figures (default: the sweep's `[lab].smooth`;
+    /// with --redraw, the window the lab drew with).
     #[arg(long)]
     pub smooth: Option<usize>,
+    /// Run nothing: remake the summaries, verdicts and figures of the lab directory DIR from its
+    /// lab_data.json alone (no run directories or sweep file needed), into DIR, or into --out.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = ["sweep", "jobs", "fast", "dry_run", "only"]
+    )]
+    pub redraw: Option<PathBuf>,
 }
 
 fn load_avg() -> Option<String> {
@@ -81,8 +93,8 @@ fn fmt_min(s: f64) -> String {
     format!("{:.0} min {:02.0} s", (s / 60.0).floor(), s % 60.0)
 }
 
-/// Reads the runs under `out`, writes summary.json/md, the figures and verdicts.json/md, and
-/// returns the verdicts.
+/// Reads the runs under `out`, writes lab_data.json ([`data`]) and then, from that file alone, summary.json/md,
+/// the figures and verdicts.json/md ([`analyse_data`]); returns the verdicts.
 ///
 /// # Errors
 /// I/O and drawing errors.
@@ -97,10 +109,26 @@ pub fn analyse(
         .filter(|r| sweep.run_dir(out, r).join("metrics.jsonl").exists())
         .map(|r| summary::summarise(sweep, out, r))
         .collect();
+    data::LabData::collect(&runs, smooth).write(out)?;
+    // Drawn from the file as written (JSON's decimal numbers), as a redraw from it is.
+    analyse_data(&data::LabData::read(out)?, out, smooth)
+}
+
+/// Writes summary.json/md, the figures and verdicts.json/md of `d` into `out`; returns the
+/// verdicts. `rlvr lab` and `rlvr lab --redraw` both end here.
+///
+/// # Errors
+/// I/O and drawing errors.
+pub fn analyse_data(
+    d: &data::LabData,
+    out: &Path,
+    smooth: usize,
+) -> anyhow::Result<Vec<verdict::Verdict>> {
+    let runs = d.summaries();
     let stats = summary::arm_stats(&runs);
     summary::write(out, &runs, &stats)?;
     if !runs.is_empty() {
-        figures::write_all(out, &runs, smooth)?;
+        figures::write_all(out, d, smooth)?;
     }
     let vs = verdict::verdicts(&stats, verdict::MARGIN);
     let p = out.join("verdicts.json");
@@ -114,6 +142,48 @@ pub fn analyse(
     Ok(vs)
 }
 
+/// `rlvr lab --redraw DIR [--out OUT] [--smooth W]`: reads DIR/lab_data.json and writes the
+/// summaries, verdicts and figures (and, into another OUT, the data file too); returns the
+/// verdicts.
+///
+/// # Errors
+/// A missing or malformed lab_data.json, I/O and drawing errors.
+pub fn redraw(
+    dir: &Path,
+    out: Option<&Path>,
+    smooth: Option<usize>,
+) -> anyhow::Result<Vec<verdict::Verdict>> {
+    let d = data::LabData::read(dir)?;
+    let out = out.unwrap_or(dir);
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    if out.canonicalize().ok() != dir.canonicalize().ok() {
+        // The file itself (re-serialising parsed floats need not give the same digits).
+        let (from, to) = (dir.join(data::FILE), out.join(data::FILE));
+        std::fs::copy(&from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    }
+    analyse_data(&d, out, smooth.unwrap_or(d.smooth))
+}
+
+fn print_verdicts(vs: &[verdict::Verdict], out: &mut dyn Write) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "\n{:<4} {:<14} {:<15} claim",
+        "", "status", "paired by seed"
+    )?;
+    for v in vs {
+        writeln!(
+            out,
+            "{:<4} {:<14} {:<15} {}",
+            v.claim,
+            v.status.name(),
+            v.paired_status.map_or("–", |p| p.name()),
+            v.statement
+        )?;
+    }
+    Ok(())
+}
+
 /// Runs `rlvr lab`: the sweep (resuming what a previous lab on the same directory left), then the
 /// analysis; prints the verdict table.
 ///
@@ -124,6 +194,21 @@ pub fn analyse(
 // most lines are the printing.
 pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let t0 = Instant::now();
+    if let Some(dir) = &a.redraw {
+        let vs = redraw(dir, a.out.as_deref(), a.smooth)?;
+        print_verdicts(&vs, out)?;
+        let to = a.out.as_deref().unwrap_or(dir);
+        writeln!(
+            out,
+            "lab: redrawn from {} in {}: {}, {}, {}",
+            dir.join(data::FILE).display(),
+            fmt_min(t0.elapsed().as_secs_f64()),
+            to.join("summary.md").display(),
+            to.join("verdicts.md").display(),
+            to.join("accuracy_v*.png").display(),
+        )?;
+        return Ok(());
+    }
     let text = match &a.sweep {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
@@ -230,21 +315,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "failures": outcome.failures,
         }),
     )?;
-    writeln!(
-        out,
-        "\n{:<4} {:<14} {:<15} claim",
-        "", "status", "paired by seed"
-    )?;
-    for v in &vs {
-        writeln!(
-            out,
-            "{:<4} {:<14} {:<15} {}",
-            v.claim,
-            v.status.name(),
-            v.paired_status.map_or("–", |p| p.name()),
-            v.statement
-        )?;
-    }
+    print_verdicts(&vs, out)?;
     writeln!(
         out,
         "lab: {} ({} kept, {} children started) in {} (all invocations on this directory: \

@@ -1,7 +1,7 @@
 //! CI smoke test of `rlvr lab` through the binary: a tiny sweep (2 arms, one seed, the quickstart's
 //! `--fast` warm start) is killed with SIGKILL while its second run is mid-way, then rerun: the
 //! finished run is kept untouched, the unfinished one resumes from its checkpoint, and the summary,
-//! verdicts and figures are complete.
+//! verdicts and figures are complete; `rlvr lab --redraw` remakes them from lab_data.json alone.
 //!
 //! The `rlvr` binary is the one next to this test's directory (target/debug/rlvr, built by
 //! `cargo test --workspace` or `cargo build -p rlvr`), or `$RLVR_BIN`.
@@ -191,6 +191,30 @@ fn lab_killed_mid_run_resumes_and_completes() {
         assert!(read(&out.join(format!("{f}.svg"))).contains("<svg"), "{f}");
         let png = std::fs::read(out.join(format!("{f}.png"))).unwrap();
         assert_eq!(&png[1..4], b"PNG", "{f}");
+    }
+    // `rlvr lab --redraw` from lab_data.json alone (copied away from the run directories) gives
+    // the same summary and verdicts, and the figures.
+    let alone = tmp.path().join("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::copy(out.join("lab_data.json"), alone.join("lab_data.json")).unwrap();
+    let redraw = Command::new(rlvr_bin())
+        .args(["lab", "--redraw"])
+        .arg(&alone)
+        .output()
+        .unwrap();
+    assert!(
+        redraw.status.success(),
+        "{}",
+        String::from_utf8_lossy(&redraw.stderr)
+    );
+    for f in ["summary.json", "summary.md", "verdicts.json", "verdicts.md"] {
+        assert!(read(&out.join(f)) == read(&alone.join(f)), "{f} differs");
+    }
+    for f in ["accuracy_v1", "accuracy_v4", "diagnostics_v4"] {
+        assert!(
+            read(&alone.join(format!("{f}.svg"))).contains("<svg"),
+            "{f}"
+        );
     }
     // Every run directory is an ordinary one: `rlvr plot` reads it.
     let plot = Command::new(rlvr_bin())

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 /// Layer of each workspace crate (lower = more basic). A new crate must be added here.
 const LAYERS: &[(&str, u32)] = &[
     ("rlvr-fonts", 0),
+    ("rlvr-chart", 1),
     ("rlvr-kernels", 0),
     ("rlvr-reward", 0),
     ("rlvr-algo", 1),
@@ -29,7 +30,13 @@ const LAYERS: &[(&str, u32)] = &[
     ("rlvr", 6),
 ];
 
-const LIGHT: &[&str] = &["rlvr-fonts", "rlvr-reward", "rlvr-data", "rlvr-lab"];
+const LIGHT: &[&str] = &[
+    "rlvr-fonts",
+    "rlvr-chart",
+    "rlvr-reward",
+    "rlvr-data",
+    "rlvr-lab",
+];
 const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];
 const UNSAFE_DENIED: &[&str] = &["rlvr-lab", "rlvr-dist", "rlvr-reward"];
 

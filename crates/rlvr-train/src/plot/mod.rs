@@ -12,10 +12,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use plotters::coord::cartesian::Cartesian2d;
-use plotters::coord::types::RangedCoordf64;
-use plotters::coord::Shift;
-use plotters::prelude::*;
+pub use rlvr_chart::{ema, register_font, segments, step_label, Series, PALETTE};
+use rlvr_chart::{Figure, Line, Panel, Row};
 
 use crate::store::metrics::read_metrics;
 
@@ -60,9 +58,6 @@ pub struct PlotArgs {
     #[arg(long)]
     pub heatmap: bool,
 }
-
-/// One run's series of one metric: (step, value) with nulls skipped.
-pub type Series = Vec<(f64, f64)>;
 
 /// The file and key a `metric` of `run` is read from: `diagnostics/KEY` from diagnostics.jsonl
 /// beside it, any other key from a run directory's metrics.jsonl, or from `run` itself when it is
@@ -137,41 +132,8 @@ pub fn labels(runs: &[PathBuf], labels: &[String]) -> anyhow::Result<Vec<String>
     Ok(out)
 }
 
-/// The series cut at its gaps: where consecutive steps are more than 1.5 × the median spacing
-/// apart (a null, a missing step, an evaluation not made), so no line bridges them.
-pub fn segments(s: &[(f64, f64)]) -> Vec<&[(f64, f64)]> {
-    if s.len() < 2 {
-        return vec![s];
-    }
-    let mut dx: Vec<f64> = s.windows(2).map(|w| w[1].0 - w[0].0).collect();
-    dx.sort_by(f64::total_cmp);
-    let median = dx[dx.len() / 2];
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 1..s.len() {
-        if s[i].0 - s[i - 1].0 > 1.5 * median {
-            out.push(&s[start..i]);
-            start = i;
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
 /// The widest `--width` and tallest `--panel-height`, in pixels (a PNG of 16384² is 1 GiB).
 pub const MAX_PIXELS: u32 = 16384;
-
-/// TensorBoard's smoothing: y′₀ = y₀, y′ᵢ = w·y′ᵢ₋₁ + (1 − w)·yᵢ, over one segment.
-pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
-    let mut last = None;
-    s.iter()
-        .map(|&(x, y)| {
-            let v = last.map_or(y, |l: f64| w * l + (1.0 - w) * y);
-            last = Some(v);
-            (x, v)
-        })
-        .collect()
-}
 
 /// The y axis label of a metric: its name and unit (`time/train_s (s)`, `tokens_per_s
 /// (tokens/s)`, accuracies and fractions as `(fraction)`).
@@ -212,279 +174,58 @@ pub(crate) fn run_name(run: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
-pub(crate) fn register_font() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = plotters::style::register_font(
-            "sans-serif",
-            FontStyle::Normal,
-            rlvr_fonts::DEJAVU_SANS,
-        );
-    });
-}
-
-/// The line colours, in run order: the Okabe-Ito colour-blind-safe set without its yellow, orange and
-/// sky blue (too pale on white), then darker extras. Each has a contrast ratio of at least 3:1
-/// against white (WCAG 2 for graphics).
-pub const PALETTE: [(u8, u8, u8); 8] = [
-    (0, 114, 178),   // blue
-    (213, 94, 0),    // vermillion
-    (0, 158, 115),   // bluish green
-    (204, 121, 167), // reddish purple
-    (0, 0, 0),       // black
-    (140, 86, 75),   // brown
-    (117, 112, 179), // violet
-    (102, 102, 102), // grey
-];
-
-/// Dash pattern of run r (dash length, gap) in pixels; `None` = solid. Combined with the marker
-/// shape, runs whose curves coincide stay distinguishable.
-fn dash(r: usize) -> Option<(u32, u32)> {
-    [None, Some((8, 4)), Some((3, 3)), Some((12, 4))][(r / PALETTE.len() + r) % 4]
-}
-
-/// Draws run r's marker (circle, triangle, square, cross, in turn) at each of `points` of `chart`.
-fn markers<DB>(
-    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
-    r: usize,
-    points: &[(f64, f64)],
-    color: RGBAColor,
-) -> anyhow::Result<()>
-where
-    DB: DrawingBackend,
-    DB::ErrorType: 'static,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
-    let st = color.filled();
-    let at = |p: &(f64, f64)| EmptyElement::<(f64, f64), DB>::at(*p);
-    match r % 4 {
-        0 => chart
-            .draw_series(points.iter().map(|p| at(p) + Circle::new((0, 0), 4, st)))
-            .map(|_| ()),
-        1 => chart
-            .draw_series(
-                points
-                    .iter()
-                    .map(|p| at(p) + TriangleMarker::new((0, 0), 5, st)),
-            )
-            .map(|_| ()),
-        2 => chart
-            .draw_series(
-                points
-                    .iter()
-                    .map(|p| at(p) + Rectangle::new([(-4, -4), (4, 4)], st)),
-            )
-            .map(|_| ()),
-        _ => chart
-            .draw_series(
-                points
-                    .iter()
-                    .map(|p| at(p) + Cross::new((0, 0), 4, color.stroke_width(2))),
-            )
-            .map(|_| ()),
-    }
-    .map_err(err)
-}
-
-fn run_color(r: usize) -> RGBAColor {
-    let (red, g, b) = PALETTE[r % PALETTE.len()];
-    RGBColor(red, g, b).to_rgba()
-}
-
-/// Integer step labels only: a fractional tick gets no label.
-pub(crate) fn step_label(x: &f64) -> String {
-    if x.fract() == 0.0 {
-        format!("{x:.0}")
-    } else {
-        String::new()
-    }
-}
-
-/// Short y tick labels: up to 4 significant digits, scientific beyond 1e5 or under 1e-3. `span`
-/// is the axis range: a tick within 1e-9 of the span from 0 is 0 (plotters computes ticks by
-/// adding steps, so the tick at 0 of the axis -0.5..0.5 comes out as -5.6e-17).
-fn value_label(y: f64, span: f64) -> String {
-    let a = y.abs();
-    if y == 0.0 || a <= 1e-9 * span {
-        "0".into()
-    } else if !(1e-3..1e5).contains(&a) {
-        format!("{y:.1e}")
-    } else {
-        let s = format!("{y:.4}");
-        let s = s.trim_end_matches('0').trim_end_matches('.');
-        s.to_string()
-    }
-}
-
-// One panel per metric: the chart (caption, "step" and metric axis labels, integer step ticks, one
-// line per run with markers) on the left, the legend in its own column on the right so that it
-// never covers a curve.
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
+/// The figure of `rlvr plot`: one row per metric (y axis: the metric and its unit), in it one
+/// panel with a line per run and the runs' legend beside it, or with `facet` one captioned panel
+/// per run on the row's axes and no legend (the captions name the runs).
+pub(crate) fn figure(
     metrics: &[String],
     data: &[(String, Vec<Series>)],
     smooth: Option<f64>,
     title: Option<&str>,
     facet: bool,
-) -> anyhow::Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
-    root.fill(&WHITE).map_err(err)?;
-    let root = match title {
-        Some(t) => root.titled(t, ("sans-serif", 20)).map_err(err)?,
-        None => root,
+) -> Figure {
+    let line = |r: usize, k: usize| Line {
+        style: r,
+        points: data[r].1[k].clone(),
+        band: Vec::new(),
     };
-    let (width, _) = root.dim_in_pixel();
-    // Legend column: the longest name at ~7 px a character (12 px DejaVu Sans) plus the line sample.
-    let longest = data
+    let rows = metrics
         .iter()
-        .map(|(n, _)| n.chars().count())
-        .max()
-        .unwrap_or(0);
-    // (Not clamp: a narrow --width makes width / 3 smaller than 80.)
-    let legend_w = if facet {
-        0
-    } else {
-        (longest as u32 * 7 + 50).max(80).min(width / 3)
-    };
-    let panels = root.split_evenly((metrics.len(), 1));
-    for (k, (panel, metric)) in panels.iter().zip(metrics).enumerate() {
-        let (plot_area, legend_area) = panel.split_horizontally(width - legend_w);
-        let pts: Vec<&(f64, f64)> = data.iter().flat_map(|(_, s)| s[k].iter()).collect();
-        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for &&(x, y) in &pts {
-            x0 = x0.min(x);
-            x1 = x1.max(x);
-            y0 = y0.min(y);
-            y1 = y1.max(y);
-        }
-        if pts.is_empty() {
-            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-        }
-        // Half a step (or 2% of the span) on each side, so end markers are not cut.
-        let xpad = (0.02 * (x1 - x0)).max(0.5);
-        let ypad = if y1 > y0 {
-            0.06 * (y1 - y0)
-        } else {
-            0.5_f64.max(0.1 * y0.abs())
-        };
-        // At most one label per step and ten in all: key points then fall on integers.
-        let x_labels = ((x1 - x0).floor() as usize + 1).clamp(1, 10);
-        // One chart, or with --facet one per run side by side on the same axes.
-        let cells: Vec<Option<usize>> = if facet {
-            (0..data.len()).map(Some).collect()
-        } else {
-            vec![None]
-        };
-        let areas = plot_area.split_evenly((1, cells.len()));
-        for (cell, cell_area) in cells.iter().copied().zip(&areas) {
-            let mut builder = ChartBuilder::on(cell_area);
-            if let Some(c) = cell {
-                builder.caption(data[c].0.as_str(), ("sans-serif", 14));
-            }
-            let mut chart = builder
-                .margin_top(12)
-                .margin_left(8)
-                .margin_bottom(8)
-                .margin_right(24)
-                .x_label_area_size(40)
-                .y_label_area_size(72)
-                .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
-                .map_err(err)?;
-            chart
-                .configure_mesh()
-                .x_desc("step")
-                .y_desc(axis_label(metric))
-                .x_labels(x_labels)
-                .y_labels(6)
-                .x_label_formatter(&step_label)
-                .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
-                .label_style(("sans-serif", 12))
-                .axis_desc_style(("sans-serif", 13))
-                .light_line_style(WHITE.mix(0.0))
-                .bold_line_style(BLACK.mix(0.12))
-                .draw()
-                .map_err(err)?;
-            for (r, (_, series)) in data.iter().enumerate() {
-                if cell.is_some_and(|c| c != r) {
-                    continue;
-                }
-                let color = run_color(r);
-                let line = color.stroke_width(2);
-                let raw = &series[k];
-                let mut smoothed = Vec::new();
-                for seg in segments(raw) {
-                    if let Some(w) = smooth {
-                        // The raw series faint, without markers, under the smoothed one.
-                        let faint = color.mix(0.25).stroke_width(1);
-                        chart
-                            .draw_series(LineSeries::new(seg.iter().copied(), faint))
-                            .map_err(err)?;
-                        smoothed.push(ema(seg, w));
-                    } else {
-                        smoothed.push(seg.to_vec());
-                    }
-                }
-                for seg in &smoothed {
-                    match dash(r) {
-                        None => chart
-                            .draw_series(LineSeries::new(seg.iter().copied(), line))
-                            .map(|_| ()),
-                        Some((d, g)) => chart
-                            .draw_series(DashedLineSeries::new(seg.iter().copied(), d, g, line))
-                            .map(|_| ()),
-                    }
-                    .map_err(err)?;
-                }
-                let s: Series = smoothed.concat();
-                // Markers: every point of a short series (so a one-point series shows), about 25 of
-                // a long one.
-                let stride = s.len().div_ceil(25).max(1);
-                let at: Vec<(f64, f64)> = s.iter().step_by(stride).copied().collect();
-                markers(&mut chart, r, &at, color)?;
-            }
-        }
-        if facet {
-            continue;
-        }
-        // Legend: a line sample with the run's marker and dash, then its name.
-        let style = ("sans-serif", 12).into_font().color(&BLACK);
-        for (r, (name, _)) in data.iter().enumerate() {
-            let y = 40 + 20 * r as i32;
-            let color = run_color(r);
-            let (x_a, x_b) = (6, 34);
-            let segs: Vec<(i32, i32)> = match dash(r) {
-                None => vec![(x_a, x_b)],
-                Some((d, g)) => (x_a..x_b)
-                    .step_by((d + g) as usize)
-                    .map(|s| (s, (s + d as i32).min(x_b)))
-                    .collect(),
-            };
-            for (a, b) in segs {
-                legend_area
-                    .draw(&PathElement::new(
-                        vec![(a, y), (b, y)],
-                        color.stroke_width(2),
-                    ))
-                    .map_err(err)?;
-            }
-            let (c, st) = ((20, y), color.filled());
-            match r % 4 {
-                0 => legend_area.draw(&Circle::new(c, 4, st)),
-                1 => legend_area.draw(&TriangleMarker::new(c, 5, st)),
-                2 => legend_area.draw(&Rectangle::new([(16, y - 4), (24, y + 4)], st)),
-                _ => legend_area.draw(&Cross::new(c, 4, color.stroke_width(2))),
-            }
-            .map_err(err)?;
-            legend_area
-                .draw(&Text::new(name.clone(), (40, y - 7), style.clone()))
-                .map_err(err)?;
-        }
+        .enumerate()
+        .map(|(k, metric)| Row {
+            y_desc: axis_label(metric),
+            panels: if facet {
+                (0..data.len())
+                    .map(|r| Panel {
+                        caption: Some(data[r].0.clone()),
+                        lines: vec![line(r, k)],
+                    })
+                    .collect()
+            } else {
+                vec![Panel {
+                    caption: None,
+                    lines: (0..data.len()).map(|r| line(r, k)).collect(),
+                }]
+            },
+            legend: if facet {
+                Vec::new()
+            } else {
+                data.iter()
+                    .enumerate()
+                    .map(|(r, (n, _))| (n.clone(), r))
+                    .collect()
+            },
+        })
+        .collect();
+    Figure {
+        title: title.map(str::to_string),
+        rows,
+        cols: 0,
+        smooth,
+        markers: true,
+        solid: false,
+        outer_labels: false,
     }
-    root.present().map_err(err)?;
-    Ok(())
 }
 
 /// Draws the plot `a` describes. Returns the number of points drawn (with `--heatmap`, the number
@@ -531,36 +272,21 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
         .sum();
     let title_h = if a.title.is_some() { 30 } else { 0 };
     let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
+    let fig = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
     let ext = a
         .out
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("svg")
         .to_ascii_lowercase();
-    match ext.as_str() {
-        "svg" => draw(
-            SVGBackend::new(&a.out, size).into_drawing_area(),
-            &a.metrics,
-            &data,
-            a.smooth,
-            a.title.as_deref(),
-            a.facet,
-        )
-        .with_context(|| format!("writing --out {}", a.out.display()))?,
-        "png" => draw(
-            BitMapBackend::new(&a.out, size).into_drawing_area(),
-            &a.metrics,
-            &data,
-            a.smooth,
-            a.title.as_deref(),
-            a.facet,
-        )
-        .with_context(|| format!("writing --out {}", a.out.display()))?,
-        e => bail!(
-            "--out {}: unknown extension `{e}` (use .svg or .png)",
+    if !matches!(ext.as_str(), "svg" | "png") {
+        bail!(
+            "--out {}: unknown extension `{ext}` (use .svg or .png)",
             a.out.display()
-        ),
+        );
     }
+    rlvr_chart::save(&a.out, size, &fig)
+        .with_context(|| format!("writing --out {}", a.out.display()))?;
     Ok(points)
 }
 
@@ -576,21 +302,4 @@ pub fn run_plot(a: &PlotArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         serde_json::json!({"out": a.out, "points": points})
     )?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::value_label;
-
-    #[test]
-    fn tick_labels_round_float_noise_at_zero_only() {
-        // plotters' tick at 0 of the axis -0.5..0.5 (seen in a PNG of a flat zero series).
-        assert_eq!(value_label(-5.551115123125783e-17, 1.0), "0");
-        assert_eq!(value_label(0.0, 1.0), "0");
-        assert_eq!(value_label(0.2, 1.0), "0.2");
-        assert_eq!(value_label(-0.4, 1.0), "-0.4");
-        // A genuinely small value on a small axis keeps its value.
-        assert_eq!(value_label(2e-4, 1e-3), "2.0e-4");
-        assert_eq!(value_label(123456.0, 1e6), "1.2e5");
-    }
 }
