@@ -15,7 +15,7 @@
 #
 # Prints, per run: time/train_s of each step from metrics.jsonl (the trainer step: forward,
 # backward, AdamW) and their mean over the steps after the first (the first also pays one-time
-# costs, about 20-26 s at this shape: the steady state is what a run of many steps sees), the whole
+# costs, about 20-26 s at this shape: first-touch page faults of the first update's allocations; the steady state is what a run of many steps sees), the whole
 # process's CPU time (user + system: loading, the identical sampling and the steps) and peak RSS
 # (GNU time), and the loss (0: random weights
 # reward nothing; the equality of the two modes' values is tests/shared_prompt.rs's job).
