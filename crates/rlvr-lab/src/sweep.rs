@@ -317,6 +317,11 @@ impl Sweep {
             if self.arms.is_empty() {
                 bail!("--only {only:?} matches no arm of the sweep");
             }
+            // [fast].arms was checked against the whole sweep; it names a subset of what is left.
+            let arms = &self.arms;
+            if let Some(f) = self.fast.as_mut() {
+                f.arms.retain(|n| arms.iter().any(|a| a.name == *n));
+            }
         }
         self.check()?;
         Ok(self)

@@ -73,3 +73,24 @@ fn warm_start_paths_are_relative_to_the_sweep_file() {
         Some("models/seed-{seed}/sft")
     );
 }
+
+/// `--only` without `--fast` on the built-in sweep: its `[fast].arms` names arms that `--only`
+/// left out, which is no error (it was: "[fast].arms names `grpo_v16`, which is no [[arm]]").
+#[test]
+fn only_without_fast_on_the_built_in_sweep_keeps_the_named_arms() {
+    let s = Sweep::load(None)
+        .unwrap()
+        .select(false, &["grpo_v1".into()])
+        .unwrap();
+    let names: Vec<&str> = s.arms.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["grpo_v1"]);
+    let s = Sweep::load(None)
+        .unwrap()
+        .select(true, &["grpo_v16".into()])
+        .unwrap();
+    assert_eq!(s.arms.len(), 1);
+    assert!(Sweep::load(None)
+        .unwrap()
+        .select(false, &["no_such_arm".into()])
+        .is_err());
+}
