@@ -257,6 +257,17 @@ impl Communicator for Box<dyn Communicator> {
     }
 }
 
+/// Writes `text` and a newline to stderr in one `write` call (a line of a rank's own report):
+/// stderr is unbuffered and `mpirun` forwards each write as it comes, so a line written in pieces
+/// can be split by `mpirun`'s own report of the abort that follows. Errors are ignored (stderr
+/// gone is nothing to report to).
+pub fn say_whole(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{text}\n").as_bytes());
+}
+
 /// One communicator shared by several owners of one rank (the trainer's metadata gathers and the
 /// optimizer's [`crate::DistReduce`]): a cloneable handle that locks it for each collective.
 ///

@@ -1,6 +1,5 @@
 //! [`MpiComm`]: the collectives over MPI (rsmpi, `mpi` 0.8.2 without default features).
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -102,22 +101,13 @@ impl Drop for MpiComm {
     /// their next collective until the timeout. (A normal drop finalises MPI.)
     fn drop(&mut self) {
         if std::thread::panicking() {
-            say_whole(&format!(
+            super::say_whole(&format!(
                 "rlvr-dist: rank {} of {} panicked (message above); aborting the job",
                 self.rank, self.size
             ));
             self.world.abort(PANIC_EXIT_CODE);
         }
     }
-}
-
-/// Writes `line` and its newline to stderr in one `write` call: stderr is unbuffered, and
-/// `mpirun` forwards each write as it comes, so a line written in pieces can be split by
-/// `mpirun`'s own report of the abort that follows.
-fn say_whole(line: &str) {
-    let _ = std::io::stderr()
-        .lock()
-        .write_all(format!("{line}\n").as_bytes());
 }
 
 fn system_op(op: Op) -> SystemOperation {
@@ -357,7 +347,7 @@ impl MpiComm {
                 other.join(", ")
             },
         );
-        say_whole(&line);
+        super::say_whole(&line);
         self.world.abort(TIMEOUT_EXIT_CODE)
     }
 

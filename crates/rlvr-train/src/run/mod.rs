@@ -584,12 +584,10 @@ pub(crate) fn leave_job_on_error<T>(
     match res {
         Err(e) if comm.world_size() > 1 && comm.separate_processes() => {
             let (r, w) = (comm.rank(), comm.world_size());
-            // One write: mpirun forwards each write as it comes (see rlvr-dist's say_whole).
-            let msg = format!(
+            rlvr_dist::comm::say_whole(&format!(
                 "error: {e:#}\nrlvr: rank {r} of {w} failed; it leaves the job without finalising \
-                 MPI, so that the launcher ends the other ranks now\n"
-            );
-            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), msg.as_bytes());
+                 MPI, so that the launcher ends the other ranks now"
+            ));
             rlvr_reward::external::kill_all_groups();
             std::process::exit(1);
         }
