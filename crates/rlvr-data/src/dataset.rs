@@ -1,10 +1,11 @@
 //! Datasets of problems: loaded from files with configurable field names, or generated; turned into
 //! prompts with `max_prompt_len` filtering.
 
+use crate::config::PromptStyle;
 use crate::config::{DataConfig, TaskKind};
 use crate::generate::Split;
-use crate::read::{for_each_record, FieldReader};
-use crate::template::{ChatRenderer, PromptBuilder};
+use crate::read::{for_each_record, FieldReader, QuestionValue};
+use crate::template::{ChatMessage, ChatRenderer, PromptBuilder};
 use crate::{DataError, Result};
 use rlvr_reward::countdown::CountdownProblem;
 use std::collections::HashSet;
@@ -21,6 +22,13 @@ pub struct Problem {
     /// The reference handed to the verifier (`Sample::reference`): GSM8K's full solution, MATH's
     /// answer, countdown's JSON `{"numbers", "target"}`, arithmetic's exact answer.
     pub reference: String,
+    /// The prompt's own chat messages when the row's question field holds a list of them (TRL
+    /// GRPOTrainer's conversational `prompt`, verl's `prompt` column): rendered as they are by
+    /// the chat template, with no template, system prompt or few-shot examples added; the
+    /// `question` variable is then the last (user) message's text. `None` for a question given
+    /// as text, which [`PromptBuilder`] turns into messages. (A boxed slice: 16 bytes a problem,
+    /// where most rows hold none.)
+    pub messages: Option<Box<[ChatMessage]>>,
 }
 
 impl Problem {
@@ -59,6 +67,7 @@ fn countdown_problem(source: String, p: CountdownProblem) -> Problem {
             ("target".into(), target),
         ],
         reference: p.to_reference(),
+        messages: None,
     }
 }
 
@@ -85,25 +94,74 @@ fn check_gsm8k_reference(path: &Path, line: usize, field: &str, reference: &str)
     }
 }
 
+/// A row whose question field holds chat messages is the whole prompt: it needs the chat style
+/// (the model's chat template renders the messages) and takes no `data.system_prompt`,
+/// `data.few_shot` or `data.template`, which would add to or rewrite messages the row already
+/// fixes. `Err` names the config keys at fault, for [`DataError::BadField`]'s reason.
+fn check_messages_config(cfg: &DataConfig) -> std::result::Result<(), String> {
+    if cfg.style != PromptStyle::Chat {
+        return Err(
+            "holds chat messages, which need data.style = \"chat\" (the model's chat template \
+             renders them); with data.style = \"plain\" give the question as a string"
+                .into(),
+        );
+    }
+    let mut keys = Vec::new();
+    if cfg.system_prompt.is_some() {
+        keys.push("data.system_prompt");
+    }
+    if !cfg.few_shot.is_empty() {
+        keys.push("data.few_shot");
+    }
+    if cfg.template.is_some() {
+        keys.push("data.template");
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "holds chat messages, which are the whole prompt, and {} would add to or rewrite them: \
+         unset {}, or write the system message, the example turns or the instructions into the \
+         row's messages",
+        keys.join(" and "),
+        if keys.len() == 1 { "it" } else { "them" }
+    ))
+}
+
 /// Reads the problems of a data file for `cfg.task` with `cfg`'s field names.
+///
+/// A field name with dots reads nested objects when the row has no top-level key of that name
+/// (see [`FieldReader`]). For every task but countdown the question field may hold a list of
+/// chat messages instead of text ([`QuestionValue::Messages`]): the problem keeps them in
+/// [`Problem::messages`], and the row needs `data.style = "chat"` without `data.system_prompt`,
+/// `data.few_shot` or `data.template`.
 ///
 /// # Errors
 /// [`DataError`] naming the file for an empty one; file, line and field for unreadable files,
-/// malformed lines, missing fields and empty questions, then (once every line has its fields) a GSM8K answer without a number after `####`.
+/// malformed lines, missing fields (for a dotted path, which part), empty questions, malformed
+/// chat messages and messages rows under a config that cannot take them (naming its keys),
+/// then (once every line has its fields) a GSM8K answer without a number after `####`.
 pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
     let (qf, af) = cfg.fields();
     // A question that is empty or only whitespace trains the model on the template alone.
-    let question = |r: &FieldReader| -> Result<String> {
-        let q = r.text(&qf, "question_field")?;
-        if q.trim().is_empty() {
-            return Err(DataError::BadField {
-                file: path.to_path_buf(),
-                line: r.record.line,
-                field: qf.clone(),
-                reason: "is empty (a prompt needs a question)".into(),
-            });
+    let question = |r: &FieldReader| -> Result<(String, Option<Box<[ChatMessage]>>)> {
+        let bad = |reason: String| DataError::BadField {
+            file: path.to_path_buf(),
+            line: r.record.line,
+            field: qf.clone(),
+            reason,
+        };
+        match r.question(&qf, "question_field")? {
+            QuestionValue::Text(q) if q.trim().is_empty() => {
+                Err(bad("is empty (a prompt needs a question)".into()))
+            }
+            QuestionValue::Text(q) => Ok((q, None)),
+            QuestionValue::Messages(m) => {
+                check_messages_config(cfg).map_err(bad)?;
+                let last = m.last().expect("question() returns a non-empty list");
+                Ok((last.content.clone(), Some(m.into_boxed_slice())))
+            }
         }
-        Ok(q)
     };
     // One record at a time: a problem keeps the fields it uses, never the record's JSON tree.
     let mut out = Vec::new();
@@ -123,7 +181,8 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                 },
             ),
             TaskKind::Jsonl => {
-                let mut vars = vec![("question".to_string(), question(&r)?)];
+                let (q, messages) = question(&r)?;
+                let mut vars = vec![("question".to_string(), q)];
                 for (k, v) in &record.fields {
                     let s = match v {
                         serde_json::Value::String(s) => s.clone(),
@@ -138,13 +197,18 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                     source,
                     vars,
                     reference: r.text(&af, "answer_field")?,
+                    messages,
                 }
             }
-            _ => Problem {
-                source,
-                vars: vec![("question".into(), question(&r)?)],
-                reference: r.text(&af, "answer_field")?,
-            },
+            _ => {
+                let (q, messages) = question(&r)?;
+                Problem {
+                    source,
+                    vars: vec![("question".into(), q)],
+                    reference: r.text(&af, "answer_field")?,
+                    messages,
+                }
+            }
         };
         let mut problem = problem;
         problem.vars.shrink_to_fit();
@@ -230,6 +294,7 @@ fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
                     source: source(s, i),
                     vars: vec![("question".into(), q.clone())],
                     reference: a,
+                    messages: None,
                 };
                 Ok((q, problem))
             })
@@ -303,7 +368,11 @@ pub fn build_prompts(
     let mut prompts = Vec::with_capacity(dataset.problems.len());
     let (mut dropped, mut max_len) = (0, 0);
     for (k, p) in dataset.problems.iter().enumerate() {
-        let text = builder.render(&p.vars, renderer).map_err(|e| match e {
+        let rendered = match &p.messages {
+            Some(m) => builder.render_messages(m, renderer),
+            None => builder.render(&p.vars, renderer),
+        };
+        let text = rendered.map_err(|e| match e {
             DataError::Template(m) => DataError::Template(format!("{}: {m}", p.source)),
             other => other,
         })?;

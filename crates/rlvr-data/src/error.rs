@@ -36,6 +36,21 @@ pub enum DataError {
         /// The config key that names this field.
         key: &'static str,
     },
+    /// A dotted field path (`reward_model.ground_truth`) does not reach a value: the record has no
+    /// top-level key of that name, and a part of the path is absent, null or not an object.
+    #[error("{}:{line}: missing field `{path}`: {reason} (set data.{key} to the field that holds it)", file.display())]
+    MissingPath {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line or row.
+        line: usize,
+        /// The whole path looked for.
+        path: String,
+        /// Which part was missing, or what was found instead of an object.
+        reason: String,
+        /// The config key that names this field.
+        key: &'static str,
+    },
     /// A field has the wrong type.
     #[error("{}:{line}: field `{field}` {reason}", file.display())]
     BadField {

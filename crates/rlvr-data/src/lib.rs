@@ -1,7 +1,9 @@
 //! Datasets and tasks for RLVR (no tensor library).
 //!
 //! - [`config::DataConfig`]: the `[data]` config table (task, files, field names, template, B, seed).
-//! - [`read`]: JSONL (split on `\n` only) and Parquet records; errors name file, line and field.
+//! - [`read`]: JSONL (split on `\n` only) and Parquet records, fields by name or dotted path
+//!   (verl's `reward_model.ground_truth`), a question as text or chat messages (TRL's and verl's
+//!   conversational `prompt`); errors name file, line and field.
 //! - [`dataset`]: problems of the tasks `gsm8k`, `math500`, `countdown`, `arithmetic` and `jsonl`
 //!   (a custom file naming its verifier), rendered into prompts with `max_prompt_len` filtering.
 //! - [`template`]: plain or chat prompts (the chat template is a caller-supplied renderer), optional

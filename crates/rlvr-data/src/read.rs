@@ -3,8 +3,11 @@
 //! JSONL is split on `\n` only (never on U+2028 / U+2029 / `\r`-only, which `str::lines` in other
 //! languages treats as breaks: GSM8K train row 2381 holds U+2028); blank lines are skipped; a trailing
 //! `\r` is allowed. Parquet is read through the `parquet` crate's record API (Snappy or uncompressed
-//! pages), each row becoming a JSON object. Every error names the file and the 1-based line or row.
+//! pages), each row becoming a JSON object (struct columns become nested objects, list columns
+//! arrays). [`FieldReader`] reads a row's fields by name or dotted path, and a question field as
+//! text or chat messages. Every error names the file and the 1-based line or row.
 
+use crate::template::ChatMessage;
 use crate::{DataError, Result};
 use serde_json::{Map, Value};
 use std::io::{BufRead, BufReader, Read};
@@ -213,6 +216,12 @@ fn for_each_parquet(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Res
 }
 
 /// Field access with errors that name the file, line and field.
+///
+/// A field name is looked up as a top-level key first; when the record has no such key and the
+/// name holds dots, it is read as a path into nested objects: `reward_model.ground_truth` is the
+/// `ground_truth` key of the `reward_model` object (a JSONL object, or a Parquet struct column),
+/// the layout of verl's `examples/data_preprocess/gsm8k.py`. A key that itself holds a dot
+/// (`"a.b": …` at top level) is therefore found as it is, before any path.
 pub struct FieldReader<'a> {
     /// The file the record came from.
     pub file: &'a Path,
@@ -220,16 +229,90 @@ pub struct FieldReader<'a> {
     pub record: &'a Record,
 }
 
+/// A question field's value: text that rlvr renders with the template, or the chat messages of
+/// the prompt itself (TRL GRPOTrainer's conversational `prompt` column, verl's `prompt` column:
+/// a list of `{"role", "content"}` objects).
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuestionValue {
+    /// A string (or a number, written as JSON writes it).
+    Text(String),
+    /// A non-empty list of messages, roles `system`, `user` or `assistant`, the last from `user`.
+    Messages(Vec<ChatMessage>),
+}
+
+/// Looks up `field` in `fields`: the top-level key `field` if present (even when it holds a
+/// dot), else the dotted path through nested objects.
+///
+/// # Errors
+/// Why the value is absent, for [`DataError::MissingPath`]: which part of the path is missing or
+/// not an object (the keys present there are listed).
+fn lookup<'v>(
+    fields: &'v Map<String, Value>,
+    field: &str,
+) -> std::result::Result<&'v Value, String> {
+    if let Some(v) = fields.get(field) {
+        return Ok(v);
+    }
+    let parts: Vec<&str> = field.split('.').collect();
+    if parts.len() < 2 {
+        return Err(String::new());
+    }
+    let mut here = fields;
+    for (i, part) in parts.iter().enumerate() {
+        let at = parts[..i].join(".");
+        let v = match here.get(*part) {
+            Some(v) => v,
+            None if i == 0 => return Err(format!("the record has no `{part}`")),
+            None => {
+                let keys: Vec<&str> = here.keys().map(String::as_str).collect();
+                return Err(format!("`{at}` has no `{part}` (its keys: {keys:?})"));
+            }
+        };
+        if i + 1 == parts.len() {
+            return Ok(v);
+        }
+        match v {
+            Value::Object(m) => here = m,
+            other => {
+                let through = parts[..=i].join(".");
+                return Err(format!(
+                    "`{through}` is {}, not an object holding `{}`",
+                    kind(other),
+                    parts[i + 1]
+                ));
+            }
+        }
+    }
+    unreachable!("a path of two or more parts returns in the loop")
+}
+
 impl FieldReader<'_> {
     fn get(&self, field: &str, key: &'static str) -> Result<&Value> {
-        match self.record.fields.get(field) {
-            Some(Value::Null) | None => Err(DataError::MissingField {
-                file: self.file.to_path_buf(),
-                line: self.record.line,
-                field: field.to_string(),
-                key,
-            }),
-            Some(v) => Ok(v),
+        let missing = |reason: String| {
+            if reason.is_empty() {
+                DataError::MissingField {
+                    file: self.file.to_path_buf(),
+                    line: self.record.line,
+                    field: field.to_string(),
+                    key,
+                }
+            } else {
+                DataError::MissingPath {
+                    file: self.file.to_path_buf(),
+                    line: self.record.line,
+                    path: field.to_string(),
+                    reason,
+                    key,
+                }
+            }
+        };
+        match lookup(&self.record.fields, field) {
+            Ok(Value::Null) if field.contains('.') && !self.record.fields.contains_key(field) => {
+                Err(missing(format!("`{field}` is null")))
+            }
+            Ok(Value::Null) => Err(missing(String::new())),
+            Ok(v) => Ok(v),
+            Err(reason) => Err(missing(reason)),
         }
     }
 
@@ -240,6 +323,100 @@ impl FieldReader<'_> {
             field: field.to_string(),
             reason,
         }
+    }
+
+    /// The question field: text (as [`FieldReader::text`]) or, when it holds a list, the prompt's
+    /// chat messages, each a `{"role", "content"}` object (other keys, such as Parquet's null
+    /// struct members, are ignored).
+    ///
+    /// # Errors
+    /// As [`FieldReader::text`]; for a list, [`DataError::BadField`] naming the message at fault
+    /// (`FIELD[i].role`, `FIELD[i].content`) for an empty list, an item that is not an object, a
+    /// role other than `system`/`user`/`assistant`, a missing or non-string content, or a last
+    /// message not from the user (the model answers the user's last message).
+    pub fn question(&self, field: &str, key: &'static str) -> Result<QuestionValue> {
+        let items = match self.get(field, key)? {
+            Value::Array(items) => items,
+            _ => return self.text(field, key).map(QuestionValue::Text),
+        };
+        if items.is_empty() {
+            return Err(self.bad(
+                field,
+                "is an empty list: a list of chat messages needs at least the user's message"
+                    .into(),
+            ));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let Value::Object(m) = item else {
+                return Err(self.bad(
+                    &format!("{field}[{i}]"),
+                    format!(
+                        "is {}: a list in the question field is read as chat messages, each an \
+                         object {{\"role\": \"user\", \"content\": \"...\"}}",
+                        kind(item)
+                    ),
+                ));
+            };
+            let role = match m.get("role") {
+                Some(Value::String(r)) if matches!(r.as_str(), "system" | "user" | "assistant") => {
+                    r.clone()
+                }
+                Some(Value::Null) | None => {
+                    return Err(self.bad(
+                        &format!("{field}[{i}].role"),
+                        "is missing (a chat message needs a role: system, user or assistant)"
+                            .into(),
+                    ))
+                }
+                Some(other) => {
+                    return Err(self.bad(
+                        &format!("{field}[{i}].role"),
+                        format!(
+                            "is {other}: rlvr reads the roles system, user and assistant (a \
+                             tool or other role's turn cannot be rendered as a prompt here)"
+                        ),
+                    ))
+                }
+            };
+            let content = match m.get("content") {
+                Some(Value::String(c)) => c.clone(),
+                Some(Value::Null) | None => {
+                    return Err(self.bad(
+                        &format!("{field}[{i}].content"),
+                        "is missing (a chat message needs its text as a string)".into(),
+                    ))
+                }
+                Some(other) => {
+                    return Err(self.bad(
+                        &format!("{field}[{i}].content"),
+                        format!(
+                            "must be a string, found {} (multimodal content parts are not read)",
+                            kind(other)
+                        ),
+                    ))
+                }
+            };
+            out.push(ChatMessage { role, content });
+        }
+        let last = out.len() - 1;
+        if out[last].role != "user" {
+            return Err(self.bad(
+                &format!("{field}[{last}].role"),
+                format!(
+                    "is {:?}: the last message must be the user's (the prompt asks the model to \
+                     answer it)",
+                    out[last].role
+                ),
+            ));
+        }
+        if out[last].content.trim().is_empty() {
+            return Err(self.bad(
+                &format!("{field}[{last}].content"),
+                "is empty (a prompt needs a question)".into(),
+            ));
+        }
+        Ok(QuestionValue::Messages(out))
     }
 
     /// A text field; numbers are accepted and written as JSON writes them (`72`, `0.5`).

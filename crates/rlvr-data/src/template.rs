@@ -184,17 +184,42 @@ impl PromptBuilder {
                 }
                 Ok(parts.join("\n\n"))
             }
-            PromptStyle::Chat => {
-                let r = renderer.ok_or_else(|| {
-                    DataError::Template(
-                        "data.style = \"chat\" needs the model's chat template (none was given); use style = \"plain\" for models without one".into(),
-                    )
-                })?;
-                r(&msgs, true)
-                    .map_err(|e| DataError::Template(format!("chat template failed: {e:#}")))
-            }
+            PromptStyle::Chat => chat(&msgs, renderer),
         }
     }
+
+    /// The prompt text of a row that carries its own chat messages (TRL GRPOTrainer's
+    /// conversational `prompt`, verl's `prompt` column): `messages` rendered by the chat template
+    /// with the generation prompt, as they are — exactly what [`PromptBuilder::render`] gives in
+    /// chat style for the same messages built from a question, a system prompt and few-shot
+    /// examples. The builder's template, system prompt and few-shot examples are not used
+    /// ([`crate::dataset::load_file`] refuses such rows when they are set).
+    ///
+    /// # Errors
+    /// [`DataError::Template`] in plain style (messages need a chat template), or when `renderer`
+    /// is `None` or fails.
+    pub fn render_messages(
+        &self,
+        messages: &[ChatMessage],
+        renderer: Option<ChatRenderer<'_>>,
+    ) -> Result<String> {
+        match self.style {
+            PromptStyle::Plain => Err(DataError::Template(
+                "the row holds chat messages, which need data.style = \"chat\"".into(),
+            )),
+            PromptStyle::Chat => chat(messages, renderer),
+        }
+    }
+}
+
+/// `messages` rendered by `renderer` with the generation prompt.
+fn chat(messages: &[ChatMessage], renderer: Option<ChatRenderer<'_>>) -> Result<String> {
+    let r = renderer.ok_or_else(|| {
+        DataError::Template(
+            "data.style = \"chat\" needs the model's chat template (none was given); use style = \"plain\" for models without one".into(),
+        )
+    })?;
+    r(messages, true).map_err(|e| DataError::Template(format!("chat template failed: {e:#}")))
 }
 
 #[cfg(test)]

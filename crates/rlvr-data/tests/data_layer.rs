@@ -135,7 +135,14 @@ fn malformed_lines_and_missing_fields_name_file_line_and_field() {
         train: Some(f.path().into()),
         ..DataConfig::default()
     };
-    assert!(err_of(&cfg).contains(":1: field `question` must be a string"));
+    // A list is read as chat messages (docs/data.md, "Chat messages in the rows").
+    assert!(err_of(&cfg).contains(":1: field `question[0]` is a string: a list in the question field is read as chat messages"));
+    let f = jsonl_file(&[r#"{"question": {"x": 1}, "answer": "1"}"#]);
+    let cfg = DataConfig {
+        train: Some(f.path().into()),
+        ..DataConfig::default()
+    };
+    assert!(err_of(&cfg).contains(":1: field `question` must be a string, found an object"));
     let f = jsonl_file(&["[1, 2]"]);
     let cfg = DataConfig {
         train: Some(f.path().into()),

@@ -1,0 +1,551 @@
+//! The dataset layouts TRL and verl users bring (issue 35): a question field holding chat
+//! messages (TRL GRPOTrainer's conversational `prompt`, verl's `prompt` column) and dotted field
+//! paths into nested objects (verl's `reward_model.ground_truth`, `extra_info.answer`), from JSONL
+//! and from a verl-shaped Parquet file written here; every refusal names file, line and field.
+
+use rlvr_data::config::{DataConfig, FewShotExample, PromptStyle, TaskKind};
+use rlvr_data::dataset::{build_prompts, load_split, Dataset};
+use rlvr_data::generate::Split;
+use rlvr_data::template::PromptBuilder;
+use rlvr_data::ChatMessage;
+use rlvr_reward::combine::VerifierConfig;
+use std::path::Path;
+
+/// A data file `name` in `dir` holding `lines`.
+fn file(dir: &Path, name: &str, lines: &[&str]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+/// A `jsonl` task with the GSM8K verifier reading `train`, its question in `prompt`.
+fn cfg(train: &Path) -> DataConfig {
+    DataConfig {
+        task: TaskKind::Jsonl,
+        train: Some(train.into()),
+        question_field: Some("prompt".into()),
+        verifier: Some(VerifierConfig::Gsm8k {
+            mode: rlvr_reward::gsm8k::Gsm8kMode::Flexible,
+        }),
+        style: PromptStyle::Chat,
+        ..DataConfig::default()
+    }
+}
+
+/// A chat template for tests: each message as `<|role|>content\n`, then `<|assistant|>`.
+fn render(msgs: &[ChatMessage], generation: bool) -> anyhow::Result<String> {
+    let mut s: String = msgs
+        .iter()
+        .map(|m| format!("<|{}|>{}\n", m.role, m.content))
+        .collect();
+    if generation {
+        s.push_str("<|assistant|>");
+    }
+    Ok(s)
+}
+
+/// The prompt texts of `cfg`'s train split, rendered with [`render`].
+fn prompts(cfg: &DataConfig) -> (Dataset, Vec<String>) {
+    let ds = load_split(cfg, Split::Train).unwrap();
+    let set = build_prompts(
+        &ds,
+        &PromptBuilder::from_config(cfg),
+        Some(&render),
+        None,
+        None,
+    )
+    .unwrap();
+    let texts = set.prompts.into_iter().map(|p| p.text).collect();
+    (ds, texts)
+}
+
+/// Loading `cfg`'s train split fails with a message holding every one of `want`.
+fn check_refused(cfg: &DataConfig, want: &[&str]) {
+    let e = load_split(cfg, Split::Train).unwrap_err().to_string();
+    for w in want {
+        assert!(e.contains(w), "{w:?} not in: {e}");
+    }
+}
+
+#[test]
+fn a_messages_row_renders_as_the_same_messages_built_from_a_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = "You are a careful math tutor.";
+    let question = "Ann has 4 pens and gives away 1. How many are left?";
+    // rlvr builds the messages: the system prompt, then the question as the user's message.
+    let built = file(
+        dir.path(),
+        "qa.jsonl",
+        &[&serde_json::json!({"prompt": question, "answer": "3"}).to_string()],
+    );
+    let built_cfg = DataConfig {
+        system_prompt: Some(system.into()),
+        ..cfg(&built)
+    };
+    // The row carries the same messages itself (TRL's conversational `prompt`).
+    let row = serde_json::json!({
+        "prompt": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "answer": "3",
+    });
+    let own = file(dir.path(), "messages.jsonl", &[&row.to_string()]);
+    let (ds_built, built_text) = prompts(&built_cfg);
+    let (ds_own, own_text) = prompts(&cfg(&own));
+    let want = format!("<|system|>{system}\n<|user|>{question}\n<|assistant|>");
+    assert_eq!(built_text, own_text);
+    assert_eq!(own_text, [want]);
+    // The problem keeps the messages; its `question` is the user's text, its reference the answer.
+    let p = &ds_own.problems[0];
+    assert_eq!(
+        p.messages.as_deref(),
+        Some(
+            &[
+                ChatMessage::new("system", system),
+                ChatMessage::new("user", question)
+            ][..]
+        )
+    );
+    assert_eq!(p.question(), question);
+    assert_eq!(p.reference, "3");
+    assert_eq!(ds_built.problems[0].messages, None);
+}
+
+#[test]
+fn a_messages_row_takes_no_task_template_and_keeps_earlier_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    // verl's gsm8k.py layout: the instruction is already in the user's message, the full
+    // solution in `extra_info.answer` (GSM8K's `#### N`), the bare number in `reward_model`.
+    let row = serde_json::json!({
+        "data_source": "openai/gsm8k",
+        "prompt": [
+            {"role": "user", "content": "1 + 1?"},
+            {"role": "assistant", "content": "2"},
+            {"role": "user", "content": "2 + 2? Let's think step by step and output the final answer after \"####\"."},
+        ],
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+        "extra_info": {"split": "train", "index": 0, "answer": "2 + 2 = 4\n#### 4"},
+    });
+    let path = file(dir.path(), "verl.jsonl", &[&row.to_string()]);
+    let gsm8k = DataConfig {
+        task: TaskKind::Gsm8k,
+        answer_field: Some("extra_info.answer".into()),
+        verifier: None,
+        ..cfg(&path)
+    };
+    let (ds, texts) = prompts(&gsm8k);
+    // The gsm8k task's template (its "Let's think step by step" line) is not added again.
+    assert_eq!(
+        texts,
+        [
+            "<|user|>1 + 1?\n<|assistant|>2\n<|user|>2 + 2? Let's think step by step and output \
+          the final answer after \"####\".\n<|assistant|>"
+        ]
+    );
+    assert_eq!(ds.problems[0].reference, "2 + 2 = 4\n#### 4");
+    let jsonl = DataConfig {
+        answer_field: Some("reward_model.ground_truth".into()),
+        ..cfg(&path)
+    };
+    let (ds, _) = prompts(&jsonl);
+    assert_eq!(ds.problems[0].reference, "4");
+    // A `jsonl` row's top-level strings stay template variables (for the verifier's columns).
+    assert!(ds.problems[0]
+        .vars
+        .contains(&("data_source".into(), "openai/gsm8k".into())));
+}
+
+#[test]
+fn messages_rows_are_refused_where_the_config_would_change_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let row = r#"{"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}"#;
+    let path = file(
+        dir.path(),
+        "m.jsonl",
+        &[r#"{"prompt": "1 + 1?", "answer": "2"}"#, row],
+    );
+    let at = format!("{}:2: field `prompt`", path.display());
+    check_refused(
+        &DataConfig {
+            style: PromptStyle::Plain,
+            ..cfg(&path)
+        },
+        &[&at, "holds chat messages", "need data.style = \"chat\""],
+    );
+    check_refused(
+        &DataConfig {
+            system_prompt: Some("Be brief.".into()),
+            ..cfg(&path)
+        },
+        &[
+            &at,
+            "data.system_prompt would add to or rewrite them",
+            "unset it",
+        ],
+    );
+    let few_shot = vec![FewShotExample {
+        question: "1 + 1?".into(),
+        answer: "2".into(),
+    }];
+    check_refused(
+        &DataConfig {
+            few_shot: few_shot.clone(),
+            ..cfg(&path)
+        },
+        &[&at, "data.few_shot would"],
+    );
+    check_refused(
+        &DataConfig {
+            system_prompt: Some("Be brief.".into()),
+            few_shot,
+            template: Some("Q: {question}".into()),
+            ..cfg(&path)
+        },
+        &[
+            &at,
+            "data.system_prompt and data.few_shot and data.template would",
+            "unset them",
+        ],
+    );
+}
+
+#[test]
+fn malformed_messages_are_refused_naming_file_line_and_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        (r#"[]"#, "field `prompt`", "is an empty list"),
+        (
+            r#"["hi"]"#,
+            "field `prompt[0]`",
+            "is a string: a list in the question field is read as chat messages",
+        ),
+        (
+            r#"[{"role": "tool", "content": "42"}, {"role": "user", "content": "?"}]"#,
+            "field `prompt[0].role`",
+            "is \"tool\": rlvr reads the roles system, user and assistant",
+        ),
+        (
+            r#"[{"content": "2 + 2?"}]"#,
+            "field `prompt[0].role`",
+            "is missing",
+        ),
+        (
+            r#"[{"role": "system", "content": "Be brief."}, {"role": "user"}]"#,
+            "field `prompt[1].content`",
+            "is missing (a chat message needs its text as a string)",
+        ),
+        (
+            r#"[{"role": "user", "content": null}]"#,
+            "field `prompt[0].content`",
+            "is missing",
+        ),
+        (
+            r#"[{"role": "user", "content": [{"type": "text", "text": "2 + 2?"}]}]"#,
+            "field `prompt[0].content`",
+            "must be a string, found an array",
+        ),
+        (
+            r#"[{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]"#,
+            "field `prompt[1].role`",
+            "is \"assistant\": the last message must be the user's",
+        ),
+        (
+            r#"[{"role": "user", "content": "  "}]"#,
+            "field `prompt[0].content`",
+            "is empty (a prompt needs a question)",
+        ),
+    ];
+    for (k, (messages, field, reason)) in cases.iter().enumerate() {
+        let row = format!(r#"{{"prompt": {messages}, "answer": "4"}}"#);
+        let path = file(dir.path(), &format!("bad{k}.jsonl"), &[&row]);
+        check_refused(
+            &cfg(&path),
+            &[&format!("{}:1: {field} {reason}", path.display())],
+        );
+    }
+}
+
+#[test]
+fn dotted_fields_read_nested_objects_after_an_exact_top_level_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        dir.path(),
+        "nested.jsonl",
+        &[
+            // A top-level key holding a dot is read as it is, before the path.
+            r#"{"prompt": "a", "a.b": "top", "a": {"b": "nested"}}"#,
+            r#"{"prompt": "b", "a": {"b": "nested"}}"#,
+            r#"{"prompt": "c", "a": {"b": 7}}"#,
+        ],
+    );
+    let c = DataConfig {
+        answer_field: Some("a.b".into()),
+        ..cfg(&path)
+    };
+    let (ds, _) = prompts(&c);
+    let refs: Vec<&str> = ds.problems.iter().map(|p| p.reference.as_str()).collect();
+    assert_eq!(refs, ["top", "nested", "7"]);
+    // Three levels.
+    let path = file(
+        dir.path(),
+        "deep.jsonl",
+        &[r#"{"q": {"text": {"en": "2 + 2?"}}, "answer": "4"}"#],
+    );
+    let c = DataConfig {
+        question_field: Some("q.text.en".into()),
+        ..cfg(&path)
+    };
+    let (ds, texts) = prompts(&c);
+    assert_eq!(ds.problems[0].question(), "2 + 2?");
+    assert_eq!(texts, ["<|user|>2 + 2?\n<|assistant|>"]);
+}
+
+#[test]
+fn a_dotted_path_that_misses_says_which_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        dir.path(),
+        "verl.jsonl",
+        &[
+            r#"{"prompt": "a", "reward_model": {"style": "rule", "ground_truth": "1"}}"#,
+            r#"{"prompt": "b", "reward_model": {"style": "rule"}}"#,
+            r#"{"prompt": "c", "reward_model": "rule"}"#,
+            r#"{"prompt": "d", "reward_model": {"style": "rule", "ground_truth": null}}"#,
+            r#"{"prompt": "e"}"#,
+        ],
+    );
+    let lines = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    let field = "reward_model.ground_truth";
+    let cases: &[(usize, &str)] = &[
+        (
+            2,
+            "`reward_model` has no `ground_truth` (its keys: [\"style\"])",
+        ),
+        (
+            3,
+            "`reward_model` is a string, not an object holding `ground_truth`",
+        ),
+        (4, "`reward_model.ground_truth` is null"),
+        (5, "the record has no `reward_model`"),
+    ];
+    for &(line, reason) in cases {
+        let one = file(dir.path(), "one.jsonl", &[lines[0], lines[line - 1]]);
+        let c = DataConfig {
+            answer_field: Some(field.into()),
+            ..cfg(&one)
+        };
+        check_refused(
+            &c,
+            &[
+                &format!("{}:2: missing field `{field}`: {reason}", one.display()),
+                "(set data.answer_field to the field that holds it)",
+            ],
+        );
+    }
+    // A name without a dot is missing as before.
+    let c = DataConfig {
+        answer_field: Some("ground_truth".into()),
+        ..cfg(&path)
+    };
+    check_refused(
+        &c,
+        &[&format!(
+            "{}:1: missing field `ground_truth` (set data.answer_field",
+            path.display()
+        )],
+    );
+}
+
+/// One leaf column of a Parquet file written by [`write_parquet`]: its non-null values and its
+/// definition and repetition levels (`None` where the column has none).
+#[cfg(feature = "parquet")]
+enum Leaf<'a> {
+    Text(&'a [&'a str], Option<&'a [i16]>, Option<&'a [i16]>),
+    Int(&'a [i64], Option<&'a [i16]>),
+}
+
+/// Writes one row group of `schema` (Snappy) with `leaves` in the schema's leaf order.
+#[cfg(feature = "parquet")]
+fn write_parquet(path: &Path, schema: &str, leaves: &[Leaf]) {
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let schema = Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build(),
+    );
+    let mut w =
+        SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    let mut rg = w.next_row_group().unwrap();
+    for leaf in leaves {
+        let mut col = rg.next_column().unwrap().expect("a leaf per column");
+        match leaf {
+            Leaf::Text(v, def, rep) => {
+                let v: Vec<ByteArray> = v.iter().map(|s| ByteArray::from(*s)).collect();
+                col.typed::<ByteArrayType>()
+                    .write_batch(&v, *def, *rep)
+                    .unwrap();
+            }
+            Leaf::Int(v, def) => {
+                col.typed::<Int64Type>().write_batch(v, *def, None).unwrap();
+            }
+        }
+        col.close().unwrap();
+    }
+    assert!(rg.next_column().unwrap().is_none(), "a leaf left unwritten");
+    rg.close().unwrap();
+    w.close().unwrap();
+}
+
+/// verl's `examples/data_preprocess/gsm8k.py` layout as pyarrow writes it: `prompt` a list of
+/// `{role, content}` structs, `reward_model` a `{style, ground_truth}` struct, `extra_info` a
+/// struct with the full solution. Two rows: a user message alone, and a system and a user one.
+#[cfg(feature = "parquet")]
+const VERL_SCHEMA: &str = "message schema {
+    optional binary data_source (STRING);
+    optional group prompt (LIST) {
+        repeated group list {
+            optional group element {
+                optional binary content (STRING);
+                optional binary role (STRING);
+            }
+        }
+    }
+    optional group reward_model {
+        optional binary ground_truth (STRING);
+        optional binary style (STRING);
+    }
+    optional group extra_info {
+        optional binary answer (STRING);
+        optional int64 index;
+    }
+}";
+
+#[cfg(feature = "parquet")]
+#[test]
+fn a_verl_parquet_file_reads_messages_and_nested_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.parquet");
+    // Leaf levels: `prompt.list.element.*` have definition level 4 (prompt, list, element, the
+    // leaf) and repetition level 1 on a row's second message; struct members level 2.
+    let (msg_def, msg_rep): (&[i16], &[i16]) = (&[4, 4, 4], &[0, 0, 1]);
+    write_parquet(
+        &path,
+        VERL_SCHEMA,
+        &[
+            Leaf::Text(&["openai/gsm8k", "openai/gsm8k"], Some(&[1, 1]), None),
+            Leaf::Text(
+                &["What is 12 + 30?", "Be brief.", "What is 7 * 8?"],
+                Some(msg_def),
+                Some(msg_rep),
+            ),
+            Leaf::Text(&["user", "system", "user"], Some(msg_def), Some(msg_rep)),
+            Leaf::Text(&["42", "56"], Some(&[2, 2]), None),
+            Leaf::Text(&["rule", "rule"], Some(&[2, 2]), None),
+            Leaf::Text(
+                &["12 + 30 = 42\n#### 42", "7 * 8 = 56\n#### 56"],
+                Some(&[2, 2]),
+                None,
+            ),
+            Leaf::Int(&[0, 1], Some(&[2, 2])),
+        ],
+    );
+    // The rows as the reader sees them: nested objects and arrays.
+    let records = rlvr_data::read::read_records(&path).unwrap();
+    assert_eq!(
+        serde_json::Value::Object(records[1].fields.clone()),
+        serde_json::json!({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"content": "Be brief.", "role": "system"},
+                       {"content": "What is 7 * 8?", "role": "user"}],
+            "reward_model": {"ground_truth": "56", "style": "rule"},
+            "extra_info": {"answer": "7 * 8 = 56\n#### 56", "index": 1},
+        })
+    );
+    let c = DataConfig {
+        answer_field: Some("reward_model.ground_truth".into()),
+        ..cfg(&path)
+    };
+    let (ds, texts) = prompts(&c);
+    assert_eq!(
+        texts,
+        [
+            "<|user|>What is 12 + 30?\n<|assistant|>",
+            "<|system|>Be brief.\n<|user|>What is 7 * 8?\n<|assistant|>",
+        ]
+    );
+    let refs: Vec<&str> = ds.problems.iter().map(|p| p.reference.as_str()).collect();
+    assert_eq!(refs, ["42", "56"]);
+    assert_eq!(
+        ds.problems[1].source,
+        format!("{}:2", path.display()),
+        "a Parquet row is its line"
+    );
+    // GSM8K's full solutions are in `extra_info.answer`.
+    let c = DataConfig {
+        task: TaskKind::Gsm8k,
+        answer_field: Some("extra_info.answer".into()),
+        verifier: None,
+        ..c
+    };
+    let (ds, _) = prompts(&c);
+    assert_eq!(ds.problems[0].reference, "12 + 30 = 42\n#### 42");
+    // A path that misses in a struct column names the row, the path and the part.
+    let c = DataConfig {
+        answer_field: Some("reward_model.answer".into()),
+        ..c
+    };
+    check_refused(
+        &c,
+        &[&format!(
+            "{}:1: missing field `reward_model.answer`: `reward_model` has no `answer` (its keys: \
+             [\"ground_truth\", \"style\"])",
+            path.display()
+        )],
+    );
+    // With the plain style the messages are refused, naming the row.
+    let c = DataConfig {
+        style: PromptStyle::Plain,
+        ..c
+    };
+    check_refused(
+        &c,
+        &[&format!(
+            "{}:1: field `prompt` holds chat messages",
+            path.display()
+        )],
+    );
+}
+
+#[cfg(feature = "parquet")]
+#[test]
+fn a_null_message_member_in_parquet_is_a_missing_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("null.parquet");
+    // One row, one message whose content is null (definition level 3: the element is there).
+    write_parquet(
+        &path,
+        VERL_SCHEMA,
+        &[
+            Leaf::Text(&["x"], Some(&[1]), None),
+            Leaf::Text(&[], Some(&[3]), Some(&[0])),
+            Leaf::Text(&["user"], Some(&[4]), Some(&[0])),
+            Leaf::Text(&["4"], Some(&[2]), None),
+            Leaf::Text(&["rule"], Some(&[2]), None),
+            Leaf::Text(&["#### 4"], Some(&[2]), None),
+            Leaf::Int(&[0], Some(&[2])),
+        ],
+    );
+    check_refused(
+        &DataConfig {
+            answer_field: Some("reward_model.ground_truth".into()),
+            ..cfg(&path)
+        },
+        &[&format!(
+            "{}:1: field `prompt[0].content` is missing",
+            path.display()
+        )],
+    );
+}
