@@ -117,10 +117,15 @@ pub struct DataConfig {
     /// Seed of the shuffling and of the generators. Default 0.
     pub seed: u64,
     /// Field (JSONL key, Parquet column) holding the question; default per task (gsm8k `question`,
-    /// math500 `problem`, countdown `nums`, others `question`). docs/data.md shows each layout.
+    /// math500 `problem`, countdown `nums`, others `question`). Its value is text, or (but for
+    /// countdown) a list of chat messages `{"role", "content"}` that is the whole prompt (TRL's
+    /// conversational `prompt`, verl's `prompt` column: needs `style = "chat"`). A name with dots
+    /// (`a.b`) is the top-level key of that name if the row has one, else the path into nested
+    /// objects or Parquet struct columns. docs/data.md shows each layout.
     pub question_field: Option<String>,
     /// Field (JSONL key, Parquet column) holding the reference handed to the verifier; default per
-    /// task (countdown `target`, others `answer`).
+    /// task (countdown `target`, others `answer`). A dotted name reads nested fields as in
+    /// `question_field` (verl's `reward_model.ground_truth`, `extra_info.answer`).
     pub answer_field: Option<String>,
     /// Verifier of a `jsonl` task, an inline table tagged by `kind` (e.g. `{ kind = "math" }`; each
     /// kind's keys follow); required for `task = "jsonl"`, and overrides a built-in task's own
@@ -128,17 +133,21 @@ pub struct DataConfig {
     pub verifier: Option<VerifierConfig>,
     /// Prompt style: `plain` (system prompt, few-shot examples and the question joined by blank
     /// lines) or `chat` (system, user/assistant pairs of the few-shot examples, then the question
-    /// as the user's message, rendered by the model's chat template). Default `plain`.
+    /// as the user's message, rendered by the model's chat template with the generation prompt;
+    /// a row whose question is a list of chat messages is rendered as it is, and needs `chat`).
+    /// Default `plain`.
     pub style: PromptStyle,
     /// Prompt template: `{question}` is the question field; countdown adds `{numbers}` and
     /// `{target}`, a `jsonl` task any string or number field of the row as `{NAME}`; `{{`/`}}` for
     /// literal braces. Default: the task's template (gsm8k and math500 add their answer-format
-    /// instruction, countdown its instructions, others `{question}` alone).
+    /// instruction, countdown its instructions, others `{question}` alone). Not applied to a row
+    /// of chat messages (setting it with such rows is refused).
     pub template: Option<String>,
     /// Optional system prompt (a system message in chat style, the first paragraph in plain style).
+    /// Refused with rows of chat messages (put the system message in the row's list).
     pub system_prompt: Option<String>,
     /// Few-shot examples placed before the question, each a table of `question` (rendered with the
-    /// same template) and `answer`. Default none.
+    /// same template) and `answer`. Default none. Refused with rows of chat messages.
     pub few_shot: Vec<FewShotExample>,
     /// Drop prompts longer than this many tokens (counted by the caller's tokenizer, after the
     /// template and few-shot examples): such a prompt is left out of training, not cut (verl's

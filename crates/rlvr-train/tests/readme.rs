@@ -165,6 +165,21 @@ fn render_chat(msgs: &[rlvr_data::ChatMessage], generation: bool) -> anyhow::Res
     Ok(s)
 }
 
+/// A row's field as docs/data.md says the data layer reads it: the top-level key of that name,
+/// else the dotted path into nested objects; a string as it is, a list of chat messages as its
+/// last message's text, another value as JSON.
+fn field_text(row: &serde_json::Value, field: &str) -> String {
+    let v = row
+        .get(field)
+        .or_else(|| field.split('.').try_fold(row, |v, part| v.get(part)))
+        .unwrap_or_else(|| panic!("{field} not in {row}"));
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(m) => m.last().unwrap()["content"].as_str().unwrap().into(),
+        v => v.to_string(),
+    }
+}
+
 /// Every `toml` example of docs/data.md, with the `jsonl` rows after it written to each data file
 /// it names (a `.parquet` name gets the same rows as the JSON objects the Parquet reader makes,
 /// in a `.jsonl` file, given by `--set`), loads and resolves as `rlvr train --config` does; every
@@ -246,22 +261,27 @@ fn every_data_layout_example_loads_resolves_and_renders() {
                     .iter()
                     .zip(&prepared.prompts.prompts),
             ) {
-                let text = |f: &str| match &row[f] {
-                    serde_json::Value::String(s) => s.clone(),
-                    v => v.to_string(),
-                };
-                assert!(prompt.text.contains(&text(&qf)), "{qf}: {}", prompt.text);
-                assert_eq!(problem.reference, text(&af), "example {examples}");
+                assert!(
+                    prompt.text.contains(&field_text(row, &qf)),
+                    "{qf}: {}",
+                    prompt.text
+                );
+                assert_eq!(
+                    problem.reference,
+                    field_text(row, &af),
+                    "example {examples}"
+                );
             }
         }
     }
     assert!(examples >= 6, "docs/data.md has {examples} examples");
 }
 
-/// docs/data.md says a question field holding chat `messages` (a list) is refused naming the
-/// file, line and field.
+/// docs/data.md says a row whose question field holds chat messages is the prompt itself: it
+/// needs `data.style = "chat"` (refused naming file, line and field with `"plain"`), and
+/// `data.system_prompt` with it is refused naming the key.
 #[test]
-fn a_messages_list_as_question_is_refused_naming_the_field() {
+fn a_messages_row_needs_the_chat_style_and_no_system_prompt() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("train.jsonl");
     std::fs::write(
@@ -277,13 +297,26 @@ fn a_messages_list_as_question_is_refused_naming_the_field() {
     let e = rlvr_data::dataset::load_file(&d, &path)
         .unwrap_err()
         .to_string();
+    let at = format!("{}:1: field `question` holds chat messages", path.display());
     assert!(
-        e.contains("train.jsonl")
-            && e.contains(":1")
-            && e.contains("question")
-            && e.contains("must be a string"),
+        e.contains(&at) && e.contains("data.style = \"chat\""),
         "{e}"
     );
+    let d = rlvr_data::config::DataConfig {
+        style: rlvr_data::config::PromptStyle::Chat,
+        system_prompt: Some("Be brief.".into()),
+        ..d
+    };
+    let e = rlvr_data::dataset::load_file(&d, &path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&at) && e.contains("data.system_prompt"), "{e}");
+    let d = rlvr_data::config::DataConfig {
+        system_prompt: None,
+        ..d
+    };
+    let p = rlvr_data::dataset::load_file(&d, &path).unwrap();
+    assert_eq!(p[0].question(), "Hi");
 }
 
 /// The Markdown docs whose config keys are checked: every README.md of the repository, every

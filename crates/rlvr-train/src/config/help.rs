@@ -350,7 +350,9 @@ pub const ALIASES: &[Alias] = &[
         name: "prompt_key",
         peer: "verl",
         ours: "data.question_field",
-        note: "the column holding the question (rlvr renders the prompt from it)",
+        note: "the column holding the question: text rlvr renders with data.template, or verl's \
+               list of chat messages, rendered as it is with data.style = \"chat\" (a nested \
+               column is a dotted path: data.answer_field = \"reward_model.ground_truth\")",
     },
     Alias {
         name: "total_training_steps",
