@@ -94,8 +94,8 @@ fn a_messages_row_gives_the_token_ids_of_the_same_messages_built_by_rlvr() {
         "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n\
          <|im_start|>assistant\n"
     );
-    assert_eq!(built.texts, [want.clone()]);
-    assert_eq!(own.texts, [want.clone()]);
+    assert_eq!(built.texts, own.texts);
+    assert_eq!(own.texts, std::slice::from_ref(&want));
     assert_eq!(built_ids, own_ids);
     assert_eq!(own_ids[0], tok.encode(&want, false).unwrap());
     assert!(own_ids[0].len() > 20, "{:?}", own_ids[0]);
