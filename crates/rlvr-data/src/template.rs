@@ -275,5 +275,17 @@ mod tests {
             "<system>Be brief.<user>Q: 1+1<assistant>2<user>Q: 2+2<assistant>"
         );
         assert!(chat.render(&vars("2+2"), None).is_err());
+        // A row's own messages render as the same messages built from the question.
+        let own = chat.messages(&vars("2+2")).unwrap();
+        assert_eq!(
+            chat.render_messages(&own, Some(&r)).unwrap(),
+            chat.render(&vars("2+2"), Some(&r)).unwrap()
+        );
+        let plain = PromptBuilder {
+            style: PromptStyle::Plain,
+            ..chat
+        };
+        let e = plain.render_messages(&own, Some(&r)).unwrap_err();
+        assert!(e.to_string().contains("need data.style = \"chat\""), "{e}");
     }
 }

@@ -162,6 +162,15 @@ fn messages_rows_are_refused_where_the_config_would_change_them() {
         "m.jsonl",
         &[r#"{"prompt": "1 + 1?", "answer": "2"}"#, row],
     );
+    // A file may mix rows of text and rows of messages.
+    let (_, texts) = prompts(&cfg(&path));
+    assert_eq!(
+        texts,
+        [
+            "<|user|>1 + 1?\n<|assistant|>",
+            "<|user|>2 + 2?\n<|assistant|>"
+        ]
+    );
     let at = format!("{}:2: field `prompt`", path.display());
     check_refused(
         &DataConfig {
