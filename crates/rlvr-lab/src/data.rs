@@ -17,6 +17,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::summary::{read_lines, series, RunSummary};
+use crate::sweep::ClaimSpec;
 
 /// The file's name in the lab directory.
 pub const FILE: &str = "lab_data.json";
@@ -25,7 +26,13 @@ pub const FILE: &str = "lab_data.json";
 pub const FORMAT: u32 = 1;
 
 /// The metrics.jsonl keys of the training series kept (the diagnostics figures draw them).
-pub const SERIES: [&str; 4] = ["clip_frac", "ratio/min", "ratio/max", "entropy"];
+pub const SERIES: [&str; 5] = [
+    "clip_frac",
+    "ratio/min",
+    "ratio/max",
+    "entropy",
+    "kl_behaviour",
+];
 
 /// Significant digits the training series keep (the figures draw them as 1-2 px lines).
 pub const SIGNIFICANT: usize = 3;
@@ -120,13 +127,30 @@ pub struct LabData {
     pub format: u32,
     /// The moving-average window the lab drew its diagnostics with (a redraw's default).
     pub smooth: usize,
+    /// Whether the papers' claims are judged (the sweep's `[lab].paper_claims`; true in a file
+    /// from before the key existed).
+    #[serde(default = "yes")]
+    pub paper_claims: bool,
+    /// The sweep's own claims (`[[claim]]`), judged on a redraw as by the lab.
+    #[serde(default)]
+    pub claims: Vec<ClaimSpec>,
     /// The runs, in the sweep's order.
     pub runs: Vec<RunData>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 impl LabData {
-    /// Reads each run's metrics.jsonl (at `summary.run_dir`).
-    pub fn collect(runs: &[RunSummary], smooth: usize) -> LabData {
+    /// Reads each run's metrics.jsonl (at `summary.run_dir`); `paper_claims` and `claims` are the
+    /// sweep's (what the verdicts judge).
+    pub fn collect(
+        runs: &[RunSummary],
+        smooth: usize,
+        paper_claims: bool,
+        claims: &[ClaimSpec],
+    ) -> LabData {
         let runs = runs
             .iter()
             .map(|r| {
@@ -157,6 +181,8 @@ impl LabData {
         LabData {
             format: FORMAT,
             smooth,
+            paper_claims,
+            claims: claims.to_vec(),
             runs,
         }
     }
@@ -172,8 +198,11 @@ impl LabData {
     /// I/O.
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let mut s = format!(
-            "{{\"format\": {}, \"smooth\": {}, \"runs\": [\n",
-            self.format, self.smooth
+            "{{\"format\": {}, \"smooth\": {}, \"paper_claims\": {}, \"claims\": {},\n\"runs\": [\n",
+            self.format,
+            self.smooth,
+            self.paper_claims,
+            serde_json::to_string(&self.claims)?
         );
         for (i, r) in self.runs.iter().enumerate() {
             s.push_str(&serde_json::to_string(r)?);

@@ -5,8 +5,8 @@
 //! - `accuracy_vV`: held-out accuracy against step at sync interval V, one panel per algorithm
 //!   family (the label's first word: GRPO, REINFORCE, REC, OPMD, AsymRE, RED), one curve per arm;
 //! - `intervals`: one panel per algorithm run at several intervals, one curve per interval;
-//! - `diagnostics_vV`: rows clip fraction, log10 of the importance ratio's max and min, entropy, by
-//!   the same family panels as `accuracy_vV` (moving average over `smooth` steps when > 1).
+//! - `diagnostics_vV`: rows clip fraction, log10 of the importance ratio's max and min, entropy and
+//!   log10 of `kl_behaviour` (the drift, KL(behaviour ‖ current) per token), by the same family panels as `accuracy_vV` (moving average over `smooth` steps when > 1).
 //!
 //! [`figures`] builds them as data ([`Drawn`]); [`write_all`] draws them. A redraw from
 //! lab_data.json builds the same data, which a test compares.
@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use rlvr_chart::{Figure, Line, Panel, Row};
 
 use crate::data::{LabData, RunData};
+
+/// The floor of the drift row's KL before its log10 (an on-policy step's k3 is ~0 up to rounding).
+const KL_FLOOR: f64 = 1e-9;
 
 /// Trailing moving average over `w` points (w ≤ 1: unchanged).
 pub fn smooth(pts: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
@@ -270,6 +273,15 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                 panels: uncaptioned(panels("entropy", smooth_w, &|y| y)),
                 legend: Vec::new(),
             },
+            Row {
+                // The drift (summary.md's column is its mean at the windows' last steps): floored
+                // at 1e-9, the k3 estimate's rounding level, so on-policy steps stay on the axis.
+                y_desc: "log10 KL(behaviour||current)".into(),
+                panels: uncaptioned(panels("kl_behaviour", smooth_w, &|y| {
+                    y.max(KL_FLOOR).log10()
+                })),
+                legend: Vec::new(),
+            },
         ];
         let avg = if smooth_w > 1 {
             format!("; moving average over {smooth_w} steps")
@@ -284,7 +296,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             stem: format!("diagnostics_v{v}"),
             size: (
                 fit_title(&title, (PANEL_W - 60) * families.len() as u32 + legend_w),
-                3 * (PANEL_H - 30) + 40,
+                4 * (PANEL_H - 30) + 40,
             ),
             figure: Figure {
                 title: Some(title),

@@ -18,6 +18,7 @@
 
 pub mod data;
 pub mod figures;
+pub mod regimes;
 pub mod runner;
 pub mod summary;
 pub mod sweep;
@@ -66,6 +67,16 @@ pub struct LabArgs {
         conflicts_with_all = ["sweep", "jobs", "fast", "dry_run", "only"]
     )]
     pub redraw: Option<PathBuf>,
+    /// Run nothing: compare lab directories that judged the claims in different regimes
+    /// (`NAME=DIR`, repeatable, two or more; each read from its lab_data.json): writes
+    /// regimes.md/json into --out (default: the current directory) saying, per claim, whether
+    /// its verdict depends on the regime, with each arm's drift and accuracy per regime.
+    #[arg(
+        long,
+        value_name = "NAME=DIR",
+        conflicts_with_all = ["sweep", "jobs", "fast", "dry_run", "only", "redraw"]
+    )]
+    pub regimes: Vec<String>,
 }
 
 fn load_avg() -> Option<String> {
@@ -89,7 +100,12 @@ pub const MAX_JOBS: usize = 1024;
 /// The widest moving average of the figures (`--smooth`), in steps.
 pub const MAX_SMOOTH: usize = 100_000;
 
+/// `12 min 05 s`; from two hours on, `144 h 00 min`.
 fn fmt_min(s: f64) -> String {
+    if s >= 7200.0 {
+        let m = (s / 60.0).round();
+        return format!("{:.0} h {:02.0} min", (m / 60.0).floor(), m % 60.0);
+    }
     format!("{:.0} min {:02.0} s", (s / 60.0).floor(), s % 60.0)
 }
 
@@ -109,7 +125,7 @@ pub fn analyse(
         .filter(|r| sweep.run_dir(out, r).join("metrics.jsonl").exists())
         .map(|r| summary::summarise(sweep, out, r))
         .collect();
-    data::LabData::collect(&runs, smooth).write(out)?;
+    data::LabData::collect(&runs, smooth, sweep.lab.paper_claims, &sweep.claims).write(out)?;
     // Drawn from the file as written (JSON's decimal numbers), as a redraw from it is.
     analyse_data(&data::LabData::read(out)?, out, smooth)
 }
@@ -130,7 +146,12 @@ pub fn analyse_data(
     if !runs.is_empty() {
         figures::write_all(out, d, smooth)?;
     }
-    let vs = verdict::verdicts(&stats, verdict::MARGIN);
+    let mut vs = if d.paper_claims {
+        verdict::verdicts(&stats, verdict::MARGIN)
+    } else {
+        Vec::new()
+    };
+    vs.extend(verdict::claims(&stats, &d.claims, verdict::MARGIN));
     let p = out.join("verdicts.json");
     let j = json!({"margin": verdict::MARGIN, "verdicts": vs});
     std::fs::write(&p, serde_json::to_string_pretty(&j)? + "\n")
@@ -194,6 +215,31 @@ fn print_verdicts(vs: &[verdict::Verdict], out: &mut dyn Write) -> anyhow::Resul
 // most lines are the printing.
 pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let t0 = Instant::now();
+    if !a.regimes.is_empty() {
+        anyhow::ensure!(
+            a.regimes.len() >= 2,
+            "--regimes needs two or more lab directories (NAME=DIR each), got {}",
+            a.regimes.len()
+        );
+        let to = a.out.clone().unwrap_or_else(|| PathBuf::from("."));
+        let claims = regimes::write(&a.regimes, &to)?;
+        for c in &claims {
+            writeln!(
+                out,
+                "{:<6} {}",
+                c.claim,
+                if c.depends {
+                    "depends on the regime"
+                } else if c.paired_depends {
+                    "same verdict (paired by seed differs)"
+                } else {
+                    "same verdict in every regime"
+                }
+            )?;
+        }
+        writeln!(out, "lab: {}", to.join("regimes.md").display())?;
+        return Ok(());
+    }
     if let Some(dir) = &a.redraw {
         let vs = redraw(dir, a.out.as_deref(), a.smooth)?;
         print_verdicts(&vs, out)?;
@@ -279,6 +325,9 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 d.display()
             )?;
         }
+        if let Some(plan) = &sweep.plan {
+            write_plan(&sweep, plan, &dir, &exe, out)?;
+        }
         let warm = if sweep.uses_quickstart() {
             sweep.lab.seeds.len()
         } else {
@@ -335,6 +384,93 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             outcome.failures.len(),
             outcome.failures.join("\n  ")
         );
+    }
+    Ok(())
+}
+
+/// `--dry-run`'s memory plan (`[plan]`): for each arm, `rlvr plan --json` on the arm's resolved
+/// config (first seed; the model replaced by `[plan].shape` when it has no config.json here), one
+/// line each with the training and sampling peaks and whether they fit `[plan].gpu_memory`.
+///
+/// # Errors
+/// `rlvr plan` failing on an arm (its message), or unreadable output.
+fn write_plan(
+    sweep: &Sweep,
+    plan: &sweep::PlanSection,
+    dir: &Path,
+    exe: &Path,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let gib =
+        |j: &serde_json::Value, k: &str| j[k].as_f64().unwrap_or(f64::NAN) / (1u64 << 30) as f64;
+    writeln!(
+        out,
+        "\nMemory per run (`rlvr plan`, in {}):\n{:<24} {:>12} {:>13} {:>11}  fits",
+        plan.gpu_memory, "arm", "train GiB", "sampling GiB", "micro-batch"
+    )?;
+    let Some(&seed) = sweep.lab.seeds.first() else {
+        return Ok(());
+    };
+    for (i, arm) in sweep.arms.iter().enumerate() {
+        let args = sweep.train_args(dir, &sweep::RunSpec { arm: i, seed });
+        // train --no-progress --config C --set K=V ... -> plan --config C --set K=V ...
+        let mut pargs: Vec<String> = vec!["plan".into()];
+        let mut it = args.into_iter().skip(2);
+        while let Some(a) = it.next() {
+            if a == "--set" {
+                let Some(v) = it.next() else { break };
+                if let (Some(m), Some(shape)) = (v.strip_prefix("model.path="), &plan.shape) {
+                    if !Path::new(m).join("config.json").exists() {
+                        pargs.extend(["--set".into(), format!("model.path={shape}")]);
+                        continue;
+                    }
+                }
+                pargs.extend(["--set".into(), v]);
+            } else {
+                pargs.push(a);
+            }
+        }
+        pargs.extend([
+            "--gpu-memory".into(),
+            plan.gpu_memory.clone(),
+            "--json".into(),
+        ]);
+        let o = std::process::Command::new(exe)
+            .args(&pargs)
+            .output()
+            .with_context(|| format!("running {} plan", exe.display()))?;
+        anyhow::ensure!(
+            o.status.success(),
+            "[plan]: `rlvr plan` failed on arm `{}`: {}",
+            arm.name,
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+        let text = String::from_utf8_lossy(&o.stdout);
+        let j: serde_json::Value = text
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .with_context(|| {
+                format!(
+                    "[plan]: unreadable `rlvr plan --json` output for arm `{}`",
+                    arm.name
+                )
+            })?;
+        writeln!(
+            out,
+            "{:<24} {:>12.1} {:>13.1} {:>11}  {}",
+            arm.name,
+            gib(&j, "train_peak"),
+            gib(&j, "rollout_peak"),
+            j["micro_batch_rows"]
+                .as_u64()
+                .map_or("?".into(), |n| n.to_string()),
+            if j["fits"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
+        )?;
     }
     Ok(())
 }

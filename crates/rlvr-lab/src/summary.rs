@@ -54,6 +54,11 @@ pub struct RunSummary {
     pub ratio_max: Option<f64>,
     /// `entropy` at the last step.
     pub entropy: Option<f64>,
+    /// Drift per sync window: the mean, over the last step of every sync window, of that step's
+    /// `kl_behaviour` (the k3 estimate of KL(π_behaviour ‖ π_θ) per trained token, nats), see
+    /// [`window_drift`]. `None` without such steps (or in a lab_data.json from before it existed).
+    #[serde(default)]
+    pub drift: Option<f64>,
 }
 
 /// Reads metrics.jsonl lines (unparsable lines, e.g. one cut by a kill, are skipped).
@@ -89,6 +94,31 @@ pub fn mean_area(pts: &[(f64, f64)]) -> Option<f64> {
             (span > 0.0).then(|| area / span)
         }
     }
+}
+
+/// Whether step `t` (1-based) is the last step of a sync window under interval `v` and offset `o`:
+/// the step whose batch is the stalest of its window, staleness o + v − 1 (DESIGN.md section 3:
+/// the batch of step t is sampled by version v·⌊(t−1−o)/v⌋), so t ≥ 1 + o and (t − o) mod v = 0.
+/// With v = 1 every step ends a window (an on-policy run's drift is then that of one update).
+pub fn window_end(t: u64, v: u64, o: u64) -> bool {
+    let v = v.max(1);
+    t > o && (t - o).is_multiple_of(v)
+}
+
+/// The drift of a run per sync window: the mean of `kl_behaviour` over the steps that end a sync
+/// window ([`window_end`]) and have a value. `kl_behaviour` is the mean over the step's trained
+/// tokens of the k3 estimate ρ − 1 − log ρ, ρ = π_θ/π_behaviour, with π_θ the training forward
+/// (the weights at the step's start for the first update), so at a window's last step it measures
+/// how far v − 1 updates (plus o) moved the policy from the one that sampled the batch: the
+/// quantity paper A's staleness argument is about (arXiv 2505.22257 section 3), measured instead of
+/// assumed. Nats per token; `None` without a value at a window end.
+pub fn window_drift(lines: &[Value], v: u64, o: u64) -> Option<f64> {
+    let ends: Vec<f64> = series(lines, "kl_behaviour")
+        .into_iter()
+        .filter(|&(t, k)| t >= 1.0 && k.is_finite() && window_end(t as u64, v, o))
+        .map(|p| p.1)
+        .collect();
+    (!ends.is_empty()).then(|| ends.iter().sum::<f64>() / ends.len() as f64)
 }
 
 /// Summarises one run of the sweep.
@@ -129,6 +159,7 @@ pub fn summarise(sweep: &Sweep, out: &Path, r: &RunSpec) -> RunSummary {
         ratio_min: at_end("ratio/min"),
         ratio_max: at_end("ratio/max"),
         entropy: at_end("entropy"),
+        drift: window_drift(&lines, arm.interval, arm.offset),
     }
 }
 
@@ -211,6 +242,9 @@ pub struct ArmStats {
     pub final_by_seed: Vec<(u64, f64)>,
     /// Warm-start held-out accuracy per seed, `(seed, fraction)`.
     pub warm_by_seed: Vec<(u64, f64)>,
+    /// Drift per sync window ([`RunSummary::drift`], nats per token): mean ± std over seeds.
+    #[serde(default)]
+    pub drift: Option<Estimate>,
 }
 
 /// Groups `runs` by arm (first-appearance order) into [`ArmStats`].
@@ -251,6 +285,7 @@ pub fn arm_stats(runs: &[RunSummary]) -> Vec<ArmStats> {
                     .iter()
                     .filter_map(|r| fin(r.warm_accuracy).map(|v| (r.seed, v)))
                     .collect(),
+                drift: Estimate::of(rs.iter().map(|r| r.drift), n),
             }
         })
         .collect()
@@ -260,6 +295,15 @@ fn pct(e: &Option<Estimate>) -> String {
     match e {
         Some(e) if e.n > 1 => format!("{:.1} ± {:.1}", 100.0 * e.mean, 100.0 * e.std),
         Some(e) => format!("{:.1}", 100.0 * e.mean),
+        None => "–".into(),
+    }
+}
+
+/// A drift estimate as `mean ± std` in the [`num`] style.
+fn drift(e: &Option<Estimate>) -> String {
+    match e {
+        Some(e) if e.n > 1 => format!("{} ± {}", num(Some(e.mean)), num(Some(e.std))),
+        Some(e) => num(Some(e.mean)),
         None => "–".into(),
     }
 }
@@ -278,17 +322,18 @@ pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
     let mut s = format!(
         "# Lab summary\n\n{}, seeds {:?}. Held-out accuracy in percent (greedy), mean ± std over \
          seeds; AUC = mean held-out accuracy over the run; clip fraction and ratio range at the last \
-         step (range over seeds).\n\n",
+         step (range over seeds); drift = KL(behaviour ‖ current) per token at the last step of each \
+         sync window (`kl_behaviour`, nats), mean over the windows, mean ± std over seeds.\n\n",
         crate::counted(runs.len() as u64, "run"),
         seeds
     );
     s.push_str(
-        "| arm | algorithm | interval | offset | seeds | final | best | AUC | warm start | clip frac | ratio min | ratio max | wall s |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| arm | algorithm | interval | offset | seeds | final | best | AUC | warm start | clip frac | ratio min | ratio max | drift | wall s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in stats {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
             a.arm,
             a.label,
             a.interval,
@@ -301,6 +346,7 @@ pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
             num(a.clip_frac),
             num(a.ratio_min),
             num(a.ratio_max),
+            drift(&a.drift),
             a.wall_s
         ));
     }

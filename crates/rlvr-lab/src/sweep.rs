@@ -43,6 +43,14 @@ pub struct LabSection {
     /// Moving-average window of the training-metric figures (1 = raw).
     #[serde(default = "one")]
     pub smooth: usize,
+    /// Judge the papers' claims (A1, B1-B3, B4a, B4b; [`crate::verdict::verdicts`]). An ablation
+    /// sweep whose arms are not the papers' sets it to false and judges only its `[[claim]]`s.
+    #[serde(default = "yes")]
+    pub paper_claims: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn one() -> usize {
@@ -118,6 +126,51 @@ pub struct Arm {
     pub sets: Vec<String>,
 }
 
+/// `[[claim]]`: a claim of the sweep's own, judged like the papers' claims
+/// ([`crate::verdict::claims`]): supported when every comparison is, not supported when any is
+/// not, inconclusive otherwise.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimSpec {
+    /// Short unique name (letters, digits, `_`, `-`), e.g. `M1`.
+    pub name: String,
+    /// What the claim says, one sentence (the hypothesis the comparisons test).
+    pub statement: String,
+    /// The comparisons, each `{ a = ARM, test = TEST, b = ARM }` with TEST one of `superior`
+    /// (a − b > m), `non_inferior` (a − b > −m), `equivalent` (|a − b| < m), m = 3 points; `b` may
+    /// be `warm_start`: arm a's own warm start (the same seeds' step-0 accuracy).
+    pub compare: Vec<CompareSpec>,
+}
+
+/// One comparison of a [`ClaimSpec`].
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CompareSpec {
+    /// Arm a (a name).
+    pub a: String,
+    /// The test.
+    pub test: crate::verdict::Test,
+    /// Arm b (a name), or [`WARM_START`].
+    pub b: String,
+}
+
+/// The `b` of a [`CompareSpec`] that means arm a's own warm start.
+pub const WARM_START: &str = "warm_start";
+
+/// `[plan]`: the memory part of `--dry-run` for sweeps whose runs need a GPU. For each arm,
+/// `--dry-run` runs `rlvr plan` on the arm's resolved config (its model replaced by `shape` when
+/// the sweep's model is not on this machine) and prints the training and sampling peaks and
+/// whether they fit `gpu_memory`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSection {
+    /// A directory with the model's config.json (e.g. `shapes/qwen2.5-1.5b`: no weights needed),
+    /// relative to the sweep file's directory; used when `[warm_start].model` has no config.json.
+    pub shape: Option<String>,
+    /// Memory to fit, as `rlvr plan --gpu-memory` takes it (e.g. `141GB`).
+    pub gpu_memory: String,
+}
+
 fn one_u64() -> u64 {
     1
 }
@@ -143,6 +196,11 @@ pub struct Sweep {
     /// The arms.
     #[serde(rename = "arm")]
     pub arms: Vec<Arm>,
+    /// The sweep's own claims (`[[claim]]`).
+    #[serde(default, rename = "claim")]
+    pub claims: Vec<ClaimSpec>,
+    /// `--dry-run`'s memory plan (optional).
+    pub plan: Option<PlanSection>,
 }
 
 /// `rel` joined to the absolute directory `dir` (without symbolic links): `.` parts dropped and
@@ -200,6 +258,7 @@ impl Sweep {
     pub fn parse(text: &str) -> anyhow::Result<Sweep> {
         let s: Sweep = toml::from_str(text).context("parsing the sweep")?;
         s.check()?;
+        s.check_claims()?;
         Ok(s)
     }
 
@@ -221,7 +280,15 @@ impl Sweep {
             .canonicalize()
             .with_context(|| format!("resolving the directory of {}", file.display()))?;
         let ws = &mut s.warm_start;
-        for (key, value) in [("model", &mut ws.model), ("config", &mut ws.config)] {
+        let shape = s.plan.as_mut().map(|p| &mut p.shape);
+        let mut paths = vec![
+            ("[warm_start].model", &mut ws.model),
+            ("[warm_start].config", &mut ws.config),
+        ];
+        if let Some(sh) = shape {
+            paths.push(("[plan].shape", sh));
+        }
+        for (key, value) in paths {
             let Some(v) = value.as_mut() else { continue };
             if Path::new(v.as_str()).is_absolute() {
                 continue;
@@ -229,12 +296,7 @@ impl Sweep {
             let joined = join_clean(&dir, Path::new(v.as_str()));
             *v = joined
                 .to_str()
-                .with_context(|| {
-                    format!(
-                        "[warm_start].{key}: {} is not UTF-8",
-                        joined.to_string_lossy()
-                    )
-                })?
+                .with_context(|| format!("{key}: {} is not UTF-8", joined.to_string_lossy()))?
                 .to_string();
         }
         Ok(s)
@@ -290,6 +352,61 @@ impl Sweep {
         }
         if self.lab.jobs == 0 || self.lab.threads == 0 || self.lab.steps == 0 {
             bail!("[lab] jobs, threads and steps must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// Checks `[[claim]]` against the whole sweep's arms (at parse time: `--fast` and `--only` may
+    /// leave a claim's arm out, which makes that claim inconclusive, not the sweep wrong).
+    fn check_claims(&self) -> anyhow::Result<()> {
+        let seen: std::collections::HashSet<&str> =
+            self.arms.iter().map(|a| a.name.as_str()).collect();
+        let arms: Vec<&str> = self.arms.iter().map(|a| a.name.as_str()).collect();
+        let mut claim_names = std::collections::HashSet::new();
+        for c in &self.claims {
+            let ok = !c.name.is_empty()
+                && c.name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
+            if !ok {
+                bail!(
+                    "[[claim]] name `{}`: use letters, digits, `_` and `-`",
+                    c.name
+                );
+            }
+            if !claim_names.insert(c.name.as_str()) {
+                bail!("[[claim]] `{}` appears twice", c.name);
+            }
+            if c.compare.is_empty() {
+                bail!("[[claim]] `{}`: `compare` lists no comparison", c.name);
+            }
+            for (i, k) in c.compare.iter().enumerate() {
+                for (side, n) in [("a", &k.a), ("b", &k.b)] {
+                    if !(seen.contains(n.as_str()) || side == "b" && n == WARM_START) {
+                        bail!(
+                            "[[claim]] `{}`: compare[{i}].{side} names `{n}`, which is no [[arm]] \
+                             (arms: {}{})",
+                            c.name,
+                            arms.join(", "),
+                            if side == "b" {
+                                format!("; or `{WARM_START}`")
+                            } else {
+                                String::new()
+                            }
+                        );
+                    }
+                }
+                if k.a == k.b {
+                    bail!(
+                        "[[claim]] `{}`: compare[{i}] compares `{}` with itself",
+                        c.name,
+                        k.a
+                    );
+                }
+            }
+        }
+        if !self.lab.paper_claims && self.claims.is_empty() {
+            bail!("[lab].paper_claims = false and no [[claim]]: the lab would judge nothing");
         }
         Ok(())
     }

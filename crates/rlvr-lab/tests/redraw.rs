@@ -78,6 +78,7 @@ fn write_run(dir: &Path, k: usize, seed: u64) {
                 "ratio/min": 0.9 - 0.01 * k as f64 - 0.001 * seed as f64 * t,
                 "ratio/max": 1.1 + 0.1 * k as f64 + 0.013 * t + 0.0123456 * seed as f64,
                 "entropy": 0.8 - 0.01 * t / (1.0 + k as f64) + 0.01 * seed as f64,
+                "kl_behaviour": 1e-3 * (1.0 + k as f64) * (1.0 + (t / 5.0).cos()),
             }));
         }
         if step % 10 == 0 {
@@ -120,7 +121,13 @@ fn redraw_from_lab_data_alone_gives_the_same_figures_summary_and_verdicts() {
     assert_eq!(r.summary.steps, 40);
     assert_eq!(r.accuracy.len(), 5);
     assert_eq!(r.accuracy[4], (40, 0.2 + 0.002 * 40.0 / 4.0));
-    for k in ["clip_frac", "ratio/min", "ratio/max", "entropy"] {
+    for k in [
+        "clip_frac",
+        "ratio/min",
+        "ratio/max",
+        "entropy",
+        "kl_behaviour",
+    ] {
         assert_eq!(r.points(k).len(), 40, "{k}");
     }
 
@@ -219,9 +226,20 @@ fn accuracy_is_one_panel_per_family_and_intervals_one_per_algorithm() {
     assert!((mean40.1 - 100.0 * (0.2 + 0.002 * 40.0 * 2.0 / 4.0 + 0.01)).abs() < 1e-9);
     let b = grpo.band.last().unwrap();
     assert!((b.2 - b.1 - 2.0).abs() < 1e-9, "{b:?}");
-    // Diagnostics: three rows (clip, ratio, entropy) of the same family panels, one legend.
+    // Diagnostics: four rows (clip, ratio, entropy, drift) of the same family panels, one legend.
     let d16 = fig(&all, "diagnostics_v16");
-    assert_eq!(d16.figure.rows.len(), 3);
+    assert_eq!(d16.figure.rows.len(), 4);
+    // The drift row: log10 of kl_behaviour, one line per arm (REC's panel: two arms); at step 1
+    // of the interval-16 GRPO arm (arm k = 1, no smoothing): 1e-3 · 2 · (1 + cos 0.2), every seed.
+    let drift = &d16.figure.rows[3];
+    assert_eq!(drift.y_desc, "log10 KL(behaviour||current)");
+    assert_eq!(drift.panels[2].lines.len(), 2);
+    let first = drift.panels[0].lines[0].points[0];
+    assert_eq!(first.0, 1.0);
+    assert!(
+        (first.1 - (2e-3 * (1.0 + (0.2f64).cos())).log10()).abs() < 1e-3,
+        "{first:?}"
+    );
     assert!(d16.figure.rows.iter().all(|r| r.panels.len() == 5));
     assert_eq!(
         d16.figure

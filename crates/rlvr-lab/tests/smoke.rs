@@ -51,6 +51,12 @@ name = "reinforce_v4"
 preset = "reinforce"
 interval = 4
 sets = ["train.steps=300", "train.eval_every=100"]
+
+# A claim of the sweep's own, judged beside the papers'.
+[[claim]]
+name = "S1"
+statement = "REINFORCE at interval 4 does not fall below its warm start"
+compare = [{ a = "reinforce_v4", test = "non_inferior", b = "warm_start" }]
 "#;
 
 fn read(p: &Path) -> String {
@@ -179,7 +185,22 @@ fn lab_killed_mid_run_resumes_and_completes() {
         .iter()
         .map(|c| c["claim"].as_str().unwrap())
         .collect();
-    assert_eq!(claims, ["A1", "B1", "B2", "B3", "B4"]);
+    assert_eq!(claims, ["A1", "B1", "B2", "B3", "B4a", "B4b", "S1"]);
+    let s1 = &v["verdicts"][6];
+    assert_eq!(
+        s1["comparisons"][0]["b"], "warm start of reinforce_v4",
+        "{s1}"
+    );
+    // One seed: never "supported".
+    assert_ne!(s1["status"], "supported", "{s1}");
+    // Drift (the mean kl_behaviour at the windows' last steps; its arithmetic is tested in
+    // verdicts.rs): every run has the key, a finite number or null where no step trained a token
+    // (this fast warm start scores 0 on many tiny groups, so nothing may be trained).
+    for r in runs {
+        let d = &r["drift"];
+        assert!(d.is_null() || d.as_f64().is_some_and(f64::is_finite), "{r}");
+    }
+    assert!(read(&out.join("summary.md")).contains("| drift |"));
     assert!(read(&out.join("verdicts.md")).contains("| A1 |"));
     assert!(read(&out.join("summary.md")).contains("| reinforce_v4 |"));
     for f in [
@@ -216,6 +237,37 @@ fn lab_killed_mid_run_resumes_and_completes() {
             "{f}"
         );
     }
+    // `rlvr lab --regimes`: the lab and its redraw judged the same data, so no claim depends on
+    // the "regime"; the report names both and has the drift table.
+    let rep = tmp.path().join("regimes");
+    let regimes = Command::new(rlvr_bin())
+        .args(["lab", "--regimes"])
+        .arg(format!("first={}", out.display()))
+        .arg("--regimes")
+        .arg(format!("second={}", alone.display()))
+        .arg("--out")
+        .arg(&rep)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&regimes.stdout);
+    assert!(
+        regimes.status.success(),
+        "{}",
+        String::from_utf8_lossy(&regimes.stderr)
+    );
+    assert_eq!(
+        text.matches("same verdict in every regime").count(),
+        7,
+        "{text}"
+    );
+    let md = read(&rep.join("regimes.md"));
+    assert!(
+        md.contains("| claim | first | second | depends on the regime |"),
+        "{md}"
+    );
+    assert!(md.contains("| reinforce_v4 | 4 | 0 |"), "{md}");
+    let rj = json(&rep.join("regimes.json"));
+    assert_eq!(rj["claims"].as_array().unwrap().len(), 7);
     // Every run directory is an ordinary one: `rlvr plot` reads it.
     let plot = Command::new(rlvr_bin())
         .arg("plot")
@@ -311,4 +363,67 @@ fn dry_run_counts_are_pluralised() {
         text.contains("1 run of 1 step, 1 warm start, 1 at once (1 thread each)"),
         "{text}"
     );
+}
+
+/// The shipped sweeps parse with their arms and claims, and their dry runs work from another
+/// working directory: the GPU sweep's `[plan]` prints each arm's memory from `rlvr plan` (the
+/// 1.5B shape from configs/shapes, the model itself being absent) and fits its GPU.
+#[test]
+fn shipped_sweeps_dry_run_and_the_gpu_sweep_plans_its_memory() {
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    let tmp = tempfile::tempdir().unwrap();
+    for (file, runs, claims) in [
+        ("lab.toml", 60, 0),
+        ("lab_low_drift.toml", 51, 0),
+        ("lab_ablations.toml", 30, 5),
+        ("lab_gsm8k_1.5b.toml", 24, 0),
+    ] {
+        let path = configs.join(file);
+        let s = rlvr_lab::sweep::Sweep::load(Some(&path)).unwrap();
+        assert_eq!(s.runs().len(), runs, "{file}");
+        assert_eq!(s.claims.len(), claims, "{file}");
+        assert_eq!(s.lab.paper_claims, claims == 0, "{file}");
+        let dry = Command::new(rlvr_bin())
+            .current_dir(tmp.path())
+            .args(["lab", "--dry-run", "--out", "lab"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&dry.stdout);
+        assert!(
+            dry.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&dry.stderr)
+        );
+        assert!(text.contains(&format!("{runs} runs of ")), "{file}: {text}");
+        if file == "lab_gsm8k_1.5b.toml" {
+            assert!(
+                text.contains("Memory per run (`rlvr plan`, in 141GB):"),
+                "{text}"
+            );
+            let rows: Vec<&str> = text
+                .lines()
+                .skip_while(|l| !l.starts_with("Memory per run"))
+                .skip(2)
+                .take(12)
+                .collect();
+            assert_eq!(rows.len(), 12, "{text}");
+            for r in rows {
+                let f: Vec<&str> = r.split_whitespace().collect();
+                let train: f64 = f[1].parse().unwrap();
+                assert!((60.0..80.0).contains(&train), "{r}");
+                assert_eq!((f[3], f[4]), ("4", "yes"), "{r}");
+            }
+            assert!(text.contains("about 144 h 00 min"), "{text}");
+        }
+    }
+    // The default sweep's [fast] selection has every arm the six claims need (B4b's first-written
+    // RED-Drop included).
+    let fast = rlvr_lab::sweep::Sweep::load(Some(&configs.join("lab.toml")))
+        .unwrap()
+        .select(true, &[])
+        .unwrap();
+    let names: Vec<&str> = fast.arms.iter().map(|a| a.name.as_str()).collect();
+    assert!(names.contains(&"red_drop_bernoulli_v16"), "{names:?}");
+    assert_eq!(fast.runs().len(), 12);
 }

@@ -1,4 +1,4 @@
-//! The verdict logic on synthetic summaries: for each claim (A1, B1–B4) a supported, a
+//! The verdict logic on synthetic summaries: for each claim (A1, B1–B3, B4a, B4b) a supported, a
 //! not-supported and an inconclusive case; plus the standard errors and the area under the curve.
 
 use rlvr_lab::summary::{arm_stats, mean_area, Estimate, RunSummary};
@@ -27,6 +27,7 @@ fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -
         ratio_min: Some(1.0),
         ratio_max: Some(1.0),
         entropy: Some(0.5),
+        drift: None,
     }
 }
 
@@ -125,26 +126,51 @@ fn b3_opmd_and_asymre_do_not_collapse() {
 }
 
 #[test]
-fn b4_red_beats_reinforce_under_staleness() {
-    let mk = |red: f64, seeds: usize| {
+fn b4a_red_weight_and_b4b_red_drop_each_judged_against_reinforce() {
+    let mk = |drop: f64, weight: f64, seeds: usize| {
         let mut r = Vec::new();
         arm(&mut r, "reinforce_v16", "reinforce", 16, 0.05, seeds);
-        arm(&mut r, "red_drop_v16", "red_drop", 16, red, seeds);
+        arm(&mut r, "red_drop_v16", "red_drop", 16, drop, seeds);
         arm(
             &mut r,
-            "red_weight_v16",
-            "red_weight",
+            "red_drop_bernoulli_v16",
+            "red_drop_bernoulli",
             16,
-            red + 0.01,
+            drop + 0.01,
             seeds,
         );
+        arm(&mut r, "red_weight_v16", "red_weight", 16, weight, seeds);
         r
     };
-    assert_eq!(status(&mk(0.30, 3), "B4"), Status::Supported);
-    assert_eq!(status(&mk(0.04, 3), "B4"), Status::NotSupported);
+    // Both beat REINFORCE by far more than m + 2 SE.
+    assert_eq!(status(&mk(0.30, 0.30, 3), "B4a"), Status::Supported);
+    assert_eq!(status(&mk(0.30, 0.30, 3), "B4b"), Status::Supported);
+    // The default sweep's pattern: RED-Drop collapses with REINFORCE, RED-Weight does not; the two
+    // claims now say so separately instead of one B4 "not supported".
+    let r = mk(0.04, 0.36, 3);
+    assert_eq!(status(&r, "B4a"), Status::Supported);
+    assert_eq!(status(&r, "B4b"), Status::NotSupported);
+    let b = verdict_of(&r, "B4b");
+    let pairs: Vec<(&str, &str)> = b
+        .comparisons
+        .iter()
+        .map(|c| (c.a.as_str(), c.b.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("red_drop_v16", "reinforce_v16"),
+            ("red_drop_bernoulli_v16", "reinforce_v16")
+        ]
+    );
+    let a = verdict_of(&r, "B4a");
+    assert_eq!(a.comparisons.len(), 1);
+    assert_eq!(a.comparisons[0].a, "red_weight_v16");
+    assert!((a.comparisons[0].diff - 0.31).abs() < 1e-12);
     // One seed: +4 and +5 points with SE ≈ √(.09·.91/500 + .05·.95/500) ≈ 1.6 points: lower bounds
     // under m, upper bounds over it.
-    assert_eq!(status(&mk(0.09, 1), "B4"), Status::Inconclusive);
+    assert_eq!(status(&mk(0.09, 0.09, 1), "B4a"), Status::Inconclusive);
+    assert_eq!(status(&mk(0.09, 0.09, 1), "B4b"), Status::Inconclusive);
 }
 
 #[test]
@@ -152,19 +178,158 @@ fn a_missing_arm_makes_a_claim_inconclusive_and_named() {
     let mut r = Vec::new();
     arm(&mut r, "reinforce_v16", "reinforce", 16, 0.05, 3);
     arm(&mut r, "red_drop_v16", "red_drop", 16, 0.30, 3);
-    let v = verdict_of(&r, "B4");
+    // B4b: the first-written RED-Drop is missing.
+    let v = verdict_of(&r, "B4b");
     assert_eq!(v.status, Status::Inconclusive);
-    assert!(v.note.contains("red_weight"), "{}", v.note);
+    assert!(v.note.contains("red_drop_bernoulli"), "{}", v.note);
     assert_eq!(v.comparisons.len(), 1);
     assert_eq!(v.comparisons[0].status, Status::Supported);
-    for c in ["A1", "B1", "B2", "B3"] {
+    let v = verdict_of(&r, "B4a");
+    assert!(v.note.contains("red_weight at interval 16"), "{}", v.note);
+    for c in ["A1", "B1", "B2", "B3", "B4a"] {
         assert_eq!(status(&r, c), Status::Inconclusive, "{c}");
     }
     // One not-supported comparison decides even with an arm missing.
     let mut r = Vec::new();
     arm(&mut r, "reinforce_v16", "reinforce", 16, 0.30, 3);
     arm(&mut r, "red_drop_v16", "red_drop", 16, 0.30, 3);
-    assert_eq!(status(&r, "B4"), Status::NotSupported);
+    assert_eq!(status(&r, "B4b"), Status::NotSupported);
+}
+
+#[test]
+fn a1_takes_the_sync_offset_arm_when_the_sweep_has_one() {
+    let mut r = Vec::new();
+    arm(&mut r, "grpo_v1", "grpo", 1, 0.30, 3);
+    arm(&mut r, "grpo_v4", "off_policy_grpo", 4, 0.30, 3);
+    arm(&mut r, "grpo_v16", "off_policy_grpo", 16, 0.30, 3);
+    assert_eq!(verdict_of(&r, "A1").comparisons.len(), 2);
+    // Offset 1 at interval 1, twenty points worse: A1 not supported, and the on-policy side is
+    // still the offset-0 arm.
+    let mut o = Vec::new();
+    arm(&mut o, "grpo_v1_o1", "off_policy_grpo", 1, 0.10, 3);
+    for x in &mut o {
+        x.offset = 1;
+    }
+    r.extend(o);
+    let v = verdict_of(&r, "A1");
+    assert_eq!(v.comparisons.len(), 3);
+    assert_eq!(v.comparisons[2].a, "grpo_v1_o1");
+    assert_eq!(v.comparisons[2].b, "grpo_v1");
+    assert_eq!(v.comparisons[2].status, Status::NotSupported);
+    assert_eq!(v.status, Status::NotSupported);
+}
+
+#[test]
+fn a_sweeps_own_claims_are_judged_by_arm_name() {
+    use rlvr_lab::sweep::{ClaimSpec, CompareSpec};
+    use rlvr_lab::verdict::claims;
+    let mut r = Vec::new();
+    arm(&mut r, "a", "reinforce", 16, 0.30, 3);
+    arm(&mut r, "b", "reinforce", 16, 0.10, 3);
+    arm(&mut r, "c", "reinforce", 16, 0.305, 3);
+    let spec = |name: &str, cmp: &[(&str, Test, &str)]| ClaimSpec {
+        name: name.into(),
+        statement: format!("claim {name}"),
+        compare: cmp
+            .iter()
+            .map(|(a, t, b)| CompareSpec {
+                a: a.to_string(),
+                test: *t,
+                b: b.to_string(),
+            })
+            .collect(),
+    };
+    let specs = [
+        spec("M1", &[("a", Test::Superior, "b")]),
+        spec(
+            "M2",
+            &[("a", Test::Equivalent, "c"), ("b", Test::Superior, "a")],
+        ),
+        // b's warm start is 0.20 (see `run`): 0.10 is ten points below it.
+        spec("M3", &[("b", Test::NonInferior, "warm_start")]),
+        spec("M4", &[("a", Test::Superior, "nowhere")]),
+    ];
+    let vs = claims(&arm_stats(&r), &specs, MARGIN);
+    let st: Vec<(&str, Status)> = vs.iter().map(|v| (v.claim.as_str(), v.status)).collect();
+    assert_eq!(
+        st,
+        [
+            ("M1", Status::Supported),
+            ("M2", Status::NotSupported),
+            ("M3", Status::NotSupported),
+            ("M4", Status::Inconclusive)
+        ]
+    );
+    assert_eq!(vs[1].comparisons[0].status, Status::Supported);
+    assert_eq!(vs[2].comparisons[0].b, "warm start of b");
+    assert!(vs[3].note.contains("arm nowhere"), "{}", vs[3].note);
+    assert!((vs[0].comparisons[0].diff - 0.20).abs() < 1e-12);
+}
+
+#[test]
+fn claims_naming_unknown_arms_or_tests_are_refused() {
+    use rlvr_lab::sweep::Sweep;
+    let base = "[lab]\nseeds = [0]\nsteps = 2\n[[arm]]\nname = \"a\"\npreset = \"grpo\"\n\
+                [[arm]]\nname = \"b\"\npreset = \"reinforce\"\n";
+    let ok = format!(
+        "{base}[[claim]]\nname = \"M1\"\nstatement = \"s\"\n\
+         compare = [{{ a = \"a\", test = \"superior\", b = \"b\" }}, {{ a = \"b\", test = \"non_inferior\", b = \"warm_start\" }}]\n"
+    );
+    let s = Sweep::parse(&ok).unwrap();
+    assert_eq!(s.claims.len(), 1);
+    assert_eq!(s.claims[0].compare[1].test, Test::NonInferior);
+    // --only may leave a claim's arm out: not an error (the claim is then inconclusive).
+    assert!(s.clone().select(false, &["a".into()]).is_ok());
+    let err = |t: String| format!("{:#}", Sweep::parse(&t).unwrap_err());
+    let e = err(ok.replace("b = \"b\"", "b = \"zz\""));
+    assert!(
+        e.contains("[[claim]] `M1`: compare[0].b names `zz`, which is no [[arm]] (arms: a, b; or `warm_start`)"),
+        "{e}"
+    );
+    let e = err(ok.replace("a = \"a\"", "a = \"warm_start\""));
+    assert!(e.contains("compare[0].a names `warm_start`"), "{e}");
+    let e = err(ok.replace("\"superior\"", "\"better\""));
+    assert!(e.contains("better") && e.contains("superior"), "{e}");
+    let e = err(ok.replace("b = \"b\"", "b = \"a\""));
+    assert!(e.contains("compares `a` with itself"), "{e}");
+    let e = err(format!("{ok}{}", &ok[ok.find("[[claim]]").unwrap()..]));
+    assert!(e.contains("[[claim]] `M1` appears twice"), "{e}");
+    let e = err(base.replace("steps = 2", "steps = 2\npaper_claims = false"));
+    assert!(e.contains("paper_claims = false and no [[claim]]"), "{e}");
+}
+
+#[test]
+fn window_drift_reads_kl_at_the_last_step_of_each_window() {
+    use rlvr_lab::summary::{window_drift, window_end};
+    // v = 4, o = 0: steps 4, 8; v = 4, o = 1: steps 5, 9 (staleness 1..4, the stalest at 5, 9).
+    let ends: Vec<u64> = (1..=10).filter(|&t| window_end(t, 4, 0)).collect();
+    assert_eq!(ends, [4, 8]);
+    let ends: Vec<u64> = (1..=10).filter(|&t| window_end(t, 4, 1)).collect();
+    assert_eq!(ends, [5, 9]);
+    let ends: Vec<u64> = (1..=3).filter(|&t| window_end(t, 1, 1)).collect();
+    assert_eq!(ends, [2, 3]);
+    let lines: Vec<serde_json::Value> = (0..=9)
+        .map(|t| {
+            let kl = if t == 0 {
+                serde_json::Value::Null
+            } else {
+                serde_json::json!(t as f64 / 100.0)
+            };
+            serde_json::json!({"step": t, "kl_behaviour": kl})
+        })
+        .collect();
+    // (0.04 + 0.08) / 2 and (0.05 + 0.09) / 2.
+    assert!((window_drift(&lines, 4, 0).unwrap() - 0.06).abs() < 1e-12);
+    assert!((window_drift(&lines, 4, 1).unwrap() - 0.07).abs() < 1e-12);
+    assert_eq!(window_drift(&lines[..3], 4, 0), None);
+    // Per arm: mean ± std over seeds.
+    let mut r = Vec::new();
+    arm(&mut r, "x", "reinforce", 4, 0.3, 3);
+    for (i, x) in r.iter_mut().enumerate() {
+        x.drift = Some([0.01, 0.02, 0.03][i]);
+    }
+    let d = arm_stats(&r)[0].drift.unwrap();
+    assert!((d.mean - 0.02).abs() < 1e-12 && (d.std - 0.01).abs() < 1e-12 && d.n == 3);
 }
 
 #[test]
