@@ -489,8 +489,7 @@ fn unknown_keys(
                     let Ok(table) = body.parse::<toml::Table>() else {
                         continue;
                     };
-                    if table.is_empty() || !table.keys().all(|k| sections.contains(&k.as_str()))
-                    {
+                    if table.is_empty() || !table.keys().all(|k| sections.contains(&k.as_str())) {
                         continue;
                     }
                     checked += 1;
@@ -525,7 +524,7 @@ fn unknown_keys(
                 .collect(),
         };
         for span in spans {
-            for key in dotted_keys(&span, &sections) {
+            for key in dotted_keys(&span, sections) {
                 checked += 1;
                 if !ok(&key) {
                     bad.push(format!("{at}: `{key}`"));
@@ -572,4 +571,3 @@ fn the_key_check_names_file_line_and_key_of_a_key_that_does_not_exist() {
         bad[2]
     );
 }
-
