@@ -49,7 +49,9 @@ fn heading_anchors(md: &str) -> Vec<String> {
             fenced = !fenced;
             continue;
         }
-        let Some(h) = line.strip_prefix('#') else { continue };
+        let Some(h) = line.strip_prefix('#') else {
+            continue;
+        };
         if fenced {
             continue;
         }
@@ -137,7 +139,9 @@ fn every_relative_link_of_the_markdown_docs_names_a_file_and_heading_of_the_repo
                 dir.join(&path)
             };
             if !target.exists() {
-                bad.push(format!("{name}:{line}: links to {path}, which is not in the repository"));
+                bad.push(format!(
+                    "{name}:{line}: links to {path}, which is not in the repository"
+                ));
                 continue;
             }
             if !anchor.is_empty() && target.extension().is_some_and(|x| x == "md") {
@@ -253,4 +257,55 @@ fn the_readme_tour_runs_as_written_on_a_cpu() {
     ] {
         assert!(stderr.contains(label), "no {label:?} in:\n{stderr}");
     }
+}
+
+/// The README is for the user first: its first code block is exactly the two commands CI and the
+/// project rules rely on (`.ci/run` runs the second), and its sections come in the order a new
+/// user needs them (what it is, own checkpoint and dataset, configuration, rewards, scaling out,
+/// reproducing the papers, limitations) before the reference material.
+#[test]
+fn the_readme_starts_with_the_two_commands_and_keeps_the_user_first_order() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme.find("```sh\n").expect("a sh block") + 6;
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let commands: Vec<&str> = block
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim())
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "cargo run --release -p rlvr -- quickstart",
+            "cargo test --workspace --locked"
+        ],
+        "{block}"
+    );
+    let headings: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .collect();
+    let order = [
+        "Your own checkpoint and dataset",
+        "Configuration",
+        "Rewards",
+        "Scaling out",
+        "Reproducing the papers",
+        "Limitations (honest)",
+    ];
+    let at: Vec<usize> = order
+        .iter()
+        .map(|h| {
+            headings
+                .iter()
+                .position(|x| x == h)
+                .unwrap_or_else(|| panic!("no section {h:?} in {headings:?}"))
+        })
+        .collect();
+    assert_eq!(at, (0..order.len()).collect::<Vec<_>>(), "{headings:?}");
+    // Messages of the binary point to this section by name ("how to start one").
+    assert!(readme.contains("### Scaling out with vLLM\n"));
+    assert!(
+        readme[..start].matches("\n## ").count() == 0,
+        "a section before the two commands"
+    );
 }
