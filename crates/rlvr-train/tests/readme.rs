@@ -319,9 +319,10 @@ fn a_messages_row_needs_the_chat_style_and_no_system_prompt() {
     assert_eq!(p[0].question(), "Hi");
 }
 
-/// The Markdown docs whose config keys are checked: every README.md of the repository, every
-/// `.md` file under a `docs/` directory, and ARCHITECTURE.md (BENCHMARKS.md and the crates'
-/// BENCH.md are dated records of measurements, not docs of the config).
+/// The Markdown docs whose config keys are checked: every README.md of the repository (the
+/// crates' included), every `.md` file under a `docs/` directory (docs/lab/README.md included),
+/// ARCHITECTURE.md and CHANGELOG.md (BENCHMARKS.md and the crates' BENCH.md are dated records of
+/// measurements, not docs of the config).
 fn markdown_docs(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
@@ -336,6 +337,7 @@ fn markdown_docs(dir: &Path, out: &mut Vec<PathBuf>) {
             }
         } else if name == "README.md"
             || name == "ARCHITECTURE.md"
+            || name == "CHANGELOG.md"
             || (name.ends_with(".md") && p.components().any(|c| c.as_os_str() == "docs"))
         {
             out.push(p);
@@ -455,66 +457,117 @@ fn the_docs_name_only_keys_the_config_accepts() {
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
         let name = f.strip_prefix(&root).unwrap().display().to_string();
-        let mut fence: Option<(String, usize, String)> = None;
-        for (n, line) in text.lines().enumerate() {
-            let at = format!("{name}:{}", n + 1);
-            if let Some(info) = line.trim_start().strip_prefix("```") {
-                match fence.take() {
-                    None => fence = Some((info.trim().to_string(), n + 1, String::new())),
-                    Some((info, start, body)) if info == "toml" => {
-                        // A block of config tables is deserialised as a config.
-                        let Ok(table) = body.parse::<toml::Table>() else {
-                            continue;
-                        };
-                        if table.is_empty() || !table.keys().all(|k| sections.contains(&k.as_str()))
-                        {
-                            continue;
-                        }
-                        checked += 1;
-                        if let Err(e) = rlvr_train::config::from_table::<RawConfig>(table) {
-                            let e = format!("{e:#}");
-                            if e.contains("unknown") {
-                                bad.push(format!("{name}:{start}: ```toml block: {e}"));
-                            }
-                        }
-                    }
-                    Some(_) => {}
-                }
-                continue;
-            }
-            let spans: Vec<String> = match &mut fence {
-                Some((_, _, body)) => {
-                    body.push_str(line);
-                    body.push('\n');
-                    line.split("--set")
-                        .skip(1)
-                        .map(|s| {
-                            let s = s.trim_start().trim_start_matches(['\'', '"']);
-                            s.split('=').next().unwrap_or("").to_string()
-                        })
-                        .collect()
-                }
-                None => line
-                    .split('`')
-                    .skip(1)
-                    .step_by(2)
-                    .map(String::from)
-                    .collect(),
-            };
-            for span in spans {
-                for key in dotted_keys(&span, &sections) {
-                    checked += 1;
-                    if !ok(&key) {
-                        bad.push(format!("{at}: `{key}`"));
-                    }
-                }
-            }
-        }
+        checked += unknown_keys(&name, &text, &sections, &ok, &mut bad);
     }
     assert!(checked > 200, "only {checked} keys checked");
     assert!(
         bad.is_empty(),
         "the docs name keys the config does not accept:\n{}",
         bad.join("\n")
+    );
+}
+
+/// The dotted config keys `text` (the Markdown file `name`) names in backticks, after `--set` in a
+/// code block, or as the tables of a ```toml block, that `ok` refuses, pushed to `bad` as
+/// `name:line: `key``; returns how many keys it checked.
+fn unknown_keys(
+    name: &str,
+    text: &str,
+    sections: &[&str],
+    ok: &dyn Fn(&str) -> bool,
+    bad: &mut Vec<String>,
+) -> usize {
+    let mut checked = 0;
+    let mut fence: Option<(String, usize, String)> = None;
+    for (n, line) in text.lines().enumerate() {
+        let at = format!("{name}:{}", n + 1);
+        if let Some(info) = line.trim_start().strip_prefix("```") {
+            match fence.take() {
+                None => fence = Some((info.trim().to_string(), n + 1, String::new())),
+                Some((info, start, body)) if info == "toml" => {
+                    // A block of config tables is deserialised as a config.
+                    let Ok(table) = body.parse::<toml::Table>() else {
+                        continue;
+                    };
+                    if table.is_empty() || !table.keys().all(|k| sections.contains(&k.as_str())) {
+                        continue;
+                    }
+                    checked += 1;
+                    if let Err(e) = rlvr_train::config::from_table::<RawConfig>(table) {
+                        let e = format!("{e:#}");
+                        if e.contains("unknown") {
+                            bad.push(format!("{name}:{start}: ```toml block: {e}"));
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+            continue;
+        }
+        let spans: Vec<String> = match &mut fence {
+            Some((_, _, body)) => {
+                body.push_str(line);
+                body.push('\n');
+                line.split("--set")
+                    .skip(1)
+                    .map(|s| {
+                        let s = s.trim_start().trim_start_matches(['\'', '"']);
+                        s.split('=').next().unwrap_or("").to_string()
+                    })
+                    .collect()
+            }
+            None => line
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(String::from)
+                .collect(),
+        };
+        for span in spans {
+            for key in dotted_keys(&span, sections) {
+                checked += 1;
+                if !ok(&key) {
+                    bad.push(format!("{at}: `{key}`"));
+                }
+            }
+        }
+    }
+    checked
+}
+
+/// The key check itself: a crate README that names `rollout.api_key` (the key is
+/// `rollout.api_key_env`) fails with the file, the line and the key, in prose, after `--set` in a
+/// code block and in a ```toml block; real keys, peers' names, file names and placeholders pass.
+#[test]
+fn the_key_check_names_file_line_and_key_of_a_key_that_does_not_exist() {
+    let accepted: Vec<String> = accepted_keys().into_iter().map(|k| k.key).collect();
+    let sections: Vec<&str> = accepted
+        .iter()
+        .filter(|k| !k.contains('.'))
+        .map(String::as_str)
+        .collect();
+    let ok = |key: &str| {
+        accepted.iter().any(|k| k == key) || rlvr_train::config::help::alias_for(key).is_some()
+    };
+    let text = "# rlvr-vllm\n\
+                | `rollout.api_key` | the key |\n\
+                Fine: `rollout.api_key_env`, `train.lr`, `rollout.n`, `eval.jsonl`, `data.KEY`.\n\
+                ```sh\n\
+                rlvr train --set rollout.api_key=X --set train.lr=1e-6\n\
+                ```\n\
+                ```toml\n\
+                [rollout]\n\
+                api_key = \"K\"\n\
+                ```\n";
+    let mut bad = Vec::new();
+    let checked = unknown_keys("crates/x/README.md", text, &sections, &ok, &mut bad);
+    assert_eq!(checked, 7, "{bad:?}");
+    assert_eq!(bad.len(), 3, "{bad:?}");
+    assert_eq!(bad[0], "crates/x/README.md:2: `rollout.api_key`");
+    assert_eq!(bad[1], "crates/x/README.md:5: `rollout.api_key`");
+    assert!(
+        bad[2].starts_with("crates/x/README.md:7: ```toml block:") && bad[2].contains("api_key"),
+        "{}",
+        bad[2]
     );
 }
