@@ -305,7 +305,7 @@ fn combine(
 const GRPO: &[&str] = &["grpo", "off_policy_grpo"];
 
 /// The six verdicts (A1, B1, B2, B3, B4a, B4b) from per-arm statistics, with margin `m` (a fraction).
-// One block per claim (A1, B1-B3, then B4a and B4b in one loop), each reading as the README's "Reading the verdicts" states it,
+// One block per claim (A1, B1-B3, then B4a and B4b in one loop), each reading as docs/lab/README.md "Reading the verdicts" states it,
 // side by side so the five rules can be checked against that text.
 pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
     fn side(a: &ArmStats) -> Side<'_> {
