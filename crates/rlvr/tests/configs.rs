@@ -21,8 +21,12 @@ fn shipped_configs() -> Vec<PathBuf> {
         .expect("configs/ exists")
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        // configs/lab.toml is a sweep for `rlvr lab`, not a train config (rlvr-lab's tests read it).
-        .filter(|p| p.file_name().is_some_and(|n| n != "lab.toml"))
+        // configs/lab*.toml are sweeps for `rlvr lab`, not train configs (rlvr-lab's smoke test
+        // loads and dry-runs each of them).
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| !n.to_string_lossy().starts_with("lab"))
+        })
         .collect();
     v.sort();
     v
