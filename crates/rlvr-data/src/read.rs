@@ -290,11 +290,18 @@ impl FieldReader<'_> {
     fn get(&self, field: &str, key: &'static str) -> Result<&Value> {
         let missing = |reason: String| {
             if reason.is_empty() {
+                // Absent: list the row's fields; present but null: the field is there.
+                let fields = if self.record.fields.contains_key(field) {
+                    Vec::new()
+                } else {
+                    self.record.fields.keys().cloned().collect()
+                };
                 DataError::MissingField {
                     file: self.file.to_path_buf(),
                     line: self.record.line,
                     field: field.to_string(),
                     key,
+                    fields,
                 }
             } else {
                 DataError::MissingPath {
@@ -337,6 +344,14 @@ impl FieldReader<'_> {
     pub fn question(&self, field: &str, key: &'static str) -> Result<QuestionValue> {
         let items = match self.get(field, key)? {
             Value::Array(items) => items,
+            Value::Object(_) => {
+                return Err(self.bad(
+                    field,
+                    "must be a string or a list of chat messages, found an object (write one \
+                     message as a list: [{\"role\": \"user\", \"content\": \"...\"}])"
+                        .into(),
+                ))
+            }
             _ => return self.text(field, key).map(QuestionValue::Text),
         };
         if items.is_empty() {
