@@ -14,6 +14,14 @@ pub enum DataError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A whole file cannot be read by this build (a Parquet codec that is not compiled in).
+    #[error("{}: {reason}", file.display())]
+    Unreadable {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// A line (or Parquet row) is not a JSON object / readable record.
     #[error("{}:{line}: malformed record: {reason}", file.display())]
     Malformed {

@@ -615,3 +615,26 @@ fn a_single_message_object_is_refused_as_not_a_list() {
         )],
     );
 }
+
+#[cfg(feature = "parquet")]
+#[test]
+fn a_parquet_codec_not_compiled_in_is_named_with_the_fix() {
+    // tests/fixtures/zstd.parquet: pyarrow 26, `pq.write_table(pa.table({"question": ["What is
+    // 2 + 2?"], "answer": ["4"]}), path, compression="zstd")`; zstd is polars' default codec.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zstd.parquet");
+    let c = DataConfig {
+        question_field: Some("question".into()),
+        style: PromptStyle::Plain,
+        ..cfg(&path)
+    };
+    check_refused(
+        &c,
+        &[&format!(
+            "{}: column `question` is compressed with ZSTD, which rlvr does not read (it reads \
+             Snappy-compressed and uncompressed Parquet): rewrite the file with Snappy (pyarrow: \
+             pq.write_table(table, path, compression=\"snappy\"); polars: \
+             df.write_parquet(path, compression=\"snappy\"))",
+            path.display()
+        )],
+    );
+}
