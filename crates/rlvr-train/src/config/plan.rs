@@ -371,7 +371,7 @@ pub fn plan_ranks(
     let mc = ModelConfig::from_file(&cfg_path).with_context(|| {
         format!(
             "model.path {} has no readable config.json (rlvr plan reads the model's shape from \
-             it, no weights needed; configs/shapes/ holds Qwen2.5's): set --set model.path=DIR",
+             it, no weights needed; configs/shapes/ holds Qwen2.5's): pass --set model.path=DIR",
             raw.model.path.display()
         )
     })?;
