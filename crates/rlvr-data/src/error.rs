@@ -14,6 +14,14 @@ pub enum DataError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A whole file cannot be read by this build (a Parquet codec that is not compiled in).
+    #[error("{}: {reason}", file.display())]
+    Unreadable {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// A line (or Parquet row) is not a JSON object / readable record.
     #[error("{}:{line}: malformed record: {reason}", file.display())]
     Malformed {
@@ -25,7 +33,7 @@ pub enum DataError {
         reason: String,
     },
     /// A required field is absent (or null).
-    #[error("{}:{line}: missing field `{field}` (set data.{key} to the field that holds it)", file.display())]
+    #[error("{}:{line}: missing field `{field}` ({}set data.{key} to the field that holds it)", file.display(), fields_note(fields))]
     MissingField {
         /// The file.
         file: PathBuf,
@@ -35,6 +43,9 @@ pub enum DataError {
         field: String,
         /// The config key that names this field.
         key: &'static str,
+        /// The row's top-level fields when the field is absent (empty when it is there but null),
+        /// so that the message shows which field to name.
+        fields: Vec<String>,
     },
     /// A dotted field path (`reward_model.ground_truth`) does not reach a value: the record has no
     /// top-level key of that name, and a part of the path is absent, null or not an object.
@@ -99,3 +110,12 @@ pub enum DataError {
 
 /// Result alias of this crate.
 pub type Result<T, E = DataError> = std::result::Result<T, E>;
+
+/// `the row's fields: [..]; ` for [`DataError::MissingField`], or nothing when none are listed.
+fn fields_note(fields: &[String]) -> String {
+    if fields.is_empty() {
+        String::new()
+    } else {
+        format!("the row's fields: {fields:?}; ")
+    }
+}

@@ -172,7 +172,9 @@ fn for_each_parquet(path: &Path, _f: impl FnMut(Record) -> Result<()>) -> Result
 /// Reads a Parquet file, one record per row (columns by name; nested lists become arrays).
 ///
 /// # Errors
-/// As [`read_records`]; a codec other than Snappy or none is reported as a malformed row 0 naming it.
+/// As [`read_records`]; a column compressed with a codec other than Snappy or none (zstd, polars'
+/// default; gzip; lz4; brotli) is [`DataError::Unreadable`] naming the column, the codec and how to
+/// rewrite the file.
 #[cfg(feature = "parquet")]
 pub fn read_parquet(path: &Path) -> Result<Vec<Record>> {
     let mut out = Vec::new();
@@ -194,6 +196,25 @@ fn for_each_parquet(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Res
         reason: format!("Parquet: {e}"),
     };
     let reader = SerializedFileReader::new(file).map_err(|e| bad(0, e))?;
+    let meta = reader.metadata();
+    for column in meta.row_groups().iter().flat_map(|g| g.columns()) {
+        use parquet::basic::Compression;
+        let codec = column.compression();
+        if !matches!(codec, Compression::UNCOMPRESSED | Compression::SNAPPY) {
+            let name = format!("{codec:?}");
+            let name = name.split('(').next().unwrap_or(&name);
+            return Err(DataError::Unreadable {
+                file: path.to_path_buf(),
+                reason: format!(
+                    "column `{}` is compressed with {name}, which rlvr does not read (it reads \
+                     Snappy-compressed and uncompressed Parquet): rewrite the file with Snappy \
+                     (pyarrow: pq.write_table(table, path, compression=\"snappy\"); polars: \
+                     df.write_parquet(path, compression=\"snappy\"))",
+                    column.column_path().string()
+                ),
+            });
+        }
+    }
     let rows = reader.get_row_iter(None).map_err(|e| bad(0, e))?;
     for (k, row) in rows.enumerate() {
         let row = row.map_err(|e| bad(k + 1, e))?;
@@ -290,11 +311,18 @@ impl FieldReader<'_> {
     fn get(&self, field: &str, key: &'static str) -> Result<&Value> {
         let missing = |reason: String| {
             if reason.is_empty() {
+                // Absent: list the row's fields; present but null: the field is there.
+                let fields = if self.record.fields.contains_key(field) {
+                    Vec::new()
+                } else {
+                    self.record.fields.keys().cloned().collect()
+                };
                 DataError::MissingField {
                     file: self.file.to_path_buf(),
                     line: self.record.line,
                     field: field.to_string(),
                     key,
+                    fields,
                 }
             } else {
                 DataError::MissingPath {
@@ -337,6 +365,14 @@ impl FieldReader<'_> {
     pub fn question(&self, field: &str, key: &'static str) -> Result<QuestionValue> {
         let items = match self.get(field, key)? {
             Value::Array(items) => items,
+            Value::Object(_) => {
+                return Err(self.bad(
+                    field,
+                    "must be a string or a list of chat messages, found an object (write one \
+                     message as a list: [{\"role\": \"user\", \"content\": \"...\"}])"
+                        .into(),
+                ))
+            }
             _ => return self.text(field, key).map(QuestionValue::Text),
         };
         if items.is_empty() {

@@ -142,7 +142,9 @@ fn malformed_lines_and_missing_fields_name_file_line_and_field() {
         train: Some(f.path().into()),
         ..DataConfig::default()
     };
-    assert!(err_of(&cfg).contains(":1: field `question` must be a string, found an object"));
+    assert!(err_of(&cfg).contains(
+        ":1: field `question` must be a string or a list of chat messages, found an object"
+    ));
     let f = jsonl_file(&["[1, 2]"]);
     let cfg = DataConfig {
         train: Some(f.path().into()),

@@ -350,7 +350,7 @@ fn a_dotted_path_that_misses_says_which_part() {
             ],
         );
     }
-    // A name without a dot is missing as before.
+    // A name without a dot is a missing top-level field, listed with the row's fields.
     let c = DataConfig {
         answer_field: Some("ground_truth".into()),
         ..cfg(&path)
@@ -358,7 +358,8 @@ fn a_dotted_path_that_misses_says_which_part() {
     check_refused(
         &c,
         &[&format!(
-            "{}:1: missing field `ground_truth` (set data.answer_field",
+            "{}:1: missing field `ground_truth` (the row's fields: [\"prompt\", \"reward_model\"]; \
+             set data.answer_field",
             path.display()
         )],
     );
@@ -554,6 +555,85 @@ fn a_null_message_member_in_parquet_is_a_missing_content() {
         },
         &[&format!(
             "{}:1: field `prompt[0].content` is missing",
+            path.display()
+        )],
+    );
+}
+
+#[test]
+fn a_trl_row_without_question_field_lists_the_rows_fields() {
+    // TRL's conversational rows name their prompt `prompt`; the jsonl task's default question
+    // field is `question`. The refusal lists the row's fields, so the fix is in the message.
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        dir.path(),
+        "trl.jsonl",
+        &[r#"{"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}"#],
+    );
+    let c = DataConfig {
+        question_field: None,
+        ..cfg(&path)
+    };
+    check_refused(
+        &c,
+        &[&format!(
+            "{}:1: missing field `question` (the row's fields: [\"answer\", \"prompt\"]; set \
+             data.question_field to the field that holds it)",
+            path.display()
+        )],
+    );
+    // A null value is there but empty: no list of fields.
+    let path = file(
+        dir.path(),
+        "null.jsonl",
+        &[r#"{"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": null}"#],
+    );
+    check_refused(
+        &cfg(&path),
+        &[&format!(
+            "{}:1: missing field `answer` (set data.answer_field",
+            path.display()
+        )],
+    );
+}
+
+#[test]
+fn a_single_message_object_is_refused_as_not_a_list() {
+    // One message written without the list's brackets.
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        dir.path(),
+        "one.jsonl",
+        &[r#"{"prompt": {"role": "user", "content": "2 + 2?"}, "answer": "4"}"#],
+    );
+    check_refused(
+        &cfg(&path),
+        &[&format!(
+            "{}:1: field `prompt` must be a string or a list of chat messages, found an object \
+             (write one message as a list: [{{\"role\": \"user\", \"content\": \"...\"}}])",
+            path.display()
+        )],
+    );
+}
+
+#[cfg(feature = "parquet")]
+#[test]
+fn a_parquet_codec_not_compiled_in_is_named_with_the_fix() {
+    // tests/fixtures/zstd.parquet: pyarrow 26, `pq.write_table(pa.table({"question": ["What is
+    // 2 + 2?"], "answer": ["4"]}), path, compression="zstd")`; zstd is polars' default codec.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zstd.parquet");
+    let c = DataConfig {
+        question_field: Some("question".into()),
+        style: PromptStyle::Plain,
+        ..cfg(&path)
+    };
+    check_refused(
+        &c,
+        &[&format!(
+            "{}: column `question` is compressed with ZSTD, which rlvr does not read (it reads \
+             Snappy-compressed and uncompressed Parquet): rewrite the file with Snappy (pyarrow: \
+             pq.write_table(table, path, compression=\"snappy\"); polars: \
+             df.write_parquet(path, compression=\"snappy\"))",
             path.display()
         )],
     );

@@ -194,8 +194,17 @@ impl TokenizerBundle {
             .chat_template
             .as_deref()
             .ok_or_else(|| ModelError::Template {
-                source_name: self.path.display().to_string(),
-                msg: "the model directory has no chat_template (tokenizer_config.json)".into(),
+                // The model directory: the template is looked for beside tokenizer.json.
+                source_name: self
+                    .path
+                    .parent()
+                    .unwrap_or(&self.path)
+                    .display()
+                    .to_string(),
+                msg: "the model directory has no chat template (neither `chat_template` in \
+                      tokenizer_config.json nor chat_template.jinja), so chat messages cannot be \
+                      rendered: add one (an instruct model's), or use plain prompts"
+                    .into(),
             })?;
         render_chat_template(
             tpl,

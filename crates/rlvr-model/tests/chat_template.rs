@@ -140,3 +140,35 @@ fn the_fuel_leaves_room_for_long_conversations_in_real_templates() {
         assert_eq!(out.matches("2+2?").count(), 500, "{}", c.name);
     }
 }
+
+#[test]
+fn a_model_without_a_chat_template_says_where_one_is_looked_for() {
+    // A base model's tokenizer_config.json has no `chat_template`, and no chat_template.jinja.
+    let dir = tempfile::tempdir().unwrap();
+    let tok = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/tokenizers/qwen2.5/tokenizer.json"
+    );
+    std::fs::copy(tok, dir.path().join("tokenizer.json")).unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"eos_token": "<|endoftext|>"}"#,
+    )
+    .unwrap();
+    let bundle = rlvr_model::TokenizerBundle::load(dir.path()).unwrap();
+    let msg = [Message {
+        role: "user".into(),
+        content: "2 + 2?".into(),
+    }];
+    let e = bundle
+        .apply_chat_template(&msg, true)
+        .unwrap_err()
+        .to_string();
+    let want = format!(
+        "chat template ({}): the model directory has no chat template (neither `chat_template` in \
+         tokenizer_config.json nor chat_template.jinja), so chat messages cannot be rendered: \
+         add one (an instruct model's), or use plain prompts",
+        dir.path().display()
+    );
+    assert_eq!(e, want);
+}

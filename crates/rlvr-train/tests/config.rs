@@ -982,6 +982,13 @@ fn a_peers_key_names_ours() {
             "verl",
         ),
         ("data.train_batch_size=64", "data.prompts_per_step", "verl"),
+        // Warm-up as a fraction of the steps (TRL's TrainingArguments, verl's optim).
+        ("train.warmup_ratio=0.1", "train.warmup_steps", "TRL"),
+        (
+            "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+            "train.warmup_steps",
+            "verl",
+        ),
     ] {
         let err = format!("{:#}", check_load("", &[set]).unwrap_err());
         let key = set.split_once('=').unwrap().0;

@@ -358,3 +358,17 @@ fn world_size_and_zero_1_per_rank() {
         "{fit:?}"
     );
 }
+
+#[test]
+fn a_model_path_without_config_json_says_to_set_it_and_where_shapes_are() {
+    // The shipped GPU configs name a placeholder checkpoint (configs/README.md, "Paths").
+    let dir = tempfile::tempdir().unwrap();
+    let r = raw(&[&format!("model.path={}", dir.path().display())]);
+    let e = format!("{:#}", plan(&r, false, None).unwrap_err());
+    let want = format!(
+        "model.path {} has no readable config.json (rlvr plan reads the model's shape from it, no \
+         weights needed; configs/shapes/ holds Qwen2.5's): pass --set model.path=DIR",
+        dir.path().display()
+    );
+    assert!(e.starts_with(&want), "{e}");
+}

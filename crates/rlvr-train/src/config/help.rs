@@ -248,6 +248,18 @@ pub const ALIASES: &[Alias] = &[
         note: "linear warm-up steps",
     },
     Alias {
+        name: "optim.lr_warmup_steps_ratio",
+        peer: "verl",
+        ours: "train.warmup_steps",
+        note: "verl gives a fraction of the training steps; rlvr gives steps: ratio × train.steps",
+    },
+    Alias {
+        name: "warmup_ratio",
+        peer: "TRL",
+        ours: "train.warmup_steps",
+        note: "TRL gives a fraction of the training steps; rlvr gives steps: ratio × train.steps",
+    },
+    Alias {
         name: "ppo_mini_batch_size",
         peer: "verl",
         ours: "train.mini_batches",
