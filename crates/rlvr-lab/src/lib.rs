@@ -146,12 +146,7 @@ pub fn analyse_data(
     if !runs.is_empty() {
         figures::write_all(out, d, smooth)?;
     }
-    let mut vs = if d.paper_claims {
-        verdict::verdicts(&stats, verdict::MARGIN)
-    } else {
-        Vec::new()
-    };
-    vs.extend(verdict::claims(&stats, &d.claims, verdict::MARGIN));
+    let vs = verdict::all_verdicts(&stats, d.paper_claims, &d.claims);
     let p = out.join("verdicts.json");
     let j = json!({"margin": verdict::MARGIN, "verdicts": vs});
     std::fs::write(&p, serde_json::to_string_pretty(&j)? + "\n")

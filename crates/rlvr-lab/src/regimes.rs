@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::data::LabData;
-use crate::summary::{arm_stats, ArmStats, Estimate};
+use crate::summary::{arm_stats, pct, ArmStats, Estimate};
 use crate::verdict::{self, Status, Verdict};
 
 /// One regime: its name and its lab's arms and verdicts.
@@ -58,12 +58,7 @@ pub fn parse_arg(s: &str) -> anyhow::Result<(String, PathBuf)> {
 pub fn read(name: &str, dir: &Path) -> anyhow::Result<Regime> {
     let d = LabData::read(dir)?;
     let arms = arm_stats(&d.summaries());
-    let mut verdicts = if d.paper_claims {
-        verdict::verdicts(&arms, verdict::MARGIN)
-    } else {
-        Vec::new()
-    };
-    verdicts.extend(verdict::claims(&arms, &d.claims, verdict::MARGIN));
+    let verdicts = verdict::all_verdicts(&arms, d.paper_claims, &d.claims);
     Ok(Regime {
         name: name.to_string(),
         dir: dir.display().to_string(),
@@ -122,14 +117,6 @@ pub fn across(regimes: &[Regime]) -> Vec<ClaimAcross> {
             }
         })
         .collect()
-}
-
-fn pct(e: Option<Estimate>) -> String {
-    match e {
-        Some(e) if e.n > 1 => format!("{:.1} ± {:.1}", 100.0 * e.mean, 100.0 * e.std),
-        Some(e) => format!("{:.1}", 100.0 * e.mean),
-        None => "–".into(),
-    }
 }
 
 fn kl(e: Option<Estimate>) -> String {
@@ -245,8 +232,8 @@ pub fn markdown(regimes: &[Regime]) -> String {
         for p in &per {
             s.push_str(&format!(
                 " {} | {} |",
-                pct(p.and_then(|x| x.warm_accuracy)),
-                pct(p.and_then(|x| x.final_accuracy))
+                pct(&p.and_then(|x| x.warm_accuracy)),
+                pct(&p.and_then(|x| x.final_accuracy))
             ));
         }
         s.push('\n');

@@ -291,7 +291,8 @@ pub fn arm_stats(runs: &[RunSummary]) -> Vec<ArmStats> {
         .collect()
 }
 
-fn pct(e: &Option<Estimate>) -> String {
+/// An accuracy estimate in percent, `mean ± std` over seeds (the mean alone for one seed).
+pub(crate) fn pct(e: &Option<Estimate>) -> String {
     match e {
         Some(e) if e.n > 1 => format!("{:.1} ± {:.1}", 100.0 * e.mean, 100.0 * e.std),
         Some(e) => format!("{:.1}", 100.0 * e.mean),

@@ -235,6 +235,14 @@ pub struct RunSpec {
 
 /// Refuses a seed listed twice in `seeds` (the key `key`): each arm of `arms` would run it twice
 /// into one run directory, and the statistics would count one run as two seeds.
+/// A name that is safe as a directory and a table key: non-empty ASCII letters, digits, `_`, `-`.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 fn duplicate_seed(key: &str, seeds: &[u64], arms: &[&str]) -> anyhow::Result<()> {
     for (i, s) in seeds.iter().enumerate() {
         if seeds[..i].contains(s) {
@@ -323,11 +331,7 @@ impl Sweep {
         }
         let mut seen = std::collections::HashSet::new();
         for a in &self.arms {
-            let ok = !a.name.is_empty()
-                && a.name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-            if !ok {
+            if !plain_name(&a.name) {
                 bail!("arm name `{}`: use letters, digits, `_` and `-`", a.name);
             }
             if !seen.insert(a.name.as_str()) {
@@ -359,16 +363,10 @@ impl Sweep {
     /// Checks `[[claim]]` against the whole sweep's arms (at parse time: `--fast` and `--only` may
     /// leave a claim's arm out, which makes that claim inconclusive, not the sweep wrong).
     fn check_claims(&self) -> anyhow::Result<()> {
-        let seen: std::collections::HashSet<&str> =
-            self.arms.iter().map(|a| a.name.as_str()).collect();
         let arms: Vec<&str> = self.arms.iter().map(|a| a.name.as_str()).collect();
         let mut claim_names = std::collections::HashSet::new();
         for c in &self.claims {
-            let ok = !c.name.is_empty()
-                && c.name
-                    .chars()
-                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
-            if !ok {
+            if !plain_name(&c.name) {
                 bail!(
                     "[[claim]] name `{}`: use letters, digits, `_` and `-`",
                     c.name
@@ -382,7 +380,7 @@ impl Sweep {
             }
             for (i, k) in c.compare.iter().enumerate() {
                 for (side, n) in [("a", &k.a), ("b", &k.b)] {
-                    if !(seen.contains(n.as_str()) || side == "b" && n == WARM_START) {
+                    if !(arms.contains(&n.as_str()) || side == "b" && n == WARM_START) {
                         bail!(
                             "[[claim]] `{}`: compare[{i}].{side} names `{n}`, which is no [[arm]] \
                              (arms: {}{})",

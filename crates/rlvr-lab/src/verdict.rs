@@ -442,6 +442,19 @@ pub fn verdicts(arms: &[ArmStats], m: f64) -> Vec<Verdict> {
     out
 }
 
+/// What a lab judges from its arms: the papers' claims ([`verdicts`]) unless the sweep turned
+/// them off (`[lab].paper_claims = false`), then the sweep's own `[[claim]]`s ([`claims`]), at
+/// margin [`MARGIN`]. `rlvr lab`, `--redraw` and `--regimes` all judge through this one function.
+pub fn all_verdicts(arms: &[ArmStats], paper_claims: bool, own: &[ClaimSpec]) -> Vec<Verdict> {
+    let mut vs = if paper_claims {
+        verdicts(arms, MARGIN)
+    } else {
+        Vec::new()
+    };
+    vs.extend(claims(arms, own, MARGIN));
+    vs
+}
+
 /// The verdicts of a sweep's own claims (`[[claim]]`, [`ClaimSpec`]), with margin `m`: each
 /// comparison by arm name (b = [`WARM_START`]: arm a's own warm start), combined as the papers'
 /// claims are. An arm without a final accuracy (absent under `--fast`/`--only`, or not run yet)

@@ -323,6 +323,20 @@ fn a_messages_row_needs_the_chat_style_and_no_system_prompt() {
 /// crates' included), every `.md` file under a `docs/` directory (docs/lab/README.md included),
 /// ARCHITECTURE.md and CHANGELOG.md (BENCHMARKS.md and the crates' BENCH.md are dated records of
 /// measurements, not docs of the config).
+/// The config's top-level sections (`train`, `reward`, ...): the accepted keys without a dot.
+fn sections_of(accepted: &[String]) -> Vec<&str> {
+    accepted
+        .iter()
+        .filter(|k| !k.contains('.'))
+        .map(String::as_str)
+        .collect()
+}
+
+/// A key the config accepts, or a peer's name that its help maps to ours (verl's `rollout.n`).
+fn known_key(accepted: &[String], key: &str) -> bool {
+    accepted.iter().any(|k| k == key) || rlvr_train::config::help::alias_for(key).is_some()
+}
+
 fn markdown_docs(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
@@ -430,18 +444,12 @@ fn dotted_keys(span: &str, sections: &[&str]) -> Vec<String> {
 fn the_docs_name_only_keys_the_config_accepts() {
     let root = repo_root();
     let accepted: Vec<String> = accepted_keys().into_iter().map(|k| k.key).collect();
-    let sections: Vec<&str> = accepted
-        .iter()
-        .filter(|k| !k.contains('.'))
-        .map(String::as_str)
-        .collect();
+    let sections = sections_of(&accepted);
     assert!(
         sections.contains(&"train") && sections.contains(&"reward"),
         "{sections:?}"
     );
-    let ok = |key: &str| {
-        accepted.iter().any(|k| k == key) || rlvr_train::config::help::alias_for(key).is_some()
-    };
+    let ok = |key: &str| known_key(&accepted, key);
     let mut files = Vec::new();
     markdown_docs(&root, &mut files);
     for want in [
@@ -541,14 +549,8 @@ fn unknown_keys(
 #[test]
 fn the_key_check_names_file_line_and_key_of_a_key_that_does_not_exist() {
     let accepted: Vec<String> = accepted_keys().into_iter().map(|k| k.key).collect();
-    let sections: Vec<&str> = accepted
-        .iter()
-        .filter(|k| !k.contains('.'))
-        .map(String::as_str)
-        .collect();
-    let ok = |key: &str| {
-        accepted.iter().any(|k| k == key) || rlvr_train::config::help::alias_for(key).is_some()
-    };
+    let sections = sections_of(&accepted);
+    let ok = |key: &str| known_key(&accepted, key);
     let text = "# rlvr-vllm\n\
                 | `rollout.api_key` | the key |\n\
                 Fine: `rollout.api_key_env`, `train.lr`, `rollout.n`, `eval.jsonl`, `data.KEY`.\n\
