@@ -1,0 +1,27 @@
+"""One compiled form of a kernel: what the generator (``generate.py``) compiles and the manifest lists.
+
+Each kernel module in ``kernels/src/`` exposes ``VARIANTS: list[Variant]``. A variant fixes
+everything that changes the machine code: the Triton signature (pointer element types and scalar
+widths, in the kernel's parameter order), the constexpr values (block sizes, head dim, dtype flags,
+``input_precision`` choice), warps, pipeline stages, fp fusion, and the targets it is built for.
+The name is the entry point the Rust launcher asks for: ``<kernel>_<what varies>``, unique across
+all modules.
+"""
+
+from dataclasses import dataclass, field
+
+# Targets: "sm90a" is Hopper (H100/H200, the lent machines), with its tensor-core instructions;
+# "sm80" is the portable build that also runs on sm_86/sm_89 (A100, RTX 30xx/40xx, L40S).
+TARGETS = ("sm90a", "sm80")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    fn: object  # the @triton.jit function
+    signature: dict  # parameter -> "*fp32" | "*bf16" | "*i32" | "i32" | "i64" | "fp32" | "constexpr"
+    constexprs: dict = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2
+    fp_fusion: bool = False  # no fused multiply-add contraction unless a variant says so
+    targets: tuple = TARGETS
