@@ -25,3 +25,6 @@ class Variant:
     num_stages: int = 2
     fp_fusion: bool = False  # no fused multiply-add contraction unless a variant says so
     targets: tuple = TARGETS
+    # ``generate.py`` refuses a compiled form whose ptxas reports spill stores or loads unless its
+    # variant sets this (a spill is a performance regression the launcher cannot see).
+    allow_spills: bool = False
