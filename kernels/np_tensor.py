@@ -24,7 +24,13 @@ _TORCH_NAMES = {
 
 
 class _DType:
-    """A dtype whose ``str`` is torch's name, which Triton's argument specialisation reads."""
+    """A dtype whose ``str`` is torch's name, which Triton's argument specialisation reads.
+
+    One object per name, alive for the whole process (:func:`_dtype`): Triton's native
+    specialisation caches a dtype's type string by the object's identity, so a freed dtype object
+    whose address is reused by another dtype would give that one a stale type (seen: a bf16
+    gradient read as f32, and f32 moments stored as uint16, depending on garbage collection).
+    """
 
     def __init__(self, name):
         self.name = name
@@ -33,6 +39,15 @@ class _DType:
         return self.name
 
     __repr__ = __str__
+
+
+_DTYPES = {}
+
+
+def _dtype(name):
+    if name not in _DTYPES:
+        _DTYPES[name] = _DType(name)
+    return _DTYPES[name]
 
 
 class _Storage:
@@ -60,9 +75,9 @@ class Tensor:
         self.arr = np.ascontiguousarray(arr)
         if bf16:
             assert self.arr.dtype == np.uint16, "bf16 bits are held as uint16"
-            self.dtype = _DType("torch.bfloat16")
+            self.dtype = _dtype("torch.bfloat16")
         else:
-            self.dtype = _DType(_TORCH_NAMES[self.arr.dtype])
+            self.dtype = _dtype(_TORCH_NAMES[self.arr.dtype])
         self.device = "cpu"
 
     def data_ptr(self):
