@@ -109,7 +109,7 @@ def _adamw(name, grad, copy):
     constexprs = {"BLOCK": ADAMW_BLOCK}
     if not copy:
         constexprs["copy"] = None
-    return Variant(name, adamw_kernel, sig, constexprs, num_warps=4, num_stages=1)
+    return Variant(name, adamw_kernel, sig, constexprs, num_warps=8, num_stages=1)
 
 
 def _sumsq(name, grad):
