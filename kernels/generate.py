@@ -35,16 +35,16 @@ import tempfile
 import time
 import zipfile
 
-# Before triton is imported: compile for real (the tests set TRITON_INTERPRET), and leave no
-# line info (it would put absolute source paths into the PTX).
-os.environ.pop("TRITON_INTERPRET", None)
-os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
-
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BUILD = os.path.join(ROOT, "kernels", "build")
 SRC = os.path.join(ROOT, "kernels", "src")
-os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(ROOT, "target", "kernels-cache", "triton"))
-sys.path.insert(0, ROOT)
+if __name__ == "__main__":
+    # Run as the generator (not imported by a test): compile for real (the tests set
+    # TRITON_INTERPRET), and leave no line info (it would put absolute source paths into the PTX).
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(ROOT, "target", "kernels-cache", "triton"))
+    sys.path.insert(0, ROOT)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -135,6 +135,11 @@ def assemble(ptxas, ptx, gpu_name, fp_fusion):
 
 # ---------------------------------------------------------------------------------------------
 # variants
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def rel(path):
@@ -248,7 +253,7 @@ def compile_one(i):
         "name": v.name,
         "family": os.path.basename(path)[:-3],
         "source": rel(path),
-        "source_sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
+        "source_sha256": sha256_file(path),
         "target": target,
         "entry": entry,
         "cubin": f"{target}/{v.name}.cubin",
