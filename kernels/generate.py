@@ -14,7 +14,8 @@ is in ``kernels/README.md``; output is deterministic (sorted keys, entries sorte
 target, no timestamps, no absolute paths), so a regeneration equals the committed files.
 
 Checks (both modes; exit status 1): the PTX ``.entry`` parameter list against the variant's
-signature plus Triton's two trailing scratch pointers; ``.reqntid`` against the warps; no spill
+signature plus Triton's two trailing scratch pointers, and the cubin's own parameter table
+(count and widths); ``.reqntid`` against the warps; no spill
 unless the variant allows it; shared memory within the target's limit; at most 1024 threads; no
 clusters. ``--check`` also fails, naming each file, when the committed artifacts differ.
 """
@@ -110,6 +111,23 @@ def find_ptxas(explicit):
     if f"V{PTXAS_VERSION}" not in out:
         raise GenError(f"{exe} is not ptxas {PTXAS_VERSION}:\n{out}")
     return exe
+
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+_PARAM_BYTES = {"i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8, "i1": 1}
+
+
+def cubin_param_sizes(cubin):
+    """The kernel parameters' byte sizes in ordinal order, from the cubin's EIATTR_KPARAM_INFO
+    (read by the cuobjdump that Triton's wheel ships)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        out = subprocess.run([CUOBJDUMP, "-elf", path], check=True, capture_output=True,
+                             text=True).stdout
+    found = re.findall(r"Ordinal\s*:\s*0x([0-9a-f]+)\s+Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)", out)
+    return [int(size, 16) for _, _, size in sorted(found, key=lambda x: int(x[0], 16))]
 
 
 def assemble(ptxas, ptx, gpu_name, fp_fusion):
@@ -234,6 +252,11 @@ def compile_one(i):
     entry = md.name
     cubin, regs, spills = assemble(ptxas, ptx, gpu_name, v.fp_fusion)
     problems = []
+    params = manifest_params(v, ptx, entry)
+    sizes = [8 if p["kind"] != "scalar" else _PARAM_BYTES[p["dtype"]] for p in params]
+    in_cubin = cubin_param_sizes(cubin)
+    if in_cubin != sizes:
+        problems.append(f"the cubin's parameter sizes {in_cubin} are not the manifest's {sizes}")
     version = re.search(r"^\.version\s+(\S+)", ptx, re.M).group(1)
     if version != f"{PTX_VERSION // 10}.{PTX_VERSION % 10}":
         problems.append(f"PTX .version {version}")
@@ -259,7 +282,7 @@ def compile_one(i):
         "cubin": f"{target}/{v.name}.cubin",
         "ptx": f"{target}/{v.name}.ptx",
         "ptx_version": version,
-        "params": manifest_params(v, ptx, entry),
+        "params": params,
         "constexprs": {k2: (c if isinstance(c, (int, float, str, bool, type(None))) else str(c))
                        for k2, c in v.constexprs.items()},
         "num_warps": v.num_warps,
