@@ -43,6 +43,14 @@ logits, in place, from the upstream ``grad[r] = (g_ℓ, g_H)`` (the gradients of
 (``∂H/∂s_j = −p_j·(log p_j + H)``), the formulas of ``TokenLogprobGradOp`` and
 ``rlvr_model::chunked``; ``dX`` and ``dW`` are then GEMMs of this chunk with ``W`` and ``h``.
 
+Launch contract (the host's part): ``targets`` ``[rows]`` holds the vocabulary ids (rlvr's u32 ids
+read as i32); ``state`` ``[rows, 4]``, ``out`` ``[rows, 2]`` and ``grad`` ``[rows, 2]`` are
+contiguous f32; ``state`` needs no initialisation (the first chunk's launch passes ``first = 1``
+and reads nothing from it) and must be kept from the forward to the backward; ``inv_t`` is
+``f32(1/T)``, as the CPU op's ``inv_t``. Without entropy the host passes ``g_H = 0`` (the CPU op
+drops it) and ignores ``out[:, 1]``. Grids: forward ``(rows,)``, finish ``(cdiv(rows, 128),)``,
+backward ``(rows, cdiv(n_cols, BLOCK))`` (``n_cols ≤ 65535·BLOCK``).
+
 Precision: f32 arithmetic throughout (bf16 logits are widened when loaded; the bf16 gradient is
 rounded to nearest even when stored). No fused multiply-add (``fp_fusion`` off); ``exp``/``log``
 are the GPU's approximate f32 ones on the device (a few ulp), numpy's under the interpreter.
