@@ -52,8 +52,10 @@ drops it) and ignores ``out[:, 1]``. Grids: forward ``(rows,)``, finish ``(cdiv(
 backward ``(rows, cdiv(n_cols, BLOCK))`` (``n_cols ≤ 65535·BLOCK``).
 
 Precision: f32 arithmetic throughout (bf16 logits are widened when loaded; the bf16 gradient is
-rounded to nearest even when stored). No fused multiply-add (``fp_fusion`` off); ``exp``/``log``
-are the GPU's approximate f32 ones on the device (a few ulp), numpy's under the interpreter.
+rounded to nearest even when stored). No fused multiply-add contraction (``fp_fusion`` off). On
+the device ``exp`` is ``ex2.approx.f32`` of ``x·log2 e`` (≈2 ulp, plus the rounding of the
+product: relative ≈ |x|·6e-8, which only the exponentially small terms see) and ``log`` is
+libdevice's ``logf`` (≤ 1 ulp); under the interpreter both are numpy's.
 """
 
 import triton
