@@ -7,7 +7,7 @@ Run it with the pinned toolchain (``kernels/requirements.txt``; ``scripts/ci_ker
 that venv). Every ``kernels/src/*.py`` module is imported (sorted by name) and its ``VARIANTS``
 collected; each (variant, target) is compiled by ``triton.compile`` for ``GPUTarget("cuda", cc,
 32)`` with PTX ISA 9.0 (the lent machines' CUDA 13.0 driver cannot load Triton 3.9's default 9.4),
-in this process, never under the interpreter. The PTX is then assembled by the **CUDA 13.0
+in this process or its forked workers (``-j``), never under the interpreter. The PTX is then assembled by the **CUDA 13.0
 ptxas** (13.0.88, from PyPI's ``nvidia-cuda-nvcc`` wheel; fetched and cached on first use, or
 ``--ptxas``/``$PTXAS``), whose ``-v`` report gives the registers and spills. The manifest's format
 is in ``kernels/README.md``; output is deterministic (sorted keys, entries sorted by name and
@@ -15,9 +15,9 @@ target, no timestamps, no absolute paths), so a regeneration equals the committe
 
 Checks (both modes; exit status 1): the PTX ``.entry`` parameter list against the variant's
 signature plus Triton's two trailing scratch pointers, and the cubin's own parameter table
-(count and widths); ``.reqntid`` against the warps; no spill
-unless the variant allows it; shared memory within the target's limit; at most 1024 threads; no
-clusters. ``--check`` also fails, naming each file, when the committed artifacts differ.
+(count and widths); ``.reqntid`` against the warps; no spill unless the variant allows it;
+shared memory within the target's limit; at most 1024 threads; no clusters. ``--check`` also
+fails, naming each file, when the committed artifacts differ from the regeneration.
 """
 
 import argparse
