@@ -79,6 +79,7 @@ CASES = [
     (4, 2 * FWD_BLOCK + 77, 2500, 1.3),     # a chunk wider than the block, a ragged last chunk
     (3, 40, 1, 1.0),                        # one-column chunks
     (6, 4099, 4099, 0.6),                   # one chunk of several blocks
+    (FINISH_BLOCK + 2, 50, 30, 1.0),        # more rows than one finish program covers
 ]
 
 
