@@ -24,7 +24,13 @@ _TORCH_NAMES = {
 
 
 class _DType:
-    """A dtype whose ``str`` is torch's name, which Triton's argument specialisation reads."""
+    """A dtype whose ``str`` is torch's name, which Triton's argument specialisation reads.
+
+    One instance per name, never freed (:func:`_dtype`): Triton 3.9's native specialiser caches a
+    dtype's type string by the object's address, so a freed f32 dtype whose address a new bf16
+    dtype reuses would be taken for f32 (and the kernel would write 4-byte elements into a 2-byte
+    buffer).
+    """
 
     def __init__(self, name):
         self.name = name
@@ -33,6 +39,15 @@ class _DType:
         return self.name
 
     __repr__ = __str__
+
+
+_DTYPES = {}
+
+
+def _dtype(name):
+    if name not in _DTYPES:
+        _DTYPES[name] = _DType(name)
+    return _DTYPES[name]
 
 
 class _Storage:
@@ -60,9 +75,9 @@ class Tensor:
         self.arr = np.ascontiguousarray(arr)
         if bf16:
             assert self.arr.dtype == np.uint16, "bf16 bits are held as uint16"
-            self.dtype = _DType("torch.bfloat16")
+            self.dtype = _dtype("torch.bfloat16")
         else:
-            self.dtype = _DType(_TORCH_NAMES[self.arr.dtype])
+            self.dtype = _dtype(_TORCH_NAMES[self.arr.dtype])
         self.device = "cpu"
 
     def data_ptr(self):
