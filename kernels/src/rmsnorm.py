@@ -104,10 +104,11 @@ def _bwd_rows(dy, h, w, rstd, dres, dx, dw_part, n_rows, n_cols, rows_per_prog,
     wv = tl.load(w + cols, mask=mask, other=0.0).to(tl.float32)
     inv_n = tl.div_rn(1.0, n_cols.to(tl.float32))
     acc = tl.zeros([BLOCK], dtype=tl.float32)
+    stride = n_cols.to(tl.int64)  # 64-bit row offsets
     start = pid * rows_per_prog
     end = tl.minimum(start + rows_per_prog, n_rows)
     for row in range(start, end):
-        off = row.to(tl.int64) * n_cols + cols
+        off = row * stride + cols
         r = tl.load(rstd + row)
         n = tl.load(h + off, mask=mask, other=0.0).to(tl.float32) * r
         g = tl.load(dy + off, mask=mask, other=0.0).to(tl.float32)
@@ -146,8 +147,9 @@ def rmsnorm_dw_kernel(dw_part, dw, n_parts, n_cols, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     acc = tl.zeros([BLOCK], dtype=tl.float32)
+    stride = n_cols.to(tl.int64)
     for p in range(0, n_parts):
-        acc += tl.load(dw_part + p.to(tl.int64) * n_cols + cols, mask=mask, other=0.0)
+        acc += tl.load(dw_part + p * stride + cols, mask=mask, other=0.0)
     if dw.dtype.element_ty == tl.bfloat16:
         acc = _round_bf16(acc)
     tl.store(dw + cols, acc.to(dw.dtype.element_ty), mask=mask)
