@@ -162,8 +162,16 @@ BLOCKS = (128, 1024, 2048, 4096, 8192)
 DW_BLOCK = 256
 
 
-def _warps(block):
-    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+def _warps(block, bwd=False):
+    """Warps per program. Forward: about 16 elements per thread per row vector. Backward (which
+    also holds w and dw's partial row across its rows): 8 warps at 2048, 32 beyond, which is what
+    keeps every variant from spilling at both targets (ptxas 13.0: the 16-warp backward at 4096
+    spilled on sm80, at 8192 on both)."""
+    if block <= 1024:
+        return 4
+    if bwd:
+        return 8 if block <= 2048 else 32
+    return min(32, block // 512)
 
 
 def _variants():
@@ -171,6 +179,7 @@ def _variants():
     for dt, p in (("f32", "*fp32"), ("bf16", "*bf16")):
         for b in BLOCKS:
             common = dict(constexprs={"BLOCK": b}, num_warps=_warps(b), num_stages=1)
+            common_bwd = dict(common, num_warps=_warps(b, bwd=True))
             out += [
                 Variant(f"rmsnorm_fwd_{dt}_h{b}", rmsnorm_fwd_kernel,
                         {"x": p, "w": p, "y": p, "rstd": "*fp32", "n_cols": "i32", "eps": "fp32"},
@@ -182,12 +191,12 @@ def _variants():
                 Variant(f"rmsnorm_bwd_{dt}_h{b}", rmsnorm_bwd_kernel,
                         {"dy": p, "h": p, "w": p, "rstd": "*fp32", "dx": p, "dw_part": "*fp32",
                          "n_rows": "i32", "n_cols": "i32", "rows_per_prog": "i32"},
-                        **common),
+                        **common_bwd),
                 Variant(f"rmsnorm_add_bwd_{dt}_h{b}", rmsnorm_add_bwd_kernel,
                         {"dy": p, "h": p, "w": p, "rstd": "*fp32", "dres": p, "dx": p,
                          "dw_part": "*fp32", "n_rows": "i32", "n_cols": "i32",
                          "rows_per_prog": "i32"},
-                        **common),
+                        **common_bwd),
             ]
         out.append(Variant(f"rmsnorm_dw_{dt}", rmsnorm_dw_kernel,
                            {"dw_part": "*fp32", "dw": p, "n_parts": "i32", "n_cols": "i32"},
