@@ -23,7 +23,7 @@ bf16 rounding boundary of ``e``.
 Backward (casts passed straight through, as autograd does; ``σ = 1/(1 + exp(−g))``)::
 
     du = da · s                       s: the forward's silu(g) (bf16: its rounded value)
-    dg = da · u · σ · (1 + g·(1 − σ))
+    dg = da · u · σ · (1 + g·σ(−g))     σ(−g) = e·σ for g > 0 (not 1 − σ: no cancellation)
 
 computed in f32, each rounded once to the dtype. ``dg``/``du`` may be written over ``g``/``u``
 (each program reads its block before writing it).
@@ -88,9 +88,13 @@ def swiglu_bwd_kernel(g, u, da, dg, du, n_cols, BLOCK: tl.constexpr):
     gv = tl.load(g + off, mask=m, other=0.0).to(tl.float32)
     uv = tl.load(u + off, mask=m, other=0.0).to(tl.float32)
     dav = tl.load(da + off, mask=m, other=0.0).to(tl.float32)
-    sig = tl.div_rn(1.0, 1.0 + tl.exp(-gv))
+    e = tl.exp(-gv)
+    sig = tl.div_rn(1.0, 1.0 + e)
+    # σ(−g) = 1 − σ(g) without its cancellation for g > 0: e·σ (there e ≤ 1; the minimum keeps
+    # the unused lanes of g ≤ −89, where e = inf and σ = 0, from computing inf·0)
+    sig_neg = tl.where(gv > 0.0, tl.minimum(e, 1.0) * sig, 1.0 - sig)
     duv = dav * _silu(gv, is_bf16)
-    dgv = dav * uv * (sig * (1.0 + gv * (1.0 - sig)))
+    dgv = dav * uv * (sig * (1.0 + gv * sig_neg))
     if is_bf16:
         duv = _round_bf16(duv)
         dgv = _round_bf16(dgv)

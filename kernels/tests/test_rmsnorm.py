@@ -2,9 +2,10 @@
 
 References: float64 numpy for the math; for bf16's forward, a numpy emulation of rlvr's exact cast
 sequence (``ops::rms_norm`` and the decoder's residual add). Measured (seed 0, these shapes):
-f32 forward ≤ 1.2e-7 relative per element; f32 backward ≤ 1e-6 of the largest |value| (dx, dw);
-bf16 h bit-identical, y within 1 bf16 ulp of the emulation (and rarely not bit-identical: the sum
-of squares is added in another order); bf16 backward within one bf16 rounding of float64.
+see kernels/README.md ("RMSNorm"): f32 forward 2.2e-7 relative per element, backward 1.5e-7 of
+the terms; bf16 h and y bit-identical to the emulation (y within 2 bf16 ulps, in 2e-4 of the
+elements, when the sum of squares is added in another order); bf16 backward within one bf16
+rounding (2^-8 relative) of float64.
 """
 
 import numpy as np
@@ -87,13 +88,19 @@ def ref_backward(h, w, dy, dres, n_factor):
     return dx, (dy * n_factor).sum(0), scale
 
 
-def emulate_bf16_forward(x, w, residual):
-    """rlvr's CPU op in bf16, step by step (f32 arithmetic, bf16 roundings where candle rounds)."""
+def emulate_bf16_forward(x, w, residual, sequential=False):
+    """rlvr's CPU op in bf16, step by step (f32 arithmetic, bf16 roundings where candle rounds).
+
+    The sum of squares is numpy's pairwise f32 sum (the interpreter's ``tl.sum`` too), or with
+    ``sequential`` a left-to-right f32 sum: another order, as the GPU's tree and candle's AVX lanes.
+    """
     f32 = np.float32
     hb = from_bf16(bf16(x))
     if residual is not None:
         hb = from_bf16(bf16(hb + from_bf16(bf16(residual))))  # bf16 + bf16: f32 add, one rounding
-    ms = (hb * hb).sum(-1, dtype=f32, keepdims=True) * f32(1.0 / hb.shape[-1])  # candle: sum · (1/n)
+    sq = hb * hb
+    ss = np.cumsum(sq, -1, dtype=f32)[:, -1:] if sequential else sq.sum(-1, dtype=f32, keepdims=True)
+    ms = ss * f32(1.0 / hb.shape[-1])  # candle's mean: sum · f32(1/n)
     s = np.sqrt(ms + f32(EPS))
     n = hb / s  # f32 division
     y = from_bf16(bf16(from_bf16(bf16(n)) * from_bf16(bf16(w))))  # to_dtype(bf16), then · w in bf16
@@ -158,10 +165,15 @@ def test_bf16(rows, n, add):
     hb, y_emul, n_emul, rstd_emul = emulate_bf16_forward(x, w, res if add else None)
     assert np.array_equal(from_bf16(h.arr), hb)  # one rounding of an f32 add: bit-identical
     assert np.abs(rstd.arr / rstd_emul - 1).max() < 1e-6
-    # y: within one bf16 ulp of the emulation (the f32 sum of squares is added in another order)
-    ulp = np.abs(y.arr.astype(np.int32) - bf16(y_emul).astype(np.int32))
-    assert ulp.max() <= 1, ulp.max()
-    assert (ulp != 0).mean() < 0.01
+    # y: bit-identical to the emulation with the same order of the sum of squares (the cast
+    # sequence is the CPU's) ...
+    assert np.array_equal(from_bf16(y.arr), y_emul)
+    # ... and with another order, s may differ in its last bit, which moves n = h/s across a bf16
+    # rounding boundary in a rare element: dtype(n) is 1 ulp off there, and y = dtype(n)·w up to
+    # 2 ulps (w's significand, up to 2, scales the step)
+    _, y_seq, n_seq, _ = emulate_bf16_forward(x, w, res if add else None, sequential=True)
+    ulp = np.abs(y.arr.astype(np.int32) - bf16(y_seq).astype(np.int32))
+    assert ulp.max() <= 2 and (ulp != 0).mean() < 1e-3
 
     dx, part, dw = backward(dy, h, w, rstd, "bf16", 3, dres if add else None)
     h64, w64, dy64 = _f(h), _q(w, "bf16"), _q(dy, "bf16")

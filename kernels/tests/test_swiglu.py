@@ -90,7 +90,7 @@ def test_backward(rows, cols, dt):
     dg_scale = np.abs(da64 * u64) * sig * (1.0 + np.abs(g64) * (1.0 - sig))
     if dt == "f32":
         assert (np.abs(_f(du) - du_ref) <= 2.0**-24 * np.abs(du_ref) + 1e-30).all()
-        assert (np.abs(_f(dg) - dg_ref) <= 1e-6 * dg_scale + 1e-30).all()
+        assert (np.abs(_f(dg) - dg_ref) <= 5e-7 * dg_scale + 1e-30).all()
     else:
         # du: a product of two bf16 values (exact in f32), rounded once to bf16
         assert (np.abs(_f(du) - du_ref) <= 2.0**-8 * np.abs(du_ref) + 1e-30).all()
