@@ -225,3 +225,8 @@ def test_in_place():
     K.rmsnorm_add_bwd_kernel[(3,)](_t(dy, "bf16"), ref_h, _t(w, "bf16"), ref_r, g, g, part, rows, n, 2,
                                    BLOCK=K.block_for(n))
     assert np.array_equal(g.arr, ref_dx.arr)
+
+
+def test_variants():
+    from kernels.tests.check_variants import check
+    check(K, "rmsnorm_")
