@@ -14,7 +14,8 @@ decoder layer's residual add (``layers.rs``, ``DecoderLayer::forward``), with th
     y  = dtype(n) · w                  cast back to the input dtype, THEN multiplied by the weight
                                        in the input dtype (bf16: f32 product, one rounding)
 
-The kernels use ``tl.sqrt_rn`` and ``tl.div_rn`` (correctly rounded, as the CPU's) rather than
+``f32(1/n)`` is candle's f64 ``1/n`` rounded to f32; the kernels' f32 ``1.0 / n`` equals it for every
+n ≤ 8192 (tested). The kernels use ``tl.sqrt_rn`` and ``tl.div_rn`` (correctly rounded, as the CPU's) rather than
 Triton's default approximate ``/`` (``div.full.f32``) and ``sqrt``. The only difference from the CPU
 is the summation order of ``sum(hf²)`` (a tree here, candle's AVX lanes there): f32 ``y`` agrees to
 about 2e-7 relative, and bf16 ``y`` is bit-identical except where that last-bit difference in ``s``
@@ -27,6 +28,8 @@ does)::
     dh = r · (dn − n · mean(dn · n)) + dh_in        dh_in: the gradient reaching h from the
                                                     residual stream (the add variant)
     dw = Σ_rows dy · dtype(n)                       the factor the forward multiplied by
+                                                    (recomputed as h·rstd, which may differ from
+                                                    the forward's h/s in the last f32 bit)
 
 ``dh`` is the gradient of both ``x`` and ``residual``. ``dw`` is summed in a fixed order without
 atomics: the row kernel's program ``p`` takes rows ``[p·rows_per_prog, (p+1)·rows_per_prog)`` in
@@ -156,7 +159,7 @@ def rmsnorm_dw_kernel(dw_part, dw, n_parts, n_cols, BLOCK: tl.constexpr):
     tl.store(dw + cols, acc.to(dw.dtype.element_ty), mask=mask)
 
 
-# The hidden-size classes: BLOCK is the next power of two of n_cols (n_cols <= BLOCK). 128 covers
+# The hidden-size classes: a row of n_cols uses the smallest BLOCK >= n_cols (block_for). 128 covers
 # Qwen3's per-head q/k norm (head_dim 128) and tiny models; 1024 Qwen2.5-0.5B (896), SmolLM (576,
 # 960) and Qwen3-0.6B; 2048 1.5B/3B; 4096 7B/8B; 8192 14B-72B.
 BLOCKS = (128, 1024, 2048, 4096, 8192)
@@ -164,7 +167,7 @@ DW_BLOCK = 256
 
 
 def _warps(block, bwd=False):
-    """Warps per program. Forward: about 16 elements per thread per row vector. Backward (which
+    """Warps per program. Forward: 8 to 16 elements per thread per row vector. Backward (which
     also holds w and dw's partial row across its rows): 8 warps at 2048, 32 beyond, which is what
     keeps every variant from spilling at both targets (ptxas 13.0: the 16-warp backward at 4096
     spilled on sm80, at 8192 on both)."""
