@@ -146,14 +146,21 @@ def rmsnorm_add_bwd_kernel(dy, h, w, rstd, dres, dx, dw_part, n_rows, n_cols, ro
 
 
 @triton.jit
-def rmsnorm_dw_kernel(dw_part, dw, n_parts, n_cols, BLOCK: tl.constexpr):
-    """dw[c] = Σ_{p = 0 .. n_parts-1} dw_part[p, c], in that order. Grid (cdiv(n_cols, BLOCK),)."""
+def rmsnorm_dw_kernel(dw_part, dw, n_parts, n_cols, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """dw[c] = Σ_{p = 0 .. n_parts-1} dw_part[p, c], in that order. Grid (cdiv(n_cols, BLOCK),).
+
+    ``UNROLL`` partial rows are loaded per step (independent loads in flight, not one latency per
+    row) and then added one by one in order; a row past ``n_parts`` adds +0.0, which changes no sum.
+    """
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     stride = n_cols.to(tl.int64)
-    for p in range(0, n_parts):
-        acc += tl.load(dw_part + p * stride + cols, mask=mask, other=0.0)
+    for p0 in range(0, n_parts, UNROLL):
+        for i in tl.static_range(UNROLL):
+            p = p0 + i
+            in_range = cols * 0 + p < n_parts  # a vector: the interpreter rejects `mask & scalar`
+            acc += tl.load(dw_part + p * stride + cols, mask=mask & in_range, other=0.0)
     if dw.dtype.element_ty == tl.bfloat16:
         acc = _round_bf16(acc)
     tl.store(dw + cols, acc.to(dw.dtype.element_ty), mask=mask)
@@ -163,7 +170,8 @@ def rmsnorm_dw_kernel(dw_part, dw, n_parts, n_cols, BLOCK: tl.constexpr):
 # Qwen3's per-head q/k norm (head_dim 128) and tiny models; 1024 Qwen2.5-0.5B (896), SmolLM (576,
 # 960) and Qwen3-0.6B; 2048 1.5B/3B; 4096 7B/8B; 8192 14B-72B.
 BLOCKS = (128, 1024, 2048, 4096, 8192)
-DW_BLOCK = 256
+DW_BLOCK = 64  # columns per program of rmsnorm_dw_kernel (2 warps: one column per thread)
+DW_UNROLL = 16
 
 
 def _warps(block, bwd=False):
@@ -204,7 +212,8 @@ def _variants():
             ]
         out.append(Variant(f"rmsnorm_dw_{dt}", rmsnorm_dw_kernel,
                            {"dw_part": "*fp32", "dw": p, "n_parts": "i32", "n_cols": "i32"},
-                           constexprs={"BLOCK": DW_BLOCK}, num_warps=4, num_stages=1))
+                           constexprs={"BLOCK": DW_BLOCK, "UNROLL": DW_UNROLL}, num_warps=2,
+                           num_stages=1))
     return out
 
 
