@@ -8,6 +8,7 @@ The name is the entry point the Rust launcher asks for: ``<kernel>_<what varies>
 all modules.
 """
 
+import inspect
 from dataclasses import dataclass, field
 
 # Targets: "sm90a" is Hopper (H100/H200, the lent machines), with its tensor-core instructions;
@@ -28,3 +29,16 @@ class Variant:
     # ``generate.py`` refuses a compiled form whose ptxas reports spill stores or loads unless its
     # variant sets this (a spill is a performance regression the launcher cannot see).
     allow_spills: bool = False
+
+    def __post_init__(self):
+        # A module may list only the non-constexpr parameters in ``signature``: the full signature,
+        # in the kernel's parameter order with every constexpr marked "constexpr", is what Triton's
+        # ASTSource and the generator take, so it is completed here, once, for every module.
+        params = list(inspect.signature(getattr(self.fn, "fn", self.fn)).parameters)
+        if any(t == "constexpr" for t in self.signature.values()) or not self.constexprs:
+            return
+        missing = [p for p in params if p not in self.signature and p not in self.constexprs]
+        if missing:
+            return  # the generator names the mismatch
+        full = {p: (self.signature[p] if p in self.signature else "constexpr") for p in params}
+        object.__setattr__(self, "signature", full)

@@ -33,3 +33,13 @@ def test_bf16_round_to_nearest_even():
     # 1 + 2^-8 is halfway between two bf16 values: ties go to the even mantissa (1.0).
     assert from_bf16(bf16(np.float32(1 + 2**-8)))[()] == 1.0
     assert from_bf16(bf16(np.float32(1 + 3 * 2**-8)))[()] == 1 + 2**-6
+
+
+def test_dtype_objects_are_interned():
+    # Triton's specialiser caches by the dtype object's address: a fresh object per tensor, once
+    # freed and its address reused by another dtype, made bf16 buffers specialise as f32.
+    a = Tensor(np.zeros(2, np.float32))
+    b = Tensor(np.zeros(2, np.uint16), bf16=True)
+    assert a.dtype is Tensor(np.ones(3, np.float32)).dtype
+    assert b.dtype is Tensor(np.ones(3, np.uint16), bf16=True).dtype
+    assert triton.runtime.jit.mangle_type(b) == "*bf16" and triton.runtime.jit.mangle_type(a) == "*fp32"
