@@ -35,6 +35,17 @@ class _DType:
     __repr__ = __str__
 
 
+# One _DType per name, alive for the whole process. Triton's native argument specialisation
+# (``native_specialize_impl``) caches what it learnt about a dtype object by its address: a
+# _DType freed with its tensor and a new one of another name allocated at the same address was
+# read as the old type (an f32 tensor seen as ``pointer<int32>``, at random).
+_DTYPES = {}
+
+
+def _dtype(name):
+    return _DTYPES.setdefault(name, _DType(name))
+
+
 class _Storage:
     def __init__(self, tensor):
         self.tensor = tensor
@@ -60,9 +71,9 @@ class Tensor:
         self.arr = np.ascontiguousarray(arr)
         if bf16:
             assert self.arr.dtype == np.uint16, "bf16 bits are held as uint16"
-            self.dtype = _DType("torch.bfloat16")
+            self.dtype = _dtype("torch.bfloat16")
         else:
-            self.dtype = _DType(_TORCH_NAMES[self.arr.dtype])
+            self.dtype = _dtype(_TORCH_NAMES[self.arr.dtype])
         self.device = "cpu"
 
     def data_ptr(self):
