@@ -338,50 +338,41 @@ def _sig(fn, dtype, head_dim, **blocks):
     return sig, consts
 
 
-# Block sizes and warps per (kernel, dtype, head dim, target). The shared memory of each compiled
-# form is in kernels/README.md ("## Attention"); every one fits its target (sm_80: 163 KB,
-# sm_90: 227 KB) with no spills.
-# (fwd BLOCK_M, BLOCK_N, warps, stages), (dkdv BLOCK_M, BLOCK_N, warps, stages),
-# (dq BLOCK_M, BLOCK_N, warps, stages)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, dtype and head dim, for both targets or
+# per target where they differ. Chosen so that every compiled form fits its target's shared memory
+# (sm_80: 163 KB, sm_90: 227 KB) and the cubin has no local memory or stack (no spills; CUDA
+# 13.0 ptxas, read back with cuobjdump --dump-resource-usage): the numbers are in
+# kernels/README.md ("## Attention", "### Variants"). The backward's preprocessing uses the dQ
+# kernel's BLOCK_M, so one q_blocks list serves the whole backward.
 _CONFIGS = {
-    # (dtype, head_dim, target): {"fwd": ..., "dkdv": ..., "dq": ...}
-    ("bf16", 64, "sm90a"): {"fwd": (128, 64, 4, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 32, 8, 2)},
-    ("bf16", 64, "sm80"): {"fwd": (128, 64, 4, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 32, 8, 2)},
-    ("bf16", 128, "sm90a"): {"fwd": (128, 64, 8, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)},
-    ("bf16", 128, "sm80"): {"fwd": (128, 64, 8, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)},
-    ("f32", 64, "sm90a"): {"fwd": (64, 32, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)},
-    ("f32", 64, "sm80"): {"fwd": (64, 32, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)},
-    ("f32", 128, "sm90a"): {"fwd": (64, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)},
-    ("f32", 128, "sm80"): {"fwd": (64, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)},
+    ("f32", 64): {"fwd": (64, 32, 8, 2),
+                  "dkdv": {"sm90a": (16, 32, 8, 2), "sm80": (16, 32, 8, 1)},
+                  "dq": (32, 32, 8, 2)},
+    ("f32", 128): {"fwd": (32, 16, 8, 2),
+                   "dkdv": {"sm90a": (16, 16, 4, 1), "sm80": (16, 16, 8, 2)},
+                   "dq": (16, 32, 8, 2)},
+    ("bf16", 64): {"fwd": (128, 64, 8, 3), "dkdv": (64, 32, 8, 2), "dq": (128, 32, 8, 2)},
+    ("bf16", 128): {"fwd": {"sm90a": (128, 64, 8, 2), "sm80": (64, 32, 8, 2)},
+                    "dkdv": (32, 32, 8, 2), "dq": (64, 32, 8, 2)},
 }
-PRE_BLOCK_M = 64
+_KERNELS = {"fwd": attn_fwd_kernel, "dkdv": attn_bwd_dkdv_kernel, "dq": attn_bwd_dq_kernel}
 
 
 def _variants():
     out = []
-    for dtype in ("f32", "bf16"):
-        for hd in (64, 128):
-            by_target = {t: _CONFIGS[(dtype, hd, t)] for t in ("sm90a", "sm80")}
-            same = by_target["sm90a"] == by_target["sm80"]
-            groups = [(("sm90a", "sm80"), by_target["sm90a"])] if same else [
-                (("sm90a",), by_target["sm90a"]), (("sm80",), by_target["sm80"])]
-            for targets, cfg in groups:
-                suffix = f"{dtype}_d{hd}"
-                bm, bn, w, st = cfg["fwd"]
-                sig, c = _sig(attn_fwd_kernel, dtype, hd, BLOCK_M=bm, BLOCK_N=bn)
-                out.append(Variant(f"attn_fwd_{suffix}", attn_fwd_kernel, sig, c, w, st,
-                                   targets=targets))
-                sig, c = _sig(attn_bwd_pre_kernel, dtype, hd, BLOCK_M=PRE_BLOCK_M)
-                out.append(Variant(f"attn_bwd_pre_{suffix}", attn_bwd_pre_kernel, sig, c, 4, 1,
-                                   targets=targets))
-                bm, bn, w, st = cfg["dkdv"]
-                sig, c = _sig(attn_bwd_dkdv_kernel, dtype, hd, BLOCK_M=bm, BLOCK_N=bn)
-                out.append(Variant(f"attn_bwd_dkdv_{suffix}", attn_bwd_dkdv_kernel, sig, c, w,
-                                   st, targets=targets))
-                bm, bn, w, st = cfg["dq"]
-                sig, c = _sig(attn_bwd_dq_kernel, dtype, hd, BLOCK_M=bm, BLOCK_N=bn)
-                out.append(Variant(f"attn_bwd_dq_{suffix}", attn_bwd_dq_kernel, sig, c, w, st,
-                                   targets=targets))
+    for (dtype, hd), cfgs in _CONFIGS.items():
+        suffix = f"{dtype}_d{hd}"
+        for kind, cfg in cfgs.items():
+            per_target = cfg if isinstance(cfg, dict) else {("sm90a", "sm80"): cfg}
+            for targets, (bm, bn, warps, stages) in per_target.items():
+                targets = targets if isinstance(targets, tuple) else (targets, )
+                fn = _KERNELS[kind]
+                sig, c = _sig(fn, dtype, hd, BLOCK_M=bm, BLOCK_N=bn)
+                name = f"attn_{'fwd' if kind == 'fwd' else 'bwd_' + kind}_{suffix}"
+                out.append(Variant(name, fn, sig, c, warps, stages, targets=targets))
+        bm = cfgs["dq"][0]
+        sig, c = _sig(attn_bwd_pre_kernel, dtype, hd, BLOCK_M=bm)
+        out.append(Variant(f"attn_bwd_pre_{suffix}", attn_bwd_pre_kernel, sig, c, 8, 1))
     return out
 
 

@@ -67,32 +67,38 @@ def _out(shape, dtype, fill=SENTINEL):
     return _tensor(np.full(shape, fill, np.float32), dtype)
 
 
-def run_attention(q, k, v, do, layout, scale, dtype="f32", bm=16, bn=16, bwd=True):
+def run_attention(q, k, v, do, layout, scale, dtype="f32", bm=16, bn=16, bwd=True, blocks=None):
     """Forward (and backward) through the four kernels; returns float arrays
-    ``o, lse, dq, dk, dv`` (the backward ones None when ``bwd`` is false)."""
+    ``o, lse, dq, dk, dv`` (the backward ones None when ``bwd`` is false). ``blocks`` maps
+    "fwd"/"dkdv"/"dq" to (BLOCK_M, BLOCK_N) (default: ``bm``, ``bn`` for all three)."""
+    blocks = blocks or {kind: (bm, bn) for kind in ("fwd", "dkdv", "dq")}
     n, seqs, viewer_off, viewers, _ = layout
     _, hq, d = q.shape
     hkv = k.shape[1]
-    qb = Tensor(attention_blocks(seqs, bm))
-    kb = Tensor(attention_blocks(seqs, bn))
     sq, vo, vw = Tensor(seqs), Tensor(viewer_off), Tensor(viewers)
     tq, tk, tv = _tensor(q, dtype), _tensor(k, dtype), _tensor(v, dtype)
     o = _out(q.shape, dtype)
     lse = Tensor(np.full((hq, n), SENTINEL, np.float32))
-    grid = (qb.arr.shape[0], hq)
-    A.attn_fwd_kernel[grid](tq, tk, tv, o, lse, sq, qb, n, hq, hkv, scale,
-                            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
+    bm, bn = blocks["fwd"]
+    qb = Tensor(attention_blocks(seqs, bm))
+    A.attn_fwd_kernel[(qb.arr.shape[0], hq)](tq, tk, tv, o, lse, sq, qb, n, hq, hkv, scale,
+                                             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
     if not bwd:
         return _value(o, dtype), lse.arr.copy(), None, None, None
     tdo = _tensor(do, dtype)
     delta = Tensor(np.full((hq, n), SENTINEL, np.float32))
+    bm, bn = blocks["dq"]
+    qb = Tensor(attention_blocks(seqs, bm))
+    grid = (qb.arr.shape[0], hq)
     A.attn_bwd_pre_kernel[grid](o, tdo, delta, sq, qb, n, hq, HEAD_DIM=d, BLOCK_M=bm)
     dq, dk, dv = _out(q.shape, dtype), _out(k.shape, dtype), _out(v.shape, dtype)
+    A.attn_bwd_dq_kernel[grid](tq, tk, tv, tdo, lse, delta, dq, sq, qb, n, hq, hkv, scale,
+                               HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
+    bm, bn = blocks["dkdv"]
+    kb = Tensor(attention_blocks(seqs, bn))
     A.attn_bwd_dkdv_kernel[(kb.arr.shape[0], hkv)](
         tq, tk, tv, tdo, lse, delta, dk, dv, sq, kb, vo, vw, n, hq, hkv, scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
-    A.attn_bwd_dq_kernel[grid](tq, tk, tv, tdo, lse, delta, dq, sq, qb, n, hq, hkv, scale,
-                               HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
     return (_value(o, dtype), lse.arr.copy(), _value(dq, dtype), _value(dk, dtype),
             _value(dv, dtype))
 
@@ -117,12 +123,13 @@ def _shared_specs(prompts, completions, seed):
     return specs
 
 
-def check(specs, hq, hkv, d, dtype="f32", gaps=None, seed=0, bm=16, bn=16, bwd=True, name=""):
+def check(specs, hq, hkv, d, dtype="f32", gaps=None, seed=0, bm=16, bn=16, bwd=True, name="",
+          blocks=None):
     layout = attention_layout(specs, gaps)
     n, seqs = layout[0], layout[1]
     q, k, v, do = _inputs(n, hq, hkv, d, seed, dtype)
     scale = 1.0 / math.sqrt(d)
-    got = run_attention(q, k, v, do, layout, scale, dtype, bm, bn, bwd)
+    got = run_attention(q, k, v, do, layout, scale, dtype, bm, bn, bwd, blocks)
     ref_o, ref_lse = attention_ref_fwd(q, k, v, seqs, scale)
     refs = [ref_o, ref_lse.T]
     got = [got[0], got[1].T] + list(got[2:])
@@ -140,13 +147,19 @@ def check(specs, hq, hkv, d, dtype="f32", gaps=None, seed=0, bm=16, bn=16, bwd=T
     return errs
 
 
+# 3 prompts (5, 17, 1 tokens) with 1, 3 and 2 completions of 1..40 tokens.
 SHARED = _shared_specs([5, 17, 1], [1, 3, 2], seed=1)
+# A smaller one for the many-head cases: prompts of 5 and 17 tokens, 1 and 2 completions.
+SMALL = _shared_specs([5, 17], [1, 2], seed=2)
 UNSHARED = [(n, None) for n in (1, 7, 16, 33, 20)]
 
 
-@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 2), (7, 1)])
-def test_shared_prefix_f32_d64_gqa(hq, hkv):
-    check(SHARED, hq, hkv, 64, name="shared")
+def test_shared_prefix_f32_d64_gqa2():
+    check(SHARED, 4, 2, 64, name="shared")
+
+
+def test_shared_prefix_f32_d64_gqa7():
+    check(SMALL, 7, 1, 64, seed=2, name="small")
 
 
 def test_unshared_f32_d64():
@@ -167,17 +180,26 @@ def test_shared_prefix_bf16_d64():
     check(SHARED, 4, 2, 64, dtype="bf16", seed=5, name="shared")
 
 
-def test_shared_prefix_bf16_d128_gqa7():
-    check(SHARED, 7, 1, 128, dtype="bf16", seed=6, name="shared")
+def test_shared_prefix_bf16_d128():
+    check(SHARED, 2, 1, 128, dtype="bf16", seed=6, name="shared")
 
 
-def test_variant_block_sizes():
-    """The compiled variants' own block sizes (bigger than every sequence here)."""
+def test_small_bf16_d64_gqa7():
+    check(SMALL, 7, 1, 64, dtype="bf16", seed=12, bm=32, bn=32, name="small")
+
+
+@pytest.mark.parametrize("dtype,target", [("f32", "sm90a"), ("bf16", "sm80")])
+def test_variant_block_sizes(dtype, target):
+    """The compiled variants' own block sizes (d64; most bigger than every sequence here)."""
+    names = {"fwd": f"attn_fwd_{dtype}_d64", "dkdv": f"attn_bwd_dkdv_{dtype}_d64",
+             "dq": f"attn_bwd_dq_{dtype}_d64"}
+    blocks = {}
     for v in A.VARIANTS:
-        if v.name in ("attn_fwd_f32_d64", "attn_bwd_dkdv_f32_d64"):
-            c = v.constexprs
-            check(SHARED, 2, 1, 64, seed=7, bm=c["BLOCK_M"], bn=c["BLOCK_N"],
-                  bwd="dkdv" in v.name, name=v.name)
+        for kind, name in names.items():
+            if target in v.targets and v.name == name:
+                blocks[kind] = (v.constexprs["BLOCK_M"], v.constexprs["BLOCK_N"])
+    assert len(blocks) == 3
+    check(SMALL, 2, 1, 64, dtype=dtype, seed=7, blocks=blocks, name=f"{dtype} {target} {blocks}")
 
 
 def test_shared_equals_unshared():
@@ -187,7 +209,7 @@ def test_shared_equals_unshared():
     specs = _shared_specs(prompts, comps, seed=1)
     lay = attention_layout(specs)
     n, seqs = lay[0], lay[1]
-    hq, hkv, d = 4, 2, 64
+    hq, hkv, d = 2, 1, 64
     q, k, v, do = _inputs(n, hq, hkv, d, 8, "f32")
     scale = 1.0 / math.sqrt(d)
     o, _, dq, dk, dv = run_attention(q, k, v, do, lay, scale)
@@ -198,7 +220,8 @@ def test_shared_equals_unshared():
         if owner is None:
             continue
         p0, plen = seqs[owner][0], seqs[owner][1]
-        rows = np.concatenate([np.arange(p0, p0 + plen), np.arange(seqs[s][0], seqs[s][0] + length)])
+        own = np.arange(seqs[s][0], seqs[s][0] + length)
+        rows = np.concatenate([np.arange(p0, p0 + plen), own])
         idx.append((s, owner, rows, owner not in first))
         first.add(owner)
         uspecs.append((len(rows), None))
@@ -249,8 +272,8 @@ def test_padding_untouched():
 
 
 def test_backward_deterministic():
-    lay = attention_layout(SHARED)
-    q, k, v, do = _inputs(lay[0], 4, 2, 64, 11, "bf16")
+    lay = attention_layout(SMALL)
+    q, k, v, do = _inputs(lay[0], 2, 1, 64, 11, "bf16")
     a = run_attention(q, k, v, do, lay, 0.125, "bf16")
     b = run_attention(q, k, v, do, lay, 0.125, "bf16")
     for x, y in zip(a, b):
