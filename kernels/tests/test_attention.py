@@ -171,8 +171,9 @@ def test_shared_prefix_f32_d128():
 
 
 def test_single_tokens_and_empty_prefix_f32():
-    # L = 1 prompts with L = 1 completions, a lone L = 1 sequence, one longer than a block.
-    specs = [(1, None), (1, 0), (1, 0), (1, None), (19, None), (2, 4)]
+    # L = 1 prompts with L = 1 completions, a lone L = 1 sequence, one longer than a block, an
+    # empty completion (L = 0: no block, no work).
+    specs = [(1, None), (1, 0), (1, 0), (1, None), (19, None), (2, 4), (0, 4)]
     check(specs, 2, 2, 64, seed=4, name="L=1")
 
 
