@@ -25,11 +25,12 @@ Layout (kernels/README.md, "## Attention", is the caller's reference):
 - ``seqs [S, 4]`` i32, one row per sequence ``s``: ``(start, len, prefix_start, prefix_len)``.
   Sequence ``s`` owns flat rows ``start .. start+len`` (its queries *and* its keys); its query ``i``
   sees the ``prefix_len`` keys at ``prefix_start ..`` (all of them), then its own keys ``0..=i``.
-  A non-empty prefix lies inside the rows of one other sequence (its *owner*, which has no prefix
-  overlapping itself).
-- ``viewer_off [S+1]``, ``viewers [V]`` i32 (CSR): ``viewers[viewer_off[s] .. viewer_off[s+1]]``
-  lists the sequences whose prefix lies in sequence ``s``'s rows, in the order their gradient
-  contributions are summed.
+  A non-empty prefix lies inside the rows of one other sequence (its *owner*): the owner's dK/dV
+  programs are where the prefix keys' gradients are summed.
+- ``viewer_off [S+1]``, ``viewers [max(V, 1)]`` i32 (CSR):
+  ``viewers[viewer_off[s] .. viewer_off[s+1]]`` lists the sequences whose prefix lies in sequence
+  ``s``'s rows (each of the V sequences with a prefix once, under its owner), in the order their
+  gradient contributions are summed.
 - ``q_blocks [NBq, 2]`` i32: ``(s, m0)`` for every query block, ``m0 = 0, BLOCK_M, …`` below
   ``len_s``; ``k_blocks [NBk, 2]``: the same with ``BLOCK_N`` of the dK/dV variant.
 """
