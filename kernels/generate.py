@@ -166,7 +166,7 @@ def rel(path):
 
 def load_variants():
     """[(module file, Variant)] over every kernels/src/*.py module, sorted by module name."""
-    out, names = [], {}
+    out, names, sigs = [], {}, {}
     for fname in sorted(os.listdir(SRC)):
         if not fname.endswith(".py") or fname.startswith("_"):
             continue
@@ -177,9 +177,19 @@ def load_variants():
         for v in variants:
             if not isinstance(v, Variant):
                 raise GenError(f"kernels/src/{fname}: {v!r} is not a Variant")
-            if v.name in names:
-                raise GenError(f"variant {v.name} is in both {names[v.name]} and {fname}")
-            names[v.name] = fname
+            # A name may be listed once per target (a variant whose block sizes differ per target
+            # is two Variants), always in one module and with one parameter list: the launcher
+            # builds a name's arguments the same way whatever the target.
+            typed = [(k, t) for k, t in v.signature.items() if t != "constexpr"]
+            for t in v.targets:
+                if (v.name, t) in names:
+                    raise GenError(f"variant {v.name} ({t}) is in both {names[(v.name, t)]} and {fname}")
+                names[(v.name, t)] = fname
+            for (other, _), f2 in names.items():
+                if other == v.name and f2 != fname:
+                    raise GenError(f"variant {v.name} is in both {f2} and {fname}")
+            if sigs.setdefault(v.name, typed) != typed:
+                raise GenError(f"variant {v.name}: its targets' variants have different parameter lists")
             check_signature(v)
             out.append((os.path.join(SRC, fname), v))
     return out

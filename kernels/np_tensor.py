@@ -125,3 +125,25 @@ def bf16(x):
 def from_bf16(bits):
     """uint16 bf16 bits -> float32 array (exact)."""
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def interpreter_bf16_dot_as_f32():
+    """Triton 3.9's interpreter multiplies bf16 dot operands as their raw uint16 bits
+    (``InterpreterBuilder.create_dot`` calls ``np.matmul`` on the storage). Widen them to f32
+    first (exact), which is what the tensor cores compute: exact bf16 products summed in f32."""
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    orig = interp.InterpreterBuilder.create_dot
+    if getattr(orig, "_bf16_fixed", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16:
+            a = self.cast_impl(a, tl.float32)
+        if b.dtype.scalar == tl.bfloat16:
+            b = self.cast_impl(b, tl.float32)
+        return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot._bf16_fixed = True
+    interp.InterpreterBuilder.create_dot = create_dot
