@@ -27,6 +27,8 @@ pub mod plan;
 pub mod ptx;
 pub mod record;
 #[cfg(test)]
+mod records;
+#[cfg(test)]
 mod tests;
 
 pub use manifest::{DType, KernelEntry, Manifest, Param, ParamKind, Target};

@@ -211,6 +211,10 @@ fn launch_records_for_replay() {
     let (rec, remove) = recorder();
     let dirs = record_fixture(&rec);
     assert_eq!(dirs.len(), 2);
+    if let Ok(m) = Manifest::committed() {
+        let real = super::records::record_all(&rec, m);
+        eprintln!("{} launch records of the committed kernels", real.len());
+    }
     for d in &dirs {
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(d.join("record.json")).unwrap()).unwrap();
