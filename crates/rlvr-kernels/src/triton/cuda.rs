@@ -198,7 +198,7 @@ pub fn candle_buffer<'a>(
     stream: &'a CudaStream,
 ) -> Result<(DeviceBuffer, cudarc::driver::SyncOnDrop<'a>)> {
     use candle_core::cuda_backend::CudaStorageSlice as S;
-    use cudarc::driver::{DevicePtr, DeviceSlice};
+    use cudarc::driver::DevicePtr;
     let start = layout.start_offset();
     macro_rules! view {
         ($s:expr, $d:expr) => {{
@@ -230,7 +230,7 @@ pub fn candle_buffer_mut<'a>(
     stream: &'a CudaStream,
 ) -> Result<(DeviceBuffer, cudarc::driver::SyncOnDrop<'a>)> {
     use candle_core::cuda_backend::CudaStorageSlice as S;
-    use cudarc::driver::{DevicePtrMut, DeviceSlice};
+    use cudarc::driver::DevicePtrMut;
     let start = layout.start_offset();
     macro_rules! view {
         ($s:expr, $d:expr) => {{

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::families::{adamw, logprob_head, rmsnorm, rotary, swiglu};
+use super::families::{adamw, attention, logprob_head, rmsnorm, rotary, swiglu};
 use super::manifest::{DType, KernelEntry, Manifest, Target};
 use super::plan::LaunchPlan;
 use super::record::{HostBuffer, Recorder, Tolerance};
@@ -96,6 +96,9 @@ pub(crate) fn record_all(rec: &Recorder, m: &Manifest) -> Vec<PathBuf> {
     }
     if has(m, "logprob_head") {
         logprob_records(&mut r);
+    }
+    if has(m, "attention") {
+        attention_records(&mut r);
     }
     r.out
 }
@@ -571,4 +574,156 @@ fn logprob_records(r: &mut Rec) {
     ]);
     let e = Expected::from([("z".into(), (f32s(&[rows, stride], &dz), Tolerance::F32))]);
     r.write("logprob_bwd_f32", k, &plan, b, e);
+}
+
+/// Attention (f32, head dim 64) on the shared-prompt example layout: the forward, then each
+/// backward kernel from f32-rounded `lse`/`delta`. Output buffers start at a sentinel, which the
+/// padding rows (never written) must keep.
+fn attention_records(r: &mut Rec) {
+    let dt = DType::Fp32;
+    let l = attention::example_layout(64);
+    let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+    let rep = hq / hk;
+    let scale = l.softmax_scale as f64;
+    let (q, qf) = input(dt, &[n, hq, d], 61, 1.0);
+    let (k, kf) = input(dt, &[n, hk, d], 62, 1.0);
+    let (v, vf) = input(dt, &[n, hk, d], 63, 1.0);
+    let (dob, dof) = input(dt, &[n, hq, d], 64, 1.0);
+    const SENTINEL: f64 = 7.0;
+    let qi = |t: usize, h: usize| (t * hq + h) * d;
+    let ki = |t: usize, h: usize| (t * hk + h) * d;
+    let dot = |a: &[f64], ia: usize, b: &[f64], ib: usize| {
+        (0..d).map(|x| a[ia + x] * b[ib + x]).sum::<f64>()
+    };
+    // Every (query row, its key rows).
+    let mut queries: Vec<(usize, Vec<usize>)> = Vec::new();
+    for s in &l.seqs {
+        for i in 0..s.len {
+            let mut keys: Vec<usize> = (s.prefix_start..s.prefix_start + s.prefix_len).collect();
+            keys.extend(s.start..=s.start + i);
+            queries.push((s.start + i, keys));
+        }
+    }
+    let mut o = vec![SENTINEL; n * hq * d];
+    let mut lse = vec![SENTINEL; hq * n];
+    for (t, keys) in &queries {
+        for h in 0..hq {
+            let sc: Vec<f64> = keys
+                .iter()
+                .map(|j| scale * dot(&qf, qi(*t, h), &kf, ki(*j, h / rep)))
+                .collect();
+            let m = sc.iter().fold(f64::NEG_INFINITY, |a, b| a.max(*b));
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            lse[h * n + t] = m + z.ln();
+            for x in 0..d {
+                o[qi(*t, h) + x] = (keys.iter().zip(&sc))
+                    .map(|(j, s)| (s - m).exp() / z * vf[ki(*j, h / rep) + x])
+                    .sum();
+            }
+        }
+    }
+    let sent = |len: usize| f32s(&[len], &vec![SENTINEL; len]);
+    let shape_q = [n, hq, d];
+    let k_fwd = r.entry("attn_fwd_f32_d64");
+    let (plan, desc) = attention::plan(k_fwd, &l).unwrap();
+    let descs = |desc: BTreeMap<String, Vec<i32>>| -> Bufs {
+        desc.into_iter()
+            .map(|(name, v)| (name, HostBuffer::i32(&[v.len()], &v)))
+            .collect()
+    };
+    let mut b = descs(desc);
+    b.extend([
+        ("q".into(), q.clone()),
+        ("k".into(), k.clone()),
+        ("v".into(), v.clone()),
+        (
+            "o".into(),
+            HostBuffer::f32(&shape_q, &vec![SENTINEL as f32; n * hq * d]),
+        ),
+        ("lse".into(), sent(hq * n)),
+    ]);
+    let e = Expected::from([
+        ("o".into(), (f32s(&shape_q, &o), Tolerance::F32)),
+        ("lse".into(), (f32s(&[hq * n], &lse), Tolerance::F32)),
+    ]);
+    r.write("attn_fwd_f32_d64", k_fwd, &plan, b, e);
+    // The backward's inputs: o and lse as the forward wrote them (f32), delta from them.
+    let ob = f32s(&shape_q, &o);
+    let of: Vec<f64> = ob.to_f32().unwrap().iter().map(|x| *x as f64).collect();
+    let lse_b = f32s(&[hq * n], &lse);
+    let lsef: Vec<f64> = lse_b.to_f32().unwrap().iter().map(|x| *x as f64).collect();
+    let mut delta = vec![SENTINEL; hq * n];
+    for (t, _) in &queries {
+        for h in 0..hq {
+            delta[h * n + t] = dot(&dof, qi(*t, h), &of, qi(*t, h));
+        }
+    }
+    let k_pre = r.entry("attn_bwd_pre_f32_d64");
+    let (plan, desc) = attention::plan(k_pre, &l).unwrap();
+    let mut b = descs(desc);
+    b.extend([
+        ("o".into(), ob.clone()),
+        ("do".into(), dob.clone()),
+        ("delta".into(), sent(hq * n)),
+    ]);
+    let e = Expected::from([("delta".into(), (f32s(&[hq * n], &delta), Tolerance::F32))]);
+    r.write("attn_bwd_pre_f32_d64", k_pre, &plan, b, e);
+    let delta_b = f32s(&[hq * n], &delta);
+    let deltaf: Vec<f64> = delta_b
+        .to_f32()
+        .unwrap()
+        .iter()
+        .map(|x| *x as f64)
+        .collect();
+    let mut dq = vec![SENTINEL; n * hq * d];
+    let mut dk = vec![SENTINEL; n * hk * d];
+    let mut dv = vec![SENTINEL; n * hk * d];
+    for s in &l.seqs {
+        for t in s.start..s.start + s.len {
+            for h in 0..hk {
+                dk[ki(t, h)..ki(t, h) + d].fill(0.0);
+                dv[ki(t, h)..ki(t, h) + d].fill(0.0);
+            }
+        }
+    }
+    for (t, keys) in &queries {
+        for h in 0..hq {
+            let g = h / rep;
+            dq[qi(*t, h)..qi(*t, h) + d].fill(0.0);
+            for j in keys {
+                let p = (scale * dot(&qf, qi(*t, h), &kf, ki(*j, g)) - lsef[h * n + t]).exp();
+                let dp = dot(&dof, qi(*t, h), &vf, ki(*j, g));
+                let ds = p * (dp - deltaf[h * n + t]);
+                for x in 0..d {
+                    dq[qi(*t, h) + x] += scale * ds * kf[ki(*j, g) + x];
+                    dk[ki(*j, g) + x] += scale * ds * qf[qi(*t, h) + x];
+                    dv[ki(*j, g) + x] += p * dof[qi(*t, h) + x];
+                }
+            }
+        }
+    }
+    let shape_k = [n, hk, d];
+    for (name, outs) in [
+        ("attn_bwd_dkdv_f32_d64", vec![("dk", &dk), ("dv", &dv)]),
+        ("attn_bwd_dq_f32_d64", vec![("dq", &dq)]),
+    ] {
+        let kk = r.entry(name);
+        let (plan, desc) = attention::plan(kk, &l).unwrap();
+        let mut b = descs(desc);
+        b.extend([
+            ("q".into(), q.clone()),
+            ("k".into(), k.clone()),
+            ("v".into(), v.clone()),
+            ("do".into(), dob.clone()),
+            ("lse".into(), lse_b.clone()),
+            ("delta".into(), delta_b.clone()),
+        ]);
+        let mut e = Expected::new();
+        for (o_name, want) in outs {
+            let sh: &[usize] = if o_name == "dq" { &shape_q } else { &shape_k };
+            b.insert(o_name.into(), f32s(sh, &vec![SENTINEL; want.len()]));
+            e.insert(o_name.into(), (f32s(sh, want), Tolerance::F32));
+        }
+        r.write(name, kk, &plan, b, e);
+    }
 }

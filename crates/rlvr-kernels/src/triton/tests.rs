@@ -98,6 +98,7 @@ fn abi_of_the_committed_kernels() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+    eprintln!("{} committed kernel entries checked", m.kernels.len());
 }
 
 /// The launcher's argument list must be rejected when it drifts from the PTX (a Triton
