@@ -82,6 +82,17 @@ fn function(ctx: &Arc<CudaContext>, entry: &KernelEntry) -> Result<CudaFunction>
     Ok(f)
 }
 
+/// The target whose kernels run on `stream`'s device, among those `manifest` ships: what the
+/// plan builders need before they pick an entry ([`Manifest::entry`]).
+///
+/// Errors: [`TritonError::Capability`] naming the device's compute capability and the shipped
+/// targets; a driver error.
+pub fn device_target(stream: &CudaStream, manifest: &Manifest) -> Result<super::Target> {
+    let (major, minor) =
+        (stream.context().compute_capability()).map_err(|e| driver("capability", e))?;
+    manifest.target_for(major as u32, minor as u32)
+}
+
 /// One argument's value as the driver receives it.
 enum Value {
     U64(u64),
@@ -112,17 +123,11 @@ pub fn launch(
     let entry = manifest.entry(&plan.name, plan.target)?;
     plan.check_against(entry)?;
     let ctx = stream.context();
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(|e| driver("capability", e))?;
-    let target = manifest.target_for(major as u32, minor as u32)?;
+    let target = device_target(stream, manifest)?;
     if target != plan.target {
         return Err(TritonError::Plan {
             name: plan.name.clone(),
-            why: format!(
-                "planned for {}, but this device ({major}.{minor}) runs {target}",
-                plan.target
-            ),
+            why: format!("planned for {}, but this device runs {target}", plan.target),
         });
     }
     let smem = (ctx

@@ -256,3 +256,49 @@ pub fn example(entry: &KernelEntry) -> Result<LaunchPlan> {
     let d = entry.constexpr_int("HEAD_DIM")? as usize;
     plan(entry, &example_layout(d)).map(|(p, _)| p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_of_the_shared_prompt_layout() {
+        let l = example_layout(64);
+        l.check("t").unwrap();
+        assert_eq!(
+            l.seqs_desc(),
+            vec![2, 37, 0, 0, 39, 1, 2, 37, 40, 45, 2, 37, 88, 70, 0, 0]
+        );
+        // Blocks of 32 rows: 37 → 2, 1 → 1, 45 → 2, 70 → 3.
+        assert_eq!(
+            l.blocks(32),
+            vec![0, 0, 0, 32, 1, 0, 2, 0, 2, 32, 3, 0, 3, 32, 3, 64]
+        );
+        // The prompt (sequence 0) is viewed by 1 and 2; no one else has viewers.
+        assert_eq!(l.viewers(), (vec![0, 2, 2, 2, 2], vec![1, 2]));
+        let unshared = Layout {
+            seqs: vec![l.seqs[0], l.seqs[3]],
+            ..l.clone()
+        };
+        assert_eq!(unshared.viewers(), (vec![0, 0, 0], vec![0]));
+    }
+
+    #[test]
+    fn bad_layouts_are_refused() {
+        let l = example_layout(64);
+        let msg = |l: &Layout| l.check("attn_fwd_f32_d64").unwrap_err().to_string();
+        let mut bad = l.clone();
+        bad.q_heads = 6;
+        bad.kv_heads = 4;
+        assert!(msg(&bad).contains("6 query heads are not a multiple of 4"));
+        let mut bad = l.clone();
+        bad.seqs[1].start = 30;
+        assert!(msg(&bad).contains("sequences 0 and 1 overlap"));
+        let mut bad = l.clone();
+        bad.seqs[2].prefix_len = 40; // past the prompt's rows
+        assert!(msg(&bad).contains("sequence 2's prefix 2..42 is not inside"));
+        let mut bad = l.clone();
+        bad.seqs[3].len = 71;
+        assert!(msg(&bad).contains("past 158 rows"));
+    }
+}
