@@ -69,7 +69,8 @@ def _module(source):
 
 
 def find_variant(rec):
-    """The ``Variant`` named ``rec["name"]``: in the record's source module, else in any
+    """The ``Variant`` named ``rec["name"]`` built for ``rec["target"]`` (a name may have one
+    variant per target, with different block sizes): in the record's source module, else in any
     ``kernels/src/*.py``."""
     sources = []
     if rec.get("source") and os.path.isfile(os.path.join(ROOT, rec["source"])):
@@ -79,9 +80,10 @@ def find_variant(rec):
                 if f.endswith(".py") and not f.startswith("_")]
     for s in sources:
         for v in getattr(_module(s), "VARIANTS", []):
-            if v.name == rec["name"]:
+            if v.name == rec["name"] and rec["target"] in v.targets:
                 return v
-    raise ReplayError(f"no variant {rec['name']} in {rec.get('source')} or kernels/src/*.py")
+    raise ReplayError(f"no variant {rec['name']} for {rec['target']} in {rec.get('source')} or "
+                      "kernels/src/*.py")
 
 
 def check_agreement(rec, v):

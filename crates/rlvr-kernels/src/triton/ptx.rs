@@ -5,12 +5,14 @@
 //! a mismatch is a silent memory error on the GPU. [`check_abi`] catches it on any machine from
 //! the committed PTX: entry name, parameter count, order, pointer or scalar and width, the
 //! `.target` and `.version` the driver must load, and `.reqntid` against the block size.
+//! [`check_plan`] checks a launch plan's own argument list against the same PTX, and
+//! [`check_cubin`] the cubin's ELF header (machine, SM) and kernel section.
 //!
 //! The parameter forms Triton emits (PTX ISA §5.1.6, "Kernel Function Parameters"):
 //! `.param .u64 .ptr .global .align 1 k_param_0` (a pointer), `.param .u32 k_param_2`,
 //! `.param .f32 k_param_3`, `.param .u64 k_param_4` (an i64).
 
-use super::manifest::{DType, KernelEntry, ParamKind};
+use super::manifest::{DType, KernelEntry, ParamKind, Target};
 use super::plan::{Arg, LaunchPlan};
 use super::{Result, TritonError};
 
@@ -408,6 +410,52 @@ pub fn check_plan(plan: &LaunchPlan, ptx: &str) -> Result<()> {
     }
 }
 
+/// ELF `e_machine` of NVIDIA cubins (EM_CUDA).
+pub const EM_CUDA: u16 = 190;
+
+/// Checks a cubin's ELF header and symbols against its manifest entry: a 64-bit little-endian
+/// ELF for `EM_CUDA` whose SM (bits 8–15 of `e_flags`: 90, 80) is the entry's target's, holding
+/// the entry's kernel (a `.text.<entry>` section). What a cubin copied to the wrong target
+/// directory, or one of another kernel, fails on; the driver would refuse it only on a GPU.
+///
+/// Errors: [`TritonError::Abi`] naming what differs.
+pub fn check_cubin(entry: &KernelEntry, cubin: &[u8]) -> Result<()> {
+    let mut why = Vec::new();
+    if cubin.len() < 64 || &cubin[..4] != b"\x7fELF" || cubin[4] != 2 || cubin[5] != 1 {
+        why.push("not a 64-bit little-endian ELF file".to_string());
+    } else {
+        let machine = u16::from_le_bytes([cubin[18], cubin[19]]);
+        let flags = u32::from_le_bytes([cubin[48], cubin[49], cubin[50], cubin[51]]);
+        let sm = (flags >> 8) & 0xff;
+        let want = match entry.target {
+            Target::Sm90a => 90,
+            Target::Sm80 => 80,
+        };
+        if machine != EM_CUDA {
+            why.push(format!("ELF machine {machine}, not EM_CUDA ({EM_CUDA})"));
+        }
+        if sm != want {
+            why.push(format!(
+                "compiled for sm_{sm}, the entry's target is {}",
+                entry.target
+            ));
+        }
+        let text = format!(".text.{}", entry.entry);
+        if !cubin.windows(text.len()).any(|w| w == text.as_bytes()) {
+            why.push(format!("no section {text}"));
+        }
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(TritonError::Abi {
+            name: entry.name.clone(),
+            target: entry.target,
+            why: format!("cubin {}: {}", entry.cubin, why.join("; ")),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,5 +560,39 @@ mod tests {
         assert!(e.contains(".version 9.4 but the manifest says 9.0"), "{e}");
         assert!(e.contains("newer than 9.0"), "{e}");
         assert!(e.contains("rows_scale_f32_b64 (sm90a)"), "{e}");
+    }
+
+    /// A minimal cubin-like image: the ELF header fields check_cubin reads, and a section name.
+    fn fake_cubin(machine: u16, sm: u32, entry: &str) -> Vec<u8> {
+        let mut b = vec![0u8; 64];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;
+        b[5] = 1;
+        b[18..20].copy_from_slice(&machine.to_le_bytes());
+        b[48..52].copy_from_slice(&(0x0600_0004 | (sm << 8)).to_le_bytes());
+        b.extend_from_slice(format!("\0.text.{entry}\0").as_bytes());
+        b
+    }
+
+    #[test]
+    fn cubin_header_and_kernel() {
+        let m = Manifest::parse(crate::triton::manifest::tests::FIXTURE).unwrap();
+        let k = m.entry("rows_scale_f32_b64", Target::Sm90a).unwrap();
+        check_cubin(k, &fake_cubin(EM_CUDA, 90, "rows_scale_kernel")).unwrap();
+        let e = check_cubin(k, &fake_cubin(EM_CUDA, 80, "rows_scale_kernel")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("compiled for sm_80, the entry's target is sm90a"),
+            "{e}"
+        );
+        let e = check_cubin(k, &fake_cubin(62, 90, "other_kernel"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ELF machine 62") && e.contains("no section .text.rows_scale_kernel"),
+            "{e}"
+        );
+        let e = check_cubin(k, b"not an elf").unwrap_err().to_string();
+        assert!(e.contains("not a 64-bit little-endian ELF"), "{e}");
     }
 }

@@ -93,8 +93,13 @@ fn abi_of_the_committed_kernels() {
     );
     let mut problems = abi_problems(&m, &build);
     for k in &m.kernels {
-        if !build.join(&k.cubin).is_file() {
-            problems.push(format!("{} ({}): {} missing", k.name, k.target, k.cubin));
+        match std::fs::read(build.join(&k.cubin)) {
+            Ok(bytes) => {
+                if let Err(e) = ptx::check_cubin(k, &bytes) {
+                    problems.push(e.to_string());
+                }
+            }
+            Err(e) => problems.push(format!("{} ({}): {}: {e}", k.name, k.target, k.cubin)),
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));

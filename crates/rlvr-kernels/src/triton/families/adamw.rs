@@ -135,7 +135,7 @@ pub fn plan(entry: &KernelEntry, s: &Adamw) -> Result<LaunchPlan> {
             .buf("grad", "grad")
             .buf_at("partials", "partials", *partials_offset)
             .i64("n", *n as i64)
-            .finish([partials_for(entry, *n)? as u32, 1, 1]),
+            .finish([cdiv(name, partials_for(entry, *n)?, 1)?, 1, 1]),
         ("grad_sumsq_total_kernel", Adamw::Total { n_partials }) => PlanBuilder::new(entry)
             .buf("partials", "partials")
             .buf("out", "out")
