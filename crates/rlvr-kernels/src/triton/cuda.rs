@@ -13,6 +13,20 @@
 //! feature it type-checks against cudarc alone, without candle's CUDA backend (whose build
 //! needs nvcc). [`candle_buffer`] (feature `cuda` only) maps candle storage to a
 //! [`DeviceBuffer`].
+//!
+//! In a candle custom op's `cuda_fwd` (the wiring of issue 44's item 6), per launch:
+//! 1. `let stream = storage.device.cuda_stream();` and `let m = Manifest::committed()?;`
+//! 2. `let target = device_target(&stream, m)?;` (refuses GPUs without shipped code);
+//! 3. the entry, e.g. `m.entry(&families::rmsnorm::variant("fwd", dtype, cols)?, target)?`,
+//!    and its plan, `families::rmsnorm::plan(entry, &shapes)?` (grid and arguments);
+//! 4. the outputs allocated on the device, then one [`candle_buffer`] (inputs) or
+//!    [`candle_buffer_mut`] (outputs, in-place buffers) per buffer name of the plan
+//!    ([`LaunchPlan::buffers`]), plus any descriptors the family asks for (attention's);
+//! 5. `launch(&stream, m, &plan, &[("x", x), ...])?`, then drop the guards.
+//!
+//! Unchecked until a GPU runs it: only type-checked (`scripts/cuda-check.sh`, or the
+//! `cudarc-check` feature); the plans themselves are checked on the CPU by the ABI test and the
+//! launch recorder's replay.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -242,8 +242,8 @@ impl Recorder {
     /// results for some of those buffers, with their tolerances). Replaces an earlier record of
     /// the same label. Returns the record's directory.
     ///
-    /// Errors: [`TritonError::Record`] when the plan does not fit the entry, a pointer names
-    /// a buffer not given or of another dtype, an offset lies outside its buffer, an expected
+    /// Errors: [`TritonError::Record`] when the plan does not fit the entry, an f32 scalar is
+    /// not finite, a pointer names a buffer not given or of another dtype, an offset lies outside its buffer, an expected
     /// output is not one of the plan's buffers or differs in dtype or shape, or a write fails.
     pub fn record(
         &self,
@@ -262,7 +262,14 @@ impl Recorder {
         }
         plan.check_against(entry)
             .map_err(|e| rec_err(format!("{label}: {e}")))?;
-        for a in &plan.args {
+        for (a, param) in plan.args.iter().zip(&plan.params) {
+            if let Arg::F32 { value } = a {
+                if !value.is_finite() {
+                    return Err(rec_err(format!(
+                        "{label}: {param} = {value} (JSON has no non-finite numbers)"
+                    )));
+                }
+            }
             if let Arg::Ptr {
                 buffer,
                 offset_elems,

@@ -310,6 +310,17 @@ fn recorder_refuses_inconsistent_records() {
         e.contains("expected y is fp32 [2, 2], the buffer fp32 [4]"),
         "{e}"
     );
+    let mut nan = plan.clone();
+    nan.args[6] = super::Arg::F32 { value: f32::NAN };
+    let b: BTreeMap<String, HostBuffer> = [("x", x.clone()), ("y", y.clone())]
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), b))
+        .collect();
+    let e = rec
+        .record("bad", k, &nan, &b, &BTreeMap::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("alpha = NaN"), "{e}");
     let e = rec
         .record("a/b", k, &plan, &BTreeMap::new(), &BTreeMap::new())
         .unwrap_err()
