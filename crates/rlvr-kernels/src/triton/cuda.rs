@@ -11,7 +11,7 @@
 //! cudarc is candle's (`candle_core::cuda_backend::cudarc`), so its features stay exactly as
 //! candle sets them. The code that touches cudarc is this file only; under the `cudarc-check`
 //! feature it type-checks against cudarc alone, without candle's CUDA backend (whose build
-//! needs nvcc). [`candle_buffer`] (feature `cuda` only) maps candle storage to a
+//! needs nvcc). `candle_buffer` (feature `cuda` only) maps candle storage to a
 //! [`DeviceBuffer`].
 //!
 //! In a candle custom op's `cuda_fwd` (the wiring of issue 44's item 6), per launch:
@@ -19,8 +19,8 @@
 //! 2. `let target = device_target(&stream, m)?;` (refuses GPUs without shipped code);
 //! 3. the entry, e.g. `m.entry(&families::rmsnorm::variant("fwd", dtype, cols)?, target)?`,
 //!    and its plan, `families::rmsnorm::plan(entry, &shapes)?` (grid and arguments);
-//! 4. the outputs allocated on the device, then one [`candle_buffer`] (inputs) or
-//!    [`candle_buffer_mut`] (outputs, in-place buffers) per buffer name of the plan
+//! 4. the outputs allocated on the device, then one `candle_buffer` (inputs) or
+//!    `candle_buffer_mut` (outputs, in-place buffers) per buffer name of the plan
 //!    ([`LaunchPlan::buffers`]), plus any descriptors the family asks for (attention's);
 //! 5. `launch(&stream, m, &plan, &[("x", x), ...])?`, then drop the guards.
 //!
@@ -120,7 +120,7 @@ enum Value {
 /// pointers use. Asynchronous: returns once the launch is queued.
 ///
 /// The caller keeps the buffers alive and unmoved until the kernel has run (candle's storage
-/// and the guards of [`candle_buffer`] do) and gives buffers at least as large as the plan's
+/// and the guards of `candle_buffer` do) and gives buffers at least as large as the plan's
 /// shapes: the plan builders derive grid and strides from those shapes, and the launch
 /// recorder's replay tests them.
 ///

@@ -2,7 +2,7 @@
 //! and committed as cubin/PTX with a manifest (`kernels/build/manifest.json`, format in
 //! `kernels/README.md`), and what rlvr needs to launch them: issue 44.
 //!
-//! Everything but [`cuda`] is plain Rust, built and tested on any machine:
+//! Everything but `cuda` is plain Rust, built and tested on any machine:
 //! - [`manifest`]: the typed manifest (embedded at build time by `build.rs`, so `cargo build`
 //!   needs neither Python nor nvcc), its refusals (scratch memory, clusters, cooperative
 //!   launch, threads, shared memory) and the choice of target by compute capability.
@@ -13,7 +13,7 @@
 //! - [`families`]: one plan builder per kernel family, deriving grid and arguments from shapes.
 //! - [`record`]: the launch recorder: plans written with the CPU op's inputs and expected
 //!   outputs, replayed by `kernels/replay.py` under Triton's interpreter (no GPU).
-//! - [`cuda`] (feature `cuda`): the launcher, loading cubins with cudarc on candle's stream.
+//! - `cuda` (feature `cuda`): the launcher, loading cubins with cudarc on candle's stream.
 //!
 //! Why ahead-of-time Triton: the same kernel source runs on a CPU under Triton's interpreter
 //! (tests without a GPU) and compiles without a GPU to sm_90a/sm_80 code; the committed

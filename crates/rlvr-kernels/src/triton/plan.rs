@@ -3,7 +3,7 @@
 //! A [`LaunchPlan`] names the compiled entry, the grid, the block and shared memory (from the
 //! manifest), and the arguments in the PTX parameter order: pointers as (buffer name, element
 //! offset, dtype), scalars by value, and the two scratch pointers as nulls. The CUDA launcher
-//! ([`super::cuda`]) maps buffer names to device pointers; the recorder ([`super::record`])
+//! (`triton::cuda`) maps buffer names to device pointers; the recorder ([`super::record`])
 //! maps them to host data for the interpreter's replay. [`PlanBuilder`] is how the family
 //! builders ([`super::families`]) make one: each argument is checked against the manifest's
 //! parameter at its position.
