@@ -30,6 +30,11 @@ import numpy as np  # noqa: E402
 
 from kernels import np_tensor  # noqa: E402
 
+# The interpreter's bf16 tl.dot fix the kernel tests apply (kernels/tests/conftest.py), when this
+# np_tensor has it: records of bf16 variants must replay with the same arithmetic.
+if hasattr(np_tensor, "interpreter_bf16_dot_as_f32"):
+    np_tensor.interpreter_bf16_dot_as_f32()
+
 # Record dtype -> numpy dtype of the raw file (bf16 is held as its uint16 bits).
 NP_DTYPE = {"fp32": np.float32, "fp64": np.float64, "fp16": np.float16, "bf16": np.uint16,
             "i32": np.int32, "i64": np.int64, "u8": np.uint8, "i8": np.int8, "i16": np.int16,
