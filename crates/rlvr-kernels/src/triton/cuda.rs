@@ -37,24 +37,15 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::manifest::{DType, KernelEntry, Manifest, CUBINS};
-use super::plan::{Arg, LaunchPlan};
+#[cfg(feature = "cuda")]
+use super::manifest::DType;
+use super::manifest::{KernelEntry, Manifest, CUBINS};
+pub use super::plan::DeviceBuffer;
+use super::plan::{LaunchPlan, RawArg};
 use super::{Result, TritonError};
 
 /// Dynamic shared memory a kernel may use without opting in, bytes.
 pub const DEFAULT_DYNAMIC_SHARED_BYTES: u32 = 48 * 1024;
-
-/// One buffer of a launch, on the device: the address of its first element (storage offset
-/// included), its element type and its length in elements (for the plan's offsets).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceBuffer {
-    /// Device address of element 0.
-    pub ptr: u64,
-    /// Element type.
-    pub dtype: DType,
-    /// Elements from `ptr` on.
-    pub len: usize,
-}
 
 fn driver(what: &str, e: impl std::fmt::Debug) -> TritonError {
     TritonError::Driver(format!("{what}: {e:?}"))
@@ -107,14 +98,6 @@ pub fn device_target(stream: &CudaStream, manifest: &Manifest) -> Result<super::
     manifest.target_for(major as u32, minor as u32)
 }
 
-/// One argument's value as the driver receives it.
-enum Value {
-    U64(u64),
-    I32(i32),
-    I64(i64),
-    F32(f32),
-}
-
 /// Launches `plan` on `stream` with the compiled kernels of `manifest` (normally
 /// [`Manifest::committed`]); `buffers` gives the device buffer of every buffer name the plan's
 /// pointers use. Asynchronous: returns once the launch is queued.
@@ -148,46 +131,15 @@ pub fn launch(
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
     .map_err(|e| driver("shared memory limit", e))?;
     entry.check_shared_limit(smem.max(0) as u32)?;
-    let mut values = Vec::with_capacity(plan.args.len());
-    for (a, param) in plan.args.iter().zip(&plan.params) {
-        values.push(match a {
-            Arg::Ptr {
-                buffer,
-                offset_elems,
-                dtype,
-            } => {
-                let Some((_, b)) = buffers.iter().find(|(n, _)| n == buffer) else {
-                    return Err(TritonError::Plan {
-                        name: plan.name.clone(),
-                        why: format!("{param}: no device buffer {buffer} given"),
-                    });
-                };
-                if b.dtype != *dtype || *offset_elems > b.len {
-                    return Err(TritonError::Plan {
-                        name: plan.name.clone(),
-                        why: format!(
-                            "{param}: buffer {buffer} is {} elements of {}, the plan needs {dtype} \
-                             from element {offset_elems}",
-                            b.len, b.dtype
-                        ),
-                    });
-                }
-                Value::U64(b.ptr + (*offset_elems * dtype.size()) as u64)
-            }
-            Arg::I32 { value } => Value::I32(*value),
-            Arg::I64 { value } => Value::I64(*value),
-            Arg::F32 { value } => Value::F32(*value),
-            Arg::Scratch => Value::U64(0),
-        });
-    }
+    let values = plan.resolve(buffers)?;
     let func = function(ctx, entry)?;
     let mut b = stream.launch_builder(&func);
     for v in &values {
         match v {
-            Value::U64(x) => b.arg(x),
-            Value::I32(x) => b.arg(x),
-            Value::I64(x) => b.arg(x),
-            Value::F32(x) => b.arg(x),
+            RawArg::U64(x) => b.arg(x),
+            RawArg::I32(x) => b.arg(x),
+            RawArg::I64(x) => b.arg(x),
+            RawArg::F32(x) => b.arg(x),
         };
     }
     let cfg = LaunchConfig {

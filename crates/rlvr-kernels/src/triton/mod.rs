@@ -32,7 +32,7 @@ mod records;
 mod tests;
 
 pub use manifest::{DType, KernelEntry, Manifest, Param, ParamKind, Target};
-pub use plan::{Arg, LaunchPlan, PlanBuilder};
+pub use plan::{Arg, DeviceBuffer, LaunchPlan, PlanBuilder, RawArg};
 pub use record::{HostBuffer, Recorder, Tolerance};
 
 /// What the Triton launcher refuses, each with the entry, parameter or value involved.

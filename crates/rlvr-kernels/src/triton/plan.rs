@@ -157,6 +157,75 @@ impl LaunchPlan {
     }
 }
 
+/// One buffer of a launch on the device: the address of its first element (storage offset
+/// included), its element type and its length in elements (for the plan's offsets). Plain data:
+/// the CUDA launcher fills it from candle storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceBuffer {
+    /// Device address of element 0.
+    pub ptr: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// Elements from `ptr` on.
+    pub len: usize,
+}
+
+/// One argument's value exactly as the driver receives it (`cuLaunchKernel`'s parameter
+/// buffer): a pointer as its 64-bit address, a scratch pointer as 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RawArg {
+    /// A device address (pointers and the null scratch pointers).
+    U64(u64),
+    /// A 32-bit integer.
+    I32(i32),
+    /// A 64-bit integer.
+    I64(i64),
+    /// A 32-bit float.
+    F32(f32),
+}
+
+impl LaunchPlan {
+    /// The argument values of a launch, in order: each pointer resolved against the device
+    /// buffer of its name (address + `offset_elems · dtype size`), scalars as they are, scratch
+    /// pointers null. Pure: what the CUDA launcher passes, computed and tested without a GPU.
+    ///
+    /// Errors: [`TritonError::Plan`] naming the parameter, for a buffer not given, of another
+    /// dtype, or shorter than the pointer's offset.
+    pub fn resolve(&self, buffers: &[(&str, DeviceBuffer)]) -> Result<Vec<RawArg>> {
+        let err = |why: String| TritonError::Plan {
+            name: self.name.clone(),
+            why,
+        };
+        let mut out = Vec::with_capacity(self.args.len());
+        for (a, param) in self.args.iter().zip(&self.params) {
+            out.push(match a {
+                Arg::Ptr {
+                    buffer,
+                    offset_elems,
+                    dtype,
+                } => {
+                    let Some((_, b)) = buffers.iter().find(|(n, _)| n == buffer) else {
+                        return Err(err(format!("{param}: no device buffer {buffer} given")));
+                    };
+                    if b.dtype != *dtype || *offset_elems > b.len {
+                        return Err(err(format!(
+                            "{param}: buffer {buffer} is {} elements of {}, the plan needs \
+                             {dtype} from element {offset_elems}",
+                            b.len, b.dtype
+                        )));
+                    }
+                    RawArg::U64(b.ptr + (*offset_elems * dtype.size()) as u64)
+                }
+                Arg::I32 { value } => RawArg::I32(*value),
+                Arg::I64 { value } => RawArg::I64(*value),
+                Arg::F32 { value } => RawArg::F32(*value),
+                Arg::Scratch => RawArg::U64(0),
+            });
+        }
+        Ok(out)
+    }
+}
+
 fn check_grid(name: &str, grid: [u32; 3]) -> Result<()> {
     for (d, (g, max)) in grid.iter().zip(MAX_GRID).enumerate() {
         if *g == 0 || *g > max {
@@ -435,5 +504,47 @@ mod tests {
         p.args.swap(2, 6);
         let e = p.check_against(&k).unwrap_err().to_string();
         assert!(e.contains("argument 2 is n_rows (f32 scalar)"), "{e}");
+    }
+
+    #[test]
+    fn resolve_gives_the_driver_values() {
+        let k = entry();
+        let p = PlanBuilder::new(&k)
+            .buf_at("x_ptr", "x", 5)
+            .buf("y_ptr", "y")
+            .i32("n_rows", 2)
+            .i32("n_cols", 10)
+            .i32("stride_x", 10)
+            .i32("stride_y", 12)
+            .f32("alpha", 2.0)
+            .finish([2, 1, 1])
+            .unwrap();
+        let buf = |ptr, dtype, len| DeviceBuffer { ptr, dtype, len };
+        let x = buf(0x1000, DType::Bf16, 25);
+        let y = buf(0x8000, DType::Bf16, 24);
+        let v = p.resolve(&[("y", y), ("x", x)]).unwrap();
+        assert_eq!(
+            v,
+            vec![
+                RawArg::U64(0x1000 + 5 * 2), // bf16: 2 bytes per element
+                RawArg::U64(0x8000),
+                RawArg::I32(2),
+                RawArg::I32(10),
+                RawArg::I32(10),
+                RawArg::I32(12),
+                RawArg::F32(2.0),
+                RawArg::U64(0),
+                RawArg::U64(0),
+            ]
+        );
+        let msg = |b: &[(&str, DeviceBuffer)]| p.resolve(b).unwrap_err().to_string();
+        assert!(msg(&[("x", x)]).contains("y_ptr: no device buffer y given"));
+        let e = msg(&[("x", buf(0x1000, DType::Fp32, 25)), ("y", y)]);
+        assert!(
+            e.contains("x_ptr: buffer x is 25 elements of fp32, the plan needs bf16"),
+            "{e}"
+        );
+        let e = msg(&[("x", buf(0x1000, DType::Bf16, 4)), ("y", y)]);
+        assert!(e.contains("from element 5"), "{e}");
     }
 }
