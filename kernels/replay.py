@@ -30,10 +30,14 @@ import numpy as np  # noqa: E402
 
 from kernels import np_tensor  # noqa: E402
 
-# The interpreter's bf16 tl.dot fix the kernel tests apply (kernels/tests/conftest.py), when this
-# np_tensor has it: records of bf16 variants must replay with the same arithmetic.
-if hasattr(np_tensor, "interpreter_bf16_dot_as_f32"):
-    np_tensor.interpreter_bf16_dot_as_f32()
+
+
+def _interpreter_fixes():
+    """The interpreter's bf16 tl.dot fix the kernel tests apply (kernels/tests/conftest.py), when
+    this np_tensor has it: records of bf16 variants must replay with the same arithmetic. Done on
+    first use, so that importing this module needs no triton (``replay_gpu.py`` reuses it)."""
+    if hasattr(np_tensor, "interpreter_bf16_dot_as_f32"):
+        np_tensor.interpreter_bf16_dot_as_f32()
 
 # Record dtype -> numpy dtype of the raw file (bf16 is held as its uint16 bits).
 NP_DTYPE = {"fp32": np.float32, "fp64": np.float64, "fp16": np.float16, "bf16": np.uint16,
@@ -148,12 +152,46 @@ def _as_f32(arr, dtype):
     return np_tensor.from_bf16(arr) if dtype == "bf16" else arr.astype(np.float64)
 
 
-def replay(dir_):
-    """Runs one record; returns {buffer: max abs error}. Raises ReplayError on a mismatch."""
+def load_record(dir_):
+    """The record.json of ``dir_``, format checked."""
     with open(os.path.join(dir_, "record.json")) as f:
         rec = json.load(f)
     if rec.get("format") != 1:
         raise ReplayError(f"{dir_}: record format {rec.get('format')}, this replayer reads 1")
+    return rec
+
+
+def compare(dir_, rec, guarded):
+    """Checks the guard bands of every buffer and the expected outputs. ``guarded``: {buffer:
+    (backing array, view, band length)} after the launch. Returns {buffer: max abs error};
+    raises ReplayError naming every failure."""
+    bufs = {name: view for name, (_, view, _) in guarded.items()}
+    errors, failures = {}, []
+    for name, (back, _, g) in guarded.items():
+        bands = np.concatenate([back[:g].view(np.uint8), back[-g:].view(np.uint8)])
+        if (bands != GUARD_BYTE).any():
+            failures.append(f"the kernel wrote outside buffer {name} (grid or strides too large)")
+    for name, e in rec["expected"].items():
+        want = _as_f32(_load(dir_, e), e["dtype"]).astype(np.float64)
+        got = _as_f32(bufs[name], e["dtype"]).astype(np.float64)
+        err = np.abs(got - want)
+        bound = e["atol"] + e["rtol"] * np.abs(want)
+        bad = ~(err <= bound)
+        errors[name] = float(err.max()) if err.size else 0.0
+        if bad.any():
+            i = int(np.argmax(bad))
+            failures.append(f"{name}: {int(bad.sum())} of {err.size} elements off (first at flat "
+                            f"index {i}: got {got[i]!r}, CPU op {want[i]!r}; max error "
+                            f"{errors[name]:.3g}, atol {e['atol']}, rtol {e['rtol']})")
+    if failures:
+        raise ReplayError(f"{rec['label']} ({rec['name']}, grid {rec['grid']}): " + "; ".join(failures))
+    return errors
+
+
+def replay(dir_):
+    """Runs one record; returns {buffer: max abs error}. Raises ReplayError on a mismatch."""
+    _interpreter_fixes()
+    rec = load_record(dir_)
     v = find_variant(rec)
     check_agreement(rec, v)
     guarded = {name: _guarded(_load(dir_, b)) for name, b in rec["buffers"].items()}
@@ -175,26 +213,7 @@ def replay(dir_):
             call[a["param"]] = int(a["value"])
     grid = tuple(rec["grid"])
     v.fn[grid](**call, **v.constexprs)
-    errors, failures = {}, []
-    for name, (back, _, g) in guarded.items():
-        bands = np.concatenate([back[:g].view(np.uint8), back[-g:].view(np.uint8)])
-        if (bands != GUARD_BYTE).any():
-            failures.append(f"the kernel wrote outside buffer {name} (grid or strides too large)")
-    for name, e in rec["expected"].items():
-        want = _as_f32(_load(dir_, e), e["dtype"]).astype(np.float64)
-        got = _as_f32(bufs[name], e["dtype"]).astype(np.float64)
-        err = np.abs(got - want)
-        bound = e["atol"] + e["rtol"] * np.abs(want)
-        bad = ~(err <= bound)
-        errors[name] = float(err.max()) if err.size else 0.0
-        if bad.any():
-            i = int(np.argmax(bad))
-            failures.append(f"{name}: {int(bad.sum())} of {err.size} elements off (first at flat "
-                            f"index {i}: got {got[i]!r}, CPU op {want[i]!r}; max error "
-                            f"{errors[name]:.3g}, atol {e['atol']}, rtol {e['rtol']})")
-    if failures:
-        raise ReplayError(f"{rec['label']} ({rec['name']}, grid {list(grid)}): " + "; ".join(failures))
-    return errors
+    return compare(dir_, rec, guarded)
 
 
 def main(argv):

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from kernels import replay
+from kernels import replay, replay_gpu
 
 RECORDS = os.environ.get("RLVR_KERNEL_RECORD", "")
 DIRS = replay.find_records(RECORDS) if RECORDS and os.path.isdir(RECORDS) else []
@@ -77,3 +77,16 @@ def test_replay_catches_plan_mistakes(record, tmp_path):
                        (lost_offset, "elements off"), (reordered, "the record passes")):
         with pytest.raises(replay.ReplayError, match=want):
             replay.replay(_mutated(record, tmp_path / edit.__name__, edit))
+
+
+@pytest.mark.parametrize("record", DIRS or ["none"], ids=os.path.basename)
+def test_gpu_replay_packs_every_record(record):
+    """``replay_gpu.py --dry-run``: the cubin is found and the arguments pack, for every record
+    of a committed kernel (the fixture's have no cubin and are skipped)."""
+    if record == "none":
+        pytest.skip("no record")
+    out = replay_gpu.run(record, None, None)
+    if isinstance(out, str):
+        assert os.path.basename(record).startswith("fixture_"), out
+        pytest.skip(out)
+    assert set(out) == set(replay.load_record(record)["expected"])
