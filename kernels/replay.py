@@ -100,7 +100,8 @@ def check_agreement(rec, v):
     label = rec["label"]
     fn_name = getattr(v.fn, "__name__", None) or v.fn.fn.__name__
     if fn_name != rec["entry"]:
-        raise ReplayError(f"{label}: variant {v.name} is {fn_name}, the record launches {rec['entry']}")
+        raise ReplayError(f"{label}: variant {v.name} is {fn_name}, the record launches "
+                          f"{rec['entry']}")
     params = [n for n, t in v.signature.items() if t != "constexpr"]
     args = [a for a in rec["args"] if a["kind"] != "scratch"]
     got = [a["param"] for a in args]
@@ -184,7 +185,8 @@ def compare(dir_, rec, guarded):
                             f"index {i}: got {got[i]!r}, CPU op {want[i]!r}; max error "
                             f"{errors[name]:.3g}, atol {e['atol']}, rtol {e['rtol']})")
     if failures:
-        raise ReplayError(f"{rec['label']} ({rec['name']}, grid {rec['grid']}): " + "; ".join(failures))
+        raise ReplayError(f"{rec['label']} ({rec['name']}, grid {rec['grid']}): "
+                          + "; ".join(failures))
     return errors
 
 
@@ -204,7 +206,8 @@ def replay(dir_):
         if k == "ptr":
             arr = bufs[a["buffer"]]
             if a["dtype"] != rec["buffers"][a["buffer"]]["dtype"]:
-                raise ReplayError(f"{rec['label']}: {a['param']} passes {a['buffer']} as {a['dtype']}")
+                raise ReplayError(f"{rec['label']}: {a['param']} passes {a['buffer']} as "
+                                  f"{a['dtype']}")
             view = arr[a["offset_elems"]:]  # a view: the kernel writes into bufs
             call[a["param"]] = np_tensor.Tensor(view, bf16=a["dtype"] == "bf16")
         elif k == "f32":

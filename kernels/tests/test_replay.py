@@ -65,7 +65,8 @@ def test_replay_catches_plan_mistakes(record, tmp_path):
 
     def swapped_strides(rec):
         a = {x["param"]: x for x in rec["args"]}
-        a["stride_x"]["value"], a["stride_y"]["value"] = a["stride_y"]["value"], a["stride_x"]["value"]
+        x, y = a["stride_x"], a["stride_y"]
+        x["value"], y["value"] = y["value"], x["value"]
 
     def lost_offset(rec):
         rec["args"][0]["offset_elems"] = 0
