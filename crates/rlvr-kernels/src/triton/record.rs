@@ -9,24 +9,29 @@
 //! ```json
 //! {
 //!   "format": 1,
-//!   "label": "rows_scale_bf16",
+//!   "label": "fixture_rows_scale_bf16_b128",
 //!   "name": "rows_scale_bf16_b128", "entry": "rows_scale_kernel", "family": "fixture",
 //!   "source": "crates/rlvr-kernels/testdata/triton/fixture.py",
-//!   "target": "sm90a", "grid": [3, 1, 1], "block": [128, 1, 1], "shared_bytes": 0,
+//!   "target": "sm90a", "grid": [3, 2, 1], "block": [128, 1, 1], "shared_bytes": 0,
 //!   "num_warps": 4, "constexprs": {"BLOCK": 128},
 //!   "args": [
-//!     {"param": "x_ptr", "kind": "ptr", "buffer": "x", "offset_elems": 0, "dtype": "bf16"},
-//!     {"param": "n_rows", "kind": "i32", "value": 3},
-//!     {"param": "alpha", "kind": "f32", "value": 0.5},
-//!     {"param": "global_scratch", "kind": "scratch"}, ...
+//!     {"param": "x_ptr", "kind": "ptr", "buffer": "x", "offset_elems": 5, "dtype": "bf16"},
+//!     {"param": "y_ptr", "kind": "ptr", "buffer": "y", "offset_elems": 0, "dtype": "bf16"},
+//!     {"param": "n_rows", "kind": "i32", "value": 3}, ...,
+//!     {"param": "alpha", "kind": "f32", "value": -0.75},
+//!     {"param": "global_scratch", "kind": "scratch"},
+//!     {"param": "profile_scratch", "kind": "scratch"}
 //!   ],
-//!   "buffers": {"x": {"dtype": "bf16", "shape": [3, 100], "file": "x.bin"}, ...},
-//!   "expected": {"y": {"dtype": "bf16", "shape": [3, 100], "file": "y.expected.bin",
-//!                      "atol": 0.0, "rtol": 0.0078125}}
+//!   "buffers": {"x": {"dtype": "bf16", "shape": [485], "file": "x.bin"},
+//!               "y": {"dtype": "bf16", "shape": [3, 152], "file": "y.bin"}},
+//!   "expected": {"y": {"dtype": "bf16", "shape": [3, 152], "file": "y.expected.bin",
+//!                      "atol": 1e-5, "rtol": 0.0078125}}
 //! }
 //! ```
 //!
-//! The replayer finds the variant `name` in `source`'s `VARIANTS` (or any `kernels/src/*.py`),
+//! Scalar kinds are `i32`, `i64`, `f32` (f32 values written as the shortest decimal that reads
+//! back as the same f32). The replayer finds the variant `name` built for `target` in `source`'s
+//! `VARIANTS` (or any `kernels/src/*.py`),
 //! checks that its function is `entry` and its non-constexpr parameters are the `param`s in
 //! order and its constexprs equal `constexprs`, launches it on exactly `grid` with the
 //! arguments (scratch omitted: the Python kernel has no such parameters), and compares each
