@@ -361,11 +361,15 @@ fn adamw_records(r: &mut Rec) {
     use candle_core::{Device, Tensor};
     let n = 2500usize;
     let c = adamw::AdamwScalars::new(1e-3, 0.9, 0.999, 1e-8, 0.01, 3, 0.8);
-    for name in ["adamw_f32", "adamw_master_bf16"] {
+    for (name, gdt) in [
+        ("adamw_f32", DType::Fp32),
+        ("adamw_master_bf16", DType::Fp32),
+        ("adamw_master_bf16_gbf16", DType::Bf16),
+    ] {
         let k = r.entry(name);
         let plan = adamw::plan(k, &adamw::Adamw::Step { n, scalars: c }).unwrap();
         let (p, pf) = input(DType::Fp32, &[n], 41, 1.0);
-        let (g, gf) = input(DType::Fp32, &[n], 42, 0.1);
+        let (g, gf) = input(gdt, &[n], 42, 0.1);
         let (m, mf) = input(DType::Fp32, &[n], 43, 0.01);
         let (v0, _) = input(DType::Fp32, &[n], 44, 1.0);
         let vf: Vec<f32> = v0.to_f32().unwrap().iter().map(|x| x * x * 1e-4).collect();
@@ -481,7 +485,15 @@ fn adamw_records(r: &mut Rec) {
 }
 
 fn logprob_records(r: &mut Rec) {
-    let dt = DType::Fp32;
+    for dt in [DType::Fp32, DType::Bf16] {
+        logprob_records_of(r, dt);
+    }
+}
+
+/// The head's three kernels on logits of `dt` (bf16: widened when loaded, the gradient
+/// rounded to nearest even when stored).
+fn logprob_records_of(r: &mut Rec, dt: DType) {
+    let sfx = if dt == DType::Bf16 { "bf16" } else { "f32" };
     let (rows, n_cols, stride, col0) = (3usize, 1500usize, 1536usize, 3000usize);
     let inv_t = 1.0f32 / 0.7;
     let s = logprob_head::LogprobChunk {
@@ -519,7 +531,7 @@ fn logprob_records(r: &mut Rec) {
         state[i * 4..i * 4 + 4].copy_from_slice(&[m, se, dd, sy]);
     }
     let prior_flat: Vec<f64> = prior.iter().flatten().copied().collect();
-    let k = r.entry("logprob_fwd_f32");
+    let k = r.entry(&format!("logprob_fwd_{sfx}"));
     let plan = logprob_head::plan(k, &s).unwrap();
     let b = Bufs::from([
         ("z".into(), z.clone()),
@@ -527,7 +539,7 @@ fn logprob_records(r: &mut Rec) {
         ("state".into(), f32s(&[rows, 4], &prior_flat)),
     ]);
     let e = Expected::from([("state".into(), (f32s(&[rows, 4], &state), Tolerance::F32))]);
-    r.write("logprob_fwd_f32", k, &plan, b, e);
+    r.write(&format!("logprob_fwd_{sfx}"), k, &plan, b, e);
     // finish: out = (s_y − M − ln S, ln S − D/S) from the merged state.
     let sb = f32s(&[rows, 4], &state);
     let st: Vec<f64> = sb.to_f32().unwrap().iter().map(|v| *v as f64).collect();
@@ -541,10 +553,12 @@ fn logprob_records(r: &mut Rec) {
     let plan = logprob_head::plan(k, &s).unwrap();
     let b = Bufs::from([
         ("state".into(), sb.clone()),
-        ("out".into(), HostBuffer::zeros(dt, &[rows, 2])),
+        ("out".into(), HostBuffer::zeros(DType::Fp32, &[rows, 2])),
     ]);
     let e = Expected::from([("out".into(), (f32s(&[rows, 2], &outv), Tolerance::F32))]);
-    r.write("logprob_finish", k, &plan, b, e);
+    if dt == DType::Fp32 {
+        r.write("logprob_finish", k, &plan, b, e); // f32 state only: once
+    }
     // backward, in place on z: dz = inv_t·(g_ℓ(δ_jy − p_j) − g_H p_j (log p_j + H)).
     let ob = f32s(&[rows, 2], &outv);
     let o: Vec<f64> = ob.to_f32().unwrap().iter().map(|v| *v as f64).collect();
@@ -563,7 +577,7 @@ fn logprob_records(r: &mut Rec) {
             dz[i * stride + c] = ds * it;
         }
     }
-    let k = r.entry("logprob_bwd_f32");
+    let k = r.entry(&format!("logprob_bwd_{sfx}"));
     let plan = logprob_head::plan(k, &s).unwrap();
     let b = Bufs::from([
         ("z".into(), z),
@@ -572,8 +586,8 @@ fn logprob_records(r: &mut Rec) {
         ("out".into(), ob),
         ("grad".into(), f32s(&[rows, 2], &grad)),
     ]);
-    let e = Expected::from([("z".into(), (f32s(&[rows, stride], &dz), Tolerance::F32))]);
-    r.write("logprob_bwd_f32", k, &plan, b, e);
+    let e = Expected::from([("z".into(), (out(dt, &[rows, stride], &dz), tol(dt)))]);
+    r.write(&format!("logprob_bwd_{sfx}"), k, &plan, b, e);
 }
 
 /// Attention (f32, head dim 64) on the shared-prompt example layout: the forward, then each
