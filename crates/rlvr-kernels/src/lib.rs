@@ -8,6 +8,8 @@
 //! - [`exp`]: vectorised `exp` and the softmax pieces shared by the head and token selection.
 //! - [`adamw`]: the in-place AdamW and gradient-accumulation passes.
 //! - [`cpu`]: CPU feature detection, done once.
+//! - [`triton`]: the GPU kernels written in Triton, compiled ahead of time: manifest, PTX ABI
+//!   check, launch plans, the launch recorder, and (feature `cuda`) the launcher.
 //!
 //! All of rlvr's SIMD and raw-pointer `unsafe` code lives in this crate, each block with its
 //! SAFETY argument: the `target_feature` calls are made only after [`cpu::features`] found the
@@ -46,6 +48,7 @@ pub mod packed_head;
 pub mod skinny;
 mod storage;
 pub mod token_logprob;
+pub mod triton;
 
 pub use lm_head::{FrozenHeadLogprobOp, LmHeadLogprobOp, LogitStash, STASH_MAX_BYTES};
 pub use packed_head::PackedHead;

@@ -1,0 +1,239 @@
+//! The CUDA launcher (feature `cuda`): runs a [`LaunchPlan`] on a cudarc stream, the one candle's
+//! `CudaDevice` owns, with the committed cubins.
+//!
+//! Per launch: the manifest entry is looked up and checked launchable, the plan is checked
+//! against it again, the device's compute capability must select the plan's target and its
+//! opt-in shared memory per block must hold the entry's; the function is loaded once per CUDA
+//! context (`cuModuleLoadData` of the embedded cubin, then `cuModuleGetFunction`) and cached,
+//! with `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` set when it needs more than 48 KiB;
+//! then the arguments are passed in the plan's order, the two scratch pointers as null.
+//!
+//! cudarc is candle's (`candle_core::cuda_backend::cudarc`), so its features stay exactly as
+//! candle sets them. The code that touches cudarc is this file only; under the `cudarc-check`
+//! feature it type-checks against cudarc alone, without candle's CUDA backend (whose build
+//! needs nvcc). `candle_buffer` (feature `cuda` only) maps candle storage to a
+//! [`DeviceBuffer`].
+//!
+//! In a candle custom op's `cuda_fwd` (the wiring of issue 44's item 6), per launch:
+//! 1. `let stream = storage.device.cuda_stream();` and `let m = Manifest::committed()?;`
+//! 2. `let target = device_target(&stream, m)?;` (refuses GPUs without shipped code);
+//! 3. the entry, e.g. `m.entry(&families::rmsnorm::variant("fwd", dtype, cols)?, target)?`,
+//!    and its plan, `families::rmsnorm::plan(entry, &shapes)?` (grid and arguments);
+//! 4. the outputs allocated on the device, then one `candle_buffer` (inputs) or
+//!    `candle_buffer_mut` (outputs, in-place buffers) per buffer name of the plan
+//!    ([`LaunchPlan::buffers`]), plus any descriptors the family asks for (attention's);
+//! 5. `launch(&stream, m, &plan, &[("x", x), ...])?`, then drop the guards.
+//!
+//! Unchecked until a GPU runs it: only type-checked (`scripts/cuda-check.sh`, or the
+//! `cudarc-check` feature); the plans themselves are checked on the CPU by the ABI test and the
+//! launch recorder's replay.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::cudarc;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+#[cfg(feature = "cuda")]
+use super::manifest::DType;
+use super::manifest::{KernelEntry, Manifest, CUBINS};
+pub use super::plan::DeviceBuffer;
+use super::plan::{LaunchPlan, RawArg};
+use super::{Result, TritonError};
+
+/// Dynamic shared memory a kernel may use without opting in, bytes.
+pub const DEFAULT_DYNAMIC_SHARED_BYTES: u32 = 48 * 1024;
+
+fn driver(what: &str, e: impl std::fmt::Debug) -> TritonError {
+    TritonError::Driver(format!("{what}: {e:?}"))
+}
+
+type FunctionCache = Mutex<HashMap<(usize, String, super::Target), CudaFunction>>;
+
+/// The loaded function of `entry` in `ctx`, loading its module on first use.
+fn function(ctx: &Arc<CudaContext>, entry: &KernelEntry) -> Result<CudaFunction> {
+    static CACHE: OnceLock<FunctionCache> = OnceLock::new();
+    // A cached function holds its module, which holds the context: the address stays unique.
+    let key = (Arc::as_ptr(ctx) as usize, entry.name.clone(), entry.target);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(f) = cache.lock().unwrap().get(&key) {
+        return Ok(f.clone());
+    }
+    let Some((_, cubin)) = CUBINS.iter().find(|(p, _)| *p == entry.cubin) else {
+        return Err(TritonError::Manifest(format!(
+            "{} ({}): kernels/build/{} was not embedded when rlvr-kernels was built",
+            entry.name, entry.target, entry.cubin
+        )));
+    };
+    let module = (ctx.load_module(Ptx::from_binary(cubin.to_vec())))
+        .map_err(|e| driver(&format!("loading {}", entry.cubin), e))?;
+    let f = (module.load_function(&entry.entry)).map_err(|e| {
+        driver(
+            &format!("{} has no function {}", entry.cubin, entry.entry),
+            e,
+        )
+    })?;
+    if entry.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES {
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            entry.shared_bytes as i32,
+        )
+        .map_err(|e| driver(&format!("{}: dynamic shared memory", entry.name), e))?;
+    }
+    cache.lock().unwrap().insert(key, f.clone());
+    Ok(f)
+}
+
+/// The target whose kernels run on `stream`'s device, among those `manifest` ships: what the
+/// plan builders need before they pick an entry ([`Manifest::entry`]).
+///
+/// Errors: [`TritonError::Capability`] naming the device's compute capability and the shipped
+/// targets; a driver error.
+pub fn device_target(stream: &CudaStream, manifest: &Manifest) -> Result<super::Target> {
+    let (major, minor) =
+        (stream.context().compute_capability()).map_err(|e| driver("capability", e))?;
+    manifest.target_for(major as u32, minor as u32)
+}
+
+/// Launches `plan` on `stream` with the compiled kernels of `manifest` (normally
+/// [`Manifest::committed`]); `buffers` gives the device buffer of every buffer name the plan's
+/// pointers use. Asynchronous: returns once the launch is queued.
+///
+/// The caller keeps the buffers alive and unmoved until the kernel has run (candle's storage
+/// and the guards of `candle_buffer` do) and gives buffers at least as large as the plan's
+/// shapes: the plan builders derive grid and strides from those shapes, and the launch
+/// recorder's replay tests them.
+///
+/// Errors: the entry's refusals ([`Manifest::entry`]), a plan not matching its entry, a device
+/// whose compute capability selects another target ([`TritonError::Capability`] when none),
+/// shared memory over the device's limit, a buffer missing, of another dtype or shorter than a
+/// pointer's offset, and any driver error ([`TritonError::Driver`]).
+pub fn launch(
+    stream: &Arc<CudaStream>,
+    manifest: &Manifest,
+    plan: &LaunchPlan,
+    buffers: &[(&str, DeviceBuffer)],
+) -> Result<()> {
+    let entry = manifest.entry(&plan.name, plan.target)?;
+    plan.check_against(entry)?;
+    let ctx = stream.context();
+    let target = device_target(stream, manifest)?;
+    if target != plan.target {
+        return Err(TritonError::Plan {
+            name: plan.name.clone(),
+            why: format!("planned for {}, but this device runs {target}", plan.target),
+        });
+    }
+    let smem = (ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+    .map_err(|e| driver("shared memory limit", e))?;
+    entry.check_shared_limit(smem.max(0) as u32)?;
+    let values = plan.resolve(buffers)?;
+    let func = function(ctx, entry)?;
+    let mut b = stream.launch_builder(&func);
+    for v in &values {
+        match v {
+            RawArg::U64(x) => b.arg(x),
+            RawArg::I32(x) => b.arg(x),
+            RawArg::I64(x) => b.arg(x),
+            RawArg::F32(x) => b.arg(x),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (plan.grid[0], plan.grid[1], plan.grid[2]),
+        block_dim: (plan.block[0], plan.block[1], plan.block[2]),
+        shared_mem_bytes: plan.shared_bytes,
+    };
+    // SAFETY: the arguments are the entry's parameters in order, each of the kind and width
+    // its PTX declares (the plan was checked against the manifest above, and the manifest
+    // against the PTX by the ABI test, `ptx::check_abi`); the values live in `values` until
+    // `launch` returns (the driver copies them); the pointers address live buffers of the
+    // plan's dtype (checked above) whose sizes the caller vouches for (see the doc comment).
+    unsafe { b.launch(cfg) }.map_err(|e| driver(&format!("launching {}", plan.name), e))?;
+    Ok(())
+}
+
+/// The [`DeviceBuffer`] of a candle CUDA storage the kernel only reads, seen through `layout`
+/// (its start offset applied), with cudarc's guard that orders the launch after the storage's
+/// pending writes and records the read; drop the guard after [`launch`]. `stream` is the
+/// storage device's (`CudaDevice::cuda_stream`).
+///
+/// Errors: a dtype the kernels never take (the f8/f6/f4 formats).
+#[cfg(feature = "cuda")]
+pub fn candle_buffer<'a>(
+    storage: &'a candle_core::CudaStorage,
+    layout: &candle_core::Layout,
+    stream: &'a CudaStream,
+) -> Result<(DeviceBuffer, cudarc::driver::SyncOnDrop<'a>)> {
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+    use cudarc::driver::DevicePtr;
+    let start = layout.start_offset();
+    macro_rules! view {
+        ($s:expr, $d:expr) => {{
+            let (ptr, guard) = $s.device_ptr(stream);
+            let len = $s.len().saturating_sub(start);
+            (buffer(ptr, start, $d, len), guard)
+        }};
+    }
+    Ok(match &storage.slice {
+        S::F32(s) => view!(s, DType::Fp32),
+        S::BF16(s) => view!(s, DType::Bf16),
+        S::F16(s) => view!(s, DType::Fp16),
+        S::F64(s) => view!(s, DType::Fp64),
+        S::U8(s) => view!(s, DType::U8),
+        S::U32(s) => view!(s, DType::U32),
+        S::I16(s) => view!(s, DType::I16),
+        S::I32(s) => view!(s, DType::I32),
+        S::I64(s) => view!(s, DType::I64),
+        _ => return Err(unsupported_storage()),
+    })
+}
+
+/// [`candle_buffer`] for a storage the kernel writes (an output, or an in-place update): the
+/// guard also records the write, so later readers on other streams wait for the kernel.
+#[cfg(feature = "cuda")]
+pub fn candle_buffer_mut<'a>(
+    storage: &'a mut candle_core::CudaStorage,
+    layout: &candle_core::Layout,
+    stream: &'a CudaStream,
+) -> Result<(DeviceBuffer, cudarc::driver::SyncOnDrop<'a>)> {
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+    use cudarc::driver::DevicePtrMut;
+    let start = layout.start_offset();
+    macro_rules! view {
+        ($s:expr, $d:expr) => {{
+            let len = $s.len().saturating_sub(start);
+            let (ptr, guard) = $s.device_ptr_mut(stream);
+            (buffer(ptr, start, $d, len), guard)
+        }};
+    }
+    Ok(match &mut storage.slice {
+        S::F32(s) => view!(s, DType::Fp32),
+        S::BF16(s) => view!(s, DType::Bf16),
+        S::F16(s) => view!(s, DType::Fp16),
+        S::F64(s) => view!(s, DType::Fp64),
+        S::U8(s) => view!(s, DType::U8),
+        S::U32(s) => view!(s, DType::U32),
+        S::I16(s) => view!(s, DType::I16),
+        S::I32(s) => view!(s, DType::I32),
+        S::I64(s) => view!(s, DType::I64),
+        _ => return Err(unsupported_storage()),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn buffer(ptr: u64, start: usize, dtype: DType, len: usize) -> DeviceBuffer {
+    DeviceBuffer {
+        ptr: ptr + (start * dtype.size()) as u64,
+        dtype,
+        len,
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn unsupported_storage() -> TritonError {
+    TritonError::Driver("f8/f6/f4 storage cannot be a Triton kernel's buffer".into())
+}

@@ -1,0 +1,743 @@
+//! Launch records of the real kernel families (test only): for each family in the committed
+//! manifest, plans built by [`super::families`] at awkward shapes (partial blocks, GQA 7,
+//! out-of-order positions, offsets), with inputs from a fixed seed and the expected outputs
+//! computed here in f64 from the same (rounded) inputs, or by this crate's own CPU op where
+//! one exists (AdamW's passes). `kernels/replay.py` runs them under Triton's interpreter.
+//!
+//! Why f64 loops here rather than rlvr-model's ops: rlvr-kernels is layer 0 and cannot depend
+//! on rlvr-model; the formulas are short, and each follows the kernel module's docstring
+//! (itself checked against rlvr's CPU ops by the kernel tests). A wrong grid, stride or
+//! argument order gives a wrong or missing output, which any correct oracle catches.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::families::{adamw, attention, logprob_head, rmsnorm, rotary, swiglu};
+use super::manifest::{DType, KernelEntry, Manifest, Target};
+use super::plan::LaunchPlan;
+use super::record::{HostBuffer, Recorder, Tolerance};
+use super::tests::uniform;
+
+type Bufs = BTreeMap<String, HostBuffer>;
+type Expected = BTreeMap<String, (HostBuffer, Tolerance)>;
+
+fn f32s(shape: &[usize], v: &[f64]) -> HostBuffer {
+    HostBuffer::f32(shape, &v.iter().map(|x| *x as f32).collect::<Vec<_>>())
+}
+
+/// Values rounded to `dtype` (f32 or bf16), as the host buffer and as f64.
+fn input(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> (HostBuffer, Vec<f64>) {
+    let n = shape.iter().product();
+    let v: Vec<f32> = uniform(seed, n).iter().map(|x| x * scale).collect();
+    let b = match dtype {
+        DType::Bf16 => HostBuffer::bf16(shape, &v),
+        _ => HostBuffer::f32(shape, &v),
+    };
+    let f = b.to_f32().unwrap().iter().map(|x| *x as f64).collect();
+    (b, f)
+}
+
+fn out(dtype: DType, shape: &[usize], v: &[f64]) -> HostBuffer {
+    let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+    match dtype {
+        DType::Bf16 => HostBuffer::bf16(shape, &v),
+        _ => HostBuffer::f32(shape, &v),
+    }
+}
+
+fn tol(dtype: DType) -> Tolerance {
+    if dtype == DType::Bf16 {
+        Tolerance::BF16
+    } else {
+        Tolerance::F32
+    }
+}
+
+struct Rec<'a> {
+    rec: &'a Recorder,
+    m: &'a Manifest,
+    out: Vec<PathBuf>,
+}
+
+impl<'a> Rec<'a> {
+    fn entry(&self, name: &str) -> &'a KernelEntry {
+        (self.m.entry(name, Target::Sm90a))
+            .unwrap_or_else(|e| panic!("the plan builders' variant names drifted: {e}"))
+    }
+
+    fn write(&mut self, label: &str, k: &KernelEntry, plan: &LaunchPlan, b: Bufs, e: Expected) {
+        let d = self.rec.record(label, k, plan, &b, &e).unwrap();
+        self.out.push(d);
+    }
+}
+
+fn has(m: &Manifest, family: &str) -> bool {
+    m.kernels.iter().any(|k| k.family == family)
+}
+
+/// Records every family of `m` that has a recorder here; returns the record directories.
+pub(crate) fn record_all(rec: &Recorder, m: &Manifest) -> Vec<PathBuf> {
+    let mut r = Rec {
+        rec,
+        m,
+        out: Vec::new(),
+    };
+    if has(m, "rmsnorm") {
+        rmsnorm_records(&mut r);
+    }
+    if has(m, "swiglu") {
+        swiglu_records(&mut r);
+    }
+    if has(m, "rotary") {
+        rotary_records(&mut r);
+    }
+    if has(m, "adamw") {
+        adamw_records(&mut r);
+    }
+    if has(m, "logprob_head") {
+        logprob_records(&mut r);
+    }
+    if has(m, "attention") {
+        attention_records(&mut r);
+    }
+    r.out
+}
+
+fn rmsnorm_records(r: &mut Rec) {
+    let (rows, cols) = (5usize, 100usize);
+    let s = rmsnorm::RmsNorm {
+        rows,
+        cols,
+        eps: 1e-6,
+        rows_per_prog: 2,
+    };
+    let parts = rows.div_ceil(s.rows_per_prog);
+    for dt in [DType::Fp32, DType::Bf16] {
+        let dn = dt.name();
+        let (x, xf) = input(dt, &[rows, cols], 11, 2.0);
+        let (res, rf) = input(dt, &[rows, cols], 12, 1.0);
+        let (w, wf) = input(dt, &[cols], 13, 1.5);
+        let rc = [rows, cols];
+        // Forward, with and without the residual add.
+        for add in [false, true] {
+            let kernel = if add { "add_fwd" } else { "fwd" };
+            let k = r.entry(&rmsnorm::variant(kernel, dt, cols).unwrap());
+            let plan = rmsnorm::plan(k, &s).unwrap();
+            let mut h = xf.clone();
+            if add {
+                let hb = out(
+                    dt,
+                    &rc,
+                    &(0..rows * cols).map(|i| xf[i] + rf[i]).collect::<Vec<_>>(),
+                );
+                h = hb.to_f32().unwrap().iter().map(|v| *v as f64).collect();
+            }
+            let (mut y, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows]);
+            for i in 0..rows {
+                let row = &h[i * cols..(i + 1) * cols];
+                let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+                rstd[i] = 1.0 / (ms + s.eps as f64).sqrt();
+                for c in 0..cols {
+                    y[i * cols + c] = row[c] * rstd[i] * wf[c];
+                }
+            }
+            let mut b = Bufs::from([
+                ("x".into(), x.clone()),
+                ("w".into(), w.clone()),
+                ("y".into(), HostBuffer::zeros(dt, &rc)),
+                ("rstd".into(), HostBuffer::zeros(DType::Fp32, &[rows])),
+            ]);
+            let mut e = Expected::from([
+                ("y".into(), (out(dt, &rc, &y), tol(dt))),
+                ("rstd".into(), (f32s(&[rows], &rstd), Tolerance::F32)),
+            ]);
+            if add {
+                b.insert("residual".into(), res.clone());
+                b.insert("h_out".into(), HostBuffer::zeros(dt, &rc));
+                e.insert("h_out".into(), (out(dt, &rc, &h), tol(dt)));
+            }
+            r.write(&format!("rmsnorm_{kernel}_{dn}"), k, &plan, b, e);
+        }
+        if dt == DType::Bf16 {
+            continue; // the backward's bf16 roundings are the kernel tests' business
+        }
+        // Backward from h (= x here), its rstd, dy and (add variant) dres.
+        let (dy, dyf) = input(dt, &rc, 14, 1.0);
+        let (dres, dresf) = input(dt, &rc, 15, 0.5);
+        let rstd: Vec<f64> = (0..rows)
+            .map(|i| {
+                let ms = xf[i * cols..(i + 1) * cols]
+                    .iter()
+                    .map(|v| v * v)
+                    .sum::<f64>()
+                    / cols as f64;
+                1.0 / (ms + s.eps as f64).sqrt()
+            })
+            .collect();
+        let rstd_buf = f32s(&[rows], &rstd);
+        let rstd32: Vec<f64> = rstd_buf
+            .to_f32()
+            .unwrap()
+            .iter()
+            .map(|v| *v as f64)
+            .collect();
+        let mut dw_part = vec![0.0; parts * cols];
+        let mut dx = vec![0.0; rows * cols];
+        for i in 0..rows {
+            let rr = rstd32[i];
+            let n: Vec<f64> = (0..cols).map(|c| xf[i * cols + c] * rr).collect();
+            let dn: Vec<f64> = (0..cols).map(|c| dyf[i * cols + c] * wf[c]).collect();
+            let mean = (0..cols).map(|c| dn[c] * n[c]).sum::<f64>() / cols as f64;
+            for c in 0..cols {
+                dx[i * cols + c] = rr * (dn[c] - n[c] * mean);
+                dw_part[(i / s.rows_per_prog) * cols + c] += dyf[i * cols + c] * n[c];
+            }
+        }
+        for add in [false, true] {
+            let kernel = if add { "add_bwd" } else { "bwd" };
+            let k = r.entry(&rmsnorm::variant(kernel, dt, cols).unwrap());
+            let plan = rmsnorm::plan(k, &s).unwrap();
+            let dxa: Vec<f64> = (0..rows * cols)
+                .map(|i| dx[i] + if add { dresf[i] } else { 0.0 })
+                .collect();
+            let mut b = Bufs::from([
+                ("dy".into(), dy.clone()),
+                ("h".into(), x.clone()),
+                ("w".into(), w.clone()),
+                ("rstd".into(), rstd_buf.clone()),
+                ("dx".into(), HostBuffer::zeros(dt, &rc)),
+                (
+                    "dw_part".into(),
+                    HostBuffer::zeros(DType::Fp32, &[parts, cols]),
+                ),
+            ]);
+            if add {
+                b.insert("dres".into(), dres.clone());
+            }
+            let e = Expected::from([
+                ("dx".into(), (out(dt, &rc, &dxa), tol(dt))),
+                (
+                    "dw_part".into(),
+                    (f32s(&[parts, cols], &dw_part), Tolerance::F32),
+                ),
+            ]);
+            r.write(&format!("rmsnorm_{kernel}_{dn}"), k, &plan, b, e);
+        }
+        // The fixed-order sum of the partials, over more columns than one block.
+        let wide = rmsnorm::RmsNorm { cols: 300, ..s };
+        let k = r.entry(&rmsnorm::variant("dw", dt, 300).unwrap());
+        let plan = rmsnorm::plan(k, &wide).unwrap();
+        let (p, pf) = input(DType::Fp32, &[parts, 300], 16, 1.0);
+        let dw: Vec<f64> = (0..300)
+            .map(|c| (0..parts).map(|q| pf[q * 300 + c]).sum())
+            .collect();
+        let b = Bufs::from([
+            ("dw_part".into(), p),
+            ("dw".into(), HostBuffer::zeros(dt, &[300])),
+        ]);
+        let e = Expected::from([("dw".into(), (out(dt, &[300], &dw), tol(dt)))]);
+        r.write(&format!("rmsnorm_dw_{dn}"), k, &plan, b, e);
+    }
+}
+
+fn silu_parts(g: f64) -> (f64, f64) {
+    let sig = 1.0 / (1.0 + (-g).exp());
+    (g * sig, sig)
+}
+
+fn swiglu_records(r: &mut Rec) {
+    let dt = DType::Fp32;
+    let k = r.entry(&swiglu::variant("fwd", dt));
+    let block = k.constexpr_int("BLOCK").unwrap() as usize;
+    let s = swiglu::Swiglu {
+        rows: 3,
+        cols: block + 37,
+    };
+    let sh = [s.rows, s.cols];
+    let n = s.rows * s.cols;
+    let (g, gf) = input(dt, &sh, 21, 4.0);
+    let (u, uf) = input(dt, &sh, 22, 2.0);
+    let (da, daf) = input(dt, &sh, 23, 1.0);
+    let a: Vec<f64> = (0..n).map(|i| silu_parts(gf[i]).0 * uf[i]).collect();
+    let plan = swiglu::plan(k, &s).unwrap();
+    let b = Bufs::from([
+        ("g".into(), g.clone()),
+        ("u".into(), u.clone()),
+        ("a".into(), HostBuffer::zeros(dt, &sh)),
+    ]);
+    let e = Expected::from([("a".into(), (f32s(&sh, &a), Tolerance::F32))]);
+    r.write("swiglu_fwd_fp32", k, &plan, b, e);
+    let k = r.entry(&swiglu::variant("bwd", dt));
+    let plan = swiglu::plan(k, &s).unwrap();
+    let (mut dg, mut du) = (vec![0.0; n], vec![0.0; n]);
+    for i in 0..n {
+        let (silu, sig) = silu_parts(gf[i]);
+        du[i] = daf[i] * silu;
+        dg[i] = daf[i] * uf[i] * sig * (1.0 + gf[i] * (1.0 - sig));
+    }
+    let b = Bufs::from([
+        ("g".into(), g),
+        ("u".into(), u),
+        ("da".into(), da),
+        ("dg".into(), HostBuffer::zeros(dt, &sh)),
+        ("du".into(), HostBuffer::zeros(dt, &sh)),
+    ]);
+    let e = Expected::from([
+        ("dg".into(), (f32s(&sh, &dg), Tolerance::F32)),
+        ("du".into(), (f32s(&sh, &du), Tolerance::F32)),
+    ]);
+    r.write("swiglu_bwd_fp32", k, &plan, b, e);
+}
+
+fn rotary_records(r: &mut Rec) {
+    let dt = DType::Fp32;
+    let (tokens, hq, hk, d, max_pos) = (5usize, 7usize, 1usize, 64usize, 12usize);
+    let half = d / 2;
+    let s = rotary::Rotary {
+        tokens,
+        q_heads: hq,
+        kv_heads: hk,
+        head_dim: d,
+    };
+    // rlvr's tables: angle pos·θ^(−2j/d), the half repeated.
+    let mut cos = vec![0.0; max_pos * d];
+    let mut sin = vec![0.0; max_pos * d];
+    for p in 0..max_pos {
+        for j in 0..half {
+            let a = p as f64 * 10000f64.powf(-2.0 * j as f64 / d as f64);
+            for c in [j, j + half] {
+                cos[p * d + c] = a.cos();
+                sin[p * d + c] = a.sin();
+            }
+        }
+    }
+    let (cos_b, sin_b) = (f32s(&[max_pos, d], &cos), f32s(&[max_pos, d], &sin));
+    let cos32: Vec<f64> = cos_b.to_f32().unwrap().iter().map(|v| *v as f64).collect();
+    let sin32: Vec<f64> = sin_b.to_f32().unwrap().iter().map(|v| *v as f64).collect();
+    let pos = [7i32, 3, 3, 11, 0]; // repeated and out of order, as in the shared-prompt layout
+    for (kernel, names, transpose) in [
+        ("fwd", ["q", "k", "q_out", "k_out"], false),
+        ("bwd", ["dq", "dk", "dq_out", "dk_out"], true),
+    ] {
+        let k = r.entry(&rotary::variant(kernel, dt, d));
+        let plan = rotary::plan(k, &s).unwrap();
+        let mut b = Bufs::from([
+            ("cos".into(), cos_b.clone()),
+            ("sin".into(), sin_b.clone()),
+            ("pos".into(), HostBuffer::i32(&[tokens], &pos)),
+        ]);
+        let mut e = Expected::new();
+        for (i, heads) in [(0usize, hq), (1, hk)] {
+            let sh = [tokens, heads, d];
+            let (x, xf) = input(dt, &sh, 31 + i as u64, 1.0);
+            let mut y = vec![0.0; xf.len()];
+            for (t, p) in pos.iter().enumerate() {
+                let row = *p as usize * d;
+                for h in 0..heads {
+                    let o = (t * heads + h) * d;
+                    for j in 0..half {
+                        let (x1, x2) = (xf[o + j], xf[o + j + half]);
+                        let (c1, c2) = (cos32[row + j], cos32[row + j + half]);
+                        let (s1, s2) = (sin32[row + j], sin32[row + j + half]);
+                        let (y1, y2) = if transpose {
+                            (x1 * c1 + x2 * s2, x2 * c2 - x1 * s1)
+                        } else {
+                            (x1 * c1 - x2 * s1, x2 * c2 + x1 * s2)
+                        };
+                        y[o + j] = y1;
+                        y[o + j + half] = y2;
+                    }
+                }
+            }
+            b.insert(names[i].into(), x);
+            b.insert(names[i + 2].into(), HostBuffer::zeros(dt, &sh));
+            e.insert(names[i + 2].into(), (f32s(&sh, &y), Tolerance::F32));
+        }
+        r.write(&format!("rotary_{kernel}_fp32_d{d}"), k, &plan, b, e);
+    }
+}
+
+fn adamw_records(r: &mut Rec) {
+    use candle_core::{Device, Tensor};
+    let n = 2500usize;
+    let c = adamw::AdamwScalars::new(1e-3, 0.9, 0.999, 1e-8, 0.01, 3, 0.8);
+    for (name, gdt) in [
+        ("adamw_f32", DType::Fp32),
+        ("adamw_master_bf16", DType::Fp32),
+        ("adamw_master_bf16_gbf16", DType::Bf16),
+    ] {
+        let k = r.entry(name);
+        let plan = adamw::plan(k, &adamw::Adamw::Step { n, scalars: c }).unwrap();
+        let (p, pf) = input(DType::Fp32, &[n], 41, 1.0);
+        let (g, gf) = input(gdt, &[n], 42, 0.1);
+        let (m, mf) = input(DType::Fp32, &[n], 43, 0.01);
+        let (v0, _) = input(DType::Fp32, &[n], 44, 1.0);
+        let vf: Vec<f32> = v0.to_f32().unwrap().iter().map(|x| x * x * 1e-4).collect();
+        let v = HostBuffer::f32(&[n], &vf);
+        // The CPU op: this crate's in-place AdamW passes on the scaled gradient.
+        let t = |x: &[f64]| {
+            let x: Vec<f32> = x.iter().map(|v| *v as f32).collect();
+            Tensor::from_vec(x, n, &Device::Cpu).unwrap()
+        };
+        let gs: Vec<f64> = gf
+            .iter()
+            .map(|x| (*x as f32 * c.grad_scale) as f64)
+            .collect();
+        let (pt, gt, mt) = (t(&pf), t(&gs), t(&mf));
+        let vt = Tensor::from_vec(vf.clone(), n, &Device::Cpu).unwrap();
+        mt.inplace_op2(
+            &gt,
+            &crate::adamw::MomentUpdate {
+                beta: c.beta1,
+                square: false,
+            },
+        )
+        .unwrap();
+        vt.inplace_op2(
+            &gt,
+            &crate::adamw::MomentUpdate {
+                beta: c.beta2,
+                square: true,
+            },
+        )
+        .unwrap();
+        let upd = crate::adamw::ParamUpdate {
+            decay: c.decay,
+            lr: c.lr,
+            inv_bc1: c.inv_bc1,
+            inv_bc2: c.inv_bc2,
+            eps: c.eps,
+        };
+        pt.inplace_op3(&mt, &vt, &upd).unwrap();
+        let vec = |x: &Tensor| x.to_vec1::<f32>().unwrap();
+        let mut b = Bufs::from([
+            ("param".into(), p),
+            ("grad".into(), g),
+            ("exp_avg".into(), m),
+            ("exp_avg_sq".into(), v),
+        ]);
+        let mut e = Expected::from([
+            (
+                "param".into(),
+                (HostBuffer::f32(&[n], &vec(&pt)), Tolerance::F32),
+            ),
+            (
+                "exp_avg".into(),
+                (HostBuffer::f32(&[n], &vec(&mt)), Tolerance::F32),
+            ),
+            (
+                "exp_avg_sq".into(),
+                (HostBuffer::f32(&[n], &vec(&vt)), Tolerance::F32),
+            ),
+        ]);
+        if k.params.iter().any(|p| p.name == "copy") {
+            b.insert("copy".into(), HostBuffer::zeros(DType::Bf16, &[n]));
+            e.insert(
+                "copy".into(),
+                (HostBuffer::bf16(&[n], &vec(&pt)), Tolerance::BF16),
+            );
+        }
+        r.write(name, k, &plan, b, e);
+    }
+    // The sum of squares into slots 1.. of the partials, then their total.
+    let k = r.entry("grad_sumsq_f32");
+    let n = 40_000;
+    let s = adamw::Adamw::SumSq {
+        n,
+        partials_offset: 1,
+    };
+    let plan = adamw::plan(k, &s).unwrap();
+    let parts = adamw::partials_for(k, n).unwrap();
+    let (g, gf) = input(DType::Fp32, &[n], 45, 1.0);
+    let span = (k.constexpr_int("BLOCK").unwrap() * k.constexpr_int("ITERS").unwrap()) as usize;
+    let mut want = vec![0.0; parts + 1];
+    for (i, x) in gf.iter().enumerate() {
+        want[1 + i / span] += x * x;
+    }
+    let b = Bufs::from([
+        ("grad".into(), g),
+        (
+            "partials".into(),
+            HostBuffer::zeros(DType::Fp32, &[parts + 1]),
+        ),
+    ]);
+    let e = Expected::from([(
+        "partials".into(),
+        (f32s(&[parts + 1], &want), Tolerance::F32),
+    )]);
+    r.write("grad_sumsq_f32", k, &plan, b, e);
+    let k = r.entry("grad_sumsq_total");
+    let np = 2500;
+    let plan = adamw::plan(k, &adamw::Adamw::Total { n_partials: np }).unwrap();
+    let (p, pf) = input(DType::Fp32, &[np], 46, 3.0);
+    let total: f64 = pf.iter().sum();
+    let out = HostBuffer {
+        dtype: DType::Fp64,
+        shape: vec![1],
+        bytes: total.to_le_bytes().to_vec(),
+    };
+    let b = Bufs::from([
+        ("partials".into(), p),
+        ("out".into(), HostBuffer::zeros(DType::Fp64, &[1])),
+    ]);
+    let e = Expected::from([("out".into(), (out, Tolerance::F32))]);
+    r.write("grad_sumsq_total", k, &plan, b, e);
+}
+
+fn logprob_records(r: &mut Rec) {
+    for dt in [DType::Fp32, DType::Bf16] {
+        logprob_records_of(r, dt);
+    }
+}
+
+/// The head's three kernels on logits of `dt` (bf16: widened when loaded, the gradient
+/// rounded to nearest even when stored).
+fn logprob_records_of(r: &mut Rec, dt: DType) {
+    let sfx = if dt == DType::Bf16 { "bf16" } else { "f32" };
+    let (rows, n_cols, stride, col0) = (3usize, 1500usize, 1536usize, 3000usize);
+    let inv_t = 1.0f32 / 0.7;
+    let s = logprob_head::LogprobChunk {
+        rows,
+        n_cols,
+        stride_z: stride,
+        col0,
+        first: false,
+        inv_t,
+    };
+    let (z, zf) = input(dt, &[rows, stride], 51, 8.0);
+    let targets = [3007i32, 100, 4499]; // inside, outside (an earlier chunk), last column
+                                        // A state as if an earlier chunk had been merged: M, S, D, s_y.
+    let prior: [[f64; 4]; 3] = [
+        [2.0, 40.0, -30.0, 1.5],
+        [3.0, 55.0, -41.0, 2.5],
+        [1.0, 30.0, -20.0, 0.5],
+    ];
+    let it = inv_t as f64;
+    let mut state = vec![0.0; rows * 4];
+    for i in 0..rows {
+        let [m0, s0, d0, sy0] = prior[i];
+        let sc: Vec<f64> = (0..n_cols).map(|c| zf[i * stride + c] * it).collect();
+        let m = sc.iter().fold(m0, |a, b| a.max(*b));
+        let se = s0 * (m0 - m).exp() + sc.iter().map(|v| (v - m).exp()).sum::<f64>();
+        // D = Σ e^{s−M}(s−M) over both parts, re-based to the new max.
+        let dd = (m0 - m).exp() * (d0 + (m0 - m) * s0)
+            + sc.iter().map(|v| (v - m).exp() * (v - m)).sum::<f64>();
+        let y = targets[i] as usize;
+        let sy = if (col0..col0 + n_cols).contains(&y) {
+            sc[y - col0]
+        } else {
+            sy0
+        };
+        state[i * 4..i * 4 + 4].copy_from_slice(&[m, se, dd, sy]);
+    }
+    let prior_flat: Vec<f64> = prior.iter().flatten().copied().collect();
+    let k = r.entry(&format!("logprob_fwd_{sfx}"));
+    let plan = logprob_head::plan(k, &s).unwrap();
+    let b = Bufs::from([
+        ("z".into(), z.clone()),
+        ("targets".into(), HostBuffer::i32(&[rows], &targets)),
+        ("state".into(), f32s(&[rows, 4], &prior_flat)),
+    ]);
+    let e = Expected::from([("state".into(), (f32s(&[rows, 4], &state), Tolerance::F32))]);
+    r.write(&format!("logprob_fwd_{sfx}"), k, &plan, b, e);
+    // finish: out = (s_y − M − ln S, ln S − D/S) from the merged state.
+    let sb = f32s(&[rows, 4], &state);
+    let st: Vec<f64> = sb.to_f32().unwrap().iter().map(|v| *v as f64).collect();
+    let outv: Vec<f64> = (0..rows)
+        .flat_map(|i| {
+            let (m, se, dd, sy) = (st[i * 4], st[i * 4 + 1], st[i * 4 + 2], st[i * 4 + 3]);
+            [(sy - m) - se.ln(), se.ln() - dd / se]
+        })
+        .collect();
+    let k = r.entry("logprob_finish");
+    let plan = logprob_head::plan(k, &s).unwrap();
+    let b = Bufs::from([
+        ("state".into(), sb.clone()),
+        ("out".into(), HostBuffer::zeros(DType::Fp32, &[rows, 2])),
+    ]);
+    let e = Expected::from([("out".into(), (f32s(&[rows, 2], &outv), Tolerance::F32))]);
+    if dt == DType::Fp32 {
+        r.write("logprob_finish", k, &plan, b, e); // f32 state only: once
+    }
+    // backward, in place on z: dz = inv_t·(g_ℓ(δ_jy − p_j) − g_H p_j (log p_j + H)).
+    let ob = f32s(&[rows, 2], &outv);
+    let o: Vec<f64> = ob.to_f32().unwrap().iter().map(|v| *v as f64).collect();
+    let grad = [0.5, -0.25, 1.0, 0.0, -1.5, 2.0];
+    let mut dz = zf.clone(); // columns past n_cols keep the logits
+    for i in 0..rows {
+        let (m, ln_s, h) = (st[i * 4], st[i * 4 + 1].ln(), o[i * 2 + 1]);
+        let (gl, gh) = (grad[i * 2], grad[i * 2 + 1]);
+        for c in 0..n_cols {
+            let lp = zf[i * stride + c] * it - m - ln_s;
+            let p = lp.exp();
+            let mut ds = -gl * p - gh * p * (lp + h);
+            if c + col0 == targets[i] as usize {
+                ds += gl;
+            }
+            dz[i * stride + c] = ds * it;
+        }
+    }
+    let k = r.entry(&format!("logprob_bwd_{sfx}"));
+    let plan = logprob_head::plan(k, &s).unwrap();
+    let b = Bufs::from([
+        ("z".into(), z),
+        ("targets".into(), HostBuffer::i32(&[rows], &targets)),
+        ("state".into(), sb),
+        ("out".into(), ob),
+        ("grad".into(), f32s(&[rows, 2], &grad)),
+    ]);
+    let e = Expected::from([("z".into(), (out(dt, &[rows, stride], &dz), tol(dt)))]);
+    r.write(&format!("logprob_bwd_{sfx}"), k, &plan, b, e);
+}
+
+/// Attention (f32, head dim 64) on the shared-prompt example layout: the forward, then each
+/// backward kernel from f32-rounded `lse`/`delta`. Output buffers start at a sentinel, which the
+/// padding rows (never written) must keep.
+fn attention_records(r: &mut Rec) {
+    let dt = DType::Fp32;
+    let l = attention::example_layout(64);
+    let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+    let rep = hq / hk;
+    let scale = l.softmax_scale as f64;
+    let (q, qf) = input(dt, &[n, hq, d], 61, 1.0);
+    let (k, kf) = input(dt, &[n, hk, d], 62, 1.0);
+    let (v, vf) = input(dt, &[n, hk, d], 63, 1.0);
+    let (dob, dof) = input(dt, &[n, hq, d], 64, 1.0);
+    const SENTINEL: f64 = 7.0;
+    let qi = |t: usize, h: usize| (t * hq + h) * d;
+    let ki = |t: usize, h: usize| (t * hk + h) * d;
+    let dot = |a: &[f64], ia: usize, b: &[f64], ib: usize| {
+        (0..d).map(|x| a[ia + x] * b[ib + x]).sum::<f64>()
+    };
+    // Every (query row, its key rows).
+    let mut queries: Vec<(usize, Vec<usize>)> = Vec::new();
+    for s in &l.seqs {
+        for i in 0..s.len {
+            let mut keys: Vec<usize> = (s.prefix_start..s.prefix_start + s.prefix_len).collect();
+            keys.extend(s.start..=s.start + i);
+            queries.push((s.start + i, keys));
+        }
+    }
+    let mut o = vec![SENTINEL; n * hq * d];
+    let mut lse = vec![SENTINEL; hq * n];
+    for (t, keys) in &queries {
+        for h in 0..hq {
+            let sc: Vec<f64> = keys
+                .iter()
+                .map(|j| scale * dot(&qf, qi(*t, h), &kf, ki(*j, h / rep)))
+                .collect();
+            let m = sc.iter().fold(f64::NEG_INFINITY, |a, b| a.max(*b));
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            lse[h * n + t] = m + z.ln();
+            for x in 0..d {
+                o[qi(*t, h) + x] = (keys.iter().zip(&sc))
+                    .map(|(j, s)| (s - m).exp() / z * vf[ki(*j, h / rep) + x])
+                    .sum();
+            }
+        }
+    }
+    let sent = |len: usize| f32s(&[len], &vec![SENTINEL; len]);
+    let shape_q = [n, hq, d];
+    let k_fwd = r.entry("attn_fwd_f32_d64");
+    let (plan, desc) = attention::plan(k_fwd, &l).unwrap();
+    let descs = |desc: BTreeMap<String, Vec<i32>>| -> Bufs {
+        desc.into_iter()
+            .map(|(name, v)| (name, HostBuffer::i32(&[v.len()], &v)))
+            .collect()
+    };
+    let mut b = descs(desc);
+    b.extend([
+        ("q".into(), q.clone()),
+        ("k".into(), k.clone()),
+        ("v".into(), v.clone()),
+        (
+            "o".into(),
+            HostBuffer::f32(&shape_q, &vec![SENTINEL as f32; n * hq * d]),
+        ),
+        ("lse".into(), sent(hq * n)),
+    ]);
+    let e = Expected::from([
+        ("o".into(), (f32s(&shape_q, &o), Tolerance::F32)),
+        ("lse".into(), (f32s(&[hq * n], &lse), Tolerance::F32)),
+    ]);
+    r.write("attn_fwd_f32_d64", k_fwd, &plan, b, e);
+    // The backward's inputs: o and lse as the forward wrote them (f32), delta from them.
+    let ob = f32s(&shape_q, &o);
+    let of: Vec<f64> = ob.to_f32().unwrap().iter().map(|x| *x as f64).collect();
+    let lse_b = f32s(&[hq * n], &lse);
+    let lsef: Vec<f64> = lse_b.to_f32().unwrap().iter().map(|x| *x as f64).collect();
+    let mut delta = vec![SENTINEL; hq * n];
+    for (t, _) in &queries {
+        for h in 0..hq {
+            delta[h * n + t] = dot(&dof, qi(*t, h), &of, qi(*t, h));
+        }
+    }
+    let k_pre = r.entry("attn_bwd_pre_f32_d64");
+    let (plan, desc) = attention::plan(k_pre, &l).unwrap();
+    let mut b = descs(desc);
+    b.extend([
+        ("o".into(), ob.clone()),
+        ("do".into(), dob.clone()),
+        ("delta".into(), sent(hq * n)),
+    ]);
+    let e = Expected::from([("delta".into(), (f32s(&[hq * n], &delta), Tolerance::F32))]);
+    r.write("attn_bwd_pre_f32_d64", k_pre, &plan, b, e);
+    let delta_b = f32s(&[hq * n], &delta);
+    let deltaf: Vec<f64> = delta_b
+        .to_f32()
+        .unwrap()
+        .iter()
+        .map(|x| *x as f64)
+        .collect();
+    let mut dq = vec![SENTINEL; n * hq * d];
+    let mut dk = vec![SENTINEL; n * hk * d];
+    let mut dv = vec![SENTINEL; n * hk * d];
+    for s in &l.seqs {
+        for t in s.start..s.start + s.len {
+            for h in 0..hk {
+                dk[ki(t, h)..ki(t, h) + d].fill(0.0);
+                dv[ki(t, h)..ki(t, h) + d].fill(0.0);
+            }
+        }
+    }
+    for (t, keys) in &queries {
+        for h in 0..hq {
+            let g = h / rep;
+            dq[qi(*t, h)..qi(*t, h) + d].fill(0.0);
+            for j in keys {
+                let p = (scale * dot(&qf, qi(*t, h), &kf, ki(*j, g)) - lsef[h * n + t]).exp();
+                let dp = dot(&dof, qi(*t, h), &vf, ki(*j, g));
+                let ds = p * (dp - deltaf[h * n + t]);
+                for x in 0..d {
+                    dq[qi(*t, h) + x] += scale * ds * kf[ki(*j, g) + x];
+                    dk[ki(*j, g) + x] += scale * ds * qf[qi(*t, h) + x];
+                    dv[ki(*j, g) + x] += p * dof[qi(*t, h) + x];
+                }
+            }
+        }
+    }
+    let shape_k = [n, hk, d];
+    for (name, outs) in [
+        ("attn_bwd_dkdv_f32_d64", vec![("dk", &dk), ("dv", &dv)]),
+        ("attn_bwd_dq_f32_d64", vec![("dq", &dq)]),
+    ] {
+        let kk = r.entry(name);
+        let (plan, desc) = attention::plan(kk, &l).unwrap();
+        let mut b = descs(desc);
+        b.extend([
+            ("q".into(), q.clone()),
+            ("k".into(), k.clone()),
+            ("v".into(), v.clone()),
+            ("do".into(), dob.clone()),
+            ("lse".into(), lse_b.clone()),
+            ("delta".into(), delta_b.clone()),
+        ]);
+        let mut e = Expected::new();
+        for (o_name, want) in outs {
+            let sh: &[usize] = if o_name == "dq" { &shape_q } else { &shape_k };
+            b.insert(o_name.into(), f32s(sh, &vec![SENTINEL; want.len()]));
+            e.insert(o_name.into(), (f32s(sh, want), Tolerance::F32));
+        }
+        r.write(name, kk, &plan, b, e);
+    }
+}
