@@ -28,6 +28,12 @@ t1=$SECONDS
 ptxas=$("$PY" kernels/generate.py --fetch-ptxas)
 echo "ci_kernels: ptxas ready in $((SECONDS - t1)) s ($ptxas)"
 [ "${1:-}" = install ] && exit 0
+if [ -n "${RLVR_KERNEL_RECORD:-}" ]; then
+  # CI sets it: the records must be there, or the replay would be skipped and count for nothing.
+  n=$(find "$RLVR_KERNEL_RECORD" -name record.json 2>/dev/null | wc -l)
+  [ "$n" -gt 0 ] || { echo "ci_kernels: no launch records in $RLVR_KERNEL_RECORD (rlvr-kernels' tests write them)" >&2; exit 1; }
+  echo "ci_kernels: $n launch records to replay from $RLVR_KERNEL_RECORD"
+fi
 t2=$SECONDS
 "$PY" -m pytest -q -p no:cacheprovider kernels/tests
 echo "ci_kernels: interpreter tests in $((SECONDS - t2)) s"
