@@ -4,9 +4,18 @@
 #![cfg(unix)]
 
 use crate::common::{ok, rlvr, tiny_model, tokenizer_json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// A scratch directory with a tiny model in it (`tiny_model`) and the path of a run directory
+/// there (`run`, not created).
+fn tiny_run() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = tmp.path().join("run");
+    (tmp, model, run)
+}
 
 /// `--set` overrides of a small arithmetic run.
 fn sets(model: &Path, run: &Path, steps: u64) -> Vec<String> {
@@ -35,6 +44,13 @@ fn train_cmd(sets: &[String]) -> Command {
     for s in sets {
         c.arg("--set").arg(s);
     }
+    c
+}
+
+/// `rlvr train --no-progress --resume RUN`.
+fn resume(run: &Path) -> Command {
+    let mut c = rlvr();
+    c.args(["train", "--no-progress", "--resume"]).arg(run);
     c
 }
 
@@ -79,9 +95,7 @@ fn latest(run: &Path) -> String {
 
 #[test]
 fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (_tmp, model, run) = tiny_run();
     let mut s = sets(&model, &run, 5);
     s.push("train.save_every=1".into());
     // A: stops making progress after step 2 (its checkpoint written), holding the directory.
@@ -96,11 +110,7 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
     let holder = format!("pid {}", a.id());
 
     // B: --resume on the busy directory; C: a fresh start on it (with another lr).
-    let b = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
-        .output()
-        .unwrap();
+    let b = resume(&run).output().unwrap();
     let mut s2 = s.clone();
     s2.push("train.lr=5e-2".into());
     let c2 = train_cmd(&s2).output().unwrap();
@@ -126,11 +136,7 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
     // SIGKILL A: the OS releases its lock, and the run resumes to the end.
     a.kill().unwrap();
     a.wait().unwrap();
-    let d = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
-        .output()
-        .unwrap();
+    let d = resume(&run).output().unwrap();
     ok(&d, "resume after SIGKILL");
     assert_eq!(steps(&run), [1, 2, 3, 4, 5]);
     assert_eq!(latest(&run), "step-5");
@@ -138,9 +144,7 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
 
 #[test]
 fn of_two_fresh_starts_at_once_exactly_one_runs_and_config_toml_is_its_own() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (_tmp, model, run) = tiny_run();
     let lrs = ["0.011", "0.022"];
     let mut kids: Vec<Child> = lrs
         .iter()
@@ -231,9 +235,7 @@ fn sigterm_during_start_up_exits_within_seconds() {
 
 #[test]
 fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     // Run outside the repository: run.json's git_commit must still be the binary's commit.
     let mut c = train_cmd(&sets(&model, &run, 100_000));
     c.current_dir(tmp.path());
@@ -281,9 +283,7 @@ fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
 
 #[test]
 fn a_failing_verifier_after_step_4_saves_step_4_and_the_run_resumes() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     // Fails on its 5th call (step 5's batch), succeeds before and after; one call per step.
     let script = tmp.path().join("score.sh");
     let counter = tmp.path().join("calls");
@@ -315,11 +315,7 @@ fn a_failing_verifier_after_step_4_saves_step_4_and_the_run_resumes() {
         log.contains("error: ") && log.contains("verifier broke"),
         "{log}"
     );
-    let r = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
-        .output()
-        .unwrap();
+    let r = resume(&run).output().unwrap();
     ok(&r, "resume");
     assert_eq!(steps(&run), [1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(latest(&run), "step-7");
@@ -334,9 +330,7 @@ fn a_persistent_python_verifier_is_started_once_per_run() {
         eprintln!("python3 not found: the persistent verifier run is skipped");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     let (starts, items) = (tmp.path().join("starts"), tmp.path().join("items"));
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/reward_persistent.py");
     let script = format!(
@@ -512,9 +506,7 @@ fn zero_sizes_are_refused_naming_the_flag() {
 
 #[test]
 fn weights_that_turn_non_finite_are_never_checkpointed_and_latest_keeps_the_last_good_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (_tmp, model, run) = tiny_run();
     let mut s = sets(&model, &run, 2);
     s.push("train.save_every=1".into());
     ok(&train_cmd(&s).output().unwrap(), "2 good steps");
@@ -522,9 +514,7 @@ fn weights_that_turn_non_finite_are_never_checkpointed_and_latest_keeps_the_last
     let good = std::fs::read(run.join("checkpoints/step-2/model.safetensors")).unwrap();
     // lr = 1e39 is a finite f64 but infinite as the f32 the optimizer applies: step 3's update
     // leaves every weight ±inf or NaN while its loss and gradient (taken before it) are finite.
-    let out = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
+    let out = resume(&run)
         .args(["--set", "train.steps=3", "--set", "train.lr=1e39"])
         .output()
         .unwrap();
@@ -645,9 +635,7 @@ fn a_policy_with_a_nan_weight_is_refused_before_training() {
 
 #[test]
 fn resume_without_a_checkpoint_says_it_starts_over() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (_tmp, model, run) = tiny_run();
     // save_every = 0: killed after step 1, the run has metrics but no checkpoint.
     let mut c = train_cmd(&sets(&model, &run, 2));
     c.env("RLVR_DEBUG_HANG_AFTER_STEP", "1");
@@ -656,11 +644,7 @@ fn resume_without_a_checkpoint_says_it_starts_over() {
     a.kill().unwrap();
     a.wait().unwrap();
     assert_eq!(latest(&run), "");
-    let out = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
-        .output()
-        .unwrap();
+    let out = resume(&run).output().unwrap();
     ok(&out, "resume without a checkpoint");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -704,12 +688,7 @@ fn relative_input_paths_are_stored_resolved_so_resume_works_from_another_directo
     assert!(cfg.contains(&abs(&tmp.path().join("train.jsonl"))), "{cfg}");
     // Resumed from another directory: the same files are read.
     let elsewhere = tempfile::tempdir().unwrap();
-    let r = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
-        .current_dir(elsewhere.path())
-        .output()
-        .unwrap();
+    let r = resume(&run).current_dir(elsewhere.path()).output().unwrap();
     ok(&r, "resume from another directory");
     assert_eq!(steps(&run), [1, 2, 3, 4]);
 }
@@ -741,9 +720,7 @@ fn metrics_at(run: &Path, step: u64) -> serde_json::Value {
 
 #[test]
 fn a_lost_or_torn_latest_resumes_from_the_newest_complete_checkpoint() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (_tmp, model, run) = tiny_run();
     let mut s = sets(&model, &run, 3);
     s.push("train.save_every=1".into());
     s.push("train.keep_last=0".into());
@@ -902,9 +879,7 @@ fn alive(pid: &str) -> bool {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_sigkilled_rlvr_takes_its_persistent_verifier_with_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     let pidfile = tmp.path().join("verifier.pid");
     // The verifier writes its pid and then never answers nor reads stdin (so the closed pipe of a
     // dead rlvr would not end it either): only the kernel's parent-death signal stops it.
@@ -950,9 +925,7 @@ fn a_persistent_verifier_started_by_the_explorer_thread_survives_its_end() {
         eprintln!("python3 not found: the persistent verifier run is skipped");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     let starts = tmp.path().join("starts");
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/reward_persistent.py");
     let script = format!(
@@ -968,9 +941,7 @@ fn a_persistent_verifier_started_by_the_explorer_thread_survives_its_end() {
     ));
     ok(&train_cmd(&s).output().unwrap(), "train to step 2");
     assert_eq!(std::fs::read_to_string(&starts).unwrap(), "start\n");
-    let out = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
+    let out = resume(&run)
         .args(["--set", "train.steps=4"])
         .output()
         .unwrap();
@@ -1034,9 +1005,7 @@ fn merge_force_that_fails_keeps_the_old_model() {
 
 #[test]
 fn resume_names_the_external_command_it_runs() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     let script = tmp.path().join("score.sh");
     std::fs::write(
         &script,
@@ -1053,9 +1022,7 @@ fn resume_names_the_external_command_it_runs() {
     // A fresh start runs the command the user just gave: no note.
     assert!(!String::from_utf8_lossy(&out.stderr).contains("--resume runs"));
     // A resume says which program of the run directory's config it runs, before running it.
-    let out = rlvr()
-        .args(["train", "--no-progress", "--resume"])
-        .arg(&run)
+    let out = resume(&run)
         .args(["--set", "train.steps=3"])
         .output()
         .unwrap();
@@ -1085,9 +1052,7 @@ fn edit_state(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 #[test]
 fn resume_refuses_to_shorten_and_names_an_edited_state_file_and_field() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (_tmp, model, run) = tiny_run();
     let mut s = sets(&model, &run, 3);
     s.push("train.save_every=1".into());
     s.push("train.keep_last=0".into());
@@ -1152,9 +1117,7 @@ fn resume_refuses_to_shorten_and_names_an_edited_state_file_and_field() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_second_sigterm_kills_the_verifiers_whole_process_group() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
-    let run = tmp.path().join("run");
+    let (tmp, model, run) = tiny_run();
     let pidfile = tmp.path().join("child.pid");
     // The verifier starts a background child (same process group) and never answers: the first
     // SIGTERM waits for the step, the second quits at once. The program itself dies by its
