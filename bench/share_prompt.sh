@@ -18,7 +18,7 @@
 # costs, about 20-26 s at this shape: first-touch page faults of the first update's allocations; the steady state is what a run of many steps sees), the whole
 # process's CPU time (user + system: loading, the identical sampling and the steps) and peak RSS
 # (GNU time), and the loss (0: random weights
-# reward nothing; the equality of the two modes' values is tests/shared_prompt.rs's job).
+# reward nothing; the equality of the two modes' values is tests/it/shared_prompt.rs's job).
 # Environment: STEPS (default 3), RLVR (an rlvr binary; default: this tree's, built in the dev profile at opt-level 3),
 # DATA (default data), THREADS (default 2), KEEP=1 keeps the work dir; DEVICE (default cpu) and DTYPE
 # (default f32) for a GPU (bench/gpu_check.sh runs DEVICE=cuda:0 DTYPE=bf16), GROUP (K, default 8) and

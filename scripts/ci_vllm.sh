@@ -2,17 +2,17 @@
 # CI for the vLLM rollout backend: install the pinned vLLM CPU build (venv reused when
 # present), make two small random Qwen2 checkpoints, start two servers on 127.0.0.1 at once, and run
 # the live tests against them in two parallel lanes:
-#   lane T, a server on the TIED model: crates/rlvr-vllm/tests/live_server.rs, then
-#     crates/rlvr-train/tests/live_data_parallel.rs (two data-parallel ranks on the server equal one
-#     process), then crates/rlvr-reward/tests/live_judge.rs (the LLM judge, its answer constrained
-#     to its labels), then crates/rlvr-vllm/tests/live_killed.rs (which kills that server
+#   lane T, a server on the TIED model: crates/rlvr-vllm/tests/it/live_server.rs, then
+#     crates/rlvr-train/tests/it/live_data_parallel.rs (two data-parallel ranks on the server equal one
+#     process), then crates/rlvr-reward/tests/it/live_judge.rs (the LLM judge, its answer constrained
+#     to its labels), then crates/rlvr-vllm/tests/it/live_killed.rs (which kills that server
 #     mid-call); then, on the same core, a third server with --runner pooling on a small random
 #     reward model (scripts/make_reward_model.py, which also writes transformers' scores) for
-#     crates/rlvr-reward/tests/live_reward_model.rs;
+#     crates/rlvr-reward/tests/it/live_reward_model.rs;
 #   lane U, a server on the UNTIED model with LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8
-#     --max-loras 3): crates/rlvr-vllm/tests/live_train.rs (`rlvr train` with rollout.backend = "vllm":
+#     --max-loras 3): crates/rlvr-vllm/tests/it/live_train.rs (`rlvr train` with rollout.backend = "vllm":
 #     schedule, seed, a server killed mid-run and restarted on the same port for --resume; full-weight
-#     refreshes on a LoRA-enabled server), then crates/rlvr-vllm/tests/live_lora.rs (LoRA adapters
+#     refreshes on a LoRA-enabled server), then crates/rlvr-vllm/tests/it/live_lora.rs (LoRA adapters
 #     loaded by name: log-probs, a LoRA `rlvr train` on vLLM);
 # and stop whatever is left of the servers by their PIDs.
 #
@@ -49,22 +49,26 @@ t1=$SECONDS
 # dependencies, hence --workspace here too (nothing is recompiled).
 export RLVR=${RLVR:-$(pwd)/target/debug/rlvr}
 [ -x "$RLVR" ] || cargo build -q --locked --workspace --bin rlvr
-# The live test executables, run directly (not through `cargo test`, which holds the build
-# directory's lock while its tests run, so two lanes would run one after the other). Their paths
-# come from the README's test command with --no-run, all targets as .ci/run built them: with
-# `--test live_server ...` filters cargo resolves dev-dependency features otherwise and rebuilt
-# rlvr-kernels, -model, -rollout, -vllm and the four tests (5 min 20 s on a fresh CI clone).
+# The live tests, run directly from their crate's test executable (`it`: one per crate, each
+# live_*.rs file a module of it), not through `cargo test`, which holds the build directory's lock
+# while its tests run, so two lanes would run one after the other. The executables' paths come
+# from the README's test command with --no-run, all targets as .ci/run built them: with
+# `--test ...` filters cargo resolves dev-dependency features otherwise and rebuilt rlvr-kernels,
+# -model, -rollout, -vllm and the tests (5 min 20 s on a fresh CI clone).
 declare -A EXE
-while IFS=' ' read -r name exe; do EXE[$name]=$exe; done < <(
+while IFS=' ' read -r crate exe; do EXE[$crate]=$exe; done < <(
   cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
     python3 -c '
-import json, sys
+import json, os, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"].startswith("live_"):
-        print(m["target"]["name"], m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "it":
+        # crates/NAME/tests/it/main.rs -> crates/NAME
+        print(os.path.relpath(m["target"]["src_path"].rsplit("/tests/it/", 1)[0]), m["executable"])')
+# The crate directory of a live test module, crates/NAME/tests/it/FILE.rs -> crates/NAME.
+crate_of() { local src; src=$(ls crates/*/tests/it/"$1".rs | head -n 1); echo "${src%/tests/it/*}"; }
 for f in live_server live_data_parallel live_judge live_killed live_reward_model live_train live_lora; do
-  [ -x "${EXE[$f]:-}" ] || { echo "ci_vllm: FAIL: no test executable for $f (cargo test --no-run)" >&2; exit 1; }
+  [ -x "${EXE[$(crate_of "$f")]:-}" ] || { echo "ci_vllm: FAIL: no test executable for $f (cargo test --no-run)" >&2; exit 1; }
 done
 MODEL="$RUN/model" UNTIED="$RUN/model-untied" RM="$RUN/reward-model-dir"
 VENV_PY=${VENV:-$(pwd)/.venv-vllm}/bin/python
@@ -88,16 +92,18 @@ URL_T=$(cat "$RUN_T/url") URL_U=$(cat "$RUN_U/url")
 echo "ci_vllm: servers at $URL_T (tied) and $URL_U (untied, LoRA rank ≤ 8), $((SECONDS - t1)) s after the install"
 t2=$SECONDS
 
-# Runs one live test file's executable (from its crate's directory, as cargo would) with the given
-# environment; its output goes to $RUN/FILE.log. Fails unless all of the file's tests passed.
+# Runs one live test file's tests (the module FILE:: of its crate's test executable, from the
+# crate's directory, as cargo would) with the given environment; its output goes to $RUN/FILE.log.
+# Fails unless all of the file's tests passed.
 live() {
   local file=$1; shift
-  local expected log status src
-  src=$(ls crates/*/tests/"$file".rs | head -n 1)
+  local expected log status src crate
+  crate=$(crate_of "$file")
+  src="$crate/tests/it/$file.rs"
   expected=$(grep -c '^#\[test\]' "$src")
   log="$RUN/$file.log"
   set +e
-  (cd "${src%/tests/*}" && env RLVR_VLLM_REQUIRED=1 "$@" "${EXE[$file]}" --test-threads 1 --nocapture) > "$log" 2>&1
+  (cd "$crate" && env RLVR_VLLM_REQUIRED=1 "$@" "${EXE[$crate]}" "$file::" --test-threads 1 --nocapture) > "$log" 2>&1
   status=$?
   set -e
   [ "$status" = 0 ] || { echo "ci_vllm: FAIL: live vLLM tests $file failed (exit $status; log $log)" >&2; return 1; }

@@ -12,7 +12,7 @@ size 32 (vLLM's CPU attention refuses 16); init std 0.15 so scores differ visibl
 And OUT_DIR/expected.json: {"texts": [[TEXT, SCORE], ...], "chats": [[PROMPT, COMPLETION, SCORE],
 ...]} where SCORE is transformers' raw logit (float32, eager) for the text, or for the conversation
 (user: PROMPT, assistant: COMPLETION) rendered by the chat template without a generation prompt,
-as vLLM's pooling route renders `messages`. crates/rlvr-reward/tests/live_reward_model.rs compares
+as vLLM's pooling route renders `messages`. crates/rlvr-reward/tests/it/live_reward_model.rs compares
 rlvr's reward-model verifier against these. Seeded: the same files every run.
 """
 

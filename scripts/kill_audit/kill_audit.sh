@@ -26,7 +26,7 @@ T_START=$(date +%s)
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-# The character tokenizer of crates/rlvr/tests/common/mod.rs (tokenizer_json).
+# The character tokenizer of crates/rlvr/tests/it/common.rs (tokenizer_json).
 python3 - "$WORK/tokenizer.json" <<'EOF'
 import json, sys
 chars = "0123456789+-*= #\n"

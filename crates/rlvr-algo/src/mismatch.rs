@@ -35,7 +35,7 @@
 //! decoupled objective (its proximal policy), ℓ_trainer is always taken at the start of the step,
 //! so for a row of staleness s > 0 the ratio covers both the kernel mismatch and the s steps of
 //! policy change. The diagnostics, which measure the kernel mismatch alone, use the staleness-0 rows
-//! only. Reference values worked out by hand: `tests/mismatch.rs`.
+//! only. Reference values worked out by hand: `tests/it/mismatch.rs`.
 //!
 //! Which ratio, therefore: at staleness 0, ρ is the trainer/sampler ratio at the behaviour version
 //! (IcePop's π_train(θ_old)/π_infer(θ_old) exactly); for a stale row it is the ratio of the current

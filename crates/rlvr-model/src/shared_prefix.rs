@@ -17,7 +17,7 @@
 //! others from the completion part; only those positions reach the final norm and the lm_head.
 //! Values and gradients equal the unshared path ([`Model::token_logprobs_at`] over right-padded
 //! `[prompt, completion]` rows) up to float reassociation: masked keys get weight exactly 0 in
-//! both, and the same keys are visible to every scored query (`tests/shared_prefix.rs`).
+//! both, and the same keys are visible to every scored query (`tests/it/shared_prefix.rs`).
 //!
 //! Cost: [`SharedPrefixBatch::decoder_positions`] positions through the decoder instead of
 //! [`SharedPrefixBatch::unshared_positions`] (110-token prompt, K = 8, 64-token completions: 614

@@ -6,7 +6,7 @@
 //! [`cli`]'s `Args` and `run` functions into `rlvr train`, `rlvr sft`, `rlvr eval`, `rlvr generate`,
 //! `rlvr plan`, `rlvr merge` and `rlvr plot`.
 //!
-//! Layers, every import pointing down (`tests/module_graph.rs` checks it):
+//! Layers, every import pointing down (`tests/it/module_graph.rs` checks it):
 //! - bottom, knowing no stage and no config: [`log`] (train.log and the progress bar), [`store`]
 //!   (the on-disk records), [`pack`] (rows into padded batches), [`score`] (log-probs without
 //!   gradient);

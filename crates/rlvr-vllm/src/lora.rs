@@ -25,7 +25,7 @@
 //! started otherwise fails step 2 with an error naming those flags ([`VllmClient::load_adapter`]).
 //! vLLM's CPU build (0.32) serves such adapters: scored through the adapter name, its log-probs
 //! matched the trainer's log-probs of base + adapter within 4.8e-6 in f32
-//! (crates/rlvr-vllm/tests/live_lora.rs).
+//! (crates/rlvr-vllm/tests/it/live_lora.rs).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -1,7 +1,7 @@
 //! The `rlvr` command line as a library: its clap definition ([`Cli`], [`Command`]) and the
 //! subcommands whose code lives in this crate (`init`, `logprobs`, `quickstart`, `bench`). The
 //! binary (`main.rs`) parses and dispatches; a library so that tests can walk every subcommand's
-//! flags through clap's introspection (`tests/extreme_values.rs`).
+//! flags through clap's introspection (`tests/it/extreme_values.rs`).
 
 #![forbid(unsafe_code)]
 

@@ -7,6 +7,7 @@
 //! uninterrupted run; a rank that dies ends the job with the last checkpoint intact.
 #![cfg(all(unix, feature = "mpi"))]
 
+#[path = "it/common.rs"]
 mod common;
 
 use common::{rlvr, tokenizer_json};

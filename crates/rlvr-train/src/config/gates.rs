@@ -329,5 +329,5 @@ pub fn drop_unread(cfg: &ResolvedConfig, text: &str) -> String {
 }
 
 /// The start of the comment line of [`drop_unread`] (rlvr-lab's `runner::UNREAD_COMMENT` is the
-/// same text; `crates/rlvr/tests/configs.rs` checks it).
+/// same text; `crates/rlvr/tests/it/configs.rs` checks it).
 pub const UNREAD_COMMENT: &str = "# Not read with these options, so left out: ";

@@ -1,0 +1,289 @@
+//! The LLM judge against a fake OpenAI-compatible server on 127.0.0.1: the template and request,
+//! both parse rules, parse failures under both policies, retries on timeouts and HTTP 5xx, no retry
+//! on a refusal, garbage answers, and the bound on requests in flight.
+
+use crate::common::server;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rlvr_reward::combine::VerifierConfig;
+use rlvr_reward::judge::{parse_answer, JudgeConfig, JudgeParse};
+use rlvr_reward::{Sample, Verifier};
+
+fn chat(answer: &str) -> String {
+    serde_json::json!({"choices": [{"message": {"role": "assistant", "content": answer}}]})
+        .to_string()
+}
+
+fn judge(url: &str, extra: serde_json::Value) -> JudgeConfig {
+    let mut v = serde_json::json!({
+        "server": url, "model": "judge-m", "seed": 11, "retries": 1, "timeout_s": 5.0,
+        "template": "Q: {question} ({points} pts)\nA: {completion}\nRef: {reference} #{index} {{ok}}",
+        "parse": {"rule": "labels", "labels": {"yes": 1.0, "no": 0.0, "partly": 0.5}},
+    });
+    for (k, x) in extra.as_object().unwrap() {
+        v[k] = x.clone();
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn cols() -> Vec<(String, String)> {
+    vec![
+        ("question".into(), "2+2".into()),
+        ("points".into(), "3".into()),
+    ]
+}
+
+fn samples(c: &[(String, String)]) -> Vec<Sample<'_>> {
+    ["4", "5", "four"]
+        .iter()
+        .enumerate()
+        .map(|(i, completion)| Sample {
+            prompt: "p",
+            completion,
+            reference: "4",
+            columns: c,
+            index: Some(i),
+        })
+        .collect()
+}
+
+fn content(body: &serde_json::Value) -> String {
+    body["messages"][0]["content"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn labels_are_read_from_the_answers_and_the_request_is_as_configured() {
+    let (url, seen) = server(3, |_, b| {
+        let a = if content(b).contains("A: 4\n") {
+            "Yes."
+        } else if content(b).contains("A: four") {
+            " partly"
+        } else {
+            "NO"
+        };
+        (200, chat(a), 0)
+    });
+    let v = judge(&url, serde_json::json!({})).build().unwrap();
+    let c = cols();
+    let got = v.score_batch(&samples(&c)).unwrap();
+    assert_eq!(
+        got.iter().map(|s| s.reward).collect::<Vec<_>>(),
+        [1.0, 0.0, 0.5]
+    );
+    assert_eq!(
+        got.iter().map(|s| s.correct).collect::<Vec<_>>(),
+        [true, false, true]
+    );
+    assert_eq!(got[0].extracted.as_deref(), Some("Yes."));
+    assert_eq!(v.parse_failures(), 0);
+    let bodies = seen.bodies.lock().unwrap();
+    let first = bodies
+        .iter()
+        .find(|b| content(b).contains("#0"))
+        .expect("item 0 was sent");
+    assert_eq!(content(first), "Q: 2+2 (3 pts)\nA: 4\nRef: 4 #0 {ok}");
+    assert_eq!(first["model"], "judge-m");
+    assert_eq!(first["seed"], 11);
+    assert_eq!(first["max_tokens"], 8);
+    assert_eq!(first["temperature"], 0.0);
+}
+
+#[test]
+fn numbers_in_range_parse_and_failures_follow_the_policy() {
+    let reply = |_: usize, b: &serde_json::Value| {
+        let p = b["prompt"].as_str().unwrap();
+        let a = match p {
+            _ if p.contains("A: 4\n") => " 7/10",
+            _ if p.contains("A: 5\n") => "score: 11",
+            _ => "I cannot tell",
+        };
+        (
+            200,
+            serde_json::json!({"choices": [{"text": a}]}).to_string(),
+            0,
+        )
+    };
+    let extra = serde_json::json!({"endpoint": "completions",
+        "parse": {"rule": "number", "min": 0.0, "max": 10.0}, "extra_body": {"stop": ["\n"]}});
+    let (url, seen) = server(3, reply);
+    let v = judge(&url, extra.clone()).build().unwrap();
+    let c = cols();
+    let got = v.score_batch(&samples(&c)).unwrap();
+    // 11 is out of range and "I cannot tell" has no number: two counted failures scoring 0.
+    assert_eq!(
+        got.iter().map(|s| s.reward).collect::<Vec<_>>(),
+        [7.0, 0.0, 0.0]
+    );
+    assert_eq!(v.parse_failures(), 2);
+    assert_eq!(
+        seen.bodies.lock().unwrap()[0]["stop"],
+        serde_json::json!(["\n"])
+    );
+    let mut strict = extra;
+    strict["on_parse_failure"] = "error".into();
+    let (url, _) = server(3, reply);
+    let e = judge(&url, strict)
+        .build()
+        .unwrap()
+        .score_batch(&samples(&c))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("2 of 3 answers could not be parsed") && e.contains(&url),
+        "{e}"
+    );
+}
+
+#[test]
+fn parse_rules() {
+    let num = JudgeParse::Number {
+        min: -1.0,
+        max: 1.0,
+    };
+    for (a, want) in [
+        ("0.5", Some(0.5)),
+        ("-1", Some(-1.0)),
+        ("x=+0.25.", Some(0.25)),
+        ("2", None),
+        ("", None),
+        ("1.", Some(1.0)),
+    ] {
+        assert_eq!(parse_answer(&num, a), want, "{a:?}");
+    }
+    let labels = JudgeParse::Labels {
+        labels: [("Correct".to_string(), 1.0), ("wrong".to_string(), -1.0)].into(),
+    };
+    for (a, want) in [
+        ("correct", Some(1.0)),
+        ("**Wrong**, because", Some(-1.0)),
+        ("incorrect", None),
+        ("correctly", None),
+    ] {
+        assert_eq!(parse_answer(&labels, a), want, "{a:?}");
+    }
+}
+
+#[test]
+fn timeouts_and_5xx_are_retried_and_refusals_are_not() {
+    let c = cols();
+    let one = &samples(&c)[..1];
+    // A 503, then an answer: the retry succeeds.
+    let (url, seen) = server(2, |n, _| {
+        if n == 0 {
+            (503, "busy".into(), 0)
+        } else {
+            (200, chat("yes"), 0)
+        }
+    });
+    let v = judge(&url, serde_json::json!({})).build().unwrap();
+    assert_eq!(v.score_batch(one).unwrap()[0].reward, 1.0);
+    assert_eq!(seen.bodies.lock().unwrap().len(), 2);
+    // Always too slow: two attempts (retries = 1), then an error naming the server.
+    let (url, seen) = server(2, |_, _| (200, chat("yes"), 1500));
+    let t0 = Instant::now();
+    let e = judge(&url, serde_json::json!({"timeout_s": 0.3}))
+        .build()
+        .unwrap()
+        .score_batch(one)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&url) && e.contains("timeout") && e.contains("2 attempts"),
+        "{e}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(1400),
+        "{:?}",
+        t0.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(seen.bodies.lock().unwrap().len(), 2);
+    // A refusal (unknown model): no retry.
+    let (url, seen) = server(2, |_, _| {
+        (404, r#"{"error": "model judge-m not found"}"#.into(), 0)
+    });
+    let e = judge(&url, serde_json::json!({}))
+        .build()
+        .unwrap()
+        .score_batch(one)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("HTTP 404") && e.contains("not found") && e.contains(&url),
+        "{e}"
+    );
+    assert_eq!(seen.bodies.lock().unwrap().len(), 1);
+    // Garbage with HTTP 200, twice.
+    let (url, _) = server(2, |_, _| (200, "<html>".into(), 0));
+    let e = judge(&url, serde_json::json!({}))
+        .build()
+        .unwrap()
+        .score_batch(one)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("invalid JSON"), "{e}");
+    // No server at all.
+    let e = judge("http://127.0.0.1:9", serde_json::json!({"retries": 0}))
+        .build()
+        .unwrap()
+        .score_batch(one)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("http://127.0.0.1:9") && e.contains("transport"),
+        "{e}"
+    );
+}
+
+#[test]
+fn requests_in_flight_are_bounded() {
+    let (url, seen) = server(12, |_, _| (200, chat("yes"), 150));
+    let v = judge(&url, serde_json::json!({"in_flight": 3}))
+        .build()
+        .unwrap();
+    let c = cols();
+    let s: Vec<Sample> = (0..12).map(|i| samples(&c)[i % 3]).collect();
+    let got = v.score_batch(&s).unwrap();
+    assert_eq!(got.len(), 12);
+    let peak = seen.peak.load(Ordering::SeqCst);
+    assert!((2..=3).contains(&peak), "peak in flight {peak}");
+}
+
+#[test]
+fn config_checks_and_kind_judge() {
+    let v: VerifierConfig = serde_json::from_value(serde_json::json!({
+        "kind": "judge", "server": "http://127.0.0.1:1", "model": "m", "template": "{completion}",
+        "parse": {"rule": "number", "min": 0.0, "max": 1.0},
+    }))
+    .unwrap();
+    assert_eq!(v.name(), "judge");
+    assert!(v.build().is_ok());
+    let bad = |extra: serde_json::Value, want: &str| {
+        let e = judge("http://127.0.0.1:1", extra)
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    };
+    bad(serde_json::json!({"server": "https://x"}), "plain HTTP");
+    bad(serde_json::json!({"in_flight": 0}), "in_flight");
+    bad(
+        serde_json::json!({"template": "{completion"}),
+        "without its `}`",
+    );
+    bad(
+        serde_json::json!({"parse": {"rule": "number", "min": 2.0, "max": 1.0}}),
+        "empty",
+    );
+    // An unknown name fails the batch, naming it.
+    let v = judge(
+        "http://127.0.0.1:1",
+        serde_json::json!({"template": "{nope}"}),
+    )
+    .build()
+    .unwrap();
+    let e = v.score(&Sample::new("a", "b")).unwrap_err().to_string();
+    assert!(e.contains("`{nope}`"), "{e}");
+}

@@ -1,0 +1,1228 @@
+//! Config precedence (defaults < preset < file < --set), typed dtype and device, loss options, and
+//! errors naming the offending key, where it came from and the fix.
+
+use crate::common;
+
+use rlvr_model::{ComputeDtype, DeviceSpec};
+use rlvr_train::cli::{run_train, TrainArgs};
+use rlvr_train::config::{apply_override, lr_at, parse_value, RawConfig, Schedule, TrainSection};
+
+fn check_load(file: &str, sets: &[&str]) -> anyhow::Result<rlvr_train::config::ResolvedConfig> {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(&p, file).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    RawConfig::load(Some(&p), &sets)?.resolve()
+}
+
+#[test]
+fn precedence_defaults_preset_file_set() {
+    // Default: preset grpo → aggregation seq-mean-token-mean; train.lr default 1e-6.
+    let c = check_load("", &[]).unwrap();
+    assert_eq!(c.algorithm.preset, "grpo");
+    assert_eq!(
+        c.algorithm.aggregation,
+        rlvr_algo::Aggregation::SeqMeanTokenMean
+    );
+    assert_eq!(c.raw.train.lr, 1e-6);
+    // Preset over defaults: dapo sets clip_high 0.28 and token-mean.
+    let c = check_load("[algorithm]\npreset = \"dapo\"\n", &[]).unwrap();
+    assert_eq!(c.algorithm.clip_high, 0.28);
+    assert_eq!(c.algorithm.aggregation, rlvr_algo::Aggregation::TokenMean);
+    // File over preset; --set over file.
+    let file = "[algorithm]\npreset = \"dapo\"\nclip_high = 0.3\n[train]\nlr = 1e-5\n";
+    let c = check_load(file, &[]).unwrap();
+    assert_eq!(c.algorithm.clip_high, 0.3);
+    assert_eq!(c.raw.train.lr, 1e-5);
+    let c = check_load(file, &["algorithm.clip_high=0.35", "train.lr=2e-5"]).unwrap();
+    assert_eq!(c.algorithm.clip_high, 0.35);
+    assert_eq!(c.raw.train.lr, 2e-5);
+    // Later --set wins over earlier.
+    let c = check_load("", &["train.steps=5", "train.steps=7"]).unwrap();
+    assert_eq!(c.raw.train.steps, 7);
+    // Strings fall back: a path without quotes.
+    let c = check_load("", &["model.path=/models/q"]).unwrap();
+    assert_eq!(c.raw.model.path.to_str(), Some("/models/q"));
+}
+
+#[test]
+fn resolved_config_round_trips() {
+    let c = check_load(
+        "[algorithm]\npreset = \"rec_ring_is\"\n",
+        &["sync.interval=4"],
+    )
+    .unwrap();
+    let text = c.to_toml().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("config.toml");
+    std::fs::write(&p, &text).unwrap();
+    let again = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    assert_eq!(again.algorithm, c.algorithm);
+    assert_eq!(again.raw, c.raw);
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    for (file, sets, key) in [
+        ("[train]\nlr_max = 1\n", vec![], "lr_max"),
+        ("", vec!["train.lrr=1"], "lrr"),
+        ("", vec!["sync.intervall=2"], "intervall"),
+        ("[algorithmm]\n", vec![], "algorithmm"),
+        ("", vec!["algorithm.clip_hi=0.3"], "clip_hi"),
+        ("", vec!["data.promts_per_step=3"], "promts_per_step"),
+    ] {
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(
+            err.contains(key),
+            "error for `{key}` does not name it: {err}"
+        );
+    }
+    // The dotted path of the enclosing table is given too.
+    let err = format!("{:#}", check_load("", &["train.lrr=1"]).unwrap_err());
+    assert!(err.contains("train"), "{err}");
+}
+
+#[test]
+fn bad_values_are_named() {
+    for (sets, key) in [
+        (vec!["train.schedule=\"cosin\""], "schedule"),
+        (vec!["rollout.temperature=0"], "rollout.temperature"),
+        (vec!["sync.interval=0"], "sync.interval"),
+        (vec!["algorithm.preset=\"nope\""], "nope"),
+        (vec!["train.lr=\"fast\""], "lr"),
+    ] {
+        let err = format!("{:#}", check_load("", &sets).unwrap_err());
+        assert!(
+            err.contains(key),
+            "error for {sets:?} does not name `{key}`: {err}"
+        );
+    }
+}
+
+#[test]
+fn optimizer_keys_out_of_range_are_named_with_their_range() {
+    for (set, key, range) in [
+        ("train.beta1=1.0", "train.beta1 = 1", "[0, 1)"),
+        ("train.beta1=-0.1", "train.beta1 = -0.1", "[0, 1)"),
+        ("train.beta1=nan", "train.beta1 = NaN", "[0, 1)"),
+        ("train.beta2=1.5", "train.beta2 = 1.5", "[0, 1)"),
+        (
+            "train.adam_eps=0.0",
+            "train.adam_eps = 0",
+            "a finite number in (0, 1]",
+        ),
+        (
+            "train.adam_eps=inf",
+            "train.adam_eps = inf",
+            "a finite number in (0, 1]",
+        ),
+        (
+            "train.weight_decay=-0.01",
+            "train.weight_decay = -0.01",
+            "[0, 1000]",
+        ),
+        (
+            "train.weight_decay=nan",
+            "train.weight_decay = NaN",
+            "[0, 1000]",
+        ),
+        ("train.lr=nan", "train.lr = NaN", "a finite number > 0"),
+        ("train.lr=0.0", "train.lr = 0", "a finite number > 0"),
+        (
+            "train.lr=-1e-6",
+            "train.lr = -0.000001",
+            "a finite number > 0",
+        ),
+        ("train.grad_clip=inf", "train.grad_clip = inf", "(0 = off)"),
+        ("train.grad_clip=-1.0", "train.grad_clip = -1", "(0 = off)"),
+        (
+            "train.min_lr=1.0",
+            "train.min_lr = 1",
+            "[0, train.lr = 0.000001]",
+        ),
+    ] {
+        let err = format!("{:#}", check_load("", &[set]).unwrap_err());
+        assert!(
+            err.contains(key) && err.contains(range),
+            "{set}: expected `{key}` and `{range}` in: {err}"
+        );
+    }
+    // The edges that are allowed.
+    check_load(
+        "",
+        &[
+            "train.beta1=0.0",
+            "train.beta2=0.0",
+            "train.weight_decay=0.0",
+            "train.grad_clip=0.0",
+        ],
+    )
+    .unwrap();
+}
+
+#[test]
+fn set_values_parse_as_toml_then_string() {
+    assert_eq!(parse_value("1e-6"), toml::Value::Float(1e-6));
+    assert_eq!(parse_value("3"), toml::Value::Integer(3));
+    assert_eq!(parse_value("true"), toml::Value::Boolean(true));
+    assert_eq!(parse_value("\"x\""), toml::Value::String("x".into()));
+    assert_eq!(parse_value("gsm8k"), toml::Value::String("gsm8k".into()));
+    assert_eq!(parse_value("a/b c"), toml::Value::String("a/b c".into()));
+    let mut t = toml::Table::new();
+    apply_override(&mut t, "data.verifier={ kind = \"math\" }").unwrap();
+    assert!(t["data"]["verifier"].is_table());
+    assert!(apply_override(&mut t, "novalue").is_err());
+    assert!(apply_override(&mut t, "a..b=1").is_err());
+}
+
+#[test]
+fn lr_schedules() {
+    let base = TrainSection {
+        lr: 1.0,
+        min_lr: 0.0,
+        steps: 10,
+        warmup_steps: 2,
+        ..Default::default()
+    };
+    let c = TrainSection {
+        schedule: Schedule::Constant,
+        ..base.clone()
+    };
+    assert_eq!(
+        [lr_at(&c, 1), lr_at(&c, 2), lr_at(&c, 3), lr_at(&c, 10)],
+        [0.5, 1.0, 1.0, 1.0]
+    );
+    let l = TrainSection {
+        schedule: Schedule::Linear,
+        ..base.clone()
+    };
+    // After warm-up: 1 − (t−2)/8.
+    assert!((lr_at(&l, 6) - 0.5).abs() < 1e-12);
+    assert!(lr_at(&l, 10).abs() < 1e-12);
+    let k = TrainSection {
+        schedule: Schedule::Cosine,
+        ..base
+    };
+    assert!((lr_at(&k, 6) - 0.5).abs() < 1e-12); // half-way: cos(π/2) = 0
+    assert!((lr_at(&k, 4) - 0.5 * (1.0 + (std::f64::consts::PI / 4.0).cos())).abs() < 1e-12);
+    assert!(lr_at(&k, 10).abs() < 1e-12);
+}
+
+/// `model.dtype` and `model.device` are parsed once, at load, into enums; an unknown name fails
+/// there with the key and the accepted names; the resolved config writes the canonical names.
+#[test]
+fn dtype_and_device_are_enums_with_the_accepted_values_listed() {
+    let c = check_load("[model]\ndtype = \"bfloat16\"\ndevice = \"cuda\"\n", &[]).unwrap();
+    assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
+    // `cuda` alone stays the local rank's GPU (cuda:0 in one process, cuda:{local rank} under a
+    // data-parallel launcher).
+    assert_eq!(c.raw.model.device, DeviceSpec::CudaLocal);
+    let text = c.to_toml().unwrap();
+    assert!(
+        text.contains("dtype = \"bf16\"") && text.contains("device = \"cuda\""),
+        "{text}"
+    );
+    let c = check_load("", &["model.device=\"cuda:3\""]).unwrap();
+    assert_eq!(c.raw.model.device, DeviceSpec::Cuda(3));
+    let err = format!("{:#}", check_load("", &["model.dtype=\"f8\""]).unwrap_err());
+    for want in ["model.dtype", "\"f8\"", "f32", "bf16"] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    for bad in ["gpu", "cuda:x", "cuda0"] {
+        let err = format!(
+            "{:#}",
+            check_load("", &[&format!("model.device=\"{bad}\"")]).unwrap_err()
+        );
+        assert!(
+            err.contains("model.device") && err.contains(bad) && err.contains("cpu or cuda:N"),
+            "{err}"
+        );
+    }
+}
+
+/// f16 without loss scaling is unsafe for training: refused with the alternatives named (inference
+/// keeps it: `ComputeDtype::F16` parses).
+#[test]
+fn f16_is_refused_for_training() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["model.dtype=\"f16\""]).unwrap_err()
+    );
+    assert!(
+        err.contains("model.dtype") && err.contains("f16") && err.contains("bf16"),
+        "{err}"
+    );
+    assert_eq!("f16".parse::<ComputeDtype>().unwrap(), ComputeDtype::F16);
+    assert!(check_load("", &["model.dtype=\"f64\""]).is_ok());
+}
+
+/// A CUDA device on a binary built without CUDA: the error names the override that runs on the CPU.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_on_a_cpu_build_names_the_cpu_override() {
+    let c = check_load("", &["model.device=\"cuda:0\""]).unwrap();
+    let err = format!("{:#}", c.raw.model.open_device().unwrap_err());
+    assert!(err.contains("--set model.device=\"cpu\""), "{err}");
+    // Through `rlvr train`, with a model that loads.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let mut set = common::arithmetic_sets(&model, &tmp.path().join("run"));
+    set.push("model.device=\"cuda:0\"".into());
+    let args = TrainArgs {
+        set,
+        no_progress: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+    assert!(err.contains("--set model.device=\"cpu\""), "{err}");
+}
+
+/// An option of another loss that the user set (file or `--set`) is an error naming the key and the
+/// loss; the preset's values for other losses are not.
+#[test]
+fn loss_options_of_another_loss_are_rejected() {
+    for (file, sets, key, loss) in [
+        (
+            "",
+            vec!["algorithm.preset=\"reinforce\"", "algorithm.clip_low=0.1"],
+            "clip_low",
+            "reinforce",
+        ),
+        (
+            "[algorithm]\nloss = \"ppo\"\nkeep_mask = \"ring\"\n",
+            vec![],
+            "keep_mask",
+            "ppo",
+        ),
+        ("", vec!["algorithm.rec_weight=\"is\""], "rec_weight", "ppo"),
+        (
+            "",
+            vec!["algorithm.preset=\"cispo\"", "algorithm.dual_clip=3"],
+            "dual_clip",
+            "cispo",
+        ),
+        (
+            "",
+            vec!["algorithm.preset=\"dapo\"", "algorithm.adv_temperature=0.5"],
+            "adv_temperature",
+            "ppo",
+        ),
+    ] {
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(
+            err.contains(&format!("algorithm.{key}")) && err.contains(&format!("\"{loss}\"")),
+            "{sets:?}: {err}"
+        );
+    }
+    // The rec_ring_is preset sets the keep-mask, weight and ring ranges; with loss = ppo they are
+    // preset values, not the user's: accepted.
+    let c = check_load(
+        "",
+        &["algorithm.preset=\"rec_ring_is\"", "algorithm.loss=\"ppo\""],
+    )
+    .unwrap();
+    assert_eq!(c.algorithm.loss, rlvr_algo::PolicyLoss::Ppo);
+    // The same knob with a loss that reads it is fine.
+    let c = check_load("", &["algorithm.preset=\"cispo\"", "algorithm.is_cap=2"]).unwrap();
+    assert_eq!(c.algorithm.is_cap, Some(2.0));
+}
+
+/// `config.toml` holds the knobs of the chosen loss only, and of those only the ones whose option
+/// is on (a knob of `gates::GATES` whose option is off is left out: `adv_temperature` without
+/// `rec_weight = "advantage-exp"`, `tau` without a regulariser), and still resolves to the same
+/// algorithm.
+#[test]
+fn resolved_config_holds_only_the_keys_that_apply() {
+    let algorithm_table = |text: &str| -> toml::Table {
+        let t: toml::Table = text.parse().unwrap();
+        t["algorithm"].as_table().unwrap().clone()
+    };
+    for (preset, present, absent) in [
+        (
+            "grpo",
+            &["clip_low", "clip_high", "baseline", "aggregation"][..],
+            &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low_prime",
+                "clip_high_prime",
+                "adv_temperature",
+            ][..],
+        ),
+        (
+            "rec_ring_is",
+            &[
+                "keep_mask",
+                "rec_weight",
+                "clip_low_prime",
+                "clip_high_prime",
+            ],
+            &["dual_clip", "adv_temperature"],
+        ),
+        (
+            "reinforce",
+            &["baseline", "regulariser"],
+            &[
+                "clip_low",
+                "clip_high",
+                "keep_mask",
+                "clip_low_prime",
+                "tau",
+            ],
+        ),
+        ("opmd", &["regulariser", "tau"], &["clip_low"]),
+        ("cispo", &["clip_high"], &["clip_low", "keep_mask"]),
+    ] {
+        let c = check_load("", &[&format!("algorithm.preset=\"{preset}\"")]).unwrap();
+        let text = c.to_toml().unwrap();
+        let alg = algorithm_table(&text);
+        for k in present {
+            assert!(alg.contains_key(*k), "{preset}: {k} missing:\n{text}");
+        }
+        for k in absent {
+            assert!(!alg.contains_key(*k), "{preset}: {k} written:\n{text}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("config.toml");
+        std::fs::write(&p, &text).unwrap();
+        let again = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+        assert_eq!(again.algorithm, c.algorithm, "{preset}");
+    }
+}
+
+/// `rollout.group_size = 1` never learns (every group baseline equals the one reward): an error naming
+/// the key and the fix, unless `rollout.allow_group_size_one`; offline runs take groups from the file.
+#[test]
+fn group_size_one_is_refused_unless_allowed() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.group_size=1"]).unwrap_err()
+    );
+    assert!(
+        err.contains("rollout.group_size = 1") && err.contains("rollout.allow_group_size_one"),
+        "{err}"
+    );
+    let c = check_load(
+        "",
+        &["rollout.group_size=1", "rollout.allow_group_size_one=true"],
+    )
+    .unwrap();
+    assert_eq!(c.raw.rollout.group_size, 1);
+    assert!(check_load("", &["rollout.group_size=2"]).is_ok());
+}
+
+/// An error that a `--set` introduced is said to come from that `--set`, not from the file; one in
+/// the file is said to come from the file.
+#[test]
+fn set_errors_are_blamed_on_the_set() {
+    let file = "[train]\nlr = 1e-5\n";
+    for (sets, key) in [
+        (
+            vec!["train.steps=3", "train.lr=\"fast\""],
+            "--set train.lr=\"fast\"",
+        ),
+        (vec!["train.lrr=1", "train.steps=3"], "--set train.lrr=1"),
+        (vec!["model.dtype=\"f8\""], "--set model.dtype=\"f8\""),
+    ] {
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(err.contains(key), "{err}");
+        assert!(!err.contains("c.toml"), "blamed on the file: {err}");
+    }
+    let err = format!(
+        "{:#}",
+        check_load("[train]\nlr = \"fast\"\n", &["train.steps=3"]).unwrap_err()
+    );
+    assert!(err.contains("c.toml") && !err.contains("--set"), "{err}");
+    // A --set that fixes the file's error is no error at all.
+    let c = check_load("[train]\nlr = \"fast\"\n", &["train.lr=1e-4"]).unwrap();
+    assert_eq!(c.raw.train.lr, 1e-4);
+}
+
+/// `rlvr train` with no model: says model.path is required (not "loading the policy from :").
+#[test]
+fn train_without_a_model_says_model_path_is_required() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = TrainArgs {
+        set: vec![format!("output.dir={}", tmp.path().join("run").display())],
+        no_progress: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+    assert!(err.contains("model.path is required"), "{err}");
+    assert!(!tmp.path().join("run").exists(), "nothing is written");
+}
+
+/// `rollout.backend = "vllm"`: servers are required, truncated sampling (top-p < 1,
+/// top-k, min new tokens: vLLM renormalises its behaviour log-probs) is refused unless accepted,
+/// and the keys round-trip through config.toml.
+#[test]
+fn vllm_backend_keys_are_checked() {
+    let vllm = "rollout.backend=\"vllm\"";
+    let err = format!("{:#}", check_load("", &[vllm]).unwrap_err());
+    assert!(err.contains("rollout.servers"), "{err}");
+    let server = "rollout.servers=[\"http://127.0.0.1:8000\"]";
+    let c = check_load("", &[vllm, server]).unwrap();
+    assert_eq!(
+        c.raw.rollout.backend,
+        rlvr_train::config::RolloutBackend::Vllm
+    );
+    assert_eq!(c.raw.rollout.served_model_name, "rlvr-policy");
+    for bad in [
+        "rollout.top_p=0.9",
+        "rollout.top_k=20",
+        "rollout.min_new_tokens=2",
+    ] {
+        let err = format!("{:#}", check_load("", &[vllm, server, bad]).unwrap_err());
+        assert!(
+            err.contains("rollout.accept_renormalised_logprobs = true"),
+            "{bad}: {err}"
+        );
+        check_load(
+            "",
+            &[
+                vllm,
+                server,
+                bad,
+                "rollout.accept_renormalised_logprobs=true",
+            ],
+        )
+        .unwrap();
+        // The native engine records full-vocabulary log-probs: nothing to accept.
+        check_load("", &[bad]).unwrap();
+    }
+    let err = format!(
+        "{:#}",
+        check_load("", &[vllm, server, "rollout.in_flight=0"]).unwrap_err()
+    );
+    assert!(err.contains("rollout.in_flight"), "{err}");
+    // LoRA adapters are pushed to vLLM by name (no full-weight reload needed): accepted.
+    check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap();
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.backend=\"sglang\""]).unwrap_err()
+    );
+    assert!(err.contains("rollout.backend"), "{err}");
+    // Round trip through the resolved config.toml.
+    let c = check_load(
+        "",
+        &[
+            vllm,
+            server,
+            "rollout.retries=1",
+            "rollout.weights_dir=\"/w\"",
+        ],
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("config.toml");
+    std::fs::write(&p, c.to_toml().unwrap()).unwrap();
+    let again = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    assert_eq!(again.raw.rollout, c.raw.rollout);
+}
+
+/// A vLLM backend whose server is not there: `rlvr train` stops before training with an error
+/// naming the server and what it answered (here: nothing listens on the port).
+#[test]
+fn vllm_backend_without_a_server_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut set = common::arithmetic_sets(&model, &run);
+    set.extend([
+        "rollout.backend=\"vllm\"".to_string(),
+        "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
+        "rollout.retries=0".into(),
+        "rollout.request_timeout_s=5".into(),
+        "train.steps=2".into(),
+    ]);
+    let args = TrainArgs {
+        set,
+        no_progress: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+    assert!(err.contains("vLLM server http://127.0.0.1:9"), "{err}");
+    assert!(err.contains("rollout.backend = \"vllm\""), "{err}");
+    let run_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run_json["rollout_backend"]["backend"], "vllm");
+    assert_eq!(
+        run_json["rollout_backend"]["accept_renormalised_logprobs"],
+        false
+    );
+    assert!(
+        !run.join("metrics.jsonl").exists()
+            || std::fs::read_to_string(run.join("metrics.jsonl"))
+                .unwrap()
+                .is_empty()
+    );
+}
+
+/// `rlvr eval` takes the same rollout keys as `rlvr train`: with `rollout.backend = "vllm"` and no
+/// server it stops with an error naming the server.
+#[test]
+fn eval_with_the_vllm_backend_names_a_missing_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let args = rlvr_train::cli::EvalArgs {
+        model,
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(2),
+        // Within the tiny model's 128 positions (the default 256 is refused at start-up).
+        max_new_tokens: Some(4),
+        set: vec![
+            "rollout.backend=\"vllm\"".into(),
+            "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
+            "rollout.retries=0".into(),
+        ],
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(err.contains("vLLM server http://127.0.0.1:9"), "{err}");
+}
+
+#[test]
+fn eval_refuses_a_server_leased_to_a_training_run_unless_told_to_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    // Port 7 is nobody's: the lease is all this test touches (the default lease directory, as
+    // `rlvr train` takes it).
+    let url = "http://127.0.0.1:7";
+    let mut lease = rlvr_vllm::ServerLease::acquire(
+        &[url.to_string()],
+        rlvr_vllm::LeaseHolder::new("training run /runs/the-other-one", true),
+    )
+    .unwrap();
+    lease.tag(12).unwrap();
+    let args = |share: bool| rlvr_train::cli::EvalArgs {
+        model: model.clone(),
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(2),
+        // Within the tiny model's 128 positions (the default 256 is refused at start-up).
+        max_new_tokens: Some(4),
+        set: vec![
+            "rollout.backend=\"vllm\"".into(),
+            format!("rollout.servers=[\"{url}\"]"),
+            "rollout.retries=0".into(),
+        ],
+        share_server: share,
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args(false), &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        err.contains(url)
+            && err.contains("is leased to training run /runs/the-other-one")
+            && err.contains("weights at version 12")
+            && err.contains("--share-server"),
+        "{err}"
+    );
+    // --share-server goes on to the server (which is not there).
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args(true), &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        !err.contains("is leased") && err.contains("vLLM server http://127.0.0.1:7"),
+        "{err}"
+    );
+}
+
+#[test]
+fn eval_out_on_an_unwritable_path_fails_before_the_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("no-such-dir/items.jsonl");
+    // The model does not exist either: the --out check comes first (the old code loaded the
+    // model and evaluated before it found the path unwritable).
+    let args = rlvr_train::cli::EvalArgs {
+        model: tmp.path().join("no-model"),
+        task: Some("arithmetic".into()),
+        n: 1,
+        out: Some(bad.clone()),
+        ..Default::default()
+    };
+    let err = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        err.contains(&format!("--out {}", bad.display())) && err.contains("cannot be written"),
+        "{err}"
+    );
+    // A writable path is not left behind by the check alone.
+    let good = tmp.path().join("items.jsonl");
+    args_with_out(&tmp, &good);
+    assert!(!good.exists());
+}
+
+fn args_with_out(tmp: &tempfile::TempDir, out: &std::path::Path) {
+    let args = rlvr_train::cli::EvalArgs {
+        model: tmp.path().join("no-model"),
+        task: Some("arithmetic".into()),
+        n: 1,
+        out: Some(out.to_path_buf()),
+        ..Default::default()
+    };
+    assert!(rlvr_train::cli::run_eval(&args, &mut Vec::new()).is_err());
+}
+
+/// Every knob of `gates::GATES`, a value for it, the `--set`s that leave its option off (on top of
+/// the defaults, preset `grpo`) and those that turn it on. Listed by hand, so that a knob added to
+/// `GATES` without a line here fails `every_gated_knob_is_refused_with_its_option_off`.
+const GATED: &[(&str, &str, &[&str], &[&str])] = &[
+    (
+        "algorithm.lme_temperature",
+        "2.0",
+        &[],
+        &["algorithm.baseline=\"log-mean-exp\""],
+    ),
+    (
+        "algorithm.std_eps",
+        "1e-4",
+        &["algorithm.std_norm=\"none\""],
+        &[],
+    ),
+    (
+        "algorithm.std_level",
+        "\"batch\"",
+        &["algorithm.std_norm=\"none\""],
+        &[],
+    ),
+    (
+        "algorithm.red_drop_in_normaliser",
+        "true",
+        &[],
+        &["algorithm.red_drop=true"],
+    ),
+    (
+        "algorithm.red_drop_rule",
+        "\"bernoulli\"",
+        &[],
+        &["algorithm.red_drop=true"],
+    ),
+    (
+        "algorithm.clip_low_prime",
+        "0.7",
+        &["algorithm.preset=\"rec_oneside_nois\""],
+        &["algorithm.preset=\"rec_ring_nois\""],
+    ),
+    (
+        "algorithm.clip_high_prime",
+        "3.0",
+        &["algorithm.preset=\"rec_oneside_nois\""],
+        &["algorithm.preset=\"rec_ring_nois\""],
+    ),
+    (
+        "algorithm.adv_temperature",
+        "2.0",
+        &["algorithm.preset=\"rec_oneside_nois\""],
+        &["algorithm.preset=\"red_weight\""],
+    ),
+    ("algorithm.tau", "0.2", &[], &["algorithm.preset=\"opmd\""]),
+    (
+        "algorithm.kl_estimator",
+        "\"k2\"",
+        &[],
+        &["algorithm.kl_coef=0.01"],
+    ),
+    (
+        "algorithm.kl_ratio_weighted",
+        "true",
+        &[],
+        &["algorithm.kl_coef=0.01"],
+    ),
+    (
+        "model.reference",
+        "\"/models/ref\"",
+        &[],
+        &["algorithm.kl_coef=0.01"],
+    ),
+    (
+        "algorithm.mismatch_cap",
+        "3.0",
+        &[],
+        &["algorithm.mismatch_correction=\"token-truncate\""],
+    ),
+    (
+        "algorithm.mismatch_low",
+        "0.5",
+        &["algorithm.mismatch_correction=\"token-truncate\""],
+        &["algorithm.mismatch_correction=\"icepop\""],
+    ),
+    (
+        "algorithm.mismatch_k3_threshold",
+        "0.02",
+        &["algorithm.mismatch_correction=\"token-mask\""],
+        &["algorithm.mismatch_correction=\"sequence-k3-mask\""],
+    ),
+    (
+        "algorithm.overlong_buffer_frac",
+        "0.1",
+        &[],
+        &["algorithm.overlong=\"soft\""],
+    ),
+    (
+        "algorithm.overlong_penalty_factor",
+        "0.5",
+        &[],
+        &["algorithm.overlong=\"soft\""],
+    ),
+    ("train.min_lr", "1e-7", &[], &["train.schedule=\"cosine\""]),
+    (
+        "train.dynamic_sampling_max_rounds",
+        "2",
+        &[],
+        &["algorithm.dynamic_sampling=true"],
+    ),
+    (
+        "train.dynamic_sampling_short_batch",
+        "\"error\"",
+        &[],
+        &["algorithm.dynamic_sampling=true"],
+    ),
+    ("model.lora_alpha", "16.0", &[], &["model.lora_rank=4"]),
+    (
+        "model.lora_targets",
+        "[\"q\", \"v\"]",
+        &[],
+        &["model.lora_rank=4"],
+    ),
+    ("model.lora_dropout", "0.1", &[], &["model.lora_rank=4"]),
+    (
+        "rollout.servers",
+        "[\"http://127.0.0.1:8000\"]",
+        &[],
+        &["rollout.backend=\"vllm\""],
+    ),
+    ("rollout.served_model_name", "\"m\"", &[], VLLM),
+    ("rollout.weights_dir", "\"/tmp/w\"", &[], VLLM),
+    ("rollout.api_key_env", "\"KEY\"", &[], VLLM),
+    ("rollout.request_timeout_s", "60.0", &[], VLLM),
+    ("rollout.retries", "1", &[], VLLM),
+    ("rollout.in_flight", "2", &[], VLLM),
+    ("rollout.accept_renormalised_logprobs", "true", &[], VLLM),
+    ("rollout.refresh_tolerance", "1e-3", &[], VLLM),
+];
+
+/// The knobs of `GATED` whose option rlvr-algo's own check names first, with its message.
+const ALGO_REFUSES: &[(&str, &str)] = &[
+    (
+        "algorithm.red_drop_rule",
+        "resolving [algorithm]: invalid `algorithm.red_drop_rule` = bernoulli: it chooses \
+         RED-Drop's dropped rows: set red_drop = true, or remove it",
+    ),
+    (
+        "algorithm.mismatch_low",
+        "resolving [algorithm]: invalid `algorithm.mismatch_low` = 0.5: only token-mask, \
+         sequence-mask, geometric-mask and icepop have a lower bound; remove it, or choose one of \
+         those as mismatch_correction",
+    ),
+];
+
+/// The vLLM backend with a server.
+const VLLM: &[&str] = &[
+    "rollout.backend=\"vllm\"",
+    "rollout.servers=[\"http://127.0.0.1:8000\"]",
+];
+
+/// Each knob read only when another option is on: set with that option off, the error names the
+/// knob, the `--set` that wrote it, the option and its value in force, and the values that would
+/// read it; set with the option on, it loads and takes the value.
+#[test]
+fn every_gated_knob_is_refused_with_its_option_off() {
+    use rlvr_train::config::gates::GATES;
+    let listed: Vec<&str> = GATED.iter().map(|g| g.0).collect();
+    let gates: Vec<&str> = GATES.iter().map(|g| g.key).collect();
+    assert_eq!(listed, gates, "GATED must list gates::GATES in order");
+    for (g, (key, value, off, on)) in GATES.iter().zip(GATED) {
+        let set = format!("{key}={value}");
+        let mut sets: Vec<&str> = off.to_vec();
+        sets.push(&set);
+        let err = format!("{:#}", check_load("", &sets).unwrap_err());
+        let (table, field) = key.rsplit_once('.').unwrap();
+        // Two knobs rlvr-algo refuses first, naming the option too.
+        if let Some(want) = ALGO_REFUSES.iter().find(|(k, _)| k == key).map(|(_, m)| m) {
+            assert_eq!(&err, want, "{key}");
+            continue;
+        }
+        let head = format!(
+            "{key} is set (--set {set}) but nothing reads it: {} = ",
+            g.gate
+        );
+        let tail = format!(
+            ", and {field} is read only when {} is {}; remove `{field}` from [{table}], or set {}",
+            g.gate, g.when, g.gate
+        );
+        assert!(
+            err.starts_with(&head) && err.ends_with(&tail),
+            "{key}:\n{err}\nwant: {head}…{tail}"
+        );
+        let mut sets: Vec<&str> = on.to_vec();
+        sets.push(&set);
+        let c = check_load("", &sets).unwrap_or_else(|e| panic!("{key} with {on:?}: {e:#}"));
+        // The value was taken: the resolved config holds it.
+        let text = c.to_toml().unwrap();
+        let resolved: toml::Table = text.parse().unwrap();
+        let want = rlvr_train::config::parse_value(value);
+        let got = &resolved[table][field];
+        assert_eq!(got, &want, "{key}:\n{text}");
+    }
+}
+
+/// Two gated knobs in full: the value of the option in force and the file line that wrote it.
+#[test]
+fn a_gated_knob_error_names_its_option_and_where_it_was_written() {
+    let err = format!("{:#}", check_load("", &["algorithm.tau=0.2"]).unwrap_err());
+    assert_eq!(
+        err,
+        "algorithm.tau is set (--set algorithm.tau=0.2) but nothing reads it: \
+         algorithm.regulariser = \"none\", and tau is read only when algorithm.regulariser is \
+         \"opmd\" or \"asymre\"; remove `tau` from [algorithm], or set algorithm.regulariser"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "[model]\npath = \"m\"\n\n[algorithm]\nmismatch_cap = 3.0\n",
+    )
+    .unwrap();
+    let err = format!(
+        "{:#}",
+        RawConfig::load(Some(&p), &[])
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+    );
+    assert_eq!(
+        err,
+        format!(
+            "algorithm.mismatch_cap is set ({} line 5) but nothing reads it: \
+             algorithm.mismatch_correction = \"none\", and mismatch_cap is read only when \
+             algorithm.mismatch_correction is a truncation, a mask or \"icepop\"; remove \
+             `mismatch_cap` from [algorithm], or set algorithm.mismatch_correction",
+            p.display()
+        )
+    );
+}
+
+/// A documented key that says it is read only under another option has a gate.
+#[test]
+fn every_key_documented_as_conditional_has_a_gate() {
+    use rlvr_train::config::gates::GATES;
+    let reference = rlvr_train::config::reference_markdown();
+    for line in reference.lines() {
+        let Some((key, meaning)) = line.strip_prefix("| `").and_then(|l| l.split_once("` | "))
+        else {
+            continue;
+        };
+        let conditional = ["vLLM backend:", "Only read with", "Loaded only when"]
+            .iter()
+            .any(|p| meaning.contains(p))
+            || key.starts_with("train.dynamic_sampling_");
+        if conditional {
+            assert!(
+                GATES.iter().any(|g| g.key == key),
+                "{key} is documented as read only under another option but has no gate: {meaning}"
+            );
+        }
+    }
+}
+
+/// A peer's name (TRL's GRPOConfig, verl's ppo_trainer.yaml) is refused with our key and what
+/// differs, whether written in a file or by `--set`.
+#[test]
+fn a_peers_key_names_ours() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.learning_rate=1e-6"]).unwrap_err()
+    );
+    assert_eq!(
+        err,
+        "in --set train.learning_rate=1e-6: unknown key: `train.learning_rate` is TRL's name, not \
+         rlvr's: write `lr = …` in [train] (or --set train.lr=…) for train.lr (the peak learning \
+         rate); rlvr does not accept the peers' names, so that each key has one meaning"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(&p, "[rollout]\ngroup_size = 8\nnum_generations = 8\n").unwrap();
+    let err = format!("{:#}", RawConfig::load(Some(&p), &[]).unwrap_err());
+    assert_eq!(
+        err,
+        format!(
+            "in {} line 3: unknown key: `rollout.num_generations` is TRL's name, not rlvr's: \
+             write `group_size = …` in [rollout] (or --set rollout.group_size=…) for \
+             rollout.group_size (K, completions per prompt); rlvr does not accept the peers' \
+             names, so that each key has one meaning",
+            p.display()
+        )
+    );
+    for (set, ours, peer) in [
+        ("algorithm.beta=0.04", "algorithm.kl_coef", "TRL"),
+        (
+            "actor_rollout_ref.rollout.n=8",
+            "rollout.group_size",
+            "verl",
+        ),
+        (
+            "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "algorithm.kl_coef",
+            "verl",
+        ),
+        ("actor_rollout_ref.actor.optim.lr=1e-6", "train.lr", "verl"),
+        (
+            "algorithm.clip_ratio_high=0.28",
+            "algorithm.clip_high",
+            "verl",
+        ),
+        ("data.train_batch_size=64", "data.prompts_per_step", "verl"),
+        // Warm-up as a fraction of the steps (TRL's TrainingArguments, verl's optim).
+        ("train.warmup_ratio=0.1", "train.warmup_steps", "TRL"),
+        (
+            "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+            "train.warmup_steps",
+            "verl",
+        ),
+    ] {
+        let err = format!("{:#}", check_load("", &[set]).unwrap_err());
+        let key = set.split_once('=').unwrap().0;
+        assert!(
+            err.contains(&format!("`{key}` is {peer}'s name, not rlvr's"))
+                && err.contains(&format!("(or --set {ours}=…) for {ours} (")),
+            "{set}: {err}"
+        );
+    }
+}
+
+/// Every alias names a key that exists.
+#[test]
+fn every_alias_names_a_documented_key() {
+    let known = rlvr_train::config::known_keys();
+    for a in rlvr_train::config::help::ALIASES {
+        assert!(
+            known.iter().any(|k| k == a.ours),
+            "{} ({}) maps to {}, which is no key",
+            a.name,
+            a.peer,
+            a.ours
+        );
+        assert!(a.peer == "TRL" || a.peer == "verl", "{}", a.name);
+    }
+}
+
+/// A misspelt key gets the nearest key by edit distance, in its table or (same name) in another.
+#[test]
+fn a_typo_gets_did_you_mean() {
+    let err = format!(
+        "{:#}",
+        check_load("", &["rollout.temprature=0.7"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set rollout.temprature=0.7: unknown key `rollout.temprature`: did you mean \
+             `rollout.temperature`? (unknown field `temprature`, expected one of "
+        ),
+        "{err}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("c.toml");
+    std::fs::write(&p, "[train]\nsteps = 3\nwarmup_step = 2\n").unwrap();
+    let err = format!("{:#}", RawConfig::load(Some(&p), &[]).unwrap_err());
+    assert!(
+        err.starts_with(&format!(
+            "in {} line 3: unknown key `train.warmup_step`: did you mean `train.warmup_steps`?",
+            p.display()
+        )),
+        "{err}"
+    );
+    // The right name in the wrong table.
+    let err = format!("{:#}", check_load("", &["train.group_size=4"]).unwrap_err());
+    assert!(
+        err.starts_with(
+            "in --set train.group_size=4: unknown key `train.group_size`: did you mean \
+             `rollout.group_size`? (`group_size` is a key of another table)"
+        ),
+        "{err}"
+    );
+    // A value: the nearest accepted one.
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.schedule=\"cosin\""]).unwrap_err()
+    );
+    assert!(err.ends_with("; did you mean \"cosine\"?"), "{err}");
+    // A misspelt peer's name: the peer's name it is near, and our key.
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.lerning_rate=1e-6"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set train.lerning_rate=1e-6: unknown key `train.lerning_rate`: did you mean \
+             `learning_rate`? That is TRL's name, not rlvr's: write `lr = …` in [train] (or --set \
+             train.lr=…) for train.lr (the peak learning rate) (unknown field `lerning_rate`, \
+             expected one of `steps`, `lr`,"
+        ),
+        "{err}"
+    );
+    assert!(err.ends_with("`log_rollouts`)"), "{err}");
+    // Our key nested under a peer's table (verl's layout).
+    let err = format!(
+        "{:#}",
+        check_load("", &["actor_rollout_ref.rollout.temperature=0.7"]).unwrap_err()
+    );
+    assert!(
+        err.starts_with(
+            "in --set actor_rollout_ref.rollout.temperature=0.7: unknown key \
+             `actor_rollout_ref.rollout.temperature`: did you mean `rollout.temperature`? \
+             (rlvr's tables are top-level, not under `actor_rollout_ref`)"
+        ),
+        "{err}"
+    );
+    // Three edits from verl's `test_freq` is too far to be that name.
+    let err = format!(
+        "{:#}",
+        check_load("", &["data.test_file=\"x\""]).unwrap_err()
+    );
+    assert!(!err.contains("test_freq"), "{err}");
+    // Nothing near: no guess.
+    let err = format!("{:#}", check_load("", &["train.zzzzzz=1"]).unwrap_err());
+    assert!(!err.contains("did you mean"), "{err}");
+}
+
+/// `model.device` and `model.dtype` default to `auto`: on a build without CUDA that is the CPU in
+/// f32, said in one line and recorded concretely in config.toml; `auto` dtype with a GPU device is
+/// bf16; an explicit choice is kept and says nothing.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn auto_device_and_dtype_resolve_once_and_say_so() {
+    let raw = RawConfig::load(None, &[]).unwrap();
+    assert_eq!(
+        (raw.model.device, raw.model.dtype),
+        (DeviceSpec::Auto, ComputeDtype::Auto)
+    );
+    let c = raw.resolve().unwrap();
+    assert_eq!(
+        (c.raw.model.device, c.raw.model.dtype),
+        (DeviceSpec::Cpu, ComputeDtype::F32)
+    );
+    assert_eq!(
+        c.auto.as_deref(),
+        Some(
+            "model.device = \"auto\" is cpu (this rlvr was built without CUDA); \
+             model.dtype = \"auto\" is f32 on the CPU"
+        )
+    );
+    let text = c.to_toml().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines.contains(&"dtype = \"f32\"") && lines.contains(&"device = \"cpu\""),
+        "{text}"
+    );
+    // The recorded values load again as they are: nothing left to resolve.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.toml"), &text).unwrap();
+    let again = RawConfig::load(Some(&tmp.path().join("config.toml")), &[])
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert_eq!(again.auto, None);
+    // dtype auto on a GPU device: bf16.
+    let c = check_load("", &["model.device=\"cuda:1\""]).unwrap();
+    assert_eq!(
+        (c.raw.model.device, c.raw.model.dtype),
+        (DeviceSpec::Cuda(1), ComputeDtype::Bf16)
+    );
+    assert_eq!(
+        c.auto.as_deref(),
+        Some("model.dtype = \"auto\" is bf16 on the GPU (f32 master weights and AdamW moments)")
+    );
+    // Both explicit: nothing to say.
+    let c = check_load("", &["model.device=\"cpu\"", "model.dtype=\"bf16\""]).unwrap();
+    assert_eq!(c.raw.model.dtype, ComputeDtype::Bf16);
+    assert_eq!(c.auto, None);
+    // `auto` parses and prints as itself.
+    assert_eq!("auto".parse::<DeviceSpec>().unwrap().to_string(), "auto");
+    assert_eq!("auto".parse::<ComputeDtype>().unwrap().to_string(), "auto");
+    // A command-line dtype has no device to resolve against.
+    let err = rlvr_model::parse_dtype("auto").unwrap_err().to_string();
+    assert!(err.contains("give f32 or bf16 here"), "{err}");
+}
+
+/// Input paths written in a config file are relative to its directory, and so an external
+/// verifier's program (a path with a `/`) and the arguments that name files beside the config; a
+/// bare program name (`python3`), an option and a word naming no file stay as written; output
+/// paths and `--set` paths are relative to the working directory.
+#[test]
+fn input_paths_are_relative_to_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let dir = root.join("configs");
+    std::fs::create_dir_all(dir.join("tools")).unwrap();
+    std::fs::write(dir.join("score.py"), "").unwrap();
+    let p = dir.join("run.toml");
+    std::fs::write(
+        &p,
+        "[model]\npath = \"../models/m\"\nreference = \"/abs/ref\"\n\n\
+         [data]\ntask = \"jsonl\"\ntrain = \"../data/train.jsonl\"\ntest = \"./held_out.jsonl\"\n\
+         verifier = { kind = \"external\", command = [\"python3\", \"score.py\", \"--strict\", \"gold\"] }\n\n\
+         [[reward.components]]\nname = \"tool\"\nweight = 1.0\n\
+         verifier = { kind = \"external\", command = [\"tools/score\", \"-v\"] }\n\n\
+         [algorithm]\nkl_coef = 0.01\n\n\
+         [output]\ndir = \"runs/x\"\n",
+    )
+    .unwrap();
+    let c = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    let m = &c.raw.model;
+    assert_eq!(m.path, root.join("models/m"));
+    assert_eq!(
+        m.reference.as_deref(),
+        Some(std::path::Path::new("/abs/ref"))
+    );
+    assert_eq!(c.raw.data.train, Some(root.join("data/train.jsonl")));
+    assert_eq!(c.raw.data.test, Some(dir.join("held_out.jsonl")));
+    let command = |v: &rlvr_reward::combine::VerifierConfig| match v {
+        rlvr_reward::combine::VerifierConfig::External { command, .. } => command.clone(),
+        other => panic!("{other:?}"),
+    };
+    let script = dir.join("score.py").display().to_string();
+    assert_eq!(
+        command(c.raw.data.verifier.as_ref().unwrap()),
+        ["python3", script.as_str(), "--strict", "gold"]
+    );
+    let tool = dir.join("tools/score").display().to_string();
+    assert_eq!(
+        command(&c.raw.reward.components[0].verifier),
+        [tool.as_str(), "-v"]
+    );
+    assert_eq!(c.raw.output.dir, std::path::Path::new("runs/x"));
+    // The same keys by --set: the working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let c = RawConfig::load(
+        Some(&p),
+        &["data.train=t.jsonl".into(), "model.path=m2".into()],
+    )
+    .unwrap()
+    .resolve()
+    .unwrap();
+    assert_eq!(c.raw.data.train, Some(cwd.join("t.jsonl")));
+    assert_eq!(c.raw.model.path, cwd.join("m2"));
+    // What config.toml holds loads again from anywhere to the same paths.
+    let copy = root.join("elsewhere.toml");
+    std::fs::write(&copy, c.to_toml().unwrap()).unwrap();
+    let again = RawConfig::load(Some(&copy), &[])
+        .unwrap()
+        .resolve()
+        .unwrap();
+    assert_eq!(again.raw.data.train, Some(cwd.join("t.jsonl")));
+    assert_eq!(again.raw.data.test, Some(dir.join("held_out.jsonl")));
+    assert_eq!(
+        command(again.raw.data.verifier.as_ref().unwrap()),
+        ["python3", script.as_str(), "--strict", "gold"]
+    );
+}

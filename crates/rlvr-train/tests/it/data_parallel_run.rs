@@ -1,0 +1,433 @@
+//! The whole run loop data-parallel (`rlvr_train::run::train_on`): 2 and 3 ranks, each a thread
+//! of this process over `ThreadComm` (the real processes under `mpirun` are
+//! `crates/rlvr/tests/mpi_train.rs`, run by scripts/ci_mpi.sh), against one process on the same
+//! config. Every rank draws the same prompts and samples its share of the groups, so the batch,
+//! the evaluation and every metric are the one-process ones: loss and gradient norm within 1e-5
+//! relative (1e-7 absolute near zero; the gradient is summed in another order), counts, rewards,
+//! evaluation and rollouts exactly; weights within 1e-2 × lr; rank 0 alone writes the run
+//! directory.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+
+use rlvr_dist::{SharedComm, ThreadComm};
+use rlvr_train::config::RawConfig;
+use rlvr_train::run::{train_on, RunOptions, RunSummary};
+use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
+
+type Line = serde_json::Map<String, serde_json::Value>;
+
+/// A task a tiny random model gets right now and then: every answer is 5 (two new tokens), so
+/// most groups of 8 have reward variance and the weights move from the first step.
+fn five(dir: &Path) -> PathBuf {
+    let data = dir.join("five.jsonl");
+    let rows: Vec<String> = (0..40)
+        .map(|i| {
+            serde_json::json!({"question": format!("{}+{}=", i % 10, (i + 3) % 10), "answer": "5"})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    data
+}
+
+fn sets(model: &Path, run: &Path, extra: &[&str]) -> Vec<String> {
+    let data = five(model.parent().unwrap());
+    let mut s = common::arithmetic_sets(model, run);
+    s.extend([
+        format!("data.train={}", data.display()),
+        format!("data.test={}", data.display()),
+        "data.task=\"jsonl\"".into(),
+        "data.verifier={ kind = \"arithmetic\" }".into(),
+        "eval.limit=9".into(),
+        // Sampled (temperature 1, 4 per problem), so that some are right and the sums mean something.
+        "eval.samples=4".into(),
+    ]);
+    s.extend(
+        [
+            "train.steps=3",
+            "train.eval_every=2",
+            "train.save_every=2",
+            "data.prompts_per_step=5",
+            "rollout.group_size=8",
+            "rollout.max_new_tokens=2",
+            "train.lr=3e-3",
+            "train.log_rollouts=6",
+        ]
+        .map(String::from),
+    );
+    s.extend(extra.iter().map(|x| x.to_string()));
+    s
+}
+
+/// Runs `sets` on `world` ranks (1: one process, no communicator).
+fn run(sets: &[String], world: usize, resume: bool) -> Vec<RunSummary> {
+    let cfg = RawConfig::load(None, sets).unwrap().resolve().unwrap();
+    let opts = RunOptions {
+        resume,
+        ..Default::default()
+    };
+    if world == 1 {
+        return vec![train_on(&cfg, &opts, None).unwrap()];
+    }
+    ThreadComm::run(world, |c| {
+        train_on(&cfg, &opts, Some(SharedComm::new(Box::new(c)))).unwrap()
+    })
+}
+
+fn lines(run: &Path, file: &str) -> Vec<Line> {
+    read_metrics(&run.join(file)).unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-7
+}
+
+/// metrics.jsonl of `b` equals `a`'s: the same steps and keys, every number within the bound
+/// (time keys excepted), everything else exactly.
+fn same_metrics(a: &Path, b: &Path) {
+    let (la, lb) = (lines(a, "metrics.jsonl"), lines(b, "metrics.jsonl"));
+    assert_eq!(la.len(), lb.len(), "{} vs {}", a.display(), b.display());
+    for (x, y) in la.iter().zip(&lb) {
+        assert_eq!(
+            x.keys().collect::<Vec<_>>(),
+            y.keys().collect::<Vec<_>>(),
+            "keys at step {}",
+            x["step"]
+        );
+        for (k, va) in x {
+            if TIME_KEYS.contains(&k.as_str()) {
+                continue;
+            }
+            let vb = &y[k];
+            match (va.as_f64(), vb.as_f64()) {
+                (Some(p), Some(q)) => assert!(
+                    close(p, q),
+                    "step {} {k}: one process {p}, data parallel {q}",
+                    x["step"]
+                ),
+                _ => assert_eq!(va, vb, "step {} {k}", x["step"]),
+            }
+        }
+    }
+}
+
+/// Files that must be equal line for line (sampling and evaluation do not depend on the split).
+fn same_files(a: &Path, b: &Path, files: &[&str]) {
+    for f in files {
+        let (x, y) = (
+            std::fs::read_to_string(a.join(f)).unwrap(),
+            std::fs::read_to_string(b.join(f)).unwrap(),
+        );
+        assert_eq!(x, y, "{f} differs");
+    }
+}
+
+fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    // A LoRA checkpoint keeps its adapters (PEFT's files), a full one the model.
+    let file = match dir.join("model.safetensors") {
+        f if f.exists() => f,
+        _ => dir.join("adapter/adapter_model.safetensors"),
+    };
+    let data = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&data).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let v = match t.dtype() {
+                // bf16 is the top half of an f32.
+                safetensors::Dtype::BF16 => t
+                    .data()
+                    .chunks_exact(2)
+                    .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                    .collect(),
+                _ => t
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            };
+            (n, v)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn same_weights(a: &Path, b: &Path, lr: f64) {
+    for ((n, x), (_, y)) in weights(a).iter().zip(weights(b)) {
+        let d = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!((d as f64) <= 1e-2 * lr, "{n}: max |Δ| = {d:e} > 1e-2 × lr");
+    }
+}
+
+fn checkpoint(run: &Path, step: u64) -> PathBuf {
+    run.join("checkpoints").join(format!("step-{step}"))
+}
+
+/// Runs `extra` on 1 process and on each world size of `worlds`, and compares.
+fn check(extra: &[&str], worlds: &[usize]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    let one = tmp.path().join("one");
+    run(&sets(&model, &one, extra), 1, false);
+    // The comparison means something: rewards vary and the weights move.
+    let m = lines(&one, "metrics.jsonl");
+    assert!(
+        m.iter()
+            .any(|l| l["grad_norm"].as_f64().is_some_and(|g| g > 0.0))
+            && m.iter()
+                .any(|l| l["zero_std_frac"].as_f64().is_some_and(|z| z < 1.0)),
+        "no learning signal: {m:?}"
+    );
+    let evals = lines(&one, "eval.jsonl");
+    assert!(
+        evals
+            .iter()
+            .any(|e| e["accuracy"].as_f64().is_some_and(|a| a > 0.0)),
+        "no problem ever solved: {evals:?}"
+    );
+    for &w in worlds {
+        let dp = tmp.path().join(format!("w{w}"));
+        let summaries = run(&sets(&model, &dp, extra), w, false);
+        assert!(summaries.iter().all(|s| s.steps == 3));
+        same_metrics(&one, &dp);
+        same_files(&one, &dp, &["eval.jsonl"]);
+        // rollouts.jsonl: the same completions (rewards, versions, texts), in the same order.
+        let strip = |p: &Path| -> Vec<Line> { lines(p, "rollouts.jsonl") };
+        assert_eq!(strip(&one), strip(&dp), "rollouts.jsonl at {w} ranks");
+        same_weights(&checkpoint(&one, 3), &checkpoint(&dp, 3), 3e-3);
+        // Rank 0 alone writes the run directory; rank r its own log.
+        for r in 1..w {
+            let log =
+                std::fs::read_to_string(dp.join("ranks").join(format!("rank-{r}.log"))).unwrap();
+            assert!(log.contains(&format!("rank {r} of {w}")), "{log}");
+            assert!(
+                log.contains("step 3/3"),
+                "rank {r}'s log has its step lines:\n{log}"
+            );
+        }
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(checkpoint(&dp, 3).join("trainer_state/state.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(state["world_size"], w as u64);
+    }
+}
+
+#[test]
+fn two_and_three_ranks_give_the_one_process_run() {
+    // 5 groups: 3 + 2 on 2 ranks, 2 + 2 + 1 on 3; mini-batches × epochs; the token-TIS correction.
+    check(
+        &[
+            "train.mini_batches=2",
+            "train.epochs=2",
+            "algorithm.mismatch_correction=\"token-truncate\"",
+            "algorithm.mismatch_cap=2.0",
+        ],
+        &[2, 3],
+    );
+}
+
+#[test]
+fn dapo_dynamic_sampling_and_recompute_decide_on_the_gathered_groups() {
+    // DAPO drops zero-variance groups and refills from later draws; the kept groups are the
+    // one-process ones whichever rank sampled them.
+    check(
+        &[
+            "algorithm.preset=\"dapo\"",
+            "train.dynamic_sampling_max_rounds=2",
+            "train.recompute_behaviour=true",
+        ],
+        &[2],
+    );
+}
+
+#[test]
+fn an_explorer_thread_and_lora_keep_their_meaning() {
+    // sync.offset = 1: the explorer samples its share on its own thread, the run's thread gathers.
+    check(
+        &["sync.interval=2", "sync.offset=1", "model.lora_rank=4"],
+        &[3],
+    );
+}
+
+#[test]
+fn a_run_saved_at_two_ranks_resumes_at_two_and_at_one_as_if_uninterrupted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 5);
+    let extra = ["train.steps=4", "sync.interval=2"];
+    let whole = tmp.path().join("whole");
+    run(&sets(&model, &whole, &extra), 2, false);
+    for resume_world in [2, 1] {
+        let part = tmp.path().join(format!("part{resume_world}"));
+        // Steps 1-2 at two ranks (the step-2 checkpoint), then steps 3-4 resumed.
+        let mut first = sets(&model, &part, &extra);
+        first.push("train.steps=2".into());
+        run(&first, 2, false);
+        let s = run(&sets(&model, &part, &extra), resume_world, true);
+        assert_eq!(s[0].steps, 4);
+        same_metrics(&whole, &part);
+        same_files(&whole, &part, &["eval.jsonl"]);
+        same_weights(&checkpoint(&whole, 4), &checkpoint(&part, 4), 3e-3);
+    }
+}
+
+#[test]
+fn what_data_parallel_does_not_run_yet_is_refused_before_loading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 0);
+    for (extra, want) in [
+        (
+            vec!["model.lora_rank=4", "model.lora_dropout=0.1"],
+            "model.lora_dropout",
+        ),
+        (
+            vec!["algorithm.preset=\"dapo\"", "sync.offset=1"],
+            "sync.offset = 0",
+        ),
+    ] {
+        let rd = tmp.path().join(want.replace(' ', ""));
+        let cfg = RawConfig::load(None, &sets(&model, &rd, &extra))
+            .unwrap()
+            .resolve()
+            .unwrap();
+        let errs = ThreadComm::run(2, |c| {
+            train_on(
+                &cfg,
+                &RunOptions::default(),
+                Some(SharedComm::new(Box::new(c))),
+            )
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+        });
+        for e in errs {
+            let e = e.unwrap_err();
+            assert!(e.contains(want) && e.contains("2 ranks"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn bf16_with_f32_masters_stays_within_bf16_rounding_of_one_process() {
+    // bf16 weights with f32 masters: each rank's forward runs in bf16 on its own rows, and the
+    // sum of the ranks' f32 gradients is added in another order, so bf16 weights may land one
+    // rounding apart. Bound: metrics within 2e-2 relative, weights within one bf16 step (2^-8
+    // relative, 4e-3) of the one-process run.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    let extra = ["model.dtype=\"bf16\""];
+    let one = tmp.path().join("one");
+    run(&sets(&model, &one, &extra), 1, false);
+    let dp = tmp.path().join("dp");
+    run(&sets(&model, &dp, &extra), 2, false);
+    let (la, lb) = (lines(&one, "metrics.jsonl"), lines(&dp, "metrics.jsonl"));
+    assert_eq!(la.len(), lb.len());
+    let mut worst = 0f64;
+    for (x, y) in la.iter().zip(&lb) {
+        for (k, va) in x {
+            if TIME_KEYS.contains(&k.as_str()) {
+                continue;
+            }
+            if let (Some(p), Some(q)) = (va.as_f64(), y[k].as_f64()) {
+                let r = (p - q).abs() / (p.abs().max(q.abs()) + 1e-3);
+                worst = worst.max(r);
+                assert!(r <= 2e-2, "step {} {k}: {p} vs {q}", x["step"]);
+            } else {
+                assert_eq!(va, &y[k], "step {} {k}", x["step"]);
+            }
+        }
+    }
+    assert!(la
+        .iter()
+        .any(|l| l["grad_norm"].as_f64().is_some_and(|g| g > 0.0)));
+    let (wa, wb) = (weights(&checkpoint(&one, 3)), weights(&checkpoint(&dp, 3)));
+    // Moved by training: step 3 against step 2's checkpoint, both bf16.
+    let w0 = weights(&checkpoint(&one, 2));
+    let (mut moved, mut differ, mut total) = (0usize, 0usize, 0usize);
+    for (((n, a), (_, b)), (_, z)) in wa.iter().zip(&wb).zip(&w0) {
+        for ((x, y), z0) in a.iter().zip(b).zip(z) {
+            total += 1;
+            moved += usize::from(x != z0);
+            differ += usize::from(x != y);
+            assert!(
+                (x - y).abs() <= 4e-3 * x.abs().max(y.abs()) + 1e-6,
+                "{n}: {x} vs {y}"
+            );
+        }
+    }
+    assert!(moved > 0, "the bf16 weights never moved");
+    eprintln!(
+        "bf16: worst relative metric difference {worst:e}; {moved} of {total} weights moved, \
+         {differ} differ from one process"
+    );
+}
+
+#[test]
+fn zero_1_gives_the_one_process_run_and_its_checkpoints_resume_at_any_world_size() {
+    // ZeRO-1 at 2 and 3 ranks (bf16 weights with sharded f32 masters at 2): the same run as one
+    // process, and the checkpoint (gathered to rank 0) the same files.
+    check(&["distributed.zero=1", "train.mini_batches=2"], &[2, 3]);
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 5);
+    let extra = ["train.steps=4", "sync.interval=2", "distributed.zero=1"];
+    let whole = tmp.path().join("whole");
+    run(&sets(&model, &whole, &extra), 1, false);
+    // Saved at 2 ranks (sharded), resumed at 3 and at 1.
+    for resume_world in [3, 1] {
+        let part = tmp.path().join(format!("part{resume_world}"));
+        let mut first = sets(&model, &part, &extra);
+        first.push("train.steps=2".into());
+        run(&first, 2, false);
+        run(&sets(&model, &part, &extra), resume_world, true);
+        same_metrics(&whole, &part);
+        same_weights(&checkpoint(&whole, 4), &checkpoint(&part, 4), 3e-3);
+        // The optimizer state on disk is the whole one: the same moments as one process's.
+        let (a, b) = (
+            std::fs::read(checkpoint(&whole, 4).join("trainer_state/optimizer.safetensors"))
+                .unwrap(),
+            std::fs::read(checkpoint(&part, 4).join("trainer_state/optimizer.safetensors"))
+                .unwrap(),
+        );
+        let (a, b) = (
+            safetensors::SafeTensors::deserialize(&a).unwrap(),
+            safetensors::SafeTensors::deserialize(&b).unwrap(),
+        );
+        let mut names = a.names();
+        names.sort();
+        let mut bn = b.names();
+        bn.sort();
+        assert_eq!(names, bn);
+        for n in names {
+            let (x, y) = (a.tensor(n).unwrap(), b.tensor(n).unwrap());
+            assert_eq!(x.shape(), y.shape(), "{n}");
+            let f = |d: &[u8]| -> Vec<f32> {
+                d.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            };
+            // Rounding in a sum scales with its terms, not with the result: an element whose
+            // gradients nearly cancel differs by more than 1e-4 of itself (seen: 7e-4 on an m
+            // of 4e-6), so the bound is relative to the tensor's largest value.
+            let (xs, ys) = (f(x.data()), f(y.data()));
+            let scale = xs.iter().chain(&ys).fold(0f32, |m, v| m.max(v.abs()));
+            for (p, q) in xs.iter().zip(&ys) {
+                assert!(
+                    (p - q).abs() <= 1e-4 * scale + 1e-9,
+                    "{n}: {p} vs {q} (largest |value| {scale})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_1_with_bf16_masters() {
+    check(&["distributed.zero=1", "model.dtype=\"bf16\""], &[2]);
+}

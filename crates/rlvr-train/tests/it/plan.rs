@@ -1,0 +1,370 @@
+//! `rlvr plan`: parameter counts equal the published ones of the Qwen2.5 shapes and the model's
+//! own tensors; the JSON line and the table agree with the components; memory fits are monotone
+//! and consistent with the peaks; sizes parse.
+
+use crate::common::repo;
+
+use rlvr_model::ModelConfig;
+use rlvr_train::cli::{run_plan, PlanArgs};
+use rlvr_train::config::plan::{parse_size, plan, Shape};
+use rlvr_train::config::RawConfig;
+
+fn shape(name: &str) -> Shape {
+    let p = repo().join("configs/shapes").join(name).join("config.json");
+    Shape::of(&ModelConfig::from_file(&p).unwrap())
+}
+
+#[test]
+fn parameter_counts_match_the_published_qwen2_5_models() {
+    // transformers' `num_parameters()` of Qwen2.5-{0.5,1.5,3,7}B-Instruct.
+    assert_eq!(shape("qwen2.5-0.5b").params, 494_032_768);
+    assert_eq!(shape("qwen2.5-1.5b").params, 1_543_714_304);
+    assert_eq!(shape("qwen2.5-3b").params, 3_085_938_688);
+    assert_eq!(shape("qwen2.5-7b").params, 7_615_616_512);
+}
+
+#[test]
+fn parameter_count_equals_the_model_tensors() {
+    for (arch, tied) in [("qwen2", true), ("qwen3", false), ("llama", false)] {
+        let c = ModelConfig::from_json(
+            &serde_json::json!({"model_type": arch, "vocab_size": 50, "hidden_size": 16,
+                "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+                "tie_word_embeddings": tied}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let m = rlvr_model::Model::random(
+            c.clone(),
+            0.02,
+            0,
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let n: usize = m
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count())
+            .sum();
+        assert_eq!(Shape::of(&c).params, n as u64, "{arch}");
+    }
+}
+
+#[test]
+fn sizes_parse() {
+    assert_eq!(parse_size("80GB").unwrap(), 80 << 30);
+    assert_eq!(parse_size("24GiB").unwrap(), 24 << 30);
+    assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+    assert_eq!(parse_size("16000MiB").unwrap(), 16000 << 20);
+    assert_eq!(parse_size("4096").unwrap(), 4096);
+    assert!(parse_size("lots").is_err());
+    assert!(parse_size("3 parsecs").is_err());
+}
+
+fn raw(sets: &[&str]) -> RawConfig {
+    let cfg = repo().join("configs/gsm8k_off_policy_grpo_qwen2.5-0.5b.toml");
+    let mut s: Vec<String> = vec![format!(
+        "model.path={}",
+        repo().join("configs/shapes/qwen2.5-0.5b").display()
+    )];
+    s.extend(sets.iter().map(|x| x.to_string()));
+    RawConfig::load(Some(cfg.as_path()), &s).unwrap()
+}
+
+#[test]
+fn components_add_up_and_fits_are_consistent() {
+    let r = raw(&[]);
+    let p = plan(&r, false, Some(80 << 30)).unwrap();
+    let n = p.shape.params;
+    // The config's device and dtype are `auto`: a plan is for a GPU whatever this machine has.
+    assert_eq!((p.device.as_str(), p.dtype.as_str()), ("cuda", "bf16"));
+    assert_eq!(p.weights, 2 * n, "bf16 weights");
+    assert_eq!(p.master_weights, 4 * n);
+    assert_eq!(p.adamw_moments, 8 * n);
+    assert_eq!(
+        p.explorer_weights,
+        2 * n,
+        "online sampling keeps a second copy"
+    );
+    assert_eq!(p.reference_model, 0, "kl_coef = 0");
+    assert!(p.activations_per_row_checkpointed < p.activations_per_row / 4);
+    // train.gradient_checkpointing = true: the peak keeps the checkpointed activations instead.
+    let ck = plan(
+        &raw(&["train.gradient_checkpointing=true"]),
+        false,
+        Some(80 << 30),
+    )
+    .unwrap();
+    assert_eq!(
+        p.train_peak - ck.train_peak,
+        p.activations_per_micro_batch - ck.activations_per_micro_batch
+    );
+    assert!(p.share_prompt && p.activations_per_micro_batch < 4 * p.activations_per_row);
+    // Without the shared prompt, 4 rows (micro_batch_size 4) of the per-row difference.
+    let u = plan(&raw(&["train.share_prompt=false"]), false, None).unwrap();
+    let uck = plan(
+        &raw(&[
+            "train.share_prompt=false",
+            "train.gradient_checkpointing=true",
+        ]),
+        false,
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        u.train_peak - uck.train_peak,
+        4 * (p.activations_per_row - p.activations_per_row_checkpointed),
+        "micro_batch_size 4"
+    );
+    assert_eq!(u.activations_per_micro_batch, 4 * p.activations_per_row);
+    // The largest micro-batch fits and one more row does not.
+    let rows = p.max_micro_batch_rows.unwrap();
+    assert!(rows >= 1);
+    let at = |rows: u64| {
+        let r = raw(&[&format!("train.micro_batch_size={rows}")]);
+        plan(&r, false, Some(80 << 30)).unwrap()
+    };
+    assert!(at(rows).train_peak <= 80 << 30);
+    assert!(at(rows + 1).train_peak > 80 << 30);
+    // f32 drops the masters; KL adds the reference; an experiences file drops the explorer.
+    let f = plan(&raw(&["model.dtype=\"f32\""]), true, None).unwrap();
+    assert_eq!((f.master_weights, f.reference_model), (0, 4 * n));
+    assert!(f.fits.is_none());
+    let off = plan(&raw(&["data.experiences=\"x.jsonl\""]), false, None).unwrap();
+    assert_eq!(off.explorer_weights, 0);
+    // Asynchronous sampling keeps one more copy in flight and the KV cache during training.
+    let asy = plan(&raw(&["sync.offset=1"]), false, None).unwrap();
+    assert_eq!(asy.explorer_weights, 4 * n);
+    assert!(asy.train_peak >= p.train_peak + p.kv_cache);
+}
+
+#[test]
+fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
+    let cfg = repo().join("configs/gsm8k_off_policy_grpo_qwen2.5-0.5b.toml");
+    let mp = format!(
+        "model.path={}",
+        repo().join("configs/shapes/qwen2.5-0.5b").display()
+    );
+    let mut args = PlanArgs {
+        config: cfg,
+        set: vec![mp],
+        gpu_memory: Some("24GB".into()),
+        json: true,
+        world_size: 1,
+        zero: None,
+    };
+    let mut out = Vec::new();
+    run_plan(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(v["shape"]["params"], 494_032_768u64);
+    assert_eq!(v["memory"], 24u64 << 30);
+    assert!(v["max_micro_batch_rows"].as_u64().is_some());
+    args.json = false;
+    let mut out = Vec::new();
+    run_plan(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    for k in [
+        "weights",
+        "master weights",
+        "gradients",
+        "AdamW moments",
+        "explorer weights",
+        "reference model",
+        "activations per row",
+        "with checkpointing",
+        "logits buffer",
+        "activations/micro-batch",
+        "KV cache",
+        "largest micro-batch",
+        "largest rollout batch",
+    ] {
+        assert!(text.contains(k), "table lacks {k}:\n{text}");
+    }
+}
+
+/// The per-layer activation bytes of a small shape, term by term by hand (hidden 16, 4 heads of 8,
+/// 2 KV heads, MLP 24, q/k/v bias, T = 10): f32 (b = 4) and bf16 (b = 2, reductions in f32).
+#[test]
+fn layer_activation_bytes_match_a_hand_count() {
+    let c = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 50, "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+            "tie_word_embeddings": true}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    let s = Shape::of(&c);
+    // f32: norms 2·3·16·4 = 384; q/k/v with bias (32+16+16)·4·2 = 512; rotary (11·32+13·16)·4/2 =
+    // 1120; scores 4 heads·10·(2·4+4·4) = 960; p·v, copy, o-proj, residual 2·32·4+2·16·4 = 384;
+    // MLP 4·24·4+2·16·4 = 512.
+    assert_eq!(
+        s.layer_bytes_per_token(4, 10),
+        384 + 512 + 1120 + 960 + 384 + 512
+    );
+    // bf16: norms 2·(3·16·4+2·16·2) = 512; q/k/v 64·2·2 = 256; rotary 560·2/2 = 560; scores
+    // 4·10·(2·2+4·4+4+2) = 1040; 2·32·2+2·16·2 = 192; MLP 4·24·2+2·16·2 = 256.
+    assert_eq!(
+        s.layer_bytes_per_token(2, 10),
+        512 + 256 + 560 + 1040 + 192 + 256
+    );
+    // Parameters by hand: embedding 50·16 (tied) + 3 layers × (2 norms 2·16 + q 16·32 + k, v
+    // 2·16·16 + o 32·16 + MLP 3·16·24 + q/k/v bias 32+16+16) + final norm 16.
+    let layer = 2 * 16 + 16 * 32 + 2 * 16 * 16 + 32 * 16 + 3 * 16 * 24 + (32 + 16 + 16);
+    assert_eq!(s.params, 50 * 16 + 3 * layer + 16);
+}
+
+/// The Qwen2.5-0.5B plan of the shipped GSM8K config, by hand: 512 + 512 tokens, bf16 on a GPU.
+#[test]
+fn qwen2_5_0_5b_plan_matches_a_hand_count() {
+    let p = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
+    let n: u64 = 494_032_768;
+    assert_eq!((p.prompt_tokens, p.completion_tokens), (512, 512));
+    assert_eq!(p.gradients, 4 * n + 2 * n);
+    // KV cache per row: 1024 tokens × 24 layers × (k, v) × 2 KV heads × 64 × 2 bytes = 12 MiB.
+    assert_eq!(p.kv_cache, p.kv_cache_rows * 1024 * 24 * 2 * 2 * 64 * 2);
+    assert_eq!(1024 * 24 * 2 * 2 * 64 * 2, 12 << 20);
+    // Chunked logits: 6 chunks of 32 Mi f32 logits (the GPU chunk) + the head's [V, H] gradient
+    // chunks in bf16.
+    assert_eq!(p.logits_buffer, 6 * (32 << 20) * 4 + 151_936 * 896 * 2);
+    // Activations per row: 25 layers' worth (24 + one of backward working set) + embedding and
+    // final norm, 896·(2 + 16) bytes per token.
+    let layer = p.shape.layer_bytes_per_token(2, 1024);
+    assert_eq!(p.activations_per_row, 1024 * (25 * layer + 896 * 18));
+    assert_eq!(
+        p.activations_per_row_checkpointed,
+        1024 * (896 * 2 * 24 + 2 * layer + 896 * 18)
+    );
+    // The largest micro-batch: what is left after the fixed part, in whole rows.
+    let fixed = p.weights
+        + p.master_weights
+        + p.adamw_moments
+        + p.explorer_weights
+        + p.gradients
+        + p.logits_buffer
+        + p.overhead;
+    let free = (80u64 << 30) - fixed;
+    // train.share_prompt (default): a micro-batch of r rows of groups of K = 8 runs ⌈r / 8⌉ prompts
+    // of 512 and r completions of 512 through the decoder, and every row keeps its gathered copy of
+    // the prompt's keys and values (512 × (k, v) × 2 KV heads × 64 × 2 bytes) in 25 layers.
+    let per_position = 25 * layer + 896 * 18;
+    let kept =
+        |r: u64| (r.div_ceil(8) * 512 + r * 512) * per_position + r * 512 * 2 * 2 * 64 * 2 * 25;
+    assert_eq!(
+        p.micro_batch_positions,
+        512 + 4 * 512,
+        "micro_batch_size 4: half a group"
+    );
+    assert_eq!(p.activations_per_micro_batch, kept(4));
+    let r = p.max_micro_batch_rows.unwrap();
+    assert!(kept(r) <= free && kept(r + 1) > free, "{r} rows");
+    assert_eq!(
+        p.max_micro_batch_tokens.unwrap(),
+        r.div_ceil(8) * 512 + r * 512
+    );
+    // Every row computing its prompt: whole rows of the per-row activations, fewer of them.
+    let u = plan(&raw(&["train.share_prompt=false"]), false, Some(80 << 30)).unwrap();
+    assert_eq!(
+        u.max_micro_batch_rows.unwrap(),
+        free / p.activations_per_row
+    );
+    assert_eq!(u.micro_batch_positions, 4 * 1024);
+    assert!(r > u.max_micro_batch_rows.unwrap());
+}
+
+/// `Shape::param_sizes` lists the model's own tensors (as a multiset), for each architecture.
+#[test]
+fn param_sizes_are_the_model_tensors() {
+    for (arch, tied) in [("qwen2", true), ("qwen3", false), ("llama", false)] {
+        let c = ModelConfig::from_json(
+            &serde_json::json!({"model_type": arch, "vocab_size": 50, "hidden_size": 16,
+                "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+                "tie_word_embeddings": tied}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let m = rlvr_model::Model::random(
+            c.clone(),
+            0.02,
+            0,
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let mut want: Vec<u64> = m
+            .named_vars()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count() as u64)
+            .collect();
+        let mut got = Shape::of(&c).param_sizes();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{arch}");
+    }
+}
+
+/// Per rank: ZeRO-1 divides the masters and moments by the owners' largest share (within one
+/// parameter of 1/W) and leaves every other term; a world above 1 adds the reduction buffer; the
+/// 7B shape on 8 × 80 GB does not fit as full fine-tuning and the plan names what does.
+#[test]
+fn world_size_and_zero_1_per_rank() {
+    use rlvr_train::config::plan::{plan_ranks, suggestions};
+    let r = RawConfig::load(
+        None,
+        &[
+            format!(
+                "model.path=\"{}\"",
+                repo().join("configs/shapes/qwen2.5-7b").display()
+            ),
+            "model.dtype=\"bf16\"".into(),
+            "model.device=\"cuda:0\"".into(),
+            "data.max_prompt_len=256".into(),
+            "rollout.max_new_tokens=512".into(),
+            "train.micro_batch_size=4".into(),
+        ],
+    )
+    .unwrap();
+    let one = plan_ranks(&r, false, None, 1, 0).unwrap();
+    let z0 = plan_ranks(&r, false, None, 8, 0).unwrap();
+    let z1 = plan_ranks(&r, false, None, 8, 1).unwrap();
+    let p = shape("qwen2.5-7b").params;
+    assert_eq!(
+        (one.reduction_buffer, one.optimizer_params_per_rank),
+        (0, p)
+    );
+    assert_eq!(z0.adamw_moments, one.adamw_moments);
+    assert_eq!(z0.reduction_buffer, 256 << 20);
+    // The largest tensor (the 152064 × 3584 embedding, 545 M) is below p/8 = 952 M: balanced.
+    let share = z1.optimizer_params_per_rank;
+    assert!(share >= p / 8 && share <= p / 8 + 152_064 * 3584, "{share}");
+    assert_eq!(z1.adamw_moments, 8 * share);
+    assert_eq!(z1.master_weights, 4 * share);
+    assert_eq!((z1.weights, z1.gradients), (one.weights, one.gradients));
+    assert_eq!(
+        z0.train_peak - z1.train_peak,
+        (z0.adamw_moments + z0.master_weights + z0.reduction_buffer)
+            - (z1.adamw_moments + z1.master_weights + z1.reduction_buffer)
+    );
+    let fit = suggestions(&r, false, 80 << 30, 8, 1).unwrap();
+    assert!(
+        !fit.is_empty() && fit.iter().all(|s| s.contains("model.lora_rank=16")),
+        "{fit:?}"
+    );
+}
+
+#[test]
+fn a_model_path_without_config_json_says_to_set_it_and_where_shapes_are() {
+    // The shipped GPU configs name a placeholder checkpoint (configs/README.md, "Paths").
+    let dir = tempfile::tempdir().unwrap();
+    let r = raw(&[&format!("model.path={}", dir.path().display())]);
+    let e = format!("{:#}", plan(&r, false, None).unwrap_err());
+    let want = format!(
+        "model.path {} has no readable config.json (rlvr plan reads the model's shape from it, no \
+         weights needed; configs/shapes/ holds Qwen2.5's): pass --set model.path=DIR",
+        dir.path().display()
+    );
+    assert!(e.starts_with(&want), "{e}");
+}

@@ -1,0 +1,329 @@
+//! A run killed by SIGKILL and resumed from its last checkpoint gives, at every later step, the same
+//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1: bit-identical, from
+//! the checkpoint's buffer of in-flight batches). The killed run is this test
+//! binary re-executed on `child_entry` with `RLVR_TRAIN_CHILD` set; it hangs after step 3 (test hook
+//! `RLVR_DEBUG_HANG_AFTER_STEP`), after the step-2 checkpoint, and is killed there.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rlvr_train::config::{RawConfig, ResolvedConfig};
+use rlvr_train::run::{train, RunOptions};
+use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
+
+fn sets(model: &Path, run: &Path, v: u64, o: u64) -> Vec<String> {
+    let mut s = common::arithmetic_sets(model, run);
+    s.extend([
+        "train.steps=6".to_string(),
+        "train.save_every=2".into(),
+        "train.eval_every=2".into(),
+        "train.mini_batches=2".into(),
+        "train.epochs=2".into(),
+        format!("sync.interval={v}"),
+        format!("sync.offset={o}"),
+    ]);
+    s
+}
+
+/// Entry point of the killed child process (a no-op in a normal test run).
+#[test]
+fn child_entry() {
+    let Ok(spec) = std::env::var("RLVR_TRAIN_CHILD") else {
+        return;
+    };
+    let sets: Vec<String> = serde_json::from_str(&spec).unwrap();
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+}
+
+fn last_step(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Kills a run (interval `v`, offset `o`) after step 3, resumes it from step 2, and compares its
+/// metrics with an uninterrupted run's: within 1e-6 relative, or bit for bit when `exact`.
+fn check_resume(v: u64, o: u64, exact: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    // Uninterrupted reference run.
+    let ra = tmp.path().join("a");
+    let cfg = RawConfig::load(None, &sets(&model, &ra, v, o))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+
+    // Killed run.
+    let rb = tmp.path().join("b");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "resume::child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "RLVR_TRAIN_CHILD",
+            serde_json::to_string(&sets(&model, &rb, v, o)).unwrap(),
+        )
+        .env("RLVR_DEBUG_HANG_AFTER_STEP", "3")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while last_step(&rb.join("metrics.jsonl")) < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "child never reached step 3"
+        );
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("child exited early: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(rb.join("checkpoints/latest"))
+            .unwrap()
+            .trim(),
+        "step-2"
+    );
+
+    if o > 0 {
+        // The in-flight batch of step 3 is in the step-2 checkpoint's buffer.
+        let buf = std::fs::read_to_string(rb.join("checkpoints/step-2/trainer_state/buffer.jsonl"))
+            .unwrap();
+        let lines: Vec<serde_json::Value> = buf
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len() as u64, o, "{buf}");
+        assert_eq!(lines[0]["step"], 3);
+    }
+    // Resume.
+    let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
+    cfg.raw.output.dir = rb.clone();
+    let s = train(
+        &cfg,
+        &RunOptions {
+            resume: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.steps, 6);
+
+    let ma = read_metrics(&ra.join("metrics.jsonl")).unwrap();
+    let mb = read_metrics(&rb.join("metrics.jsonl")).unwrap();
+    assert_eq!(ma.len(), mb.len(), "metrics lines differ in number");
+    for (la, lb) in ma.iter().zip(&mb) {
+        assert_eq!(la.keys().collect::<Vec<_>>(), lb.keys().collect::<Vec<_>>());
+        for (k, va) in la {
+            if TIME_KEYS.contains(&k.as_str()) {
+                continue;
+            }
+            let vb = &lb[k];
+            if exact {
+                assert_eq!(va, vb, "v={v} o={o} step {}: {k}", la["step"]);
+                continue;
+            }
+            match (va.as_f64(), vb.as_f64()) {
+                (Some(x), Some(y)) => assert!(
+                    (x - y).abs() <= 1e-6 * (1.0 + x.abs()),
+                    "v={v} step {}: {k} {x} vs {y}",
+                    la["step"]
+                ),
+                _ => assert_eq!(va, vb, "v={v} step {}: {k}", la["step"]),
+            }
+        }
+    }
+    // The comparison is not vacuous: later steps trained (non-zero gradients).
+    assert!(
+        mb[4..]
+            .iter()
+            .any(|l| l["grad_norm"].as_f64().unwrap_or(0.0) > 0.0),
+        "no step after the kill had a gradient: the test would prove nothing"
+    );
+    // The staleness pattern of v survives the resume.
+    let st: Vec<f64> = mb[1..]
+        .iter()
+        .map(|l| l["staleness/max"].as_f64().unwrap())
+        .collect();
+    let want: Vec<f64> = (1..=6u64)
+        .map(|t| ((t - 1) - rlvr_train::feed::behaviour_version(t, v, o)) as f64)
+        .collect();
+    assert_eq!(st, want);
+}
+
+#[test]
+fn sigkill_resume_matches_uninterrupted_v1() {
+    check_resume(1, 0, false);
+}
+
+/// One-step-off-policy (o = 1): the batch of step 3 was sampled (by version 1) before the kill;
+/// the checkpoint of step 2 keeps it in trainer_state/buffer.jsonl, so the resumed run trains on
+/// it instead of re-sampling it with version 2's weights, and every metric is bit-identical.
+#[test]
+fn sigkill_resume_matches_uninterrupted_offset_1() {
+    check_resume(1, 1, true);
+}
+
+#[test]
+fn sigkill_resume_matches_uninterrupted_v4() {
+    check_resume(4, 0, false);
+}
+
+/// Entry point of the Ctrl-C child: `rlvr train` through its CLI function (which installs the
+/// handler), printing its summary line.
+#[test]
+fn cli_child_entry() {
+    let Ok(spec) = std::env::var("RLVR_TRAIN_CLI_CHILD") else {
+        return;
+    };
+    let sets: Vec<String> = serde_json::from_str(&spec).unwrap();
+    let a = rlvr_train::cli::TrainArgs {
+        set: sets,
+        no_progress: true,
+        ..Default::default()
+    };
+    let mut out = std::io::stdout();
+    rlvr_train::cli::run_train(&a, &mut out).unwrap();
+}
+
+/// A real SIGINT (Ctrl-C) makes `rlvr train` save a checkpoint after the current step and exit 130
+/// (128 + SIGINT, so `rlvr train ... && rlvr eval ...` stops).
+#[test]
+fn sigint_saves_a_checkpoint_and_exits_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let rd = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &rd);
+    s.push("train.steps=100000".into());
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "resume::cli_child_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RLVR_TRAIN_CLI_CHILD", serde_json::to_string(&s).unwrap())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while last_step(&rd.join("metrics.jsonl")) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "child never reached step 2"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sends SIGINT to the child this test spawned (its pid is live: it was not waited on).
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "child exited with {}",
+        out.status
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"interrupted\""))
+        .unwrap_or_else(|| panic!("no summary in {text}"));
+    let v: serde_json::Value = serde_json::from_str(&line[line.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["interrupted"], true);
+    let steps = v["steps"].as_u64().unwrap();
+    assert!((2..100000).contains(&steps));
+    let latest = std::fs::read_to_string(rd.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), format!("step-{steps}"));
+    assert_eq!(last_step(&rd.join("metrics.jsonl")), steps);
+}
+
+/// Every checkpoint carries manifest.json (sizes and CRC-32C of its files, the dataset files'
+/// identity); a checkpoint whose weights changed afterwards (same size, one byte flipped) is named
+/// and skipped by the resume, refused by `rlvr eval`, and one without a manifest still loads.
+#[test]
+fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
+    use rlvr_train::store::{checkpoint, manifest};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &run);
+    s.extend(["train.steps=4".to_string(), "train.save_every=2".into()]);
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let (s2, s4) = (
+        run.join("checkpoints/step-2"),
+        run.join("checkpoints/step-4"),
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s4.join("manifest.json")).unwrap()).unwrap();
+    let w = &m["files"]["model.safetensors"];
+    assert_eq!(
+        w["bytes"].as_u64().unwrap(),
+        std::fs::metadata(s4.join("model.safetensors"))
+            .unwrap()
+            .len()
+    );
+    assert!(m["files"]["trainer_state/optimizer.safetensors"]["crc32c"].is_string());
+    assert!(manifest::verify(&s4).unwrap());
+    // One byte of the weights flipped, size unchanged.
+    let p = s4.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let k = bytes.len() - 3;
+    bytes[k] ^= 0x40;
+    std::fs::write(&p, &bytes).unwrap();
+    let e = format!("{:#}", manifest::verify(&s4).unwrap_err());
+    assert!(
+        e.contains("model.safetensors has CRC-32C") && e.contains("its manifest says"),
+        "{e}"
+    );
+    let point = checkpoint::resume_point(&run).unwrap().unwrap();
+    assert_eq!(point.dir, s2);
+    let note = point.note.unwrap();
+    assert!(
+        note.contains("step-4") && note.contains("model.safetensors"),
+        "{note}"
+    );
+    // rlvr eval refuses it, naming the file.
+    let args = rlvr_train::cli::EvalArgs {
+        model: s4.clone(),
+        task: Some("arithmetic".into()),
+        n: 1,
+        limit: Some(1),
+        ..Default::default()
+    };
+    let e = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        e.contains("refusing to evaluate") && e.contains("model.safetensors"),
+        "{e}"
+    );
+    // A file added after the save is named too.
+    std::fs::write(s2.join("extra.safetensors"), b"x").unwrap();
+    let e = format!("{:#}", manifest::verify(&s2).unwrap_err());
+    assert!(
+        e.contains("extra.safetensors is not in the checkpoint's manifest"),
+        "{e}"
+    );
+    std::fs::remove_file(s2.join("extra.safetensors")).unwrap();
+    // An old checkpoint without a manifest still verifies as "unchecked".
+    std::fs::remove_file(s2.join("manifest.json")).unwrap();
+    assert!(!manifest::verify(&s2).unwrap());
+    assert!(checkpoint::incomplete(&s2).is_none());
+}

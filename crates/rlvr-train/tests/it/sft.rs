@@ -1,0 +1,218 @@
+//! `rlvr sft`: token-mean cross-entropy over completion tokens (EOS included), checked by hand, and
+//! the loss goes down.
+
+use crate::common;
+
+use candle_core::{DType, Device};
+use clap::Parser;
+use rlvr_model::checkpoint::Policy;
+use rlvr_train::cli::{run_sft, SftArgs};
+use rlvr_train::score::completion_logprobs;
+use rlvr_train::sft::read_pairs;
+use rlvr_train::store::experience::Experience;
+
+#[derive(Parser)]
+struct W {
+    #[command(flatten)]
+    a: SftArgs,
+}
+
+fn args(extra: &[&str]) -> SftArgs {
+    let mut v = vec!["x"];
+    v.extend_from_slice(extra);
+    W::parse_from(v).a
+}
+
+#[test]
+fn sft_loss_is_token_mean_ce_with_eos_and_decreases() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 6);
+    let data = tmp.path().join("pairs.jsonl");
+    let mut lines = Vec::new();
+    for a in 0..4 {
+        for b in 0..4 {
+            lines.push(serde_json::json!({"prompt": format!("{a}+{b}="), "completion": format!("{}", a + b)}).to_string());
+        }
+    }
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let out = tmp.path().join("sft");
+    let (m, d, o) = (
+        model.to_str().unwrap(),
+        data.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let a = args(&[
+        "--model",
+        m,
+        "--data",
+        d,
+        "--out",
+        o,
+        "--batch-size",
+        "16",
+        "--micro-batch-size",
+        "5",
+        "--steps",
+        "40",
+        "--lr",
+        "1e-2",
+        "--seed",
+        "1",
+    ]);
+    let mut buf = Vec::new();
+    run_sft(&a, &mut buf).unwrap();
+
+    // Hand value of the first step's loss: all 16 pairs, −Σℓ/Σn over completion + EOS tokens.
+    let p = Policy::load(&model, DType::F32, &Device::Cpu).unwrap();
+    let pairs = read_pairs(&data, &p.tokenizer, false, None).unwrap();
+    assert!(pairs
+        .iter()
+        .all(|x| x.completion.last() == p.tokenizer.eos_ids.first()));
+    let exps: Vec<Experience> = pairs
+        .iter()
+        .map(|x| Experience {
+            prompt_ids: x.prompt.clone(),
+            completion_ids: x.completion.clone(),
+            behaviour_logprobs: vec![0.0; x.completion.len()],
+            reward: None,
+            correct: None,
+            group_id: "g".into(),
+            version: None,
+            truncated: false,
+            components: Vec::new(),
+        })
+        .collect();
+    let rows: Vec<usize> = (0..exps.len()).collect();
+    let lp = completion_logprobs(&p.model, &exps, &rows, 1.0, p.tokenizer.pad_id, false).unwrap();
+    let n: usize = lp.iter().map(|r| r.len()).sum();
+    assert_eq!(n, 16 * 2, "one answer digit + EOS per pair");
+    let want = -lp.iter().flatten().map(|&x| x as f64).sum::<f64>() / n as f64;
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let ls: Vec<f64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        (ls[0] - want).abs() < 1e-5,
+        "step-1 loss {} vs hand value {want}",
+        ls[0]
+    );
+    assert!(
+        ls[39] < 0.5 * ls[0],
+        "loss did not go down: {} -> {}",
+        ls[0],
+        ls[39]
+    );
+    // The output is a loadable model directory.
+    Policy::load(&out, DType::F32, &Device::Cpu).unwrap();
+
+    // The micro-batch size does not change the result.
+    let out2 = tmp.path().join("sft2");
+    let a = args(&[
+        "--model",
+        m,
+        "--data",
+        d,
+        "--out",
+        out2.to_str().unwrap(),
+        "--batch-size",
+        "16",
+        "--micro-batch-size",
+        "16",
+        "--steps",
+        "3",
+        "--lr",
+        "1e-2",
+        "--seed",
+        "1",
+    ]);
+    run_sft(&a, &mut buf).unwrap();
+    let text2 = std::fs::read_to_string(out2.join("metrics.jsonl")).unwrap();
+    let l2: Vec<f64> = text2
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    for k in 0..3 {
+        assert!(
+            (l2[k] - ls[k]).abs() < 1e-5,
+            "step {k}: {} vs {}",
+            l2[k],
+            ls[k]
+        );
+    }
+}
+
+#[test]
+fn sft_bad_line_names_file_line_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 6);
+    let p = Policy::load(&model, DType::F32, &Device::Cpu).unwrap();
+    let data = tmp.path().join("pairs.jsonl");
+    std::fs::write(
+        &data,
+        "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n{\"prompt\": \"1+2=\"}\n",
+    )
+    .unwrap();
+    let err = read_pairs(&data, &p.tokenizer, false, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("pairs.jsonl:2") && err.contains("`completion`"),
+        "{err}"
+    );
+}
+
+/// Without `--data` the pairs come from the config's train split; `--eval-every` writes `eval/*` and
+/// `--stop-at-accuracy` stops at the first evaluation that reaches it.
+#[test]
+fn sft_from_task_with_eval_and_early_stop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 6);
+    let out = tmp.path().join("sft");
+    let mut argv: Vec<String> = vec![
+        "--model".into(),
+        model.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+        "--steps".into(),
+        "10".into(),
+        "--batch-size".into(),
+        "8".into(),
+        "--eval-every".into(),
+        "2".into(),
+        "--stop-at-accuracy".into(),
+        "0".into(),
+    ];
+    for s in [
+        "data.task=\"arithmetic\"",
+        "data.arithmetic.min_digits=1",
+        "data.arithmetic.max_digits=1",
+        "data.arithmetic.train_size=32",
+        "data.arithmetic.test_size=4",
+        "rollout.max_new_tokens=3",
+    ] {
+        argv.extend(["--set".to_string(), s.to_string()]);
+    }
+    let a = args(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut buf = Vec::new();
+    run_sft(&a, &mut buf).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+    assert_eq!(v["steps"], 2, "stopped at the first evaluation");
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1]["eval/accuracy"].is_number() && lines[0].get("eval/accuracy").is_none());
+    assert_eq!(lines[1]["eval/n"], 4);
+    assert!(out.join("eval.jsonl").exists() && out.join("model.safetensors").exists());
+}

@@ -1,0 +1,266 @@
+//! `rlvr train` with `rollout.backend = "vllm"` against a real vLLM server:
+//! a 6-step run with sync.interval = 2 samples every step with the scheduled version (staleness
+//! 0, 1, 0, 1, 0, 1) and its behaviour log-probs equal the trainer's at staleness 0; the same
+//! seed gives the same completions; the server killed mid-run stops the run with an error naming
+//! it and a checkpoint (only the error saves one: `train.save_every = 0`), and `rlvr train
+//! --resume` continues once a server is back, pushing the weights first.
+//!
+//! scripts/ci_vllm.sh runs this first in its untied lane, on a server of an UNTIED model (the
+//! tied case is live_server.rs's, in the other lane, on another server), with `RLVR_VLLM_URL`,
+//! `RLVR_VLLM_MODEL` (the served directory, also the policy), `RLVR_VLLM_PID` (the server's
+//! process group), `RLVR` (the rlvr binary) and `RUN` / `VENV` / `CPU_BIND` / `LORA_RANK` (for
+//! `scripts/vllm_server.sh start`, which restarts the server on the same port, as it was started).
+//! Without a server the test returns at once, unless `RLVR_VLLM_REQUIRED=1` makes that a failure.
+
+use crate::common::jsonl;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Live {
+    url: String,
+    model: PathBuf,
+    pid: String,
+    rlvr: PathBuf,
+}
+
+fn live() -> Option<Live> {
+    let (Ok(url), Ok(pid)) = (
+        std::env::var("RLVR_VLLM_URL"),
+        std::env::var("RLVR_VLLM_PID"),
+    ) else {
+        assert!(
+            std::env::var("RLVR_VLLM_REQUIRED").is_err(),
+            "RLVR_VLLM_REQUIRED is set but RLVR_VLLM_URL / RLVR_VLLM_PID are not: no vLLM server"
+        );
+        eprintln!("RLVR_VLLM_URL / RLVR_VLLM_PID not set: skipping the live vLLM train test");
+        return None;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let rlvr = std::env::var("RLVR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target/debug/rlvr"));
+    assert!(rlvr.exists(), "no rlvr binary at {}", rlvr.display());
+    Some(Live {
+        url,
+        model: PathBuf::from(std::env::var("RLVR_VLLM_MODEL").expect("RLVR_VLLM_MODEL")),
+        pid,
+        rlvr,
+    })
+}
+
+/// The `--set`s of a small arithmetic run on the served model, sampled by the server. A random
+/// model never answers right, so the reward is an external verifier's: the parity of the input
+/// line's length (varied rewards, so every step has gradients and the versions differ).
+fn sets(l: &Live, run: &Path, steps: u64) -> Vec<String> {
+    let score = run.with_extension("score.sh");
+    std::fs::write(
+        &score,
+        "exec awk '{ print \"{\\\"reward\\\": \" (length($0) % 2) \"}\" }'\n",
+    )
+    .unwrap();
+    [
+        format!(
+            "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\"] }}",
+            score.display()
+        ),
+        format!("model.path={}", l.model.display()),
+        format!("output.dir={}", run.display()),
+        "data.task=\"arithmetic\"".into(),
+        "data.arithmetic.train_size=64".into(),
+        "data.arithmetic.test_size=8".into(),
+        "data.prompts_per_step=2".into(),
+        "rollout.group_size=4".into(),
+        "rollout.max_new_tokens=8".into(),
+        "rollout.temperature=0.7".into(),
+        "rollout.backend=\"vllm\"".into(),
+        format!("rollout.servers=[\"{}\"]", l.url),
+        "rollout.retries=1".into(),
+        "rollout.request_timeout_s=60".into(),
+        "rollout.refresh_tolerance=1e-3".into(),
+        "sync.interval=2".into(),
+        format!("train.steps={steps}"),
+        "train.lr=3e-2".into(),
+        "train.micro_batch_size=8".into(),
+        "train.eval_every=0".into(),
+        "train.save_every=0".into(),
+        "train.log_rollouts=100".into(),
+        "train.seed=5".into(),
+    ]
+    .into_iter()
+    .collect()
+}
+
+fn train(l: &Live, sets: &[String], resume: Option<&Path>) -> Command {
+    let mut c = Command::new(&l.rlvr);
+    c.arg("train").arg("--no-progress");
+    if let Some(r) = resume {
+        c.arg("--resume").arg(r);
+    }
+    for s in sets {
+        c.arg("--set").arg(s);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Checks rollouts.jsonl and diagnostics.jsonl of a finished 6-step (or shorter) run with v = 2:
+/// every completion of step t carries version 2·⌊(t−1)/2⌋ (staleness 0, 1, 0, 1, …), 8 per step,
+/// and the staleness-0 steps' mean |ℓ_vLLM − ℓ_trainer| is below 1e-4 (f32 server). Returns the
+/// completions of each step.
+fn check_schedule(run: &Path, steps: u64) -> Vec<Vec<String>> {
+    let rollouts = jsonl(&run.join("rollouts.jsonl"));
+    let mut per_step = vec![Vec::new(); steps as usize];
+    for r in &rollouts {
+        let t = r["step"].as_u64().unwrap();
+        let want = 2 * ((t - 1) / 2);
+        assert_eq!(r["version"].as_u64(), Some(want), "step {t}: {r}");
+        assert_eq!(r["staleness"].as_u64(), Some((t - 1) % 2), "step {t}: {r}");
+        per_step[t as usize - 1].push(r["completion"].as_str().unwrap().to_string());
+    }
+    assert!(per_step.iter().all(|s| s.len() == 8), "{per_step:?}");
+    let diag = jsonl(&run.join("diagnostics.jsonl"));
+    assert_eq!(diag.len() as u64, steps);
+    for d in &diag {
+        let t = d["step"].as_u64().unwrap();
+        let gap = d["logprob_diff/staleness0"].as_f64();
+        assert_eq!(d["rows_skipped_zero_gradient"], 0, "step {t}: {d}");
+        if t % 2 == 1 {
+            let gap = gap.unwrap();
+            eprintln!("step {t}: mean |ℓ_vLLM − ℓ_trainer| at staleness 0 = {gap:.2e}");
+            assert!(gap < 1e-4, "step {t}: {gap}");
+            let k3 = d["logprob_k3/staleness0"].as_f64().unwrap();
+            assert!((0.0..1e-6).contains(&k3), "step {t}: k3 {k3}");
+        } else {
+            assert_eq!(gap, None, "step {t} has no staleness-0 row");
+        }
+    }
+    // At staleness 1 the trainer's weights moved on: the behaviour KL is clearly above 0.
+    for m in jsonl(&run.join("metrics.jsonl")) {
+        let t = m["step"].as_u64().unwrap();
+        if t % 2 == 0 {
+            let kl = m["kl_behaviour"].as_f64().unwrap();
+            assert!(kl > 1e-3, "step {t}: kl_behaviour {kl}");
+        }
+    }
+    per_step
+}
+
+#[test]
+fn six_steps_on_vllm_follow_the_schedule_and_repeat_with_the_seed() {
+    let Some(l) = live() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let a = tmp.path().join("a");
+    let st = train(&l, &sets(&l, &a, 6), None).status().unwrap();
+    assert!(st.success(), "rlvr train failed: see {}", a.display());
+    eprintln!("6-step vLLM run: {:.1} s", t0.elapsed().as_secs_f64());
+    let got_a = check_schedule(&a, 6);
+    // Only the newest version directory is kept.
+    let names: Vec<String> = std::fs::read_dir(a.join("vllm-weights"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(names, ["version-00000006"]);
+    let run_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(a.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run_json["rollout_backend"]["backend"], "vllm");
+    // The same seed: the same completions (three steps, one refresh included).
+    let b = tmp.path().join("b");
+    let st = train(&l, &sets(&l, &b, 3), None).status().unwrap();
+    assert!(st.success());
+    let got_b = check_schedule(&b, 3);
+    assert_eq!(got_a[..3], got_b[..]);
+}
+
+#[test]
+fn a_killed_server_stops_the_run_with_a_checkpoint_and_resume_continues() {
+    let Some(l) = live() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("c");
+    let log = std::fs::File::create(tmp.path().join("c.log")).unwrap();
+    let mut child = train(&l, &sets(&l, &run, 6), None)
+        .stderr(log.try_clone().unwrap())
+        .stdout(log)
+        .spawn()
+        .unwrap();
+    // Kill the server once step 3 is written.
+    let t0 = Instant::now();
+    while jsonl(&run.join("metrics.jsonl")).len() < 3 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before step 3"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(300), "no step 3");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", l.pid)])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let st = child.wait().unwrap();
+    assert!(!st.success(), "the run must stop when its server dies");
+    let out = std::fs::read_to_string(tmp.path().join("c.log")).unwrap();
+    eprintln!(
+        "run stopped: {}",
+        out.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+    );
+    assert!(out.contains(&format!("vLLM server {}", l.url)), "{out}");
+    assert!(out.contains("saved to"), "{out}");
+    let done = jsonl(&run.join("metrics.jsonl")).len();
+    assert!((3..6).contains(&done), "{done}");
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    assert!(latest.trim().ends_with(&format!("step-{done}")), "{latest}");
+    // A server back on the same port (restarted from the original checkpoint: version 0 weights).
+    let port = l.url.rsplit(':').next().unwrap();
+    let t1 = Instant::now();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/vllm_server.sh");
+    let st = Command::new("bash")
+        .arg(script)
+        .args(["start", l.model.to_str().unwrap(), port])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "restarting the server failed");
+    eprintln!("server restarted in {:.1} s", t1.elapsed().as_secs_f64());
+    let st = train(&l, &[], Some(&run)).status().unwrap();
+    assert!(st.success(), "rlvr train --resume failed");
+    // The resumed steps follow the schedule, and staleness-0 log-probs match the trainer's: the
+    // resume pushed its weights before sampling (the restarted server held version 0's).
+    check_schedule(&run, 6);
+    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl"))
+        .iter()
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
+}
+
+/// `rlvr eval` with `rollout.backend = "vllm"`: greedy completions sampled by the
+/// server equal the native engine's, item by item.
+#[test]
+fn eval_on_vllm_equals_native_greedy() {
+    let Some(l) = live() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let eval = |out: &Path, vllm: bool| {
+        let mut c = Command::new(&l.rlvr);
+        c.args(["eval", "--task", "arithmetic", "--n", "1", "--limit", "6"])
+            .args(["--max-new-tokens", "8", "--model"])
+            .arg(&l.model)
+            .arg("--out")
+            .arg(out);
+        if vllm {
+            c.args(["--set", "rollout.backend=\"vllm\""])
+                .arg("--set")
+                .arg(format!("rollout.servers=[\"{}\"]", l.url));
+        }
+        assert!(c.status().unwrap().success());
+        jsonl(out)
+    };
+    let native = eval(&tmp.path().join("native.jsonl"), false);
+    let vllm = eval(&tmp.path().join("vllm.jsonl"), true);
+    assert_eq!(native.len(), 6);
+    assert_eq!(native, vllm);
+}

@@ -1,0 +1,204 @@
+//! `rlvr init` and `rlvr logprobs` end to end through the binary.
+
+use crate::common::rlvr;
+use std::path::Path;
+
+fn tokenizer() -> &'static str {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/tokenizers/qwen2.5/tokenizer.json"
+    )
+}
+
+fn init(dir: &Path, arch: &str) {
+    let out = rlvr()
+        .args([
+            "init", "--arch", arch, "--hidden", "32", "--layers", "1", "--heads", "2",
+        ])
+        .args([
+            "--kv-heads",
+            "1",
+            "--intermediate",
+            "64",
+            "--tokenizer",
+            tokenizer(),
+            "--out",
+        ])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["vocab_size"], 151680); // 151665 tokens rounded up to a multiple of 64
+}
+
+#[test]
+fn init_writes_a_complete_model_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    init(&dir, "qwen2");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert!(dir.join(f).exists(), "{f}");
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "qwen2");
+    assert_eq!(cfg["tie_word_embeddings"], true);
+    assert!(cfg.get("rope_theta").is_some(), "transformers-4 style");
+    let tc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(tc["eos_token"], "<|im_end|>");
+    assert!(
+        tc["bos_token"].is_null(),
+        "<s> is an ordinary token in Qwen's vocabulary"
+    );
+    assert!(tc["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+    let gc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(gc["eos_token_id"], 151645);
+    // The tokenizer is shipped byte for byte.
+    assert_eq!(
+        std::fs::read(dir.join("tokenizer.json")).unwrap(),
+        std::fs::read(tokenizer()).unwrap()
+    );
+}
+
+#[test]
+fn logprobs_prints_one_value_per_completion_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    init(&dir, "llama");
+    let run = |t: &str, chat: bool| -> serde_json::Value {
+        let mut c = rlvr();
+        c.args(["logprobs", "--model"]).arg(&dir);
+        c.args([
+            "--prompt",
+            "What is 2+2?",
+            "--completion",
+            " 4<|im_end|>",
+            "--temperature",
+            t,
+        ]);
+        if chat {
+            c.arg("--chat");
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = run("1", true);
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["logprobs", "tokens"]);
+    assert_eq!(v["tokens"], serde_json::json!([220, 19, 151645]));
+    let lp: Vec<f64> = serde_json::from_value(v["logprobs"].clone()).unwrap();
+    assert_eq!(lp.len(), 3);
+    // A random model is close to uniform over 151680 tokens: log(1/151680) = -11.93.
+    for x in &lp {
+        assert!((x + 11.93).abs() < 1.5, "{x}");
+    }
+    // Temperature changes the values; the chat template changes the context.
+    let hot: Vec<f64> = serde_json::from_value(run("2", true)["logprobs"].clone()).unwrap();
+    assert!(lp.iter().zip(&hot).any(|(a, b)| (a - b).abs() > 1e-6));
+    let plain: Vec<f64> = serde_json::from_value(run("1", false)["logprobs"].clone()).unwrap();
+    assert!(lp.iter().zip(&plain).any(|(a, b)| (a - b).abs() > 1e-6));
+}
+
+#[test]
+fn errors_name_the_missing_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = rlvr()
+        .args(["logprobs", "--model"])
+        .arg(tmp.path())
+        .args(["--prompt", "a", "--completion", "b"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("config.json"), "{err}");
+}
+
+/// `rlvr bench sample` and `rlvr bench train` run on the CPU and report consistent figures: every
+/// completion has exactly --new-tokens tokens (checked inside), tok/s = batch · new tokens / wall,
+/// the step breakdown sums to its total, and TFLOP/s = 6 · parameters · tok/s.
+#[test]
+fn bench_reports_consistent_throughput() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    init(&dir, "qwen2");
+    let run = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = rlvr()
+            .arg("bench")
+            .args(args)
+            .arg("--model")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let s = run(&[
+        "sample",
+        "--batch",
+        "2",
+        "--batch",
+        "5",
+        "--prompt-len",
+        "3",
+        "--new-tokens",
+        "4",
+        "--runs",
+        "1",
+    ]);
+    assert_eq!(s.len(), 2);
+    for (v, b) in s.iter().zip([2.0, 5.0]) {
+        assert_eq!(v["batch"].as_f64().unwrap(), b);
+        let (tps, wall) = (
+            v["tok_per_s"].as_f64().unwrap(),
+            v["wall_s"].as_f64().unwrap(),
+        );
+        assert!((tps * wall - b * 4.0).abs() < 1e-6 * b * 4.0, "{v}");
+        let st = &v["step_ms"];
+        let parts: f64 = ["forward", "to_host", "select", "compact"]
+            .iter()
+            .map(|k| st[*k].as_f64().unwrap())
+            .sum();
+        assert!((parts - st["total"].as_f64().unwrap()).abs() < 1e-9, "{v}");
+        assert!(st["forward"].as_f64().unwrap() > 0.0);
+    }
+    let t = run(&["train", "--rows", "2", "--seq-len", "6", "--steps", "1"]);
+    let v = &t[0];
+    // Qwen2 1 layer, hidden 32, heads 2 / KV 1 (head dim 16), intermediate 64, tied, vocab 151680.
+    let params = 151680 * 32 + (32 * 32 + 32) + 2 * (16 * 32 + 16) + 32 * 32 + 3 * 32 * 64 + 3 * 32;
+    assert_eq!(v["params"].as_u64().unwrap(), params as u64);
+    let tps = v["tok_per_s"].as_f64().unwrap();
+    assert!((v["step_s"].as_f64().unwrap() * tps - 12.0).abs() < 1e-6);
+    let tf = v["tflop_per_s"].as_f64().unwrap();
+    assert!((tf - 6.0 * params as f64 * tps / 1e12).abs() < 1e-12 * (1.0 + tf));
+}

@@ -1,0 +1,20 @@
+//! rlvr's integration tests in one test binary (`it`), so that the crate's dependency stack is
+//! linked once, not once per file. Each module was a `tests/<module>.rs` binary of its own; its
+//! tests are named `<module>::<test>`, and
+//! `cargo test --workspace --locked --test it -- <module>::` runs one module's (the filter goes to
+//! every crate's `it`; `-p rlvr` would re-resolve features and rebuild most dependencies).
+//! ARCHITECTURE.md, "Testing", says how tests that need a process of their own are run here.
+
+mod common;
+
+mod cli_model;
+mod configs;
+mod crate_graph;
+mod data_layouts;
+mod docs;
+mod extreme_values;
+mod gsm8k_real_input;
+mod limits;
+mod quickstart;
+mod run_dir;
+mod watch;
