@@ -69,6 +69,8 @@ PTXAS_MEMBER = "nvidia/cu13/bin/ptxas"
 PTXAS_CACHE = os.path.join(ROOT, "target", "kernels-ptxas", PTXAS_VERSION)
 # Triton 3.9 appends two pointers to every kernel's parameters (global and profile scratch).
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
+# What ``Variant.divisible`` assumes: pointers 16-byte aligned, integers multiples of 16.
+DIVISIBILITY = 16
 
 
 class GenError(Exception):
@@ -206,6 +208,21 @@ def check_signature(v):
     for t in v.targets:
         if t not in TARGETS:
             raise GenError(f"{v.name}: unknown target {t}")
+    for p in v.divisible:
+        t = v.signature.get(p)
+        if t is None or t == "constexpr" or not (t.startswith("*") or t in ("i32", "i64")):
+            raise GenError(f"{v.name}: divisible parameter {p} is {t or 'not a parameter'}; only "
+                           "pointers and i32/i64 parameters can be assumed divisible by 16")
+    if len(set(v.divisible)) != len(v.divisible):
+        raise GenError(f"{v.name}: divisible lists a parameter twice: {v.divisible}")
+
+
+def divisibility_attrs(v):
+    """``ASTSource``'s ``attrs``: ``{(index,): [["tt.divisibility", 16]]}`` for each parameter of
+    ``v.divisible``, keyed by its index in the kernel's full parameter list (constexprs included),
+    the form Triton 3.9's own launcher builds from its "D" specialisation."""
+    args = list(v.fn.arg_names)
+    return {(args.index(p),): [["tt.divisibility", DIVISIBILITY]] for p in v.divisible}
 
 
 # PTX parameter types a signature type compiles to.
@@ -232,6 +249,9 @@ def manifest_params(v, ptx, entry):
             if t not in _PTX_TYPE:
                 raise GenError(f"{v.name}: unsupported scalar type {t} for {name}")
             want.append({"name": name, "kind": "scalar", "dtype": t})
+        if name in v.divisible:
+            # Optional (absent = 1): pointer address in bytes / integer value, a multiple of it.
+            want[-1]["divisibility"] = DIVISIBILITY
     want += [{"name": s, "kind": "scratch", "dtype": "u8"} for s in SCRATCH_PARAMS]
     got = ptx_params(ptx, entry)
     if len(got) != len(want):
@@ -252,7 +272,8 @@ def compile_one(i):
     """Job i (a variant and a target): compiled, assembled and described (in a worker process)."""
     path, v, target, ptxas = _WORK[i]
     cc, gpu_name, smem_limit = TARGET_INFO[target]
-    src = ASTSource(v.fn, dict(v.signature), constexprs=dict(v.constexprs))
+    src = ASTSource(v.fn, dict(v.signature), constexprs=dict(v.constexprs),
+                    attrs=divisibility_attrs(v))
     opts = {"num_warps": v.num_warps, "num_stages": v.num_stages, "ptx_version": PTX_VERSION,
             "enable_fp_fusion": v.fp_fusion}
     t0 = time.time()

@@ -38,7 +38,7 @@ Layout (kernels/README.md, "## Attention", is the caller's reference):
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, with_aligned
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -377,4 +377,6 @@ def _variants():
     return out
 
 
-VARIANTS = _variants()
+# Each followed by its aligned twin (``_a16``: every pointer 16-byte aligned; row strides are
+# multiples of the constexpr HEAD_DIM already).
+VARIANTS = with_aligned(_variants(), lambda v: ())

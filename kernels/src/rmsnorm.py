@@ -45,7 +45,7 @@ value is rounded explicitly and the final ``.to(bf16)`` is exact on both.
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, with_aligned
 
 
 @triton.jit
@@ -217,7 +217,9 @@ def _variants():
     return out
 
 
-VARIANTS = _variants()
+# Each followed by its aligned twin (``_a16``: every pointer 16-byte aligned, ``n_cols % 16 == 0``:
+# every hidden size and head dim of the Qwen2.5/Qwen3/Llama families), the launcher's first choice.
+VARIANTS = with_aligned(_variants(), lambda v: ("n_cols",))
 
 
 def block_for(n_cols):
