@@ -56,14 +56,19 @@ class Variant:
 ALIGNED_SUFFIX = "_a16"
 
 
-def aligned(v, ints=()):
-    """``v``'s aligned twin: every pointer parameter (not compiled out) and the integer
-    parameters ``ints`` assumed divisible by 16, named ``v.name + ALIGNED_SUFFIX``."""
-    ptrs = tuple(p for p, t in v.signature.items() if t.startswith("*"))
+def aligned(v, ints=(), ptrs=None):
+    """``v``'s aligned twin: the pointer parameters ``ptrs`` (default: every pointer not compiled
+    out) and the integer parameters ``ints`` assumed divisible by 16, named
+    ``v.name + ALIGNED_SUFFIX``."""
+    if ptrs is None:
+        ptrs = tuple(p for p, t in v.signature.items() if t.startswith("*"))
+    for p in ptrs:
+        if not v.signature.get(p, "").startswith("*"):
+            raise ValueError(f"{v.name}: {p} is not a pointer parameter")
     for i in ints:
         if v.signature.get(i) not in ("i32", "i64"):
             raise ValueError(f"{v.name}: {i} is not an integer parameter")
-    return dataclasses.replace(v, name=v.name + ALIGNED_SUFFIX, divisible=ptrs + tuple(ints))
+    return dataclasses.replace(v, name=v.name + ALIGNED_SUFFIX, divisible=tuple(ptrs) + tuple(ints))
 
 
 def with_aligned(variants, ints):

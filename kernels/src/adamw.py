@@ -132,8 +132,9 @@ VARIANTS = [
     aligned(_adamw("adamw_f32", "fp32", copy=False), ("n",)),
     aligned(_adamw("adamw_master_bf16", "fp32", copy=True), ("n",)),
     aligned(_adamw("adamw_master_bf16_gbf16", "bf16", copy=True), ("n",)),
-    aligned(_sumsq("grad_sumsq_f32", "fp32"), ("n",)),
-    aligned(_sumsq("grad_sumsq_bf16", "bf16"), ("n",)),
+    # (``partials`` is written one f32 per program at the caller's slot: not assumed aligned.)
+    aligned(_sumsq("grad_sumsq_f32", "fp32"), ("n",), ptrs=("grad",)),
+    aligned(_sumsq("grad_sumsq_bf16", "bf16"), ("n",), ptrs=("grad",)),
     Variant("grad_sumsq_total", grad_sumsq_total_kernel,
             {"partials": "*fp32", "out": "*fp64", "n_partials": "i32", "BLOCK": "constexpr"},
             {"BLOCK": TOTAL_BLOCK}, num_warps=4, num_stages=1),
