@@ -15,7 +15,9 @@ target, no timestamps, no absolute paths), so a regeneration equals the committe
 
 Checks (both modes; exit status 1): the PTX ``.entry`` parameter list against the variant's
 signature plus Triton's two trailing scratch pointers, and the cubin's own parameter table
-(count and widths); ``.reqntid`` against the warps; no spill unless the variant allows it;
+(count and widths); ``.reqntid`` against the warps; no spill unless the variant allows it; an
+aligned variant (``Variant.divisible``, compiled with ``tt.divisibility = 16``) has vector
+accesses in its PTX;
 shared memory within the target's limit; at most 1024 threads; no clusters. ``--check`` also
 fails, naming each file, when the committed artifacts differ from the regeneration.
 """
@@ -265,6 +267,14 @@ def manifest_params(v, ptx, entry):
     return want
 
 
+def vector_accesses(ptx):
+    """128/64-bit global loads and stores (``ld/st.global….v4/.v2``) and 16-byte ``cp.async``
+    copies in a PTX text: what the aligned variants are for."""
+    vec = re.findall(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st)\.global\S*\.v[24]\.", ptx, re.M)
+    cp16 = re.findall(r"cp\.async\.\S+\s+\[[^]]*\],\s*\[[^]]*\],\s*16", ptx)
+    return len(vec) + len(cp16)
+
+
 _WORK = []  # the jobs, set before the worker processes fork (a Variant's function does not pickle)
 
 
@@ -301,6 +311,9 @@ def compile_one(i):
         problems.append(f"{md.shared} bytes of shared memory > {smem_limit} ({target})")
     if spills and not v.allow_spills:
         problems.append(f"{spills} bytes of spill stores+loads (ptxas {PTXAS_VERSION})")
+    if v.divisible and not vector_accesses(ptx):
+        problems.append(f"divisible {list(v.divisible)} assumed, but the PTX has no vector load, "
+                        "store or 16-byte cp.async: the aligned variant gains nothing")
     if md.num_ctas != 1:
         problems.append(f"num_ctas {md.num_ctas}: the launcher supports no clusters")
     rec = {
