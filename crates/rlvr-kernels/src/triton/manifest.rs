@@ -321,7 +321,9 @@ impl KernelEntry {
         }
         for p in &self.params {
             let d = p.divisibility;
-            let bad_kind = d > 1 && (p.kind == ParamKind::Scratch || p.dtype.is_float() && p.kind == ParamKind::Scalar);
+            let bad_kind = d > 1
+                && (p.kind == ParamKind::Scratch
+                    || p.dtype.is_float() && p.kind == ParamKind::Scalar);
             if d == 0 || !d.is_power_of_two() || bad_kind {
                 why.push(format!(
                     "parameter {} ({:?} {}) declares divisibility {d} (a power of two, on \

@@ -196,7 +196,8 @@ impl LaunchPlan {
             }
         }
         let want: Vec<u32> = entry.params.iter().map(|p| p.divisibility).collect();
-        if self.divisibility != want && !(self.divisibility.is_empty() && want.iter().all(|d| *d == 1))
+        if self.divisibility != want
+            && !(self.divisibility.is_empty() && want.iter().all(|d| *d == 1))
         {
             return Err(plan_err(format!(
                 "the plan assumes divisibilities {:?}, the entry declares {want:?}",
@@ -622,7 +623,8 @@ mod tests {
         );
         let e = msg(build(8, 30, 48));
         assert!(
-            e.contains("rows_scale_bf16_b128_a16") && e.contains("n_cols = 30 is assumed a multiple of 16"),
+            e.contains("rows_scale_bf16_b128_a16")
+                && e.contains("n_cols = 30 is assumed a multiple of 16"),
             "{e}"
         );
         let e = msg(build(8, 32, 40));
@@ -673,7 +675,10 @@ mod tests {
         let mut bad = aligned_entry();
         bad.params[6].divisibility = 16; // alpha, an f32
         let e = bad.check_launchable().unwrap_err().to_string();
-        assert!(e.contains("parameter alpha") && e.contains("divisibility 16"), "{e}");
+        assert!(
+            e.contains("parameter alpha") && e.contains("divisibility 16"),
+            "{e}"
+        );
         bad.params[6].divisibility = 12;
         assert!(bad.check_launchable().is_err());
     }

@@ -162,7 +162,9 @@ mod tests {
             .clone();
         twin["name"] = aligned_name("rows_scale_bf16_b128").into();
         for p in twin["params"].as_array_mut().unwrap() {
-            if ["x_ptr", "y_ptr", "n_cols", "stride_x", "stride_y"].contains(&p["name"].as_str().unwrap()) {
+            if ["x_ptr", "y_ptr", "n_cols", "stride_x", "stride_y"]
+                .contains(&p["name"].as_str().unwrap())
+            {
                 p["divisibility"] = 16.into();
             }
         }
@@ -188,7 +190,9 @@ mod tests {
         assert_eq!(k.params[0].divisibility, 16);
         assert_eq!(k.params[2].divisibility, 1); // n_rows
         let pick = |s: &RowsScale, bufs: Option<&[(&str, DeviceBuffer)]>, t| {
-            pick(&m, "rows_scale_bf16_b128", t, bufs, |e| plan(e, s)).unwrap().name
+            pick(&m, "rows_scale_bf16_b128", t, bufs, |e| plan(e, s))
+                .unwrap()
+                .name
         };
         let fallback = "rows_scale_bf16_b128";
         let twin = "rows_scale_bf16_b128_a16";
@@ -219,9 +223,14 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(e.contains("rows_scale_bf16_b128") && e.contains("refused"), "{e}");
+        assert!(
+            e.contains("rows_scale_bf16_b128") && e.contains("refused"),
+            "{e}"
+        );
         assert!(!e.contains("_a16"), "{e}");
-        let e = super::pick(&m, "no_such", Target::Sm80, None, |e| plan(e, &shape(8, 160)));
+        let e = super::pick(&m, "no_such", Target::Sm80, None, |e| {
+            plan(e, &shape(8, 160))
+        });
         assert!(e.unwrap_err().to_string().contains("no_such"));
     }
 
@@ -236,7 +245,10 @@ mod tests {
         for k in m.kernels.iter().filter(|k| k.is_aligned()) {
             twins += 1;
             let base = k.name.strip_suffix(ALIGNED_SUFFIX).unwrap_or_else(|| {
-                panic!("{} assumes divisibility but is not named *{ALIGNED_SUFFIX}", k.name)
+                panic!(
+                    "{} assumes divisibility but is not named *{ALIGNED_SUFFIX}",
+                    k.name
+                )
             });
             let f = m.entry(base, k.target).unwrap();
             assert!(!f.is_aligned(), "{base}");
