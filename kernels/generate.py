@@ -271,8 +271,8 @@ def vector_accesses(ptx):
     """128/64-bit global loads and stores (``ld/st.global….v4/.v2``) and 16-byte ``cp.async``
     copies in a PTX text: what the aligned variants are for."""
     vec = re.findall(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st)\.global\S*\.v[24]\.", ptx, re.M)
-    cp16 = re.findall(r"cp\.async\.\S+\s+\[[^]]*\],\s*\[[^]]*\],\s*16", ptx)
-    return len(vec) + len(cp16)
+    sizes = re.findall(r"cp\.async\.\S+\s+\[[^]]*\],\s*\[[^]]*\],\s*(0x[0-9a-fA-F]+|\d+)", ptx)
+    return len(vec) + sum(int(n, 0) == 16 for n in sizes)
 
 
 _WORK = []  # the jobs, set before the worker processes fork (a Variant's function does not pickle)
