@@ -90,7 +90,7 @@ pub fn divisibility_violation(param: &str, arg: &Arg, d: u32) -> Option<String> 
             dtype,
         } => {
             let bytes = (*offset_elems as u64) * dtype.size() as u64;
-            (bytes % d64 != 0).then(|| {
+            (!bytes.is_multiple_of(d64)).then(|| {
                 format!(
                     "{param} assumes a {d}-byte-aligned address, but it points {offset_elems} \
                      elements ({bytes} bytes) into buffer {buffer}: use the unaligned variant"
@@ -272,7 +272,7 @@ impl LaunchPlan {
                         )));
                     }
                     let addr = b.ptr + (*offset_elems * dtype.size()) as u64;
-                    if d > 1 && addr % u64::from(d) != 0 {
+                    if d > 1 && !addr.is_multiple_of(u64::from(d)) {
                         return Err(err(format!(
                             "{param} assumes a {d}-byte-aligned address, but buffer {buffer} \
                              + {offset_elems} elements is at {addr:#x}: use the unaligned variant"
