@@ -15,7 +15,9 @@ target, no timestamps, no absolute paths), so a regeneration equals the committe
 
 Checks (both modes; exit status 1): the PTX ``.entry`` parameter list against the variant's
 signature plus Triton's two trailing scratch pointers, and the cubin's own parameter table
-(count and widths); ``.reqntid`` against the warps; no spill unless the variant allows it;
+(count and widths); ``.reqntid`` against the warps; no spill unless the variant allows it; an
+aligned variant (``Variant.divisible``, compiled with ``tt.divisibility = 16``) has vector
+accesses in its PTX;
 shared memory within the target's limit; at most 1024 threads; no clusters. ``--check`` also
 fails, naming each file, when the committed artifacts differ from the regeneration.
 """
@@ -69,6 +71,8 @@ PTXAS_MEMBER = "nvidia/cu13/bin/ptxas"
 PTXAS_CACHE = os.path.join(ROOT, "target", "kernels-ptxas", PTXAS_VERSION)
 # Triton 3.9 appends two pointers to every kernel's parameters (global and profile scratch).
 SCRATCH_PARAMS = ("global_scratch", "profile_scratch")
+# What ``Variant.divisible`` assumes: pointers 16-byte aligned, integers multiples of 16.
+DIVISIBILITY = 16
 
 
 class GenError(Exception):
@@ -206,6 +210,21 @@ def check_signature(v):
     for t in v.targets:
         if t not in TARGETS:
             raise GenError(f"{v.name}: unknown target {t}")
+    for p in v.divisible:
+        t = v.signature.get(p)
+        if t is None or t == "constexpr" or not (t.startswith("*") or t in ("i32", "i64")):
+            raise GenError(f"{v.name}: divisible parameter {p} is {t or 'not a parameter'}; only "
+                           "pointers and i32/i64 parameters can be assumed divisible by 16")
+    if len(set(v.divisible)) != len(v.divisible):
+        raise GenError(f"{v.name}: divisible lists a parameter twice: {v.divisible}")
+
+
+def divisibility_attrs(v):
+    """``ASTSource``'s ``attrs``: ``{(index,): [["tt.divisibility", 16]]}`` for each parameter of
+    ``v.divisible``, keyed by its index in the kernel's full parameter list (constexprs included),
+    the form Triton 3.9's own launcher builds from its "D" specialisation."""
+    args = list(v.fn.arg_names)
+    return {(args.index(p),): [["tt.divisibility", DIVISIBILITY]] for p in v.divisible}
 
 
 # PTX parameter types a signature type compiles to.
@@ -232,6 +251,9 @@ def manifest_params(v, ptx, entry):
             if t not in _PTX_TYPE:
                 raise GenError(f"{v.name}: unsupported scalar type {t} for {name}")
             want.append({"name": name, "kind": "scalar", "dtype": t})
+        if name in v.divisible:
+            # Optional (absent = 1): pointer address in bytes / integer value, a multiple of it.
+            want[-1]["divisibility"] = DIVISIBILITY
     want += [{"name": s, "kind": "scratch", "dtype": "u8"} for s in SCRATCH_PARAMS]
     got = ptx_params(ptx, entry)
     if len(got) != len(want):
@@ -245,6 +267,14 @@ def manifest_params(v, ptx, entry):
     return want
 
 
+def vector_accesses(ptx):
+    """128/64-bit global loads and stores (``ld/st.global….v4/.v2``) and 16-byte ``cp.async``
+    copies in a PTX text: what the aligned variants are for."""
+    vec = re.findall(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st)\.global\S*\.v[24]\.", ptx, re.M)
+    sizes = re.findall(r"cp\.async\.\S+\s+\[[^]]*\],\s*\[[^]]*\],\s*(0x[0-9a-fA-F]+|\d+)", ptx)
+    return len(vec) + sum(int(n, 0) == 16 for n in sizes)
+
+
 _WORK = []  # the jobs, set before the worker processes fork (a Variant's function does not pickle)
 
 
@@ -252,7 +282,8 @@ def compile_one(i):
     """Job i (a variant and a target): compiled, assembled and described (in a worker process)."""
     path, v, target, ptxas = _WORK[i]
     cc, gpu_name, smem_limit = TARGET_INFO[target]
-    src = ASTSource(v.fn, dict(v.signature), constexprs=dict(v.constexprs))
+    src = ASTSource(v.fn, dict(v.signature), constexprs=dict(v.constexprs),
+                    attrs=divisibility_attrs(v))
     opts = {"num_warps": v.num_warps, "num_stages": v.num_stages, "ptx_version": PTX_VERSION,
             "enable_fp_fusion": v.fp_fusion}
     t0 = time.time()
@@ -280,6 +311,9 @@ def compile_one(i):
         problems.append(f"{md.shared} bytes of shared memory > {smem_limit} ({target})")
     if spills and not v.allow_spills:
         problems.append(f"{spills} bytes of spill stores+loads (ptxas {PTXAS_VERSION})")
+    if v.divisible and not vector_accesses(ptx):
+        problems.append(f"divisible {list(v.divisible)} assumed, but the PTX has no vector load, "
+                        "store or 16-byte cp.async: the aligned variant gains nothing")
     if md.num_ctas != 1:
         problems.append(f"num_ctas {md.num_ctas}: the launcher supports no clusters")
     rec = {

@@ -141,8 +141,11 @@ GUARD_BYTE = 0x5A
 
 
 def _guarded(arr):
-    """(backing array with guard bands, the view of ``arr``'s elements inside it, band length)."""
-    g = max(GUARD_MIN, arr.size)
+    """(backing array with guard bands, the view of ``arr``'s elements inside it, band length).
+    The band is a multiple of 16 elements, so the view starts 16-byte aligned on the device
+    (``replay_gpu.py``) when the backing allocation does, as the aligned (``_a16``) variants
+    assume."""
+    g = -(-max(GUARD_MIN, arr.size) // 16) * 16
     back = np.empty(arr.size + 2 * g, dtype=arr.dtype)
     back.view(np.uint8)[:] = GUARD_BYTE
     back[g:g + arr.size] = arr

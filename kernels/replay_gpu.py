@@ -19,6 +19,7 @@ the packing were checked on the CPU).
 """
 
 import ctypes
+import json
 import os
 import sys
 
@@ -122,6 +123,28 @@ class Driver:
         self._call("cuCtxSynchronize")
 
 
+_MANIFEST = {}
+
+
+def check_divisibility(rec, vals):
+    """Refuses, naming the parameter, an argument that breaks the manifest entry's declared
+    ``divisibility`` (the aligned ``_a16`` variants: a misaligned vector access would be a CUDA
+    error that poisons the context for every later record). Records of entries the manifest
+    lacks (the crate's fixture family) are not checked."""
+    if not _MANIFEST:
+        with open(os.path.join(BUILD, "manifest.json")) as f:
+            for k in json.load(f)["kernels"]:
+                _MANIFEST[(k["name"], k["target"])] = k
+    entry = _MANIFEST.get((rec["name"], rec["target"]))
+    if entry is None:
+        return
+    for p, a, v in zip(entry["params"], rec["args"], vals):
+        d = p.get("divisibility", 1)
+        if d > 1 and v.value % d:
+            raise GpuError(f"{rec['label']}: {p['name']} = {v.value:#x} is not a multiple of {d} "
+                           f"({rec['name']} assumes it)")
+
+
 def run(dir_, drv, target):
     """Launches one record (``drv`` None: dry run). Returns {buffer: max abs error}, or a reason
     it was skipped (a str)."""
@@ -137,14 +160,16 @@ def run(dir_, drv, target):
         base = 1 << 32
         for n, (back, _, g) in guarded.items():
             fake[n] = base + g * back.itemsize
-            base += back.nbytes + 4096
-        _, params = pack_args(rec, fake)
+            base += -(-(back.nbytes + 4096) // 256) * 256  # cuMemAlloc: 256-byte aligned
+        vals, params = pack_args(rec, fake)
         assert len(params) == len(rec["args"])
+        check_divisibility(rec, vals)
         return {n: 0.0 for n in rec["expected"]}
     ptrs = {n: drv.upload(back) for n, (back, _, _) in guarded.items()}
     try:
         starts = {n: ptrs[n] + g * back.itemsize for n, (back, _, g) in guarded.items()}
         vals, params = pack_args(rec, starts)
+        check_divisibility(rec, vals)
         _, fn = drv.function(cubin, rec["entry"], rec["shared_bytes"])
         drv.launch(fn, rec["grid"], rec["block"], rec["shared_bytes"], params)
         for n, (back, _, _) in guarded.items():

@@ -8,6 +8,7 @@ The name is the entry point the Rust launcher asks for: ``<kernel>_<what varies>
 all modules.
 """
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 
@@ -29,6 +30,12 @@ class Variant:
     # ``generate.py`` refuses a compiled form whose ptxas reports spill stores or loads unless its
     # variant sets this (a spill is a performance regression the launcher cannot see).
     allow_spills: bool = False
+    # Parameters the compiled code assumes divisible by 16 (Triton's ``tt.divisibility = 16``,
+    # passed as ``ASTSource(attrs=...)``): a pointer's address is a multiple of 16 bytes, an
+    # integer's value a multiple of 16. What lets Triton emit 128-bit loads and stores; the
+    # manifest lists it per parameter (``"divisibility": 16``) and the launcher refuses arguments
+    # that break it. Empty: nothing assumed (any element offset, any length).
+    divisible: tuple = ()
 
     def __post_init__(self):
         # A module may list only the non-constexpr parameters in ``signature``: the full signature,
@@ -42,3 +49,31 @@ class Variant:
             return  # the generator names the mismatch
         full = {p: (self.signature[p] if p in self.signature else "constexpr") for p in params}
         object.__setattr__(self, "signature", full)
+
+
+# The name suffix of the aligned twin of a variant (``aligned``): the launcher takes it when every
+# pointer and listed integer qualifies, else the variant without the suffix (the fallback).
+ALIGNED_SUFFIX = "_a16"
+
+
+def aligned(v, ints=(), ptrs=None):
+    """``v``'s aligned twin: the pointer parameters ``ptrs`` (default: every pointer not compiled
+    out) and the integer parameters ``ints`` assumed divisible by 16, named
+    ``v.name + ALIGNED_SUFFIX``."""
+    if ptrs is None:
+        ptrs = tuple(p for p, t in v.signature.items() if t.startswith("*"))
+    for p in ptrs:
+        if not v.signature.get(p, "").startswith("*"):
+            raise ValueError(f"{v.name}: {p} is not a pointer parameter")
+    for i in ints:
+        if v.signature.get(i) not in ("i32", "i64"):
+            raise ValueError(f"{v.name}: {i} is not an integer parameter")
+    return dataclasses.replace(v, name=v.name + ALIGNED_SUFFIX, divisible=tuple(ptrs) + tuple(ints))
+
+
+def with_aligned(variants, ints):
+    """Each variant followed by its aligned twin; ``ints(v)`` gives the twin's integer parameters."""
+    out = []
+    for v in variants:
+        out += [v, aligned(v, ints(v))]
+    return out

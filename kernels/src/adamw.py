@@ -34,7 +34,7 @@ so two runs give the same bits.
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, aligned
 
 
 @triton.jit
@@ -127,6 +127,14 @@ VARIANTS = [
     _adamw("adamw_master_bf16_gbf16", "bf16", copy=True),
     _sumsq("grad_sumsq_f32", "fp32"),
     _sumsq("grad_sumsq_bf16", "bf16"),
+    # Aligned twins (``_a16``): every pointer 16-byte aligned and ``n % 16 == 0`` (the mask then
+    # keeps whole 16-element groups, so loads and stores are 128-bit). The launcher's first choice.
+    aligned(_adamw("adamw_f32", "fp32", copy=False), ("n",)),
+    aligned(_adamw("adamw_master_bf16", "fp32", copy=True), ("n",)),
+    aligned(_adamw("adamw_master_bf16_gbf16", "bf16", copy=True), ("n",)),
+    # (``partials`` is written one f32 per program at the caller's slot: not assumed aligned.)
+    aligned(_sumsq("grad_sumsq_f32", "fp32"), ("n",), ptrs=("grad",)),
+    aligned(_sumsq("grad_sumsq_bf16", "bf16"), ("n",), ptrs=("grad",)),
     Variant("grad_sumsq_total", grad_sumsq_total_kernel,
             {"partials": "*fp32", "out": "*fp64", "n_partials": "i32", "BLOCK": "constexpr"},
             {"BLOCK": TOTAL_BLOCK}, num_warps=4, num_stages=1),

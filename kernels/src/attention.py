@@ -35,10 +35,12 @@ Layout (kernels/README.md, "## Attention", is the caller's reference):
   ``len_s``; ``k_blocks [NBk, 2]``: the same with ``BLOCK_N`` of the dK/dV variant.
 """
 
+import dataclasses
+
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, aligned
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -377,4 +379,33 @@ def _variants():
     return out
 
 
-VARIANTS = _variants()
+# Aligned twins (``_a16``: every pointer 16-byte aligned; the row strides are multiples of the
+# constexpr HEAD_DIM already): the fallback's configuration, except where that spills with the
+# vectorised loads (CUDA 13.0 ptxas), per (name, target): fields of the Variant or constexprs to
+# change, or None for no twin (the launcher then takes the fallback on that target).
+_TWIN_CHANGES = {
+    ("attn_bwd_dkdv_bf16_d64", "sm90a"): {"num_stages": 1},      # 2 stages: 8 bytes of spills
+    ("attn_bwd_dkdv_bf16_d64", "sm80"): {"BLOCK_M": 32},         # 64: 20 bytes
+    ("attn_bwd_dkdv_f32_d128", "sm90a"): {"num_warps": 8},       # 4 warps: 68 bytes
+    ("attn_bwd_dkdv_f32_d64", "sm80"): None,  # 40-112 bytes at 4 or 8 warps, 1 or 2 stages, BLOCK_N 16
+}
+
+
+def _with_twins(variants):
+    out = []
+    for v in variants:
+        out.append(v)
+        if not any((v.name, t) in _TWIN_CHANGES for t in v.targets):
+            out.append(aligned(v))
+            continue
+        for t in v.targets:
+            change = _TWIN_CHANGES.get((v.name, t), {})
+            if change is None:
+                continue
+            fields = {k: c for k, c in change.items() if k in ("num_warps", "num_stages")}
+            consts = {**v.constexprs, **{k: c for k, c in change.items() if k not in fields}}
+            out.append(aligned(dataclasses.replace(v, targets=(t, ), constexprs=consts, **fields)))
+    return out
+
+
+VARIANTS = _with_twins(_variants())

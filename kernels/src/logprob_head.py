@@ -61,7 +61,7 @@ libdevice's ``logf`` (≤ 1 ulp); under the interpreter both are numpy's.
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, aligned
 
 
 @triton.jit
@@ -176,4 +176,11 @@ VARIANTS = [
             {"BLOCK": FINISH_BLOCK}, num_warps=4, num_stages=1),
     _bwd("logprob_bwd_f32", "fp32"),
     _bwd("logprob_bwd_bf16", "bf16"),
+    # Aligned twins (``_a16``): every pointer 16-byte aligned and the chunk's ``n_cols`` and
+    # ``stride_z`` multiples of 16 (Qwen2.5's vocabulary 151936 = 16·9496). The
+    # launcher's first choice.
+    aligned(_fwd("logprob_fwd_f32", "fp32"), ("n_cols", "stride_z")),
+    aligned(_fwd("logprob_fwd_bf16", "bf16"), ("n_cols", "stride_z")),
+    aligned(_bwd("logprob_bwd_f32", "fp32"), ("n_cols", "stride_z")),
+    aligned(_bwd("logprob_bwd_bf16", "bf16"), ("n_cols", "stride_z")),
 ]

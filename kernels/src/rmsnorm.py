@@ -42,10 +42,12 @@ bf16 rounding is done by :func:`_round_bf16` (integer round-to-nearest-even on t
 value is rounded explicitly and the final ``.to(bf16)`` is exact on both.
 """
 
+import dataclasses
+
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, aligned
 
 
 @triton.jit
@@ -217,7 +219,24 @@ def _variants():
     return out
 
 
-VARIANTS = _variants()
+def _with_twins(variants):
+    """Each row-kernel variant of BLOCK ≥ 1024 followed by its aligned twin (``_a16``: every
+    pointer 16-byte aligned, ``n_cols % 16 == 0``, as every hidden size of the Qwen2.5/Qwen3/Llama
+    families is), the launcher's first choice. None for BLOCK 128 and the dw kernel: one element
+    per thread there, nothing to vectorise. ``rmsnorm_fwd_f32_h2048_a16`` takes 8 warps (at 4 it
+    spills 28 bytes on sm_90a)."""
+    out = []
+    for v in variants:
+        out.append(v)
+        if v.constexprs["BLOCK"] >= 1024 and v.fn is not rmsnorm_dw_kernel:
+            twin = aligned(v, ("n_cols",))
+            if v.name == "rmsnorm_fwd_f32_h2048":
+                twin = dataclasses.replace(twin, num_warps=8)
+            out.append(twin)
+    return out
+
+
+VARIANTS = _with_twins(_variants())
 
 
 def block_for(n_cols):

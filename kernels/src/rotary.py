@@ -34,7 +34,7 @@ may be ``q``/``k`` themselves (in place): each program reads a head block before
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, with_aligned
 
 
 @triton.jit
@@ -142,4 +142,6 @@ def _variants():
     return out
 
 
-VARIANTS = _variants()
+# Each followed by its aligned twin (``_a16``: every pointer 16-byte aligned; the strides are
+# multiples of the constexpr HEAD_DIM already).
+VARIANTS = with_aligned(_variants(), lambda v: ())

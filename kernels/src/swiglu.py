@@ -35,7 +35,7 @@ Layout: ``g``, ``u``, ``a`` (and ``da``, ``dg``, ``du``) ``[n_rows, n_cols]`` co
 import triton
 import triton.language as tl
 
-from kernels.variant import Variant
+from kernels.variant import Variant, with_aligned
 
 
 @triton.jit
@@ -117,4 +117,5 @@ def _variants():
     return out
 
 
-VARIANTS = _variants()
+# Each followed by its aligned twin (``_a16``: pointers 16-byte aligned, ``n_cols % 16 == 0``).
+VARIANTS = with_aligned(_variants(), lambda v: ("n_cols",))

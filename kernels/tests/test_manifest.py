@@ -11,6 +11,7 @@ import os
 import pytest
 
 from kernels import generate
+from kernels.variant import ALIGNED_SUFFIX
 
 MANIFEST = os.path.join(generate.BUILD, "manifest.json")
 
@@ -47,6 +48,8 @@ def test_every_variant_is_built(manifest):
             assert [p["name"] for p in e["params"][-2:]] == list(generate.SCRATCH_PARAMS)
             assert e["constexprs"] == json.loads(json.dumps(v.constexprs))
             assert (e["num_warps"], e["num_stages"], e["fp_fusion"]) == (v.num_warps, v.num_stages, v.fp_fusion)
+            div = {p["name"]: p["divisibility"] for p in e["params"] if "divisibility" in p}
+            assert div == {n: generate.DIVISIBILITY for n in v.divisible}, (v.name, div)
     assert set(entries) == want, f"stale entries: {set(entries) - want}"
 
 
@@ -66,3 +69,24 @@ def test_entries_fit_their_targets(manifest):
         assert e["global_scratch_bytes"] == 0 and e["profile_scratch_bytes"] == 0
         assert e["num_ctas"] == 1 and e["cluster_dims"] == [1, 1, 1]
         assert os.path.getsize(os.path.join(generate.BUILD, e["cubin"])) > 0
+
+
+def test_aligned_twins(manifest):
+    """Every entry that assumes divisibility is an ``_a16`` twin of an entry (same target,
+    entry point and parameters) that assumes none, and its PTX has vector accesses."""
+    entries = {(k["name"], k["target"]): k for k in manifest["kernels"]}
+    twins = 0
+    for (name, target), e in entries.items():
+        if not any("divisibility" in p for p in e["params"]):
+            assert not name.endswith(ALIGNED_SUFFIX), name
+            continue
+        twins += 1
+        assert name.endswith(ALIGNED_SUFFIX), name
+        f = entries.get((name[:-len(ALIGNED_SUFFIX)], target))
+        assert f is not None, f"{name} ({target}) has no fallback"
+        assert not any("divisibility" in p for p in f["params"])
+        strip = lambda k: [(p["name"], p["kind"], p["dtype"]) for p in k["params"]]
+        assert (strip(e), e["entry"]) == (strip(f), f["entry"]), name
+        with open(os.path.join(generate.BUILD, e["ptx"])) as fh:
+            assert generate.vector_accesses(fh.read()) > 0, f"{name} ({target}): no vector access"
+    assert twins > 0

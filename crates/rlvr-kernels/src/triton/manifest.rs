@@ -198,6 +198,21 @@ pub struct Param {
     pub kind: ParamKind,
     /// The pointee type of a pointer, the type of a scalar, `u8` for scratch.
     pub dtype: DType,
+    /// What the compiled code assumes the argument divisible by (Triton's `tt.divisibility`):
+    /// a pointer's device address in bytes, an integer scalar's value. Optional in the file
+    /// (absent = 1, nothing assumed); 16 for the aligned (`_a16`) variants' pointers and listed
+    /// integers. The plan builder and [`super::LaunchPlan::resolve`] refuse arguments that
+    /// break it.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub divisibility: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(d: &u32) -> bool {
+    *d == 1
 }
 
 /// One compiled kernel: a variant for one target (a manifest `kernels[]` item).
@@ -304,6 +319,19 @@ impl KernelEntry {
                 self.target.max_shared_bytes()
             ));
         }
+        for p in &self.params {
+            let d = p.divisibility;
+            let bad_kind = d > 1
+                && (p.kind == ParamKind::Scratch
+                    || p.dtype.is_float() && p.kind == ParamKind::Scalar);
+            if d == 0 || !d.is_power_of_two() || bad_kind {
+                why.push(format!(
+                    "parameter {} ({:?} {}) declares divisibility {d} (a power of two, on \
+                     pointers and integers only)",
+                    p.name, p.kind, p.dtype
+                ));
+            }
+        }
         let scratch: Vec<usize> = (self.params.iter().enumerate())
             .filter(|(_, p)| p.kind == ParamKind::Scratch)
             .map(|(i, _)| i)
@@ -320,6 +348,12 @@ impl KernelEntry {
         } else {
             Err(self.unsupported(why.join("; ")))
         }
+    }
+
+    /// Whether the compiled code assumes any parameter divisible (an aligned `_a16` variant:
+    /// some parameter's `divisibility` is over 1).
+    pub fn is_aligned(&self) -> bool {
+        self.params.iter().any(|p| p.divisibility > 1)
     }
 
     /// Checks the entry's shared memory against a device's opt-in limit per block, bytes

@@ -75,6 +75,40 @@ impl Arg {
     }
 }
 
+/// Why `arg` breaks parameter `param`'s declared divisibility `d` (the aligned variants'
+/// `tt.divisibility = 16`): a pointer whose element offset is not a multiple of `d` bytes, an
+/// integer not a multiple of `d`. `None` when it satisfies it (always for `d <= 1`).
+pub fn divisibility_violation(param: &str, arg: &Arg, d: u32) -> Option<String> {
+    if d <= 1 {
+        return None;
+    }
+    let d64 = u64::from(d);
+    match arg {
+        Arg::Ptr {
+            buffer,
+            offset_elems,
+            dtype,
+        } => {
+            let bytes = (*offset_elems as u64) * dtype.size() as u64;
+            (!bytes.is_multiple_of(d64)).then(|| {
+                format!(
+                    "{param} assumes a {d}-byte-aligned address, but it points {offset_elems} \
+                     elements ({bytes} bytes) into buffer {buffer}: use the unaligned variant"
+                )
+            })
+        }
+        Arg::I32 { value } => (i64::from(*value) % i64::from(d) != 0).then(|| {
+            format!("{param} = {value} is assumed a multiple of {d}: use the unaligned variant")
+        }),
+        Arg::I64 { value } => (*value % i64::from(d) != 0).then(|| {
+            format!("{param} = {value} is assumed a multiple of {d}: use the unaligned variant")
+        }),
+        Arg::F32 { .. } | Arg::Scratch => Some(format!(
+            "{param} declares divisibility {d}, which only pointers and integers can have"
+        )),
+    }
+}
+
 /// One kernel launch, fully described: everything the CUDA launcher passes to `cuLaunchKernel`
 /// except the buffers' device addresses.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,6 +129,11 @@ pub struct LaunchPlan {
     pub args: Vec<Arg>,
     /// The parameter names, parallel to `args` (the manifest's).
     pub params: Vec<String>,
+    /// What each parameter is assumed divisible by, parallel to `args` (the manifest's
+    /// `divisibility`, 1 = nothing): [`LaunchPlan::resolve`] refuses a device address that is
+    /// not a multiple of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub divisibility: Vec<u32>,
 }
 
 impl LaunchPlan {
@@ -152,6 +191,18 @@ impl LaunchPlan {
                     p.dtype
                 )));
             }
+            if let Some(why) = divisibility_violation(n, a, p.divisibility) {
+                return Err(plan_err(why));
+            }
+        }
+        let want: Vec<u32> = entry.params.iter().map(|p| p.divisibility).collect();
+        if self.divisibility != want
+            && !(self.divisibility.is_empty() && want.iter().all(|d| *d == 1))
+        {
+            return Err(plan_err(format!(
+                "the plan assumes divisibilities {:?}, the entry declares {want:?}",
+                self.divisibility
+            )));
         }
         check_grid(&entry.name, self.grid)
     }
@@ -190,14 +241,20 @@ impl LaunchPlan {
     /// pointers null. Pure: what the CUDA launcher passes, computed and tested without a GPU.
     ///
     /// Errors: [`TritonError::Plan`] naming the parameter, for a buffer not given, of another
-    /// dtype, or shorter than the pointer's offset.
+    /// dtype, or shorter than the pointer's offset, and for an argument that breaks the
+    /// parameter's declared divisibility (an aligned variant's pointer at an address that is
+    /// not a multiple of 16 bytes, an integer not a multiple of 16).
     pub fn resolve(&self, buffers: &[(&str, DeviceBuffer)]) -> Result<Vec<RawArg>> {
         let err = |why: String| TritonError::Plan {
             name: self.name.clone(),
             why,
         };
         let mut out = Vec::with_capacity(self.args.len());
-        for (a, param) in self.args.iter().zip(&self.params) {
+        for (i, (a, param)) in self.args.iter().zip(&self.params).enumerate() {
+            let d = self.divisibility.get(i).copied().unwrap_or(1);
+            if let Some(why) = divisibility_violation(param, a, d) {
+                return Err(err(why));
+            }
             out.push(match a {
                 Arg::Ptr {
                     buffer,
@@ -214,7 +271,14 @@ impl LaunchPlan {
                             b.len, b.dtype
                         )));
                     }
-                    RawArg::U64(b.ptr + (*offset_elems * dtype.size()) as u64)
+                    let addr = b.ptr + (*offset_elems * dtype.size()) as u64;
+                    if d > 1 && !addr.is_multiple_of(u64::from(d)) {
+                        return Err(err(format!(
+                            "{param} assumes a {d}-byte-aligned address, but buffer {buffer} \
+                             + {offset_elems} elements is at {addr:#x}: use the unaligned variant"
+                        )));
+                    }
+                    RawArg::U64(addr)
                 }
                 Arg::I32 { value } => RawArg::I32(*value),
                 Arg::I64 { value } => RawArg::I64(*value),
@@ -308,7 +372,11 @@ impl<'a> PlanBuilder<'a> {
                     p.dtype
                 ))
             }
-            Some(_) => {
+            Some(p) => {
+                if let Some(why) = divisibility_violation(name, &arg, p.divisibility) {
+                    self.error = Some(why);
+                    return self;
+                }
                 self.args.push(arg);
                 self.params.push(name.to_string());
             }
@@ -367,7 +435,8 @@ impl<'a> PlanBuilder<'a> {
     /// The plan, launched on `grid`.
     ///
     /// Errors: [`TritonError::Plan`] naming the entry and the first argument that did not
-    /// match its parameter (wrong name, kind, dtype or width; one too many), a missing
+    /// match its parameter (wrong name, kind, dtype or width; one too many; an element offset
+    /// or integer that breaks the parameter's declared divisibility), a missing
     /// argument, or a grid dimension of 0 or over CUDA's limit.
     pub fn finish(self, grid: [u32; 3]) -> Result<LaunchPlan> {
         let e = self.entry;
@@ -402,6 +471,11 @@ impl<'a> PlanBuilder<'a> {
             shared_bytes: e.shared_bytes,
             args,
             params,
+            divisibility: if e.params.iter().any(|p| p.divisibility > 1) {
+                e.params.iter().map(|p| p.divisibility).collect()
+            } else {
+                Vec::new()
+            },
         };
         plan.check_against(e)?;
         Ok(plan)
@@ -504,6 +578,109 @@ mod tests {
         p.args.swap(2, 6);
         let e = p.check_against(&k).unwrap_err().to_string();
         assert!(e.contains("argument 2 is n_rows (f32 scalar)"), "{e}");
+    }
+
+    /// The fixture's bf16 entry as an aligned twin: both pointers and `n_cols`, `stride_x`,
+    /// `stride_y` assumed divisible by 16.
+    pub(crate) fn aligned_entry() -> KernelEntry {
+        let mut k = entry();
+        k.name.push_str("_a16");
+        for p in &mut k.params {
+            if ["x_ptr", "y_ptr", "n_cols", "stride_x", "stride_y"].contains(&p.name.as_str()) {
+                p.divisibility = 16;
+            }
+        }
+        k
+    }
+
+    #[test]
+    fn divisibility_is_refused_naming_entry_and_parameter() {
+        let k = aligned_entry();
+        k.check_launchable().unwrap();
+        assert!(k.is_aligned() && !entry().is_aligned());
+        let build = |x_off: usize, cols: i32, stride_y: i32| {
+            PlanBuilder::new(&k)
+                .buf_at("x_ptr", "x", x_off)
+                .buf("y_ptr", "y")
+                .i32("n_rows", 3) // not declared: any value
+                .i32("n_cols", cols)
+                .i32("stride_x", 32)
+                .i32("stride_y", stride_y)
+                .f32("alpha", 1.0)
+                .finish([3, 1, 1])
+        };
+        // bf16: an offset of 8 elements is 16 bytes; n_rows = 3 is not declared.
+        let p = build(8, 32, 48).unwrap();
+        assert_eq!(p.divisibility, vec![16, 16, 1, 16, 16, 16, 1, 1, 1]);
+        p.check_against(&k).unwrap();
+        let msg = |r: Result<LaunchPlan>| r.unwrap_err().to_string();
+        let e = msg(build(4, 32, 48));
+        assert!(
+            e.contains("rows_scale_bf16_b128_a16")
+                && e.contains("x_ptr assumes a 16-byte-aligned address")
+                && e.contains("4 elements (8 bytes) into buffer x"),
+            "{e}"
+        );
+        let e = msg(build(8, 30, 48));
+        assert!(
+            e.contains("rows_scale_bf16_b128_a16")
+                && e.contains("n_cols = 30 is assumed a multiple of 16"),
+            "{e}"
+        );
+        let e = msg(build(8, 32, 40));
+        assert!(e.contains("stride_y = 40"), "{e}");
+        // The same arguments for the fallback (no divisibility declared) are fine, and its plan
+        // carries no divisibility list (the plans of unaligned entries are unchanged).
+        let f = entry();
+        let p = PlanBuilder::new(&f)
+            .buf_at("x_ptr", "x", 4)
+            .buf("y_ptr", "y")
+            .i32("n_rows", 3)
+            .i32("n_cols", 30)
+            .i32("stride_x", 30)
+            .i32("stride_y", 30)
+            .f32("alpha", 1.0)
+            .finish([3, 1, 1])
+            .unwrap();
+        assert!(p.divisibility.is_empty());
+        // A plan edited after building is caught before a launch.
+        let mut p = build(8, 32, 48).unwrap();
+        p.args[3] = Arg::I32 { value: 33 };
+        let e = p.check_against(&k).unwrap_err().to_string();
+        assert!(e.contains("n_cols = 33"), "{e}");
+        let mut p = build(8, 32, 48).unwrap();
+        p.divisibility.clear();
+        let e = p.check_against(&k).unwrap_err().to_string();
+        assert!(e.contains("the plan assumes divisibilities []"), "{e}");
+        // The device addresses: element offset fine, but the buffer's own start not aligned
+        // (a tensor view starting 2 elements into its allocation).
+        let p = build(8, 32, 48).unwrap();
+        let buf = |ptr, len| DeviceBuffer {
+            ptr,
+            dtype: DType::Bf16,
+            len,
+        };
+        p.resolve(&[("x", buf(0x1000, 200)), ("y", buf(0x2000, 200))])
+            .unwrap();
+        let e = p
+            .resolve(&[("x", buf(0x1004, 200)), ("y", buf(0x2000, 200))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rows_scale_bf16_b128_a16")
+                && e.contains("x_ptr assumes a 16-byte-aligned address, but buffer x + 8 elements is at 0x1014"),
+            "{e}"
+        );
+        // A declared divisibility the launcher cannot honour is refused with the entry.
+        let mut bad = aligned_entry();
+        bad.params[6].divisibility = 16; // alpha, an f32
+        let e = bad.check_launchable().unwrap_err().to_string();
+        assert!(
+            e.contains("parameter alpha") && e.contains("divisibility 16"),
+            "{e}"
+        );
+        bad.params[6].divisibility = 12;
+        assert!(bad.check_launchable().is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::families::{adamw, attention, logprob_head, rmsnorm, rotary, swiglu};
+use super::families::{adamw, aligned_name, attention, logprob_head, rmsnorm, rotary, swiglu};
 use super::manifest::{DType, KernelEntry, Manifest, Target};
 use super::plan::LaunchPlan;
 use super::record::{HostBuffer, Recorder, Tolerance};
@@ -57,16 +57,41 @@ struct Rec<'a> {
     rec: &'a Recorder,
     m: &'a Manifest,
     out: Vec<PathBuf>,
+    /// Recording the aligned twins (`_a16`): [`Rec::entry`] gives a variant's twin where the
+    /// manifest has one, the labels get the suffix, and the shapes are multiples of 16.
+    aligned: bool,
 }
 
 impl<'a> Rec<'a> {
     fn entry(&self, name: &str) -> &'a KernelEntry {
+        if self.aligned {
+            if let Ok(k) = self.m.entry(&aligned_name(name), Target::Sm90a) {
+                return k;
+            }
+        }
         (self.m.entry(name, Target::Sm90a))
             .unwrap_or_else(|e| panic!("the plan builders' variant names drifted: {e}"))
     }
 
+    /// `unaligned` while recording the fallbacks, `aligned` while recording the twins.
+    fn len(&self, unaligned: usize, aligned: usize) -> usize {
+        if self.aligned {
+            aligned
+        } else {
+            unaligned
+        }
+    }
+
     fn write(&mut self, label: &str, k: &KernelEntry, plan: &LaunchPlan, b: Bufs, e: Expected) {
-        let d = self.rec.record(label, k, plan, &b, &e).unwrap();
+        if self.aligned && !k.is_aligned() {
+            return; // a kernel without a twin: recorded with the fallbacks already
+        }
+        let label = if self.aligned {
+            aligned_name(label)
+        } else {
+            label.to_string()
+        };
+        let d = self.rec.record(&label, k, plan, &b, &e).unwrap();
         self.out.push(d);
     }
 }
@@ -81,30 +106,40 @@ pub(crate) fn record_all(rec: &Recorder, m: &Manifest) -> Vec<PathBuf> {
         rec,
         m,
         out: Vec::new(),
+        aligned: false,
     };
-    if has(m, "rmsnorm") {
-        rmsnorm_records(&mut r);
-    }
-    if has(m, "swiglu") {
-        swiglu_records(&mut r);
-    }
-    if has(m, "rotary") {
-        rotary_records(&mut r);
-    }
-    if has(m, "adamw") {
-        adamw_records(&mut r);
-    }
-    if has(m, "logprob_head") {
-        logprob_records(&mut r);
-    }
-    if has(m, "attention") {
-        attention_records(&mut r);
+    // The fallbacks at awkward shapes, then the aligned twins (where the manifest has any) at
+    // shapes whose lengths are multiples of 16.
+    let twins = m.kernels.iter().any(|k| k.is_aligned());
+    for aligned in [false, true] {
+        if aligned && !twins {
+            break;
+        }
+        r.aligned = aligned;
+        if has(m, "rmsnorm") {
+            rmsnorm_records(&mut r);
+        }
+        if has(m, "swiglu") {
+            swiglu_records(&mut r);
+        }
+        if has(m, "rotary") {
+            rotary_records(&mut r);
+        }
+        if has(m, "adamw") {
+            adamw_records(&mut r);
+        }
+        if has(m, "logprob_head") {
+            logprob_records(&mut r);
+        }
+        if has(m, "attention") {
+            attention_records(&mut r);
+        }
     }
     r.out
 }
 
 fn rmsnorm_records(r: &mut Rec) {
-    let (rows, cols) = (5usize, 100usize);
+    let (rows, cols) = (5usize, r.len(100, 144)); // 144: the h1024 class (h128 has no twin)
     let s = rmsnorm::RmsNorm {
         rows,
         cols,
@@ -224,18 +259,19 @@ fn rmsnorm_records(r: &mut Rec) {
             r.write(&format!("rmsnorm_{kernel}_{dn}"), k, &plan, b, e);
         }
         // The fixed-order sum of the partials, over more columns than one block.
-        let wide = rmsnorm::RmsNorm { cols: 300, ..s };
-        let k = r.entry(&rmsnorm::variant("dw", dt, 300).unwrap());
+        let wc = r.len(300, 304);
+        let wide = rmsnorm::RmsNorm { cols: wc, ..s };
+        let k = r.entry(&rmsnorm::variant("dw", dt, wc).unwrap());
         let plan = rmsnorm::plan(k, &wide).unwrap();
-        let (p, pf) = input(DType::Fp32, &[parts, 300], 16, 1.0);
-        let dw: Vec<f64> = (0..300)
-            .map(|c| (0..parts).map(|q| pf[q * 300 + c]).sum())
+        let (p, pf) = input(DType::Fp32, &[parts, wc], 16, 1.0);
+        let dw: Vec<f64> = (0..wc)
+            .map(|c| (0..parts).map(|q| pf[q * wc + c]).sum())
             .collect();
         let b = Bufs::from([
             ("dw_part".into(), p),
-            ("dw".into(), HostBuffer::zeros(dt, &[300])),
+            ("dw".into(), HostBuffer::zeros(dt, &[wc])),
         ]);
-        let e = Expected::from([("dw".into(), (out(dt, &[300], &dw), tol(dt)))]);
+        let e = Expected::from([("dw".into(), (out(dt, &[wc], &dw), tol(dt)))]);
         r.write(&format!("rmsnorm_dw_{dn}"), k, &plan, b, e);
     }
 }
@@ -251,7 +287,7 @@ fn swiglu_records(r: &mut Rec) {
     let block = k.constexpr_int("BLOCK").unwrap() as usize;
     let s = swiglu::Swiglu {
         rows: 3,
-        cols: block + 37,
+        cols: block + r.len(37, 48),
     };
     let sh = [s.rows, s.cols];
     let n = s.rows * s.cols;
@@ -359,7 +395,7 @@ fn rotary_records(r: &mut Rec) {
 
 fn adamw_records(r: &mut Rec) {
     use candle_core::{Device, Tensor};
-    let n = 2500usize;
+    let n = r.len(2500, 2512);
     let c = adamw::AdamwScalars::new(1e-3, 0.9, 0.999, 1e-8, 0.01, 3, 0.8);
     for (name, gdt) in [
         ("adamw_f32", DType::Fp32),
@@ -494,7 +530,7 @@ fn logprob_records(r: &mut Rec) {
 /// rounded to nearest even when stored).
 fn logprob_records_of(r: &mut Rec, dt: DType) {
     let sfx = if dt == DType::Bf16 { "bf16" } else { "f32" };
-    let (rows, n_cols, stride, col0) = (3usize, 1500usize, 1536usize, 3000usize);
+    let (rows, n_cols, stride, col0) = (3usize, r.len(1500, 1504), 1536usize, 3000usize);
     let inv_t = 1.0f32 / 0.7;
     let s = logprob_head::LogprobChunk {
         rows,

@@ -154,7 +154,7 @@ pub fn example(entry: &KernelEntry) -> Result<LaunchPlan> {
         },
         "grad_sumsq_total_kernel" => Adamw::Total { n_partials: 2500 },
         _ => Adamw::Step {
-            n: 2500,
+            n: super::example_len(entry, 2500),
             scalars: AdamwScalars::new(1e-3, 0.9, 0.999, 1e-8, 0.01, 3, 1.0),
         },
     };

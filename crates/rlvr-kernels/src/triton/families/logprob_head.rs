@@ -81,7 +81,7 @@ pub fn plan(entry: &KernelEntry, s: &LogprobChunk) -> Result<LaunchPlan> {
 pub fn example(entry: &KernelEntry) -> Result<LaunchPlan> {
     let s = LogprobChunk {
         rows: 3,
-        n_cols: 1500,
+        n_cols: super::example_len(entry, 1500),
         stride_z: 1536,
         col0: 3000,
         first: false,

@@ -111,14 +111,14 @@ pub fn plan(entry: &KernelEntry, s: &RmsNorm) -> Result<LaunchPlan> {
     }
 }
 
-/// [`plan`] at a small shape: 5 rows of `min(BLOCK, 896) − 3` elements, 2 rows per backward
-/// program.
+/// [`plan`] at a small shape: 5 rows of `min(BLOCK, 896) − 3` elements (aligned variants:
+/// rounded down to a multiple of 16), 2 rows per backward program.
 pub fn example(entry: &KernelEntry) -> Result<LaunchPlan> {
     let block = entry.constexpr_int("BLOCK")? as usize;
     let cols = if entry.entry == "rmsnorm_dw_kernel" {
         896
     } else {
-        block.min(896) - 3
+        super::example_len(entry, block.min(896) - 3)
     };
     plan(
         entry,

@@ -42,14 +42,15 @@ pub fn plan(entry: &KernelEntry, s: &Swiglu) -> Result<LaunchPlan> {
     }
 }
 
-/// [`plan`] at a small shape: 3 rows of `BLOCK + 37` elements (a partial last block).
+/// [`plan`] at a small shape: 3 rows of `BLOCK + 37` elements (a partial last block; aligned
+/// variants: `BLOCK + 32`).
 pub fn example(entry: &KernelEntry) -> Result<LaunchPlan> {
     let block = entry.constexpr_int("BLOCK")? as usize;
     plan(
         entry,
         &Swiglu {
             rows: 3,
-            cols: block + 37,
+            cols: super::example_len(entry, block + 37),
         },
     )
 }
