@@ -313,19 +313,21 @@ def timing(dirs, drv, n_iter, out_path, skip):
     print(f"\n{'group':10} {'ms/step':>9} {'budget':>8}  verdict")
     for name, g in groups.items():
         if drv is None:
-            verdict, ms = "no GPU", None
+            key, verdict, ms = "NO_GPU", "no GPU", None
         elif g["incomplete"]:
-            verdict, ms = f"INCOMPLETE (not timed: {', '.join(g['incomplete'])})", g["ms"]
+            key, ms = "INCOMPLETE", g["ms"]
+            verdict = f"INCOMPLETE (not timed: {', '.join(g['incomplete'])})"
         elif g["budget_ms"] is None:
-            verdict, ms = "no budget", g["ms"]
+            key, verdict, ms = "NO_BUDGET", "no budget", g["ms"]
         else:
             ms = g["ms"]
-            verdict = "WITHIN" if ms <= g["budget_ms"] else "OVER"
+            key = verdict = "WITHIN" if ms <= g["budget_ms"] else "OVER"
         shown = "-" if ms is None else f"{ms:.3f}"
         budget = "-" if g["budget_ms"] is None else f"{g['budget_ms']:g}"
         print(f"{name:10} {shown:>9} {budget:>8}  {verdict}: {g['what']}")
         _append(out_path, {"kind": "group", "group": name, "ms_per_step": ms,
-                           "budget_ms": g["budget_ms"], "verdict": verdict.split(" ")[0],
+                           "budget_ms": g["budget_ms"],
+                           "verdict": key,
                            "not_timed": g["incomplete"], "what": g["what"],
                            "shape": bench.get("shape"), "device_target": target})
     if any("adamw" == n for n in groups):

@@ -992,7 +992,7 @@ fn random(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostBuffer {
 /// `adamw_sample` elements, scaled to all parameters (a fractional repeat), and the total once.
 ///
 /// Errors: a variant the manifest lacks for `target`, a plan builder's refusal, a write that
-/// failed. Sizes at [`BenchShape::qwen2_5_0_5b`]: about 1.1 GB in 21 records.
+/// failed. Sizes at [`BenchShape::qwen2_5_0_5b`]: 1.5 GB in 21 records (swiglu's backward 0.4 GB).
 pub fn record_bench(
     rec: &Recorder,
     m: &Manifest,
