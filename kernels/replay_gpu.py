@@ -152,7 +152,10 @@ class Driver:
 
     def elapsed_ms(self, start, end):
         ms = ctypes.c_float()
-        self._call("cuEventElapsedTime", ctypes.byref(ms), start, end)
+        # CUDA 13's header maps the name to _v2; the driver exports both (same arguments).
+        name = "cuEventElapsedTime" if hasattr(self.cu, "cuEventElapsedTime") else \
+            "cuEventElapsedTime_v2"
+        self._call(name, ctypes.byref(ms), start, end)
         return ms.value
 
     def destroy_event(self, ev):
@@ -393,7 +396,7 @@ def main(argv):
             rec = replay.load_record(d)
             out = run(d, drv, target)
         except (replay.ReplayError, GpuError, OSError, ValueError) as e:
-            out = ([], [str(e)])
+            out = ({}, [str(e)])
             if isinstance(e, LaunchError) and idx + 1 < len(dirs):
                 failed += 1
                 _report_fail(o, rec, name, d, str(e))
