@@ -7,6 +7,18 @@
 #
 # Parts (each prints a `## part` header and PASS/FAIL lines; results in OUT_DIR/*.jsonl, log in
 # OUT_DIR/gpu_check.log):
+#   0. kernels   issue 44's Triton kernels from the committed cubins (kernels/replay_gpu.py, numpy and
+#                the driver by ctypes). `rlvr kernels record --shape small` writes every variant's
+#                launch at a small shape with the CPU results; each is replayed on the GPU: f32 within
+#                1e-5 of the output's scale, bf16 within a bf16 rounding (normwise where terms
+#                cancel), the max error reported. Results per record in kernels.jsonl; the failing
+#                variants, one a line, in kernels_failed.txt (to switch them off), the rest still
+#                run. Then `rlvr kernels record --shape qwen2.5-0.5b` (one training step's launches
+#                at 16 x 512 tokens in bf16, random inputs, 1.5 GB written on this machine) and
+#                `replay_gpu.py --time`: the median of each launch x its launches per step, summed
+#                per op group against the budgets (attention 10 ms, head 25 ms, other layer ops 15
+#                ms, AdamW 6 ms, the last scaled from one tensor); kernels_timing.jsonl/.txt.
+#                kernels_list.txt: `rlvr kernels list`. Not yet run on a GPU (prepared 2026-12-06).
 #   1. logprobs  `rlvr logprobs` of one chat completion on a random Qwen2 model (hidden 256, 4 layers,
 #                GQA 4/2, the Qwen2.5 tokenizer's vocabulary): cuda f32 vs cpu f32 within 1e-5 absolute;
 #                cuda bf16 and cpu bf16 against cpu f32, the max difference reported (bound 0.1 nats).
@@ -25,17 +37,22 @@
 # Environment: RLVR (binary; default bench/rlvr-cuda-nccl.gz unpacked when it starts, else
 # bench/rlvr-cuda.gz, else target-cuda/release/rlvr),
 # DEVICE (cuda:0), BUDGET (seconds for the whole script, default 330), PARTS (default
-# "logprobs offline nccl speed breakdown shared"). On a CPU-only machine, to check the script itself:
-#   RLVR=target/release/rlvr DEVICE=cpu PARTS="logprobs offline" bench/gpu_check.sh /tmp/gc
+# "kernels logprobs offline nccl speed breakdown shared"), PY (the python with numpy; default the
+# torch venv's when present, else python3), KERNEL_ITERS (timed launches per record, default 20).
+# On a CPU-only machine, to check the script itself (the kernels part then dry-runs: records
+# written for both targets, resolved and packed, and the timing table says "no GPU"):
+#   RLVR=target/release/rlvr DEVICE=cpu PARTS="kernels logprobs offline" bench/gpu_check.sh /tmp/gc
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTD=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$OUTD"
 DEVICE=${DEVICE:-cuda:0}
 BUDGET=${BUDGET:-330}
-PARTS=${PARTS:-logprobs offline nccl speed breakdown shared}
-PY=python3
-[ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
+PARTS=${PARTS:-kernels logprobs offline nccl speed breakdown shared}
+if [ -z "${PY:-}" ]; then
+  PY=python3
+  [ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
+fi
 START=$(date +%s)
 W=$(mktemp -d /tmp/gpu_check.XXXXXX)
 trap 'rm -rf "$W"' EXIT
@@ -80,6 +97,39 @@ cp data/tokenizers/qwen2.5/tokenizer_config.source.json "$W/tok/tokenizer_config
 "$RLVR" init --arch qwen2 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 512 \
   --vocab-size 151936 --tie-embeddings true --tokenizer "$W/tok/tokenizer.json" --seed 0 \
   --out "$W/small" >/dev/null || exit 3
+
+kernels() {
+  # Issue 44's kernels: correctness per variant at a small shape, then per-op timing at the
+  # benchmark shape. DEVICE=cpu: the same steps as a dry run (no launch).
+  local K=$W/kernels dry="" tgt=sm90a t0
+  if [ "${DEVICE%%:*}" = cpu ]; then
+    dry=--dry-run; tgt=all
+  else
+    case "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" in
+      8.*) tgt=sm80 ;;
+    esac
+  fi
+  "$RLVR" kernels list > "$OUTD/kernels_list.txt" || echo "FAIL kernels: rlvr kernels list: rc $?"
+  tail -1 "$OUTD/kernels_list.txt"
+  t0=$(date +%s)
+  "$RLVR" kernels record --shape small --target $tgt --out "$K/small" > "$W/kernels_small.txt" \
+    || { echo "FAIL kernels: rlvr kernels record --shape small"; tail -3 "$W/kernels_small.txt"; return 1; }
+  cat "$W/kernels_small.txt"
+  : > "$OUTD/kernels_failed.txt"
+  timeout -k 5 60 "$PY" kernels/replay_gpu.py $dry --jsonl "$OUTD/kernels.jsonl" \
+    --failed "$OUTD/kernels_failed.txt" "$K/small" || echo "FAIL kernels: replay_gpu.py: rc $?"
+  echo "small shape done in $(($(date +%s) - t0)) s; failing variants: $(wc -l < "$OUTD/kernels_failed.txt")" \
+    "$(tr '\n' ' ' < "$OUTD/kernels_failed.txt")(kernels_failed.txt)"
+  rm -rf "$K/small"
+  t0=$(date +%s)
+  "$RLVR" kernels record --shape qwen2.5-0.5b --target ${tgt/all/sm90a} --out "$K/bench" > "$OUTD/kernels_records.txt" \
+    || { echo "FAIL kernels: rlvr kernels record --shape qwen2.5-0.5b"; tail -3 "$OUTD/kernels_records.txt"; return 1; }
+  tail -1 "$OUTD/kernels_records.txt"
+  echo "benchmark-shape records: $(du -sm "$K/bench" | cut -f1) MB written in $(($(date +%s) - t0)) s"
+  timeout -k 5 75 "$PY" kernels/replay_gpu.py $dry --time "${KERNEL_ITERS:-20}" --timing "$OUTD/kernels_timing.jsonl" \
+    --skip-failed "$OUTD/kernels_failed.txt" "$K/bench" | tee "$OUTD/kernels_timing.txt"
+  rm -rf "$K/bench"
+}
 
 logprobs() {
   local q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
@@ -239,7 +289,8 @@ PY
 }
 
 export W OUTD DEVICE PY RLVR
-export -f logprobs offline speed breakdown shared nccl
+export -f kernels logprobs offline speed breakdown shared nccl
+part kernels 150 kernels
 part logprobs 60 logprobs
 part offline 120 offline
 part nccl 40 nccl

@@ -165,12 +165,14 @@ def load_record(dir_):
     return rec
 
 
-def compare(dir_, rec, guarded):
-    """Checks the guard bands of every buffer and the expected outputs. ``guarded``: {buffer:
-    (backing array, view, band length)} after the launch. Returns {buffer: max abs error};
-    raises ReplayError naming every failure."""
+def measure(dir_, rec, guarded):
+    """Checks the guard bands of every buffer and measures the expected outputs. ``guarded``:
+    {buffer: (backing array, view, band length)} after the launch. Returns (stats, failures):
+    stats {buffer: {"max_err", "atol", "rtol", "scale", "ratio"}} (``scale`` max |CPU op|,
+    ``ratio`` the largest ``|got - want| / (atol + rtol·|want|)``: at most 1 passes), and the
+    list of failure messages."""
     bufs = {name: view for name, (_, view, _) in guarded.items()}
-    errors, failures = {}, []
+    stats, failures = {}, []
     for name, (back, _, g) in guarded.items():
         bands = np.concatenate([back[:g].view(np.uint8), back[-g:].view(np.uint8)])
         if (bands != GUARD_BYTE).any():
@@ -181,16 +183,30 @@ def compare(dir_, rec, guarded):
         err = np.abs(got - want)
         bound = e["atol"] + e["rtol"] * np.abs(want)
         bad = ~(err <= bound)
-        errors[name] = float(err.max()) if err.size else 0.0
+        max_err = float(err.max()) if err.size else 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = err / bound  # bound >= atol > 0; a NaN result counts as infinitely off
+        ratio = float(np.where(np.isnan(r), np.inf, r).max()) if r.size else 0.0
+        stats[name] = {"max_err": max_err, "atol": e["atol"], "rtol": e["rtol"],
+                       "scale": float(np.abs(want).max()) if want.size else 0.0,
+                       "ratio": ratio if np.isfinite(ratio) else None}
         if bad.any():
             i = int(np.argmax(bad))
             failures.append(f"{name}: {int(bad.sum())} of {err.size} elements off (first at flat "
                             f"index {i}: got {got[i]!r}, CPU op {want[i]!r}; max error "
-                            f"{errors[name]:.3g}, atol {e['atol']}, rtol {e['rtol']})")
+                            f"{max_err:.3g}, atol {e['atol']}, rtol {e['rtol']})")
+    return stats, failures
+
+
+def compare(dir_, rec, guarded):
+    """Checks the guard bands of every buffer and the expected outputs. ``guarded``: {buffer:
+    (backing array, view, band length)} after the launch. Returns {buffer: max abs error};
+    raises ReplayError naming every failure."""
+    stats, failures = measure(dir_, rec, guarded)
     if failures:
         raise ReplayError(f"{rec['label']} ({rec['name']}, grid {rec['grid']}): "
                           + "; ".join(failures))
-    return errors
+    return {name: s["max_err"] for name, s in stats.items()}
 
 
 def replay(dir_):

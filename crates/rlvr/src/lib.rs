@@ -1,5 +1,6 @@
 //! The `rlvr` command line as a library: its clap definition ([`Cli`], [`Command`]) and the
-//! subcommands whose code lives in this crate (`init`, `logprobs`, `quickstart`, `bench`). The
+//! subcommands whose code lives in this crate (`init`, `logprobs`, `quickstart`, `bench`,
+//! `kernels`). The
 //! binary (`main.rs`) parses and dispatches; a library so that tests can walk every subcommand's
 //! flags through clap's introspection (`tests/it/extreme_values.rs`).
 
@@ -9,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod init;
+pub mod kernels;
 pub mod logprobs;
 pub mod quickstart;
 
@@ -58,4 +60,8 @@ pub enum Command {
     /// Throughput of sampling or of a training step on random data (bench/gpu.sh; JSON lines).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The compiled GPU kernels: list the manifest, or write launch records for
+    /// kernels/replay.py and kernels/replay_gpu.py (bench/gpu_check.sh's kernels part).
+    #[command(subcommand)]
+    Kernels(kernels::KernelsCommand),
 }

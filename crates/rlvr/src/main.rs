@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use clap::Parser;
-use rlvr::{bench, init, logprobs, quickstart, Cli, Command};
+use rlvr::{bench, init, kernels, logprobs, quickstart, Cli, Command};
 
 /// `--model RUN` and `--model RUN/checkpoints/latest` of `eval`, `generate` and `logprobs`: the
 /// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`).
@@ -78,6 +78,7 @@ fn main() {
         Command::Quickstart(a) => quickstart::run(a, &mut out),
         Command::Lab(a) => rlvr_lab::run(a, &mut out),
         Command::Bench(c) => bench::run(c, &mut out),
+        Command::Kernels(c) => kernels::run(c, &mut out),
     });
     let _ = out.flush();
     if let Err(e) = res {

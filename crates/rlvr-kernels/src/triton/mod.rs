@@ -13,6 +13,9 @@
 //! - [`families`]: one plan builder per kernel family, deriving grid and arguments from shapes.
 //! - [`record`]: the launch recorder: plans written with the CPU op's inputs and expected
 //!   outputs, replayed by `kernels/replay.py` under Triton's interpreter (no GPU).
+//! - [`records`]: the records themselves: every family at small awkward shapes with the CPU
+//!   results (the crate's tests and `rlvr kernels record --shape small`), and the launches of a
+//!   training step at a benchmark shape with random inputs, for `kernels/replay_gpu.py --time`.
 //! - `cuda` (feature `cuda`): the launcher, loading cubins with cudarc on candle's stream.
 //!
 //! Why ahead-of-time Triton: the same kernel source runs on a CPU under Triton's interpreter
@@ -26,14 +29,13 @@ pub mod manifest;
 pub mod plan;
 pub mod ptx;
 pub mod record;
-#[cfg(test)]
-mod records;
+pub mod records;
 #[cfg(test)]
 mod tests;
 
 pub use manifest::{DType, KernelEntry, Manifest, Param, ParamKind, Target};
 pub use plan::{Arg, DeviceBuffer, LaunchPlan, PlanBuilder, RawArg};
-pub use record::{HostBuffer, Recorder, Tolerance};
+pub use record::{HostBuffer, Recorder, Timing, Tolerance};
 
 /// What the Triton launcher refuses, each with the entry, parameter or value involved.
 #[derive(Debug, thiserror::Error)]

@@ -207,6 +207,24 @@ struct Record {
     args: Vec<ArgRecord>,
     buffers: BTreeMap<String, BufferRecord>,
     expected: BTreeMap<String, BufferRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timing: Option<Timing>,
+}
+
+/// What a timed record stands for in a training step (records at a benchmark shape, written by
+/// `rlvr kernels record`): `kernels/replay_gpu.py --time` multiplies the launch's median time
+/// by `repeat` and sums per `group`. Written as `"timing"` in `record.json`; absent otherwise.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// The op group whose per-step budget the launch counts against (`attention`, `head`,
+    /// `layer`, `adamw`).
+    pub group: String,
+    /// How many times per training step this launch happens (e.g. 24 layers × 2 norms); not
+    /// an integer where one launch stands for a scaled share (AdamW over all parameters
+    /// measured on one tensor).
+    pub repeat: f64,
+    /// How `repeat` was derived, for the report.
+    pub note: String,
 }
 
 /// Writes launch records into a directory (see the module doc for the format).
@@ -257,6 +275,22 @@ impl Recorder {
         plan: &LaunchPlan,
         buffers: &BTreeMap<String, HostBuffer>,
         expected: &BTreeMap<String, (HostBuffer, Tolerance)>,
+    ) -> Result<PathBuf> {
+        self.record_timed(label, entry, plan, buffers, expected, None)
+    }
+
+    /// [`Recorder::record`] with what the launch stands for in a training step (`timing`:
+    /// written as `"timing"` in `record.json` when given).
+    ///
+    /// Errors: as [`Recorder::record`].
+    pub fn record_timed(
+        &self,
+        label: &str,
+        entry: &KernelEntry,
+        plan: &LaunchPlan,
+        buffers: &BTreeMap<String, HostBuffer>,
+        expected: &BTreeMap<String, (HostBuffer, Tolerance)>,
+        timing: Option<&Timing>,
     ) -> Result<PathBuf> {
         if label.is_empty()
             || !label
@@ -375,6 +409,7 @@ impl Recorder {
                 .collect(),
             buffers: buf_recs,
             expected: exp_recs,
+            timing: timing.cloned(),
         };
         let json = serde_json::to_string_pretty(&rec).expect("a record serialises");
         write("record.json", json.as_bytes())?;

@@ -1,8 +1,15 @@
-//! Launch records of the real kernel families (test only): for each family in the committed
-//! manifest, plans built by [`super::families`] at awkward shapes (partial blocks, GQA 7,
-//! out-of-order positions, offsets), with inputs from a fixed seed and the expected outputs
-//! computed here in f64 from the same (rounded) inputs, or by this crate's own CPU op where
-//! one exists (AdamW's passes). `kernels/replay.py` runs them under Triton's interpreter.
+//! Launch records of the real kernel families, in two sets:
+//!
+//! - [`record_small`]: for each family in the manifest, plans built by [`super::families`] at
+//!   awkward shapes (partial blocks, GQA 7, out-of-order positions, offsets), with inputs from a
+//!   fixed seed and the expected outputs computed here in f64 from the same (rounded) inputs, or
+//!   by this crate's own CPU op where one exists (AdamW's passes). The crate's tests write them
+//!   for `kernels/replay.py` (Triton's interpreter); `rlvr kernels record --shape small` writes
+//!   the same records for `kernels/replay_gpu.py` (the committed cubins on a GPU).
+//! - [`record_bench`]: every distinct launch of one training step at a benchmark shape
+//!   ([`BenchShape`], e.g. Qwen2.5-0.5B at 16 × 512 tokens in bf16), random inputs, no
+//!   expected outputs, each with its [`Timing`] (op group and launches per step), for
+//!   `kernels/replay_gpu.py --time`.
 //!
 //! Why f64 loops here rather than rlvr-model's ops: rlvr-kernels is layer 0 and cannot depend
 //! on rlvr-model; the formulas are short, and each follows the kernel module's docstring
@@ -15,8 +22,21 @@ use std::path::PathBuf;
 use super::families::{adamw, aligned_name, attention, logprob_head, rmsnorm, rotary, swiglu};
 use super::manifest::{DType, KernelEntry, Manifest, Target};
 use super::plan::LaunchPlan;
-use super::record::{HostBuffer, Recorder, Tolerance};
-use super::tests::uniform;
+use super::record::{HostBuffer, Recorder, Timing, Tolerance};
+use super::{Result, TritonError};
+
+/// Deterministic inputs in [-1, 1): a 64-bit LCG (Knuth's MMIX constants), seeded.
+pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
 
 type Bufs = BTreeMap<String, HostBuffer>;
 type Expected = BTreeMap<String, (HostBuffer, Tolerance)>;
@@ -53,23 +73,43 @@ fn tol(dtype: DType) -> Tolerance {
     }
 }
 
+/// A normwise bound: f32 as [`Tolerance::F32`]; bf16 `2⁻⁷·max|want| + 2⁻⁷·|want|`, for outputs
+/// whose terms cancel or that were computed from bf16-rounded intermediates (a few bf16
+/// roundings relative to the output's scale, as the kernel tests bound them).
+fn tol_norm(dtype: DType, want: &[f64]) -> Tolerance {
+    if dtype == DType::Bf16 {
+        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        Tolerance {
+            atol: scale / 128.0 + 1e-5,
+            rtol: 1.0 / 128.0,
+        }
+    } else {
+        Tolerance::F32
+    }
+}
+
 struct Rec<'a> {
     rec: &'a Recorder,
     m: &'a Manifest,
+    target: Target,
     out: Vec<PathBuf>,
     /// Recording the aligned twins (`_a16`): [`Rec::entry`] gives a variant's twin where the
     /// manifest has one, the labels get the suffix, and the shapes are multiples of 16.
     aligned: bool,
+    /// The first write that failed (later writes are skipped).
+    err: Option<TritonError>,
+    /// Whether to write the expected outputs.
+    expected: bool,
 }
 
 impl<'a> Rec<'a> {
     fn entry(&self, name: &str) -> &'a KernelEntry {
         if self.aligned {
-            if let Ok(k) = self.m.entry(&aligned_name(name), Target::Sm90a) {
+            if let Ok(k) = self.m.entry(&aligned_name(name), self.target) {
                 return k;
             }
         }
-        (self.m.entry(name, Target::Sm90a))
+        (self.m.entry(name, self.target))
             .unwrap_or_else(|e| panic!("the plan builders' variant names drifted: {e}"))
     }
 
@@ -83,6 +123,9 @@ impl<'a> Rec<'a> {
     }
 
     fn write(&mut self, label: &str, k: &KernelEntry, plan: &LaunchPlan, b: Bufs, e: Expected) {
+        if self.err.is_some() {
+            return;
+        }
         if self.aligned && !k.is_aligned() {
             return; // a kernel without a twin: recorded with the fallbacks already
         }
@@ -91,8 +134,11 @@ impl<'a> Rec<'a> {
         } else {
             label.to_string()
         };
-        let d = self.rec.record(&label, k, plan, &b, &e).unwrap();
-        self.out.push(d);
+        let e = if self.expected { e } else { Expected::new() };
+        match self.rec.record(&label, k, plan, &b, &e) {
+            Ok(d) => self.out.push(d),
+            Err(e) => self.err = Some(e),
+        }
     }
 }
 
@@ -100,13 +146,26 @@ fn has(m: &Manifest, family: &str) -> bool {
     m.kernels.iter().any(|k| k.family == family)
 }
 
-/// Records every family of `m` that has a recorder here; returns the record directories.
-pub(crate) fn record_all(rec: &Recorder, m: &Manifest) -> Vec<PathBuf> {
+/// The small-shape records of every family of `m` for `target`, with the expected outputs
+/// unless `expected` is false; returns the record directories (labels: the kernel and dtype,
+/// e.g. `rmsnorm_add_fwd_bf16_h1024`).
+///
+/// Errors: the first record that could not be written ([`TritonError::Record`]). Panics when
+/// the manifest lacks a variant the plan builders name (a manifest out of step with this crate).
+pub fn record_small(
+    rec: &Recorder,
+    m: &Manifest,
+    target: Target,
+    expected: bool,
+) -> Result<Vec<PathBuf>> {
     let mut r = Rec {
         rec,
         m,
+        target,
         out: Vec::new(),
         aligned: false,
+        err: None,
+        expected,
     };
     // The fallbacks at awkward shapes, then the aligned twins (where the manifest has any) at
     // shapes whose lengths are multiples of 16.
@@ -135,11 +194,33 @@ pub(crate) fn record_all(rec: &Recorder, m: &Manifest) -> Vec<PathBuf> {
             attention_records(&mut r);
         }
     }
-    r.out
+    match r.err {
+        Some(e) => Err(e),
+        None => Ok(r.out),
+    }
 }
 
+/// Columns per RMSNorm block size (`rmsnorm::BLOCKS`): each a partial block, so every
+/// variant is recorded; the smallest also records the dw kernel.
+const RMSNORM_COLS: [usize; 5] = [100, 896, 1500, 3584, 5120];
+/// The aligned twins' widths: multiples of 16 in the classes that have twins (1024 to 8192).
+const RMSNORM_COLS_ALIGNED: [usize; 4] = [896, 1504, 3584, 5120];
+
 fn rmsnorm_records(r: &mut Rec) {
-    let (rows, cols) = (5usize, r.len(100, 144)); // 144: the h1024 class (h128 has no twin)
+    // The aligned twins' widths are multiples of 16 in the same block classes (h128 has no twin).
+    let widths = if r.aligned {
+        &RMSNORM_COLS_ALIGNED[..]
+    } else {
+        &RMSNORM_COLS[..]
+    };
+    for &cols in widths {
+        rmsnorm_records_of(r, cols);
+    }
+}
+
+fn rmsnorm_records_of(r: &mut Rec, cols: usize) {
+    let rows = 5usize;
+    let hb = *(rmsnorm::BLOCKS.iter().find(|b| cols <= **b)).expect("a recorded width has a block");
     let s = rmsnorm::RmsNorm {
         rows,
         cols,
@@ -191,11 +272,10 @@ fn rmsnorm_records(r: &mut Rec) {
                 b.insert("h_out".into(), HostBuffer::zeros(dt, &rc));
                 e.insert("h_out".into(), (out(dt, &rc, &h), tol(dt)));
             }
-            r.write(&format!("rmsnorm_{kernel}_{dn}"), k, &plan, b, e);
+            r.write(&format!("rmsnorm_{kernel}_{dn}_h{hb}"), k, &plan, b, e);
         }
-        if dt == DType::Bf16 {
-            continue; // the backward's bf16 roundings are the kernel tests' business
-        }
+        // Backward. bf16: dx's terms cancel and the kernel multiplies by the bf16-rounded
+        // normalised input, so its bound is normwise (see `tol_norm`).
         // Backward from h (= x here), its rstd, dy and (add variant) dres.
         let (dy, dyf) = input(dt, &rc, 14, 1.0);
         let (dres, dresf) = input(dt, &rc, 15, 0.5);
@@ -250,13 +330,16 @@ fn rmsnorm_records(r: &mut Rec) {
                 b.insert("dres".into(), dres.clone());
             }
             let e = Expected::from([
-                ("dx".into(), (out(dt, &rc, &dxa), tol(dt))),
+                ("dx".into(), (out(dt, &rc, &dxa), tol_norm(dt, &dxa))),
                 (
                     "dw_part".into(),
-                    (f32s(&[parts, cols], &dw_part), Tolerance::F32),
+                    (f32s(&[parts, cols], &dw_part), tol_norm(dt, &dw_part)),
                 ),
             ]);
-            r.write(&format!("rmsnorm_{kernel}_{dn}"), k, &plan, b, e);
+            r.write(&format!("rmsnorm_{kernel}_{dn}_h{hb}"), k, &plan, b, e);
+        }
+        if cols != RMSNORM_COLS[0] {
+            continue;
         }
         // The fixed-order sum of the partials, over more columns than one block.
         let wc = r.len(300, 304);
@@ -282,7 +365,13 @@ fn silu_parts(g: f64) -> (f64, f64) {
 }
 
 fn swiglu_records(r: &mut Rec) {
-    let dt = DType::Fp32;
+    for dt in [DType::Fp32, DType::Bf16] {
+        swiglu_records_of(r, dt);
+    }
+}
+
+fn swiglu_records_of(r: &mut Rec, dt: DType) {
+    let dn = dt.name();
     let k = r.entry(&swiglu::variant("fwd", dt));
     let block = k.constexpr_int("BLOCK").unwrap() as usize;
     let s = swiglu::Swiglu {
@@ -301,8 +390,8 @@ fn swiglu_records(r: &mut Rec) {
         ("u".into(), u.clone()),
         ("a".into(), HostBuffer::zeros(dt, &sh)),
     ]);
-    let e = Expected::from([("a".into(), (f32s(&sh, &a), Tolerance::F32))]);
-    r.write("swiglu_fwd_fp32", k, &plan, b, e);
+    let e = Expected::from([("a".into(), (out(dt, &sh, &a), tol_norm(dt, &a)))]);
+    r.write(&format!("swiglu_fwd_{dn}"), k, &plan, b, e);
     let k = r.entry(&swiglu::variant("bwd", dt));
     let plan = swiglu::plan(k, &s).unwrap();
     let (mut dg, mut du) = (vec![0.0; n], vec![0.0; n]);
@@ -319,15 +408,22 @@ fn swiglu_records(r: &mut Rec) {
         ("du".into(), HostBuffer::zeros(dt, &sh)),
     ]);
     let e = Expected::from([
-        ("dg".into(), (f32s(&sh, &dg), Tolerance::F32)),
-        ("du".into(), (f32s(&sh, &du), Tolerance::F32)),
+        ("dg".into(), (out(dt, &sh, &dg), tol_norm(dt, &dg))),
+        ("du".into(), (out(dt, &sh, &du), tol_norm(dt, &du))),
     ]);
-    r.write("swiglu_bwd_fp32", k, &plan, b, e);
+    r.write(&format!("swiglu_bwd_{dn}"), k, &plan, b, e);
 }
 
 fn rotary_records(r: &mut Rec) {
-    let dt = DType::Fp32;
-    let (tokens, hq, hk, d, max_pos) = (5usize, 7usize, 1usize, 64usize, 12usize);
+    for dt in [DType::Fp32, DType::Bf16] {
+        for d in [64, 128] {
+            rotary_records_of(r, dt, d);
+        }
+    }
+}
+
+fn rotary_records_of(r: &mut Rec, dt: DType, d: usize) {
+    let (tokens, hq, hk, max_pos) = (5usize, 7usize, 1usize, 12usize);
     let half = d / 2;
     let s = rotary::Rotary {
         tokens,
@@ -387,9 +483,15 @@ fn rotary_records(r: &mut Rec) {
             }
             b.insert(names[i].into(), x);
             b.insert(names[i + 2].into(), HostBuffer::zeros(dt, &sh));
-            e.insert(names[i + 2].into(), (f32s(&sh, &y), Tolerance::F32));
+            e.insert(names[i + 2].into(), (out(dt, &sh, &y), tol_norm(dt, &y)));
         }
-        r.write(&format!("rotary_{kernel}_fp32_d{d}"), k, &plan, b, e);
+        r.write(
+            &format!("rotary_{kernel}_{}_d{d}", dt.name()),
+            k,
+            &plan,
+            b,
+            e,
+        );
     }
 }
 
@@ -475,33 +577,11 @@ fn adamw_records(r: &mut Rec) {
         }
         r.write(name, k, &plan, b, e);
     }
-    // The sum of squares into slots 1.. of the partials, then their total.
-    let k = r.entry("grad_sumsq_f32");
-    let n = 40_000;
-    let s = adamw::Adamw::SumSq {
-        n,
-        partials_offset: 1,
-    };
-    let plan = adamw::plan(k, &s).unwrap();
-    let parts = adamw::partials_for(k, n).unwrap();
-    let (g, gf) = input(DType::Fp32, &[n], 45, 1.0);
-    let span = (k.constexpr_int("BLOCK").unwrap() * k.constexpr_int("ITERS").unwrap()) as usize;
-    let mut want = vec![0.0; parts + 1];
-    for (i, x) in gf.iter().enumerate() {
-        want[1 + i / span] += x * x;
+    // The sum of squares into slots 1.. of the partials (f32 and bf16 gradients), then their
+    // total.
+    for gdt in [DType::Fp32, DType::Bf16] {
+        grad_sumsq_record(r, gdt);
     }
-    let b = Bufs::from([
-        ("grad".into(), g),
-        (
-            "partials".into(),
-            HostBuffer::zeros(DType::Fp32, &[parts + 1]),
-        ),
-    ]);
-    let e = Expected::from([(
-        "partials".into(),
-        (f32s(&[parts + 1], &want), Tolerance::F32),
-    )]);
-    r.write("grad_sumsq_f32", k, &plan, b, e);
     let k = r.entry("grad_sumsq_total");
     let np = 2500;
     let plan = adamw::plan(k, &adamw::Adamw::Total { n_partials: np }).unwrap();
@@ -518,6 +598,40 @@ fn adamw_records(r: &mut Rec) {
     ]);
     let e = Expected::from([("out".into(), (out, Tolerance::F32))]);
     r.write("grad_sumsq_total", k, &plan, b, e);
+}
+
+/// `grad_sumsq_{f32,bf16}` over 40 000 elements into slots 1.. of the partials.
+fn grad_sumsq_record(r: &mut Rec, gdt: DType) {
+    let name = format!(
+        "grad_sumsq_{}",
+        if gdt == DType::Bf16 { "bf16" } else { "f32" }
+    );
+    let k = r.entry(&name);
+    let n = 40_000;
+    let s = adamw::Adamw::SumSq {
+        n,
+        partials_offset: 1,
+    };
+    let plan = adamw::plan(k, &s).unwrap();
+    let parts = adamw::partials_for(k, n).unwrap();
+    let (g, gf) = input(gdt, &[n], 45, 1.0);
+    let span = (k.constexpr_int("BLOCK").unwrap() * k.constexpr_int("ITERS").unwrap()) as usize;
+    let mut want = vec![0.0; parts + 1];
+    for (i, x) in gf.iter().enumerate() {
+        want[1 + i / span] += x * x;
+    }
+    let b = Bufs::from([
+        ("grad".into(), g),
+        (
+            "partials".into(),
+            HostBuffer::zeros(DType::Fp32, &[parts + 1]),
+        ),
+    ]);
+    let e = Expected::from([(
+        "partials".into(),
+        (f32s(&[parts + 1], &want), Tolerance::F32),
+    )]);
+    r.write(&name, k, &plan, b, e);
 }
 
 fn logprob_records(r: &mut Rec) {
@@ -630,9 +744,19 @@ fn logprob_records_of(r: &mut Rec, dt: DType) {
 /// backward kernel from f32-rounded `lse`/`delta`. Output buffers start at a sentinel, which the
 /// padding rows (never written) must keep.
 fn attention_records(r: &mut Rec) {
-    let dt = DType::Fp32;
-    let l = attention::example_layout(64);
-    let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+    for dt in [DType::Fp32, DType::Bf16] {
+        for d in [64, 128] {
+            attention_records_of(r, dt, d);
+        }
+    }
+}
+
+/// One (dtype, head dim) of [`attention_records`]. bf16: P and dS are rounded to bf16 before
+/// their matmuls, so the bounds are normwise ([`tol_norm`]); lse and delta stay f32.
+fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
+    let sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
+    let l = attention::example_layout(d);
+    let (n, hq, hk) = (l.n_tokens, l.q_heads, l.kv_heads);
     let rep = hq / hk;
     let scale = l.softmax_scale as f64;
     let (q, qf) = input(dt, &[n, hq, d], 61, 1.0);
@@ -673,8 +797,13 @@ fn attention_records(r: &mut Rec) {
         }
     }
     let sent = |len: usize| f32s(&[len], &vec![SENTINEL; len]);
+    // bf16 bounds relative to the written rows' scale (the padding rows keep the sentinel).
+    let tn = |w: &[f64]| {
+        let rows: Vec<f64> = w.iter().copied().filter(|x| *x != SENTINEL).collect();
+        tol_norm(dt, &rows)
+    };
     let shape_q = [n, hq, d];
-    let k_fwd = r.entry("attn_fwd_f32_d64");
+    let k_fwd = r.entry(&format!("attn_fwd_{sfx}"));
     let (plan, desc) = attention::plan(k_fwd, &l).unwrap();
     let descs = |desc: BTreeMap<String, Vec<i32>>| -> Bufs {
         desc.into_iter()
@@ -686,19 +815,16 @@ fn attention_records(r: &mut Rec) {
         ("q".into(), q.clone()),
         ("k".into(), k.clone()),
         ("v".into(), v.clone()),
-        (
-            "o".into(),
-            HostBuffer::f32(&shape_q, &vec![SENTINEL as f32; n * hq * d]),
-        ),
+        ("o".into(), out(dt, &shape_q, &vec![SENTINEL; n * hq * d])),
         ("lse".into(), sent(hq * n)),
     ]);
     let e = Expected::from([
-        ("o".into(), (f32s(&shape_q, &o), Tolerance::F32)),
+        ("o".into(), (out(dt, &shape_q, &o), tn(&o))),
         ("lse".into(), (f32s(&[hq * n], &lse), Tolerance::F32)),
     ]);
-    r.write("attn_fwd_f32_d64", k_fwd, &plan, b, e);
+    r.write(&format!("attn_fwd_{sfx}"), k_fwd, &plan, b, e);
     // The backward's inputs: o and lse as the forward wrote them (f32), delta from them.
-    let ob = f32s(&shape_q, &o);
+    let ob = out(dt, &shape_q, &o);
     let of: Vec<f64> = ob.to_f32().unwrap().iter().map(|x| *x as f64).collect();
     let lse_b = f32s(&[hq * n], &lse);
     let lsef: Vec<f64> = lse_b.to_f32().unwrap().iter().map(|x| *x as f64).collect();
@@ -708,7 +834,7 @@ fn attention_records(r: &mut Rec) {
             delta[h * n + t] = dot(&dof, qi(*t, h), &of, qi(*t, h));
         }
     }
-    let k_pre = r.entry("attn_bwd_pre_f32_d64");
+    let k_pre = r.entry(&format!("attn_bwd_pre_{sfx}"));
     let (plan, desc) = attention::plan(k_pre, &l).unwrap();
     let mut b = descs(desc);
     b.extend([
@@ -717,7 +843,7 @@ fn attention_records(r: &mut Rec) {
         ("delta".into(), sent(hq * n)),
     ]);
     let e = Expected::from([("delta".into(), (f32s(&[hq * n], &delta), Tolerance::F32))]);
-    r.write("attn_bwd_pre_f32_d64", k_pre, &plan, b, e);
+    r.write(&format!("attn_bwd_pre_{sfx}"), k_pre, &plan, b, e);
     let delta_b = f32s(&[hq * n], &delta);
     let deltaf: Vec<f64> = delta_b
         .to_f32()
@@ -754,10 +880,13 @@ fn attention_records(r: &mut Rec) {
     }
     let shape_k = [n, hk, d];
     for (name, outs) in [
-        ("attn_bwd_dkdv_f32_d64", vec![("dk", &dk), ("dv", &dv)]),
-        ("attn_bwd_dq_f32_d64", vec![("dq", &dq)]),
+        (
+            format!("attn_bwd_dkdv_{sfx}"),
+            vec![("dk", &dk), ("dv", &dv)],
+        ),
+        (format!("attn_bwd_dq_{sfx}"), vec![("dq", &dq)]),
     ] {
-        let kk = r.entry(name);
+        let kk = r.entry(&name);
         let (plan, desc) = attention::plan(kk, &l).unwrap();
         let mut b = descs(desc);
         b.extend([
@@ -771,9 +900,535 @@ fn attention_records(r: &mut Rec) {
         let mut e = Expected::new();
         for (o_name, want) in outs {
             let sh: &[usize] = if o_name == "dq" { &shape_q } else { &shape_k };
-            b.insert(o_name.into(), f32s(sh, &vec![SENTINEL; want.len()]));
-            e.insert(o_name.into(), (f32s(sh, want), Tolerance::F32));
+            b.insert(o_name.into(), out(dt, sh, &vec![SENTINEL; want.len()]));
+            e.insert(o_name.into(), (out(dt, sh, want), tn(want)));
         }
-        r.write(name, kk, &plan, b, e);
+        r.write(&name, kk, &plan, b, e);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The benchmark shape: one training step's launches, for timing.
+
+/// A model and batch shape whose training step's kernel launches [`record_bench`] writes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct BenchShape {
+    /// What it is called (`--shape`).
+    pub name: String,
+    /// Rows (sequences) per step.
+    pub rows: usize,
+    /// Tokens per row.
+    pub seq_len: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head dim.
+    pub head_dim: usize,
+    /// MLP intermediate size.
+    pub intermediate: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Whether the output head is the embedding (no separate lm_head parameters).
+    pub tie_embeddings: bool,
+    /// The activations' and weights' dtype (the AdamW masters are f32).
+    pub dtype: DType,
+    /// Logits per head chunk (`rlvr_model::chunked::CHUNK_ELEMS_GPU`, 32 Mi).
+    pub head_chunk_elems: usize,
+    /// Elements of the one tensor AdamW is timed on (its time is scaled to all parameters).
+    pub adamw_sample: usize,
+    /// RMSNorm's eps.
+    pub rms_eps: f32,
+}
+
+/// Issue 44's per-step budgets at the Qwen2.5-0.5B benchmark shape on an H100/H200, in ms:
+/// (group, budget, what the group holds).
+pub const BUDGETS_MS: [(&str, f64, &str); 4] = [
+    (
+        "attention",
+        10.0,
+        "attention forward + backward (pre, dK/dV, dQ), every layer",
+    ),
+    (
+        "head",
+        25.0,
+        "the log-prob head's chunk kernels (the logits and dX/dW GEMMs by cuBLAS are not timed here)",
+    ),
+    (
+        "layer",
+        15.0,
+        "RMSNorm with the residual (x2 per layer and the final norm), rotary, SwiGLU; forward and backward",
+    ),
+    (
+        "adamw",
+        6.0,
+        "AdamW over every parameter and the gradient norm's sums of squares",
+    ),
+];
+
+impl BenchShape {
+    /// Qwen2.5-0.5B (hidden 896, 24 layers, 14 query / 2 KV heads of 64, intermediate 4864,
+    /// vocabulary 151936, tied embeddings) at 16 rows × 512 tokens in bf16: `bench/gpu.sh`'s
+    /// training step.
+    pub fn qwen2_5_0_5b() -> Self {
+        BenchShape {
+            name: "qwen2.5-0.5b".into(),
+            rows: 16,
+            seq_len: 512,
+            hidden: 896,
+            layers: 24,
+            q_heads: 14,
+            kv_heads: 2,
+            head_dim: 64,
+            intermediate: 4864,
+            vocab: 151936,
+            tie_embeddings: true,
+            dtype: DType::Bf16,
+            head_chunk_elems: 32 << 20,
+            adamw_sample: 1 << 24,
+            rms_eps: 1e-6,
+        }
+    }
+
+    /// Tokens per step.
+    pub fn tokens(&self) -> usize {
+        self.rows * self.seq_len
+    }
+
+    /// Trainable parameters (Qwen2's: q/k/v with biases, o, gate/up/down, two norms per layer,
+    /// the final norm, the embedding, and the lm head unless tied): 494 032 768 for
+    /// [`BenchShape::qwen2_5_0_5b`].
+    pub fn params(&self) -> usize {
+        let (h, kv) = (self.hidden, self.kv_heads * self.head_dim);
+        let q = self.q_heads * self.head_dim;
+        let attn = h * q + q + 2 * (h * kv + kv) + q * h;
+        let mlp = 3 * h * self.intermediate;
+        let layer = attn + mlp + 2 * h;
+        let embed = self.vocab * h;
+        let head = if self.tie_embeddings { 0 } else { embed };
+        embed + head + self.layers * layer + h
+    }
+
+    /// The head's vocabulary chunk width (as `rlvr_model::chunked::chunk_width`).
+    pub fn head_chunk_width(&self) -> usize {
+        (self.head_chunk_elems / self.tokens().max(1)).clamp(1, self.vocab.max(1))
+    }
+}
+
+/// Random `dtype` values in `[-scale, scale)` (seeded; no expected outputs depend on them).
+fn random(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostBuffer {
+    input(dtype, shape, seed, scale).0
+}
+
+/// Writes the launches of one training step at `shape` for `target` (random inputs, no
+/// expected outputs), each with its [`Timing`], and `bench.json` (the shape, its parameter
+/// count, [`BUDGETS_MS`] and every record's group and repeat) in the recorder's directory.
+/// Returns the record directories.
+///
+/// One record per distinct launch: per layer the norms (x2 with the residual add), rotary,
+/// SwiGLU and attention forward and backward (repeat = layers, or 2·layers for the norms);
+/// the head's forward and backward per vocabulary chunk (repeat = full chunks, plus the last
+/// partial one) and its finish; AdamW and the gradient's sum of squares on one tensor of
+/// `adamw_sample` elements, scaled to all parameters (a fractional repeat), and the total once.
+///
+/// Errors: a variant the manifest lacks for `target`, a plan builder's refusal, a write that
+/// failed. Sizes at [`BenchShape::qwen2_5_0_5b`]: 1.5 GB in 21 records (swiglu's backward 0.4 GB).
+pub fn record_bench(
+    rec: &Recorder,
+    m: &Manifest,
+    target: Target,
+    shape: &BenchShape,
+) -> Result<Vec<PathBuf>> {
+    let dt = shape.dtype;
+    let n = shape.tokens();
+    let (h, l) = (shape.hidden, shape.layers);
+    let mut out = Vec::new();
+    let mut index = Vec::new();
+    let mut seed = 1000u64;
+    let mut write =
+        |label: &str, name: &str, plan: &LaunchPlan, b: Bufs, timing: Timing| -> Result<()> {
+            let k = m.entry(name, target)?;
+            let d = rec.record_timed(label, k, plan, &b, &Expected::new(), Some(&timing))?;
+            index.push(serde_json::json!({
+                "label": label, "name": name, "group": timing.group,
+                "repeat": timing.repeat, "note": timing.note,
+            }));
+            out.push(d);
+            Ok(())
+        };
+    let mut rnd = |dtype: DType, sh: &[usize], scale: f32| {
+        seed += 1;
+        random(dtype, sh, seed, scale)
+    };
+    let t = |group: &str, repeat: f64, note: String| Timing {
+        group: group.into(),
+        repeat,
+        note,
+    };
+    let entry = |name: &str| m.entry(name, target);
+
+    // RMSNorm with the residual add: every layer's two norms, the first layer's input norm
+    // being a plain one and the final norm an add (2·layers − 1 + 1 adds, 1 plain).
+    let rs = rmsnorm::RmsNorm {
+        rows: n,
+        cols: h,
+        eps: shape.rms_eps,
+        rows_per_prog: n.div_ceil(512),
+    };
+    let parts = n.div_ceil(rs.rows_per_prog);
+    let nh = [n, h];
+    let norms_add = 2 * l;
+    for (kernel, repeat, note) in [
+        (
+            "add_fwd",
+            norms_add as f64,
+            format!("2 per layer x {l} (the final norm included, the first input norm not)"),
+        ),
+        ("fwd", 1.0, "the first layer's input norm".to_string()),
+        (
+            "add_bwd",
+            norms_add as f64,
+            format!("2 per layer x {l}, as the forward"),
+        ),
+        ("bwd", 1.0, "the first layer's input norm".to_string()),
+    ] {
+        let name = rmsnorm::variant(kernel, dt, h)?;
+        let plan = rmsnorm::plan(entry(&name)?, &rs)?;
+        let rstd = HostBuffer::f32(&[n], &vec![1.0; n]);
+        let mut b = Bufs::from([("w".into(), rnd(dt, &[h], 1.0)), ("rstd".into(), rstd)]);
+        if kernel.ends_with("fwd") {
+            b.insert("x".into(), rnd(dt, &nh, 1.0));
+            b.insert("y".into(), HostBuffer::zeros(dt, &nh));
+            if kernel == "add_fwd" {
+                b.insert("residual".into(), rnd(dt, &nh, 1.0));
+                b.insert("h_out".into(), HostBuffer::zeros(dt, &nh));
+            }
+        } else {
+            b.insert("dy".into(), rnd(dt, &nh, 1.0));
+            b.insert("h".into(), rnd(dt, &nh, 1.0));
+            b.insert("dx".into(), HostBuffer::zeros(dt, &nh));
+            b.insert(
+                "dw_part".into(),
+                HostBuffer::zeros(DType::Fp32, &[parts, h]),
+            );
+            if kernel == "add_bwd" {
+                b.insert("dres".into(), rnd(dt, &nh, 1.0));
+            }
+        }
+        write(
+            &format!("layer_rmsnorm_{kernel}"),
+            &name,
+            &plan,
+            b,
+            t("layer", repeat, note),
+        )?;
+    }
+    let name = rmsnorm::variant("dw", dt, h)?;
+    let plan = rmsnorm::plan(entry(&name)?, &rs)?;
+    let b = Bufs::from([
+        ("dw_part".into(), rnd(DType::Fp32, &[parts, h], 1.0)),
+        ("dw".into(), HostBuffer::zeros(dt, &[h])),
+    ]);
+    let note = format!("every norm's weight gradient: 2 x {l} + 1");
+    write(
+        "layer_rmsnorm_dw",
+        &name,
+        &plan,
+        b,
+        t("layer", (norms_add + 1) as f64, note),
+    )?;
+
+    // Rotary on q and k, forward and backward, once per layer.
+    let d = shape.head_dim;
+    let ro = rotary::Rotary {
+        tokens: n,
+        q_heads: shape.q_heads,
+        kv_heads: shape.kv_heads,
+        head_dim: d,
+    };
+    let (qs, ks) = ([n, shape.q_heads, d], [n, shape.kv_heads, d]);
+    let pos: Vec<i32> = (0..n).map(|i| (i % shape.seq_len) as i32).collect();
+    for (kernel, names) in [
+        ("fwd", ["q", "k", "q_out", "k_out"]),
+        ("bwd", ["dq", "dk", "dq_out", "dk_out"]),
+    ] {
+        let name = rotary::variant(kernel, dt, d);
+        let plan = rotary::plan(entry(&name)?, &ro)?;
+        let b = Bufs::from([
+            ("cos".into(), rnd(DType::Fp32, &[shape.seq_len, d], 1.0)),
+            ("sin".into(), rnd(DType::Fp32, &[shape.seq_len, d], 1.0)),
+            ("pos".into(), HostBuffer::i32(&[n], &pos)),
+            (names[0].into(), rnd(dt, &qs, 1.0)),
+            (names[1].into(), rnd(dt, &ks, 1.0)),
+            (names[2].into(), HostBuffer::zeros(dt, &qs)),
+            (names[3].into(), HostBuffer::zeros(dt, &ks)),
+        ]);
+        let note = format!("q and k, once per layer x {l}");
+        write(
+            &format!("layer_rotary_{kernel}"),
+            &name,
+            &plan,
+            b,
+            t("layer", l as f64, note),
+        )?;
+    }
+
+    // SwiGLU, forward and backward, once per layer.
+    let sw = swiglu::Swiglu {
+        rows: n,
+        cols: shape.intermediate,
+    };
+    let ni = [n, shape.intermediate];
+    for kernel in ["fwd", "bwd"] {
+        let name = swiglu::variant(kernel, dt);
+        let plan = swiglu::plan(entry(&name)?, &sw)?;
+        let mut b = Bufs::from([
+            ("g".into(), rnd(dt, &ni, 4.0)),
+            ("u".into(), rnd(dt, &ni, 2.0)),
+        ]);
+        if kernel == "fwd" {
+            b.insert("a".into(), HostBuffer::zeros(dt, &ni));
+        } else {
+            b.insert("da".into(), rnd(dt, &ni, 1.0));
+            b.insert("dg".into(), HostBuffer::zeros(dt, &ni));
+            b.insert("du".into(), HostBuffer::zeros(dt, &ni));
+        }
+        let note = format!("once per layer x {l}");
+        write(
+            &format!("layer_swiglu_{kernel}"),
+            &name,
+            &plan,
+            b,
+            t("layer", l as f64, note),
+        )?;
+    }
+
+    // Attention: every row its own causal sequence (the unshared layout).
+    let lay = attention::Layout {
+        n_tokens: n,
+        seqs: (0..shape.rows)
+            .map(|r| attention::Seq {
+                start: r * shape.seq_len,
+                len: shape.seq_len,
+                prefix_start: 0,
+                prefix_len: 0,
+            })
+            .collect(),
+        q_heads: shape.q_heads,
+        kv_heads: shape.kv_heads,
+        head_dim: d,
+        softmax_scale: 1.0 / (d as f32).sqrt(),
+    };
+    let hq_n = [shape.q_heads * n];
+    let attn_sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
+    for kernel in ["fwd", "bwd_pre", "bwd_dkdv", "bwd_dq"] {
+        let name = format!("attn_{kernel}_{attn_sfx}");
+        let (plan, desc) = attention::plan(entry(&name)?, &lay)?;
+        let mut b: Bufs = (desc.into_iter())
+            .map(|(k, v)| (k, HostBuffer::i32(&[v.len()], &v)))
+            .collect();
+        // Inputs a plausible size: lse about ln(keys), so exp(s − lse) stays below 1.
+        let lse = HostBuffer::f32(&hq_n, &vec![(shape.seq_len as f32).ln(); hq_n[0]]);
+        for buf in plan.buffers() {
+            if b.contains_key(buf) {
+                continue;
+            }
+            let v = match buf {
+                "q" | "do" | "o" if kernel != "fwd" || buf == "q" => rnd(dt, &qs, 1.0),
+                "k" | "v" => rnd(dt, &ks, 1.0),
+                "lse" if kernel != "fwd" => lse.clone(),
+                "delta" if kernel != "bwd_pre" => rnd(DType::Fp32, &hq_n, 0.1),
+                "o" | "dq" => HostBuffer::zeros(dt, &qs),
+                "dk" | "dv" => HostBuffer::zeros(dt, &ks),
+                "lse" | "delta" => HostBuffer::zeros(DType::Fp32, &hq_n),
+                other => {
+                    return Err(TritonError::Record(format!(
+                        "{name}: no benchmark input for buffer {other}"
+                    )))
+                }
+            };
+            b.insert(buf.to_string(), v);
+        }
+        let note = format!("once per layer x {l}");
+        write(
+            &format!("attention_{kernel}"),
+            &name,
+            &plan,
+            b,
+            t("attention", l as f64, note),
+        )?;
+    }
+
+    // The log-prob head: per vocabulary chunk of the logits, the merge into the online
+    // state and the in-place gradient; the finish once.
+    let width = shape.head_chunk_width();
+    let full = shape.vocab / width;
+    let last = shape.vocab - full * width;
+    let targets: Vec<i32> = uniform(7, n)
+        .iter()
+        .map(|u| ((u + 1.0) / 2.0 * shape.vocab as f32) as i32 % shape.vocab as i32)
+        .collect();
+    let state0: Vec<f32> = (0..n).flat_map(|_| [1.0f32, 100.0, -5.0, 0.5]).collect();
+    let out0: Vec<f32> = (0..n).flat_map(|_| [-3.0f32, 2.0]).collect();
+    let lp = if dt == DType::Bf16 { "bf16" } else { "f32" };
+    for (kernel, group_note) in [("fwd", "merge"), ("bwd", "in-place gradient")] {
+        for (cols, repeat, which) in [(width, full, "chunk"), (last, 1, "last_chunk")] {
+            if cols == 0 || repeat == 0 {
+                continue;
+            }
+            let name = format!("logprob_{kernel}_{lp}");
+            let s = logprob_head::LogprobChunk {
+                rows: n,
+                n_cols: cols,
+                stride_z: cols,
+                col0: if which == "chunk" { 0 } else { full * width },
+                first: false,
+                inv_t: 1.0,
+            };
+            let plan = logprob_head::plan(entry(&name)?, &s)?;
+            let mut b = Bufs::from([
+                ("z".into(), rnd(dt, &[n, cols], 8.0)),
+                ("targets".into(), HostBuffer::i32(&[n], &targets)),
+                ("state".into(), HostBuffer::f32(&[n, 4], &state0)),
+            ]);
+            if kernel == "bwd" {
+                b.insert("out".into(), HostBuffer::f32(&[n, 2], &out0));
+                b.insert("grad".into(), rnd(DType::Fp32, &[n, 2], 1.0));
+            }
+            let note = format!(
+                "the {group_note} of {which}s of {cols} logits x {n} rows: {repeat} of the \
+                 vocabulary's {} chunks of {width}",
+                full + usize::from(last > 0)
+            );
+            write(
+                &format!("head_{kernel}_{which}"),
+                &name,
+                &plan,
+                b,
+                t("head", repeat as f64, note),
+            )?;
+        }
+    }
+    let s = logprob_head::LogprobChunk {
+        rows: n,
+        n_cols: 1,
+        stride_z: 1,
+        col0: 0,
+        first: false,
+        inv_t: 1.0,
+    };
+    let plan = logprob_head::plan(entry("logprob_finish")?, &s)?;
+    let b = Bufs::from([
+        ("state".into(), HostBuffer::f32(&[n, 4], &state0)),
+        ("out".into(), HostBuffer::zeros(DType::Fp32, &[n, 2])),
+    ]);
+    let note = "once per step".to_string();
+    write(
+        "head_finish",
+        "logprob_finish",
+        &plan,
+        b,
+        t("head", 1.0, note),
+    )?;
+
+    // AdamW: one tensor of `adamw_sample` elements, its time scaled to every parameter.
+    let params = shape.params();
+    let sample = shape.adamw_sample.min(params).max(1);
+    let scale = params as f64 / sample as f64;
+    let (adamw_name, sumsq_name) = if dt == DType::Bf16 {
+        ("adamw_master_bf16_gbf16", "grad_sumsq_bf16")
+    } else {
+        ("adamw_f32", "grad_sumsq_f32")
+    };
+    let c = adamw::AdamwScalars::new(1e-5, 0.9, 0.999, 1e-8, 0.01, 10, 1.0);
+    let plan = adamw::plan(
+        entry(adamw_name)?,
+        &adamw::Adamw::Step {
+            n: sample,
+            scalars: c,
+        },
+    )?;
+    let v: Vec<f32> = uniform(9, sample).iter().map(|x| x * x * 1e-4).collect();
+    let mut b = Bufs::from([
+        ("param".into(), rnd(DType::Fp32, &[sample], 0.05)),
+        ("grad".into(), rnd(dt, &[sample], 1e-3)),
+        ("exp_avg".into(), rnd(DType::Fp32, &[sample], 1e-3)),
+        ("exp_avg_sq".into(), HostBuffer::f32(&[sample], &v)),
+    ]);
+    if plan.buffers().contains(&"copy") {
+        b.insert("copy".into(), HostBuffer::zeros(DType::Bf16, &[sample]));
+    }
+    let scaled = format!(
+        "SCALED: one tensor of {sample} elements timed, x {scale:.3} for all {params} parameters"
+    );
+    write(
+        "adamw_step",
+        adamw_name,
+        &plan,
+        b,
+        t("adamw", scale, scaled.clone()),
+    )?;
+    let k = entry(sumsq_name)?;
+    let plan = adamw::plan(
+        k,
+        &adamw::Adamw::SumSq {
+            n: sample,
+            partials_offset: 0,
+        },
+    )?;
+    let np = adamw::partials_for(k, sample)?;
+    let b = Bufs::from([
+        ("grad".into(), rnd(dt, &[sample], 1e-3)),
+        ("partials".into(), HostBuffer::zeros(DType::Fp32, &[np])),
+    ]);
+    write(
+        "adamw_grad_sumsq",
+        sumsq_name,
+        &plan,
+        b,
+        t("adamw", scale, scaled),
+    )?;
+    let total = adamw::partials_for(k, params)?;
+    let plan = adamw::plan(
+        entry("grad_sumsq_total")?,
+        &adamw::Adamw::Total { n_partials: total },
+    )?;
+    let b = Bufs::from([
+        ("partials".into(), rnd(DType::Fp32, &[total], 1.0)),
+        ("out".into(), HostBuffer::zeros(DType::Fp64, &[1])),
+    ]);
+    let note = format!("once per step, over the {total} partials of all {params} parameters");
+    write(
+        "adamw_grad_sumsq_total",
+        "grad_sumsq_total",
+        &plan,
+        b,
+        t("adamw", 1.0, note),
+    )?;
+
+    let budgets: serde_json::Map<String, serde_json::Value> = (BUDGETS_MS.iter())
+        .map(|(g, ms, what)| {
+            (
+                g.to_string(),
+                serde_json::json!({"budget_ms": ms, "what": what}),
+            )
+        })
+        .collect();
+    let bench = serde_json::json!({
+        "format": 1,
+        "shape": shape,
+        "tokens": n,
+        "params": params,
+        "target": target,
+        "groups": budgets,
+        "records": index,
+    });
+    let path = rec.dir().join("bench.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&bench).expect("JSON"))
+        .map_err(|e| TritonError::Record(format!("cannot write {}: {e}", path.display())))?;
+    Ok(out)
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::families::{self, fixture, FAMILIES_WITHOUT_PLAN};
 use super::manifest::{tests::FIXTURE, Manifest, Target};
 use super::record::{HostBuffer, Recorder, Tolerance, RECORD_ENV};
+use super::records::uniform;
 use super::{ptx, DType};
 
 fn repo_root() -> PathBuf {
@@ -130,19 +131,6 @@ fn plan_against_ptx_mismatches_are_named() {
     assert!(e.contains("not the scratch pointers"), "{e}");
 }
 
-/// Deterministic inputs in [-1, 1): a 64-bit LCG (Knuth's MMIX constants), seeded.
-pub(crate) fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
-}
-
 /// Where this test run writes records: `RLVR_KERNEL_RECORD` (a relative path is taken from
 /// the repository root, since `cargo test` runs in the crate's directory), else a temporary
 /// directory removed afterwards. Returns (recorder, whether to remove it).
@@ -218,7 +206,7 @@ fn launch_records_for_replay() {
     let dirs = record_fixture(&rec);
     assert_eq!(dirs.len(), 2);
     if let Ok(m) = Manifest::committed() {
-        let real = super::records::record_all(&rec, m);
+        let real = super::records::record_small(&rec, m, Target::Sm90a, true).unwrap();
         eprintln!("{} launch records of the committed kernels", real.len());
     }
     for d in &dirs {
@@ -326,5 +314,70 @@ fn recorder_refuses_inconsistent_records() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("label"), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The benchmark-shape records at a tiny stand-in shape: one record per distinct launch, each
+/// with its group and repeat, and `bench.json` listing them with the budgets.
+#[test]
+fn bench_records_carry_their_repeats() {
+    use super::records::{record_bench, BenchShape, BUDGETS_MS};
+    assert_eq!(BenchShape::qwen2_5_0_5b().params(), 494_032_768);
+    assert_eq!(BenchShape::qwen2_5_0_5b().head_chunk_width(), 4096);
+    let Ok(m) = Manifest::committed() else {
+        eprintln!("no committed kernels: nothing to record");
+        return;
+    };
+    let shape = BenchShape {
+        name: "tiny".into(),
+        rows: 2,
+        seq_len: 40,
+        hidden: 96,
+        layers: 3,
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        intermediate: 200,
+        vocab: 1000,
+        head_chunk_elems: 80 * 300,
+        adamw_sample: 5000,
+        ..BenchShape::qwen2_5_0_5b()
+    };
+    let d = std::env::temp_dir().join(format!("rlvr-bench-records-{}", std::process::id()));
+    let rec = Recorder::new(&d).unwrap();
+    let dirs = record_bench(&rec, m, Target::Sm90a, &shape).unwrap();
+    let bench: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("bench.json")).unwrap()).unwrap();
+    let index = bench["records"].as_array().unwrap();
+    assert_eq!(index.len(), dirs.len());
+    assert_eq!(bench["params"], shape.params());
+    for (g, ms, _) in BUDGETS_MS {
+        assert_eq!(bench["groups"][g]["budget_ms"], ms);
+    }
+    let repeat = |label: &str| {
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.join(label).join("record.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(json["expected"].as_object().unwrap().is_empty());
+        (
+            json["timing"]["group"].as_str().unwrap().to_string(),
+            json["timing"]["repeat"].as_f64().unwrap(),
+        )
+    };
+    assert_eq!(repeat("layer_rmsnorm_add_fwd"), ("layer".into(), 6.0));
+    assert_eq!(repeat("layer_rmsnorm_dw"), ("layer".into(), 7.0));
+    assert_eq!(repeat("attention_bwd_dkdv"), ("attention".into(), 3.0));
+    // 24 000 logits per chunk over 80 rows: 300 columns, 3 full chunks and one of 100.
+    assert_eq!(repeat("head_fwd_chunk"), ("head".into(), 3.0));
+    assert_eq!(repeat("head_bwd_last_chunk"), ("head".into(), 1.0));
+    let (g, r) = repeat("adamw_step");
+    assert_eq!(g, "adamw");
+    assert!((r - shape.params() as f64 / 5000.0).abs() < 1e-9);
+    let groups: std::collections::BTreeSet<String> = index
+        .iter()
+        .map(|r| r["group"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(groups.len(), 4);
     std::fs::remove_dir_all(&d).unwrap();
 }
