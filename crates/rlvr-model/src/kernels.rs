@@ -232,7 +232,9 @@ impl KernelSwitches {
 /// Why the kernels of `op` do not cover a model of `cfg` in `dtype`, if they do not.
 fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
     if !matches!(dtype, DType::F32 | DType::BF16) {
-        return Some(format!("the kernels are f32 and bf16, the model is {dtype:?}"));
+        return Some(format!(
+            "the kernels are f32 and bf16, the model is {dtype:?}"
+        ));
     }
     let hd = cfg.head_dim;
     match op {
@@ -569,7 +571,10 @@ fn record_attention_fwd(
         ("k".to_string(), HostBuffer::f32(&sk, &kh)),
         ("v".to_string(), HostBuffer::f32(&sk, &vh)),
         ("o".to_string(), HostBuffer::zeros(triton::DType::Fp32, &sq)),
-        ("lse".to_string(), HostBuffer::zeros(triton::DType::Fp32, &[hq * n])),
+        (
+            "lse".to_string(),
+            HostBuffer::zeros(triton::DType::Fp32, &[hq * n]),
+        ),
     ]);
     let expected = BTreeMap::from([
         (
@@ -665,7 +670,9 @@ impl AttnTap {
             .map(|i| {
                 let (h, t) = (i / n, i % n);
                 let at = (t * hq + h) * d;
-                (0..d).map(|x| oh[at + x] as f64 * doh[at + x] as f64).sum::<f64>() as f32
+                (0..d)
+                    .map(|x| oh[at + x] as f64 * doh[at + x] as f64)
+                    .sum::<f64>() as f32
             })
             .collect();
         let (sq, sk) = ([n, hq, d], [n, hk, d]);
@@ -685,10 +692,7 @@ impl AttnTap {
                 ("do".to_string(), f(&sq, &doh)),
                 ("delta".to_string(), z(&[hq * n])),
             ]),
-            BTreeMap::from([(
-                "delta".to_string(),
-                (f(&[hq * n], &delta), Tolerance::F32),
-            )]),
+            BTreeMap::from([("delta".to_string(), (f(&[hq * n], &delta), Tolerance::F32))]),
         )?;
         let inputs = BTreeMap::from([
             ("q".to_string(), f(&sq, &qh)),
@@ -776,7 +780,9 @@ fn composition_of(l: &AttnLayout, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<
         let mask = Tensor::from_vec(mask, (1, 1, s.len, sk), q.device())?;
         let scores = scores.reshape((hk, rep, s.len, sk))?.broadcast_add(&mask)?;
         let p = candle_core::Tensor::exp(&scores.broadcast_sub(&scores.max_keepdim(3)?)?)?;
-        let p = p.broadcast_div(&p.sum_keepdim(3)?)?.reshape((hk, rep * s.len, sk))?;
+        let p = p
+            .broadcast_div(&p.sum_keepdim(3)?)?
+            .reshape((hk, rep * s.len, sk))?;
         let o = p.matmul(&vg)?.reshape((hk, rep, s.len, d))?;
         let o = o.permute((2, 0, 1, 3))?.reshape((s.len, hq, d))?;
         parts.push((s.start, o));

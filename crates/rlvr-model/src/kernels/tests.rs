@@ -59,7 +59,10 @@ fn switches_parse_default_and_list() {
         KernelSwitches::all(Switch::Off)
     );
     let e = KernelSwitches::from_fused_list("attention,flash").unwrap_err();
-    assert!(e.to_string().contains("--fused flash: not a fused op"), "{e}");
+    assert!(
+        e.to_string().contains("--fused flash: not a fused op"),
+        "{e}"
+    );
     // Every key has a documented row.
     let rows = reference_rows();
     for op in FusedOp::ALL {
@@ -141,7 +144,9 @@ fn batch() -> SharedPrefixBatch {
 fn run(m: &Model) -> Vec<Vec<f32>> {
     let (ids, mask) = rows();
     let lp = m.token_logprobs(&ids, &mask, 1, 1.0, false, true).unwrap();
-    let sp = m.shared_prefix_logprobs(&batch(), 1.0, false, true).unwrap();
+    let sp = m
+        .shared_prefix_logprobs(&batch(), 1.0, false, true)
+        .unwrap();
     let loss = (lp.logprobs.sum_all().unwrap() + sp.logprobs.sum_all().unwrap()).unwrap();
     let grads = crate::recompute::backward(&loss).unwrap();
     let mut out = vec![
@@ -149,7 +154,9 @@ fn run(m: &Model) -> Vec<Vec<f32>> {
         sp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
     ];
     for (_, v) in m.named_vars() {
-        let g = grads.get(v.as_tensor()).expect("every weight has a gradient");
+        let g = grads
+            .get(v.as_tensor())
+            .expect("every weight has a gradient");
         out.push(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
     }
     out
@@ -191,22 +198,22 @@ fn model_level_launch_records_of_fused_attention() {
     }
     for kind in ["dense", "shared"] {
         for kernel in ["fwd", "bwd_pre", "bwd_dkdv", "bwd_dq"] {
-            let rec = dir.join(format!("model_attn_{kind}_attn_{kernel}_f32_d64/record.json"));
-            let text = std::fs::read_to_string(&rec)
-                .unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+            let rec = dir.join(format!(
+                "model_attn_{kind}_attn_{kernel}_f32_d64/record.json"
+            ));
+            let text =
+                std::fs::read_to_string(&rec).unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
             let json: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(json["name"], format!("attn_{kernel}_f32_d64"));
         }
     }
     // The shared layout's descriptors: 2 prompts, then the completion rows that have a position
     // (the one-token completion has none), each seeing its prompt as a prefix.
-    let seqs: Vec<i32> = std::fs::read(
-        dir.join("model_attn_shared_attn_fwd_f32_d64/seqs.bin"),
-    )
-    .unwrap()
-    .chunks_exact(4)
-    .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    .collect();
+    let seqs: Vec<i32> = std::fs::read(dir.join("model_attn_shared_attn_fwd_f32_d64/seqs.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     // P = 5, C = 5: prompts at 0 and 5; rows at 10, 15 (empty), 20, 25.
     assert_eq!(
         seqs,
