@@ -441,6 +441,30 @@ pub(crate) fn dense_seqs(bias: &[f32], b: usize, t: usize) -> Option<Vec<Seq>> {
     Some(seqs)
 }
 
+/// The sequences of a dense forward over `[B, T]` from its key mask (1 = token), when each row's
+/// tokens are contiguous (left or right padding): what [`dense_seqs`] finds in the causal padding
+/// bias built from that mask, without reading the bias. `None` otherwise.
+pub(crate) fn mask_seqs(mask: &[Vec<u32>], t: usize) -> Option<Vec<Seq>> {
+    let mut seqs = Vec::with_capacity(mask.len());
+    for (row, m) in mask.iter().enumerate() {
+        if m.len() != t {
+            return None;
+        }
+        let first = m.iter().position(|x| *x == 1)?;
+        let len = m[first..].iter().take_while(|x| **x == 1).count();
+        if m[first + len..].iter().any(|x| *x != 0) || m[..first].iter().any(|x| *x != 0) {
+            return None;
+        }
+        seqs.push(Seq {
+            start: row * t + first,
+            len,
+            prefix_start: 0,
+            prefix_len: 0,
+        });
+    }
+    Some(seqs)
+}
+
 /// The sequences of a shared-prefix forward: G prompts of `prompt_lens` (padded to P), then R
 /// completion rows of `comp_lens` positions (padded to C), row r continuing prompt
 /// `row_groups[r]`. Completion rows without a position have no sequence.

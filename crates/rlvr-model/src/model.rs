@@ -401,10 +401,32 @@ impl Model {
                 positions.len()
             )));
         }
-        let fused = match cache {
-            Some(_) => None,
-            None if self.fused.attention => self.dense_fused_layout(bias, b, t)?,
-            None => None,
+        self.forward_masked(ids, positions, bias, None, cache, grad)
+    }
+
+    /// [`Model::forward`], with the key mask `[B][T]` the bias was built from
+    /// ([`Model::attention_bias`] with no past) when the caller has it: fused attention then
+    /// takes its layout from the mask instead of reading the bias back from the device.
+    pub(crate) fn forward_masked(
+        &self,
+        ids: &Tensor,
+        positions: &[u32],
+        bias: &Tensor,
+        key_mask: Option<&[Vec<u32>]>,
+        cache: Option<&mut dyn KvStore>,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let fused = match (&cache, key_mask) {
+            (Some(_), _) => None,
+            _ if !self.fused.attention => None,
+            (None, Some(mask)) if mask.len() == b && bias.dims() == [b, 1, t, t] => {
+                match crate::kernels::mask_seqs(mask, t) {
+                    Some(seqs) => Some(self.fused_layout(b * t, seqs)),
+                    None => self.dense_fused_layout(bias, b, t)?,
+                }
+            }
+            (None, _) => self.dense_fused_layout(bias, b, t)?,
         };
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
         let x = self.stack(ids, positions, &AttnMask::Dense(bias, fused), cache, grad)?;

@@ -16,8 +16,8 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
-use candle_core::op::BackpropOp;
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
+use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 use rlvr_kernels::triton::cuda as tc;
 use rlvr_kernels::triton::families::attention::{self, Layout as AttnLayout};

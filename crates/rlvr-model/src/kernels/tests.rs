@@ -108,6 +108,8 @@ fn dense_layout_from_a_causal_padding_bias() {
         prefix_len: 0,
     };
     assert_eq!(seqs, vec![s(0, 3), s(6, 2), s(8, 4)]);
+    assert_eq!(mask_seqs(&mask, 4), Some(seqs));
+    assert_eq!(mask_seqs(&[vec![1, 0, 1, 0]], 4), None);
     // A bias that is not causal: no layout.
     let full = vec![0f32; 16];
     assert!(dense_seqs(&full, 1, 4).is_none());
