@@ -116,7 +116,8 @@ impl Model {
         let ids_t = Tensor::from_vec(flat, (b, t), self.device())?;
         let pos = position_ids(mask);
         let bias = self.attention_bias(mask, 0, t)?;
-        let hidden = self.forward_hidden(&ids_t, &pos, &bias, None, grad)?;
+        let flat_pos: Vec<u32> = pos.iter().flatten().copied().collect();
+        let hidden = self.forward_masked(&ids_t, &flat_pos, &bias, Some(mask), None, grad)?;
         let n = t - 1 - start;
         let h = hidden
             .narrow(1, start, n)?

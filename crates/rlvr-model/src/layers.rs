@@ -11,9 +11,11 @@ use std::cell::RefCell;
 use std::sync::{Arc, RwLock};
 
 use candle_core::{DType, Device, Tensor, Var};
+pub(crate) use rlvr_kernels::triton::families::attention::Layout as FusedLayout;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
+use crate::kernels::{AttnKind, Fused};
 use crate::kv::KvStore;
 use crate::ops::{rms_norm, rotate_half, softmax, upcast};
 
@@ -269,8 +271,10 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 #[derive(Clone)]
 pub(crate) enum AttnMask {
     /// Every row of `[B, T]` attends within itself (and to its cached past): the additive bias
-    /// `[B, 1, 1, T or 1, S]` in the reduction dtype (0 visible, [`crate::model::MASK_BIAS`] not).
-    Dense(Tensor),
+    /// `[B, 1, 1, T or 1, S]` in the reduction dtype (0 visible, [`crate::model::MASK_BIAS`] not),
+    /// and, when fused attention is on and the bias is a causal padding mask without a cache, the
+    /// kernels' layout of the same rows over the flat `B·T` axis.
+    Dense(Tensor, Option<Arc<FusedLayout>>),
     /// The shared-prefix layout of [`crate::shared_prefix`]: one flat `[1, N]` forward holding
     /// each group's prompt once and every completion row.
     Shared(Arc<SharedLayout>),
@@ -294,6 +298,9 @@ pub(crate) struct SharedLayout {
     /// `[R, 1, 1, C, P + C]` (reduction dtype): the row's prompt keys (its padding hidden), then
     /// its own keys causally (its padding hidden); `None` when C = 0.
     pub comp_bias: Option<Tensor>,
+    /// The fused attention kernels' layout of the same positions (each prompt once, each
+    /// completion row seeing its prompt's keys as a prefix), when fused attention is on.
+    pub fused: Option<Arc<FusedLayout>>,
 }
 
 impl SharedLayout {
@@ -315,6 +322,8 @@ pub(crate) struct Attention {
     n_heads: usize,
     n_kv: usize,
     head_dim: usize,
+    /// Which fused kernels this layer's attention takes ([`crate::Model::set_kernels`]).
+    pub fused: Fused,
 }
 
 impl Attention {
@@ -342,6 +351,7 @@ impl Attention {
             n_heads: cfg.num_attention_heads,
             n_kv: cfg.num_key_value_heads,
             head_dim: hd,
+            fused: Fused::default(),
         })
     }
 
@@ -367,8 +377,47 @@ impl Attention {
         let (cos, sin) = rope_cs;
         let q = rope(&q, cos, sin)?;
         let k = rope(&k, cos, sin)?;
+        let fused = match mask {
+            _ if !self.fused.attention || cache.is_some() => None,
+            AttnMask::Dense(_, l) => l.clone().map(|l| (AttnKind::Dense, l)),
+            AttnMask::Shared(l) => l.fused.clone().map(|f| (AttnKind::Shared, f)),
+        };
+        if let Some((kind, layout)) = fused {
+            let n = b * t;
+            let flat = |x: &Tensor, heads: usize| -> Result<Tensor> {
+                Ok(x.reshape((n, heads, hd))?.contiguous()?)
+            };
+            // The candle composition over the same tensors: the CPU's result (and the records'
+            // expectation under the launch recorder).
+            let composition = |q: &Tensor, k: &Tensor, v: &Tensor| -> Result<Tensor> {
+                let (q, k, v) = (
+                    q.reshape((b, t, nh, hd))?,
+                    k.reshape((b, t, nkv, hd))?,
+                    v.reshape((b, t, nkv, hd))?,
+                );
+                let o = match mask {
+                    AttnMask::Dense(bias, _) => {
+                        let q = q.transpose(1, 2)?.contiguous()?;
+                        let k = k.transpose(1, 2)?.contiguous()?;
+                        let v = v.transpose(1, 2)?.contiguous()?;
+                        self.attend(&q, &k, &v, bias)?
+                    }
+                    AttnMask::Shared(l) => self.attend_shared(&q, &k, &v, l)?,
+                };
+                Ok(o.reshape((n, nh, hd))?)
+            };
+            let o = crate::kernels::attention(
+                kind,
+                layout,
+                &flat(&q, nh)?,
+                &flat(&k, nkv)?,
+                &flat(&v, nkv)?,
+                &composition,
+            )?;
+            return self.o_proj.forward(&o.reshape((b, t, nh * hd))?, pass);
+        }
         let o = match mask {
-            AttnMask::Dense(bias) => {
+            AttnMask::Dense(bias, _) => {
                 let q = q.transpose(1, 2)?.contiguous()?; // [B, nh, T, hd]
                 let k = k.transpose(1, 2)?.contiguous()?; // [B, nkv, T, hd]
                 let v = v.transpose(1, 2)?.contiguous()?;

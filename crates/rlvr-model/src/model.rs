@@ -55,6 +55,9 @@ pub struct Model {
     dtype: DType,
     /// Recompute each decoder layer's forward in the backward ([`crate::recompute`]).
     checkpointing: bool,
+    /// The fused kernels' switches ([`Model::set_kernels`]) and what they resolved to here.
+    kernels: crate::kernels::KernelSwitches,
+    fused: crate::kernels::Fused,
     /// The LoRA adapters' settings when adapters are attached (then the base is frozen).
     pub(crate) lora: Option<crate::lora::LoraConfig>,
     /// The directory the base weights were loaded from (`base_model_name_or_path` of a saved
@@ -155,7 +158,9 @@ impl Model {
         } else {
             Linear::new(vb.pp("lm_head"), c.vocab_size, c.hidden_size, false)?
         };
-        Ok(Self {
+        let kernels = crate::kernels::KernelSwitches::default();
+        let fused = crate::kernels::Fused::of(&kernels, c, dtype, device);
+        let mut m = Self {
             rotary: Rotary::new(c, dtype, device),
             config,
             embed,
@@ -166,9 +171,13 @@ impl Model {
             device: device.clone(),
             dtype,
             checkpointing: false,
+            kernels,
+            fused,
             lora: None,
             source: None,
-        })
+        };
+        m.apply_fused();
+        Ok(m)
     }
 
     /// A randomly initialised model (weights ~ N(0, `init_std`), norms 1, biases 0), as
@@ -219,6 +228,50 @@ impl Model {
     /// [`crate::recompute::backward`] to get the weight gradients. Off by default.
     pub fn set_gradient_checkpointing(&mut self, on: bool) {
         self.checkpointing = on;
+    }
+
+    /// The fused GPU kernels to use ([`crate::kernels`]; `[kernels]` of the training config):
+    /// resolved here against the model's device, dtype and shapes, once (fallbacks and no-ops
+    /// are logged once). Every switch defaults to `auto`, which is on for CUDA only for kernels
+    /// that passed the GPU check (none yet), so a model is built with the candle composition.
+    /// The CPU path is unchanged whatever the switches.
+    pub fn set_kernels(&mut self, switches: crate::kernels::KernelSwitches) {
+        self.kernels = switches;
+        self.fused = crate::kernels::Fused::of(&switches, &self.config, self.dtype, &self.device);
+        self.apply_fused();
+    }
+
+    /// The fused kernels' switches ([`Model::set_kernels`]).
+    pub fn kernels(&self) -> crate::kernels::KernelSwitches {
+        self.kernels
+    }
+
+    fn apply_fused(&mut self) {
+        for l in &mut self.layers {
+            l.attn.fused = self.fused;
+        }
+    }
+
+    /// Whether fused attention runs (on CUDA, or on the CPU under the launch recorder).
+    pub(crate) fn fused_attention(&self) -> bool {
+        self.fused.attention
+    }
+
+    /// The fused attention kernels' layout over `seqs` of a flat axis of `n` positions.
+    pub(crate) fn fused_layout(
+        &self,
+        n: usize,
+        seqs: Vec<rlvr_kernels::triton::families::attention::Seq>,
+    ) -> std::sync::Arc<crate::layers::FusedLayout> {
+        let c = &self.config;
+        std::sync::Arc::new(crate::layers::FusedLayout {
+            n_tokens: n,
+            seqs,
+            q_heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            softmax_scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
+        })
     }
 
     /// Whether activation checkpointing is on.
@@ -348,10 +401,63 @@ impl Model {
                 positions.len()
             )));
         }
+        self.forward_masked(ids, positions, bias, None, cache, grad)
+    }
+
+    /// [`Model::forward`], with the key mask `[B][T]` the bias was built from
+    /// ([`Model::attention_bias`] with no past) when the caller has it: fused attention then
+    /// takes its layout from the mask instead of reading the bias back from the device.
+    pub(crate) fn forward_masked(
+        &self,
+        ids: &Tensor,
+        positions: &[u32],
+        bias: &Tensor,
+        key_mask: Option<&[Vec<u32>]>,
+        cache: Option<&mut dyn KvStore>,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let fused = match (&cache, key_mask) {
+            (Some(_), _) => None,
+            _ if !self.fused.attention => None,
+            (None, Some(mask)) if mask.len() == b && bias.dims() == [b, 1, t, t] => {
+                match crate::kernels::mask_seqs(mask, t) {
+                    Some(seqs) => Some(self.fused_layout(b * t, seqs)),
+                    None => self.dense_fused_layout(bias, b, t)?,
+                }
+            }
+            (None, _) => self.dense_fused_layout(bias, b, t)?,
+        };
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
-        let x = self.stack(ids, positions, &AttnMask::Dense(bias), cache, grad)?;
+        let x = self.stack(ids, positions, &AttnMask::Dense(bias, fused), cache, grad)?;
         let pass = self.pass(grad, false);
         self.norm.forward(&x, pass)
+    }
+
+    /// The fused attention layout of a dense forward without a cache: each row's real tokens (a
+    /// causal padding mask read from `bias` `[B, 1, T, T]`); `None` for another mask (then the
+    /// composition runs, said once in the log).
+    fn dense_fused_layout(
+        &self,
+        bias: &Tensor,
+        b: usize,
+        t: usize,
+    ) -> Result<Option<std::sync::Arc<crate::layers::FusedLayout>>> {
+        if bias.dims() != [b, 1, t, t] {
+            return Ok(None);
+        }
+        let host = bias.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(match crate::kernels::dense_seqs(&host, b, t) {
+            Some(seqs) => Some(self.fused_layout(b * t, seqs)),
+            None => {
+                crate::kernels::log_once(
+                    "kernels.attention: an attention bias that is not a causal padding mask runs \
+                     the candle composition"
+                        .into(),
+                );
+                None
+            }
+        })
     }
 
     /// How a forward with (`grad`) or without the graph runs; `cached` whether it reads a KV cache.
@@ -497,6 +603,7 @@ impl Model {
         let mut m = Self::build(self.config.clone(), self.dtype, &self.device, &mut copy)?;
         m.rotary = self.rotary.clone();
         m.checkpointing = self.checkpointing;
+        m.set_kernels(self.kernels);
         m.source = self.source.clone();
         Ok(m)
     }

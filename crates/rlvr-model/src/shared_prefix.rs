@@ -356,6 +356,18 @@ impl Model {
         } else {
             None
         };
+        let fused = self.fused_attention().then(|| {
+            let prompt_lens: Vec<usize> = batch.groups.iter().map(|g| g.prompt.len()).collect();
+            let (mut comp_lens, mut groups) = (Vec::with_capacity(r), Vec::with_capacity(r));
+            for (gi, grp) in batch.groups.iter().enumerate() {
+                for comp in &grp.completions {
+                    comp_lens.push(comp.len().saturating_sub(1));
+                    groups.push(gi);
+                }
+            }
+            let seqs = crate::kernels::shared_seqs(p, c, &prompt_lens, &comp_lens, &groups);
+            self.fused_layout(g * p + r * c, seqs)
+        });
         let layout = SharedLayout {
             groups: g,
             prompt_len: p,
@@ -364,6 +376,7 @@ impl Model {
             row_group: Tensor::from_vec(row_group, r, dev)?,
             prompt_bias: bias(pbias, p, p, g)?,
             comp_bias,
+            fused,
         };
         Ok(Plan {
             ids,

@@ -80,6 +80,12 @@ pub struct TrainArgs {
     /// Timed steps, after two untimed warm-up steps.
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
+    /// The fused GPU kernels to use, for A/B runs: `all`, `none`, or a comma-separated list of
+    /// `attention`, `rms_norm`, `rotary`, `swiglu`, `logprob_head`, `adamw` (those on, the rest
+    /// off). Default: each `auto` (on only once verified on a GPU: none is yet). On the CPU the
+    /// fused kernels are a no-op.
+    #[arg(long, value_name = "LIST")]
+    pub fused: Option<String>,
 }
 
 fn load(a: &ModelArgs) -> anyhow::Result<Model> {
@@ -211,7 +217,12 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     );
     in_range("--rows", a.rows, MAX_BENCH_ROWS)?;
     in_range("--steps", a.steps, MAX_BENCH_REPEATS)?;
-    let model = load(&a.model)?;
+    let mut model = load(&a.model)?;
+    let kernels = match &a.fused {
+        Some(list) => rlvr_model::KernelSwitches::from_fused_list(list)?,
+        None => rlvr_model::KernelSwitches::default(),
+    };
+    model.set_kernels(kernels);
     fits(&model, "--seq-len", a.seq_len)?;
     let dev = model.device().clone();
     let vars: Vec<_> = model
@@ -262,6 +273,7 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         serde_json::json!({
             "impl": "rlvr", "what": "train", "device": a.model.device, "dtype": a.model.dtype,
             "rows": a.rows, "seq_len": a.seq_len, "params": params,
+            "kernels": kernels.summary(),
             "step_s": step, "forward_s": median(fwds), "backward_s": median(bwds),
             "optimizer_s": median(opts),
             "tok_per_s": tokens / step,

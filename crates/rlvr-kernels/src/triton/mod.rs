@@ -37,6 +37,12 @@ pub use manifest::{DType, KernelEntry, Manifest, Param, ParamKind, Target};
 pub use plan::{Arg, DeviceBuffer, LaunchPlan, PlanBuilder, RawArg};
 pub use record::{HostBuffer, Recorder, Timing, Tolerance};
 
+/// The kernel families that passed the GPU check on a real GPU (`bench/gpu_check.sh`'s `kernels`
+/// part; BENCHMARKS.md names the run, machine and commit for each). The model turns a fused op on
+/// by default (`kernels.<op> = "auto"`) on CUDA only for a family listed here; every other fused
+/// op is opt-in (`"on"`). Empty: no GPU check of the Triton kernels has run yet.
+pub const GPU_VERIFIED: &[&str] = &[];
+
 /// What the Triton launcher refuses, each with the entry, parameter or value involved.
 #[derive(Debug, thiserror::Error)]
 pub enum TritonError {

@@ -68,6 +68,8 @@ pub struct RawConfig {
     pub output: OutputSection,
     /// `[distributed]`.
     pub distributed: DistributedSection,
+    /// `[kernels]` (rlvr-model's `KernelSwitches`): one switch per fused GPU kernel.
+    pub kernels: rlvr_model::KernelSwitches,
     /// The keys the user wrote (file and `--set`; on `--resume`, the `--set` overrides) and
     /// where: a knob of [`gates::GATES`] among them whose option is off is an error. Not part of
     /// the TOML.
@@ -659,5 +661,7 @@ pub fn reference_markdown() -> String {
     out.push_str(&rlvr_algo::reference_rows());
     // Every `[reward]` key, from rlvr-reward's doc comments.
     out.push_str(&rlvr_reward::reference::reward_rows());
+    // Every `[kernels]` key, from rlvr-model's doc comments.
+    out.push_str(&rlvr_model::kernels::reference_rows());
     out
 }

@@ -129,6 +129,11 @@ impl<'a> Run<'a> {
         let tokenizer = policy.tokenizer;
         let settings = settings::trainer_settings(cfg, tokenizer.pad_id);
         let mut trainer = Trainer::new(policy.model, reference, settings)?;
+        // The fused GPU kernels (`[kernels]`): resolved against the device, dtype and shapes.
+        trainer.model.set_kernels(c.kernels);
+        if let Some(r) = trainer.reference.as_mut() {
+            r.set_kernels(c.kernels);
+        }
         if let Some(d) = &dp {
             trainer = trainer.data_parallel_with(d.clone(), c.distributed.zero == 1)?;
         }

@@ -1,0 +1,834 @@
+//! The fused GPU kernels' switches (`[kernels]`, issue 44) and the model's fused-op code paths.
+//!
+//! [`KernelSwitches`] holds one [`Switch`] per fused op; [`crate::Model::set_kernels`] resolves it
+//! against the model's device, dtype and shapes into the per-layer [`Fused`] flags:
+//! - `"auto"` (the default): on for CUDA only when the op's kernel family is listed in
+//!   [`rlvr_kernels::triton::GPU_VERIFIED`] (the kernels that passed `bench/gpu_check.sh` on a real
+//!   GPU; BENCHMARKS.md names the run). That list is empty today, so every fused op is opt-in.
+//! - `"on"`: on for CUDA. On a CPU device the CPU path is unchanged (the log says so once); a shape
+//!   or dtype the kernels do not cover (head dim not 64/128, hidden size over 8192, not f32/bf16)
+//!   falls back to the candle composition, also said once in the log.
+//! - `"off"`: the candle composition.
+//!
+//! The model-level launch recorder ([`record_launches`], tests): on the CPU, with an op `"on"`,
+//! the fused code path runs up to building each launch plan from the real tensors of the forward
+//! and backward, writes it with the op's real inputs and, as expected outputs, the candle
+//! composition's results (the forward output and the gradients candle computes), then continues
+//! with the composition. `kernels/replay.py` replays the records under Triton's interpreter.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, Tensor};
+use rlvr_kernels::triton::families::attention::{self, Layout as AttnLayout, Seq};
+use rlvr_kernels::triton::{self, HostBuffer, Manifest, Recorder, Target, Tolerance};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// One fused op's switch: `"auto"`, `"on"` or `"off"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    /// On for CUDA once the kernel passed the GPU check (`rlvr_kernels::triton::GPU_VERIFIED`).
+    #[default]
+    Auto,
+    /// On for CUDA (opt-in); a no-op on the CPU.
+    On,
+    /// The candle composition.
+    Off,
+}
+
+impl std::fmt::Display for Switch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Switch::Auto => "auto",
+            Switch::On => "on",
+            Switch::Off => "off",
+        })
+    }
+}
+
+/// `[kernels]`: one switch per fused GPU kernel (Triton, compiled ahead of time; issue 44), for
+/// A/B runs and to fall back. Each is `"auto"`, `"on"` or `"off"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KernelSwitches {
+    /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; head dims other than 64 and 128 and dtypes other than f32/bf16 use the candle composition. Default `auto`.
+    pub attention: Switch,
+    /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    pub rms_norm: Switch,
+    /// Fused rotary embedding of q and k: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128). Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    pub rotary: Switch,
+    /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    pub swiglu: Switch,
+    /// The log-prob head's chunk kernels (online log-sum-exp, target log-prob, entropy, the gradient in place): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    pub logprob_head: Switch,
+    /// One-pass AdamW (f32 master, both moments and the bf16 copy; the gradient norm from partial sums): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the optimizer yet: `on` is accepted and logged.
+    pub adamw: Switch,
+}
+
+/// The fused ops, in the order of [`KernelSwitches`]' keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FusedOp {
+    /// `kernels.attention`.
+    Attention,
+    /// `kernels.rms_norm`.
+    RmsNorm,
+    /// `kernels.rotary`.
+    Rotary,
+    /// `kernels.swiglu`.
+    Swiglu,
+    /// `kernels.logprob_head`.
+    LogprobHead,
+    /// `kernels.adamw`.
+    Adamw,
+}
+
+impl FusedOp {
+    /// Every fused op.
+    pub const ALL: [FusedOp; 6] = [
+        FusedOp::Attention,
+        FusedOp::RmsNorm,
+        FusedOp::Rotary,
+        FusedOp::Swiglu,
+        FusedOp::LogprobHead,
+        FusedOp::Adamw,
+    ];
+
+    /// The key under `[kernels]` (and the name `rlvr bench train --fused` takes).
+    pub fn key(self) -> &'static str {
+        match self {
+            FusedOp::Attention => "attention",
+            FusedOp::RmsNorm => "rms_norm",
+            FusedOp::Rotary => "rotary",
+            FusedOp::Swiglu => "swiglu",
+            FusedOp::LogprobHead => "logprob_head",
+            FusedOp::Adamw => "adamw",
+        }
+    }
+
+    /// The kernel family in the manifest (and in [`triton::GPU_VERIFIED`]).
+    pub fn family(self) -> &'static str {
+        match self {
+            FusedOp::RmsNorm => "rmsnorm",
+            other => other.key(),
+        }
+    }
+
+    /// Whether the model uses this op's kernels yet (the others' switches are accepted and
+    /// logged, and change nothing).
+    pub fn wired(self) -> bool {
+        matches!(self, FusedOp::Attention)
+    }
+}
+
+impl KernelSwitches {
+    /// Every switch set to `s`.
+    pub fn all(s: Switch) -> Self {
+        let mut k = Self::default();
+        for op in FusedOp::ALL {
+            k.set(op, s);
+        }
+        k
+    }
+
+    /// The switch of `op`.
+    pub fn get(&self, op: FusedOp) -> Switch {
+        match op {
+            FusedOp::Attention => self.attention,
+            FusedOp::RmsNorm => self.rms_norm,
+            FusedOp::Rotary => self.rotary,
+            FusedOp::Swiglu => self.swiglu,
+            FusedOp::LogprobHead => self.logprob_head,
+            FusedOp::Adamw => self.adamw,
+        }
+    }
+
+    /// Sets the switch of `op`.
+    pub fn set(&mut self, op: FusedOp, s: Switch) {
+        *match op {
+            FusedOp::Attention => &mut self.attention,
+            FusedOp::RmsNorm => &mut self.rms_norm,
+            FusedOp::Rotary => &mut self.rotary,
+            FusedOp::Swiglu => &mut self.swiglu,
+            FusedOp::LogprobHead => &mut self.logprob_head,
+            FusedOp::Adamw => &mut self.adamw,
+        } = s;
+    }
+
+    /// The switches `rlvr bench train --fused LIST` means: `all` (every op on), `none` (every op
+    /// off), or a comma-separated list of keys (`attention,rms_norm`: those on, the rest off).
+    ///
+    /// Errors: an unknown op name (the message lists the known ones).
+    pub fn from_fused_list(list: &str) -> Result<Self> {
+        match list.trim() {
+            "all" => return Ok(Self::all(Switch::On)),
+            "none" | "" => return Ok(Self::all(Switch::Off)),
+            _ => {}
+        }
+        let mut k = Self::all(Switch::Off);
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let Some(op) = FusedOp::ALL.iter().find(|o| o.key() == name) else {
+                let known: Vec<_> = FusedOp::ALL.iter().map(|o| o.key()).collect();
+                return Err(ModelError::Invalid(format!(
+                    "--fused {name}: not a fused op (all, none, or a comma-separated list of {})",
+                    known.join(", ")
+                )));
+            };
+            k.set(*op, Switch::On);
+        }
+        Ok(k)
+    }
+
+    /// `attention=on rms_norm=auto …`: the switches on one line, for logs and reports.
+    pub fn summary(&self) -> String {
+        (FusedOp::ALL.iter())
+            .map(|o| format!("{}={}", o.key(), self.get(*o)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Whether `op` runs its fused kernels on `device` for a model of `cfg` in `dtype`: the
+    /// switch resolved (module docs). A shape or dtype the kernels do not cover gives `false`
+    /// (with a line in the log, once); so does `"on"` on the CPU (also logged once).
+    pub fn resolve(&self, op: FusedOp, cfg: &ModelConfig, dtype: DType, device: &Device) -> bool {
+        let key = op.key();
+        let on = match self.get(op) {
+            Switch::Off => return false,
+            Switch::On => true,
+            Switch::Auto => triton::GPU_VERIFIED.contains(&op.family()),
+        };
+        if !on {
+            return false;
+        }
+        if !device.is_cuda() {
+            if self.get(op) == Switch::On {
+                log_once(format!(
+                    "kernels.{key} = on: the fused kernels are CUDA only; the CPU runs the candle \
+                     composition"
+                ));
+            }
+            return false;
+        }
+        if !op.wired() {
+            log_once(format!(
+                "kernels.{key} = on: not wired into the model yet; the candle composition runs"
+            ));
+            return false;
+        }
+        if let Some(why) = uncovered(op, cfg, dtype) {
+            log_once(format!(
+                "kernels.{key} = on: {why}; falling back to the candle composition"
+            ));
+            return false;
+        }
+        true
+    }
+}
+
+/// Why the kernels of `op` do not cover a model of `cfg` in `dtype`, if they do not.
+fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
+    if !matches!(dtype, DType::F32 | DType::BF16) {
+        return Some(format!(
+            "the kernels are f32 and bf16, the model is {dtype:?}"
+        ));
+    }
+    let hd = cfg.head_dim;
+    match op {
+        FusedOp::Attention | FusedOp::Rotary if hd != 64 && hd != 128 => {
+            Some(format!("head dim {hd} (the kernels have 64 and 128)"))
+        }
+        FusedOp::RmsNorm if cfg.hidden_size > 8192 => Some(format!(
+            "hidden size {} (the kernels go to 8192)",
+            cfg.hidden_size
+        )),
+        _ => None,
+    }
+}
+
+/// Prints `msg` to stderr once per process.
+pub(crate) fn log_once(msg: String) {
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.get_or_insert_with(HashSet::new).insert(msg.clone()) {
+        eprintln!("rlvr: {msg}");
+    }
+}
+
+/// The `[kernels]` rows of the config reference (`| key | meaning |`), from the doc comments of
+/// [`KernelSwitches`]' fields.
+pub fn reference_rows() -> String {
+    let src = include_str!("kernels.rs");
+    let start = (src.find("pub struct KernelSwitches {")).expect("KernelSwitches is defined here");
+    let mut out = String::new();
+    let mut doc: Vec<&str> = Vec::new();
+    for line in src[start..].lines().skip(1) {
+        let l = line.trim();
+        if l == "}" {
+            break;
+        }
+        if let Some(d) = l.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let Some((field, _)) = l.strip_prefix("pub ").and_then(|r| r.split_once(':')) {
+            out.push_str(&format!(
+                "| `kernels.{}` | {} |\n",
+                field.trim(),
+                doc.join(" ").replace('|', "\\|")
+            ));
+            doc.clear();
+        } else if !l.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    out
+}
+
+/// The resolved flags the layers read: which ops take their fused path. Without CUDA, an op
+/// whose switch is `"on"` is flagged too (`cpu_record`), so that the launch recorder
+/// ([`record_launches`]) can follow the fused path's plan building on the CPU; without a
+/// recorder the CPU runs the composition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Fused {
+    /// Attention through the fused kernels.
+    pub attention: bool,
+}
+
+impl Fused {
+    /// The flags of `s` for a model of `cfg` in `dtype` on `device`.
+    pub fn of(s: &KernelSwitches, cfg: &ModelConfig, dtype: DType, device: &Device) -> Self {
+        let cpu_on = |op: FusedOp| {
+            !device.is_cuda() && s.get(op) == Switch::On && uncovered(op, cfg, dtype).is_none()
+        };
+        let attention = s.resolve(FusedOp::Attention, cfg, dtype, device);
+        Fused {
+            attention: attention || cpu_on(FusedOp::Attention),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launch recorder at the model level.
+
+struct ModelRecorder {
+    rec: Recorder,
+    manifest: &'static Manifest,
+    /// Labels written: each (layout, kernel) is recorded once per recorder, the first time.
+    written: BTreeSet<String>,
+}
+
+thread_local! {
+    static RECORDER: RefCell<Option<ModelRecorder>> = const { RefCell::new(None) };
+}
+
+/// Records written by the model on this thread while it lives ([`record_launches`]); dropping it
+/// stops recording.
+pub struct RecordGuard(());
+
+impl Drop for RecordGuard {
+    fn drop(&mut self) {
+        RECORDER.with(|r| r.borrow_mut().take());
+    }
+}
+
+/// Makes the fused ops switched `"on"` record their launches on this thread (CPU only): each
+/// launch plan built from the real tensors of the forward and backward, with those tensors as
+/// inputs and the candle composition's results as the expected outputs, written under `dir` as
+/// `rlvr_kernels::triton::record` describes (one record per layout and kernel, the first seen).
+/// The computation itself is the composition's, unchanged.
+///
+/// Errors: the directory cannot be created, the committed manifest does not load.
+pub fn record_launches(dir: impl Into<std::path::PathBuf>) -> Result<RecordGuard> {
+    let rec = Recorder::new(dir).map_err(|e| ModelError::Invalid(e.to_string()))?;
+    let manifest = Manifest::committed().map_err(|e| ModelError::Invalid(e.to_string()))?;
+    RECORDER.with(|r| {
+        *r.borrow_mut() = Some(ModelRecorder {
+            rec,
+            manifest,
+            written: BTreeSet::new(),
+        })
+    });
+    Ok(RecordGuard(()))
+}
+
+fn recording() -> bool {
+    RECORDER.with(|r| r.borrow().is_some())
+}
+
+/// Writes one record through the thread's recorder (if any, and the label is new).
+fn write_record(
+    label: &str,
+    name: &str,
+    build: impl FnOnce(&triton::KernelEntry) -> Result<(triton::LaunchPlan, BTreeMap<String, Vec<i32>>)>,
+    mut buffers: BTreeMap<String, HostBuffer>,
+    expected: BTreeMap<String, (HostBuffer, Tolerance)>,
+) -> Result<()> {
+    RECORDER.with(|r| {
+        let mut r = r.borrow_mut();
+        let Some(mr) = r.as_mut() else {
+            return Ok(());
+        };
+        if mr.written.contains(label) {
+            return Ok(());
+        }
+        let err = |e: triton::TritonError| ModelError::Invalid(format!("{label}: {e}"));
+        let entry = mr.manifest.entry(name, Target::Sm90a).map_err(err)?;
+        let (plan, desc) = build(entry)?;
+        for (n, v) in desc {
+            buffers.insert(n, HostBuffer::i32(&[v.len()], &v));
+        }
+        mr.rec
+            .record(label, entry, &plan, &buffers, &expected)
+            .map_err(err)?;
+        mr.written.insert(label.to_string());
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention.
+
+/// Which layout a fused attention call is over (for record labels and messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttnKind {
+    /// Rows of `[B, T]`, each attending causally within its real tokens.
+    Dense,
+    /// The shared-prefix layout.
+    Shared,
+}
+
+impl AttnKind {
+    fn name(self) -> &'static str {
+        match self {
+            AttnKind::Dense => "dense",
+            AttnKind::Shared => "shared",
+        }
+    }
+}
+
+/// The sequences of a dense forward over `[B, T]` without a cache, from its additive bias
+/// `[B, T, T]` (row-major, f32 on the host): row b's real tokens (the keys its diagonal shows)
+/// must be contiguous, and every real query must see exactly the real keys up to itself (the
+/// causal padding mask of `Model::attention_bias`). `None` for any other bias: then the
+/// composition runs.
+pub(crate) fn dense_seqs(bias: &[f32], b: usize, t: usize) -> Option<Vec<Seq>> {
+    let mut seqs = Vec::with_capacity(b);
+    for row in 0..b {
+        let m = &bias[row * t * t..(row + 1) * t * t];
+        let real: Vec<bool> = (0..t).map(|j| m[j * t + j] == 0.0).collect();
+        let first = real.iter().position(|x| *x)?;
+        let len = real[first..].iter().take_while(|x| **x).count();
+        if real[first + len..].iter().any(|x| *x) {
+            return None;
+        }
+        for i in first..first + len {
+            for j in 0..t {
+                let visible = j >= first && j <= i;
+                if (m[i * t + j] == 0.0) != visible {
+                    return None;
+                }
+            }
+        }
+        seqs.push(Seq {
+            start: row * t + first,
+            len,
+            prefix_start: 0,
+            prefix_len: 0,
+        });
+    }
+    Some(seqs)
+}
+
+/// The sequences of a dense forward over `[B, T]` from its key mask (1 = token), when each row's
+/// tokens are contiguous (left or right padding): what [`dense_seqs`] finds in the causal padding
+/// bias built from that mask, without reading the bias. `None` otherwise.
+pub(crate) fn mask_seqs(mask: &[Vec<u32>], t: usize) -> Option<Vec<Seq>> {
+    let mut seqs = Vec::with_capacity(mask.len());
+    for (row, m) in mask.iter().enumerate() {
+        if m.len() != t {
+            return None;
+        }
+        let first = m.iter().position(|x| *x == 1)?;
+        let len = m[first..].iter().take_while(|x| **x == 1).count();
+        if m[first + len..].iter().any(|x| *x != 0) || m[..first].iter().any(|x| *x != 0) {
+            return None;
+        }
+        seqs.push(Seq {
+            start: row * t + first,
+            len,
+            prefix_start: 0,
+            prefix_len: 0,
+        });
+    }
+    Some(seqs)
+}
+
+/// The sequences of a shared-prefix forward: G prompts of `prompt_lens` (padded to P), then R
+/// completion rows of `comp_lens` positions (padded to C), row r continuing prompt
+/// `row_groups[r]`. Completion rows without a position have no sequence.
+pub(crate) fn shared_seqs(
+    prompt_len: usize,
+    comp_len: usize,
+    prompt_lens: &[usize],
+    comp_lens: &[usize],
+    row_groups: &[usize],
+) -> Vec<Seq> {
+    let g = prompt_lens.len();
+    let mut seqs: Vec<Seq> = (prompt_lens.iter().enumerate())
+        .map(|(gi, &len)| Seq {
+            start: gi * prompt_len,
+            len,
+            prefix_start: 0,
+            prefix_len: 0,
+        })
+        .collect();
+    for (r, (&len, &gi)) in comp_lens.iter().zip(row_groups).enumerate() {
+        if len > 0 {
+            seqs.push(Seq {
+                start: g * prompt_len + r * comp_len,
+                len,
+                prefix_start: gi * prompt_len,
+                prefix_len: prompt_lens[gi],
+            });
+        }
+    }
+    seqs
+}
+
+/// Attention through the fused kernels where they run: q `[N, nh, hd]`, k and v `[N, nkv, hd]`
+/// (after the rotary embedding, contiguous, N the flat token axis of `layout`) give
+/// `[N, nh, hd]`. `composition` is the candle composition of the same (its result `[N, nh, hd]`):
+/// what runs on the CPU, and, under [`record_launches`], what the records expect.
+pub(crate) fn attention(
+    kind: AttnKind,
+    layout: Arc<AttnLayout>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    composition: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() {
+        return cuda_attention::apply(layout, q, k, v);
+    }
+    let o = composition(q, k, v)?;
+    if !recording() || !matches!(q.dtype(), DType::F32) {
+        return Ok(o);
+    }
+    record_attention_fwd(kind, &layout, q, k, v, &o)?;
+    // The backward's records are written when the gradient of `o` arrives.
+    let tap = AttnTap {
+        kind,
+        layout,
+        q: q.detach(),
+        k: k.detach(),
+        v: v.detach(),
+    };
+    Ok(o.apply_op1(tap)?)
+}
+
+fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}
+
+/// `(lse [nh·N], queries)`: the log-sum-exp of every query row of `l` per head, in f64 from the
+/// f32 inputs, and each query's visible keys.
+fn lse_of(l: &AttnLayout, q: &[f32], k: &[f32]) -> Vec<f64> {
+    let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+    let rep = hq / hk;
+    let mut lse = vec![0.0f64; hq * n];
+    for s in &l.seqs {
+        for i in 0..s.len {
+            let t = s.start + i;
+            let keys = (s.prefix_start..s.prefix_start + s.prefix_len).chain(s.start..=t);
+            let keys: Vec<usize> = keys.collect();
+            for h in 0..hq {
+                let qi = (t * hq + h) * d;
+                let sc: Vec<f64> = (keys.iter())
+                    .map(|j| {
+                        let ki = (j * hk + h / rep) * d;
+                        let dot: f64 = (0..d).map(|x| q[qi + x] as f64 * k[ki + x] as f64).sum();
+                        dot * l.softmax_scale as f64
+                    })
+                    .collect();
+                let m = sc.iter().fold(f64::NEG_INFINITY, |a, b| a.max(*b));
+                let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+                lse[h * n + t] = m + z.ln();
+            }
+        }
+    }
+    lse
+}
+
+/// Zeros the rows of `v` (`[N, heads·hd]` flat) outside every sequence: what the kernels leave
+/// untouched in a zeroed output.
+fn outside_zeroed(l: &AttnLayout, v: &[f32], row: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for s in &l.seqs {
+        let r = s.start * row..(s.start + s.len) * row;
+        out[r.clone()].copy_from_slice(&v[r]);
+    }
+    out
+}
+
+fn variant(kernel: &str, d: usize) -> String {
+    format!("attn_{kernel}_f32_d{d}")
+}
+
+fn record_attention_fwd(
+    kind: AttnKind,
+    l: &Arc<AttnLayout>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+) -> Result<()> {
+    let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+    let (qh, kh, vh, oh) = (host_f32(q)?, host_f32(k)?, host_f32(v)?, host_f32(o)?);
+    // Rows outside every sequence keep the zeros the kernel never overwrites.
+    let lse: Vec<f32> = lse_of(l, &qh, &kh).iter().map(|x| *x as f32).collect();
+    let (sq, sk) = ([n, hq, d], [n, hk, d]);
+    let buffers = BTreeMap::from([
+        ("q".to_string(), HostBuffer::f32(&sq, &qh)),
+        ("k".to_string(), HostBuffer::f32(&sk, &kh)),
+        ("v".to_string(), HostBuffer::f32(&sk, &vh)),
+        ("o".to_string(), HostBuffer::zeros(triton::DType::Fp32, &sq)),
+        (
+            "lse".to_string(),
+            HostBuffer::zeros(triton::DType::Fp32, &[hq * n]),
+        ),
+    ]);
+    let expected = BTreeMap::from([
+        (
+            "o".to_string(),
+            (
+                HostBuffer::f32(&sq, &outside_zeroed(l, &oh, hq * d)),
+                Tolerance::F32,
+            ),
+        ),
+        (
+            "lse".to_string(),
+            (HostBuffer::f32(&[hq * n], &lse), Tolerance::F32),
+        ),
+    ]);
+    let name = variant("fwd", d);
+    let label = format!("model_attn_{}_{name}", kind.name());
+    write_record(
+        &label,
+        &name,
+        |e| attention::plan(e, l).map_err(|e| ModelError::Invalid(e.to_string())),
+        buffers,
+        expected,
+    )
+}
+
+/// The identity on attention's output, under the recorder: its backward receives the real
+/// gradient of the output (dO), records the three backward kernels with the gradients the candle
+/// composition gives for that dO, and passes dO on unchanged.
+struct AttnTap {
+    kind: AttnKind,
+    layout: Arc<AttnLayout>,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
+impl candle_core::CustomOp1 for AttnTap {
+    fn name(&self) -> &'static str {
+        "rlvr-attention-record"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let t = match (s, l.contiguous_offsets()) {
+            (candle_core::CpuStorage::F32(v), Some((a, b))) => {
+                candle_core::CpuStorage::F32(v[a..b].to_vec())
+            }
+            _ => candle_core::bail!("rlvr-attention-record: contiguous f32 only"),
+        };
+        Ok((t, l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        self.record_bwd(res, grad_res)
+            .map_err(candle_core::Error::wrap)?;
+        Ok(Some(grad_res.clone()))
+    }
+}
+
+impl AttnTap {
+    fn record_bwd(&self, o: &Tensor, d_o: &Tensor) -> Result<()> {
+        let l = &self.layout;
+        let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+        // The composition's gradients for this dO, from its own graph over fresh leaves.
+        let (q, k, v) = (
+            candle_core::Var::from_tensor(&self.q)?,
+            candle_core::Var::from_tensor(&self.k)?,
+            candle_core::Var::from_tensor(&self.v)?,
+        );
+        let o2 = composition_of(l, q.as_tensor(), k.as_tensor(), v.as_tensor())?;
+        let loss = (o2 * d_o.detach())?.sum_all()?;
+        let grads = loss.backward()?;
+        let grad = |x: &candle_core::Var| -> Result<Vec<f32>> {
+            match grads.get(x.as_tensor()) {
+                Some(g) => host_f32(g),
+                None => Ok(vec![0.0; x.elem_count()]),
+            }
+        };
+        let (dq, dk, dv) = (grad(&q)?, grad(&k)?, grad(&v)?);
+        let (qh, kh, vh) = (host_f32(&self.q)?, host_f32(&self.k)?, host_f32(&self.v)?);
+        let oh = outside_zeroed(l, &host_f32(o)?, hq * d);
+        let doh = outside_zeroed(l, &host_f32(d_o)?, hq * d);
+        let lse: Vec<f32> = lse_of(l, &qh, &kh).iter().map(|x| *x as f32).collect();
+        let delta: Vec<f32> = (0..hq * n)
+            .map(|i| {
+                let (h, t) = (i / n, i % n);
+                let at = (t * hq + h) * d;
+                (0..d)
+                    .map(|x| oh[at + x] as f64 * doh[at + x] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let (sq, sk) = ([n, hq, d], [n, hk, d]);
+        let f = |s: &[usize], v: &[f32]| HostBuffer::f32(s, v);
+        let z = |s: &[usize]| HostBuffer::zeros(triton::DType::Fp32, s);
+        let kind = self.kind.name();
+        let plan = |e: &triton::KernelEntry| {
+            attention::plan(e, l).map_err(|e| ModelError::Invalid(e.to_string()))
+        };
+        let name = variant("bwd_pre", d);
+        write_record(
+            &format!("model_attn_{kind}_{name}"),
+            &name,
+            plan,
+            BTreeMap::from([
+                ("o".to_string(), f(&sq, &oh)),
+                ("do".to_string(), f(&sq, &doh)),
+                ("delta".to_string(), z(&[hq * n])),
+            ]),
+            BTreeMap::from([("delta".to_string(), (f(&[hq * n], &delta), Tolerance::F32))]),
+        )?;
+        let inputs = BTreeMap::from([
+            ("q".to_string(), f(&sq, &qh)),
+            ("k".to_string(), f(&sk, &kh)),
+            ("v".to_string(), f(&sk, &vh)),
+            ("do".to_string(), f(&sq, &doh)),
+            ("lse".to_string(), f(&[hq * n], &lse)),
+            ("delta".to_string(), f(&[hq * n], &delta)),
+        ]);
+        // Gradients: the kernels write only rows inside sequences (key rows of a prompt's
+        // padding are never visible, so candle's gradient there is 0 as well).
+        let tol = Tolerance {
+            atol: 2e-5,
+            rtol: 1e-4,
+        };
+        let name = variant("bwd_dkdv", d);
+        let mut b = inputs.clone();
+        b.insert("dk".into(), z(&sk));
+        b.insert("dv".into(), z(&sk));
+        write_record(
+            &format!("model_attn_{kind}_{name}"),
+            &name,
+            plan,
+            b,
+            BTreeMap::from([
+                (
+                    "dk".to_string(),
+                    (f(&sk, &outside_zeroed(l, &dk, hk * d)), tol),
+                ),
+                (
+                    "dv".to_string(),
+                    (f(&sk, &outside_zeroed(l, &dv, hk * d)), tol),
+                ),
+            ]),
+        )?;
+        let name = variant("bwd_dq", d);
+        let mut b = inputs;
+        b.insert("dq".into(), z(&sq));
+        write_record(
+            &format!("model_attn_{kind}_{name}"),
+            &name,
+            plan,
+            b,
+            BTreeMap::from([(
+                "dq".to_string(),
+                (f(&sq, &outside_zeroed(l, &dq, hq * d)), tol),
+            )]),
+        )
+    }
+}
+
+/// A plain candle composition of attention over `l` (per sequence, dense softmax in f32): the
+/// oracle of the backward records. q `[N, nh, hd]`, k/v `[N, nkv, hd]` → `[N, nh, hd]`, rows
+/// outside every sequence 0.
+fn composition_of(l: &AttnLayout, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
+    let rep = hq / hk;
+    let mut parts: Vec<(usize, Tensor)> = Vec::new();
+    for s in &l.seqs {
+        let qs = q.narrow(0, s.start, s.len)?; // [L, nh, d]
+        let own_k = k.narrow(0, s.start, s.len)?;
+        let own_v = v.narrow(0, s.start, s.len)?;
+        let (ks, vs) = if s.prefix_len > 0 {
+            (
+                Tensor::cat(&[&k.narrow(0, s.prefix_start, s.prefix_len)?, &own_k], 0)?,
+                Tensor::cat(&[&v.narrow(0, s.prefix_start, s.prefix_len)?, &own_v], 0)?,
+            )
+        } else {
+            (own_k, own_v)
+        };
+        let sk = ks.dim(0)?;
+        // [nkv, rep·L, d] queries against [nkv, S, d] keys.
+        let qg = (qs.reshape((s.len, hk, rep, d))?.permute((1, 2, 0, 3))?)
+            .reshape((hk, rep * s.len, d))?
+            .contiguous()?;
+        let kt = ks.permute((1, 2, 0))?.contiguous()?; // [nkv, d, S]
+        let vg = vs.permute((1, 0, 2))?.contiguous()?; // [nkv, S, d]
+        let scores = (qg.matmul(&kt)? * l.softmax_scale as f64)?;
+        let mut mask = vec![0f32; s.len * sk];
+        for i in 0..s.len {
+            for j in s.prefix_len + i + 1..sk {
+                mask[i * sk + j] = f32::NEG_INFINITY;
+            }
+        }
+        let mask = Tensor::from_vec(mask, (1, 1, s.len, sk), q.device())?;
+        let scores = scores.reshape((hk, rep, s.len, sk))?.broadcast_add(&mask)?;
+        let p = candle_core::Tensor::exp(&scores.broadcast_sub(&scores.max_keepdim(3)?)?)?;
+        let p = p
+            .broadcast_div(&p.sum_keepdim(3)?)?
+            .reshape((hk, rep * s.len, sk))?;
+        let o = p.matmul(&vg)?.reshape((hk, rep, s.len, d))?;
+        let o = o.permute((2, 0, 1, 3))?.reshape((s.len, hq, d))?;
+        parts.push((s.start, o));
+    }
+    parts.sort_by_key(|(s, _)| *s);
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for (start, o) in parts {
+        if start > at {
+            pieces.push(Tensor::zeros((start - at, hq, d), q.dtype(), q.device())?);
+        }
+        at = start + o.dim(0)?;
+        pieces.push(o);
+    }
+    if at < n {
+        pieces.push(Tensor::zeros((n - at, hq, d), q.dtype(), q.device())?);
+    }
+    Ok(Tensor::cat(&pieces, 0)?)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_attention;
+
+#[cfg(test)]
+mod tests;
