@@ -16,12 +16,14 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 use rlvr_kernels::triton::cuda as tc;
+use rlvr_kernels::triton::families;
 use rlvr_kernels::triton::families::attention::{self, Layout as AttnLayout};
-use rlvr_kernels::triton::{DeviceBuffer, Manifest};
+use rlvr_kernels::triton::{DeviceBuffer, KernelEntry, Manifest};
 
 use crate::error::Result;
 
@@ -69,7 +71,10 @@ fn contiguous(len: usize) -> Layout {
 }
 
 /// Launches kernel `kernel` of the family over `l` with `inputs` (read) and `outputs` (written),
-/// each by its buffer name; the descriptors are uploaded here.
+/// each by its buffer name; the descriptors are uploaded here. The variant is the aligned twin
+/// (`_a16`, 128-bit accesses) when the manifest has one and every address and length of this
+/// launch qualifies ([`LaunchPlan::resolve`] is pure: it is checked before anything launches),
+/// else the fallback compiled without alignment assumptions.
 fn run(
     dev: &CudaDevice,
     kernel: &str,
@@ -81,8 +86,35 @@ fn run(
     let m = Manifest::committed()?;
     let stream = dev.cuda_stream();
     let target = tc::device_target(&stream, m)?;
-    let entry = m.entry(&variant(kernel, dtype, l.head_dim)?, target)?;
-    let (plan, desc) = attention::plan(entry, l)?;
+    let base = variant(kernel, dtype, l.head_dim)?;
+    if let Ok(twin) = m.entry(&families::aligned_name(&base), target) {
+        if launch(dev, &stream, m, twin, l, inputs, outputs, true)? {
+            return Ok(());
+        }
+    }
+    let entry = m.entry(&base, target)?;
+    launch(dev, &stream, m, entry, l, inputs, outputs, false)?;
+    Ok(())
+}
+
+/// One launch of `entry`; with `optional` (an aligned twin) returns `Ok(false)` without
+/// launching when its plan does not accept this launch's shapes or addresses.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    m: &Manifest,
+    entry: &KernelEntry,
+    l: &AttnLayout,
+    inputs: &[(&str, &CudaStorage, &Layout)],
+    outputs: &mut [(&str, &mut CudaStorage)],
+    optional: bool,
+) -> candle_core::Result<bool> {
+    let (plan, desc) = match attention::plan(entry, l) {
+        Ok(p) => p,
+        Err(_) if optional => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
     let mut descs = Vec::with_capacity(desc.len());
     for (name, v) in desc {
         let len = v.len();
@@ -92,24 +124,27 @@ fn run(
     let mut bufs: Vec<(&str, DeviceBuffer)> = Vec::new();
     let mut guards = Vec::new();
     for &(name, s, lay) in inputs {
-        let (b, g) = tc::candle_buffer(s, lay, &stream)?;
+        let (b, g) = tc::candle_buffer(s, lay, stream)?;
         bufs.push((name, b));
         guards.push(g);
     }
     for (name, s, lay) in &descs {
-        let (b, g) = tc::candle_buffer(s, lay, &stream)?;
+        let (b, g) = tc::candle_buffer(s, lay, stream)?;
         bufs.push((name.as_str(), b));
         guards.push(g);
     }
     for (name, s) in outputs.iter_mut() {
         let lay = contiguous(storage_len(s));
-        let (b, g) = tc::candle_buffer_mut(s, &lay, &stream)?;
+        let (b, g) = tc::candle_buffer_mut(s, &lay, stream)?;
         bufs.push((*name, b));
         guards.push(g);
     }
-    tc::launch(&stream, m, &plan, &bufs)?;
+    if optional && plan.resolve(&bufs).is_err() {
+        return Ok(false);
+    }
+    tc::launch(stream, m, &plan, &bufs)?;
     drop(guards);
-    Ok(())
+    Ok(true)
 }
 
 fn storage_len(s: &CudaStorage) -> usize {
