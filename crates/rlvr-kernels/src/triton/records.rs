@@ -1024,6 +1024,23 @@ fn random(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostBuffer {
     input(dtype, shape, seed, scale).0
 }
 
+/// `build` for `name`'s aligned twin (`_a16`) when the manifest has one for `target` and its
+/// plan accepts the launch (every length it assumes a multiple of 16 is), else for `name`: the
+/// benchmark times the variant that the model's fused ops launch at that shape.
+fn twin_or<T>(
+    m: &Manifest,
+    target: Target,
+    name: &str,
+    build: impl Fn(&KernelEntry) -> Result<T>,
+) -> Result<T> {
+    if let Ok(e) = m.entry(&aligned_name(name), target) {
+        if let Ok(p) = build(e) {
+            return Ok(p);
+        }
+    }
+    build(m.entry(name, target)?)
+}
+
 /// Writes the launches of one training step at `shape` for `target` (random inputs, no
 /// expected outputs), each with its [`Timing`], and `bench.json` (the shape, its parameter
 /// count, [`BUDGETS_MS`] and every record's group and repeat) in the recorder's directory.
@@ -1050,7 +1067,8 @@ pub fn record_bench(
     let mut index = Vec::new();
     let mut seed = 1000u64;
     let mut write =
-        |label: &str, name: &str, plan: &LaunchPlan, b: Bufs, timing: Timing| -> Result<()> {
+        |label: &str, _name: &str, plan: &LaunchPlan, b: Bufs, timing: Timing| -> Result<()> {
+            let name = plan.name.as_str(); // the twin's, where it was taken
             let k = m.entry(name, target)?;
             let d = rec.record_timed(label, k, plan, &b, &Expected::new(), Some(&timing))?;
             index.push(serde_json::json!({
@@ -1097,7 +1115,7 @@ pub fn record_bench(
         ("bwd", 1.0, "the first layer's input norm".to_string()),
     ] {
         let name = rmsnorm::variant(kernel, dt, h)?;
-        let plan = rmsnorm::plan(entry(&name)?, &rs)?;
+        let plan = twin_or(m, target, &name, |e| rmsnorm::plan(e, &rs))?;
         let rstd = HostBuffer::f32(&[n], &vec![1.0; n]);
         let mut b = Bufs::from([("w".into(), rnd(dt, &[h], 1.0)), ("rstd".into(), rstd)]);
         if kernel.ends_with("fwd") {
@@ -1128,7 +1146,7 @@ pub fn record_bench(
         )?;
     }
     let name = rmsnorm::variant("dw", dt, h)?;
-    let plan = rmsnorm::plan(entry(&name)?, &rs)?;
+    let plan = twin_or(m, target, &name, |e| rmsnorm::plan(e, &rs))?;
     let b = Bufs::from([
         ("dw_part".into(), rnd(DType::Fp32, &[parts, h], 1.0)),
         ("dw".into(), HostBuffer::zeros(dt, &[h])),
@@ -1157,7 +1175,7 @@ pub fn record_bench(
         ("bwd", ["dq", "dk", "dq_out", "dk_out"]),
     ] {
         let name = rotary::variant(kernel, dt, d);
-        let plan = rotary::plan(entry(&name)?, &ro)?;
+        let plan = twin_or(m, target, &name, |e| rotary::plan(e, &ro))?;
         let b = Bufs::from([
             ("cos".into(), rnd(DType::Fp32, &[shape.seq_len, d], 1.0)),
             ("sin".into(), rnd(DType::Fp32, &[shape.seq_len, d], 1.0)),
@@ -1185,7 +1203,7 @@ pub fn record_bench(
     let ni = [n, shape.intermediate];
     for kernel in ["fwd", "bwd"] {
         let name = swiglu::variant(kernel, dt);
-        let plan = swiglu::plan(entry(&name)?, &sw)?;
+        let plan = twin_or(m, target, &name, |e| swiglu::plan(e, &sw))?;
         let mut b = Bufs::from([
             ("g".into(), rnd(dt, &ni, 4.0)),
             ("u".into(), rnd(dt, &ni, 2.0)),
@@ -1227,7 +1245,7 @@ pub fn record_bench(
     let attn_sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
     for kernel in ["fwd", "bwd_pre", "bwd_dkdv", "bwd_dq"] {
         let name = format!("attn_{kernel}_{attn_sfx}");
-        let (plan, desc) = attention::plan(entry(&name)?, &lay)?;
+        let (plan, desc) = twin_or(m, target, &name, |e| attention::plan(e, &lay))?;
         let mut b: Bufs = (desc.into_iter())
             .map(|(k, v)| (k, HostBuffer::i32(&[v.len()], &v)))
             .collect();
@@ -1289,7 +1307,7 @@ pub fn record_bench(
                 first: false,
                 inv_t: 1.0,
             };
-            let plan = logprob_head::plan(entry(&name)?, &s)?;
+            let plan = twin_or(m, target, &name, |e| logprob_head::plan(e, &s))?;
             let mut b = Bufs::from([
                 ("z".into(), rnd(dt, &[n, cols], 8.0)),
                 ("targets".into(), HostBuffer::i32(&[n], &targets)),
@@ -1345,13 +1363,11 @@ pub fn record_bench(
         ("adamw_f32", "grad_sumsq_f32")
     };
     let c = adamw::AdamwScalars::new(1e-5, 0.9, 0.999, 1e-8, 0.01, 10, 1.0);
-    let plan = adamw::plan(
-        entry(adamw_name)?,
-        &adamw::Adamw::Step {
-            n: sample,
-            scalars: c,
-        },
-    )?;
+    let step = adamw::Adamw::Step {
+        n: sample,
+        scalars: c,
+    };
+    let plan = twin_or(m, target, adamw_name, |e| adamw::plan(e, &step))?;
     let v: Vec<f32> = uniform(9, sample).iter().map(|x| x * x * 1e-4).collect();
     let mut b = Bufs::from([
         ("param".into(), rnd(DType::Fp32, &[sample], 0.05)),
