@@ -91,7 +91,7 @@ def fetch_ptxas():
     os.makedirs(PTXAS_CACHE, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=PTXAS_CACHE) as d:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-               "--no-deps", "-d", d, PTXAS_WHEEL]
+               "--no-cache-dir", "--no-deps", "-d", d, PTXAS_WHEEL]
         subprocess.run(cmd, check=True)
         (whl,) = [os.path.join(d, f) for f in os.listdir(d) if f.endswith(".whl")]
         with open(whl, "rb") as f:

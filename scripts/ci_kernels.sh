@@ -20,7 +20,7 @@ t0=$SECONDS
 if [ ! -x "$PY" ] || [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$req_sum" ]; then
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$PY" -m pip install --quiet --disable-pip-version-check -r kernels/requirements.txt
+  "$PY" -m pip install --quiet --disable-pip-version-check --no-cache-dir -r kernels/requirements.txt
   echo "$req_sum" > "$VENV/.requirements.sha256"
 fi
 echo "ci_kernels: venv ready in $((SECONDS - t0)) s (triton $("$PY" -c 'import triton; print(triton.__version__)'))"
