@@ -159,9 +159,18 @@ def assemble(ptxas, ptx, gpu_name, fp_fusion):
 # variants
 
 
-def sha256_file(path):
+def source_sha256(path):
+    """SHA-256 over a kernel module's bytes followed by those of every shared helper module it
+    imports (``from kernels.src._name import ...``, in the order imported), so that editing a
+    helper such as ``_bf16.py`` changes the hash of each module compiled with it."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        text = f.read()
+    h.update(text)
+    for helper in re.findall(rb"^from kernels\.src\.(_\w+) import", text, re.M):
+        with open(os.path.join(SRC, helper.decode() + ".py"), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
 
 
 def rel(path):
@@ -320,7 +329,7 @@ def compile_one(i):
         "name": v.name,
         "family": os.path.basename(path)[:-3],
         "source": rel(path),
-        "source_sha256": sha256_file(path),
+        "source_sha256": source_sha256(path),
         "target": target,
         "entry": entry,
         "cubin": f"{target}/{v.name}.cubin",

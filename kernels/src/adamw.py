@@ -34,18 +34,8 @@ so two runs give the same bits.
 import triton
 import triton.language as tl
 
+from kernels.src._bf16 import to_bf16_rne
 from kernels.variant import Variant, aligned
-
-
-@triton.jit
-def _to_bf16_rne(x):
-    """f32 -> bf16 rounded to nearest even, in integer ops: the GPU's ``cvt.rn.bf16.f32`` for every
-    non-NaN value (NaN -> 0x7FC0), and the same under the interpreter, whose own f32 -> bf16 cast
-    truncates."""
-    u = x.to(tl.uint32, bitcast=True)
-    r = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
-    r = tl.where(x != x, 0x7FC0, r)
-    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -67,7 +57,7 @@ def adamw_kernel(param, grad, exp_avg, exp_avg_sq, copy, n, grad_scale, beta1, o
     tl.store(exp_avg_sq + offs, v, mask=mask)
     tl.store(param + offs, p, mask=mask)
     if copy is not None:
-        tl.store(copy + offs, _to_bf16_rne(p), mask=mask)
+        tl.store(copy + offs, to_bf16_rne(p), mask=mask)
 
 
 @triton.jit

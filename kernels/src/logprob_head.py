@@ -61,18 +61,8 @@ libdevice's ``logf`` (≤ 1 ulp); under the interpreter both are numpy's.
 import triton
 import triton.language as tl
 
+from kernels.src._bf16 import to_bf16_rne
 from kernels.variant import Variant, aligned
-
-
-@triton.jit
-def _to_bf16_rne(x):
-    """f32 -> bf16 rounded to nearest even, in integer ops: the GPU's ``cvt.rn.bf16.f32`` for every
-    non-NaN value (NaN -> 0x7FC0), and the same under the interpreter, whose own f32 -> bf16 cast
-    truncates."""
-    u = x.to(tl.uint32, bitcast=True)
-    r = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
-    r = tl.where(x != x, 0x7FC0, r)
-    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -146,7 +136,7 @@ def logprob_bwd_kernel(z, targets, state, out, grad, n_cols, stride_z, col0, inv
     ds = tl.where(cols + col0 == y, ds + gl, ds)
     dz = ds * inv_t
     if z.dtype.element_ty == tl.bfloat16:
-        tl.store(zr + cols, _to_bf16_rne(dz), mask=mask)
+        tl.store(zr + cols, to_bf16_rne(dz), mask=mask)
     else:
         tl.store(zr + cols, dz, mask=mask)
 

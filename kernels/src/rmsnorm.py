@@ -37,7 +37,7 @@ order and writes its partial sum to row ``p`` of ``dw_part`` ``[n_parts, n_cols]
 ``rmsnorm_dw_kernel`` adds the partials in order ``0..n_parts``. Two runs with the same
 ``rows_per_prog`` are bit-identical.
 
-bf16 rounding is done by :func:`_round_bf16` (integer round-to-nearest-even on the f32 bits): Triton
+bf16 rounding is done by :func:`round_bf16` (integer round-to-nearest-even on the f32 bits): Triton
 3.9's interpreter truncates on ``.to(tl.bfloat16)`` while the GPU rounds to nearest even, so every
 value is rounded explicitly and the final ``.to(bf16)`` is exact on both.
 """
@@ -47,15 +47,8 @@ import dataclasses
 import triton
 import triton.language as tl
 
+from kernels.src._bf16 import round_bf16
 from kernels.variant import Variant, aligned
-
-
-@triton.jit
-def _round_bf16(x):
-    """f32 -> the nearest bf16 value (ties to even), still as f32; NaN stays NaN."""
-    u = x.to(tl.uint32, bitcast=True)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -67,7 +60,7 @@ def _norm_row(h, w, y, rstd, row, off, cols, mask, n_cols, eps):
     n = tl.div_rn(h, s)
     wv = tl.load(w + cols, mask=mask, other=0.0).to(tl.float32)
     if is_bf16:
-        yv = _round_bf16(_round_bf16(n) * wv)
+        yv = round_bf16(round_bf16(n) * wv)
     else:
         yv = n * wv
     tl.store(y + off, yv.to(y.dtype.element_ty), mask=mask)
@@ -95,7 +88,7 @@ def rmsnorm_add_fwd_kernel(x, residual, w, h_out, y, rstd, n_cols, eps, BLOCK: t
     h = tl.load(x + off, mask=mask, other=0.0).to(tl.float32)
     h = h + tl.load(residual + off, mask=mask, other=0.0).to(tl.float32)
     if h_out.dtype.element_ty == tl.bfloat16:
-        h = _round_bf16(h)
+        h = round_bf16(h)
     tl.store(h_out + off, h.to(h_out.dtype.element_ty), mask=mask)
     _norm_row(h, w, y, rstd, row, off, cols, mask, n_cols, eps)
 
@@ -119,7 +112,7 @@ def _bwd_rows(dy, h, w, rstd, dres, dx, dw_part, n_rows, n_cols, rows_per_prog,
         n = tl.load(h + off, mask=mask, other=0.0).to(tl.float32) * r
         g = tl.load(dy + off, mask=mask, other=0.0).to(tl.float32)
         if is_bf16:
-            acc += g * _round_bf16(n)
+            acc += g * round_bf16(n)
         else:
             acc += g * n
         dn = g * wv
@@ -128,7 +121,7 @@ def _bwd_rows(dy, h, w, rstd, dres, dx, dw_part, n_rows, n_cols, rows_per_prog,
         if HAS_DRES:
             d = d + tl.load(dres + off, mask=mask, other=0.0).to(tl.float32)
         if is_bf16:
-            d = _round_bf16(d)
+            d = round_bf16(d)
         tl.store(dx + off, d.to(dx.dtype.element_ty), mask=mask)
     tl.store(dw_part + pid.to(tl.int64) * n_cols + cols, acc, mask=mask)
 
@@ -164,7 +157,7 @@ def rmsnorm_dw_kernel(dw_part, dw, n_parts, n_cols, BLOCK: tl.constexpr, UNROLL:
             in_range = cols * 0 + p < n_parts  # a vector: the interpreter rejects `mask & scalar`
             acc += tl.load(dw_part + p * stride + cols, mask=mask & in_range, other=0.0)
     if dw.dtype.element_ty == tl.bfloat16:
-        acc = _round_bf16(acc)
+        acc = round_bf16(acc)
     tl.store(dw + cols, acc.to(dw.dtype.element_ty), mask=mask)
 
 

@@ -34,19 +34,8 @@ may be ``q``/``k`` themselves (in place): each program reads a head block before
 import triton
 import triton.language as tl
 
+from kernels.src._bf16 import round_bf16
 from kernels.variant import Variant, with_aligned
-
-
-@triton.jit
-def _round_bf16(x):
-    """f32 -> the nearest bf16 value (ties to even), still as f32; NaN stays NaN.
-
-    Triton 3.9's interpreter truncates on ``.to(tl.bfloat16)``, the GPU rounds to nearest even:
-    rounding on the bits gives both the GPU's result, and the final ``.to(bf16)`` is then exact.
-    """
-    u = x.to(tl.uint32, bitcast=True)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -71,15 +60,15 @@ def _rotate_heads(x, out, tok, n_heads, c1, c2, s1, s2, TRANSPOSE: tl.constexpr,
             a2 = x2 * c2
             b2 = x1 * s2
             if is_bf16:
-                a1 = _round_bf16(a1)
-                b1 = _round_bf16(b1)
-                a2 = _round_bf16(a2)
-                b2 = _round_bf16(b2)
+                a1 = round_bf16(a1)
+                b1 = round_bf16(b1)
+                a2 = round_bf16(a2)
+                b2 = round_bf16(b2)
             y1 = a1 + b1
             y2 = a2 + b2
         if is_bf16:
-            y1 = _round_bf16(y1)
-            y2 = _round_bf16(y2)
+            y1 = round_bf16(y1)
+            y2 = round_bf16(y2)
         tl.store(out + off, y1.to(out.dtype.element_ty), mask=m)
         tl.store(out + off + HALF, y2.to(out.dtype.element_ty), mask=m)
 
@@ -97,10 +86,10 @@ def _rotary(q, k, q_out, k_out, cos, sin, pos, n_qh, n_kh, TRANSPOSE: tl.constex
     s1 = tl.load(sin + row + j)
     s2 = tl.load(sin + row + HALF + j)
     if is_bf16:  # the CPU casts the f32 tables to the compute dtype
-        c1 = _round_bf16(c1)
-        c2 = _round_bf16(c2)
-        s1 = _round_bf16(s1)
-        s2 = _round_bf16(s2)
+        c1 = round_bf16(c1)
+        c2 = round_bf16(c2)
+        s1 = round_bf16(s1)
+        s2 = round_bf16(s2)
     _rotate_heads(q, q_out, tok, n_qh, c1, c2, s1, s2, TRANSPOSE, HEAD_DIM, HEAD_BLOCK)
     _rotate_heads(k, k_out, tok, n_kh, c1, c2, s1, s2, TRANSPOSE, HEAD_DIM, HEAD_BLOCK)
 

@@ -35,19 +35,8 @@ Layout: ``g``, ``u``, ``a`` (and ``da``, ``dg``, ``du``) ``[n_rows, n_cols]`` co
 import triton
 import triton.language as tl
 
+from kernels.src._bf16 import round_bf16
 from kernels.variant import Variant, with_aligned
-
-
-@triton.jit
-def _round_bf16(x):
-    """f32 -> the nearest bf16 value (ties to even), still as f32; NaN stays NaN.
-
-    Triton 3.9's interpreter truncates on ``.to(tl.bfloat16)``, the GPU rounds to nearest even:
-    rounding on the bits gives both the GPU's result, and the final ``.to(bf16)`` is then exact.
-    """
-    u = x.to(tl.uint32, bitcast=True)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -55,7 +44,7 @@ def _silu(g, IS_BF16: tl.constexpr):
     """silu(g) with the CPU's roundings; g holds f32 (bf16 variants: bf16 values)."""
     e = tl.exp(-g)
     if IS_BF16:
-        s = _round_bf16(tl.div_rn(g, _round_bf16(1.0 + _round_bf16(e))))
+        s = round_bf16(tl.div_rn(g, round_bf16(1.0 + round_bf16(e))))
     else:
         s = tl.div_rn(g, 1.0 + e)
     return s
@@ -76,7 +65,7 @@ def swiglu_fwd_kernel(g, u, a, n_cols, BLOCK: tl.constexpr):
     uv = tl.load(u + off, mask=m, other=0.0).to(tl.float32)
     av = _silu(gv, is_bf16) * uv
     if is_bf16:
-        av = _round_bf16(av)
+        av = round_bf16(av)
     tl.store(a + off, av.to(a.dtype.element_ty), mask=m)
 
 
@@ -96,8 +85,8 @@ def swiglu_bwd_kernel(g, u, da, dg, du, n_cols, BLOCK: tl.constexpr):
     duv = dav * _silu(gv, is_bf16)
     dgv = dav * uv * (sig * (1.0 + gv * sig_neg))
     if is_bf16:
-        duv = _round_bf16(duv)
-        dgv = _round_bf16(dgv)
+        duv = round_bf16(duv)
+        dgv = round_bf16(dgv)
     tl.store(dg + off, dgv.to(dg.dtype.element_ty), mask=m)
     tl.store(du + off, duv.to(du.dtype.element_ty), mask=m)
 

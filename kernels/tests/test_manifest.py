@@ -34,8 +34,7 @@ def test_every_variant_is_built(manifest):
     entries = {(k["name"], k["target"]): k for k in manifest["kernels"]}
     want = set()
     for path, v in generate.load_variants():
-        with open(path, "rb") as f:
-            sha = hashlib.sha256(f.read()).hexdigest()
+        sha = generate.source_sha256(path)
         for t in v.targets:
             want.add((v.name, t))
             e = entries.get((v.name, t))
@@ -90,3 +89,16 @@ def test_aligned_twins(manifest):
         with open(os.path.join(generate.BUILD, e["ptx"])) as fh:
             assert generate.vector_accesses(fh.read()) > 0, f"{name} ({target}): no vector access"
     assert twins > 0
+
+
+def test_source_hash_covers_shared_helpers():
+    """A module that imports kernels/src/_bf16.py is hashed with it: its hash is not the module
+    file's alone, and equals the hash of the module's bytes followed by the helper's."""
+    path = os.path.join(generate.SRC, "adamw.py")
+    with open(path, "rb") as f:
+        module = f.read()
+    with open(os.path.join(generate.SRC, "_bf16.py"), "rb") as f:
+        helper = f.read()
+    assert b"from kernels.src._bf16 import" in module
+    assert generate.source_sha256(path) == hashlib.sha256(module + helper).hexdigest()
+    assert generate.source_sha256(path) != hashlib.sha256(module).hexdigest()

@@ -224,7 +224,8 @@ pub struct KernelEntry {
     pub family: String,
     /// The module's path from the repository root.
     pub source: String,
-    /// SHA-256 of the module's file as compiled.
+    /// SHA-256 of the module's file as compiled, followed by the shared helper modules it imports
+    /// (`kernels/src/_*.py`, e.g. `_bf16.py`), in import order.
     pub source_sha256: String,
     /// The target compiled for.
     pub target: Target,
