@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("rlvr-kernels", 0),
     ("rlvr-reward", 0),
     ("rlvr-algo", 1),
+    ("rlvr-env", 1),
     ("rlvr-data", 1),
     ("rlvr-model", 1),
     ("rlvr-rollout", 2),
@@ -37,6 +38,7 @@ const LIGHT: &[&str] = &[
     "rlvr-chart",
     "rlvr-reward",
     "rlvr-data",
+    "rlvr-env",
     "rlvr-lab",
 ];
 const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];
