@@ -2,7 +2,7 @@
 //! crate roots so that a change that breaks a boundary fails here rather than in review:
 //!
 //! 1. Layers: a workspace crate depends only on workspace crates of a strictly lower layer.
-//! 2. Light crates (the font, verifiers, data, the lab) never depend on candle: `rlvr reward` and the data
+//! 2. Light crates (the font, verifiers, data, environments, the lab) never depend on candle: `rlvr reward` and the data
 //!    loaders build and test without the tensor stack.
 //! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
 //!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
