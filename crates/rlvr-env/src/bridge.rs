@@ -167,7 +167,10 @@ pub struct EpisodeTokens {
 /// # Errors
 /// [`EnvError::Config`] when there is no turn, the bridge count is not one fewer than the turn
 /// count, or a turn's ids and log-probs differ in length (naming the turn and both lengths).
-pub fn assemble(turns: &[(Vec<u32>, Vec<f32>)], bridges: &[Vec<u32>]) -> Result<EpisodeTokens, EnvError> {
+pub fn assemble(
+    turns: &[(Vec<u32>, Vec<f32>)],
+    bridges: &[Vec<u32>],
+) -> Result<EpisodeTokens, EnvError> {
     if turns.is_empty() || bridges.len() + 1 != turns.len() {
         return Err(EnvError::Config(format!(
             "an episode of {} turns needs {} bridges, got {}",
@@ -194,10 +197,12 @@ pub fn assemble(turns: &[(Vec<u32>, Vec<f32>)], bridges: &[Vec<u32>]) -> Result<
             let b = &bridges[t - 1];
             out.completion_ids.extend_from_slice(b);
             out.completion_mask.extend(std::iter::repeat_n(0, b.len()));
-            out.behaviour_logprobs.extend(std::iter::repeat_n(0.0, b.len()));
+            out.behaviour_logprobs
+                .extend(std::iter::repeat_n(0.0, b.len()));
         }
         out.completion_ids.extend_from_slice(ids);
-        out.completion_mask.extend(std::iter::repeat_n(1, ids.len()));
+        out.completion_mask
+            .extend(std::iter::repeat_n(1, ids.len()));
         out.behaviour_logprobs.extend_from_slice(lps);
     }
     Ok(out)
@@ -209,11 +214,17 @@ mod tests {
 
     #[test]
     fn assemble_masks_bridges_and_keeps_sampled_values() {
-        let turns = vec![(vec![5, 6, 9], vec![-0.5, -1.0, -0.25]), (vec![7, 9], vec![-2.0, -0.1])];
+        let turns = vec![
+            (vec![5, 6, 9], vec![-0.5, -1.0, -0.25]),
+            (vec![7, 9], vec![-2.0, -0.1]),
+        ];
         let e = assemble(&turns, &[vec![1, 2]]).unwrap();
         assert_eq!(e.completion_ids, [5, 6, 9, 1, 2, 7, 9]);
         assert_eq!(e.completion_mask, [1, 1, 1, 0, 0, 1, 1]);
-        assert_eq!(e.behaviour_logprobs, [-0.5, -1.0, -0.25, 0.0, 0.0, -2.0, -0.1]);
+        assert_eq!(
+            e.behaviour_logprobs,
+            [-0.5, -1.0, -0.25, 0.0, 0.0, -2.0, -0.1]
+        );
         assert!(assemble(&turns, &[]).is_err());
         let e = assemble(&[(vec![1], vec![])], &[]).unwrap_err().to_string();
         assert!(e.contains("turn 1 has 1 ids but 0 log-probs"), "{e}");

@@ -52,7 +52,9 @@ pub struct ProcessSettings {
     pub max_reply_bytes: usize,
     /// The `[env.options]` table handed to `hello` (an object).
     pub options: Json,
-    /// Special tokens (as text) refused in observations; empty allows all.
+    /// Token strings refused in observations: the run passes its tokenizer's added tokens
+    /// (special or not, e.g. Qwen's `<|im_end|>` and `<tool_call>`), which an encoder would
+    /// turn into those tokens, so they are refused by default; empty allows all.
     pub special_tokens: Vec<String>,
 }
 
@@ -245,13 +247,6 @@ impl ProcessEnvironment {
             }
         }
     }
-
-    fn specials(&self, r: EpisodeResult<Vec<crate::protocol::Message>>) -> Result<(), String> {
-        match r {
-            Ok(ms) => refuse_special_tokens(&ms, &self.settings.special_tokens),
-            Err(e) => Err(e),
-        }
-    }
 }
 
 impl Drop for ProcessEnvironment {
@@ -277,8 +272,8 @@ impl Environment for ProcessEnvironment {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_reset(&v, id)?;
-                    let ms = reply.messages.clone().unwrap_or_default();
-                    self.specials(Ok(ms)).map(|()| reply)
+                    let ms = reply.messages.as_deref().unwrap_or_default();
+                    refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply)
                 }
                 Err(e) => Err(e),
             });
@@ -287,7 +282,10 @@ impl Environment for ProcessEnvironment {
         Ok(out)
     }
 
-    fn step(&mut self, episodes: &[StepEpisode]) -> Result<Vec<EpisodeResult<StepReply>>, EnvError> {
+    fn step(
+        &mut self,
+        episodes: &[StepEpisode],
+    ) -> Result<Vec<EpisodeResult<StepReply>>, EnvError> {
         if episodes.is_empty() {
             return Ok(Vec::new());
         }
@@ -298,7 +296,8 @@ impl Environment for ProcessEnvironment {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_step(&v, id)?;
-                    self.specials(Ok(reply.messages.clone())).map(|()| reply)
+                    refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
+                        .map(|()| reply)
                 }
                 Err(e) => Err(e),
             });

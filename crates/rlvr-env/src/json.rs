@@ -412,8 +412,9 @@ mod tests {
 
     #[test]
     fn dumps_keeps_order_and_python_separators() {
-        let v = Json::parse(r#"{"z": 1, "a": [1, 2.0, "é<&>'\n\u0001"], "e": {}, "b": [], "z": 3}"#)
-            .unwrap();
+        let v =
+            Json::parse(r#"{"z": 1, "a": [1, 2.0, "é<&>'\n\u0001"], "e": {}, "b": [], "z": 3}"#)
+                .unwrap();
         assert_eq!(
             dumps(&v, &DumpOptions::python()),
             r#"{"z": 3, "a": [1, 2.0, "é<&>'\n\u0001"], "e": {}, "b": []}"#
@@ -425,9 +426,15 @@ mod tests {
             sort_keys: true,
         };
         assert_eq!(
-            dumps(&Json::parse(r#"{"b": ["😀"], "a": {"c": null}}"#).unwrap(), &o),
+            dumps(
+                &Json::parse(r#"{"b": ["😀"], "a": {"c": null}}"#).unwrap(),
+                &o
+            ),
             "{\n  \"a\": {\n    \"c\": null\n  },\n  \"b\": [\n    \"\\ud83d\\ude00\"\n  ]\n}"
         );
-        assert_eq!(v.to_compact(), r#"{"z":3,"a":[1,2.0,"é<&>'\n\u0001"],"e":{},"b":[]}"#);
+        assert_eq!(
+            v.to_compact(),
+            r#"{"z":3,"a":[1,2.0,"é<&>'\n\u0001"],"e":{},"b":[]}"#
+        );
     }
 }

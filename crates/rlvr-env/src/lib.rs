@@ -70,14 +70,17 @@ pub trait Environment: Send {
     ///
     /// # Errors
     /// A fault that stops the run (protocol, process, a group whose replies differ).
-    fn reset(&mut self, episodes: &[ResetEpisode])
-        -> Result<Vec<EpisodeResult<ResetReply>>, EnvError>;
+    fn reset(
+        &mut self,
+        episodes: &[ResetEpisode],
+    ) -> Result<Vec<EpisodeResult<ResetReply>>, EnvError>;
 
     /// Assistant turns ended on the end-of-turn token: the environment answers each.
     ///
     /// # Errors
     /// A fault that stops the run.
-    fn step(&mut self, episodes: &[StepEpisode]) -> Result<Vec<EpisodeResult<StepReply>>, EnvError>;
+    fn step(&mut self, episodes: &[StepEpisode])
+        -> Result<Vec<EpisodeResult<StepReply>>, EnvError>;
 
     /// rlvr ended these episodes without the environment's `done`.
     ///

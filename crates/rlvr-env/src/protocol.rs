@@ -396,7 +396,11 @@ pub fn check_hello(line: &str) -> Result<(), EnvError> {
 /// [`EnvError::Protocol`] for a line that is not a JSON object, a top-level `error` (the
 /// environment's message), another `version`, no `episodes` array, or episode ids that are not
 /// exactly the request's (one reply per id, in any order).
-pub fn parse_reply(kind: Kind, line: &str, ids: &[&str]) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
+pub fn parse_reply(
+    kind: Kind,
+    line: &str,
+    ids: &[&str],
+) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
     let what = kind.as_str();
     let v = Json::parse(line).map_err(|e| {
         EnvError::Protocol(format!(
@@ -600,15 +604,21 @@ mod tests {
         let s = parse_step(r[1].as_ref().unwrap(), "b").unwrap();
         assert_eq!((s.reward, s.done, s.messages.len()), (Some(0.5), true, 1));
         assert_eq!(s.messages[0].name.as_deref(), Some("calc"));
-        let e = parse_reply(Kind::Step, line, &["a"]).unwrap_err().to_string();
+        let e = parse_reply(Kind::Step, line, &["a"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("did not carry"), "{e}");
         let e = parse_reply(Kind::Step, r#"{"episodes":[]}"#, &["a"])
             .unwrap_err()
             .to_string();
         assert!(e.contains("no entry for episode \"a\""), "{e}");
-        let bad = Json::parse(r#"{"id":"a","messages":[{"role":"assistant","content":"x"}]}"#).unwrap();
+        let bad =
+            Json::parse(r#"{"id":"a","messages":[{"role":"assistant","content":"x"}]}"#).unwrap();
         let e = parse_step(&bad, "a").unwrap_err().to_string();
-        assert!(e.contains("messages[0]") && e.contains("\"assistant\""), "{e}");
+        assert!(
+            e.contains("messages[0]") && e.contains("\"assistant\""),
+            "{e}"
+        );
         let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
         check_hello(r#"{"version":1}"#).unwrap();

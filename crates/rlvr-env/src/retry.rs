@@ -82,7 +82,10 @@ impl<V: TurnVerifier> Environment for RetryEnvironment<V> {
             .collect())
     }
 
-    fn step(&mut self, episodes: &[StepEpisode]) -> Result<Vec<EpisodeResult<StepReply>>, EnvError> {
+    fn step(
+        &mut self,
+        episodes: &[StepEpisode],
+    ) -> Result<Vec<EpisodeResult<StepReply>>, EnvError> {
         Ok(episodes
             .iter()
             .map(|e| {
@@ -167,12 +170,29 @@ mod tests {
                 prompt: None,
             })
             .collect();
-        assert!(env.reset(&eps).unwrap().iter().all(|r| r == &Ok(ResetReply::default())));
-        let r = env.step(&[turn("a", 1, "4"), turn("b", 1, "5"), turn("c", 1, "?")]).unwrap();
-        assert_eq!(r[0], Ok(StepReply { messages: vec![], reward: Some(1.0), done: true }));
+        assert!(env
+            .reset(&eps)
+            .unwrap()
+            .iter()
+            .all(|r| r == &Ok(ResetReply::default())));
+        let r = env
+            .step(&[turn("a", 1, "4"), turn("b", 1, "5"), turn("c", 1, "?")])
+            .unwrap();
+        assert_eq!(
+            r[0],
+            Ok(StepReply {
+                messages: vec![],
+                reward: Some(1.0),
+                done: true
+            })
+        );
         assert_eq!(
             r[1],
-            Ok(StepReply { messages: vec![Message::new("user", RETRY_MESSAGE)], reward: None, done: false })
+            Ok(StepReply {
+                messages: vec![Message::new("user", RETRY_MESSAGE)],
+                reward: None,
+                done: false
+            })
         );
         assert_eq!(r[2], Err("cannot judge".to_string()));
         let r = env.step(&[turn("b", 2, "5")]).unwrap();
@@ -181,7 +201,10 @@ mod tests {
         assert_eq!(r[0].as_ref().unwrap().reward, Some(0.25)); // 0.5^(3-1)
         env.reset(&eps[1..2]).unwrap();
         let r = env.step(&[turn("b", 3, "5")]).unwrap();
-        assert_eq!((r[0].as_ref().unwrap().reward, r[0].as_ref().unwrap().done), (Some(0.0), true));
+        assert_eq!(
+            (r[0].as_ref().unwrap().reward, r[0].as_ref().unwrap().done),
+            (Some(0.0), true)
+        );
         let r = env.step(&[turn("b", 1, "4")]).unwrap();
         assert!(r[0].as_ref().unwrap_err().contains("never reset"));
         assert!(RetryEnvironment::new(v, 0, 1.0).is_err());

@@ -56,16 +56,32 @@ mod tests {
     #[test]
     fn sum_final_none_and_error() {
         let check = |mode, given: &[Option<f64>], err, want: Option<f64>| {
-            assert_eq!(episode_reward(mode, given, err), want, "{mode:?} {given:?} {err}");
+            assert_eq!(
+                episode_reward(mode, given, err),
+                want,
+                "{mode:?} {given:?} {err}"
+            );
         };
         check(RewardMode::Sum, &[], false, Some(0.0));
         check(RewardMode::Final, &[], false, Some(0.0));
-        check(RewardMode::Sum, &[Some(0.25), Some(-1.0), None], false, Some(-0.75));
-        check(RewardMode::Final, &[Some(0.25), Some(-1.0), None], false, Some(-1.0));
+        check(
+            RewardMode::Sum,
+            &[Some(0.25), Some(-1.0), None],
+            false,
+            Some(-0.75),
+        );
+        check(
+            RewardMode::Final,
+            &[Some(0.25), Some(-1.0), None],
+            false,
+            Some(-1.0),
+        );
         check(RewardMode::Final, &[Some(2.0), None], false, Some(2.0));
         check(RewardMode::Sum, &[Some(1.0)], true, None);
         check(RewardMode::Final, &[], true, None);
         assert_eq!(RewardMode::parse("final"), Ok(RewardMode::Final));
-        assert!(RewardMode::parse("mean").unwrap_err().contains("\"sum\", \"final\""));
+        assert!(RewardMode::parse("mean")
+            .unwrap_err()
+            .contains("\"sum\", \"final\""));
     }
 }

@@ -37,7 +37,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("vars", &self.vars).finish()
+        f.debug_struct("ChatTemplate")
+            .field("vars", &self.vars)
+            .finish()
     }
 }
 
@@ -54,7 +56,12 @@ impl Object for OrderedMap {
         self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
     }
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(self.0.iter().map(|(k, _)| Value::from(k.as_str())).collect())
+        Enumerator::Values(
+            self.0
+                .iter()
+                .map(|(k, _)| Value::from(k.as_str()))
+                .collect(),
+        )
     }
 }
 
@@ -168,9 +175,15 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_function("strftime_now", |_fmt: String| -> String {
             "26 Jul 2024".to_string()
         });
@@ -279,7 +292,10 @@ mod tests {
         tool.name = Some("calc".into());
         tool.tool_call_id = Some("call_0".into());
         let out = t.render(&[a, tool], None, false).unwrap();
-        assert_eq!(out, "assistant:{\"x\": 1, \"b\": 2};tool:3[calc/call_0];False<s>N");
+        assert_eq!(
+            out,
+            "assistant:{\"x\": 1, \"b\": 2};tool:3[calc/call_0];False<s>N"
+        );
         let e = ChatTemplate::new("{{ raise_exception('no') }}", vec![])
             .unwrap()
             .render(&[], None, false)

@@ -133,7 +133,10 @@ fn parse_hermes(text: &str) -> ParsedCalls {
         let body = after[..j].trim();
         match call_from(body, "arguments", "parameters", out.calls.len()) {
             Ok(c) => out.calls.push(c),
-            Err(e) => out.errors.push(format!("tool call {}: {e}", out.calls.len() + out.errors.len() + 1)),
+            Err(e) => out.errors.push(format!(
+                "tool call {}: {e}",
+                out.calls.len() + out.errors.len() + 1
+            )),
         }
         rest = &after[j + CLOSE.len()..];
     }
@@ -194,14 +197,25 @@ mod tests {
                     <tool_call>{\"name\": \"calc\"}</tool_call><tool_call>{oops}</tool_call>\
                     <tool_call>{\"name\": \"s\", \"arguments\": \"{\\\"q\\\": 2}\"}</tool_call><tool_call>{\"name\":";
         let p = parse_tool_calls(ToolFormat::Hermes, text);
-        let names: Vec<_> = p.calls.iter().map(|c| (c.id.as_str(), c.name.as_str())).collect();
-        assert_eq!(names, [("call_0", "calc"), ("call_1", "calc"), ("call_2", "s")]);
+        let names: Vec<_> = p
+            .calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [("call_0", "calc"), ("call_1", "calc"), ("call_2", "s")]
+        );
         assert_eq!(p.calls[0].arguments.to_compact(), r#"{"expr":"3*7","a":1}"#);
         assert_eq!(p.calls[1].arguments, Json::Object(vec![]));
         assert_eq!(p.calls[2].arguments.to_compact(), r#"{"q":2}"#);
         assert_eq!(p.errors.len(), 2, "{:?}", p.errors);
         assert!(p.errors[0].contains("not JSON"), "{:?}", p.errors);
-        assert!(p.errors[1].contains("without `</tool_call>`"), "{:?}", p.errors);
+        assert!(
+            p.errors[1].contains("without `</tool_call>`"),
+            "{:?}",
+            p.errors
+        );
     }
 
     #[test]
@@ -212,12 +226,18 @@ mod tests {
         );
         assert_eq!(p.calls.len(), 1);
         assert_eq!(p.calls[0].arguments.to_compact(), r#"{"city":"Paris"}"#);
-        let p = parse_tool_calls(ToolFormat::Llama3Json, " {\"name\": \"f\", \"arguments\": {}} ");
+        let p = parse_tool_calls(
+            ToolFormat::Llama3Json,
+            " {\"name\": \"f\", \"arguments\": {}} ",
+        );
         assert_eq!((p.calls.len(), p.errors.len()), (1, 0));
         let p = parse_tool_calls(ToolFormat::Llama3Json, "The answer is 4.");
         assert_eq!(p, ParsedCalls::default());
         let p = parse_tool_calls(ToolFormat::Llama3Json, "{\"parameters\": {}}");
         assert!(p.errors[0].contains("no \"name\""), "{:?}", p.errors);
-        assert_eq!(parse_tool_calls(ToolFormat::None, OPEN), ParsedCalls::default());
+        assert_eq!(
+            parse_tool_calls(ToolFormat::None, OPEN),
+            ParsedCalls::default()
+        );
     }
 }

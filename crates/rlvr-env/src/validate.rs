@@ -54,7 +54,10 @@ pub fn find_special_token<'a>(
         ];
         for (field, text) in fields {
             let Some(text) = text else { continue };
-            if let Some(t) = specials.iter().find(|t| !t.is_empty() && text.contains(t.as_str())) {
+            if let Some(t) = specials
+                .iter()
+                .find(|t| !t.is_empty() && text.contains(t.as_str()))
+            {
                 return Some((t, format!("messages[{i}].{field}")));
             }
         }
@@ -94,7 +97,12 @@ mod tests {
 
     #[test]
     fn groups_must_agree_and_errors_are_skipped() {
-        let eps = [ep("1:0", "1"), ep("1:1", "1"), ep("2:0", "2"), ep("1:2", "1")];
+        let eps = [
+            ep("1:0", "1"),
+            ep("1:1", "1"),
+            ep("2:0", "2"),
+            ep("1:2", "1"),
+        ];
         let a = ResetReply {
             messages: Some(vec![Message::new("user", "a")]),
             tools: None,
@@ -107,16 +115,27 @@ mod tests {
         check_groups(&eps, &ok).unwrap();
         let bad = [Ok(a.clone()), Ok(a), Ok(b.clone()), Ok(b)];
         let e = check_groups(&eps, &bad).unwrap_err().to_string();
-        assert!(e.contains("group \"1\"") && e.contains("\"1:0\" and \"1:2\"") && e.contains("messages"), "{e}");
+        assert!(
+            e.contains("group \"1\"")
+                && e.contains("\"1:0\" and \"1:2\"")
+                && e.contains("messages"),
+            "{e}"
+        );
     }
 
     #[test]
     fn special_tokens_are_named_with_their_field() {
         let specials = vec!["<|im_end|>".to_string(), "<|im_start|>".to_string()];
         let mut m = Message::new("tool", "fine");
-        assert_eq!(find_special_token(std::slice::from_ref(&m), &specials), None);
+        assert_eq!(
+            find_special_token(std::slice::from_ref(&m), &specials),
+            None
+        );
         m.name = Some("x<|im_start|>".into());
         let e = refuse_special_tokens(&[Message::new("user", "ok"), m], &specials).unwrap_err();
-        assert!(e.contains("\"<|im_start|>\"") && e.contains("messages[1].name"), "{e}");
+        assert!(
+            e.contains("\"<|im_start|>\"") && e.contains("messages[1].name"),
+            "{e}"
+        );
     }
 }

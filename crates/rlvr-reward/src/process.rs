@@ -219,10 +219,8 @@ fn read_lines(mut r: impl BufRead, max_line: usize, tx: &Sender<Result<String, L
             let _ = tx.send(Err(LineFault::TooLong(max_line)));
             return;
         }
-        if complete {
-            if tx.send(finish(std::mem::take(&mut line))).is_err() {
-                return;
-            }
+        if complete && tx.send(finish(std::mem::take(&mut line))).is_err() {
+            return;
         }
     }
 }

@@ -87,12 +87,8 @@ impl Fixture {
 
     fn settings(&self, mode: &str) -> ProcessSettings {
         let marker = self.dir.path().join("marker").display().to_string();
-        let mut s = ProcessSettings::new(vec![
-            "python3".into(),
-            "env.py".into(),
-            mode.into(),
-            marker,
-        ]);
+        let mut s =
+            ProcessSettings::new(vec!["python3".into(), "env.py".into(), mode.into(), marker]);
         s.dir = Some(self.dir.path().to_path_buf());
         s.timeout = Duration::from_secs(20);
         s.restarts = 0;
@@ -142,21 +138,45 @@ fn a_well_behaved_environment_is_driven_through_the_protocol() {
     let r = env.reset(&reset_eps(2, 2)).unwrap();
     let firsts: Vec<String> = r
         .iter()
-        .map(|x| x.as_ref().unwrap().messages.as_ref().unwrap()[0].content.clone())
+        .map(|x| {
+            x.as_ref().unwrap().messages.as_ref().unwrap()[0]
+                .content
+                .clone()
+        })
         .collect();
-    assert_eq!(firsts, ["state 100 q0", "state 100 q0", "state 101 q1", "state 101 q1"]);
+    assert_eq!(
+        firsts,
+        [
+            "state 100 q0",
+            "state 100 q0",
+            "state 101 q1",
+            "state 101 q1"
+        ]
+    );
     let s = env
-        .step(&[step("0:0", 1, "x", "3*7"), step("0:1", 2, "boom", "1"), step("1:0", 2, "y", "2+2")])
+        .step(&[
+            step("0:0", 1, "x", "3*7"),
+            step("0:1", 2, "boom", "1"),
+            step("1:0", 2, "y", "2+2"),
+        ])
         .unwrap();
     let a = s[0].as_ref().unwrap();
     assert_eq!(
-        (a.messages[0].content.as_str(), a.messages[0].name.as_deref(), a.reward, a.done),
+        (
+            a.messages[0].content.as_str(),
+            a.messages[0].name.as_deref(),
+            a.reward,
+            a.done
+        ),
         ("calc:3*7", Some("calc"), Some(0.25), false)
     );
     assert_eq!(s[1], Err("tool crashed".to_string()));
     assert!(s[2].as_ref().unwrap().done);
     let fin = env
-        .finish(&[FinishEpisode { id: "0:0".into(), reason: FinishReason::MaxTurns }])
+        .finish(&[FinishEpisode {
+            id: "0:0".into(),
+            reason: FinishReason::MaxTurns,
+        }])
         .unwrap();
     assert_eq!(fin[0].as_ref().unwrap().reward, Some(1.0));
     assert!(env.step(&[]).unwrap().is_empty());
@@ -177,7 +197,9 @@ fn the_environment_gets_a_minimal_environment_its_directory_and_dies_when_droppe
     let mut env = ProcessEnvironment::start(s).unwrap();
     let r = env.reset(&reset_eps(1, 1)).unwrap();
     let info = Json::parse(&r[0].as_ref().unwrap().messages.as_ref().unwrap()[0].content).unwrap();
-    let Some(Json::Array(names)) = info.get("env") else { panic!("{info}") };
+    let Some(Json::Array(names)) = info.get("env") else {
+        panic!("{info}")
+    };
     let names: Vec<&str> = names.iter().filter_map(Json::as_str).collect();
     assert!(names.contains(&"RLVR_ENV_TEST_LISTED"), "{names:?}");
     assert!(!names.contains(&"RLVR_ENV_TEST_SECRET"), "{names:?}");
@@ -187,11 +209,13 @@ fn the_environment_gets_a_minimal_environment_its_directory_and_dies_when_droppe
     assert_eq!(cwd, std::fs::canonicalize(f.dir.path()).unwrap());
     let pid = env.pid().unwrap();
     drop(env);
-    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || {
-        // A zombie is reaped by the end call; the process must not be running.
-        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        st.contains(") Z ") || st.is_empty()
-    });
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists() || {
+            // A zombie is reaped by the end call; the process must not be running.
+            let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            st.contains(") Z ") || st.is_empty()
+        }
+    );
 }
 
 #[test]
@@ -200,8 +224,14 @@ fn start_up_faults_stop_the_run_with_the_stderr_tail() {
         return;
     }
     let f = Fixture::new();
-    let e = ProcessEnvironment::start(f.settings("wrong_version")).err().unwrap().to_string();
-    assert!(e.contains("protocol version 2") && e.contains("got hello"), "{e}");
+    let e = ProcessEnvironment::start(f.settings("wrong_version"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("protocol version 2") && e.contains("got hello"),
+        "{e}"
+    );
     let mut s = f.settings("silent");
     s.timeout = Duration::from_millis(500);
     let t0 = Instant::now();
@@ -230,8 +260,14 @@ fn a_dead_environment_is_restarted_and_the_request_replayed_within_the_limit() {
 
     let f = Fixture::new();
     let mut env = ProcessEnvironment::start(f.settings("die_once")).unwrap();
-    let e = env.step(&[step("0:0", 1, "x", "1")]).unwrap_err().to_string();
-    assert!(e.contains("after 0 restarts") && e.contains("dying on purpose"), "{e}");
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("after 0 restarts") && e.contains("dying on purpose"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -245,8 +281,14 @@ fn a_request_past_the_timeout_counts_as_a_death() {
     s.restarts = 1;
     let mut env = ProcessEnvironment::start(s).unwrap();
     let t0 = Instant::now();
-    let e = env.step(&[step("0:0", 1, "x", "1")]).unwrap_err().to_string();
-    assert!(e.contains("no reply to step within 0.7 s") && e.contains("after 1 restarts"), "{e}");
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no reply to step within 0.7 s") && e.contains("after 1 restarts"),
+        "{e}"
+    );
     assert_eq!(env.starts(), 2);
     assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
 }
@@ -259,7 +301,10 @@ fn malformed_flooding_and_error_replies_stop_the_run() {
     let f = Fixture::new();
     let mut env = ProcessEnvironment::start(f.settings("malformed")).unwrap();
     let e = env.reset(&reset_eps(1, 1)).unwrap_err().to_string();
-    assert!(e.contains("is not JSON") && e.contains("this is not json"), "{e}");
+    assert!(
+        e.contains("is not JSON") && e.contains("this is not json"),
+        "{e}"
+    );
 
     let mut s = f.settings("flood");
     s.max_reply_bytes = 1 << 20;
@@ -270,7 +315,10 @@ fn malformed_flooding_and_error_replies_stop_the_run() {
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 
     let mut env = ProcessEnvironment::start(f.settings("error")).unwrap();
-    let e = env.step(&[step("0:0", 1, "x", "1")]).unwrap_err().to_string();
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("the database is down"), "{e}");
 }
 
@@ -283,7 +331,10 @@ fn groups_whose_resets_differ_stop_the_run_naming_the_group() {
     let mut env = ProcessEnvironment::start(f.settings("differ")).unwrap();
     env.reset(&reset_eps(2, 1)).unwrap();
     let e = env.reset(&reset_eps(2, 2)).unwrap_err().to_string();
-    assert!(e.contains("group \"0\"") && e.contains("\"0:0\" and \"0:1\""), "{e}");
+    assert!(
+        e.contains("group \"0\"") && e.contains("\"0:0\" and \"0:1\""),
+        "{e}"
+    );
 }
 
 #[test]
@@ -295,9 +346,14 @@ fn special_tokens_in_observations_make_the_episode_unscorable() {
     let mut s = f.settings("special");
     s.special_tokens = vec!["<|im_start|>".into(), "<|im_end|>".into()];
     let mut env = ProcessEnvironment::start(s).unwrap();
-    let r = env.step(&[step("0:0", 1, "x", "1"), step("0:1", 1, "boom", "1")]).unwrap();
+    let r = env
+        .step(&[step("0:0", 1, "x", "1"), step("0:1", 1, "boom", "1")])
+        .unwrap();
     let e = r[0].as_ref().unwrap_err();
-    assert!(e.contains("\"<|im_end|>\"") && e.contains("messages[0].content"), "{e}");
+    assert!(
+        e.contains("\"<|im_end|>\"") && e.contains("messages[0].content"),
+        "{e}"
+    );
     assert_eq!(r[1], Err("tool crashed".to_string()));
     // Allowed when no special tokens are listed.
     let mut env = ProcessEnvironment::start(f.settings("special")).unwrap();

@@ -23,7 +23,8 @@ fn fixtures() -> Json {
 }
 
 fn tokenizer(name: &str, specials: &Json) -> Tokenizer {
-    let mut t = Tokenizer::from_file(root().join("data/tokenizers/qwen2.5/tokenizer.json")).unwrap();
+    let mut t =
+        Tokenizer::from_file(root().join("data/tokenizers/qwen2.5/tokenizer.json")).unwrap();
     if name == "qwen2.5+llama3" {
         let Json::Array(s) = specials else { panic!() };
         let added: Vec<AddedToken> = s
@@ -42,7 +43,9 @@ fn encode(t: &Tokenizer, text: &str) -> Vec<u32> {
 }
 
 fn s<'a>(j: &'a Json, k: &str) -> &'a str {
-    j.get(k).and_then(Json::as_str).unwrap_or_else(|| panic!("no {k}"))
+    j.get(k)
+        .and_then(Json::as_str)
+        .unwrap_or_else(|| panic!("no {k}"))
 }
 
 fn arr<'a>(j: &'a Json, k: &str) -> &'a [Json] {
@@ -66,7 +69,10 @@ fn message(m: &Json) -> Message {
         }
     }
     out.name = m.get("name").and_then(Json::as_str).map(str::to_string);
-    out.tool_call_id = m.get("tool_call_id").and_then(Json::as_str).map(str::to_string);
+    out.tool_call_id = m
+        .get("tool_call_id")
+        .and_then(Json::as_str)
+        .map(str::to_string);
     out
 }
 
@@ -89,8 +95,12 @@ fn cases() -> Vec<Case> {
     arr(&f, "cases")
         .iter()
         .map(|c| {
-            let source = std::fs::read_to_string(root().join("data/chat_templates").join(s(c, "template"))).unwrap();
-            let Some(Json::Object(vars)) = c.get("vars") else { panic!() };
+            let source =
+                std::fs::read_to_string(root().join("data/chat_templates").join(s(c, "template")))
+                    .unwrap();
+            let Some(Json::Object(vars)) = c.get("vars") else {
+                panic!()
+            };
             let vars: Vec<(String, Json)> = vars
                 .iter()
                 .filter(|(_, v)| *v != Json::Null)
@@ -108,7 +118,10 @@ fn cases() -> Vec<Case> {
                 tools,
                 messages: arr(c, "messages").iter().map(message).collect(),
                 prompt_len: arr(c, "prompt_messages").len(),
-                turns: arr(c, "turns").iter().map(|t| t.as_str().unwrap().to_string()).collect(),
+                turns: arr(c, "turns")
+                    .iter()
+                    .map(|t| t.as_str().unwrap().to_string())
+                    .collect(),
                 prompt_text: s(c, "prompt_text").into(),
                 full_text: s(c, "full_text").into(),
                 full_ids: arr(c, "full_ids")
@@ -158,7 +171,10 @@ fn the_official_templates_render_tools_and_tool_calls_as_transformers_does() {
     let cs = cases();
     assert_eq!(cs.len(), 4);
     for c in &cs {
-        let full = c.template.render(&c.messages, c.tools.as_deref(), false).unwrap();
+        let full = c
+            .template
+            .render(&c.messages, c.tools.as_deref(), false)
+            .unwrap();
         assert_eq!(full, c.full_text, "{}: the whole conversation", c.name);
         let prompt = c
             .template
@@ -187,9 +203,18 @@ fn canonical_turns_and_bridges_rebuild_transformers_tokens_of_the_whole_conversa
         let m = &row.completion_mask;
         for i in 0..m.len() {
             if m[i] == 1 && m.get(i + 1) != Some(&1) {
-                assert_eq!(row.completion_ids[i], eot, "{}: each turn ends in its sampled stop id", c.name);
+                assert_eq!(
+                    row.completion_ids[i], eot,
+                    "{}: each turn ends in its sampled stop id",
+                    c.name
+                );
             }
-            assert_eq!(m[i] == 0, row.behaviour_logprobs[i] == 0.0, "{}: position {i}", c.name);
+            assert_eq!(
+                m[i] == 0,
+                row.behaviour_logprobs[i] == 0.0,
+                "{}: position {i}",
+                c.name
+            );
         }
         assert_eq!(*row.completion_ids.last().unwrap(), eot, "{}", c.name);
         assert_eq!(*row.completion_mask.last().unwrap(), 1, "{}", c.name);
@@ -209,15 +234,28 @@ fn qwen_bridges_hold_the_newline_after_im_end_grouped_tool_messages_and_the_gene
         "\n<|im_start|>user\n<tool_response>\n21\n</tool_response>\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     );
     assert_eq!(&b.ids[..4], &[198, 151644, 872, 198]);
-    assert_eq!(&b.ids[b.ids.len() - 5..], &[151645, 198, 151644, 77091, 198]);
+    assert_eq!(
+        &b.ids[b.ids.len() - 5..],
+        &[151645, 198, 151644, 77091, 198]
+    );
     // The bridge sits right after turn 1's stop id, all masked.
-    let start = row.completion_ids.iter().position(|&i| i == 151645).unwrap() + 1;
+    let start = row
+        .completion_ids
+        .iter()
+        .position(|&i| i == 151645)
+        .unwrap()
+        + 1;
     assert_eq!(&row.completion_ids[start..start + b.ids.len()], &b.ids[..]);
-    assert!(row.completion_mask[start..start + b.ids.len()].iter().all(|&m| m == 0));
+    assert!(row.completion_mask[start..start + b.ids.len()]
+        .iter()
+        .all(|&m| m == 0));
     assert_eq!(row.completion_mask[start - 1], 1);
 
     let (_, _, bridges) = build_row(cs.iter().find(|c| c.name == "qwen3_tools").unwrap());
-    assert_eq!(bridges[0].ids, b.ids, "Qwen3 bridges tool results as Qwen2.5 does");
+    assert_eq!(
+        bridges[0].ids, b.ids,
+        "Qwen3 bridges tool results as Qwen2.5 does"
+    );
     let (_, _, bridges) = build_row(cs.iter().find(|c| c.name == "qwen2.5_retry").unwrap());
     assert_eq!(
         bridges[0].text,
@@ -232,36 +270,69 @@ fn qwen_bridges_hold_the_newline_after_im_end_grouped_tool_messages_and_the_gene
 
 #[test]
 fn a_non_canonical_split_keeps_the_sampled_ids() {
-    let c = cases().into_iter().find(|c| c.name == "qwen2.5_retry").unwrap();
+    let c = cases()
+        .into_iter()
+        .find(|c| c.name == "qwen2.5_retry")
+        .unwrap();
     let (he, llo) = (encode(&c.tok, "he"), encode(&c.tok, "llo"));
     let mut sampled: Vec<u32> = he.iter().chain(&llo).copied().collect();
     sampled.push(151645);
-    assert_ne!(&sampled[..sampled.len() - 1], &encode(&c.tok, "hello")[..], "the split is non-canonical");
+    assert_ne!(
+        &sampled[..sampled.len() - 1],
+        &encode(&c.tok, "hello")[..],
+        "the split is non-canonical"
+    );
     let enc = |t: &str| -> Result<Vec<u32>, String> { Ok(encode(&c.tok, t)) };
-    let b = bridge(&c.template, &c.eot, &[Message::new("user", "again")], None, &enc).unwrap();
+    let b = bridge(
+        &c.template,
+        &c.eot,
+        &[Message::new("user", "again")],
+        None,
+        &enc,
+    )
+    .unwrap();
     let turns = vec![
         (sampled.clone(), vec![-0.5; sampled.len()]),
         (vec![19, 151645], vec![-0.25, -0.125]),
     ];
-    let row = assemble(&turns, &[b.ids.clone()]).unwrap();
+    let row = assemble(&turns, std::slice::from_ref(&b.ids)).unwrap();
     assert_eq!(&row.completion_ids[..sampled.len()], &sampled[..]);
-    assert_eq!(&row.completion_ids[sampled.len()..sampled.len() + b.ids.len()], &b.ids[..]);
-    assert_eq!(&row.completion_ids[sampled.len() + b.ids.len()..], &[19, 151645]);
+    assert_eq!(
+        &row.completion_ids[sampled.len()..sampled.len() + b.ids.len()],
+        &b.ids[..]
+    );
+    assert_eq!(
+        &row.completion_ids[sampled.len() + b.ids.len()..],
+        &[19, 151645]
+    );
 }
 
 fn refused(source: &str, eot: &str, messages: &[Message]) -> String {
     let tok = tokenizer("qwen2.5", &Json::Null);
     let enc = |t: &str| -> Result<Vec<u32>, String> { Ok(encode(&tok, t)) };
     let t = ChatTemplate::new(source, vec![]).unwrap();
-    bridge(&t, eot, messages, None, &enc).unwrap_err().to_string()
+    bridge(&t, eot, messages, None, &enc)
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
 fn templates_that_cannot_bridge_are_refused_with_the_reason() {
     let user = [Message::new("user", "again")];
-    let e = refused("{% for m in messages %}{{ m.content }}<eot>{% endfor %}", "<eot>", &user);
-    assert!(e.contains("\"<eot>\" encodes as") && e.contains("not one"), "{e}");
-    let e = refused("{% for m in messages %}{{ m.content }}.<|im_end|>{% endfor %}", "<|im_end|>", &user);
+    let e = refused(
+        "{% for m in messages %}{{ m.content }}<eot>{% endfor %}",
+        "<eot>",
+        &user,
+    );
+    assert!(
+        e.contains("\"<eot>\" encodes as") && e.contains("not one"),
+        "{e}"
+    );
+    let e = refused(
+        "{% for m in messages %}{{ m.content }}.<|im_end|>{% endfor %}",
+        "<|im_end|>",
+        &user,
+    );
     assert!(e.contains("writes \".\" between"), "{e}");
     let e = refused(
         "{% for m in messages %}{{ m.content }}<|im_end|>{% if m.role == 'user' and not loop.first %}{{ messages[1].content | length }}{% endif %}{% endfor %}",
@@ -270,6 +341,35 @@ fn templates_that_cannot_bridge_are_refused_with_the_reason() {
     );
     assert!(e.contains("depends on the assistant turn"), "{e}");
     // `.` is one token, but `.\n` is one too: the token at the turn's end straddles the cut.
-    let e = refused("{% for m in messages %}{{ m.content }}.\n{% endfor %}", ".", &user);
-    assert!(e.contains("not extend the context as a token prefix"), "{e}");
+    let e = refused(
+        "{% for m in messages %}{{ m.content }}.\n{% endfor %}",
+        ".",
+        &user,
+    );
+    assert!(
+        e.contains("not extend the context as a token prefix"),
+        "{e}"
+    );
+}
+
+#[test]
+fn qwen3_bridges_a_user_reply_despite_rewriting_history_and_passes_template_kwargs() {
+    // After a user message Qwen3 renders earlier assistant turns without their think block, so
+    // the context rendered alone is not a prefix of the whole; the bridge is read off the whole
+    // rendering and still holds only what follows the turn. `enable_thinking = false` puts the
+    // empty think block into the generation prompt, hence into the bridge.
+    let tok = tokenizer("qwen2.5", &Json::Null);
+    let enc = |t: &str| -> Result<Vec<u32>, String> { Ok(encode(&tok, t)) };
+    let source = std::fs::read_to_string(root().join("data/chat_templates/qwen3.jinja")).unwrap();
+    let again = [Message::new("user", "Try again.")];
+    let want_tail = "\n<|im_start|>user\nTry again.<|im_end|>\n<|im_start|>assistant\n";
+    let plain = ChatTemplate::new(&source, vec![]).unwrap();
+    let b = bridge(&plain, "<|im_end|>", &again, None, &enc).unwrap();
+    assert_eq!(b.text, want_tail);
+    let no_think =
+        ChatTemplate::new(&source, vec![("enable_thinking".into(), Json::Bool(false))]).unwrap();
+    let b = bridge(&no_think, "<|im_end|>", &again, None, &enc).unwrap();
+    assert_eq!(b.text, format!("{want_tail}<think>\n\n</think>\n\n"));
+    assert_eq!(b.ids, encode(&tok, &b.text));
+    assert_eq!(&b.ids[..2], &[198, 151644]);
 }

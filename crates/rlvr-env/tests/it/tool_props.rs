@@ -47,14 +47,21 @@ fn value() -> impl Strategy<Value = Json> {
             prop::collection::vec(("[a-z_]{1,8}", inner), 0..4).prop_map(|kv| {
                 // Distinct keys: a repeated key would keep its first place with its last value.
                 let mut seen = std::collections::HashSet::new();
-                Json::Object(kv.into_iter().filter(|(k, _)| seen.insert(k.clone())).collect())
+                Json::Object(
+                    kv.into_iter()
+                        .filter(|(k, _)| seen.insert(k.clone()))
+                        .collect(),
+                )
             }),
         ]
     })
 }
 
 fn calls() -> impl Strategy<Value = Vec<ToolCall>> {
-    let call = ("[a-zA-Z_][a-zA-Z0-9_.-]{0,12}", prop::collection::vec(("[a-z_]{1,8}", value()), 0..4));
+    let call = (
+        "[a-zA-Z_][a-zA-Z0-9_.-]{0,12}",
+        prop::collection::vec(("[a-z_]{1,8}", value()), 0..4),
+    );
     prop::collection::vec(call, 1..4).prop_map(|v| {
         v.into_iter()
             .enumerate()
@@ -63,7 +70,11 @@ fn calls() -> impl Strategy<Value = Vec<ToolCall>> {
                 ToolCall {
                     id: format!("call_{i}"),
                     name,
-                    arguments: Json::Object(kv.into_iter().filter(|(k, _)| seen.insert(k.clone())).collect()),
+                    arguments: Json::Object(
+                        kv.into_iter()
+                            .filter(|(k, _)| seen.insert(k.clone()))
+                            .collect(),
+                    ),
                 }
             })
             .collect()
@@ -116,5 +127,9 @@ fn parsing_is_linear_in_the_text() {
     assert_eq!((p.calls.len(), p.errors.len()), (20_000, 0));
     let p = parse_tool_calls(ToolFormat::Llama3Json, &"{".repeat(200_000));
     assert_eq!(p.errors.len(), 1);
-    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t0.elapsed()
+    );
 }
