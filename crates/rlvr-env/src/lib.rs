@@ -48,6 +48,7 @@ pub mod bridge;
 pub mod client;
 pub mod error;
 pub mod json;
+pub mod message;
 pub mod protocol;
 pub mod retry;
 pub mod reward;
