@@ -153,14 +153,20 @@ impl ExternalVerifier {
 /// ([`die_with_parent`]), which covers a `kill -9` of rlvr that no cleanup code of ours outlives.
 /// The group is recorded for [`kill_all_groups`] until [`kill_group`] ends it.
 ///
+/// `cwd` is the program's working directory (rlvr's own when `None`).
+///
 /// # Errors
 /// The program cannot be started: the reason, worded for a verifier error.
-pub(crate) fn spawn_in_group(
+pub fn spawn_in_group(
     prog: &str,
     args: &[String],
     env: &[String],
+    cwd: Option<&std::path::Path>,
 ) -> Result<std::process::Child, String> {
     let mut cmd = Command::new(prog);
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
     cmd.env_clear();
     for name in BASE_ENV
         .iter()
@@ -252,7 +258,7 @@ fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<std::process::C
 
 /// Kills the process group that `child` leads (its descendants that did not leave it); no-op
 /// when it is already gone. Elsewhere than Unix, kills the child only.
-pub(crate) fn kill_group(child: &std::process::Child) {
+pub fn kill_group(child: &std::process::Child) {
     live_groups().retain(|&pid| pid != child.id());
     #[cfg(unix)]
     {
@@ -288,7 +294,7 @@ impl Verifier for ExternalVerifier {
             input.push_str(&item_json(s).to_string());
             input.push('\n');
         }
-        let mut child = spawn_in_group(prog, args, &self.env).map_err(|e| self.fail(e))?;
+        let mut child = spawn_in_group(prog, args, &self.env, None).map_err(|e| self.fail(e))?;
         let mut stdin = child.stdin.take().expect("stdin was piped");
         let mut stdout = child.stdout.take().expect("stdout was piped");
         let mut stderr = child.stderr.take().expect("stderr was piped");

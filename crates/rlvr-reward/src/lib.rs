@@ -53,6 +53,7 @@ pub mod latex_rules;
 pub mod math;
 pub mod number;
 pub mod persistent;
+pub mod process;
 pub mod reference;
 pub mod reward_model;
 pub mod sampling;

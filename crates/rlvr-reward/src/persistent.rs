@@ -19,13 +19,11 @@
 //! per-batch programs ([`crate::external::BASE_ENV`] and the config's `env` list). The user guide
 //! is docs/external-verifier.md.
 
-use crate::external::{item_json, kill_group, spawn_in_group, Reply};
+use crate::external::{item_json, Reply};
+use crate::process::{LineFault, LineProcess};
 use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::Deserialize;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::Child;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The protocol version written in every request as `"version"`. It changes only when a change
@@ -36,8 +34,9 @@ pub const PROTOCOL_VERSION: u64 = 1;
 /// process group is killed.
 pub const EXIT_GRACE: Duration = Duration::from_secs(2);
 
-/// Bytes of the program's stderr kept for error messages (its last ones).
-const STDERR_KEEP: usize = 4000;
+/// The longest reply line read from a program, in bytes (64 MiB): a longer one fails the batch
+/// without being read into memory.
+pub const MAX_REPLY_BYTES: usize = 64 << 20;
 
 /// A verifier that keeps one program running for the whole run (see the module docs).
 pub struct PersistentVerifier {
@@ -50,18 +49,9 @@ pub struct PersistentVerifier {
 
 #[derive(Default)]
 struct State {
-    proc: Option<Proc>,
+    proc: Option<LineProcess>,
     starts: u32,
     restarts: u32,
-}
-
-/// A running program: a writer thread owns its stdin, a reader thread turns its stdout into lines,
-/// another keeps the tail of its stderr.
-struct Proc {
-    child: Child,
-    input: Option<Sender<String>>,
-    lines: Receiver<std::io::Result<String>>,
-    stderr: Arc<Mutex<Vec<u8>>>,
 }
 
 /// Why one exchange failed.
@@ -124,94 +114,47 @@ impl PersistentVerifier {
         }
     }
 
-    fn spawn(&self) -> Result<Proc, RewardError> {
-        let (prog, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| self.fail("empty command".into()))?;
-        let mut child = spawn_in_group(prog, args, &self.env).map_err(|e| self.fail(e))?;
-        let mut stdin = child.stdin.take().expect("stdin was piped");
-        let stdout = child.stdout.take().expect("stdout was piped");
-        let mut stderr = child.stderr.take().expect("stderr was piped");
-        let (input, requests) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for r in requests {
-                if stdin.write_all(r.as_bytes()).is_err() || stdin.flush().is_err() {
-                    break;
-                }
-            }
-        });
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let stop = line.is_err();
-                if tx.send(line).is_err() || stop {
-                    break;
-                }
-            }
-        });
-        let tail = Arc::new(Mutex::new(Vec::new()));
-        let keep = Arc::clone(&tail);
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let mut t = keep.lock().unwrap_or_else(|e| e.into_inner());
-                t.extend_from_slice(&buf[..n]);
-                let excess = t.len().saturating_sub(STDERR_KEEP);
-                t.drain(..excess);
-            }
-        });
-        Ok(Proc {
-            child,
-            input: Some(input),
-            lines,
-            stderr: tail,
-        })
+    fn spawn(&self) -> Result<LineProcess, RewardError> {
+        LineProcess::start(&self.command, &self.env, None, MAX_REPLY_BYTES)
+            .map_err(|e| self.fail(e))
     }
 
     /// Sends one request and reads its reply line.
-    fn exchange(&self, p: &mut Proc, request: &str, n: usize) -> Result<Vec<Score>, Failure> {
+    fn exchange(
+        &self,
+        p: &mut LineProcess,
+        request: &str,
+        n: usize,
+    ) -> Result<Vec<Score>, Failure> {
         // A line left over from the last batch means the program and rlvr disagree on the count.
-        loop {
-            match p.lines.try_recv() {
-                Ok(Ok(l)) if l.trim().is_empty() => continue,
-                Ok(Ok(l)) => {
-                    return Err(Failure::Fatal(format!(
-                        "wrote a line between batches (one reply line per request expected): {:?}",
-                        truncate(&l, 200)
-                    )))
-                }
-                Ok(Err(e)) => return Err(Failure::Fatal(format!("stdout is not UTF-8 text: {e}"))),
-                Err(TryRecvError::Disconnected) => {
-                    return Err(Failure::Died("its stdout closed between batches".into()))
-                }
-                Err(TryRecvError::Empty) => break,
+        match p.pending_line() {
+            Ok(None) => {}
+            Ok(Some(l)) => {
+                return Err(Failure::Fatal(format!(
+                    "wrote a line between batches (one reply line per request expected): {:?}",
+                    truncate(&l, 200)
+                )))
             }
+            Err(LineFault::Closed) => {
+                return Err(Failure::Died("its stdout closed between batches".into()))
+            }
+            Err(e) => return Err(Failure::Fatal(e.to_string())),
         }
-        let sent = p.input.as_ref().map(|i| i.send(request.to_string()));
-        if !matches!(sent, Some(Ok(()))) {
+        if !p.send(request.to_string()) {
             return Err(Failure::Died("its stdin is closed".into()));
         }
-        let deadline = Instant::now() + self.timeout;
-        let line = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match p.lines.recv_timeout(left) {
-                Ok(Ok(l)) if l.trim().is_empty() => continue,
-                Ok(Ok(l)) => break l,
-                Ok(Err(e)) => return Err(Failure::Fatal(format!("stdout is not UTF-8 text: {e}"))),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Failure::Died("its stdout closed before the reply".into()))
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(Failure::Fatal(format!(
-                        "timed out after {:.1} s on a batch of {n} (raise timeout_s or speed the program up)",
-                        self.timeout.as_secs_f64()
-                    )))
-                }
+        let line = match p.recv_line(Instant::now() + self.timeout) {
+            Ok(l) => l,
+            Err(LineFault::Closed) => {
+                return Err(Failure::Died("its stdout closed before the reply".into()))
             }
+            Err(LineFault::Timeout) => {
+                return Err(Failure::Fatal(format!(
+                    "timed out after {:.1} s on a batch of {n} (raise timeout_s or speed the program up)",
+                    self.timeout.as_secs_f64()
+                )))
+            }
+            Err(e) => return Err(Failure::Fatal(e.to_string())),
         };
         parse_reply(&line, n).map_err(Failure::Fatal)
     }
@@ -254,33 +197,6 @@ fn parse_reply(line: &str, n: usize) -> Result<Vec<Score>, String> {
             score.map_err(|e| format!("reward {} of the reply: {e}", k + 1))
         })
         .collect()
-}
-
-impl Proc {
-    /// Ends the program (at once, or after `grace` once its stdin is closed) and describes how it
-    /// ended: exit status and stderr tail.
-    fn end(mut self, grace: Duration) -> String {
-        drop(self.input.take());
-        let t0 = Instant::now();
-        let mut status = None;
-        while t0.elapsed() < grace {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                status = Some(s);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        kill_group(&self.child);
-        let _ = self.child.kill();
-        let status = match status {
-            Some(s) => Ok(s),
-            None => self.child.wait(),
-        };
-        let tail = self.stderr.lock().map(|t| t.clone()).unwrap_or_default();
-        let tail = String::from_utf8_lossy(&tail);
-        let status = status.map_or_else(|e| format!("unknown status ({e})"), |s| s.to_string());
-        format!("{status}; stderr: {}", tail.trim_end())
-    }
 }
 
 impl Drop for PersistentVerifier {

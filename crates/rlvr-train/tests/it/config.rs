@@ -1226,3 +1226,22 @@ fn input_paths_are_relative_to_the_config_file() {
         ["python3", script.as_str(), "--strict", "gold"]
     );
 }
+
+#[test]
+fn an_env_table_is_refused_until_episodes_are_wired_in() {
+    let wired = "multi-turn episodes are not wired into the trainer yet (issue 45)";
+    let err = format!("{:#}", check_load("", &["env.max_turns=3"]).unwrap_err());
+    assert!(
+        err.starts_with("in --set env.max_turns=3: unknown key `env`: [env]")
+            && err.contains(wired),
+        "{err}"
+    );
+    let err = format!(
+        "{:#}",
+        check_load("[env]\ncommand = [\"python3\", \"env.py\"]\n", &[]).unwrap_err()
+    );
+    assert!(
+        err.contains("unknown key `env`") && err.contains(wired),
+        "{err}"
+    );
+}

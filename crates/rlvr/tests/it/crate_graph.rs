@@ -2,7 +2,7 @@
 //! crate roots so that a change that breaks a boundary fails here rather than in review:
 //!
 //! 1. Layers: a workspace crate depends only on workspace crates of a strictly lower layer.
-//! 2. Light crates (the font, verifiers, data, the lab) never depend on candle: `rlvr reward` and the data
+//! 2. Light crates (the font, verifiers, data, environments, the lab) never depend on candle: `rlvr reward` and the data
 //!    loaders build and test without the tensor stack.
 //! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
 //!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("rlvr-kernels", 0),
     ("rlvr-reward", 0),
     ("rlvr-algo", 1),
+    ("rlvr-env", 1),
     ("rlvr-data", 1),
     ("rlvr-model", 1),
     ("rlvr-rollout", 2),
@@ -37,6 +38,7 @@ const LIGHT: &[&str] = &[
     "rlvr-chart",
     "rlvr-reward",
     "rlvr-data",
+    "rlvr-env",
     "rlvr-lab",
 ];
 const UNSAFE_ALLOWED: &[&str] = &["rlvr-kernels", "rlvr-model"];

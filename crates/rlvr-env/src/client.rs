@@ -1,0 +1,325 @@
+//! The process client: an environment program in any language, started once and spoken to in
+//! lock-step batches of JSON lines (docs/DESIGN.md §14).
+//!
+//! Supervision is rlvr-reward's [`LineProcess`], the one persistent verifiers use: the program
+//! leads its own process group, gets a minimal environment (`PATH HOME LANG TMPDIR` plus the
+//! names in `env.env`), runs in the config file's directory, dies with rlvr (Linux), and is
+//! killed with its group when the client is dropped. A reply line longer than
+//! [`ProcessSettings::max_reply_bytes`] is refused without being read into memory.
+//!
+//! Faults:
+//! - the program dies (stdout closes, stdin is closed) or a request runs past
+//!   [`ProcessSettings::timeout`]: it is killed, started again (`hello` first) and the same
+//!   request is sent again, at most [`ProcessSettings::restarts`] times in the client's life;
+//!   then the run stops with its exit status and stderr tail. (Addition to §14: a timeout counts
+//!   as a death, so a stuck tool costs one timeout, not the run.)
+//! - `hello` unanswered within the timeout, or answered with another version: the run stops.
+//! - a reply that is not one JSON object, answers other episode ids, carries a top-level
+//!   `error`, or is too long; a line written between requests: the run stops (the program is
+//!   killed, its stderr tail shown).
+//! - an episode's `{"id", "error"}`, or an observation holding one of
+//!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
+
+use crate::json::Json;
+use crate::protocol::{
+    self, check_hello, EpisodeResult, FinishEpisode, FinishReply, Kind, ResetEpisode, ResetReply,
+    StepEpisode, StepReply,
+};
+use crate::validate::{check_groups, refuse_special_tokens};
+use crate::{EnvError, Environment};
+use rlvr_reward::process::{LineFault, LineProcess};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long a program gets to exit after its stdin is closed before its group is killed.
+pub const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Where and how the environment program runs (the `[env]` keys it comes from in brackets).
+#[derive(Debug, Clone)]
+pub struct ProcessSettings {
+    /// Program and arguments, no shell (`env.command`, its relative paths already resolved
+    /// against the config file's directory).
+    pub command: Vec<String>,
+    /// The working directory (the config file's), or rlvr's own when `None`.
+    pub dir: Option<PathBuf>,
+    /// Environment variables passed besides `PATH HOME LANG TMPDIR` (`env.env`).
+    pub env: Vec<String>,
+    /// The longest wait for one reply, `hello`'s included (`env.timeout_s`).
+    pub timeout: Duration,
+    /// Restarts allowed in the client's life (`env.restarts`).
+    pub restarts: u32,
+    /// The longest reply line read, in bytes.
+    pub max_reply_bytes: usize,
+    /// The `[env.options]` table handed to `hello` (an object).
+    pub options: Json,
+    /// Token strings refused in observations: the run passes its tokenizer's added tokens
+    /// (special or not, e.g. Qwen's `<|im_end|>` and `<tool_call>`), which an encoder would
+    /// turn into those tokens, so they are refused by default; empty allows all.
+    pub special_tokens: Vec<String>,
+}
+
+impl ProcessSettings {
+    /// Settings for `command` with the defaults: no extra variables, 60 s per request, 3
+    /// restarts, replies up to 16 MiB, no options, no special tokens refused.
+    pub fn new(command: Vec<String>) -> Self {
+        ProcessSettings {
+            command,
+            dir: None,
+            env: Vec::new(),
+            timeout: Duration::from_secs(60),
+            restarts: 3,
+            max_reply_bytes: 16 << 20,
+            options: Json::Object(Vec::new()),
+            special_tokens: Vec::new(),
+        }
+    }
+}
+
+/// An environment program (see the module docs).
+pub struct ProcessEnvironment {
+    settings: ProcessSettings,
+    proc: Option<LineProcess>,
+    starts: u32,
+    restarts: u32,
+}
+
+/// Why one exchange failed.
+enum Failure {
+    /// The program is gone or stuck: restart it if restarts remain.
+    Died(String),
+    /// The run stops.
+    Fatal(EnvError),
+}
+
+impl ProcessEnvironment {
+    /// Starts the program and says `hello` (the start-up probe).
+    ///
+    /// # Errors
+    /// [`EnvError::Process`] when it cannot start or does not answer `hello` in time,
+    /// [`EnvError::Protocol`] for a wrong version.
+    pub fn start(settings: ProcessSettings) -> Result<Self, EnvError> {
+        let mut env = ProcessEnvironment {
+            settings,
+            proc: None,
+            starts: 0,
+            restarts: 0,
+        };
+        env.ensure_started()?;
+        Ok(env)
+    }
+
+    /// How many times the program was started (1 while it never died).
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+
+    /// The program's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(LineProcess::id)
+    }
+
+    fn command_line(&self) -> String {
+        self.settings.command.join(" ")
+    }
+
+    fn process_error(&self, reason: String) -> EnvError {
+        EnvError::Process {
+            command: self.command_line(),
+            reason,
+        }
+    }
+
+    fn ensure_started(&mut self) -> Result<(), EnvError> {
+        if self.proc.is_some() {
+            return Ok(());
+        }
+        let s = &self.settings;
+        let p = LineProcess::start(&s.command, &s.env, s.dir.as_deref(), s.max_reply_bytes)
+            .map_err(|e| self.process_error(e))?;
+        self.starts += 1;
+        let hello = protocol::hello_line(&s.options);
+        let answer = if p.send(hello) {
+            p.recv_line(Instant::now() + s.timeout)
+        } else {
+            Err(LineFault::Closed)
+        };
+        let checked = match answer {
+            Ok(line) => check_hello(&line),
+            Err(LineFault::Timeout) => Err(self.process_error(format!(
+                "no answer to hello within {:.1} s (env.timeout_s)",
+                s.timeout.as_secs_f64()
+            ))),
+            Err(f) => Err(self.process_error(format!("{f} before answering hello"))),
+        };
+        match checked {
+            Ok(()) => {
+                self.proc = Some(p);
+                Ok(())
+            }
+            Err(e) => {
+                let ended = p.end(Duration::from_millis(200));
+                Err(self.process_error(format!("{e} (it was stopped: {ended})")))
+            }
+        }
+    }
+
+    /// Sends one request line and reads its reply, once.
+    fn exchange_once(
+        &mut self,
+        kind: Kind,
+        line: &str,
+        ids: &[&str],
+    ) -> Result<Vec<EpisodeResult<Json>>, Failure> {
+        let p = self.proc.as_ref().expect("started before exchanging");
+        match p.pending_line() {
+            Ok(None) => {}
+            Ok(Some(l)) => {
+                return Err(Failure::Fatal(EnvError::Protocol(format!(
+                    "the environment wrote a line between requests (exactly one reply line per \
+                     request expected): {:?}",
+                    l.chars().take(200).collect::<String>()
+                ))))
+            }
+            Err(LineFault::Closed) => return Err(Failure::Died("its stdout closed".into())),
+            Err(f) => return Err(Failure::Fatal(EnvError::Protocol(f.to_string()))),
+        }
+        if !p.send(line.to_string()) {
+            return Err(Failure::Died("its stdin is closed".into()));
+        }
+        match p.recv_line(Instant::now() + self.settings.timeout) {
+            Ok(reply) => protocol::parse_reply(kind, &reply, ids).map_err(Failure::Fatal),
+            Err(LineFault::Closed) => Err(Failure::Died(format!(
+                "its stdout closed before the reply to {}",
+                kind.as_str()
+            ))),
+            Err(LineFault::Timeout) => Err(Failure::Died(format!(
+                "no reply to {} within {:.1} s (env.timeout_s)",
+                kind.as_str(),
+                self.settings.timeout.as_secs_f64()
+            ))),
+            Err(f) => Err(Failure::Fatal(EnvError::Protocol(format!(
+                "the reply to {}: {f}",
+                kind.as_str()
+            )))),
+        }
+    }
+
+    /// One batch request with restarts and replay (see the module docs).
+    fn exchange(
+        &mut self,
+        kind: Kind,
+        episodes: Vec<Json>,
+        ids: &[&str],
+    ) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
+        let line = protocol::request_line(kind, episodes);
+        loop {
+            self.ensure_started()?;
+            let failure = match self.exchange_once(kind, &line, ids) {
+                Ok(r) => return Ok(r),
+                Err(f) => f,
+            };
+            let p = self.proc.take().expect("started above");
+            match failure {
+                Failure::Fatal(e) => {
+                    let ended = p.end(Duration::ZERO);
+                    return Err(self.process_error(format!("{e} (it was killed: {ended})")));
+                }
+                Failure::Died(why) => {
+                    let ended = p.end(Duration::from_millis(200));
+                    if self.restarts >= self.settings.restarts {
+                        return Err(self.process_error(format!(
+                            "{why} ({ended}) after {} restarts (the limit, env.restarts); fix \
+                             the environment and resume",
+                            self.restarts
+                        )));
+                    }
+                    self.restarts += 1;
+                    eprintln!(
+                        "warning: environment `{}`: {why} ({}); restarting it and sending the \
+                         {} request again (restart {} of at most {})",
+                        self.command_line(),
+                        ended.chars().take(2000).collect::<String>(),
+                        kind.as_str(),
+                        self.restarts,
+                        self.settings.restarts
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ProcessEnvironment {
+    fn drop(&mut self) {
+        if let Some(p) = self.proc.take() {
+            p.end(EXIT_GRACE);
+        }
+    }
+}
+
+impl Environment for ProcessEnvironment {
+    fn reset(
+        &mut self,
+        episodes: &[ResetEpisode],
+    ) -> Result<Vec<EpisodeResult<ResetReply>>, EnvError> {
+        if episodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
+        let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids)?;
+        let mut out = Vec::with_capacity(raw.len());
+        for (r, id) in raw.into_iter().zip(&ids) {
+            out.push(match r {
+                Ok(v) => {
+                    let reply = protocol::parse_reset(&v, id)?;
+                    let ms = reply.messages.as_deref().unwrap_or_default();
+                    refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply)
+                }
+                Err(e) => Err(e),
+            });
+        }
+        check_groups(episodes, &out)?;
+        Ok(out)
+    }
+
+    fn step(
+        &mut self,
+        episodes: &[StepEpisode],
+    ) -> Result<Vec<EpisodeResult<StepReply>>, EnvError> {
+        if episodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
+        let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids)?;
+        let mut out = Vec::with_capacity(raw.len());
+        for (r, id) in raw.into_iter().zip(&ids) {
+            out.push(match r {
+                Ok(v) => {
+                    let reply = protocol::parse_step(&v, id)?;
+                    refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
+                        .map(|()| reply)
+                }
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
+    }
+
+    fn finish(
+        &mut self,
+        episodes: &[FinishEpisode],
+    ) -> Result<Vec<EpisodeResult<FinishReply>>, EnvError> {
+        if episodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
+        let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
+        raw.into_iter()
+            .zip(&ids)
+            .map(|(r, id)| match r {
+                Ok(v) => protocol::parse_finish(&v, id).map(Ok),
+                Err(e) => Ok(Err(e)),
+            })
+            .collect()
+    }
+}

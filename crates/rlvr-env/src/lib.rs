@@ -1,0 +1,94 @@
+//! Multi-turn environments for RLVR (docs/DESIGN.md §14; issue 45): an episode is the group's
+//! prompt, then assistant turns sampled by rlvr, each followed by the environment's answer
+//! (a tool's result, a user's feedback) until the environment says `done` or rlvr ends it.
+//!
+//! - [`Environment`]: `reset`, `step` and `finish` over a lock-step batch of episodes, one reply
+//!   per episode, each the episode's record or its error (the episode is then unscorable); a
+//!   run-level fault is an [`EnvError`]. Two implementations that callers cannot tell apart:
+//!   [`client::ProcessEnvironment`], a program in any language speaking JSON lines
+//!   ([`protocol`]), supervised like a persistent verifier, and [`retry::RetryEnvironment`],
+//!   the built-in `retry` environment over a task verifier.
+//! - [`validate`]: a group's `reset` replies must be identical; special-token strings in
+//!   observations are refused.
+//! - [`tools`]: tool calls parsed from a turn's text (`hermes`, `llama3_json`, `none`).
+//! - [`reward`]: an episode's reward from its environment's rewards (`sum`, `final`).
+//! - [`template`] and [`bridge`]: chat templates with tools rendered as transformers does
+//!   (Python's `json.dumps` as `tojson`, [`json`]), and the bridge tokens between turns, checked
+//!   to extend the context as a token prefix.
+//!
+//! Not wired into the trainer yet (issue 45's second part): the sampler, feed, loss mask and
+//! vLLM paths.
+//!
+//! ```
+//! use rlvr_env::json::Json;
+//! use rlvr_env::protocol::{ResetEpisode, StepEpisode};
+//! use rlvr_env::retry::RetryEnvironment;
+//! use rlvr_env::Environment;
+//!
+//! // A verifier that wants the row's answer in the turn's text.
+//! let verifier = |row: &Json, text: &str| -> Result<bool, String> {
+//!     Ok(text.contains(row.get("answer").and_then(Json::as_str).unwrap_or("?")))
+//! };
+//! let mut env = RetryEnvironment::new(verifier, 3, 0.5).unwrap();
+//! let row = Json::object([("answer", Json::from("4"))]);
+//! let ep = ResetEpisode { id: "0:0".into(), group: "0".into(), sample: 0, seed: 7, row, prompt: None };
+//! env.reset(&[ep]).unwrap();
+//! let turn = |turn, text: &str| StepEpisode {
+//!     id: "0:0".into(), turn, text: text.into(), tool_calls: vec![], tool_call_errors: vec![],
+//! };
+//! let wrong = env.step(&[turn(1, "5")]).unwrap().remove(0).unwrap();
+//! assert!(!wrong.done && wrong.messages[0].role == "user");
+//! let right = env.step(&[turn(2, "4")]).unwrap().remove(0).unwrap();
+//! assert_eq!((right.done, right.reward), (true, Some(0.5))); // 0.5^(2-1)
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod bridge;
+pub mod client;
+pub mod error;
+pub mod json;
+pub mod message;
+pub mod protocol;
+pub mod retry;
+pub mod reward;
+pub mod template;
+pub mod tools;
+pub mod validate;
+
+pub use error::EnvError;
+
+use protocol::{
+    EpisodeResult, FinishEpisode, FinishReply, ResetEpisode, ResetReply, StepEpisode, StepReply,
+};
+
+/// An environment over lock-step batches (docs/DESIGN.md §14). Each method takes every live
+/// episode of a batch and returns one result per episode, in the same order: the reply, or the
+/// environment's error for that episode (which makes it unscorable). An empty batch sends
+/// nothing.
+pub trait Environment: Send {
+    /// Episodes begin: each gets its prompt (kept or replaced) and tools.
+    ///
+    /// # Errors
+    /// A fault that stops the run (protocol, process, a group whose replies differ).
+    fn reset(
+        &mut self,
+        episodes: &[ResetEpisode],
+    ) -> Result<Vec<EpisodeResult<ResetReply>>, EnvError>;
+
+    /// Assistant turns ended on the end-of-turn token: the environment answers each.
+    ///
+    /// # Errors
+    /// A fault that stops the run.
+    fn step(&mut self, episodes: &[StepEpisode])
+        -> Result<Vec<EpisodeResult<StepReply>>, EnvError>;
+
+    /// rlvr ended these episodes without the environment's `done`.
+    ///
+    /// # Errors
+    /// A fault that stops the run.
+    fn finish(
+        &mut self,
+        episodes: &[FinishEpisode],
+    ) -> Result<Vec<EpisodeResult<FinishReply>>, EnvError>;
+}

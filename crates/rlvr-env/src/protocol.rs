@@ -1,0 +1,494 @@
+//! The environment protocol's records (docs/DESIGN.md §14, version [`PROTOCOL_VERSION`]):
+//! typed requests rlvr writes and the replies it reads, one JSON object per line each way.
+//!
+//! Requests are built as [`Json`] (keys in the order §14 shows them) by [`request_line`]. Replies
+//! are parsed from one line by [`parse_reply`] and then per episode by [`parse_reset`],
+//! [`parse_step`] and [`parse_finish`]: a reply that breaks the protocol is a
+//! [`crate::EnvError::Protocol`] (the run stops), while an episode's `{"id", "error"}` is that
+//! episode's [`EpisodeResult`] `Err` (the episode is unscorable).
+
+use crate::json::Json;
+pub use crate::message::{Message, ToolCall};
+use crate::EnvError;
+
+/// The protocol version written in every request and required in `hello`'s reply.
+pub const PROTOCOL_VERSION: i64 = 1;
+
+/// One episode of a `reset` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResetEpisode {
+    /// Unique within the run (`"12:3"`: group 12, sample 3).
+    pub id: String,
+    /// The group (prompt) id; the K episodes of a group share it and [`ResetEpisode::seed`].
+    pub group: String,
+    /// The sample index within the group, 0..K.
+    pub sample: u32,
+    /// The environment's seed, the same for the whole group.
+    pub seed: u64,
+    /// The dataset row's fields (an object).
+    pub row: Json,
+    /// The dataset's prompt as chat messages, or `None` for a plain-text prompt.
+    pub prompt: Option<Vec<Message>>,
+}
+
+impl ResetEpisode {
+    fn to_json(&self) -> Json {
+        Json::object([
+            ("id", Json::from(self.id.as_str())),
+            ("group", Json::from(self.group.as_str())),
+            ("sample", Json::Int(i64::from(self.sample))),
+            ("seed", Json::UInt(self.seed)),
+            ("row", self.row.clone()),
+            (
+                "prompt",
+                self.prompt.as_ref().map_or(Json::Null, |m| {
+                    Json::Array(m.iter().map(Message::to_json).collect())
+                }),
+            ),
+        ])
+    }
+}
+
+/// One episode of a `step` request: the assistant turn that just ended on the end-of-turn token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepEpisode {
+    /// The episode id.
+    pub id: String,
+    /// Assistant turns so far, from 1.
+    pub turn: u32,
+    /// The turn as decoded (special tokens skipped, the stop id not included).
+    pub text: String,
+    /// The calls `env.tool_format` parsed from it.
+    pub tool_calls: Vec<ToolCall>,
+    /// What did not parse, one message per failed call.
+    pub tool_call_errors: Vec<String>,
+}
+
+impl StepEpisode {
+    fn to_json(&self) -> Json {
+        Json::object([
+            ("id", Json::from(self.id.as_str())),
+            ("turn", Json::Int(i64::from(self.turn))),
+            ("text", Json::from(self.text.as_str())),
+            (
+                "tool_calls",
+                Json::Array(self.tool_calls.iter().map(ToolCall::to_json).collect()),
+            ),
+            (
+                "tool_call_errors",
+                Json::Array(
+                    self.tool_call_errors
+                        .iter()
+                        .map(|e| Json::from(e.as_str()))
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+}
+
+/// Why rlvr ended an episode without the environment's `done`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `env.max_turns` assistant turns were taken.
+    MaxTurns,
+    /// A turn was cut by `rollout.max_new_tokens`.
+    Length,
+    /// `env.max_episode_tokens` would be exceeded.
+    Budget,
+    /// A stop id other than the end-of-turn token ended the turn.
+    Eos,
+}
+
+impl FinishReason {
+    /// The protocol's name: `max_turns`, `length`, `budget`, `eos`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::MaxTurns => "max_turns",
+            FinishReason::Length => "length",
+            FinishReason::Budget => "budget",
+            FinishReason::Eos => "eos",
+        }
+    }
+}
+
+/// One episode of a `finish` request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishEpisode {
+    /// The episode id.
+    pub id: String,
+    /// Why rlvr ended it.
+    pub reason: FinishReason,
+}
+
+/// A `reset` reply for one episode.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ResetReply {
+    /// `None` keeps the dataset's prompt; a list (system/user messages) replaces it.
+    pub messages: Option<Vec<Message>>,
+    /// OpenAI-style function schemas for the chat template's `tools`, keys in their order.
+    pub tools: Option<Vec<Json>>,
+}
+
+/// A `step` reply for one episode.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepReply {
+    /// The environment's answer (roles `tool` or `user`), appended as a bridge.
+    pub messages: Vec<Message>,
+    /// This turn's reward, when given (a missing reward counts as 0 in a sum).
+    pub reward: Option<f64>,
+    /// The episode ends here.
+    pub done: bool,
+}
+
+/// A `finish` reply for one episode.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FinishReply {
+    /// The episode's final reward, when given.
+    pub reward: Option<f64>,
+}
+
+/// One episode's outcome: its reply, or the environment's error for it (the episode is then
+/// unscorable).
+pub type EpisodeResult<T> = Result<T, String>;
+
+/// A request kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The start-up handshake.
+    Hello,
+    /// Episodes begin.
+    Reset,
+    /// Assistant turns ended.
+    Step,
+    /// rlvr ended episodes.
+    Finish,
+}
+
+impl Kind {
+    /// The `"type"` of the request.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Hello => "hello",
+            Kind::Reset => "reset",
+            Kind::Step => "step",
+            Kind::Finish => "finish",
+        }
+    }
+}
+
+/// The `hello` request line (newline included) with the `[env.options]` table.
+pub fn hello_line(options: &Json) -> String {
+    let v = Json::object([
+        ("version", Json::Int(PROTOCOL_VERSION)),
+        ("type", Json::from("hello")),
+        ("options", options.clone()),
+    ]);
+    format!("{}\n", v.to_compact())
+}
+
+/// A batch request's line: `{"version": 1, "type": KIND, "episodes": [...]}` and a newline.
+pub fn request_line(kind: Kind, episodes: Vec<Json>) -> String {
+    let v = Json::object([
+        ("version", Json::Int(PROTOCOL_VERSION)),
+        ("type", Json::from(kind.as_str())),
+        ("episodes", Json::Array(episodes)),
+    ]);
+    format!("{}\n", v.to_compact())
+}
+
+/// The episodes of a `reset` request as JSON.
+pub fn reset_episodes(e: &[ResetEpisode]) -> Vec<Json> {
+    e.iter().map(ResetEpisode::to_json).collect()
+}
+
+/// The episodes of a `step` request as JSON.
+pub fn step_episodes(e: &[StepEpisode]) -> Vec<Json> {
+    e.iter().map(StepEpisode::to_json).collect()
+}
+
+/// The episodes of a `finish` request as JSON.
+pub fn finish_episodes(e: &[FinishEpisode]) -> Vec<Json> {
+    e.iter()
+        .map(|f| {
+            Json::object([
+                ("id", Json::from(f.id.as_str())),
+                ("reason", Json::from(f.reason.as_str())),
+            ])
+        })
+        .collect()
+}
+
+fn shown(line: &str) -> String {
+    let mut s: String = line.chars().take(200).collect();
+    if s.len() < line.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// Checks `hello`'s reply line: `{"version": 1}`.
+///
+/// # Errors
+/// [`EnvError::Protocol`] for a line that is not JSON, an `error` reply, or another version.
+pub fn check_hello(line: &str) -> Result<(), EnvError> {
+    let v = Json::parse(line).map_err(|e| {
+        EnvError::Protocol(format!(
+            "hello's reply {:?} is not JSON ({e}); expected {{\"version\": {PROTOCOL_VERSION}}}",
+            shown(line)
+        ))
+    })?;
+    if let Some(e) = v.get("error") {
+        return Err(EnvError::Protocol(format!(
+            "the environment reported an error at start-up: {}",
+            e.as_str().map_or_else(|| e.to_compact(), str::to_string)
+        )));
+    }
+    match v.get("version") {
+        Some(Json::Int(PROTOCOL_VERSION)) => Ok(()),
+        Some(other) => Err(EnvError::Protocol(format!(
+            "the environment speaks protocol version {other}; this rlvr speaks version \
+             {PROTOCOL_VERSION} (docs/DESIGN.md §14)"
+        ))),
+        None => Err(EnvError::Protocol(format!(
+            "hello's reply {:?} has no \"version\" (expected {{\"version\": {PROTOCOL_VERSION}}})",
+            shown(line)
+        ))),
+    }
+}
+
+/// The episodes of a batch reply line, in the order of `ids` (the request's), each the episode's
+/// object or its error.
+///
+/// # Errors
+/// [`EnvError::Protocol`] for a line that is not a JSON object, a top-level `error` (the
+/// environment's message), another `version`, no `episodes` array, or episode ids that are not
+/// exactly the request's (one reply per id, in any order).
+pub fn parse_reply(
+    kind: Kind,
+    line: &str,
+    ids: &[&str],
+) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
+    let what = kind.as_str();
+    let v = Json::parse(line).map_err(|e| {
+        EnvError::Protocol(format!(
+            "the reply to {what} {:?} is not JSON ({e}); one JSON object per line expected",
+            shown(line)
+        ))
+    })?;
+    if let Some(e) = v.get("error") {
+        return Err(EnvError::Reported(format!(
+            "{what}: {}",
+            e.as_str().map_or_else(|| e.to_compact(), str::to_string)
+        )));
+    }
+    match v.get("version") {
+        None | Some(Json::Int(PROTOCOL_VERSION)) => {}
+        Some(other) => {
+            return Err(EnvError::Protocol(format!(
+                "the reply to {what} carries protocol version {other}; this rlvr speaks version \
+                 {PROTOCOL_VERSION}"
+            )))
+        }
+    }
+    let Some(Json::Array(eps)) = v.get("episodes") else {
+        return Err(EnvError::Protocol(format!(
+            "the reply to {what} {:?} has no \"episodes\" array",
+            shown(line)
+        )));
+    };
+    let mut out: Vec<Option<EpisodeResult<Json>>> = vec![None; ids.len()];
+    for e in eps {
+        let id = e.get("id").and_then(Json::as_str).ok_or_else(|| {
+            EnvError::Protocol(format!(
+                "an episode of the reply to {what} has no string \"id\": {}",
+                shown(&e.to_compact())
+            ))
+        })?;
+        let k = ids.iter().position(|i| *i == id).ok_or_else(|| {
+            EnvError::Protocol(format!(
+                "the reply to {what} names episode {id:?}, which the request did not carry"
+            ))
+        })?;
+        if out[k].is_some() {
+            return Err(EnvError::Protocol(format!(
+                "the reply to {what} answers episode {id:?} twice"
+            )));
+        }
+        out[k] = Some(match e.get("error") {
+            Some(err) => Err(err
+                .as_str()
+                .map_or_else(|| err.to_compact(), str::to_string)),
+            None => Ok(e.clone()),
+        });
+    }
+    out.into_iter()
+        .zip(ids)
+        .map(|(r, id)| {
+            r.ok_or_else(|| {
+                EnvError::Protocol(format!(
+                    "the reply to {what} has no entry for episode {id:?} (one per episode of the \
+                     request expected)"
+                ))
+            })
+        })
+        .collect()
+}
+
+fn reward_of(e: &Json, what: &str, id: &str) -> Result<Option<f64>, EnvError> {
+    match e.get("reward") {
+        None | Some(Json::Null) => Ok(None),
+        Some(r) => match r.as_f64() {
+            Some(x) if x.is_finite() => Ok(Some(x)),
+            _ => Err(EnvError::Protocol(format!(
+                "{what} reply for episode {id:?}: \"reward\" must be a finite number, not {}",
+                shown(&r.to_compact())
+            ))),
+        },
+    }
+}
+
+fn messages_of(
+    e: &Json,
+    allowed: &[&str],
+    what: &str,
+    id: &str,
+) -> Result<Option<Vec<Message>>, EnvError> {
+    match e.get("messages") {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::Array(ms)) => ms
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                Message::from_reply(m, allowed).map_err(|why| {
+                    EnvError::Protocol(format!(
+                        "{what} reply for episode {id:?}, messages[{i}]: {why}"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(other) => Err(EnvError::Protocol(format!(
+            "{what} reply for episode {id:?}: \"messages\" must be a list or null, not {}",
+            other.kind()
+        ))),
+    }
+}
+
+/// A `reset` reply of episode `id`.
+///
+/// # Errors
+/// [`EnvError::Protocol`]: messages that are not a list of system/user messages, tools that are
+/// not a list of objects.
+pub fn parse_reset(e: &Json, id: &str) -> Result<ResetReply, EnvError> {
+    let messages = messages_of(e, &["system", "user"], "reset", id)?;
+    let tools = match e.get("tools") {
+        None | Some(Json::Null) => None,
+        Some(Json::Array(ts)) => {
+            if let Some(t) = ts.iter().find(|t| !matches!(t, Json::Object(_))) {
+                return Err(EnvError::Protocol(format!(
+                    "reset reply for episode {id:?}: each tool must be an object \
+                     ({{\"type\": \"function\", \"function\": {{...}}}}), not {}",
+                    t.kind()
+                )));
+            }
+            Some(ts.clone())
+        }
+        Some(other) => {
+            return Err(EnvError::Protocol(format!(
+                "reset reply for episode {id:?}: \"tools\" must be a list or null, not {}",
+                other.kind()
+            )))
+        }
+    };
+    Ok(ResetReply { messages, tools })
+}
+
+/// A `step` reply of episode `id`.
+///
+/// # Errors
+/// [`EnvError::Protocol`]: messages that are not tool/user messages, a reward that is not a
+/// finite number, a `done` that is not a boolean.
+pub fn parse_step(e: &Json, id: &str) -> Result<StepReply, EnvError> {
+    let messages = messages_of(e, &["tool", "user"], "step", id)?.unwrap_or_default();
+    let done = match e.get("done") {
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(b)) => *b,
+        Some(other) => {
+            return Err(EnvError::Protocol(format!(
+                "step reply for episode {id:?}: \"done\" must be true or false, not {}",
+                other.kind()
+            )))
+        }
+    };
+    Ok(StepReply {
+        messages,
+        reward: reward_of(e, "step", id)?,
+        done,
+    })
+}
+
+/// A `finish` reply of episode `id`.
+///
+/// # Errors
+/// [`EnvError::Protocol`]: a reward that is not a finite number.
+pub fn parse_finish(e: &Json, id: &str) -> Result<FinishReply, EnvError> {
+    Ok(FinishReply {
+        reward: reward_of(e, "finish", id)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_written_in_the_documented_shape() {
+        let r = ResetEpisode {
+            id: "12:3".into(),
+            group: "12".into(),
+            sample: 3,
+            seed: 913375,
+            row: Json::object([("q", Json::from("2+2"))]),
+            prompt: Some(vec![Message::new("user", "2+2?")]),
+        };
+        assert_eq!(
+            request_line(Kind::Reset, reset_episodes(&[r])),
+            "{\"version\":1,\"type\":\"reset\",\"episodes\":[{\"id\":\"12:3\",\"group\":\"12\",\
+             \"sample\":3,\"seed\":913375,\"row\":{\"q\":\"2+2\"},\"prompt\":[{\"role\":\"user\",\
+             \"content\":\"2+2?\"}]}]}\n"
+        );
+        assert_eq!(
+            hello_line(&Json::Object(vec![])),
+            "{\"version\":1,\"type\":\"hello\",\"options\":{}}\n"
+        );
+    }
+
+    #[test]
+    fn replies_are_matched_by_id_and_checked() {
+        let line = r#"{"episodes":[{"id":"b","messages":[{"role":"tool","content":"21","name":"calc"}],"reward":0.5,"done":true},{"id":"a","error":"boom"}]}"#;
+        let r = parse_reply(Kind::Step, line, &["a", "b"]).unwrap();
+        assert_eq!(r[0], Err("boom".to_string()));
+        let s = parse_step(r[1].as_ref().unwrap(), "b").unwrap();
+        assert_eq!((s.reward, s.done, s.messages.len()), (Some(0.5), true, 1));
+        assert_eq!(s.messages[0].name.as_deref(), Some("calc"));
+        let e = parse_reply(Kind::Step, line, &["a"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("did not carry"), "{e}");
+        let e = parse_reply(Kind::Step, r#"{"episodes":[]}"#, &["a"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no entry for episode \"a\""), "{e}");
+        let bad =
+            Json::parse(r#"{"id":"a","messages":[{"role":"assistant","content":"x"}]}"#).unwrap();
+        let e = parse_step(&bad, "a").unwrap_err().to_string();
+        assert!(
+            e.contains("messages[0]") && e.contains("\"assistant\""),
+            "{e}"
+        );
+        let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
+        assert!(e.contains("version 2"), "{e}");
+        check_hello(r#"{"version":1}"#).unwrap();
+    }
+}

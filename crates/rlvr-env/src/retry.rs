@@ -1,0 +1,213 @@
+//! The built-in `retry` environment (`env.builtin = "retry"`): the task's verifier judges each
+//! assistant turn; a correct turn ends the episode with reward `turn_discount^(turn − 1)`, a
+//! wrong one gets a fixed user message asking to try again, and the episode ends with reward 0
+//! after `max_turns` wrong turns (docs/DESIGN.md §14). It implements [`Environment`] like the
+//! process client, so callers cannot tell them apart; CI and demos need no Python.
+
+use crate::json::Json;
+use crate::protocol::{
+    EpisodeResult, FinishEpisode, FinishReply, Message, ResetEpisode, ResetReply, StepEpisode,
+    StepReply,
+};
+use crate::{EnvError, Environment};
+use std::collections::HashMap;
+
+/// Judges one assistant turn's text against its dataset row: `Ok(true)` when correct.
+/// An `Err` (the verifier could not judge) makes that episode unscorable.
+pub trait TurnVerifier: Send {
+    /// Whether `text` answers `row` correctly.
+    ///
+    /// # Errors
+    /// Why the turn cannot be judged.
+    fn correct(&self, row: &Json, text: &str) -> Result<bool, String>;
+}
+
+impl<F> TurnVerifier for F
+where
+    F: Fn(&Json, &str) -> Result<bool, String> + Send,
+{
+    fn correct(&self, row: &Json, text: &str) -> Result<bool, String> {
+        self(row, text)
+    }
+}
+
+/// The user message a wrong turn gets.
+pub const RETRY_MESSAGE: &str = "That is not correct. Please try again.";
+
+/// The `retry` environment (see the module docs).
+pub struct RetryEnvironment<V> {
+    verifier: V,
+    max_turns: u32,
+    turn_discount: f64,
+    message: String,
+    rows: HashMap<String, Json>,
+}
+
+impl<V: TurnVerifier> RetryEnvironment<V> {
+    /// The environment over `verifier`, ending wrong episodes after `max_turns` turns, with
+    /// reward `turn_discount^(turn − 1)` for a correct turn.
+    ///
+    /// # Errors
+    /// [`EnvError::Config`] for `max_turns` 0 or a `turn_discount` outside (0, 1].
+    pub fn new(verifier: V, max_turns: u32, turn_discount: f64) -> Result<Self, EnvError> {
+        if max_turns == 0 {
+            return Err(EnvError::Config("env.max_turns must be at least 1".into()));
+        }
+        if !(turn_discount > 0.0 && turn_discount <= 1.0) {
+            return Err(EnvError::Config(format!(
+                "env.turn_discount = {turn_discount} must be in (0, 1]"
+            )));
+        }
+        Ok(RetryEnvironment {
+            verifier,
+            max_turns,
+            turn_discount,
+            message: RETRY_MESSAGE.to_string(),
+            rows: HashMap::new(),
+        })
+    }
+}
+
+impl<V: TurnVerifier> Environment for RetryEnvironment<V> {
+    fn reset(
+        &mut self,
+        episodes: &[ResetEpisode],
+    ) -> Result<Vec<EpisodeResult<ResetReply>>, EnvError> {
+        Ok(episodes
+            .iter()
+            .map(|e| {
+                self.rows.insert(e.id.clone(), e.row.clone());
+                Ok(ResetReply::default())
+            })
+            .collect())
+    }
+
+    fn step(
+        &mut self,
+        episodes: &[StepEpisode],
+    ) -> Result<Vec<EpisodeResult<StepReply>>, EnvError> {
+        Ok(episodes
+            .iter()
+            .map(|e| {
+                let row = self
+                    .rows
+                    .get(&e.id)
+                    .ok_or_else(|| format!("episode {:?} was never reset", e.id))?;
+                let correct = self.verifier.correct(row, &e.text)?;
+                let reply = if correct {
+                    let extra = i32::try_from(e.turn.saturating_sub(1)).unwrap_or(i32::MAX);
+                    StepReply {
+                        messages: Vec::new(),
+                        reward: Some(self.turn_discount.powi(extra)),
+                        done: true,
+                    }
+                } else if e.turn >= self.max_turns {
+                    StepReply {
+                        messages: Vec::new(),
+                        reward: Some(0.0),
+                        done: true,
+                    }
+                } else {
+                    StepReply {
+                        messages: vec![Message::new("user", self.message.clone())],
+                        reward: None,
+                        done: false,
+                    }
+                };
+                if reply.done {
+                    self.rows.remove(&e.id);
+                }
+                Ok(reply)
+            })
+            .collect())
+    }
+
+    fn finish(
+        &mut self,
+        episodes: &[FinishEpisode],
+    ) -> Result<Vec<EpisodeResult<FinishReply>>, EnvError> {
+        Ok(episodes
+            .iter()
+            .map(|e| {
+                self.rows.remove(&e.id);
+                Ok(FinishReply { reward: None })
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(id: &str, turn: u32, text: &str) -> StepEpisode {
+        StepEpisode {
+            id: id.into(),
+            turn,
+            text: text.into(),
+            tool_calls: vec![],
+            tool_call_errors: vec![],
+        }
+    }
+
+    #[test]
+    fn rewards_discount_per_extra_turn_and_wrong_episodes_end_at_max_turns() {
+        let v = |row: &Json, text: &str| -> Result<bool, String> {
+            if text == "?" {
+                return Err("cannot judge".into());
+            }
+            Ok(row.get("a").and_then(Json::as_str) == Some(text))
+        };
+        let mut env: Box<dyn Environment> = Box::new(RetryEnvironment::new(v, 3, 0.5).unwrap());
+        let eps: Vec<ResetEpisode> = ["a", "b", "c"]
+            .iter()
+            .map(|id| ResetEpisode {
+                id: (*id).into(),
+                group: "0".into(),
+                sample: 0,
+                seed: 0,
+                row: Json::object([("a", Json::from("4"))]),
+                prompt: None,
+            })
+            .collect();
+        assert!(env
+            .reset(&eps)
+            .unwrap()
+            .iter()
+            .all(|r| r == &Ok(ResetReply::default())));
+        let r = env
+            .step(&[turn("a", 1, "4"), turn("b", 1, "5"), turn("c", 1, "?")])
+            .unwrap();
+        assert_eq!(
+            r[0],
+            Ok(StepReply {
+                messages: vec![],
+                reward: Some(1.0),
+                done: true
+            })
+        );
+        assert_eq!(
+            r[1],
+            Ok(StepReply {
+                messages: vec![Message::new("user", RETRY_MESSAGE)],
+                reward: None,
+                done: false
+            })
+        );
+        assert_eq!(r[2], Err("cannot judge".to_string()));
+        let r = env.step(&[turn("b", 2, "5")]).unwrap();
+        assert!(!r[0].as_ref().unwrap().done);
+        let r = env.step(&[turn("b", 3, "4")]).unwrap();
+        assert_eq!(r[0].as_ref().unwrap().reward, Some(0.25)); // 0.5^(3-1)
+        env.reset(&eps[1..2]).unwrap();
+        let r = env.step(&[turn("b", 3, "5")]).unwrap();
+        assert_eq!(
+            (r[0].as_ref().unwrap().reward, r[0].as_ref().unwrap().done),
+            (Some(0.0), true)
+        );
+        let r = env.step(&[turn("b", 1, "4")]).unwrap();
+        assert!(r[0].as_ref().unwrap_err().contains("never reset"));
+        assert!(RetryEnvironment::new(v, 0, 1.0).is_err());
+        assert!(RetryEnvironment::new(v, 2, 1.5).is_err());
+    }
+}

@@ -1,0 +1,5 @@
+//! rlvr-env's integration tests in one test binary (`it`; ARCHITECTURE.md, "Testing").
+
+mod faults;
+mod templates;
+mod tool_props;
