@@ -1,7 +1,12 @@
 //! The HTTP side shared by the verifiers that ask a server ([`crate::judge`],
 //! [`crate::reward_model`]): one JSON POST with a body limit, the retry policy (a timeout, a
-//! transport error, an HTTP 5xx or a malformed answer is retried, waiting 0.1 s · 2^i; an HTTP 4xx
-//! fails at once), and a bounded pool of requests in flight.
+//! transport error, an HTTP 5xx, 429 or 408 or a malformed answer is retried, waiting 0.1 s · 2^i,
+//! or the server's `Retry-After` in seconds when longer, capped at the request's `timeout_s`; any
+//! other HTTP 4xx fails at once), and a bounded pool of requests in flight.
+//!
+//! Redirects are never followed (issue 49): a client following a 302 re-sends a POST as a
+//! body-less GET and would use that answer, so an HTTP 3xx fails at once naming the URL and the
+//! `Location` it pointed to.
 
 use crate::truncate;
 use serde_json::Value;
@@ -17,18 +22,30 @@ pub(crate) enum Failure {
     /// Worth another attempt: a timeout, a transport error, HTTP 5xx, or an answer that is not
     /// what the route promises.
     Retry(String),
-    /// HTTP 4xx: the server refused the request; another attempt would be refused too.
+    /// Worth another attempt after at least this wait: the server said so (`Retry-After` with
+    /// HTTP 429, 408 or 5xx), already capped at the request's timeout.
+    RetryAfter(String, Duration),
+    /// HTTP 4xx other than 408 and 429, or a 3xx: the server refused the request (or sent it
+    /// elsewhere); another attempt would get the same.
     Refused(String),
 }
 
 /// A plain-HTTP client with a per-request timeout, answering every status (no status is an
-/// error of the transport).
+/// error of the transport) and following no redirect (a 3xx comes back as it is).
 pub(crate) fn agent(timeout: Duration) -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        .max_redirects(0)
         .timeout_global(Some(timeout))
         .build();
     ureq::Agent::new_with_config(config)
+}
+
+/// The wait a `Retry-After` header value asks for, in its seconds form (the HTTP-date form is
+/// not read: the usual back-off applies), capped at `cap`.
+pub(crate) fn retry_after(value: Option<&str>, cap: Duration) -> Option<Duration> {
+    let secs: u64 = value?.trim().parse().ok()?;
+    Some(Duration::from_secs(secs).min(cap))
 }
 
 /// One POST of `body` to `url`: the answer's JSON when the status is 200.
@@ -48,12 +65,42 @@ pub(crate) fn post_json(
         Err(e) => return Err(Failure::Retry(format!("transport error: {e}"))),
     };
     let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    if (300..400).contains(&status) {
+        return Err(Failure::Refused(format!(
+            "answered HTTP {status} redirecting {url} to {}: a POST API is not redirected (the \
+             request would be re-sent as a body-less GET); set the server's URL to the address \
+             that answers",
+            header("location").unwrap_or_else(|| "(no Location header)".into())
+        )));
+    }
+    let wait = retry_after(
+        header("retry-after").as_deref(),
+        Duration::from_secs_f64(timeout_s.max(0.0)),
+    );
     let text = resp
         .body_mut()
         .with_config()
         .limit(BODY_LIMIT)
         .read_to_string()
         .map_err(|e| Failure::Retry(format!("HTTP {status}, body unreadable: {e}")))?;
+    if status == 429 || status == 408 || status >= 500 {
+        let what = match status {
+            429 => "HTTP 429 (too many requests)".to_string(),
+            408 => "HTTP 408 (request timeout)".to_string(),
+            s => format!("HTTP {s}"),
+        };
+        let m = format!("{what}: {}", truncate(&text, 300));
+        return Err(match wait {
+            Some(d) => Failure::RetryAfter(format!("{m} (Retry-After {} s)", d.as_secs_f64()), d),
+            None => Failure::Retry(m),
+        });
+    }
     if (400..500).contains(&status) {
         return Err(Failure::Refused(format!(
             "refused the request: HTTP {status}: {}",
@@ -74,21 +121,25 @@ pub(crate) fn post_json(
     })
 }
 
-/// Runs `attempt` until it succeeds, is refused, or `retries + 1` attempts failed; the error is
-/// the last failure's text with the number of attempts.
+/// Runs `attempt` until it succeeds, is refused, or `retries + 1` attempts failed, waiting
+/// 0.1 s · 2^i between attempts, or what the last failure's `Retry-After` asked when longer; the
+/// error is the last failure's text with the number of attempts.
 pub(crate) fn with_retries<T>(
     retries: u32,
     mut attempt: impl FnMut() -> Result<T, Failure>,
 ) -> Result<T, String> {
     let mut last = String::new();
+    let mut asked = Duration::ZERO;
     for i in 0..=retries {
         if i > 0 {
-            std::thread::sleep(Duration::from_millis(100 << (i - 1).min(8)));
+            let backoff = Duration::from_millis(100 << (i - 1).min(8));
+            std::thread::sleep(backoff.max(asked));
         }
         match attempt() {
             Ok(a) => return Ok(a),
             Err(Failure::Refused(m)) => return Err(m),
-            Err(Failure::Retry(m)) => last = m,
+            Err(Failure::Retry(m)) => (last, asked) = (m, Duration::ZERO),
+            Err(Failure::RetryAfter(m, d)) => (last, asked) = (m, d),
         }
     }
     Err(format!(
@@ -130,4 +181,24 @@ pub(crate) fn in_pool<T: Send, E: Send>(
         .into_iter()
         .map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_is_capped() {
+        let cap = Duration::from_secs(5);
+        assert_eq!(retry_after(Some(" 2 "), cap), Some(Duration::from_secs(2)));
+        assert_eq!(retry_after(Some("3600"), cap), Some(cap));
+        assert_eq!(retry_after(Some("0"), cap), Some(Duration::ZERO));
+        // The HTTP-date form and garbage fall back to the usual back-off.
+        assert_eq!(
+            retry_after(Some("Wed, 21 Oct 2026 07:28:00 GMT"), cap),
+            None
+        );
+        assert_eq!(retry_after(Some("-1"), cap), None);
+        assert_eq!(retry_after(None, cap), None);
+    }
 }

@@ -11,7 +11,9 @@
 //!   warning per batch on stderr): with `on_parse_failure = "zero"` it scores 0, not correct; with
 //!   `"error"` the batch fails.
 //! - Requests: at most `in_flight` at once, each with a timeout; a timeout, a transport error or
-//!   an HTTP 5xx is retried `retries` times (waiting 0.1 s · 2^i); an HTTP 4xx fails at once.
+//!   an HTTP 5xx, 429 or 408 is retried `retries` times (waiting 0.1 s · 2^i, or the server's
+//!   `Retry-After` capped at `timeout_s` when longer); another HTTP 4xx or a redirect (3xx, never
+//!   followed) fails at once.
 //!   Every error names the server. The judge samples at `temperature` with `seed` (sent to the
 //!   server) and at most `max_tokens` tokens.
 
@@ -99,7 +101,7 @@ pub struct JudgeConfig {
     /// Seconds allowed per request, default 60.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
-    /// Retries of a request after a timeout, a transport error or HTTP 5xx, default 2.
+    /// Retries of a request after a timeout, a transport error or HTTP 5xx, 429 or 408, default 2.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Extra JSON keys merged into every request body (e.g. vLLM's `allowed_token_ids`).

@@ -102,8 +102,8 @@ pub struct RewardModelConfig {
     /// Seconds allowed per request, default 60.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
-    /// Retries of a request after a timeout, a transport error, HTTP 5xx or a malformed answer,
-    /// default 2.
+    /// Retries of a request after a timeout, a transport error, HTTP 5xx, 429 or 408 or a
+    /// malformed answer, default 2.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Extra JSON keys merged into every request body.

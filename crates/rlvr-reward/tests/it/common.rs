@@ -24,6 +24,21 @@ pub fn server(
     limit: usize,
     reply: impl Fn(usize, &serde_json::Value) -> (u16, String, u64) + Send + Sync + 'static,
 ) -> (String, Arc<Seen>) {
+    server_with_headers(limit, move |n, body| {
+        let (status, text, delay) = reply(n, body);
+        (status, Vec::new(), text, delay)
+    })
+}
+
+/// As [`server`], with extra headers in each answer: `reply` gives (status, headers as
+/// `(name, value)`, body, delay).
+pub fn server_with_headers(
+    limit: usize,
+    reply: impl Fn(usize, &serde_json::Value) -> (u16, Vec<(String, String)>, String, u64)
+        + Send
+        + Sync
+        + 'static,
+) -> (String, Arc<Seen>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     let seen = Arc::new(Seen::default());
@@ -54,13 +69,17 @@ pub fn server(
                 let mut body = vec![0; len];
                 r.read_exact(&mut body).unwrap();
                 let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                let (status, text, delay) = reply(n, &body);
+                let (status, headers, text, delay) = reply(n, &body);
+                let headers: String = headers
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {v}\r\n"))
+                    .collect();
                 s.bodies.lock().unwrap().push(body);
                 std::thread::sleep(Duration::from_millis(delay));
                 s.now.fetch_sub(1, Ordering::SeqCst);
                 let _ = write!(
                     conn,
-                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{text}",
                     text.len()
                 );
             });

@@ -2,7 +2,7 @@
 //! both parse rules, parse failures under both policies, retries on timeouts and HTTP 5xx, no retry
 //! on a refusal, garbage answers, and the bound on requests in flight.
 
-use crate::common::server;
+use crate::common::{server, server_with_headers};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -234,6 +234,123 @@ fn timeouts_and_5xx_are_retried_and_refusals_are_not() {
         e.contains("http://127.0.0.1:9") && e.contains("transport"),
         "{e}"
     );
+}
+
+/// `(name, value)` headers for the fake server.
+fn headers(h: &[(&str, &str)]) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_redirect_is_refused_naming_the_url_and_the_location() {
+    let c = cols();
+    let one = &samples(&c)[..1];
+    let (url, seen) = server_with_headers(3, |_, _| {
+        let h = headers(&[("Location", "http://127.0.0.1:9/elsewhere")]);
+        (302, h, String::new(), 0)
+    });
+    let e = judge(&url, serde_json::json!({"retries": 2}))
+        .build()
+        .unwrap()
+        .score_batch(one)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("HTTP 302")
+            && e.contains(&url)
+            && e.contains("http://127.0.0.1:9/elsewhere")
+            && e.contains("not redirected"),
+        "{e}"
+    );
+    // Refused at once: one request, no retry, nothing sent to the Location.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(seen.bodies.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn http_429_and_408_are_retried_after_retry_after() {
+    let c = cols();
+    let one = &samples(&c)[..1];
+    // 429 asking for 1 s, then an answer: the retry waits the second and succeeds.
+    let (url, seen) = server_with_headers(2, |n, _| {
+        if n == 0 {
+            let h = headers(&[("Retry-After", "1")]);
+            (429, h, r#"{"error": "rate limited"}"#.into(), 0)
+        } else {
+            (200, Vec::new(), chat("yes"), 0)
+        }
+    });
+    let t0 = Instant::now();
+    let v = judge(&url, serde_json::json!({})).build().unwrap();
+    assert_eq!(v.score_batch(one).unwrap()[0].reward, 1.0);
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(seen.bodies.lock().unwrap().len(), 2);
+    // 408 without Retry-After: retried after the usual back-off.
+    let (url, seen) = server(2, |n, _| {
+        if n == 0 {
+            (408, "slow client".into(), 0)
+        } else {
+            (200, chat("no"), 0)
+        }
+    });
+    let v = judge(&url, serde_json::json!({})).build().unwrap();
+    assert_eq!(v.score_batch(one).unwrap()[0].reward, 0.0);
+    assert_eq!(seen.bodies.lock().unwrap().len(), 2);
+    // A Retry-After longer than the request's timeout is cut to it.
+    let (url, _) = server_with_headers(2, |n, _| {
+        if n == 0 {
+            (429, headers(&[("Retry-After", "3600")]), String::new(), 0)
+        } else {
+            (200, Vec::new(), chat("yes"), 0)
+        }
+    });
+    let t0 = Instant::now();
+    let v = judge(&url, serde_json::json!({"timeout_s": 0.5}))
+        .build()
+        .unwrap();
+    assert_eq!(v.score_batch(one).unwrap()[0].reward, 1.0);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn http_429_forever_stops_after_the_bounded_retries() {
+    let c = cols();
+    let one = &samples(&c)[..1];
+    let (url, seen) = server_with_headers(10, |_, _| {
+        let h = headers(&[("Retry-After", "1")]);
+        (429, h, r#"{"error": "rate limited"}"#.into(), 0)
+    });
+    let t0 = Instant::now();
+    let e = judge(&url, serde_json::json!({"retries": 2}))
+        .build()
+        .unwrap()
+        .score_batch(one)
+        .unwrap_err()
+        .to_string();
+    let took = t0.elapsed();
+    assert!(
+        e.contains(&url)
+            && e.contains("HTTP 429")
+            && e.contains("rate limited")
+            && e.contains("Retry-After 1 s")
+            && e.contains("3 attempts"),
+        "{e}"
+    );
+    // Two waits of 1 s between the three attempts, then the error.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(seen.bodies.lock().unwrap().len(), 3);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! (wrong counts, missing or non-numeric scores, refusals), each naming the server. The same
 //! verifier against a real vLLM CPU server: tests/it/live_reward_model.rs.
 
-use crate::common::server;
+use crate::common::{server, server_with_headers};
 use rlvr_reward::combine::VerifierConfig;
 use rlvr_reward::reward_model::{score_of, RewardModelConfig, RewardModelEndpoint};
 use rlvr_reward::{Sample, Verifier};
@@ -228,4 +228,53 @@ fn config_checks_and_kind_reward_model() {
 
 fn toml_like(v: Value) -> VerifierConfig {
     serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn a_redirect_is_refused_and_429_is_retried() {
+    let c = cols();
+    let s = samples(&c);
+    let (url, seen) = server_with_headers(2, |_, _| {
+        let h = vec![("Location".to_string(), "http://127.0.0.1:9/x".to_string())];
+        (307, h, String::new(), 0)
+    });
+    let e = rm(&url, json!({"batch_size": 8}))
+        .build()
+        .unwrap()
+        .score_batch(&s)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("HTTP 307") && e.contains(&url) && e.contains("http://127.0.0.1:9/x"),
+        "{e}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(seen.bodies.lock().unwrap().len(), 1);
+    let (url, seen) = server_with_headers(2, |n, body| {
+        if n == 0 {
+            let h = vec![("Retry-After".to_string(), "1".to_string())];
+            (429, h, String::new(), 0)
+        } else {
+            let data: Vec<Value> = texts(body)
+                .iter()
+                .enumerate()
+                .map(|(i, t)| json!({"index": i, "data": [fake(t)]}))
+                .collect();
+            (200, Vec::new(), json!({ "data": data }).to_string(), 0)
+        }
+    });
+    let t0 = std::time::Instant::now();
+    let scores = rm(&url, json!({"batch_size": 8}))
+        .build()
+        .unwrap()
+        .score_batch(&s)
+        .unwrap();
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(1));
+    // The default text is the prompt followed by the completion.
+    let want: Vec<f64> = COMPLETIONS
+        .iter()
+        .map(|a| fake(&format!("2+2={a}")))
+        .collect();
+    assert_eq!(scores.iter().map(|s| s.reward).collect::<Vec<_>>(), want);
+    assert_eq!(seen.bodies.lock().unwrap().len(), 2);
 }
