@@ -1,6 +1,14 @@
-"""Compares two output trees of bench/same_runs.sh (see there): every *.jsonl file line by line
-as JSON with the timing keys left out, every other file under a checkpoint (or model) directory
-byte for byte, and the other JSON files outside the keys that record time or the build.
+"""Compares two output trees of bench/same_runs.sh (see there).
+
+- every *.jsonl file (metrics, rollouts, eval, diagnostics, experiences, a checkpoint's
+  buffer.jsonl) line by line as JSON, outside the measurement keys: wall-clock times (time/*,
+  *_s, tokens_per_s) and the live-heap samples (memory/*: sampled every 5 ms, so timing too);
+- the files that name the output directory (config.toml, a checkpoint's manifest.json, a LoRA
+  adapter_config.json, summary.json, warm_start.json) as text with each tree's root replaced by
+  <ROOT> (JSON ones also outside the measurement keys and summary.json's loadavg);
+- every other file (safetensors weights and optimizer state, state.json, tokenizer files, ...)
+  byte for byte;
+- never: run.json (start time, host, the build's git commit), logs, figures, TensorBoard events.
 
     python3 bench/same_runs.py A B     exit 0 when equal, 1 with the differences listed
 """
@@ -10,9 +18,11 @@ import sys
 
 # Keys whose values are wall-clock time: metrics' time/* and the step's sampling and training
 # seconds, summary.json's wall_s, eval's timing.
-TIMING_PREFIXES = ("time/",)
-TIMING_KEYS = {"sample_s", "train_s", "wall_s", "elapsed_s", "seconds", "eval_s", "time_s",
-               "tokens_per_s", "samples_per_s", "step_s", "comm_s"}
+TIMING_PREFIXES = ("time/", "memory/")
+# Text files that record the output directory's path.
+PATH_FILES = {"config.toml", "manifest.json", "adapter_config.json", "summary.json",
+              "warm_start.json"}
+TIMING_KEYS = {"tokens_per_s", "samples_per_s", "loadavg"}
 # Files that record when or by which build they were written (never compared byte for byte):
 # run.json (start time, git commit, host), the logs, the TensorBoard event files.
 SKIP_NAMES = {"run.json", "train.log"}
@@ -39,13 +49,18 @@ def files(root):
     return out
 
 
+def rooted(path, root):
+    return open(path).read().replace(os.path.abspath(root), "<ROOT>")
+
+
 def main(a, b):
     fa, fb = files(a), files(b)
     bad = []
     for p in sorted(fa ^ fb):
         if not p.endswith(SKIP_SUFFIXES) and "events.out" not in p:
             bad.append(f"only in {'A' if p in fa else 'B'}: {p}")
-    counts = {"jsonl lines": 0, "byte-identical files": 0, "json files": 0, "skipped": 0}
+    counts = {"jsonl lines": 0, "byte-identical files": 0, "path-normalised files": 0,
+              "skipped": 0}
     for p in sorted(fa & fb):
         pa, pb = os.path.join(a, p), os.path.join(b, p)
         name = os.path.basename(p)
@@ -62,10 +77,18 @@ def main(a, b):
                     bad.append(f"{p}:{i + 1}: differs\n  A {x[:300]}\n  B {y[:300]}")
                     break
             counts["jsonl lines"] += min(len(la), len(lb))
-        elif name in ("summary.json", "warm_start.json"):
-            if strip(json.load(open(pa))) != strip(json.load(open(pb))):
-                bad.append(f"{p}: differs outside timing keys")
-            counts["json files"] += 1
+        elif name in PATH_FILES:
+            ta, tb = rooted(pa, a), rooted(pb, b)
+            if name.endswith(".json"):
+                ta, tb = strip(json.loads(ta)), strip(json.loads(tb))
+            if name == "manifest.json":
+                # The checksums of files compared above outside paths and measurements.
+                for m in (ta, tb):
+                    for f in ("adapter/adapter_config.json", "trainer_state/buffer.jsonl"):
+                        m.get("files", {}).pop(f, None)
+            if ta != tb:
+                bad.append(f"{p}: differs (paths as <ROOT>, measurements aside)")
+            counts["path-normalised files"] += 1
         else:
             if open(pa, "rb").read() != open(pb, "rb").read():
                 bad.append(f"{p}: bytes differ")

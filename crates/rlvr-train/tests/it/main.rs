@@ -15,6 +15,7 @@ mod data_parallel_step;
 mod data_parallel_trainer;
 mod determinism;
 mod eval;
+mod job;
 mod learning;
 mod live_data_parallel;
 mod lora;
