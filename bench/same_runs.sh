@@ -8,7 +8,8 @@
 #                                       with BIN (a checkpoint written by OLD's binary, in-flight
 #                                       buffer included); compare OUT/resume with OLD/offpolicy
 #   bench/same_runs.sh compare A B      every JSONL line of A and B equal outside timing keys,
-#                                       every checkpoint file byte-identical (bench/same_runs.py)
+#                                       every checkpoint file byte-identical (bench/same_runs.py);
+#                                       after `resume`: compare OLD/offpolicy OUT/resume
 #
 # The set (about a minute on 2 CPU cores; BIN needs the `mpi` feature for `dp2`):
 #   qs/          `rlvr quickstart --fast` (init, SFT warm start, on- and off-policy train, eval)
@@ -26,6 +27,7 @@
 #   bench/same_runs.sh run target/release/rlvr /tmp/same-after
 #   bench/same_runs.sh resume target/release/rlvr /tmp/same-before /tmp/same-after
 #   bench/same_runs.sh compare /tmp/same-before /tmp/same-after
+#   bench/same_runs.sh compare /tmp/same-before/offpolicy /tmp/same-after/resume
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -78,9 +80,9 @@ resume)
   mkdir -p "$out" && out=$(realpath "$out")
   rm -rf "$out/resume" && cp -a "$old/offpolicy" "$out/resume"
   rm -rf "$out/resume/checkpoints/step-$STEPS"
-  # The config the run directory recorded, but writing into its copy.
-  "$bin" train --resume --config "$out/resume/config.toml" --no-progress \
-    --set "output.dir=$out/resume" >"$out/resume.log" 2>&1 ||
+  # The config the run directory recorded (RUN_DIR/config.toml), writing into the copy.
+  "$bin" train --resume "$out/resume" --no-progress --set "output.dir=$out/resume" \
+    >"$out/resume.log" 2>&1 ||
     { echo "same_runs: resume failed" >&2; tail -20 "$out/resume.log" >&2; exit 1; }
   grep -h "resume" "$out/resume.log" | head -5 || true
   echo "same_runs: $bin resumed $old/offpolicy at its step-$((STEPS / 2)) checkpoint into $out/resume"

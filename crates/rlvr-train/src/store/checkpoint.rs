@@ -151,14 +151,7 @@ pub fn save<B: Serialize>(
     if let Some(e) = parts.explorer {
         e.save(&ts.join("explorer"), e.dtype())?;
     }
-    let mut buf = String::new();
-    for e in parts.buffer.iter() {
-        // Through `serde_json::Value`, as the format has always been written: keys sorted, f32s
-        // widened to f64 (a direct `to_string` would keep field order and print f32s short).
-        buf.push_str(&serde_json::to_string(&serde_json::to_value(e)?)?);
-        buf.push('\n');
-    }
-    atomic_write(&ts.join("buffer.jsonl"), buf.as_bytes())?;
+    atomic_write(&ts.join("buffer.jsonl"), buffer_text(parts.buffer)?.as_bytes())?;
     let mut st = state.clone();
     st.explorer_weights = parts.explorer.is_some();
     atomic_write(
@@ -491,6 +484,22 @@ pub fn resolve_model_dir(path: &Path) -> anyhow::Result<PathBuf> {
         dir.display()
     );
     Ok(dir)
+}
+
+/// `trainer_state/buffer.jsonl`'s text for `batches`: one JSON object per line, written through
+/// `serde_json::Value` as the format has always been (keys sorted, f32s widened to f64; a direct
+/// `to_string` would keep field order and print f32s short), so that checkpoints stay
+/// byte-identical to those of earlier versions.
+///
+/// # Errors
+/// A batch that does not serialise.
+pub fn buffer_text<B: Serialize>(batches: &[B]) -> serde_json::Result<String> {
+    let mut buf = String::new();
+    for b in batches {
+        buf.push_str(&serde_json::to_string(&serde_json::to_value(b)?)?);
+        buf.push('\n');
+    }
+    Ok(buf)
 }
 
 /// The in-flight batches of checkpoint `dir`'s `trainer_state/buffer.jsonl` (one JSON object per

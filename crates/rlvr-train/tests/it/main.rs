@@ -7,6 +7,7 @@
 
 mod common;
 
+mod checkpoint_format;
 mod cli;
 mod config;
 mod corrections;
