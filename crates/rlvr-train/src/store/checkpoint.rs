@@ -151,7 +151,10 @@ pub fn save<B: Serialize>(
     if let Some(e) = parts.explorer {
         e.save(&ts.join("explorer"), e.dtype())?;
     }
-    atomic_write(&ts.join("buffer.jsonl"), buffer_text(parts.buffer)?.as_bytes())?;
+    atomic_write(
+        &ts.join("buffer.jsonl"),
+        buffer_text(parts.buffer)?.as_bytes(),
+    )?;
     let mut st = state.clone();
     st.explorer_weights = parts.explorer.is_some();
     atomic_write(

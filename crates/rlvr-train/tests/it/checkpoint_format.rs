@@ -43,7 +43,11 @@ fn an_old_buffer_reads_as_typed_batches_and_writes_back_byte_for_byte() {
     // A line that is not a batch is an error naming the file and line.
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("trainer_state")).unwrap();
-    std::fs::write(dir.path().join("trainer_state/buffer.jsonl"), "\n{\"step\": 1}\n").unwrap();
+    std::fs::write(
+        dir.path().join("trainer_state/buffer.jsonl"),
+        "\n{\"step\": 1}\n",
+    )
+    .unwrap();
     let e = format!("{:#}", read_buffer::<Batch>(dir.path()).unwrap_err());
     assert!(e.contains("buffer.jsonl:2"), "{e}");
 }
