@@ -20,6 +20,7 @@ use crate::eval::{EvalItem, EvalResult, Evaluator};
 use crate::feed::backend::{
     self, BackendSettings, NativeWeights, ServerUse, VllmSettings, Workload,
 };
+use crate::job::Job;
 use crate::run::{signals, train, RunOptions};
 use crate::sft::{pairs_from_config, read_pairs, train_sft_on, SftSettings, StopRule};
 use crate::update::LrSchedule;
@@ -479,38 +480,21 @@ fn check_sft_flags(a: &SftArgs) -> anyhow::Result<()> {
 pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // Under mpirun/srun/torchrun every process is one rank of a data-parallel run; rank 0 alone
     // prepares and writes --out.
-    let launch = rlvr_dist::env::from_process_env()?;
     let raw = RawConfig::load(a.config.as_deref(), &a.set)?;
-    let comm = match launch.world_size {
-        1 => None,
-        _ => {
-            let timeout = raw.distributed.timeout()?;
-            // The rank's device, opened here first: NCCL (distributed.backend) runs on its stream,
-            // and sft_run's later open returns the same device.
-            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-            let device = rlvr_dist::env::device_for(&a.device, &launch, visible.as_deref())?;
-            let device = rlvr_model::parse_device(&device)?;
-            let c = rlvr_dist::init_on(&launch, timeout, raw.distributed.backend.into(), &device)?;
-            Some(rlvr_dist::SharedComm::new(c))
-        }
-    };
-    let res = sft_ranked(a, out, &launch, &raw, comm.clone());
-    match &comm {
-        Some(c) => crate::run::leave_job_on_error(res, c),
-        None => res,
-    }
+    let (job, _) = Job::launch(&a.device, raw.distributed.backend.into(), || {
+        raw.distributed.timeout()
+    })?;
+    let res = sft_ranked(a, out, &raw, job.clone());
+    job.leave_on_error(res)
 }
 
-/// [`run_sft`] once its communicator is made.
+/// [`run_sft`] once its job is launched.
 fn sft_ranked(
     a: &SftArgs,
     out: &mut dyn Write,
-    launch: &rlvr_dist::env::Launch,
     raw: &RawConfig,
-    mut comm: Option<rlvr_dist::SharedComm>,
+    mut job: Job,
 ) -> anyhow::Result<()> {
-    use rlvr_dist::Communicator;
-    let writer = launch.rank == 0;
     if a.batch_size == 0 || a.micro_batch_size == 0 {
         bail!("--batch-size and --micro-batch-size must be at least 1");
     }
@@ -533,25 +517,14 @@ fn sft_ranked(
     // --out: never the input model; non-empty only with --force, and then written into a staging
     // sibling that replaces it only once the run has succeeded.
     crate::store::lock::refuse_same_dir(&a.model, &a.out)?;
-    let prepared = if writer {
-        crate::store::lock::StagedOutput::prepare(&a.out, a.force, "--out").map(Some)
-    } else {
-        Ok(None)
-    };
-    if let Some(c) = comm.as_mut() {
-        if c.any(prepared.is_err())? && prepared.is_ok() {
-            bail!(
-                "rank 0 could not prepare --out {} (its error says why)",
-                a.out.display()
-            );
-        }
-    }
-    let staged = prepared?;
+    let staged = job.rank0_tries(&format!("prepare --out {}", a.out.display()), || {
+        crate::store::lock::StagedOutput::prepare(&a.out, a.force, "--out")
+    })?;
     let write_to = staged
         .as_ref()
         .map_or(a.out.as_path(), |s| s.path())
         .to_path_buf();
-    let done = sft_run(a, raw, launch, comm, writer, &write_to);
+    let done = sft_run(a, raw, job, &write_to);
     let done = match (done, staged.as_ref().and_then(|s| s.staging())) {
         (Err(e), Some(staging)) => {
             return Err(e.context(format!(
@@ -580,14 +553,11 @@ fn sft_ranked(
 fn sft_run(
     a: &SftArgs,
     raw: &RawConfig,
-    launch: &rlvr_dist::env::Launch,
-    comm: Option<rlvr_dist::SharedComm>,
-    writer: bool,
+    job: Job,
     write_to: &std::path::Path,
 ) -> anyhow::Result<crate::sft::SftOutcome> {
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let device = rlvr_dist::env::device_for(&a.device, launch, visible.as_deref())?;
-    let device = rlvr_model::parse_device(&device)?;
+    let writer = job.writer();
+    let device = rlvr_model::parse_device(&job.device(&a.device)?)?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let schedule = match a.schedule.as_str() {
@@ -648,7 +618,7 @@ fn sft_run(
         evaluator.as_ref(),
         write_to,
         &mut |st| sft_progress(st, bar.as_ref(), a.log_every, t0),
-        comm,
+        job,
     )?;
     if let Some(b) = &bar {
         b.finish();

@@ -12,7 +12,9 @@ use rlvr_reward::Sample;
 use rlvr_rollout::{NativeRollout, Rollout, Sampler, SamplingParams};
 use serde::Serialize;
 
+use crate::job::Job;
 use crate::store::metrics::append_line;
+use crate::store::state::Stateful;
 
 /// Result of one evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -140,13 +142,14 @@ impl Evaluator {
         step: u64,
         dir: &Path,
     ) -> anyhow::Result<EvalResult> {
-        self.record_split(model, tok, step, Some(dir), None)
+        self.record_split(model, tok, step, Some(dir), &mut Job::single())
     }
 
     /// [`Evaluator::record`] split over data-parallel ranks: each rank samples and scores its
-    /// [`crate::pack::rank_range`] of the problems, the per-problem correct counts are summed over
-    /// `comm` (exact: small integers in f64), so every rank returns the one-process result; only
-    /// a caller passing `dir` (rank 0) appends to eval.jsonl.
+    /// [`Job::my_range`] of the problems, the per-problem correct counts are summed over the
+    /// ranks (exact: small integers in f64), so every rank returns the one-process result; only
+    /// a caller passing `dir` (rank 0) appends to eval.jsonl. A job of one process evaluates
+    /// every problem.
     ///
     /// # Errors
     /// As [`Evaluator::record`]; a failed collective.
@@ -156,14 +159,10 @@ impl Evaluator {
         tok: &TokenizerBundle,
         step: u64,
         dir: Option<&Path>,
-        comm: Option<&mut rlvr_dist::SharedComm>,
+        job: &mut Job,
     ) -> anyhow::Result<EvalResult> {
-        use rlvr_dist::Communicator;
         let n = self.texts.len();
-        let range = match &comm {
-            Some(c) => crate::pack::rank_range(n, c.rank(), c.world_size()),
-            None => 0..n,
-        };
+        let range = job.my_range(n);
         let sampler = Sampler::new(model, 0).with_tokenizer(tok.tokenizer.clone());
         let items = sample_problems(
             &mut NativeRollout::new(sampler),
@@ -174,9 +173,7 @@ impl Evaluator {
             range,
         )?;
         let mut per = correct_per_problem(&items, n);
-        if let Some(c) = comm {
-            c.all_reduce_f64(&mut per, rlvr_dist::Op::Sum)?;
-        }
+        job.sum_f64(&mut per)?;
         let r = summarise(self.task, &per, self.settings.samples);
         if let Some(dir) = dir {
             let mut e = serde_json::to_value(&r)?;
@@ -193,6 +190,45 @@ impl Evaluator {
             rows: &self.rows,
             columns: &self.columns,
         }
+    }
+}
+
+/// The best held-out accuracy of a run so far and its step: the evaluator's state in a
+/// checkpoint ([`Stateful`]), which names the `best` checkpoint and keeps it from rotation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Best(Option<(f64, u64)>);
+
+impl Best {
+    /// Records the accuracy of the evaluation at step `t`; returns whether it is a new best.
+    /// Step 0 (the initial policy) sets the first best without counting as one.
+    pub fn observe(&mut self, t: u64, accuracy: f64) -> bool {
+        if t == 0 {
+            self.0 = Some((accuracy, 0));
+            return false;
+        }
+        let better = self.0.is_none_or(|b| accuracy > b.0);
+        if better {
+            self.0 = Some((accuracy, t));
+        }
+        better
+    }
+
+    /// The best (accuracy, step) so far; `None` before any evaluation.
+    pub fn get(&self) -> Option<(f64, u64)> {
+        self.0
+    }
+}
+
+impl Stateful for Best {
+    type State = Option<(f64, u64)>;
+
+    fn state_dict(&self) -> anyhow::Result<Self::State> {
+        Ok(self.0)
+    }
+
+    fn load_state_dict(&mut self, state: Self::State) -> anyhow::Result<()> {
+        self.0 = state;
+        Ok(())
     }
 }
 

@@ -8,8 +8,9 @@
 //!
 //! Layers, every import pointing down (`tests/it/module_graph.rs` checks it):
 //! - bottom, knowing no stage and no config: [`log`] (train.log and the progress bar), [`store`]
-//!   (the on-disk records), [`pack`] (rows into padded batches), [`score`] (log-probs without
-//!   gradient);
+//!   (the on-disk records and the binary row codec), [`pack`] (rows into padded batches),
+//!   [`score`] (log-probs without gradient), [`job`] (one process or one rank of a
+//!   data-parallel run: the launch, the communicator and the job's collectives, always present);
 //! - the stages, which do not import each other: [`feed`] (where a step's batch comes from, and
 //!   the one place that picks the rollout backend), [`update`] (trainer, optimizer, mismatch),
 //!   [`eval`] (the one evaluator), [`lora`]; beside them [`plot`];
@@ -34,6 +35,7 @@ pub mod cli;
 pub mod config;
 pub mod eval;
 pub mod feed;
+pub mod job;
 mod log;
 pub use log::counted;
 pub mod lora;

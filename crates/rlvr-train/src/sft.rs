@@ -23,6 +23,7 @@ use rlvr_model::optim::AdamWConfig;
 use rlvr_model::{Message, Model, TokenizerBundle};
 
 use crate::eval::{EvalResult, Evaluator};
+use crate::job::Job;
 use crate::pack::pack_rows;
 use crate::store::metrics::{append_line, MetricsLine};
 use crate::update::{LrSchedule, OptimizerStep};
@@ -239,11 +240,20 @@ pub fn train_sft(
     out: &Path,
     progress: &mut dyn FnMut(&SftStep),
 ) -> anyhow::Result<SftOutcome> {
-    train_sft_on(model, tok, pairs, s, evaluator, out, progress, None)
+    train_sft_on(
+        model,
+        tok,
+        pairs,
+        s,
+        evaluator,
+        out,
+        progress,
+        Job::single(),
+    )
 }
 
-/// [`train_sft`] as one rank of a data-parallel group over `comm` (`None`: one process): every
-/// rank draws the same batch, trains its [`crate::pack::rank_range`] of the pairs with the whole
+/// [`train_sft`] as one rank of `job` ([`Job::single`]: one process, [`train_sft`]): every
+/// rank draws the same batch, trains its [`Job::my_range`] of the pairs with the whole
 /// batch's token normaliser, the gradients and the non-finite flag are summed over the ranks
 /// (`rlvr_dist::DistReduce`) and the loss too, so each step is the one-process step within
 /// rounding; evaluation is split ([`Evaluator::record_split`]); rank 0 alone writes `out` and
@@ -260,23 +270,20 @@ pub fn train_sft_on(
     evaluator: Option<&Evaluator>,
     out: &Path,
     progress: &mut dyn FnMut(&SftStep),
-    mut comm: Option<rlvr_dist::SharedComm>,
+    mut job: Job,
 ) -> anyhow::Result<SftOutcome> {
-    use rlvr_dist::Communicator;
     if s.batch_size == 0 || s.micro_batch_size == 0 {
         bail!("the SFT batch size and micro-batch size must be at least 1");
     }
-    comm = comm.filter(|c| c.world_size() > 1);
-    let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
-    let writer = rank == 0;
+    let writer = job.writer();
     let mut opt = OptimizerStep::new(model, s.adamw, s.grad_clip)?;
-    if let Some(c) = &comm {
+    if job.is_parallel() {
         let params: Vec<Tensor> = model
             .named_vars()
             .iter()
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
-        let reduce = rlvr_dist::DistReduce::new(Box::new(c.clone()), &params)?;
+        let reduce = rlvr_dist::DistReduce::new(Box::new(job.comm()), &params)?;
         opt = opt.with_reduce(Box::new(reduce))?;
     }
     let metrics = out.join("metrics.jsonl");
@@ -305,18 +312,16 @@ pub fn train_sft_on(
         let total: usize = batch.iter().map(|&i| pairs[i].completion.len()).sum();
         let mut grads = opt.gradients();
         let mut loss = 0.0;
-        let mine = &batch[crate::pack::rank_range(batch.len(), rank, world)];
+        let mine = &batch[job.my_range(batch.len())];
         for mb in mine.chunks(s.micro_batch_size) {
             let (sum, _) = completion_logprob_sum(model, pairs, mb, tok.pad_id)?;
             let l = (sum.neg()? / total as f64)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             opt.accumulate(&mut grads, &l)?;
         }
-        if let Some(c) = comm.as_mut() {
-            let mut l = [loss];
-            c.all_reduce_f64(&mut l, rlvr_dist::Op::Sum)?;
-            loss = l[0];
-        }
+        let mut l = [loss];
+        job.sum_f64(&mut l)?;
+        loss = l[0];
         if !loss.is_finite() {
             grads.mark_non_finite();
         }
@@ -336,7 +341,7 @@ pub fn train_sft_on(
             Some(ev)
                 if s.eval_every > 0 && (step % s.eval_every == 0 || step == s.schedule.steps) =>
             {
-                let r = ev.record_split(model, tok, step, writer.then_some(out), comm.as_mut())?;
+                let r = ev.record_split(model, tok, step, writer.then_some(out), &mut job)?;
                 for (k, v) in r.metrics() {
                     line.set_value(k, v);
                 }

@@ -259,7 +259,7 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
         rlvr_train::run::train_on(
             &cfg,
             &rlvr_train::run::RunOptions::default(),
-            Some(rlvr_dist::SharedComm::new(Box::new(c))),
+            rlvr_train::job::Job::over(rlvr_dist::SharedComm::new(Box::new(c))),
         )
         .unwrap()
     });

@@ -171,20 +171,22 @@ impl Explorer {
     }
 
     /// Makes this explorer one rank of a data-parallel run: it samples, scores (and, with
-    /// `recompute_behaviour`, rescores) only `share`'s part of every round's groups. With a
-    /// communicator in `share` it gathers every round, so [`Explorer::produce`] returns the whole
+    /// `recompute_behaviour`, rescores) only `share`'s part of every round's groups. With
+    /// `share.gathers` it gathers every round, so [`Explorer::produce`] returns the whole
     /// batch, the same on every rank (DAPO's dynamic sampling decides on the gathered groups);
-    /// without one it returns this rank's groups only, for the caller to gather.
+    /// without it returns this rank's groups only, for the caller to gather. A job of one process
+    /// leaves the explorer as it is.
     ///
     /// # Errors
-    /// Dynamic sampling without a communicator (its decision needs every rank's groups).
+    /// Dynamic sampling on several ranks without `share.gathers` (its decision needs every rank's
+    /// groups).
     pub fn with_share(mut self, share: Share) -> anyhow::Result<Self> {
         anyhow::ensure!(
-            share.world == 1 || share.comm.is_some() || !self.settings.dynamic_sampling,
+            !share.job.is_parallel() || share.gathers || !self.settings.dynamic_sampling,
             "DAPO dynamic sampling under data parallel needs the explorer on the run's thread \
              (sync.offset = 0): its keep decision gathers every rank's groups"
         );
-        self.share = (share.world > 1).then_some(share);
+        self.share = share.job.is_parallel().then_some(share);
         Ok(self)
     }
 
@@ -295,7 +297,7 @@ impl Explorer {
 
     /// Data parallel: samples this rank's share of the groups of draws `idx` (draw indices from
     /// `first`), rescores them when `recompute_behaviour` is on, and gathers every rank's groups
-    /// and rollout records when the share has a communicator.
+    /// and rollout records when `share.gathers`.
     fn sample_share(
         &mut self,
         idx: &[usize],
@@ -304,7 +306,7 @@ impl Explorer {
         rollouts: &mut Vec<RolloutRecord>,
         score_s: &mut f64,
     ) -> anyhow::Result<Vec<Vec<Experience>>> {
-        let mine = crate::pack::rank_range(idx.len(), share.rank, share.world);
+        let mine = share.job.my_range(idx.len());
         let mut recs = Vec::new();
         let mut groups = if mine.is_empty() {
             Vec::new()
@@ -321,10 +323,8 @@ impl Explorer {
                 .map(|&n| it.by_ref().take(n).collect())
                 .collect();
         }
-        if let Some(comm) = share.comm.as_mut() {
-            let (all, all_recs) = super::share::gather_round(comm, &groups, &recs)?;
-            groups = all;
-            recs = all_recs;
+        if share.gathers {
+            (groups, recs) = share.job.gather_round(groups, recs)?;
         }
         let room = self.settings.log_rollouts.saturating_sub(rollouts.len());
         rollouts.extend(recs.into_iter().take(room));

@@ -29,6 +29,7 @@ use anyhow::Context;
 use candle_core::Tensor;
 use rlvr_model::Model;
 
+use crate::job::Job;
 use crate::store::checkpoint::SourceCursor;
 use explorer::{Batch, Explorer};
 use offline::OfflineSource;
@@ -54,11 +55,13 @@ pub enum Feed {
         handle: Option<std::thread::JoinHandle<()>>,
         /// The source cursor after the last batch received.
         last_cursor: SourceCursor,
-        /// Data parallel: the explorer thread samples this rank's groups only; they are gathered
-        /// here, on the run's thread, over this communicator, keeping this many rollout records.
-        gather: Option<(rlvr_dist::SharedComm, usize)>,
+        /// The job: with several ranks the explorer thread samples this rank's groups only; they
+        /// are gathered here, on the run's thread.
+        job: Job,
+        /// Rollout records kept per step after a gather (`train.log_rollouts`).
+        keep: usize,
         /// Batches sampled but not yet handed out, in step order: a resumed checkpoint's buffer,
-        /// or the in-flight batches [`Feed::in_flight`] received for a checkpoint.
+        /// or the in-flight batches [`Feed::state`] received for a checkpoint.
         pending: VecDeque<Batch>,
         /// The sync interval v and offset o.
         sync: (u64, u64),
@@ -68,12 +71,12 @@ pub enum Feed {
 impl Feed {
     /// The online feed for steps `first_step..=last_step` under sync interval `v` and offset `o`:
     /// `explorer` (its starting weights already loaded) inline when o = 0, else on its own thread.
-    /// Data parallel, `gather` is the communicator and the rollout records to keep: the inline
-    /// explorer gathers each round itself, the threaded one samples its share and [`Feed::next`]
-    /// gathers on the run's thread (collectives never leave it).
+    /// `job` with the rollout records to keep: with several ranks the inline explorer gathers each
+    /// round itself, the threaded one samples its share and [`Feed::next`] gathers on the run's
+    /// thread (collectives never leave it).
     ///
     /// `buffered`: a resumed checkpoint's in-flight batches (steps `first_step..`, see
-    /// [`Feed::in_flight`]), handed out first; the explorer thread then starts after them (its
+    /// [`Feed::state`]), handed out first; the explorer thread then starts after them (its
     /// weights and cursor are the checkpoint's, which are those the next batch needs).
     ///
     /// # Errors
@@ -84,26 +87,17 @@ impl Feed {
         (first_step, last_step): (u64, u64),
         v: u64,
         o: u64,
-        gather: Option<(rlvr_dist::SharedComm, usize)>,
+        (job, keep): (Job, usize),
         buffered: Vec<Batch>,
     ) -> anyhow::Result<Feed> {
-        use rlvr_dist::Communicator;
-        let share = |comm: Option<rlvr_dist::SharedComm>, c: &rlvr_dist::SharedComm| share::Share {
-            rank: c.rank(),
-            world: c.world_size(),
-            comm,
+        let share = |gathers| share::Share {
+            job: job.clone(),
+            gathers,
         };
         if o == 0 {
-            let explorer = match &gather {
-                Some((c, _)) => explorer.with_share(share(Some(c.clone()), c))?,
-                None => explorer,
-            };
-            return Ok(Feed::Inline(Box::new(explorer)));
+            return Ok(Feed::Inline(Box::new(explorer.with_share(share(true))?)));
         }
-        let explorer = match &gather {
-            Some((c, _)) => explorer.with_share(share(None, c))?,
-            None => explorer,
-        };
+        let explorer = explorer.with_share(share(false))?;
         for (i, b) in buffered.iter().enumerate() {
             anyhow::ensure!(
                 b.step == first_step + i as u64,
@@ -120,7 +114,8 @@ impl Feed {
             weights: Some(wtx),
             handle: Some(h),
             last_cursor: cursor,
-            gather: gather.filter(|(c, _)| c.world_size() > 1),
+            job,
+            keep,
             pending: buffered.into(),
             sync: (v, o),
         })
@@ -137,7 +132,8 @@ impl Feed {
             Feed::Threaded {
                 batches,
                 last_cursor,
-                gather,
+                job,
+                keep,
                 pending,
                 ..
             } => {
@@ -153,15 +149,13 @@ impl Feed {
                 // A rank whose explorer failed leaves here; its peers wait in the gather until
                 // the launcher ends the job (mpirun does at once) or the timeout names it.
                 let mut b = batches.recv().context("the explorer thread stopped")??;
-                let Some((comm, keep)) = gather.as_mut() else {
-                    *last_cursor = b.cursor;
-                    return Ok(b);
-                };
-                let rows = vec![std::mem::take(&mut b.experiences)];
-                let recs = std::mem::take(&mut b.rollouts);
-                let (all, all_recs) = share::gather_round(comm, &rows, &recs)?;
-                b.experiences = all.into_iter().flatten().collect();
-                b.rollouts = all_recs.into_iter().take(*keep).collect();
+                if job.is_parallel() {
+                    let rows = vec![std::mem::take(&mut b.experiences)];
+                    let recs = std::mem::take(&mut b.rollouts);
+                    let (all, all_recs) = job.gather_round(rows, recs)?;
+                    b.experiences = all.into_iter().flatten().collect();
+                    b.rollouts = all_recs.into_iter().take(*keep).collect();
+                }
                 *last_cursor = b.cursor;
                 Ok(b)
             }
@@ -217,13 +211,51 @@ impl Feed {
         }
     }
 
+    /// The feed's state for the checkpoint of step `t` (completed, its weights published) of a run
+    /// ending at `last_step`: the source cursor, the explorer's version and, when it lags the
+    /// policy, its weights, and with `in_flight` the batches already sampled for the steps after
+    /// `t` (`trainer_state/buffer.jsonl`, DESIGN.md section 10; the cursor is then the source's
+    /// after the last of them), so a resume trains on them instead of re-sampling them with other
+    /// weights. With an explorer thread (o ≥ 1) these are steps t+1..=min(t+o, last_step),
+    /// sampled by versions up to t−1; they are received here (waiting for the explorer, whose next
+    /// steps need no newer weights) and handed out by [`Feed::next`] as usual. The buffer is empty
+    /// when there is nothing in flight (inline, offline), under data parallel (each rank holds
+    /// only its share before the gather), and when the explorer after them would need weights
+    /// older than the policy's (v > 1 with v not dividing t): the resume then re-samples them.
+    ///
+    /// # Errors
+    /// The explorer failed or stopped while sampling one of them; the explorer's version differs
+    /// from the policy's but its backend keeps no local weights to save.
+    pub fn state(
+        &mut self,
+        t: u64,
+        last_step: u64,
+        in_flight: bool,
+    ) -> anyhow::Result<FeedState<'_>> {
+        let buffered = in_flight && self.receive_in_flight(t, last_step)?;
+        let mut cursor = self.cursor();
+        let buffer: Vec<&Batch> = match &*self {
+            Feed::Threaded { pending, .. } if buffered => {
+                pending.iter().filter(|b| b.step > t).collect()
+            }
+            _ => Vec::new(),
+        };
+        if let Some(last) = buffer.last() {
+            cursor = last.cursor;
+        }
+        let (explorer_version, explorer) = self.explorer_state(t)?;
+        Ok(FeedState {
+            cursor,
+            explorer_version,
+            explorer,
+            buffer,
+        })
+    }
+
     /// The explorer's version and, when it differs from `policy_version`, its weights as a local
     /// model (what a checkpoint must keep to resume sampling exactly). Only the inline explorer can
     /// lag the policy at a checkpoint; the threaded one re-samples its in-flight batches.
-    ///
-    /// # Errors
-    /// The explorer's version differs but its backend keeps no local weights to save.
-    pub fn explorer_state(&self, policy_version: u64) -> anyhow::Result<(u64, Option<&Model>)> {
+    fn explorer_state(&self, policy_version: u64) -> anyhow::Result<(u64, Option<&Model>)> {
         match self {
             Feed::Inline(e) if e.version() != policy_version => {
                 let m = e.behaviour_model().with_context(|| {
@@ -239,39 +271,30 @@ impl Feed {
         }
     }
 
-    /// For the checkpoint of step `t` (completed, its weights published) of a run ending at
-    /// `last_step`: the batches already sampled for the steps after `t`, for
-    /// `trainer_state/buffer.jsonl` (DESIGN.md section 10), so a resume trains on them instead of
-    /// re-sampling them with other weights. With an explorer thread (o ≥ 1) these are steps
-    /// t+1..=min(t+o, last_step), sampled by versions up to t−1; they are received here (waiting
-    /// for the explorer, whose next steps need no newer weights) and handed out by
-    /// [`Feed::next`] as usual. Empty when there is nothing in flight (inline, offline), under
-    /// data parallel (each rank holds only its share before the gather), and when the explorer
-    /// after them would need weights older than the policy's (v > 1 with v not dividing t): the
-    /// resume then re-samples them, as before.
-    ///
-    /// # Errors
-    /// The explorer failed or stopped while sampling one of them.
-    pub fn in_flight(&mut self, t: u64, last_step: u64) -> anyhow::Result<Vec<&Batch>> {
+    /// [`Feed::state`]'s in-flight batches received into `pending`; whether a buffer applies.
+    fn receive_in_flight(&mut self, t: u64, last_step: u64) -> anyhow::Result<bool> {
         let Feed::Threaded {
             batches,
-            gather: None,
+            job,
             pending,
             sync: (v, o),
             ..
         } = self
         else {
-            return Ok(Vec::new());
+            return Ok(false);
         };
+        if job.is_parallel() {
+            return Ok(false);
+        }
         let until = (t + *o).min(last_step);
         if until < last_step && behaviour_version(until + 1, *v, *o) != t {
-            return Ok(Vec::new());
+            return Ok(false);
         }
         while pending.back().map_or(t, |b| b.step) < until {
             let b = batches.recv().context("the explorer thread stopped")??;
             pending.push_back(b);
         }
-        Ok(pending.iter().filter(|b| b.step > t).collect())
+        Ok(true)
     }
 
     /// Stops the explorer thread, if any (its in-flight batch is dropped).
@@ -292,6 +315,21 @@ impl Feed {
             }
         }
     }
+}
+
+/// The feed's part of a checkpoint ([`Feed::state`]): where the source stands, the explorer's
+/// version and weights, and the batches in flight. A resume builds the feed from it
+/// ([`Feed::online`]'s `buffered`, the explorer's cursor and weights) because the explorer thread
+/// starts from it.
+pub struct FeedState<'a> {
+    /// The source cursor after the checkpoint's step (after the last in-flight batch, if any).
+    pub cursor: SourceCursor,
+    /// The policy version the explorer samples with.
+    pub explorer_version: u64,
+    /// The explorer's weights, when its version differs from the policy's.
+    pub explorer: Option<&'a Model>,
+    /// The in-flight batches, in step order.
+    pub buffer: Vec<&'a Batch>,
 }
 
 /// A weight sync to the explorer thread: the version and its weights.

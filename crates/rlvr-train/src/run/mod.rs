@@ -32,15 +32,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
-use rlvr_dist::{Communicator, SharedComm};
 use rlvr_model::TokenizerBundle;
 
 use crate::config::ResolvedConfig;
-use crate::eval::Evaluator;
+use crate::eval::{Best, Evaluator};
 use crate::feed::{filter_stale, Feed};
+use crate::job::Job;
 use crate::log::progress_bar;
-use crate::store::checkpoint;
+use crate::store::checkpoint::{self, SourceCursor};
 use crate::store::metrics::{append_line, MetricsLine};
+use crate::store::state::Stateful;
 use crate::store::tensorboard::{EventWriter, Source};
 use crate::update::{StepReport, Trainer};
 use guard::LastGood;
@@ -83,7 +84,7 @@ struct Run<'a> {
     feed: Feed,
     evaluator: Option<Evaluator>,
     /// Best held-out accuracy so far and its step.
-    best: Option<(f64, u64)>,
+    best: Best,
     skipped_in_row: u32,
     last_ckpt: Option<PathBuf>,
     start: u64,
@@ -93,45 +94,36 @@ struct Run<'a> {
     began: Instant,
     /// Steps in a row without learning signal, and with one reward for the whole batch.
     no_signal: (u64, u64),
-    /// Data parallel (world size > 1): this rank's communicator; `None` in one process.
-    dp: Option<SharedComm>,
+    /// The job: one process, or this rank of a data-parallel run.
+    job: Job,
 }
 
 /// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
 ///
 /// Launched by `mpirun`, `srun --mpi=pmix` or torchrun (rank and world size read from the
-/// launcher's environment by [`rlvr_dist::env::from_process_env`]), every process is one rank of
-/// a data-parallel run ([`train_on`]); `model.device = "cuda"` then means `cuda:{local rank}`.
+/// launcher's environment, [`Job::launch`]), every process is one rank of a data-parallel run
+/// ([`train_on`]); `model.device = "cuda"` then means `cuda:{local rank}`.
 ///
 /// # Errors
 /// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
 /// row abort with a message naming the last good checkpoint; a launcher environment that
 /// contradicts itself; a world size above 1 in a build without the `mpi` feature.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
-    let launch = rlvr_dist::env::from_process_env()?;
-    let backend = cfg.raw.distributed.backend;
-    if launch.world_size == 1 && backend != crate::config::DistBackend::Nccl {
-        return train_on(cfg, opts, None);
-    }
-    let timeout = cfg.raw.distributed.timeout()?;
+    let d = &cfg.raw.distributed;
+    let (job, device) = Job::launch(&cfg.raw.model.device.to_string(), d.backend.into(), || {
+        d.timeout()
+    })?;
+    let Some(device) = device else {
+        return train_on(cfg, opts, job);
+    };
     let mut cfg = cfg.clone();
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let device = rlvr_dist::env::device_for(
-        &cfg.raw.model.device.to_string(),
-        &launch,
-        visible.as_deref(),
-    )?;
     cfg.raw.model.device = device
         .parse()
-        .map_err(|e| anyhow::anyhow!("model.device {device:?} for rank {}: {e}", launch.rank))?;
-    // The same device the model will be loaded on (rlvr-model opens each GPU once), so NCCL
-    // runs on the stream of the kernels that write the gradients.
-    let dev = cfg.raw.model.device.open()?;
-    let comm = rlvr_dist::init_on(&launch, timeout, backend.into(), &dev)?;
-    train_on(&cfg, opts, Some(SharedComm::new(comm)))
+        .map_err(|e| anyhow::anyhow!("model.device {device:?} for rank {}: {e}", job.rank()))?;
+    train_on(&cfg, opts, job)
 }
 
-/// [`train`] as one rank of `comm` (`None`, or a world of 1: one process).
+/// [`train`] as one rank of `job` ([`Job::single`]: one process).
 ///
 /// Data parallel (ARCHITECTURE.md, "Data parallel"): every rank draws the same prompts, samples and scores
 /// its share of the groups and gathers the rest, so every rank holds the whole batch; the trainer
@@ -144,44 +136,25 @@ pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSumma
 /// # Errors
 /// As [`train`]; a failed collective (a rank that died or hung: named after
 /// `RLVR_DIST_TIMEOUT_S`).
-pub fn train_on(
-    cfg: &ResolvedConfig,
-    opts: &RunOptions,
-    comm: Option<SharedComm>,
-) -> anyhow::Result<RunSummary> {
+pub fn train_on(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Result<RunSummary> {
     let dir = &cfg.raw.output.dir;
-    let Some(mut comm) = comm.filter(|c| c.world_size() > 1) else {
-        // The run directory's lock (one writer) and train.log, held for the whole run.
-        let guard = guard::RunGuard::open(dir, opts.resume)?;
-        return guard.finish(train_locked(cfg, opts, None));
-    };
-    // Rank 0 takes the directory first; the others learn whether it could.
+    let mut j = job.clone();
+    // Rank 0 takes the directory (its lock and train.log, held for the whole run) first; the
+    // others learn whether it could.
     let res = (|| {
-        let guard = if comm.rank() == 0 {
-            let g = guard::RunGuard::open(dir, opts.resume);
-            comm.any(g.is_err())?;
-            g?
-        } else {
-            if comm.any(false)? {
-                bail!(
-                    "rank 0 could not open the run directory {} (its error says why)",
-                    dir.display()
-                );
-            }
-            guard::RunGuard::open_rank(dir, comm.rank(), comm.world_size())?
+        let what = format!("open the run directory {}", dir.display());
+        let guard = match j.rank0_tries(&what, || guard::RunGuard::open(dir, opts.resume))? {
+            Some(g) => g,
+            None => guard::RunGuard::open_rank(dir, j.rank(), j.world())?,
         };
-        guard.finish(train_locked(cfg, opts, Some(comm.clone())))
+        guard.finish(train_locked(cfg, opts, job))
     })();
-    leave_job_on_error(res, &comm)
+    j.leave_on_error(res)
 }
 
-fn train_locked(
-    cfg: &ResolvedConfig,
-    opts: &RunOptions,
-    dp: Option<SharedComm>,
-) -> anyhow::Result<RunSummary> {
-    let writer = dp.as_ref().is_none_or(|c| c.rank() == 0);
-    let mut run = Run::start(cfg, opts, dp)?;
+fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Result<RunSummary> {
+    let writer = job.writer();
+    let mut run = Run::start(cfg, opts, job)?;
     signals::started();
     let bar = progress_bar(opts.progress && writer, run.start, cfg.raw.train.steps);
     crate::log::set_bar(bar.as_ref());
@@ -189,23 +162,7 @@ fn train_locked(
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
     let result = if writer {
-        good.save_after_error(result, |step, cursor| {
-            let pos = (step, run.skipped_in_row, run.best);
-            save_run(
-                cfg,
-                &run.run_dir,
-                &run.trainer,
-                &run.tokenizer,
-                &run.feed,
-                pos,
-                save::SaveSource {
-                    cursor,
-                    world_size: run.world(),
-                    gathered: None,
-                    buffer: &[],
-                },
-            )
-        })
+        good.save_after_error(result, |step, cursor| run.save(step, Some(cursor), false))
     } else {
         result
     };
@@ -232,98 +189,108 @@ impl Run<'_> {
         bar: Option<&indicatif::ProgressBar>,
         good: &mut LastGood,
     ) -> anyhow::Result<(u64, bool)> {
-        let cfg = self.cfg;
+        let (cfg, mut done) = (self.cfg, self.start);
         let c = &cfg.raw;
-        let (v, max_stale, seed) = (c.sync.interval, c.sync.max_staleness, c.train.seed);
-        let mut done = self.start;
         self.began = Instant::now();
         for t in (self.start + 1)..=c.train.steps {
+            let comm0 = self.job.busy();
             // explorer: the batch of step t, sampled by version s(t) (prompt source inside)
-            let comm0 = self.dp.as_ref().map(|c| c.busy());
             let batch = self.feed.next(t)?;
             // staleness: drop experiences older than sync.max_staleness
-            let (exps, stale) = filter_stale(batch.experiences.clone(), t, max_stale);
-            // trainer update: advantages, mini-batches, micro-batches, optimizer steps (data
-            // parallel: this rank's share of the groups, the whole batch's normalisers)
-            let (lr, t0) = (cfg.lr_at(t), Instant::now());
-            good.begin_update();
-            let mem = memory::UpdateMemory::begin();
-            let rep = match &self.dp {
-                Some(c) => {
-                    let mine = crate::pack::rank_rows(&exps, c.rank(), c.world_size());
-                    self.trainer.step(&mine, t, lr, seed)?
-                }
-                None => self.trainer.step(&exps, t, lr, seed)?,
-            };
-            let mem = mem.end();
-            let (sample_s, train_s) = self.slowest(batch.sample_s, t0.elapsed().as_secs_f64())?;
+            let (exps, stale) = filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
+            // trainer update: advantages, mini-batches, micro-batches, optimizer steps (this
+            // rank's share of the groups, the whole batch's normalisers)
+            let (rep, lr, train_s, mem) = self.update(t, &exps, good)?;
+            let (sample_s, train_s) = self.slowest(batch.sample_s, train_s)?;
             // evaluator (every train.eval_every steps), then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
             let is_best = self.evaluate(t, &mut line)?;
-            if self.writer() {
-                append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
-                let comm_s = self
-                    .dp
-                    .as_ref()
-                    .zip(comm0)
-                    .map(|(c, b)| (c.busy() - b).as_secs_f64());
-                let n = exps.len();
-                let diag =
-                    write_step_logs(&self.run_dir, t, &batch, &rep, n, stale, (comm_s, mem))?;
-                self.tensorboard(&[
-                    (Source::Metrics, &line.to_json()),
-                    (Source::Diagnostics, &diag),
-                ])?;
-            }
+            self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             done = t;
             good.completed(t, self.feed.cursor());
             // sync: the explorer gets version t when v divides t (after the step counts as
             // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
-            self.feed.publish(t, v, &self.trainer.model)?;
-            if t.is_multiple_of(v) {
-                // Data parallel: nobody samples until every rank (rank 0's push to vLLM) loaded.
-                if let Some(c) = self.dp.as_mut() {
-                    c.barrier()?;
-                }
-            }
+            self.sync(t)?;
+            // console, progress bar and the run's own checks
             self.console(t, &line);
             show_progress(bar, t, &rep, &line);
             self.check_signal(t, &rep, &line)?;
             self.check_skipped(t, &rep)?;
             // checkpoint: every train.save_every steps, at the end, at a new best, on stop (on
             // every rank when any rank was asked to stop)
-            let stop = opts.stop.load(Ordering::SeqCst);
-            let stop = match self.dp.as_mut() {
-                Some(c) => c.any(stop)?,
-                None => stop,
-            };
+            let stop = self.job.any(opts.stop.load(Ordering::SeqCst))?;
             if self.checkpoint(t, &rep, is_best, stop)? {
                 good.saved(t);
             }
             if stop {
                 return Ok((done, true));
             }
-            hang_if_asked(opts, t, self.dp.as_ref().map_or(0, |c| c.rank()))?;
+            hang_if_asked(opts, t, self.job.rank())?;
         }
         Ok((done, false))
     }
 
-    /// Whether this process writes the run directory (one process, or rank 0).
-    fn writer(&self) -> bool {
-        self.dp.as_ref().is_none_or(|c| c.rank() == 0)
+    /// The trainer's step `t` on `exps` (this rank's whole groups of them) at the schedule's
+    /// learning rate: its report, the learning rate, the seconds it took and its memory.
+    fn update(
+        &mut self,
+        t: u64,
+        exps: &[crate::store::experience::Experience],
+        good: &mut LastGood,
+    ) -> anyhow::Result<(StepReport, f64, f64, memory::MemoryReport)> {
+        let (lr, t0) = (self.cfg.lr_at(t), Instant::now());
+        good.begin_update();
+        let mem = memory::UpdateMemory::begin();
+        let mine = self.job.my_rows(exps);
+        let rep = self.trainer.step(&mine, t, lr, self.cfg.raw.train.seed)?;
+        let mem = mem.end();
+        Ok((rep, lr, t0.elapsed().as_secs_f64(), mem))
     }
 
-    /// The world size (1 in one process).
-    fn world(&self) -> usize {
-        self.dp.as_ref().map_or(1, |c| c.world_size())
+    /// Rank 0 (the writer) appends step `t`'s lines: metrics.jsonl, rollouts.jsonl and
+    /// diagnostics.jsonl ([`write_step_logs`], with `rows` trained on and `stale` dropped, and
+    /// the time in collectives since `comm0`), and the TensorBoard events.
+    fn write_logs(
+        &mut self,
+        t: u64,
+        batch: &crate::feed::explorer::Batch,
+        rep: &StepReport,
+        (rows, stale): (usize, usize),
+        line: &MetricsLine,
+        (comm0, mem): (Option<std::time::Duration>, memory::MemoryReport),
+    ) -> anyhow::Result<()> {
+        if !self.job.writer() {
+            return Ok(());
+        }
+        append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
+        let comm_s = (self.job.busy().zip(comm0)).map(|(now, b)| (now - b).as_secs_f64());
+        let diag = write_step_logs(&self.run_dir, t, batch, rep, rows, stale, (comm_s, mem))?;
+        self.tensorboard(&[
+            (Source::Metrics, &line.to_json()),
+            (Source::Diagnostics, &diag),
+        ])
+    }
+
+    /// After step `t`: the explorer gets version t when `sync.interval` divides t, and no rank
+    /// samples until every rank (rank 0's push to vLLM servers) has it.
+    fn sync(&mut self, t: u64) -> anyhow::Result<()> {
+        let v = self.cfg.raw.sync.interval;
+        self.feed.publish(t, v, &self.trainer.model)?;
+        if t.is_multiple_of(v) {
+            self.job.barrier()?;
+        }
+        Ok(())
+    }
+
+    /// Whether this process writes the run directory (one process, or rank 0).
+    fn writer(&self) -> bool {
+        self.job.writer()
     }
 
     /// The step's sampling and training seconds of the slowest rank (a step waits for it).
     fn slowest(&mut self, sample_s: f64, train_s: f64) -> anyhow::Result<(f64, f64)> {
         let mut t = [sample_s, train_s];
-        if let Some(c) = self.dp.as_mut() {
-            c.all_reduce_f64(&mut t, rlvr_dist::Op::Max)?;
-        }
+        self.job.max_f64(&mut t)?;
         Ok((t[0], t[1]))
     }
 
@@ -345,18 +312,8 @@ impl Run<'_> {
             self.cfg.raw.rollout.max_new_tokens
         ));
         // Data parallel: every rank evaluates its share of the problems; rank 0 records.
-        let dir = self
-            .dp
-            .as_ref()
-            .is_none_or(|c| c.rank() == 0)
-            .then_some(self.run_dir.as_path());
-        let r = ev.record_split(
-            &self.trainer.model,
-            &self.tokenizer,
-            t,
-            dir,
-            self.dp.as_mut(),
-        )?;
+        let dir = self.job.writer().then_some(self.run_dir.as_path());
+        let r = ev.record_split(&self.trainer.model, &self.tokenizer, t, dir, &mut self.job)?;
         for (k, v) in r.metrics() {
             line.set_value(k, v);
         }
@@ -366,15 +323,7 @@ impl Run<'_> {
             e["step"] = t.into();
             tb.line(Source::Eval, &e.to_string())?;
         }
-        if t == 0 {
-            self.best = Some((r.accuracy, 0));
-            return Ok(false);
-        }
-        let better = self.best.is_none_or(|b| r.accuracy > b.0);
-        if better {
-            self.best = Some((r.accuracy, t));
-        }
-        Ok(better)
+        Ok(self.best.observe(t, r.accuracy))
     }
 
     /// Appends JSONL lines just written to the TensorBoard event file (when on).
@@ -492,52 +441,62 @@ impl Run<'_> {
                 || t == tr.steps
                 || is_best
                 || stop);
+        if !due {
+            return Ok(false);
+        }
         // ZeRO-1: every rank brings its share of the optimizer state to rank 0 first.
-        let gathered = if due {
-            self.trainer.optimizer.gather_state()?
-        } else {
-            None
-        };
-        if due && self.writer() {
-            let pos = (t, self.skipped_in_row, self.best);
-            crate::log::phase(&format!("saving checkpoint step-{t}"));
-            // o ≥ 1: the batches already sampled for the next steps go into the buffer (not when
-            // stopping: a stop does not wait for the explorer; the resume re-samples them).
-            let mut cursor = self.feed.cursor();
-            let buffer = if stop {
-                Vec::new()
-            } else {
-                let b = self.feed.in_flight(t, tr.steps)?;
-                if let Some(last) = b.last() {
-                    cursor = last.cursor;
-                }
-                b.iter()
-                    .map(serde_json::to_value)
-                    .collect::<serde_json::Result<Vec<_>>>()?
-            };
-            let dir = save_run(
-                cfg,
-                &self.run_dir,
-                &self.trainer,
-                &self.tokenizer,
-                &self.feed,
-                pos,
-                save::SaveSource {
-                    cursor,
-                    world_size: self.world(),
-                    gathered: gathered.as_ref(),
-                    buffer: &buffer,
-                },
-            )?;
-            self.last_ckpt = Some(dir);
-            if is_best {
-                checkpoint::mark_best(&self.run_dir, t)?;
-            }
-        } else if due {
+        self.trainer.gather_for_checkpoint()?;
+        if !self.writer() {
             self.last_ckpt =
                 Some(checkpoint::checkpoints_dir(&self.run_dir).join(format!("step-{t}")));
+            return Ok(true);
         }
-        Ok(due)
+        crate::log::phase(&format!("saving checkpoint step-{t}"));
+        // o ≥ 1: the batches already sampled for the next steps go into the buffer (not when
+        // stopping: a stop does not wait for the explorer; the resume re-samples them).
+        self.last_ckpt = Some(self.save(t, None, !stop)?);
+        if is_best {
+            checkpoint::mark_best(&self.run_dir, t)?;
+        }
+        Ok(true)
+    }
+
+    /// Writes the checkpoint of completed step `t` from every stage's record (rank 0):
+    /// `cursor` replaces the feed's (after an error: the cursor right after step `t`);
+    /// `in_flight` keeps the explorer's in-flight batches ([`Feed::state`]).
+    ///
+    /// # Errors
+    /// A non-finite weight (nothing is written); a sharded optimizer state not gathered; the
+    /// feed's and the store's errors.
+    fn save(
+        &mut self,
+        t: u64,
+        cursor: Option<SourceCursor>,
+        in_flight: bool,
+    ) -> anyhow::Result<PathBuf> {
+        checkpoint::ensure_finite(&self.trainer.model)?;
+        let trainer = self.trainer.state_dict()?;
+        let mut feed = self.feed.state(t, self.cfg.raw.train.steps, in_flight)?;
+        if let Some(c) = cursor {
+            feed.cursor = c;
+        }
+        let records = save::Records {
+            position: save::Position {
+                step: t,
+                skipped_in_row: self.skipped_in_row,
+            },
+            trainer,
+            best: self.best.state_dict()?,
+            feed,
+            world_size: self.job.world(),
+        };
+        save_run(
+            self.cfg,
+            &self.run_dir,
+            &self.trainer.model,
+            &self.tokenizer,
+            records,
+        )
     }
 }
 
@@ -569,28 +528,4 @@ fn hang_if_asked(opts: &RunOptions, t: u64, rank: usize) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// On a rank of a job of separate processes ([`Communicator::separate_processes`]), an error
-/// ends this process at once, without finalising MPI: the launcher then ends the other ranks,
-/// naming this one (`mpirun` does), where finalising would leave them waiting in their next
-/// collective until `distributed.timeout_s` and then abort (and Open MPI's `mpirun` can outlive
-/// ranks that aborted after one finalised). The error is printed as `rlvr` prints any (what the
-/// run saved is saved by then: [`guard::RunGuard::finish`]). Otherwise returns `res`.
-pub(crate) fn leave_job_on_error<T>(
-    res: anyhow::Result<T>,
-    comm: &impl Communicator,
-) -> anyhow::Result<T> {
-    match res {
-        Err(e) if comm.world_size() > 1 && comm.separate_processes() => {
-            let (r, w) = (comm.rank(), comm.world_size());
-            rlvr_dist::comm::say_whole(&format!(
-                "error: {e:#}\nrlvr: rank {r} of {w} failed; it leaves the job without finalising \
-                 MPI, so that the launcher ends the other ranks now"
-            ));
-            rlvr_reward::external::kill_all_groups();
-            std::process::exit(1);
-        }
-        res => res,
-    }
 }

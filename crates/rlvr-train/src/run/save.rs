@@ -1,30 +1,39 @@
-//! The checkpoint stage of a run: what a checkpoint of the run holds (the policy, the optimizer
-//! state, the explorer's version and, when it lags the policy, the explorer's weights, the source
-//! cursor and the run's position), in the format [`crate::store::checkpoint`] writes.
+//! The checkpoint stage of a run: composes the stages' own records (the trainer's
+//! [`TrainerRecord`], the feed's [`FeedState`], the best evaluation, the run's position) into the
+//! format [`crate::store::checkpoint`] writes; the resume side is `setup.rs`, which hands each
+//! stage its record back.
 
 use std::path::{Path, PathBuf};
 
-use rlvr_model::TokenizerBundle;
+use rlvr_model::{Model, TokenizerBundle};
 
 use crate::config::ResolvedConfig;
-use crate::feed::Feed;
-use crate::store::checkpoint::{
-    ensure_finite, rotate, save, CheckpointParts, SourceCursor, TrainerState,
-};
-use crate::update::{FullState, Trainer};
+use crate::feed::FeedState;
+use crate::store::checkpoint::{rotate, save, CheckpointParts, TrainerState};
+use crate::update::TrainerRecord;
 
-/// What a checkpoint records besides the trainer: the source cursor, the world size, and under
-/// ZeRO-1 the optimizer state gathered to rank 0 ([`crate::update::OptimizerStep::gather_state`]).
-pub(crate) struct SaveSource<'a> {
-    /// The source cursor after the saved step.
-    pub cursor: SourceCursor,
+/// Where the run itself stands (its own record): the last completed step and the non-finite
+/// steps in a row before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// Completed trainer steps (= policy version).
+    pub step: u64,
+    /// Skipped (non-finite) steps in a row at this point.
+    pub skipped_in_row: u32,
+}
+
+/// Everything a checkpoint of the run records, each part as its stage gave it.
+pub(crate) struct Records<'a> {
+    /// The run's position.
+    pub position: Position,
+    /// The trainer's optimizer state and LoRA-dropout draws.
+    pub trainer: TrainerRecord,
+    /// The best held-out accuracy so far and its step (the evaluator's record).
+    pub best: Option<(f64, u64)>,
+    /// The feed's cursor, explorer and in-flight batches.
+    pub feed: FeedState<'a>,
     /// Data-parallel ranks of the run.
     pub world_size: usize,
-    /// The gathered optimizer state (`None` unsharded).
-    pub gathered: Option<&'a FullState>,
-    /// The in-flight batches (`Feed::in_flight`, as JSON); `cursor` is then the source's after the
-    /// last of them.
-    pub buffer: &'a [serde_json::Value],
 }
 
 /// The identity of the run's inputs for the checkpoint's manifest: the dataset files the config
@@ -43,69 +52,48 @@ pub(crate) fn run_inputs(cfg: &ResolvedConfig) -> serde_json::Value {
     crate::store::manifest::inputs(&data, base)
 }
 
-/// Where a run stands besides its weights: `(step, skipped steps in a row, best (accuracy, step))`.
-pub(crate) type RunPosition = (u64, u32, Option<(f64, u64)>);
-
-/// Writes checkpoint `step-N` of the run and rotates old ones (`train.keep_last`, the best kept).
-/// Data parallel, rank 0 alone calls it (every rank holds the same weights and optimizer state);
-/// `world_size` (ranks of the run) is recorded beside the source `cursor`. A sharded optimizer
-/// (ZeRO-1) saves `gathered`, its state brought to rank 0 ([`crate::update::OptimizerStep::gather_state`]).
+/// Writes checkpoint `step-N` of the run (`model`'s weights with its tokenizer, and `records`)
+/// and rotates old ones (`train.keep_last`, the best kept). Data parallel, rank 0 alone calls it
+/// (every rank holds the same weights; a sharded optimizer's record was gathered to rank 0).
+/// The caller has checked that every weight is finite.
 ///
 /// # Errors
-/// A non-finite weight (nothing is written); I/O errors; an explorer whose version differs from
-/// the policy's but whose backend keeps no local weights to save.
+/// I/O errors.
 pub(crate) fn save_run(
     cfg: &ResolvedConfig,
     run_dir: &Path,
-    trainer: &Trainer,
+    model: &Model,
     tokenizer: &TokenizerBundle,
-    feed: &Feed,
-    (step, skipped_in_row, best): RunPosition,
-    SaveSource {
-        cursor,
-        world_size,
-        gathered,
-        buffer,
-    }: SaveSource,
+    records: Records,
 ) -> anyhow::Result<PathBuf> {
-    ensure_finite(&trainer.model)?;
-    if trainer.optimizer.is_sharded() && gathered.is_none() {
-        anyhow::bail!(
-            "the optimizer state is sharded over the ranks (distributed.zero = 1) and was not \
-             gathered: a checkpoint needs every rank (the last one written stays the last good one)"
-        );
-    }
-    let (ex_version, ex_model) = feed.explorer_state(step)?;
+    let Records {
+        position,
+        trainer,
+        best,
+        feed,
+        world_size,
+    } = records;
     let st = TrainerState {
-        step,
-        optimizer_step: trainer.optimizer.adamw.step,
-        explorer_version: ex_version,
-        cursor,
+        step: position.step,
+        optimizer_step: trainer.optimizer_step,
+        explorer_version: feed.explorer_version,
+        cursor: feed.cursor,
         rng_seed: cfg.raw.train.seed,
-        skipped_in_row,
+        skipped_in_row: position.skipped_in_row,
         best,
         explorer_weights: false,
-        lora_dropout_draws: trainer.model.lora_dropout_draws().unwrap_or(0),
+        lora_dropout_draws: trainer.lora_dropout_draws,
         world_size: world_size as u64,
-    };
-    let (m, v) = match gathered {
-        Some(f) => (&f.m[..], &f.v[..]),
-        None => trainer.optimizer.adamw.moments(),
-    };
-    let masters = match gathered {
-        Some(f) => &f.masters[..],
-        None => trainer.optimizer.adamw.masters(),
     };
     let dir = save(
         run_dir,
         &st,
         &CheckpointParts {
-            model: &trainer.model,
+            model,
             tokenizer,
-            moments: (m, v),
-            masters,
-            explorer: ex_model,
-            buffer,
+            optimizer: &trainer.optimizer,
+            explorer: feed.explorer,
+            buffer: &feed.buffer,
             inputs: run_inputs(cfg),
         },
     )?;

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use rlvr_data::generate::Split;
 use rlvr_data::sampler::PromptSampler;
-use rlvr_dist::{Communicator, SharedComm};
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_reward::combine::RewardFunction;
@@ -18,16 +17,19 @@ use rlvr_rollout::named_tensors;
 use super::{Run, RunOptions};
 use crate::config::settings;
 use crate::config::ResolvedConfig;
+use crate::eval::Best;
 use crate::feed::backend::{self, BackendSettings, NativeWeights, ServerUse, Workload};
 use crate::feed::explorer::{Explorer, TrainPrompts};
 use crate::feed::offline::OfflineSource;
 use crate::feed::prompts::prepare_prompts;
 use crate::feed::Feed;
+use crate::job::Job;
 use crate::store::checkpoint::{self, non_finite_weight, SourceCursor, TrainerState};
 use crate::store::experience::{check_lengths, read_experience_lines};
 use crate::store::metrics::{append_line, truncate_after, MetricsLine};
+use crate::store::state::Stateful;
 use crate::store::tensorboard::Source;
-use crate::update::Trainer;
+use crate::update::{Trainer, TrainerRecord};
 
 impl<'a> Run<'a> {
     /// Set-up: the run directory, the policy and optimizer state (from the latest checkpoint on
@@ -39,13 +41,13 @@ impl<'a> Run<'a> {
     pub(super) fn start(
         cfg: &'a ResolvedConfig,
         opts: &RunOptions,
-        mut dp: Option<SharedComm>,
+        mut job: Job,
     ) -> anyhow::Result<Run<'a>> {
         let c = &cfg.raw;
         let run_dir = c.output.dir.clone();
-        let writer = dp.as_ref().is_none_or(|d| d.rank() == 0);
-        if let Some(d) = &dp {
-            refuse_under_data_parallel(cfg, d.world_size())?;
+        let writer = job.writer();
+        if job.is_parallel() {
+            refuse_under_data_parallel(cfg, job.world())?;
         }
         // Data parallel: rank 0 prepares the directory and picks the checkpoint, then every rank
         // loads that one.
@@ -67,10 +69,7 @@ impl<'a> Run<'a> {
         } else {
             None
         };
-        let ckpt = match dp.as_mut() {
-            Some(d) => agree_on_checkpoint(d, ckpt)?,
-            None => ckpt,
-        };
+        let ckpt = agree_on_checkpoint(&mut job, ckpt)?;
         let device = c.model.open_device()?;
         let dtype = c.model.dtype.dtype();
         let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
@@ -91,18 +90,12 @@ impl<'a> Run<'a> {
         crate::lora::attach(&mut policy.model, c.model.lora(), &policy_dir, c.train.seed)?;
         refuse_non_finite_policy(&policy.model, &policy_dir)?;
         // o ≥ 1: the in-flight batches in the buffer are read by the feed (online_feed).
-        let (state, moments) = match &ckpt {
-            Some(dir) => {
-                let (st, m, v) = checkpoint::load_state(dir, &device)?;
-                (Some(st), Some((m, v)))
-            }
-            None => (None, None),
-        };
+        let state = ckpt.as_deref().map(checkpoint::load_state).transpose()?;
         let start = state.as_ref().map(|s| s.step).unwrap_or(0);
         if writer {
             reset_logs(&run_dir, state.as_ref().map(|_| start))?;
         }
-        let world = dp.as_ref().map_or(1, |d| d.world_size()) as u64;
+        let world = job.world() as u64;
         if let Some(st) = state.as_ref().filter(|st| st.world_size != world) {
             crate::log::log_only(&format!(
                 "note: the checkpoint of step {} was written at world size {}, this run has {world}: \
@@ -134,21 +127,15 @@ impl<'a> Run<'a> {
         if let Some(r) = trainer.reference.as_mut() {
             r.set_kernels(c.kernels);
         }
-        if let Some(d) = &dp {
-            trainer = trainer.data_parallel_with(d.clone(), c.distributed.zero == 1)?;
-        }
-        if let (Some((m, v)), Some(st)) = (moments, &state) {
-            trainer
-                .optimizer
-                .adamw
-                .set_moments(m, v, st.optimizer_step)?;
-            trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
-        }
-        if let Some(dir) = &ckpt {
+        trainer = trainer.data_parallel_with(job.clone(), c.distributed.zero == 1)?;
+        if let (Some(st), Some(dir)) = (&state, &ckpt) {
             // bf16 weights resume from their f32 masters (none for f32 weights).
             let n = trainer.model.named_vars().len();
-            let masters = checkpoint::load_masters(dir, n, &device)?;
-            trainer.optimizer.adamw.set_masters(masters)?;
+            trainer.load_state_dict(TrainerRecord {
+                optimizer_step: st.optimizer_step,
+                optimizer: checkpoint::load_optimizer(dir, n, &device)?,
+                lora_dropout_draws: st.lora_dropout_draws,
+            })?;
         }
         let (feed, reward) = match &c.data.experiences {
             Some(path) => {
@@ -176,7 +163,7 @@ impl<'a> Run<'a> {
                     policy: &trainer.model,
                 };
                 let (feed, reward) =
-                    online_feed(cfg, start_weights, &tokenizer, &policy_dir, dp.clone())?;
+                    online_feed(cfg, start_weights, &tokenizer, &policy_dir, job.clone())?;
                 (feed, Some(reward))
             }
         };
@@ -193,15 +180,17 @@ impl<'a> Run<'a> {
             tokenizer,
             feed,
             evaluator,
-            best: state.as_ref().and_then(|s| s.best),
+            best: Best::default(),
             skipped_in_row: state.as_ref().map(|s| s.skipped_in_row).unwrap_or(0),
             last_ckpt: ckpt,
             start,
             tb: None,
             began: std::time::Instant::now(),
             no_signal: (0, 0),
-            dp,
+            job,
         };
+        run.best
+            .load_state_dict(state.as_ref().and_then(|s| s.best))?;
         if c.output.tensorboard && writer {
             // A fresh event file from the JSONL files as cut back to the checkpoint.
             let toml = cfg.to_toml()?;
@@ -242,7 +231,7 @@ fn online_feed(
     start: StartWeights,
     tokenizer: &TokenizerBundle,
     policy_dir: &Path,
-    dp: Option<SharedComm>,
+    mut job: Job,
 ) -> anyhow::Result<(Feed, Arc<RewardFunction>)> {
     let c = &cfg.raw;
     let model = start.policy;
@@ -290,10 +279,10 @@ fn online_feed(
     };
     let mut backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
     // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.
-    if let (BackendSettings::Vllm(v), Some(d)) = (&mut backend_settings, &dp) {
-        v.follower = d.rank() > 0;
+    if let BackendSettings::Vllm(v) = &mut backend_settings {
+        v.follower = !job.writer();
     }
-    if dp.as_ref().is_none_or(|d| d.rank() == 0) {
+    if job.writer() {
         crate::store::run_json::record(
             &c.output.dir,
             "rollout_backend",
@@ -338,18 +327,11 @@ fn online_feed(
         _ => explorer.set_weights(step, &named_tensors(model))?,
     }
     // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
-    if let Some(mut d) = dp.clone() {
-        d.barrier()?;
-    }
+    job.barrier()?;
     let (v, o) = (c.sync.interval, c.sync.offset);
     // The checkpoint's in-flight batches (o ≥ 1): trained on as they were sampled.
     let buffered: Vec<crate::feed::explorer::Batch> = match start.ckpt {
-        Some(dir) if o > 0 && dp.is_none() => checkpoint::read_buffer(dir)?
-            .into_iter()
-            .map(|(at, v)| {
-                serde_json::from_value(v).with_context(|| format!("parsing the batch at {at}"))
-            })
-            .collect::<anyhow::Result<_>>()?,
+        Some(dir) if o > 0 && !job.is_parallel() => checkpoint::read_buffer(dir)?,
         _ => Vec::new(),
     };
     if !buffered.is_empty() {
@@ -360,7 +342,7 @@ fn online_feed(
             step + buffered.len() as u64
         ));
     }
-    let gather = dp.map(|d| (d, c.train.log_rollouts));
+    let gather = (job, c.train.log_rollouts);
     Ok((
         Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)?,
         reward,
@@ -480,15 +462,19 @@ fn refuse_under_data_parallel(cfg: &ResolvedConfig, world: usize) -> anyhow::Res
     }
 }
 
-/// Data parallel: every rank resumes from the checkpoint rank 0 chose (one `broadcast_bytes`).
+/// Data parallel: every rank resumes from the checkpoint rank 0 chose ([`Job::rank0_says`]); one
+/// process: `mine`.
 ///
 /// # Errors
 /// A failed collective; a path that is not UTF-8.
 fn agree_on_checkpoint(
-    comm: &mut SharedComm,
+    job: &mut Job,
     mine: Option<std::path::PathBuf>,
 ) -> anyhow::Result<Option<std::path::PathBuf>> {
-    let mut buf = match &mine {
+    if !job.is_parallel() {
+        return Ok(mine);
+    }
+    let buf = match &mine {
         Some(p) => p
             .to_str()
             .with_context(|| format!("checkpoint path {} is not UTF-8", p.display()))?
@@ -496,7 +482,7 @@ fn agree_on_checkpoint(
             .to_vec(),
         None => Vec::new(),
     };
-    comm.broadcast_bytes(&mut buf, 0)?;
+    let buf = job.rank0_says(buf)?;
     Ok((!buf.is_empty())
         .then(|| std::path::PathBuf::from(String::from_utf8_lossy(&buf).into_owned())))
 }

@@ -74,22 +74,32 @@ fn one() -> u64 {
     1
 }
 
+/// The optimizer's tensors in a checkpoint (`trainer_state/optimizer.safetensors`): AdamW's
+/// moments and f32 master weights, in `model.named_vars()` order.
+#[derive(Debug, Clone, Default)]
+pub struct OptimizerRecord {
+    /// First moments m, one per parameter (f32, the parameter's shape).
+    pub m: Vec<Tensor>,
+    /// Second moments v, one per parameter (f32, the parameter's shape).
+    pub v: Vec<Tensor>,
+    /// f32 master weights (`None` for f32 parameters, or a checkpoint written before masters
+    /// existed; empty = none): saved beside the moments so a bf16 run resumes exactly.
+    pub masters: Vec<Option<Tensor>>,
+}
+
 /// What a checkpoint needs besides the trainer state record.
-pub struct CheckpointParts<'a> {
+pub struct CheckpointParts<'a, B: Serialize> {
     /// The policy.
     pub model: &'a Model,
     /// Its tokenizer.
     pub tokenizer: &'a TokenizerBundle,
-    /// AdamW moments (m, v), in `model.named_vars()` order.
-    pub moments: (&'a [Tensor], &'a [Tensor]),
-    /// AdamW's f32 master weights, in the same order (`None` for f32 parameters; empty = none):
-    /// saved beside the moments so a bf16 run resumes exactly.
-    pub masters: &'a [Option<Tensor>],
+    /// The optimizer's tensors.
+    pub optimizer: &'a OptimizerRecord,
     /// The explorer's weights when their version differs from the policy's.
     pub explorer: Option<&'a Model>,
-    /// Batches sampled but not yet trained on (the explorer's in flight under a sync offset), one
-    /// JSON object each, in step order.
-    pub buffer: &'a [serde_json::Value],
+    /// Batches sampled but not yet trained on (the explorer's in flight under a sync offset), in
+    /// step order: one JSON object each in `buffer.jsonl`.
+    pub buffer: &'a [B],
     /// The identity of the run's inputs for `manifest.json` ([`crate::store::manifest::inputs`]).
     pub inputs: serde_json::Value,
 }
@@ -103,10 +113,10 @@ pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
 ///
 /// # Errors
 /// I/O and serialisation errors, naming the path.
-pub fn save(
+pub fn save<B: Serialize>(
     run_dir: &Path,
     state: &TrainerState,
-    parts: &CheckpointParts,
+    parts: &CheckpointParts<B>,
 ) -> anyhow::Result<PathBuf> {
     let root = checkpoints_dir(run_dir);
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
@@ -123,13 +133,13 @@ pub fn save(
     write_tokenizer_files(&tmp, parts.tokenizer)?;
     let ts = tmp.join("trainer_state");
     std::fs::create_dir_all(&ts)?;
-    let (m, v) = parts.moments;
-    let mut named = Vec::with_capacity(m.len() * 2);
-    for (i, (m, v)) in m.iter().zip(v).enumerate() {
+    let opt = parts.optimizer;
+    let mut named = Vec::with_capacity(opt.m.len() * 2);
+    for (i, (m, v)) in opt.m.iter().zip(&opt.v).enumerate() {
         named.push((format!("m.{i:05}"), m.clone()));
         named.push((format!("v.{i:05}"), v.clone()));
     }
-    for (i, w) in parts.masters.iter().enumerate() {
+    for (i, w) in opt.masters.iter().enumerate() {
         if let Some(w) = w {
             named.push((format!("w.{i:05}"), w.clone()));
         }
@@ -141,12 +151,10 @@ pub fn save(
     if let Some(e) = parts.explorer {
         e.save(&ts.join("explorer"), e.dtype())?;
     }
-    let mut buf = String::new();
-    for e in parts.buffer.iter() {
-        buf.push_str(&serde_json::to_string(e)?);
-        buf.push('\n');
-    }
-    atomic_write(&ts.join("buffer.jsonl"), buf.as_bytes())?;
+    atomic_write(
+        &ts.join("buffer.jsonl"),
+        buffer_text(parts.buffer)?.as_bytes(),
+    )?;
     let mut st = state.clone();
     st.explorer_weights = parts.explorer.is_some();
     atomic_write(
@@ -481,79 +489,90 @@ pub fn resolve_model_dir(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// What [`load_state`] returns: the state record and the AdamW moments m and v.
-pub type LoadedState = (TrainerState, Vec<Tensor>, Vec<Tensor>);
+/// `trainer_state/buffer.jsonl`'s text for `batches`: one JSON object per line, written through
+/// `serde_json::Value` as the format has always been (keys sorted, f32s widened to f64; a direct
+/// `to_string` would keep field order and print f32s short), so that checkpoints stay
+/// byte-identical to those of earlier versions.
+///
+/// # Errors
+/// A batch that does not serialise.
+pub fn buffer_text<B: Serialize>(batches: &[B]) -> serde_json::Result<String> {
+    let mut buf = String::new();
+    for b in batches {
+        buf.push_str(&serde_json::to_string(&serde_json::to_value(b)?)?);
+        buf.push('\n');
+    }
+    Ok(buf)
+}
 
-/// The lines of checkpoint `dir`'s `trainer_state/buffer.jsonl` (one JSON object per in-flight
-/// batch), each with its `file:line`; a missing or empty file (checkpoints of o = 0, or written
+/// The in-flight batches of checkpoint `dir`'s `trainer_state/buffer.jsonl` (one JSON object per
+/// line, each a `T`), in step order; a missing or empty file (checkpoints of o = 0, or written
 /// before the buffer was kept) is an empty buffer.
 ///
 /// # Errors
-/// A line that is not JSON, naming file and line.
-pub fn read_buffer(dir: &Path) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+/// A line that is not a `T`, naming file and line.
+pub fn read_buffer<T: serde::de::DeserializeOwned>(dir: &Path) -> anyhow::Result<Vec<T>> {
     let p = dir.join("trainer_state/buffer.jsonl");
     let mut buffer = Vec::new();
     if let Ok(text) = std::fs::read_to_string(&p) {
         for (i, line) in text.lines().enumerate() {
             if !line.trim().is_empty() {
                 let at = format!("{}:{}", p.display(), i + 1);
-                let v = serde_json::from_str(line).with_context(|| at.clone())?;
-                buffer.push((at, v));
+                let v = serde_json::from_str(line)
+                    .with_context(|| format!("parsing the batch at {at}"))?;
+                buffer.push(v);
             }
         }
     }
     Ok(buffer)
 }
 
-/// Reads `trainer_state/state.json` and the optimizer moments of checkpoint `dir` (the buffer:
-/// [`read_buffer`]).
+/// Reads `trainer_state/state.json` of checkpoint `dir`.
 ///
 /// # Errors
-/// Missing or malformed files, naming them.
-pub fn load_state(dir: &Path, device: &Device) -> anyhow::Result<LoadedState> {
-    let ts = dir.join("trainer_state");
-    let p = ts.join("state.json");
-    let st: TrainerState = serde_json::from_str(
+/// A missing or malformed file, naming it.
+pub fn load_state(dir: &Path) -> anyhow::Result<TrainerState> {
+    let p = dir.join("trainer_state/state.json");
+    serde_json::from_str(
         &std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,
     )
-    .with_context(|| format!("parsing {}", p.display()))?;
-    let p = ts.join("optimizer.safetensors");
+    .with_context(|| format!("parsing {}", p.display()))
+}
+
+/// The optimizer's tensors of checkpoint `dir` (`trainer_state/optimizer.safetensors`): the
+/// moments (keys `m.NNNNN`, `v.NNNNN`, in key order) and the f32 master weights (keys
+/// `w.NNNNN`), one master entry per parameter (`n` of them), `None` where none was saved (f32
+/// parameters, or a checkpoint written before masters existed: the optimizer then starts from the
+/// weights).
+///
+/// # Errors
+/// A missing or unreadable optimizer file, an `m` without its `v`, a master index ≥ `n`.
+pub fn load_optimizer(dir: &Path, n: usize, device: &Device) -> anyhow::Result<OptimizerRecord> {
+    let p = dir.join("trainer_state/optimizer.safetensors");
     let map = candle_core::safetensors::load(&p, device)
         .with_context(|| format!("reading {}", p.display()))?;
     let mut keys: Vec<&String> = map.keys().filter(|k| k.starts_with("m.")).collect();
     keys.sort();
-    let mut m = Vec::new();
-    let mut v = Vec::new();
+    let mut rec = OptimizerRecord {
+        masters: vec![None; n],
+        ..OptimizerRecord::default()
+    };
     for k in keys {
-        m.push(map[k].to_dtype(DType::F32)?);
+        rec.m.push(map[k].to_dtype(DType::F32)?);
         let vk = format!("v.{}", &k[2..]);
-        v.push(
+        rec.v.push(
             map.get(&vk)
                 .with_context(|| format!("{} lacks {vk}", p.display()))?
                 .to_dtype(DType::F32)?,
         );
     }
-    Ok((st, m, v))
-}
-
-/// The f32 master weights of checkpoint `dir` (`trainer_state/optimizer.safetensors`, keys
-/// `w.NNNNN`), one entry per parameter (`n` of them), `None` where none was saved (f32 parameters,
-/// or a checkpoint written before masters existed: the optimizer then starts from the weights).
-///
-/// # Errors
-/// A missing or unreadable optimizer file, a master index ≥ `n`.
-pub fn load_masters(dir: &Path, n: usize, device: &Device) -> anyhow::Result<Vec<Option<Tensor>>> {
-    let p = dir.join("trainer_state/optimizer.safetensors");
-    let map = candle_core::safetensors::load(&p, device)
-        .with_context(|| format!("reading {}", p.display()))?;
-    let mut out = vec![None; n];
-    for (k, t) in map {
+    for (k, t) in &map {
         if let Some(i) = k.strip_prefix("w.").and_then(|i| i.parse::<usize>().ok()) {
             anyhow::ensure!(i < n, "{}: master {k} for {n} parameters", p.display());
-            out[i] = Some(t.to_dtype(DType::F32)?);
+            rec.masters[i] = Some(t.to_dtype(DType::F32)?);
         }
     }
-    Ok(out)
+    Ok(rec)
 }
 
 /// Removes old checkpoints, keeping the `keep_last` newest and the one `best` names (0 = keep all).

@@ -1,6 +1,6 @@
 //! The on-disk records of a run, knowing no stage and no config: experiences and rollout records,
 //! the JSONL metrics files, the checkpoint format with its rotation, run.json and the
-//! run-directory lock.
+//! run-directory lock, and the binary serialisation of rows between ranks ([`wire`]).
 //!
 //! Architecture invariant: every file a run writes is written here, and every write that replaces
 //! a file is atomic (written beside it, synced, renamed) except the JSONL appends, which a resume
@@ -14,4 +14,6 @@ pub mod manifest;
 pub mod metrics;
 pub mod rollouts;
 pub(crate) mod run_json;
+pub mod state;
 pub mod tensorboard;
+pub mod wire;

@@ -22,5 +22,5 @@ pub mod optimizer;
 pub mod trainer;
 
 pub use lr::{LrSchedule, Schedule};
-pub use optimizer::{FullState, GradReduce, LocalReduce, OptimizerStep};
-pub use trainer::{StepReport, Trainer, TrainerSettings, UpdateSettings};
+pub use optimizer::{GradReduce, LocalReduce, OptimizerStep};
+pub use trainer::{StepReport, Trainer, TrainerRecord, TrainerSettings, UpdateSettings};

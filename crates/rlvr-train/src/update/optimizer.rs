@@ -17,6 +17,8 @@ use candle_core::{backprop::GradStore, DType, Tensor, Var};
 use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 use rlvr_model::Model;
 
+use crate::store::checkpoint::OptimizerRecord;
+
 /// The optimizer settings checked at start-up by [`check_optimizer`], with the name each has
 /// where it was given (`train.beta1` in a config, `--lr` on `rlvr sft`).
 #[derive(Debug, Clone, Copy)]
@@ -161,17 +163,6 @@ impl GradReduce for rlvr_dist::ZeroReduce {
     }
 }
 
-/// An optimizer's whole state as one process holds it (for a checkpoint): moments and masters in
-/// parameter order.
-pub struct FullState {
-    /// First moments.
-    pub m: Vec<Tensor>,
-    /// Second moments.
-    pub v: Vec<Tensor>,
-    /// f32 masters of 16-bit parameters.
-    pub masters: Vec<Option<Tensor>>,
-}
-
 /// The identity reduction of a single process.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LocalReduce;
@@ -212,6 +203,9 @@ pub struct OptimizerStep {
     pub adamw: AdamW,
     grad_clip: f64,
     reduce: Box<dyn GradReduce>,
+    /// Sharded: the whole state brought to rank 0 for the checkpoint of the step just completed
+    /// ([`OptimizerStep::gather_for_checkpoint`]); cleared by the next update.
+    gathered: Option<OptimizerRecord>,
 }
 
 impl OptimizerStep {
@@ -231,6 +225,7 @@ impl OptimizerStep {
             vars,
             grad_clip,
             reduce: Box::new(LocalReduce),
+            gathered: None,
         })
     }
 
@@ -253,13 +248,61 @@ impl OptimizerStep {
         self.adamw.owned().is_some()
     }
 
+    /// AdamW updates applied so far.
+    pub fn update_count(&self) -> u64 {
+        self.adamw.step
+    }
+
+    /// The optimizer's tensors for a checkpoint: the moments and masters (their handles, not
+    /// copies). Sharded, the whole state [`OptimizerStep::gather_for_checkpoint`] brought to this
+    /// rank (rank 0).
+    ///
+    /// # Errors
+    /// A sharded state that was not gathered since the last update.
+    pub fn record(&self) -> anyhow::Result<OptimizerRecord> {
+        if !self.is_sharded() {
+            let (m, v) = self.adamw.moments();
+            return Ok(OptimizerRecord {
+                m: m.to_vec(),
+                v: v.to_vec(),
+                masters: self.adamw.masters().to_vec(),
+            });
+        }
+        self.gathered.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "the optimizer state is sharded over the ranks (distributed.zero = 1) and was not \
+                 gathered: a checkpoint needs every rank (the last one written stays the last good \
+                 one)"
+            )
+        })
+    }
+
+    /// Continues from a checkpoint's `record` after `update_count` updates.
+    ///
+    /// # Errors
+    /// Moments or masters that do not fit the parameters.
+    pub fn load_record(
+        &mut self,
+        record: OptimizerRecord,
+        update_count: u64,
+    ) -> anyhow::Result<()> {
+        self.adamw.set_moments(record.m, record.v, update_count)?;
+        self.adamw.set_masters(record.masters)?;
+        Ok(())
+    }
+
     /// For a checkpoint of a sharded optimizer: every parameter's state brought to rank 0, one
-    /// parameter at a time (`Some` on rank 0, `None` on the others); every rank must call it.
-    /// Unsharded: `None` (the caller reads [`AdamW::moments`] and [`AdamW::masters`]).
+    /// parameter at a time, kept for [`OptimizerStep::record`]; every rank must call it. Unsharded:
+    /// nothing to do.
     ///
     /// # Errors
     /// A failed collective.
-    pub fn gather_state(&mut self) -> anyhow::Result<Option<FullState>> {
+    pub fn gather_for_checkpoint(&mut self) -> anyhow::Result<()> {
+        self.gathered = self.gather_state()?;
+        Ok(())
+    }
+
+    fn gather_state(&mut self) -> anyhow::Result<Option<OptimizerRecord>> {
         if !self.is_sharded() {
             return Ok(None);
         }
@@ -293,7 +336,7 @@ impl OptimizerStep {
                 None => root = false,
             }
         }
-        Ok(root.then_some(FullState { m, v, masters }))
+        Ok(root.then_some(OptimizerRecord { m, v, masters }))
     }
 
     /// An empty gradient for a new update.
@@ -330,6 +373,7 @@ impl OptimizerStep {
     /// # Errors
     /// Tensor errors and [`GradReduce`] failures.
     pub fn apply(&mut self, g: Gradients, lr: f64) -> anyhow::Result<Option<f64>> {
+        self.gathered = None;
         let mut sums: Vec<Option<Tensor>> = g.acc.into_iter().map(|a| a.take()).collect();
         let mut finite = g.finite;
         self.reduce.reduce(&mut sums, &mut finite)?;

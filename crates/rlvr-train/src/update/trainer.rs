@@ -30,10 +30,13 @@ use rlvr_algo::{
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::Model;
 
-use super::dp::{gather_view, local_view, reduce_stats, GlobalView};
+use super::dp::reduce_stats;
 use super::optimizer::OptimizerStep;
+use crate::job::{GlobalView, Job};
 use crate::pack::{micro_batches, pack_rows, MicroBatchLimit};
+use crate::store::checkpoint::OptimizerRecord;
 use crate::store::experience::Experience;
+use crate::store::state::Stateful;
 
 /// How the trainer splits and optimises a step (the `train.*` keys of the same names document
 /// each).
@@ -95,9 +98,40 @@ pub struct Trainer {
     pub optimizer: OptimizerStep,
     /// Settings.
     pub settings: TrainerSettings,
-    /// Data parallel: the communicator this rank shares with its optimizer's gradient reduction
-    /// ([`Trainer::data_parallel`]); `None` in one process.
-    comm: Option<rlvr_dist::SharedComm>,
+    /// The job this rank belongs to ([`Trainer::data_parallel`]): its communicator is shared with
+    /// the optimizer's gradient reduction; [`Job::single`] in one process.
+    job: Job,
+}
+
+/// The trainer's state in a checkpoint ([`Stateful`]): what continues its optimization exactly.
+#[derive(Debug, Clone)]
+pub struct TrainerRecord {
+    /// AdamW updates applied (bias correction continues from it).
+    pub optimizer_step: u64,
+    /// The optimizer's moments and masters.
+    pub optimizer: OptimizerRecord,
+    /// LoRA-dropout masks drawn so far per adapter (0 without LoRA dropout).
+    pub lora_dropout_draws: u64,
+}
+
+impl Stateful for Trainer {
+    type State = TrainerRecord;
+
+    /// The optimizer's state (sharded: as gathered by [`Trainer::gather_for_checkpoint`]) and the
+    /// LoRA-dropout draws.
+    fn state_dict(&self) -> anyhow::Result<TrainerRecord> {
+        Ok(TrainerRecord {
+            optimizer_step: self.optimizer.update_count(),
+            optimizer: self.optimizer.record()?,
+            lora_dropout_draws: self.model.lora_dropout_draws().unwrap_or(0),
+        })
+    }
+
+    fn load_state_dict(&mut self, state: TrainerRecord) -> anyhow::Result<()> {
+        self.model.set_lora_dropout_draws(state.lora_dropout_draws);
+        self.optimizer
+            .load_record(state.optimizer, state.optimizer_step)
+    }
 }
 
 /// Result of one trainer step.
@@ -171,21 +205,21 @@ impl Trainer {
             reference,
             optimizer,
             settings,
-            comm: None,
+            job: Job::single(),
         })
     }
 
-    /// Makes this trainer one rank of a data-parallel group over `comm` (world size ≥ 1): the
-    /// optimizer's gradients are summed over the ranks (`rlvr_dist::DistReduce`, with the
-    /// non-finite flag), and [`Trainer::step`] takes this rank's whole groups of the step batch
-    /// (ranks in order: rank 0's rows first), gathers the per-row metadata, and computes the
-    /// advantages, normalisers and reported statistics of the whole batch, as one process would.
-    /// Every rank must call `step` for every step, also with no rows.
+    /// Makes this trainer one rank of `job`: the optimizer's gradients are summed over the ranks
+    /// (`rlvr_dist::DistReduce`, with the non-finite flag), and [`Trainer::step`] takes this
+    /// rank's whole groups of the step batch (ranks in order: rank 0's rows first), gathers the
+    /// per-row metadata, and computes the advantages, normalisers and reported statistics of the
+    /// whole batch, as one process would. Every rank must call `step` for every step, also with no
+    /// rows. A job of one process leaves the trainer as it is.
     ///
     /// # Errors
     /// Tensor errors building the reduction's buffers.
-    pub fn data_parallel(self, comm: rlvr_dist::SharedComm) -> anyhow::Result<Self> {
-        self.data_parallel_with(comm, false)
+    pub fn data_parallel(self, job: Job) -> anyhow::Result<Self> {
+        self.data_parallel_with(job, false)
     }
 
     /// [`Trainer::data_parallel`], with the optimizer state sharded over the ranks when `zero`
@@ -195,37 +229,35 @@ impl Trainer {
     ///
     /// # Errors
     /// As [`Trainer::data_parallel`].
-    pub fn data_parallel_with(
-        self,
-        comm: rlvr_dist::SharedComm,
-        zero: bool,
-    ) -> anyhow::Result<Self> {
+    pub fn data_parallel_with(mut self, job: Job, zero: bool) -> anyhow::Result<Self> {
+        if !job.is_parallel() {
+            return Ok(self);
+        }
         let params: Vec<Tensor> = self
             .model
             .named_vars()
             .iter()
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
+        let comm = job.comm();
         let reduce: Box<dyn crate::update::GradReduce> = if zero {
-            Box::new(rlvr_dist::ZeroReduce::new(Box::new(comm.clone()), &params)?)
+            Box::new(rlvr_dist::ZeroReduce::new(Box::new(comm), &params)?)
         } else {
-            Box::new(rlvr_dist::DistReduce::new(Box::new(comm.clone()), &params)?)
+            Box::new(rlvr_dist::DistReduce::new(Box::new(comm), &params)?)
         };
         // The optimizer built by `new` (no update has run yet), with the ranks' reduction.
-        let Trainer {
-            model,
-            reference,
-            optimizer,
-            settings,
-            ..
-        } = self;
-        Ok(Trainer {
-            model,
-            reference,
-            optimizer: optimizer.with_reduce(reduce)?,
-            settings,
-            comm: Some(comm),
-        })
+        self.optimizer = self.optimizer.with_reduce(reduce)?;
+        self.job = job;
+        Ok(self)
+    }
+
+    /// Before a checkpoint, on every rank together: a sharded optimizer's state brought to rank 0
+    /// for [`Stateful::state_dict`] (nothing to do unsharded).
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn gather_for_checkpoint(&mut self) -> anyhow::Result<()> {
+        self.optimizer.gather_for_checkpoint()
     }
 
     /// One trainer step on `batch` (B groups × K, any order), at trainer step `step` (1-based) with
@@ -246,10 +278,7 @@ impl Trainer {
         let alg = self.settings.algorithm.clone();
         let mut report = StepReport::default();
         // Every rank's rows, as far as the advantages and normalisers need them.
-        let view = match self.comm.as_mut() {
-            Some(c) => gather_view(c, batch)?,
-            None => local_view(batch),
-        };
+        let view = self.job.gather_view(batch)?;
         if view.rows.is_empty() {
             return Ok(report);
         }
@@ -290,9 +319,7 @@ impl Trainer {
                 }
             }
         }
-        if let Some(c) = self.comm.as_mut() {
-            reduce_stats(c, &mut stats, &mut diff)?;
-        }
+        reduce_stats(&mut self.job, &mut stats, &mut diff)?;
         report.tokens = stats.tokens as usize;
         // 3. Metrics.
         let mut metrics = stats.finalise(Some(&adv.stats));

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use rlvr_dist::{SharedComm, ThreadComm};
 use rlvr_train::config::RawConfig;
+use rlvr_train::job::Job;
 use rlvr_train::run::{train_on, RunOptions, RunSummary};
 use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
@@ -69,10 +70,10 @@ fn run(sets: &[String], world: usize, resume: bool) -> Vec<RunSummary> {
         ..Default::default()
     };
     if world == 1 {
-        return vec![train_on(&cfg, &opts, None).unwrap()];
+        return vec![train_on(&cfg, &opts, Job::single()).unwrap()];
     }
     ThreadComm::run(world, |c| {
-        train_on(&cfg, &opts, Some(SharedComm::new(Box::new(c)))).unwrap()
+        train_on(&cfg, &opts, Job::over(SharedComm::new(Box::new(c)))).unwrap()
     })
 }
 
@@ -302,7 +303,7 @@ fn what_data_parallel_does_not_run_yet_is_refused_before_loading() {
             train_on(
                 &cfg,
                 &RunOptions::default(),
-                Some(SharedComm::new(Box::new(c))),
+                Job::over(SharedComm::new(Box::new(c))),
             )
             .map(|_| ())
             .map_err(|e| format!("{e:#}"))

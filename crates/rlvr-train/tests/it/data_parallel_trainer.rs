@@ -13,6 +13,7 @@ use candle_core::{DType, Device};
 use rlvr_dist::{Communicator, SharedComm, ThreadComm};
 use rlvr_model::{Model, ModelConfig};
 use rlvr_train::config::TrainSection;
+use rlvr_train::job::Job;
 use rlvr_train::store::experience::Experience;
 use rlvr_train::update::{StepReport, Trainer, TrainerSettings};
 
@@ -137,7 +138,7 @@ fn check(preset: &str, train: TrainSection, groups: usize, world: usize, mismatc
         let rank = comm.rank();
         let comm = SharedComm::new(Box::new(comm));
         let mut t = trainer(preset, &train, mismatch)
-            .data_parallel(comm)
+            .data_parallel(Job::over(comm))
             .unwrap();
         steps(&mut t, &share(&b, world, rank))
     });
@@ -293,7 +294,7 @@ fn a_group_on_two_ranks_is_refused() {
     let errs = ThreadComm::run(2, |comm| {
         let rank = comm.rank();
         let mut t = trainer("grpo", &base(), plain)
-            .data_parallel(SharedComm::new(Box::new(comm)))
+            .data_parallel(Job::over(SharedComm::new(Box::new(comm))))
             .unwrap();
         // Rows 0-5 and 6-7: group g1 is on both.
         let rows = if rank == 0 { &b[..6] } else { &b[6..] };
@@ -317,7 +318,7 @@ fn zero_1_shards_the_moments_and_takes_the_same_steps() {
             let rank = comm.rank();
             let comm = SharedComm::new(Box::new(comm));
             let mut t = trainer("grpo", &train, plain)
-                .data_parallel_with(comm, true)
+                .data_parallel_with(Job::over(comm), true)
                 .unwrap();
             assert!(t.optimizer.is_sharded());
             let (reps, w) = steps(&mut t, &share(&b, world, rank));

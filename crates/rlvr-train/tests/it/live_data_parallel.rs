@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use rlvr_dist::{SharedComm, ThreadComm};
 use rlvr_train::config::RawConfig;
+use rlvr_train::job::Job;
 use rlvr_train::run::{train_on, RunOptions};
 use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
@@ -84,7 +85,7 @@ fn two_ranks_on_one_vllm_server_equal_one_process() {
         .unwrap()
         .resolve()
         .unwrap();
-    train_on(&cfg, &RunOptions::default(), None).unwrap();
+    train_on(&cfg, &RunOptions::default(), Job::single()).unwrap();
     let dp = tmp.path().join("dp");
     let cfg = RawConfig::load(None, &sets(&url, &model, &dp))
         .unwrap()
@@ -94,7 +95,7 @@ fn two_ranks_on_one_vllm_server_equal_one_process() {
         train_on(
             &cfg,
             &RunOptions::default(),
-            Some(SharedComm::new(Box::new(c))),
+            Job::over(SharedComm::new(Box::new(c))),
         )
         .unwrap()
     });

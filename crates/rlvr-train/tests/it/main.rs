@@ -7,6 +7,7 @@
 
 mod common;
 
+mod checkpoint_format;
 mod cli;
 mod config;
 mod corrections;
@@ -15,6 +16,7 @@ mod data_parallel_step;
 mod data_parallel_trainer;
 mod determinism;
 mod eval;
+mod job;
 mod learning;
 mod live_data_parallel;
 mod lora;

@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("store", 1),
     ("pack", 2),
     ("score", 3),
+    ("job", 3),
     ("feed", 4),
     ("update", 4),
     ("eval", 4),
