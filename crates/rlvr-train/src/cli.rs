@@ -298,7 +298,10 @@ fn eval_on_backend(
     policy: &Policy,
     server_use: &ServerUse,
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
-    let tmp = std::env::temp_dir().join(format!("rlvr-eval-vllm-{}", std::process::id()));
+    // A private directory with an unpredictable name (0700), removed when `dir` drops: a fixed
+    // name under a shared /tmp could be planted by another user (issue 49 item 6).
+    let dir = private_tmp_dir("rlvr-eval-vllm-")?;
+    let tmp = dir.path().to_path_buf();
     let mut r = rollout.clone();
     r.weights_dir.get_or_insert_with(|| tmp.clone());
     let s = settings::backend_settings(&r, &tmp);
@@ -311,8 +314,25 @@ fn eval_on_backend(
         let mut engine = fixed_model_engine(&s, policy, work, server_use)?;
         evaluator.run(engine.as_mut(), &policy.tokenizer)
     })();
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(dir);
     result
+}
+
+/// A new private temporary directory (mode 0700, random name after `prefix`), removed when the
+/// returned guard drops.
+///
+/// # Errors
+/// The temporary directory cannot be created (naming it).
+fn private_tmp_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .with_context(|| {
+            format!(
+                "creating a private directory {prefix}* under {}",
+                std::env::temp_dir().display()
+            )
+        })
 }
 
 /// The engine `s` names over a fixed model (`rlvr eval`, `rlvr generate`), as version 0: the
@@ -686,15 +706,23 @@ pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let tmp = std::env::temp_dir().join(format!("rlvr-generate-vllm-{}", std::process::id()));
+    // vLLM's weights go to a private temporary directory unless --weights-dir names one.
+    let mut dir = None;
     let s = if a.servers.is_empty() {
         BackendSettings::Native
     } else {
+        let weights_dir = match &a.weights_dir {
+            Some(d) => d.clone(),
+            None => dir
+                .insert(private_tmp_dir("rlvr-generate-vllm-")?)
+                .path()
+                .to_path_buf(),
+        };
         let d = RolloutSection::default();
         BackendSettings::Vllm(VllmSettings {
             servers: a.servers.clone(),
             served_model_name: a.served_model_name.clone(),
-            weights_dir: a.weights_dir.clone().unwrap_or_else(|| tmp.clone()),
+            weights_dir,
             api_key_env: d.api_key_env,
             request_timeout_s: d.request_timeout_s,
             retries: d.retries,
@@ -719,7 +747,7 @@ pub fn run_generate(
         fixed_model_engine(&s, policy, work, &use_)
     };
     let result = rlvr_rollout::cli::run_with(a, out, &make);
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(dir);
     result
 }
 

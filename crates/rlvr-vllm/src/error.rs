@@ -18,16 +18,17 @@ pub enum VllmError {
         /// What the server answered last (status and body, a transport error, or the malformed part).
         answer: String,
     },
-    /// The server refused the request itself (HTTP 4xx): retrying would not help.
+    /// The server refused the request itself (HTTP 4xx, or a redirect: none is followed): retrying
+    /// would not help.
     #[error("vLLM server {server}: {what} was refused with HTTP {status}: {body}")]
     Refused {
         /// The server's base URL.
         server: String,
         /// The request, e.g. `POST /v1/completions`.
         what: String,
-        /// The HTTP status (400..500).
+        /// The HTTP status (400..500, or 300..400 for a redirect, which is never followed).
         status: u16,
-        /// The answer's body (cut to 500 characters).
+        /// The answer's body (cut to 500 characters), or for a redirect where it pointed.
         body: String,
     },
     /// A start-up or refresh check found the server unfit (wrong model, tokenizer, log-prob mode,

@@ -90,8 +90,11 @@ impl Server {
                 "server URL {url:?}: expected http://host:port (this build speaks plain HTTP only)"
             )));
         }
+        // No redirects: ureq would re-send a POST as a body-less GET to the new address (issue 49
+        // item 8); a 3xx is refused below, naming where it pointed.
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .max_redirects(0)
             .timeout_global(Some(policy.timeout))
             .build();
         Ok(Self {
@@ -157,6 +160,20 @@ impl Server {
             Err(e) => return Err(Failure::Retry(format!("transport error: {e}"))),
         };
         let status = resp.status().as_u16();
+        if (300..400).contains(&status) {
+            let location = resp
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("(no Location header)")
+                .to_string();
+            return Err(Failure::Refused(
+                status,
+                format!(
+                    "a redirect to {location}: rlvr follows no redirects (a POST would be re-sent                      as a body-less GET); set the server's URL to the address that answers"
+                ),
+            ));
+        }
         let text = match resp
             .body_mut()
             .with_config()
@@ -196,7 +213,8 @@ impl Server {
     ///
     /// # Errors
     /// [`VllmError::Server`] after the last attempt, with the last answer;
-    /// [`VllmError::Refused`] at once on HTTP 4xx.
+    /// [`VllmError::Refused`] at once on HTTP 4xx and on a redirect (3xx, naming its
+    /// `Location`: none is followed).
     pub fn call<T>(
         &self,
         method: &str,

@@ -25,6 +25,8 @@ pub enum Reply {
     Slow(Duration, String),
     /// Closes the connection without answering.
     Hangup,
+    /// A redirect: the status (3xx) with a `Location` header and an empty body.
+    Redirect(u16, String),
 }
 
 /// A recorded request: "METHOD /path?query" and the body parsed as JSON (null when empty).
@@ -110,15 +112,29 @@ fn serve(stream: TcpStream, handler: &Handler, seen: &Mutex<Vec<Seen>>) {
         body: body.clone(),
     });
     let mut stream = stream;
-    let send = |stream: &mut TcpStream, status: u16, body: &str, claimed: usize| {
+    let send_with = |stream: &mut TcpStream,
+                     status: u16,
+                     body: &str,
+                     claimed: usize,
+                     extra: &str| {
         let head = format!(
-            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {claimed}\r\nConnection: close\r\n\r\n"
+            "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {claimed}\r\n{extra}Connection: close\r\n\r\n"
         );
         let _ = stream.write_all(head.as_bytes());
         let _ = stream.write_all(body.as_bytes());
         let _ = stream.flush();
     };
+    let send = |stream: &mut TcpStream, status: u16, body: &str, claimed: usize| {
+        send_with(stream, status, body, claimed, "")
+    };
     match handler(&line, &body) {
+        Reply::Redirect(code, location) => send_with(
+            &mut stream,
+            code,
+            "",
+            0,
+            &format!("Location: {location}\r\n"),
+        ),
         Reply::Status(code, b) => send(&mut stream, code, &b, b.len()),
         Reply::Truncated(b) => send(&mut stream, 200, &b, b.len() + 100),
         Reply::Slow(d, b) => {

@@ -255,6 +255,30 @@ fn a_slow_server_times_out_and_a_hangup_is_retried() {
 }
 
 #[test]
+fn a_redirect_is_refused_naming_its_location_and_never_followed() {
+    // Followed, the POST would come back as a body-less GET that this server answers with a
+    // good group: the client must stop at the 302 instead, with one request sent.
+    let fake = FakeServer::start(|line, _| {
+        if line.starts_with("GET") {
+            Reply::Status(200, good_group())
+        } else {
+            Reply::Redirect(302, "http://127.0.0.1:9/elsewhere".into())
+        }
+    });
+    let err = client(&[&fake.url], 3)
+        .sample(&[vec![1]], 0, &params(2), 0)
+        .unwrap_err();
+    assert!(
+        matches!(err, VllmError::Refused { status: 302, .. }),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("http://127.0.0.1:9/elsewhere"), "{msg}");
+    assert!(msg.contains("follows no redirects"), "{msg}");
+    assert_eq!(fake.lines(), vec!["POST /v1/completions".to_string()]);
+}
+
+#[test]
 fn a_4xx_is_not_retried() {
     let fake = FakeServer::scripted(vec![Reply::Status(400, "{\"error\": \"bad n\"}".into())]);
     let err = client(&[&fake.url], 3)
