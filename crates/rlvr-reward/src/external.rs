@@ -150,7 +150,7 @@ impl ExternalVerifier {
 /// pid), so [`kill_group`] reaches its children too, and with a minimal environment: the
 /// variables of [`BASE_ENV`] and those `env` names, as far as rlvr's environment sets them. On
 /// Linux the program also dies with rlvr: it asks the kernel for `SIGKILL` when its parent goes
-/// ([`die_with_parent`]), which covers a `kill -9` of rlvr that no cleanup code of ours outlives.
+/// (`PR_SET_PDEATHSIG`), which covers a `kill -9` of rlvr that no cleanup code of ours outlives.
 /// The group is recorded for [`kill_all_groups`] until [`kill_group`] ends it.
 ///
 /// `cwd` is the program's working directory (rlvr's own when `None`).
