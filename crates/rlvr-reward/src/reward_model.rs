@@ -21,8 +21,8 @@
 //! (defaults 1 and 0); a completion is counted correct when the reward exceeds `correct_above`
 //! (default 0). Text input is the `template` (default `{prompt}{completion}`, the names of
 //! [`crate::judge`]'s template). Requests: at most `in_flight` at once, `batch_size` texts per
-//! request, a timeout each, retries as the judge's; a missing, non-numeric or non-finite score, or a count that differs from the request's, fails the batch naming the
-//! server.
+//! request, a timeout each, retries as the judge's; a missing, non-numeric or non-finite score,
+//! or a count that differs from the request's, fails the batch naming the server.
 
 use crate::http::{self, Failure};
 use crate::judge::{prompt_for, render};
