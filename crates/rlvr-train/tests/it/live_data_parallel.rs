@@ -7,8 +7,8 @@
 //! norm within 1e-5 relative, staleness 0, 1, 0, 1 under sync.interval = 2.
 //!
 //! scripts/ci_vllm.sh runs it in its tied lane with `RLVR_VLLM_URL` and `RLVR_VLLM_MODEL` (the
-//! served directory, also the policy). Without a server the test returns at once, unless
-//! `RLVR_VLLM_REQUIRED=1` makes that a failure.
+//! served directory, also the policy) and `--include-ignored`: a plain `cargo test` skips it as
+//! ignored, and run without its server it fails.
 
 use std::path::{Path, PathBuf};
 
@@ -23,12 +23,10 @@ fn live() -> Option<(String, PathBuf)> {
         std::env::var("RLVR_VLLM_URL"),
         std::env::var("RLVR_VLLM_MODEL"),
     ) else {
-        assert!(
-            std::env::var("RLVR_VLLM_REQUIRED").is_err(),
-            "RLVR_VLLM_REQUIRED is set but RLVR_VLLM_URL / RLVR_VLLM_MODEL are not: no vLLM server"
+        panic!(
+            "RLVR_VLLM_URL / RLVR_VLLM_MODEL are not set: this live test needs a running server; \
+             scripts/ci_vllm.sh starts one and runs it (a plain `cargo test` skips it as ignored)"
         );
-        eprintln!("RLVR_VLLM_URL / RLVR_VLLM_MODEL not set: skipping the live data-parallel test");
-        return None;
     };
     Some((url, PathBuf::from(model)))
 }
@@ -77,6 +75,7 @@ fn lines(run: &Path, file: &str) -> Vec<Line> {
 }
 
 #[test]
+#[ignore = "live: needs a vLLM server, started by scripts/ci_vllm.sh"]
 fn two_ranks_on_one_vllm_server_equal_one_process() {
     let Some((url, model)) = live() else { return };
     let tmp = tempfile::tempdir().unwrap();

@@ -4,8 +4,8 @@
 //!
 //! It runs only when `RLVR_VLLM_URL` names a live server whose process group id (scripts/
 //! vllm_server.sh starts it with setsid, so its pid) is `RLVR_VLLM_PID`, served as
-//! `RLVR_VLLM_NAME` (default rlvr-policy); otherwise it returns at once, unless
-//! `RLVR_VLLM_REQUIRED=1` makes that a failure (CI).
+//! `RLVR_VLLM_NAME` (default rlvr-policy). Ignored by a plain `cargo test`; scripts/ci_vllm.sh
+//! runs it with `--include-ignored`, and run without its server it fails.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,17 +14,16 @@ use rlvr_rollout::SamplingParams;
 use rlvr_vllm::{ClientConfig, VllmClient, VllmError};
 
 #[test]
+#[ignore = "live: needs a vLLM server, started by scripts/ci_vllm.sh"]
 fn a_server_killed_mid_call_gives_an_error_naming_it() {
     let (Ok(url), Ok(pid)) = (
         std::env::var("RLVR_VLLM_URL"),
         std::env::var("RLVR_VLLM_PID"),
     ) else {
-        assert!(
-            std::env::var("RLVR_VLLM_REQUIRED").is_err(),
-            "RLVR_VLLM_REQUIRED is set but RLVR_VLLM_URL / RLVR_VLLM_PID are not: no vLLM server to kill"
+        panic!(
+            "RLVR_VLLM_URL / RLVR_VLLM_PID are not set: this live test needs a running server; \
+             scripts/ci_vllm.sh starts one and runs it (a plain `cargo test` skips it as ignored)"
         );
-        eprintln!("RLVR_VLLM_URL / RLVR_VLLM_PID not set: skipping the live vLLM test");
-        return;
     };
     let pid: u32 = pid.parse().expect("RLVR_VLLM_PID: a process id");
     let client = VllmClient::new(ClientConfig {

@@ -10,7 +10,8 @@
 //! `RLVR_VLLM_MODEL` (the served directory, also the policy), `RLVR_VLLM_PID` (the server's
 //! process group), `RLVR` (the rlvr binary) and `RUN` / `VENV` / `CPU_BIND` / `LORA_RANK` (for
 //! `scripts/vllm_server.sh start`, which restarts the server on the same port, as it was started).
-//! Without a server the test returns at once, unless `RLVR_VLLM_REQUIRED=1` makes that a failure.
+//! Ignored by a plain `cargo test` (scripts/ci_vllm.sh passes `--include-ignored`); run without a
+//! server it fails.
 
 use crate::common::jsonl;
 use std::path::{Path, PathBuf};
@@ -31,12 +32,10 @@ fn live() -> Option<Live> {
         std::env::var("RLVR_VLLM_URL"),
         std::env::var("RLVR_VLLM_PID"),
     ) else {
-        assert!(
-            std::env::var("RLVR_VLLM_REQUIRED").is_err(),
-            "RLVR_VLLM_REQUIRED is set but RLVR_VLLM_URL / RLVR_VLLM_PID are not: no vLLM server"
+        panic!(
+            "RLVR_VLLM_URL / RLVR_VLLM_PID are not set: this live test needs a running server; \
+             scripts/ci_vllm.sh starts one and runs it (a plain `cargo test` skips it as ignored)"
         );
-        eprintln!("RLVR_VLLM_URL / RLVR_VLLM_PID not set: skipping the live vLLM train test");
-        return None;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let rlvr = std::env::var("RLVR")
@@ -149,6 +148,7 @@ fn check_schedule(run: &Path, steps: u64) -> Vec<Vec<String>> {
 }
 
 #[test]
+#[ignore = "live: needs a vLLM server, started by scripts/ci_vllm.sh"]
 fn six_steps_on_vllm_follow_the_schedule_and_repeat_with_the_seed() {
     let Some(l) = live() else { return };
     let tmp = tempfile::tempdir().unwrap();
@@ -176,6 +176,7 @@ fn six_steps_on_vllm_follow_the_schedule_and_repeat_with_the_seed() {
 }
 
 #[test]
+#[ignore = "live: needs a vLLM server, started by scripts/ci_vllm.sh"]
 fn a_killed_server_stops_the_run_with_a_checkpoint_and_resume_continues() {
     let Some(l) = live() else { return };
     let tmp = tempfile::tempdir().unwrap();
@@ -241,6 +242,7 @@ fn a_killed_server_stops_the_run_with_a_checkpoint_and_resume_continues() {
 /// `rlvr eval` with `rollout.backend = "vllm"`: greedy completions sampled by the
 /// server equal the native engine's, item by item.
 #[test]
+#[ignore = "live: needs a vLLM server, started by scripts/ci_vllm.sh"]
 fn eval_on_vllm_equals_native_greedy() {
     let Some(l) = live() else { return };
     let tmp = tempfile::tempdir().unwrap();

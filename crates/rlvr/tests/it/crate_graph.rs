@@ -256,3 +256,40 @@ fn integration_tests_are_modules_of_one_binary_per_crate() {
     }
     assert!(modules > 50, "only {modules} test modules found");
 }
+
+/// A live test (`tests/it/live_*.rs`: needs a vLLM or reward-model server) is `#[ignore]`d, so
+/// that a plain `cargo test` counts it as ignored rather than passed, and scripts/ci_vllm.sh runs
+/// it with `--include-ignored` (where a missing server fails it).
+#[test]
+fn live_tests_are_ignored_by_a_plain_cargo_test() {
+    let mut live = 0;
+    for e in std::fs::read_dir(crates_dir()).unwrap() {
+        let it = e.unwrap().path().join("tests/it");
+        let Ok(files) = std::fs::read_dir(&it) else {
+            continue;
+        };
+        for f in files {
+            let f = f.unwrap().path();
+            let name = f.file_name().unwrap().to_string_lossy().to_string();
+            if !(name.starts_with("live_") && name.ends_with(".rs")) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, l) in lines.iter().enumerate() {
+                if l.trim() == "#[test]" {
+                    live += 1;
+                    assert!(
+                        lines
+                            .get(i + 1)
+                            .is_some_and(|n| n.trim_start().starts_with("#[ignore = \"live: ")),
+                        "{}:{}: a live test without `#[ignore = \"live: ...\"]` on the next line",
+                        f.display(),
+                        i + 2
+                    );
+                }
+            }
+        }
+    }
+    assert!(live >= 19, "only {live} live tests found");
+}
