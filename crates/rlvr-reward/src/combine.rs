@@ -7,7 +7,7 @@
 
 use crate::arithmetic::ArithmeticVerifier;
 use crate::countdown::CountdownVerifier;
-use crate::external::ExternalVerifier;
+use crate::external::{ExternalVerifier, MAX_STDOUT_BYTES};
 use crate::format::FormatReward;
 use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
 use crate::judge::JudgeConfig;
@@ -219,6 +219,7 @@ impl VerifierConfig {
                         command: command.clone(),
                         timeout,
                         env: env.clone(),
+                        max_stdout: MAX_STDOUT_BYTES,
                     }),
                     ExternalMode::Persistent => Box::new(
                         PersistentVerifier::new(command.clone(), timeout, *restarts)
