@@ -4,7 +4,8 @@
 //! languages treats as breaks: GSM8K train row 2381 holds U+2028); blank lines are skipped; a trailing
 //! `\r` is allowed. Parquet is read through the `parquet` crate's record API (Snappy or uncompressed
 //! pages), each row becoming a JSON object (struct columns become nested objects, list columns
-//! arrays). [`FieldReader`] reads a row's fields by name or dotted path, and a question field as
+//! arrays; binary columns without the UTF8 annotation, as Spark and Hive write text, are read as
+//! UTF-8 text, and a value that is not UTF-8 is an error naming the row and column). [`FieldReader`] reads a row's fields by name or dotted path, and a question field as
 //! text or chat messages. Every error names the file and the 1-based line or row.
 
 use crate::template::ChatMessage;
@@ -218,22 +219,87 @@ fn for_each_parquet(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Res
     let rows = reader.get_row_iter(None).map_err(|e| bad(0, e))?;
     for (k, row) in rows.enumerate() {
         let row = row.map_err(|e| bad(k + 1, e))?;
-        let value = row.to_json_value();
-        match value {
-            Value::Object(fields) => f(Record {
-                line: k + 1,
-                fields,
-            })?,
-            other => {
-                return Err(DataError::Malformed {
-                    file: path.to_path_buf(),
-                    line: k + 1,
-                    reason: format!("row is {}, not a record", kind(&other)),
-                })
-            }
-        }
+        let fields = parquet_row_json(&row, "").map_err(|reason| DataError::Malformed {
+            file: path.to_path_buf(),
+            line: k + 1,
+            reason,
+        })?;
+        f(Record {
+            line: k + 1,
+            fields,
+        })?;
     }
     Ok(())
+}
+
+/// A Parquet row as a JSON object, its columns under `prefix` (dotted, for error messages).
+///
+/// As the `parquet` crate's `to_json_value`, except for binary columns without the `UTF8` /
+/// `STRING` annotation (Spark and Hive write text so): the crate turns them into base64, which
+/// would train on base64 text; here valid UTF-8 becomes the text it holds.
+///
+/// # Errors
+/// A binary value that is not valid UTF-8, naming the column and the first invalid byte.
+#[cfg(feature = "parquet")]
+fn parquet_row_json(
+    row: &parquet::record::Row,
+    prefix: &str,
+) -> std::result::Result<Map<String, Value>, String> {
+    row.get_column_iter()
+        .map(|(name, field)| {
+            let at = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            Ok((name.clone(), parquet_field_json(field, &at)?))
+        })
+        .collect()
+}
+
+/// One Parquet value as JSON (see [`parquet_row_json`]); `at` names its column.
+#[cfg(feature = "parquet")]
+fn parquet_field_json(
+    field: &parquet::record::Field,
+    at: &str,
+) -> std::result::Result<Value, String> {
+    use parquet::record::Field;
+    Ok(match field {
+        Field::Bytes(b) => match std::str::from_utf8(b.data()) {
+            Ok(s) => Value::String(s.to_owned()),
+            Err(e) => {
+                return Err(format!(
+                    "column `{at}` is binary without the UTF8/STRING annotation and this value is \
+                     not valid UTF-8 (byte {} of {}): rlvr reads such columns as text and does \
+                     not guess an encoding; re-encode the column as UTF-8 strings",
+                    e.valid_up_to(),
+                    b.data().len()
+                ))
+            }
+        },
+        Field::Group(row) => Value::Object(parquet_row_json(row, at)?),
+        Field::ListInternal(list) => Value::Array(
+            list.elements()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| parquet_field_json(f, &format!("{at}[{i}]")))
+                .collect::<std::result::Result<_, _>>()?,
+        ),
+        Field::MapInternal(map) => Value::Object(
+            map.entries()
+                .iter()
+                .map(|(key, value)| {
+                    let key = match parquet_field_json(key, &format!("{at}.key"))? {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    let value = parquet_field_json(value, &format!("{at}[{key}]"))?;
+                    Ok((key, value))
+                })
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        other => other.to_json_value(),
+    })
 }
 
 /// Field access with errors that name the file, line and field.

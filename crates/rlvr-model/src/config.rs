@@ -107,6 +107,11 @@ fn req_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
 const ROPE_THETA_WHY: &str = "the rotary base: every inverse frequency is theta^(-2i/d), so 0 or \
      less makes them infinite or NaN (released models use 10000 to 1000000)";
 
+/// Why the rope scaling numbers must be positive, for their error messages.
+const ROPE_SCALING_WHY: &str =
+    "rope scaling divides rotary frequencies or wavelengths by it, so 0 \
+     or less makes them infinite or NaN (Llama 3.1 uses factor 8)";
+
 /// Why `rms_norm_eps` must be positive, for its error message.
 const RMS_NORM_EPS_WHY: &str = "RMSNorm divides by sqrt(mean(x²) + eps), so 0 or less gives \
      infinite or NaN activations (released models use 1e-5 or 1e-6)";
@@ -157,9 +162,12 @@ impl ModelConfig {
     ///
     /// Errors: the file is missing or not JSON, `model_type` is not qwen2/qwen3/llama, a
     /// required field is missing, the head counts do not divide, `rms_norm_eps` or `rope_theta`
-    /// is not a finite number > 0, or the rope scaling type is unknown; each error names the
-    /// file and the field.
+    /// is not a finite number > 0, the rope scaling type is unknown, or a rope scaling number
+    /// (`factor`, llama3's `low_freq_factor`, `high_freq_factor` and
+    /// `original_max_position_embeddings`) is not a finite number > 0 (or llama3's high frequency
+    /// factor is not above its low one); each error names the file and the field.
     pub fn from_file(path: &Path) -> Result<Self> {
+        crate::error::check_regular_file(path)?;
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
             path: path.to_path_buf(),
             err: e,
@@ -229,7 +237,10 @@ impl ModelConfig {
             (None, Some(x)) => positive(x, "rope_parameters.rope_theta", ROPE_THETA_WHY, file)?,
             (None, None) => 10000.0,
         };
-        let scaling_obj = get(v, "rope_scaling").or(rope_params);
+        let (scaling_key, scaling_obj) = match get(v, "rope_scaling") {
+            Some(s) => ("rope_scaling", Some(s)),
+            None => ("rope_parameters", rope_params),
+        };
         let rope_scaling = match scaling_obj {
             None => None,
             Some(s) => {
@@ -237,19 +248,34 @@ impl ModelConfig {
                     .or_else(|| get(s, "type"))
                     .and_then(Value::as_str)
                     .unwrap_or("default");
+                // Each is a divisor of frequencies or wavelengths: 0, negative or non-finite
+                // would give infinite or NaN angles (null log-probs).
                 let f = |k: &str| -> Result<f64> {
-                    get(s, k)
-                        .and_then(Value::as_f64)
-                        .ok_or_else(|| cerr(format!("rope scaling \"{ty}\" needs the field `{k}`")))
+                    let x = get(s, k).filter(|x| !x.is_null()).ok_or_else(|| {
+                        cerr(format!("rope scaling \"{ty}\" needs the field `{k}`"))
+                    })?;
+                    positive(x, &format!("{scaling_key}.{k}"), ROPE_SCALING_WHY, file)
                 };
                 match ty {
                     "default" => None,
-                    "llama3" => Some(RopeScaling::Llama3 {
-                        factor: f("factor")?,
-                        low_freq_factor: f("low_freq_factor")?,
-                        high_freq_factor: f("high_freq_factor")?,
-                        original_max_position_embeddings: f("original_max_position_embeddings")?,
-                    }),
+                    "llama3" => {
+                        let (low, high) = (f("low_freq_factor")?, f("high_freq_factor")?);
+                        if high <= low {
+                            return Err(cerr(format!(
+                                "field `{scaling_key}.high_freq_factor` = {high} must be greater \
+                                 than `{scaling_key}.low_freq_factor` = {low} (llama3 rope \
+                                 scaling divides by their difference; Llama 3.1 uses 4 and 1)"
+                            )));
+                        }
+                        Some(RopeScaling::Llama3 {
+                            factor: f("factor")?,
+                            low_freq_factor: low,
+                            high_freq_factor: high,
+                            original_max_position_embeddings: f(
+                                "original_max_position_embeddings",
+                            )?,
+                        })
+                    }
                     "linear" => Some(RopeScaling::Linear {
                         factor: f("factor")?,
                     }),

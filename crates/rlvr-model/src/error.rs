@@ -77,3 +77,48 @@ pub enum ModelError {
 
 /// Result alias of the model crate.
 pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// Refuses `path` unless it is a regular file (or a link to one), before it is opened: opening a
+/// FIFO for reading blocks until a writer comes (a load that hangs for ever), and a device or
+/// socket is no model file either.
+///
+/// # Errors
+/// [`ModelError::Io`] naming the file and what it is instead, or why its metadata is unreadable.
+pub(crate) fn check_regular_file(path: &std::path::Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|err| ModelError::Io {
+        path: path.to_path_buf(),
+        err,
+    })?;
+    let ty = meta.file_type();
+    if ty.is_file() {
+        return Ok(());
+    }
+    let what = if ty.is_dir() {
+        "a directory"
+    } else {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if ty.is_fifo() {
+                "a FIFO (named pipe)"
+            } else if ty.is_socket() {
+                "a socket"
+            } else if ty.is_char_device() || ty.is_block_device() {
+                "a device"
+            } else {
+                "something else"
+            }
+        }
+        #[cfg(not(unix))]
+        "something else"
+    };
+    Err(ModelError::Io {
+        path: path.to_path_buf(),
+        err: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "is {what}, not a regular file: rlvr reads model files from regular files only"
+            ),
+        ),
+    })
+}

@@ -27,7 +27,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     }
 }
 
+/// Maps `path` read-only, after refusing a file that is not regular (a FIFO would block the open).
 fn mmap(path: &Path) -> Result<Mmap> {
+    crate::error::check_regular_file(path)?;
     let f = std::fs::File::open(path).map_err(io(path))?;
     // SAFETY: the file is opened read-only; rlvr never writes a checkpoint in place (writes go to
     // a temporary file that is renamed), so the mapping is not modified while it is alive.
@@ -38,8 +40,9 @@ impl WeightFiles {
     /// Opens the weights of the model directory `dir`: `model.safetensors`, or the shards named by
     /// `model.safetensors.index.json` (`weight_map`).
     ///
-    /// Errors: neither file exists; the index is malformed or names a missing shard; a shard is not
-    /// valid safetensors.
+    /// Errors: neither file exists; one is not a regular file (a FIFO, whose open would block for
+    /// ever; a directory; a device); the index is malformed or names a missing shard; a shard is
+    /// not valid safetensors.
     pub fn open(dir: &Path) -> Result<Self> {
         let single = dir.join("model.safetensors");
         let index_path = dir.join("model.safetensors.index.json");
@@ -58,6 +61,7 @@ impl WeightFiles {
             files.push((single.clone(), m));
             origin = single;
         } else if index_path.exists() {
+            crate::error::check_regular_file(&index_path)?;
             let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Config {

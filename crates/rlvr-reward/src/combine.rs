@@ -7,7 +7,7 @@
 
 use crate::arithmetic::ArithmeticVerifier;
 use crate::countdown::CountdownVerifier;
-use crate::external::ExternalVerifier;
+use crate::external::{ExternalVerifier, MAX_STDOUT_BYTES};
 use crate::format::FormatReward;
 use crate::gsm8k::{Gsm8kMode, Gsm8kVerifier};
 use crate::judge::JudgeConfig;
@@ -65,7 +65,7 @@ pub enum VerifierConfig {
         #[serde(default)]
         mode: ExternalMode,
         /// Persistent mode: how many times a program that dies is started again in one run before
-        /// the run stops. Default 3.
+        /// the run stops, at most 1000. Default 3.
         #[serde(default = "default_restarts")]
         restarts: u32,
         /// Names of environment variables the program gets from rlvr's environment besides
@@ -108,6 +108,10 @@ fn default_timeout_s() -> f64 {
 fn default_weight() -> f64 {
     1.0
 }
+
+/// The most `restarts` a persistent external verifier accepts (1,000 in one run): more is a wish
+/// for "forever", which would hide a program that dies on every batch.
+pub const MOST_RESTARTS: u32 = 1000;
 
 /// The longest `timeout_s` a verifier accepts, in seconds (10⁶ s, about 11.6 days): a longer
 /// one is a typo or a wish for "never", and far beyond it the deadline `now + timeout` overflows.
@@ -166,18 +170,24 @@ impl VerifierConfig {
     ///
     /// # Errors
     /// [`RewardError::Config`] naming the key: an empty external `command`, a `timeout_s` outside
-    /// (0, [`MAX_TIMEOUT_S`]]; a judge's or a reward model's invalid settings.
+    /// (0, [`MAX_TIMEOUT_S`]], `restarts` above [`MOST_RESTARTS`]; a judge's or a reward model's invalid settings.
     pub fn check(&self, key: &str) -> Result<(), RewardError> {
         match self {
             VerifierConfig::External {
                 command,
                 timeout_s,
                 env,
+                restarts,
                 ..
             } => {
                 if command.is_empty() {
                     return Err(RewardError::Config(format!(
                         "{key}.command is empty: an external verifier needs a program to run"
+                    )));
+                }
+                if *restarts > MOST_RESTARTS {
+                    return Err(RewardError::Config(format!(
+                        "{key}.restarts = {restarts} is out of range: at most {MOST_RESTARTS}"
                     )));
                 }
                 crate::external::check_env_names(&format!("{key}.env"), env)?;
@@ -219,6 +229,7 @@ impl VerifierConfig {
                         command: command.clone(),
                         timeout,
                         env: env.clone(),
+                        max_stdout: MAX_STDOUT_BYTES,
                     }),
                     ExternalMode::Persistent => Box::new(
                         PersistentVerifier::new(command.clone(), timeout, *restarts)

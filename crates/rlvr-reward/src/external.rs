@@ -26,6 +26,8 @@ use crate::{truncate, RewardError, Sample, Score, Verifier};
 use serde::Deserialize;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A verifier that runs a command (see the module docs).
@@ -38,7 +40,23 @@ pub struct ExternalVerifier {
     /// Names of environment variables passed to the program besides [`BASE_ENV`] (config key
     /// `env`); every other variable of rlvr's environment is withheld.
     pub env: Vec<String>,
+    /// The most bytes of stdout read for one batch ([`MAX_STDOUT_BYTES`] from the config): a
+    /// program that writes more is killed and the batch fails, without the rest being read.
+    pub max_stdout: usize,
 }
+
+/// The most stdout a per-batch verifier may write for one batch, in bytes (64 MiB, the limit of
+/// a persistent verifier's reply line, [`crate::persistent::MAX_REPLY_BYTES`]): past it the
+/// program's process group is killed and the batch fails naming the limit, instead of rlvr
+/// reading the output into memory until the timeout.
+pub const MAX_STDOUT_BYTES: usize = 64 << 20;
+
+/// The most of a per-batch verifier's stderr kept for its error messages, in bytes (64 KiB,
+/// its last ones); the rest is read and dropped as it comes.
+pub const STDERR_TAIL_BYTES: usize = 64 << 10;
+
+/// Characters of the kept stderr shown in an error message (its last ones).
+const STDERR_SHOWN_CHARS: usize = 2000;
 
 /// The environment variables every verifier program gets from rlvr's environment (when set):
 /// where programs are found, the home directory, the locale, and the temporary directory. All
@@ -304,17 +322,26 @@ impl Verifier for ExternalVerifier {
             drop(stdin);
             r
         });
-        let out_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            stdout.read_to_string(&mut s).map(|_| s)
-        });
-        let err_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
+        let limit = self.max_stdout;
+        let over = Arc::new(AtomicBool::new(false));
+        let over_flag = Arc::clone(&over);
+        let out_reader = std::thread::spawn(move || read_bounded(&mut stdout, limit, &over_flag));
+        let err_reader = std::thread::spawn(move || read_tail(&mut stderr, STDERR_TAIL_BYTES));
+        let too_much = || {
+            self.fail(format!(
+                "wrote more than {limit} bytes of stdout for a batch of {} (the limit; it was \
+                 killed and the rest was not read): write one {{\"reward\": R}} line per input",
+                samples.len()
+            ))
+        };
         let deadline = Instant::now() + self.timeout;
         let status = loop {
+            if over.load(Ordering::Acquire) {
+                kill_group(&child);
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(too_much());
+            }
             match child.try_wait() {
                 Ok(Some(st)) => {
                     // Leftover children would hold stdout open (the reader would never finish).
@@ -340,15 +367,23 @@ impl Verifier for ExternalVerifier {
             }
         };
         let stderr_text = err_reader.join().unwrap_or_default();
-        let stderr_tail = truncate(stderr_text.trim_end(), 2000);
+        let stderr_tail = last_chars(stderr_text.trim_end(), STDERR_SHOWN_CHARS);
         let _ = writer.join();
+        let out = out_reader
+            .join()
+            .map_err(|_| self.fail("stdout reader panicked".into()))?;
+        if over.load(Ordering::Acquire) {
+            return Err(too_much());
+        }
         if !status.success() {
             return Err(self.fail(format!("exited with {status}; stderr: {stderr_tail}")));
         }
-        let out = out_reader
-            .join()
-            .map_err(|_| self.fail("stdout reader panicked".into()))?
-            .map_err(|e| self.fail(format!("stdout is not UTF-8 text: {e}")))?;
+        let out = out
+            .map_err(|e| self.fail(format!("reading its stdout failed: {e}")))
+            .and_then(|b| {
+                String::from_utf8(b)
+                    .map_err(|e| self.fail(format!("stdout is not UTF-8 text: {}", e.utf8_error())))
+            })?;
         let lines: Vec<&str> = out.split('\n').filter(|l| !l.trim().is_empty()).collect();
         if lines.len() != samples.len() {
             return Err(self.fail(format!(
@@ -372,5 +407,78 @@ impl Verifier for ExternalVerifier {
                     .map_err(|e| self.fail(format!("stdout line {}: {e}", k + 1)))
             })
             .collect()
+    }
+}
+
+/// Reads `r` to its end, at most `limit` bytes: one byte more sets `over` and stops reading
+/// (what was read is returned; the caller fails the batch).
+fn read_bounded(r: &mut impl Read, limit: usize, over: &AtomicBool) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if out.len() + n > limit {
+            over.store(true, Ordering::Release);
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Reads `r` to its end, keeping its last `keep` bytes, lossily decoded.
+fn read_tail(r: &mut impl Read, keep: usize) -> String {
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&buf[..n]);
+                let excess = tail.len().saturating_sub(keep);
+                tail.drain(..excess);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+/// The last `n` characters of `s`, after `…` when some were cut.
+fn last_chars(s: &str, n: usize) -> String {
+    match s.char_indices().rev().nth(n.saturating_sub(1)) {
+        Some((i, _)) if i > 0 => format!("…{}", &s[i..]),
+        _ => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_reads_stop_one_chunk_past_the_limit() {
+        let over = AtomicBool::new(false);
+        let got = read_bounded(&mut &b"abcdef"[..], 6, &over).unwrap();
+        assert_eq!(
+            (got.as_slice(), over.load(Ordering::Acquire)),
+            (&b"abcdef"[..], false)
+        );
+        let got = read_bounded(&mut &b"abcdefg"[..], 6, &over).unwrap();
+        assert_eq!((got.len(), over.load(Ordering::Acquire)), (0, true));
+    }
+
+    #[test]
+    fn tails_keep_the_last_bytes_and_chars() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let t = read_tail(&mut data.as_slice(), 10);
+        assert_eq!(t.as_bytes(), &data[data.len() - 10..]);
+        assert_eq!(last_chars("héllo wörld", 5), "…wörld");
+        assert_eq!(last_chars("wörld", 5), "wörld");
     }
 }

@@ -101,7 +101,8 @@ pub struct JudgeConfig {
     /// Seconds allowed per request, default 60.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
-    /// Retries of a request after a timeout, a transport error or HTTP 5xx, 429 or 408, default 2.
+    /// Retries of a request after a timeout, a transport error or HTTP 5xx, 429 or 408, at most
+    /// 100, default 2.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Extra JSON keys merged into every request body (e.g. vLLM's `allowed_token_ids`).
@@ -179,6 +180,13 @@ impl JudgeConfig {
             return bad(format!(
                 "in_flight = {} is out of range: at most {most}",
                 self.in_flight
+            ));
+        }
+        let most = crate::reward_model::MOST_RETRIES;
+        if self.retries > most {
+            return bad(format!(
+                "retries = {} is out of range: at most {most}",
+                self.retries
             ));
         }
         if !(1..=MOST_ANSWER_TOKENS).contains(&self.max_tokens) {

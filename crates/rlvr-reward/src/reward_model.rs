@@ -102,7 +102,7 @@ pub struct RewardModelConfig {
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
     /// Retries of a request after a timeout, a transport error, HTTP 5xx, 429 or 408 or a
-    /// malformed answer, default 2.
+    /// malformed answer, at most 100, default 2.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Extra JSON keys merged into every request body.
@@ -136,6 +136,11 @@ pub const MOST_LABEL: usize = (1 << 20) - 1;
 /// Most texts per request and requests in flight (a bound on what a config can allocate).
 const MOST_PER_REQUEST: usize = 4096;
 pub(crate) const MOST_IN_FLIGHT: usize = 256;
+
+/// The most `retries` a judge or a reward model accepts per request (100): with the back-off
+/// (0.1 s doubled, at most 25.6 s) that is already about 40 minutes of waiting for one request; more is a
+/// wish for "forever" that would hang a run on a dead server.
+pub const MOST_RETRIES: u32 = 100;
 
 /// A built reward-model verifier.
 pub struct RewardModelVerifier {
@@ -189,6 +194,12 @@ impl RewardModelConfig {
             return bad(format!(
                 "in_flight must be in 1..={MOST_IN_FLIGHT}, got {}",
                 self.in_flight
+            ));
+        }
+        if self.retries > MOST_RETRIES {
+            return bad(format!(
+                "retries = {} is out of range: at most {MOST_RETRIES}",
+                self.retries
             ));
         }
         if !(1..=MOST_PER_REQUEST).contains(&self.batch_size) {

@@ -371,6 +371,8 @@ fn a_dotted_path_that_misses_says_which_part() {
 enum Leaf<'a> {
     Text(&'a [&'a str], Option<&'a [i16]>, Option<&'a [i16]>),
     Int(&'a [i64], Option<&'a [i16]>),
+    /// Raw bytes, for binary columns that need not hold UTF-8.
+    Bytes(&'a [&'a [u8]], Option<&'a [i16]>),
 }
 
 /// Writes one row group of `schema` (Snappy) with `leaves` in the schema's leaf order.
@@ -400,6 +402,12 @@ fn write_parquet(path: &Path, schema: &str, leaves: &[Leaf]) {
             }
             Leaf::Int(v, def) => {
                 col.typed::<Int64Type>().write_batch(v, *def, None).unwrap();
+            }
+            Leaf::Bytes(v, def) => {
+                let v: Vec<ByteArray> = v.iter().map(|b| ByteArray::from(b.to_vec())).collect();
+                col.typed::<ByteArrayType>()
+                    .write_batch(&v, *def, None)
+                    .unwrap();
             }
         }
         col.close().unwrap();
@@ -637,4 +645,92 @@ fn a_parquet_codec_not_compiled_in_is_named_with_the_fix() {
             path.display()
         )],
     );
+}
+
+/// Spark and Hive write text columns as `binary` without the UTF8/STRING annotation (issue 49,
+/// item 13): the parquet crate's JSON form base64-encodes them.
+#[cfg(feature = "parquet")]
+const SPARK_SCHEMA: &str = "message spark_schema {
+    required binary question;
+    required binary answer;
+}";
+
+#[cfg(feature = "parquet")]
+#[test]
+fn unannotated_binary_parquet_columns_read_as_text_not_base64() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spark.parquet");
+    write_parquet(
+        &path,
+        SPARK_SCHEMA,
+        &[
+            Leaf::Bytes(
+                &["What is 2 + 2?".as_bytes(), "Café: 3 × 3?".as_bytes()],
+                None,
+            ),
+            Leaf::Bytes(&[b"4", "9 €".as_bytes()], None),
+        ],
+    );
+    let records = rlvr_data::read::read_records(&path).unwrap();
+    let rows: Vec<(usize, &str, &str)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.line,
+                r.fields["question"].as_str().unwrap(),
+                r.fields["answer"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [(1, "What is 2 + 2?", "4"), (2, "Café: 3 × 3?", "9 €")]
+    );
+    // Through the loader: the prompt holds the question, not its base64 (`V2hhdCBpcyAy...`).
+    let c = DataConfig {
+        question_field: Some("question".into()),
+        style: PromptStyle::Plain,
+        ..cfg(&path)
+    };
+    let ds = load_split(&c, Split::Train).unwrap();
+    let got: Vec<(&str, &str)> = ds
+        .problems
+        .iter()
+        .map(|p| (p.question(), p.reference.as_str()))
+        .collect();
+    assert_eq!(got, [("What is 2 + 2?", "4"), ("Café: 3 × 3?", "9 €")]);
+}
+
+#[cfg(feature = "parquet")]
+#[test]
+fn unannotated_binary_parquet_column_with_invalid_utf8_names_row_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("latin1.parquet");
+    // Row 2's answer is Latin-1 ("caf\xe9"), not UTF-8.
+    write_parquet(
+        &path,
+        SPARK_SCHEMA,
+        &[
+            Leaf::Bytes(&[b"What is 2 + 2?", b"Spell it"], None),
+            Leaf::Bytes(&[b"4", b"caf\xe9"], None),
+        ],
+    );
+    let e = rlvr_data::read::read_records(&path)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}:2: malformed record: column `answer` is binary without the UTF8/STRING annotation \
+             and this value is not valid UTF-8 (byte 3 of 4): rlvr reads such columns as text \
+             and does not guess an encoding; re-encode the column as UTF-8 strings",
+            path.display()
+        )
+    );
+    let c = DataConfig {
+        question_field: Some("question".into()),
+        style: PromptStyle::Plain,
+        ..cfg(&path)
+    };
+    check_refused(&c, &[&e]);
 }

@@ -14,5 +14,6 @@ mod gradients;
 mod lora;
 mod lora_parity;
 mod mixed_precision;
+mod model_files;
 mod parity;
 mod shared_prefix;

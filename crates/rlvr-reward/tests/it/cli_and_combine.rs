@@ -393,3 +393,26 @@ fn a_key_set_on_a_verifier_kind_without_keys_is_refused() {
         );
     }
 }
+
+#[test]
+fn persistent_restarts_past_the_bound_are_refused_naming_the_key() {
+    // Issue 49, item 12: `restarts = 4294967295` would restart a program that dies on every batch
+    // for ever.
+    let with = |restarts: u32| VerifierConfig::External {
+        command: vec!["sh".into(), "-c".into(), "true".into()],
+        timeout_s: 1.0,
+        mode: ExternalMode::Persistent,
+        restarts,
+        env: Vec::new(),
+    };
+    let e = with(u32::MAX)
+        .check("data.verifier")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("data.verifier.restarts = 4294967295 is out of range: at most 1000"),
+        "{e}"
+    );
+    assert!(with(1001).build().is_err());
+    with(1000).check("data.verifier").unwrap();
+}

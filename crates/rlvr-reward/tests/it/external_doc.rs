@@ -49,6 +49,7 @@ fn the_guides_example_verifier_scores_as_the_guide_says() {
         command: vec!["python3".into(), script.display().to_string()],
         timeout: Duration::from_secs(60),
         env: Vec::new(),
+        max_stdout: rlvr_reward::external::MAX_STDOUT_BYTES,
     };
     let samples = [
         Sample {

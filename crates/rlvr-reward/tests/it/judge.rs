@@ -386,6 +386,16 @@ fn config_checks_and_kind_judge() {
     };
     bad(serde_json::json!({"server": "https://x"}), "plain HTTP");
     bad(serde_json::json!({"in_flight": 0}), "in_flight");
+    // Issue 49, item 12: u32::MAX retries would retry a dead server for ever.
+    bad(
+        serde_json::json!({"retries": u32::MAX}),
+        "retries = 4294967295 is out of range: at most 100",
+    );
+    assert!(
+        judge("http://127.0.0.1:1", serde_json::json!({"retries": 100}))
+            .build()
+            .is_ok()
+    );
     bad(
         serde_json::json!({"template": "{completion"}),
         "without its `}`",

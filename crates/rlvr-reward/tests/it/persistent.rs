@@ -94,6 +94,7 @@ fn both_examples_score_alike_and_the_persistent_one_starts_once() {
         command: vec!["python3".into(), example("reward_per_batch.py")],
         timeout: Duration::from_secs(60),
         env: Vec::new(),
+        max_stdout: rlvr_reward::external::MAX_STDOUT_BYTES,
     };
     let p = persistent(&["python3", &example("reward_persistent.py")], 60.0, 0);
     assert_eq!(p.starts(), 0, "nothing starts before the first batch");

@@ -213,6 +213,10 @@ fn config_checks_and_kind_reward_model() {
     bad(json!({"server": "https://x"}), "plain HTTP");
     bad(json!({"in_flight": 0}), "in_flight must be in 1..=256");
     bad(
+        json!({"retries": 101}),
+        "retries = 101 is out of range: at most 100",
+    );
+    bad(
         json!({"batch_size": 100000}),
         "batch_size must be in 1..=4096",
     );

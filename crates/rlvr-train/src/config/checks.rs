@@ -273,7 +273,8 @@ impl RawConfig {
     }
 }
 
-/// The `rollout.*` keys of the vLLM backend: servers given, positive limits, and
+/// The `rollout.*` keys of the vLLM backend: servers given, positive limits, `rollout.retries` at
+/// most [`rlvr_reward::reward_model::MOST_RETRIES`], and
 /// truncated sampling only with `rollout.accept_renormalised_logprobs` (vLLM renormalises its
 /// behaviour log-probs over the kept tokens; the EOS ids are stop ids, so `min_new_tokens > 0`
 /// truncates too).
@@ -290,6 +291,13 @@ fn check_vllm_keys(r: &super::RolloutSection) -> anyhow::Result<()> {
     rlvr_reward::combine::timeout_duration("rollout.request_timeout_s", r.request_timeout_s)?;
     if r.in_flight == 0 {
         bail!("rollout.in_flight must be at least 1");
+    }
+    let most = rlvr_reward::reward_model::MOST_RETRIES;
+    if r.retries > most as usize {
+        bail!(
+            "rollout.retries = {} is out of range: at most {most}",
+            r.retries
+        );
     }
     if !(r.refresh_tolerance.is_finite() && r.refresh_tolerance > 0.0) {
         bail!(

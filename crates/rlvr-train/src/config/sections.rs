@@ -130,7 +130,7 @@ pub struct RolloutSection {
     /// 180; raise it for completions of many thousand tokens or a large model's reload.
     pub request_timeout_s: f64,
     /// vLLM backend: attempts after a failed request (back-off from 0.5 s, doubled); then the run
-    /// stops with a checkpoint and an error naming the server. Default 3.
+    /// stops with a checkpoint and an error naming the server. At most 100; default 3.
     pub retries: usize,
     /// vLLM backend: requests (groups) in flight per server. Default 8.
     pub in_flight: usize,

@@ -495,6 +495,16 @@ fn vllm_backend_keys_are_checked() {
         check_load("", &[vllm, server, "rollout.in_flight=0"]).unwrap_err()
     );
     assert!(err.contains("rollout.in_flight"), "{err}");
+    // Issue 49, item 12: retries without bound would retry a dead server for ever.
+    let err = format!(
+        "{:#}",
+        check_load("", &[vllm, server, "rollout.retries=4294967295"]).unwrap_err()
+    );
+    assert!(
+        err.contains("rollout.retries = 4294967295 is out of range: at most 100"),
+        "{err}"
+    );
+    check_load("", &[vllm, server, "rollout.retries=100"]).unwrap();
     // LoRA adapters are pushed to vLLM by name (no full-weight reload needed): accepted.
     check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap();
     let err = format!(

@@ -1,0 +1,135 @@
+//! Model files that would hang or poison a run are refused at load naming the file (issue 49,
+//! item 12): rope scaling numbers 0, negative or not numbers in config.json, and a FIFO (or any
+//! file that is not regular) in place of a weights file.
+
+use rlvr_model::weights::WeightFiles;
+use rlvr_model::ModelConfig;
+use std::path::Path;
+use std::time::Duration;
+
+/// A small llama config.json with `rope_scaling` set to `scaling`.
+fn llama_config(scaling: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2,
+        "vocab_size": 256, "rope_theta": 500000.0, "rope_scaling": scaling,
+    })
+}
+
+/// The error of reading `v` written as `dir/config.json`, and that path.
+fn refused(dir: &Path, v: &serde_json::Value) -> (String, String) {
+    let path = dir.join("config.json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    let e = ModelConfig::from_file(&path).unwrap_err().to_string();
+    (e, path.display().to_string())
+}
+
+#[test]
+fn rope_scaling_numbers_zero_negative_or_not_numbers_are_refused_naming_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama3 = |factor: serde_json::Value| {
+        serde_json::json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+        })
+    };
+    let cases = [
+        (llama3(0.into()), "rope_scaling.factor", "0"),
+        (llama3((-8.0).into()), "rope_scaling.factor", "-8.0"),
+        (llama3("8".into()), "rope_scaling.factor", "\"8\""),
+        (
+            serde_json::json!({"type": "linear", "factor": 0.0}),
+            "rope_scaling.factor",
+            "0.0",
+        ),
+    ];
+    for (scaling, key, shown) in cases {
+        let (e, path) = refused(dir.path(), &llama_config(scaling));
+        assert!(
+            e.starts_with(&format!(
+                "{path}: field `{key}` = {shown} is out of range: expected a finite number > 0 \
+                 (rope scaling divides"
+            )),
+            "{e}"
+        );
+    }
+    // transformers-5 keeps it in `rope_parameters`: named so.
+    let mut v = llama_config(serde_json::Value::Null);
+    v.as_object_mut().unwrap().remove("rope_scaling");
+    v["rope_parameters"] = serde_json::json!({"rope_type": "linear", "factor": -2});
+    let (e, path) = refused(dir.path(), &v);
+    assert!(
+        e.starts_with(&format!(
+            "{path}: field `rope_parameters.factor` = -2 is out of range"
+        )),
+        "{e}"
+    );
+    // llama3 divides by high_freq_factor - low_freq_factor.
+    let mut s = llama3(8.into());
+    s["high_freq_factor"] = 1.0.into();
+    let (e, path) = refused(dir.path(), &llama_config(s));
+    assert!(
+        e.starts_with(&format!(
+            "{path}: field `rope_scaling.high_freq_factor` = 1 must be greater than \
+             `rope_scaling.low_freq_factor` = 1"
+        )),
+        "{e}"
+    );
+    // Llama 3.1's own values load.
+    std::fs::write(
+        dir.path().join("config.json"),
+        llama_config(llama3(8.into())).to_string(),
+    )
+    .unwrap();
+    let c = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
+    assert_eq!(
+        c.rope_scaling,
+        Some(rlvr_model::RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        })
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_a_weights_file_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.safetensors");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Opening a FIFO with no writer blocks: run the load beside a deadline.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(WeightFiles::open(&d).err().map(|e| e.to_string()));
+    });
+    let e = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("loading a FIFO hung")
+        .expect("a FIFO loaded");
+    assert_eq!(
+        e,
+        format!(
+            "{}: is a FIFO (named pipe), not a regular file: rlvr reads model files from regular \
+             files only",
+            fifo.display()
+        )
+    );
+    // config.json likewise.
+    let cfg = dir.path().join("config.json");
+    std::process::Command::new("mkfifo")
+        .arg(&cfg)
+        .status()
+        .unwrap();
+    let e = ModelConfig::from_file(&cfg).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!("{}: is a FIFO", cfg.display())),
+        "{e}"
+    );
+}
