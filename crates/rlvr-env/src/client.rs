@@ -46,7 +46,7 @@ pub struct ProcessSettings {
     pub env: Vec<String>,
     /// The longest wait for one reply, `hello`'s included (`env.timeout_s`).
     pub timeout: Duration,
-    /// Restarts allowed in the client's life (`env.restarts`).
+    /// Restarts allowed in the client's life (`env.restarts`), at most [`MOST_RESTARTS`].
     pub restarts: u32,
     /// The longest reply line read, in bytes.
     pub max_reply_bytes: usize,
@@ -75,6 +75,11 @@ impl ProcessSettings {
     }
 }
 
+/// The most restarts `env.restarts` may allow (the persistent verifier's bound,
+/// `rlvr_reward::combine::MOST_RESTARTS`): a larger number means "forever", which would hold a
+/// run on a program that can never answer.
+pub const MOST_RESTARTS: u32 = rlvr_reward::combine::MOST_RESTARTS;
+
 /// An environment program (see the module docs).
 pub struct ProcessEnvironment {
     settings: ProcessSettings,
@@ -96,8 +101,20 @@ impl ProcessEnvironment {
     ///
     /// # Errors
     /// [`EnvError::Process`] when it cannot start or does not answer `hello` in time,
-    /// [`EnvError::Protocol`] for a wrong version.
+    /// [`EnvError::Protocol`] for a wrong version, [`EnvError::Config`] for `restarts` above
+    /// [`MOST_RESTARTS`] or an empty command.
     pub fn start(settings: ProcessSettings) -> Result<Self, EnvError> {
+        if settings.restarts > MOST_RESTARTS {
+            return Err(EnvError::Config(format!(
+                "env.restarts = {} is out of range: at most {MOST_RESTARTS}",
+                settings.restarts
+            )));
+        }
+        if settings.command.is_empty() {
+            return Err(EnvError::Config(
+                "env.command is empty: give the program and its arguments as a list".into(),
+            ));
+        }
         let mut env = ProcessEnvironment {
             settings,
             proc: None,

@@ -245,6 +245,25 @@ fn start_up_faults_stop_the_run_with_the_stderr_tail() {
 }
 
 #[test]
+fn restarts_meaning_forever_and_an_empty_command_are_refused_before_starting() {
+    // Refused before anything is spawned, so no interpreter is needed: the program named would
+    // fail to start if it were tried.
+    let mut s = ProcessSettings::new(vec!["/nonexistent/env".into()]);
+    s.restarts = u32::MAX;
+    let e = ProcessEnvironment::start(s).err().unwrap().to_string();
+    assert_eq!(e, "env.restarts = 4294967295 is out of range: at most 1000");
+    let mut s = ProcessSettings::new(vec!["/nonexistent/env".into()]);
+    s.restarts = 1000;
+    let e = ProcessEnvironment::start(s).err().unwrap().to_string();
+    assert!(e.contains("could not start it"), "{e}");
+    let e = ProcessEnvironment::start(ProcessSettings::new(Vec::new()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.starts_with("env.command is empty"), "{e}");
+}
+
+#[test]
 fn a_dead_environment_is_restarted_and_the_request_replayed_within_the_limit() {
     if !python() {
         return;
