@@ -198,12 +198,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dtype = dtype.dtype();
     // A checkpoint with a manifest: every file as it was written (sizes, CRC-32C).
     let model_dir = crate::store::checkpoint::resolve_model_dir(&a.model)?;
-    crate::store::manifest::verify(&model_dir).with_context(|| {
-        format!(
-            "refusing to evaluate {}: it differs from its checkpoint manifest",
-            model_dir.display()
-        )
-    })?;
+    crate::store::manifest::check_model_dir(&model_dir, "evaluate")?;
     let policy = Policy::load(&a.model, dtype, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
     if a.config.is_none() {
@@ -586,8 +581,7 @@ fn sft_run(
         "cosine" => Schedule::Cosine,
         s => bail!("--schedule {s}: expected constant, linear or cosine"),
     };
-    let policy = Policy::load(&a.model, dtype, &device)
-        .with_context(|| format!("loading {}", a.model.display()))?;
+    let policy = crate::store::manifest::load_policy(&a.model, dtype, &device)?;
     let pairs = match &a.data {
         Some(d) => read_pairs(d, &policy.tokenizer, a.chat, a.max_completion_len)?,
         None if a.config.is_some() || !a.set.is_empty() => {
@@ -706,6 +700,8 @@ pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    // rlvr-rollout loads the model; an rlvr checkpoint is verified against its manifest first.
+    crate::store::manifest::check_model_dir(&a.model, "load")?;
     // vLLM's weights go to a private temporary directory unless --weights-dir names one.
     let mut dir = None;
     let s = if a.servers.is_empty() {

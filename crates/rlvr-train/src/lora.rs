@@ -117,8 +117,7 @@ pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     // --force over a model: written into a staging sibling, moved over --out only when complete.
     let staged = crate::store::lock::StagedOutput::prepare(&a.out, a.force, "--out")?;
-    let model = Model::load(&a.checkpoint, DType::F32, &Device::Cpu)
-        .with_context(|| format!("loading {}", a.checkpoint.display()))?;
+    let model = crate::store::manifest::load_model(&a.checkpoint, DType::F32, &Device::Cpu)?;
     let n = model.named_vars().len() / 2;
     let merged = model.merged()?;
     let dtype = match merged.config().stored_dtype.as_deref() {

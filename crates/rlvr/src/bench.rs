@@ -92,7 +92,7 @@ fn load(a: &ModelArgs) -> anyhow::Result<Model> {
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {:?}: expected f32 or bf16", a.dtype))?;
     let device = rlvr_model::parse_device(&a.device)?;
-    Model::load(&a.model, dtype, &device).with_context(|| format!("loading {}", a.model.display()))
+    rlvr_train::store::manifest::load_model(&a.model, dtype, &device)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -4,7 +4,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use rlvr_model::checkpoint::Policy;
 use rlvr_model::Message;
 
 /// Arguments of `rlvr logprobs` (DESIGN.md section 10).
@@ -48,7 +47,7 @@ pub fn run(a: &LogprobsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let device = rlvr_model::parse_device(&a.device)?;
-    let policy = Policy::load(&a.model, dtype, &device)?;
+    let policy = rlvr_train::store::manifest::load_policy(&a.model, dtype, &device)?;
     let tok = &policy.tokenizer;
     let prompt_ids = if a.chat {
         let text = tok.apply_chat_template(&[Message::new("user", &a.prompt)], true)?;

@@ -425,7 +425,7 @@ pub fn run(a: &QuickstartArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let pb = bar(2, "eval");
     let mut final_acc = Vec::new();
     for ckpt in [&on_ckpt, &off_ckpt] {
-        let p = Policy::load(ckpt, DType::F32, &Device::Cpu)?;
+        let p = rlvr_train::store::manifest::load_policy(ckpt, DType::F32, &Device::Cpu)?;
         final_acc.push(held_out.run_model(&p.model, &p.tokenizer)?.0.accuracy);
         pb.inc(1);
     }

@@ -85,6 +85,11 @@ impl<'a> Run<'a> {
             c.model.dtype.name(),
             c.model.device
         ));
+        // A resumed checkpoint was verified against its manifest by `resume_point`; `model.path`
+        // is verified here when it is an rlvr checkpoint (a directory with a manifest).
+        if ckpt.is_none() {
+            crate::store::manifest::check_model_dir(&policy_dir, "load")?;
+        }
         let mut policy = Policy::load(&policy_dir, dtype, &device)
             .with_context(|| format!("loading the policy from {}", policy_dir.display()))?;
         crate::lora::attach(&mut policy.model, c.model.lora(), &policy_dir, c.train.seed)?;
@@ -111,9 +116,15 @@ impl<'a> Run<'a> {
             Some(
                 match crate::lora::shared_reference(&policy.model, &c.model.path, own) {
                     Some(m) => m,
-                    None => Model::load(p, dtype, &device).with_context(|| {
-                        format!("loading the reference model from {}", p.display())
-                    })?,
+                    None => {
+                        // Verified above when it is the policy's own `model.path`.
+                        if *p != policy_dir {
+                            crate::store::manifest::check_model_dir(p, "load")?;
+                        }
+                        Model::load(p, dtype, &device).with_context(|| {
+                            format!("loading the reference model from {}", p.display())
+                        })?
+                    }
                 },
             )
         } else {

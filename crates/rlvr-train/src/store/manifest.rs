@@ -5,8 +5,11 @@
 //!
 //! Written last, into the staging directory, before the rename that makes the checkpoint visible
 //! ([`crate::store::checkpoint::save`]); checked by [`verify`] whenever a checkpoint is judged
-//! complete (resume) and by `rlvr eval --model`. Checkpoints written before manifests existed have
-//! none and still load ([`verify`] says so). CRC-32C is the crate `crc32c` (hardware instruction
+//! complete (resume), by `rlvr eval --model`, and before any other command loads a model directory
+//! ([`check_model_dir`], [`load_policy`], [`load_model`]: `rlvr train`'s `model.path` and
+//! `model.reference`, `rlvr sft`, `rlvr generate`, `rlvr logprobs`, `rlvr merge`). Checkpoints
+//! written before manifests existed, and HuggingFace directories, have none and still load
+//! ([`verify`] says so). CRC-32C is the crate `crc32c` (hardware instruction
 //! where present, several GB/s), the checksum TFRecord framing already uses.
 
 use std::io::Read;
@@ -198,6 +201,53 @@ pub fn verify(dir: &Path) -> anyhow::Result<bool> {
         );
     }
     Ok(true)
+}
+
+/// Checks model directory `dir` against its manifest before its weights are used: a directory
+/// without `manifest.json` (a HuggingFace download, a checkpoint written before manifests) passes
+/// unchecked; an rlvr checkpoint must match it file for file ([`verify`]). `what` names the use in
+/// the error (`"load"`, `"merge"`).
+///
+/// # Errors
+/// [`verify`]'s error (the file, its expected and actual size or CRC-32C), under
+/// `refusing to {what} DIR: it differs from its checkpoint manifest`.
+pub fn check_model_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
+    verify(dir).map(|_| ()).with_context(|| {
+        format!(
+            "refusing to {what} {}: it differs from its checkpoint manifest",
+            dir.display()
+        )
+    })
+}
+
+/// Loads the policy (model and tokenizer) of directory `dir` after [`check_model_dir`]: the one
+/// way commands load a model directory, so none loads a corrupt checkpoint unchecked.
+///
+/// # Errors
+/// A manifest mismatch (naming the file and both checksums), then load errors naming `dir`.
+pub fn load_policy(
+    dir: &Path,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+) -> anyhow::Result<rlvr_model::checkpoint::Policy> {
+    check_model_dir(dir, "load")?;
+    rlvr_model::checkpoint::Policy::load(dir, dtype, device)
+        .with_context(|| format!("loading {}", dir.display()))
+}
+
+/// Loads the model (no tokenizer) of directory `dir` after [`check_model_dir`] (a reference model,
+/// a benchmark's model).
+///
+/// # Errors
+/// A manifest mismatch (naming the file and both checksums), then load errors naming `dir`.
+pub fn load_model(
+    dir: &Path,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+) -> anyhow::Result<rlvr_model::Model> {
+    check_model_dir(dir, "load")?;
+    rlvr_model::Model::load(dir, dtype, device)
+        .with_context(|| format!("loading {}", dir.display()))
 }
 
 /// The inputs recorded in checkpoint `dir`'s manifest that differ from `now` (the same shape,

@@ -1165,3 +1165,115 @@ fn a_second_sigterm_kills_the_verifiers_whole_process_group() {
         "the verifier's child {pid} outlived rlvr's second SIGTERM"
     );
 }
+
+/// Issue 49 item 14: every command that loads a model directory checks an rlvr checkpoint against
+/// its manifest first. A checkpoint with one byte of its weights flipped (size unchanged) is
+/// refused by `train` (as `model.path` and as `model.reference`), `sft`, `generate` and
+/// `logprobs`, each naming the file and both CRC-32Cs; the intact checkpoint loads in all of them,
+/// and a directory without a manifest (a HuggingFace-style model) still loads.
+#[test]
+fn every_command_refuses_a_checkpoint_that_differs_from_its_manifest() {
+    let (tmp, model, run) = tiny_run();
+    ok(
+        &train_cmd(&sets(&model, &run, 1)).output().unwrap(),
+        "train",
+    );
+    let ckpt = run.join("checkpoints/step-1");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ckpt.join("manifest.json")).unwrap())
+            .unwrap();
+    let want = m["files"]["model.safetensors"]["crc32c"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pairs = tmp.path().join("pairs.jsonl");
+    std::fs::write(&pairs, "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n").unwrap();
+    let mut n = 0;
+    // Each command on `dir`, with fresh output paths on every call.
+    let mut commands = |dir: &Path| -> Vec<(&'static str, Command)> {
+        n += 1;
+        let train_with = |key: &str, n: u32| {
+            let mut s = sets(&model, &tmp.path().join(format!("run-{key}-{n}")), 1);
+            s.push(format!("model.{key}=\"{}\"", dir.display()));
+            if key == "reference" {
+                s.push("algorithm.kl_coef=0.1".into());
+            }
+            train_cmd(&s)
+        };
+        let mut sft = rlvr();
+        sft.args(["sft", "--steps", "1", "--model"])
+            .arg(dir)
+            .arg("--data")
+            .arg(&pairs)
+            .arg("--out")
+            .arg(tmp.path().join(format!("sft-{n}")));
+        let mut generate = rlvr();
+        generate.args(["generate", "--model"]).arg(dir).args([
+            "--prompt",
+            "1+1=",
+            "--max-new-tokens",
+            "2",
+        ]);
+        let mut logprobs = rlvr();
+        logprobs.args(["logprobs", "--model"]).arg(dir).args([
+            "--prompt",
+            "1+1=",
+            "--completion",
+            "2",
+        ]);
+        vec![
+            ("train model.path", train_with("path", n)),
+            ("train model.reference", train_with("reference", n)),
+            ("sft", sft),
+            ("generate", generate),
+            ("logprobs", logprobs),
+        ]
+    };
+    // The intact checkpoint loads everywhere.
+    for (what, mut c) in commands(&ckpt) {
+        ok(&c.output().unwrap(), what);
+    }
+    // One byte of the weights flipped, size unchanged: refused, naming the file and both sums.
+    let p = ckpt.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let k = bytes.len() - 3;
+    bytes[k] ^= 0x40;
+    std::fs::write(&p, &bytes).unwrap();
+    let got = format!("{:08x}", crc32c_of(&bytes));
+    assert_ne!(got, want);
+    for (what, mut c) in commands(&ckpt) {
+        let out = c.output().unwrap();
+        assert!(!out.status.success(), "{what} loaded a corrupt checkpoint");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("differs from its checkpoint manifest")
+                && err.contains(&format!(
+                    "{} has CRC-32C {got}, its manifest says {want}",
+                    p.display()
+                )),
+            "{what}: {err}"
+        );
+    }
+    // Without a manifest (a HuggingFace-style directory) the same bytes load unchecked.
+    std::fs::remove_file(ckpt.join("manifest.json")).unwrap();
+    let (what, mut c) = commands(&ckpt).pop().unwrap();
+    assert_eq!(what, "logprobs");
+    ok(&c.output().unwrap(), what);
+}
+
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `bytes`, bit by bit: the checksum
+/// the manifest records, computed independently of the crate that writes it.
+fn crc32c_of(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
