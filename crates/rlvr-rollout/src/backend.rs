@@ -14,7 +14,7 @@
 use candle_core::Tensor;
 use rlvr_model::Model;
 
-use crate::engine::{Completion, PromptIds, Sampler, SamplingParams};
+use crate::engine::{Completion, PromptIds, Sampler, SamplingParams, TurnRow};
 use crate::error::{Result, RolloutError};
 
 /// One group's outcome: its K completions in sample order (`sample_index` 0..K, every one with
@@ -55,6 +55,26 @@ pub trait Rollout: Send {
         params: &SamplingParams,
         seed: u64,
     ) -> Result<Vec<GroupResult>>;
+
+    /// Continues each of `rows` by one assistant turn of a multi-turn episode (docs/DESIGN.md
+    /// §14): one completion per row, in row order, row i's randomness keyed by its (seed, prompt
+    /// index, sample index, turn) ([`crate::engine::turn_rng`]). The native engine does; the
+    /// default refuses (a backend that cannot run episodes after their first turn).
+    ///
+    /// Errors: as [`Rollout::sample`]; [`RolloutError::Backend`] from a backend without it.
+    fn sample_turns(
+        &mut self,
+        rows: &[TurnRow],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> Result<Vec<Completion>> {
+        let _ = (rows, params, seed);
+        Err(RolloutError::Backend(
+            "this rollout backend does not run multi-turn episodes yet (issue 45: the native \
+             backend does)"
+                .into(),
+        ))
+    }
 
     /// The weights it samples with as a model on this process, when it has one (the native
     /// engine over a model it owns): the explorer then scores with the behaviour weights
@@ -140,6 +160,15 @@ impl Rollout for NativeRollout {
             groups.push(Ok(it.by_ref().take(k).collect()));
         }
         Ok(groups)
+    }
+
+    fn sample_turns(
+        &mut self,
+        rows: &[TurnRow],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> Result<Vec<Completion>> {
+        self.sampler.sample_each(rows, params, seed)
     }
 
     fn local_model(&self) -> Option<&Model> {
@@ -267,6 +296,47 @@ mod tests {
         v.set(&v.as_tensor().zeros_like().unwrap()).unwrap();
         let l0 = local.named_vars()[0].1.as_tensor().abs().unwrap();
         assert!(l0.max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0);
+    }
+
+    /// A turn-1 row of `sample_each` draws exactly the group path's completion (same stream,
+    /// same context), whatever other rows share the call; later turns use other streams.
+    #[test]
+    fn sample_each_turn_one_equals_the_group_path() {
+        let m = model(0);
+        let prompts = vec![vec![1, 2, 3], vec![4, 5]];
+        let p = params(3);
+        let s = Sampler::new(&m, 2);
+        let direct = s.sample(&prompts, 5, &p, 11).unwrap();
+        let rows: Vec<TurnRow> = [(1usize, 2usize), (0, 0), (1, 0)]
+            .iter()
+            .map(|&(pi, j)| TurnRow {
+                context: prompts[pi].clone(),
+                prompt_index: 5 + pi,
+                sample_index: j,
+                turn: 1,
+            })
+            .collect();
+        let each = s.sample_each(&rows, &p, 11).unwrap();
+        assert_eq!(each[0], direct[3 + 2]);
+        assert_eq!(each[1], direct[0]);
+        assert_eq!(each[2], direct[3]);
+        // Alone in its call, the same row draws the same completion.
+        assert_eq!(s.sample_each(&rows[..1], &p, 11).unwrap()[0], each[0]);
+        // Turn 2 of the same episode draws from another stream.
+        let mut r2 = rows[..1].to_vec();
+        r2[0].turn = 2;
+        let ids = |c: &Completion| c.token_ids.clone();
+        let lp2 = s.sample_each(
+            &r2,
+            &SamplingParams {
+                max_new_tokens: 6,
+                ..p.clone()
+            },
+            11,
+        );
+        assert_ne!(ids(&lp2.unwrap()[0]), ids(&each[0]));
+        r2[0].turn = 0;
+        assert!(s.sample_each(&r2, &p, 11).is_err());
     }
 
     #[test]

@@ -72,11 +72,39 @@ struct Row {
 /// The RNG stream of one completion: ChaCha12 keyed by the 32-byte seed
 /// `seed ‖ prompt_index ‖ sample_index ‖ 0` (little endian), so streams never collide.
 pub fn completion_rng(seed: u64, prompt_index: usize, sample_index: usize) -> ChaCha12Rng {
+    turn_rng(seed, prompt_index, sample_index, 0)
+}
+
+/// The RNG stream of one assistant turn of a multi-turn episode (docs/DESIGN.md §14): ChaCha12
+/// keyed by `seed ‖ prompt_index ‖ sample_index ‖ turn − 1` (little endian). Turn 1's stream is
+/// [`completion_rng`]'s, so an episode's first turn draws exactly what a single-turn completion
+/// draws.
+pub fn turn_rng(
+    seed: u64,
+    prompt_index: usize,
+    sample_index: usize,
+    turn_index: u64,
+) -> ChaCha12Rng {
     let mut key = [0u8; 32];
     key[..8].copy_from_slice(&seed.to_le_bytes());
     key[8..16].copy_from_slice(&(prompt_index as u64).to_le_bytes());
     key[16..24].copy_from_slice(&(sample_index as u64).to_le_bytes());
+    key[24..].copy_from_slice(&turn_index.to_le_bytes());
     ChaCha12Rng::from_seed(key)
+}
+
+/// One row of [`Sampler::sample_each`]: a context to continue (an episode's prompt and
+/// completion so far) and the key of its RNG stream ([`turn_rng`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnRow {
+    /// The ids to continue (the prompt, turns and bridges so far; non-empty).
+    pub context: PromptIds,
+    /// The draw index of the episode's prompt (the completion's `prompt_index`).
+    pub prompt_index: usize,
+    /// The episode's sample index in its group (the completion's `sample_index`).
+    pub sample_index: usize,
+    /// The turn, from 1 (turn 1 uses [`completion_rng`]'s stream).
+    pub turn: u64,
 }
 
 impl Sampler {
@@ -195,13 +223,103 @@ impl Sampler {
         params: &SamplingParams,
         seed: u64,
     ) -> Result<Vec<Completion>> {
+        self.check_inputs(
+            prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (first_prompt_index + i, p)),
+            params,
+        )?;
+        // Packed once per call: the weights may change between calls (a sync), not during one.
+        let t = std::time::Instant::now();
+        let head = packed_head(&self.model)?;
+        self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
+        let per_wave = (params.max_batch_rows / params.group_size).max(1);
+        let mut out = Vec::with_capacity(prompts.len() * params.group_size);
+        for (w, chunk) in prompts.chunks(per_wave).enumerate() {
+            let first = first_prompt_index + w * per_wave;
+            let keys: Vec<(usize, usize, u64)> = (0..chunk.len() * params.group_size)
+                .map(|r| (first + r / params.group_size, r % params.group_size, 0))
+                .collect();
+            self.run_wave(chunk, &keys, params, seed, head.as_ref(), &mut out)?;
+        }
+        out.sort_by_key(|c| (c.prompt_index, c.sample_index));
+        Ok(out)
+    }
+
+    /// Continues each of `rows` by one completion (a multi-turn episode's next assistant turn,
+    /// docs/DESIGN.md §14): row i's context is prefilled on its own (no group sharing) and its
+    /// tokens are drawn from [`turn_rng`]`(seed, prompt_index, sample_index, turn − 1)`, so the
+    /// result does not depend on which other rows share the call. `params.group_size` is ignored
+    /// (one completion per row). Returns one completion per row, in row order.
+    ///
+    /// Errors: as [`Sampler::sample`] (a context plus `max_new_tokens` beyond the model's
+    /// positions, an id outside the vocabulary, an empty context, a turn of 0).
+    pub fn sample_each(
+        &self,
+        rows: &[TurnRow],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> Result<Vec<Completion>> {
+        let one = SamplingParams {
+            group_size: 1,
+            ..params.clone()
+        };
+        self.check_inputs(rows.iter().map(|r| (r.prompt_index, &r.context)), &one)?;
+        if let Some(r) = rows.iter().find(|r| r.turn == 0) {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index: r.prompt_index,
+                msg: "turns count from 1".into(),
+            });
+        }
+        let t = std::time::Instant::now();
+        let head = packed_head(&self.model)?;
+        self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
+        let per_wave = one.max_batch_rows.max(1);
+        let mut out = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(per_wave) {
+            let contexts: Vec<PromptIds> = chunk.iter().map(|r| r.context.clone()).collect();
+            let keys: Vec<(usize, usize, u64)> = chunk
+                .iter()
+                .map(|r| (r.prompt_index, r.sample_index, r.turn - 1))
+                .collect();
+            let mut wave = Vec::with_capacity(chunk.len());
+            self.run_wave(&contexts, &keys, &one, seed, head.as_ref(), &mut wave)?;
+            // Rows retire in finishing order; put them back in row order.
+            let mut slot: Vec<Option<Completion>> = vec![None; chunk.len()];
+            for c in wave {
+                let i = chunk
+                    .iter()
+                    .position(|r| {
+                        r.prompt_index == c.prompt_index && r.sample_index == c.sample_index
+                    })
+                    .filter(|&i| slot[i].is_none())
+                    .ok_or_else(|| RolloutError::InvalidPrompt {
+                        prompt_index: c.prompt_index,
+                        msg: format!(
+                            "two rows of one call continue episode ({}, {})",
+                            c.prompt_index, c.sample_index
+                        ),
+                    })?;
+                slot[i] = Some(c);
+            }
+            out.extend(slot.into_iter().map(|c| c.expect("one completion per row")));
+        }
+        Ok(out)
+    }
+
+    /// The checks of [`Sampler::sample`] on its parameters and on every `(prompt_index, ids)`.
+    fn check_inputs<'a>(
+        &self,
+        prompts: impl Iterator<Item = (usize, &'a PromptIds)>,
+        params: &SamplingParams,
+    ) -> Result<()> {
         params.validate()?;
         if !params.stop_strings.is_empty() && self.detok.is_none() {
             return Err(RolloutError::NoTokenizer);
         }
         let vocab = self.model.config().vocab_size;
-        for (i, p) in prompts.iter().enumerate() {
-            let prompt_index = first_prompt_index + i;
+        for (prompt_index, p) in prompts {
             if p.is_empty() {
                 return Err(RolloutError::InvalidPrompt {
                     prompt_index,
@@ -228,26 +346,17 @@ impl Sampler {
                 });
             }
         }
-        // Packed once per call: the weights may change between calls (a sync), not during one.
-        let t = std::time::Instant::now();
-        let head = packed_head(&self.model)?;
-        self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
-        let per_wave = (params.max_batch_rows / params.group_size).max(1);
-        let mut out = Vec::with_capacity(prompts.len() * params.group_size);
-        for (w, chunk) in prompts.chunks(per_wave).enumerate() {
-            let first = first_prompt_index + w * per_wave;
-            self.run_wave(chunk, first, params, seed, head.as_ref(), &mut out)?;
-        }
-        out.sort_by_key(|c| (c.prompt_index, c.sample_index));
-        Ok(out)
+        Ok(())
     }
 
-    /// Prefills `prompts` once, copies each prompt's cache to its K rows and decodes them all.
+    /// Prefills `prompts` once, copies each prompt's cache to its K rows and decodes them all;
+    /// row r (prompt r / K) draws from the stream `keys[r]` = (prompt index, sample index, turn
+    /// index) of [`turn_rng`].
     #[allow(clippy::too_many_arguments)]
     fn run_wave(
         &self,
         prompts: &[PromptIds],
-        first_prompt_index: usize,
+        keys: &[(usize, usize, u64)],
         params: &SamplingParams,
         seed: u64,
         head: Option<&rlvr_kernels::PackedHead>,
@@ -291,13 +400,13 @@ impl Sampler {
         // Group sharing: row r = prompt r / K, sample r % K; copy each prompt's cache K times.
         let mut rows: Vec<Row> = (0..p_n * k)
             .map(|r| {
-                let (pi, s) = (r / k, r % k);
-                let prompt_index = first_prompt_index + pi;
+                let pi = r / k;
+                let (prompt_index, s, turn) = keys[r];
                 Row {
                     prompt_index,
                     sample_index: s,
                     prompt_len: prompts[pi].len(),
-                    rng: completion_rng(seed, prompt_index, s),
+                    rng: turn_rng(seed, prompt_index, s, turn),
                     tokens: Vec::with_capacity(params.max_new_tokens),
                     logprobs: Vec::with_capacity(params.max_new_tokens),
                     finish: None,

@@ -101,8 +101,8 @@ pub mod select;
 pub use backend::{flatten, named_tensors, GroupResult, NativeRollout, Rollout};
 pub use decode::KvBuffer;
 pub use engine::{
-    completion_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds, Sampler,
-    SamplingParams,
+    completion_rng, turn_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds,
+    Sampler, SamplingParams, TurnRow,
 };
 pub use error::{Result, RolloutError};
 
