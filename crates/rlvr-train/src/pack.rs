@@ -213,6 +213,7 @@ mod tests {
             version: Some(0),
             components: Vec::new(),
             truncated: false,
+            ..Default::default()
         }
     }
 

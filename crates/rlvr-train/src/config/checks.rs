@@ -48,7 +48,111 @@ fn at_most(key: &str, value: usize, max: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The most assistant turns of one episode (`env.max_turns`).
+pub const MAX_TURNS: u32 = 1024;
+
 impl RawConfig {
+    /// Checks the `[env]` keys (docs/DESIGN.md section 14): each value's range, and that no key is
+    /// set when neither `env.command` nor `env.builtin` makes the run multi-turn.
+    ///
+    /// # Errors
+    /// An invalid value or combination, naming its key.
+    fn check_env(&self) -> anyhow::Result<()> {
+        let e = &self.env;
+        if !e.is_on() {
+            let mut off = e.clone();
+            off.dir = None;
+            if !off.is_default() {
+                bail!(
+                    "[env] keys are set but neither env.command nor env.builtin: set one of them \
+                     to run multi-turn episodes (docs/environments.md), or remove the [env] keys"
+                );
+            }
+            return Ok(());
+        }
+        if !e.command.is_empty() && e.builtin.is_some() {
+            bail!("env.command and env.builtin are both set: an episode has one environment");
+        }
+        if e.command.first().is_some_and(String::is_empty) {
+            bail!("env.command: the program (its first word) is empty");
+        }
+        if let Some(b) = &e.builtin {
+            if b != "retry" {
+                bail!("env.builtin = {b:?}: the built-in environments are \"retry\"");
+            }
+        }
+        if !(1..=MAX_TURNS).contains(&e.max_turns) {
+            bail!(
+                "env.max_turns = {} is out of range: 1 to {MAX_TURNS}",
+                e.max_turns
+            );
+        }
+        let n = self.rollout.max_new_tokens;
+        let budget = e.episode_tokens(n);
+        if budget < n {
+            bail!(
+                "env.max_episode_tokens = {budget} is below rollout.max_new_tokens = {n}: an \
+                 episode's first turn is sampled as a single-turn completion; raise it to at \
+                 least {n}"
+            );
+        }
+        at_most("env.max_episode_tokens", budget, MAX_NEW_TOKENS)?;
+        if e.max_observation_tokens == 0 {
+            bail!("env.max_observation_tokens must be at least 1");
+        }
+        at_most(
+            "env.max_observation_tokens",
+            e.max_observation_tokens,
+            MAX_NEW_TOKENS,
+        )?;
+        rlvr_env::tools::ToolFormat::parse(&e.tool_format)
+            .map_err(|m| anyhow::anyhow!("env.tool_format: {m}"))?;
+        rlvr_env::reward::RewardMode::parse(&e.reward)
+            .map_err(|m| anyhow::anyhow!("env.reward: {m}"))?;
+        if let Some(t) = &e.tools {
+            crate::feed::episodes::parse_tools(t).map_err(|m| anyhow::anyhow!("env.tools: {m}"))?;
+        }
+        if !(e.timeout_s > 0.0 && e.timeout_s <= 86400.0) {
+            bail!(
+                "env.timeout_s = {} is out of range: (0, 86400] seconds",
+                e.timeout_s
+            );
+        }
+        if e.restarts > rlvr_env::client::MOST_RESTARTS {
+            bail!(
+                "env.restarts = {} is out of range: at most {} (a larger number would hold a \
+                 broken environment forever)",
+                e.restarts,
+                rlvr_env::client::MOST_RESTARTS
+            );
+        }
+        if !(0.0..=1.0).contains(&e.max_error_frac) {
+            bail!(
+                "env.max_error_frac = {} is out of range: [0, 1]",
+                e.max_error_frac
+            );
+        }
+        if !(e.turn_discount > 0.0 && e.turn_discount <= 1.0) {
+            bail!(
+                "env.turn_discount = {} is out of range: (0, 1]",
+                e.turn_discount
+            );
+        }
+        if self.data.experiences.is_some() {
+            bail!(
+                "[env] with data.experiences: an offline run trains on stored rows and runs no \
+                 episodes; remove one of them"
+            );
+        }
+        if self.rollout.backend != super::RolloutBackend::Native {
+            bail!(
+                "[env] with rollout.backend = \"vllm\": multi-turn episodes run on the native \
+                 backend only for now (issue 45); use rollout.backend = \"native\""
+            );
+        }
+        Ok(())
+    }
+
     /// Checks the `model.lora_*` keys and records the default α (2 × rank) in the config.
     ///
     /// # Errors
@@ -259,6 +363,7 @@ impl RawConfig {
         } else if self.data.prompts_per_step == 0 {
             bail!("data.prompts_per_step must be at least 1");
         }
+        self.check_env()?;
         let written = std::mem::take(&mut self.written);
         let cfg = ResolvedConfig {
             raw: self,

@@ -466,15 +466,6 @@ pub fn quoted_after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
 /// nearest accepted key of that table, else a key of the same name in another table among `known`
 /// (every documented key).
 pub fn unknown_key_help(key: &str, expected: &[&str], known: &[String]) -> Option<String> {
-    // `[env]` is documented (docs/DESIGN.md §14) before the trainer runs episodes: say so rather
-    // than guess at another key.
-    if key == "env" || key.starts_with("env.") {
-        return Some(
-            "[env] (multi-turn episodes, docs/DESIGN.md section 14) is not accepted yet: \
-             multi-turn episodes are not wired into the trainer yet (issue 45)"
-                .into(),
-        );
-    }
     if let Some(a) = alias_for(key) {
         return Some(alias_message(key, a));
     }

@@ -40,8 +40,8 @@ use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
 pub use sections::{
-    DistBackend, DistributedSection, EvalSection, ModelSection, OutputSection, RolloutBackend,
-    RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
+    DistBackend, DistributedSection, EnvSection, EvalSection, ModelSection, OutputSection,
+    RolloutBackend, RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
 };
 
 /// The whole file as the user wrote it (after `--set`), before resolution.
@@ -70,6 +70,10 @@ pub struct RawConfig {
     pub distributed: DistributedSection,
     /// `[kernels]` (rlvr-model's `KernelSwitches`): one switch per fused GPU kernel.
     pub kernels: rlvr_model::KernelSwitches,
+    /// `[env]`: multi-turn episodes (docs/DESIGN.md section 14); left out of config.toml when
+    /// every key is at its default.
+    #[serde(skip_serializing_if = "EnvSection::is_default")]
+    pub env: EnvSection,
     /// The keys the user wrote (file and `--set`; on `--resume`, the `--set` overrides) and
     /// where: a knob of [`gates::GATES`] among them whose option is off is an error. Not part of
     /// the TOML.

@@ -79,6 +79,9 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
             }
         }
     }
+    if let Some(env) = table.get_mut("env").and_then(toml::Value::as_table_mut) {
+        resolve_env_table(env, dir);
+    }
     let mut verifiers: Vec<&mut toml::Value> = Vec::new();
     let (data, reward) = split_two(table, "data", "reward");
     if let Some(v) = data.and_then(|d| d.get_mut("verifier")) {
@@ -131,6 +134,35 @@ pub fn resolve_command(words: &mut [String], dir: &Path) {
     }
 }
 
+/// `[env]` of a config file in `dir`: `env.command`'s program and scripts as a verifier's,
+/// `env.chat_template` and `env.dir` against `dir`, and `env.dir` set to `dir` when the file sets
+/// `env.command` without it (the program runs in the config file's directory).
+fn resolve_env_table(env: &mut toml::Table, dir: &Path) {
+    let mut has_command = false;
+    if let Some(toml::Value::Array(cmd)) = env.get_mut("command") {
+        let mut words: Vec<String> = cmd
+            .iter()
+            .map(|w| w.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        if words.len() == cmd.len() && !words.is_empty() {
+            has_command = true;
+            resolve_command(&mut words, dir);
+            *cmd = words.into_iter().map(toml::Value::String).collect();
+        }
+    }
+    for key in ["chat_template", "dir"] {
+        if let Some(toml::Value::String(s)) = env.get_mut(key) {
+            if !s.is_empty() && Path::new(s.as_str()).is_relative() {
+                *s = join_clean(dir, Path::new(s.as_str())).display().to_string();
+            }
+        }
+    }
+    if has_command && !env.contains_key("dir") {
+        env.insert("dir".into(), toml::Value::String(dir.display().to_string()));
+    }
+}
+
 /// Makes the input paths of `raw` that are still relative (from `--set`, or from a run's
 /// `config.toml` written before paths were recorded absolute) absolute against the working
 /// directory `cwd`, and so the external verifiers' programs and scripts.
@@ -140,6 +172,16 @@ pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
         .into_iter()
         .chain([d.train.as_mut(), d.test.as_mut(), d.experiences.as_mut()]);
     for p in paths.flatten() {
+        if p.is_relative() && !p.as_os_str().is_empty() {
+            *p = join_clean(cwd, p);
+        }
+    }
+    let env = &mut raw.env;
+    resolve_command(&mut env.command, cwd);
+    for p in [env.chat_template.as_mut(), env.dir.as_mut()]
+        .into_iter()
+        .flatten()
+    {
         if p.is_relative() && !p.as_os_str().is_empty() {
             *p = join_clean(cwd, p);
         }

@@ -182,6 +182,130 @@ impl Default for RolloutSection {
     }
 }
 
+/// `[env]`: multi-turn, tool-using episodes (docs/DESIGN.md section 14; docs/environments.md).
+/// Setting `env.command` or `env.builtin` makes the run multi-turn; otherwise every other key must
+/// stay at its default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvSection {
+    /// The environment program and its arguments (no shell), started once per run in its own
+    /// process group and spoken to in JSON lines (docs/DESIGN.md section 14). Relative paths are
+    /// relative to the config file, like an external verifier's. Empty: no program. Default empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// A built-in environment instead of a program: `retry` (the run's task verifier scores each
+    /// turn; a wrong turn gets "That is not correct. Please try again." until `env.max_turns`; a
+    /// correct one ends the episode with reward `env.turn_discount`^(turn − 1)). Default unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<String>,
+    /// Assistant turns per episode, 1 to 1024. Default 4.
+    pub max_turns: u32,
+    /// Tokens after the prompt, assistant turns and bridges together, per episode; at least
+    /// `rollout.max_new_tokens` (the first turn is sampled exactly as a single-turn completion),
+    /// and prompt + this must fit the model's positions. Later turns get at most what is left.
+    /// Default `env.max_turns` × `rollout.max_new_tokens` + (`env.max_turns` − 1) ×
+    /// `env.max_observation_tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_episode_tokens: Option<usize>,
+    /// Most tokens of one bridge (the environment's reply as the chat template renders it, with
+    /// the next generation prompt); a longer one makes its episode unscorable. Default 1024.
+    pub max_observation_tokens: usize,
+    /// How tool calls are parsed from a turn: `hermes` (`<tool_call>{json}</tool_call>`, Qwen2.5
+    /// and Qwen3), `llama3_json` (Llama 3.1) or `none` (games, user feedback). Default `none`.
+    pub tool_format: String,
+    /// Static tool schemas handed to the chat template (`tools=`), as a string holding a JSON
+    /// array of OpenAI-style function schemas (a string keeps the keys in the order written,
+    /// which the template prints). An environment's `reset` reply may give its own. Default unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<String>,
+    /// The episode's reward: `sum` of every reward the environment gave, or `final` (the last
+    /// one). Default `sum`.
+    pub reward: String,
+    /// Longest wait for one reply of the environment program, seconds, in (0, 86400]. Default 60.
+    pub timeout_s: f64,
+    /// Restarts of a dead or silent environment program per run (each replays the request),
+    /// at most 1000. Default 3.
+    pub restarts: u32,
+    /// The run stops when more than this share of a batch's episodes failed (reward null), in
+    /// [0, 1]. Default 0.5.
+    pub max_error_frac: f64,
+    /// Environment variables passed to the program besides `PATH HOME LANG TMPDIR`. Default none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// The program's working directory; default the directory of the config file that set
+    /// `env.command` (recorded in the run's config.toml).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    /// Extra variables for the chat template, e.g. `{ enable_thinking = false }`. Default none.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub template_kwargs: toml::Table,
+    /// A table handed to the program in `hello`. Default empty.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub options: toml::Table,
+    /// The `retry` environment's reward factor per extra turn, in (0, 1]. Default 1.
+    pub turn_discount: f64,
+    /// A Jinja chat template file that renders the bridges (and prompts an environment's `reset`
+    /// replaces), relative to the config file; default the model's own chat template. Its
+    /// end-of-turn string must be one token of the model's tokenizer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<PathBuf>,
+    /// The template's end-of-turn token as text (`<|im_end|>`, `<|eot_id|>`): a turn that ends on
+    /// it is handed to the environment; another stop id ends the episode (`eos`). Default the
+    /// first of the tokenizer's EOS tokens that the template writes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_of_turn: Option<String>,
+    /// Accept observations that hold the tokenizer's special tokens as text (they would be
+    /// encoded as those control tokens). Default false: such an episode is unscorable.
+    pub allow_special_tokens: bool,
+}
+
+impl Default for EnvSection {
+    fn default() -> Self {
+        EnvSection {
+            command: Vec::new(),
+            builtin: None,
+            max_turns: 4,
+            max_episode_tokens: None,
+            max_observation_tokens: 1024,
+            tool_format: "none".into(),
+            tools: None,
+            reward: "sum".into(),
+            timeout_s: 60.0,
+            restarts: 3,
+            max_error_frac: 0.5,
+            env: Vec::new(),
+            dir: None,
+            template_kwargs: toml::Table::new(),
+            options: toml::Table::new(),
+            turn_discount: 1.0,
+            chat_template: None,
+            end_of_turn: None,
+            allow_special_tokens: false,
+        }
+    }
+}
+
+impl EnvSection {
+    /// Whether the run is multi-turn (`env.command` or `env.builtin` set).
+    pub fn is_on(&self) -> bool {
+        !self.command.is_empty() || self.builtin.is_some()
+    }
+
+    /// Whether every key is at its default (a single-turn run's `[env]`, left out of config.toml).
+    pub fn is_default(&self) -> bool {
+        *self == EnvSection::default()
+    }
+
+    /// `env.max_episode_tokens`, or its default for `max_new_tokens` per turn.
+    pub fn episode_tokens(&self, max_new_tokens: usize) -> usize {
+        self.max_episode_tokens.unwrap_or_else(|| {
+            let t = self.max_turns.max(1) as usize;
+            t.saturating_mul(max_new_tokens)
+                .saturating_add((t - 1).saturating_mul(self.max_observation_tokens))
+        })
+    }
+}
+
 /// `[sync]`: staleness regime (DESIGN.md section 3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

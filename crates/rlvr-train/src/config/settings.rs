@@ -203,3 +203,99 @@ pub fn load_tokenizer(dir: &Path) -> anyhow::Result<TokenizerBundle> {
     TokenizerBundle::load(dir)
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))
 }
+
+/// The explorer's episode runner of a multi-turn run (`[env]`, docs/DESIGN.md section 14): the
+/// environment (the program of `env.command`, started here and answering `hello`, or the
+/// built-in `retry` over `reward`), the chat template of the bridges (`env.chat_template`, else
+/// the model's) and the settings, with the end-of-turn token checked to be one token and a stop
+/// id.
+///
+/// # Errors
+/// No chat template, an end-of-turn token that is not one token or not a stop id, `env.tools`
+/// that do not parse, a program that does not start or answer `hello`.
+pub fn episode_runner(
+    cfg: &ResolvedConfig,
+    tok: &TokenizerBundle,
+    reward: &Arc<RewardFunction>,
+) -> anyhow::Result<crate::feed::episodes::EpisodeRunner> {
+    use crate::feed::episodes::{end_of_turn, parse_tools, EpisodeRunner, EpisodeSettings};
+    use rlvr_env::json::Json;
+    let e = &cfg.raw.env;
+    let to_json =
+        |t: &toml::Table| -> anyhow::Result<Json> { Ok(Json::parse(&serde_json::to_string(t)?)?) };
+    let source = match &e.chat_template {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("reading env.chat_template {}", p.display()))?,
+        None => tok.chat_template.clone().context(
+            "[env] needs a chat template to render the environment's replies: the model has \
+             none; set env.chat_template to a Jinja file (data/chat_templates/ has Qwen's and \
+             Llama's)",
+        )?,
+    };
+    let vars: Vec<(String, Json)> = match to_json(&e.template_kwargs)? {
+        Json::Object(kv) => kv,
+        _ => Vec::new(),
+    };
+    let template = rlvr_env::template::ChatTemplate::new(&source, vars)
+        .context("env.chat_template (or the model's chat template)")?;
+    let eot = end_of_turn(tok, &source, e.end_of_turn.as_deref())?;
+    anyhow::ensure!(
+        tok.eos_ids.contains(&eot.1),
+        "the end-of-turn token {:?} (id {}) is not one of the tokenizer's EOS ids {:?}, so a turn \
+         would never end on it; set env.end_of_turn to one of them",
+        eot.0,
+        eot.1,
+        tok.eos_ids
+    );
+    let mut specials: Vec<String> = if e.allow_special_tokens {
+        Vec::new()
+    } else {
+        tok.tokenizer
+            .get_added_tokens_decoder()
+            .values()
+            .map(|t| t.content.clone())
+            .collect()
+    };
+    specials.sort();
+    let settings = EpisodeSettings {
+        max_turns: e.max_turns,
+        episode_tokens: e.episode_tokens(cfg.raw.rollout.max_new_tokens),
+        max_observation_tokens: e.max_observation_tokens,
+        tool_format: rlvr_env::tools::ToolFormat::parse(&e.tool_format)
+            .map_err(|m| anyhow::anyhow!("env.tool_format: {m}"))?,
+        tools: e
+            .tools
+            .as_deref()
+            .map(parse_tools)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("env.tools: {m}"))?,
+        reward: rlvr_env::reward::RewardMode::parse(&e.reward)
+            .map_err(|m| anyhow::anyhow!("env.reward: {m}"))?,
+        max_error_frac: e.max_error_frac,
+        end_of_turn: eot,
+        specials: specials.clone(),
+    };
+    let env: Box<dyn rlvr_env::Environment> = match e.builtin.as_deref() {
+        Some(_) => Box::new(rlvr_env::retry::RetryEnvironment::new(
+            crate::feed::episodes::RetryVerifier {
+                reward: reward.clone(),
+            },
+            e.max_turns,
+            e.turn_discount,
+        )?),
+        None => {
+            let mut p = rlvr_env::client::ProcessSettings::new(e.command.clone());
+            p.dir = e.dir.clone();
+            p.env = e.env.clone();
+            p.timeout = std::time::Duration::from_secs_f64(e.timeout_s);
+            p.restarts = e.restarts;
+            p.options = to_json(&e.options)?;
+            p.special_tokens = specials;
+            Box::new(
+                rlvr_env::client::ProcessEnvironment::start(p)
+                    .context("starting the environment (env.command)")?,
+            )
+        }
+    };
+    Ok(EpisodeRunner::new(env, template, settings))
+}

@@ -21,6 +21,7 @@ use rlvr_reward::Sample;
 use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
+use super::episodes::{EnvStats, EpisodePrompt, EpisodeRunner, RetryVerifier};
 use super::share::Share;
 use crate::store::checkpoint::SourceCursor;
 use crate::store::experience::Experience;
@@ -61,6 +62,9 @@ pub struct Batch {
     pub dropped_groups: usize,
     /// Groups missing from B after dynamic sampling's last round (the batch trained short).
     pub short_groups: usize,
+    /// What the environment did (multi-turn runs; this rank's share under data parallel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<super::episodes::EnvStats>,
 }
 
 /// Sampling settings of the online explorer.
@@ -119,6 +123,12 @@ pub struct Explorer {
     /// Data parallel: this rank's share of every round's groups ([`super::share`]); `None` in one
     /// process.
     share: Option<Share>,
+    /// Multi-turn episodes (`[env]`); `None` for single-turn completions.
+    episodes: Option<EpisodeRunner>,
+    /// Whether the environment is the built-in `retry` (its rows carry the verifier's inputs).
+    retry_rows: bool,
+    /// What the environment did in the batch being produced.
+    env_stats: Option<EnvStats>,
 }
 
 impl Explorer {
@@ -167,7 +177,19 @@ impl Explorer {
             reward,
             settings,
             share: None,
+            episodes: None,
+            retry_rows: false,
+            env_stats: None,
         })
+    }
+
+    /// Makes this explorer run multi-turn episodes through `runner` (docs/DESIGN.md section 14)
+    /// instead of single-turn completions; `retry_rows` when the environment is the built-in
+    /// `retry` (its reset rows then carry the verifier's inputs).
+    pub fn with_episodes(mut self, runner: EpisodeRunner, retry_rows: bool) -> Self {
+        self.episodes = Some(runner);
+        self.retry_rows = retry_rows;
+        self
     }
 
     /// Makes this explorer one rank of a data-parallel run: it samples, scores (and, with
@@ -228,6 +250,7 @@ impl Explorer {
     /// Sampling, tokenizer and verifier errors.
     pub fn produce(&mut self, step: u64) -> anyhow::Result<Batch> {
         let t0 = Instant::now();
+        self.env_stats = self.episodes.as_ref().map(|_| EnvStats::default());
         let b = self.settings.prompts_per_step;
         let mut groups: Vec<Vec<Experience>> = Vec::new();
         let mut rollouts = Vec::new();
@@ -292,6 +315,7 @@ impl Explorer {
             } else {
                 0
             },
+            env: self.env_stats.take(),
         })
     }
 
@@ -338,6 +362,9 @@ impl Explorer {
         rollouts: &mut Vec<RolloutRecord>,
         score_s: &mut f64,
     ) -> anyhow::Result<Vec<Vec<Experience>>> {
+        if self.episodes.is_some() {
+            return self.sample_episodes(idx, first, rollouts, score_s);
+        }
         let prompts: Vec<Vec<u32>> = idx.iter().map(|&i| self.prompts[i].clone()).collect();
         let groups = self
             .rollout
@@ -388,6 +415,7 @@ impl Explorer {
                 version: Some(c.version),
                 truncated: c.finish_reason == FinishReason::Length,
                 components: reward_parts(&weights, &s),
+                ..Default::default()
             };
             if rollouts.len() < self.settings.log_rollouts {
                 rollouts.push(RolloutRecord {
@@ -401,6 +429,85 @@ impl Explorer {
                 });
             }
             groups[c.prompt_index - first].push(e);
+        }
+        Ok(groups)
+    }
+
+    /// The episodes of the prompts of draws `idx` (from `first`), one experience each: the
+    /// episode's row with its loss mask, its reward from the environment (docs/DESIGN.md
+    /// section 14). The environment's time counts as scoring time.
+    fn sample_episodes(
+        &mut self,
+        idx: &[usize],
+        first: usize,
+        rollouts: &mut Vec<RolloutRecord>,
+        score_s: &mut f64,
+    ) -> anyhow::Result<Vec<Vec<Experience>>> {
+        let prompts: Vec<EpisodePrompt<'_>> = idx
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| EpisodePrompt {
+                draw: first + i,
+                ids: &self.prompts[p],
+                row: if self.retry_rows {
+                    RetryVerifier::row(
+                        &self.texts[p],
+                        &self.references[p],
+                        &self.columns[p],
+                        self.rows[p],
+                    )
+                } else {
+                    super::episodes::program_row(&self.references[p], &self.columns[p])
+                },
+            })
+            .collect();
+        let runner = self.episodes.as_mut().expect("episodes");
+        let (eps, stats) = runner.run(
+            self.rollout.as_mut(),
+            &self.tokenizer,
+            &prompts,
+            &self.settings.params,
+            self.settings.seed,
+        )?;
+        *score_s += stats.env_s;
+        if let Some(s) = self.env_stats.as_mut() {
+            s.merge(&stats);
+        }
+        let mut groups: Vec<Vec<Experience>> = vec![Vec::new(); idx.len()];
+        for ep in eps {
+            let p = idx[ep.draw - first];
+            let e = Experience {
+                prompt_ids: ep.prompt_ids,
+                completion_ids: ep.completion_ids,
+                behaviour_logprobs: ep.behaviour_logprobs,
+                reward: ep.reward,
+                correct: None,
+                group_id: ep.draw.to_string(),
+                version: Some(ep.version),
+                truncated: matches!(ep.finish, "length" | "budget"),
+                components: Vec::new(),
+                completion_mask: Some(ep.completion_mask),
+                turns: Some(ep.turns),
+                turn_rewards: ep.turn_rewards,
+            };
+            if rollouts.len() < self.settings.log_rollouts {
+                let completion = ep
+                    .transcript
+                    .iter()
+                    .map(|(role, text)| format!("[{role}] {text}"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                rollouts.push(RolloutRecord {
+                    group_id: e.group_id.clone(),
+                    prompt: self.texts[p].clone(),
+                    completion,
+                    reward: e.reward,
+                    correct: e.correct,
+                    version: e.version,
+                    finish_reason: ep.finish.into(),
+                });
+            }
+            groups[ep.draw - first].push(e);
         }
         Ok(groups)
     }
@@ -422,8 +529,19 @@ impl Explorer {
             self.settings.share_prompt,
         )?;
         for (e, l) in exps.iter_mut().zip(lp) {
-            if !e.completion_ids.is_empty() {
-                e.behaviour_logprobs = l;
+            if e.completion_ids.is_empty() {
+                continue;
+            }
+            match &e.completion_mask {
+                None => e.behaviour_logprobs = l,
+                // Only sampled positions: a bridge's placeholder stays 0.0.
+                Some(m) => {
+                    for (j, (&mj, x)) in m.iter().zip(l).enumerate() {
+                        if mj != 0 {
+                            e.behaviour_logprobs[j] = x;
+                        }
+                    }
+                }
             }
         }
         Ok(())

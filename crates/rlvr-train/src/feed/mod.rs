@@ -16,6 +16,7 @@
 //! backend, the prompts, the reward function) and its own settings; it never sees the config.
 
 pub mod backend;
+pub mod episodes;
 pub mod explorer;
 pub mod offline;
 pub mod prompts;

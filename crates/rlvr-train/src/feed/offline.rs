@@ -130,6 +130,7 @@ impl OfflineSource {
             rollouts,
             dropped_groups: 0,
             short_groups: 0,
+            env: None,
         })
     }
 }

@@ -204,6 +204,7 @@ impl Run<'_> {
             let (sample_s, train_s) = self.slowest(batch.sample_s, train_s)?;
             // evaluator (every train.eval_every steps), then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
+            report::set_env_metrics(&mut line, &exps, batch.env.as_ref());
             let is_best = self.evaluate(t, &mut line)?;
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             done = t;

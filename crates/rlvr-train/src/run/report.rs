@@ -59,7 +59,7 @@ pub fn step_metrics(
         .map(|c| if c { 1.0 } else { 0.0 })
         .collect();
     l.set("accuracy", mean(&correct));
-    let lens: Vec<f64> = exps.iter().map(|e| e.completion_ids.len() as f64).collect();
+    let lens: Vec<f64> = exps.iter().map(|e| e.sampled_tokens() as f64).collect();
     l.set("completion_len/mean", mean(&lens));
     let st: Vec<f64> = exps
         .iter()
@@ -88,10 +88,38 @@ pub fn step_metrics(
     l.set_value("skipped", serde_json::Value::Bool(rep.skipped));
     l.set("time/sample_s", Some(sample_s));
     l.set("time/train_s", Some(train_s));
-    let tokens: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
+    let tokens: usize = exps.iter().map(Experience::sampled_tokens).sum();
     let secs = sample_s + train_s;
     l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
     l
+}
+
+/// The metrics of a multi-turn run's step (docs/DESIGN.md section 14), nothing for a
+/// single-turn one: `env/turns/mean` and `env/episode_len/mean` (completion tokens, bridges
+/// included) over the episodes trained on, and from what the environment did in the batch
+/// (`env`): `env/error_frac`, `env/tool_calls`, `env/tool_call_errors` and `time/env_s`.
+pub fn set_env_metrics(
+    l: &mut MetricsLine,
+    exps: &[Experience],
+    env: Option<&crate::feed::episodes::EnvStats>,
+) {
+    let Some(env) = env else { return };
+    let turns: Vec<f64> = exps.iter().filter_map(|e| e.turns).map(f64::from).collect();
+    let lens: Vec<f64> = exps
+        .iter()
+        .filter(|e| e.turns.is_some())
+        .map(|e| e.completion_ids.len() as f64)
+        .collect();
+    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
+    l.set("env/turns/mean", mean(&turns));
+    l.set("env/episode_len/mean", mean(&lens));
+    l.set(
+        "env/error_frac",
+        (env.episodes > 0).then(|| env.errors as f64 / env.episodes as f64),
+    );
+    l.set("env/tool_calls", Some(env.tool_calls as f64));
+    l.set("env/tool_call_errors", Some(env.tool_call_errors as f64));
+    l.set("time/env_s", Some(env.env_s));
 }
 
 /// `reward/<name>/mean` (the raw component reward over the scored experiences) and

@@ -276,13 +276,16 @@ fn online_feed(
         .encode(&ex_tok, settings::add_special_tokens(&c.data))
         .context("encoding train prompts")?;
     // No prompt without room for its completion: refused now rather than at its first step.
-    train_p
-        .check_room(
-            &ids,
-            model.config().max_position_embeddings,
-            c.rollout.max_new_tokens,
-            "rollout.max_new_tokens",
+    let (room, room_key) = if c.env.is_on() {
+        (
+            c.env.episode_tokens(c.rollout.max_new_tokens),
+            "env.max_episode_tokens",
         )
+    } else {
+        (c.rollout.max_new_tokens, "rollout.max_new_tokens")
+    };
+    train_p
+        .check_room(&ids, model.config().max_position_embeddings, room, room_key)
         .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
@@ -318,6 +321,10 @@ fn online_feed(
         rows: train_p.rows,
         columns: train_p.columns,
     };
+    let runner = match c.env.is_on() {
+        true => Some(settings::episode_runner(cfg, &ex_tok, &reward)?),
+        false => None,
+    };
     let mut explorer = Explorer::new(
         rollout,
         ex_tok,
@@ -326,6 +333,9 @@ fn online_feed(
         reward.clone(),
         settings::explorer_settings(cfg, &tokenizer.eos_ids),
     )?;
+    if let Some(r) = runner {
+        explorer = explorer.with_episodes(r, c.env.builtin.is_some());
+    }
     // The starting weights cross the boundary once, at start and on resume.
     match (start.state, start.ckpt) {
         (Some(st), Some(dir)) if st.explorer_weights => {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// One scored completion: the unit of the buffer and of offline files.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Experience {
     /// Prompt token ids (non-empty).
     pub prompt_ids: Vec<u32>,
@@ -33,6 +33,19 @@ pub struct Experience {
     /// reward is on); empty when unknown (offline files).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<RewardPart>,
+    /// The loss mask of a multi-turn episode (docs/DESIGN.md section 14), one entry per
+    /// completion token: 1 on tokens the policy sampled, 0 on the environment's bridge tokens
+    /// (read by nothing but their position). `None`: every token sampled (single-turn rows, old
+    /// files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_mask: Option<Vec<u8>>,
+    /// Assistant turns of a multi-turn episode; `None` for a single-turn row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<u32>,
+    /// The rewards the environment gave, in order (each step's, then `finish`'s), `None` where
+    /// a reply gave none; empty for a single-turn row.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_rewards: Vec<Option<f64>>,
 }
 
 /// One part of an experience's reward: a reward component, or the format term.
@@ -55,6 +68,29 @@ impl Experience {
     /// Whether it counts as correct for `accuracy`: `correct` when known, else reward > 0.
     pub fn is_correct(&self) -> Option<bool> {
         self.correct.or(self.reward.map(|r| r > 0.0))
+    }
+
+    /// Whether completion token `j` was sampled by the policy (1 in the mask; every token of a
+    /// row without a mask).
+    pub fn sampled(&self, j: usize) -> bool {
+        self.completion_mask.as_ref().is_none_or(|m| m[j] != 0)
+    }
+
+    /// The loss mask as f32 (1 on sampled tokens, 0 on bridge tokens), one per completion token.
+    pub fn loss_mask(&self) -> Vec<f32> {
+        match &self.completion_mask {
+            None => vec![1.0; self.completion_ids.len()],
+            Some(m) => m.iter().map(|&x| f32::from(x != 0)).collect(),
+        }
+    }
+
+    /// Completion tokens the policy sampled (bridge tokens left out): what the normaliser,
+    /// lengths, DAPO's overlong shaping and tokens/s count.
+    pub fn sampled_tokens(&self) -> usize {
+        match &self.completion_mask {
+            None => self.completion_ids.len(),
+            Some(m) => m.iter().filter(|&&x| x != 0).count(),
+        }
     }
 }
 
@@ -214,6 +250,40 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
             ))
         }
     };
+    let completion_mask = match obj.get("completion_mask") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Array(a)) => {
+            let m = a
+                .iter()
+                .enumerate()
+                .map(|(i, x)| match x.as_u64() {
+                    Some(0) => Ok(0u8),
+                    Some(1) => Ok(1u8),
+                    _ => Err(err(
+                        "completion_mask",
+                        format!("entry {i} is {x}, expected 0 (environment token) or 1 (sampled)"),
+                    )),
+                })
+                .collect::<Result<Vec<u8>, _>>()?;
+            if m.len() != completion_ids.len() {
+                return Err(err(
+                    "completion_mask",
+                    format!(
+                        "has {} entries but completion_ids has {}: one per completion token",
+                        m.len(),
+                        completion_ids.len()
+                    ),
+                ));
+            }
+            Some(m)
+        }
+        Some(x) => {
+            return Err(err(
+                "completion_mask",
+                format!("{x}: expected an array of 0 and 1"),
+            ))
+        }
+    };
     Ok(Experience {
         prompt_ids,
         completion_ids,
@@ -224,6 +294,9 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
         version,
         truncated,
         components: Vec::new(),
+        completion_mask,
+        turns: None,
+        turn_rewards: Vec::new(),
     })
 }
 

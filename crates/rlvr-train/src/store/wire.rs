@@ -23,7 +23,7 @@ use crate::store::rollouts::RolloutRecord;
 pub struct RowMeta {
     /// The reward (`None`: unscorable).
     pub reward: Option<f64>,
-    /// Completion tokens.
+    /// Sampled completion tokens (a multi-turn episode's bridge tokens left out).
     pub completion_tokens: usize,
     /// Hit `max_new_tokens` without EOS.
     pub truncated: bool,
@@ -36,7 +36,7 @@ impl RowMeta {
     pub fn of(e: &Experience) -> RowMeta {
         RowMeta {
             reward: e.reward,
-            completion_tokens: e.completion_ids.len(),
+            completion_tokens: e.sampled_tokens(),
             truncated: e.truncated,
             group_id: e.group_id.clone(),
         }
@@ -265,6 +265,15 @@ impl Wire for Experience {
             w.f64(c.raw);
             w.f64(c.weighted);
         }
+        w.u8(u8::from(self.completion_mask.is_some()));
+        if let Some(m) = &self.completion_mask {
+            w.u32s(m.iter().map(|&x| u32::from(x)));
+        }
+        w.opt_u64(self.turns.map(u64::from));
+        w.len(self.turn_rewards.len());
+        for r in &self.turn_rewards {
+            w.opt_f64(*r);
+        }
     }
 
     fn get(r: &mut Reader) -> anyhow::Result<Self> {
@@ -286,6 +295,25 @@ impl Wire for Experience {
                 weighted: r.f64()?,
             });
         }
+        let completion_mask = if r.flag()? {
+            let m = r.u32s()?;
+            anyhow::ensure!(
+                m.len() == completion_ids.len() && m.iter().all(|&x| x <= 1),
+                "a completion mask of {} entries for {} tokens, or not 0/1",
+                m.len(),
+                completion_ids.len()
+            );
+            Some(m.into_iter().map(|x| x as u8).collect())
+        } else {
+            None
+        };
+        let turns = r.opt_u64()?.map(u32::try_from).transpose()?;
+        // A turn reward is at least its presence byte.
+        let n = r.len(1)?;
+        let mut turn_rewards = Vec::with_capacity(n);
+        for _ in 0..n {
+            turn_rewards.push(r.opt_f64()?);
+        }
         Ok(Experience {
             prompt_ids,
             completion_ids,
@@ -296,6 +324,9 @@ impl Wire for Experience {
             version,
             truncated,
             components,
+            completion_mask,
+            turns,
+            turn_rewards,
         })
     }
 }

@@ -46,11 +46,19 @@ pub(crate) fn corrected_mask(
                     start_lp[i].len(),
                     e.behaviour_logprobs.len()
                 );
-                let out = correct(&start_lp[i], &e.behaviour_logprobs, c);
+                // Over sampled tokens only: a sequence-level correction (geometric, sequence
+                // TIS/MIS) must not see a multi-turn episode's bridge tokens.
+                let sampled: Vec<usize> = (0..n).filter(|&j| e.sampled(j)).collect();
+                let pick = |v: &[f32]| -> Vec<f32> { sampled.iter().map(|&j| v[j]).collect() };
+                let out = correct(&pick(&start_lp[i]), &pick(&e.behaviour_logprobs), c);
                 if row_weights.get(r).is_some_and(|&w| w != 0.0) {
-                    counts.add_row(n, out.masked, out.truncated);
+                    counts.add_row(sampled.len(), out.masked, out.truncated);
                 }
-                out.weights
+                let mut w = vec![0.0; n];
+                for (&j, x) in sampled.iter().zip(out.weights) {
+                    w[j] = x;
+                }
+                w
             }
             _ => vec![1.0; n],
         };

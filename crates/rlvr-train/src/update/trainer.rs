@@ -520,14 +520,20 @@ impl Trainer {
         let mut old = vec![0f32; b * c_max];
         let mut m = vec![0f32; b * c_max];
         let mut mask_host = Vec::with_capacity(b);
+        // The loss mask: 1 on sampled tokens, 0 on padding and on a multi-turn episode's
+        // bridge tokens (docs/DESIGN.md section 14), whose ℓ_old placeholder nothing reads.
         for (r, &i) in mb.iter().enumerate() {
             let e = &batch[i];
-            let mut row = vec![0f32; c_max];
-            for j in 0..e.completion_ids.len() {
-                old[r * c_max + j] = e.behaviour_logprobs[j];
-                m[r * c_max + j] = 1.0;
-                row[j] = 1.0;
+            let mut row = e.loss_mask();
+            for (j, &mj) in row.iter().enumerate() {
+                old[r * c_max + j] = if mj > 0.0 {
+                    e.behaviour_logprobs[j]
+                } else {
+                    0.0
+                };
+                m[r * c_max + j] = mj;
             }
+            row.resize(c_max, 0.0);
             mask_host.push(row);
         }
         Ok(Some(MicroBatch {

@@ -1238,20 +1238,84 @@ fn input_paths_are_relative_to_the_config_file() {
 }
 
 #[test]
-fn an_env_table_is_refused_until_episodes_are_wired_in() {
-    let wired = "multi-turn episodes are not wired into the trainer yet (issue 45)";
+fn env_keys_are_typed_checked_and_named() {
+    // Off: the defaults, and config.toml holds no [env].
+    let c = check_load("", &[]).unwrap();
+    assert!(!c.raw.env.is_on());
+    assert!(!c.to_toml().unwrap().contains("[env]"));
+    // A key without env.command or env.builtin.
     let err = format!("{:#}", check_load("", &["env.max_turns=3"]).unwrap_err());
-    assert!(
-        err.starts_with("in --set env.max_turns=3: unknown key `env`: [env]")
-            && err.contains(wired),
-        "{err}"
+    assert!(err.contains("neither env.command nor env.builtin"), "{err}");
+    // The built-in retry environment with its keys.
+    let c = check_load(
+        "[env]\nbuiltin = \"retry\"\nmax_turns = 3\nturn_discount = 0.5\n",
+        &["rollout.max_new_tokens=8"],
+    )
+    .unwrap();
+    assert!(c.raw.env.is_on());
+    assert_eq!(c.raw.env.max_turns, 3);
+    // Default budget: 3 turns of 8 tokens and 2 bridges of 1024.
+    assert_eq!(c.raw.env.episode_tokens(8), 3 * 8 + 2 * 1024);
+    assert!(c.to_toml().unwrap().contains("builtin = \"retry\""));
+    // A program: relative to the config file, run in its directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().canonicalize().unwrap();
+    std::fs::write(dir.join("game.py"), "").unwrap();
+    let p = dir.join("c.toml");
+    std::fs::write(&p, "[env]\ncommand = [\"python3\", \"game.py\"]\n").unwrap();
+    let c = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    assert_eq!(
+        c.raw.env.command,
+        ["python3", dir.join("game.py").to_str().unwrap()]
     );
-    let err = format!(
-        "{:#}",
-        check_load("[env]\ncommand = [\"python3\", \"env.py\"]\n", &[]).unwrap_err()
-    );
-    assert!(
-        err.contains("unknown key `env`") && err.contains(wired),
-        "{err}"
-    );
+    assert_eq!(c.raw.env.dir.as_deref(), Some(dir.as_path()));
+    // Each bad value names its key.
+    let bad: [(&[&str], &str); 11] = [
+        (&["env.builtin=\"maze\""], "env.builtin"),
+        (
+            &["env.builtin=\"retry\"", "env.command=[\"x\"]"],
+            "env.command and env.builtin",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.max_turns=0"],
+            "env.max_turns",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.max_episode_tokens=2"],
+            "env.max_episode_tokens",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.tool_format=\"xml\""],
+            "env.tool_format",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.reward=\"mean\""],
+            "env.reward",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.timeout_s=0"],
+            "env.timeout_s",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.max_error_frac=1.5"],
+            "env.max_error_frac",
+        ),
+        (
+            &["env.builtin=\"retry\"", "env.turn_discount=0"],
+            "env.turn_discount",
+        ),
+        (&["env.builtin=\"retry\"", "env.tools=\"{}\""], "env.tools"),
+        (
+            &["env.builtin=\"retry\"", "env.restarts=5000"],
+            "env.restarts",
+        ),
+    ];
+    for (sets, key) in bad {
+        let mut all = vec!["rollout.max_new_tokens=4"];
+        all.extend_from_slice(sets);
+        let err = format!("{:#}", check_load("", &all).unwrap_err());
+        assert!(err.contains(key), "{sets:?}: {err}");
+    }
+    let err = format!("{:#}", check_load("", &["env.max_turnz=3"]).unwrap_err());
+    assert!(err.contains("env.max_turns"), "{err}");
 }

@@ -55,6 +55,7 @@ fn batch(groups: usize) -> Vec<Experience> {
                 version: Some(0),
                 components: Vec::new(),
                 truncated: k == 3 && g == 0,
+                ..Default::default()
             });
         }
     }

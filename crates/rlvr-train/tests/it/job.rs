@@ -45,6 +45,14 @@ fn odd_row(g: &str, i: u32) -> Experience {
                 weighted: 1.0 / 3.0,
             },
         ],
+        // A multi-turn episode's mask and turn rewards cross the gather bit for bit.
+        completion_mask: (i % 2 == 0).then(|| (0..lp.len()).map(|j| (j % 3 != 1) as u8).collect()),
+        turns: (i % 2 == 0).then_some(i + 2),
+        turn_rewards: vec![
+            None,
+            Some(-0.0),
+            Some(f64::from_bits(0x7ff8_0000_0000_0001)),
+        ],
     }
 }
 
@@ -59,13 +67,14 @@ fn empty_row() -> Experience {
         version: None,
         truncated: false,
         components: vec![],
+        ..Default::default()
     }
 }
 
 /// Every float of a row as its bits, and the rest as is: equal bits mean the same row.
 fn bits(e: &Experience) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {} {:?} {:?} {:?} {:?}",
         e.prompt_ids,
         e.completion_ids,
         e.behaviour_logprobs
@@ -80,6 +89,12 @@ fn bits(e: &Experience) -> String {
         e.components
             .iter()
             .map(|c| (c.name.clone(), c.raw.to_bits(), c.weighted.to_bits()))
+            .collect::<Vec<_>>(),
+        e.completion_mask,
+        e.turns,
+        e.turn_rewards
+            .iter()
+            .map(|r| r.map(f64::to_bits))
             .collect::<Vec<_>>(),
     )
 }

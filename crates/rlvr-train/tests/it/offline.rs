@@ -249,6 +249,7 @@ fn exp(prompt: Vec<u32>, completion: Vec<u32>, reward: f64, group: &str) -> Expe
         version: None,
         truncated: false,
         components: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -80,6 +80,7 @@ fn sft_loss_is_token_mean_ce_with_eos_and_decreases() {
             version: None,
             truncated: false,
             components: Vec::new(),
+            ..Default::default()
         })
         .collect();
     let rows: Vec<usize> = (0..exps.len()).collect();

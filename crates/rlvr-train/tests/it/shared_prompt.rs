@@ -83,6 +83,7 @@ fn batch() -> Vec<Experience> {
                 version: Some(0),
                 components: Vec::new(),
                 truncated: j == 1 && k == 8,
+                ..Default::default()
             });
         }
     }

@@ -1,0 +1,717 @@
+//! Multi-turn episodes on the explorer (docs/DESIGN.md section 14; issue 45): each of a step's
+//! B prompts × K samples is an episode of assistant turns sampled by the rollout backend and
+//! environment replies rendered as bridges, run in lock-step batches against an
+//! [`rlvr_env::Environment`] (a program speaking the JSON-lines protocol, or the built-in
+//! `retry` environment over the run's verifier).
+//!
+//! Per step: `reset` for every episode (the K replies of a group must agree), turn 1 sampled
+//! through [`Rollout::sample`] exactly as a single-turn group (one prefill per prompt, the
+//! stream of (seed, draw, sample)), then while any episode is live: `step` for the turns that
+//! ended on the end-of-turn token, `finish` for those rlvr ends (`max_turns`, `length`, `budget`,
+//! `eos`), the bridges appended, and the next turn of every live episode sampled through
+//! [`Rollout::sample_turns`] (stream (seed, draw, sample, turn)). The batch depends on the
+//! weights, the cursor, the seed and the environment's replies, never on timing.
+//!
+//! Each episode becomes one experience row: `completion_ids = a_1 b_1 a_2 … a_T` (never ending in
+//! a bridge), `completion_mask` 1 on sampled ids and 0 on bridge ids, behaviour log-probs 0.0 on
+//! bridges (read by nothing), its reward aggregated by `env.reward`; an episode the environment
+//! failed is unscorable (reward null), and more than `env.max_error_frac` of them stops the run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use rlvr_env::bridge::{assemble, bridge, Bridge};
+use rlvr_env::json::Json;
+use rlvr_env::protocol::{
+    FinishEpisode, FinishReason as EnvFinish, Message, ResetEpisode, StepEpisode,
+};
+use rlvr_env::reward::{episode_reward, RewardMode};
+use rlvr_env::template::ChatTemplate;
+use rlvr_env::tools::{parse_tool_calls, ToolFormat};
+use rlvr_env::Environment;
+use rlvr_model::TokenizerBundle;
+use rlvr_reward::combine::RewardFunction;
+use rlvr_reward::Sample;
+use rlvr_rollout::{Completion, FinishReason, Rollout, SamplingParams, TurnRow};
+use serde::{Deserialize, Serialize};
+
+/// The most distinct bridges kept between steps (an environment whose replies repeat, such as
+/// `retry`, renders each once).
+const BRIDGE_CACHE: usize = 4096;
+
+/// How episodes run (the `[env]` keys, resolved).
+#[derive(Debug, Clone)]
+pub struct EpisodeSettings {
+    /// `env.max_turns`.
+    pub max_turns: u32,
+    /// `env.max_episode_tokens` (resolved): tokens after the prompt, turns and bridges together.
+    pub episode_tokens: usize,
+    /// `env.max_observation_tokens`: most tokens of one bridge.
+    pub max_observation_tokens: usize,
+    /// `env.tool_format`.
+    pub tool_format: ToolFormat,
+    /// `env.tools`: static schemas (an environment's `reset` may give its own).
+    pub tools: Option<Vec<Json>>,
+    /// `env.reward`.
+    pub reward: RewardMode,
+    /// `env.max_error_frac`.
+    pub max_error_frac: f64,
+    /// The end-of-turn token as text and its id.
+    pub end_of_turn: (String, u32),
+    /// Token strings refused in observations (empty: `env.allow_special_tokens`).
+    pub specials: Vec<String>,
+}
+
+/// What the environment did in one batch, for metrics.jsonl (`env/*`, `time/env_s`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EnvStats {
+    /// Episodes run.
+    pub episodes: usize,
+    /// Episodes the environment failed (unscorable).
+    pub errors: usize,
+    /// Tool calls parsed.
+    pub tool_calls: usize,
+    /// Tool calls that did not parse.
+    pub tool_call_errors: usize,
+    /// Seconds spent waiting for the environment and rendering bridges.
+    pub env_s: f64,
+}
+
+impl EnvStats {
+    /// Adds `o`'s counts and time.
+    pub fn merge(&mut self, o: &EnvStats) {
+        self.episodes += o.episodes;
+        self.errors += o.errors;
+        self.tool_calls += o.tool_calls;
+        self.tool_call_errors += o.tool_call_errors;
+        self.env_s += o.env_s;
+    }
+}
+
+/// One prompt's episodes to run: its draw index, ids, text, verifier reference and row.
+pub struct EpisodePrompt<'a> {
+    /// The prompt's draw index (group id).
+    pub draw: usize,
+    /// Its token ids.
+    pub ids: &'a [u32],
+    /// The dataset row handed to `reset` (an object).
+    pub row: Json,
+}
+
+/// One finished episode.
+#[derive(Debug, Clone)]
+pub struct EpisodeOut {
+    /// Its prompt's draw index.
+    pub draw: usize,
+    /// Its index in the group.
+    pub sample: usize,
+    /// The prompt ids (the group's, or the environment's replacement rendered).
+    pub prompt_ids: Vec<u32>,
+    /// `a_1 b_1 … a_T`.
+    pub completion_ids: Vec<u32>,
+    /// 1 on sampled ids, 0 on bridge ids.
+    pub completion_mask: Vec<u8>,
+    /// The sampler's log-probs on sampled ids, 0.0 on bridges.
+    pub behaviour_logprobs: Vec<f32>,
+    /// The episode's reward; `None` when the environment failed it.
+    pub reward: Option<f64>,
+    /// The rewards the environment gave, in order.
+    pub turn_rewards: Vec<Option<f64>>,
+    /// Assistant turns.
+    pub turns: u32,
+    /// How it ended: `done`, `max_turns`, `length`, `budget`, `eos` or `error`.
+    pub finish: &'static str,
+    /// The environment's error, when it failed the episode.
+    pub error: Option<String>,
+    /// Policy version of the weights that sampled it.
+    pub version: u64,
+    /// The transcript: (role, text) per assistant turn and environment message.
+    pub transcript: Vec<(String, String)>,
+}
+
+/// An episode while it runs.
+struct Live {
+    draw: usize,
+    sample: usize,
+    id: String,
+    prompt: Vec<u32>,
+    tools: Option<Vec<Json>>,
+    turns: Vec<(Vec<u32>, Vec<f32>)>,
+    bridges: Vec<Vec<u32>>,
+    used: usize,
+    rewards: Vec<Option<f64>>,
+    end: Option<&'static str>,
+    error: Option<String>,
+    version: u64,
+    transcript: Vec<(String, String)>,
+}
+
+impl Live {
+    fn context(&self) -> Vec<u32> {
+        let mut c = self.prompt.clone();
+        for (t, (ids, _)) in self.turns.iter().enumerate() {
+            if t > 0 {
+                c.extend_from_slice(&self.bridges[t - 1]);
+            }
+            c.extend_from_slice(ids);
+        }
+        if self.bridges.len() == self.turns.len() {
+            c.extend_from_slice(self.bridges.last().expect("a bridge"));
+        }
+        c
+    }
+
+    fn fail(&mut self, why: String) {
+        self.end = Some("error");
+        self.error = Some(why);
+    }
+}
+
+/// Parses `env.tools`: a JSON array of objects (OpenAI-style function schemas), keys kept in
+/// their order.
+///
+/// # Errors
+/// Invalid JSON, or not an array of objects.
+pub fn parse_tools(text: &str) -> Result<Vec<Json>, String> {
+    let v = Json::parse(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    match v {
+        Json::Array(a) if a.iter().all(|t| matches!(t, Json::Object(_))) => Ok(a),
+        other => Err(format!(
+            "expected a JSON array of tool schemas (objects), got {}",
+            other.kind()
+        )),
+    }
+}
+
+/// The environment seed of a group: the run seed and the prompt's draw index mixed
+/// (SplitMix64), the same for the group's K episodes.
+pub fn group_seed(seed: u64, draw: usize) -> u64 {
+    let mut z = seed ^ (draw as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The episode runner of the explorer: the environment, the chat template of the bridges and the
+/// settings.
+pub struct EpisodeRunner {
+    env: Box<dyn Environment>,
+    template: ChatTemplate,
+    settings: EpisodeSettings,
+    bridges: HashMap<String, Bridge>,
+}
+
+impl EpisodeRunner {
+    /// A runner over `env` rendering bridges with `template`.
+    pub fn new(
+        env: Box<dyn Environment>,
+        template: ChatTemplate,
+        settings: EpisodeSettings,
+    ) -> Self {
+        EpisodeRunner {
+            env,
+            template,
+            settings,
+            bridges: HashMap::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &EpisodeSettings {
+        &self.settings
+    }
+
+    /// The bridge for `messages` after a turn (cached by messages and tools).
+    fn bridge_for(
+        &mut self,
+        tok: &TokenizerBundle,
+        messages: &[Message],
+        tools: Option<&[Json]>,
+    ) -> anyhow::Result<Bridge> {
+        let key = format!(
+            "{}\u{0}{}",
+            Json::Array(messages.iter().map(Message::to_json).collect()).to_compact(),
+            tools.map_or(String::new(), |t| Json::Array(t.to_vec()).to_compact())
+        );
+        if let Some(b) = self.bridges.get(&key) {
+            return Ok(b.clone());
+        }
+        let encode = |t: &str| -> Result<Vec<u32>, String> {
+            tok.encode(t, false).map_err(|e| e.to_string())
+        };
+        let b = bridge(
+            &self.template,
+            &self.settings.end_of_turn.0,
+            messages,
+            tools,
+            &encode,
+        )
+        .context("rendering an environment reply as a bridge (env.chat_template)")?;
+        if self.bridges.len() >= BRIDGE_CACHE {
+            self.bridges.clear();
+        }
+        self.bridges.insert(key, b.clone());
+        Ok(b)
+    }
+
+    /// Runs the K episodes of each of `prompts` (draw indices consecutive from `first`) to their
+    /// end; returns them in (prompt, sample) order with what the environment did.
+    ///
+    /// # Errors
+    /// A fault of the environment that stops the run (protocol, process, differing reset replies),
+    /// a template the bridges refuse, sampling errors, and more than `env.max_error_frac` of the
+    /// episodes failed.
+    pub fn run(
+        &mut self,
+        rollout: &mut dyn Rollout,
+        tok: &TokenizerBundle,
+        prompts: &[EpisodePrompt<'_>],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats)> {
+        let k = params.group_size;
+        let mut stats = EnvStats {
+            episodes: prompts.len() * k,
+            ..EnvStats::default()
+        };
+        let Some(first) = prompts.first().map(|p| p.draw) else {
+            return Ok((Vec::new(), stats));
+        };
+        anyhow::ensure!(
+            prompts.iter().enumerate().all(|(i, p)| p.draw == first + i),
+            "internal: episode prompts must have consecutive draw indices"
+        );
+        // reset: every episode, the K of a group with one seed; their replies must agree.
+        let resets: Vec<ResetEpisode> = prompts
+            .iter()
+            .flat_map(|p| {
+                (0..k).map(move |j| ResetEpisode {
+                    id: format!("{}:{j}", p.draw),
+                    group: p.draw.to_string(),
+                    sample: j as u32,
+                    seed: group_seed(seed, p.draw),
+                    row: p.row.clone(),
+                    prompt: None,
+                })
+            })
+            .collect();
+        let t0 = Instant::now();
+        let replies = self.env.reset(&resets).context("the environment's reset")?;
+        rlvr_env::validate::check_groups(&resets, &replies)?;
+        stats.env_s += t0.elapsed().as_secs_f64();
+        // Each group's prompt: kept, or the environment's messages rendered with its tools.
+        let mut group_prompt: Vec<Vec<u32>> = Vec::with_capacity(prompts.len());
+        let mut group_tools: Vec<Option<Vec<Json>>> = Vec::with_capacity(prompts.len());
+        for (g, p) in prompts.iter().enumerate() {
+            let reply = replies[g * k..(g + 1) * k]
+                .iter()
+                .find_map(|r| r.as_ref().ok());
+            let tools = reply
+                .and_then(|r| r.tools.clone())
+                .or_else(|| self.settings.tools.clone());
+            let ids = match reply.and_then(|r| r.messages.as_ref()) {
+                Some(m) => {
+                    if let Some((t, field)) =
+                        rlvr_env::validate::find_special_token(m, &self.settings.specials)
+                    {
+                        anyhow::bail!(
+                            "group {}: the environment's reset {field} holds the special token \
+                             {t:?} as text",
+                            p.draw
+                        );
+                    }
+                    let text = self.template.render(m, tools.as_deref(), true)?;
+                    tok.encode(&text, false)?
+                }
+                None if tools.is_some() => anyhow::bail!(
+                    "group {}: the episode has tools but its prompt is the dataset's rendered \
+                     text, which cannot be rendered again with them: have the environment's \
+                     reset reply give `messages` too",
+                    p.draw
+                ),
+                None => p.ids.to_vec(),
+            };
+            group_prompt.push(ids);
+            group_tools.push(tools);
+        }
+        let mut eps: Vec<Live> = resets
+            .iter()
+            .zip(&replies)
+            .enumerate()
+            .map(|(i, (r, reply))| {
+                let g = i / k;
+                let mut l = Live {
+                    draw: prompts[g].draw,
+                    sample: i % k,
+                    id: r.id.clone(),
+                    prompt: group_prompt[g].clone(),
+                    tools: group_tools[g].clone(),
+                    turns: Vec::new(),
+                    bridges: Vec::new(),
+                    used: 0,
+                    rewards: Vec::new(),
+                    end: None,
+                    error: None,
+                    version: 0,
+                    transcript: Vec::new(),
+                };
+                if let Err(e) = reply {
+                    l.fail(format!("reset: {e}"));
+                }
+                l
+            })
+            .collect();
+        // Turn 1: today's group path, one prefill per prompt.
+        let groups = rollout
+            .sample(&group_prompt, first, params, seed)
+            .context("sampling the first turns")?;
+        let completions = rlvr_rollout::flatten(groups).with_context(|| {
+            format!(
+                "sampling the groups of prompts {first}..{} (draw indices)",
+                first + prompts.len()
+            )
+        })?;
+        let mut turn: u32 = 1;
+        let mut pending: Vec<(usize, Completion)> = completions.into_iter().enumerate().collect();
+        loop {
+            self.after_turn(tok, &mut eps, pending, turn, &mut stats)?;
+            let live: Vec<usize> = (0..eps.len()).filter(|&i| eps[i].end.is_none()).collect();
+            if live.is_empty() {
+                break;
+            }
+            turn += 1;
+            // Every live episode's next turn, within its own remaining budget: one call per
+            // distinct limit, so an episode's turn never depends on which others are live.
+            let cap = |e: &Live| {
+                params
+                    .max_new_tokens
+                    .min(self.settings.episode_tokens.saturating_sub(e.used))
+                    .max(1)
+            };
+            let mut caps: Vec<usize> = live.iter().map(|&i| cap(&eps[i])).collect();
+            caps.sort_unstable();
+            caps.dedup();
+            pending = Vec::with_capacity(live.len());
+            for c in caps {
+                let these: Vec<usize> = live
+                    .iter()
+                    .copied()
+                    .filter(|&i| cap(&eps[i]) == c)
+                    .collect();
+                let rows: Vec<TurnRow> = these
+                    .iter()
+                    .map(|&i| TurnRow {
+                        context: eps[i].context(),
+                        prompt_index: eps[i].draw,
+                        sample_index: eps[i].sample,
+                        turn: u64::from(turn),
+                    })
+                    .collect();
+                let turn_params = SamplingParams {
+                    max_new_tokens: c,
+                    ..params.clone()
+                };
+                let out = rollout
+                    .sample_turns(&rows, &turn_params, seed)
+                    .with_context(|| format!("sampling turn {turn} of the episodes"))?;
+                pending.extend(these.into_iter().zip(out));
+            }
+            pending.sort_by_key(|(i, _)| *i);
+        }
+        stats.errors = eps.iter().filter(|e| e.error.is_some()).count();
+        let frac = stats.errors as f64 / eps.len().max(1) as f64;
+        if frac > self.settings.max_error_frac {
+            let example = eps
+                .iter()
+                .find_map(|e| e.error.as_ref().map(|m| format!("episode {}: {m}", e.id)))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "{} of {} episodes failed in the environment ({:.0}%, above env.max_error_frac = \
+                 {}); the first: {example}",
+                stats.errors,
+                eps.len(),
+                100.0 * frac,
+                self.settings.max_error_frac
+            );
+        }
+        let mode = self.settings.reward;
+        let out = eps
+            .into_iter()
+            .map(|e| {
+                let errored = e.error.is_some();
+                let toks = if e.turns.is_empty() {
+                    rlvr_env::bridge::EpisodeTokens {
+                        completion_ids: Vec::new(),
+                        completion_mask: Vec::new(),
+                        behaviour_logprobs: Vec::new(),
+                    }
+                } else {
+                    assemble(&e.turns, &e.bridges[..e.turns.len() - 1])?
+                };
+                Ok(EpisodeOut {
+                    draw: e.draw,
+                    sample: e.sample,
+                    prompt_ids: e.prompt,
+                    completion_ids: toks.completion_ids,
+                    completion_mask: toks.completion_mask,
+                    behaviour_logprobs: toks.behaviour_logprobs,
+                    reward: episode_reward(mode, &e.rewards, errored),
+                    turn_rewards: e.rewards,
+                    turns: e.turns.len() as u32,
+                    finish: e.end.unwrap_or("done"),
+                    error: e.error,
+                    version: e.version,
+                    transcript: e.transcript,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok((out, stats))
+    }
+
+    /// Records each `(episode, completion)` of turn `turn`, then steps the environment for the
+    /// turns that ended on the end-of-turn token and finishes the episodes rlvr ends.
+    fn after_turn(
+        &mut self,
+        tok: &TokenizerBundle,
+        eps: &mut [Live],
+        done: Vec<(usize, Completion)>,
+        turn: u32,
+        stats: &mut EnvStats,
+    ) -> anyhow::Result<()> {
+        let eot = self.settings.end_of_turn.1;
+        let mut steps: Vec<(usize, StepEpisode)> = Vec::new();
+        let mut finishes: Vec<(usize, EnvFinish)> = Vec::new();
+        for (i, c) in done {
+            let e = &mut eps[i];
+            e.version = c.version;
+            e.used += c.token_ids.len();
+            let on_eot = c.finish_reason == FinishReason::Eos && c.token_ids.last() == Some(&eot);
+            let body = if on_eot {
+                &c.token_ids[..c.token_ids.len() - 1]
+            } else {
+                &c.token_ids[..]
+            };
+            let text = tok.decode(body, true)?;
+            e.transcript.push(("assistant".into(), text.clone()));
+            e.turns.push((c.token_ids, c.behaviour_logprobs));
+            if e.end.is_some() {
+                // Failed at reset: its first turn is kept, never stepped.
+                continue;
+            }
+            if on_eot {
+                let parsed = parse_tool_calls(self.settings.tool_format, &text);
+                stats.tool_calls += parsed.calls.len();
+                stats.tool_call_errors += parsed.errors.len();
+                steps.push((
+                    i,
+                    StepEpisode {
+                        id: e.id.clone(),
+                        turn,
+                        text,
+                        tool_calls: parsed.calls,
+                        tool_call_errors: parsed.errors,
+                    },
+                ));
+            } else if c.finish_reason == FinishReason::Length {
+                let reason = if e.used >= self.settings.episode_tokens {
+                    EnvFinish::Budget
+                } else {
+                    EnvFinish::Length
+                };
+                finishes.push((i, reason));
+            } else {
+                finishes.push((i, EnvFinish::Eos));
+            }
+        }
+        let t0 = Instant::now();
+        if !steps.is_empty() {
+            let req: Vec<StepEpisode> = steps.iter().map(|(_, s)| s.clone()).collect();
+            let replies = self.env.step(&req).context("the environment's step")?;
+            for ((i, _), reply) in steps.iter().zip(replies) {
+                let i = *i;
+                let r = match reply {
+                    Ok(r) => r,
+                    Err(m) => {
+                        eps[i].fail(format!("step {turn}: {m}"));
+                        continue;
+                    }
+                };
+                eps[i].rewards.push(r.reward);
+                for m in &r.messages {
+                    eps[i].transcript.push((m.role.clone(), m.content.clone()));
+                }
+                if r.done {
+                    eps[i].end = Some("done");
+                    continue;
+                }
+                if turn >= self.settings.max_turns {
+                    finishes.push((i, EnvFinish::MaxTurns));
+                    continue;
+                }
+                if let Some((t, field)) =
+                    rlvr_env::validate::find_special_token(&r.messages, &self.settings.specials)
+                {
+                    eps[i].fail(format!(
+                        "step {turn}: the reply's {field} holds the special token {t:?} as text \
+                         (it would be encoded as that control token; env.allow_special_tokens \
+                         accepts it)"
+                    ));
+                    continue;
+                }
+                let tools = eps[i].tools.clone();
+                let b = self.bridge_for(tok, &r.messages, tools.as_deref())?;
+                if b.ids.len() > self.settings.max_observation_tokens {
+                    eps[i].fail(format!(
+                        "step {turn}: the reply renders as {} tokens, above \
+                         env.max_observation_tokens = {}",
+                        b.ids.len(),
+                        self.settings.max_observation_tokens
+                    ));
+                    continue;
+                }
+                // The next turn needs room for the bridge and at least one token.
+                if eps[i].used + b.ids.len() >= self.settings.episode_tokens {
+                    finishes.push((i, EnvFinish::Budget));
+                    continue;
+                }
+                eps[i].used += b.ids.len();
+                eps[i].bridges.push(b.ids);
+            }
+        }
+        if !finishes.is_empty() {
+            let req: Vec<FinishEpisode> = finishes
+                .iter()
+                .map(|&(i, reason)| FinishEpisode {
+                    id: eps[i].id.clone(),
+                    reason,
+                })
+                .collect();
+            let replies = self.env.finish(&req).context("the environment's finish")?;
+            for (&(i, reason), reply) in finishes.iter().zip(replies) {
+                match reply {
+                    Ok(r) => {
+                        if r.reward.is_some() {
+                            eps[i].rewards.push(r.reward);
+                        }
+                        eps[i].end = Some(reason.as_str());
+                    }
+                    Err(m) => eps[i].fail(format!("finish: {m}")),
+                }
+            }
+        }
+        stats.env_s += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
+/// The built-in `retry` environment's verifier: the run's reward function judges a turn's text
+/// (its `correct`, the format bonus left out) against the row's prompt, reference and columns.
+pub struct RetryVerifier {
+    /// The run's reward function.
+    pub reward: Arc<RewardFunction>,
+}
+
+impl RetryVerifier {
+    /// The row the explorer hands to `reset` for the built-in `retry` environment.
+    pub fn row(prompt: &str, reference: &str, columns: &[(String, String)], index: usize) -> Json {
+        Json::object([
+            ("prompt", Json::from(prompt)),
+            ("reference", Json::from(reference)),
+            ("index", Json::UInt(index as u64)),
+            (
+                "columns",
+                Json::Array(
+                    columns
+                        .iter()
+                        .map(|(k, v)| {
+                            Json::Array(vec![Json::from(k.as_str()), Json::from(v.as_str())])
+                        })
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+}
+
+impl rlvr_env::retry::TurnVerifier for RetryVerifier {
+    fn correct(&self, row: &Json, text: &str) -> Result<bool, String> {
+        let s = |k: &str| row.get(k).and_then(Json::as_str).unwrap_or("");
+        let columns: Vec<(String, String)> = match row.get("columns") {
+            Some(Json::Array(a)) => a
+                .iter()
+                .filter_map(|p| match p {
+                    Json::Array(kv) if kv.len() == 2 => {
+                        Some((kv[0].as_str()?.to_string(), kv[1].as_str()?.to_string()))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let index = match row.get("index") {
+            Some(Json::UInt(n)) => Some(*n as usize),
+            Some(Json::Int(n)) => usize::try_from(*n).ok(),
+            _ => None,
+        };
+        let sample = Sample {
+            prompt: s("prompt"),
+            completion: text,
+            reference: s("reference"),
+            columns: &columns,
+            index,
+        };
+        let out = self
+            .reward
+            .score_batch(&[sample])
+            .map_err(|e| format!("the verifier: {e}"))?;
+        Ok(out.first().is_some_and(|b| b.correct))
+    }
+}
+
+/// The row a program environment's `reset` gets: the dataset row's columns, then `reference`
+/// (unless a column has that name).
+pub fn program_row(reference: &str, columns: &[(String, String)]) -> Json {
+    let mut pairs: Vec<(String, Json)> = columns
+        .iter()
+        .map(|(k, v)| (k.clone(), Json::from(v.as_str())))
+        .collect();
+    if !columns.iter().any(|(k, _)| k == "reference") {
+        pairs.push(("reference".into(), Json::from(reference)));
+    }
+    Json::object(pairs)
+}
+
+/// The end-of-turn token of `template_source` for `tok`: `explicit` when given, else the first of
+/// the tokenizer's EOS tokens that the template writes; with its id (one token).
+///
+/// # Errors
+/// No EOS token appears in the template and none was given; the string is not one token.
+pub fn end_of_turn(
+    tok: &TokenizerBundle,
+    template_source: &str,
+    explicit: Option<&str>,
+) -> anyhow::Result<(String, u32)> {
+    let text = match explicit {
+        Some(t) => t.to_string(),
+        None => tok
+            .eos_ids
+            .iter()
+            .filter_map(|&id| tok.tokenizer.id_to_token(id))
+            .find(|t| template_source.contains(t.as_str()))
+            .with_context(|| {
+                "none of the tokenizer's EOS tokens appears in the chat template: set \
+                 env.end_of_turn to the template's end-of-turn token (e.g. \"<|im_end|>\")"
+            })?,
+    };
+    let ids = tok.encode(&text, false)?;
+    match ids[..] {
+        [id] => Ok((text, id)),
+        _ => anyhow::bail!(
+            "env.end_of_turn {text:?} encodes as {} tokens {ids:?}, not one (it must be a special \
+             token of the model's tokenizer)",
+            ids.len()
+        ),
+    }
+}

@@ -1,0 +1,374 @@
+//! Multi-turn episodes (docs/DESIGN.md section 14) through the explorer and the trainer, on the
+//! tiny character model with a small chat template whose end-of-turn token is the tokenizer's
+//! `<|endoftext|>`, driven by the built-in `retry` environment over the arithmetic verifier:
+//!
+//! - `max_turns = 1` samples exactly the single-turn batch (ids, behaviour log-probs, versions,
+//!   groups, bit for bit) and gives the verifier's reward to every turn that ended on the
+//!   end-of-turn token (a turn cut by `max_new_tokens` gets `finish`, which `retry` scores 0);
+//! - multi-turn rows are `a_1 b_1 a_2 …` with the mask 1 exactly on sampled ids, bridges equal to
+//!   the template's rendering of the retry message, and the trainer's log-probs over the stored
+//!   rows equal the sampler's at every sampled position (importance ratio 1 on-policy);
+//! - garbage written into the behaviour log-probs at bridge positions changes nothing in a step
+//!   (loss, every statistic, gradient norm, weights bit for bit), with and without a
+//!   sequence-level mismatch correction;
+//! - a whole `rlvr train` run with `[env]` writes the `env/*` metrics.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use rlvr_data::generate::Split;
+use rlvr_data::sampler::PromptSampler;
+use rlvr_model::Model;
+use rlvr_train::config::{settings, RawConfig, ResolvedConfig};
+use rlvr_train::feed::backend::{self, BackendSettings, NativeWeights, ServerUse, Workload};
+use rlvr_train::feed::explorer::{Explorer, TrainPrompts};
+use rlvr_train::feed::prompts::prepare_prompts;
+use rlvr_train::store::experience::Experience;
+
+use crate::common::{arithmetic_sets, tiny_model};
+
+/// A chat template in the model's characters: `role:content<|endoftext|>` per message, `=>` as
+/// the generation prompt.
+const TEMPLATE: &str = "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+                        {% endfor %}{% if add_generation_prompt %}=>{% endif %}";
+
+fn config(model: &Path, run: &Path, extra: &[&str]) -> ResolvedConfig {
+    let tpl = run.parent().unwrap().join("chat.jinja");
+    std::fs::write(&tpl, TEMPLATE).unwrap();
+    let mut sets = arithmetic_sets(model, run);
+    sets.push("rollout.max_new_tokens=6".into());
+    sets.push(format!("env.chat_template=\"{}\"", tpl.display()));
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    RawConfig::load(None, &sets).unwrap().resolve().unwrap()
+}
+
+fn single_turn(cfg: &ResolvedConfig) -> ResolvedConfig {
+    let mut c = cfg.clone();
+    c.raw.env = Default::default();
+    c
+}
+
+/// The explorer `rlvr train` builds for `cfg` (native backend over `model`, version 0).
+fn explorer(cfg: &ResolvedConfig, model: &Model, dir: &Path) -> Explorer {
+    let c = &cfg.raw;
+    let tok = settings::load_tokenizer(dir).unwrap();
+    let p = prepare_prompts(&c.data, Split::Train, &tok).unwrap();
+    let ids = p
+        .encode(&tok, settings::add_special_tokens(&c.data))
+        .unwrap();
+    let reward = Arc::new(settings::reward_function(c).unwrap());
+    let rollout = backend::build(
+        &BackendSettings::Native,
+        model,
+        &tok,
+        0,
+        Workload {
+            longest_prompt: 8,
+            max_new_tokens: 6,
+        },
+        NativeWeights::Copy,
+        &ServerUse::Fixed {
+            command: "test",
+            share: false,
+        },
+    )
+    .unwrap();
+    let runner = c
+        .env
+        .is_on()
+        .then(|| settings::episode_runner(cfg, &tok, &reward).unwrap());
+    let sampler = PromptSampler::new(p.texts.len(), c.data.seed).unwrap();
+    let ex = Explorer::new(
+        rollout,
+        settings::load_tokenizer(dir).unwrap(),
+        TrainPrompts {
+            ids,
+            texts: p.texts,
+            references: p.references,
+            rows: p.rows,
+            columns: p.columns,
+        },
+        sampler,
+        reward,
+        settings::explorer_settings(cfg, &tok.eos_ids),
+    )
+    .unwrap();
+    match runner {
+        Some(r) => ex.with_episodes(r, true),
+        None => ex,
+    }
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    model_dir: PathBuf,
+    run: PathBuf,
+    model: Model,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = tiny_model(tmp.path(), 3);
+    let run = tmp.path().join("run");
+    let model = Model::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
+    Fixture {
+        model_dir,
+        run,
+        model,
+        _tmp: tmp,
+    }
+}
+
+fn eot(f: &Fixture) -> u32 {
+    let tok = settings::load_tokenizer(&f.model_dir).unwrap();
+    tok.eos_ids[0]
+}
+
+#[test]
+fn one_turn_samples_the_single_turn_batch_bit_for_bit() {
+    let f = fixture();
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &["env.builtin=\"retry\"", "env.max_turns=1"],
+    );
+    let single = explorer(&single_turn(&cfg), &f.model, &f.model_dir)
+        .produce(1)
+        .unwrap();
+    let mut ex = explorer(&cfg, &f.model, &f.model_dir);
+    let multi = ex.produce(1).unwrap();
+    assert_eq!(single.experiences.len(), 16);
+    assert_eq!(multi.experiences.len(), 16);
+    let eot = eot(&f);
+    let (mut on_eot, mut cut) = (0, 0);
+    for (a, b) in single.experiences.iter().zip(&multi.experiences) {
+        assert_eq!(a.prompt_ids, b.prompt_ids);
+        assert_eq!(a.completion_ids, b.completion_ids);
+        let bits = |e: &Experience| -> Vec<u32> {
+            e.behaviour_logprobs.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(a), bits(b));
+        assert_eq!((&a.group_id, a.version), (&b.group_id, b.version));
+        assert_eq!(
+            b.completion_mask.as_deref(),
+            Some(&vec![1u8; a.completion_ids.len()][..])
+        );
+        assert_eq!(b.turns, Some(1));
+        if a.completion_ids.last() == Some(&eot) {
+            on_eot += 1;
+            // The verifier's judgement, as retry's reward 1 or 0.
+            assert_eq!(
+                b.reward,
+                Some(if a.correct == Some(true) { 1.0 } else { 0.0 })
+            );
+            assert_eq!(a.truncated, b.truncated);
+        } else {
+            cut += 1;
+            assert!(b.truncated);
+            assert_eq!(b.reward, Some(0.0));
+        }
+    }
+    assert!(
+        on_eot > 0,
+        "no completion ended on the end-of-turn token ({cut} cut)"
+    );
+    let env = multi.env.unwrap();
+    assert_eq!((env.episodes, env.errors), (16, 0));
+    // The next batch follows the same cursor.
+    let again = ex.produce(2).unwrap();
+    assert_eq!(again.experiences.len(), 16);
+}
+
+/// Multi-turn episodes of the retry environment: 3 turns at most.
+fn multi_turn_batch(f: &Fixture, extra: &[&str]) -> (ResolvedConfig, Vec<Experience>) {
+    let mut sets = vec!["env.builtin=\"retry\"", "env.max_turns=3"];
+    sets.extend_from_slice(extra);
+    let cfg = config(&f.model_dir, &f.run, &sets);
+    let b = explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap();
+    (cfg, b.experiences)
+}
+
+#[test]
+fn episodes_are_turns_and_bridges_with_the_mask_on_sampled_ids() {
+    let f = fixture();
+    let (_, exps) = multi_turn_batch(&f, &[]);
+    let tok = settings::load_tokenizer(&f.model_dir).unwrap();
+    let eot = eot(&f);
+    // The retry message as the template renders it after a turn.
+    let bridge_text = "\nuser:That is not correct. Please try again.<|endoftext|>\n=>";
+    let bridge = tok.encode(bridge_text, false).unwrap();
+    let mut multi = 0;
+    for e in &exps {
+        let m = e.completion_mask.as_ref().unwrap();
+        assert_eq!(m.len(), e.completion_ids.len());
+        assert_eq!(m.last(), Some(&1), "an episode never ends in a bridge");
+        // Split the row at its bridges: each is the rendered retry message, each sampled run
+        // but the last ends on the end-of-turn token.
+        let mut j = 0;
+        let mut turns = 0;
+        while j < m.len() {
+            let start = j;
+            while j < m.len() && m[j] == 1 {
+                j += 1;
+            }
+            turns += 1;
+            if j < m.len() {
+                assert_eq!(
+                    e.completion_ids[j - 1],
+                    eot,
+                    "a bridge follows a turn's end"
+                );
+                assert_eq!(&e.completion_ids[j..j + bridge.len()], &bridge[..]);
+                assert!(m[j..j + bridge.len()].iter().all(|&x| x == 0));
+                assert!(e.behaviour_logprobs[j..j + bridge.len()]
+                    .iter()
+                    .all(|&x| x == 0.0));
+                j += bridge.len();
+            }
+            assert!(j > start);
+        }
+        assert_eq!(Some(turns), e.turns);
+        assert!(turns <= 3);
+        // One reward entry per stepped turn (a wrong one's is null); a turn cut by
+        // max_new_tokens is finished, and retry's finish gives none.
+        let stepped = turns as usize - usize::from(e.completion_ids.last() != Some(&eot));
+        assert_eq!(e.turn_rewards.len(), stepped);
+        if turns > 1 {
+            multi += 1;
+            assert_eq!(e.turn_rewards[0], None, "a wrong first turn has no reward");
+        }
+    }
+    assert!(multi > 0, "no episode took a second turn");
+}
+
+#[test]
+fn on_policy_ratio_is_one_on_the_sampled_tokens_of_episodes() {
+    let f = fixture();
+    let (cfg, exps) = multi_turn_batch(&f, &[]);
+    assert!(exps.iter().any(|e| e.turns > Some(1)));
+    let lp =
+        rlvr_train::score::score_rows(&f.model, &exps, 3, cfg.raw.rollout.temperature, 0, false)
+            .unwrap();
+    let mut worst = 0f32;
+    let mut n = 0;
+    for (e, l) in exps.iter().zip(&lp) {
+        for j in 0..e.completion_ids.len() {
+            if e.sampled(j) {
+                worst = worst.max((l[j] - e.behaviour_logprobs[j]).abs());
+                n += 1;
+            }
+        }
+    }
+    assert!(n > 100);
+    assert!(
+        worst <= 1e-5,
+        "max |ℓ_trainer − ℓ_sampler| = {worst} over {n} sampled tokens"
+    );
+}
+
+fn trainer(cfg: &ResolvedConfig, model: &Model) -> rlvr_train::update::Trainer {
+    rlvr_train::update::Trainer::new(
+        model.try_clone().unwrap(),
+        None,
+        settings::trainer_settings(cfg, 0),
+    )
+    .unwrap()
+}
+
+fn weights(t: &rlvr_train::update::Trainer) -> Vec<u32> {
+    t.model
+        .named_vars()
+        .iter()
+        .flat_map(|(_, v)| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .map(f32::to_bits)
+        .collect()
+}
+
+#[test]
+fn garbage_at_bridge_positions_changes_nothing() {
+    let f = fixture();
+    for extra in [
+        &["algorithm.preset=\"grpo\""][..],
+        &[
+            "algorithm.preset=\"grpo\"",
+            "algorithm.mismatch_correction=\"geometric-mask\"",
+        ],
+        &["algorithm.preset=\"gspo\""],
+        &["algorithm.preset=\"cispo\""],
+        &["algorithm.preset=\"rec_oneside_is\""],
+    ] {
+        let (cfg, mut exps) = multi_turn_batch(&f, extra);
+        // Rewards with variance (the random model is rarely right): what is tested is the mask.
+        for (i, e) in exps.iter_mut().enumerate() {
+            e.reward = Some((i % 3) as f64);
+        }
+        let mut dirty = exps.clone();
+        let mut bridges = 0;
+        for e in &mut dirty {
+            for j in 0..e.completion_ids.len() {
+                if !e.sampled(j) {
+                    e.behaviour_logprobs[j] = [-1e4, f32::NAN, 0.0, -7.5][j % 4];
+                    bridges += 1;
+                }
+            }
+        }
+        assert!(bridges > 0);
+        let (mut a, mut b) = (trainer(&cfg, &f.model), trainer(&cfg, &f.model));
+        for step in 1..=2 {
+            let ra = a.step(&exps, step, 1e-2, 0).unwrap();
+            let rb = b.step(&dirty, step, 1e-2, 0).unwrap();
+            assert_eq!(
+                format!("{ra:?}"),
+                format!("{rb:?}"),
+                "{extra:?} step {step}"
+            );
+            assert!(ra.loss.unwrap().loss != 0.0);
+        }
+        assert_eq!(weights(&a), weights(&b), "{extra:?}");
+        // The normaliser counted sampled tokens only.
+        let sampled: usize = exps.iter().map(Experience::sampled_tokens).sum();
+        let all: usize = exps.iter().map(|e| e.completion_ids.len()).sum();
+        assert!(sampled < all);
+    }
+}
+
+#[test]
+fn a_train_run_with_retry_writes_env_metrics() {
+    let f = fixture();
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            "train.steps=2",
+            "env.builtin=\"retry\"",
+            "env.max_turns=2",
+            "env.max_episode_tokens=100",
+        ],
+    );
+    rlvr_train::run::train(&cfg, &rlvr_train::run::RunOptions::default()).unwrap();
+    let m = rlvr_train::store::metrics::read_metrics(&f.run.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 2);
+    for line in &m {
+        let turns = line["env/turns/mean"].as_f64().unwrap();
+        assert!((1.0..=2.0).contains(&turns), "{turns}");
+        assert_eq!(line["env/error_frac"].as_f64(), Some(0.0));
+        assert_eq!(line["env/tool_call_errors"].as_f64(), Some(0.0));
+        assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
+        assert!(
+            line["env/episode_len/mean"].as_f64().unwrap()
+                >= line["completion_len/mean"].as_f64().unwrap()
+        );
+    }
+    let config = std::fs::read_to_string(f.run.join("config.toml")).unwrap();
+    assert!(
+        config.contains("[env]") && config.contains("builtin = \"retry\""),
+        "{config}"
+    );
+}
