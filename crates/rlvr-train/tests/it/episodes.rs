@@ -372,3 +372,77 @@ fn a_train_run_with_retry_writes_env_metrics() {
         "{config}"
     );
 }
+
+#[test]
+fn the_python_guess_the_number_example_runs_episodes() {
+    let f = fixture();
+    let script = crate::common::repo().join("examples/env_guess_number.py");
+    let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            &cmd,
+            "env.max_turns=3",
+            "env.max_episode_tokens=40",
+            "env.options={ low = 1, high = 9 }",
+        ],
+    );
+    let mut ex = explorer(&cfg, &f.model, &f.model_dir);
+    let b = ex.produce(1).unwrap();
+    let tok = settings::load_tokenizer(&f.model_dir).unwrap();
+    // The environment replaced the prompt: rendered by the template, the group's K share it.
+    let prompt = tok
+        .encode(
+            "user:Guess my number from 1 to 9. Answer with one number.<|endoftext|>\n=>",
+            false,
+        )
+        .unwrap();
+    let env = b.env.clone().unwrap();
+    assert_eq!((env.episodes, env.errors), (16, 0));
+    let mut bridged = 0;
+    for e in &b.experiences {
+        assert_eq!(e.prompt_ids, prompt);
+        assert!(e.turns.unwrap() >= 1 && e.turns.unwrap() <= 3);
+        assert!(e.completion_ids.len() <= 40);
+        let m = e.completion_mask.as_ref().unwrap();
+        bridged += m.iter().filter(|&&x| x == 0).count();
+        // Sum of the turn rewards: 1 for the right guess, -0.1 per turn without a number.
+        let sum: f64 = e.turn_rewards.iter().flatten().sum();
+        assert_eq!(e.reward, Some(sum));
+    }
+    assert!(bridged > 0, "no episode got the environment's feedback");
+    // The same batch again from a fresh explorer (and a fresh environment process).
+    let again = explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap();
+    assert_eq!(
+        format!("{:?}", again.experiences),
+        format!("{:?}", b.experiences)
+    );
+}
+
+#[test]
+fn experiences_files_carry_an_optional_mask() {
+    use rlvr_train::store::experience::parse_line;
+    let f = Path::new("x.jsonl");
+    let base = r#""prompt_ids":[1,2],"completion_ids":[3,4,5],"behaviour_logprobs":[-1,0,-2],"reward":1,"group_id":"g""#;
+    // Absent (an old file): every token sampled.
+    let e = parse_line(&format!("{{{base}}}"), f, 1).unwrap();
+    assert_eq!(e.completion_mask, None);
+    assert_eq!((e.sampled_tokens(), e.loss_mask()), (3, vec![1.0; 3]));
+    let e = parse_line(&format!("{{{base},\"completion_mask\":[1,0,1]}}"), f, 2).unwrap();
+    assert_eq!(e.completion_mask, Some(vec![1, 0, 1]));
+    assert_eq!((e.sampled_tokens(), e.loss_mask()), (2, vec![1.0, 0.0, 1.0]));
+    for (bad, why) in [
+        ("[1,0]", "has 2 entries but completion_ids has 3"),
+        ("[1,2,1]", "entry 1 is 2"),
+        ("\"101\"", "expected an array"),
+    ] {
+        let err = parse_line(&format!("{{{base},\"completion_mask\":{bad}}}"), f, 7)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("x.jsonl:7: field `completion_mask`") && err.contains(why),
+            "{err}"
+        );
+    }
+}

@@ -156,7 +156,9 @@ fn rows_cross_the_wire_bit_for_bit() {
     let metas: Vec<RowMeta> = rows.iter().map(RowMeta::of).collect();
     let m2 = wire::decode_metas(&wire::encode_metas(&metas)).unwrap();
     assert_eq!(m2.len(), 4);
-    assert_eq!(m2[0].completion_tokens, 7);
+    // Sampled tokens only: row 0's mask has 0 at 2 of its 7 tokens.
+    assert_eq!(m2[0].completion_tokens, 5);
+    assert_eq!(m2[2].completion_tokens, 7);
     assert_eq!(m2[1], metas[1]);
     assert_eq!(m2[2].reward.unwrap().to_bits(), (-0.0f64).to_bits());
     assert!(m2[0].reward.unwrap().is_nan());

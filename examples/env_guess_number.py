@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""An rlvr environment: guess-the-number, a multi-turn game with user feedback and per-turn rewards.
+
+    [env]
+    command = ["python3", "../examples/env_guess_number.py"]
+    max_turns = 6
+    tool_format = "none"
+    options = { low = 1, high = 100 }
+
+Started once per run; one JSON object per line each way (docs/environments.md, docs/DESIGN.md
+section 14). Every request carries "version": 1 and "type":
+
+- hello  {"options": {...}}            -> {"version": 1}
+- reset  {"episodes": [{"id", "group", "sample", "seed", "row", "prompt"}]}
+                                       -> {"episodes": [{"id", "messages", "tools"}]}
+- step   {"episodes": [{"id", "turn", "text", "tool_calls", "tool_call_errors"}]}
+                                       -> {"episodes": [{"id", "messages", "reward", "done"}]}
+- finish {"episodes": [{"id", "reason"}]}
+                                       -> {"episodes": [{"id", "reward"}]}
+
+The secret number comes from the episode's seed, which the K episodes of a group share, so their
+reset replies are identical (rlvr checks it). A turn's last integer is its guess: a right guess
+ends the episode with reward 1; a wrong one gets "Higher." or "Lower." (reward 0), a turn with no
+number "Answer with a number." (reward -0.1, the only per-turn penalty). Log to stderr; anything
+on stdout that is not a reply breaks the protocol.
+"""
+import json
+import random
+import re
+import sys
+
+PROTOCOL = 1
+
+
+def main():
+    low, high = 1, 100
+    secrets = {}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        kind = req.get("type")
+        if kind == "hello":
+            opts = req.get("options") or {}
+            low, high = int(opts.get("low", low)), int(opts.get("high", high))
+            out = {"version": PROTOCOL}
+        elif kind == "reset":
+            eps = []
+            for e in req["episodes"]:
+                secrets[e["id"]] = random.Random(e["seed"]).randint(low, high)
+                text = f"Guess my number from {low} to {high}. Answer with one number."
+                eps.append({"id": e["id"], "messages": [{"role": "user", "content": text}],
+                            "tools": None})
+            out = {"episodes": eps}
+        elif kind == "step":
+            eps = []
+            for e in req["episodes"]:
+                secret = secrets.get(e["id"])
+                if secret is None:
+                    eps.append({"id": e["id"], "error": "unknown episode"})
+                    continue
+                numbers = re.findall(r"-?\d+", e["text"])
+                if not numbers:
+                    eps.append({"id": e["id"], "reward": -0.1, "done": False,
+                                "messages": [{"role": "user", "content": "Answer with a number."}]})
+                    continue
+                guess = int(numbers[-1])
+                if guess == secret:
+                    secrets.pop(e["id"], None)
+                    eps.append({"id": e["id"], "reward": 1.0, "done": True, "messages": []})
+                else:
+                    hint = "Higher." if guess < secret else "Lower."
+                    eps.append({"id": e["id"], "reward": 0.0, "done": False,
+                                "messages": [{"role": "user", "content": hint}]})
+            out = {"episodes": eps}
+        elif kind == "finish":
+            out = {"episodes": [{"id": e["id"], "reward": None} for e in req["episodes"]]}
+            for e in req["episodes"]:
+                secrets.pop(e["id"], None)
+        else:
+            out = {"error": f"unknown request type {kind!r}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
