@@ -16,8 +16,9 @@
 //!   (Python's `json.dumps` as `tojson`, [`json`]), and the bridge tokens between turns, checked
 //!   to extend the context as a token prefix.
 //!
-//! Not wired into the trainer yet (issue 45's second part): the sampler, feed, loss mask and
-//! vLLM paths.
+//! rlvr-train runs episodes through these on its native explorer (`feed::episodes`): the `[env]`
+//! keys, the multi-turn sampling loop, the loss mask in the trainer (docs/environments.md). Not
+//! yet: the vLLM backend, `rlvr eval` and `rlvr generate`.
 //!
 //! ```
 //! use rlvr_env::json::Json;

@@ -288,6 +288,7 @@ fn the_readme_starts_with_the_two_commands_and_keeps_the_user_first_order() {
         "Your own checkpoint and dataset",
         "Configuration",
         "Rewards",
+        "Multi-turn episodes and tools",
         "Scaling out",
         "Reproducing the papers",
         "Limitations (honest)",
