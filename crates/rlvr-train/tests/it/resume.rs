@@ -51,8 +51,22 @@ fn last_step(path: &Path) -> u64 {
 /// Kills a run (interval `v`, offset `o`) after step 3, resumes it from step 2, and compares its
 /// metrics with an uninterrupted run's: within 1e-6 relative, or bit for bit when `exact`.
 fn check_resume(v: u64, o: u64, exact: bool) {
+    check_resume_with(v, o, exact, &[]);
+}
+
+/// [`check_resume`] with more `--set`s (`{tmp}` in them is the test's temporary directory).
+fn check_resume_with(v: u64, o: u64, exact: bool, extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::tiny_model(tmp.path(), 1);
+    let extra: Vec<String> = extra
+        .iter()
+        .map(|s| s.replace("{tmp}", &tmp.path().display().to_string()))
+        .collect();
+    let sets = |model: &Path, run: &Path, v: u64, o: u64| {
+        let mut s = sets(model, run, v, o);
+        s.extend(extra.iter().cloned());
+        s
+    };
     // Uninterrupted reference run.
     let ra = tmp.path().join("a");
     let cfg = RawConfig::load(None, &sets(&model, &ra, v, o))
@@ -128,7 +142,7 @@ fn check_resume(v: u64, o: u64, exact: bool) {
     for (la, lb) in ma.iter().zip(&mb) {
         assert_eq!(la.keys().collect::<Vec<_>>(), lb.keys().collect::<Vec<_>>());
         for (k, va) in la {
-            if TIME_KEYS.contains(&k.as_str()) {
+            if TIME_KEYS.contains(&k.as_str()) || k == "time/env_s" {
                 continue;
             }
             let vb = &lb[k];
@@ -162,6 +176,34 @@ fn check_resume(v: u64, o: u64, exact: bool) {
         .map(|t| ((t - 1) - rlvr_train::feed::behaviour_version(t, v, o)) as f64)
         .collect();
     assert_eq!(st, want);
+}
+
+/// Multi-turn episodes (the `retry` environment, up to 3 turns) with the explorer one step
+/// ahead: the killed run's in-flight episodes come back from the checkpoint's buffer, masks and
+/// turn rewards included, and the resumed run's metrics (`env/*` among them) are the
+/// uninterrupted run's.
+#[test]
+fn sigkill_resume_with_episodes_in_flight_matches_uninterrupted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let tpl = format!("env.chat_template=\"{}\"", tpl.display());
+    check_resume_with(
+        1,
+        1,
+        false,
+        &[
+            "env.builtin=\"retry\"",
+            "env.max_turns=3",
+            "env.max_episode_tokens=100",
+            &tpl,
+        ],
+    );
 }
 
 #[test]
