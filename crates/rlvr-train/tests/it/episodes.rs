@@ -253,9 +253,9 @@ fn on_policy_ratio_is_one_on_the_sampled_tokens_of_episodes() {
     let mut worst = 0f32;
     let mut n = 0;
     for (e, l) in exps.iter().zip(&lp) {
-        for j in 0..e.completion_ids.len() {
+        for (j, (&x, &old)) in l.iter().zip(&e.behaviour_logprobs).enumerate() {
             if e.sampled(j) {
-                worst = worst.max((l[j] - e.behaviour_logprobs[j]).abs());
+                worst = worst.max((x - old).abs());
                 n += 1;
             }
         }
@@ -431,7 +431,10 @@ fn experiences_files_carry_an_optional_mask() {
     assert_eq!((e.sampled_tokens(), e.loss_mask()), (3, vec![1.0; 3]));
     let e = parse_line(&format!("{{{base},\"completion_mask\":[1,0,1]}}"), f, 2).unwrap();
     assert_eq!(e.completion_mask, Some(vec![1, 0, 1]));
-    assert_eq!((e.sampled_tokens(), e.loss_mask()), (2, vec![1.0, 0.0, 1.0]));
+    assert_eq!(
+        (e.sampled_tokens(), e.loss_mask()),
+        (2, vec![1.0, 0.0, 1.0])
+    );
     for (bad, why) in [
         ("[1,0]", "has 2 entries but completion_ids has 3"),
         ("[1,2,1]", "entry 1 is 2"),

@@ -46,8 +46,10 @@ fn odd_row(g: &str, i: u32) -> Experience {
             },
         ],
         // A multi-turn episode's mask and turn rewards cross the gather bit for bit.
-        completion_mask: (i % 2 == 0).then(|| (0..lp.len()).map(|j| (j % 3 != 1) as u8).collect()),
-        turns: (i % 2 == 0).then_some(i + 2),
+        completion_mask: i
+            .is_multiple_of(2)
+            .then(|| (0..lp.len()).map(|j| u8::from(j % 3 != 1)).collect()),
+        turns: i.is_multiple_of(2).then_some(i + 2),
         turn_rewards: vec![
             None,
             Some(-0.0),
