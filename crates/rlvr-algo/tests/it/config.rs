@@ -387,3 +387,68 @@ fn loss_options_are_grouped_by_loss() {
         }
     }
 }
+
+/// Each keep-mask's bounds are checked only for the loss that reads them (issue 47): TRL's CISPO
+/// `epsilon_high = 5` (clip_high 4), ppo/gspo clip_high above 2 and ppo clip_low above 0.6 resolve;
+/// the ring keep-mask still ties ε′ to ε, and out-of-range values keep their messages.
+#[test]
+fn keep_mask_bounds_apply_only_where_read() {
+    let with = |preset: &str, f: &dyn Fn(&mut AlgorithmConfig)| {
+        let mut c = AlgorithmConfig::empty(preset);
+        f(&mut c);
+        c.resolve()
+    };
+    for h in [0.28, 2.0, 4.0, 100.0] {
+        let a = with("cispo", &|c| c.clip_high = Some(h)).unwrap();
+        assert_eq!(a.clip_high, h);
+    }
+    assert_eq!(
+        with("grpo", &|c| c.clip_high = Some(3.0))
+            .unwrap()
+            .clip_high,
+        3.0
+    );
+    assert_eq!(
+        with("gspo", &|c| c.clip_high = Some(2.5))
+            .unwrap()
+            .clip_high,
+        2.5
+    );
+    assert_eq!(
+        with("grpo", &|c| c.clip_low = Some(0.7)).unwrap().clip_low,
+        0.7
+    );
+    // Non-ring REC keep-masks do not read ε′ either.
+    assert_eq!(
+        with("rec_twoside_is", &|c| c.clip_high = Some(3.0))
+            .unwrap()
+            .clip_high,
+        3.0
+    );
+    let err = |r: rlvr_algo::error::Result<rlvr_algo::Algorithm>| r.unwrap_err().to_string();
+    // The ring keep-mask: ε′_high ≥ ε_high and ε_low ≤ ε′_low ≤ 1 still hold.
+    let e = err(with("rec_ring_is", &|c| c.clip_high = Some(3.0)));
+    assert!(
+        e.contains("clip_high_prime") && e.contains("clip_high = 3") && e.contains("ring"),
+        "{e}"
+    );
+    let e = err(with("rec_ring_is", &|c| c.clip_low = Some(0.7)));
+    assert!(
+        e.contains("clip_low_prime") && e.contains("clip_low = 0.7"),
+        "{e}"
+    );
+    let e = err(with("rec_ring_is", &|c| c.clip_low_prime = Some(1.5)));
+    assert!(e.contains("clip_low_prime") && e.contains("ring"), "{e}");
+    // Genuinely invalid values keep their messages, for every loss that reads them.
+    let e = err(with("cispo", &|c| c.clip_high = Some(-1.0)));
+    assert!(e.contains("clip_high") && e.contains(">= 0"), "{e}");
+    let e = err(with("cispo", &|c| c.clip_high = Some(f64::INFINITY)));
+    assert!(e.contains("clip_high"), "{e}");
+    let e = err(with("gspo", &|c| c.clip_low = Some(1.0)));
+    assert!(e.contains("clip_low") && e.contains("[0, 1)"), "{e}");
+    let e = err(with("grpo", &|c| c.clip_high = Some(2e6)));
+    assert!(e.contains("clip_high") && e.contains("1e6"), "{e}");
+    // A knob of another loss is still refused by name.
+    let e = err(with("cispo", &|c| c.clip_high_prime = Some(2.0)));
+    assert!(e.contains("clip_high_prime") && e.contains("cispo"), "{e}");
+}
