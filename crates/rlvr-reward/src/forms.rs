@@ -210,10 +210,28 @@ pub(crate) fn is_label_name(s: &str) -> bool {
         })
 }
 
-/// A label: a label name or a tuple of names (`(p,q)`).
+/// A label: a label name, a tuple of names (`(p,q)`), or a quantity named by names only: a ratio
+/// (`A:B`, `V_1:V_2`), a quotient (`\frac{NO}{BO}`) or a length (`|AB|`).
 pub(crate) fn is_label(s: &str) -> bool {
     if let Some(('(', ')', parts)) = bracketed(s) {
         return parts.iter().all(|p| is_label_name(p));
+    }
+    if let Some(inner) = s.strip_prefix('|').and_then(|r| r.strip_suffix('|')) {
+        return is_label_name(inner);
+    }
+    if let Some(rest) = s.strip_prefix("\\frac{") {
+        if let Some(close) = crate::latex::matching_brace(s, "\\frac".len()) {
+            let num = &rest[..close - "\\frac{".len()];
+            let den = &s[close + 1..];
+            if let Some(den) = den.strip_prefix('{').and_then(|d| d.strip_suffix('}')) {
+                return is_label_name(num) && is_label_name(den);
+            }
+        }
+        return false;
+    }
+    let ratio = split_top(s, ":");
+    if ratio.len() > 1 {
+        return ratio.iter().all(|p| is_label_name(p));
     }
     is_label_name(s)
 }
