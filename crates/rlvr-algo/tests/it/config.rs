@@ -551,7 +551,7 @@ fn docs_preset_table_holds_the_follows_lines() {
         .find(end)
         .expect("docs/algorithms.md has the presets:end marker");
     let want = rlvr_algo::follows_table();
-    if &text[i..j] != want {
+    if text[i..j] != want {
         if std::env::var_os("RLVR_BLESS").is_some() {
             std::fs::write(&path, format!("{}{}{}", &text[..i], want, &text[j..])).unwrap();
         } else {
