@@ -7,7 +7,8 @@
 use crate::expr::{parse_expr, Expr};
 use crate::forms::{
     approx_close, approx_split, as_intervals, bound_value, bracketed, decimal, equation, intervals,
-    is_label, list_items, matrix, membership, relation, split_top, Interval, ListKind,
+    is_label, list_items, matrix, matrix_arithmetic, membership, relation, split_top, Interval,
+    ListKind,
 };
 use crate::latex::OR_SEP;
 use crate::sampling::{is_constant, proportion, proportional, same_value};
@@ -545,6 +546,33 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
         _ => {
             cx.note(depth, "a tuple or interval against something else");
             return false;
+        }
+    }
+    // Matrix arithmetic (`A + B`, `AB`) on either side: the resulting cells, as expressions.
+    let (ag, ap) = (matrix_arithmetic(g), matrix_arithmetic(p));
+    if ag.is_some() || ap.is_some() {
+        let cells = |a: Option<Vec<Vec<String>>>, s: &str| {
+            a.or_else(|| {
+                matrix(s).map(|m| {
+                    m.into_iter()
+                        .map(|r| r.into_iter().map(str::to_string).collect())
+                        .collect()
+                })
+            })
+        };
+        if let (Some(mg), Some(mp)) = (cells(ag, g), cells(ap, p)) {
+            let r = mg.len() == mp.len()
+                && mg.iter().zip(&mp).all(|(a, b)| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| eq(x, y, depth + 1, cx))
+                });
+            cx.note(
+                depth,
+                format!(
+                    "matrix arithmetic evaluated, compared cell by cell: {}",
+                    if r { "match" } else { "differ" }
+                ),
+            );
+            return r;
         }
     }
     if let (Some(mg), Some(mp)) = (matrix(g), matrix(p)) {

@@ -228,26 +228,29 @@ fn canonical_matrix(s: &str) -> String {
     out
 }
 
-/// `\\name` (two backslashes, then a letter) → `\name`; other text unchanged.
+/// `\\name` (exactly two backslashes, then a letter) → `\name`; other text unchanged (`\\\end`
+/// stays a row break before `\end`).
 fn undouble_commands(s: &str) -> String {
     if !s.contains("\\\\") {
         return s.to_string();
     }
-    let b = s.as_bytes();
     let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && b.get(i + 1) == Some(&b'\\')
-            && b.get(i + 2).is_some_and(u8::is_ascii_alphabetic)
-        {
-            i += 1;
+    let mut run = 0usize;
+    for c in s.chars() {
+        if c == '\\' {
+            run += 1;
             continue;
         }
-        let c = s[i..].chars().next().expect("in bounds");
+        let keep = if run == 2 && c.is_ascii_alphabetic() {
+            1
+        } else {
+            run
+        };
+        out.extend(std::iter::repeat_n('\\', keep));
+        run = 0;
         out.push(c);
-        i += c.len_utf8();
     }
+    out.extend(std::iter::repeat_n('\\', run));
     out
 }
 

@@ -87,7 +87,9 @@
 //!   an unlabelled `a = c` with constant sides reads as `c` (`3 \times 4 = 12` → 12). Earlier sides are
 //!   working and are not checked; the chain states its last side as the result. *Asymmetry*: an equation
 //!   with a variable (`11a + c = 7`, `5x - 7y + 4 = 0`) is not a chain and never matches a number gold.
-//! - **Matrices**: every matrix environment compares cell by cell. Vectors are not equated with tuples.
+//! - **Matrices**: every matrix environment compares cell by cell; a sum, difference or product of
+//!   matrices (`A + B`, `A B`, `A \cdot B`) is evaluated to its cells first (at most
+//!   256 cells a matrix). Vectors are not equated with tuples.
 //! - **Text** answers (`\text{Evelyn}`, `(C)`) compare as written after normalisation (case-sensitive).
 //! - **Percent**: `\%` is dropped like a unit (MATH writes `15\%` for the answer 15), so `15\%` is not
 //!   `0.15`.
@@ -358,6 +360,23 @@ mod tests {
     }
 
     #[test]
+    fn matrix_sums_and_products_are_evaluated() {
+        let m = |s: &str| format!("\\begin{{pmatrix}}{s}\\end{{pmatrix}}");
+        let (a, b) = (m(r"1 & 2 \\ 3 & 4"), m(r"5 & 6 \\ 7 & 8"));
+        assert!(equivalent(&m(r"6 & 8 \\ 10 & 12"), &format!("{a} + {b}")));
+        assert!(equivalent(&m(r"-4 & -4 \\ -4 & -4"), &format!("{a} - {b}")));
+        assert!(equivalent(&m(r"19 & 22 \\ 43 & 50"), &format!("{a} {b}")));
+        assert!(equivalent(
+            &m(r"19 & 22 \\ 43 & 50"),
+            &format!(r"{a} \cdot {b}")
+        ));
+        assert!(!equivalent(&m(r"19 & 22 \\ 43 & 50"), &format!("{b} {a}")));
+        assert!(!equivalent(&m(r"6 & 8 \\ 10 & 13"), &format!("{a} + {b}")));
+        // Shapes that do not conform are no matrix.
+        assert!(!equivalent(&m("6 & 8"), &format!("{a} + {}", m("5 & 6"))));
+    }
+
+    #[test]
     fn gold_chains_read_their_last_side() {
         assert!(equivalent("z = 1 + 1 = 2", "z = 3+3 = 2"));
         assert!(equivalent(r"1 = \zzz = x = 0", "0"));
@@ -381,6 +400,11 @@ mod tests {
         // `\\boxed`, `\\le`: a command written with a doubled backslash.
         assert!(equivalent(r"-2 \\le x \\le 7", r"x \in [-2,7]"));
         assert!(!equivalent(r"-2 \\le x \\le 7", r"x \in [-2,8]"));
+        // Three backslashes are a row break before a command, as before.
+        assert!(equivalent(
+            r"\begin{pmatrix}1&0\\\end{pmatrix}",
+            r"\begin{pmatrix}1&0\end{pmatrix}"
+        ));
         // One brace group around the whole answer only groups: `{1,2,3}` is the list 1, 2, 3.
         assert!(equivalent("{1,2,3}", "3,2,1"));
         assert!(!equivalent("{1,2,3}", "1,2"));
