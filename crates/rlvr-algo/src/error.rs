@@ -4,10 +4,12 @@
 #[derive(Debug, thiserror::Error)]
 pub enum AlgoError {
     /// `algorithm.preset` names no known preset.
-    #[error("unknown algorithm preset `{name}`; valid presets: {valid} (run `rlvr algorithms` to list them)")]
+    #[error("unknown algorithm preset `{name}`{hint}; valid presets: {valid} (run `rlvr algorithms` to list them)")]
     UnknownPreset {
         /// The name the user gave.
         name: String,
+        /// "did you mean" with the nearest preset, or TRL's name it is; empty when none is close.
+        hint: String,
         /// Comma-separated list of valid names.
         valid: String,
     },

@@ -67,4 +67,4 @@ pub use mismatch::{
     MismatchCorrection, MismatchRow, MismatchStats, MismatchSums,
 };
 pub use normaliser::{RowInfo, UpdateNormaliser};
-pub use presets::{find_preset, presets, print_algorithms, Preset};
+pub use presets::{find_preset, follows_table, preset_hint, presets, print_algorithms, Preset};

@@ -338,6 +338,32 @@ fn build() -> Vec<Preset> {
         "arXiv 2506.13585 (MiniMax-M1, CISPO objective): L = -sg(min(rho, 1+eps_h))*A*logp, token mean",
         cispo,
     );
+    // TRL 1.16 GRPOTrainer with its GRPOConfig defaults (`loss_type="dapo"`, `scale_rewards=
+    // "group"`, epsilon 0.2, beta 0, importance_sampling_level "token"): A = (r - mean)/(std +
+    // 1e-4) with the unbiased group std (trl/trainer/utils.py `nanstd`, the 1e-4 hard-coded in
+    // grpo_trainer.py `_generate_and_score_completions`), the per-token clipped surrogate summed
+    // over the update's tokens / their count (`num_items_in_batch`), zero-variance groups counted.
+    let mut grpo_trl = ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::TokenMean);
+    grpo_trl.std_eps = Some(1e-4);
+    grpo_trl.exclude_zero_std = Some(false);
+    p(
+        "grpo_trl",
+        "GRPO as TRL 1.16's GRPOTrainer runs it by default (loss_type \"dapo\"): std + 1e-4, PPO clip 0.2/0.2, token mean over every row of the update",
+        "arXiv 2402.03300 GRPO with TRL's defaults: A = (r - mean)/(std + 1e-4), \
+         L = -min(rho*A, clip(rho, 0.8, 1.2)*A) summed over every token of the update / their count",
+        grpo_trl.clone(),
+    );
+    // TRL's loss_type="bnpo" divides by the tokens of each micro-batch (then by the accumulation
+    // steps); rlvr's normaliser is fixed once per update (DESIGN §4), so `bnpo` is the token mean
+    // per update: TRL's bnpo with one micro-batch per optimizer step (gradient_accumulation_steps
+    // = 1, one process), where it equals TRL's dapo and so grpo_trl's values.
+    p(
+        "bnpo",
+        "TRL's bnpo as a token mean per update (equal to TRL's when an update is one micro-batch): as grpo_trl",
+        "arXiv 2402.03300 GRPO with TRL's loss_type=\"bnpo\": A = (r - mean)/(std + 1e-4), \
+         L = -min(rho*A, clip(rho, 0.8, 1.2)*A) summed over the update's tokens / their count",
+        grpo_trl,
+    );
     v
 }
 
@@ -349,10 +375,14 @@ fn follows(name: &str) -> &'static str {
         advantage_fn/rec_advantage.py, recipe examples/rec_gsm8k/README.md (PR #292, f777fb22)";
     match name {
         "grpo" => {
-            "TRL GRPOTrainer loss_type=\"grpo\" (per-sequence token mean, torch.std); \
-                   zero-variance groups out of the normaliser (rlvr's default, DESIGN §5)"
+            "TRL 1.16 GRPOTrainer loss_type=\"grpo\", scale_rewards=\"group\" (per-sequence \
+             token mean, unbiased std), except std + 1e-6 (TRL 1e-4) and zero-variance groups \
+             out of the normaliser (TRL counts them; rlvr's default, DESIGN §5)"
         }
-        "off_policy_grpo" => "grpo's code with sync.interval > 1; paper A's own code was not found",
+        "off_policy_grpo" => {
+            "grpo's code (TRL 1.16 loss_type=\"grpo\", except std + 1e-6 and zero-variance \
+             groups out of the normaliser) with sync.interval > 1; paper A's own code was not found"
+        }
         "reinforce" | "rec_oneside_nois" | "rec_oneside_is" | "rec_twoside_nois"
         | "rec_twoside_is" | "rec_ring_nois" | "rec_ring_is" | "opmd" | "asymre" | "red_weight"
         | "grpo_rec" => TRINITY_REC,
@@ -373,12 +403,29 @@ fn follows(name: &str) -> &'static str {
                    compute_policy_loss_vanilla with actor.yaml defaults (b178a3cd); Trinity-RFT \
                    grpo_advantage.py and ppo_policy_loss.py defaults"
         }
-        "gspo" => "TRL GRPOTrainer importance_sampling_level=\"sequence\" (mean log-ratio per row)",
-        "cispo" => {
-            "TRL GRPOTrainer loss_type=\"cispo\" (there epsilon_high is the absolute cap; \
-                   here the cap is 1 + clip_high)"
+        "gspo" => {
+            "TRL 1.16 GRPOTrainer importance_sampling_level=\"sequence\", loss_type=\"grpo\", \
+             epsilon 3e-4, epsilon_high 4e-4, except std + 1e-6 (TRL 1e-4) and zero-variance \
+             groups out of the normaliser (TRL counts them)"
         }
-        "dr_grpo" | "dapo" => "the paper's objective; no peer code compared",
+        "cispo" => {
+            "TRL 1.16 GRPOTrainer loss_type=\"cispo\" with epsilon_high = 1.28 (TRL's \
+             epsilon_high is the absolute cap, here 1 + clip_high; TRL recommends 5.0: \
+             clip_high = 4), except std + 1e-6 (TRL 1e-4) and zero-variance groups out of the \
+             normaliser (TRL counts them)"
+        }
+        "grpo_trl" => {
+            "TRL 1.16 GRPOTrainer with GRPOConfig's defaults (loss_type=\"dapo\", \
+             scale_rewards=\"group\", epsilon 0.2, beta 0): no difference"
+        }
+        "bnpo" => {
+            "TRL 1.16 GRPOTrainer loss_type=\"bnpo\", except the token mean is taken per update, \
+             not per micro-batch (equal when gradient_accumulation_steps = 1 on one process)"
+        }
+        "dapo" => {
+            "the DAPO paper's objective; no peer code compared (TRL's loss_type=\"dapo\", \
+             its default, is preset grpo_trl)"
+        }
         _ => "the paper's objective; no peer code compared",
     }
 }
@@ -393,19 +440,104 @@ pub fn presets() -> &'static [Preset] {
 /// The preset called `name`.
 ///
 /// # Errors
-/// [`AlgoError::UnknownPreset`] listing the valid names.
+/// [`AlgoError::UnknownPreset`] listing the valid names, with "did you mean" naming the nearest
+/// preset ([`preset_hint`]).
 pub fn find_preset(name: &str) -> Result<&'static Preset> {
     presets()
         .iter()
         .find(|p| p.name == name)
         .ok_or_else(|| AlgoError::UnknownPreset {
             name: name.to_string(),
+            hint: preset_hint(name),
             valid: presets()
                 .iter()
                 .map(|p| p.name)
                 .collect::<Vec<_>>()
                 .join(", "),
         })
+}
+
+/// The "did you mean" of an unknown preset name: TRL's loss_type names that are no preset of
+/// that name (`sapo`, `luspo`, `vespo`: not implemented; `trl`), else the preset nearest by edit
+/// distance after lower-casing and reading `-`, ` ` and `.` as `_` (`drgrpo`, `DR-GRPO` →
+/// `dr_grpo`), within a third of the name's length (at least 1, at most 3 edits), else every
+/// preset the name begins (`rec_ring`). Starts with `; ` when not empty.
+pub fn preset_hint(name: &str) -> String {
+    let norm: String = name
+        .trim()
+        .to_lowercase()
+        .chars()
+        .map(|c| if matches!(c, '-' | ' ' | '.') { '_' } else { c })
+        .collect();
+    match norm.as_str() {
+        "sapo" | "luspo" | "vespo" => {
+            return format!(
+                "; TRL's loss_type=\"{norm}\" has no rlvr preset (rlvr's losses: ppo, gspo, cispo, \
+                 reinforce, rec)"
+            )
+        }
+        "trl" | "trl_grpo" | "grpotrainer" => {
+            return "; did you mean `grpo_trl`? (TRL GRPOTrainer's defaults)".into()
+        }
+        _ => {}
+    }
+    if let Some(p) = presets().iter().find(|p| p.name == norm) {
+        return format!("; did you mean `{}`?", p.name);
+    }
+    let limit = (norm.chars().count() / 3).clamp(1, 3);
+    presets()
+        .iter()
+        .map(|p| (strsim::damerau_levenshtein(&norm, p.name), p.name))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, n)| format!("; did you mean `{n}`?"))
+        .unwrap_or_else(|| {
+            // A prefix of some presets' names (`rec_ring`): all of them.
+            let starts: Vec<String> = presets()
+                .iter()
+                .filter(|p| norm.len() >= 3 && p.name.starts_with(&norm))
+                .map(|p| format!("`{}`", p.name))
+                .collect();
+            match starts.len() {
+                0 => String::new(),
+                1 => format!("; did you mean {}?", starts[0]),
+                _ => format!("; did you mean one of {}?", starts.join(", ")),
+            }
+        })
+}
+
+/// docs/algorithms.md's preset table (a test keeps it equal): per preset, as Markdown rows, the
+/// resolved advantage ε (`std_eps`, or "no std"), whether zero-variance groups count in the
+/// normaliser, the aggregation, and [`Preset::follows`].
+pub fn follows_table() -> String {
+    let mut out = String::from(
+        "| preset | std + ε | zero-variance groups | aggregation | follows |\n|---|---|---|---|---|\n",
+    );
+    for p in presets() {
+        let a = crate::AlgorithmConfig::empty(p.name)
+            .resolve()
+            .expect("every preset resolves");
+        let eps = if a.std_norm == StdNorm::None {
+            "no std".to_string()
+        } else {
+            format!("{:?} std + {:e}", a.std_norm, a.std_eps).to_lowercase()
+        };
+        let zero = if a.exclude_zero_std {
+            "out of the normaliser"
+        } else {
+            "counted"
+        };
+        let agg = serde_json::to_value(a.aggregation)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "| `{}` | {eps} | {zero} | {agg} | {} |\n",
+            p.name,
+            p.follows.replace('|', "\\|")
+        ));
+    }
+    out
 }
 
 /// Writes the `rlvr algorithms` listing: per preset its name, description, reference and every value it

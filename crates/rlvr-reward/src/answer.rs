@@ -6,11 +6,12 @@
 
 use crate::expr::{parse_expr, Expr};
 use crate::forms::{
-    approx_close, approx_split, as_intervals, bound_value, bracketed, equation, intervals,
-    is_label, list_items, matrix, membership, relation, split_top, Interval, ListKind,
+    approx_close, approx_split, as_intervals, bound_value, bracketed, decimal, equation, intervals,
+    is_label, list_items, matrix, matrix_arithmetic, membership, relation, split_top, Interval,
+    ListKind,
 };
 use crate::latex::OR_SEP;
-use crate::sampling::{is_constant, proportional, same_value};
+use crate::sampling::{is_constant, proportion, proportional, same_value};
 
 /// Deepest recursion of [`compare`] (each level strips a bracket, list, label or relation).
 const MAX_DEPTH: usize = 16;
@@ -139,6 +140,17 @@ fn same_intervals(g: &[Interval], p: &[Interval], depth: usize, cx: &mut Ctx) ->
 
 /// Expressions compared by value (see [`crate::sampling::same_value`]).
 fn same_expr(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
+    // A machine-printed decimal (at least [`PRINTED_DIGITS`] significant digits, `0.0833333333333333`)
+    // is the value it rounds: it matches a constant within one unit of its last place.
+    for (exact, printed) in [(g, p), (p, g)] {
+        if printed_close(exact, printed) {
+            cx.note(
+                depth,
+                format!("{printed} is {exact} printed to its last digit"),
+            );
+            return true;
+        }
+    }
     match (parse_expr(g), parse_expr(p)) {
         (Some(a), Some(b)) => {
             let r = same_value(&a, &b);
@@ -161,6 +173,35 @@ fn same_expr(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
             false
         }
     }
+}
+
+/// Fewest significant digits of a decimal read as a machine printout of an exact value (a float's
+/// `repr`, `0.0833333333333333` for 1/12), which [`same_expr`] matches within half a unit of its
+/// last place. A person's rounding (`0.333`, `2.6667`) has fewer and is refused, as before.
+pub const PRINTED_DIGITS: usize = 12;
+
+/// Whether `printed` is a decimal of at least [`PRINTED_DIGITS`] significant digits within half a
+/// unit of its last place of the constant `exact` (which is not itself a decimal).
+fn printed_close(exact: &str, printed: &str) -> bool {
+    let body = printed.trim_start_matches('-');
+    let sig = body
+        .trim_start_matches(['0', '.'])
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .count();
+    if sig < PRINTED_DIGITS || decimal(exact).is_some() {
+        return false;
+    }
+    let (Some((v, d)), Some(e)) = (decimal(printed), parse_expr(exact)) else {
+        return false;
+    };
+    if !is_constant(&e) {
+        return false;
+    }
+    let x = e.eval(&|_| f64::NAN).approx;
+    // Half a unit of the last place: a printout is rounded to nearest.
+    x.is_finite()
+        && (x - v).abs() <= 0.5 * 10f64.powi(-d) * (1.0 + 1e-6) + 4.0 * f64::EPSILON * x.abs()
 }
 
 /// `lhs - rhs` of an equation, when both sides are expressions.
@@ -282,6 +323,23 @@ fn eq_relations(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> Option<bool> {
             if same || swapped {
                 cx.note(depth, "same relation after normalising its direction");
                 return Some(true);
+            }
+            // One inequality each (`x < 1`, `-x > -1`, both read as `lhs < rhs`): the same
+            // relation when rhs - lhs of the two are proportional by a positive constant (a negative
+            // one would flip it; `≠` takes either sign).
+            if a.sides.len() == 2 {
+                if let (Some(dg), Some(dp)) = (
+                    difference(a.sides[1], a.sides[0]),
+                    difference(b.sides[1], b.sides[0]),
+                ) {
+                    if proportion(&dg, &dp).is_some_and(|c| c > 0.0 || a.ops == ['\u{2260}']) {
+                        cx.note(
+                            depth,
+                            "same inequality: rhs - lhs proportional by a positive constant",
+                        );
+                        return Some(true);
+                    }
+                }
             }
         }
     }
@@ -410,7 +468,22 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
             }
         };
     }
-    // Solution chains `a = b = c`: the last side is the answer (a label in front is kept).
+    // Solution chains `a = b = c`: the last side is the answer (a label in front is kept), in the
+    // gold as in the answer (`z = 1 + 1 = 2` states z = 2).
+    let gchain = split_top(g, "=");
+    if gchain.len() > 2 {
+        let last = gchain[gchain.len() - 1];
+        let read = if is_label(gchain[0]) {
+            format!("{}={last}", gchain[0])
+        } else {
+            last.to_string()
+        };
+        cx.note(
+            depth,
+            format!("gold is a chain of {} sides: {read} is read", gchain.len()),
+        );
+        return eq(&read, p, depth + 1, cx);
+    }
     let chain = split_top(p, "=");
     if chain.len() > 2 {
         let last = chain[chain.len() - 1];
@@ -473,6 +546,33 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
         _ => {
             cx.note(depth, "a tuple or interval against something else");
             return false;
+        }
+    }
+    // Matrix arithmetic (`A + B`, `AB`) on either side: the resulting cells, as expressions.
+    let (ag, ap) = (matrix_arithmetic(g), matrix_arithmetic(p));
+    if ag.is_some() || ap.is_some() {
+        let cells = |a: Option<Vec<Vec<String>>>, s: &str| {
+            a.or_else(|| {
+                matrix(s).map(|m| {
+                    m.into_iter()
+                        .map(|r| r.into_iter().map(str::to_string).collect())
+                        .collect()
+                })
+            })
+        };
+        if let (Some(mg), Some(mp)) = (cells(ag, g), cells(ap, p)) {
+            let r = mg.len() == mp.len()
+                && mg.iter().zip(&mp).all(|(a, b)| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| eq(x, y, depth + 1, cx))
+                });
+            cx.note(
+                depth,
+                format!(
+                    "matrix arithmetic evaluated, compared cell by cell: {}",
+                    if r { "match" } else { "differ" }
+                ),
+            );
+            return r;
         }
     }
     if let (Some(mg), Some(mp)) = (matrix(g), matrix(p)) {

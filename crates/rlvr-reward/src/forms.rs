@@ -88,6 +88,88 @@ pub(crate) fn matrix(s: &str) -> Option<Vec<Vec<&str>>> {
     Some(rows.map(|r| r.split('&').collect()).collect())
 }
 
+/// Most cells of a matrix expression [`matrix_arithmetic`] evaluates (bounds the work).
+pub(crate) const MAX_MATRIX_CELLS: usize = 256;
+
+/// A sum, difference or product of normalised matrices (`A+B`, `A-B`, `AB`, `A*B`), as the cells of
+/// the result written as expressions (`(1)+(5)`, `(1)*(5)+(2)*(7)`), evaluated left to right; `None`
+/// for a single matrix, other text between them, shapes that do not conform, or more than
+/// [`MAX_MATRIX_CELLS`] cells.
+pub(crate) fn matrix_arithmetic(s: &str) -> Option<Vec<Vec<String>>> {
+    const OPEN: &str = "\\begin{matrix}";
+    const CLOSE: &str = "\\end{matrix}";
+    let mut rest = s;
+    let mut acc: Option<Vec<Vec<String>>> = None;
+    let mut op = "";
+    let mut count = 0;
+    while !rest.is_empty() {
+        let body = rest.strip_prefix(OPEN)?;
+        let end = body.find(CLOSE)?;
+        if body[..end].contains(OPEN) {
+            return None;
+        }
+        let m: Vec<Vec<String>> = matrix(&rest[..OPEN.len() + end + CLOSE.len()])?
+            .into_iter()
+            .map(|r| r.into_iter().map(|c| format!("({c})")).collect())
+            .collect();
+        if m.iter().map(Vec::len).sum::<usize>() > MAX_MATRIX_CELLS
+            || m.iter().any(|r| r.len() != m[0].len())
+        {
+            return None;
+        }
+        rest = &body[end + CLOSE.len()..];
+        acc = Some(match acc {
+            None => m,
+            Some(a) => match op {
+                "+" | "-" => {
+                    if a.len() != m.len() || a[0].len() != m[0].len() {
+                        return None;
+                    }
+                    a.iter()
+                        .zip(&m)
+                        .map(|(x, y)| {
+                            x.iter()
+                                .zip(y)
+                                .map(|(p, q)| format!("({p}){op}{q}"))
+                                .collect()
+                        })
+                        .collect()
+                }
+                _ => {
+                    if a[0].len() != m.len() {
+                        return None;
+                    }
+                    (0..a.len())
+                        .map(|i| {
+                            (0..m[0].len())
+                                .map(|j| {
+                                    let terms: Vec<String> = (0..m.len())
+                                        .map(|k| format!("{}*{}", a[i][k], m[k][j]))
+                                        .collect();
+                                    format!("({})", terms.join("+"))
+                                })
+                                .collect()
+                        })
+                        .collect()
+                }
+            },
+        });
+        count += 1;
+        op = match rest.chars().next() {
+            Some(c @ ('+' | '-' | '*')) => {
+                rest = &rest[1..];
+                match c {
+                    '+' => "+",
+                    '-' => "-",
+                    _ => "*",
+                }
+            }
+            _ => "*",
+        };
+    }
+    (count > 1 && op == "*").then_some(acc?)
+}
+
 /// How a list's items compare.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum ListKind {
@@ -210,10 +292,28 @@ pub(crate) fn is_label_name(s: &str) -> bool {
         })
 }
 
-/// A label: a label name or a tuple of names (`(p,q)`).
+/// A label: a label name, a tuple of names (`(p,q)`), or a quantity named by names only: a ratio
+/// (`A:B`, `V_1:V_2`), a quotient (`\frac{NO}{BO}`) or a length (`|AB|`).
 pub(crate) fn is_label(s: &str) -> bool {
     if let Some(('(', ')', parts)) = bracketed(s) {
         return parts.iter().all(|p| is_label_name(p));
+    }
+    if let Some(inner) = s.strip_prefix('|').and_then(|r| r.strip_suffix('|')) {
+        return is_label_name(inner);
+    }
+    if let Some(rest) = s.strip_prefix("\\frac{") {
+        if let Some(close) = crate::latex::matching_brace(s, "\\frac".len()) {
+            let num = &rest[..close - "\\frac{".len()];
+            let den = &s[close + 1..];
+            if let Some(den) = den.strip_prefix('{').and_then(|d| d.strip_suffix('}')) {
+                return is_label_name(num) && is_label_name(den);
+            }
+        }
+        return false;
+    }
+    let ratio = split_top(s, ":");
+    if ratio.len() > 1 {
+        return ratio.iter().all(|p| is_label_name(p));
     }
     is_label_name(s)
 }

@@ -228,6 +228,32 @@ fn canonical_matrix(s: &str) -> String {
     out
 }
 
+/// `\\name` (exactly two backslashes, then a letter) → `\name`; other text unchanged (`\\\end`
+/// stays a row break before `\end`).
+fn undouble_commands(s: &str) -> String {
+    if !s.contains("\\\\") {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut run = 0usize;
+    for c in s.chars() {
+        if c == '\\' {
+            run += 1;
+            continue;
+        }
+        let keep = if run == 2 && c.is_ascii_alphabetic() {
+            1
+        } else {
+            run
+        };
+        out.extend(std::iter::repeat_n('\\', keep));
+        run = 0;
+        out.push(c);
+    }
+    out.extend(std::iter::repeat_n('\\', run));
+    out
+}
+
 /// Turns the words `and` / `or` between answers into a list comma / [`OR_SEP`] (`6 and 8`).
 fn connector_words(s: &str) -> String {
     if !s.contains(" and ") && !s.contains(" or ") {
@@ -246,9 +272,14 @@ pub fn normalize_keep_label(answer: &str) -> String {
         s.retain(|c| !c.is_whitespace());
         return s;
     }
+    // A doubled backslash before a command name is an escaped command (`\\boxed`, `\\left(` from
+    // text written through one more layer of escaping), not a row break followed by a letter.
+    let undoubled = undouble_commands(trimmed);
+    // `;` separates answers (`-12;-11;-10`, `(0;-2;6)`): a list comma.
+    let semis = undoubled.replace(';', ", ");
     // LaTeX's row break `\\` first, so `\ ` (a spacing command) cannot eat half of it.
     let mut s = join_explicit_groups(
-        &trimmed
+        &semis
             .replace('\u{2212}', "-")
             .replace("\\\\", &ROW_BREAK.to_string()),
     );
@@ -280,6 +311,11 @@ pub fn normalize_keep_label(answer: &str) -> String {
         s.pop();
     }
     s = canonical_matrix(&s);
+    // One brace group around the whole answer (`{1,2,3}`, an argument's braces kept by the box) is
+    // grouping only: `\{..\}` is the set.
+    while s.starts_with('{') && matching_brace(&s, 0) == Some(s.len() - 1) {
+        s = s[1..s.len() - 1].to_string();
+    }
     if s.contains(LIST_SEP) {
         let parts: Vec<String> = s
             .split(LIST_SEP)

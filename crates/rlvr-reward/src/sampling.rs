@@ -107,8 +107,13 @@ pub fn same_value(a: &Expr, b: &Expr) -> bool {
 /// one non-zero constant `c`, checked at the sample points of [`same_value`] (each side must mention a
 /// variable; points where both vanish are skipped, a point where only one vanishes refutes).
 pub fn proportional(a: &Expr, b: &Expr) -> bool {
+    proportion(a, b).is_some()
+}
+
+/// The constant `c` of [`proportional`] (`a = c · b` at every sample point), when there is one.
+pub fn proportion(a: &Expr, b: &Expr) -> Option<f64> {
     if is_constant(a) || is_constant(b) {
-        return false;
+        return None;
     }
     let (vars, points) = sample_points(a, b);
     let mut ratio: Option<f64> = None;
@@ -116,7 +121,7 @@ pub fn proportional(a: &Expr, b: &Expr) -> bool {
     for p in &points {
         let (x, y) = (eval_at(a, &vars, p).approx, eval_at(b, &vars, p).approx);
         if x.is_finite() != y.is_finite() {
-            return false;
+            return None;
         }
         if !x.is_finite() {
             continue;
@@ -124,17 +129,17 @@ pub fn proportional(a: &Expr, b: &Expr) -> bool {
         let (zx, zy) = (x.abs() < 1e-12, y.abs() < 1e-12);
         if zx || zy {
             if zx != zy {
-                return false;
+                return None;
             }
             continue;
         }
         let r = x / y;
         match ratio {
             None => ratio = Some(r),
-            Some(r0) if !close(r0, r) => return false,
+            Some(r0) if !close(r0, r) => return None,
             _ => {}
         }
         defined += 1;
     }
-    defined >= MIN_DEFINED
+    (defined >= MIN_DEFINED).then_some(ratio).flatten()
 }

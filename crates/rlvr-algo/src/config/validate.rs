@@ -2,7 +2,7 @@
 //! and the accepted range, including the combinations that make no sense (a lower bound for a
 //! correction without one, a token-level correction under GSPO, a RED-Drop rule without RED-Drop).
 
-use super::{Algorithm, Baseline, PolicyLoss, RedDropRule};
+use super::{Algorithm, Baseline, KeepMask, PolicyLoss, RedDropRule};
 use crate::error::{AlgoError, Result};
 
 /// The largest magnitude of a real-valued `[algorithm]` knob (coefficients, clips, caps,
@@ -45,33 +45,43 @@ impl Algorithm {
         finite_nonneg("std_eps", self.std_eps)?;
         bounded("baseline_shift", self.baseline_shift)?;
         positive("lme_temperature", self.lme_temperature)?;
-        if !(self.clip_low.is_finite() && (0.0..1.0).contains(&self.clip_low)) {
+        // Each keep-mask's parameters are checked only where the loss reads them: CISPO reads
+        // ε_high alone (its cap 1 + ε_high may be any value above 1: TRL's recommended
+        // `epsilon_high = 5` is clip_high = 4), PPO and GSPO ε_low and ε_high, and only REC's ring
+        // keep-mask ε′_low and ε′_high (its bounds tie them to ε_low and ε_high).
+        if self.loss.reads("clip_low")
+            && !(self.clip_low.is_finite() && (0.0..1.0).contains(&self.clip_low))
+        {
             return Err(bad(
                 "clip_low",
                 self.clip_low,
                 "must be in [0, 1) so that 1 - clip_low > 0",
             ));
         }
-        finite_nonneg("clip_high", self.clip_high)?;
-        if !(self.clip_low_prime >= self.clip_low && self.clip_low_prime <= 1.0) {
-            return Err(bad(
-                "clip_low_prime",
-                self.clip_low_prime,
-                &format!(
-                    "must be in [clip_low = {}, 1] (ring keep-mask)",
-                    self.clip_low
-                ),
-            ));
+        if self.loss.reads("clip_high") {
+            finite_nonneg("clip_high", self.clip_high)?;
         }
-        if !(self.clip_high_prime.is_finite() && self.clip_high_prime >= self.clip_high) {
-            return Err(bad(
-                "clip_high_prime",
-                self.clip_high_prime,
-                &format!(
-                    "must be finite and >= clip_high = {} (ring keep-mask)",
-                    self.clip_high
-                ),
-            ));
+        if self.loss == PolicyLoss::Rec && self.keep_mask == KeepMask::Ring {
+            if !(self.clip_low_prime >= self.clip_low && self.clip_low_prime <= 1.0) {
+                return Err(bad(
+                    "clip_low_prime",
+                    self.clip_low_prime,
+                    &format!(
+                        "must be in [clip_low = {}, 1] (ring keep-mask)",
+                        self.clip_low
+                    ),
+                ));
+            }
+            if !(self.clip_high_prime.is_finite() && self.clip_high_prime >= self.clip_high) {
+                return Err(bad(
+                    "clip_high_prime",
+                    self.clip_high_prime,
+                    &format!(
+                        "must be finite and >= clip_high = {} (ring keep-mask)",
+                        self.clip_high
+                    ),
+                ));
+            }
         }
         if let Some(c) = self.dual_clip {
             if !(c.is_finite() && c > 1.0 && c <= MAX_MAGNITUDE) {

@@ -11,7 +11,7 @@ fn resolve(preset: &str) -> Algorithm {
 
 #[test]
 fn every_preset_resolves_and_round_trips_through_toml() {
-    assert_eq!(presets().len(), 22);
+    assert_eq!(presets().len(), 24);
     for p in presets() {
         let alg = resolve(p.name);
         assert_eq!(alg.kl_coef, 0.0, "{}", p.name);
@@ -385,5 +385,181 @@ fn loss_options_are_grouped_by_loss() {
                 };
             assert_eq!(written.iter().any(|k| k == key), want, "{}: {key}", p.name);
         }
+    }
+}
+
+/// Each keep-mask's bounds are checked only for the loss that reads them (issue 47): TRL's CISPO
+/// `epsilon_high = 5` (clip_high 4), ppo/gspo clip_high above 2 and ppo clip_low above 0.6 resolve;
+/// the ring keep-mask still ties ε′ to ε, and out-of-range values keep their messages.
+#[test]
+fn keep_mask_bounds_apply_only_where_read() {
+    let with = |preset: &str, f: &dyn Fn(&mut AlgorithmConfig)| {
+        let mut c = AlgorithmConfig::empty(preset);
+        f(&mut c);
+        c.resolve()
+    };
+    for h in [0.28, 2.0, 4.0, 100.0] {
+        let a = with("cispo", &|c| c.clip_high = Some(h)).unwrap();
+        assert_eq!(a.clip_high, h);
+    }
+    assert_eq!(
+        with("grpo", &|c| c.clip_high = Some(3.0))
+            .unwrap()
+            .clip_high,
+        3.0
+    );
+    assert_eq!(
+        with("gspo", &|c| c.clip_high = Some(2.5))
+            .unwrap()
+            .clip_high,
+        2.5
+    );
+    assert_eq!(
+        with("grpo", &|c| c.clip_low = Some(0.7)).unwrap().clip_low,
+        0.7
+    );
+    // Non-ring REC keep-masks do not read ε′ either.
+    assert_eq!(
+        with("rec_twoside_is", &|c| c.clip_high = Some(3.0))
+            .unwrap()
+            .clip_high,
+        3.0
+    );
+    let err = |r: rlvr_algo::error::Result<rlvr_algo::Algorithm>| r.unwrap_err().to_string();
+    // The ring keep-mask: ε′_high ≥ ε_high and ε_low ≤ ε′_low ≤ 1 still hold.
+    let e = err(with("rec_ring_is", &|c| c.clip_high = Some(3.0)));
+    assert!(
+        e.contains("clip_high_prime") && e.contains("clip_high = 3") && e.contains("ring"),
+        "{e}"
+    );
+    let e = err(with("rec_ring_is", &|c| c.clip_low = Some(0.7)));
+    assert!(
+        e.contains("clip_low_prime") && e.contains("clip_low = 0.7"),
+        "{e}"
+    );
+    let e = err(with("rec_ring_is", &|c| c.clip_low_prime = Some(1.5)));
+    assert!(e.contains("clip_low_prime") && e.contains("ring"), "{e}");
+    // Genuinely invalid values keep their messages, for every loss that reads them.
+    let e = err(with("cispo", &|c| c.clip_high = Some(-1.0)));
+    assert!(e.contains("clip_high") && e.contains(">= 0"), "{e}");
+    let e = err(with("cispo", &|c| c.clip_high = Some(f64::INFINITY)));
+    assert!(e.contains("clip_high"), "{e}");
+    let e = err(with("gspo", &|c| c.clip_low = Some(1.0)));
+    assert!(e.contains("clip_low") && e.contains("[0, 1)"), "{e}");
+    let e = err(with("grpo", &|c| c.clip_high = Some(2e6)));
+    assert!(e.contains("clip_high") && e.contains("1e6"), "{e}");
+    // A knob of another loss is still refused by name.
+    let e = err(with("cispo", &|c| c.clip_high_prime = Some(2.0)));
+    assert!(e.contains("clip_high_prime") && e.contains("cispo"), "{e}");
+}
+
+/// The presets TRL users expect by name (issue 47): `grpo_trl` is GRPOConfig 1.16's defaults
+/// (loss_type "dapo": token mean over the update, zero-variance groups counted, std + 1e-4,
+/// epsilon 0.2 both sides, beta 0); `bnpo` is TRL's bnpo as a token mean per update (the same
+/// values); `dapo` stays the DAPO paper's recipe.
+#[test]
+fn trl_presets_equal_grpo_trainer_defaults() {
+    for name in ["grpo_trl", "bnpo"] {
+        let a = resolve(name);
+        assert_eq!(a.loss, PolicyLoss::Ppo, "{name}");
+        assert_eq!(
+            (a.clip_low, a.clip_high, a.dual_clip),
+            (0.2, 0.2, None),
+            "{name}"
+        );
+        assert_eq!(
+            (a.std_norm, a.std_level, a.std_eps),
+            (StdNorm::Sample, StdLevel::Group, 1e-4),
+            "{name}"
+        );
+        assert_eq!(a.aggregation, Aggregation::TokenMean, "{name}");
+        assert!(!a.exclude_zero_std, "{name}");
+        assert_eq!(
+            (a.kl_coef, a.is_cap, a.opsm_delta),
+            (0.0, None, None),
+            "{name}"
+        );
+        assert!(!a.dynamic_sampling, "{name}");
+    }
+    let dapo = resolve("dapo");
+    assert!(dapo.dynamic_sampling && dapo.clip_high == 0.28);
+    assert!(find_preset("dapo").unwrap().follows.contains("grpo_trl"));
+    // The presets that name TRL but differ from it say each difference.
+    for name in ["grpo", "gspo", "cispo", "off_policy_grpo"] {
+        let f = find_preset(name).unwrap().follows;
+        let a = resolve(name);
+        assert_eq!(a.std_eps, 1e-6, "{name}");
+        assert!(a.exclude_zero_std, "{name}");
+        assert!(
+            f.contains("TRL") && f.contains("std + 1e-6") && f.contains("zero-variance"),
+            "{name}: {f}"
+        );
+    }
+    assert!(find_preset("grpo_trl")
+        .unwrap()
+        .follows
+        .contains("no difference"));
+}
+
+/// A misspelt preset gets "did you mean" with the nearest name; TRL's names without a preset say so.
+#[test]
+fn preset_typos_suggest_the_nearest() {
+    let e = |n: &str| AlgorithmConfig::empty(n).resolve().unwrap_err().to_string();
+    for (typo, want) in [
+        ("drgrpo", "dr_grpo"),
+        ("DR-GRPO", "dr_grpo"),
+        ("gpro", "grpo"),
+        ("grpo-trl", "grpo_trl"),
+        ("trl", "grpo_trl"),
+        ("cipso", "cispo"),
+        ("rec_ringis", "rec_ring_is"),
+        ("asymree", "asymre"),
+    ] {
+        let msg = e(typo);
+        assert!(
+            msg.contains(&format!("did you mean `{want}`?")),
+            "{typo}: {msg}"
+        );
+        assert!(
+            msg.contains(&format!("unknown algorithm preset `{typo}`")),
+            "{msg}"
+        );
+    }
+    assert!(e("rec_ring").contains("did you mean one of `rec_ring_nois`, `rec_ring_is`?"));
+    assert!(e("sapo").contains("TRL's loss_type=\"sapo\" has no rlvr preset"));
+    // Nothing close: no guess, but the list of valid names.
+    let msg = e("completely_else");
+    assert!(
+        !msg.contains("did you mean") && msg.contains("grpo_trl"),
+        "{msg}"
+    );
+}
+
+/// docs/algorithms.md's preset table ("follows" column, with the advantage ε, zero-variance
+/// handling and aggregation each preset resolves to) equals `follows_table()`; run with
+/// RLVR_BLESS=1 to rewrite it.
+#[test]
+fn docs_preset_table_holds_the_follows_lines() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/algorithms.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- presets:begin -->\n", "<!-- presets:end -->");
+    let i = text
+        .find(begin)
+        .expect("docs/algorithms.md has the presets:begin marker")
+        + begin.len();
+    let j = text
+        .find(end)
+        .expect("docs/algorithms.md has the presets:end marker");
+    let want = rlvr_algo::follows_table();
+    if text[i..j] != want {
+        if std::env::var_os("RLVR_BLESS").is_some() {
+            std::fs::write(&path, format!("{}{}{}", &text[..i], want, &text[j..])).unwrap();
+        } else {
+            panic!("docs/algorithms.md's preset table is stale: run RLVR_BLESS=1 cargo test -p rlvr-algo --test it -- config::docs_preset_table");
+        }
+    }
+    for p in presets() {
+        assert!(want.contains(&format!("| `{}` |", p.name)));
+        assert!(want.contains(p.follows));
     }
 }

@@ -882,3 +882,73 @@ fn finite_difference_gradients_with_detached_weights() {
         }
     }
 }
+
+/// CISPO's cap C = 1 + clip_high at 1.28 (the preset), 3 and 5 (TRL's recommended
+/// `epsilon_high = 5`, issue 47): loss −(1/B)·Σ min(ρ, C)·A·ℓ and ℓ-gradient −min(ρ, C)·A/B, each
+/// written out by hand for one-token rows with ℓ_old = 0 (so ρ = e^ℓ), and the capped fraction.
+#[test]
+fn cispo_caps_above_two_by_hand() {
+    let ratios = [0.5f64, 1.2, 2.0, 4.0, 6.0];
+    let adv = [1.0f64, -1.0, 2.0, -0.5, 1.5];
+    let b = ratios.len() as f64;
+    for (clip_high, cap) in [(0.28, 1.28), (2.0, 3.0), (4.0, 5.0)] {
+        let mut c = AlgorithmConfig::empty("cispo");
+        c.clip_high = Some(clip_high);
+        let a = c.resolve().unwrap();
+        let dev = Device::Cpu;
+        let lp: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+        let logp = Var::from_vec(lp.clone(), (5, 1), &dev).unwrap();
+        let old = Tensor::zeros((5, 1), candle_core::DType::F64, &dev).unwrap();
+        let mask = Tensor::ones((5, 1), candle_core::DType::F64, &dev).unwrap();
+        let av = Tensor::new(&adv[..], &dev).unwrap();
+        let w = vec![1.0 / b; 5];
+        let (loss, stats) = policy_loss(
+            &a,
+            &LossInputs {
+                logp: logp.as_tensor(),
+                logp_behaviour: &old,
+                logp_ref: None,
+                entropy: None,
+                mask: &mask,
+                advantages: &av,
+                row_weights: &w,
+                is_weights: None,
+            },
+        )
+        .unwrap();
+        // By hand: the capped weights at C = 1.28 are [0.5, 1.2, 1.28, 1.28, 1.28]; at C = 3
+        // [0.5, 1.2, 2, 3, 3]; at C = 5 [0.5, 1.2, 2, 4, 5].
+        let capped = |r: f64| if r > cap { cap } else { r };
+        let want_loss = -(0..5)
+            .map(|i| capped(ratios[i]) * adv[i] * lp[i])
+            .sum::<f64>()
+            / b;
+        let got = loss.to_scalar::<f64>().unwrap();
+        assert!(
+            (got - want_loss).abs() < 1e-12,
+            "C={cap}: {got} vs {want_loss}"
+        );
+        let g = loss.backward().unwrap();
+        let grad = g
+            .get(logp.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        for i in 0..5 {
+            let want = -capped(ratios[i]) * adv[i] / b;
+            assert!(
+                (grad[i] - want).abs() < 1e-12,
+                "C={cap} row {i}: {} vs {want}",
+                grad[i]
+            );
+        }
+        let n_capped = ratios.iter().filter(|&&r| r > cap).count() as f64;
+        let m = stats.finalise(None);
+        assert!(
+            (m.clip_frac_high.unwrap() - n_capped / b).abs() < 1e-12,
+            "C={cap}"
+        );
+    }
+}

@@ -13,3 +13,4 @@ mod corrections;
 mod losses;
 mod mismatch;
 mod reference;
+mod trl;

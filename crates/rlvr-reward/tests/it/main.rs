@@ -17,6 +17,7 @@ mod judge;
 mod live_judge;
 mod live_reward_model;
 mod math_forms;
+mod math_verify_set;
 mod no_panic;
 mod persistent;
 mod reward_model;

@@ -85,7 +85,9 @@ pub const ALIASES: &[Alias] = &[
         name: "epsilon_high",
         peer: "TRL",
         ours: "algorithm.clip_high",
-        note: "ε_high, the upper clip range (DAPO's clip-higher)",
+        note: "ε_high, the upper clip range (DAPO's clip-higher); with loss_type=\"cispo\" TRL's \
+               epsilon_high is the cap itself: clip_high = epsilon_high − 1 (TRL's recommended 5.0 \
+               is clip_high = 4)",
     },
     Alias {
         name: "delta",
@@ -98,15 +100,25 @@ pub const ALIASES: &[Alias] = &[
     Alias {
         name: "loss_type",
         peer: "TRL",
-        ours: "algorithm.aggregation",
-        note: "TRL's grpo = seq-mean-token-mean, dapo/bnpo = token-mean, dr_grpo = constant",
+        ours: "algorithm.preset",
+        note: "TRL's loss types are presets: \"dapo\" (TRL's default) is preset \"grpo_trl\" \
+               (token mean over the update, zero-variance groups counted, std + 1e-4); \"grpo\" \
+               is preset \"grpo\" (seq-mean-token-mean, but std + 1e-6 and zero-variance groups \
+               out of the normaliser: set algorithm.std_eps = 1e-4 and exclude_zero_std = false \
+               for TRL's); \"bnpo\" is preset \"bnpo\" (token mean per update, not per \
+               micro-batch); \"dr_grpo\" is preset \"dr_grpo\" (aggregation constant); \
+               \"cispo\" is preset \"cispo\"; sapo, luspo and vespo have no rlvr counterpart; \
+               rlvr's preset \"dapo\" is the DAPO paper's recipe (dynamic sampling, overlong \
+               penalty), not TRL's loss_type",
     },
     Alias {
         name: "scale_rewards",
         peer: "TRL",
-        ours: "algorithm.std_norm",
-        note: "std normalisation of the advantages (none, sample, population); where the std is \
-               taken is algorithm.std_level (group or batch)",
+        ours: "algorithm.std_level",
+        note: "\"group\" (TRL's default, or true) is algorithm.std_norm = \"sample\" with \
+               std_level = \"group\"; \"batch\" is std_level = \"batch\" (group mean, batch \
+               std); \"none\" (or false) is std_norm = \"none\"; TRL divides by std + 1e-4 \
+               (algorithm.std_eps = 1e-4, as preset grpo_trl)",
     },
     Alias {
         name: "mask_truncated_completions",

@@ -1010,6 +1010,34 @@ fn a_peers_key_names_ours() {
     }
 }
 
+/// TRL's `loss_type`, `scale_rewards` and CISPO `epsilon_high` errors map TRL's values to rlvr's
+/// presets and keys (issue 47), and a misspelt preset gets "did you mean".
+#[test]
+fn trl_values_are_mapped_in_errors() {
+    let err = |set: &str| format!("{:#}", check_load("", &[set]).unwrap_err());
+    let e = err("algorithm.loss_type=dapo");
+    assert!(
+        e.contains("`algorithm.loss_type` is TRL's name")
+            && e.contains("\"dapo\" (TRL's default) is preset \"grpo_trl\"")
+            && e.contains("\"bnpo\" is preset \"bnpo\" (token mean per update")
+            && e.contains("rlvr's preset \"dapo\" is the DAPO paper's recipe"),
+        "{e}"
+    );
+    let e = err("algorithm.scale_rewards=batch");
+    assert!(
+        e.contains("\"batch\" is std_level = \"batch\"")
+            && e.contains("\"none\" (or false) is std_norm = \"none\"")
+            && e.contains("std + 1e-4"),
+        "{e}"
+    );
+    let e = err("algorithm.epsilon_high=5");
+    assert!(e.contains("TRL's recommended 5.0 is clip_high = 4"), "{e}");
+    let e = err("algorithm.preset=drgrpo");
+    assert!(e.contains("did you mean `dr_grpo`?"), "{e}");
+    // TRL's recommended CISPO cap is accepted.
+    assert!(check_load("", &["algorithm.preset=cispo", "algorithm.clip_high=4"]).is_ok());
+}
+
 /// Every alias names a key that exists.
 #[test]
 fn every_alias_names_a_documented_key() {
