@@ -47,8 +47,8 @@ pub struct TrainArgs {
     pub print_config: bool,
 }
 
-/// Runs `rlvr train`. Prints one JSON summary line to `out`; a run interrupted by SIGINT/SIGTERM
-/// then exits the process with 130/143.
+/// Runs `rlvr train`. Prints one JSON summary line to `out`; a run interrupted by SIGINT/SIGTERM/SIGHUP
+/// then exits the process with 130/143/129.
 ///
 /// # Errors
 /// Config, data, model and I/O errors.
@@ -67,7 +67,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     cfg.check_runnable()?;
     let stop = Arc::new(AtomicBool::new(false));
-    // SIGINT/SIGTERM: save after the current step and stop.
+    // SIGINT/SIGTERM/SIGHUP: save after the current step and stop.
     signals::install(stop.clone());
     let s = train(
         &cfg,
@@ -92,7 +92,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "checkpoint": s.last_checkpoint,
         })
     )?;
-    // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+    // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP).
     signals::exit_if_interrupted(s.interrupted, out);
     Ok(())
 }

@@ -135,7 +135,8 @@ impl LastGood {
         self.updating = true;
     }
 
-    /// Step `t` completed (metrics written); `cursor` is the source's cursor after it.
+    /// Step `t`'s update completed (the weights are step `t`'s, whatever fails after it:
+    /// evaluation, logs, the push to the explorer); `cursor` is the source's cursor after it.
     pub(crate) fn completed(&mut self, t: u64, cursor: SourceCursor) {
         self.step = t;
         self.cursor = cursor;

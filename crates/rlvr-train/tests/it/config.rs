@@ -61,6 +61,54 @@ fn resolved_config_round_trips() {
     assert_eq!(again.raw, c.raw);
 }
 
+/// Issue 49 item 4: a run's config.toml holds every knob its preset resolved to, so `--resume RUN
+/// --set algorithm.preset="dapo"` (or `--config RUN/config.toml --set ...`) used to record the
+/// new preset while the old preset's values, written out as if by hand, kept the run on GRPO. Now
+/// the knobs holding the old preset's values take the new preset's, a knob written by hand (here
+/// std_eps) stays, and a start-up line names both.
+#[test]
+fn a_preset_changed_over_a_resolved_config_applies_in_full() {
+    let written = check_load("", &["algorithm.std_eps=1e-3", "algorithm.preset=\"grpo\""]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.toml"), written.to_toml().unwrap()).unwrap();
+    let want = check_load("", &["algorithm.std_eps=1e-3", "algorithm.preset=\"dapo\""])
+        .unwrap()
+        .algorithm;
+    assert_ne!(want.clip_high, written.algorithm.clip_high);
+    assert_ne!(want.aggregation, written.algorithm.aggregation);
+    let sets = vec!["algorithm.preset=\"dapo\"".to_string()];
+    let resumed = rlvr_train::config::ResolvedConfig::from_run_dir(tmp.path(), &sets).unwrap();
+    let copied = RawConfig::load(Some(&tmp.path().join("config.toml")), &sets)
+        .unwrap()
+        .resolve()
+        .unwrap();
+    for (how, c) in [("--resume", &resumed), ("--config", &copied)] {
+        assert_eq!(c.algorithm, want, "{how}");
+        let note = c
+            .warnings
+            .iter()
+            .find(|w| w.starts_with("algorithm.preset changes from \"grpo\""))
+            .unwrap_or_else(|| panic!("{how}: no line about the preset: {:?}", c.warnings));
+        assert!(note.contains("to \"dapo\" (--set)"), "{note}");
+        assert!(
+            note.contains("clip_high") && note.contains("aggregation"),
+            "{note}"
+        );
+        assert!(
+            note.contains("kept as written, as they differ from grpo's: std_eps"),
+            "{note}"
+        );
+    }
+    // The same preset again changes nothing and says nothing.
+    let same = vec!["algorithm.preset=\"grpo\"".to_string()];
+    let c = rlvr_train::config::ResolvedConfig::from_run_dir(tmp.path(), &same).unwrap();
+    assert_eq!(c.algorithm, written.algorithm);
+    assert!(!c
+        .warnings
+        .iter()
+        .any(|w| w.contains("algorithm.preset changes")));
+}
+
 #[test]
 fn unknown_keys_are_named() {
     for (file, sets, key) in [
