@@ -15,7 +15,7 @@
 //!   compares it with that file (as TOML values). A run whose config differs (a preset or a default
 //!   changed, the sweep file was edited, its warm start is gone) is moved aside to
 //!   `seed-N.stale-UNIXSECS` (nothing is deleted) and rerun from scratch.
-//! - One writer: a run directory whose lock (`RUN/.lock`, the `flock` every `rlvr train` holds for
+//! - One writer: a run directory whose lock (an `flock` on the directory, which every `rlvr train` holds for
 //!   its whole life) is held by another process (an `rlvr train` started by hand, or another lab
 //!   on the same directory) is left alone: it is neither moved aside nor resumed, and it is listed
 //!   in [`Outcome::failures`] with the holder's pid, so the lab exits non-zero. The lab holds the
@@ -111,37 +111,35 @@ pub struct Outcome {
     pub busy: usize,
 }
 
-/// Name of a run directory's lock file (the same file `rlvr train` locks: rlvr-train's
-/// `store::lock::LOCK_FILE`).
+/// Name of the file in a run directory where the holder of its lock writes its pid, host and
+/// start time (rlvr-train's `store::lock::LOCK_FILE`). The lock itself is an `flock` on the run
+/// directory, as `rlvr train` takes it.
 pub const RUN_LOCK_FILE: &str = ".lock";
 
 /// The lab's hold on a run directory's lock; released when dropped.
 #[derive(Debug)]
 pub struct RunHold {
-    _file: std::fs::File,
+    _dir: std::fs::File,
 }
 
-/// Takes the lock of the existing run directory `dir` without waiting: `Ok(Ok(hold))` when it was
-/// free, `Ok(Err(holder))` when another process holds it (`holder`: what that process wrote in the
-/// lock file, e.g. `pid 123, host h, started …`, or a note that it wrote nothing yet).
+/// Takes the lock of the existing run directory `dir` (an `flock` on the directory, as `rlvr
+/// train` takes it) without waiting: `Ok(Ok(hold))` when it was free, `Ok(Err(holder))` when
+/// another process holds it (`holder`: what that process wrote in `RUN/.lock`, e.g. `pid 123, host
+/// h, started …`, or a note that it wrote nothing yet).
 ///
 /// # Errors
-/// Opening the lock file, or a locking error other than "held".
+/// Opening the directory, or a locking error other than "held".
 pub fn try_hold(dir: &Path) -> anyhow::Result<Result<RunHold, String>> {
     use std::io::Read;
-    let path = dir.join(RUN_LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("opening the run-directory lock {}", path.display()))?;
+    let file = std::fs::File::open(dir)
+        .with_context(|| format!("opening the run directory {} to lock it", dir.display()))?;
     match fs4::FileExt::try_lock(&file) {
-        Ok(()) => Ok(Ok(RunHold { _file: file })),
+        Ok(()) => Ok(Ok(RunHold { _dir: file })),
         Err(fs4::TryLockError::WouldBlock) => {
             let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
+            if let Ok(mut info) = std::fs::File::open(dir.join(RUN_LOCK_FILE)) {
+                let _ = info.read_to_string(&mut holder);
+            }
             let holder = holder.trim().replace('\n', ", ");
             Ok(Err(if holder.is_empty() {
                 "its holder has not written its pid yet".into()
@@ -150,7 +148,7 @@ pub fn try_hold(dir: &Path) -> anyhow::Result<Result<RunHold, String>> {
             }))
         }
         Err(fs4::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("locking {}", path.display()))
+            Err(e).with_context(|| format!("locking {}", dir.display()))
         }
     }
 }

@@ -142,6 +142,99 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
     assert_eq!(latest(&run), "step-5");
 }
 
+/// Issue 49 item 5: deleting `RUN/.lock` during a run used to let a second writer in (both
+/// exited 0, their metrics interleaved), since the lock was the file's. The lock is now the run
+/// directory's own, so a second start is refused however the file fares; and a `checkpoints/`
+/// that is a symbolic link into another run is refused (a resume would continue that run and
+/// delete its checkpoints).
+#[test]
+fn a_deleted_lock_file_lets_no_second_writer_in_and_foreign_checkpoints_are_refused() {
+    let (tmp, model, run) = tiny_run();
+    let s = sets(&model, &run, 5);
+    let mut c = train_cmd(&s);
+    c.env("RLVR_DEBUG_HANG_AFTER_STEP", "2");
+    let mut a = spawn(c);
+    wait_for("A reaches step 2", 120, || last_step(&run) == 2);
+    std::fs::remove_file(run.join(".lock")).unwrap();
+    let b = train_cmd(&s).output().unwrap();
+    let err = String::from_utf8_lossy(&b.stderr);
+    assert!(!b.status.success(), "a second writer ran: {err}");
+    assert!(
+        err.contains("is in use by another rlvr process") && err.contains(".lock was removed"),
+        "{err}"
+    );
+    assert_eq!(steps(&run), [1, 2]);
+    a.kill().unwrap();
+    a.wait().unwrap();
+
+    // Another run whose checkpoints/ is a link to the first run's.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    ok(
+        &train_cmd(&sets(&model, &other, 1)).output().unwrap(),
+        "other run",
+    );
+    std::fs::create_dir_all(run.join("checkpoints")).unwrap();
+    std::fs::remove_dir_all(other.join("checkpoints")).unwrap();
+    std::os::unix::fs::symlink(run.join("checkpoints"), other.join("checkpoints")).unwrap();
+    let r = resume(&other).output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    assert!(
+        err.contains("is a symbolic link to") && err.contains("the checkpoints of another run"),
+        "{err}"
+    );
+}
+
+/// Issue 49 item 5: two `rlvr sft --force --out X` at once shared one staging directory (X ended
+/// with both runs' metrics interleaved). `--out` has one writer: while another process holds its
+/// lock, `sft`, `init` and `merge` are refused naming the holder, and X is untouched.
+#[test]
+fn an_output_directory_being_written_is_refused_to_a_second_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let pairs = tmp.path().join("pairs.jsonl");
+    std::fs::write(&pairs, "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n").unwrap();
+    let out = tmp.path().join("out");
+    // Hold out's lock as a running `rlvr sft` does (its pid line in the lock file).
+    let lock = tmp.path().join(".out.lock");
+    std::fs::write(&lock, "pid 4242\nhost testhost\nstarted now\n").unwrap();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&lock)
+        .unwrap();
+    fs4::FileExt::try_lock(&held).unwrap();
+    let sft = rlvr()
+        .args(["sft", "--steps", "1", "--force", "--model"])
+        .arg(&model)
+        .arg("--data")
+        .arg(&pairs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&sft.stderr);
+    assert!(!sft.status.success(), "{err}");
+    assert!(
+        err.contains("--out") && err.contains("is being written by another rlvr process (pid 4242"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    drop(held);
+    let sft = rlvr()
+        .args(["sft", "--steps", "1", "--model"])
+        .arg(&model)
+        .arg("--data")
+        .arg(&pairs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    ok(&sft, "sft once the lock is free");
+    assert!(out.join("model.safetensors").exists());
+}
+
 #[test]
 fn of_two_fresh_starts_at_once_exactly_one_runs_and_config_toml_is_its_own() {
     let (_tmp, model, run) = tiny_run();
