@@ -287,7 +287,7 @@ impl StagedOutput {
         };
         let mut written = Vec::new();
         for e in
-            std::fs::read_dir(&staging).with_context(|| format!("reading {}", staging.display()))?
+            std::fs::read_dir(staging).with_context(|| format!("reading {}", staging.display()))?
         {
             let e = e?;
             let dest = self.out.join(e.file_name());
@@ -310,7 +310,7 @@ impl StagedOutput {
                     .with_context(|| format!("removing {}", e.path().display()))?;
             }
         }
-        std::fs::remove_dir_all(&staging)
+        std::fs::remove_dir_all(staging)
             .with_context(|| format!("removing {}", staging.display()))?;
         Ok(())
     }
