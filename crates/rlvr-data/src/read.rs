@@ -18,6 +18,12 @@ use std::path::Path;
 /// instead of an unbounded allocation.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 
+/// The most rows read from one Parquet file (10 million; the largest public RL prompt sets hold
+/// a few million). A Parquet file's size does not bound its rows: a 147 KB dictionary-encoded file
+/// of 30 million rows made the loader abort at 5.6 GB (issue 49 item 11). More is
+/// [`DataError::Unreadable`], checked from the footer before any row is decoded.
+pub const MAX_PARQUET_ROWS: u64 = 10_000_000;
+
 /// One record: its 1-based line (JSONL) or row (Parquet) and its fields.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
@@ -216,14 +222,34 @@ fn for_each_parquet(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Res
             });
         }
     }
+    // The footer states the rows twice (file and row groups): the larger bounds what is decoded.
+    let in_groups: u64 = meta
+        .row_groups()
+        .iter()
+        .map(|g| u64::try_from(g.num_rows()).unwrap_or(u64::MAX))
+        .fold(0, u64::saturating_add);
+    let stated = u64::try_from(meta.file_metadata().num_rows()).unwrap_or(u64::MAX);
+    let rows = stated.max(in_groups);
+    if rows > MAX_PARQUET_ROWS {
+        return Err(DataError::Unreadable {
+            file: path.to_path_buf(),
+            reason: format!(
+                "{rows} rows, more than rlvr reads from one Parquet file ({MAX_PARQUET_ROWS}); \
+                 split it into files of at most that many rows, or sample it (pyarrow: \
+                 pq.write_table(table.slice(0, N), path, compression=\"snappy\"))"
+            ),
+        });
+    }
     let rows = reader.get_row_iter(None).map_err(|e| bad(0, e))?;
     for (k, row) in rows.enumerate() {
         let row = row.map_err(|e| bad(k + 1, e))?;
-        let fields = parquet_row_json(&row, "").map_err(|reason| DataError::Malformed {
-            file: path.to_path_buf(),
-            line: k + 1,
-            reason,
-        })?;
+        let mut budget = MAX_LINE_BYTES;
+        let fields =
+            parquet_row_json(&row, "", &mut budget).map_err(|reason| DataError::Malformed {
+                file: path.to_path_buf(),
+                line: k + 1,
+                reason,
+            })?;
         f(Record {
             line: k + 1,
             fields,
@@ -238,12 +264,18 @@ fn for_each_parquet(path: &Path, mut f: impl FnMut(Record) -> Result<()>) -> Res
 /// `STRING` annotation (Spark and Hive write text so): the crate turns them into base64, which
 /// would train on base64 text; here valid UTF-8 becomes the text it holds.
 ///
+/// A row is bounded as a JSONL line is: its text and binary values and its values' count (8
+/// bytes each) draw on `budget` bytes ([`MAX_LINE_BYTES`] a row), so one 200 MB cell or a list of
+/// millions of elements is an error naming the column instead of an abort.
+///
 /// # Errors
-/// A binary value that is not valid UTF-8, naming the column and the first invalid byte.
+/// A binary value that is not valid UTF-8, naming the column and the first invalid byte; a row
+/// over the budget, naming the column where it ran out.
 #[cfg(feature = "parquet")]
 fn parquet_row_json(
     row: &parquet::record::Row,
     prefix: &str,
+    budget: &mut usize,
 ) -> std::result::Result<Map<String, Value>, String> {
     row.get_column_iter()
         .map(|(name, field)| {
@@ -252,9 +284,28 @@ fn parquet_row_json(
             } else {
                 format!("{prefix}.{name}")
             };
-            Ok((name.clone(), parquet_field_json(field, &at)?))
+            Ok((name.clone(), parquet_field_json(field, &at, budget)?))
         })
         .collect()
+}
+
+/// Takes `bytes` from a row's `budget` ([`parquet_row_json`]).
+///
+/// # Errors
+/// Not enough left: the message names column `at`.
+#[cfg(feature = "parquet")]
+fn spend(budget: &mut usize, bytes: usize, at: &str) -> std::result::Result<(), String> {
+    match budget.checked_sub(bytes.saturating_add(8)) {
+        Some(left) => {
+            *budget = left;
+            Ok(())
+        }
+        None => Err(format!(
+            "the row is larger than {MAX_LINE_BYTES} bytes (the limit of a JSONL line) at column \
+             `{at}` (a value of {bytes} bytes): rlvr reads prompts and answers, not blobs; drop \
+             or shorten the column"
+        )),
+    }
 }
 
 /// One Parquet value as JSON (see [`parquet_row_json`]); `at` names its column.
@@ -262,8 +313,15 @@ fn parquet_row_json(
 fn parquet_field_json(
     field: &parquet::record::Field,
     at: &str,
+    budget: &mut usize,
 ) -> std::result::Result<Value, String> {
     use parquet::record::Field;
+    let size = match field {
+        Field::Str(s) => s.len(),
+        Field::Bytes(b) => b.data().len(),
+        _ => 0,
+    };
+    spend(budget, size, at)?;
     Ok(match field {
         Field::Bytes(b) => match std::str::from_utf8(b.data()) {
             Ok(s) => Value::String(s.to_owned()),
@@ -277,23 +335,23 @@ fn parquet_field_json(
                 ))
             }
         },
-        Field::Group(row) => Value::Object(parquet_row_json(row, at)?),
+        Field::Group(row) => Value::Object(parquet_row_json(row, at, budget)?),
         Field::ListInternal(list) => Value::Array(
             list.elements()
                 .iter()
                 .enumerate()
-                .map(|(i, f)| parquet_field_json(f, &format!("{at}[{i}]")))
+                .map(|(i, f)| parquet_field_json(f, &format!("{at}[{i}]"), budget))
                 .collect::<std::result::Result<_, _>>()?,
         ),
         Field::MapInternal(map) => Value::Object(
             map.entries()
                 .iter()
                 .map(|(key, value)| {
-                    let key = match parquet_field_json(key, &format!("{at}.key"))? {
+                    let key = match parquet_field_json(key, &format!("{at}.key"), budget)? {
                         Value::String(s) => s,
                         other => other.to_string(),
                     };
-                    let value = parquet_field_json(value, &format!("{at}[{key}]"))?;
+                    let value = parquet_field_json(value, &format!("{at}[{key}]"), budget)?;
                     Ok((key, value))
                 })
                 .collect::<std::result::Result<_, String>>()?,

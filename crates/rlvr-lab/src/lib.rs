@@ -14,7 +14,7 @@
 //!
 //! Process handling and resume: see [`runner`].
 
-#![deny(unsafe_code)] // two audited exceptions in runner.rs: installing a signal handler, prctl in pre_exec
+#![deny(unsafe_code)] // three audited exceptions in runner.rs: installing a signal handler, prctl in pre_exec, kill(2) of a child
 
 pub mod data;
 pub mod figures;

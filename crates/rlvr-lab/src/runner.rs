@@ -5,7 +5,9 @@
 //! - Children die with the lab: they stay in the lab's process group (a terminal's Ctrl-C and
 //!   `kill -- -PGID` reach every one), each asks the kernel for `SIGKILL` when the lab dies
 //!   (`prctl(PR_SET_PDEATHSIG)`, Linux; it covers `kill -9` of the lab), and on `SIGINT`, `SIGTERM`
-//!   or `SIGHUP` the lab kills its children itself before it exits (status 130).
+//!   or `SIGHUP` the lab sends its runs SIGTERM (each saves its current step and exits, as `rlvr
+//!   train` does), kills the ones left after [`STOP_GRACE`] or a second signal, and exits with
+//!   128 + the signal (130, 143, 129).
 //! - Resume: a run is finished when RUN/lab.json says `"done": true` (written after `rlvr train`
 //!   exits 0) and is then never rerun; an unfinished run with a RUN/config.toml continues with
 //!   `rlvr train --resume RUN` from its latest checkpoint (`[lab].save_every`); a warm start is
@@ -15,7 +17,7 @@
 //!   compares it with that file (as TOML values). A run whose config differs (a preset or a default
 //!   changed, the sweep file was edited, its warm start is gone) is moved aside to
 //!   `seed-N.stale-UNIXSECS` (nothing is deleted) and rerun from scratch.
-//! - One writer: a run directory whose lock (`RUN/.lock`, the `flock` every `rlvr train` holds for
+//! - One writer: a run directory whose lock (an `flock` on the directory, which every `rlvr train` holds for
 //!   its whole life) is held by another process (an `rlvr train` started by hand, or another lab
 //!   on the same directory) is left alone: it is neither moved aside nor resumed, and it is listed
 //!   in [`Outcome::failures`] with the holder's pid, so the lab exits non-zero. The lab holds the
@@ -32,9 +34,47 @@ use anyhow::Context;
 use crate::sweep::{RunSpec, Sweep};
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+/// Signals received (a second one stops the children at once).
+static SIGNALS: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNALLED.store(sig, Ordering::SeqCst);
+    let _ = SIGNALLED.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// How long the lab waits, after a signal, for its runs to save their current step and exit (as
+/// `rlvr train` does on SIGTERM) before it kills them.
+pub const STOP_GRACE: Duration = Duration::from_secs(300);
+
+/// The lab stopped because of a signal, after its runs saved and exited (or were killed after
+/// [`STOP_GRACE`] or a second signal): `rlvr` exits with 128 + `signal` (130 for SIGINT, 143 for
+/// SIGTERM, 129 for SIGHUP).
+#[derive(Debug)]
+pub struct Interrupted {
+    /// The signal's number.
+    pub signal: i32,
+    /// What happened to the runs.
+    pub message: String,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Sends SIGTERM to `child` (an `rlvr train` saves its current step and exits 143).
+fn terminate(child: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on the pid of a child this process has not reaped yet (so the pid is
+        // still ours), with a valid signal number.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
 }
 
 fn install_signal_handlers() {
@@ -111,37 +151,35 @@ pub struct Outcome {
     pub busy: usize,
 }
 
-/// Name of a run directory's lock file (the same file `rlvr train` locks: rlvr-train's
-/// `store::lock::LOCK_FILE`).
+/// Name of the file in a run directory where the holder of its lock writes its pid, host and
+/// start time (rlvr-train's `store::lock::LOCK_FILE`). The lock itself is an `flock` on the run
+/// directory, as `rlvr train` takes it.
 pub const RUN_LOCK_FILE: &str = ".lock";
 
 /// The lab's hold on a run directory's lock; released when dropped.
 #[derive(Debug)]
 pub struct RunHold {
-    _file: std::fs::File,
+    _dir: std::fs::File,
 }
 
-/// Takes the lock of the existing run directory `dir` without waiting: `Ok(Ok(hold))` when it was
-/// free, `Ok(Err(holder))` when another process holds it (`holder`: what that process wrote in the
-/// lock file, e.g. `pid 123, host h, started …`, or a note that it wrote nothing yet).
+/// Takes the lock of the existing run directory `dir` (an `flock` on the directory, as `rlvr
+/// train` takes it) without waiting: `Ok(Ok(hold))` when it was free, `Ok(Err(holder))` when
+/// another process holds it (`holder`: what that process wrote in `RUN/.lock`, e.g. `pid 123, host
+/// h, started …`, or a note that it wrote nothing yet).
 ///
 /// # Errors
-/// Opening the lock file, or a locking error other than "held".
+/// Opening the directory, or a locking error other than "held".
 pub fn try_hold(dir: &Path) -> anyhow::Result<Result<RunHold, String>> {
     use std::io::Read;
-    let path = dir.join(RUN_LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("opening the run-directory lock {}", path.display()))?;
+    let file = std::fs::File::open(dir)
+        .with_context(|| format!("opening the run directory {} to lock it", dir.display()))?;
     match fs4::FileExt::try_lock(&file) {
-        Ok(()) => Ok(Ok(RunHold { _file: file })),
+        Ok(()) => Ok(Ok(RunHold { _dir: file })),
         Err(fs4::TryLockError::WouldBlock) => {
             let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
+            if let Ok(mut info) = std::fs::File::open(dir.join(RUN_LOCK_FILE)) {
+                let _ = info.read_to_string(&mut holder);
+            }
             let holder = holder.trim().replace('\n', ", ");
             Ok(Err(if holder.is_empty() {
                 "its holder has not written its pid yet".into()
@@ -150,7 +188,7 @@ pub fn try_hold(dir: &Path) -> anyhow::Result<Result<RunHold, String>> {
             }))
         }
         Err(fs4::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("locking {}", path.display()))
+            Err(e).with_context(|| format!("locking {}", dir.display()))
         }
     }
 }
@@ -405,8 +443,28 @@ pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::
     let (mut measured_s, mut measured_steps) = (0.0, 0u64);
     loop {
         if let sig @ 1.. = SIGNALLED.load(Ordering::SeqCst) {
-            for r in &mut running {
-                let _ = r.child.kill();
+            // Each run saves its current step and exits, as `rlvr train` does on SIGTERM (the
+            // lab used to SIGKILL them, mid-save); a second signal, or STOP_GRACE, kills the rest.
+            let signals = SIGNALS.load(Ordering::SeqCst);
+            for r in &running {
+                terminate(&r.child);
+            }
+            let t0 = Instant::now();
+            let mut killed = 0usize;
+            while running
+                .iter_mut()
+                .any(|r| matches!(r.child.try_wait(), Ok(None)))
+            {
+                if t0.elapsed() > STOP_GRACE || SIGNALS.load(Ordering::SeqCst) > signals {
+                    for r in &mut running {
+                        if matches!(r.child.try_wait(), Ok(None)) {
+                            let _ = r.child.kill();
+                            killed += 1;
+                        }
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
             for mut r in running.drain(..) {
                 let _ = r.child.wait();
@@ -416,9 +474,21 @@ pub fn run_sweep(sweep: &Sweep, out: &Path, exe: &Path, jobs: usize) -> anyhow::
                 }
             }
             pb.bar.abandon();
-            anyhow::bail!(
-                "interrupted by signal {sig}: the children were stopped; rerun the same command to resume"
-            );
+            let how = match killed {
+                0 => "the runs saved their current step and stopped".to_string(),
+                n => format!(
+                    "{n} run(s) did not stop within {} s or a second signal came, and were killed \
+                     (they resume from their last checkpoint)",
+                    STOP_GRACE.as_secs()
+                ),
+            };
+            return Err(Interrupted {
+                signal: sig,
+                message: format!(
+                    "interrupted by signal {sig}: {how}; rerun the same command to resume"
+                ),
+            }
+            .into());
         }
         // Start what may start: runs wait for their seed's warm start.
         let mut i = 0;

@@ -233,8 +233,38 @@ pub struct RunSpec {
     pub seed: u64,
 }
 
-/// Refuses a seed listed twice in `seeds` (the key `key`): each arm of `arms` would run it twice
-/// into one run directory, and the statistics would count one run as two seeds.
+/// The `rlvr train` keys the lab sets for every run itself ([`Sweep::train_args`]), with the
+/// sweep key that says them. A `--set` of one in a sweep would move a run's directory elsewhere
+/// (`output.dir`: the lab then found "0 runs") or make its seeds differ from the ones the lab
+/// reports. (`train.steps` and the evaluation and checkpoint intervals may differ per arm.)
+const LAB_OWNS: &[(&str, &str)] = &[
+    (
+        "output.dir",
+        "the sweep's --out (each run is OUT/ARM/seed-N)",
+    ),
+    ("train.seed", "[lab].seeds"),
+    ("data.seed", "[lab].seeds"),
+];
+
+/// The keys an arm sets with its own fields: in `[lab].sets` they would be overridden by every
+/// arm, in an arm's `sets` they would make the arm differ from its name and label.
+const ARM_OWNS: &[(&str, &str)] = &[
+    ("algorithm.preset", "the arm's preset"),
+    ("sync.interval", "the arm's interval"),
+    ("sync.offset", "the arm's offset"),
+];
+
+/// Refuses a `--set` in `sets` (named `what`) of a key in `owned`, naming the sweep key to use.
+fn owned_keys(what: &str, sets: &[String], owned: &[(&str, &str)]) -> anyhow::Result<()> {
+    for s in sets {
+        let key = s.split_once('=').map_or(s.as_str(), |(k, _)| k).trim();
+        if let Some((k, instead)) = owned.iter().find(|(k, _)| *k == key) {
+            bail!("{what}: `{s}` sets {k}, which the lab sets itself; use {instead}");
+        }
+    }
+    Ok(())
+}
+
 /// A name that is safe as a directory and a table key: non-empty ASCII letters, digits, `_`, `-`.
 fn plain_name(name: &str) -> bool {
     !name.is_empty()
@@ -243,6 +273,8 @@ fn plain_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
+/// Refuses a seed listed twice in `seeds` (the key `key`): each arm of `arms` would run it twice
+/// into one run directory, and the statistics would count one run as two seeds.
 fn duplicate_seed(key: &str, seeds: &[u64], arms: &[&str]) -> anyhow::Result<()> {
     for (i, s) in seeds.iter().enumerate() {
         if seeds[..i].contains(s) {
@@ -356,6 +388,12 @@ impl Sweep {
         }
         if self.lab.jobs == 0 || self.lab.threads == 0 || self.lab.steps == 0 {
             bail!("[lab] jobs, threads and steps must be >= 1");
+        }
+        owned_keys("[lab].sets", &self.lab.sets, LAB_OWNS)?;
+        owned_keys("[lab].sets", &self.lab.sets, ARM_OWNS)?;
+        for a in &self.arms {
+            owned_keys(&format!("[[arm]] `{}` sets", a.name), &a.sets, LAB_OWNS)?;
+            owned_keys(&format!("[[arm]] `{}` sets", a.name), &a.sets, ARM_OWNS)?;
         }
         Ok(())
     }

@@ -31,14 +31,69 @@ pub(crate) enum Failure {
 }
 
 /// A plain-HTTP client with a per-request timeout, answering every status (no status is an
-/// error of the transport) and following no redirect (a 3xx comes back as it is).
-pub(crate) fn agent(timeout: Duration) -> ureq::Agent {
+/// error of the transport) and following no redirect (a 3xx comes back as it is). It keeps up to
+/// `in_flight` idle connections to the server, so the pool of requests in flight reuses its
+/// connections instead of opening one per request (ureq keeps 3 per host by default: with more
+/// requests in flight every other request opened a connection, and a long run left thousands of
+/// sockets in TIME_WAIT, issue 49 item 16).
+pub(crate) fn agent(timeout: Duration, in_flight: usize) -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
         .timeout_global(Some(timeout))
+        .max_idle_connections(in_flight.max(1))
+        .max_idle_connections_per_host(in_flight.max(1))
         .build();
     ureq::Agent::new_with_config(config)
+}
+
+/// `url` with the user-information part (`user:password@`) replaced by `***@`, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+/// Checks a server URL: plain `http://` and no credentials in it (they would be written to
+/// config.toml, train.log, TensorBoard and every error message; `api_key_env` sends a key as a
+/// bearer token instead). The error does not repeat the credentials.
+pub(crate) fn check_server(server: &str) -> Result<(), String> {
+    let base = server.trim_end_matches('/');
+    if !base.starts_with("http://") {
+        return Err("server: expected http://host:port (plain HTTP only)".into());
+    }
+    if redact(base) != base {
+        return Err(
+            "server: the URL carries credentials (user:password@), which would be written to \
+             config.toml, train.log and every error message; put the key in an environment \
+             variable and name it in api_key_env (sent as `Authorization: Bearer KEY`)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// The API key of a server from the environment variable `api_key_env` names (`None` when no
+/// variable is named). `owner` names the setting in the error (`judge`, `reward model`).
+///
+/// # Errors
+/// The variable is not set or is empty; the message names the variable, never a value.
+pub(crate) fn api_key(owner: &str, api_key_env: Option<&str>) -> Result<Option<String>, String> {
+    let Some(var) = api_key_env else {
+        return Ok(None);
+    };
+    match std::env::var(var) {
+        Ok(k) if !k.is_empty() => Ok(Some(k)),
+        _ => Err(format!(
+            "{owner}: api_key_env = {var:?}, but the environment variable {var} is not set (or is \
+             empty)"
+        )),
+    }
 }
 
 /// The wait a `Retry-After` header value asks for, in its seconds form (the HTTP-date form is
@@ -48,14 +103,20 @@ pub(crate) fn retry_after(value: Option<&str>, cap: Duration) -> Option<Duration
     Some(Duration::from_secs(secs).min(cap))
 }
 
-/// One POST of `body` to `url`: the answer's JSON when the status is 200.
+/// One POST of `body` to `url` (with `Authorization: Bearer KEY` when `api_key` is given): the
+/// answer's JSON when the status is 200.
 pub(crate) fn post_json(
     agent: &ureq::Agent,
     url: &str,
+    api_key: Option<&str>,
     body: &Value,
     timeout_s: f64,
 ) -> Result<Value, Failure> {
-    let mut resp = match agent.post(url).send_json(body) {
+    let mut req = agent.post(url);
+    if let Some(k) = api_key {
+        req = req.header("Authorization", &format!("Bearer {k}"));
+    }
+    let mut resp = match req.send_json(body) {
         Ok(r) => r,
         Err(ureq::Error::Timeout(_)) => {
             return Err(Failure::Retry(format!(
@@ -186,6 +247,20 @@ pub(crate) fn in_pool<T: Send, E: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_a_url_are_redacted_and_refused() {
+        assert_eq!(
+            redact("http://user:s3cret@judge.local:8000/v1"),
+            "http://***@judge.local:8000/v1"
+        );
+        assert_eq!(redact("http://h:1/a@b"), "http://h:1/a@b");
+        assert_eq!(redact("http://127.0.0.1:8000"), "http://127.0.0.1:8000");
+        let e = check_server("http://user:s3cret@judge.local:8000").unwrap_err();
+        assert!(e.contains("api_key_env") && !e.contains("s3cret"), "{e}");
+        assert!(check_server("http://127.0.0.1:8000/").is_ok());
+        assert!(check_server("https://x").is_err());
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_is_capped() {

@@ -105,6 +105,12 @@ pub struct JudgeConfig {
     /// 100, default 2.
     #[serde(default = "default_retries")]
     pub retries: u32,
+    /// The name of an environment variable holding the server's API key, sent as
+    /// `Authorization: Bearer KEY` (a hosted OpenAI-compatible server); the key itself never
+    /// reaches config.toml, train.log or a message. Default none. Credentials in `server`'s URL
+    /// are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
     /// Extra JSON keys merged into every request body (e.g. vLLM's `allowed_token_ids`).
     #[serde(default)]
     pub extra_body: BTreeMap<String, Value>,
@@ -123,11 +129,16 @@ fn default_retries() -> u32 {
     2
 }
 
+/// Names this verifier in messages.
+const OWNER: &str = "judge";
+
 /// A built judge.
 pub struct JudgeVerifier {
     cfg: JudgeConfig,
     url: String,
     agent: ureq::Agent,
+    /// From `api_key_env`'s variable, read once at build.
+    api_key: Option<String>,
     failures: AtomicU64,
 }
 
@@ -149,10 +160,12 @@ impl JudgeConfig {
         Ok(JudgeVerifier {
             cfg: self.clone(),
             url: format!("{base}{path}"),
-            agent: http::agent(crate::combine::timeout_duration(
-                "timeout_s",
-                self.timeout_s,
-            )?),
+            agent: http::agent(
+                crate::combine::timeout_duration("timeout_s", self.timeout_s)?,
+                self.in_flight,
+            ),
+            api_key: http::api_key(OWNER, self.api_key_env.as_deref())
+                .map_err(RewardError::Config)?,
             failures: AtomicU64::new(0),
         })
     }
@@ -165,12 +178,11 @@ impl JudgeConfig {
         let bad = |m: String| {
             Err(RewardError::Config(format!(
                 "judge at {}: {m}",
-                self.server
+                http::redact(&self.server)
             )))
         };
-        let base = self.server.trim_end_matches('/');
-        if !base.starts_with("http://") {
-            return bad("server: expected http://host:port (plain HTTP only)".into());
+        if let Err(m) = http::check_server(&self.server) {
+            return bad(m);
         }
         if self.in_flight == 0 {
             return bad("in_flight must be at least 1".into());
@@ -372,7 +384,13 @@ impl JudgeVerifier {
 
     /// One attempt: the answer's text.
     fn once(&self, body: &Value) -> Result<String, Failure> {
-        let v = http::post_json(&self.agent, &self.url, body, self.cfg.timeout_s)?;
+        let v = http::post_json(
+            &self.agent,
+            &self.url,
+            self.api_key.as_deref(),
+            body,
+            self.cfg.timeout_s,
+        )?;
         let choice = &v["choices"][0];
         let (answer, field) = match self.cfg.endpoint {
             JudgeEndpoint::Chat => (choice["message"]["content"].as_str(), "message.content"),

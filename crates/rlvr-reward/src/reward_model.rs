@@ -105,6 +105,12 @@ pub struct RewardModelConfig {
     /// malformed answer, at most 100, default 2.
     #[serde(default = "default_retries")]
     pub retries: u32,
+    /// The name of an environment variable holding the server's API key, sent as
+    /// `Authorization: Bearer KEY` (a hosted OpenAI-compatible server); the key itself never
+    /// reaches config.toml, train.log or a message. Default none. Credentials in `server`'s URL
+    /// are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
     /// Extra JSON keys merged into every request body.
     #[serde(default)]
     pub extra_body: BTreeMap<String, Value>,
@@ -142,11 +148,16 @@ pub(crate) const MOST_IN_FLIGHT: usize = 256;
 /// wish for "forever" that would hang a run on a dead server.
 pub const MOST_RETRIES: u32 = 100;
 
+/// Names this verifier in messages.
+const OWNER: &str = "reward model";
+
 /// A built reward-model verifier.
 pub struct RewardModelVerifier {
     cfg: RewardModelConfig,
     url: String,
     agent: ureq::Agent,
+    /// From `api_key_env`'s variable, read once at build.
+    api_key: Option<String>,
 }
 
 impl RewardModelConfig {
@@ -167,10 +178,12 @@ impl RewardModelConfig {
         Ok(RewardModelVerifier {
             cfg: self.clone(),
             url: format!("{base}{path}"),
-            agent: http::agent(crate::combine::timeout_duration(
-                "timeout_s",
-                self.timeout_s,
-            )?),
+            agent: http::agent(
+                crate::combine::timeout_duration("timeout_s", self.timeout_s)?,
+                self.in_flight,
+            ),
+            api_key: http::api_key(OWNER, self.api_key_env.as_deref())
+                .map_err(RewardError::Config)?,
         })
     }
 
@@ -183,12 +196,11 @@ impl RewardModelConfig {
         let bad = |m: String| {
             Err(RewardError::Config(format!(
                 "reward model at {}: {m}",
-                self.server
+                http::redact(&self.server)
             )))
         };
-        let base = self.server.trim_end_matches('/');
-        if !base.starts_with("http://") {
-            return bad("server: expected http://host:port (plain HTTP only)".into());
+        if let Err(m) = http::check_server(&self.server) {
+            return bad(m);
         }
         if !(1..=MOST_IN_FLIGHT).contains(&self.in_flight) {
             return bad(format!(
@@ -312,7 +324,13 @@ impl RewardModelVerifier {
     fn request(&self, body: &Value, n: usize) -> Result<Vec<f64>, RewardError> {
         let cfg = &self.cfg;
         http::with_retries(cfg.retries, || {
-            let v = http::post_json(&self.agent, &self.url, body, cfg.timeout_s)?;
+            let v = http::post_json(
+                &self.agent,
+                &self.url,
+                self.api_key.as_deref(),
+                body,
+                cfg.timeout_s,
+            )?;
             let data = v["data"].as_array().ok_or_else(|| {
                 Failure::Retry(format!(
                     "HTTP 200 without a `data` list: {}",

@@ -47,8 +47,8 @@ pub struct TrainArgs {
     pub print_config: bool,
 }
 
-/// Runs `rlvr train`. Prints one JSON summary line to `out`; a run interrupted by SIGINT/SIGTERM
-/// then exits the process with 130/143.
+/// Runs `rlvr train`. Prints one JSON summary line to `out`; a run interrupted by SIGINT/SIGTERM/SIGHUP
+/// then exits the process with 130/143/129.
 ///
 /// # Errors
 /// Config, data, model and I/O errors.
@@ -67,7 +67,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     cfg.check_runnable()?;
     let stop = Arc::new(AtomicBool::new(false));
-    // SIGINT/SIGTERM: save after the current step and stop.
+    // SIGINT/SIGTERM/SIGHUP: save after the current step and stop.
     signals::install(stop.clone());
     let s = train(
         &cfg,
@@ -92,7 +92,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "checkpoint": s.last_checkpoint,
         })
     )?;
-    // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+    // An interrupted run exits 128 + the signal (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP).
     signals::exit_if_interrupted(s.interrupted, out);
     Ok(())
 }
@@ -115,13 +115,15 @@ pub struct EvalArgs {
     /// Held-out data file (sets `data.test`).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Samples per problem: 1 = greedy, > 1 = temperature 1 (mean@k, pass@k).
-    #[arg(long, default_value_t = 1)]
-    pub n: usize,
-    /// First N problems only.
+    /// Samples per problem: 1 = greedy, > 1 = temperature 1 (mean@k, pass@k). Default: the
+    /// config's eval.samples (1).
+    #[arg(long)]
+    pub n: Option<usize>,
+    /// First N problems only. Default: the config's eval.limit (all).
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Most new tokens (default: the config's rollout.max_new_tokens).
+    /// Most new tokens. Default: the config's eval.max_new_tokens, else its
+    /// rollout.max_new_tokens.
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
     /// Sampling seed (n > 1).
@@ -154,18 +156,19 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         probe_writable(p, "--out")?;
     }
     for (flag, v) in [
-        ("--n", Some(a.n)),
+        ("--n", a.n),
         ("--limit", a.limit),
         ("--max-new-tokens", a.max_new_tokens),
     ] {
         anyhow::ensure!(v != Some(0), "{flag} 0: must be at least 1");
     }
     let max = crate::config::MAX_EVAL_SAMPLES;
-    anyhow::ensure!(
-        a.n <= max,
-        "--n {} is out of range: at most {max} samples per problem",
-        a.n
-    );
+    if let Some(n) = a.n {
+        anyhow::ensure!(
+            n <= max,
+            "--n {n} is out of range: at most {max} samples per problem"
+        );
+    }
     if let Some(n) = a.max_new_tokens {
         let max = crate::config::MAX_NEW_TOKENS;
         anyhow::ensure!(
@@ -217,11 +220,18 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "--task jsonl needs data.verifier (--set 'data.verifier={{ kind = \"math\" }}')"
         );
     }
-    // The flags replace the config's [eval] keys (a flag left out means its default, not the
-    // config's value), the seed is --seed's.
-    raw.eval.samples = a.n.max(1);
-    raw.eval.limit = a.limit;
-    raw.eval.max_new_tokens = a.max_new_tokens;
+    // A flag given replaces the config's [eval] key; one left out keeps the config's value (a
+    // run's config.toml evaluates as the run did); the seed is --seed's.
+    if let Some(n) = a.n {
+        raw.eval.samples = n;
+    }
+    raw.eval.samples = raw.eval.samples.max(1);
+    if a.limit.is_some() {
+        raw.eval.limit = a.limit;
+    }
+    if a.max_new_tokens.is_some() {
+        raw.eval.max_new_tokens = a.max_new_tokens;
+    }
     let reward = Arc::new(settings::reward_function(&raw)?);
     let mut evaluator = settings::evaluator(&raw, &policy.tokenizer, reward)?;
     evaluator.settings.seed = a.seed;

@@ -88,6 +88,12 @@ fn main() {
         {
             return;
         }
+        // `rlvr lab` stopped by a signal after its runs saved: the shell's code for it.
+        if let Some(i) = e.downcast_ref::<rlvr_lab::runner::Interrupted>() {
+            eprintln!("{i}");
+            rlvr_reward::external::kill_all_groups();
+            std::process::exit(128 + i.signal);
+        }
         eprintln!("error: {}", shorten_long_numbers(&format!("{e:#}")));
         // Verifier programs whose owner did not end them (nothing should be left by now).
         rlvr_reward::external::kill_all_groups();

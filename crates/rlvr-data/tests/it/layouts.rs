@@ -734,3 +734,94 @@ fn unannotated_binary_parquet_column_with_invalid_utf8_names_row_and_column() {
     };
     check_refused(&c, &[&e]);
 }
+
+/// Issue 49 item 11: a Parquet file's size does not bound its rows. A file of 10,000,001 rows of
+/// one repeated value (dictionary and run-length encoded: a few KB on disk; the audit's 147 KB
+/// file of 30 million rows aborted the loader at 5.6 GB) is refused from its footer, naming the
+/// count and the limit, before a row is decoded.
+#[cfg(feature = "parquet")]
+#[test]
+fn a_parquet_file_of_more_rows_than_the_limit_is_refused_from_its_footer() {
+    use parquet::data_type::{ByteArray, ByteArrayType};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.parquet");
+    let schema = Arc::new(
+        parquet::schema::parser::parse_message_type(
+            "message m { required binary question (STRING); required binary answer (STRING); }",
+        )
+        .unwrap(),
+    );
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build(),
+    );
+    let mut w =
+        SerializedFileWriter::new(std::fs::File::create(&path).unwrap(), schema, props).unwrap();
+    let rows = rlvr_data::read::MAX_PARQUET_ROWS + 1;
+    let mut rg = w.next_row_group().unwrap();
+    for text in ["What is 2 + 2?", "4"] {
+        let mut col = rg.next_column().unwrap().unwrap();
+        let chunk = vec![ByteArray::from(text); 1 << 20];
+        let mut left = rows as usize;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            col.typed::<ByteArrayType>()
+                .write_batch(&chunk[..n], None, None)
+                .unwrap();
+            left -= n;
+        }
+        col.close().unwrap();
+    }
+    rg.close().unwrap();
+    w.close().unwrap();
+    let bytes = std::fs::metadata(&path).unwrap().len();
+    assert!(bytes < 1 << 20, "{bytes} bytes on disk");
+    let e = rlvr_data::read::read_records(&path)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}: 10000001 rows, more than rlvr reads from one Parquet file (10000000); split it \
+             into files of at most that many rows, or sample it (pyarrow: \
+             pq.write_table(table.slice(0, N), path, compression=\"snappy\"))",
+            path.display()
+        )
+    );
+}
+
+/// Issue 49 item 11: one cell of 65 MiB (the audit's 200 MB cell aborted the loader) is an error
+/// naming the row and the column, as a JSONL line over 64 MiB is; the row before it reads.
+#[cfg(feature = "parquet")]
+#[test]
+fn a_parquet_cell_larger_than_a_jsonl_line_is_refused_naming_row_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("blob.parquet");
+    let big = "x".repeat(rlvr_data::read::MAX_LINE_BYTES + (1 << 20));
+    write_parquet(
+        &path,
+        "message m { required binary question (STRING); required binary answer (STRING); }",
+        &[
+            Leaf::Text(&["What is 2 + 2?", &big], None, None),
+            Leaf::Text(&["4", "5"], None, None),
+        ],
+    );
+    let mut seen = Vec::new();
+    let e = rlvr_data::read::for_each_record(&path, |r| {
+        seen.push(r.line);
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert_eq!(seen, [1]);
+    assert!(
+        e.starts_with(&format!("{}:2: ", path.display()))
+            && e.contains("larger than 67108864 bytes")
+            && e.contains("column `question` (a value of 68157440 bytes)"),
+        "{e}"
+    );
+}

@@ -41,14 +41,11 @@ fn fake_rlvr(dir: &Path) -> (PathBuf, PathBuf) {
     (exe, starts)
 }
 
-/// Holds `run/.lock` as a running `rlvr train` would (with its pid line).
+/// Holds `run`'s lock as a running `rlvr train` would: an `flock` on the directory, and its pid
+/// line in `run/.lock`.
 fn hold(run: &Path) -> File {
     std::fs::write(run.join(".lock"), "pid 4242\nhost testhost\nstarted now\n").unwrap();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(run.join(".lock"))
-        .unwrap();
+    let f = File::open(run).unwrap();
     fs4::FileExt::try_lock(&f).unwrap();
     f
 }

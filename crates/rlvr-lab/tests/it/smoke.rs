@@ -428,3 +428,64 @@ fn shipped_sweeps_dry_run_and_the_gpu_sweep_plans_its_memory() {
     assert!(names.contains(&"red_drop_bernoulli_v16"), "{names:?}");
     assert_eq!(fast.runs().len(), 12);
 }
+
+/// Issue 49 item 2: on SIGTERM the lab used to SIGKILL its runs mid-save and exit 1 (its docs
+/// said 130). It now passes SIGTERM on: the running `rlvr train` saves its current step (a
+/// checkpoint beyond the `save_every = 2` cadence when the step is odd) and exits, and the lab
+/// exits 143; the same command then finishes the sweep.
+#[test]
+fn sigterm_lets_the_runs_save_and_the_lab_exits_143() {
+    let _forks = forks();
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sweep.toml");
+    std::fs::write(&sweep, SWEEP).unwrap();
+    let out = tmp.path().join("lab");
+    let second = out.join("reinforce_v4/seed-0");
+    let child = lab(&sweep, &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !second.join("checkpoints/latest").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "no checkpoint of run 2"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("interrupted by signal 15: the runs saved their current step and stopped"),
+        "{err}"
+    );
+    let log = read(&second.join("train.log"));
+    let steps: Vec<u64> = read(&second.join("metrics.jsonl"))
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .collect();
+    let last = *steps.last().unwrap();
+    assert!(
+        log.contains(&format!("interrupted by SIGTERM after step {last}")),
+        "{log}"
+    );
+    assert_eq!(
+        read(&second.join("checkpoints/latest")).trim(),
+        format!("step-{last}")
+    );
+    let again = lab(&sweep, &out).output().unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(json(&second.join("lab.json"))["done"], true);
+}

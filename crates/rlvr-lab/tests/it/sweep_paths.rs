@@ -94,3 +94,58 @@ fn only_without_fast_on_the_built_in_sweep_keeps_the_named_arms() {
         .select(false, &["no_such_arm".into()])
         .is_err());
 }
+
+/// Issue 49 item 5: `[lab].sets = ["output.dir=..."]` silently sent every run elsewhere (the
+/// summary then found "0 runs"). A `--set` of a key the lab sets itself (the run directory, the seeds, an
+/// arm's preset, interval and offset) is refused at parse time, naming the sweep key to use.
+#[test]
+fn sets_of_keys_the_lab_owns_are_refused_naming_the_sweep_key() {
+    let with = |lab_sets: &str, arm_sets: &str| {
+        let text = WARM
+            .replace("steps = 2\n", &format!("steps = 2\nsets = [{lab_sets}]\n"))
+            .replace(
+                "preset = \"grpo\"\n",
+                &format!("preset = \"grpo\"\nsets = [{arm_sets}]\n"),
+            );
+        Sweep::parse(&text).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert_eq!(with("", ""), Ok(()));
+    assert_eq!(
+        with("\"train.lr=2e-5\"", "\"algorithm.clip_high=0.28\""),
+        Ok(())
+    );
+    assert_eq!(
+        with("\"output.dir=/tmp/elsewhere\"", ""),
+        Err(
+            "[lab].sets: `output.dir=/tmp/elsewhere` sets output.dir, which the lab sets itself; \
+             use the sweep's --out (each run is OUT/ARM/seed-N)"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        with("", "\"train.seed=9\""),
+        Err(
+            "[[arm]] `a` sets: `train.seed=9` sets train.seed, which the lab sets itself; use \
+             [lab].seeds"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        with("", "\"sync.interval = 4\""),
+        Err(
+            "[[arm]] `a` sets: `sync.interval = 4` sets sync.interval, which the lab sets \
+             itself; use the arm's interval"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        with("\"algorithm.preset='dapo'\"", ""),
+        Err(
+            "[lab].sets: `algorithm.preset='dapo'` sets algorithm.preset, which the lab sets \
+             itself; use the arm's preset"
+                .to_string()
+        )
+    );
+    // An arm may run longer than the others.
+    assert_eq!(with("", "\"train.steps=9\""), Ok(()));
+}

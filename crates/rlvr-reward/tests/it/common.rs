@@ -87,3 +87,72 @@ pub fn server_with_headers(
     });
     (url, seen)
 }
+
+/// What the keep-alive server saw: connections accepted and each request's `Authorization`
+/// header (`None` when absent), in arrival order.
+#[derive(Default)]
+pub struct SeenConnections {
+    pub connections: AtomicUsize,
+    pub auth: Mutex<Vec<Option<String>>>,
+}
+
+/// An HTTP/1.1 server that keeps connections open (as vLLM and hosted APIs do), answering every
+/// request on a connection with `reply(body)` = (status, body) until the client closes it.
+pub fn keep_alive_server(
+    reply: impl Fn(&serde_json::Value) -> (u16, String) + Send + Sync + 'static,
+) -> (String, Arc<SeenConnections>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let seen = Arc::new(SeenConnections::default());
+    let reply = Arc::new(reply);
+    let s = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            s.connections.fetch_add(1, Ordering::SeqCst);
+            let (s, reply) = (Arc::clone(&s), Arc::clone(&reply));
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                loop {
+                    let mut request_line = String::new();
+                    if r.read_line(&mut request_line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let (mut len, mut auth) = (0, None);
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                        if lower.starts_with("authorization:") {
+                            auth = Some(line["authorization:".len()..].trim().to_string());
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    s.auth.lock().unwrap().push(auth);
+                    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let (status, text) = reply(&body);
+                    let sent = write!(
+                        conn,
+                        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+                        text.len()
+                    );
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}

@@ -2,7 +2,7 @@
 //! both parse rules, parse failures under both policies, retries on timeouts and HTTP 5xx, no retry
 //! on a refusal, garbage answers, and the bound on requests in flight.
 
-use crate::common::{server, server_with_headers};
+use crate::common::{keep_alive_server, server, server_with_headers};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -413,4 +413,88 @@ fn config_checks_and_kind_judge() {
     .unwrap();
     let e = v.score(&Sample::new("a", "b")).unwrap_err().to_string();
     assert!(e.contains("`{nope}`"), "{e}");
+}
+
+/// Issue 49 item 16: the judge's requests reuse their connections. 96 samples scored 8 at a time
+/// over 3 batches open at most 8 connections (ureq's default pool kept 3 per host, so the other
+/// requests each opened one: hundreds of sockets in TIME_WAIT over a run).
+#[test]
+fn requests_reuse_their_connections() {
+    let (url, seen) = keep_alive_server(|_| (200, chat("yes")));
+    let v = judge(&url, serde_json::json!({"in_flight": 8}))
+        .build()
+        .unwrap();
+    let c = cols();
+    let many: Vec<_> = (0..32)
+        .map(|i| rlvr_reward::Sample {
+            prompt: "p",
+            completion: "4",
+            reference: "4",
+            columns: &c,
+            index: Some(i),
+        })
+        .collect();
+    for _ in 0..3 {
+        assert!(v
+            .score_batch(&many)
+            .unwrap()
+            .iter()
+            .all(|s| s.reward == 1.0));
+    }
+    assert_eq!(seen.auth.lock().unwrap().len(), 96);
+    let n = seen.connections.load(Ordering::SeqCst);
+    assert!(
+        (1..=8).contains(&n),
+        "{n} connections for 96 requests, 8 in flight"
+    );
+}
+
+/// Issue 49 item 7: a hosted judge's key comes from the environment variable `api_key_env`
+/// names, sent as a bearer token on every request, and never in a message; a URL with
+/// credentials is refused without repeating them; a variable that is not set is named.
+#[test]
+fn api_key_env_sends_a_bearer_token_and_urls_with_credentials_are_refused() {
+    let (url, seen) = keep_alive_server(|_| (200, chat("yes")));
+    // A variable name no other test uses.
+    std::env::set_var("RLVR_TEST_JUDGE_KEY_7", "sk-test-7");
+    let v = judge(
+        &url,
+        serde_json::json!({"api_key_env": "RLVR_TEST_JUDGE_KEY_7"}),
+    )
+    .build()
+    .unwrap();
+    let c = cols();
+    assert_eq!(v.score_batch(&samples(&c)).unwrap().len(), 3);
+    let auth = seen.auth.lock().unwrap().clone();
+    assert_eq!(auth, vec![Some("Bearer sk-test-7".to_string()); 3]);
+    // Without api_key_env: no header.
+    let (url2, seen2) = keep_alive_server(|_| (200, chat("yes")));
+    judge(&url2, serde_json::json!({}))
+        .build()
+        .unwrap()
+        .score_batch(&samples(&c))
+        .unwrap();
+    assert_eq!(seen2.auth.lock().unwrap().clone(), vec![None; 3]);
+    // A variable that is not set.
+    let e = judge(
+        &url,
+        serde_json::json!({"api_key_env": "RLVR_TEST_JUDGE_KEY_UNSET"}),
+    )
+    .build()
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("RLVR_TEST_JUDGE_KEY_UNSET") && e.contains("is not set"),
+        "{e}"
+    );
+    // Credentials in the URL: refused, not repeated.
+    let with_creds = url.replace("http://", "http://user:s3cret@");
+    let e = judge(&with_creds, serde_json::json!({}))
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("api_key_env") && e.contains("***@"), "{e}");
+    assert!(!e.contains("s3cret"), "{e}");
 }

@@ -193,7 +193,7 @@ impl RawConfig {
         let auto = self.model.resolve_auto()?;
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
-        let mut warnings = Vec::new();
+        let mut warnings = std::mem::take(&mut self.notes.0);
         self.check_lora()?;
         let (r, t, s) = (&self.rollout, &self.train, &self.sync);
         if !self.model.dtype.trainable() {
@@ -465,12 +465,14 @@ impl ResolvedConfig {
         let mut table = text
             .parse::<toml::Table>()
             .with_context(|| format!("parsing {}", path.display()))?;
+        let note = follow_preset_change(&mut table, overrides, &path)?;
         drop_unread_loss_options(&mut table, overrides)?;
         let layer = FileLayer {
             path: path.clone(),
             text,
         };
         let mut raw = load_layers(table, Some(&layer), overrides)?;
+        raw.notes.0.extend(note);
         // config.toml holds every key; only what the overrides write is the user's now.
         raw.written.retain(|w| w.origin.starts_with("--set"));
         // Paths of a config.toml written before they were recorded absolute: the working
@@ -501,6 +503,81 @@ impl ResolvedConfig {
         }
         Ok(cfg)
     }
+}
+
+/// When `overrides` set `algorithm.preset` to another preset than the one `table` (read from
+/// `file`) names, removes from `table`'s `[algorithm]` each knob whose value is the one the old
+/// preset resolves to and that no override sets: those values are the old preset's, not the
+/// user's (a run's config.toml holds every resolved knob), so the new preset's apply. Knobs with
+/// other values were written by hand and stay. Returns the line that says so (for train.log), or
+/// `None` when the preset does not change. Without this, `--resume RUN --set
+/// algorithm.preset="reinforce"` recorded the new preset while the run went on with GRPO's
+/// values (issue 49 item 4).
+///
+/// # Errors
+/// An override that does not parse; the old preset unknown (the file's error, left to
+/// [`load_layers`], is not raised here: `None` is returned).
+pub(super) fn follow_preset_change(
+    table: &mut toml::Table,
+    overrides: &[String],
+    file: &Path,
+) -> anyhow::Result<Option<String>> {
+    let mut set = toml::Table::new();
+    for o in overrides {
+        apply_override(&mut set, o)?;
+    }
+    let set_alg = set.get("algorithm").and_then(|a| a.as_table());
+    let Some(new) = set_alg
+        .and_then(|a| a.get("preset"))
+        .and_then(|v| v.as_str())
+    else {
+        return Ok(None);
+    };
+    let Some(alg) = table.get_mut("algorithm").and_then(|a| a.as_table_mut()) else {
+        return Ok(None);
+    };
+    let old = match alg.get("preset") {
+        Some(toml::Value::String(p)) => p.clone(),
+        Some(_) => return Ok(None),
+        None => AlgorithmConfig::default().preset,
+    };
+    if old == new {
+        return Ok(None);
+    }
+    let Ok(resolved) = AlgorithmConfig::empty(&old).resolve() else {
+        return Ok(None);
+    };
+    let Ok(toml::Value::Table(by_old)) = toml::Value::try_from(resolved.to_config()) else {
+        return Ok(None);
+    };
+    let (mut from_old, mut kept) = (Vec::new(), Vec::new());
+    let keys: Vec<String> = alg.keys().filter(|k| *k != "preset").cloned().collect();
+    for k in keys {
+        if set_alg.is_some_and(|a| a.contains_key(&k)) {
+            continue;
+        }
+        if by_old.get(&k) == alg.get(&k) {
+            alg.remove(&k);
+            from_old.push(k);
+        } else {
+            kept.push(k);
+        }
+    }
+    let mut line = format!(
+        "algorithm.preset changes from \"{old}\" ({}) to \"{new}\" (--set): the knobs that held \
+         {old}'s values are now {new}'s",
+        file.display()
+    );
+    if !from_old.is_empty() {
+        line.push_str(&format!(" ({})", from_old.join(", ")));
+    }
+    if !kept.is_empty() {
+        line.push_str(&format!(
+            "; kept as written, as they differ from {old}'s: {}",
+            kept.join(", ")
+        ));
+    }
+    Ok(Some(line))
 }
 
 /// Removes from `table`'s `[algorithm]` the loss-specific knobs that the loss in force after

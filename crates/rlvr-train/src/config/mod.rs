@@ -79,6 +79,11 @@ pub struct RawConfig {
     /// the TOML.
     #[serde(skip)]
     pub written: WrittenKeys,
+    /// Lines about how the file's values were read (a preset changed by `--set` over a file that
+    /// holds the old preset's resolved values, [`checks`]): start-up warnings of the resolved
+    /// config, so they reach train.log. Not part of the TOML nor of the config's value.
+    #[serde(skip)]
+    pub notes: Notes,
 }
 
 /// The keys the user wrote ([`RawConfig::written`]): where a value came from, not part of the
@@ -102,6 +107,17 @@ impl std::ops::Deref for WrittenKeys {
 impl std::ops::DerefMut for WrittenKeys {
     fn deref_mut(&mut self) -> &mut Vec<Written> {
         &mut self.0
+    }
+}
+
+/// Lines about how a config was read ([`RawConfig::notes`]); like [`WrittenKeys`], not part of
+/// the config's value.
+#[derive(Debug, Clone, Default)]
+pub struct Notes(pub Vec<String>);
+
+impl PartialEq for Notes {
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
 }
 
@@ -415,7 +431,7 @@ impl RawConfig {
     /// ill-typed values (e.g. a `model.dtype` that is no dtype, listing the accepted ones), each
     /// said to come from the file or from the `--set` that introduced it.
     pub fn load(file: Option<&Path>, overrides: &[String]) -> anyhow::Result<RawConfig> {
-        let (table, layer) = match file {
+        let (mut table, layer) = match file {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading config {}", p.display()))?;
@@ -431,7 +447,12 @@ impl RawConfig {
             }
             None => (toml::Table::new(), None),
         };
+        let note = match &layer {
+            Some(f) => checks::follow_preset_change(&mut table, overrides, &f.path)?,
+            None => None,
+        };
         let mut raw = load_layers(table, layer.as_ref(), overrides)?;
+        raw.notes.0.extend(note);
         let cwd = std::env::current_dir().context("reading the current directory")?;
         paths::absolutize(&mut raw, &cwd);
         Ok(raw)

@@ -29,6 +29,7 @@ impl RunGuard {
         std::fs::create_dir_all(run_dir)
             .with_context(|| format!("creating run directory {}", run_dir.display()))?;
         let lock = RunLock::acquire(run_dir)?;
+        refuse_foreign_checkpoints(run_dir)?;
         let path = run_dir.join("train.log");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -101,6 +102,37 @@ impl RunGuard {
     }
 }
 
+/// Refuses a run directory whose `checkpoints` is a symbolic link into another run directory (one
+/// holding a `run.json`): `--resume` would continue that run and rotate (delete) its checkpoints.
+/// A link to a plain directory elsewhere (checkpoints on a bigger disk) is fine.
+///
+/// # Errors
+/// The link points into another run, named with its target.
+fn refuse_foreign_checkpoints(run_dir: &Path) -> anyhow::Result<()> {
+    let ckpts = crate::store::checkpoint::checkpoints_dir(run_dir);
+    let is_link = std::fs::symlink_metadata(&ckpts).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(());
+    }
+    let (Ok(target), Ok(here)) = (ckpts.canonicalize(), run_dir.canonicalize()) else {
+        return Ok(());
+    };
+    let owner = target
+        .parent()
+        .filter(|p| *p != here && p.join("run.json").is_file());
+    if let Some(other) = owner {
+        anyhow::bail!(
+            "{} is a symbolic link to {}, the checkpoints of another run ({}): training here would \
+             continue that run and delete its older checkpoints; remove the link, or resume that \
+             run itself",
+            ckpts.display(),
+            target.display(),
+            other.display()
+        );
+    }
+    Ok(())
+}
+
 impl Drop for RunGuard {
     fn drop(&mut self) {
         crate::log::close();
@@ -135,7 +167,8 @@ impl LastGood {
         self.updating = true;
     }
 
-    /// Step `t` completed (metrics written); `cursor` is the source's cursor after it.
+    /// Step `t`'s update completed (the weights are step `t`'s, whatever fails after it:
+    /// evaluation, logs, the push to the explorer); `cursor` is the source's cursor after it.
     pub(crate) fn completed(&mut self, t: u64, cursor: SourceCursor) {
         self.step = t;
         self.cursor = cursor;

@@ -201,14 +201,21 @@ impl Run<'_> {
             // trainer update: advantages, mini-batches, micro-batches, optimizer steps (this
             // rank's share of the groups, the whole batch's normalisers)
             let (rep, lr, train_s, mem) = self.update(t, &exps, good)?;
-            let (sample_s, train_s) = self.slowest(batch.sample_s, train_s)?;
-            // evaluator (every train.eval_every steps), then metrics and the JSONL logs
-            let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
-            report::set_env_metrics(&mut line, &exps, batch.env.as_ref());
-            let is_best = self.evaluate(t, &mut line)?;
-            self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
+            // the weights are step t's: whatever fails from here on saves step t
             done = t;
             good.completed(t, self.feed.cursor());
+            let (sample_s, train_s) = self.slowest(batch.sample_s, train_s)?;
+            // evaluator (every train.eval_every steps; a failed one is null in the step's line),
+            // then metrics and the JSONL logs
+            let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
+            report::set_env_metrics(&mut line, &exps, batch.env.as_ref());
+            let eval = self.evaluate(t, &mut line);
+            self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
+            let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {
+                // a signal arrived while evaluating (e.g. a hung reward model): the interruption
+                self.checkpoint(t, &rep, false, true)?;
+                return Ok((done, true));
+            };
             // sync: the explorer gets version t when v divides t (after the step counts as
             // completed, so that a failed push, e.g. to a dead vLLM server, saves step t)
             self.sync(t)?;
@@ -298,7 +305,19 @@ impl Run<'_> {
     /// At step 0 and every `train.eval_every` steps: evaluates the policy, adds `eval/*` to `line`,
     /// appends eval.jsonl. Returns whether this is the best accuracy so far (step 0 sets the first
     /// best without counting as one).
+    ///
+    /// # Errors
+    /// The evaluation's (sampling, the verifier, eval.jsonl): `eval/accuracy` is then null in
+    /// `line`, whose other `eval/*` keys stay unset.
     fn evaluate(&mut self, t: u64, line: &mut MetricsLine) -> anyhow::Result<bool> {
+        let r = self.evaluate_into(t, line);
+        if r.is_err() {
+            line.set("eval/accuracy", None);
+        }
+        r
+    }
+
+    fn evaluate_into(&mut self, t: u64, line: &mut MetricsLine) -> anyhow::Result<bool> {
         let every = self.cfg.raw.train.eval_every;
         let Some(ev) = &self.evaluator else {
             return Ok(false);
@@ -498,6 +517,33 @@ impl Run<'_> {
             &self.tokenizer,
             records,
         )
+    }
+}
+
+/// What a step does after its evaluation `eval` (whose step line is already written): `Some(is
+/// best)` when it succeeded (or was not due), `None` when it failed after a stop was asked for
+/// (`stop`: a signal during a hung evaluation ends the run as an interruption, saving step `t`).
+///
+/// # Errors
+/// The evaluation's error, naming step `t`, when no stop was asked for: the run stops and the
+/// save after an error writes step `t`, whose update is complete (DESIGN.md section 12).
+fn eval_outcome(
+    t: u64,
+    eval: anyhow::Result<bool>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Option<bool>> {
+    match eval {
+        Ok(best) => Ok(Some(best)),
+        Err(e) if stop.load(Ordering::SeqCst) => {
+            crate::log::say(&format!(
+                "the evaluation of step {t} ended with an error after the stop was asked for                  ({e:#}); it is null in metrics.jsonl"
+            ));
+            Ok(None)
+        }
+        Err(e) => Err(e.context(format!(
+            "evaluating step {t} (its eval/accuracy is null in metrics.jsonl; `rlvr eval --model` \
+             on the saved checkpoint evaluates it again)"
+        ))),
     }
 }
 

@@ -25,7 +25,7 @@ use crate::feed::prompts::prepare_prompts;
 use crate::feed::Feed;
 use crate::job::Job;
 use crate::store::checkpoint::{self, non_finite_weight, SourceCursor, TrainerState};
-use crate::store::experience::{check_lengths, read_experience_lines};
+use crate::store::experience::{check_against_model, check_lengths, read_experience_lines};
 use crate::store::metrics::{append_line, truncate_after, MetricsLine};
 use crate::store::state::Stateful;
 use crate::store::tensorboard::Source;
@@ -157,6 +157,10 @@ impl<'a> Run<'a> {
                 let rows = read_experience_lines(path)?;
                 let max_positions = trainer.model.config().max_position_embeddings;
                 check_lengths(&rows, path, max_positions)?;
+                let vocab = trainer.model.config().vocab_size;
+                if let Some(w) = check_against_model(&rows, path, vocab)? {
+                    crate::log::say(&format!("warning: {w}"));
+                }
                 let source = OfflineSource::new(
                     rows,
                     path.clone(),

@@ -455,6 +455,60 @@ pub fn check_lengths(
     Ok(())
 }
 
+/// Checks offline experiences against the model before training (issue 49 item 15): every token
+/// id of `prompt_ids` and `completion_ids` must be below `vocab_size` (an id past the embedding
+/// used to fail late, in the forward pass, without the file's line). Returns the warning about
+/// rewards beyond 1e6 in magnitude that an online verifier's reward gets (once per file, naming
+/// the first such line and how many rows have one), `None` when there is none.
+///
+/// # Errors
+/// The first out-of-vocabulary token id, naming the file, line, field and the model's vocabulary.
+pub fn check_against_model(
+    rows: &[(usize, Experience)],
+    file: &Path,
+    vocab_size: usize,
+) -> Result<Option<String>, ExperienceError> {
+    let most = rlvr_reward::combine::MAX_REWARD_WEIGHT;
+    let mut large: Option<(usize, f64)> = None;
+    let mut count = 0usize;
+    for (line, e) in rows {
+        for (field, ids) in [
+            ("prompt_ids", &e.prompt_ids),
+            ("completion_ids", &e.completion_ids),
+        ] {
+            if let Some((i, id)) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, &id)| id as usize >= vocab_size)
+            {
+                return Err(ExperienceError {
+                    file: file.to_path_buf(),
+                    line: *line,
+                    field: field.into(),
+                    why: format!(
+                        "token id {id} (position {i}) is not in the model's vocabulary of \
+                         {vocab_size} ids (0 to {}): the experiences were tokenized for another \
+                         model",
+                        vocab_size.saturating_sub(1)
+                    ),
+                });
+            }
+        }
+        if let Some(r) = e.reward.filter(|r| r.abs() > most) {
+            count += 1;
+            large.get_or_insert((*line, r));
+        }
+    }
+    Ok(large.map(|(line, r)| {
+        format!(
+            "{}:{line}: field `reward`: {r:e} exceeds {most:e} in magnitude ({} of the file): \
+             the statistics and advantages of its batches are not meaningful",
+            file.display(),
+            crate::log::counted(count as u64, "row")
+        )
+    }))
+}
+
 /// Splits experiences into groups (consecutive runs of one group id, in file order). A group id that
 /// reappears after another group starts a new group.
 pub fn groups_in_order(exps: Vec<Experience>) -> Vec<Vec<Experience>> {

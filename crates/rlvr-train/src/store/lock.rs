@@ -1,13 +1,18 @@
 //! Guards of the directories rlvr writes (DESIGN.md section 12).
 //!
-//! One writer per run directory: an exclusive `flock` on `RUN_DIR/.lock`, held for the whole
-//! `rlvr train` (fresh or `--resume`), see [`RunLock`]. Model output directories (`rlvr init --out`,
-//! `rlvr sft --out`) are not overwritten unless told `--force`, see [`prepare_model_output`].
+//! One writer per run directory: an exclusive `flock` on the run directory itself, held for the
+//! whole `rlvr train` (fresh or `--resume`), see [`RunLock`]; `RUN_DIR/.lock` holds the holder's
+//! pid, host and start time for the refusal message. Locking the directory, not the file, means
+//! that deleting `.lock` during a run no longer lets a second writer in (it used to: the second
+//! process created and locked a new `.lock`, and both wrote metrics.jsonl). Model output
+//! directories (`rlvr init --out`, `rlvr sft --out`, `rlvr merge --out`) are not overwritten unless
+//! told `--force` and have one writer too (a `flock` on a `.NAME.lock` sibling), see
+//! [`StagedOutput`].
 //!
 //! The operating system releases the lock when the holder's file descriptor closes, which includes
 //! the holder dying by SIGKILL, so a killed run can always be resumed and no stale-lock cleanup is
-//! ever needed. The lock file's content (the holder's pid, host and start time) only serves the
-//! refusal message; the lock itself is the truth.
+//! ever needed. The lock file's content only serves the refusal message; the lock itself is the
+//! truth.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -27,73 +32,91 @@ pub const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 #[derive(Debug)]
 pub struct RunLock {
     // Keeping the descriptor open keeps the lock.
-    _file: File,
+    _dir: File,
     path: PathBuf,
 }
 
+/// Takes an exclusive `flock` on `file` (a run directory or a lock file), trying a busy one again
+/// for up to [`LOCK_GRACE`] (a holder that was just killed, e.g. by the SIGKILL of a parent `rlvr
+/// lab` reaching its children, releases it only once the kernel has closed its files).
+/// `Ok(false)` when another process still holds it.
+fn lock_with_grace(file: &File, what: &Path) -> anyhow::Result<bool> {
+    let t0 = std::time::Instant::now();
+    loop {
+        // Called through the trait: std's inherent File::try_lock has the same name.
+        match FileExt::try_lock(file) {
+            Ok(()) => return Ok(true),
+            Err(TryLockError::WouldBlock) if t0.elapsed() < LOCK_GRACE => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(TryLockError::WouldBlock) => return Ok(false),
+            Err(TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", what.display()))
+            }
+        }
+    }
+}
+
+/// What the holder of a lock wrote into `info` (`pid …, host …, started …`), or why it is unknown.
+fn holder_of(info: &Path) -> String {
+    let mut holder = String::new();
+    match File::open(info) {
+        Ok(mut f) => {
+            let _ = f.read_to_string(&mut holder);
+        }
+        Err(_) => return format!("its {} was removed", info.display()),
+    }
+    match holder.trim() {
+        "" => "it has not written its pid yet".to_string(),
+        h => h.replace('\n', ", "),
+    }
+}
+
+/// Writes this process's pid, host and start time into `path` (created or truncated).
+fn write_holder(path: &Path) -> anyhow::Result<()> {
+    let info = format!(
+        "pid {}\nhost {}\nstarted {}\n",
+        std::process::id(),
+        crate::store::run_json::host(),
+        crate::store::run_json::now_rfc3339()
+    );
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    file.set_len(0)
+        .and_then(|_| file.seek(SeekFrom::Start(0)))
+        .and_then(|_| file.write_all(info.as_bytes()))
+        .and_then(|_| file.sync_data())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 impl RunLock {
-    /// Takes the lock of `run_dir` (which must exist), waiting at most [`LOCK_GRACE`] for a busy
-    /// one, and writes this process's pid, host and start time into the lock file.
+    /// Takes the lock of `run_dir` (which must exist: the `flock` is on the directory), waiting
+    /// at most [`LOCK_GRACE`] for a busy one, and writes this process's pid, host and start time
+    /// into `RUN_DIR/.lock`.
     ///
     /// # Errors
     /// Another process holds the lock: the message names its pid, host and start time as it
-    /// wrote them. I/O errors name the lock file.
+    /// wrote them. I/O errors name the directory or the lock file.
     pub fn acquire(run_dir: &Path) -> anyhow::Result<RunLock> {
         let path = run_dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening the run-directory lock {}", path.display()))?;
-        // Called through the trait: std's inherent File::try_lock has the same name. A holder that
-        // was just killed (SIGKILL of a parent `rlvr lab` reaching its children) releases the lock
-        // only once the kernel has closed its files: a busy lock is tried again for up to
-        // LOCK_GRACE before the refusal.
-        let t0 = std::time::Instant::now();
-        let locked = loop {
-            match FileExt::try_lock(&file) {
-                Err(TryLockError::WouldBlock) if t0.elapsed() < LOCK_GRACE => {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                r => break r,
-            }
-        };
-        match locked {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                anyhow::bail!(
-                    "{} is in use by another rlvr process ({}); a run directory has one writer at a \
-                     time: wait for it to finish, stop it, or choose another output.dir (lock file {})",
-                    run_dir.display(),
-                    if holder.is_empty() {
-                        "it has not written its pid yet".to_string()
-                    } else {
-                        holder.replace('\n', ", ")
-                    },
-                    path.display()
-                );
-            }
-            Err(TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", path.display()));
-            }
+        let dir = File::open(run_dir).with_context(|| {
+            format!("opening the run directory {} to lock it", run_dir.display())
+        })?;
+        if !lock_with_grace(&dir, run_dir)? {
+            anyhow::bail!(
+                "{} is in use by another rlvr process ({}); a run directory has one writer at a \
+                 time: wait for it to finish, stop it, or choose another output.dir (lock file {})",
+                run_dir.display(),
+                holder_of(&path),
+                path.display()
+            );
         }
-        let info = format!(
-            "pid {}\nhost {}\nstarted {}\n",
-            std::process::id(),
-            crate::store::run_json::host(),
-            crate::store::run_json::now_rfc3339()
-        );
-        file.set_len(0)
-            .and_then(|_| file.seek(SeekFrom::Start(0)))
-            .and_then(|_| file.write_all(info.as_bytes()))
-            .and_then(|_| file.sync_data())
-            .with_context(|| format!("writing {}", path.display()))?;
-        Ok(RunLock { _file: file, path })
+        write_holder(&path)?;
+        Ok(RunLock { _dir: dir, path })
     }
 
     /// The lock file.
@@ -152,10 +175,52 @@ pub fn prepare_model_output(out: &Path, force: bool, flag: &str) -> anyhow::Resu
 /// empty, or, with `--force` over a non-empty one, into a staging sibling
 /// (`.NAME.staging`) that [`StagedOutput::commit`] moves into place only once the command has
 /// succeeded, so a `--force` run that fails leaves the old model whole.
+///
+/// One writer per `--out`: an exclusive `flock` on the sibling `.NAME.lock` (beside `--out`, as
+/// `--out` itself may not exist yet or be replaced), held until the value is dropped. Two `rlvr
+/// sft --force --out X` at once used to share one staging directory and interleave their metrics.
 #[derive(Debug)]
 pub struct StagedOutput {
     out: PathBuf,
     staging: Option<PathBuf>,
+    // Keeping the descriptor open keeps the lock.
+    _lock: File,
+}
+
+/// Takes the one-writer lock of model output directory `out` ([`StagedOutput`]): its sibling
+/// `.NAME.lock`, parents created.
+///
+/// # Errors
+/// Another process holds it (named, with `flag`); I/O errors.
+fn lock_output(out: &Path, flag: &str) -> anyhow::Result<File> {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
+    let path = out.with_file_name(format!(".{name}.lock"));
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening the output lock {}", path.display()))?;
+    if !lock_with_grace(&file, &path)? {
+        anyhow::bail!(
+            "{flag} {} is being written by another rlvr process ({}); an output directory has one \
+             writer at a time: wait for it to finish, stop it, or choose another {flag} (lock file \
+             {})",
+            out.display(),
+            holder_of(&path),
+            path.display()
+        );
+    }
+    write_holder(&path)?;
+    Ok(file)
 }
 
 impl StagedOutput {
@@ -166,6 +231,7 @@ impl StagedOutput {
     /// # Errors
     /// As [`prepare_model_output`]; I/O errors naming the staging directory.
     pub fn prepare(out: &Path, force: bool, flag: &str) -> anyhow::Result<StagedOutput> {
+        let lock = lock_output(out, flag)?;
         let non_empty = out.is_dir()
             && std::fs::read_dir(out)
                 .with_context(|| format!("reading {}", out.display()))?
@@ -176,6 +242,7 @@ impl StagedOutput {
             return Ok(StagedOutput {
                 out: out.to_path_buf(),
                 staging: None,
+                _lock: lock,
             });
         }
         let name = out
@@ -192,6 +259,7 @@ impl StagedOutput {
         Ok(StagedOutput {
             out: out.to_path_buf(),
             staging: Some(staging),
+            _lock: lock,
         })
     }
 
@@ -214,12 +282,12 @@ impl StagedOutput {
     /// # Errors
     /// I/O errors naming the paths.
     pub fn commit(self) -> anyhow::Result<()> {
-        let Some(staging) = self.staging else {
+        let Some(staging) = &self.staging else {
             return Ok(());
         };
         let mut written = Vec::new();
         for e in
-            std::fs::read_dir(&staging).with_context(|| format!("reading {}", staging.display()))?
+            std::fs::read_dir(staging).with_context(|| format!("reading {}", staging.display()))?
         {
             let e = e?;
             let dest = self.out.join(e.file_name());
@@ -242,7 +310,7 @@ impl StagedOutput {
                     .with_context(|| format!("removing {}", e.path().display()))?;
             }
         }
-        std::fs::remove_dir_all(&staging)
+        std::fs::remove_dir_all(staging)
             .with_context(|| format!("removing {}", staging.display()))?;
         Ok(())
     }

@@ -61,6 +61,54 @@ fn resolved_config_round_trips() {
     assert_eq!(again.raw, c.raw);
 }
 
+/// Issue 49 item 4: a run's config.toml holds every knob its preset resolved to, so `--resume RUN
+/// --set algorithm.preset="dapo"` (or `--config RUN/config.toml --set ...`) used to record the
+/// new preset while the old preset's values, written out as if by hand, kept the run on GRPO. Now
+/// the knobs holding the old preset's values take the new preset's, a knob written by hand (here
+/// std_eps) stays, and a start-up line names both.
+#[test]
+fn a_preset_changed_over_a_resolved_config_applies_in_full() {
+    let written = check_load("", &["algorithm.std_eps=1e-3", "algorithm.preset=\"grpo\""]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.toml"), written.to_toml().unwrap()).unwrap();
+    let want = check_load("", &["algorithm.std_eps=1e-3", "algorithm.preset=\"dapo\""])
+        .unwrap()
+        .algorithm;
+    assert_ne!(want.clip_high, written.algorithm.clip_high);
+    assert_ne!(want.aggregation, written.algorithm.aggregation);
+    let sets = vec!["algorithm.preset=\"dapo\"".to_string()];
+    let resumed = rlvr_train::config::ResolvedConfig::from_run_dir(tmp.path(), &sets).unwrap();
+    let copied = RawConfig::load(Some(&tmp.path().join("config.toml")), &sets)
+        .unwrap()
+        .resolve()
+        .unwrap();
+    for (how, c) in [("--resume", &resumed), ("--config", &copied)] {
+        assert_eq!(c.algorithm, want, "{how}");
+        let note = c
+            .warnings
+            .iter()
+            .find(|w| w.starts_with("algorithm.preset changes from \"grpo\""))
+            .unwrap_or_else(|| panic!("{how}: no line about the preset: {:?}", c.warnings));
+        assert!(note.contains("to \"dapo\" (--set)"), "{note}");
+        assert!(
+            note.contains("clip_high") && note.contains("aggregation"),
+            "{note}"
+        );
+        assert!(
+            note.contains("kept as written, as they differ from grpo's: std_eps"),
+            "{note}"
+        );
+    }
+    // The same preset again changes nothing and says nothing.
+    let same = vec!["algorithm.preset=\"grpo\"".to_string()];
+    let c = rlvr_train::config::ResolvedConfig::from_run_dir(tmp.path(), &same).unwrap();
+    assert_eq!(c.algorithm, written.algorithm);
+    assert!(!c
+        .warnings
+        .iter()
+        .any(|w| w.contains("algorithm.preset changes")));
+}
+
 #[test]
 fn unknown_keys_are_named() {
     for (file, sets, key) in [
@@ -568,6 +616,42 @@ fn vllm_backend_without_a_server_names_it() {
     );
 }
 
+/// Issue 49 item 15: `rlvr eval --config RUN/config.toml` ignored the run's `[eval]` section (a
+/// flag left out meant its own default). A flag left out now keeps the config's value: here 3
+/// problems at 2 samples each, as the run evaluated; a flag given still wins.
+#[test]
+fn eval_keeps_the_configs_eval_section_where_no_flag_is_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let config = tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[data]\ntask = \"arithmetic\"\n[data.arithmetic]\nmin_digits = 1\nmax_digits = 1\n\
+         train_size = 16\ntest_size = 8\n[eval]\nsamples = 2\nlimit = 3\nmax_new_tokens = 4\n\
+         [model]\ndevice = \"cpu\"\ndtype = \"f32\"\n",
+    )
+    .unwrap();
+    let items = tmp.path().join("items.jsonl");
+    // (problems, samples written to --out) of one evaluation.
+    let run = |n: Option<usize>, limit: Option<usize>| {
+        let args = rlvr_train::cli::EvalArgs {
+            model: model.clone(),
+            config: Some(config.clone()),
+            n,
+            limit,
+            out: Some(items.clone()),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        rlvr_train::cli::run_eval(&args, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let samples = std::fs::read_to_string(&items).unwrap().lines().count();
+        (v["n"].as_u64().unwrap(), samples)
+    };
+    assert_eq!(run(None, None), (3, 6));
+    assert_eq!(run(Some(1), Some(2)), (2, 2));
+}
+
 /// `rlvr eval` takes the same rollout keys as `rlvr train`: with `rollout.backend = "vllm"` and no
 /// server it stops with an error naming the server.
 #[test]
@@ -577,7 +661,7 @@ fn eval_with_the_vllm_backend_names_a_missing_server() {
     let args = rlvr_train::cli::EvalArgs {
         model,
         task: Some("arithmetic".into()),
-        n: 1,
+        n: None,
         limit: Some(2),
         // Within the tiny model's 128 positions (the default 256 is refused at start-up).
         max_new_tokens: Some(4),
@@ -611,7 +695,7 @@ fn eval_refuses_a_server_leased_to_a_training_run_unless_told_to_share() {
     let args = |share: bool| rlvr_train::cli::EvalArgs {
         model: model.clone(),
         task: Some("arithmetic".into()),
-        n: 1,
+        n: None,
         limit: Some(2),
         // Within the tiny model's 128 positions (the default 256 is refused at start-up).
         max_new_tokens: Some(4),
@@ -654,7 +738,7 @@ fn eval_out_on_an_unwritable_path_fails_before_the_evaluation() {
     let args = rlvr_train::cli::EvalArgs {
         model: tmp.path().join("no-model"),
         task: Some("arithmetic".into()),
-        n: 1,
+        n: None,
         out: Some(bad.clone()),
         ..Default::default()
     };
@@ -676,7 +760,7 @@ fn args_with_out(tmp: &tempfile::TempDir, out: &std::path::Path) {
     let args = rlvr_train::cli::EvalArgs {
         model: tmp.path().join("no-model"),
         task: Some("arithmetic".into()),
-        n: 1,
+        n: None,
         out: Some(out.to_path_buf()),
         ..Default::default()
     };

@@ -172,6 +172,62 @@ fn offline_run(lines: &[String], steps: u64) -> Option<String> {
         .map(|e| format!("{e:#}"))
 }
 
+/// Issue 49 item 15: a token id past the model's vocabulary used to fail late, in the forward
+/// pass, without the file's line; it is refused at start naming file, line and field. A reward of
+/// 1e308 trained without the warning an online verifier's reward gets; train.log now has it,
+/// naming the first such line and the count.
+#[test]
+fn out_of_vocabulary_ids_are_refused_and_huge_rewards_warned_naming_the_line() {
+    let row = |g: &str, prompt: &str, completion: u32, reward: &str| {
+        format!(
+            r#"{{"prompt_ids": [{prompt}], "completion_ids": [{completion}], "behaviour_logprobs": [-1.0], "reward": {reward}, "group_id": "{g}"}}"#
+        )
+    };
+    let lines = vec![row("a", "1, 2", 3, "1.0"), row("a", "1, 999999", 4, "0.0")];
+    let err = offline_run(&lines, 1).expect("an id past the vocabulary is refused");
+    assert!(
+        err.contains("exp.jsonl:2: field `prompt_ids`: token id 999999 (position 1) is not in the model's vocabulary of"),
+        "{err}"
+    );
+    let lines = vec![row("a", "1", 999_999, "1.0"), row("a", "1", 4, "0.0")];
+    let err = offline_run(&lines, 1).expect("an id past the vocabulary is refused");
+    assert!(
+        err.contains("exp.jsonl:1: field `completion_ids`: token id 999999"),
+        "{err}"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let model_dir = common::tiny_model(tmp.path(), 4);
+    let file = tmp.path().join("exp.jsonl");
+    write(
+        &file,
+        &[
+            row("a", "1", 3, "1.0"),
+            row("a", "1", 4, "1e308"),
+            row("b", "1", 3, "-2e7"),
+            row("b", "1", 4, "0.0"),
+        ],
+    );
+    let run = tmp.path().join("run");
+    let sets: Vec<String> = vec![
+        format!("model.path={}", model_dir.display()),
+        format!("output.dir={}", run.display()),
+        format!("data.experiences={}", file.display()),
+        "data.prompts_per_step=1".into(),
+        "train.steps=1".into(),
+    ];
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "warning: {}:2: field `reward`: 1e308 exceeds 1e6 in magnitude (2 rows of the file)",
+            file.display()
+        )),
+        "{log}"
+    );
+}
+
 #[test]
 fn rows_from_the_future_or_longer_than_the_model_are_refused_naming_file_line_and_field() {
     let row = |g: &str, version: u64, completion: &str| {

@@ -344,7 +344,7 @@ fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
     let args = rlvr_train::cli::EvalArgs {
         model: s4.clone(),
         task: Some("arithmetic".into()),
-        n: 1,
+        n: None,
         limit: Some(1),
         ..Default::default()
     };

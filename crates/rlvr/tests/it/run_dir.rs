@@ -142,6 +142,99 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
     assert_eq!(latest(&run), "step-5");
 }
 
+/// Issue 49 item 5: deleting `RUN/.lock` during a run used to let a second writer in (both
+/// exited 0, their metrics interleaved), since the lock was the file's. The lock is now the run
+/// directory's own, so a second start is refused however the file fares; and a `checkpoints/`
+/// that is a symbolic link into another run is refused (a resume would continue that run and
+/// delete its checkpoints).
+#[test]
+fn a_deleted_lock_file_lets_no_second_writer_in_and_foreign_checkpoints_are_refused() {
+    let (tmp, model, run) = tiny_run();
+    let s = sets(&model, &run, 5);
+    let mut c = train_cmd(&s);
+    c.env("RLVR_DEBUG_HANG_AFTER_STEP", "2");
+    let mut a = spawn(c);
+    wait_for("A reaches step 2", 120, || last_step(&run) == 2);
+    std::fs::remove_file(run.join(".lock")).unwrap();
+    let b = train_cmd(&s).output().unwrap();
+    let err = String::from_utf8_lossy(&b.stderr);
+    assert!(!b.status.success(), "a second writer ran: {err}");
+    assert!(
+        err.contains("is in use by another rlvr process") && err.contains(".lock was removed"),
+        "{err}"
+    );
+    assert_eq!(steps(&run), [1, 2]);
+    a.kill().unwrap();
+    a.wait().unwrap();
+
+    // Another run whose checkpoints/ is a link to the first run's.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    ok(
+        &train_cmd(&sets(&model, &other, 1)).output().unwrap(),
+        "other run",
+    );
+    std::fs::create_dir_all(run.join("checkpoints")).unwrap();
+    std::fs::remove_dir_all(other.join("checkpoints")).unwrap();
+    std::os::unix::fs::symlink(run.join("checkpoints"), other.join("checkpoints")).unwrap();
+    let r = resume(&other).output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    assert!(
+        err.contains("is a symbolic link to") && err.contains("the checkpoints of another run"),
+        "{err}"
+    );
+}
+
+/// Issue 49 item 5: two `rlvr sft --force --out X` at once shared one staging directory (X ended
+/// with both runs' metrics interleaved). `--out` has one writer: while another process holds its
+/// lock, `sft`, `init` and `merge` are refused naming the holder, and X is untouched.
+#[test]
+fn an_output_directory_being_written_is_refused_to_a_second_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let pairs = tmp.path().join("pairs.jsonl");
+    std::fs::write(&pairs, "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n").unwrap();
+    let out = tmp.path().join("out");
+    // Hold out's lock as a running `rlvr sft` does (its pid line in the lock file).
+    let lock = tmp.path().join(".out.lock");
+    std::fs::write(&lock, "pid 4242\nhost testhost\nstarted now\n").unwrap();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&lock)
+        .unwrap();
+    fs4::FileExt::try_lock(&held).unwrap();
+    let sft = rlvr()
+        .args(["sft", "--steps", "1", "--force", "--model"])
+        .arg(&model)
+        .arg("--data")
+        .arg(&pairs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&sft.stderr);
+    assert!(!sft.status.success(), "{err}");
+    assert!(
+        err.contains("--out") && err.contains("is being written by another rlvr process (pid 4242"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    drop(held);
+    let sft = rlvr()
+        .args(["sft", "--steps", "1", "--model"])
+        .arg(&model)
+        .arg("--data")
+        .arg(&pairs)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    ok(&sft, "sft once the lock is free");
+    assert!(out.join("model.safetensors").exists());
+}
+
 #[test]
 fn of_two_fresh_starts_at_once_exactly_one_runs_and_config_toml_is_its_own() {
     let (_tmp, model, run) = tiny_run();
@@ -319,6 +412,136 @@ fn a_failing_verifier_after_step_4_saves_step_4_and_the_run_resumes() {
     ok(&r, "resume");
     assert_eq!(steps(&run), [1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(latest(&run), "step-7");
+}
+
+/// A per-batch verifier script for the evaluation tests: batches of 5 rows are the evaluation's
+/// (`data.arithmetic.test_size = 5`; training batches have 2 prompts x 4 completions); on the
+/// second evaluation (step 3's, after step 0's) it runs `on_second_eval`, else it scores
+/// alternately 0 and 1. Each call writes its rows to `seen` first.
+fn eval_verifier(dir: &Path, on_second_eval: &str) -> PathBuf {
+    let script = dir.join("score.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "cat > {seen}; n=$(wc -l < {seen})\n\
+             if [ $n -eq 5 ]; then e=$(cat {evals} 2>/dev/null || echo 0); e=$((e+1)); echo $e > {evals}\n\
+               if [ $e -eq 2 ]; then {on_second_eval}; fi; fi\n\
+             awk '{{ print \"{{\\\"reward\\\": \" (NR % 2) \"}}\" }}' {seen}\n",
+            seen = dir.join("seen").display(),
+            evals = dir.join("evals").display(),
+        ),
+    )
+    .unwrap();
+    script
+}
+
+/// The settings of a 6-step run evaluated at steps 0, 3 and 6 by `script`, never checkpointing
+/// on its own (`train.save_every = 0`, the default).
+fn eval_sets(model: &Path, run: &Path, script: &Path, timeout_s: u64) -> Vec<String> {
+    let mut s = sets(model, run, 6);
+    s.retain(|k| !k.starts_with("train.eval_every") && !k.starts_with("data.arithmetic.test_size"));
+    s.extend([
+        "train.eval_every=3".into(),
+        "data.arithmetic.test_size=5".into(),
+        format!(
+            "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\"], timeout_s = {timeout_s} }}",
+            script.display()
+        ),
+    ]);
+    s
+}
+
+/// The `eval/accuracy` of step `t` in RUN/metrics.jsonl (`Some(Null)` when recorded as null).
+fn eval_accuracy(run: &Path, t: u64) -> Option<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["step"].as_u64() == Some(t))
+        .and_then(|v| v.get("eval/accuracy").cloned())
+}
+
+/// Issue 49 item 1: an evaluation that fails (here step 3's: the verifier exits 1) used to lose
+/// every step since the last checkpoint (none with the default `save_every = 0`), because a step
+/// counted as complete only after its evaluation. Now step 3, whose update is complete, is saved,
+/// its `eval/accuracy` is null in metrics.jsonl, and `--resume` goes on from it.
+#[test]
+fn a_failing_evaluation_saves_its_step_and_the_run_resumes() {
+    let (tmp, model, run) = tiny_run();
+    let script = eval_verifier(tmp.path(), "echo 'reward model: 503' >&2; exit 1");
+    let out = train_cmd(&eval_sets(&model, &run, &script, 60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("reward model: 503"), "{err}");
+    assert!(err.contains("evaluating step 3"), "{err}");
+    assert!(err.contains("after step 3; its state was saved"), "{err}");
+    assert_eq!(latest(&run), "step-3");
+    assert_eq!(steps(&run), [0, 1, 2, 3]);
+    assert_eq!(eval_accuracy(&run, 3), Some(serde_json::Value::Null));
+    let r = resume(&run).output().unwrap();
+    ok(&r, "resume");
+    assert_eq!(steps(&run), [0, 1, 2, 3, 4, 5, 6]);
+    assert_eq!(latest(&run), "step-6");
+    assert!(eval_accuracy(&run, 6).is_some_and(|v| v.is_number()));
+}
+
+/// Issue 49 items 1 and 2: SIGTERM while an evaluation hangs (a verifier that stops answering)
+/// used to exit 1 with no checkpoint. The evaluation ends by the verifier's timeout, and the run
+/// stops as an interruption: step 3 saved, its evaluation null, exit 143, then resumes.
+#[test]
+fn sigterm_during_a_hung_evaluation_saves_the_step_and_exits_143() {
+    let (tmp, model, run) = tiny_run();
+    let hung = tmp.path().join("hung");
+    let script = eval_verifier(tmp.path(), &format!("touch {}; sleep 600", hung.display()));
+    let child = spawn(train_cmd(&eval_sets(&model, &run, &script, 4)));
+    wait_for("the hung evaluation", 120, || hung.exists());
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("the evaluation of step 3 ended with an error"),
+        "{err}"
+    );
+    assert_eq!(latest(&run), "step-3");
+    assert_eq!(steps(&run), [0, 1, 2, 3]);
+    assert_eq!(eval_accuracy(&run, 3), Some(serde_json::Value::Null));
+    ok(&resume(&run).output().unwrap(), "resume");
+    assert_eq!(steps(&run), [0, 1, 2, 3, 4, 5, 6]);
+}
+
+/// Issue 49 item 2: SIGHUP (a dropped SSH session without nohup) used to kill `rlvr train` at
+/// once (exit 129, every step since the last checkpoint lost). It now saves like SIGTERM.
+#[test]
+fn sighup_saves_a_checkpoint_like_sigterm_and_exits_129() {
+    let (_tmp, model, run) = tiny_run();
+    let child = spawn(train_cmd(&sets(&model, &run, 100_000)));
+    wait_for("step 2", 120, || last_step(&run) >= 2);
+    let st = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(129), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(v["interrupted"], true);
+    let n = v["steps"].as_u64().unwrap();
+    assert_eq!(latest(&run), format!("step-{n}"));
+    assert_eq!(last_step(&run), n);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains(&format!("interrupted by SIGHUP after step {n}")),
+        "{log}"
+    );
 }
 
 /// A persistent Python verifier (examples/reward_persistent.py) trains a run with evaluations:
