@@ -63,9 +63,20 @@ impl RawConfig {
             let mut off = e.clone();
             off.dir = None;
             if !off.is_default() {
+                let table = |e: &super::EnvSection| match toml::Value::try_from(e) {
+                    Ok(toml::Value::Table(t)) => t,
+                    _ => toml::Table::new(),
+                };
+                let (set, default) = (table(&off), table(&super::EnvSection::default()));
+                let keys: Vec<String> = set
+                    .iter()
+                    .filter(|(k, v)| default.get(*k) != Some(*v))
+                    .map(|(k, _)| format!("env.{k}"))
+                    .collect();
                 bail!(
-                    "[env] keys are set but neither env.command nor env.builtin: set one of them \
-                     to run multi-turn episodes (docs/environments.md), or remove the [env] keys"
+                    "{} set but neither env.command nor env.builtin: set one of them to run \
+                     multi-turn episodes (docs/environments.md), or remove the [env] keys",
+                    keys.join(", ")
                 );
             }
             return Ok(());
