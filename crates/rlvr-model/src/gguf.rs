@@ -341,9 +341,7 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 /// # Errors
 /// Any other value, naming it.
 fn pre_tokenizer(pre: Option<&str>, meta: &Meta) -> Result<serde_json::Value> {
-    let byte_level = |regex: bool| {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex})
-    };
+    let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
     let split = |pattern: &str| {
         json!({"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
@@ -432,9 +430,12 @@ fn build_tokenizer(meta: &Meta, vocab_rows: usize) -> Result<TokenizerBundle> {
             ));
         }
     }
-    let merges = meta
-        .str_array("tokenizer.ggml.merges")?
-        .ok_or_else(|| meta.err("tokenizer.ggml.merges", "missing (a BPE vocabulary needs them)"))?;
+    let merges = meta.str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
+        meta.err(
+            "tokenizer.ggml.merges",
+            "missing (a BPE vocabulary needs them)",
+        )
+    })?;
     let mut merge_pairs = Vec::with_capacity(merges.len());
     for (i, m) in merges.iter().enumerate() {
         let mut parts = m.split(' ');
@@ -489,7 +490,9 @@ fn build_tokenizer(meta: &Meta, vocab_rows: usize) -> Result<TokenizerBundle> {
     let bos = token_of("tokenizer.ggml.bos_token_id")?;
     let eos = token_of("tokenizer.ggml.eos_token_id")?;
     let pad = token_of("tokenizer.ggml.padding_token_id")?;
-    let add_bos = meta.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let add_bos = meta
+        .opt_bool("tokenizer.ggml.add_bos_token")?
+        .unwrap_or(false);
     let post_processor = match (&bos, add_bos) {
         (Some(b), true) => {
             let id = tokens.iter().position(|t| t == b).expect("bos is a token");
@@ -499,7 +502,9 @@ fn build_tokenizer(meta: &Meta, vocab_rows: usize) -> Result<TokenizerBundle> {
                          {"SpecialToken": {"id": b, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
                 "special_tokens": {b.as_str(): {"id": b, "ids": [id], "tokens": [b]}}})
         }
-        _ => json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true}),
+        _ => {
+            json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true})
+        }
     };
     let doc = json!({
         "version": "1.0",
@@ -602,7 +607,7 @@ fn hf_name(name: &str) -> Option<String> {
 pub fn unpermute_rotary(t: &Tensor, heads: usize) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let rows = dims[0];
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(ModelError::Invalid(format!(
             "rotary un-permutation: {rows} rows are not {heads} heads of an even width"
         )));
@@ -619,7 +624,7 @@ pub fn unpermute_rotary(t: &Tensor, heads: usize) -> Result<Tensor> {
 pub fn permute_rotary(t: &Tensor, heads: usize) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let rows = dims[0];
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(ModelError::Invalid(format!(
             "rotary permutation: {rows} rows are not {heads} heads of an even width"
         )));
@@ -762,7 +767,7 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         let info = &content.tensor_infos[*name];
         let mut n: u64 = 1;
         for &d in info.shape.dims() {
-            n = n.checked_mul(d as u64).unwrap_or(u64::MAX);
+            n = n.saturating_mul(d as u64);
         }
         if n > MAX_TENSOR_ELEMENTS {
             return Err(ModelError::Config {
@@ -799,7 +804,9 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         d => {
             return Err(ModelError::Config {
                 file: path.to_path_buf(),
-                msg: format!("tensor `token_embd.weight` has shape {d:?}, expected [vocab, hidden]"),
+                msg: format!(
+                    "tensor `token_embd.weight` has shape {d:?}, expected [vocab, hidden]"
+                ),
             })
         }
     };

@@ -17,7 +17,9 @@ use rlvr_model::{Arch, Model, ModelConfig};
 /// GPT-2's byte → character table (bytes_to_unicode): printable bytes stay, the rest map to
 /// U+0100 upwards in byte order.
 fn byte_char(b: u8) -> char {
-    let kept = |b: u32| (33..=126).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let kept = |b: u32| {
+        (33..=126).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     if kept(b as u32) {
         return char::from(b);
     }
@@ -128,15 +130,33 @@ fn gguf_bytes(model: &Model, o: &Opts) -> Vec<u8> {
     let md: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         (k("block_count"), Value::U32(c.num_hidden_layers as u32)),
-        (k("context_length"), Value::U32(c.max_position_embeddings as u32)),
+        (
+            k("context_length"),
+            Value::U32(c.max_position_embeddings as u32),
+        ),
         (k("embedding_length"), Value::U32(c.hidden_size as u32)),
-        (k("feed_forward_length"), Value::U32(c.intermediate_size as u32)),
-        (k("attention.head_count"), Value::U32(c.num_attention_heads as u32)),
-        (k("attention.head_count_kv"), Value::U32(c.num_key_value_heads as u32)),
+        (
+            k("feed_forward_length"),
+            Value::U32(c.intermediate_size as u32),
+        ),
+        (
+            k("attention.head_count"),
+            Value::U32(c.num_attention_heads as u32),
+        ),
+        (
+            k("attention.head_count_kv"),
+            Value::U32(c.num_key_value_heads as u32),
+        ),
         (k("attention.key_length"), Value::U32(c.head_dim as u32)),
         (k("rope.freq_base"), Value::F32(c.rope_theta as f32)),
-        (k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32)),
-        ("tokenizer.ggml.model".into(), Value::String(o.tokenizer_model.into())),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(c.rms_norm_eps as f32),
+        ),
+        (
+            "tokenizer.ggml.model".into(),
+            Value::String(o.tokenizer_model.into()),
+        ),
         ("tokenizer.ggml.pre".into(), Value::String(o.pre.into())),
         ("tokenizer.ggml.tokens".into(), strs(&tokens)),
         (
@@ -148,7 +168,10 @@ fn gguf_bytes(model: &Model, o: &Opts) -> Vec<u8> {
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(262)),
         ("tokenizer.ggml.padding_token_id".into(), Value::U32(260)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-        ("tokenizer.chat_template".into(), Value::String(TEMPLATE.into())),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(TEMPLATE.into()),
+        ),
     ];
     let md: Vec<(String, Value)> = md
         .into_iter()
@@ -164,7 +187,11 @@ fn gguf_bytes(model: &Model, o: &Opts) -> Vec<u8> {
                 t = permute_rotary(&t, c.num_key_value_heads).unwrap();
             }
         }
-        let dt = if t.rank() == 2 { o.quant } else { GgmlDType::F32 };
+        let dt = if t.rank() == 2 {
+            o.quant
+        } else {
+            GgmlDType::F32
+        };
         qs.push((gguf_name(&name), QTensor::quantize(&t, dt).unwrap()));
     }
     let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -203,7 +230,10 @@ fn permutation_direction_matches_llama_cpp() {
         vec![vec![0., 0.], vec![2., 2.], vec![1., 1.], vec![3., 3.]]
     );
     // Two heads of width 6, and a bias: un-permuting inverts it exactly.
-    let w = Tensor::arange(0f32, 12. * 5., &Device::Cpu).unwrap().reshape((12, 5)).unwrap();
+    let w = Tensor::arange(0f32, 12. * 5., &Device::Cpu)
+        .unwrap()
+        .reshape((12, 5))
+        .unwrap();
     let back = unpermute_rotary(&permute_rotary(&w, 2).unwrap(), 2).unwrap();
     assert_eq!(back.to_vec2::<f32>().unwrap(), w.to_vec2::<f32>().unwrap());
     let b = Tensor::arange(0f32, 12., &Device::Cpu).unwrap();
@@ -224,11 +254,29 @@ fn f32_files_convert_back_to_the_same_model_for_each_architecture() {
         let c = &g.config;
         let want = model.config();
         assert_eq!(
-            (c.arch, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers),
-            (want.arch, want.vocab_size, want.hidden_size, want.intermediate_size, want.num_hidden_layers)
+            (
+                c.arch,
+                c.vocab_size,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_hidden_layers
+            ),
+            (
+                want.arch,
+                want.vocab_size,
+                want.hidden_size,
+                want.intermediate_size,
+                want.num_hidden_layers
+            )
         );
         assert_eq!(
-            (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.tie_word_embeddings, c.qkv_bias),
+            (
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+                c.tie_word_embeddings,
+                c.qkv_bias
+            ),
             (4, 2, 16, arch != Arch::Llama, arch == Arch::Qwen2)
         );
         assert_eq!(c.rope_theta, 100000.0);
@@ -236,9 +284,16 @@ fn f32_files_convert_back_to_the_same_model_for_each_architecture() {
         assert_eq!(c.eos_token_ids, vec![262]);
         assert_eq!(g.tensors.len(), model.base_vars().len(), "{arch:?}");
         for (name, t) in &g.tensors {
-            let v = model.var(name).unwrap_or_else(|| panic!("{arch:?}: {name}"));
+            let v = model
+                .var(name)
+                .unwrap_or_else(|| panic!("{arch:?}: {name}"));
             let a = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let b = v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let b = v
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
             assert!(a == b, "{arch:?}: {name} differs after the round trip");
         }
         let out = dir.path().join("hf");
@@ -246,19 +301,26 @@ fn f32_files_convert_back_to_the_same_model_for_each_architecture() {
         let p = rlvr_model::checkpoint::Policy::load(&out, DType::F32, &Device::Cpu).unwrap();
         let ids = vec![vec![261u32, 104, 101, 108, 108, 111, 262, 49, 50]];
         let mask = vec![vec![1u32; 9]];
-        let a = model.token_logprobs(&ids, &mask, 0, 1.0, false, false).unwrap();
-        let b = p.model.token_logprobs(&ids, &mask, 0, 1.0, false, false).unwrap();
+        let a = model
+            .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+            .unwrap();
+        let b = p
+            .model
+            .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+            .unwrap();
         assert_eq!(
             a.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             b.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             "{arch:?}"
         );
         let gc: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out.join("generation_config.json")).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(out.join("generation_config.json")).unwrap())
+                .unwrap();
         assert_eq!(gc["eos_token_id"], 262);
         assert_eq!(gc["bos_token_id"], 261);
         let tc: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out.join("tokenizer_config.json")).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(out.join("tokenizer_config.json")).unwrap())
+                .unwrap();
         assert_eq!(tc["chat_template"], TEMPLATE);
         assert_eq!(tc["eos_token"], "<|im_end|>");
         assert_eq!(tc["pad_token"], "<|endoftext|>");
@@ -272,20 +334,48 @@ fn quantized_weights_are_dequantized_and_unpermuted() {
     for quant in [GgmlDType::Q8_0, GgmlDType::Q4_1, GgmlDType::Q5_0] {
         let model = random_model(Arch::Llama);
         let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), &gguf_bytes(&model, &Opts { quant, ..Opts::default() }));
+        let path = write(
+            dir.path(),
+            &gguf_bytes(
+                &model,
+                &Opts {
+                    quant,
+                    ..Opts::default()
+                },
+            ),
+        );
         let g = read(&path).unwrap();
-        let q = model.var("model.layers.1.self_attn.q_proj.weight").unwrap().as_tensor();
+        let q = model
+            .var("model.layers.1.self_attn.q_proj.weight")
+            .unwrap()
+            .as_tensor();
         let stored = QTensor::quantize(&permute_rotary(q, 4).unwrap(), quant)
             .unwrap()
             .dequantize(&Device::Cpu)
             .unwrap();
-        let want = unpermute_rotary(&stored, 4).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let got = g.tensors.iter().find(|(n, _)| n == "model.layers.1.self_attn.q_proj.weight").unwrap();
+        let want = unpermute_rotary(&stored, 4)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let got = g
+            .tensors
+            .iter()
+            .find(|(n, _)| n == "model.layers.1.self_attn.q_proj.weight")
+            .unwrap();
         let got = got.1.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(got, want, "{quant:?}");
         let orig = q.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let err = got.iter().zip(&orig).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(err > 0.0 && err < 0.05, "{quant:?}: quantisation error {err}");
+        let err = got
+            .iter()
+            .zip(&orig)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            err > 0.0 && err < 0.05,
+            "{quant:?}: quantisation error {err}"
+        );
     }
 }
 
@@ -294,7 +384,16 @@ fn the_tokenizer_follows_the_vocabulary_merges_and_pre_tokenizer() {
     let model = random_model(Arch::Qwen3);
     let dir = tempfile::tempdir().unwrap();
     let enc = |pre: &'static str, text: &str| {
-        let path = write(dir.path(), &gguf_bytes(&model, &Opts { pre, ..Opts::default() }));
+        let path = write(
+            dir.path(),
+            &gguf_bytes(
+                &model,
+                &Opts {
+                    pre,
+                    ..Opts::default()
+                },
+            ),
+        );
         read(&path).unwrap().tokenizer.encode(text, false).unwrap()
     };
     // "hello" → "hell" + "o"; "12" merges under gpt2's split, stays two digits under smollm's.
@@ -306,42 +405,102 @@ fn the_tokenizer_follows_the_vocabulary_merges_and_pre_tokenizer() {
     // Control tokens are whole; multi-byte text round-trips through the byte alphabet.
     let path = write(dir.path(), &gguf_bytes(&model, &Opts::default()));
     let tok = read(&path).unwrap().tokenizer;
-    let ids = tok.encode("<|im_start|>héllo 日本<|im_end|>", false).unwrap();
+    let ids = tok
+        .encode("<|im_start|>héllo 日本<|im_end|>", false)
+        .unwrap();
     assert_eq!(ids[0], 261);
     assert_eq!(*ids.last().unwrap(), 262);
-    assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>héllo 日本<|im_end|>");
+    assert_eq!(
+        tok.decode(&ids, false).unwrap(),
+        "<|im_start|>héllo 日本<|im_end|>"
+    );
     let text = tok
         .apply_chat_template(&[rlvr_model::Message::new("user", "hi")], true)
         .unwrap();
-    assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        text,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
 }
 
 #[test]
 fn unsupported_files_are_refused_by_name() {
     let model = random_model(Arch::Llama);
     let dir = tempfile::tempdir().unwrap();
-    let e = err_of(dir.path(), &gguf_bytes(&model, &Opts { tokenizer_model: "llama", ..Opts::default() }));
-    assert!(e.contains("tokenizer.ggml.model") && e.contains("\"llama\""), "{e}");
-    let e = err_of(dir.path(), &gguf_bytes(&model, &Opts { pre: "chatglm-bpe", ..Opts::default() }));
-    assert!(e.contains("tokenizer.ggml.pre") && e.contains("chatglm-bpe"), "{e}");
-    let e = err_of(dir.path(), &gguf_bytes(&model, &Opts { drop_key: Some("llama.block_count"), ..Opts::default() }));
-    assert!(e.contains("`llama.block_count`") && e.contains("missing"), "{e}");
+    let e = err_of(
+        dir.path(),
+        &gguf_bytes(
+            &model,
+            &Opts {
+                tokenizer_model: "llama",
+                ..Opts::default()
+            },
+        ),
+    );
+    assert!(
+        e.contains("tokenizer.ggml.model") && e.contains("\"llama\""),
+        "{e}"
+    );
+    let e = err_of(
+        dir.path(),
+        &gguf_bytes(
+            &model,
+            &Opts {
+                pre: "chatglm-bpe",
+                ..Opts::default()
+            },
+        ),
+    );
+    assert!(
+        e.contains("tokenizer.ggml.pre") && e.contains("chatglm-bpe"),
+        "{e}"
+    );
+    let e = err_of(
+        dir.path(),
+        &gguf_bytes(
+            &model,
+            &Opts {
+                drop_key: Some("llama.block_count"),
+                ..Opts::default()
+            },
+        ),
+    );
+    assert!(
+        e.contains("`llama.block_count`") && e.contains("missing"),
+        "{e}"
+    );
     // Another architecture: the key is rewritten in place (same length, so offsets hold).
     let mut b = gguf_bytes(&model, &Opts::default());
     let at = find(&b, b"\x05\x00\x00\x00\x00\x00\x00\x00llama").unwrap() + 8;
     b[at..at + 5].copy_from_slice(b"gemma");
     let e = err_of(dir.path(), &b);
-    assert!(e.contains("general.architecture") && e.contains("gemma"), "{e}");
+    assert!(
+        e.contains("general.architecture") && e.contains("gemma"),
+        "{e}"
+    );
     // A tensor quantised as IQ2_XXS (ggml type 16): its type id patched in the tensor table.
-    let mut b = gguf_bytes(&model, &Opts { quant: GgmlDType::Q8_0, ..Opts::default() });
+    let mut b = gguf_bytes(
+        &model,
+        &Opts {
+            quant: GgmlDType::Q8_0,
+            ..Opts::default()
+        },
+    );
     let name = b"blk.1.ffn_up.weight";
     let at = find(&b, name).unwrap() + name.len();
     let dims = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
     let ty = at + 4 + 8 * dims;
-    assert_eq!(u32::from_le_bytes(b[ty..ty + 4].try_into().unwrap()), 8, "Q8_0");
+    assert_eq!(
+        u32::from_le_bytes(b[ty..ty + 4].try_into().unwrap()),
+        8,
+        "Q8_0"
+    );
     b[ty..ty + 4].copy_from_slice(&16u32.to_le_bytes());
     let e = err_of(dir.path(), &b);
-    assert!(e.contains("`blk.1.ffn_up.weight`") && e.contains("IQ2_XXS"), "{e}");
+    assert!(
+        e.contains("`blk.1.ffn_up.weight`") && e.contains("IQ2_XXS"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -351,7 +510,10 @@ fn truncated_and_corrupt_files_are_errors_naming_file_tensor_or_key() {
     let b = gguf_bytes(&model, &Opts::default());
     // Cut inside the tensor data: the last tensor (by offset) is short.
     let e = err_of(dir.path(), &b[..b.len() - 100]);
-    assert!(e.contains("m.gguf") && e.contains("tensor `") && e.contains("bytes"), "{e}");
+    assert!(
+        e.contains("m.gguf") && e.contains("tensor `") && e.contains("bytes"),
+        "{e}"
+    );
     // Cut inside the header, at many points: always an error naming the file, never a panic.
     for cut in [0, 3, 4, 8, 23, 24, 100, 1000, 5000] {
         let e = err_of(dir.path(), &b[..cut]);
@@ -369,14 +531,20 @@ fn truncated_and_corrupt_files_are_errors_naming_file_tensor_or_key() {
     c[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
     c[at + 8..at + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     let e = err_of(dir.path(), &c);
-    assert!(e.contains("`blk.0.ffn_up.weight`") && e.contains("2^34"), "{e}");
+    assert!(
+        e.contains("`blk.0.ffn_up.weight`") && e.contains("2^34"),
+        "{e}"
+    );
     // A token id beyond the vocabulary.
     let mut c = b.clone();
     let key = b"tokenizer.ggml.eos_token_id";
     let at = find(&c, key).unwrap() + key.len() + 4;
     c[at..at + 4].copy_from_slice(&100000u32.to_le_bytes());
     let e = err_of(dir.path(), &c);
-    assert!(e.contains("tokenizer.ggml.eos_token_id") && e.contains("100000"), "{e}");
+    assert!(
+        e.contains("tokenizer.ggml.eos_token_id") && e.contains("100000"),
+        "{e}"
+    );
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

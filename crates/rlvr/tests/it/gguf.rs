@@ -31,23 +31,46 @@ fn smollm2_conversion_matches_transformers_gguf_loader() {
     let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(printed["architecture"], "llama");
     assert_eq!(printed["vocab_size"], 49152);
-    assert_eq!(printed["eos_ids"], serde_json::json!([fixture["eos_token_id"]]));
+    assert_eq!(
+        printed["eos_ids"],
+        serde_json::json!([fixture["eos_token_id"]])
+    );
     let tok = rlvr_model::TokenizerBundle::load(&model).unwrap();
     let mut worst = 0f64;
     for case in fixture["cases"].as_array().unwrap() {
         let user = case["user"].as_str().unwrap();
         let completion = case["completion"].as_str().unwrap();
         let ids = |v: &serde_json::Value| -> Vec<u32> {
-            v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
         };
         let text = tok
             .apply_chat_template(&[rlvr_model::Message::new("user", user)], true)
             .unwrap();
         assert_eq!(text, case["prompt_text"].as_str().unwrap(), "{user}");
-        assert_eq!(tok.encode(&text, false).unwrap(), ids(&case["prompt_ids"]), "{user}");
-        assert_eq!(tok.encode(completion, false).unwrap(), ids(&case["completion_ids"]), "{user}");
+        assert_eq!(
+            tok.encode(&text, false).unwrap(),
+            ids(&case["prompt_ids"]),
+            "{user}"
+        );
+        assert_eq!(
+            tok.encode(completion, false).unwrap(),
+            ids(&case["completion_ids"]),
+            "{user}"
+        );
         let out = rlvr()
-            .args(["logprobs", "--chat", "--prompt", user, "--completion", completion, "--model"])
+            .args([
+                "logprobs",
+                "--chat",
+                "--prompt",
+                user,
+                "--completion",
+                completion,
+                "--model",
+            ])
             .arg(&model)
             .output()
             .unwrap();
@@ -60,7 +83,10 @@ fn smollm2_conversion_matches_transformers_gguf_loader() {
         for (g, w) in got.iter().zip(want) {
             let d = (g.as_f64().unwrap() - w.as_f64().unwrap()).abs();
             worst = worst.max(d);
-            assert!(d <= 1e-4, "{user}: log-prob {g} vs transformers' {w} ({d:.2e} nats)");
+            assert!(
+                d <= 1e-4,
+                "{user}: log-prob {g} vs transformers' {w} ({d:.2e} nats)"
+            );
         }
     }
     eprintln!("gguf parity: largest log-prob difference {worst:.2e} nats");
