@@ -29,7 +29,11 @@ t=$SECONDS
 "$VENV/bin/python" scripts/make_gguf_fixtures.py --check --gguf "$GGUF" 2>&1 | grep -v "it/s]" | tail -n 3
 echo "ci_real_model: transformers' reference took $((SECONDS - t)) s"
 t=$SECONDS
-RLVR_GGUF_SMOLLM2=$GGUF cargo test --workspace --locked --test it -- --ignored gguf:: 2>&1 | grep -E "^test |test result|panicked|gguf parity" | grep -v "0 passed"
+RLVR_GGUF_SMOLLM2=$GGUF cargo test --workspace --locked --test it -- --ignored --nocapture gguf:: > "$W/parity.log" 2>&1 \
+  || { cat "$W/parity.log"; exit 1; }
+grep -q "smollm2_conversion_matches_transformers_gguf_loader ... ok" "$W/parity.log" \
+  || { cat "$W/parity.log"; echo "ci_real_model: the parity test did not run" >&2; exit 1; }
+grep "gguf parity" "$W/parity.log"
 echo "ci_real_model: rlvr's parity test took $((SECONDS - t)) s"
 t=$SECONDS
 bash scripts/real_model.sh --data-only --out "$W"

@@ -7,8 +7,9 @@
 #      100 held-out, disjoint, seeded);
 #   4. trains configs/real_model.toml once per seed (OUT/seedS; held-out greedy accuracy at steps
 #      0, 6 and 12), prints the before/after table and plots OUT/accuracy.png;
-#   with --compare: the quickstart's comparison on this model instead, on-policy GRPO (v = 1) vs
-#      off-policy GRPO (preset off_policy_grpo, v = 4) from the same start and seed (OUT/compare).
+#   with --compare: the quickstart's comparison on this model instead: on-policy GRPO (v = 1, the
+#      recipe's run OUT/seedS, reused when present) vs off-policy GRPO (preset off_policy_grpo,
+#      v = 4; OUT/off_policy_seedS) from the same start and seed, plotted into OUT/compare.png.
 #
 #   scripts/real_model.sh [--seeds "0 1 2"] [--compare] [--out runs/real_model] [--cache DIR]
 #   scripts/real_model.sh --download-only     # prints the GGUF file's path
@@ -71,6 +72,7 @@ for name, part in (("test", rows[:100]), ("train", rows[100:])):
 PY
 }
 
+[ "$MODE" = download ] || { mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd); }  # --set paths: absolute
 case "$MODE" in
   download) download; exit 0 ;;
   data) data "$OUT/data"; exit 0 ;;
@@ -85,19 +87,22 @@ data "$OUT/data"
 sets=(--set "model.path=\"$OUT/model\"" --set "data.train=\"$OUT/data/train.jsonl\""
   --set "data.test=\"$OUT/data/test.jsonl\"")
 if [ "$MODE" = compare ]; then
+  # The on-policy arm is the recipe's own run of this seed (configs/real_model.toml is on-policy
+  # GRPO, v = 1; same config and seed give the same run bit for bit), made here if missing.
   s=${SEEDS%% *}
-  for arm in on_policy off_policy; do
-    if [ $arm = on_policy ]; then algo=(--set 'algorithm.preset="grpo"' --set sync.interval=1)
-    else algo=(--set 'algorithm.preset="off_policy_grpo"' --set sync.interval=4); fi
-    t=$SECONDS
-    "$R" train --no-progress --config configs/real_model.toml "${sets[@]}" "${algo[@]}" \
-      --set data.seed="$s" --set train.seed="$s" --set "output.dir=\"$OUT/compare/$arm\"" > /dev/null
-    echo "real_model.sh: $arm (seed $s) took $((SECONDS - t)) s"
-  done
-  "$R" plot "$OUT/compare/on_policy" "$OUT/compare/off_policy" --metric eval/accuracy --metric reward/mean \
+  if [ ! -f "$OUT/seed$s/eval.jsonl" ]; then
+    "$R" train --no-progress --config configs/real_model.toml "${sets[@]}" \
+      --set data.seed="$s" --set train.seed="$s" --set "output.dir=\"$OUT/seed$s\"" > /dev/null
+  fi
+  t=$SECONDS
+  "$R" train --no-progress --config configs/real_model.toml "${sets[@]}" \
+    --set 'algorithm.preset="off_policy_grpo"' --set sync.interval=4 \
+    --set data.seed="$s" --set train.seed="$s" --set "output.dir=\"$OUT/off_policy_seed$s\"" > /dev/null
+  echo "real_model.sh: off-policy GRPO (v = 4, seed $s) took $((SECONDS - t)) s"
+  runs=("$OUT/seed$s" "$OUT/off_policy_seed$s")
+  "$R" plot "${runs[@]}" --metric eval/accuracy --metric reward/mean \
     --label "on-policy GRPO (v=1)" --label "off-policy GRPO (v=4)" --out "$OUT/compare.png" \
     --title "SmolLM2-135M-Instruct, two-digit addition, seed $s"
-  runs=("$OUT/compare/on_policy" "$OUT/compare/off_policy")
 else
   runs=()
   for s in $SEEDS; do
