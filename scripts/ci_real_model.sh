@@ -9,6 +9,10 @@
 #      crates/rlvr/tests/it/gguf.rs, run with RLVR_GGUF_SMOLLM2);
 #   3. `rlvr train` runs two GRPO steps of configs/real_model.toml, shrunk, on the converted model.
 # Called by .ci/run after scripts/ci_vllm.sh (before .venv-vllm is deleted); prints each part's time.
+# Measured 2026-12-06 on the 2-core machine under a load average of ~12 (other jobs): packages and
+# model 24 s, conversion 10 s (debug binary), transformers' reference 116 s (50 s idle), rlvr's
+# parity test ~20 s once the test binaries exist (as in CI, after `cargo test --workspace`), two RL
+# steps 55 s: about 3.5 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-$PWD/.venv-vllm}
