@@ -11,12 +11,14 @@
 //! - [`tokenizer`]: tokenizer.json, special tokens, EOS ids, chat templates (minijinja).
 //! - [`lora`]: LoRA adapters on the decoder's projections (PEFT's math, files and names).
 //! - [`checkpoint`]: loading a whole model directory and writing one (`rlvr init`, checkpoints).
+//! - [`gguf`]: GGUF files (llama.cpp) converted to a HuggingFace checkpoint (`rlvr convert`).
 
 pub mod checkpoint;
 pub mod chunked;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod gguf;
 mod head;
 pub mod kernels;
 pub mod kv;

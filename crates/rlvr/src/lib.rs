@@ -1,5 +1,5 @@
 //! The `rlvr` command line as a library: its clap definition ([`Cli`], [`Command`]) and the
-//! subcommands whose code lives in this crate (`init`, `logprobs`, `quickstart`, `bench`,
+//! subcommands whose code lives in this crate (`init`, `convert`, `logprobs`, `quickstart`, `bench`,
 //! `kernels`). The
 //! binary (`main.rs`) parses and dispatches; a library so that tests can walk every subcommand's
 //! flags through clap's introspection (`tests/it/extreme_values.rs`).
@@ -9,6 +9,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod convert;
 pub mod init;
 pub mod kernels;
 pub mod logprobs;
@@ -32,6 +33,9 @@ pub struct Cli {
 pub enum Command {
     /// Write a randomly initialised checkpoint in HuggingFace format (transformers loads it).
     Init(init::InitArgs),
+    /// Convert a GGUF file (llama.cpp's format) into a HuggingFace checkpoint: config, f32/bf16
+    /// weights, tokenizer, chat template.
+    Convert(convert::ConvertArgs),
     /// Print per-token log-probs of a completion given a prompt: {"tokens", "logprobs"}.
     Logprobs(logprobs::LogprobsArgs),
     /// RL training: explorer samples, verifier scores, trainer updates (every config key:

@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use clap::Parser;
-use rlvr::{bench, init, kernels, logprobs, quickstart, Cli, Command};
+use rlvr::{bench, convert, init, kernels, logprobs, quickstart, Cli, Command};
 
 /// `--model RUN` and `--model RUN/checkpoints/latest` of `eval`, `generate` and `logprobs`: the
 /// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`).
@@ -65,6 +65,7 @@ fn main() {
     let mut out = stdout.lock();
     let res = resolve_model(&mut cli.command).and_then(|()| match &cli.command {
         Command::Init(a) => init::run(a, &mut out),
+        Command::Convert(a) => convert::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),
         Command::Train(a) => rlvr_train::cli::run_train(a, &mut out),
         Command::Sft(a) => rlvr_train::cli::run_sft(a, &mut out),

@@ -10,6 +10,7 @@ mod chunked_head;
 mod fused;
 mod fused_adamw;
 mod fused_head;
+mod gguf;
 mod gradients;
 mod lora;
 mod lora_parity;

@@ -13,6 +13,7 @@ mod crate_graph;
 mod data_layouts;
 mod docs;
 mod extreme_values;
+mod gguf;
 mod gsm8k_real_input;
 mod limits;
 mod quickstart;
