@@ -61,27 +61,28 @@ fn every_shipped_config_loads_and_resolves() {
             f.display()
         );
         // Input paths are absolute after loading, relative to configs/; the shipped data (not the
-        // quickstart's generated files) exists.
+        // files the quickstart and the real-model recipe generate under runs/) exists.
         let root = repo_root();
         let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let generated = match name.as_str() {
+            "quickstart.toml" => Some(("runs/quickstart/data", "runs/quickstart/sft")),
+            "real_model.toml" => Some(("runs/real_model/data", "runs/real_model/model")),
+            _ => None,
+        };
         for p in [&cfg.raw.data.train, &cfg.raw.data.test]
             .into_iter()
             .flatten()
         {
             assert!(p.is_absolute(), "{name}: {}", p.display());
-            if name == "quickstart.toml" {
-                assert!(
-                    p.starts_with(root.join("runs/quickstart/data")),
-                    "{}",
-                    p.display()
-                );
+            if let Some((data, _)) = generated {
+                assert!(p.starts_with(root.join(data)), "{}", p.display());
             } else {
                 assert!(p.starts_with(root.join("data")), "{name}: {}", p.display());
                 assert!(p.exists(), "{name}: {} missing", p.display());
             }
         }
-        let model_dir = if name == "quickstart.toml" {
-            root.join("runs/quickstart/sft")
+        let model_dir = if let Some((_, model)) = generated {
+            root.join(model)
         } else {
             root.join("models")
                 .join(cfg.raw.model.path.file_name().unwrap())
