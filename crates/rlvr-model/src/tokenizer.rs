@@ -56,14 +56,38 @@ fn token_str(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The largest tokenizer or config file read (256 MiB; real tokenizer.json files are 2-35 MB).
+pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
+
+/// Reads the text file `path` of a model directory: a regular file (a FIFO would block the read
+/// for ever) of at most [`MAX_TOKENIZER_FILE_BYTES`].
+///
+/// # Errors
+/// [`ModelError::Io`] naming the file: not a regular file, too large, unreadable, not UTF-8.
+pub(crate) fn read_model_text(path: &Path) -> Result<String> {
+    crate::error::check_regular_file(path)?;
+    let io = |err| ModelError::Io {
+        path: path.to_path_buf(),
+        err,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_TOKENIZER_FILE_BYTES {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "is {len} bytes, more than the {MAX_TOKENIZER_FILE_BYTES} a tokenizer or config \
+                 file may hold"
+            ),
+        )));
+    }
+    std::fs::read_to_string(path).map_err(io)
+}
+
 fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
-        path: path.to_path_buf(),
-        err: e,
-    })?;
+    let text = read_model_text(path)?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| ModelError::Config {
@@ -108,10 +132,7 @@ impl TokenizerBundle {
             None => {
                 let p = dir.join("chat_template.jinja");
                 if p.exists() {
-                    Some(std::fs::read_to_string(&p).map_err(|e| ModelError::Io {
-                        path: p.clone(),
-                        err: e,
-                    })?)
+                    Some(read_model_text(&p)?)
                 } else {
                     None
                 }
@@ -150,10 +171,12 @@ impl TokenizerBundle {
 
     /// Reads a `tokenizer.json` file alone.
     pub fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
-        tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::Tokenizer {
-            file: path.to_path_buf(),
-            msg: e.to_string(),
-        })
+        let text = read_model_text(path)?;
+        text.parse::<tokenizers::Tokenizer>()
+            .map_err(|e| ModelError::Tokenizer {
+                file: path.to_path_buf(),
+                msg: e.to_string(),
+            })
     }
 
     /// Encodes `text`; `add_special_tokens` applies the post-processor (e.g. Llama's BOS).

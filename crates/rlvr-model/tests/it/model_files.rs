@@ -133,3 +133,46 @@ fn a_fifo_as_a_weights_file_is_refused_not_waited_on() {
         "{e}"
     );
 }
+
+/// Issue 49 item 12: the tokenizer's files were read without the weights' regular-file check, so
+/// a FIFO named tokenizer.json, tokenizer_config.json or chat_template.jinja hung the load for
+/// ever. Each is now refused at once, naming the file.
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_a_tokenizer_file_is_refused_not_waited_on() {
+    let tok =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tokenizers/qwen2.5/tokenizer.json");
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        if name != "tokenizer.json" {
+            std::fs::copy(&tok, dir.path().join("tokenizer.json")).unwrap();
+        }
+        let fifo = dir.path().join(name);
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            let r = rlvr_model::TokenizerBundle::load(&d);
+            let _ = tx.send(r.err().map(|e| e.to_string()));
+        });
+        let e = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("loading a FIFO {name} hung"))
+            .unwrap_or_else(|| panic!("a FIFO {name} loaded"));
+        assert!(
+            e.starts_with(&format!(
+                "{}: is a FIFO (named pipe), not a regular file",
+                fifo.display()
+            )),
+            "{name}: {e}"
+        );
+    }
+}
