@@ -1178,6 +1178,23 @@ fn a_typo_gets_did_you_mean() {
         check_load("", &["train.schedule=\"cosin\""]).unwrap_err()
     );
     assert!(err.ends_with("; did you mean \"cosine\"?"), "{err}");
+    // A peer's value for an enum key: what to write instead.
+    let err = format!(
+        "{:#}",
+        check_load("", &["algorithm.aggregation=\"dr_grpo\""]).unwrap_err()
+    );
+    assert!(
+        err.ends_with(
+            "; TRL's loss_type = \"dr_grpo\" is aggregation = \"constant\" (preset \"dr_grpo\" \
+             also drops the std, as Dr. GRPO does)"
+        ),
+        "{err}"
+    );
+    let err = format!(
+        "{:#}",
+        check_load("", &["algorithm.std_norm=\"batch\""]).unwrap_err()
+    );
+    assert!(err.contains("std_level = \"batch\""), "{err}");
     // A misspelt peer's name: the peer's name it is near, and our key.
     let err = format!(
         "{:#}",
