@@ -76,7 +76,12 @@ fn typed_columns_and_conversational_completions_reach_the_functions() {
     let (conv, plain) = (cols(Some("4"), CONV), cols(Some("4"), PLAIN));
     let s = [sample("the answer is 4", &conv, 0), sample("4", &plain, 1)];
     let v = adapter(&["shapes"], &[]);
-    let got: Vec<f64> = v.score_batch(&s).unwrap().iter().map(|x| x.reward).collect();
+    let got: Vec<f64> = v
+        .score_batch(&s)
+        .unwrap()
+        .iter()
+        .map(|x| x.reward)
+        .collect();
     // Row 0: a conversational prompt (list column) → conversational completion, + level 3.
     // Row 1: no prompt column → strings, + level 0.5 (a nested object's number).
     assert_eq!(got, [4.0, 10.5]);
@@ -124,7 +129,12 @@ fn none_from_every_function_is_zero_and_default_weights_are_one() {
     let with = cols(Some("x"), PLAIN);
     let s = [sample("x", &with, 0), sample("x", &none, 1)];
     let v = adapter(&["accuracy_reward", "accuracy_reward"], &[]);
-    let r: Vec<f64> = v.score_batch(&s).unwrap().iter().map(|x| x.reward).collect();
+    let r: Vec<f64> = v
+        .score_batch(&s)
+        .unwrap()
+        .iter()
+        .map(|x| x.reward)
+        .collect();
     assert_eq!(r, [2.0, 0.0]);
 }
 
