@@ -10,9 +10,9 @@ Each FILE.py:NAME names a function with TRL's signature, `fn(prompts, completion
 returning one float (or None) per completion; the file is loaded once, at start-up. For each batch
 the program calls every function once on the whole batch, with:
 
-- `prompts`: per item, the row's conversational prompt (a list of {"role", "content"} messages)
-  when the row's prompt column (`--prompt-column`, default "prompt") holds one, else the rendered
-  prompt text;
+- `prompts`: per item, the row's prompt column (`--prompt-column`, default "prompt") as the
+  dataset holds it (a list of {"role", "content"} messages, or text), as TRL passes it; the
+  rendered prompt text when the row has no such column;
 - `completions`: per item, [{"role": "assistant", "content": TEXT}] when the prompt is
   conversational (as TRL passes them), else the completion text;
 - one keyword argument per column of the rows (all but the prompt column), a list with one value
@@ -180,7 +180,8 @@ def batch_inputs(items, prompt_column):
             prompts.append(p)
             completions.append([{"role": "assistant", "content": it["completion"]}])
         else:
-            prompts.append(it["prompt"])
+            # TRL passes the dataset's prompt as it is; without a prompt column, the rendered one.
+            prompts.append(p if isinstance(p, str) else it["prompt"])
             completions.append(it["completion"])
     names = []
     for it in items:

@@ -88,6 +88,24 @@ fn typed_columns_and_conversational_completions_reach_the_functions() {
 }
 
 #[test]
+fn a_string_prompt_column_is_passed_as_the_dataset_holds_it() {
+    if !python() {
+        return;
+    }
+    let with = vec![("prompt".to_string(), "What is 2+2?".to_string())];
+    let s = [sample("4", &with, 0), sample("4", &[], 1)];
+    let v = adapter(&["prompt_length"], &[]);
+    let got: Vec<f64> = v
+        .score_batch(&s)
+        .unwrap()
+        .iter()
+        .map(|x| x.reward)
+        .collect();
+    // The column's 12 characters, not the rendered prompt's; without it, the rendered one (17).
+    assert_eq!(got, [12.0, "<rendered prompt>".len() as f64]);
+}
+
+#[test]
 fn weighted_sum_of_accuracy_format_and_a_list_column_length_penalty() {
     if !python() {
         return;

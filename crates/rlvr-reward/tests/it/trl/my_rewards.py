@@ -41,6 +41,11 @@ def shapes(prompts, completions, meta, **kwargs):
     return out
 
 
+def prompt_length(prompts, **kwargs):
+    """The prompt's length in characters (a string prompt only)."""
+    return [float(len(p)) if isinstance(p, str) else None for p in prompts]
+
+
 def explode(completions, **kwargs):
     out = []
     for c in completions:
