@@ -4,8 +4,8 @@
 //! `cols` to a line); a panel has a caption and [`Line`]s, each a series with an optional band
 //! (e.g. the lowest to the highest seed). Each row's legend sits in its own column right of every
 //! panel, so it never covers data. Steps are labelled as integers; a series is cut at its gaps (no
-//! line bridges a missing step); with `smooth` each line is drawn as a TensorBoard-style EMA over
-//! its faint raw series. Line `style` r picks the colour ([`PALETTE`]), dash and marker, so that
+//! line bridges a missing step); with `smooth` each line is drawn as a TensorBoard-style EMA by
+//! step distance ([`ema`]) over its faint raw series. Line `style` r picks the colour ([`PALETTE`]), dash and marker, so that
 //! coinciding curves stay distinguishable. Text is DejaVu Sans from rlvr-fonts (no system font).
 //!
 //! [`draw`] returns the [`Layout`] it drew (the pixel rectangles of the data areas and of the
@@ -173,13 +173,21 @@ pub fn segments(s: &[(f64, f64)]) -> Vec<&[(f64, f64)]> {
     out
 }
 
-/// TensorBoard's smoothing: y′₀ = y₀, y′ᵢ = w·y′ᵢ₋₁ + (1 − w)·yᵢ, over one segment.
+/// TensorBoard's smoothing by step distance, over one segment: y′₀ = y₀,
+/// y′ᵢ = wᵢ·y′ᵢ₋₁ + (1 − wᵢ)·yᵢ with wᵢ = w^(xᵢ − xᵢ₋₁), so a series logged every step is
+/// TensorBoard's EMA with weight w, and a sparse one (an evaluation every 10 steps) is smoothed
+/// over the same number of steps, not of points, instead of lagging 10 times as far. A step
+/// distance that is not positive and finite counts as 1.
 pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
-    let mut last = None;
+    let mut last: Option<(f64, f64)> = None;
     s.iter()
         .map(|&(x, y)| {
-            let v = last.map_or(y, |l: f64| w * l + (1.0 - w) * y);
-            last = Some(v);
+            let v = last.map_or(y, |(lx, l)| {
+                let d = x - lx;
+                let wi = w.powf(if d.is_finite() && d > 0.0 { d } else { 1.0 });
+                wi * l + (1.0 - wi) * y
+            });
+            last = Some((x, v));
             (x, v)
         })
         .collect()
@@ -535,6 +543,23 @@ pub fn svg_string(size: (u32, u32), fig: &Figure) -> anyhow::Result<(String, Lay
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ema_smooths_by_step_distance() {
+        // Every step: TensorBoard's EMA.
+        let dense = super::ema(&[(0.0, 0.0), (1.0, 1.0), (2.0, 1.0)], 0.5);
+        assert_eq!(dense, [(0.0, 0.0), (1.0, 0.5), (2.0, 0.75)]);
+        // Every 10 steps: weight 0.5^10 on the past, so the step to 1 is followed at once
+        // (within 0.1%), not lagging as a per-point EMA (0.5) would.
+        let sparse = super::ema(&[(0.0, 0.0), (10.0, 1.0)], 0.5);
+        assert!(
+            (sparse[1].1 - (1.0 - 0.5f64.powi(10))).abs() < 1e-15,
+            "{sparse:?}"
+        );
+        assert!(sparse[1].1 > 0.999);
+        // A repeated or backward step counts as one step.
+        assert_eq!(super::ema(&[(3.0, 0.0), (3.0, 1.0)], 0.5)[1].1, 0.5);
+    }
+
     use super::*;
 
     #[test]

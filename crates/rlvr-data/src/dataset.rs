@@ -17,7 +17,9 @@ pub struct Problem {
     /// Where it came from: `FILE:LINE` or `generated:<split>:<index>`.
     pub source: String,
     /// Template variables: always `question`; countdown adds `numbers` and `target`; a `jsonl` task adds
-    /// every string or number field of its row.
+    /// every string or number field of its row, and, when the row has fields that are not
+    /// strings, the hidden column `rlvr_reward::TYPED_COLUMNS` (those fields with their JSON
+    /// types, for external verifiers).
     pub vars: Vec<(String, String)>,
     /// The reference handed to the verifier (`Sample::reference`): GSM8K's full solution, MATH's
     /// answer, countdown's JSON `{"numbers", "target"}`, arithmetic's exact answer.
@@ -183,7 +185,12 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
             TaskKind::Jsonl => {
                 let (q, messages) = question(&r)?;
                 let mut vars = vec![("question".to_string(), q)];
+                // Fields that are not strings keep their JSON types for external verifiers.
+                let mut typed = serde_json::Map::new();
                 for (k, v) in &record.fields {
+                    if !matches!(v, serde_json::Value::String(_)) {
+                        typed.insert(k.clone(), v.clone());
+                    }
                     let s = match v {
                         serde_json::Value::String(s) => s.clone(),
                         serde_json::Value::Number(n) => n.to_string(),
@@ -192,6 +199,10 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                     if k != "question" {
                         vars.push((k.clone(), s));
                     }
+                }
+                if !typed.is_empty() {
+                    let text = serde_json::Value::Object(typed).to_string();
+                    vars.push((rlvr_reward::TYPED_COLUMNS.to_string(), text));
                 }
                 Problem {
                     source,

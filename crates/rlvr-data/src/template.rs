@@ -105,7 +105,9 @@ pub fn fill(template: &str, vars: &[(String, String)]) -> Result<String> {
             Piece::Var(name) => match vars.iter().find(|(k, _)| *k == name) {
                 Some((_, v)) => out.push_str(v),
                 None => {
-                    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+                    let names: Vec<&str> = rlvr_reward::visible_columns(vars)
+                        .map(|(k, _)| k.as_str())
+                        .collect();
                     return Err(DataError::Template(format!(
                         "placeholder `{{{name}}}` has no value; available: {names:?}"
                     )));

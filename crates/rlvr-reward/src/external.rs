@@ -140,18 +140,18 @@ impl Reply {
 }
 
 /// The JSON object an external program receives for one sample, in both modes: `prompt`,
-/// `completion`, `reference`, `index` (the row's index in its split, or null) and `row` (the
-/// row's columns, [`Sample::columns`], as an object of strings). Programs ignore keys they do not
-/// know, so keys may be added without a protocol version change.
+/// `completion`, `reference`, `index` (the row's index in its split, or null), `row` (the
+/// row's string and number columns, [`Sample::columns`], as an object of strings) and `columns`
+/// (every column with its JSON type, [`crate::typed_columns`]: lists, booleans, objects and
+/// numbers as such). Programs ignore keys they do not know, so keys may be added without a
+/// protocol version change.
 pub fn item_json(s: &Sample<'_>) -> serde_json::Value {
-    let row: serde_json::Map<String, serde_json::Value> = s
-        .columns
-        .iter()
+    let row: serde_json::Map<String, serde_json::Value> = crate::visible_columns(s.columns)
         .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
         .collect();
     serde_json::json!({
         "prompt": s.prompt, "completion": s.completion, "reference": s.reference,
-        "index": s.index, "row": row,
+        "index": s.index, "row": row, "columns": crate::typed_columns(s.columns),
     })
 }
 

@@ -71,8 +71,9 @@ pub struct Sample<'a> {
     /// `{"numbers": [..], "target": N}`).
     pub reference: &'a str,
     /// The dataset row's columns as (name, text) pairs: `question`, and for a `jsonl` task every
-    /// string or number field of the row (numbers as text); empty when unknown. Only external
-    /// verifiers look at them.
+    /// string or number field of the row (numbers as text), plus, when the row has fields that
+    /// are not strings, the hidden column [`TYPED_COLUMNS`] holding those fields with their JSON
+    /// types; empty when unknown. Only external verifiers, judges and environments look at them.
     pub columns: &'a [(String, String)],
     /// The row's index in its split (0-based, in file order), when known.
     pub index: Option<usize>,
@@ -89,6 +90,35 @@ impl<'a> Sample<'a> {
             index: None,
         }
     }
+}
+
+/// The name of the hidden column that carries a row's fields which are not strings (numbers,
+/// booleans, lists, objects, nulls) with their JSON types: its value is the JSON text of one object
+/// (`{"tags": ["a"], "hard": true, "points": 2}`). A template cannot name it (braces end a
+/// placeholder); [`visible_columns`] leaves it out and [`typed_columns`] reads it.
+pub const TYPED_COLUMNS: &str = "{typed}";
+
+/// The columns a template, a judge or a listing shows: all but [`TYPED_COLUMNS`].
+pub fn visible_columns(columns: &[(String, String)]) -> impl Iterator<Item = &(String, String)> {
+    columns.iter().filter(|(k, _)| k != TYPED_COLUMNS)
+}
+
+/// The row's columns with their JSON types: each visible column as a string, then the fields of
+/// [`TYPED_COLUMNS`] (when present and a JSON object) replacing or adding to them, so a number
+/// column is a number, a list a list, a boolean a boolean. Order: the columns' order.
+pub fn typed_columns(columns: &[(String, String)]) -> serde_json::Map<String, serde_json::Value> {
+    let mut out: serde_json::Map<String, serde_json::Value> = visible_columns(columns)
+        .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+        .collect();
+    let typed = columns.iter().find(|(k, _)| k == TYPED_COLUMNS);
+    if let Some(Ok(serde_json::Value::Object(m))) =
+        typed.map(|(_, v)| serde_json::from_str::<serde_json::Value>(v))
+    {
+        for (k, v) in m {
+            out.insert(k, v);
+        }
+    }
+    out
 }
 
 /// The verdict on one completion.

@@ -784,7 +784,27 @@ pub struct PlanArgs {
 /// The most ranks `rlvr plan --world-size` plans for (2^20: beyond every cluster).
 pub const MAX_PLAN_RANKS: u64 = 1 << 20;
 
-/// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line.
+/// What `rlvr plan` says first when this binary cannot run the GPU run it plans: a build
+/// without the `cuda` feature (`cuda_built` false) and a `model.device` other than `cpu`. The
+/// plan stays a GPU plan (it is often made for another machine), and the note names the flag
+/// and the CPU alternative. `None` on a CUDA build or for `device = "cpu"`.
+pub fn cpu_build_note(device: &rlvr_model::DeviceSpec, cuda_built: bool) -> Option<String> {
+    if cuda_built || *device == rlvr_model::DeviceSpec::Cpu {
+        return None;
+    }
+    let here = match device {
+        rlvr_model::DeviceSpec::Auto => "would run it on the CPU (model.device = \"auto\")",
+        _ => "would refuse it (model.device names a GPU)",
+    };
+    Some(format!(
+        "this rlvr was built without CUDA: the plan below is for a GPU run on a binary built \
+         with `--features cuda`; this binary {here}. `--set model.device=\"cpu\"` plans the \
+         CPU run."
+    ))
+}
+
+/// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line
+/// (a note first, or `"note"` in the JSON, when this build has no CUDA: [`cpu_build_note`]).
 ///
 /// # Errors
 /// Config errors, a missing model config.json, a malformed `--gpu-memory`.
@@ -796,6 +816,7 @@ pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         a.world_size
     );
     let mut raw = RawConfig::load(Some(a.config.as_path()), &a.set)?;
+    let note = cpu_build_note(&raw.model.device, cfg!(feature = "cuda"));
     // A plan is for a GPU: `auto` is cuda and bf16 whatever this machine has.
     raw.model.assume_gpu();
     let resolved = raw.resolve()?;
@@ -811,8 +832,12 @@ pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if a.json {
         let mut v = serde_json::to_value(&p)?;
         v["to_fit"] = serde_json::json!(to_fit);
+        v["note"] = serde_json::json!(note);
         writeln!(out, "{v}")?;
     } else {
+        if let Some(n) = &note {
+            writeln!(out, "note: {n}")?;
+        }
         write_table(&p, out)?;
         if p.fits == Some(false) {
             match to_fit.is_empty() {

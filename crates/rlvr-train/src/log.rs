@@ -137,12 +137,30 @@ pub(crate) fn clock(secs: f64) -> String {
     }
 }
 
-/// `name value` pairs joined by spaces, each value with `decimals` places; `None` values are left
-/// out (a quantity that is off or undefined at this step).
+/// The `decimals` of [`fields`] that ask for [`small`]'s format (a loss, which GRPO keeps near 0).
+pub(crate) const SMALL: usize = usize::MAX;
+
+/// `x` with 4 places, or in scientific notation with 3 decimals when 0 < |x| < 1e-3, so that a
+/// small nonzero value (a GRPO loss of 2e-5) does not print as `0.0000`.
+pub(crate) fn small(x: f64) -> String {
+    if x != 0.0 && x.abs() < 1e-3 {
+        format!("{x:.3e}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+/// `name value` pairs joined by spaces, each value with `decimals` places ([`SMALL`]: as
+/// [`small`]); `None` values are left out (a quantity that is off or undefined at this step).
 pub(crate) fn fields(parts: &[(&str, Option<f64>, usize)]) -> String {
     parts
         .iter()
-        .filter_map(|(name, v, d)| v.map(|x| format!("{name} {x:.d$}")))
+        .filter_map(|(name, v, d)| {
+            v.map(|x| match *d {
+                SMALL => format!("{name} {}", small(x)),
+                d => format!("{name} {x:.d$}"),
+            })
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -162,6 +180,14 @@ mod tests {
                 ("n", Some(3.0), 0)
             ]),
             "loss 0.1235 n 3"
+        );
+        assert_eq!(
+            super::fields(&[
+                ("loss", Some(-2.3456e-5), super::SMALL),
+                ("a", Some(0.0), super::SMALL),
+                ("b", Some(0.0123456), super::SMALL),
+            ]),
+            "loss -2.346e-5 a 0.0000 b 0.0123"
         );
     }
 }

@@ -9,7 +9,9 @@ use clap::Parser;
 use rlvr::{bench, convert, init, kernels, logprobs, quickstart, Cli, Command};
 
 /// `--model RUN` and `--model RUN/checkpoints/latest` of `eval`, `generate` and `logprobs`: the
-/// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`).
+/// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`); `--model
+/// ORG/NAME` that is no directory here: the Hugging Face cache's snapshot, or an error saying how
+/// to download it (`rlvr_train::config::hub`).
 fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
     use rlvr_train::store::checkpoint::resolve_model_dir;
     let model = match c {
@@ -18,7 +20,16 @@ fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
         Command::Logprobs(a) => &mut a.model,
         _ => return Ok(()),
     };
-    *model = resolve_model_dir(model)?;
+    // `--model ORG/NAME`: the local Hugging Face cache's snapshot, or advice (rlvr downloads
+    // nothing).
+    let written = model.display().to_string();
+    let cache = rlvr_train::config::hub::cache_dir();
+    let path =
+        rlvr_train::config::hub::resolve_model_path(&written, model.clone(), cache.as_deref());
+    if let Some(hint) = rlvr_train::config::hub::missing_model_hint(&path) {
+        anyhow::bail!("--model {hint}");
+    }
+    *model = resolve_model_dir(&path)?;
     Ok(())
 }
 

@@ -187,6 +187,44 @@ fn custom_field_names_and_jsonl_task_with_its_verifier() {
 }
 
 #[test]
+fn jsonl_columns_keep_their_json_types_for_external_verifiers() {
+    // A TRL-style conversational row with list, boolean, object and null columns.
+    let f = jsonl_file(&[
+        r#"{"prompt": [{"role": "user", "content": "2+2?"}], "solution": "4", "points": 2, "tags": ["a", "b"], "strict": true, "meta": {"level": 3}, "none": null}"#,
+        r#"{"prompt": "Plain?", "solution": "5"}"#,
+    ]);
+    let cfg = DataConfig {
+        task: TaskKind::Jsonl,
+        train: Some(f.path().into()),
+        question_field: Some("prompt".into()),
+        answer_field: Some("solution".into()),
+        verifier: Some(VerifierConfig::Math {}),
+        style: PromptStyle::Chat,
+        ..DataConfig::default()
+    };
+    let ds = load_split(&cfg, Split::Train).unwrap();
+    let typed = rlvr_reward::typed_columns(&ds.problems[0].vars);
+    let want = serde_json::json!({
+        "question": "2+2?", "solution": "4", "points": 2, "tags": ["a", "b"], "strict": true,
+        "meta": {"level": 3}, "none": null, "prompt": [{"role": "user", "content": "2+2?"}],
+    });
+    assert_eq!(serde_json::Value::Object(typed), want);
+    // The item an external program receives: `row` as before (strings), `columns` typed.
+    let item = rlvr_reward::external::item_json(&Sample {
+        columns: &ds.problems[0].vars,
+        ..Sample::default()
+    });
+    assert_eq!(item["row"]["points"], "2");
+    assert!(item["row"].get("tags").is_none() && item["row"].get("{typed}").is_none());
+    assert_eq!(item["columns"]["tags"], serde_json::json!(["a", "b"]));
+    // A row of strings only carries no hidden column; a template cannot name it.
+    let plain = &ds.problems[1].vars;
+    assert!(plain.iter().all(|(k, _)| k != rlvr_reward::TYPED_COLUMNS));
+    let e = rlvr_data::template::fill("{typed}", &ds.problems[0].vars).unwrap_err();
+    assert!(!e.to_string().contains("{typed}\""), "{e}");
+}
+
+#[test]
 fn countdown_from_file_and_generated() {
     let f = jsonl_file(&[
         r#"{"nums": [3, 4, 2], "target": 6}"#,

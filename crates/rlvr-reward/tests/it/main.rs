@@ -21,4 +21,5 @@ mod math_verify_set;
 mod no_panic;
 mod persistent;
 mod reward_model;
+mod trl_rewards;
 mod verifier_cases;

@@ -412,6 +412,60 @@ pub const ALIASES: &[Alias] = &[
     },
 ];
 
+/// A peer's value for one of our enum keys: (our key, the value as the peer writes it, what to
+/// write instead). TRL writes its loss types and `scale_rewards` values where rlvr has an
+/// aggregation or a std normalisation; verl writes `loss_agg_mode` values.
+pub const PEER_VALUES: &[(&str, &str, &str)] = &[
+    (
+        "algorithm.aggregation",
+        "dr_grpo",
+        "TRL's loss_type = \"dr_grpo\" is aggregation = \"constant\" (preset \"dr_grpo\" also \
+         drops the std, as Dr. GRPO does)",
+    ),
+    (
+        "algorithm.aggregation",
+        "dapo",
+        "TRL's loss_type = \"dapo\" (its default) is aggregation = \"token-mean\" (preset \
+         \"grpo_trl\" is GRPOTrainer's defaults)",
+    ),
+    (
+        "algorithm.aggregation",
+        "grpo",
+        "TRL's loss_type = \"grpo\" is aggregation = \"seq-mean-token-mean\" (preset \"grpo\")",
+    ),
+    (
+        "algorithm.aggregation",
+        "bnpo",
+        "TRL's loss_type = \"bnpo\" is aggregation = \"token-mean\", the mean per update (preset \
+         \"bnpo\")",
+    ),
+    (
+        "algorithm.aggregation",
+        "seq-mean-token-sum-norm",
+        "verl's loss_agg_mode = \"seq-mean-token-sum-norm\" (Dr. GRPO) is aggregation = \
+         \"constant\"",
+    ),
+    (
+        "algorithm.std_norm",
+        "group",
+        "TRL's scale_rewards = \"group\" is std_norm = \"sample\" (std_level = \"group\", the \
+         default)",
+    ),
+    (
+        "algorithm.std_norm",
+        "batch",
+        "TRL's scale_rewards = \"batch\" is std_norm = \"sample\" with std_level = \"batch\"",
+    ),
+];
+
+/// What to write instead of a peer's `value` for our key `key` ([`PEER_VALUES`]).
+pub fn peer_value(key: &str, value: &str) -> Option<&'static str> {
+    PEER_VALUES
+        .iter()
+        .find(|(k, v, _)| *k == key && *v == value)
+        .map(|(_, _, note)| *note)
+}
+
 /// The alias whose name matches the trailing parts of dotted `key`.
 pub fn alias_for(key: &str) -> Option<&'static Alias> {
     let parts: Vec<&str> = key.split('.').collect();

@@ -20,6 +20,7 @@
 mod checks;
 pub mod gates;
 pub mod help;
+pub mod hub;
 pub mod keys;
 pub mod paths;
 pub use checks::{
@@ -253,7 +254,9 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
             format!("config key `{path}`: {inner}")
         };
         if let Some(v) = help::quoted_after(inner, "unknown variant") {
-            if let Some(n) = help::nearest(v, help::expected_words(inner)) {
+            if let Some(note) = help::peer_value(&path, v) {
+                message.push_str(&format!("; {note}"));
+            } else if let Some(n) = help::nearest(v, help::expected_words(inner)) {
                 message.push_str(&format!("; did you mean \"{n}\"?"));
             }
         }

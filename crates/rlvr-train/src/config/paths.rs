@@ -75,7 +75,11 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
     for key in INPUT_PATHS {
         if let Some(toml::Value::String(s)) = get_mut(table, key) {
             if !s.is_empty() && Path::new(s.as_str()).is_relative() {
-                *s = join_clean(dir, Path::new(s.as_str())).display().to_string();
+                let mut p = join_clean(dir, Path::new(s.as_str()));
+                if key.starts_with("model.") {
+                    p = super::hub::resolve_model_path(s, p, super::hub::cache_dir().as_deref());
+                }
+                *s = p.display().to_string();
             }
         }
     }
@@ -116,7 +120,8 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
 /// Makes an external verifier's `command` independent of the working directory: the program
 /// (the first word) when it is a relative path with a `/` in it (`./score.py`, `tools/score`; a
 /// bare name such as `python3` is looked up on `PATH`), and each later word that is not an option
-/// and names an existing file or directory relative to `dir` (`["python3", "score.py"]`).
+/// and names an existing file or directory relative to `dir` (`["python3", "score.py"]`), or is
+/// `FILE:NAME` with FILE an existing file there (`"my_rewards.py:accuracy_reward"`: its file part).
 pub fn resolve_command(words: &mut [String], dir: &Path) {
     for (i, w) in words.iter_mut().enumerate() {
         let p = Path::new(w.as_str());
@@ -130,6 +135,12 @@ pub fn resolve_command(words: &mut [String], dir: &Path) {
         };
         if resolve {
             *w = join_clean(dir, p).display().to_string();
+        } else if let Some((file, name)) = w.rsplit_once(':') {
+            // `FILE.py:FUNCTION` (examples/trl_rewards.py's arguments): the file part.
+            let f = Path::new(file);
+            if i > 0 && !file.is_empty() && f.is_relative() && dir.join(f).is_file() {
+                *w = format!("{}:{name}", join_clean(dir, f).display());
+            }
         }
     }
 }
@@ -168,10 +179,18 @@ fn resolve_env_table(env: &mut toml::Table, dir: &Path) {
 /// directory `cwd`, and so the external verifiers' programs and scripts.
 pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
     let (m, d) = (&mut raw.model, &mut raw.data);
-    let paths = [Some(&mut m.path), m.reference.as_mut()]
+    let hub = super::hub::cache_dir();
+    for p in [Some(&mut m.path), m.reference.as_mut()]
         .into_iter()
-        .chain([d.train.as_mut(), d.test.as_mut(), d.experiences.as_mut()]);
-    for p in paths.flatten() {
+        .flatten()
+    {
+        if p.is_relative() && !p.as_os_str().is_empty() {
+            let written = p.display().to_string();
+            *p = super::hub::resolve_model_path(&written, join_clean(cwd, p), hub.as_deref());
+        }
+    }
+    let paths = [d.train.as_mut(), d.test.as_mut(), d.experiences.as_mut()];
+    for p in paths.into_iter().flatten() {
         if p.is_relative() && !p.as_os_str().is_empty() {
             *p = join_clean(cwd, p);
         }

@@ -15,6 +15,10 @@ pub use crate::update::lr::Schedule;
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     /// Policy checkpoint directory (HF layout: config.json, *.safetensors, tokenizer.json). Required.
+    /// A Hugging Face Hub id (`ORG/NAME`) that is no directory here is read from the local Hugging
+    /// Face cache (`$HF_HOME/hub`, default `~/.cache/huggingface/hub`) when it is there (a note
+    /// says so); rlvr downloads nothing, and a run refuses to start naming the
+    /// `huggingface-cli download` command otherwise.
     pub path: PathBuf,
     /// Compute dtype of the weights: `auto`, `f32` or `bf16` (or `f64`, slow, for checks). `auto` is
     /// `bf16` on a GPU (with f32 master weights and AdamW moments) and `f32` on the CPU. `f16` is

@@ -673,8 +673,7 @@ impl rlvr_env::retry::TurnVerifier for RetryVerifier {
 /// The row a program environment's `reset` gets: the dataset row's columns, then `reference`
 /// (unless a column has that name).
 pub fn program_row(reference: &str, columns: &[(String, String)]) -> Json {
-    let mut pairs: Vec<(String, Json)> = columns
-        .iter()
+    let mut pairs: Vec<(String, Json)> = rlvr_reward::visible_columns(columns)
         .map(|(k, v)| (k.clone(), Json::from(v.as_str())))
         .collect();
     if !columns.iter().any(|(k, _)| k == "reference") {

@@ -41,8 +41,10 @@ pub struct PlotArgs {
     /// run directory's name, with its parent's prepended where two runs share a name.
     #[arg(long = "label")]
     pub labels: Vec<String>,
-    /// Exponential moving average with this weight on the past, in [0, 1) (TensorBoard's
-    /// smoothing; 0.6 is its default): the smoothed line drawn over the faint raw one.
+    /// Exponential moving average with this weight on the past per step, in [0, 1) (TensorBoard's
+    /// smoothing; 0.6 is its default), by step distance: a point k steps after the last weighs
+    /// it by weight^k, so a sparse eval series does not lag. The smoothed line is drawn over the
+    /// faint raw one.
     #[arg(long)]
     pub smooth: Option<f64>,
     /// One title over the figure (none by default).

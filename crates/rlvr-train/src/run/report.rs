@@ -236,7 +236,8 @@ fn staleness_counts(exps: &[Experience], t: u64) -> (Vec<usize>, usize) {
 }
 
 /// Step `t`'s line (train.log always, stderr off a terminal every `output.log_every` steps):
-/// the values of its metrics.jsonl line rounded to 4 places (step, staleness, reward mean,
+/// the values of its metrics.jsonl line rounded to 4 places (the loss in scientific notation
+/// when 0 < |loss| < 1e-3, `crate::log::small`) (step, staleness, reward mean,
 /// accuracy, loss, KL and entropy where on, tokens/s, each reward component's mean and share),
 /// the elapsed time and the ETA. Keys that are null at this step are left out.
 pub(crate) fn step_text(t: u64, steps: u64, line: &MetricsLine, elapsed: f64, eta: f64) -> String {
@@ -246,7 +247,7 @@ pub(crate) fn step_text(t: u64, steps: u64, line: &MetricsLine, elapsed: f64, et
         ("staleness", f("staleness/mean"), 2),
         ("reward", f("reward/mean"), 4),
         ("accuracy", f("accuracy"), 4),
-        ("loss", f("loss"), 4),
+        ("loss", f("loss"), crate::log::SMALL),
         ("kl_ref", f("kl_ref"), 4),
         ("entropy", f("entropy"), 4),
         ("tokens/s", f("tokens_per_s"), 1),
@@ -308,8 +309,8 @@ pub(crate) fn show_progress(
     if let Some(b) = bar {
         b.set_position(t);
         b.set_message(format!(
-            "loss {:.4} reward {:.3}",
-            rep.loss.as_ref().map(|l| l.loss).unwrap_or(f64::NAN),
+            "loss {} reward {:.3}",
+            crate::log::small(rep.loss.as_ref().map(|l| l.loss).unwrap_or(f64::NAN)),
             line.get("reward/mean")
                 .and_then(|v| v.as_f64())
                 .unwrap_or(f64::NAN)

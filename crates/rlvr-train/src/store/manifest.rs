@@ -224,12 +224,17 @@ pub fn check_model_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
 /// way commands load a model directory, so none loads a corrupt checkpoint unchecked.
 ///
 /// # Errors
-/// A manifest mismatch (naming the file and both checksums), then load errors naming `dir`.
+/// A missing `ORG/NAME` directory ([`crate::config::hub::missing_model_hint`]: rlvr downloads
+/// nothing, and how to download it); a manifest mismatch (naming the file and both checksums),
+/// then load errors naming `dir`.
 pub fn load_policy(
     dir: &Path,
     dtype: candle_core::DType,
     device: &candle_core::Device,
 ) -> anyhow::Result<rlvr_model::checkpoint::Policy> {
+    if let Some(hint) = crate::config::hub::missing_model_hint(dir) {
+        anyhow::bail!("model {hint}");
+    }
     check_model_dir(dir, "load")?;
     rlvr_model::checkpoint::Policy::load(dir, dtype, device)
         .with_context(|| format!("loading {}", dir.display()))
@@ -245,6 +250,9 @@ pub fn load_model(
     dtype: candle_core::DType,
     device: &candle_core::Device,
 ) -> anyhow::Result<rlvr_model::Model> {
+    if let Some(hint) = crate::config::hub::missing_model_hint(dir) {
+        anyhow::bail!("model {hint}");
+    }
     check_model_dir(dir, "load")?;
     rlvr_model::Model::load(dir, dtype, device)
         .with_context(|| format!("loading {}", dir.display()))

@@ -287,10 +287,15 @@ pub fn histograms(source: Source, record: &Map<String, Value>) -> Vec<(String, H
     out
 }
 
-/// The event file of a run, appended to step by step.
+/// The event file of a run, appended to step by step. The file (and its directory) is created
+/// at the first record written, so a run that fails before its first step or evaluation leaves
+/// no event file (TensorBoard would list it as an empty run).
 pub struct EventWriter {
     path: PathBuf,
-    file: std::fs::File,
+    /// The open file, once something was written.
+    file: Option<std::fs::File>,
+    /// The file-version and config events, written first when the file is created.
+    header: Vec<u8>,
 }
 
 fn now() -> f64 {
@@ -301,8 +306,9 @@ fn now() -> f64 {
 }
 
 impl EventWriter {
-    /// Starts a new event file in `RUN_DIR/tensorboard/` (removing the run's older ones), with the
-    /// file-version event and the resolved config as text at step 0.
+    /// Starts a new event file in `RUN_DIR/tensorboard/` (removing the run's older ones now), with
+    /// the file-version event and the resolved config as text at step 0; the file is created
+    /// with the first record ([`EventWriter`]).
     ///
     /// # Errors
     /// I/O errors naming the file.
@@ -321,12 +327,8 @@ impl EventWriter {
                 }
             }
         }
-        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         let wall = now();
         let path = d.join(format!("events.out.tfevents.{}.rlvr", wall as u64));
-        let file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let mut w = EventWriter { path, file };
         let mut bytes = frame(&Event {
             wall_time: wall,
             step: 0,
@@ -358,11 +360,14 @@ impl EventWriter {
             step: 0,
             what: Some(EventWhat::Summary(Summary { value: vec![text] })),
         }));
-        w.write(&bytes)?;
-        Ok(w)
+        Ok(EventWriter {
+            path,
+            file: None,
+            header: bytes,
+        })
     }
 
-    /// The event file's path.
+    /// The event file's path (the file exists once a record was written).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -420,9 +425,22 @@ impl EventWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        self.file
-            .write_all(bytes)
-            .and_then(|_| self.file.flush())
+        let file = match &mut self.file {
+            Some(f) => f,
+            None => {
+                if let Some(d) = self.path.parent() {
+                    std::fs::create_dir_all(d)
+                        .with_context(|| format!("creating {}", d.display()))?;
+                }
+                let mut f = std::fs::File::create(&self.path)
+                    .with_context(|| format!("creating {}", self.path.display()))?;
+                f.write_all(&self.header)
+                    .with_context(|| format!("writing {}", self.path.display()))?;
+                self.file.insert(f)
+            }
+        };
+        file.write_all(bytes)
+            .and_then(|_| file.flush())
             .with_context(|| format!("writing {}", self.path.display()))
     }
 }
@@ -460,6 +478,28 @@ mod tests {
     fn masked_crc_matches_hand_computation() {
         assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
         assert_eq!(masked_crc(b"123456789"), 0xC78A_B0E5);
+    }
+
+    /// A run that fails before its first record leaves no event file (and no directory), so
+    /// TensorBoard lists no empty run; a resume's `create` still removes the older files at once.
+    #[test]
+    fn no_event_file_before_the_first_record() {
+        let d = tempfile::tempdir().unwrap();
+        let w = EventWriter::create(d.path(), "a = 1").unwrap();
+        assert!(!dir(d.path()).exists());
+        drop(w);
+        assert!(!dir(d.path()).exists());
+        let mut w = EventWriter::create(d.path(), "a = 1").unwrap();
+        // A record with no scalar writes nothing either.
+        w.line(Source::Metrics, r#"{"step":1,"x":null}"#).unwrap();
+        assert!(!w.path().exists());
+        w.line(Source::Metrics, r#"{"step":1,"loss":0.5}"#).unwrap();
+        let ev = read_events(w.path()).unwrap();
+        assert_eq!(ev.len(), 3, "file version, config, the step");
+        let old = w.path().to_path_buf();
+        drop(w);
+        let w = EventWriter::create(d.path(), "a = 2").unwrap();
+        assert!(!old.exists() && !w.path().exists());
     }
 
     #[test]

@@ -1178,6 +1178,23 @@ fn a_typo_gets_did_you_mean() {
         check_load("", &["train.schedule=\"cosin\""]).unwrap_err()
     );
     assert!(err.ends_with("; did you mean \"cosine\"?"), "{err}");
+    // A peer's value for an enum key: what to write instead.
+    let err = format!(
+        "{:#}",
+        check_load("", &["algorithm.aggregation=\"dr_grpo\""]).unwrap_err()
+    );
+    assert!(
+        err.ends_with(
+            "; TRL's loss_type = \"dr_grpo\" is aggregation = \"constant\" (preset \"dr_grpo\" \
+             also drops the std, as Dr. GRPO does)"
+        ),
+        "{err}"
+    );
+    let err = format!(
+        "{:#}",
+        check_load("", &["algorithm.std_norm=\"batch\""]).unwrap_err()
+    );
+    assert!(err.contains("std_level = \"batch\""), "{err}");
     // A misspelt peer's name: the peer's name it is near, and our key.
     let err = format!(
         "{:#}",
@@ -1292,7 +1309,7 @@ fn input_paths_are_relative_to_the_config_file() {
         &p,
         "[model]\npath = \"../models/m\"\nreference = \"/abs/ref\"\n\n\
          [data]\ntask = \"jsonl\"\ntrain = \"../data/train.jsonl\"\ntest = \"./held_out.jsonl\"\n\
-         verifier = { kind = \"external\", command = [\"python3\", \"score.py\", \"--strict\", \"gold\"] }\n\n\
+         verifier = { kind = \"external\", command = [\"python3\", \"score.py\", \"--strict\", \"gold\", \"score.py:f\", \"no.py:f\"] }\n\n\
          [[reward.components]]\nname = \"tool\"\nweight = 1.0\n\
          verifier = { kind = \"external\", command = [\"tools/score\", \"-v\"] }\n\n\
          [algorithm]\nkl_coef = 0.01\n\n\
@@ -1315,7 +1332,14 @@ fn input_paths_are_relative_to_the_config_file() {
     let script = dir.join("score.py").display().to_string();
     assert_eq!(
         command(c.raw.data.verifier.as_ref().unwrap()),
-        ["python3", script.as_str(), "--strict", "gold"]
+        [
+            "python3",
+            script.as_str(),
+            "--strict",
+            "gold",
+            &format!("{script}:f"),
+            "no.py:f"
+        ]
     );
     let tool = dir.join("tools/score").display().to_string();
     assert_eq!(
@@ -1345,7 +1369,14 @@ fn input_paths_are_relative_to_the_config_file() {
     assert_eq!(again.raw.data.test, Some(dir.join("held_out.jsonl")));
     assert_eq!(
         command(again.raw.data.verifier.as_ref().unwrap()),
-        ["python3", script.as_str(), "--strict", "gold"]
+        [
+            "python3",
+            script.as_str(),
+            "--strict",
+            "gold",
+            &format!("{script}:f"),
+            "no.py:f"
+        ]
     );
 }
 
@@ -1430,4 +1461,38 @@ fn env_keys_are_typed_checked_and_named() {
     }
     let err = format!("{:#}", check_load("", &["env.max_turnz=3"]).unwrap_err());
     assert!(err.contains("env.max_turns"), "{err}");
+}
+
+/// A `model.path` written like a Hugging Face Hub id that is neither a directory here nor in the
+/// local Hugging Face cache: loading it says that rlvr downloads nothing and how to download it
+/// (the cache look-up itself: `config::hub`'s unit tests, on a fake cache).
+#[test]
+fn a_hub_id_as_model_path_says_rlvr_downloads_nothing() {
+    use rlvr_train::store::manifest::load_policy;
+    let c = check_load("", &["model.path=\"rlvr-test-org/no-such-model-4821\""]).unwrap();
+    c.check_runnable().unwrap();
+    let cpu = candle_core::Device::Cpu;
+    let e = format!(
+        "{:#}",
+        load_policy(&c.raw.model.path, candle_core::DType::F32, &cpu)
+            .err()
+            .expect("no such model")
+    );
+    assert!(
+        e.contains("rlvr downloads nothing")
+            && e.contains(
+                "`huggingface-cli download rlvr-test-org/no-such-model-4821 --local-dir DIR`"
+            ),
+        "{e}"
+    );
+    // A missing directory in one that exists is a typo, not an id: the loader's own error.
+    let tmp = tempfile::tempdir().unwrap();
+    let typo = tmp.path().join("Qwen2.5-0.5B");
+    let e = format!(
+        "{:#}",
+        load_policy(&typo, candle_core::DType::F32, &cpu)
+            .err()
+            .expect("no such model")
+    );
+    assert!(!e.contains("downloads nothing"), "{e}");
 }

@@ -140,6 +140,24 @@ fn components_add_up_and_fits_are_consistent() {
 }
 
 #[test]
+fn a_cpu_only_build_says_so_naming_the_flag() {
+    use rlvr_model::DeviceSpec;
+    use rlvr_train::cli::cpu_build_note;
+    let auto = cpu_build_note(&DeviceSpec::Auto, false).unwrap();
+    assert!(
+        auto.contains("built without CUDA")
+            && auto.contains("--features cuda")
+            && auto.contains("would run it on the CPU")
+            && auto.contains("model.device=\"cpu\""),
+        "{auto}"
+    );
+    let cuda = cpu_build_note(&DeviceSpec::Cuda(0), false).unwrap();
+    assert!(cuda.contains("would refuse it"), "{cuda}");
+    assert_eq!(cpu_build_note(&DeviceSpec::Cpu, false), None);
+    assert_eq!(cpu_build_note(&DeviceSpec::Auto, true), None);
+}
+
+#[test]
 fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
     let cfg = repo().join("configs/gsm8k_off_policy_grpo_qwen2.5-0.5b.toml");
     let mp = format!(
@@ -160,6 +178,8 @@ fn json_is_one_object_on_the_last_line_and_the_table_names_every_component() {
     let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(v["shape"]["params"], 494_032_768u64);
     assert_eq!(v["memory"], 24u64 << 30);
+    // This test binary's build: a note when it has no CUDA, none when it has.
+    assert_eq!(v["note"].is_string(), !cfg!(feature = "cuda"), "{v}");
     assert!(v["max_micro_batch_rows"].as_u64().is_some());
     args.json = false;
     let mut out = Vec::new();
