@@ -11,7 +11,7 @@ use rlvr::{bench, convert, init, kernels, logprobs, quickstart, Cli, Command};
 /// `--model RUN` and `--model RUN/checkpoints/latest` of `eval`, `generate` and `logprobs`: the
 /// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`); `--model
 /// ORG/NAME` that is no directory here: the Hugging Face cache's snapshot, or an error saying how
-/// to download it (`rlvr_train::config::hub`).
+/// to download it (`rlvr_train::store::hub`).
 fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
     use rlvr_train::store::checkpoint::resolve_model_dir;
     let model = match c {
@@ -23,10 +23,10 @@ fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
     // `--model ORG/NAME`: the local Hugging Face cache's snapshot, or advice (rlvr downloads
     // nothing).
     let written = model.display().to_string();
-    let cache = rlvr_train::config::hub::cache_dir();
+    let cache = rlvr_train::store::hub::cache_dir();
     let path =
-        rlvr_train::config::hub::resolve_model_path(&written, model.clone(), cache.as_deref());
-    if let Some(hint) = rlvr_train::config::hub::missing_model_hint(&path) {
+        rlvr_train::store::hub::resolve_model_path(&written, model.clone(), cache.as_deref());
+    if let Some(hint) = rlvr_train::store::hub::missing_model_hint(&path) {
         anyhow::bail!("--model {hint}");
     }
     *model = resolve_model_dir(&path)?;

@@ -20,7 +20,6 @@
 mod checks;
 pub mod gates;
 pub mod help;
-pub mod hub;
 pub mod keys;
 pub mod paths;
 pub use checks::{

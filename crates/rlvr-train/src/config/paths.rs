@@ -77,7 +77,11 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
             if !s.is_empty() && Path::new(s.as_str()).is_relative() {
                 let mut p = join_clean(dir, Path::new(s.as_str()));
                 if key.starts_with("model.") {
-                    p = super::hub::resolve_model_path(s, p, super::hub::cache_dir().as_deref());
+                    p = crate::store::hub::resolve_model_path(
+                        s,
+                        p,
+                        crate::store::hub::cache_dir().as_deref(),
+                    );
                 }
                 *s = p.display().to_string();
             }
@@ -179,14 +183,15 @@ fn resolve_env_table(env: &mut toml::Table, dir: &Path) {
 /// directory `cwd`, and so the external verifiers' programs and scripts.
 pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
     let (m, d) = (&mut raw.model, &mut raw.data);
-    let hub = super::hub::cache_dir();
+    let hub = crate::store::hub::cache_dir();
     for p in [Some(&mut m.path), m.reference.as_mut()]
         .into_iter()
         .flatten()
     {
         if p.is_relative() && !p.as_os_str().is_empty() {
             let written = p.display().to_string();
-            *p = super::hub::resolve_model_path(&written, join_clean(cwd, p), hub.as_deref());
+            *p =
+                crate::store::hub::resolve_model_path(&written, join_clean(cwd, p), hub.as_deref());
         }
     }
     let paths = [d.train.as_mut(), d.test.as_mut(), d.experiences.as_mut()];

@@ -368,8 +368,8 @@ pub fn plan_ranks(
     gpu.model.assume_gpu();
     let raw = &gpu;
     let cfg_path = raw.model.path.join("config.json");
-    let mc = ModelConfig::from_file(&cfg_path).with_context(
-        || match super::hub::missing_model_hint(&raw.model.path) {
+    let mc = ModelConfig::from_file(&cfg_path).with_context(|| {
+        match crate::store::hub::missing_model_hint(&raw.model.path) {
             Some(hint) => format!("model.path {hint}"),
             None => format!(
                 "model.path {} has no readable config.json (rlvr plan reads the model's shape \
@@ -377,8 +377,8 @@ pub fn plan_ranks(
                  model.path=DIR",
                 raw.model.path.display()
             ),
-        },
-    )?;
+        }
+    })?;
     let shape = Shape::of(&mc);
     let b: u64 = match raw.model.dtype {
         ComputeDtype::Bf16 | ComputeDtype::F16 | ComputeDtype::Auto => 2,

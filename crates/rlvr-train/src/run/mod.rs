@@ -22,6 +22,7 @@
 mod guard;
 mod memory;
 pub mod report;
+mod same_config;
 mod save;
 mod setup;
 pub(crate) mod signals;
@@ -140,8 +141,9 @@ pub fn train_on(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     let dir = &cfg.raw.output.dir;
     let mut j = job.clone();
     // Rank 0 takes the directory (its lock and train.log, held for the whole run) first; the
-    // others learn whether it could.
+    // others learn whether it could. Before that, every rank checks that it runs rank 0's config.
     let res = (|| {
+        same_config::check(cfg, &mut j)?;
         let what = format!("open the run directory {}", dir.display());
         let guard = match j.rank0_tries(&what, || guard::RunGuard::open(dir, opts.resume))? {
             Some(g) => g,

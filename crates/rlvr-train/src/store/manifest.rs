@@ -224,7 +224,7 @@ pub fn check_model_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
 /// way commands load a model directory, so none loads a corrupt checkpoint unchecked.
 ///
 /// # Errors
-/// A missing `ORG/NAME` directory ([`crate::config::hub::missing_model_hint`]: rlvr downloads
+/// A missing `ORG/NAME` directory ([`crate::store::hub::missing_model_hint`]: rlvr downloads
 /// nothing, and how to download it); a manifest mismatch (naming the file and both checksums),
 /// then load errors naming `dir`.
 pub fn load_policy(
@@ -232,7 +232,7 @@ pub fn load_policy(
     dtype: candle_core::DType,
     device: &candle_core::Device,
 ) -> anyhow::Result<rlvr_model::checkpoint::Policy> {
-    if let Some(hint) = crate::config::hub::missing_model_hint(dir) {
+    if let Some(hint) = crate::store::hub::missing_model_hint(dir) {
         anyhow::bail!("model {hint}");
     }
     check_model_dir(dir, "load")?;
@@ -250,7 +250,7 @@ pub fn load_model(
     dtype: candle_core::DType,
     device: &candle_core::Device,
 ) -> anyhow::Result<rlvr_model::Model> {
-    if let Some(hint) = crate::config::hub::missing_model_hint(dir) {
+    if let Some(hint) = crate::store::hub::missing_model_hint(dir) {
         anyhow::bail!("model {hint}");
     }
     check_model_dir(dir, "load")?;

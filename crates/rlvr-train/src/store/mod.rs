@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod experience;
+pub mod hub;
 pub mod lock;
 pub mod manifest;
 pub mod metrics;

@@ -1465,7 +1465,7 @@ fn env_keys_are_typed_checked_and_named() {
 
 /// A `model.path` written like a Hugging Face Hub id that is neither a directory here nor in the
 /// local Hugging Face cache: loading it says that rlvr downloads nothing and how to download it
-/// (the cache look-up itself: `config::hub`'s unit tests, on a fake cache).
+/// (the cache look-up itself: `store::hub`'s unit tests, on a fake cache).
 #[test]
 fn a_hub_id_as_model_path_says_rlvr_downloads_nothing() {
     use rlvr_train::store::manifest::load_policy;

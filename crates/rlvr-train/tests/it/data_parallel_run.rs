@@ -11,6 +11,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
+use rlvr_dist::comm::Communicator;
 use rlvr_dist::{SharedComm, ThreadComm};
 use rlvr_train::config::RawConfig;
 use rlvr_train::job::Job;
@@ -431,4 +432,55 @@ fn zero_1_gives_the_one_process_run_and_its_checkpoints_resume_at_any_world_size
 #[test]
 fn zero_1_with_bf16_masters() {
     check(&["distributed.zero=1", "model.dtype=\"bf16\""], &[2]);
+}
+
+/// Issue 49 item 6a: ranks launched with different settings used to train silently, each on its
+/// own problem. Rank 1 here has another learning rate, then another seed: every rank stops before
+/// the run directory is made, rank 1 naming the key and both values.
+#[test]
+fn ranks_that_run_different_configs_are_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 5);
+    let rd = tmp.path().join("run");
+    let cfg = |extra: &[&str]| {
+        RawConfig::load(None, &sets(&model, &rd, extra))
+            .unwrap()
+            .resolve()
+            .unwrap()
+    };
+    let base = cfg(&[]);
+    for (extra, want) in [
+        ("train.lr=2e-2", "train.lr is 0.02 here and 0.003 on rank 0"),
+        ("train.seed=9", "train.seed is 9 here and"),
+    ] {
+        let rank1 = cfg(&[extra]);
+        let errs = ThreadComm::run(2, |c| {
+            let mine = if c.rank() == 0 { &base } else { &rank1 };
+            train_on(
+                mine,
+                &RunOptions::default(),
+                Job::over(SharedComm::new(Box::new(c))),
+            )
+            .map(|_| ())
+            .map_err(|e| format!("{e:#}"))
+        });
+        let e1 = errs[1].as_ref().unwrap_err();
+        assert!(
+            e1.contains(&format!("rank 1 does not run rank 0's config: {want}")),
+            "{e1}"
+        );
+        let e0 = errs[0].as_ref().unwrap_err();
+        assert!(e0.contains("another rank does not run this config"), "{e0}");
+        assert!(!rd.exists(), "the run directory was made");
+    }
+    // The same config on both ranks runs.
+    let ok = ThreadComm::run(2, |c| {
+        train_on(
+            &base,
+            &RunOptions::default(),
+            Job::over(SharedComm::new(Box::new(c))),
+        )
+        .is_ok()
+    });
+    assert_eq!(ok, [true, true]);
 }
