@@ -287,7 +287,8 @@ fn http_429_and_408_are_retried_after_retry_after() {
     assert_eq!(v.score_batch(one).unwrap()[0].reward, 1.0);
     let took = t0.elapsed();
     assert!(took >= Duration::from_secs(1), "{took:?}");
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    // Upper bounds with room for a loaded machine: the waits asked for are 1 s and 3600 s.
+    assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(seen.bodies.lock().unwrap().len(), 2);
     // 408 without Retry-After: retried after the usual back-off.
     let (url, seen) = server(2, |n, _| {
@@ -315,7 +316,7 @@ fn http_429_and_408_are_retried_after_retry_after() {
     assert_eq!(v.score_batch(one).unwrap()[0].reward, 1.0);
     let took = t0.elapsed();
     assert!(
-        took >= Duration::from_millis(500) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(500) && took < Duration::from_secs(10),
         "{took:?}"
     );
 }
