@@ -4,7 +4,6 @@
 //! rank 0 sends its fingerprint (the resolved config and its inputs); a rank whose own differs
 //! names the first key that does, and every rank stops.
 
-use std::io::Read;
 use std::path::Path;
 
 use anyhow::Context;
@@ -66,20 +65,10 @@ pub(crate) fn fingerprint(cfg: &ResolvedConfig) -> anyhow::Result<toml::Table> {
     Ok(t)
 }
 
-/// `N bytes, crc32c X` of the file at `path`.
+/// `N bytes, crc32c X` of the file at `path` ([`crate::store::manifest::digest`], as checkpoint
+/// manifests record their inputs).
 fn file_print(path: &Path) -> anyhow::Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let (mut crc, mut len, mut buf) = (0u32, 0u64, vec![0u8; 1 << 20]);
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        len += n as u64;
-    }
+    let (len, crc) = crate::store::manifest::digest(path)?;
     Ok(format!("{len} bytes, crc32c {crc:08x}"))
 }
 
