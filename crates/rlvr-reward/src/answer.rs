@@ -470,31 +470,17 @@ fn eq(g: &str, p: &str, depth: usize, cx: &mut Ctx) -> bool {
     }
     // Solution chains `a = b = c`: the last side is the answer (a label in front is kept), in the
     // gold as in the answer (`z = 1 + 1 = 2` states z = 2).
-    let gchain = split_top(g, "=");
-    if gchain.len() > 2 {
-        let last = gchain[gchain.len() - 1];
-        let read = if is_label(gchain[0]) {
-            format!("{}={last}", gchain[0])
-        } else {
-            last.to_string()
-        };
+    if let Some((read, n)) = chain_reading(g) {
         cx.note(
             depth,
-            format!("gold is a chain of {} sides: {read} is read", gchain.len()),
+            format!("gold is a chain of {n} sides: {read} is read"),
         );
         return eq(&read, p, depth + 1, cx);
     }
-    let chain = split_top(p, "=");
-    if chain.len() > 2 {
-        let last = chain[chain.len() - 1];
-        let read = if is_label(chain[0]) {
-            format!("{}={last}", chain[0])
-        } else {
-            last.to_string()
-        };
+    if let Some((read, n)) = chain_reading(p) {
         cx.note(
             depth,
-            format!("answer is a chain of {} sides: {read} is read", chain.len()),
+            format!("answer is a chain of {n} sides: {read} is read"),
         );
         return eq(g, &read, depth + 1, cx);
     }
@@ -653,4 +639,20 @@ pub fn describe(s: &str) -> String {
 /// How many answers a normalised answer holds: the items of a list, set or `\pm` pair, else 1.
 pub fn answer_count(s: &str) -> usize {
     list_items(s).map_or(1, |(_, items)| items.len())
+}
+
+/// What a solution chain `a = b = c` (three sides or more) states: its last side, with a label in
+/// front kept (`z = 1 + 1 = 2` reads `z=2`), and its number of sides; `None` for fewer sides.
+fn chain_reading(s: &str) -> Option<(String, usize)> {
+    let sides = split_top(s, "=");
+    if sides.len() <= 2 {
+        return None;
+    }
+    let last = sides[sides.len() - 1];
+    let read = if is_label(sides[0]) {
+        format!("{}={last}", sides[0])
+    } else {
+        last.to_string()
+    };
+    Some((read, sides.len()))
 }
