@@ -17,7 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-$PWD/.venv-vllm}
 R=${RLVR_BIN:-target/debug/rlvr}
+R=$(realpath -m "$R")
 CACHE=${CACHE:-target/gguf-cache}
+# Absolute: the parity test runs with its crate directory as working directory.
+CACHE=$(mkdir -p "$CACHE" && cd "$CACHE" && pwd)
 t0=$SECONDS
 [ -x "$VENV/bin/python" ] || { echo "ci_real_model: no venv at $VENV (scripts/vllm_server.sh install makes it)" >&2; exit 1; }
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "gguf==0.19.0" "accelerate==1.16.0"

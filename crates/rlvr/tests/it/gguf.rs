@@ -16,6 +16,8 @@ use crate::common::{ok, repo_root, rlvr};
 fn smollm2_conversion_matches_transformers_gguf_loader() {
     let gguf = std::env::var("RLVR_GGUF_SMOLLM2")
         .expect("RLVR_GGUF_SMOLLM2 names SmolLM2-135M-Instruct.Q4_1.gguf (scripts/real_model.sh downloads it)");
+    // Cargo runs a test in its crate's directory: a relative path is read from the repository root.
+    let gguf = repo_root().join(gguf);
     let fixture: serde_json::Value = serde_json::from_slice(
         &std::fs::read(repo_root().join("crates/rlvr/tests/fixtures/gguf_smollm2.json")).unwrap(),
     )
@@ -23,7 +25,9 @@ fn smollm2_conversion_matches_transformers_gguf_loader() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("smollm2");
     let out = rlvr()
-        .args(["convert", "--from-gguf", &gguf, "--out"])
+        .args(["convert", "--from-gguf"])
+        .arg(&gguf)
+        .arg("--out")
         .arg(&model)
         .output()
         .unwrap();
