@@ -13,10 +13,12 @@
 //! On Unix the command runs in its own process group, which ends with the batch: when the command
 //! exits, or is killed at the timeout, every process it started that is still in its group (a
 //! shell's children, a `sleep` in the background) is killed too, so nothing keeps running, holds
-//! the output pipe open or piles up from batch to batch. On Linux the command also dies with rlvr
-//! (`PR_SET_PDEATHSIG`: the kernel sends it `SIGKILL` when rlvr exits, even by `kill -9`), and an
-//! exit of rlvr that skips the verifiers' clean-up (a second Ctrl-C) kills their whole groups
-//! first ([`kill_all_groups`]).
+//! the output pipe open or piles up from batch to batch. On Linux the command and its group also
+//! die with rlvr, even by `kill -9`: in the `rlvr` binary it runs under a guard process
+//! ([`crate::guard`]) that the kernel signals at rlvr's death (`PR_SET_PDEATHSIG`) and that kills
+//! the whole group; without the guard (a library user that did not enable it) the command itself
+//! gets `SIGKILL` at rlvr's death. An exit of rlvr that skips the verifiers' clean-up (a second
+//! Ctrl-C) kills their whole groups first ([`kill_all_groups`]).
 //!
 //! The command gets a minimal environment: [`BASE_ENV`] (`PATH`, `HOME`, `LANG`, `TMPDIR`) and the
 //! variables its config's `env` list names, not rlvr's whole environment (which may hold API
@@ -181,7 +183,28 @@ pub fn spawn_in_group(
     env: &[String],
     cwd: Option<&std::path::Path>,
 ) -> Result<std::process::Child, String> {
-    let mut cmd = Command::new(prog);
+    #[cfg(target_os = "linux")]
+    let guard = crate::guard::exe();
+    #[cfg(not(target_os = "linux"))]
+    let guard: Option<&std::path::Path> = None;
+    let mut cmd = match guard {
+        #[cfg(target_os = "linux")]
+        Some(exe) => {
+            // The guard reports a program it cannot start only by its exit code; the usual
+            // causes (not found, not executable) keep their error here.
+            check_program(prog, cwd).map_err(|e| {
+                format!("could not start it: {e} (check the path and that it is executable)")
+            })?;
+            use std::os::unix::process::CommandExt;
+            let mut c = Command::new(exe);
+            c.arg0("rlvr-guard")
+                .arg(crate::guard::GUARD_ARG)
+                .arg(std::process::id().to_string())
+                .arg(prog);
+            c
+        }
+        _ => Command::new(prog),
+    };
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
@@ -200,8 +223,17 @@ pub fn spawn_in_group(
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
     }
+    // Without a guard the program dies with rlvr by SIGKILL; the guard gets SIGTERM instead, on
+    // which it kills its whole group (crate::guard).
     #[cfg(target_os = "linux")]
-    die_with_parent(&mut cmd);
+    die_with_parent(
+        &mut cmd,
+        if guard.is_some() {
+            rustix::process::Signal::TERM
+        } else {
+            rustix::process::Signal::KILL
+        },
+    );
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -213,11 +245,11 @@ pub fn spawn_in_group(
     Ok(child)
 }
 
-/// Makes `cmd`'s child ask for `SIGKILL` when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and
-/// exit at once if rlvr already died between the fork and that call.
+/// Makes `cmd`'s child ask for `signal` when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and
+/// exit at once if the parent already died between the fork and that call.
 #[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
-    use rustix::process::{getpid, getppid, set_parent_process_death_signal, Signal};
+pub(crate) fn die_with_parent(cmd: &mut Command, signal: rustix::process::Signal) {
+    use rustix::process::{getpid, getppid, set_parent_process_death_signal};
     use std::os::unix::process::CommandExt;
     let rlvr = getpid();
     // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe
@@ -227,13 +259,59 @@ fn die_with_parent(cmd: &mut Command) {
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
-            set_parent_process_death_signal(Some(Signal::KILL))?;
+            set_parent_process_death_signal(Some(signal))?;
             if getppid() != Some(rlvr) {
                 return Err(rustix::io::Errno::SRCH.into());
             }
             Ok(())
         });
     }
+}
+
+/// Checks that `prog` names a program that can be started, as `execvp` would look for it: a name
+/// with a `/` relative to `cwd` (or rlvr's directory), any other in the directories of `PATH`.
+///
+/// # Errors
+/// `NotFound` when no such file is found, `PermissionDenied` when the file found is not an
+/// executable regular file.
+#[cfg(target_os = "linux")]
+fn check_program(prog: &str, cwd: Option<&std::path::Path>) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if prog.is_empty() {
+        return Err(Error::from(ErrorKind::NotFound));
+    }
+    if prog.contains('/') {
+        let path = match cwd {
+            Some(dir) => dir.join(prog),
+            None => std::path::PathBuf::from(prog),
+        };
+        return match executable(&path)? {
+            true => Ok(()),
+            false => Err(Error::from(ErrorKind::PermissionDenied)),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/bin:/usr/bin".into());
+    let mut denied = false;
+    for dir in std::env::split_paths(&path) {
+        let dir = match (dir.is_relative(), cwd) {
+            (true, Some(c)) => c.join(dir),
+            _ => dir,
+        };
+        match executable(&dir.join(prog)) {
+            Ok(true) => return Ok(()),
+            Ok(false) => denied = true,
+            Err(_) => {}
+        }
+    }
+    Err(Error::from(if denied {
+        ErrorKind::PermissionDenied
+    } else {
+        ErrorKind::NotFound
+    }))
 }
 
 /// Spawns `cmd` from one thread that lives as long as the process. The kernel's "parent death"

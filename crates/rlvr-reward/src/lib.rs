@@ -46,6 +46,8 @@ pub mod extract;
 pub mod format;
 pub mod forms;
 pub mod gsm8k;
+#[cfg(target_os = "linux")]
+pub mod guard;
 mod http;
 pub mod judge;
 pub mod latex;

@@ -64,6 +64,18 @@ fn shorten_long_numbers(msg: &str) -> String {
 }
 
 fn main() {
+    // `rlvr __rlvr-guard ...`: this process is the guard of a program rlvr starts (verifiers,
+    // environments), before anything else is set up; otherwise every program started from here
+    // on is started through such a guard, so that its whole process tree dies with rlvr.
+    #[cfg(target_os = "linux")]
+    {
+        let mut args = std::env::args_os().skip(1);
+        if args.next().as_deref() == Some(std::ffi::OsStr::new(rlvr_reward::guard::GUARD_ARG)) {
+            rlvr_reward::guard::main(&args.collect::<Vec<_>>());
+        }
+        // This executable as the child sees it after the fork, even if the file was replaced.
+        rlvr_reward::guard::enable("/proc/self/exe".into());
+    }
     rlvr_model::keep_freed_memory();
     // `rlvr help --help` (clap would call `--help` an unknown subcommand): the top-level help.
     let args: Vec<String> = std::env::args().skip(1).take(3).collect();

@@ -15,6 +15,7 @@ mod docs;
 mod extreme_values;
 mod gguf;
 mod gsm8k_real_input;
+mod guard;
 mod limits;
 mod quickstart;
 mod run_dir;

@@ -1137,6 +1137,53 @@ fn a_sigkilled_rlvr_takes_its_persistent_verifier_with_it() {
     );
 }
 
+/// A verifier's own children die with a SIGKILLed rlvr too (issue 49, item 3): the kernel's
+/// parent-death signal reaches only a direct child, so rlvr starts each program through a guard
+/// process that kills the program's whole process group when rlvr dies. Here a persistent
+/// verifier leaves one child in the background (as a verifier that runs code in a subprocess
+/// does) and one in the foreground; both must be gone after `kill -9` of rlvr.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_sigkilled_rlvr_takes_its_verifiers_children_with_it() {
+    let (tmp, model, run) = tiny_run();
+    let pidfile = tmp.path().join("pids");
+    let script = format!(
+        "sleep 1001 & echo $! $$ > {0}.tmp; mv {0}.tmp {0}; sleep 1002",
+        pidfile.display()
+    );
+    let mut s = sets(&model, &run, 2);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", mode = \"persistent\", timeout_s = 600, command = [\"sh\", \"-c\", \"{script}\"] }}"
+    ));
+    let mut child = spawn(train_cmd(&s));
+    wait_for("the verifier's pids", 120, || pidfile.exists());
+    let pids: Vec<String> = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in &pids {
+        assert!(alive(pid), "{pid} is not running");
+    }
+    child.kill().unwrap(); // SIGKILL: no code of rlvr runs after it
+    child.wait().unwrap();
+    let t0 = Instant::now();
+    while pids.iter().any(|p| alive(p)) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<&String> = pids.iter().filter(|p| alive(p)).collect();
+    for pid in &left {
+        let _ = Command::new("kill").args(["-9", pid.as_str()]).status();
+    }
+    assert!(
+        left.is_empty(),
+        "{left:?} (of the verifier's child {} and the verifier {}) outlived the SIGKILLed rlvr by 5 s",
+        pids[0],
+        pids[1]
+    );
+}
+
 /// The parent-death signal follows the *thread* that forked: a persistent verifier first started
 /// by the explorer thread (o = 1, a resumed run: no step-0 evaluation on the main thread) must
 /// outlive that thread, which ends after the last batch, for the final evaluation.
