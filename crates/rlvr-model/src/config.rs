@@ -93,14 +93,44 @@ fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
     v.get(key).filter(|x| !x.is_null())
 }
 
+/// The largest value rlvr accepts for each size of config.json, far above every released model
+/// (the largest use hidden 16384-25600, 128 layers, MLP 53248-73728, 256k vocabularies, 10M
+/// positions) and small enough that every count rlvr derives from them (parameters, bytes,
+/// activations) stays far inside `u64`, so a corrupt or hostile config.json is refused by name
+/// instead of overflowing `rlvr plan` or a tensor allocation.
+pub const MAX_SIZES: [(&str, usize); 8] = [
+    ("hidden_size", 1 << 17),
+    ("intermediate_size", 1 << 19),
+    ("num_hidden_layers", 1 << 12),
+    ("num_attention_heads", 1 << 12),
+    ("num_key_value_heads", 1 << 12),
+    ("head_dim", 1 << 13),
+    ("vocab_size", 1 << 23),
+    ("max_position_embeddings", 1 << 26),
+];
+
+/// A size field of config.json: an integer from 1 to its [`MAX_SIZES`] bound.
 fn req_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
-    get(v, key)
+    let x = get(v, key)
         .and_then(Value::as_u64)
-        .map(|x| x as usize)
         .ok_or_else(|| ModelError::Config {
             file: file.to_path_buf(),
             msg: format!("field `{key}` is missing or not a non-negative integer"),
-        })
+        })?;
+    let max = MAX_SIZES
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(usize::MAX, |&(_, m)| m);
+    if x == 0 || x > max as u64 {
+        return Err(ModelError::Config {
+            file: file.to_path_buf(),
+            msg: format!(
+                "field `{key}` = {x} is outside 1..={max} (no released model comes near that \
+                 bound; is the file corrupt?)"
+            ),
+        });
+    }
+    Ok(x as usize)
 }
 
 /// Why `rope_theta` must be positive, for its error message.
@@ -321,9 +351,10 @@ impl ModelConfig {
             },
             rope_theta,
             rope_scaling,
-            max_position_embeddings: get(v, "max_position_embeddings")
-                .and_then(Value::as_u64)
-                .unwrap_or(32768) as usize,
+            max_position_embeddings: match get(v, "max_position_embeddings") {
+                Some(_) => req_usize(v, "max_position_embeddings", file)?,
+                None => 32768,
+            },
             tie_word_embeddings,
             qkv_bias,
             o_bias,

@@ -93,6 +93,38 @@ fn rope_scaling_numbers_zero_negative_or_not_numbers_are_refused_naming_file_and
     );
 }
 
+/// Every size field of config.json is an integer from 1 to its bound in `MAX_SIZES`: 0 and past
+/// the bound are refused naming the file, the field and the bound (absurd sizes made `rlvr plan`
+/// overflow and a load try to allocate them); the bound itself and the released shapes load.
+#[test]
+fn sizes_zero_or_absurd_in_config_json_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(rlvr_model::config::MAX_SIZES.len(), 8);
+    for &(key, max) in &rlvr_model::config::MAX_SIZES {
+        for bad in [0u64, max as u64 + 1, u64::MAX] {
+            let mut v = llama_config(serde_json::Value::Null);
+            v[key] = bad.into();
+            let (e, path) = refused(dir.path(), &v);
+            assert!(
+                e.contains(&path)
+                    && e.contains(&format!("field `{key}` = {bad} is outside 1..={max}")),
+                "{key} = {bad}: {e}"
+            );
+        }
+    }
+    // At the bound: accepted (the head counts kept consistent with the other fields).
+    let mut v = llama_config(serde_json::Value::Null);
+    v["vocab_size"] = (1u64 << 23).into();
+    v["max_position_embeddings"] = (1u64 << 26).into();
+    v["num_hidden_layers"] = (1u64 << 12).into();
+    std::fs::write(dir.path().join("config.json"), v.to_string()).unwrap();
+    let c = ModelConfig::from_file(&dir.path().join("config.json")).unwrap();
+    assert_eq!(
+        (c.vocab_size, c.max_position_embeddings, c.num_hidden_layers),
+        (1 << 23, 1 << 26, 1 << 12)
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn a_fifo_as_a_weights_file_is_refused_not_waited_on() {

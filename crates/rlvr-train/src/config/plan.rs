@@ -43,6 +43,11 @@ use super::RawConfig;
 pub const CPU_OVERHEAD: u64 = 300 << 20;
 /// Constant overhead on a GPU (bytes): the CUDA context and allocator slack.
 pub const GPU_OVERHEAD: u64 = 1 << 30;
+/// The largest figure a plan computes, in bytes (2⁵⁶, 64 PiB): a plan past it is refused, so that
+/// sums of a dozen such figures stay inside `u64`.
+pub const MAX_PLAN_BYTES: u64 = 1 << 56;
+/// The most data-parallel ranks a plan is made for (`--world-size`).
+pub const MAX_WORLD: u64 = 1 << 20;
 /// Prompt tokens assumed when the config sets no `data.max_prompt_len`.
 pub const DEFAULT_PROMPT_TOKENS: usize = 256;
 
@@ -364,6 +369,10 @@ pub fn plan_ranks(
 ) -> anyhow::Result<Plan> {
     anyhow::ensure!(world >= 1, "--world-size must be at least 1");
     anyhow::ensure!(zero <= 1, "--zero {zero}: expected 0 or 1");
+    anyhow::ensure!(
+        world <= MAX_WORLD,
+        "--world-size {world}: at most {MAX_WORLD} ranks can be planned"
+    );
     let mut gpu = raw.clone();
     gpu.model.assume_gpu();
     let raw = &gpu;
@@ -451,6 +460,56 @@ pub fn plan_ranks(
     let outside = shape.hidden * (b + 4 * b.max(4));
     let per_position = layer * (shape.layers + 1) + outside;
     let per_position_checkpointed = shape.hidden * b * shape.layers + 2 * layer + outside;
+    // Every figure below is a u64 count of bytes. Each size is bounded (config.json's by
+    // rlvr_model::config::MAX_SIZES, the run's by its keys' ranges), but their products need not
+    // be: the largest products are estimated in f64 first and a plan past MAX_PLAN_BYTES is
+    // refused by name, so that nothing below wraps or overflows.
+    let (tf, ppf) = (
+        t as f64,
+        per_position as f64 + per_position_checkpointed as f64,
+    );
+    let rows_bound = raw
+        .train
+        .micro_batch_tokens
+        .map_or(raw.train.micro_batch_size as f64, |tok| tok as f64)
+        .max(1.0);
+    let kv_per_row_f = tf * (shape.layers * 2 * shape.kv_heads * shape.head_dim * b) as f64;
+    let products = [
+        ("the activations of one row", tf * ppf),
+        (
+            "the activations of one micro-batch",
+            rows_bound
+                * (tf * ppf
+                    + (prompt * 2 * shape.kv_heads * shape.head_dim * b) as f64
+                        * (shape.layers + 1) as f64),
+        ),
+        (
+            "the sampler's KV cache",
+            (raw.rollout.max_batch_rows as f64).max(1.0) * kv_per_row_f,
+        ),
+        (
+            "the log-prob head's logits",
+            rows_bound * completion as f64 * shape.vocab as f64 * 8.0,
+        ),
+        (
+            "the weights and optimizer state",
+            shape.params as f64 * 32.0,
+        ),
+    ];
+    for (what, bytes) in products {
+        anyhow::ensure!(
+            bytes <= MAX_PLAN_BYTES as f64,
+            "{what} would take {bytes:.3e} bytes (more than {} PiB): this config.json's shape \
+             ({} layers, hidden {}, vocabulary {}) with rows of {t} tokens cannot be planned; \
+             check config.json and the run's sizes",
+            MAX_PLAN_BYTES >> 50,
+            shape.layers,
+            shape.hidden,
+            shape.vocab
+        );
+    }
+    // The largest rows `largest` may try below without a product passing the bound.
+    let rows_cap = ((MAX_PLAN_BYTES as f64) / (tf * ppf + kv_per_row_f).max(1.0)) as u64;
     let activations_per_row = t * per_position;
     let activations_per_row_checkpointed = t * per_position_checkpointed;
     // A micro-batch holds whole groups (parts of K rows at most share one prompt): with the prompt
@@ -527,10 +586,10 @@ pub fn plan_ranks(
     if let Some(m) = memory {
         fits = Some(train_peak.max(rollout_peak) <= m);
         let free = m.saturating_sub(train_fixed);
-        let r = largest(|r| kept_with(r, false) <= free);
+        let r = largest(|r| r <= rows_cap && kept_with(r, false) <= free);
         max_rows = Some(r);
         max_tokens = Some(positions(r));
-        max_rows_ck = Some(largest(|r| kept_with(r, true) <= free));
+        max_rows_ck = Some(largest(|r| r <= rows_cap && kept_with(r, true) <= free));
         let roll_fixed = resident
             + overhead
             + if threaded {

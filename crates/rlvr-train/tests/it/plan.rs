@@ -388,3 +388,69 @@ fn a_model_path_without_config_json_says_to_set_it_and_where_shapes_are() {
     );
     assert!(e.starts_with(&want), "{e}");
 }
+
+/// Absurd sizes are refused by name, never overflow (issue 49, item 12): config.json at every
+/// size bound with the longest rows the run's keys allow would need ~10²³ bytes per row, which
+/// `rlvr plan` once computed in wrapping u64 arithmetic (a panic in debug builds); the largest
+/// micro-batch search with a memory to fit stops below the overflow; a real shape with 16M-token
+/// rows is refused the same way, and at the bound of what fits it still plans.
+#[test]
+fn absurd_sizes_are_refused_naming_the_figure_never_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"model_type":"qwen2","hidden_size":131072,"num_attention_heads":4096,
+            "num_key_value_heads":4096,"head_dim":8192,"intermediate_size":524288,
+            "num_hidden_layers":4096,"vocab_size":8388608,"max_position_embeddings":67108864}"#,
+    )
+    .unwrap();
+    let path = format!("model.path=\"{}\"", dir.path().display());
+    let huge = raw(&[
+        &path,
+        "rollout.max_new_tokens=16777216",
+        "data.max_prompt_len=16777216",
+        "train.micro_batch_size=65536",
+    ]);
+    for memory in [None, Some(80u64 << 30)] {
+        let e = plan(&huge, true, memory).unwrap_err().to_string();
+        assert!(
+            e.contains("the activations of one row would take")
+                && e.contains("(4096 layers, hidden 131072, vocabulary 8388608)"),
+            "{e}"
+        );
+    }
+    // The same shape with short rows: the weights alone pass the bound (4e15 parameters).
+    let e = plan(
+        &raw(&[&path, "rollout.max_new_tokens=1", "data.max_prompt_len=1"]),
+        false,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("the weights and optimizer state would take"),
+        "{e}"
+    );
+    // A released shape: 16M-token rows are refused, a million-token row still plans, and the
+    // largest micro-batch search with a memory to fit stays in range.
+    let qwen = format!(
+        "model.path=\"{}\"",
+        repo().join("configs/shapes/qwen2.5-1.5b").display()
+    );
+    let e = plan(
+        &raw(&[&qwen, "rollout.max_new_tokens=16777216"]),
+        false,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("the activations of one row"), "{e}");
+    let p = plan(
+        &raw(&[&qwen, "rollout.max_new_tokens=1000000"]),
+        false,
+        Some(1 << 50),
+    )
+    .unwrap();
+    assert!(p.activations_per_row > 1 << 40, "{}", p.activations_per_row);
+    assert!(p.max_micro_batch_rows.unwrap() < 1 << 24);
+}
