@@ -83,6 +83,86 @@ pub(crate) fn read_model_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(io)
 }
 
+/// How many times longer (in bytes) a tokenizer's normalizer may make a text. Released
+/// tokenizers stay within 3 (SentencePiece's `▁` for a space; Unicode NFKC's longest expansion,
+/// 18 characters for one, is not met by text as a whole); a `Replace` that turns one byte into a
+/// kilobyte, or a `Sequence` of doubling replacements, made rlvr try to allocate terabytes.
+pub const MAX_NORMALIZER_GROWTH: usize = 64;
+
+/// The text a normalizer is tried on at load: ASCII words and punctuation, digits, spaces and
+/// newlines, accented Latin, Greek, CJK, an emoji and a compatibility ligature.
+const NORMALIZER_PROBE: &str = "The quick brown fox, 12 + 35 = 47.\n  Caf\u{e9} na\u{ef}ve \
+     \u{3b1}\u{3b2}\u{3b3} \u{6f22}\u{5b57} \u{1f600} \u{fb01}ne\ttab";
+
+/// Checks a tokenizer.json `normalizer` (`at` names it in errors) for the settings that grow text
+/// without bound: a `Replace` of an empty string, a replacement or a `Prepend` over 1 KiB, or a
+/// chain whose growth factors (a `Replace`'s replacement over its pattern's length, a
+/// `Prepend`'s length plus one) multiply past [`MAX_NORMALIZER_GROWTH`]. The normalizers without
+/// such settings count 1.
+///
+/// # Errors
+/// The first offending setting, by its path in the JSON.
+fn check_normalizer_growth(n: Option<&Value>, at: &str) -> std::result::Result<(), String> {
+    fn growth(n: &Value, at: &str) -> std::result::Result<f64, String> {
+        let ty = n.get("type").and_then(Value::as_str).unwrap_or("");
+        let long = |what: &str, len: usize| {
+            format!(
+                "{at} ({ty}): its {what} is {len} bytes, more than the 1024 rlvr accepts \
+                 (released tokenizers use a few)"
+            )
+        };
+        match ty {
+            "Sequence" => {
+                let mut f = 1.0;
+                let list = n.get("normalizers").and_then(Value::as_array);
+                for (i, c) in list.into_iter().flatten().enumerate() {
+                    f *= growth(c, &format!("{at}.normalizers[{i}]"))?;
+                }
+                Ok(f)
+            }
+            "Replace" => {
+                let content = n.get("content").and_then(Value::as_str).unwrap_or("");
+                if content.len() > 1024 {
+                    return Err(long("replacement", content.len()));
+                }
+                let pattern = n.get("pattern");
+                match pattern
+                    .and_then(|p| p.get("String"))
+                    .and_then(Value::as_str)
+                {
+                    Some("") => Err(format!(
+                        "{at} (Replace): an empty pattern would insert its replacement between \
+                         every two characters"
+                    )),
+                    Some(p) => Ok((content.len() as f64 / p.len() as f64).max(1.0)),
+                    // A regex matches at least one byte or nothing (the probe at load sees an
+                    // empty match's growth).
+                    None => Ok((content.len() as f64).max(1.0)),
+                }
+            }
+            "Prepend" => {
+                let p = n.get("prepend").and_then(Value::as_str).unwrap_or("");
+                if p.len() > 1024 {
+                    return Err(long("prefix", p.len()));
+                }
+                Ok(1.0 + p.len() as f64)
+            }
+            _ => Ok(1.0),
+        }
+    }
+    let Some(n) = n.filter(|n| !n.is_null()) else {
+        return Ok(());
+    };
+    let f = growth(n, at)?;
+    if f > MAX_NORMALIZER_GROWTH as f64 {
+        return Err(format!(
+            "{at}: its steps can make a text up to {f:.0} times as long (their replacements over \
+             their patterns, multiplied), more than the {MAX_NORMALIZER_GROWTH} rlvr accepts"
+        ));
+    }
+    Ok(())
+}
+
 fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
@@ -172,11 +252,31 @@ impl TokenizerBundle {
     /// Reads a `tokenizer.json` file alone.
     pub fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
         let text = read_model_text(path)?;
-        text.parse::<tokenizers::Tokenizer>()
-            .map_err(|e| ModelError::Tokenizer {
-                file: path.to_path_buf(),
-                msg: e.to_string(),
-            })
+        let terr = |msg: String| ModelError::Tokenizer {
+            file: path.to_path_buf(),
+            msg,
+        };
+        let tokenizer = text
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| terr(e.to_string()))?;
+        // The parse above succeeded, so this one does too; it reads the normalizer's settings.
+        let json: Value = serde_json::from_str(&text).map_err(|e| terr(e.to_string()))?;
+        check_normalizer_growth(json.get("normalizer"), "normalizer").map_err(terr)?;
+        if let Some(n) = tokenizer.get_normalizer() {
+            use tokenizers::Normalizer;
+            let mut probe = tokenizers::NormalizedString::from(NORMALIZER_PROBE);
+            n.normalize(&mut probe).map_err(|e| terr(e.to_string()))?;
+            let grown = probe.get().len();
+            if grown > MAX_NORMALIZER_GROWTH * NORMALIZER_PROBE.len() {
+                return Err(terr(format!(
+                    "its normalizer turns a {}-byte probe text into {grown} bytes, more than \
+                     {MAX_NORMALIZER_GROWTH} times as long: a text of a few MB would need GBs \
+                     (released tokenizers grow text by 3 times at most)",
+                    NORMALIZER_PROBE.len()
+                )));
+            }
+        }
+        Ok(tokenizer)
     }
 
     /// Encodes `text`; `add_special_tokens` applies the post-processor (e.g. Llama's BOS).

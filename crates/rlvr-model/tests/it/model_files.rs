@@ -208,3 +208,71 @@ fn a_fifo_as_a_tokenizer_file_is_refused_not_waited_on() {
         );
     }
 }
+
+/// Qwen2.5's tokenizer.json (vendored) with its normalizer replaced by `normalizer`, loaded: the
+/// error, or `None` when it loads.
+fn with_normalizer(normalizer: serde_json::Value) -> Option<String> {
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tokenizers/qwen2.5/tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    tok["normalizer"] = normalizer;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, tok.to_string()).unwrap();
+    rlvr_model::TokenizerBundle::read_tokenizer(&path)
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// A tokenizer normalizer that grows text without bound is refused at load naming its setting
+/// (issue 49, item 12: a `Replace` blow-up made rlvr try to allocate 16 TB on its first
+/// prompt), by its settings and by a probe text; released normalizers load.
+#[test]
+fn a_normalizer_that_grows_text_without_bound_is_refused_at_load() {
+    use serde_json::json;
+    let replace = |pattern: serde_json::Value, content: &str| json!({"type": "Replace", "pattern": pattern, "content": content});
+    // Released ones: Qwen2.5's NFC, SentencePiece-style (Llama 2, Gemma), none.
+    for ok in [
+        json!({"type": "NFC"}),
+        json!({"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u{2581}"},
+            replace(json!({"String": " "}), "\u{2581}"),
+        ]}),
+        serde_json::Value::Null,
+    ] {
+        assert_eq!(with_normalizer(ok.clone()), None, "{ok}");
+    }
+    let kib = "x".repeat(2000);
+    let doubling: Vec<_> = (0..10)
+        .map(|_| replace(json!({"String": "a"}), "aa"))
+        .collect();
+    let empty_regex = |n: usize| replace(json!({"Regex": ""}), &"y".repeat(n));
+    for (bad, says) in [
+        (
+            replace(json!({"String": "a"}), &kib),
+            "normalizer (Replace): its replacement is 2000 bytes",
+        ),
+        (
+            json!({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Prepend", "prepend": kib}]}),
+            "normalizer.normalizers[1] (Prepend): its prefix is 2000 bytes",
+        ),
+        (
+            replace(json!({"String": ""}), "z"),
+            "normalizer (Replace): an empty pattern",
+        ),
+        (
+            json!({"type": "Sequence", "normalizers": doubling}),
+            "normalizer: its steps can make a text up to 1024 times as long",
+        ),
+        // Within the settings' bound (8 × 8), but an empty regex match inserts its replacement
+        // between every two characters: the probe sees 81 times the text.
+        (
+            json!({"type": "Sequence", "normalizers": [empty_regex(8), empty_regex(8)]}),
+            "its normalizer turns a",
+        ),
+    ] {
+        let e = with_normalizer(bad.clone()).unwrap_or_else(|| panic!("{bad} loaded"));
+        assert!(e.contains(says) && e.contains("tokenizer.json"), "{e}");
+    }
+}
