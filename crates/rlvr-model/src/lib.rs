@@ -29,6 +29,8 @@ pub mod ops;
 pub mod optim;
 pub mod recompute;
 pub mod shared_prefix;
+#[cfg(unix)]
+pub mod template_sandbox;
 pub mod tokenizer;
 pub mod weights;
 

@@ -352,7 +352,12 @@ pub const TEMPLATE_FUEL: u64 = 1_000_000;
 /// `.startswith()`, ...) through minijinja's pycompat layer. One rendering executes at most
 /// [`TEMPLATE_FUEL`] instructions.
 ///
-/// Errors: the template does not parse, raises while rendering, or runs out of fuel.
+/// In the `rlvr` binary the rendering runs in a worker process whose memory, stack and output
+/// are bounded ([`crate::template_sandbox`]), so that a hostile template fails its prompt instead
+/// of aborting rlvr; the text is the same either way.
+///
+/// Errors: the template does not parse, raises while rendering, runs out of fuel, or (in the
+/// worker) passes its memory, stack or output bound.
 pub fn render_chat_template(
     template: &str,
     messages: &[Message],
@@ -360,16 +365,57 @@ pub fn render_chat_template(
     bos_token: Option<&str>,
     eos_token: Option<&str>,
 ) -> Result<String> {
-    let terr = |e: minijinja::Error| ModelError::Template {
+    #[cfg(unix)]
+    let rendered = if crate::template_sandbox::enabled() {
+        crate::template_sandbox::render(
+            template,
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )
+    } else {
+        render_in_process(
+            template,
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )
+    };
+    #[cfg(not(unix))]
+    let rendered = {
+        render_in_process(
+            template,
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )
+    };
+    rendered.map_err(|msg| ModelError::Template {
         source_name: "chat_template".into(),
-        msg: if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        msg,
+    })
+}
+
+/// [`render_chat_template`] in this process (what the worker runs); errors as message text.
+pub(crate) fn render_in_process(
+    template: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: Option<&str>,
+    eos_token: Option<&str>,
+) -> std::result::Result<String, String> {
+    let terr = |e: minijinja::Error| {
+        if e.kind() == minijinja::ErrorKind::OutOfFuel {
             format!(
                 "rendering one prompt ran past {TEMPLATE_FUEL} template instructions and was \
                  stopped (a loop that does not end, or loops nested too deep?): {e:#}"
             )
         } else {
             format!("{e:#}")
-        },
+        }
     };
     let mut env = minijinja::Environment::new();
     env.set_fuel(Some(TEMPLATE_FUEL));

@@ -67,14 +67,23 @@ fn main() {
     // `rlvr __rlvr-guard ...`: this process is the guard of a program rlvr starts (verifiers,
     // environments), before anything else is set up; otherwise every program started from here
     // on is started through such a guard, so that its whole process tree dies with rlvr.
+    // `rlvr __rlvr-render ...`: the worker that renders chat templates with bounded memory.
     #[cfg(target_os = "linux")]
     {
         let mut args = std::env::args_os().skip(1);
-        if args.next().as_deref() == Some(std::ffi::OsStr::new(rlvr_reward::guard::GUARD_ARG)) {
-            rlvr_reward::guard::main(&args.collect::<Vec<_>>());
+        let first = args.next();
+        let rest = || args.collect::<Vec<_>>();
+        match first.as_ref().and_then(|a| a.to_str()) {
+            Some(rlvr_reward::guard::GUARD_ARG) => rlvr_reward::guard::main(&rest()),
+            // The chat-template worker (rlvr_model::template_sandbox).
+            Some(rlvr_model::template_sandbox::RENDER_ARG) => {
+                rlvr_model::template_sandbox::main(&rest())
+            }
+            _ => {}
         }
         // This executable as the child sees it after the fork, even if the file was replaced.
         rlvr_reward::guard::enable("/proc/self/exe".into());
+        rlvr_model::template_sandbox::enable("/proc/self/exe".into());
     }
     rlvr_model::keep_freed_memory();
     // `rlvr help --help` (clap would call `--help` an unknown subcommand): the top-level help.

@@ -4,7 +4,8 @@
 //! 1. Layers: a workspace crate depends only on workspace crates of a strictly lower layer.
 //! 2. Light crates (the font, verifiers, data, environments, the lab) never depend on candle: `rlvr reward` and the data
 //!    loaders build and test without the tensor stack.
-//! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt); every
+//! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt, the template worker's
+//!    setrlimit/prctl); every
 //!    other crate root says `#![forbid(unsafe_code)]`, except rlvr-lab's two audited process-control
 //!    calls, rlvr-reward's one (`pre_exec` setting `PR_SET_PDEATHSIG` for an external verifier) and
 //!    rlvr-dist's `unsafe impl Send` for the MPI communicator, each under

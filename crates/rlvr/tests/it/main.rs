@@ -19,4 +19,5 @@ mod guard;
 mod limits;
 mod quickstart;
 mod run_dir;
+mod templates;
 mod watch;

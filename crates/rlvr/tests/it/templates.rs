@@ -1,0 +1,119 @@
+//! Hostile chat templates through the real `rlvr` binary (issue 49, item 9): a template that
+//! doubles a string or a list, grows one with `indent` or `replace`, or nests a value 100,000 deep
+//! asked rlvr's own process for terabytes or overflowed its stack (an abort, rc 134). The binary
+//! renders templates in a worker process with bounded memory, stack and output
+//! (`rlvr_model::template_sandbox`): each is now an error naming the bounds, rc 1, and a released
+//! template on the same model still renders.
+#![cfg(unix)]
+
+use crate::common::{ok, rlvr, tiny_model};
+
+#[test]
+fn hostile_chat_templates_are_errors_never_aborts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let cfg_path = model.join("tokenizer_config.json");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let logprobs = || {
+        rlvr()
+            .args([
+                "logprobs",
+                "--chat",
+                "--prompt",
+                "1+2=",
+                "--completion",
+                "3",
+            ])
+            .arg("--model")
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let loop_ = |init: &str, step: &str, n: u32, show: &str| {
+        format!(
+            "{{% set ns = namespace(v={init}) %}}{{% for i in range({n}) %}}{{% set ns.v = {step} %}}\
+             {{% endfor %}}{{{{ {show} }}}}"
+        )
+    };
+    let cases = [
+        (
+            "string doubling",
+            loop_("'xxxxxxxx'", "ns.v ~ ns.v", 45, "ns.v|length"),
+        ),
+        (
+            "list doubling",
+            loop_("[1, 2, 3, 4]", "ns.v + ns.v", 45, "ns.v|length"),
+        ),
+        (
+            "indent",
+            loop_(
+                "'a\\nb'",
+                "(ns.v ~ '\\n' ~ ns.v)|indent(100000)",
+                30,
+                "ns.v|length",
+            ),
+        ),
+        (
+            "replace",
+            loop_(
+                "'aaaa'",
+                "ns.v|replace('a', 'aaaaaaaaaaaaaaaa')",
+                30,
+                "ns.v|length",
+            ),
+        ),
+        ("deep tojson", loop_("[]", "[ns.v]", 100_000, "ns.v|tojson")),
+    ];
+    for (name, template) in cases {
+        let mut cfg = base.clone();
+        cfg["chat_template"] = template.into();
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let out = logprobs();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {:?} {err}", out.status);
+        assert!(
+            err.contains("rendering the chat template failed") && err.contains("2 GiB of memory"),
+            "{name}: {err}"
+        );
+    }
+    // The model's own (ChatML) template still renders, through a fresh worker.
+    std::fs::write(&cfg_path, base.to_string()).unwrap();
+    ok(&logprobs(), "logprobs with the model's own template");
+}
+
+/// The worker renders the 32 released chat templates of rlvr-model's fixture (transformers'
+/// `apply_chat_template` output recorded for each) byte for byte, as the in-process renderer
+/// does: the worker protocol driven directly, one JSON line per rendering.
+#[test]
+fn the_template_worker_renders_released_templates_as_transformers_does() {
+    use std::io::{BufRead, BufReader, Write};
+    let fixture =
+        crate::common::repo_root().join("crates/rlvr-model/tests/fixtures/chat_templates.json");
+    let cases: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    assert_eq!(cases.len(), 32);
+    let mut worker = rlvr()
+        .arg("__rlvr-render")
+        .arg(std::process::id().to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = worker.stdin.take().unwrap();
+    let mut stdout = BufReader::new(worker.stdout.take().unwrap());
+    for c in &cases {
+        let request = serde_json::json!({
+            "template": c["template"], "messages": c["messages"],
+            "add_generation_prompt": c["add_generation_prompt"],
+            "bos_token": c["bos_token"], "eos_token": c["eos_token"],
+        });
+        writeln!(stdin, "{request}").unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(answer["text"], c["expected"], "{}: {answer}", c["name"]);
+    }
+    drop(stdin); // the worker exits at the end of its input
+    assert!(worker.wait().unwrap().success());
+}
