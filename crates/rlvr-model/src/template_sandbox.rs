@@ -129,28 +129,51 @@ pub(crate) fn render(
     let mut line = serde_json::to_string(&request).map_err(|e| e.to_string())?;
     line.push('\n');
     let mut slot = WORKER.lock().unwrap_or_else(|e| e.into_inner());
-    if slot.is_none() {
-        *slot = Some(Worker::start(exe).map_err(|e| {
-            format!(
-                "could not start the chat-template worker {}: {e}",
-                exe.display()
-            )
-        })?);
-    }
-    let worker = slot.as_mut().expect("just set");
-    let answer = exchange(worker, &line);
-    match answer {
-        Ok(Answer::Text(t)) => Ok(t),
-        Ok(Answer::Error(e)) => Err(e),
-        Err(why) => {
-            // The worker is gone or out of step: the next rendering starts a fresh one.
+    // A worker that ended between renderings (its parent-death signal follows the thread that
+    // started it, which may have ended) is replaced; so is one that could not take the request.
+    for attempt in 0..2 {
+        if slot
+            .as_mut()
+            .is_some_and(|w| !matches!(w.child.try_wait(), Ok(None)))
+        {
             *slot = None;
-            Err(why)
+        }
+        if slot.is_none() {
+            *slot = Some(Worker::start(exe).map_err(|e| {
+                format!(
+                    "could not start the chat-template worker {}: {e}",
+                    exe.display()
+                )
+            })?);
+        }
+        let worker = slot.as_mut().expect("just set");
+        match exchange(worker, &line) {
+            Ok(Answer::Text(t)) => return Ok(t),
+            Ok(Answer::Error(e)) => return Err(e),
+            Err(Fault::NotSent) if attempt == 0 => *slot = None,
+            Err(Fault::NotSent) => {
+                *slot = None;
+                return Err("the chat-template worker does not take requests".into());
+            }
+            Err(Fault::Died(why)) => {
+                // It died rendering this prompt: the next rendering starts a fresh one.
+                *slot = None;
+                return Err(why);
+            }
         }
     }
+    unreachable!("the second attempt returns")
 }
 
-fn exchange(worker: &mut Worker, line: &str) -> Result<Answer, String> {
+/// Why a request got no answer.
+enum Fault {
+    /// The request could not be written: the worker was gone before it read it.
+    NotSent,
+    /// The worker took the request and died, or answered past the size bound (the message).
+    Died(String),
+}
+
+fn exchange(worker: &mut Worker, line: &str) -> Result<Answer, Fault> {
     let died = |what: &str| {
         format!(
             "rendering the chat template {what}: the template needed more than the {} GiB of \
@@ -162,7 +185,7 @@ fn exchange(worker: &mut Worker, line: &str) -> Result<Answer, String> {
         )
     };
     if worker.stdin.write_all(line.as_bytes()).is_err() || worker.stdin.flush().is_err() {
-        return Err(died("failed"));
+        return Err(Fault::NotSent);
     }
     let mut reply = Vec::new();
     // The answer line is at most the text's JSON (escapes at most 6 bytes per byte) plus a little.
@@ -171,11 +194,14 @@ fn exchange(worker: &mut Worker, line: &str) -> Result<Answer, String> {
         .take(limit)
         .read_until(b'\n', &mut reply)
     {
-        Ok(0) | Err(_) => return Err(died("failed")),
-        Ok(_) if !reply.ends_with(b"\n") => return Err(died("gave too long an answer")),
+        Ok(0) | Err(_) => return Err(Fault::Died(died("failed"))),
+        Ok(_) if !reply.ends_with(b"\n") => {
+            return Err(Fault::Died(died("gave too long an answer")))
+        }
         Ok(_) => {}
     }
-    serde_json::from_slice(&reply).map_err(|e| format!("the chat-template worker's answer: {e}"))
+    serde_json::from_slice(&reply)
+        .map_err(|e| Fault::Died(format!("the chat-template worker's answer: {e}")))
 }
 
 /// The worker's main (`rlvr __rlvr-render RLVR_PID`): limits its own memory, then answers

@@ -117,3 +117,28 @@ fn the_template_worker_renders_released_templates_as_transformers_does() {
     drop(stdin); // the worker exits at the end of its input
     assert!(worker.wait().unwrap().success());
 }
+
+/// The worker's parent-death signal follows the thread that started it: a worker first started
+/// by a thread that has since ended (an explorer thread after its last batch) is dead by the next
+/// rendering, which must start a fresh one and succeed, not report the template as hostile.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_worker_whose_starting_thread_ended_is_replaced() {
+    use rlvr_model::tokenizer::{render_chat_template, Message, CHATML_TEMPLATE};
+    rlvr_model::template_sandbox::enable(env!("CARGO_BIN_EXE_rlvr").into());
+    let messages = vec![Message::new("user", "1+2=")];
+    let m = messages.clone();
+    let first =
+        std::thread::spawn(move || render_chat_template(CHATML_TEMPLATE, &m, true, None, None))
+            .join()
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        first,
+        "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // The kernel's SIGKILL reaches the worker once its thread is gone.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let again = render_chat_template(CHATML_TEMPLATE, &messages, true, None, None).unwrap();
+    assert_eq!(again, first);
+}
