@@ -11,14 +11,17 @@ use rlvr::{bench, convert, init, kernels, logprobs, quickstart, Cli, Command};
 /// `--model RUN` and `--model RUN/checkpoints/latest` of `eval`, `generate` and `logprobs`: the
 /// checkpoint `latest` names (`rlvr_train::store::checkpoint::resolve_model_dir`); `--model
 /// ORG/NAME` that is no directory here: the Hugging Face cache's snapshot, or an error saying how
-/// to download it (`rlvr_train::store::hub`).
-fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
-    use rlvr_train::store::checkpoint::resolve_model_dir;
+/// to download it (`rlvr_train::store::hub`). A checkpoint of a run is held by a shared lock for
+/// as long as the returned guard lives, so that the run's checkpoint rotation leaves it in place.
+fn resolve_model(
+    c: &mut Command,
+) -> anyhow::Result<Option<rlvr_train::store::checkpoint::CheckpointReadLock>> {
+    use rlvr_train::store::checkpoint::resolve_and_hold;
     let model = match c {
         Command::Eval(a) => &mut a.model,
         Command::Generate(a) => &mut a.model,
         Command::Logprobs(a) => &mut a.model,
-        _ => return Ok(()),
+        _ => return Ok(None),
     };
     // `--model ORG/NAME`: the local Hugging Face cache's snapshot, or advice (rlvr downloads
     // nothing).
@@ -29,8 +32,9 @@ fn resolve_model(c: &mut Command) -> anyhow::Result<()> {
     if let Some(hint) = rlvr_train::store::hub::missing_model_hint(&path) {
         anyhow::bail!("--model {hint}");
     }
-    *model = resolve_model_dir(&path)?;
-    Ok(())
+    let (dir, hold) = resolve_and_hold(&path)?;
+    *model = dir;
+    Ok(hold)
 }
 
 /// Runs of more digits than this in an error message are shortened ([`shorten_long_numbers`]).
@@ -95,7 +99,12 @@ fn main() {
     let mut cli = Cli::parse();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let res = resolve_model(&mut cli.command).and_then(|()| match &cli.command {
+    // `_hold`: the checkpoint being read stays until this command ends.
+    let (_hold, res) = match resolve_model(&mut cli.command) {
+        Ok(hold) => (hold, Ok(())),
+        Err(e) => (None, Err(e)),
+    };
+    let res = res.and_then(|()| match &cli.command {
         Command::Init(a) => init::run(a, &mut out),
         Command::Convert(a) => convert::run(a, &mut out),
         Command::Logprobs(a) => logprobs::run(a, &mut out),

@@ -597,10 +597,87 @@ pub fn rotate(run_dir: &Path, keep_last: usize, best: Option<u64>) -> anyhow::Re
     let n = steps.len();
     for (i, s) in steps.iter().enumerate() {
         if i + keep_last < n && Some(*s) != best {
-            std::fs::remove_dir_all(root.join(format!("step-{s}")))?;
+            remove_unless_read(&root.join(format!("step-{s}")))?;
         }
     }
     Ok(())
+}
+
+/// Removes checkpoint `dir` under an exclusive `flock` on it, unless a reader holds its shared
+/// lock ([`resolve_and_hold`]: `rlvr eval --model RUN` reading it): then it stays, and a later
+/// rotation removes it. A directory already gone is fine.
+///
+/// # Errors
+/// I/O errors other than a missing directory or a busy lock.
+fn remove_unless_read(dir: &Path) -> anyhow::Result<()> {
+    use fs4::{FileExt, TryLockError};
+    let f = match std::fs::File::open(dir) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", dir.display())),
+    };
+    // Through the trait: std's inherent File::try_lock has the same name.
+    match FileExt::try_lock(&f) {
+        Ok(()) => std::fs::remove_dir_all(dir)
+            .with_context(|| format!("removing the old checkpoint {}", dir.display())),
+        Err(TryLockError::WouldBlock) => Ok(()),
+        Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", dir.display())),
+    }
+}
+
+/// A shared `flock` on a checkpoint directory, held while a command reads it; dropping it
+/// releases it. While it is held, [`rotate`] leaves that checkpoint in place.
+#[derive(Debug)]
+pub struct CheckpointReadLock {
+    // Keeping the descriptor open keeps the lock.
+    _dir: std::fs::File,
+}
+
+/// [`resolve_model_dir`], holding a shared lock on the checkpoint when the path names one in a
+/// run's `checkpoints/` folder, so that the trainer's rotation cannot delete it while it is read
+/// (`rlvr eval --model RUN` during a run reported files missing or corrupt that were only being
+/// rotated away). When `latest` moved on and the checkpoint it named was removed before the lock
+/// was taken, `latest` is read again (up to 5 times). Any other model directory is returned
+/// without a lock.
+///
+/// # Errors
+/// As [`resolve_model_dir`] (after the retries); the lock cannot be taken.
+pub fn resolve_and_hold(path: &Path) -> anyhow::Result<(PathBuf, Option<CheckpointReadLock>)> {
+    use fs4::FileExt;
+    let mut last = None;
+    for _ in 0..5 {
+        let dir = match resolve_model_dir(path) {
+            Ok(d) => d,
+            Err(e) => {
+                // `latest` named a checkpoint rotated away between two reads: read it again.
+                last = Some(e);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+        };
+        let in_run = dir
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == "checkpoints");
+        if !in_run {
+            return Ok((dir, None));
+        }
+        let Ok(f) = std::fs::File::open(&dir) else {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        };
+        // Waits while a rotation holds the exclusive lock to delete it.
+        FileExt::lock_shared(&f).with_context(|| format!("locking {}", dir.display()))?;
+        if dir.join("config.json").is_file() {
+            return Ok((dir, Some(CheckpointReadLock { _dir: f })));
+        }
+        last = Some(anyhow::anyhow!(
+            "{} was removed while it was being opened",
+            dir.display()
+        ));
+    }
+    Err(last
+        .unwrap_or_else(|| anyhow::anyhow!("{}: no checkpoint could be opened", path.display())))
 }
 
 /// Points `checkpoints/best` at `step-N`.
