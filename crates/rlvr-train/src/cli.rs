@@ -385,7 +385,7 @@ fn policy_prompt_ids(evaluator: &Evaluator, policy: &Policy) -> anyhow::Result<V
 pub use crate::plot::{run_plot, PlotArgs};
 
 /// `rlvr sft`.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize)]
 pub struct SftArgs {
     /// Model directory to start from.
     #[arg(long)]
@@ -509,17 +509,60 @@ pub fn run_sft(a: &SftArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let (job, _) = Job::launch(&a.device, raw.distributed.backend.into(), || {
         raw.distributed.timeout()
     })?;
-    let res = sft_ranked(a, out, &raw, job.clone());
+    let res = run_sft_on(a, out, &raw, job.clone());
     job.leave_on_error(res)
 }
 
-/// [`run_sft`] once its job is launched.
-fn sft_ranked(
+/// What every rank of a data-parallel `rlvr sft` must share with rank 0: its flags (as `--name`
+/// keys; `--device`, rewritten per rank, and `--no-progress` left out), the config `raw` (after
+/// `--set`), and its inputs (the `--data` file's size and CRC-32C, the model directory's files).
+///
+/// # Errors
+/// An input that cannot be read (named); a value that has no TOML form.
+fn sft_fingerprint(a: &SftArgs, raw: &RawConfig) -> anyhow::Result<toml::Table> {
+    use crate::run::same_config::{file_print, model_print};
+    let mut flags = a.clone();
+    flags.device = String::new();
+    flags.no_progress = false;
+    let mut t = toml::Table::new();
+    if let toml::Value::Table(f) = toml::Value::try_from(&flags).context("the sft flags")? {
+        for (k, v) in f {
+            t.insert(format!("--{}", k.replace('_', "-")), v);
+        }
+    }
+    t.insert(
+        "config".into(),
+        toml::Value::try_from(raw).context("the sft config")?,
+    );
+    let mut inputs = toml::Table::new();
+    if let Some(d) = a.data.as_deref().filter(|p| p.is_file()) {
+        inputs.insert("--data".into(), file_print(d)?.into());
+    }
+    model_print(&a.model, &mut inputs)?;
+    t.insert("inputs".into(), toml::Value::Table(inputs));
+    Ok(t)
+}
+
+/// [`run_sft`] as one rank of `job` (launched by [`run_sft`]; a test's [`Job::over`] of a
+/// thread communicator): every rank first checks that it runs rank 0's flags, config and inputs.
+///
+/// # Errors
+/// As [`run_sft`]; a rank whose flags, config or inputs differ from rank 0's (the first key that
+/// differs named, with both values).
+pub fn run_sft_on(
     a: &SftArgs,
     out: &mut dyn Write,
     raw: &RawConfig,
     mut job: Job,
 ) -> anyhow::Result<()> {
+    // Issue 49 item 6a: ranks launched with other flags would train another problem silently.
+    if job.is_parallel() {
+        crate::run::same_config::check_fingerprint(
+            sft_fingerprint(a, raw)?,
+            &mut job,
+            "sft flags, config and inputs",
+        )?;
+    }
     if a.batch_size == 0 || a.micro_batch_size == 0 {
         bail!("--batch-size and --micro-batch-size must be at least 1");
     }

@@ -22,7 +22,7 @@
 mod guard;
 mod memory;
 pub mod report;
-mod same_config;
+pub(crate) mod same_config;
 mod save;
 mod setup;
 pub(crate) mod signals;

@@ -43,7 +43,17 @@ pub(crate) fn fingerprint(cfg: &ResolvedConfig) -> anyhow::Result<toml::Table> {
             inputs.insert(name.into(), file_print(p)?.into());
         }
     }
-    let model = &cfg.raw.model.path;
+    model_print(&cfg.raw.model.path, &mut inputs)?;
+    t.insert("inputs".into(), toml::Value::Table(inputs));
+    Ok(t)
+}
+
+/// Adds the model directory `model`'s files to `inputs`: config.json's size and CRC-32C, every
+/// other file's size (`model/NAME`). Nothing when it is not a directory.
+///
+/// # Errors
+/// A file that cannot be read (named).
+pub(crate) fn model_print(model: &Path, inputs: &mut toml::Table) -> anyhow::Result<()> {
     if model.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(model)
             .with_context(|| format!("reading {}", model.display()))?
@@ -61,13 +71,12 @@ pub(crate) fn fingerprint(cfg: &ResolvedConfig) -> anyhow::Result<toml::Table> {
             inputs.insert(format!("model/{name}"), print.into());
         }
     }
-    t.insert("inputs".into(), toml::Value::Table(inputs));
-    Ok(t)
+    Ok(())
 }
 
 /// `N bytes, crc32c X` of the file at `path` ([`crate::store::manifest::digest`], as checkpoint
 /// manifests record their inputs).
-fn file_print(path: &Path) -> anyhow::Result<String> {
+pub(crate) fn file_print(path: &Path) -> anyhow::Result<String> {
     let (len, crc) = crate::store::manifest::digest(path)?;
     Ok(format!("{len} bytes, crc32c {crc:08x}"))
 }
@@ -113,7 +122,22 @@ pub(crate) fn check(cfg: &ResolvedConfig, job: &mut Job) -> anyhow::Result<()> {
     if !job.is_parallel() {
         return Ok(());
     }
-    let mine = fingerprint(cfg)?;
+    check_fingerprint(fingerprint(cfg)?, job, "config")
+}
+
+/// Checks that every rank of `job` has the fingerprint `mine` that rank 0 has (`what` names it in
+/// the messages: "config", "sft flags and inputs"). One process: nothing to check.
+///
+/// # Errors
+/// As [`check`].
+pub(crate) fn check_fingerprint(
+    mine: toml::Table,
+    job: &mut Job,
+    what: &str,
+) -> anyhow::Result<()> {
+    if !job.is_parallel() {
+        return Ok(());
+    }
     let text = toml::to_string(&mine).context("writing the config's fingerprint")?;
     let theirs = job.rank0_says(text.into_bytes())?;
     let rank0: toml::Table = String::from_utf8(theirs)
@@ -127,17 +151,17 @@ pub(crate) fn check(cfg: &ResolvedConfig, job: &mut Job) -> anyhow::Result<()> {
     let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".into());
     match diff {
         Some((key, at0, here)) => anyhow::bail!(
-            "rank {} does not run rank 0's config: {key} is {} here and {} on rank 0 (every rank \
-             of a data-parallel run must be launched with the same config, --set values and \
-             inputs)",
+            "rank {} does not run rank 0's {what}: {key} is {} here and {} on rank 0 (every rank \
+             of a data-parallel run must be launched with the same config, flags, --set values \
+             and inputs)",
             job.rank(),
             show(&here),
             show(&at0)
         ),
         None => anyhow::bail!(
-            "another rank does not run this config (its error names the key that differs): every \
-             rank of a data-parallel run must be launched with the same config, --set values and \
-             inputs"
+            "another rank does not run this {what} (its error names the key that differs): \
+             every rank of a data-parallel run must be launched with the same config, flags, \
+             --set values and inputs"
         ),
     }
 }

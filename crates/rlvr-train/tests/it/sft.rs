@@ -217,3 +217,85 @@ fn sft_from_task_with_eval_and_early_stop() {
     assert_eq!(lines[1]["eval/n"], 4);
     assert!(out.join("eval.jsonl").exists() && out.join("model.safetensors").exists());
 }
+
+/// Issue 49 item 6a for `rlvr sft`: ranks launched with other flags (here `--lr`, then another
+/// `--data` file; a file of the same name with other contents differs in `inputs.--data`, its
+/// size and CRC-32C) would train another problem silently; every rank stops before `--out` is
+/// made, rank 1 naming the flag and both values. The same flags on both ranks run.
+#[test]
+fn sft_ranks_with_different_flags_or_data_are_refused_naming_them() {
+    use rlvr_dist::comm::Communicator;
+    use rlvr_dist::{SharedComm, ThreadComm};
+    use rlvr_train::job::Job;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 6);
+    let write = |name: &str, n: u32| {
+        let p = tmp.path().join(name);
+        let lines: Vec<String> = (0..n)
+            .map(|a| {
+                serde_json::json!({"prompt": format!("{a}+1="), "completion": format!("{}", a + 1)})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        p
+    };
+    let (data, other) = (write("pairs.jsonl", 8), write("other.jsonl", 7));
+    let out = tmp.path().join("sft");
+    let flags = |data: &std::path::Path, lr: &str| {
+        args(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--lr",
+            lr,
+            "--no-progress",
+        ])
+    };
+    let raw = rlvr_train::config::RawConfig::default();
+    let base = flags(&data, "1e-3");
+    for (rank1, want) in [
+        (
+            flags(&data, "2e-3"),
+            "--lr is 0.002 here and 0.001 on rank 0",
+        ),
+        (flags(&other, "1e-3"), "--data is \""),
+    ] {
+        let errs = ThreadComm::run(2, |c| {
+            let a = if c.rank() == 0 { &base } else { &rank1 };
+            let mut sink = Vec::new();
+            rlvr_train::cli::run_sft_on(a, &mut sink, &raw, Job::over(SharedComm::new(Box::new(c))))
+                .map_err(|e| format!("{e:#}"))
+        });
+        let e1 = errs[1].as_ref().unwrap_err();
+        assert!(
+            e1.contains("rank 1 does not run rank 0's sft flags, config and inputs: ")
+                && e1.contains(want),
+            "{e1}"
+        );
+        let e0 = errs[0].as_ref().unwrap_err();
+        assert!(
+            e0.contains("another rank does not run this sft flags"),
+            "{e0}"
+        );
+        assert!(!out.exists(), "--out was made");
+    }
+    let ok = ThreadComm::run(2, |c| {
+        let mut sink = Vec::new();
+        rlvr_train::cli::run_sft_on(
+            &base,
+            &mut sink,
+            &raw,
+            Job::over(SharedComm::new(Box::new(c))),
+        )
+        .map_err(|e| format!("{e:#}"))
+    });
+    assert!(ok.iter().all(Result::is_ok), "{ok:?}");
+}
