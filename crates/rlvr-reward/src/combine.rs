@@ -443,6 +443,31 @@ impl RewardFunction {
             .collect()
     }
 
+    /// Sends `sample` alone through each component that `pick` accepts (by its index in config
+    /// order), discarding the scores: a start-up probe of external programs before the model
+    /// loads, so that a program that does not start, crashes or answers out of protocol is
+    /// found at once. A persistent program stays up for the run.
+    ///
+    /// # Errors
+    /// The first failing component's error, prefixed with its name and index.
+    pub fn probe(
+        &self,
+        sample: &Sample<'_>,
+        pick: impl Fn(usize) -> bool,
+    ) -> Result<(), RewardError> {
+        for (k, (name, _, verifier)) in self.components.iter().enumerate() {
+            if !pick(k) {
+                continue;
+            }
+            verifier
+                .score_batch(std::slice::from_ref(sample))
+                .map_err(|e| {
+                    RewardError::Config(format!("reward component `{name}` (#{k}): {e}"))
+                })?;
+        }
+        Ok(())
+    }
+
     /// Scores a batch (each component sees the whole batch: one process per batch for external ones).
     ///
     /// # Errors

@@ -21,6 +21,7 @@
 
 mod guard;
 mod memory;
+mod preflight;
 pub mod report;
 mod same_config;
 mod save;
