@@ -6,7 +6,7 @@
 //!
 //! What it reads: the tokenizer files and config.json of the policy's directory (the model's
 //! `max_position_embeddings` and `vocab_size`; no weights), every data file of the run. What it
-//! starts: each external reward program (`kind = "external"` components), sent one probe item,
+//! starts: each external reward program (`kind = "external"` and `"python"`), sent one probe item,
 //! and the environment of `env.command`, sent `hello` (DESIGN.md section 14; never `reset`, which
 //! would change a stateful environment). Each error names what it names when found later (file,
 //! line, field, key). The parts it builds are handed to the set-up, which would otherwise build
@@ -163,7 +163,7 @@ pub(super) fn room(cfg: &ResolvedConfig) -> (usize, &'static str) {
 }
 
 /// Sends the first train prompt, with an empty completion, through each external reward program
-/// (`kind = "external"`), one item alone.
+/// (`kind = "external"` and `"python"`), one item alone.
 ///
 /// # Errors
 /// The program's failure, naming the component and its config key and the probe item's source.
@@ -174,7 +174,7 @@ fn probe_external(
 ) -> anyhow::Result<()> {
     let external: Vec<bool> = verifiers(cfg)?
         .iter()
-        .map(|v| matches!(v, VerifierConfig::External { .. }))
+        .map(|v| v.command().is_some())
         .collect();
     if !external.contains(&true) || train.texts.is_empty() {
         return Ok(());

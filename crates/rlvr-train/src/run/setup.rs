@@ -394,7 +394,6 @@ fn say_external_commands(cfg: &ResolvedConfig) {
 /// The external verifier commands of a config with their keys (`data.verifier`,
 /// `reward.components[i].verifier`), in that order.
 fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>)> {
-    use rlvr_reward::combine::VerifierConfig;
     let data = raw
         .data
         .verifier
@@ -407,10 +406,7 @@ fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>
         .enumerate()
         .map(|(i, c)| (format!("reward.components[{i}].verifier"), &c.verifier));
     data.chain(components)
-        .filter_map(|(key, v)| match v {
-            VerifierConfig::External { command, .. } => Some((key, command.clone())),
-            _ => None,
-        })
+        .filter_map(|(key, v)| v.command().map(|c| (key, c)))
         .collect()
 }
 

@@ -184,3 +184,46 @@ fn the_environment_gets_hello_and_no_reset_before_the_weights_load() {
     assert_eq!(lines[0]["type"], "hello");
     assert_eq!(lines[0]["options"]["level"], 2);
 }
+
+/// `kind = "python"` in a config file: `function`'s file is relative to the file's directory, and
+/// a function that raises on the probe item is reported before the weights load, naming it.
+#[test]
+fn a_python_reward_function_is_resolved_beside_the_config_and_probed() {
+    let f = fixture();
+    std::fs::write(
+        f.dir.join("my_rewards.py"),
+        "def broken(completions, **kwargs):\n    raise ValueError('no answer here')\n",
+    )
+    .unwrap();
+    let toml = f.dir.join("run.toml");
+    std::fs::write(
+        &toml,
+        "[[reward.components]]\nname = \"mine\"\nverifier = { kind = \"python\", function = \"my_rewards.py:broken\" }\n",
+    )
+    .unwrap();
+    let sets = vec![
+        format!("model.path=\"{}\"", f.model.display()),
+        format!("output.dir=\"{}\"", f.dir.join("run").display()),
+        "data.task=\"arithmetic\"".to_string(),
+        format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+        "data.template=\"{question}=\"".into(),
+        "rollout.max_new_tokens=4".into(),
+    ];
+    let cfg = RawConfig::load(Some(&toml), &sets).unwrap();
+    let v = &cfg.reward.components[0].verifier;
+    let command = v.command().unwrap();
+    assert_eq!(
+        command[2],
+        format!("{}:broken", f.dir.join("my_rewards.py").display())
+    );
+    let cfg = cfg.resolve().unwrap();
+    let e = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(
+        e.contains("start-up probe")
+            && e.contains("`mine`")
+            && e.contains("broken")
+            && e.contains("no answer here"),
+        "{e}"
+    );
+    assert!(!weights_missing(&e), "{e}");
+}
