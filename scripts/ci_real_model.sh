@@ -42,6 +42,14 @@ grep -q "smollm2_conversion_matches_transformers_gguf_loader ... ok" "$W/parity.
   || { cat "$W/parity.log"; echo "ci_real_model: the parity test did not run" >&2; exit 1; }
 grep "gguf parity" "$W/parity.log"
 echo "ci_real_model: rlvr's parity test took $((SECONDS - t)) s"
+# Checkpoints keep the base's generate() defaults and config fields as transformers reads them
+# (issue 48, item 6; the ignored test export:: with this venv's Python).
+t=$SECONDS
+RLVR_HF_PYTHON="$VENV/bin/python" cargo test --workspace --locked --test it -- --ignored --nocapture export:: > "$W/export.log" 2>&1 \
+  || { cat "$W/export.log"; exit 1; }
+grep -q "transformers_sees_the_base_generation_defaults ... ok" "$W/export.log" \
+  || { cat "$W/export.log"; echo "ci_real_model: the export test did not run" >&2; exit 1; }
+echo "ci_real_model: transformers' view of the checkpoints' generation defaults took $((SECONDS - t)) s"
 t=$SECONDS
 bash scripts/real_model.sh --data-only --out "$W"
 "$R" train --no-progress --config configs/real_model.toml \

@@ -88,7 +88,112 @@ fn json_bytes(v: &Value) -> Vec<u8> {
     b
 }
 
-/// Writes tokenizer.json, tokenizer_config.json and generation_config.json of `tok` into `dir`.
+/// The generation parameters transformers takes from a model's config.json when the model
+/// directory has no generation_config.json (`GenerationConfig.from_model_config` keeps every
+/// non-null config field that is a `GenerationConfig` attribute; the attribute names of
+/// transformers 5.19's `generation/configuration_utils.py`, those a config.json can carry).
+pub const IMPLIED_GENERATION_FIELDS: [&str; 51] = [
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "early_stopping",
+    "max_time",
+    "stop_strings",
+    "do_sample",
+    "num_beams",
+    "num_beam_groups",
+    "penalty_alpha",
+    "dola_layers",
+    "use_cache",
+    "cache_implementation",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "diversity_penalty",
+    "repetition_penalty",
+    "encoder_repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "bad_words_ids",
+    "force_words_ids",
+    "renormalize_logits",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "sequence_bias",
+    "token_healing",
+    "guidance_scale",
+    "low_memory",
+    "watermarking_config",
+    "num_return_sequences",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "encoder_no_repeat_ngram_size",
+    "decoder_start_token_id",
+];
+
+/// The generation_config.json of a model directory that came without one: what transformers
+/// derives from `dir`'s config.json (written before) for such a model — `"_from_model_config":
+/// true` and the [`IMPLIED_GENERATION_FIELDS`] config.json holds — so `generate()` defaults stay
+/// those of the base. No sampling default and no `transformers_version` is invented. With no
+/// config.json in `dir`: `tok`'s EOS, pad and BOS ids.
+fn implied_generation_config(dir: &Path, tok: &TokenizerBundle) -> Result<Value> {
+    let mut gc = serde_json::Map::new();
+    let config = dir.join("config.json");
+    if config.is_file() {
+        let c = ModelConfig::read_json(&config)?;
+        gc.insert("_from_model_config".into(), true.into());
+        for k in IMPLIED_GENERATION_FIELDS {
+            if let Some(v) = c.get(k).filter(|v| !v.is_null()) {
+                gc.insert(k.into(), v.clone());
+            }
+        }
+        return Ok(Value::Object(gc));
+    }
+    match tok.eos_ids.as_slice() {
+        [] => {}
+        [one] => {
+            gc.insert("eos_token_id".into(), (*one).into());
+        }
+        many => {
+            gc.insert("eos_token_id".into(), json!(many));
+        }
+    }
+    gc.insert("pad_token_id".into(), tok.pad_id.into());
+    if let Some(b) = tok
+        .bos_token
+        .as_deref()
+        .and_then(|t| tok.tokenizer.token_to_id(t))
+    {
+        gc.insert("bos_token_id".into(), b.into());
+    }
+    Ok(Value::Object(gc))
+}
+
+/// Writes tokenizer.json, tokenizer_config.json and generation_config.json of `tok` into `dir`
+/// (after config.json, which the generation config is derived from when `tok` carries none).
+///
+/// generation_config.json is the base model's byte for byte when it had one
+/// ([`TokenizerBundle::generation_config`]), else what transformers derives from `dir`'s
+/// config.json ([`IMPLIED_GENERATION_FIELDS`]): a plain `generate()` on the result decodes as on
+/// the base model.
+///
+/// # Errors
+/// I/O errors and a config.json in `dir` that does not parse, naming the file.
 pub fn write_tokenizer_files(dir: &Path, tok: &TokenizerBundle) -> Result<()> {
     // Copy the source file byte for byte when there is one (re-serialising changes its layout).
     let bytes = match std::fs::read(&tok.path) {
@@ -135,30 +240,11 @@ pub fn write_tokenizer_files(dir: &Path, tok: &TokenizerBundle) -> Result<()> {
         &dir.join("tokenizer_config.json"),
         &json_bytes(&Value::Object(tc)),
     )?;
-    let mut gc = serde_json::Map::new();
-    match tok.eos_ids.as_slice() {
-        [] => {}
-        [one] => {
-            gc.insert("eos_token_id".into(), (*one).into());
-        }
-        many => {
-            gc.insert("eos_token_id".into(), json!(many));
-        }
-    }
-    gc.insert("pad_token_id".into(), tok.pad_id.into());
-    if let Some(b) = tok
-        .bos_token
-        .as_deref()
-        .and_then(|t| tok.tokenizer.token_to_id(t))
-    {
-        gc.insert("bos_token_id".into(), b.into());
-    }
-    gc.insert("do_sample".into(), true.into());
-    gc.insert("transformers_version".into(), "4.46.0".into());
-    atomic_write(
-        &dir.join("generation_config.json"),
-        &json_bytes(&Value::Object(gc)),
-    )?;
+    let gc = match &tok.generation_config {
+        Some(text) => text.clone().into_bytes(),
+        None => json_bytes(&implied_generation_config(dir, tok)?),
+    };
+    atomic_write(&dir.join("generation_config.json"), &gc)?;
     Ok(())
 }
 
@@ -225,6 +311,7 @@ pub fn tokenizer_for_init(tokenizer_json: &Path) -> Result<TokenizerBundle> {
             eos_ids,
             pad_id,
             path: tokenizer_json.to_path_buf(),
+            generation_config: None,
         }
     };
     if bundle.chat_template.is_none() {

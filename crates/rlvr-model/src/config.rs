@@ -197,16 +197,20 @@ impl ModelConfig {
     /// `original_max_position_embeddings`) is not a finite number > 0 (or llama3's high frequency
     /// factor is not above its low one); each error names the file and the field.
     pub fn from_file(path: &Path) -> Result<Self> {
-        crate::error::check_regular_file(path)?;
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
-            path: path.to_path_buf(),
-            err: e,
-        })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        Self::from_json(&Self::read_json(path)?, path)
+    }
+
+    /// Reads config.json at `path` as JSON, unnormalised (a regular file of at most
+    /// [`crate::tokenizer::MAX_TOKENIZER_FILE_BYTES`]).
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] or [`ModelError::Config`] naming the file.
+    pub fn read_json(path: &Path) -> Result<Value> {
+        let text = crate::tokenizer::read_model_text(path)?;
+        serde_json::from_str(&text).map_err(|e| ModelError::Config {
             file: path.to_path_buf(),
             msg: format!("not valid JSON: {e}"),
-        })?;
-        Self::from_json(&v, path)
+        })
     }
 
     /// Normalises a parsed config.json; `file` is only used in error messages.
@@ -381,6 +385,44 @@ impl ModelConfig {
             .into(),
         );
         serde_json::to_vec_pretty(&cfg.to_json()).expect("config serialises")
+    }
+
+    /// config.json's bytes for weights stored as `dtype` when the model was loaded from `base`
+    /// (that directory's config.json as it was): `base` with only its dtype field set — `dtype`
+    /// when it has one (transformers 5), `torch_dtype` when it has one or neither — so every
+    /// other field (`pad_token_id`, `unk_token_id`, `transformers_version`, sliding-window and
+    /// rope settings, ...) stays the base model's. Without `base`, or when `base` no longer
+    /// normalises to this configuration (it was changed after loading), it is
+    /// [`ModelConfig::json_bytes_for`].
+    pub fn json_bytes_over(&self, base: Option<&Value>, dtype: candle_core::DType) -> Vec<u8> {
+        let Some(Value::Object(base)) = base else {
+            return self.json_bytes_for(dtype);
+        };
+        let name = match dtype {
+            candle_core::DType::BF16 => "bfloat16",
+            candle_core::DType::F16 => "float16",
+            _ => "float32",
+        };
+        let mut out = base.clone();
+        let has = |k: &str| out.get(k).is_some_and(|v| !v.is_null());
+        let (dt, tdt) = (has("dtype"), has("torch_dtype"));
+        if dt {
+            out.insert("dtype".into(), name.into());
+        }
+        if tdt || !dt {
+            out.insert("torch_dtype".into(), name.into());
+        }
+        let out = Value::Object(out);
+        let mut expect = self.clone();
+        expect.stored_dtype = Some(name.into());
+        match Self::from_json(&out, Path::new("config.json")) {
+            Ok(back) if back == expect => {
+                let mut b = serde_json::to_vec_pretty(&out).expect("config serialises");
+                b.push(b'\n');
+                b
+            }
+            _ => self.json_bytes_for(dtype),
+        }
     }
 
     /// Serialises to a transformers-4 style config.json that transformers and rlvr both load.

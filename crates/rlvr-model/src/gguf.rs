@@ -558,6 +558,7 @@ fn build_tokenizer(meta: &Meta, vocab_rows: usize) -> Result<TokenizerBundle> {
         eos_ids,
         pad_id,
         path: meta.file.to_path_buf(),
+        generation_config: None,
     })
 }
 

@@ -63,6 +63,10 @@ pub struct Model {
     /// The directory the base weights were loaded from (`base_model_name_or_path` of a saved
     /// adapter); `None` for a random model.
     pub(crate) source: Option<std::path::PathBuf>,
+    /// The config.json the model was loaded from, as it was (`None` for a random or converted
+    /// model): [`Model::save`] writes it back with only the dtype changed, so a checkpoint keeps
+    /// the base model's fields (`pad_token_id`, `unk_token_id`, `transformers_version`, ...).
+    pub(crate) source_config: Option<serde_json::Value>,
 }
 
 /// Converts an attention mask `[B, T]` (1 = token, 0 = padding) to position ids: the number of
@@ -119,7 +123,8 @@ impl Model {
                 what: "model configuration".into(),
             });
         }
-        let config = ModelConfig::from_file(&cfg_path)?;
+        let raw = ModelConfig::read_json(&cfg_path)?;
+        let config = ModelConfig::from_json(&raw, &cfg_path)?;
         let files = WeightFiles::open(dir)?;
         let mut used = std::collections::HashSet::new();
         let mut load = |name: &str, shape: &[usize]| -> Result<Var> {
@@ -129,6 +134,7 @@ impl Model {
         let mut m = Self::build(config, dtype, device, &mut load)?;
         files.refuse_unused(&used, &cfg_path)?;
         m.source = Some(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+        m.source_config = Some(raw);
         Ok(m)
     }
 
@@ -175,6 +181,7 @@ impl Model {
             fused,
             lora: None,
             source: None,
+            source_config: None,
         };
         m.apply_fused();
         Ok(m)
@@ -605,11 +612,14 @@ impl Model {
         m.checkpointing = self.checkpointing;
         m.set_kernels(self.kernels);
         m.source = self.source.clone();
+        m.source_config = self.source_config.clone();
         Ok(m)
     }
 
-    /// Writes config.json (transformers-4 style) and model.safetensors (weights in `dtype`)
-    /// into `dir` atomically. Tokenizer files are not written here.
+    /// Writes config.json and model.safetensors (weights in `dtype`) into `dir` atomically.
+    /// Tokenizer files are not written here. config.json is the one the model was loaded from
+    /// with only its dtype field changed ([`ModelConfig::json_bytes_over`]), or a
+    /// transformers-4 style one ([`ModelConfig::to_json`]) for a model from no directory.
     ///
     /// With LoRA adapters: config.json and `adapter/` (PEFT's files, [`crate::lora`]); the frozen
     /// base is referenced by `base_model_name_or_path` and not written again, except for a model
@@ -635,9 +645,11 @@ impl Model {
         self.save_config(dir, dtype)
     }
 
-    /// Writes config.json with `torch_dtype` = `dtype`.
+    /// Writes config.json with `torch_dtype` (or the base's `dtype`) = `dtype`.
     fn save_config(&self, dir: &Path, dtype: DType) -> Result<()> {
-        let json = self.config.json_bytes_for(dtype);
+        let json = self
+            .config
+            .json_bytes_over(self.source_config.as_ref(), dtype);
         crate::weights::atomic_write(&dir.join("config.json"), &json)?;
         Ok(())
     }

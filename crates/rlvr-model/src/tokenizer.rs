@@ -45,6 +45,10 @@ pub struct TokenizerBundle {
     pub pad_id: u32,
     /// Where the tokenizer was read from (for error messages).
     pub path: PathBuf,
+    /// The model directory's generation_config.json as it was (`None` when it had none, or the
+    /// bundle came from no model directory): written back byte for byte with checkpoints, so a
+    /// plain `generate()` on one uses the base model's decoding defaults.
+    pub generation_config: Option<String>,
 }
 
 /// A special-token field of tokenizer_config.json: a string or an AddedToken object.
@@ -191,7 +195,21 @@ impl TokenizerBundle {
         }
         let tokenizer = Self::read_tokenizer(&tok_path)?;
         let tc = read_json(&dir.join("tokenizer_config.json"))?;
-        let gc = read_json(&dir.join("generation_config.json"))?;
+        let gc_path = dir.join("generation_config.json");
+        let gc_text = if gc_path.exists() {
+            Some(read_model_text(&gc_path)?)
+        } else {
+            None
+        };
+        let gc = match &gc_text {
+            Some(t) => Some(
+                serde_json::from_str::<Value>(t).map_err(|e| ModelError::Config {
+                    file: gc_path.clone(),
+                    msg: format!("not valid JSON: {e}"),
+                })?,
+            ),
+            None => None,
+        };
         let mc = read_json(&dir.join("config.json"))?;
         let get = |k: &str| tc.as_ref().and_then(|v| v.get(k));
         let chat_template = match get("chat_template") {
@@ -246,6 +264,7 @@ impl TokenizerBundle {
             eos_ids,
             pad_id,
             path: tok_path,
+            generation_config: gc_text,
         })
     }
 

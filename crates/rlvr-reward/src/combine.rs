@@ -74,6 +74,31 @@ pub enum VerifierConfig {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env: Vec<String>,
     },
+    /// A reward function written for TRL's GRPOTrainer (`fn(prompts, completions, **columns)`),
+    /// run unchanged in one persistent Python process by the adapter `examples/trl_rewards.py`,
+    /// which rlvr carries: the shorthand of `kind = "external"` with `command = [python,
+    /// "examples/trl_rewards.py", function]` and `mode = "persistent"`. Several functions: one
+    /// component each, TRL's `reward_weights` as their `weight`s.
+    Python {
+        /// The function as `FILE.py:NAME`, e.g. `"my_rewards.py:accuracy_reward"` (required); in
+        /// a config file, a relative FILE is relative to the file's directory.
+        function: String,
+        /// The Python interpreter: a name looked up on `PATH`, or a path (a relative one in a
+        /// config file is relative to the file's directory). Default `python3`.
+        #[serde(default = "default_python")]
+        python: String,
+        /// Seconds allowed per batch, in (0, 1e6]. Default 60.
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+        /// How many times a process that dies is started again in one run before the run stops,
+        /// at most 1000. Default 3.
+        #[serde(default = "default_restarts")]
+        restarts: u32,
+        /// Names of environment variables the process gets from rlvr's environment besides
+        /// `PATH`, `HOME`, `LANG` and `TMPDIR`; every other variable is withheld. Default empty.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<String>,
+    },
     /// An LLM judge over HTTP (`JudgeVerifier`): an OpenAI-compatible server scores each
     /// completion by a prompt (docs/external-verifier.md).
     Judge(JudgeConfig),
@@ -99,6 +124,10 @@ pub enum ExternalMode {
 
 fn default_restarts() -> u32 {
     3
+}
+
+fn default_python() -> String {
+    "python3".into()
 }
 
 fn default_timeout_s() -> f64 {
@@ -193,6 +222,33 @@ impl VerifierConfig {
                 crate::external::check_env_names(&format!("{key}.env"), env)?;
                 timeout_duration(&format!("{key}.timeout_s"), *timeout_s).map(|_| ())
             }
+            VerifierConfig::Python {
+                function,
+                python,
+                timeout_s,
+                env,
+                restarts,
+            } => {
+                let (file, name) = function.rsplit_once(':').unwrap_or(("", ""));
+                if file.is_empty() || name.is_empty() {
+                    return Err(RewardError::Config(format!(
+                        "{key}.function = {function:?} is not FILE.py:NAME (e.g. \
+                         \"my_rewards.py:accuracy_reward\")"
+                    )));
+                }
+                if python.is_empty() {
+                    return Err(RewardError::Config(format!(
+                        "{key}.python is empty: name the Python interpreter (python3)"
+                    )));
+                }
+                if *restarts > MOST_RESTARTS {
+                    return Err(RewardError::Config(format!(
+                        "{key}.restarts = {restarts} is out of range: at most {MOST_RESTARTS}"
+                    )));
+                }
+                crate::external::check_env_names(&format!("{key}.env"), env)?;
+                timeout_duration(&format!("{key}.timeout_s"), *timeout_s).map(|_| ())
+            }
             VerifierConfig::Judge(j) => j
                 .check()
                 .map_err(|e| RewardError::Config(format!("{key}: {e}"))),
@@ -237,7 +293,36 @@ impl VerifierConfig {
                     ),
                 }
             }
+            VerifierConfig::Python {
+                timeout_s,
+                restarts,
+                env,
+                ..
+            } => {
+                self.check("verifier")?;
+                let timeout = timeout_duration("verifier.timeout_s", *timeout_s)?;
+                let mut command = self.command().expect("a python verifier has a command");
+                command[1] = crate::trl::adapter_path()?.display().to_string();
+                Box::new(PersistentVerifier::new(command, timeout, *restarts).with_env(env.clone()))
+            }
         })
+    }
+
+    /// The program an external or python verifier runs, as it would be written by hand (a
+    /// python verifier's adapter as `examples/trl_rewards.py`, the file rlvr writes out at
+    /// build time); `None` for the built-in, judge and reward-model kinds.
+    pub fn command(&self) -> Option<Vec<String>> {
+        match self {
+            VerifierConfig::External { command, .. } => Some(command.clone()),
+            VerifierConfig::Python {
+                function, python, ..
+            } => Some(vec![
+                python.clone(),
+                "examples/trl_rewards.py".into(),
+                function.clone(),
+            ]),
+            _ => None,
+        }
     }
 
     /// A short name for logs (`gsm8k`, `math`, ...).
@@ -248,6 +333,7 @@ impl VerifierConfig {
             VerifierConfig::Countdown {} => "countdown",
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
+            VerifierConfig::Python { .. } => "python",
             VerifierConfig::Judge(_) => "judge",
             VerifierConfig::RewardModel(_) => "reward_model",
         }
@@ -441,6 +527,31 @@ impl RewardFunction {
             .iter()
             .map(|(n, w, _)| (n.clone(), *w))
             .collect()
+    }
+
+    /// Sends `sample` alone through each component that `pick` accepts (by its index in config
+    /// order), discarding the scores: a start-up probe of external programs before the model
+    /// loads, so that a program that does not start, crashes or answers out of protocol is
+    /// found at once. A persistent program stays up for the run.
+    ///
+    /// # Errors
+    /// The first failing component's error, prefixed with its name and index.
+    pub fn probe(
+        &self,
+        sample: &Sample<'_>,
+        pick: impl Fn(usize) -> bool,
+    ) -> Result<(), RewardError> {
+        for (k, (name, _, verifier)) in self.components.iter().enumerate() {
+            if !pick(k) {
+                continue;
+            }
+            verifier
+                .score_batch(std::slice::from_ref(sample))
+                .map_err(|e| {
+                    RewardError::Config(format!("reward component `{name}` (#{k}): {e}"))
+                })?;
+        }
+        Ok(())
     }
 
     /// Scores a batch (each component sees the whole batch: one process per batch for external ones).

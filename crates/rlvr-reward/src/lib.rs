@@ -59,6 +59,7 @@ pub mod process;
 pub mod reference;
 pub mod reward_model;
 pub mod sampling;
+pub mod trl;
 
 use serde::Serialize;
 

@@ -359,8 +359,12 @@ fn weights_stored_in_f16_and_bf16_load_and_compute_in_f32() {
         let cfg: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(tmp.path().join("config.json")).unwrap())
                 .unwrap();
-        assert_eq!(cfg["torch_dtype"], name);
+        // The fixture's config.json is transformers-5 style: its `dtype` field is set, and no
+        // `torch_dtype` is added (a saved config keeps the base's fields, issue 48).
+        assert_eq!(cfg["dtype"], name);
+        assert!(cfg.get("torch_dtype").is_none(), "{cfg}");
         let again = Model::load(tmp.path(), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(again.config().stored_dtype.as_deref(), Some(name));
         let lp: Vec<Vec<f32>> = again
             .token_logprobs(&case.input_ids, &case.attention_mask, 0, 1.0, false, false)
             .unwrap()

@@ -186,3 +186,80 @@ fn errors_name_the_function_and_the_row() {
         .to_string();
     assert!(e.contains("2 weights for 1 functions"), "{e}");
 }
+
+/// `kind = "python"` is the adapter as a persistent external program, one function per component
+/// with the components' weights: the rewards equal the adapter's own weighted sum above
+/// (`weighted_sum_of_accuracy_format_and_a_list_column_length_penalty`), with the adapter run
+/// from the copy rlvr carries and writes out (`rlvr_reward::trl::ADAPTER`).
+#[test]
+fn kind_python_components_equal_the_adapter_with_weights() {
+    use rlvr_reward::combine::{ComponentConfig, RewardConfig, RewardFunction, VerifierConfig};
+    if !python() {
+        return;
+    }
+    let file = root().join("crates/rlvr-reward/tests/it/trl/my_rewards.py");
+    let component = |name: &str, weight: f64| {
+        let v: VerifierConfig = serde_json::from_value(serde_json::json!({
+            "kind": "python", "function": format!("{}:{name}", file.display())
+        }))
+        .unwrap();
+        ComponentConfig {
+            name: Some(name.into()),
+            weight,
+            verifier: v,
+        }
+    };
+    let cfg = RewardConfig {
+        components: vec![
+            component("accuracy_reward", 1.0),
+            component("format_reward", 0.5),
+            component("length_penalty", 0.25),
+        ],
+        format: None,
+    };
+    let f = RewardFunction::from_config(&cfg, &VerifierConfig::Math {}).unwrap();
+    let good = "<think>2 and 2</think> <answer>4</answer>";
+    let (conv, plain, none) = (
+        cols(Some("4"), CONV),
+        cols(Some("5"), PLAIN),
+        cols(None, PLAIN),
+    );
+    let s = [
+        sample(good, &conv, 0),
+        sample("4", &plain, 1),
+        sample("so 4", &none, 2),
+    ];
+    let got = f.score_batch(&s).unwrap();
+    let r: Vec<f64> = got.iter().map(|x| x.reward).collect();
+    assert_eq!(r, [1.0 + 0.5 - 0.25 * 2.0, 0.0, 0.0]);
+    assert_eq!(
+        got[0].components,
+        [
+            ("accuracy_reward".to_string(), 1.0),
+            ("format_reward".to_string(), 1.0),
+            ("length_penalty".to_string(), -2.0)
+        ]
+    );
+    // The carried adapter is the example's, byte for byte.
+    assert_eq!(
+        rlvr_reward::trl::ADAPTER,
+        std::fs::read_to_string(root().join("examples/trl_rewards.py")).unwrap()
+    );
+    let written = rlvr_reward::trl::adapter_path().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&written).unwrap(),
+        rlvr_reward::trl::ADAPTER
+    );
+    // A function that is not FILE:NAME is refused naming the key.
+    let bad: VerifierConfig =
+        serde_json::from_value(serde_json::json!({"kind": "python", "function": "my_rewards.py"}))
+            .unwrap();
+    let e = bad
+        .check("reward.components[0].verifier")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("reward.components[0].verifier.function") && e.contains("FILE.py:NAME"),
+        "{e}"
+    );
+}

@@ -187,6 +187,13 @@ pub const ALIASES: &[Alias] = &[
         note: "a checkpoint every this many steps",
     },
     Alias {
+        name: "save_only_model",
+        peer: "TRL",
+        ours: "train.save_optimizer",
+        note: "inverted: save_only_model = true is train.save_optimizer = false (a resume from \
+               such a checkpoint needs train.resume_without_optimizer)",
+    },
+    Alias {
         name: "eval_steps",
         peer: "TRL",
         ours: "train.eval_every",

@@ -104,6 +104,10 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
     }
     for v in verifiers {
         let Some(t) = v.as_table_mut() else { continue };
+        if t.get("kind").and_then(|k| k.as_str()) == Some("python") {
+            resolve_python_table(t, dir);
+            continue;
+        }
         if t.get("kind").and_then(|k| k.as_str()) != Some("external") {
             continue;
         }
@@ -118,6 +122,26 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
                 *cmd = words.into_iter().map(toml::Value::String).collect();
             }
         }
+    }
+}
+
+/// A `kind = "python"` verifier table of a config file in `dir`: `python` when it is a relative
+/// path with a `/` in it, and `function`'s FILE when that file exists there, made absolute (as an
+/// external verifier's command, [`resolve_command`]).
+fn resolve_python_table(t: &mut toml::Table, dir: &Path) {
+    let python = match t.get("python") {
+        Some(toml::Value::String(p)) => p.clone(),
+        _ => String::new(),
+    };
+    let Some(toml::Value::String(function)) = t.get("function") else {
+        return;
+    };
+    let mut words = vec![python.clone(), function.clone()];
+    resolve_command(&mut words, dir);
+    let [p, f] = <[String; 2]>::try_from(words).expect("two words");
+    t.insert("function".into(), toml::Value::String(f));
+    if !python.is_empty() {
+        t.insert("python".into(), toml::Value::String(p));
     }
 }
 
@@ -215,8 +239,17 @@ pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
         .iter_mut()
         .chain(raw.reward.components.iter_mut().map(|c| &mut c.verifier));
     for v in verifiers {
-        if let VerifierConfig::External { command, .. } = v {
-            resolve_command(command, cwd);
+        match v {
+            VerifierConfig::External { command, .. } => resolve_command(command, cwd),
+            VerifierConfig::Python {
+                function, python, ..
+            } => {
+                let mut words = [python.clone(), function.clone()];
+                resolve_command(&mut words, cwd);
+                let [p, f] = words;
+                (*python, *function) = (p, f);
+            }
+            _ => {}
         }
     }
 }

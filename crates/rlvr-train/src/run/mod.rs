@@ -21,6 +21,7 @@
 
 mod guard;
 mod memory;
+mod preflight;
 pub mod report;
 pub(crate) mod same_config;
 mod save;

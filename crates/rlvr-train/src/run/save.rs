@@ -84,6 +84,7 @@ pub(crate) fn save_run(
         explorer_weights: false,
         lora_dropout_draws: trainer.lora_dropout_draws,
         world_size: world_size as u64,
+        optimizer_saved: cfg.raw.train.save_optimizer,
     };
     let dir = save(
         run_dir,
@@ -91,7 +92,7 @@ pub(crate) fn save_run(
         &CheckpointParts {
             model,
             tokenizer,
-            optimizer: &trainer.optimizer,
+            optimizer: cfg.raw.train.save_optimizer.then_some(&trainer.optimizer),
             explorer: feed.explorer,
             buffer: &feed.buffer,
             inputs: run_inputs(cfg),

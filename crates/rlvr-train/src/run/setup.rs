@@ -4,16 +4,14 @@
 //! ([`crate::config::settings`]); only this file and the loop see the whole config.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use rlvr_data::generate::Split;
 use rlvr_data::sampler::PromptSampler;
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Model, TokenizerBundle};
-use rlvr_reward::combine::RewardFunction;
 use rlvr_rollout::named_tensors;
 
+use super::preflight::{Online, Preflight};
 use super::{Run, RunOptions};
 use crate::config::settings;
 use crate::config::ResolvedConfig;
@@ -21,11 +19,10 @@ use crate::eval::Best;
 use crate::feed::backend::{self, BackendSettings, NativeWeights, ServerUse, Workload};
 use crate::feed::explorer::{Explorer, TrainPrompts};
 use crate::feed::offline::OfflineSource;
-use crate::feed::prompts::prepare_prompts;
 use crate::feed::Feed;
 use crate::job::Job;
 use crate::store::checkpoint::{self, non_finite_weight, SourceCursor, TrainerState};
-use crate::store::experience::{check_against_model, check_lengths, read_experience_lines};
+use crate::store::experience::{check_against_model, check_lengths};
 use crate::store::metrics::{append_line, truncate_after, MetricsLine};
 use crate::store::state::Stateful;
 use crate::store::tensorboard::Source;
@@ -79,6 +76,15 @@ impl<'a> Run<'a> {
                 run_dir.display()
             ));
         }
+        // Everything that needs no weights, checked before they load (issue 48, item 4).
+        if let Some(dir) = &ckpt {
+            refuse_model_only_resume(
+                &checkpoint::load_state(dir)?,
+                dir,
+                c.train.resume_without_optimizer,
+            )?;
+        }
+        let pre = super::preflight::check(cfg, &policy_dir)?;
         crate::log::phase(&format!(
             "loading the policy from {} ({} on {})",
             policy_dir.display(),
@@ -142,24 +148,36 @@ impl<'a> Run<'a> {
         if let (Some(st), Some(dir)) = (&state, &ckpt) {
             // bf16 weights resume from their f32 masters (none for f32 weights).
             let n = trainer.model.named_vars().len();
-            trainer.load_state_dict(TrainerRecord {
-                optimizer_step: st.optimizer_step,
-                optimizer: checkpoint::load_optimizer(dir, n, &device)?,
-                lora_dropout_draws: st.lora_dropout_draws,
-            })?;
+            if st.optimizer_saved {
+                trainer.load_state_dict(TrainerRecord {
+                    optimizer_step: st.optimizer_step,
+                    optimizer: checkpoint::load_optimizer(dir, n, &device)?,
+                    lora_dropout_draws: st.lora_dropout_draws,
+                })?;
+            } else {
+                // `train.resume_without_optimizer` (checked above): a fresh AdamW.
+                trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
+                crate::log::say(&format!(
+                    "note: {} holds no optimizer state (train.save_optimizer = false): the \
+                     optimizer starts afresh at step {} (train.resume_without_optimizer)",
+                    dir.display(),
+                    st.step
+                ));
+            }
         }
-        let (feed, reward) = match &c.data.experiences {
-            Some(path) => {
+        let (feed, evaluator) = match (&c.data.experiences, pre) {
+            (Some(path), Preflight::Offline { rows, checked }) => {
                 let consumed = match state.as_ref().map(|s| s.cursor) {
                     Some(SourceCursor::Offline { groups }) => groups,
                     _ => 0,
                 };
-                let rows = read_experience_lines(path)?;
-                let max_positions = trainer.model.config().max_position_embeddings;
-                check_lengths(&rows, path, max_positions)?;
-                let vocab = trainer.model.config().vocab_size;
-                if let Some(w) = check_against_model(&rows, path, vocab)? {
-                    crate::log::say(&format!("warning: {w}"));
+                if !checked {
+                    let max_positions = trainer.model.config().max_position_embeddings;
+                    check_lengths(&rows, path, max_positions)?;
+                    let vocab = trainer.model.config().vocab_size;
+                    if let Some(w) = check_against_model(&rows, path, vocab)? {
+                        crate::log::say(&format!("warning: {w}"));
+                    }
                 }
                 let source = OfflineSource::new(
                     rows,
@@ -171,22 +189,19 @@ impl<'a> Run<'a> {
                 )?;
                 (Feed::Offline(source), None)
             }
-            None => {
+            (_, Preflight::Online(mut online)) => {
                 let start_weights = StartWeights {
                     state: state.as_ref(),
                     ckpt: ckpt.as_deref(),
                     policy: &trainer.model,
                 };
-                let (feed, reward) =
-                    online_feed(cfg, start_weights, &tokenizer, &policy_dir, job.clone())?;
-                (feed, Some(reward))
+                let evaluator = online.evaluator.take();
+                let feed = online_feed(cfg, start_weights, &tokenizer, *online, job.clone())?;
+                (feed, evaluator)
             }
-        };
-        let evaluator = match reward {
-            Some(reward) if c.train.eval_every > 0 => {
-                Some(settings::evaluator(c, &tokenizer, reward)?)
+            (None, Preflight::Offline { .. }) => {
+                unreachable!("the preflight follows data.experiences")
             }
-            _ => None,
         };
         let mut run = Run {
             cfg,
@@ -234,8 +249,8 @@ struct StartWeights<'p> {
     policy: &'p Model,
 }
 
-/// The online feed at the checkpoint's cursor: the train prompts, the reward function (returned
-/// too, for the evaluator to share), the backend `rollout.backend` names (the native engine over
+/// The online feed at the checkpoint's cursor: the train prompts, the reward function and the
+/// episode runner as the preflight checks built them ([`Online`]), the backend `rollout.backend` names (the native engine over
 /// its own copy of the policy, or vLLM servers), and the explorer with its starting weights
 /// loaded through the [`rlvr_rollout::Rollout`] boundary, inline for o = 0 or on its own thread.
 ///
@@ -245,13 +260,20 @@ fn online_feed(
     cfg: &ResolvedConfig,
     start: StartWeights,
     tokenizer: &TokenizerBundle,
-    policy_dir: &Path,
+    online: Online,
     mut job: Job,
-) -> anyhow::Result<(Feed, Arc<RewardFunction>)> {
+) -> anyhow::Result<Feed> {
     let c = &cfg.raw;
     let model = start.policy;
     let step = start.state.map(|s| s.step).unwrap_or(0);
-    let train_p = prepare_prompts(&c.data, Split::Train, tokenizer)?;
+    let Online {
+        tokenizer: ex_tok,
+        train: train_p,
+        ids,
+        reward,
+        evaluator: _,
+        runner,
+    } = online;
     let sampler = match start.state.map(|s| s.cursor) {
         Some(SourceCursor::Online { cursor }) => PromptSampler::resume(cursor, train_p.texts.len())
             .map_err(|e| {
@@ -273,21 +295,9 @@ fn online_feed(
             })?,
         _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
     };
-    let reward = Arc::new(settings::reward_function(c)?);
-    // A tokenizer bundle is not Clone: the explorer loads its own copy.
-    let ex_tok = settings::load_tokenizer(policy_dir)?;
-    let ids = train_p
-        .encode(&ex_tok, settings::add_special_tokens(&c.data))
-        .context("encoding train prompts")?;
-    // No prompt without room for its completion: refused now rather than at its first step.
-    let (room, room_key) = if c.env.is_on() {
-        (
-            c.env.episode_tokens(c.rollout.max_new_tokens),
-            "env.max_episode_tokens",
-        )
-    } else {
-        (c.rollout.max_new_tokens, "rollout.max_new_tokens")
-    };
+    // No prompt without room for its completion (checked before the model loaded when the policy
+    // directory has a config.json; again here for one that has none, a PEFT adapter).
+    let (room, room_key) = super::preflight::room(cfg);
     train_p
         .check_room(&ids, model.config().max_position_embeddings, room, room_key)
         .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
@@ -325,16 +335,12 @@ fn online_feed(
         rows: train_p.rows,
         columns: train_p.columns,
     };
-    let runner = match c.env.is_on() {
-        true => Some(settings::episode_runner(cfg, &ex_tok, &reward)?),
-        false => None,
-    };
     let mut explorer = Explorer::new(
         rollout,
         ex_tok,
         prompts,
         sampler,
-        reward.clone(),
+        reward,
         settings::explorer_settings(cfg, &tokenizer.eos_ids),
     )?;
     if let Some(r) = runner {
@@ -368,10 +374,7 @@ fn online_feed(
         ));
     }
     let gather = (job, c.train.log_rollouts);
-    Ok((
-        Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)?,
-        reward,
-    ))
+    Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)
 }
 
 /// On `--resume`: names every external verifier command the run directory's config.toml will
@@ -391,7 +394,6 @@ fn say_external_commands(cfg: &ResolvedConfig) {
 /// The external verifier commands of a config with their keys (`data.verifier`,
 /// `reward.components[i].verifier`), in that order.
 fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>)> {
-    use rlvr_reward::combine::VerifierConfig;
     let data = raw
         .data
         .verifier
@@ -404,10 +406,7 @@ fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>
         .enumerate()
         .map(|(i, c)| (format!("reward.components[{i}].verifier"), &c.verifier));
     data.chain(components)
-        .filter_map(|(key, v)| match v {
-            VerifierConfig::External { command, .. } => Some((key, command.clone())),
-            _ => None,
-        })
+        .filter_map(|(key, v)| v.command().map(|c| (key, c)))
         .collect()
 }
 
@@ -568,4 +567,29 @@ fn reset_logs(run_dir: &Path, resumed: Option<u64>) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses to resume from checkpoint `dir` when it was saved without the optimizer's state
+/// (`train.save_optimizer = false`) unless `fresh` (`train.resume_without_optimizer`): the
+/// resumed run would silently differ from an uninterrupted one (AdamW's moments restart at 0).
+///
+/// # Errors
+/// The refusal, naming the checkpoint's state.json and both keys.
+pub(crate) fn refuse_model_only_resume(
+    state: &checkpoint::TrainerState,
+    dir: &std::path::Path,
+    fresh: bool,
+) -> anyhow::Result<()> {
+    if state.optimizer_saved || fresh {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{}: field `optimizer_saved` is false: checkpoint step-{} was saved without the \
+         optimizer's state (train.save_optimizer = false, TRL's save_only_model), so --resume \
+         cannot continue the run exactly; set train.resume_without_optimizer = true to resume \
+         with a fresh optimizer (zero moments), or start a new run with model.path = {:?}",
+        dir.join("trainer_state/state.json").display(),
+        state.step,
+        dir.display().to_string()
+    )
 }

@@ -68,10 +68,25 @@ pub struct TrainerState {
     /// at another world size (train.log notes it).
     #[serde(default = "one")]
     pub world_size: u64,
+    /// Whether `trainer_state/optimizer.safetensors` holds the optimizer's moments and masters
+    /// (true, and absent in checkpoints written before it existed); false for a checkpoint of
+    /// a run with `train.save_optimizer = false`, which holds the model alone and which a
+    /// resume refuses unless `train.resume_without_optimizer` is set. Written only when false,
+    /// so a checkpoint with the optimizer is byte for byte what it was before the field existed.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub optimizer_saved: bool,
 }
 
 fn one() -> u64 {
     1
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// The optimizer's tensors in a checkpoint (`trainer_state/optimizer.safetensors`): AdamW's
@@ -93,8 +108,9 @@ pub struct CheckpointParts<'a, B: Serialize> {
     pub model: &'a Model,
     /// Its tokenizer.
     pub tokenizer: &'a TokenizerBundle,
-    /// The optimizer's tensors.
-    pub optimizer: &'a OptimizerRecord,
+    /// The optimizer's tensors; `None` writes the model alone (`train.save_optimizer = false`:
+    /// no `trainer_state/optimizer.safetensors`, [`TrainerState::optimizer_saved`] false).
+    pub optimizer: Option<&'a OptimizerRecord>,
     /// The explorer's weights when their version differs from the policy's.
     pub explorer: Option<&'a Model>,
     /// Batches sampled but not yet trained on (the explorer's in flight under a sync offset), in
@@ -133,21 +149,22 @@ pub fn save<B: Serialize>(
     write_tokenizer_files(&tmp, parts.tokenizer)?;
     let ts = tmp.join("trainer_state");
     std::fs::create_dir_all(&ts)?;
-    let opt = parts.optimizer;
-    let mut named = Vec::with_capacity(opt.m.len() * 2);
-    for (i, (m, v)) in opt.m.iter().zip(&opt.v).enumerate() {
-        named.push((format!("m.{i:05}"), m.clone()));
-        named.push((format!("v.{i:05}"), v.clone()));
-    }
-    for (i, w) in opt.masters.iter().enumerate() {
-        if let Some(w) = w {
-            named.push((format!("w.{i:05}"), w.clone()));
+    if let Some(opt) = parts.optimizer {
+        let mut named = Vec::with_capacity(opt.m.len() * 2);
+        for (i, (m, v)) in opt.m.iter().zip(&opt.v).enumerate() {
+            named.push((format!("m.{i:05}"), m.clone()));
+            named.push((format!("v.{i:05}"), v.clone()));
         }
+        for (i, w) in opt.masters.iter().enumerate() {
+            if let Some(w) = w {
+                named.push((format!("w.{i:05}"), w.clone()));
+            }
+        }
+        atomic_write(
+            &ts.join("optimizer.safetensors"),
+            &safetensors_bytes(&named)?,
+        )?;
     }
-    atomic_write(
-        &ts.join("optimizer.safetensors"),
-        &safetensors_bytes(&named)?,
-    )?;
     if let Some(e) = parts.explorer {
         e.save(&ts.join("explorer"), e.dtype())?;
     }
@@ -157,6 +174,7 @@ pub fn save<B: Serialize>(
     )?;
     let mut st = state.clone();
     st.explorer_weights = parts.explorer.is_some();
+    st.optimizer_saved = parts.optimizer.is_some();
     atomic_write(
         &ts.join("state.json"),
         serde_json::to_string_pretty(&st)?.as_bytes(),
@@ -320,7 +338,7 @@ fn newest_complete(root: &Path) -> anyhow::Result<Option<PathBuf>> {
 /// (`model.safetensors`, and/or LoRA's `adapter/adapter_config.json` and
 /// `adapter/adapter_model.safetensors`: a header that parses and a length that matches it),
 /// `trainer_state/state.json` (a [`TrainerState`] whose `step` is the N of a `step-N` directory),
-/// `trainer_state/optimizer.safetensors`,
+/// `trainer_state/optimizer.safetensors` (unless the state says it was not saved),
 /// `trainer_state/buffer.jsonl` and, when the state says so, `trainer_state/explorer/` (the same
 /// model files); then, when it has a `manifest.json`, every file's size and CRC-32C
 /// ([`crate::store::manifest::verify`], which reads every file once).
@@ -351,7 +369,12 @@ pub fn incomplete(dir: &Path) -> Option<String> {
     }
     let mut checks = model_dir_problem(dir, true)
         .into_iter()
-        .chain(safetensors_problem(&ts.join("optimizer.safetensors")))
+        .chain(
+            state
+                .optimizer_saved
+                .then(|| safetensors_problem(&ts.join("optimizer.safetensors")))
+                .flatten(),
+        )
         .chain(
             (!ts.join("buffer.jsonl").is_file())
                 .then(|| format!("{} is missing", ts.join("buffer.jsonl").display())),
@@ -763,6 +786,7 @@ mod tests {
             explorer_weights: false,
             lora_dropout_draws: 0,
             world_size: 1,
+            optimizer_saved: true,
         };
         std::fs::write(
             dir.join("trainer_state/state.json"),

@@ -377,14 +377,15 @@ fn sigterm_saves_a_checkpoint_exits_143_and_train_log_keeps_the_story() {
 #[test]
 fn a_failing_verifier_after_step_4_saves_step_4_and_the_run_resumes() {
     let (tmp, model, run) = tiny_run();
-    // Fails on its 5th call (step 5's batch), succeeds before and after; one call per step.
+    // Fails on its 6th call (step 5's batch: the start-up probe before the model loads is the
+    // 1st, then one call per step), succeeds before and after.
     let script = tmp.path().join("score.sh");
     let counter = tmp.path().join("calls");
     std::fs::write(
         &script,
         format!(
             "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}\n\
-             if [ $n -eq 5 ]; then echo 'verifier broke' >&2; exit 1; fi\n\
+             if [ $n -eq 6 ]; then echo 'verifier broke' >&2; exit 1; fi\n\
              awk '{{ print \"{{\\\"reward\\\": \" (NR % 2) \"}}\" }}'\n",
             c = counter.display()
         ),

@@ -1,0 +1,55 @@
+//! `kind = "python"` verifiers: the adapter that runs reward functions written for TRL's
+//! GRPOTrainer (`examples/trl_rewards.py`, carried in the binary) and the file it is run from.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::RewardError;
+
+/// The adapter's source, `examples/trl_rewards.py` as the binary was built with it.
+pub const ADAPTER: &str = include_str!("../../../examples/trl_rewards.py");
+
+/// The adapter written out once per process, in a directory of its own that only this user can
+/// read (`$TMPDIR/rlvr-trl-PID-N/trl_rewards.py`, mode 0700, created new: a directory someone
+/// else made first is never used). Python runs it from there; the directory (10 kB) is left for
+/// the processes that may restart from it and is not removed at exit.
+///
+/// # Errors
+/// [`RewardError::Config`] when no such directory can be made or the file cannot be written.
+pub fn adapter_path() -> Result<PathBuf, RewardError> {
+    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PATH.get_or_init(write_adapter)
+        .clone()
+        .map_err(RewardError::Config)
+}
+
+fn write_adapter() -> Result<PathBuf, String> {
+    let base = std::env::temp_dir();
+    let pid = std::process::id();
+    for n in 0..100 {
+        let dir = base.join(format!("rlvr-trl-{pid}-{n}"));
+        let mut b = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        match b.create(&dir) {
+            Ok(()) => {
+                let file = dir.join("trl_rewards.py");
+                std::fs::write(&file, ADAPTER).map_err(|e| {
+                    format!("writing the TRL reward adapter to {}: {e}", file.display())
+                })?;
+                return Ok(file);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(format!(
+                    "making a directory for the TRL reward adapter in {}: {e}",
+                    base.display()
+                ))
+            }
+        }
+    }
+    Err(format!(
+        "making a directory for the TRL reward adapter in {}: 100 names taken",
+        base.display()
+    ))
+}

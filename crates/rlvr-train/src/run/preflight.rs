@@ -1,0 +1,202 @@
+//! Fail fast (issue 48, item 4): everything `rlvr train` can check without the model's weights,
+//! checked before they load. A bad data file, a prompt over the model's positions, a chat
+//! template that does not render, a reward program that crashes or an environment that does not
+//! answer `hello` is then reported in the time it takes to read the data and the tokenizer, not
+//! after the weights loaded (seconds to minutes for a real model) and sampling began.
+//!
+//! What it reads: the tokenizer files and config.json of the policy's directory (the model's
+//! `max_position_embeddings` and `vocab_size`; no weights), every data file of the run. What it
+//! starts: each external reward program (`kind = "external"` and `"python"`), sent one probe item,
+//! and the environment of `env.command`, sent `hello` (DESIGN.md section 14; never `reset`, which
+//! would change a stateful environment). Each error names what it names when found later (file,
+//! line, field, key). The parts it builds are handed to the set-up, which would otherwise build
+//! them after the weights: nothing is read, rendered, encoded or started twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use rlvr_data::generate::Split;
+use rlvr_model::{ModelConfig, TokenizerBundle};
+use rlvr_reward::combine::{RewardFunction, VerifierConfig};
+use rlvr_reward::Sample;
+
+use crate::config::settings;
+use crate::config::ResolvedConfig;
+use crate::eval::Evaluator;
+use crate::feed::episodes::EpisodeRunner;
+use crate::feed::prompts::{prepare_prompts, PreparedPrompts};
+use crate::store::experience::{
+    check_against_model, check_lengths, read_experience_lines, Experience,
+};
+
+/// What the checks built, for the set-up to use instead of building it again.
+pub(super) enum Preflight {
+    /// An online run.
+    Online(Box<Online>),
+    /// An offline run (`data.experiences`): the file's rows (line number, experience), already
+    /// checked against config.json when `checked`.
+    Offline {
+        /// The rows.
+        rows: Vec<(usize, Experience)>,
+        /// Whether the lengths and token ids were checked against config.json (false when the
+        /// policy directory has none, e.g. a PEFT adapter: checked after the model loads).
+        checked: bool,
+    },
+}
+
+/// An online run's parts, checked.
+pub(super) struct Online {
+    /// The explorer's tokenizer (the policy directory's).
+    pub tokenizer: TokenizerBundle,
+    /// The train split, rendered.
+    pub train: PreparedPrompts,
+    /// The train prompts' token ids.
+    pub ids: Vec<Vec<u32>>,
+    /// The reward function, its external programs probed.
+    pub reward: Arc<RewardFunction>,
+    /// The held-out evaluator (`train.eval_every` > 0), its test split rendered and checked.
+    pub evaluator: Option<Evaluator>,
+    /// The episode runner of `[env]`, its environment started and answering `hello`.
+    pub runner: Option<EpisodeRunner>,
+}
+
+/// config.json of the policy directory `dir`, when it has one (a PEFT adapter directory has
+/// none; its base's is read when the model loads).
+///
+/// # Errors
+/// A config.json that does not parse or normalise, naming it.
+fn model_config(dir: &Path) -> anyhow::Result<Option<(ModelConfig, PathBuf)>> {
+    let p = dir.join("config.json");
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let c = ModelConfig::from_file(&p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(Some((c, p)))
+}
+
+/// The verifiers of the reward function in its component order: `reward.components`' or, when
+/// there are none, `data.verifier`'s.
+fn verifiers(cfg: &ResolvedConfig) -> anyhow::Result<Vec<VerifierConfig>> {
+    let c = &cfg.raw;
+    Ok(if c.reward.components.is_empty() {
+        vec![c.data.verifier()?]
+    } else {
+        c.reward
+            .components
+            .iter()
+            .map(|k| k.verifier.clone())
+            .collect()
+    })
+}
+
+/// Runs the checks of this module for the run `cfg` whose policy is in `policy_dir`, before the
+/// model loads.
+///
+/// # Errors
+/// The first problem, named as the later check would name it: `[data] Train split: FILE:LINE:
+/// ...`, a prompt over config.json's `max_position_embeddings` with the key to lower, the external
+/// program's failure with its component and the probe item's source, the environment's start-up
+/// failure.
+pub(super) fn check(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<Preflight> {
+    let c = &cfg.raw;
+    let model = model_config(policy_dir)?;
+    if let Some(path) = &c.data.experiences {
+        let rows = read_experience_lines(path)?;
+        let checked = match &model {
+            Some((mc, _)) => {
+                check_lengths(&rows, path, mc.max_position_embeddings)?;
+                if let Some(w) = check_against_model(&rows, path, mc.vocab_size)? {
+                    crate::log::say(&format!("warning: {w}"));
+                }
+                true
+            }
+            None => false,
+        };
+        return Ok(Preflight::Offline { rows, checked });
+    }
+    let tokenizer = settings::load_tokenizer(policy_dir)?;
+    let train = prepare_prompts(&c.data, Split::Train, &tokenizer)?;
+    let ids = train
+        .encode(&tokenizer, settings::add_special_tokens(&c.data))
+        .context("encoding train prompts")?;
+    if let Some((mc, _)) = &model {
+        let (room, key) = room(cfg);
+        train
+            .check_room(&ids, mc.max_position_embeddings, room, key)
+            .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
+    }
+    let reward = Arc::new(settings::reward_function(c)?);
+    probe_external(cfg, &reward, &train)?;
+    let evaluator = if c.train.eval_every > 0 {
+        Some(settings::evaluator(c, &tokenizer, reward.clone())?)
+    } else {
+        None
+    };
+    let runner = if c.env.is_on() {
+        Some(settings::episode_runner(cfg, &tokenizer, &reward)?)
+    } else {
+        None
+    };
+    Ok(Preflight::Online(Box::new(Online {
+        tokenizer,
+        train,
+        ids,
+        reward,
+        evaluator,
+        runner,
+    })))
+}
+
+/// The room each train prompt needs after it, and the key it comes from: a whole episode's
+/// tokens in a multi-turn run, else `rollout.max_new_tokens`.
+pub(super) fn room(cfg: &ResolvedConfig) -> (usize, &'static str) {
+    let c = &cfg.raw;
+    if c.env.is_on() {
+        (
+            c.env.episode_tokens(c.rollout.max_new_tokens),
+            "env.max_episode_tokens",
+        )
+    } else {
+        (c.rollout.max_new_tokens, "rollout.max_new_tokens")
+    }
+}
+
+/// Sends the first train prompt, with an empty completion, through each external reward program
+/// (`kind = "external"` and `"python"`), one item alone.
+///
+/// # Errors
+/// The program's failure, naming the component and its config key and the probe item's source.
+fn probe_external(
+    cfg: &ResolvedConfig,
+    reward: &RewardFunction,
+    train: &PreparedPrompts,
+) -> anyhow::Result<()> {
+    let external: Vec<bool> = verifiers(cfg)?
+        .iter()
+        .map(|v| v.command().is_some())
+        .collect();
+    if !external.contains(&true) || train.texts.is_empty() {
+        return Ok(());
+    }
+    let sample = Sample {
+        prompt: &train.texts[0],
+        completion: "",
+        reference: &train.references[0],
+        columns: &train.columns[0],
+        index: Some(train.rows[0]),
+    };
+    let key = if cfg.raw.reward.components.is_empty() {
+        "data.verifier"
+    } else {
+        "reward.components[N].verifier"
+    };
+    reward.probe(&sample, |k| external[k]).with_context(|| {
+        format!(
+            "{key}: the external reward program failed the start-up probe (the first train \
+                 prompt, {}, with an empty completion), before the model loaded",
+            train.sources[0]
+        )
+    })?;
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Fail fast (issue 48, item 4): every check that needs no weights runs before the weights load.
+//! Each test removes the model's `model.safetensors`, so the weights cannot load: a run whose data,
+//! prompts, reward program or environment is broken must report that problem (file, line, field,
+//! key), not the missing weights; a run with nothing broken reaches the weights and reports them
+//! (the control). The environment is sent `hello` and nothing else (never `reset`).
+
+use std::path::{Path, PathBuf};
+
+use rlvr_train::config::RawConfig;
+use rlvr_train::run::{train, RunOptions};
+
+use crate::common::tiny_model;
+
+/// The char model's chat template (as tests/it/episodes.rs): `role:content<|endoftext|>` per
+/// message, `=>` as the generation prompt.
+const TEMPLATE: &str = "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+                        {% endfor %}{% if add_generation_prompt %}=>{% endif %}";
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    model: PathBuf,
+}
+
+/// The tiny char model without its weights, and good train and test files (`1+2` → `3`).
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let model = tiny_model(&dir, 1);
+    std::fs::remove_file(model.join("model.safetensors")).unwrap();
+    let rows: String = (0..8)
+        .map(|i| format!("{{\"question\": \"{i}+1\", \"answer\": \"{}\"}}\n", i + 1))
+        .collect();
+    std::fs::write(dir.join("train.jsonl"), &rows).unwrap();
+    std::fs::write(dir.join("test.jsonl"), &rows).unwrap();
+    Fixture {
+        _tmp: tmp,
+        dir,
+        model,
+    }
+}
+
+/// `rlvr train` on the fixture with `extra` sets; its error, with every context.
+fn error(f: &Fixture, extra: &[String]) -> String {
+    let mut sets = vec![
+        format!("model.path=\"{}\"", f.model.display()),
+        format!("output.dir=\"{}\"", f.dir.join("run").display()),
+        "data.task=\"arithmetic\"".to_string(),
+        format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+        format!("data.test=\"{}\"", f.dir.join("test.jsonl").display()),
+        "data.template=\"{question}=\"".into(),
+        "data.prompts_per_step=2".into(),
+        "rollout.group_size=2".into(),
+        "rollout.max_new_tokens=4".into(),
+        "train.steps=1".into(),
+        "train.eval_every=1".into(),
+    ];
+    sets.extend(extra.iter().cloned());
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err())
+}
+
+fn weights_missing(e: &str) -> bool {
+    e.contains("model.safetensors") || e.contains("weights")
+}
+
+#[test]
+fn with_nothing_broken_the_run_reaches_the_weights() {
+    let f = fixture();
+    let e = error(&f, &[]);
+    assert!(weights_missing(&e), "{e}");
+}
+
+#[test]
+fn a_bad_train_or_test_line_is_reported_before_the_weights_load() {
+    let f = fixture();
+    std::fs::write(
+        f.dir.join("bad.jsonl"),
+        "{\"question\": \"1+1\", \"answer\": \"2\"}\n{\"question\": \"1+2\"}\n",
+    )
+    .unwrap();
+    let bad = f.dir.join("bad.jsonl").display().to_string();
+    for key in ["data.train", "data.test"] {
+        let e = error(&f, &[format!("{key}=\"{bad}\"")]);
+        assert!(
+            e.contains(&format!("{bad}:2")) && e.contains("missing field `answer`"),
+            "{key}: {e}"
+        );
+        assert!(!weights_missing(&e), "{key}: {e}");
+    }
+}
+
+#[test]
+fn a_prompt_over_the_model_positions_is_reported_before_the_weights_load() {
+    let f = fixture();
+    // 125 characters + "=" + 4 new tokens > the tiny model's 128 positions.
+    let long = "1".repeat(125);
+    std::fs::write(
+        f.dir.join("long.jsonl"),
+        format!(
+            "{{\"question\": \"1+1\", \"answer\": \"2\"}}\n{{\"question\": \"{long}\", \"answer\": \"1\"}}\n"
+        ),
+    )
+    .unwrap();
+    let long_file = f.dir.join("long.jsonl").display().to_string();
+    let e = error(&f, &[format!("data.train=\"{long_file}\"")]);
+    assert!(
+        e.contains(&format!("{long_file}:2"))
+            && e.contains("126 tokens")
+            && e.contains("rollout.max_new_tokens"),
+        "{e}"
+    );
+    assert!(!weights_missing(&e), "{e}");
+}
+
+#[test]
+fn a_crashing_reward_program_is_probed_before_the_weights_load() {
+    let f = fixture();
+    let e = error(
+        &f,
+        &[
+            "reward.components=[{ name = \"mine\", verifier = { kind = \"external\", command = [\"sh\", \"-c\", \"echo broken >&2; exit 3\"] } }]"
+                .into(),
+        ],
+    );
+    assert!(
+        e.contains("start-up probe")
+            && e.contains("train.jsonl:1")
+            && e.contains("`mine`")
+            && e.contains("broken"),
+        "{e}"
+    );
+    assert!(!weights_missing(&e), "{e}");
+}
+
+/// An environment program that logs every request line to `log` and answers `hello` (and only
+/// that: a `reset` would get no reply).
+fn env_script(dir: &Path, log: &Path) -> PathBuf {
+    let p = dir.join("env.sh");
+    std::fs::write(
+        &p,
+        format!(
+            "while IFS= read -r line; do\n  printf '%s\\n' \"$line\" >> '{}'\n  \
+             case \"$line\" in *'\"hello\"'*) echo '{{\"version\":1}}';; esac\ndone\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn the_environment_gets_hello_and_no_reset_before_the_weights_load() {
+    let f = fixture();
+    let tpl = f.dir.join("chat.jinja");
+    std::fs::write(&tpl, TEMPLATE).unwrap();
+    let env_sets = |cmd: &str| {
+        vec![
+            format!("env.command={cmd}"),
+            format!("env.chat_template=\"{}\"", tpl.display()),
+            "env.max_episode_tokens=8".into(),
+            "env.options={ level = 2 }".into(),
+        ]
+    };
+    // An environment that exits at once: its start-up fails before the weights load.
+    let e = error(&f, &env_sets("[\"sh\", \"-c\", \"exit 0\"]"));
+    assert!(e.contains("env.command"), "{e}");
+    assert!(!weights_missing(&e), "{e}");
+    // One that answers `hello`: the run goes on to the weights, and the environment saw `hello`
+    // with the options, and nothing else.
+    let log = f.dir.join("env.log");
+    let script = env_script(&f.dir, &log);
+    let e = error(
+        &f,
+        &env_sets(&format!("[\"sh\", \"{}\"]", script.display())),
+    );
+    assert!(weights_missing(&e), "{e}");
+    let seen = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = seen
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{seen}");
+    assert_eq!(lines[0]["type"], "hello");
+    assert_eq!(lines[0]["options"]["level"], 2);
+}
+
+/// `kind = "python"` in a config file: `function`'s file is relative to the file's directory, and
+/// a function that raises on the probe item is reported before the weights load, naming it.
+#[test]
+fn a_python_reward_function_is_resolved_beside_the_config_and_probed() {
+    let f = fixture();
+    std::fs::write(
+        f.dir.join("my_rewards.py"),
+        "def broken(completions, **kwargs):\n    raise ValueError('no answer here')\n",
+    )
+    .unwrap();
+    let toml = f.dir.join("run.toml");
+    std::fs::write(
+        &toml,
+        "[[reward.components]]\nname = \"mine\"\nverifier = { kind = \"python\", function = \"my_rewards.py:broken\" }\n",
+    )
+    .unwrap();
+    let sets = vec![
+        format!("model.path=\"{}\"", f.model.display()),
+        format!("output.dir=\"{}\"", f.dir.join("run").display()),
+        "data.task=\"arithmetic\"".to_string(),
+        format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+        "data.template=\"{question}=\"".into(),
+        "rollout.max_new_tokens=4".into(),
+    ];
+    let cfg = RawConfig::load(Some(&toml), &sets).unwrap();
+    let v = &cfg.reward.components[0].verifier;
+    let command = v.command().unwrap();
+    assert_eq!(
+        command[2],
+        format!("{}:broken", f.dir.join("my_rewards.py").display())
+    );
+    let cfg = cfg.resolve().unwrap();
+    let e = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(
+        e.contains("start-up probe")
+            && e.contains("`mine`")
+            && e.contains("broken")
+            && e.contains("no answer here"),
+        "{e}"
+    );
+    assert!(!weights_missing(&e), "{e}");
+}
