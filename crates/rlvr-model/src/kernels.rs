@@ -68,6 +68,10 @@ pub struct KernelSwitches {
     pub logprob_head: Switch,
     /// One-pass AdamW (f32 master, both moments and the bf16 copy; the gradient norm from partial sums): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the optimizer yet: `on` is accepted and logged.
     pub adamw: Switch,
+    /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head). Default `auto`. Not wired into the sampler yet: `on` is accepted and logged, and the candle decode step runs.
+    pub decode: Switch,
+    /// CUDA-graph replay of the sampler's decode step, one graph per batch-size bucket (needs `kernels.decode`): `auto`, `on` or `off`, as `kernels.attention`; `off` runs every step eagerly. Default `auto`. Not wired into the sampler yet: `on` is accepted and logged.
+    pub cuda_graphs: Switch,
 }
 
 /// The fused ops, in the order of [`KernelSwitches`]' keys.
@@ -85,17 +89,23 @@ pub enum FusedOp {
     LogprobHead,
     /// `kernels.adamw`.
     Adamw,
+    /// `kernels.decode`.
+    Decode,
+    /// `kernels.cuda_graphs`.
+    CudaGraphs,
 }
 
 impl FusedOp {
     /// Every fused op.
-    pub const ALL: [FusedOp; 6] = [
+    pub const ALL: [FusedOp; 8] = [
         FusedOp::Attention,
         FusedOp::RmsNorm,
         FusedOp::Rotary,
         FusedOp::Swiglu,
         FusedOp::LogprobHead,
         FusedOp::Adamw,
+        FusedOp::Decode,
+        FusedOp::CudaGraphs,
     ];
 
     /// The key under `[kernels]` (and the name `rlvr bench train --fused` takes).
@@ -107,10 +117,13 @@ impl FusedOp {
             FusedOp::Swiglu => "swiglu",
             FusedOp::LogprobHead => "logprob_head",
             FusedOp::Adamw => "adamw",
+            FusedOp::Decode => "decode",
+            FusedOp::CudaGraphs => "cuda_graphs",
         }
     }
 
-    /// The kernel family in the manifest (and in [`triton::GPU_VERIFIED`]).
+    /// The kernel family in the manifest (and in [`triton::GPU_VERIFIED`]; `cuda_graphs` is
+    /// listed there under its key once the graphs passed the GPU check).
     pub fn family(self) -> &'static str {
         match self {
             FusedOp::RmsNorm => "rmsnorm",
@@ -144,6 +157,8 @@ impl KernelSwitches {
             FusedOp::Swiglu => self.swiglu,
             FusedOp::LogprobHead => self.logprob_head,
             FusedOp::Adamw => self.adamw,
+            FusedOp::Decode => self.decode,
+            FusedOp::CudaGraphs => self.cuda_graphs,
         }
     }
 
@@ -156,6 +171,8 @@ impl KernelSwitches {
             FusedOp::Swiglu => &mut self.swiglu,
             FusedOp::LogprobHead => &mut self.logprob_head,
             FusedOp::Adamw => &mut self.adamw,
+            FusedOp::Decode => &mut self.decode,
+            FusedOp::CudaGraphs => &mut self.cuda_graphs,
         } = s;
     }
 
@@ -245,12 +262,31 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
             "hidden size {} (the kernels go to 8192)",
             cfg.hidden_size
         )),
+        FusedOp::Decode | FusedOp::CudaGraphs => {
+            let (hq, hk) = (cfg.num_attention_heads, cfg.num_key_value_heads.max(1));
+            let group = rlvr_kernels::triton::families::decode::GROUP_BLOCK;
+            if hd != 64 && hd != 128 {
+                Some(format!("head dim {hd} (the decode kernels have 64 and 128)"))
+            } else if hq % hk != 0 || hq / hk > group {
+                Some(format!(
+                    "{hq} query heads over {hk} kv heads (the decode attention takes up to \
+                     {group} per kv head)"
+                ))
+            } else if cfg.hidden_size > 8192 {
+                Some(format!(
+                    "hidden size {} (the RMSNorm kernels go to 8192)",
+                    cfg.hidden_size
+                ))
+            } else {
+                None
+            }
+        }
         _ => None,
     }
 }
 
-/// Prints `msg` to stderr once per process.
-pub(crate) fn log_once(msg: String) {
+/// Prints `msg` to stderr once per process (the switches' messages; also the sampler's).
+pub fn log_once(msg: String) {
     static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if seen.get_or_insert_with(HashSet::new).insert(msg.clone()) {
