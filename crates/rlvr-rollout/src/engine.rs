@@ -244,6 +244,9 @@ impl Sampler {
                 .map(|(i, p)| (first_prompt_index + i, p)),
             params,
         )?;
+        // The decode path the switches ask for: resolved (and any fallback logged, once) per call;
+        // the fused step is not wired in yet, so every path runs the candle step below.
+        let _path = self.decode_path();
         // Packed once per call: the weights may change between calls (a sync), not during one.
         let t = std::time::Instant::now();
         let head = packed_head(&self.model)?;

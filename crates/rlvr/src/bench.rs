@@ -69,6 +69,11 @@ pub struct SampleArgs {
     /// Timed runs per batch size, after one untimed warm-up run.
     #[arg(long, default_value_t = 2)]
     pub runs: usize,
+    /// The fused GPU kernels to use, for A/B runs (as `bench train --fused`; the decode step's are
+    /// `decode` and `cuda_graphs`): `all`, `none`, or a comma-separated list. Default: each
+    /// `auto`. On the CPU a no-op.
+    #[arg(long, value_name = "LIST")]
+    pub fused: Option<String>,
 }
 
 /// Arguments of `rlvr bench train`.
@@ -149,7 +154,10 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     for &batch in &a.batch {
         in_range("--batch", batch, MAX_BENCH_ROWS)?;
     }
-    let model = load(&a.model)?;
+    let mut model = load(&a.model)?;
+    if let Some(list) = &a.fused {
+        model.set_kernels(rlvr_model::KernelSwitches::from_fused_list(list)?);
+    }
     fits(
         &model,
         "--prompt-len + --new-tokens",
