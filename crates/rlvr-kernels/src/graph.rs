@@ -187,7 +187,10 @@ impl<G> GraphCache<G> {
                 return Ok(Action::Eager);
             }
         };
-        let slot = self.slots.entry(bucket).or_insert(Slot::Warming { key, done: 0 });
+        let slot = self
+            .slots
+            .entry(bucket)
+            .or_insert(Slot::Warming { key, done: 0 });
         let stale = match slot {
             Slot::Warming { key: k, .. } | Slot::Ready { key: k, .. } => *k != key,
         };
@@ -326,7 +329,13 @@ mod tests {
                 let k = bucket_for(&b, rows).unwrap();
                 assert!(k >= rows);
                 // padding: under 2x below 16 rows, under 16 rows to 256, under 64 above
-                let slack = if rows <= 16 { rows } else if rows <= 256 { 16 } else { 64 };
+                let slack = if rows <= 16 {
+                    rows
+                } else if rows <= 256 {
+                    16
+                } else {
+                    64
+                };
                 assert!(k - rows < slack.max(1), "{max} {rows} {k}");
             }
             assert_eq!(bucket_for(&b, max + 1), None);
@@ -496,8 +505,14 @@ mod tests {
             |_| Ok(()),
         );
         assert_eq!(e.unwrap_err(), "out of memory");
-        c.step(2, K, |_| Ok::<(), String>(()), |b| Ok(Fake { bucket: b, key: K }), |_| Ok(()))
-            .unwrap();
+        c.step(
+            2,
+            K,
+            |_| Ok::<(), String>(()),
+            |b| Ok(Fake { bucket: b, key: K }),
+            |_| Ok(()),
+        )
+        .unwrap();
         let e = c.step(
             2,
             K,

@@ -266,8 +266,10 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
             let (hq, hk) = (cfg.num_attention_heads, cfg.num_key_value_heads.max(1));
             let group = rlvr_kernels::triton::families::decode::GROUP_BLOCK;
             if hd != 64 && hd != 128 {
-                Some(format!("head dim {hd} (the decode kernels have 64 and 128)"))
-            } else if hq % hk != 0 || hq / hk > group {
+                Some(format!(
+                    "head dim {hd} (the decode kernels have 64 and 128)"
+                ))
+            } else if !hq.is_multiple_of(hk) || hq / hk > group {
                 Some(format!(
                     "{hq} query heads over {hk} kv heads (the decode attention takes up to \
                      {group} per kv head)"

@@ -611,7 +611,10 @@ fn decode_rope_kv_record(r: &mut Rec, dt: DType, d: usize) {
         b.insert("v".into(), vb);
     }
     let e = Expected::from([
-        ("q_out".into(), (out(dt, &[rows, hq, d], &qr), tol_norm(dt, &qr))),
+        (
+            "q_out".into(),
+            (out(dt, &[rows, hq, d], &qr), tol_norm(dt, &qr)),
+        ),
         ("k_cache".into(), (out(dt, &csh, &kcf), tol_norm(dt, &kcf))),
         // the value is copied: exact
         (
@@ -724,13 +727,7 @@ fn decode_attn_records(r: &mut Rec, dt: DType, d: usize) {
             (f32s(&lsh, &lse_part), tol_norm(dt, &lse_part)),
         ),
     ]);
-    r.write(
-        &format!("decode_attn_{}_d{d}", dt.name()),
-        ka,
-        &plan,
-        b,
-        e,
-    );
+    r.write(&format!("decode_attn_{}_d{d}", dt.name()), ka, &plan, b, e);
     let plan = decode::plan(kc, &s).unwrap();
     let b = Bufs::from([
         ("o_part".into(), f32s(&psh, &o_part)),

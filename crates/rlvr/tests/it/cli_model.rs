@@ -197,7 +197,10 @@ fn bench_reports_consistent_throughput() {
             st["forward_device_wait"].as_f64().unwrap(),
         );
         assert!(host > 0.0 && wait >= 0.0, "{v}");
-        assert!((host + wait - st["forward"].as_f64().unwrap()).abs() < 1e-9, "{v}");
+        assert!(
+            (host + wait - st["forward"].as_f64().unwrap()).abs() < 1e-9,
+            "{v}"
+        );
         assert!(host >= 0.5 * st["forward"].as_f64().unwrap(), "{v}");
         assert_eq!(v["decode_path"], "candle", "{v}");
         assert_eq!(v["triton_launches_per_step"].as_f64().unwrap(), 0.0, "{v}");

@@ -145,7 +145,7 @@ impl Decode {
                 self.rows, self.capacity
             ));
         }
-        if self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return err(format!(
                 "{} query heads are not a multiple of {} kv heads",
                 self.q_heads, self.kv_heads
@@ -175,9 +175,11 @@ pub fn plan(entry: &KernelEntry, s: &Decode) -> Result<LaunchPlan> {
             let b = PlanBuilder::new(entry);
             let (b, stride_q, stride_kv) = if s.fused_qkv {
                 let row = (hq + 2 * hk) * d;
-                let b = (b.buf_at("q", "qkv", 0))
-                    .buf_at("k", "qkv", hq * d)
-                    .buf_at("v", "qkv", (hq + hk) * d);
+                let b = (b.buf_at("q", "qkv", 0)).buf_at("k", "qkv", hq * d).buf_at(
+                    "v",
+                    "qkv",
+                    (hq + hk) * d,
+                );
                 (b, row, row)
             } else {
                 (b.buf("q", "q").buf("k", "k").buf("v", "v"), hq * d, hk * d)
@@ -315,7 +317,9 @@ mod tests {
         assert_eq!(SplitRule::of(e).unwrap(), RULE);
         let p = plan(e, &s).unwrap();
         assert_eq!(p.grid, [64, 2, 2]);
-        let c = m.entry(&variant("attn_combine", DType::Bf16, 64), t).unwrap();
+        let c = m
+            .entry(&variant("attn_combine", DType::Bf16, 64), t)
+            .unwrap();
         assert_eq!(plan(c, &s).unwrap().grid, [64, 14, 1]);
         let r = m.entry(&variant("rope_kv", DType::Bf16, 64), t).unwrap();
         let p = plan(r, &s).unwrap();
@@ -349,20 +353,8 @@ mod tests {
             },
             "handles up to 16",
         );
-        bad(
-            Decode {
-                kv_heads: 3,
-                ..s
-            },
-            "not a multiple",
-        );
-        bad(
-            Decode {
-                head_dim: 128,
-                ..s
-            },
-            "HEAD_DIM is 64",
-        );
+        bad(Decode { kv_heads: 3, ..s }, "not a multiple");
+        bad(Decode { head_dim: 128, ..s }, "HEAD_DIM is 64");
         bad(Decode { rows: 0, ..s }, "nothing to decode");
     }
 }
