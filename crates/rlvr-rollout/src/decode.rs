@@ -303,4 +303,70 @@ mod tests {
         ];
         assert_eq!(names, ["fused", "fused+graphs"]);
     }
+
+    /// The decode kernels' launch recorder at the sampler level: with `kernels.decode = "on"` on
+    /// the CPU, a real sampling call (two prompts of 300 and 261 tokens, so left padding masked by
+    /// the bias rows and a first step of 301 keys: two splits) writes the launches of
+    /// `decode_rope_kv`, `decode_attn` and `decode_attn_combine` built from the step's real
+    /// tensors, with the candle step's results as the expected outputs; the completions are the
+    /// plain sampler's, bit for bit. Under `RLVR_KERNEL_RECORD` (CI) the records go there and
+    /// `scripts/ci_kernels.sh` replays them under Triton's interpreter.
+    #[test]
+    fn sampler_level_launch_records_of_the_decode_kernels() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = match std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+            Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+            _ => tmp.path().to_path_buf(),
+        };
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 512}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let plain = Model::random(config, 0.05, 5, DType::F32, &Device::Cpu).unwrap();
+        let prompts: Vec<Vec<u32>> = [300u32, 261]
+            .iter()
+            .map(|n| (0..*n).map(|i| (i * 7 + n) % 64).collect())
+            .collect();
+        let params = SamplingParams {
+            group_size: 2,
+            max_new_tokens: 3,
+            ..Default::default()
+        };
+        let want = Sampler::new(&plain, 0)
+            .sample(&prompts, 0, &params, 9)
+            .unwrap();
+        let mut m = plain.try_clone().unwrap();
+        let mut k = KernelSwitches::all(Switch::Off);
+        k.decode = Switch::On;
+        m.set_kernels(k);
+        let got = {
+            let _guard = rlvr_model::kernels::record_launches(&dir).unwrap();
+            Sampler::new(&m, 0).sample(&prompts, 0, &params, 9).unwrap()
+        };
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.token_ids, b.token_ids);
+            assert_eq!(a.behaviour_logprobs, b.behaviour_logprobs);
+        }
+        let read = |kernel: &str| -> serde_json::Value {
+            let rec = dir.join(format!("model_decode_{kernel}_f32_d64/record.json"));
+            let text =
+                std::fs::read_to_string(&rec).unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+            serde_json::from_str(&text).unwrap()
+        };
+        // The first decode step: 4 rows, 301 keys in a 306-column cache; 2 splits.
+        let rope = read("rope_kv");
+        assert_eq!(rope["grid"], serde_json::json!([4, 1, 1]));
+        let attn = read("attn");
+        assert_eq!(attn["grid"], serde_json::json!([4, 1, 2]));
+        let arg = |rec: &serde_json::Value, p: &str| -> serde_json::Value {
+            let args = rec["args"].as_array().unwrap();
+            args.iter().find(|a| a["param"] == p).unwrap().clone()
+        };
+        assert_eq!(arg(&attn, "cap")["value"], 306);
+        assert_eq!(arg(&attn, "n_splits")["value"], 2);
+        assert_eq!(arg(&read("attn_combine"), "n_qh")["value"], 2);
+    }
 }
