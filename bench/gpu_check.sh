@@ -19,7 +19,15 @@
 #                per op group against the budgets (attention 10 ms, head 25 ms, other layer ops 15
 #                ms, AdamW 6 ms, the last scaled from one tensor); kernels_timing.jsonl/.txt.
 #                kernels_list.txt: `rlvr kernels list`. Not yet run on a GPU (prepared 2026-12-06).
-#   0b. sampling issue 50's decode path (`[kernels]` decode and cuda_graphs, `--fused`): (a) a seeded
+#   1. logprobs  `rlvr logprobs` of one chat completion on a random Qwen2 model (hidden 256, 4 layers,
+#                GQA 4/2, the Qwen2.5 tokenizer's vocabulary): cuda f32 vs cpu f32 within 1e-5 absolute;
+#                cuda bf16 and cpu bf16 against cpu f32, the max difference reported (bound 0.1 nats).
+#   2. offline   10 steps of GRPO from one offline experiences file (written by `rlvr generate` on the
+#                CPU, rewards set by a fixed rule so groups have variance): every per-step metric of
+#                cuda f32 equals cpu f32 within 1e-5 relative at step 1 and 1e-4 relative over all
+#                10 steps (differences under 1e-6 absolute count as equal: a step's GRPO loss is ~0); two cuda f32 runs bit-identical (metrics and checkpoint files; else the
+#                first differing step and key are named); cuda bf16 against cpu f32 reported.
+#   2b. sampling issue 50's decode path (`[kernels]` decode and cuda_graphs, `--fused`): (a) a seeded
 #                `rlvr generate` of the small model on DEVICE in f32 and bf16 with graphs on and off
 #                (`--fused decode,cuda_graphs` vs `--fused decode`): token ids and behaviour
 #                log-probs bit-identical; (b) `rlvr bench sample` at batch 64 and 256 (128-token
@@ -32,15 +40,8 @@
 #                `kl_behaviour` of step 1 (f32 bound 1e-5). Until the fused step is wired into the
 #                sampler, `decode_path` reads `candle` in every line (the switches are logged and
 #                the candle step runs). SAMPLING_SHAPE=small: a tiny shape (checking the script
-#                on a CPU). Prepared and dry-run on a CPU on 2026-12-06; not yet run on a GPU.
-#   1. logprobs  `rlvr logprobs` of one chat completion on a random Qwen2 model (hidden 256, 4 layers,
-#                GQA 4/2, the Qwen2.5 tokenizer's vocabulary): cuda f32 vs cpu f32 within 1e-5 absolute;
-#                cuda bf16 and cpu bf16 against cpu f32, the max difference reported (bound 0.1 nats).
-#   2. offline   10 steps of GRPO from one offline experiences file (written by `rlvr generate` on the
-#                CPU, rewards set by a fixed rule so groups have variance): every per-step metric of
-#                cuda f32 equals cpu f32 within 1e-5 relative at step 1 and 1e-4 relative over all
-#                10 steps (differences under 1e-6 absolute count as equal: a step's GRPO loss is ~0); two cuda f32 runs bit-identical (metrics and checkpoint files; else the
-#                first differing step and key are named); cuda bf16 against cpu f32 reported.
+#                on a CPU). Prepared and dry-run on a CPU on
+#                2026-12-06; not yet run on a GPU.
 #   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; a
 #                training step against PyTorch's), Qwen2.5-0.5B shape in bf16.
 #   3b. breakdown the training step of part 3 as forward, backward and optimizer, with the head's
@@ -51,7 +52,8 @@
 # Environment: RLVR (binary; default bench/rlvr-cuda-nccl.gz unpacked when it starts, else
 # bench/rlvr-cuda.gz, else target-cuda/release/rlvr),
 # DEVICE (cuda:0), BUDGET (seconds for the whole script, default 330), PARTS (default
-# "kernels sampling logprobs offline nccl speed breakdown shared"), PY (the python with numpy; default the
+# "kernels logprobs offline sampling nccl speed breakdown shared"; the default BUDGET covers the
+# first three: give BUDGET=570 or PARTS=sampling for the sampling part, about 130-240 s), PY (the python with numpy; default the
 # torch venv's when present, else python3), KERNEL_ITERS (timed launches per record, default 20).
 # On a CPU-only machine, to check the script itself (the kernels part then dry-runs: records
 # written for both targets, resolved and packed, and the timing table says "no GPU"):
@@ -64,7 +66,7 @@ OUTD=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$OUTD"
 DEVICE=${DEVICE:-cuda:0}
 BUDGET=${BUDGET:-330}
-PARTS=${PARTS:-kernels sampling logprobs offline nccl speed breakdown shared}
+PARTS=${PARTS:-kernels logprobs offline sampling nccl speed breakdown shared}
 if [ -z "${PY:-}" ]; then
   PY=python3
   [ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
@@ -398,9 +400,9 @@ PY
 export W OUTD DEVICE PY RLVR
 export -f kernels sampling logprobs offline speed breakdown shared nccl
 part kernels 150 kernels
-part sampling 240 sampling
 part logprobs 60 logprobs
 part offline 120 offline
+part sampling 240 sampling
 part nccl 40 nccl
 part speed 200 speed
 part breakdown 120 breakdown
