@@ -27,6 +27,21 @@
 #                cuda f32 equals cpu f32 within 1e-5 relative at step 1 and 1e-4 relative over all
 #                10 steps (differences under 1e-6 absolute count as equal: a step's GRPO loss is ~0); two cuda f32 runs bit-identical (metrics and checkpoint files; else the
 #                first differing step and key are named); cuda bf16 against cpu f32 reported.
+#   2b. sampling issue 50's decode path (`[kernels]` decode and cuda_graphs, `--fused`): (a) a seeded
+#                `rlvr generate` of the small model on DEVICE in f32 and bf16 with graphs on and off
+#                (`--fused decode,cuda_graphs` vs `--fused decode`): token ids and behaviour
+#                log-probs bit-identical; (b) `rlvr bench sample` at batch 64 and 256 (128-token
+#                prompts, 256 new tokens, Qwen2.5-0.5B shape, bf16) on the candle path
+#                (`--fused none`) and the fused path with graphs, against transformers `generate`
+#                (bench/gpu_torch.py) in the same part: tok/s, ms per decode step (host dispatch /
+#                device wait), Triton launches per step and the `decode_path` that actually ran
+#                (sampling.jsonl, sampling.txt); (c) the train/sample mismatch at staleness 0:
+#                the completions of (a) scored by one training step on DEVICE in the same dtype,
+#                `kl_behaviour` of step 1 (f32 bound 1e-5). Until the fused step is wired into the
+#                sampler, `decode_path` reads `candle` in every line (the switches are logged and
+#                the candle step runs). SAMPLING_SHAPE=small: a tiny shape (checking the script
+#                on a CPU). Prepared and dry-run on a CPU on
+#                2026-12-06; not yet run on a GPU.
 #   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; a
 #                training step against PyTorch's), Qwen2.5-0.5B shape in bf16.
 #   3b. breakdown the training step of part 3 as forward, backward and optimizer, with the head's
@@ -37,18 +52,21 @@
 # Environment: RLVR (binary; default bench/rlvr-cuda-nccl.gz unpacked when it starts, else
 # bench/rlvr-cuda.gz, else target-cuda/release/rlvr),
 # DEVICE (cuda:0), BUDGET (seconds for the whole script, default 330), PARTS (default
-# "kernels logprobs offline nccl speed breakdown shared"), PY (the python with numpy; default the
+# "kernels logprobs offline sampling nccl speed breakdown shared"; the default BUDGET covers the
+# first three: give BUDGET=570 or PARTS=sampling for the sampling part, about 130-240 s), PY (the python with numpy; default the
 # torch venv's when present, else python3), KERNEL_ITERS (timed launches per record, default 20).
 # On a CPU-only machine, to check the script itself (the kernels part then dry-runs: records
 # written for both targets, resolved and packed, and the timing table says "no GPU"):
 #   RLVR=target/release/rlvr DEVICE=cpu PARTS="kernels logprobs offline" bench/gpu_check.sh /tmp/gc
+#   RLVR=target/release/rlvr DEVICE=cpu PARTS=sampling SAMPLING_SHAPE=small PY=<python with torch> \
+#     bench/gpu_check.sh /tmp/gc
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTD=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$OUTD"
 DEVICE=${DEVICE:-cuda:0}
 BUDGET=${BUDGET:-330}
-PARTS=${PARTS:-kernels logprobs offline nccl speed breakdown shared}
+PARTS=${PARTS:-kernels logprobs offline sampling nccl speed breakdown shared}
 if [ -z "${PY:-}" ]; then
   PY=python3
   [ -x /opt/torch/.venv/bin/python ] && PY=/opt/torch/.venv/bin/python
@@ -129,6 +147,97 @@ kernels() {
   timeout -k 5 75 "$PY" kernels/replay_gpu.py $dry --time "${KERNEL_ITERS:-20}" --timing "$OUTD/kernels_timing.jsonl" \
     --skip-failed "$OUTD/kernels_failed.txt" "$K/bench" | tee "$OUTD/kernels_timing.txt"
   rm -rf "$K/bench"
+}
+
+sampling() {
+  # Issue 50's decode path; see the header (0b).
+  local S=$W/sampling dts="f32 bf16" shape batches plen=128 new=256 tdev=${DEVICE/cuda:*/cuda}
+  local tok=data/tokenizers/qwen2.5/tokenizer.json
+  mkdir -p "$S"
+  if [ "${SAMPLING_SHAPE:-}" = small ]; then
+    shape=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --vocab-size 4096)
+    batches=(--batch 4 --batch 8); plen=16; new=16; tok=$S/tok2.json
+    "$PY" -c 'import sys; from tokenizers import Tokenizer, models; Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1}, unk_token="<unk>")).save(sys.argv[1])' "$tok"
+  else
+    shape=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab-size 151936)
+    batches=(--batch 64 --batch 256)
+  fi
+  # (a) graphs on/off, bit-identical, and the experiences for (c).
+  head -n 4 data/gsm8k/train.jsonl | "$PY" -c '
+import json, sys
+for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > "$S/prompts.jsonl"
+  for dt in $dts; do
+    for f in decode decode,cuda_graphs; do
+      "$RLVR" generate --model "$W/small" --prompts "$S/prompts.jsonl" --chat -n 4 --top-p 1 --max-new-tokens 32 \
+        --seed 7 --device "$DEVICE" --dtype $dt --fused $f --out "$S/exp_${dt}_${f/,/_}.jsonl" > /dev/null \
+        2> "$S/generate_${dt}_${f/,/_}.err" || { echo "FAIL sampling: generate $dt --fused $f"; tail -3 "$S/generate_${dt}_${f/,/_}.err"; }
+    done
+    if cmp -s "$S/exp_${dt}_decode.jsonl" "$S/exp_${dt}_decode_cuda_graphs.jsonl" && [ -s "$S/exp_${dt}_decode.jsonl" ]; then
+      echo "PASS sampling: graphs on/off $dt: $(wc -l < "$S/exp_${dt}_decode.jsonl") completions, token ids and behaviour log-probs bit-identical"
+    else
+      echo "FAIL sampling: graphs on/off $dt: the experiences differ"
+    fi
+    grep -h "kernels\." "$S"/generate_${dt}_*.err | sort -u | head -3
+  done
+  # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
+  # fixed rule of the ids, so groups have variance), same device, dtype and switches.
+  for dt in $dts; do
+    "$PY" - "$S/exp_${dt}_decode_cuda_graphs.jsonl" "$S/exp_${dt}_r.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for l in open(sys.argv[1]):
+        r = json.loads(l); r["reward"] = float(sum(r["completion_ids"]) % 2 == 0); f.write(json.dumps(r) + "\n")
+PY
+    "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$DEVICE\"" --set model.dtype="\"$dt\"" \
+      --set kernels.decode='"on"' --set kernels.cuda_graphs='"on"' \
+      --set data.experiences="\"$S/exp_${dt}_r.jsonl\"" --set data.prompts_per_step=4 --set rollout.group_size=4 \
+      --set algorithm.preset='"grpo"' --set train.steps=1 --set train.micro_batch_size=4 --set train.eval_every=0 \
+      --set train.seed=0 --set output.dir="\"$S/train_$dt\"" --no-progress > "$S/train_$dt.log" 2>&1 \
+      || { echo "FAIL sampling: train $dt: rc $?"; tail -5 "$S/train_$dt.log"; }
+  done
+  "$PY" - "$S" "$OUTD/sampling.jsonl" "$dts" <<'PY'
+import json, os, sys
+s, out, dts = sys.argv[1], sys.argv[2], sys.argv[3].split()
+for dt in dts:
+    p = f"{s}/train_{dt}/metrics.jsonl"
+    if not os.path.exists(p):
+        print(f"FAIL sampling: mismatch {dt}: no metrics"); continue
+    kl = json.loads(open(p).readline()).get("kl_behaviour")
+    ok = kl is not None and (dt != "f32" or abs(kl) <= 1e-5)
+    open(out, "a").write(json.dumps({"check": "mismatch_staleness_0", "dtype": dt, "kl_behaviour": kl,
+                                     "bound": 1e-5 if dt == "f32" else None, "pass": ok}) + "\n")
+    print(("PASS" if ok else ("INFO" if dt != "f32" and kl is not None else "FAIL")),
+          f"sampling: mismatch at staleness 0, {dt}: step-1 kl_behaviour {kl}" + (" (bound 1e-5)" if dt == "f32" else ""))
+PY
+  # (b) throughput: the candle path, the fused path with graphs, transformers, one model.
+  "$RLVR" init --arch qwen2 "${shape[@]}" --tie-embeddings true --tokenizer "$tok" \
+    --dtype bf16 --seed 0 --out "$S/model" > /dev/null || { echo "FAIL sampling: init"; return 1; }
+  local b=(bench sample --model "$S/model" --device "$DEVICE" --dtype bf16 "${batches[@]}" --prompt-len $plen
+    --new-tokens $new --runs 1)
+  timeout -k 5 "${SAMPLING_STEP_TIMEOUT:-60}" "$RLVR" "${b[@]}" --fused none >> "$S/bench.jsonl" \
+    || echo "FAIL sampling: bench sample --fused none: rc $?"
+  timeout -k 5 "${SAMPLING_STEP_TIMEOUT:-60}" "$RLVR" "${b[@]}" --fused decode,cuda_graphs >> "$S/bench.jsonl" \
+    2> "$S/bench_fused.err" || echo "FAIL sampling: bench sample --fused decode,cuda_graphs: rc $?"
+  timeout -k 5 "${SAMPLING_STEP_TIMEOUT:-60}" "$PY" bench/gpu_torch.py --model "$S/model" --device "$tdev" --dtype bf16 \
+    sample "${batches[@]}" --prompt-len $plen --new-tokens $new --runs 1 >> "$S/bench.jsonl" \
+    || echo "FAIL sampling: transformers generate: rc $?"
+  cat "$S/bench.jsonl" >> "$OUTD/sampling.jsonl"
+  "$PY" - "$S/bench.jsonl" <<'PY' | tee "$OUTD/sampling.txt"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+pt = {r["batch"]: r for r in rows if r.get("impl") == "pytorch"}
+print(f"{'batch':>6} {'path':<14}{'tok/s':>9}{'x generate':>11}{'ms/step':>9}{'host':>8}{'wait':>8}{'triton/step':>12}")
+for r in rows:
+    if r.get("impl") != "rlvr":
+        continue
+    s, p = r["step_ms"], pt.get(r["batch"])
+    x = f"{r['tok_per_s'] / p['tok_per_s']:.2f}" if p else "-"
+    print(f"{r['batch']:>6} {r['decode_path']:<14}{r['tok_per_s']:>9.0f}{x:>11}{s['total']:>9.2f}"
+          f"{s['forward_host']:>8.2f}{s['forward_device_wait']:>8.2f}{r['triton_launches_per_step']:>12.1f}")
+for b, p in sorted(pt.items()):
+    print(f"{b:>6} {'transformers':<14}{p['tok_per_s']:>9.0f}{'1.00':>11}{p['step_ms']['total']:>9.2f}")
+print("targets (issue 50): decode step <= 2 ms at batch 64; >= 5x transformers generate at batch 256")
+PY
 }
 
 logprobs() {
@@ -289,10 +398,11 @@ PY
 }
 
 export W OUTD DEVICE PY RLVR
-export -f kernels logprobs offline speed breakdown shared nccl
+export -f kernels sampling logprobs offline speed breakdown shared nccl
 part kernels 150 kernels
 part logprobs 60 logprobs
 part offline 120 offline
+part sampling 240 sampling
 part nccl 40 nccl
 part speed 200 speed
 part breakdown 120 breakdown

@@ -8,6 +8,8 @@
 //! - [`exp`]: vectorised `exp` and the softmax pieces shared by the head and token selection.
 //! - [`adamw`]: the in-place AdamW and gradient-accumulation passes.
 //! - [`cpu`]: CPU feature detection, done once.
+//! - [`graph`]: CUDA-graph capture and replay of the sampler's decode step: the per-bucket
+//!   control flow (plain Rust) and (feature `cuda`) the capture on candle's stream.
 //! - [`triton`]: the GPU kernels written in Triton, compiled ahead of time: manifest, PTX ABI
 //!   check, launch plans, the launch recorder, and (feature `cuda`) the launcher.
 //!
@@ -43,6 +45,7 @@ pub mod adamw;
 pub mod cpu;
 pub mod exp;
 mod gemm;
+pub mod graph;
 pub mod lm_head;
 pub mod packed_head;
 pub mod skinny;

@@ -68,6 +68,10 @@ pub struct KernelSwitches {
     pub logprob_head: Switch,
     /// One-pass AdamW (f32 master, both moments and the bf16 copy; the gradient norm from partial sums): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the optimizer yet: `on` is accepted and logged.
     pub adamw: Switch,
+    /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head). Default `auto`. Not wired into the sampler yet: `on` is accepted and logged, and the candle decode step runs.
+    pub decode: Switch,
+    /// CUDA-graph replay of the sampler's decode step, one graph per batch-size bucket (needs `kernels.decode`): `auto`, `on` or `off`, as `kernels.attention`; `off` runs every step eagerly. Default `auto`. Not wired into the sampler yet: `on` is accepted and logged.
+    pub cuda_graphs: Switch,
 }
 
 /// The fused ops, in the order of [`KernelSwitches`]' keys.
@@ -85,17 +89,23 @@ pub enum FusedOp {
     LogprobHead,
     /// `kernels.adamw`.
     Adamw,
+    /// `kernels.decode`.
+    Decode,
+    /// `kernels.cuda_graphs`.
+    CudaGraphs,
 }
 
 impl FusedOp {
     /// Every fused op.
-    pub const ALL: [FusedOp; 6] = [
+    pub const ALL: [FusedOp; 8] = [
         FusedOp::Attention,
         FusedOp::RmsNorm,
         FusedOp::Rotary,
         FusedOp::Swiglu,
         FusedOp::LogprobHead,
         FusedOp::Adamw,
+        FusedOp::Decode,
+        FusedOp::CudaGraphs,
     ];
 
     /// The key under `[kernels]` (and the name `rlvr bench train --fused` takes).
@@ -107,10 +117,13 @@ impl FusedOp {
             FusedOp::Swiglu => "swiglu",
             FusedOp::LogprobHead => "logprob_head",
             FusedOp::Adamw => "adamw",
+            FusedOp::Decode => "decode",
+            FusedOp::CudaGraphs => "cuda_graphs",
         }
     }
 
-    /// The kernel family in the manifest (and in [`triton::GPU_VERIFIED`]).
+    /// The kernel family in the manifest (and in [`triton::GPU_VERIFIED`]; `cuda_graphs` is
+    /// listed there under its key once the graphs passed the GPU check).
     pub fn family(self) -> &'static str {
         match self {
             FusedOp::RmsNorm => "rmsnorm",
@@ -144,6 +157,8 @@ impl KernelSwitches {
             FusedOp::Swiglu => self.swiglu,
             FusedOp::LogprobHead => self.logprob_head,
             FusedOp::Adamw => self.adamw,
+            FusedOp::Decode => self.decode,
+            FusedOp::CudaGraphs => self.cuda_graphs,
         }
     }
 
@@ -156,6 +171,8 @@ impl KernelSwitches {
             FusedOp::Swiglu => &mut self.swiglu,
             FusedOp::LogprobHead => &mut self.logprob_head,
             FusedOp::Adamw => &mut self.adamw,
+            FusedOp::Decode => &mut self.decode,
+            FusedOp::CudaGraphs => &mut self.cuda_graphs,
         } = s;
     }
 
@@ -245,12 +262,33 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
             "hidden size {} (the kernels go to 8192)",
             cfg.hidden_size
         )),
+        FusedOp::Decode | FusedOp::CudaGraphs => {
+            let (hq, hk) = (cfg.num_attention_heads, cfg.num_key_value_heads.max(1));
+            let group = rlvr_kernels::triton::families::decode::GROUP_BLOCK;
+            if hd != 64 && hd != 128 {
+                Some(format!(
+                    "head dim {hd} (the decode kernels have 64 and 128)"
+                ))
+            } else if !hq.is_multiple_of(hk) || hq / hk > group {
+                Some(format!(
+                    "{hq} query heads over {hk} kv heads (the decode attention takes up to \
+                     {group} per kv head)"
+                ))
+            } else if cfg.hidden_size > 8192 {
+                Some(format!(
+                    "hidden size {} (the RMSNorm kernels go to 8192)",
+                    cfg.hidden_size
+                ))
+            } else {
+                None
+            }
+        }
         _ => None,
     }
 }
 
-/// Prints `msg` to stderr once per process.
-pub(crate) fn log_once(msg: String) {
+/// Prints `msg` to stderr once per process (the switches' messages; also the sampler's).
+pub fn log_once(msg: String) {
     static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if seen.get_or_insert_with(HashSet::new).insert(msg.clone()) {
@@ -294,6 +332,9 @@ pub fn reference_rows() -> String {
 pub(crate) struct Fused {
     /// Attention through the fused kernels.
     pub attention: bool,
+    /// The decode step's kernels (`kernels.decode`): on the CPU, only flagged for the launch
+    /// recorder ([`record_decode`]); not wired on CUDA yet.
+    pub decode: bool,
 }
 
 impl Fused {
@@ -303,8 +344,10 @@ impl Fused {
             !device.is_cuda() && s.get(op) == Switch::On && uncovered(op, cfg, dtype).is_none()
         };
         let attention = s.resolve(FusedOp::Attention, cfg, dtype, device);
+        let decode = s.resolve(FusedOp::Decode, cfg, dtype, device);
         Fused {
             attention: attention || cpu_on(FusedOp::Attention),
+            decode: decode || cpu_on(FusedOp::Decode),
         }
     }
 }
@@ -353,7 +396,7 @@ pub fn record_launches(dir: impl Into<std::path::PathBuf>) -> Result<RecordGuard
     Ok(RecordGuard(()))
 }
 
-fn recording() -> bool {
+pub(crate) fn recording() -> bool {
     RECORDER.with(|r| r.borrow().is_some())
 }
 
@@ -825,6 +868,215 @@ fn composition_of(l: &AttnLayout, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<
         pieces.push(Tensor::zeros((n - at, hq, d), q.dtype(), q.device())?);
     }
     Ok(Tensor::cat(&pieces, 0)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decode step (issue 50).
+
+/// The tensors of one cached decode step of one layer (one new position per row), as the
+/// attention of `layers.rs` has them; all f32 on the CPU.
+pub(crate) struct DecodeStep<'a> {
+    /// The new query and key before the rotary embedding `[B, 1, nh | nkv, hd]`, and value.
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    /// The rows' rotary tables `[B, 1, 1, hd]` (row b at its position).
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+    /// The rotated query `[B, nh, 1, hd]` (the composition's).
+    pub q_rot: &'a Tensor,
+    /// The store's keys and values after the append `[B, nkv, S, hd]` (S = the length, the new
+    /// column last).
+    pub k_all: &'a Tensor,
+    pub v_all: &'a Tensor,
+    /// The attention bias `[B, 1, 1, S]`.
+    pub bias: &'a Tensor,
+    /// The composition's attention output `[B, 1, nh·hd]`.
+    pub o: &'a Tensor,
+}
+
+/// Extra cache columns past the step's length in the decode records: the kernels must neither
+/// read (attention: they hold 1e4, which would swamp the result) nor write (rope/cache write:
+/// they must stay 0) them.
+const DECODE_SLACK: usize = 5;
+
+/// Under the launch recorder (CPU, f32, `kernels.decode = "on"`): the decode kernels' launches
+/// for this step, built by `rlvr_kernels::triton::families::decode` from the step's real tensors
+/// (left padding masked by the real bias rows, the rows' real positions through their rotary
+/// rows), with the composition's results as the expected outputs: `decode_rope_kv` (the rotated
+/// query, the new key/value written into column S − 1 of a cache with capacity S + 5),
+/// `decode_attn` (the per-split partials, from float64 on the same inputs) and
+/// `decode_attn_combine` (the composition's attention output). One record per kernel per
+/// recorder.
+pub(crate) fn record_decode(st: &DecodeStep) -> Result<()> {
+    use rlvr_kernels::triton::families::decode::{self, Decode, SplitRule};
+    if !recording() || st.q.dtype() != DType::F32 {
+        return Ok(());
+    }
+    let (b, _, nh, hd) = st.q.dims4()?;
+    let (_, nkv, s, _) = st.k_all.dims4()?;
+    let cap = s + DECODE_SLACK;
+    let shape = Decode {
+        rows: b,
+        q_heads: nh,
+        kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+        fused_qkv: false,
+        softmax_scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let plan_err = |e: triton::TritonError| ModelError::Invalid(e.to_string());
+    // Caches [B, nkv, cap, hd]: the step's S columns, then the slack filled with `fill`.
+    let widen = |all: &[f32], fill: f32| -> Vec<f32> {
+        let mut out = vec![fill; b * nkv * cap * hd];
+        for r in 0..b * nkv {
+            out[r * cap * hd..(r * cap + s) * hd]
+                .copy_from_slice(&all[r * s * hd..(r + 1) * s * hd]);
+        }
+        out
+    };
+    let (k_all, v_all) = (host_f32(st.k_all)?, host_f32(st.v_all)?);
+    let csh = [b, nkv, cap, hd];
+    // rope + cache write: the caches before the step (column S − 1 zero, as the slack).
+    let mut k_before = widen(&k_all, 0.0);
+    let mut v_before = widen(&v_all, 0.0);
+    for r in 0..b * nkv {
+        let at = (r * cap + s - 1) * hd;
+        k_before[at..at + hd].fill(0.0);
+        v_before[at..at + hd].fill(0.0);
+    }
+    let f = |sh: &[usize], v: &[f32]| HostBuffer::f32(sh, v);
+    let pos: Vec<i32> = (0..b as i32).collect(); // row b reads table row b: its own position
+    let cols = vec![(s - 1) as i32; b];
+    let lens = vec![s as i32; b];
+    let name = decode::variant("rope_kv", triton::DType::Fp32, hd);
+    let label = format!("model_{name}");
+    write_record(
+        &label,
+        &name,
+        |e| Ok((decode::plan(e, &shape).map_err(plan_err)?, BTreeMap::new())),
+        BTreeMap::from([
+            ("q".to_string(), f(&[b, nh, hd], &host_f32(st.q)?)),
+            ("k".to_string(), f(&[b, nkv, hd], &host_f32(st.k)?)),
+            ("v".to_string(), f(&[b, nkv, hd], &host_f32(st.v)?)),
+            (
+                "q_out".to_string(),
+                HostBuffer::zeros(triton::DType::Fp32, &[b, nh, hd]),
+            ),
+            ("k_cache".to_string(), f(&csh, &k_before)),
+            ("v_cache".to_string(), f(&csh, &v_before)),
+            ("cos".to_string(), f(&[b, hd], &host_f32(st.cos)?)),
+            ("sin".to_string(), f(&[b, hd], &host_f32(st.sin)?)),
+            ("pos".to_string(), HostBuffer::i32(&[b], &pos)),
+            ("cols".to_string(), HostBuffer::i32(&[b], &cols)),
+        ]),
+        BTreeMap::from([
+            (
+                "q_out".to_string(),
+                (f(&[b, nh, hd], &host_f32(st.q_rot)?), Tolerance::F32),
+            ),
+            (
+                "k_cache".to_string(),
+                (f(&csh, &widen(&k_all, 0.0)), Tolerance::F32),
+            ),
+            (
+                "v_cache".to_string(),
+                (f(&csh, &widen(&v_all, 0.0)), Tolerance::F32),
+            ),
+        ]),
+    )?;
+    // Attention: the partials of each split, in float64 from the f32 inputs.
+    let q_rot = host_f32(st.q_rot)?;
+    let bias_rows = host_f32(st.bias)?; // [B, S]
+    let mut bias = vec![0f32; b * cap];
+    for r in 0..b {
+        bias[r * cap..r * cap + s].copy_from_slice(&bias_rows[r * s..(r + 1) * s]);
+    }
+    let name = decode::variant("attn", triton::DType::Fp32, hd);
+    let combine = decode::variant("attn_combine", triton::DType::Fp32, hd);
+    let Some((rule, ns)) = RECORDER.with(|r| {
+        let r = r.borrow();
+        let e = r.as_ref()?.manifest.entry(&name, Target::Sm90a).ok()?;
+        Some((SplitRule::of(e).ok()?, shape.n_splits(e).ok()?))
+    }) else {
+        return Err(ModelError::Invalid(format!(
+            "{name}: not in the committed manifest"
+        )));
+    };
+    let rep = nh / nkv;
+    let scale = shape.softmax_scale as f64;
+    let (mut o_part, mut lse_part) = (vec![0f32; b * nh * ns * hd], vec![0f32; b * nh * ns]);
+    let span = rule.split_len(s);
+    for r in 0..b {
+        for h in 0..nh {
+            let qi = (r * nh + h) * hd;
+            let kv = |j: usize| ((r * nkv + h / rep) * s + j) * hd;
+            let sc: Vec<f64> = (0..s)
+                .map(|j| {
+                    let dot: f64 = (0..hd)
+                        .map(|x| q_rot[qi + x] as f64 * k_all[kv(j) + x] as f64)
+                        .sum();
+                    dot * scale + bias_rows[r * s + j] as f64
+                })
+                .collect();
+            for sp in 0..rule.splits(s) {
+                let (lo, hi) = (sp * span, ((sp + 1) * span).min(s));
+                let m = sc[lo..hi].iter().fold(f64::NEG_INFINITY, |a, x| a.max(*x));
+                let z: f64 = sc[lo..hi].iter().map(|x| (x - m).exp()).sum();
+                let row = (r * nh + h) * ns + sp;
+                for x in 0..hd {
+                    let acc: f64 = (lo..hi)
+                        .map(|j| (sc[j] - m).exp() * v_all[kv(j) + x] as f64)
+                        .sum();
+                    o_part[row * hd + x] = (acc / z) as f32;
+                }
+                lse_part[row] = ((m + z.ln()) * std::f64::consts::LOG2_E) as f32;
+            }
+        }
+    }
+    let (psh, lsh) = ([b, nh, ns, hd], [b, nh, ns]);
+    write_record(
+        &format!("model_{name}"),
+        &name,
+        |e| Ok((decode::plan(e, &shape).map_err(plan_err)?, BTreeMap::new())),
+        BTreeMap::from([
+            ("q_out".to_string(), f(&[b, nh, hd], &q_rot)),
+            ("k_cache".to_string(), f(&csh, &widen(&k_all, 1e4))),
+            ("v_cache".to_string(), f(&csh, &widen(&v_all, 1e4))),
+            ("bias".to_string(), f(&[b, cap], &bias)),
+            ("lens".to_string(), HostBuffer::i32(&[b], &lens)),
+            (
+                "o_part".to_string(),
+                HostBuffer::zeros(triton::DType::Fp32, &psh),
+            ),
+            (
+                "lse_part".to_string(),
+                HostBuffer::zeros(triton::DType::Fp32, &lsh),
+            ),
+        ]),
+        BTreeMap::from([
+            ("o_part".to_string(), (f(&psh, &o_part), Tolerance::F32)),
+            ("lse_part".to_string(), (f(&lsh, &lse_part), Tolerance::F32)),
+        ]),
+    )?;
+    write_record(
+        &format!("model_{combine}"),
+        &combine,
+        |e| Ok((decode::plan(e, &shape).map_err(plan_err)?, BTreeMap::new())),
+        BTreeMap::from([
+            ("o_part".to_string(), f(&psh, &o_part)),
+            ("lse_part".to_string(), f(&lsh, &lse_part)),
+            ("lens".to_string(), HostBuffer::i32(&[b], &lens)),
+            (
+                "o".to_string(),
+                HostBuffer::zeros(triton::DType::Fp32, &[b, nh, hd]),
+            ),
+        ]),
+        BTreeMap::from([(
+            "o".to_string(),
+            (f(&[b, nh, hd], &host_f32(st.o)?), Tolerance::F32),
+        )]),
+    )
 }
 
 #[cfg(feature = "cuda")]

@@ -375,6 +375,12 @@ impl Attention {
             _ => (q, k),
         };
         let (cos, sin) = rope_cs;
+        // The decode kernels' launch recorder (CPU, `kernels.decode = "on"`, tests): the step's
+        // tensors before the rotary embedding.
+        let decode_rec = (self.fused.decode && t == 1 && cache.is_some())
+            .then(crate::kernels::recording)
+            .unwrap_or(false)
+            .then(|| (q.clone(), k.clone(), v.clone()));
         let q = rope(&q, cos, sin)?;
         let k = rope(&k, cos, sin)?;
         let fused = match mask {
@@ -425,7 +431,22 @@ impl Attention {
                     Some((store, layer)) => store.append(layer, &k, &v)?,
                     None => (k, v),
                 };
-                self.attend(&q, &k, &v, bias)?
+                let o = self.attend(&q, &k, &v, bias)?;
+                if let Some((q0, k0, v0)) = &decode_rec {
+                    crate::kernels::record_decode(&crate::kernels::DecodeStep {
+                        q: q0,
+                        k: k0,
+                        v: v0,
+                        cos,
+                        sin,
+                        q_rot: &q,
+                        k_all: &k,
+                        v_all: &v,
+                        bias,
+                        o: &o,
+                    })?;
+                }
+                o
             }
             AttnMask::Shared(l) => {
                 if cache.is_some() || b != 1 || t != l.positions() {

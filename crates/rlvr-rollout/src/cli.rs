@@ -114,6 +114,11 @@ pub struct GenerateArgs {
     /// such servers are refused, naming the run.
     #[arg(long)]
     pub share_server: bool,
+    /// The fused GPU kernels to use (the config's `[kernels]` switches), for A/B runs: `all`,
+    /// `none`, or a comma-separated list of keys (e.g. `decode,cuda_graphs`: those on, the rest
+    /// off). Default: each `auto` (on only once verified on a GPU). A no-op on the CPU.
+    #[arg(long, value_name = "LIST")]
+    pub fused: Option<String>,
 }
 
 /// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters
@@ -262,8 +267,15 @@ pub fn run_with(
         (None, Some(path)) => read_prompts(path)?,
         _ => bail!("give exactly one of --prompt TEXT and --prompts FILE.jsonl"),
     };
-    let policy = Policy::load(&args.model, dtype, &device)
+    let kernels = match &args.fused {
+        Some(list) => Some(rlvr_model::KernelSwitches::from_fused_list(list)?),
+        None => None,
+    };
+    let mut policy = Policy::load(&args.model, dtype, &device)
         .with_context(|| format!("loading the model directory {}", args.model.display()))?;
+    if let Some(k) = kernels {
+        policy.model.set_kernels(k);
+    }
     let tok = &policy.tokenizer;
     let prompts = texts
         .iter()

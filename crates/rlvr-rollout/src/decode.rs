@@ -16,7 +16,7 @@
 
 use candle_core::{DType, Tensor};
 use rlvr_kernels::PackedHead;
-use rlvr_model::{KvStore, Model, ModelError};
+use rlvr_model::{FusedOp, KvStore, Model, ModelError};
 
 use crate::error::Result;
 
@@ -145,6 +145,55 @@ impl KvStore for KvBuffer {
     }
 }
 
+/// How the sampler runs its decode steps for a model on its device: the switches
+/// `kernels.decode` and `kernels.cuda_graphs` (rlvr-model's `KernelSwitches`, set from the
+/// config's `[kernels]`) resolved against the model's device, dtype and shapes (issue 50).
+///
+/// `fused`: the decode step's fused kernels (`rlvr_kernels::triton::families::decode` with the
+/// training kernels' RMSNorm-add and SwiGLU); `cuda_graphs`: the step replayed as a CUDA graph
+/// per batch-size bucket (`rlvr_kernels::graph`), which needs `fused` (candle's eager step
+/// allocates inside the step, which a graph cannot replay). Both are off on the CPU, and off by
+/// default on CUDA until the GPU check has passed them (`GPU_VERIFIED`); neither is wired into
+/// the step yet, so `on` is logged and the candle step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct DecodePath {
+    /// The fused decode kernels run the step.
+    pub fused: bool,
+    /// The step is replayed as a CUDA graph.
+    pub cuda_graphs: bool,
+}
+
+impl DecodePath {
+    /// The path `model` decodes on (the switches resolved; a shape, dtype or device the fused
+    /// step does not cover, or graphs asked for without the fused step, is said once in the log).
+    pub fn of(model: &Model) -> Self {
+        let (k, cfg) = (model.kernels(), model.config());
+        let (dtype, dev) = (model.dtype(), model.device());
+        let fused = k.resolve(FusedOp::Decode, cfg, dtype, dev);
+        let graphs = k.resolve(FusedOp::CudaGraphs, cfg, dtype, dev);
+        if graphs && !fused {
+            rlvr_model::kernels::log_once(
+                "kernels.cuda_graphs = on: the graphs replay the fused decode step, and \
+                 kernels.decode is not on; the decode steps run eagerly"
+                    .to_string(),
+            );
+        }
+        DecodePath {
+            fused,
+            cuda_graphs: graphs && fused,
+        }
+    }
+
+    /// `candle`, `fused` or `fused+graphs` (for reports).
+    pub fn name(&self) -> &'static str {
+        match (self.fused, self.cuda_graphs) {
+            (false, _) => "candle",
+            (true, false) => "fused",
+            (true, true) => "fused+graphs",
+        }
+    }
+}
+
 /// The lm_head of `model` packed for this call's decode steps; `None` where the CPU lacks
 /// AVX-512, or off the CPU / f32. Pack again after the weights change.
 ///
@@ -190,5 +239,134 @@ pub(crate) fn forward_last(
     match head {
         Some(p) if last.dtype() == DType::F32 && last.device().is_cpu() => Ok(p.matmul(&last)?),
         _ => Ok(model.lm_head(&last, false)?.to_dtype(DType::F32)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+    use rlvr_model::{KernelSwitches, ModelConfig, Switch};
+
+    use super::*;
+    use crate::{Sampler, SamplingParams};
+
+    /// `kernels.decode` and `kernels.cuda_graphs` on: the CPU keeps the candle step, and the
+    /// samples are the same bits as with them off.
+    #[test]
+    fn the_cpu_path_is_unchanged_by_the_decode_switches() {
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 64}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let mut model = Model::random(config, 0.05, 3, DType::F32, &Device::Cpu).unwrap();
+        let params = SamplingParams {
+            group_size: 3,
+            max_new_tokens: 6,
+            ..Default::default()
+        };
+        let prompts = [vec![1, 2, 3], vec![4, 5]];
+        let off = Sampler::new(&model, 0);
+        assert_eq!(off.decode_path(), DecodePath::default());
+        let want = off.sample(&prompts, 0, &params, 7).unwrap();
+        for s in [Switch::On, Switch::Auto] {
+            let mut k = KernelSwitches::all(Switch::Off);
+            k.decode = s;
+            k.cuda_graphs = s;
+            model.set_kernels(k);
+            let on = Sampler::new(&model, 0);
+            let path = on.decode_path();
+            assert_eq!((path, path.name()), (DecodePath::default(), "candle"));
+            let got = on.sample(&prompts, 0, &params, 7).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (a, b) in got.iter().zip(&want) {
+                assert_eq!(a.token_ids, b.token_ids);
+                let bits = |c: &crate::Completion| -> Vec<u32> {
+                    c.behaviour_logprobs.iter().map(|x| x.to_bits()).collect()
+                };
+                assert_eq!(bits(a), bits(b));
+            }
+        }
+        let names = [
+            DecodePath {
+                fused: true,
+                cuda_graphs: false,
+            }
+            .name(),
+            DecodePath {
+                fused: true,
+                cuda_graphs: true,
+            }
+            .name(),
+        ];
+        assert_eq!(names, ["fused", "fused+graphs"]);
+    }
+
+    /// The decode kernels' launch recorder at the sampler level: with `kernels.decode = "on"` on
+    /// the CPU, a real sampling call (two prompts of 300 and 261 tokens, so left padding masked by
+    /// the bias rows and a first step of 301 keys: two splits) writes the launches of
+    /// `decode_rope_kv`, `decode_attn` and `decode_attn_combine` built from the step's real
+    /// tensors, with the candle step's results as the expected outputs; the completions are the
+    /// plain sampler's, bit for bit. Under `RLVR_KERNEL_RECORD` (CI) the records go there and
+    /// `scripts/ci_kernels.sh` replays them under Triton's interpreter.
+    #[test]
+    fn sampler_level_launch_records_of_the_decode_kernels() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = match std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+            Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+            _ => tmp.path().to_path_buf(),
+        };
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 512}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let plain = Model::random(config, 0.05, 5, DType::F32, &Device::Cpu).unwrap();
+        let prompts: Vec<Vec<u32>> = [300u32, 261]
+            .iter()
+            .map(|n| (0..*n).map(|i| (i * 7 + n) % 64).collect())
+            .collect();
+        let params = SamplingParams {
+            group_size: 2,
+            max_new_tokens: 3,
+            ..Default::default()
+        };
+        let want = Sampler::new(&plain, 0)
+            .sample(&prompts, 0, &params, 9)
+            .unwrap();
+        let mut m = plain.try_clone().unwrap();
+        let mut k = KernelSwitches::all(Switch::Off);
+        k.decode = Switch::On;
+        m.set_kernels(k);
+        let got = {
+            let _guard = rlvr_model::kernels::record_launches(&dir).unwrap();
+            Sampler::new(&m, 0).sample(&prompts, 0, &params, 9).unwrap()
+        };
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.token_ids, b.token_ids);
+            assert_eq!(a.behaviour_logprobs, b.behaviour_logprobs);
+        }
+        let read = |kernel: &str| -> serde_json::Value {
+            let rec = dir.join(format!("model_decode_{kernel}_f32_d64/record.json"));
+            let text =
+                std::fs::read_to_string(&rec).unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+            serde_json::from_str(&text).unwrap()
+        };
+        // The first decode step: 4 rows, 301 keys in a 306-column cache; 2 splits.
+        let rope = read("rope_kv");
+        assert_eq!(rope["grid"], serde_json::json!([4, 1, 1]));
+        let attn = read("attn");
+        assert_eq!(attn["grid"], serde_json::json!([4, 1, 2]));
+        let arg = |rec: &serde_json::Value, p: &str| -> serde_json::Value {
+            let args = rec["args"].as_array().unwrap();
+            args.iter().find(|a| a["param"] == p).unwrap().clone()
+        };
+        assert_eq!(arg(&attn, "cap")["value"], 306);
+        assert_eq!(arg(&attn, "n_splits")["value"], 2);
+        assert_eq!(arg(&read("attn_combine"), "n_qh")["value"], 2);
     }
 }

@@ -43,8 +43,16 @@ pub struct DecodeTimings {
     pub pack_s: f64,
     /// Prefill forwards (prompt positions, all layers, last-position logits), seconds.
     pub prefill_s: f64,
-    /// Decode-step forwards (one position per row), seconds.
+    /// Decode-step forwards (one position per row), seconds: host dispatch plus, with timings on,
+    /// the wait for the device to finish the step (`forward_s − forward_host_s`).
     pub forward_s: f64,
+    /// The host's part of [`DecodeTimings::forward_s`]: until the forward call returned (every
+    /// kernel queued), seconds. On the CPU the work itself; on a GPU the dispatch, which bounds
+    /// the step when it exceeds the device's time (the wait is then ~0).
+    pub forward_host_s: f64,
+    /// Triton kernels launched by the decode forwards (`rlvr_kernels::triton::launch_count`,
+    /// process-wide: meaningful in a benchmark that samples alone); 0 on the candle path.
+    pub triton_launches: u64,
     /// Copying each step's logits `[rows, V]` to the host (host selection only), seconds.
     pub to_host_s: f64,
     /// Choosing tokens (temperature, top-k/top-p, draw, behaviour log-prob), seconds; on the
@@ -169,6 +177,12 @@ impl Sampler {
         }
     }
 
+    /// How this sampler's decode steps run (`kernels.decode`, `kernels.cuda_graphs`; see
+    /// [`crate::decode::DecodePath`]).
+    pub fn decode_path(&self) -> crate::decode::DecodePath {
+        crate::decode::DecodePath::of(&self.model)
+    }
+
     /// The policy version recorded in completions.
     pub fn version(&self) -> u64 {
         self.version
@@ -230,6 +244,9 @@ impl Sampler {
                 .map(|(i, p)| (first_prompt_index + i, p)),
             params,
         )?;
+        // The decode path the switches ask for: resolved (and any fallback logged, once) per call;
+        // the fused step is not wired in yet, so every path runs the candle step below.
+        let _path = self.decode_path();
         // Packed once per call: the weights may change between calls (a sync), not during one.
         let t = std::time::Instant::now();
         let head = packed_head(&self.model)?;
@@ -488,12 +505,16 @@ impl Sampler {
                 .collect();
             let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
             let t = std::time::Instant::now();
+            let launches = rlvr_kernels::triton::launch_count();
             logits = forward_last(&self.model, &ids, &pos, None, cache, head)?;
+            let host = t.elapsed().as_secs_f64();
             if self.timings.is_some() {
                 dev.synchronize()?;
             }
             self.time(|d| {
                 d.forward_s += t.elapsed().as_secs_f64();
+                d.forward_host_s += host;
+                d.triton_launches += rlvr_kernels::triton::launch_count().saturating_sub(launches);
                 d.steps += 1;
             });
             src.clear();

@@ -99,7 +99,7 @@ pub mod params;
 pub mod select;
 
 pub use backend::{flatten, named_tensors, GroupResult, NativeRollout, Rollout};
-pub use decode::KvBuffer;
+pub use decode::{DecodePath, KvBuffer};
 pub use engine::{
     completion_rng, turn_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds,
     Sampler, SamplingParams, TurnRow,

@@ -5,7 +5,12 @@
 //!   each, exactly `--new-tokens` new tokens (EOS never ends a completion), T = 1, top-p 1. Reports
 //!   generated tokens per second over the whole `Sampler::sample` call and the per-decode-step
 //!   breakdown from [`rlvr_rollout::DecodeTimings`] (forward, copy of the logits to the host, token
-//!   selection, KV-cache compaction; the device is synchronised after each forward).
+//!   selection, KV-cache compaction; the device is synchronised after each forward). The
+//!   forward is split into the host's part (until every kernel is queued: the dispatch) and the
+//!   wait for the device after it, so a launch-bound step (host ≈ forward, wait ≈ 0) tells
+//!   itself from a device-bound one; `decode_path` (`candle`, `fused`, `fused+graphs`: the
+//!   `[kernels]` switches `decode` and `cuda_graphs` resolved) and the Triton launches per step
+//!   say which step ran.
 //! - `rlvr bench train`: `--rows` × `--seq-len` random tokens, log-probs of every next token
 //!   (`Model::token_logprobs` with gradient), loss = −mean, backward, AdamW. Reports tokens per
 //!   second and TFLOP/s counted as 6 × parameters (tied embedding once) × tokens / s, the
@@ -64,6 +69,11 @@ pub struct SampleArgs {
     /// Timed runs per batch size, after one untimed warm-up run.
     #[arg(long, default_value_t = 2)]
     pub runs: usize,
+    /// The fused GPU kernels to use, for A/B runs (as `bench train --fused`; the decode step's are
+    /// `decode` and `cuda_graphs`): `all`, `none`, or a comma-separated list. Default: each
+    /// `auto`. On the CPU a no-op.
+    #[arg(long, value_name = "LIST")]
+    pub fused: Option<String>,
 }
 
 /// Arguments of `rlvr bench train`.
@@ -144,7 +154,10 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     for &batch in &a.batch {
         in_range("--batch", batch, MAX_BENCH_ROWS)?;
     }
-    let model = load(&a.model)?;
+    let mut model = load(&a.model)?;
+    if let Some(list) = &a.fused {
+        model.set_kernels(rlvr_model::KernelSwitches::from_fused_list(list)?);
+    }
     fits(
         &model,
         "--prompt-len + --new-tokens",
@@ -197,9 +210,13 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "tok_per_s": (batch * a.new_tokens) as f64 / wall,
                 "prefill_s": d.prefill_s / runs,
                 "pack_s": d.pack_s / runs,
+                "decode_path": sampler.decode_path().name(),
+                "triton_launches_per_step": d.triton_launches as f64 / steps,
                 "step_ms": {
                     "total": (d.forward_s + d.to_host_s + d.select_s + d.compact_s) / steps * 1e3,
                     "forward": d.forward_s / steps * 1e3,
+                    "forward_host": d.forward_host_s / steps * 1e3,
+                    "forward_device_wait": (d.forward_s - d.forward_host_s).max(0.0) / steps * 1e3,
                     "to_host": d.to_host_s / steps * 1e3,
                     "select": d.select_s / steps * 1e3,
                     "compact": d.compact_s / steps * 1e3,

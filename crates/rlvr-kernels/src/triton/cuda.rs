@@ -153,6 +153,7 @@ pub fn launch(
     // `launch` returns (the driver copies them); the pointers address live buffers of the
     // plan's dtype (checked above) whose sizes the caller vouches for (see the doc comment).
     unsafe { b.launch(cfg) }.map_err(|e| driver(&format!("launching {}", plan.name), e))?;
+    super::count_launch();
     Ok(())
 }
 

@@ -37,6 +37,21 @@ pub use manifest::{DType, KernelEntry, Manifest, Param, ParamKind, Target};
 pub use plan::{Arg, DeviceBuffer, LaunchPlan, PlanBuilder, RawArg};
 pub use record::{HostBuffer, Recorder, Timing, Tolerance};
 
+static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Triton kernel launches queued by this process so far (every successful `cuda::launch`; 0
+/// without the `cuda` feature): what `rlvr bench sample` divides by the decode steps to report
+/// the fused path's launches per step. Graph replays launch no Triton kernel one by one and are
+/// not counted.
+pub fn launch_count() -> u64 {
+    LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(any(feature = "cuda", feature = "cudarc-check"))]
+pub(crate) fn count_launch() {
+    LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The kernel families that passed the GPU check on a real GPU (`bench/gpu_check.sh`'s `kernels`
 /// part; BENCHMARKS.md names the run, machine and commit for each). The model turns a fused op on
 /// by default (`kernels.<op> = "auto"`) on CUDA only for a family listed here; every other fused

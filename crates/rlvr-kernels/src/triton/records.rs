@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::families::{adamw, aligned_name, attention, logprob_head, rmsnorm, rotary, swiglu};
+use super::families::{
+    adamw, aligned_name, attention, decode, logprob_head, rmsnorm, rotary, swiglu,
+};
 use super::manifest::{DType, KernelEntry, Manifest, Target};
 use super::plan::LaunchPlan;
 use super::record::{HostBuffer, Recorder, Timing, Tolerance};
@@ -192,6 +194,9 @@ pub fn record_small(
         }
         if has(m, "attention") {
             attention_records(&mut r);
+        }
+        if has(m, "decode") {
+            decode_records(&mut r);
         }
     }
     match r.err {
@@ -493,6 +498,251 @@ fn rotary_records_of(r: &mut Rec, dt: DType, d: usize) {
             e,
         );
     }
+}
+
+fn decode_records(r: &mut Rec) {
+    for dt in [DType::Fp32, DType::Bf16] {
+        for d in [64, 128] {
+            decode_rope_kv_record(r, dt, d);
+            decode_attn_records(r, dt, d);
+        }
+    }
+}
+
+/// rlvr's rotary tables (`Rotary::table`'s angles, θ = 10000) for positions `0..max_pos`, f32.
+fn rope_tables(max_pos: usize, d: usize) -> (HostBuffer, HostBuffer) {
+    let half = d / 2;
+    let mut cos = vec![0.0; max_pos * d];
+    let mut sin = vec![0.0; max_pos * d];
+    for p in 0..max_pos {
+        for j in 0..half {
+            let a = p as f64 * 10000f64.powf(-2.0 * j as f64 / d as f64);
+            for c in [j, j + half] {
+                cos[p * d + c] = a.cos();
+                sin[p * d + c] = a.sin();
+            }
+        }
+    }
+    (f32s(&[max_pos, d], &cos), f32s(&[max_pos, d], &sin))
+}
+
+/// `decode_rope_kv`: 3 rows at uneven positions and cache columns; the fallbacks with separate
+/// q/k/v buffers, the aligned twins with a fused QKV buffer (both layouts replayed). The caches
+/// start random: every column but the written one must come back unchanged.
+fn decode_rope_kv_record(r: &mut Rec, dt: DType, d: usize) {
+    let (rows, hq, hk, cap, max_pos) = (3usize, 14usize, 2usize, 10usize, 40usize);
+    let half = d / 2;
+    let s = decode::Decode {
+        rows,
+        q_heads: hq,
+        kv_heads: hk,
+        head_dim: d,
+        capacity: cap,
+        fused_qkv: r.aligned,
+        softmax_scale: 1.0,
+    };
+    let k = r.entry(&decode::variant("rope_kv", dt, d));
+    let plan = decode::plan(k, &s).unwrap();
+    let (cos_b, sin_b) = rope_tables(max_pos, d);
+    let table = |b: &HostBuffer| -> Vec<f64> {
+        let v = b.to_f32().unwrap();
+        // bf16 variants round the tables to the dtype first (as the CPU op casts them)
+        let v = if dt == DType::Bf16 {
+            HostBuffer::bf16(&[v.len()], &v).to_f32().unwrap()
+        } else {
+            v
+        };
+        v.iter().map(|x| *x as f64).collect()
+    };
+    let (cf, sf) = (table(&cos_b), table(&sin_b));
+    let pos = [39i32, 0, 17];
+    let cols = [9i32, 0, 4];
+    let rot = |x: &[f64], heads: usize| -> Vec<f64> {
+        let mut y = vec![0.0; x.len()];
+        for (t, p) in pos.iter().enumerate() {
+            let row = *p as usize * d;
+            for h in 0..heads {
+                let o = (t * heads + h) * d;
+                for j in 0..half {
+                    let (x1, x2) = (x[o + j], x[o + j + half]);
+                    y[o + j] = x1 * cf[row + j] - x2 * sf[row + j];
+                    y[o + j + half] = x2 * cf[row + j + half] + x1 * sf[row + j + half];
+                }
+            }
+        }
+        y
+    };
+    let (q, qf) = input(dt, &[rows, hq, d], 81, 1.0);
+    let (kb, kf) = input(dt, &[rows, hk, d], 82, 1.0);
+    let (vb, vf) = input(dt, &[rows, hk, d], 83, 1.0);
+    let csh = [rows, hk, cap, d];
+    let (kc, mut kcf) = input(dt, &csh, 84, 1.0);
+    let (vc, mut vcf) = input(dt, &csh, 85, 1.0);
+    let (qr, kr) = (rot(&qf, hq), rot(&kf, hk));
+    for (t, c) in cols.iter().enumerate() {
+        for h in 0..hk {
+            let at = ((t * hk + h) * cap + *c as usize) * d;
+            let from = (t * hk + h) * d;
+            kcf[at..at + d].copy_from_slice(&kr[from..from + d]);
+            vcf[at..at + d].copy_from_slice(&vf[from..from + d]);
+        }
+    }
+    let mut b = Bufs::from([
+        ("q_out".into(), HostBuffer::zeros(dt, &[rows, hq, d])),
+        ("k_cache".into(), kc),
+        ("v_cache".into(), vc),
+        ("cos".into(), cos_b),
+        ("sin".into(), sin_b),
+        ("pos".into(), HostBuffer::i32(&[rows], &pos)),
+        ("cols".into(), HostBuffer::i32(&[rows], &cols)),
+    ]);
+    if s.fused_qkv {
+        let row = (hq + 2 * hk) * d;
+        let mut all = Vec::with_capacity(rows * row);
+        for t in 0..rows {
+            all.extend_from_slice(&qf[t * hq * d..(t + 1) * hq * d]);
+            all.extend_from_slice(&kf[t * hk * d..(t + 1) * hk * d]);
+            all.extend_from_slice(&vf[t * hk * d..(t + 1) * hk * d]);
+        }
+        b.insert("qkv".into(), out(dt, &[rows, row], &all));
+    } else {
+        b.insert("q".into(), q);
+        b.insert("k".into(), kb);
+        b.insert("v".into(), vb);
+    }
+    let e = Expected::from([
+        (
+            "q_out".into(),
+            (out(dt, &[rows, hq, d], &qr), tol_norm(dt, &qr)),
+        ),
+        ("k_cache".into(), (out(dt, &csh, &kcf), tol_norm(dt, &kcf))),
+        // the value is copied: exact
+        (
+            "v_cache".into(),
+            (
+                out(dt, &csh, &vcf),
+                Tolerance {
+                    atol: 0.0,
+                    rtol: 0.0,
+                },
+            ),
+        ),
+    ]);
+    r.write(
+        &format!("decode_rope_kv_{}_d{d}", dt.name()),
+        k,
+        &plan,
+        b,
+        e,
+    );
+}
+
+/// `decode_attn` and `decode_attn_combine`: 3 rows of uneven lengths (300: two splits, 1, 257:
+/// two splits, the second of one key), GQA 7, the first row's first 5 columns masked by the
+/// bias; the partials' expected values are the float64 attention over each split (slots past a
+/// row's splits stay 0), and the combine's input is those partials.
+fn decode_attn_records(r: &mut Rec, dt: DType, d: usize) {
+    let (rows, hq, hk, cap) = (3usize, 14usize, 2usize, 300usize);
+    let rep = hq / hk;
+    let s = decode::Decode {
+        rows,
+        q_heads: hq,
+        kv_heads: hk,
+        head_dim: d,
+        capacity: cap,
+        fused_qkv: false,
+        softmax_scale: 1.0 / (d as f32).sqrt(),
+    };
+    let ka = r.entry(&decode::variant("attn", dt, d));
+    let kc = r.entry(&decode::variant("attn_combine", dt, d));
+    let rule = decode::SplitRule::of(ka).unwrap();
+    let ns = s.n_splits(ka).unwrap();
+    let lens = [300i32, 1, 257];
+    let mut bias = vec![0.0f64; rows * cap];
+    for x in &mut bias[..5] {
+        *x = -1e30;
+    }
+    let (q, qf) = input(dt, &[rows, hq, d], 91, 1.0);
+    let csh = [rows, hk, cap, d];
+    let (kcb, kf) = input(dt, &csh, 92, 1.0);
+    let (vcb, vf) = input(dt, &csh, 93, 1.0);
+    let scale = s.softmax_scale as f64;
+    let mut o_part = vec![0.0f64; rows * hq * ns * d];
+    let mut lse_part = vec![0.0f64; rows * hq * ns];
+    let mut o = vec![0.0f64; rows * hq * d];
+    for (b, len) in lens.iter().map(|l| *l as usize).enumerate() {
+        let span = rule.split_len(len);
+        for h in 0..hq {
+            let qi = (b * hq + h) * d;
+            let kv = |j: usize| ((b * hk + h / rep) * cap + j) * d;
+            let sc: Vec<f64> = (0..len)
+                .map(|j| {
+                    let dot: f64 = (0..d).map(|x| qf[qi + x] * kf[kv(j) + x]).sum();
+                    dot * scale + bias[b * cap + j]
+                })
+                .collect();
+            let attend = |lo: usize, hi: usize| -> (Vec<f64>, f64) {
+                let m = sc[lo..hi].iter().fold(f64::NEG_INFINITY, |a, x| a.max(*x));
+                let z: f64 = sc[lo..hi].iter().map(|x| (x - m).exp()).sum();
+                let out = (0..d)
+                    .map(|x| {
+                        (lo..hi)
+                            .map(|j| (sc[j] - m).exp() / z * vf[kv(j) + x])
+                            .sum()
+                    })
+                    .collect();
+                (out, (m + z.ln()) * std::f64::consts::LOG2_E)
+            };
+            for sp in 0..rule.splits(len) {
+                let (lo, hi) = (sp * span, ((sp + 1) * span).min(len));
+                let (po, lse2) = attend(lo, hi);
+                let row = (b * hq + h) * ns + sp;
+                o_part[row * d..(row + 1) * d].copy_from_slice(&po);
+                lse_part[row] = lse2;
+            }
+            let (full, _) = attend(0, len);
+            o[qi..qi + d].copy_from_slice(&full);
+        }
+    }
+    let (psh, lsh, osh) = ([rows, hq, ns, d], [rows, hq, ns], [rows, hq, d]);
+    let bias_b = f32s(&[rows, cap], &bias);
+    let lens_b = HostBuffer::i32(&[rows], &lens);
+    let plan = decode::plan(ka, &s).unwrap();
+    let b = Bufs::from([
+        ("q_out".into(), q),
+        ("k_cache".into(), kcb),
+        ("v_cache".into(), vcb),
+        ("bias".into(), bias_b),
+        ("lens".into(), lens_b.clone()),
+        ("o_part".into(), HostBuffer::zeros(DType::Fp32, &psh)),
+        ("lse_part".into(), HostBuffer::zeros(DType::Fp32, &lsh)),
+    ]);
+    let e = Expected::from([
+        (
+            "o_part".into(),
+            (f32s(&psh, &o_part), tol_norm(dt, &o_part)),
+        ),
+        (
+            "lse_part".into(),
+            (f32s(&lsh, &lse_part), tol_norm(dt, &lse_part)),
+        ),
+    ]);
+    r.write(&format!("decode_attn_{}_d{d}", dt.name()), ka, &plan, b, e);
+    let plan = decode::plan(kc, &s).unwrap();
+    let b = Bufs::from([
+        ("o_part".into(), f32s(&psh, &o_part)),
+        ("lse_part".into(), f32s(&lsh, &lse_part)),
+        ("lens".into(), lens_b),
+        ("o".into(), HostBuffer::zeros(dt, &osh)),
+    ]);
+    let e = Expected::from([("o".into(), (out(dt, &osh, &o), tol(dt)))]);
+    r.write(
+        &format!("decode_attn_combine_{}_d{d}", dt.name()),
+        kc,
+        &plan,
+        b,
+        e,
+    );
 }
 
 fn adamw_records(r: &mut Rec) {

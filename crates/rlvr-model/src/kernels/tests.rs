@@ -48,7 +48,8 @@ fn switches_parse_default_and_list() {
     let l = KernelSwitches::from_fused_list("attention, rms_norm").unwrap();
     assert_eq!(
         l.summary(),
-        "attention=on rms_norm=on rotary=off swiglu=off logprob_head=off adamw=off"
+        "attention=on rms_norm=on rotary=off swiglu=off logprob_head=off adamw=off decode=off \
+         cuda_graphs=off"
     );
     assert_eq!(
         KernelSwitches::from_fused_list("all").unwrap(),
@@ -71,7 +72,7 @@ fn switches_parse_default_and_list() {
             "{rows}"
         );
     }
-    assert_eq!(rows.lines().count(), 6);
+    assert_eq!(rows.lines().count(), 8);
 }
 
 #[test]
@@ -91,6 +92,17 @@ fn nothing_is_on_by_default_and_on_is_a_no_op_on_the_cpu() {
     odd.hidden_size = 9000;
     assert!(uncovered(FusedOp::RmsNorm, &odd, DType::F32).is_some());
     assert!(uncovered(FusedOp::Attention, &cfg, DType::BF16).is_none());
+    // The decode step: head dims 64/128, at most 16 query heads per kv head.
+    assert!(uncovered(FusedOp::Decode, &cfg, DType::BF16).is_none());
+    let mut wide = cfg.clone();
+    (wide.num_attention_heads, wide.num_key_value_heads) = (34, 2);
+    let why = uncovered(FusedOp::Decode, &wide, DType::BF16).unwrap();
+    assert!(why.contains("up to 16 per kv head"), "{why}");
+    wide.num_attention_heads = 32;
+    assert!(uncovered(FusedOp::CudaGraphs, &wide, DType::F32).is_none());
+    let mut d96 = cfg.clone();
+    d96.head_dim = 96;
+    assert!(uncovered(FusedOp::Decode, &d96, DType::F32).is_some());
 }
 
 #[test]

@@ -191,6 +191,19 @@ fn bench_reports_consistent_throughput() {
             .sum();
         assert!((parts - st["total"].as_f64().unwrap()).abs() < 1e-9, "{v}");
         assert!(st["forward"].as_f64().unwrap() > 0.0);
+        // host part + device wait = the forward; on the CPU the wait is the no-op synchronise
+        let (host, wait) = (
+            st["forward_host"].as_f64().unwrap(),
+            st["forward_device_wait"].as_f64().unwrap(),
+        );
+        assert!(host > 0.0 && wait >= 0.0, "{v}");
+        assert!(
+            (host + wait - st["forward"].as_f64().unwrap()).abs() < 1e-9,
+            "{v}"
+        );
+        assert!(host >= 0.5 * st["forward"].as_f64().unwrap(), "{v}");
+        assert_eq!(v["decode_path"], "candle", "{v}");
+        assert_eq!(v["triton_launches_per_step"].as_f64().unwrap(), 0.0, "{v}");
     }
     let t = run(&["train", "--rows", "2", "--seq-len", "6", "--steps", "1"]);
     let v = &t[0];

@@ -56,6 +56,7 @@ pub fn pick(
 
 pub mod adamw;
 pub mod attention;
+pub mod decode;
 pub mod logprob_head;
 pub mod rmsnorm;
 pub mod rotary;
@@ -85,6 +86,7 @@ pub fn example_plan(entry: &KernelEntry) -> Option<Result<LaunchPlan>> {
     match entry.family.as_str() {
         "adamw" => Some(adamw::example(entry)),
         "attention" => Some(attention::example(entry)),
+        "decode" => Some(decode::example(entry)),
         "logprob_head" => Some(logprob_head::example(entry)),
         "rmsnorm" => Some(rmsnorm::example(entry)),
         "rotary" => Some(rotary::example(entry)),
