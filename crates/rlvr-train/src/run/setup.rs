@@ -328,7 +328,7 @@ fn online_feed(
         columns: train_p.columns,
     };
     let runner = match c.env.is_on() {
-        true => Some(settings::episode_runner(cfg, &ex_tok, &reward)?),
+        true => Some(settings::episode_runner(&cfg.raw, &ex_tok, &reward)?),
         false => None,
     };
     let mut explorer = Explorer::new(
