@@ -58,8 +58,9 @@ pub trait Rollout: Send {
 
     /// Continues each of `rows` by one assistant turn of a multi-turn episode (docs/DESIGN.md
     /// §14): one completion per row, in row order, row i's randomness keyed by its (seed, prompt
-    /// index, sample index, turn) ([`crate::engine::turn_rng`]). The native engine does; the
-    /// default refuses (a backend that cannot run episodes after their first turn).
+    /// index, sample index, turn) ([`crate::engine::turn_rng`]; a remote backend derives its
+    /// request seed from the same key). The native engine and rlvr-vllm's do; the default
+    /// refuses (a backend that cannot run episodes after their first turn).
     ///
     /// Errors: as [`Rollout::sample`]; [`RolloutError::Backend`] from a backend without it.
     fn sample_turns(
@@ -70,8 +71,8 @@ pub trait Rollout: Send {
     ) -> Result<Vec<Completion>> {
         let _ = (rows, params, seed);
         Err(RolloutError::Backend(
-            "this rollout backend does not run multi-turn episodes yet (issue 45: the native \
-             backend does)"
+            "this rollout backend does not run multi-turn episodes (the native and vLLM \
+             backends do)"
                 .into(),
         ))
     }

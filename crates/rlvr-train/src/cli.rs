@@ -20,6 +20,7 @@ use crate::eval::{EvalItem, EvalResult, Evaluator};
 use crate::feed::backend::{
     self, BackendSettings, NativeWeights, ServerUse, VllmSettings, Workload,
 };
+use crate::feed::episodes::EpisodeRunner;
 use crate::job::Job;
 use crate::run::{signals, train, RunOptions};
 use crate::sft::{pairs_from_config, read_pairs, train_sft_on, SftSettings, StopRule};
@@ -145,6 +146,13 @@ pub struct EvalArgs {
     /// next weight check. Without it such servers are refused, naming the run.
     #[arg(long)]
     pub share_server: bool,
+    /// Evaluate multi-turn episodes of the config's `[env]` (docs/environments.md): each
+    /// sample is an episode (turn 1 as a single-turn sample, later turns after the environment's
+    /// replies); correct when the episode's reward is above 0; `--out` items carry `episode`
+    /// (turns, turn rewards, finish, transcript). Without it a config's `[env]` is ignored and
+    /// one turn is evaluated, as during training.
+    #[arg(long)]
+    pub env: bool,
 }
 
 /// Runs `rlvr eval`: prints `{"task", "n", "accuracy", "mean@k", "pass@k"}`.
@@ -245,7 +253,31 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         command: "rlvr eval",
         share: a.share_server,
     };
-    let (r, items) = eval_on_backend(&raw.rollout, &evaluator, &policy, &use_)?;
+    anyhow::ensure!(
+        !a.env || raw.env.is_on(),
+        "--env: no environment to evaluate in: set env.command or env.builtin (in --config or \
+         with --set 'env.builtin=\"retry\"')"
+    );
+    // The per-turn limit is the evaluation's, and so is the default episode budget.
+    raw.rollout.max_new_tokens = evaluator.settings.max_new_tokens;
+    let mut runner = match a.env {
+        true => Some(settings::episode_runner(
+            &raw,
+            &policy.tokenizer,
+            &evaluator.reward,
+        )?),
+        false => None,
+    };
+    let episode_tokens = raw.env.episode_tokens(evaluator.settings.max_new_tokens);
+    let (r, items) = eval_on_backend(
+        &raw.rollout,
+        &evaluator,
+        &policy,
+        &use_,
+        runner
+            .as_mut()
+            .map(|r| (r, raw.env.builtin.is_some(), episode_tokens)),
+    )?;
     if let Some(path) = &a.out {
         let mut s = String::new();
         for it in &items {
@@ -297,11 +329,15 @@ fn probe_writable(p: &std::path::Path, flag: &str) -> anyhow::Result<()> {
 /// over the loaded model, or vLLM servers after the start-up checks and a push of the evaluated
 /// model as version 0 (written under `rollout.weights_dir`, default a temporary directory removed
 /// afterwards).
+///
+/// With `episodes` (`rlvr eval --env`: the runner, whether it is the built-in `retry`, and the
+/// episode's token budget) each sample is a multi-turn episode ([`evaluate_episodes`]).
 fn eval_on_backend(
     rollout: &RolloutSection,
     evaluator: &Evaluator,
     policy: &Policy,
     server_use: &ServerUse,
+    episodes: Option<(&mut EpisodeRunner, bool, usize)>,
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
     // A private directory with an unpredictable name (0700), removed when `dir` drops: a fixed
     // name under a shared /tmp could be planted by another user (issue 49 item 6).
@@ -314,13 +350,111 @@ fn eval_on_backend(
         let ids = policy_prompt_ids(evaluator, policy)?;
         let work = Workload {
             longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
-            max_new_tokens: evaluator.settings.max_new_tokens,
+            max_new_tokens: match &episodes {
+                Some((_, _, budget)) => *budget,
+                None => evaluator.settings.max_new_tokens,
+            },
         };
         let mut engine = fixed_model_engine(&s, policy, work, server_use)?;
-        evaluator.run(engine.as_mut(), &policy.tokenizer)
+        match episodes {
+            Some((runner, retry, _)) => evaluate_episodes(
+                engine.as_mut(),
+                &policy.tokenizer,
+                evaluator,
+                runner,
+                retry,
+                &ids,
+            ),
+            None => evaluator.run(engine.as_mut(), &policy.tokenizer),
+        }
     })();
     drop(dir);
     result
+}
+
+/// `rlvr eval --env`: each of the evaluator's problems as `samples` episodes of `runner`'s
+/// environment (docs/environments.md), sampled as the evaluation samples (greedy for one sample,
+/// else temperature 1 with the evaluation seed; draw index = the problem's place, so turn 1 is
+/// the single-turn evaluation's sample). An item is correct when its episode's reward is above 0;
+/// an episode the environment failed scores 0. `ids`: the problems' prompt ids. `retry`: the
+/// built-in `retry` environment (its reset rows carry the verifier's fields), else a program's
+/// (the row's columns and `reference`).
+///
+/// # Errors
+/// As the explorer's episodes: environment faults, sampling, more than `env.max_error_frac`
+/// failed.
+fn evaluate_episodes(
+    rollout: &mut dyn rlvr_rollout::Rollout,
+    tok: &rlvr_model::TokenizerBundle,
+    ev: &Evaluator,
+    runner: &mut EpisodeRunner,
+    retry: bool,
+    ids: &[Vec<u32>],
+) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+    use crate::feed::episodes::{program_row, EpisodePrompt, RetryVerifier};
+    let s = &ev.settings;
+    let params = rlvr_rollout::SamplingParams {
+        group_size: s.samples,
+        temperature: if s.samples > 1 { 1.0 } else { 0.0 },
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: s.max_new_tokens,
+        min_new_tokens: 0,
+        stop_ids: tok.eos_ids.clone(),
+        stop_strings: s.stop.clone(),
+        max_batch_rows: s.max_batch_rows,
+    };
+    let chunk = (s.max_batch_rows / s.samples).max(1);
+    let mut items = Vec::with_capacity(ids.len() * s.samples);
+    for start in (0..ids.len()).step_by(chunk) {
+        let end = (start + chunk).min(ids.len());
+        let prompts: Vec<EpisodePrompt<'_>> = (start..end)
+            .map(|i| EpisodePrompt {
+                draw: i,
+                ids: &ids[i],
+                row: match retry {
+                    true => RetryVerifier::row(
+                        &ev.texts[i],
+                        &ev.references[i],
+                        &ev.columns[i],
+                        ev.rows[i],
+                    ),
+                    false => program_row(&ev.references[i], &ev.columns[i]),
+                },
+            })
+            .collect();
+        let (eps, _) = runner
+            .run(rollout, tok, &prompts, &params, s.seed)
+            .with_context(|| format!("evaluating the episodes of problems {start}..{end}"))?;
+        for e in eps {
+            let reward = e.reward.unwrap_or(0.0);
+            items.push(EvalItem {
+                index: e.draw,
+                sample_index: e.sample,
+                prompt: ev.texts[e.draw].clone(),
+                completion: tok.decode(&e.completion_ids, false)?,
+                reward,
+                correct: reward > 0.0,
+                extracted: None,
+                gold: None,
+                episode: Some(crate::eval::EpisodeRecord {
+                    turns: e.turns,
+                    turn_rewards: e.turn_rewards,
+                    finish: e.finish.to_string(),
+                    error: e.error,
+                    transcript: e
+                        .transcript
+                        .into_iter()
+                        .map(
+                            |(role, content)| serde_json::json!({"role": role, "content": content}),
+                        )
+                        .collect(),
+                }),
+            });
+        }
+    }
+    let per = crate::eval::correct_per_problem(&items, ids.len());
+    Ok((crate::eval::summarise(ev.task, &per, s.samples), items))
 }
 
 /// A new private temporary directory (mode 0700, random name after `prefix`), removed when the

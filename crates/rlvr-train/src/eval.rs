@@ -54,6 +54,27 @@ pub struct EvalItem {
     pub extracted: Option<String>,
     /// Gold answer.
     pub gold: Option<String>,
+    /// A multi-turn episode's turns and environment replies (`rlvr eval --env`); absent for a
+    /// single-turn sample.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub episode: Option<EpisodeRecord>,
+}
+
+/// What one evaluated episode did (`rlvr eval --env`, docs/environments.md): its assistant
+/// turns, the rewards the environment gave, how it ended, and the transcript.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EpisodeRecord {
+    /// Assistant turns.
+    pub turns: u32,
+    /// The rewards the environment gave, in order (null: a turn it gave none for).
+    pub turn_rewards: Vec<Option<f64>>,
+    /// `done`, `max_turns`, `length`, `budget`, `eos` or `error`.
+    pub finish: String,
+    /// The environment's error, when it failed the episode (reward 0, not correct).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The transcript: `{"role", "content"}` per assistant turn and environment message.
+    pub transcript: Vec<serde_json::Value>,
 }
 
 /// Evaluation settings.
@@ -356,6 +377,7 @@ fn sample_problems(
                 correct: sc.correct,
                 extracted: sc.extracted,
                 gold: sc.gold,
+                episode: None,
             });
         }
     }
@@ -363,7 +385,7 @@ fn sample_problems(
 }
 
 /// Correct samples per problem (indexed over the whole list of `n`).
-fn correct_per_problem(items: &[EvalItem], n: usize) -> Vec<f64> {
+pub fn correct_per_problem(items: &[EvalItem], n: usize) -> Vec<f64> {
     let mut per = vec![0.0; n];
     for it in items {
         per[it.index] += f64::from(u8::from(it.correct));
@@ -372,7 +394,7 @@ fn correct_per_problem(items: &[EvalItem], n: usize) -> Vec<f64> {
 }
 
 /// The result over `per` (correct samples of each of the n problems, k samples each).
-fn summarise(task: &str, per: &[f64], k: usize) -> EvalResult {
+pub fn summarise(task: &str, per: &[f64], k: usize) -> EvalResult {
     let n = per.len();
     let frac = |x: f64| if n == 0 { 0.0 } else { x / n as f64 };
     let mean_at_k = frac(per.iter().map(|&c| c / k as f64).sum());

@@ -210,7 +210,7 @@ impl VllmClient {
     }
 
     /// The log-prob-mode check: on every server, one completion of `prompt` (`tokens` tokens, no
-    /// stop) sampled at T = 0.7, top-p 1, top-k off by [`VllmClient::model_name`], whose behaviour log-probs are compared with
+    /// stop id, `ignore_eos`, no `min_tokens`) sampled at T = 0.7, top-p 1, top-k off by [`VllmClient::model_name`], whose behaviour log-probs are compared with
     /// the trainer's ([`trainer_logprobs`] at T = 0.7 on `model`, the weights the servers hold).
     /// Returns the mean |ℓ_vLLM − ℓ_trainer| per server.
     ///
@@ -228,7 +228,10 @@ impl VllmClient {
             group_size: 1,
             temperature: 0.7,
             max_new_tokens: tokens,
-            min_new_tokens: tokens,
+            // No `min_tokens`: the request's `ignore_eos` with no stop ids already runs it to
+            // `tokens`, and vLLM's `min_tokens` masks the model's EOS id before the log-softmax
+            // (renormalised log-probs), so a policy likely to end a turn failed this check.
+            min_new_tokens: 0,
             ..Default::default()
         };
         let body = crate::completion::request_body(&self.model_name, prompt, &params, 7);

@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rlvr_rollout::{Completion, Detokenize, PromptIds, SamplingParams};
+use rlvr_rollout::{Completion, Detokenize, PromptIds, SamplingParams, TurnRow};
 
-use crate::completion::{is_truncated, parse_group, request_body, request_seed, to_completions};
+use crate::completion::{
+    is_truncated, parse_group, request_body, request_seed, to_completions, turn_seed,
+};
 use crate::error::{Result, VllmError};
 use crate::http::{RetryPolicy, Server};
 
@@ -264,12 +266,82 @@ impl VllmClient {
                 first_prompt_index + p
             )));
         }
-        let queue: Mutex<VecDeque<usize>> = Mutex::new((0..prompts.len()).collect());
-        let results: Mutex<Vec<Option<Vec<Completion>>>> = Mutex::new(vec![None; prompts.len()]);
+        let groups = self.run_jobs(prompts.len(), |server, i| {
+            self.sample_group(server, &prompts[i], params, seed, first_prompt_index + i)
+        })?;
+        self.check_fingerprint()?;
+        Ok(groups.into_iter().flatten().collect())
+    }
+
+    /// Continues each of `rows` by one assistant turn of a multi-turn episode (docs/DESIGN.md
+    /// §14), like `rlvr_rollout::Sampler::sample_each`: one `/v1/completions` request per row
+    /// with the row's whole context as token ids (`prompt`: exactly the ids stored so far, never
+    /// re-rendered), `n = 1` and the seed [`crate::completion::turn_seed`]`(seed, prompt index,
+    /// sample index, turn)`, so a row's turn does not depend on which others share the call.
+    /// Returns one completion per row, in row order, with the row's prompt and sample index and
+    /// [`VllmClient::version`]. `params.group_size` is ignored (one completion per row); the
+    /// requests are spread over the servers as [`VllmClient::sample`]'s groups are.
+    ///
+    /// # Errors
+    /// As [`VllmClient::sample`]; [`VllmError::Config`] for an empty context or a turn of 0.
+    pub fn sample_turns(
+        &self,
+        rows: &[TurnRow],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> Result<Vec<Completion>> {
+        let one = SamplingParams {
+            group_size: 1,
+            ..params.clone()
+        };
+        self.check_params(&one)?;
+        if let Some(v) = self.refresh_failed {
+            return Err(VllmError::Config(format!(
+                "the refresh to version {v} failed: the servers may hold stale or mixed weights; \
+                 refresh again before sampling"
+            )));
+        }
+        if let Some(r) = rows.iter().find(|r| r.context.is_empty() || r.turn == 0) {
+            return Err(VllmError::Config(format!(
+                "episode ({}, {}) turn {}: an empty context or a turn of 0 (turns count from 1)",
+                r.prompt_index, r.sample_index, r.turn
+            )));
+        }
+        let out = self.run_jobs(rows.len(), |server, i| {
+            let r = &rows[i];
+            let body = request_body(
+                &self.model_name,
+                &r.context,
+                &one,
+                turn_seed(seed, r.prompt_index, r.sample_index, r.turn),
+            );
+            let detok = self.detok.as_deref();
+            let mut c = server.call_typed("POST", "/v1/completions", Some(&body), |answer| {
+                let choices = parse_group(answer, 1, one.max_new_tokens)?;
+                to_completions(choices, r.prompt_index, &one, self.version, detok)
+            })?;
+            let mut c = c.pop().expect("parse_group checked one choice");
+            c.sample_index = r.sample_index;
+            Ok(c)
+        })?;
+        self.check_fingerprint()?;
+        Ok(out)
+    }
+
+    /// Runs jobs `0..n` over the servers from a shared queue, `in_flight` workers per server;
+    /// returns their results in job order, or the first error (the other workers stop taking
+    /// jobs then).
+    fn run_jobs<T: Send>(
+        &self,
+        n: usize,
+        job: impl Fn(&Server, usize) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
+        let queue: Mutex<VecDeque<usize>> = Mutex::new((0..n).collect());
+        let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
         let failed: Mutex<Option<VllmError>> = Mutex::new(None);
         let stop = AtomicBool::new(false);
-        let workers = self.config.in_flight.min(prompts.len().max(1));
-        let (queue, results, failed, stop) = (&queue, &results, &failed, &stop);
+        let workers = self.config.in_flight.min(n.max(1));
+        let (queue, results, failed, stop, job) = (&queue, &results, &failed, &stop, &job);
         std::thread::scope(|s| {
             for server in &self.servers {
                 for _ in 0..workers {
@@ -278,14 +350,8 @@ impl VllmClient {
                             let Some(i) = queue.lock().unwrap().pop_front() else {
                                 break;
                             };
-                            match self.sample_group(
-                                server,
-                                &prompts[i],
-                                params,
-                                seed,
-                                first_prompt_index + i,
-                            ) {
-                                Ok(group) => results.lock().unwrap()[i] = Some(group),
+                            match job(server, i) {
+                                Ok(r) => results.lock().unwrap()[i] = Some(r),
                                 Err(e) => {
                                     stop.store(true, Ordering::Relaxed);
                                     failed.lock().unwrap().get_or_insert(e);
@@ -300,9 +366,11 @@ impl VllmClient {
         if let Some(e) = failed.lock().unwrap().take() {
             return Err(e);
         }
-        self.check_fingerprint()?;
-        let groups = std::mem::take(&mut *results.lock().unwrap());
-        Ok(groups.into_iter().flatten().flatten().collect())
+        let results = std::mem::take(&mut *results.lock().unwrap());
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every job ran"))
+            .collect())
     }
 
     /// After sampling: every server still scores the last refresh's check sequence as the pushed

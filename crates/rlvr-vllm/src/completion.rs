@@ -31,6 +31,22 @@ pub fn request_seed(run_seed: u64, prompt_index: usize, group_size: usize) -> u6
     (base + offset) % SEED_SPACE
 }
 
+/// The `seed` of the request that continues one multi-turn episode by its assistant turn `turn`
+/// (from 2; docs/DESIGN.md §14): turn 1 is the group's request ([`request_seed`]), later turns
+/// are one request each with `n = 1`, so each owns the single seed
+/// `mix64(mix64(mix64(mix64(run_seed) ⊕ prompt_index) ⊕ sample_index) ⊕ turn) mod 2^63`.
+///
+/// The seed depends on the episode's (run seed, prompt draw index, sample index, turn) only,
+/// never on which other episodes share the call, as the native engine's [`rlvr_rollout::turn_rng`]
+/// stream. Unlike group seeds these are hashed, not ranges: two keys share a seed with
+/// probability about 2^-63 per pair (then they draw the same uniforms over different contexts).
+pub fn turn_seed(run_seed: u64, prompt_index: usize, sample_index: usize, turn: u64) -> u64 {
+    let mut z = mix64(run_seed);
+    z = mix64(z ^ prompt_index as u64);
+    z = mix64(z ^ sample_index as u64);
+    mix64(z ^ turn) % SEED_SPACE
+}
+
 /// Whether `params` make vLLM's processed log-probs renormalised over a truncated distribution,
 /// unlike DESIGN.md section 3's ℓ_old over the full vocabulary (which the native engine records):
 /// top-p < 1, top-k, or `min_new_tokens > 0` with stop ids (vLLM masks the stop ids before the

@@ -19,12 +19,16 @@
 //! - `sample`: one request per group, groups spread over the servers concurrently
 //!   ([`VllmClient::sample`]); a failure fails the whole call, so nothing is trained on a partial
 //!   group.
+//! - `sample_turns`: a multi-turn episode's later turns, one request per episode with its whole
+//!   context as token ids and `n = 1` ([`VllmClient::sample_turns`]).
 
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use rlvr_model::{Model, TokenizerBundle};
-use rlvr_rollout::{GroupResult, PromptIds, Rollout, RolloutError, SamplingParams};
+use rlvr_rollout::{
+    Completion, GroupResult, PromptIds, Rollout, RolloutError, SamplingParams, TurnRow,
+};
 
 use crate::checks::{trainer_logprobs, ServerInfo};
 use crate::client::{ClientConfig, VllmClient};
@@ -293,6 +297,20 @@ impl Rollout for VllmRollout {
         // `VllmClient::sample` returns every group or fails: B·K completions in (prompt, sample) order.
         let k = params.group_size;
         Ok(out.chunks(k).map(|g| Ok(g.to_vec())).collect())
+    }
+
+    /// One `/v1/completions` request per row with its whole context as token ids
+    /// ([`VllmClient::sample_turns`]): an episode's later turns on the servers (docs/DESIGN.md
+    /// §14).
+    fn sample_turns(
+        &mut self,
+        rows: &[TurnRow],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> rlvr_rollout::Result<Vec<Completion>> {
+        self.client
+            .sample_turns(rows, params, seed)
+            .map_err(backend_err)
     }
 
     /// The local copy of the policy at [`Rollout::version`]: the run checkpoints it as the

@@ -1,5 +1,6 @@
 //! rlvr-env's integration tests in one test binary (`it`; ARCHITECTURE.md, "Testing").
 
+mod examples;
 mod faults;
 mod templates;
 mod tool_props;

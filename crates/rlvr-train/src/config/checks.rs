@@ -155,12 +155,6 @@ impl RawConfig {
                  episodes; remove one of them"
             );
         }
-        if self.rollout.backend != super::RolloutBackend::Native {
-            bail!(
-                "[env] with rollout.backend = \"vllm\": multi-turn episodes run on the native \
-                 backend only for now (issue 45); use rollout.backend = \"native\""
-            );
-        }
         Ok(())
     }
 

@@ -244,8 +244,12 @@ pub struct Plan {
     pub device: String,
     /// Prompt tokens per row (`data.max_prompt_len`, or [`DEFAULT_PROMPT_TOKENS`]).
     pub prompt_tokens: u64,
-    /// Completion tokens per row (`rollout.max_new_tokens`).
+    /// Completion tokens per row: `rollout.max_new_tokens`, or with `[env]` a whole episode's
+    /// turns and bridges (`env.max_episode_tokens`; unset, `env.max_turns` ×
+    /// `rollout.max_new_tokens` + (`env.max_turns` − 1) × `env.max_observation_tokens`).
     pub completion_tokens: u64,
+    /// `env.max_turns` of a multi-turn run (`None`: single-turn).
+    pub max_turns: Option<u64>,
     /// LoRA rank (`model.lora_rank`; 0 = full fine-tuning).
     pub lora_rank: u64,
     /// Trainable LoRA adapter parameters (0 without LoRA).
@@ -397,7 +401,14 @@ pub fn plan_ranks(
     let cpu = raw.model.device == DeviceSpec::Cpu;
     let p = shape.params;
     let prompt = raw.data.max_prompt_len.unwrap_or(DEFAULT_PROMPT_TOKENS) as u64;
-    let completion = raw.rollout.max_new_tokens as u64;
+    // A multi-turn episode is one row: its turns and bridges together, at most
+    // env.max_episode_tokens (by default max_turns × max_new_tokens plus the bridges), and its
+    // last turn's context (prompt + episode) is what the sampler's cache holds.
+    let completion = match raw.env.is_on() {
+        true => raw.env.episode_tokens(raw.rollout.max_new_tokens) as u64,
+        false => raw.rollout.max_new_tokens as u64,
+    };
+    let max_turns = raw.env.is_on().then_some(u64::from(raw.env.max_turns));
     let t = prompt + completion;
     let online = raw.data.experiences.is_none();
     let threaded = online && raw.sync.offset >= 1;
@@ -606,6 +617,7 @@ pub fn plan_ranks(
         device: raw.model.device.to_string(),
         prompt_tokens: prompt,
         completion_tokens: completion,
+        max_turns,
         lora_rank: raw.model.lora_rank as u64,
         adapter_params,
         weights,
@@ -753,8 +765,15 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
-        "dtype {} on {}; rows of {} prompt + {} completion tokens",
-        p.dtype, p.device, p.prompt_tokens, p.completion_tokens
+        "dtype {} on {}; rows of {} prompt + {} completion tokens{}",
+        p.dtype,
+        p.device,
+        p.prompt_tokens,
+        p.completion_tokens,
+        match p.max_turns {
+            Some(n) => format!(" (episodes of up to {n} turns: turns and bridges together)"),
+            None => String::new(),
+        }
     )?;
     if p.world_size > 1 {
         writeln!(

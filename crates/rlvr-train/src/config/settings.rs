@@ -214,13 +214,13 @@ pub fn load_tokenizer(dir: &Path) -> anyhow::Result<TokenizerBundle> {
 /// No chat template, an end-of-turn token that is not one token or not a stop id, `env.tools`
 /// that do not parse, a program that does not start or answer `hello`.
 pub fn episode_runner(
-    cfg: &ResolvedConfig,
+    cfg: &RawConfig,
     tok: &TokenizerBundle,
     reward: &Arc<RewardFunction>,
 ) -> anyhow::Result<crate::feed::episodes::EpisodeRunner> {
     use crate::feed::episodes::{end_of_turn, parse_tools, EpisodeRunner, EpisodeSettings};
     use rlvr_env::json::Json;
-    let e = &cfg.raw.env;
+    let e = &cfg.env;
     let to_json =
         |t: &toml::Table| -> anyhow::Result<Json> { Ok(Json::parse(&serde_json::to_string(t)?)?) };
     let source = match &e.chat_template {
@@ -259,7 +259,7 @@ pub fn episode_runner(
     specials.sort();
     let settings = EpisodeSettings {
         max_turns: e.max_turns,
-        episode_tokens: e.episode_tokens(cfg.raw.rollout.max_new_tokens),
+        episode_tokens: e.episode_tokens(cfg.rollout.max_new_tokens),
         max_observation_tokens: e.max_observation_tokens,
         tool_format: rlvr_env::tools::ToolFormat::parse(&e.tool_format)
             .map_err(|m| anyhow::anyhow!("env.tool_format: {m}"))?,

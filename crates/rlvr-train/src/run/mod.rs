@@ -211,7 +211,8 @@ impl Run<'_> {
             // evaluator (every train.eval_every steps; a failed one is null in the step's line),
             // then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
-            report::set_env_metrics(&mut line, &exps, batch.env.as_ref());
+            let env = self.env_over_ranks(batch.env.as_ref())?;
+            report::set_env_metrics(&mut line, &exps, env.as_ref());
             let eval = self.evaluate(t, &mut line);
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {
@@ -239,6 +240,44 @@ impl Run<'_> {
             hang_if_asked(opts, t, self.job.rank())?;
         }
         Ok((done, false))
+    }
+
+    /// What the environment did for the whole batch of a multi-turn step (`None` for a
+    /// single-turn run): data parallel, each rank ran its share of the episodes, so the counts
+    /// (episodes, errors, tool calls, tool-call errors) are summed over the ranks (whole numbers
+    /// below 2^53: exact in f64, whatever order the collective adds them in) and `time/env_s` is
+    /// the slowest rank's, as `time/sample_s` is. One process: the batch's own. Every rank calls
+    /// this at every step of a run with `[env]` (a rank without stats counts zeros).
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn env_over_ranks(
+        &mut self,
+        env: Option<&crate::feed::episodes::EnvStats>,
+    ) -> anyhow::Result<Option<crate::feed::episodes::EnvStats>> {
+        if !self.cfg.raw.env.is_on() {
+            return Ok(env.cloned());
+        }
+        let e = env.cloned().unwrap_or_default();
+        if !self.job.is_parallel() {
+            return Ok(Some(e));
+        }
+        let mut counts = [
+            e.episodes as f64,
+            e.errors as f64,
+            e.tool_calls as f64,
+            e.tool_call_errors as f64,
+        ];
+        self.job.sum_f64(&mut counts)?;
+        let mut secs = [e.env_s];
+        self.job.max_f64(&mut secs)?;
+        Ok(Some(crate::feed::episodes::EnvStats {
+            episodes: counts[0] as usize,
+            errors: counts[1] as usize,
+            tool_calls: counts[2] as usize,
+            tool_call_errors: counts[3] as usize,
+            env_s: secs[0],
+        }))
     }
 
     /// The trainer's step `t` on `exps` (this rank's whole groups of them) at the schedule's

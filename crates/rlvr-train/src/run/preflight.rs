@@ -134,7 +134,7 @@ pub(super) fn check(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<P
         None
     };
     let runner = if c.env.is_on() {
-        Some(settings::episode_runner(cfg, &tokenizer, &reward)?)
+        Some(settings::episode_runner(c, &tokenizer, &reward)?)
     } else {
         None
     };

@@ -301,9 +301,11 @@ fn online_feed(
     train_p
         .check_room(&ids, model.config().max_position_embeddings, room, room_key)
         .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
+    // With an environment a turn's context is the prompt plus up to env.max_episode_tokens of
+    // turns and bridges, so vLLM's max_model_len must hold that much (docs/DESIGN.md §14).
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
-        max_new_tokens: c.rollout.max_new_tokens,
+        max_new_tokens: room,
     };
     let mut backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
     // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.

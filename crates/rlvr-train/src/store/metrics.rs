@@ -40,7 +40,12 @@ pub const METRIC_KEYS: [&str; 26] = [
 ];
 
 /// Keys whose values depend on wall-clock time (excluded from reproducibility comparisons).
-pub const TIME_KEYS: [&str; 3] = ["time/sample_s", "time/train_s", "tokens_per_s"];
+pub const TIME_KEYS: [&str; 4] = [
+    "time/sample_s",
+    "time/train_s",
+    "tokens_per_s",
+    "time/env_s",
+];
 
 /// One metrics line being filled: every key of [`METRIC_KEYS`] starts null.
 #[derive(Debug, Clone)]

@@ -555,6 +555,9 @@ fn vllm_backend_keys_are_checked() {
     check_load("", &[vllm, server, "rollout.retries=100"]).unwrap();
     // LoRA adapters are pushed to vLLM by name (no full-weight reload needed): accepted.
     check_load("", &[vllm, server, "model.lora_rank=8"]).unwrap();
+    // Multi-turn episodes run on vLLM too (issue 45): later turns are one request per episode.
+    let c = check_load("", &[vllm, server, "env.builtin=\"retry\""]).unwrap();
+    assert!(c.raw.env.is_on());
     let err = format!(
         "{:#}",
         check_load("", &["rollout.backend=\"sglang\""]).unwrap_err()

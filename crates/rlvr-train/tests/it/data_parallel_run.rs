@@ -484,3 +484,79 @@ fn ranks_that_run_different_configs_are_refused_naming_the_key() {
     });
     assert_eq!(ok, [true, true]);
 }
+
+/// A program environment for the "five" task (Python, the §14 protocol): a turn is right when its
+/// text is the row's answer (reward 1, done), else the user is told to try again; every episode
+/// of a group whose draw is a multiple of 3 fails at `reset` (reward null), so the ranks' shares
+/// hold different numbers of failed episodes.
+const FIVE_ENV: &str = r#"
+import json, sys
+refs = {}
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        eps = []
+        for e in req["episodes"]:
+            refs[e["id"]] = e["row"]["answer"]
+            if int(e["group"]) % 3 == 0:
+                eps.append({"id": e["id"], "error": "group %s: no such game" % e["group"]})
+            else:
+                eps.append({"id": e["id"], "messages": None, "tools": None})
+        out = {"episodes": eps}
+    elif t == "step":
+        eps = []
+        for e in req["episodes"]:
+            ok = e["text"].strip() == refs[e["id"]]
+            eps.append({"id": e["id"], "reward": 1.0 if ok else 0.0, "done": ok,
+                        "messages": [] if ok else [{"role": "user", "content": "again"}]})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+#[test]
+fn env_metrics_are_the_whole_batchs_at_two_ranks() {
+    // Issue 45: each rank runs its share of the episodes; env/error_frac and the other env
+    // counts are reduced over the ranks, so they equal the one-process run's (5 groups: 3 + 2
+    // on 2 ranks, the failed groups of draws 0, 3, 6, … split unevenly between them).
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("five_env.py");
+    std::fs::write(&script, FIVE_ENV).unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+    let tpl = format!("env.chat_template=\"{}\"", tpl.display());
+    let extra = [
+        cmd.as_str(),
+        tpl.as_str(),
+        "env.max_turns=2",
+        "env.max_episode_tokens=16",
+        "env.max_error_frac=0.9",
+    ];
+    check(&extra, &[2]);
+    // What the comparison covered: failed episodes on every step, at rates a rank's share
+    // alone would not give.
+    let model = common::tiny_model(&tmp.path().join("m"), 3);
+    let one = tmp.path().join("again");
+    run(&sets(&model, &one, &extra), 1, false);
+    let fracs: Vec<f64> = lines(&one, "metrics.jsonl")
+        .iter()
+        .filter(|l| l["step"].as_u64() > Some(0))
+        .map(|l| {
+            l.get("env/error_frac")
+                .and_then(|v| v.as_f64())
+                .unwrap_or_else(|| panic!("{l:?}"))
+        })
+        .collect();
+    // Draws 0..5, 5..10, 10..15: groups 0 and 3, 6 and 9, 12 of 5 failed.
+    assert_eq!(fracs, [0.4, 0.4, 0.2], "{fracs:?}");
+}

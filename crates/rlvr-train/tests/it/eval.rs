@@ -121,3 +121,153 @@ fn eval_takes_device_and_dtype_from_the_config() {
     .unwrap_err();
     assert!(format!("{err:#}").contains("f8"), "{err:#}");
 }
+
+/// `rlvr eval` on a task the tiny random model gets right now and then (every answer is 5: two
+/// new tokens with the end-of-turn), 10 problems × 16 samples of at most 4 tokens at temperature
+/// 1, with `extra`.
+fn eval_five(extra: &[String]) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    let data = tmp.path().join("five.jsonl");
+    let rows: Vec<String> = (0..10)
+        .map(|i| {
+            serde_json::json!({"question": format!("{}+{}=", i % 10, (i + 3) % 10), "answer": "5"})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    let out = tmp.path().join("items.jsonl");
+    let mut argv: Vec<String> = [
+        "x",
+        "--model",
+        model.to_str().unwrap(),
+        "--task",
+        "jsonl",
+        "--data",
+        data.to_str().unwrap(),
+        "--set",
+        "data.verifier={ kind = \"arithmetic\" }",
+        "--set",
+        "data.style=\"plain\"",
+        "--n",
+        "16",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    argv.extend(extra.iter().cloned());
+    let a = W::parse_from(argv).a;
+    let mut buf = Vec::new();
+    run_eval(&a, &mut buf).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+    let items = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (v, items)
+}
+
+/// `rlvr eval --env` (issue 45): every sample is an episode of the config's environment. With the
+/// built-in `retry` environment, turn 1 of each episode is the single-turn evaluation's sample
+/// (same text, token for token: the same draw and seed); one turn scores what the single-turn
+/// evaluation scores on turns that ended on the end-of-turn token (a cut turn is `finish`ed and
+/// scores 0); a second turn only adds correct episodes; `--out` items carry the episode.
+#[test]
+fn eval_env_runs_episodes_whose_first_turn_is_the_single_turn_sample() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let tpl = format!("env.chat_template=\"{}\"", tpl.display());
+    let env = |turns: &str| -> Vec<String> {
+        [
+            "--env",
+            "--set",
+            "env.builtin=\"retry\"",
+            "--set",
+            turns,
+            "--set",
+            "env.max_episode_tokens=80",
+            "--set",
+            &tpl,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let (single_v, single) = eval_five(&[]);
+    let (v1, one) = eval_five(&env("env.max_turns=1"));
+    let (v2, two) = eval_five(&env("env.max_turns=2"));
+    assert_eq!(v1["n"], single_v["n"]);
+    assert_eq!((one.len(), two.len()), (160, 160));
+    let (mut cut, mut second) = (0, 0);
+    for ((s, a), b) in single.iter().zip(&one).zip(&two) {
+        for x in [a, b] {
+            assert_eq!(
+                (&x["index"], &x["sample_index"]),
+                (&s["index"], &s["sample_index"])
+            );
+            // Turn 1 is the single-turn sample.
+            assert_eq!(x["episode"]["transcript"][0]["role"], "assistant");
+            assert_eq!(
+                x["episode"]["transcript"][0]["content"], s["completion"],
+                "{x}"
+            );
+        }
+        assert!(
+            s.get("episode").is_none(),
+            "single-turn items carry no episode"
+        );
+        assert_eq!(a["episode"]["turns"], 1);
+        match a["episode"]["finish"].as_str().unwrap() {
+            "length" => {
+                cut += 1;
+                assert_eq!(a["correct"], false);
+            }
+            "done" | "max_turns" => assert_eq!(a["correct"], s["correct"], "{a} vs {s}"),
+            other => panic!("finish {other}: {a}"),
+        }
+        if a["correct"] == true {
+            assert_eq!(
+                b["correct"], true,
+                "a second turn cannot undo the first: {b}"
+            );
+        }
+        let t = b["episode"]["turns"].as_u64().unwrap();
+        assert!((1..=2).contains(&t), "{b}");
+        if t == 2 {
+            second += 1;
+            let tr = b["episode"]["transcript"].as_array().unwrap();
+            assert_eq!(tr[1]["role"], "user");
+            assert_eq!(tr[1]["content"], "That is not correct. Please try again.");
+        }
+    }
+    eprintln!(
+        "eval --env: {cut}/160 first turns cut, {second}/160 second turns; accuracy {} single-turn, \
+         {} one turn, {} two turns",
+        single_v["accuracy"], v1["accuracy"], v2["accuracy"]
+    );
+    assert!(second > 0, "no episode took a second turn");
+    assert!(cut < 160, "every first turn was cut: nothing compared");
+    let right = |items: &[serde_json::Value]| items.iter().filter(|i| i["correct"] == true).count();
+    assert!(
+        right(&one) > 0,
+        "no episode right at turn 1: the comparison is empty"
+    );
+    assert!(
+        right(&two) > right(&one),
+        "the second turn added no correct episode"
+    );
+    assert!(v2["accuracy"].as_f64() >= v1["accuracy"].as_f64());
+    // Without [env], --env names what is missing.
+    let err = std::panic::catch_unwind(|| eval_five(&["--env".to_string()])).unwrap_err();
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("--env: no environment"), "{msg}");
+}

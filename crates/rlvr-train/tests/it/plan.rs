@@ -453,4 +453,54 @@ fn absurd_sizes_are_refused_naming_the_figure_never_overflow() {
     .unwrap();
     assert!(p.activations_per_row > 1 << 40, "{}", p.activations_per_row);
     assert!(p.max_micro_batch_rows.unwrap() < 1 << 24);
+
+#[test]
+fn a_multi_turn_episode_is_planned_as_one_row_of_its_turns_and_bridges() {
+    // Issue 45: a row holds the episode (turns and bridges), so the plan of [env] with 3 turns of
+    // 512 tokens and 64-token bridges is the single-turn plan of 3 × 512 + 2 × 64 = 1664 tokens.
+    let env = [
+        "env.builtin=\"retry\"",
+        "env.max_turns=3",
+        "env.max_observation_tokens=64",
+    ];
+    let multi = plan(&raw(&env), false, Some(80 << 30)).unwrap();
+    assert_eq!(multi.completion_tokens, 1664);
+    assert_eq!(multi.max_turns, Some(3));
+    let single = plan(
+        &raw(&["rollout.max_new_tokens=1664"]),
+        false,
+        Some(80 << 30),
+    )
+    .unwrap();
+    assert_eq!(single.max_turns, None);
+    let json = |p: &rlvr_train::config::plan::Plan| {
+        let mut v = serde_json::to_value(p).unwrap();
+        v.as_object_mut().unwrap().remove("max_turns");
+        v
+    };
+    assert_eq!(json(&multi), json(&single));
+    // The KV cache holds the last turn's whole context: prompt 512 + episode 1664 tokens.
+    assert_eq!(
+        multi.kv_cache,
+        multi.kv_cache_rows * (512 + 1664) * 24 * 2 * 2 * 64 * 2
+    );
+    // env.max_episode_tokens, when set, is the row.
+    let capped = plan(
+        &raw(&[env[0], env[1], "env.max_episode_tokens=900"]),
+        false,
+        None,
+    )
+    .unwrap();
+    assert_eq!(capped.completion_tokens, 900);
+    // One turn: the single-turn plan.
+    let one = plan(&raw(&[env[0], "env.max_turns=1"]), false, Some(80 << 30)).unwrap();
+    let base = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
+    assert_eq!(json(&one), json(&base));
+    let mut table = Vec::new();
+    rlvr_train::config::plan::write_table(&multi, &mut table).unwrap();
+    let table = String::from_utf8(table).unwrap();
+    assert!(
+        table.contains("rows of 512 prompt + 1664 completion tokens (episodes of up to 3 turns"),
+        "{table}"
+    );
 }

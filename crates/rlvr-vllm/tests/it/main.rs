@@ -15,3 +15,4 @@ mod live_lora;
 mod live_server;
 mod live_train;
 mod lora_refresh;
+mod turns;

@@ -226,3 +226,21 @@ fn print_config_lists_the_unread_knobs_it_leaves_out() {
         );
     }
 }
+
+/// The base config of configs/lab_multi_turn.toml (a subdirectory, so not a shipped train config
+/// of its own) resolves with the `retry` environment, its chat template beside it, and an episode
+/// budget that fits the quickstart model's 64 positions after its longest prompt (8 tokens).
+#[test]
+fn the_multi_turn_sweeps_base_config_resolves() {
+    let f = repo_root().join("configs/lab_multi_turn/base.toml");
+    let cfg = check_loads(&f, &[]).unwrap();
+    let e = &cfg.raw.env;
+    assert_eq!(e.builtin.as_deref(), Some("retry"));
+    assert_eq!(e.max_turns, 2);
+    let tpl = e.chat_template.as_ref().unwrap();
+    assert_eq!(tpl, &repo_root().join("configs/lab_multi_turn/chat.jinja"));
+    assert!(tpl.exists());
+    assert!(8 + e.episode_tokens(cfg.raw.rollout.max_new_tokens) <= 64);
+    let text = std::fs::read_to_string(&f).unwrap();
+    assert!(text.contains("# Hardware:"));
+}
