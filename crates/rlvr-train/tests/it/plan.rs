@@ -453,6 +453,7 @@ fn absurd_sizes_are_refused_naming_the_figure_never_overflow() {
     .unwrap();
     assert!(p.activations_per_row > 1 << 40, "{}", p.activations_per_row);
     assert!(p.max_micro_batch_rows.unwrap() < 1 << 24);
+}
 
 #[test]
 fn a_multi_turn_episode_is_planned_as_one_row_of_its_turns_and_bridges() {
