@@ -16,6 +16,7 @@ mod extreme_values;
 mod gguf;
 mod gsm8k_real_input;
 mod limits;
+mod module_circles;
 mod quickstart;
 mod run_dir;
 mod watch;
