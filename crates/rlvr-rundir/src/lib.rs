@@ -11,8 +11,8 @@
 //!   written or killed mid-line).
 //! - [`lock`]: the one-writer `flock` (the run directory's lock, taken by `rlvr train` and the lab;
 //!   the same primitive holds rlvr-vllm's server leases and model output locks).
-//! - [`schedule`]: s(t), the policy version that samples the batch of step t (DESIGN.md section
-//!   3), and the staleness and sync-window ends that follow from it.
+//! - [`schedule`]: s(t), the policy version that samples the batch of step t
+//!   (DESIGN.md section 3), and the staleness and sync-window ends that follow from it.
 //! - [`fs`]: the atomic replacement of a file (written beside it, synced, renamed).
 //! - [`stamp`]: the host name and the UTC time that run.json and the lock records carry.
 //!

@@ -11,6 +11,7 @@ mod cli_model;
 mod configs;
 mod crate_graph;
 mod data_layouts;
+mod design_refs;
 mod docs;
 mod extreme_values;
 mod gguf;
