@@ -41,9 +41,12 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// (line, section) of each citation, and (line, text) of each citation in another style.
+type Citations = (Vec<(usize, u32)>, Vec<(usize, String)>);
+
 /// The section numbers a text cites after each `DESIGN.md section`/`sections`, and the citations
 /// in another style (`DESIGN §N`, `DESIGN.md §N`, `DESIGN section N`), as (line, text).
-fn citations(text: &str) -> (Vec<(usize, u32)>, Vec<(usize, String)>) {
+fn citations(text: &str) -> Citations {
     let (mut refs, mut odd) = (Vec::new(), Vec::new());
     for (i, line) in text.lines().enumerate() {
         for (at, _) in line.match_indices("DESIGN") {
