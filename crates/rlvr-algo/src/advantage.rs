@@ -10,7 +10,7 @@
 //! A_i      ← A_i − δ               δ = baseline_shift (AsymRE equivalence: δ = −τ)
 //! ```
 //!
-//! Rules (DESIGN §5):
+//! Rules (DESIGN.md section 5):
 //! - **Groups by id, never by position**: rows are grouped through a hash map on the id, so any row
 //!   layout (contiguous, interleaved) gives the same advantages.
 //! - **Null rewards** (unscorable, `None`) get A = 0, are ignored by every mean and std, and leave the
@@ -65,7 +65,7 @@ pub struct AdvantageStats {
 }
 
 impl AdvantageStats {
-    /// `zero_std_frac` (DESIGN §10): share of groups with zero reward variance; `None` without groups.
+    /// `zero_std_frac` (DESIGN.md section 10): share of groups with zero reward variance; `None` without groups.
     pub fn zero_std_frac(&self) -> Option<f64> {
         (self.groups > 0).then(|| self.zero_std_groups as f64 / self.groups as f64)
     }
@@ -82,13 +82,13 @@ impl AdvantageStats {
 /// rows share statistics; batch-level std uses every row passed in).
 ///
 /// - `rewards`: `[N]`, `None` = unscorable.
-/// - `group_ids`: `[N]`, any hashable id (DESIGN §10: ids compare as strings, so pass strings when the
+/// - `group_ids`: `[N]`, any hashable id (DESIGN.md section 10: ids compare as strings, so pass strings when the
 ///   source mixes types).
 /// - `seed`: the run seed; only RED-Drop draws from it.
 ///
 /// # Errors
 /// [`AlgoError::Input`] when lengths differ or a reward is not finite (use `None` for unscorable).
-// One function with one pass per rule of DESIGN §5 in the order they apply
+// One function with one pass per rule of DESIGN.md section 5 in the order they apply
 // (group, RED-Drop, centre, std-normalise, weight), each short and commented; split, the
 // intermediate per-group vectors would have to travel between functions.
 pub fn compute_advantages<G: Hash + Eq>(
@@ -263,7 +263,7 @@ fn std_of(vals: &[f64], norm: StdNorm) -> f64 {
     (vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / denom).sqrt()
 }
 
-/// RED-Drop (paper B, arXiv 2509.24203; DESIGN §4 preset table): the rows to drop so that
+/// RED-Drop (paper B, arXiv 2509.24203; DESIGN.md section 4 preset table): the rows to drop so that
 /// negatives (r < mean) do not outnumber the rest.
 fn red_drop_choice(rows: &[usize], r: &dyn Fn(usize) -> f64, seed: u64) -> Vec<usize> {
     let mean = rows.iter().map(|&i| r(i)).sum::<f64>() / rows.len() as f64;

@@ -15,7 +15,7 @@
 //! keep-mask, weight, clip ranges (ε, ε′), the RED-Weight temperature and IS cap; REINFORCE none.
 //! A knob the user set for another loss is an error naming the key and the loss (a preset's value
 //! for another loss is not: presets are partial tables shared by several losses). The TOML keys stay
-//! flat (`algorithm.clip_low`, DESIGN §10), and [`Algorithm::to_config`] writes only the knobs of
+//! flat (`algorithm.clip_low`, DESIGN.md section 10), and [`Algorithm::to_config`] writes only the knobs of
 //! the chosen loss.
 
 use serde::{Deserialize, Serialize};
@@ -62,7 +62,7 @@ pub struct AlgorithmConfig {
     pub lme_temperature: Option<f64>,
     /// Zero-variance groups (all scored rewards equal, including K = 1) leave the normaliser: their rows
     /// get weight 0 (no PG, KL, entropy or regulariser term) and are not counted. Default `true`
-    /// (DESIGN §5: counting them in the token denominator is a known peer fault). `false` is what TRL,
+    /// (DESIGN.md section 5: counting them in the token denominator is a known peer fault). `false` is what TRL,
     /// verl and Trinity-RFT do (their token mean runs over every row of the batch, A = 0 rows
     /// included: Trinity's `rec_policy_loss.py` `masked_mean(pg_losses, action_mask)`), a smaller
     /// step at the same learning rate; the presets that follow paper B's Trinity recipes set it, and

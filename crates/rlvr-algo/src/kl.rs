@@ -1,4 +1,4 @@
-//! KL-to-reference estimators (DESIGN §4 "KL and regularisers").
+//! KL-to-reference estimators (DESIGN.md section 4 "KL and regularisers").
 //!
 //! Convention, per token, with log-ratio x = ℓ_ref − ℓ evaluated on the sampled token
 //! (Schulman, "Approximating KL divergence", <http://joschu.net/blog/kl-approx.html>):

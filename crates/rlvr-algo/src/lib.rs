@@ -11,7 +11,7 @@
 //! 3. [`UpdateNormaliser::new`] over **all** rows of the update fixes one weight per row.
 //! 4. For each micro-batch, [`policy_loss`] with that micro-batch's tensors and
 //!    [`UpdateNormaliser::rows`]; `backward()` each loss and sum the gradients as they are.
-//! 5. [`LossStats::merge`] the diagnostics and [`LossStats::finalise`] them into DESIGN §10 metrics.
+//! 5. [`LossStats::merge`] the diagnostics and [`LossStats::finalise`] them into DESIGN.md section 10 metrics.
 //!
 //! When the sampler is not the trainer's own forward (a vLLM server), [`mismatch`] measures the gap
 //! between the two log-probs of each token ([`MismatchSums`]) and gives the truncated or masked

@@ -1,6 +1,6 @@
 //! Per-token policy losses, KL and entropy terms, aggregated with the update normaliser.
 //!
-//! Notation (DESIGN §2): ℓ = log π_θ(token) (with gradient), ℓ_old = behaviour log-prob (the ratio's
+//! Notation (DESIGN.md section 2): ℓ = log π_θ(token) (with gradient), ℓ_old = behaviour log-prob (the ratio's
 //! denominator, always: the weights that *sampled* the token), x = clamp(ℓ − ℓ_old, ±c) with
 //! c = `log_ratio_clamp`, ρ = exp(x), ρ̄ = detached ρ, A = advantage of the row, ε_l/ε_h = clip range.
 //! With a truncated-IS cap C, ρ is replaced by ρ·sg(min(1, C/ρ)) (value min(ρ, C), gradient direction
@@ -169,15 +169,15 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
 
     // Regulariser, KL, entropy.
     let mut per_token = pg_loss;
-    // Paper B's REP regularisers (arXiv 2509.24203; DESIGN §4): OPMD +τ·(ℓ − ℓ_old)² (Kimi k1.5,
+    // Paper B's REP regularisers (arXiv 2509.24203; DESIGN.md section 4): OPMD +τ·(ℓ − ℓ_old)² (Kimi k1.5,
     // arXiv 2501.12599, with Trinity-RFT's convention), AsymRE −τ·ℓ.
     match alg.regulariser {
         Regulariser::None => {}
         Regulariser::Opmd => per_token = (per_token + (x.sqr()? * alg.tau)?)?,
         Regulariser::Asymre => per_token = (per_token - (&logp * alg.tau)?)?,
     }
-    // β·k(ℓ_ref − ℓ) with k1/k2/k3 of DESIGN §4 (k3: arXiv 2402.03300 Eq. 4); ·ρ̄ is the off-policy
-    // "corrected k3" of DeepSeek-V3.2 (DESIGN §4).
+    // β·k(ℓ_ref − ℓ) with k1/k2/k3 of DESIGN.md section 4 (k3: arXiv 2402.03300 Eq. 4); ·ρ̄ is the off-policy
+    // "corrected k3" of DeepSeek-V3.2 (DESIGN.md section 4).
     let mut kl_ref_value = None;
     if let Some(lr) = inp.logp_ref {
         let xr = clamp_with_grad(&(clean(lr)?.detach() - &logp)?, c)?;
@@ -197,7 +197,7 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
         per_token = (per_token - (h * alg.entropy_coef)?)?;
     }
 
-    // Aggregate: Σ_i w_i Σ_t m_it L_it, w fixed per update before micro-batching (DESIGN §4).
+    // Aggregate: Σ_i w_i Σ_t m_it L_it, w fixed per update before micro-batching (DESIGN.md section 4).
     let w = Tensor::from_vec(inp.row_weights.to_vec(), b, dev)?.to_dtype(dt)?;
     let weighted_mask = match inp.is_weights {
         Some(c) => (&mask * c.to_dtype(dt)?.detach())?,
@@ -252,7 +252,7 @@ fn pg_term(
     match alg.loss {
         // PPO clipped surrogate (Schulman et al., arXiv 1707.06347 Eq. 7) per token with ρ against
         // the behaviour policy: GRPO (arXiv 2402.03300 Eq. 3) and paper A's off-policy GRPO
-        // (arXiv 2505.22257, ρ = π_θ/α with α the stale sampler; DESIGN §1).
+        // (arXiv 2505.22257, ρ = π_θ/α with α the stale sampler; DESIGN.md section 1).
         PolicyLoss::Ppo => {
             let (loss, cl, ch) =
                 clipped_surrogate(adv, ratio_w, ratio_wd, pos, neg, lo, hi, alg.dual_clip)?;
@@ -299,7 +299,7 @@ fn pg_term(
             clipped_low: zeros.clone(),
             clipped_high: zeros,
         }),
-        // Paper B's REC family (arXiv 2509.24203; DESIGN §1): −A′·k·ℓ with keep-mask k from the
+        // Paper B's REC family (arXiv 2509.24203; DESIGN.md section 1): −A′·k·ℓ with keep-mask k from the
         // detached ratio and weight A′ (reference: Trinity-RFT rec_policy_loss.py).
         PolicyLoss::Rec => {
             let (b, t) = logp.dims2()?;
@@ -320,7 +320,7 @@ fn pg_term(
             let one_side = || -> Result<Tensor> {
                 Ok(((posf * &le_hi)? + (negf * &ge_lo)?)?.clamp(0.0, 1.0)?)
             };
-            // Keep-masks (paper B; DESIGN §1): one-side is PPO's own pattern, two-side keeps
+            // Keep-masks (paper B; DESIGN.md section 1): one-side is PPO's own pattern, two-side keeps
             // 1−ε_l ≤ ρ̄ ≤ 1+ε_h, ring adds the far tails beyond ε′.
             let keep = match alg.keep_mask {
                 KeepMask::None => logp.ones_like()?,
@@ -396,7 +396,7 @@ fn clamp_with_grad(x: &Tensor, c: f64) -> Result<Tensor> {
 }
 
 /// ρ·sg(min(1, C/ρ)): value min(ρ, C), gradient of ρ scaled by the same factor: truncated importance
-/// sampling (DESIGN §3 "train/sampler mismatch"; `algorithm.is_cap`).
+/// sampling (DESIGN.md section 3 "train/sampler mismatch"; `algorithm.is_cap`).
 fn cap_ratio(ratio: &Tensor, cap: Option<f64>) -> Result<Tensor> {
     match cap {
         None => Ok(ratio.clone()),

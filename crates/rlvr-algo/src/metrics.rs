@@ -1,4 +1,4 @@
-//! Loss diagnostics: sums that accumulate over micro-batches (and updates), then finalise to DESIGN §10
+//! Loss diagnostics: sums that accumulate over micro-batches (and updates), then finalise to DESIGN.md section 10
 //! metric values.
 
 use crate::advantage::AdvantageStats;
@@ -208,7 +208,7 @@ impl Default for LossStats {
     }
 }
 
-/// Finalised loss metrics; `None` where undefined (DESIGN §10: undefined values are null).
+/// Finalised loss metrics; `None` where undefined (DESIGN.md section 10: undefined values are null).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct LossMetrics {
     /// `loss`: the summed (normalised) loss.
@@ -374,7 +374,7 @@ impl LossStats {
 }
 
 impl LossMetrics {
-    /// `(DESIGN §10 name, value)` pairs, ready for metrics.jsonl (`None` → null).
+    /// `(DESIGN.md section 10 name, value)` pairs, ready for metrics.jsonl (`None` → null).
     pub fn pairs(&self) -> Vec<(&'static str, Option<f64>)> {
         vec![
             ("loss", Some(self.loss)),

@@ -1,4 +1,4 @@
-//! The loss normaliser, fixed once per optimizer update (DESIGN §4).
+//! The loss normaliser, fixed once per optimizer update (DESIGN.md section 4).
 //!
 //! Every aggregation mode is a weighted sum of per-token terms with one weight per *sequence*:
 //!
@@ -119,7 +119,7 @@ impl UpdateNormaliser {
             .map(|r| r.completion_tokens)
             .sum();
         let tokens_total: usize = rows.iter().map(|r| r.completion_tokens).sum();
-        // DESIGN §4: token-mean (DAPO, arXiv 2503.14476), per-sequence means (GRPO, arXiv
+        // DESIGN.md section 4: token-mean (DAPO, arXiv 2503.14476), per-sequence means (GRPO, arXiv
         // 2402.03300 Eq. 3), constant B·L (Dr.GRPO, arXiv 2503.20783), all fixed per update.
         let denominator = match alg.aggregation {
             Aggregation::TokenMean => tokens_trained as f64,
@@ -173,7 +173,7 @@ impl UpdateNormaliser {
         self.denominator
     }
 
-    /// `masked_frac` (DESIGN §10): share of the update's completion tokens that get no gradient because
+    /// `masked_frac` (DESIGN.md section 10): share of the update's completion tokens that get no gradient because
     /// their row left the normaliser; `None` without tokens.
     pub fn masked_frac(&self) -> Option<f64> {
         (self.tokens_total > 0)

@@ -1,4 +1,4 @@
-//! Named algorithm presets (DESIGN §4's table), as data.
+//! Named algorithm presets (DESIGN.md section 4's table), as data.
 //!
 //! A preset is a partial [`AlgorithmConfig`]: the knobs it sets. [`AlgorithmConfig::resolve`] applies it
 //! under the user's values (defaults < preset < file < `--set`). Every preset sets `kl_coef = 0` and
@@ -95,7 +95,7 @@ fn reinforce(std_norm: StdNorm) -> AlgorithmConfig {
     c
 }
 
-// The preset table as data, one entry per row of DESIGN §4's table, in one list so that it reads
+// The preset table as data, one entry per row of DESIGN.md section 4's table, in one list so that it reads
 // as that table.
 fn build() -> Vec<Preset> {
     let mut v = Vec::new();
@@ -354,7 +354,7 @@ fn build() -> Vec<Preset> {
         grpo_trl.clone(),
     );
     // TRL's loss_type="bnpo" divides by the tokens of each micro-batch (then by the accumulation
-    // steps); rlvr's normaliser is fixed once per update (DESIGN §4), so `bnpo` is the token mean
+    // steps); rlvr's normaliser is fixed once per update (DESIGN.md section 4), so `bnpo` is the token mean
     // per update: TRL's bnpo with one micro-batch per optimizer step (gradient_accumulation_steps
     // = 1, one process), where it equals TRL's dapo and so grpo_trl's values.
     p(
@@ -377,7 +377,7 @@ fn follows(name: &str) -> &'static str {
         "grpo" => {
             "TRL 1.16 GRPOTrainer loss_type=\"grpo\", scale_rewards=\"group\" (per-sequence \
              token mean, unbiased std), except std + 1e-6 (TRL 1e-4) and zero-variance groups \
-             out of the normaliser (TRL counts them; rlvr's default, DESIGN §5)"
+             out of the normaliser (TRL counts them; rlvr's default, DESIGN.md section 5)"
         }
         "off_policy_grpo" => {
             "grpo's code (TRL 1.16 loss_type=\"grpo\", except std + 1e-6 and zero-variance \
@@ -432,7 +432,7 @@ fn follows(name: &str) -> &'static str {
 
 static PRESETS: LazyLock<Vec<Preset>> = LazyLock::new(build);
 
-/// All presets, in DESIGN §4's order.
+/// All presets, in DESIGN.md section 4's order.
 pub fn presets() -> &'static [Preset] {
     &PRESETS
 }

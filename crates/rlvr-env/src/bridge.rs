@@ -1,5 +1,5 @@
 //! Bridges: the tokens between two assistant turns, and the episode row they make
-//! (docs/DESIGN.md §14, "Tokens, masks, log-probs").
+//! (docs/DESIGN.md section 14, "Tokens, masks, log-probs").
 //!
 //! An assistant turn enters the row as the sampler's ids, its stop id (the end-of-turn token)
 //! included; it is never decoded and re-encoded. What follows it until the next assistant turn

@@ -1,5 +1,5 @@
 //! The process client: an environment program in any language, started once and spoken to in
-//! lock-step batches of JSON lines (docs/DESIGN.md §14).
+//! lock-step batches of JSON lines (docs/DESIGN.md section 14).
 //!
 //! Supervision is rlvr-reward's [`LineProcess`], the one persistent verifiers use: the program
 //! leads its own process group, gets a minimal environment (`PATH HOME LANG TMPDIR` plus the

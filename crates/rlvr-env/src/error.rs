@@ -4,7 +4,7 @@
 /// failures are not errors but an episode's [`crate::protocol::EpisodeResult`] `Err`.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
-    /// The environment's reply broke the protocol (docs/DESIGN.md §14): what and where.
+    /// The environment's reply broke the protocol (docs/DESIGN.md section 14): what and where.
     #[error("environment protocol: {0}")]
     Protocol(String),
     /// The environment answered a request with a top-level `{"error": ...}`.

@@ -1,4 +1,4 @@
-//! Multi-turn environments for RLVR (docs/DESIGN.md §14; issue 45): an episode is the group's
+//! Multi-turn environments for RLVR (docs/DESIGN.md section 14; issue 45): an episode is the group's
 //! prompt, then assistant turns sampled by rlvr, each followed by the environment's answer
 //! (a tool's result, a user's feedback) until the environment says `done` or rlvr ends it.
 //!
@@ -63,7 +63,7 @@ use protocol::{
     EpisodeResult, FinishEpisode, FinishReply, ResetEpisode, ResetReply, StepEpisode, StepReply,
 };
 
-/// An environment over lock-step batches (docs/DESIGN.md §14). Each method takes every live
+/// An environment over lock-step batches (docs/DESIGN.md section 14). Each method takes every live
 /// episode of a batch and returns one result per episode, in the same order: the reply, or the
 /// environment's error for that episode (which makes it unscorable). An empty batch sends
 /// nothing.

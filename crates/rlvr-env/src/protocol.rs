@@ -1,4 +1,4 @@
-//! The environment protocol's records (docs/DESIGN.md §14, version [`PROTOCOL_VERSION`]):
+//! The environment protocol's records (docs/DESIGN.md section 14, version [`PROTOCOL_VERSION`]):
 //! typed requests rlvr writes and the replies it reads, one JSON object per line each way.
 //!
 //! Requests are built as [`Json`] (keys in the order §14 shows them) by [`request_line`]. Replies
@@ -248,7 +248,7 @@ pub fn check_hello(line: &str) -> Result<(), EnvError> {
         Some(Json::Int(PROTOCOL_VERSION)) => Ok(()),
         Some(other) => Err(EnvError::Protocol(format!(
             "the environment speaks protocol version {other}; this rlvr speaks version \
-             {PROTOCOL_VERSION} (docs/DESIGN.md §14)"
+             {PROTOCOL_VERSION} (docs/DESIGN.md section 14)"
         ))),
         None => Err(EnvError::Protocol(format!(
             "hello's reply {:?} has no \"version\" (expected {{\"version\": {PROTOCOL_VERSION}}})",

@@ -1,7 +1,7 @@
 //! The built-in `retry` environment (`env.builtin = "retry"`): the task's verifier judges each
 //! assistant turn; a correct turn ends the episode with reward `turn_discount^(turn − 1)`, a
 //! wrong one gets a fixed user message asking to try again, and the episode ends with reward 0
-//! after `max_turns` wrong turns (docs/DESIGN.md §14). It implements [`Environment`] like the
+//! after `max_turns` wrong turns (docs/DESIGN.md section 14). It implements [`Environment`] like the
 //! process client, so callers cannot tell them apart; CI and demos need no Python.
 
 use crate::json::Json;

@@ -1,4 +1,4 @@
-//! An episode's reward from the rewards its environment gave (`env.reward`, docs/DESIGN.md §14).
+//! An episode's reward from the rewards its environment gave (`env.reward`, docs/DESIGN.md section 14).
 
 /// How an episode's reward is made from the environment's rewards (`env.reward`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -16,7 +16,10 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::summary::{read_lines, series, RunSummary};
+use rlvr_rundir::jsonl::{read_lines, series};
+use rlvr_rundir::key::{Eval, Metric};
+
+use crate::summary::RunSummary;
 use crate::sweep::ClaimSpec;
 
 /// The file's name in the lab directory.
@@ -26,12 +29,12 @@ pub const FILE: &str = "lab_data.json";
 pub const FORMAT: u32 = 1;
 
 /// The metrics.jsonl keys of the training series kept (the diagnostics figures draw them).
-pub const SERIES: [&str; 5] = [
-    "clip_frac",
-    "ratio/min",
-    "ratio/max",
-    "entropy",
-    "kl_behaviour",
+pub const SERIES: [Metric; 5] = [
+    Metric::ClipFrac,
+    Metric::RatioMin,
+    Metric::RatioMax,
+    Metric::Entropy,
+    Metric::KlBehaviour,
 ];
 
 /// Significant digits the training series keep (the figures draw them as 1-2 px lines).
@@ -112,8 +115,9 @@ pub struct RunData {
 impl RunData {
     /// The run's series of `key` as points: `eval/accuracy`, or a key of [`SERIES`] (empty if
     /// absent).
-    pub fn points(&self, key: &str) -> Vec<(f64, f64)> {
-        if key == "eval/accuracy" {
+    pub fn points(&self, key: impl AsRef<str>) -> Vec<(f64, f64)> {
+        let key = key.as_ref();
+        if key == Eval::Accuracy.key() {
             return self.accuracy.iter().map(|&(s, a)| (s as f64, a)).collect();
         }
         self.series.get(key).map(Steps::points).unwrap_or_default()
@@ -157,7 +161,7 @@ impl LabData {
                 let lines = read_lines(Path::new(&r.run_dir));
                 RunData {
                     summary: r.clone(),
-                    accuracy: series(&lines, "eval/accuracy")
+                    accuracy: series(&lines, Eval::Accuracy)
                         .into_iter()
                         .filter(|p| p.1.is_finite())
                         .map(|(s, a)| (s as u64, a))
@@ -165,13 +169,8 @@ impl LabData {
                     series: SERIES
                         .iter()
                         .map(|k| {
-                            let pts: Vec<(f64, f64)> = lines
-                                .iter()
-                                .filter_map(|l| {
-                                    Some((l.get("step")?.as_f64()?, l.get(*k)?.as_f64()?))
-                                })
-                                .collect();
-                            (k.to_string(), Steps::from_points(&pts, SIGNIFICANT))
+                            let pts = series(&lines, k);
+                            (k.key().to_string(), Steps::from_points(&pts, SIGNIFICANT))
                         })
                         .filter(|(_, s)| !s.values.is_empty())
                         .collect(),

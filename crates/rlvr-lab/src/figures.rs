@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use rlvr_chart::{Figure, Line, Panel, Row};
+use rlvr_rundir::key::{Eval, Metric};
 
 use crate::data::{LabData, RunData};
 
@@ -231,7 +232,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                 title: Some(title),
                 rows: vec![Row {
                     y_desc: "held-out accuracy (%)".into(),
-                    panels: panels("eval/accuracy", 1, &pct),
+                    panels: panels(Eval::Accuracy.key(), 1, &pct),
                     legend: legend.clone(),
                 }],
                 cols: COLS,
@@ -243,10 +244,11 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
         });
 
         // Diagnostics: one row per quantity, the families side by side.
-        let mut ratio = panels("ratio/max", smooth_w, &f64::log10);
-        for (p, lower) in ratio
-            .iter_mut()
-            .zip(panels("ratio/min", smooth_w, &f64::log10))
+        let mut ratio = panels(Metric::RatioMax.key(), smooth_w, &f64::log10);
+        for (p, lower) in
+            ratio
+                .iter_mut()
+                .zip(panels(Metric::RatioMin.key(), smooth_w, &f64::log10))
         {
             p.lines.extend(lower.lines);
         }
@@ -260,7 +262,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
         let rows = vec![
             Row {
                 y_desc: "clip fraction".into(),
-                panels: panels("clip_frac", smooth_w, &|y| y),
+                panels: panels(Metric::ClipFrac.key(), smooth_w, &|y| y),
                 legend: legend.clone(),
             },
             Row {
@@ -270,14 +272,14 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             },
             Row {
                 y_desc: "entropy (nats/token)".into(),
-                panels: uncaptioned(panels("entropy", smooth_w, &|y| y)),
+                panels: uncaptioned(panels(Metric::Entropy.key(), smooth_w, &|y| y)),
                 legend: Vec::new(),
             },
             Row {
                 // The drift (summary.md's column is its mean at the windows' last steps): floored
                 // at 1e-9, the k3 estimate's rounding level, so on-policy steps stay on the axis.
                 y_desc: "log10 KL(behaviour||current)".into(),
-                panels: uncaptioned(panels("kl_behaviour", smooth_w, &|y| {
+                panels: uncaptioned(panels(Metric::KlBehaviour.key(), smooth_w, &|y| {
                     y.max(KL_FLOOR).log10()
                 })),
                 legend: Vec::new(),
@@ -344,7 +346,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                                 let s = first(a);
                                 s.label == *l && s.offset == 0 && s.interval == v
                             })
-                            .map(|a| line(a, istyle(v), "eval/accuracy", 1, &pct))
+                            .map(|a| line(a, istyle(v), Eval::Accuracy.key(), 1, &pct))
                     })
                     .collect(),
             })

@@ -122,7 +122,7 @@ pub fn analyse(
     let runs: Vec<summary::RunSummary> = sweep
         .runs()
         .iter()
-        .filter(|r| sweep.run_dir(out, r).join("metrics.jsonl").exists())
+        .filter(|r| rlvr_rundir::files::metrics(&sweep.run_dir(out, r)).exists())
         .map(|r| summary::summarise(sweep, out, r))
         .collect();
     data::LabData::collect(&runs, smooth, sweep.lab.paper_claims, &sweep.claims).write(out)?;

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use rlvr_rundir::lock::RunLock;
 
 use crate::sweep::{RunSpec, Sweep};
 
@@ -151,46 +152,18 @@ pub struct Outcome {
     pub busy: usize,
 }
 
-/// Name of the file in a run directory where the holder of its lock writes its pid, host and
-/// start time (rlvr-train's `store::lock::LOCK_FILE`). The lock itself is an `flock` on the run
-/// directory, as `rlvr train` takes it.
-pub const RUN_LOCK_FILE: &str = ".lock";
+/// The lab's hold on a run directory's lock (rlvr-rundir's [`RunLock`], the one `rlvr train`
+/// takes); released when dropped.
+pub type RunHold = RunLock;
 
-/// The lab's hold on a run directory's lock; released when dropped.
-#[derive(Debug)]
-pub struct RunHold {
-    _dir: std::fs::File,
-}
-
-/// Takes the lock of the existing run directory `dir` (an `flock` on the directory, as `rlvr
-/// train` takes it) without waiting: `Ok(Ok(hold))` when it was free, `Ok(Err(holder))` when
-/// another process holds it (`holder`: what that process wrote in `RUN/.lock`, e.g. `pid 123, host
-/// h, started …`, or a note that it wrote nothing yet).
+/// Takes the lock of the existing run directory `dir` without waiting ([`RunLock::try_hold`]):
+/// `Ok(Ok(hold))` when it was free, `Ok(Err(holder))` when another process holds it (`holder`:
+/// what that process wrote in `RUN/.lock`, e.g. `pid 123, host h, started …`).
 ///
 /// # Errors
 /// Opening the directory, or a locking error other than "held".
 pub fn try_hold(dir: &Path) -> anyhow::Result<Result<RunHold, String>> {
-    use std::io::Read;
-    let file = std::fs::File::open(dir)
-        .with_context(|| format!("opening the run directory {} to lock it", dir.display()))?;
-    match fs4::FileExt::try_lock(&file) {
-        Ok(()) => Ok(Ok(RunHold { _dir: file })),
-        Err(fs4::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            if let Ok(mut info) = std::fs::File::open(dir.join(RUN_LOCK_FILE)) {
-                let _ = info.read_to_string(&mut holder);
-            }
-            let holder = holder.trim().replace('\n', ", ");
-            Ok(Err(if holder.is_empty() {
-                "its holder has not written its pid yet".into()
-            } else {
-                holder
-            }))
-        }
-        Err(fs4::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("locking {}", dir.display()))
-        }
-    }
+    RunLock::try_hold(dir)
 }
 
 /// The failure line of a run left alone because `holder` holds its lock.
@@ -354,15 +327,7 @@ fn spawn(exe: &Path, args: &[String], threads: usize, log: &Path) -> anyhow::Res
 
 /// Steps a run directory's metrics.jsonl has reached (its last line's `step`), 0 if none.
 pub fn steps_reached(run_dir: &Path) -> u64 {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .rev()
-                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        })
-        .and_then(|v| v.get("step")?.as_u64())
-        .unwrap_or(0)
+    rlvr_rundir::jsonl::last_step(run_dir)
 }
 
 fn task_name(sweep: &Sweep, t: &Task) -> String {

@@ -4,8 +4,12 @@
 use std::path::Path;
 
 use anyhow::Context;
+use rlvr_rundir::jsonl::{number, Line};
+use rlvr_rundir::key::{Eval, Metric};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+
+pub use rlvr_rundir::jsonl::{read_lines, series};
+pub use rlvr_rundir::schedule::window_end;
 
 use crate::runner::RunRecord;
 use crate::sweep::{RunSpec, Sweep};
@@ -61,25 +65,6 @@ pub struct RunSummary {
     pub drift: Option<f64>,
 }
 
-/// Reads metrics.jsonl lines (unparsable lines, e.g. one cut by a kill, are skipped).
-pub fn read_lines(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .map(|t| {
-            t.lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// (step, value) of `key` over `lines`, nulls skipped.
-pub fn series(lines: &[Value], key: &str) -> Vec<(f64, f64)> {
-    lines
-        .iter()
-        .filter_map(|l| Some((l.get("step")?.as_f64()?, l.get(key)?.as_f64()?)))
-        .collect()
-}
-
 /// Trapezoid area under `pts` divided by the x span (a single point: its value).
 pub fn mean_area(pts: &[(f64, f64)]) -> Option<f64> {
     match pts {
@@ -96,15 +81,6 @@ pub fn mean_area(pts: &[(f64, f64)]) -> Option<f64> {
     }
 }
 
-/// Whether step `t` (1-based) is the last step of a sync window under interval `v` and offset `o`:
-/// the step whose batch is the stalest of its window, staleness o + v − 1 (DESIGN.md section 3:
-/// the batch of step t is sampled by version v·⌊(t−1−o)/v⌋), so t ≥ 1 + o and (t − o) mod v = 0.
-/// With v = 1 every step ends a window (an on-policy run's drift is then that of one update).
-pub fn window_end(t: u64, v: u64, o: u64) -> bool {
-    let v = v.max(1);
-    t > o && (t - o).is_multiple_of(v)
-}
-
 /// The drift of a run per sync window: the mean of `kl_behaviour` over the steps that end a sync
 /// window ([`window_end`]) and have a value. `kl_behaviour` is the mean over the step's trained
 /// tokens of the k3 estimate ρ − 1 − log ρ, ρ = π_θ/π_behaviour, with π_θ the training forward
@@ -112,8 +88,8 @@ pub fn window_end(t: u64, v: u64, o: u64) -> bool {
 /// how far v − 1 updates (plus o) moved the policy from the one that sampled the batch: the
 /// quantity paper A's staleness argument is about (arXiv 2505.22257 section 3), measured instead of
 /// assumed. Nats per token; `None` without a value at a window end.
-pub fn window_drift(lines: &[Value], v: u64, o: u64) -> Option<f64> {
-    let ends: Vec<f64> = series(lines, "kl_behaviour")
+pub fn window_drift(lines: &[Line], v: u64, o: u64) -> Option<f64> {
+    let ends: Vec<f64> = series(lines, Metric::KlBehaviour)
         .into_iter()
         .filter(|&(t, k)| t >= 1.0 && k.is_finite() && window_end(t as u64, v, o))
         .map(|p| p.1)
@@ -126,9 +102,12 @@ pub fn summarise(sweep: &Sweep, out: &Path, r: &RunSpec) -> RunSummary {
     let arm = &sweep.arms[r.arm];
     let dir = sweep.run_dir(out, r);
     let lines = read_lines(&dir);
-    let acc = series(&lines, "eval/accuracy");
-    let last_train = lines.iter().rev().find(|l| l.get("loss").is_some());
-    let at_end = |k: &str| last_train.and_then(|l| l.get(k)?.as_f64());
+    let acc = series(&lines, Eval::Accuracy);
+    let last_train = lines
+        .iter()
+        .rev()
+        .find(|l| l.get(Metric::Loss.key()).is_some());
+    let at_end = |k: Metric| last_train.and_then(|l| number(l, k));
     let rec = RunRecord::read(&dir);
     RunSummary {
         arm: arm.name.clone(),
@@ -141,7 +120,7 @@ pub fn summarise(sweep: &Sweep, out: &Path, r: &RunSpec) -> RunSummary {
         done: rec.done,
         steps: lines
             .iter()
-            .filter_map(|l| l.get("step")?.as_u64())
+            .filter_map(|l| l.get(Metric::Step.key())?.as_u64())
             .max()
             .unwrap_or(0),
         final_accuracy: acc.last().map(|p| p.1),
@@ -152,13 +131,13 @@ pub fn summarise(sweep: &Sweep, out: &Path, r: &RunSpec) -> RunSummary {
         eval_n: lines
             .iter()
             .rev()
-            .find_map(|l| l.get("eval/n")?.as_f64())
+            .find_map(|l| number(l, Eval::N))
             .map(|n| n as u64),
         wall_s: rec.wall_s,
-        clip_frac: at_end("clip_frac"),
-        ratio_min: at_end("ratio/min"),
-        ratio_max: at_end("ratio/max"),
-        entropy: at_end("entropy"),
+        clip_frac: at_end(Metric::ClipFrac),
+        ratio_min: at_end(Metric::RatioMin),
+        ratio_max: at_end(Metric::RatioMax),
+        entropy: at_end(Metric::Entropy),
         drift: window_drift(&lines, arm.interval, arm.offset),
     }
 }

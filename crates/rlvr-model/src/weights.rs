@@ -2,7 +2,6 @@
 //! `model.safetensors.index.json`, stored in f32, bf16 or f16.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -259,27 +258,7 @@ fn non_finite(bytes: &[u8], dtype: DType) -> Option<(usize, usize)> {
 ///
 /// Errors: any I/O error, naming `path`.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.map_err(io(path))
+    rlvr_rundir::fs::atomic_write(path, bytes).map_err(io(path))
 }
 
 /// Serialises named tensors to safetensors bytes, in the tensors' own dtypes, names sorted.

@@ -83,7 +83,7 @@ pub fn completion_rng(seed: u64, prompt_index: usize, sample_index: usize) -> Ch
     turn_rng(seed, prompt_index, sample_index, 0)
 }
 
-/// The RNG stream of one assistant turn of a multi-turn episode (docs/DESIGN.md §14): ChaCha12
+/// The RNG stream of one assistant turn of a multi-turn episode (docs/DESIGN.md section 14): ChaCha12
 /// keyed by `seed ‖ prompt_index ‖ sample_index ‖ turn − 1` (little endian). Turn 1's stream is
 /// [`completion_rng`]'s, so an episode's first turn draws exactly what a single-turn completion
 /// draws.
@@ -265,7 +265,7 @@ impl Sampler {
     }
 
     /// Continues each of `rows` by one completion (a multi-turn episode's next assistant turn,
-    /// docs/DESIGN.md §14): row i's context is prefilled on its own (no group sharing) and its
+    /// docs/DESIGN.md section 14): row i's context is prefilled on its own (no group sharing) and its
     /// tokens are drawn from [`turn_rng`]`(seed, prompt_index, sample_index, turn − 1)`, so the
     /// result does not depend on which other rows share the call. `params.group_size` is ignored
     /// (one completion per row). Returns one completion per row, in row order.

@@ -256,11 +256,12 @@ impl Stateful for Best {
 impl EvalResult {
     /// The `eval/*` metrics keys (DESIGN.md section 10) and their values (`eval/n` an integer).
     pub fn metrics(&self) -> [(&'static str, serde_json::Value); 4] {
+        use rlvr_rundir::key::Eval;
         [
-            ("eval/accuracy", self.accuracy.into()),
-            ("eval/mean@k", self.mean_at_k.into()),
-            ("eval/pass@k", self.pass_at_k.into()),
-            ("eval/n", self.n.into()),
+            (Eval::Accuracy.key(), self.accuracy.into()),
+            (Eval::MeanAtK.key(), self.mean_at_k.into()),
+            (Eval::PassAtK.key(), self.pass_at_k.into()),
+            (Eval::N.key(), self.n.into()),
         ]
     }
 }

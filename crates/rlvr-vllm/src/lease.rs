@@ -29,7 +29,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use fs4::{FileExt, TryLockError};
+use rlvr_rundir::lock::try_flock;
+use rlvr_rundir::stamp::host;
 
 use crate::error::{Result, VllmError};
 use crate::refresh::io;
@@ -200,16 +201,6 @@ pub fn lease_file(dir: &Path, url: &str) -> PathBuf {
     dir.join(format!("{name}.lease"))
 }
 
-/// The machine's host name (for the lease record), or `unknown`.
-fn host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// The lease of every server of a client; released when dropped (or when the process ends).
 #[derive(Debug)]
 pub struct ServerLease {
@@ -232,9 +223,9 @@ impl ServerLease {
         for url in urls {
             let path = lease_file(&holder.dir, url);
             let mut file = open_lease_file(&path)?;
-            match FileExt::try_lock(&file) {
-                Ok(()) => files.push((url.clone(), file)),
-                Err(TryLockError::WouldBlock) => {
+            match try_flock(&file) {
+                Ok(true) => files.push((url.clone(), file)),
+                Ok(false) => {
                     let mut text = String::new();
                     let _ = file.read_to_string(&mut text);
                     return Err(VllmError::Check {
@@ -242,7 +233,7 @@ impl ServerLease {
                         msg: busy_message(&text, &holder, &path),
                     });
                 }
-                Err(TryLockError::Error(e)) => return Err(io(&path)(e)),
+                Err(e) => return Err(io(&path)(e)),
             }
         }
         let mut lease = ServerLease { files, holder };

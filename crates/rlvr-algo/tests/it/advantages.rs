@@ -1,4 +1,4 @@
-//! Advantage rules of DESIGN §5: layout invariance, zero-variance exactness, K = 1, nulls, RED-Drop,
+//! Advantage rules of DESIGN.md section 5: layout invariance, zero-variance exactness, K = 1, nulls, RED-Drop,
 //! baselines, overlong shaping.
 
 use crate::common::alg;
@@ -109,7 +109,7 @@ fn non_finite_rewards_are_rejected() {
 
 #[test]
 fn interleaved_layout_equals_contiguous() {
-    // DESIGN §5: groups laid out [p1, p2, p1, p2] must not be reduced as if contiguous.
+    // DESIGN.md section 5: groups laid out [p1, p2, p1, p2] must not be reduced as if contiguous.
     let a = alg(|_| {});
     let contiguous = compute_advantages(
         &[

@@ -1,4 +1,4 @@
-//! Config resolution (defaults < preset < user), presets of DESIGN §4, TOML round trips, errors.
+//! Config resolution (defaults < preset < user), presets of DESIGN.md section 4, TOML round trips, errors.
 
 use rlvr_algo::{
     find_preset, presets, print_algorithms, Aggregation, Algorithm, AlgorithmConfig, KeepMask,

@@ -354,7 +354,7 @@ fn normaliser_weights_by_hand() {
 
 #[test]
 fn zero_variance_groups_do_not_change_the_gradient() {
-    // DESIGN §5 fault: zero-variance groups still counted in the token denominator.
+    // DESIGN.md section 5 fault: zero-variance groups still counted in the token denominator.
     let a = AlgorithmConfig::empty("dapo").resolve().unwrap(); // token-mean
     let bt = batch(6, 5, 3);
     let rewards = [
@@ -643,7 +643,7 @@ fn diagnostics_by_hand() {
 
 #[test]
 fn ratio_is_one_on_policy() {
-    // DESIGN §3/§5: at staleness 0 with ℓ = ℓ_old the ratio is exactly 1: nothing clipped, KL 0, ESS 1.
+    // DESIGN.md sections 3 and 5: at staleness 0 with ℓ = ℓ_old the ratio is exactly 1: nothing clipped, KL 0, ESS 1.
     let lp = [-0.3, -1.2, -2.0, -0.01, -5.0, -0.7];
     let a = alg(|_| {});
     let m = tiny(&a, &lp, &lp, &[1.0, -1.0, 0.5]).finalise(None);

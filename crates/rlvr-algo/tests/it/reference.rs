@@ -1,7 +1,7 @@
 //! Checks against `tests/reference/reference.json`, produced by `tests/reference/make_reference.py`
 //! (NumPy advantages, PyTorch autograd losses and gradients, written independently from the formulas).
 
-// 0.7071 is DESIGN §5's rounded hand value, on purpose.
+// 0.7071 is DESIGN.md section 5's rounded hand value, on purpose.
 #![allow(clippy::approx_constant)]
 
 use candle_core::{Device, Tensor, Var};
@@ -90,7 +90,7 @@ fn advantages_match_reference() {
 
 #[test]
 fn design_section5_hand_values() {
-    // DESIGN §5: binary rewards, Bessel std, eps 1e-6.
+    // DESIGN.md section 5: binary rewards, Bessel std, eps 1e-6.
     let fx = fixture();
     let get = |name: &str| {
         let c = fx.advantage_cases.iter().find(|c| c.name == name).unwrap();

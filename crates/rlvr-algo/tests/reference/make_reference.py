@@ -216,7 +216,7 @@ def loss_torch(cfg, batch, logp, adv, ent):
             k = k * rbar
         L = L + beta * k
     L = L - cfg.get("entropy_coef", 0.0) * ent
-    # Normaliser over the whole batch (DESIGN section 4).
+    # Normaliser over the whole batch (DESIGN.md section 4).
     live = torch.tensor([
         keep and not (trunc and cfg.get("overlong", "none") == "mask")
         for keep, trunc in zip(batch["in_normaliser"], batch["truncated"])

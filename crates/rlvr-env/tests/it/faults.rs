@@ -1,7 +1,7 @@
 //! The process client against small Python environments started by the tests: the protocol as
 //! written, and each fault (wrong version, silence, timeouts, death and replay, malformed and
 //! flooding replies, per-episode errors, special tokens, groups whose resets differ) ending as
-//! docs/DESIGN.md §14 says. Skipped (with a message) where `python3` is missing.
+//! docs/DESIGN.md section 14 says. Skipped (with a message) where `python3` is missing.
 
 use rlvr_env::client::{ProcessEnvironment, ProcessSettings};
 use rlvr_env::json::Json;

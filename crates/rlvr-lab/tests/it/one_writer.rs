@@ -46,7 +46,7 @@ fn fake_rlvr(dir: &Path) -> (PathBuf, PathBuf) {
 fn hold(run: &Path) -> File {
     std::fs::write(run.join(".lock"), "pid 4242\nhost testhost\nstarted now\n").unwrap();
     let f = File::open(run).unwrap();
-    fs4::FileExt::try_lock(&f).unwrap();
+    assert!(rlvr_rundir::lock::try_flock(&f).unwrap());
     f
 }
 

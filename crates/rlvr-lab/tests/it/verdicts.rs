@@ -308,14 +308,15 @@ fn window_drift_reads_kl_at_the_last_step_of_each_window() {
     assert_eq!(ends, [5, 9]);
     let ends: Vec<u64> = (1..=3).filter(|&t| window_end(t, 1, 1)).collect();
     assert_eq!(ends, [2, 3]);
-    let lines: Vec<serde_json::Value> = (0..=9)
+    let lines: Vec<rlvr_rundir::jsonl::Line> = (0..=9)
         .map(|t| {
             let kl = if t == 0 {
                 serde_json::Value::Null
             } else {
                 serde_json::json!(t as f64 / 100.0)
             };
-            serde_json::json!({"step": t, "kl_behaviour": kl})
+            let line = serde_json::json!({"step": t, "kl_behaviour": kl});
+            line.as_object().unwrap().clone()
         })
         .collect();
     // (0.04 + 0.08) / 2 and (0.05 + 0.09) / 2.

@@ -1,5 +1,5 @@
 //! `rlvr reward --task math --explain`: the explanation goes to the log (stderr), stdout keeps the
-//! DESIGN.md §10 format.
+//! DESIGN.md section 10 format.
 
 use clap::Parser;
 use rlvr_reward::cli::{run_with_log, RewardArgs};

@@ -34,7 +34,7 @@ const STRICT: Gsm8kVerifier = Gsm8kVerifier {
 #[test]
 fn gsm8k_normalisations() {
     let cases: &[(&str, &str, f64, Option<&str>)] = &[
-        // thousands separators ("1,000" vs "1000", DESIGN §5)
+        // thousands separators ("1,000" vs "1000", DESIGN.md section 5)
         ("So the total is 1,000", "#### 1000", 1.0, Some("1000")),
         ("#### 1000", "#### 1,000", 1.0, Some("1000")),
         (
@@ -45,7 +45,7 @@ fn gsm8k_normalisations() {
         ),
         ("\\boxed{1{,}000}", "1000", 1.0, Some("1000")),
         ("#### 1\u{202F}000", "1000", 1.0, Some("1000")),
-        // `$` ("$18", DESIGN §5)
+        // `$` ("$18", DESIGN.md section 5)
         ("She earns $18", "#### 18", 1.0, Some("18")),
         ("The answer is \\$18.", "18", 1.0, Some("18")),
         // trailing units and %
@@ -53,20 +53,20 @@ fn gsm8k_normalisations() {
         ("The discount is 25%", "#### 25", 1.0, Some("25")),
         // trailing period
         ("The answer is 18.", "18", 1.0, Some("18")),
-        // markdown bold and italics ("**18**", DESIGN §5)
+        // markdown bold and italics ("**18**", DESIGN.md section 5)
         ("**Answer:** **18**", "18", 1.0, Some("18")),
         ("the answer is _18_", "18", 1.0, Some("18")),
         ("*18*", "18", 1.0, Some("18")),
         // spaces
         ("####    18   ", "  18 ", 1.0, Some("18")),
         ("#### 1 000", "1000", 1.0, Some("1000")),
-        // unicode minus and negative answers (DESIGN §5)
+        // unicode minus and negative answers (DESIGN.md section 5)
         ("The temperature is \u{2212}7", "#### -7", 1.0, Some("-7")),
         ("The change is -12 points.", "#### -12", 1.0, Some("-12")),
         ("The answer is 12", "#### -12", 0.0, Some("12")),
         // leading +
         ("The answer is +5", "5", 1.0, Some("5")),
-        // 18.00 equals 18 (DESIGN §5)
+        // 18.00 equals 18 (DESIGN.md section 5)
         ("#### 18.00", "18", 1.0, Some("18")),
         ("It costs $18.50", "18.5", 1.0, Some("18.5")),
         ("It is 0.5", "1/2", 1.0, Some("0.5")),
@@ -87,7 +87,7 @@ fn gsm8k_normalisations() {
 
 #[test]
 fn gsm8k_whole_completion_is_searched() {
-    // An answer far more than 300 characters before the end (DESIGN §5) still counts.
+    // An answer far more than 300 characters before the end (DESIGN.md section 5) still counts.
     let tail = " I double-checked every step carefully and everything adds up.".repeat(20);
     let c = format!("Reasoning...\n#### 42\n{tail}");
     check(&STRICT, &c, "#### 42", 1.0, Some("42"));

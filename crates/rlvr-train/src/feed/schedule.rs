@@ -11,16 +11,10 @@
 
 use crate::store::experience::Experience;
 
-/// Policy version whose weights sample the batch of step `t` (1-based) under interval `v`, offset `o`:
-/// s(t) = v·⌊(t−1−o)/v⌋, and 0 while t − 1 < o (DESIGN.md section 3; o = 0 is paper A's
-/// off-policy GRPO, arXiv 2505.22257), so the staleness (t − 1) − s(t) lies in [o, o + v − 1].
-pub fn behaviour_version(t: u64, v: u64, o: u64) -> u64 {
-    if t < 1 + o {
-        0
-    } else {
-        v * ((t - 1 - o) / v)
-    }
-}
+/// Policy version whose weights sample the batch of step `t` (1-based) under interval `v`, offset
+/// `o`: s(t) = v·⌊(t−1−o)/v⌋ (DESIGN.md section 3), written once in rlvr-rundir, which the lab
+/// shares.
+pub use rlvr_rundir::schedule::behaviour_version;
 
 /// Drops experiences whose staleness (t − 1) − version exceeds `max` (`sync.max_staleness`; those
 /// without a version are kept; DESIGN.md section 3, Trinity-RFT's `max_staleness`).

@@ -30,7 +30,7 @@ pub fn read_hist(run: &Path, metric: &str) -> anyhow::Result<HistSeries> {
     Ok(read_metrics(&path)?
         .iter()
         .filter_map(|l| {
-            let step = l.get("step")?.as_f64()?;
+            let step = l.get(rlvr_rundir::key::Metric::Step.key())?.as_f64()?;
             let v = l.get(key)?;
             let counts = v
                 .as_array()

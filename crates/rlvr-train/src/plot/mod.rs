@@ -71,8 +71,8 @@ pub(crate) fn metric_source<'a>(run: &Path, metric: &'a str) -> (PathBuf, &'a st
         run.parent().unwrap_or(run)
     };
     match metric.strip_prefix("diagnostics/") {
-        Some(k) => (dir.join("diagnostics.jsonl"), k),
-        None if run.is_dir() => (run.join("metrics.jsonl"), metric),
+        Some(k) => (rlvr_rundir::files::diagnostics(dir), k),
+        None if run.is_dir() => (rlvr_rundir::files::metrics(run), metric),
         None => (run.to_path_buf(), metric),
     }
 }
@@ -83,10 +83,7 @@ pub(crate) fn metric_source<'a>(run: &Path, metric: &'a str) -> (PathBuf, &'a st
 /// Unreadable or malformed metrics file.
 pub fn read_series(run: &Path, metric: &str) -> anyhow::Result<Series> {
     let (path, key) = metric_source(run, metric);
-    Ok(read_metrics(&path)?
-        .iter()
-        .filter_map(|l| Some((l.get("step")?.as_f64()?, l.get(key)?.as_f64()?)))
-        .collect())
+    Ok(rlvr_rundir::jsonl::series(&read_metrics(&path)?, key))
 }
 
 /// The runs' legend labels: `labels` when given (one per run), else each run directory's name,

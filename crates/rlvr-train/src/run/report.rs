@@ -139,11 +139,11 @@ fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
         let weighted: f64 = scored.iter().map(|e| e.components[k].weighted).sum();
         let n = scored.len() as f64;
         l.set(
-            &format!("reward/{}/mean", part.name),
+            format!("reward/{}/mean", part.name),
             (n > 0.0).then(|| raw / n),
         );
         l.set(
-            &format!("reward/{}/share", part.name),
+            format!("reward/{}/share", part.name),
             (total != 0.0).then(|| weighted / total),
         );
     }

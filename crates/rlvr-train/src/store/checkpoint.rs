@@ -633,18 +633,16 @@ pub fn rotate(run_dir: &Path, keep_last: usize, best: Option<u64>) -> anyhow::Re
 /// # Errors
 /// I/O errors other than a missing directory or a busy lock.
 fn remove_unless_read(dir: &Path) -> anyhow::Result<()> {
-    use fs4::{FileExt, TryLockError};
     let f = match std::fs::File::open(dir) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("opening {}", dir.display())),
     };
-    // Through the trait: std's inherent File::try_lock has the same name.
-    match FileExt::try_lock(&f) {
-        Ok(()) => std::fs::remove_dir_all(dir)
+    match rlvr_rundir::lock::try_flock(&f).with_context(|| format!("locking {}", dir.display()))? {
+        true => std::fs::remove_dir_all(dir)
             .with_context(|| format!("removing the old checkpoint {}", dir.display())),
-        Err(TryLockError::WouldBlock) => Ok(()),
-        Err(TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", dir.display())),
+        // A reader holds it: a later rotation removes it.
+        false => Ok(()),
     }
 }
 
@@ -666,7 +664,6 @@ pub struct CheckpointReadLock {
 /// # Errors
 /// As [`resolve_model_dir`] (after the retries); the lock cannot be taken.
 pub fn resolve_and_hold(path: &Path) -> anyhow::Result<(PathBuf, Option<CheckpointReadLock>)> {
-    use fs4::FileExt;
     let mut last = None;
     for _ in 0..5 {
         let dir = match resolve_model_dir(path) {
@@ -690,7 +687,8 @@ pub fn resolve_and_hold(path: &Path) -> anyhow::Result<(PathBuf, Option<Checkpoi
             continue;
         };
         // Waits while a rotation holds the exclusive lock to delete it.
-        FileExt::lock_shared(&f).with_context(|| format!("locking {}", dir.display()))?;
+        rlvr_rundir::lock::flock_shared(&f)
+            .with_context(|| format!("locking {}", dir.display()))?;
         if dir.join("config.json").is_file() {
             return Ok((dir, Some(CheckpointReadLock { _dir: f })));
         }

@@ -1,7 +1,8 @@
 //! Guards of the directories rlvr writes (DESIGN.md section 12).
 //!
 //! One writer per run directory: an exclusive `flock` on the run directory itself, held for the
-//! whole `rlvr train` (fresh or `--resume`), see [`RunLock`]; `RUN_DIR/.lock` holds the holder's
+//! whole `rlvr train` (fresh or `--resume`), see [`RunLock`] (rlvr-rundir's, shared with the
+//! lab); `RUN_DIR/.lock` holds the holder's
 //! pid, host and start time for the refusal message. Locking the directory, not the file, means
 //! that deleting `.lock` during a run no longer lets a second writer in (it used to: the second
 //! process created and locked a new `.lock`, and both wrote metrics.jsonl). Model output
@@ -15,115 +16,12 @@
 //! truth.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use fs4::{FileExt, TryLockError};
+use rlvr_rundir::lock::{flock_with_grace, holder_of, write_holder};
 
-/// Name of the lock file inside a run directory.
-pub const LOCK_FILE: &str = ".lock";
-
-/// How long a busy run-directory lock is retried before the refusal (a holder that was just
-/// killed needs a moment to release it).
-pub const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// An exclusive lock on a run directory; released when dropped (or when the process ends).
-#[derive(Debug)]
-pub struct RunLock {
-    // Keeping the descriptor open keeps the lock.
-    _dir: File,
-    path: PathBuf,
-}
-
-/// Takes an exclusive `flock` on `file` (a run directory or a lock file), trying a busy one again
-/// for up to [`LOCK_GRACE`] (a holder that was just killed, e.g. by the SIGKILL of a parent `rlvr
-/// lab` reaching its children, releases it only once the kernel has closed its files).
-/// `Ok(false)` when another process still holds it.
-fn lock_with_grace(file: &File, what: &Path) -> anyhow::Result<bool> {
-    let t0 = std::time::Instant::now();
-    loop {
-        // Called through the trait: std's inherent File::try_lock has the same name.
-        match FileExt::try_lock(file) {
-            Ok(()) => return Ok(true),
-            Err(TryLockError::WouldBlock) if t0.elapsed() < LOCK_GRACE => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(TryLockError::WouldBlock) => return Ok(false),
-            Err(TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", what.display()))
-            }
-        }
-    }
-}
-
-/// What the holder of a lock wrote into `info` (`pid …, host …, started …`), or why it is unknown.
-fn holder_of(info: &Path) -> String {
-    let mut holder = String::new();
-    match File::open(info) {
-        Ok(mut f) => {
-            let _ = f.read_to_string(&mut holder);
-        }
-        Err(_) => return format!("its {} was removed", info.display()),
-    }
-    match holder.trim() {
-        "" => "it has not written its pid yet".to_string(),
-        h => h.replace('\n', ", "),
-    }
-}
-
-/// Writes this process's pid, host and start time into `path` (created or truncated).
-fn write_holder(path: &Path) -> anyhow::Result<()> {
-    let info = format!(
-        "pid {}\nhost {}\nstarted {}\n",
-        std::process::id(),
-        crate::store::run_json::host(),
-        crate::store::run_json::now_rfc3339()
-    );
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    file.set_len(0)
-        .and_then(|_| file.seek(SeekFrom::Start(0)))
-        .and_then(|_| file.write_all(info.as_bytes()))
-        .and_then(|_| file.sync_data())
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-impl RunLock {
-    /// Takes the lock of `run_dir` (which must exist: the `flock` is on the directory), waiting
-    /// at most [`LOCK_GRACE`] for a busy one, and writes this process's pid, host and start time
-    /// into `RUN_DIR/.lock`.
-    ///
-    /// # Errors
-    /// Another process holds the lock: the message names its pid, host and start time as it
-    /// wrote them. I/O errors name the directory or the lock file.
-    pub fn acquire(run_dir: &Path) -> anyhow::Result<RunLock> {
-        let path = run_dir.join(LOCK_FILE);
-        let dir = File::open(run_dir).with_context(|| {
-            format!("opening the run directory {} to lock it", run_dir.display())
-        })?;
-        if !lock_with_grace(&dir, run_dir)? {
-            anyhow::bail!(
-                "{} is in use by another rlvr process ({}); a run directory has one writer at a \
-                 time: wait for it to finish, stop it, or choose another output.dir (lock file {})",
-                run_dir.display(),
-                holder_of(&path),
-                path.display()
-            );
-        }
-        write_holder(&path)?;
-        Ok(RunLock { _dir: dir, path })
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
+pub use rlvr_rundir::lock::{RunLock, LOCK_FILE, LOCK_GRACE};
 
 /// Checks a model output directory before `flag` (e.g. `--out`) writes a model into it: a missing
 /// or empty directory is fine; a non-empty one (or a file) is refused unless `force`. With `force`,
@@ -209,7 +107,7 @@ fn lock_output(out: &Path, flag: &str) -> anyhow::Result<File> {
         .truncate(false)
         .open(&path)
         .with_context(|| format!("opening the output lock {}", path.display()))?;
-    if !lock_with_grace(&file, &path)? {
+    if !flock_with_grace(&file, &path)? {
         anyhow::bail!(
             "{flag} {} is being written by another rlvr process ({}); an output directory has one \
              writer at a time: wait for it to finish, stop it, or choose another {flag} (lock file \
@@ -336,22 +234,6 @@ pub fn refuse_same_dir(model: &Path, out: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_second_lock_on_the_same_directory_is_refused_and_names_the_holder() {
-        let d = tempfile::tempdir().unwrap();
-        let a = RunLock::acquire(d.path()).unwrap();
-        // flock locks belong to the open file description: a second open in this process conflicts.
-        let e = RunLock::acquire(d.path()).unwrap_err().to_string();
-        assert!(e.contains("in use by another rlvr process"), "{e}");
-        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
-        assert!(e.contains("host "), "{e}");
-        assert!(e.contains("started 20"), "{e}");
-        drop(a);
-        // Released on drop.
-        let b = RunLock::acquire(d.path()).unwrap();
-        assert_eq!(b.path(), d.path().join(LOCK_FILE));
-    }
 
     #[test]
     fn model_output_is_refused_when_not_empty_unless_forced() {

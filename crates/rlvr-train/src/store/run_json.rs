@@ -6,29 +6,7 @@ use std::path::Path;
 use serde_json::json;
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-pub(crate) fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
-}
+pub(crate) use rlvr_rundir::stamp::now_rfc3339;
 
 /// The commit this binary was built from (build.rs embeds `git rev-parse HEAD`), `None` when the
 /// build had no git repository.
@@ -39,13 +17,7 @@ pub(crate) fn git_commit() -> Option<String> {
 }
 
 /// This machine's host name.
-pub(crate) fn host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown".into())
-}
+pub(crate) use rlvr_rundir::stamp::host;
 
 fn read(path: &Path) -> Option<serde_json::Value> {
     std::fs::read_to_string(path)

@@ -316,3 +316,81 @@ fn the_import_scanner_reads_groups_and_paths() {
     assert!(names("a ResolvedConfig b", "ResolvedConfig"));
     assert!(!names("MyResolvedConfigX", "ResolvedConfig"));
 }
+
+/// The files outside `store/` that open a file for writing themselves, and why (ARCHITECTURE.md,
+/// the `store/` invariant). Every other write of a run goes through `store/` (rlvr-rundir's
+/// `append_line`, `truncate_after`, `atomic_write`; the checkpoint's save).
+const RAW_WRITES: &[(&str, &str)] = &[
+    (
+        "run/guard.rs",
+        "train.log and ranks/rank-r.log, opened for appending",
+    ),
+    (
+        "run/signals.rs",
+        "/dev/null over the standard streams after SIGHUP",
+    ),
+    (
+        "cli.rs",
+        "the --out file of rlvr eval / generate, and its writability probe",
+    ),
+];
+
+#[test]
+fn only_store_and_the_listed_files_open_files_for_writing() {
+    let mut found = BTreeSet::new();
+    for s in sources() {
+        if s.rel.starts_with("store/") {
+            continue;
+        }
+        let body = s.code.split("#[cfg(test)]").next().unwrap_or_default();
+        if ["fs::write(", "OpenOptions::new()", "File::create("]
+            .iter()
+            .any(|w| body.contains(w))
+        {
+            found.insert(s.rel.clone());
+        }
+    }
+    let listed: BTreeSet<String> = RAW_WRITES.iter().map(|(f, _)| f.to_string()).collect();
+    assert_eq!(
+        found, listed,
+        "files outside store/ that write a file themselves (write through store/, or list the \
+         file in RAW_WRITES with the reason)"
+    );
+}
+
+/// `Run::steps` (run/mod.rs), the loop, stays one screen: at most this many lines, signature and
+/// closing brace included, with one labelled comment per stage.
+const LOOP_LINES: usize = 60;
+
+#[test]
+fn the_loop_is_one_screen_with_a_labelled_line_per_stage() {
+    let text = std::fs::read_to_string(src_dir().join("run/mod.rs")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("fn steps("))
+        .expect("run/mod.rs has no `fn steps(`");
+    let indent = lines[start].len() - lines[start].trim_start().len();
+    let end = (start + 1..lines.len())
+        .find(|&i| lines[i].trim_end() == format!("{}}}", " ".repeat(indent)))
+        .expect("the end of `fn steps`");
+    let n = end - start + 1;
+    assert!(
+        n <= LOOP_LINES,
+        "Run::steps is {n} lines (at most {LOOP_LINES}: one screen); move mechanics into the stages"
+    );
+    let body = lines[start..=end].join("\n");
+    for label in [
+        "// explorer:",
+        "// staleness:",
+        "// trainer update:",
+        "// evaluator",
+        "// sync:",
+        "// checkpoint:",
+    ] {
+        assert!(
+            body.contains(label),
+            "Run::steps lacks the stage label `{label}`"
+        );
+    }
+}

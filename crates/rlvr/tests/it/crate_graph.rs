@@ -2,7 +2,7 @@
 //! crate roots so that a change that breaks a boundary fails here rather than in review:
 //!
 //! 1. Layers: a workspace crate depends only on workspace crates of a strictly lower layer.
-//! 2. Light crates (the font, verifiers, data, environments, the lab) never depend on candle: `rlvr reward` and the data
+//! 2. Light crates (the font, the run directory's protocol, verifiers, data, environments, the lab) never depend on candle: `rlvr reward` and the data
 //!    loaders build and test without the tensor stack.
 //! 3. `unsafe` lives in rlvr-kernels (SIMD, raw pointers) and rlvr-model (mmap, mallopt, the template worker's
 //!    setrlimit/prctl); every
@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 /// Layer of each workspace crate (lower = more basic). A new crate must be added here.
 const LAYERS: &[(&str, u32)] = &[
     ("rlvr-fonts", 0),
+    ("rlvr-rundir", 0),
     ("rlvr-chart", 1),
     ("rlvr-kernels", 0),
     ("rlvr-reward", 0),
@@ -36,6 +37,7 @@ const LAYERS: &[(&str, u32)] = &[
 
 const LIGHT: &[&str] = &[
     "rlvr-fonts",
+    "rlvr-rundir",
     "rlvr-chart",
     "rlvr-reward",
     "rlvr-data",

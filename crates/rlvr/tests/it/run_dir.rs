@@ -204,7 +204,7 @@ fn an_output_directory_being_written_is_refused_to_a_second_writer() {
         .write(true)
         .open(&lock)
         .unwrap();
-    fs4::FileExt::try_lock(&held).unwrap();
+    assert!(rlvr_rundir::lock::try_flock(&held).unwrap());
     let sft = rlvr()
         .args(["sft", "--steps", "1", "--force", "--model"])
         .arg(&model)
