@@ -201,12 +201,12 @@ impl ModelConfig {
     }
 
     /// Reads config.json at `path` as JSON, unnormalised (a regular file of at most
-    /// [`crate::tokenizer::MAX_TOKENIZER_FILE_BYTES`]).
+    /// [`crate::error::MAX_TOKENIZER_FILE_BYTES`]).
     ///
     /// # Errors
     /// [`ModelError::Io`] or [`ModelError::Config`] naming the file.
     pub fn read_json(path: &Path) -> Result<Value> {
-        let text = crate::tokenizer::read_model_text(path)?;
+        let text = crate::error::read_model_text(path)?;
         serde_json::from_str(&text).map_err(|e| ModelError::Config {
             file: path.to_path_buf(),
             msg: format!("not valid JSON: {e}"),

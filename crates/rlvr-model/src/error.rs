@@ -1,6 +1,6 @@
 //! Errors of the model crate. Every variant names the file (and tensor or field) at fault.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Errors from loading, saving or running a model.
 #[derive(Debug, thiserror::Error)]
@@ -121,4 +121,31 @@ pub(crate) fn check_regular_file(path: &std::path::Path) -> Result<()> {
             ),
         ),
     })
+}
+
+/// The largest tokenizer or config file read (256 MiB; real tokenizer.json files are 2-35 MB).
+pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
+
+/// Reads the text file `path` of a model directory: a regular file (a FIFO would block the read
+/// for ever) of at most [`MAX_TOKENIZER_FILE_BYTES`].
+///
+/// # Errors
+/// [`ModelError::Io`] naming the file: not a regular file, too large, unreadable, not UTF-8.
+pub fn read_model_text(path: &Path) -> Result<String> {
+    check_regular_file(path)?;
+    let io = |err| ModelError::Io {
+        path: path.to_path_buf(),
+        err,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_TOKENIZER_FILE_BYTES {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "is {len} bytes, more than the {MAX_TOKENIZER_FILE_BYTES} a tokenizer or config \
+                 file may hold"
+            ),
+        )));
+    }
+    std::fs::read_to_string(path).map_err(io)
 }

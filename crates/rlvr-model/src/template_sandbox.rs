@@ -46,12 +46,9 @@ static WORKER: Mutex<Option<Worker>> = Mutex::new(None);
 /// calls [`main`] when its first argument is [`RENDER_ARG`]; the `rlvr` binary passes its own). A
 /// second call is ignored.
 pub fn enable(exe: PathBuf) {
-    let _ = WORKER_EXE.set(exe);
-}
-
-/// Whether renderings go to a worker process ([`enable`] was called).
-pub fn enabled() -> bool {
-    WORKER_EXE.get().is_some()
+    if WORKER_EXE.set(exe).is_ok() {
+        let _ = crate::tokenizer::RENDERER.set(render);
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -111,7 +108,7 @@ impl Drop for Worker {
 /// # Errors
 /// The template's own errors, as the in-process renderer words them; or, when the worker died
 /// while rendering (memory, stack) or answered past the size limit, a message naming the bound.
-pub(crate) fn render(
+fn render(
     template: &str,
     messages: &[Message],
     add_generation_prompt: bool,

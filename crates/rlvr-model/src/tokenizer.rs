@@ -60,32 +60,7 @@ fn token_str(v: Option<&Value>) -> Option<String> {
     }
 }
 
-/// The largest tokenizer or config file read (256 MiB; real tokenizer.json files are 2-35 MB).
-pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
-
-/// Reads the text file `path` of a model directory: a regular file (a FIFO would block the read
-/// for ever) of at most [`MAX_TOKENIZER_FILE_BYTES`].
-///
-/// # Errors
-/// [`ModelError::Io`] naming the file: not a regular file, too large, unreadable, not UTF-8.
-pub(crate) fn read_model_text(path: &Path) -> Result<String> {
-    crate::error::check_regular_file(path)?;
-    let io = |err| ModelError::Io {
-        path: path.to_path_buf(),
-        err,
-    };
-    let len = std::fs::metadata(path).map_err(io)?.len();
-    if len > MAX_TOKENIZER_FILE_BYTES {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "is {len} bytes, more than the {MAX_TOKENIZER_FILE_BYTES} a tokenizer or config \
-                 file may hold"
-            ),
-        )));
-    }
-    std::fs::read_to_string(path).map_err(io)
-}
+pub use crate::error::{read_model_text, MAX_TOKENIZER_FILE_BYTES};
 
 /// How many times longer (in bytes) a tokenizer's normalizer may make a text. Released
 /// tokenizers stay within 3 (SentencePiece's `▁` for a space; Unicode NFKC's longest expansion,
@@ -372,7 +347,7 @@ pub const TEMPLATE_FUEL: u64 = 1_000_000;
 /// [`TEMPLATE_FUEL`] instructions.
 ///
 /// In the `rlvr` binary the rendering runs in a worker process whose memory, stack and output
-/// are bounded ([`crate::template_sandbox`]), so that a hostile template fails its prompt instead
+/// are bounded (the `template_sandbox` module, which sets [`RENDERER`]), so that a hostile template fails its prompt instead
 /// of aborting rlvr; the text is the same either way.
 ///
 /// Errors: the template does not parse, raises while rendering, runs out of fuel, or (in the
@@ -384,39 +359,36 @@ pub fn render_chat_template(
     bos_token: Option<&str>,
     eos_token: Option<&str>,
 ) -> Result<String> {
-    #[cfg(unix)]
-    let rendered = if crate::template_sandbox::enabled() {
-        crate::template_sandbox::render(
+    let rendered = match RENDERER.get() {
+        Some(render) => render(
             template,
             messages,
             add_generation_prompt,
             bos_token,
             eos_token,
-        )
-    } else {
-        render_in_process(
+        ),
+        None => render_in_process(
             template,
             messages,
             add_generation_prompt,
             bos_token,
             eos_token,
-        )
-    };
-    #[cfg(not(unix))]
-    let rendered = {
-        render_in_process(
-            template,
-            messages,
-            add_generation_prompt,
-            bos_token,
-            eos_token,
-        )
+        ),
     };
     rendered.map_err(|msg| ModelError::Template {
         source_name: "chat_template".into(),
         msg,
     })
 }
+
+/// A chat-template renderer: `(template, messages, add_generation_prompt, bos_token, eos_token)`
+/// to the rendered text or the error's message.
+pub type Renderer =
+    fn(&str, &[Message], bool, Option<&str>, Option<&str>) -> std::result::Result<String, String>;
+
+/// The renderer [`render_chat_template`] hands every template to, once set (the `rlvr` binary's
+/// bounded worker process); unset, templates render in this process ([`render_in_process`]).
+pub(crate) static RENDERER: std::sync::OnceLock<Renderer> = std::sync::OnceLock::new();
 
 /// [`render_chat_template`] in this process (what the worker runs); errors as message text.
 pub(crate) fn render_in_process(

@@ -226,7 +226,7 @@ pub fn spawn_in_group(
     // Without a guard the program dies with rlvr by SIGKILL; the guard gets SIGTERM instead, on
     // which it kills its whole group (crate::guard).
     #[cfg(target_os = "linux")]
-    die_with_parent(
+    crate::guard::die_with_parent(
         &mut cmd,
         if guard.is_some() {
             rustix::process::Signal::TERM
@@ -243,29 +243,6 @@ pub fn spawn_in_group(
     })?;
     live_groups().push(child.id());
     Ok(child)
-}
-
-/// Makes `cmd`'s child ask for `signal` when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and
-/// exit at once if the parent already died between the fork and that call.
-#[cfg(target_os = "linux")]
-pub(crate) fn die_with_parent(cmd: &mut Command, signal: rustix::process::Signal) {
-    use rustix::process::{getpid, getppid, set_parent_process_death_signal};
-    use std::os::unix::process::CommandExt;
-    let rlvr = getpid();
-    // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe
-    // calls are allowed: it makes two system calls (prctl, getppid) through rustix, which are
-    // plain syscalls, and allocates nothing (an `Errno` converts to `io::Error` without a heap
-    // allocation).
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(move || {
-            set_parent_process_death_signal(Some(signal))?;
-            if getppid() != Some(rlvr) {
-                return Err(rustix::io::Errno::SRCH.into());
-            }
-            Ok(())
-        });
-    }
 }
 
 /// Checks that `prog` names a program that can be started, as `execvp` would look for it: a name

@@ -86,7 +86,7 @@ pub fn main(args: &[OsString]) -> ! {
     }
     let mut cmd = std::process::Command::new(program);
     cmd.args(&args[2..]);
-    crate::external::die_with_parent(&mut cmd, rustix::process::Signal::KILL);
+    die_with_parent(&mut cmd, rustix::process::Signal::KILL);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -130,4 +130,26 @@ fn exit_as(status: std::process::ExitStatus) -> ! {
         std::process::exit(128 + signal);
     }
     std::process::exit(1)
+}
+
+/// Makes `cmd`'s child ask for `signal` when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and
+/// exit at once if the parent already died between the fork and that call.
+pub(crate) fn die_with_parent(cmd: &mut std::process::Command, signal: rustix::process::Signal) {
+    use rustix::process::{getpid, getppid, set_parent_process_death_signal};
+    use std::os::unix::process::CommandExt;
+    let rlvr = getpid();
+    // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: it makes two system calls (prctl, getppid) through rustix, which are
+    // plain syscalls, and allocates nothing (an `Errno` converts to `io::Error` without a heap
+    // allocation).
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            set_parent_process_death_signal(Some(signal))?;
+            if getppid() != Some(rlvr) {
+                return Err(rustix::io::Errno::SRCH.into());
+            }
+            Ok(())
+        });
+    }
 }

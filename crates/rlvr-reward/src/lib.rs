@@ -32,7 +32,7 @@
 //! assert_eq!((s.reward, s.extracted.as_deref(), s.gold.as_deref()), (1.0, Some("1000"), Some("1000")));
 //! ```
 #![warn(missing_docs)]
-#![deny(unsafe_code)] // one audited exception: `pre_exec` in external.rs (`PR_SET_PDEATHSIG`)
+#![deny(unsafe_code)] // one audited exception: `pre_exec` in guard.rs (`PR_SET_PDEATHSIG`)
 
 pub mod answer;
 pub mod arithmetic;

@@ -32,7 +32,7 @@ pub fn request_seed(run_seed: u64, prompt_index: usize, group_size: usize) -> u6
 }
 
 /// The `seed` of the request that continues one multi-turn episode by its assistant turn `turn`
-/// (from 2; docs/DESIGN.md §14): turn 1 is the group's request ([`request_seed`]), later turns
+/// (from 2; DESIGN.md section 14): turn 1 is the group's request ([`request_seed`]), later turns
 /// are one request each with `n = 1`, so each owns the single seed
 /// `mix64(mix64(mix64(mix64(run_seed) ⊕ prompt_index) ⊕ sample_index) ⊕ turn) mod 2^63`.
 ///

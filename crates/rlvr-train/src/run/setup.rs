@@ -302,7 +302,7 @@ fn online_feed(
         .check_room(&ids, model.config().max_position_embeddings, room, room_key)
         .map_err(|e| anyhow::anyhow!("[data] Train split: {e:#}"))?;
     // With an environment a turn's context is the prompt plus up to env.max_episode_tokens of
-    // turns and bridges, so vLLM's max_model_len must hold that much (docs/DESIGN.md §14).
+    // turns and bridges, so vLLM's max_model_len must hold that much (DESIGN.md section 14).
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
         max_new_tokens: room,

@@ -317,7 +317,7 @@ fn turn_ending_model(l: &Live, dir: &Path) -> u32 {
 }
 
 /// `rlvr train` with `[env]` (the built-in `retry` environment, 3 turns, the model's own Qwen2.5
-/// chat template) on vLLM (docs/DESIGN.md §14; issue 45): later turns are one request each with
+/// chat template) on vLLM (DESIGN.md section 14; issue 45): later turns are one request each with
 /// the stored context as token ids, and the trainer's log-probs of the stored rows equal the
 /// server's at every sampled position (staleness 0, mean gap below 1e-4, the same bar as
 /// single-turn rows), with episodes of several turns; the same seed repeats the episodes.

@@ -1,4 +1,4 @@
-//! Multi-turn episodes on the vLLM backend (docs/DESIGN.md §14; issue 45), against a fake server:
+//! Multi-turn episodes on the vLLM backend (DESIGN.md section 14; issue 45), against a fake server:
 //! `VllmClient::sample_turns` sends one `/v1/completions` request per episode whose `prompt` is
 //! exactly the episode's stored context (token ids, never re-rendered), `n = 1`, and the seed
 //! `turn_seed(run seed, prompt, sample, turn)`; results come back in row order whatever order the
