@@ -5,7 +5,7 @@
 //! in float64) on fixed rewards, masks and log-probs. Each case names the rlvr preset that must
 //! give Trinity's numbers.
 //!
-//! One difference is held, not hidden: Trinity's (and verl's) `masked_mean` divides by
+//! One difference is held, not hidden: Trinity's `masked_mean` divides by
 //! `count + 1e-8`, rlvr's normaliser by `count` (DESIGN §4). So Trinity's loss is rlvr's with each
 //! row's term scaled by `n/(n + 1e-8)`, where n is the update's token count (token mean) or the
 //! row's length (sequence mean of token means): a relative change of 1e-8/n. The test applies that
