@@ -372,7 +372,8 @@ fn build() -> Vec<Preset> {
 fn follows(name: &str) -> &'static str {
     const TRINITY_REC: &str =
         "Trinity-RFT trinity/algorithm/policy_loss_fn/rec_policy_loss.py and \
-        advantage_fn/rec_advantage.py, recipe examples/rec_gsm8k/README.md (PR #292, f777fb22)";
+        advantage_fn/rec_advantage.py, recipe examples/rec_gsm8k/README.md (PR #292, f777fb22), \
+        except Trinity's token mean divides by count + 1e-8 (relative 1e-8/count)";
     match name {
         "grpo" => {
             "TRL 1.16 GRPOTrainer loss_type=\"grpo\", scale_rewards=\"group\" (per-sequence \
@@ -388,7 +389,8 @@ fn follows(name: &str) -> &'static str {
         | "grpo_rec" => TRINITY_REC,
         "rec_gspo_nois" | "rec_gspo_is" => {
             "Trinity-RFT rec_policy_loss.py clip_mode=\"gspo-one-side\", weight \
-                   \"gspo_importance_sampling\" (yanxi-chen/Trinity-RFT 9051d637)"
+                   \"gspo_importance_sampling\" (yanxi-chen/Trinity-RFT 9051d637), except Trinity's \
+                   per-row token mean divides by length + 1e-8"
         }
         "red_drop" => {
             "Trinity-RFT rec_advantage.py drop=\"balance\" as released (PR #292, f777fb22): \
@@ -401,7 +403,8 @@ fn follows(name: &str) -> &'static str {
         "grpo_verl" => {
             "verl trainer/ppo/core_algos.py compute_grpo_outcome_advantage and \
                    compute_policy_loss_vanilla with actor.yaml defaults (b178a3cd); Trinity-RFT \
-                   grpo_advantage.py and ppo_policy_loss.py defaults"
+                   grpo_advantage.py and ppo_policy_loss.py defaults, except Trinity's token mean divides \
+                   by count + 1e-8 (relative 1e-8/count)"
         }
         "gspo" => {
             "TRL 1.16 GRPOTrainer importance_sampling_level=\"sequence\", loss_type=\"grpo\", \

@@ -13,4 +13,5 @@ mod corrections;
 mod losses;
 mod mismatch;
 mod reference;
+mod trinity;
 mod trl;
