@@ -6,7 +6,7 @@
 //! give Trinity's numbers.
 //!
 //! One difference is held, not hidden: Trinity's `masked_mean` divides by
-//! `count + 1e-8`, rlvr's normaliser by `count` (DESIGN §4). So Trinity's loss is rlvr's with each
+//! `count + 1e-8`, rlvr's normaliser by `count` (DESIGN.md section 4). So Trinity's loss is rlvr's with each
 //! row's term scaled by `n/(n + 1e-8)`, where n is the update's token count (token mean) or the
 //! row's length (sequence mean of token means): a relative change of 1e-8/n. The test applies that
 //! factor per row and then asks for 1e-10.
