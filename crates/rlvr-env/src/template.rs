@@ -28,8 +28,46 @@ use std::sync::Arc;
 /// stops with an error).
 pub const TEMPLATE_FUEL: u64 = 2_000_000;
 
+/// A renderer of a rendering's payload ([`render_payload`]'s input, JSON text) to the text or the
+/// error's message.
+pub type Renderer = fn(&str) -> Result<String, String>;
+
+/// Where [`ChatTemplate::render_json`] sends every rendering, once set: the `rlvr` binary's
+/// template worker, a process with bounded memory and stack (rlvr-model's `template_sandbox`), so
+/// that a hostile template fails its turn instead of aborting rlvr. Unset (tests, library users),
+/// templates render in this process.
+pub static RENDERER: std::sync::OnceLock<Renderer> = std::sync::OnceLock::new();
+
+/// One rendering as data: what [`render_payload`] reads (JSON objects keep their key order).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Payload {
+    source: String,
+    vars: Vec<(String, Json)>,
+    messages: Vec<Json>,
+    tools: Option<Vec<Json>>,
+    add_generation_prompt: bool,
+}
+
+/// Renders a payload written by [`ChatTemplate::render_json`] in this process: what the template
+/// worker runs for it.
+///
+/// # Errors
+/// A malformed payload; the template's own errors, as [`ChatTemplate::render_json`] words them.
+pub fn render_payload(payload: &str) -> Result<String, String> {
+    let p: Payload =
+        serde_json::from_str(payload).map_err(|e| format!("a malformed rendering payload: {e}"))?;
+    let t = ChatTemplate::new(&p.source, p.vars).map_err(|e| e.to_string())?;
+    t.render_here(&p.messages, p.tools.as_deref(), p.add_generation_prompt)
+        .map_err(|e| match e {
+            EnvError::Template(m) => m,
+            other => other.to_string(),
+        })
+}
+
 /// A compiled chat template and the variables it renders with besides the conversation.
 pub struct ChatTemplate {
+    /// The template's source, sent with each rendering to a [`RENDERER`].
+    source: String,
     env: minijinja::Environment<'static>,
     /// Special tokens and template kwargs: (name, value), passed as variables.
     vars: Vec<(String, Json)>,
@@ -190,7 +228,11 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat".to_string(), source.to_string())
             .map_err(|e| EnvError::Template(format!("{e:#}")))?;
-        Ok(ChatTemplate { env, vars })
+        Ok(ChatTemplate {
+            source: source.to_string(),
+            env,
+            vars,
+        })
     }
 
     /// Renders `messages` with `tools` (OpenAI-style schemas, or `None`) and the generation
@@ -214,6 +256,29 @@ impl ChatTemplate {
     /// # Errors
     /// As [`ChatTemplate::render`].
     pub fn render_json(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EnvError> {
+        match RENDERER.get() {
+            Some(render) => {
+                let payload = serde_json::to_string(&Payload {
+                    source: self.source.clone(),
+                    vars: self.vars.clone(),
+                    messages: messages.to_vec(),
+                    tools: tools.map(<[Json]>::to_vec),
+                    add_generation_prompt,
+                })
+                .map_err(|e| EnvError::Template(e.to_string()))?;
+                render(&payload).map_err(EnvError::Template)
+            }
+            None => self.render_here(messages, tools, add_generation_prompt),
+        }
+    }
+
+    /// [`ChatTemplate::render_json`] in this process.
+    fn render_here(
         &self,
         messages: &[Json],
         tools: Option<&[Json]>,

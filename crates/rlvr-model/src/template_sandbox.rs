@@ -51,8 +51,15 @@ pub fn enable(exe: PathBuf) {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Default)]
+#[serde(default)]
 struct Request<'a> {
+    /// Another renderer's request ([`call`]): its kind and its payload, handed to the worker's
+    /// [`Extra`] renderer; `None` for a chat template.
+    #[serde(borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    payload: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
     template: std::borrow::Cow<'a, str>,
     messages: std::borrow::Cow<'a, [Message]>,
@@ -115,15 +122,42 @@ fn render(
     bos_token: Option<&str>,
     eos_token: Option<&str>,
 ) -> Result<String, String> {
-    let exe = WORKER_EXE.get().expect("render is called once enabled");
     let request = Request {
         template: template.into(),
         messages: messages.into(),
         add_generation_prompt,
         bos_token: bos_token.map(Into::into),
         eos_token: eos_token.map(Into::into),
+        ..Request::default()
     };
-    let mut line = serde_json::to_string(&request).map_err(|e| e.to_string())?;
+    exchange_request(&request)
+}
+
+/// A renderer the worker runs besides chat templates, given by the binary to [`main`]: `(kind,
+/// payload)` to the rendered text or the error's message (rlvr-env's tool-calling templates, whose
+/// code this crate cannot name).
+pub type Extra = fn(&str, &str) -> Result<String, String>;
+
+/// Renders `payload` (JSON text) with the worker's [`Extra`] renderer of `kind`, under the same
+/// bounds as a chat template.
+///
+/// # Errors
+/// The renderer's own error; the worker died or answered past the size bound (named); the worker
+/// is not [`enable`]d.
+pub fn call(kind: &str, payload: &str) -> Result<String, String> {
+    if WORKER_EXE.get().is_none() {
+        return Err("the template worker is not enabled".into());
+    }
+    exchange_request(&Request {
+        kind: Some(kind.into()),
+        payload: Some(payload.into()),
+        ..Request::default()
+    })
+}
+
+fn exchange_request(request: &Request<'_>) -> Result<String, String> {
+    let exe = WORKER_EXE.get().expect("render is called once enabled");
+    let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
     line.push('\n');
     let mut slot = WORKER.lock().unwrap_or_else(|e| e.into_inner());
     // A worker that ended between renderings (its parent-death signal follows the thread that
@@ -202,8 +236,9 @@ fn exchange(worker: &mut Worker, line: &str) -> Result<Answer, Fault> {
 }
 
 /// The worker's main (`rlvr __rlvr-render RLVR_PID`): limits its own memory, then answers
-/// requests until stdin closes; never returns.
-pub fn main(args: &[std::ffi::OsString]) -> ! {
+/// requests until stdin closes (chat templates, and `extra`'s kinds through [`call`]); never
+/// returns.
+pub fn main(args: &[std::ffi::OsString], extra: Option<Extra>) -> ! {
     let parent = args
         .first()
         .and_then(|a| a.to_str())
@@ -239,13 +274,17 @@ pub fn main(args: &[std::ffi::OsString]) -> ! {
         }
         let answer = match serde_json::from_str::<Request>(&line) {
             Err(e) => Answer::Error(format!("a malformed request to the worker: {e}")),
-            Ok(r) => match crate::tokenizer::render_in_process(
-                &r.template,
-                &r.messages,
-                r.add_generation_prompt,
-                r.bos_token.as_deref(),
-                r.eos_token.as_deref(),
-            ) {
+            Ok(r) => match match (&r.kind, extra) {
+                (Some(kind), Some(extra)) => extra(kind, r.payload.as_deref().unwrap_or("")),
+                (Some(kind), None) => Err(format!("this worker renders no `{kind}`")),
+                (None, _) => crate::tokenizer::render_in_process(
+                    &r.template,
+                    &r.messages,
+                    r.add_generation_prompt,
+                    r.bos_token.as_deref(),
+                    r.eos_token.as_deref(),
+                ),
+            } {
                 Ok(t) if t.len() > MAX_RENDERED_BYTES => Answer::Error(format!(
                     "the rendered prompt is {} bytes, more than the {} MiB one prompt may have",
                     t.len(),

@@ -67,6 +67,19 @@ fn shorten_long_numbers(msg: &str) -> String {
     out
 }
 
+/// The template worker's kind for rlvr-env's tool-calling chat templates.
+#[cfg(target_os = "linux")]
+const ENV_TEMPLATE: &str = "env";
+
+/// The template worker's renderers besides chat templates (`rlvr_model::template_sandbox::Extra`).
+#[cfg(target_os = "linux")]
+fn render_extra(kind: &str, payload: &str) -> Result<String, String> {
+    match kind {
+        ENV_TEMPLATE => rlvr_env::template::render_payload(payload),
+        other => Err(format!("the template worker renders no `{other}`")),
+    }
+}
+
 fn main() {
     // `rlvr __rlvr-guard ...`: this process is the guard of a program rlvr starts (verifiers,
     // environments), before anything else is set up; otherwise every program started from here
@@ -81,13 +94,16 @@ fn main() {
             Some(rlvr_reward::guard::GUARD_ARG) => rlvr_reward::guard::main(&rest()),
             // The chat-template worker (rlvr_model::template_sandbox).
             Some(rlvr_model::template_sandbox::RENDER_ARG) => {
-                rlvr_model::template_sandbox::main(&rest())
+                rlvr_model::template_sandbox::main(&rest(), Some(render_extra))
             }
             _ => {}
         }
         // This executable as the child sees it after the fork, even if the file was replaced.
         rlvr_reward::guard::enable("/proc/self/exe".into());
         rlvr_model::template_sandbox::enable("/proc/self/exe".into());
+        // Environments' tool-calling templates (rlvr-env) render in the same bounded worker.
+        let _ = rlvr_env::template::RENDERER
+            .set(|payload| rlvr_model::template_sandbox::call(ENV_TEMPLATE, payload));
     }
     rlvr_model::keep_freed_memory();
     // `rlvr help --help` (clap would call `--help` an unknown subcommand): the top-level help.

@@ -142,3 +142,64 @@ fn a_worker_whose_starting_thread_ended_is_replaced() {
     let again = render_chat_template(CHATML_TEMPLATE, &messages, true, None, None).unwrap();
     assert_eq!(again, first);
 }
+
+/// Environments' tool-calling chat templates (rlvr-env's renderer) go through the same bounded
+/// worker once the binary sets `rlvr_env::template::RENDERER` (as `rlvr`'s main does): the four
+/// official templates of rlvr-env's fixture (Qwen2.5, Qwen3, Llama 3.1, ... with tools and tool
+/// calls) render through the worker as transformers did, byte for byte; a hostile one fails its
+/// turn with the bounds named instead of aborting.
+#[cfg(target_os = "linux")]
+#[test]
+fn environment_templates_render_in_the_bounded_worker() {
+    use rlvr_env::json::Json;
+    use rlvr_env::template::ChatTemplate;
+    rlvr_model::template_sandbox::enable(env!("CARGO_BIN_EXE_rlvr").into());
+    let _ = rlvr_env::template::RENDERER
+        .set(|payload| rlvr_model::template_sandbox::call("env", payload));
+    let root = crate::common::repo_root();
+    let f = Json::parse(
+        &std::fs::read_to_string(root.join("crates/rlvr-env/tests/fixtures/conversations.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let Some(Json::Array(cases)) = f.get("cases") else {
+        panic!("conversations.json has cases")
+    };
+    assert_eq!(cases.len(), 4);
+    for c in cases {
+        let name = c.get("template").and_then(Json::as_str).unwrap();
+        let source = std::fs::read_to_string(root.join("data/chat_templates").join(name)).unwrap();
+        let Some(Json::Object(vars)) = c.get("vars") else {
+            panic!("{name}: vars")
+        };
+        let vars: Vec<(String, Json)> = vars
+            .iter()
+            .filter(|(_, v)| *v != Json::Null)
+            .cloned()
+            .collect();
+        let tools = match c.get("tools") {
+            Some(Json::Array(t)) => Some(t.clone()),
+            _ => None,
+        };
+        let Some(Json::Array(messages)) = c.get("messages") else {
+            panic!("{name}: messages")
+        };
+        let t = ChatTemplate::new(&source, vars).unwrap();
+        let full = t.render_json(messages, tools.as_deref(), false).unwrap();
+        assert_eq!(
+            Some(full.as_str()),
+            c.get("full_text").and_then(Json::as_str),
+            "{name}"
+        );
+    }
+    let hostile = ChatTemplate::new(
+        "{% set ns = namespace(v='xxxxxxxx') %}{% for i in range(45) %}{% set ns.v = ns.v ~ ns.v %}{% endfor %}{{ ns.v|length }}",
+        vec![],
+    )
+    .unwrap();
+    let e = hostile
+        .render_json(&[], None, true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2 GiB of memory"), "{e}");
+}
