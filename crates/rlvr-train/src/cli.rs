@@ -393,17 +393,7 @@ fn evaluate_episodes(
 ) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
     use crate::feed::episodes::{program_row, EpisodePrompt, RetryVerifier};
     let s = &ev.settings;
-    let params = rlvr_rollout::SamplingParams {
-        group_size: s.samples,
-        temperature: if s.samples > 1 { 1.0 } else { 0.0 },
-        top_p: 1.0,
-        top_k: None,
-        max_new_tokens: s.max_new_tokens,
-        min_new_tokens: 0,
-        stop_ids: tok.eos_ids.clone(),
-        stop_strings: s.stop.clone(),
-        max_batch_rows: s.max_batch_rows,
-    };
+    let params = s.sampling(&tok.eos_ids);
     let chunk = (s.max_batch_rows / s.samples).max(1);
     let mut items = Vec::with_capacity(ids.len() * s.samples);
     for start in (0..ids.len()).step_by(chunk) {

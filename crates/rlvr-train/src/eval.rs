@@ -94,6 +94,24 @@ pub struct EvalSettings {
     pub add_special_tokens: bool,
 }
 
+impl EvalSettings {
+    /// The sampling of an evaluation: `samples` completions per prompt, greedy for one and at
+    /// temperature 1 for more, stopped at `eos_ids` or the settings' stop strings.
+    pub fn sampling(&self, eos_ids: &[u32]) -> SamplingParams {
+        SamplingParams {
+            group_size: self.samples,
+            temperature: if self.samples > 1 { 1.0 } else { 0.0 },
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: self.max_new_tokens,
+            min_new_tokens: 0,
+            stop_ids: eos_ids.to_vec(),
+            stop_strings: self.stop.clone(),
+            max_batch_rows: self.max_batch_rows,
+        }
+    }
+}
+
 /// The held-out set and how it is scored: the one evaluator of rlvr-train.
 pub struct Evaluator {
     /// Rendered prompt texts.
@@ -328,17 +346,7 @@ fn sample_problems(
         .collect::<Result<_, _>>()
         .context("encoding eval prompts")?;
     let base = range.start;
-    let params = SamplingParams {
-        group_size: s.samples,
-        temperature: if s.samples > 1 { 1.0 } else { 0.0 },
-        top_p: 1.0,
-        top_k: None,
-        max_new_tokens: s.max_new_tokens,
-        min_new_tokens: 0,
-        stop_ids: tokenizer.eos_ids.clone(),
-        stop_strings: s.stop.clone(),
-        max_batch_rows: s.max_batch_rows,
-    };
+    let params = s.sampling(&tokenizer.eos_ids);
     let mut items = Vec::new();
     let chunk = (s.max_batch_rows / s.samples).max(1);
     for start in (0..ids.len()).step_by(chunk) {

@@ -68,3 +68,28 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
     ok(&out, "init");
     model
 }
+
+/// Whether process `pid` is alive (a zombie, killed but not yet reaped, counts as gone; Linux).
+pub fn alive(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: `PID (COMM) S ...`.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+/// Waits up to `secs` seconds for every process of `pids` to be gone; returns those still alive
+/// then, after killing them (a test does not leave behind the processes it started).
+pub fn left_after(pids: &[String], secs: u64) -> Vec<String> {
+    let t0 = std::time::Instant::now();
+    while pids.iter().any(|p| alive(p)) && t0.elapsed() < std::time::Duration::from_secs(secs) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<String> = pids.iter().filter(|p| alive(p)).cloned().collect();
+    for pid in &left {
+        let _ = Command::new("kill").args(["-9", pid.as_str()]).status();
+    }
+    left
+}

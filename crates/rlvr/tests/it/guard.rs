@@ -4,7 +4,7 @@
 //! its whole process group when it is told to end.
 #![cfg(target_os = "linux")]
 
-use crate::common::rlvr;
+use crate::common::{alive, left_after, rlvr};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,13 +15,6 @@ fn guard(program: &[&str]) -> Command {
         .arg(std::process::id().to_string())
         .args(program);
     c
-}
-
-fn alive(pid: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
-    })
 }
 
 #[test]
@@ -100,13 +93,6 @@ fn a_terminated_guard_kills_its_programs_whole_group() {
         Some(9),
         "the guard ends with its group: {st:?}"
     );
-    let t0 = Instant::now();
-    while pids.iter().any(|p| alive(p)) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left: Vec<&String> = pids.iter().filter(|p| alive(p)).collect();
-    for pid in &left {
-        let _ = Command::new("kill").args(["-9", pid.as_str()]).status();
-    }
+    let left = left_after(&pids, 5);
     assert!(left.is_empty(), "{left:?} outlived the guard");
 }

@@ -3,7 +3,7 @@
 //! saves the last good step, train.log; `--force` on init/sft; zero sizes refused.
 #![cfg(unix)]
 
-use crate::common::{ok, rlvr, tiny_model, tokenizer_json};
+use crate::common::{alive, left_after, ok, rlvr, tiny_model, tokenizer_json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -1088,17 +1088,6 @@ fn sft_refuses_a_non_finite_lr_and_a_failed_force_keeps_the_old_model() {
     assert!(!staging.exists());
 }
 
-/// Whether process `pid` is alive (a zombie, killed but not yet reaped, counts as gone).
-fn alive(pid: &str) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses: `PID (COMM) S ...`.
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
-        Err(_) => false,
-    }
-}
-
 #[cfg(target_os = "linux")]
 #[test]
 fn a_sigkilled_rlvr_takes_its_persistent_verifier_with_it() {
@@ -1123,15 +1112,7 @@ fn a_sigkilled_rlvr_takes_its_persistent_verifier_with_it() {
     assert!(alive(&pid), "verifier {pid} is not running");
     child.kill().unwrap(); // SIGKILL: no code of rlvr runs after it
     child.wait().unwrap();
-    let t0 = Instant::now();
-    while alive(&pid) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let orphaned = alive(&pid);
-    if orphaned {
-        // Do not leave it behind: it is the process this test started.
-        let _ = Command::new("kill").args(["-9", &pid]).status();
-    }
+    let orphaned = !left_after(std::slice::from_ref(&pid), 5).is_empty();
     assert!(
         !orphaned,
         "verifier {pid} outlived the SIGKILLed rlvr by 5 s"
@@ -1169,14 +1150,7 @@ fn a_sigkilled_rlvr_takes_its_verifiers_children_with_it() {
     }
     child.kill().unwrap(); // SIGKILL: no code of rlvr runs after it
     child.wait().unwrap();
-    let t0 = Instant::now();
-    while pids.iter().any(|p| alive(p)) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left: Vec<&String> = pids.iter().filter(|p| alive(p)).collect();
-    for pid in &left {
-        let _ = Command::new("kill").args(["-9", pid.as_str()]).status();
-    }
+    let left = left_after(&pids, 5);
     assert!(
         left.is_empty(),
         "{left:?} (of the verifier's child {} and the verifier {}) outlived the SIGKILLed rlvr by 5 s",
@@ -1421,14 +1395,7 @@ fn a_second_sigterm_kills_the_verifiers_whole_process_group() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let t0 = Instant::now();
-    while alive(&pid) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let orphaned = alive(&pid);
-    if orphaned {
-        let _ = Command::new("kill").args(["-9", &pid]).status();
-    }
+    let orphaned = !left_after(std::slice::from_ref(&pid), 5).is_empty();
     assert!(
         !orphaned,
         "the verifier's child {pid} outlived rlvr's second SIGTERM"
