@@ -17,6 +17,8 @@ pub const RUN_JSON: &str = "run.json";
 /// Where the holder of the run directory's lock writes its pid, host and start time (the lock
 /// itself is a `flock` on the directory: [`crate::lock::RunLock`]).
 pub const LOCK: &str = ".lock";
+/// The folder of a run's checkpoints (`step-N/` each, and `latest` naming the newest).
+pub const CHECKPOINTS: &str = "checkpoints";
 
 /// `run_dir/metrics.jsonl`.
 pub fn metrics(run_dir: &Path) -> PathBuf {

@@ -122,7 +122,7 @@ pub struct CheckpointParts<'a, B: Serialize> {
 
 /// `RUN_DIR/checkpoints`.
 pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("checkpoints")
+    run_dir.join(rlvr_rundir::files::CHECKPOINTS)
 }
 
 /// Writes checkpoint `step-N` atomically and points `latest` at it.
@@ -678,7 +678,7 @@ pub fn resolve_and_hold(path: &Path) -> anyhow::Result<(PathBuf, Option<Checkpoi
         let in_run = dir
             .parent()
             .and_then(Path::file_name)
-            .is_some_and(|n| n == "checkpoints");
+            .is_some_and(|n| n == rlvr_rundir::files::CHECKPOINTS);
         if !in_run {
             return Ok((dir, None));
         }
