@@ -57,7 +57,15 @@ pub struct LineProcess {
     input: Option<Sender<String>>,
     lines: Receiver<Result<String, LineFault>>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Closed (its sender dropped) when the stderr reader has read to the end of the pipe.
+    stderr_done: Receiver<()>,
 }
+
+/// The longest [`LineProcess::end`] waits, after the group is killed, for the stderr reader to
+/// reach the end of the pipe, so that the tail it reports holds the program's last words (without
+/// it, a loaded machine could report a tail read before the dying program's last line). Bounded:
+/// a descendant that left the group could hold the pipe open.
+const STDERR_DRAIN: Duration = Duration::from_secs(2);
 
 impl LineProcess {
     /// Starts `command` (program and arguments, no shell) with the environment variables `env`
@@ -91,7 +99,9 @@ impl LineProcess {
         std::thread::spawn(move || read_lines(BufReader::new(stdout), max_line, &tx));
         let tail = Arc::new(Mutex::new(Vec::new()));
         let keep = Arc::clone(&tail);
+        let (done, stderr_done) = mpsc::channel::<()>();
         std::thread::spawn(move || {
+            let _done = done;
             let mut buf = [0u8; 4096];
             while let Ok(n) = stderr.read(&mut buf) {
                 if n == 0 {
@@ -108,6 +118,7 @@ impl LineProcess {
             input: Some(input),
             lines,
             stderr: tail,
+            stderr_done,
         })
     }
 
@@ -180,6 +191,8 @@ impl LineProcess {
             Some(s) => Ok(s),
             None => self.child.wait(),
         };
+        // The reader sends nothing; the wait ends when it drops its sender at the pipe's end.
+        let _ = self.stderr_done.recv_timeout(STDERR_DRAIN);
         let tail = self.stderr_tail();
         let status = status.map_or_else(|e| format!("unknown status ({e})"), |s| s.to_string());
         format!("{status}; stderr: {tail}")
@@ -263,5 +276,28 @@ mod tests {
             lines(b"\xff\xfe\n", 10)[0],
             Err(LineFault::NotUtf8(_))
         ));
+    }
+
+    /// The tail [`LineProcess::end`] reports holds the program's last stderr line, also when the
+    /// program exits right after writing a burst (the reader is then still draining the pipe:
+    /// without the drain wait this test failed within its 30 runs each time it was tried).
+    #[test]
+    fn the_reported_tail_holds_the_last_words() {
+        let burst = "head -c 60000 /dev/zero | tr '\\0' x >&2; echo; echo 'last words' >&2; exit 3";
+        for _ in 0..30 {
+            let cmd = ["sh".to_string(), "-c".to_string(), burst.to_string()];
+            let p = LineProcess::start(&cmd, &[], None, 1 << 10).unwrap();
+            while p
+                .recv_line(Instant::now() + Duration::from_secs(10))
+                .is_ok()
+            {}
+            let ended = p.end(Duration::from_secs(10));
+            assert!(
+                ended.ends_with("last words"),
+                "{}",
+                &ended[ended.len() - 40..]
+            );
+            assert!(ended.contains("exit status: 3"), "{}", &ended[..40]);
+        }
     }
 }
