@@ -555,3 +555,45 @@ fn rlvr_model_uses_unsafe_only_where_listed() {
          reason, or remove it"
     );
 }
+
+/// What a crate must not know (ARCHITECTURE.md, "Code map"), beyond what its layer already rules
+/// out: the model and the sampling engine know nothing of RL (rewards, datasets, losses,
+/// environments, servers). Checked on the crate's dependencies, transitively.
+const KNOWS_NOT: &[(&str, &[&str])] = &[
+    (
+        "rlvr-model",
+        &["rlvr-reward", "rlvr-data", "rlvr-algo", "rlvr-env"],
+    ),
+    (
+        "rlvr-rollout",
+        &[
+            "rlvr-reward",
+            "rlvr-data",
+            "rlvr-algo",
+            "rlvr-env",
+            "rlvr-vllm",
+        ],
+    ),
+];
+
+#[test]
+fn the_model_and_the_sampler_know_nothing_of_rl() {
+    let crates = workspace_crates();
+    for (name, forbidden) in KNOWS_NOT {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![name.to_string()];
+        while let Some(c) = todo.pop() {
+            for d in &crates[&c].1 {
+                if crates.contains_key(d) && seen.insert(d.clone()) {
+                    todo.push(d.clone());
+                }
+            }
+        }
+        for f in *forbidden {
+            assert!(
+                !seen.contains(*f),
+                "{name} depends on {f} (through {seen:?})"
+            );
+        }
+    }
+}
