@@ -10,8 +10,14 @@
   byte for byte;
 - never: run.json (start time, host, the build's git commit), logs, figures, TensorBoard events.
 
-    python3 bench/same_runs.py A B     exit 0 when equal, 1 with the differences listed
+    python3 bench/same_runs.py A B [EXPECTED]
+                                       exit 0 when equal, 1 with the differences listed
+
+EXPECTED: a file of differences a later change made on purpose (scripts/compare/, e.g.
+since-977a3a4.txt), one per line: a glob over the path in the tree (fnmatch: `*` crosses `/`),
+then the commit and why; a difference whose path matches is listed as expected, not counted.
 """
+import fnmatch
 import json
 import os
 import sys
@@ -53,12 +59,24 @@ def rooted(path, root):
     return open(path).read().replace(os.path.abspath(root), "<ROOT>")
 
 
-def main(a, b):
+def expected_list(path):
+    """(glob, why) pairs of an EXPECTED file (blank lines and # comments skipped)."""
+    out = []
+    for line in open(path) if path else []:
+        line = line.strip()
+        if line and not line.startswith("#"):
+            glob, _, why = line.partition(" ")
+            out.append((glob, why.strip()))
+    return out
+
+
+def main(a, b, expected=None):
+    allow = expected_list(expected)
     fa, fb = files(a), files(b)
     bad = []
     for p in sorted(fa ^ fb):
         if not p.endswith(SKIP_SUFFIXES) and "events.out" not in p:
-            bad.append(f"only in {'A' if p in fa else 'B'}: {p}")
+            bad.append((p, f"only in {'A' if p in fa else 'B'}: {p}"))
     counts = {"jsonl lines": 0, "byte-identical files": 0, "path-normalised files": 0,
               "skipped": 0}
     for p in sorted(fa & fb):
@@ -71,10 +89,10 @@ def main(a, b):
             la = open(pa).read().splitlines()
             lb = open(pb).read().splitlines()
             if len(la) != len(lb):
-                bad.append(f"{p}: {len(la)} lines vs {len(lb)}")
+                bad.append((p, f"{p}: {len(la)} lines vs {len(lb)}"))
             for i, (x, y) in enumerate(zip(la, lb)):
                 if strip(json.loads(x)) != strip(json.loads(y)):
-                    bad.append(f"{p}:{i + 1}: differs\n  A {x[:300]}\n  B {y[:300]}")
+                    bad.append((p, f"{p}:{i + 1}: differs\n  A {x[:300]}\n  B {y[:300]}"))
                     break
             counts["jsonl lines"] += min(len(la), len(lb))
         elif name in PATH_FILES:
@@ -87,18 +105,27 @@ def main(a, b):
                     for f in ("adapter/adapter_config.json", "trainer_state/buffer.jsonl"):
                         m.get("files", {}).pop(f, None)
             if ta != tb:
-                bad.append(f"{p}: differs (paths as <ROOT>, measurements aside)")
+                bad.append((p, f"{p}: differs (paths as <ROOT>, measurements aside)"))
             counts["path-normalised files"] += 1
         else:
             if open(pa, "rb").read() != open(pb, "rb").read():
-                bad.append(f"{p}: bytes differ")
+                bad.append((p, f"{p}: bytes differ"))
             counts["byte-identical files"] += 1
-    for line in bad:
-        print("DIFF", line)
+    known = []
+    for p, line in bad:
+        why = next((w for g, w in allow if fnmatch.fnmatch(p, g)), None)
+        if why is None:
+            print("DIFF", line)
+        else:
+            known.append(why)
+    bad = [x for x in bad if not any(fnmatch.fnmatch(x[0], g) for g, _ in allow)]
+    for why in sorted(set(known)):
+        print(f"EXPECTED {known.count(why)} file(s): {why}")
     print(f"same_runs: {a} vs {b}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+          + (f", {len(known)} expected difference(s)" if known else "")
           + (" -- EQUAL" if not bad else f" -- {len(bad)} difference(s)"))
     return 0 if not bad else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))

@@ -233,7 +233,7 @@ impl DataConfig {
         }
         self.countdown.validate()?;
         self.arithmetic.validate()?;
-        crate::template::check_template(self.template())?;
+        crate::placeholders::check_template(self.template())?;
         Ok(())
     }
 }

@@ -29,6 +29,7 @@ pub mod config;
 pub mod dataset;
 pub mod error;
 pub mod generate;
+pub mod placeholders;
 pub mod read;
 pub mod sampler;
 pub mod template;

@@ -1,13 +1,13 @@
 //! Prompt templates: plain text, or chat messages rendered by a caller-supplied chat template.
 //!
-//! A template is text with `{name}` placeholders filled from the problem's variables (`question`,
-//! and per task `numbers`, `target`, or any field of a `jsonl` row); `{{` and `}}` are literal braces.
-//! Plain style joins the system prompt, each few-shot example (its rendered question, a newline, its
+//! A template is text with `{name}` placeholders ([`crate::placeholders`]) filled from the
+//! problem's variables. Plain style joins the system prompt, each few-shot example (its rendered question, a newline, its
 //! answer) and the rendered question with blank lines. Chat style builds messages — system (if any),
 //! then a user/assistant pair per few-shot example, then the user question — and hands them to the
 //! renderer with `add_generation_prompt = true` (so this crate needs no tokenizer or model).
 
 use crate::config::{DataConfig, FewShotExample, PromptStyle};
+pub use crate::placeholders::{check_template, fill};
 use crate::{DataError, Result};
 use serde::{Deserialize, Serialize};
 
@@ -33,90 +33,6 @@ impl ChatMessage {
 /// A chat template renderer: `(messages, add_generation_prompt) -> prompt text`, usually the
 /// model's HF chat template.
 pub type ChatRenderer<'a> = &'a dyn Fn(&[ChatMessage], bool) -> anyhow::Result<String>;
-
-enum Piece {
-    Text(String),
-    Var(String),
-}
-
-fn parse(template: &str) -> Result<Vec<Piece>> {
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut chars = template.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '{' if chars.peek().map(|p| p.1) == Some('{') => {
-                chars.next();
-                text.push('{');
-            }
-            '}' if chars.peek().map(|p| p.1) == Some('}') => {
-                chars.next();
-                text.push('}');
-            }
-            '{' => {
-                let rest = &template[i + 1..];
-                let end = rest.find('}').ok_or_else(|| {
-                    DataError::Template(format!(
-                        "unclosed `{{` at byte {i} of {template:?} (write `{{{{` for a literal brace)"
-                    ))
-                })?;
-                let name = &rest[..end];
-                if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
-                    return Err(DataError::Template(format!(
-                        "bad placeholder `{{{name}}}` at byte {i} (names are letters, digits and `_`; write `{{{{` for a literal brace)"
-                    )));
-                }
-                out.push(Piece::Text(std::mem::take(&mut text)));
-                out.push(Piece::Var(name.to_string()));
-                for _ in 0..end + 1 {
-                    chars.next();
-                }
-            }
-            '}' => {
-                return Err(DataError::Template(format!(
-                    "stray `}}` at byte {i} of {template:?} (write `}}}}` for a literal brace)"
-                )))
-            }
-            c => text.push(c),
-        }
-    }
-    out.push(Piece::Text(text));
-    Ok(out)
-}
-
-/// Checks that `template` is well formed (placeholders are only resolved per problem).
-///
-/// # Errors
-/// [`DataError::Template`] naming the position.
-pub fn check_template(template: &str) -> Result<()> {
-    parse(template).map(|_| ())
-}
-
-/// Fills `template` from `vars` (name, value).
-///
-/// # Errors
-/// [`DataError::Template`] for a malformed template or a placeholder with no value (listing those
-/// available).
-pub fn fill(template: &str, vars: &[(String, String)]) -> Result<String> {
-    let mut out = String::with_capacity(template.len() + 64);
-    for p in parse(template)? {
-        match p {
-            Piece::Text(t) => out.push_str(&t),
-            Piece::Var(name) => match vars.iter().find(|(k, _)| *k == name) {
-                Some((_, v)) => out.push_str(v),
-                None => {
-                    let names: Vec<&str> = rlvr_reward::visible_columns(vars)
-                        .map(|(k, _)| k.as_str())
-                        .collect();
-                    return Err(DataError::Template(format!(
-                        "placeholder `{{{name}}}` has no value; available: {names:?}"
-                    )));
-                }
-            },
-        }
-    }
-    Ok(out)
-}
 
 /// Builds prompts from problems (the template part of [`DataConfig`]).
 #[derive(Debug, Clone)]
@@ -230,21 +146,6 @@ mod tests {
 
     fn vars(q: &str) -> Vec<(String, String)> {
         vec![("question".into(), q.into())]
-    }
-
-    #[test]
-    fn fill_and_escape() {
-        assert_eq!(
-            fill("Q: {question} {{x}}", &vars("1+1")).unwrap(),
-            "Q: 1+1 {x}"
-        );
-        assert!(fill("{nope}", &vars("a"))
-            .unwrap_err()
-            .to_string()
-            .contains("`{nope}`"));
-        assert!(check_template("{question").is_err());
-        assert!(check_template("\\boxed{}").is_err());
-        assert!(check_template("\\boxed{{}}").is_ok());
     }
 
     #[test]

@@ -303,7 +303,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "stale"
             } else if rec.done {
                 "done"
-            } else if d.join("config.toml").exists() {
+            } else if d.join(rlvr_rundir::files::CONFIG).exists() {
                 "resume"
             } else {
                 "new"

@@ -193,7 +193,7 @@ fn unix_secs() -> u64 {
 /// Starting `exe`, or reading a config.toml that exists.
 pub fn stale(sweep: &Sweep, out: &Path, exe: &Path, r: &RunSpec) -> anyhow::Result<Option<String>> {
     let dir = sweep.run_dir(out, r);
-    let path = dir.join("config.toml");
+    let path = dir.join(rlvr_rundir::files::CONFIG);
     if !path.exists() {
         return Ok(None);
     }
@@ -660,7 +660,7 @@ fn start(sweep: &Sweep, out: &Path, exe: &Path, task: Task) -> anyhow::Result<Ru
             let dir = sweep.run_dir(out, spec);
             std::fs::create_dir_all(&dir)?;
             let mut record = RunRecord::read(&dir);
-            let args: Vec<String> = if dir.join("config.toml").exists() {
+            let args: Vec<String> = if dir.join(rlvr_rundir::files::CONFIG).exists() {
                 vec![
                     "train".into(),
                     "--no-progress".into(),

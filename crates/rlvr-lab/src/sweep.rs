@@ -149,9 +149,21 @@ pub struct CompareSpec {
     /// Arm a (a name).
     pub a: String,
     /// The test.
-    pub test: crate::verdict::Test,
+    pub test: Test,
     /// Arm b (a name), or [`WARM_START`].
     pub b: String,
+}
+
+/// The form of one comparison, as a claim names it (judged by [`crate::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Test {
+    /// a − b > −m.
+    NonInferior,
+    /// a − b > m.
+    Superior,
+    /// |a − b| < m.
+    Equivalent,
 }
 
 /// The `b` of a [`CompareSpec`] that means arm a's own warm start.

@@ -53,6 +53,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::summary::{ArmStats, Estimate};
+pub use crate::sweep::Test;
 use crate::sweep::{ClaimSpec, WARM_START};
 
 /// Fewest distinct seeds each side of a comparison needs for "supported".
@@ -92,18 +93,6 @@ impl Status {
             Status::Inconclusive => "inconclusive",
         }
     }
-}
-
-/// The form of one comparison.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Test {
-    /// a − b > −m.
-    NonInferior,
-    /// a − b > m.
-    Superior,
-    /// |a − b| < m.
-    Equivalent,
 }
 
 /// One comparison a − b, numbers as fractions.

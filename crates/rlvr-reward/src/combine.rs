@@ -6,6 +6,8 @@
 //! component alone and never includes the format term.
 
 use crate::arithmetic::ArithmeticVerifier;
+use crate::bounds::show;
+pub use crate::bounds::{timeout_duration, MAX_TIMEOUT_S};
 use crate::countdown::CountdownVerifier;
 use crate::external::{ExternalVerifier, MAX_STDOUT_BYTES};
 use crate::format::FormatReward;
@@ -16,7 +18,6 @@ use crate::persistent::PersistentVerifier;
 use crate::reward_model::RewardModelConfig;
 use crate::{RewardError, Sample, Verifier};
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 /// Which verifier a component uses (a TOML inline table tagged by `kind`). The `///` comments of
 /// the variants and their fields are the config reference's `data.verifier.*` rows
@@ -142,42 +143,10 @@ fn default_weight() -> f64 {
 /// for "forever", which would hide a program that dies on every batch.
 pub const MOST_RESTARTS: u32 = 1000;
 
-/// The longest `timeout_s` a verifier accepts, in seconds (10⁶ s, about 11.6 days): a longer
-/// one is a typo or a wish for "never", and far beyond it the deadline `now + timeout` overflows.
-pub const MAX_TIMEOUT_S: f64 = 1e6;
-
 /// The largest |value| of a reward component's `weight` and of the format reward's `bonus` and
 /// `penalty`: rewards beyond it overflow the squares of the reward statistics and swamp every
 /// other component.
 pub const MAX_REWARD_WEIGHT: f64 = 1e6;
-
-/// `x` as written in an error: plainly when short, in scientific notation when its plain form
-/// would run long (1e300 is 301 digits plainly).
-fn show(x: f64) -> String {
-    let plain = x.to_string();
-    if plain.len() <= 16 {
-        plain
-    } else {
-        format!("{x:e}")
-    }
-}
-
-/// `secs` as a [`Duration`] when it is a finite number of seconds in (0, [`MAX_TIMEOUT_S`]].
-///
-/// # Errors
-/// [`RewardError::Config`] naming `key`, the value and the range.
-pub fn timeout_duration(key: &str, secs: f64) -> Result<Duration, RewardError> {
-    let out_of_range = || {
-        RewardError::Config(format!(
-            "{key} = {} is out of range: expected a number of seconds in (0, {MAX_TIMEOUT_S:e}]",
-            show(secs)
-        ))
-    };
-    if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT_S) {
-        return Err(out_of_range());
-    }
-    Duration::try_from_secs_f64(secs).map_err(|_| out_of_range())
-}
 
 /// Refuses a reward weight (`key` = `value`) that is not finite or exceeds
 /// [`MAX_REWARD_WEIGHT`] in magnitude.

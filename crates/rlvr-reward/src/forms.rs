@@ -302,7 +302,7 @@ pub(crate) fn is_label(s: &str) -> bool {
         return is_label_name(inner);
     }
     if let Some(rest) = s.strip_prefix("\\frac{") {
-        if let Some(close) = crate::latex::matching_brace(s, "\\frac".len()) {
+        if let Some(close) = crate::latex_marks::matching_brace(s, "\\frac".len()) {
             let num = &rest[..close - "\\frac{".len()];
             let den = &s[close + 1..];
             if let Some(den) = den.strip_prefix('{').and_then(|d| d.strip_suffix('}')) {

@@ -161,7 +161,7 @@ impl JudgeConfig {
             cfg: self.clone(),
             url: format!("{base}{path}"),
             agent: http::agent(
-                crate::combine::timeout_duration("timeout_s", self.timeout_s)?,
+                crate::bounds::timeout_duration("timeout_s", self.timeout_s)?,
                 self.in_flight,
             ),
             api_key: http::api_key(OWNER, self.api_key_env.as_deref())
@@ -187,14 +187,14 @@ impl JudgeConfig {
         if self.in_flight == 0 {
             return bad("in_flight must be at least 1".into());
         }
-        let most = crate::reward_model::MOST_IN_FLIGHT;
+        let most = crate::bounds::MOST_IN_FLIGHT;
         if self.in_flight > most {
             return bad(format!(
                 "in_flight = {} is out of range: at most {most}",
                 self.in_flight
             ));
         }
-        let most = crate::reward_model::MOST_RETRIES;
+        let most = crate::bounds::MOST_RETRIES;
         if self.retries > most {
             return bad(format!(
                 "retries = {} is out of range: at most {most}",
@@ -215,7 +215,7 @@ impl JudgeConfig {
                 self.temperature
             ));
         }
-        if let Err(e) = crate::combine::timeout_duration("timeout_s", self.timeout_s) {
+        if let Err(e) = crate::bounds::timeout_duration("timeout_s", self.timeout_s) {
             return bad(e.to_string());
         }
         match &self.parse {

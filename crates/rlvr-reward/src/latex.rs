@@ -7,30 +7,17 @@
 //! word after a plain number dropped (`18.90 dollars` → `18.90`), a short `x =` left-hand side dropped,
 //! `(C)` → `C`.
 //!
-//! The tables and passes live in [`crate::latex_rules`].
+//! The tables and passes live in [`crate::latex_rules`], the markers they write and the brace
+//! scanner they share in [`crate::latex_marks`].
 //!
 //! [`crate::expr::parse_expr`] then reads a normalised answer as an arithmetic expression.
 
+use crate::latex_marks::{matching_brace, LIST_SEP};
+pub use crate::latex_marks::{OR_SEP, ROW_BREAK, SET_CLOSE, SET_OPEN};
 use crate::latex_rules::{
     join_explicit_groups, mark_list_commas, replace_commands, strip_text, strip_unit_words,
     REPLACEMENTS,
 };
-
-/// Private-use stand-ins for LaTeX's literal braces `\{` and `\}` after normalisation.
-pub const SET_OPEN: char = '\u{2983}';
-/// See [`SET_OPEN`].
-pub const SET_CLOSE: char = '\u{2984}';
-
-/// Private-use stand-in for LaTeX's row break `\\` (matrix rows) after normalisation.
-pub const ROW_BREAK: char = '\u{2986}';
-
-/// Private-use stand-in for "or" between answers (`x<2 \text{ or } x>3`, `\lor`): a list separator
-/// that also makes a union when the items are relations.
-pub const OR_SEP: char = '\u{2980}';
-
-/// Internal marker of a comma followed by a space at the top level: a list separator, never a
-/// thousands separator (`32, 349` is two numbers).
-pub(crate) const LIST_SEP: char = '\u{2985}';
 
 /// Deepest nesting of `( [ {` in `s` (linear).
 fn max_depth(s: &str) -> usize {
@@ -51,24 +38,6 @@ fn max_depth(s: &str) -> usize {
 /// Deepest bracket nesting that [`normalize`] rewrites structurally; deeper input is only stripped of
 /// whitespace (keeps hostile input linear and the recursion shallow).
 pub const MAX_NORMALIZE_DEPTH: usize = 200;
-
-/// Index of the `}` matching the `{` at byte `open`, if any (linear scan).
-pub(crate) fn matching_brace(s: &str, open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, c) in s[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(open + i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
 
 /// Wraps single-character arguments of `\frac` and `\sqrt` in braces: `\frac12` → `\frac{1}{2}`,
 /// `\frac9{19}` → `\frac{9}{19}`, `\sqrt2` → `\sqrt{2}`; and `^{2}` / `_{5}` single tokens lose braces.

@@ -2,7 +2,7 @@
 //! replacements (relations, connectors), `\text{..}` units and connectors, unit words, and the thousands
 //! and list separators.
 
-use crate::latex::{matching_brace, LIST_SEP, SET_CLOSE, SET_OPEN};
+use crate::latex_marks::{matching_brace, LIST_SEP, SET_CLOSE, SET_OPEN};
 
 /// Plain substitutions applied in order before structural clean-up.
 pub(crate) const REPLACEMENTS: &[(&str, &str)] = &[

@@ -36,6 +36,7 @@
 
 pub mod answer;
 pub mod arithmetic;
+mod bounds;
 pub mod cli;
 pub mod combine;
 pub mod countdown;
@@ -51,6 +52,7 @@ pub mod guard;
 mod http;
 pub mod judge;
 pub mod latex;
+mod latex_marks;
 pub mod latex_rules;
 pub mod math;
 pub mod number;

@@ -24,6 +24,8 @@
 //! request, a timeout each, retries as the judge's; a missing, non-numeric or non-finite score,
 //! or a count that differs from the request's, fails the batch naming the server.
 
+use crate::bounds::MOST_IN_FLIGHT;
+pub use crate::bounds::MOST_RETRIES;
 use crate::http::{self, Failure};
 use crate::judge::{prompt_for, render};
 use crate::{truncate, RewardError, Sample, Score, Verifier};
@@ -139,14 +141,8 @@ fn default_retries() -> u32 {
 /// pooling model's output width, which no model has 2^20 of).
 pub const MOST_LABEL: usize = (1 << 20) - 1;
 
-/// Most texts per request and requests in flight (a bound on what a config can allocate).
+/// Most texts per request (a bound on what a config can allocate).
 const MOST_PER_REQUEST: usize = 4096;
-pub(crate) const MOST_IN_FLIGHT: usize = 256;
-
-/// The most `retries` a judge or a reward model accepts per request (100): with the back-off
-/// (0.1 s doubled, at most 25.6 s) that is already about 40 minutes of waiting for one request; more is a
-/// wish for "forever" that would hang a run on a dead server.
-pub const MOST_RETRIES: u32 = 100;
 
 /// Names this verifier in messages.
 const OWNER: &str = "reward model";
@@ -179,7 +175,7 @@ impl RewardModelConfig {
             cfg: self.clone(),
             url: format!("{base}{path}"),
             agent: http::agent(
-                crate::combine::timeout_duration("timeout_s", self.timeout_s)?,
+                crate::bounds::timeout_duration("timeout_s", self.timeout_s)?,
                 self.in_flight,
             ),
             api_key: http::api_key(OWNER, self.api_key_env.as_deref())
@@ -220,7 +216,7 @@ impl RewardModelConfig {
                 self.batch_size
             ));
         }
-        if let Err(e) = crate::combine::timeout_duration("timeout_s", self.timeout_s) {
+        if let Err(e) = crate::bounds::timeout_duration("timeout_s", self.timeout_s) {
             return bad(e.to_string());
         }
         for (k, v) in [

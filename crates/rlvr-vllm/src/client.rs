@@ -57,6 +57,12 @@ impl Default for ClientConfig {
     }
 }
 
+/// The `lora_name` of policy `version`'s adapter on servers serving `served_model_name`:
+/// `SERVED-lora-NNNNNNNN`.
+pub fn adapter_name(served_model_name: &str, version: u64) -> String {
+    format!("{served_model_name}-lora-{version:08}")
+}
+
 /// A client for vLLM servers serving one policy. See the crate docs.
 pub struct VllmClient {
     pub(crate) servers: Vec<Server>,
@@ -70,7 +76,7 @@ pub struct VllmClient {
     detok: Option<Box<dyn Detokenize>>,
     /// The check of the last successful refresh: scored again after every sampling call, so
     /// samples drawn after another process reloaded a server are never used ([`crate::lease`]).
-    pub(crate) verified: Option<crate::refresh::RefreshCheck>,
+    pub(crate) verified: Option<crate::fingerprint::RefreshCheck>,
     /// The servers' lease, when this client took one ([`VllmClient::take_lease`]).
     pub(crate) lease: Option<crate::lease::ServerLease>,
 }
@@ -148,7 +154,7 @@ impl VllmClient {
     pub(crate) fn refreshed(
         &mut self,
         version: u64,
-        check: &crate::refresh::RefreshCheck,
+        check: &crate::fingerprint::RefreshCheck,
     ) -> Result<()> {
         self.version = version;
         self.refresh_failed = None;
@@ -176,7 +182,7 @@ impl VllmClient {
     /// (`lora`) in later requests, and clears a failed refresh.
     pub fn follow(&mut self, version: u64, lora: bool) {
         self.model_name = if lora {
-            crate::lora::adapter_name(&self.config.served_model_name, version)
+            adapter_name(&self.config.served_model_name, version)
         } else {
             self.config.served_model_name.clone()
         };

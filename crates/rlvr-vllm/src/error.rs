@@ -61,3 +61,11 @@ pub enum VllmError {
 
 /// Result alias of the vLLM crate.
 pub type Result<T> = std::result::Result<T, VllmError>;
+
+/// The [`VllmError::Io`] of an I/O error at `path` (for `map_err`).
+pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
+    move |source| VllmError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

@@ -32,8 +32,7 @@ use std::path::{Path, PathBuf};
 use rlvr_rundir::lock::try_flock;
 use rlvr_rundir::stamp::host;
 
-use crate::error::{Result, VllmError};
-use crate::refresh::io;
+use crate::error::{io, Result, VllmError};
 
 /// Who takes a lease: written into the lease file for the refusal message of the next taker.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //! - [`checks`]: start-up checks (health, served name and context length, tokenizer agreement)
 //!   and the log-prob-mode check (`--logprobs-mode processed_logprobs`).
 //! - [`refresh`]: the policy written as a checkpoint per version and reloaded on every server,
-//!   verified by scoring a fixed sequence.
+//!   verified by scoring a fixed sequence ([`fingerprint`]).
 //! - [`lora`]: with LoRA, each version's adapter written in PEFT's format and loaded by name
 //!   (`/v1/load_lora_adapter`), requests naming it, older versions unloaded.
 //! - [`lease`]: one run per server: a lease per server URL (a `flock`ed file naming the holding
@@ -29,6 +29,7 @@ pub mod checks;
 pub mod client;
 pub mod completion;
 pub mod error;
+pub mod fingerprint;
 pub mod http;
 pub mod lease;
 pub mod lora;
@@ -36,10 +37,11 @@ pub mod refresh;
 pub mod rollout;
 
 pub use checks::{trainer_logprobs, ServerInfo};
-pub use client::{ClientConfig, VllmClient};
+pub use client::{adapter_name, ClientConfig, VllmClient};
 pub use error::{Result, VllmError};
+pub use fingerprint::RefreshCheck;
 pub use http::{RetryPolicy, Server};
 pub use lease::{LeaseHolder, ServerLease};
-pub use lora::{adapter_name, write_adapter, LORA_SERVER_FLAGS};
-pub use refresh::{prune_versions, version_dir, write_weights, RefreshCheck, RefreshTimings};
+pub use lora::{write_adapter, LORA_SERVER_FLAGS};
+pub use refresh::{prune_versions, version_dir, write_weights, RefreshTimings};
 pub use rollout::{VllmRollout, VllmRolloutConfig};

@@ -33,21 +33,16 @@ use std::time::Instant;
 use rlvr_model::Model;
 use serde_json::{json, Value};
 
-use crate::client::VllmClient;
+use crate::client::{adapter_name, VllmClient};
 use crate::error::{Result, VllmError};
-use crate::refresh::{prune_versions, write_dir, RefreshCheck, RefreshTimings};
+use crate::fingerprint::{check_scores, RefreshCheck};
+use crate::refresh::{prune_versions, write_dir, RefreshTimings};
 
 /// What a server needs to serve rlvr's adapters, for error messages.
 pub const LORA_SERVER_FLAGS: &str = "start vLLM with --enable-lora --max-lora-rank R (R ≥ \
      model.lora_rank; vLLM accepts 1, 8, 16, 32, 64, 128, 256, 320 or 512) --max-loras 2 (or \
      more) and the environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (scripts/vllm_server.sh: \
      LORA_RANK=R)";
-
-/// The `lora_name` of policy `version`'s adapter on servers serving `served_model_name`:
-/// `SERVED-lora-NNNNNNNN`.
-pub fn adapter_name(served_model_name: &str, version: u64) -> String {
-    format!("{served_model_name}-lora-{version:08}")
-}
 
 /// Writes `model`'s adapter (PEFT files, by [`Model::save`]) as the version directory of
 /// `version` under `weights_dir`, atomically, and returns the adapter directory inside it
@@ -216,7 +211,7 @@ impl VllmClient {
         let mut reload_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
         let scored = self.score_as(&name, &check.prompt, &check.completion)?;
-        let max_abs_diff = crate::refresh::check_scores(&self.server_urls(), &scored, check)?;
+        let max_abs_diff = check_scores(&self.server_urls(), &scored, check)?;
         let verify_s = t2.elapsed().as_secs_f64();
         self.model_name = name.clone();
         self.refreshed(version, check)?;

@@ -12,18 +12,12 @@ use rlvr_model::ModelConfig;
 use serde_json::json;
 
 use crate::client::VllmClient;
-use crate::error::{Result, VllmError};
+use crate::error::{io, Result, VllmError};
+use crate::fingerprint::{check_scores, RefreshCheck};
 
 /// The directory of `version` under `weights_dir`: `weights_dir/version-NNNNNNNN`.
 pub fn version_dir(weights_dir: &Path, version: u64) -> PathBuf {
     weights_dir.join(format!("version-{version:08}"))
-}
-
-pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VllmError + '_ {
-    move |source| VllmError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// Writes `tensors` (HuggingFace names, e.g. `rlvr_model::Model::named_vars`) in `dtype` and
@@ -131,21 +125,6 @@ pub fn prune_versions(weights_dir: &Path, keep: u64) -> Result<()> {
     Ok(())
 }
 
-/// A fixed sequence whose log-probs under the new weights are known: after a reload every server
-/// must score `completion` after `prompt` (T = 1) within `tolerance` of `expected`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RefreshCheck {
-    /// Prompt ids (non-empty).
-    pub prompt: Vec<u32>,
-    /// Completion ids (non-empty).
-    pub completion: Vec<u32>,
-    /// The trainer's log-probs of `completion` under the new weights at T = 1
-    /// ([`crate::trainer_logprobs`]).
-    pub expected: Vec<f32>,
-    /// Largest accepted max |ℓ_server − ℓ_expected| (nats): ~1e-4 for f32 servers, ~0.05 for bf16.
-    pub tolerance: f64,
-}
-
 /// Seconds spent in one [`VllmClient::refresh`].
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RefreshTimings {
@@ -192,39 +171,6 @@ impl VllmClient {
         let scored = self.score(&check.prompt, &check.completion)?;
         check_scores(&self.server_urls(), &scored, check)
     }
-}
-
-/// The largest max |ℓ_server − ℓ_expected| of `scored` (one vector per server of `urls`).
-///
-/// # Errors
-/// [`VllmError::Check`] naming the first server beyond `check.tolerance`, with a wrong count or
-/// a non-finite value.
-pub(crate) fn check_scores(
-    urls: &[String],
-    scored: &[Vec<f32>],
-    check: &RefreshCheck,
-) -> Result<f64> {
-    let mut worst = 0.0f64;
-    for (url, lps) in urls.iter().zip(scored) {
-        let d = lps
-            .iter()
-            .zip(&check.expected)
-            .map(|(a, b)| (a - b).abs() as f64)
-            .fold(0.0, f64::max);
-        let non_finite = lps.iter().any(|x| !x.is_finite());
-        if lps.len() != check.expected.len() || non_finite || d > check.tolerance {
-            return Err(VllmError::Check {
-                    server: url.clone(),
-                    msg: format!(
-                        "after the refresh it scores the check sequence up to {d:.3e} nats away from the \
-                         new weights (tolerance {:.1e}): it still serves other weights",
-                        check.tolerance
-                    ),
-                });
-        }
-        worst = worst.max(d);
-    }
-    Ok(worst)
 }
 
 impl VllmClient {

@@ -33,7 +33,8 @@ use rlvr_rollout::{
 use crate::checks::{trainer_logprobs, ServerInfo};
 use crate::client::{ClientConfig, VllmClient};
 use crate::error::{Result, VllmError};
-use crate::refresh::{check_scores, write_weights_as, RefreshCheck, RefreshTimings};
+use crate::fingerprint::{check_scores, RefreshCheck};
+use crate::refresh::{write_weights_as, RefreshTimings};
 
 /// Tokens sampled by the log-prob-mode check after the first push.
 const MODE_CHECK_TOKENS: usize = 16;

@@ -394,3 +394,32 @@ fn the_loop_is_one_screen_with_a_labelled_line_per_stage() {
         );
     }
 }
+
+/// Stage state (ARCHITECTURE.md, "stage state"): `run/` composes the stages' records and hands
+/// each stage its own back, so it names none of the optimizer's internals (its `OptimizerStep`, the
+/// AdamW state with its moments and update count): the trainer saves and restores them itself
+/// (`Stateful`, `update::TrainerRecord`).
+#[test]
+fn run_reaches_into_no_stages_internals() {
+    let mut bad = Vec::new();
+    for s in sources() {
+        if !s.rel.starts_with("run/") {
+            continue;
+        }
+        let body = s.code.split("#[cfg(test)]").next().unwrap_or_default();
+        for (i, line) in body.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            for w in ["OptimizerStep", ".adamw", "AdamW", "optimizer.vars"] {
+                if line.contains(w) {
+                    bad.push(format!("{}:{}: {w}", s.rel, i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "run/ reaches into a stage's internals (take the stage's record instead): {bad:?}"
+    );
+}

@@ -296,3 +296,304 @@ fn live_tests_are_ignored_by_a_plain_cargo_test() {
     }
     assert!(live >= 19, "only {live} live tests found");
 }
+
+/// The `"…"` string literals of a crate's sources (unit tests at a file's end and `//` lines left
+/// out; an escaped character kept as the character after the backslash), with the file each came
+/// from.
+fn string_literals(src: &Path) -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let body = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for line in body.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            let mut rest = line;
+            while let Some(i) = rest.find('"') {
+                rest = &rest[i + 1..];
+                let mut lit = String::new();
+                let mut chars = rest.char_indices();
+                let mut end = rest.len();
+                while let Some((j, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            if let Some((_, e)) = chars.next() {
+                                lit.push(e);
+                            }
+                        }
+                        '"' => {
+                            end = j + 1;
+                            break;
+                        }
+                        c => lit.push(c),
+                    }
+                }
+                out.push((f.clone(), lit));
+                rest = &rest[end.min(rest.len())..];
+            }
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn string_literals_are_read_with_escapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("a.rs"),
+        "// \"comment\"\nlet a = (\"one\", \"t\\\"wo\");\n#[cfg(test)]\nlet b = \"test\";\n",
+    )
+    .unwrap();
+    let lits: Vec<String> = string_literals(tmp.path())
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
+    assert_eq!(lits, ["one", "t\"wo"]);
+}
+
+/// rlvr-rundir (ARCHITECTURE.md, "rlvr-rundir"): the lab reads runs through it and names no metric
+/// key or run-directory file name of its own, so that a renamed key or file cannot leave the lab
+/// reading a name no run writes. Every metric key (`Metric`, `Eval`) and file name of rlvr-rundir
+/// is searched for among rlvr-lab's string literals.
+#[test]
+fn the_lab_names_no_metric_key_or_run_file_of_its_own() {
+    use rlvr_rundir::files;
+    use rlvr_rundir::key::{Eval, Metric};
+    // `step` is every line's index and a word the lab prints ("8 steps"), not a key to misspell.
+    let mut names: Vec<&str> = Metric::ALL
+        .iter()
+        .filter(|m| **m != Metric::Step)
+        .map(|m| m.key())
+        .collect();
+    names.extend(Eval::ALL.iter().map(|e| e.key()));
+    names.extend([
+        files::METRICS,
+        files::EVAL,
+        files::DIAGNOSTICS,
+        files::ROLLOUTS,
+        files::CONFIG,
+        files::RUN_JSON,
+        files::LOCK,
+        files::CHECKPOINTS,
+    ]);
+    assert!(names.len() > 30, "{names:?}");
+    let lab = crates_dir().join("rlvr-lab/src");
+    let bad: Vec<String> = string_literals(&lab)
+        .into_iter()
+        .filter(|(_, s)| names.contains(&s.as_str()))
+        .map(|(f, s)| format!("{}: \"{s}\"", f.display()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "rlvr-lab names run-directory keys or files itself (take them from rlvr_rundir): {bad:?}"
+    );
+}
+
+/// rlvr-fonts (ARCHITECTURE.md): no crate reads a file out of another crate's folder, so that
+/// crates share files through a crate of their own (rlvr-fonts for the plotters' font), not by
+/// path. Every `include_str!`/`include_bytes!` of every crate's `src/` resolves inside its own
+/// crate or to the repository's shared folders (configs/, examples/, data/), never into
+/// `crates/OTHER/`.
+#[test]
+fn no_crate_includes_a_file_from_another_crates_folder() {
+    let crates = crates_dir().canonicalize().unwrap();
+    let mut includes = 0;
+    let mut bad = Vec::new();
+    for e in std::fs::read_dir(&crates).unwrap() {
+        let dir = e.unwrap().path();
+        if !dir.join("Cargo.toml").exists() {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&dir.join("src"), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                for mac in ["include_str!(\"", "include_bytes!(\""] {
+                    let Some(k) = line.find(mac) else { continue };
+                    let rel = &line[k + mac.len()..];
+                    let rel = &rel[..rel.find('"').unwrap_or(rel.len())];
+                    let target = f.parent().unwrap().join(rel);
+                    let Ok(target) = target.canonicalize() else {
+                        continue; // a doc example's path (checked by rustdoc, not here)
+                    };
+                    includes += 1;
+                    if target.starts_with(&crates) && !target.starts_with(&dir) {
+                        bad.push(format!("{}:{}: {rel}", f.display(), i + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(includes >= 5, "only {includes} includes found");
+    assert!(
+        bad.is_empty(),
+        "files included from another crate's folder: {bad:?}"
+    );
+}
+
+/// rlvr-env and rlvr-data (ARCHITECTURE.md) take no tokenizer: the bridge and chat rendering take
+/// a callback, so the crates build and test with the light crates (a tokenizer may be a
+/// dev-dependency of their tests).
+#[test]
+fn environments_and_data_take_no_tokenizer() {
+    let crates = workspace_crates();
+    for name in ["rlvr-env", "rlvr-data"] {
+        let (_, deps) = &crates[name];
+        assert!(
+            !deps.iter().any(|d| d == "tokenizers"),
+            "{name} depends on tokenizers: {deps:?}"
+        );
+    }
+}
+
+/// The `rlvr` crate's sources (ARCHITECTURE.md, "rlvr"): only glue lives there, and the few
+/// subcommands without a crate of their own, each file with its reason. A new file is a
+/// subcommand implemented in the binary's crate instead of the crate that owns its concept: move
+/// it there, or list it here.
+const GLUE: &[(&str, &str)] = &[
+    ("main.rs", "argument parsing and dispatch"),
+    ("lib.rs", "the command line as a value (Cli), for its tests"),
+    (
+        "init.rs",
+        "rlvr init: a project skeleton, no crate's concept",
+    ),
+    (
+        "convert.rs",
+        "rlvr convert: checkpoint formats across crates",
+    ),
+    ("logprobs.rs", "rlvr logprobs: a model and data together"),
+    ("bench.rs", "rlvr bench: times pieces of several crates"),
+    (
+        "quickstart.rs",
+        "rlvr quickstart: a whole job of several commands",
+    ),
+    (
+        "kernels.rs",
+        "rlvr kernels list|record: the kernels' manifest with model-shaped records",
+    ),
+];
+
+#[test]
+fn the_binary_crate_holds_glue_and_the_listed_subcommands_only() {
+    let src = crates_dir().join("rlvr/src");
+    let mut found: Vec<String> = Vec::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            !p.is_dir(),
+            "crates/rlvr/src/{name}/: a folder of code in the binary's crate"
+        );
+        found.push(name);
+    }
+    found.sort();
+    let mut listed: Vec<String> = GLUE.iter().map(|(f, _)| f.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        found, listed,
+        "crates/rlvr/src holds other files than the listed glue (implement a subcommand in the \
+         crate that owns its concept, or list the file in GLUE with the reason)"
+    );
+}
+
+/// rlvr-model's `unsafe` (ARCHITECTURE.md, "rlvr-model"), file by file with the reason; a new
+/// `unsafe` block, function or impl elsewhere in the crate fails here.
+const MODEL_UNSAFE: &[(&str, usize, &str)] = &[
+    ("weights.rs", 1, "the mmap of a safetensors file"),
+    ("lib.rs", 2, "glibc's mallinfo2 and mallopt"),
+    (
+        "template_sandbox.rs",
+        1,
+        "the template worker's setrlimit and prctl in pre_exec",
+    ),
+];
+
+#[test]
+fn rlvr_model_uses_unsafe_only_where_listed() {
+    let src = crates_dir().join("rlvr-model/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let n = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .map(|l| {
+                ["unsafe {", "unsafe fn", "unsafe impl"]
+                    .iter()
+                    .map(|w| l.matches(w).count())
+                    .sum::<usize>()
+            })
+            .sum::<usize>();
+        if n > 0 {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+            found.push((rel, n));
+        }
+    }
+    found.sort();
+    let mut listed: Vec<(String, usize)> = MODEL_UNSAFE
+        .iter()
+        .map(|(f, n, _)| (f.to_string(), *n))
+        .collect();
+    listed.sort();
+    assert_eq!(
+        found, listed,
+        "rlvr-model's unsafe code (file, count) differs from MODEL_UNSAFE: list a new use with its \
+         reason, or remove it"
+    );
+}
+
+/// What a crate must not know (ARCHITECTURE.md, "Code map"), beyond what its layer already rules
+/// out: the model and the sampling engine know nothing of RL (rewards, datasets, losses,
+/// environments, servers). Checked on the crate's dependencies, transitively.
+const KNOWS_NOT: &[(&str, &[&str])] = &[
+    (
+        "rlvr-model",
+        &["rlvr-reward", "rlvr-data", "rlvr-algo", "rlvr-env"],
+    ),
+    (
+        "rlvr-rollout",
+        &[
+            "rlvr-reward",
+            "rlvr-data",
+            "rlvr-algo",
+            "rlvr-env",
+            "rlvr-vllm",
+        ],
+    ),
+];
+
+#[test]
+fn the_model_and_the_sampler_know_nothing_of_rl() {
+    let crates = workspace_crates();
+    for (name, forbidden) in KNOWS_NOT {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![name.to_string()];
+        while let Some(c) = todo.pop() {
+            for d in &crates[&c].1 {
+                if crates.contains_key(d) && seen.insert(d.clone()) {
+                    todo.push(d.clone());
+                }
+            }
+        }
+        for f in *forbidden {
+            assert!(
+                !seen.contains(*f),
+                "{name} depends on {f} (through {seen:?})"
+            );
+        }
+    }
+}
