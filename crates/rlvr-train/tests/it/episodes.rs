@@ -335,7 +335,11 @@ fn garbage_at_bridge_positions_changes_nothing() {
         }
         // The steps updated the weights (a loss at ratio 1 can be exactly 0: the group's
         // advantages sum to 0, while its gradient does not), the same with and without garbage.
-        assert_ne!(weights(&a), before, "{extra:?}: no update, nothing compared");
+        assert_ne!(
+            weights(&a),
+            before,
+            "{extra:?}: no update, nothing compared"
+        );
         assert_eq!(weights(&a), weights(&b), "{extra:?}");
         // The normaliser counted sampled tokens only.
         let sampled: usize = exps.iter().map(Experience::sampled_tokens).sum();
