@@ -390,6 +390,60 @@ mod tests {
         assert!(s.sample_each(&r2, &p, 11).is_err());
     }
 
+    /// `keep_turns(true)`: the first turn's `sample` leaves each completion's keys and values,
+    /// a later turn's `sample_turns` reuses them (same tokens as without), new weights or
+    /// `keep_turns(false)` drop them; off, nothing is kept.
+    #[test]
+    fn native_keeps_turns_only_while_asked() {
+        let m = model(0);
+        let prompts = vec![vec![1, 2, 3], vec![4, 5]];
+        let p = params(2);
+        let turn2 = |first: &[Completion]| -> Vec<TurnRow> {
+            first
+                .iter()
+                .map(|c| {
+                    let mut context = prompts[c.prompt_index].clone();
+                    context.extend(&c.token_ids);
+                    context.extend([7, 8]);
+                    TurnRow {
+                        context,
+                        prompt_index: c.prompt_index,
+                        sample_index: c.sample_index,
+                        turn: 2,
+                    }
+                })
+                .collect()
+        };
+        let mut plain = NativeRollout::owning(m.try_clone().unwrap(), 0, None);
+        let first = flatten(plain.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        let want = plain.sample_turns(&turn2(&first), &p, 3).unwrap();
+        assert_eq!(plain.turn_cache().stats(), Default::default());
+        let mut r = NativeRollout::owning(m, 0, None);
+        r.keep_turns(true);
+        let got_first = flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        assert_eq!(got_first, first);
+        assert_eq!(r.turn_cache().len(), 4);
+        let got = r.sample_turns(&turn2(&first), &p, 3).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.token_ids, b.token_ids);
+            for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+                assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+            }
+        }
+        let st = r.turn_cache().stats();
+        assert_eq!((st.hits, st.misses), (4, 0));
+        assert_eq!(r.turn_cache().len(), 4);
+        let w = named_tensors(r.local_model().unwrap());
+        r.load_weights(1, &w).unwrap();
+        assert!(r.turn_cache().is_empty());
+        flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        assert_eq!(r.turn_cache().len(), 4);
+        r.keep_turns(false);
+        assert!(r.turn_cache().is_empty());
+        flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        assert!(r.turn_cache().is_empty());
+    }
+
     #[test]
     fn load_weights_rejects_missing_and_unknown_names() {
         let (a, b) = (model(0), model(1));
