@@ -23,10 +23,10 @@
 //! results would need batch-invariant kernels (matmul, softmax and attention whose per-row
 //! results do not depend on the batch shape; Thinking Machines, "Defeating Nondeterminism in LLM
 //! Inference", 2025), which rlvr does not have. Measured: log-probs within 1e-5 at the tests'
-//! widths and 1.8e-5 on SmolLM2-135M, where at least one of 2,048 draws fell on the other side of a CDF
-//! boundary (`rlvr bench turns`, BENCHMARKS.md). A kept run is deterministic: the layout depends
-//! only on the batch, never on timing or the thread count; a budget of 0 is the re-prefill path
-//! bit for bit.
+//! widths and 1.8e-5 on SmolLM2-135M, where at least one of 2,048 draws fell on the other side
+//! of a CDF boundary (`rlvr bench turns`, BENCHMARKS.md). A kept run is deterministic: the layout
+//! depends only on the batch, never on timing or the thread count; a budget of 0 is the
+//! re-prefill path bit for bit.
 
 use std::collections::BTreeMap;
 
