@@ -60,7 +60,7 @@ pub struct TurnsArgs {
     /// New tokens per turn (EOS disabled).
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
-    /// Bridge ids between turns (random).
+    /// Bridge ids between turns (random; at least 1, as an environment's reply renders).
     #[arg(long, default_value_t = 16)]
     pub bridge_len: usize,
     /// Timed runs of each path, alternating, after one untimed warm-up run of each.
@@ -311,8 +311,8 @@ fn episodes(
 
 fn turns(a: &TurnsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     anyhow::ensure!(
-        a.prompt_len > 0 && a.new_tokens > 0 && a.turns > 0,
-        "--prompt-len, --new-tokens and --turns must be > 0"
+        a.prompt_len > 0 && a.new_tokens > 0 && a.turns > 0 && a.bridge_len > 0,
+        "--prompt-len, --new-tokens, --turns and --bridge-len must be > 0"
     );
     in_range("--runs", a.runs, MAX_BENCH_REPEATS)?;
     in_range("--batch", a.batch, MAX_BENCH_ROWS)?;
