@@ -14,7 +14,9 @@
 use candle_core::Tensor;
 use rlvr_model::Model;
 
-use crate::engine::{Completion, PromptIds, Sampler, SamplingParams, TurnRow};
+use crate::engine::{
+    Completion, PromptIds, Sampler, SamplingParams, TurnCache, TurnRow, DEFAULT_TURN_CACHE_BYTES,
+};
 use crate::error::{Result, RolloutError};
 
 /// One group's outcome: its K completions in sample order (`sample_index` 0..K, every one with
@@ -77,6 +79,15 @@ pub trait Rollout: Send {
         ))
     }
 
+    /// Whether to keep each episode's state between its turns (`keep = true` before an
+    /// episode batch's first turn, `false` after its last): the native engine keeps the keys
+    /// and values of every completion of [`Rollout::sample`] and [`Rollout::sample_turns`] so
+    /// that the next turn prefills only the new ids (`crate::engine::TurnCache`, bounded by its
+    /// byte budget); `false` frees them. Default: ignored (a backend without such state).
+    fn keep_turns(&mut self, keep: bool) {
+        let _ = keep;
+    }
+
     /// The weights it samples with as a model on this process, when it has one (the native
     /// engine over a model it owns): the explorer then scores with the behaviour weights
     /// (`train.recompute_behaviour`) and checkpoints them without a second copy. Default `None`
@@ -91,6 +102,9 @@ pub struct NativeRollout {
     sampler: Sampler,
     /// The model the sampler shares storage with, when this backend owns it.
     model: Option<Model>,
+    /// Episodes' keys and values between turns, while [`Rollout::keep_turns`] is on.
+    turns: TurnCache,
+    keeping: bool,
 }
 
 impl NativeRollout {
@@ -100,7 +114,21 @@ impl NativeRollout {
         Self {
             sampler,
             model: None,
+            turns: TurnCache::new(DEFAULT_TURN_CACHE_BYTES),
+            keeping: false,
         }
+    }
+
+    /// Sets the byte budget of the keys and values kept between an episode's turns (default
+    /// [`DEFAULT_TURN_CACHE_BYTES`]; 0: every later turn prefills its whole context).
+    pub fn with_turn_cache_budget(mut self, bytes: usize) -> Self {
+        self.turns = TurnCache::new(bytes);
+        self
+    }
+
+    /// The keys and values kept between turns (their budget, size and counts).
+    pub fn turn_cache(&self) -> &TurnCache {
+        &self.turns
     }
 
     /// A backend that owns `model` (version `version`) and samples with it in place (no copy);
@@ -114,6 +142,8 @@ impl NativeRollout {
         Self {
             sampler,
             model: Some(model),
+            turns: TurnCache::new(DEFAULT_TURN_CACHE_BYTES),
+            keeping: false,
         }
     }
 
@@ -142,6 +172,7 @@ impl Rollout for NativeRollout {
             ))));
         }
         // The sampler shares storage with `self.model` (Sampler::new), so this updates both.
+        self.turns.clear();
         self.sampler.load_named(version, weights)
     }
 
@@ -153,7 +184,14 @@ impl Rollout for NativeRollout {
         seed: u64,
     ) -> Result<Vec<GroupResult>> {
         let k = params.group_size;
-        let out = self.sampler.sample(prompts, first_index, params, seed)?;
+        let out = if self.keeping {
+            // A new batch of episodes: what earlier ones left is of no use.
+            self.turns.clear();
+            self.sampler
+                .sample_keeping(prompts, first_index, params, seed, &mut self.turns)?
+        } else {
+            self.sampler.sample(prompts, first_index, params, seed)?
+        };
         // `Sampler::sample` returns B·K completions ordered by (prompt index, sample index).
         let mut groups: Vec<GroupResult> = Vec::with_capacity(prompts.len());
         let mut it = out.into_iter();
@@ -169,7 +207,19 @@ impl Rollout for NativeRollout {
         params: &SamplingParams,
         seed: u64,
     ) -> Result<Vec<Completion>> {
-        self.sampler.sample_each(rows, params, seed)
+        if self.keeping {
+            self.sampler
+                .sample_each_kept(rows, params, seed, &mut self.turns)
+        } else {
+            self.sampler.sample_each(rows, params, seed)
+        }
+    }
+
+    fn keep_turns(&mut self, keep: bool) {
+        self.keeping = keep;
+        if !keep {
+            self.turns.clear();
+        }
     }
 
     fn local_model(&self) -> Option<&Model> {
@@ -338,6 +388,60 @@ mod tests {
         assert_ne!(ids(&lp2.unwrap()[0]), ids(&each[0]));
         r2[0].turn = 0;
         assert!(s.sample_each(&r2, &p, 11).is_err());
+    }
+
+    /// `keep_turns(true)`: the first turn's `sample` leaves each completion's keys and values,
+    /// a later turn's `sample_turns` reuses them (same tokens as without), new weights or
+    /// `keep_turns(false)` drop them; off, nothing is kept.
+    #[test]
+    fn native_keeps_turns_only_while_asked() {
+        let m = model(0);
+        let prompts = vec![vec![1, 2, 3], vec![4, 5]];
+        let p = params(2);
+        let turn2 = |first: &[Completion]| -> Vec<TurnRow> {
+            first
+                .iter()
+                .map(|c| {
+                    let mut context = prompts[c.prompt_index].clone();
+                    context.extend(&c.token_ids);
+                    context.extend([7, 8]);
+                    TurnRow {
+                        context,
+                        prompt_index: c.prompt_index,
+                        sample_index: c.sample_index,
+                        turn: 2,
+                    }
+                })
+                .collect()
+        };
+        let mut plain = NativeRollout::owning(m.try_clone().unwrap(), 0, None);
+        let first = flatten(plain.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        let want = plain.sample_turns(&turn2(&first), &p, 3).unwrap();
+        assert_eq!(plain.turn_cache().stats(), Default::default());
+        let mut r = NativeRollout::owning(m, 0, None);
+        r.keep_turns(true);
+        let got_first = flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        assert_eq!(got_first, first);
+        assert_eq!(r.turn_cache().len(), 4);
+        let got = r.sample_turns(&turn2(&first), &p, 3).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.token_ids, b.token_ids);
+            for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+                assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+            }
+        }
+        let st = r.turn_cache().stats();
+        assert_eq!((st.hits, st.misses), (4, 0));
+        assert_eq!(r.turn_cache().len(), 4);
+        let w = named_tensors(r.local_model().unwrap());
+        r.load_weights(1, &w).unwrap();
+        assert!(r.turn_cache().is_empty());
+        flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        assert_eq!(r.turn_cache().len(), 4);
+        r.keep_turns(false);
+        assert!(r.turn_cache().is_empty());
+        flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
+        assert!(r.turn_cache().is_empty());
     }
 
     #[test]

@@ -8,8 +8,13 @@
 //! completions are also written in the experiences format (`reward` null, `group_id` = prompt
 //! index, `version` 0), so that `rlvr train` can learn from them later.
 //!
+//! With `--env CONFIG.toml` (the rlvr binary only) each sample is a multi-turn episode of that
+//! config's environment (docs/DESIGN.md section 14) and each line is one episode with its
+//! transcript and token accounting (`rlvr_train::cli::run_generate`).
+//!
 //! Prompts: `--prompt TEXT`, or `--prompts FILE.jsonl` with one `{"prompt": TEXT}` per line
-//! (lines split on `\n` only; blank lines skipped). A plain prompt is encoded as the tokenizer's
+//! (lines split on `\n` only; blank lines skipped; other keys are ignored, or with `--env` handed
+//! to the environment as the row). A plain prompt is encoded as the tokenizer's
 //! post-processor says (BOS for Llama); with `--chat` it is rendered as one user message by the
 //! model's chat template (with the generation prompt) and encoded without added special tokens.
 
@@ -119,6 +124,15 @@ pub struct GenerateArgs {
     /// off). Default: each `auto` (on only once verified on a GPU). A no-op on the CPU.
     #[arg(long, value_name = "LIST")]
     pub fused: Option<String>,
+    /// Sample multi-turn episodes of this training config's `[env]` (docs/environments.md): each
+    /// of a prompt's K samples is an episode, printed as one JSON line with its transcript and
+    /// per-turn token accounting (the rlvr binary only). The config's verifier scores the
+    /// built-in `retry` environment; `--max-new-tokens` is the per-turn limit.
+    #[arg(long, value_name = "CONFIG.toml")]
+    pub env: Option<PathBuf>,
+    /// Override a key of `--env`'s config (`--set env.max_turns=3`); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", requires = "env")]
+    pub set: Vec<String>,
 }
 
 /// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters
@@ -154,6 +168,19 @@ struct ExperienceRecord<'a> {
 ///
 /// Errors: the file cannot be read; a line is not such an object (the error names file and line).
 pub fn read_prompts(path: &Path) -> anyhow::Result<Vec<String>> {
+    Ok(read_prompt_rows(path)?
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect())
+}
+
+/// Reads `--prompts` as [`read_prompts`] does, keeping each line's other keys (the row an
+/// environment's `reset` gets with `--env`).
+///
+/// Errors: as [`read_prompts`].
+pub fn read_prompt_rows(
+    path: &Path,
+) -> anyhow::Result<Vec<(String, serde_json::Map<String, serde_json::Value>)>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read the prompts file", path.display()))?;
     let mut out = Vec::new();
@@ -163,14 +190,18 @@ pub fn read_prompts(path: &Path) -> anyhow::Result<Vec<String>> {
         }
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
-        match v.get("prompt").and_then(|p| p.as_str()) {
-            Some(p) => out.push(p.to_string()),
-            None => bail!(
+        let (Some(p), serde_json::Value::Object(mut row)) = (
+            v.get("prompt").and_then(|p| p.as_str()).map(String::from),
+            v,
+        ) else {
+            bail!(
                 "{}:{}: expected {{\"prompt\": TEXT}} with a string prompt",
                 path.display(),
                 i + 1
-            ),
-        }
+            );
+        };
+        row.remove("prompt");
+        out.push((p, row));
     }
     if out.is_empty() {
         bail!("{}: no prompts in the file", path.display());
@@ -198,6 +229,11 @@ pub fn run(args: &GenerateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if !args.servers.is_empty() {
         bail!("--server needs the vLLM backend, which this entry point does not have (use the rlvr binary)");
     }
+    if args.env.is_some() {
+        bail!(
+            "--env needs environments, which this entry point does not have (use the rlvr binary)"
+        );
+    }
     run_with(args, out, &native)
 }
 
@@ -214,7 +250,9 @@ pub fn native(
 }
 
 /// Refuses a numeric flag out of range before anything is loaded, naming the flag and the range.
-fn check_flags(args: &GenerateArgs) -> anyhow::Result<()> {
+///
+/// Errors: the first flag out of range.
+pub fn check_flags(args: &GenerateArgs) -> anyhow::Result<()> {
     use crate::params::{MAX_GROUP_SIZE, MAX_NEW_TOKENS, MAX_TEMPERATURE};
     if !(1..=MAX_GROUP_SIZE).contains(&args.n) {
         bail!(
@@ -257,44 +295,11 @@ pub fn run_with(
     make: &RolloutFactory,
 ) -> anyhow::Result<()> {
     check_flags(args)?;
-    let dtype = match args.dtype {
-        DtypeArg::F32 => DType::F32,
-        DtypeArg::Bf16 => DType::BF16,
-    };
-    let device = rlvr_model::parse_device(&args.device).context("--device")?;
-    let texts = match (&args.prompt, &args.prompts) {
-        (Some(p), None) => vec![p.clone()],
-        (None, Some(path)) => read_prompts(path)?,
-        _ => bail!("give exactly one of --prompt TEXT and --prompts FILE.jsonl"),
-    };
-    let kernels = match &args.fused {
-        Some(list) => Some(rlvr_model::KernelSwitches::from_fused_list(list)?),
-        None => None,
-    };
-    let mut policy = Policy::load(&args.model, dtype, &device)
-        .with_context(|| format!("loading the model directory {}", args.model.display()))?;
-    if let Some(k) = kernels {
-        policy.model.set_kernels(k);
-    }
+    let texts: Vec<String> = prompt_rows(args)?.into_iter().map(|(t, _)| t).collect();
+    let policy = load_policy(args)?;
     let tok = &policy.tokenizer;
-    let prompts = texts
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            encode_prompt(tok, t, args.chat).with_context(|| format!("encoding prompt {i}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let params = SamplingParams {
-        group_size: args.n,
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k.filter(|&k| k > 0),
-        max_new_tokens: args.max_new_tokens,
-        min_new_tokens: args.min_new_tokens,
-        stop_ids: tok.eos_ids.clone(),
-        stop_strings: args.stop.clone(),
-        max_batch_rows: args.max_batch_rows,
-    };
+    let prompts = encode_prompts(tok, &texts, args.chat)?;
+    let params = sampling_params(args, tok);
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     let mut rollout = make(&policy, &params, longest)?;
     let completions = flatten(rollout.sample(&prompts, 0, &params, args.seed)?)?;
@@ -304,6 +309,71 @@ pub fn run_with(
             .with_context(|| format!("{}: cannot write the experiences file", path.display()))?;
     }
     Ok(())
+}
+
+/// The prompts of `--prompt` or `--prompts`, each with its line's other keys (empty for
+/// `--prompt`).
+///
+/// Errors: neither or both given; [`read_prompt_rows`]'s.
+pub fn prompt_rows(
+    args: &GenerateArgs,
+) -> anyhow::Result<Vec<(String, serde_json::Map<String, serde_json::Value>)>> {
+    match (&args.prompt, &args.prompts) {
+        (Some(p), None) => Ok(vec![(p.clone(), serde_json::Map::new())]),
+        (None, Some(path)) => read_prompt_rows(path),
+        _ => bail!("give exactly one of --prompt TEXT and --prompts FILE.jsonl"),
+    }
+}
+
+/// Loads `--model` with `--dtype`, `--device` and `--fused`.
+///
+/// Errors: a bad device or `--fused` list; an unreadable model directory (naming it).
+pub fn load_policy(args: &GenerateArgs) -> anyhow::Result<Policy> {
+    let dtype = match args.dtype {
+        DtypeArg::F32 => DType::F32,
+        DtypeArg::Bf16 => DType::BF16,
+    };
+    let device = rlvr_model::parse_device(&args.device).context("--device")?;
+    let kernels = match &args.fused {
+        Some(list) => Some(rlvr_model::KernelSwitches::from_fused_list(list)?),
+        None => None,
+    };
+    let mut policy = Policy::load(&args.model, dtype, &device)
+        .with_context(|| format!("loading the model directory {}", args.model.display()))?;
+    if let Some(k) = kernels {
+        policy.model.set_kernels(k);
+    }
+    Ok(policy)
+}
+
+/// Encodes every prompt with [`encode_prompt`].
+///
+/// Errors: a tokenizer or template failure, naming the prompt's index.
+pub fn encode_prompts(
+    tok: &TokenizerBundle,
+    texts: &[String],
+    chat: bool,
+) -> anyhow::Result<Vec<PromptIds>> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| encode_prompt(tok, t, chat).with_context(|| format!("encoding prompt {i}")))
+        .collect()
+}
+
+/// The sampling parameters of the flags: stop ids the tokenizer's EOS ids.
+pub fn sampling_params(args: &GenerateArgs, tok: &TokenizerBundle) -> SamplingParams {
+    SamplingParams {
+        group_size: args.n,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k.filter(|&k| k > 0),
+        max_new_tokens: args.max_new_tokens,
+        min_new_tokens: args.min_new_tokens,
+        stop_ids: tok.eos_ids.clone(),
+        stop_strings: args.stop.clone(),
+        max_batch_rows: args.max_batch_rows,
+    }
 }
 
 fn write_generate(

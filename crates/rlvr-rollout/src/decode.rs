@@ -110,6 +110,63 @@ impl KvBuffer {
     }
 }
 
+/// Kept turns (multi-turn episodes, `crate::engine::TurnCache`): loading earlier keys/values
+/// into a fresh buffer and reading one row's columns back out.
+impl KvBuffer {
+    /// Writes `layers` (per layer `(k, v)`, each `[rows, n_kv_heads, cols, head_dim]`) into
+    /// columns `0..cols` of an empty buffer and marks them written.
+    ///
+    /// Errors: the buffer is not empty, a shape disagrees, `cols` exceeds the capacity.
+    pub(crate) fn preload(&mut self, layers: &[(Tensor, Tensor)], cols: usize) -> Result<()> {
+        if self.len != 0 || layers.len() != self.layers.len() || cols > self.capacity {
+            return Err(ModelError::Invalid(format!(
+                "KV preload of {} layers × {cols} columns into a buffer of {} layers, {} of {} \
+                 columns written",
+                layers.len(),
+                self.layers.len(),
+                self.len,
+                self.capacity
+            ))
+            .into());
+        }
+        for ((ck, cv), (k, v)) in self.layers.iter().zip(layers) {
+            ck.slice_set(&k.contiguous()?, 2, 0)?;
+            cv.slice_set(&v.contiguous()?, 2, 0)?;
+        }
+        self.len = cols;
+        Ok(())
+    }
+
+    /// Row `row`'s keys and values at the column ranges `segments` (`(start, len)`, in order),
+    /// concatenated: per layer `(k, v)`, each `[1, n_kv_heads, Σ len, head_dim]`, in storage of
+    /// their own (the buffer can be dropped).
+    ///
+    /// Errors: a row or column out of range.
+    pub(crate) fn row_columns(
+        &self,
+        row: usize,
+        segments: &[(usize, usize)],
+    ) -> Result<Vec<(Tensor, Tensor)>> {
+        let take = |t: &Tensor| -> Result<Tensor> {
+            let r = t.narrow(0, row, 1)?;
+            let parts = segments
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|&(s, n)| r.narrow(2, s, n))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Ok(match parts.len() {
+                0 => r.narrow(2, 0, 0)?.force_contiguous()?,
+                1 => parts[0].force_contiguous()?,
+                _ => Tensor::cat(&parts, 2)?,
+            })
+        };
+        self.layers
+            .iter()
+            .map(|(k, v)| Ok((take(k)?, take(v)?)))
+            .collect()
+    }
+}
+
 impl KvStore for KvBuffer {
     fn len(&self) -> usize {
         self.len

@@ -23,6 +23,9 @@ use crate::error::{Result, RolloutError};
 pub use crate::params::{Completion, Detokenize, FinishReason, PromptIds, SamplingParams};
 use crate::select::{choose, Choice, Scratch};
 
+mod turns;
+pub use turns::{TurnCache, TurnCacheStats, DEFAULT_TURN_CACHE_BYTES};
+
 /// The sampling engine. See the module docs for the algorithm.
 pub struct Sampler {
     /// The policy (sharing the caller's weights, or a private copy).
@@ -75,6 +78,9 @@ struct Row {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     finish: Option<FinishReason>,
+    /// The cache columns `(start, len)` holding this row's context before the decode steps, and
+    /// that context's ids: kept for the next turn when the call records a [`TurnCache`].
+    kept: Option<(Vec<(usize, usize)>, PromptIds)>,
 }
 
 /// The RNG stream of one completion: ChaCha12 keyed by the 32-byte seed
@@ -237,6 +243,19 @@ impl Sampler {
         params: &SamplingParams,
         seed: u64,
     ) -> Result<Vec<Completion>> {
+        self.sample_recording(prompts, first_prompt_index, params, seed, None)
+    }
+
+    /// [`Sampler::sample`], keeping each completion's keys and values in `record` (when given)
+    /// for its episode's next turn ([`Sampler::sample_each_kept`]).
+    pub(crate) fn sample_recording(
+        &self,
+        prompts: &[PromptIds],
+        first_prompt_index: usize,
+        params: &SamplingParams,
+        seed: u64,
+        mut record: Option<&mut TurnCache>,
+    ) -> Result<Vec<Completion>> {
         self.check_inputs(
             prompts
                 .iter()
@@ -258,7 +277,8 @@ impl Sampler {
             let keys: Vec<(usize, usize, u64)> = (0..chunk.len() * params.group_size)
                 .map(|r| (first + r / params.group_size, r % params.group_size, 0))
                 .collect();
-            self.run_wave(chunk, &keys, params, seed, head.as_ref(), &mut out)?;
+            let rec = record.as_deref_mut();
+            self.run_wave(chunk, &keys, params, seed, head.as_ref(), rec, &mut out)?;
         }
         out.sort_by_key(|c| (c.prompt_index, c.sample_index));
         Ok(out)
@@ -301,7 +321,7 @@ impl Sampler {
                 .map(|r| (r.prompt_index, r.sample_index, r.turn - 1))
                 .collect();
             let mut wave = Vec::with_capacity(chunk.len());
-            self.run_wave(&contexts, &keys, &one, seed, head.as_ref(), &mut wave)?;
+            self.run_wave(&contexts, &keys, &one, seed, head.as_ref(), None, &mut wave)?;
             // Rows retire in finishing order; put them back in row order.
             let mut slot: Vec<Option<Completion>> = vec![None; chunk.len()];
             for c in wave {
@@ -377,6 +397,7 @@ impl Sampler {
         params: &SamplingParams,
         seed: u64,
         head: Option<&rlvr_kernels::PackedHead>,
+        record: Option<&mut TurnCache>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.model.device().clone();
@@ -427,6 +448,10 @@ impl Sampler {
                     tokens: Vec::with_capacity(params.max_new_tokens),
                     logprobs: Vec::with_capacity(params.max_new_tokens),
                     finish: None,
+                    kept: record.is_some().then(|| {
+                        let n = prompts[pi].len();
+                        (vec![(l - n, n)], prompts[pi].clone())
+                    }),
                 }
             })
             .collect();
@@ -436,7 +461,9 @@ impl Sampler {
         }
         // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
         let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
-        self.decode_loop(&mut rows, &mut src, logits, &mut cache, params, head, out)
+        self.decode_loop(
+            &mut rows, &mut src, logits, &mut cache, params, head, record, out,
+        )
     }
 
     /// The decode loop: choose a token for every row, retire finished rows (compacting the
@@ -450,9 +477,12 @@ impl Sampler {
         cache: &mut KvBuffer,
         params: &SamplingParams,
         head: Option<&rlvr_kernels::PackedHead>,
+        mut record: Option<&mut TurnCache>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.model.device().clone();
+        // The first decode step's column: a row's fed tokens sit at `decoded..`.
+        let decoded = cache.len();
         let stop_window = params
             .stop_strings
             .iter()
@@ -472,7 +502,12 @@ impl Sampler {
                 .collect();
             if alive.len() < rows.len() {
                 let mut kept = Vec::with_capacity(alive.len());
-                for row in rows.drain(..) {
+                for (r, row) in rows.drain(..).enumerate() {
+                    if let (Some(rec), Some((cols, ids)), Some(_)) =
+                        (record.as_deref_mut(), &row.kept, row.finish)
+                    {
+                        turns::keep_row(rec, cache, r, cols, decoded, ids, &row, self.version)?;
+                    }
                     match row.finish {
                         Some(reason) => out.push(Completion {
                             prompt_index: row.prompt_index,

@@ -102,7 +102,7 @@ pub use backend::{flatten, named_tensors, GroupResult, NativeRollout, Rollout};
 pub use decode::{DecodePath, KvBuffer};
 pub use engine::{
     completion_rng, turn_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds,
-    Sampler, SamplingParams, TurnRow,
+    Sampler, SamplingParams, TurnCache, TurnCacheStats, TurnRow, DEFAULT_TURN_CACHE_BYTES,
 };
 pub use error::{Result, RolloutError};
 

@@ -354,6 +354,10 @@ fn eval_on_backend(
                 Some((_, _, budget)) => *budget,
                 None => evaluator.settings.max_new_tokens,
             },
+            room_key: match &episodes {
+                Some(_) => "env.max_episode_tokens",
+                None => "eval.max_new_tokens (or --max-new-tokens)",
+            },
         };
         let mut engine = fixed_model_engine(&s, policy, work, server_use)?;
         match episodes {
@@ -868,7 +872,8 @@ fn sft_progress(
 /// `rlvr generate`: the native engine, or with `--server URL` vLLM servers (the `rollout.*` keys
 /// of training as flags: `--served-model-name`, `--weights-dir`, `--accept-renormalised-logprobs`),
 /// to which the model's weights (its adapter, for a model with LoRA adapters) are pushed first as
-/// version 0 and checked.
+/// version 0 and checked. With `--env CONFIG.toml`, episodes of that config's environment
+/// ([`generate_episodes`]).
 ///
 /// # Errors
 /// As [`rlvr_rollout::cli::run`]; a vLLM start-up check, push or request failure naming the server;
@@ -905,6 +910,11 @@ pub fn run_generate(
             follower: false,
         })
     };
+    if let Some(config) = &a.env {
+        let result = generate_episodes(a, config, &s, out);
+        drop(dir);
+        return result;
+    }
     let make = |policy: &Policy,
                 params: &rlvr_rollout::SamplingParams,
                 longest: usize|
@@ -912,6 +922,7 @@ pub fn run_generate(
         let work = Workload {
             longest_prompt: longest,
             max_new_tokens: params.max_new_tokens,
+            room_key: "--max-new-tokens",
         };
         let use_ = ServerUse::Fixed {
             command: "rlvr generate",
@@ -922,6 +933,143 @@ pub fn run_generate(
     let result = rlvr_rollout::cli::run_with(a, out, &make);
     drop(dir);
     result
+}
+
+/// One line of `rlvr generate --env`: an episode (docs/DESIGN.md section 14).
+#[derive(Debug, serde::Serialize)]
+struct EpisodeLine {
+    prompt_index: usize,
+    sample_index: usize,
+    turns: u32,
+    /// `done`, `max_turns`, `length`, `budget`, `eos` or `error`.
+    finish: &'static str,
+    reward: Option<f64>,
+    turn_rewards: Vec<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// `{"role", "content"}` per assistant turn and environment message.
+    transcript: Vec<serde_json::Value>,
+    prompt_ids: Vec<u32>,
+    completion_ids: Vec<u32>,
+    completion_mask: Vec<u8>,
+    behaviour_logprobs: Vec<f32>,
+    /// The token accounting: each assistant turn and bridge of `completion_ids` in order.
+    segments: Vec<crate::feed::episodes::Segment>,
+    /// Ids sampled (mask 1) and ids of bridges (mask 0).
+    sampled_tokens: usize,
+    bridge_tokens: usize,
+}
+
+/// `rlvr generate --env CONFIG.toml`: each of a prompt's K samples is a multi-turn episode of the
+/// config's environment, run as training runs them ([`EpisodeRunner`]) on the native engine or
+/// the `--server`s; prints one [`EpisodeLine`] per episode, in (prompt, sample) order. Turn 1 of
+/// episode (i, j) is `rlvr generate`'s completion (i, j) with the same flags. A `--prompts` line's
+/// other keys are the row the environment's `reset` gets (`reference` the built-in `retry`
+/// environment's answer); `--max-new-tokens` is the per-turn limit.
+///
+/// # Errors
+/// Flags out of range; `--out` (not written for episodes); a config without `[env]`; the
+/// environment's, the template's and the engine's errors as in training.
+pub fn generate_episodes(
+    a: &rlvr_rollout::cli::GenerateArgs,
+    config: &std::path::Path,
+    s: &BackendSettings,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    use crate::feed::episodes::{program_row, segments, EpisodePrompt, RetryVerifier};
+    rlvr_rollout::cli::check_flags(a)?;
+    anyhow::ensure!(
+        a.out.is_none(),
+        "--out with --env: episodes are not written as experiences by rlvr generate (each printed \
+         line holds the episode's ids, mask and behaviour log-probs)"
+    );
+    let mut raw = RawConfig::load(Some(config), &a.set)?;
+    anyhow::ensure!(
+        raw.env.is_on(),
+        "--env {}: the config has no environment: set env.command or env.builtin (or --set \
+         'env.builtin=\"retry\"')",
+        config.display()
+    );
+    // The per-turn limit is the flag's, and so is the default episode budget.
+    raw.rollout.max_new_tokens = a.max_new_tokens;
+    let rows = rlvr_rollout::cli::prompt_rows(a)?;
+    let policy = rlvr_rollout::cli::load_policy(a)?;
+    let tok = &policy.tokenizer;
+    let texts: Vec<String> = rows.iter().map(|(t, _)| t.clone()).collect();
+    let ids = rlvr_rollout::cli::encode_prompts(tok, &texts, a.chat)?;
+    let reward = Arc::new(settings::reward_function(&raw)?);
+    let mut runner = settings::episode_runner(&raw, tok, &reward)?;
+    let budget = raw.env.episode_tokens(a.max_new_tokens);
+    let work = Workload {
+        longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
+        max_new_tokens: budget,
+        room_key: "env.max_episode_tokens",
+    };
+    let use_ = ServerUse::Fixed {
+        command: "rlvr generate",
+        share: a.share_server,
+    };
+    let mut engine = fixed_model_engine(s, &policy, work, &use_)?;
+    let params = rlvr_rollout::cli::sampling_params(a, tok);
+    let retry = raw.env.builtin.is_some();
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let chunk = (a.max_batch_rows / a.n).max(1);
+    for start in (0..ids.len()).step_by(chunk) {
+        let end = (start + chunk).min(ids.len());
+        let prompts: Vec<EpisodePrompt<'_>> = (start..end)
+            .map(|i| {
+                let (prompt, fields) = &rows[i];
+                let reference = fields.get("reference").map(text).unwrap_or_default();
+                let columns: Vec<(String, String)> = fields
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "reference")
+                    .map(|(k, v)| (k.clone(), text(v)))
+                    .collect();
+                EpisodePrompt {
+                    draw: i,
+                    ids: &ids[i],
+                    row: match retry {
+                        true => RetryVerifier::row(prompt, &reference, &columns, i),
+                        false => program_row(&reference, &columns),
+                    },
+                }
+            })
+            .collect();
+        let (eps, _) = runner
+            .run(engine.as_mut(), tok, &prompts, &params, a.seed)
+            .with_context(|| format!("sampling the episodes of prompts {start}..{end}"))?;
+        for e in eps {
+            let sampled = e.completion_mask.iter().filter(|&&m| m == 1).count();
+            let line = EpisodeLine {
+                prompt_index: e.draw,
+                sample_index: e.sample,
+                turns: e.turns,
+                finish: e.finish,
+                reward: e.reward,
+                turn_rewards: e.turn_rewards,
+                error: e.error,
+                transcript: e
+                    .transcript
+                    .into_iter()
+                    .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+                    .collect(),
+                segments: segments(&e.completion_mask),
+                sampled_tokens: sampled,
+                bridge_tokens: e.completion_mask.len() - sampled,
+                prompt_ids: e.prompt_ids,
+                completion_ids: e.completion_ids,
+                completion_mask: e.completion_mask,
+                behaviour_logprobs: e.behaviour_logprobs,
+            };
+            serde_json::to_writer(&mut *out, &line)?;
+            out.write_all(b"\n")?;
+        }
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// `rlvr plan` arguments.

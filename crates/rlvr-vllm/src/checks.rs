@@ -142,7 +142,10 @@ impl VllmClient {
     }
 
     /// Start-up checks on every server: `/health` answers; `/v1/models` lists
-    /// `served_model_name` with a `max_model_len` ≥ `longest_prompt + max_new_tokens`; and the
+    /// `served_model_name` with a `max_model_len` ≥ `longest_prompt + room`, `room` being the
+    /// most tokens a request may add after its prompt, named by the config key `room_key` in the
+    /// error (`rollout.max_new_tokens`, or `env.max_episode_tokens` for multi-turn episodes,
+    /// docs/DESIGN.md section 14); and the
     /// server's tokenizer agrees with `tokenizer` on one `/tokenize` request of a probe text that
     /// holds plain text, every EOS token and the highest token id's text — the same ids come back,
     /// so the vocabulary (up to its last id) and the EOS ids agree.
@@ -153,7 +156,8 @@ impl VllmClient {
         &self,
         tokenizer: &TokenizerBundle,
         longest_prompt: usize,
-        max_new_tokens: usize,
+        room: usize,
+        room_key: &str,
     ) -> Result<Vec<ServerInfo>> {
         let name = &self.config.served_model_name;
         let (probe, ours) = tokenizer_probe(tokenizer)?;
@@ -184,11 +188,11 @@ impl VllmClient {
             };
             let max_model_len =
                 len.ok_or_else(|| check("/v1/models gives no max_model_len".into()))? as usize;
-            if max_model_len < longest_prompt + max_new_tokens {
+            if max_model_len < longest_prompt + room {
                 return Err(check(format!(
-                    "max_model_len {max_model_len} < longest prompt {longest_prompt} + max_new_tokens \
-                     {max_new_tokens}: restart it with --max-model-len {}",
-                    longest_prompt + max_new_tokens
+                    "max_model_len {max_model_len} < longest prompt {longest_prompt} + {room_key} \
+                     {room}: restart it with --max-model-len {}",
+                    longest_prompt + room
                 )));
             }
             let body = json!({"model": name, "prompt": probe, "add_special_tokens": false});

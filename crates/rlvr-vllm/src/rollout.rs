@@ -96,8 +96,8 @@ fn backend_err(e: VllmError) -> RolloutError {
 
 impl VllmRollout {
     /// Connects to the servers and runs the start-up checks ([`VllmClient::check_servers`]:
-    /// health, served name, `max_model_len ≥ longest_prompt + max_new_tokens`, tokenizer
-    /// agreement). No weights are pushed yet: the caller's first [`Rollout::load_weights`] does
+    /// health, served name, `max_model_len ≥ longest_prompt + room` (`room`: the most tokens after
+    /// a prompt, the config key `room_key` named in the error), tokenizer agreement). No weights are pushed yet: the caller's first [`Rollout::load_weights`] does
     /// that (at start and on resume alike) and then checks the log-prob mode.
     ///
     /// `model` is the policy (copied: the backend keeps its own weights); `tokenizer` cuts stop
@@ -111,14 +111,15 @@ impl VllmRollout {
         model: &Model,
         tokenizer: &TokenizerBundle,
         longest_prompt: usize,
-        max_new_tokens: usize,
+        room: usize,
+        room_key: &str,
     ) -> Result<Self> {
         let mut client =
             VllmClient::new(config.client)?.with_tokenizer(tokenizer.tokenizer.clone());
         if let Some(holder) = config.lease {
             client.take_lease(holder)?;
         }
-        let infos = client.check_servers(tokenizer, longest_prompt, max_new_tokens)?;
+        let infos = client.check_servers(tokenizer, longest_prompt, room, room_key)?;
         let vocab = model.config().vocab_size;
         Ok(Self {
             client,

@@ -11,6 +11,12 @@
 //!   itself from a device-bound one; `decode_path` (`candle`, `fused`, `fused+graphs`: the
 //!   `[kernels]` switches `decode` and `cuda_graphs` resolved) and the Triton launches per step
 //!   say which step ran.
+//! - `rlvr bench turns`: multi-turn episodes (docs/DESIGN.md section 14) with and without the
+//!   keys and values kept between turns (`rlvr_rollout::TurnCache`), side by side in one process:
+//!   `--batch` episodes of a random `--prompt-len` prompt, `--turns` assistant turns of exactly
+//!   `--new-tokens` each and a random bridge of `--bridge-len` ids between turns. Reports each
+//!   path's median wall time, their ratio, whether the two sampled the same tokens and log-probs
+//!   bit for bit (else the largest log-prob difference) and the cache's counts.
 //! - `rlvr bench train`: `--rows` × `--seq-len` random tokens, log-probs of every next token
 //!   (`Model::token_logprobs` with gradient), loss = −mean, backward, AdamW. Reports tokens per
 //!   second and TFLOP/s counted as 6 × parameters (tied embedding once) × tokens / s, the
@@ -33,6 +39,33 @@ pub enum BenchCommand {
     Sample(SampleArgs),
     /// Training-step throughput: forward + backward + AdamW on random tokens.
     Train(TrainArgs),
+    /// Multi-turn episodes: later turns with kept keys/values against whole-context prefills.
+    Turns(TurnsArgs),
+}
+
+/// Arguments of `rlvr bench turns`.
+#[derive(clap::Args, Debug)]
+pub struct TurnsArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Episodes sampled together.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    /// Assistant turns per episode.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// New tokens per turn (EOS disabled).
+    #[arg(long, default_value_t = 32)]
+    pub new_tokens: usize,
+    /// Bridge ids between turns (random; at least 1, as an environment's reply renders).
+    #[arg(long, default_value_t = 16)]
+    pub bridge_len: usize,
+    /// Timed runs of each path, alternating, after one untimed warm-up run of each.
+    #[arg(long, default_value_t = 2)]
+    pub runs: usize,
 }
 
 /// Model and device options shared by both benchmarks.
@@ -115,6 +148,7 @@ pub fn run(cmd: &BenchCommand, out: &mut dyn Write) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Sample(a) => sample(a, out),
         BenchCommand::Train(a) => train(a, out),
+        BenchCommand::Turns(a) => turns(a, out),
     }
 }
 
@@ -224,6 +258,122 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             })
         )?;
     }
+    Ok(())
+}
+
+/// One batch of `a`'s episodes: every turn's completions in order; with `cache`, the keys and
+/// values kept between turns.
+fn episodes(
+    sampler: &Sampler,
+    a: &TurnsArgs,
+    prompts: &[Vec<u32>],
+    bridges: &[Vec<u32>],
+    seed: u64,
+    mut cache: Option<&mut rlvr_rollout::TurnCache>,
+) -> anyhow::Result<Vec<rlvr_rollout::Completion>> {
+    let params = SamplingParams {
+        group_size: 1,
+        max_new_tokens: a.new_tokens,
+        min_new_tokens: a.new_tokens,
+        max_batch_rows: a.batch,
+        ..Default::default()
+    };
+    let mut last = match cache.as_deref_mut() {
+        Some(c) => sampler.sample_keeping(prompts, 0, &params, seed, c)?,
+        None => sampler.sample(prompts, 0, &params, seed)?,
+    };
+    let mut contexts: Vec<Vec<u32>> = prompts.to_vec();
+    let mut all = last.clone();
+    for turn in 2..=a.turns as u64 {
+        let rows: Vec<rlvr_rollout::TurnRow> = contexts
+            .iter_mut()
+            .zip(&last)
+            .enumerate()
+            .map(|(i, (ctx, c))| {
+                ctx.extend(&c.token_ids);
+                ctx.extend(&bridges[i]);
+                rlvr_rollout::TurnRow {
+                    context: ctx.clone(),
+                    prompt_index: i,
+                    sample_index: 0,
+                    turn,
+                }
+            })
+            .collect();
+        last = match cache.as_deref_mut() {
+            Some(c) => sampler.sample_each_kept(&rows, &params, seed, c)?,
+            None => sampler.sample_each(&rows, &params, seed)?,
+        };
+        all.extend(last.iter().cloned());
+    }
+    Ok(all)
+}
+
+fn turns(a: &TurnsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.prompt_len > 0 && a.new_tokens > 0 && a.turns > 0 && a.bridge_len > 0,
+        "--prompt-len, --new-tokens, --turns and --bridge-len must be > 0"
+    );
+    in_range("--runs", a.runs, MAX_BENCH_REPEATS)?;
+    in_range("--batch", a.batch, MAX_BENCH_ROWS)?;
+    in_range("--turns", a.turns, 1024)?;
+    let model = load(&a.model)?;
+    let per_turn = a.new_tokens.saturating_add(a.bridge_len);
+    fits(
+        &model,
+        "--prompt-len + --turns × (--new-tokens + --bridge-len)",
+        a.prompt_len
+            .saturating_add(per_turn.saturating_mul(a.turns)),
+    )?;
+    let vocab = model.config().vocab_size as u32;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.model.seed);
+    let mut random =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..vocab)).collect() };
+    let prompts: Vec<Vec<u32>> = (0..a.batch).map(|_| random(a.prompt_len)).collect();
+    let bridges: Vec<Vec<u32>> = (0..a.batch).map(|_| random(a.bridge_len)).collect();
+    let sampler = Sampler::new(&model, 0);
+    let seed = a.model.seed;
+    let mut cache = rlvr_rollout::TurnCache::new(rlvr_rollout::DEFAULT_TURN_CACHE_BYTES);
+    // Warm-up, and the two paths' samples compared.
+    let plain = episodes(&sampler, a, &prompts, &bridges, seed, None)?;
+    let kept = episodes(&sampler, a, &prompts, &bridges, seed, Some(&mut cache))?;
+    let same_tokens = plain
+        .iter()
+        .zip(&kept)
+        .all(|(p, k)| p.token_ids == k.token_ids);
+    let same_bits = same_tokens && plain == kept;
+    let max_diff = plain
+        .iter()
+        .zip(&kept)
+        .take_while(|(p, k)| p.token_ids == k.token_ids)
+        .flat_map(|(p, k)| p.behaviour_logprobs.iter().zip(&k.behaviour_logprobs))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let stats = cache.stats();
+    let (mut w_plain, mut w_kept) = (Vec::new(), Vec::new());
+    for _ in 0..a.runs {
+        let t = Instant::now();
+        episodes(&sampler, a, &prompts, &bridges, seed, None)?;
+        w_plain.push(t.elapsed().as_secs_f64());
+        let mut c = rlvr_rollout::TurnCache::new(rlvr_rollout::DEFAULT_TURN_CACHE_BYTES);
+        let t = Instant::now();
+        episodes(&sampler, a, &prompts, &bridges, seed, Some(&mut c))?;
+        w_kept.push(t.elapsed().as_secs_f64());
+    }
+    let (plain_s, kept_s) = (median(w_plain), median(w_kept));
+    writeln!(
+        out,
+        "{}",
+        serde_json::json!({
+            "impl": "rlvr", "what": "turns", "device": a.model.device, "dtype": a.model.dtype,
+            "batch": a.batch, "prompt_len": a.prompt_len, "turns": a.turns,
+            "new_tokens": a.new_tokens, "bridge_len": a.bridge_len, "runs": a.runs,
+            "re_prefill_s": plain_s, "kept_s": kept_s, "speedup": plain_s / kept_s,
+            "same_tokens": same_tokens, "same_bits": same_bits,
+            "max_abs_logprob_diff": max_diff,
+            "cache": stats,
+        })
+    )?;
     Ok(())
 }
 

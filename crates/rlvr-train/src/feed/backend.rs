@@ -89,8 +89,13 @@ pub enum NativeWeights {
 pub struct Workload {
     /// Tokens of the longest prompt.
     pub longest_prompt: usize,
-    /// Most new tokens per completion.
+    /// Most new tokens per completion; for multi-turn episodes, per episode after its prompt
+    /// (turns and bridges: `env.max_episode_tokens` resolved).
     pub max_new_tokens: usize,
+    /// The config key that sets `max_new_tokens`, named by the check's error:
+    /// `rollout.max_new_tokens`, or `env.max_episode_tokens` for episodes (docs/DESIGN.md
+    /// section 14).
+    pub room_key: &'static str,
 }
 
 impl BackendSettings {
@@ -194,6 +199,7 @@ pub fn build(
                 tokenizer,
                 work.longest_prompt,
                 work.max_new_tokens,
+                work.room_key,
             )
             .context("starting the vLLM rollout backend (rollout.backend = \"vllm\")")?;
             Box::new(r)

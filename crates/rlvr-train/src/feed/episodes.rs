@@ -10,7 +10,10 @@
 //! ended on the end-of-turn token, `finish` for those rlvr ends (`max_turns`, `length`, `budget`,
 //! `eos`), the bridges appended, and the next turn of every live episode sampled through
 //! [`Rollout::sample_turns`] (stream (seed, draw, sample, turn)). The batch depends on the
-//! weights, the cursor, the seed and the environment's replies, never on timing.
+//! weights, the cursor, the seed and the environment's replies, never on timing. For the batch's
+//! duration the backend keeps each episode's state between turns ([`Rollout::keep_turns`]): the
+//! native engine keeps its keys and values within a byte budget and prefills only each turn's new
+//! ids (`rlvr_rollout::TurnCache`).
 //!
 //! Each episode becomes one experience row: `completion_ids = a_1 b_1 a_2 … a_T` (never ending in
 //! a bridge), `completion_mask` 1 on sampled ids and 0 on bridge ids, behaviour log-probs 0.0 on
@@ -169,6 +172,46 @@ impl Live {
     }
 }
 
+/// One run of an episode's `completion_ids` (`rlvr generate --env`'s token accounting): an
+/// assistant turn (mask 1) or a bridge (mask 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Segment {
+    /// `assistant` or `bridge`.
+    pub kind: &'static str,
+    /// The assistant turn it is or follows, from 1.
+    pub turn: u32,
+    /// Its first index in `completion_ids`.
+    pub start: usize,
+    /// Its ids.
+    pub len: usize,
+}
+
+/// The runs of `mask` (an episode's `completion_mask`) in order: assistant turns (1) and the
+/// bridges (0) after them. A turn's ids are never empty (each holds at least its stop id or one
+/// token), so consecutive runs alternate.
+pub fn segments(mask: &[u8]) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::new();
+    let mut turn = 0;
+    for (i, &m) in mask.iter().enumerate() {
+        let kind = if m == 1 { "assistant" } else { "bridge" };
+        match out.last_mut() {
+            Some(s) if s.kind == kind => s.len += 1,
+            _ => {
+                if m == 1 {
+                    turn += 1;
+                }
+                out.push(Segment {
+                    kind,
+                    turn,
+                    start: i,
+                    len: 1,
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Parses `env.tools`: a JSON array of objects (OpenAI-style function schemas), keys kept in
 /// their order.
 ///
@@ -264,6 +307,22 @@ impl EpisodeRunner {
     /// a template the bridges refuse, sampling errors, and more than `env.max_error_frac` of the
     /// episodes failed.
     pub fn run(
+        &mut self,
+        rollout: &mut dyn Rollout,
+        tok: &TokenizerBundle,
+        prompts: &[EpisodePrompt<'_>],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats)> {
+        // The backend keeps each episode's state (the native engine: its keys and values,
+        // bounded) from one turn to the next for this batch only.
+        rollout.keep_turns(true);
+        let out = self.run_kept(rollout, tok, prompts, params, seed);
+        rollout.keep_turns(false);
+        out
+    }
+
+    fn run_kept(
         &mut self,
         rollout: &mut dyn Rollout,
         tok: &TokenizerBundle,

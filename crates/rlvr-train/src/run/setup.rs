@@ -306,6 +306,7 @@ fn online_feed(
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
         max_new_tokens: room,
+        room_key,
     };
     let mut backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
     // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.

@@ -18,6 +18,7 @@ mod determinism;
 mod episodes;
 mod eval;
 mod export;
+mod generate_env;
 mod job;
 mod learning;
 mod live_data_parallel;

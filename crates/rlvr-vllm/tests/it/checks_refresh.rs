@@ -253,7 +253,9 @@ fn startup_checks_name_what_disagrees() {
         "{probe_ids:?}"
     );
     let good = startup_server("policy", 512, Some(probe_ids.clone()));
-    let infos = client(&good.url).check_servers(&tok, 100, 400).unwrap();
+    let infos = client(&good.url)
+        .check_servers(&tok, 100, 400, "rollout.max_new_tokens")
+        .unwrap();
     assert_eq!(infos[0].max_model_len, 512);
     assert_eq!(
         good.lines(),
@@ -264,16 +266,29 @@ fn startup_checks_name_what_disagrees() {
         false
     );
     let short = client(&good.url)
-        .check_servers(&tok, 200, 400)
+        .check_servers(&tok, 200, 400, "rollout.max_new_tokens")
         .unwrap_err()
         .to_string();
     assert!(
-        short.contains("max_model_len 512 < longest prompt 200 + max_new_tokens 400"),
+        short.contains(
+            "max_model_len 512 < longest prompt 200 + rollout.max_new_tokens 400: restart it \
+             with --max-model-len 600"
+        ),
+        "{short}"
+    );
+    // Multi-turn episodes: the bound is the episode's, and the error names its key.
+    let short = client(&good.url)
+        .check_servers(&tok, 200, 400, "env.max_episode_tokens")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        short.contains("longest prompt 200 + env.max_episode_tokens 400")
+            && !short.contains("max_new_tokens"),
         "{short}"
     );
     let other = startup_server("other", 512, Some(probe_ids.clone()));
     let e = client(&other.url)
-        .check_servers(&tok, 1, 1)
+        .check_servers(&tok, 1, 1, "rollout.max_new_tokens")
         .unwrap_err()
         .to_string();
     assert!(e.contains("--served-model-name policy"), "{e}");
@@ -281,7 +296,7 @@ fn startup_checks_name_what_disagrees() {
     *wrong.last_mut().unwrap() += 1;
     let bad_tok = startup_server("policy", 512, Some(wrong));
     let e = client(&bad_tok.url)
-        .check_servers(&tok, 1, 1)
+        .check_servers(&tok, 1, 1, "rollout.max_new_tokens")
         .unwrap_err()
         .to_string();
     assert!(e.contains("tokenizer disagrees"), "{e}");

@@ -107,6 +107,7 @@ fn rollout(l: &Live, policy: &Policy, weights_dir: &Path) -> VllmRollout {
         &policy.tokenizer,
         32,
         32,
+        "rollout.max_new_tokens",
     )
     .unwrap()
 }

@@ -101,7 +101,10 @@ fn mean_gap_to_raw(model: &Model, prompts: &[Vec<u32>], out: &[Completion]) -> f
 fn startup_checks_pass_on_a_correctly_started_server() {
     let _g = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let Some(l) = live() else { return };
-    let infos = l.client.check_servers(&l.policy.tokenizer, 32, 64).unwrap();
+    let infos = l
+        .client
+        .check_servers(&l.policy.tokenizer, 32, 64, "rollout.max_new_tokens")
+        .unwrap();
     assert!(infos[0].max_model_len >= 96);
     let gaps = l
         .client
@@ -114,7 +117,7 @@ fn startup_checks_pass_on_a_correctly_started_server() {
     assert!(gaps[0] < 1e-4, "{gaps:?}");
     let err = l
         .client
-        .check_servers(&l.policy.tokenizer, 32, 100_000)
+        .check_servers(&l.policy.tokenizer, 32, 100_000, "rollout.max_new_tokens")
         .unwrap_err();
     assert!(err.to_string().contains("max_model_len"), "{err}");
 }

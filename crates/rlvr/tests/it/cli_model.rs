@@ -214,4 +214,45 @@ fn bench_reports_consistent_throughput() {
     assert!((v["step_s"].as_f64().unwrap() * tps - 12.0).abs() < 1e-6);
     let tf = v["tflop_per_s"].as_f64().unwrap();
     assert!((tf - 6.0 * params as f64 * tps / 1e12).abs() < 1e-12 * (1.0 + tf));
+    // Multi-turn: 3 episodes × 3 turns of 4 tokens, bridges of 2: every later turn finds its
+    // entry and prefills its last sampled id and its bridge only (the re-prefill path: the whole
+    // context, 5 + 6 then 5 + 12 ids).
+    let t = run(&[
+        "turns",
+        "--batch",
+        "3",
+        "--prompt-len",
+        "5",
+        "--turns",
+        "3",
+        "--new-tokens",
+        "4",
+        "--bridge-len",
+        "2",
+        "--runs",
+        "1",
+    ]);
+    let v = &t[0];
+    let c = &v["cache"];
+    assert_eq!(
+        (
+            c["hits"].as_u64(),
+            c["misses"].as_u64(),
+            c["evictions"].as_u64()
+        ),
+        (Some(6), Some(0), Some(0)),
+        "{v}"
+    );
+    assert_eq!(c["prefilled_tokens"].as_u64(), Some(3 * 2 * 3), "{v}");
+    assert_eq!(
+        c["reused_tokens"].as_u64(),
+        Some(3 * (11 + 17) - 3 * 2 * 3),
+        "{v}"
+    );
+    assert!(v["re_prefill_s"].as_f64().unwrap() > 0.0 && v["kept_s"].as_f64().unwrap() > 0.0);
+    assert!(v["max_abs_logprob_diff"].as_f64().unwrap() < 1e-4, "{v}");
+    assert!(
+        v["same_tokens"].is_boolean() && v["same_bits"].is_boolean(),
+        "{v}"
+    );
 }

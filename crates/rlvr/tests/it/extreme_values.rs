@@ -398,6 +398,12 @@ const ACCEPTED_FLAGS: &[(&str, &str, &[&str], &str)] = &[
         "any u64 seeds the weights' inputs",
     ),
     ("bench train", "seed", &[BIG, "0"], "any u64 seeds the data"),
+    (
+        "bench turns",
+        "seed",
+        &[BIG, "0"],
+        "any u64 seeds the prompts and bridges",
+    ),
 ];
 
 /// Whether clap parses values of `arg` as a number.
@@ -602,6 +608,23 @@ fn base_args(sub: &str, i: &Inputs, out: &Path) -> Vec<String> {
                 "4",
                 "--new-tokens",
                 "2",
+                "--runs",
+                "1",
+            ]));
+        }
+        "bench turns" => {
+            a.extend(["--model".into(), p(&i.model)]);
+            a.extend(v(&[
+                "--batch",
+                "1",
+                "--prompt-len",
+                "4",
+                "--turns",
+                "2",
+                "--new-tokens",
+                "2",
+                "--bridge-len",
+                "1",
                 "--runs",
                 "1",
             ]));

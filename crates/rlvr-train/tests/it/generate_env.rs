@@ -1,0 +1,170 @@
+//! `rlvr generate --env` (issue 45): a config's environment's episodes printed for inspection,
+//! one line per episode with its transcript and token accounting.
+
+use crate::common;
+
+use clap::Parser;
+use rlvr_rollout::cli::GenerateArgs;
+use rlvr_train::cli::run_generate;
+use rlvr_train::config::settings;
+
+#[derive(Parser)]
+struct W {
+    #[command(flatten)]
+    a: GenerateArgs,
+}
+
+fn generate(argv: &[String]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut full = vec!["x".to_string()];
+    full.extend(argv.iter().cloned());
+    let a = W::try_parse_from(full)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .a;
+    let mut buf = Vec::new();
+    run_generate(&a, &mut buf)?;
+    Ok(String::from_utf8(buf)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect())
+}
+
+/// With the built-in `retry` environment (every answer is 5): each line is an episode whose turn
+/// 1 is plain `rlvr generate`'s completion with the same flags (ids and log-prob bits); its
+/// segments cover `completion_ids` in order, alternating assistant turns (mask 1) and bridges
+/// (mask 0, log-prob 0.0) that decode to the template's rendering of the retry message; the
+/// counts, turns and transcript agree.
+#[test]
+fn generate_env_prints_episodes_with_their_token_accounting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let config = tmp.path().join("env.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[data]\ntask = \"jsonl\"\nverifier = {{ kind = \"arithmetic\" }}\n\n[env]\n\
+             builtin = \"retry\"\nmax_turns = 2\nmax_episode_tokens = 80\nchat_template = {:?}\n",
+            tpl.display().to_string()
+        ),
+    )
+    .unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    let lines: Vec<String> = (0..10)
+        .map(|i| {
+            serde_json::json!({"prompt": format!("{}+{}=", i % 10, (i + 3) % 10), "reference": "5"})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let base: Vec<String> = [
+        "--model",
+        model.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "-n",
+        "16",
+        "--max-new-tokens",
+        "4",
+        "--seed",
+        "5",
+    ]
+    .map(String::from)
+    .to_vec();
+    let plain = generate(&base).unwrap();
+    let mut with_env = base.clone();
+    with_env.extend(["--env".to_string(), config.display().to_string()]);
+    let eps = generate(&with_env).unwrap();
+    assert_eq!((plain.len(), eps.len()), (160, 160));
+    let tok = settings::load_tokenizer(&model).unwrap();
+    // The retry message as the template renders it after a turn (the test tokenizer splits it
+    // into single characters, so its ids are the text's).
+    let bridge = tok
+        .encode(
+            "\nuser:That is not correct. Please try again.<|endoftext|>\n=>",
+            false,
+        )
+        .unwrap();
+    let mut longer = 0;
+    for (p, e) in plain.iter().zip(&eps) {
+        assert_eq!(
+            (&e["prompt_index"], &e["sample_index"]),
+            (&p["prompt_index"], &p["sample_index"])
+        );
+        let ids: Vec<u32> = serde_json::from_value(e["completion_ids"].clone()).unwrap();
+        let mask: Vec<u8> = serde_json::from_value(e["completion_mask"].clone()).unwrap();
+        let lp: Vec<f32> = serde_json::from_value(e["behaviour_logprobs"].clone()).unwrap();
+        assert_eq!((mask.len(), lp.len()), (ids.len(), ids.len()), "{e}");
+        // Turn 1 is the single-turn completion, bit for bit.
+        let first: Vec<u32> = serde_json::from_value(p["token_ids"].clone()).unwrap();
+        let first_lp: Vec<f32> = serde_json::from_value(p["behaviour_logprobs"].clone()).unwrap();
+        assert_eq!(&ids[..first.len()], &first[..], "{e}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&lp[..first.len()]), bits(&first_lp));
+        // The segments tile the completion, alternating, from turn 1 to the last turn.
+        let segs = e["segments"].as_array().unwrap();
+        let turns = e["turns"].as_u64().unwrap() as usize;
+        assert!((1..=2).contains(&turns), "{e}");
+        assert_eq!(segs.len(), 2 * turns - 1, "{e}");
+        assert_eq!(segs[0]["len"].as_u64().unwrap() as usize, first.len());
+        let (mut at, mut sampled, mut bridged) = (0, 0, 0);
+        for (k, s) in segs.iter().enumerate() {
+            let (start, len) = (
+                s["start"].as_u64().unwrap() as usize,
+                s["len"].as_u64().unwrap() as usize,
+            );
+            assert_eq!(start, at, "{e}");
+            assert_eq!(s["turn"].as_u64().unwrap() as usize, k / 2 + 1, "{e}");
+            let part = start..start + len;
+            if k % 2 == 0 {
+                assert_eq!(s["kind"], "assistant");
+                assert!(mask[part].iter().all(|&m| m == 1), "{e}");
+                sampled += len;
+            } else {
+                assert_eq!(s["kind"], "bridge");
+                assert!(mask[part.clone()].iter().all(|&m| m == 0), "{e}");
+                assert!(lp[part.clone()].iter().all(|&x| x == 0.0), "{e}");
+                assert_eq!(&ids[part], &bridge[..], "{e}");
+                bridged += len;
+            }
+            at += len;
+        }
+        assert_eq!(at, ids.len());
+        assert_eq!(
+            (e["sampled_tokens"].as_u64(), e["bridge_tokens"].as_u64()),
+            (Some(sampled as u64), Some(bridged as u64))
+        );
+        let tr = e["transcript"].as_array().unwrap();
+        let assistant = tr.iter().filter(|m| m["role"] == "assistant").count();
+        assert_eq!(assistant, turns, "{e}");
+        assert_eq!(tr[0]["content"], p["text"], "{e}");
+        assert!(e["reward"].is_number(), "{e}");
+        if turns > 1 {
+            longer += 1;
+        }
+    }
+    assert!(
+        longer > 0,
+        "no episode took a second turn: nothing but turn 1 was checked"
+    );
+    // A config without [env], and --out, are refused naming why.
+    let bare = tmp.path().join("bare.toml");
+    std::fs::write(&bare, "[data]\ntask = \"jsonl\"\n").unwrap();
+    let mut argv = base.clone();
+    argv.extend(["--env".to_string(), bare.display().to_string()]);
+    let err = format!("{:#}", generate(&argv).unwrap_err());
+    assert!(err.contains("the config has no environment"), "{err}");
+    let mut argv = with_env.clone();
+    argv.extend([
+        "--out".to_string(),
+        tmp.path().join("x.jsonl").display().to_string(),
+    ]);
+    let err = format!("{:#}", generate(&argv).unwrap_err());
+    assert!(err.contains("--out with --env"), "{err}");
+}
