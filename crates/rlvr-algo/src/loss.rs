@@ -438,6 +438,88 @@ struct Diag<'a> {
     loss: &'a Tensor,
 }
 
+/// Declares [`Sums`] from one list of named fields, so that the stacking order and the read-back
+/// order are the same list by construction (no field is read by position).
+macro_rules! named_sums {
+    ($(#[$doc:meta])* struct $name:ident { $($(#[$fdoc:meta])* $field:ident,)* [$(#[$hdoc:meta])* $hist:ident] }) => {
+        $(#[$doc])*
+        struct $name<T> {
+            $($(#[$fdoc])* $field: T,)*
+            $(#[$hdoc])*
+            $hist: [T; RATIO_HIST_EDGES.len()],
+        }
+
+        impl<T> $name<T> {
+            /// Every field, named ones in declaration order, then the histogram's.
+            fn into_vec(self) -> Vec<T> {
+                let mut v = vec![$(self.$field),*];
+                v.extend(self.$hist);
+                v
+            }
+
+            /// The record whose [`Self::into_vec`] is `v`; `None` when `v` has the wrong length.
+            fn from_vec(v: Vec<T>) -> Option<Self> {
+                let mut it = v.into_iter();
+                let rec = $name {
+                    $($field: it.next()?,)*
+                    $hist: it.collect::<Vec<T>>().try_into().ok()?,
+                };
+                Some(rec)
+            }
+        }
+    };
+}
+
+named_sums! {
+    /// The diagnostic sums of one micro-batch: scalar f64 tensors on the device (`Sums<Tensor>`),
+    /// stacked and copied to the host in one transfer (`Sums<f64>`). "Over trained tokens" means
+    /// completion tokens of rows in the normaliser.
+    struct Sums {
+        /// The detached micro-batch loss.
+        loss,
+        /// Σ mask: every completion token, trained or not.
+        tokens_total,
+        /// Trained tokens.
+        tokens,
+        /// Trained tokens the PG term zeroed with ρ̄ < 1.
+        clipped_low,
+        /// Trained tokens the PG term zeroed with ρ̄ ≥ 1.
+        clipped_high,
+        /// Trained tokens with A > 0.
+        pos_tokens,
+        /// Of those, zeroed.
+        clipped_pos,
+        /// Trained tokens with A < 0.
+        neg_tokens,
+        /// Of those, zeroed.
+        clipped_neg,
+        /// Σ ρ̄.
+        ratio_sum,
+        /// Σ ρ̄².
+        ratio_sq_sum,
+        /// min ρ̄ (1e30 when no token is trained).
+        ratio_min,
+        /// max ρ̄ (−1e30 when no token is trained).
+        ratio_max,
+        /// Σ (ρ̄ − 1 − log ρ̄).
+        kl_behaviour_sum,
+        /// Σ of the KL-to-reference estimate (0 without reference log-probs).
+        kl_ref_sum,
+        /// Σ entropy (0 without entropies).
+        entropy_sum,
+        /// Tokens OPSM removed the PG term of (0 without OPSM).
+        opsm_masked_tokens,
+        /// Rows with a trained token (0 without OPSM).
+        opsm_rows,
+        /// Rows OPSM removed the PG term of (0 without OPSM).
+        opsm_masked_rows,
+        [
+            /// Trained tokens with log ρ̄ ≥ each of [`RATIO_HIST_EDGES`].
+            ratio_at_least
+        ]
+    }
+}
+
 /// All sums in one device→host copy.
 fn diagnostics(d: &Diag) -> Result<LossStats> {
     let dt = d.mask.dtype();
@@ -451,6 +533,7 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     let support = d.mask.ne(0.0)?.to_dtype(dt)?;
     let tm = (&support * live)?;
     let s = |x: &Tensor| -> Result<Tensor> { Ok((x * &tm)?.sum_all()?.to_dtype(DType::F64)?) };
+    let f64_of = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F64)?) };
     let posf = d.pos.to_dtype(dt)?;
     let negf = d.neg.to_dtype(dt)?;
     let clipped = (d.clipped_low + d.clipped_high)?;
@@ -465,6 +548,9 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     let one = tm.ones_like()?;
     let kl_b = ((d.ratio_d - 1.0)? - d.x_d)?;
     let zero = Tensor::zeros((), DType::F64, d.mask.device())?;
+    let or_zero = |x: Option<&Tensor>| -> Result<Tensor> {
+        Ok(x.map(&s).transpose()?.unwrap_or_else(|| zero.clone()))
+    };
     // Rows with trained tokens, and (OPSM) tokens and rows it masked.
     let rows = |x: &Tensor| -> Result<Tensor> {
         Ok((x * &tm)?
@@ -473,76 +559,91 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
             .to_dtype(DType::F64)?
             .sum_all()?)
     };
-    let opsm = match d.opsm_drop {
-        Some(o) => vec![s(o)?, rows(&one)?, rows(o)?],
-        None => vec![zero.clone(), zero.clone(), zero.clone()],
+    let on_device = Sums {
+        loss: f64_of(&d.loss.detach())?,
+        tokens_total: f64_of(&support.sum_all()?)?,
+        tokens: s(&one)?,
+        clipped_low: s(d.clipped_low)?,
+        clipped_high: s(d.clipped_high)?,
+        pos_tokens: s(&posf)?,
+        clipped_pos: s(&(&clipped * &posf)?)?,
+        neg_tokens: s(&negf)?,
+        clipped_neg: s(&(&clipped * &negf)?)?,
+        ratio_sum: s(d.ratio_d)?,
+        ratio_sq_sum: s(&d.ratio_d.sqr()?)?,
+        ratio_min: f64_of(&rmin)?,
+        ratio_max: f64_of(&rmax)?,
+        kl_behaviour_sum: s(&kl_b)?,
+        kl_ref_sum: or_zero(d.kl_ref)?,
+        entropy_sum: or_zero(d.entropy)?,
+        opsm_masked_tokens: or_zero(d.opsm_drop)?,
+        opsm_rows: match d.opsm_drop {
+            Some(_) => rows(&one)?,
+            None => zero.clone(),
+        },
+        opsm_masked_rows: match d.opsm_drop {
+            Some(o) => rows(o)?,
+            None => zero.clone(),
+        },
+        // Ratio histogram: tokens with log ρ̄ ≥ each edge.
+        ratio_at_least: RATIO_HIST_EDGES
+            .iter()
+            .map(|&e| s(&d.x_d.ge(e)?.to_dtype(dt)?))
+            .collect::<Result<Vec<_>>>()?
+            .try_into()
+            .expect("one sum per histogram edge"),
     };
-    // Ratio histogram: tokens with log ρ̄ ≥ each edge.
-    let at_least: Vec<Tensor> = RATIO_HIST_EDGES
-        .iter()
-        .map(|&e| s(&d.x_d.ge(e)?.to_dtype(dt)?))
-        .collect::<Result<_>>()?;
-    let mut parts = vec![
-        d.loss.detach().to_dtype(DType::F64)?,
-        support.sum_all()?.to_dtype(DType::F64)?,
-        s(&one)?,
-        s(d.clipped_low)?,
-        s(d.clipped_high)?,
-        s(&posf)?,
-        s(&(&clipped * &posf)?)?,
-        s(&negf)?,
-        s(&(&clipped * &negf)?)?,
-        s(d.ratio_d)?,
-        s(&d.ratio_d.sqr()?)?,
-        rmin.to_dtype(DType::F64)?,
-        rmax.to_dtype(DType::F64)?,
-        s(&kl_b)?,
-        d.kl_ref.map(&s).transpose()?.unwrap_or(zero.clone()),
-        d.entropy.map(&s).transpose()?.unwrap_or(zero),
-    ];
-    parts.extend(opsm);
-    parts.extend(at_least);
-    let v = Tensor::stack(&parts, 0)?.to_vec1::<f64>()?;
-    let tokens = v[2];
+    let host = Tensor::stack(&on_device.into_vec(), 0)?.to_vec1::<f64>()?;
+    let v = Sums::from_vec(host).expect("the stacked vector has one value per field");
+    let tokens = v.tokens;
     let mut opsm = crate::metrics::CorrectionCounts::default();
     if d.opsm_drop.is_some() {
         opsm.tokens = tokens;
-        opsm.masked_tokens = v[16];
-        opsm.rows = v[17];
-        opsm.masked_rows = v[18];
+        opsm.masked_tokens = v.opsm_masked_tokens;
+        opsm.rows = v.opsm_rows;
+        opsm.masked_rows = v.opsm_masked_rows;
     }
-    let ge = &v[19..];
-    let mut ratio_hist = [0.0; RATIO_BUCKETS];
-    ratio_hist[0] = tokens - ge[0];
-    for k in 1..RATIO_HIST_EDGES.len() {
-        ratio_hist[k] = ge[k - 1] - ge[k];
-    }
-    ratio_hist[RATIO_HIST_EDGES.len()] = ge[RATIO_HIST_EDGES.len() - 1];
     Ok(LossStats {
-        loss: v[0],
-        tokens_total: v[1],
+        loss: v.loss,
+        tokens_total: v.tokens_total,
         tokens,
-        clipped_low: v[3],
-        clipped_high: v[4],
-        pos_tokens: v[5],
-        clipped_pos: v[6],
-        neg_tokens: v[7],
-        clipped_neg: v[8],
-        ratio_sum: v[9],
-        ratio_sq_sum: v[10],
-        ratio_min: if tokens > 0.0 { v[11] } else { f64::INFINITY },
+        clipped_low: v.clipped_low,
+        clipped_high: v.clipped_high,
+        pos_tokens: v.pos_tokens,
+        clipped_pos: v.clipped_pos,
+        neg_tokens: v.neg_tokens,
+        clipped_neg: v.clipped_neg,
+        ratio_sum: v.ratio_sum,
+        ratio_sq_sum: v.ratio_sq_sum,
+        ratio_min: if tokens > 0.0 {
+            v.ratio_min
+        } else {
+            f64::INFINITY
+        },
         ratio_max: if tokens > 0.0 {
-            v[12]
+            v.ratio_max
         } else {
             f64::NEG_INFINITY
         },
-        kl_behaviour_sum: v[13],
-        kl_ref_sum: v[14],
+        kl_behaviour_sum: v.kl_behaviour_sum,
+        kl_ref_sum: v.kl_ref_sum,
         kl_ref_tokens: if d.kl_ref.is_some() { tokens } else { 0.0 },
-        entropy_sum: v[15],
+        entropy_sum: v.entropy_sum,
         entropy_tokens: if d.entropy.is_some() { tokens } else { 0.0 },
-        ratio_hist,
+        ratio_hist: histogram(tokens, &v.ratio_at_least),
         mismatch: crate::metrics::CorrectionCounts::default(),
         opsm,
     })
+}
+
+/// Bucket counts of [`RATIO_HIST_EDGES`] from `tokens` and the counts of tokens at or above each
+/// edge (`at_least`, non-increasing): bucket 0 is below the first edge, the last at or above the last.
+fn histogram(tokens: f64, at_least: &[f64; RATIO_HIST_EDGES.len()]) -> [f64; RATIO_BUCKETS] {
+    let below = std::iter::once(tokens).chain(at_least.iter().copied());
+    let above = at_least.iter().copied().chain(std::iter::once(0.0));
+    let mut hist = [0.0; RATIO_BUCKETS];
+    for (h, (b, a)) in hist.iter_mut().zip(below.zip(above)) {
+        *h = b - a;
+    }
+    hist
 }
