@@ -45,6 +45,7 @@ pub mod metrics;
 pub mod mismatch;
 pub mod normaliser;
 pub mod presets;
+mod resolve;
 
 pub use advantage::{
     advantage_exp_weight, compute_advantages, overlong_penalty, shape_rewards, AdvantageStats,
