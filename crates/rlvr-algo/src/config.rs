@@ -20,6 +20,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::parts::{Choice, Knob, Part, Registered};
+use crate::MismatchCorrection;
+
 mod choices;
 mod validate;
 pub use choices::{
@@ -357,6 +360,89 @@ impl AlgorithmConfig {
         }
     }
 }
+
+/// The `[algorithm]` choices that gate other knobs, in the order their gates are checked (the
+/// policy loss is not among them: [`AlgorithmConfig::resolve`] checks its knobs with its
+/// own message). Bare knob keys are `[algorithm]` keys.
+pub const ALGORITHM_CHOICES: &[Choice<Algorithm>] = &[
+    Choice::of::<Baseline>(|a| a.baseline.part()),
+    Choice::of::<StdNorm>(|a| a.std_norm.part()),
+    Choice {
+        key: "red_drop",
+        quoted: false,
+        parts: RED_DROP_PARTS,
+        selected: |a| &RED_DROP_PARTS[usize::from(!a.red_drop)],
+        says: &[],
+    },
+    Choice::of::<KeepMask>(|a| a.keep_mask.part()),
+    Choice::of::<RecWeight>(|a| a.rec_weight.part()),
+    Choice::of::<Regulariser>(|a| a.regulariser.part()),
+    Choice {
+        key: "kl_coef",
+        quoted: false,
+        parts: KL_PARTS,
+        selected: |a| &KL_PARTS[usize::from(!a.needs_reference())],
+        says: &[(
+            "model.reference",
+            "≠ 0 (the reference is loaded for the KL term)",
+        )],
+    },
+    Choice::of::<MismatchCorrection>(|a: &Algorithm| a.mismatch_correction.part())
+        .saying(&[("mismatch_cap", "a truncation, a mask or \"icepop\"")]),
+    Choice::of::<Overlong>(|a| a.overlong.part()),
+];
+
+/// The parts of `red_drop` (a switch): `true` reads its rule and whether dropped rows stay in the
+/// normaliser, and reports what it dropped.
+pub const RED_DROP_PARTS: &[Part] = &[
+    Part {
+        name: "true",
+        knobs: &[
+            Knob {
+                key: "red_drop_in_normaliser",
+                default: "false",
+            },
+            Knob {
+                key: "red_drop_rule",
+                default: "\"surplus\"",
+            },
+        ],
+        metrics: &["red_drop/dropped_frac"],
+    },
+    Part {
+        name: "false",
+        knobs: &[],
+        metrics: &[],
+    },
+];
+
+/// The parts of `kl_coef` (β): a non-zero β reads the estimator, the ratio weighting and the
+/// reference model (which the trainer loads for it), and reports the KL to the reference.
+pub const KL_PARTS: &[Part] = &[
+    Part {
+        name: "≠ 0",
+        knobs: &[
+            Knob {
+                key: "kl_estimator",
+                default: "\"k3\"",
+            },
+            Knob {
+                key: "kl_ratio_weighted",
+                default: "false",
+            },
+            Knob {
+                key: "model.reference",
+                default: "unset",
+            },
+        ],
+        metrics: &["kl_ref"],
+    },
+    Part {
+        name: "0",
+        knobs: &[],
+        metrics: &[],
+    },
+];
 
 /// The resolved algorithm: what every function of this crate reads. Build it with
 /// [`AlgorithmConfig::resolve`]; [`Algorithm::to_config`] gives back a fully-set config (for

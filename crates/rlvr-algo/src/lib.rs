@@ -44,6 +44,7 @@ pub mod loss;
 pub mod metrics;
 pub mod mismatch;
 pub mod normaliser;
+pub mod parts;
 pub mod presets;
 mod resolve;
 
@@ -68,4 +69,5 @@ pub use mismatch::{
     MismatchCorrection, MismatchRow, MismatchStats, MismatchSums,
 };
 pub use normaliser::{RowInfo, UpdateNormaliser};
+pub use parts::{Choice, Knob, Part, Registered};
 pub use presets::{find_preset, follows_table, preset_hint, presets, print_algorithms, Preset};
