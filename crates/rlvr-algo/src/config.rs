@@ -24,11 +24,13 @@ use crate::parts::{Choice, Knob, Part, Registered};
 use crate::MismatchCorrection;
 
 mod choices;
+mod policy;
 mod validate;
 pub use choices::{
     Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, RedDropRule,
     Regulariser, StdLevel, StdNorm, LOSS_OPTIONS,
 };
+pub use policy::{Cispo, Policy, Rec, RecKeep, RecScale, Surrogate};
 
 /// The user's `[algorithm]` table. Every knob is optional: `None` means "take the preset's value,
 /// else the default" (see [`AlgorithmConfig::resolve`]). Unknown keys are rejected.

@@ -30,7 +30,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use crate::config::{Algorithm, KeepMask, PolicyLoss, RecWeight, Regulariser};
+use crate::config::{Algorithm, Policy, RecKeep, RecScale, Regulariser};
 use crate::error::{AlgoError, Result};
 use crate::kl::kl_estimate;
 use crate::metrics::{LossStats, RATIO_BUCKETS, RATIO_HIST_EDGES};
@@ -143,11 +143,20 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     let x = clamp_with_grad(&(&logp - &logp_old)?, c)?;
     let ratio = x.exp()?;
     let ratio_d = ratio.detach();
-    let ratio_w = cap_ratio(&ratio, alg.is_cap)?; // value min(ρ, C), gradient through ρ
 
     let pos = adv_d.gt(0.0)?;
     let neg = adv_d.lt(0.0)?;
-    let pg = pg_term(alg, &logp, &x, &mask, &adv, &ratio_w, &ratio_d, &pos, &neg)?;
+    let pg = pg_term(
+        &alg.policy(),
+        &logp,
+        &x,
+        &mask,
+        &adv,
+        &ratio,
+        &ratio_d,
+        &pos,
+        &neg,
+    )?;
 
     // Off-policy sequence masking (DeepSeek-V3.2, arXiv 2512.02556 Eq. 9; TRL's
     // `get_off_policy_mask`): a row with A < 0 whose mean_t(ℓ_old − ℓ) exceeds δ loses its PG term
@@ -231,31 +240,34 @@ struct Pg {
 }
 
 #[allow(clippy::too_many_arguments)]
-// One match arm per loss of the module docs' table, each with its paper; splitting per arm would
-// scatter the shared clip and keep-mask inputs.
+// One match arm per loss of the module docs' table, each with its paper and reading only its own
+// parameters; splitting per arm would scatter the shared clip and keep-mask inputs. `ratio` is ρ
+// with its gradient, uncapped; each arm applies its own truncated-IS cap (value min(ρ, C),
+// gradient through ρ).
 fn pg_term(
-    alg: &Algorithm,
+    policy: &Policy,
     logp: &Tensor,
     x: &Tensor,
     mask: &Tensor,
     adv: &Tensor,
-    ratio_w: &Tensor,
+    ratio: &Tensor,
     ratio_d: &Tensor,
     pos: &Tensor,
     neg: &Tensor,
 ) -> Result<Pg> {
-    let ratio_wd = &ratio_w.detach();
     let dt = logp.dtype();
-    let (lo, hi) = (1.0 - alg.clip_low, 1.0 + alg.clip_high);
     let zeros = logp.zeros_like()?;
     let f = |m: &Tensor| -> Result<Tensor> { Ok(m.to_dtype(dt)?) };
-    match alg.loss {
+    match *policy {
         // PPO clipped surrogate (Schulman et al., arXiv 1707.06347 Eq. 7) per token with ρ against
         // the behaviour policy: GRPO (arXiv 2402.03300 Eq. 3) and paper A's off-policy GRPO
         // (arXiv 2505.22257, ρ = π_θ/α with α the stale sampler; DESIGN.md section 1).
-        PolicyLoss::Ppo => {
+        Policy::Ppo(s) => {
+            let ratio_w = cap_ratio(ratio, s.is_cap)?;
+            let ratio_wd = ratio_w.detach();
+            let (lo, hi) = (1.0 - s.clip_low, 1.0 + s.clip_high);
             let (loss, cl, ch) =
-                clipped_surrogate(adv, ratio_w, ratio_wd, pos, neg, lo, hi, alg.dual_clip)?;
+                clipped_surrogate(adv, &ratio_w, &ratio_wd, pos, neg, lo, hi, s.dual_clip)?;
             Ok(Pg {
                 loss,
                 clipped_low: cl,
@@ -264,17 +276,18 @@ fn pg_term(
         }
         // GSPO (arXiv 2507.18071, its sequence-level objective): the clipped surrogate on the
         // length-normalised sequence ratio s, gradient through s.
-        PolicyLoss::Gspo => {
+        Policy::Gspo(g) => {
             // s = exp(Σ_t m·x / Σ_t m) per row (x is already clamped and 0 on padding).
             let (b, t) = logp.dims2()?;
+            let (lo, hi) = (1.0 - g.clip_low, 1.0 + g.clip_high);
             let n = mask
                 .sum_keepdim(D::Minus1)?
                 .clamp(1.0, f64::INFINITY)?
                 .detach();
             let s = (x.sum_keepdim(D::Minus1)? / n)?.exp()?;
-            let s = cap_ratio(&s, alg.is_cap)?.broadcast_as((b, t))?;
+            let s = cap_ratio(&s, g.is_cap)?.broadcast_as((b, t))?;
             let sd = s.detach();
-            let (loss, cl, ch) = clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, alg.dual_clip)?;
+            let (loss, cl, ch) = clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, g.dual_clip)?;
             Ok(Pg {
                 loss,
                 clipped_low: cl,
@@ -283,7 +296,9 @@ fn pg_term(
         }
         // CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_h))·A·ℓ, the IS weight clipped and
         // detached so every token keeps a gradient.
-        PolicyLoss::Cispo => {
+        Policy::Cispo(c) => {
+            let ratio_wd = cap_ratio(ratio, c.is_cap)?.detach();
+            let hi = 1.0 + c.clip_high;
             let w = ratio_wd.clamp(f64::NEG_INFINITY, hi)?;
             let capped = f(&ratio_wd.gt(hi)?)?;
             let loss = ((w * adv)? * logp)?.neg()?;
@@ -294,23 +309,24 @@ fn pg_term(
             })
         }
         // Group-relative REINFORCE (paper B, arXiv 2509.24203): −A·ℓ.
-        PolicyLoss::Reinforce => Ok(Pg {
+        Policy::Reinforce => Ok(Pg {
             loss: (adv * logp)?.neg()?,
             clipped_low: zeros.clone(),
             clipped_high: zeros,
         }),
         // Paper B's REC family (arXiv 2509.24203; DESIGN.md section 1): −A′·k·ℓ with keep-mask k from the
         // detached ratio and weight A′ (reference: Trinity-RFT rec_policy_loss.py).
-        PolicyLoss::Rec => {
+        Policy::Rec(r) => {
             let (b, t) = logp.dims2()?;
+            let (lo, hi) = (1.0 - r.clip_low, 1.0 + r.clip_high);
             // Detached sequence ratio s̄ (uncapped), for gspo-one-side and seq-is.
             let n = mask.sum_keepdim(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
             let seq_ratio = (x.detach().sum_keepdim(D::Minus1)? / n)?
                 .exp()?
                 .broadcast_as((b, t))?;
             // The keep-mask reads the uncapped ratio; only the IS weights are capped.
-            let keep_ratio = match alg.keep_mask {
-                KeepMask::GspoOneSide => seq_ratio.clone(),
+            let keep_ratio = match r.keep {
+                RecKeep::GspoOneSide => seq_ratio.clone(),
                 _ => ratio_d.clone(),
             };
             let adv_zero = f(&pos.eq(0u8)?.mul(&neg.eq(0u8)?)?)?; // A == 0
@@ -322,23 +338,26 @@ fn pg_term(
             };
             // Keep-masks (paper B; DESIGN.md section 1): one-side is PPO's own pattern, two-side keeps
             // 1−ε_l ≤ ρ̄ ≤ 1+ε_h, ring adds the far tails beyond ε′.
-            let keep = match alg.keep_mask {
-                KeepMask::None => logp.ones_like()?,
-                KeepMask::OneSide | KeepMask::GspoOneSide => one_side()?,
-                KeepMask::TwoSide => (&le_hi * &ge_lo)?,
-                KeepMask::Ring => {
-                    let far_lo = f(&keep_ratio.le(1.0 - alg.clip_low_prime)?)?;
-                    let far_hi = f(&keep_ratio.ge(1.0 + alg.clip_high_prime)?)?;
+            let keep = match r.keep {
+                RecKeep::None => logp.ones_like()?,
+                RecKeep::OneSide | RecKeep::GspoOneSide => one_side()?,
+                RecKeep::TwoSide => (&le_hi * &ge_lo)?,
+                RecKeep::Ring {
+                    clip_low_prime,
+                    clip_high_prime,
+                } => {
+                    let far_lo = f(&keep_ratio.le(1.0 - clip_low_prime)?)?;
+                    let far_hi = f(&keep_ratio.ge(1.0 + clip_high_prime)?)?;
                     let two = (&le_hi * &ge_lo)?;
                     ((two + (posf * far_lo)?)? + (negf * far_hi)?)?.clamp(0.0, 1.0)?
                 }
             };
             // A′ (paper B): A, A·ρ̄ (IS), A·s̄ (sequence IS), A·exp(A/T) (RED-Weight).
-            let weight = match alg.rec_weight {
-                RecWeight::None => adv.clone(),
-                RecWeight::Is => (adv * ratio_wd)?,
-                RecWeight::SeqIs => (adv * cap_ratio(&seq_ratio, alg.is_cap)?)?,
-                RecWeight::AdvantageExp => (adv * (adv / alg.adv_temperature)?.exp()?)?,
+            let weight = match r.scale {
+                RecScale::None => adv.clone(),
+                RecScale::Is { is_cap } => (adv * cap_ratio(ratio, is_cap)?.detach())?,
+                RecScale::SeqIs { is_cap } => (adv * cap_ratio(&seq_ratio, is_cap)?)?,
+                RecScale::AdvantageExp { temperature } => (adv * (adv / temperature)?.exp()?)?,
             };
             let loss = ((weight * &keep)? * logp)?.neg()?;
             // Zeroed tokens, by side of the ratio; tokens with A = 0 carry no PG term and are not counted.

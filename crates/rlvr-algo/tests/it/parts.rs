@@ -133,3 +133,48 @@ fn table_keys_are_the_fields() {
         one.clear();
     }
 }
+
+/// The resolved policy loss carries its own parameters: REC's ring its ε′, REC's IS weight the
+/// cap, CISPO its ε_high and cap only, REINFORCE nothing.
+#[test]
+fn the_policy_value_carries_its_own_parameters() {
+    use rlvr_algo::config::{Cispo, Policy, RecKeep, RecScale, Surrogate};
+    let mut a = AlgorithmConfig::empty("rec_ring_is").resolve().unwrap();
+    a.is_cap = Some(3.0);
+    match a.policy() {
+        Policy::Rec(r) => {
+            assert_eq!(
+                r.keep,
+                RecKeep::Ring {
+                    clip_low_prime: a.clip_low_prime,
+                    clip_high_prime: a.clip_high_prime
+                }
+            );
+            assert_eq!(r.scale, RecScale::Is { is_cap: Some(3.0) });
+            assert_eq!((r.clip_low, r.clip_high), (a.clip_low, a.clip_high));
+        }
+        other => panic!("{other:?}"),
+    }
+    a.loss = PolicyLoss::Cispo;
+    a.clip_low = 0.9; // CISPO has no ε_low: its value does not carry one
+    assert_eq!(
+        a.policy(),
+        Policy::Cispo(Cispo {
+            clip_high: a.clip_high,
+            is_cap: Some(3.0)
+        })
+    );
+    a.loss = PolicyLoss::Gspo;
+    a.dual_clip = Some(3.0);
+    assert_eq!(
+        a.policy(),
+        Policy::Gspo(Surrogate {
+            clip_low: 0.9,
+            clip_high: a.clip_high,
+            dual_clip: Some(3.0),
+            is_cap: Some(3.0)
+        })
+    );
+    a.loss = PolicyLoss::Reinforce;
+    assert_eq!(a.policy(), Policy::Reinforce);
+}
