@@ -20,14 +20,17 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::parts::{Choice, Knob, Part, Registered};
+use crate::MismatchCorrection;
+
 mod choices;
+mod policy;
 mod validate;
 pub use choices::{
     Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, RedDropRule,
     Regulariser, StdLevel, StdNorm, LOSS_OPTIONS,
 };
-
-use crate::error::{AlgoError, Result};
+pub use policy::{Cispo, Policy, Rec, RecKeep, RecScale, Surrogate};
 
 /// The user's `[algorithm]` table. Every knob is optional: `None` means "take the preset's value,
 /// else the default" (see [`AlgorithmConfig::resolve`]). Unknown keys are rejected.
@@ -259,6 +262,7 @@ macro_rules! optional_knobs {
         $m!($($args)*; dual_clip, is_cap, opsm_delta, mismatch_low)
     };
 }
+pub(crate) use {optional_knobs, required_knobs};
 
 impl AlgorithmConfig {
     /// A config with preset `preset` and no knob set.
@@ -333,22 +337,6 @@ impl AlgorithmConfig {
         out
     }
 
-    /// The loss these knobs select: `loss` if set here, else the preset's, else the default (`ppo`).
-    ///
-    /// # Errors
-    /// [`AlgoError::UnknownPreset`].
-    pub fn effective_loss(&self) -> Result<PolicyLoss> {
-        if let Some(l) = self.loss {
-            return Ok(l);
-        }
-        if !matches!(self.preset.as_str(), "none" | "") {
-            if let Some(l) = crate::presets::find_preset(&self.preset)?.values.loss {
-                return Ok(l);
-            }
-        }
-        Ok(Algorithm::default().loss)
-    }
-
     /// The loss-specific knobs ([`LOSS_OPTIONS`]) set here that `loss` does not read.
     pub fn inapplicable(&self, loss: PolicyLoss) -> Vec<&'static str> {
         let set = self.set_values();
@@ -373,59 +361,90 @@ impl AlgorithmConfig {
             _ => {}
         }
     }
-
-    /// Resolves defaults < preset < values set here into an [`Algorithm`], and validates it.
-    ///
-    /// # Errors
-    /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the
-    /// key: a value out of range, or a loss-specific knob set here for a loss that does not read it
-    /// (the message names the key and the loss).
-    pub fn resolve(&self) -> Result<Algorithm> {
-        let loss = self.effective_loss()?;
-        if let Some(&key) = self.inapplicable(loss).first() {
-            let value = self
-                .set_values()
-                .into_iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v)
-                .unwrap_or_default();
-            let readers: Vec<&str> = PolicyLoss::ALL
-                .iter()
-                .filter(|l| l.options().contains(&key))
-                .map(|l| l.name())
-                .collect();
-            return Err(AlgoError::InvalidConfig {
-                key,
-                value,
-                why: format!(
-                    "it does not apply to loss = \"{}\" (only {} read it); remove it, or set \
-                     algorithm.loss to one of those",
-                    loss.name(),
-                    readers.join(", ")
-                ),
-            });
-        }
-        let mut merged = self.clone();
-        if !matches!(self.preset.as_str(), "none" | "") {
-            let preset = crate::presets::find_preset(&self.preset)?;
-            merged.fill_unset_from(&preset.values);
-        }
-        let mut alg = Algorithm {
-            preset: self.preset.clone(),
-            ..Algorithm::default()
-        };
-        macro_rules! take {
-            ($a:ident, $c:ident; $($f:ident),*) => { $( if let Some(v) = $c.$f { $a.$f = v; } )* };
-        }
-        required_knobs!(take, alg, merged);
-        macro_rules! take_opt {
-            ($a:ident, $c:ident; $($f:ident),*) => { $( if $c.$f.is_some() { $a.$f = $c.$f; } )* };
-        }
-        optional_knobs!(take_opt, alg, merged);
-        alg.validate()?;
-        Ok(alg)
-    }
 }
+
+/// The `[algorithm]` choices that gate other knobs, in the order their gates are checked (the
+/// policy loss is not among them: [`AlgorithmConfig::resolve`] checks its knobs with its
+/// own message). Bare knob keys are `[algorithm]` keys.
+pub const ALGORITHM_CHOICES: &[Choice<Algorithm>] = &[
+    Choice::of::<Baseline>(|a| a.baseline.part()),
+    Choice::of::<StdNorm>(|a| a.std_norm.part()),
+    Choice {
+        key: "red_drop",
+        quoted: false,
+        parts: RED_DROP_PARTS,
+        selected: |a| &RED_DROP_PARTS[usize::from(!a.red_drop)],
+        says: &[],
+    },
+    Choice::of::<KeepMask>(|a| a.keep_mask.part()),
+    Choice::of::<RecWeight>(|a| a.rec_weight.part()),
+    Choice::of::<Regulariser>(|a| a.regulariser.part()),
+    Choice {
+        key: "kl_coef",
+        quoted: false,
+        parts: KL_PARTS,
+        selected: |a| &KL_PARTS[usize::from(!a.needs_reference())],
+        says: &[(
+            "model.reference",
+            "≠ 0 (the reference is loaded for the KL term)",
+        )],
+    },
+    Choice::of::<MismatchCorrection>(|a: &Algorithm| a.mismatch_correction.part())
+        .saying(&[("mismatch_cap", "a truncation, a mask or \"icepop\"")]),
+    Choice::of::<Overlong>(|a| a.overlong.part()),
+];
+
+/// The parts of `red_drop` (a switch): `true` reads its rule and whether dropped rows stay in the
+/// normaliser, and reports what it dropped.
+pub const RED_DROP_PARTS: &[Part] = &[
+    Part {
+        name: "true",
+        knobs: &[
+            Knob {
+                key: "red_drop_in_normaliser",
+                default: "false",
+            },
+            Knob {
+                key: "red_drop_rule",
+                default: "\"surplus\"",
+            },
+        ],
+        metrics: &["red_drop/dropped_frac"],
+    },
+    Part {
+        name: "false",
+        knobs: &[],
+        metrics: &[],
+    },
+];
+
+/// The parts of `kl_coef` (β): a non-zero β reads the estimator, the ratio weighting and the
+/// reference model (which the trainer loads for it), and reports the KL to the reference.
+pub const KL_PARTS: &[Part] = &[
+    Part {
+        name: "≠ 0",
+        knobs: &[
+            Knob {
+                key: "kl_estimator",
+                default: "\"k3\"",
+            },
+            Knob {
+                key: "kl_ratio_weighted",
+                default: "false",
+            },
+            Knob {
+                key: "model.reference",
+                default: "unset",
+            },
+        ],
+        metrics: &["kl_ref"],
+    },
+    Part {
+        name: "0",
+        knobs: &[],
+        metrics: &[],
+    },
+];
 
 /// The resolved algorithm: what every function of this crate reads. Build it with
 /// [`AlgorithmConfig::resolve`]; [`Algorithm::to_config`] gives back a fully-set config (for

@@ -44,7 +44,9 @@ pub mod loss;
 pub mod metrics;
 pub mod mismatch;
 pub mod normaliser;
+pub mod parts;
 pub mod presets;
+mod resolve;
 
 pub use advantage::{
     advantage_exp_weight, compute_advantages, overlong_penalty, shape_rewards, AdvantageStats,
@@ -67,4 +69,5 @@ pub use mismatch::{
     MismatchCorrection, MismatchRow, MismatchStats, MismatchSums,
 };
 pub use normaliser::{RowInfo, UpdateNormaliser};
+pub use parts::{Choice, Knob, Part, Registered};
 pub use presets::{find_preset, follows_table, preset_hint, presets, print_algorithms, Preset};

@@ -30,7 +30,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use crate::config::{Algorithm, KeepMask, PolicyLoss, RecWeight, Regulariser};
+use crate::config::{Algorithm, Policy, RecKeep, RecScale, Regulariser};
 use crate::error::{AlgoError, Result};
 use crate::kl::kl_estimate;
 use crate::metrics::{LossStats, RATIO_BUCKETS, RATIO_HIST_EDGES};
@@ -143,11 +143,20 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     let x = clamp_with_grad(&(&logp - &logp_old)?, c)?;
     let ratio = x.exp()?;
     let ratio_d = ratio.detach();
-    let ratio_w = cap_ratio(&ratio, alg.is_cap)?; // value min(ρ, C), gradient through ρ
 
     let pos = adv_d.gt(0.0)?;
     let neg = adv_d.lt(0.0)?;
-    let pg = pg_term(alg, &logp, &x, &mask, &adv, &ratio_w, &ratio_d, &pos, &neg)?;
+    let pg = pg_term(
+        &alg.policy(),
+        &logp,
+        &x,
+        &mask,
+        &adv,
+        &ratio,
+        &ratio_d,
+        &pos,
+        &neg,
+    )?;
 
     // Off-policy sequence masking (DeepSeek-V3.2, arXiv 2512.02556 Eq. 9; TRL's
     // `get_off_policy_mask`): a row with A < 0 whose mean_t(ℓ_old − ℓ) exceeds δ loses its PG term
@@ -231,31 +240,34 @@ struct Pg {
 }
 
 #[allow(clippy::too_many_arguments)]
-// One match arm per loss of the module docs' table, each with its paper; splitting per arm would
-// scatter the shared clip and keep-mask inputs.
+// One match arm per loss of the module docs' table, each with its paper and reading only its own
+// parameters; splitting per arm would scatter the shared clip and keep-mask inputs. `ratio` is ρ
+// with its gradient, uncapped; each arm applies its own truncated-IS cap (value min(ρ, C),
+// gradient through ρ).
 fn pg_term(
-    alg: &Algorithm,
+    policy: &Policy,
     logp: &Tensor,
     x: &Tensor,
     mask: &Tensor,
     adv: &Tensor,
-    ratio_w: &Tensor,
+    ratio: &Tensor,
     ratio_d: &Tensor,
     pos: &Tensor,
     neg: &Tensor,
 ) -> Result<Pg> {
-    let ratio_wd = &ratio_w.detach();
     let dt = logp.dtype();
-    let (lo, hi) = (1.0 - alg.clip_low, 1.0 + alg.clip_high);
     let zeros = logp.zeros_like()?;
     let f = |m: &Tensor| -> Result<Tensor> { Ok(m.to_dtype(dt)?) };
-    match alg.loss {
+    match *policy {
         // PPO clipped surrogate (Schulman et al., arXiv 1707.06347 Eq. 7) per token with ρ against
         // the behaviour policy: GRPO (arXiv 2402.03300 Eq. 3) and paper A's off-policy GRPO
         // (arXiv 2505.22257, ρ = π_θ/α with α the stale sampler; DESIGN.md section 1).
-        PolicyLoss::Ppo => {
+        Policy::Ppo(s) => {
+            let ratio_w = cap_ratio(ratio, s.is_cap)?;
+            let ratio_wd = ratio_w.detach();
+            let (lo, hi) = (1.0 - s.clip_low, 1.0 + s.clip_high);
             let (loss, cl, ch) =
-                clipped_surrogate(adv, ratio_w, ratio_wd, pos, neg, lo, hi, alg.dual_clip)?;
+                clipped_surrogate(adv, &ratio_w, &ratio_wd, pos, neg, lo, hi, s.dual_clip)?;
             Ok(Pg {
                 loss,
                 clipped_low: cl,
@@ -264,17 +276,18 @@ fn pg_term(
         }
         // GSPO (arXiv 2507.18071, its sequence-level objective): the clipped surrogate on the
         // length-normalised sequence ratio s, gradient through s.
-        PolicyLoss::Gspo => {
+        Policy::Gspo(g) => {
             // s = exp(Σ_t m·x / Σ_t m) per row (x is already clamped and 0 on padding).
             let (b, t) = logp.dims2()?;
+            let (lo, hi) = (1.0 - g.clip_low, 1.0 + g.clip_high);
             let n = mask
                 .sum_keepdim(D::Minus1)?
                 .clamp(1.0, f64::INFINITY)?
                 .detach();
             let s = (x.sum_keepdim(D::Minus1)? / n)?.exp()?;
-            let s = cap_ratio(&s, alg.is_cap)?.broadcast_as((b, t))?;
+            let s = cap_ratio(&s, g.is_cap)?.broadcast_as((b, t))?;
             let sd = s.detach();
-            let (loss, cl, ch) = clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, alg.dual_clip)?;
+            let (loss, cl, ch) = clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, g.dual_clip)?;
             Ok(Pg {
                 loss,
                 clipped_low: cl,
@@ -283,7 +296,9 @@ fn pg_term(
         }
         // CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_h))·A·ℓ, the IS weight clipped and
         // detached so every token keeps a gradient.
-        PolicyLoss::Cispo => {
+        Policy::Cispo(c) => {
+            let ratio_wd = cap_ratio(ratio, c.is_cap)?.detach();
+            let hi = 1.0 + c.clip_high;
             let w = ratio_wd.clamp(f64::NEG_INFINITY, hi)?;
             let capped = f(&ratio_wd.gt(hi)?)?;
             let loss = ((w * adv)? * logp)?.neg()?;
@@ -294,23 +309,24 @@ fn pg_term(
             })
         }
         // Group-relative REINFORCE (paper B, arXiv 2509.24203): −A·ℓ.
-        PolicyLoss::Reinforce => Ok(Pg {
+        Policy::Reinforce => Ok(Pg {
             loss: (adv * logp)?.neg()?,
             clipped_low: zeros.clone(),
             clipped_high: zeros,
         }),
         // Paper B's REC family (arXiv 2509.24203; DESIGN.md section 1): −A′·k·ℓ with keep-mask k from the
         // detached ratio and weight A′ (reference: Trinity-RFT rec_policy_loss.py).
-        PolicyLoss::Rec => {
+        Policy::Rec(r) => {
             let (b, t) = logp.dims2()?;
+            let (lo, hi) = (1.0 - r.clip_low, 1.0 + r.clip_high);
             // Detached sequence ratio s̄ (uncapped), for gspo-one-side and seq-is.
             let n = mask.sum_keepdim(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
             let seq_ratio = (x.detach().sum_keepdim(D::Minus1)? / n)?
                 .exp()?
                 .broadcast_as((b, t))?;
             // The keep-mask reads the uncapped ratio; only the IS weights are capped.
-            let keep_ratio = match alg.keep_mask {
-                KeepMask::GspoOneSide => seq_ratio.clone(),
+            let keep_ratio = match r.keep {
+                RecKeep::GspoOneSide => seq_ratio.clone(),
                 _ => ratio_d.clone(),
             };
             let adv_zero = f(&pos.eq(0u8)?.mul(&neg.eq(0u8)?)?)?; // A == 0
@@ -322,23 +338,26 @@ fn pg_term(
             };
             // Keep-masks (paper B; DESIGN.md section 1): one-side is PPO's own pattern, two-side keeps
             // 1−ε_l ≤ ρ̄ ≤ 1+ε_h, ring adds the far tails beyond ε′.
-            let keep = match alg.keep_mask {
-                KeepMask::None => logp.ones_like()?,
-                KeepMask::OneSide | KeepMask::GspoOneSide => one_side()?,
-                KeepMask::TwoSide => (&le_hi * &ge_lo)?,
-                KeepMask::Ring => {
-                    let far_lo = f(&keep_ratio.le(1.0 - alg.clip_low_prime)?)?;
-                    let far_hi = f(&keep_ratio.ge(1.0 + alg.clip_high_prime)?)?;
+            let keep = match r.keep {
+                RecKeep::None => logp.ones_like()?,
+                RecKeep::OneSide | RecKeep::GspoOneSide => one_side()?,
+                RecKeep::TwoSide => (&le_hi * &ge_lo)?,
+                RecKeep::Ring {
+                    clip_low_prime,
+                    clip_high_prime,
+                } => {
+                    let far_lo = f(&keep_ratio.le(1.0 - clip_low_prime)?)?;
+                    let far_hi = f(&keep_ratio.ge(1.0 + clip_high_prime)?)?;
                     let two = (&le_hi * &ge_lo)?;
                     ((two + (posf * far_lo)?)? + (negf * far_hi)?)?.clamp(0.0, 1.0)?
                 }
             };
             // A′ (paper B): A, A·ρ̄ (IS), A·s̄ (sequence IS), A·exp(A/T) (RED-Weight).
-            let weight = match alg.rec_weight {
-                RecWeight::None => adv.clone(),
-                RecWeight::Is => (adv * ratio_wd)?,
-                RecWeight::SeqIs => (adv * cap_ratio(&seq_ratio, alg.is_cap)?)?,
-                RecWeight::AdvantageExp => (adv * (adv / alg.adv_temperature)?.exp()?)?,
+            let weight = match r.scale {
+                RecScale::None => adv.clone(),
+                RecScale::Is { is_cap } => (adv * cap_ratio(ratio, is_cap)?.detach())?,
+                RecScale::SeqIs { is_cap } => (adv * cap_ratio(&seq_ratio, is_cap)?)?,
+                RecScale::AdvantageExp { temperature } => (adv * (adv / temperature)?.exp()?)?,
             };
             let loss = ((weight * &keep)? * logp)?.neg()?;
             // Zeroed tokens, by side of the ratio; tokens with A = 0 carry no PG term and are not counted.
@@ -438,6 +457,88 @@ struct Diag<'a> {
     loss: &'a Tensor,
 }
 
+/// Declares [`Sums`] from one list of named fields, so that the stacking order and the read-back
+/// order are the same list by construction (no field is read by position).
+macro_rules! named_sums {
+    ($(#[$doc:meta])* struct $name:ident { $($(#[$fdoc:meta])* $field:ident,)* [$(#[$hdoc:meta])* $hist:ident] }) => {
+        $(#[$doc])*
+        struct $name<T> {
+            $($(#[$fdoc])* $field: T,)*
+            $(#[$hdoc])*
+            $hist: [T; RATIO_HIST_EDGES.len()],
+        }
+
+        impl<T> $name<T> {
+            /// Every field, named ones in declaration order, then the histogram's.
+            fn into_vec(self) -> Vec<T> {
+                let mut v = vec![$(self.$field),*];
+                v.extend(self.$hist);
+                v
+            }
+
+            /// The record whose [`Self::into_vec`] is `v`; `None` when `v` has the wrong length.
+            fn from_vec(v: Vec<T>) -> Option<Self> {
+                let mut it = v.into_iter();
+                let rec = $name {
+                    $($field: it.next()?,)*
+                    $hist: it.collect::<Vec<T>>().try_into().ok()?,
+                };
+                Some(rec)
+            }
+        }
+    };
+}
+
+named_sums! {
+    /// The diagnostic sums of one micro-batch: scalar f64 tensors on the device (`Sums<Tensor>`),
+    /// stacked and copied to the host in one transfer (`Sums<f64>`). "Over trained tokens" means
+    /// completion tokens of rows in the normaliser.
+    struct Sums {
+        /// The detached micro-batch loss.
+        loss,
+        /// Σ mask: every completion token, trained or not.
+        tokens_total,
+        /// Trained tokens.
+        tokens,
+        /// Trained tokens the PG term zeroed with ρ̄ < 1.
+        clipped_low,
+        /// Trained tokens the PG term zeroed with ρ̄ ≥ 1.
+        clipped_high,
+        /// Trained tokens with A > 0.
+        pos_tokens,
+        /// Of those, zeroed.
+        clipped_pos,
+        /// Trained tokens with A < 0.
+        neg_tokens,
+        /// Of those, zeroed.
+        clipped_neg,
+        /// Σ ρ̄.
+        ratio_sum,
+        /// Σ ρ̄².
+        ratio_sq_sum,
+        /// min ρ̄ (1e30 when no token is trained).
+        ratio_min,
+        /// max ρ̄ (−1e30 when no token is trained).
+        ratio_max,
+        /// Σ (ρ̄ − 1 − log ρ̄).
+        kl_behaviour_sum,
+        /// Σ of the KL-to-reference estimate (0 without reference log-probs).
+        kl_ref_sum,
+        /// Σ entropy (0 without entropies).
+        entropy_sum,
+        /// Tokens OPSM removed the PG term of (0 without OPSM).
+        opsm_masked_tokens,
+        /// Rows with a trained token (0 without OPSM).
+        opsm_rows,
+        /// Rows OPSM removed the PG term of (0 without OPSM).
+        opsm_masked_rows,
+        [
+            /// Trained tokens with log ρ̄ ≥ each of [`RATIO_HIST_EDGES`].
+            ratio_at_least
+        ]
+    }
+}
+
 /// All sums in one device→host copy.
 fn diagnostics(d: &Diag) -> Result<LossStats> {
     let dt = d.mask.dtype();
@@ -451,6 +552,7 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     let support = d.mask.ne(0.0)?.to_dtype(dt)?;
     let tm = (&support * live)?;
     let s = |x: &Tensor| -> Result<Tensor> { Ok((x * &tm)?.sum_all()?.to_dtype(DType::F64)?) };
+    let f64_of = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(DType::F64)?) };
     let posf = d.pos.to_dtype(dt)?;
     let negf = d.neg.to_dtype(dt)?;
     let clipped = (d.clipped_low + d.clipped_high)?;
@@ -465,6 +567,9 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     let one = tm.ones_like()?;
     let kl_b = ((d.ratio_d - 1.0)? - d.x_d)?;
     let zero = Tensor::zeros((), DType::F64, d.mask.device())?;
+    let or_zero = |x: Option<&Tensor>| -> Result<Tensor> {
+        Ok(x.map(&s).transpose()?.unwrap_or_else(|| zero.clone()))
+    };
     // Rows with trained tokens, and (OPSM) tokens and rows it masked.
     let rows = |x: &Tensor| -> Result<Tensor> {
         Ok((x * &tm)?
@@ -473,76 +578,91 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
             .to_dtype(DType::F64)?
             .sum_all()?)
     };
-    let opsm = match d.opsm_drop {
-        Some(o) => vec![s(o)?, rows(&one)?, rows(o)?],
-        None => vec![zero.clone(), zero.clone(), zero.clone()],
+    let on_device = Sums {
+        loss: f64_of(&d.loss.detach())?,
+        tokens_total: f64_of(&support.sum_all()?)?,
+        tokens: s(&one)?,
+        clipped_low: s(d.clipped_low)?,
+        clipped_high: s(d.clipped_high)?,
+        pos_tokens: s(&posf)?,
+        clipped_pos: s(&(&clipped * &posf)?)?,
+        neg_tokens: s(&negf)?,
+        clipped_neg: s(&(&clipped * &negf)?)?,
+        ratio_sum: s(d.ratio_d)?,
+        ratio_sq_sum: s(&d.ratio_d.sqr()?)?,
+        ratio_min: f64_of(&rmin)?,
+        ratio_max: f64_of(&rmax)?,
+        kl_behaviour_sum: s(&kl_b)?,
+        kl_ref_sum: or_zero(d.kl_ref)?,
+        entropy_sum: or_zero(d.entropy)?,
+        opsm_masked_tokens: or_zero(d.opsm_drop)?,
+        opsm_rows: match d.opsm_drop {
+            Some(_) => rows(&one)?,
+            None => zero.clone(),
+        },
+        opsm_masked_rows: match d.opsm_drop {
+            Some(o) => rows(o)?,
+            None => zero.clone(),
+        },
+        // Ratio histogram: tokens with log ρ̄ ≥ each edge.
+        ratio_at_least: RATIO_HIST_EDGES
+            .iter()
+            .map(|&e| s(&d.x_d.ge(e)?.to_dtype(dt)?))
+            .collect::<Result<Vec<_>>>()?
+            .try_into()
+            .expect("one sum per histogram edge"),
     };
-    // Ratio histogram: tokens with log ρ̄ ≥ each edge.
-    let at_least: Vec<Tensor> = RATIO_HIST_EDGES
-        .iter()
-        .map(|&e| s(&d.x_d.ge(e)?.to_dtype(dt)?))
-        .collect::<Result<_>>()?;
-    let mut parts = vec![
-        d.loss.detach().to_dtype(DType::F64)?,
-        support.sum_all()?.to_dtype(DType::F64)?,
-        s(&one)?,
-        s(d.clipped_low)?,
-        s(d.clipped_high)?,
-        s(&posf)?,
-        s(&(&clipped * &posf)?)?,
-        s(&negf)?,
-        s(&(&clipped * &negf)?)?,
-        s(d.ratio_d)?,
-        s(&d.ratio_d.sqr()?)?,
-        rmin.to_dtype(DType::F64)?,
-        rmax.to_dtype(DType::F64)?,
-        s(&kl_b)?,
-        d.kl_ref.map(&s).transpose()?.unwrap_or(zero.clone()),
-        d.entropy.map(&s).transpose()?.unwrap_or(zero),
-    ];
-    parts.extend(opsm);
-    parts.extend(at_least);
-    let v = Tensor::stack(&parts, 0)?.to_vec1::<f64>()?;
-    let tokens = v[2];
+    let host = Tensor::stack(&on_device.into_vec(), 0)?.to_vec1::<f64>()?;
+    let v = Sums::from_vec(host).expect("the stacked vector has one value per field");
+    let tokens = v.tokens;
     let mut opsm = crate::metrics::CorrectionCounts::default();
     if d.opsm_drop.is_some() {
         opsm.tokens = tokens;
-        opsm.masked_tokens = v[16];
-        opsm.rows = v[17];
-        opsm.masked_rows = v[18];
+        opsm.masked_tokens = v.opsm_masked_tokens;
+        opsm.rows = v.opsm_rows;
+        opsm.masked_rows = v.opsm_masked_rows;
     }
-    let ge = &v[19..];
-    let mut ratio_hist = [0.0; RATIO_BUCKETS];
-    ratio_hist[0] = tokens - ge[0];
-    for k in 1..RATIO_HIST_EDGES.len() {
-        ratio_hist[k] = ge[k - 1] - ge[k];
-    }
-    ratio_hist[RATIO_HIST_EDGES.len()] = ge[RATIO_HIST_EDGES.len() - 1];
     Ok(LossStats {
-        loss: v[0],
-        tokens_total: v[1],
+        loss: v.loss,
+        tokens_total: v.tokens_total,
         tokens,
-        clipped_low: v[3],
-        clipped_high: v[4],
-        pos_tokens: v[5],
-        clipped_pos: v[6],
-        neg_tokens: v[7],
-        clipped_neg: v[8],
-        ratio_sum: v[9],
-        ratio_sq_sum: v[10],
-        ratio_min: if tokens > 0.0 { v[11] } else { f64::INFINITY },
+        clipped_low: v.clipped_low,
+        clipped_high: v.clipped_high,
+        pos_tokens: v.pos_tokens,
+        clipped_pos: v.clipped_pos,
+        neg_tokens: v.neg_tokens,
+        clipped_neg: v.clipped_neg,
+        ratio_sum: v.ratio_sum,
+        ratio_sq_sum: v.ratio_sq_sum,
+        ratio_min: if tokens > 0.0 {
+            v.ratio_min
+        } else {
+            f64::INFINITY
+        },
         ratio_max: if tokens > 0.0 {
-            v[12]
+            v.ratio_max
         } else {
             f64::NEG_INFINITY
         },
-        kl_behaviour_sum: v[13],
-        kl_ref_sum: v[14],
+        kl_behaviour_sum: v.kl_behaviour_sum,
+        kl_ref_sum: v.kl_ref_sum,
         kl_ref_tokens: if d.kl_ref.is_some() { tokens } else { 0.0 },
-        entropy_sum: v[15],
+        entropy_sum: v.entropy_sum,
         entropy_tokens: if d.entropy.is_some() { tokens } else { 0.0 },
-        ratio_hist,
+        ratio_hist: histogram(tokens, &v.ratio_at_least),
         mismatch: crate::metrics::CorrectionCounts::default(),
         opsm,
     })
+}
+
+/// Bucket counts of [`RATIO_HIST_EDGES`] from `tokens` and the counts of tokens at or above each
+/// edge (`at_least`, non-increasing): bucket 0 is below the first edge, the last at or above the last.
+fn histogram(tokens: f64, at_least: &[f64; RATIO_HIST_EDGES.len()]) -> [f64; RATIO_BUCKETS] {
+    let below = std::iter::once(tokens).chain(at_least.iter().copied());
+    let above = at_least.iter().copied().chain(std::iter::once(0.0));
+    let mut hist = [0.0; RATIO_BUCKETS];
+    for (h, (b, a)) in hist.iter_mut().zip(below.zip(above)) {
+        *h = b - a;
+    }
+    hist
 }

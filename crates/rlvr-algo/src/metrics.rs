@@ -249,27 +249,25 @@ pub struct LossMetrics {
     pub opsm: CorrectionCounts,
 }
 
+/// Calls `$m!` with the scalar fields of [`LossStats`] that add across micro-batches, updates and
+/// processes, in the order of [`LossStats::to_sums`]: the one list of them.
+macro_rules! additive_fields {
+    ($m:ident, $($args:tt)*) => {
+        $m!($($args)*; loss, tokens_total, tokens, clipped_low, clipped_high, pos_tokens,
+            clipped_pos, neg_tokens, clipped_neg, ratio_sum, ratio_sq_sum, kl_behaviour_sum,
+            kl_ref_sum, kl_ref_tokens, entropy_sum, entropy_tokens)
+    };
+}
+
 impl LossStats {
     /// Adds `other`'s sums into `self`.
     pub fn merge(&mut self, other: &LossStats) {
-        self.loss += other.loss;
-        self.tokens_total += other.tokens_total;
-        self.tokens += other.tokens;
-        self.clipped_low += other.clipped_low;
-        self.clipped_high += other.clipped_high;
-        self.pos_tokens += other.pos_tokens;
-        self.clipped_pos += other.clipped_pos;
-        self.neg_tokens += other.neg_tokens;
-        self.clipped_neg += other.clipped_neg;
-        self.ratio_sum += other.ratio_sum;
-        self.ratio_sq_sum += other.ratio_sq_sum;
+        macro_rules! add {
+            ($s:ident, $o:ident; $($f:ident),*) => { $( $s.$f += $o.$f; )* };
+        }
+        additive_fields!(add, self, other);
         self.ratio_min = self.ratio_min.min(other.ratio_min);
         self.ratio_max = self.ratio_max.max(other.ratio_max);
-        self.kl_behaviour_sum += other.kl_behaviour_sum;
-        self.kl_ref_sum += other.kl_ref_sum;
-        self.kl_ref_tokens += other.kl_ref_tokens;
-        self.entropy_sum += other.entropy_sum;
-        self.entropy_tokens += other.entropy_tokens;
         for (a, b) in self.ratio_hist.iter_mut().zip(other.ratio_hist) {
             *a += b;
         }
@@ -277,28 +275,15 @@ impl LossStats {
         self.opsm.merge(&other.opsm);
     }
 
-    /// Every additive field, in a fixed order, for a sum across processes (data-parallel training);
-    /// [`LossStats::from_sums`] rebuilds the struct from the summed vector and the reduced
-    /// [`LossStats::extrema`]. The one list of the fields that add, kept beside the struct.
+    /// Every additive field, in a fixed order, for a sum across processes (data-parallel training):
+    /// the scalar sums (`additive_fields!`), the ratio histogram, then the mismatch and OPSM
+    /// counts. [`LossStats::from_sums`] rebuilds the struct from the summed vector and the reduced
+    /// [`LossStats::extrema`], reading the same list in the same order.
     pub fn to_sums(&self) -> Vec<f64> {
-        let mut v = vec![
-            self.loss,
-            self.tokens_total,
-            self.tokens,
-            self.clipped_low,
-            self.clipped_high,
-            self.pos_tokens,
-            self.clipped_pos,
-            self.neg_tokens,
-            self.clipped_neg,
-            self.ratio_sum,
-            self.ratio_sq_sum,
-            self.kl_behaviour_sum,
-            self.kl_ref_sum,
-            self.kl_ref_tokens,
-            self.entropy_sum,
-            self.entropy_tokens,
-        ];
+        macro_rules! list {
+            ($s:ident; $($f:ident),*) => { vec![$($s.$f),*] };
+        }
+        let mut v = additive_fields!(list, self);
         v.extend_from_slice(&self.ratio_hist);
         v.extend_from_slice(&self.mismatch.as_array());
         v.extend_from_slice(&self.opsm.as_array());
@@ -317,33 +302,21 @@ impl LossStats {
     pub fn from_sums(sums: &[f64], extrema: [f64; 2]) -> LossStats {
         let n = LossStats::default().to_sums().len();
         assert_eq!(sums.len(), n, "LossStats::from_sums takes {n} sums");
-        let mut ratio_hist = [0.0; RATIO_BUCKETS];
-        ratio_hist.copy_from_slice(&sums[16..16 + RATIO_BUCKETS]);
-        let at = 16 + RATIO_BUCKETS;
-        let six = |k: usize| -> [f64; 6] { sums[k..k + 6].try_into().expect("six sums") };
-        LossStats {
-            loss: sums[0],
-            tokens_total: sums[1],
-            tokens: sums[2],
-            clipped_low: sums[3],
-            clipped_high: sums[4],
-            pos_tokens: sums[5],
-            clipped_pos: sums[6],
-            neg_tokens: sums[7],
-            clipped_neg: sums[8],
-            ratio_sum: sums[9],
-            ratio_sq_sum: sums[10],
+        let mut next = sums.iter().copied();
+        let mut take = || next.next().expect("length checked above");
+        let mut out = LossStats {
             ratio_min: -extrema[1],
             ratio_max: extrema[0],
-            kl_behaviour_sum: sums[11],
-            kl_ref_sum: sums[12],
-            kl_ref_tokens: sums[13],
-            entropy_sum: sums[14],
-            entropy_tokens: sums[15],
-            ratio_hist,
-            mismatch: CorrectionCounts::from_array(six(at)),
-            opsm: CorrectionCounts::from_array(six(at + 6)),
+            ..LossStats::default()
+        };
+        macro_rules! read {
+            ($o:ident, $t:ident; $($f:ident),*) => { $( $o.$f = $t(); )* };
         }
+        additive_fields!(read, out, take);
+        out.ratio_hist = std::array::from_fn(|_| take());
+        out.mismatch = CorrectionCounts::from_array(std::array::from_fn(|_| take()));
+        out.opsm = CorrectionCounts::from_array(std::array::from_fn(|_| take()));
+        out
     }
 
     /// Metric values; `adv` supplies `zero_std_frac` when given.

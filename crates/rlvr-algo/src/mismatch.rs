@@ -48,6 +48,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{ratio_bucket, RATIO_BUCKETS};
+use crate::parts::{Knob, Part, Registered};
 
 /// Which correction the trainer applies to the sampler/trainer ratio ρ_t = exp(ℓ_trainer − ℓ_sampler)
 /// (module docs), with `algorithm.mismatch_cap` = C (the upper bound), `algorithm.mismatch_low` = lo
@@ -89,6 +90,73 @@ pub enum MismatchCorrection {
     SequenceK3Mask,
 }
 
+const MISMATCH_CAP: Knob = Knob {
+    key: "mismatch_cap",
+    default: "2.0",
+};
+const MISMATCH_LOW: Knob = Knob {
+    key: "mismatch_low",
+    default: "unset",
+};
+const TRUNCATE: Part = Part {
+    name: "",
+    knobs: &[MISMATCH_CAP],
+    metrics: &["mismatch/truncated_frac", "mismatch/truncated_rows_frac"],
+};
+const MASK: Part = Part {
+    name: "",
+    knobs: &[MISMATCH_CAP, MISMATCH_LOW],
+    metrics: &["mismatch/masked_frac", "mismatch/masked_rows_frac"],
+};
+
+impl Registered for MismatchCorrection {
+    const KEY: &'static str = "mismatch_correction";
+    // In the order an error lists them: the truncations, the masks with a lower bound, the k3 mask.
+    const PARTS: &'static [Part] = &[
+        Part {
+            name: "none",
+            knobs: &[],
+            metrics: &[],
+        },
+        Part {
+            name: "token-truncate",
+            ..TRUNCATE
+        },
+        Part {
+            name: "sequence-truncate",
+            ..TRUNCATE
+        },
+        Part {
+            name: "geometric-truncate",
+            ..TRUNCATE
+        },
+        Part {
+            name: "token-mask",
+            ..MASK
+        },
+        Part {
+            name: "sequence-mask",
+            ..MASK
+        },
+        Part {
+            name: "geometric-mask",
+            ..MASK
+        },
+        Part {
+            name: "icepop",
+            ..MASK
+        },
+        Part {
+            name: "sequence-k3-mask",
+            knobs: &[Knob {
+                key: "mismatch_k3_threshold",
+                default: "0.01",
+            }],
+            metrics: &["mismatch/masked_frac", "mismatch/masked_rows_frac"],
+        },
+    ];
+}
+
 impl MismatchCorrection {
     /// Every value, in the order of the enum.
     pub const ALL: [MismatchCorrection; 9] = [
@@ -120,21 +188,12 @@ impl MismatchCorrection {
 
     /// Whether the correction has a lower bound on the ratio (`algorithm.mismatch_low` applies).
     pub fn has_lower_bound(self) -> bool {
-        matches!(
-            self,
-            MismatchCorrection::TokenMask
-                | MismatchCorrection::SequenceMask
-                | MismatchCorrection::Icepop
-                | MismatchCorrection::GeometricMask
-        )
+        self.part().reads("mismatch_low")
     }
 
     /// Whether the correction reads `algorithm.mismatch_cap` (every one but `none` and the k3 mask).
     pub fn reads_cap(self) -> bool {
-        !matches!(
-            self,
-            MismatchCorrection::None | MismatchCorrection::SequenceK3Mask
-        )
+        self.part().reads("mismatch_cap")
     }
 
     /// The correction with its bounds, as [`correction_weights`] takes it (`None` when off):

@@ -1,9 +1,43 @@
 //! The choices of the `[algorithm]` table: one enum per choice knob (baseline, std normalisation,
 //! policy loss, REC keep-mask and weight, regulariser, KL estimator, aggregation, overlong
 //! treatment), and the grouping of the loss-specific knobs by the loss that reads them
-//! ([`LOSS_OPTIONS`], [`PolicyLoss::options`]).
+//! ([`LOSS_OPTIONS`], [`PolicyLoss::options`]). Each choice that decides whether another knob is
+//! read registers its values as [`Part`]s beside its type ([`Registered`]): the knobs each value
+//! reads, with their defaults, and the metrics it reports.
 
 use serde::{Deserialize, Serialize};
+
+use crate::parts::{Knob, Part, Registered};
+
+/// A part that reads nothing and reports nothing of its own.
+const fn plain(name: &'static str) -> Part {
+    Part {
+        name,
+        knobs: &[],
+        metrics: &[],
+    }
+}
+
+/// The clip-fraction metrics of a loss that zeroes (or caps) tokens.
+const CLIP_METRICS: &[&str] = &[
+    "clip_frac",
+    "clip_frac/low",
+    "clip_frac/high",
+    "clip_frac/adv_pos",
+    "clip_frac/adv_neg",
+];
+const CLIP_LOW: Knob = Knob {
+    key: "clip_low",
+    default: "0.2",
+};
+const CLIP_HIGH: Knob = Knob {
+    key: "clip_high",
+    default: "0.2",
+};
+const IS_CAP: Knob = Knob {
+    key: "is_cap",
+    default: "unset",
+};
 
 /// Baseline subtracted from each reward inside its group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,6 +53,22 @@ pub enum Baseline {
     LeaveOneOut,
 }
 
+impl Registered for Baseline {
+    const KEY: &'static str = "baseline";
+    const PARTS: &'static [Part] = &[
+        plain("mean"),
+        Part {
+            name: "log-mean-exp",
+            knobs: &[Knob {
+                key: "lme_temperature",
+                default: "1.0",
+            }],
+            metrics: &[],
+        },
+        plain("leave-one-out"),
+    ];
+}
+
 /// How the centred reward is divided by a standard deviation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -29,6 +79,35 @@ pub enum StdNorm {
     Population,
     /// No division (Dr.GRPO, REINFORCE, the REC family).
     None,
+}
+
+/// The knobs of a std division.
+const STD_KNOBS: &[Knob] = &[
+    Knob {
+        key: "std_eps",
+        default: "1e-6",
+    },
+    Knob {
+        key: "std_level",
+        default: "\"group\"",
+    },
+];
+
+impl Registered for StdNorm {
+    const KEY: &'static str = "std_norm";
+    const PARTS: &'static [Part] = &[
+        Part {
+            name: "sample",
+            knobs: STD_KNOBS,
+            metrics: &[],
+        },
+        Part {
+            name: "population",
+            knobs: STD_KNOBS,
+            metrics: &[],
+        },
+        plain("none"),
+    ];
 }
 
 /// Over which rows the std of [`StdNorm`] is taken.
@@ -59,19 +138,114 @@ pub enum PolicyLoss {
     Reinforce,
 }
 
-/// The loss-specific `[algorithm]` keys, each listed in the [`PolicyLoss::options`] of the losses
-/// that read it. Every other knob applies to every loss.
-pub const LOSS_OPTIONS: [&str; 9] = [
-    "clip_low",
-    "clip_high",
-    "clip_low_prime",
-    "clip_high_prime",
-    "dual_clip",
-    "keep_mask",
-    "rec_weight",
-    "adv_temperature",
-    "is_cap",
+/// The loss-specific `[algorithm]` keys: those some losses read and others do not (from the
+/// losses' [`Part`]s), in the order of [`crate::AlgorithmConfig`]'s fields. Every other knob
+/// applies to every loss. Iterate it (`for key in LOSS_OPTIONS`).
+pub const LOSS_OPTIONS: LossOptions = LossOptions;
+
+/// The type of [`LOSS_OPTIONS`]: iterating it gives the keys.
+#[derive(Debug, Clone, Copy)]
+pub struct LossOptions;
+
+impl LossOptions {
+    /// The keys, in the order of [`crate::AlgorithmConfig`]'s fields.
+    pub fn keys(self) -> Vec<&'static str> {
+        let gated: Vec<&str> = PolicyLoss::PARTS
+            .iter()
+            .flat_map(|p| p.knobs)
+            .map(|k| k.key)
+            .filter(|k| !PolicyLoss::PARTS.iter().all(|p| p.reads(k)))
+            .collect();
+        crate::parts::table_keys::<crate::AlgorithmConfig>()
+            .iter()
+            .copied()
+            .filter(|k| gated.contains(k))
+            .collect()
+    }
+
+    /// Whether `key` is one of them.
+    pub fn contains(self, key: &str) -> bool {
+        self.keys().contains(&key)
+    }
+}
+
+impl IntoIterator for LossOptions {
+    type Item = &'static str;
+    type IntoIter = std::vec::IntoIter<&'static str>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.keys().into_iter()
+    }
+}
+
+impl Registered for PolicyLoss {
+    const KEY: &'static str = "loss";
+    // Each loss's own keys, as its formula in `loss.rs` reads them. PPO and GSPO: ε_low, ε_high,
+    // dual-clip c, IS cap C. CISPO: −sg(min(ρ, 1+ε_high))·A·ℓ reads ε_high and C only. REC:
+    // keep-mask (ε_low, ε_high; the ring's ε′_low, ε′_high) and weight (the `is`/`seq-is` IS cap
+    // C, the `advantage-exp` temperature T). REINFORCE (−A·ℓ): none.
+    const PARTS: &'static [Part] = &[
+        Part {
+            name: "ppo",
+            knobs: PPO_KNOBS,
+            metrics: CLIP_METRICS,
+        },
+        Part {
+            name: "rec",
+            knobs: &[
+                Knob {
+                    key: "keep_mask",
+                    default: "\"none\"",
+                },
+                Knob {
+                    key: "rec_weight",
+                    default: "\"none\"",
+                },
+                CLIP_LOW,
+                CLIP_HIGH,
+                CLIP_LOW_PRIME,
+                CLIP_HIGH_PRIME,
+                ADV_TEMPERATURE,
+                IS_CAP,
+            ],
+            metrics: CLIP_METRICS,
+        },
+        Part {
+            name: "gspo",
+            knobs: PPO_KNOBS,
+            metrics: CLIP_METRICS,
+        },
+        Part {
+            name: "cispo",
+            knobs: &[CLIP_HIGH, IS_CAP],
+            metrics: &["clip_frac", "clip_frac/high"],
+        },
+        plain("reinforce"),
+    ];
+}
+
+/// The keys of the clipped surrogate (PPO, GSPO).
+const PPO_KNOBS: &[Knob] = &[
+    CLIP_LOW,
+    CLIP_HIGH,
+    Knob {
+        key: "dual_clip",
+        default: "unset",
+    },
+    IS_CAP,
 ];
+const CLIP_LOW_PRIME: Knob = Knob {
+    key: "clip_low_prime",
+    default: "0.6",
+};
+const CLIP_HIGH_PRIME: Knob = Knob {
+    key: "clip_high_prime",
+    default: "2.0",
+};
+const ADV_TEMPERATURE: Knob = Knob {
+    key: "adv_temperature",
+    default: "1.0",
+};
 
 impl PolicyLoss {
     /// Every loss, in the order of the enum.
@@ -85,42 +259,25 @@ impl PolicyLoss {
 
     /// The config name (`algorithm.loss = "ppo"`).
     pub fn name(self) -> &'static str {
-        match self {
-            PolicyLoss::Ppo => "ppo",
-            PolicyLoss::Rec => "rec",
-            PolicyLoss::Gspo => "gspo",
-            PolicyLoss::Cispo => "cispo",
-            PolicyLoss::Reinforce => "reinforce",
-        }
+        self.part().name
     }
 
-    /// This loss's group of [`LOSS_OPTIONS`]: the loss-specific keys its formula reads (see
-    /// `loss.rs`). PPO and GSPO: ε_low, ε_high, dual-clip c, IS cap C. CISPO:
-    /// −sg(min(ρ, 1+ε_high))·A·ℓ reads ε_high and C only. REC: keep-mask (ε_low, ε_high; the ring's
-    /// ε′_low, ε′_high) and weight (the `is`/`seq-is` IS cap C, the `advantage-exp` temperature T).
-    /// REINFORCE (−A·ℓ): none.
-    pub fn options(self) -> &'static [&'static str] {
-        match self {
-            PolicyLoss::Ppo | PolicyLoss::Gspo => &["clip_low", "clip_high", "dual_clip", "is_cap"],
-            PolicyLoss::Cispo => &["clip_high", "is_cap"],
-            PolicyLoss::Rec => &[
-                "keep_mask",
-                "rec_weight",
-                "clip_low",
-                "clip_high",
-                "clip_low_prime",
-                "clip_high_prime",
-                "adv_temperature",
-                "is_cap",
-            ],
-            PolicyLoss::Reinforce => &[],
-        }
+    /// This loss's group of [`LOSS_OPTIONS`]: the loss-specific keys its formula reads, from its
+    /// registered [`Part`] (the keys every loss reads are not listed).
+    pub fn options(self) -> Vec<&'static str> {
+        let keys = LOSS_OPTIONS.keys();
+        self.part()
+            .knobs
+            .iter()
+            .map(|k| k.key)
+            .filter(|k| keys.contains(k))
+            .collect()
     }
 
     /// Whether `key` (an `[algorithm]` key) is read by this loss: true for every key that is not in
-    /// [`LOSS_OPTIONS`], else whether it is in [`PolicyLoss::options`].
+    /// [`LOSS_OPTIONS`], else whether its part lists it.
     pub fn reads(self, key: &str) -> bool {
-        !LOSS_OPTIONS.contains(&key) || self.options().contains(&key)
+        !LOSS_OPTIONS.contains(key) || self.part().reads(key)
     }
 }
 
@@ -140,6 +297,21 @@ pub enum KeepMask {
     GspoOneSide,
 }
 
+impl Registered for KeepMask {
+    const KEY: &'static str = "keep_mask";
+    const PARTS: &'static [Part] = &[
+        plain("none"),
+        plain("one-side"),
+        plain("two-side"),
+        Part {
+            name: "ring",
+            knobs: &[CLIP_LOW_PRIME, CLIP_HIGH_PRIME],
+            metrics: &[],
+        },
+        plain("gspo-one-side"),
+    ];
+}
+
 /// REC weight: what multiplies −k·ℓ (paper B).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -154,6 +326,20 @@ pub enum RecWeight {
     AdvantageExp,
 }
 
+impl Registered for RecWeight {
+    const KEY: &'static str = "rec_weight";
+    const PARTS: &'static [Part] = &[
+        plain("none"),
+        plain("is"),
+        plain("seq-is"),
+        Part {
+            name: "advantage-exp",
+            knobs: &[ADV_TEMPERATURE],
+            metrics: &[],
+        },
+    ];
+}
+
 /// Regulariser added per token with coefficient τ (paper B's REP family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -165,6 +351,29 @@ pub enum Regulariser {
     Opmd,
     /// AsymRE: −τ·ℓ, i.e. the baseline lowered by τ (exactly so only without std normalisation).
     Asymre,
+}
+
+/// τ of a regulariser.
+const TAU: &[Knob] = &[Knob {
+    key: "tau",
+    default: "0.1",
+}];
+
+impl Registered for Regulariser {
+    const KEY: &'static str = "regulariser";
+    const PARTS: &'static [Part] = &[
+        plain("none"),
+        Part {
+            name: "opmd",
+            knobs: TAU,
+            metrics: &[],
+        },
+        Part {
+            name: "asymre",
+            knobs: TAU,
+            metrics: &[],
+        },
+    ];
 }
 
 /// KL-to-reference estimator, per token, with x = ℓ_ref − ℓ (Schulman, "Approximating KL divergence",
@@ -218,4 +427,26 @@ pub enum Overlong {
     Mask,
     /// Soft overlong punishment added to the reward ([`crate::overlong_penalty`]).
     Soft,
+}
+
+impl Registered for Overlong {
+    const KEY: &'static str = "overlong";
+    const PARTS: &'static [Part] = &[
+        plain("none"),
+        plain("mask"),
+        Part {
+            name: "soft",
+            knobs: &[
+                Knob {
+                    key: "overlong_buffer_frac",
+                    default: "0.2",
+                },
+                Knob {
+                    key: "overlong_penalty_factor",
+                    default: "1.0",
+                },
+            ],
+            metrics: &[],
+        },
+    ];
 }

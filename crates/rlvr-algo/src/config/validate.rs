@@ -13,7 +13,7 @@ pub const MAX_MAGNITUDE: f64 = 1e6;
 impl Algorithm {
     // One check per key, each with its own message naming the key and the accepted range, so every
     // rule on a key is found in one place.
-    pub(super) fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         fn bad(key: &'static str, value: impl std::fmt::Display, why: &str) -> AlgoError {
             AlgoError::InvalidConfig {
                 key,

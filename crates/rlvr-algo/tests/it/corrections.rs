@@ -409,3 +409,39 @@ fn combinations_that_make_no_sense_are_refused() {
     assert_eq!(MismatchCorrection::ALL.len(), 9);
     let _ = (DType::F64,);
 }
+
+/// The cross-process vector keeps its layout (scalar sums, histogram, mismatch, OPSM), each field
+/// where it was, so ranks agree whatever the field list's spelling.
+#[test]
+fn the_cross_process_vector_has_its_layout() {
+    let mut s = LossStats {
+        loss: 1.0,
+        tokens_total: 2.0,
+        tokens: 3.0,
+        clipped_low: 4.0,
+        clipped_high: 5.0,
+        pos_tokens: 6.0,
+        clipped_pos: 7.0,
+        neg_tokens: 8.0,
+        clipped_neg: 9.0,
+        ratio_sum: 10.0,
+        ratio_sq_sum: 11.0,
+        kl_behaviour_sum: 12.0,
+        kl_ref_sum: 13.0,
+        kl_ref_tokens: 14.0,
+        entropy_sum: 15.0,
+        entropy_tokens: 16.0,
+        ..LossStats::default()
+    };
+    s.ratio_hist = std::array::from_fn(|k| 17.0 + k as f64);
+    s.mismatch.add_row(5, 2, 1);
+    s.opsm.add_row(7, 3, 0);
+    let v = s.to_sums();
+    let want_scalars: Vec<f64> = (1..=16).map(f64::from).collect();
+    assert_eq!(&v[..16], &want_scalars[..]);
+    assert_eq!(&v[16..16 + RATIO_BUCKETS], &s.ratio_hist[..]);
+    let at = 16 + RATIO_BUCKETS;
+    assert_eq!(&v[at..at + 6], &[5.0, 2.0, 1.0, 1.0, 1.0, 1.0]);
+    assert_eq!(&v[at + 6..], &[7.0, 3.0, 0.0, 1.0, 1.0, 0.0]);
+    assert_eq!(LossStats::from_sums(&v, s.extrema()), s);
+}

@@ -12,6 +12,7 @@ mod config;
 mod corrections;
 mod losses;
 mod mismatch;
+mod parts;
 mod reference;
 mod trinity;
 mod trl;

@@ -7,10 +7,12 @@
 //! never values a preset or a default filled in. The loss-specific knobs of `[algorithm]` (which
 //! loss reads `clip_low`, ...) are rlvr-algo's check ([`rlvr_algo::AlgorithmConfig::resolve`]).
 
-use rlvr_algo::{
-    Baseline, KeepMask, MismatchCorrection, Overlong, RecWeight, Regulariser, StdNorm,
-};
+use std::sync::LazyLock;
 
+use rlvr_algo::config::ALGORITHM_CHOICES;
+use rlvr_algo::{Algorithm, Choice, Registered};
+
+use super::sections::{DYNAMIC_SAMPLING_PARTS, LORA_PARTS};
 use super::{ResolvedConfig, RolloutBackend, Schedule};
 
 /// A knob and the option that turns it on.
@@ -22,8 +24,28 @@ pub struct Gate {
     pub gate: &'static str,
     /// The values of `gate` that turn the knob on, as the error says them.
     pub when: &'static str,
+    /// The choice whose selected part says whether the knob is read, and the knob as it names it.
+    by: By,
+    knob: &'static str,
+}
+
+/// Where a gate's choice is declared.
+#[derive(Clone, Copy)]
+enum By {
+    /// An `[algorithm]` choice of rlvr-algo ([`ALGORITHM_CHOICES`]).
+    Algorithm(&'static Choice<Algorithm>),
+    /// A choice of the trainer's ([`TRAINER_CHOICES`]).
+    Trainer(&'static Choice<ResolvedConfig>),
+}
+
+impl Gate {
     /// Whether the resolved config reads the knob.
-    pub reads: fn(&ResolvedConfig) -> bool,
+    pub fn reads(&self, c: &ResolvedConfig) -> bool {
+        match self.by {
+            By::Algorithm(ch) => ch.reads(&c.algorithm, self.knob),
+            By::Trainer(ch) => ch.reads(c, self.knob),
+        }
+    }
 }
 
 impl std::fmt::Debug for Gate {
@@ -32,208 +54,73 @@ impl std::fmt::Debug for Gate {
     }
 }
 
-macro_rules! gate {
-    ($key:literal, $gate:literal, $when:literal, |$c:ident| $reads:expr) => {
-        Gate {
-            key: $key,
-            gate: $gate,
-            when: $when,
-            reads: |$c: &ResolvedConfig| $reads,
-        }
-    };
-}
-
-/// Every knob that is read only when another option is on (a test walks it, and fails when a
-/// documented key says "only read"/"only when"/"vLLM backend" without an entry here).
-pub const GATES: &[Gate] = &[
-    // [algorithm]: advantages.
-    gate!(
-        "algorithm.lme_temperature",
-        "algorithm.baseline",
-        "\"log-mean-exp\"",
-        |c| c.algorithm.baseline == Baseline::LogMeanExp
-    ),
-    gate!(
-        "algorithm.std_eps",
-        "algorithm.std_norm",
-        "\"sample\" or \"population\"",
-        |c| c.algorithm.std_norm != StdNorm::None
-    ),
-    gate!(
-        "algorithm.std_level",
-        "algorithm.std_norm",
-        "\"sample\" or \"population\"",
-        |c| c.algorithm.std_norm != StdNorm::None
-    ),
-    gate!(
-        "algorithm.red_drop_in_normaliser",
-        "algorithm.red_drop",
-        "true",
-        |c| c.algorithm.red_drop
-    ),
-    gate!(
-        "algorithm.red_drop_rule",
-        "algorithm.red_drop",
-        "true",
-        |c| c.algorithm.red_drop
-    ),
-    // [algorithm]: within the REC loss.
-    gate!(
-        "algorithm.clip_low_prime",
-        "algorithm.keep_mask",
-        "\"ring\"",
-        |c| c.algorithm.keep_mask == KeepMask::Ring
-    ),
-    gate!(
-        "algorithm.clip_high_prime",
-        "algorithm.keep_mask",
-        "\"ring\"",
-        |c| c.algorithm.keep_mask == KeepMask::Ring
-    ),
-    gate!(
-        "algorithm.adv_temperature",
-        "algorithm.rec_weight",
-        "\"advantage-exp\"",
-        |c| c.algorithm.rec_weight == RecWeight::AdvantageExp
-    ),
-    // [algorithm]: regulariser, KL, corrections, overlong.
-    gate!(
-        "algorithm.tau",
-        "algorithm.regulariser",
-        "\"opmd\" or \"asymre\"",
-        |c| c.algorithm.regulariser != Regulariser::None
-    ),
-    gate!(
-        "algorithm.kl_estimator",
-        "algorithm.kl_coef",
-        "≠ 0",
-        |c| c.algorithm.kl_coef != 0.0
-    ),
-    gate!(
-        "algorithm.kl_ratio_weighted",
-        "algorithm.kl_coef",
-        "≠ 0",
-        |c| c.algorithm.kl_coef != 0.0
-    ),
-    gate!(
-        "model.reference",
-        "algorithm.kl_coef",
-        "≠ 0 (the reference is loaded for the KL term)",
-        |c| c.algorithm.kl_coef != 0.0
-    ),
-    gate!(
-        "algorithm.mismatch_cap",
-        "algorithm.mismatch_correction",
-        "a truncation, a mask or \"icepop\"",
-        |c| c.algorithm.mismatch_correction.reads_cap()
-    ),
-    gate!(
-        "algorithm.mismatch_low",
-        "algorithm.mismatch_correction",
-        "\"token-mask\", \"sequence-mask\", \"geometric-mask\" or \"icepop\"",
-        |c| c.algorithm.mismatch_correction.has_lower_bound()
-    ),
-    gate!(
-        "algorithm.mismatch_k3_threshold",
-        "algorithm.mismatch_correction",
-        "\"sequence-k3-mask\"",
-        |c| c.algorithm.mismatch_correction == MismatchCorrection::SequenceK3Mask
-    ),
-    gate!(
-        "algorithm.overlong_buffer_frac",
-        "algorithm.overlong",
-        "\"soft\"",
-        |c| c.algorithm.overlong == Overlong::Soft
-    ),
-    gate!(
-        "algorithm.overlong_penalty_factor",
-        "algorithm.overlong",
-        "\"soft\"",
-        |c| c.algorithm.overlong == Overlong::Soft
-    ),
-    // [train].
-    gate!(
-        "train.min_lr",
-        "train.schedule",
-        "\"linear\" or \"cosine\"",
-        |c| c.raw.train.schedule != Schedule::Constant
-    ),
-    gate!(
-        "train.dynamic_sampling_max_rounds",
-        "algorithm.dynamic_sampling",
-        "true",
-        |c| c.algorithm.dynamic_sampling
-    ),
-    gate!(
-        "train.dynamic_sampling_short_batch",
-        "algorithm.dynamic_sampling",
-        "true",
-        |c| c.algorithm.dynamic_sampling
-    ),
-    // [model]: LoRA.
-    gate!("model.lora_alpha", "model.lora_rank", "≥ 1", |c| c
-        .raw
-        .model
-        .lora_rank
-        > 0),
-    gate!("model.lora_targets", "model.lora_rank", "≥ 1", |c| c
-        .raw
-        .model
-        .lora_rank
-        > 0),
-    gate!("model.lora_dropout", "model.lora_rank", "≥ 1", |c| c
-        .raw
-        .model
-        .lora_rank
-        > 0),
-    // [rollout]: the vLLM backend.
-    gate!("rollout.servers", "rollout.backend", "\"vllm\"", |c| vllm(
-        c
-    )),
-    gate!(
-        "rollout.served_model_name",
-        "rollout.backend",
-        "\"vllm\"",
-        |c| vllm(c)
-    ),
-    gate!("rollout.weights_dir", "rollout.backend", "\"vllm\"", |c| {
-        vllm(c)
-    }),
-    gate!("rollout.api_key_env", "rollout.backend", "\"vllm\"", |c| {
-        vllm(c)
-    }),
-    gate!(
-        "rollout.request_timeout_s",
-        "rollout.backend",
-        "\"vllm\"",
-        |c| vllm(c)
-    ),
-    gate!("rollout.retries", "rollout.backend", "\"vllm\"", |c| vllm(
-        c
-    )),
-    gate!(
-        "rollout.in_flight",
-        "rollout.backend",
-        "\"vllm\"",
-        |c| vllm(c)
-    ),
-    gate!(
-        "rollout.accept_renormalised_logprobs",
-        "rollout.backend",
-        "\"vllm\"",
-        |c| vllm(c)
-    ),
-    gate!(
-        "rollout.refresh_tolerance",
-        "rollout.backend",
-        "\"vllm\"",
-        |c| vllm(c)
-    ),
+/// The trainer's own choices that gate knobs, checked after the `[algorithm]` ones (dotted keys;
+/// a bare knob key is in the choice's table).
+pub const TRAINER_CHOICES: &[Choice<ResolvedConfig>] = &[
+    Choice {
+        key: "train.schedule",
+        ..Choice::of::<Schedule>(|c: &ResolvedConfig| c.raw.train.schedule.part())
+    },
+    Choice {
+        key: "algorithm.dynamic_sampling",
+        quoted: false,
+        parts: DYNAMIC_SAMPLING_PARTS,
+        selected: |c| &DYNAMIC_SAMPLING_PARTS[usize::from(!c.algorithm.dynamic_sampling)],
+        says: &[],
+    },
+    Choice {
+        key: "model.lora_rank",
+        quoted: false,
+        parts: LORA_PARTS,
+        selected: |c| &LORA_PARTS[usize::from(c.raw.model.lora_rank == 0)],
+        says: &[],
+    },
+    Choice {
+        key: "rollout.backend",
+        ..Choice::of::<RolloutBackend>(|c: &ResolvedConfig| c.raw.rollout.backend.part())
+    },
 ];
 
-fn vllm(c: &ResolvedConfig) -> bool {
-    c.raw.rollout.backend == RolloutBackend::Vllm
+/// `text` kept for the life of the process (the gates are built once).
+fn forever(text: String) -> &'static str {
+    Box::leak(text.into_boxed_str())
 }
+
+/// The gates of one choice whose dotted key is `key`: one per knob some of its parts read and
+/// others do not, in the order the parts list them.
+fn gates_of<C>(key: &'static str, choice: &Choice<C>, by: By) -> Vec<Gate> {
+    let table = key.rsplit_once('.').map_or("", |(t, _)| t);
+    choice
+        .gated()
+        .into_iter()
+        .map(|knob| Gate {
+            key: match knob.contains('.') {
+                true => knob,
+                false => forever(format!("{table}.{knob}")),
+            },
+            gate: key,
+            when: forever(choice.when(knob)),
+            by,
+            knob,
+        })
+        .collect()
+}
+
+/// Every knob that is read only when another option is on, in the order they are checked,
+/// following from the registered parts of each choice ([`ALGORITHM_CHOICES`], then
+/// [`TRAINER_CHOICES`]). A test walks it, and fails when a documented key says "only
+/// read"/"only when"/"vLLM backend" without an entry here.
+pub static GATES: LazyLock<Vec<Gate>> = LazyLock::new(|| {
+    let mut out = Vec::new();
+    for ch in ALGORITHM_CHOICES {
+        let key = forever(format!("algorithm.{}", ch.key));
+        out.extend(gates_of(key, ch, By::Algorithm(ch)));
+    }
+    for ch in TRAINER_CHOICES {
+        out.extend(gates_of(ch.key, ch, By::Trainer(ch)));
+    }
+    out
+});
 
 /// Refuses a knob of [`GATES`] that the user wrote (`written`: dotted keys with where each was
 /// written) while its option is off.
@@ -243,14 +130,14 @@ fn vllm(c: &ResolvedConfig) -> bool {
 /// values that would read it, and the two fixes.
 pub fn check(cfg: &ResolvedConfig, written: &[super::Written]) -> anyhow::Result<()> {
     let resolved: Option<toml::Table> = cfg.to_toml().ok().and_then(|t| t.parse().ok());
-    for g in GATES {
+    for g in GATES.iter() {
         let Some(w) = written
             .iter()
             .find(|w| w.key == g.key || w.key.starts_with(&format!("{}.", g.key)))
         else {
             continue;
         };
-        if (g.reads)(cfg) {
+        if g.reads(cfg) {
             continue;
         }
         let value = resolved
@@ -293,7 +180,7 @@ fn lookup<'a>(t: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
 pub fn drop_unread(cfg: &ResolvedConfig, text: &str) -> String {
     let unread: Vec<&str> = GATES
         .iter()
-        .filter(|g| !(g.reads)(cfg))
+        .filter(|g| !g.reads(cfg))
         .map(|g| g.key)
         .collect();
     let mut out = String::with_capacity(text.len());

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use rlvr_algo::parts::{Knob, Part, Registered};
 use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget};
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,33 @@ pub struct ModelSection {
     /// keeps, so a resume is exact). Default 0.
     pub lora_dropout: f64,
 }
+
+/// The parts of `model.lora_rank` (a switch at 0): adapters read their α, targets and dropout.
+pub const LORA_PARTS: &[Part] = &[
+    Part {
+        name: "≥ 1",
+        knobs: &[
+            Knob {
+                key: "lora_alpha",
+                default: "unset",
+            },
+            Knob {
+                key: "lora_targets",
+                default: "every projection",
+            },
+            Knob {
+                key: "lora_dropout",
+                default: "0.0",
+            },
+        ],
+        metrics: &[],
+    },
+    Part {
+        name: "0",
+        knobs: &[],
+        metrics: &[],
+    },
+];
 
 impl Default for ModelSection {
     fn default() -> Self {
@@ -158,6 +186,59 @@ pub enum RolloutBackend {
     Native,
     /// vLLM OpenAI-compatible servers (rlvr-vllm).
     Vllm,
+}
+
+impl Registered for RolloutBackend {
+    const KEY: &'static str = "backend";
+    const PARTS: &'static [Part] = &[
+        Part {
+            name: "native",
+            knobs: &[],
+            metrics: &[],
+        },
+        Part {
+            name: "vllm",
+            knobs: &[
+                Knob {
+                    key: "servers",
+                    default: "[]",
+                },
+                Knob {
+                    key: "served_model_name",
+                    default: "\"rlvr-policy\"",
+                },
+                Knob {
+                    key: "weights_dir",
+                    default: "unset",
+                },
+                Knob {
+                    key: "api_key_env",
+                    default: "unset",
+                },
+                Knob {
+                    key: "request_timeout_s",
+                    default: "180.0",
+                },
+                Knob {
+                    key: "retries",
+                    default: "3",
+                },
+                Knob {
+                    key: "in_flight",
+                    default: "8",
+                },
+                Knob {
+                    key: "accept_renormalised_logprobs",
+                    default: "false",
+                },
+                Knob {
+                    key: "refresh_tolerance",
+                    default: "0.01",
+                },
+            ],
+            metrics: &[],
+        },
+    ];
 }
 
 impl Default for RolloutSection {
@@ -501,6 +582,33 @@ pub struct TrainSection {
     /// Completions per step written to rollouts.jsonl (0 = none). Default 4.
     pub log_rollouts: usize,
 }
+
+/// The parts of `algorithm.dynamic_sampling` (a switch the trainer reads): on, it reads its
+/// refill rounds and what a short batch does, and reports the groups it dropped.
+pub const DYNAMIC_SAMPLING_PARTS: &[Part] = &[
+    Part {
+        name: "true",
+        knobs: &[
+            Knob {
+                key: "train.dynamic_sampling_max_rounds",
+                default: "4",
+            },
+            Knob {
+                key: "train.dynamic_sampling_short_batch",
+                default: "\"train\"",
+            },
+        ],
+        metrics: &[
+            "dynamic_sampling/dropped_groups",
+            "dynamic_sampling/short_groups",
+        ],
+    },
+    Part {
+        name: "false",
+        knobs: &[],
+        metrics: &[],
+    },
+];
 
 impl Default for TrainSection {
     fn default() -> Self {

@@ -1,6 +1,7 @@
 //! The learning-rate schedule over optimizer steps, shared by RL and SFT: linear warm-up from 0,
 //! then constant, linear or cosine decay to a floor at the last step.
 
+use rlvr_algo::parts::{Knob, Part, Registered};
 use serde::{Deserialize, Serialize};
 
 /// Learning-rate schedule over trainer steps (all start with `train.warmup_steps` of linear warm-up
@@ -14,6 +15,33 @@ pub enum Schedule {
     Linear,
     /// Cosine decay from lr to `train.min_lr` at the last step.
     Cosine,
+}
+
+/// The decays read their floor.
+const MIN_LR: &[Knob] = &[Knob {
+    key: "min_lr",
+    default: "0.0",
+}];
+
+impl Registered for Schedule {
+    const KEY: &'static str = "schedule";
+    const PARTS: &'static [Part] = &[
+        Part {
+            name: "constant",
+            knobs: &[],
+            metrics: &[],
+        },
+        Part {
+            name: "linear",
+            knobs: MIN_LR,
+            metrics: &[],
+        },
+        Part {
+            name: "cosine",
+            knobs: MIN_LR,
+            metrics: &[],
+        },
+    ];
 }
 
 /// A learning-rate schedule (the `train.lr`, `train.min_lr`, `train.warmup_steps`,
