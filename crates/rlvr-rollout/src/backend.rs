@@ -79,13 +79,15 @@ pub trait Rollout: Send {
         ))
     }
 
-    /// Whether to keep each episode's state between its turns (`keep = true` before an
-    /// episode batch's first turn, `false` after its last): the native engine keeps the keys
-    /// and values of every completion of [`Rollout::sample`] and [`Rollout::sample_turns`] so
-    /// that the next turn prefills only the new ids (`crate::engine::TurnCache`, bounded by its
-    /// byte budget); `false` frees them. Default: ignored (a backend without such state).
-    fn keep_turns(&mut self, keep: bool) {
-        let _ = keep;
+    /// Whether to keep each episode's state between its turns: `Some(budget_bytes)` before an
+    /// episode batch's first turn, `None` after its last. The native engine then keeps the keys
+    /// and values of every completion of [`Rollout::sample`] and [`Rollout::sample_turns`], at
+    /// most `budget_bytes` of them (`crate::engine::TurnCache`), so that the next turn prefills
+    /// only the new ids; `None` frees them, and `Some(0)` keeps nothing (every later turn
+    /// prefills its whole context, bit for bit the path without a cache). Default: ignored (a
+    /// backend without such state).
+    fn keep_turns(&mut self, budget_bytes: Option<usize>) {
+        let _ = budget_bytes;
     }
 
     /// The weights it samples with as a model on this process, when it has one (the native
@@ -215,10 +217,12 @@ impl Rollout for NativeRollout {
         }
     }
 
-    fn keep_turns(&mut self, keep: bool) {
-        self.keeping = keep;
-        if !keep {
-            self.turns.clear();
+    fn keep_turns(&mut self, budget_bytes: Option<usize>) {
+        self.keeping = budget_bytes.is_some_and(|b| b > 0);
+        match budget_bytes {
+            Some(b) if b != self.turns.budget() => self.turns = TurnCache::new(b),
+            Some(_) => {}
+            None => self.turns.clear(),
         }
     }
 
@@ -390,9 +394,10 @@ mod tests {
         assert!(s.sample_each(&r2, &p, 11).is_err());
     }
 
-    /// `keep_turns(true)`: the first turn's `sample` leaves each completion's keys and values,
-    /// a later turn's `sample_turns` reuses them (same tokens as without), new weights or
-    /// `keep_turns(false)` drop them; off, nothing is kept.
+    /// `keep_turns(Some(budget))`: the first turn's `sample` leaves each completion's keys and
+    /// values, a later turn's `sample_turns` reuses them (same tokens as without), new weights or
+    /// `keep_turns(None)` drop them; off, or with a budget of 0, nothing is kept and the later
+    /// turn equals the plain path bit for bit.
     #[test]
     fn native_keeps_turns_only_while_asked() {
         let m = model(0);
@@ -418,8 +423,16 @@ mod tests {
         let first = flatten(plain.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
         let want = plain.sample_turns(&turn2(&first), &p, 3).unwrap();
         assert_eq!(plain.turn_cache().stats(), Default::default());
+        let mut zero = NativeRollout::owning(m.try_clone().unwrap(), 0, None);
+        zero.keep_turns(Some(0));
+        assert_eq!(
+            flatten(zero.sample(&prompts, 0, &p, 3).unwrap()).unwrap(),
+            first
+        );
+        assert_eq!(zero.sample_turns(&turn2(&first), &p, 3).unwrap(), want);
+        assert!(zero.turn_cache().is_empty());
         let mut r = NativeRollout::owning(m, 0, None);
-        r.keep_turns(true);
+        r.keep_turns(Some(DEFAULT_TURN_CACHE_BYTES));
         let got_first = flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
         assert_eq!(got_first, first);
         assert_eq!(r.turn_cache().len(), 4);
@@ -438,7 +451,7 @@ mod tests {
         assert!(r.turn_cache().is_empty());
         flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
         assert_eq!(r.turn_cache().len(), 4);
-        r.keep_turns(false);
+        r.keep_turns(None);
         assert!(r.turn_cache().is_empty());
         flatten(r.sample(&prompts, 0, &p, 3).unwrap()).unwrap();
         assert!(r.turn_cache().is_empty());

@@ -51,6 +51,9 @@ fn at_most(key: &str, value: usize, max: usize) -> anyhow::Result<()> {
 /// The most assistant turns of one episode (`env.max_turns`).
 pub const MAX_TURNS: u32 = 1024;
 
+/// Largest `env.kv_cache_mib`: 1 TiB (the budget in bytes fits a 64-bit `usize`).
+pub const MAX_KV_CACHE_MIB: u64 = 1 << 20;
+
 impl RawConfig {
     /// Checks the `[env]` keys (docs/DESIGN.md section 14): each value's range, and that no key is
     /// set when neither `env.command` nor `env.builtin` makes the run multi-turn.
@@ -116,6 +119,20 @@ impl RawConfig {
             e.max_observation_tokens,
             MAX_NEW_TOKENS,
         )?;
+        if e.kv_cache_mib > MAX_KV_CACHE_MIB {
+            bail!(
+                "env.kv_cache_mib = {} is out of range: 0 to {MAX_KV_CACHE_MIB} (1 TiB)",
+                e.kv_cache_mib
+            );
+        }
+        if self.rollout.backend == super::RolloutBackend::Vllm
+            && e.kv_cache_mib != super::EnvSection::default().kv_cache_mib
+        {
+            bail!(
+                "env.kv_cache_mib is read by the native engine only; with rollout.backend = \
+                 \"vllm\" the servers keep their own cache: remove it"
+            );
+        }
         rlvr_env::tools::ToolFormat::parse(&e.tool_format)
             .map_err(|m| anyhow::anyhow!("env.tool_format: {m}"))?;
         rlvr_env::reward::RewardMode::parse(&e.reward)

@@ -342,6 +342,16 @@ pub struct EnvSection {
     /// Accept observations that hold the tokenizer's special tokens as text (they would be
     /// encoded as those control tokens). Default false: such an episode is unscorable.
     pub allow_special_tokens: bool,
+    /// Native engine: MiB of keys and values kept per batch between an episode's turns, so that
+    /// a later turn prefills only its new tokens (the environment's reply and the next
+    /// generation prompt). Past the budget, episodes are dropped from it in (prompt, sample)
+    /// order, never by timing, and prefill their whole context. The kept keys and values come
+    /// from decode steps rather than one prefill, so log-probs differ by float rounding (about
+    /// 1e-5 nats), which can flip a sampled token; runs stay bit-identical at any thread count.
+    /// 0 prefills every turn's whole context (the path before this key). At most 1048576 (1
+    /// TiB). With the vLLM backend (its servers cache by themselves) it stays at its default.
+    /// Default 1024.
+    pub kv_cache_mib: u64,
 }
 
 impl Default for EnvSection {
@@ -366,6 +376,7 @@ impl Default for EnvSection {
             chat_template: None,
             end_of_turn: None,
             allow_special_tokens: false,
+            kv_cache_mib: 1024,
         }
     }
 }

@@ -274,6 +274,7 @@ pub fn episode_runner(
         max_error_frac: e.max_error_frac,
         end_of_turn: eot,
         specials: specials.clone(),
+        turn_cache_bytes: usize::try_from(e.kv_cache_mib << 20).unwrap_or(usize::MAX),
     };
     let env: Box<dyn rlvr_env::Environment> = match e.builtin.as_deref() {
         Some(_) => Box::new(rlvr_env::retry::RetryEnvironment::new(

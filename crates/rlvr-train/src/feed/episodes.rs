@@ -65,6 +65,9 @@ pub struct EpisodeSettings {
     pub end_of_turn: (String, u32),
     /// Token strings refused in observations (empty: `env.allow_special_tokens`).
     pub specials: Vec<String>,
+    /// `env.kv_cache_mib` in bytes: the native engine's budget for keys and values kept between
+    /// an episode's turns ([`Rollout::keep_turns`]; 0: every turn prefills its whole context).
+    pub turn_cache_bytes: usize,
 }
 
 /// What the environment did in one batch, for metrics.jsonl (`env/*`, `time/env_s`).
@@ -316,9 +319,9 @@ impl EpisodeRunner {
     ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats)> {
         // The backend keeps each episode's state (the native engine: its keys and values,
         // bounded) from one turn to the next for this batch only.
-        rollout.keep_turns(true);
+        rollout.keep_turns(Some(self.settings.turn_cache_bytes));
         let out = self.run_kept(rollout, tok, prompts, params, seed);
-        rollout.keep_turns(false);
+        rollout.keep_turns(None);
         out
     }
 

@@ -1400,6 +1400,7 @@ fn env_keys_are_typed_checked_and_named() {
     .unwrap();
     assert!(c.raw.env.is_on());
     assert_eq!(c.raw.env.max_turns, 3);
+    assert_eq!(c.raw.env.kv_cache_mib, 1024);
     // Default budget: 3 turns of 8 tokens and 2 bridges of 1024.
     assert_eq!(c.raw.env.episode_tokens(8), 3 * 8 + 2 * 1024);
     assert!(c.to_toml().unwrap().contains("builtin = \"retry\""));
@@ -1416,8 +1417,21 @@ fn env_keys_are_typed_checked_and_named() {
     );
     assert_eq!(c.raw.env.dir.as_deref(), Some(dir.as_path()));
     // Each bad value names its key.
-    let bad: [(&[&str], &str); 11] = [
+    let bad: [(&[&str], &str); 13] = [
         (&["env.builtin=\"maze\""], "env.builtin"),
+        (
+            &["env.builtin=\"retry\"", "env.kv_cache_mib=2000000"],
+            "env.kv_cache_mib = 2000000 is out of range",
+        ),
+        (
+            &[
+                "env.builtin=\"retry\"",
+                "env.kv_cache_mib=0",
+                "rollout.backend=\"vllm\"",
+                "rollout.servers=[\"http://127.0.0.1:1\"]",
+            ],
+            "env.kv_cache_mib is read by the native engine only",
+        ),
         (
             &["env.builtin=\"retry\"", "env.command=[\"x\"]"],
             "env.command and env.builtin",

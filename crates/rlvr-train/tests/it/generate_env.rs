@@ -153,6 +153,31 @@ fn generate_env_prints_episodes_with_their_token_accounting() {
         longer > 0,
         "no episode took a second turn: nothing but turn 1 was checked"
     );
+    // env.kv_cache_mib = 0: every later turn prefills its whole context. Turn 1 is the same bits;
+    // later turns keep their tokens here, and their log-probs agree within rounding but not to
+    // the bit (the kept keys and values come from decode steps), which shows the key reached the
+    // engine. The same seed gives the same bits again.
+    let mut exact = with_env.clone();
+    exact.extend(["--set".to_string(), "env.kv_cache_mib=0".to_string()]);
+    let eps0 = generate(&exact).unwrap();
+    assert_eq!(generate(&exact).unwrap(), eps0);
+    let (mut differ, mut worst) = (0, 0f32);
+    for (e, z) in eps.iter().zip(&eps0) {
+        assert_eq!(e["completion_ids"], z["completion_ids"], "{e}\n{z}");
+        let lp: Vec<f32> = serde_json::from_value(e["behaviour_logprobs"].clone()).unwrap();
+        let lp0: Vec<f32> = serde_json::from_value(z["behaviour_logprobs"].clone()).unwrap();
+        let first = e["segments"][0]["len"].as_u64().unwrap() as usize;
+        assert_eq!(&lp[..first], &lp0[..first]);
+        for (a, b) in lp.iter().zip(&lp0) {
+            worst = worst.max((a - b).abs());
+            differ += usize::from(a.to_bits() != b.to_bits());
+        }
+    }
+    assert!(worst < 1e-4, "{worst}");
+    assert!(
+        differ > 0,
+        "env.kv_cache_mib = 0 changed no bit: did it reach the engine?"
+    );
     // A config without [env], and --out, are refused naming why.
     let bare = tmp.path().join("bare.toml");
     std::fs::write(&bare, "[data]\ntask = \"jsonl\"\n").unwrap();
