@@ -45,9 +45,10 @@
 #                share of identical completions reported); and a second graphs run bit-identical
 #                to the first (sampling_parity.jsonl). `decode_path` in (b) names the path that
 #                ran (`candle` where the fused step fell back: see bench_fused.err).
-#                SAMPLING_SHAPE=small: a tiny shape (checking the script on a CPU, where every
-#                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06; not yet
-#                run on a GPU.
+#                SAMPLING_SHAPE=small: tiny shapes, (d) at batch 1, 4, 8 (checking the script on a CPU, where every
+#                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06 (rc 0 in
+#                214 s); not yet run on a GPU. One command on the GPU machine, with a CUDA binary
+#                carried as bench/gpu.sh says: `PARTS=sampling BUDGET=400 bench/gpu_check.sh $OUT`.
 #   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; a
 #                training step against PyTorch's), Qwen2.5-0.5B shape in bf16.
 #   3b. breakdown the training step of part 3 as forward, backward and optimizer, with the head's
@@ -158,11 +159,12 @@ kernels() {
 sampling() {
   # Issue 50's decode path; see the header (0b).
   local S=$W/sampling dts="f32 bf16" shape batches plen=128 new=256 tdev=${DEVICE/cuda:*/cuda}
+  local par=("1 1" "16 4" "64 4") pnew=32
   local tok=data/tokenizers/qwen2.5/tokenizer.json
   mkdir -p "$S"
   if [ "${SAMPLING_SHAPE:-}" = small ]; then
     shape=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --vocab-size 4096)
-    batches=(--batch 4 --batch 8); plen=16; new=16; tok=$S/tok2.json
+    batches=(--batch 4 --batch 8); plen=16; new=16; tok=$S/tok2.json; par=("1 1" "2 2" "2 4"); pnew=8
     "$PY" -c 'import sys; from tokenizers import Tokenizer, models; Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1}, unk_token="<unk>")).save(sys.argv[1])' "$tok"
   else
     shape=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab-size 151936)
@@ -190,7 +192,7 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
 import json, sys
 for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > "$S/prompts64.jsonl"
   for dt in $dts; do
-    for spec in "1 1" "16 4" "64 4"; do
+    for spec in "${par[@]}"; do
       set -- $spec
       local np=$1 k=$2 rows=$(($1 * $2))
       head -n "$np" "$S/prompts64.jsonl" > "$S/p_$rows.jsonl"
@@ -198,19 +200,21 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
         local o=$S/par_${dt}_${rows}_${f/,/_}.jsonl
         [ -s "$o" ] && o=${o%.jsonl}_again.jsonl
         timeout -k 5 "${SAMPLING_STEP_TIMEOUT:-60}" "$RLVR" generate --model "$W/small" --prompts "$S/p_$rows.jsonl" \
-          --chat -n "$k" --top-p 1 --max-new-tokens 32 --seed 3 --device "$DEVICE" --dtype $dt --fused $f \
+          --chat -n "$k" --top-p 1 --max-new-tokens $pnew --seed 3 --device "$DEVICE" --dtype $dt --fused $f \
           --max-batch-rows 256 --out "$o" > /dev/null 2> "${o%.jsonl}.err" \
           || { echo "FAIL sampling: parity generate $dt batch $rows --fused $f: rc $?"; tail -3 "${o%.jsonl}.err"; }
       done
     done
   done
-  "$PY" - "$S" "$OUTD/sampling_parity.jsonl" "$dts" <<'PY'
+  local rowsl; rowsl=$(for spec in "${par[@]}"; do set -- $spec; echo $(($1 * $2)); done)
+  "$PY" - "$S" "$OUTD/sampling_parity.jsonl" "$dts" $rowsl <<'PY'
 import json, os, sys
 s, out, dts = sys.argv[1], sys.argv[2], sys.argv[3].split()
+batches = [int(x) for x in sys.argv[4:]]
 def load(p):
     return [json.loads(l) for l in open(p)] if os.path.exists(p) and os.path.getsize(p) else None
 for dt in dts:
-    for rows in (1, 64, 256):
+    for rows in batches:
         base = load(f"{s}/par_{dt}_{rows}_none.jsonl")
         for f in ("decode", "decode_cuda_graphs"):
             got = load(f"{s}/par_{dt}_{rows}_{f}.jsonl")

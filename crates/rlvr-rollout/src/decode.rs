@@ -84,11 +84,13 @@ impl KvBuffer {
 
     /// Layer `layer`'s key and value caches `[B, n_kv_heads, capacity, head_dim]` (the fused
     /// decode step writes and reads them in place).
+    #[cfg(any(test, feature = "cuda"))]
     pub(crate) fn layer(&self, layer: usize) -> Option<&(Tensor, Tensor)> {
         self.layers.get(layer)
     }
 
     /// The per-row attention bias `[B, capacity]` f32.
+    #[cfg(any(test, feature = "cuda"))]
     pub(crate) fn bias_rows(&self) -> &Tensor {
         &self.bias
     }

@@ -31,9 +31,6 @@ pub struct Sampler {
     detok: Option<Box<dyn Detokenize>>,
     timings: Option<std::sync::Mutex<DecodeTimings>>,
     device_select: Option<bool>,
-    /// Tests: the fused decode path run on the host (`crate::fused::HostStep`).
-    #[cfg(test)]
-    pub(crate) host_fused: bool,
 }
 
 /// Where a [`Sampler`]'s time went, summed over its `sample` calls since
@@ -129,8 +126,6 @@ impl Sampler {
             detok: None,
             timings: None,
             device_select: None,
-            #[cfg(test)]
-            host_fused: false,
         }
     }
 
@@ -145,8 +140,6 @@ impl Sampler {
             detok: None,
             timings: None,
             device_select: None,
-            #[cfg(test)]
-            host_fused: false,
         })
     }
 
@@ -457,12 +450,8 @@ impl Sampler {
     /// the candle step (the switch off, the CPU, or a model the fused step does not cover:
     /// said once in the log).
     fn fused_step(&self, cache: &KvBuffer) -> Result<Option<Box<dyn crate::fused::FusedStep>>> {
-        #[cfg(test)]
-        if self.host_fused {
-            return Ok(Some(Box::new(crate::fused::HostStep::new(
-                &self.model,
-                cache,
-            )?)));
+        if let Some(step) = crate::fused::host_step(&self.model, cache)? {
+            return Ok(Some(step));
         }
         let path = self.decode_path();
         if !path.fused || !self.model.device().is_cuda() {

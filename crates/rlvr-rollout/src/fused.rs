@@ -981,6 +981,25 @@ fn weight_named(model: &Model, name: &str) -> Result<Tensor> {
         .detach())
 }
 
+/// Tests: the fused path on the host ([`HostStep`]) when this thread asked for it
+/// (`HOST_FUSED`); `None` otherwise, and always outside tests.
+///
+/// Errors: [`HostStep::new`]'s.
+pub(crate) fn host_step(model: &Model, cache: &KvBuffer) -> Result<Option<Box<dyn FusedStep>>> {
+    #[cfg(test)]
+    if HOST_FUSED.with(std::cell::Cell::get) {
+        return Ok(Some(Box::new(HostStep::new(model, cache)?)));
+    }
+    let _ = (model, cache);
+    Ok(None)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: this thread's samplers run the fused path on the host.
+    pub(crate) static HOST_FUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 #[cfg(test)]
 #[path = "fused_tests.rs"]
 mod tests;

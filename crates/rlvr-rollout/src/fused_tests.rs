@@ -366,10 +366,11 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
     let want = crate::Sampler::new(&model, 0)
         .sample(&prompts, 4, &params, 11)
         .unwrap();
-    let mut fused = crate::Sampler::new(&model, 0);
-    fused.host_fused = true;
     let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
-    let got = fused.sample(&prompts, 4, &params, 11).unwrap();
+    HOST_FUSED.with(|c| c.set(true));
+    let got = crate::Sampler::new(&model, 0).sample(&prompts, 4, &params, 11);
+    HOST_FUSED.with(|c| c.set(false));
+    let got = got.unwrap();
     // 11 decode steps per wave at most (the first token comes from the prefill), two waves.
     let steps = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) - before;
     assert!((2..=22).contains(&steps), "{steps} fused steps");
