@@ -37,11 +37,18 @@
 #                device wait), Triton launches per step and the `decode_path` that actually ran
 #                (sampling.jsonl, sampling.txt); (c) the train/sample mismatch at staleness 0:
 #                the completions of (a) scored by one training step on DEVICE in the same dtype,
-#                `kl_behaviour` of step 1 (f32 bound 1e-5). Until the fused step is wired into the
-#                sampler, `decode_path` reads `candle` in every line (the switches are logged and
-#                the candle step runs). SAMPLING_SHAPE=small: a tiny shape (checking the script
-#                on a CPU). Prepared and dry-run on a CPU on
-#                2026-12-06; not yet run on a GPU.
+#                `kl_behaviour` of step 1 (f32 bound 1e-5); (d) the fused step against the candle
+#                step at batch 1, 64 and 256 (1, 16, 64 prompts x 1/4/4 samples, 32 new tokens,
+#                the small model): `--fused decode` and `--fused decode,cuda_graphs` vs `--fused
+#                none`, f32: every token id equal and behaviour log-probs within 1e-4 nats; bf16:
+#                log-probs within 0.1 nats up to each completion's first differing token (the
+#                share of identical completions reported); and a second graphs run bit-identical
+#                to the first (sampling_parity.jsonl). `decode_path` in (b) names the path that
+#                ran (`candle` where the fused step fell back: see bench_fused.err).
+#                SAMPLING_SHAPE=small: tiny shapes, (d) at batch 1, 4, 8 (checking the script on a CPU, where every
+#                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06 (rc 0 in
+#                214 s); not yet run on a GPU. One command on the GPU machine, with a CUDA binary
+#                carried as bench/gpu.sh says: `PARTS=sampling BUDGET=400 bench/gpu_check.sh $OUT`.
 #   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; a
 #                training step against PyTorch's), Qwen2.5-0.5B shape in bf16.
 #   3b. breakdown the training step of part 3 as forward, backward and optimizer, with the head's
@@ -53,7 +60,7 @@
 # bench/rlvr-cuda.gz, else target-cuda/release/rlvr),
 # DEVICE (cuda:0), BUDGET (seconds for the whole script, default 330), PARTS (default
 # "kernels logprobs offline sampling nccl speed breakdown shared"; the default BUDGET covers the
-# first three: give BUDGET=570 or PARTS=sampling for the sampling part, about 130-240 s), PY (the python with numpy; default the
+# first three: give BUDGET=660 or PARTS=sampling for the sampling part, about 200-330 s), PY (the python with numpy; default the
 # torch venv's when present, else python3), KERNEL_ITERS (timed launches per record, default 20).
 # On a CPU-only machine, to check the script itself (the kernels part then dry-runs: records
 # written for both targets, resolved and packed, and the timing table says "no GPU"):
@@ -152,11 +159,12 @@ kernels() {
 sampling() {
   # Issue 50's decode path; see the header (0b).
   local S=$W/sampling dts="f32 bf16" shape batches plen=128 new=256 tdev=${DEVICE/cuda:*/cuda}
+  local par=("1 1" "16 4" "64 4") pnew=32
   local tok=data/tokenizers/qwen2.5/tokenizer.json
   mkdir -p "$S"
   if [ "${SAMPLING_SHAPE:-}" = small ]; then
     shape=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --vocab-size 4096)
-    batches=(--batch 4 --batch 8); plen=16; new=16; tok=$S/tok2.json
+    batches=(--batch 4 --batch 8); plen=16; new=16; tok=$S/tok2.json; par=("1 1" "2 2" "2 4"); pnew=8
     "$PY" -c 'import sys; from tokenizers import Tokenizer, models; Tokenizer(models.WordLevel({"<unk>": 0, "<|endoftext|>": 1}, unk_token="<unk>")).save(sys.argv[1])' "$tok"
   else
     shape=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab-size 151936)
@@ -179,6 +187,61 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
     fi
     grep -h "kernels\." "$S"/generate_${dt}_*.err | sort -u | head -3
   done
+  # (d) the fused step against the candle step at batch 1, 64 and 256; graphs run twice.
+  head -n 64 data/gsm8k/train.jsonl | "$PY" -c '
+import json, sys
+for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > "$S/prompts64.jsonl"
+  for dt in $dts; do
+    for spec in "${par[@]}"; do
+      set -- $spec
+      local np=$1 k=$2 rows=$(($1 * $2))
+      head -n "$np" "$S/prompts64.jsonl" > "$S/p_$rows.jsonl"
+      for f in none decode decode,cuda_graphs decode,cuda_graphs; do
+        local o=$S/par_${dt}_${rows}_${f/,/_}.jsonl
+        [ -s "$o" ] && o=${o%.jsonl}_again.jsonl
+        timeout -k 5 "${SAMPLING_STEP_TIMEOUT:-60}" "$RLVR" generate --model "$W/small" --prompts "$S/p_$rows.jsonl" \
+          --chat -n "$k" --top-p 1 --max-new-tokens $pnew --seed 3 --device "$DEVICE" --dtype $dt --fused $f \
+          --max-batch-rows 256 --out "$o" > /dev/null 2> "${o%.jsonl}.err" \
+          || { echo "FAIL sampling: parity generate $dt batch $rows --fused $f: rc $?"; tail -3 "${o%.jsonl}.err"; }
+      done
+    done
+  done
+  local rowsl; rowsl=$(for spec in "${par[@]}"; do set -- $spec; echo $(($1 * $2)); done)
+  "$PY" - "$S" "$OUTD/sampling_parity.jsonl" "$dts" $rowsl <<'PY'
+import json, os, sys
+s, out, dts = sys.argv[1], sys.argv[2], sys.argv[3].split()
+batches = [int(x) for x in sys.argv[4:]]
+def load(p):
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) and os.path.getsize(p) else None
+for dt in dts:
+    for rows in batches:
+        base = load(f"{s}/par_{dt}_{rows}_none.jsonl")
+        for f in ("decode", "decode_cuda_graphs"):
+            got = load(f"{s}/par_{dt}_{rows}_{f}.jsonl")
+            if base is None or got is None or len(base) != len(got):
+                print(f"FAIL sampling: parity {dt} batch {rows} {f}: missing or unequal outputs"); continue
+            same, worst = 0, 0.0
+            for a, b in zip(base, got):
+                ia, ib = a["completion_ids"], b["completion_ids"]
+                n = next((i for i, (x, y) in enumerate(zip(ia, ib)) if x != y), min(len(ia), len(ib)))
+                same += ia == ib
+                # log-probs up to the first differing token (the token there differs, so its does)
+                la, lb = a["behaviour_logprobs"][:n], b["behaviour_logprobs"][:n]
+                worst = max([worst] + [abs(x - y) for x, y in zip(la, lb)])
+            bound = 1e-4 if dt == "f32" else 0.1
+            ok = worst <= bound and (dt != "f32" or same == len(base))
+            rec = {"check": "fused_vs_candle", "dtype": dt, "batch": rows, "path": f, "completions": len(base),
+                   "identical": same, "max_abs_logprob_diff": worst, "bound": bound, "pass": ok}
+            open(out, "a").write(json.dumps(rec) + "\n")
+            print("PASS" if ok else "FAIL", f"sampling: {f} vs candle, {dt}, batch {rows}: {same}/{len(base)} "
+                  f"completions identical, max |logprob diff| {worst:.3g} (bound {bound})")
+        a, b = f"{s}/par_{dt}_{rows}_decode_cuda_graphs.jsonl", f"{s}/par_{dt}_{rows}_decode_cuda_graphs_again.jsonl"
+        ok = load(a) is not None and open(a, "rb").read() == open(b, "rb").read() if os.path.exists(b) else False
+        open(out, "a").write(json.dumps({"check": "graphs_rerun", "dtype": dt, "batch": rows, "pass": ok}) + "\n")
+        print("PASS" if ok else "FAIL", f"sampling: graph replay, two runs, {dt}, batch {rows}: "
+              + ("bit-identical" if ok else "differ or missing"))
+PY
+  grep -h "kernels\.\|fused decode" "$S"/par_*.err | sort -u | head -5
   # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
   # fixed rule of the ids, so groups have variance), same device, dtype and switches.
   for dt in $dts; do
@@ -402,7 +465,7 @@ export -f kernels sampling logprobs offline speed breakdown shared nccl
 part kernels 150 kernels
 part logprobs 60 logprobs
 part offline 120 offline
-part sampling 240 sampling
+part sampling 330 sampling
 part nccl 40 nccl
 part speed 200 speed
 part breakdown 120 breakdown

@@ -68,9 +68,9 @@ pub struct KernelSwitches {
     pub logprob_head: Switch,
     /// One-pass AdamW (f32 master, both moments and the bf16 copy; the gradient norm from partial sums): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the optimizer yet: `on` is accepted and logged.
     pub adamw: Switch,
-    /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head). Default `auto`. Not wired into the sampler yet: `on` is accepted and logged, and the candle decode step runs.
+    /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head; not with LoRA adapters or Qwen3's q/k norms, which keep the candle step). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check (`bench/gpu_check.sh`); the CPU keeps the candle step.
     pub decode: Switch,
-    /// CUDA-graph replay of the sampler's decode step, one graph per batch-size bucket (needs `kernels.decode`): `auto`, `on` or `off`, as `kernels.attention`; `off` runs every step eagerly. Default `auto`. Not wired into the sampler yet: `on` is accepted and logged.
+    /// CUDA-graph replay of the sampler's fused decode step, captured once per wave after one eager step and replayed for the wave's other steps (needs `kernels.decode`): `auto`, `on` or `off`, as `kernels.attention`; `off` runs every step eagerly. Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
     pub cuda_graphs: Switch,
 }
 
@@ -134,7 +134,10 @@ impl FusedOp {
     /// Whether the model uses this op's kernels yet (the others' switches are accepted and
     /// logged, and change nothing).
     pub fn wired(self) -> bool {
-        matches!(self, FusedOp::Attention)
+        matches!(
+            self,
+            FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs
+        )
     }
 }
 
@@ -333,7 +336,8 @@ pub(crate) struct Fused {
     /// Attention through the fused kernels.
     pub attention: bool,
     /// The decode step's kernels (`kernels.decode`): on the CPU, only flagged for the launch
-    /// recorder ([`record_decode`]); not wired on CUDA yet.
+    /// recorder ([`record_decode`]); on CUDA the sampler runs its fused step
+    /// (`rlvr_rollout::fused`), and the layers are not involved.
     pub decode: bool,
 }
 

@@ -250,6 +250,12 @@ impl Rotary {
         Ok(t)
     }
 
+    /// The tables cos and sin `[n, head_dim]` of positions `0..n` (compute dtype).
+    pub fn tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
+        let t = self.table(n)?;
+        Ok((t.cos.narrow(0, 0, n)?, t.sin.narrow(0, 0, n)?))
+    }
+
     /// cos and sin `[B, T, 1, head_dim]` of `positions` (`B·T`, row-major).
     pub fn forward(&self, positions: &[u32], b: usize, t: usize) -> Result<(Tensor, Tensor)> {
         let max = positions.iter().copied().max().unwrap_or(0) as usize;

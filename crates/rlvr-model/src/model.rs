@@ -337,6 +337,15 @@ impl Model {
             .map(|p| &p.var)
     }
 
+    /// The rotary tables cos and sin `[n, head_dim]` of positions `0..n` exactly as the layers
+    /// use them: angles `position · inv_freq` in f32, then cos/sin cast to the compute dtype
+    /// (the fused decode step reads them as f32 copies).
+    ///
+    /// Errors: tensor errors (out of memory).
+    pub fn rotary_tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
+        self.rotary.tables(n)
+    }
+
     /// The lm_head weight `[vocab, hidden]` (the embedding when tied), detached.
     pub fn head_weight(&self) -> &Tensor {
         self.lm_head.weight.get(false)

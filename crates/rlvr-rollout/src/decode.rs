@@ -77,6 +77,24 @@ impl KvBuffer {
         self.len == 0
     }
 
+    /// Cache columns per row.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Layer `layer`'s key and value caches `[B, n_kv_heads, capacity, head_dim]` (the fused
+    /// decode step writes and reads them in place).
+    #[cfg(any(test, feature = "cuda"))]
+    pub(crate) fn layer(&self, layer: usize) -> Option<&(Tensor, Tensor)> {
+        self.layers.get(layer)
+    }
+
+    /// The per-row attention bias `[B, capacity]` f32.
+    #[cfg(any(test, feature = "cuda"))]
+    pub(crate) fn bias_rows(&self) -> &Tensor {
+        &self.bias
+    }
+
     /// The attention bias `[B, 1, 1, len + 1]` of a decode step (one new column per row).
     fn step_bias(&self) -> Result<Tensor> {
         let s = self.len + 1;
@@ -210,8 +228,8 @@ impl KvStore for KvBuffer {
 /// training kernels' RMSNorm-add and SwiGLU); `cuda_graphs`: the step replayed as a CUDA graph
 /// per batch-size bucket (`rlvr_kernels::graph`), which needs `fused` (candle's eager step
 /// allocates inside the step, which a graph cannot replay). Both are off on the CPU, and off by
-/// default on CUDA until the GPU check has passed them (`GPU_VERIFIED`); neither is wired into
-/// the step yet, so `on` is logged and the candle step runs.
+/// default on CUDA until the GPU check has passed them (`GPU_VERIFIED`). On CUDA, `fused` runs
+/// the step as [`crate::fused::StepProgram`] (the sampler's `fused_step`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct DecodePath {
     /// The fused decode kernels run the step.

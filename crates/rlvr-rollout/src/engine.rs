@@ -263,9 +263,6 @@ impl Sampler {
                 .map(|(i, p)| (first_prompt_index + i, p)),
             params,
         )?;
-        // The decode path the switches ask for: resolved (and any fallback logged, once) per call;
-        // the fused step is not wired in yet, so every path runs the candle step below.
-        let _path = self.decode_path();
         // Packed once per call: the weights may change between calls (a sync), not during one.
         let t = std::time::Instant::now();
         let head = packed_head(&self.model)?;
@@ -461,9 +458,44 @@ impl Sampler {
         }
         // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
         let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
+        let mut fused = self.fused_step(&cache)?;
         self.decode_loop(
-            &mut rows, &mut src, logits, &mut cache, params, head, record, out,
+            &mut rows,
+            &mut src,
+            logits,
+            &mut cache,
+            params,
+            head,
+            record,
+            fused.as_deref_mut(),
+            out,
         )
+    }
+
+    /// The fused decode step of this wave (`kernels.decode`, CUDA; issue 50), or `None` for
+    /// the candle step (the switch off, the CPU, or a model the fused step does not cover:
+    /// said once in the log).
+    fn fused_step(&self, cache: &KvBuffer) -> Result<Option<Box<dyn crate::fused::FusedStep>>> {
+        if let Some(step) = crate::fused::host_step(&self.model, cache)? {
+            return Ok(Some(step));
+        }
+        let path = self.decode_path();
+        if !path.fused || !self.model.device().is_cuda() {
+            return Ok(None);
+        }
+        if let Err(e) = crate::fused::StepShape::of(&self.model, cache.rows(), cache.capacity()) {
+            rlvr_model::kernels::log_once(format!(
+                "kernels.decode = on: {e}; the candle decode step runs"
+            ));
+            return Ok(None);
+        }
+        #[cfg(feature = "cuda")]
+        let step: Option<Box<dyn crate::fused::FusedStep>> = Some(Box::new(
+            crate::fused_cuda::FusedDecoder::new(&self.model, cache, path.cuda_graphs)?,
+        ));
+        #[cfg(not(feature = "cuda"))]
+        let step = None;
+        Ok(step)
     }
 
     /// The decode loop: choose a token for every row, retire finished rows (compacting the
@@ -478,11 +510,15 @@ impl Sampler {
         params: &SamplingParams,
         head: Option<&rlvr_kernels::PackedHead>,
         mut record: Option<&mut TurnCache>,
+        mut fused: Option<&mut (dyn crate::fused::FusedStep + '_)>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.model.device().clone();
         // The first decode step's column: a row's fed tokens sit at `decoded..`.
         let decoded = cache.len();
+        // The fused step keeps the cache's rows as fixed slots (no compaction): row r is slot
+        // `slots[r]`; the candle step compacts, and slot r is row r.
+        let mut slots: Vec<usize> = (0..rows.len()).collect();
         let stop_window = params
             .stop_strings
             .iter()
@@ -502,11 +538,15 @@ impl Sampler {
                 .collect();
             if alive.len() < rows.len() {
                 let mut kept = Vec::with_capacity(alive.len());
+                let before = std::mem::take(&mut slots);
+                slots = alive.iter().map(|&r| before[r as usize]).collect();
                 for (r, row) in rows.drain(..).enumerate() {
+                    // Row r's keys and values sit in cache row `before[r]` (its slot).
                     if let (Some(rec), Some((cols, ids)), Some(_)) =
                         (record.as_deref_mut(), &row.kept, row.finish)
                     {
-                        turns::keep_row(rec, cache, r, cols, decoded, ids, &row, self.version)?;
+                        let slot = before[r];
+                        turns::keep_row(rec, cache, slot, cols, decoded, ids, &row, self.version)?;
                     }
                     match row.finish {
                         Some(reason) => out.push(Completion {
@@ -525,7 +565,10 @@ impl Sampler {
                     self.time(|d| d.compact_s += t.elapsed().as_secs_f64());
                     return Ok(());
                 }
-                cache.keep_rows(&alive)?;
+                if fused.is_none() {
+                    cache.keep_rows(&alive)?;
+                    slots = (0..alive.len()).collect();
+                }
             }
             self.time(|d| d.compact_s += t.elapsed().as_secs_f64());
             // 3. Feed the chosen tokens: one new column per row.
@@ -538,10 +581,22 @@ impl Sampler {
                 .iter()
                 .map(|r| (r.prompt_len + r.tokens.len() - 1) as u32)
                 .collect();
-            let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
             let t = std::time::Instant::now();
             let launches = rlvr_kernels::triton::launch_count();
-            logits = forward_last(&self.model, &ids, &pos, None, cache, head)?;
+            logits = match fused.as_deref_mut() {
+                Some(f) => {
+                    let (mut ids_s, mut pos_s) =
+                        (vec![0u32; cache.rows()], vec![0u32; cache.rows()]);
+                    for (r, &s) in slots.iter().enumerate() {
+                        (ids_s[s], pos_s[s]) = (ids[r], pos[r]);
+                    }
+                    f.step(cache, &ids_s, &pos_s)?
+                }
+                None => {
+                    let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
+                    forward_last(&self.model, &ids, &pos, None, cache, head)?
+                }
+            };
             let host = t.elapsed().as_secs_f64();
             if self.timings.is_some() {
                 dev.synchronize()?;
@@ -553,7 +608,7 @@ impl Sampler {
                 d.steps += 1;
             });
             src.clear();
-            src.extend(0..n);
+            src.extend_from_slice(&slots);
         }
     }
 

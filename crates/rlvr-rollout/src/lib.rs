@@ -95,6 +95,9 @@ pub mod decode;
 pub mod device_select;
 pub mod engine;
 pub mod error;
+pub mod fused;
+#[cfg(feature = "cuda")]
+mod fused_cuda;
 pub mod params;
 pub mod select;
 

@@ -238,3 +238,81 @@ fn buffer(ptr: u64, start: usize, dtype: DType, len: usize) -> DeviceBuffer {
 fn unsupported_storage() -> TritonError {
     TritonError::Driver("f8/f6/f4 storage cannot be a Triton kernel's buffer".into())
 }
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ + beta · out` (row-major, f32 or bf16, f32 accumulation) with
+/// cuBLAS on `blas`'s stream (candle's `CudaDevice::cublas_handle`, bound to candle's stream):
+/// the fused decode step's projections, written into preallocated buffers so that a CUDA graph
+/// can replay them. In cuBLAS's column-major terms it is `outᵀ = op(w)·xᵀ` with `w` transposed.
+/// `beta = 1` accumulates onto `out` (a bias written there first).
+///
+/// Errors: buffers of different or unsupported dtypes, a buffer shorter than its matrix, a
+/// dimension of 0 or over `i32::MAX`, cuBLAS's error.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    blas: &cudarc::cublas::CudaBlas,
+    x: &DeviceBuffer,
+    w: &DeviceBuffer,
+    out: &DeviceBuffer,
+    m: usize,
+    n: usize,
+    k: usize,
+    beta: f32,
+) -> Result<()> {
+    use cudarc::cublas::sys;
+    let err = |why: String| TritonError::Driver(format!("gemm [{m}, {k}] · [{n}, {k}]ᵀ: {why}"));
+    let ty = match x.dtype {
+        DType::Fp32 => sys::cudaDataType_t::CUDA_R_32F,
+        DType::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
+        other => return Err(err(format!("{other} (f32 or bf16 only)"))),
+    };
+    if w.dtype != x.dtype || out.dtype != x.dtype {
+        return Err(err(format!(
+            "dtypes {}, {}, {} differ",
+            x.dtype, w.dtype, out.dtype
+        )));
+    }
+    for (what, b, need) in [("x", x, m * k), ("w", w, n * k), ("out", out, m * n)] {
+        if b.len < need {
+            return Err(err(format!(
+                "{what} holds {} elements, {need} needed",
+                b.len
+            )));
+        }
+    }
+    let dim = |v: usize| -> Result<i32> {
+        i32::try_from(v)
+            .ok()
+            .filter(|v| *v > 0)
+            .ok_or_else(|| err(format!("dimension {v}")))
+    };
+    let (mi, ni, ki) = (dim(m)?, dim(n)?, dim(k)?);
+    let alpha = 1f32;
+    // SAFETY: the three pointers address live device buffers of the checked dtype holding at
+    // least the matrices' elements (checked above; the caller keeps them alive until the stream
+    // has run the product); alpha and beta are host f32s, as CUBLAS_COMPUTE_32F takes them.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *blas.handle(),
+            sys::cublasOperation_t::CUBLAS_OP_T,
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            ni,
+            mi,
+            ki,
+            (&alpha) as *const f32 as *const _,
+            w.ptr as *const std::ffi::c_void,
+            ty,
+            ki,
+            x.ptr as *const std::ffi::c_void,
+            ty,
+            ki,
+            (&beta) as *const f32 as *const _,
+            out.ptr as *mut std::ffi::c_void,
+            ty,
+            ni,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| err(format!("{e:?}")))
+}

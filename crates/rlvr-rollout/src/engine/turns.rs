@@ -380,6 +380,9 @@ impl Sampler {
             params,
             head,
             Some(rec),
+            // A preloaded cache has gaps between a row's kept and new columns, which the fused
+            // step (`kernels.decode`, issue 50) does not read: these waves run the candle step.
+            None,
             out,
         )
     }

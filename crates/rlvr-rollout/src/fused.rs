@@ -1,0 +1,1005 @@
+//! The sampler's fused decode step (issue 50, `kernels.decode`): one decode step of every row as
+//! a fixed list of launches over preallocated buffers ([`StepProgram`]), so that the same list
+//! can run eagerly or be captured once as a CUDA graph and replayed (`rlvr_kernels::graph`).
+//!
+//! Per layer (Qwen2/Llama layout; LoRA and Qwen3's q/k norms are not covered and keep the candle
+//! step):
+//!
+//! 1. `rmsnorm_fwd` (layer 0 only: later layers get their input norm from the previous layer's
+//!    last `rmsnorm_add_fwd`);
+//! 2. the q, k, v projections (cuBLAS; a bias as a rank-1 product accumulated into the output);
+//! 3. `decode_rope_kv`: the rotary embedding of q and k, k and v written into the cache at each
+//!    row's column;
+//! 4. `decode_attn` + `decode_attn_combine`: split-KV attention over each row's cache;
+//! 5. the o projection; `rmsnorm_add_fwd` (the residual add with the post-attention norm);
+//! 6. the gate and up projections, `swiglu_fwd`, the down projection;
+//! 7. `rmsnorm_add_fwd`: the residual add with the next layer's input norm, or with the final
+//!    norm after the last layer; then the head (one projection to the vocabulary).
+//!
+//! Everything a step changes is in device buffers written before the step (the new tokens'
+//! embeddings in `X0`, the rows' positions, cache columns and lengths); grids and scalars are
+//! functions of the shapes, so the list is the same at every step of a wave.
+//!
+//! What runs where:
+//! - [`StepProgram::build`]: plain Rust, the same on every device (tested on the CPU: order,
+//!   arguments, buffer sizes).
+//! - [`StepProgram::run_host`]: the program's host emulation in f32 (each Triton kernel's
+//!   semantics as `kernels/src` documents them, the projections as plain products): tested
+//!   against the candle decode step on the CPU, and, under a [`Recorder`], writing each
+//!   kernel's launch with the emulation's inputs and outputs, which `scripts/ci_kernels.sh`
+//!   replays under Triton's interpreter (so the kernels are held to the same values the
+//!   emulation is held to).
+//! - `fused_cuda` (feature `cuda`): the program on candle's CUDA stream (cuBLAS for the
+//!   projections, `rlvr_kernels::triton::cuda::launch` for the kernels) and its graph capture.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use candle_core::{DType, Tensor};
+use rlvr_kernels::triton::families::decode::{self, Decode, SplitRule};
+use rlvr_kernels::triton::families::{rmsnorm, swiglu};
+use rlvr_kernels::triton::{self, HostBuffer, LaunchPlan, Manifest, Recorder, Target, Tolerance};
+use rlvr_model::{Arch, Model, ModelError};
+
+use crate::decode::KvBuffer;
+use crate::error::Result;
+
+/// A weight of the model, by where it sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Weight {
+    /// `model.layers.{layer}.{name}` (e.g. `self_attn.q_proj.weight`).
+    Layer(usize, &'static str),
+    /// `model.norm.weight`.
+    FinalNorm,
+    /// The lm_head weight `[vocab, hidden]` (the embedding when tied).
+    Head,
+}
+
+impl Weight {
+    /// The checkpoint name (`Model::var`'s), `None` for the head (`Model::head_weight`).
+    pub fn name(&self) -> Option<String> {
+        match self {
+            Weight::Layer(l, n) => Some(format!("model.layers.{l}.{n}")),
+            Weight::FinalNorm => Some("model.norm.weight".into()),
+            Weight::Head => None,
+        }
+    }
+}
+
+/// One buffer of the step. Shapes (rows = the program's rows, the model's dtype unless f32 or
+/// i32 is said): [`StepShape::spec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Buf {
+    /// The residual stream `[rows, hidden]`, two buffers used in turn (`X(0)` holds the new
+    /// tokens' embeddings at the start of a step).
+    X(u8),
+    /// The normed hidden state `[rows, hidden]`.
+    H,
+    /// The norms' `1/rms` per row `[rows]` f32 (scratch).
+    Rstd,
+    /// The projections' outputs `[rows, q_heads·hd]`, `[rows, kv_heads·hd]`.
+    Q,
+    /// See [`Buf::Q`].
+    K,
+    /// See [`Buf::Q`].
+    V,
+    /// The rotated query `[rows, q_heads·hd]`.
+    QRot,
+    /// The attention's per-split outputs `[rows, q_heads, n_splits, hd]` f32.
+    OPart,
+    /// The attention's per-split base-2 log-sum-exp `[rows, q_heads, n_splits]` f32.
+    LsePart,
+    /// The attention's output `[rows, q_heads·hd]`.
+    Attn,
+    /// The o projection's output `[rows, hidden]`.
+    AttnOut,
+    /// The gate and up projections' outputs and the gated activation `[rows, intermediate]`.
+    Gate,
+    /// See [`Buf::Gate`].
+    Up,
+    /// See [`Buf::Gate`].
+    Act,
+    /// The down projection's output `[rows, hidden]`.
+    MlpOut,
+    /// The head's output `[rows, vocab]`.
+    Logits,
+    /// Ones `[rows]`: the left factor of a bias's rank-1 product.
+    Ones,
+    /// Each row's rotary position `[rows]` i32.
+    Pos,
+    /// Each row's new cache column `[rows]` i32.
+    Cols,
+    /// Each row's attention length `[rows]` i32.
+    Lens,
+    /// The attention bias `[rows, capacity]` f32 (0 or the mask value).
+    Bias,
+    /// The rotary tables `[max_pos, hd]` f32 (the model's, rounded as its dtype rounds them).
+    Cos,
+    /// See [`Buf::Cos`].
+    Sin,
+    /// Layer l's key cache `[rows, kv_heads, capacity, hd]`.
+    KCache(usize),
+    /// Layer l's value cache.
+    VCache(usize),
+    /// A weight of the model.
+    W(Weight),
+}
+
+/// The shapes one program is built for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepShape {
+    /// Rows of the step (a batch-size bucket).
+    pub rows: usize,
+    /// Cache columns per row.
+    pub capacity: usize,
+    /// The model's hidden size, heads, head dim, MLP width, vocabulary, layers.
+    pub hidden: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Rows of the rotary tables (the model's `max_position_embeddings`).
+    pub max_pos: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// The kernels' dtype (the model's: f32 or bf16).
+    pub dtype: triton::DType,
+    /// Which projections carry a bias.
+    pub qkv_bias: bool,
+    /// See [`StepShape::qkv_bias`].
+    pub o_bias: bool,
+    /// See [`StepShape::qkv_bias`].
+    pub mlp_bias: bool,
+}
+
+impl StepShape {
+    /// The shapes of `model`'s step at `rows` rows and `capacity` cache columns.
+    ///
+    /// Errors: what the fused step does not cover (LoRA adapters, Qwen3's q/k norms, a dtype
+    /// other than f32/bf16), zero rows or capacity.
+    pub fn of(model: &Model, rows: usize, capacity: usize) -> Result<Self> {
+        let c = model.config();
+        let bad = |why: String| -> Result<Self> {
+            Err(ModelError::Invalid(format!("fused decode step: {why}")).into())
+        };
+        if model.lora_config().is_some() {
+            return bad("LoRA adapters are attached (the candle step runs them)".into());
+        }
+        if c.arch == Arch::Qwen3 {
+            return bad("Qwen3's q/k norms are not among the fused kernels".into());
+        }
+        let dtype = match model.dtype() {
+            DType::F32 => triton::DType::Fp32,
+            DType::BF16 => triton::DType::Bf16,
+            other => return bad(format!("{other:?} (the kernels are f32 and bf16)")),
+        };
+        if rows == 0 || capacity == 0 {
+            return bad(format!("{rows} rows × {capacity} columns"));
+        }
+        Ok(StepShape {
+            rows,
+            capacity,
+            hidden: c.hidden_size,
+            q_heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            intermediate: c.intermediate_size,
+            vocab: c.vocab_size,
+            layers: c.num_hidden_layers,
+            max_pos: c.max_position_embeddings,
+            eps: c.rms_norm_eps as f32,
+            dtype,
+            qkv_bias: c.qkv_bias,
+            o_bias: c.o_bias,
+            mlp_bias: c.mlp_bias,
+        })
+    }
+
+    fn decode(&self) -> Decode {
+        Decode {
+            rows: self.rows,
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            capacity: self.capacity,
+            fused_qkv: false,
+            softmax_scale: 1.0 / (self.head_dim as f32).sqrt(),
+        }
+    }
+
+    /// The dtype and shape of a non-weight buffer (`n_splits`: the attention's split axis).
+    pub fn spec(&self, b: Buf, n_splits: usize) -> (triton::DType, Vec<usize>) {
+        use triton::DType::{Fp32, I32};
+        let (r, dt) = (self.rows, self.dtype);
+        let (qd, kd) = (self.q_heads * self.head_dim, self.kv_heads * self.head_dim);
+        match b {
+            Buf::X(_) | Buf::H | Buf::AttnOut | Buf::MlpOut => (dt, vec![r, self.hidden]),
+            Buf::Rstd => (Fp32, vec![r]),
+            Buf::Q | Buf::QRot | Buf::Attn => (dt, vec![r, qd]),
+            Buf::K | Buf::V => (dt, vec![r, kd]),
+            Buf::OPart => (Fp32, vec![r, self.q_heads, n_splits, self.head_dim]),
+            Buf::LsePart => (Fp32, vec![r, self.q_heads, n_splits]),
+            Buf::Gate | Buf::Up | Buf::Act => (dt, vec![r, self.intermediate]),
+            Buf::Logits => (dt, vec![r, self.vocab]),
+            Buf::Ones => (dt, vec![r]),
+            Buf::Pos | Buf::Cols | Buf::Lens => (I32, vec![r]),
+            Buf::Bias => (Fp32, vec![r, self.capacity]),
+            Buf::Cos | Buf::Sin => (Fp32, vec![self.max_pos, self.head_dim]),
+            Buf::KCache(_) | Buf::VCache(_) => {
+                (dt, vec![r, self.kv_heads, self.capacity, self.head_dim])
+            }
+            Buf::W(w) => (dt, self.weight_shape(w)),
+        }
+    }
+
+    /// The shape of a weight.
+    pub fn weight_shape(&self, w: Weight) -> Vec<usize> {
+        let (h, i) = (self.hidden, self.intermediate);
+        let (qd, kd) = (self.q_heads * self.head_dim, self.kv_heads * self.head_dim);
+        match w {
+            Weight::Head => vec![self.vocab, h],
+            Weight::FinalNorm => vec![h],
+            Weight::Layer(_, n) => match n {
+                "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+                "self_attn.q_proj.weight" => vec![qd, h],
+                "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kd, h],
+                "self_attn.q_proj.bias" => vec![qd],
+                "self_attn.k_proj.bias" | "self_attn.v_proj.bias" => vec![kd],
+                "self_attn.o_proj.weight" => vec![h, qd],
+                "self_attn.o_proj.bias" | "mlp.down_proj.bias" => vec![h],
+                "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![i, h],
+                "mlp.gate_proj.bias" | "mlp.up_proj.bias" => vec![i],
+                "mlp.down_proj.weight" => vec![h, i],
+                _ => vec![0],
+            },
+        }
+    }
+}
+
+/// One operation of the step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n] on every row)`: cuBLAS on a GPU (the bias as
+    /// the rank-1 product `ones[m, 1] · bias[n, 1]ᵀ` written first, then the product
+    /// accumulated onto it).
+    Gemm {
+        /// The input rows.
+        x: Buf,
+        /// The weight `[n, k]`.
+        w: Buf,
+        /// The bias `[n]`, if any.
+        bias: Option<Buf>,
+        /// The output.
+        out: Buf,
+        /// Rows, outputs, inputs.
+        m: usize,
+        /// See `m`.
+        n: usize,
+        /// See `m`.
+        k: usize,
+    },
+    /// One Triton launch; `bind` gives the step buffer of each buffer name of the plan.
+    Launch {
+        /// The plan (grid, scalars, the buffer names of its pointers).
+        plan: LaunchPlan,
+        /// Plan buffer name → step buffer.
+        bind: Vec<(String, Buf)>,
+    },
+}
+
+/// The decode step of one model at one [`StepShape`]: its operations in order.
+#[derive(Clone, Debug)]
+pub struct StepProgram {
+    /// The shapes.
+    pub shape: StepShape,
+    /// The attention's split rule (the committed `decode_attn` variant's).
+    pub split: SplitRule,
+    /// The attention's split axis.
+    pub n_splits: usize,
+    /// The operations, in launch order.
+    pub ops: Vec<Op>,
+}
+
+/// The buffers each kernel writes (the rest it only reads), by entry point.
+fn written(entry: &str) -> &'static [&'static str] {
+    match entry {
+        "decode_rope_kv_kernel" => &["q_out", "k_cache", "v_cache"],
+        "decode_attn_kernel" => &["o_part", "lse_part"],
+        "decode_attn_combine_kernel" => &["o"],
+        "rmsnorm_fwd_kernel" => &["y", "rstd"],
+        "rmsnorm_add_fwd_kernel" => &["h_out", "y", "rstd"],
+        "swiglu_fwd_kernel" => &["a"],
+        _ => &[],
+    }
+}
+
+impl StepProgram {
+    /// The program of `shape` with the kernels of `manifest` for `target` (the fallback
+    /// variants, compiled without alignment assumptions).
+    ///
+    /// Errors: a kernel the manifest lacks, a shape a plan refuses (head dim, GQA ratio, a
+    /// hidden size over the RMSNorm classes).
+    pub fn build(shape: StepShape, manifest: &Manifest, target: Target) -> Result<Self> {
+        let s = shape;
+        let terr = |e: triton::TritonError| -> crate::RolloutError {
+            ModelError::Invalid(format!("fused decode step: {e}")).into()
+        };
+        let entry = |name: &str| manifest.entry(name, target).map_err(terr);
+        let dec = s.decode();
+        let attn_entry = entry(&decode::variant("attn", s.dtype, s.head_dim))?;
+        let split = SplitRule::of(attn_entry).map_err(terr)?;
+        let n_splits = dec.n_splits(attn_entry).map_err(terr)?;
+        let dplan = |k: &str| -> Result<LaunchPlan> {
+            decode::plan(entry(&decode::variant(k, s.dtype, s.head_dim))?, &dec).map_err(terr)
+        };
+        let norm = rmsnorm::RmsNorm {
+            rows: s.rows,
+            cols: s.hidden,
+            eps: s.eps,
+            rows_per_prog: 1,
+        };
+        let nplan = |k: &str| -> Result<LaunchPlan> {
+            let name = rmsnorm::variant(k, s.dtype, s.hidden).map_err(terr)?;
+            rmsnorm::plan(entry(&name)?, &norm).map_err(terr)
+        };
+        let glu = swiglu::Swiglu {
+            rows: s.rows,
+            cols: s.intermediate,
+        };
+        let swiglu_plan =
+            swiglu::plan(entry(&swiglu::variant("fwd", s.dtype))?, &glu).map_err(terr)?;
+        let (norm_fwd, norm_add) = (nplan("fwd")?, nplan("add_fwd")?);
+        let (rope, attn, combine) = (dplan("rope_kv")?, dplan("attn")?, dplan("attn_combine")?);
+        let launch = |plan: &LaunchPlan, bind: &[(&str, Buf)]| Op::Launch {
+            plan: plan.clone(),
+            bind: bind.iter().map(|(n, b)| (n.to_string(), *b)).collect(),
+        };
+        let (qd, kd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
+        let lw = |l: usize, n: &'static str| Buf::W(Weight::Layer(l, n));
+        let gemm = |x: Buf, l: usize, proj: &'static str, bias: bool, out: Buf, n: usize, k| {
+            let (w, b) = match proj {
+                "q" => ("self_attn.q_proj.weight", "self_attn.q_proj.bias"),
+                "k" => ("self_attn.k_proj.weight", "self_attn.k_proj.bias"),
+                "v" => ("self_attn.v_proj.weight", "self_attn.v_proj.bias"),
+                "o" => ("self_attn.o_proj.weight", "self_attn.o_proj.bias"),
+                "gate" => ("mlp.gate_proj.weight", "mlp.gate_proj.bias"),
+                "up" => ("mlp.up_proj.weight", "mlp.up_proj.bias"),
+                _ => ("mlp.down_proj.weight", "mlp.down_proj.bias"),
+            };
+            Op::Gemm {
+                x,
+                w: lw(l, w),
+                bias: bias.then(|| lw(l, b)),
+                out,
+                m: s.rows,
+                n,
+                k,
+            }
+        };
+        let mut ops = Vec::new();
+        // The residual stream alternates between X(0) and X(1): `cur` holds it.
+        let mut cur = 0u8;
+        ops.push(launch(
+            &norm_fwd,
+            &[
+                ("x", Buf::X(0)),
+                ("w", lw(0, "input_layernorm.weight")),
+                ("y", Buf::H),
+                ("rstd", Buf::Rstd),
+            ],
+        ));
+        for l in 0..s.layers {
+            ops.push(gemm(Buf::H, l, "q", s.qkv_bias, Buf::Q, qd, s.hidden));
+            ops.push(gemm(Buf::H, l, "k", s.qkv_bias, Buf::K, kd, s.hidden));
+            ops.push(gemm(Buf::H, l, "v", s.qkv_bias, Buf::V, kd, s.hidden));
+            ops.push(launch(
+                &rope,
+                &[
+                    ("q", Buf::Q),
+                    ("k", Buf::K),
+                    ("v", Buf::V),
+                    ("q_out", Buf::QRot),
+                    ("k_cache", Buf::KCache(l)),
+                    ("v_cache", Buf::VCache(l)),
+                    ("cos", Buf::Cos),
+                    ("sin", Buf::Sin),
+                    ("pos", Buf::Pos),
+                    ("cols", Buf::Cols),
+                ],
+            ));
+            ops.push(launch(
+                &attn,
+                &[
+                    ("q_out", Buf::QRot),
+                    ("k_cache", Buf::KCache(l)),
+                    ("v_cache", Buf::VCache(l)),
+                    ("bias", Buf::Bias),
+                    ("lens", Buf::Lens),
+                    ("o_part", Buf::OPart),
+                    ("lse_part", Buf::LsePart),
+                ],
+            ));
+            ops.push(launch(
+                &combine,
+                &[
+                    ("o_part", Buf::OPart),
+                    ("lse_part", Buf::LsePart),
+                    ("lens", Buf::Lens),
+                    ("o", Buf::Attn),
+                ],
+            ));
+            ops.push(gemm(
+                Buf::Attn,
+                l,
+                "o",
+                s.o_bias,
+                Buf::AttnOut,
+                s.hidden,
+                qd,
+            ));
+            ops.push(launch(
+                &norm_add,
+                &[
+                    ("x", Buf::AttnOut),
+                    ("residual", Buf::X(cur)),
+                    ("w", lw(l, "post_attention_layernorm.weight")),
+                    ("h_out", Buf::X(1 - cur)),
+                    ("y", Buf::H),
+                    ("rstd", Buf::Rstd),
+                ],
+            ));
+            cur = 1 - cur;
+            let i = s.intermediate;
+            ops.push(gemm(Buf::H, l, "gate", s.mlp_bias, Buf::Gate, i, s.hidden));
+            ops.push(gemm(Buf::H, l, "up", s.mlp_bias, Buf::Up, i, s.hidden));
+            ops.push(launch(
+                &swiglu_plan,
+                &[("g", Buf::Gate), ("u", Buf::Up), ("a", Buf::Act)],
+            ));
+            ops.push(gemm(
+                Buf::Act,
+                l,
+                "down",
+                s.mlp_bias,
+                Buf::MlpOut,
+                s.hidden,
+                i,
+            ));
+            let next_norm = if l + 1 < s.layers {
+                lw(l + 1, "input_layernorm.weight")
+            } else {
+                Buf::W(Weight::FinalNorm)
+            };
+            ops.push(launch(
+                &norm_add,
+                &[
+                    ("x", Buf::MlpOut),
+                    ("residual", Buf::X(cur)),
+                    ("w", next_norm),
+                    ("h_out", Buf::X(1 - cur)),
+                    ("y", Buf::H),
+                    ("rstd", Buf::Rstd),
+                ],
+            ));
+            cur = 1 - cur;
+        }
+        ops.push(Op::Gemm {
+            x: Buf::H,
+            w: Buf::W(Weight::Head),
+            bias: None,
+            out: Buf::Logits,
+            m: s.rows,
+            n: s.vocab,
+            k: s.hidden,
+        });
+        Ok(StepProgram {
+            shape,
+            split,
+            n_splits,
+            ops,
+        })
+    }
+
+    /// Every buffer the program names, weights included, each once (sorted).
+    pub fn buffers(&self) -> Vec<Buf> {
+        let mut set = BTreeSet::new();
+        for op in &self.ops {
+            match op {
+                Op::Gemm {
+                    x, w, bias, out, ..
+                } => {
+                    set.extend([*x, *w, *out]);
+                    if let Some(b) = bias {
+                        set.extend([*b, Buf::Ones]);
+                    }
+                }
+                Op::Launch { bind, .. } => set.extend(bind.iter().map(|(_, b)| *b)),
+            }
+        }
+        set.into_iter().collect()
+    }
+
+    /// `(triton launches, projections)` per step; a projection with a bias counts as one.
+    pub fn counts(&self) -> (usize, usize) {
+        let t = (self.ops.iter())
+            .filter(|o| matches!(o, Op::Launch { .. }))
+            .count();
+        (t, self.ops.len() - t)
+    }
+
+    /// The dtype and element count of every buffer (`spec` of [`StepShape`]).
+    pub fn sizes(&self) -> BTreeMap<Buf, (triton::DType, usize)> {
+        (self.buffers().into_iter())
+            .map(|b| {
+                let (dt, sh) = self.shape.spec(b, self.n_splits);
+                (b, (dt, sh.iter().product()))
+            })
+            .collect()
+    }
+
+    /// Runs the program on the host in f32 over `bufs` (every buffer of [`Self::buffers`]:
+    /// floats in `bufs.f`, the i32 ones in `bufs.i`), each kernel as its Python source
+    /// specifies and each projection as a plain product (f64 sums). With `recorder`, the first
+    /// launch of each kernel is written as a record (label `fused_step_<variant>`): its buffers
+    /// as they were before the launch, and the emulation's results as the expected outputs.
+    ///
+    /// Errors: a buffer missing or of the wrong length; a record that cannot be written.
+    pub fn run_host(&self, bufs: &mut HostBufs, recorder: Option<&Recorder>) -> Result<()> {
+        let sizes = self.sizes();
+        for (b, (dt, n)) in &sizes {
+            let have = if *dt == triton::DType::I32 {
+                bufs.i.get(b).map(Vec::len)
+            } else {
+                bufs.f.get(b).map(Vec::len)
+            };
+            if have != Some(*n) {
+                return Err(ModelError::Invalid(format!(
+                    "fused step on the host: buffer {b:?} holds {have:?} elements, {n} needed"
+                ))
+                .into());
+            }
+        }
+        let mut recorded = BTreeSet::new();
+        for op in &self.ops {
+            match op {
+                Op::Gemm {
+                    x,
+                    w,
+                    bias,
+                    out,
+                    m,
+                    n,
+                    k,
+                } => {
+                    let (xv, wv) = (&bufs.f[x], &bufs.f[w]);
+                    let bv = bias.map(|b| &bufs.f[&b]);
+                    let mut o = vec![0f32; m * n];
+                    for r in 0..*m {
+                        for c in 0..*n {
+                            let dot: f64 = (0..*k)
+                                .map(|j| xv[r * k + j] as f64 * wv[c * k + j] as f64)
+                                .sum();
+                            o[r * n + c] = (dot + bv.map_or(0.0, |b| b[c] as f64)) as f32;
+                        }
+                    }
+                    bufs.f.insert(*out, o);
+                }
+                Op::Launch { plan, bind } => {
+                    let before = (recorder.is_some() && !recorded.contains(&plan.name))
+                        .then(|| bufs.clone());
+                    self.emulate(plan, bind, bufs)?;
+                    if let (Some(rec), Some(before)) = (recorder, before) {
+                        self.record(rec, plan, bind, &before, bufs)?;
+                        recorded.insert(plan.name.clone());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One kernel on the host.
+    fn emulate(
+        &self,
+        plan: &LaunchPlan,
+        bind: &[(String, Buf)],
+        bufs: &mut HostBufs,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let b = |name: &str| -> Buf {
+            bind.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, b)| *b)
+                .expect("the program binds every buffer its plans name")
+        };
+        let (rows, hd, hq, hk) = (s.rows, s.head_dim, s.q_heads, s.kv_heads);
+        let cap = s.capacity;
+        match plan.entry.as_str() {
+            "rmsnorm_fwd_kernel" | "rmsnorm_add_fwd_kernel" => {
+                let add = plan.entry == "rmsnorm_add_fwd_kernel";
+                let h = s.hidden;
+                let mut hv = bufs.f[&b("x")].clone();
+                if add {
+                    for (a, r) in hv.iter_mut().zip(&bufs.f[&b("residual")]) {
+                        *a += r;
+                    }
+                }
+                let w = &bufs.f[&b("w")];
+                let (mut y, mut rstd) = (vec![0f32; rows * h], vec![0f32; rows]);
+                for r in 0..rows {
+                    let row = &hv[r * h..(r + 1) * h];
+                    let ms: f64 = row.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / h as f64;
+                    let rs = 1.0 / (ms + s.eps as f64).sqrt();
+                    rstd[r] = rs as f32;
+                    for c in 0..h {
+                        y[r * h + c] = (row[c] as f64 * rs * w[c] as f64) as f32;
+                    }
+                }
+                if add {
+                    bufs.f.insert(b("h_out"), hv);
+                }
+                bufs.f.insert(b("y"), y);
+                bufs.f.insert(b("rstd"), rstd);
+            }
+            "swiglu_fwd_kernel" => {
+                let (g, u) = (&bufs.f[&b("g")], &bufs.f[&b("u")]);
+                let a = (g.iter().zip(u))
+                    .map(|(g, u)| {
+                        let g = *g as f64;
+                        (g / (1.0 + (-g).exp()) * *u as f64) as f32
+                    })
+                    .collect();
+                bufs.f.insert(b("a"), a);
+            }
+            "decode_rope_kv_kernel" => {
+                let half = hd / 2;
+                let (pos, cols) = (bufs.i[&b("pos")].clone(), bufs.i[&b("cols")].clone());
+                let (cos, sin) = (&bufs.f[&b("cos")], &bufs.f[&b("sin")]);
+                let rot = |x: &[f32], p: usize| -> Vec<f32> {
+                    let (c, sn) = (&cos[p * hd..(p + 1) * hd], &sin[p * hd..(p + 1) * hd]);
+                    let mut y = vec![0f32; hd];
+                    for j in 0..half {
+                        y[j] = x[j] * c[j] + (-x[j + half]) * sn[j];
+                        y[j + half] = x[j + half] * c[j + half] + x[j] * sn[j + half];
+                    }
+                    y
+                };
+                let mut q_out = vec![0f32; rows * hq * hd];
+                let (mut kc, mut vc) =
+                    (bufs.f[&b("k_cache")].clone(), bufs.f[&b("v_cache")].clone());
+                let (q, k, v) = (&bufs.f[&b("q")], &bufs.f[&b("k")], &bufs.f[&b("v")]);
+                for r in 0..rows {
+                    let p = pos[r] as usize;
+                    for h in 0..hq {
+                        let at = (r * hq + h) * hd;
+                        q_out[at..at + hd].copy_from_slice(&rot(&q[at..at + hd], p));
+                    }
+                    let col = cols[r] as usize;
+                    for h in 0..hk {
+                        let src = (r * hk + h) * hd;
+                        let dst = ((r * hk + h) * cap + col) * hd;
+                        kc[dst..dst + hd].copy_from_slice(&rot(&k[src..src + hd], p));
+                        vc[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
+                    }
+                }
+                bufs.f.insert(b("q_out"), q_out);
+                bufs.f.insert(b("k_cache"), kc);
+                bufs.f.insert(b("v_cache"), vc);
+            }
+            "decode_attn_kernel" => {
+                let ns = self.n_splits;
+                let rep = hq / hk;
+                let scale = 1.0 / (hd as f64).sqrt();
+                let lens = &bufs.i[&b("lens")];
+                let (q, kc, vc) = (
+                    &bufs.f[&b("q_out")],
+                    &bufs.f[&b("k_cache")],
+                    &bufs.f[&b("v_cache")],
+                );
+                let bias = &bufs.f[&b("bias")];
+                let mut o_part = bufs.f[&b("o_part")].clone();
+                let mut lse_part = bufs.f[&b("lse_part")].clone();
+                for r in 0..rows {
+                    let len = lens[r] as usize;
+                    let span = self.split.split_len(len);
+                    for h in 0..hq {
+                        let qi = (r * hq + h) * hd;
+                        let kv = |j: usize| ((r * hk + h / rep) * cap + j) * hd;
+                        let sc: Vec<f64> = (0..len)
+                            .map(|j| {
+                                let dot: f64 = (0..hd)
+                                    .map(|x| q[qi + x] as f64 * kc[kv(j) + x] as f64)
+                                    .sum();
+                                dot * scale + bias[r * cap + j] as f64
+                            })
+                            .collect();
+                        for sp in 0..self.split.splits(len) {
+                            let (lo, hi) = (sp * span, ((sp + 1) * span).min(len));
+                            let m = sc[lo..hi].iter().fold(f64::NEG_INFINITY, |a, x| a.max(*x));
+                            let z: f64 = sc[lo..hi].iter().map(|x| (x - m).exp()).sum();
+                            let row = (r * hq + h) * ns + sp;
+                            for x in 0..hd {
+                                let acc: f64 = (lo..hi)
+                                    .map(|j| (sc[j] - m).exp() * vc[kv(j) + x] as f64)
+                                    .sum();
+                                o_part[row * hd + x] = (acc / z) as f32;
+                            }
+                            lse_part[row] = ((m + z.ln()) * std::f64::consts::LOG2_E) as f32;
+                        }
+                    }
+                }
+                bufs.f.insert(b("o_part"), o_part);
+                bufs.f.insert(b("lse_part"), lse_part);
+            }
+            "decode_attn_combine_kernel" => {
+                let ns = self.n_splits;
+                let lens = &bufs.i[&b("lens")];
+                let (op, lp) = (&bufs.f[&b("o_part")], &bufs.f[&b("lse_part")]);
+                let mut o = vec![0f32; rows * hq * hd];
+                for r in 0..rows {
+                    let n = self.split.splits(lens[r] as usize);
+                    for h in 0..hq {
+                        let base = (r * hq + h) * ns;
+                        let m = (0..n)
+                            .map(|i| lp[base + i] as f64)
+                            .fold(f64::NEG_INFINITY, f64::max);
+                        let wts: Vec<f64> =
+                            (0..n).map(|i| (lp[base + i] as f64 - m).exp2()).collect();
+                        let z: f64 = wts.iter().sum();
+                        for x in 0..hd {
+                            let acc: f64 = (0..n)
+                                .map(|i| wts[i] * op[(base + i) * hd + x] as f64)
+                                .sum();
+                            o[(r * hq + h) * hd + x] = (acc / z) as f32;
+                        }
+                    }
+                }
+                bufs.f.insert(b("o"), o);
+            }
+            other => {
+                return Err(ModelError::Invalid(format!(
+                    "fused step on the host: no emulation of {other}"
+                ))
+                .into())
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the launch of `plan` as a record: inputs from `before`, expected outputs from
+    /// `after` (what the kernel writes).
+    fn record(
+        &self,
+        rec: &Recorder,
+        plan: &LaunchPlan,
+        bind: &[(String, Buf)],
+        before: &HostBufs,
+        after: &HostBufs,
+    ) -> Result<()> {
+        let m = Manifest::committed().map_err(|e| ModelError::Invalid(e.to_string()))?;
+        let entry =
+            (m.entry(&plan.name, plan.target)).map_err(|e| ModelError::Invalid(e.to_string()))?;
+        let host = |b: &Buf, from: &HostBufs| -> HostBuffer {
+            let (dt, sh) = match b {
+                // Weights by their own shape; everything else by the program's.
+                Buf::W(w) => (triton::DType::Fp32, self.shape.weight_shape(*w)),
+                _ => {
+                    let (dt, sh) = self.shape.spec(*b, self.n_splits);
+                    (
+                        if dt == triton::DType::I32 {
+                            dt
+                        } else {
+                            triton::DType::Fp32
+                        },
+                        sh,
+                    )
+                }
+            };
+            if dt == triton::DType::I32 {
+                HostBuffer::i32(&sh, &from.i[b])
+            } else {
+                HostBuffer::f32(&sh, &from.f[b])
+            }
+        };
+        let buffers: BTreeMap<String, HostBuffer> = (bind.iter())
+            .map(|(n, b)| (n.clone(), host(b, before)))
+            .collect();
+        let outs = written(&plan.entry);
+        let expected: BTreeMap<String, (HostBuffer, Tolerance)> = (bind.iter())
+            .filter(|(n, _)| outs.contains(&n.as_str()))
+            .map(|(n, b)| (n.clone(), (host(b, after), Tolerance::F32)))
+            .collect();
+        rec.record(
+            &format!("fused_step_{}", plan.name),
+            entry,
+            plan,
+            &buffers,
+            &expected,
+        )
+        .map_err(|e| ModelError::Invalid(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// The host buffers of [`StepProgram::run_host`]: floats (any dtype, held as f32) and i32s.
+#[derive(Clone, Debug, Default)]
+pub struct HostBufs {
+    /// Float buffers.
+    pub f: BTreeMap<Buf, Vec<f32>>,
+    /// i32 buffers (`Pos`, `Cols`, `Lens`).
+    pub i: BTreeMap<Buf, Vec<i32>>,
+}
+
+/// The f32 rotary tables `[max_pos, hd]` the decode kernels read, from `model`'s own tables (in
+/// its dtype, so a bf16 model's rounding of cos and sin is kept).
+///
+/// Errors: tensor errors.
+pub fn rotary_tables(model: &Model) -> Result<(Tensor, Tensor)> {
+    let n = model.config().max_position_embeddings;
+    let (cos, sin) = model.rotary_tables(n)?;
+    Ok((cos.to_dtype(DType::F32)?, sin.to_dtype(DType::F32)?))
+}
+
+/// The host copy of every weight `program` names, from `model`.
+///
+/// Errors: a weight the model lacks (a layout the program does not match), tensor errors.
+pub fn host_weights(model: &Model, program: &StepProgram) -> Result<BTreeMap<Buf, Vec<f32>>> {
+    let mut out = BTreeMap::new();
+    for b in program.buffers() {
+        if let Buf::W(w) = b {
+            out.insert(
+                b,
+                weight(model, w)?
+                    .flatten_all()?
+                    .to_dtype(DType::F32)?
+                    .to_vec1()?,
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The tensor of `w` in `model` (detached; the same storage as the model's).
+///
+/// Errors: the model has no such weight.
+pub fn weight(model: &Model, w: Weight) -> Result<Tensor> {
+    match w.name() {
+        None => Ok(model.head_weight().clone()),
+        Some(n) => weight_named(model, &n),
+    }
+}
+
+/// A decode step run by the fused program over a wave's cache (`FusedDecoder` on CUDA,
+/// [`HostStep`] in the CPU tests): the sampler's decode loop calls it instead of the candle step
+/// when `kernels.decode` is on.
+///
+/// The cache is not compacted while a wave runs: every cache row is a fixed slot, finished rows
+/// stay as slots whose results are ignored (a graph replays over fixed addresses and shapes).
+pub(crate) trait FusedStep {
+    /// Runs one step: slot `s` feeds token `ids[s]` at rotary position `pos[s]` into cache
+    /// column `cache.len()` (every slot, `ids.len() == cache.rows()`), then commits the column.
+    /// Returns the logits `[slots, vocab]` f32.
+    fn step(&mut self, cache: &mut KvBuffer, ids: &[u32], pos: &[u32]) -> Result<Tensor>;
+}
+
+/// [`FusedStep`] on the host ([`StepProgram::run_host`]): the orchestration of the fused path
+/// (slots, columns, lengths, the program) run on the CPU, for tests.
+#[cfg(test)]
+pub(crate) struct HostStep {
+    program: StepProgram,
+    bufs: HostBufs,
+    embed: Tensor,
+    /// Launch records of the first step go here, when set.
+    pub(crate) recorder: Option<Recorder>,
+}
+
+#[cfg(test)]
+impl HostStep {
+    /// The host step of `model` over `cache` (its prefilled contents copied).
+    ///
+    /// Errors: what [`StepShape::of`] and [`StepProgram::build`] refuse, tensor errors.
+    pub(crate) fn new(model: &Model, cache: &KvBuffer) -> Result<Self> {
+        let m = Manifest::committed().map_err(|e| ModelError::Invalid(e.to_string()))?;
+        let shape = StepShape::of(model, cache.rows(), cache.capacity())?;
+        let program = StepProgram::build(shape, m, Target::Sm90a)?;
+        let mut bufs = HostBufs::default();
+        bufs.f.extend(host_weights(model, &program)?);
+        let (cos, sin) = rotary_tables(model)?;
+        let host = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
+        };
+        bufs.f.insert(Buf::Cos, host(&cos)?);
+        bufs.f.insert(Buf::Sin, host(&sin)?);
+        bufs.f.insert(Buf::Bias, host(cache.bias_rows())?);
+        bufs.f.insert(Buf::Ones, vec![1.0; shape.rows]);
+        for l in 0..shape.layers {
+            let (k, v) = cache
+                .layer(l)
+                .ok_or_else(|| ModelError::Invalid(format!("KV cache has no layer {l}")))?;
+            bufs.f.insert(Buf::KCache(l), host(k)?);
+            bufs.f.insert(Buf::VCache(l), host(v)?);
+        }
+        for (b, (dt, n)) in program.sizes() {
+            if dt == triton::DType::I32 {
+                bufs.i.insert(b, vec![0; n]);
+            } else {
+                bufs.f.entry(b).or_insert_with(|| vec![0.0; n]);
+            }
+        }
+        let embed = weight_named(model, "model.embed_tokens.weight")?;
+        Ok(HostStep {
+            program,
+            bufs,
+            embed,
+            recorder: None,
+        })
+    }
+}
+
+/// Steps run by [`HostStep`]s in this process (tests: the fused path was taken).
+#[cfg(test)]
+pub(crate) static HOST_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[cfg(test)]
+impl FusedStep for HostStep {
+    fn step(&mut self, cache: &mut KvBuffer, ids: &[u32], pos: &[u32]) -> Result<Tensor> {
+        let s = self.program.shape;
+        let col = cache.len();
+        let idx = Tensor::from_slice(ids, ids.len(), self.embed.device())?;
+        let x = self.embed.index_select(&idx, 0)?.to_dtype(DType::F32)?;
+        self.bufs.f.insert(Buf::X(0), x.flatten_all()?.to_vec1()?);
+        self.bufs
+            .i
+            .insert(Buf::Pos, pos.iter().map(|p| *p as i32).collect());
+        self.bufs.i.insert(Buf::Cols, vec![col as i32; s.rows]);
+        self.bufs.i.insert(Buf::Lens, vec![col as i32 + 1; s.rows]);
+        let rec = self.recorder.take();
+        self.program.run_host(&mut self.bufs, rec.as_ref())?;
+        HOST_STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        rlvr_model::KvStore::commit(cache, 1)?;
+        let logits = self.bufs.f[&Buf::Logits].clone();
+        Ok(Tensor::from_vec(
+            logits,
+            (s.rows, s.vocab),
+            self.embed.device(),
+        )?)
+    }
+}
+
+fn weight_named(model: &Model, name: &str) -> Result<Tensor> {
+    Ok(model
+        .var(name)
+        .ok_or_else(|| ModelError::Invalid(format!("fused decode step: no weight {name}")))?
+        .as_tensor()
+        .detach())
+}
+
+/// Tests: the fused path on the host ([`HostStep`]) when this thread asked for it
+/// (`HOST_FUSED`); `None` otherwise, and always outside tests.
+///
+/// Errors: [`HostStep::new`]'s.
+pub(crate) fn host_step(model: &Model, cache: &KvBuffer) -> Result<Option<Box<dyn FusedStep>>> {
+    #[cfg(test)]
+    if HOST_FUSED.with(std::cell::Cell::get) {
+        return Ok(Some(Box::new(HostStep::new(model, cache)?)));
+    }
+    let _ = (model, cache);
+    Ok(None)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: this thread's samplers run the fused path on the host.
+    pub(crate) static HOST_FUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+#[path = "fused_tests.rs"]
+mod tests;

@@ -1,0 +1,402 @@
+//! Tests of the fused decode step's program on the CPU (`crate::fused`).
+
+use candle_core::{Device, Tensor};
+use rlvr_kernels::triton::{self, DeviceBuffer, Manifest, Recorder, Target};
+use rlvr_model::{Model, ModelConfig};
+
+use super::*;
+use crate::decode::{forward_last, KvBuffer, MASK_BIAS};
+
+fn config(layers: usize, heads: usize, kv: usize, max_pos: usize) -> ModelConfig {
+    ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 64 * heads,
+            "intermediate_size": 96, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "max_position_embeddings": max_pos}),
+        "inline".as_ref(),
+    )
+    .unwrap()
+}
+
+fn manifest() -> Option<&'static Manifest> {
+    let m = Manifest::committed().ok()?;
+    m.kernels.iter().any(|k| k.family == "decode").then_some(m)
+}
+
+/// What each op is, in order: the kernel variant or `gemm <weight>`.
+fn names(p: &StepProgram) -> Vec<String> {
+    p.ops
+        .iter()
+        .map(|o| match o {
+            Op::Launch { plan, .. } => plan.name.clone(),
+            Op::Gemm { w: Buf::W(w), .. } => match w {
+                Weight::Layer(_, n) => format!("gemm {}", n.trim_end_matches(".weight")),
+                Weight::Head => "gemm head".into(),
+                Weight::FinalNorm => "gemm final_norm".into(),
+            },
+            Op::Gemm { .. } => "gemm ?".into(),
+        })
+        .collect()
+}
+
+/// The op list of a 2-layer Qwen2-shaped model: the order of the layer's launches, the residual
+/// stream passed between the two X buffers, the final norm, the counts (6 kernels and 7
+/// projections per layer, one kernel and the head besides).
+#[test]
+fn the_step_program_is_the_layer_list() {
+    let Some(m) = manifest() else { return };
+    let model = Model::random(config(2, 2, 1, 512), 0.05, 1, DType::F32, &Device::Cpu).unwrap();
+    let shape = StepShape::of(&model, 4, 306).unwrap();
+    let p = StepProgram::build(shape, m, Target::Sm90a).unwrap();
+    let layer = [
+        "gemm self_attn.q_proj",
+        "gemm self_attn.k_proj",
+        "gemm self_attn.v_proj",
+        "decode_rope_kv_f32_d64",
+        "decode_attn_f32_d64",
+        "decode_attn_combine_f32_d64",
+        "gemm self_attn.o_proj",
+        "rmsnorm_add_fwd_f32_h128",
+        "gemm mlp.gate_proj",
+        "gemm mlp.up_proj",
+        "swiglu_fwd_f32",
+        "gemm mlp.down_proj",
+        "rmsnorm_add_fwd_f32_h128",
+    ];
+    let mut want = vec!["rmsnorm_fwd_f32_h128".to_string()];
+    for _ in 0..2 {
+        want.extend(layer.iter().map(|s| s.to_string()));
+    }
+    want.push("gemm head".into());
+    assert_eq!(names(&p), want);
+    assert_eq!(p.counts(), (1 + 6 * 2, 7 * 2 + 1));
+    assert_eq!((p.n_splits, p.split.splits(301)), (2, 2));
+    // Qwen2: q, k, v carry a bias, the rest do not.
+    let biased: Vec<bool> = (p.ops.iter())
+        .filter_map(|o| match o {
+            Op::Gemm { bias, .. } => Some(bias.is_some()),
+            _ => None,
+        })
+        .take(7)
+        .collect();
+    assert_eq!(biased, [true, true, true, false, false, false, false]);
+    // The residual stream: each add reads the X the previous one wrote and writes the other;
+    // the last one's norm is the final norm, the others' the next input norm.
+    let adds: Vec<(Buf, Buf, Buf)> = (p.ops.iter())
+        .filter_map(|o| match o {
+            Op::Launch { plan, bind } if plan.entry == "rmsnorm_add_fwd_kernel" => {
+                let get = |n: &str| bind.iter().find(|(k, _)| k == n).unwrap().1;
+                Some((get("residual"), get("h_out"), get("w")))
+            }
+            _ => None,
+        })
+        .collect();
+    let x: Vec<(Buf, Buf)> = adds.iter().map(|a| (a.0, a.1)).collect();
+    assert_eq!(
+        x,
+        [
+            (Buf::X(0), Buf::X(1)),
+            (Buf::X(1), Buf::X(0)),
+            (Buf::X(0), Buf::X(1)),
+            (Buf::X(1), Buf::X(0))
+        ]
+    );
+    assert_eq!(
+        adds.iter().map(|a| a.2).collect::<Vec<_>>(),
+        [
+            Buf::W(Weight::Layer(0, "post_attention_layernorm.weight")),
+            Buf::W(Weight::Layer(1, "input_layernorm.weight")),
+            Buf::W(Weight::Layer(1, "post_attention_layernorm.weight")),
+            Buf::W(Weight::FinalNorm),
+        ]
+    );
+    // Every launch's caches are its own layer's.
+    for (i, o) in p.ops.iter().enumerate() {
+        if let Op::Launch { bind, .. } = o {
+            let layer = (i.saturating_sub(1)) / 13;
+            for (_, b) in bind {
+                if let Buf::KCache(l) | Buf::VCache(l) = b {
+                    assert_eq!(*l, layer, "op {i}");
+                }
+            }
+        }
+    }
+}
+
+/// Every launch resolves against the buffer plan: device buffers of the program's sizes at
+/// 256-byte-aligned stand-in addresses give each pointer its buffer, of the right dtype; the
+/// grids are the step's (rows, kv heads and splits for the attention).
+#[test]
+fn every_launch_resolves_against_the_buffer_plan() {
+    let Some(m) = manifest() else { return };
+    for (dtype, heads, kv) in [(DType::F32, 2, 1), (DType::BF16, 14, 2)] {
+        let model =
+            Model::random(config(1, heads, kv, 4096), 0.05, 1, dtype, &Device::Cpu).unwrap();
+        let p =
+            StepProgram::build(StepShape::of(&model, 64, 2000).unwrap(), m, Target::Sm90a).unwrap();
+        let mut at = 1u64 << 20;
+        let dev: std::collections::BTreeMap<Buf, DeviceBuffer> = (p.sizes().into_iter())
+            .map(|(b, (dt, len))| {
+                let d = DeviceBuffer {
+                    ptr: at,
+                    dtype: dt,
+                    len,
+                };
+                at += ((len * dt.size()) as u64).div_ceil(256) * 256;
+                (b, d)
+            })
+            .collect();
+        for o in &p.ops {
+            match o {
+                Op::Launch { plan, bind } => {
+                    let bufs: Vec<(&str, DeviceBuffer)> =
+                        bind.iter().map(|(n, b)| (n.as_str(), dev[b])).collect();
+                    plan.resolve(&bufs).unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(
+                        plan.buffers().len(),
+                        bind.len(),
+                        "{}: every name bound once",
+                        plan.name
+                    );
+                    if plan.entry == "decode_attn_kernel" {
+                        assert_eq!(plan.grid, [64, kv as u32, p.n_splits as u32]);
+                    }
+                }
+                Op::Gemm {
+                    x, w, out, m, n, k, ..
+                } => {
+                    assert!(dev[x].len >= m * k && dev[w].len == n * k && dev[out].len >= m * n);
+                }
+            }
+        }
+        assert_eq!(p.n_splits, 8); // 2000 columns: cdiv(2000, 256)
+    }
+}
+
+/// What the fused step refuses (the sampler keeps the candle step for these).
+#[test]
+fn uncovered_models_are_refused() {
+    let qwen3 = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 128,
+            "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 64}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    let m = Model::random(qwen3, 0.05, 1, DType::F32, &Device::Cpu).unwrap();
+    let e = StepShape::of(&m, 1, 8).unwrap_err().to_string();
+    assert!(e.contains("Qwen3"), "{e}");
+    let m = Model::random(config(1, 2, 1, 64), 0.05, 1, DType::F16, &Device::Cpu).unwrap();
+    assert!(StepShape::of(&m, 1, 8)
+        .unwrap_err()
+        .to_string()
+        .contains("F16"));
+    let m = Model::random(config(1, 2, 1, 64), 0.05, 1, DType::F32, &Device::Cpu).unwrap();
+    assert!(StepShape::of(&m, 0, 8).is_err());
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.flatten_all()
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The host emulation of the program against the candle decode step of the same model on the
+/// same cache, over three steps (greedy tokens): two prompts of 300 and 261 tokens (left
+/// padding masked by the bias rows, a cache of two splits), three rows per prompt copied from
+/// the prefill; the logits agree within 2e-5 and every step's new cache column within 1e-6.
+/// With a recorder (`RLVR_KERNEL_RECORD` in CI, else a temporary directory), the first launch of
+/// each of the six kernels is written with the emulation's inputs and outputs, which
+/// `scripts/ci_kernels.sh` replays under Triton's interpreter.
+#[test]
+fn the_host_step_equals_the_candle_step_and_records_its_launches() {
+    let Some(m) = manifest() else { return };
+    let model = Model::random(config(2, 2, 1, 512), 0.05, 5, DType::F32, &Device::Cpu).unwrap();
+    let dev = Device::Cpu;
+    let prompts: Vec<Vec<u32>> = [300u32, 261]
+        .iter()
+        .map(|n| (0..*n).map(|i| (i * 7 + n) % 64).collect())
+        .collect();
+    let (p_n, l, new) = (prompts.len(), 300, 3);
+    let cap = l + new;
+    let mut ids = Vec::new();
+    let mut pos = Vec::new();
+    let mut bias = vec![MASK_BIAS; p_n * l * l];
+    let mut bias_rows = vec![0f32; p_n * cap];
+    for (pi, p) in prompts.iter().enumerate() {
+        let pad = l - p.len();
+        ids.extend(std::iter::repeat_n(0u32, pad).chain(p.iter().copied()));
+        pos.extend(std::iter::repeat_n(0u32, pad).chain(0..p.len() as u32));
+        bias_rows[pi * cap..pi * cap + pad].fill(MASK_BIAS);
+        for i in pad..l {
+            bias[(pi * l + i) * l + pad..=(pi * l + i) * l + i].fill(0.0);
+        }
+    }
+    let ids = Tensor::from_vec(ids, (p_n, l), &dev).unwrap();
+    let bias = Tensor::from_vec(bias, (p_n, 1, l, l), &dev).unwrap();
+    let mut cache = KvBuffer::new(&model, bias_rows, p_n, cap).unwrap();
+    let mut logits = forward_last(&model, &ids, &pos, Some(&bias), &mut cache, None).unwrap();
+    let k = 3;
+    let rep: Vec<u32> = (0..(p_n * k) as u32).map(|r| r / k as u32).collect();
+    cache.keep_rows(&rep).unwrap();
+    let rows = p_n * k;
+    let lens: Vec<usize> = rep.iter().map(|r| prompts[*r as usize].len()).collect();
+    let logits_rows = |lg: &Tensor, r: usize| -> Vec<f32> { host(&lg.narrow(0, r, 1).unwrap()) };
+
+    let p =
+        StepProgram::build(StepShape::of(&model, rows, cap).unwrap(), m, Target::Sm90a).unwrap();
+    let mut bufs = HostBufs::default();
+    bufs.f.extend(host_weights(&model, &p).unwrap());
+    let (cos, sin) = rotary_tables(&model).unwrap();
+    bufs.f.insert(Buf::Cos, host(&cos));
+    bufs.f.insert(Buf::Sin, host(&sin));
+    bufs.f.insert(Buf::Bias, host(cache.bias_rows()));
+    bufs.f.insert(Buf::Ones, vec![1.0; rows]);
+    for (b, (dt, n)) in p.sizes() {
+        if dt == triton::DType::I32 {
+            bufs.i.insert(b, vec![0; n]);
+        } else {
+            bufs.f.entry(b).or_insert_with(|| vec![0.0; n]);
+        }
+    }
+    for li in 0..2 {
+        let (kc, vc) = cache.layer(li).unwrap();
+        bufs.f.insert(Buf::KCache(li), host(kc));
+        bufs.f.insert(Buf::VCache(li), host(vc));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = match std::env::var_os(triton::record::RECORD_ENV) {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => tmp.path().to_path_buf(),
+    };
+    let rec = Recorder::new(&dir).unwrap();
+    let embed = model
+        .var("model.embed_tokens.weight")
+        .unwrap()
+        .as_tensor()
+        .clone();
+    let mut src: Vec<usize> = rep.iter().map(|r| *r as usize).collect();
+    for step in 0..new {
+        // Greedy tokens from the candle logits (the same for both paths).
+        let toks: Vec<u32> = (0..rows)
+            .map(|r| {
+                let v = logits_rows(&logits, src[r]);
+                (0..v.len()).max_by(|a, b| v[*a].total_cmp(&v[*b])).unwrap() as u32
+            })
+            .collect();
+        let positions: Vec<u32> = lens.iter().map(|n| (n + step) as u32).collect();
+        let col = cache.len();
+        let tok_t = Tensor::from_vec(toks.clone(), toks.len(), &dev).unwrap();
+        bufs.f
+            .insert(Buf::X(0), host(&embed.index_select(&tok_t, 0).unwrap()));
+        bufs.i
+            .insert(Buf::Pos, positions.iter().map(|x| *x as i32).collect());
+        bufs.i.insert(Buf::Cols, vec![col as i32; rows]);
+        bufs.i.insert(Buf::Lens, vec![col as i32 + 1; rows]);
+        p.run_host(&mut bufs, (step == 0).then_some(&rec)).unwrap();
+        let ids = Tensor::from_vec(toks, (rows, 1), &dev).unwrap();
+        logits = forward_last(&model, &ids, &positions, None, &mut cache, None).unwrap();
+        let want = host(&logits);
+        let got = &bufs.f[&Buf::Logits];
+        let worst = want
+            .iter()
+            .zip(got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 2e-5, "step {step}: logits differ by {worst}");
+        for li in 0..2 {
+            let (kc, vc) = cache.layer(li).unwrap();
+            for (c, b) in [(kc, Buf::KCache(li)), (vc, Buf::VCache(li))] {
+                let want = host(&c.narrow(2, col, 1).unwrap());
+                let hd = 64;
+                let all = &bufs.f[&b];
+                for r in 0..rows {
+                    let at = (r * cap + col) * hd;
+                    for x in 0..hd {
+                        let d = (all[at + x] - want[r * hd + x]).abs();
+                        assert!(d <= 1e-6, "step {step} layer {li} {b:?} row {r}: {d}");
+                    }
+                }
+            }
+        }
+        src = (0..rows).collect();
+    }
+    let mut kernels: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fused_step_"))
+        .collect();
+    kernels.sort();
+    assert_eq!(
+        kernels,
+        [
+            "fused_step_decode_attn_combine_f32_d64",
+            "fused_step_decode_attn_f32_d64",
+            "fused_step_decode_rope_kv_f32_d64",
+            "fused_step_rmsnorm_add_fwd_f32_h128",
+            "fused_step_rmsnorm_fwd_f32_h128",
+            "fused_step_swiglu_fwd_f32",
+        ]
+    );
+}
+
+/// The sampler's fused path end to end on the CPU (the program run on the host in place of the
+/// CUDA one): the same completions as the candle step (tokens and finish reasons equal,
+/// behaviour log-probs within 1e-5), with rows finishing at different steps (stop ids), so
+/// finished rows stay in the cache as ignored slots while the others decode; two waves.
+#[test]
+fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
+    if manifest().is_none() {
+        return;
+    }
+    let model = Model::random(config(2, 2, 1, 512), 0.05, 7, DType::F32, &Device::Cpu).unwrap();
+    let prompts: Vec<Vec<u32>> = [40u32, 23, 31]
+        .iter()
+        .map(|n| (0..*n).map(|i| (i * 5 + n) % 64).collect())
+        .collect();
+    let params = crate::SamplingParams {
+        group_size: 3,
+        max_new_tokens: 12,
+        stop_ids: (0..10).collect(),
+        max_batch_rows: 6,
+        ..Default::default()
+    };
+    let want = crate::Sampler::new(&model, 0)
+        .sample(&prompts, 4, &params, 11)
+        .unwrap();
+    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    HOST_FUSED.with(|c| c.set(true));
+    let got = crate::Sampler::new(&model, 0).sample(&prompts, 4, &params, 11);
+    HOST_FUSED.with(|c| c.set(false));
+    let got = got.unwrap();
+    // 11 decode steps per wave at most (the first token comes from the prefill), two waves.
+    let steps = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!((2..=22).contains(&steps), "{steps} fused steps");
+    assert_eq!(got.len(), 9);
+    let lens: std::collections::BTreeSet<usize> = want.iter().map(|c| c.token_ids.len()).collect();
+    assert!(
+        lens.len() >= 3,
+        "rows should finish at different steps: {lens:?}"
+    );
+    for (a, b) in got.iter().zip(&want) {
+        assert_eq!(
+            (
+                a.prompt_index,
+                a.sample_index,
+                &a.token_ids,
+                a.finish_reason
+            ),
+            (
+                b.prompt_index,
+                b.sample_index,
+                &b.token_ids,
+                b.finish_reason
+            )
+        );
+        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+        }
+    }
+}
