@@ -83,6 +83,32 @@ struct Row {
     kept: Option<(Vec<(usize, usize)>, PromptIds)>,
 }
 
+/// A wave's completions (retired in finishing order) put back in the order of its `rows`.
+///
+/// # Errors
+/// Two rows of the call continue the same episode (prompt index, sample index).
+fn in_row_order(rows: &[TurnRow], wave: Vec<Completion>) -> Result<Vec<Completion>> {
+    let mut slot: Vec<Option<Completion>> = vec![None; rows.len()];
+    for c in wave {
+        let i = rows
+            .iter()
+            .position(|r| r.prompt_index == c.prompt_index && r.sample_index == c.sample_index)
+            .filter(|&i| slot[i].is_none())
+            .ok_or_else(|| RolloutError::InvalidPrompt {
+                prompt_index: c.prompt_index,
+                msg: format!(
+                    "two rows of one call continue episode ({}, {})",
+                    c.prompt_index, c.sample_index
+                ),
+            })?;
+        slot[i] = Some(c);
+    }
+    Ok(slot
+        .into_iter()
+        .map(|c| c.expect("one completion per row"))
+        .collect())
+}
+
 /// The RNG stream of one completion: ChaCha12 keyed by the 32-byte seed
 /// `seed ‖ prompt_index ‖ sample_index ‖ 0` (little endian), so streams never collide.
 pub fn completion_rng(seed: u64, prompt_index: usize, sample_index: usize) -> ChaCha12Rng {
@@ -319,25 +345,7 @@ impl Sampler {
                 .collect();
             let mut wave = Vec::with_capacity(chunk.len());
             self.run_wave(&contexts, &keys, &one, seed, head.as_ref(), None, &mut wave)?;
-            // Rows retire in finishing order; put them back in row order.
-            let mut slot: Vec<Option<Completion>> = vec![None; chunk.len()];
-            for c in wave {
-                let i = chunk
-                    .iter()
-                    .position(|r| {
-                        r.prompt_index == c.prompt_index && r.sample_index == c.sample_index
-                    })
-                    .filter(|&i| slot[i].is_none())
-                    .ok_or_else(|| RolloutError::InvalidPrompt {
-                        prompt_index: c.prompt_index,
-                        msg: format!(
-                            "two rows of one call continue episode ({}, {})",
-                            c.prompt_index, c.sample_index
-                        ),
-                    })?;
-                slot[i] = Some(c);
-            }
-            out.extend(slot.into_iter().map(|c| c.expect("one completion per row")));
+            out.extend(in_row_order(chunk, wave)?);
         }
         Ok(out)
     }

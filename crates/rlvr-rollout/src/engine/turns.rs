@@ -231,24 +231,7 @@ impl Sampler {
                 .collect();
             let mut wave = Vec::with_capacity(chunk.len());
             self.run_kept_wave(chunk, entries, &one, seed, head.as_ref(), cache, &mut wave)?;
-            let mut slot: Vec<Option<Completion>> = vec![None; chunk.len()];
-            for c in wave {
-                let i = chunk
-                    .iter()
-                    .position(|r| {
-                        r.prompt_index == c.prompt_index && r.sample_index == c.sample_index
-                    })
-                    .filter(|&i| slot[i].is_none())
-                    .ok_or_else(|| RolloutError::InvalidPrompt {
-                        prompt_index: c.prompt_index,
-                        msg: format!(
-                            "two rows of one call continue episode ({}, {})",
-                            c.prompt_index, c.sample_index
-                        ),
-                    })?;
-                slot[i] = Some(c);
-            }
-            out.extend(slot.into_iter().map(|c| c.expect("one completion per row")));
+            out.extend(super::in_row_order(chunk, wave)?);
         }
         Ok(out)
     }
