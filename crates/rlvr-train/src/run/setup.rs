@@ -3,7 +3,7 @@
 //! evaluator), each from those before it. The stages receive these parts and their own settings
 //! ([`crate::config::settings`]); only this file and the loop see the whole config.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use rlvr_data::sampler::PromptSampler;
@@ -15,7 +15,7 @@ use super::preflight::{Online, Preflight};
 use super::{Run, RunOptions};
 use crate::config::settings;
 use crate::config::ResolvedConfig;
-use crate::eval::Best;
+use crate::eval::{Best, Evaluator};
 use crate::feed::backend::{self, BackendSettings, NativeWeights, ServerUse, Workload};
 use crate::feed::explorer::{Explorer, TrainPrompts};
 use crate::feed::offline::OfflineSource;
@@ -46,36 +46,10 @@ impl<'a> Run<'a> {
         if job.is_parallel() {
             refuse_under_data_parallel(cfg, job.world())?;
         }
-        // Data parallel: rank 0 prepares the directory and picks the checkpoint, then every rank
-        // loads that one.
-        let ckpt = if writer {
-            prepare_run_dir(cfg, &run_dir, opts.resume)?;
-            if opts.resume {
-                say_external_commands(cfg);
-                let point = checkpoint::resume_point(&run_dir)?;
-                if let Some(note) = point.as_ref().and_then(|p| p.note.as_deref()) {
-                    crate::log::say(note);
-                }
-                if let Some(p) = &point {
-                    say_manifest(cfg, &p.dir);
-                }
-                point.map(|p| p.dir)
-            } else {
-                None
-            }
-        } else {
-            None
-        };
-        let ckpt = agree_on_checkpoint(&mut job, ckpt)?;
+        let ckpt = pick_checkpoint(cfg, opts, &mut job)?;
         let device = c.model.open_device()?;
         let dtype = c.model.dtype.dtype();
         let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
-        if opts.resume && ckpt.is_none() && writer {
-            crate::log::say(&format!(
-                "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
-                run_dir.display()
-            ));
-        }
         // Everything that needs no weights, checked before they load (issue 48, item 4).
         if let Some(dir) = &ckpt {
             refuse_model_only_resume(
@@ -106,36 +80,8 @@ impl<'a> Run<'a> {
         if writer {
             reset_logs(&run_dir, state.as_ref().map(|_| start))?;
         }
-        let world = job.world() as u64;
-        if let Some(st) = state.as_ref().filter(|st| st.world_size != world) {
-            crate::log::log_only(&format!(
-                "note: the checkpoint of step {} was written at world size {}, this run has {world}: \
-                 the batch and its normalisers are the whole batch's at any world size, so the run \
-                 continues as it would have (within rounding)",
-                st.step, st.world_size
-            ));
-        }
-        let reference = if cfg.algorithm.needs_reference() {
-            let p = c.model.reference.as_ref().unwrap_or(&c.model.path);
-            // LoRA: the base with the adapters off, sharing the policy's base weights.
-            let own = c.model.reference.is_some();
-            Some(
-                match crate::lora::shared_reference(&policy.model, &c.model.path, own) {
-                    Some(m) => m,
-                    None => {
-                        // Verified above when it is the policy's own `model.path`.
-                        if *p != policy_dir {
-                            crate::store::manifest::check_model_dir(p, "load")?;
-                        }
-                        Model::load(p, dtype, &device).with_context(|| {
-                            format!("loading the reference model from {}", p.display())
-                        })?
-                    }
-                },
-            )
-        } else {
-            None
-        };
+        note_world_size(state.as_ref(), job.world() as u64);
+        let reference = load_reference(cfg, &policy.model, &policy_dir, &device)?;
         let tokenizer = policy.tokenizer;
         let settings = settings::trainer_settings(cfg, tokenizer.pad_id);
         let mut trainer = Trainer::new(policy.model, reference, settings)?;
@@ -146,63 +92,14 @@ impl<'a> Run<'a> {
         }
         trainer = trainer.data_parallel_with(job.clone(), c.distributed.zero == 1)?;
         if let (Some(st), Some(dir)) = (&state, &ckpt) {
-            // bf16 weights resume from their f32 masters (none for f32 weights).
-            let n = trainer.model.named_vars().len();
-            if st.optimizer_saved {
-                trainer.load_state_dict(TrainerRecord {
-                    optimizer_step: st.optimizer_step,
-                    optimizer: checkpoint::load_optimizer(dir, n, &device)?,
-                    lora_dropout_draws: st.lora_dropout_draws,
-                })?;
-            } else {
-                // `train.resume_without_optimizer` (checked above): a fresh AdamW.
-                trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
-                crate::log::say(&format!(
-                    "note: {} holds no optimizer state (train.save_optimizer = false): the \
-                     optimizer starts afresh at step {} (train.resume_without_optimizer)",
-                    dir.display(),
-                    st.step
-                ));
-            }
+            restore_trainer(&mut trainer, st, dir, &device)?;
         }
-        let (feed, evaluator) = match (&c.data.experiences, pre) {
-            (Some(path), Preflight::Offline { rows, checked }) => {
-                let consumed = match state.as_ref().map(|s| s.cursor) {
-                    Some(SourceCursor::Offline { groups }) => groups,
-                    _ => 0,
-                };
-                if !checked {
-                    let max_positions = trainer.model.config().max_position_embeddings;
-                    check_lengths(&rows, path, max_positions)?;
-                    let vocab = trainer.model.config().vocab_size;
-                    if let Some(w) = check_against_model(&rows, path, vocab)? {
-                        crate::log::say(&format!("warning: {w}"));
-                    }
-                }
-                let source = OfflineSource::new(
-                    rows,
-                    path.clone(),
-                    consumed,
-                    c.data.prompts_per_step,
-                    Some(settings::load_tokenizer(&policy_dir)?),
-                    c.train.log_rollouts,
-                )?;
-                (Feed::Offline(source), None)
-            }
-            (_, Preflight::Online(mut online)) => {
-                let start_weights = StartWeights {
-                    state: state.as_ref(),
-                    ckpt: ckpt.as_deref(),
-                    policy: &trainer.model,
-                };
-                let evaluator = online.evaluator.take();
-                let feed = online_feed(cfg, start_weights, &tokenizer, *online, job.clone())?;
-                (feed, evaluator)
-            }
-            (None, Preflight::Offline { .. }) => {
-                unreachable!("the preflight follows data.experiences")
-            }
+        let at = Resumed {
+            state: state.as_ref(),
+            ckpt: ckpt.as_deref(),
+            policy_dir: &policy_dir,
         };
+        let (feed, evaluator) = build_feed(cfg, pre, at, &trainer.model, &tokenizer, &job)?;
         let mut run = Run {
             cfg,
             run_dir,
@@ -227,18 +124,209 @@ impl<'a> Run<'a> {
             run.tb = Some(crate::store::tensorboard::rebuild(&run.run_dir, &toml)?);
         }
         if start == 0 && run.evaluator.is_some() {
-            let mut line = MetricsLine::new(0);
-            run.evaluate(0, &mut line)?;
-            if writer {
-                append_line(&run.run_dir.join("metrics.jsonl"), &line.to_json())?;
-                run.tensorboard(&[(Source::Metrics, &line.to_json())])?;
-            }
-            if let Some(e) = super::report::eval_text(0, &line) {
-                crate::log::line(&e, writer);
-            }
+            run.evaluate_initial_policy()?;
         }
         Ok(run)
     }
+
+    /// Step 0's evaluation of a fresh run: its metrics line (rank 0 writes it) and the log line.
+    ///
+    /// # Errors
+    /// Evaluation and I/O errors.
+    fn evaluate_initial_policy(&mut self) -> anyhow::Result<()> {
+        let writer = self.job.writer();
+        let mut line = MetricsLine::new(0);
+        self.evaluate(0, &mut line)?;
+        if writer {
+            append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
+            self.tensorboard(&[(Source::Metrics, &line.to_json())])?;
+        }
+        if let Some(e) = super::report::eval_text(0, &line) {
+            crate::log::line(&e, writer);
+        }
+        Ok(())
+    }
+}
+
+/// The checkpoint this run starts from: on `--resume`, rank 0 prepares the directory and picks
+/// the latest checkpoint (saying its notes and manifest), then every rank takes that one
+/// ([`agree_on_checkpoint`]); a fresh run prepares the directory and starts from `model.path`.
+///
+/// # Errors
+/// Run-directory, checkpoint and collective errors.
+fn pick_checkpoint(
+    cfg: &ResolvedConfig,
+    opts: &RunOptions,
+    job: &mut Job,
+) -> anyhow::Result<Option<PathBuf>> {
+    let run_dir = &cfg.raw.output.dir;
+    let writer = job.writer();
+    let ckpt = if writer {
+        prepare_run_dir(cfg, run_dir, opts.resume)?;
+        if opts.resume {
+            say_external_commands(cfg);
+            let point = checkpoint::resume_point(run_dir)?;
+            if let Some(note) = point.as_ref().and_then(|p| p.note.as_deref()) {
+                crate::log::say(note);
+            }
+            if let Some(p) = &point {
+                say_manifest(cfg, &p.dir);
+            }
+            point.map(|p| p.dir)
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    let ckpt = agree_on_checkpoint(job, ckpt)?;
+    if opts.resume && ckpt.is_none() && writer {
+        crate::log::say(&format!(
+            "note: {} holds no checkpoint yet: --resume starts the run over from step 0",
+            run_dir.display()
+        ));
+    }
+    Ok(ckpt)
+}
+
+/// Says (in the log only) that the checkpoint was written at another world size, which the
+/// whole-batch normalisers make harmless.
+fn note_world_size(state: Option<&TrainerState>, world: u64) {
+    if let Some(st) = state.filter(|st| st.world_size != world) {
+        crate::log::log_only(&format!(
+            "note: the checkpoint of step {} was written at world size {}, this run has {world}: \
+             the batch and its normalisers are the whole batch's at any world size, so the run \
+             continues as it would have (within rounding)",
+            st.step, st.world_size
+        ));
+    }
+}
+
+/// The reference policy when the algorithm needs one: under LoRA the policy's base with the
+/// adapters off (sharing its weights), else `model.reference` or `model.path` loaded.
+///
+/// # Errors
+/// Manifest and model-loading errors.
+fn load_reference(
+    cfg: &ResolvedConfig,
+    policy: &Model,
+    policy_dir: &Path,
+    device: &candle_core::Device,
+) -> anyhow::Result<Option<Model>> {
+    if !cfg.algorithm.needs_reference() {
+        return Ok(None);
+    }
+    let c = &cfg.raw;
+    let p = c.model.reference.as_ref().unwrap_or(&c.model.path);
+    // LoRA: the base with the adapters off, sharing the policy's base weights.
+    let own = c.model.reference.is_some();
+    Ok(Some(
+        match crate::lora::shared_reference(policy, &c.model.path, own) {
+            Some(m) => m,
+            None => {
+                // Verified above when it is the policy's own `model.path`.
+                if *p != policy_dir {
+                    crate::store::manifest::check_model_dir(p, "load")?;
+                }
+                Model::load(p, c.model.dtype.dtype(), device)
+                    .with_context(|| format!("loading the reference model from {}", p.display()))?
+            }
+        },
+    ))
+}
+
+/// The trainer's state from checkpoint `dir` (state `st`): the optimizer (bf16 weights resume
+/// from their f32 masters) and LoRA's dropout draws, or, when the checkpoint holds no optimizer
+/// (`train.resume_without_optimizer`, checked before), a fresh AdamW with a note.
+///
+/// # Errors
+/// Checkpoint reading errors and state that does not fit the model.
+fn restore_trainer(
+    trainer: &mut Trainer,
+    st: &TrainerState,
+    dir: &Path,
+    device: &candle_core::Device,
+) -> anyhow::Result<()> {
+    let n = trainer.model.named_vars().len();
+    if st.optimizer_saved {
+        trainer.load_state_dict(TrainerRecord {
+            optimizer_step: st.optimizer_step,
+            optimizer: checkpoint::load_optimizer(dir, n, device)?,
+            lora_dropout_draws: st.lora_dropout_draws,
+        })?;
+    } else {
+        trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
+        crate::log::say(&format!(
+            "note: {} holds no optimizer state (train.save_optimizer = false): the \
+             optimizer starts afresh at step {} (train.resume_without_optimizer)",
+            dir.display(),
+            st.step
+        ));
+    }
+    Ok(())
+}
+
+/// Where a run resumes: the checkpoint's state and folder (both `None` on a fresh start) and the
+/// folder the policy loaded from.
+#[derive(Clone, Copy)]
+struct Resumed<'p> {
+    state: Option<&'p TrainerState>,
+    ckpt: Option<&'p Path>,
+    policy_dir: &'p Path,
+}
+
+/// The feed the preflight chose (offline experiences at the checkpoint's cursor, or the online
+/// explorer: [`online_feed`]) and, online, the evaluator.
+///
+/// # Errors
+/// As [`online_feed`]; experience rows that do not fit the model.
+fn build_feed(
+    cfg: &ResolvedConfig,
+    pre: Preflight,
+    at: Resumed<'_>,
+    policy: &Model,
+    tokenizer: &TokenizerBundle,
+    job: &Job,
+) -> anyhow::Result<(Feed, Option<Evaluator>)> {
+    let c = &cfg.raw;
+    Ok(match (&c.data.experiences, pre) {
+        (Some(path), Preflight::Offline { rows, checked }) => {
+            let consumed = match at.state.map(|s| s.cursor) {
+                Some(SourceCursor::Offline { groups }) => groups,
+                _ => 0,
+            };
+            if !checked {
+                let max_positions = policy.config().max_position_embeddings;
+                check_lengths(&rows, path, max_positions)?;
+                let vocab = policy.config().vocab_size;
+                if let Some(w) = check_against_model(&rows, path, vocab)? {
+                    crate::log::say(&format!("warning: {w}"));
+                }
+            }
+            let source = OfflineSource::new(
+                rows,
+                path.clone(),
+                consumed,
+                c.data.prompts_per_step,
+                Some(settings::load_tokenizer(at.policy_dir)?),
+                c.train.log_rollouts,
+            )?;
+            (Feed::Offline(source), None)
+        }
+        (_, Preflight::Online(mut online)) => {
+            let start_weights = StartWeights {
+                state: at.state,
+                ckpt: at.ckpt,
+                policy,
+            };
+            let evaluator = online.evaluator.take();
+            let feed = online_feed(cfg, start_weights, tokenizer, *online, job.clone())?;
+            (feed, evaluator)
+        }
+        (None, Preflight::Offline { .. }) => {
+            unreachable!("the preflight follows data.experiences")
+        }
+    })
 }
 
 /// The weights the explorer starts from: the policy's (version = completed steps), or, when the
