@@ -41,6 +41,14 @@ pub const MAX_RENDERED_BYTES: usize = 16 << 20;
 
 static WORKER_EXE: OnceLock<PathBuf> = OnceLock::new();
 static WORKER: Mutex<Option<Worker>> = Mutex::new(None);
+/// Workers started so far ([`worker_starts`]).
+static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many worker processes this process has started (a dead worker is replaced by the next
+/// rendering; tests use this to see that a worker lived on).
+pub fn worker_starts() -> u64 {
+    STARTS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Renders every later chat template in a worker process started from `exe` (the executable that
 /// calls [`main`] when its first argument is [`RENDER_ARG`]; the `rlvr` binary passes its own). A
@@ -84,15 +92,19 @@ struct Worker {
 impl Worker {
     fn start(exe: &PathBuf) -> std::io::Result<Self> {
         use std::os::unix::process::CommandExt;
-        let mut child = Command::new(exe)
-            .arg0("rlvr-render")
+        let mut cmd = Command::new(exe);
+        cmd.arg0("rlvr-render")
             .arg(RENDER_ARG)
             .arg(std::process::id().to_string())
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
+            .stderr(Stdio::null());
+        // Forked by a thread that never ends: the worker's parent-death signal follows the
+        // forking thread, and a worker forked by, say, an explorer thread would be killed when
+        // that thread ends, possibly while another thread's request is in flight.
+        let mut child = rlvr_rundir::spawn::from_lasting_thread(cmd)?;
+        STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stdin = child.stdin.take().expect("piped");
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
         Ok(Self {
@@ -160,8 +172,8 @@ fn exchange_request(request: &Request<'_>) -> Result<String, String> {
     let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
     line.push('\n');
     let mut slot = WORKER.lock().unwrap_or_else(|e| e.into_inner());
-    // A worker that ended between renderings (its parent-death signal follows the thread that
-    // started it, which may have ended) is replaced; so is one that could not take the request.
+    // A worker that ended between renderings (killed from outside) is replaced; so is one that
+    // could not take the request.
     for attempt in 0..2 {
         if slot
             .as_mut()

@@ -15,6 +15,10 @@
 //!   (DESIGN.md section 3), and the staleness and sync-window ends that follow from it.
 //! - [`fs`]: the atomic replacement of a file (written beside it, synced, renamed).
 //! - [`stamp`]: the host name and the UTC time that run.json and the lock records carry.
+//! - [`spawn`]: child processes forked from one thread that lives as long as the process (the
+//!   parent-death signal that rlvr's guard and template worker ask for follows the forking
+//!   thread); not the run directory's protocol, but shared by rlvr-reward and rlvr-model, which
+//!   share no other crate.
 //!
 //! Light: no tensor library; serde_json, anyhow and fs4 (the `flock` call) only.
 
@@ -27,4 +31,5 @@ pub mod jsonl;
 pub mod key;
 pub mod lock;
 pub mod schedule;
+pub mod spawn;
 pub mod stamp;

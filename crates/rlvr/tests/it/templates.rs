@@ -8,6 +8,10 @@
 
 use crate::common::{ok, rlvr, tiny_model};
 
+/// Held by the tests that render through this test process's own worker, one of which stops it
+/// on purpose (a hostile template), so that another's count of worker starts is its own.
+static IN_PROCESS_WORKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn hostile_chat_templates_are_errors_never_aborts() {
     let tmp = tempfile::tempdir().unwrap();
@@ -118,12 +122,16 @@ fn the_template_worker_renders_released_templates_as_transformers_does() {
     assert!(worker.wait().unwrap().success());
 }
 
-/// The worker's parent-death signal follows the thread that started it: a worker first started
-/// by a thread that has since ended (an explorer thread after its last batch) is dead by the next
-/// rendering, which must start a fresh one and succeed, not report the template as hostile.
+/// The worker's parent-death signal follows the thread that forks it, so workers are forked by
+/// one lasting thread: a worker first asked for by a thread that has since ended (an explorer
+/// thread after its last batch) lives on and serves the next rendering (before, the kernel killed
+/// it when that thread ended, and a rendering in flight on another thread failed as if its
+/// template were hostile: the flaky `environment_templates_render_in_the_bounded_worker`).
 #[cfg(target_os = "linux")]
 #[test]
-fn a_worker_whose_starting_thread_ended_is_replaced() {
+fn a_worker_outlives_the_thread_that_started_it() {
+    use rlvr_model::template_sandbox::worker_starts;
+    let _one = IN_PROCESS_WORKER.lock().unwrap_or_else(|e| e.into_inner());
     use rlvr_model::tokenizer::{render_chat_template, Message, CHATML_TEMPLATE};
     rlvr_model::template_sandbox::enable(env!("CARGO_BIN_EXE_rlvr").into());
     let messages = vec![Message::new("user", "1+2=")];
@@ -137,10 +145,13 @@ fn a_worker_whose_starting_thread_ended_is_replaced() {
         first,
         "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"
     );
-    // The kernel's SIGKILL reaches the worker once its thread is gone.
+    let starts = worker_starts();
+    // The kernel's SIGKILL would reach a worker forked by the ended thread by now.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let again = render_chat_template(CHATML_TEMPLATE, &messages, true, None, None).unwrap();
     assert_eq!(again, first);
+    // The same worker served (the test that stops a worker on purpose waits for this one).
+    assert_eq!(worker_starts(), starts);
 }
 
 /// Environments' tool-calling chat templates (rlvr-env's renderer) go through the same bounded
@@ -152,6 +163,7 @@ fn a_worker_whose_starting_thread_ended_is_replaced() {
 #[test]
 fn environment_templates_render_in_the_bounded_worker() {
     use rlvr_env::json::Json;
+    let _one = IN_PROCESS_WORKER.lock().unwrap_or_else(|e| e.into_inner());
     use rlvr_env::template::ChatTemplate;
     rlvr_model::template_sandbox::enable(env!("CARGO_BIN_EXE_rlvr").into());
     let _ = rlvr_env::template::RENDERER
