@@ -238,7 +238,7 @@ pub fn spawn_in_group(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = rlvr_rundir::spawn::from_lasting_thread(cmd).map_err(|e| {
+    let child = spawn_from_long_lived_thread(cmd).map_err(|e| {
         format!("could not start it: {e} (check the path and that it is executable)")
     })?;
     live_groups().push(child.id());
@@ -289,6 +289,44 @@ fn check_program(prog: &str, cwd: Option<&std::path::Path>) -> std::io::Result<(
     } else {
         ErrorKind::NotFound
     }))
+}
+
+/// Spawns `cmd` from one thread that lives as long as the process. The kernel's "parent death"
+/// of `PR_SET_PDEATHSIG` is the exit of the *thread* that forked the child, so a persistent
+/// verifier started from, say, the explorer thread would be killed when that thread ends while
+/// rlvr goes on (its last evaluation would find it dead); forked from this thread, it dies with
+/// the process only.
+fn spawn_from_long_lived_thread(cmd: Command) -> std::io::Result<std::process::Child> {
+    use std::sync::mpsc;
+    type Request = (Command, mpsc::Sender<std::io::Result<std::process::Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Request>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let started = std::thread::Builder::new()
+            .name("rlvr-verifier-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            });
+        if let Err(e) = started {
+            // No thread: the senders below fail and each spawn happens on the caller's thread.
+            eprintln!("warning: could not start the verifier spawner thread: {e}");
+        }
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    let sent = spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply));
+    match sent {
+        Ok(()) => answer
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the verifier spawner thread is gone"))),
+        Err(mpsc::SendError((mut cmd, _))) => cmd.spawn(),
+    }
 }
 
 /// Kills the process group that `child` leads (its descendants that did not leave it); no-op

@@ -16,9 +16,9 @@
 //! - [`fs`]: the atomic replacement of a file (written beside it, synced, renamed).
 //! - [`stamp`]: the host name and the UTC time that run.json and the lock records carry.
 //! - [`spawn`]: child processes forked from one thread that lives as long as the process (the
-//!   parent-death signal that rlvr's guard and template worker ask for follows the forking
-//!   thread); not the run directory's protocol, but shared by rlvr-reward and rlvr-model, which
-//!   share no other crate.
+//!   parent-death signal that rlvr's template worker asks for follows the forking thread); not
+//!   the run directory's protocol, but this is the light crate below rlvr-model. rlvr-reward,
+//!   which sits beside this crate in layer 0, keeps its own copy for its guard processes.
 //!
 //! Light: no tensor library; serde_json, anyhow and fs4 (the `flock` call) only.
 

@@ -1,7 +1,8 @@
 //! Child processes forked from one thread that lives as long as the process.
 //!
-//! Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`), which rlvr's guard and
-//! template-worker processes ask for so that they die with rlvr, fires when the *thread* that
+//! Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`), which rlvr's template-worker process
+//! asks for so that it dies with rlvr (rlvr-reward's guard processes too, through that crate's
+//! own copy of this function: both crates are in layer 0), fires when the *thread* that
 //! forked them exits, not the process. A program started from a thread that later ends (an
 //! explorer or evaluation thread, a test's thread) would be killed while rlvr goes on, possibly
 //! in the middle of a request. [`from_lasting_thread`] forks every such child from one thread
