@@ -437,18 +437,7 @@ fn rotary_records_of(r: &mut Rec, dt: DType, d: usize) {
         head_dim: d,
     };
     // rlvr's tables: angle pos·θ^(−2j/d), the half repeated.
-    let mut cos = vec![0.0; max_pos * d];
-    let mut sin = vec![0.0; max_pos * d];
-    for p in 0..max_pos {
-        for j in 0..half {
-            let a = p as f64 * 10000f64.powf(-2.0 * j as f64 / d as f64);
-            for c in [j, j + half] {
-                cos[p * d + c] = a.cos();
-                sin[p * d + c] = a.sin();
-            }
-        }
-    }
-    let (cos_b, sin_b) = (f32s(&[max_pos, d], &cos), f32s(&[max_pos, d], &sin));
+    let (cos_b, sin_b) = rope_tables(max_pos, d);
     let cos32: Vec<f64> = cos_b.to_f32().unwrap().iter().map(|v| *v as f64).collect();
     let sin32: Vec<f64> = sin_b.to_f32().unwrap().iter().map(|v| *v as f64).collect();
     let pos = [7i32, 3, 3, 11, 0]; // repeated and out of order, as in the shared-prompt layout
