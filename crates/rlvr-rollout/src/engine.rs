@@ -321,6 +321,30 @@ impl Sampler {
         params: &SamplingParams,
         seed: u64,
     ) -> Result<Vec<Completion>> {
+        let (one, head) = self.turns_prelude(rows, params)?;
+        let per_wave = one.max_batch_rows.max(1);
+        let mut out = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(per_wave) {
+            let contexts: Vec<PromptIds> = chunk.iter().map(|r| r.context.clone()).collect();
+            let keys: Vec<(usize, usize, u64)> = chunk
+                .iter()
+                .map(|r| (r.prompt_index, r.sample_index, r.turn - 1))
+                .collect();
+            let mut wave = Vec::with_capacity(chunk.len());
+            self.run_wave(&contexts, &keys, &one, seed, head.as_ref(), None, &mut wave)?;
+            out.extend(in_row_order(chunk, wave)?);
+        }
+        Ok(out)
+    }
+
+    /// What [`Sampler::sample_each`] and [`Sampler::sample_each_kept`] do first: `params` for
+    /// one completion per row, the rows checked (as [`Sampler::sample`]'s, and no turn 0), and
+    /// the packed head.
+    pub(crate) fn turns_prelude(
+        &self,
+        rows: &[TurnRow],
+        params: &SamplingParams,
+    ) -> Result<(SamplingParams, Option<rlvr_kernels::PackedHead>)> {
         let one = SamplingParams {
             group_size: 1,
             ..params.clone()
@@ -335,19 +359,7 @@ impl Sampler {
         let t = std::time::Instant::now();
         let head = packed_head(&self.model)?;
         self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
-        let per_wave = one.max_batch_rows.max(1);
-        let mut out = Vec::with_capacity(rows.len());
-        for chunk in rows.chunks(per_wave) {
-            let contexts: Vec<PromptIds> = chunk.iter().map(|r| r.context.clone()).collect();
-            let keys: Vec<(usize, usize, u64)> = chunk
-                .iter()
-                .map(|r| (r.prompt_index, r.sample_index, r.turn - 1))
-                .collect();
-            let mut wave = Vec::with_capacity(chunk.len());
-            self.run_wave(&contexts, &keys, &one, seed, head.as_ref(), None, &mut wave)?;
-            out.extend(in_row_order(chunk, wave)?);
-        }
-        Ok(out)
+        Ok((one, head))
     }
 
     /// The checks of [`Sampler::sample`] on its parameters and on every `(prompt_index, ids)`.

@@ -33,8 +33,8 @@ use std::collections::BTreeMap;
 use candle_core::Tensor;
 
 use super::{turn_rng, Completion, PromptIds, Row, Sampler, SamplingParams, TurnRow};
-use crate::decode::{forward_last, packed_head, KvBuffer, MASK_BIAS};
-use crate::error::{Result, RolloutError};
+use crate::decode::{forward_last, KvBuffer, MASK_BIAS};
+use crate::error::Result;
 
 /// The default byte budget of a [`TurnCache`]: 1 GiB of kept keys and values (SmolLM2-135M in
 /// f32 keeps 45 KiB per token: about 23,000 tokens, e.g. 64 episodes of 360 tokens).
@@ -197,20 +197,7 @@ impl Sampler {
         seed: u64,
         cache: &mut TurnCache,
     ) -> Result<Vec<Completion>> {
-        let one = SamplingParams {
-            group_size: 1,
-            ..params.clone()
-        };
-        self.check_inputs(rows.iter().map(|r| (r.prompt_index, &r.context)), &one)?;
-        if let Some(r) = rows.iter().find(|r| r.turn == 0) {
-            return Err(RolloutError::InvalidPrompt {
-                prompt_index: r.prompt_index,
-                msg: "turns count from 1".into(),
-            });
-        }
-        let t = std::time::Instant::now();
-        let head = packed_head(&self.model)?;
-        self.time(|d| d.pack_s += t.elapsed().as_secs_f64());
+        let (one, head) = self.turns_prelude(rows, params)?;
         let mut out = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(one.max_batch_rows.max(1)) {
             let entries: Vec<Option<Entry>> = chunk
