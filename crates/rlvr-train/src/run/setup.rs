@@ -314,13 +314,8 @@ fn build_feed(
             (Feed::Offline(source), None)
         }
         (_, Preflight::Online(mut online)) => {
-            let start_weights = StartWeights {
-                state: at.state,
-                ckpt: at.ckpt,
-                policy,
-            };
             let evaluator = online.evaluator.take();
-            let feed = online_feed(cfg, start_weights, tokenizer, *online, job.clone())?;
+            let feed = online_feed(cfg, at, policy, tokenizer, *online, job.clone())?;
             (feed, evaluator)
         }
         (None, Preflight::Offline { .. }) => {
@@ -329,15 +324,8 @@ fn build_feed(
     })
 }
 
-/// The weights the explorer starts from: the policy's (version = completed steps), or, when the
-/// checkpoint holds them, the explorer's own.
-struct StartWeights<'p> {
-    state: Option<&'p TrainerState>,
-    ckpt: Option<&'p Path>,
-    policy: &'p Model,
-}
-
-/// The online feed at the checkpoint's cursor: the train prompts, the reward function and the
+/// The online feed at the checkpoint's cursor (`start`), the explorer starting from `model`'s
+/// weights (version = completed steps) or, when the checkpoint holds them, its own: the train prompts, the reward function and the
 /// episode runner as the preflight checks built them ([`Online`]), the backend `rollout.backend` names (the native engine over
 /// its own copy of the policy, or vLLM servers), and the explorer with its starting weights
 /// loaded through the [`rlvr_rollout::Rollout`] boundary, inline for o = 0 or on its own thread.
@@ -346,13 +334,13 @@ struct StartWeights<'p> {
 /// Data, tokenizer, verifier, backend start-up and weight-loading errors.
 fn online_feed(
     cfg: &ResolvedConfig,
-    start: StartWeights,
+    start: Resumed<'_>,
+    model: &Model,
     tokenizer: &TokenizerBundle,
     online: Online,
     mut job: Job,
 ) -> anyhow::Result<Feed> {
     let c = &cfg.raw;
-    let model = start.policy;
     let step = start.state.map(|s| s.step).unwrap_or(0);
     let Online {
         tokenizer: ex_tok,
