@@ -18,44 +18,7 @@ use crate::error::Result;
 use crate::kernels::{AttnKind, Fused};
 use crate::kv::KvStore;
 use crate::ops::{rms_norm, rotate_half, softmax, upcast};
-
-/// How a forward runs: with the autograd graph (`grad`), through the base weights too (`base`:
-/// false when only LoRA adapters train, so the frozen base gets no gradient), whether the
-/// decode fast path may be used (`fast`: cached inference, never with `grad`), and whether LoRA
-/// dropout applies (`dropout`: training forwards, including a checkpointed layer's first pass,
-/// which runs without a graph but must see the masks its recompute will see).
-#[derive(Clone, Copy)]
-pub(crate) struct Pass {
-    pub grad: bool,
-    pub base: bool,
-    pub fast: bool,
-    pub dropout: bool,
-}
-
-/// One weight: its checkpoint name, the trainable [`Var`] and a detached handle on the same
-/// storage (for forwards without a graph; in-place updates of the `Var` are seen through it).
-#[derive(Clone)]
-pub(crate) struct Param {
-    pub name: String,
-    pub var: Var,
-    frozen: Tensor,
-}
-
-impl Param {
-    pub(crate) fn new(name: String, var: Var) -> Self {
-        let frozen = var.as_tensor().detach();
-        Self { name, var, frozen }
-    }
-
-    /// The weight, tracked by autograd when `grad`.
-    pub fn get(&self, grad: bool) -> &Tensor {
-        if grad {
-            self.var.as_tensor()
-        } else {
-            &self.frozen
-        }
-    }
-}
+use crate::param::{Param, Pass};
 
 /// The source of a model's weights: `(checkpoint name, shape) → Var`.
 pub(crate) type Loader<'a> = dyn FnMut(&str, &[usize]) -> Result<Var> + 'a;
@@ -273,11 +236,16 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
 }
 
+/// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query
+/// row with no visible key (a left-padding position) gives a uniform softmax instead of NaN; such
+/// rows are padding and never scored.
+pub const MASK_BIAS: f32 = -1e30;
+
 /// Which keys each query of a forward attends to.
 #[derive(Clone)]
 pub(crate) enum AttnMask {
     /// Every row of `[B, T]` attends within itself (and to its cached past): the additive bias
-    /// `[B, 1, 1, T or 1, S]` in the reduction dtype (0 visible, [`crate::model::MASK_BIAS`] not),
+    /// `[B, 1, 1, T or 1, S]` in the reduction dtype (0 visible, [`MASK_BIAS`] not),
     /// and, when fused attention is on and the bias is a causal padding mask without a cache, the
     /// kernels' layout of the same rows over the flat `B·T` axis.
     Dense(Tensor, Option<Arc<FusedLayout>>),

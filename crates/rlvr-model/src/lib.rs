@@ -27,6 +27,7 @@ pub mod lora;
 pub mod model;
 pub mod ops;
 pub mod optim;
+mod param;
 pub mod recompute;
 pub mod shared_prefix;
 #[cfg(unix)]

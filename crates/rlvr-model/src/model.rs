@@ -23,14 +23,13 @@ use rand_distr::Distribution;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::KvStore;
-use crate::layers::{AttnMask, DecoderLayer, Linear, Loader, Param, Pass, RmsNorm, Rotary, Vb};
+pub use crate::layers::MASK_BIAS;
+use crate::layers::{AttnMask, DecoderLayer, Linear, Loader, RmsNorm, Rotary, Vb};
 use crate::ops::upcast;
+use crate::param::{Param, Pass};
 use crate::weights::WeightFiles;
 
-/// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query
-/// row with no visible key (a left-padding position) gives a uniform softmax instead of NaN; such
-/// rows are padding and never scored.
-pub const MASK_BIAS: f32 = -1e30;
+mod lora;
 
 /// A causal language model with trainable weights.
 ///
@@ -109,7 +108,7 @@ impl Model {
     /// attaches the adapter: see [`crate::lora::find_adapter`].
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
         if let Some(adapter) = crate::lora::find_adapter(dir) {
-            return crate::lora::load_with_adapter(dir, &adapter, dtype, device);
+            return lora::load_with_adapter(dir, &adapter, dtype, device);
         }
         Self::load_base(dir, dtype, device)
     }
@@ -639,7 +638,7 @@ impl Model {
             err: e,
         })?;
         if self.lora.is_some() {
-            crate::lora::save_adapter(self, &dir.join("adapter"))?;
+            lora::save_adapter(self, &dir.join("adapter"))?;
             if self.source.is_some() {
                 return self.save_config(dir, dtype);
             }

@@ -22,7 +22,8 @@ use std::sync::Mutex;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor, TensorId, Var};
 
-use crate::layers::{AttnMask, DecoderLayer, Pass};
+use crate::layers::{AttnMask, DecoderLayer};
+use crate::param::Pass;
 
 thread_local! {
     // Weight gradients found by `Recompute::bwd` during the backward running on this thread.

@@ -11,34 +11,33 @@
 //! adapter dtype, the sum `y + Δ` is taken there and cast back to the base dtype, as peft's
 //! `_cast_input_dtype` and `result.to(torch_result_dtype)` do.
 //!
-//! With adapters attached the model's trainable weights ([`Model::named_vars`]) are the adapters
-//! alone; the base weights, the embedding and the lm_head are frozen (no autograd graph through
-//! them, no ∂W in the fused head). [`Model::without_adapters`] is the base model sharing the same
-//! storage (the KL reference); [`Model::try_clone`] copies only the adapters (the explorer).
+//! With adapters attached the model's trainable weights ([`crate::Model::named_vars`]) are the
+//! adapters alone; the base weights, the embedding and the lm_head are frozen (no autograd graph
+//! through them, no ∂W in the fused head). [`crate::Model::without_adapters`] is the base model
+//! sharing the same storage (the KL reference); [`crate::Model::try_clone`] copies only the
+//! adapters (the explorer).
 //!
 //! Files (PEFT's `save_pretrained` layout): `adapter_config.json` (`peft_type` "LORA",
 //! `task_type` "CAUSAL_LM", `r`, `lora_alpha`, `target_modules`, `bias` "none",
 //! `base_model_name_or_path`, …) and `adapter_model.safetensors` with tensors
 //! `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` `[r, in]` and
 //! `….lora_B.weight` `[out, r]`. rlvr's checkpoints put them under `adapter/`; the file side is
-//! in [`files`].
+//! in [`files`]; the functions that take a model are `model`'s (`model/lora.rs`).
 
 mod files;
 
 pub use files::{find_adapter, read_adapter_config};
-pub(crate) use files::{load_with_adapter, save_adapter};
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
-use crate::layers::{Param, Pass};
-use crate::model::Model;
+use crate::param::{Param, Pass};
 
 /// A decoder projection LoRA may target; names as PEFT's `target_modules` (`q_proj` …), with the
 /// short forms `q`, `k`, `v`, `o`, `gate`, `up`, `down` accepted too.
@@ -177,6 +176,42 @@ pub(crate) struct Adapter {
 }
 
 impl Adapter {
+    /// An adapter of A and B with `cfg`'s scale α/r and dropout, its dropout masks drawn from
+    /// `seed`'s stream (none drawn yet).
+    pub(crate) fn new(a: Param, b: Param, cfg: &LoraConfig, seed: u64) -> Self {
+        Self {
+            a,
+            b,
+            scale: cfg.scale(),
+            dropout: cfg.dropout,
+            draws: Arc::new(AtomicU64::new(0)),
+            seed,
+        }
+    }
+
+    /// A copy with A and B in new storage and a mask stream of its own at the same position
+    /// (a clone shares both).
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub(crate) fn try_copy(&self) -> Result<Self> {
+        let mut a = self.clone();
+        for p in [&mut a.a, &mut a.b] {
+            let copy = Var::from_tensor(&p.var.as_tensor().copy()?)?;
+            *p = Param::new(p.name.clone(), copy);
+        }
+        a.draws = Arc::new(AtomicU64::new(a.draws.load(Ordering::Relaxed)));
+        Ok(a)
+    }
+
+    /// The update (α/r)·B·A `[out, in]`, in the adapter dtype.
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub(crate) fn delta(&self) -> Result<Tensor> {
+        Ok((self.b.var.as_tensor().matmul(self.a.var.as_tensor())? * self.scale)?)
+    }
+
     /// `y + (α/r)·((dropout(x)·Aᵀ)·Bᵀ)` for x `[rows, in]` and y `[rows, out]`, computed in the
     /// adapter dtype and returned in y's dtype (peft's order: A, then B, then the scale).
     pub fn forward(&self, x: &Tensor, y: &Tensor, pass: Pass) -> Result<Tensor> {
@@ -216,156 +251,5 @@ impl Adapter {
             })
             .collect();
         Ok(Tensor::from_vec(m, shape, device)?.to_dtype(self.a.var.dtype())?)
-    }
-}
-
-/// The dtype adapters are kept in for a base of dtype `dt`: f64 for f64, else f32.
-fn adapter_dtype(dt: DType) -> DType {
-    if dt == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    }
-}
-
-impl Model {
-    /// Attaches fresh LoRA adapters (A Kaiming-uniform, a = √5, drawn from `seed` in
-    /// [`Model::named_vars`] order; B zeros) to the `cfg.targets` projections of every layer and
-    /// freezes the base. The model's outputs are unchanged until B moves.
-    ///
-    /// # Errors
-    /// Invalid settings ([`LoraConfig::validate`]), adapters already attached.
-    pub fn add_lora(&mut self, cfg: &LoraConfig, seed: u64) -> Result<()> {
-        cfg.validate()?;
-        if self.lora.is_some() {
-            return Err(ModelError::Invalid(
-                "this model already has LoRA adapters".into(),
-            ));
-        }
-        let dt = adapter_dtype(self.dtype());
-        let device = self.device().clone();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let r = cfg.rank;
-        for (li, layer) in self.layers.iter_mut().enumerate() {
-            for (path, lin) in layer.linears_mut() {
-                let module = path.rsplit('.').next().expect("a module name");
-                if !cfg.targets.iter().any(|t| t.module() == module) {
-                    continue;
-                }
-                let (out, inp) = lin.weight.var.dims2()?;
-                let bound = 1.0 / (inp as f64).sqrt();
-                let a: Vec<f64> = (0..r * inp)
-                    .map(|_| rng.random_range(-bound..bound))
-                    .collect();
-                let a = Tensor::from_vec(a, (r, inp), &device)?.to_dtype(dt)?;
-                let b = Tensor::zeros((out, r), dt, &device)?;
-                let name =
-                    |m: &str| format!("base_model.model.model.layers.{li}.{path}.lora_{m}.weight");
-                lin.lora = Some(Adapter {
-                    a: Param::new(name("A"), Var::from_tensor(&a)?),
-                    b: Param::new(name("B"), Var::from_tensor(&b)?),
-                    scale: cfg.scale(),
-                    dropout: cfg.dropout,
-                    draws: Arc::new(AtomicU64::new(0)),
-                    seed: seed ^ ((li as u64) << 8) ^ path.len() as u64,
-                });
-            }
-        }
-        self.lora = Some(cfg.clone());
-        Ok(())
-    }
-
-    /// The LoRA settings when adapters are attached.
-    pub fn lora_config(&self) -> Option<&LoraConfig> {
-        self.lora.as_ref()
-    }
-
-    /// Where the adapters' LoRA-dropout mask streams stand: masks drawn so far per adapter (every
-    /// adapter draws one per training forward, so they agree; the largest is returned); `None`
-    /// without adapters. Saved in trainer_state so a resumed run draws the masks an uninterrupted
-    /// one would.
-    pub fn lora_dropout_draws(&self) -> Option<u64> {
-        self.lora.as_ref()?;
-        self.adapters().map(Adapter::draws).max()
-    }
-
-    /// Moves every adapter's LoRA-dropout mask stream to position `n` (see
-    /// [`Model::lora_dropout_draws`]); no-op without adapters.
-    pub fn set_lora_dropout_draws(&self, n: u64) {
-        for a in self.adapters() {
-            a.set_draws(n);
-        }
-    }
-
-    fn adapters(&self) -> impl Iterator<Item = &Adapter> {
-        self.layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .filter_map(|(_, lin)| lin.lora.as_ref())
-    }
-
-    /// The base model with the adapters disabled, sharing the base weights' storage (no copy):
-    /// the KL reference of a LoRA run.
-    pub fn without_adapters(&self) -> Model {
-        let mut m = self.clone();
-        for layer in &mut m.layers {
-            for (_, lin) in layer.linears_mut() {
-                lin.lora = None;
-            }
-        }
-        m.lora = None;
-        m
-    }
-
-    /// The adapters' params (A then B per projection, layer by layer, checkpoint order).
-    pub(crate) fn adapter_params(&self) -> Vec<&Param> {
-        let mut v = Vec::new();
-        for layer in &self.layers {
-            for (_, lin) in layer.linears() {
-                if let Some(a) = &lin.lora {
-                    v.push(&a.a);
-                    v.push(&a.b);
-                }
-            }
-        }
-        v
-    }
-
-    /// A model sharing the frozen base with copies of the adapters (see [`Model::try_clone`]).
-    pub(crate) fn copy_adapters(&self) -> Result<Model> {
-        let mut m = self.clone();
-        for layer in &mut m.layers {
-            for (_, lin) in layer.linears_mut() {
-                if let Some(a) = &mut lin.lora {
-                    for p in [&mut a.a, &mut a.b] {
-                        let copy = Var::from_tensor(&p.var.as_tensor().copy()?)?;
-                        *p = Param::new(p.name.clone(), copy);
-                    }
-                    a.draws = Arc::new(AtomicU64::new(a.draws.load(Ordering::Relaxed)));
-                }
-            }
-        }
-        Ok(m)
-    }
-
-    /// A model without adapters whose targeted weights are `W + (α/r)·B·A`, computed in f32 (f64
-    /// for an f64 model) and cast to the model's dtype (peft's `merge_and_unload`); new storage
-    /// for every weight. Without adapters: a deep copy.
-    ///
-    /// # Errors
-    /// Tensor errors.
-    pub fn merged(&self) -> Result<Model> {
-        let m = self.without_adapters().try_clone()?;
-        for (li, layer) in self.layers.iter().enumerate() {
-            for (k, (_, lin)) in layer.linears().into_iter().enumerate() {
-                let Some(a) = &lin.lora else { continue };
-                let dt = a.a.var.dtype();
-                let delta = (a.b.var.as_tensor().matmul(a.a.var.as_tensor())? * a.scale)?;
-                let w = (lin.weight.var.as_tensor().to_dtype(dt)? + delta)?;
-                let target = &m.layers[li].linears()[k].1.weight.var;
-                target.set(&w.to_dtype(target.dtype())?)?;
-            }
-        }
-        Ok(m)
     }
 }

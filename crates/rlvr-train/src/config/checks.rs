@@ -205,19 +205,11 @@ impl RawConfig {
         Ok(())
     }
 
-    /// The one resolve step: preset expansion, value checks, staleness warning.
+    /// `model.dtype` must be one that trains (not f16).
     ///
     /// # Errors
-    /// Invalid values, each naming its key and the fix: out-of-range values, a loss-specific
-    /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
-    /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
-    pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
-        let auto = self.model.resolve_auto()?;
-        let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
-        self.algorithm = algorithm.to_config();
-        let mut warnings = std::mem::take(&mut self.notes.0);
-        self.check_lora()?;
-        let (r, t, s) = (&self.rollout, &self.train, &self.sync);
+    /// `model.dtype = "f16"`, naming the dtypes that train.
+    fn check_dtype(&self) -> anyhow::Result<()> {
         if !self.model.dtype.trainable() {
             bail!(
                 "model.dtype = \"{}\" cannot train: without loss scaling f16 gradients underflow to 0 \
@@ -226,6 +218,16 @@ impl RawConfig {
                 self.model.dtype
             );
         }
+        Ok(())
+    }
+
+    /// `rollout.group_size` and the rows per step (`data.prompts_per_step` × group size) are in
+    /// range, and a group of one only with `rollout.allow_group_size_one` (online).
+    ///
+    /// # Errors
+    /// An out-of-range value or a group of one, naming its key.
+    fn check_group(&self) -> anyhow::Result<()> {
+        let r = &self.rollout;
         if r.group_size == 0 {
             bail!("rollout.group_size must be at least 1");
         }
@@ -255,6 +257,16 @@ impl RawConfig {
                  (GRPO uses 8 to 64), or rollout.allow_group_size_one = true to run it anyway"
             );
         }
+        Ok(())
+    }
+
+    /// The completion lengths: `rollout.max_new_tokens`, `eval.max_new_tokens` and
+    /// `rollout.min_new_tokens`.
+    ///
+    /// # Errors
+    /// An out-of-range length, naming its key.
+    fn check_lengths(&self) -> anyhow::Result<()> {
+        let r = &self.rollout;
         if r.max_new_tokens == 0 {
             bail!("rollout.max_new_tokens must be at least 1");
         }
@@ -274,6 +286,15 @@ impl RawConfig {
                 r.max_new_tokens
             );
         }
+        Ok(())
+    }
+
+    /// The sampling keys: `rollout.temperature`, `rollout.top_p` and the vLLM backend's keys.
+    ///
+    /// # Errors
+    /// An out-of-range value, naming its key.
+    fn check_sampling(&self) -> anyhow::Result<()> {
+        let r = &self.rollout;
         if !(r.temperature.is_finite() && r.temperature > 0.0) {
             bail!(
                 "rollout.temperature = {} must be > 0 (the trainer divides logits by it)",
@@ -293,6 +314,15 @@ impl RawConfig {
         if r.backend == super::RolloutBackend::Vllm {
             check_vllm_keys(r)?;
         }
+        Ok(())
+    }
+
+    /// `sync.interval` and `sync.offset` (at most `train.steps`).
+    ///
+    /// # Errors
+    /// An out-of-range value, naming its key.
+    fn check_sync(&self) -> anyhow::Result<()> {
+        let (t, s) = (&self.train, &self.sync);
         if s.interval == 0 {
             bail!("sync.interval must be at least 1 (1 = on-policy)");
         }
@@ -305,6 +335,14 @@ impl RawConfig {
                 t.steps
             );
         }
+        Ok(())
+    }
+
+    /// `distributed.zero` and `distributed.timeout_s`.
+    ///
+    /// # Errors
+    /// An out-of-range value, naming its key.
+    fn check_distributed(&self) -> anyhow::Result<()> {
         // distributed.zero and distributed.timeout_s (the environment variable is read at launch).
         if self.distributed.zero > 1 {
             bail!(
@@ -315,6 +353,16 @@ impl RawConfig {
         if self.distributed.timeout_s.is_some() {
             self.distributed.timeout()?;
         }
+        Ok(())
+    }
+
+    /// The `train.*` keys: batch splitting, steps, epochs, the optimizer's values and
+    /// `train.max_skipped_in_row`.
+    ///
+    /// # Errors
+    /// An out-of-range value, naming its key.
+    fn check_train(&self) -> anyhow::Result<()> {
+        let t = &self.train;
         if t.micro_batch_size == 0 || t.mini_batches == 0 || t.epochs == 0 {
             bail!("train.micro_batch_size, train.mini_batches and train.epochs must be at least 1");
         }
@@ -345,6 +393,14 @@ impl RawConfig {
         if t.max_skipped_in_row == 0 {
             bail!("train.max_skipped_in_row must be at least 1");
         }
+        Ok(())
+    }
+
+    /// `eval.samples` and `eval.limit`.
+    ///
+    /// # Errors
+    /// An out-of-range value, naming its key.
+    fn check_eval(&self) -> anyhow::Result<()> {
         if self.eval.samples == 0 {
             bail!("eval.samples must be at least 1");
         }
@@ -355,13 +411,14 @@ impl RawConfig {
                  problems ≥ 1, or leave eval.limit unset for the whole test split"
             );
         }
-        self.reward.check()?;
-        if let Some(v) = &self.data.verifier {
-            v.check("data.verifier")?;
-        }
-        if self.output.log_every == 0 {
-            bail!("output.log_every must be at least 1 (a console line every this many steps)");
-        }
+        Ok(())
+    }
+
+    /// The warnings a valid config may still deserve: `sync.max_staleness` discarding part of
+    /// every sync cycle's data, `train.eval_every` in an offline run.
+    fn staleness_warnings(&self) -> Vec<String> {
+        let (t, s) = (&self.train, &self.sync);
+        let mut warnings = Vec::new();
         if let Some(m) = s.max_staleness {
             let worst = s.offset.saturating_add(s.interval - 1);
             if m < worst {
@@ -378,6 +435,15 @@ impl RawConfig {
                     .into(),
             );
         }
+        warnings
+    }
+
+    /// The `[data]` section: the task's own checks online ([`super::DataSection::validate`]),
+    /// `data.prompts_per_step` offline.
+    ///
+    /// # Errors
+    /// An invalid value, naming its key.
+    fn check_data(&self) -> anyhow::Result<()> {
         if self.data.experiences.is_none() {
             self.data
                 .validate()
@@ -385,6 +451,39 @@ impl RawConfig {
         } else if self.data.prompts_per_step == 0 {
             bail!("data.prompts_per_step must be at least 1");
         }
+        Ok(())
+    }
+
+    /// The one resolve step: preset expansion, value checks (section by section, in a fixed
+    /// order: the first error is reported), staleness warning.
+    ///
+    /// # Errors
+    /// Invalid values, each naming its key and the fix: out-of-range values, a loss-specific
+    /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
+    /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
+    pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
+        let auto = self.model.resolve_auto()?;
+        let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
+        self.algorithm = algorithm.to_config();
+        let mut warnings = std::mem::take(&mut self.notes.0);
+        self.check_lora()?;
+        self.check_dtype()?;
+        self.check_group()?;
+        self.check_lengths()?;
+        self.check_sampling()?;
+        self.check_sync()?;
+        self.check_distributed()?;
+        self.check_train()?;
+        self.check_eval()?;
+        self.reward.check()?;
+        if let Some(v) = &self.data.verifier {
+            v.check("data.verifier")?;
+        }
+        if self.output.log_every == 0 {
+            bail!("output.log_every must be at least 1 (a console line every this many steps)");
+        }
+        warnings.extend(self.staleness_warnings());
+        self.check_data()?;
         self.check_env()?;
         let written = std::mem::take(&mut self.written);
         let cfg = ResolvedConfig {

@@ -358,6 +358,10 @@ impl Trainer {
     /// One optimizer update over the global `rows` of `view`, of which this rank trains those in
     /// `batch`. Returns this rank's merged loss stats, the gradient norm (None when the update was
     /// skipped as non-finite) and the rows skipped of all ranks.
+    ///
+    /// The steps: the update's normaliser (fixed before micro-batching), the rows that reach
+    /// forward and backward, then per micro-batch of this rank's rows its forward, loss and
+    /// gradient, summed; finally the optimizer step ([`OptimizerStep::apply`]).
     fn update(
         &mut self,
         (batch, view): (&[Experience], &GlobalView),
@@ -367,105 +371,128 @@ impl Trainer {
         lr: f64,
         mut diff: Option<&mut MismatchSums>,
     ) -> anyhow::Result<UpdateOut> {
-        let alg = &self.settings.algorithm;
-        let infos: Vec<RowInfo> = rows
-            .iter()
-            .map(|&i| RowInfo {
-                completion_tokens: view.rows[i].completion_tokens,
-                truncated: view.rows[i].truncated,
-                in_normaliser: adv.in_normaliser[i],
-            })
-            .collect();
-        let norm = UpdateNormaliser::new(alg, &infos, self.settings.max_new_tokens)?;
-        // Rows whose loss term has an exactly zero gradient: weight 0 (out of the normaliser), or
-        // advantage 0 when every term of the loss is proportional to the advantage. They would
-        // cost a full forward and backward for nothing (TRL and verl pay it).
-        let all_w = norm.rows(&(0..rows.len()).collect::<Vec<_>>());
-        let only_pg = alg.regulariser == rlvr_algo::Regulariser::None
-            && alg.kl_coef == 0.0
-            && alg.entropy_coef == 0.0;
-        let trained: Vec<usize> = rows
-            .iter()
-            .zip(&all_w)
-            .filter(|&(&i, &w)| {
-                !self.settings.train.skip_zero_gradient_rows
-                    || (w != 0.0 && !(only_pg && adv.values[i] == 0.0))
-            })
-            .map(|(&i, _)| i)
-            .collect();
+        let infos = row_infos(view, rows, adv);
+        let norm = UpdateNormaliser::new(
+            &self.settings.algorithm,
+            &infos,
+            self.settings.max_new_tokens,
+        )?;
+        let trained = self.trained_rows(rows, &norm, adv);
         let rows_skipped = rows.len() - trained.len();
-        // This rank's trained rows (local indices) and each global row's place in `rows`.
-        let place: HashMap<usize, usize> = rows.iter().enumerate().map(|(p, &g)| (g, p)).collect();
-        let trained: Vec<usize> = trained
-            .iter()
-            .filter_map(|&g| view.local_index(g))
-            .collect();
+        let index = UpdateIndex::new(view, rows);
         let mut grads = self.optimizer.gradients();
         let mut stats = LossStats::default();
-        let t = &self.settings.train;
-        let limit = MicroBatchLimit {
-            rows: t.micro_batch_size,
-            tokens: t.micro_batch_tokens,
-            share_prompt: t.share_prompt,
-        };
-        for mb in micro_batches(batch, &trained, limit) {
-            let local: Vec<usize> = mb.iter().map(|&i| place[&view.global(i)]).collect();
-            let weights = norm.rows(&local);
+        for mb in micro_batches(batch, &index.local_rows(&trained), self.micro_batch_limit()) {
+            let weights = norm.rows(&index.places(&mb));
             let Some(t) = self.forward(batch, &mb)? else {
                 continue;
             };
             if let Some(d) = diff.as_deref_mut() {
                 accumulate_diff(batch, &mb, &t, step, d)?;
             }
-            // The correction weights c_it weigh the loss: Σ_i w_i Σ_t m_it c_it L_it.
-            let mut corrected = rlvr_algo::CorrectionCounts::default();
-            let is_weights = match start_lp {
-                Some(lp) => Some(
-                    super::mismatch::corrected_mask(
-                        batch,
-                        &mb,
-                        &t.mask_host,
-                        lp,
-                        alg,
-                        &weights,
-                        &mut corrected,
-                    )?
-                    .to_dtype(t.mask.dtype())?
-                    .to_device(t.mask.device())?,
-                ),
-                None => None,
-            };
-            let a: Vec<f32> = mb
-                .iter()
-                .map(|&i| adv.values[view.global(i)] as f32)
-                .collect();
-            let a = Tensor::from_vec(a, mb.len(), self.model.device())?;
-            let (loss, st) = policy_loss(
-                alg,
-                &LossInputs {
-                    logp: &t.logp,
-                    logp_behaviour: &t.logp_old,
-                    logp_ref: t.logp_ref.as_ref(),
-                    entropy: t.entropy.as_ref(),
-                    mask: &t.mask,
-                    is_weights: is_weights.as_ref(),
-                    advantages: &a,
-                    row_weights: &weights,
-                },
-            )?;
-            stats.merge(&st);
-            stats.mismatch.merge(&corrected);
-            if !st.loss.is_finite() {
+            let advantages = index.advantages(&mb, &adv.values);
+            let out = self.micro_batch_loss(batch, &mb, &t, &weights, advantages, start_lp)?;
+            stats.merge(&out.stats);
+            stats.mismatch.merge(&out.corrected);
+            if !out.stats.loss.is_finite() {
                 grads.mark_non_finite();
                 continue;
             }
-            self.optimizer.accumulate(&mut grads, &loss)?;
+            self.optimizer.accumulate(&mut grads, &out.loss)?;
         }
         let grad_norm = self.optimizer.apply(grads, lr)?;
         Ok(UpdateOut {
             stats,
             grad_norm,
             rows_skipped,
+        })
+    }
+
+    /// The global rows of `rows` that reach forward and backward, in order: all of them, or with
+    /// [`UpdateSettings::skip_zero_gradient_rows`] those whose loss term can have a nonzero
+    /// gradient. A row's gradient is exactly zero at weight 0 (out of the normaliser), or at
+    /// advantage 0 when every term of the loss is proportional to the advantage; such a row would
+    /// cost a full forward and backward for nothing (TRL and verl pay it).
+    fn trained_rows(
+        &self,
+        rows: &[usize],
+        norm: &UpdateNormaliser,
+        adv: &rlvr_algo::Advantages,
+    ) -> Vec<usize> {
+        let alg = &self.settings.algorithm;
+        let all_w = norm.rows(&(0..rows.len()).collect::<Vec<_>>());
+        let only_pg = alg.regulariser == rlvr_algo::Regulariser::None
+            && alg.kl_coef == 0.0
+            && alg.entropy_coef == 0.0;
+        rows.iter()
+            .zip(&all_w)
+            .filter(|&(&i, &w)| {
+                !self.settings.train.skip_zero_gradient_rows
+                    || (w != 0.0 && !(only_pg && adv.values[i] == 0.0))
+            })
+            .map(|(&i, _)| i)
+            .collect()
+    }
+
+    /// How micro-batches are cut ([`crate::pack::micro_batches`]).
+    fn micro_batch_limit(&self) -> MicroBatchLimit {
+        let t = &self.settings.train;
+        MicroBatchLimit {
+            rows: t.micro_batch_size,
+            tokens: t.micro_batch_tokens,
+            share_prompt: t.share_prompt,
+        }
+    }
+
+    /// The policy loss of one micro-batch `mb` (local rows of `batch`, forward `t`) with its rows'
+    /// normaliser `weights` and `advantages`: with `start_lp` (the mismatch correction) the
+    /// correction weights c_it weigh the loss, Σ_i w_i Σ_t m_it c_it L_it, and their counts are
+    /// returned beside the loss statistics.
+    fn micro_batch_loss(
+        &self,
+        batch: &[Experience],
+        mb: &[usize],
+        t: &MicroBatch,
+        weights: &[f64],
+        advantages: Vec<f32>,
+        start_lp: Option<&[Vec<f32>]>,
+    ) -> anyhow::Result<MicroBatchLoss> {
+        let alg = &self.settings.algorithm;
+        let mut corrected = rlvr_algo::CorrectionCounts::default();
+        let is_weights = match start_lp {
+            Some(lp) => Some(
+                super::mismatch::corrected_mask(
+                    batch,
+                    mb,
+                    &t.mask_host,
+                    lp,
+                    alg,
+                    weights,
+                    &mut corrected,
+                )?
+                .to_dtype(t.mask.dtype())?
+                .to_device(t.mask.device())?,
+            ),
+            None => None,
+        };
+        let a = Tensor::from_vec(advantages, mb.len(), self.model.device())?;
+        let (loss, stats) = policy_loss(
+            alg,
+            &LossInputs {
+                logp: &t.logp,
+                logp_behaviour: &t.logp_old,
+                logp_ref: t.logp_ref.as_ref(),
+                entropy: t.entropy.as_ref(),
+                mask: &t.mask,
+                is_weights: is_weights.as_ref(),
+                advantages: &a,
+                row_weights: weights,
+            },
+        )?;
+        Ok(MicroBatchLoss {
+            loss,
+            stats,
+            corrected,
         })
     }
 
@@ -551,6 +578,62 @@ struct UpdateOut {
     stats: LossStats,
     grad_norm: Option<f64>,
     rows_skipped: usize,
+}
+
+/// One micro-batch's loss (with its graph), its statistics and the mismatch correction's counts.
+struct MicroBatchLoss {
+    loss: Tensor,
+    stats: LossStats,
+    corrected: rlvr_algo::CorrectionCounts,
+}
+
+/// What the update's normaliser needs of each of its global `rows`.
+fn row_infos(view: &GlobalView, rows: &[usize], adv: &rlvr_algo::Advantages) -> Vec<RowInfo> {
+    rows.iter()
+        .map(|&i| RowInfo {
+            completion_tokens: view.rows[i].completion_tokens,
+            truncated: view.rows[i].truncated,
+            in_normaliser: adv.in_normaliser[i],
+        })
+        .collect()
+}
+
+/// One update's rows in the three index spaces it moves between: *global* (the step batch of
+/// every rank, [`GlobalView`]: advantages and row metadata), *place* (position in the update's
+/// `rows`: the normaliser's weights) and *local* (this rank's `batch`: the tensors).
+struct UpdateIndex<'a> {
+    view: &'a GlobalView,
+    /// Each global row of the update → its place.
+    place: HashMap<usize, usize>,
+}
+
+impl<'a> UpdateIndex<'a> {
+    /// The index of the update over the global `rows` of `view`.
+    fn new(view: &'a GlobalView, rows: &[usize]) -> Self {
+        let place = rows.iter().enumerate().map(|(p, &g)| (g, p)).collect();
+        Self { view, place }
+    }
+
+    /// The global `rows` this rank holds, as local indices (in order).
+    fn local_rows(&self, rows: &[usize]) -> Vec<usize> {
+        rows.iter()
+            .filter_map(|&g| self.view.local_index(g))
+            .collect()
+    }
+
+    /// The places of the local rows `mb`.
+    fn places(&self, mb: &[usize]) -> Vec<usize> {
+        mb.iter()
+            .map(|&i| self.place[&self.view.global(i)])
+            .collect()
+    }
+
+    /// The global per-row `values` (advantages) of the local rows `mb`, as f32.
+    fn advantages(&self, mb: &[usize], values: &[f64]) -> Vec<f32> {
+        mb.iter()
+            .map(|&i| values[self.view.global(i)] as f32)
+            .collect()
+    }
 }
 
 /// Adds the completion tokens of the micro-batch's staleness-0 rows (ℓ vs ℓ_old) to `d`.
