@@ -1,5 +1,6 @@
 //! PEFT's adapter files: `adapter_config.json` and `adapter_model.safetensors` (see the parent
-//! module's docs for the names), read and written.
+//! module's docs for the names): finding and reading the config here; loading the tensors into a
+//! model and writing both files take a `Model`, so they are `model/lora.rs`'s.
 
 use std::path::{Path, PathBuf};
 
