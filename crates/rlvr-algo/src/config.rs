@@ -3,12 +3,15 @@
 //! Two types:
 //! - [`AlgorithmConfig`] is what the user wrote (TOML `[algorithm]` table, `--set algorithm.*`): every
 //!   knob is an `Option`, `None` meaning "not set here".
-//! - [`Algorithm`] is the resolved value the loss code reads: no `Option` left except for the knobs
-//!   that are genuinely optional (dual-clip, truncated-IS cap).
+//! - [`Algorithm`] is the resolved value the loss code reads: each choice a typed part carrying
+//!   only its own parameters (the advantage, the policy loss, the regulariser, the KL term, the
+//!   overlong rule, the mismatch correction; `typed.rs`).
 //!
 //! [`AlgorithmConfig::resolve`] applies the precedence **defaults < preset < user-set values**: a
-//! preset fills only the knobs the user left unset, and [`Algorithm::default`] fills the rest. The
-//! defaults are written once, in [`Algorithm::default`]; presets are data ([`mod@crate::presets`]).
+//! preset fills only the knobs the user left unset, and the defaults fill the rest, giving the
+//! flat resolved knobs (`Knobs`, private), which are validated and then built into the typed
+//! [`Algorithm`]. The defaults are written once, in `Knobs::default` ([`AlgorithmConfig::defaults`]
+//! shows them); presets are data ([`mod@crate::presets`]).
 //!
 //! Loss-specific knobs are grouped by the loss they belong to ([`PolicyLoss::options`]): PPO and
 //! GSPO take the clip range, dual-clip and IS cap; CISPO the upper clip and IS cap; REC its
@@ -33,8 +36,8 @@ pub use choices::{
 };
 pub use policy::{Cispo, Policy, Rec, RecKeep, RecScale, Surrogate};
 pub use typed::{
-    Advantage, Algorithm, Correction, GroupBaseline, Kl, OverlongRule, RedDrop,
-    RegTerm, StdDivision,
+    Advantage, Algorithm, Correction, GroupBaseline, Kl, OverlongRule, RedDrop, RegTerm,
+    StdDivision,
 };
 
 /// The user's `[algorithm]` table. Every knob is optional: `None` means "take the preset's value,

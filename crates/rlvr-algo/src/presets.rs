@@ -114,7 +114,14 @@ fn preset(
 // The preset table as data, one entry per row of DESIGN.md section 4's table, in its order: one
 // small function per family of rows.
 fn build() -> Vec<Preset> {
-    [paper_a(), paper_b_rec(), paper_b_rep_red(), peers_ppo(), peers_other()].concat()
+    [
+        paper_a(),
+        paper_b_rec(),
+        paper_b_rep_red(),
+        peers_ppo(),
+        peers_other(),
+    ]
+    .concat()
 }
 
 /// GRPO and paper A's off-policy GRPO.
@@ -147,6 +154,7 @@ fn paper_b_rec() -> Vec<Preset> {
         "arXiv 2509.24203 REC with s = exp(mean_t(logp - logp_old)) in the keep-mask (and weight)";
     use KeepMask as K;
     use RecWeight as W;
+    #[rustfmt::skip]
     let rows: [(&str, &str, &str, K, W); 8] = [
         ("rec_oneside_nois", "REC one-side keep-mask (PPO's clip pattern), no IS weight", ONE, K::OneSide, W::None),
         ("rec_oneside_is", "REC one-side keep-mask with token IS weight (same gradient as PPO clip)", ONE, K::OneSide, W::Is),
@@ -196,7 +204,13 @@ fn paper_b_rep_red() -> Vec<Preset> {
         c.red_drop_rule = (rule == RedDropRule::Bernoulli).then_some(rule);
         c
     };
-    let mut red_weight = rec(KeepMask::None, RecWeight::AdvantageExp, 0.2, 0.2, Ag::TokenMean);
+    let mut red_weight = rec(
+        KeepMask::None,
+        RecWeight::AdvantageExp,
+        0.2,
+        0.2,
+        Ag::TokenMean,
+    );
     red_weight.adv_temperature = Some(1.0);
     vec![
         preset(

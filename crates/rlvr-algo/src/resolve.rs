@@ -3,7 +3,9 @@
 //! the presets ([`mod@crate::presets`]), which are data written in those types, so that neither of
 //! the two names the other's module in both directions.
 
-use crate::config::{optional_knobs, required_knobs, Algorithm, AlgorithmConfig, Knobs, PolicyLoss};
+use crate::config::{
+    optional_knobs, required_knobs, Algorithm, AlgorithmConfig, Knobs, PolicyLoss,
+};
 use crate::error::{AlgoError, Result};
 use crate::presets::find_preset;
 

@@ -8,7 +8,7 @@
 //! algorithm parts, each built with its own arguments (`trinity/algorithm/advantage_fn/`,
 //! `policy_loss_fn/`).
 //!
-//! The TOML surface stays flat ([`AlgorithmConfig`]): [`Knobs::build`] makes these values once, at
+//! The TOML surface stays flat ([`AlgorithmConfig`]): `Knobs::build` makes these values once, at
 //! resolve, and [`Algorithm::to_config`] writes them back as the flat table (a knob the chosen
 //! part does not read is written with its default: rlvr-train leaves such knobs out of
 //! `config.toml` anyway, and the loss options of other losses are unset as before).
@@ -231,7 +231,7 @@ pub struct Algorithm {
 }
 
 impl Default for Algorithm {
-    /// The config defaults ([`Knobs::default`], the only place they are written), preset `"none"`.
+    /// The config defaults (`Knobs::default`, the only place they are written), preset `"none"`.
     fn default() -> Self {
         Knobs::default().build()
     }

@@ -2,8 +2,8 @@
 //! name the config writes; every declared default the one resolution uses; the loss-specific keys
 //! and each loss's group as they were written by hand before they followed from the parts.
 
-use rlvr_algo::config::LOSS_OPTIONS;
 use crate::common::alg;
+use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::parts::{enum_values, table_keys};
 use rlvr_algo::{
     Algorithm, AlgorithmConfig, Baseline, KeepMask, MismatchCorrection, Overlong, PolicyLoss,
@@ -211,7 +211,10 @@ fn the_other_parts_carry_their_own_parameters() {
         c.mismatch_low = Some(0.5);
         c.mismatch_cap = Some(5.0);
     });
-    assert_eq!(a.advantage.baseline, GroupBaseline::LogMeanExp { temperature: 0.5 });
+    assert_eq!(
+        a.advantage.baseline,
+        GroupBaseline::LogMeanExp { temperature: 0.5 }
+    );
     assert_eq!(
         a.advantage.std,
         Some(StdDivision {
@@ -270,7 +273,11 @@ fn presets_set_only_knobs_their_parts_read() {
         let back = a.to_config();
         let written = back.set_values();
         for (k, v) in p.values.set_values() {
-            assert!(written.contains(&(k.clone(), v.clone())), "{}: {k} = {v}", p.name);
+            assert!(
+                written.contains(&(k.clone(), v.clone())),
+                "{}: {k} = {v}",
+                p.name
+            );
         }
         assert_eq!(back.resolve().unwrap(), a, "{}", p.name);
     }

@@ -289,7 +289,10 @@ impl Trainer {
         let groups: Vec<&str> = view.rows.iter().map(|e| e.group_id.as_str()).collect();
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
-        report.dropped_frac = adv.stats.dropped_frac().filter(|_| alg.advantage.red_drop.is_some());
+        report.dropped_frac = adv
+            .stats
+            .dropped_frac()
+            .filter(|_| alg.advantage.red_drop.is_some());
 
         // Sampler/trainer mismatch correction: ℓ_trainer of every row at the start of the step.
         let start_lp = self.start_logprobs(batch, &alg)?;
