@@ -18,7 +18,7 @@ use super::{
     Aggregation, AlgorithmConfig, Baseline, KeepMask, KlEstimator, Knobs, Overlong, PolicyLoss,
     RecWeight, RedDropRule, Regulariser, StdLevel, StdNorm, LOSS_OPTIONS,
 };
-use crate::mismatch::{IsCorrection, MismatchCorrection};
+use crate::{IsCorrection, MismatchCorrection};
 
 /// The group baseline b, with the parameter only log-mean-exp has.
 #[derive(Debug, Clone, Copy, PartialEq)]
