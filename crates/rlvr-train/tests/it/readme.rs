@@ -155,10 +155,7 @@ fn key_line(k: &AcceptedKey) -> String {
 #[test]
 fn accepted_keys_are_the_pinned_list() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/accepted_keys.txt");
-    let want: String = accepted_keys()
-        .iter()
-        .map(|k| key_line(k) + "\n")
-        .collect();
+    let want: String = accepted_keys().iter().map(|k| key_line(k) + "\n").collect();
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     if have != want {
         if std::env::var("RLVR_BLESS").is_ok() {
