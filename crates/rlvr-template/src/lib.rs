@@ -32,10 +32,15 @@ use std::sync::Arc;
 pub const FIXED_DATE: &str = "26 Jul 2024";
 
 /// A minijinja environment configured as transformers compiles chat templates (see the crate
-/// docs), running at most `fuel` template instructions per rendering. Add the template with
+/// docs), running at most `fuel` template instructions per rendering, its errors without
+/// minijinja's debug info (the same message in debug and release builds). Add the template with
 /// `add_template`/`add_template_owned`.
 pub fn environment(fuel: u64) -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
+    // No debug info in errors, in debug builds too (minijinja's default there): an error's
+    // message would print every variable the template touched, and a template that built a
+    // value 100,000 levels deep before failing would spend minutes printing it.
+    env.set_debug(false);
     env.set_fuel(Some(fuel));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -228,6 +233,24 @@ mod tests {
             .unwrap();
         let err = env.get_template("r").unwrap().render(()).unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
+    }
+
+    #[test]
+    fn tojson_refuses_a_value_nested_deeper_than_128_and_says_so_briefly() {
+        let mut env = environment(10_000_000);
+        env.add_template(
+            "d",
+            "{% set ns = namespace(v=[]) %}{% for i in range(1000) %}{% set ns.v = [ns.v] %}\
+             {% endfor %}{{ ns.v|tojson }}",
+        )
+        .unwrap();
+        let err = env.get_template("d").unwrap().render(()).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("nested deeper than 128"), "{msg}");
+        // No debug info: the 1,000-deep value is not printed with the error (with it, the
+        // message would be megabytes; 100,000 levels, as rlvr's hostile-template test builds in
+        // the sandboxed worker, would take minutes).
+        assert!(msg.len() < 1000, "{} bytes", msg.len());
     }
 
     #[test]
