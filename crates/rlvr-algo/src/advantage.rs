@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use crate::config::{Algorithm, Baseline, Overlong, RedDropRule, StdLevel, StdNorm};
+use crate::config::{Algorithm, GroupBaseline, OverlongRule, RedDropRule, StdLevel, StdNorm};
 use crate::error::{AlgoError, Result};
 
 /// Advantages of one batch, row-aligned with the input.
@@ -120,6 +120,7 @@ pub fn compute_advantages<G: Hash + Eq>(
             ),
         });
     }
+    let adv = &alg.advantage;
     let n = rewards.len();
     let mut stats = AdvantageStats {
         null_rewards: rewards.iter().filter(|r| r.is_none()).count(),
@@ -147,13 +148,13 @@ pub fn compute_advantages<G: Hash + Eq>(
     let mut in_stats = vec![false; n];
     for (gid_hash, rows) in &mut groups {
         let mut dropped = Vec::new();
-        if alg.red_drop && rows.len() > 1 {
-            dropped = match alg.red_drop_rule {
+        if let (Some(rd), true) = (adv.red_drop, rows.len() > 1) {
+            dropped = match rd.rule {
                 RedDropRule::Surplus => red_drop_choice(rows, &r, seed ^ *gid_hash),
                 RedDropRule::Bernoulli => red_drop_bernoulli(rows, &r, seed ^ *gid_hash),
             };
             stats.dropped += dropped.len();
-            if alg.red_drop_rule == RedDropRule::Surplus {
+            if rd.rule == RedDropRule::Surplus {
                 rows.retain(|i| !dropped.contains(i));
             }
         }
@@ -181,8 +182,8 @@ pub fn compute_advantages<G: Hash + Eq>(
             }
             continue;
         }
-        let b = baselines(&vals, alg);
-        let s = std_of(&vals, alg.std_norm);
+        let b = baselines(&vals, adv.baseline);
+        let s = adv.std.map_or(0.0, |d| std_of(&vals, d.norm));
         for (k, &i) in rows.iter().enumerate() {
             centred[i] = vals[k] - b[k];
             group_std[i] = s;
@@ -191,37 +192,38 @@ pub fn compute_advantages<G: Hash + Eq>(
 
     // Std normalisation: A = (r − b)/(std + ε_std), GRPO (arXiv 2402.03300 Eq. 3 / §4.1.2) and paper A
     // (whitening inside each group); none for Dr.GRPO (arXiv 2503.20783) and paper B's REINFORCE.
-    let batch_std = match alg.std_level {
-        StdLevel::Batch => {
+    let batch_std = match adv.std {
+        Some(d) if d.level == StdLevel::Batch => {
             let all: Vec<f64> = (0..n).filter(|&i| in_stats[i]).map(r).collect();
-            std_of(&all, alg.std_norm)
+            std_of(&all, d.norm)
         }
-        StdLevel::Group => 0.0,
+        _ => 0.0,
     };
     let mut values = vec![0.0; n];
     let mut in_normaliser = vec![false; n];
     for i in 0..n {
         if !kept[i] {
             // A RED-Drop dropped row (scored, not kept): A = 0, in the normaliser only when asked.
-            in_normaliser[i] = alg.red_drop_in_normaliser && rewards[i].is_some();
+            in_normaliser[i] =
+                adv.red_drop.is_some_and(|rd| rd.in_normaliser) && rewards[i].is_some();
             continue;
         }
         let a = if zero_std[i] {
             0.0
         } else {
-            match alg.std_norm {
-                StdNorm::None => centred[i],
-                _ => {
-                    let s = match alg.std_level {
+            match adv.std {
+                None => centred[i],
+                Some(d) => {
+                    let s = match d.level {
                         StdLevel::Group => group_std[i],
                         StdLevel::Batch => batch_std,
                     };
-                    centred[i] / (s + alg.std_eps)
+                    centred[i] / (s + d.eps)
                 }
             }
         };
-        values[i] = a - alg.baseline_shift;
-        in_normaliser[i] = !(zero_std[i] && alg.exclude_zero_std);
+        values[i] = a - adv.shift;
+        in_normaliser[i] = !(zero_std[i] && adv.exclude_zero_std);
     }
     Ok(Advantages {
         values,
@@ -231,17 +233,16 @@ pub fn compute_advantages<G: Hash + Eq>(
 }
 
 /// Per-row baselines b_k of one group with at least two distinct values.
-fn baselines(vals: &[f64], alg: &Algorithm) -> Vec<f64> {
+fn baselines(vals: &[f64], baseline: GroupBaseline) -> Vec<f64> {
     let n = vals.len() as f64;
     let sum: f64 = vals.iter().sum();
-    match alg.baseline {
+    match baseline {
         // GRPO's group mean (arXiv 2402.03300 §4.1.2; paper A; paper B's group-relative REINFORCE).
-        Baseline::Mean => vec![sum / n; vals.len()],
+        GroupBaseline::Mean => vec![sum / n; vals.len()],
         // RLOO (arXiv 2402.14740): the mean of the other K−1 rewards.
-        Baseline::LeaveOneOut => vals.iter().map(|v| (sum - v) / (n - 1.0)).collect(),
+        GroupBaseline::LeaveOneOut => vals.iter().map(|v| (sum - v) / (n - 1.0)).collect(),
         // Kimi k1.5 (arXiv 2501.12599): b = T·log mean_j exp(r_j / T).
-        Baseline::LogMeanExp => {
-            let t = alg.lme_temperature;
+        GroupBaseline::LogMeanExp { temperature: t } => {
             let m = vals.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v / t));
             let mean_exp = vals.iter().map(|v| (v / t - m).exp()).sum::<f64>() / n;
             vec![t * (m + mean_exp.ln()); vals.len()]
@@ -349,16 +350,22 @@ pub fn advantage_exp_weight(a: f64, t: f64) -> f64 {
 /// −factor                            |y| > L_max
 /// ```
 ///
-/// Returns 0 unless `alg.overlong` is [`Overlong::Soft`]. Add it to the scored rewards before
+/// Returns 0 unless `alg.overlong` is [`OverlongRule::Soft`]. Add it to the scored rewards before
 /// [`compute_advantages`] (null rewards stay null): see [`shape_rewards`].
 pub fn overlong_penalty(completion_tokens: usize, max_new_tokens: usize, alg: &Algorithm) -> f64 {
-    if alg.overlong != Overlong::Soft || max_new_tokens == 0 {
+    let OverlongRule::Soft {
+        buffer_frac,
+        penalty_factor: f,
+    } = alg.overlong
+    else {
+        return 0.0;
+    };
+    if max_new_tokens == 0 {
         return 0.0;
     }
     let l_max = max_new_tokens as f64;
-    let cache = (alg.overlong_buffer_frac * l_max).round().max(1.0);
+    let cache = (buffer_frac * l_max).round().max(1.0);
     let len = completion_tokens as f64;
-    let f = alg.overlong_penalty_factor;
     if len <= l_max - cache {
         0.0
     } else if len <= l_max {

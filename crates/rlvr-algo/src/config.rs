@@ -3,12 +3,15 @@
 //! Two types:
 //! - [`AlgorithmConfig`] is what the user wrote (TOML `[algorithm]` table, `--set algorithm.*`): every
 //!   knob is an `Option`, `None` meaning "not set here".
-//! - [`Algorithm`] is the resolved value the loss code reads: no `Option` left except for the knobs
-//!   that are genuinely optional (dual-clip, truncated-IS cap).
+//! - [`Algorithm`] is the resolved value the loss code reads: each choice a typed part carrying
+//!   only its own parameters (the advantage, the policy loss, the regulariser, the KL term, the
+//!   overlong rule, the mismatch correction; `typed.rs`).
 //!
 //! [`AlgorithmConfig::resolve`] applies the precedence **defaults < preset < user-set values**: a
-//! preset fills only the knobs the user left unset, and [`Algorithm::default`] fills the rest. The
-//! defaults are written once, in [`Algorithm::default`]; presets are data ([`mod@crate::presets`]).
+//! preset fills only the knobs the user left unset, and the defaults fill the rest, giving the
+//! flat resolved knobs (`Knobs`, private), which are validated and then built into the typed
+//! [`Algorithm`]. The defaults are written once, in `Knobs::default` ([`AlgorithmConfig::defaults`]
+//! shows them); presets are data ([`mod@crate::presets`]).
 //!
 //! Loss-specific knobs are grouped by the loss they belong to ([`PolicyLoss::options`]): PPO and
 //! GSPO take the clip range, dual-clip and IS cap; CISPO the upper clip and IS cap; REC its
@@ -25,12 +28,17 @@ use crate::MismatchCorrection;
 
 mod choices;
 mod policy;
+mod typed;
 mod validate;
 pub use choices::{
     Aggregation, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss, RecWeight, RedDropRule,
     Regulariser, StdLevel, StdNorm, LOSS_OPTIONS,
 };
 pub use policy::{Cispo, Policy, Rec, RecKeep, RecScale, Surrogate};
+pub use typed::{
+    Advantage, Algorithm, Correction, GroupBaseline, Kl, OverlongRule, RedDrop, RegTerm,
+    StdDivision,
+};
 
 /// The user's `[algorithm]` table. Every knob is optional: `None` means "take the preset's value,
 /// else the default" (see [`AlgorithmConfig::resolve`]). Unknown keys are rejected.
@@ -245,7 +253,7 @@ impl Default for AlgorithmConfig {
 }
 
 /// Calls `$m!(field, ...)` with every `Option` knob of [`AlgorithmConfig`] whose resolved type in
-/// [`Algorithm`] is not an `Option`. The one list that keeps the two structs in step.
+/// [`Knobs`] is not an `Option`. The one list that keeps the two structs in step.
 macro_rules! required_knobs {
     ($m:ident, $($args:tt)*) => {
         $m!($($args)*; baseline, std_norm, std_level, std_eps, baseline_shift, lme_temperature,
@@ -309,6 +317,12 @@ impl AlgorithmConfig {
         }
     }
 
+    /// Every knob at its default (the optional ones unset), preset `"none"`: what resolution gives
+    /// a knob neither the user nor the preset sets, the loss options of every loss included.
+    pub fn defaults() -> Self {
+        Knobs::default().to_config()
+    }
+
     /// Fills every knob that is `None` here with `lower`'s value (the preset's). Values set here win.
     pub fn fill_unset_from(&mut self, lower: &AlgorithmConfig) {
         macro_rules! fill {
@@ -367,18 +381,27 @@ impl AlgorithmConfig {
 /// policy loss is not among them: [`AlgorithmConfig::resolve`] checks its knobs with its
 /// own message). Bare knob keys are `[algorithm]` keys.
 pub const ALGORITHM_CHOICES: &[Choice<Algorithm>] = &[
-    Choice::of::<Baseline>(|a| a.baseline.part()),
-    Choice::of::<StdNorm>(|a| a.std_norm.part()),
+    Choice::of::<Baseline>(|a| a.advantage.baseline.kind().part()),
+    Choice::of::<StdNorm>(|a| match a.advantage.std {
+        Some(s) => s.norm.part(),
+        None => StdNorm::None.part(),
+    }),
     Choice {
         key: "red_drop",
         quoted: false,
         parts: RED_DROP_PARTS,
-        selected: |a| &RED_DROP_PARTS[usize::from(!a.red_drop)],
+        selected: |a| &RED_DROP_PARTS[usize::from(a.advantage.red_drop.is_none())],
         says: &[],
     },
-    Choice::of::<KeepMask>(|a| a.keep_mask.part()),
-    Choice::of::<RecWeight>(|a| a.rec_weight.part()),
-    Choice::of::<Regulariser>(|a| a.regulariser.part()),
+    Choice::of::<KeepMask>(|a| match a.policy {
+        Policy::Rec(r) => r.keep.kind().part(),
+        _ => KeepMask::None.part(),
+    }),
+    Choice::of::<RecWeight>(|a| match a.policy {
+        Policy::Rec(r) => r.scale.kind().part(),
+        _ => RecWeight::None.part(),
+    }),
+    Choice::of::<Regulariser>(|a| a.regulariser.kind().part()),
     Choice {
         key: "kl_coef",
         quoted: false,
@@ -389,9 +412,9 @@ pub const ALGORITHM_CHOICES: &[Choice<Algorithm>] = &[
             "≠ 0 (the reference is loaded for the KL term)",
         )],
     },
-    Choice::of::<MismatchCorrection>(|a: &Algorithm| a.mismatch_correction.part())
+    Choice::of::<MismatchCorrection>(|a: &Algorithm| a.mismatch.kind().part())
         .saying(&[("mismatch_cap", "a truncation, a mask or \"icepop\"")]),
-    Choice::of::<Overlong>(|a| a.overlong.part()),
+    Choice::of::<Overlong>(|a| a.overlong.kind().part()),
 ];
 
 /// The parts of `red_drop` (a switch): `true` reads its rule and whether dropped rows stay in the
@@ -446,12 +469,12 @@ pub const KL_PARTS: &[Part] = &[
     },
 ];
 
-/// The resolved algorithm: what every function of this crate reads. Build it with
-/// [`AlgorithmConfig::resolve`]; [`Algorithm::to_config`] gives back a fully-set config (for
-/// `RUN_DIR/config.toml`). Field meanings and units: see the same-named fields of [`AlgorithmConfig`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub struct Algorithm {
+/// The resolved knobs, flat: defaults < preset < user values, every knob filled. The resolve
+/// step validates them ([`Knobs::validate`]) and builds the typed [`Algorithm`] from them
+/// ([`Knobs::build`]); nothing else reads them. Field meanings and units: see the same-named
+/// fields of [`AlgorithmConfig`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Knobs {
     pub preset: String,
     pub baseline: Baseline,
     pub std_norm: StdNorm,
@@ -492,11 +515,11 @@ pub struct Algorithm {
     pub mismatch_k3_threshold: f64,
 }
 
-impl Default for Algorithm {
+impl Default for Knobs {
     /// The config defaults (the only place they are written): GRPO-shaped advantages, PPO clip 0.2/0.2,
     /// token-mean, no KL, no entropy bonus, zero-variance groups out of the normaliser.
     fn default() -> Self {
-        Algorithm {
+        Knobs {
             preset: "none".into(),
             baseline: Baseline::Mean,
             std_norm: StdNorm::Sample,
@@ -539,12 +562,9 @@ impl Default for Algorithm {
     }
 }
 
-impl Algorithm {
-    /// An [`AlgorithmConfig`] that resolves back to `self`: the same preset, every knob that applies to
-    /// `self.loss` set (the optional ones when `Some`), the loss-specific knobs of other losses
-    /// unset (resolving fills them from the preset and the defaults as before, and the loss never
-    /// reads them).
-    pub fn to_config(&self) -> AlgorithmConfig {
+impl Knobs {
+    /// Every knob set (the optional ones when `Some`), with this preset.
+    pub(crate) fn to_config(&self) -> AlgorithmConfig {
         let mut c = AlgorithmConfig::empty(&self.preset);
         macro_rules! put {
             ($c:ident, $a:ident; $($f:ident),*) => { $( $c.$f = Some($a.$f); )* };
@@ -554,21 +574,6 @@ impl Algorithm {
             ($c:ident, $a:ident; $($f:ident),*) => { $( $c.$f = $a.$f; )* };
         }
         optional_knobs!(put_opt, c, self);
-        for key in LOSS_OPTIONS {
-            if !self.loss.reads(key) {
-                c.unset_loss_option(key);
-            }
-        }
         c
-    }
-
-    /// Whether the loss needs reference log-probs (`kl_coef` ≠ 0).
-    pub fn needs_reference(&self) -> bool {
-        self.kl_coef != 0.0
-    }
-
-    /// Whether the loss needs per-token entropies (`entropy_coef` ≠ 0).
-    pub fn needs_entropy(&self) -> bool {
-        self.entropy_coef != 0.0
     }
 }

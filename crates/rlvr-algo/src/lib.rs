@@ -54,8 +54,9 @@ pub use advantage::{
 };
 pub use config::reference_rows;
 pub use config::{
-    Aggregation, Algorithm, AlgorithmConfig, Baseline, KeepMask, KlEstimator, Overlong, PolicyLoss,
-    RecWeight, RedDropRule, Regulariser, StdLevel, StdNorm,
+    Advantage, Aggregation, Algorithm, AlgorithmConfig, Baseline, Correction, GroupBaseline,
+    KeepMask, Kl, KlEstimator, Overlong, OverlongRule, Policy, PolicyLoss, RecWeight, RedDrop,
+    RedDropRule, RegTerm, Regulariser, StdDivision, StdLevel, StdNorm,
 };
 pub use error::{AlgoError, Result};
 pub use kl::{kl_estimate, kl_estimate_f64};

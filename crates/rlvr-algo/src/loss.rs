@@ -30,7 +30,7 @@
 
 use candle_core::{DType, Tensor, D};
 
-use crate::config::{Algorithm, Policy, RecKeep, RecScale, Regulariser};
+use crate::config::{Algorithm, Policy, RecKeep, RecScale, RegTerm};
 use crate::error::{AlgoError, Result};
 use crate::kl::kl_estimate;
 use crate::metrics::{LossStats, RATIO_BUCKETS, RATIO_HIST_EDGES};
@@ -103,7 +103,7 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
             op: OP,
             why: format!(
                 "kl_coef = {} needs reference log-probs (logp_ref)",
-                alg.kl_coef
+                alg.kl.coef
             ),
         });
     }
@@ -147,7 +147,7 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     let pos = adv_d.gt(0.0)?;
     let neg = adv_d.lt(0.0)?;
     let pg = pg_term(
-        &alg.policy(),
+        &alg.policy,
         &logp,
         &x,
         &mask,
@@ -181,24 +181,24 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
     // Paper B's REP regularisers (arXiv 2509.24203; DESIGN.md section 4): OPMD +τ·(ℓ − ℓ_old)² (Kimi k1.5,
     // arXiv 2501.12599, with Trinity-RFT's convention), AsymRE −τ·ℓ.
     match alg.regulariser {
-        Regulariser::None => {}
-        Regulariser::Opmd => per_token = (per_token + (x.sqr()? * alg.tau)?)?,
-        Regulariser::Asymre => per_token = (per_token - (&logp * alg.tau)?)?,
+        RegTerm::None => {}
+        RegTerm::Opmd { tau } => per_token = (per_token + (x.sqr()? * tau)?)?,
+        RegTerm::Asymre { tau } => per_token = (per_token - (&logp * tau)?)?,
     }
     // β·k(ℓ_ref − ℓ) with k1/k2/k3 of DESIGN.md section 4 (k3: arXiv 2402.03300 Eq. 4); ·ρ̄ is the off-policy
     // "corrected k3" of DeepSeek-V3.2 (DESIGN.md section 4).
     let mut kl_ref_value = None;
     if let Some(lr) = inp.logp_ref {
         let xr = clamp_with_grad(&(clean(lr)?.detach() - &logp)?, c)?;
-        let k = kl_estimate(&xr, alg.kl_estimator)?;
+        let k = kl_estimate(&xr, alg.kl.estimator)?;
         kl_ref_value = Some(k.detach());
-        if alg.kl_coef != 0.0 {
-            let k = if alg.kl_ratio_weighted {
+        if alg.kl.coef != 0.0 {
+            let k = if alg.kl.ratio_weighted {
                 (k * &ratio_d)?
             } else {
                 k
             };
-            per_token = (per_token + (k * alg.kl_coef)?)?;
+            per_token = (per_token + (k * alg.kl.coef)?)?;
         }
     }
     let entropy = inp.entropy.map(&clean).transpose()?;
@@ -355,8 +355,8 @@ fn pg_term(
             // A′ (paper B): A, A·ρ̄ (IS), A·s̄ (sequence IS), A·exp(A/T) (RED-Weight).
             let weight = match r.scale {
                 RecScale::None => adv.clone(),
-                RecScale::Is { is_cap } => (adv * cap_ratio(ratio, is_cap)?.detach())?,
-                RecScale::SeqIs { is_cap } => (adv * cap_ratio(&seq_ratio, is_cap)?)?,
+                RecScale::Is => (adv * cap_ratio(ratio, r.is_cap)?.detach())?,
+                RecScale::SeqIs => (adv * cap_ratio(&seq_ratio, r.is_cap)?)?,
                 RecScale::AdvantageExp { temperature } => (adv * (adv / temperature)?.exp()?)?,
             };
             let loss = ((weight * &keep)? * logp)?.neg()?;

@@ -98,15 +98,23 @@ const MISMATCH_LOW: Knob = Knob {
     key: "mismatch_low",
     default: "unset",
 };
+/// What a correction did (diagnostics.jsonl): every correction but `none` fills in the masked and
+/// the truncated shares (0 for what it does not do); `none` leaves them null.
+const MISMATCH_METRICS: &[&str] = &[
+    "mismatch/masked_frac",
+    "mismatch/masked_rows_frac",
+    "mismatch/truncated_frac",
+    "mismatch/truncated_rows_frac",
+];
 const TRUNCATE: Part = Part {
     name: "",
     knobs: &[MISMATCH_CAP],
-    metrics: &["mismatch/truncated_frac", "mismatch/truncated_rows_frac"],
+    metrics: MISMATCH_METRICS,
 };
 const MASK: Part = Part {
     name: "",
     knobs: &[MISMATCH_CAP, MISMATCH_LOW],
-    metrics: &["mismatch/masked_frac", "mismatch/masked_rows_frac"],
+    metrics: MISMATCH_METRICS,
 };
 
 impl Registered for MismatchCorrection {
@@ -152,7 +160,7 @@ impl Registered for MismatchCorrection {
                 key: "mismatch_k3_threshold",
                 default: "0.01",
             }],
-            metrics: &["mismatch/masked_frac", "mismatch/masked_rows_frac"],
+            metrics: MISMATCH_METRICS,
         },
     ];
 }

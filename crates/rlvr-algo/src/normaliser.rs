@@ -25,7 +25,7 @@
 //! [`UpdateNormaliser::rows`] of each micro-batch's row indices to [`crate::policy_loss`] and
 //! `backward()` each micro-batch loss as it is: no further division by the number of micro-batches.
 
-use crate::config::{Aggregation, Algorithm, Overlong};
+use crate::config::{Aggregation, Algorithm, OverlongRule};
 use crate::error::{AlgoError, Result};
 
 /// What the normaliser needs to know of one row (completion) of the update batch.
@@ -110,7 +110,7 @@ impl UpdateNormaliser {
         let live = |r: &RowInfo| {
             r.in_normaliser
                 && r.completion_tokens > 0
-                && !(r.truncated && alg.overlong == Overlong::Mask)
+                && !(r.truncated && alg.overlong == OverlongRule::Mask)
         };
         let n_rows = rows.iter().filter(|r| live(r)).count();
         let tokens_trained: usize = rows

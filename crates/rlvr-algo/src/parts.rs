@@ -32,7 +32,9 @@ pub struct Part {
     pub name: &'static str,
     /// The knobs this value reads beyond those every value of the choice reads.
     pub knobs: &'static [Knob],
-    /// The metric keys (metrics.jsonl or diagnostics.jsonl) only this value's runs fill in.
+    /// The metric keys (metrics.jsonl or diagnostics.jsonl) only this value's runs fill in (not
+    /// null): the values of the choice that do not list a key leave it null, and a key every
+    /// value fills in is no value's (rlvr-train's part-metrics test runs each value to hold it).
     pub metrics: &'static [&'static str],
 }
 

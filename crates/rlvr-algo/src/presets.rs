@@ -95,162 +95,115 @@ fn reinforce(std_norm: StdNorm) -> AlgorithmConfig {
     c
 }
 
-// The preset table as data, one entry per row of DESIGN.md section 4's table, in one list so that it reads
-// as that table.
+/// One preset, its `follows` looked up by name.
+fn preset(
+    name: &'static str,
+    description: &'static str,
+    reference: &'static str,
+    values: AlgorithmConfig,
+) -> Preset {
+    Preset {
+        name,
+        description,
+        reference,
+        follows: follows(name),
+        values,
+    }
+}
+
+// The preset table as data, one entry per row of DESIGN.md section 4's table, in its order: one
+// small function per family of rows.
 fn build() -> Vec<Preset> {
-    let mut v = Vec::new();
-    let mut p = |name, description, reference, values| {
-        v.push(Preset {
-            name,
-            description,
-            reference,
-            follows: follows(name),
-            values,
-        })
-    };
-    p(
-        "grpo",
-        "On-policy GRPO: group-whitened rewards, PPO clipped surrogate, per-sequence token mean",
-        "arXiv 2402.03300 (DeepSeekMath) Eq. 3 and §4.1.2: A = (r - mean)/std, \
-         J = mean_i mean_t min(rho*A, clip(rho, 1-eps, 1+eps)*A)",
-        ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::SeqMeanTokenMean),
-    );
-    p(
-        "off_policy_grpo",
-        "Off-policy GRPO (paper A): as grpo, ratio against the stale behaviour policy; set sync.interval",
-        "arXiv 2505.22257: J = E[min(rho*A, clip(rho, 1-eps, 1+eps)*A)], rho = pi_theta/alpha per token",
-        ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::SeqMeanTokenMean),
-    );
-    p(
+    [
+        paper_a(),
+        paper_b_rec(),
+        paper_b_rep_red(),
+        peers_ppo(),
+        peers_other(),
+    ]
+    .concat()
+}
+
+/// GRPO and paper A's off-policy GRPO.
+fn paper_a() -> Vec<Preset> {
+    vec![
+        preset(
+            "grpo",
+            "On-policy GRPO: group-whitened rewards, PPO clipped surrogate, per-sequence token mean",
+            "arXiv 2402.03300 (DeepSeekMath) Eq. 3 and §4.1.2: A = (r - mean)/std, \
+             J = mean_i mean_t min(rho*A, clip(rho, 1-eps, 1+eps)*A)",
+            ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::SeqMeanTokenMean),
+        ),
+        preset(
+            "off_policy_grpo",
+            "Off-policy GRPO (paper A): as grpo, ratio against the stale behaviour policy; set sync.interval",
+            "arXiv 2505.22257: J = E[min(rho*A, clip(rho, 1-eps, 1+eps)*A)], rho = pi_theta/alpha per token",
+            ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::SeqMeanTokenMean),
+        ),
+    ]
+}
+
+/// Paper B's group-relative REINFORCE and its REC family: one row per keep-mask and weight.
+fn paper_b_rec() -> Vec<Preset> {
+    const ONE: &str =
+        "arXiv 2509.24203 REC: L = -A'*k*logp, k = [A>=0, rho<=1+eps_h] or [A<=0, rho>=1-eps_l]";
+    const TWO: &str = "arXiv 2509.24203 REC: L = -A'*k*logp, k = [1-eps_l <= rho <= 1+eps_h]";
+    const RING: &str =
+        "arXiv 2509.24203 REC: k = two-side or [A>=0, rho<=1-eps'_l] or [A<=0, rho>=1+eps'_h]";
+    const GSPO: &str =
+        "arXiv 2509.24203 REC with s = exp(mean_t(logp - logp_old)) in the keep-mask (and weight)";
+    use KeepMask as K;
+    use RecWeight as W;
+    #[rustfmt::skip]
+    let rows: [(&str, &str, &str, K, W); 8] = [
+        ("rec_oneside_nois", "REC one-side keep-mask (PPO's clip pattern), no IS weight", ONE, K::OneSide, W::None),
+        ("rec_oneside_is", "REC one-side keep-mask with token IS weight (same gradient as PPO clip)", ONE, K::OneSide, W::Is),
+        ("rec_twoside_nois", "REC two-side keep-mask, no IS weight", TWO, K::TwoSide, W::None),
+        ("rec_twoside_is", "REC two-side keep-mask with token IS weight", TWO, K::TwoSide, W::Is),
+        ("rec_ring_nois", "REC ring keep-mask (two-side plus far-off-policy tokens that help), no IS", RING, K::Ring, W::None),
+        ("rec_ring_is", "REC ring keep-mask with token IS weight", RING, K::Ring, W::Is),
+        ("rec_gspo_nois", "REC one-side keep-mask on the sequence ratio, no IS weight", GSPO, K::GspoOneSide, W::None),
+        ("rec_gspo_is", "REC one-side keep-mask on the sequence ratio, detached sequence IS weight", GSPO, K::GspoOneSide, W::SeqIs),
+    ];
+    let mut v = vec![preset(
         "reinforce",
         "Group-relative REINFORCE: -A*logp with the group mean as baseline, no std",
         "arXiv 2509.24203 (group-relative REINFORCE): L = -(r - mean_group) * log pi_theta",
         reinforce(StdNorm::None),
-    );
-    for (name, desc, w) in [
-        (
-            "rec_oneside_nois",
-            "REC one-side keep-mask (PPO's clip pattern), no IS weight",
-            RecWeight::None,
-        ),
-        (
-            "rec_oneside_is",
-            "REC one-side keep-mask with token IS weight (same gradient as PPO clip)",
-            RecWeight::Is,
-        ),
-    ] {
-        p(
-            name,
-            desc,
-            "arXiv 2509.24203 REC: L = -A'*k*logp, k = [A>=0, rho<=1+eps_h] or [A<=0, rho>=1-eps_l]",
-            rec(KeepMask::OneSide, w, 0.2, 0.2, Ag::TokenMean),
-        );
+    )];
+    for (name, desc, reference, keep, w) in rows {
+        let values = match keep {
+            K::GspoOneSide => rec(keep, w, 3e-4, 4e-4, Ag::SeqMeanTokenMean),
+            _ => rec(keep, w, 0.2, 0.2, Ag::TokenMean),
+        };
+        v.push(preset(name, desc, reference, values));
     }
-    for (name, desc, w) in [
-        (
-            "rec_twoside_nois",
-            "REC two-side keep-mask, no IS weight",
-            RecWeight::None,
-        ),
-        (
-            "rec_twoside_is",
-            "REC two-side keep-mask with token IS weight",
-            RecWeight::Is,
-        ),
-    ] {
-        p(
-            name,
-            desc,
-            "arXiv 2509.24203 REC: L = -A'*k*logp, k = [1-eps_l <= rho <= 1+eps_h]",
-            rec(KeepMask::TwoSide, w, 0.2, 0.2, Ag::TokenMean),
-        );
-    }
-    for (name, desc, w) in [
-        (
-            "rec_ring_nois",
-            "REC ring keep-mask (two-side plus far-off-policy tokens that help), no IS",
-            RecWeight::None,
-        ),
-        (
-            "rec_ring_is",
-            "REC ring keep-mask with token IS weight",
-            RecWeight::Is,
-        ),
-    ] {
-        p(
-            name,
-            desc,
-            "arXiv 2509.24203 REC: k = two-side or [A>=0, rho<=1-eps'_l] or [A<=0, rho>=1+eps'_h]",
-            rec(KeepMask::Ring, w, 0.2, 0.2, Ag::TokenMean),
-        );
-    }
-    for (name, desc, w) in [
-        (
-            "rec_gspo_nois",
-            "REC one-side keep-mask on the sequence ratio, no IS weight",
-            RecWeight::None,
-        ),
-        (
-            "rec_gspo_is",
-            "REC one-side keep-mask on the sequence ratio, detached sequence IS weight",
-            RecWeight::SeqIs,
-        ),
-    ] {
-        p(
-            name,
-            desc,
-            "arXiv 2509.24203 REC with s = exp(mean_t(logp - logp_old)) in the keep-mask (and weight)",
-            rec(KeepMask::GspoOneSide, w, 3e-4, 4e-4, Ag::SeqMeanTokenMean),
-        );
-    }
-    let mut opmd = reinforce(StdNorm::None);
-    opmd.regulariser = Some(Regulariser::Opmd);
-    opmd.tau = Some(0.1);
-    // The regulariser acts on every sample, zero-variance groups included.
-    opmd.exclude_zero_std = Some(false);
-    p(
-        "opmd",
-        "Online policy mirror descent: REINFORCE plus tau*(logp - logp_old)^2 on every sample",
-        "arXiv 2509.24203 REP / Kimi k1.5 arXiv 2501.12599: L = -A*logp + tau*(logp - logp_old)^2 \
-         (Trinity's tau absorbs Kimi's 1/2; mean baseline)",
-        opmd,
-    );
-    let mut asymre = reinforce(StdNorm::None);
-    asymre.regulariser = Some(Regulariser::Asymre);
-    asymre.tau = Some(0.1);
-    // −τ·ℓ acts on every sample: an all-correct group is pushed up (the lowered baseline).
-    asymre.exclude_zero_std = Some(false);
-    p(
-        "asymre",
-        "Asymmetric REINFORCE: REINFORCE with the baseline lowered by tau (zero-variance groups too)",
-        "arXiv 2509.24203 REP (AsymRE): L = -A*logp - tau*logp = -(r - (mean - tau))*logp",
-        asymre,
-    );
+    v
+}
+
+/// Paper B's REP regularisers (OPMD, AsymRE), its RED variants, and GRPO as it runs it.
+fn paper_b_rep_red() -> Vec<Preset> {
+    // The regulariser acts on every sample, zero-variance groups included (−τ·ℓ pushes an
+    // all-correct group up: the lowered baseline).
+    let rep = |r: Regulariser| {
+        let mut c = reinforce(StdNorm::None);
+        c.regulariser = Some(r);
+        c.tau = Some(0.1);
+        c.exclude_zero_std = Some(false);
+        c
+    };
     // Trinity-RFT's RED-Drop recipe (examples/rec_gsm8k/README.md: `std_normalize: false`, `drop:
-    // "balance"`; advantage_fn/rec_advantage.py): A = r - mean of the kept rows, no std; dropped rows
-    // keep A = 0 in the batch, so they stay in the token-mean normaliser.
-    let mut red_drop = reinforce(StdNorm::None);
-    red_drop.red_drop = Some(true);
-    red_drop.red_drop_in_normaliser = Some(true);
-    p(
-        "red_drop",
-        "RED-Drop: drop surplus negatives per group at random, centre on the kept rows (no std)",
-        "arXiv 2509.24203 RED-Drop, as its Trinity-RFT recipe: balance negatives (r < mean), \
-         A = r - mean_kept; dropped rows A = 0, still in the token mean",
-        red_drop.clone(),
-    );
-    // Trinity-RFT's RED-Drop as first written (yaochaorui/Trinity-RFT 8a0e9e81,
-    // `rec_advantage.py`): each negative dropped with probability 1 - pos/neg, the group mean of all
-    // rows kept; dropped rows A = 0 in the batch (token mean over every row).
-    let mut red_drop_bernoulli = red_drop.clone();
-    red_drop_bernoulli.red_drop_rule = Some(RedDropRule::Bernoulli);
-    p(
-        "red_drop_bernoulli",
-        "RED-Drop as first written in Trinity-RFT: each negative dropped with probability 1 - pos/neg, mean not recomputed",
-        "arXiv 2509.24203 RED-Drop, Trinity-RFT's first code: drop each r < mean with p = 1 - pos/neg, \
-         A = r - mean_all (no std); dropped rows A = 0, still in the token mean",
-        red_drop_bernoulli,
-    );
+    // "balance"`; advantage_fn/rec_advantage.py): A = r - mean of the kept rows, no std; dropped
+    // rows keep A = 0 in the batch, so they stay in the token-mean normaliser. As first written
+    // (yaochaorui/Trinity-RFT 8a0e9e81, `rec_advantage.py`): each negative dropped with
+    // probability 1 - pos/neg, the group mean of all rows kept.
+    let red_drop = |rule: RedDropRule| {
+        let mut c = reinforce(StdNorm::None);
+        c.red_drop = Some(true);
+        c.red_drop_in_normaliser = Some(true);
+        c.red_drop_rule = (rule == RedDropRule::Bernoulli).then_some(rule);
+        c
+    };
     let mut red_weight = rec(
         KeepMask::None,
         RecWeight::AdvantageExp,
@@ -259,85 +212,105 @@ fn build() -> Vec<Preset> {
         Ag::TokenMean,
     );
     red_weight.adv_temperature = Some(1.0);
-    p(
-        "red_weight",
-        "RED-Weight: REINFORCE with advantages reweighted by exp(A/T)",
-        "arXiv 2509.24203 RED-Weight: L = -A*exp(A/T)*logp, T = 1",
-        red_weight,
-    );
-    // Paper B's own GRPO baseline, its Trinity-RFT recipe (examples/rec_gsm8k/README.md "GRPO":
-    // clip_mode one-side, weight importance_sampling, std_normalize true); the std is the population
-    // std of the group (rec_advantage.py: `std(unbiased=False)`), the aggregation the REC token mean.
-    p(
-        "grpo_rec",
-        "GRPO as paper B runs it: REC one-side keep-mask with the IS weight, population-std whitening, token mean",
-        "arXiv 2509.24203 GRPO baseline (Trinity-RFT rec recipe): A = (r - mean)/(std_pop + eps), \
-         L = -A*sg(rho)*k*logp, k = one-side keep-mask 0.2/0.2",
-        rec_with(
-            adv(StdNorm::Population),
-            KeepMask::OneSide,
-            RecWeight::Is,
-            0.2,
-            0.2,
-            Ag::TokenMean,
+    vec![
+        preset(
+            "opmd",
+            "Online policy mirror descent: REINFORCE plus tau*(logp - logp_old)^2 on every sample",
+            "arXiv 2509.24203 REP / Kimi k1.5 arXiv 2501.12599: L = -A*logp + tau*(logp - logp_old)^2 \
+             (Trinity's tau absorbs Kimi's 1/2; mean baseline)",
+            rep(Regulariser::Opmd),
         ),
-    );
-    // GRPO as verl and Trinity-RFT ship it: verl `compute_grpo_outcome_advantage` (torch.std,
-    // epsilon 1e-6) and actor defaults (clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode
-    // token-mean); Trinity-RFT `grpo_advantage.py` and `ppo_policy_loss.py` (clip_ratio_c 3.0,
-    // token-mean). Their token mean runs over every row: zero-variance groups stay in it.
+        preset(
+            "asymre",
+            "Asymmetric REINFORCE: REINFORCE with the baseline lowered by tau (zero-variance groups too)",
+            "arXiv 2509.24203 REP (AsymRE): L = -A*logp - tau*logp = -(r - (mean - tau))*logp",
+            rep(Regulariser::Asymre),
+        ),
+        preset(
+            "red_drop",
+            "RED-Drop: drop surplus negatives per group at random, centre on the kept rows (no std)",
+            "arXiv 2509.24203 RED-Drop, as its Trinity-RFT recipe: balance negatives (r < mean), \
+             A = r - mean_kept; dropped rows A = 0, still in the token mean",
+            red_drop(RedDropRule::Surplus),
+        ),
+        preset(
+            "red_drop_bernoulli",
+            "RED-Drop as first written in Trinity-RFT: each negative dropped with probability 1 - pos/neg, mean not recomputed",
+            "arXiv 2509.24203 RED-Drop, Trinity-RFT's first code: drop each r < mean with p = 1 - pos/neg, \
+             A = r - mean_all (no std); dropped rows A = 0, still in the token mean",
+            red_drop(RedDropRule::Bernoulli),
+        ),
+        preset(
+            "red_weight",
+            "RED-Weight: REINFORCE with advantages reweighted by exp(A/T)",
+            "arXiv 2509.24203 RED-Weight: L = -A*exp(A/T)*logp, T = 1",
+            red_weight,
+        ),
+        // Paper B's own GRPO baseline, its Trinity-RFT recipe (examples/rec_gsm8k/README.md
+        // "GRPO": clip_mode one-side, weight importance_sampling, std_normalize true); the std is
+        // the population std of the group (rec_advantage.py: `std(unbiased=False)`), the
+        // aggregation the REC token mean.
+        preset(
+            "grpo_rec",
+            "GRPO as paper B runs it: REC one-side keep-mask with the IS weight, population-std whitening, token mean",
+            "arXiv 2509.24203 GRPO baseline (Trinity-RFT rec recipe): A = (r - mean)/(std_pop + eps), \
+             L = -A*sg(rho)*k*logp, k = one-side keep-mask 0.2/0.2",
+            rec_with(adv(StdNorm::Population), KeepMask::OneSide, RecWeight::Is, 0.2, 0.2, Ag::TokenMean),
+        ),
+    ]
+}
+
+/// GRPO as verl and Trinity-RFT ship it, Dr. GRPO and DAPO: the PPO clip with their settings.
+fn peers_ppo() -> Vec<Preset> {
+    // verl `compute_grpo_outcome_advantage` (torch.std, epsilon 1e-6) and actor defaults
+    // (clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode token-mean); Trinity-RFT
+    // `grpo_advantage.py` and `ppo_policy_loss.py` (clip_ratio_c 3.0, token-mean). Their token
+    // mean runs over every row: zero-variance groups stay in it.
     let mut grpo_verl = ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::TokenMean);
     grpo_verl.dual_clip = Some(3.0);
     grpo_verl.exclude_zero_std = Some(false);
-    p(
-        "grpo_verl",
-        "GRPO as verl and Trinity-RFT ship it: sample-std whitening, PPO clip 0.2 with dual clip 3, token mean over every row",
-        "arXiv 2402.03300 GRPO with verl's defaults: A = (r - mean)/(std + 1e-6), \
-         L = -min(rho*A, clip(rho, 0.8, 1.2)*A), at most -3*A when A < 0 (dual clip), \
-         summed over every token of the batch / their count",
-        grpo_verl,
-    );
-    p(
-        "dr_grpo",
-        "Dr. GRPO: no std, PPO clip, constant normaliser B*max_new_tokens (no length bias)",
-        "arXiv 2503.20783 (Understanding R1-Zero-Like Training, Dr. GRPO objective): A = r - mean, sum/(B*L_max)",
-        ppo(adv(StdNorm::None), 0.2, 0.2, Ag::Constant),
-    );
     let mut dapo = ppo(adv(StdNorm::Sample), 0.2, 0.28, Ag::TokenMean);
     dapo.dynamic_sampling = Some(true);
     dapo.exclude_zero_std = Some(true);
     dapo.overlong = Some(Overlong::Soft);
     dapo.overlong_buffer_frac = Some(0.2);
     dapo.overlong_penalty_factor = Some(1.0);
-    p(
-        "dapo",
-        "DAPO: clip-higher 0.2/0.28, token mean, dynamic sampling, soft overlong penalty",
-        "arXiv 2503.14476 (DAPO objective: clip-higher, token-level sum / total tokens; \
-         soft overlong punishment R_length, L_cache = 0.2*L_max)",
-        dapo,
-    );
+    vec![
+        preset(
+            "grpo_verl",
+            "GRPO as verl and Trinity-RFT ship it: sample-std whitening, PPO clip 0.2 with dual clip 3, token mean over every row",
+            "arXiv 2402.03300 GRPO with verl's defaults: A = (r - mean)/(std + 1e-6), \
+             L = -min(rho*A, clip(rho, 0.8, 1.2)*A), at most -3*A when A < 0 (dual clip), \
+             summed over every token of the batch / their count",
+            grpo_verl,
+        ),
+        preset(
+            "dr_grpo",
+            "Dr. GRPO: no std, PPO clip, constant normaliser B*max_new_tokens (no length bias)",
+            "arXiv 2503.20783 (Understanding R1-Zero-Like Training, Dr. GRPO objective): A = r - mean, sum/(B*L_max)",
+            ppo(adv(StdNorm::None), 0.2, 0.2, Ag::Constant),
+        ),
+        preset(
+            "dapo",
+            "DAPO: clip-higher 0.2/0.28, token mean, dynamic sampling, soft overlong penalty",
+            "arXiv 2503.14476 (DAPO objective: clip-higher, token-level sum / total tokens; \
+             soft overlong punishment R_length, L_cache = 0.2*L_max)",
+            dapo,
+        ),
+    ]
+}
+
+/// GSPO, CISPO and TRL's GRPOTrainer defaults (its `dapo` and `bnpo` loss types).
+fn peers_other() -> Vec<Preset> {
     let mut gspo = adv(StdNorm::Sample);
     gspo.loss = Some(L::Gspo);
     gspo.clip_low = Some(3e-4);
     gspo.clip_high = Some(4e-4);
     gspo.aggregation = Some(Ag::SeqMeanTokenMean);
-    p(
-        "gspo",
-        "GSPO: clipped surrogate on the length-normalised sequence ratio",
-        "arXiv 2507.18071 (GSPO objective): s = exp(mean_t(logp - logp_old)), \
-         J = mean_i min(s*A, clip(s, 1-3e-4, 1+4e-4)*A)",
-        gspo,
-    );
     let mut cispo = adv(StdNorm::Sample);
     cispo.loss = Some(L::Cispo);
     cispo.clip_high = Some(0.28);
     cispo.aggregation = Some(Ag::TokenMean);
-    p(
-        "cispo",
-        "CISPO: REINFORCE weighted by the detached, upper-clipped IS ratio",
-        "arXiv 2506.13585 (MiniMax-M1, CISPO objective): L = -sg(min(rho, 1+eps_h))*A*logp, token mean",
-        cispo,
-    );
     // TRL 1.16 GRPOTrainer with its GRPOConfig defaults (`loss_type="dapo"`, `scale_rewards=
     // "group"`, epsilon 0.2, beta 0, importance_sampling_level "token"): A = (r - mean)/(std +
     // 1e-4) with the unbiased group std (trl/trainer/utils.py `nanstd`, the 1e-4 hard-coded in
@@ -346,25 +319,40 @@ fn build() -> Vec<Preset> {
     let mut grpo_trl = ppo(adv(StdNorm::Sample), 0.2, 0.2, Ag::TokenMean);
     grpo_trl.std_eps = Some(1e-4);
     grpo_trl.exclude_zero_std = Some(false);
-    p(
-        "grpo_trl",
-        "GRPO as TRL 1.16's GRPOTrainer runs it by default (loss_type \"dapo\"): std + 1e-4, PPO clip 0.2/0.2, token mean over every row of the update",
-        "arXiv 2402.03300 GRPO with TRL's defaults: A = (r - mean)/(std + 1e-4), \
-         L = -min(rho*A, clip(rho, 0.8, 1.2)*A) summed over every token of the update / their count",
-        grpo_trl.clone(),
-    );
-    // TRL's loss_type="bnpo" divides by the tokens of each micro-batch (then by the accumulation
-    // steps); rlvr's normaliser is fixed once per update (DESIGN.md section 4), so `bnpo` is the token mean
-    // per update: TRL's bnpo with one micro-batch per optimizer step (gradient_accumulation_steps
-    // = 1, one process), where it equals TRL's dapo and so grpo_trl's values.
-    p(
-        "bnpo",
-        "TRL's bnpo as a token mean per update (equal to TRL's when an update is one micro-batch): as grpo_trl",
-        "arXiv 2402.03300 GRPO with TRL's loss_type=\"bnpo\": A = (r - mean)/(std + 1e-4), \
-         L = -min(rho*A, clip(rho, 0.8, 1.2)*A) summed over the update's tokens / their count",
-        grpo_trl,
-    );
-    v
+    vec![
+        preset(
+            "gspo",
+            "GSPO: clipped surrogate on the length-normalised sequence ratio",
+            "arXiv 2507.18071 (GSPO objective): s = exp(mean_t(logp - logp_old)), \
+             J = mean_i min(s*A, clip(s, 1-3e-4, 1+4e-4)*A)",
+            gspo,
+        ),
+        preset(
+            "cispo",
+            "CISPO: REINFORCE weighted by the detached, upper-clipped IS ratio",
+            "arXiv 2506.13585 (MiniMax-M1, CISPO objective): L = -sg(min(rho, 1+eps_h))*A*logp, token mean",
+            cispo,
+        ),
+        preset(
+            "grpo_trl",
+            "GRPO as TRL 1.16's GRPOTrainer runs it by default (loss_type \"dapo\"): std + 1e-4, PPO clip 0.2/0.2, token mean over every row of the update",
+            "arXiv 2402.03300 GRPO with TRL's defaults: A = (r - mean)/(std + 1e-4), \
+             L = -min(rho*A, clip(rho, 0.8, 1.2)*A) summed over every token of the update / their count",
+            grpo_trl.clone(),
+        ),
+        // TRL's loss_type="bnpo" divides by the tokens of each micro-batch (then by the
+        // accumulation steps); rlvr's normaliser is fixed once per update (DESIGN.md section 4),
+        // so `bnpo` is the token mean per update: TRL's bnpo with one micro-batch per optimizer
+        // step (gradient_accumulation_steps = 1, one process), where it equals TRL's dapo and so
+        // grpo_trl's values.
+        preset(
+            "bnpo",
+            "TRL's bnpo as a token mean per update (equal to TRL's when an update is one micro-batch): as grpo_trl",
+            "arXiv 2402.03300 GRPO with TRL's loss_type=\"bnpo\": A = (r - mean)/(std + 1e-4), \
+             L = -min(rho*A, clip(rho, 0.8, 1.2)*A) summed over the update's tokens / their count",
+            grpo_trl,
+        ),
+    ]
 }
 
 /// The code each preset follows ([`Preset::follows`]), by name: a peer's file (and commit where
@@ -520,12 +508,11 @@ pub fn follows_table() -> String {
         let a = crate::AlgorithmConfig::empty(p.name)
             .resolve()
             .expect("every preset resolves");
-        let eps = if a.std_norm == StdNorm::None {
-            "no std".to_string()
-        } else {
-            format!("{:?} std + {:e}", a.std_norm, a.std_eps).to_lowercase()
+        let eps = match a.advantage.std {
+            None => "no std".to_string(),
+            Some(d) => format!("{:?} std + {:e}", d.norm, d.eps).to_lowercase(),
         };
-        let zero = if a.exclude_zero_std {
+        let zero = if a.advantage.exclude_zero_std {
             "out of the normaliser"
         } else {
             "counted"

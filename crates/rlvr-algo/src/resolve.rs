@@ -3,7 +3,9 @@
 //! the presets ([`mod@crate::presets`]), which are data written in those types, so that neither of
 //! the two names the other's module in both directions.
 
-use crate::config::{optional_knobs, required_knobs, Algorithm, AlgorithmConfig, PolicyLoss};
+use crate::config::{
+    optional_knobs, required_knobs, Algorithm, AlgorithmConfig, Knobs, PolicyLoss,
+};
 use crate::error::{AlgoError, Result};
 use crate::presets::find_preset;
 
@@ -21,10 +23,11 @@ impl AlgorithmConfig {
                 return Ok(l);
             }
         }
-        Ok(Algorithm::default().loss)
+        Ok(Knobs::default().loss)
     }
 
-    /// Resolves defaults < preset < values set here into an [`Algorithm`], and validates it.
+    /// Resolves defaults < preset < values set here into flat knobs, validates them, and builds
+    /// the typed [`Algorithm`] from them.
     ///
     /// # Errors
     /// [`AlgoError::UnknownPreset`] (listing the valid names) or [`AlgoError::InvalidConfig`] naming the
@@ -60,9 +63,9 @@ impl AlgorithmConfig {
             let preset = find_preset(&self.preset)?;
             merged.fill_unset_from(&preset.values);
         }
-        let mut alg = Algorithm {
+        let mut alg = Knobs {
             preset: self.preset.clone(),
-            ..Algorithm::default()
+            ..Knobs::default()
         };
         macro_rules! take {
             ($a:ident, $c:ident; $($f:ident),*) => { $( if let Some(v) = $c.$f { $a.$f = v; } )* };
@@ -73,6 +76,6 @@ impl AlgorithmConfig {
         }
         optional_knobs!(take_opt, alg, merged);
         alg.validate()?;
-        Ok(alg)
+        Ok(alg.build())
     }
 }

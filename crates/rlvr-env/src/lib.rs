@@ -48,7 +48,7 @@
 pub mod bridge;
 pub mod client;
 pub mod error;
-pub mod json;
+pub use rlvr_template::json;
 pub mod message;
 pub mod protocol;
 pub mod retry;

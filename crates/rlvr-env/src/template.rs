@@ -1,28 +1,23 @@
 //! Chat templates with tools, rendered as transformers' `apply_chat_template(..., tokenize=False)`
 //! renders them (transformers `utils/chat_template_utils.py`, read at 5.25.0).
 //!
-//! The environment is the one transformers compiles: `trim_blocks` and `lstrip_blocks`, Python
-//! string methods through minijinja's pycompat layer, `raise_exception(msg)`, `strftime_now(fmt)`
-//! (a fixed date here, so that rendering does not depend on the day: pass `date_string` in the
-//! kwargs where a template prints one), and a `tojson` filter that is Python's `json.dumps` with
-//! transformers' defaults ([`crate::json::dumps`]: key order kept, `", "`/`": "` separators, no
-//! HTML escaping, non-ASCII kept) and its keyword arguments `indent`, `separators`, `sort_keys`,
-//! `ensure_ascii`. minijinja's own `tojson` sorts keys, writes compact separators and escapes
-//! `<>&'`, which would change every tool schema's bytes. Tool schemas, tool-call arguments and
-//! messages reach the template as maps that keep their key order, as Python dicts do.
+//! The environment is the one transformers compiles, built by [`rlvr_template::environment`] (the
+//! same one rlvr-model renders prompts in): `trim_blocks` and `lstrip_blocks`, Python string
+//! methods, `raise_exception(msg)`, a fixed `strftime_now(fmt)` (pass `date_string` in the kwargs
+//! where a template prints one), and a `tojson` that is Python's `json.dumps` with transformers'
+//! defaults. Tool schemas, tool-call arguments and messages reach the template as maps that keep
+//! their key order, as Python dicts do.
 //!
 //! The variables are those transformers passes: `messages`, `tools` (none when there are none),
 //! `add_generation_prompt`, the special tokens (`bos_token`, `eos_token`, ...) and the
 //! `template_kwargs` (`env.template_kwargs`, e.g. `enable_thinking`).
 //!
-//! rlvr-model's `render_chat_template` (plain messages, no tools) predates this renderer; both
-//! configure minijinja the same way.
 
-use crate::json::{dumps, DumpOptions, Json};
+use crate::json::Json;
 use crate::protocol::Message;
 use crate::EnvError;
-use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value};
-use std::sync::Arc;
+use minijinja::value::Value;
+pub use rlvr_template::to_value;
 
 /// The most template instructions one rendering may execute (a template that loops without end
 /// stops with an error).
@@ -81,126 +76,6 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// A JSON object as a minijinja map that enumerates its keys in their order.
-#[derive(Debug)]
-struct OrderedMap(Vec<(String, Value)>);
-
-impl Object for OrderedMap {
-    fn repr(self: &Arc<Self>) -> ObjectRepr {
-        ObjectRepr::Map
-    }
-    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        let k = key.as_str()?;
-        self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-    }
-    fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(
-            self.0
-                .iter()
-                .map(|(k, _)| Value::from(k.as_str()))
-                .collect(),
-        )
-    }
-}
-
-/// `j` as a template value (objects keep their key order).
-pub fn to_value(j: &Json) -> Value {
-    match j {
-        Json::Null => Value::from(()),
-        Json::Bool(b) => Value::from(*b),
-        Json::Int(i) => Value::from(*i),
-        Json::UInt(u) => Value::from(*u),
-        Json::Float(f) => Value::from(*f),
-        Json::Str(s) => Value::from(s.as_str()),
-        Json::Array(a) => Value::from(a.iter().map(to_value).collect::<Vec<_>>()),
-        Json::Object(kv) => Value::from_object(OrderedMap(
-            kv.iter().map(|(k, v)| (k.clone(), to_value(v))).collect(),
-        )),
-    }
-}
-
-/// A template value back as JSON, for `tojson`: maps in their enumeration order (the
-/// conversation's own order; maps the template built itself come in minijinja's order).
-fn from_value(v: &Value, depth: usize) -> Result<Json, minijinja::Error> {
-    use minijinja::value::ValueKind;
-    if depth > 128 {
-        return Err(minijinja::Error::new(
-            minijinja::ErrorKind::InvalidOperation,
-            "tojson: value nested deeper than 128",
-        ));
-    }
-    Ok(match v.kind() {
-        ValueKind::Undefined | ValueKind::None => Json::Null,
-        ValueKind::Bool => Json::Bool(v.is_true()),
-        ValueKind::Number if v.is_integer() => match i64::try_from(v.clone()) {
-            Ok(i) => Json::Int(i),
-            Err(_) => match u64::try_from(v.clone()) {
-                Ok(u) => Json::UInt(u),
-                Err(_) => Json::Float(f64::try_from(v.clone()).unwrap_or(f64::NAN)),
-            },
-        },
-        ValueKind::Number => Json::Float(f64::try_from(v.clone()).unwrap_or(f64::NAN)),
-        ValueKind::String => Json::Str(v.as_str().unwrap_or_default().to_string()),
-        ValueKind::Seq | ValueKind::Iterable => {
-            let mut out = Vec::new();
-            for item in v.try_iter()? {
-                out.push(from_value(&item, depth + 1)?);
-            }
-            Json::Array(out)
-        }
-        ValueKind::Map => {
-            let mut out = Vec::new();
-            for k in v.try_iter()? {
-                let val = v.get_item(&k)?;
-                let key = match k.as_str() {
-                    Some(s) => s.to_string(),
-                    None => k.to_string(),
-                };
-                out.push((key, from_value(&val, depth + 1)?));
-            }
-            Json::Object(out)
-        }
-        _ => Json::Str(v.to_string()),
-    })
-}
-
-/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
-/// sort_keys=False)` with those keyword arguments accepted.
-fn tojson(v: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
-    let mut o = DumpOptions::python();
-    if let Some(b) = kwargs.get::<Option<bool>>("ensure_ascii")? {
-        o.ensure_ascii = b;
-    }
-    if let Some(b) = kwargs.get::<Option<bool>>("sort_keys")? {
-        o.sort_keys = b;
-    }
-    let indent: Option<Value> = kwargs.get("indent")?;
-    if let Some(ind) = indent.filter(|i| !i.is_none() && !i.is_undefined()) {
-        o.indent = Some(match ind.as_str() {
-            Some(s) => s.to_string(),
-            None => " ".repeat(usize::try_from(ind.as_i64().unwrap_or(0)).unwrap_or(0)),
-        });
-        o.separators.0 = ",".into();
-    }
-    let seps: Option<Value> = kwargs.get("separators")?;
-    if let Some(s) = seps.filter(|s| !s.is_none() && !s.is_undefined()) {
-        let parts: Vec<String> = s
-            .try_iter()?
-            .map(|p| p.as_str().unwrap_or_default().to_string())
-            .collect();
-        if let [a, b] = parts.as_slice() {
-            o.separators = (a.clone(), b.clone());
-        } else {
-            return Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                "tojson: separators must be two strings",
-            ));
-        }
-    }
-    kwargs.assert_all_used()?;
-    Ok(Value::from(dumps(&from_value(v, 0)?, &o)))
-}
-
 impl ChatTemplate {
     /// Compiles `source` (a chat template) with the variables `vars`: the special tokens
     /// (`("bos_token", "<s>")`, ...) and the template kwargs (`("enable_thinking", false)`).
@@ -208,24 +83,7 @@ impl ChatTemplate {
     /// # Errors
     /// [`EnvError::Template`] when the template does not parse.
     pub fn new(source: &str, vars: Vec<(String, Json)>) -> Result<Self, EnvError> {
-        let mut env = minijinja::Environment::new();
-        env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_function("strftime_now", |_fmt: String| -> String {
-            "26 Jul 2024".to_string()
-        });
-        env.add_filter("tojson", tojson);
+        let mut env = rlvr_template::environment(TEMPLATE_FUEL);
         env.add_template_owned("chat".to_string(), source.to_string())
             .map_err(|e| EnvError::Template(format!("{e:#}")))?;
         Ok(ChatTemplate {

@@ -340,10 +340,11 @@ impl TokenizerBundle {
 pub const TEMPLATE_FUEL: u64 = 1_000_000;
 
 /// Renders a HuggingFace Jinja chat template as transformers' `apply_chat_template(...,
-/// tokenize=False)` does: a sandboxed Jinja environment with `trim_blocks` and `lstrip_blocks`,
-/// the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, the function
-/// `raise_exception(msg)` and `strftime_now(fmt)`, and Python string methods (`.strip()`,
-/// `.startswith()`, ...) through minijinja's pycompat layer. One rendering executes at most
+/// tokenize=False)` does, in the environment transformers compiles ([`rlvr_template::environment`],
+/// the one rlvr-env's environment templates render in too: `trim_blocks` and `lstrip_blocks`,
+/// `raise_exception(msg)`, a fixed `strftime_now(fmt)`, Python string methods (`.strip()`,
+/// `.startswith()`, ...) and Python's `json.dumps` as `tojson`) with the variables `messages`,
+/// `add_generation_prompt`, `bos_token` and `eos_token`. One rendering executes at most
 /// [`TEMPLATE_FUEL`] instructions.
 ///
 /// In the `rlvr` binary the rendering runs in a worker process whose memory, stack and output
@@ -408,25 +409,7 @@ pub(crate) fn render_in_process(
             format!("{e:#}")
         }
     };
-    let mut env = minijinja::Environment::new();
-    env.set_fuel(Some(TEMPLATE_FUEL));
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                msg,
-            ))
-        },
-    );
-    env.add_function("strftime_now", |_fmt: String| -> String {
-        // Templates use it for "Today Date" lines; rlvr renders a fixed date so that a prompt's
-        // tokens do not depend on the day it was rendered.
-        "26 Jul 2024".to_string()
-    });
+    let mut env = rlvr_template::environment(TEMPLATE_FUEL);
     env.add_template("chat", template).map_err(terr)?;
     let tpl = env.get_template("chat").map_err(terr)?;
     let ctx = minijinja::context! {

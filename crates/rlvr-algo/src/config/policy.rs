@@ -1,10 +1,10 @@
 //! The resolved policy loss as a value that carries its own parameters ([`Policy`]): the
 //! policy-gradient term reads its knobs from here, so it cannot read one its loss does not have
 //! (CISPO has no ε_low, REINFORCE no clip at all, only REC's ring keep-mask has ε′). The TOML
-//! surface stays flat (`algorithm.clip_low`, ...); [`Algorithm::policy`] builds the value from the
-//! resolved knobs.
+//! surface stays flat (`algorithm.clip_low`, ...); the resolve step builds the value once
+//! ([`crate::Algorithm::policy`]).
 
-use super::{Algorithm, KeepMask, PolicyLoss, RecWeight};
+use super::{KeepMask, PolicyLoss, RecWeight};
 
 /// A clipped surrogate's parameters (PPO, GSPO).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,16 +53,10 @@ pub enum RecKeep {
 pub enum RecScale {
     /// A′ = A.
     None,
-    /// A′ = A·min(ρ̄, C).
-    Is {
-        /// The truncated-IS cap C.
-        is_cap: Option<f64>,
-    },
-    /// A′ = A·min(s̄, C).
-    SeqIs {
-        /// The truncated-IS cap C.
-        is_cap: Option<f64>,
-    },
+    /// A′ = A·min(ρ̄, C), C = [`Rec::is_cap`].
+    Is,
+    /// A′ = A·min(s̄, C), C = [`Rec::is_cap`].
+    SeqIs,
     /// A′ = A·exp(A/T).
     AdvantageExp {
         /// T.
@@ -81,6 +75,9 @@ pub struct Rec {
     pub clip_low: f64,
     /// ε_high of the keep-mask.
     pub clip_high: f64,
+    /// The truncated-IS cap C of the `is` and `seq-is` weights (REC reads `is_cap` whatever its
+    /// weight, as its registered part says; only those two weights apply it).
+    pub is_cap: Option<f64>,
 }
 
 /// The policy-gradient term with its own parameters (module docs; the formulas are `loss.rs`'s).
@@ -98,49 +95,40 @@ pub enum Policy {
     Reinforce,
 }
 
-impl Algorithm {
-    /// The policy loss with the parameters it reads, from the resolved knobs.
-    pub fn policy(&self) -> Policy {
-        let surrogate = Surrogate {
-            clip_low: self.clip_low,
-            clip_high: self.clip_high,
-            dual_clip: self.dual_clip,
-            is_cap: self.is_cap,
-        };
-        match self.loss {
-            PolicyLoss::Ppo => Policy::Ppo(surrogate),
-            PolicyLoss::Gspo => Policy::Gspo(surrogate),
-            PolicyLoss::Cispo => Policy::Cispo(Cispo {
-                clip_high: self.clip_high,
-                is_cap: self.is_cap,
-            }),
-            PolicyLoss::Reinforce => Policy::Reinforce,
-            PolicyLoss::Rec => Policy::Rec(Rec {
-                keep: match self.keep_mask {
-                    KeepMask::None => RecKeep::None,
-                    KeepMask::OneSide => RecKeep::OneSide,
-                    KeepMask::TwoSide => RecKeep::TwoSide,
-                    KeepMask::Ring => RecKeep::Ring {
-                        clip_low_prime: self.clip_low_prime,
-                        clip_high_prime: self.clip_high_prime,
-                    },
-                    KeepMask::GspoOneSide => RecKeep::GspoOneSide,
-                },
-                scale: match self.rec_weight {
-                    RecWeight::None => RecScale::None,
-                    RecWeight::Is => RecScale::Is {
-                        is_cap: self.is_cap,
-                    },
-                    RecWeight::SeqIs => RecScale::SeqIs {
-                        is_cap: self.is_cap,
-                    },
-                    RecWeight::AdvantageExp => RecScale::AdvantageExp {
-                        temperature: self.adv_temperature,
-                    },
-                },
-                clip_low: self.clip_low,
-                clip_high: self.clip_high,
-            }),
+impl Policy {
+    /// The flat choice this value is (`algorithm.loss`).
+    pub fn loss(&self) -> PolicyLoss {
+        match self {
+            Policy::Ppo(_) => PolicyLoss::Ppo,
+            Policy::Gspo(_) => PolicyLoss::Gspo,
+            Policy::Cispo(_) => PolicyLoss::Cispo,
+            Policy::Rec(_) => PolicyLoss::Rec,
+            Policy::Reinforce => PolicyLoss::Reinforce,
+        }
+    }
+}
+
+impl RecKeep {
+    /// The flat choice this value is (`algorithm.keep_mask`).
+    pub fn kind(self) -> KeepMask {
+        match self {
+            RecKeep::None => KeepMask::None,
+            RecKeep::OneSide => KeepMask::OneSide,
+            RecKeep::TwoSide => KeepMask::TwoSide,
+            RecKeep::Ring { .. } => KeepMask::Ring,
+            RecKeep::GspoOneSide => KeepMask::GspoOneSide,
+        }
+    }
+}
+
+impl RecScale {
+    /// The flat choice this value is (`algorithm.rec_weight`).
+    pub fn kind(self) -> RecWeight {
+        match self {
+            RecScale::None => RecWeight::None,
+            RecScale::Is => RecWeight::Is,
+            RecScale::SeqIs => RecWeight::SeqIs,
+            RecScale::AdvantageExp { .. } => RecWeight::AdvantageExp,
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::common::alg;
 use proptest::prelude::*;
 use rlvr_algo::{
     advantage_exp_weight, compute_advantages, overlong_penalty, shape_rewards, AlgorithmConfig,
-    Baseline, Overlong, StdLevel, StdNorm,
+    Baseline, StdLevel, StdNorm,
 };
 
 fn check_zero(values: &[f64]) {
@@ -287,7 +287,7 @@ fn red_drop_balances_negatives_and_recomputes_population_std() {
 #[test]
 fn red_drop_preset_follows_the_trinity_recipe() {
     let a = AlgorithmConfig::empty("red_drop").resolve().unwrap();
-    assert_eq!(a.std_norm, StdNorm::None);
+    assert_eq!(a.advantage.std, None);
     // 1 of 6 correct (reward 2): 4 of the 5 negatives dropped; kept [2, 0]: mean 1 → A = ±1.
     let rewards = [
         Some(0.0),
@@ -326,7 +326,13 @@ fn red_weight_function() {
 fn dapo_soft_overlong_penalty() {
     // L_max = 100, L_cache = 20: free up to 80, linear to −1 at 100, −1 beyond.
     let a = AlgorithmConfig::empty("dapo").resolve().unwrap();
-    assert_eq!(a.overlong, Overlong::Soft);
+    assert_eq!(
+        a.overlong,
+        rlvr_algo::OverlongRule::Soft {
+            buffer_frac: 0.2,
+            penalty_factor: 1.0
+        }
+    );
     let p = |n| overlong_penalty(n, 100, &a);
     assert_eq!(p(50), 0.0);
     assert_eq!(p(80), 0.0);

@@ -5,16 +5,23 @@ use rlvr_algo::{
     KlEstimator, PolicyLoss, RecWeight, Regulariser, StdLevel, StdNorm,
 };
 
-fn resolve(preset: &str) -> Algorithm {
+use crate::common::{flat, Flat};
+
+fn resolved(preset: &str) -> Algorithm {
     AlgorithmConfig::empty(preset).resolve().unwrap()
+}
+
+/// The resolved knobs of `preset`, flat.
+fn resolve(preset: &str) -> Flat {
+    flat(&resolved(preset))
 }
 
 #[test]
 fn every_preset_resolves_and_round_trips_through_toml() {
     assert_eq!(presets().len(), 24);
     for p in presets() {
-        let alg = resolve(p.name);
-        assert_eq!(alg.kl_coef, 0.0, "{}", p.name);
+        let alg = resolved(p.name);
+        assert_eq!(alg.kl.coef, 0.0, "{}", p.name);
         assert_eq!(alg.entropy_coef, 0.0, "{}", p.name);
         // Resolved → fully-set config → TOML → parse → resolve: identical.
         let text = toml::to_string(&alg.to_config()).unwrap();
@@ -50,7 +57,7 @@ fn presets_set_the_values_of_design_table() {
     );
     let o = resolve("off_policy_grpo");
     assert_eq!(
-        Algorithm {
+        Flat {
             preset: "grpo".into(),
             ..o
         },
@@ -197,7 +204,7 @@ fn precedence_is_defaults_then_preset_then_user() {
         "#,
     )
     .unwrap();
-    let a = user.resolve().unwrap();
+    let a = flat(&user.resolve().unwrap());
     assert_eq!(a.clip_high, 0.3); // user beats preset (0.28)
     assert_eq!(a.clip_low, 0.2); // preset
     assert_eq!(a.kl_coef, 0.05); // user beats preset's 0
@@ -207,7 +214,7 @@ fn precedence_is_defaults_then_preset_then_user() {
     // Integers are accepted for float knobs (`--set algorithm.dual_clip=3` parses as a TOML integer).
     let ints: AlgorithmConfig =
         toml::from_str("dual_clip = 3\nkl_coef = 0\nclip_high = 1").unwrap();
-    let a = ints.resolve().unwrap();
+    let a = flat(&ints.resolve().unwrap());
     assert_eq!((a.dual_clip, a.kl_coef, a.clip_high), (Some(3.0), 0.0, 1.0));
     // A user value equal to the default still wins over the preset.
     let mut c = AlgorithmConfig::empty("dr_grpo");
@@ -216,15 +223,9 @@ fn precedence_is_defaults_then_preset_then_user() {
     // Default config is the grpo preset; "none" is the bare defaults.
     assert_eq!(
         AlgorithmConfig::default().resolve().unwrap(),
-        resolve("grpo")
+        resolved("grpo")
     );
-    assert_eq!(
-        resolve("none"),
-        Algorithm {
-            preset: "none".into(),
-            ..Algorithm::default()
-        }
-    );
+    assert_eq!(resolved("none"), Algorithm::default());
 }
 
 #[test]
@@ -370,7 +371,7 @@ fn loss_options_are_grouped_by_loss() {
     // Every preset writes exactly the loss-specific knobs its loss reads (optional ones when set).
     for p in presets() {
         let a = resolve(p.name);
-        let written: Vec<String> = a
+        let written: Vec<String> = resolved(p.name)
             .to_config()
             .set_values()
             .into_iter()
@@ -396,7 +397,7 @@ fn keep_mask_bounds_apply_only_where_read() {
     let with = |preset: &str, f: &dyn Fn(&mut AlgorithmConfig)| {
         let mut c = AlgorithmConfig::empty(preset);
         f(&mut c);
-        c.resolve()
+        c.resolve().map(|a| flat(&a))
     };
     for h in [0.28, 2.0, 4.0, 100.0] {
         let a = with("cispo", &|c| c.clip_high = Some(h)).unwrap();
@@ -425,7 +426,7 @@ fn keep_mask_bounds_apply_only_where_read() {
             .clip_high,
         3.0
     );
-    let err = |r: rlvr_algo::error::Result<rlvr_algo::Algorithm>| r.unwrap_err().to_string();
+    let err = |r: rlvr_algo::error::Result<Flat>| r.unwrap_err().to_string();
     // The ring keep-mask: ε′_high ≥ ε_high and ε_low ≤ ε′_low ≤ 1 still hold.
     let e = err(with("rec_ring_is", &|c| c.clip_high = Some(3.0)));
     assert!(

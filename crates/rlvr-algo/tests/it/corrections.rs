@@ -315,7 +315,7 @@ fn red_drop_as_first_written_keeps_the_group_mean() {
 
 #[test]
 fn presets_match_the_peers_recipes() {
-    let g = AlgorithmConfig::empty("grpo_verl").resolve().unwrap();
+    let g = crate::common::flat(&AlgorithmConfig::empty("grpo_verl").resolve().unwrap());
     assert_eq!(g.loss, PolicyLoss::Ppo);
     assert_eq!(
         (g.clip_low, g.clip_high, g.dual_clip),
@@ -325,9 +325,11 @@ fn presets_match_the_peers_recipes() {
     assert!(!g.exclude_zero_std);
     assert_eq!(g.std_norm, rlvr_algo::StdNorm::Sample);
     assert_eq!(g.std_eps, 1e-6);
-    let r = AlgorithmConfig::empty("red_drop_bernoulli")
-        .resolve()
-        .unwrap();
+    let r = crate::common::flat(
+        &AlgorithmConfig::empty("red_drop_bernoulli")
+            .resolve()
+            .unwrap(),
+    );
     assert!(r.red_drop && r.red_drop_in_normaliser);
     assert_eq!(r.red_drop_rule, RedDropRule::Bernoulli);
     assert_eq!(r.std_norm, rlvr_algo::StdNorm::None);

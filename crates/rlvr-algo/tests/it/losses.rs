@@ -5,7 +5,7 @@ use crate::common::alg;
 use candle_core::{Device, Tensor, Var};
 use rlvr_algo::{
     compute_advantages, policy_loss, Aggregation, Algorithm, AlgorithmConfig, KeepMask,
-    KlEstimator, LossInputs, LossStats, PolicyLoss, RecWeight, Regulariser, RowInfo,
+    KlEstimator, LossInputs, LossStats, PolicyLoss, RecWeight, RegTerm, Regulariser, RowInfo,
     UpdateNormaliser,
 };
 
@@ -180,7 +180,7 @@ fn micro_batches_give_the_full_batch_gradient_for_every_aggregation() {
     ] {
         for (name, mut a) in loss_variants() {
             a.aggregation = agg;
-            for overlong in [rlvr_algo::Overlong::None, rlvr_algo::Overlong::Mask] {
+            for overlong in [rlvr_algo::OverlongRule::None, rlvr_algo::OverlongRule::Mask] {
                 a.overlong = overlong;
                 let (g1, s1) = grad_split(&a, &bt, &splits[0], 12);
                 assert!(
@@ -305,7 +305,7 @@ fn normaliser_weights_by_hand() {
         a.overlong = overlong;
         UpdateNormaliser::new(&a, &r, 10).unwrap()
     };
-    use rlvr_algo::Overlong::{Mask, None as Keep};
+    use rlvr_algo::OverlongRule::{Mask, None as Keep};
     assert_eq!(
         w(Aggregation::TokenMean, Keep).weights(),
         &[1.0 / 9.0, 1.0 / 9.0, 0.0, 1.0 / 9.0]
@@ -456,7 +456,10 @@ fn asymre_equals_reinforce_with_the_baseline_lowered_by_tau() {
         asym.exclude_zero_std = Some(exclude);
         let asym = asym.resolve().unwrap();
         let mut rf = AlgorithmConfig::empty("reinforce");
-        rf.baseline_shift = Some(-asym.tau);
+        let RegTerm::Asymre { tau } = asym.regulariser else {
+            panic!("{:?}", asym.regulariser)
+        };
+        rf.baseline_shift = Some(-tau);
         rf.exclude_zero_std = Some(exclude);
         let rf = rf.resolve().unwrap();
         let adv_a = compute_advantages(&rewards, &groups, &asym, 0).unwrap();
@@ -671,7 +674,7 @@ fn padding_may_hold_anything() {
         "red_weight",
     ] {
         let mut a = AlgorithmConfig::empty(preset).resolve().unwrap();
-        a.kl_coef = 0.1;
+        a.kl.coef = 0.1;
         let inputs = LossInputs {
             logp: lp.as_tensor(),
             logp_behaviour: &old,
@@ -729,7 +732,7 @@ fn shape_and_input_errors_name_the_problem() {
     );
     assert!(mk(&x, &[1.0]).contains("row_weights"));
     let mut k = a.clone();
-    k.kl_coef = 0.1;
+    k.kl.coef = 0.1;
     let e = policy_loss(
         &k,
         &LossInputs {

@@ -2,6 +2,7 @@
 //! name the config writes; every declared default the one resolution uses; the loss-specific keys
 //! and each loss's group as they were written by hand before they followed from the parts.
 
+use crate::common::alg;
 use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::parts::{enum_values, table_keys};
 use rlvr_algo::{
@@ -47,7 +48,7 @@ fn every_value_of_every_choice_is_registered_once() {
 /// A declared default is the value resolution gives an unset knob (`unset` for an optional one).
 #[test]
 fn declared_defaults_are_the_resolved_defaults() {
-    let defaults = serde_json::to_value(Algorithm::default()).unwrap();
+    let defaults = serde_json::to_value(AlgorithmConfig::defaults()).unwrap();
     let mut seen = 0;
     let all_parts = PolicyLoss::PARTS.iter().chain(
         rlvr_algo::config::ALGORITHM_CHOICES
@@ -134,47 +135,150 @@ fn table_keys_are_the_fields() {
     }
 }
 
-/// The resolved policy loss carries its own parameters: REC's ring its ε′, REC's IS weight the
-/// cap, CISPO its ε_high and cap only, REINFORCE nothing.
+/// The resolved policy loss carries its own parameters: REC's ring its ε′, REC the IS cap its
+/// `is` weight applies, CISPO its ε_high and cap only (a PPO-shaped ε_low it does not have cannot
+/// be set), GSPO the surrogate's, REINFORCE nothing.
 #[test]
 fn the_policy_value_carries_its_own_parameters() {
-    use rlvr_algo::config::{Cispo, Policy, RecKeep, RecScale, Surrogate};
-    let mut a = AlgorithmConfig::empty("rec_ring_is").resolve().unwrap();
-    a.is_cap = Some(3.0);
-    match a.policy() {
-        Policy::Rec(r) => {
-            assert_eq!(
-                r.keep,
-                RecKeep::Ring {
-                    clip_low_prime: a.clip_low_prime,
-                    clip_high_prime: a.clip_high_prime
-                }
-            );
-            assert_eq!(r.scale, RecScale::Is { is_cap: Some(3.0) });
-            assert_eq!((r.clip_low, r.clip_high), (a.clip_low, a.clip_high));
-        }
-        other => panic!("{other:?}"),
-    }
-    a.loss = PolicyLoss::Cispo;
-    a.clip_low = 0.9; // CISPO has no ε_low: its value does not carry one
+    use rlvr_algo::config::{Cispo, Policy, Rec, RecKeep, RecScale, Surrogate};
+    let a = alg(|c| {
+        c.preset = "rec_ring_is".into();
+        c.is_cap = Some(3.0);
+        c.clip_low_prime = Some(0.7);
+    });
     assert_eq!(
-        a.policy(),
+        a.policy,
+        Policy::Rec(Rec {
+            keep: RecKeep::Ring {
+                clip_low_prime: 0.7,
+                clip_high_prime: 2.0
+            },
+            scale: RecScale::Is,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            is_cap: Some(3.0)
+        })
+    );
+    let a = alg(|c| {
+        c.loss = Some(PolicyLoss::Cispo);
+        c.clip_high = Some(0.3);
+        c.is_cap = Some(3.0);
+    });
+    assert_eq!(
+        a.policy,
         Policy::Cispo(Cispo {
-            clip_high: a.clip_high,
+            clip_high: 0.3,
             is_cap: Some(3.0)
         })
     );
-    a.loss = PolicyLoss::Gspo;
-    a.dual_clip = Some(3.0);
+    let a = alg(|c| {
+        c.loss = Some(PolicyLoss::Gspo);
+        c.clip_low = Some(0.1);
+        c.dual_clip = Some(3.0);
+    });
     assert_eq!(
-        a.policy(),
+        a.policy,
         Policy::Gspo(Surrogate {
-            clip_low: 0.9,
-            clip_high: a.clip_high,
+            clip_low: 0.1,
+            clip_high: 0.2,
             dual_clip: Some(3.0),
-            is_cap: Some(3.0)
+            is_cap: None
         })
     );
-    a.loss = PolicyLoss::Reinforce;
-    assert_eq!(a.policy(), Policy::Reinforce);
+    let a = alg(|c| c.loss = Some(PolicyLoss::Reinforce));
+    assert_eq!(a.policy, Policy::Reinforce);
+}
+
+/// The advantage, the regulariser, the overlong rule and the mismatch correction carry their own
+/// parameters, and only those: the log-mean-exp temperature, the std division's level and ε, the
+/// RED-Drop rule, τ, the soft penalty's buffer and factor, the correction's bounds.
+#[test]
+fn the_other_parts_carry_their_own_parameters() {
+    use rlvr_algo::{
+        Correction, GroupBaseline, OverlongRule, RedDrop, RedDropRule, RegTerm, StdDivision,
+        StdLevel,
+    };
+    let a = alg(|c| {
+        c.baseline = Some(Baseline::LogMeanExp);
+        c.lme_temperature = Some(0.5);
+        c.std_level = Some(StdLevel::Batch);
+        c.std_eps = Some(1e-4);
+        c.regulariser = Some(Regulariser::Opmd);
+        c.tau = Some(0.3);
+        c.overlong = Some(Overlong::Soft);
+        c.overlong_penalty_factor = Some(2.0);
+        c.mismatch_correction = Some(MismatchCorrection::Icepop);
+        c.mismatch_low = Some(0.5);
+        c.mismatch_cap = Some(5.0);
+    });
+    assert_eq!(
+        a.advantage.baseline,
+        GroupBaseline::LogMeanExp { temperature: 0.5 }
+    );
+    assert_eq!(
+        a.advantage.std,
+        Some(StdDivision {
+            norm: StdNorm::Sample,
+            level: StdLevel::Batch,
+            eps: 1e-4
+        })
+    );
+    assert_eq!(a.advantage.red_drop, None);
+    assert_eq!(a.regulariser, RegTerm::Opmd { tau: 0.3 });
+    assert_eq!(
+        a.overlong,
+        OverlongRule::Soft {
+            buffer_frac: 0.2,
+            penalty_factor: 2.0
+        }
+    );
+    assert_eq!(
+        a.mismatch,
+        Correction::Bounded {
+            kind: MismatchCorrection::Icepop,
+            cap: 5.0,
+            low: Some(0.5)
+        }
+    );
+    let d = alg(|c| c.preset = "red_drop_bernoulli".into());
+    assert_eq!(
+        d.advantage.red_drop,
+        Some(RedDrop {
+            rule: RedDropRule::Bernoulli,
+            in_normaliser: true
+        })
+    );
+    assert_eq!(d.advantage.std, None);
+    let k3 = alg(|c| c.mismatch_correction = Some(MismatchCorrection::SequenceK3Mask));
+    assert_eq!(k3.mismatch, Correction::K3Mask { threshold: 0.01 });
+    let t = alg(|c| c.mismatch_correction = Some(MismatchCorrection::GeometricTruncate));
+    assert_eq!(
+        t.mismatch,
+        Correction::Truncate {
+            kind: MismatchCorrection::GeometricTruncate,
+            cap: 2.0
+        }
+    );
+    assert_eq!(alg(|_| {}).mismatch, Correction::Off);
+}
+
+/// Every preset sets only knobs its chosen parts read: the round trip through the flat table
+/// keeps each of its values, and resolves back to the same algorithm. Together with rlvr-train
+/// leaving unread knobs out of `config.toml`, this is why writing an unread knob at its default
+/// changes no written file.
+#[test]
+fn presets_set_only_knobs_their_parts_read() {
+    for p in rlvr_algo::presets() {
+        let a = AlgorithmConfig::empty(p.name).resolve().unwrap();
+        let back = a.to_config();
+        let written = back.set_values();
+        for (k, v) in p.values.set_values() {
+            assert!(
+                written.contains(&(k.clone(), v.clone())),
+                "{}: {k} = {v}",
+                p.name
+            );
+        }
+        assert_eq!(back.resolve().unwrap(), a, "{}", p.name);
+    }
 }

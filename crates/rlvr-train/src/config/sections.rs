@@ -595,7 +595,7 @@ pub struct TrainSection {
 }
 
 /// The parts of `algorithm.dynamic_sampling` (a switch the trainer reads): on, it reads its
-/// refill rounds and what a short batch does, and reports the groups it dropped.
+/// refill rounds and what a short batch does.
 pub const DYNAMIC_SAMPLING_PARTS: &[Part] = &[
     Part {
         name: "true",
@@ -609,10 +609,9 @@ pub const DYNAMIC_SAMPLING_PARTS: &[Part] = &[
                 default: "\"train\"",
             },
         ],
-        metrics: &[
-            "dynamic_sampling/dropped_groups",
-            "dynamic_sampling/short_groups",
-        ],
+        // `dynamic_sampling/dropped_groups` and `dynamic_sampling/short_groups` are no part's:
+        // every run writes them (0 when dynamic sampling is off).
+        metrics: &[],
     },
     Part {
         name: "false",

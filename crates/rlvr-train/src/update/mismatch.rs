@@ -9,11 +9,7 @@ use crate::store::experience::Experience;
 
 /// The correction `alg` selects, as `rlvr_algo::correct` takes it; `None` when off.
 pub fn is_correction(alg: &Algorithm) -> Option<IsCorrection> {
-    alg.mismatch_correction.with_bounds(
-        alg.mismatch_cap,
-        alg.mismatch_low,
-        alg.mismatch_k3_threshold,
-    )
+    alg.mismatch.weights()
 }
 
 /// The micro-batch `mb`'s mask `[b, C]` (f32, on the CPU) with each completion token's 1 replaced

@@ -289,7 +289,10 @@ impl Trainer {
         let groups: Vec<&str> = view.rows.iter().map(|e| e.group_id.as_str()).collect();
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
-        report.dropped_frac = adv.stats.dropped_frac().filter(|_| alg.red_drop);
+        report.dropped_frac = adv
+            .stats
+            .dropped_frac()
+            .filter(|_| alg.advantage.red_drop.is_some());
 
         // Sampler/trainer mismatch correction: ℓ_trainer of every row at the start of the step.
         let start_lp = self.start_logprobs(batch, &alg)?;
@@ -341,7 +344,7 @@ impl Trainer {
         batch: &[Experience],
         alg: &rlvr_algo::Algorithm,
     ) -> anyhow::Result<Option<Vec<Vec<f32>>>> {
-        if !alg.mismatch_correction.is_on() {
+        if alg.mismatch == rlvr_algo::Correction::Off {
             return Ok(None);
         }
         let lp = crate::score::score_rows(
@@ -421,8 +424,8 @@ impl Trainer {
     ) -> Vec<usize> {
         let alg = &self.settings.algorithm;
         let all_w = norm.rows(&(0..rows.len()).collect::<Vec<_>>());
-        let only_pg = alg.regulariser == rlvr_algo::Regulariser::None
-            && alg.kl_coef == 0.0
+        let only_pg = alg.regulariser == rlvr_algo::RegTerm::None
+            && alg.kl.coef == 0.0
             && alg.entropy_coef == 0.0;
         rows.iter()
             .zip(&all_w)
@@ -540,7 +543,7 @@ impl Trainer {
             (Some(r), true) => Some(score(r, false, false)?.logprobs),
             (None, true) => anyhow::bail!(
                 "algorithm.kl_coef = {} needs a reference model, but none was loaded",
-                self.settings.algorithm.kl_coef
+                self.settings.algorithm.kl.coef
             ),
             _ => None,
         };

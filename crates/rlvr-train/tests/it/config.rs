@@ -27,15 +27,15 @@ fn precedence_defaults_preset_file_set() {
     assert_eq!(c.raw.train.lr, 1e-6);
     // Preset over defaults: dapo sets clip_high 0.28 and token-mean.
     let c = check_load("[algorithm]\npreset = \"dapo\"\n", &[]).unwrap();
-    assert_eq!(c.algorithm.clip_high, 0.28);
+    assert_eq!(c.raw.algorithm.clip_high, Some(0.28));
     assert_eq!(c.algorithm.aggregation, rlvr_algo::Aggregation::TokenMean);
     // File over preset; --set over file.
     let file = "[algorithm]\npreset = \"dapo\"\nclip_high = 0.3\n[train]\nlr = 1e-5\n";
     let c = check_load(file, &[]).unwrap();
-    assert_eq!(c.algorithm.clip_high, 0.3);
+    assert_eq!(c.raw.algorithm.clip_high, Some(0.3));
     assert_eq!(c.raw.train.lr, 1e-5);
     let c = check_load(file, &["algorithm.clip_high=0.35", "train.lr=2e-5"]).unwrap();
-    assert_eq!(c.algorithm.clip_high, 0.35);
+    assert_eq!(c.raw.algorithm.clip_high, Some(0.35));
     assert_eq!(c.raw.train.lr, 2e-5);
     // Later --set wins over earlier.
     let c = check_load("", &["train.steps=5", "train.steps=7"]).unwrap();
@@ -74,7 +74,7 @@ fn a_preset_changed_over_a_resolved_config_applies_in_full() {
     let want = check_load("", &["algorithm.std_eps=1e-3", "algorithm.preset=\"dapo\""])
         .unwrap()
         .algorithm;
-    assert_ne!(want.clip_high, written.algorithm.clip_high);
+    assert_ne!(want.policy, written.algorithm.policy);
     assert_ne!(want.aggregation, written.algorithm.aggregation);
     let sets = vec!["algorithm.preset=\"dapo\"".to_string()];
     let resumed = rlvr_train::config::ResolvedConfig::from_run_dir(tmp.path(), &sets).unwrap();
@@ -369,10 +369,16 @@ fn loss_options_of_another_loss_are_rejected() {
         &["algorithm.preset=\"rec_ring_is\"", "algorithm.loss=\"ppo\""],
     )
     .unwrap();
-    assert_eq!(c.algorithm.loss, rlvr_algo::PolicyLoss::Ppo);
+    assert_eq!(c.algorithm.policy.loss(), rlvr_algo::PolicyLoss::Ppo);
     // The same knob with a loss that reads it is fine.
     let c = check_load("", &["algorithm.preset=\"cispo\"", "algorithm.is_cap=2"]).unwrap();
-    assert_eq!(c.algorithm.is_cap, Some(2.0));
+    assert_eq!(
+        c.algorithm.policy,
+        rlvr_algo::Policy::Cispo(rlvr_algo::config::Cispo {
+            clip_high: 0.28,
+            is_cap: Some(2.0)
+        })
+    );
 }
 
 /// `config.toml` holds the knobs of the chosen loss only, and of those only the ones whose option

@@ -25,6 +25,7 @@ mod live_data_parallel;
 mod lora;
 mod module_graph;
 mod offline;
+mod part_metrics;
 mod parts;
 mod plan;
 mod plan_lora;

@@ -134,6 +134,58 @@ fn every_accepted_key_has_a_row_and_every_row_is_a_key() {
     );
 }
 
+/// Every accepted key as one line of `tests/fixtures/accepted_keys.txt`: the key, then
+/// `tags: ...` (a tag key's values) and `within: ...` (its tagged variants, `; ` between them)
+/// where they are not empty, ` | ` between the parts.
+fn key_line(k: &AcceptedKey) -> String {
+    let mut line = k.key.clone();
+    if !k.tags.is_empty() {
+        line.push_str(&format!(" | tags: {}", k.tags.join(", ")));
+    }
+    if !k.within.is_empty() {
+        line.push_str(&format!(" | within: {}", k.within.join("; ")));
+    }
+    line
+}
+
+/// The key list is the pinned one, in order, with each key's tag values and variants: the list
+/// the walk of the config's types gives ([`accepted_keys`]) was pinned from the earlier walk that
+/// read serde's error messages, so the change of method changed no key. A change of the config's
+/// keys is blessed with the README (`RLVR_BLESS=1 ... -- readme::`).
+#[test]
+fn accepted_keys_are_the_pinned_list() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/accepted_keys.txt");
+    let want: String = accepted_keys().iter().map(|k| key_line(k) + "\n").collect();
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    if have != want {
+        if std::env::var("RLVR_BLESS").is_ok() {
+            std::fs::write(&path, &want).unwrap();
+        } else {
+            let diff: Vec<String> = diff_lines(&have, &want);
+            panic!(
+                "the accepted keys differ from {} (- pinned, + now): {diff:#?}\nrun \
+                 RLVR_BLESS=1 cargo test --workspace --locked --test it -- readme:: if the change \
+                 is meant",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The lines of `old` not in `new` (`- `) and of `new` not in `old` (`+ `).
+fn diff_lines(old: &str, new: &str) -> Vec<String> {
+    let gone = old.lines().filter(|l| !new.lines().any(|n| n == *l));
+    let came = new.lines().filter(|l| !old.lines().any(|o| o == *l));
+    let out: Vec<String> = gone
+        .map(|l| format!("- {l}"))
+        .chain(came.map(|l| format!("+ {l}")))
+        .collect();
+    match out.is_empty() {
+        true => vec!["(the same lines, in another order)".into()],
+        false => out,
+    }
+}
+
 /// The fenced blocks of Markdown `text`: (info string, body).
 fn fenced_blocks(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();

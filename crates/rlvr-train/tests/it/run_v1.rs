@@ -102,8 +102,8 @@ fn a_set_of_another_loss_knob_on_resume_is_refused() {
     );
     // Switching the loss to REC on resume makes the file's REC knobs apply again: kept, not dropped.
     let cfg = ResolvedConfig::from_run_dir(&rd, &["algorithm.loss=\"rec\"".into()]).unwrap();
-    assert_eq!(cfg.algorithm.loss, rlvr_algo::PolicyLoss::Rec);
-    assert_eq!(cfg.algorithm.clip_low_prime, 0.6);
+    assert_eq!(cfg.algorithm.policy.loss(), rlvr_algo::PolicyLoss::Rec);
+    assert_eq!(cfg.raw.algorithm.clip_low_prime, Some(0.6));
 }
 
 /// `--resume --set train.steps=N` below the step the run reached would do nothing but rewrite
