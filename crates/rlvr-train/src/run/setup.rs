@@ -9,12 +9,12 @@ use anyhow::{bail, Context};
 use rlvr_data::sampler::PromptSampler;
 use rlvr_model::checkpoint::Policy;
 use rlvr_model::{Model, TokenizerBundle};
-use rlvr_rollout::named_tensors;
+use rlvr_rollout::{named_tensors, Rollout};
 
 use super::preflight::{Online, Preflight};
 use super::{Run, RunOptions};
 use crate::config::settings;
-use crate::config::ResolvedConfig;
+use crate::config::{RawConfig, ResolvedConfig};
 use crate::eval::{Best, Evaluator};
 use crate::feed::backend::{self, BackendSettings, NativeWeights, ServerUse, Workload};
 use crate::feed::explorer::{Explorer, TrainPrompts};
@@ -350,27 +350,7 @@ fn online_feed(
         evaluator: _,
         runner,
     } = online;
-    let sampler = match start.state.map(|s| s.cursor) {
-        Some(SourceCursor::Online { cursor }) => PromptSampler::resume(cursor, train_p.texts.len())
-            .map_err(|e| {
-                let state = start.ckpt.map_or_else(
-                    || "the checkpoint".to_string(),
-                    |d| d.join("trainer_state/state.json").display().to_string(),
-                );
-                let data = match &c.data.train {
-                    Some(p) => p.display().to_string(),
-                    None => format!(
-                        "data.task = \"{}\"'s generated problems",
-                        c.data.task.name()
-                    ),
-                };
-                anyhow::anyhow!(
-                    "{state}: field `cursor`: {e} (the train split: {data}); the checkpoint was \
-                 written for other data, or edited"
-                )
-            })?,
-        _ => PromptSampler::new(train_p.texts.len(), c.data.seed)?,
-    };
+    let sampler = prompt_sampler(c, &start, train_p.texts.len())?;
     // No prompt without room for its completion (checked before the model loaded when the policy
     // directory has a config.json; again here for one that has none, a PEFT adapter).
     let (room, room_key) = super::preflight::room(cfg);
@@ -384,29 +364,7 @@ fn online_feed(
         max_new_tokens: room,
         room_key,
     };
-    let mut backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
-    // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.
-    if let BackendSettings::Vllm(v) = &mut backend_settings {
-        v.follower = !job.writer();
-    }
-    if job.writer() {
-        crate::store::run_json::record(
-            &c.output.dir,
-            "rollout_backend",
-            backend_settings.describe(),
-        )?;
-    }
-    let rollout = backend::build(
-        &backend_settings,
-        model,
-        &ex_tok,
-        step,
-        work,
-        NativeWeights::Copy,
-        &ServerUse::Train {
-            run_dir: c.output.dir.clone(),
-        },
-    )?;
+    let rollout = explorer_rollout(c, model, &ex_tok, step, work, &job)?;
     let prompts = TrainPrompts {
         ids,
         texts: train_p.texts,
@@ -425,7 +383,83 @@ fn online_feed(
     if let Some(r) = runner {
         explorer = explorer.with_episodes(r, c.env.builtin.is_some());
     }
-    // The starting weights cross the boundary once, at start and on resume.
+    load_starting_weights(&mut explorer, &start, model, step)?;
+    // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
+    job.barrier()?;
+    let (v, o) = (c.sync.interval, c.sync.offset);
+    let buffered = in_flight_batches(&start, o, &job, step)?;
+    let gather = (job, c.train.log_rollouts);
+    Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)
+}
+
+/// The train split's prompt order: continued from the checkpoint's cursor on resume (an error
+/// naming the state file when the cursor does not fit the split), else a fresh seeded order.
+fn prompt_sampler(c: &RawConfig, start: &Resumed<'_>, n: usize) -> anyhow::Result<PromptSampler> {
+    Ok(match start.state.map(|s| s.cursor) {
+        Some(SourceCursor::Online { cursor }) => PromptSampler::resume(cursor, n).map_err(|e| {
+            let state = start.ckpt.map_or_else(
+                || "the checkpoint".to_string(),
+                |d| d.join("trainer_state/state.json").display().to_string(),
+            );
+            let data = match &c.data.train {
+                Some(p) => p.display().to_string(),
+                None => format!(
+                    "data.task = \"{}\"'s generated problems",
+                    c.data.task.name()
+                ),
+            };
+            anyhow::anyhow!(
+                "{state}: field `cursor`: {e} (the train split: {data}); the checkpoint was \
+                 written for other data, or edited"
+            )
+        })?,
+        _ => PromptSampler::new(n, c.data.seed)?,
+    })
+}
+
+/// The explorer's sampling engine: native, or the vLLM servers (rank 0 writes and pushes each
+/// version, the other ranks of a data-parallel run follow); the writer records which in run.json.
+fn explorer_rollout(
+    c: &RawConfig,
+    model: &Model,
+    ex_tok: &TokenizerBundle,
+    step: u64,
+    work: Workload,
+    job: &Job,
+) -> anyhow::Result<Box<dyn Rollout>> {
+    let mut backend_settings = settings::backend_settings(&c.rollout, &c.output.dir);
+    // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.
+    if let BackendSettings::Vllm(v) = &mut backend_settings {
+        v.follower = !job.writer();
+    }
+    if job.writer() {
+        crate::store::run_json::record(
+            &c.output.dir,
+            "rollout_backend",
+            backend_settings.describe(),
+        )?;
+    }
+    backend::build(
+        &backend_settings,
+        model,
+        ex_tok,
+        step,
+        work,
+        NativeWeights::Copy,
+        &ServerUse::Train {
+            run_dir: c.output.dir.clone(),
+        },
+    )
+}
+
+/// The starting weights cross the boundary once, at start and on resume: the checkpoint's
+/// explorer weights when it kept them (a stale behaviour policy), else the policy's.
+fn load_starting_weights(
+    explorer: &mut Explorer,
+    start: &Resumed<'_>,
+    model: &Model,
+    step: u64,
+) -> anyhow::Result<()> {
     match (start.state, start.ckpt) {
         (Some(st), Some(dir)) if st.explorer_weights => {
             let ex_dir = dir.join("trainer_state/explorer");
@@ -436,10 +470,16 @@ fn online_feed(
         }
         _ => explorer.set_weights(step, &named_tensors(model))?,
     }
-    // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
-    job.barrier()?;
-    let (v, o) = (c.sync.interval, c.sync.offset);
-    // The checkpoint's in-flight batches (o ≥ 1): trained on as they were sampled.
+    Ok(())
+}
+
+/// The checkpoint's in-flight batches (offset `o` ≥ 1): trained on as they were sampled.
+fn in_flight_batches(
+    start: &Resumed<'_>,
+    o: u64,
+    job: &Job,
+    step: u64,
+) -> anyhow::Result<Vec<crate::feed::explorer::Batch>> {
     let buffered: Vec<crate::feed::explorer::Batch> = match start.ckpt {
         Some(dir) if o > 0 && !job.is_parallel() => checkpoint::read_buffer(dir)?,
         _ => Vec::new(),
@@ -452,8 +492,7 @@ fn online_feed(
             step + buffered.len() as u64
         ));
     }
-    let gather = (job, c.train.log_rollouts);
-    Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)
+    Ok(buffered)
 }
 
 /// On `--resume`: names every external verifier command the run directory's config.toml will
@@ -472,7 +511,7 @@ fn say_external_commands(cfg: &ResolvedConfig) {
 
 /// The external verifier commands of a config with their keys (`data.verifier`,
 /// `reward.components[i].verifier`), in that order.
-fn external_commands(raw: &crate::config::RawConfig) -> Vec<(String, Vec<String>)> {
+fn external_commands(raw: &RawConfig) -> Vec<(String, Vec<String>)> {
     let data = raw
         .data
         .verifier
