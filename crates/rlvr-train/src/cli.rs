@@ -422,10 +422,16 @@ fn evaluate_episodes(
             .with_context(|| format!("evaluating the episodes of problems {start}..{end}"))?;
         for e in eps {
             let reward = e.reward.unwrap_or(0.0);
+            // The prompt the episode started from: the dataset's, or the environment's
+            // replacement (its `reset` messages) rendered.
+            let prompt = match e.prompt_ids == ids[e.draw] {
+                true => ev.texts[e.draw].clone(),
+                false => tok.decode(&e.prompt_ids, false)?,
+            };
             items.push(EvalItem {
                 index: e.draw,
                 sample_index: e.sample,
-                prompt: ev.texts[e.draw].clone(),
+                prompt,
                 completion: tok.decode(&e.completion_ids, false)?,
                 reward,
                 correct: reward > 0.0,

@@ -42,7 +42,8 @@ pub struct EvalItem {
     pub index: usize,
     /// Sample index within the problem.
     pub sample_index: usize,
-    /// The prompt text.
+    /// The prompt text: the rendered prompt the sample (or, with `--env`, the episode) started
+    /// from; an environment's `reset` messages that replace the dataset's prompt, rendered.
     pub prompt: String,
     /// The completion text.
     pub completion: String,

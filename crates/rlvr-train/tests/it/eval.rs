@@ -214,6 +214,8 @@ fn eval_env_runs_episodes_whose_first_turn_is_the_single_turn_sample() {
                 (&x["index"], &x["sample_index"]),
                 (&s["index"], &s["sample_index"])
             );
+            // The dataset's prompt, which `retry` keeps.
+            assert_eq!(x["prompt"], s["prompt"]);
             // Turn 1 is the single-turn sample.
             assert_eq!(x["episode"]["transcript"][0]["role"], "assistant");
             assert_eq!(
@@ -270,4 +272,71 @@ fn eval_env_runs_episodes_whose_first_turn_is_the_single_turn_sample() {
     let err = std::panic::catch_unwind(|| eval_five(&["--env".to_string()])).unwrap_err();
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("--env: no environment"), "{msg}");
+}
+
+/// An environment that replaces every prompt at `reset` with the question reversed ("3+0=" for
+/// "0+3=") and ends each episode after one turn.
+const REVERSE_ENV: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], "tools": None, "messages": [{"role": "user",
+                "content": e["row"]["question"][-2::-1] + "="}]} for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "reward": 0.0, "done": True, "messages": []}
+               for e in req["episodes"]]}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// `rlvr eval --env` items name the prompt each episode started from: an environment whose
+/// `reset` messages replace the dataset's prompt shows the replacement, rendered by the chat
+/// template, not the dataset's text.
+#[test]
+fn eval_env_items_show_the_prompt_the_environment_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("reverse_env.py");
+    std::fs::write(&script, REVERSE_ENV).unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        // Only characters the tiny model's tokenizer has.
+        "{% for m in messages %}{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}={% endif %}",
+    )
+    .unwrap();
+    let extra: Vec<String> = [
+        "--env".to_string(),
+        "--set".into(),
+        format!("env.command=[\"python3\", \"{}\"]", script.display()),
+        "--set".into(),
+        format!("env.chat_template=\"{}\"", tpl.display()),
+        "--set".into(),
+        "env.max_episode_tokens=16".into(),
+    ]
+    .to_vec();
+    let (_, single) = eval_five(&[]);
+    let (_, items) = eval_five(&extra);
+    assert_eq!(items.len(), 160);
+    for (s, x) in single.iter().zip(&items) {
+        assert_eq!(x["index"], s["index"]);
+        let i = x["index"].as_u64().unwrap();
+        let question = format!("{}+{}=", i % 10, (i + 3) % 10);
+        assert_eq!(
+            s["prompt"],
+            format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"),
+            "the single-turn item shows the dataset's prompt, rendered"
+        );
+        let reversed = format!("{}+{}=", (i + 3) % 10, i % 10);
+        assert_eq!(
+            x["prompt"],
+            format!("{reversed}<|endoftext|>\n="),
+            "the episode's item shows the prompt it started from"
+        );
+    }
 }
