@@ -5,7 +5,7 @@
     command = ["python3", "../examples/env_guess_number.py"]
     max_turns = 6
     tool_format = "none"
-    options = { low = 1, high = 100 }
+    options = { low = 1, high = 100 }   # also `prompt` ({low}, {high}) and `system`
 
 Started once per run; one JSON object per line each way (docs/environments.md, docs/DESIGN.md
 section 14). Every request carries "version": 1 and "type":
@@ -34,6 +34,8 @@ PROTOCOL = 1
 
 def main():
     low, high = 1, 100
+    prompt = "Guess my number from {low} to {high}. Answer with one number."
+    system = None
     secrets = {}
     for line in sys.stdin:
         if not line.strip():
@@ -43,14 +45,17 @@ def main():
         if kind == "hello":
             opts = req.get("options") or {}
             low, high = int(opts.get("low", low)), int(opts.get("high", high))
+            prompt = str(opts.get("prompt", prompt))
+            system = opts.get("system", system)
             out = {"version": PROTOCOL}
         elif kind == "reset":
             eps = []
             for e in req["episodes"]:
                 secrets[e["id"]] = random.Random(e["seed"]).randint(low, high)
-                text = f"Guess my number from {low} to {high}. Answer with one number."
-                eps.append({"id": e["id"], "messages": [{"role": "user", "content": text}],
-                            "tools": None})
+                messages = [{"role": "user", "content": prompt.format(low=low, high=high)}]
+                if system is not None:
+                    messages.insert(0, {"role": "system", "content": str(system)})
+                eps.append({"id": e["id"], "messages": messages, "tools": None})
             out = {"episodes": eps}
         elif kind == "step":
             eps = []

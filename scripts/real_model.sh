@@ -10,8 +10,13 @@
 #   with --compare: the quickstart's comparison on this model instead: on-policy GRPO (v = 1, the
 #      recipe's run OUT/seedS, reused when present) vs off-policy GRPO (preset off_policy_grpo,
 #      v = 4; OUT/off_policy_seedS) from the same start and seed, plotted into OUT/compare.png.
+#   with --guess: the multi-turn check instead (issue 45): configs/real_model_guess.toml, GRPO on
+#      the guess-the-number environment (examples/env_guess_number.py, python3), once per seed
+#      (OUT/guess_seedS); then `rlvr eval --env` plays the same 100 held-out games greedily with
+#      the converted model and with each run's last checkpoint (OUT/guess_eval_*.jsonl), prints
+#      the before/after table and plots OUT/guess.png.
 #
-#   scripts/real_model.sh [--seeds "0 1 2"] [--compare] [--out runs/real_model] [--cache DIR]
+#   scripts/real_model.sh [--seeds "0 1 2"] [--compare | --guess] [--out runs/real_model] [--cache DIR]
 #   scripts/real_model.sh --download-only     # prints the GGUF file's path
 #   scripts/real_model.sh --data-only --out D # writes D/data only
 #
@@ -31,6 +36,7 @@ while [ $# -gt 0 ]; do
     --seeds) SEEDS=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --compare) MODE=compare; shift ;;
+    --guess) MODE=guess; shift ;;
     --download-only) MODE=download; shift ;;
     --data-only) MODE=data; shift ;;
     *) echo "real_model.sh: unknown argument $1" >&2; exit 2 ;;
@@ -86,6 +92,47 @@ mkdir -p "$OUT"
 data "$OUT/data"
 sets=(--set "model.path=\"$OUT/model\"" --set "data.train=\"$OUT/data/train.jsonl\""
   --set "data.test=\"$OUT/data/test.jsonl\"")
+if [ "$MODE" = guess ]; then
+  # The dataset only numbers the games (the environment replaces every prompt): the built-in
+  # arithmetic task, no files. Held-out games: the test split's first 100 draws, the same for
+  # every model evaluated.
+  G=configs/real_model_guess.toml
+  "$R" eval --config "$G" --set "model.path=\"$OUT/model\"" --model "$OUT/model" --env \
+    --out "$OUT/guess_eval_base.jsonl" > "$OUT/guess_eval_base.json"
+  runs=()
+  for s in $SEEDS; do
+    t=$SECONDS
+    "$R" train --no-progress --config "$G" --set "model.path=\"$OUT/model\"" \
+      --set data.seed="$s" --set train.seed="$s" --set "output.dir=\"$OUT/guess_seed$s\"" > /dev/null
+    echo "real_model.sh: guess-the-number, seed $s took $((SECONDS - t)) s"
+    "$R" eval --config "$G" --model "$OUT/guess_seed$s/checkpoints/$(cat "$OUT/guess_seed$s/checkpoints/latest")" --env \
+      --out "$OUT/guess_eval_seed$s.jsonl" > "$OUT/guess_eval_seed$s.json"
+    runs+=("$OUT/guess_seed$s")
+  done
+  labels=()
+  for s in $SEEDS; do labels+=(--label "seed $s"); done
+  "$R" plot "${runs[@]}" --metric reward/mean --metric env/turns/mean "${labels[@]}" --out "$OUT/guess.png" \
+    --title "SmolLM2-135M-Instruct, GRPO on guess-the-number (1-10, 4 turns)"
+  # Held-out games won (greedy): the converted model, then each run's last checkpoint.
+  python3 - "$OUT" $SEEDS <<'PY'
+import collections, json, statistics, sys
+out, seeds = sys.argv[1], sys.argv[2:]
+def won(name):
+    items = [json.loads(l) for l in open(f"{out}/guess_eval_{name}.jsonl")]
+    turns = collections.Counter(i["episode"]["turns"] for i in items if i["correct"])
+    return sum(i["correct"] for i in items) / len(items), len(items), dict(sorted(turns.items()))
+base, n, turns = won("base")
+print(f"converted model: {base:.2f} of {n} held-out games won (greedy; won at turn: {turns})")
+gain = []
+for s in seeds:
+    a, n, turns = won(f"seed{s}")
+    gain.append(a - base)
+    print(f"seed {s}: {base:.2f} -> {a:.2f} of {n} held-out games won (won at turn: {turns})")
+if len(gain) > 1:
+    print(f"gain {statistics.mean(gain):+.3f} mean, {statistics.stdev(gain):.3f} sd, min {min(gain):+.2f}, max {max(gain):+.2f}")
+PY
+  exit 0
+fi
 if [ "$MODE" = compare ]; then
   # The on-policy arm is the recipe's own run of this seed (configs/real_model.toml is on-policy
   # GRPO, v = 1; same config and seed give the same run bit for bit), made here if missing.
