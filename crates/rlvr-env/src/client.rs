@@ -160,13 +160,14 @@ impl ProcessEnvironment {
         } else {
             Err(LineFault::Closed)
         };
+        // Why hello failed, as text: the command is named once, by the error made below.
         let checked = match answer {
-            Ok(line) => check_hello(&line),
-            Err(LineFault::Timeout) => Err(self.process_error(format!(
+            Ok(line) => check_hello(&line).map_err(|e| e.to_string()),
+            Err(LineFault::Timeout) => Err(format!(
                 "no answer to hello within {:.1} s (env.timeout_s)",
                 s.timeout.as_secs_f64()
-            ))),
-            Err(f) => Err(self.process_error(format!("{f} before answering hello"))),
+            )),
+            Err(f) => Err(format!("{f} before answering hello")),
         };
         match checked {
             Ok(()) => {

@@ -44,7 +44,9 @@ pub fn episode_reward(mode: RewardMode, given: &[Option<f64>], errored: bool) ->
     }
     let mut it = given.iter().flatten();
     Some(match mode {
-        RewardMode::Sum => it.sum(),
+        // From +0.0: `Iterator::sum` of f64 starts at -0.0, so no reward at all would be -0.0
+        // (printed "-0.0" in experiences and `rlvr generate --env`). Any other sum is the same.
+        RewardMode::Sum => it.fold(0.0, |acc, r| acc + r),
         RewardMode::Final => it.next_back().copied().unwrap_or(0.0),
     })
 }

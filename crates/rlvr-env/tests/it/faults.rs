@@ -230,11 +230,14 @@ fn start_up_faults_stop_the_run_with_the_stderr_tail() {
         e.contains("protocol version 2") && e.contains("got hello"),
         "{e}"
     );
+    assert_eq!(e.matches("environment `").count(), 1, "{e}");
     let mut s = f.settings("silent");
     s.timeout = Duration::from_millis(500);
     let t0 = Instant::now();
     let e = ProcessEnvironment::start(s).err().unwrap().to_string();
     assert!(e.contains("no answer to hello within 0.5 s"), "{e}");
+    // The command is named once (it was twice: "environment `...`: environment `...`: ...").
+    assert_eq!(e.matches("environment `").count(), 1, "{e}");
     assert!(t0.elapsed() < Duration::from_secs(10));
     let mut s = f.settings("good");
     s.command = vec!["/nonexistent/env".into()];

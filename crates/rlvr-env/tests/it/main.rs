@@ -2,5 +2,6 @@
 
 mod examples;
 mod faults;
+mod reward;
 mod templates;
 mod tool_props;
