@@ -152,6 +152,20 @@ pub struct FinishReply {
 /// unscorable).
 pub type EpisodeResult<T> = Result<T, String>;
 
+/// What a reply line that is not JSON most likely is, for the error: Python's `json.dumps` writes
+/// `NaN` and `Infinity` (not JSON) unless `allow_nan=False`; a line that does not start with `{`
+/// is most often a debug print, which belongs on stderr.
+fn not_json_hint(line: &str) -> &'static str {
+    let t = line.trim_start();
+    if ["NaN", "Infinity"].iter().any(|w| line.contains(w)) && t.starts_with('{') {
+        " (NaN and Infinity are not JSON: a reward must be a finite number)"
+    } else if !t.starts_with('{') {
+        " (log to stderr: stdout carries the replies only)"
+    } else {
+        ""
+    }
+}
+
 /// A request kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -272,8 +286,9 @@ pub fn parse_reply(
     let what = kind.as_str();
     let v = Json::parse(line).map_err(|e| {
         EnvError::Protocol(format!(
-            "the reply to {what} {:?} is not JSON ({e}); one JSON object per line expected",
-            shown(line)
+            "the reply to {what} {:?} is not JSON ({e}); one JSON object per line expected{}",
+            shown(line),
+            not_json_hint(line)
         ))
     })?;
     if let Some(e) = v.get("error") {

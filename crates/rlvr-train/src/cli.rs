@@ -1039,7 +1039,13 @@ pub fn generate_episodes(
                     ids: &ids[i],
                     row: match retry {
                         true => RetryVerifier::row(prompt, &reference, &columns, i),
-                        false => program_row(&reference, &columns),
+                        // The line's `prompt` too, as a training row holds its data file's
+                        // prompt field (an environment may read the question from it).
+                        false => {
+                            let mut all = vec![("prompt".to_string(), prompt.clone())];
+                            all.extend(columns.iter().cloned());
+                            program_row(&reference, &all)
+                        }
                     },
                 }
             })

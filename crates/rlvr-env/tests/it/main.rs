@@ -2,6 +2,7 @@
 
 mod examples;
 mod faults;
+mod replies;
 mod reward;
 mod templates;
 mod tool_props;

@@ -133,10 +133,8 @@ impl RawConfig {
                  \"vllm\" the servers keep their own cache: remove it"
             );
         }
-        rlvr_env::tools::ToolFormat::parse(&e.tool_format)
-            .map_err(|m| anyhow::anyhow!("env.tool_format: {m}"))?;
-        rlvr_env::reward::RewardMode::parse(&e.reward)
-            .map_err(|m| anyhow::anyhow!("env.reward: {m}"))?;
+        rlvr_env::tools::ToolFormat::parse(&e.tool_format).map_err(anyhow::Error::msg)?;
+        rlvr_env::reward::RewardMode::parse(&e.reward).map_err(anyhow::Error::msg)?;
         if let Some(t) = &e.tools {
             crate::feed::episodes::parse_tools(t).map_err(|m| anyhow::anyhow!("env.tools: {m}"))?;
         }

@@ -262,15 +262,14 @@ pub fn episode_runner(
         episode_tokens: e.episode_tokens(cfg.rollout.max_new_tokens),
         max_observation_tokens: e.max_observation_tokens,
         tool_format: rlvr_env::tools::ToolFormat::parse(&e.tool_format)
-            .map_err(|m| anyhow::anyhow!("env.tool_format: {m}"))?,
+            .map_err(anyhow::Error::msg)?,
         tools: e
             .tools
             .as_deref()
             .map(parse_tools)
             .transpose()
             .map_err(|m| anyhow::anyhow!("env.tools: {m}"))?,
-        reward: rlvr_env::reward::RewardMode::parse(&e.reward)
-            .map_err(|m| anyhow::anyhow!("env.reward: {m}"))?,
+        reward: rlvr_env::reward::RewardMode::parse(&e.reward).map_err(anyhow::Error::msg)?,
         max_error_frac: e.max_error_frac,
         end_of_turn: eot,
         specials: specials.clone(),

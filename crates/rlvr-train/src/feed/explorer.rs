@@ -497,9 +497,15 @@ impl Explorer {
                     .map(|(role, text)| format!("[{role}] {text}"))
                     .collect::<Vec<_>>()
                     .join("\n");
+                // The prompt the episode started from: the dataset's, or the environment's
+                // replacement (its `reset` messages) rendered, as `rlvr eval --env` names it.
+                let prompt = match e.prompt_ids == self.prompts[p] {
+                    true => self.texts[p].clone(),
+                    false => self.tokenizer.decode(&e.prompt_ids, false)?,
+                };
                 rollouts.push(RolloutRecord {
                     group_id: e.group_id.clone(),
-                    prompt: self.texts[p].clone(),
+                    prompt,
                     completion,
                     reward: e.reward,
                     correct: e.correct,

@@ -1482,6 +1482,15 @@ fn env_keys_are_typed_checked_and_named() {
         let err = format!("{:#}", check_load("", &all).unwrap_err());
         assert!(err.contains(key), "{sets:?}: {err}");
     }
+    // Named once, not "env.tool_format: env.tool_format = ...".
+    for (set, key) in [
+        ("env.tool_format=\"xml\"", "env.tool_format"),
+        ("env.reward=\"mean\"", "env.reward"),
+    ] {
+        let all = ["rollout.max_new_tokens=4", "env.builtin=\"retry\"", set];
+        let err = format!("{:#}", check_load("", &all).unwrap_err());
+        assert_eq!(err.matches(key).count(), 1, "{err}");
+    }
     let err = format!("{:#}", check_load("", &["env.max_turnz=3"]).unwrap_err());
     assert!(err.contains("env.max_turns"), "{err}");
 }

@@ -421,6 +421,14 @@ fn the_python_guess_the_number_example_runs_episodes() {
         assert_eq!(e.reward, Some(sum));
     }
     assert!(bridged > 0, "no episode got the environment's feedback");
+    // rollouts.jsonl's lines name the prompt the episodes started from (the replacement, as the
+    // tiny tokenizer decodes it: letters are unknown to it), not the dataset's question.
+    assert!(!b.rollouts.is_empty());
+    let shown = tok.decode(&prompt, false).unwrap();
+    assert!(shown.contains(" 1 ") && !shown.contains('+'), "{shown}");
+    for r in &b.rollouts {
+        assert_eq!(r.prompt, shown);
+    }
     // The same batch again from a fresh explorer (and a fresh environment process).
     let again = explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap();
     assert_eq!(

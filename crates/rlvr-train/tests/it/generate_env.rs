@@ -193,3 +193,77 @@ fn generate_env_prints_episodes_with_their_token_accounting() {
     let err = format!("{:#}", generate(&argv).unwrap_err());
     assert!(err.contains("--out with --env"), "{err}");
 }
+
+/// An environment that replaces each prompt with its row's `prompt` and `level` fields (or
+/// `MISSING`), and ends the episode after one turn.
+const ROW_ENV: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], "messages": [{"role": "user",
+                "content": e["row"].get("prompt", "MISSING") + e["row"].get("level", "MISSING")
+                           + e["row"].get("reference", "MISSING")}]}
+               for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "done": True, "messages": []} for e in req["episodes"]]}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// A program environment's `reset` row holds the `--prompts` line's `prompt` with its other keys,
+/// as a training row holds the data file's prompt field (examples/env_calculator.py reads the
+/// question from `prompt` when there is no `question`): it was left out, so such an environment
+/// asked the model an empty question.
+#[test]
+fn generate_env_rows_hold_the_prompt_and_the_lines_other_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    std::fs::write(tmp.path().join("row_env.py"), ROW_ENV).unwrap();
+    std::fs::write(
+        tmp.path().join("chat.jinja"),
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let config = tmp.path().join("env.toml");
+    std::fs::write(
+        &config,
+        "[env]\ncommand = [\"python3\", \"row_env.py\"]\nmax_turns = 2\n\
+         chat_template = \"chat.jinja\"\n",
+    )
+    .unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"1+2=\", \"level\": \"7\", \"reference\": \"3\"}\n",
+    )
+    .unwrap();
+    let argv: Vec<String> = [
+        "--model",
+        model.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--max-new-tokens",
+        "4",
+        "--env",
+        config.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let eps = generate(&argv).unwrap();
+    assert_eq!(eps.len(), 1);
+    let tok = settings::load_tokenizer(&model).unwrap();
+    let want = tok.encode("user:1+2=73<|endoftext|>\n=>", false).unwrap();
+    let got: Vec<u32> = serde_json::from_value(eps[0]["prompt_ids"].clone()).unwrap();
+    assert_eq!(
+        got,
+        want,
+        "{:?}",
+        tok.decode(&got, false).unwrap_or_default()
+    );
+}
