@@ -1,6 +1,6 @@
-//! The episode reward's sign of zero: an episode that got no reward is +0.0 (docs/DESIGN.md
-//! section 14: "No reward at all: 0"), which experiences files and `rlvr generate --env` print
-//! as `0.0`, not `-0.0`.
+//! The episode reward's sign of zero: an episode that got no reward is +0.0
+//! (docs/DESIGN.md section 14: "No reward at all: 0"), which experiences files and
+//! `rlvr generate --env` print as `0.0`, not `-0.0`.
 
 use rlvr_env::reward::{episode_reward, RewardMode};
 
