@@ -93,6 +93,15 @@ impl ChatTemplate {
         })
     }
 
+    /// Whether the template reads the `tools` variable at all (minijinja's undeclared variables
+    /// of the template). One that does not (SmolLM2's, for one) renders no tool schemas: the
+    /// model never sees the tools an environment gives.
+    pub fn reads_tools(&self) -> bool {
+        self.env
+            .get_template("chat")
+            .is_ok_and(|t| t.undeclared_variables(false).contains("tools"))
+    }
+
     /// Renders `messages` with `tools` (OpenAI-style schemas, or `None`) and the generation
     /// prompt when `add_generation_prompt`.
     ///

@@ -373,3 +373,35 @@ fn qwen3_bridges_a_user_reply_despite_rewriting_history_and_passes_template_kwar
     assert_eq!(b.ids, encode(&tok, &b.text));
     assert_eq!(&b.ids[..2], &[198, 151644]);
 }
+
+/// `reads_tools` tells a template that prints tool schemas from one that never reads `tools`
+/// (SmolLM2-135M-Instruct's ChatML template, which drops them without a word; rlvr warns).
+#[test]
+fn reads_tools_tells_templates_that_print_tools_from_those_that_drop_them() {
+    for name in ["qwen2_5.jinja", "qwen3.jinja", "llama3_1.jinja"] {
+        let source =
+            std::fs::read_to_string(root().join("data/chat_templates").join(name)).unwrap();
+        assert!(
+            ChatTemplate::new(&source, Vec::new())
+                .unwrap()
+                .reads_tools(),
+            "{name}"
+        );
+    }
+    // SmolLM2-135M-Instruct's template (tokenizer_config.json), which has no tools branch.
+    let smol = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
+                {{ '<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n' }}{% endif %}\
+                {{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}\
+                {% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    let t = ChatTemplate::new(smol, Vec::new()).unwrap();
+    assert!(!t.reads_tools());
+    // A tool name in a string is not a read of the variable; `tools is defined` is.
+    let t = ChatTemplate::new(
+        "{{ 'tools' }}{% for m in messages %}{{ m.content }}{% endfor %}",
+        Vec::new(),
+    )
+    .unwrap();
+    assert!(!t.reads_tools());
+    let t = ChatTemplate::new("{% if tools is defined %}T{% endif %}", Vec::new()).unwrap();
+    assert!(t.reads_tools());
+}

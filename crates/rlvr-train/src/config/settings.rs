@@ -238,6 +238,13 @@ pub fn episode_runner(
     };
     let template = rlvr_env::template::ChatTemplate::new(&source, vars)
         .context("env.chat_template (or the model's chat template)")?;
+    if (e.tools.is_some() || e.tool_format != "none") && !template.reads_tools() {
+        crate::log::say(
+            "warning: the chat template (env.chat_template, or the model's) never reads `tools`, \
+             so the model will not see the tool schemas; set env.chat_template to one that \
+             prints them (data/chat_templates/qwen2_5.jinja for a ChatML tokenizer)",
+        );
+    }
     let eot = end_of_turn(tok, &source, e.end_of_turn.as_deref())?;
     anyhow::ensure!(
         tok.eos_ids.contains(&eot.1),
