@@ -115,19 +115,40 @@ if [ "$MODE" = guess ]; then
     --title "SmolLM2-135M-Instruct, GRPO on guess-the-number (1-10, 4 turns)"
   # Held-out games won (greedy): the converted model, then each run's last checkpoint.
   python3 - "$OUT" $SEEDS <<'PY'
-import collections, json, statistics, sys
+import collections, json, re, statistics, sys
 out, seeds = sys.argv[1], sys.argv[2:]
+def follows(transcript, low=1, high=10):
+    """(later guesses inside the range the hints so far leave, later guesses): does it listen?"""
+    inside = total = 0
+    lo, hi, last = low, high, None
+    for m in transcript:
+        if m["role"] == "assistant":
+            nums = re.findall(r"-?\d+", m["content"])
+            last = int(nums[-1]) if nums else None
+            if last is not None and (lo, hi) != (low, high):
+                total += 1
+                inside += lo <= last <= hi
+        elif last is not None and m["content"] == "Higher.":
+            lo = max(lo, last + 1)
+        elif last is not None and m["content"] == "Lower.":
+            hi = min(hi, last - 1)
+    return inside, total
 def won(name):
     items = [json.loads(l) for l in open(f"{out}/guess_eval_{name}.jsonl")]
     turns = collections.Counter(i["episode"]["turns"] for i in items if i["correct"])
-    return sum(i["correct"] for i in items) / len(items), len(items), dict(sorted(turns.items()))
-base, n, turns = won("base")
-print(f"converted model: {base:.2f} of {n} held-out games won (greedy; won at turn: {turns})")
+    f = [follows(i["episode"]["transcript"]) for i in items]
+    inside, total = sum(a for a, _ in f), sum(b for _, b in f)
+    return (sum(i["correct"] for i in items) / len(items), len(items), dict(sorted(turns.items())),
+            f"{inside}/{total}")
+base, n, turns, inside = won("base")
+print(f"converted model: {base:.2f} of {n} held-out games won (greedy; won at turn: {turns}; "
+      f"later guesses inside the hints' range: {inside})")
 gain = []
 for s in seeds:
-    a, n, turns = won(f"seed{s}")
+    a, n, turns, inside = won(f"seed{s}")
     gain.append(a - base)
-    print(f"seed {s}: {base:.2f} -> {a:.2f} of {n} held-out games won (won at turn: {turns})")
+    print(f"seed {s}: {base:.2f} -> {a:.2f} of {n} held-out games won (won at turn: {turns}; "
+          f"later guesses inside the hints' range: {inside})")
 if len(gain) > 1:
     print(f"gain {statistics.mean(gain):+.3f} mean, {statistics.stdev(gain):.3f} sd, min {min(gain):+.2f}, max {max(gain):+.2f}")
 PY

@@ -247,7 +247,8 @@ impl ProcessEnvironment {
                     if self.restarts >= self.settings.restarts {
                         return Err(self.process_error(format!(
                             "{why} ({ended}) after {} restarts (the limit, env.restarts); fix \
-                             the environment and resume",
+                             the environment, then run again (`rlvr train --resume` continues a \
+                             training run from its last checkpoint)",
                             self.restarts
                         )));
                     }

@@ -123,7 +123,9 @@ pub struct EpisodeOut {
     pub behaviour_logprobs: Vec<f32>,
     /// The episode's reward; `None` when the environment failed it.
     pub reward: Option<f64>,
-    /// The rewards the environment gave, in order.
+    /// The rewards the environment gave, in order: one per `step` reply (`None` when it gave
+    /// none), then the `finish` reply's when it gave one. A turn cut by `length` or `budget`
+    /// has no `step`, so its entry is the `finish` reward, if any.
     pub turn_rewards: Vec<Option<f64>>,
     /// Assistant turns.
     pub turns: u32,

@@ -66,7 +66,9 @@ fn every_shipped_config_loads_and_resolves() {
         let name = f.file_name().unwrap().to_string_lossy().to_string();
         let generated = match name.as_str() {
             "quickstart.toml" => Some(("runs/quickstart/data", "runs/quickstart/sft")),
-            "real_model.toml" => Some(("runs/real_model/data", "runs/real_model/model")),
+            "real_model.toml" | "real_model_guess.toml" => {
+                Some(("runs/real_model/data", "runs/real_model/model"))
+            }
             _ => None,
         };
         for p in [&cfg.raw.data.train, &cfg.raw.data.test]
