@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 
 pub use sections::{
     DistBackend, DistributedSection, EnvSection, EvalSection, ModelSection, OutputSection,
-    RolloutBackend, RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
+    CacheSalt, RolloutBackend, RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
 };
 
 /// The whole file as the user wrote it (after `--set`), before resolution.
