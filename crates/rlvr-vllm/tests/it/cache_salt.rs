@@ -142,7 +142,7 @@ fn every_request_carries_the_salt_of_the_version_it_was_sampled_under() {
     let turns = c.sample_turns(&turn_rows(), &params(), 7).unwrap();
     assert_eq!(groups.len(), 4);
     assert_eq!(turns.len(), 2);
-    assert!(groups.iter().chain(&turns).all(|c| c.version == 3));
+    assert!(groups.iter().chain(&turns).all(|x| x.version == 3));
     let seen = salts_since(&fake, mark);
     // 2 groups + fingerprint, 2 turns + fingerprint.
     assert_eq!(seen.len(), 6, "{seen:?}");
@@ -165,7 +165,7 @@ fn every_request_carries_the_salt_of_the_version_it_was_sampled_under() {
     .unwrap();
     let groups = c.sample(&[vec![1, 2, 3]], 1, &params(), 7).unwrap();
     let turns = c.sample_turns(&turn_rows(), &params(), 7).unwrap();
-    assert!(groups.iter().chain(&turns).all(|c| c.version == 4));
+    assert!(groups.iter().chain(&turns).all(|x| x.version == 4));
     let salt4 = format!("{TAG}-v4");
     assert_eq!(cache_salt(TAG, 4), salt4);
     let seen = salts_since(&fake, mark);
