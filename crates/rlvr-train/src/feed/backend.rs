@@ -120,12 +120,12 @@ impl BackendSettings {
     }
 }
 
-/// The vLLM client settings; the API key is read from the environment variable
-/// `api_key_env` names.
+/// The vLLM client settings of `v` for `server_use`; the API key is read from the environment
+/// variable `api_key_env` names, and with `v.cache_salt` the run's salt tag is [`salt_tag`]`(server_use)`.
 ///
 /// # Errors
 /// `api_key_env` names a variable that is not set.
-fn client_config(v: &VllmSettings, server_use: &ServerUse) -> anyhow::Result<ClientConfig> {
+pub fn client_config(v: &VllmSettings, server_use: &ServerUse) -> anyhow::Result<ClientConfig> {
     let api_key = match &v.api_key_env {
         Some(var) => Some(std::env::var(var).with_context(|| {
             format!("rollout.api_key_env = {var:?}, but the environment variable {var} is not set")
@@ -248,66 +248,4 @@ pub fn build(
             Box::new(r)
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(cache_salt: bool) -> VllmSettings {
-        VllmSettings {
-            servers: vec!["http://127.0.0.1:8000".into()],
-            served_model_name: "rlvr-policy".into(),
-            weights_dir: "/tmp/w".into(),
-            api_key_env: None,
-            request_timeout_s: 180.0,
-            retries: 3,
-            in_flight: 8,
-            accept_renormalised_logprobs: false,
-            refresh_tolerance: 0.01,
-            cache_salt,
-            follower: false,
-        }
-    }
-
-    #[test]
-    fn the_client_gets_the_runs_salt_tag_only_when_asked() {
-        let train = ServerUse::Train {
-            run_dir: "/runs/a".into(),
-        };
-        let on = client_config(&settings(true), &train).unwrap();
-        assert_eq!(on.cache_salt, Some(salt_tag(&train)));
-        let off = client_config(&settings(false), &train).unwrap();
-        assert_eq!(off.cache_salt, None);
-        // The tag is one vLLM accepts in a salt (rlvr-vllm checks it again).
-        let tag = on.cache_salt.unwrap();
-        assert!(tag.starts_with("rlvr-") && tag.len() == 21, "{tag}");
-        assert!(tag[5..].chars().all(|c| c.is_ascii_hexdigit()), "{tag}");
-        let describe = BackendSettings::Vllm(settings(true)).describe();
-        assert_eq!(describe["cache_salt"], "version");
-        let describe = BackendSettings::Vllm(settings(false)).describe();
-        assert_eq!(describe["cache_salt"], "off");
-    }
-
-    #[test]
-    fn a_training_runs_tag_is_its_run_directorys_and_fixed_uses_never_share_one() {
-        let train = |d: &str| ServerUse::Train { run_dir: d.into() };
-        // Every rank and a resume of one run directory: one tag; two runs: two tags.
-        assert_eq!(salt_tag(&train("/runs/a")), salt_tag(&train("/runs/a")));
-        assert_ne!(salt_tag(&train("/runs/a")), salt_tag(&train("/runs/b")));
-        // A relative run directory is made absolute first.
-        let cwd = std::env::current_dir().unwrap();
-        assert_eq!(
-            salt_tag(&train("r")),
-            salt_tag(&ServerUse::Train {
-                run_dir: cwd.join("r")
-            })
-        );
-        let eval = ServerUse::Fixed {
-            command: "rlvr eval",
-            share: false,
-        };
-        assert_ne!(salt_tag(&eval), salt_tag(&eval));
-        assert_ne!(salt_tag(&eval), salt_tag(&train("/runs/a")));
-    }
 }

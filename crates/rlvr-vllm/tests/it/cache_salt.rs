@@ -54,7 +54,9 @@ fn vllm(served: Arc<Mutex<Vec<f32>>>) -> FakeServer {
             let mut lps = vec![-1.0f32; ids.len() - 1 - served.len()];
             lps.extend(served.iter());
             for (id, lp) in ids[1..].iter().zip(&lps) {
-                pl.push(json!({ id.to_string(): {"logprob": lp, "rank": 1, "decoded_token": "x"} }));
+                pl.push(
+                    json!({ id.to_string(): {"logprob": lp, "rank": 1, "decoded_token": "x"} }),
+                );
             }
             let answer = json!({"choices": [{"index": 0, "text": "", "prompt_logprobs": pl,
                                              "finish_reason": "length"}]});
@@ -138,7 +140,9 @@ fn every_request_carries_the_salt_of_the_version_it_was_sampled_under() {
 
     // Turn 1 (one request per group) and later turns (one per episode), then the fingerprint.
     let mark = fake.seen.lock().unwrap().len();
-    let groups = c.sample(&[vec![1, 2, 3], vec![4, 5]], 0, &params(), 7).unwrap();
+    let groups = c
+        .sample(&[vec![1, 2, 3], vec![4, 5]], 0, &params(), 7)
+        .unwrap();
     let turns = c.sample_turns(&turn_rows(), &params(), 7).unwrap();
     assert_eq!(groups.len(), 4);
     assert_eq!(turns.len(), 2);
@@ -148,7 +152,8 @@ fn every_request_carries_the_salt_of_the_version_it_was_sampled_under() {
     assert_eq!(seen.len(), 6, "{seen:?}");
     assert_eq!(seen.iter().filter(|(scoring, _)| !scoring).count(), 4);
     assert!(
-        seen.iter().all(|(_, s)| s.as_deref() == Some(salt3.as_str())),
+        seen.iter()
+            .all(|(_, s)| s.as_deref() == Some(salt3.as_str())),
         "{seen:?}"
     );
 
@@ -172,7 +177,8 @@ fn every_request_carries_the_salt_of_the_version_it_was_sampled_under() {
     // The refresh's check, 1 group + fingerprint, 2 turns + fingerprint.
     assert_eq!(seen.len(), 6, "{seen:?}");
     assert!(
-        seen.iter().all(|(_, s)| s.as_deref() == Some(salt4.as_str())),
+        seen.iter()
+            .all(|(_, s)| s.as_deref() == Some(salt4.as_str())),
         "{seen:?}"
     );
     assert_ne!(salt3, salt4);

@@ -449,7 +449,8 @@ fn prefix_cache_counters(server: &rlvr_vllm::Server) -> (f64, f64) {
             let sum = |name: &str| {
                 text.lines()
                     .filter(|l| {
-                        l.starts_with(&format!("{name}_total")) || l.starts_with(&format!("{name}{{"))
+                        l.starts_with(&format!("{name}_total"))
+                            || l.starts_with(&format!("{name}{{"))
                     })
                     .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                     .sum::<f64>()
@@ -489,7 +490,14 @@ fn later_turns_hit_the_prefix_cache_only_under_their_versions_salt() {
     // A 300-id prompt, one sample of 8 tokens, then the turn-2 context: prompt, completion, a
     // 20-id bridge. Turn 1 leaves the prompt's full blocks cached: 256 ids with vLLM's CPU
     // default of 128 per block, 288 with 32.
-    let prompt: Vec<u32> = (0..300u32).map(|i| 1000 + (i * 7919) % 50_000).collect();
+    let config = std::env::var("RLVR_VLLM_MODEL").expect("RLVR_VLLM_MODEL: the served model dir");
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&config).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let vocab = config["vocab_size"].as_u64().unwrap() as u32;
+    let id = |i: u32| 1 + (i * 7919) % (vocab - 2);
+    let prompt: Vec<u32> = (0..300u32).map(id).collect();
     let params = SamplingParams {
         group_size: 1,
         max_new_tokens: 8,
@@ -499,7 +507,7 @@ fn later_turns_hit_the_prefix_cache_only_under_their_versions_salt() {
     let first = c.sample(&[prompt.clone()], 0, &params, 3).unwrap();
     let mut context = prompt.clone();
     context.extend(&first[0].token_ids);
-    context.extend((0..20u32).map(|i| 2000 + i));
+    context.extend((300..320u32).map(id));
     let row = vec![TurnRow {
         context: context.clone(),
         prompt_index: 0,
