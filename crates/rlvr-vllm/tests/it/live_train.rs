@@ -504,7 +504,9 @@ fn later_turns_hit_the_prefix_cache_only_under_their_versions_salt() {
         temperature: 1.0,
         ..Default::default()
     };
-    let first = c.sample(&[prompt.clone()], 0, &params, 3).unwrap();
+    let first = c
+        .sample(std::slice::from_ref(&prompt), 0, &params, 3)
+        .unwrap();
     let mut context = prompt.clone();
     context.extend(&first[0].token_ids);
     context.extend((300..320u32).map(id));
