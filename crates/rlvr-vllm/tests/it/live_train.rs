@@ -468,7 +468,7 @@ fn prefix_cache_counters(server: &rlvr_vllm::Server) -> (f64, f64) {
 /// served from the blocks its turn 1 left under the same salt, while the same context under
 /// another version's salt hits nothing, and both sample the same ids with log-probs within 1e-5.
 #[test]
-#[ignore = "needs a live vLLM server with prefix caching on; run by scripts/ci_vllm.sh"]
+#[ignore = "live: needs a vLLM server with prefix caching on, started by scripts/ci_vllm.sh"]
 fn later_turns_hit_the_prefix_cache_only_under_their_versions_salt() {
     use rlvr_rollout::{SamplingParams, TurnRow};
     use rlvr_vllm::{ClientConfig, VllmClient};
