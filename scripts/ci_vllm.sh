@@ -10,7 +10,9 @@
 #     reward model (scripts/make_reward_model.py, which also writes transformers' scores) for
 #     crates/rlvr-reward/tests/it/live_reward_model.rs;
 #   lane U, a server on the UNTIED model with LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8
-#     --max-loras 3): crates/rlvr-vllm/tests/it/live_train.rs (`rlvr train` with rollout.backend = "vllm":
+#     --max-loras 3) and prefix caching on (PREFIX_CACHING=1 BLOCK_SIZE=32, so that the short
+#     episodes' later turns reuse blocks; every live_train and live_lora check then holds with the
+#     cache on and rlvr's per-version salt): crates/rlvr-vllm/tests/it/live_train.rs (`rlvr train` with rollout.backend = "vllm":
 #     schedule, seed, a server killed mid-run and restarted on the same port for --resume; full-weight
 #     refreshes on a LoRA-enabled server), then crates/rlvr-vllm/tests/it/live_lora.rs (LoRA adapters
 #     loaded by name: log-probs, a LoRA `rlvr train` on vLLM);
@@ -84,13 +86,14 @@ mkdir -p "$RUN_R"
 trap 'RUN=$RUN_T "$S" stop; RUN=$RUN_U "$S" stop; RUN=$RUN_R "$S" stop' EXIT
 RUN=$RUN_T CPU_BIND=$BIND_T "$S" start "$MODEL" > "$RUN_T/url" &
 start_t=$!
-# LoRA on for the untied server (and for live_train.rs's restart of it, which inherits LORA_RANK).
-RUN=$RUN_U CPU_BIND=$BIND_U LORA_RANK=8 MAX_LORAS=3 "$S" start "$UNTIED" > "$RUN_U/url" &
+# LoRA and prefix caching on for the untied server (and for live_train.rs's restart of it, which
+# inherits LORA_RANK, PREFIX_CACHING and BLOCK_SIZE).
+RUN=$RUN_U CPU_BIND=$BIND_U LORA_RANK=8 MAX_LORAS=3 PREFIX_CACHING=1 BLOCK_SIZE=32 "$S" start "$UNTIED" > "$RUN_U/url" &
 start_u=$!
 wait "$start_t" || { echo "ci_vllm: FAIL: the tied-model server did not start (log: $RUN_T/vllm.log)" >&2; exit 1; }
 wait "$start_u" || { echo "ci_vllm: FAIL: the untied-model server did not start (log: $RUN_U/vllm.log)" >&2; exit 1; }
 URL_T=$(cat "$RUN_T/url") URL_U=$(cat "$RUN_U/url")
-echo "ci_vllm: servers at $URL_T (tied) and $URL_U (untied, LoRA rank ≤ 8), $((SECONDS - t1)) s after the install"
+echo "ci_vllm: servers at $URL_T (tied) and $URL_U (untied, LoRA rank ≤ 8, prefix caching on), $((SECONDS - t1)) s after the install"
 t2=$SECONDS
 
 # Runs one live test file's tests (the module FILE:: of its crate's test executable, from the
@@ -132,10 +135,10 @@ lane_r() {
   return $ok
 }
 lane_u() {
-  # live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port, RUN and
-  # CPU_BIND and LORA_RANK from here) after killing it.
+  # live_train.rs restarts the server itself (scripts/vllm_server.sh start, same port, RUN,
+  # CPU_BIND, LORA_RANK, PREFIX_CACHING and BLOCK_SIZE from here) after killing it.
   live live_train RLVR_VLLM_URL="$URL_U" RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_PID="$(cat "$RUN_U/vllm.pid")" \
-    RLVR="$RLVR" RUN="$RUN_U" CPU_BIND="$BIND_U" LORA_RANK=8 MAX_LORAS=3 &&
+    RLVR="$RLVR" RUN="$RUN_U" CPU_BIND="$BIND_U" LORA_RANK=8 MAX_LORAS=3 PREFIX_CACHING=1 BLOCK_SIZE=32 &&
     live live_lora RLVR_VLLM_URL="$URL_U" RLVR_VLLM_MODEL="$UNTIED" RLVR_VLLM_LORA_RANK=8 RLVR="$RLVR"
 }
 lane_t > "$RUN/lane_t.out" 2>&1 &

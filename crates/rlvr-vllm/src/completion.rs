@@ -64,8 +64,16 @@ pub fn is_truncated(params: &SamplingParams) -> bool {
 /// exactly `params.stop_ids` (the native engine's rule) and not also on an EOS id of its own;
 /// `min_tokens` withholds those ids like the native `min_new_tokens`. Stop strings are sent with
 /// `include_stop_str_in_output`, and the client cuts the ids after the completing token
-/// ([`stop_string_cut`]), as the native engine keeps that token.
-pub fn request_body(model: &str, prompt: &[u32], params: &SamplingParams, seed: u64) -> Value {
+/// ([`stop_string_cut`]), as the native engine keeps that token. `salt`, when given, is sent as
+/// `cache_salt` (vLLM shares prefix-cache blocks only between requests of the same salt:
+/// [`crate::client::cache_salt`]).
+pub fn request_body(
+    model: &str,
+    prompt: &[u32],
+    params: &SamplingParams,
+    seed: u64,
+    salt: Option<&str>,
+) -> Value {
     let mut body = json!({
         "model": model,
         "prompt": prompt,
@@ -87,6 +95,9 @@ pub fn request_body(model: &str, prompt: &[u32], params: &SamplingParams, seed: 
     if !params.stop_strings.is_empty() {
         body["stop"] = json!(params.stop_strings);
         body["include_stop_str_in_output"] = json!(true);
+    }
+    if let Some(salt) = salt {
+        body["cache_salt"] = json!(salt);
     }
     body
 }

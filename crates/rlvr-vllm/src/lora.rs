@@ -210,7 +210,9 @@ impl VllmClient {
         self.load_adapter(&name, &dir, rank)?;
         let mut reload_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
-        let scored = self.score_as(&name, &check.prompt, &check.completion)?;
+        // Scored under the new version's salt (see `VllmClient::refresh`).
+        let salt = self.cache_salt_at(version);
+        let scored = self.score_salted(&name, &check.prompt, &check.completion, salt.as_deref())?;
         let max_abs_diff = check_scores(&self.server_urls(), &scored, check)?;
         let verify_s = t2.elapsed().as_secs_f64();
         self.model_name = name.clone();

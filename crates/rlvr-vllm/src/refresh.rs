@@ -200,7 +200,15 @@ impl VllmClient {
         let reload_s = t1.elapsed().as_secs_f64();
         let t2 = Instant::now();
         self.model_name = self.config.served_model_name.clone();
-        let max_abs_diff = self.verify(check)?;
+        // Scored under the new version's salt: the blocks this request writes hold its KV.
+        let salt = self.cache_salt_at(version);
+        let scored = self.score_salted(
+            &self.model_name,
+            &check.prompt,
+            &check.completion,
+            salt.as_deref(),
+        )?;
+        let max_abs_diff = check_scores(&self.server_urls(), &scored, check)?;
         let verify_s = t2.elapsed().as_secs_f64();
         self.refreshed(version, check)?;
         prune_versions(weights_dir, version)?;

@@ -40,8 +40,8 @@ use rlvr_reward::combine::RewardConfig;
 use serde::{Deserialize, Serialize};
 
 pub use sections::{
-    DistBackend, DistributedSection, EnvSection, EvalSection, ModelSection, OutputSection,
-    RolloutBackend, RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
+    CacheSalt, DistBackend, DistributedSection, EnvSection, EvalSection, ModelSection,
+    OutputSection, RolloutBackend, RolloutSection, Schedule, ShortBatch, SyncSection, TrainSection,
 };
 
 /// The whole file as the user wrote it (after `--set`), before resolution.

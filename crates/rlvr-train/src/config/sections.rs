@@ -175,6 +175,26 @@ pub struct RolloutSection {
     /// after each weight refresh; above it the refresh failed (stale weights). ~1e-6 is seen with
     /// `--dtype float32` servers; raise it for bf16 servers (~0.05). Default 0.01.
     pub refresh_tolerance: f64,
+    /// vLLM backend: the `cache_salt` sent with every completion request. `version`: a salt
+    /// naming this run (a hash of its run directory; `rlvr eval` and `rlvr generate`: of the
+    /// process) and the policy version whose weights the servers hold, so that a server started
+    /// with prefix caching on shares KV blocks only between requests of one run at one version
+    /// (later turns of an episode reuse their context's blocks, a group's K samples their prompt's)
+    /// and never serves KV computed under other weights, in flight across a reload or from another
+    /// run. `off`: no salt. Without prefix caching on the server the salt changes nothing. Default
+    /// `version`; docs/vllm.md "Prefix caching".
+    pub cache_salt: CacheSalt,
+}
+
+/// `rollout.cache_salt`: the prefix-cache salt of vLLM requests (docs/vllm.md "Prefix caching").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheSalt {
+    /// A salt naming the run and the policy version the servers hold.
+    #[default]
+    Version,
+    /// No salt: requests of any run and version may share the servers' prefix-cache blocks.
+    Off,
 }
 
 /// `rollout.backend`: which engine samples (DESIGN.md section 12).
@@ -235,6 +255,10 @@ impl Registered for RolloutBackend {
                     key: "refresh_tolerance",
                     default: "0.01",
                 },
+                Knob {
+                    key: "cache_salt",
+                    default: "\"version\"",
+                },
             ],
             metrics: &[],
         },
@@ -263,6 +287,7 @@ impl Default for RolloutSection {
             in_flight: 8,
             accept_renormalised_logprobs: false,
             refresh_tolerance: 0.01,
+            cache_salt: CacheSalt::Version,
         }
     }
 }

@@ -189,6 +189,7 @@ pub fn backend_settings(r: &RolloutSection, run_dir: &Path) -> BackendSettings {
             in_flight: r.in_flight,
             accept_renormalised_logprobs: r.accept_renormalised_logprobs,
             refresh_tolerance: r.refresh_tolerance,
+            cache_salt: r.cache_salt == super::CacheSalt::Version,
             follower: false,
         }),
     }

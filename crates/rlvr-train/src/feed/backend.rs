@@ -46,6 +46,9 @@ pub struct VllmSettings {
     pub accept_renormalised_logprobs: bool,
     /// Largest max |ℓ_server − ℓ_trainer| (nats) on the check sequence after a weight refresh.
     pub refresh_tolerance: f64,
+    /// `rollout.cache_salt = "version"`: every completion request carries a `cache_salt` naming
+    /// the run ([`salt_tag`]) and the policy version the servers hold.
+    pub cache_salt: bool,
     /// Data parallel, a rank above 0: rank 0 writes and pushes every version, this rank takes it
     /// (`rlvr_vllm::VllmRolloutConfig::follower`); the run loop holds every rank at a barrier
     /// after each weight load.
@@ -100,8 +103,8 @@ pub struct Workload {
 
 impl BackendSettings {
     /// The engine as RUN_DIR/run.json records it (`rollout_backend`): the engine, and for vLLM
-    /// the servers, served name, weights directory and whether renormalised behaviour log-probs
-    /// were accepted.
+    /// the servers, served name, weights directory, whether renormalised behaviour log-probs
+    /// were accepted, and the prefix-cache salt (`version` or `off`).
     pub fn describe(&self) -> serde_json::Value {
         match self {
             BackendSettings::Native => json!({"backend": "native"}),
@@ -111,17 +114,18 @@ impl BackendSettings {
                 "served_model_name": v.served_model_name,
                 "weights_dir": v.weights_dir,
                 "accept_renormalised_logprobs": v.accept_renormalised_logprobs,
+                "cache_salt": if v.cache_salt { "version" } else { "off" },
             }),
         }
     }
 }
 
-/// The vLLM client settings; the API key is read from the environment variable
-/// `api_key_env` names.
+/// The vLLM client settings of `v` for `server_use`; the API key is read from the environment
+/// variable `api_key_env` names, and with `v.cache_salt` the run's salt tag is [`salt_tag`]`(server_use)`.
 ///
 /// # Errors
 /// `api_key_env` names a variable that is not set.
-fn client_config(v: &VllmSettings) -> anyhow::Result<ClientConfig> {
+pub fn client_config(v: &VllmSettings, server_use: &ServerUse) -> anyhow::Result<ClientConfig> {
     let api_key = match &v.api_key_env {
         Some(var) => Some(std::env::var(var).with_context(|| {
             format!("rollout.api_key_env = {var:?}, but the environment variable {var} is not set")
@@ -137,8 +141,47 @@ fn client_config(v: &VllmSettings) -> anyhow::Result<ClientConfig> {
         retries: v.retries,
         in_flight: v.in_flight,
         accept_renormalised_logprobs: v.accept_renormalised_logprobs,
+        cache_salt: v.cache_salt.then(|| salt_tag(server_use)),
         ..Default::default()
     })
+}
+
+/// The run's part of the prefix-cache salt ([`rlvr_vllm::ClientConfig::cache_salt`]):
+/// `rlvr-` and 16 hex digits of a hash of
+///
+/// - a training run's absolute run directory: the same for every data-parallel rank (they sample
+///   on the same servers at the same version, so they may share blocks) and for a resumed run
+///   (whose pushes reset the servers' prefix cache anyway), different for two runs;
+/// - for `rlvr eval` and `rlvr generate`, the command, the process id, a count of calls and the
+///   time: a fixed model's blocks are never shared with another process or backend, whose weights
+///   may differ.
+///
+/// The hash (std's SipHash with fixed keys) need only agree between ranks of one binary.
+pub fn salt_tag(u: &ServerUse) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match u {
+        ServerUse::Train { run_dir } => {
+            "train".hash(&mut h);
+            std::path::absolute(run_dir)
+                .unwrap_or_else(|_| run_dir.clone())
+                .hash(&mut h);
+        }
+        ServerUse::Fixed { command, .. } => {
+            static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            command.hash(&mut h);
+            std::process::id().hash(&mut h);
+            CALLS
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .hash(&mut h);
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+    }
+    format!("rlvr-{:016x}", h.finish())
 }
 
 /// The lease `u` takes, if any: none for a data-parallel follower (its leader holds it) or a
@@ -187,7 +230,7 @@ pub fn build(
         }
         (BackendSettings::Vllm(v), _) => {
             let config = VllmRolloutConfig {
-                client: client_config(v)?,
+                client: client_config(v, server_use)?,
                 weights_dir: v.weights_dir.clone(),
                 refresh_tolerance: v.refresh_tolerance,
                 follower: v.follower,

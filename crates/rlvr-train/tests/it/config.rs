@@ -617,6 +617,8 @@ fn vllm_backend_without_a_server_names_it() {
         run_json["rollout_backend"]["accept_renormalised_logprobs"],
         false
     );
+    // The default prefix-cache salt, recorded.
+    assert_eq!(run_json["rollout_backend"]["cache_salt"], "version");
     assert!(
         !run.join("metrics.jsonl").exists()
             || std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -912,6 +914,7 @@ const GATED: &[(&str, &str, &[&str], &[&str])] = &[
     ("rollout.in_flight", "2", &[], VLLM),
     ("rollout.accept_renormalised_logprobs", "true", &[], VLLM),
     ("rollout.refresh_tolerance", "1e-3", &[], VLLM),
+    ("rollout.cache_salt", "\"off\"", &[], VLLM),
 ];
 
 /// The knobs of `GATED` whose option rlvr-algo's own check names first, with its message.

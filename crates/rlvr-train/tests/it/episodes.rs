@@ -466,3 +466,77 @@ fn experiences_files_carry_an_optional_mask() {
         );
     }
 }
+
+/// `rollout.cache_salt`: the vLLM client gets the run's salt tag only with "version", and run.json
+/// records the choice (docs/vllm.md "Prefix caching").
+fn vllm_settings(cache_salt: bool) -> backend::VllmSettings {
+    backend::VllmSettings {
+        servers: vec!["http://127.0.0.1:8000".into()],
+        served_model_name: "rlvr-policy".into(),
+        weights_dir: "/tmp/w".into(),
+        api_key_env: None,
+        request_timeout_s: 180.0,
+        retries: 3,
+        in_flight: 8,
+        accept_renormalised_logprobs: false,
+        refresh_tolerance: 0.01,
+        cache_salt,
+        follower: false,
+    }
+}
+
+#[test]
+fn the_vllm_client_gets_the_runs_salt_tag_only_when_asked() {
+    let train = ServerUse::Train {
+        run_dir: "/runs/a".into(),
+    };
+    let on = backend::client_config(&vllm_settings(true), &train).unwrap();
+    assert_eq!(on.cache_salt, Some(backend::salt_tag(&train)));
+    let off = backend::client_config(&vllm_settings(false), &train).unwrap();
+    assert_eq!(off.cache_salt, None);
+    // A tag vLLM accepts in a salt: rlvr- and 16 hex digits.
+    let tag = on.cache_salt.unwrap();
+    assert!(tag.starts_with("rlvr-") && tag.len() == 21, "{tag}");
+    assert!(tag[5..].chars().all(|c| c.is_ascii_hexdigit()), "{tag}");
+    let describe = BackendSettings::Vllm(vllm_settings(true)).describe();
+    assert_eq!(describe["cache_salt"], "version");
+    let describe = BackendSettings::Vllm(vllm_settings(false)).describe();
+    assert_eq!(describe["cache_salt"], "off");
+    // The config key: "version" by default, "off" accepted, anything else refused.
+    let d = rlvr_train::config::RolloutSection::default();
+    assert_eq!(d.cache_salt, rlvr_train::config::CacheSalt::Version);
+    let off: rlvr_train::config::RolloutSection = toml::from_str("cache_salt = \"off\"").unwrap();
+    assert_eq!(off.cache_salt, rlvr_train::config::CacheSalt::Off);
+    assert!(toml::from_str::<rlvr_train::config::RolloutSection>("cache_salt = \"on\"").is_err());
+}
+
+#[test]
+fn a_training_runs_salt_tag_is_its_run_directorys_and_fixed_uses_never_share_one() {
+    let train = |d: &str| ServerUse::Train { run_dir: d.into() };
+    // Every rank and a resume of one run directory: one tag; two runs: two tags.
+    assert_eq!(
+        backend::salt_tag(&train("/runs/a")),
+        backend::salt_tag(&train("/runs/a"))
+    );
+    assert_ne!(
+        backend::salt_tag(&train("/runs/a")),
+        backend::salt_tag(&train("/runs/b"))
+    );
+    // A relative run directory is made absolute first.
+    let cwd = std::env::current_dir().unwrap();
+    assert_eq!(
+        backend::salt_tag(&train("r")),
+        backend::salt_tag(&ServerUse::Train {
+            run_dir: cwd.join("r")
+        })
+    );
+    let eval = ServerUse::Fixed {
+        command: "rlvr eval",
+        share: false,
+    };
+    assert_ne!(backend::salt_tag(&eval), backend::salt_tag(&eval));
+    assert_ne!(
+        backend::salt_tag(&eval),
+        backend::salt_tag(&train("/runs/a"))
+    );
+}

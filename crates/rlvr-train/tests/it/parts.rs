@@ -108,6 +108,7 @@ const WRITTEN: &[(&str, &str, &str)] = &[
         "\"vllm\"",
     ),
     ("rollout.refresh_tolerance", "rollout.backend", "\"vllm\""),
+    ("rollout.cache_salt", "rollout.backend", "\"vllm\""),
 ];
 
 #[test]

@@ -8,6 +8,7 @@
 mod common;
 
 mod answer_memory;
+mod cache_salt;
 mod checks_refresh;
 mod faults;
 mod live_killed;
