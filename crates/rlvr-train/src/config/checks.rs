@@ -458,8 +458,16 @@ impl RawConfig {
     /// # Errors
     /// Invalid values, each naming its key and the fix: out-of-range values, a loss-specific
     /// `[algorithm]` knob the chosen loss does not read, `model.dtype = "f16"` (inference only),
-    /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`.
-    pub fn resolve(mut self) -> anyhow::Result<ResolvedConfig> {
+    /// `rollout.group_size = 1` (never learns) unless `rollout.allow_group_size_one`. An error
+    /// that names a key the user wrote says where it was written (the file and line, or the
+    /// `--set`): [`name_origin`].
+    pub fn resolve(self) -> anyhow::Result<ResolvedConfig> {
+        let written = self.written.0.clone();
+        self.resolve_values().map_err(|e| name_origin(e, &written))
+    }
+
+    /// [`RawConfig::resolve`] without naming where a key was written.
+    fn resolve_values(mut self) -> anyhow::Result<ResolvedConfig> {
         let auto = self.model.resolve_auto()?;
         let algorithm = self.algorithm.resolve().context("resolving [algorithm]")?;
         self.algorithm = algorithm.to_config();
@@ -728,4 +736,50 @@ fn drop_unread_loss_options(table: &mut toml::Table, overrides: &[String]) -> an
         }
     }
     Ok(())
+}
+
+/// `err` with where the key it names was written: the first written key (of `written`, dotted)
+/// that the message names as a whole key (not as part of a longer one), earliest in the message,
+/// the longest at one place. Unchanged when it names none, or already says where
+/// ([`super::gates::check`]'s errors do).
+///
+/// The message becomes `MESSAGE (in configs/x.toml line 12)` or `MESSAGE (in --set KEY=VALUE)`,
+/// one line, its causes kept in it.
+pub(crate) fn name_origin(err: anyhow::Error, written: &[super::Written]) -> anyhow::Error {
+    let msg = format!("{err:#}");
+    let is_key_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+    let mut best: Option<(usize, usize, &super::Written)> = None;
+    for w in written {
+        let mut from = 0;
+        while let Some(i) = msg[from..].find(w.key.as_str()).map(|i| i + from) {
+            let end = i + w.key.len();
+            let before = msg[..i].chars().next_back();
+            let after = msg[end..].chars().next();
+            // A longer key goes on with a word character, or a dot and one (a sentence's full
+            // stop does not).
+            let longer = match after {
+                Some('.') => msg[end + 1..].starts_with(|c: char| c.is_ascii_alphanumeric()),
+                Some(c) => c.is_ascii_alphanumeric() || c == '_',
+                None => false,
+            };
+            let whole = !before.is_some_and(is_key_char) && !longer;
+            if whole {
+                let better = match best {
+                    None => true,
+                    Some((j, len, _)) => i < j || i == j && w.key.len() > len,
+                };
+                if better {
+                    best = Some((i, w.key.len(), w));
+                }
+                break;
+            }
+            from = i + 1;
+        }
+    }
+    match best {
+        Some((_, _, w)) if !msg.contains(&w.origin) => {
+            anyhow::anyhow!("{msg} (in {})", w.origin)
+        }
+        _ => err,
+    }
 }

@@ -492,6 +492,37 @@ fn set_errors_are_blamed_on_the_set() {
     assert_eq!(c.raw.train.lr, 1e-4);
 }
 
+/// A value the types accept but a check refuses (out of range, contradicting another key) names
+/// where the key was written: the file's line, or the `--set`; a key only the defaults set, or a
+/// longer key that merely starts with a written one, names no place.
+#[test]
+fn value_errors_name_the_file_line_or_set_that_wrote_the_key() {
+    let file = "[train]\nlr = 1e-5\n\n[env]\nbuiltin = \"retry\"\nmax_turns = 0\n";
+    let err = check_load(file, &[]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("env.max_turns = 0 is out of range: 1 to 1024"),
+        "{err}"
+    );
+    assert!(err.ends_with("c.toml line 6)"), "{err}");
+    let err = check_load("[train]\nlr = 1e-5\n", &["sync.interval=0"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sync.interval"), "{err}");
+    assert!(err.ends_with("(in --set sync.interval=0)"), "{err}");
+    // rollout.group_size = 1 from the file: its line, not the allow key's (not written).
+    let err = check_load("[rollout]\n\ngroup_size = 1\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("group_size"), "{err}");
+    assert!(err.ends_with("c.toml line 3)"), "{err}");
+    // The written key is `train.lr`; the message names only others: no place is made up.
+    let err = check_load("[train]\nlr = 1e-5\n", &["rollout.temperature=0"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.ends_with("(in --set rollout.temperature=0)"), "{err}");
+    assert!(!err.contains("c.toml"), "{err}");
+}
+
 /// `rlvr train` with no model: says model.path is required (not "loading the policy from :").
 #[test]
 fn train_without_a_model_says_model_path_is_required() {
@@ -954,8 +985,9 @@ fn every_gated_knob_is_refused_with_its_option_off() {
         let err = format!("{:#}", check_load("", &sets).unwrap_err());
         let (table, field) = key.rsplit_once('.').unwrap();
         // Two knobs rlvr-algo refuses first, naming the option too.
+        // Its message then says where the knob was written.
         if let Some(want) = ALGO_REFUSES.iter().find(|(k, _)| k == key).map(|(_, m)| m) {
-            assert_eq!(&err, want, "{key}");
+            assert_eq!(err, format!("{want} (in --set {set})"), "{key}");
             continue;
         }
         let head = format!(
@@ -1492,7 +1524,10 @@ fn env_keys_are_typed_checked_and_named() {
     ] {
         let all = ["rollout.max_new_tokens=4", "env.builtin=\"retry\"", set];
         let err = format!("{:#}", check_load("", &all).unwrap_err());
-        assert_eq!(err.matches(key).count(), 1, "{err}");
+        // Then where it was written: `(in --set env.tool_format="xml")`.
+        let (message, origin) = err.rsplit_once(" (in ").unwrap();
+        assert_eq!(message.matches(key).count(), 1, "{err}");
+        assert_eq!(origin, format!("--set {set})"), "{err}");
     }
     let err = format!("{:#}", check_load("", &["env.max_turnz=3"]).unwrap_err());
     assert!(err.contains("env.max_turns"), "{err}");

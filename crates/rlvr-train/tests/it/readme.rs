@@ -386,7 +386,11 @@ fn sections_of(accepted: &[String]) -> Vec<&str> {
 
 /// A key the config accepts, or a peer's name that its help maps to ours (verl's `rollout.n`).
 fn known_key(accepted: &[String], key: &str) -> bool {
-    accepted.iter().any(|k| k == key) || rlvr_train::config::help::alias_for(key).is_some()
+    accepted.iter().any(|k| k == key)
+        || rlvr_train::config::help::alias_for(key).is_some()
+        // `env.options` is the environment program's own table: any key of it is the program's.
+        || key.strip_prefix("env.options.").is_some_and(|k| !k.is_empty())
+            && accepted.iter().any(|k| k == "env.options")
 }
 
 fn markdown_docs(dir: &Path, out: &mut Vec<PathBuf>) {
