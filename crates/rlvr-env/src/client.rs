@@ -19,6 +19,10 @@
 //!   killed, its stderr tail shown).
 //! - an episode's `{"id", "error"}`, or an observation holding one of
 //!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
+//!
+//! Its stderr: the last [`rlvr_reward::process::STDERR_KEEP`] bytes go into error messages; with
+//! [`ProcessSettings::stderr_log`] all of it is also written to that file (a line of rlvr's own
+//! before each start), up to [`STDERR_LOG_CAP`] bytes.
 
 use crate::json::Json;
 use crate::protocol::{
@@ -27,7 +31,7 @@ use crate::protocol::{
 };
 use crate::validate::{check_groups, refuse_special_tokens};
 use crate::{EnvError, Environment};
-use rlvr_reward::process::{LineFault, LineProcess};
+use rlvr_reward::process::{LineFault, LineProcess, StderrLog};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -56,7 +60,15 @@ pub struct ProcessSettings {
     /// (special or not, e.g. Qwen's `<|im_end|>` and `<tool_call>`), which an encoder would
     /// turn into those tokens, so they are refused by default; empty allows all.
     pub special_tokens: Vec<String>,
+    /// A file the program's stderr is also written to, in full up to [`STDERR_LOG_CAP`] bytes,
+    /// appended to (a training run's `RUN_DIR/env.stderr`); `None` keeps only the tail that
+    /// error messages show.
+    pub stderr_log: Option<PathBuf>,
 }
+
+/// The most bytes of the program's stderr one client writes to [`ProcessSettings::stderr_log`]
+/// (64 MiB): a program that floods stderr cannot fill the disk.
+pub const STDERR_LOG_CAP: u64 = 64 << 20;
 
 impl ProcessSettings {
     /// Settings for `command` with the defaults: no extra variables, 60 s per request, 3
@@ -71,6 +83,7 @@ impl ProcessSettings {
             max_reply_bytes: 16 << 20,
             options: Json::Object(Vec::new()),
             special_tokens: Vec::new(),
+            stderr_log: None,
         }
     }
 }
@@ -83,6 +96,7 @@ pub const MOST_RESTARTS: u32 = rlvr_reward::combine::MOST_RESTARTS;
 /// An environment program (see the module docs).
 pub struct ProcessEnvironment {
     settings: ProcessSettings,
+    log: Option<StderrLog>,
     proc: Option<LineProcess>,
     starts: u32,
     restarts: u32,
@@ -115,8 +129,18 @@ impl ProcessEnvironment {
                 "env.command is empty: give the program and its arguments as a list".into(),
             ));
         }
+        let log = match &settings.stderr_log {
+            Some(path) => Some(StderrLog::append(path, STDERR_LOG_CAP).map_err(|e| {
+                EnvError::Config(format!(
+                    "cannot open {} for the environment's stderr: {e}",
+                    path.display()
+                ))
+            })?),
+            None => None,
+        };
         let mut env = ProcessEnvironment {
             settings,
+            log,
             proc: None,
             starts: 0,
             restarts: 0,
@@ -151,8 +175,24 @@ impl ProcessEnvironment {
             return Ok(());
         }
         let s = &self.settings;
-        let p = LineProcess::start(&s.command, &s.env, s.dir.as_deref(), s.max_reply_bytes)
-            .map_err(|e| self.process_error(e))?;
+        if let Some(log) = &self.log {
+            log.write(
+                format!(
+                    "[rlvr: starting `{}` (start {})]\n",
+                    s.command.join(" "),
+                    self.starts + 1
+                )
+                .as_bytes(),
+            );
+        }
+        let p = LineProcess::start_logged(
+            &s.command,
+            &s.env,
+            s.dir.as_deref(),
+            s.max_reply_bytes,
+            self.log.clone(),
+        )
+        .map_err(|e| self.process_error(e))?;
         self.starts += 1;
         let hello = protocol::hello_line(&s.options);
         let answer = if p.send(hello) {

@@ -4,7 +4,8 @@
 //! [`LineProcess::start`] starts a program through [`crate::external::spawn_in_group`] (its own
 //! process group, a minimal environment, death with rlvr on Linux) and keeps three threads beside
 //! it: one writes the requests to its stdin, one turns its stdout into lines, one keeps the last
-//! [`STDERR_KEEP`] bytes of its stderr for error messages. A stdout line longer than the
+//! [`STDERR_KEEP`] bytes of its stderr for error messages (and, given a [`StderrLog`], writes all
+//! of it to a file, up to that log's cap). A stdout line longer than the
 //! process's `max_line` bytes is refused as soon as the limit is passed, without reading the rest
 //! of it into memory ([`LineFault::TooLong`]), so a program that floods stdout cannot make rlvr
 //! allocate without bound. [`LineProcess::end`] closes stdin, waits a grace period and kills the
@@ -20,6 +21,75 @@ use std::time::{Duration, Instant};
 
 /// Bytes of the program's stderr kept for error messages (its last ones).
 pub const STDERR_KEEP: usize = 4000;
+
+/// A file that a program's stderr is also written to, in full up to a cap (a training run's
+/// `env.stderr`): opened for appending, so a resumed run and every restart of the program add to
+/// it. Shared by clones (the restarts of one program write one file, in order). Past the cap
+/// one line says so and the rest is not kept; a failed write (a full disk) ends the log the same
+/// way, never the run.
+#[derive(Clone, Debug)]
+pub struct StderrLog(Arc<Mutex<LogState>>);
+
+#[derive(Debug)]
+struct LogState {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    written: u64,
+    cap: u64,
+    closed: bool,
+}
+
+impl StderrLog {
+    /// Opens (creating it) `path` for appending; at most `cap` bytes are written by this log.
+    ///
+    /// # Errors
+    /// The file cannot be opened (the OS error).
+    pub fn append(path: &Path, cap: u64) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(StderrLog(Arc::new(Mutex::new(LogState {
+            file,
+            path: path.to_path_buf(),
+            written: 0,
+            cap,
+            closed: false,
+        }))))
+    }
+
+    /// Writes `bytes` (the program's stderr, or a line of rlvr's own), as much as the cap leaves.
+    pub fn write(&self, bytes: &[u8]) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if s.closed {
+            return;
+        }
+        let room = usize::try_from(s.cap - s.written).unwrap_or(usize::MAX);
+        let part = &bytes[..bytes.len().min(room)];
+        let ok = s.file.write_all(part).is_ok();
+        s.written += part.len() as u64;
+        if !ok || part.len() < bytes.len() {
+            let why = match ok {
+                true => format!("reached its cap of {} bytes", s.cap),
+                false => "could not be written".to_string(),
+            };
+            let _ = writeln!(
+                s.file,
+                "\n[rlvr: this log {why}; the rest of the program's stderr is not kept here]"
+            );
+            s.closed = true;
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .path
+            .clone()
+    }
+}
 
 /// Why no line came back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +150,20 @@ impl LineProcess {
         cwd: Option<&Path>,
         max_line: usize,
     ) -> Result<Self, String> {
+        Self::start_logged(command, env, cwd, max_line, None)
+    }
+
+    /// [`LineProcess::start`], with the program's stderr also written to `log` as it comes.
+    ///
+    /// # Errors
+    /// As [`LineProcess::start`].
+    pub fn start_logged(
+        command: &[String],
+        env: &[String],
+        cwd: Option<&Path>,
+        max_line: usize,
+        log: Option<StderrLog>,
+    ) -> Result<Self, String> {
         let (prog, args) = command
             .split_first()
             .ok_or_else(|| "empty command".to_string())?;
@@ -106,6 +190,9 @@ impl LineProcess {
             while let Ok(n) = stderr.read(&mut buf) {
                 if n == 0 {
                     break;
+                }
+                if let Some(log) = &log {
+                    log.write(&buf[..n]);
                 }
                 let mut t = keep.lock().unwrap_or_else(|e| e.into_inner());
                 t.extend_from_slice(&buf[..n]);

@@ -265,6 +265,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             &raw,
             &policy.tokenizer,
             &evaluator.reward,
+            None,
         )?),
         false => None,
     };
@@ -1005,7 +1006,7 @@ pub fn generate_episodes(
     let texts: Vec<String> = rows.iter().map(|(t, _)| t.clone()).collect();
     let ids = rlvr_rollout::cli::encode_prompts(tok, &texts, a.chat)?;
     let reward = Arc::new(settings::reward_function(&raw)?);
-    let mut runner = settings::episode_runner(&raw, tok, &reward)?;
+    let mut runner = settings::episode_runner(&raw, tok, &reward, None)?;
     let budget = raw.env.episode_tokens(a.max_new_tokens);
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),

@@ -21,5 +21,6 @@ mod math_verify_set;
 mod no_panic;
 mod persistent;
 mod reward_model;
+mod stderr_log;
 mod trl_rewards;
 mod verifier_cases;

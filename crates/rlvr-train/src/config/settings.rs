@@ -4,7 +4,7 @@
 //! quickstart all build their stages through these functions, so a key means the same thing in
 //! every command.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -209,15 +209,18 @@ pub fn load_tokenizer(dir: &Path) -> anyhow::Result<TokenizerBundle> {
 /// environment (the program of `env.command`, started here and answering `hello`, or the
 /// built-in `retry` over `reward`), the chat template of the bridges (`env.chat_template`, else
 /// the model's) and the settings, with the end-of-turn token checked to be one token and a stop
-/// id.
+/// id. `stderr_log`: a file the program's stderr is also written to (a training run's
+/// `env.stderr`), else only its tail is kept for error messages.
 ///
 /// # Errors
 /// No chat template, an end-of-turn token that is not one token or not a stop id, `env.tools`
-/// that do not parse, a program that does not start or answer `hello`.
+/// that do not parse, a program that does not start or answer `hello`, a log that cannot be
+/// opened.
 pub fn episode_runner(
     cfg: &RawConfig,
     tok: &TokenizerBundle,
     reward: &Arc<RewardFunction>,
+    stderr_log: Option<PathBuf>,
 ) -> anyhow::Result<crate::feed::episodes::EpisodeRunner> {
     use crate::feed::episodes::{end_of_turn, parse_tools, EpisodeRunner, EpisodeSettings};
     use rlvr_env::json::Json;
@@ -299,6 +302,7 @@ pub fn episode_runner(
             p.restarts = e.restarts;
             p.options = to_json(&e.options)?;
             p.special_tokens = specials;
+            p.stderr_log = stderr_log;
             Box::new(
                 rlvr_env::client::ProcessEnvironment::start(p)
                     .context("starting the environment (env.command)")?,

@@ -98,7 +98,13 @@ fn verifiers(cfg: &ResolvedConfig) -> anyhow::Result<Vec<VerifierConfig>> {
 /// ...`, a prompt over config.json's `max_position_embeddings` with the key to lower, the external
 /// program's failure with its component and the probe item's source, the environment's start-up
 /// failure.
-pub(super) fn check(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<Preflight> {
+///
+/// `env_log`: where the environment program's stderr is written in full (`RUN_DIR/env.stderr`).
+pub(super) fn check(
+    cfg: &ResolvedConfig,
+    policy_dir: &Path,
+    env_log: Option<PathBuf>,
+) -> anyhow::Result<Preflight> {
     let c = &cfg.raw;
     let model = model_config(policy_dir)?;
     if let Some(path) = &c.data.experiences {
@@ -134,7 +140,7 @@ pub(super) fn check(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<P
         None
     };
     let runner = if c.env.is_on() {
-        Some(settings::episode_runner(c, &tokenizer, &reward)?)
+        Some(settings::episode_runner(c, &tokenizer, &reward, env_log)?)
     } else {
         None
     };

@@ -58,7 +58,12 @@ impl<'a> Run<'a> {
                 c.train.resume_without_optimizer,
             )?;
         }
-        let pre = super::preflight::check(cfg, &policy_dir)?;
+        // The environment program's stderr, in full: one file per rank, each with one writer.
+        let env_log = match job.rank() {
+            0 => run_dir.join("env.stderr"),
+            r => run_dir.join("ranks").join(format!("rank-{r}.env.stderr")),
+        };
+        let pre = super::preflight::check(cfg, &policy_dir, Some(env_log))?;
         crate::log::phase(&format!(
             "loading the policy from {} ({} on {})",
             policy_dir.display(),

@@ -78,7 +78,7 @@ fn explorer(cfg: &ResolvedConfig, model: &Model, dir: &Path) -> Explorer {
     let runner = c
         .env
         .is_on()
-        .then(|| settings::episode_runner(&cfg.raw, &tok, &reward).unwrap());
+        .then(|| settings::episode_runner(&cfg.raw, &tok, &reward, None).unwrap());
     let sampler = PromptSampler::new(p.texts.len(), c.data.seed).unwrap();
     let ex = Explorer::new(
         rollout,

@@ -140,7 +140,8 @@ fn env_script(dir: &Path, log: &Path) -> PathBuf {
     std::fs::write(
         &p,
         format!(
-            "while IFS= read -r line; do\n  printf '%s\\n' \"$line\" >> '{}'\n  \
+            "echo 'env.sh: up, waiting for hello' >&2\n\
+             while IFS= read -r line; do\n  printf '%s\\n' \"$line\" >> '{}'\n  \
              case \"$line\" in *'\"hello\"'*) echo '{{\"version\":1}}';; esac\ndone\n",
             log.display()
         ),
@@ -183,6 +184,25 @@ fn the_environment_gets_hello_and_no_reset_before_the_weights_load() {
     assert_eq!(lines.len(), 1, "{seen}");
     assert_eq!(lines[0]["type"], "hello");
     assert_eq!(lines[0]["options"]["level"], 2);
+    // Its stderr is in RUN_DIR/env.stderr in full, after rlvr's line naming the start, appended
+    // to the first attempt's (the stderr reader may still be writing when the run's error
+    // returns: wait for it, bounded).
+    let want = format!(
+        "[rlvr: starting `sh -c exit 0` (start 1)]\n\
+         [rlvr: starting `sh {}` (start 1)]\nenv.sh: up, waiting for hello\n",
+        script.display()
+    );
+    let path = f.dir.join("run").join("env.stderr");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut got = String::new();
+    while std::time::Instant::now() < deadline {
+        got = std::fs::read_to_string(&path).unwrap_or_default();
+        if got == want {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(got, want);
 }
 
 /// `kind = "python"` in a config file: `function`'s file is relative to the file's directory, and
