@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{check_for, completion_answer, tensors, FakeServer, Reply};
-use candle_core::{DType, Device};
-use rlvr_model::{Model, ModelConfig};
+use rlvr_model::Model;
 use rlvr_rollout::{SamplingParams, TurnRow};
 use rlvr_vllm::client::{cache_salt, MAX_SALT_TAG};
 use rlvr_vllm::{ClientConfig, VllmClient, VllmError};
@@ -19,14 +18,7 @@ use serde_json::{json, Value};
 const TAG: &str = "rlvr-0123456789abcdef";
 
 fn model(seed: u64) -> Model {
-    let config = ModelConfig::from_json(
-        &json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
-                "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-                "max_position_embeddings": 64, "tie_word_embeddings": true}),
-        "inline".as_ref(),
-    )
-    .unwrap();
-    Model::random(config, 0.5, seed, DType::F32, &Device::Cpu).unwrap()
+    crate::common::tiny_qwen2(true, seed)
 }
 
 fn client(url: &str, tag: Option<&str>) -> Result<VllmClient, VllmError> {

@@ -7,20 +7,13 @@ use std::time::Duration;
 
 use crate::common::{check_for, completion_answer, tensors, FakeServer, Reply};
 use candle_core::{DType, Device};
-use rlvr_model::{Model, ModelConfig};
+use rlvr_model::Model;
 use rlvr_rollout::SamplingParams;
 use rlvr_vllm::{trainer_logprobs, version_dir, ClientConfig, VllmClient};
 use serde_json::{json, Value};
 
 fn model(tied: bool, seed: u64) -> Model {
-    let config = ModelConfig::from_json(
-        &json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
-                "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-                "max_position_embeddings": 64, "tie_word_embeddings": tied}),
-        "inline".as_ref(),
-    )
-    .unwrap();
-    Model::random(config, 0.5, seed, DType::F32, &Device::Cpu).unwrap()
+    crate::common::tiny_qwen2(tied, seed)
 }
 
 fn client(url: &str) -> VllmClient {

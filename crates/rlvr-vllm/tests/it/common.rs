@@ -191,3 +191,24 @@ pub fn tensors(m: &Model) -> Vec<(String, Tensor)> {
         .map(|(n, v)| (n, v.as_tensor().clone()))
         .collect()
 }
+
+/// A random one-layer Qwen2 model (vocabulary 64, hidden 16, 2 query heads and 1 KV head), its
+/// embeddings tied or not, from `seed`: the fake-server tests' policy.
+pub fn tiny_qwen2(tied: bool, seed: u64) -> Model {
+    let config = rlvr_model::ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 16,
+                "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 64,
+                "tie_word_embeddings": tied}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    Model::random(
+        config,
+        0.5,
+        seed,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap()
+}
