@@ -49,8 +49,10 @@
 #                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06 (rc 0 in
 #                214 s); not yet run on a GPU. One command on the GPU machine, with a CUDA binary
 #                carried as bench/gpu.sh says: `PARTS=sampling BUDGET=400 bench/gpu_check.sh $OUT`.
-#   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; a
-#                training step against PyTorch's), Qwen2.5-0.5B shape in bf16.
+#   3. speed     bench/gpu.sh (sampling at batch 64 and 256 against transformers `generate`; the
+#                training step at 16 x 512 and 4 x 4096 tokens, `--fused none` and `--fused all`,
+#                against PyTorch eager: tok/s, TFLOP/s, the GPU's peak memory on both sides and
+#                `rlvr plan`'s estimate beside rlvr's), Qwen2.5-0.5B shape in bf16.
 #   3b. breakdown the training step of part 3 as forward, backward and optimizer, with the head's
 #                chunk at the GPU and the CPU size, with a small vocabulary, and in f32.
 #   4. shared    bench/share_prompt.sh on the GPU (bf16): the training step with each group's prompt
@@ -467,7 +469,7 @@ part logprobs 60 logprobs
 part offline 120 offline
 part sampling 330 sampling
 part nccl 40 nccl
-part speed 200 speed
+part speed 360 speed
 part breakdown 120 breakdown
 part shared 110 shared
 echo "# done in $(($(date +%s) - START)) s"

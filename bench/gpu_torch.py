@@ -112,7 +112,9 @@ def main() -> None:
         print(json.dumps({**base, "what": "train", "rows": a.rows, "seq_len": a.seq_len, "params": params,
                           "step_s": step, "forward_s": statistics.median(fwds), "backward_s": statistics.median(bwds),
                           "optimizer_s": statistics.median(opts), "tok_per_s": tokens / step,
-                          "tflop_per_s": 6 * params * tokens / step / 1e12}), flush=True)
+                          "tflop_per_s": 6 * params * tokens / step / 1e12,
+                          "max_allocated_mib": torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None}),
+              flush=True)
 
 
 if __name__ == "__main__":

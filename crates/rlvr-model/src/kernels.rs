@@ -247,6 +247,20 @@ impl KernelSwitches {
         }
         true
     }
+
+    /// Whether `op` would run its fused kernels on a GPU for a model of `cfg` in `dtype`: the
+    /// switch is `"on"` (or `"auto"` with the family in [`triton::GPU_VERIFIED`]), the op is
+    /// wired into the model, and the kernels cover the shape and dtype. What
+    /// [`KernelSwitches::resolve`] decides on a CUDA device, without a device and without logging
+    /// (for `rlvr plan`, which plans a GPU run on any machine).
+    pub fn runs_on_gpu(&self, op: FusedOp, cfg: &ModelConfig, dtype: DType) -> bool {
+        let on = match self.get(op) {
+            Switch::Off => false,
+            Switch::On => true,
+            Switch::Auto => triton::GPU_VERIFIED.contains(&op.family()),
+        };
+        on && op.wired() && uncovered(op, cfg, dtype).is_none()
+    }
 }
 
 /// Why the kernels of `op` do not cover a model of `cfg` in `dtype`, if they do not.

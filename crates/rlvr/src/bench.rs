@@ -434,6 +434,23 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let step = median(steps);
     let tokens = (a.rows * a.seq_len) as f64;
+    // `rlvr plan`'s estimate of this step, to set beside the peak measured outside
+    // (`bench/gpu.sh` polls the GPU's memory).
+    let cfg = model.config();
+    let attention = match dev.is_cuda()
+        && kernels.runs_on_gpu(rlvr_model::FusedOp::Attention, cfg, model.dtype())
+    {
+        true => rlvr_train::config::plan::AttentionPath::Fused,
+        false => rlvr_train::config::plan::AttentionPath::Eager,
+    };
+    let plan_bytes = rlvr_train::config::plan::step_bytes(
+        cfg,
+        model.dtype(),
+        dev.is_cuda(),
+        a.rows as u64,
+        a.seq_len as u64,
+        attention,
+    );
     writeln!(
         out,
         "{}",
@@ -441,6 +458,8 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "impl": "rlvr", "what": "train", "device": a.model.device, "dtype": a.model.dtype,
             "rows": a.rows, "seq_len": a.seq_len, "params": params,
             "kernels": kernels.summary(),
+            "attention": attention,
+            "plan_peak_mib": plan_bytes as f64 / 1048576.0,
             "step_s": step, "forward_s": median(fwds), "backward_s": median(bwds),
             "optimizer_s": median(opts),
             "tok_per_s": tokens / step,

@@ -32,7 +32,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Context};
-use rlvr_model::{ComputeDtype, DeviceSpec, LoraConfig, LoraTarget, ModelConfig};
+use rlvr_model::{ComputeDtype, DeviceSpec, FusedOp, LoraConfig, LoraTarget, ModelConfig};
 use serde::Serialize;
 
 use super::RawConfig;
@@ -200,8 +200,17 @@ impl Shape {
     }
 
     /// Bytes one layer keeps for the backward per token of a `t`-token row, compute dtype of
-    /// `b` bytes (reductions in f32, or f64 when b = 8).
+    /// `b` bytes (reductions in f32, or f64 when b = 8), with eager attention (the `[heads, T, T]`
+    /// scores kept): [`Shape::layer_bytes_per_token_with`] at [`AttentionPath::Eager`].
     pub fn layer_bytes_per_token(&self, b: u64, t: u64) -> u64 {
+        self.layer_bytes_per_token_with(b, t, AttentionPath::Eager)
+    }
+
+    /// Bytes one layer keeps for the backward per token of a `t`-token row, compute dtype of
+    /// `b` bytes, with attention computed by `attention`: eager attention keeps the scores and
+    /// their softmax (`heads × T` values per token, several copies); the fused kernels
+    /// (`kernels.attention`) keep only their output and the log-sum-exp per head (f32).
+    pub fn layer_bytes_per_token_with(&self, b: u64, t: u64, attention: AttentionPath) -> u64 {
         let a = b.max(4);
         let (h, q, kv, i, nh) = (
             self.hidden,
@@ -221,14 +230,30 @@ impl Shape {
         }
         // Rotary on q and k (x·cos, −x₂, cat, ·sin, sum) and the [heads, T, d] copies of q, k, v.
         bytes += (11 * q + 13 * kv) * b / 2;
-        // Scores, scaled, (to f32), + mask, − max, exp, / sum, (back to b): per query token.
-        bytes += nh * t * (2 * b + 4 * a + up(a + b));
-        // p·v, its [T, heads·d] copy, o-projection, residual.
-        bytes += 2 * q * b + 2 * h * b;
+        bytes += match attention {
+            // Scores, scaled, (to f32), + mask, − max, exp, / sum, (back to b): per query
+            // token; then p·v and its [T, heads·d] copy.
+            AttentionPath::Eager => nh * t * (2 * b + 4 * a + up(a + b)) + 2 * q * b,
+            // The kernel's output [T, heads, d] (read as [T, heads·d] without a copy) and its
+            // log-sum-exp per head in f32, kept for the backward.
+            AttentionPath::Fused => q * b + nh * 4,
+        };
+        // o-projection, residual.
+        bytes += 2 * h * b;
         // gate, silu, up, gate·up, down, residual.
         bytes += 4 * i * b + 2 * h * b;
         bytes
     }
+}
+
+/// How a plan counts attention's activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionPath {
+    /// The candle composition: the `[heads, T, T]` scores and softmax are kept.
+    Eager,
+    /// The fused kernels (`kernels.attention` on a GPU): no score tensor exists.
+    Fused,
 }
 
 /// Everything `rlvr plan` reports, in bytes.
@@ -276,6 +301,10 @@ pub struct Plan {
     pub explorer_weights: u64,
     /// The reference model's weights (KL on).
     pub reference_model: u64,
+    /// How attention's activations are counted: `fused` when `kernels.attention` would run the
+    /// fused kernels on the GPU planned for (`rlvr_model::KernelSwitches::runs_on_gpu`), else
+    /// `eager`. A CPU plan is always eager.
+    pub attention: AttentionPath,
     /// Activations kept for the backward per micro-batch row of prompt + completion tokens
     /// (the unshared forward: every row computes its prompt).
     pub activations_per_row: u64,
@@ -399,6 +428,16 @@ pub fn plan_ranks(
         ComputeDtype::F64 => 8,
     };
     let cpu = raw.model.device == DeviceSpec::Cpu;
+    let dtype = match raw.model.dtype {
+        ComputeDtype::Bf16 | ComputeDtype::Auto => candle_core::DType::BF16,
+        ComputeDtype::F16 => candle_core::DType::F16,
+        ComputeDtype::F32 => candle_core::DType::F32,
+        ComputeDtype::F64 => candle_core::DType::F64,
+    };
+    let attention = match !cpu && (raw.kernels).runs_on_gpu(FusedOp::Attention, &mc, dtype) {
+        true => AttentionPath::Fused,
+        false => AttentionPath::Eager,
+    };
     let p = shape.params;
     let prompt = raw.data.max_prompt_len.unwrap_or(DEFAULT_PROMPT_TOKENS) as u64;
     // A multi-turn episode is one row: its turns and bridges together, at most
@@ -463,7 +502,7 @@ pub fn plan_ranks(
     } else {
         0
     };
-    let layer = shape.layer_bytes_per_token(b, t)
+    let layer = shape.layer_bytes_per_token_with(b, t, attention)
         + lora
             .as_ref()
             .map_or(0, |l| shape.adapter_bytes_per_token(l, b));
@@ -532,7 +571,11 @@ pub fn plan_ranks(
         true => rows.div_ceil(k) * prompt + rows * completion,
         false => rows * t,
     };
-    let kv_gather = prompt * 2 * shape.kv_heads * shape.head_dim * b;
+    // The fused kernels read the prompt's keys and values where they are (no gathered copy).
+    let kv_gather = match attention {
+        AttentionPath::Eager => prompt * 2 * shape.kv_heads * shape.head_dim * b,
+        AttentionPath::Fused => 0,
+    };
     let n_layers = shape.layers;
     let kept_with = move |rows: u64, checkpointed: bool| {
         let (per, layers_kept) = match checkpointed {
@@ -630,6 +673,7 @@ pub fn plan_ranks(
         reduction_buffer,
         explorer_weights,
         reference_model,
+        attention,
         activations_per_row,
         activations_per_row_checkpointed,
         logits_buffer,
@@ -650,6 +694,43 @@ pub fn plan_ranks(
         max_micro_batch_rows_checkpointed: max_rows_ck,
         max_rollout_rows: max_roll,
     })
+}
+
+/// The bytes `rlvr plan`'s accounting gives one training step of `rows` rows of `seq` tokens,
+/// every position scored, on a GPU (`gpu`) or the CPU, in `dtype`, with attention counted as
+/// `attention`: the weights, the f32 master weights (16-bit dtypes), one backward's gradients in
+/// the compute dtype, AdamW's two f32 moments, the activations ([`Shape::layer_bytes_per_token_with`]
+/// for every layer plus one of backward working set, the embedding and the final norm), the
+/// log-prob head's logits (the CPU's f32 stash, else a few chunks and the head's gradient) and
+/// the process overhead. What `rlvr bench train` runs (no explorer, reference, KV cache or f32
+/// gradient sum), so that its measured peak can be set beside the plan's estimate.
+pub fn step_bytes(
+    mc: &ModelConfig,
+    dtype: candle_core::DType,
+    gpu: bool,
+    rows: u64,
+    seq: u64,
+    attention: AttentionPath,
+) -> u64 {
+    let shape = Shape::of(mc);
+    let b = dtype.size_in_bytes() as u64;
+    let p = shape.params;
+    let masters = if b == 2 { 4 * p } else { 0 };
+    let layer = shape.layer_bytes_per_token_with(b, seq, attention);
+    let outside = shape.hidden * (b + 4 * b.max(4));
+    let activations = rows * seq * (layer * (shape.layers + 1) + outside);
+    let scored = rows * (seq - 1).max(1);
+    let logits = if !gpu && b == 4 {
+        (scored * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
+    } else {
+        let chunk = match gpu {
+            true => rlvr_model::chunked::CHUNK_ELEMS_GPU,
+            false => rlvr_model::chunked::CHUNK_ELEMS,
+        };
+        6 * chunk as u64 * b.max(4) + shape.vocab * shape.hidden * b
+    };
+    let overhead = if gpu { GPU_OVERHEAD } else { CPU_OVERHEAD };
+    p * b + masters + p * b + 8 * p + activations + logits + overhead
 }
 
 /// One change [`suggestions`] tries: its `--set` text and what it does to the config.
@@ -806,7 +887,17 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
         ("AdamW moments (f32)", gib(p.adamw_moments)),
         ("explorer weights", gib(p.explorer_weights)),
         ("reference model (KL)", gib(p.reference_model)),
-        ("activations per row", mib(p.activations_per_row)),
+        (
+            "activations per row",
+            format!(
+                "{} ({})",
+                mib(p.activations_per_row),
+                match p.attention {
+                    AttentionPath::Eager => "eager attention: [heads, T, T] scores kept",
+                    AttentionPath::Fused => "fused attention: no score tensors",
+                }
+            ),
+        ),
         (
             "  with checkpointing",
             mib(p.activations_per_row_checkpointed),

@@ -230,6 +230,21 @@ fn layer_activation_bytes_match_a_hand_count() {
         s.layer_bytes_per_token(2, 10),
         512 + 256 + 560 + 1040 + 192 + 256
     );
+    // Fused attention keeps the kernel's output and its log-sum-exp per head instead of the
+    // scores, p·v and its copy: f32 32·4 + 4·4 = 144 (for 960 + 2·32·4), bf16 32·2 + 4·4 = 80.
+    use rlvr_train::config::plan::AttentionPath;
+    assert_eq!(
+        s.layer_bytes_per_token_with(4, 10, AttentionPath::Fused),
+        384 + 512 + 1120 + 144 + 2 * 16 * 4 + 512
+    );
+    assert_eq!(
+        s.layer_bytes_per_token_with(2, 10, AttentionPath::Fused),
+        512 + 256 + 560 + 80 + 2 * 16 * 2 + 256
+    );
+    assert_eq!(
+        s.layer_bytes_per_token_with(2, 10, AttentionPath::Eager),
+        s.layer_bytes_per_token(2, 10)
+    );
     // Parameters by hand: embedding 50·16 (tied) + 3 layers × (2 norms 2·16 + q 16·32 + k, v
     // 2·16·16 + o 32·16 + MLP 3·16·24 + q/k/v bias 32+16+16) + final norm 16.
     let layer = 2 * 16 + 16 * 32 + 2 * 16 * 16 + 32 * 16 + 3 * 16 * 24 + (32 + 16 + 16);
@@ -502,6 +517,58 @@ fn a_multi_turn_episode_is_planned_as_one_row_of_its_turns_and_bridges() {
     let table = String::from_utf8(table).unwrap();
     assert!(
         table.contains("rows of 512 prompt + 1664 completion tokens (episodes of up to 3 turns"),
+        "{table}"
+    );
+}
+
+/// `rlvr plan` knows the fused attention path (issue 44, item 7): with `kernels.attention = "on"`
+/// on the GPU it plans, no `[heads, T, T]` scores and no gathered prompt keys and values are
+/// counted; on the CPU, with `"off"`, and with `"auto"` before the kernel passed the GPU check,
+/// the plan is the eager one.
+#[test]
+fn the_plan_counts_no_scores_under_fused_attention() {
+    use rlvr_train::config::plan::AttentionPath;
+    let eager = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
+    let fused = plan(&raw(&["kernels.attention=\"on\""]), false, Some(80 << 30)).unwrap();
+    assert_eq!(
+        eager.attention,
+        AttentionPath::Eager,
+        "auto is off until verified"
+    );
+    assert_eq!(fused.attention, AttentionPath::Fused);
+    // Per 1024-token row of the 0.5B shape: 25 layers' worth + embedding and final norm, each
+    // layer keeping 896·2 (o, bf16) + 14·4 (LSE) bytes per token instead of the scores.
+    let layer = fused
+        .shape
+        .layer_bytes_per_token_with(2, 1024, AttentionPath::Fused);
+    assert_eq!(fused.activations_per_row, 1024 * (25 * layer + 896 * 18));
+    let eager_layer = eager.shape.layer_bytes_per_token(2, 1024);
+    assert_eq!(
+        eager_layer - layer,
+        14 * 1024 * 26 + 896 * 2 - 14 * 4,
+        "the scores' bytes (14 heads × 1024 keys × 26 bytes in bf16) and p·v's copy, less the LSE"
+    );
+    // The shared prompt's micro-batch: no gathered copy of the prompt's keys and values.
+    let per_position = 25 * layer + 896 * 18;
+    assert_eq!(
+        fused.activations_per_micro_batch,
+        (512 + 4 * 512) * per_position
+    );
+    // 9.5 of the 11.2 GiB per row were the scores: the fused plan fits several times the rows.
+    assert!(fused.activations_per_row * 4 < eager.activations_per_row);
+    assert!(fused.max_micro_batch_rows.unwrap() > 4 * eager.max_micro_batch_rows.unwrap());
+    for sets in [
+        &["kernels.attention=\"on\"", "model.device=\"cpu\""][..],
+        &["kernels.attention=\"off\""][..],
+    ] {
+        let p = plan(&raw(sets), false, Some(80 << 30)).unwrap();
+        assert_eq!(p.attention, AttentionPath::Eager, "{sets:?}");
+    }
+    let mut table = Vec::new();
+    rlvr_train::config::plan::write_table(&fused, &mut table).unwrap();
+    let table = String::from_utf8(table).unwrap();
+    assert!(
+        table.contains("fused attention: no score tensors"),
         "{table}"
     );
 }

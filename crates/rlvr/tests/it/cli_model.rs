@@ -214,6 +214,19 @@ fn bench_reports_consistent_throughput() {
     assert!((v["step_s"].as_f64().unwrap() * tps - 12.0).abs() < 1e-6);
     let tf = v["tflop_per_s"].as_f64().unwrap();
     assert!((tf - 6.0 * params as f64 * tps / 1e12).abs() < 1e-12 * (1.0 + tf));
+    // `rlvr plan`'s estimate of the same step, by hand (f32 on the CPU, eager attention): weights,
+    // one backward's gradients and two moments (16 bytes per parameter), 2 × 6 positions × (2
+    // layers' worth + embedding and final norm 32 · 20 bytes), the f32 logits stash of the 2 × 5
+    // scored positions, and the 300 MiB process overhead.
+    assert_eq!(v["attention"], "eager", "{v}");
+    let cfg = rlvr_model::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let layer = rlvr_train::config::plan::Shape::of(&cfg).layer_bytes_per_token(4, 6);
+    let want = 16 * params as u64 + 2 * 6 * (2 * layer + 32 * 20) + 10 * 151680 * 4 + (300 << 20);
+    assert_eq!(
+        v["plan_peak_mib"].as_f64().unwrap(),
+        want as f64 / 1048576.0,
+        "{v}"
+    );
     // Multi-turn: 3 episodes × 3 turns of 4 tokens, bridges of 2: every later turn finds its
     // entry and prefills its last sampled id and its bridge only (the re-prefill path: the whole
     // context, 5 + 6 then 5 + 12 ids).
