@@ -21,12 +21,16 @@
 #                kernels_list.txt: `rlvr kernels list`. Not yet run on a GPU (prepared 2026-12-06).
 #   1. logprobs  `rlvr logprobs` of one chat completion on a random Qwen2 model (hidden 256, 4 layers,
 #                GQA 4/2, the Qwen2.5 tokenizer's vocabulary): cuda f32 vs cpu f32 within 1e-5 absolute;
-#                cuda bf16 and cpu bf16 against cpu f32, the max difference reported (bound 0.1 nats).
+#                cuda bf16 and cpu bf16 against cpu f32, the max difference reported (bound 0.1 nats);
+#                the same on cuda with every fused kernel (`--fused all`, issue 44), same bounds.
 #   2. offline   10 steps of GRPO from one offline experiences file (written by `rlvr generate` on the
 #                CPU, rewards set by a fixed rule so groups have variance): every per-step metric of
 #                cuda f32 equals cpu f32 within 1e-5 relative at step 1 and 1e-4 relative over all
 #                10 steps (differences under 1e-6 absolute count as equal: a step's GRPO loss is ~0); two cuda f32 runs bit-identical (metrics and checkpoint files; else the
-#                first differing step and key are named); cuda bf16 against cpu f32 reported.
+#                first differing step and key are named); cuda bf16 against cpu f32 reported. Then the
+#                same with every training kernel of issue 44 on (`kernels.attention`, `rms_norm`,
+#                `rotary`, `swiglu`, `logprob_head`, `adamw` = "on"): fused cuda f32 against cpu f32
+#                with the same bounds, two fused runs bit-identical, fused bf16 reported.
 #   2b. sampling issue 50's decode path (`[kernels]` decode and cuda_graphs, `--fused`): (a) a seeded
 #                `rlvr generate` of the small model on DEVICE in f32 and bf16 with graphs on and off
 #                (`--fused decode,cuda_graphs` vs `--fused decode`): token ids and behaviour
@@ -308,17 +312,21 @@ PY
 logprobs() {
   local q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
   local c=" In May she sold 48 / 2 = 24 clips, so 48 + 24 = 72 in all. #### 72<|im_end|>"
-  for spec in cpu:f32 "$DEVICE":f32 "$DEVICE":bf16 cpu:bf16; do
-    local dev=${spec%:*} dt=${spec##*:}
+  for spec in cpu:f32:none "$DEVICE":f32:none "$DEVICE":bf16:none cpu:bf16:none "$DEVICE":f32:all "$DEVICE":bf16:all; do
+    local f=${spec##*:}; local rest=${spec%:*}; local dev=${rest%:*} dt=${rest##*:}
+    local sfx=""; [ "$f" = all ] && sfx=_fused
     "$RLVR" logprobs --model "$W/small" --prompt "$q" --completion "$c" --chat --device "$dev" --dtype "$dt" \
-      > "$W/lp_${dev/:/}_$dt.json" || echo "FAIL logprobs $dev $dt: rc $?"
+      --fused "$f" > "$W/lp_${dev/:/}_$dt$sfx.json" 2> "$W/lp_${dev/:/}_$dt$sfx.err" || echo "FAIL logprobs $dev $dt --fused $f: rc $?"
   done
   "$PY" - "$W" "${DEVICE/:/}" "$OUTD/logprobs.jsonl" <<'PY'
 import json, os, sys
 w, dev, out = sys.argv[1:]
 load = lambda d, t: json.load(open(f"{w}/lp_{d}_{t}.json")) if os.path.getsize(f"{w}/lp_{d}_{t}.json") else None
 ref = load("cpu", "f32")
-for d, t, bound in ((dev, "f32", 1e-5), (dev, "bf16", 0.1), ("cpu", "bf16", 0.1)):
+# The candle path, then every fused kernel (`--fused all`, issue 44) on the device.
+for d, t, bound in ((dev, "f32", 1e-5), (dev, "bf16", 0.1), ("cpu", "bf16", 0.1), (dev, "f32_fused", 1e-5), (dev, "bf16_fused", 0.1)):
+    if not os.path.exists(f"{w}/lp_{d}_{t}.json"):
+        print(f"FAIL logprobs {d} {t}: no output"); continue
     x = load(d, t)
     if x is None or ref is None:
         print(f"FAIL logprobs {d} {t}: no output"); continue
@@ -348,8 +356,10 @@ with open(sys.argv[2], "w") as f:
         f.write(json.dumps(r) + "\n")
 print(f"{len(rows)} experiences, {sum(r['reward'] for r in rows):.0f} rewarded")
 PY
-  train() { # $1 device, $2 dtype, $3 run dir
-    "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$1\"" --set model.dtype="\"$2\"" \
+  train() { # $1 device, $2 dtype, $3 run dir, $4 "fused": every training kernel of issue 44 on
+    local k=(); [ "${4:-}" = fused ] && for op in attention rms_norm rotary swiglu logprob_head adamw; do
+      k+=(--set "kernels.$op=\"on\""); done
+    "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$1\"" --set model.dtype="\"$2\"" "${k[@]}" \
       --set data.experiences="\"$W/exp.jsonl\"" --set data.prompts_per_step=2 \
       --set rollout.group_size=4 --set algorithm.preset='"grpo"' --set train.steps=10 --set train.lr=1e-3 \
       --set train.micro_batch_size=4 --set train.eval_every=0 --set train.save_every=10 --set train.seed=0 \
@@ -359,6 +369,10 @@ PY
   train "$DEVICE" f32 "$W/gpu_f32_a"
   train "$DEVICE" f32 "$W/gpu_f32_b"
   train "$DEVICE" bf16 "$W/gpu_bf16"
+  train "$DEVICE" f32 "$W/gpu_fused_f32_a" fused
+  train "$DEVICE" f32 "$W/gpu_fused_f32_b" fused
+  train "$DEVICE" bf16 "$W/gpu_fused_bf16" fused
+  grep -h "kernels\." "$W"/gpu_fused_*.log | sort -u | head -8
   "$PY" - "$W" "$OUTD/offline.jsonl" <<'PY'
 import hashlib, json, math, os, sys
 w, out = sys.argv[1:]
@@ -387,7 +401,7 @@ def record(**r):
 if ref is None:
     print("FAIL offline: no cpu f32 metrics"); sys.exit()
 print(f"cpu f32: {len(ref)} steps; step 1 loss {ref[0].get('loss')}, grad_norm {ref[0].get('grad_norm')}")
-for run, bound in (("gpu_f32_a", 1e-4), ("gpu_bf16", None)):
+for run, bound in (("gpu_f32_a", 1e-4), ("gpu_bf16", None), ("gpu_fused_f32_a", 1e-4), ("gpu_fused_bf16", None)):
     x = metrics(run)
     if x is None: print(f"FAIL offline {run}: no metrics"); continue
     s1, w1 = compare(x[:1], ref[:1]); worst, where = compare(x, ref)
@@ -395,8 +409,9 @@ for run, bound in (("gpu_f32_a", 1e-4), ("gpu_bf16", None)):
     record(check="offline", run=run, steps=len(x), step1_max_rel=s1, max_rel=worst, worst=str(where), pass_=ok)
     print(("INFO" if bound is None else ("PASS" if ok else "FAIL")),
           f"offline {run} vs cpu f32: step 1 max rel {s1:.3g}, 10 steps max rel {worst:.3g} at {where}")
-a, b = metrics("gpu_f32_a"), metrics("gpu_f32_b")
-if a and b:
+for ra, rb in (("gpu_f32_a", "gpu_f32_b"), ("gpu_fused_f32_a", "gpu_fused_f32_b")):
+  a, b = metrics(ra), metrics(rb)
+  if a and b:
     same = a == b
     first = next(((s, k) for s, (x, y) in enumerate(zip(a, b), 1) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), None)
     def digests(run):
@@ -404,10 +419,10 @@ if a and b:
         return {f: hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest() for f in sorted(os.listdir(d))
                 if f.endswith(".safetensors")} if os.path.isdir(d) else {}
         
-    da, db = digests("gpu_f32_a"), digests("gpu_f32_b")
+    da, db = digests(ra), digests(rb)
     ck = bool(da) and da == db
-    record(check="determinism", metrics_identical=same, first_difference=str(first), checkpoints_identical=ck, files=sorted(da))
-    print(("PASS" if same and ck else "FAIL"), f"two {len(a)}-step cuda runs: metrics identical {same} (first difference {first}),"
+    record(check="determinism", runs=[ra, rb], metrics_identical=same, first_difference=str(first), checkpoints_identical=ck, files=sorted(da))
+    print(("PASS" if same and ck else "FAIL"), f"two {len(a)}-step cuda runs ({ra}, {rb}): metrics identical {same} (first difference {first}),"
           f" checkpoint files {sorted(da)} identical {ck}")
 PY
 }
@@ -466,7 +481,7 @@ export W OUTD DEVICE PY RLVR
 export -f kernels sampling logprobs offline speed breakdown shared nccl
 part kernels 150 kernels
 part logprobs 60 logprobs
-part offline 120 offline
+part offline 200 offline
 part sampling 330 sampling
 part nccl 40 nccl
 part speed 360 speed

@@ -32,6 +32,11 @@ pub struct LogprobsArgs {
     /// Device: cpu or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The fused GPU kernels to use (the config's `[kernels]` switches), for A/B runs: `all`,
+    /// `none`, or a comma-separated list of keys (e.g. `attention,rms_norm`: those on, the rest
+    /// off). Default: each `auto` (on only once verified on a GPU). A no-op on the CPU.
+    #[arg(long, value_name = "LIST")]
+    pub fused: Option<String>,
 }
 
 /// Prints `{"tokens": [completion ids], "logprobs": [one per completion id]}`.
@@ -47,7 +52,14 @@ pub fn run(a: &LogprobsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .with_context(|| format!("--dtype {}: expected f32 or bf16", a.dtype))?;
     let device = rlvr_model::parse_device(&a.device)?;
-    let policy = rlvr_train::store::manifest::load_policy(&a.model, dtype, &device)?;
+    let kernels = match &a.fused {
+        Some(list) => Some(rlvr_model::KernelSwitches::from_fused_list(list)?),
+        None => None,
+    };
+    let mut policy = rlvr_train::store::manifest::load_policy(&a.model, dtype, &device)?;
+    if let Some(k) = kernels {
+        policy.model.set_kernels(k);
+    }
     let tok = &policy.tokenizer;
     let prompt_ids = if a.chat {
         let text = tok.apply_chat_template(&[Message::new("user", &a.prompt)], true)?;

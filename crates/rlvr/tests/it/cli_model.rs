@@ -120,6 +120,28 @@ fn logprobs_prints_one_value_per_completion_token() {
     assert!(lp.iter().zip(&hot).any(|(a, b)| (a - b).abs() > 1e-6));
     let plain: Vec<f64> = serde_json::from_value(run("1", false)["logprobs"].clone()).unwrap();
     assert!(lp.iter().zip(&plain).any(|(a, b)| (a - b).abs() > 1e-6));
+    // `--fused` (the GPU check's A/B): a no-op on the CPU, bit for bit; an unknown op is refused.
+    let fused = |list: &str| {
+        rlvr()
+            .args(["logprobs", "--model"])
+            .arg(&dir)
+            .args(["--prompt", "What is 2+2?", "--completion", " 4<|im_end|>"])
+            .args(["--chat", "--fused", list])
+            .output()
+            .unwrap()
+    };
+    let all = fused("all");
+    assert!(
+        all.status.success(),
+        "{}",
+        String::from_utf8_lossy(&all.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
+    assert_eq!(all, v);
+    let bad = fused("attention,flash");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--fused flash: not a fused op"), "{err}");
 }
 
 #[test]
