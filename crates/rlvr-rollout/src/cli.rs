@@ -133,6 +133,11 @@ pub struct GenerateArgs {
     /// Override a key of `--env`'s config (`--set env.max_turns=3`); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE", requires = "env")]
     pub set: Vec<String>,
+    /// With `--env` and a program environment (`env.command`): the file its whole stderr is
+    /// written to (replaced at start, at most 64 MiB; named in the error when the environment
+    /// fails). Default: `rlvr-generate.env.stderr` in the working directory.
+    #[arg(long, value_name = "FILE", requires = "env")]
+    pub env_log: Option<PathBuf>,
 }
 
 /// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters

@@ -16,6 +16,7 @@ mod data_parallel_step;
 mod data_parallel_trainer;
 mod determinism;
 mod episodes;
+mod env_data;
 mod eval;
 mod export;
 mod generate_env;
