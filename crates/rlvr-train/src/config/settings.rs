@@ -333,6 +333,7 @@ pub fn episode_runner(
         specials: specials.clone(),
         turn_cache_bytes: usize::try_from(e.kv_cache_mib << 20).unwrap_or(usize::MAX),
         max_token_bytes: crate::feed::episodes::max_token_bytes(tok),
+        max_prompt_tokens: model_positions(tok)?.unwrap_or(usize::MAX),
     };
     let env: Box<dyn rlvr_env::Environment> = match e.builtin.as_deref() {
         Some(_) => Box::new(rlvr_env::retry::RetryEnvironment::new(

@@ -72,6 +72,10 @@ pub struct EpisodeSettings {
     /// [`max_token_bytes`]): a reply's messages longer than `max_observation_tokens` such tokens
     /// could hold are refused before they are rendered and encoded ([`observation_byte_cap`]).
     pub max_token_bytes: usize,
+    /// The model's positions (`max_position_embeddings`; `usize::MAX` when unknown): `reset`
+    /// messages of more bytes than this many tokens could hold stop the run unrendered, as a
+    /// prompt past the positions does once encoded.
+    pub max_prompt_tokens: usize,
 }
 
 /// The longest entry, in UTF-8 bytes, of `tok`'s vocabulary (added tokens included): no token
@@ -87,6 +91,18 @@ pub fn max_token_bytes(tok: &TokenizerBundle) -> usize {
         .max()
         .unwrap_or(1)
         .max(1)
+}
+
+/// The bytes of text of `messages`: contents, names and tool call ids.
+fn message_bytes(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.name.as_ref().map_or(0, String::len)
+                + m.tool_call_id.as_ref().map_or(0, String::len)
+        })
+        .sum()
 }
 
 /// The most bytes of text (message contents, names and tool call ids together) a reply may hold
@@ -417,6 +433,20 @@ impl EpisodeRunner {
                             p.draw
                         );
                     }
+                    let bytes = message_bytes(m);
+                    let cap = observation_byte_cap(
+                        self.settings.max_prompt_tokens,
+                        self.settings.max_token_bytes,
+                    );
+                    if bytes > cap {
+                        anyhow::bail!(
+                            "group {}: the environment's reset messages hold {bytes} bytes, more \
+                             than the model's max_position_embeddings = {} tokens can hold ({cap} \
+                             bytes at most); they were not rendered",
+                            p.draw,
+                            self.settings.max_prompt_tokens
+                        );
+                    }
                     let text = self.template.render(m, tools.as_deref(), true)?;
                     tok.encode(&text, false)?
                 }
@@ -655,15 +685,7 @@ impl EpisodeRunner {
                     ));
                     continue;
                 }
-                let bytes: usize = r
-                    .messages
-                    .iter()
-                    .map(|m| {
-                        m.content.len()
-                            + m.name.as_ref().map_or(0, String::len)
-                            + m.tool_call_id.as_ref().map_or(0, String::len)
-                    })
-                    .sum();
+                let bytes = message_bytes(&r.messages);
                 let cap = observation_byte_cap(
                     self.settings.max_observation_tokens,
                     self.settings.max_token_bytes,

@@ -19,7 +19,7 @@ use crate::common::tiny_model;
 /// holds the row's `want` digit, else 0; every episode ends after its first reply. Options:
 /// `fail` answers every `step` and `finish` with an episode error; `die` exits (status 3) at the
 /// first of them, after a last word on stderr; `big` answers each `step` with a user message of
-/// that many bytes.
+/// that many bytes, `big_reset` each `reset`.
 const WANT_ENV: &str = r#"
 import json, sys
 opts, rows = {}, {}
@@ -37,7 +37,10 @@ for line in sys.stdin:
         for e in req["episodes"]:
             rows[e["id"]] = e["row"]
             log({"reset": e["id"], "row": e["row"]})
-        out = {"episodes": [{"id": e["id"], "messages": None} for e in req["episodes"]]}
+        m = None
+        if opts.get("big_reset"):
+            m = [{"role": "user", "content": "1" * opts["big_reset"]}]
+        out = {"episodes": [{"id": e["id"], "messages": m} for e in req["episodes"]]}
     elif opts.get("die"):
         print("want_env: dying at " + t, file=sys.stderr, flush=True)
         sys.exit(3)
@@ -467,5 +470,24 @@ fn a_reply_longer_than_any_bridge_fails_unrendered() {
     assert!(
         stepped > 0,
         "no turn ended on the end-of-turn token: {items:?}"
+    );
+}
+
+/// `reset` messages longer than any prompt the model can hold (more bytes than its 128 positions
+/// of at most 13-byte tokens, times 4) stop the evaluation before they are rendered and encoded,
+/// naming the bound, as a prompt past the positions does once encoded.
+#[test]
+fn reset_messages_longer_than_the_model_stop_unrendered() {
+    let f = fixture();
+    let e = format!(
+        "{:#}",
+        eval(&f, ", big_reset = 10000", &["--env"]).unwrap_err()
+    );
+    assert!(
+        e.contains(
+            "group 0: the environment's reset messages hold 10000 bytes, more than the model's \
+             max_position_embeddings = 128 tokens can hold (6656 bytes at most)"
+        ),
+        "{e}"
     );
 }
