@@ -127,7 +127,9 @@ pub struct GenerateArgs {
     /// Sample multi-turn episodes of this training config's `[env]` (docs/environments.md): each
     /// of a prompt's K samples is an episode, printed as one JSON line with its transcript and
     /// per-turn token accounting (the rlvr binary only). The config's verifier scores the
-    /// built-in `retry` environment; `--max-new-tokens` is the per-turn limit.
+    /// built-in `retry` environment (a program gives its own rewards and needs none); more than
+    /// `env.max_error_frac` failed episodes in a batch stop it, as in training;
+    /// `--max-new-tokens` is the per-turn limit.
     #[arg(long, value_name = "CONFIG.toml")]
     pub env: Option<PathBuf>,
     /// Override a key of `--env`'s config (`--set env.max_turns=3`); repeatable.

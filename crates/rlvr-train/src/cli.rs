@@ -148,9 +148,11 @@ pub struct EvalArgs {
     pub share_server: bool,
     /// Evaluate multi-turn episodes of the config's `[env]` (docs/environments.md): each
     /// sample is an episode (turn 1 as a single-turn sample, later turns after the environment's
-    /// replies); correct when the episode's reward is above 0; `--out` items carry `episode`
-    /// (turns, turn rewards, finish, transcript). Without it a config's `[env]` is ignored and
-    /// one turn is evaluated, as during training.
+    /// replies); correct when the episode's reward is above 0 (a failed episode scores 0; more
+    /// than `env.max_error_frac` failed in a batch stop the evaluation, as in training); `--out`
+    /// items carry `episode` (turns, turn rewards, finish, transcript). A program environment's
+    /// rewards need no verifier (a `jsonl` task without `data.verifier`). Without it a config's
+    /// `[env]` is ignored and one turn is evaluated, as during training.
     #[arg(long)]
     pub env: bool,
     /// With `--env` and a program environment (`env.command`): the file its whole stderr is
