@@ -23,7 +23,8 @@ pub enum TaskKind {
     /// Arithmetic: fields `question` / `answer` from a file, or generated (`[data.arithmetic]`).
     Arithmetic,
     /// Any JSONL/Parquet file: `question_field` / `answer_field` and the verifier named in
-    /// `data.verifier` (required).
+    /// `data.verifier` (required, unless a program environment gives the reward:
+    /// [`DataConfig::validate_for`]).
     Jsonl,
 }
 
@@ -76,6 +77,18 @@ impl TaskKind {
     }
 }
 
+/// What gives the reward of a split's completions, which decides whether its rows need a
+/// reference and the config a verifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scoring {
+    /// The task's verifier (`data.verifier`, or the built-in task's): every row has its reference.
+    #[default]
+    Verifier,
+    /// A program environment's rewards (`env.command`, DESIGN.md section 14): a `jsonl` task may
+    /// then have no verifier, and its rows no answer field ([`DataConfig::reference_optional`]).
+    Environment,
+}
+
 /// How the prompt text is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -125,11 +138,15 @@ pub struct DataConfig {
     pub question_field: Option<String>,
     /// Field (JSONL key, Parquet column) holding the reference handed to the verifier; default per
     /// task (countdown `target`, others `answer`). A dotted name reads nested fields as in
-    /// `question_field` (verl's `reward_model.ground_truth`, `extra_info.answer`).
+    /// `question_field` (verl's `reward_model.ground_truth`, `extra_info.answer`). A `jsonl` task
+    /// whose program environment gives the rewards (`env.command`, no `data.verifier`) reads it
+    /// when a row has it (else the reference is empty), and requires it in every row only when
+    /// set.
     pub answer_field: Option<String>,
     /// Verifier of a `jsonl` task, an inline table tagged by `kind` (e.g. `{ kind = "math" }`; each
-    /// kind's keys follow); required for `task = "jsonl"`, and overrides a built-in task's own
-    /// otherwise. docs/external-verifier.md describes the external, judge and reward-model kinds.
+    /// kind's keys follow); required for `task = "jsonl"` unless a program environment
+    /// (`env.command`) gives the rewards, and overrides a built-in task's own otherwise.
+    /// docs/external-verifier.md describes the external, judge and reward-model kinds.
     pub verifier: Option<VerifierConfig>,
     /// Prompt style: `plain` (system prompt, few-shot examples and the question joined by blank
     /// lines) or `chat` (system, user/assistant pairs of the few-shot examples, then the question
@@ -192,9 +209,23 @@ impl DataConfig {
             (Some(v), _) => Ok(v.clone()),
             (None, Some(v)) => Ok(v),
             (None, None) => Err(crate::DataError::Config(
-                "data.task = \"jsonl\" needs data.verifier, e.g. verifier = { kind = \"math\" } or { kind = \"external\", command = [\"./score.py\"] }".into(),
+                "data.task = \"jsonl\" needs data.verifier, e.g. verifier = { kind = \"math\" } or { kind = \"external\", command = [\"./score.py\"] } (or a program environment, env.command, that gives the rewards)".into(),
             )),
         }
+    }
+
+    /// Whether this config's completions are scored by an environment alone under `scoring`: a
+    /// `jsonl` task without `data.verifier` whose reward a program environment gives (it needs
+    /// no verifier then).
+    pub fn scored_by_environment(&self, scoring: Scoring) -> bool {
+        scoring == Scoring::Environment && self.task == TaskKind::Jsonl && self.verifier.is_none()
+    }
+
+    /// Whether the rows of this config may lack the answer field under `scoring`: scored by an
+    /// environment alone ([`DataConfig::scored_by_environment`]) with no `data.answer_field`
+    /// named (a row's reference is then its `answer` when it has one, else empty).
+    pub fn reference_optional(&self, scoring: Scoring) -> bool {
+        self.scored_by_environment(scoring) && self.answer_field.is_none()
     }
 
     /// The (question, answer) field names in force.
@@ -218,12 +249,21 @@ impl DataConfig {
     /// # Errors
     /// [`crate::DataError::Config`] naming the key.
     pub fn validate(&self) -> crate::Result<()> {
+        self.validate_for(Scoring::Verifier)
+    }
+
+    /// [`DataConfig::validate`] for rows scored by `scoring`: with [`Scoring::Environment`] a
+    /// `jsonl` task needs no `data.verifier`.
+    ///
+    /// # Errors
+    /// As [`DataConfig::validate`].
+    pub fn validate_for(&self, scoring: Scoring) -> crate::Result<()> {
         if self.prompts_per_step == 0 {
             return Err(crate::DataError::Config(
                 "data.prompts_per_step must be at least 1".into(),
             ));
         }
-        if self.experiences.is_none() {
+        if self.experiences.is_none() && !self.scored_by_environment(scoring) {
             self.verifier()?;
         }
         if self.max_prompt_len == Some(0) {

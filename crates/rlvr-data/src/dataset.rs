@@ -2,7 +2,7 @@
 //! prompts with `max_prompt_len` filtering.
 
 use crate::config::PromptStyle;
-use crate::config::{DataConfig, TaskKind};
+use crate::config::{DataConfig, Scoring, TaskKind};
 use crate::generate::Split;
 use crate::read::{for_each_record, FieldReader, QuestionValue};
 use crate::template::{ChatMessage, ChatRenderer, PromptBuilder};
@@ -144,7 +144,24 @@ fn check_messages_config(cfg: &DataConfig) -> std::result::Result<(), String> {
 /// chat messages and messages rows under a config that cannot take them (naming its keys),
 /// then (once every line has its fields) a GSM8K answer without a number after `####`.
 pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
+    load_file_for(cfg, path, Scoring::Verifier)
+}
+
+/// [`load_file`] for rows scored by `scoring`: when the answer field is optional
+/// ([`DataConfig::reference_optional`]) a row without it gets an empty reference.
+///
+/// # Errors
+/// As [`load_file`].
+pub fn load_file_for(cfg: &DataConfig, path: &Path, scoring: Scoring) -> Result<Vec<Problem>> {
     let (qf, af) = cfg.fields();
+    let optional = cfg.reference_optional(scoring);
+    // The reference: the answer field, or (optional and absent) empty.
+    let reference = |r: &FieldReader| -> Result<String> {
+        match r.text(&af, "answer_field") {
+            Err(DataError::MissingField { .. }) if optional => Ok(String::new()),
+            other => other,
+        }
+    };
     // A question that is empty or only whitespace trains the model on the template alone.
     let question = |r: &FieldReader| -> Result<(String, Option<Box<[ChatMessage]>>)> {
         let bad = |reason: String| DataError::BadField {
@@ -207,7 +224,7 @@ pub fn load_file(cfg: &DataConfig, path: &Path) -> Result<Vec<Problem>> {
                 Problem {
                     source,
                     vars,
-                    reference: r.text(&af, "answer_field")?,
+                    reference: reference(&r)?,
                     messages,
                 }
             }
@@ -324,12 +341,20 @@ fn generate(cfg: &DataConfig, split: Split) -> Result<Vec<Problem>> {
 /// [`DataError`] for a missing path (file-only tasks), unreadable files, malformed lines, missing
 /// fields, bad generator knobs.
 pub fn load_split(cfg: &DataConfig, split: Split) -> Result<Dataset> {
+    load_split_for(cfg, split, Scoring::Verifier)
+}
+
+/// [`load_split`] for rows scored by `scoring` ([`load_file_for`]).
+///
+/// # Errors
+/// As [`load_split`].
+pub fn load_split_for(cfg: &DataConfig, split: Split, scoring: Scoring) -> Result<Dataset> {
     let path = match split {
         Split::Train => cfg.train.as_deref(),
         Split::Test => cfg.test.as_deref(),
     };
     let problems = match path {
-        Some(p) => load_file(cfg, p)?,
+        Some(p) => load_file_for(cfg, p, scoring)?,
         None => generate(cfg, split)?,
     };
     Ok(Dataset {
@@ -492,8 +517,23 @@ pub fn prepare_split(
     renderer: Option<ChatRenderer<'_>>,
     counter: Option<TokenCounter<'_>>,
 ) -> Result<PreparedSplit> {
-    cfg.validate()?;
-    let dataset = load_split(cfg, split)?;
+    prepare_split_for(cfg, split, renderer, counter, Scoring::Verifier)
+}
+
+/// [`prepare_split`] for rows scored by `scoring` ([`DataConfig::validate_for`],
+/// [`load_split_for`]).
+///
+/// # Errors
+/// As [`prepare_split`].
+pub fn prepare_split_for(
+    cfg: &DataConfig,
+    split: Split,
+    renderer: Option<ChatRenderer<'_>>,
+    counter: Option<TokenCounter<'_>>,
+    scoring: Scoring,
+) -> Result<PreparedSplit> {
+    cfg.validate_for(scoring)?;
+    let dataset = load_split_for(cfg, split, scoring)?;
     let prompts = build_prompts(
         &dataset,
         &PromptBuilder::from_config(cfg),

@@ -163,7 +163,13 @@ impl ProcessEnvironment {
         self.settings.command.join(" ")
     }
 
+    /// The error of a process fault: the command, `reason`, and the file holding the program's
+    /// whole stderr when there is one ([`ProcessSettings::stderr_log`]).
     fn process_error(&self, reason: String) -> EnvError {
+        let reason = match &self.log {
+            Some(log) => format!("{reason}; its whole stderr is in {}", log.path().display()),
+            None => reason,
+        };
         EnvError::Process {
             command: self.command_line(),
             reason,

@@ -127,12 +127,19 @@ pub struct GenerateArgs {
     /// Sample multi-turn episodes of this training config's `[env]` (docs/environments.md): each
     /// of a prompt's K samples is an episode, printed as one JSON line with its transcript and
     /// per-turn token accounting (the rlvr binary only). The config's verifier scores the
-    /// built-in `retry` environment; `--max-new-tokens` is the per-turn limit.
+    /// built-in `retry` environment (a program gives its own rewards and needs none); more than
+    /// `env.max_error_frac` failed episodes in a batch stop it, as in training;
+    /// `--max-new-tokens` is the per-turn limit.
     #[arg(long, value_name = "CONFIG.toml")]
     pub env: Option<PathBuf>,
     /// Override a key of `--env`'s config (`--set env.max_turns=3`); repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE", requires = "env")]
     pub set: Vec<String>,
+    /// With `--env` and a program environment (`env.command`): the file its whole stderr is
+    /// written to (replaced at start, at most 64 MiB; named in the error when the environment
+    /// fails). Default: `rlvr-generate.env.stderr` in the working directory.
+    #[arg(long, value_name = "FILE", requires = "env")]
+    pub env_log: Option<PathBuf>,
 }
 
 /// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters

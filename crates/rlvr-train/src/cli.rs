@@ -148,11 +148,19 @@ pub struct EvalArgs {
     pub share_server: bool,
     /// Evaluate multi-turn episodes of the config's `[env]` (docs/environments.md): each
     /// sample is an episode (turn 1 as a single-turn sample, later turns after the environment's
-    /// replies); correct when the episode's reward is above 0; `--out` items carry `episode`
-    /// (turns, turn rewards, finish, transcript). Without it a config's `[env]` is ignored and
-    /// one turn is evaluated, as during training.
+    /// replies); correct when the episode's reward is above 0 (a failed episode scores 0; more
+    /// than `env.max_error_frac` failed in a batch stop the evaluation, as in training); `--out`
+    /// items carry `episode` (turns, turn rewards, finish, transcript). A program environment's
+    /// rewards need no verifier (a `jsonl` task without `data.verifier`). Without it a config's
+    /// `[env]` is ignored and one turn is evaluated, as during training.
     #[arg(long)]
     pub env: bool,
+    /// With `--env` and a program environment (`env.command`): the file its whole stderr is
+    /// written to (replaced at start, at most 64 MiB; named in the error when the environment
+    /// fails). Default: `OUT.env.stderr` beside `--out OUT`, else `rlvr-eval.env.stderr` in the
+    /// working directory.
+    #[arg(long, value_name = "FILE", requires = "env")]
+    pub env_log: Option<PathBuf>,
 }
 
 /// Runs `rlvr eval`: prints `{"task", "n", "accuracy", "mean@k", "pass@k"}`.
@@ -224,9 +232,23 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         raw.data.test = Some(d.clone());
     }
     if raw.data.task == TaskKind::Jsonl && raw.data.verifier.is_none() {
-        anyhow::bail!(
-            "--task jsonl needs data.verifier (--set 'data.verifier={{ kind = \"math\" }}')"
-        );
+        // A program environment gives the rewards of its episodes: no verifier needed.
+        match (a.env, raw.env.command.is_empty(), raw.env.builtin.is_some()) {
+            (true, false, _) => {}
+            (false, false, _) => anyhow::bail!(
+                "this data.task = \"jsonl\" config has no data.verifier: its rewards come from \
+                 the environment (env.command), so only episodes can be evaluated: add --env (or \
+                 set data.verifier to score single turns)"
+            ),
+            (true, true, true) => anyhow::bail!(
+                "--env with env.builtin = \"retry\": the retry environment scores each turn \
+                 with the task's verifier, and this data.task = \"jsonl\" names none (--set \
+                 'data.verifier={{ kind = \"math\" }}')"
+            ),
+            _ => anyhow::bail!(
+                "--task jsonl needs data.verifier (--set 'data.verifier={{ kind = \"math\" }}')"
+            ),
+        }
     }
     // A flag given replaces the config's [eval] key; one left out keeps the config's value (a
     // run's config.toml evaluates as the run did); the seed is --seed's.
@@ -258,15 +280,20 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "--env: no environment to evaluate in: set env.command or env.builtin (in --config or \
          with --set 'env.builtin=\"retry\"')"
     );
+    let env_log = env_log_path(
+        &raw,
+        a.env,
+        a.env_log.as_deref(),
+        a.out.as_deref(),
+        "rlvr-eval.env.stderr",
+    )?;
     // The per-turn limit is the evaluation's, and so is the default episode budget.
     raw.rollout.max_new_tokens = evaluator.settings.max_new_tokens;
     let mut runner = match a.env {
-        true => Some(settings::episode_runner(
-            &raw,
-            &policy.tokenizer,
-            &evaluator.reward,
-            None,
-        )?),
+        true => Some(
+            settings::episode_runner(&raw, &policy.tokenizer, &evaluator.reward, env_log.clone())
+                .map_err(|e| name_env_log(e, env_log.as_deref()))?,
+        ),
         false => None,
     };
     let episode_tokens = raw.env.episode_tokens(evaluator.settings.max_new_tokens);
@@ -278,7 +305,8 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         runner
             .as_mut()
             .map(|r| (r, raw.env.builtin.is_some(), episode_tokens)),
-    )?;
+    )
+    .map_err(|e| name_env_log(e, env_log.as_deref()))?;
     if let Some(path) = &a.out {
         let mut s = String::new();
         for it in &items {
@@ -299,6 +327,55 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         })
     )?;
     Ok(())
+}
+
+/// The file `rlvr eval --env` or `rlvr generate --env` (`env`) writes a program environment's
+/// whole stderr to, created empty here: `flag` (`--env-log`), else `out` + `.env.stderr` (beside
+/// the output file), else `default` in the working directory. `None` without `--env` or for the
+/// built-in `retry` environment (no program).
+///
+/// # Errors
+/// `--env-log` with `env.builtin`; the file cannot be created, naming it.
+fn env_log_path(
+    raw: &RawConfig,
+    env: bool,
+    flag: Option<&std::path::Path>,
+    out: Option<&std::path::Path>,
+    default: &str,
+) -> anyhow::Result<Option<PathBuf>> {
+    if !env || raw.env.command.is_empty() {
+        anyhow::ensure!(
+            flag.is_none() || !env,
+            "--env-log: env.builtin runs no program, so there is no stderr to log; remove it"
+        );
+        return Ok(None);
+    }
+    let path = match (flag, out) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(o)) => {
+            let mut s = o.as_os_str().to_owned();
+            s.push(".env.stderr");
+            PathBuf::from(s)
+        }
+        (None, None) => PathBuf::from(default),
+    };
+    std::fs::File::create(&path).with_context(|| {
+        format!(
+            "{}: cannot be written for the environment's stderr (--env-log names another file)",
+            path.display()
+        )
+    })?;
+    Ok(Some(path))
+}
+
+/// `e` with the file holding the environment's whole stderr named, unless it already names it.
+fn name_env_log(e: anyhow::Error, log: Option<&std::path::Path>) -> anyhow::Error {
+    match log {
+        Some(p) if !format!("{e:#}").contains(&p.display().to_string()) => {
+            e.context(format!("the environment's stderr is in {}", p.display()))
+        }
+        _ => e,
+    }
 }
 
 /// Checks, before any work, that the file `p` (given as `flag`) can be written: opened for
@@ -1006,7 +1083,15 @@ pub fn generate_episodes(
     let texts: Vec<String> = rows.iter().map(|(t, _)| t.clone()).collect();
     let ids = rlvr_rollout::cli::encode_prompts(tok, &texts, a.chat)?;
     let reward = Arc::new(settings::reward_function(&raw)?);
-    let mut runner = settings::episode_runner(&raw, tok, &reward, None)?;
+    let env_log = env_log_path(
+        &raw,
+        true,
+        a.env_log.as_deref(),
+        None,
+        "rlvr-generate.env.stderr",
+    )?;
+    let mut runner = settings::episode_runner(&raw, tok, &reward, env_log.clone())
+        .map_err(|e| name_env_log(e, env_log.as_deref()))?;
     let budget = raw.env.episode_tokens(a.max_new_tokens);
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
@@ -1054,7 +1139,8 @@ pub fn generate_episodes(
             .collect();
         let (eps, _) = runner
             .run(engine.as_mut(), tok, &prompts, &params, a.seed)
-            .with_context(|| format!("sampling the episodes of prompts {start}..{end}"))?;
+            .with_context(|| format!("sampling the episodes of prompts {start}..{end}"))
+            .map_err(|e| name_env_log(e, env_log.as_deref()))?;
         for e in eps {
             let sampled = e.completion_mask.iter().filter(|&&m| m == 1).count();
             let line = EpisodeLine {

@@ -103,7 +103,12 @@ pub fn pairs_from_config(
     let Some(&eos) = tok.eos_ids.first() else {
         bail!("the tokenizer has no EOS token: SFT trains the EOS that ends each completion");
     };
-    let p = crate::feed::prompts::prepare_prompts(data, rlvr_data::generate::Split::Train, tok)?;
+    let p = crate::feed::prompts::prepare_prompts(
+        data,
+        rlvr_data::generate::Split::Train,
+        tok,
+        rlvr_data::config::Scoring::Verifier,
+    )?;
     let plain = data.style == rlvr_data::config::PromptStyle::Plain;
     p.texts
         .iter()

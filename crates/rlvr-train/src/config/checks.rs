@@ -164,6 +164,13 @@ impl RawConfig {
                 e.turn_discount
             );
         }
+        if !e.command.is_empty() && e.turn_discount != 1.0 {
+            bail!(
+                "env.turn_discount is read by the built-in retry environment only \
+                 (env.builtin = \"retry\"); a program environment (env.command) gives its own \
+                 rewards: remove it"
+            );
+        }
         if self.data.experiences.is_some() {
             bail!(
                 "[env] with data.experiences: an offline run trains on stored rows and runs no \
@@ -442,12 +449,59 @@ impl RawConfig {
     /// # Errors
     /// An invalid value, naming its key.
     fn check_data(&self) -> anyhow::Result<()> {
+        use rlvr_data::config::TaskKind;
         if self.data.experiences.is_none() {
+            if self.env.builtin.is_some()
+                && self.data.task == TaskKind::Jsonl
+                && self.data.verifier.is_none()
+            {
+                bail!(
+                    "env.builtin = \"retry\" scores each turn with the task's verifier, and this \
+                     data.task = \"jsonl\" names none: set data.verifier (e.g. {{ kind = \"math\" \
+                     }}), or use a program environment (env.command) that gives the rewards"
+                );
+            }
             self.data
-                .validate()
+                .validate_for(super::settings::scoring(self))
                 .map_err(|e| anyhow::anyhow!("[data]: {e}"))?;
+            if super::settings::env_gives_reward(self) {
+                self.check_env_scored()?;
+            }
         } else if self.data.prompts_per_step == 0 {
             bail!("data.prompts_per_step must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// A run whose program environment gives every reward (`env.command` with a `jsonl` task
+    /// and no `data.verifier`): nothing can score one turn, so the keys that would are refused.
+    ///
+    /// # Errors
+    /// `train.eval_every` above 0 (the held-out evaluation scores one turn with the verifier),
+    /// `reward.components` or `reward.format` (nothing reads `[reward]`), naming the fix.
+    fn check_env_scored(&self) -> anyhow::Result<()> {
+        let why = "this data.task = \"jsonl\" run has no data.verifier: its rewards come from \
+                   the environment (env.command)";
+        if self.train.eval_every > 0 {
+            bail!(
+                "train.eval_every = {}: the held-out evaluation during training scores one turn \
+                 with the task's verifier, and {why}; set train.eval_every = 0 and evaluate \
+                 episodes with `rlvr eval --env` on the checkpoints, or set data.verifier",
+                self.train.eval_every
+            );
+        }
+        if !self.reward.components.is_empty() {
+            bail!(
+                "reward.components: {why}, which nothing in [reward] adds to (env.reward says \
+                 how an episode's rewards are combined); remove them, or set data.verifier"
+            );
+        }
+        if self.reward.format.is_some() {
+            bail!(
+                "reward.format.bonus and reward.format.penalty (the format reward): {why}, which \
+                 nothing in [reward] adds to (env.reward says how an episode's rewards are \
+                 combined); remove [reward.format], or set data.verifier"
+            );
         }
         Ok(())
     }

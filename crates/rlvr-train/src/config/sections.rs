@@ -300,7 +300,9 @@ impl Default for RolloutSection {
 pub struct EnvSection {
     /// The environment program and its arguments (no shell), started once per run in its own
     /// process group and spoken to in JSON lines (docs/DESIGN.md section 14). Relative paths are
-    /// relative to the config file, like an external verifier's. Empty: no program. Default empty.
+    /// relative to the config file, like an external verifier's. Its rewards are the episodes'
+    /// rewards, so a `data.task = "jsonl"` run needs no `data.verifier` with it
+    /// (docs/environments.md, "Data without a verifier"). Empty: no program. Default empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     /// A built-in environment instead of a program: `retry` (the run's task verifier scores each
@@ -352,7 +354,8 @@ pub struct EnvSection {
     /// A table handed to the program in `hello`. Default empty.
     #[serde(skip_serializing_if = "toml::Table::is_empty")]
     pub options: toml::Table,
-    /// The `retry` environment's reward factor per extra turn, in (0, 1]. Default 1.
+    /// The `retry` environment's reward factor per extra turn, in (0, 1]; refused beside
+    /// `env.command` (a program gives its own rewards). Default 1.
     pub turn_discount: f64,
     /// A Jinja chat template file that renders the bridges (and prompts an environment's `reset`
     /// replaces), relative to the config file; default the model's own chat template. Its

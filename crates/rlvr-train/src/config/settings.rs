@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use rlvr_data::config::{DataConfig, PromptStyle};
+use rlvr_data::config::{DataConfig, PromptStyle, Scoring};
 use rlvr_data::generate::Split;
 use rlvr_model::TokenizerBundle;
 use rlvr_reward::combine::RewardFunction;
@@ -123,16 +123,63 @@ pub fn eval_settings(raw: &RawConfig) -> EvalSettings {
     }
 }
 
+/// What gives the rewards of `raw`'s completions: a program environment (`env.command`), whose
+/// `jsonl` rows then need no verifier ([`rlvr_data::config::DataConfig::scored_by_environment`]),
+/// else the task's verifier.
+pub fn scoring(raw: &RawConfig) -> Scoring {
+    match raw.env.command.is_empty() {
+        true => Scoring::Verifier,
+        false => Scoring::Environment,
+    }
+}
+
+/// Whether `raw`'s rewards come from its program environment alone: `env.command` with a `jsonl`
+/// task that names no verifier (docs/environments.md, "Data without a verifier"). Nothing then
+/// scores a single-turn completion: `train.eval_every` and `[reward]` are refused
+/// ([`RawConfig::resolve`]) and `rlvr eval` needs `--env`.
+pub fn env_gives_reward(raw: &RawConfig) -> bool {
+    raw.data.scored_by_environment(scoring(raw))
+}
+
 /// The reward function of `[reward]`, over the task's verifier (`data.verifier`) when it lists
 /// no component. A run builds it once and shares it between its explorer and its evaluator.
+/// When the environment gives the rewards ([`env_gives_reward`]) it holds [`NoVerifier`], which
+/// nothing calls (the explorer and `rlvr eval --env` take the episodes' rewards) and which
+/// refuses, naming why, if anything does.
 ///
 /// # Errors
 /// Verifier configuration errors.
 pub fn reward_function(raw: &RawConfig) -> anyhow::Result<RewardFunction> {
+    if env_gives_reward(raw) {
+        return Ok(RewardFunction::new(
+            vec![("environment".into(), 1.0, Box::new(NoVerifier))],
+            None,
+        ));
+    }
     Ok(RewardFunction::from_config(
         &raw.reward,
         &raw.data.verifier()?,
     )?)
+}
+
+/// The verifier of a run whose program environment gives every reward ([`env_gives_reward`]):
+/// it has no answer to compare with, so scoring a single-turn completion is an error that says
+/// so (the config checks keep every such path off: `train.eval_every`, `rlvr eval` without
+/// `--env`).
+pub struct NoVerifier;
+
+impl rlvr_reward::Verifier for NoVerifier {
+    fn score(
+        &self,
+        _: &rlvr_reward::Sample<'_>,
+    ) -> Result<rlvr_reward::Score, rlvr_reward::RewardError> {
+        Err(rlvr_reward::RewardError::Config(
+            "no verifier to score a single-turn completion: this data.task = \"jsonl\" config \
+             has no data.verifier, and its rewards come from the environment (env.command); \
+             evaluate episodes (rlvr eval --env) or set data.verifier"
+                .into(),
+        ))
+    }
 }
 
 /// The held-out evaluator: the `[data]` test split rendered with `tok` (its first `eval.limit`
@@ -146,7 +193,7 @@ pub fn evaluator(
     tok: &TokenizerBundle,
     reward: Arc<RewardFunction>,
 ) -> anyhow::Result<Evaluator> {
-    let mut p = prepare_prompts(&raw.data, Split::Test, tok)?;
+    let mut p = prepare_prompts(&raw.data, Split::Test, tok, scoring(raw))?;
     if let Some(n) = raw.eval.limit {
         p.truncate(n);
     }
@@ -285,6 +332,8 @@ pub fn episode_runner(
         end_of_turn: eot,
         specials: specials.clone(),
         turn_cache_bytes: usize::try_from(e.kv_cache_mib << 20).unwrap_or(usize::MAX),
+        max_token_bytes: crate::feed::episodes::max_token_bytes(tok),
+        max_prompt_tokens: model_positions(tok)?.unwrap_or(usize::MAX),
     };
     let env: Box<dyn rlvr_env::Environment> = match e.builtin.as_deref() {
         Some(_) => Box::new(rlvr_env::retry::RetryEnvironment::new(

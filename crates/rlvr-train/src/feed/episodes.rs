@@ -68,6 +68,53 @@ pub struct EpisodeSettings {
     /// `env.kv_cache_mib` in bytes: the native engine's budget for keys and values kept between
     /// an episode's turns ([`Rollout::keep_turns`]; 0: every turn prefills its whole context).
     pub turn_cache_bytes: usize,
+    /// The most text bytes one token of the tokenizer stands for (its longest vocabulary entry,
+    /// [`max_token_bytes`]): a reply's messages longer than `max_observation_tokens` such tokens
+    /// could hold are refused before they are rendered and encoded ([`observation_byte_cap`]).
+    pub max_token_bytes: usize,
+    /// The model's positions (`max_position_embeddings`; `usize::MAX` when unknown): `reset`
+    /// messages of more bytes than this many tokens could hold stop the run unrendered, as a
+    /// prompt past the positions does once encoded.
+    pub max_prompt_tokens: usize,
+}
+
+/// The longest entry, in UTF-8 bytes, of `tok`'s vocabulary (added tokens included): no token
+/// stands for more text than this in the tokenizers LLMs use (byte-level BPE writes each byte as
+/// one character of one or two bytes; SentencePiece writes a space as the 3-byte `▁`), so a text
+/// of `b` bytes encodes as at least `b / max_token_bytes` tokens, up to normalisation
+/// ([`observation_byte_cap`] allows for it).
+pub fn max_token_bytes(tok: &TokenizerBundle) -> usize {
+    tok.tokenizer
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The bytes of text of `messages`: contents, names and tool call ids.
+fn message_bytes(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.name.as_ref().map_or(0, String::len)
+                + m.tool_call_id.as_ref().map_or(0, String::len)
+        })
+        .sum()
+}
+
+/// The most bytes of text (message contents, names and tool call ids together) a reply may hold
+/// to fit `max_observation_tokens` tokens of at most `max_token_bytes` bytes each, times 4 for a
+/// normaliser that folds a 4-byte character into one byte (NFKC). A longer reply fails its
+/// episode unrendered: encoding it only to count its tokens would cost memory in proportion to it
+/// (measured before this bound: ~500 MB and ~5 s per MiB of reply on the tiny test tokenizer, so a
+/// reply at the 16 MiB line limit held ~8 GB).
+pub fn observation_byte_cap(max_observation_tokens: usize, max_token_bytes: usize) -> usize {
+    max_observation_tokens
+        .saturating_mul(max_token_bytes)
+        .saturating_mul(4)
 }
 
 /// What the environment did in one batch, for metrics.jsonl (`env/*`, `time/env_s`).
@@ -386,6 +433,20 @@ impl EpisodeRunner {
                             p.draw
                         );
                     }
+                    let bytes = message_bytes(m);
+                    let cap = observation_byte_cap(
+                        self.settings.max_prompt_tokens,
+                        self.settings.max_token_bytes,
+                    );
+                    if bytes > cap {
+                        anyhow::bail!(
+                            "group {}: the environment's reset messages hold {bytes} bytes, more \
+                             than the model's max_position_embeddings = {} tokens can hold ({cap} \
+                             bytes at most); they were not rendered",
+                            p.draw,
+                            self.settings.max_prompt_tokens
+                        );
+                    }
                     let text = self.template.render(m, tools.as_deref(), true)?;
                     tok.encode(&text, false)?
                 }
@@ -621,6 +682,19 @@ impl EpisodeRunner {
                         "step {turn}: the reply's {field} holds the special token {t:?} as text \
                          (it would be encoded as that control token; env.allow_special_tokens \
                          accepts it)"
+                    ));
+                    continue;
+                }
+                let bytes = message_bytes(&r.messages);
+                let cap = observation_byte_cap(
+                    self.settings.max_observation_tokens,
+                    self.settings.max_token_bytes,
+                );
+                if bytes > cap {
+                    eps[i].fail(format!(
+                        "step {turn}: the reply's messages hold {bytes} bytes, more than \
+                         env.max_observation_tokens = {} tokens can render ({cap} bytes at most)",
+                        self.settings.max_observation_tokens
                     ));
                     continue;
                 }

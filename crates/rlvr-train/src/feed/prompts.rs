@@ -7,7 +7,7 @@
 //! attention bias is L² floats: a 5 MB prompt line would ask for terabytes).
 
 use anyhow::Context;
-use rlvr_data::dataset::{check_prompt_lengths, prepare_split, PreparedSplit, TokenCounter};
+use rlvr_data::dataset::{check_prompt_lengths, prepare_split_for, PreparedSplit, TokenCounter};
 use rlvr_data::generate::Split;
 use rlvr_data::ChatMessage;
 use rlvr_model::{Message, ModelConfig, TokenizerBundle};
@@ -29,7 +29,9 @@ pub struct PreparedPrompts {
     pub sources: Vec<String>,
 }
 
-/// Loads and renders a split of `[data]` with the policy tokenizer (chat template, token counter).
+/// Loads and renders a split of `[data]` with the policy tokenizer (chat template, token counter),
+/// its rows scored by `scoring` (a program environment's `jsonl` rows need no verifier and may
+/// lack the answer field: [`rlvr_data::config::DataConfig::reference_optional`]).
 ///
 /// # Errors
 /// Data errors (files, templates, all prompts filtered).
@@ -37,6 +39,7 @@ pub fn prepare_prompts(
     cfg: &rlvr_data::config::DataConfig,
     split: Split,
     tok: &TokenizerBundle,
+    scoring: rlvr_data::config::Scoring,
 ) -> anyhow::Result<PreparedPrompts> {
     let render = |msgs: &[ChatMessage], gen: bool| -> anyhow::Result<String> {
         let m: Vec<Message> = msgs
@@ -46,7 +49,7 @@ pub fn prepare_prompts(
         Ok(tok.apply_chat_template(&m, gen)?)
     };
     let count = |t: &str| -> anyhow::Result<usize> { Ok(tok.encode(t, true)?.len()) };
-    let prep = prepare_split(cfg, split, Some(&render), Some(&count))
+    let prep = prepare_split_for(cfg, split, Some(&render), Some(&count), scoring)
         .map_err(|e| anyhow::anyhow!("[data] {split:?} split: {e}"))?;
     // No prompt longer than the model's positions: refused here, naming its file and line.
     check_prompts(&prep, tok, &count)

@@ -76,10 +76,13 @@ fn model_config(dir: &Path) -> anyhow::Result<Option<(ModelConfig, PathBuf)>> {
 }
 
 /// The verifiers of the reward function in its component order: `reward.components`' or, when
-/// there are none, `data.verifier`'s.
+/// there are none, `data.verifier`'s; none when the environment gives the rewards
+/// ([`settings::env_gives_reward`]).
 fn verifiers(cfg: &ResolvedConfig) -> anyhow::Result<Vec<VerifierConfig>> {
     let c = &cfg.raw;
-    Ok(if c.reward.components.is_empty() {
+    Ok(if settings::env_gives_reward(c) {
+        Vec::new()
+    } else if c.reward.components.is_empty() {
         vec![c.data.verifier()?]
     } else {
         c.reward
@@ -122,7 +125,7 @@ pub(super) fn check(
         return Ok(Preflight::Offline { rows, checked });
     }
     let tokenizer = settings::load_tokenizer(policy_dir)?;
-    let train = prepare_prompts(&c.data, Split::Train, &tokenizer)?;
+    let train = prepare_prompts(&c.data, Split::Train, &tokenizer, settings::scoring(c))?;
     let ids = train
         .encode(&tokenizer, settings::add_special_tokens(&c.data))
         .context("encoding train prompts")?;

@@ -53,7 +53,7 @@ fn single_turn(cfg: &ResolvedConfig) -> ResolvedConfig {
 fn explorer(cfg: &ResolvedConfig, model: &Model, dir: &Path) -> Explorer {
     let c = &cfg.raw;
     let tok = settings::load_tokenizer(dir).unwrap();
-    let p = prepare_prompts(&c.data, Split::Train, &tok).unwrap();
+    let p = prepare_prompts(&c.data, Split::Train, &tok, settings::scoring(c)).unwrap();
     let ids = p
         .encode(&tok, settings::add_special_tokens(&c.data))
         .unwrap();

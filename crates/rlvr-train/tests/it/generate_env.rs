@@ -252,6 +252,8 @@ fn generate_env_rows_hold_the_prompt_and_the_lines_other_keys() {
         "4",
         "--env",
         config.to_str().unwrap(),
+        "--env-log",
+        tmp.path().join("env.stderr").to_str().unwrap(),
     ]
     .map(String::from)
     .to_vec();

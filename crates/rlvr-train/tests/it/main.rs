@@ -15,6 +15,7 @@ mod data_parallel_run;
 mod data_parallel_step;
 mod data_parallel_trainer;
 mod determinism;
+mod env_data;
 mod episodes;
 mod eval;
 mod export;

@@ -75,7 +75,13 @@ fn a_messages_row_gives_the_token_ids_of_the_same_messages_built_by_rlvr() {
         ..chat_cfg(&messages)
     };
     let prepare = |cfg: &DataConfig| {
-        let p = rlvr_train::feed::prompts::prepare_prompts(cfg, Split::Train, &tok).unwrap();
+        let p = rlvr_train::feed::prompts::prepare_prompts(
+            cfg,
+            Split::Train,
+            &tok,
+            rlvr_data::config::Scoring::Verifier,
+        )
+        .unwrap();
         let ids = p.encode(&tok, false).unwrap();
         (p, ids)
     };
