@@ -1,6 +1,6 @@
 //! A run killed by SIGKILL and resumed from its last checkpoint gives, at every later step, the same
-//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1: bit-identical, from
-//! the checkpoint's buffer of in-flight batches). The killed run is this test
+//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1 and v = 4:
+//! bit-identical, from the checkpoint's buffer of in-flight batches and explorer weights). The killed run is this test
 //! binary re-executed on `child_entry` with `RLVR_TRAIN_CHILD` set; it hangs after step 3 (test hook
 //! `RLVR_DEBUG_HANG_AFTER_STEP`), after the step-2 checkpoint, and is killed there.
 
@@ -122,6 +122,21 @@ fn check_resume_with(v: u64, o: u64, exact: bool, extra: &[&str]) {
             .collect();
         assert_eq!(lines.len() as u64, o, "{buf}");
         assert_eq!(lines[0]["step"], 3);
+        // The explorer after them samples step 2 + o + 1 with version s(2 + o + 1): the policy's
+        // (2) or, between two syncs, the last sync's, whose weights the checkpoint keeps.
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(rb.join("checkpoints/step-2/trainer_state/state.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        let need = rlvr_train::feed::behaviour_version(3 + o, v, o);
+        assert_eq!(state["explorer_version"], need, "{state}");
+        assert_eq!(state["explorer_weights"], need != 2, "{state}");
+        assert_eq!(
+            rb.join("checkpoints/step-2/trainer_state/explorer/model.safetensors")
+                .is_file(),
+            need != 2
+        );
     }
     // Resume.
     let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
@@ -217,6 +232,15 @@ fn sigkill_resume_matches_uninterrupted_v1() {
 #[test]
 fn sigkill_resume_matches_uninterrupted_offset_1() {
     check_resume(1, 1, true);
+}
+
+/// Off-policy with an explorer thread between syncs (v = 4, o = 1): the step-2 checkpoint keeps
+/// the in-flight batch of step 3 and the weights of version 0, with which the explorer samples
+/// steps 4 and 5; the resumed run is bit-identical (it once re-sampled them with version 2's
+/// weights, and its staleness pattern broke).
+#[test]
+fn sigkill_resume_matches_uninterrupted_v4_offset_1() {
+    check_resume(4, 1, true);
 }
 
 #[test]
