@@ -134,6 +134,25 @@ fn lora_run_is_on_policy_and_checkpoints_peft_adapters() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("--force"), "{e}");
+    // Merging into the adapter's base model is refused even with --force, and the base's
+    // weights are left as they were.
+    let before = std::fs::read(model.join("model.safetensors")).unwrap();
+    let e = rlvr_train::lora::run_merge(
+        &rlvr_train::lora::MergeArgs {
+            checkpoint: ck.clone(),
+            out: model.clone(),
+            force: true,
+        },
+        &mut buf,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("is the adapter's base model"), "{e}");
+    assert!(e.contains("base_model_name_or_path"), "{e}");
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        before
+    );
 }
 
 #[test]
