@@ -106,6 +106,7 @@ pub(super) fn check(
     env_log: Option<PathBuf>,
 ) -> anyhow::Result<Preflight> {
     let c = &cfg.raw;
+    check_input_paths(cfg, policy_dir)?;
     let model = model_config(policy_dir)?;
     if let Some(path) = &c.data.experiences {
         let rows = read_experience_lines(path)?;
@@ -152,6 +153,55 @@ pub(super) fn check(
         evaluator,
         runner,
     })))
+}
+
+/// Every input path the run will read exists: `model.path` (when the policy is loaded from it,
+/// not from a checkpoint), `model.reference`, `data.experiences`, else `data.train`, and
+/// `data.test` when the run evaluates.
+///
+/// # Errors
+/// The first missing one, naming its key, the path it resolved to and where the key was written
+/// (the file's line or the `--set`), with the rule that resolved it: a config file's input paths
+/// are relative to the file's directory (a config copied elsewhere without its data names files
+/// beside the copy), `--set` values to the working directory.
+fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<()> {
+    let c = &cfg.raw;
+    let mut inputs: Vec<(&str, &Path)> = Vec::new();
+    if policy_dir == c.model.path.as_path() {
+        inputs.push(("model.path", &c.model.path));
+    }
+    if let Some(p) = &c.model.reference {
+        inputs.push(("model.reference", p));
+    }
+    match &c.data.experiences {
+        Some(p) => inputs.push(("data.experiences", p)),
+        None => {
+            if let Some(p) = &c.data.train {
+                inputs.push(("data.train", p));
+            }
+            if let (Some(p), true) = (&c.data.test, c.train.eval_every > 0) {
+                inputs.push(("data.test", p));
+            }
+        }
+    }
+    for (key, path) in inputs {
+        if path.as_os_str().is_empty() || path.exists() {
+            continue;
+        }
+        let origin = c
+            .written
+            .iter()
+            .rev()
+            .find(|w| w.key == key)
+            .map_or_else(String::new, |w| format!(" (written in {})", w.origin));
+        anyhow::bail!(
+            "{key} = {}: no such file or directory{origin}; input paths in a config file are \
+             relative to that file's directory (a config copied elsewhere names files beside \
+             the copy), `--set` values to the working directory",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The room each train prompt needs after it, and the key it comes from: a whole episode's
