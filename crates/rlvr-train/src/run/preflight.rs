@@ -194,11 +194,17 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
             .rev()
             .find(|w| w.key == key)
             .map_or_else(String::new, |w| format!(" (written in {})", w.origin));
+        // A model path written like a Hub id: rlvr downloads nothing, and how to get it.
+        let hub = match key.starts_with("model.") {
+            true => crate::store::hub::missing_model_hint(path).map(|h| format!("; {h}")),
+            false => None,
+        };
         anyhow::bail!(
             "{key} = {}: no such file or directory{origin}; input paths in a config file are \
              relative to that file's directory (a config copied elsewhere names files beside \
-             the copy), `--set` values to the working directory",
-            path.display()
+             the copy), `--set` values to the working directory{}",
+            path.display(),
+            hub.unwrap_or_default()
         );
     }
     Ok(())

@@ -300,6 +300,12 @@ fn a_missing_input_path_names_its_key_and_where_it_was_written() {
         missing.display()
     );
     assert!(err.starts_with(&want), "{err}");
+    // A model.path written like a Hub id, in no cache: the hint that rlvr downloads nothing.
+    let mut s = sets(&f.dir.join("test.jsonl"));
+    s.push("model.path=\"rlvr-test-org/no-such-model-4821\"".into());
+    let err = run(s);
+    assert!(err.starts_with("model.path = "), "{err}");
+    assert!(err.contains("rlvr downloads nothing"), "{err}");
     // With both files there the run gets as far as the weights (removed by the fixture).
     let err = run(sets(&f.dir.join("test.jsonl")));
     assert!(err.contains("model.safetensors"), "{err}");
