@@ -310,3 +310,38 @@ fn a_missing_input_path_names_its_key_and_where_it_was_written() {
     let err = run(sets(&f.dir.join("test.jsonl")));
     assert!(err.contains("model.safetensors"), "{err}");
 }
+
+/// A `jsonl` row with an empty answer, scored by a built-in verifier that reads the gold answer
+/// from it: refused naming the file, line and field (it would score 0 whatever the model says);
+/// the same row with an answer runs as far as the weights.
+#[test]
+fn an_empty_reference_for_a_builtin_verifier_is_refused() {
+    let f = fixture();
+    let data = f.dir.join("refs.jsonl");
+    std::fs::write(
+        &data,
+        "{\"question\": \"1+1\", \"answer\": \"2\"}\n{\"question\": \"2+1\", \"answer\": \"3\"}\n\
+         {\"question\": \"3+1\", \"answer\": \" \"}\n",
+    )
+    .unwrap();
+    let sets = vec![
+        "data.task=\"jsonl\"".to_string(),
+        "data.verifier={kind=\"arithmetic\"}".into(),
+        format!("data.train=\"{}\"", data.display()),
+    ];
+    let err = error(&f, &sets);
+    assert!(
+        err.contains(&format!(
+            "[data] Train split: {}:3: field `answer` is empty: the arithmetic verifier",
+            data.display()
+        )),
+        "{err}"
+    );
+    std::fs::write(
+        &data,
+        "{\"question\": \"1+1\", \"answer\": \"2\"}\n{\"question\": \"3+1\", \"answer\": \"4\"}\n",
+    )
+    .unwrap();
+    let err = error(&f, &sets);
+    assert!(weights_missing(&err), "{err}");
+}
