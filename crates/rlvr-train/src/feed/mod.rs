@@ -251,8 +251,9 @@ impl Feed {
     /// the policy's when v divides t, else the last sync's, whose weights the threaded feed
     /// keeps (`synced`) and the checkpoint saves. The buffer is empty when there is nothing in
     /// flight (inline, offline), under data parallel (each rank holds only its share before the
-    /// gather), when stopping (`in_flight` false: the resume re-samples them, exactly when they
-    /// need the last sync's version), and when the explorer after them would need weights the
+    /// gather), without `in_flight` (a stop that need not wait,
+    /// [`Feed::resumes_exactly_without_buffer`], or a save after an error: the resume re-samples
+    /// them), and when the explorer after them would need weights the
     /// feed no longer has (the resume then re-samples them with the policy's).
     ///
     /// # Errors
@@ -283,6 +284,24 @@ impl Feed {
             explorer,
             buffer,
         })
+    }
+
+    /// Whether a checkpoint of step `t` without the in-flight batches resumes exactly: the
+    /// resumed explorer then samples step t+1 first, with version s(t+1), which must be the
+    /// policy's or the last sync's (kept). Always for an inline explorer and an offline source;
+    /// a stop (Ctrl-C, SIGTERM) waits for the in-flight batches only when this is false.
+    pub fn resumes_exactly_without_buffer(&self, t: u64) -> bool {
+        match self {
+            Feed::Threaded {
+                sync: (v, o),
+                synced,
+                ..
+            } => {
+                let need = behaviour_version(t + 1, *v, *o);
+                need == t || synced.as_ref().is_some_and(|s| s.0 == need)
+            }
+            _ => true,
+        }
     }
 
     /// The explorer's version and, when it differs from `policy_version`, its weights as a local
