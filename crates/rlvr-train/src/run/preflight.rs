@@ -200,7 +200,7 @@ fn check_references(c: &crate::config::RawConfig, train: &PreparedPrompts) -> an
 }
 
 /// Every input path the run will read exists: `model.path` (when the policy is loaded from it,
-/// not from a checkpoint), `model.reference`, `data.experiences`, else `data.train`, and
+/// not from a checkpoint), `model.reference` (when the KL term loads it), `data.experiences`, else `data.train`, and
 /// `data.test` when the run evaluates.
 ///
 /// # Errors
@@ -214,7 +214,7 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
     if policy_dir == c.model.path.as_path() {
         inputs.push(("model.path", &c.model.path));
     }
-    if let Some(p) = &c.model.reference {
+    if let (Some(p), true) = (&c.model.reference, cfg.algorithm.needs_reference()) {
         inputs.push(("model.reference", p));
     }
     match &c.data.experiences {

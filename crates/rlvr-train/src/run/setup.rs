@@ -254,11 +254,21 @@ fn restore_trainer(
 ) -> anyhow::Result<()> {
     let n = trainer.model.named_vars().len();
     if st.optimizer_saved {
-        trainer.load_state_dict(TrainerRecord {
-            optimizer_step: st.optimizer_step,
-            optimizer: checkpoint::load_optimizer(dir, n, device)?,
-            lora_dropout_draws: st.lora_dropout_draws,
-        })?;
+        trainer
+            .load_state_dict(TrainerRecord {
+                optimizer_step: st.optimizer_step,
+                optimizer: checkpoint::load_optimizer(dir, n, device)?,
+                lora_dropout_draws: st.lora_dropout_draws,
+            })
+            .with_context(|| {
+                format!(
+                    "restoring {}: it does not fit the {n} trained tensors of the model as \
+                     configured now; the checkpoint was written with other trained parameters \
+                     (was model.lora_rank or model.lora_targets changed by a --set of this \
+                     --resume?)",
+                    dir.join("trainer_state/optimizer.safetensors").display()
+                )
+            })?;
     } else {
         trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
         crate::log::say(&format!(
