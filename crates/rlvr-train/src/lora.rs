@@ -99,22 +99,50 @@ pub struct MergeArgs {
     pub force: bool,
 }
 
+/// Refuses an `--out` that is the base model the adapter in `adapter` (of `checkpoint`) names
+/// (`base_model_name_or_path`, relative to `checkpoint` when relative, as the loader reads it):
+/// merging into it would replace the weights every checkpoint of the run applies its adapter to.
+fn refuse_base_as_out(checkpoint: &Path, adapter: &Path, out: &Path) -> anyhow::Result<()> {
+    let Ok((_, Some(base))) = rlvr_model::lora::read_adapter_config(adapter) else {
+        return Ok(()); // no base named: the loader's own error says so
+    };
+    let base = if base.is_absolute() {
+        base
+    } else {
+        checkpoint.join(base)
+    };
+    if let (Ok(b), Ok(o)) = (base.canonicalize(), out.canonicalize()) {
+        anyhow::ensure!(
+            b != o,
+            "--out {} is the adapter's base model ({} names it as base_model_name_or_path): \
+             merging there would replace the weights that this adapter, and every other \
+             checkpoint of its run, is applied to (--force does not change this); choose another \
+             --out",
+            out.display(),
+            adapter.join("adapter_config.json").display()
+        );
+    }
+    Ok(())
+}
+
 /// Runs `rlvr merge`: loads the base and the adapter in f32, writes `W + (α/r)·B·A` for every
 /// adapted projection (peft's `merge_and_unload`), cast to the base's stored dtype
 /// (`torch_dtype` of its config.json), with the tokenizer files of `--checkpoint`; prints
 /// `{"out", "dtype", "merged"}`.
 ///
 /// # Errors
-/// No adapter in `--checkpoint`, a non-empty `--out` without `--force`, load and I/O errors.
+/// No adapter in `--checkpoint`, an `--out` that is the checkpoint or the adapter's base model
+/// (even with `--force`), a non-empty `--out` without `--force`, load and I/O errors.
 pub fn run_merge(a: &MergeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     crate::store::lock::refuse_same_dir(&a.checkpoint, &a.out)?;
-    if rlvr_model::lora::find_adapter(&a.checkpoint).is_none() {
+    let Some(adapter) = rlvr_model::lora::find_adapter(&a.checkpoint) else {
         bail!(
             "{} holds no LoRA adapter (adapter/adapter_config.json or adapter_config.json); it \
              already is a full model",
             a.checkpoint.display()
         );
-    }
+    };
+    refuse_base_as_out(&a.checkpoint, &adapter, &a.out)?;
     // --force over a model: written into a staging sibling, moved over --out only when complete.
     let staged = crate::store::lock::StagedOutput::prepare(&a.out, a.force, "--out")?;
     let model = crate::store::manifest::load_model(&a.checkpoint, DType::F32, &Device::Cpu)?;

@@ -794,8 +794,9 @@ fn drop_unread_loss_options(table: &mut toml::Table, overrides: &[String]) -> an
 
 /// `err` with where the key it names was written: the first written key (of `written`, dotted)
 /// that the message names as a whole key (not as part of a longer one), earliest in the message,
-/// the longest at one place. Unchanged when it names none, or already says where
-/// ([`super::gates::check`]'s errors do).
+/// the longest at one place; of a key written by several layers (the file, then `--set`s in
+/// order), the last, whose value is the one in force. Unchanged when it names none, or already
+/// says where ([`super::gates::check`]'s errors do).
 ///
 /// The message becomes `MESSAGE (in configs/x.toml line 12)` or `MESSAGE (in --set KEY=VALUE)`,
 /// one line, its causes kept in it.
@@ -820,7 +821,8 @@ pub(crate) fn name_origin(err: anyhow::Error, written: &[super::Written]) -> any
             if whole {
                 let better = match best {
                     None => true,
-                    Some((j, len, _)) => i < j || i == j && w.key.len() > len,
+                    // `>=`: a later layer that wrote the same key wins.
+                    Some((j, len, _)) => i < j || i == j && w.key.len() >= len,
                 };
                 if better {
                     best = Some((i, w.key.len(), w));

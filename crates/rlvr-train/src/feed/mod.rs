@@ -66,6 +66,13 @@ pub enum Feed {
         pending: VecDeque<Batch>,
         /// The sync interval v and offset o.
         sync: (u64, u64),
+        /// With v > 1: the last version handed to the explorer (its starting weights, then each
+        /// sync's) and a copy of its weights, the one [`Feed::publish`] sends (so the peak memory
+        /// is what it was: one copy in flight). A checkpoint between two syncs saves it as the
+        /// explorer's weights, so the resumed explorer samples with the version an uninterrupted
+        /// one would. `None` with v = 1 (every step is a sync: the explorer's version is the
+        /// policy's).
+        synced: Option<(u64, Model)>,
     },
 }
 
@@ -79,6 +86,9 @@ impl Feed {
     /// `buffered`: a resumed checkpoint's in-flight batches (steps `first_step..`, see
     /// [`Feed::state`]), handed out first; the explorer thread then starts after them (its
     /// weights and cursor are the checkpoint's, which are those the next batch needs).
+    /// `synced`: the explorer's starting version and a copy of its weights, kept by the threaded
+    /// feed when v > 1 (dropped otherwise) so that a checkpoint before the first sync can save
+    /// them.
     ///
     /// # Errors
     /// Dynamic sampling with an explorer thread under data parallel; a buffered batch for another
@@ -90,6 +100,7 @@ impl Feed {
         o: u64,
         (job, keep): (Job, usize),
         buffered: Vec<Batch>,
+        synced: Option<(u64, Model)>,
     ) -> anyhow::Result<Feed> {
         let share = |gathers| share::Share {
             job: job.clone(),
@@ -119,6 +130,7 @@ impl Feed {
             keep,
             pending: buffered.into(),
             sync: (v, o),
+            synced: synced.filter(|_| v > 1),
         })
     }
 
@@ -187,13 +199,28 @@ impl Feed {
         match self {
             Feed::Inline(e) => e.set_weights(t, &rlvr_rollout::named_tensors(model)),
             Feed::Offline(_) => Ok(()),
-            Feed::Threaded { weights, .. } => {
+            Feed::Threaded {
+                weights,
+                synced,
+                sync: (v, _),
+                ..
+            } => {
                 // A copy: the trainer keeps updating its weights while the explorer loads these.
-                let w: NamedWeights = model
-                    .named_vars()
-                    .into_iter()
-                    .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
-                    .collect::<candle_core::Result<_>>()?;
+                // With v > 1 the copy is kept until the next sync, for a checkpoint in between
+                // (the previous one is dropped first: one copy at a time).
+                let w: NamedWeights = if *v > 1 {
+                    *synced = None;
+                    let copy = model.try_clone()?;
+                    let w = rlvr_rollout::named_tensors(&copy);
+                    *synced = Some((t, copy));
+                    w
+                } else {
+                    model
+                        .named_vars()
+                        .into_iter()
+                        .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
+                        .collect::<candle_core::Result<_>>()?
+                };
                 if let Some(tx) = weights {
                     // A closed channel means the explorer already finished its last batch.
                     let _ = tx.send((t, w));
@@ -219,10 +246,15 @@ impl Feed {
     /// after the last of them), so a resume trains on them instead of re-sampling them with other
     /// weights. With an explorer thread (o ≥ 1) these are steps t+1..=min(t+o, last_step),
     /// sampled by versions up to t−1; they are received here (waiting for the explorer, whose next
-    /// steps need no newer weights) and handed out by [`Feed::next`] as usual. The buffer is empty
-    /// when there is nothing in flight (inline, offline), under data parallel (each rank holds
-    /// only its share before the gather), and when the explorer after them would need weights
-    /// older than the policy's (v > 1 with v not dividing t): the resume then re-samples them.
+    /// steps need no newer weights) and handed out by [`Feed::next`] as usual. The explorer's
+    /// version is the one the step after them needs, s(t+o+1) = v·⌊t/v⌋ (DESIGN.md section 3):
+    /// the policy's when v divides t, else the last sync's, whose weights the threaded feed
+    /// keeps (`synced`) and the checkpoint saves. The buffer is empty when there is nothing in
+    /// flight (inline, offline), under data parallel (each rank holds only its share before the
+    /// gather), without `in_flight` (a stop that need not wait,
+    /// [`Feed::resumes_exactly_without_buffer`], or a save after an error: the resume re-samples
+    /// them), and when the explorer after them would need weights the
+    /// feed no longer has (the resume then re-samples them with the policy's).
     ///
     /// # Errors
     /// The explorer failed or stopped while sampling one of them; the explorer's version differs
@@ -244,7 +276,8 @@ impl Feed {
         if let Some(last) = buffer.last() {
             cursor = last.cursor;
         }
-        let (explorer_version, explorer) = self.explorer_state(t)?;
+        let first = t + 1 + buffer.len() as u64;
+        let (explorer_version, explorer) = self.explorer_state(t, first)?;
         Ok(FeedState {
             cursor,
             explorer_version,
@@ -253,10 +286,35 @@ impl Feed {
         })
     }
 
+    /// Whether a checkpoint of step `t` without the in-flight batches resumes exactly: the
+    /// resumed explorer then samples step t+1 first, with version s(t+1), which must be the
+    /// policy's or the last sync's (kept). Always for an inline explorer and an offline source;
+    /// a stop (Ctrl-C, SIGTERM) waits for the in-flight batches only when this is false.
+    pub fn resumes_exactly_without_buffer(&self, t: u64) -> bool {
+        match self {
+            Feed::Threaded {
+                sync: (v, o),
+                synced,
+                ..
+            } => {
+                let need = behaviour_version(t + 1, *v, *o);
+                need == t || synced.as_ref().is_some_and(|s| s.0 == need)
+            }
+            _ => true,
+        }
+    }
+
     /// The explorer's version and, when it differs from `policy_version`, its weights as a local
-    /// model (what a checkpoint must keep to resume sampling exactly). Only the inline explorer can
-    /// lag the policy at a checkpoint; the threaded one re-samples its in-flight batches.
-    fn explorer_state(&self, policy_version: u64) -> anyhow::Result<(u64, Option<&Model>)> {
+    /// model (what a checkpoint must keep to resume sampling exactly). The inline explorer lags
+    /// the policy between syncs; the threaded one's resumed explorer first samples step `first`,
+    /// which needs version s(first): the last sync's (kept in `synced`) when it is not the
+    /// policy's, else the policy's (also the fallback when neither matches: the resume then
+    /// re-samples with the policy's weights).
+    fn explorer_state(
+        &self,
+        policy_version: u64,
+        first: u64,
+    ) -> anyhow::Result<(u64, Option<&Model>)> {
         match self {
             Feed::Inline(e) if e.version() != policy_version => {
                 let m = e.behaviour_model().with_context(|| {
@@ -268,17 +326,27 @@ impl Feed {
                 })?;
                 Ok((e.version(), Some(m)))
             }
+            Feed::Threaded {
+                synced: Some((version, weights)),
+                sync: (v, o),
+                ..
+            } if *version != policy_version && behaviour_version(first, *v, *o) == *version => {
+                Ok((*version, Some(weights)))
+            }
             _ => Ok((policy_version, None)),
         }
     }
 
-    /// [`Feed::state`]'s in-flight batches received into `pending`; whether a buffer applies.
+    /// [`Feed::state`]'s in-flight batches received into `pending`; whether a buffer applies
+    /// (the explorer after them needs the policy's version or the last sync's, which the
+    /// checkpoint can then save).
     fn receive_in_flight(&mut self, t: u64, last_step: u64) -> anyhow::Result<bool> {
         let Feed::Threaded {
             batches,
             job,
             pending,
             sync: (v, o),
+            synced,
             ..
         } = self
         else {
@@ -288,7 +356,8 @@ impl Feed {
             return Ok(false);
         }
         let until = (t + *o).min(last_step);
-        if until < last_step && behaviour_version(until + 1, *v, *o) != t {
+        let need = behaviour_version(until + 1, *v, *o);
+        if until < last_step && need != t && synced.as_ref().map(|s| s.0) != Some(need) {
             return Ok(false);
         }
         while pending.back().map_or(t, |b| b.step) < until {

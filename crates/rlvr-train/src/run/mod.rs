@@ -514,9 +514,11 @@ impl Run<'_> {
             return Ok(true);
         }
         crate::log::phase(&format!("saving checkpoint step-{t}"));
-        // o ≥ 1: the batches already sampled for the next steps go into the buffer (not when
-        // stopping: a stop does not wait for the explorer; the resume re-samples them).
-        self.last_ckpt = Some(self.save(t, None, !stop)?);
+        // o ≥ 1: the batches already sampled for the next steps go into the buffer (when
+        // stopping, only if the resume could not re-sample them with the weights they need: a
+        // stop waits for the explorer no longer than exactness requires).
+        let in_flight = !stop || !self.feed.resumes_exactly_without_buffer(t);
+        self.last_ckpt = Some(self.save(t, None, in_flight)?);
         if is_best {
             checkpoint::mark_best(&self.run_dir, t)?;
         }

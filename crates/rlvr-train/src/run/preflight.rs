@@ -109,6 +109,7 @@ pub(super) fn check(
     env_log: Option<PathBuf>,
 ) -> anyhow::Result<Preflight> {
     let c = &cfg.raw;
+    check_input_paths(cfg, policy_dir)?;
     let model = model_config(policy_dir)?;
     if let Some(path) = &c.data.experiences {
         let rows = read_experience_lines(path)?;
@@ -126,6 +127,7 @@ pub(super) fn check(
     }
     let tokenizer = settings::load_tokenizer(policy_dir)?;
     let train = prepare_prompts(&c.data, Split::Train, &tokenizer, settings::scoring(c))?;
+    check_references(c, &train)?;
     let ids = train
         .encode(&tokenizer, settings::add_special_tokens(&c.data))
         .context("encoding train prompts")?;
@@ -155,6 +157,104 @@ pub(super) fn check(
         evaluator,
         runner,
     })))
+}
+
+/// A `jsonl` row scored by a built-in verifier that reads its gold answer from the reference
+/// (`gsm8k`, `math`, `arithmetic`, as `data.verifier` or a reward component) needs a reference:
+/// an empty one has no gold answer, so every completion of the prompt would score 0, silently.
+/// (The built-in tasks check their own answer fields as they load.)
+///
+/// # Errors
+/// The first train row whose answer field is empty or blank, naming its file, line and field.
+fn check_references(c: &crate::config::RawConfig, train: &PreparedPrompts) -> anyhow::Result<()> {
+    if c.data.task != rlvr_data::config::TaskKind::Jsonl {
+        return Ok(());
+    }
+    let verifiers: Vec<VerifierConfig> = if c.reward.components.is_empty() {
+        c.data.verifier().ok().into_iter().collect()
+    } else {
+        c.reward
+            .components
+            .iter()
+            .map(|k| k.verifier.clone())
+            .collect()
+    };
+    let Some(reader) = verifiers.iter().find(|v| {
+        matches!(
+            v,
+            VerifierConfig::Gsm8k { .. }
+                | VerifierConfig::Math {}
+                | VerifierConfig::Arithmetic { .. }
+        )
+    }) else {
+        return Ok(());
+    };
+    let (_, field) = c.data.fields();
+    if let Some(i) = train.references.iter().position(|r| r.trim().is_empty()) {
+        anyhow::bail!(
+            "[data] Train split: {}: field `{field}` is empty: the {} verifier reads the gold \
+             answer from it, so every completion of this prompt would score 0; fill it in or drop \
+             the row",
+            train.sources[i],
+            reader.name()
+        );
+    }
+    Ok(())
+}
+
+/// Every input path the run will read exists: `model.path` (when the policy is loaded from it,
+/// not from a checkpoint), `model.reference` (when the KL term loads it), `data.experiences`, else `data.train`, and
+/// `data.test` when the run evaluates.
+///
+/// # Errors
+/// The first missing one, naming its key, the path it resolved to and where the key was written
+/// (the file's line or the `--set`), with the rule that resolved it: a config file's input paths
+/// are relative to the file's directory (a config copied elsewhere without its data names files
+/// beside the copy), `--set` values to the working directory.
+fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<()> {
+    let c = &cfg.raw;
+    let mut inputs: Vec<(&str, &Path)> = Vec::new();
+    if policy_dir == c.model.path.as_path() {
+        inputs.push(("model.path", &c.model.path));
+    }
+    if let (Some(p), true) = (&c.model.reference, cfg.algorithm.needs_reference()) {
+        inputs.push(("model.reference", p));
+    }
+    match &c.data.experiences {
+        Some(p) => inputs.push(("data.experiences", p)),
+        None => {
+            if let Some(p) = &c.data.train {
+                inputs.push(("data.train", p));
+            }
+            if let (Some(p), true) = (&c.data.test, c.train.eval_every > 0) {
+                inputs.push(("data.test", p));
+            }
+        }
+    }
+    for (key, path) in inputs {
+        if path.as_os_str().is_empty() || path.exists() {
+            continue;
+        }
+        let origin = c
+            .written
+            .iter()
+            .rev()
+            .find(|w| w.key == key)
+            .map_or_else(String::new, |w| format!(" (written in {})", w.origin));
+        // A model path written like a Hub id: rlvr downloads nothing, and how to get it.
+        let hub = match key.starts_with("model.") {
+            true => crate::store::hub::missing_model_hint(path).map(|h| format!("; {h}")),
+            false => None,
+        };
+        anyhow::bail!(
+            "{key} = {}: no such file or directory{origin}; input paths in a config file are \
+             relative to that file's directory (a config copied elsewhere names files beside \
+             the copy), `--set` values to the working directory{}",
+            path.display(),
+            hub.unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// The room each train prompt needs after it, and the key it comes from: a whole episode's

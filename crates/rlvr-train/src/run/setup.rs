@@ -254,11 +254,21 @@ fn restore_trainer(
 ) -> anyhow::Result<()> {
     let n = trainer.model.named_vars().len();
     if st.optimizer_saved {
-        trainer.load_state_dict(TrainerRecord {
-            optimizer_step: st.optimizer_step,
-            optimizer: checkpoint::load_optimizer(dir, n, device)?,
-            lora_dropout_draws: st.lora_dropout_draws,
-        })?;
+        trainer
+            .load_state_dict(TrainerRecord {
+                optimizer_step: st.optimizer_step,
+                optimizer: checkpoint::load_optimizer(dir, n, device)?,
+                lora_dropout_draws: st.lora_dropout_draws,
+            })
+            .with_context(|| {
+                format!(
+                    "restoring {}: it does not fit the {n} trained tensors of the model as \
+                     configured now; the checkpoint was written with other trained parameters \
+                     (was model.lora_rank or model.lora_targets changed by a --set of this \
+                     --resume?)",
+                    dir.join("trainer_state/optimizer.safetensors").display()
+                )
+            })?;
     } else {
         trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
         crate::log::say(&format!(
@@ -388,13 +398,23 @@ fn online_feed(
     if let Some(r) = runner {
         explorer = explorer.with_episodes(r, c.env.builtin.is_some());
     }
-    load_starting_weights(&mut explorer, &start, model, step)?;
+    let (v, o) = (c.sync.interval, c.sync.offset);
+    // An explorer thread under v > 1 keeps its starting weights until the first sync.
+    let keep = o > 0 && v > 1;
+    let synced = load_starting_weights(&mut explorer, &start, model, step, keep)?;
     // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
     job.barrier()?;
-    let (v, o) = (c.sync.interval, c.sync.offset);
     let buffered = in_flight_batches(&start, o, &job, step)?;
     let gather = (job, c.train.log_rollouts);
-    Feed::online(explorer, (step + 1, c.train.steps), v, o, gather, buffered)
+    Feed::online(
+        explorer,
+        (step + 1, c.train.steps),
+        v,
+        o,
+        gather,
+        buffered,
+        synced,
+    )
 }
 
 /// The train split's prompt order: continued from the checkpoint's cursor on resume (an error
@@ -458,13 +478,16 @@ fn explorer_rollout(
 }
 
 /// The starting weights cross the boundary once, at start and on resume: the checkpoint's
-/// explorer weights when it kept them (a stale behaviour policy), else the policy's.
+/// explorer weights when it kept them (a stale behaviour policy), else the policy's. With `keep`
+/// (an explorer thread under v > 1) returns their version and a copy of them, which the feed keeps
+/// until the first sync ([`Feed::online`]'s `synced`).
 fn load_starting_weights(
     explorer: &mut Explorer,
     start: &Resumed<'_>,
     model: &Model,
     step: u64,
-) -> anyhow::Result<()> {
+    keep: bool,
+) -> anyhow::Result<Option<(u64, Model)>> {
     match (start.state, start.ckpt) {
         (Some(st), Some(dir)) if st.explorer_weights => {
             let ex_dir = dir.join("trainer_state/explorer");
@@ -472,10 +495,18 @@ fn load_starting_weights(
                 format!("loading the explorer weights from {}", ex_dir.display())
             })?;
             explorer.set_weights(st.explorer_version, &named_tensors(&w))?;
+            Ok(keep.then_some((st.explorer_version, w)))
         }
-        _ => explorer.set_weights(step, &named_tensors(model))?,
+        _ => {
+            if !keep {
+                explorer.set_weights(step, &named_tensors(model))?;
+                return Ok(None);
+            }
+            let w = model.try_clone()?;
+            explorer.set_weights(step, &named_tensors(&w))?;
+            Ok(Some((step, w)))
+        }
     }
-    Ok(())
 }
 
 /// The checkpoint's in-flight batches (offset `o` ≥ 1): trained on as they were sampled.

@@ -523,6 +523,30 @@ fn value_errors_name_the_file_line_or_set_that_wrote_the_key() {
     assert!(!err.contains("c.toml"), "{err}");
 }
 
+/// A key the file writes and a `--set` overrides with a value a check refuses: the error names
+/// the `--set` (whose value is in force), not the file's line, which holds a good value; of
+/// several `--set`s of the key, the last.
+#[test]
+fn a_refused_value_from_a_set_over_the_files_key_names_the_set() {
+    let file = "[train]\nlr = 1e-5\n\n[sync]\ninterval = 2\n";
+    let err = check_load(file, &["train.lr=nan"]).unwrap_err().to_string();
+    assert!(err.starts_with("train.lr = NaN is out of range"), "{err}");
+    assert!(err.ends_with("(in --set train.lr=nan)"), "{err}");
+    assert!(!err.contains("c.toml"), "{err}");
+    let err = check_load(file, &["sync.interval=3", "sync.interval=0"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.ends_with("(in --set sync.interval=0)"), "{err}");
+    // The file's own bad value, overridden by nothing: still its line.
+    let err = check_load(
+        "[train]\nlr = 1e-5\n\n[sync]\ninterval = 0\n",
+        &["train.lr=1e-4"],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.ends_with("c.toml line 5)"), "{err}");
+}
+
 /// `rlvr train` with no model: says model.path is required (not "loading the policy from :").
 #[test]
 fn train_without_a_model_says_model_path_is_required() {

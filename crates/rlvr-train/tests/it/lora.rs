@@ -134,6 +134,25 @@ fn lora_run_is_on_policy_and_checkpoints_peft_adapters() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("--force"), "{e}");
+    // Merging into the adapter's base model is refused even with --force, and the base's
+    // weights are left as they were.
+    let before = std::fs::read(model.join("model.safetensors")).unwrap();
+    let e = rlvr_train::lora::run_merge(
+        &rlvr_train::lora::MergeArgs {
+            checkpoint: ck.clone(),
+            out: model.clone(),
+            force: true,
+        },
+        &mut buf,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("is the adapter's base model"), "{e}");
+    assert!(e.contains("base_model_name_or_path"), "{e}");
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        before
+    );
 }
 
 #[test]
@@ -266,4 +285,36 @@ fn invalid_lora_keys_are_refused_by_name() {
     s.push("model.lora_alpha=16".into());
     let e = RawConfig::load(None, &s).unwrap().resolve().unwrap_err();
     assert!(format!("{e:#}").contains("model.lora_rank"), "{e:#}");
+}
+
+/// A full fine-tuning run resumed with `--set model.lora_rank=4`: the checkpoint's optimizer
+/// state (one pair of moments per full weight) does not fit the adapters; the error names the
+/// optimizer file and the keys that change the trained parameters, not only the counts.
+#[test]
+fn resuming_with_another_lora_rank_names_the_optimizer_file_and_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 4);
+    let mut s = common::arithmetic_sets(&model, &tmp.path().join("run"));
+    s.extend(["train.steps=1".to_string(), "train.eval_every=0".into()]);
+    let rd = tmp.path().join("run");
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let mut cfg =
+        ResolvedConfig::from_run_dir(&rd, &["model.lora_rank=4".into(), "train.steps=2".into()])
+            .unwrap();
+    cfg.raw.output.dir = rd.clone();
+    let e = format!(
+        "{:#}",
+        train(
+            &cfg,
+            &RunOptions {
+                resume: true,
+                ..Default::default()
+            }
+        )
+        .unwrap_err()
+    );
+    let file = rd.join("checkpoints/step-1/trainer_state/optimizer.safetensors");
+    assert!(e.contains(&format!("restoring {}", file.display())), "{e}");
+    assert!(e.contains("model.lora_rank"), "{e}");
 }

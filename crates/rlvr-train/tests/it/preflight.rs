@@ -247,3 +247,101 @@ fn a_python_reward_function_is_resolved_beside_the_config_and_probed() {
     );
     assert!(!weights_missing(&e), "{e}");
 }
+
+/// A config file copied into another directory without its data: its relative `data.train` now
+/// names a file beside the copy. The error names the key, the path it resolved to, the file and
+/// line that wrote it and the rule, before anything loads; a missing `data.test` given by `--set`
+/// names the `--set`.
+#[test]
+fn a_missing_input_path_names_its_key_and_where_it_was_written() {
+    let f = fixture();
+    let copied = f.dir.join("elsewhere");
+    std::fs::create_dir_all(&copied).unwrap();
+    let file = copied.join("run.toml");
+    std::fs::write(
+        &file,
+        "[data]\ntask = \"arithmetic\"\ntemplate = \"{question}=\"\n\ntrain = \"data/train.jsonl\"\n",
+    )
+    .unwrap();
+    let sets = |test: &Path| {
+        vec![
+            format!("model.path=\"{}\"", f.model.display()),
+            format!("output.dir=\"{}\"", f.dir.join("run").display()),
+            format!("data.test=\"{}\"", test.display()),
+            "train.eval_every=1".to_string(),
+            "rollout.max_new_tokens=4".into(),
+            "data.prompts_per_step=2".into(),
+            "rollout.group_size=2".into(),
+        ]
+    };
+    let run = |sets: Vec<String>| {
+        let cfg = RawConfig::load(Some(&file), &sets)
+            .unwrap()
+            .resolve()
+            .unwrap();
+        format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err())
+    };
+    let err = run(sets(&f.dir.join("test.jsonl")));
+    let want = format!(
+        "data.train = {}: no such file or directory (written in {} line 5)",
+        copied.join("data/train.jsonl").display(),
+        file.display()
+    );
+    assert!(err.starts_with(&want), "{err}");
+    assert!(err.contains("relative to that file's directory"), "{err}");
+    // The train file where the copy says; the test file given by --set is missing.
+    std::fs::create_dir_all(copied.join("data")).unwrap();
+    std::fs::copy(f.dir.join("train.jsonl"), copied.join("data/train.jsonl")).unwrap();
+    let missing = f.dir.join("nope.jsonl");
+    let err = run(sets(&missing));
+    let want = format!(
+        "data.test = {}: no such file or directory (written in --set data.test=\"{}\")",
+        missing.display(),
+        missing.display()
+    );
+    assert!(err.starts_with(&want), "{err}");
+    // A model.path written like a Hub id, in no cache: the hint that rlvr downloads nothing.
+    let mut s = sets(&f.dir.join("test.jsonl"));
+    s.push("model.path=\"rlvr-test-org/no-such-model-4821\"".into());
+    let err = run(s);
+    assert!(err.starts_with("model.path = "), "{err}");
+    assert!(err.contains("rlvr downloads nothing"), "{err}");
+    // With both files there the run gets as far as the weights (removed by the fixture).
+    let err = run(sets(&f.dir.join("test.jsonl")));
+    assert!(err.contains("model.safetensors"), "{err}");
+}
+
+/// A `jsonl` row with an empty answer, scored by a built-in verifier that reads the gold answer
+/// from it: refused naming the file, line and field (it would score 0 whatever the model says);
+/// the same row with an answer runs as far as the weights.
+#[test]
+fn an_empty_reference_for_a_builtin_verifier_is_refused() {
+    let f = fixture();
+    let data = f.dir.join("refs.jsonl");
+    std::fs::write(
+        &data,
+        "{\"question\": \"1+1\", \"answer\": \"2\"}\n{\"question\": \"2+1\", \"answer\": \"3\"}\n\
+         {\"question\": \"3+1\", \"answer\": \" \"}\n",
+    )
+    .unwrap();
+    let sets = vec![
+        "data.task=\"jsonl\"".to_string(),
+        "data.verifier={kind=\"arithmetic\"}".into(),
+        format!("data.train=\"{}\"", data.display()),
+    ];
+    let err = error(&f, &sets);
+    assert!(
+        err.contains(&format!(
+            "[data] Train split: {}:3: field `answer` is empty: the arithmetic verifier",
+            data.display()
+        )),
+        "{err}"
+    );
+    std::fs::write(
+        &data,
+        "{\"question\": \"1+1\", \"answer\": \"2\"}\n{\"question\": \"3+1\", \"answer\": \"4\"}\n",
+    )
+    .unwrap();
+    let err = error(&f, &sets);
+    assert!(weights_missing(&err), "{err}");
+}

@@ -1,6 +1,6 @@
 //! A run killed by SIGKILL and resumed from its last checkpoint gives, at every later step, the same
-//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1: bit-identical, from
-//! the checkpoint's buffer of in-flight batches). The killed run is this test
+//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1 and v = 4:
+//! bit-identical, from the checkpoint's buffer of in-flight batches and explorer weights). The killed run is this test
 //! binary re-executed on `child_entry` with `RLVR_TRAIN_CHILD` set; it hangs after step 3 (test hook
 //! `RLVR_DEBUG_HANG_AFTER_STEP`), after the step-2 checkpoint, and is killed there.
 
@@ -122,6 +122,21 @@ fn check_resume_with(v: u64, o: u64, exact: bool, extra: &[&str]) {
             .collect();
         assert_eq!(lines.len() as u64, o, "{buf}");
         assert_eq!(lines[0]["step"], 3);
+        // The explorer after them samples step 2 + o + 1 with version s(2 + o + 1): the policy's
+        // (2) or, between two syncs, the last sync's, whose weights the checkpoint keeps.
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(rb.join("checkpoints/step-2/trainer_state/state.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        let need = rlvr_train::feed::behaviour_version(3 + o, v, o);
+        assert_eq!(state["explorer_version"], need, "{state}");
+        assert_eq!(state["explorer_weights"], need != 2, "{state}");
+        assert_eq!(
+            rb.join("checkpoints/step-2/trainer_state/explorer/model.safetensors")
+                .is_file(),
+            need != 2
+        );
     }
     // Resume.
     let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
@@ -217,6 +232,15 @@ fn sigkill_resume_matches_uninterrupted_v1() {
 #[test]
 fn sigkill_resume_matches_uninterrupted_offset_1() {
     check_resume(1, 1, true);
+}
+
+/// Off-policy with an explorer thread between syncs (v = 4, o = 1): the step-2 checkpoint keeps
+/// the in-flight batch of step 3 and the weights of version 0, with which the explorer samples
+/// steps 4 and 5; the resumed run is bit-identical (it once re-sampled them with version 2's
+/// weights, and its staleness pattern broke).
+#[test]
+fn sigkill_resume_matches_uninterrupted_v4_offset_1() {
+    check_resume(4, 1, true);
 }
 
 #[test]
@@ -368,4 +392,70 @@ fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
     std::fs::remove_file(s2.join("manifest.json")).unwrap();
     assert!(!manifest::verify(&s2).unwrap());
     assert!(checkpoint::incomplete(&s2).is_none());
+}
+
+/// A stop (Ctrl-C, SIGTERM: the run's stop flag, set here before the run starts, so it stops
+/// after step 1) with an explorer thread (o = 1) resumes bit for bit as the uninterrupted run.
+/// With v = 1 the stop waits for the in-flight batch of step 2, sampled by version 0, whose
+/// weights the feed no longer keeps; with v = 4 it need not wait: the checkpoint keeps version 0's
+/// weights, with which the resume re-samples step 2. (A stop once re-sampled with the policy's
+/// weights in both cases.)
+#[test]
+fn a_stop_with_an_explorer_thread_resumes_exactly() {
+    use std::sync::atomic::Ordering;
+    for v in [1u64, 4] {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = common::tiny_model(tmp.path(), 1);
+        let run = |dir: &Path, opts: &RunOptions| {
+            let cfg = RawConfig::load(None, &sets(&model, dir, v, 1))
+                .unwrap()
+                .resolve()
+                .unwrap();
+            train(&cfg, opts).unwrap()
+        };
+        let ra = tmp.path().join("a");
+        run(&ra, &RunOptions::default());
+        let rb = tmp.path().join("b");
+        let stop = RunOptions::default();
+        stop.stop.store(true, Ordering::SeqCst);
+        let s = run(&rb, &stop);
+        assert!(s.interrupted && s.steps == 1, "v={v}: {s:?}");
+        let ck = rb.join("checkpoints/step-1/trainer_state");
+        let buffer = std::fs::read_to_string(ck.join("buffer.jsonl")).unwrap();
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(ck.join("state.json")).unwrap()).unwrap();
+        assert_eq!(buffer.lines().count(), if v == 1 { 1 } else { 0 }, "v={v}");
+        assert_eq!(
+            state["explorer_version"],
+            if v == 1 { 1 } else { 0 },
+            "v={v}"
+        );
+        let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
+        cfg.raw.output.dir = rb.clone();
+        let s = train(
+            &cfg,
+            &RunOptions {
+                resume: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.steps, 6);
+        let ma = read_metrics(&ra.join("metrics.jsonl")).unwrap();
+        let mb = read_metrics(&rb.join("metrics.jsonl")).unwrap();
+        assert_eq!(ma.len(), mb.len(), "v={v}");
+        for (la, lb) in ma.iter().zip(&mb) {
+            for (k, va) in la {
+                if !TIME_KEYS.contains(&k.as_str()) {
+                    assert_eq!(va, &lb[k], "v={v} step {}: {k}", la["step"]);
+                }
+            }
+        }
+        assert!(
+            mb[2..]
+                .iter()
+                .any(|l| l["grad_norm"].as_f64().unwrap_or(0.0) > 0.0),
+            "v={v}: no step after the stop had a gradient: the test would prove nothing"
+        );
+    }
 }
