@@ -59,11 +59,11 @@ impl std::fmt::Display for Switch {
 pub struct KernelSwitches {
     /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; head dims other than 64 and 128 and dtypes other than f32/bf16 use the candle composition. Default `auto`.
     pub attention: Switch,
-    /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. With `on` on CUDA every norm of the model runs the kernels (the post-attention norm fused with the residual add before it), LoRA and activation checkpointing included.
     pub rms_norm: Switch,
-    /// Fused rotary embedding of q and k: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128). Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// Fused rotary embedding of q and k: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128). Default `auto`. With `on` on CUDA every layer rotates q and k in one kernel, reading f32 tables at each token's position.
     pub rotary: Switch,
-    /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. With `on` on CUDA every MLP's gating and its backward run the kernels.
     pub swiglu: Switch,
     /// The log-prob head's chunk kernels (online log-sum-exp, target log-prob, entropy, the gradient in place): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
     pub logprob_head: Switch,
