@@ -588,6 +588,19 @@ pub(crate) fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     record_layers::swiglu(g, u, a)
 }
 
+/// The fused rotary kernels' inputs for a forward: each token's position and the f32 tables.
+#[derive(Clone)]
+pub(crate) struct FusedRope {
+    /// The position of each of the `B·T` tokens, i32 `[B·T]` (on the model's device).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub pos: Tensor,
+    /// Host copy of `pos` (the launch recorder's).
+    pub pos_host: Arc<Vec<i32>>,
+    /// cos and sin of positions `0..n` (n above every position), f32 `[n, hd]`.
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
 /// The rotary embedding of q `[B, T, nh, hd]` and k `[B, T, nkv, hd]` (`x·cos + rotate_half(x)·sin`
 /// with cos/sin `[B, T, 1, hd]` of the tokens' positions), for a layer whose `kernels.rotary`
 /// resolved on: on CUDA `rotary_fwd` over q and k at once, reading the f32 tables at each
@@ -599,7 +612,7 @@ pub(crate) fn rotary(
     k: &Tensor,
     cos: &Tensor,
     sin: &Tensor,
-    f: &crate::layers::FusedRope,
+    f: &FusedRope,
 ) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if q.device().is_cuda() {

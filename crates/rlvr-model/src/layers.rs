@@ -15,9 +15,9 @@ pub(crate) use rlvr_kernels::triton::families::attention::Layout as FusedLayout;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
-use crate::kernels::{AttnKind, Fused};
+use crate::kernels::{AttnKind, Fused, FusedRope};
 use crate::kv::KvStore;
-use crate::ops::{rms_norm, rotate_half, softmax, upcast};
+use crate::ops::{rms_norm, rope, softmax, upcast};
 use crate::param::{Param, Pass};
 
 /// The source of a model's weights: `(checkpoint name, shape) → Var`.
@@ -193,19 +193,6 @@ pub(crate) struct Rope {
     pub fused: Option<FusedRope>,
 }
 
-/// The fused rotary kernels' inputs for a forward: each token's position and the f32 tables.
-#[derive(Clone)]
-pub(crate) struct FusedRope {
-    /// The position of each of the `B·T` tokens, i32 `[B·T]` (on the model's device).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub pos: Tensor,
-    /// Host copy of `pos` (the launch recorder's).
-    pub pos_host: Arc<Vec<i32>>,
-    /// cos and sin of positions `0..n` (n above every position), f32 `[n, hd]`.
-    pub cos: Tensor,
-    pub sin: Tensor,
-}
-
 /// Rotary position embedding (`x·cos + rotate_half(x)·sin`, transformers' `apply_rotary_pos_emb`)
 /// with tables computed in f32 (`position · inv_freq`, then cos/sin, then cast to the compute
 /// dtype), grown on demand and shared by clones.
@@ -294,11 +281,6 @@ impl Rotary {
         let sin = table.sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
         Ok((cos, sin))
     }
-}
-
-/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
-pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
 }
 
 /// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query

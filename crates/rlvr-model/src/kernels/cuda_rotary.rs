@@ -14,8 +14,8 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp2, Layout, Shape, Tensor};
 use rlvr_kernels::triton::families::rotary::{self, Rotary};
 
 use super::cuda_launch::{check, kernel_dtype, launch, tensor, with_cuda, zeros, Out};
+use super::FusedRope;
 use crate::error::Result;
-use crate::layers::FusedRope;
 
 /// The rotary embedding of q `[B, T, nh, hd]` and k `[B, T, nkv, hd]` (f32 or bf16, head dim 64
 /// or 128, on CUDA) at the positions and tables of `f`: the rotated `(q, k)`, same shapes, with

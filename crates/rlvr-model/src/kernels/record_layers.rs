@@ -386,7 +386,7 @@ fn pair(
     (slot(0), slot(1))
 }
 
-/// [`super::rotary`] on the CPU: the composition (`crate::layers::rope` of q, then of k). Under
+/// [`super::rotary`] on the CPU: the composition (`crate::ops::rope` of q, then of k). Under
 /// the recorder (f32, head dim 64 or 128) it also records `rotary_fwd` over q and k at once
 /// (the f32 tables, each token's position) and, once the gradients of both rotated tensors
 /// arrived, `rotary_bwd` with the composition's gradients of q and k as the expected values.
@@ -395,9 +395,9 @@ pub(super) fn rotary(
     k: &Tensor,
     cos: &Tensor,
     sin: &Tensor,
-    fr: &crate::layers::FusedRope,
+    fr: &super::FusedRope,
 ) -> Result<(Tensor, Tensor)> {
-    use crate::layers::rope;
+    use crate::ops::rope;
     use rlvr_kernels::triton::families::rotary as ro;
     let q_rot = rope(q, cos, sin)?;
     let k_rot = rope(k, cos, sin)?;
