@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
 use rlvr_kernels::triton::families::attention::{self, Layout as AttnLayout, Seq};
+use rlvr_kernels::triton::families::rmsnorm;
 use rlvr_kernels::triton::{self, HostBuffer, Manifest, Recorder, Target, Tolerance};
 use serde::{Deserialize, Serialize};
 
@@ -58,11 +59,11 @@ impl std::fmt::Display for Switch {
 pub struct KernelSwitches {
     /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; head dims other than 64 and 128 and dtypes other than f32/bf16 use the candle composition. Default `auto`.
     pub attention: Switch,
-    /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. With `on` on CUDA every norm of the model runs the kernels (the post-attention norm fused with the residual add before it), LoRA and activation checkpointing included.
     pub rms_norm: Switch,
-    /// Fused rotary embedding of q and k: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128). Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// Fused rotary embedding of q and k: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128). Default `auto`. With `on` on CUDA every layer rotates q and k in one kernel, reading f32 tables at each token's position.
     pub rotary: Switch,
-    /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. With `on` on CUDA every MLP's gating and its backward run the kernels.
     pub swiglu: Switch,
     /// The log-prob head's chunk kernels (online log-sum-exp, target log-prob, entropy, the gradient in place): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
     pub logprob_head: Switch,
@@ -136,7 +137,12 @@ impl FusedOp {
     pub fn wired(self) -> bool {
         matches!(
             self,
-            FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs
+            FusedOp::Attention
+                | FusedOp::RmsNorm
+                | FusedOp::Rotary
+                | FusedOp::Swiglu
+                | FusedOp::Decode
+                | FusedOp::CudaGraphs
         )
     }
 }
@@ -353,6 +359,12 @@ pub(crate) struct Fused {
     /// recorder ([`record_decode`]); on CUDA the sampler runs its fused step
     /// (`rlvr_rollout::fused`), and the layers are not involved.
     pub decode: bool,
+    /// RMSNorm (with the residual add where the layer has one) through the fused kernels.
+    pub rms_norm: bool,
+    /// The MLP's gating `silu(gate) · up` through the fused kernels.
+    pub swiglu: bool,
+    /// The rotary embedding of q and k through the fused kernels.
+    pub rotary: bool,
 }
 
 impl Fused {
@@ -363,9 +375,15 @@ impl Fused {
         };
         let attention = s.resolve(FusedOp::Attention, cfg, dtype, device);
         let decode = s.resolve(FusedOp::Decode, cfg, dtype, device);
+        let rms_norm = s.resolve(FusedOp::RmsNorm, cfg, dtype, device);
+        let swiglu = s.resolve(FusedOp::Swiglu, cfg, dtype, device);
+        let rotary = s.resolve(FusedOp::Rotary, cfg, dtype, device);
         Fused {
             attention: attention || cpu_on(FusedOp::Attention),
             decode: decode || cpu_on(FusedOp::Decode),
+            rms_norm: rms_norm || cpu_on(FusedOp::RmsNorm),
+            swiglu: swiglu || cpu_on(FusedOp::Swiglu),
+            rotary: rotary || cpu_on(FusedOp::Rotary),
         }
     }
 }
@@ -446,6 +464,188 @@ fn write_record(
         mr.written.insert(label.to_string());
         Ok(())
     })
+}
+
+/// [`write_record`] for a family without descriptors whose launch takes the variant's aligned
+/// twin when its plan builder accepts the shapes ([`triton::families::pick`], as the CUDA path
+/// does): the record holds the plan the GPU launches.
+fn write_picked(
+    label: &str,
+    name: &str,
+    build: impl Fn(&triton::KernelEntry) -> triton::Result<triton::LaunchPlan>,
+    buffers: BTreeMap<String, HostBuffer>,
+    expected: BTreeMap<String, (HostBuffer, Tolerance)>,
+) -> Result<()> {
+    let picked = RECORDER.with(|r| {
+        let r = r.borrow();
+        let mr = r.as_ref()?;
+        (!mr.written.contains(label))
+            .then(|| triton::families::pick(mr.manifest, name, Target::Sm90a, None, &build))
+    });
+    let plan = match picked {
+        None => return Ok(()),
+        Some(p) => p.map_err(|e| ModelError::Invalid(format!("{label}: {e}")))?,
+    };
+    let picked_name = plan.name.clone();
+    write_record(
+        label,
+        &picked_name,
+        move |_| Ok((plan, BTreeMap::new())),
+        buffers,
+        expected,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm (with the residual add) and SwiGLU.
+
+/// At most this many programs run a fused RMSNorm backward: `rows_per_prog` is
+/// `cdiv(rows, RMSNORM_BWD_PROGRAMS)` (what `rlvr kernels record`'s benchmark records take too).
+pub const RMSNORM_BWD_PROGRAMS: usize = 512;
+
+/// The fused RMSNorm's launch shapes for `rows` rows of `cols` elements: `rows_per_prog` (which
+/// rows each backward program sums into its `dw` partial, hence the order of the weight
+/// gradient's sum) depends on the shape alone, so reruns are bit-identical.
+pub(crate) fn rmsnorm_shape(rows: usize, cols: usize, eps: f64) -> rmsnorm::RmsNorm {
+    rmsnorm::RmsNorm {
+        rows,
+        cols,
+        eps: eps as f32,
+        rows_per_prog: rows.div_ceil(RMSNORM_BWD_PROGRAMS).max(1),
+    }
+}
+
+/// Whether the fused RMSNorm kernels take `x` `[.., cols]` with weight `w` `[cols]`: f32 or
+/// bf16, the weight of the same dtype, at least one row, rows of at most 8192 elements.
+pub(crate) fn rmsnorm_covers(x: &Tensor, w: &Tensor) -> bool {
+    let cols = x.dims().last().copied().unwrap_or(0);
+    matches!(x.dtype(), DType::F32 | DType::BF16)
+        && w.dtype() == x.dtype()
+        && w.dims() == [cols]
+        && cols > 0
+        && cols <= rmsnorm::BLOCKS[rmsnorm::BLOCKS.len() - 1]
+        && x.elem_count() > 0
+}
+
+/// RMSNorm of `x` `[.., cols]` with weight `w` `[cols]` (`crate::ops::rms_norm`'s
+/// `w · x / sqrt(mean(x²) + eps)`), for a layer whose `kernels.rms_norm` resolved on: on CUDA
+/// the fused kernels (`rmsnorm_fwd`, and in the backward `rmsnorm_bwd` then `rmsnorm_dw`, which
+/// sums the per-program partials in a fixed order); on the CPU the candle composition, bit for
+/// bit, which under [`record_launches`] also records those launches. A dtype or width the
+/// kernels do not cover takes the composition (logged once).
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        if rmsnorm_covers(x, w) {
+            return cuda_rmsnorm::apply(x, w, eps);
+        }
+        log_uncovered_norm(x, w);
+    }
+    let y = crate::ops::rms_norm(x, w, eps)?;
+    record_layers::rms_norm(x, w, eps, y)
+}
+
+/// The residual add fused with the RMSNorm that follows it: `h = residual + x` (the new
+/// residual stream) and `y = rms_norm(h, w, eps)`, both `[.., cols]`, as [`rms_norm`] (on CUDA
+/// `rmsnorm_add_fwd`; its backward `rmsnorm_add_bwd` takes the gradients of both `h` and `y`).
+/// The CPU computes `residual + x` then the composition, as the unfused layer.
+pub(crate) fn rms_norm_add(
+    residual: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        if rmsnorm_covers(x, w) && residual.dims() == x.dims() && residual.dtype() == x.dtype() {
+            return cuda_rmsnorm::apply_add(residual, x, w, eps);
+        }
+        log_uncovered_norm(x, w);
+    }
+    record_layers::rms_norm_add(residual, x, w, eps)
+}
+
+#[cfg(feature = "cuda")]
+fn log_uncovered_norm(x: &Tensor, w: &Tensor) {
+    log_once(format!(
+        "kernels.rms_norm = on: rows {:?} of {:?} with a {:?} weight are not covered by the \
+         kernels; falling back to the candle composition",
+        x.dims(),
+        x.dtype(),
+        w.dtype()
+    ));
+}
+
+/// SwiGLU's gating `silu(g) · u` of the MLP's gate and up projections `[.., cols]` (same shape
+/// and dtype), for a layer whose `kernels.swiglu` resolved on: on CUDA `swiglu_fwd` (backward
+/// `swiglu_bwd`, both gradients in one pass); on the CPU the candle composition, bit for bit,
+/// which under [`record_launches`] also records those launches. Other dtypes take the
+/// composition (logged once).
+pub(crate) fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if g.device().is_cuda() {
+        if matches!(g.dtype(), DType::F32 | DType::BF16)
+            && u.dtype() == g.dtype()
+            && u.dims() == g.dims()
+            && g.elem_count() > 0
+        {
+            return cuda_swiglu::apply(g, u);
+        }
+        log_once(format!(
+            "kernels.swiglu = on: {:?} gate {:?} is not covered by the kernels; falling back \
+             to the candle composition",
+            g.dtype(),
+            g.dims()
+        ));
+    }
+    let a = (g.silu()? * u)?;
+    record_layers::swiglu(g, u, a)
+}
+
+/// The fused rotary kernels' inputs for a forward: each token's position and the f32 tables.
+#[derive(Clone)]
+pub(crate) struct FusedRope {
+    /// The position of each of the `B·T` tokens, i32 `[B·T]` (on the model's device).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub pos: Tensor,
+    /// Host copy of `pos` (the launch recorder's).
+    pub pos_host: Arc<Vec<i32>>,
+    /// cos and sin of positions `0..n` (n above every position), f32 `[n, hd]`.
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+/// The rotary embedding of q `[B, T, nh, hd]` and k `[B, T, nkv, hd]` (`x·cos + rotate_half(x)·sin`
+/// with cos/sin `[B, T, 1, hd]` of the tokens' positions), for a layer whose `kernels.rotary`
+/// resolved on: on CUDA `rotary_fwd` over q and k at once, reading the f32 tables at each
+/// token's position (`f`; backward `rotary_bwd`, the transposed rotation); on the CPU the candle
+/// composition, bit for bit, which under [`record_launches`] also records those launches.
+/// A dtype or head dim the kernels do not cover takes the composition (logged once).
+pub(crate) fn rotary(
+    q: &Tensor,
+    k: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    f: &FusedRope,
+) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() {
+        let hd = q.dims().last().copied().unwrap_or(0);
+        if matches!(q.dtype(), DType::F32 | DType::BF16)
+            && k.dtype() == q.dtype()
+            && (hd == 64 || hd == 128)
+            && q.elem_count() > 0
+        {
+            return cuda_rotary::apply(q, k, f);
+        }
+        log_once(format!(
+            "kernels.rotary = on: {:?} q {:?} is not covered by the kernels; falling back to \
+             the candle composition",
+            q.dtype(),
+            q.dims()
+        ));
+    }
+    record_layers::rotary(q, k, cos, sin, f)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1099,6 +1299,15 @@ pub(crate) fn record_decode(st: &DecodeStep) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 mod cuda_attention;
+#[cfg(feature = "cuda")]
+mod cuda_launch;
+#[cfg(feature = "cuda")]
+mod cuda_rmsnorm;
+#[cfg(feature = "cuda")]
+mod cuda_rotary;
+#[cfg(feature = "cuda")]
+mod cuda_swiglu;
+mod record_layers;
 
 #[cfg(test)]
 mod tests;

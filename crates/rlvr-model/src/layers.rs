@@ -15,9 +15,9 @@ pub(crate) use rlvr_kernels::triton::families::attention::Layout as FusedLayout;
 
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
-use crate::kernels::{AttnKind, Fused};
+use crate::kernels::{AttnKind, Fused, FusedRope};
 use crate::kv::KvStore;
-use crate::ops::{rms_norm, rotate_half, softmax, upcast};
+use crate::ops::{rms_norm, rope, softmax, upcast};
 use crate::param::{Param, Pass};
 
 /// The source of a model's weights: `(checkpoint name, shape) → Var`.
@@ -135,6 +135,8 @@ impl Linear {
 pub(crate) struct RmsNorm {
     pub weight: Param,
     eps: f64,
+    /// Through the fused kernels (`kernels.rms_norm`, [`crate::kernels::rms_norm`]).
+    pub fused: bool,
 }
 
 impl RmsNorm {
@@ -142,19 +144,53 @@ impl RmsNorm {
         Ok(Self {
             weight: vb.get("weight", &[size])?,
             eps,
+            fused: false,
         })
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        rms_norm(x, self.weight.get(pass.base), self.eps)
+        let w = self.weight.get(pass.base);
+        if self.fused {
+            return crate::kernels::rms_norm(x, w, self.eps);
+        }
+        rms_norm(x, w, self.eps)
+    }
+
+    /// The residual add before the norm: `h = residual + x` and this norm of `h`, as `(h, y)`
+    /// (fused into one kernel when [`RmsNorm::fused`], [`crate::kernels::rms_norm_add`]).
+    pub fn forward_add(
+        &self,
+        residual: &Tensor,
+        x: &Tensor,
+        pass: Pass,
+    ) -> Result<(Tensor, Tensor)> {
+        let w = self.weight.get(pass.base);
+        if self.fused {
+            return crate::kernels::rms_norm_add(residual, x, w, self.eps);
+        }
+        let h = (residual + x)?;
+        let y = rms_norm(&h, w, self.eps)?;
+        Ok((h, y))
     }
 }
 
-/// cos/sin tables of positions `0..n`, `[n, head_dim]` in the compute dtype.
+/// cos/sin tables of positions `0..n`, `[n, head_dim]` in the compute dtype, and in f32 (the
+/// fused rotary kernels' tables).
 struct RopeTable {
     n: usize,
     cos: Tensor,
     sin: Tensor,
+    cos32: Tensor,
+    sin32: Tensor,
+}
+
+/// A forward's rotary embedding: cos and sin `[B, T, 1, hd]` of its positions (compute dtype)
+/// and, when fused rotary is on, what the kernels take instead.
+#[derive(Clone)]
+pub(crate) struct Rope {
+    pub cos: Tensor,
+    pub sin: Tensor,
+    pub fused: Option<FusedRope>,
 }
 
 /// Rotary position embedding (`x·cos + rotate_half(x)·sin`, transformers' `apply_rotary_pos_emb`)
@@ -201,13 +237,16 @@ impl Rotary {
                 }
             }
         }
-        let mk = |v: Vec<f32>| -> Result<Tensor> {
-            Ok(Tensor::from_vec(v, (n, 2 * half), &self.device)?.to_dtype(self.dtype)?)
-        };
+        let (cos32, sin32) = (
+            Tensor::from_vec(cos, (n, 2 * half), &self.device)?,
+            Tensor::from_vec(sin, (n, 2 * half), &self.device)?,
+        );
         let t = Arc::new(RopeTable {
             n,
-            cos: mk(cos)?,
-            sin: mk(sin)?,
+            cos: cos32.to_dtype(self.dtype)?,
+            sin: sin32.to_dtype(self.dtype)?,
+            cos32,
+            sin32,
         });
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
         Ok(t)
@@ -217,6 +256,19 @@ impl Rotary {
     pub fn tables(&self, n: usize) -> Result<(Tensor, Tensor)> {
         let t = self.table(n)?;
         Ok((t.cos.narrow(0, 0, n)?, t.sin.narrow(0, 0, n)?))
+    }
+
+    /// The fused rotary kernels' inputs for `positions` (`B·T`, row-major): [`FusedRope`].
+    pub fn fused(&self, positions: &[u32]) -> Result<FusedRope> {
+        let max = positions.iter().copied().max().unwrap_or(0) as usize;
+        let table = self.table(max + 1)?;
+        let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        Ok(FusedRope {
+            pos: Tensor::from_slice(&pos, pos.len(), &self.device)?,
+            pos_host: Arc::new(pos),
+            cos: table.cos32.clone(),
+            sin: table.sin32.clone(),
+        })
     }
 
     /// cos and sin `[B, T, 1, head_dim]` of `positions` (`B·T`, row-major).
@@ -229,11 +281,6 @@ impl Rotary {
         let sin = table.sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
         Ok((cos, sin))
     }
-}
-
-/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
 }
 
 /// A large negative logit bias for masked attention positions. Finite (not −∞) so that a query
@@ -329,12 +376,12 @@ impl Attention {
         })
     }
 
-    /// x `[B, T, H]`; `rope` = (cos, sin) `[B, T, 1, hd]`; `mask` which keys each query sees
+    /// x `[B, T, H]`; `rope_cs` the positions' rotary embedding ([`Rope`]); `mask` which keys each query sees
     /// ([`AttnMask`]); `cache` the store and this layer's index (dense masks only).
     pub fn forward(
         &self,
         x: &Tensor,
-        rope_cs: &(Tensor, Tensor),
+        rope_cs: &Rope,
         mask: &AttnMask,
         cache: Option<(&mut (dyn KvStore + '_), usize)>,
         pass: Pass,
@@ -348,15 +395,17 @@ impl Attention {
             (Some(qn), Some(kn)) => (qn.forward(&q, pass)?, kn.forward(&k, pass)?),
             _ => (q, k),
         };
-        let (cos, sin) = rope_cs;
+        let (cos, sin) = (&rope_cs.cos, &rope_cs.sin);
         // The decode kernels' launch recorder (CPU, `kernels.decode = "on"`, tests): the step's
         // tensors before the rotary embedding.
         let decode_rec = (self.fused.decode && t == 1 && cache.is_some())
             .then(crate::kernels::recording)
             .unwrap_or(false)
             .then(|| (q.clone(), k.clone(), v.clone()));
-        let q = rope(&q, cos, sin)?;
-        let k = rope(&k, cos, sin)?;
+        let (q, k) = match &rope_cs.fused {
+            Some(f) if self.fused.rotary => crate::kernels::rotary(&q, &k, cos, sin, f)?,
+            _ => (rope(&q, cos, sin)?, rope(&k, cos, sin)?),
+        };
         let fused = match mask {
             _ if !self.fused.attention || cache.is_some() => None,
             AttnMask::Dense(_, l) => l.clone().map(|l| (AttnKind::Dense, l)),
@@ -521,6 +570,8 @@ pub(crate) struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// The gating through the fused kernels (`kernels.swiglu`, [`crate::kernels::swiglu`]).
+    pub fused: bool,
 }
 
 impl Mlp {
@@ -530,10 +581,18 @@ impl Mlp {
             gate_proj: Linear::new(vb.pp("gate_proj"), i, h, bias)?,
             up_proj: Linear::new(vb.pp("up_proj"), i, h, bias)?,
             down_proj: Linear::new(vb.pp("down_proj"), h, i, bias)?,
+            fused: false,
         })
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        if self.fused {
+            let g = self.gate_proj.forward(x, pass)?;
+            let u = self.up_proj.forward(x, pass)?;
+            return self
+                .down_proj
+                .forward(&crate::kernels::swiglu(&g, &u)?, pass);
+        }
         let g = self.gate_proj.forward(x, pass)?.silu()?;
         let u = self.up_proj.forward(x, pass)?;
         self.down_proj.forward(&(g * u)?, pass)
@@ -569,15 +628,31 @@ impl DecoderLayer {
     pub fn forward(
         &self,
         x: &Tensor,
-        rope_cs: &(Tensor, Tensor),
+        rope_cs: &Rope,
         mask: &AttnMask,
         cache: Option<(&mut (dyn KvStore + '_), usize)>,
         pass: Pass,
     ) -> Result<Tensor> {
         let h = self.input_norm.forward(x, pass)?;
-        let x = (x + self.attn.forward(&h, rope_cs, mask, cache, pass)?)?;
-        let h = self.post_norm.forward(&x, pass)?;
+        let a = self.attn.forward(&h, rope_cs, mask, cache, pass)?;
+        // The residual add and the post-attention norm: one kernel when fused.
+        let (x, h) = self.post_norm.forward_add(x, &a, pass)?;
         Ok((&x + self.mlp.forward(&h, pass)?)?)
+    }
+
+    /// Sets which fused kernels the layer's blocks take ([`crate::Model::set_kernels`]).
+    pub fn set_fused(&mut self, fused: Fused) {
+        self.attn.fused = fused;
+        for n in [&mut self.input_norm, &mut self.post_norm] {
+            n.fused = fused.rms_norm;
+        }
+        for n in [&mut self.attn.q_norm, &mut self.attn.k_norm]
+            .into_iter()
+            .flatten()
+        {
+            n.fused = fused.rms_norm;
+        }
+        self.mlp.fused = fused.swiglu;
     }
 
     /// The layer's seven projections with their module names under the layer (PEFT's

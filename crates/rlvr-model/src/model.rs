@@ -254,8 +254,15 @@ impl Model {
 
     fn apply_fused(&mut self) {
         for l in &mut self.layers {
-            l.attn.fused = self.fused;
+            l.set_fused(self.fused);
         }
+        self.norm.fused = self.fused.rms_norm;
+    }
+
+    /// The resolved fused-op flags ([`Model::set_kernels`]).
+    #[cfg(test)]
+    pub(crate) fn fused_flags(&self) -> crate::kernels::Fused {
+        self.fused
     }
 
     /// Whether fused attention runs (on CUDA, or on the CPU under the launch recorder).
@@ -498,7 +505,11 @@ impl Model {
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let pass = self.pass(grad, cache.is_some());
-        let rope = self.rotary.forward(positions, b, t)?;
+        let (cos, sin) = self.rotary.forward(positions, b, t)?;
+        let fused = (self.fused.rotary)
+            .then(|| self.rotary.fused(positions))
+            .transpose()?;
+        let rope = crate::layers::Rope { cos, sin, fused };
         let mut x = self
             .embed
             .get(pass.base)

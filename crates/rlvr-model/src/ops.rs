@@ -48,6 +48,11 @@ pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
     Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
 }
 
+/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
+}
+
 /// Numerically stable log-softmax over the last dimension (differentiable).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let m = x.max_keepdim(D::Minus1)?.detach();

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor, TensorId, Var};
 
-use crate::layers::{AttnMask, DecoderLayer};
+use crate::layers::{AttnMask, DecoderLayer, Rope};
 use crate::param::Pass;
 
 thread_local! {
@@ -57,7 +57,7 @@ pub fn backward(loss: &Tensor) -> candle_core::Result<GradStore> {
 pub(crate) fn checkpointed(
     layer: &DecoderLayer,
     x: &Tensor,
-    rope: &(Tensor, Tensor),
+    rope: &Rope,
     mask: &AttnMask,
     base: bool,
 ) -> candle_core::Result<Tensor> {
@@ -113,7 +113,7 @@ fn set_adapter_draws(layer: &DecoderLayer, draws: &[u64]) {
 /// The custom op of [`checkpointed`]: forward hands out the precomputed output, backward recomputes.
 struct Recompute {
     layer: DecoderLayer,
-    rope: (Tensor, Tensor),
+    rope: Rope,
     mask: AttnMask,
     /// Whether the base weights train (else only LoRA adapters do).
     base: bool,

@@ -154,6 +154,11 @@ fn batch() -> SharedPrefixBatch {
     }
 }
 
+fn f32s(t: &candle_core::Tensor) -> Vec<f32> {
+    let t = t.flatten_all().unwrap().to_dtype(DType::F32).unwrap();
+    t.to_vec1::<f32>().unwrap()
+}
+
 /// Log-probs and every gradient of a dense and a shared-prefix forward.
 fn run(m: &Model) -> Vec<Vec<f32>> {
     let (ids, mask) = rows();
@@ -163,15 +168,13 @@ fn run(m: &Model) -> Vec<Vec<f32>> {
         .unwrap();
     let loss = (lp.logprobs.sum_all().unwrap() + sp.logprobs.sum_all().unwrap()).unwrap();
     let grads = crate::recompute::backward(&loss).unwrap();
-    let mut out = vec![
-        lp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        sp.logprobs.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-    ];
+    let mut out = vec![f32s(&lp.logprobs), f32s(&sp.logprobs)];
     for (_, v) in m.named_vars() {
         let g = grads
             .get(v.as_tensor())
             .expect("every weight has a gradient");
-        out.push(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        let g = g.flatten_all().unwrap().to_dtype(DType::F32).unwrap();
+        out.push(g.to_vec1::<f32>().unwrap());
     }
     out
 }
@@ -233,5 +236,300 @@ fn model_level_launch_records_of_fused_attention() {
         seqs,
         vec![0, 5, 0, 0, 5, 2, 0, 0, 10, 3, 0, 5, 20, 5, 0, 5, 25, 2, 5, 2]
     );
+    drop(tmp);
+}
+
+fn layers_on() -> KernelSwitches {
+    KernelSwitches {
+        rms_norm: Switch::On,
+        swiglu: Switch::On,
+        rotary: Switch::On,
+        ..KernelSwitches::default()
+    }
+}
+
+#[test]
+fn rmsnorm_rows_per_prog_depends_on_the_shape_alone() {
+    // At most RMSNORM_BWD_PROGRAMS programs, each over a fixed run of rows: the weight
+    // gradient's partials and their fixed-order sum are the same on every rerun of a shape.
+    for (rows, rpp) in [
+        (1, 1),
+        (18, 1),
+        (512, 1),
+        (513, 2),
+        (1024, 2),
+        (8192, 16),
+        (8193, 17),
+    ] {
+        let s = rmsnorm_shape(rows, 896, 1e-6);
+        assert_eq!(
+            (s.rows, s.cols, s.rows_per_prog),
+            (rows, 896, rpp),
+            "{rows}"
+        );
+        assert!(rows.div_ceil(s.rows_per_prog) <= RMSNORM_BWD_PROGRAMS);
+    }
+    assert_eq!(rmsnorm_shape(7, 128, 1e-5).eps, 1e-5f32);
+}
+
+#[test]
+fn rms_norm_swiglu_and_rotary_on_leave_the_cpu_path_bit_identical() {
+    let cpu = Device::Cpu;
+    let assert_flags = |m: &Model| {
+        let f = m.fused_flags();
+        assert!(
+            f.rms_norm && f.swiglu && f.rotary,
+            "flagged for the recorder: {f:?}"
+        );
+    };
+    let all = KernelSwitches {
+        attention: Switch::On,
+        ..layers_on()
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let plain = Model::random(small(), 0.3, 7, dtype, &cpu).unwrap();
+        for (switches, checkpointing) in [(layers_on(), false), (layers_on(), true), (all, false)] {
+            let mut off = plain.try_clone().unwrap();
+            off.set_gradient_checkpointing(checkpointing);
+            let mut on = off.try_clone().unwrap();
+            on.set_kernels(switches);
+            assert_flags(&on);
+            let want = run(&off);
+            assert_eq!(run(&on), want, "{dtype:?} checkpointing {checkpointing}");
+            // Under the launch recorder too (f32 records; bf16 passes through).
+            let tmp = tempfile::tempdir().unwrap();
+            let got = {
+                let _guard = record_launches(tmp.path()).unwrap();
+                run(&on)
+            };
+            assert_eq!(
+                got, want,
+                "{dtype:?} checkpointing {checkpointing}, recording"
+            );
+        }
+    }
+}
+
+/// Reads `file` (f32, little-endian) of record `label` under `dir`.
+fn record_f32(dir: &std::path::Path, label: &str, file: &str) -> Vec<f32> {
+    let path = dir.join(label).join(file);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn record_json(dir: &std::path::Path, label: &str) -> serde_json::Value {
+    let rec = dir.join(label).join("record.json");
+    let text = std::fs::read_to_string(&rec).unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn assert_close(got: &[f64], want: &[f32], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - *w as f64).abs() <= tol * (1.0 + w.abs() as f64),
+            "{what}[{i}]: {g} vs {w}"
+        );
+    }
+}
+
+/// Checks the records of one directory: each kernel of the fused RMSNorm (plain and with the
+/// residual add) and SwiGLU is there, from the model's shapes (hidden 128, intermediate 160),
+/// and its expected outputs agree, in float64 from the record's own inputs, with the kernel's
+/// definition (what the interpreter replay then checks against the kernel itself).
+fn check_layer_records(dir: &std::path::Path) {
+    let (h, i) = (128usize, 160usize);
+    for (label, name) in [
+        ("model_rmsnorm_fwd_f32_h128", "rmsnorm_fwd_f32_h128"),
+        ("model_rmsnorm_add_fwd_f32_h128", "rmsnorm_add_fwd_f32_h128"),
+        ("model_rmsnorm_bwd_f32_h128", "rmsnorm_bwd_f32_h128"),
+        ("model_rmsnorm_add_bwd_f32_h128", "rmsnorm_add_bwd_f32_h128"),
+        ("model_rmsnorm_dw_f32", "rmsnorm_dw_f32"),
+        // 160 = 16 · 10: the aligned twins, as the GPU takes them.
+        ("model_swiglu_fwd_f32", "swiglu_fwd_f32_a16"),
+        ("model_swiglu_bwd_f32", "swiglu_bwd_f32_a16"),
+        ("model_rotary_fwd_f32_d64", "rotary_fwd_f32_d64_a16"),
+        ("model_rotary_bwd_f32_d64", "rotary_bwd_f32_d64_a16"),
+    ] {
+        assert_eq!(record_json(dir, label)["name"], name, "{label}");
+    }
+    let rd = |label: &str, file: &str| record_f32(dir, label, file);
+    // The add forward: h = x + residual, y = h · rstd · w.
+    let l = "model_rmsnorm_add_fwd_f32_h128";
+    let (x, res, w) = (rd(l, "x.bin"), rd(l, "residual.bin"), rd(l, "w.bin"));
+    let rows = x.len() / h;
+    assert_eq!((x.len(), w.len()), (rows * h, h));
+    assert_eq!(
+        rows, 18,
+        "the first forward recorded is the dense one, [2, 9]"
+    );
+    let hs: Vec<f64> = (0..rows * h).map(|k| x[k] as f64 + res[k] as f64).collect();
+    assert_close(&hs, &rd(l, "h_out.expected.bin"), 1e-6, "h_out");
+    let rstd: Vec<f64> = (hs.chunks_exact(h))
+        .map(|r| 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / h as f64 + 1e-6).sqrt())
+        .collect();
+    let y: Vec<f64> = (0..rows * h)
+        .map(|k| hs[k] * rstd[k / h] * w[k % h] as f64)
+        .collect();
+    assert_close(&y, &rd(l, "y.expected.bin"), 1e-5, "y");
+    assert_close(&rstd, &rd(l, "rstd.expected.bin"), 1e-5, "rstd");
+    // The add backward: dx = rstd · (dy·w − n · mean(dy·w·n)) + dres, n = h · rstd, and
+    // dw_part = Σ dy · n over each program's rows (one row per program at these shapes).
+    let l = "model_rmsnorm_add_bwd_f32_h128";
+    let (dy, hb, w, rs, dres) = (
+        rd(l, "dy.bin"),
+        rd(l, "h.bin"),
+        rd(l, "w.bin"),
+        rd(l, "rstd.bin"),
+        rd(l, "dres.bin"),
+    );
+    let rows = dy.len() / h; // the dense or the shared-prefix forward's, whichever came first
+    let mut dx = vec![0f64; rows * h];
+    let mut dw_part = vec![0f64; rows * h];
+    for r in 0..rows {
+        let n: Vec<f64> = (0..h)
+            .map(|c| hb[r * h + c] as f64 * rs[r] as f64)
+            .collect();
+        let dn: Vec<f64> = (0..h).map(|c| dy[r * h + c] as f64 * w[c] as f64).collect();
+        let mean = (0..h).map(|c| dn[c] * n[c]).sum::<f64>() / h as f64;
+        for c in 0..h {
+            dx[r * h + c] = rs[r] as f64 * (dn[c] - n[c] * mean) + dres[r * h + c] as f64;
+            dw_part[r * h + c] = dy[r * h + c] as f64 * n[c];
+        }
+    }
+    assert!(
+        dres.iter().any(|v| *v != 0.0),
+        "the residual stream's gradient is recorded"
+    );
+    assert_close(&dx, &rd(l, "dx.expected.bin"), 1e-4, "dx");
+    assert_close(&dw_part, &rd(l, "dw_part.expected.bin"), 1e-5, "dw_part");
+    // dw: the partials summed.
+    let l = "model_rmsnorm_dw_f32";
+    let parts = rd(l, "dw_part.bin");
+    let p = parts.len() / h;
+    let dw: Vec<f64> = (0..h)
+        .map(|c| (0..p).map(|q| parts[q * h + c] as f64).sum())
+        .collect();
+    assert_close(&dw, &rd(l, "dw.expected.bin"), 1e-4, "dw");
+    // SwiGLU: a = silu(g) · u; dg = da · u · σ(g)(1 + g(1 − σ(g))), du = da · silu(g).
+    let l = "model_swiglu_bwd_f32";
+    let (g, u, da) = (rd(l, "g.bin"), rd(l, "u.bin"), rd(l, "da.bin"));
+    assert_eq!(g.len() % i, 0);
+    let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+    let dg: Vec<f64> = (0..g.len())
+        .map(|k| {
+            let (x, s) = (g[k] as f64, sig(g[k] as f64));
+            da[k] as f64 * u[k] as f64 * s * (1.0 + x * (1.0 - s))
+        })
+        .collect();
+    let du: Vec<f64> = (0..g.len())
+        .map(|k| da[k] as f64 * g[k] as f64 * sig(g[k] as f64))
+        .collect();
+    assert_close(&dg, &rd(l, "dg.expected.bin"), 1e-5, "dg");
+    assert_close(&du, &rd(l, "du.expected.bin"), 1e-5, "du");
+    let l = "model_swiglu_fwd_f32";
+    let (g, u) = (rd(l, "g.bin"), rd(l, "u.bin"));
+    let a: Vec<f64> = (0..g.len())
+        .map(|k| g[k] as f64 * sig(g[k] as f64) * u[k] as f64)
+        .collect();
+    assert_close(&a, &rd(l, "a.expected.bin"), 1e-5, "a");
+    // Rotary: each token's heads rotated by the table row at its position (the tables of
+    // `Rotary::table`, angle p·θ^(−2j/d), the half repeated); the backward by the transpose.
+    let d = 64usize;
+    for (l, names, transpose) in [
+        (
+            "model_rotary_fwd_f32_d64",
+            ["q", "k", "q_out", "k_out"],
+            false,
+        ),
+        (
+            "model_rotary_bwd_f32_d64",
+            ["dq", "dk", "dq_out", "dk_out"],
+            true,
+        ),
+    ] {
+        let (cos, sin) = (rd(l, "cos.bin"), rd(l, "sin.bin"));
+        let pos: Vec<i32> = std::fs::read(dir.join(l).join("pos.bin"))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        // The table rows are the model's: cos(p · 10000^(−2j/d)).
+        let (p, j) = (5usize, 3usize);
+        let angle = p as f64 * 10000f64.powf(-2.0 * j as f64 / d as f64);
+        assert!((cos[p * d + j] as f64 - angle.cos()).abs() < 1e-6);
+        assert!((sin[p * d + j + d / 2] as f64 - angle.sin()).abs() < 1e-6);
+        assert!(pos.iter().any(|p| *p > 0), "{pos:?}");
+        for (x, y) in [(names[0], names[2]), (names[1], names[3])] {
+            let xs = rd(l, &format!("{x}.bin"));
+            let n = pos.len();
+            let heads = xs.len() / (n * d);
+            let mut want = vec![0f64; xs.len()];
+            for (t, &p) in pos.iter().enumerate() {
+                let row = p as usize * d;
+                for h in 0..heads {
+                    let o = (t * heads + h) * d;
+                    for j in 0..d / 2 {
+                        let (x1, x2) = (xs[o + j] as f64, xs[o + j + d / 2] as f64);
+                        let (c1, c2) = (cos[row + j] as f64, cos[row + j + d / 2] as f64);
+                        let (s1, s2) = (sin[row + j] as f64, sin[row + j + d / 2] as f64);
+                        let (y1, y2) = if transpose {
+                            (x1 * c1 + x2 * s2, x2 * c2 - x1 * s1)
+                        } else {
+                            (x1 * c1 - x2 * s1, x2 * c2 + x1 * s2)
+                        };
+                        want[o + j] = y1;
+                        want[o + j + d / 2] = y2;
+                    }
+                }
+            }
+            assert_close(&want, &rd(l, &format!("{y}.expected.bin")), 1e-5, y);
+        }
+    }
+}
+
+/// The model-level launch recorder on the fused RMSNorm (the layers' input norms and the final
+/// norm plain, the post-attention norm with the residual add), SwiGLU and rotary: a real forward and
+/// backward (with and without activation checkpointing, and with LoRA adapters on every
+/// projection) writes each kernel's launch with the real tensors and the candle composition's
+/// outputs and gradients; the results are the plain model's, bit for bit. Under
+/// `RLVR_KERNEL_RECORD` (CI) the records go there and `scripts/ci_kernels.sh` replays them
+/// under Triton's interpreter.
+#[test]
+fn model_level_launch_records_of_fused_norms_swiglu_and_rotary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = match std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => tmp.path().to_path_buf(),
+    };
+    let plain = Model::random(small(), 0.3, 13, DType::F32, &Device::Cpu).unwrap();
+    let mut lora = plain.try_clone().unwrap();
+    let cfg = crate::LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: crate::LoraTarget::ALL.to_vec(),
+        dropout: 0.0,
+    };
+    lora.add_lora(&cfg, 5).unwrap();
+    for (base, sub, checkpointing) in [
+        (&lora, "lora", true),
+        (&plain, "", true),
+        (&plain, "", false),
+    ] {
+        let want = run(base);
+        let mut m = base.try_clone().unwrap();
+        m.set_kernels(layers_on());
+        m.set_gradient_checkpointing(checkpointing);
+        let at = dir.join(sub);
+        let got = {
+            let _guard = record_launches(&at).unwrap();
+            run(&m)
+        };
+        assert_eq!(got, want, "{sub} checkpointing {checkpointing}");
+    }
+    check_layer_records(&dir);
+    check_layer_records(&dir.join("lora"));
     drop(tmp);
 }
