@@ -136,7 +136,11 @@ impl FusedOp {
     pub fn wired(self) -> bool {
         matches!(
             self,
-            FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs
+            FusedOp::Attention
+                | FusedOp::LogprobHead
+                | FusedOp::Adamw
+                | FusedOp::Decode
+                | FusedOp::CudaGraphs
         )
     }
 }
@@ -339,6 +343,13 @@ pub(crate) struct Fused {
     /// recorder ([`record_decode`]); on CUDA the sampler runs its fused step
     /// (`rlvr_rollout::fused`), and the layers are not involved.
     pub decode: bool,
+    /// One-pass AdamW and the gradient norm's partial sums (`kernels.adamw`): on CUDA the
+    /// optimizer launches the kernels ([`crate::optim::AdamW::set_fused`]); on the CPU, only
+    /// flagged for the launch recorder ([`adamw`]).
+    pub adamw: bool,
+    /// The log-prob head's chunk kernels (`kernels.logprob_head`): on CUDA the head runs them;
+    /// on the CPU, only flagged for the launch recorder ([`head::tap`]).
+    pub logprob_head: bool,
 }
 
 impl Fused {
@@ -349,9 +360,13 @@ impl Fused {
         };
         let attention = s.resolve(FusedOp::Attention, cfg, dtype, device);
         let decode = s.resolve(FusedOp::Decode, cfg, dtype, device);
+        let adamw = s.resolve(FusedOp::Adamw, cfg, dtype, device);
         Fused {
             attention: attention || cpu_on(FusedOp::Attention),
             decode: decode || cpu_on(FusedOp::Decode),
+            adamw: adamw || cpu_on(FusedOp::Adamw),
+            logprob_head: s.resolve(FusedOp::LogprobHead, cfg, dtype, device)
+                || cpu_on(FusedOp::LogprobHead),
         }
     }
 }
@@ -402,6 +417,24 @@ pub fn record_launches(dir: impl Into<std::path::PathBuf>) -> Result<RecordGuard
 
 pub(crate) fn recording() -> bool {
     RECORDER.with(|r| r.borrow().is_some())
+}
+
+/// Whether the thread's recorder (if any) has not written `label` yet: the record's inputs are
+/// worth gathering.
+pub(crate) fn wants(label: &str) -> bool {
+    RECORDER.with(|r| {
+        r.borrow()
+            .as_ref()
+            .is_some_and(|r| !r.written.contains(label))
+    })
+}
+
+/// The compiled kernel `name`'s aligned twin (`_a16`) when the committed manifest has one,
+/// for records of the launch the CUDA path tries first.
+pub(crate) fn twin_of(name: &str) -> Option<String> {
+    let twin = rlvr_kernels::triton::families::aligned_name(name);
+    let m = Manifest::committed().ok()?;
+    m.entry(&twin, Target::Sm90a).ok().map(|_| twin)
 }
 
 /// Writes one record through the thread's recorder (if any, and the label is new).
@@ -1083,8 +1116,31 @@ pub(crate) fn record_decode(st: &DecodeStep) -> Result<()> {
     )
 }
 
+pub(crate) mod adamw;
+pub(crate) mod head;
+
 #[cfg(feature = "cuda")]
 mod cuda_attention;
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_adamw;
+
+#[cfg(feature = "cuda")]
+mod cuda_head;
+
+/// The fused head on CUDA ([`head`]'s module docs): `[N, 2]` (log p_y, H), or `None` where the
+/// kernels do not cover the call (then the caller runs [`crate::chunked`]).
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_head(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &[u32],
+    op: (f64, bool, usize),
+    grad: bool,
+    weight_grad: bool,
+) -> Result<Option<Tensor>> {
+    cuda_head::apply(h, w, targets, op, grad, weight_grad)
+}
 
 #[cfg(test)]
 mod tests;

@@ -92,6 +92,9 @@ impl<'a> Run<'a> {
         let mut trainer = Trainer::new(policy.model, reference, settings)?;
         // The fused GPU kernels (`[kernels]`): resolved against the device, dtype and shapes.
         trainer.model.set_kernels(c.kernels);
+        // One-pass AdamW (`kernels.adamw`): the optimizer takes the model's resolved switch.
+        let fused_adamw = trainer.model.fused_adamw();
+        trainer.optimizer.adamw.set_fused(fused_adamw);
         if let Some(r) = trainer.reference.as_mut() {
             r.set_kernels(c.kernels);
         }

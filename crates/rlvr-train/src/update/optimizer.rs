@@ -220,8 +220,10 @@ impl OptimizerStep {
             .into_iter()
             .map(|(_, v)| v.clone())
             .collect();
+        let mut adamw = AdamW::new(vars.clone(), config)?;
+        adamw.set_fused(model.fused_adamw());
         Ok(OptimizerStep {
-            adamw: AdamW::new(vars.clone(), config)?,
+            adamw,
             vars,
             grad_clip,
             reduce: Box::new(LocalReduce),
@@ -377,14 +379,9 @@ impl OptimizerStep {
         let mut sums: Vec<Option<Tensor>> = g.acc.into_iter().map(|a| a.take()).collect();
         let mut finite = g.finite;
         self.reduce.reduce(&mut sums, &mut finite)?;
-        let mut sq = 0.0f64;
-        for s in sums.iter().flatten() {
-            sq += s
-                .sqr()?
-                .sum_all()?
-                .to_dtype(DType::F64)?
-                .to_scalar::<f64>()?;
-        }
+        let present: Vec<&Tensor> = sums.iter().flatten().collect();
+        let sq = rlvr_model::optim::grad_sumsq(&present, self.adamw.fused())?;
+        drop(present);
         let sq = self.reduce.norm_sq(sq)?;
         let grad_norm = sq.sqrt();
         if !finite || !grad_norm.is_finite() {
@@ -403,14 +400,14 @@ impl OptimizerStep {
                 // Sharded: another rank updates it and shares the result below.
                 continue;
             }
+            // The clipping factor is applied by the update (AdamW::step_scaled).
             let s = match s {
-                Some(s) if scale != 1.0 => (s * scale)?,
                 Some(s) => s,
                 None => Tensor::zeros(v.shape(), DType::F32, v.device())?,
             };
             store.insert(v.as_tensor(), s);
         }
-        self.adamw.step(&store, lr)?;
+        self.adamw.step_scaled(&store, lr, scale)?;
         drop(store);
         self.reduce.share_weights(&self.vars)?;
         Ok(Some(grad_norm))
