@@ -64,9 +64,9 @@ pub struct KernelSwitches {
     pub rotary: Switch,
     /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
     pub swiglu: Switch,
-    /// The log-prob head's chunk kernels (online log-sum-exp, target log-prob, entropy, the gradient in place): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// The log-prob head's chunk kernels (each vocabulary chunk of logits from cuBLAS, then the online log-sum-exp, target log-prob and entropy, and the gradient in place; no `[tokens, vocab]` buffer beyond one chunk): `auto`, `on` or `off`, as `kernels.attention` (f32 and bf16). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
     pub logprob_head: Switch,
-    /// One-pass AdamW (f32 master, both moments and the bf16 copy; the gradient norm from partial sums): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the optimizer yet: `on` is accepted and logged.
+    /// One-pass AdamW (one launch per parameter tensor updating the f32 master, both moments and the bf16 copy, bit-identical to the CPU's update by design; the gradient norm from partial sums added in a fixed order): `auto`, `on` or `off`, as `kernels.attention` (f32 parameters and bf16 ones with f32 masters; others keep the candle update). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
     pub adamw: Switch,
     /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head; not with LoRA adapters or Qwen3's q/k norms, which keep the candle step). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check (`bench/gpu_check.sh`); the CPU keeps the candle step.
     pub decode: Switch,

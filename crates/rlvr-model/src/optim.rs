@@ -284,6 +284,12 @@ impl AdamW {
                 if crate::kernels::cuda_adamw::step(theta, g, &self.m[i], &self.v[i], copy, k)? {
                     continue;
                 }
+                crate::kernels::log_once(format!(
+                    "kernels.adamw = on: a {:?} parameter with a {:?} gradient is not covered; \
+                     the candle update runs",
+                    p.dtype(),
+                    g.dtype()
+                ));
             }
             // Under the launch recorder (CPU, switch on): the launch's inputs before the update.
             let tap = if self.fused && crate::kernels::recording() {

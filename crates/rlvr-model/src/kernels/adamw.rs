@@ -160,7 +160,7 @@ impl StepTap {
             bufs.clone(),
             want.clone(),
         )?;
-        if let Some(twin) = twin_of(self.name).filter(|_| n % 16 == 0) {
+        if let Some(twin) = twin_of(self.name).filter(|_| n.is_multiple_of(16)) {
             write_record(&label(&twin), &twin, build, bufs, want)?;
         }
         Ok(())
@@ -248,7 +248,7 @@ pub(crate) fn record_sumsq(grads: &[&Tensor], total: f64) -> Result<()> {
             Ok((adamw::plan(e, &shape).map_err(plan_err)?, BTreeMap::new()))
         };
         write_record(&label(name), name, build, bufs.clone(), expect.clone())?;
-        if let Some(twin) = twin_of(name).filter(|_| n % 16 == 0) {
+        if let Some(twin) = twin_of(name).filter(|_| n.is_multiple_of(16)) {
             write_record(&label(&twin), &twin, build, bufs, expect)?;
         }
     }

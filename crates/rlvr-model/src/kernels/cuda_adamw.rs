@@ -61,7 +61,6 @@ pub(crate) fn with_mut(
         f: &dyn Fn(&[DeviceBuffer]) -> Result<()>,
     ) -> candle_core::Result<()> {
         if i == writes.len() {
-            let mut guards = Vec::new();
             let mut all = held.borrow().clone();
             let mut storages = Vec::new();
             for t in reads {
@@ -74,6 +73,8 @@ pub(crate) fn with_mut(
                 };
                 streams.push(c.device.cuda_stream());
             }
+            // Declared after what they borrow: dropped first.
+            let mut guards = Vec::new();
             for ((s, l), stream) in storages.iter().zip(&streams) {
                 let Storage::Cuda(c) = &**s else {
                     unreachable!("checked above")

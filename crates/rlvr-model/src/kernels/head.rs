@@ -127,7 +127,7 @@ fn write_both(
         Ok((logprob_head::plan(e, s).map_err(plan_err)?, BTreeMap::new()))
     };
     write_record(label, name, build, bufs.clone(), want.clone())?;
-    if s.n_cols % 16 == 0 && s.stride_z % 16 == 0 {
+    if s.n_cols.is_multiple_of(16) && s.stride_z.is_multiple_of(16) {
         if let Some(twin) = twin_of(name) {
             write_record(&format!("{label}_a16"), &twin, build, bufs, want)?;
         }

@@ -484,6 +484,46 @@ mod tests {
         assert_eq!(before, after);
     }
 
+    /// `kernels.adamw = "on"` on the CPU: the clipped update (the factor applied by
+    /// `AdamW::step_scaled`) and its norm are those of the plain optimizer, bit for bit; the
+    /// clip did act (the norm is over it).
+    #[test]
+    fn fused_adamw_switch_leaves_the_cpu_update_bit_identical() {
+        let cfg = AdamWConfig::default();
+        let run = |fused: bool| -> (Vec<f64>, Vec<Vec<u32>>) {
+            let mut m = tiny();
+            if fused {
+                m.set_kernels(rlvr_model::KernelSwitches {
+                    adamw: rlvr_model::Switch::On,
+                    ..Default::default()
+                });
+            }
+            let mut o = OptimizerStep::new(&m, cfg, 0.05).unwrap();
+            assert_eq!(o.adamw.fused(), fused);
+            let mut norms = Vec::new();
+            for _ in 0..3 {
+                let mut g = o.gradients();
+                o.accumulate(&mut g, &loss(&m, 1.0)).unwrap();
+                norms.push(o.apply(g, 1e-2).unwrap().unwrap());
+            }
+            let bits = (m.named_vars().into_iter())
+                .map(|(_, v)| {
+                    let x = v
+                        .as_tensor()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    x.iter().map(|x| x.to_bits()).collect()
+                })
+                .collect();
+            (norms, bits)
+        };
+        let (plain, fused) = (run(false), run(true));
+        assert!(plain.0.iter().all(|n| *n > 0.05), "{:?}", plain.0);
+        assert_eq!(plain, fused);
+    }
+
     /// Two micro-batches of half the loss give the gradient of one full micro-batch.
     #[test]
     fn accumulation_sums_micro_batch_gradients() {
