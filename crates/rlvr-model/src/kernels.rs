@@ -344,7 +344,7 @@ pub(crate) struct Fused {
     /// (`rlvr_rollout::fused`), and the layers are not involved.
     pub decode: bool,
     /// One-pass AdamW and the gradient norm's partial sums (`kernels.adamw`): on CUDA the
-    /// optimizer launches the kernels ([`crate::optim::AdamW::set_fused`]); on the CPU, only
+    /// optimizer launches the kernels (`optim::AdamW::set_fused`); on the CPU, only
     /// flagged for the launch recorder ([`adamw`]).
     pub adamw: bool,
     /// The log-prob head's chunk kernels (`kernels.logprob_head`): on CUDA the head runs them;

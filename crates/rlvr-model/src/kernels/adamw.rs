@@ -2,9 +2,9 @@
 //! CUDA path ([`super::cuda_adamw`]) and the CPU launch recorder share, the variant choice and
 //! the launch shapes, and the recorder's taps.
 //!
-//! On CUDA with the switch on, [`crate::optim::AdamW`] launches one `adamw_*` kernel per
+//! On CUDA with the switch on, `optim::AdamW` launches one `adamw_*` kernel per
 //! parameter tensor (master, both moments and the bf16 copy in one pass) and
-//! [`crate::optim::grad_sumsq`] one `grad_sumsq_*` per gradient tensor into consecutive slots of
+//! `optim::grad_sumsq` one `grad_sumsq_*` per gradient tensor into consecutive slots of
 //! one partials buffer, then `grad_sumsq_total` (the f64 total, in a fixed order). On the CPU,
 //! under [`super::record_launches`], the same launches are recorded from the real tensors of an
 //! optimizer step, with the CPU passes' results (`rlvr_kernels::adamw`, which the kernels equal
@@ -176,7 +176,7 @@ fn wants_twin(name: &str) -> bool {
 }
 
 /// Under the recorder (CPU): the gradient norm's launches over `grads` (in order, f32 or bf16),
-/// as [`crate::optim::grad_sumsq`] makes them on CUDA: per dtype, the `grad_sumsq_*` launch of
+/// as `optim::grad_sumsq` makes them on CUDA: per dtype, the `grad_sumsq_*` launch of
 /// the first gradient at a non-zero slot (the first gradient when there is one only), the
 /// partials expected from float64 sums of the real gradient; then `grad_sumsq_total` over all
 /// the step's partials. `total` is the CPU's ‖g‖² (candle's sums, what the optimizer used): the
