@@ -199,8 +199,9 @@ impl Model {
     }
 
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
-    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere; the chunked
-    /// op equals [`Model::logprobs_unfused`], tested).
+    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere, the Triton
+    /// chunk kernels on CUDA with `kernels.logprob_head`; the chunked op equals
+    /// [`Model::logprobs_unfused`], tested).
     pub(crate) fn head(
         &self,
         h: &Tensor,
