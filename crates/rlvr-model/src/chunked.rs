@@ -121,6 +121,35 @@ pub fn chunked_logprobs_head(
     grad: bool,
     weight_grad: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    let out = chunked_head_out(
+        h,
+        w,
+        targets,
+        (temperature, with_entropy, chunk),
+        grad,
+        weight_grad,
+    )?;
+    let lp = out.narrow(1, 0, 1)?.squeeze(1)?;
+    let ent = if with_entropy {
+        Some(out.narrow(1, 1, 1)?.squeeze(1)?)
+    } else {
+        None
+    };
+    Ok((lp, ent))
+}
+
+/// [`chunked_logprobs_head`]'s `[N, 2]` output (log p_y, H or 0) before it is split.
+///
+/// # Errors
+/// As [`chunked_logprobs`].
+pub(crate) fn chunked_head_out(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &[u32],
+    (temperature, with_entropy, chunk): (f64, bool, usize),
+    grad: bool,
+    weight_grad: bool,
+) -> Result<Tensor> {
     let (n, hd) = h.dims2()?;
     let (v, hd2) = w.dims2()?;
     if hd != hd2 || targets.len() != n || chunk == 0 {
@@ -143,7 +172,7 @@ pub fn chunked_logprobs_head(
         weight_grad,
     };
     let (out, lse) = op.forward(&h.detach(), &w.detach())?;
-    let out = if grad {
+    Ok(if grad {
         let op = ChunkedHead {
             lse: Some(lse),
             ..op
@@ -151,14 +180,7 @@ pub fn chunked_logprobs_head(
         h.apply_op3(w, &out, op)?
     } else {
         out
-    };
-    let lp = out.narrow(1, 0, 1)?.squeeze(1)?;
-    let ent = if with_entropy {
-        Some(out.narrow(1, 1, 1)?.squeeze(1)?)
-    } else {
-        None
-    };
-    Ok((lp, ent))
+    })
 }
 
 /// The chunked head as a graph node; see the module docs.

@@ -199,8 +199,9 @@ impl Model {
     }
 
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
-    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere; the chunked
-    /// op equals [`Model::logprobs_unfused`], tested).
+    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere, the Triton
+    /// chunk kernels on CUDA with `kernels.logprob_head`; the chunked op equals
+    /// [`Model::logprobs_unfused`], tested).
     pub(crate) fn head(
         &self,
         h: &Tensor,
@@ -230,10 +231,19 @@ impl Model {
                 entropy: with_entropy,
                 stash,
             };
+            let hc = h.contiguous()?;
             let out = if train_w || !grad {
-                h.contiguous()?.apply_op2(w, op)?
+                hc.apply_op2(w, op)?
             } else {
-                h.contiguous()?.apply_op2(w, FrozenHeadLogprobOp(op))?
+                hc.apply_op2(w, FrozenHeadLogprobOp(op))?
+            };
+            // Under the launch recorder with `kernels.logprob_head = "on"`: the fused head's
+            // launches, from this forward (and its backward).
+            let out = if self.fused_head() {
+                let ys = targets.to_vec1()?;
+                crate::kernels::head::tap(&hc, w, &ys, temperature, with_entropy, &out)?
+            } else {
+                out
             };
             let lp = out.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
             let ent = if with_entropy {
@@ -244,23 +254,60 @@ impl Model {
             Ok((lp, ent))
         } else {
             // Every other device/dtype: lm_head + log-softmax over vocabulary chunks, so the
-            // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused).
+            // [N, V] logits never exist either (crate::chunked; equal to logprobs_unfused); on
+            // CUDA with `kernels.logprob_head` the chunk kernels (crate::kernels::head).
             // A frozen head (LoRA) gets no ∂W.
             let train_w = self.lora.is_none();
             let w = self.lm_head.weight.get(grad && train_w);
-            let chunk = crate::chunked::chunk_width(
-                n,
-                self.config().vocab_size,
-                crate::chunked::chunk_elems(self.device()),
-            );
-            crate::chunked::chunked_logprobs_head(
-                &h.contiguous()?,
+            let elems = crate::chunked::chunk_elems(self.device());
+            let v = self.config().vocab_size;
+            let ys = targets.to_vec1()?;
+            let hc = h.contiguous()?;
+            #[cfg(feature = "cuda")]
+            if self.fused_head() && self.device().is_cuda() {
+                if let Some(&y) = ys.iter().find(|&&y| y as usize >= v) {
+                    return Err(ModelError::Invalid(format!(
+                        "log-prob head: target {y} outside the vocabulary ({v})"
+                    )));
+                }
+                let chunk = crate::kernels::head::chunk_width(n, v, elems);
+                let op = (temperature, with_entropy, chunk);
+                if let Some(out) = crate::kernels::cuda_head(&hc, w, &ys, op, grad, train_w)? {
+                    let lp = out.narrow(1, 0, 1)?.squeeze(1)?;
+                    let ent = if with_entropy {
+                        Some(out.narrow(1, 1, 1)?.squeeze(1)?)
+                    } else {
+                        None
+                    };
+                    return Ok((lp, ent));
+                }
+                crate::kernels::log_once(format!(
+                    "kernels.logprob_head = on: the {:?} head is not covered; the chunked head \
+                     runs",
+                    hc.dtype()
+                ));
+            }
+            let chunk = crate::chunked::chunk_width(n, v, elems);
+            let out = crate::chunked::chunked_head_out(
+                &hc,
                 w,
-                &targets.to_vec1()?,
+                &ys,
                 (temperature, with_entropy, chunk),
                 grad,
                 train_w,
-            )
+            )?;
+            let out = if self.fused_head() {
+                crate::kernels::head::tap(&hc, w, &ys, temperature, with_entropy, &out)?
+            } else {
+                out
+            };
+            let lp = out.narrow(1, 0, 1)?.squeeze(1)?;
+            let ent = if with_entropy {
+                Some(out.narrow(1, 1, 1)?.squeeze(1)?)
+            } else {
+                None
+            };
+            Ok((lp, ent))
         }
     }
 

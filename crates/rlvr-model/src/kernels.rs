@@ -65,9 +65,9 @@ pub struct KernelSwitches {
     pub rotary: Switch,
     /// Fused SwiGLU gating `silu(gate) · up`: `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. With `on` on CUDA every MLP's gating and its backward run the kernels.
     pub swiglu: Switch,
-    /// The log-prob head's chunk kernels (online log-sum-exp, target log-prob, entropy, the gradient in place): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the model yet: `on` is accepted and logged.
+    /// The log-prob head's chunk kernels (each vocabulary chunk of logits from cuBLAS, then the online log-sum-exp, target log-prob and entropy, and the gradient in place; no `[tokens, vocab]` buffer beyond one chunk): `auto`, `on` or `off`, as `kernels.attention` (f32 and bf16). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
     pub logprob_head: Switch,
-    /// One-pass AdamW (f32 master, both moments and the bf16 copy; the gradient norm from partial sums): `auto`, `on` or `off`, as `kernels.attention`. Default `auto`. Not wired into the optimizer yet: `on` is accepted and logged.
+    /// One-pass AdamW (one launch per parameter tensor updating the f32 master, both moments and the bf16 copy, bit-identical to the CPU's update by design; the gradient norm from partial sums added in a fixed order): `auto`, `on` or `off`, as `kernels.attention` (f32 parameters and bf16 ones with f32 masters; others keep the candle update). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
     pub adamw: Switch,
     /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head; not with LoRA adapters or Qwen3's q/k norms, which keep the candle step). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check (`bench/gpu_check.sh`); the CPU keeps the candle step.
     pub decode: Switch,
@@ -141,6 +141,8 @@ impl FusedOp {
                 | FusedOp::RmsNorm
                 | FusedOp::Rotary
                 | FusedOp::Swiglu
+                | FusedOp::LogprobHead
+                | FusedOp::Adamw
                 | FusedOp::Decode
                 | FusedOp::CudaGraphs
         )
@@ -365,6 +367,13 @@ pub(crate) struct Fused {
     pub swiglu: bool,
     /// The rotary embedding of q and k through the fused kernels.
     pub rotary: bool,
+    /// One-pass AdamW and the gradient norm's partial sums (`kernels.adamw`): on CUDA the
+    /// optimizer launches the kernels (`optim::AdamW::set_fused`); on the CPU, only
+    /// flagged for the launch recorder ([`adamw`]).
+    pub adamw: bool,
+    /// The log-prob head's chunk kernels (`kernels.logprob_head`): on CUDA the head runs them;
+    /// on the CPU, only flagged for the launch recorder ([`head::tap`]).
+    pub logprob_head: bool,
 }
 
 impl Fused {
@@ -378,12 +387,16 @@ impl Fused {
         let rms_norm = s.resolve(FusedOp::RmsNorm, cfg, dtype, device);
         let swiglu = s.resolve(FusedOp::Swiglu, cfg, dtype, device);
         let rotary = s.resolve(FusedOp::Rotary, cfg, dtype, device);
+        let adamw = s.resolve(FusedOp::Adamw, cfg, dtype, device);
         Fused {
             attention: attention || cpu_on(FusedOp::Attention),
             decode: decode || cpu_on(FusedOp::Decode),
             rms_norm: rms_norm || cpu_on(FusedOp::RmsNorm),
             swiglu: swiglu || cpu_on(FusedOp::Swiglu),
             rotary: rotary || cpu_on(FusedOp::Rotary),
+            adamw: adamw || cpu_on(FusedOp::Adamw),
+            logprob_head: s.resolve(FusedOp::LogprobHead, cfg, dtype, device)
+                || cpu_on(FusedOp::LogprobHead),
         }
     }
 }
@@ -434,6 +447,24 @@ pub fn record_launches(dir: impl Into<std::path::PathBuf>) -> Result<RecordGuard
 
 pub(crate) fn recording() -> bool {
     RECORDER.with(|r| r.borrow().is_some())
+}
+
+/// Whether the thread's recorder (if any) has not written `label` yet: the record's inputs are
+/// worth gathering.
+pub(crate) fn wants(label: &str) -> bool {
+    RECORDER.with(|r| {
+        r.borrow()
+            .as_ref()
+            .is_some_and(|r| !r.written.contains(label))
+    })
+}
+
+/// The compiled kernel `name`'s aligned twin (`_a16`) when the committed manifest has one,
+/// for records of the launch the CUDA path tries first.
+pub(crate) fn twin_of(name: &str) -> Option<String> {
+    let twin = rlvr_kernels::triton::families::aligned_name(name);
+    let m = Manifest::committed().ok()?;
+    m.entry(&twin, Target::Sm90a).ok().map(|_| twin)
 }
 
 /// Writes one record through the thread's recorder (if any, and the label is new).
@@ -1297,6 +1328,9 @@ pub(crate) fn record_decode(st: &DecodeStep) -> Result<()> {
     )
 }
 
+pub(crate) mod adamw;
+pub(crate) mod head;
+
 #[cfg(feature = "cuda")]
 mod cuda_attention;
 #[cfg(feature = "cuda")]
@@ -1308,6 +1342,26 @@ mod cuda_rotary;
 #[cfg(feature = "cuda")]
 mod cuda_swiglu;
 mod record_layers;
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_adamw;
+
+#[cfg(feature = "cuda")]
+mod cuda_head;
+
+/// The fused head on CUDA ([`head`]'s module docs): `[N, 2]` (log p_y, H), or `None` where the
+/// kernels do not cover the call (then the caller runs [`crate::chunked`]).
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_head(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &[u32],
+    op: (f64, bool, usize),
+    grad: bool,
+    weight_grad: bool,
+) -> Result<Option<Tensor>> {
+    cuda_head::apply(h, w, targets, op, grad, weight_grad)
+}
 
 #[cfg(test)]
 mod tests;

@@ -265,6 +265,18 @@ impl Model {
         self.fused
     }
 
+    /// Whether `kernels.adamw` resolved on for this model (CUDA; on the CPU, `"on"` flags it
+    /// for the launch recorder only): what [`crate::optim::AdamW::set_fused`] takes.
+    pub fn fused_adamw(&self) -> bool {
+        self.fused.adamw
+    }
+
+    /// Whether the log-prob head's chunk kernels run (on CUDA, or on the CPU under the launch
+    /// recorder).
+    pub(crate) fn fused_head(&self) -> bool {
+        self.fused.logprob_head
+    }
+
     /// Whether fused attention runs (on CUDA, or on the CPU under the launch recorder).
     pub(crate) fn fused_attention(&self) -> bool {
         self.fused.attention

@@ -56,6 +56,8 @@ pub struct AdamW {
     /// Sharded (ZeRO-1): the parameters whose state this optimizer keeps and updates; the others'
     /// moments are empty placeholders and they have no master. `None`: every parameter.
     owned: Option<Vec<bool>>,
+    /// `kernels.adamw` resolved on ([`AdamW::set_fused`]).
+    fused: bool,
 }
 
 /// The scalars of one AdamW update (learning rate, weight-decay factor, bias corrections).
@@ -163,7 +165,24 @@ impl AdamW {
             v,
             step: 0,
             owned: None,
+            fused: false,
         })
+    }
+
+    /// Takes the fused kernels (`kernels.adamw`, [`crate::Model::fused_adamw`] gives the
+    /// resolved switch): on CUDA each parameter tensor is updated by one launch (its f32 master
+    /// or itself, both moments, and the bf16 copy: `rlvr_kernels`' `adamw_*`, equal to the CPU
+    /// passes bit for bit by design) and [`grad_sumsq`] uses the partial-sum kernels; a
+    /// parameter the kernels do not cover (f16/f64) keeps the candle update. On the CPU the
+    /// passes are unchanged; under the launch recorder ([`crate::kernels::record_launches`]) the
+    /// launches are recorded with the CPU's results as the expected outputs.
+    pub fn set_fused(&mut self, on: bool) {
+        self.fused = on;
+    }
+
+    /// Whether [`AdamW::set_fused`] is on.
+    pub fn fused(&self) -> bool {
+        self.fused
     }
 
     /// Shards this optimizer (ZeRO stage 1, arXiv 1910.02054): it keeps moments and masters for
@@ -213,6 +232,17 @@ impl AdamW {
     /// # Errors
     /// Tensor errors.
     pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
+        self.step_scaled(grads, lr, 1.0)
+    }
+
+    /// [`AdamW::step`] with every gradient multiplied by `grad_scale` first (global-norm
+    /// clipping's factor; 1: none): `g · grad_scale` as candle's scalar multiply of the f32
+    /// gradient (the CPU), or the kernels' `grad_scale` argument (CUDA, fused), without a scaled
+    /// copy.
+    ///
+    /// # Errors
+    /// Tensor errors, a failed launch.
+    pub fn step_scaled(&mut self, grads: &GradStore, lr: f64, grad_scale: f64) -> Result<()> {
         self.step += 1;
         let c = self.config;
         let t = self.step as i32;
@@ -225,11 +255,56 @@ impl AdamW {
             bc1: 1.0 - c.beta1.powi(t),
             bc2: 1.0 - c.beta2.powi(t),
         };
+        let k = rlvr_kernels::triton::families::adamw::AdamwScalars::new(
+            lr,
+            c.beta1,
+            c.beta2,
+            c.eps,
+            c.weight_decay,
+            t,
+            grad_scale as f32,
+        );
         for (i, p) in self.params.iter().enumerate() {
             let Some(g) = grads.get(p.as_tensor()) else {
                 continue;
             };
+            #[cfg(feature = "cuda")]
+            if self.fused && p.device().is_cuda() {
+                let (theta, copy) = match &self.masters[i] {
+                    Some(w) => (w, Some(p.as_tensor())),
+                    None => (p.as_tensor(), None),
+                };
+                let g32;
+                let g = if g.dtype() == DType::BF16 && copy.is_none() {
+                    g32 = g.to_dtype(DType::F32)?;
+                    &g32
+                } else {
+                    g
+                };
+                if crate::kernels::cuda_adamw::step(theta, g, &self.m[i], &self.v[i], copy, k)? {
+                    continue;
+                }
+                crate::kernels::log_once(format!(
+                    "kernels.adamw = on: a {:?} parameter with a {:?} gradient is not covered; \
+                     the candle update runs",
+                    p.dtype(),
+                    g.dtype()
+                ));
+            }
+            // Under the launch recorder (CPU, switch on): the launch's inputs before the update.
+            let tap = if self.fused && crate::kernels::recording() {
+                let theta = self.masters[i].as_ref().unwrap_or(p.as_tensor());
+                let master = self.masters[i].is_some();
+                crate::kernels::adamw::StepTap::before(master, theta, g, &self.m[i], &self.v[i], k)?
+            } else {
+                None
+            };
             let g = g.to_dtype(DType::F32)?;
+            let g = if grad_scale != 1.0 {
+                (g * grad_scale)?
+            } else {
+                g
+            };
             match &mut self.masters[i] {
                 Some(w) => {
                     if let Some(new) = adamw_update_f32(w, &mut self.m[i], &mut self.v[i], &g, &s)?
@@ -246,6 +321,13 @@ impl AdamW {
                         p.set(&new.to_dtype(p.dtype())?)?;
                     }
                 }
+            }
+            if let Some(tap) = tap {
+                let (theta, copy) = match &self.masters[i] {
+                    Some(w) => (w, Some(p.as_tensor())),
+                    None => (p.as_tensor(), None),
+                };
+                tap.after(theta, &self.m[i], &self.v[i], copy)?;
             }
         }
         Ok(())
@@ -317,6 +399,37 @@ impl AdamW {
         }
         self.drop_unowned()
     }
+}
+
+/// ‖g‖² = Σ_k Σ_i g_ki² over `grads` (in order), the gradient norm's square: with `fused`
+/// (`kernels.adamw`) on CUDA, the partial-sum kernels (one launch per tensor into consecutive
+/// slots, then the f64 total in a fixed order: the same bits on every run); otherwise per
+/// tensor candle's sum of squares in f32, added in f64 in order (under the launch recorder, with
+/// `fused`, the kernels' launches are recorded from these gradients).
+///
+/// # Errors
+/// Tensor errors, a failed launch.
+pub fn grad_sumsq(grads: &[&Tensor], fused: bool) -> Result<f64> {
+    #[cfg(feature = "cuda")]
+    if fused && grads.first().is_some_and(|g| g.device().is_cuda()) {
+        if let Some(sq) = crate::kernels::cuda_adamw::sumsq(grads)? {
+            return Ok(sq);
+        }
+    }
+    let mut sq = 0.0f64;
+    for s in grads {
+        // In f32 (a no-op for the f32 sums the trainer gives): a bf16 sum of squares stalls.
+        sq += s
+            .to_dtype(DType::F32)?
+            .sqr()?
+            .sum_all()?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
+    }
+    if fused {
+        crate::kernels::adamw::record_sumsq(grads, sq)?;
+    }
+    Ok(sq)
 }
 
 /// A gradient sum over micro-batches, `Σ_m g_m`, kept per parameter.

@@ -405,6 +405,8 @@ fn train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             ..Default::default()
         },
     )?;
+    // `--fused adamw` (or `all`): one launch per parameter tensor.
+    opt.set_fused(model.fused_adamw());
     let vocab = model.config().vocab_size as u32;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.model.seed);
     let ids: Vec<Vec<u32>> = (0..a.rows)

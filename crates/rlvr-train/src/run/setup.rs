@@ -91,7 +91,7 @@ impl<'a> Run<'a> {
         let settings = settings::trainer_settings(cfg, tokenizer.pad_id);
         let mut trainer = Trainer::new(policy.model, reference, settings)?;
         // The fused GPU kernels (`[kernels]`): resolved against the device, dtype and shapes.
-        trainer.model.set_kernels(c.kernels);
+        trainer.set_kernels(c.kernels);
         if let Some(r) = trainer.reference.as_mut() {
             r.set_kernels(c.kernels);
         }

@@ -220,8 +220,10 @@ impl OptimizerStep {
             .into_iter()
             .map(|(_, v)| v.clone())
             .collect();
+        let mut adamw = AdamW::new(vars.clone(), config)?;
+        adamw.set_fused(model.fused_adamw());
         Ok(OptimizerStep {
-            adamw: AdamW::new(vars.clone(), config)?,
+            adamw,
             vars,
             grad_clip,
             reduce: Box::new(LocalReduce),
@@ -377,14 +379,9 @@ impl OptimizerStep {
         let mut sums: Vec<Option<Tensor>> = g.acc.into_iter().map(|a| a.take()).collect();
         let mut finite = g.finite;
         self.reduce.reduce(&mut sums, &mut finite)?;
-        let mut sq = 0.0f64;
-        for s in sums.iter().flatten() {
-            sq += s
-                .sqr()?
-                .sum_all()?
-                .to_dtype(DType::F64)?
-                .to_scalar::<f64>()?;
-        }
+        let present: Vec<&Tensor> = sums.iter().flatten().collect();
+        let sq = rlvr_model::optim::grad_sumsq(&present, self.adamw.fused())?;
+        drop(present);
         let sq = self.reduce.norm_sq(sq)?;
         let grad_norm = sq.sqrt();
         if !finite || !grad_norm.is_finite() {
@@ -403,14 +400,14 @@ impl OptimizerStep {
                 // Sharded: another rank updates it and shares the result below.
                 continue;
             }
+            // The clipping factor is applied by the update (AdamW::step_scaled).
             let s = match s {
-                Some(s) if scale != 1.0 => (s * scale)?,
                 Some(s) => s,
                 None => Tensor::zeros(v.shape(), DType::F32, v.device())?,
             };
             store.insert(v.as_tensor(), s);
         }
-        self.adamw.step(&store, lr)?;
+        self.adamw.step_scaled(&store, lr, scale)?;
         drop(store);
         self.reduce.share_weights(&self.vars)?;
         Ok(Some(grad_norm))
@@ -485,6 +482,46 @@ mod tests {
         assert_eq!(one.adamw.step, 1);
         let after = m1.named_vars()[0].1.as_tensor().to_vec2::<f32>().unwrap();
         assert_eq!(before, after);
+    }
+
+    /// `kernels.adamw = "on"` on the CPU: the clipped update (the factor applied by
+    /// `AdamW::step_scaled`) and its norm are those of the plain optimizer, bit for bit; the
+    /// clip did act (the norm is over it).
+    #[test]
+    fn fused_adamw_switch_leaves_the_cpu_update_bit_identical() {
+        let cfg = AdamWConfig::default();
+        let run = |fused: bool| -> (Vec<f64>, Vec<Vec<u32>>) {
+            let mut m = tiny();
+            if fused {
+                m.set_kernels(rlvr_model::KernelSwitches {
+                    adamw: rlvr_model::Switch::On,
+                    ..Default::default()
+                });
+            }
+            let mut o = OptimizerStep::new(&m, cfg, 0.05).unwrap();
+            assert_eq!(o.adamw.fused(), fused);
+            let mut norms = Vec::new();
+            for _ in 0..3 {
+                let mut g = o.gradients();
+                o.accumulate(&mut g, &loss(&m, 1.0)).unwrap();
+                norms.push(o.apply(g, 1e-2).unwrap().unwrap());
+            }
+            let bits = (m.named_vars().into_iter())
+                .map(|(_, v)| {
+                    let x = v
+                        .as_tensor()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    x.iter().map(|x| x.to_bits()).collect()
+                })
+                .collect();
+            (norms, bits)
+        };
+        let (plain, fused) = (run(false), run(true));
+        assert!(plain.0.iter().all(|n| *n > 0.05), "{:?}", plain.0);
+        assert_eq!(plain, fused);
     }
 
     /// Two micro-batches of half the loss give the gradient of one full micro-batch.

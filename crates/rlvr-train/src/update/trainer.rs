@@ -222,6 +222,15 @@ impl Trainer {
         self.data_parallel_with(job, false)
     }
 
+    /// The fused GPU kernels (`[kernels]`) for the policy ([`Model::set_kernels`]: resolved
+    /// against its device, dtype and shapes) and its optimizer (`kernels.adamw` as the policy
+    /// resolved it: `rlvr_model::optim::AdamW::set_fused`).
+    pub fn set_kernels(&mut self, switches: rlvr_model::KernelSwitches) {
+        self.model.set_kernels(switches);
+        let fused = self.model.fused_adamw();
+        self.optimizer.adamw.set_fused(fused);
+    }
+
     /// [`Trainer::data_parallel`], with the optimizer state sharded over the ranks when `zero`
     /// (ZeRO-1, `rlvr_dist::ZeroReduce`: gradients reduced to each parameter's owner, the global
     /// norm summed over the shards, each owner's new weights broadcast); the steps and reports
