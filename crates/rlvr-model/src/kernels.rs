@@ -811,14 +811,74 @@ pub(crate) fn attention(
     }
     record_attention_fwd(kind, &layout, q, k, v, &o)?;
     // The backward's records are written when the gradient of `o` arrives.
-    let tap = AttnTap {
+    let rec = AttnRecord {
         kind,
         layout,
         q: q.detach(),
         k: k.detach(),
         v: v.detach(),
     };
-    Ok(o.apply_op1(tap)?)
+    let o_kept = o.detach();
+    tap(o, move |d_o| rec.record_bwd(&o_kept, d_o))
+}
+
+/// What a [`Tap`] calls with the gradient it receives.
+type OnGrad = dyn Fn(&Tensor) -> Result<()> + Send + Sync;
+
+/// The launch recorder's identity op on a contiguous tensor: its backward hands the incoming
+/// gradient to a callback (which writes the backward kernels' records), then passes it on
+/// unchanged, so the gradients are the composition's bit for bit.
+struct Tap {
+    on_grad: Box<OnGrad>,
+}
+
+impl candle_core::CustomOp1 for Tap {
+    fn name(&self) -> &'static str {
+        "rlvr-record-tap"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as C;
+        let Some((a, b)) = l.contiguous_offsets() else {
+            candle_core::bail!("rlvr-record-tap: a contiguous tensor only")
+        };
+        let t = match s {
+            C::F32(v) => C::F32(v[a..b].to_vec()),
+            C::BF16(v) => C::BF16(v[a..b].to_vec()),
+            C::F16(v) => C::F16(v[a..b].to_vec()),
+            C::F64(v) => C::F64(v[a..b].to_vec()),
+            _ => candle_core::bail!("rlvr-record-tap: f32, bf16, f16 or f64 tensors only"),
+        };
+        Ok((t, l.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        (self.on_grad)(grad_res).map_err(candle_core::Error::wrap)?;
+        Ok(Some(grad_res.clone()))
+    }
+}
+
+/// `t` through a [`Tap`] calling `on_grad` with its gradient (when `t` carries a graph; else `t`).
+pub(crate) fn tap(
+    t: Tensor,
+    on_grad: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
+) -> Result<Tensor> {
+    if !t.track_op() {
+        return Ok(t);
+    }
+    let t = t.contiguous()?;
+    Ok(t.apply_op1(Tap {
+        on_grad: Box::new(on_grad),
+    })?)
 }
 
 fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
@@ -916,10 +976,10 @@ fn record_attention_fwd(
     )
 }
 
-/// The identity on attention's output, under the recorder: its backward receives the real
-/// gradient of the output (dO), records the three backward kernels with the gradients the candle
-/// composition gives for that dO, and passes dO on unchanged.
-struct AttnTap {
+/// What attention's backward records need, kept by the [`tap`] on its output: the real gradient
+/// of the output (dO) arrives there, and the three backward kernels are recorded with the
+/// gradients the candle composition gives for that dO.
+struct AttnRecord {
     kind: AttnKind,
     layout: Arc<AttnLayout>,
     q: Tensor,
@@ -927,38 +987,7 @@ struct AttnTap {
     v: Tensor,
 }
 
-impl candle_core::CustomOp1 for AttnTap {
-    fn name(&self) -> &'static str {
-        "rlvr-attention-record"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s: &candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        let t = match (s, l.contiguous_offsets()) {
-            (candle_core::CpuStorage::F32(v), Some((a, b))) => {
-                candle_core::CpuStorage::F32(v[a..b].to_vec())
-            }
-            _ => candle_core::bail!("rlvr-attention-record: contiguous f32 only"),
-        };
-        Ok((t, l.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        self.record_bwd(res, grad_res)
-            .map_err(candle_core::Error::wrap)?;
-        Ok(Some(grad_res.clone()))
-    }
-}
-
-impl AttnTap {
+impl AttnRecord {
     fn record_bwd(&self, o: &Tensor, d_o: &Tensor) -> Result<()> {
         let l = &self.layout;
         let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);

@@ -15,14 +15,12 @@
 //! composition's gradient of the logits ([`crate::Model::logprobs_unfused`] under autograd).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use candle_core::backend::BackendStorage;
 use candle_core::{DType, Tensor};
 use rlvr_kernels::triton::families::logprob_head::{self, LogprobChunk};
 use rlvr_kernels::triton::{self, HostBuffer, Tolerance};
 
-use super::{host_f32, twin_of, wants, write_record};
+use super::{host_f32, tap as grad_tap, twin_of, wants, write_record};
 use crate::error::{ModelError, Result};
 
 /// Vocabulary entries per chunk of the fused head for `n` rows over `v` entries with `elems`
@@ -256,7 +254,7 @@ pub(crate) fn tap(
             (HostBuffer::f32(&[n, 2], &want_out), Tolerance::F32),
         )]),
     )?;
-    let tap = HeadTap(Arc::new(TapState {
+    let st = TapState {
         h,
         w,
         targets: targets.to_vec(),
@@ -265,8 +263,10 @@ pub(crate) fn tap(
         chunk,
         state: state32,
         out: want_out,
-    }));
-    Ok(out.apply_op1(tap)?)
+    };
+    // The backward's records are written when the real upstream gradient `(g_ℓ, g_H)` of the
+    // head's `[N, 2]` output arrives.
+    grad_tap(out.clone(), move |g| record_bwd(&st, g))
 }
 
 struct TapState {
@@ -278,34 +278,6 @@ struct TapState {
     chunk: usize,
     state: Vec<f32>,
     out: Vec<f32>,
-}
-
-/// The identity on the head's `[N, 2]` output under the recorder: its backward receives the
-/// real upstream gradient `(g_ℓ, g_H)`, records the backward chunks, and passes it on.
-struct HeadTap(Arc<TapState>);
-
-impl candle_core::CustomOp1 for HeadTap {
-    fn name(&self) -> &'static str {
-        "rlvr-logprob-head-record"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s: &candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        Ok((s.try_clone(l)?, l.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        record_bwd(&self.0, grad_res).map_err(candle_core::Error::wrap)?;
-        Ok(Some(grad_res.clone()))
-    }
 }
 
 fn record_bwd(t: &TapState, g: &Tensor) -> Result<()> {

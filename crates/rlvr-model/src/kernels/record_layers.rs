@@ -12,7 +12,7 @@ use candle_core::{DType, Tensor, Var};
 use rlvr_kernels::triton::families::{rmsnorm, swiglu as sw};
 use rlvr_kernels::triton::{self, HostBuffer, Tolerance};
 
-use super::{host_f32, recording, rmsnorm_covers, rmsnorm_shape, write_picked};
+use super::{host_f32, recording, rmsnorm_covers, rmsnorm_shape, tap, write_picked};
 use crate::error::{ModelError, Result};
 
 /// The backward records' bound: the kernels and the composition sum in different orders.
@@ -40,59 +40,6 @@ fn terr(e: triton::TritonError) -> ModelError {
 fn rows_cols(x: &Tensor) -> (usize, usize) {
     let cols = x.dims().last().copied().unwrap_or(1).max(1);
     (x.elem_count() / cols, cols)
-}
-
-/// The identity on a contiguous f32 tensor whose backward hands the incoming gradient to a
-/// callback (the recorder), then passes it on unchanged.
-struct Tap {
-    on_grad: Box<OnGrad>,
-}
-
-/// What a [`Tap`] calls with the gradient it receives.
-type OnGrad = dyn Fn(&Tensor) -> Result<()> + Send + Sync;
-
-impl candle_core::CustomOp1 for Tap {
-    fn name(&self) -> &'static str {
-        "rlvr-layer-record"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s: &candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        let t = match (s, l.contiguous_offsets()) {
-            (candle_core::CpuStorage::F32(v), Some((a, b))) => {
-                candle_core::CpuStorage::F32(v[a..b].to_vec())
-            }
-            _ => candle_core::bail!("rlvr-layer-record: contiguous f32 only"),
-        };
-        Ok((t, l.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        (self.on_grad)(grad_res).map_err(candle_core::Error::wrap)?;
-        Ok(Some(grad_res.clone()))
-    }
-}
-
-/// `t` through a [`Tap`] calling `on_grad` with its gradient (when `t` carries a graph; else `t`).
-fn tap(
-    t: Tensor,
-    on_grad: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
-) -> Result<Tensor> {
-    if !t.track_op() {
-        return Ok(t);
-    }
-    let t = t.contiguous()?;
-    Ok(t.apply_op1(Tap {
-        on_grad: Box::new(on_grad),
-    })?)
 }
 
 /// `1 / sqrt(mean(h²) + eps)` per row of `h` `[rows, cols]`, in f64.
