@@ -885,6 +885,15 @@ fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
+/// The gradient of `v` in `grads` on the host in f32 (flat), zeros when the composition gave it
+/// none: what a backward record expects.
+fn grad_host(grads: &candle_core::backprop::GradStore, v: &candle_core::Var) -> Result<Vec<f32>> {
+    match grads.get(v.as_tensor()) {
+        Some(g) => host_f32(g),
+        None => Ok(vec![0.0; v.elem_count()]),
+    }
+}
+
 /// `(lse [nh·N], queries)`: the log-sum-exp of every query row of `l` per head, in f64 from the
 /// f32 inputs, and each query's visible keys.
 fn lse_of(l: &AttnLayout, q: &[f32], k: &[f32]) -> Vec<f64> {
@@ -1000,12 +1009,7 @@ impl AttnRecord {
         let o2 = composition_of(l, q.as_tensor(), k.as_tensor(), v.as_tensor())?;
         let loss = (o2 * d_o.detach())?.sum_all()?;
         let grads = loss.backward()?;
-        let grad = |x: &candle_core::Var| -> Result<Vec<f32>> {
-            match grads.get(x.as_tensor()) {
-                Some(g) => host_f32(g),
-                None => Ok(vec![0.0; x.elem_count()]),
-            }
-        };
+        let grad = |x: &candle_core::Var| grad_host(&grads, x);
         let (dq, dk, dv) = (grad(&q)?, grad(&k)?, grad(&v)?);
         let (qh, kh, vh) = (host_f32(&self.q)?, host_f32(&self.k)?, host_f32(&self.v)?);
         let oh = outside_zeroed(l, &host_f32(o)?, hq * d);

@@ -12,7 +12,7 @@ use candle_core::{DType, Tensor, Var};
 use rlvr_kernels::triton::families::{rmsnorm, swiglu as sw};
 use rlvr_kernels::triton::{self, HostBuffer, Tolerance};
 
-use super::{host_f32, recording, rmsnorm_covers, rmsnorm_shape, tap, write_picked};
+use super::{grad_host, host_f32, recording, rmsnorm_covers, rmsnorm_shape, tap, write_picked};
 use crate::error::{ModelError, Result};
 
 /// The backward records' bound: the kernels and the composition sum in different orders.
@@ -276,12 +276,7 @@ pub(super) fn swiglu(g: &Tensor, u: &Tensor, a: Tensor) -> Result<Tensor> {
         let (gv, uv) = (Var::from_tensor(&g)?, Var::from_tensor(&u)?);
         let a2 = (gv.as_tensor().silu()? * uv.as_tensor())?;
         let grads = (a2 * da.detach())?.sum_all()?.backward()?;
-        let grad = |v: &Var| -> Result<Vec<f32>> {
-            match grads.get(v.as_tensor()) {
-                Some(t) => host_f32(t),
-                None => Ok(vec![0.0; v.elem_count()]),
-            }
-        };
+        let grad = |v: &Var| grad_host(&grads, v);
         let name = sw::variant("bwd", triton::DType::Fp32);
         write_picked(
             &format!("model_{name}"),
@@ -401,12 +396,7 @@ pub(super) fn rotary(
         let loss = ((rope(qv.as_tensor(), &cd, &sd)? * dq)?.sum_all()?
             + (rope(kv.as_tensor(), &cd, &sd)? * dk)?.sum_all()?)?;
         let grads = loss.backward()?;
-        let grad = |v: &Var| -> Result<Vec<f32>> {
-            match grads.get(v.as_tensor()) {
-                Some(t) => host_f32(t),
-                None => Ok(vec![0.0; v.elem_count()]),
-            }
-        };
+        let grad = |v: &Var| grad_host(&grads, v);
         let name = ro::variant("bwd", triton::DType::Fp32, hd);
         let mut buffers = common();
         buffers.extend([
