@@ -29,7 +29,10 @@ pub const FILE: &str = "lab_data.json";
 pub const FORMAT: u32 = 1;
 
 /// The metrics.jsonl keys of the training series kept (the diagnostics figures draw them).
-pub const SERIES: [Metric; 5] = [
+/// `reward/mean` joined on 2026-12-07: a lab_data.json written before has no training-reward
+/// series, and its diagnostics figures no training-reward row.
+pub const SERIES: [Metric; 6] = [
+    Metric::RewardMean,
     Metric::ClipFrac,
     Metric::RatioMin,
     Metric::RatioMax,
