@@ -321,6 +321,7 @@ mod tests {
             warm_accuracy: Some(est(0.1)),
             wall_s: 1.0,
             clip_frac: None,
+            clip_frac_mean: None,
             ratio_min: None,
             ratio_max: None,
             final_by_seed: Vec::new(),

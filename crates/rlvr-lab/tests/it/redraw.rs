@@ -131,6 +131,32 @@ fn redraw_from_lab_data_alone_gives_the_same_figures_summary_and_verdicts() {
         assert_eq!(r.points(k).len(), 40, "{k}");
     }
 
+    // The clip fraction over the whole run: each run's mean over its steps (from the stored
+    // series), then the mean over seeds; arm k's clip_frac is 0.01 k (1 + sin(t/7))/3, the same
+    // for every seed, so the arm's value is that series' mean, and not the last step's value.
+    let runs = data.summaries();
+    let arm = |name: &str| {
+        rlvr_lab::summary::arm_stats(&runs)
+            .into_iter()
+            .find(|a| a.arm == name)
+            .unwrap()
+    };
+    let k = 1.0; // grpo_v16 is arm 1
+    let want: f64 = (1..=40)
+        .map(|t| rlvr_lab::data::round(0.01 * k * (1.0 + (t as f64 / 7.0).sin()) / 3.0, 3))
+        .sum::<f64>()
+        / 40.0;
+    let g = arm("grpo_v16");
+    assert!((g.clip_frac_mean.unwrap() - want).abs() < 1e-12, "{g:?}");
+    let last = 0.01 * k * (1.0 + (40.0f64 / 7.0).sin()) / 3.0;
+    assert!((g.clip_frac.unwrap() - last).abs() < 1e-12);
+    assert!((want - last).abs() > 1e-3);
+    assert_eq!(arm("grpo_v1").clip_frac_mean, Some(0.0));
+    assert!(read(&out.join("summary.md")).contains("| clip frac (run) | clip frac (last) |"));
+    // Not stored in lab_data.json (derived from its series on reading).
+    assert!(!read(&out.join(FILE)).contains("clip_frac_mean"));
+    assert!(read(&out.join("summary.json")).contains("clip_frac_mean"));
+
     // Only the data file, somewhere else: the same everything.
     let elsewhere = tmp.path().join("docs");
     std::fs::create_dir_all(&elsewhere).unwrap();

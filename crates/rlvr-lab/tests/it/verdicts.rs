@@ -24,6 +24,7 @@ fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -
         eval_n: Some(500),
         wall_s: 60.0,
         clip_frac: Some(0.0),
+        clip_frac_mean: None,
         ratio_min: Some(1.0),
         ratio_max: Some(1.0),
         entropy: Some(0.5),
