@@ -127,6 +127,15 @@ pub fn dash(r: usize) -> Option<(u32, u32)> {
     [None, Some((8, 4)), Some((3, 3)), Some((12, 4))][(r / PALETTE.len() + r) % 4]
 }
 
+/// Marker shape of style r: 0 circle, 1 triangle, 2 square, 3 cross. It advances by one with
+/// each pass through [`PALETTE`], so styles r and r + 8, which share a colour, differ in marker
+/// (and dash): the first 32 styles are distinct (colour, marker) pairs, which a legend shared by
+/// several panels needs (the lab's 13-arm legends used to show REINFORCE and RED-Drop with one
+/// colour and one marker).
+pub fn marker(r: usize) -> usize {
+    (r / PALETTE.len() + r) % 4
+}
+
 /// Integer step labels only: a fractional tick gets no label.
 pub fn step_label(x: &f64) -> String {
     if x.fract() == 0.0 {
@@ -193,7 +202,7 @@ pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
         .collect()
 }
 
-/// Draws style r's marker (circle, triangle, square, cross, in turn) at each of `points`.
+/// Draws style r's marker ([`marker`]: circle, triangle, square, cross) at each of `points`.
 fn markers<DB>(
     chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
     r: usize,
@@ -207,7 +216,7 @@ where
     let c = color(r);
     let st = c.filled();
     let at = |p: &(f64, f64)| EmptyElement::<(f64, f64), DB>::at(*p);
-    match r % 4 {
+    match marker(r) {
         0 => chart
             .draw_series(points.iter().map(|p| at(p) + Circle::new((0, 0), 4, st)))
             .map(|_| ()),
@@ -463,7 +472,7 @@ where
             }
             if fig.markers {
                 let (m, st) = ((20, y), c.filled());
-                match r % 4 {
+                match marker(r) {
                     0 => legend_area.draw(&Circle::new(m, 4, st)),
                     1 => legend_area.draw(&TriangleMarker::new(m, 5, st)),
                     2 => legend_area.draw(&Rectangle::new([(16, y - 4), (24, y + 4)], st)),
@@ -572,6 +581,29 @@ mod tests {
         // A genuinely small value on a small axis keeps its value.
         assert_eq!(value_label(2e-4, 1e-3), "2.0e-4");
         assert_eq!(value_label(123456.0, 1e6), "1.2e5");
+    }
+
+    /// Styles sharing a colour (r and r + 8) differ in marker and dash, so a legend shared by
+    /// panels names each line once: the first 32 styles are 32 distinct (colour, marker) pairs.
+    #[test]
+    fn styles_with_one_colour_differ_in_marker_and_dash() {
+        let mut seen = std::collections::BTreeSet::new();
+        for r in 0..4 * PALETTE.len() {
+            assert!(
+                seen.insert((PALETTE[r % PALETTE.len()], marker(r))),
+                "style {r}"
+            );
+        }
+        for r in 0..3 * PALETTE.len() {
+            let s = r + PALETTE.len();
+            assert_ne!(marker(r), marker(s), "styles {r} and {s}");
+            assert_ne!(dash(r), dash(s), "styles {r} and {s}");
+        }
+        // The first pass is unchanged: circle, triangle, square, cross in turn.
+        assert_eq!(
+            (0..8).map(marker).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 0, 1, 2, 3]
+        );
     }
 
     #[test]

@@ -29,7 +29,10 @@ pub const FILE: &str = "lab_data.json";
 pub const FORMAT: u32 = 1;
 
 /// The metrics.jsonl keys of the training series kept (the diagnostics figures draw them).
-pub const SERIES: [Metric; 5] = [
+/// `reward/mean` joined on 2026-12-07: a lab_data.json written before has no training-reward
+/// series, and its diagnostics figures no training-reward row.
+pub const SERIES: [Metric; 6] = [
+    Metric::RewardMean,
     Metric::ClipFrac,
     Metric::RatioMin,
     Metric::RatioMax,
@@ -186,9 +189,21 @@ impl LabData {
         }
     }
 
-    /// The runs' summaries.
+    /// The runs' summaries, each with [`RunSummary::clip_frac_mean`] from its `clip_frac` series
+    /// (so the lab and a redraw, both reading this file, agree; a file from before the field
+    /// existed gets it too).
     pub fn summaries(&self) -> Vec<RunSummary> {
-        self.runs.iter().map(|r| r.summary.clone()).collect()
+        self.runs
+            .iter()
+            .map(|r| {
+                let pts = r.points(Metric::ClipFrac.key());
+                RunSummary {
+                    clip_frac_mean: (!pts.is_empty())
+                        .then(|| pts.iter().map(|p| p.1).sum::<f64>() / pts.len() as f64),
+                    ..r.summary.clone()
+                }
+            })
+            .collect()
     }
 
     /// Writes DIR/lab_data.json (compact: one line per run).

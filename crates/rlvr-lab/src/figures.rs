@@ -5,8 +5,11 @@
 //! - `accuracy_vV`: held-out accuracy against step at sync interval V, one panel per algorithm
 //!   family (the label's first word: GRPO, REINFORCE, REC, OPMD, AsymRE, RED), one curve per arm;
 //! - `intervals`: one panel per algorithm run at several intervals, one curve per interval;
-//! - `diagnostics_vV`: rows clip fraction, log10 of the importance ratio's max and min, entropy and
-//!   log10 of `kl_behaviour` (the drift, KL(behaviour ‖ current) per token), by the same family panels as `accuracy_vV` (moving average over `smooth` steps when > 1).
+//! - `diagnostics_vV`: rows training reward (`reward/mean`, the mean reward of the step's
+//!   completions, when lab_data.json has it), clip fraction, log10 of the importance ratio's max
+//!   and min, entropy and log10 of `kl_behaviour` (the drift, KL(behaviour ‖ current) in nats per
+//!   token), by the same family panels as `accuracy_vV` (moving average over `smooth` steps when
+//!   > 1).
 //!
 //! [`figures`] builds them as data ([`Drawn`]); [`write_all`] draws them. A redraw from
 //! lab_data.json builds the same data, which a test compares.
@@ -252,39 +255,57 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
         {
             p.lines.extend(lower.lines);
         }
-        // Captions (the families) over the first row only: the columns are the same below.
-        let uncaptioned = |mut ps: Vec<Panel>| {
-            for p in &mut ps {
-                p.caption = None;
-            }
-            ps
-        };
-        let rows = vec![
+        // The training reward first, where the data has it (a lab_data.json from before
+        // 2026-12-07 does not): the curve the papers' figures open with.
+        let has_reward = here.iter().any(|a| {
+            of_arm(a)
+                .iter()
+                .any(|r| !r.points(Metric::RewardMean.key()).is_empty())
+        });
+        let mut rows = Vec::new();
+        if has_reward {
+            rows.push(Row {
+                y_desc: "training reward (mean)".into(),
+                panels: panels(Metric::RewardMean.key(), smooth_w, &|y| y),
+                legend: Vec::new(),
+            });
+        }
+        rows.extend([
             Row {
                 y_desc: "clip fraction".into(),
                 panels: panels(Metric::ClipFrac.key(), smooth_w, &|y| y),
-                legend: legend.clone(),
+                legend: Vec::new(),
             },
             Row {
                 y_desc: "log10 ratio: max, min".into(),
-                panels: uncaptioned(ratio),
+                panels: ratio,
                 legend: Vec::new(),
             },
             Row {
                 y_desc: "entropy (nats/token)".into(),
-                panels: uncaptioned(panels(Metric::Entropy.key(), smooth_w, &|y| y)),
+                panels: panels(Metric::Entropy.key(), smooth_w, &|y| y),
                 legend: Vec::new(),
             },
             Row {
-                // The drift (summary.md's column is its mean at the windows' last steps): floored
-                // at 1e-9, the k3 estimate's rounding level, so on-policy steps stay on the axis.
-                y_desc: "log10 KL(behaviour||current)".into(),
-                panels: uncaptioned(panels(Metric::KlBehaviour.key(), smooth_w, &|y| {
+                // The drift, KL(behaviour ‖ current) per token (summary.md's column is its mean
+                // at the windows' last steps; "old" and "new" keep the label within the row's
+                // height): floored at 1e-9, the k3 estimate's rounding level, so on-policy steps
+                // stay on the axis.
+                y_desc: "log10 KL(old||new), nats/token".into(),
+                panels: panels(Metric::KlBehaviour.key(), smooth_w, &|y| {
                     y.max(KL_FLOOR).log10()
-                })),
+                }),
                 legend: Vec::new(),
             },
-        ];
+        ]);
+        // The legend beside the first row, the captions (the families) over it only: the
+        // columns are the same below.
+        rows[0].legend = legend.clone();
+        for r in rows.iter_mut().skip(1) {
+            for p in &mut r.panels {
+                p.caption = None;
+            }
+        }
         let avg = if smooth_w > 1 {
             format!("; moving average over {smooth_w} steps")
         } else {
@@ -298,7 +319,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             stem: format!("diagnostics_v{v}"),
             size: (
                 fit_title(&title, (PANEL_W - 60) * families.len() as u32 + legend_w),
-                4 * (PANEL_H - 30) + 40,
+                rows.len() as u32 * (PANEL_H - 30) + 40,
             ),
             figure: Figure {
                 title: Some(title),

@@ -68,7 +68,9 @@ pub fn read(name: &str, dir: &Path) -> anyhow::Result<Regime> {
 }
 
 /// Whether a claim's verdict depends on the regime: the headline (unpaired) statuses over the
-/// regimes that judged it differ, or the paired ones do.
+/// regimes that judged it differ, or the paired ones do. A regime that judged the claim from
+/// fewer than [`verdict::MIN_SEEDS`] seeds in an arm (a `--fast` lab) is left out of both
+/// comparisons: its status is capped by the seed count, not set by the regime.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ClaimAcross {
     /// The claim.
@@ -78,6 +80,9 @@ pub struct ClaimAcross {
     /// (unpaired, paired) status per regime, in the regimes' order; `None` where a regime does not
     /// judge the claim.
     pub statuses: Vec<Option<(Status, Option<Status>)>>,
+    /// Per regime, in the same order: it judged the claim from fewer than
+    /// [`verdict::MIN_SEEDS`] seeds in some arm (left out of `depends` and `paired_depends`).
+    pub few_seeds: Vec<bool>,
     /// The unpaired statuses differ between regimes.
     pub depends: bool,
     /// The paired statuses differ between regimes (where each has one).
@@ -97,23 +102,34 @@ pub fn across(regimes: &[Regime]) -> Vec<ClaimAcross> {
     names
         .into_iter()
         .map(|(claim, statement)| {
-            let statuses: Vec<Option<(Status, Option<Status>)>> = regimes
+            let found: Vec<Option<&Verdict>> = regimes
                 .iter()
-                .map(|r| {
-                    r.verdicts
-                        .iter()
-                        .find(|v| v.claim == claim)
-                        .map(|v| (v.status, v.paired_status))
-                })
+                .map(|r| r.verdicts.iter().find(|v| v.claim == claim))
                 .collect();
-            let un: Vec<Status> = statuses.iter().flatten().map(|s| s.0).collect();
-            let pa: Vec<Status> = statuses.iter().flatten().filter_map(|s| s.1).collect();
+            let statuses: Vec<Option<(Status, Option<Status>)>> = found
+                .iter()
+                .map(|v| v.map(|v| (v.status, v.paired_status)))
+                .collect();
+            let few_seeds: Vec<bool> = found
+                .iter()
+                .map(|v| v.is_some_and(|v| v.comparisons.iter().any(|c| c.few_seeds)))
+                .collect();
+            let judged = || {
+                statuses
+                    .iter()
+                    .zip(&few_seeds)
+                    .filter(|(_, few)| !**few)
+                    .filter_map(|(s, _)| *s)
+            };
+            let un: Vec<Status> = judged().map(|s| s.0).collect();
+            let pa: Vec<Status> = judged().filter_map(|s| s.1).collect();
             ClaimAcross {
                 claim: claim.to_string(),
                 statement: statement.to_string(),
                 depends: un.windows(2).any(|w| w[0] != w[1]),
                 paired_depends: pa.windows(2).any(|w| w[0] != w[1]),
                 statuses,
+                few_seeds,
             }
         })
         .collect()
@@ -139,13 +155,16 @@ pub fn markdown(regimes: &[Regime]) -> String {
     s.push_str(&format!(
         "Each regime is one lab directory ({}), judged as its own `verdicts.md` says (margin {:.0} \
          points; the status, then the status paired by seed in parentheses). \"Depends on the \
-         regime\" compares the headline statuses; \"paired differs\" the paired ones.\n\n",
+         regime\" compares the headline statuses; \"paired differs\" the paired ones; a regime \
+         that judged a claim from fewer than {} seeds in an arm (marked \"few seeds\") is left out \
+         of both, as its status is capped by the seed count.\n\n",
         regimes
             .iter()
             .map(|r| format!("{}: `{}`", r.name, r.dir))
             .collect::<Vec<_>>()
             .join(", "),
-        100.0 * verdict::MARGIN
+        100.0 * verdict::MARGIN,
+        verdict::MIN_SEEDS
     ));
     s.push_str("| claim |");
     for n in &names {
@@ -158,12 +177,13 @@ pub fn markdown(regimes: &[Regime]) -> String {
     s.push_str("---|\n");
     for c in across(regimes) {
         s.push_str(&format!("| {} |", c.claim));
-        for st in &c.statuses {
+        for (st, few) in c.statuses.iter().zip(&c.few_seeds) {
             match st {
                 Some((u, p)) => s.push_str(&format!(
-                    " {} ({}) |",
+                    " {} ({}){} |",
                     u.name(),
-                    p.map_or("–", |p| p.name())
+                    p.map_or("–", |p| p.name()),
+                    if *few { ", few seeds" } else { "" }
                 )),
                 None => s.push_str(" not judged |"),
             }
@@ -301,6 +321,7 @@ mod tests {
             warm_accuracy: Some(est(0.1)),
             wall_s: 1.0,
             clip_frac: None,
+            clip_frac_mean: None,
             ratio_min: None,
             ratio_max: None,
             final_by_seed: Vec::new(),
@@ -357,6 +378,45 @@ mod tests {
         let d = regime("C", &[("A1", NotSupported, None)], 0.01);
         let c = across(&[regime("A", &[("A1", Supported, None)], 0.01), d]);
         assert!(c[0].depends);
+    }
+
+    /// A one-seed lab (`--fast`) has every "supported" capped at inconclusive: set beside a
+    /// three-seed lab, that difference is the seed count's, not the regime's.
+    #[test]
+    fn a_regime_with_too_few_seeds_does_not_make_a_claim_depend_on_it() {
+        use Status::*;
+        let three = regime("A", &[("B1", Supported, Some(Supported))], 0.01);
+        let mut one = regime("fast", &[("B1", Inconclusive, None)], 0.01);
+        let est = Estimate {
+            mean: 0.3,
+            std: 0.0,
+            se: 0.02,
+            n: 1,
+        };
+        let cmp = |few_seeds: bool| verdict::Comparison {
+            a: "reinforce_v1".into(),
+            b: "reinforce_v16".into(),
+            test: verdict::Test::Superior,
+            est_a: est,
+            est_b: est,
+            diff: 0.17,
+            se: 0.023,
+            status: Inconclusive,
+            paired: None,
+            few_seeds,
+        };
+        one.verdicts[0].comparisons = vec![cmp(true)];
+        let c = across(&[three.clone(), one.clone()]);
+        assert_eq!(c[0].few_seeds, [false, true]);
+        assert!(!c[0].depends && !c[0].paired_depends);
+        let md = markdown(&[three.clone(), one.clone()]);
+        assert!(
+            md.contains("| B1 | supported (supported) | inconclusive (–), few seeds | no |"),
+            "{md}"
+        );
+        // The same statuses from enough seeds do differ.
+        one.verdicts[0].comparisons = vec![cmp(false)];
+        assert!(across(&[three, one])[0].depends);
     }
 
     #[test]

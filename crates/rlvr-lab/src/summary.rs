@@ -50,8 +50,13 @@ pub struct RunSummary {
     pub eval_n: Option<u64>,
     /// Wall seconds of the run over all its attempts.
     pub wall_s: f64,
-    /// `clip_frac` at the last step.
+    /// `clip_frac` at the last step (where in its sync window the run ends decides much of it).
     pub clip_frac: Option<f64>,
+    /// `clip_frac` averaged over every training step of the run (every phase of the sync
+    /// windows), from lab_data.json's series (3 significant digits); filled by
+    /// [`crate::data::LabData::summaries`], never stored in lab_data.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_frac_mean: Option<f64>,
     /// `ratio/min` at the last step.
     pub ratio_min: Option<f64>,
     /// `ratio/max` at the last step.
@@ -135,6 +140,7 @@ pub fn summarise(sweep: &Sweep, out: &Path, r: &RunSpec) -> RunSummary {
             .map(|n| n as u64),
         wall_s: rec.wall_s,
         clip_frac: at_end(Metric::ClipFrac),
+        clip_frac_mean: None,
         ratio_min: at_end(Metric::RatioMin),
         ratio_max: at_end(Metric::RatioMax),
         entropy: at_end(Metric::Entropy),
@@ -213,6 +219,10 @@ pub struct ArmStats {
     pub wall_s: f64,
     /// Mean clip fraction at the end.
     pub clip_frac: Option<f64>,
+    /// Mean over seeds of each run's mean clip fraction over its steps
+    /// ([`RunSummary::clip_frac_mean`]).
+    #[serde(default)]
+    pub clip_frac_mean: Option<f64>,
     /// Smallest `ratio/min` at the end over seeds.
     pub ratio_min: Option<f64>,
     /// Largest `ratio/max` at the end over seeds.
@@ -254,6 +264,7 @@ pub fn arm_stats(runs: &[RunSummary]) -> Vec<ArmStats> {
                 warm_accuracy: est(&|r| r.warm_accuracy),
                 wall_s: rs.iter().map(|r| r.wall_s).sum::<f64>() / rs.len() as f64,
                 clip_frac: mean_std(rs.iter().map(|r| r.clip_frac)).map(|m| m.0),
+                clip_frac_mean: mean_std(rs.iter().map(|r| r.clip_frac_mean)).map(|m| m.0),
                 ratio_min: rs.iter().filter_map(|r| fin(r.ratio_min)).reduce(f64::min),
                 ratio_max: rs.iter().filter_map(|r| fin(r.ratio_max)).reduce(f64::max),
                 final_by_seed: rs
@@ -301,19 +312,20 @@ pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
     let seeds: std::collections::BTreeSet<u64> = runs.iter().map(|r| r.seed).collect();
     let mut s = format!(
         "# Lab summary\n\n{}, seeds {:?}. Held-out accuracy in percent (greedy), mean ± std over \
-         seeds; AUC = mean held-out accuracy over the run; clip fraction and ratio range at the last \
-         step (range over seeds); drift = KL(behaviour ‖ current) per token at the last step of each \
+         seeds; AUC = mean held-out accuracy over the run; clip fraction over the whole run (mean over \
+         its steps, then over seeds) and at the last step, ratio range at the last step (range \
+         over seeds): the last step's values depend on where in its sync window the run ends; drift = KL(behaviour ‖ current) per token at the last step of each \
          sync window (`kl_behaviour`, nats), mean over the windows, mean ± std over seeds.\n\n",
         crate::counted(runs.len() as u64, "run"),
         seeds
     );
     s.push_str(
-        "| arm | algorithm | interval | offset | seeds | final | best | AUC | warm start | clip frac | ratio min | ratio max | drift | wall s |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| arm | algorithm | interval | offset | seeds | final | best | AUC | warm start | clip frac (run) | clip frac (last) | ratio min | ratio max | drift | wall s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in stats {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
             a.arm,
             a.label,
             a.interval,
@@ -323,6 +335,7 @@ pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
             pct(&a.best_accuracy),
             pct(&a.auc),
             pct(&a.warm_accuracy),
+            num(a.clip_frac_mean),
             num(a.clip_frac),
             num(a.ratio_min),
             num(a.ratio_max),

@@ -166,6 +166,18 @@ pub enum Test {
     Equivalent,
 }
 
+impl Test {
+    /// The name a sweep's `[[claim]]` writes (`non_inferior`, `superior`, `equivalent`), which
+    /// verdicts.md prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::NonInferior => "non_inferior",
+            Test::Superior => "superior",
+            Test::Equivalent => "equivalent",
+        }
+    }
+}
+
 /// The `b` of a [`CompareSpec`] that means arm a's own warm start.
 pub const WARM_START: &str = "warm_start";
 

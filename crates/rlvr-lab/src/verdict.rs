@@ -535,14 +535,14 @@ pub fn markdown(vs: &[Verdict], m: f64) -> String {
                 None => ("–".into(), "–"),
             };
             s.push_str(&format!(
-                "| {claim} | {status} | {pstatus} | {} vs {} | {} | {} | {:+.1} ± {:.1} | {:?}: {} | {pd} | {ps} |\n",
+                "| {claim} | {status} | {pstatus} | {} vs {} | {} | {} | {:+.1} ± {:.1} | {}: {} | {pd} | {ps} |\n",
                 c.a,
                 c.b,
                 est(&c.est_a),
                 est(&c.est_b),
                 100.0 * c.diff,
                 100.0 * c.se,
-                c.test,
+                c.test.name(),
                 c.status.name()
             ));
         }

@@ -75,7 +75,8 @@ fn write_run(dir: &Path, k: usize, seed: u64) {
         if step > 0 {
             let t = step as f64;
             lines.push(serde_json::json!({
-                "step": step, "loss": 0.1, "reward/mean": 0.3,
+                "step": step, "loss": 0.1,
+                "reward/mean": 0.3 + 0.01 * k as f64 + 0.001 * seed as f64 * t,
                 "clip_frac": 0.01 * (k as f64) * (1.0 + (t / 7.0).sin()) / 3.0,
                 "ratio/min": 0.9 - 0.01 * k as f64 - 0.001 * seed as f64 * t,
                 "ratio/max": 1.1 + 0.1 * k as f64 + 0.013 * t + 0.0123456 * seed as f64,
@@ -120,6 +121,7 @@ fn redraw_from_lab_data_alone_gives_the_same_figures_summary_and_verdicts() {
     assert_eq!(r.accuracy.len(), 5);
     assert_eq!(r.accuracy[4], (40, 0.2 + 0.002 * 40.0 / 4.0));
     for k in [
+        "reward/mean",
         "clip_frac",
         "ratio/min",
         "ratio/max",
@@ -128,6 +130,32 @@ fn redraw_from_lab_data_alone_gives_the_same_figures_summary_and_verdicts() {
     ] {
         assert_eq!(r.points(k).len(), 40, "{k}");
     }
+
+    // The clip fraction over the whole run: each run's mean over its steps (from the stored
+    // series), then the mean over seeds; arm k's clip_frac is 0.01 k (1 + sin(t/7))/3, the same
+    // for every seed, so the arm's value is that series' mean, and not the last step's value.
+    let runs = data.summaries();
+    let arm = |name: &str| {
+        rlvr_lab::summary::arm_stats(&runs)
+            .into_iter()
+            .find(|a| a.arm == name)
+            .unwrap()
+    };
+    let k = 1.0; // grpo_v16 is arm 1
+    let want: f64 = (1..=40)
+        .map(|t| rlvr_lab::data::round(0.01 * k * (1.0 + (t as f64 / 7.0).sin()) / 3.0, 3))
+        .sum::<f64>()
+        / 40.0;
+    let g = arm("grpo_v16");
+    assert!((g.clip_frac_mean.unwrap() - want).abs() < 1e-12, "{g:?}");
+    let last = 0.01 * k * (1.0 + (40.0f64 / 7.0).sin()) / 3.0;
+    assert!((g.clip_frac.unwrap() - last).abs() < 1e-12);
+    assert!((want - last).abs() > 1e-3);
+    assert_eq!(arm("grpo_v1").clip_frac_mean, Some(0.0));
+    assert!(read(&out.join("summary.md")).contains("| clip frac (run) | clip frac (last) |"));
+    // Not stored in lab_data.json (derived from its series on reading).
+    assert!(!read(&out.join(FILE)).contains("clip_frac_mean"));
+    assert!(read(&out.join("summary.json")).contains("clip_frac_mean"));
 
     // Only the data file, somewhere else: the same everything.
     let elsewhere = tmp.path().join("docs");
@@ -224,13 +252,41 @@ fn accuracy_is_one_panel_per_family_and_intervals_one_per_algorithm() {
     assert!((mean40.1 - 100.0 * (0.2 + 0.002 * 40.0 * 2.0 / 4.0 + 0.01)).abs() < 1e-9);
     let b = grpo.band.last().unwrap();
     assert!((b.2 - b.1 - 2.0).abs() < 1e-9, "{b:?}");
-    // Diagnostics: four rows (clip, ratio, entropy, drift) of the same family panels, one legend.
+    // Diagnostics: five rows (training reward, clip, ratio, entropy, drift) of the same family
+    // panels, one legend, beside the first row, whose panels alone carry the families' captions.
     let d16 = fig(&all, "diagnostics_v16");
-    assert_eq!(d16.figure.rows.len(), 4);
+    let descs: Vec<&str> = d16.figure.rows.iter().map(|r| r.y_desc.as_str()).collect();
+    assert_eq!(
+        descs,
+        [
+            "training reward (mean)",
+            "clip fraction",
+            "log10 ratio: max, min",
+            "entropy (nats/token)",
+            "log10 KL(old||new), nats/token"
+        ]
+    );
+    assert_eq!(d16.figure.rows[0].legend.len(), 6);
+    assert_eq!(
+        d16.figure.rows[0].panels[0].caption.as_deref(),
+        Some("GRPO")
+    );
+    assert!(d16.figure.rows[1..]
+        .iter()
+        .all(|r| r.panels.iter().all(|p| p.caption.is_none())));
+    // The training reward: the mean over the seeds of reward/mean, 0.3 + 0.01 k + 0.001 · seed · t,
+    // at step 20 of the interval-16 GRPO arm (k = 1): 0.3 + 0.01 + 0.001 · 20 · (0 + 1 + 2)/3.
+    let reward = &d16.figure.rows[0].panels[0].lines[0];
+    let at20 = reward.points.iter().find(|p| p.0 == 20.0).unwrap();
+    assert!((at20.1 - 0.33).abs() < 1e-9, "{at20:?}");
+    let b = reward.band.iter().find(|p| p.0 == 20.0).unwrap();
+    assert!(
+        (b.1 - 0.31).abs() < 1e-9 && (b.2 - 0.35).abs() < 1e-9,
+        "{b:?}"
+    );
     // The drift row: log10 of kl_behaviour, one line per arm (REC's panel: two arms); at step 1
     // of the interval-16 GRPO arm (arm k = 1, no smoothing): 1e-3 · 2 · (1 + cos 0.2), every seed.
-    let drift = &d16.figure.rows[3];
-    assert_eq!(drift.y_desc, "log10 KL(behaviour||current)");
+    let drift = &d16.figure.rows[4];
     assert_eq!(drift.panels[2].lines.len(), 2);
     let first = drift.panels[0].lines[0].points[0];
     assert_eq!(first.0, 1.0);
@@ -248,7 +304,26 @@ fn accuracy_is_one_panel_per_family_and_intervals_one_per_algorithm() {
         1
     );
     // The ratio row: max and min per arm.
-    assert_eq!(d16.figure.rows[1].panels[2].lines.len(), 4);
+    assert_eq!(d16.figure.rows[2].panels[2].lines.len(), 4);
+
+    // A lab_data.json from before the training reward was kept: four rows, the legend and the
+    // captions on the clip fraction's.
+    let mut old = LabData::read(&out).unwrap();
+    for r in &mut old.runs {
+        assert!(r.series.remove("reward/mean").is_some());
+    }
+    let old16 = figures(&old, 1)
+        .into_iter()
+        .find(|d| d.stem == "diagnostics_v16")
+        .unwrap();
+    assert_eq!(old16.figure.rows.len(), 4);
+    assert_eq!(old16.figure.rows[0].y_desc, "clip fraction");
+    assert_eq!(old16.figure.rows[0].legend.len(), 6);
+    assert_eq!(
+        old16.figure.rows[0].panels[0].caption.as_deref(),
+        Some("GRPO")
+    );
+    assert!(old16.size.1 < d16.size.1);
     let iv = fig(&all, "intervals");
     assert_eq!(captions(iv), ["GRPO", "REINFORCE"]);
     assert_eq!(iv.figure.rows[0].legend.len(), 2);

@@ -379,6 +379,7 @@ fn shipped_sweeps_dry_run_and_the_gpu_sweep_plans_its_memory() {
         ("lab_ablations.toml", 30, 5),
         ("lab_gsm8k_1.5b.toml", 24, 0),
         ("lab_multi_turn.toml", 15, 3),
+        ("lab_paper_b_wide.toml", 15, 3),
     ] {
         let path = configs.join(file);
         let s = rlvr_lab::sweep::Sweep::load(Some(&path)).unwrap();

@@ -24,6 +24,7 @@ fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -
         eval_n: Some(500),
         wall_s: 60.0,
         clip_frac: Some(0.0),
+        clip_frac_mean: None,
         ratio_min: Some(1.0),
         ratio_max: Some(1.0),
         entropy: Some(0.5),
@@ -264,6 +265,16 @@ fn a_sweeps_own_claims_are_judged_by_arm_name() {
     assert_eq!(vs[2].comparisons[0].b, "warm start of b");
     assert!(vs[3].note.contains("arm nowhere"), "{}", vs[3].note);
     assert!((vs[0].comparisons[0].diff - 0.20).abs() < 1e-12);
+    // verdicts.md names each test as the sweep file writes it, and round-trips through it.
+    let md = rlvr_lab::verdict::markdown(&vs, MARGIN);
+    assert!(md.contains("| superior: supported |"), "{md}");
+    assert!(md.contains("| equivalent: supported |"), "{md}");
+    assert!(md.contains("| non_inferior: not supported |"), "{md}");
+    assert!(!md.contains("NonInferior"), "{md}");
+    for t in [Test::NonInferior, Test::Superior, Test::Equivalent] {
+        let v: Test = serde_json::from_value(serde_json::json!(t.name())).unwrap();
+        assert_eq!(v, t);
+    }
 }
 
 #[test]
