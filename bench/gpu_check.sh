@@ -98,7 +98,9 @@
 #                log-probs within 0.1 nats up to each completion's first differing token (the
 #                share of identical completions reported); and a second graphs run bit-identical
 #                to the first (sampling_parity.jsonl). `decode_path` in (b) names the path that
-#                ran (`candle` where the fused step fell back: see bench_fused.err).
+#                ran (`candle` where the fused step fell back: see bench_fused.err). They run
+#                in the order (a), (c), (b), (d): the long parity runs last, where a timeout
+#                costs only themselves.
 #                SAMPLING_SHAPE=small: tiny shapes, (d) at batch 1, 4, 8 (checking the script on a CPU, where every
 #                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06 (rc 0 in
 #                214 s); not yet run on a GPU (the RUNBOOK above runs it).
@@ -130,7 +132,7 @@
 #     DTYPE=f32 PY=<python with torch> bench/gpu_check.sh /tmp/gc
 # (on a loaded 2-core machine the offline part needs LIMIT_offline=600 BUDGET=900 there).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUTD=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$OUTD"
 # Everything from here on is in the log, the binary's absence included.
@@ -193,7 +195,11 @@ part() {
   echo "## $name: rc $rc in $(($(date +%s) - t0)) s$([ $rc = 124 ] && echo " (TIMED OUT: limit ${limit}s)")"
 }
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -n) device=$DEVICE binary=$RLVR"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,compute_cap --format=csv,noheader | sed 's/^/# gpu: /'
+else
+  echo "# gpu: no nvidia-smi here"
+fi
 "$RLVR" --version || { echo "the binary does not start"; ldd "$RLVR" | grep -i "not found"; exit 3; }
 
 # The small model and tokenizer of parts 1 and 2 (Qwen2.5's tokenizer and chat template).
@@ -321,6 +327,66 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
     fi
     grep -h "kernels\." "$S"/generate_${dt}_*.err | sort -u | head -3
   done
+  # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
+  # fixed rule of the ids, so groups have variance), same device, dtype and switches.
+  for dt in $dts; do
+    "$PY" - "$S/exp_${dt}_${last/,/_}.jsonl" "$S/exp_${dt}_r.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for l in open(sys.argv[1]):
+        r = json.loads(l); r["reward"] = float(sum(r["completion_ids"]) % 2 == 0); f.write(json.dumps(r) + "\n")
+PY
+    timeout --foreground -k 5 "$to" "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$DEVICE\"" --set model.dtype="\"$dt\"" \
+      --set data.experiences="\"$S/exp_${dt}_r.jsonl\"" --set data.prompts_per_step=4 --set rollout.group_size=4 \
+      --set algorithm.preset='"grpo"' --set train.steps=1 --set train.micro_batch_size=4 --set train.eval_every=0 \
+      --set train.seed=0 --set output.dir="\"$S/train_$dt\"" --no-progress > "$S/train_$dt.log" 2>&1 \
+      || { echo "FAIL sampling: train $dt: rc $?"; tail -5 "$S/train_$dt.log"; }
+  done
+  "$PY" - "$S" "$OUTD/sampling.jsonl" "$dts" <<'PY'
+import json, os, sys
+s, out, dts = sys.argv[1], sys.argv[2], sys.argv[3].split()
+for dt in dts:
+    p = f"{s}/train_{dt}/metrics.jsonl"
+    if not os.path.exists(p):
+        print(f"FAIL sampling: mismatch {dt}: no metrics"); continue
+    kl = json.loads(open(p).readline()).get("kl_behaviour")
+    ok = kl is not None and (dt != "f32" or abs(kl) <= 1e-5)
+    open(out, "a").write(json.dumps({"check": "mismatch_staleness_0", "dtype": dt, "kl_behaviour": kl,
+                                     "bound": 1e-5 if dt == "f32" else None, "pass": ok}) + "\n")
+    print(("PASS" if ok else ("INFO" if dt != "f32" and kl is not None else "FAIL")),
+          f"sampling: mismatch at staleness 0, {dt}: step-1 kl_behaviour {kl}" + (" (bound 1e-5)" if dt == "f32" else ""))
+PY
+  # (b) throughput: the candle path, the fused path with graphs, transformers, one model.
+  "$RLVR" init --arch qwen2 "${shape[@]}" --tie-embeddings true --tokenizer "$tok" \
+    --dtype bf16 --seed 0 --out "$S/model" > /dev/null || { echo "FAIL sampling: init"; }
+  local b=(bench sample --model "$S/model" --device "$DEVICE" --dtype bf16 "${batches[@]}" --prompt-len $plen
+    --new-tokens $new --runs 1)
+  timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused none >> "$S/bench.jsonl" \
+    2> "$S/bench_candle.err" || { echo "FAIL sampling: bench sample --fused none: rc $?"; tail -3 "$S/bench_candle.err"; }
+  if [ "$last" != none ]; then
+    timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused "$last" >> "$S/bench.jsonl" \
+      2> "$S/bench_fused.err" || { echo "FAIL sampling: bench sample --fused $last: rc $?"; tail -3 "$S/bench_fused.err"; }
+  fi
+  timeout --foreground -k 5 "$to" "$PY" bench/gpu_torch.py --model "$S/model" --device "$tdev" --dtype bf16 \
+    sample "${batches[@]}" --prompt-len $plen --new-tokens $new --runs 1 >> "$S/bench.jsonl" \
+    || echo "FAIL sampling: transformers generate: rc $?"
+  cat "$S/bench.jsonl" >> "$OUTD/sampling.jsonl"
+  "$PY" - "$S/bench.jsonl" <<'PY' | tee "$OUTD/sampling.txt"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+pt = {r["batch"]: r for r in rows if r.get("impl") == "pytorch"}
+print(f"{'batch':>6} {'path':<14}{'tok/s':>9}{'x generate':>11}{'ms/step':>9}{'host':>8}{'wait':>8}{'triton/step':>12}")
+for r in rows:
+    if r.get("impl") != "rlvr":
+        continue
+    s, p = r["step_ms"], pt.get(r["batch"])
+    x = f"{r['tok_per_s'] / p['tok_per_s']:.2f}" if p else "-"
+    print(f"{r['batch']:>6} {r['decode_path']:<14}{r['tok_per_s']:>9.0f}{x:>11}{s['total']:>9.2f}"
+          f"{s['forward_host']:>8.2f}{s['forward_device_wait']:>8.2f}{r['triton_launches_per_step']:>12.1f}")
+for b, p in sorted(pt.items()):
+    print(f"{b:>6} {'transformers':<14}{p['tok_per_s']:>9.0f}{'1.00':>11}{p['step_ms']['total']:>9.2f}")
+print("targets (issue 50): decode step <= 2 ms at batch 64; >= 5x transformers generate at batch 256")
+PY
   # (d) the fused step against the candle step at batch 1, 64 and 256; graphs run twice.
   head -n 64 data/gsm8k/train.jsonl | "$PY" -c '
 import json, sys
@@ -381,66 +447,6 @@ for dt in dts:
               + ("bit-identical" if ok else "differ or missing"))
 PY
   grep -h "kernels\.\|fused decode" "$S"/par_*.err | sort -u | head -5
-  # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
-  # fixed rule of the ids, so groups have variance), same device, dtype and switches.
-  for dt in $dts; do
-    "$PY" - "$S/exp_${dt}_${last/,/_}.jsonl" "$S/exp_${dt}_r.jsonl" <<'PY'
-import json, sys
-with open(sys.argv[2], "w") as f:
-    for l in open(sys.argv[1]):
-        r = json.loads(l); r["reward"] = float(sum(r["completion_ids"]) % 2 == 0); f.write(json.dumps(r) + "\n")
-PY
-    timeout --foreground -k 5 "$to" "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$DEVICE\"" --set model.dtype="\"$dt\"" \
-      --set data.experiences="\"$S/exp_${dt}_r.jsonl\"" --set data.prompts_per_step=4 --set rollout.group_size=4 \
-      --set algorithm.preset='"grpo"' --set train.steps=1 --set train.micro_batch_size=4 --set train.eval_every=0 \
-      --set train.seed=0 --set output.dir="\"$S/train_$dt\"" --no-progress > "$S/train_$dt.log" 2>&1 \
-      || { echo "FAIL sampling: train $dt: rc $?"; tail -5 "$S/train_$dt.log"; }
-  done
-  "$PY" - "$S" "$OUTD/sampling.jsonl" "$dts" <<'PY'
-import json, os, sys
-s, out, dts = sys.argv[1], sys.argv[2], sys.argv[3].split()
-for dt in dts:
-    p = f"{s}/train_{dt}/metrics.jsonl"
-    if not os.path.exists(p):
-        print(f"FAIL sampling: mismatch {dt}: no metrics"); continue
-    kl = json.loads(open(p).readline()).get("kl_behaviour")
-    ok = kl is not None and (dt != "f32" or abs(kl) <= 1e-5)
-    open(out, "a").write(json.dumps({"check": "mismatch_staleness_0", "dtype": dt, "kl_behaviour": kl,
-                                     "bound": 1e-5 if dt == "f32" else None, "pass": ok}) + "\n")
-    print(("PASS" if ok else ("INFO" if dt != "f32" and kl is not None else "FAIL")),
-          f"sampling: mismatch at staleness 0, {dt}: step-1 kl_behaviour {kl}" + (" (bound 1e-5)" if dt == "f32" else ""))
-PY
-  # (b) throughput: the candle path, the fused path with graphs, transformers, one model.
-  "$RLVR" init --arch qwen2 "${shape[@]}" --tie-embeddings true --tokenizer "$tok" \
-    --dtype bf16 --seed 0 --out "$S/model" > /dev/null || { echo "FAIL sampling: init"; return 1; }
-  local b=(bench sample --model "$S/model" --device "$DEVICE" --dtype bf16 "${batches[@]}" --prompt-len $plen
-    --new-tokens $new --runs 1)
-  timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused none >> "$S/bench.jsonl" \
-    2> "$S/bench_candle.err" || { echo "FAIL sampling: bench sample --fused none: rc $?"; tail -3 "$S/bench_candle.err"; }
-  if [ "$last" != none ]; then
-    timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused "$last" >> "$S/bench.jsonl" \
-      2> "$S/bench_fused.err" || { echo "FAIL sampling: bench sample --fused $last: rc $?"; tail -3 "$S/bench_fused.err"; }
-  fi
-  timeout --foreground -k 5 "$to" "$PY" bench/gpu_torch.py --model "$S/model" --device "$tdev" --dtype bf16 \
-    sample "${batches[@]}" --prompt-len $plen --new-tokens $new --runs 1 >> "$S/bench.jsonl" \
-    || echo "FAIL sampling: transformers generate: rc $?"
-  cat "$S/bench.jsonl" >> "$OUTD/sampling.jsonl"
-  "$PY" - "$S/bench.jsonl" <<'PY' | tee "$OUTD/sampling.txt"
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-pt = {r["batch"]: r for r in rows if r.get("impl") == "pytorch"}
-print(f"{'batch':>6} {'path':<14}{'tok/s':>9}{'x generate':>11}{'ms/step':>9}{'host':>8}{'wait':>8}{'triton/step':>12}")
-for r in rows:
-    if r.get("impl") != "rlvr":
-        continue
-    s, p = r["step_ms"], pt.get(r["batch"])
-    x = f"{r['tok_per_s'] / p['tok_per_s']:.2f}" if p else "-"
-    print(f"{r['batch']:>6} {r['decode_path']:<14}{r['tok_per_s']:>9.0f}{x:>11}{s['total']:>9.2f}"
-          f"{s['forward_host']:>8.2f}{s['forward_device_wait']:>8.2f}{r['triton_launches_per_step']:>12.1f}")
-for b, p in sorted(pt.items()):
-    print(f"{b:>6} {'transformers':<14}{p['tok_per_s']:>9.0f}{'1.00':>11}{p['step_ms']['total']:>9.2f}")
-print("targets (issue 50): decode step <= 2 ms at batch 64; >= 5x transformers generate at batch 256")
-PY
 }
 
 logprobs() {
