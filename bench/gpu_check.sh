@@ -97,10 +97,12 @@
 #                none`, f32: every token id equal and behaviour log-probs within 1e-4 nats; bf16:
 #                log-probs within 0.1 nats up to each completion's first differing token (the
 #                share of identical completions reported); and a second graphs run bit-identical
-#                to the first (sampling_parity.jsonl). `decode_path` in (b) names the path that
-#                ran (`candle` where the fused step fell back: see bench_fused.err). They run
-#                in the order (a), (c), (b), (d): the long parity runs last, where a timeout
-#                costs only themselves.
+#                to the first (sampling_parity.jsonl). `decode_path` in (b) is what the switches
+#                resolve to for the model and device; a step that fell back (a shape the fused
+#                step refuses, a failed capture) says so on stderr (printed, and kept in
+#                logs/sampling/bench_*.err). The fused step is also measured without graphs, for
+#                its launches per step. The steps run in the order (a), (c), (b), (d): the long
+#                parity runs last, where a timeout costs only themselves.
 #                SAMPLING_SHAPE=small: tiny shapes, (d) at batch 1, 4, 8 (checking the script on a CPU, where every
 #                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06 (rc 0 in
 #                214 s); not yet run on a GPU (the RUNBOOK above runs it).
@@ -363,10 +365,15 @@ PY
     --new-tokens $new --runs 1)
   timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused none >> "$S/bench.jsonl" \
     2> "$S/bench_candle.err" || { echo "FAIL sampling: bench sample --fused none: rc $?"; tail -3 "$S/bench_candle.err"; }
-  if [ "$last" != none ]; then
-    timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused "$last" >> "$S/bench.jsonl" \
-      2> "$S/bench_fused.err" || { echo "FAIL sampling: bench sample --fused $last: rc $?"; tail -3 "$S/bench_fused.err"; }
-  fi
+  # The fused step without graphs too (its Triton launches per step: replayed graph steps launch
+  # nothing from the host), then with them.
+  local f
+  for f in "${fa[@]}"; do
+    [ "$f" = none ] && continue
+    timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused "$f" >> "$S/bench.jsonl" \
+      2> "$S/bench_${f/,/_}.err" || { echo "FAIL sampling: bench sample --fused $f: rc $?"; tail -3 "$S/bench_${f/,/_}.err"; }
+  done
+  grep -h "kernels\.\|fused decode" "$S"/bench_*.err | sort -u | head -5
   timeout --foreground -k 5 "$to" "$PY" bench/gpu_torch.py --model "$S/model" --device "$tdev" --dtype bf16 \
     sample "${batches[@]}" --prompt-len $plen --new-tokens $new --runs 1 >> "$S/bench.jsonl" \
     || echo "FAIL sampling: transformers generate: rc $?"
@@ -385,6 +392,8 @@ for r in rows:
           f"{s['forward_host']:>8.2f}{s['forward_device_wait']:>8.2f}{r['triton_launches_per_step']:>12.1f}")
 for b, p in sorted(pt.items()):
     print(f"{b:>6} {'transformers':<14}{p['tok_per_s']:>9.0f}{'1.00':>11}{p['step_ms']['total']:>9.2f}")
+print("(decode_path: what the switches resolve to; a step that fell back says so above and in logs/sampling/bench_*.err."
+      " triton/step with graphs counts only the eager warm-up and the capture: replays launch from the device)")
 print("targets (issue 50): decode step <= 2 ms at batch 64; >= 5x transformers generate at batch 256")
 PY
   # (d) the fused step against the candle step at batch 1, 64 and 256; graphs run twice.
