@@ -13,8 +13,11 @@
 #        && gzip -c /tmp/rlvr-cuda-nccl > bench/rlvr-cuda-nccl.gz        (cold ~26 min on 2 cores)
 #      scripts/cuda-build.sh --bin rlvr && strip -o /tmp/rlvr-cuda target-cuda/release/rlvr \
 #        && gzip -c /tmp/rlvr-cuda > bench/rlvr-cuda.gz                   (the fallback without NCCL)
-#    and the dry run of this script on the CPU (the two commands at the end of this header), which
-#    must end with every part's `rc 0`. `status` must say can_start_another: true.
+#    Build them from the commit whose working tree goes to the GPU: the kernels part replays the
+#    binary's records with the cubins of this tree's kernels/build/ (a kernel changed in between
+#    fails its replay). Then the dry run of this script on the CPU (the two commands at the end
+#    of this header), which must end with every part's `rc 0`. `status` must say
+#    can_start_another: true.
 # 2. On the GPU, one call (the run tool: timeout_s 595, carry ["bench/rlvr-cuda-nccl.gz",
 #    "bench/rlvr-cuda.gz"]):
 #      PARTS="kernels logprobs offline nccl speed sampling" BUDGET=560 bench/gpu_check.sh $OUT
@@ -24,8 +27,9 @@
 #    (the whole log), summary.txt (the PASS/FAIL/INFO/SKIP lines and part headers), *.jsonl (the
 #    numbers), kernels_timing.txt, speed.txt, sampling.txt (tables), logs/ (every run's log and
 #    stderr: the error messages of a failure).
-# 3. If device time is left (status: budget_left_s > 120 and the machine still warm), a second
-#    call on the warm machine, only what failed or was skipped, e.g.
+# 3. If device time is left (status: budget_left_s > 120 and the machine still warm: it goes
+#    back after ~30 s idle, so decide at once), a second call on the warm machine, e.g. the
+#    extras, or a failed part again with KERNELS_OFF:
 #      PARTS="breakdown shared" BUDGET=200 bench/gpu_check.sh $OUT             (timeout_s 230)
 #    then give_back. $OUT is a fresh folder each call: pass what the first call learnt explicitly.
 # When a part fails:
