@@ -331,7 +331,7 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
     else
       echo "FAIL sampling: graphs on/off $dt: the experiences differ"
     fi
-    grep -h "kernels\." "$S"/generate_${dt}_*.err | sort -u | head -3
+    grep -h "kernels\." "$S"/generate_${dt}_*.err 2>/dev/null | sort -u | head -3
   done
   # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
   # fixed rule of the ids, so groups have variance), same device, dtype and switches.
@@ -377,7 +377,7 @@ PY
     timeout --foreground -k 5 "$to" "$RLVR" "${b[@]}" --fused "$f" >> "$S/bench.jsonl" \
       2> "$S/bench_${f/,/_}.err" || { echo "FAIL sampling: bench sample --fused $f: rc $?"; tail -3 "$S/bench_${f/,/_}.err"; }
   done
-  grep -h "kernels\.\|fused decode" "$S"/bench_*.err | sort -u | head -5
+  grep -h "kernels\.\|fused decode" "$S"/bench_*.err 2>/dev/null | sort -u | head -5
   timeout --foreground -k 5 "$to" "$PY" bench/gpu_torch.py --model "$S/model" --device "$tdev" --dtype bf16 \
     sample "${batches[@]}" --prompt-len $plen --new-tokens $new --runs 1 >> "$S/bench.jsonl" \
     || echo "FAIL sampling: transformers generate: rc $?"
@@ -459,7 +459,7 @@ for dt in dts:
         print("PASS" if ok else "FAIL", f"sampling: graph replay, two runs, {dt}, batch {rows}: "
               + ("bit-identical" if ok else "differ or missing"))
 PY
-  grep -h "kernels\.\|fused decode" "$S"/par_*.err | sort -u | head -5
+  grep -h "kernels\.\|fused decode" "$S"/par_*.err 2>/dev/null | sort -u | head -5
 }
 
 logprobs() {
@@ -533,7 +533,7 @@ PY
   train "$DEVICE" f32 "$W/gpu_fused_f32_a" fused
   train "$DEVICE" f32 "$W/gpu_fused_f32_b" fused
   train "$DEVICE" bf16 "$W/gpu_fused_bf16" fused
-  grep -h "kernels\." "$W"/gpu_fused_*.log | sort -u | head -8
+  grep -h "kernels\." "$W"/gpu_fused_*.log 2>/dev/null | sort -u | head -8
   offline_compare fused
 }
 
