@@ -190,15 +190,24 @@ export RLVR
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 # part NAME LIMIT CMD...: runs CMD under min(LIMIT, time left), reports its status and duration.
 # Commands inside a part that have their own timeout use `timeout --foreground`, so that they
-# stay in the part's process group and die with it when the part's limit kills the group.
+# stay in the part's process group and die with it when the part's limit kills the group; what
+# survives SIGTERM is killed when the part ends.
 part() {
   local name=$1 limit=$2; shift 2
   local l; l=$(left); [ "$l" -lt "$limit" ] && limit=$l
   if [ "$limit" -le 5 ]; then echo "## $name: SKIPPED (budget spent)"; return 0; fi
   echo "## $name (limit ${limit}s, $(date -u +%H:%M:%S))"
-  local t0; t0=$(date +%s)
-  timeout -k 5 "$limit" bash -c "$*"; local rc=$?
+  local t0 tp rc; t0=$(date +%s)
+  timeout -k 5 "$limit" bash -c "$*" &
+  tp=$!; wait "$tp"; rc=$?
   echo "## $name: rc $rc in $(($(date +%s) - t0)) s$([ $rc = 124 ] && echo " (TIMED OUT: limit ${limit}s)")"
+  # timeout ran the part in a process group of its own (its id is timeout's pid): what outlived
+  # the part's end (`rlvr train` finishes its step on SIGTERM; a hung kernel never returns) is
+  # killed now, before the next part starts.
+  local alive; alive=$(ps -eo pgid=,stat= 2>/dev/null | awk -v g="$tp" '$1 == g && $2 !~ /^Z/' | wc -l)
+  kill -KILL -- "-$tp" 2>/dev/null
+  [ "${alive:-0}" -gt 0 ] && echo "## $name: killed $alive processes that outlived it"
+  return 0
 }
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -n) device=$DEVICE binary=$RLVR"
 if command -v nvidia-smi >/dev/null; then
