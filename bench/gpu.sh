@@ -22,7 +22,10 @@
 # default 1, after a warm-up), TOKENIZER (a tokenizer.json; default the Qwen2.5 one in data/, else a
 # stand-in written with the `tokenizers` package: only the ids matter here), SMALL=1 (a tiny shape on the CPU
 # to check the script itself: DEVICE=cpu DTYPE=f32 SMALL=1 bench/gpu.sh), TRAIN (the training shapes,
-# ROWSxSEQ, default "16x512 4x4096"), FUSED (the rlvr variants, default "none all").
+# ROWSxSEQ, default "16x512 4x4096"), FUSED (the rlvr variants, default "none all"; each a
+# `--fused` list), LONG_NONE=1 (also `--fused none` at sequences over 1024 tokens: skipped by
+# default, its materialised [heads, T, T] scores take minutes or the GPU's memory at 4 x 4096),
+# SAMPLE=0 (no sampling rows: bench/gpu_check.sh's sampling part measures them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda:0}
@@ -31,8 +34,9 @@ RUNS=${RUNS:-1}
 PY=${PYTHON:-/opt/torch/.venv/bin/python}
 W=$(mktemp -d /tmp/gpu_bench.XXXXXX)
 trap 'rm -rf "$W"' EXIT
-CU=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib
-[ -d "$CU" ] && export LD_LIBRARY_PATH=$CU:${LD_LIBRARY_PATH:-}
+for CU in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
+  [ -d "$CU" ] && export LD_LIBRARY_PATH=$CU${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
 if [ -z "${RLVR:-}" ]; then
   if [ -x target-cuda/release/rlvr ]; then RLVR=target-cuda/release/rlvr
   elif [ -f bench/rlvr-cuda.gz ]; then gunzip -c bench/rlvr-cuda.gz > "$W/rlvr" && chmod +x "$W/rlvr" && RLVR=$W/rlvr
@@ -63,11 +67,14 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
   --seed 0 --out "$W/model" >/dev/null
 OUT=$W/results.jsonl
 M=(--model "$W/model" --device "$DEVICE" --dtype "$DTYPE")
-step() { echo "## $1" >&2; shift; timeout "${STEP_TIMEOUT:-300}" "$@" | tee -a "$OUT" || echo "## failed (rc $?): $*" >&2; }
+# (`--foreground`: under bench/gpu_check.sh's part limit, a killed part takes its steps along.)
+step() { echo "## $1" >&2; shift; timeout --foreground -k 5 "${STEP_TIMEOUT:-300}" "$@" | tee -a "$OUT" || echo "## failed (rc $?): $*" >&2; }
 TDEV=${DEVICE/cuda:*/cuda}
-step "rlvr sampling" "$RLVR" bench sample "${M[@]}" "${BATCHES[@]}" --prompt-len $PLEN --new-tokens $NEW --runs "$RUNS"
-step "transformers generate" "$PY" bench/gpu_torch.py --model "$W/model" --device "$TDEV" --dtype "$DTYPE" \
-  sample "${BATCHES[@]}" --prompt-len $PLEN --new-tokens $NEW --runs "$RUNS"
+if [ "${SAMPLE:-1}" != 0 ]; then
+  step "rlvr sampling" "$RLVR" bench sample "${M[@]}" "${BATCHES[@]}" --prompt-len $PLEN --new-tokens $NEW --runs "$RUNS"
+  step "transformers generate" "$PY" bench/gpu_torch.py --model "$W/model" --device "$TDEV" --dtype "$DTYPE" \
+    sample "${BATCHES[@]}" --prompt-len $PLEN --new-tokens $NEW --runs "$RUNS"
+fi
 # The GPU's memory in use (MiB) on DEVICE's index, or nothing without nvidia-smi.
 GPU_INDEX=${DEVICE#cuda:}; [ "$GPU_INDEX" = "$DEVICE" ] && GPU_INDEX=0
 gpu_used() { command -v nvidia-smi >/dev/null && [ "${DEVICE%%:*}" != cpu ] &&
@@ -84,7 +91,7 @@ mstep() {
     poll=$!
   fi
   local rc=0
-  timeout "${STEP_TIMEOUT:-300}" "$@" > "$W/line" || rc=$?
+  timeout --foreground -k 5 "${STEP_TIMEOUT:-300}" "$@" > "$W/line" || rc=$?
   if [ -n "$poll" ]; then
     kill "$poll" 2>/dev/null || true; wait "$poll" 2>/dev/null || true
     peak=$(sort -n "$W/poll" | tail -1 | awk -v b="$base" '{print $1 - b}')
@@ -95,6 +102,9 @@ mstep() {
 for shape in $TRAIN; do
   rows=${shape%x*}; seq=${shape#*x}
   for f in $FUSED; do
+    if [ "$f" = none ] && [ "$seq" -gt 1024 ] && [ "${LONG_NONE:-0}" != 1 ]; then
+      echo "## skipped: rlvr --fused none at ${rows}x$seq (LONG_NONE=1 runs it)" >&2; continue
+    fi
     mstep "rlvr training step ${rows}x$seq --fused $f" "$RLVR" bench train "${M[@]}" --rows "$rows" \
       --seq-len "$seq" --steps 3 --fused "$f"
   done
@@ -128,7 +138,9 @@ for shape in dict.fromkeys((r["rows"], r["seq_len"]) for r in rows if r["what"] 
     print(f"training {n} x {t}: pytorch {p['tok_per_s']:.0f} tok/s, {p['tflop_per_s']:.1f} TFLOP/s, peak {mib(p, 'gpu_peak_mib')} MiB"
           f" (torch max allocated {mib(p, 'max_allocated_mib')})" if p else f"training {n} x {t}: pytorch -")
     for a in ours:
-        fused = "--fused all" if "attention=on" in a.get("kernels", "") else "--fused none"
+        on = [kv.split("=")[0] for kv in a.get("kernels", "").split() if kv.endswith("=on")]
+        on = [k for k in on if k not in ("decode", "cuda_graphs")]
+        fused = "--fused " + ("none" if not on else "all" if len(on) == 6 else ",".join(on))
         ratio = f"{a['tok_per_s'] / p['tok_per_s']:.2f}x" if p else "-"
         mem = f"{a['gpu_peak_mib'] / p['gpu_peak_mib']:.2f}x" if p and a.get("gpu_peak_mib") and p.get("gpu_peak_mib") else "-"
         print(f"  rlvr {fused:<10} {a['tok_per_s']:>9.0f} tok/s ({ratio} pytorch; target >= 0.8x at 16 x 512)"

@@ -13,6 +13,7 @@ driver, the argument ABI, and the numerics against the CPU (issue 44's first GPU
     python kernels/replay_gpu.py --dry-run RECORDS_DIR      # anywhere: resolve and pack only
     python kernels/replay_gpu.py [--jsonl F] [--failed F] RECORDS_DIR  # results per record
     python kernels/replay_gpu.py --time N [--timing F] [--skip-failed F] BENCH_DIR
+    python kernels/replay_gpu.py [--resume F] [--start I --counts R,F,S] RECORDS_DIR
 
 Correctness (records with expected outputs, ``rlvr kernels record --shape small``): one line per
 record; ``--jsonl`` appends ``{"label", "name", "target", "dtype", "pass", "max_err", "ratio",
@@ -21,7 +22,12 @@ record; ``--jsonl`` appends ``{"label", "name", "target", "dtype", "pass", "max_
 bounds are 1e-5, bf16 ones a bf16 rounding or normwise, as the record says); ``--failed``
 writes the names of the failing variants, one a line (empty when all pass). A launch error
 (e.g. an illegal address, which poisons the CUDA context) fails its record, and the process
-re-executes itself for the rest, so one bad kernel does not stop the others.
+re-executes itself for the rest, so one bad kernel does not stop the others. A launch still
+running after ``REPLAY_LAUNCH_TIMEOUT`` seconds (default 10; completion is polled, not waited
+for) fails its record as hung and ends the process with status 75, having written to
+``--resume``'s file the ``--start``/``--counts`` values for a fresh process to check the rest
+(``bench/gpu_check.sh`` does); in ``--time`` mode a hang stops the timing (nothing after it
+can run in that process).
 
 Timing (``--time N``, records with a ``timing`` entry, ``rlvr kernels record --shape
 qwen2.5-0.5b``): each launch 3 times to warm up, then N times, each between two CUDA events;
@@ -41,6 +47,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 if ROOT not in sys.path:
@@ -55,10 +62,23 @@ DEFAULT_DYNAMIC_SHARED = 48 * 1024
 # CUdevice_attribute and CUfunction_attribute values (cuda.h).
 CC_MAJOR, CC_MINOR = 75, 76
 FUNC_MAX_DYNAMIC_SHARED = 8
+# CUresult of cuStreamQuery while work is still running (cuda.h).
+CUDA_ERROR_NOT_READY = 600
+# Seconds a correctness launch may run (REPLAY_LAUNCH_TIMEOUT overrides; small shapes take
+# microseconds), and what a timed record's launches may take together.
+LAUNCH_TIMEOUT_S = float(os.environ.get("REPLAY_LAUNCH_TIMEOUT", "10"))
+TIMING_TIMEOUT_S = 3 * LAUNCH_TIMEOUT_S
+# Exit status after a hung launch: the caller starts a fresh process from the record that
+# ``--resume`` names (a process exit is what frees a GPU from a kernel that never returns).
+EXIT_HUNG = 75
 
 
 class GpuError(Exception):
     pass
+
+
+class HangError(GpuError):
+    """A launch did not finish in time: its context stays busy until this process exits."""
 
 
 def pack_args(rec, device_ptrs):
@@ -105,9 +125,28 @@ class Driver:
     def _call(self, name, *args):
         r = getattr(self.cu, name)(*args)
         if r != 0:
-            s = ctypes.c_char_p()
-            self.cu.cuGetErrorName(r, ctypes.byref(s))
-            raise GpuError(f"{name}: {s.value.decode() if s.value else r}")
+            self._raise(name, r)
+
+    def _raise(self, name, r):
+        s = ctypes.c_char_p()
+        self.cu.cuGetErrorName(r, ctypes.byref(s))
+        raise GpuError(f"{name}: {s.value.decode() if s.value else r}")
+
+    def wait(self, timeout_s, clock=time.monotonic, sleep=time.sleep):
+        """Waits for the default stream's work by polling ``cuStreamQuery``, so that a kernel
+        that never finishes becomes a :class:`HangError` after ``timeout_s`` instead of a
+        process blocked in ``cuCtxSynchronize`` until the part's limit kills it."""
+        t0, delay = clock(), 1e-5
+        while True:
+            r = self.cu.cuStreamQuery(None)
+            if r == 0:
+                return
+            if r != CUDA_ERROR_NOT_READY:
+                self._raise("cuStreamQuery", r)
+            if clock() - t0 > timeout_s:
+                raise HangError(f"the launch did not finish within {timeout_s:g} s (a hang?)")
+            sleep(delay)
+            delay = min(2 * delay, 1e-3)
 
     def target(self):
         major, minor = self.capability
@@ -140,7 +179,7 @@ class Driver:
         self._call("cuLaunchKernel", fn, *[ctypes.c_uint(x) for x in (*grid, *block)],
                    ctypes.c_uint(shared), None, params, None)
         if sync:
-            self._call("cuCtxSynchronize")
+            self.wait(LAUNCH_TIMEOUT_S)
 
     def event(self):
         ev = ctypes.c_void_p()
@@ -223,6 +262,9 @@ def run(dir_, drv, target):
         _, fn = drv.function(cubin, rec["entry"], rec["shared_bytes"])
         try:
             drv.launch(fn, rec["grid"], rec["block"], rec["shared_bytes"], params)
+        except HangError:
+            ptrs = {}  # cuMemFree would wait for the hung kernel: the process exits instead
+            raise
         except GpuError as e:
             raise LaunchError(str(e)) from None
         for n, (back, _, _) in guarded.items():
@@ -252,15 +294,18 @@ def time_record(dir_, drv, n_iter, warmup=3):
         args = (fn, rec["grid"], rec["block"], rec["shared_bytes"], params)
         for _ in range(warmup):
             drv.launch(*args, sync=False)
-        drv._call("cuCtxSynchronize")
+        drv.wait(TIMING_TIMEOUT_S)
         events = [(drv.event(), drv.event()) for _ in range(n_iter)]
         for a, b in events:
             drv.record_event(a)
             drv.launch(*args, sync=False)
             drv.record_event(b)
-        drv._call("cuCtxSynchronize")
+        drv.wait(TIMING_TIMEOUT_S)
         ms = sorted(drv.elapsed_ms(a, b) for a, b in events)
         del vals
+    except HangError:
+        events, ptrs = [], {}  # their release would wait for the hung kernel
+        raise
     finally:
         for a, b in events:
             drv.destroy_event(a)
@@ -295,7 +340,7 @@ def timing(dirs, drv, n_iter, out_path, skip):
               for g, v in bench.get("groups", {}).items()}
     if drv is None:
         print("replay_gpu --time: no GPU (dry run): the launches and their repeats, no times")
-    status = 0
+    status, hung = 0, None
     print(f"{'record':28} {'variant':28} {'group':9} {'median ms':>10} {'x repeat':>9} "
           f"{'ms/step':>9}")
     for d in dirs:
@@ -312,6 +357,8 @@ def timing(dirs, drv, n_iter, out_path, skip):
         why = None
         if rec["name"] in skip:
             why = "skipped: failed the correctness check"
+        elif hung:
+            why = f"not timed: {hung} hung before"
         elif drv is None:
             why = "no GPU"
         elif rec["target"] != target:
@@ -323,6 +370,9 @@ def timing(dirs, drv, n_iter, out_path, skip):
                 med, lo = time_record(d, drv, n_iter)
                 row.update(median_ms=med, min_ms=lo, ms_per_step=med * t["repeat"])
                 g["ms"] += med * t["repeat"]
+            except HangError as e:
+                # The GPU stays busy with it: nothing after it can be timed in this process.
+                why, hung, status = f"FAIL {e}", rec["label"], 1
             except GpuError as e:
                 why = f"FAIL {e}"
                 status = 1
@@ -364,13 +414,13 @@ def timing(dirs, drv, n_iter, out_path, skip):
 
 def _parse(argv):
     opts = {"dry": False, "time": 0, "jsonl": None, "failed": None, "timing": None,
-            "skip_failed": None, "start": 0, "counts": (0, 0, 0), "dirs": []}
+            "skip_failed": None, "resume": None, "start": 0, "counts": (0, 0, 0), "dirs": []}
     it = iter(argv)
     for a in it:
         if a == "--dry-run":
             opts["dry"] = True
         elif a in ("--time", "--jsonl", "--failed", "--timing", "--skip-failed", "--start",
-                   "--counts"):
+                   "--counts", "--resume"):
             v = next(it, None)
             if v is None:
                 raise SystemExit(f"replay_gpu: {a} needs a value")
@@ -421,6 +471,10 @@ def main(argv):
             out = run(d, drv, target)
         except (replay.ReplayError, GpuError, OSError, ValueError) as e:
             out = ({}, [str(e)])
+            if isinstance(e, HangError):
+                failed += 1
+                _report_fail(o, rec, name, d, str(e))
+                _hung_exit(o, idx + 1 if idx + 1 < len(dirs) else None, (ran, failed, skipped))
             if isinstance(e, LaunchError) and idx + 1 < len(dirs):
                 failed += 1
                 _report_fail(o, rec, name, d, str(e))
@@ -451,6 +505,22 @@ def main(argv):
     print(f"replay_gpu: {ran} passed{' (dry run: resolved and packed)' if dry else ''}, "
           f"{failed} failed, {skipped} skipped")
     return 1 if failed else 0
+
+
+def _hung_exit(o, start, counts):
+    """Ends the process after a hung launch (only its exit frees the GPU from the kernel),
+    writing ``START RAN,FAILED,SKIPPED`` to ``--resume``'s file when records remain, for the
+    caller to run a fresh process from there (``--start START --counts ...``)."""
+    if start is not None and o["resume"]:
+        with open(o["resume"], "w") as f:
+            f.write(f"{start} {','.join(str(c) for c in counts)}\n")
+        print(f"replay_gpu: a launch hung; records from {start} on need a fresh process "
+              f"(--start {start}; {o['resume']})", flush=True)
+    else:
+        print(f"replay_gpu: a launch hung; {counts[0]} passed, {counts[1]} failed, "
+              f"{counts[2]} skipped before it", flush=True)
+    sys.stderr.flush()
+    os._exit(EXIT_HUNG)
 
 
 def _strip(args, opts):

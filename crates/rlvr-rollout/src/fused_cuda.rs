@@ -264,6 +264,7 @@ impl FusedStep for FusedDecoder {
             weights: 0,
         };
         let mut graphs = std::mem::replace(&mut self.graphs, GraphCache::new(0, false));
+        let graphs_were_on = graphs.disabled().is_none();
         let this = &*self;
         let r = graphs.step(
             rows,
@@ -278,6 +279,13 @@ impl FusedStep for FusedDecoder {
             },
             |g| graph::cuda::replay(g).map_err(err),
         );
+        // A failed capture turns graphs off for this wave and the step runs eagerly: said once,
+        // so that a report of `fused+graphs` (the switches) is not read as graphs that ran.
+        if let (true, Some(why)) = (graphs_were_on, graphs.disabled()) {
+            rlvr_model::kernels::log_once(format!(
+                "kernels.cuda_graphs = on: {why}; the decode steps run eagerly"
+            ));
+        }
         self.graphs = graphs;
         r?;
         rlvr_model::KvStore::commit(cache, 1)?;
