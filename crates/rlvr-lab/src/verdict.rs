@@ -22,8 +22,12 @@
 //! varies from seed to seed by more than the arms differ, and the unpaired SE above carries that
 //! variance twice. Each comparison therefore also judges the per-seed differences
 //! d_i = a_i − b_i over the seeds both arms have (n ≥ 2): mean d̄, SE = sd(d)/√n, the same rules
-//! ([`Paired`], [`Verdict::paired_status`]). The unpaired verdict is the rule the lab was specified
-//! with and stays the headline; the paired one is the sharper test of the same claim.
+//! with the two standard errors replaced by Student's t quantile at n − 1 degrees of freedom
+//! ([`t_quantile_975`]: 4.30 SE at three seeds, 2.26 at ten, → 1.96), since sd(d) is itself
+//! estimated from n values and the normal approximation behind "2 SE" is anti-conservative at
+//! small n (a one-sided test at the margin errs 9.2% of the time at n = 3 instead of 2.3%)
+//! ([`Paired`], [`Verdict::paired_status`]). The unpaired verdict is the rule the lab was
+//! specified with and stays the headline; the paired one is the sharper test of the same claim.
 //!
 //! The claims (arms found by preset and sync interval):
 //! - **A1** off-policy GRPO (`grpo`/`off_policy_grpo` at intervals 4 and 16, and at interval 1 with
@@ -131,8 +135,63 @@ pub struct Paired {
     pub diff: f64,
     /// Its standard error, sd(d)/√n.
     pub se: f64,
-    /// Outcome under the same rule as the unpaired comparison.
+    /// The standard errors the rule spans: Student's t quantile [`t_quantile_975`] at n − 1
+    /// degrees of freedom (2.0, the normal rule, in files written before 2026-12-07).
+    #[serde(default = "two")]
+    pub k: f64,
+    /// Outcome under the unpaired comparison's rule with `k` standard errors instead of two.
     pub status: Status,
+}
+
+fn two() -> f64 {
+    2.0
+}
+
+/// Student's t distribution's 0.975 quantile at `df` degrees of freedom (df ≥ 1): the half-width,
+/// in standard errors, of a two-sided 95% interval (each one-sided test at 2.5%), computed to
+/// ~1e-12 by bisection on the closed-form CDF for integer df (Abramowitz & Stegun 26.7.3-4:
+/// with θ = atan(t/√ν), P(|T| ≤ t) = (2/π)(θ + sinθ cosθ Σ) for odd ν, sinθ Σ' for even ν, Σ and
+/// Σ' finite series in cos²θ). 12.706 at df 1, 4.303 at 2, 2.228 at 10, 1.984 at 100.
+///
+/// # Panics
+/// If `df` is 0.
+pub fn t_quantile_975(df: usize) -> f64 {
+    assert!(df >= 1, "Student's t needs at least one degree of freedom");
+    let two_sided = |t: f64| -> f64 {
+        let th = (t / (df as f64).sqrt()).atan();
+        let (s, c2) = (th.sin(), th.cos() * th.cos());
+        let (mut term, mut sum) = (1.0, 1.0);
+        if df % 2 == 1 {
+            // Σ = 1 + (2/3)c² + (2·4)/(3·5)c⁴ + … up to c^(ν−3).
+            let mut k = 2;
+            while k < df.saturating_sub(1) {
+                term *= c2 * k as f64 / (k + 1) as f64;
+                sum += term;
+                k += 2;
+            }
+            let extra = if df == 1 { 0.0 } else { s * th.cos() * sum };
+            2.0 / std::f64::consts::PI * (th + extra)
+        } else {
+            // Σ' = 1 + (1/2)c² + (1·3)/(2·4)c⁴ + … up to c^(ν−2).
+            let mut k = 1;
+            while k < df - 1 {
+                term *= c2 * k as f64 / (k + 1) as f64;
+                sum += term;
+                k += 2;
+            }
+            s * sum
+        }
+    };
+    let (mut lo, mut hi) = (0.0_f64, 1e3_f64);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if two_sided(mid) < 0.95 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
 }
 
 /// `test` on the per-seed differences of `a` and `b` (`(seed, value)` lists); `None` with fewer
@@ -149,11 +208,13 @@ pub fn paired(a: &[(u64, f64)], b: &[(u64, f64)], test: Test, m: f64) -> Option<
     let mean = d.iter().sum::<f64>() / n as f64;
     let var = d.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
     let se = (var / n as f64).sqrt();
+    let k = t_quantile_975(n - 1);
     Some(Paired {
         n,
         diff: mean,
         se,
-        status: judge(test, mean, se, m),
+        k,
+        status: judge_k(test, mean, se, m, k),
     })
 }
 
@@ -176,9 +237,14 @@ pub struct Verdict {
     pub paired_status: Option<Status>,
 }
 
-/// Judges d with SE s against margin m for `test`.
+/// Judges d with SE s against margin m for `test` (two standard errors: the lab's specified rule).
 pub fn judge(test: Test, d: f64, s: f64, m: f64) -> Status {
-    let (lo, hi) = (d - 2.0 * s, d + 2.0 * s);
+    judge_k(test, d, s, m, 2.0)
+}
+
+/// [`judge`] with the interval d ± k·s.
+pub fn judge_k(test: Test, d: f64, s: f64, m: f64, k: f64) -> Status {
+    let (lo, hi) = (d - k * s, d + k * s);
     match test {
         Test::NonInferior if lo > -m => Status::Supported,
         Test::NonInferior if hi < -m => Status::NotSupported,
@@ -502,7 +568,8 @@ pub fn markdown(vs: &[Verdict], m: f64) -> String {
          supported when the data show it beyond m and two standard errors, not supported when they \
          show the opposite beyond them, inconclusive otherwise. Paired by seed: the same test on the \
          per-seed differences (the arms of a seed share its warm start, so the warm start's \
-         seed-to-seed variance drops out), mean ± sd/√n over the shared seeds.\n\n\
+         seed-to-seed variance drops out), mean ± sd/√n over the shared seeds, with Student's t \
+         quantile at n − 1 degrees of freedom (k SE: 4.30 at three seeds) instead of two SE.\n\n\
          | claim | status | paired by seed | comparison (a vs b) | a | b | d | test | paired d | paired |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
         100.0 * m
@@ -529,7 +596,13 @@ pub fn markdown(vs: &[Verdict], m: f64) -> String {
             };
             let (pd, ps) = match c.paired {
                 Some(p) => (
-                    format!("{:+.1} ± {:.1} (n={})", 100.0 * p.diff, 100.0 * p.se, p.n),
+                    format!(
+                        "{:+.1} ± {:.1} (n={}, k={:.2})",
+                        100.0 * p.diff,
+                        100.0 * p.se,
+                        p.n,
+                        p.k
+                    ),
                     p.status.name(),
                 ),
                 None => ("–".into(), "–"),

@@ -2,7 +2,7 @@
 //! not-supported and an inconclusive case; plus the standard errors and the area under the curve.
 
 use rlvr_lab::summary::{arm_stats, mean_area, Estimate, RunSummary};
-use rlvr_lab::verdict::{judge, verdicts, Status, Test, Verdict, MARGIN};
+use rlvr_lab::verdict::{judge, t_quantile_975, verdicts, Status, Test, Verdict, MARGIN};
 
 /// A finished run of `arm` (`preset` at `interval`) with final accuracy `acc` and warm start `warm`.
 fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -> RunSummary {
@@ -462,6 +462,70 @@ fn paired_by_seed_sees_what_the_warm_start_spread_hides() {
     let v = verdict_of(&r, "A1");
     assert!(v.comparisons.iter().all(|c| c.paired.is_none()));
     assert_eq!(v.paired_status, None);
+}
+
+/// Student's t 0.975 quantile against mpmath (30 digits: `findroot` of
+/// `1 - betainc(n/2, 1/2, 0, n/(n+x²), regularized=True)/2 - 0.975`), odd and even df, small and large.
+#[test]
+fn student_t_quantile_matches_mpmath() {
+    for (df, want) in [
+        (1, 12.706204736174705),
+        (2, 4.302652729749464),
+        (3, 3.1824463052837096),
+        (4, 2.7764451051977944),
+        (9, 2.2621571627982055),
+        (10, 2.2281388519862747),
+        (29, 2.0452296421327043),
+        (30, 2.0422724563012383),
+        (31, 2.0395134463964085),
+        (100, 1.9839715185235523),
+        (1000, 1.9623390808264085),
+    ] {
+        let got = t_quantile_975(df);
+        assert!((got - want).abs() < 1e-9, "df {df}: {got} vs {want}");
+    }
+}
+
+/// The paired test spans Student's t quantile, not two SE: with three seeds a difference whose
+/// 2-SE interval clears the margin but whose 4.30-SE one does not is inconclusive.
+#[test]
+fn paired_by_seed_uses_students_t_at_three_seeds() {
+    let base = [0.37, 0.51, 0.45];
+    let mut r = Vec::new();
+    let (v4, v16) = ([0.02, 0.03, 0.025], [-0.01, 0.0, 0.02]);
+    for s in 0..3 {
+        let warm = base[s] - 0.25;
+        r.push(run("grpo_v1", "grpo", 1, s as u64, base[s], warm));
+        r.push(run(
+            "grpo_v4",
+            "off_policy_grpo",
+            4,
+            s as u64,
+            base[s] + v4[s],
+            warm,
+        ));
+        r.push(run(
+            "grpo_v16",
+            "off_policy_grpo",
+            16,
+            s as u64,
+            base[s] + v16[s],
+            warm,
+        ));
+    }
+    let v = verdict_of(&r, "A1");
+    let p = v.comparisons[1].paired.unwrap();
+    assert!(v.comparisons[1].a.contains("16"), "{v:?}");
+    // d̄ = 1/300, sd = 0.015275, SE = 0.008819: 2 SE reach −0.0143 (clears −0.03), 4.30 SE −0.0346.
+    assert!((p.diff - 1.0 / 300.0).abs() < 1e-12, "{p:?}");
+    assert!((p.k - 4.302652729749464).abs() < 1e-9, "{p:?}");
+    assert_eq!(
+        judge(Test::NonInferior, p.diff, p.se, MARGIN),
+        Status::Supported
+    );
+    assert_eq!(p.status, Status::Inconclusive, "{p:?}");
+    assert_eq!(v.comparisons[0].paired.unwrap().status, Status::Supported);
+    assert_eq!(v.paired_status, Some(Status::Inconclusive), "{v:?}");
 }
 
 #[test]
