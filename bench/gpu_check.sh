@@ -84,7 +84,10 @@
 #                first differing step and key are named); cuda bf16 against cpu f32 reported. Then the
 #                same with every training kernel of issue 44 on (`kernels.attention`, `rms_norm`,
 #                `rotary`, `swiglu`, `logprob_head`, `adamw` = "on"): fused cuda f32 against cpu f32
-#                with the same bounds, two fused runs bit-identical, fused bf16 reported.
+#                with the same bounds, two fused runs bit-identical, fused bf16 reported. Between the
+#                two (after the candle runs), the explorer on its own thread (online AsymRE, sync.offset 1, interval 2, 6 steps on
+#                GSM8K prompts) twice in f32: metrics bit-identical (the two threads' hand-off on the
+#                GPU's one stream).
 #   2b. sampling issue 50's decode path (`[kernels]` decode and cuda_graphs, `--fused`): (a) a seeded
 #                `rlvr generate` of the small model on DEVICE in f32 and bf16 with graphs on and off
 #                (`--fused decode,cuda_graphs` vs `--fused decode`): token ids and behaviour
@@ -536,6 +539,7 @@ PY
   train "$DEVICE" f32 "$W/gpu_f32_b"
   train "$DEVICE" bf16 "$W/gpu_bf16"
   offline_compare candle
+  threaded
   say_off
   if [ "$ops" = none ]; then echo "SKIP offline fused: every training kernel is off"; return 0; fi
   echo "offline fused: kernels $ops on"
@@ -544,6 +548,39 @@ PY
   train "$DEVICE" bf16 "$W/gpu_fused_bf16" fused
   grep -h "kernels\." "$W"/gpu_fused_*.log 2>/dev/null | sort -u | head -8
   offline_compare fused
+}
+
+threaded() {
+  # The explorer on its own thread beside the trainer (sync.offset = 1, interval 2): online AsymRE
+  # (its -0.1 log pi term moves the weights whatever the rewards) on 2 GSM8K prompts x 4 samples,
+  # 6 steps, twice on DEVICE in f32: the metrics (outside timings) bit-identical. Both threads queue
+  # on the GPU's one stream (rlvr-model's device); this checks the weight hand-off between them.
+  th() {
+    "$RLVR" train --set model.path="\"$W/small\"" --set model.device="\"$DEVICE\"" --set model.dtype='"f32"' \
+      --set data.task='"gsm8k"' --set data.train="\"$PWD/data/gsm8k/train.jsonl\"" --set data.style='"chat"' \
+      --set data.prompts_per_step=2 --set rollout.group_size=4 --set rollout.max_new_tokens=16 \
+      --set algorithm.preset='"asymre"' --set sync.interval=2 --set sync.offset=1 --set train.steps=6 \
+      --set train.lr=1e-3 --set train.eval_every=0 --set train.save_every=0 --set train.seed=0 \
+      --set output.dir="\"$1\"" --no-progress > "$1.log" 2>&1 || { echo "FAIL threaded $1: rc $?"; tail -5 "$1.log"; }
+  }
+  th "$W/thr_a"; th "$W/thr_b"
+  "$PY" - "$W" "$OUTD/offline.jsonl" <<'PY'
+import json, os, sys
+w, out = sys.argv[1:]
+def metrics(run):
+    p = f"{w}/{run}/metrics.jsonl"
+    if not os.path.exists(p): return None
+    return [{k: v for k, v in json.loads(l).items() if not k.startswith("time/") and "per_s" not in k and k != "elapsed_s"}
+            for l in open(p)]
+a, b = metrics("thr_a"), metrics("thr_b")
+same = bool(a) and a == b
+first = next(((s, k) for s, (x, y) in enumerate(zip(a or [], b or []), 1) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), None)
+moved = bool(a) and len({json.dumps(r.get("grad_norm")) for r in a}) > 1
+open(out, "a").write(json.dumps({"check": "threaded_explorer", "steps": len(a or []), "metrics_identical": same,
+                                 "first_difference": str(first), "pass": same}) + "\n")
+print("PASS" if same else "FAIL", f"threaded explorer (sync.offset 1, interval 2): two {len(a or [])}-step runs "
+      f"identical {same} (first difference {first}); grad_norm varies over steps {moved}")
+PY
 }
 
 offline_compare() { # $1: candle (the cuda runs without fused kernels) or fused

@@ -149,10 +149,21 @@ pub enum DeviceSpec {
 
 /// CUDA GPU `ordinal`, opened once per process: every later call returns the same [`Device`].
 ///
-/// candle's `Device::new_cuda` makes a new device (its own stream and id) on every call; tensors of
-/// two such devices cannot be combined ("device mismatch"), and work queued on two streams is not
-/// ordered. The policy, the reference model, the sampler and the NCCL communicator therefore all
-/// take their GPU from here.
+/// candle's `Device::new_cuda` makes a new device (its own id) on every call; tensors of two such
+/// devices cannot be combined ("device mismatch"). The policy, the reference model, the sampler and
+/// the NCCL communicator therefore all take their GPU from here.
+///
+/// One stream for every thread: candle's `Device::new_cuda` queues each host thread's work on that
+/// thread's own per-thread default stream, with nothing ordering them, so the explorer thread
+/// (sync offset ≥ 1) could read the weights the trainer thread had queued a copy of before the
+/// copy ran, a buffer could be freed on one stream while the other still read it, and two
+/// concurrent streams sharing one cuBLAS handle lose cuBLAS's bit-reproducibility (its guarantee
+/// holds with one active stream). With one stream (`Device::new_cuda_with_stream`), the queue's
+/// order is the threads' causal order (a channel send happens after the work queued before it),
+/// so cudarc's per-buffer events are not needed: they are turned off before any buffer exists
+/// (with one stream they would only add host time to every op). The one thing a shared stream
+/// forbids is a CUDA-graph capture while another thread queues work: the threaded explorer runs
+/// without graphs (rlvr-train's explorer copy).
 fn cuda_device(ordinal: usize) -> candle_core::Result<Device> {
     use std::collections::BTreeMap;
     use std::sync::{Mutex, OnceLock};
@@ -164,7 +175,14 @@ fn cuda_device(ordinal: usize) -> candle_core::Result<Device> {
     if let Some(d) = opened.get(&ordinal) {
         return Ok(d.clone());
     }
-    let d = Device::new_cuda(ordinal)?;
+    let d = Device::new_cuda_with_stream(ordinal)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = &d {
+        // SAFETY: every thread queues on this device's one stream (above), so stream order orders
+        // each read after its write and each free after its last use; no buffer exists yet, and
+        // no other stream is made (cudarc tracks events only for buffers made while it is on).
+        unsafe { c.disable_event_tracking() };
+    }
     opened.insert(ordinal, d.clone());
     Ok(d)
 }

@@ -470,7 +470,10 @@ fn explorer_rollout(
         ex_tok,
         step,
         work,
-        NativeWeights::Copy,
+        match c.sync.offset {
+            0 => NativeWeights::Copy,
+            _ => NativeWeights::CopyOnThread,
+        },
         &ServerUse::Train {
             run_dir: c.output.dir.clone(),
         },
