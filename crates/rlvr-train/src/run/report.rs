@@ -91,7 +91,32 @@ pub fn step_metrics(
     let tokens: usize = exps.iter().map(Experience::sampled_tokens).sum();
     let secs = sample_s + train_s;
     l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
+    set_extra_metrics(&mut l, exps, rep);
     l
+}
+
+/// The metrics beyond DESIGN.md section 10's keys that verl and TRL users look for, appended after
+/// them: `completion_len/clipped_frac` (share of the step's completions cut at
+/// `rollout.max_new_tokens`; verl `response_length/clip_ratio`, TRL `completions/clipped_ratio`),
+/// `completion_len/max`, and `advantage/mean|min|max` over the rows with a scored reward (verl
+/// `critic/advantages/*`).
+fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], rep: &StepReport) {
+    let n = exps.len();
+    let cut = exps.iter().filter(|e| e.truncated).count();
+    l.set(
+        "completion_len/clipped_frac",
+        (n > 0).then(|| cut as f64 / n as f64),
+    );
+    l.set(
+        "completion_len/max",
+        exps.iter()
+            .map(|e| e.sampled_tokens() as f64)
+            .reduce(f64::max),
+    );
+    let [mean, min, max] = rep.advantage.map_or([None; 3], |a| a.map(Some));
+    l.set("advantage/mean", mean);
+    l.set("advantage/min", min);
+    l.set("advantage/max", max);
 }
 
 /// The metrics of a multi-turn run's step (docs/DESIGN.md section 14), nothing for a

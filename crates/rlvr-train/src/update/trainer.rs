@@ -141,6 +141,10 @@ pub struct StepReport {
     pub loss: Option<rlvr_algo::LossMetrics>,
     /// Advantage counts (zero-variance groups, nulls, drops).
     pub adv: AdvantageStats,
+    /// Mean, min and max of the rows' advantages over the step's rows with a scored reward, every
+    /// rank's (`advantage/mean`, `advantage/min`, `advantage/max`; verl's `critic/advantages/*`,
+    /// which weighs rows by their tokens); None without scored rows.
+    pub advantage: Option<[f64; 3]>,
     /// Mean global gradient L2 norm before clipping over the updates (None if no update ran).
     pub grad_norm: Option<f64>,
     /// True when a non-finite loss or gradient skipped an update.
@@ -298,6 +302,19 @@ impl Trainer {
         let groups: Vec<&str> = view.rows.iter().map(|e| e.group_id.as_str()).collect();
         let adv = compute_advantages(&rewards, &groups, &alg, seed)?;
         report.adv = adv.stats;
+        let scored: Vec<f64> = (adv.values.iter().zip(&rewards))
+            .filter(|(_, r)| r.is_some())
+            .map(|(a, _)| *a)
+            .collect();
+        report.advantage = (!scored.is_empty()).then(|| {
+            let mean = scored.iter().sum::<f64>() / scored.len() as f64;
+            let (lo, hi) = scored
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), a| {
+                    (l.min(*a), h.max(*a))
+                });
+            [mean, lo, hi]
+        });
         report.dropped_frac = adv
             .stats
             .dropped_frac()

@@ -31,6 +31,8 @@ fn on_policy_run_writes_the_run_directory() {
         // Train every row so that the sampler-vs-trainer check below sees the first step's rows
         // (most groups of a fresh model have zero variance and would be skipped).
         "train.skip_zero_gradient_rows=false".into(),
+        // Every rollout logged, for the clipped share below.
+        "train.log_rollouts=1000".into(),
     ]);
     let s = run(&sets);
     assert_eq!(s.steps, 3);
@@ -55,16 +57,59 @@ fn on_policy_run_writes_the_run_directory() {
             .keys()
             .filter(|k| !METRIC_KEYS.contains(&k.as_str()) && !k.starts_with("eval/"))
             .collect();
-        // Beside the standard keys: the one reward component's mean and share (steps 1..3).
+        // Beside the standard keys (in the reader's sorted order): the one reward component's mean
+        // and share, and the lengths' and advantages' extra statistics (steps 1..3).
         let want: Vec<&str> = if l["step"] == 0 {
             vec![]
         } else {
-            vec!["reward/arithmetic/mean", "reward/arithmetic/share"]
+            vec![
+                "advantage/max",
+                "advantage/mean",
+                "advantage/min",
+                "completion_len/clipped_frac",
+                "completion_len/max",
+                "reward/arithmetic/mean",
+                "reward/arithmetic/share",
+            ]
         };
         assert_eq!(extra, want, "unexpected keys");
         if l["step"] != 0 {
             assert_eq!(l["reward/arithmetic/mean"], l["reward/mean"]);
+            // GRPO's advantages sum to zero in every group (zero-variance groups: all zero).
+            let f = |k: &str| l[k].as_f64().unwrap();
+            assert!(f("advantage/mean").abs() < 1e-9, "{l:?}");
+            assert!(
+                f("advantage/min") <= 0.0 && f("advantage/max") >= 0.0,
+                "{l:?}"
+            );
+            assert!(f("completion_len/max") >= f("completion_len/mean"), "{l:?}");
         }
+    }
+    // The clipped share is the share of the step's rollouts cut at max_new_tokens.
+    let rollouts: Vec<serde_json::Value> = std::fs::read_to_string(rd.join("rollouts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|x| serde_json::from_str(x).unwrap())
+        .collect();
+    for l in &m[1..] {
+        let step = l["step"].as_u64().unwrap();
+        let rows: Vec<&serde_json::Value> = rollouts
+            .iter()
+            .filter(|r| r["step"].as_u64() == Some(step))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let cut = rows
+            .iter()
+            .filter(|r| r["finish_reason"] == "length")
+            .count();
+        let want = cut as f64 / rows.len() as f64;
+        assert_eq!(
+            l["completion_len/clipped_frac"].as_f64(),
+            Some(want),
+            "step {step}"
+        );
     }
     assert!(m[0]["eval/accuracy"].is_number());
     assert!(m[2]["eval/accuracy"].is_number());
