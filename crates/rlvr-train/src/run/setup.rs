@@ -686,6 +686,7 @@ fn refuse_non_finite_policy(model: &Model, dir: &Path) -> anyhow::Result<()> {
 fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(run_dir)
         .with_context(|| format!("creating run directory {}", run_dir.display()))?;
+    remove_leftovers(run_dir)?;
     let metrics_path = run_dir.join("metrics.jsonl");
     if !resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
         bail!(
@@ -702,6 +703,39 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
     crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)
+}
+
+/// Removes what a killed run left half-written in `run_dir` (its lock held, so no other process
+/// writes it): the temporaries of atomic writes (`.NAME.tmp-PID` of a process that is gone) and
+/// checkpoint folders never renamed into place (`checkpoints/.tmp-step-N`). Neither is ever read
+/// as the real thing; they only take room (a checkpoint's worth). train.log names each.
+///
+/// # Errors
+/// A `.tmp-step-N` folder that cannot be removed, named.
+fn remove_leftovers(run_dir: &Path) -> anyhow::Result<()> {
+    let mut gone = rlvr_rundir::fs::remove_stale_temporaries(run_dir);
+    let ckpts = checkpoint::checkpoints_dir(run_dir);
+    gone.extend(rlvr_rundir::fs::remove_stale_temporaries(&ckpts));
+    if let Ok(entries) = std::fs::read_dir(&ckpts) {
+        for e in entries.flatten() {
+            let unfinished = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(".tmp-step-"));
+            if unfinished && e.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(e.path())
+                    .with_context(|| format!("removing {}", e.path().display()))?;
+                gone.push(e.path());
+            }
+        }
+    }
+    for p in gone {
+        crate::log::log_only(&format!(
+            "removed {}, left half-written by a killed run",
+            p.display()
+        ));
+    }
+    Ok(())
 }
 
 /// On resume from a checkpoint at step `resumed`, cuts the JSONL logs after that step; without a
