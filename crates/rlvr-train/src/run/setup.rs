@@ -123,6 +123,17 @@ impl<'a> Run<'a> {
         };
         run.best
             .load_state_dict(state.as_ref().and_then(|s| s.best))?;
+        // A checkpoint of step t written before t's sync (a stop during its evaluation, a save
+        // after an error) keeps the explorer of the sync before: the resume makes the sync the
+        // uninterrupted run made after step t, so the explorer gets version t when it needs it.
+        if state.as_ref().is_some_and(|s| s.explorer_version < start)
+            && start.is_multiple_of(c.sync.interval)
+        {
+            crate::log::log_only(&format!(
+                "resume: the checkpoint of step {start} was written before its sync; making it now"
+            ));
+            run.sync(start)?;
+        }
         if c.output.tensorboard && writer {
             // A fresh event file from the JSONL files as cut back to the checkpoint.
             let toml = cfg.to_toml()?;
