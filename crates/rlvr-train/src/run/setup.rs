@@ -713,7 +713,13 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
         crate::log::say(&format!("warning: {w}"));
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
-    crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)
+    crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)?;
+    let changes = cfg
+        .resume_changes
+        .iter()
+        .map(|c| serde_json::json!({"key": c.key, "was": c.was, "now": c.now, "set": c.origin}))
+        .collect();
+    crate::store::run_json::add_resume_changes(run_dir, changes)
 }
 
 /// Removes what a killed run left half-written in `run_dir` (its lock held, so no other process

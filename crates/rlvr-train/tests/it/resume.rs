@@ -632,3 +632,89 @@ fn a_save_after_an_error_keeps_the_in_flight_batches() {
     );
 }
 
+/// `--resume --set` of a key the checkpoint was written for (`sync.interval`, `sync.offset`,
+/// `data.seed`) is refused, naming the key, the saved value and the `--set`; one that changes
+/// what the run means (`train.seed`, `rollout.group_size`, `algorithm.*`, `data.*`) is warned
+/// about once in train.log and recorded in run.json's `resume_changes`; the same value, or a key
+/// outside these (`train.steps`), is neither.
+#[test]
+fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &run);
+    s.extend([
+        "train.steps=1".to_string(),
+        "sync.interval=2".into(),
+        "sync.offset=1".into(),
+    ]);
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let config = run.join("config.toml");
+    for (set, key, was) in [
+        ("sync.interval=4", "sync.interval = 4", "sync.interval = 2"),
+        ("sync.offset=0", "sync.offset = 0", "sync.offset = 1"),
+        ("data.seed=5", "data.seed = 5", "data.seed = 0"),
+    ] {
+        let e = format!(
+            "{:#}",
+            ResolvedConfig::from_run_dir(&run, &[set.to_string()]).unwrap_err()
+        );
+        assert!(
+            e.contains(&format!(
+                "{key} cannot change on --resume (--set {set}): {} has {was};",
+                config.display()
+            )),
+            "{e}"
+        );
+    }
+    let same = ResolvedConfig::from_run_dir(
+        &run,
+        &[
+            "sync.interval=2".into(),
+            "train.steps=2".into(),
+            "data.seed=0".into(),
+        ],
+    )
+    .unwrap();
+    assert!(same.resume_changes.is_empty(), "{:?}", same.resume_changes);
+    let mut cfg = ResolvedConfig::from_run_dir(
+        &run,
+        &[
+            "train.steps=2".into(),
+            "train.seed=7".into(),
+            "rollout.group_size=4".into(),
+        ],
+    )
+    .unwrap();
+    let keys: Vec<(&str, &str, &str)> = cfg
+        .resume_changes
+        .iter()
+        .map(|c| (c.key.as_str(), c.was.as_str(), c.now.as_str()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("train.seed", "0", "7"), ("rollout.group_size", "8", "4")]
+    );
+    cfg.raw.output.dir = run.clone();
+    let opts = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    assert_eq!(train(&cfg, &opts).unwrap().steps, 2);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let warned = format!(
+        "warning: --resume changes train.seed from 0 ({}) to 7 (--set train.seed=7)",
+        config.display()
+    );
+    assert_eq!(log.matches(&warned).count(), 1, "{log}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    let changes = meta["resume_changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 2, "{meta}");
+    assert_eq!(changes[1]["key"], "rollout.group_size");
+    assert_eq!(changes[1]["was"], "8");
+    assert_eq!(changes[1]["now"], "4");
+    assert_eq!(changes[1]["set"], "--set rollout.group_size=4");
+    assert!(changes[1]["at"].is_string());
+}
