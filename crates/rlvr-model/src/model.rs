@@ -655,11 +655,15 @@ impl Model {
     /// With LoRA adapters: config.json and `adapter/` (PEFT's files, [`crate::lora`]); the frozen
     /// base is referenced by `base_model_name_or_path` and not written again, except for a model
     /// whose base came from no directory (a random one), whose base weights are written too.
+    /// Temporaries that a writer of `dir` killed mid-write left behind are removed first
+    /// ([`rlvr_rundir::fs::remove_stale_temporaries`]).
     pub fn save(&self, dir: &Path, dtype: DType) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
             path: dir.to_path_buf(),
             err: e,
         })?;
+        // What an earlier writer of `dir` killed mid-write left (`.NAME.tmp-PID`).
+        rlvr_rundir::fs::remove_stale_temporaries(dir);
         if self.lora.is_some() {
             lora::save_adapter(self, &dir.join("adapter"))?;
             if self.source.is_some() {

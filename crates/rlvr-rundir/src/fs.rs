@@ -1,7 +1,7 @@
 //! Atomic file replacement.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Replaces `path` with `bytes` atomically: written to `.NAME.tmp-PID` beside it, synced, renamed
 /// over it, then the directory synced, so a reader (or a crash) sees the old file or the new one,
@@ -33,6 +33,50 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     res
 }
 
+/// Removes from `dir` the temporary files [`atomic_write`] left behind when its process was
+/// killed between writing and renaming (`.NAME.tmp-PID`; `rlvr sft`, a checkpoint or an export
+/// stopped by `kill -9`, possibly as large as the weights). Only those whose process is gone are
+/// removed: on Linux, no `/proc/PID`; where there is no `/proc`, none is removed. A live one's
+/// (another writer's, this process's) stays. Never read as the real file (another name), they
+/// only take room. Returns the paths removed; `dir` missing or unreadable removes nothing.
+pub fn remove_stale_temporaries(dir: &Path) -> Vec<PathBuf> {
+    if !Path::new("/proc/self").exists() {
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(temporary_pid) else {
+            continue;
+        };
+        let gone = !Path::new("/proc").join(pid.to_string()).exists();
+        if gone
+            && e.file_type().is_ok_and(|t| t.is_file())
+            && std::fs::remove_file(e.path()).is_ok()
+        {
+            removed.push(e.path());
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// The PID of an [`atomic_write`] temporary's name (`.NAME.tmp-PID`), `None` for any other name.
+fn temporary_pid(name: &str) -> Option<u32> {
+    let (stem, pid) = name.rsplit_once(".tmp-")?;
+    if !stem.starts_with('.')
+        || stem.len() < 2
+        || pid.is_empty()
+        || !pid.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    pid.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +92,38 @@ mod tests {
         assert_eq!(names.len(), 1);
         // A missing directory fails and leaves nothing behind.
         assert!(atomic_write(&d.path().join("no/a.json"), b"x").is_err());
+    }
+
+    /// A killed writer's temporaries go; a live process's, look-alikes and other files stay.
+    #[test]
+    fn stale_temporaries_of_dead_processes_are_removed() {
+        if !Path::new("/proc/self").exists() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        // A PID that was just freed: a child that exited and was waited for.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let names = [
+            format!(".tokenizer.json.tmp-{dead}"),
+            format!(".model.safetensors.tmp-{dead}"),
+            format!(".config.json.tmp-{me}"),
+            format!("tokenizer.json.tmp-{dead}"),
+            format!(".x.tmp-{dead}a"),
+            ".x.tmp-".to_string(),
+            "tokenizer.json".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(d.path().join(n), "x").unwrap();
+        }
+        let removed = remove_stale_temporaries(d.path());
+        let want: Vec<PathBuf> = vec![d.path().join(&names[1]), d.path().join(&names[0])];
+        assert_eq!(removed, want);
+        for n in &names[2..] {
+            assert!(d.path().join(n).exists(), "{n}");
+        }
+        assert!(remove_stale_temporaries(&d.path().join("missing")).is_empty());
     }
 }

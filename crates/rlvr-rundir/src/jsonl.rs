@@ -1,8 +1,9 @@
 //! The JSONL files of a run directory: the metrics line writer (DESIGN.md section 10: one JSON
 //! object per step with exactly the keys of [`Metric::ALL`], null where undefined, plus `eval/*` at
 //! evaluation steps), the append and the resume cut-back that rollouts.jsonl, eval.jsonl and
-//! diagnostics.jsonl share with it, and the readers of `rlvr plot` ([`read_metrics`]: strict) and
-//! the lab ([`read_lines`]: lenient, for a run being written or killed mid-line).
+//! diagnostics.jsonl share with it, and the readers of `rlvr plot` ([`read_metrics`]: strict;
+//! [`read_metrics_but_a_cut_end`]: strict but for a last line cut by a kill) and the lab
+//! ([`read_lines`]: lenient, for a run being written or killed mid-line).
 
 use std::io::Write;
 use std::path::Path;
@@ -137,6 +138,58 @@ pub fn read_metrics(path: &Path) -> anyhow::Result<Vec<Line>> {
         .collect()
 }
 
+/// [`read_metrics`], but a last line cut short (a run killed while writing it: the JSON ends
+/// early, or the file ends without its newline) is left out. Returns the lines before it and,
+/// when one was left out, a warning naming the file and the line.
+///
+/// # Errors
+/// I/O errors; a line that is not JSON anywhere else (named with file and line).
+pub fn read_metrics_but_a_cut_end(path: &Path) -> anyhow::Result<(Vec<Line>, Option<String>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(t) => std::borrow::Cow::Borrowed(t),
+        // A character cut at the very end (a kill inside a multi-byte character): the last
+        // line's JSON then ends early too.
+        Err(e) if e.error_len().is_none() => String::from_utf8_lossy(&bytes),
+        Err(e) => {
+            let line = bytes[..e.valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+                + 1;
+            anyhow::bail!("{}:{line}: not UTF-8 ({e})", path.display());
+        }
+    };
+    let numbered: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .collect();
+    let mut lines = Vec::with_capacity(numbered.len());
+    for (k, &(i, l)) in numbered.iter().enumerate() {
+        match serde_json::from_str::<Line>(l) {
+            Ok(v) => lines.push(v),
+            Err(e)
+                if k + 1 == numbered.len()
+                    && (e.classify() == serde_json::error::Category::Eof
+                        || !text.ends_with('\n')) =>
+            {
+                let warning = format!(
+                    "{}:{}: the last line is cut short ({e}; a run killed while writing it), \
+                     left out",
+                    path.display(),
+                    i + 1
+                );
+                return Ok((lines, Some(warning)));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("{}:{}", path.display(), i + 1)))
+            }
+        }
+    }
+    Ok((lines, None))
+}
+
 /// Reads the lines of `run_dir`'s metrics.jsonl that parse as JSON objects, leniently: a missing
 /// file gives none, and an unparsable line (one cut by a kill, one being written) is skipped.
 pub fn read_lines(run_dir: &Path) -> Vec<Line> {
@@ -198,6 +251,47 @@ mod tests {
                     .unwrap()
             })
             .collect()
+    }
+
+    /// `rlvr plot`'s reader leaves out a last line a kill cut short (inside the JSON, inside a
+    /// multi-byte character, or whole but without its newline) with a warning naming the file
+    /// and the line; any other bad line is an error naming them.
+    #[test]
+    fn a_cut_last_line_is_left_out_with_a_warning_naming_file_and_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        let good = "{\"step\":1}\n\n{\"step\":2}\n";
+        let read = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            read_metrics_but_a_cut_end(&path).map(|(l, w)| (l.len(), w))
+        };
+        assert_eq!(read(good.as_bytes()).unwrap(), (2, None));
+        for cut in [
+            &b"{\"step\":3,\"loss\":0."[..],
+            b"{\"step\":3,\"completion\":\"\xC3",
+            b"{\"step\":3,\"loss\":1}x",
+            b"{\"step\":3,\"lo\n",
+        ] {
+            let mut bytes = good.as_bytes().to_vec();
+            bytes.extend_from_slice(cut);
+            let (n, w) = read(&bytes).unwrap();
+            let w = w.unwrap();
+            assert_eq!(n, 2, "{w}");
+            assert!(
+                w.starts_with(&format!("{}:4: the last line is cut short", path.display())),
+                "{w}"
+            );
+        }
+        for (bad, line) in [
+            (&b"{\"step\":3,\"lo\n{\"step\":4}\n"[..], 4),
+            (b"not json\n", 4),
+            (b"{\"step\":3,\"x\":\"\xC3\"}\n{\"step\":4}\n", 4),
+        ] {
+            let mut bytes = good.as_bytes().to_vec();
+            bytes.extend_from_slice(bad);
+            let e = format!("{:#}", read(&bytes).unwrap_err());
+            assert!(e.starts_with(&format!("{}:{line}", path.display())), "{e}");
+        }
     }
 
     #[test]

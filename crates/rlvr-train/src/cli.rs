@@ -297,7 +297,8 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         false => None,
     };
     let episode_tokens = raw.env.episode_tokens(evaluator.settings.max_new_tokens);
-    let (r, items) = eval_on_backend(
+    let mut items = Vec::new();
+    let result = eval_on_backend(
         &raw.rollout,
         &evaluator,
         &policy,
@@ -305,15 +306,34 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         runner
             .as_mut()
             .map(|r| (r, raw.env.builtin.is_some(), episode_tokens)),
+        &mut items,
     )
-    .map_err(|e| name_env_log(e, env_log.as_deref()))?;
-    if let Some(path) = &a.out {
-        let mut s = String::new();
-        for it in &items {
-            s.push_str(&serde_json::to_string(it)?);
-            s.push('\n');
+    .map_err(|e| name_env_log(e, env_log.as_deref()));
+    let r = match (result, &a.out) {
+        (Ok(r), _) => r,
+        // What was evaluated before the failure is kept (`rlvr eval --env` evaluates in chunks
+        // of problems; an environment that dies at the last one loses no finished episode).
+        (Err(e), Some(path)) if !items.is_empty() => {
+            let problems = items.iter().map(|it| it.index + 1).max().unwrap_or(0);
+            return Err(match write_items(path, &items) {
+                Ok(()) => e.context(format!(
+                    "the evaluation failed after {} of {} problems: their {} items are in {} \
+                     (no summary: the evaluation is incomplete)",
+                    problems,
+                    evaluator.texts.len(),
+                    items.len(),
+                    path.display()
+                )),
+                Err(we) => e.context(format!(
+                    "the evaluation failed after {problems} problems, and writing their items \
+                     failed too: {we:#}"
+                )),
+            });
         }
-        std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))?;
+        (Err(e), _) => return Err(e),
+    };
+    if let Some(path) = &a.out {
+        write_items(path, &items)?;
     }
     writeln!(
         out,
@@ -327,6 +347,21 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         })
     )?;
     Ok(())
+}
+
+/// Writes `rlvr eval --out`'s items, one JSON object a line, atomically (a reader or a kill sees
+/// the old file or the whole new one).
+///
+/// # Errors
+/// Serialisation and I/O errors, naming the file.
+fn write_items(path: &std::path::Path, items: &[EvalItem]) -> anyhow::Result<()> {
+    let mut s = String::new();
+    for it in items {
+        s.push_str(&serde_json::to_string(it)?);
+        s.push('\n');
+    }
+    rlvr_rundir::fs::atomic_write(path, s.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The file `rlvr eval --env` or `rlvr generate --env` (`env`) writes a program environment's
@@ -409,14 +444,16 @@ fn probe_writable(p: &std::path::Path, flag: &str) -> anyhow::Result<()> {
 /// afterwards).
 ///
 /// With `episodes` (`rlvr eval --env`: the runner, whether it is the built-in `retry`, and the
-/// episode's token budget) each sample is a multi-turn episode ([`evaluate_episodes`]).
+/// episode's token budget) each sample is a multi-turn episode ([`evaluate_episodes`]). The
+/// items go to `items`: on an error, those of the problems evaluated before it.
 fn eval_on_backend(
     rollout: &RolloutSection,
     evaluator: &Evaluator,
     policy: &Policy,
     server_use: &ServerUse,
     episodes: Option<(&mut EpisodeRunner, bool, usize)>,
-) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+    items: &mut Vec<EvalItem>,
+) -> anyhow::Result<EvalResult> {
     // A private directory with an unpredictable name (0700), removed when `dir` drops: a fixed
     // name under a shared /tmp could be planted by another user (issue 49 item 6).
     let dir = private_tmp_dir("rlvr-eval-vllm-")?;
@@ -443,11 +480,15 @@ fn eval_on_backend(
                 engine.as_mut(),
                 &policy.tokenizer,
                 evaluator,
-                runner,
-                retry,
+                (runner, retry),
                 &ids,
+                items,
             ),
-            None => evaluator.run(engine.as_mut(), &policy.tokenizer),
+            None => {
+                let (r, all) = evaluator.run(engine.as_mut(), &policy.tokenizer)?;
+                *items = all;
+                Ok(r)
+            }
         }
     })();
     drop(dir);
@@ -460,7 +501,9 @@ fn eval_on_backend(
 /// the single-turn evaluation's sample). An item is correct when its episode's reward is above 0;
 /// an episode the environment failed scores 0. `ids`: the problems' prompt ids. `retry`: the
 /// built-in `retry` environment (its reset rows carry the verifier's fields), else a program's
-/// (the row's columns and `reference`).
+/// (the row's columns and `reference`). The items are appended to `items` chunk by chunk of
+/// problems (`rollout.max_batch_rows` episodes), so an error leaves there those of the chunks
+/// before it.
 ///
 /// # Errors
 /// As the explorer's episodes: environment faults, sampling, more than `env.max_error_frac`
@@ -469,15 +512,16 @@ fn evaluate_episodes(
     rollout: &mut dyn rlvr_rollout::Rollout,
     tok: &rlvr_model::TokenizerBundle,
     ev: &Evaluator,
-    runner: &mut EpisodeRunner,
-    retry: bool,
+    (runner, retry): (&mut EpisodeRunner, bool),
     ids: &[Vec<u32>],
-) -> anyhow::Result<(EvalResult, Vec<EvalItem>)> {
+    items: &mut Vec<EvalItem>,
+) -> anyhow::Result<EvalResult> {
     use crate::feed::episodes::{program_row, EpisodePrompt, RetryVerifier};
     let s = &ev.settings;
     let params = s.sampling(&tok.eos_ids);
     let chunk = (s.max_batch_rows / s.samples).max(1);
-    let mut items = Vec::with_capacity(ids.len() * s.samples);
+    items.clear();
+    items.reserve(ids.len() * s.samples);
     for start in (0..ids.len()).step_by(chunk) {
         let end = (start + chunk).min(ids.len());
         let prompts: Vec<EpisodePrompt<'_>> = (start..end)
@@ -498,6 +542,7 @@ fn evaluate_episodes(
         let (eps, _) = runner
             .run(rollout, tok, &prompts, &params, s.seed)
             .with_context(|| format!("evaluating the episodes of problems {start}..{end}"))?;
+        let mut chunk_items = Vec::with_capacity(eps.len());
         for e in eps {
             let reward = e.reward.unwrap_or(0.0);
             // The prompt the episode started from: the dataset's, or the environment's
@@ -506,7 +551,7 @@ fn evaluate_episodes(
                 true => ev.texts[e.draw].clone(),
                 false => tok.decode(&e.prompt_ids, false)?,
             };
-            items.push(EvalItem {
+            chunk_items.push(EvalItem {
                 index: e.draw,
                 sample_index: e.sample,
                 prompt,
@@ -530,9 +575,11 @@ fn evaluate_episodes(
                 }),
             });
         }
+        // Whole chunks only: a decode error halfway leaves the chunks before it.
+        items.append(&mut chunk_items);
     }
-    let per = crate::eval::correct_per_problem(&items, ids.len());
-    Ok((crate::eval::summarise(ev.task, &per, s.samples), items))
+    let per = crate::eval::correct_per_problem(items, ids.len());
+    Ok(crate::eval::summarise(ev.task, &per, s.samples))
 }
 
 /// A new private temporary directory (mode 0700, random name after `prefix`), removed when the

@@ -551,6 +551,7 @@ impl RawConfig {
             algorithm,
             warnings,
             auto,
+            resume_changes: Vec::new(),
         };
         super::gates::check(&cfg, &written)?;
         let mut cfg = cfg;
@@ -652,6 +653,10 @@ impl ResolvedConfig {
             path: path.clone(),
             text,
         };
+        let saved = layer
+            .text
+            .parse::<toml::Table>()
+            .with_context(|| format!("parsing {}", path.display()))?;
         let mut raw = load_layers(table, Some(&layer), overrides)?;
         raw.notes.0.extend(note);
         // config.toml holds every key; only what the overrides write is the user's now.
@@ -660,7 +665,20 @@ impl ResolvedConfig {
         // directory, as then.
         let cwd = std::env::current_dir().context("reading the current directory")?;
         super::paths::absolutize(&mut raw, &cwd);
-        let cfg = raw.resolve()?;
+        let mut cfg = raw.resolve()?;
+        cfg.resume_changes = resume_changes(&saved, &cfg, &path)?;
+        for c in &cfg.resume_changes {
+            cfg.warnings.push(format!(
+                "--resume changes {} from {} ({}) to {} ({}): the run's steps after the \
+                 checkpoint follow the new value, those before it the old one (run.json's \
+                 `resume_changes` keeps this)",
+                c.key,
+                c.was,
+                path.display(),
+                c.now,
+                c.origin
+            ));
+        }
         if let Some(dir) = crate::store::checkpoint::latest(run_dir)? {
             let p = dir.join("trainer_state/state.json");
             let st: TrainerState = serde_json::from_str(
@@ -684,6 +702,105 @@ impl ResolvedConfig {
         }
         Ok(cfg)
     }
+}
+
+/// A key whose value a `--resume`'s `--set` changed, among those that change what the run
+/// means: `algorithm.*`, `rollout.group_size`, `data.*`, `train.seed`, `sync.max_staleness`
+/// (`sync.interval`, `sync.offset` and `data.seed` are refused, see [`resume_changes`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResumeChange {
+    /// The dotted key.
+    pub key: String,
+    /// Its value in the run's config.toml (TOML), or `unset`.
+    pub was: String,
+    /// Its value now (TOML).
+    pub now: String,
+    /// The `--set` that wrote it.
+    pub origin: String,
+}
+
+/// Keys a `--resume` may not change, each with why: the checkpoint was written for their value.
+const FIXED_ON_RESUME: [(&str, &str); 3] = [
+    (
+        "sync.interval",
+        "the checkpoint's in-flight batches and explorer weights follow the saved sync schedule; \
+         under another one the resumed explorer can wait for weights no step sends",
+    ),
+    (
+        "sync.offset",
+        "the checkpoint's in-flight batches and explorer weights follow the saved sync schedule; \
+         under another one the resumed explorer can wait for weights no step sends",
+    ),
+    (
+        "data.seed",
+        "the checkpoint's prompt order continues with the saved seed (its data cursor carries \
+         it), so the new value would change nothing",
+    ),
+];
+
+/// Prefixes of the keys whose change by a `--resume` is warned about and recorded.
+const MEANING_ON_RESUME: [&str; 5] = [
+    "algorithm.",
+    "rollout.group_size",
+    "data.",
+    "train.seed",
+    "sync.max_staleness",
+];
+
+/// The changes a `--resume`'s `--set`s (`cfg.raw.written`) make to the run's `saved` config.toml
+/// (`file`) among the keys that change what the run means ([`ResumeChange`]).
+///
+/// # Errors
+/// A change of a key the checkpoint was written for (`sync.interval`, `sync.offset`,
+/// `data.seed`), naming the key, the saved value, the `--set` and what to do instead.
+fn resume_changes(
+    saved: &toml::Table,
+    cfg: &ResolvedConfig,
+    file: &Path,
+) -> anyhow::Result<Vec<ResumeChange>> {
+    let now: toml::Table = cfg
+        .to_toml()?
+        .parse()
+        .context("re-reading the resolved config")?;
+    let lookup = |t: &toml::Table, key: &str| -> Option<toml::Value> {
+        let mut parts = key.split('.');
+        let mut v = t.get(parts.next()?)?;
+        for p in parts {
+            v = v.as_table()?.get(p)?;
+        }
+        Some(v.clone())
+    };
+    let show = |v: &Option<toml::Value>| v.as_ref().map_or("unset".to_string(), |v| v.to_string());
+    let mut out: Vec<ResumeChange> = Vec::new();
+    for w in &cfg.raw.written.0 {
+        let fixed = FIXED_ON_RESUME.iter().find(|(k, _)| *k == w.key);
+        let meaning = MEANING_ON_RESUME.iter().any(|p| w.key.starts_with(p));
+        if (fixed.is_none() && !meaning) || out.iter().any(|c| c.key == w.key) {
+            continue;
+        }
+        let (was, new) = (lookup(saved, &w.key), lookup(&now, &w.key));
+        if was == new {
+            continue;
+        }
+        if let Some((key, why)) = fixed {
+            bail!(
+                "{key} = {} cannot change on --resume ({}): {} has {key} = {}; {why}. Resume \
+                 without it, or start a new run from a checkpoint's weights (--set \
+                 model.path=RUN_DIR/checkpoints/step-N)",
+                show(&new),
+                w.origin,
+                file.display(),
+                show(&was)
+            );
+        }
+        out.push(ResumeChange {
+            key: w.key.clone(),
+            was: show(&was),
+            now: show(&new),
+            origin: w.origin.clone(),
+        });
+    }
+    Ok(out)
 }
 
 /// When `overrides` set `algorithm.preset` to another preset than the one `table` (read from

@@ -23,8 +23,8 @@ pub mod help;
 pub mod keys;
 pub mod paths;
 pub use checks::{
-    MAX_EPOCHS, MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_NEW_TOKENS, MAX_ROWS_PER_STEP,
-    MAX_TEMPERATURE,
+    ResumeChange, MAX_EPOCHS, MAX_EVAL_SAMPLES, MAX_GROUP_SIZE, MAX_LORA_RANK, MAX_NEW_TOKENS,
+    MAX_ROWS_PER_STEP, MAX_TEMPERATURE,
 };
 pub mod plan;
 mod sections;
@@ -134,6 +134,9 @@ pub struct ResolvedConfig {
     /// What `model.device`/`model.dtype = "auto"` became ([`ModelSection::resolve_auto`]),
     /// printed once at start; `None` when neither was `auto`.
     pub auto: Option<String>,
+    /// On `--resume`: the keys the `--set`s changed that change what the run means (each also a
+    /// warning), recorded in run.json's `resume_changes`; empty otherwise.
+    pub resume_changes: Vec<ResumeChange>,
 }
 
 /// Parses a `--set` value: a TOML literal (`1e-6`, `true`, `"x"`, `[1, 2]`, `{ kind = "math" }`),

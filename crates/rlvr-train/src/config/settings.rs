@@ -197,6 +197,7 @@ pub fn evaluator(
     if let Some(n) = raw.eval.limit {
         p.truncate(n);
     }
+    check_gold_answers(raw, "Test", &p)?;
     let settings = eval_settings(raw);
     if let Some(positions) = model_positions(tok)? {
         let key = match raw.eval.max_new_tokens {
@@ -216,6 +217,63 @@ pub fn evaluator(
         settings,
         task: raw.data.task.name(),
     })
+}
+
+/// Every row of a split (`split`: `"Train"` or `"Test"`) scored by a built-in verifier that reads
+/// its gold answer from the row's reference (`data.verifier`, the task's own, or a reward
+/// component) has a usable one: a number for `gsm8k` and `arithmetic` (what
+/// `rlvr_reward::gsm8k::gold_number` finds), a non-blank answer for `math`. Without it every
+/// completion of the prompt would score 0, silently. (A `gsm8k` task file's `#### N` is checked
+/// as it loads.) A split scored by a program environment alone has no verifier: nothing to check.
+///
+/// # Errors
+/// The first row without a usable gold answer, naming its file, line and field and the verifier.
+pub fn check_gold_answers(
+    raw: &RawConfig,
+    split: &str,
+    p: &crate::feed::prompts::PreparedPrompts,
+) -> anyhow::Result<()> {
+    use rlvr_reward::combine::VerifierConfig;
+    let verifiers: Vec<VerifierConfig> = if raw.reward.components.is_empty() {
+        raw.data.verifier().ok().into_iter().collect()
+    } else {
+        raw.reward
+            .components
+            .iter()
+            .map(|k| k.verifier.clone())
+            .collect()
+    };
+    let (_, field) = raw.data.fields();
+    for v in &verifiers {
+        let unusable = |r: &str| match v {
+            VerifierConfig::Gsm8k { .. } | VerifierConfig::Arithmetic { .. } => {
+                r.trim().is_empty().then_some("is empty").or_else(|| {
+                    rlvr_reward::gsm8k::gold_number(r)
+                        .is_none()
+                        .then_some("holds no number")
+                })
+            }
+            VerifierConfig::Math {} => r.trim().is_empty().then_some("is empty"),
+            _ => None,
+        };
+        let bad = p
+            .references
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| unusable(r).map(|why| (i, why, r)));
+        if let Some((i, why, r)) = bad {
+            let shown: String = r.chars().take(60).collect();
+            anyhow::bail!(
+                "[data] {split} split: {}: field `{field}` {why}{}: the {} verifier reads the gold \
+                 answer from it, so every completion of this prompt would score 0; fill it in or \
+                 drop the row",
+                p.sources[i],
+                if why == "is empty" { String::new() } else { format!(" ({shown:?})") },
+                v.name()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The rollout backend `rollout.backend` names; vLLM versions go to `rollout.weights_dir`,

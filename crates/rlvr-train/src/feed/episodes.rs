@@ -280,10 +280,15 @@ pub fn parse_tools(text: &str) -> Result<Vec<Json>, String> {
     }
 }
 
-/// The environment seed of a group: the run seed and the prompt's draw index mixed
-/// (SplitMix64), the same for the group's K episodes.
+/// The environment seed of a group, the same for its K episodes: output number `draw` + 1 of
+/// SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA
+/// 2014; Vigna's reference C, prng.di.unimi.it/splitmix64.c) started from the run seed, that is
+/// the finaliser of `seed + (draw + 1)·γ` (γ = 0x9E3779B97F4A7C15, the golden gamma; wrapping).
+/// The gamma added before mixing keeps any (seed, draw) pair from mapping to a trivial value:
+/// seed 0, draw 0 gives 0xE220A8397B1DCDAF, not 0, which many environments read as "unset".
 pub fn group_seed(seed: u64, draw: usize) -> u64 {
-    let mut z = seed ^ (draw as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut z = seed.wrapping_add((draw as u64).wrapping_add(1).wrapping_mul(GAMMA));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)

@@ -239,9 +239,10 @@ impl Feed {
         }
     }
 
-    /// The feed's state for the checkpoint of step `t` (completed, its weights published) of a run
+    /// The feed's state for the checkpoint of step `t` (completed; its weights published, or, when
+    /// v divides t, perhaps not yet: a resume then makes that sync) of a run
     /// ending at `last_step`: the source cursor, the explorer's version and, when it lags the
-    /// policy, its weights, and with `in_flight` the batches already sampled for the steps after
+    /// policy, its weights, and as `in_flight` says the batches already sampled for the steps after
     /// `t` (`trainer_state/buffer.jsonl`, DESIGN.md section 10; the cursor is then the source's
     /// after the last of them), so a resume trains on them instead of re-sampling them with other
     /// weights. With an explorer thread (o ≥ 1) these are steps t+1..=min(t+o, last_step),
@@ -251,21 +252,36 @@ impl Feed {
     /// the policy's when v divides t, else the last sync's, whose weights the threaded feed
     /// keeps (`synced`) and the checkpoint saves. The buffer is empty when there is nothing in
     /// flight (inline, offline), under data parallel (each rank holds only its share before the
-    /// gather), without `in_flight` (a stop that need not wait,
-    /// [`Feed::resumes_exactly_without_buffer`], or a save after an error: the resume re-samples
-    /// them), and when the explorer after them would need weights the
-    /// feed no longer has (the resume then re-samples them with the policy's).
+    /// gather), with [`InFlight::Drop`] (a stop that need not wait,
+    /// [`Feed::resumes_exactly_without_buffer`]: the resume re-samples them exactly), with
+    /// [`InFlight::TryWait`] when the explorer failed or stopped (a save after an error whose
+    /// cause was the explorer), and when the explorer after them would need weights the feed no
+    /// longer has (the resume then re-samples them with the policy's).
     ///
     /// # Errors
-    /// The explorer failed or stopped while sampling one of them; the explorer's version differs
-    /// from the policy's but its backend keeps no local weights to save.
+    /// With [`InFlight::Wait`], the explorer failed or stopped while sampling one of them; the
+    /// explorer's version differs from the policy's but its backend keeps no local weights to
+    /// save.
     pub fn state(
         &mut self,
         t: u64,
         last_step: u64,
-        in_flight: bool,
+        in_flight: InFlight,
     ) -> anyhow::Result<FeedState<'_>> {
-        let buffered = in_flight && self.receive_in_flight(t, last_step)?;
+        let buffered = match in_flight {
+            InFlight::Drop => false,
+            InFlight::Wait => self.receive_in_flight(t, last_step)?,
+            InFlight::TryWait => match self.receive_in_flight(t, last_step) {
+                Ok(b) => b,
+                Err(e) => {
+                    crate::log::log_only(&format!(
+                        "note: the checkpoint of step {t} keeps no in-flight batch ({e:#}): the \
+                         resume samples them again"
+                    ));
+                    false
+                }
+            },
+        };
         let mut cursor = self.cursor();
         let buffer: Vec<&Batch> = match &*self {
             Feed::Threaded { pending, .. } if buffered => {
@@ -385,6 +401,21 @@ impl Feed {
             }
         }
     }
+}
+
+/// What a checkpoint does with the batches an explorer thread already sampled for the steps after
+/// it ([`Feed::state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// Keeps none: the resume samples them again, with the weights they need (a stop for which
+    /// [`Feed::resumes_exactly_without_buffer`] holds).
+    Drop,
+    /// Waits for them and keeps them; the explorer's error is the checkpoint's.
+    Wait,
+    /// As `Wait`, but an explorer that failed or stopped leaves the buffer empty (noted in
+    /// train.log) instead of failing the checkpoint: the save after an error, whose cause may be
+    /// the explorer itself.
+    TryWait,
 }
 
 /// The feed's part of a checkpoint ([`Feed::state`]): where the source stands, the explorer's

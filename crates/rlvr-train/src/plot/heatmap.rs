@@ -12,7 +12,6 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::{labels, register_font, step_label, PlotArgs};
-use crate::store::metrics::read_metrics;
 
 /// One run's histogram per step: (step, bucket counts); `None` where the line holds null.
 pub type HistSeries = Vec<(f64, Option<Vec<f64>>)>;
@@ -24,10 +23,10 @@ pub const MIN_SHARE: f64 = 1e-4;
 /// (or a JSONL file) per step. Lines without the key are skipped; a null is kept as `None`.
 ///
 /// # Errors
-/// Unreadable or malformed file.
+/// Unreadable or malformed file (a last line cut by a kill is left out).
 pub fn read_hist(run: &Path, metric: &str) -> anyhow::Result<HistSeries> {
     let (path, key) = super::metric_source(run, metric);
-    Ok(read_metrics(&path)?
+    Ok(super::read_lines(&path)?
         .iter()
         .filter_map(|l| {
             let step = l.get(rlvr_rundir::key::Metric::Step.key())?.as_f64()?;

@@ -15,8 +15,6 @@ use anyhow::{bail, Context};
 pub use rlvr_chart::{ema, register_font, segments, step_label, Series, PALETTE};
 use rlvr_chart::{Figure, Line, Panel, Row};
 
-use crate::store::metrics::read_metrics;
-
 pub mod heatmap;
 
 /// `rlvr plot`.
@@ -80,10 +78,29 @@ pub(crate) fn metric_source<'a>(run: &Path, metric: &'a str) -> (PathBuf, &'a st
 /// Reads `metric` from a run directory's metrics.jsonl (nulls and non-numbers skipped).
 ///
 /// # Errors
-/// Unreadable or malformed metrics file.
+/// Unreadable or malformed metrics file (a last line cut by a kill is left out, see
+/// [`read_lines`]).
 pub fn read_series(run: &Path, metric: &str) -> anyhow::Result<Series> {
     let (path, key) = metric_source(run, metric);
-    Ok(rlvr_rundir::jsonl::series(&read_metrics(&path)?, key))
+    Ok(rlvr_rundir::jsonl::series(&read_lines(&path)?, key))
+}
+
+/// The lines of a JSONL file to plot: every line, but a last line cut short (a run killed while
+/// writing it) is left out with a warning on stderr naming the file and the line, once per file.
+///
+/// # Errors
+/// Unreadable file; a line that is not JSON anywhere else, named with file and line.
+pub(crate) fn read_lines(path: &Path) -> anyhow::Result<Vec<rlvr_rundir::jsonl::Line>> {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let (lines, cut) = rlvr_rundir::jsonl::read_metrics_but_a_cut_end(path)?;
+    if let Some(w) = cut {
+        let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+        if !warned.contains(&w) {
+            crate::log::say(&format!("warning: {w}"));
+            warned.push(w);
+        }
+    }
+    Ok(lines)
 }
 
 /// The runs' legend labels: `labels` when given (one per run), else each run directory's name,

@@ -38,7 +38,7 @@ use rlvr_model::TokenizerBundle;
 
 use crate::config::ResolvedConfig;
 use crate::eval::{Best, Evaluator};
-use crate::feed::{filter_stale, Feed};
+use crate::feed::{filter_stale, Feed, InFlight};
 use crate::job::Job;
 use crate::log::progress_bar;
 use crate::store::checkpoint::{self, SourceCursor};
@@ -165,7 +165,11 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
     let result = if writer {
-        good.save_after_error(result, |step, cursor| run.save(step, Some(cursor), false))
+        // The in-flight batches too, unless the explorer failed: the resume then trains on what
+        // the uninterrupted run would have (they were sampled with weights it no longer has).
+        good.save_after_error(result, |step, cursor| {
+            run.save(step, Some(cursor), InFlight::TryWait)
+        })
     } else {
         result
     };
@@ -517,7 +521,10 @@ impl Run<'_> {
         // o ≥ 1: the batches already sampled for the next steps go into the buffer (when
         // stopping, only if the resume could not re-sample them with the weights they need: a
         // stop waits for the explorer no longer than exactness requires).
-        let in_flight = !stop || !self.feed.resumes_exactly_without_buffer(t);
+        let in_flight = match !stop || !self.feed.resumes_exactly_without_buffer(t) {
+            true => InFlight::Wait,
+            false => InFlight::Drop,
+        };
         self.last_ckpt = Some(self.save(t, None, in_flight)?);
         if is_best {
             checkpoint::mark_best(&self.run_dir, t)?;
@@ -527,7 +534,8 @@ impl Run<'_> {
 
     /// Writes the checkpoint of completed step `t` from every stage's record (rank 0):
     /// `cursor` replaces the feed's (after an error: the cursor right after step `t`);
-    /// `in_flight` keeps the explorer's in-flight batches ([`Feed::state`]).
+    /// `in_flight` says what becomes of the explorer's in-flight batches ([`Feed::state`]; they
+    /// follow the feed's cursor, so none are kept when `cursor` differs from it).
     ///
     /// # Errors
     /// A non-finite weight (nothing is written); a sharded optimizer state not gathered; the
@@ -536,12 +544,16 @@ impl Run<'_> {
         &mut self,
         t: u64,
         cursor: Option<SourceCursor>,
-        in_flight: bool,
+        in_flight: InFlight,
     ) -> anyhow::Result<PathBuf> {
         checkpoint::ensure_finite(&self.trainer.model)?;
         let trainer = self.trainer.state_dict()?;
+        let in_flight = match cursor {
+            Some(c) if c != self.feed.cursor() => InFlight::Drop,
+            _ => in_flight,
+        };
         let mut feed = self.feed.state(t, self.cfg.raw.train.steps, in_flight)?;
-        if let Some(c) = cursor {
+        if let (Some(c), true) = (cursor, feed.buffer.is_empty()) {
             feed.cursor = c;
         }
         let records = save::Records {
@@ -580,7 +592,8 @@ fn eval_outcome(
         Ok(best) => Ok(Some(best)),
         Err(e) if stop.load(Ordering::SeqCst) => {
             crate::log::say(&format!(
-                "the evaluation of step {t} ended with an error after the stop was asked for                  ({e:#}); it is null in metrics.jsonl"
+                "the evaluation of step {t} ended with an error after the stop was asked for \
+                 ({e:#}); it is null in metrics.jsonl"
             ));
             Ok(None)
         }

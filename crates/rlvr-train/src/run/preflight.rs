@@ -127,7 +127,7 @@ pub(super) fn check(
     }
     let tokenizer = settings::load_tokenizer(policy_dir)?;
     let train = prepare_prompts(&c.data, Split::Train, &tokenizer, settings::scoring(c))?;
-    check_references(c, &train)?;
+    settings::check_gold_answers(c, "Train", &train)?;
     let ids = train
         .encode(&tokenizer, settings::add_special_tokens(&c.data))
         .context("encoding train prompts")?;
@@ -157,49 +157,6 @@ pub(super) fn check(
         evaluator,
         runner,
     })))
-}
-
-/// A `jsonl` row scored by a built-in verifier that reads its gold answer from the reference
-/// (`gsm8k`, `math`, `arithmetic`, as `data.verifier` or a reward component) needs a reference:
-/// an empty one has no gold answer, so every completion of the prompt would score 0, silently.
-/// (The built-in tasks check their own answer fields as they load.)
-///
-/// # Errors
-/// The first train row whose answer field is empty or blank, naming its file, line and field.
-fn check_references(c: &crate::config::RawConfig, train: &PreparedPrompts) -> anyhow::Result<()> {
-    if c.data.task != rlvr_data::config::TaskKind::Jsonl {
-        return Ok(());
-    }
-    let verifiers: Vec<VerifierConfig> = if c.reward.components.is_empty() {
-        c.data.verifier().ok().into_iter().collect()
-    } else {
-        c.reward
-            .components
-            .iter()
-            .map(|k| k.verifier.clone())
-            .collect()
-    };
-    let Some(reader) = verifiers.iter().find(|v| {
-        matches!(
-            v,
-            VerifierConfig::Gsm8k { .. }
-                | VerifierConfig::Math {}
-                | VerifierConfig::Arithmetic { .. }
-        )
-    }) else {
-        return Ok(());
-    };
-    let (_, field) = c.data.fields();
-    if let Some(i) = train.references.iter().position(|r| r.trim().is_empty()) {
-        anyhow::bail!(
-            "[data] Train split: {}: field `{field}` is empty: the {} verifier reads the gold \
-             answer from it, so every completion of this prompt would score 0; fill it in or drop \
-             the row",
-            train.sources[i],
-            reader.name()
-        );
-    }
-    Ok(())
 }
 
 /// Every input path the run will read exists: `model.path` (when the policy is loaded from it,

@@ -123,6 +123,17 @@ impl<'a> Run<'a> {
         };
         run.best
             .load_state_dict(state.as_ref().and_then(|s| s.best))?;
+        // A checkpoint of step t written before t's sync (a stop during its evaluation, a save
+        // after an error) keeps the explorer of the sync before: the resume makes the sync the
+        // uninterrupted run made after step t, so the explorer gets version t when it needs it.
+        if state.as_ref().is_some_and(|s| s.explorer_version < start)
+            && start.is_multiple_of(c.sync.interval)
+        {
+            crate::log::log_only(&format!(
+                "resume: the checkpoint of step {start} was written before its sync; making it now"
+            ));
+            run.sync(start)?;
+        }
         if c.output.tensorboard && writer {
             // A fresh event file from the JSONL files as cut back to the checkpoint.
             let toml = cfg.to_toml()?;
@@ -689,6 +700,7 @@ fn refuse_non_finite_policy(model: &Model, dir: &Path) -> anyhow::Result<()> {
 fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(run_dir)
         .with_context(|| format!("creating run directory {}", run_dir.display()))?;
+    remove_leftovers(run_dir)?;
     let metrics_path = run_dir.join("metrics.jsonl");
     if !resume && metrics_path.exists() && std::fs::metadata(&metrics_path)?.len() > 0 {
         bail!(
@@ -704,7 +716,46 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
         crate::log::say(&format!("warning: {w}"));
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
-    crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)
+    crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)?;
+    let changes = cfg
+        .resume_changes
+        .iter()
+        .map(|c| serde_json::json!({"key": c.key, "was": c.was, "now": c.now, "set": c.origin}))
+        .collect();
+    crate::store::run_json::add_resume_changes(run_dir, changes)
+}
+
+/// Removes what a killed run left half-written in `run_dir` (its lock held, so no other process
+/// writes it): the temporaries of atomic writes (`.NAME.tmp-PID` of a process that is gone) and
+/// checkpoint folders never renamed into place (`checkpoints/.tmp-step-N`). Neither is ever read
+/// as the real thing; they only take room (a checkpoint's worth). train.log names each.
+///
+/// # Errors
+/// A `.tmp-step-N` folder that cannot be removed, named.
+fn remove_leftovers(run_dir: &Path) -> anyhow::Result<()> {
+    let mut gone = rlvr_rundir::fs::remove_stale_temporaries(run_dir);
+    let ckpts = checkpoint::checkpoints_dir(run_dir);
+    gone.extend(rlvr_rundir::fs::remove_stale_temporaries(&ckpts));
+    if let Ok(entries) = std::fs::read_dir(&ckpts) {
+        for e in entries.flatten() {
+            let unfinished = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(".tmp-step-"));
+            if unfinished && e.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(e.path())
+                    .with_context(|| format!("removing {}", e.path().display()))?;
+                gone.push(e.path());
+            }
+        }
+    }
+    for p in gone {
+        crate::log::log_only(&format!(
+            "removed {}, left half-written by a killed run",
+            p.display()
+        ));
+    }
+    Ok(())
 }
 
 /// On resume from a checkpoint at step `resumed`, cuts the JSONL logs after that step; without a

@@ -24,7 +24,8 @@ use rlvr_rundir::lock::{flock_with_grace, holder_of, write_holder};
 pub use rlvr_rundir::lock::{RunLock, LOCK_FILE, LOCK_GRACE};
 
 /// Checks a model output directory before `flag` (e.g. `--out`) writes a model into it: a missing
-/// or empty directory is fine; a non-empty one (or a file) is refused unless `force`. With `force`,
+/// or empty directory is fine (the temporaries a killed writer left in it are removed first,
+/// [`rlvr_rundir::fs::remove_stale_temporaries`]); a non-empty one (or a file) is refused unless `force`. With `force`,
 /// the weight files a loader could prefer over the new ones (`*.safetensors`,
 /// `*.safetensors.index.json` at the top level, e.g. the shards of a HuggingFace model) are removed
 /// first; other files are overwritten or left.
@@ -41,6 +42,9 @@ pub fn prepare_model_output(out: &Path, force: bool, flag: &str) -> anyhow::Resu
         "{flag} {} is a file, not a directory",
         out.display()
     );
+    // What an earlier writer killed mid-write left (`.NAME.tmp-PID`) is no content: a rerun of
+    // the killed command into the same directory needs no --force.
+    rlvr_rundir::fs::remove_stale_temporaries(out);
     let mut names: Vec<String> = std::fs::read_dir(out)
         .with_context(|| format!("reading {}", out.display()))?
         .filter_map(|e| e.ok())

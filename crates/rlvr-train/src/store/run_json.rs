@@ -64,3 +64,33 @@ pub(crate) fn record(run_dir: &Path, key: &str, value: serde_json::Value) -> any
     rlvr_model::weights::atomic_write(&path, serde_json::to_string_pretty(&v)?.as_bytes())?;
     Ok(())
 }
+
+/// Appends `changes` (a `--resume`'s `--set`s that change what the run means, each an object
+/// `{"key", "was", "now", "set"}`) to RUN_DIR/run.json's `resume_changes`, each with `"at"` (this
+/// resume's time) added. Nothing is written for none.
+///
+/// # Errors
+/// I/O errors naming the file.
+pub(crate) fn add_resume_changes(
+    run_dir: &Path,
+    changes: Vec<serde_json::Value>,
+) -> anyhow::Result<()> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let path = run_dir.join("run.json");
+    let mut v = read(&path).unwrap_or_else(|| json!({}));
+    let at = now_rfc3339();
+    let mut list = v
+        .get("resume_changes")
+        .and_then(|a| a.as_array())
+        .cloned()
+        .unwrap_or_default();
+    for mut c in changes {
+        c["at"] = json!(at);
+        list.push(c);
+    }
+    v["resume_changes"] = serde_json::Value::Array(list);
+    rlvr_model::weights::atomic_write(&path, serde_json::to_string_pretty(&v)?.as_bytes())?;
+    Ok(())
+}

@@ -19,7 +19,8 @@ use crate::common::tiny_model;
 /// holds the row's `want` digit, else 0; every episode ends after its first reply. Options:
 /// `fail` answers every `step` and `finish` with an episode error; `die` exits (status 3) at the
 /// first of them, after a last word on stderr; `big` answers each `step` with a user message of
-/// that many bytes, `big_reset` each `reset`.
+/// that many bytes, `big_reset` each `reset`; `die_at_reset` = N exits (status 3) at the N-th
+/// `reset` and every later one, counted in the file `log` + `.resets` across restarts.
 const WANT_ENV: &str = r#"
 import json, sys
 opts, rows = {}, {}
@@ -34,6 +35,13 @@ for line in sys.stdin:
         print("want_env: hello", file=sys.stderr, flush=True)
         out = {"version": 1}
     elif t == "reset":
+        if opts.get("die_at_reset"):
+            with open(opts["log"] + ".resets", "a") as f:
+                f.write("reset\n")
+            with open(opts["log"] + ".resets") as f:
+                if len(f.readlines()) >= opts["die_at_reset"]:
+                    print("want_env: dying at a reset", file=sys.stderr, flush=True)
+                    sys.exit(3)
         for e in req["episodes"]:
             rows[e["id"]] = e["row"]
             log({"reset": e["id"], "row": e["row"]})
@@ -490,4 +498,69 @@ fn reset_messages_longer_than_the_model_stop_unrendered() {
         ),
         "{e}"
     );
+}
+
+/// `rlvr eval --env` whose environment dies partway (at its second `reset`: problems 2 and 3,
+/// the evaluation running two problems of four samples at a time) writes the items of the
+/// problems evaluated before, atomically, to `--out`, and the error says where and how many
+/// (it wrote nothing: the whole evaluation was lost).
+#[test]
+fn eval_env_failing_partway_keeps_what_was_evaluated() {
+    let f = fixture();
+    let out = f.tmp.path().join("items.jsonl");
+    let e = format!(
+        "{:#}",
+        eval(
+            &f,
+            ", die_at_reset = 2",
+            &[
+                "--env",
+                "--set",
+                "rollout.max_batch_rows=8",
+                "--set",
+                "env.restarts=0"
+            ],
+        )
+        .unwrap_err()
+    );
+    assert!(
+        e.contains(&format!(
+            "the evaluation failed after 2 of 4 problems: their 8 items are in {}",
+            out.display()
+        )) && e.contains("evaluating the episodes of problems 2..4"),
+        "{e}"
+    );
+    let items: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(items.len(), 8);
+    let mut seen: Vec<(u64, u64)> = items
+        .iter()
+        .map(|it| {
+            (
+                it["index"].as_u64().unwrap(),
+                it["sample_index"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let want: Vec<(u64, u64)> = (0..2).flat_map(|i| (0..4).map(move |j| (i, j))).collect();
+    assert_eq!(seen, want);
+    // The items are the environment's rewards, as a whole evaluation's would be.
+    let given: std::collections::HashMap<String, f64> = f
+        .logged()
+        .iter()
+        .filter_map(|l| Some((l["reward"].as_str()?.to_string(), l["value"].as_f64()?)))
+        .collect();
+    for it in &items {
+        let id = format!("{}:{}", it["index"], it["sample_index"]);
+        assert_eq!(it["reward"].as_f64(), Some(given[&id]), "{id}");
+    }
+    assert!(!std::fs::read_dir(f.tmp.path()).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .contains(".tmp-")));
 }

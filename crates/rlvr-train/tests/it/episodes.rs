@@ -578,3 +578,36 @@ fn the_threaded_explorers_copy_has_cuda_graphs_off() {
         assert_eq!(x, y, "{na}");
     }
 }
+
+/// A group's environment seed is output number draw + 1 of SplitMix64 started from the run seed:
+/// seed 0 gives the reference sequence of Vigna's splitmix64.c (prng.di.unimi.it/splitmix64.c,
+/// `x = 0`: 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F), so the first group of a
+/// seed-0 run no longer gets seed 0 (which many environments read as "unset"); another seed gives
+/// the same generator's stream, stepped one state at a time.
+#[test]
+fn group_seeds_are_splitmix64_outputs_and_never_zero_at_the_start() {
+    use rlvr_train::feed::episodes::group_seed;
+    assert_eq!(
+        [group_seed(0, 0), group_seed(0, 1), group_seed(0, 2)],
+        [
+            0xE220_A839_7B1D_CDAF,
+            0x6E78_9E6A_A1B9_65F4,
+            0x06C4_5D18_8009_454F
+        ]
+    );
+    // The same generator stepped by hand (state += γ, then the finaliser) from seed 42.
+    let mut state: u64 = 42;
+    for draw in 0..100 {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        assert_eq!(group_seed(42, draw), z ^ (z >> 31), "draw {draw}");
+    }
+    // No small run seed's first groups map to 0 (the old mixing gave group_seed(0, 0) = 0).
+    for seed in 0..64 {
+        for draw in 0..64 {
+            assert_ne!(group_seed(seed, draw), 0, "seed {seed} draw {draw}");
+        }
+    }
+}

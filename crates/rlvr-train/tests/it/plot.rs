@@ -396,3 +396,65 @@ fn an_unwritable_out_is_named() {
         );
     }
 }
+
+/// A metrics.jsonl whose last line a kill cut short plots every line before it (the warning on
+/// stderr names the file and line: `rlvr_rundir::jsonl::read_metrics_but_a_cut_end`, tested
+/// there); a cut line with lines after it is still an error naming the file and line, and so is
+/// a bad last line that is whole (not JSON, newline-terminated). `--heatmap` reads the same way.
+#[test]
+fn a_cut_last_line_is_left_out_and_a_cut_middle_line_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("killed");
+    write_steps(&run, &[(1, 0.5), (2, 0.25), (3, 0.75)]);
+    let m = run.join("metrics.jsonl");
+    let whole = std::fs::read_to_string(&m).unwrap();
+    let plot = |metric: &str, heat: bool| {
+        let out = tmp.path().join("p.svg");
+        let mut v = vec![
+            "x".to_string(),
+            run.display().to_string(),
+            "--metric".into(),
+            metric.into(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        if heat {
+            v.push("--heatmap".into());
+        }
+        let mut buf = Vec::new();
+        run_plot(&W::parse_from(v).a, &mut buf).map(|()| {
+            serde_json::from_slice::<serde_json::Value>(&buf).unwrap()["points"]
+                .as_u64()
+                .unwrap()
+        })
+    };
+    // Cut inside the 4th line: the file ends without a newline.
+    std::fs::write(&m, format!("{whole}{{\"step\": 4, \"reward/me")).unwrap();
+    assert_eq!(plot("reward/mean", false).unwrap(), 3);
+    // Cut after a number, and cut with its newline still there: still the end of the JSON.
+    std::fs::write(&m, format!("{whole}{{\"step\": 4, \"reward/mean\": 0.5\n")).unwrap();
+    assert_eq!(plot("reward/mean", false).unwrap(), 3);
+    // The same cut line in the middle: an error naming file and line 2.
+    let lines: Vec<&str> = whole.lines().collect();
+    std::fs::write(
+        &m,
+        format!("{}\n{{\"step\": 2, \"rew\n{}\n", lines[0], lines[2]),
+    )
+    .unwrap();
+    let e = format!("{:#}", plot("reward/mean", false).unwrap_err());
+    assert!(e.contains(&format!("{}:2", m.display())), "{e}");
+    // A whole last line that is not JSON is no cut: an error naming it.
+    std::fs::write(&m, format!("{whole}not json\n")).unwrap();
+    let e = format!("{:#}", plot("reward/mean", false).unwrap_err());
+    assert!(e.contains(&format!("{}:4", m.display())), "{e}");
+    // --heatmap: a histogram series with a cut last line.
+    let hist: Vec<String> = (1..=3)
+        .map(|s| serde_json::json!({"step": s, "hist/ratio": [1, 2, 3]}).to_string())
+        .collect();
+    std::fs::write(
+        &m,
+        format!("{}\n{{\"step\": 4, \"hist/ratio\": [1, ", hist.join("\n")),
+    )
+    .unwrap();
+    assert_eq!(plot("hist/ratio", true).unwrap(), 9);
+}

@@ -345,3 +345,116 @@ fn an_empty_reference_for_a_builtin_verifier_is_refused() {
     let err = error(&f, &sets);
     assert!(weights_missing(&err), "{err}");
 }
+
+/// A gold answer a built-in verifier cannot use is refused before the weights load, in the train
+/// and the test split alike, naming file, line, field and verifier: a `gsm8k` or `arithmetic`
+/// reference with no number, a blank `math` one, on a `jsonl` task or a built-in task read from a
+/// file (`arithmetic`, `math500`); each used to score every completion of its prompt 0, silently.
+/// `rlvr eval` refuses the same test rows.
+#[test]
+fn a_gold_answer_no_verifier_can_use_is_refused_in_either_split() {
+    let f = fixture();
+    let bad = f.dir.join("bad.jsonl");
+    let rows = |last: &str| {
+        format!(
+            "{{\"question\": \"1+1\", \"answer\": \"2\", \"problem\": \"1+1\"}}\n\
+             {{\"question\": \"3+1\", \"answer\": \"{last}\", \"problem\": \"3+1\"}}\n"
+        )
+    };
+    let cases: [(&str, &[&str], &str, &str); 5] = [
+        (
+            "four",
+            &["data.task=\"jsonl\"", "data.verifier={kind=\"gsm8k\"}"],
+            "Train",
+            "holds no number (\"four\"): the gsm8k verifier",
+        ),
+        (
+            "#",
+            &[],
+            "Train",
+            "holds no number (\"#\"): the arithmetic verifier",
+        ),
+        (
+            "four",
+            &["data.task=\"jsonl\"", "data.verifier={kind=\"arithmetic\"}"],
+            "Test",
+            "holds no number (\"four\"): the arithmetic verifier",
+        ),
+        (
+            " ",
+            &["data.task=\"math500\""],
+            "Test",
+            "is empty: the math verifier",
+        ),
+        (
+            "x",
+            &[
+                "data.task=\"jsonl\"",
+                "data.verifier={kind=\"math\"}",
+                "reward.components=[{ name = \"g\", verifier = { kind = \"gsm8k\" } }]",
+            ],
+            "Test",
+            "holds no number (\"x\"): the gsm8k verifier",
+        ),
+    ];
+    let good = f.dir.join("good.jsonl");
+    std::fs::write(&good, rows("4")).unwrap();
+    let files = |split: &str| {
+        let (train, test) = match split {
+            "Train" => (&bad, &good),
+            _ => (&good, &bad),
+        };
+        [
+            format!("data.train=\"{}\"", train.display()),
+            format!("data.test=\"{}\"", test.display()),
+        ]
+    };
+    for (last, sets, split, want) in cases {
+        std::fs::write(&bad, rows(last)).unwrap();
+        let mut s: Vec<String> = sets.iter().map(|x| x.to_string()).collect();
+        s.extend(files(split));
+        let err = error(&f, &s);
+        assert!(
+            err.contains(&format!(
+                "[data] {split} split: {}:2: field `answer` {want}",
+                bad.display()
+            )),
+            "{last:?} {sets:?}: {err}"
+        );
+        assert!(!weights_missing(&err), "{err}");
+    }
+    // The control: a number (gsm8k, arithmetic) and a word (math) are usable gold answers.
+    for (last, sets) in [
+        (
+            "4",
+            &["data.task=\"jsonl\"", "data.verifier={kind=\"gsm8k\"}"][..],
+        ),
+        ("four", &["data.task=\"math500\""][..]),
+    ] {
+        std::fs::write(&bad, rows(last)).unwrap();
+        let mut s: Vec<String> = sets.iter().map(|x| x.to_string()).collect();
+        s.extend(files("Test"));
+        let err = error(&f, &s);
+        assert!(weights_missing(&err), "{last:?}: {err}");
+    }
+    // rlvr eval reads the test split the same way (a model with its weights).
+    std::fs::write(&bad, rows("four")).unwrap();
+    let args = rlvr_train::cli::EvalArgs {
+        model: tiny_model(&f.dir.join("whole"), 1),
+        task: Some("jsonl".into()),
+        data: Some(bad.clone()),
+        set: vec!["data.verifier={kind=\"gsm8k\"}".into()],
+        ..Default::default()
+    };
+    let e = format!(
+        "{:#}",
+        rlvr_train::cli::run_eval(&args, &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        e.contains(&format!(
+            "[data] Test split: {}:2: field `answer` holds no number",
+            bad.display()
+        )),
+        "{e}"
+    );
+}

@@ -459,3 +459,262 @@ fn a_stop_with_an_explorer_thread_resumes_exactly() {
         );
     }
 }
+
+/// An external verifier for the tests below (`data.verifier`, as a `--set`): reward 1 when a
+/// completion starts with a digit 0 to 4 (so that groups have reward variance and steps train),
+/// and the `k`-th evaluation batch (the only batches of 8 items: `data.arithmetic.test_size`;
+/// the first is step 0's) creates `dir/eval-failing`, waits 2 s, and fails.
+fn verifier_failing_eval(dir: &Path, k: u32) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = dir.join("verify.sh");
+    std::fs::write(
+        &script,
+        r#"DIR=$1
+n=0
+out=""
+while IFS= read -r line; do
+  n=$((n+1))
+  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
+  case "$comp" in [01234]*) r=1;; *) r=0;; esac
+  out="$out{\"reward\":$r}
+"
+done
+if [ "$n" = 8 ]; then
+  echo x >> "$DIR/evals"
+  if [ "$(wc -l < "$DIR/evals")" -eq "$2" ]; then
+    touch "$DIR/eval-failing"
+    sleep 2
+    echo "a deliberate evaluation failure" >&2
+    exit 1
+  fi
+fi
+printf '%s' "$out"
+"#,
+    )
+    .unwrap();
+    format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\", \"{k}\"] }}",
+        script.display(),
+        dir.display()
+    )
+}
+
+/// `ma` and `mb` agree bit for bit outside the time keys, but for the evaluation keys of step
+/// `failed` (whose evaluation failed in the run of `mb`).
+fn assert_same_metrics(ma: &Path, mb: &Path, failed: u64, what: &str) {
+    let ma = read_metrics(ma).unwrap();
+    let mb = read_metrics(mb).unwrap();
+    assert_eq!(ma.len(), mb.len(), "{what}: metrics lines differ in number");
+    for (la, lb) in ma.iter().zip(&mb) {
+        let step = la["step"].as_u64().unwrap();
+        for (k, va) in la {
+            if TIME_KEYS.contains(&k.as_str()) || (step == failed && k.starts_with("eval/")) {
+                continue;
+            }
+            assert_eq!(Some(va), lb.get(k), "{what} step {step}: {k}");
+        }
+    }
+    assert!(
+        mb[(failed as usize + 1)..]
+            .iter()
+            .any(|l| l["grad_norm"].as_f64().unwrap_or(0.0) > 0.0),
+        "{what}: no step after step {failed} had a gradient: the test would prove nothing"
+    );
+}
+
+/// Resumes the run in `dir` to its end on a thread of its own, failing the test when it has not
+/// finished within 120 s (a resumed explorer waiting for weights no step sends hangs forever).
+fn resume_within_a_deadline(dir: &Path, what: &str) -> rlvr_train::run::RunSummary {
+    let mut cfg = ResolvedConfig::from_run_dir(dir, &[]).unwrap();
+    cfg.raw.output.dir = dir.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let opts = RunOptions {
+            resume: true,
+            ..Default::default()
+        };
+        let _ = tx.send(train(&cfg, &opts).map_err(|e| format!("{e:#}")));
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("{what}: the resumed run hung"))
+        .unwrap()
+}
+
+/// A stop (Ctrl-C, SIGTERM) during the evaluation of a step t that v divides, which then fails
+/// (a hung reward model the stop cut short), saves step t before t's sync. The resume makes that
+/// sync and equals the uninterrupted run bit for bit: inline (o = 0) it sampled steps t+1.. with
+/// the last sync's weights; with an explorer thread (o = 1, v = 2 and 4) it waited forever for
+/// version t, which no step of the resumed run sends.
+#[test]
+fn a_stop_during_the_evaluation_of_a_sync_step_resumes_exactly() {
+    use std::sync::atomic::Ordering;
+    for (v, o) in [(4u64, 0u64), (2, 1), (4, 1)] {
+        let what = format!("v={v} o={o}");
+        let tmp = tempfile::tempdir().unwrap();
+        let model = common::tiny_model(tmp.path(), 1);
+        let ra = tmp.path().join("a");
+        let mut s = sets(&model, &ra, v, o);
+        s.push(verifier_failing_eval(&tmp.path().join("va"), 0));
+        let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+        train(&cfg, &RunOptions::default()).unwrap();
+
+        // Evaluations at steps 0, 2, 4: the one of step v is the (v/2 + 1)-th.
+        let rb = tmp.path().join("b");
+        let mut s = sets(&model, &rb, v, o);
+        let vb = tmp.path().join("vb");
+        s.push(verifier_failing_eval(&vb, v as u32 / 2 + 1));
+        let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+        let opts = RunOptions::default();
+        let (stop, flag) = (opts.stop.clone(), vb.join("eval-failing"));
+        let watcher = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !flag.exists() && t0.elapsed() < Duration::from_secs(120) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+        let sum = train(&cfg, &opts).unwrap();
+        watcher.join().unwrap();
+        assert!(sum.interrupted && sum.steps == v, "{what}: {sum:?}");
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                rb.join(format!("checkpoints/step-{v}/trainer_state/state.json")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        // Saved before the sync of step v: the explorer is still the last sync's.
+        assert_eq!(state["explorer_version"], 0, "{what}: {state}");
+        let s = resume_within_a_deadline(&rb, &what);
+        assert_eq!(s.steps, 6, "{what}");
+        assert_same_metrics(
+            &ra.join("metrics.jsonl"),
+            &rb.join("metrics.jsonl"),
+            v,
+            &what,
+        );
+    }
+}
+
+/// An error after step t's update (here its evaluation fails, with no stop) saves step t; with
+/// an explorer thread (v = 1, o = 1) that checkpoint now keeps the in-flight batch of step t+1,
+/// sampled by version t−1, and the resume equals the uninterrupted run (it re-sampled that batch
+/// with version t's weights).
+#[test]
+fn a_save_after_an_error_keeps_the_in_flight_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let ra = tmp.path().join("a");
+    let mut s = sets(&model, &ra, 1, 1);
+    s.push(verifier_failing_eval(&tmp.path().join("va"), 0));
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+
+    let rb = tmp.path().join("b");
+    let mut s = sets(&model, &rb, 1, 1);
+    s.push(verifier_failing_eval(&tmp.path().join("vb"), 2)); // step 2's evaluation
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    let e = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(
+        e.contains("stopped by an error after step 2") && e.contains("evaluating step 2"),
+        "{e}"
+    );
+    let buffer =
+        std::fs::read_to_string(rb.join("checkpoints/step-2/trainer_state/buffer.jsonl")).unwrap();
+    assert_eq!(buffer.lines().count(), 1, "{buffer}");
+    let s = resume_within_a_deadline(&rb, "v=1 o=1");
+    assert_eq!(s.steps, 6);
+    assert_same_metrics(
+        &ra.join("metrics.jsonl"),
+        &rb.join("metrics.jsonl"),
+        2,
+        "v=1 o=1",
+    );
+}
+
+/// `--resume --set` of a key the checkpoint was written for (`sync.interval`, `sync.offset`,
+/// `data.seed`) is refused, naming the key, the saved value and the `--set`; one that changes
+/// what the run means (`train.seed`, `rollout.group_size`, `algorithm.*`, `data.*`) is warned
+/// about once in train.log and recorded in run.json's `resume_changes`; the same value, or a key
+/// outside these (`train.steps`), is neither.
+#[test]
+fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &run);
+    s.extend([
+        "train.steps=1".to_string(),
+        "sync.interval=2".into(),
+        "sync.offset=1".into(),
+    ]);
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let config = run.join("config.toml");
+    for (set, key, was) in [
+        ("sync.interval=4", "sync.interval = 4", "sync.interval = 2"),
+        ("sync.offset=0", "sync.offset = 0", "sync.offset = 1"),
+        ("data.seed=5", "data.seed = 5", "data.seed = 0"),
+    ] {
+        let e = format!(
+            "{:#}",
+            ResolvedConfig::from_run_dir(&run, &[set.to_string()]).unwrap_err()
+        );
+        assert!(
+            e.contains(&format!(
+                "{key} cannot change on --resume (--set {set}): {} has {was};",
+                config.display()
+            )),
+            "{e}"
+        );
+    }
+    let same = ResolvedConfig::from_run_dir(
+        &run,
+        &[
+            "sync.interval=2".into(),
+            "train.steps=2".into(),
+            "data.seed=0".into(),
+        ],
+    )
+    .unwrap();
+    assert!(same.resume_changes.is_empty(), "{:?}", same.resume_changes);
+    let mut cfg = ResolvedConfig::from_run_dir(
+        &run,
+        &[
+            "train.steps=2".into(),
+            "train.seed=7".into(),
+            "rollout.group_size=4".into(),
+        ],
+    )
+    .unwrap();
+    let keys: Vec<(&str, &str, &str)> = cfg
+        .resume_changes
+        .iter()
+        .map(|c| (c.key.as_str(), c.was.as_str(), c.now.as_str()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("train.seed", "0", "7"), ("rollout.group_size", "8", "4")]
+    );
+    cfg.raw.output.dir = run.clone();
+    let opts = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    assert_eq!(train(&cfg, &opts).unwrap().steps, 2);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let warned = format!(
+        "warning: --resume changes train.seed from 0 ({}) to 7 (--set train.seed=7)",
+        config.display()
+    );
+    assert_eq!(log.matches(&warned).count(), 1, "{log}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    let changes = meta["resume_changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 2, "{meta}");
+    assert_eq!(changes[1]["key"], "rollout.group_size");
+    assert_eq!(changes[1]["was"], "8");
+    assert_eq!(changes[1]["now"], "4");
+    assert_eq!(changes[1]["set"], "--set rollout.group_size=4");
+    assert!(changes[1]["at"].is_string());
+}

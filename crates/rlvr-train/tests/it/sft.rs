@@ -299,3 +299,81 @@ fn sft_ranks_with_different_flags_or_data_are_refused_naming_them() {
     });
     assert!(ok.iter().all(Result::is_ok), "{ok:?}");
 }
+
+/// A PID that no process holds: a child that exited and was waited for.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// A `rlvr sft` killed inside an atomic write leaves `.NAME.tmp-PID` in `--out` (as large as the
+/// weights for model.safetensors); the next `rlvr sft` into it removes them (it refused the
+/// directory as not empty), and loads nothing from them. The same for a training run's directory and its unfinished
+/// checkpoint folders (`checkpoints/.tmp-step-N`) on `--resume`.
+#[test]
+fn temporaries_left_by_a_killed_writer_are_removed_on_the_next_start() {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 6);
+    let data = tmp.path().join("pairs.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"1+1=\", \"completion\": \"2\"}\n").unwrap();
+    let out = tmp.path().join("sft");
+    std::fs::create_dir_all(&out).unwrap();
+    let dead = dead_pid();
+    let left = [
+        format!(".tokenizer.json.tmp-{dead}"),
+        format!(".model.safetensors.tmp-{dead}"),
+    ];
+    for n in &left {
+        // Not even JSON or safetensors: a leftover read as real would fail the load.
+        std::fs::write(out.join(n), "half").unwrap();
+    }
+    let a = args(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    run_sft(&a, &mut Vec::new()).unwrap();
+    for n in &left {
+        assert!(!out.join(n).exists(), "{n} left in {}", out.display());
+    }
+    Policy::load(&out, DType::F32, &Device::Cpu).unwrap();
+
+    // A training run: a temporary in the run directory and an unfinished checkpoint.
+    use rlvr_train::config::{RawConfig, ResolvedConfig};
+    use rlvr_train::run::{train, RunOptions};
+    let run = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &run);
+    s.extend(["train.steps=2".to_string(), "train.save_every=1".into()]);
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    std::fs::remove_dir_all(run.join("checkpoints/step-2")).unwrap();
+    std::fs::write(run.join("checkpoints/latest"), "step-1\n").unwrap();
+    let unfinished = run.join("checkpoints/.tmp-step-2");
+    std::fs::create_dir_all(unfinished.join("trainer_state")).unwrap();
+    std::fs::write(unfinished.join("model.safetensors"), "half").unwrap();
+    let stale = run.join(format!(".run.json.tmp-{dead}"));
+    std::fs::write(&stale, "half").unwrap();
+    let mut cfg = ResolvedConfig::from_run_dir(&run, &[]).unwrap();
+    cfg.raw.output.dir = run.clone();
+    let opts = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    assert_eq!(train(&cfg, &opts).unwrap().steps, 2);
+    assert!(!stale.exists() && !unfinished.exists());
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains(&format!("removed {}", unfinished.display())),
+        "{log}"
+    );
+}
