@@ -516,6 +516,11 @@ const MODEL_UNSAFE: &[(&str, usize, &str)] = &[
     ("weights.rs", 1, "the mmap of a safetensors file"),
     ("lib.rs", 2, "glibc's mallinfo2 and mallopt"),
     (
+        "device.rs",
+        1,
+        "cudarc's per-buffer events off on the one CUDA stream every thread shares",
+    ),
+    (
         "template_sandbox.rs",
         1,
         "the template worker's setrlimit and prctl in pre_exec",
