@@ -387,35 +387,42 @@ fn standard_errors_and_area() {
     assert_eq!(mean_area(&[]), None);
 }
 
+/// Final accuracies of on-policy GRPO per seed (0, 1, 2): a spread like a real sweep's warm starts.
+const SEED_BASE: [f64; 3] = [0.37, 0.51, 0.45];
+
+/// A1's three arms over seeds 0-2: on-policy GRPO at [`SEED_BASE`], intervals 4 and 16 at
+/// `SEED_BASE + v4` and `SEED_BASE + v16` per seed, each seed's warm start 0.25 below its base.
+fn grpo_a1_arms(v4: [f64; 3], v16: [f64; 3]) -> Vec<RunSummary> {
+    let mut r = Vec::new();
+    for s in 0..3 {
+        let (b, warm) = (SEED_BASE[s], SEED_BASE[s] - 0.25);
+        r.push(run("grpo_v1", "grpo", 1, s as u64, b, warm));
+        r.push(run(
+            "grpo_v4",
+            "off_policy_grpo",
+            4,
+            s as u64,
+            b + v4[s],
+            warm,
+        ));
+        r.push(run(
+            "grpo_v16",
+            "off_policy_grpo",
+            16,
+            s as u64,
+            b + v16[s],
+            warm,
+        ));
+    }
+    r
+}
+
 /// Paired by seed: with the warm start's seed-to-seed spread in every arm (as in a real sweep),
 /// the unpaired SE hides a difference that every seed shows; the paired test sees it, both ways.
 #[test]
 fn paired_by_seed_sees_what_the_warm_start_spread_hides() {
-    let base = [0.37, 0.51, 0.45];
-    let mk = |v4: [f64; 3], v16: [f64; 3]| {
-        let mut r = Vec::new();
-        for s in 0..3 {
-            let warm = base[s] - 0.25;
-            r.push(run("grpo_v1", "grpo", 1, s as u64, base[s], warm));
-            r.push(run(
-                "grpo_v4",
-                "off_policy_grpo",
-                4,
-                s as u64,
-                base[s] + v4[s],
-                warm,
-            ));
-            r.push(run(
-                "grpo_v16",
-                "off_policy_grpo",
-                16,
-                s as u64,
-                base[s] + v16[s],
-                warm,
-            ));
-        }
-        r
-    };
+    let base = SEED_BASE;
+    let mk = grpo_a1_arms;
     // Off-policy within a point of on-policy on every seed.
     let v = verdict_of(&mk([0.02, 0.03, 0.025], [0.0, 0.01, -0.005]), "A1");
     assert_eq!(v.status, Status::Inconclusive, "{v:?}");
@@ -490,29 +497,7 @@ fn student_t_quantile_matches_mpmath() {
 /// 2-SE interval clears the margin but whose 4.30-SE one does not is inconclusive.
 #[test]
 fn paired_by_seed_uses_students_t_at_three_seeds() {
-    let base = [0.37, 0.51, 0.45];
-    let mut r = Vec::new();
-    let (v4, v16) = ([0.02, 0.03, 0.025], [-0.01, 0.0, 0.02]);
-    for s in 0..3 {
-        let warm = base[s] - 0.25;
-        r.push(run("grpo_v1", "grpo", 1, s as u64, base[s], warm));
-        r.push(run(
-            "grpo_v4",
-            "off_policy_grpo",
-            4,
-            s as u64,
-            base[s] + v4[s],
-            warm,
-        ));
-        r.push(run(
-            "grpo_v16",
-            "off_policy_grpo",
-            16,
-            s as u64,
-            base[s] + v16[s],
-            warm,
-        ));
-    }
+    let r = grpo_a1_arms([0.02, 0.03, 0.025], [-0.01, 0.0, 0.02]);
     let v = verdict_of(&r, "A1");
     let p = v.comparisons[1].paired.unwrap();
     assert!(v.comparisons[1].a.contains("16"), "{v:?}");
