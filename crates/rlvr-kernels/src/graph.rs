@@ -28,6 +28,40 @@
 //! (the cache then disables itself, says why once, and runs every later step eagerly).
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// Live [`CaptureBlock`]s of this process.
+static CAPTURE_BLOCKS: Mutex<usize> = Mutex::new(0);
+
+/// While one is alive, no CUDA graph is captured in this process: [`GraphCache::step`] treats
+/// its capture as failed (graphs off for that cache, said once) and runs the step eagerly.
+///
+/// Every thread queues its GPU work on the device's one stream (rlvr-model's device), and a
+/// capture records whatever any thread queues on that stream meanwhile; a thread that queues
+/// work beside another's decode (the explorer thread of a run with sync offset ≥ 1, beside the
+/// trainer's evaluation) holds one for its life. Replaying graphs captured before stays allowed
+/// (a replay is one launch, ordered like any other).
+#[derive(Debug)]
+pub struct CaptureBlock(());
+
+impl CaptureBlock {
+    /// Blocks captures until the returned value is dropped.
+    pub fn hold() -> Self {
+        *CAPTURE_BLOCKS.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        CaptureBlock(())
+    }
+
+    /// Whether a [`CaptureBlock`] is alive.
+    pub fn active() -> bool {
+        *CAPTURE_BLOCKS.lock().unwrap_or_else(|e| e.into_inner()) > 0
+    }
+}
+
+impl Drop for CaptureBlock {
+    fn drop(&mut self) {
+        *CAPTURE_BLOCKS.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+    }
+}
 
 /// The batch-size buckets for at most `max_rows` rows: 1, 2, 4, 8, then multiples of 16 up to
 /// 256, then multiples of 64, ending with `max_rows` itself (the largest step). At most
@@ -165,9 +199,9 @@ impl<G> GraphCache<G> {
     ///   (the capture only recorded the work);
     /// - otherwise `replay(&graph)`.
     ///
-    /// A failed capture disables graphs for the rest of the cache's life (the error is kept,
-    /// [`GraphCache::disabled`]) and the step runs `eager(rows)`; errors of `eager` and
-    /// `replay` are returned as they are.
+    /// A failed capture, or a capture due while a [`CaptureBlock`] is alive, disables graphs for
+    /// the rest of the cache's life (the reason is kept, [`GraphCache::disabled`]) and the step
+    /// runs `eager(rows)`; errors of `eager` and `replay` are returned as they are.
     pub fn step<E>(
         &mut self,
         rows: usize,
@@ -208,6 +242,17 @@ impl<G> GraphCache<G> {
                 *done += 1;
                 self.stats.warmups += 1;
                 Ok(Action::Warmup(bucket))
+            }
+            Slot::Warming { .. } if CaptureBlock::active() => {
+                self.disabled = Some(
+                    "another thread queues work on the GPU's stream (an explorer thread beside \
+                     the trainer): a capture would record it"
+                        .to_string(),
+                );
+                self.slots.clear();
+                eager(rows)?;
+                self.stats.eager += 1;
+                Ok(Action::Eager)
             }
             Slot::Warming { .. } => match capture(bucket) {
                 Ok(graph) => {
@@ -312,8 +357,16 @@ pub mod cuda {
 mod tests {
     use super::*;
 
+    /// The tests of this module one at a time: [`CaptureBlock`] is process-wide, and the test
+    /// holding one would turn the others' captures off.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     #[test]
     fn buckets_cover_every_batch() {
+        let _serial = serial();
         assert_eq!(buckets(0), Vec::<usize>::new());
         assert_eq!(buckets(1), [1]);
         assert_eq!(buckets(6), [1, 2, 4, 6]);
@@ -397,6 +450,7 @@ mod tests {
 
     #[test]
     fn warm_up_then_capture_then_replay_per_bucket() {
+        let _serial = serial();
         let mut c = GraphCache::<Fake>::new(64, true);
         let mut log = Log { calls: vec![] };
         assert_eq!(run(&mut c, &mut log, 64, K, false), Action::Warmup(64));
@@ -435,6 +489,7 @@ mod tests {
 
     #[test]
     fn a_changed_key_captures_again() {
+        let _serial = serial();
         let mut c = GraphCache::<Fake>::new(8, true);
         c.warmup_steps = 2;
         let mut log = Log { calls: vec![] };
@@ -470,6 +525,7 @@ mod tests {
 
     #[test]
     fn off_switch_and_oversized_steps_run_eagerly() {
+        let _serial = serial();
         let mut c = GraphCache::<Fake>::new(16, false);
         let mut log = Log { calls: vec![] };
         for rows in [16, 16, 16, 3] {
@@ -484,6 +540,7 @@ mod tests {
 
     #[test]
     fn a_failed_capture_disables_graphs() {
+        let _serial = serial();
         let mut c = GraphCache::<Fake>::new(4, true);
         let mut log = Log { calls: vec![] };
         assert_eq!(run(&mut c, &mut log, 3, K, false), Action::Warmup(4));
@@ -494,8 +551,55 @@ mod tests {
         assert_eq!(c.captured(), 0);
     }
 
+    /// A capture due while a [`CaptureBlock`] is alive runs eagerly and turns the cache's graphs
+    /// off, saying why; graphs captured before the block keep replaying; with the block dropped,
+    /// a new cache captures again.
+    #[test]
+    fn a_capture_block_runs_the_step_eagerly_and_replays_stay() {
+        let _serial = serial();
+        let mut log = Log { calls: vec![] };
+        let mut ready = GraphCache::<Fake>::new(4, true);
+        assert_eq!(run(&mut ready, &mut log, 4, K, false), Action::Warmup(4));
+        assert_eq!(run(&mut ready, &mut log, 4, K, false), Action::Capture(4));
+        let block = CaptureBlock::hold();
+        assert!(CaptureBlock::active());
+        assert_eq!(run(&mut ready, &mut log, 3, K, false), Action::Replay(4));
+        let mut c = GraphCache::<Fake>::new(4, true);
+        assert_eq!(run(&mut c, &mut log, 3, K, false), Action::Warmup(4));
+        assert_eq!(run(&mut c, &mut log, 3, K, false), Action::Eager);
+        assert!(
+            c.disabled().unwrap().contains("another thread"),
+            "{:?}",
+            c.disabled()
+        );
+        assert_eq!(c.captured(), 0);
+        let nested = CaptureBlock::hold();
+        drop(block);
+        assert!(CaptureBlock::active());
+        drop(nested);
+        assert!(!CaptureBlock::active());
+        let mut c = GraphCache::<Fake>::new(4, true);
+        assert_eq!(run(&mut c, &mut log, 3, K, false), Action::Warmup(4));
+        assert_eq!(run(&mut c, &mut log, 3, K, false), Action::Capture(4));
+        assert_eq!(
+            log.calls,
+            [
+                "eager 4",
+                "capture 4",
+                "replay 4",
+                "replay 4",
+                "eager 4",
+                "eager 3",
+                "eager 4",
+                "capture 4",
+                "replay 4"
+            ]
+        );
+    }
+
     #[test]
     fn eager_and_replay_errors_propagate() {
+        let _serial = serial();
         let mut c = GraphCache::<Fake>::new(2, true);
         let e = c.step(
             2,

@@ -108,6 +108,7 @@ pub use engine::{
     Sampler, SamplingParams, TurnCache, TurnCacheStats, TurnRow, DEFAULT_TURN_CACHE_BYTES,
 };
 pub use error::{Result, RolloutError};
+pub use rlvr_kernels::graph::CaptureBlock;
 
 #[cfg(test)]
 mod parity_tests;

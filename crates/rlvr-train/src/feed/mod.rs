@@ -451,7 +451,11 @@ fn spawn_explorer(
 ) -> ExplorerThread {
     let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
     let (wtx, wrx) = mpsc::channel::<WeightsMsg>();
+    // No CUDA-graph capture anywhere while this thread may queue work on the GPU's one stream
+    // beside the trainer's (an evaluation's decode would record it; rlvr_rollout::CaptureBlock).
+    let block = rlvr_rollout::CaptureBlock::hold();
     let handle = std::thread::spawn(move || {
+        let _block = block;
         for t in first_step..=last_step {
             let need = behaviour_version(t, v, o);
             while ex.version() < need {
