@@ -162,8 +162,8 @@ pub enum DeviceSpec {
 /// order is the threads' causal order (a channel send happens after the work queued before it),
 /// so cudarc's per-buffer events are not needed: they are turned off before any buffer exists
 /// (with one stream they would only add host time to every op). The one thing a shared stream
-/// forbids is a CUDA-graph capture while another thread queues work: the threaded explorer runs
-/// without graphs (rlvr-train's explorer copy).
+/// forbids is a CUDA-graph capture while another thread queues work: the explorer thread holds a
+/// `rlvr_kernels::graph::CaptureBlock` for its life, under which every decode step runs eagerly.
 fn cuda_device(ordinal: usize) -> candle_core::Result<Device> {
     use std::collections::BTreeMap;
     use std::sync::{Mutex, OnceLock};

@@ -82,37 +82,8 @@ pub enum NativeWeights {
     /// Its own copy, updated only by [`Rollout::load_weights`]: the explorer, whose version lags
     /// the trainer's under a sync interval.
     Copy,
-    /// [`NativeWeights::Copy`] for an explorer on a thread of its own, sampling while the trainer
-    /// trains (sync offset ≥ 1): the copy decodes without CUDA graphs ([`explorer_copy`]).
-    CopyOnThread,
     /// The caller's weights, shared without a copy: evaluation and generation of a fixed model.
     Share,
-}
-
-/// The explorer's own copy of `model`. `on_thread` (an explorer thread beside the trainer):
-/// `kernels.cuda_graphs` off in the copy, said once in the log when it would have been on. Every
-/// thread queues on the GPU's one stream (rlvr-model's device), and a CUDA-graph capture records
-/// whatever any thread queues on the stream meanwhile: the trainer's work would land in the
-/// explorer's graph. (The CPU never captures; the switch is cleared there too, harmlessly.)
-///
-/// # Errors
-/// Out of device memory for the copy.
-pub fn explorer_copy(model: &Model, on_thread: bool) -> anyhow::Result<Model> {
-    let mut copy = model.try_clone()?;
-    let mut k = copy.kernels();
-    if on_thread && k.cuda_graphs != rlvr_model::kernels::Switch::Off {
-        if rlvr_rollout::DecodePath::of(&copy).cuda_graphs {
-            rlvr_model::kernels::log_once(
-                "kernels.cuda_graphs = on: off for the explorer thread (sync.offset >= 1): a \
-                 capture would record the trainer's work queued on the GPU's one stream; the \
-                 fused decode step runs eagerly"
-                    .to_string(),
-            );
-        }
-        k.cuda_graphs = rlvr_model::kernels::Switch::Off;
-        copy.set_kernels(k);
-    }
-    Ok(copy)
 }
 
 /// What the engine will be asked to do, for the vLLM start-up check
@@ -248,13 +219,11 @@ pub fn build(
     server_use: &ServerUse,
 ) -> anyhow::Result<Box<dyn Rollout>> {
     Ok(match (s, native) {
-        (BackendSettings::Native, w @ (NativeWeights::Copy | NativeWeights::CopyOnThread)) => {
-            Box::new(NativeRollout::owning(
-                explorer_copy(model, w == NativeWeights::CopyOnThread)?,
-                version,
-                Some(tokenizer.tokenizer.clone()),
-            ))
-        }
+        (BackendSettings::Native, NativeWeights::Copy) => Box::new(NativeRollout::owning(
+            model.try_clone()?,
+            version,
+            Some(tokenizer.tokenizer.clone()),
+        )),
         (BackendSettings::Native, NativeWeights::Share) => {
             let sampler = Sampler::new(model, version).with_tokenizer(tokenizer.tokenizer.clone());
             Box::new(NativeRollout::new(sampler))

@@ -481,10 +481,7 @@ fn explorer_rollout(
         ex_tok,
         step,
         work,
-        match c.sync.offset {
-            0 => NativeWeights::Copy,
-            _ => NativeWeights::CopyOnThread,
-        },
+        NativeWeights::Copy,
         &ServerUse::Train {
             run_dir: c.output.dir.clone(),
         },

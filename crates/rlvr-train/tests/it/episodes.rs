@@ -541,44 +541,6 @@ fn a_training_runs_salt_tag_is_its_run_directorys_and_fixed_uses_never_share_one
     );
 }
 
-/// An explorer on its own thread (sync offset ≥ 1) decodes without CUDA graphs: every thread queues
-/// on the GPU's one stream, and a capture would record the trainer's work. The inline explorer's
-/// copy keeps the switches as they were, and the copy's weights are the model's.
-#[test]
-fn the_threaded_explorers_copy_has_cuda_graphs_off() {
-    use rlvr_model::kernels::Switch;
-    let dir = tempfile::tempdir().unwrap();
-    let path = tiny_model(dir.path(), 3);
-    let mut model = Model::load(&path, DType::F32, &Device::Cpu).unwrap();
-    let mut k = model.kernels();
-    k.cuda_graphs = Switch::On;
-    k.decode = Switch::On;
-    model.set_kernels(k);
-    let inline = backend::explorer_copy(&model, false).unwrap();
-    assert_eq!(inline.kernels(), k);
-    let threaded = backend::explorer_copy(&model, true).unwrap();
-    assert_eq!(threaded.kernels().cuda_graphs, Switch::Off);
-    assert_eq!(threaded.kernels().decode, Switch::On);
-    let (a, b) = (model.named_vars(), threaded.named_vars());
-    assert_eq!(a.len(), b.len());
-    for ((na, va), (nb, vb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        let (x, y) = (
-            va.as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap(),
-            vb.as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap(),
-        );
-        assert_eq!(x, y, "{na}");
-    }
-}
-
 /// A group's environment seed is output number draw + 1 of SplitMix64 started from the run seed:
 /// seed 0 gives the reference sequence of Vigna's splitmix64.c (prng.di.unimi.it/splitmix64.c,
 /// `x = 0`: 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F), so the first group of a
