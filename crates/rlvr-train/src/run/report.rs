@@ -91,7 +91,7 @@ pub fn step_metrics(
     let tokens: usize = exps.iter().map(Experience::sampled_tokens).sum();
     let secs = sample_s + train_s;
     l.set("tokens_per_s", (secs > 0.0).then(|| tokens as f64 / secs));
-    set_extra_metrics(&mut l, exps, rep);
+    set_extra_metrics(&mut l, exps, &lens, rep);
     l
 }
 
@@ -99,20 +99,15 @@ pub fn step_metrics(
 /// them: `completion_len/clipped_frac` (share of the step's completions cut at
 /// `rollout.max_new_tokens`; verl `response_length/clip_ratio`, TRL `completions/clipped_ratio`),
 /// `completion_len/max`, and `advantage/mean|min|max` over the rows with a scored reward (verl
-/// `critic/advantages/*`).
-fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], rep: &StepReport) {
+/// `critic/advantages/*`). `lens`: each completion's sampled tokens.
+fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep: &StepReport) {
     let n = exps.len();
     let cut = exps.iter().filter(|e| e.truncated).count();
     l.set(
         "completion_len/clipped_frac",
         (n > 0).then(|| cut as f64 / n as f64),
     );
-    l.set(
-        "completion_len/max",
-        exps.iter()
-            .map(|e| e.sampled_tokens() as f64)
-            .reduce(f64::max),
-    );
+    l.set("completion_len/max", lens.iter().copied().reduce(f64::max));
     let [mean, min, max] = rep.advantage.map_or([None; 3], |a| a.map(Some));
     l.set("advantage/mean", mean);
     l.set("advantage/min", min);
