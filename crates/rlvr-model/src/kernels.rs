@@ -71,7 +71,7 @@ pub struct KernelSwitches {
     pub adamw: Switch,
     /// The native sampler's fused decode step (issue 50): rotary with the write of the new key/value into the preallocated cache, split-KV decode attention combined by log-sum-exp in a fixed order (FlashDecoding), and the residual add with RMSNorm and SwiGLU of the training kernels: `auto`, `on` or `off`, as `kernels.attention` (head dims 64 and 128, up to 16 query heads per kv head; not with LoRA adapters or Qwen3's q/k norms, which keep the candle step). Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check (`bench/gpu_check.sh`); the CPU keeps the candle step.
     pub decode: Switch,
-    /// CUDA-graph replay of the sampler's fused decode step, captured once per wave after one eager step and replayed for the wave's other steps (needs `kernels.decode`): `auto`, `on` or `off`, as `kernels.attention`; `off` runs every step eagerly. Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
+    /// CUDA-graph replay of the sampler's fused decode step, captured once per batch-size bucket after one eager step and replayed for the bucket's other steps (a wave's batch halves to a new bucket as its rows finish) (needs `kernels.decode`): `auto`, `on` or `off`, as `kernels.attention`; `off` runs every step eagerly. Default `auto`. Not yet run on a GPU: `on` is the opt-in for the GPU check.
     pub cuda_graphs: Switch,
 }
 

@@ -89,6 +89,24 @@ impl KvBuffer {
         self.layers.get(layer)
     }
 
+    /// Tests: replaces layer `layer`'s key and value caches with `k` and `v` of the same shape
+    /// (the host emulation of the fused step writes its own copies back).
+    ///
+    /// Errors: no such layer, a shape differs.
+    #[cfg(test)]
+    pub(crate) fn set_layer(&mut self, layer: usize, k: Tensor, v: Tensor) -> Result<()> {
+        match self.layers.get_mut(layer) {
+            Some((k0, v0)) if k0.dims() == k.dims() && v0.dims() == v.dims() => {
+                (*k0, *v0) = (k, v);
+                Ok(())
+            }
+            _ => Err(ModelError::Invalid(format!(
+                "KV cache layer {layer}: no such layer or shape"
+            ))
+            .into()),
+        }
+    }
+
     /// The per-row attention bias `[B, capacity]` f32.
     #[cfg(any(test, feature = "cuda"))]
     pub(crate) fn bias_rows(&self) -> &Tensor {

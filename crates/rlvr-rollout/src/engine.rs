@@ -61,8 +61,12 @@ pub struct DecodeTimings {
     /// Choosing tokens (temperature, top-k/top-p, draw, behaviour log-prob), seconds; on the
     /// device path this includes its reductions and its small transfers.
     pub select_s: f64,
-    /// Retiring finished rows and compacting the KV cache, seconds.
+    /// Retiring finished rows and compacting the KV cache, seconds (on the fused path this
+    /// includes building each smaller bucket's step).
     pub compact_s: f64,
+    /// Fused decode steps built (`kernels.decode`): one per wave, plus one per batch-size bucket
+    /// a wave shrank to; 0 on the candle path.
+    pub fused_builds: u64,
     /// Decode steps run (forwards after the prefill).
     pub steps: u64,
     /// Tokens generated.
@@ -478,24 +482,34 @@ impl Sampler {
         }
         // Row r reads logits row `src[r]` of `host` (the prompt's row right after prefill).
         let mut src: Vec<usize> = (0..p_n * k).map(|r| r / k).collect();
-        let mut fused = self.fused_step(&cache)?;
+        let fused = self.fused_step(&cache)?;
         self.decode_loop(
-            &mut rows,
-            &mut src,
-            logits,
-            &mut cache,
-            params,
-            head,
-            record,
-            fused.as_deref_mut(),
-            out,
+            &mut rows, &mut src, logits, &mut cache, params, head, record, fused, out,
         )
     }
 
-    /// The fused decode step of this wave (`kernels.decode`, CUDA; issue 50), or `None` for
-    /// the candle step (the switch off, the CPU, or a model the fused step does not cover:
-    /// said once in the log).
+    /// The fused decode step over `cache`'s rows (`kernels.decode`, CUDA; issue 50), or `None`
+    /// for the candle step: the switch off, the CPU, a model the fused step does not cover, or a
+    /// step that failed to build (the last two said once in the log: the candle step is slower,
+    /// never wrong).
     fn fused_step(&self, cache: &KvBuffer) -> Result<Option<Box<dyn crate::fused::FusedStep>>> {
+        let step = self.build_fused_step(cache);
+        if step.is_ok() {
+            self.time(|d| d.fused_builds += u64::from(matches!(step, Ok(Some(_)))));
+        }
+        step.or_else(|e| {
+            rlvr_model::kernels::log_once(format!(
+                "kernels.decode = on: the fused decode step could not be built ({e}); the candle \
+                 decode step runs"
+            ));
+            Ok(None)
+        })
+    }
+
+    fn build_fused_step(
+        &self,
+        cache: &KvBuffer,
+    ) -> Result<Option<Box<dyn crate::fused::FusedStep>>> {
         if let Some(step) = crate::fused::host_step(&self.model, cache)? {
             return Ok(Some(step));
         }
@@ -520,6 +534,12 @@ impl Sampler {
 
     /// The decode loop: choose a token for every row, retire finished rows (compacting the
     /// cache), feed the chosen tokens, repeat.
+    ///
+    /// The candle step compacts the cache whenever a row finishes. The fused step (`fused`)
+    /// keeps the cache's rows as fixed slots, a batch-size bucket, while its rows finish, and
+    /// compacts when the live rows fit half the slots: then the step of the smaller bucket is
+    /// built (a new graph is captured), at most log₂(rows) times a wave. The buckets depend on
+    /// the rows' lengths alone, so graphs on and off compute the same shapes.
     #[allow(clippy::too_many_arguments)]
     fn decode_loop(
         &self,
@@ -530,14 +550,14 @@ impl Sampler {
         params: &SamplingParams,
         head: Option<&rlvr_kernels::PackedHead>,
         mut record: Option<&mut TurnCache>,
-        mut fused: Option<&mut (dyn crate::fused::FusedStep + '_)>,
+        mut fused: Option<Box<dyn crate::fused::FusedStep>>,
         out: &mut Vec<Completion>,
     ) -> Result<()> {
         let dev = self.model.device().clone();
         // The first decode step's column: a row's fed tokens sit at `decoded..`.
         let decoded = cache.len();
-        // The fused step keeps the cache's rows as fixed slots (no compaction): row r is slot
-        // `slots[r]`; the candle step compacts, and slot r is row r.
+        // The fused step keeps the cache's rows as fixed slots until the live rows fit half of
+        // them: row r is slot `slots[r]`; the candle step compacts, and slot r is row r.
         let mut slots: Vec<usize> = (0..rows.len()).collect();
         let stop_window = params
             .stop_strings
@@ -557,6 +577,9 @@ impl Sampler {
                 .filter(|&r| rows[r as usize].finish.is_none())
                 .collect();
             if alive.len() < rows.len() {
+                if let (Some(f), Some(_)) = (fused.as_deref_mut(), record.as_deref()) {
+                    f.flush(cache)?;
+                }
                 let mut kept = Vec::with_capacity(alive.len());
                 let before = std::mem::take(&mut slots);
                 slots = alive.iter().map(|&r| before[r as usize]).collect();
@@ -588,6 +611,16 @@ impl Sampler {
                 if fused.is_none() {
                     cache.keep_rows(&alive)?;
                     slots = (0..alive.len()).collect();
+                } else if 2 * rows.len() <= cache.rows() {
+                    // The live rows fit the next bucket: compact, and build its step (freeing
+                    // this one's buffers and graph first).
+                    if let Some(mut f) = fused.take() {
+                        f.flush(cache)?;
+                    }
+                    let live: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
+                    cache.keep_rows(&live)?;
+                    slots = (0..live.len()).collect();
+                    fused = self.fused_step(cache)?;
                 }
             }
             self.time(|d| d.compact_s += t.elapsed().as_secs_f64());

@@ -880,13 +880,23 @@ pub fn weight(model: &Model, w: Weight) -> Result<Tensor> {
 /// [`HostStep`] in the CPU tests): the sampler's decode loop calls it instead of the candle step
 /// when `kernels.decode` is on.
 ///
-/// The cache is not compacted while a wave runs: every cache row is a fixed slot, finished rows
-/// stay as slots whose results are ignored (a graph replays over fixed addresses and shapes).
+/// A step is built for one batch-size bucket: the cache's rows are its fixed slots, and finished
+/// rows stay as slots whose results are ignored (a graph replays over fixed addresses and
+/// shapes) until the live rows fit half the slots; then the sampler compacts the cache and builds
+/// the step of the smaller bucket (`Sampler`'s decode loop).
 pub(crate) trait FusedStep {
     /// Runs one step: slot `s` feeds token `ids[s]` at rotary position `pos[s]` into cache
     /// column `cache.len()` (every slot, `ids.len() == cache.rows()`), then commits the column.
     /// Returns the logits `[slots, vocab]` f32.
     fn step(&mut self, cache: &mut KvBuffer, ids: &[u32], pos: &[u32]) -> Result<Tensor>;
+
+    /// Makes `cache` hold every column this step wrote, before the sampler reads rows out of it
+    /// (a finished row's keys and values kept for its next turn) or compacts it. The CUDA step
+    /// writes the cache in place and has nothing to do; the host step writes its own copies.
+    fn flush(&mut self, cache: &mut KvBuffer) -> Result<()> {
+        let _ = cache;
+        Ok(())
+    }
 }
 
 /// [`FusedStep`] on the host ([`StepProgram::run_host`]): the orchestration of the fused path
@@ -970,6 +980,21 @@ impl FusedStep for HostStep {
             (s.rows, s.vocab),
             self.embed.device(),
         )?)
+    }
+
+    fn flush(&mut self, cache: &mut KvBuffer) -> Result<()> {
+        for l in 0..self.program.shape.layers {
+            let (k, _) = cache
+                .layer(l)
+                .ok_or_else(|| ModelError::Invalid(format!("KV cache has no layer {l}")))?;
+            let (dims, dtype, dev) = (k.dims().to_vec(), k.dtype(), k.device().clone());
+            let back = |b: Buf| -> Result<Tensor> {
+                let t = Tensor::from_slice(&self.bufs.f[&b], dims.as_slice(), &dev)?;
+                Ok(t.to_dtype(dtype)?)
+            };
+            cache.set_layer(l, back(Buf::KCache(l))?, back(Buf::VCache(l))?)?;
+        }
+        Ok(())
     }
 }
 

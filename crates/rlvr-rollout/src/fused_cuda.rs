@@ -1,11 +1,13 @@
 //! The fused decode step on CUDA (feature `cuda`; issue 50): [`crate::fused::StepProgram`] run on
-//! candle's stream, eagerly or as a CUDA graph per wave (`rlvr_kernels::graph`).
+//! candle's stream, eagerly or as a CUDA graph per batch-size bucket (`rlvr_kernels::graph`).
 //!
-//! Buffers: the step's activations and inputs are candle tensors allocated once per wave (their
-//! storage never moves), the weights are the model's own tensors (in-place updates are seen;
-//! a reload that replaces storage makes a new wave's program), the caches and the bias are the
-//! wave's `KvBuffer`, which the fused path never compacts. Each buffer's device address is read
-//! once per wave; a step writes its inputs (embeddings of the new tokens, positions, columns,
+//! A decoder serves one bucket of a wave: the sampler builds one per wave and a new one each time
+//! the wave's live rows fit half the slots (it compacts the cache first). Buffers: the step's
+//! activations and inputs are candle tensors allocated once per decoder (their storage never
+//! moves), the weights are the model's own tensors (in-place updates are seen; a reload that
+//! replaces storage makes a new wave's program), the caches and the bias are the wave's
+//! `KvBuffer`, which is not compacted while a decoder runs on it. Each buffer's device address is
+//! read once per decoder; a step writes its inputs (embeddings of the new tokens, positions, columns,
 //! lengths) into those buffers with candle copies, then runs the program's launches (Triton
 //! kernels through `rlvr_kernels::triton::cuda::launch`, projections through cuBLAS) or replays
 //! the graph captured from them.
@@ -140,7 +142,8 @@ impl FusedDecoder {
         })
     }
 
-    /// Reads the addresses of the wave's caches and bias (once: the fused path never compacts).
+    /// Reads the addresses of the wave's caches and bias (once: the sampler compacts the cache
+    /// only between decoders).
     fn bind_cache(&mut self, cache: &KvBuffer) -> Result<()> {
         if self.addrs.contains_key(&Buf::Bias) {
             return Ok(());

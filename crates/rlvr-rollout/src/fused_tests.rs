@@ -345,7 +345,8 @@ fn the_host_step_equals_the_candle_step_and_records_its_launches() {
 /// The sampler's fused path end to end on the CPU (the program run on the host in place of the
 /// CUDA one): the same completions as the candle step (tokens and finish reasons equal,
 /// behaviour log-probs within 1e-5), with rows finishing at different steps (stop ids), so
-/// finished rows stay in the cache as ignored slots while the others decode; two waves.
+/// finished rows stay in the cache as ignored slots while the others decode, until the live rows
+/// fit half the slots and the wave moves to a smaller bucket's step; two waves.
 #[test]
 fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
     if manifest().is_none() {
@@ -368,9 +369,38 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
         .unwrap();
     let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
     HOST_FUSED.with(|c| c.set(true));
-    let got = crate::Sampler::new(&model, 0).sample(&prompts, 4, &params, 11);
+    let sampler = crate::Sampler::new(&model, 0).with_timings();
+    let got = sampler.sample(&prompts, 4, &params, 11);
     HOST_FUSED.with(|c| c.set(false));
     let got = got.unwrap();
+    // The buckets: the 6-row wave shrinks to 3 rows once 3 have finished, then to 1 (its
+    // last row); the 3-row wave to 1. Each is a step built when the live rows first fit half
+    // the slots, which the completions' lengths decide.
+    let buckets = |lens: &[usize]| {
+        let mut sorted = lens.to_vec();
+        sorted.sort_unstable();
+        let (mut slots, mut n) = (lens.len(), 1);
+        for (i, _) in sorted.iter().enumerate() {
+            let live = lens.len() - i - 1;
+            if live > 0 && 2 * live <= slots {
+                (slots, n) = (live, n + 1);
+            }
+        }
+        n
+    };
+    let len_of = |c: &crate::Completion| c.token_ids.len();
+    let wave1: Vec<usize> = want[..6].iter().map(len_of).collect();
+    let wave2: Vec<usize> = want[6..].iter().map(len_of).collect();
+    let builds = sampler.timings().unwrap().fused_builds;
+    assert_eq!(
+        builds as usize,
+        buckets(&wave1) + buckets(&wave2),
+        "{wave1:?} {wave2:?}"
+    );
+    assert!(
+        builds >= 3,
+        "no wave moved to a smaller bucket: {wave1:?} {wave2:?}"
+    );
     // 11 decode steps per wave at most (the first token comes from the prefill), two waves.
     let steps = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) - before;
     assert!((2..=22).contains(&steps), "{steps} fused steps");
@@ -394,6 +424,63 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
                 &b.token_ids,
                 b.finish_reason
             )
+        );
+        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+        }
+    }
+}
+
+/// A finished row's keys and values kept for its episode's next turn come from the cache the
+/// fused step wrote (`FusedStep::flush`): a first turn on the host fused path, then a kept turn,
+/// sample the tokens of the candle step's re-prefill path with log-probs within 1e-5 (zeros or
+/// stale columns in the kept entries would move them far more).
+#[test]
+fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
+    if manifest().is_none() {
+        return;
+    }
+    let model = Model::random(config(2, 2, 1, 512), 0.05, 9, DType::F32, &Device::Cpu).unwrap();
+    let prompts: Vec<Vec<u32>> = vec![(0..21).map(|i| (i * 3 + 1) % 64).collect(), vec![5, 9, 2]];
+    let params = crate::SamplingParams {
+        group_size: 2,
+        max_new_tokens: 10,
+        stop_ids: (0..12).collect(),
+        max_batch_rows: 4,
+        ..Default::default()
+    };
+    let next = |first: &[crate::Completion]| -> Vec<crate::engine::TurnRow> {
+        first
+            .iter()
+            .map(|c| {
+                let mut context = prompts[c.prompt_index].clone();
+                context.extend(&c.token_ids);
+                context.extend([60, 61 + c.sample_index as u32]);
+                crate::engine::TurnRow {
+                    context,
+                    prompt_index: c.prompt_index,
+                    sample_index: c.sample_index,
+                    turn: 2,
+                }
+            })
+            .collect()
+    };
+    let s = crate::Sampler::new(&model, 0);
+    let first_want = s.sample(&prompts, 0, &params, 3).unwrap();
+    let want = s.sample_each(&next(&first_want), &params, 3).unwrap();
+    let mut cache = crate::TurnCache::new(crate::DEFAULT_TURN_CACHE_BYTES);
+    HOST_FUSED.with(|c| c.set(true));
+    let first = s.sample_keeping(&prompts, 0, &params, 3, &mut cache);
+    HOST_FUSED.with(|c| c.set(false));
+    let first = first.unwrap();
+    let got = s
+        .sample_each_kept(&next(&first), &params, 3, &mut cache)
+        .unwrap();
+    assert_eq!(cache.stats().hits, 4, "{:?}", cache.stats());
+    for (a, b) in first.iter().chain(&got).zip(first_want.iter().chain(&want)) {
+        assert_eq!(
+            (a.prompt_index, a.sample_index, &a.token_ids),
+            (b.prompt_index, b.sample_index, &b.token_ids)
         );
         for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
             assert!((x - y).abs() <= 1e-5, "{x} vs {y}");

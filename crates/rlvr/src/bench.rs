@@ -246,6 +246,7 @@ fn sample(a: &SampleArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "pack_s": d.pack_s / runs,
                 "decode_path": sampler.decode_path().name(),
                 "triton_launches_per_step": d.triton_launches as f64 / steps,
+                "fused_builds_per_run": d.fused_builds as f64 / runs,
                 "step_ms": {
                     "total": (d.forward_s + d.to_host_s + d.select_s + d.compact_s) / steps * 1e3,
                     "forward": d.forward_s / steps * 1e3,

@@ -58,8 +58,11 @@ pub(super) struct Out<'a> {
 /// Launches variant `name` (or its aligned twin) of a family whose plan `build` makes at this
 /// launch's shapes, reading `inputs` and writing `outputs`, each by its buffer name, on `dev`'s
 /// stream. cudarc's guards order the launch after the buffers' pending work and record it.
+/// The kernels index every buffer densely from its start offset, so a strided input is refused
+/// here rather than read wrongly (the outputs are whole storages this module allocated).
 ///
-/// Errors: the manifest, the device's target, the plan builder's refusal, the driver's.
+/// Errors: an input not contiguous, the manifest, the device's target, the plan builder's
+/// refusal, the driver's.
 pub(super) fn launch(
     dev: &CudaDevice,
     name: &str,
@@ -73,6 +76,7 @@ pub(super) fn launch(
     let mut bufs: Vec<(&str, DeviceBuffer)> = Vec::new();
     let mut guards = Vec::new();
     for &(n, s, lay) in inputs {
+        check(lay, n)?;
         let (b, g) = tc::candle_buffer(s, lay, &stream)?;
         bufs.push((n, b));
         guards.push(g);
