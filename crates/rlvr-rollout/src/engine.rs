@@ -34,7 +34,18 @@ pub struct Sampler {
     detok: Option<Box<dyn Detokenize>>,
     timings: Option<std::sync::Mutex<DecodeTimings>>,
     device_select: Option<bool>,
+    /// The fused step's smallest bucket that still halves ([`FUSED_MIN_BUCKET_ROWS`]; tests
+    /// lower it).
+    pub(crate) fused_min_bucket: usize,
 }
+
+/// The fused decode step's buckets halve as a wave's rows finish only while they hold more than
+/// this many rows: below it a step is bound by the weights' reads and the launches, not by the
+/// rows (the 0.5B shape reads ~1 GB of bf16 weights a step, ~0.3 ms on an H100, against a few
+/// rows' activations), so a smaller bucket would save little and cost a new step and capture.
+/// A choice to revisit with the GPU run's sampling figures (`rlvr bench sample`'s
+/// `fused_builds_per_run` beside its step time).
+pub const FUSED_MIN_BUCKET_ROWS: usize = 16;
 
 /// Where a [`Sampler`]'s time went, summed over its `sample` calls since
 /// [`Sampler::with_timings`] (benchmarks: `rlvr bench sample`). With timings on, the device is
@@ -162,6 +173,7 @@ impl Sampler {
             detok: None,
             timings: None,
             device_select: None,
+            fused_min_bucket: FUSED_MIN_BUCKET_ROWS,
         }
     }
 
@@ -176,6 +188,7 @@ impl Sampler {
             detok: None,
             timings: None,
             device_select: None,
+            fused_min_bucket: FUSED_MIN_BUCKET_ROWS,
         })
     }
 
@@ -537,9 +550,10 @@ impl Sampler {
     ///
     /// The candle step compacts the cache whenever a row finishes. The fused step (`fused`)
     /// keeps the cache's rows as fixed slots, a batch-size bucket, while its rows finish, and
-    /// compacts when the live rows fit half the slots: then the step of the smaller bucket is
-    /// built (a new graph is captured), at most log₂(rows) times a wave. The buckets depend on
-    /// the rows' lengths alone, so graphs on and off compute the same shapes.
+    /// compacts when the live rows fit half the slots of a bucket of more than
+    /// [`FUSED_MIN_BUCKET_ROWS`]: then the step of the smaller bucket is built (a new graph is
+    /// captured), at most log₂(rows / 16) + 1 times a wave. The buckets depend on the rows'
+    /// lengths alone, so graphs on and off compute the same shapes.
     #[allow(clippy::too_many_arguments)]
     fn decode_loop(
         &self,
@@ -611,7 +625,7 @@ impl Sampler {
                 if fused.is_none() {
                     cache.keep_rows(&alive)?;
                     slots = (0..alive.len()).collect();
-                } else if 2 * rows.len() <= cache.rows() {
+                } else if 2 * rows.len() <= cache.rows() && cache.rows() > self.fused_min_bucket {
                     // The live rows fit the next bucket: compact, and build its step (freeing
                     // this one's buffers and graph first).
                     if let Some(mut f) = fused.take() {

@@ -282,7 +282,7 @@ impl FusedStep for FusedDecoder {
             },
             |g| graph::cuda::replay(g).map_err(err),
         );
-        // A failed capture turns graphs off for this wave and the step runs eagerly: said once,
+        // A failed capture turns graphs off for this bucket and its steps run eagerly: said once,
         // so that a report of `fused+graphs` (the switches) is not read as graphs that ran.
         if let (true, Some(why)) = (graphs_were_on, graphs.disabled()) {
             rlvr_model::kernels::log_once(format!(

@@ -369,20 +369,24 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
         .unwrap();
     let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
     HOST_FUSED.with(|c| c.set(true));
-    let sampler = crate::Sampler::new(&model, 0).with_timings();
+    let mut sampler = crate::Sampler::new(&model, 0).with_timings();
+    sampler.fused_min_bucket = 1;
     let got = sampler.sample(&prompts, 4, &params, 11);
     HOST_FUSED.with(|c| c.set(false));
     let got = got.unwrap();
+    // 11 decode steps per wave at most (the first token comes from the prefill), two waves.
+    let steps = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!((2..=22).contains(&steps), "{steps} fused steps");
     // The buckets: the 6-row wave shrinks to 3 rows once 3 have finished, then to 1 (its
     // last row); the 3-row wave to 1. Each is a step built when the live rows first fit half
     // the slots, which the completions' lengths decide.
-    let buckets = |lens: &[usize]| {
+    let buckets = |lens: &[usize], min: usize| {
         let mut sorted = lens.to_vec();
         sorted.sort_unstable();
         let (mut slots, mut n) = (lens.len(), 1);
         for (i, _) in sorted.iter().enumerate() {
             let live = lens.len() - i - 1;
-            if live > 0 && 2 * live <= slots {
+            if live > 0 && 2 * live <= slots && slots > min {
                 (slots, n) = (live, n + 1);
             }
         }
@@ -394,16 +398,31 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
     let builds = sampler.timings().unwrap().fused_builds;
     assert_eq!(
         builds as usize,
-        buckets(&wave1) + buckets(&wave2),
+        buckets(&wave1, 1) + buckets(&wave2, 1),
         "{wave1:?} {wave2:?}"
     );
     assert!(
         builds >= 3,
         "no wave moved to a smaller bucket: {wave1:?} {wave2:?}"
     );
-    // 11 decode steps per wave at most (the first token comes from the prefill), two waves.
-    let steps = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) - before;
-    assert!((2..=22).contains(&steps), "{steps} fused steps");
+    // At the default smallest bucket (16 rows) these 6- and 3-row waves never shrink, and
+    // sample the same completions, bit for bit: a bucket changes which rows a step computes,
+    // not a row's arithmetic on the host.
+    let default = crate::Sampler::new(&model, 0).with_timings();
+    HOST_FUSED.with(|c| c.set(true));
+    let unsplit = default.sample(&prompts, 4, &params, 11);
+    HOST_FUSED.with(|c| c.set(false));
+    assert_eq!(default.timings().unwrap().fused_builds, 2);
+    for (a, b) in unsplit.unwrap().iter().zip(&got) {
+        assert_eq!(
+            (&a.token_ids, a.finish_reason),
+            (&b.token_ids, b.finish_reason)
+        );
+        let bits = |c: &crate::Completion| -> Vec<u32> {
+            c.behaviour_logprobs.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(a), bits(b));
+    }
     assert_eq!(got.len(), 9);
     let lens: std::collections::BTreeSet<usize> = want.iter().map(|c| c.token_ids.len()).collect();
     assert!(

@@ -106,6 +106,7 @@ pub use decode::{DecodePath, KvBuffer};
 pub use engine::{
     completion_rng, turn_rng, Completion, DecodeTimings, Detokenize, FinishReason, PromptIds,
     Sampler, SamplingParams, TurnCache, TurnCacheStats, TurnRow, DEFAULT_TURN_CACHE_BYTES,
+    FUSED_MIN_BUCKET_ROWS,
 };
 pub use error::{Result, RolloutError};
 pub use rlvr_kernels::graph::CaptureBlock;
