@@ -326,11 +326,12 @@ sampling() {
   case "$off" in *" cuda_graphs "*) fa=(decode); pd=(none decode) ;; esac
   case "$off" in *" decode "*) fa=(none); pd=() ;; esac
   local last=${fa[${#fa[@]}-1]}
-  # (a) graphs on/off, bit-identical, and the experiences for (c). `--stop k` ends a row at a
-  # token holding a "k" (3.0% of Qwen2.5's vocabulary, so ~38% of the random model's rows run
-  # all 32 tokens): rows finish at different steps, the wave shrinks through its batch-size
-  # buckets, and each bucket's step is built and captured anew.
-  head -n 4 data/gsm8k/train.jsonl | "$PY" -c '
+  # (a) graphs on/off, bit-identical, and the experiences for (c): 8 prompts x 4 = 32 rows, one
+  # wave. `--stop k` ends a row at a token holding a "k" (3.0% of Qwen2.5's vocabulary, so ~38%
+  # of the random model's rows run all 32 tokens): rows finish at different steps, and once 16
+  # are left the wave moves to the 16-row bucket (FUSED_MIN_BUCKET_ROWS), whose step is built
+  # and captured anew.
+  head -n 8 data/gsm8k/train.jsonl | "$PY" -c '
 import json, sys
 for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > "$S/prompts.jsonl"
   for dt in $dts; do
