@@ -2,12 +2,14 @@
 //! a fixed list of launches over preallocated buffers ([`StepProgram`]), so that the same list
 //! can run eagerly or be captured once as a CUDA graph and replayed (`rlvr_kernels::graph`).
 //!
-//! Per layer (Qwen2/Llama layout; LoRA and Qwen3's q/k norms are not covered and keep the candle
-//! step):
+//! Per layer (the Qwen2/Llama layout, and Qwen3's with its q/k norms; LoRA adapters are not
+//! covered and keep the candle step):
 //!
 //! 1. `rmsnorm_fwd` (layer 0 only: later layers get their input norm from the previous layer's
 //!    last `rmsnorm_add_fwd`);
 //! 2. the q, k, v projections (cuBLAS; a bias as a rank-1 product accumulated into the output);
+//!    Qwen3: `rmsnorm_fwd` over each head of q, then of k (rows of `head_dim`, the weights
+//!    `q_norm`/`k_norm`);
 //! 3. `decode_rope_kv`: the rotary embedding of q and k, k and v written into the cache at each
 //!    row's column;
 //! 4. `decode_attn` + `decode_attn_combine`: split-KV attention over each row's cache;
@@ -84,6 +86,15 @@ pub enum Buf {
     V,
     /// The rotated query `[rows, q_heads·hd]`.
     QRot,
+    /// Qwen3: the per-head normed query `[rows, q_heads·hd]` and key `[rows, kv_heads·hd]`.
+    QNorm,
+    /// See [`Buf::QNorm`].
+    KNorm,
+    /// Qwen3: the head norms' `1/rms` per row and head, `[rows·q_heads]` and `[rows·kv_heads]`
+    /// f32 (scratch).
+    QRstd,
+    /// See [`Buf::QRstd`].
+    KRstd,
     /// The attention's per-split outputs `[rows, q_heads, n_splits, hd]` f32.
     OPart,
     /// The attention's per-split base-2 log-sum-exp `[rows, q_heads, n_splits]` f32.
@@ -157,13 +168,15 @@ pub struct StepShape {
     pub o_bias: bool,
     /// See [`StepShape::qkv_bias`].
     pub mlp_bias: bool,
+    /// Qwen3's RMSNorm over each head of q and k before the rotary embedding.
+    pub qk_norm: bool,
 }
 
 impl StepShape {
     /// The shapes of `model`'s step at `rows` rows and `capacity` cache columns.
     ///
-    /// Errors: what the fused step does not cover (LoRA adapters, Qwen3's q/k norms, a dtype
-    /// other than f32/bf16), zero rows or capacity.
+    /// Errors: what the fused step does not cover (LoRA adapters, a dtype other than
+    /// f32/bf16), zero rows or capacity.
     pub fn of(model: &Model, rows: usize, capacity: usize) -> Result<Self> {
         let c = model.config();
         let bad = |why: String| -> Result<Self> {
@@ -171,9 +184,6 @@ impl StepShape {
         };
         if model.lora_config().is_some() {
             return bad("LoRA adapters are attached (the candle step runs them)".into());
-        }
-        if c.arch == Arch::Qwen3 {
-            return bad("Qwen3's q/k norms are not among the fused kernels".into());
         }
         let dtype = match model.dtype() {
             DType::F32 => triton::DType::Fp32,
@@ -199,6 +209,7 @@ impl StepShape {
             qkv_bias: c.qkv_bias,
             o_bias: c.o_bias,
             mlp_bias: c.mlp_bias,
+            qk_norm: c.arch == Arch::Qwen3,
         })
     }
 
@@ -222,8 +233,10 @@ impl StepShape {
         match b {
             Buf::X(_) | Buf::H | Buf::AttnOut | Buf::MlpOut => (dt, vec![r, self.hidden]),
             Buf::Rstd => (Fp32, vec![r]),
-            Buf::Q | Buf::QRot | Buf::Attn => (dt, vec![r, qd]),
-            Buf::K | Buf::V => (dt, vec![r, kd]),
+            Buf::Q | Buf::QRot | Buf::QNorm | Buf::Attn => (dt, vec![r, qd]),
+            Buf::K | Buf::V | Buf::KNorm => (dt, vec![r, kd]),
+            Buf::QRstd => (Fp32, vec![r * self.q_heads]),
+            Buf::KRstd => (Fp32, vec![r * self.kv_heads]),
             Buf::OPart => (Fp32, vec![r, self.q_heads, n_splits, self.head_dim]),
             Buf::LsePart => (Fp32, vec![r, self.q_heads, n_splits]),
             Buf::Gate | Buf::Up | Buf::Act => (dt, vec![r, self.intermediate]),
@@ -248,6 +261,7 @@ impl StepShape {
             Weight::FinalNorm => vec![h],
             Weight::Layer(_, n) => match n {
                 "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+                "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => vec![self.head_dim],
                 "self_attn.q_proj.weight" => vec![qd, h],
                 "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kd, h],
                 "self_attn.q_proj.bias" => vec![qd],
@@ -356,6 +370,21 @@ impl StepProgram {
         let swiglu_plan =
             swiglu::plan(entry(&swiglu::variant("fwd", s.dtype))?, &glu).map_err(terr)?;
         let (norm_fwd, norm_add) = (nplan("fwd")?, nplan("add_fwd")?);
+        // Qwen3's q/k norms: the row kernel over rows of one head (`head_dim` elements).
+        let head_norm = |heads: usize| -> Result<LaunchPlan> {
+            let n = rmsnorm::RmsNorm {
+                rows: s.rows * heads,
+                cols: s.head_dim,
+                eps: s.eps,
+                rows_per_prog: 1,
+            };
+            let name = rmsnorm::variant("fwd", s.dtype, s.head_dim).map_err(terr)?;
+            rmsnorm::plan(entry(&name)?, &n).map_err(terr)
+        };
+        let qk_norm = match s.qk_norm {
+            true => Some((head_norm(s.q_heads)?, head_norm(s.kv_heads)?)),
+            false => None,
+        };
         let (rope, attn, combine) = (dplan("rope_kv")?, dplan("attn")?, dplan("attn_combine")?);
         let launch = |plan: &LaunchPlan, bind: &[(&str, Buf)]| Op::Launch {
             plan: plan.clone(),
@@ -399,11 +428,36 @@ impl StepProgram {
             ops.push(gemm(Buf::H, l, "q", s.qkv_bias, Buf::Q, qd, s.hidden));
             ops.push(gemm(Buf::H, l, "k", s.qkv_bias, Buf::K, kd, s.hidden));
             ops.push(gemm(Buf::H, l, "v", s.qkv_bias, Buf::V, kd, s.hidden));
+            let (q_in, k_in) = match &qk_norm {
+                Some((qn, kn)) => {
+                    for (plan, x, w, y, rstd) in [
+                        (
+                            qn,
+                            Buf::Q,
+                            "self_attn.q_norm.weight",
+                            Buf::QNorm,
+                            Buf::QRstd,
+                        ),
+                        (
+                            kn,
+                            Buf::K,
+                            "self_attn.k_norm.weight",
+                            Buf::KNorm,
+                            Buf::KRstd,
+                        ),
+                    ] {
+                        let bind = [("x", x), ("w", lw(l, w)), ("y", y), ("rstd", rstd)];
+                        ops.push(launch(plan, &bind));
+                    }
+                    (Buf::QNorm, Buf::KNorm)
+                }
+                None => (Buf::Q, Buf::K),
+            };
             ops.push(launch(
                 &rope,
                 &[
-                    ("q", Buf::Q),
-                    ("k", Buf::K),
+                    ("q", q_in),
+                    ("k", k_in),
                     ("v", Buf::V),
                     ("q_out", Buf::QRot),
                     ("k_cache", Buf::KCache(l)),
@@ -624,7 +678,9 @@ impl StepProgram {
         match plan.entry.as_str() {
             "rmsnorm_fwd_kernel" | "rmsnorm_add_fwd_kernel" => {
                 let add = plan.entry == "rmsnorm_add_fwd_kernel";
-                let h = s.hidden;
+                // Rows of the weight's length: the hidden size, or a head (Qwen3's q/k norms).
+                let h = bufs.f[&b("w")].len();
+                let rows = bufs.f[&b("x")].len() / h;
                 let mut hv = bufs.f[&b("x")].clone();
                 if add {
                     for (a, r) in hv.iter_mut().zip(&bufs.f[&b("residual")]) {

@@ -124,13 +124,18 @@ fn the_step_program_is_the_layer_list() {
 
 /// Every launch resolves against the buffer plan: device buffers of the program's sizes at
 /// 256-byte-aligned stand-in addresses give each pointer its buffer, of the right dtype; the
-/// grids are the step's (rows, kv heads and splits for the attention).
+/// grids are the step's (rows, kv heads and splits for the attention); Qwen2, Llama-style GQA
+/// and Qwen3 (its head norms).
 #[test]
 fn every_launch_resolves_against_the_buffer_plan() {
     let Some(m) = manifest() else { return };
-    for (dtype, heads, kv) in [(DType::F32, 2, 1), (DType::BF16, 14, 2)] {
-        let model =
-            Model::random(config(1, heads, kv, 4096), 0.05, 1, dtype, &Device::Cpu).unwrap();
+    let models = [
+        (config(1, 2, 1, 4096), DType::F32, 1),
+        (config(1, 14, 2, 4096), DType::BF16, 2),
+        (qwen3_config(1, 4096), DType::BF16, 1),
+    ];
+    for (cfg, dtype, kv) in models {
+        let model = Model::random(cfg, 0.05, 1, dtype, &Device::Cpu).unwrap();
         let p =
             StepProgram::build(StepShape::of(&model, 64, 2000).unwrap(), m, Target::Sm90a).unwrap();
         let mut at = 1u64 << 20;
@@ -172,19 +177,30 @@ fn every_launch_resolves_against_the_buffer_plan() {
     }
 }
 
+/// A Qwen3-shaped config (q/k norms, an explicit head dim).
+fn qwen3_config(layers: usize, max_pos: usize) -> ModelConfig {
+    ModelConfig::from_json(
+        &serde_json::json!({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 128,
+            "intermediate_size": 96, "num_hidden_layers": layers, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": max_pos}),
+        "inline".as_ref(),
+    )
+    .unwrap()
+}
+
 /// What the fused step refuses (the sampler keeps the candle step for these).
 #[test]
 fn uncovered_models_are_refused() {
-    let qwen3 = ModelConfig::from_json(
-        &serde_json::json!({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 128,
-            "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 64}),
-        "inline".as_ref(),
-    )
-    .unwrap();
-    let m = Model::random(qwen3, 0.05, 1, DType::F32, &Device::Cpu).unwrap();
+    let mut m = Model::random(config(1, 2, 1, 64), 0.05, 1, DType::F32, &Device::Cpu).unwrap();
+    let lora = rlvr_model::LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        targets: rlvr_model::LoraTarget::ALL.to_vec(),
+        dropout: 0.0,
+    };
+    m.add_lora(&lora, 3).unwrap();
     let e = StepShape::of(&m, 1, 8).unwrap_err().to_string();
-    assert!(e.contains("Qwen3"), "{e}");
+    assert!(e.contains("LoRA"), "{e}");
     let m = Model::random(config(1, 2, 1, 64), 0.05, 1, DType::F16, &Device::Cpu).unwrap();
     assert!(StepShape::of(&m, 1, 8)
         .unwrap_err()
@@ -500,6 +516,80 @@ fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
         assert_eq!(
             (a.prompt_index, a.sample_index, &a.token_ids),
             (b.prompt_index, b.sample_index, &b.token_ids)
+        );
+        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+        }
+    }
+}
+
+/// Qwen3's q/k norms in the fused step: two `rmsnorm_fwd` launches a layer over rows of one head
+/// (8 kernels a layer instead of 6), and the sampler on the host fused path samples what the
+/// candle step samples (tokens equal, log-probs within 1e-5), rows finishing at different steps.
+#[test]
+fn qwen3_runs_the_fused_step_with_its_q_k_norms() {
+    let Some(m) = manifest() else { return };
+    let model = Model::random(qwen3_config(2, 512), 0.05, 13, DType::F32, &Device::Cpu).unwrap();
+    let p = StepProgram::build(StepShape::of(&model, 4, 64).unwrap(), m, Target::Sm90a).unwrap();
+    // Per layer 6 kernels and 2 head norms, one input norm before the first; 7 projections a
+    // layer and the head.
+    assert_eq!(p.counts(), (2 * 8 + 1, 2 * 7 + 1));
+    let head_norms: Vec<&Op> = (p.ops.iter())
+        .filter(|o| matches!(o, Op::Launch { bind, .. } if bind.iter().any(|(_, b)| *b == Buf::QRstd || *b == Buf::KRstd)))
+        .collect();
+    assert_eq!(head_norms.len(), 4);
+    let Op::Launch { plan, .. } = head_norms[0] else {
+        unreachable!()
+    };
+    assert_eq!(plan.name, "rmsnorm_fwd_f32_h128");
+    assert_eq!(
+        plan.grid[0] as usize,
+        4 * 2,
+        "one program per row and query head"
+    );
+
+    let prompts: Vec<Vec<u32>> = [33u32, 17, 26]
+        .iter()
+        .map(|n| (0..*n).map(|i| (i * 11 + n) % 64).collect())
+        .collect();
+    let params = crate::SamplingParams {
+        group_size: 2,
+        max_new_tokens: 10,
+        stop_ids: (0..16).collect(),
+        ..Default::default()
+    };
+    let want = crate::Sampler::new(&model, 0)
+        .sample(&prompts, 0, &params, 5)
+        .unwrap();
+    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    HOST_FUSED.with(|c| c.set(true));
+    let got = crate::Sampler::new(&model, 0).sample(&prompts, 0, &params, 5);
+    HOST_FUSED.with(|c| c.set(false));
+    let got = got.unwrap();
+    assert!(
+        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
+        "no fused step ran"
+    );
+    let lens: std::collections::BTreeSet<usize> = want.iter().map(|c| c.token_ids.len()).collect();
+    assert!(
+        lens.len() >= 2,
+        "rows should finish at different steps: {lens:?}"
+    );
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(&want) {
+        assert_eq!(
+            (
+                a.prompt_index,
+                a.sample_index,
+                &a.token_ids,
+                a.finish_reason
+            ),
+            (
+                b.prompt_index,
+                b.sample_index,
+                &b.token_ids,
+                b.finish_reason
+            )
         );
         for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
             assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
