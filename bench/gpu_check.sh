@@ -349,32 +349,54 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
     fi
     grep -h "kernels\." "$S"/generate_${dt}_*.err 2>/dev/null | sort -u | head -3
   done
-  # (a') Qwen3 (its q/k norms in the fused step), f32: graphs on/off bit-identical, and the fused
-  # step against the candle step (`--fused none`): the rows whose token ids agree and the largest
-  # |Δ log-prob| on them (float rounding apart, the same tokens; a wrong head norm moves every row).
+  # (a') Qwen3 (its q/k norms in the fused step) and LoRA adapters (two more products per adapted
+  # projection), f32: graphs on/off bit-identical, and the fused step against the candle step
+  # (`--fused none`): the rows whose token ids agree and the largest |Δ log-prob| on them (float
+  # rounding apart, the same tokens; a wrong head norm or adapter product moves every row).
   if [ "${#fa[@]}" = 2 ]; then
     "$RLVR" init --arch qwen3 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 512 \
       --vocab-size 151936 --tie-embeddings true --tokenizer "$W/tok/tokenizer.json" --seed 0 \
-      --out "$W/small3" > /dev/null
-    for f in none "${fa[@]}"; do
-      timeout --foreground -k 5 "$to" "$RLVR" generate --model "$W/small3" --prompts "$S/prompts.jsonl" --chat -n 4 --top-p 1 --max-new-tokens 32 \
-        --stop k --seed 7 --device "$DEVICE" --dtype f32 --fused $f --out "$S/q3_${f/,/_}.jsonl" > /dev/null \
-        2> "$S/q3_generate_${f/,/_}.err" || { echo "FAIL sampling: qwen3 generate --fused $f: rc $?"; tail -3 "$S/q3_generate_${f/,/_}.err"; }
-    done
-    if cmp -s "$S/q3_decode.jsonl" "$S/q3_decode_cuda_graphs.jsonl" && [ -s "$S/q3_decode.jsonl" ]; then
-      echo "PASS sampling: qwen3 graphs on/off f32: bit-identical"
-    else
-      echo "FAIL sampling: qwen3 graphs on/off f32: the experiences differ"
-    fi
-    "$PY" - "$S/q3_none.jsonl" "$S/q3_decode.jsonl" <<'PY'
+      --out "$W/small_qwen3" > /dev/null
+    # PEFT's layout beside the base model's files: rank 8, α 16, q/v/down targeted, A and B random.
+    rm -rf "$W/small_lora"; cp -r "$W/small" "$W/small_lora"
+    "$PY" - "$W/small_lora" <<'PY'
+import json, sys
+import numpy as np
+from safetensors.numpy import save_file
+d = sys.argv[1]; r = 8; rng = np.random.default_rng(0)
+shapes = {"self_attn.q_proj": (256, 256), "self_attn.v_proj": (128, 256), "mlp.down_proj": (256, 512)}
+t = {}
+for l in range(4):
+    for p, (o, i) in shapes.items():
+        n = f"base_model.model.model.layers.{l}.{p}"
+        t[n + ".lora_A.weight"] = (rng.standard_normal((r, i)) / np.sqrt(i)).astype(np.float32)
+        t[n + ".lora_B.weight"] = (0.1 * rng.standard_normal((o, r))).astype(np.float32)
+save_file(t, d + "/adapter_model.safetensors")
+json.dump({"peft_type": "LORA", "r": r, "lora_alpha": 16, "lora_dropout": 0.0,
+           "target_modules": ["q_proj", "v_proj", "down_proj"]}, open(d + "/adapter_config.json", "w"))
+PY
+    for m in qwen3 lora; do
+      for f in none "${fa[@]}"; do
+        timeout --foreground -k 5 "$to" "$RLVR" generate --model "$W/small_$m" --prompts "$S/prompts.jsonl" --chat -n 4 --top-p 1 --max-new-tokens 32 \
+          --stop k --seed 7 --device "$DEVICE" --dtype f32 --fused $f --out "$S/${m}_${f/,/_}.jsonl" > /dev/null \
+          2> "$S/${m}_generate_${f/,/_}.err" || { echo "FAIL sampling: $m generate --fused $f: rc $?"; tail -3 "$S/${m}_generate_${f/,/_}.err"; }
+      done
+      if cmp -s "$S/${m}_decode.jsonl" "$S/${m}_decode_cuda_graphs.jsonl" && [ -s "$S/${m}_decode.jsonl" ]; then
+        echo "PASS sampling: $m graphs on/off f32: bit-identical"
+      else
+        echo "FAIL sampling: $m graphs on/off f32: the experiences differ"
+      fi
+      "$PY" - "$S/${m}_none.jsonl" "$S/${m}_decode.jsonl" "$m" <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
 same = [(x, y) for x, y in zip(a, b) if x["completion_ids"] == y["completion_ids"]]
 d = max((abs(p - q) for x, y in same for p, q in zip(x["behaviour_logprobs"], y["behaviour_logprobs"])), default=float("nan"))
 ok = len(a) == len(b) > 0 and len(same) >= 0.9 * len(a) and d <= 1e-3
-print(f"{'PASS' if ok else 'FAIL'} sampling: qwen3 fused vs candle f32: {len(same)} of {len(a)} rows with the same token ids, max |d log-prob| {d:.2e} on them (needs >= 90% and <= 1e-3)")
+print(f"{'PASS' if ok else 'FAIL'} sampling: {sys.argv[3]} fused vs candle f32: {len(same)} of {len(a)} rows with the same token ids, max |d log-prob| {d:.2e} on them (needs >= 90% and <= 1e-3)")
 PY
+      grep -h "kernels\." "$S"/${m}_generate_*.err 2>/dev/null | sort -u | head -2
+    done
   fi
   # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
   # fixed rule of the ids, so groups have variance), same device, dtype and switches.

@@ -2,12 +2,13 @@
 //! a fixed list of launches over preallocated buffers ([`StepProgram`]), so that the same list
 //! can run eagerly or be captured once as a CUDA graph and replayed (`rlvr_kernels::graph`).
 //!
-//! Per layer (the Qwen2/Llama layout, and Qwen3's with its q/k norms; LoRA adapters are not
-//! covered and keep the candle step):
+//! Per layer (the Qwen2/Llama layout, and Qwen3's with its q/k norms; LoRA adapters as two more
+//! products per adapted projection):
 //!
 //! 1. `rmsnorm_fwd` (layer 0 only: later layers get their input norm from the previous layer's
 //!    last `rmsnorm_add_fwd`);
-//! 2. the q, k, v projections (cuBLAS; a bias as a rank-1 product accumulated into the output);
+//! 2. the q, k, v projections (cuBLAS; a bias as a rank-1 product accumulated into the output;
+//!    a LoRA adapter as `T = x·Aᵀ` then `out += (α/r)·T·Bᵀ`, every projection alike);
 //!    Qwen3: `rmsnorm_fwd` over each head of q, then of k (rows of `head_dim`, the weights
 //!    `q_norm`/`k_norm`);
 //! 3. `decode_rope_kv`: the rotary embedding of q and k, k and v written into the cache at each
@@ -54,6 +55,12 @@ pub enum Weight {
     FinalNorm,
     /// The lm_head weight `[vocab, hidden]` (the embedding when tied).
     Head,
+    /// Layer `l`'s LoRA factor A `[rank, in]` of projection `path` (e.g. `self_attn.q_proj`), in
+    /// the model's dtype (the adapters are f32: a bf16 model's step reads a bf16 copy made when
+    /// the step is built).
+    LoraA(usize, &'static str),
+    /// The LoRA factor B `[out, rank]`; see [`Weight::LoraA`].
+    LoraB(usize, &'static str),
 }
 
 impl Weight {
@@ -63,6 +70,12 @@ impl Weight {
             Weight::Layer(l, n) => Some(format!("model.layers.{l}.{n}")),
             Weight::FinalNorm => Some("model.norm.weight".into()),
             Weight::Head => None,
+            Weight::LoraA(l, p) => Some(format!(
+                "base_model.model.model.layers.{l}.{p}.lora_A.weight"
+            )),
+            Weight::LoraB(l, p) => Some(format!(
+                "base_model.model.model.layers.{l}.{p}.lora_B.weight"
+            )),
         }
     }
 }
@@ -95,6 +108,8 @@ pub enum Buf {
     QRstd,
     /// See [`Buf::QRstd`].
     KRstd,
+    /// A LoRA adapter's low-rank activations `x·Aᵀ` `[rows, rank]` (scratch).
+    LoraT,
     /// The attention's per-split outputs `[rows, q_heads, n_splits, hd]` f32.
     OPart,
     /// The attention's per-split base-2 log-sum-exp `[rows, q_heads, n_splits]` f32.
@@ -170,21 +185,41 @@ pub struct StepShape {
     pub mlp_bias: bool,
     /// Qwen3's RMSNorm over each head of q and k before the rotary embedding.
     pub qk_norm: bool,
+    /// The LoRA adapters, when attached.
+    pub lora: Option<LoraShape>,
+}
+
+/// The LoRA adapters a step runs: every layer has the same targets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoraShape {
+    /// r.
+    pub rank: usize,
+    /// α / r.
+    pub scale: f32,
+    /// Bit i set: `rlvr_model::LoraTarget::ALL[i]` has an adapter.
+    pub targets: u8,
+}
+
+impl LoraShape {
+    /// Whether projection `path` (e.g. `self_attn.q_proj`) has an adapter.
+    pub fn covers(&self, path: &str) -> bool {
+        let module = path.rsplit('.').next().unwrap_or(path);
+        (rlvr_model::LoraTarget::ALL.iter())
+            .position(|t| t.module() == module)
+            .is_some_and(|i| self.targets & (1 << i) != 0)
+    }
 }
 
 impl StepShape {
     /// The shapes of `model`'s step at `rows` rows and `capacity` cache columns.
     ///
-    /// Errors: what the fused step does not cover (LoRA adapters, a dtype other than
-    /// f32/bf16), zero rows or capacity.
+    /// Errors: what the fused step does not cover (a dtype other than f32/bf16), zero rows or
+    /// capacity.
     pub fn of(model: &Model, rows: usize, capacity: usize) -> Result<Self> {
         let c = model.config();
         let bad = |why: String| -> Result<Self> {
             Err(ModelError::Invalid(format!("fused decode step: {why}")).into())
         };
-        if model.lora_config().is_some() {
-            return bad("LoRA adapters are attached (the candle step runs them)".into());
-        }
         let dtype = match model.dtype() {
             DType::F32 => triton::DType::Fp32,
             DType::BF16 => triton::DType::Bf16,
@@ -210,6 +245,13 @@ impl StepShape {
             o_bias: c.o_bias,
             mlp_bias: c.mlp_bias,
             qk_norm: c.arch == Arch::Qwen3,
+            lora: model.lora_config().map(|l| LoraShape {
+                rank: l.rank,
+                scale: l.scale() as f32,
+                targets: (rlvr_model::LoraTarget::ALL.iter().enumerate())
+                    .filter(|(_, t)| l.targets.contains(t))
+                    .fold(0u8, |m, (i, _)| m | (1 << i)),
+            }),
         })
     }
 
@@ -236,6 +278,7 @@ impl StepShape {
             Buf::Q | Buf::QRot | Buf::QNorm | Buf::Attn => (dt, vec![r, qd]),
             Buf::K | Buf::V | Buf::KNorm => (dt, vec![r, kd]),
             Buf::QRstd => (Fp32, vec![r * self.q_heads]),
+            Buf::LoraT => (dt, vec![r, self.lora.map_or(0, |l| l.rank)]),
             Buf::KRstd => (Fp32, vec![r * self.kv_heads]),
             Buf::OPart => (Fp32, vec![r, self.q_heads, n_splits, self.head_dim]),
             Buf::LsePart => (Fp32, vec![r, self.q_heads, n_splits]),
@@ -256,7 +299,19 @@ impl StepShape {
     pub fn weight_shape(&self, w: Weight) -> Vec<usize> {
         let (h, i) = (self.hidden, self.intermediate);
         let (qd, kd) = (self.q_heads * self.head_dim, self.kv_heads * self.head_dim);
+        // A projection's `(out, in)`.
+        let proj = |p: &str| match p {
+            "self_attn.q_proj" => (qd, h),
+            "self_attn.k_proj" | "self_attn.v_proj" => (kd, h),
+            "self_attn.o_proj" => (h, qd),
+            "mlp.gate_proj" | "mlp.up_proj" => (i, h),
+            "mlp.down_proj" => (h, i),
+            _ => (0, 0),
+        };
+        let rank = self.lora.map_or(0, |l| l.rank);
         match w {
+            Weight::LoraA(_, p) => vec![rank, proj(p).1],
+            Weight::LoraB(_, p) => vec![proj(p).0, rank],
             Weight::Head => vec![self.vocab, h],
             Weight::FinalNorm => vec![h],
             Weight::Layer(_, n) => match n {
@@ -280,7 +335,7 @@ impl StepShape {
 /// One operation of the step.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
-    /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n] on every row)`: cuBLAS on a GPU (the bias as
+    /// `out[m, n] = alpha · x[m, k] · w[n, k]ᵀ (+ bias[n] on every row) (+ out)`: cuBLAS on a GPU (the bias as
     /// the rank-1 product `ones[m, 1] · bias[n, 1]ᵀ` written first, then the product
     /// accumulated onto it).
     Gemm {
@@ -298,6 +353,11 @@ pub enum Op {
         n: usize,
         /// See `m`.
         k: usize,
+        /// The product's factor (1, or a LoRA adapter's α/r).
+        alpha: f32,
+        /// Add the product to `out` instead of overwriting it (a LoRA adapter's update onto
+        /// its projection's output; never with `bias`).
+        accumulate: bool,
     },
     /// One Triton launch; `bind` gives the step buffer of each buffer name of the plan.
     Launch {
@@ -392,17 +452,42 @@ impl StepProgram {
         };
         let (qd, kd) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
         let lw = |l: usize, n: &'static str| Buf::W(Weight::Layer(l, n));
+        // A projection: its product (and bias), then its LoRA adapter's two products.
         let gemm = |x: Buf, l: usize, proj: &'static str, bias: bool, out: Buf, n: usize, k| {
-            let (w, b) = match proj {
-                "q" => ("self_attn.q_proj.weight", "self_attn.q_proj.bias"),
-                "k" => ("self_attn.k_proj.weight", "self_attn.k_proj.bias"),
-                "v" => ("self_attn.v_proj.weight", "self_attn.v_proj.bias"),
-                "o" => ("self_attn.o_proj.weight", "self_attn.o_proj.bias"),
-                "gate" => ("mlp.gate_proj.weight", "mlp.gate_proj.bias"),
-                "up" => ("mlp.up_proj.weight", "mlp.up_proj.bias"),
-                _ => ("mlp.down_proj.weight", "mlp.down_proj.bias"),
+            let (path, w, b) = match proj {
+                "q" => (
+                    "self_attn.q_proj",
+                    "self_attn.q_proj.weight",
+                    "self_attn.q_proj.bias",
+                ),
+                "k" => (
+                    "self_attn.k_proj",
+                    "self_attn.k_proj.weight",
+                    "self_attn.k_proj.bias",
+                ),
+                "v" => (
+                    "self_attn.v_proj",
+                    "self_attn.v_proj.weight",
+                    "self_attn.v_proj.bias",
+                ),
+                "o" => (
+                    "self_attn.o_proj",
+                    "self_attn.o_proj.weight",
+                    "self_attn.o_proj.bias",
+                ),
+                "gate" => (
+                    "mlp.gate_proj",
+                    "mlp.gate_proj.weight",
+                    "mlp.gate_proj.bias",
+                ),
+                "up" => ("mlp.up_proj", "mlp.up_proj.weight", "mlp.up_proj.bias"),
+                _ => (
+                    "mlp.down_proj",
+                    "mlp.down_proj.weight",
+                    "mlp.down_proj.bias",
+                ),
             };
-            Op::Gemm {
+            let mut v = vec![Op::Gemm {
                 x,
                 w: lw(l, w),
                 bias: bias.then(|| lw(l, b)),
@@ -410,7 +495,34 @@ impl StepProgram {
                 m: s.rows,
                 n,
                 k,
+                alpha: 1.0,
+                accumulate: false,
+            }];
+            if let Some(lo) = s.lora.filter(|lo| lo.covers(path)) {
+                v.push(Op::Gemm {
+                    x,
+                    w: Buf::W(Weight::LoraA(l, path)),
+                    bias: None,
+                    out: Buf::LoraT,
+                    m: s.rows,
+                    n: lo.rank,
+                    k,
+                    alpha: 1.0,
+                    accumulate: false,
+                });
+                v.push(Op::Gemm {
+                    x: Buf::LoraT,
+                    w: Buf::W(Weight::LoraB(l, path)),
+                    bias: None,
+                    out,
+                    m: s.rows,
+                    n,
+                    k: lo.rank,
+                    alpha: lo.scale,
+                    accumulate: true,
+                });
             }
+            v
         };
         let mut ops = Vec::new();
         // The residual stream alternates between X(0) and X(1): `cur` holds it.
@@ -425,9 +537,9 @@ impl StepProgram {
             ],
         ));
         for l in 0..s.layers {
-            ops.push(gemm(Buf::H, l, "q", s.qkv_bias, Buf::Q, qd, s.hidden));
-            ops.push(gemm(Buf::H, l, "k", s.qkv_bias, Buf::K, kd, s.hidden));
-            ops.push(gemm(Buf::H, l, "v", s.qkv_bias, Buf::V, kd, s.hidden));
+            ops.extend(gemm(Buf::H, l, "q", s.qkv_bias, Buf::Q, qd, s.hidden));
+            ops.extend(gemm(Buf::H, l, "k", s.qkv_bias, Buf::K, kd, s.hidden));
+            ops.extend(gemm(Buf::H, l, "v", s.qkv_bias, Buf::V, kd, s.hidden));
             let (q_in, k_in) = match &qk_norm {
                 Some((qn, kn)) => {
                     for (plan, x, w, y, rstd) in [
@@ -489,7 +601,7 @@ impl StepProgram {
                     ("o", Buf::Attn),
                 ],
             ));
-            ops.push(gemm(
+            ops.extend(gemm(
                 Buf::Attn,
                 l,
                 "o",
@@ -511,13 +623,13 @@ impl StepProgram {
             ));
             cur = 1 - cur;
             let i = s.intermediate;
-            ops.push(gemm(Buf::H, l, "gate", s.mlp_bias, Buf::Gate, i, s.hidden));
-            ops.push(gemm(Buf::H, l, "up", s.mlp_bias, Buf::Up, i, s.hidden));
+            ops.extend(gemm(Buf::H, l, "gate", s.mlp_bias, Buf::Gate, i, s.hidden));
+            ops.extend(gemm(Buf::H, l, "up", s.mlp_bias, Buf::Up, i, s.hidden));
             ops.push(launch(
                 &swiglu_plan,
                 &[("g", Buf::Gate), ("u", Buf::Up), ("a", Buf::Act)],
             ));
-            ops.push(gemm(
+            ops.extend(gemm(
                 Buf::Act,
                 l,
                 "down",
@@ -552,6 +664,8 @@ impl StepProgram {
             m: s.rows,
             n: s.vocab,
             k: s.hidden,
+            alpha: 1.0,
+            accumulate: false,
         });
         Ok(StepProgram {
             shape,
@@ -631,16 +745,28 @@ impl StepProgram {
                     m,
                     n,
                     k,
+                    alpha,
+                    accumulate,
                 } => {
                     let (xv, wv) = (&bufs.f[x], &bufs.f[w]);
                     let bv = bias.map(|b| &bufs.f[&b]);
-                    let mut o = vec![0f32; m * n];
+                    let mut o = match accumulate {
+                        true => bufs.f[out].clone(),
+                        false => vec![0f32; m * n],
+                    };
                     for r in 0..*m {
                         for c in 0..*n {
                             let dot: f64 = (0..*k)
                                 .map(|j| xv[r * k + j] as f64 * wv[c * k + j] as f64)
                                 .sum();
-                            o[r * n + c] = (dot + bv.map_or(0.0, |b| b[c] as f64)) as f32;
+                            let before = if *accumulate {
+                                o[r * n + c] as f64
+                            } else {
+                                0.0
+                            };
+                            o[r * n + c] = (*alpha as f64 * dot
+                                + bv.map_or(0.0, |b| b[c] as f64)
+                                + before) as f32;
                         }
                     }
                     bufs.f.insert(*out, o);
@@ -926,9 +1052,13 @@ pub fn host_weights(model: &Model, program: &StepProgram) -> Result<BTreeMap<Buf
 ///
 /// Errors: the model has no such weight.
 pub fn weight(model: &Model, w: Weight) -> Result<Tensor> {
-    match w.name() {
-        None => Ok(model.head_weight().clone()),
-        Some(n) => weight_named(model, &n),
+    match (w, w.name()) {
+        (_, None) => Ok(model.head_weight().clone()),
+        // The adapters are f32: the step's products run in the model's dtype.
+        (Weight::LoraA(..) | Weight::LoraB(..), Some(n)) => {
+            Ok(weight_named(model, &n)?.to_dtype(model.dtype())?)
+        }
+        (_, Some(n)) => weight_named(model, &n),
     }
 }
 

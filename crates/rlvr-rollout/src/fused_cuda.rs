@@ -187,19 +187,33 @@ impl FusedDecoder {
                     m,
                     n,
                     k,
+                    alpha,
+                    accumulate,
                 } => {
                     let beta = match bias {
                         Some(b) => {
                             // out = ones[m, 1] · bias[n, 1]ᵀ, then the product accumulated.
                             let ones = a(&Buf::Ones)?;
-                            tc::gemm(&self.blas, &ones, &a(b)?, &a(out)?, *m, *n, 1, 0.0)
+                            tc::gemm(&self.blas, &ones, &a(b)?, &a(out)?, *m, *n, 1, 1.0, 0.0)
                                 .map_err(err)?;
                             1.0
                         }
+                        // A LoRA adapter's update onto its projection's output.
+                        None if *accumulate => 1.0,
                         None => 0.0,
                     };
-                    tc::gemm(&self.blas, &a(x)?, &a(w)?, &a(out)?, *m, *n, *k, beta)
-                        .map_err(err)?;
+                    tc::gemm(
+                        &self.blas,
+                        &a(x)?,
+                        &a(w)?,
+                        &a(out)?,
+                        *m,
+                        *n,
+                        *k,
+                        *alpha,
+                        beta,
+                    )
+                    .map_err(err)?;
                 }
             }
         }

@@ -32,6 +32,8 @@ fn names(p: &StepProgram) -> Vec<String> {
                 Weight::Layer(_, n) => format!("gemm {}", n.trim_end_matches(".weight")),
                 Weight::Head => "gemm head".into(),
                 Weight::FinalNorm => "gemm final_norm".into(),
+                Weight::LoraA(_, p) => format!("lora_A {p}"),
+                Weight::LoraB(_, p) => format!("lora_B {p}"),
             },
             Op::Gemm { .. } => "gemm ?".into(),
         })
@@ -191,16 +193,6 @@ fn qwen3_config(layers: usize, max_pos: usize) -> ModelConfig {
 /// What the fused step refuses (the sampler keeps the candle step for these).
 #[test]
 fn uncovered_models_are_refused() {
-    let mut m = Model::random(config(1, 2, 1, 64), 0.05, 1, DType::F32, &Device::Cpu).unwrap();
-    let lora = rlvr_model::LoraConfig {
-        rank: 2,
-        alpha: 4.0,
-        targets: rlvr_model::LoraTarget::ALL.to_vec(),
-        dropout: 0.0,
-    };
-    m.add_lora(&lora, 3).unwrap();
-    let e = StepShape::of(&m, 1, 8).unwrap_err().to_string();
-    assert!(e.contains("LoRA"), "{e}");
     let m = Model::random(config(1, 2, 1, 64), 0.05, 1, DType::F16, &Device::Cpu).unwrap();
     assert!(StepShape::of(&m, 1, 8)
         .unwrap_err()
@@ -574,6 +566,120 @@ fn qwen3_runs_the_fused_step_with_its_q_k_norms() {
     assert!(
         lens.len() >= 2,
         "rows should finish at different steps: {lens:?}"
+    );
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(&want) {
+        assert_eq!(
+            (
+                a.prompt_index,
+                a.sample_index,
+                &a.token_ids,
+                a.finish_reason
+            ),
+            (
+                b.prompt_index,
+                b.sample_index,
+                &b.token_ids,
+                b.finish_reason
+            )
+        );
+        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+        }
+    }
+}
+
+/// LoRA adapters in the fused step: each adapted projection gets `T = x·Aᵀ` and `out += (α/r)·
+/// T·Bᵀ` after its own product (only the targets: here q, v and down), and the sampler on the
+/// host fused path samples what the candle step samples with the adapters' B moved off zero
+/// (tokens equal, log-probs within 1e-5).
+#[test]
+fn lora_adapters_run_in_the_fused_step() {
+    let Some(m) = manifest() else { return };
+    let mut model =
+        Model::random(config(2, 2, 1, 512), 0.05, 17, DType::F32, &Device::Cpu).unwrap();
+    use rlvr_model::LoraTarget as T;
+    let lora = rlvr_model::LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: vec![T::Q, T::V, T::Down],
+        dropout: 0.1,
+    };
+    model.add_lora(&lora, 5).unwrap();
+    // B starts at zero (the adapters change nothing): give it values.
+    for l in 0..2 {
+        for (i, p) in ["self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"]
+            .iter()
+            .enumerate()
+        {
+            let name = format!("base_model.model.model.layers.{l}.{p}.lora_B.weight");
+            let var = model.var(&name).unwrap();
+            let b = Tensor::randn(0f32, 0.5, var.dims(), &Device::Cpu).unwrap();
+            var.set(&(b * (1.0 + i as f64)).unwrap()).unwrap();
+        }
+    }
+    let p = StepProgram::build(StepShape::of(&model, 3, 64).unwrap(), m, Target::Sm90a).unwrap();
+    let n = names(&p);
+    let at = n.iter().position(|x| x == "gemm self_attn.q_proj").unwrap();
+    assert_eq!(
+        n[at..at + 6],
+        [
+            "gemm self_attn.q_proj",
+            "lora_A self_attn.q_proj",
+            "lora_B self_attn.q_proj",
+            "gemm self_attn.k_proj",
+            "gemm self_attn.v_proj",
+            "lora_A self_attn.v_proj",
+        ]
+    );
+    assert_eq!(p.counts(), (1 + 6 * 2, (7 + 2 * 3) * 2 + 1));
+    let b_ops: Vec<(f32, bool, Buf)> = (p.ops.iter())
+        .filter_map(|o| match o {
+            Op::Gemm {
+                w: Buf::W(Weight::LoraB(..)),
+                alpha,
+                accumulate,
+                x,
+                ..
+            } => Some((*alpha, *accumulate, *x)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(b_ops.len(), 6);
+    assert!(
+        b_ops.iter().all(|o| *o == (2.0, true, Buf::LoraT)),
+        "{b_ops:?}"
+    );
+
+    let prompts: Vec<Vec<u32>> = [29u32, 12]
+        .iter()
+        .map(|n| (0..*n).map(|i| (i * 13 + n) % 64).collect())
+        .collect();
+    let params = crate::SamplingParams {
+        group_size: 3,
+        max_new_tokens: 10,
+        stop_ids: (0..16).collect(),
+        ..Default::default()
+    };
+    let want = crate::Sampler::new(&model, 0)
+        .sample(&prompts, 0, &params, 9)
+        .unwrap();
+    let plain = crate::Sampler::new(&model.without_adapters(), 0)
+        .sample(&prompts, 0, &params, 9)
+        .unwrap();
+    assert_ne!(
+        want.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
+        plain.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
+        "the adapters should change what is sampled"
+    );
+    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    HOST_FUSED.with(|c| c.set(true));
+    let got = crate::Sampler::new(&model, 0).sample(&prompts, 0, &params, 9);
+    HOST_FUSED.with(|c| c.set(false));
+    let got = got.unwrap();
+    assert!(
+        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
+        "no fused step ran"
     );
     assert_eq!(got.len(), want.len());
     for (a, b) in got.iter().zip(&want) {

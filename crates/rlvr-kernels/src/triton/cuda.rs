@@ -239,11 +239,12 @@ fn unsupported_storage() -> TritonError {
     TritonError::Driver("f8/f6/f4 storage cannot be a Triton kernel's buffer".into())
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ + beta · out` (row-major, f32 or bf16, f32 accumulation) with
+/// `out[m, n] = alpha · x[m, k] · w[n, k]ᵀ + beta · out` (row-major, f32 or bf16, f32 accumulation) with
 /// cuBLAS on `blas`'s stream (candle's `CudaDevice::cublas_handle`, bound to candle's stream):
 /// the fused decode step's projections, written into preallocated buffers so that a CUDA graph
 /// can replay them. In cuBLAS's column-major terms it is `outᵀ = op(w)·xᵀ` with `w` transposed.
-/// `beta = 1` accumulates onto `out` (a bias written there first).
+/// `beta = 1` accumulates onto `out` (a bias written there first, or a LoRA adapter's update
+/// `alpha = α/r` onto its projection's output).
 ///
 /// Errors: buffers of different or unsupported dtypes, a buffer shorter than its matrix, a
 /// dimension of 0 or over `i32::MAX`, cuBLAS's error.
@@ -257,6 +258,7 @@ pub fn gemm(
     m: usize,
     n: usize,
     k: usize,
+    alpha: f32,
     beta: f32,
 ) -> Result<()> {
     use cudarc::cublas::sys;
@@ -287,7 +289,6 @@ pub fn gemm(
             .ok_or_else(|| err(format!("dimension {v}")))
     };
     let (mi, ni, ki) = (dim(m)?, dim(n)?, dim(k)?);
-    let alpha = 1f32;
     // SAFETY: the three pointers address live device buffers of the checked dtype holding at
     // least the matrices' elements (checked above; the caller keeps them alive until the stream
     // has run the product); alpha and beta are host f32s, as CUBLAS_COMPUTE_32F takes them.
