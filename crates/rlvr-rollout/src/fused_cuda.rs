@@ -5,7 +5,9 @@
 //! the wave's live rows fit half the slots (it compacts the cache first). Buffers: the step's
 //! activations and inputs are candle tensors allocated once per decoder (their storage never
 //! moves), the weights are the model's own tensors (in-place updates are seen; a reload that
-//! replaces storage makes a new wave's program), the caches and the bias are the wave's
+//! replaces storage makes a new wave's program; a bf16 model's f32 LoRA factors are bf16 copies
+//! made when the decoder is built, current for its bucket: weights change between `sample`
+//! calls, never during one), the caches and the bias are the wave's
 //! `KvBuffer`, which is not compacted while a decoder runs on it. Each buffer's device address is
 //! read once per decoder; a step writes its inputs (embeddings of the new tokens, positions, columns,
 //! lengths) into those buffers with candle copies, then runs the program's launches (Triton
