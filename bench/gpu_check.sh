@@ -353,6 +353,17 @@ for l in sys.stdin: print(json.dumps({"prompt": json.loads(l)["question"]}))' > 
   # projection), f32: graphs on/off bit-identical, and the fused step against the candle step
   # (`--fused none`): the rows whose token ids agree and the largest |Δ log-prob| on them (float
   # rounding apart, the same tokens; a wrong head norm or adapter product moves every row).
+  # Two experience files of the same generation, f32: the rows whose token ids agree (>= 90%)
+  # and the largest |Δ log-prob| on them (<= 1e-3).
+  cat > "$S/close.py" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+same = [(x, y) for x, y in zip(a, b) if x["completion_ids"] == y["completion_ids"]]
+d = max((abs(p - q) for x, y in same for p, q in zip(x["behaviour_logprobs"], y["behaviour_logprobs"])), default=float("nan"))
+ok = len(a) == len(b) > 0 and len(same) >= 0.9 * len(a) and d <= 1e-3
+print(f"{'PASS' if ok else 'FAIL'} sampling: {sys.argv[3]}: {len(same)} of {len(a)} rows with the same token ids, max |d log-prob| {d:.2e} on them (needs >= 90% and <= 1e-3)")
+PY
   if [ "${#fa[@]}" = 2 ]; then
     "$RLVR" init --arch qwen3 --hidden 256 --layers 4 --heads 4 --kv-heads 2 --intermediate 512 \
       --vocab-size 151936 --tie-embeddings true --tokenizer "$W/tok/tokenizer.json" --seed 0 \
@@ -386,18 +397,20 @@ PY
       else
         echo "FAIL sampling: $m graphs on/off f32: the experiences differ"
       fi
-      "$PY" - "$S/${m}_none.jsonl" "$S/${m}_decode.jsonl" "$m" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-same = [(x, y) for x, y in zip(a, b) if x["completion_ids"] == y["completion_ids"]]
-d = max((abs(p - q) for x, y in same for p, q in zip(x["behaviour_logprobs"], y["behaviour_logprobs"])), default=float("nan"))
-ok = len(a) == len(b) > 0 and len(same) >= 0.9 * len(a) and d <= 1e-3
-print(f"{'PASS' if ok else 'FAIL'} sampling: {sys.argv[3]} fused vs candle f32: {len(same)} of {len(a)} rows with the same token ids, max |d log-prob| {d:.2e} on them (needs >= 90% and <= 1e-3)")
-PY
+      "$PY" "$S/close.py" "$S/${m}_none.jsonl" "$S/${m}_decode.jsonl" "$m fused vs candle f32"
       grep -h "kernels\." "$S"/${m}_generate_*.err 2>/dev/null | sort -u | head -2
     done
   fi
+  # (a'') The prompt prefill through the fused attention (`kernels.attention`) against (a)'s
+  # candle prefill, both with the fused decode step, f32.
+  case "$off" in
+    *" attention "*|*" decode "*) echo "SKIP sampling: prefill by the fused attention (KERNELS_OFF)" ;;
+    *)
+      timeout --foreground -k 5 "$to" "$RLVR" generate --model "$W/small" --prompts "$S/prompts.jsonl" --chat -n 4 --top-p 1 --max-new-tokens 32 \
+        --stop k --seed 7 --device "$DEVICE" --dtype f32 --fused attention,decode --out "$S/attn_prefill.jsonl" > /dev/null \
+        2> "$S/attn_prefill.err" || { echo "FAIL sampling: generate --fused attention,decode: rc $?"; tail -3 "$S/attn_prefill.err"; }
+      "$PY" "$S/close.py" "$S/exp_f32_decode.jsonl" "$S/attn_prefill.jsonl" "prefill by the fused attention vs candle f32" ;;
+  esac
   # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
   # fixed rule of the ids, so groups have variance), same device, dtype and switches.
   for dt in $dts; do

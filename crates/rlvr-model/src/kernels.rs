@@ -57,7 +57,7 @@ impl std::fmt::Display for Switch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KernelSwitches {
-    /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; head dims other than 64 and 128 and dtypes other than f32/bf16 use the candle composition. Default `auto`.
+    /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores; also the sampler's prompt prefill, which writes the keys and values into its cache): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; head dims other than 64 and 128 and dtypes other than f32/bf16 use the candle composition. Default `auto`.
     pub attention: Switch,
     /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. With `on` on CUDA every norm of the model runs the kernels (the post-attention norm fused with the residual add before it), LoRA and activation checkpointing included.
     pub rms_norm: Switch,

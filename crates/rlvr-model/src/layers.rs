@@ -406,8 +406,11 @@ impl Attention {
             Some(f) if self.fused.rotary => crate::kernels::rotary(&q, &k, cos, sin, f)?,
             _ => (rope(&q, cos, sin)?, rope(&k, cos, sin)?),
         };
+        // A cache takes the fused path only while empty (a prefill: `Model::forward_masked`
+        // gives the layout only then); the keys and values are stored below.
+        let prefill = cache.as_ref().is_none_or(|(s, _)| s.is_empty());
         let fused = match mask {
-            _ if !self.fused.attention || cache.is_some() => None,
+            _ if !self.fused.attention || !prefill => None,
             AttnMask::Dense(_, l) => l.clone().map(|l| (AttnKind::Dense, l)),
             AttnMask::Shared(l) => l.fused.clone().map(|f| (AttnKind::Shared, f)),
         };
@@ -435,6 +438,11 @@ impl Attention {
                 };
                 Ok(o.reshape((n, nh, hd))?)
             };
+            if let Some((store, layer)) = cache {
+                // A prefill into an empty cache: the new positions are all it attends to.
+                let bhtd = |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(1, 2)?.contiguous()?) };
+                store.append(layer, &bhtd(&k)?, &bhtd(&v)?)?;
+            }
             let o = crate::kernels::attention(
                 kind,
                 layout,

@@ -451,16 +451,19 @@ impl Model {
         grad: bool,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let fused = match (&cache, key_mask) {
-            (Some(_), _) => None,
-            _ if !self.fused.attention => None,
-            (None, Some(mask)) if mask.len() == b && bias.dims() == [b, 1, t, t] => {
+        // Fused attention runs without a cache and on a prefill into an empty one (the sampler's
+        // prompts: the layers write the keys and values into the cache, then attend over the
+        // new positions only); a forward after cached positions runs the candle composition.
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        let fused = match key_mask {
+            _ if past > 0 || !self.fused.attention => None,
+            Some(mask) if mask.len() == b && bias.dims() == [b, 1, t, t] => {
                 match crate::kernels::mask_seqs(mask, t) {
                     Some(seqs) => Some(self.fused_layout(b * t, seqs)),
                     None => self.dense_fused_layout(bias, b, t)?,
                 }
             }
-            (None, _) => self.dense_fused_layout(bias, b, t)?,
+            _ => self.dense_fused_layout(bias, b, t)?,
         };
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
         let x = self.stack(ids, positions, &AttnMask::Dense(bias, fused), cache, grad)?;

@@ -462,4 +462,63 @@ mod tests {
         assert_eq!(arg(&attn, "n_splits")["value"], 2);
         assert_eq!(arg(&read("attn_combine"), "n_qh")["value"], 2);
     }
+
+    /// With `kernels.attention` on, the sampler's prefill (left-padded prompts into the empty
+    /// cache) runs the fused attention, whose layers store the keys and values themselves: the
+    /// completions equal the plain sampler's bit for bit (on the CPU the op is the candle
+    /// composition over the same tensors), so the cache holds what the decode steps need; and
+    /// the prefill's launch (two left-padded sequences) is recorded for the interpreter's replay.
+    #[test]
+    fn the_prefill_runs_the_fused_attention_into_the_cache() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 256}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let plain = Model::random(config, 0.05, 8, DType::F32, &Device::Cpu).unwrap();
+        let prompts: Vec<Vec<u32>> = [37u32, 20]
+            .iter()
+            .map(|n| (0..*n).map(|i| (i * 5 + n) % 64).collect())
+            .collect();
+        let params = SamplingParams {
+            group_size: 3,
+            max_new_tokens: 6,
+            ..Default::default()
+        };
+        let want = Sampler::new(&plain, 0)
+            .sample(&prompts, 0, &params, 4)
+            .unwrap();
+        let mut m = plain.try_clone().unwrap();
+        let mut k = KernelSwitches::all(Switch::Off);
+        k.attention = Switch::On;
+        m.set_kernels(k);
+        let got = {
+            let _guard = rlvr_model::kernels::record_launches(tmp.path()).unwrap();
+            Sampler::new(&m, 0).sample(&prompts, 0, &params, 4).unwrap()
+        };
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.token_ids, b.token_ids);
+            assert_eq!(a.behaviour_logprobs, b.behaviour_logprobs);
+        }
+        let recs: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let fwd = recs
+            .iter()
+            .find(|n| n.starts_with("model_attn_dense_") && n.contains("fwd"))
+            .unwrap_or_else(|| panic!("no prefill attention record among {recs:?}"));
+        let rec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(tmp.path().join(fwd).join("record.json")).unwrap(),
+        )
+        .unwrap();
+        // One program row per query block of each sequence: the 37- and 20-token prompts, both
+        // left-padded to 37 in a flat axis of 74 positions.
+        let q = &rec["buffers"]["q"]["shape"];
+        assert_eq!(q, &serde_json::json!([74, 2, 64]), "{rec}");
+    }
 }
