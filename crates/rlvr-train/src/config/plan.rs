@@ -20,7 +20,11 @@
 //!   512 MiB (`rlvr_model::STASH_MAX_BYTES`); elsewhere the chunked head holds a few
 //!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each on the CPU, `CHUNK_ELEMS_GPU` on a GPU).
 //! - the native sampler's **KV cache**: `rollout.max_batch_rows × T × layers × 2 × kv_heads ×
-//!   head_dim × b`.
+//!   head_dim × b`, and beside it, while a wave's prompts are prefilled, the **prefill scores**:
+//!   eager attention materialises `[P, heads, L, L]` scores (f32), probabilities (f32) and their
+//!   cast (b) for the wave's P = ⌈rows / K⌉ prompts of L tokens (with `[env]` and more than one
+//!   turn: every row's whole context, as a later turn without a turn-cache entry prefills it); the
+//!   fused attention, which runs the prefill too, none.
 //! - **LoRA** (`model.lora_rank` ≥ 1): the base weights `P·b` are frozen (no masters, gradients or
 //!   moments); the adapters' `A` (P_a parameters in f32) get the f32 gradient sum, one
 //!   micro-batch's gradients and two moments; the explorer copies the adapters only (it shares
@@ -316,6 +320,9 @@ pub struct Plan {
     pub kv_cache: u64,
     /// `rollout.max_batch_rows`.
     pub kv_cache_rows: u64,
+    /// The prefill's attention scores at `kv_cache_rows` rows (module docs; 0 with fused
+    /// attention): transient, counted in the sampling peak beside the KV cache.
+    pub prefill_scores: u64,
     /// Constant process overhead ([`CPU_OVERHEAD`] or [`GPU_OVERHEAD`]).
     pub overhead: u64,
     /// Rows per micro-batch in the config (from `train.micro_batch_tokens` when set).
@@ -538,6 +545,14 @@ pub fn plan_ranks(
             (raw.rollout.max_batch_rows as f64).max(1.0) * kv_per_row_f,
         ),
         (
+            "the prefill's attention scores",
+            (raw.rollout.max_batch_rows as f64).max(1.0)
+                * shape.heads as f64
+                * tf
+                * tf
+                * (8 + b) as f64,
+        ),
+        (
             "the log-prob head's logits",
             rows_bound * completion as f64 * shape.vocab as f64 * 8.0,
         ),
@@ -617,6 +632,23 @@ pub fn plan_ranks(
     let kv_per_row = t * shape.layers * 2 * shape.kv_heads * shape.head_dim * b;
     let kv_cache_rows = raw.rollout.max_batch_rows as u64;
     let kv_cache = kv_cache_rows * kv_per_row;
+    // A wave's prefill: ⌈rows / K⌉ prompts of `prompt` tokens, or with [env] every row's context
+    // (prompt + episode) when a later turn is prefilled whole.
+    let env = max_turns.is_some_and(|n| n > 1);
+    let prefill_scores_at = move |rows: u64| match attention {
+        AttentionPath::Fused => 0,
+        AttentionPath::Eager => {
+            let (p_n, l) = match env {
+                true => (rows, t),
+                false => (rows.div_ceil(k), prompt),
+            };
+            // Saturating: `largest` below tries row counts past any memory.
+            (p_n.saturating_mul(shape.heads))
+                .saturating_mul(l.saturating_mul(l))
+                .saturating_mul(8 + b)
+        }
+    };
+    let prefill_scores = prefill_scores_at(kv_cache_rows);
     let overhead = if cpu { CPU_OVERHEAD } else { GPU_OVERHEAD };
     let resident = weights + master_weights + adamw_moments + explorer_weights + reference_model;
     let train_fixed = resident
@@ -629,6 +661,7 @@ pub fn plan_ranks(
     let train_peak = train_fixed + activations_per_micro_batch;
     let rollout_peak = resident
         + kv_cache
+        + prefill_scores
         + overhead
         + if threaded {
             gradients + logits_buffer + activations_per_micro_batch
@@ -651,7 +684,12 @@ pub fn plan_ranks(
             } else {
                 0
             };
-        max_roll = Some(m.saturating_sub(roll_fixed) / kv_per_row);
+        let room = m.saturating_sub(roll_fixed);
+        max_roll = Some(largest(|r| {
+            r.checked_mul(kv_per_row)
+                .and_then(|kv| kv.checked_add(prefill_scores_at(r)))
+                .is_some_and(|need| need <= room)
+        }));
     }
     Ok(Plan {
         model: raw.model.path.display().to_string(),
@@ -679,6 +717,7 @@ pub fn plan_ranks(
         logits_buffer,
         kv_cache,
         kv_cache_rows,
+        prefill_scores,
         overhead,
         micro_batch_rows: rows,
         share_prompt: share,
@@ -879,7 +918,7 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
             p.adapter_params as f64 / 1e6
         )?;
     }
-    let rows: [(&str, String); 14] = [
+    let rows: [(&str, String); 15] = [
         ("weights", gib(p.weights)),
         ("master weights (f32)", gib(p.master_weights)),
         ("gradients", gib(p.gradients)),
@@ -919,6 +958,13 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
         (
             "KV cache",
             format!("{} ({} rows)", gib(p.kv_cache), p.kv_cache_rows),
+        ),
+        (
+            "prefill scores",
+            match p.attention {
+                AttentionPath::Fused => "none (fused attention)".to_string(),
+                AttentionPath::Eager => gib(p.prefill_scores),
+            },
         ),
         ("process overhead", gib(p.overhead)),
         (

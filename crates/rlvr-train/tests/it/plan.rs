@@ -494,7 +494,24 @@ fn a_multi_turn_episode_is_planned_as_one_row_of_its_turns_and_bridges() {
         v.as_object_mut().unwrap().remove("max_turns");
         v
     };
-    assert_eq!(json(&multi), json(&single));
+    // Sampling differs: a later turn without a turn-cache entry prefills every row's whole
+    // context (eager attention: [rows, heads, T, T] scores), not ⌈rows / K⌉ prompts.
+    let training = |p: &rlvr_train::config::plan::Plan| {
+        let mut v = json(p);
+        for k in ["prefill_scores", "rollout_peak", "max_rollout_rows", "fits"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        v
+    };
+    assert_eq!(training(&multi), training(&single));
+    assert_eq!(
+        multi.prefill_scores,
+        multi.kv_cache_rows * 14 * (512 + 1664) * (512 + 1664) * 10
+    );
+    assert_eq!(
+        multi.rollout_peak - single.rollout_peak,
+        multi.prefill_scores - single.prefill_scores
+    );
     // The KV cache holds the last turn's whole context: prompt 512 + episode 1664 tokens.
     assert_eq!(
         multi.kv_cache,
@@ -571,4 +588,43 @@ fn the_plan_counts_no_scores_under_fused_attention() {
         table.contains("fused attention: no score tensors"),
         "{table}"
     );
+    assert!(
+        table.contains("prefill scores") && table.contains("none (fused attention)"),
+        "{table}"
+    );
+}
+
+/// The sampling peak counts the prefill's attention scores beside the KV cache: eager attention
+/// materialises `[P, heads, L, L]` in f32 twice and once in bf16 for the wave's ⌈rows / K⌉
+/// prompts (with `[env]`, every row's whole context); the fused attention none, and the largest
+/// rollout batch grows accordingly.
+#[test]
+fn the_sampling_peak_counts_the_prefill_scores() {
+    let eager = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
+    let fused = plan(&raw(&["kernels.attention=\"on\""]), false, Some(80 << 30)).unwrap();
+    let prompts = eager.kv_cache_rows.div_ceil(eager.group_size);
+    let l = eager.prompt_tokens;
+    assert_eq!(eager.prefill_scores, prompts * 14 * l * l * 10);
+    assert_eq!(fused.prefill_scores, 0);
+    assert_eq!(
+        eager.rollout_peak - fused.rollout_peak,
+        eager.prefill_scores
+    );
+    assert!(fused.max_rollout_rows.unwrap() > eager.max_rollout_rows.unwrap());
+    // At the largest rollout batch the eager sampling peak fits, one row more does not.
+    let at = |rows: u64| {
+        let r = raw(&[&format!("rollout.max_batch_rows={rows}")]);
+        plan(&r, false, Some(80 << 30)).unwrap().rollout_peak
+    };
+    let most = eager.max_rollout_rows.unwrap();
+    assert!(at(most) <= 80 << 30 && at(most + 1) > 80 << 30, "{most}");
+    // Multi-turn: every row's context, prompt and episode, prefilled whole.
+    let env = plan(
+        &raw(&["env.builtin=\"retry\"", "env.max_turns=2"]),
+        false,
+        None,
+    )
+    .unwrap();
+    let t = env.prompt_tokens + env.completion_tokens;
+    assert_eq!(env.prefill_scores, env.kv_cache_rows * 14 * t * t * 10);
 }
