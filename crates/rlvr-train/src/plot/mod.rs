@@ -1,8 +1,11 @@
 //! `rlvr plot RUN_DIR... --metric NAME... --out FILE.svg|png` (DESIGN.md section 10): x = step, one
 //! panel per metric, one line per run (legend = `--label`, else the run directory's name, made
 //! unique with its parent's), a null or a missing step left as a gap, `--smooth` an exponential
-//! moving average over the faint raw series, one `--title`, y axes labelled with the metric and
-//! its unit. A metric is a metrics.jsonl key, or `diagnostics/KEY` for a diagnostics.jsonl key.
+//! moving average over the faint raw series (of the noisy metrics only, [`smoothable`]), one
+//! `--title`, y axes labelled with the metric and its unit, the legend once, beside the first
+//! row. `--mean-over-seeds` draws runs whose configs differ only in their seeds as one line, the
+//! mean over the seeds with a band of ±1 standard error ([`seed_groups`], [`rlvr_chart::mean_se`]).
+//! A metric is a metrics.jsonl key, or `diagnostics/KEY` for a diagnostics.jsonl key.
 //! With `--heatmap` a metric is a histogram key of diagnostics.jsonl (`diagnostics/hist/ratio`,
 //! `diagnostics/hist/mismatch`) and each run gets a heat map of it over the steps ([`heatmap`]).
 //! SVG by default; PNG too. Text is laid out with DejaVu Sans, which the rlvr-fonts crate ships (with its
@@ -12,7 +15,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-pub use rlvr_chart::{ema, register_font, segments, step_label, Series, PALETTE};
+pub use rlvr_chart::{ema, mean_se, register_font, segments, step_label, Series, PALETTE};
 use rlvr_chart::{Figure, Line, Panel, Row};
 
 pub mod heatmap;
@@ -42,7 +45,9 @@ pub struct PlotArgs {
     /// Exponential moving average with this weight on the past per step, in [0, 1) (TensorBoard's
     /// smoothing; 0.6 is its default), by step distance: a point k steps after the last weighs
     /// it by weight^k, so a sparse eval series does not lag. The smoothed line is drawn over the
-    /// faint raw one.
+    /// faint raw one. Only noisy statistics are smoothed: schedules and counts (`lr`,
+    /// `staleness/*`, versions, `diagnostics/updates`, `rows`, `stale_dropped`, `memory/*`,
+    /// `eval/n`) are drawn as they are.
     #[arg(long)]
     pub smooth: Option<f64>,
     /// One title over the figure (none by default).
@@ -57,6 +62,16 @@ pub struct PlotArgs {
     /// by the share of the step's tokens in each bucket (log scale).
     #[arg(long)]
     pub heatmap: bool,
+    /// One line per group of runs whose config.toml files differ only in their seeds
+    /// (`train.seed`, `data.seed`, any key named `seed`) and `output.dir`: the mean over the
+    /// group's runs at the steps all of them have, with a band of ±1 standard error (as the lab's
+    /// figures); the legend says how many seeds. Each run needs its config.toml.
+    #[arg(long)]
+    pub mean_over_seeds: bool,
+    /// With `--mean-over-seeds`: a config key also ignored when grouping (repeatable), e.g.
+    /// `model.path` where each seed starts from its own checkpoint (the lab's warm starts).
+    #[arg(long = "ignore-key", requires = "mean_over_seeds")]
+    pub ignore_keys: Vec<String>,
 }
 
 /// The file and key a `metric` of `run` is read from: `diagnostics/KEY` from diagnostics.jsonl
@@ -190,67 +205,351 @@ pub(crate) fn run_name(run: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
+/// Whether `--smooth` smooths `metric`: true for the noisy per-step statistics of sampled data
+/// (rewards, accuracies, losses, clip fractions, ratios, KL, entropy, lengths, advantages, norms,
+/// timings), false for series that are schedules or counts, whose exact values are the point:
+/// `lr`, `staleness/*` (the sync schedule's sawtooth), any `version` key, `eval/n`,
+/// `diagnostics/updates`, `diagnostics/rows`, `diagnostics/stale_dropped`,
+/// `diagnostics/staleness/*` and `diagnostics/memory/*` (a peak is what one reads there).
+pub fn smoothable(metric: &str) -> bool {
+    let key = metric.strip_prefix("diagnostics/").unwrap_or(metric);
+    let exact = ["lr", "eval/n", "updates", "rows", "stale_dropped", "step"];
+    !(exact.contains(&key)
+        || key.starts_with("staleness/")
+        || key.starts_with("memory/")
+        || key.contains("version"))
+}
+
+/// `s` smoothed with [`ema`] weight `w` segment by segment ([`segments`]: no smoothing across a
+/// gap).
+pub fn smooth_series(s: &[(f64, f64)], w: f64) -> Series {
+    segments(s).into_iter().flat_map(|seg| ema(seg, w)).collect()
+}
+
+/// One line of the figure: a run, or with `--mean-over-seeds` a group of runs.
+pub(crate) struct Entry {
+    /// Legend label.
+    pub label: String,
+    /// Per metric, the series of each run of the entry (one run: one series).
+    pub series: Vec<Vec<Series>>,
+}
+
+/// The figure's line of `runs` (one entry's series of one metric): one run's series, smoothed
+/// with its raw series faint under it when `smooth` is given; several runs' mean with its ±1
+/// SE band ([`mean_se`]), each run smoothed first when `smooth` is given (the mean of the
+/// smoothed runs, the raw runs' mean faint under it). Returns the line and the steps the mean
+/// left out (some runs lack them).
+pub(crate) fn entry_line(style: usize, runs: &[Series], smooth: Option<f64>) -> (Line, usize) {
+    let raw = mean_se(runs);
+    let Some(w) = smooth else {
+        return (
+            Line {
+                style,
+                points: raw.mean,
+                band: raw.band,
+                faint: Vec::new(),
+            },
+            raw.dropped,
+        );
+    };
+    let smoothed: Vec<Series> = runs.iter().map(|s| smooth_series(s, w)).collect();
+    let m = mean_se(&smoothed);
+    let line = Line {
+        style,
+        points: m.mean,
+        band: m.band,
+        faint: raw.mean,
+    };
+    (line, raw.dropped)
+}
+
 /// The figure of `rlvr plot`: one row per metric (y axis: the metric and its unit), in it one
-/// panel with a line per run and the runs' legend beside it, or with `facet` one captioned panel
-/// per run on the row's axes and no legend (the captions name the runs).
+/// panel with a line per entry (run or group of seeds) and the legend beside the first row only
+/// (the rows share it), or with `facet` one captioned panel per entry on the row's axes and no
+/// legend (the captions name the runs). `smooth` applies to the [`smoothable`] metrics. Returns
+/// the figure and, per (entry, metric), the steps a mean over seeds left out.
 pub(crate) fn figure(
     metrics: &[String],
-    data: &[(String, Vec<Series>)],
+    data: &[Entry],
     smooth: Option<f64>,
     title: Option<&str>,
     facet: bool,
-) -> Figure {
-    let line = |r: usize, k: usize| Line {
-        style: r,
-        points: data[r].1[k].clone(),
-        band: Vec::new(),
-    };
-    let rows = metrics
-        .iter()
+) -> (Figure, Vec<(usize, usize, usize)>) {
+    let mut dropped = Vec::new();
+    let mut lines: Vec<Vec<Line>> = Vec::new();
+    for (k, metric) in metrics.iter().enumerate() {
+        let w = smooth.filter(|_| smoothable(metric));
+        let mut row = Vec::new();
+        for (r, e) in data.iter().enumerate() {
+            let (line, d) = entry_line(r, &e.series[k], w);
+            if d > 0 && e.series[k].len() > 1 {
+                dropped.push((r, k, d));
+            }
+            row.push(line);
+        }
+        lines.push(row);
+    }
+    let rows = lines
+        .into_iter()
         .enumerate()
-        .map(|(k, metric)| Row {
-            y_desc: axis_label(metric),
+        .map(|(k, row)| Row {
+            y_desc: axis_label(&metrics[k]),
             panels: if facet {
-                (0..data.len())
-                    .map(|r| Panel {
-                        caption: Some(data[r].0.clone()),
-                        lines: vec![line(r, k)],
+                row.into_iter()
+                    .enumerate()
+                    .map(|(r, l)| Panel {
+                        caption: Some(data[r].label.clone()),
+                        lines: vec![l],
                     })
                     .collect()
             } else {
                 vec![Panel {
                     caption: None,
-                    lines: (0..data.len()).map(|r| line(r, k)).collect(),
+                    lines: row,
                 }]
             },
-            legend: if facet {
+            // One legend, beside the first row: every row has the same lines.
+            legend: if facet || k > 0 {
                 Vec::new()
             } else {
                 data.iter()
                     .enumerate()
-                    .map(|(r, (n, _))| (n.clone(), r))
+                    .map(|(r, e)| (e.label.clone(), r))
                     .collect()
             },
         })
         .collect();
-    Figure {
+    let fig = Figure {
         title: title.map(str::to_string),
         rows,
         cols: 0,
-        smooth,
         markers: true,
         solid: false,
         outer_labels: false,
+    };
+    (fig, dropped)
+}
+
+/// The run directory of `run` (a run directory, or a metrics.jsonl file in one).
+fn run_dir(run: &Path) -> &Path {
+    if run.is_dir() {
+        run
+    } else {
+        run.parent().unwrap_or(run)
     }
 }
 
-/// Draws the plot `a` describes. Returns the number of points drawn (with `--heatmap`, the number
+/// A run's config.toml without its seeds and `ignore` keys (what `--mean-over-seeds` compares),
+/// and the seeds removed (`key=value`, sorted), which tell the runs of a group apart.
+///
+/// # Errors
+/// A missing or malformed config.toml, named.
+fn config_but_seeds(run: &Path, ignore: &[String]) -> anyhow::Result<(toml::Table, String)> {
+    let path = run_dir(run).join("config.toml");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "--mean-over-seeds compares the runs' configs: reading {}",
+            path.display()
+        )
+    })?;
+    let mut t: toml::Table = text
+        .parse()
+        .with_context(|| format!("parsing {}", path.display()))?;
+    fn strip(t: &mut toml::Table, prefix: &str, ignore: &[String], seeds: &mut Vec<String>) {
+        let keys: Vec<String> = t.keys().cloned().collect();
+        for k in keys {
+            let full = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if k == "seed" || k.ends_with("_seed") {
+                if let Some(v) = t.remove(&k) {
+                    seeds.push(format!("{full}={v}"));
+                }
+            } else if full == "output.dir" || ignore.contains(&full) {
+                t.remove(&k);
+            } else if let Some(toml::Value::Table(sub)) = t.get_mut(&k) {
+                strip(sub, &full, ignore, seeds);
+            }
+        }
+    }
+    let mut seeds = Vec::new();
+    strip(&mut t, "", ignore, &mut seeds);
+    seeds.sort();
+    Ok((t, seeds.join(" ")))
+}
+
+/// `--mean-over-seeds`: the runs grouped by their config.toml with every seed key, `output.dir`
+/// and the `ignore` keys left out; groups in the order of their first run, runs in the given
+/// order. Runs with the same seeds in one group are named in a warning (they are counted twice).
+///
+/// # Errors
+/// A run without a readable config.toml.
+pub fn seed_groups(runs: &[PathBuf], ignore: &[String]) -> anyhow::Result<Vec<Vec<usize>>> {
+    let mut groups: Vec<(toml::Table, Vec<(usize, String)>)> = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let (cfg, seeds) = config_but_seeds(r, ignore)?;
+        match groups.iter_mut().find(|g| g.0 == cfg) {
+            Some(g) => {
+                if let Some((j, _)) = g.1.iter().find(|m| m.1 == seeds) {
+                    crate::log::say(&format!(
+                        "warning: {} and {} have the same config and seeds ({seeds}); both are \
+                         in the mean",
+                        runs[*j].display(),
+                        r.display()
+                    ));
+                }
+                g.1.push((i, seeds));
+            }
+            None => groups.push((cfg, vec![(i, seeds)])),
+        }
+    }
+    Ok(groups
+        .into_iter()
+        .map(|g| g.1.into_iter().map(|m| m.0).collect())
+        .collect())
+}
+
+/// The legend labels of `groups` of `runs` (run labels `run_labels`): a group of one run keeps
+/// its label; a larger one is named by its runs' common parent directory (`grpo_v4` for
+/// `grpo_v4/seed-0`, `grpo_v4/seed-1`), else by its first run's label, followed by
+/// `(mean ± SE of n seeds)`. `given`: `--label` values, one per run (a group takes its first
+/// run's) or one per group.
+///
+/// # Errors
+/// A `--label` count that is neither the runs' nor the groups'.
+pub fn group_labels(
+    runs: &[PathBuf],
+    groups: &[Vec<usize>],
+    given: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = if given.len() == groups.len() && !given.is_empty() {
+        given.to_vec()
+    } else {
+        let per_run = labels(runs, given).map_err(|e| {
+            anyhow::anyhow!("{e}, or one per group of seeds ({})", groups.len())
+        })?;
+        let parent = |i: usize| {
+            run_dir(&runs[i])
+                .canonicalize()
+                .ok()
+                .and_then(|d| d.parent().map(Path::to_path_buf))
+        };
+        let mut out: Vec<String> = groups
+            .iter()
+            .map(|g| {
+                let p = parent(g[0]);
+                let shared = g.len() > 1 && p.is_some() && g.iter().all(|&i| parent(i) == p);
+                match p.as_deref().and_then(Path::file_name) {
+                    Some(n) if shared && given.is_empty() => n.to_string_lossy().to_string(),
+                    _ => per_run[g[0]].clone(),
+                }
+            })
+            .collect();
+        // Two groups under one parent: their first runs' labels instead.
+        for (j, g) in groups.iter().enumerate() {
+            if out.iter().filter(|n| **n == out[j]).count() > 1 {
+                out[j] = per_run[g[0]].clone();
+            }
+        }
+        out
+    };
+    Ok(names
+        .into_iter()
+        .zip(groups)
+        .map(|(n, g)| match g.len() {
+            1 => n,
+            k => format!("{n} (mean ± SE of {k} seeds)"),
+        })
+        .collect())
+}
+
+/// What [`build`] makes of a [`PlotArgs`] (without `--heatmap`): the figure as data, its size
+/// in pixels and the number of points read.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The figure ([`rlvr_chart::Figure`]): rows, panels, lines with their bands.
+    pub figure: Figure,
+    /// Width and height, pixels.
+    pub size: (u32, u32),
+    /// Points read, summed over runs and metrics (nulls and missing steps not counted).
+    pub points: usize,
+}
+
+/// The figure `a` describes, as data (no file written; `--heatmap` is [`heatmap`]'s).
+///
+/// # Errors
+/// `--smooth` outside [0, 1), unreadable runs, a metric absent from every run; with
+/// `--mean-over-seeds`, a run without its config.toml, a `--label` count that is neither the
+/// runs' nor the groups'.
+pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
+    if let Some(w) = a.smooth {
+        if !(0.0..1.0).contains(&w) {
+            bail!("--smooth {w}: the weight on the past must be in [0, 1)");
+        }
+    }
+    let mut series = Vec::new();
+    for run in &a.runs {
+        let s = a
+            .metrics
+            .iter()
+            .map(|m| read_series(run, m))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .with_context(|| format!("reading {}", run.display()))?;
+        series.push(s);
+    }
+    for (k, m) in a.metrics.iter().enumerate() {
+        if series.iter().all(|s| s[k].is_empty()) {
+            bail!("no run has a value for metric `{m}` (check the name against metrics.jsonl)");
+        }
+    }
+    let points = series
+        .iter()
+        .map(|s| s.iter().map(Vec::len).sum::<usize>())
+        .sum();
+    let (groups, names) = if a.mean_over_seeds {
+        let g = seed_groups(&a.runs, &a.ignore_keys)?;
+        let n = group_labels(&a.runs, &g, &a.labels)?;
+        (g, n)
+    } else {
+        let n = labels(&a.runs, &a.labels)?;
+        ((0..a.runs.len()).map(|i| vec![i]).collect(), n)
+    };
+    let data: Vec<Entry> = groups
+        .iter()
+        .zip(names)
+        .map(|(g, label)| Entry {
+            label,
+            series: (0..a.metrics.len())
+                .map(|k| g.iter().map(|&i| series[i][k].clone()).collect())
+                .collect(),
+        })
+        .collect();
+    let title_h = if a.title.is_some() { 30 } else { 0 };
+    let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
+    let (figure, dropped) = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
+    for (r, k, d) in dropped {
+        crate::log::say(&format!(
+            "note: {}, {}: {} left out of the mean (not every seed has a value there)",
+            data[r].label,
+            a.metrics[k],
+            crate::log::counted(d as u64, "step")
+        ));
+    }
+    Ok(Built {
+        figure,
+        size,
+        points,
+    })
+}
+
+/// Draws the plot `a` describes. Returns the number of points read (with `--heatmap`, the number
 /// of cells: steps × buckets, summed over runs and metrics).
 ///
 /// # Errors
-/// `--width` or `--panel-height` of 0 or above [`MAX_PIXELS`], unreadable runs, a metric absent
-/// from every run (with `--heatmap`: no run has it as an array), an unknown extension, drawing
-/// errors.
+/// `--width` or `--panel-height` of 0 or above [`MAX_PIXELS`], an unknown extension, drawing
+/// errors, and those of [`build`] (with `--heatmap`: no run has the metric as an array).
 pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
     for (flag, v) in [("--width", a.width), ("--panel-height", a.panel_height)] {
         if !(1..=MAX_PIXELS).contains(&v) {
@@ -259,36 +558,12 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
     }
     register_font();
     if a.heatmap {
+        if a.mean_over_seeds {
+            bail!("--heatmap draws each run apart: leave out --mean-over-seeds");
+        }
         return heatmap::plot_heatmaps(a);
     }
-    if let Some(w) = a.smooth {
-        if !(0.0..1.0).contains(&w) {
-            bail!("--smooth {w}: the weight on the past must be in [0, 1)");
-        }
-    }
-    let names = labels(&a.runs, &a.labels)?;
-    let mut data = Vec::new();
-    for (run, name) in a.runs.iter().zip(names) {
-        let series = a
-            .metrics
-            .iter()
-            .map(|m| read_series(run, m))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .with_context(|| format!("reading {}", run.display()))?;
-        data.push((name, series));
-    }
-    for (k, m) in a.metrics.iter().enumerate() {
-        if data.iter().all(|(_, s)| s[k].is_empty()) {
-            bail!("no run has a value for metric `{m}` (check the name against metrics.jsonl)");
-        }
-    }
-    let points = data
-        .iter()
-        .map(|(_, s)| s.iter().map(Vec::len).sum::<usize>())
-        .sum();
-    let title_h = if a.title.is_some() { 30 } else { 0 };
-    let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
-    let fig = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
+    let b = build(a)?;
     let ext = a
         .out
         .extension()
@@ -301,9 +576,9 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             a.out.display()
         );
     }
-    rlvr_chart::save(&a.out, size, &fig)
+    rlvr_chart::save(&a.out, b.size, &b.figure)
         .with_context(|| format!("writing --out {}", a.out.display()))?;
-    Ok(points)
+    Ok(b.points)
 }
 
 /// Runs `rlvr plot`. Prints `{"out", "points"}`.
