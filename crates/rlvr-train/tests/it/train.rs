@@ -566,6 +566,11 @@ fn the_loss_is_split_into_pg_loss_and_reg_loss() {
         "algorithm.kl_coef=0.1".into(),
         "algorithm.entropy_coef=0.01".into(),
         "algorithm.dual_clip=3.0".into(),
+        // The fresh model's groups all score 0: A = −0.5 on every row (the baseline shifted, no
+        // std division, zero-variance groups kept), so that the PG term is not 0 either.
+        "algorithm.std_norm=\"none\"".into(),
+        "algorithm.baseline_shift=0.5".into(),
+        "algorithm.exclude_zero_std=false".into(),
     ]);
     run(&sets);
     let m = metrics(&rd);
@@ -577,7 +582,7 @@ fn the_loss_is_split_into_pg_loss_and_reg_loss() {
             (pg + reg - loss).abs() <= 1e-5 * (1.0 + loss.abs()),
             "{pg} + {reg} vs {loss}"
         );
-        assert!(reg != 0.0, "{l:?}");
+        assert!(reg != 0.0 && pg != 0.0, "{l:?}");
         let dual = f("clip_frac/dual");
         assert!((0.0..=f("clip_frac/high")).contains(&dual), "{l:?}");
         trained += 1;
