@@ -976,7 +976,10 @@ fn dual_clip_share_and_pg_loss_by_hand() {
     assert_eq!(m.reg_loss, 0.0);
     assert_eq!(m.loss, m.pg_loss);
     let names: Vec<&str> = m.pairs().iter().map(|p| p.0).collect();
-    assert_eq!(names[names.len() - 3..], ["pg_loss", "reg_loss", "clip_frac/dual"]);
+    assert_eq!(
+        names[names.len() - 3..],
+        ["pg_loss", "reg_loss", "clip_frac/dual"]
+    );
     // Without a dual clip the share is undefined (null), and −ρA stands: 4 and 1.75.
     let m = tiny(&alg(|_| {}), &lp, &[0.0; 6], &adv).finalise(None);
     assert_eq!(m.clip_frac_dual, None);
@@ -1041,7 +1044,11 @@ fn pg_loss_and_reg_loss_add_up_to_the_loss() {
             want += w[i] * (tau * x * x + beta * k3 - c_h * ent[k]);
         }
     }
-    assert!((m.reg_loss - want).abs() < 1e-12, "{} vs {want}", m.reg_loss);
+    assert!(
+        (m.reg_loss - want).abs() < 1e-12,
+        "{} vs {want}",
+        m.reg_loss
+    );
     assert!(m.reg_loss.abs() > 1e-3);
     assert!((m.pg_loss + m.reg_loss - m.loss).abs() < 1e-12, "{m:?}");
     let (plain_loss, plain) = run(&alg(|_| {}));

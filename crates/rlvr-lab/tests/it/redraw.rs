@@ -162,8 +162,14 @@ fn redraw_from_lab_data_alone_gives_the_same_figures_summary_and_verdicts() {
     // 0.013·7 + 0.0246912 + 3 = 4.3156912, stored to 3 significant digits (4.32).
     assert_eq!(g.ratio_min_run, Some(0.38));
     assert_eq!(g.ratio_max_run, Some(4.32));
-    assert!((g.ratio_min.unwrap() - 0.81).abs() < 1e-12, "last step: {g:?}");
-    assert!((g.ratio_max.unwrap() - 1.7446912).abs() < 1e-12, "last step: {g:?}");
+    assert!(
+        (g.ratio_min.unwrap() - 0.81).abs() < 1e-12,
+        "last step: {g:?}"
+    );
+    assert!(
+        (g.ratio_max.unwrap() - 1.7446912).abs() < 1e-12,
+        "last step: {g:?}"
+    );
     let md = read(&out.join("summary.md"));
     assert!(md.contains("| ratio min (run) | ratio max (run) |"), "{md}");
     let row = md.lines().find(|l| l.starts_with("| grpo_v16 |")).unwrap();

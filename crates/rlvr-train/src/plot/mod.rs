@@ -223,7 +223,10 @@ pub fn smoothable(metric: &str) -> bool {
 /// `s` smoothed with [`ema`] weight `w` segment by segment ([`segments`]: no smoothing across a
 /// gap).
 pub fn smooth_series(s: &[(f64, f64)], w: f64) -> Series {
-    segments(s).into_iter().flat_map(|seg| ema(seg, w)).collect()
+    segments(s)
+        .into_iter()
+        .flat_map(|seg| ema(seg, w))
+        .collect()
 }
 
 /// One line of the figure: a run, or with `--mean-over-seeds` a group of runs.
@@ -427,9 +430,8 @@ pub fn group_labels(
     let names: Vec<String> = if given.len() == groups.len() && !given.is_empty() {
         given.to_vec()
     } else {
-        let per_run = labels(runs, given).map_err(|e| {
-            anyhow::anyhow!("{e}, or one per group of seeds ({})", groups.len())
-        })?;
+        let per_run = labels(runs, given)
+            .map_err(|e| anyhow::anyhow!("{e}, or one per group of seeds ({})", groups.len()))?;
         let parent = |i: usize| {
             run_dir(&runs[i])
                 .canonicalize()
@@ -529,13 +531,20 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
     let title_h = if a.title.is_some() { 30 } else { 0 };
     let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
     let (figure, dropped) = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
-    for (r, k, d) in dropped {
-        crate::log::say(&format!(
-            "note: {}, {}: {} left out of the mean (not every seed has a value there)",
-            data[r].label,
-            a.metrics[k],
-            crate::log::counted(d as u64, "step")
-        ));
+    // One note per line that left steps out, naming the metrics.
+    for (r, e) in data.iter().enumerate() {
+        let what: Vec<String> = dropped
+            .iter()
+            .filter(|x| x.0 == r)
+            .map(|&(_, k, d)| format!("{} of {}", d, a.metrics[k]))
+            .collect();
+        if !what.is_empty() {
+            crate::log::say(&format!(
+                "note: {}: steps that not every seed has are left out of the mean ({})",
+                e.label,
+                what.join(", ")
+            ));
+        }
     }
     Ok(Built {
         figure,

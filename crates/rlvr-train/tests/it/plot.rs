@@ -500,13 +500,25 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
             .collect();
         seeded_run(&d(&format!("grpo/seed-{seed}")), seed, 1e-4, "m", &pts);
     }
-    seeded_run(&d("other/seed-0"), 0, 2e-4, "m", &[(1, 0.9), (2, 0.9), (3, 0.9)]);
+    seeded_run(
+        &d("other/seed-0"),
+        0,
+        2e-4,
+        "m",
+        &[(1, 0.9), (2, 0.9), (3, 0.9)],
+    );
     let runs: Vec<String> = ["grpo/seed-0", "grpo/seed-1", "grpo/seed-2", "other/seed-0"]
         .iter()
         .map(|r| d(r).display().to_string())
         .collect();
     let mut v: Vec<&str> = runs.iter().map(String::as_str).collect();
-    v.extend(["--metric", "reward/mean", "--metric", "lr", "--mean-over-seeds"]);
+    v.extend([
+        "--metric",
+        "reward/mean",
+        "--metric",
+        "lr",
+        "--mean-over-seeds",
+    ]);
     let b = rlvr_train::plot::build(&args(&v)).unwrap();
     let rows = &b.figure.rows;
     let legend: Vec<&str> = rows[0].legend.iter().map(|l| l.0.as_str()).collect();
@@ -534,7 +546,11 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     let mut w = v.clone();
     w.extend(["--label", "GRPO", "--label", "more lr"]);
     let b = rlvr_train::plot::build(&args(&w)).unwrap();
-    let legend: Vec<&str> = b.figure.rows[0].legend.iter().map(|l| l.0.as_str()).collect();
+    let legend: Vec<&str> = b.figure.rows[0]
+        .legend
+        .iter()
+        .map(|l| l.0.as_str())
+        .collect();
     assert_eq!(legend, ["GRPO (mean ± SE of 3 seeds)", "more lr"]);
     let mut w = v.clone();
     w.extend(["--label", "a"]);
@@ -544,14 +560,25 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     // Without the flag: one line per run.
     let b = rlvr_train::plot::build(&args(&v[..v.len() - 1])).unwrap();
     assert_eq!(b.figure.rows[0].panels[0].lines.len(), 4);
-    assert!(b.figure.rows[0].panels[0].lines.iter().all(|l| l.band.is_empty()));
+    assert!(b.figure.rows[0].panels[0]
+        .lines
+        .iter()
+        .all(|l| l.band.is_empty()));
 
     // Seeds that start from their own checkpoints differ in model.path: apart, unless ignored.
     for seed in 0..2u64 {
         let pts = [(1, 0.5 + seed as f64)];
-        seeded_run(&d(&format!("lab/seed-{seed}")), seed, 1e-4, &format!("warm/seed-{seed}"), &pts);
+        seeded_run(
+            &d(&format!("lab/seed-{seed}")),
+            seed,
+            1e-4,
+            &format!("warm/seed-{seed}"),
+            &pts,
+        );
     }
-    let lab: Vec<String> = (0..2).map(|s| d(&format!("lab/seed-{s}")).display().to_string()).collect();
+    let lab: Vec<String> = (0..2)
+        .map(|s| d(&format!("lab/seed-{s}")).display().to_string())
+        .collect();
     let mut v: Vec<&str> = lab.iter().map(String::as_str).collect();
     v.extend(["--metric", "reward/mean", "--mean-over-seeds"]);
     let b = rlvr_train::plot::build(&args(&v)).unwrap();
@@ -570,14 +597,27 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     let bare = d("bare").display().to_string();
     let e = format!(
         "{:#}",
-        rlvr_train::plot::build(&args(&[&bare, "--metric", "reward/mean", "--mean-over-seeds"]))
-            .unwrap_err()
+        rlvr_train::plot::build(&args(&[
+            &bare,
+            "--metric",
+            "reward/mean",
+            "--mean-over-seeds"
+        ]))
+        .unwrap_err()
     );
     assert!(e.contains("config.toml"), "{e}");
     // And the whole command draws it.
     let out = d("mean.png").display().to_string();
     let mut v: Vec<&str> = runs.iter().map(String::as_str).collect();
-    v.extend(["--metric", "reward/mean", "--mean-over-seeds", "--smooth", "0.5", "--out", &out]);
+    v.extend([
+        "--metric",
+        "reward/mean",
+        "--mean-over-seeds",
+        "--smooth",
+        "0.5",
+        "--out",
+        &out,
+    ]);
     run_plot(&args(&v), &mut Vec::new()).unwrap();
     assert_eq!(&std::fs::read(d("mean.png")).unwrap()[1..4], b"PNG");
 }
@@ -586,7 +626,13 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
 #[test]
 fn smoothing_leaves_schedules_and_counts_alone() {
     use rlvr_train::plot::smoothable;
-    for k in ["reward/mean", "loss", "eval/accuracy", "clip_frac", "diagnostics/time/score_s"] {
+    for k in [
+        "reward/mean",
+        "loss",
+        "eval/accuracy",
+        "clip_frac",
+        "diagnostics/time/score_s",
+    ] {
         assert!(smoothable(k), "{k}");
     }
     for k in [
@@ -607,7 +653,13 @@ fn smoothing_leaves_schedules_and_counts_alone() {
     seeded_run(&run, 0, 1e-4, "m", &[(1, 0.0), (2, 1.0), (3, 1.0)]);
     let r = run.display().to_string();
     let b = rlvr_train::plot::build(&args(&[
-        &r, "--metric", "reward/mean", "--metric", "lr", "--smooth", "0.5",
+        &r,
+        "--metric",
+        "reward/mean",
+        "--metric",
+        "lr",
+        "--smooth",
+        "0.5",
     ]))
     .unwrap();
     let reward = &b.figure.rows[0].panels[0].lines[0];
