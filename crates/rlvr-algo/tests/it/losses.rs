@@ -1035,13 +1035,13 @@ fn pg_loss_and_reg_loss_add_up_to_the_loss() {
     let (loss, m) = run(&with);
     assert_eq!(m.loss, loss);
     let mut want = 0.0;
-    for i in 0..b {
+    for (i, wi) in w.iter().enumerate() {
         for j in 0..t {
             let k = i * t + j;
             let x = logp[k] - old[k];
             let xr = refp[k] - logp[k];
             let k3 = xr.exp() - xr - 1.0;
-            want += w[i] * (tau * x * x + beta * k3 - c_h * ent[k]);
+            want += wi * (tau * x * x + beta * k3 - c_h * ent[k]);
         }
     }
     assert!(
