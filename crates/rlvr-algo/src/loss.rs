@@ -20,7 +20,9 @@
 //! (off-policy sequence masking, DeepSeek-V3.2 arXiv 2512.02556 Eq. 9, as TRL applies it).
 //!
 //! plus the regulariser (OPMD +τx², AsymRE −τℓ), β·k(ℓ_ref − ℓ) (optionally ·ρ̄), and −c_H·H. The
-//! scalar is Σ_i w_i Σ_t m_it L_it with w from [`crate::UpdateNormaliser`]. Clip decisions are
+//! scalar is Σ_i w_i Σ_t m_it L_it with w from [`crate::UpdateNormaliser`]; the diagnostics split
+//! it into the PG term's part (`pg_loss`, verl's `actor/pg_loss`) and the rest (`reg_loss`: the
+//! regulariser, KL penalty and entropy bonus), aggregated alike. Clip decisions are
 //! taken on detached values and applied with `where_cond`, so a clipped token has exactly zero
 //! PG gradient and ties never split a gradient.
 //!
@@ -176,14 +178,33 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
         None => pg.loss,
     };
 
-    // Regulariser, KL, entropy.
+    // Regulariser, KL, entropy. `reg` is what they add to the PG term, detached, for the
+    // `reg_loss` diagnostic (the loss itself is summed as before, term by term).
+    let pg_d = pg_loss.detach();
+    let mut reg: Option<Tensor> = None;
+    let mut add_reg = |term: &Tensor| -> Result<()> {
+        let term = term.detach();
+        reg = Some(match reg.take() {
+            Some(r) => (r + term)?,
+            None => term,
+        });
+        Ok(())
+    };
     let mut per_token = pg_loss;
     // Paper B's REP regularisers (arXiv 2509.24203; DESIGN.md section 4): OPMD +τ·(ℓ − ℓ_old)² (Kimi k1.5,
     // arXiv 2501.12599, with Trinity-RFT's convention), AsymRE −τ·ℓ.
     match alg.regulariser {
         RegTerm::None => {}
-        RegTerm::Opmd { tau } => per_token = (per_token + (x.sqr()? * tau)?)?,
-        RegTerm::Asymre { tau } => per_token = (per_token - (&logp * tau)?)?,
+        RegTerm::Opmd { tau } => {
+            let term = (x.sqr()? * tau)?;
+            add_reg(&term)?;
+            per_token = (per_token + term)?;
+        }
+        RegTerm::Asymre { tau } => {
+            let term = (&logp * tau)?;
+            add_reg(&term.neg()?)?;
+            per_token = (per_token - term)?;
+        }
     }
     // β·k(ℓ_ref − ℓ) with k1/k2/k3 of DESIGN.md section 4 (k3: arXiv 2402.03300 Eq. 4); ·ρ̄ is the off-policy
     // "corrected k3" of DeepSeek-V3.2 (DESIGN.md section 4).
@@ -198,12 +219,16 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
             } else {
                 k
             };
-            per_token = (per_token + (k * alg.kl.coef)?)?;
+            let term = (k * alg.kl.coef)?;
+            add_reg(&term)?;
+            per_token = (per_token + term)?;
         }
     }
     let entropy = inp.entropy.map(&clean).transpose()?;
     if let (Some(h), true) = (&entropy, alg.entropy_coef != 0.0) {
-        per_token = (per_token - (h * alg.entropy_coef)?)?;
+        let term = (h * alg.entropy_coef)?;
+        add_reg(&term.neg()?)?;
+        per_token = (per_token - term)?;
     }
 
     // Aggregate: Σ_i w_i Σ_t m_it L_it, w fixed per update before micro-batching (DESIGN.md section 4).
@@ -212,8 +237,15 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
         Some(c) => (&mask * c.to_dtype(dt)?.detach())?,
         None => mask.clone(),
     };
-    let row_sums = (per_token * &weighted_mask)?.sum(D::Minus1)?;
-    let loss = (row_sums * &w)?.sum_all()?;
+    let aggregate = |x: &Tensor| -> Result<Tensor> {
+        Ok(((x * &weighted_mask)?.sum(D::Minus1)? * &w)?.sum_all()?)
+    };
+    let loss = aggregate(&per_token)?;
+    let pg_part = aggregate(&pg_d)?;
+    let reg_part = match &reg {
+        Some(r) => aggregate(r)?,
+        None => pg_part.zeros_like()?,
+    };
 
     let stats = diagnostics(&Diag {
         mask: &mask,
@@ -228,6 +260,9 @@ pub fn policy_loss(alg: &Algorithm, inp: &LossInputs) -> Result<(Tensor, LossSta
         entropy: entropy.as_ref().map(|e| e.detach()).as_ref(),
         opsm_drop: opsm_drop.as_ref(),
         loss: &loss,
+        pg_loss: &pg_part,
+        reg_loss: &reg_part,
+        dual_clipped: pg.dual_clipped.as_ref(),
     })?;
     Ok((loss, stats))
 }
@@ -237,6 +272,9 @@ struct Pg {
     loss: Tensor,
     clipped_low: Tensor,
     clipped_high: Tensor,
+    /// With a dual clip (PPO, GSPO): the tokens whose term the dual-clip bound −c·A set (A < 0,
+    /// ratio > c; counted in `clipped_high` too). `None` without a dual clip.
+    dual_clipped: Option<Tensor>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -266,12 +304,13 @@ fn pg_term(
             let ratio_w = cap_ratio(ratio, s.is_cap)?;
             let ratio_wd = ratio_w.detach();
             let (lo, hi) = (1.0 - s.clip_low, 1.0 + s.clip_high);
-            let (loss, cl, ch) =
+            let (loss, cl, ch, dual) =
                 clipped_surrogate(adv, &ratio_w, &ratio_wd, pos, neg, lo, hi, s.dual_clip)?;
             Ok(Pg {
                 loss,
                 clipped_low: cl,
                 clipped_high: ch,
+                dual_clipped: dual,
             })
         }
         // GSPO (arXiv 2507.18071, its sequence-level objective): the clipped surrogate on the
@@ -287,11 +326,13 @@ fn pg_term(
             let s = (x.sum_keepdim(D::Minus1)? / n)?.exp()?;
             let s = cap_ratio(&s, g.is_cap)?.broadcast_as((b, t))?;
             let sd = s.detach();
-            let (loss, cl, ch) = clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, g.dual_clip)?;
+            let (loss, cl, ch, dual) =
+                clipped_surrogate(adv, &s, &sd, pos, neg, lo, hi, g.dual_clip)?;
             Ok(Pg {
                 loss,
                 clipped_low: cl,
                 clipped_high: ch,
+                dual_clipped: dual,
             })
         }
         // CISPO (MiniMax-M1, arXiv 2506.13585): −sg(min(ρ, 1+ε_h))·A·ℓ, the IS weight clipped and
@@ -306,6 +347,7 @@ fn pg_term(
                 loss,
                 clipped_low: zeros,
                 clipped_high: capped,
+                dual_clipped: None,
             })
         }
         // Group-relative REINFORCE (paper B, arXiv 2509.24203): −A·ℓ.
@@ -313,6 +355,7 @@ fn pg_term(
             loss: (adv * logp)?.neg()?,
             clipped_low: zeros.clone(),
             clipped_high: zeros,
+            dual_clipped: None,
         }),
         // Paper B's REC family (arXiv 2509.24203; DESIGN.md section 1): −A′·k·ℓ with keep-mask k from the
         // detached ratio and weight A′ (reference: Trinity-RFT rec_policy_loss.py).
@@ -369,13 +412,15 @@ fn pg_term(
                 loss,
                 clipped_low,
                 clipped_high,
+                dual_clipped: None,
             })
         }
     }
 }
 
 /// −min(ρA, clip(ρ, lo, hi)A) with optional dual-clip, on any ratio tensor (token or broadcast
-/// sequence ratio). Returns the loss and the low/high zeroed masks (f, detached).
+/// sequence ratio). Returns the loss, the low/high zeroed masks (f, detached) and, with a dual
+/// clip, the mask of the tokens it bounded (f, detached; also in the high mask).
 #[allow(clippy::too_many_arguments)]
 fn clipped_surrogate(
     adv: &Tensor,
@@ -386,7 +431,7 @@ fn clipped_surrogate(
     lo: f64,
     hi: f64,
     dual_clip: Option<f64>,
-) -> Result<(Tensor, Tensor, Tensor)> {
+) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
     let dt = ratio.dtype();
     // Zeroed when the clipped branch is the (strictly) smaller objective.
     let clip_hi = pos.mul(&ratio_d.gt(hi)?)?;
@@ -396,15 +441,18 @@ fn clipped_surrogate(
     let any_clip = clip_hi.add(&clip_lo)?; // disjoint (A > 0 vs A < 0)
     let mut loss = any_clip.where_cond(&clipped_value, &unclipped)?;
     let mut high = clip_hi.to_dtype(dt)?;
+    let mut dual_mask = None;
     // Dual-clip (Ye et al., arXiv 1912.09729): for A < 0 the loss is at most −c·A.
     if let Some(cd) = dual_clip {
         // A < 0 and ρ > c: the loss −ρA exceeds −cA; dual-clip caps it at the constant −cA.
         let dual = neg.mul(&ratio_d.gt(cd)?)?;
         let capped = (adv * cd)?.neg()?;
         loss = dual.where_cond(&capped, &loss)?;
-        high = (high + dual.to_dtype(dt)?)?;
+        let dual = dual.to_dtype(dt)?;
+        high = (high + &dual)?;
+        dual_mask = Some(dual);
     }
-    Ok((loss, clip_lo.to_dtype(dt)?, high))
+    Ok((loss, clip_lo.to_dtype(dt)?, high, dual_mask))
 }
 
 /// x clamped to [−c, c]; gradient 1 inside, 0 where clamped.
@@ -455,6 +503,12 @@ struct Diag<'a> {
     entropy: Option<&'a Tensor>,
     opsm_drop: Option<&'a Tensor>,
     loss: &'a Tensor,
+    /// The PG term's part of `loss` (detached scalar).
+    pg_loss: &'a Tensor,
+    /// The regulariser's, KL penalty's and entropy bonus's part of `loss` (detached scalar).
+    reg_loss: &'a Tensor,
+    /// Tokens the dual clip bounded (`None`: no dual clip).
+    dual_clipped: Option<&'a Tensor>,
 }
 
 /// Declares [`Sums`] from one list of named fields, so that the stacking order and the read-back
@@ -496,6 +550,10 @@ named_sums! {
     struct Sums {
         /// The detached micro-batch loss.
         loss,
+        /// Its PG term's part.
+        pg_loss,
+        /// Its regulariser's, KL penalty's and entropy bonus's part.
+        reg_loss,
         /// Σ mask: every completion token, trained or not.
         tokens_total,
         /// Trained tokens.
@@ -504,6 +562,8 @@ named_sums! {
         clipped_low,
         /// Trained tokens the PG term zeroed with ρ̄ ≥ 1.
         clipped_high,
+        /// Trained tokens the dual clip bounded (0 without a dual clip).
+        dual_clipped,
         /// Trained tokens with A > 0.
         pos_tokens,
         /// Of those, zeroed.
@@ -580,10 +640,13 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     };
     let on_device = Sums {
         loss: f64_of(&d.loss.detach())?,
+        pg_loss: f64_of(d.pg_loss)?,
+        reg_loss: f64_of(d.reg_loss)?,
         tokens_total: f64_of(&support.sum_all()?)?,
         tokens: s(&one)?,
         clipped_low: s(d.clipped_low)?,
         clipped_high: s(d.clipped_high)?,
+        dual_clipped: or_zero(d.dual_clipped)?,
         pos_tokens: s(&posf)?,
         clipped_pos: s(&(&clipped * &posf)?)?,
         neg_tokens: s(&negf)?,
@@ -624,10 +687,18 @@ fn diagnostics(d: &Diag) -> Result<LossStats> {
     }
     Ok(LossStats {
         loss: v.loss,
+        pg_loss: v.pg_loss,
+        reg_loss: v.reg_loss,
         tokens_total: v.tokens_total,
         tokens,
         clipped_low: v.clipped_low,
         clipped_high: v.clipped_high,
+        dual_clipped: v.dual_clipped,
+        dual_clip_tokens: if d.dual_clipped.is_some() {
+            tokens
+        } else {
+            0.0
+        },
         pos_tokens: v.pos_tokens,
         clipped_pos: v.clipped_pos,
         neg_tokens: v.neg_tokens,

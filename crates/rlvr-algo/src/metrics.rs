@@ -136,6 +136,12 @@ impl CorrectionCounts {
 pub struct LossStats {
     /// Σ of the scalar losses returned (each already normalised), i.e. the update loss.
     pub loss: f64,
+    /// The policy-gradient term's part of `loss` (the surrogate alone, aggregated as the loss).
+    pub pg_loss: f64,
+    /// The rest of `loss`: the regulariser (OPMD's +τx², AsymRE's −τℓ), the KL penalty β·k and
+    /// the entropy bonus −c_H·H, aggregated as the loss (`pg_loss + reg_loss = loss` up to
+    /// rounding).
+    pub reg_loss: f64,
     /// All completion tokens (Σ mask), trained or not.
     pub tokens_total: f64,
     /// Trained tokens.
@@ -145,6 +151,10 @@ pub struct LossStats {
     /// Same with ρ̄ ≥ 1 (includes dual-clipped tokens). CISPO zeroes nothing: it counts here the tokens
     /// whose IS weight was capped at 1 + ε_high (their gradient is scaled, not zeroed).
     pub clipped_high: f64,
+    /// Trained tokens whose PG term the dual-clip bound −c·A set (A < 0 and ratio > c).
+    pub dual_clipped: f64,
+    /// Trained tokens of losses with a dual clip (0 without one, so that the share is null).
+    pub dual_clip_tokens: f64,
     /// Trained tokens with A > 0.
     pub pos_tokens: f64,
     /// Of those, clipped (zeroed).
@@ -184,10 +194,14 @@ impl Default for LossStats {
     fn default() -> Self {
         LossStats {
             loss: 0.0,
+            pg_loss: 0.0,
+            reg_loss: 0.0,
             tokens_total: 0.0,
             tokens: 0.0,
             clipped_low: 0.0,
             clipped_high: 0.0,
+            dual_clipped: 0.0,
+            dual_clip_tokens: 0.0,
             pos_tokens: 0.0,
             clipped_pos: 0.0,
             neg_tokens: 0.0,
@@ -213,12 +227,21 @@ impl Default for LossStats {
 pub struct LossMetrics {
     /// `loss`: the summed (normalised) loss.
     pub loss: f64,
+    /// `pg_loss`: the policy-gradient term's part of `loss` (verl's `actor/pg_loss`, Trinity-RFT's
+    /// `pg_loss`).
+    pub pg_loss: f64,
+    /// `reg_loss`: the rest of `loss`, what the loss adds to the surrogate (regulariser, KL
+    /// penalty, entropy bonus); 0 when it adds nothing.
+    pub reg_loss: f64,
     /// `clip_frac`: share of trained tokens whose PG term the clip or keep-mask zeroed.
     pub clip_frac: Option<f64>,
     /// `clip_frac/low`: share clipped with ρ̄ < 1.
     pub clip_frac_low: Option<f64>,
     /// `clip_frac/high`: share clipped with ρ̄ ≥ 1.
     pub clip_frac_high: Option<f64>,
+    /// `clip_frac/dual`: share of the trained tokens whose PG term the dual clip bounded (A < 0,
+    /// ratio > c; verl's `actor/pg_clipfrac_lower`); `None` without a dual clip.
+    pub clip_frac_dual: Option<f64>,
     /// `clip_frac/adv_pos`: share of A > 0 tokens clipped.
     pub clip_frac_adv_pos: Option<f64>,
     /// `clip_frac/adv_neg`: share of A < 0 tokens clipped.
@@ -255,7 +278,8 @@ macro_rules! additive_fields {
     ($m:ident, $($args:tt)*) => {
         $m!($($args)*; loss, tokens_total, tokens, clipped_low, clipped_high, pos_tokens,
             clipped_pos, neg_tokens, clipped_neg, ratio_sum, ratio_sq_sum, kl_behaviour_sum,
-            kl_ref_sum, kl_ref_tokens, entropy_sum, entropy_tokens)
+            kl_ref_sum, kl_ref_tokens, entropy_sum, entropy_tokens, pg_loss, reg_loss,
+            dual_clipped, dual_clip_tokens)
     };
 }
 
@@ -325,9 +349,12 @@ impl LossStats {
         let n = self.tokens;
         LossMetrics {
             loss: self.loss,
+            pg_loss: self.pg_loss,
+            reg_loss: self.reg_loss,
             clip_frac: frac(self.clipped_low + self.clipped_high, n),
             clip_frac_low: frac(self.clipped_low, n),
             clip_frac_high: frac(self.clipped_high, n),
+            clip_frac_dual: frac(self.dual_clipped, self.dual_clip_tokens),
             clip_frac_adv_pos: frac(self.clipped_pos, self.pos_tokens),
             clip_frac_adv_neg: frac(self.clipped_neg, self.neg_tokens),
             ratio_mean: frac(self.ratio_sum, n),
@@ -347,7 +374,8 @@ impl LossStats {
 }
 
 impl LossMetrics {
-    /// `(DESIGN.md section 10 name, value)` pairs, ready for metrics.jsonl (`None` → null).
+    /// `(metrics.jsonl name, value)` pairs (`None` → null): DESIGN.md section 10's, then
+    /// `pg_loss`, `reg_loss` and `clip_frac/dual`.
     pub fn pairs(&self) -> Vec<(&'static str, Option<f64>)> {
         vec![
             ("loss", Some(self.loss)),
@@ -365,6 +393,9 @@ impl LossMetrics {
             ("ess", self.ess),
             ("masked_frac", self.masked_frac),
             ("zero_std_frac", self.zero_std_frac),
+            ("pg_loss", Some(self.pg_loss)),
+            ("reg_loss", Some(self.reg_loss)),
+            ("clip_frac/dual", self.clip_frac_dual),
         ]
     }
 }

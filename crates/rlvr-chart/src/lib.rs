@@ -4,8 +4,10 @@
 //! `cols` to a line); a panel has a caption and [`Line`]s, each a series with an optional band
 //! (e.g. the lowest to the highest seed). Each row's legend sits in its own column right of every
 //! panel, so it never covers data. Steps are labelled as integers; a series is cut at its gaps (no
-//! line bridges a missing step); with `smooth` each line is drawn as a TensorBoard-style EMA by
-//! step distance ([`ema`]) over its faint raw series. Line `style` r picks the colour ([`PALETTE`]), dash and marker, so that
+//! line bridges a missing step); a line may carry a faint series drawn under it (its raw values
+//! when the line is smoothed, e.g. by [`ema`]). [`mean_se`] gives the mean over seeds with a
+//! ±1 standard error band, the one aggregate of `rlvr plot --mean-over-seeds` and the lab's
+//! figures. Line `style` r picks the colour ([`PALETTE`]), dash and marker, so that
 //! coinciding curves stay distinguishable. Text is DejaVu Sans from rlvr-fonts (no system font).
 //!
 //! [`draw`] returns the [`Layout`] it drew (the pixel rectangles of the data areas and of the
@@ -33,6 +35,9 @@ pub struct Line {
     pub points: Series,
     /// A band (step, low, high) drawn faint under the line; empty for none.
     pub band: Vec<(f64, f64, f64)>,
+    /// A series drawn faint (thin, 25% opacity, no markers) under the line, cut at its gaps:
+    /// the raw values of a smoothed line; empty for none.
+    pub faint: Series,
 }
 
 /// One chart of a row.
@@ -64,9 +69,6 @@ pub struct Figure {
     pub rows: Vec<Row>,
     /// Panels per line within a row (0: all on one line).
     pub cols: usize,
-    /// EMA weight on the past (TensorBoard's smoothing) of every line, drawn over its faint raw
-    /// series; `None`: the lines as given.
-    pub smooth: Option<f64>,
     /// Markers on the lines (every point of a short series, about 25 of a long one).
     pub markers: bool,
     /// Lines solid while their colour is unique (no dashes: for long noisy series, where dashes
@@ -202,6 +204,57 @@ pub fn ema(s: &[(f64, f64)], w: f64) -> Series {
         .collect()
 }
 
+/// The mean over runs (seeds) of each step and its band of ±1 standard error of the mean
+/// (sample standard deviation / √n), from the steps every run has with a finite value: a step
+/// that some runs lack (a shorter run, a null) is left out of both, and counted in
+/// [`MeanSe::dropped`]. One run: its series and no band.
+pub fn mean_se(runs: &[Series]) -> MeanSe {
+    let mut steps: Vec<f64> = runs.iter().flatten().map(|p| p.0).collect();
+    steps.sort_by(f64::total_cmp);
+    steps.dedup();
+    // Each run's finite value per step (the last where a step repeats).
+    let by_step: Vec<std::collections::HashMap<u64, f64>> = runs
+        .iter()
+        .map(|s| {
+            s.iter()
+                .filter(|p| p.1.is_finite())
+                .map(|p| (p.0.to_bits(), p.1))
+                .collect()
+        })
+        .collect();
+    let mut out = MeanSe::default();
+    for x in steps {
+        let ys: Vec<f64> = by_step
+            .iter()
+            .filter_map(|m| m.get(&x.to_bits()).copied())
+            .collect();
+        if ys.len() != runs.len() || ys.is_empty() {
+            out.dropped += 1;
+            continue;
+        }
+        let n = ys.len() as f64;
+        let m = ys.iter().sum::<f64>() / n;
+        out.mean.push((x, m));
+        if ys.len() > 1 {
+            let var = ys.iter().map(|y| (y - m) * (y - m)).sum::<f64>() / (n - 1.0);
+            let se = (var / n).sqrt();
+            out.band.push((x, m - se, m + se));
+        }
+    }
+    out
+}
+
+/// What [`mean_se`] returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MeanSe {
+    /// (step, mean over the runs).
+    pub mean: Series,
+    /// (step, mean − SE, mean + SE); empty for one run.
+    pub band: Vec<(f64, f64, f64)>,
+    /// Steps some but not all runs have (left out).
+    pub dropped: usize,
+}
+
 /// Draws style r's marker ([`marker`]: circle, triangle, square, cross) at each of `points`.
 fn markers<DB>(
     chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
@@ -245,7 +298,7 @@ where
     .map_err(err)
 }
 
-/// The data range of a row over its lines and bands: (x0, x1, y0, y1).
+/// The data range of a row over its lines, faint series and bands: (x0, x1, y0, y1).
 fn range(row: &Row) -> (f64, f64, f64, f64) {
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     let lines = row.panels.iter().flat_map(|p| p.lines.iter());
@@ -253,6 +306,7 @@ fn range(row: &Row) -> (f64, f64, f64, f64) {
         let pts = l
             .points
             .iter()
+            .chain(&l.faint)
             .map(|p| (p.0, p.1, p.1))
             .chain(l.band.iter().copied());
         for (x, lo, hi) in pts {
@@ -401,31 +455,27 @@ where
                 let r = l.style;
                 let c = color(r);
                 let stroke = c.stroke_width(2);
-                let mut drawn = Vec::new();
-                for seg in segments(&l.points) {
-                    if let Some(w) = fig.smooth {
-                        // The raw series faint, without markers, under the smoothed one.
-                        let faint = c.mix(0.25).stroke_width(1);
-                        chart
-                            .draw_series(LineSeries::new(seg.iter().copied(), faint))
-                            .map_err(err)?;
-                        drawn.push(ema(seg, w));
-                    } else {
-                        drawn.push(seg.to_vec());
-                    }
+                // The faint series (a smoothed line's raw values), without markers, under it.
+                for seg in segments(&l.faint) {
+                    let faint = c.mix(0.25).stroke_width(1);
+                    chart
+                        .draw_series(LineSeries::new(seg.iter().copied(), faint))
+                        .map_err(err)?;
                 }
+                let drawn = segments(&l.points);
                 let dashes = if fig.solid && r < PALETTE.len() {
                     None
                 } else {
                     dash(r)
                 };
                 for seg in &drawn {
+                    let seg = seg.iter();
                     match dashes {
                         None => chart
-                            .draw_series(LineSeries::new(seg.iter().copied(), stroke))
+                            .draw_series(LineSeries::new(seg.copied(), stroke))
                             .map(|_| ()),
                         Some((d, g)) => chart
-                            .draw_series(DashedLineSeries::new(seg.iter().copied(), d, g, stroke))
+                            .draw_series(DashedLineSeries::new(seg.copied(), d, g, stroke))
                             .map(|_| ()),
                     }
                     .map_err(err)?;
@@ -606,6 +656,32 @@ mod tests {
         );
     }
 
+    /// Three seeds at steps 1 and 2, one of them also at step 3: the mean and ±1 SE at the shared
+    /// steps (by hand: values 1, 2, 6 have mean 3, sample sd √7, SE √(7/3)), step 3 dropped.
+    #[test]
+    fn mean_se_is_the_mean_and_one_standard_error_at_shared_steps() {
+        let r = mean_se(&[
+            vec![(1.0, 1.0), (2.0, 0.0)],
+            vec![(1.0, 2.0), (2.0, 0.0), (3.0, 9.0)],
+            vec![(1.0, 6.0), (2.0, f64::NAN)],
+        ]);
+        assert_eq!(r.mean, [(1.0, 3.0)]);
+        let se = (7.0f64 / 3.0).sqrt();
+        assert_eq!(r.band.len(), 1);
+        assert!((r.band[0].1 - (3.0 - se)).abs() < 1e-12, "{:?}", r.band);
+        assert!((r.band[0].2 - (3.0 + se)).abs() < 1e-12, "{:?}", r.band);
+        // Step 2 (a NaN in one seed) and step 3 (one seed only).
+        assert_eq!(r.dropped, 2);
+        // Two seeds 0 and 2: mean 1, sd √2, SE 1.
+        let two = mean_se(&[vec![(0.0, 0.0)], vec![(0.0, 2.0)]]);
+        assert_eq!(two.band, [(0.0, 0.0, 2.0)]);
+        // One run: itself, no band.
+        let one = mean_se(&[vec![(0.0, 0.5), (1.0, 0.25)]]);
+        assert_eq!(one.mean, [(0.0, 0.5), (1.0, 0.25)]);
+        assert!(one.band.is_empty());
+        assert_eq!(one.dropped, 0);
+    }
+
     #[test]
     fn step_ticks_are_integers() {
         assert_eq!(step_label(&20.0), "20");
@@ -636,6 +712,7 @@ mod tests {
             band: (0..10)
                 .map(|i| (i as f64, (i * r) as f64 - 1.0, (i * r) as f64 + 1.0))
                 .collect(),
+            faint: Vec::new(),
         };
         let row = |n: usize| Row {
             y_desc: "y".into(),
@@ -651,7 +728,6 @@ mod tests {
             title: Some("t".into()),
             rows: vec![row(5), row(2), row(1)],
             cols: 3,
-            smooth: None,
             markers: true,
             solid: false,
             outer_labels: true,

@@ -190,16 +190,22 @@ impl LabData {
     }
 
     /// The runs' summaries, each with [`RunSummary::clip_frac_mean`] from its `clip_frac` series
-    /// (so the lab and a redraw, both reading this file, agree; a file from before the field
-    /// existed gets it too).
+    /// and [`RunSummary::ratio_min_run`] / [`RunSummary::ratio_max_run`] from its `ratio/min` and
+    /// `ratio/max` series (so the lab and a redraw, both reading this file, agree; a file from
+    /// before the fields existed gets them too).
     pub fn summaries(&self) -> Vec<RunSummary> {
         self.runs
             .iter()
             .map(|r| {
                 let pts = r.points(Metric::ClipFrac.key());
+                let over = |k: Metric, f: fn(f64, f64) -> f64| {
+                    r.points(k.key()).into_iter().map(|p| p.1).reduce(f)
+                };
                 RunSummary {
                     clip_frac_mean: (!pts.is_empty())
                         .then(|| pts.iter().map(|p| p.1).sum::<f64>() / pts.len() as f64),
+                    ratio_min_run: over(Metric::RatioMin, f64::min),
+                    ratio_max_run: over(Metric::RatioMax, f64::max),
                     ..r.summary.clone()
                 }
             })

@@ -1,9 +1,13 @@
 //! The lab's figures, each as SVG and PNG, drawn from [`LabData`] (the lab's `lab_data.json`) with
 //! rlvr-chart, the small-multiples code `rlvr plot --facet` draws with: panels on shared axes, one
-//! title, the legend in its own column right of the data, integer steps, a band from the lowest to
-//! the highest seed under each mean curve.
+//! title, the legend in its own column right of the data, integer steps, a band of ±1 standard
+//! error of the mean over seeds under each mean curve ([`rlvr_chart::mean_se`], the aggregate
+//! `rlvr plot --mean-over-seeds` draws too; before 2026-12-07 the band ran from the lowest to the
+//! highest seed).
 //! - `accuracy_vV`: held-out accuracy against step at sync interval V, one panel per algorithm
-//!   family (the label's first word: GRPO, REINFORCE, REC, OPMD, AsymRE, RED), one curve per arm;
+//!   family (the label's first word: GRPO, REINFORCE, REC, OPMD, AsymRE, RED), one curve per arm
+//!   (arms with a sync offset o > 0 at that interval too, labelled `(o=…)`, and named in the
+//!   title);
 //! - `intervals`: one panel per algorithm run at several intervals, one curve per interval;
 //! - `diagnostics_vV`: rows training reward (`reward/mean`, the mean reward of the step's
 //!   completions, when lab_data.json has it), clip fraction, log10 of the importance ratio's max
@@ -43,35 +47,14 @@ pub fn smooth(pts: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
 
 /// A curve: (step, value) points.
 type Series = Vec<(f64, f64)>;
-/// A band over seeds: (step, lowest, highest).
+/// A band over seeds: (step, mean − SE, mean + SE).
 type Band = Vec<(f64, f64, f64)>;
 
-/// Mean over seeds per step, and the band from the lowest to the highest seed (steps present in
-/// every series only; no band for one series).
+/// Mean over seeds per step and the ±1 standard error band (steps present in every series only;
+/// no band for one series): [`rlvr_chart::mean_se`].
 fn aggregate(runs: &[Series]) -> (Series, Band) {
-    let Some(first) = runs.first() else {
-        return (Vec::new(), Vec::new());
-    };
-    let (mut mean, mut band) = (Vec::new(), Vec::new());
-    for &(x, _) in first {
-        let ys: Vec<f64> = runs
-            .iter()
-            .filter_map(|s| s.iter().find(|p| p.0 == x).map(|p| p.1))
-            .filter(|y| y.is_finite())
-            .collect();
-        if ys.len() != runs.len() {
-            continue;
-        }
-        let m = ys.iter().sum::<f64>() / ys.len() as f64;
-        mean.push((x, m));
-        let lo = ys.iter().cloned().fold(f64::MAX, f64::min);
-        let hi = ys.iter().cloned().fold(f64::MIN, f64::max);
-        band.push((x, lo, hi));
-    }
-    if runs.len() < 2 {
-        band.clear();
-    }
-    (mean, band)
+    let m = rlvr_chart::mean_se(runs);
+    (m.mean, m.band)
 }
 
 /// One figure to draw: file stem, size in pixels, the figure.
@@ -94,12 +77,31 @@ pub fn family(label: &str) -> &str {
         .unwrap_or(label)
 }
 
-/// What a title says of the seeds: "mean of 3 seeds; band: lowest to highest seed", "1 seed".
+/// What a title says of the seeds: "mean of 3 seeds; band: ±1 standard error", "1 seed".
 fn seeds_text(n: usize) -> String {
     if n == 1 {
         "1 seed".into()
     } else {
-        format!("mean of {n} seeds; band: lowest to highest seed")
+        format!("mean of {n} seeds; band: ±1 standard error")
+    }
+}
+
+/// What a title says of the sync offsets of its arms: nothing when every arm has offset 0,
+/// ", offset 0 and 1" when they differ, ", offset 1" when all share one o > 0.
+fn offsets_text(offsets: &[u64]) -> String {
+    let mut o: Vec<u64> = offsets.to_vec();
+    o.sort_unstable();
+    o.dedup();
+    match o.as_slice() {
+        [] | [0] => String::new(),
+        [x] => format!(", offset {x}"),
+        [init @ .., last] => format!(
+            ", offset {} and {last}",
+            init.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -160,6 +162,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             style,
             points,
             band,
+            faint: Vec::new(),
         }
     };
     let pct = |y: f64| 100.0 * y;
@@ -222,7 +225,8 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             .max()
             .unwrap_or(0);
         let title = format!(
-            "Held-out accuracy at sync interval {v} ({})",
+            "Held-out accuracy at sync interval {v}{} ({})",
+            offsets_text(&here.iter().map(|a| first(a).offset).collect::<Vec<_>>()),
             seeds_text(seeds)
         );
         out.push(Drawn {
@@ -239,7 +243,6 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                     legend: legend.clone(),
                 }],
                 cols: COLS,
-                smooth: None,
                 markers: true,
                 solid: false,
                 outer_labels: true,
@@ -312,7 +315,8 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
             String::new()
         };
         let title = format!(
-            "Training diagnostics at sync interval {v} ({}{avg})",
+            "Training diagnostics at sync interval {v}{} ({}{avg})",
+            offsets_text(&here.iter().map(|a| first(a).offset).collect::<Vec<_>>()),
             seeds_text(seeds)
         );
         out.push(Drawn {
@@ -325,7 +329,6 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                 title: Some(title),
                 rows,
                 cols: 0,
-                smooth: None,
                 markers: false,
                 solid: true,
                 outer_labels: true,
@@ -397,7 +400,6 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                     legend,
                 }],
                 cols: COLS,
-                smooth: None,
                 markers: true,
                 solid: false,
                 outer_labels: true,
@@ -426,6 +428,14 @@ pub fn write_all(out: &Path, data: &LabData, smooth_w: usize) -> anyhow::Result<
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn titles_name_the_offsets_their_arms_have() {
+        assert_eq!(super::offsets_text(&[0, 0]), "");
+        assert_eq!(super::offsets_text(&[0, 1, 0]), ", offset 0 and 1");
+        assert_eq!(super::offsets_text(&[2, 0, 1]), ", offset 0, 1 and 2");
+        assert_eq!(super::offsets_text(&[1]), ", offset 1");
+    }
+
     #[test]
     fn families_are_the_labels_first_word() {
         assert_eq!(super::family("REC-OneSide-IS"), "REC");

@@ -324,6 +324,8 @@ mod tests {
             clip_frac_mean: None,
             ratio_min: None,
             ratio_max: None,
+            ratio_min_run: None,
+            ratio_max_run: None,
             final_by_seed: Vec::new(),
             warm_by_seed: Vec::new(),
             drift: Some(est(drift)),

@@ -61,6 +61,14 @@ pub struct RunSummary {
     pub ratio_min: Option<f64>,
     /// `ratio/max` at the last step.
     pub ratio_max: Option<f64>,
+    /// The smallest `ratio/min` over every training step of the run, from lab_data.json's series
+    /// (3 significant digits); filled by [`crate::data::LabData::summaries`], never stored in
+    /// lab_data.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_min_run: Option<f64>,
+    /// The largest `ratio/max` over every training step of the run, as [`Self::ratio_min_run`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_max_run: Option<f64>,
     /// `entropy` at the last step.
     pub entropy: Option<f64>,
     /// Drift per sync window: the mean, over the last step of every sync window, of that step's
@@ -143,6 +151,8 @@ pub fn summarise(sweep: &Sweep, out: &Path, r: &RunSpec) -> RunSummary {
         clip_frac_mean: None,
         ratio_min: at_end(Metric::RatioMin),
         ratio_max: at_end(Metric::RatioMax),
+        ratio_min_run: None,
+        ratio_max_run: None,
         entropy: at_end(Metric::Entropy),
         drift: window_drift(&lines, arm.interval, arm.offset),
     }
@@ -227,6 +237,12 @@ pub struct ArmStats {
     pub ratio_min: Option<f64>,
     /// Largest `ratio/max` at the end over seeds.
     pub ratio_max: Option<f64>,
+    /// Smallest `ratio/min` over the whole run, over seeds ([`RunSummary::ratio_min_run`]).
+    #[serde(default)]
+    pub ratio_min_run: Option<f64>,
+    /// Largest `ratio/max` over the whole run, over seeds ([`RunSummary::ratio_max_run`]).
+    #[serde(default)]
+    pub ratio_max_run: Option<f64>,
     /// Final held-out accuracy per seed, `(seed, fraction)`: for comparisons paired by seed.
     pub final_by_seed: Vec<(u64, f64)>,
     /// Warm-start held-out accuracy per seed, `(seed, fraction)`.
@@ -267,6 +283,14 @@ pub fn arm_stats(runs: &[RunSummary]) -> Vec<ArmStats> {
                 clip_frac_mean: mean_std(rs.iter().map(|r| r.clip_frac_mean)).map(|m| m.0),
                 ratio_min: rs.iter().filter_map(|r| fin(r.ratio_min)).reduce(f64::min),
                 ratio_max: rs.iter().filter_map(|r| fin(r.ratio_max)).reduce(f64::max),
+                ratio_min_run: rs
+                    .iter()
+                    .filter_map(|r| fin(r.ratio_min_run))
+                    .reduce(f64::min),
+                ratio_max_run: rs
+                    .iter()
+                    .filter_map(|r| fin(r.ratio_max_run))
+                    .reduce(f64::max),
                 final_by_seed: rs
                     .iter()
                     .filter_map(|r| fin(r.final_accuracy).map(|v| (r.seed, v)))
@@ -313,14 +337,15 @@ pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
     let mut s = format!(
         "# Lab summary\n\n{}, seeds {:?}. Held-out accuracy in percent (greedy), mean ± std over \
          seeds; AUC = mean held-out accuracy over the run; clip fraction over the whole run (mean over \
-         its steps, then over seeds) and at the last step, ratio range at the last step (range \
-         over seeds): the last step's values depend on where in its sync window the run ends; drift = KL(behaviour ‖ current) per token at the last step of each \
+         its steps, then over seeds) and at the last step (which depends on where in its sync window \
+         the run ends); ratio min and max over the run: the smallest `ratio/min` and the largest \
+         `ratio/max` of any training step of any seed; drift = KL(behaviour ‖ current) per token at the last step of each \
          sync window (`kl_behaviour`, nats), mean over the windows, mean ± std over seeds.\n\n",
         crate::counted(runs.len() as u64, "run"),
         seeds
     );
     s.push_str(
-        "| arm | algorithm | interval | offset | seeds | final | best | AUC | warm start | clip frac (run) | clip frac (last) | ratio min | ratio max | drift | wall s |\n\
+        "| arm | algorithm | interval | offset | seeds | final | best | AUC | warm start | clip frac (run) | clip frac (last) | ratio min (run) | ratio max (run) | drift | wall s |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for a in stats {
@@ -337,8 +362,8 @@ pub fn markdown(stats: &[ArmStats], runs: &[RunSummary]) -> String {
             pct(&a.warm_accuracy),
             num(a.clip_frac_mean),
             num(a.clip_frac),
-            num(a.ratio_min),
-            num(a.ratio_max),
+            num(a.ratio_min_run),
+            num(a.ratio_max_run),
             drift(&a.drift),
             a.wall_s
         ));

@@ -536,6 +536,8 @@ fn report(a: &QuickstartArgs, ph: &Phases, out: &mut dyn Write) -> anyhow::Resul
         title: Some("quickstart, on- vs off-policy GRPO (same warm start and seed)".into()),
         facet: false,
         heatmap: false,
+        mean_over_seeds: false,
+        ignore_keys: vec![],
     })
     .context("quickstart plot")?;
     let total = ph.t_total.elapsed().as_secs_f64();

@@ -433,16 +433,20 @@ fn the_cross_process_vector_has_its_layout() {
         kl_ref_tokens: 14.0,
         entropy_sum: 15.0,
         entropy_tokens: 16.0,
+        pg_loss: 17.0,
+        reg_loss: 18.0,
+        dual_clipped: 19.0,
+        dual_clip_tokens: 20.0,
         ..LossStats::default()
     };
-    s.ratio_hist = std::array::from_fn(|k| 17.0 + k as f64);
+    s.ratio_hist = std::array::from_fn(|k| 21.0 + k as f64);
     s.mismatch.add_row(5, 2, 1);
     s.opsm.add_row(7, 3, 0);
     let v = s.to_sums();
-    let want_scalars: Vec<f64> = (1..=16).map(f64::from).collect();
-    assert_eq!(&v[..16], &want_scalars[..]);
-    assert_eq!(&v[16..16 + RATIO_BUCKETS], &s.ratio_hist[..]);
-    let at = 16 + RATIO_BUCKETS;
+    let want_scalars: Vec<f64> = (1..=20).map(f64::from).collect();
+    assert_eq!(&v[..20], &want_scalars[..]);
+    assert_eq!(&v[20..20 + RATIO_BUCKETS], &s.ratio_hist[..]);
+    let at = 20 + RATIO_BUCKETS;
     assert_eq!(&v[at..at + 6], &[5.0, 2.0, 1.0, 1.0, 1.0, 1.0]);
     assert_eq!(&v[at + 6..], &[7.0, 3.0, 0.0, 1.0, 1.0, 0.0]);
     assert_eq!(LossStats::from_sums(&v, s.extrema()), s);

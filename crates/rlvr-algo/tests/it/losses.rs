@@ -955,3 +955,104 @@ fn cispo_caps_above_two_by_hand() {
         );
     }
 }
+
+/// verl's dual-clip share (`actor/pg_clipfrac_lower`, rlvr's `clip_frac/dual`) and the PG term's
+/// part of the loss (`pg_loss`), counted and summed by hand on six one-token rows (weights 1/6).
+#[test]
+fn dual_clip_share_and_pg_loss_by_hand() {
+    let close = |x: Option<f64>, y: f64| assert!((x.unwrap() - y).abs() < 1e-12, "{x:?} vs {y}");
+    // A < 0 at ρ = 4 and 3.5: above c = 3, the dual clip's bound −c·A acts (3 and 1.5). A < 0 at
+    // ρ = 2: −ρA = 2, neither clip acts. A > 0 at ρ = 4: clipped high, −1.2·A = −1.2. A < 0 at
+    // ρ = 0.5: clipped low, −0.8·A = 0.8. A > 0 at ρ = 1: −1.
+    let ratios = [4.0f64, 3.5, 2.0, 4.0, 0.5, 1.0];
+    let adv = [-1.0, -0.5, -1.0, 1.0, -1.0, 1.0];
+    let lp: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+    let dual = alg(|c| c.dual_clip = Some(3.0)); // PPO 0.2/0.2
+    let m = tiny(&dual, &lp, &[0.0; 6], &adv).finalise(None);
+    close(m.clip_frac_dual, 2.0 / 6.0);
+    close(m.clip_frac_high, 3.0 / 6.0); // the dual-clipped tokens count as high too
+    close(m.clip_frac_low, 1.0 / 6.0);
+    close(Some(m.pg_loss), (3.0 + 1.5 + 2.0 - 1.2 + 0.8 - 1.0) / 6.0);
+    assert_eq!(m.reg_loss, 0.0);
+    assert_eq!(m.loss, m.pg_loss);
+    let names: Vec<&str> = m.pairs().iter().map(|p| p.0).collect();
+    assert_eq!(
+        names[names.len() - 3..],
+        ["pg_loss", "reg_loss", "clip_frac/dual"]
+    );
+    // Without a dual clip the share is undefined (null), and −ρA stands: 4 and 1.75.
+    let m = tiny(&alg(|_| {}), &lp, &[0.0; 6], &adv).finalise(None);
+    assert_eq!(m.clip_frac_dual, None);
+    close(m.clip_frac_high, 1.0 / 6.0);
+    close(Some(m.pg_loss), (4.0 + 1.75 + 2.0 - 1.2 + 0.8 - 1.0) / 6.0);
+    // GSPO's dual clip acts on the sequence ratio: one row of two tokens at ρ = 4 (s = 4), A < 0.
+    let gspo = alg(|c| {
+        c.loss = Some(PolicyLoss::Gspo);
+        c.dual_clip = Some(3.0);
+    });
+    let m = tiny(&gspo, &[4f64.ln(), 4f64.ln()], &[0.0; 2], &[-1.0]).finalise(None);
+    close(m.clip_frac_dual, 1.0);
+}
+
+/// `pg_loss` + `reg_loss` = `loss`, with OPMD's τx², a k3 KL penalty and an entropy bonus all on:
+/// `reg_loss` by hand, and `pg_loss` bit for bit the loss of the same PG term without them.
+#[test]
+fn pg_loss_and_reg_loss_add_up_to_the_loss() {
+    let dev = Device::Cpu;
+    let (b, t) = (2, 2);
+    let logp = [-0.5, -1.0, -0.2, -2.0];
+    let old = [-0.6, -0.7, -0.2, -2.5];
+    let refp = [-0.4, -1.3, -0.1, -2.2];
+    let ent = [0.9, 1.4, 0.3, 2.0];
+    let adv = [0.7, -0.4];
+    let w = [0.3, 0.2];
+    let run = |a: &Algorithm| {
+        let tensor = |v: &[f64]| Tensor::from_vec(v.to_vec(), (b, t), &dev).unwrap();
+        let (lp, o, r, e) = (tensor(&logp), tensor(&old), tensor(&refp), tensor(&ent));
+        let m = Tensor::ones((b, t), candle_core::DType::F64, &dev).unwrap();
+        let av = Tensor::new(&adv[..], &dev).unwrap();
+        let inputs = LossInputs {
+            logp: &lp,
+            logp_behaviour: &o,
+            logp_ref: Some(&r),
+            entropy: Some(&e),
+            mask: &m,
+            advantages: &av,
+            row_weights: &w,
+            is_weights: None,
+        };
+        let (loss, st) = policy_loss(a, &inputs).unwrap();
+        (loss.to_scalar::<f64>().unwrap(), st.finalise(None))
+    };
+    let (tau, beta, c_h) = (0.1, 0.05, 0.01);
+    let with = alg(|c| {
+        c.regulariser = Some(Regulariser::Opmd);
+        c.tau = Some(tau);
+        c.kl_coef = Some(beta);
+        c.kl_estimator = Some(KlEstimator::K3);
+        c.entropy_coef = Some(c_h);
+    });
+    let (loss, m) = run(&with);
+    assert_eq!(m.loss, loss);
+    let mut want = 0.0;
+    for (i, wi) in w.iter().enumerate() {
+        for j in 0..t {
+            let k = i * t + j;
+            let x = logp[k] - old[k];
+            let xr = refp[k] - logp[k];
+            let k3 = xr.exp() - xr - 1.0;
+            want += wi * (tau * x * x + beta * k3 - c_h * ent[k]);
+        }
+    }
+    assert!(
+        (m.reg_loss - want).abs() < 1e-12,
+        "{} vs {want}",
+        m.reg_loss
+    );
+    assert!(m.reg_loss.abs() > 1e-3);
+    assert!((m.pg_loss + m.reg_loss - m.loss).abs() < 1e-12, "{m:?}");
+    let (plain_loss, plain) = run(&alg(|_| {}));
+    assert_eq!(m.pg_loss, plain_loss);
+    assert_eq!(plain.pg_loss, plain_loss);
+    assert_eq!(plain.reg_loss, 0.0);
+}

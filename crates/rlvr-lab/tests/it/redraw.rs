@@ -67,7 +67,8 @@ interval = 16
 "#;
 
 /// A run's metrics.jsonl: evaluations every 10 steps (step 0 included), training lines with the
-/// diagnostics at steps 1..=40, values varying with the arm `k` and the seed.
+/// diagnostics at steps 1..=40, values varying with the arm `k` and the seed (the ratio's
+/// extremes at steps 5 and 7).
 fn write_run(dir: &Path, k: usize, seed: u64) {
     std::fs::create_dir_all(dir).unwrap();
     let mut lines = Vec::new();
@@ -78,8 +79,11 @@ fn write_run(dir: &Path, k: usize, seed: u64) {
                 "step": step, "loss": 0.1,
                 "reward/mean": 0.3 + 0.01 * k as f64 + 0.001 * seed as f64 * t,
                 "clip_frac": 0.01 * (k as f64) * (1.0 + (t / 7.0).sin()) / 3.0,
-                "ratio/min": 0.9 - 0.01 * k as f64 - 0.001 * seed as f64 * t,
-                "ratio/max": 1.1 + 0.1 * k as f64 + 0.013 * t + 0.0123456 * seed as f64,
+                // A dip at step 5 and a spike at step 7: the run's extremes, not the last step's.
+                "ratio/min": 0.9 - 0.01 * k as f64 - 0.001 * seed as f64 * t
+                    - if step == 5 { 0.5 } else { 0.0 },
+                "ratio/max": 1.1 + 0.1 * k as f64 + 0.013 * t + 0.0123456 * seed as f64
+                    + if step == 7 { 3.0 } else { 0.0 },
                 "entropy": 0.8 - 0.01 * t / (1.0 + k as f64) + 0.01 * seed as f64,
                 "kl_behaviour": 1e-3 * (1.0 + k as f64) * (1.0 + (t / 5.0).cos()),
             }));
@@ -153,8 +157,26 @@ fn redraw_from_lab_data_alone_gives_the_same_figures_summary_and_verdicts() {
     assert!((want - last).abs() > 1e-3);
     assert_eq!(arm("grpo_v1").clip_frac_mean, Some(0.0));
     assert!(read(&out.join("summary.md")).contains("| clip frac (run) | clip frac (last) |"));
+    // The ratio range over the whole run (the dip at step 5, the spike at step 7, seed 2 the
+    // farthest), not the last step's: min 0.9 − 0.01 − 0.002·5 − 0.5 = 0.38, max 1.1 + 0.1 +
+    // 0.013·7 + 0.0246912 + 3 = 4.3156912, stored to 3 significant digits (4.32).
+    assert_eq!(g.ratio_min_run, Some(0.38));
+    assert_eq!(g.ratio_max_run, Some(4.32));
+    assert!(
+        (g.ratio_min.unwrap() - 0.81).abs() < 1e-12,
+        "last step: {g:?}"
+    );
+    assert!(
+        (g.ratio_max.unwrap() - 1.7446912).abs() < 1e-12,
+        "last step: {g:?}"
+    );
+    let md = read(&out.join("summary.md"));
+    assert!(md.contains("| ratio min (run) | ratio max (run) |"), "{md}");
+    let row = md.lines().find(|l| l.starts_with("| grpo_v16 |")).unwrap();
+    assert!(row.contains("| 0.380 | 4.320 |"), "{row}");
     // Not stored in lab_data.json (derived from its series on reading).
     assert!(!read(&out.join(FILE)).contains("clip_frac_mean"));
+    assert!(!read(&out.join(FILE)).contains("ratio_min_run"));
     assert!(read(&out.join("summary.json")).contains("clip_frac_mean"));
 
     // Only the data file, somewhere else: the same everything.
@@ -245,13 +267,22 @@ fn accuracy_is_one_panel_per_family_and_intervals_one_per_algorithm() {
     styles.dedup();
     assert_eq!(styles, [0, 1, 2, 3, 4, 5]);
     assert_eq!(v16.figure.rows[0].legend.len(), 6);
-    // Mean over 3 seeds with a band from the lowest to the highest, in percent.
+    // Mean over 3 seeds with a band of ±1 standard error, in percent: the seeds are 0, 1 and 2
+    // points apart (sample sd 1, SE 1/√3).
     let grpo = &v16.figure.rows[0].panels[0].lines[0];
     let mean40 = grpo.points.last().unwrap();
     assert_eq!(mean40.0, 40.0);
     assert!((mean40.1 - 100.0 * (0.2 + 0.002 * 40.0 * 2.0 / 4.0 + 0.01)).abs() < 1e-9);
     let b = grpo.band.last().unwrap();
-    assert!((b.2 - b.1 - 2.0).abs() < 1e-9, "{b:?}");
+    let se = 1.0 / 3f64.sqrt();
+    assert!((b.1 - (mean40.1 - se)).abs() < 1e-9, "{b:?}");
+    assert!((b.2 - (mean40.1 + se)).abs() < 1e-9, "{b:?}");
+    // The title says what the figure holds (no arm of this sweep has a sync offset, so it names
+    // none; `offsets_text`'s unit test has the titles with offsets) and what the band is.
+    assert_eq!(
+        v16.figure.title.as_deref(),
+        Some("Held-out accuracy at sync interval 16 (mean of 3 seeds; band: ±1 standard error)")
+    );
     // Diagnostics: five rows (training reward, clip, ratio, entropy, drift) of the same family
     // panels, one legend, beside the first row, whose panels alone carry the families' captions.
     let d16 = fig(&all, "diagnostics_v16");
@@ -279,9 +310,11 @@ fn accuracy_is_one_panel_per_family_and_intervals_one_per_algorithm() {
     let reward = &d16.figure.rows[0].panels[0].lines[0];
     let at20 = reward.points.iter().find(|p| p.0 == 20.0).unwrap();
     assert!((at20.1 - 0.33).abs() < 1e-9, "{at20:?}");
+    // Seeds at 0.31, 0.33, 0.35: sample sd 0.02, SE 0.02/√3.
     let b = reward.band.iter().find(|p| p.0 == 20.0).unwrap();
+    let se = 0.02 / 3f64.sqrt();
     assert!(
-        (b.1 - 0.31).abs() < 1e-9 && (b.2 - 0.35).abs() < 1e-9,
+        (b.1 - (0.33 - se)).abs() < 1e-9 && (b.2 - (0.33 + se)).abs() < 1e-9,
         "{b:?}"
     );
     // The drift row: log10 of kl_behaviour, one line per arm (REC's panel: two arms); at step 1

@@ -27,6 +27,8 @@ fn run(arm: &str, preset: &str, interval: u64, seed: u64, acc: f64, warm: f64) -
         clip_frac_mean: None,
         ratio_min: Some(1.0),
         ratio_max: Some(1.0),
+        ratio_min_run: None,
+        ratio_max_run: None,
         entropy: Some(0.5),
         drift: None,
     }

@@ -1,8 +1,11 @@
 //! `rlvr plot RUN_DIR... --metric NAME... --out FILE.svg|png` (DESIGN.md section 10): x = step, one
 //! panel per metric, one line per run (legend = `--label`, else the run directory's name, made
 //! unique with its parent's), a null or a missing step left as a gap, `--smooth` an exponential
-//! moving average over the faint raw series, one `--title`, y axes labelled with the metric and
-//! its unit. A metric is a metrics.jsonl key, or `diagnostics/KEY` for a diagnostics.jsonl key.
+//! moving average over the faint raw series (of the noisy metrics only, [`smoothable`]), one
+//! `--title`, y axes labelled with the metric and its unit, the legend once, beside the first
+//! row. `--mean-over-seeds` draws runs whose configs differ only in their seeds as one line, the
+//! mean over the seeds with a band of ±1 standard error ([`seed_groups`], [`rlvr_chart::mean_se`]).
+//! A metric is a metrics.jsonl key, or `diagnostics/KEY` for a diagnostics.jsonl key.
 //! With `--heatmap` a metric is a histogram key of diagnostics.jsonl (`diagnostics/hist/ratio`,
 //! `diagnostics/hist/mismatch`) and each run gets a heat map of it over the steps ([`heatmap`]).
 //! SVG by default; PNG too. Text is laid out with DejaVu Sans, which the rlvr-fonts crate ships (with its
@@ -12,10 +15,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-pub use rlvr_chart::{ema, register_font, segments, step_label, Series, PALETTE};
+pub use rlvr_chart::{ema, mean_se, register_font, segments, step_label, Series, PALETTE};
 use rlvr_chart::{Figure, Line, Panel, Row};
 
 pub mod heatmap;
+pub mod seeds;
+
+pub use seeds::{group_labels, seed_groups};
 
 /// `rlvr plot`.
 #[derive(clap::Args, Debug, Clone)]
@@ -42,7 +48,9 @@ pub struct PlotArgs {
     /// Exponential moving average with this weight on the past per step, in [0, 1) (TensorBoard's
     /// smoothing; 0.6 is its default), by step distance: a point k steps after the last weighs
     /// it by weight^k, so a sparse eval series does not lag. The smoothed line is drawn over the
-    /// faint raw one.
+    /// faint raw one. Only noisy statistics are smoothed: schedules and counts (`lr`,
+    /// `staleness/*`, versions, `diagnostics/updates`, `rows`, `stale_dropped`, `memory/*`,
+    /// `eval/n`) are drawn as they are.
     #[arg(long)]
     pub smooth: Option<f64>,
     /// One title over the figure (none by default).
@@ -57,6 +65,16 @@ pub struct PlotArgs {
     /// by the share of the step's tokens in each bucket (log scale).
     #[arg(long)]
     pub heatmap: bool,
+    /// One line per group of runs whose config.toml files differ only in their seeds
+    /// (`train.seed`, `data.seed`, any key named `seed`) and `output.dir`: the mean over the
+    /// group's runs at the steps all of them have, with a band of ±1 standard error (as the lab's
+    /// figures); the legend says how many seeds. Each run needs its config.toml.
+    #[arg(long)]
+    pub mean_over_seeds: bool,
+    /// With `--mean-over-seeds`: a config key also ignored when grouping (repeatable), e.g.
+    /// `model.path` where each seed starts from its own checkpoint (the lab's warm starts).
+    #[arg(long = "ignore-key", requires = "mean_over_seeds")]
+    pub ignore_keys: Vec<String>,
 }
 
 /// The file and key a `metric` of `run` is read from: `diagnostics/KEY` from diagnostics.jsonl
@@ -190,67 +208,226 @@ pub(crate) fn run_name(run: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
+/// Whether `--smooth` smooths `metric`: true for the noisy per-step statistics of sampled data
+/// (rewards, accuracies, losses, clip fractions, ratios, KL, entropy, lengths, advantages, norms,
+/// timings), false for series that are schedules or counts, whose exact values are the point:
+/// `lr`, `staleness/*` (the sync schedule's sawtooth), any `version` key, `eval/n`,
+/// `diagnostics/updates`, `diagnostics/rows`, `diagnostics/stale_dropped`,
+/// `diagnostics/staleness/*` and `diagnostics/memory/*` (a peak is what one reads there).
+pub fn smoothable(metric: &str) -> bool {
+    let key = metric.strip_prefix("diagnostics/").unwrap_or(metric);
+    let exact = ["lr", "eval/n", "updates", "rows", "stale_dropped", "step"];
+    !(exact.contains(&key)
+        || key.starts_with("staleness/")
+        || key.starts_with("memory/")
+        || key.contains("version"))
+}
+
+/// `s` smoothed with [`ema`] weight `w` segment by segment ([`segments`]: no smoothing across a
+/// gap).
+pub fn smooth_series(s: &[(f64, f64)], w: f64) -> Series {
+    segments(s)
+        .into_iter()
+        .flat_map(|seg| ema(seg, w))
+        .collect()
+}
+
+/// One line of the figure: a run, or with `--mean-over-seeds` a group of runs.
+pub(crate) struct Entry {
+    /// Legend label.
+    pub label: String,
+    /// Per metric, the series of each run of the entry (one run: one series).
+    pub series: Vec<Vec<Series>>,
+}
+
+/// The figure's line of `runs` (one entry's series of one metric): one run's series, smoothed
+/// with its raw series faint under it when `smooth` is given; several runs' mean with its ±1
+/// SE band ([`mean_se`]), each run smoothed first when `smooth` is given (the mean of the
+/// smoothed runs, the raw runs' mean faint under it). Returns the line and the steps the mean
+/// left out (some runs lack them).
+pub(crate) fn entry_line(style: usize, runs: &[Series], smooth: Option<f64>) -> (Line, usize) {
+    let raw = mean_se(runs);
+    let Some(w) = smooth else {
+        return (
+            Line {
+                style,
+                points: raw.mean,
+                band: raw.band,
+                faint: Vec::new(),
+            },
+            raw.dropped,
+        );
+    };
+    let smoothed: Vec<Series> = runs.iter().map(|s| smooth_series(s, w)).collect();
+    let m = mean_se(&smoothed);
+    let line = Line {
+        style,
+        points: m.mean,
+        band: m.band,
+        faint: raw.mean,
+    };
+    (line, raw.dropped)
+}
+
 /// The figure of `rlvr plot`: one row per metric (y axis: the metric and its unit), in it one
-/// panel with a line per run and the runs' legend beside it, or with `facet` one captioned panel
-/// per run on the row's axes and no legend (the captions name the runs).
+/// panel with a line per entry (run or group of seeds) and the legend beside the first row only
+/// (the rows share it), or with `facet` one captioned panel per entry on the row's axes and no
+/// legend (the captions name the runs). `smooth` applies to the [`smoothable`] metrics. Returns
+/// the figure and, per (entry, metric), the steps a mean over seeds left out.
 pub(crate) fn figure(
     metrics: &[String],
-    data: &[(String, Vec<Series>)],
+    data: &[Entry],
     smooth: Option<f64>,
     title: Option<&str>,
     facet: bool,
-) -> Figure {
-    let line = |r: usize, k: usize| Line {
-        style: r,
-        points: data[r].1[k].clone(),
-        band: Vec::new(),
-    };
-    let rows = metrics
-        .iter()
+) -> (Figure, Vec<(usize, usize, usize)>) {
+    let mut dropped = Vec::new();
+    let mut lines: Vec<Vec<Line>> = Vec::new();
+    for (k, metric) in metrics.iter().enumerate() {
+        let w = smooth.filter(|_| smoothable(metric));
+        let mut row = Vec::new();
+        for (r, e) in data.iter().enumerate() {
+            let (line, d) = entry_line(r, &e.series[k], w);
+            if d > 0 && e.series[k].len() > 1 {
+                dropped.push((r, k, d));
+            }
+            row.push(line);
+        }
+        lines.push(row);
+    }
+    let rows = lines
+        .into_iter()
         .enumerate()
-        .map(|(k, metric)| Row {
-            y_desc: axis_label(metric),
+        .map(|(k, row)| Row {
+            y_desc: axis_label(&metrics[k]),
             panels: if facet {
-                (0..data.len())
-                    .map(|r| Panel {
-                        caption: Some(data[r].0.clone()),
-                        lines: vec![line(r, k)],
+                row.into_iter()
+                    .enumerate()
+                    .map(|(r, l)| Panel {
+                        caption: Some(data[r].label.clone()),
+                        lines: vec![l],
                     })
                     .collect()
             } else {
                 vec![Panel {
                     caption: None,
-                    lines: (0..data.len()).map(|r| line(r, k)).collect(),
+                    lines: row,
                 }]
             },
-            legend: if facet {
+            // One legend, beside the first row: every row has the same lines.
+            legend: if facet || k > 0 {
                 Vec::new()
             } else {
                 data.iter()
                     .enumerate()
-                    .map(|(r, (n, _))| (n.clone(), r))
+                    .map(|(r, e)| (e.label.clone(), r))
                     .collect()
             },
         })
         .collect();
-    Figure {
+    let fig = Figure {
         title: title.map(str::to_string),
         rows,
         cols: 0,
-        smooth,
         markers: true,
         solid: false,
         outer_labels: false,
-    }
+    };
+    (fig, dropped)
 }
 
-/// Draws the plot `a` describes. Returns the number of points drawn (with `--heatmap`, the number
+/// What [`build`] makes of a [`PlotArgs`] (without `--heatmap`): the figure as data, its size
+/// in pixels and the number of points read.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The figure ([`rlvr_chart::Figure`]): rows, panels, lines with their bands.
+    pub figure: Figure,
+    /// Width and height, pixels.
+    pub size: (u32, u32),
+    /// Points read, summed over runs and metrics (nulls and missing steps not counted).
+    pub points: usize,
+}
+
+/// The figure `a` describes, as data (no file written; `--heatmap` is [`heatmap`]'s).
+///
+/// # Errors
+/// `--smooth` outside [0, 1), unreadable runs, a metric absent from every run; with
+/// `--mean-over-seeds`, a run without its config.toml, a `--label` count that is neither the
+/// runs' nor the groups'.
+pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
+    if let Some(w) = a.smooth {
+        if !(0.0..1.0).contains(&w) {
+            bail!("--smooth {w}: the weight on the past must be in [0, 1)");
+        }
+    }
+    let mut series = Vec::new();
+    for run in &a.runs {
+        let s = a
+            .metrics
+            .iter()
+            .map(|m| read_series(run, m))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .with_context(|| format!("reading {}", run.display()))?;
+        series.push(s);
+    }
+    for (k, m) in a.metrics.iter().enumerate() {
+        if series.iter().all(|s| s[k].is_empty()) {
+            bail!("no run has a value for metric `{m}` (check the name against metrics.jsonl)");
+        }
+    }
+    let points = series
+        .iter()
+        .map(|s| s.iter().map(Vec::len).sum::<usize>())
+        .sum();
+    let (groups, names) = if a.mean_over_seeds {
+        let g = seed_groups(&a.runs, &a.ignore_keys)?;
+        let n = group_labels(&a.runs, &g, &a.labels)?;
+        (g, n)
+    } else {
+        let n = labels(&a.runs, &a.labels)?;
+        ((0..a.runs.len()).map(|i| vec![i]).collect(), n)
+    };
+    let data: Vec<Entry> = groups
+        .iter()
+        .zip(names)
+        .map(|(g, label)| Entry {
+            label,
+            series: (0..a.metrics.len())
+                .map(|k| g.iter().map(|&i| series[i][k].clone()).collect())
+                .collect(),
+        })
+        .collect();
+    let title_h = if a.title.is_some() { 30 } else { 0 };
+    let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
+    let (figure, dropped) = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
+    // One note per line that left steps out, naming the metrics.
+    for (r, e) in data.iter().enumerate() {
+        let what: Vec<String> = dropped
+            .iter()
+            .filter(|x| x.0 == r)
+            .map(|&(_, k, d)| format!("{} of {}", d, a.metrics[k]))
+            .collect();
+        if !what.is_empty() {
+            crate::log::say(&format!(
+                "note: {}: steps that not every seed has are left out of the mean ({})",
+                e.label,
+                what.join(", ")
+            ));
+        }
+    }
+    Ok(Built {
+        figure,
+        size,
+        points,
+    })
+}
+
+/// Draws the plot `a` describes. Returns the number of points read (with `--heatmap`, the number
 /// of cells: steps × buckets, summed over runs and metrics).
 ///
 /// # Errors
-/// `--width` or `--panel-height` of 0 or above [`MAX_PIXELS`], unreadable runs, a metric absent
-/// from every run (with `--heatmap`: no run has it as an array), an unknown extension, drawing
-/// errors.
+/// `--width` or `--panel-height` of 0 or above [`MAX_PIXELS`], an unknown extension, drawing
+/// errors, and those of [`build`] (with `--heatmap`: no run has the metric as an array).
 pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
     for (flag, v) in [("--width", a.width), ("--panel-height", a.panel_height)] {
         if !(1..=MAX_PIXELS).contains(&v) {
@@ -259,36 +436,12 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
     }
     register_font();
     if a.heatmap {
+        if a.mean_over_seeds {
+            bail!("--heatmap draws each run apart: leave out --mean-over-seeds");
+        }
         return heatmap::plot_heatmaps(a);
     }
-    if let Some(w) = a.smooth {
-        if !(0.0..1.0).contains(&w) {
-            bail!("--smooth {w}: the weight on the past must be in [0, 1)");
-        }
-    }
-    let names = labels(&a.runs, &a.labels)?;
-    let mut data = Vec::new();
-    for (run, name) in a.runs.iter().zip(names) {
-        let series = a
-            .metrics
-            .iter()
-            .map(|m| read_series(run, m))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .with_context(|| format!("reading {}", run.display()))?;
-        data.push((name, series));
-    }
-    for (k, m) in a.metrics.iter().enumerate() {
-        if data.iter().all(|(_, s)| s[k].is_empty()) {
-            bail!("no run has a value for metric `{m}` (check the name against metrics.jsonl)");
-        }
-    }
-    let points = data
-        .iter()
-        .map(|(_, s)| s.iter().map(Vec::len).sum::<usize>())
-        .sum();
-    let title_h = if a.title.is_some() { 30 } else { 0 };
-    let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
-    let fig = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
+    let b = build(a)?;
     let ext = a
         .out
         .extension()
@@ -301,9 +454,9 @@ pub fn plot(a: &PlotArgs) -> anyhow::Result<usize> {
             a.out.display()
         );
     }
-    rlvr_chart::save(&a.out, size, &fig)
+    rlvr_chart::save(&a.out, b.size, &b.figure)
         .with_context(|| format!("writing --out {}", a.out.display()))?;
-    Ok(points)
+    Ok(b.points)
 }
 
 /// Runs `rlvr plot`. Prints `{"out", "points"}`.

@@ -98,8 +98,12 @@ pub fn step_metrics(
 /// The metrics beyond DESIGN.md section 10's keys that verl and TRL users look for, appended after
 /// them: `completion_len/clipped_frac` (share of the step's completions cut at
 /// `rollout.max_new_tokens`; verl `response_length/clip_ratio`, TRL `completions/clipped_ratio`),
-/// `completion_len/max`, and `advantage/mean|min|max` over the rows with a scored reward (verl
-/// `critic/advantages/*`). `lens`: each completion's sampled tokens.
+/// `completion_len/max`, `advantage/mean|min|max` over the rows with a scored reward (verl
+/// `critic/advantages/*`), then the loss split into `pg_loss` (the policy-gradient term's part;
+/// verl `actor/pg_loss`) and `reg_loss` (the regulariser's, KL penalty's and entropy bonus's;
+/// `pg_loss + reg_loss = loss`), and `clip_frac/dual` (the share of trained tokens the dual clip
+/// bounded; verl `actor/pg_clipfrac_lower`; null without a dual clip). `lens`: each completion's
+/// sampled tokens.
 fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep: &StepReport) {
     let n = exps.len();
     let cut = exps.iter().filter(|e| e.truncated).count();
@@ -112,6 +116,10 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
     l.set("advantage/mean", mean);
     l.set("advantage/min", min);
     l.set("advantage/max", max);
+    let loss = rep.loss.as_ref();
+    l.set("pg_loss", loss.map(|m| m.pg_loss));
+    l.set("reg_loss", loss.map(|m| m.reg_loss));
+    l.set("clip_frac/dual", loss.and_then(|m| m.clip_frac_dual));
 }
 
 /// The metrics of a multi-turn run's step (docs/DESIGN.md section 14), nothing for a

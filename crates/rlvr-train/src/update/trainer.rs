@@ -353,6 +353,9 @@ impl Trainer {
         // 3. Metrics.
         let mut metrics = stats.finalise(Some(&adv.stats));
         metrics.loss = stats.loss / report.updates.max(1) as f64;
+        // Its two parts alike (pg_loss + reg_loss = loss).
+        metrics.pg_loss = stats.pg_loss / report.updates.max(1) as f64;
+        metrics.reg_loss = stats.reg_loss / report.updates.max(1) as f64;
         report.loss = Some(metrics);
         report.grad_norm =
             (!norms.is_empty()).then(|| norms.iter().sum::<f64>() / norms.len() as f64);

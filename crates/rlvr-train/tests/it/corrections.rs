@@ -162,6 +162,8 @@ fn each_correction_writes_its_histograms_and_masked_fractions() {
         title: None,
         facet: false,
         heatmap: true,
+        mean_over_seeds: false,
+        ignore_keys: vec![],
     };
     let cells = rlvr_train::plot::plot(&args).unwrap();
     assert_eq!(cells, 2 * 2 * rlvr_algo::RATIO_BUCKETS);

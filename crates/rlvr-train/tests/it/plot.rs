@@ -1,4 +1,5 @@
-//! `rlvr plot`: SVG and PNG from metrics.jsonl files, nulls skipped, legend = run directory name.
+//! `rlvr plot`: SVG and PNG from metrics.jsonl files, nulls skipped, legend = run directory name
+//! (once per figure), means over seeds, smoothing of the noisy metrics only.
 
 use clap::Parser;
 use rlvr_train::cli::{run_plot, PlotArgs};
@@ -318,9 +319,11 @@ fn a_diagnostics_series_with_labels_title_and_smoothing_draws() {
         "{texts:?}"
     );
     assert!(texts.iter().any(|t| t == "diagnostics/rows"), "{texts:?}");
-    assert_eq!(texts.iter().filter(|t| *t == "my run").count(), 2);
-    // The faint raw line (opacity 0.25) under each smoothed one.
-    assert_eq!(svg.matches("opacity=\"0.25\"").count(), 2, "{svg}");
+    // One legend for the two rows.
+    assert_eq!(texts.iter().filter(|t| *t == "my run").count(), 1);
+    // The faint raw line (opacity 0.25) under the smoothed reward; `diagnostics/rows`, a count,
+    // is drawn as it is.
+    assert_eq!(svg.matches("opacity=\"0.25\"").count(), 1, "{svg}");
     let bad = W::parse_from([
         "x",
         run.to_str().unwrap(),
@@ -457,4 +460,212 @@ fn a_cut_last_line_is_left_out_and_a_cut_middle_line_is_named() {
     )
     .unwrap();
     assert_eq!(plot("hist/ratio", true).unwrap(), 9);
+}
+
+/// A run directory with a config.toml (`train.seed`, `data.seed` = `seed`, `train.lr`,
+/// `model.path`, `output.dir`) and `reward/mean` and `lr` at the given steps.
+fn seeded_run(dir: &std::path::Path, seed: u64, lr: f64, model: &str, points: &[(u64, f64)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = format!(
+        "[model]\npath = \"{model}\"\n[data]\nseed = {seed}\n[train]\nseed = {seed}\nlr = {lr}\n\
+         [output]\ndir = \"{}\"\n",
+        dir.display()
+    );
+    std::fs::write(dir.join("config.toml"), config).unwrap();
+    let lines: Vec<String> = points
+        .iter()
+        .map(|(s, v)| serde_json::json!({"step": s, "reward/mean": v, "lr": lr}).to_string())
+        .collect();
+    std::fs::write(dir.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+}
+
+fn args(v: &[&str]) -> PlotArgs {
+    let mut all = vec!["x"];
+    all.extend_from_slice(v);
+    W::parse_from(all).a
+}
+
+/// Three seeds of one config are one line: the mean at the steps all three have, a band of ±1
+/// standard error, "(mean ± SE of 3 seeds)" in the legend; a run with another `train.lr` is its
+/// own line; the legend is drawn beside the first row only.
+#[test]
+fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = |p: &str| tmp.path().join(p);
+    // reward/mean = 0.1·t + 0.1·seed; seed 2 stops at step 2.
+    for seed in 0..3u64 {
+        let last = if seed == 2 { 2 } else { 3 };
+        let pts: Vec<(u64, f64)> = (1..=last)
+            .map(|t| (t, 0.1 * t as f64 + 0.1 * seed as f64))
+            .collect();
+        seeded_run(&d(&format!("grpo/seed-{seed}")), seed, 1e-4, "m", &pts);
+    }
+    seeded_run(
+        &d("other/seed-0"),
+        0,
+        2e-4,
+        "m",
+        &[(1, 0.9), (2, 0.9), (3, 0.9)],
+    );
+    let runs: Vec<String> = ["grpo/seed-0", "grpo/seed-1", "grpo/seed-2", "other/seed-0"]
+        .iter()
+        .map(|r| d(r).display().to_string())
+        .collect();
+    let mut v: Vec<&str> = runs.iter().map(String::as_str).collect();
+    v.extend([
+        "--metric",
+        "reward/mean",
+        "--metric",
+        "lr",
+        "--mean-over-seeds",
+    ]);
+    let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    let rows = &b.figure.rows;
+    let legend: Vec<&str> = rows[0].legend.iter().map(|l| l.0.as_str()).collect();
+    assert_eq!(legend, ["grpo (mean ± SE of 3 seeds)", "other/seed-0"]);
+    assert!(rows[1].legend.is_empty(), "one legend per figure");
+    let grpo = &rows[0].panels[0].lines[0];
+    // Step 3 is left out (seed 2 has none). Step 1: 0.1, 0.2, 0.3: mean 0.2, sd 0.1, SE 0.1/√3.
+    assert_eq!(grpo.points.len(), 2);
+    let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    close(grpo.points[0].1, 0.2);
+    close(grpo.points[1].1, 0.3);
+    let se = 0.1 / 3f64.sqrt();
+    assert_eq!(grpo.band.len(), 2);
+    close(grpo.band[0].1, 0.2 - se);
+    close(grpo.band[0].2, 0.2 + se);
+    // The single run: its own series, no band.
+    let other = &rows[0].panels[0].lines[1];
+    assert_eq!(other.points, [(1.0, 0.9), (2.0, 0.9), (3.0, 0.9)]);
+    assert!(other.band.is_empty());
+    // The lr row: the same groups (every seed at 1e-4: a band of width 0).
+    close(rows[1].panels[0].lines[0].points[0].1, 1e-4);
+    assert_eq!(b.points, 2 * (3 + 3 + 2 + 3));
+
+    // One label per group replaces the names; one per run names each group by its first run.
+    let mut w = v.clone();
+    w.extend(["--label", "GRPO", "--label", "more lr"]);
+    let b = rlvr_train::plot::build(&args(&w)).unwrap();
+    let legend: Vec<&str> = b.figure.rows[0]
+        .legend
+        .iter()
+        .map(|l| l.0.as_str())
+        .collect();
+    assert_eq!(legend, ["GRPO (mean ± SE of 3 seeds)", "more lr"]);
+    let mut w = v.clone();
+    w.extend(["--label", "a"]);
+    let e = rlvr_train::plot::build(&args(&w)).unwrap_err().to_string();
+    assert!(e.contains("one per group of seeds (2)"), "{e}");
+
+    // Without the flag: one line per run.
+    let b = rlvr_train::plot::build(&args(&v[..v.len() - 1])).unwrap();
+    assert_eq!(b.figure.rows[0].panels[0].lines.len(), 4);
+    assert!(b.figure.rows[0].panels[0]
+        .lines
+        .iter()
+        .all(|l| l.band.is_empty()));
+
+    // Seeds that start from their own checkpoints differ in model.path: apart, unless ignored.
+    for seed in 0..2u64 {
+        let pts = [(1, 0.5 + seed as f64)];
+        seeded_run(
+            &d(&format!("lab/seed-{seed}")),
+            seed,
+            1e-4,
+            &format!("warm/seed-{seed}"),
+            &pts,
+        );
+    }
+    let lab: Vec<String> = (0..2)
+        .map(|s| d(&format!("lab/seed-{s}")).display().to_string())
+        .collect();
+    let mut v: Vec<&str> = lab.iter().map(String::as_str).collect();
+    v.extend(["--metric", "reward/mean", "--mean-over-seeds"]);
+    let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    assert_eq!(b.figure.rows[0].panels[0].lines.len(), 2);
+    v.extend(["--ignore-key", "model.path"]);
+    let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    let line = &b.figure.rows[0].panels[0].lines[0];
+    assert_eq!(b.figure.rows[0].panels[0].lines.len(), 1);
+    assert_eq!(line.points, [(1.0, 1.0)]);
+    // Two seeds at 0.5 and 1.5: sd 1/√2, SE 0.5.
+    assert_eq!(line.band, [(1.0, 0.5, 1.5)]);
+    assert_eq!(b.figure.rows[0].legend[0].0, "lab (mean ± SE of 2 seeds)");
+
+    // A run without its config.toml is named.
+    write_steps(&d("bare"), &[(1, 0.1)]);
+    let bare = d("bare").display().to_string();
+    let e = format!(
+        "{:#}",
+        rlvr_train::plot::build(&args(&[
+            &bare,
+            "--metric",
+            "reward/mean",
+            "--mean-over-seeds"
+        ]))
+        .unwrap_err()
+    );
+    assert!(e.contains("config.toml"), "{e}");
+    // And the whole command draws it.
+    let out = d("mean.png").display().to_string();
+    let mut v: Vec<&str> = runs.iter().map(String::as_str).collect();
+    v.extend([
+        "--metric",
+        "reward/mean",
+        "--mean-over-seeds",
+        "--smooth",
+        "0.5",
+        "--out",
+        &out,
+    ]);
+    run_plot(&args(&v), &mut Vec::new()).unwrap();
+    assert_eq!(&std::fs::read(d("mean.png")).unwrap()[1..4], b"PNG");
+}
+
+/// `--smooth` smooths the noisy statistics and leaves schedules and counts as they are.
+#[test]
+fn smoothing_leaves_schedules_and_counts_alone() {
+    use rlvr_train::plot::smoothable;
+    for k in [
+        "reward/mean",
+        "loss",
+        "eval/accuracy",
+        "clip_frac",
+        "diagnostics/time/score_s",
+    ] {
+        assert!(smoothable(k), "{k}");
+    }
+    for k in [
+        "lr",
+        "staleness/mean",
+        "staleness/max",
+        "eval/n",
+        "diagnostics/updates",
+        "diagnostics/rows",
+        "diagnostics/staleness/unknown",
+        "diagnostics/memory/rss_mib",
+        "explorer_version",
+    ] {
+        assert!(!smoothable(k), "{k}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    seeded_run(&run, 0, 1e-4, "m", &[(1, 0.0), (2, 1.0), (3, 1.0)]);
+    let r = run.display().to_string();
+    let b = rlvr_train::plot::build(&args(&[
+        &r,
+        "--metric",
+        "reward/mean",
+        "--metric",
+        "lr",
+        "--smooth",
+        "0.5",
+    ]))
+    .unwrap();
+    let reward = &b.figure.rows[0].panels[0].lines[0];
+    assert_eq!(reward.points, [(1.0, 0.0), (2.0, 0.5), (3.0, 0.75)]);
+    assert_eq!(reward.faint, [(1.0, 0.0), (2.0, 1.0), (3.0, 1.0)]);
+    let lr = &b.figure.rows[1].panels[0].lines[0];
+    assert_eq!(lr.points, [(1.0, 1e-4), (2.0, 1e-4), (3.0, 1e-4)]);
+    assert!(lr.faint.is_empty());
 }

@@ -66,8 +66,11 @@ fn on_policy_run_writes_the_run_directory() {
                 "advantage/max",
                 "advantage/mean",
                 "advantage/min",
+                "clip_frac/dual",
                 "completion_len/clipped_frac",
                 "completion_len/max",
+                "pg_loss",
+                "reg_loss",
                 "reward/arithmetic/mean",
                 "reward/arithmetic/share",
             ]
@@ -83,6 +86,10 @@ fn on_policy_run_writes_the_run_directory() {
                 "{l:?}"
             );
             assert!(f("completion_len/max") >= f("completion_len/mean"), "{l:?}");
+            // Plain GRPO adds nothing to its surrogate, and has no dual clip.
+            assert_eq!(f("reg_loss"), 0.0, "{l:?}");
+            assert_eq!(f("pg_loss"), f("loss"), "{l:?}");
+            assert!(l["clip_frac/dual"].is_null(), "{l:?}");
         }
     }
     // The clipped share is the share of the step's rollouts cut at max_new_tokens.
@@ -540,4 +547,52 @@ fn resume_without_checkpoint_starts_over() {
         .map(|l| l["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps, vec![0, 1, 2]);
+}
+
+/// With a KL penalty, an entropy bonus and a dual clip on, metrics.jsonl splits `loss` into
+/// `pg_loss` and `reg_loss` (their sum is `loss`, and the regulariser is not 0), and logs the dual
+/// clip's share (a share no larger than `clip_frac/high`, which counts its tokens too), after
+/// DESIGN.md section 10's keys.
+#[test]
+fn the_loss_is_split_into_pg_loss_and_reg_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 0);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=2".to_string(),
+        "train.skip_zero_gradient_rows=false".into(),
+        "train.mini_batches=2".into(),
+        "algorithm.kl_coef=0.1".into(),
+        "algorithm.entropy_coef=0.01".into(),
+        "algorithm.dual_clip=3.0".into(),
+        // The fresh model's groups all score 0: A = −0.5 on every row (the baseline shifted, no
+        // std division, zero-variance groups kept), so that the PG term is not 0 either.
+        "algorithm.std_norm=\"none\"".into(),
+        "algorithm.baseline_shift=0.5".into(),
+        "algorithm.exclude_zero_std=false".into(),
+    ]);
+    run(&sets);
+    let m = metrics(&rd);
+    let mut trained = 0;
+    for l in m.iter().filter(|l| l["loss"].is_number()) {
+        let f = |k: &str| l[k].as_f64().unwrap();
+        let (loss, pg, reg) = (f("loss"), f("pg_loss"), f("reg_loss"));
+        assert!(
+            (pg + reg - loss).abs() <= 1e-5 * (1.0 + loss.abs()),
+            "{pg} + {reg} vs {loss}"
+        );
+        assert!(reg != 0.0 && pg != 0.0, "{l:?}");
+        let dual = f("clip_frac/dual");
+        assert!((0.0..=f("clip_frac/high")).contains(&dual), "{l:?}");
+        trained += 1;
+    }
+    assert_eq!(trained, 2);
+    // In the file, after the last of DESIGN.md section 10's keys, in this order.
+    let text = std::fs::read_to_string(rd.join("metrics.jsonl")).unwrap();
+    for line in text.lines().filter(|l| l.contains("\"pg_loss\"")) {
+        let at = |k: &str| line.find(&format!("\"{k}\":")).unwrap();
+        assert!(at("tokens_per_s") < at("pg_loss"), "{line}");
+        assert!(at("pg_loss") < at("reg_loss") && at("reg_loss") < at("clip_frac/dual"));
+    }
 }

@@ -1,0 +1,143 @@
+//! `rlvr plot --mean-over-seeds`: which runs are seeds of one configuration (their config.toml
+//! files equal once the seed keys, `output.dir` and the `--ignore-key` keys are left out), and
+//! the legend names of such groups.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::labels;
+
+/// The run directory of `run` (a run directory, or a metrics.jsonl file in one).
+fn run_dir(run: &Path) -> &Path {
+    if run.is_dir() {
+        run
+    } else {
+        run.parent().unwrap_or(run)
+    }
+}
+
+/// A run's config.toml without its seeds and `ignore` keys (what `--mean-over-seeds` compares),
+/// and the seeds removed (`key=value`, sorted), which tell the runs of a group apart.
+///
+/// # Errors
+/// A missing or malformed config.toml, named.
+fn config_but_seeds(run: &Path, ignore: &[String]) -> anyhow::Result<(toml::Table, String)> {
+    let path = run_dir(run).join("config.toml");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "--mean-over-seeds compares the runs' configs: reading {}",
+            path.display()
+        )
+    })?;
+    let mut t: toml::Table = text
+        .parse()
+        .with_context(|| format!("parsing {}", path.display()))?;
+    fn strip(t: &mut toml::Table, prefix: &str, ignore: &[String], seeds: &mut Vec<String>) {
+        let keys: Vec<String> = t.keys().cloned().collect();
+        for k in keys {
+            let full = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if k == "seed" || k.ends_with("_seed") {
+                if let Some(v) = t.remove(&k) {
+                    seeds.push(format!("{full}={v}"));
+                }
+            } else if full == "output.dir" || ignore.contains(&full) {
+                t.remove(&k);
+            } else if let Some(toml::Value::Table(sub)) = t.get_mut(&k) {
+                strip(sub, &full, ignore, seeds);
+            }
+        }
+    }
+    let mut seeds = Vec::new();
+    strip(&mut t, "", ignore, &mut seeds);
+    seeds.sort();
+    Ok((t, seeds.join(" ")))
+}
+
+/// `--mean-over-seeds`: the runs grouped by their config.toml with every seed key, `output.dir`
+/// and the `ignore` keys left out; groups in the order of their first run, runs in the given
+/// order. Runs with the same seeds in one group are named in a warning (they are counted twice).
+///
+/// # Errors
+/// A run without a readable config.toml.
+pub fn seed_groups(runs: &[PathBuf], ignore: &[String]) -> anyhow::Result<Vec<Vec<usize>>> {
+    let mut groups: Vec<(toml::Table, Vec<(usize, String)>)> = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let (cfg, seeds) = config_but_seeds(r, ignore)?;
+        match groups.iter_mut().find(|g| g.0 == cfg) {
+            Some(g) => {
+                if let Some((j, _)) = g.1.iter().find(|m| m.1 == seeds) {
+                    crate::log::say(&format!(
+                        "warning: {} and {} have the same config and seeds ({seeds}); both are \
+                         in the mean",
+                        runs[*j].display(),
+                        r.display()
+                    ));
+                }
+                g.1.push((i, seeds));
+            }
+            None => groups.push((cfg, vec![(i, seeds)])),
+        }
+    }
+    Ok(groups
+        .into_iter()
+        .map(|g| g.1.into_iter().map(|m| m.0).collect())
+        .collect())
+}
+
+/// The legend labels of `groups` of `runs` (run labels `run_labels`): a group of one run keeps
+/// its label; a larger one is named by its runs' common parent directory (`grpo_v4` for
+/// `grpo_v4/seed-0`, `grpo_v4/seed-1`), else by its first run's label, followed by
+/// `(mean ± SE of n seeds)`. `given`: `--label` values, one per run (a group takes its first
+/// run's) or one per group.
+///
+/// # Errors
+/// A `--label` count that is neither the runs' nor the groups'.
+pub fn group_labels(
+    runs: &[PathBuf],
+    groups: &[Vec<usize>],
+    given: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = if given.len() == groups.len() && !given.is_empty() {
+        given.to_vec()
+    } else {
+        let per_run = labels(runs, given)
+            .map_err(|e| anyhow::anyhow!("{e}, or one per group of seeds ({})", groups.len()))?;
+        let parent = |i: usize| {
+            run_dir(&runs[i])
+                .canonicalize()
+                .ok()
+                .and_then(|d| d.parent().map(Path::to_path_buf))
+        };
+        let mut out: Vec<String> = groups
+            .iter()
+            .map(|g| {
+                let p = parent(g[0]);
+                let shared = g.len() > 1 && p.is_some() && g.iter().all(|&i| parent(i) == p);
+                match p.as_deref().and_then(Path::file_name) {
+                    Some(n) if shared && given.is_empty() => n.to_string_lossy().to_string(),
+                    _ => per_run[g[0]].clone(),
+                }
+            })
+            .collect();
+        // Two groups under one parent: their first runs' labels instead.
+        for (j, g) in groups.iter().enumerate() {
+            if out.iter().filter(|n| **n == out[j]).count() > 1 {
+                out[j] = per_run[g[0]].clone();
+            }
+        }
+        out
+    };
+    Ok(names
+        .into_iter()
+        .zip(groups)
+        .map(|(n, g)| match g.len() {
+            1 => n,
+            k => format!("{n} (mean ± SE of {k} seeds)"),
+        })
+        .collect())
+}
