@@ -169,6 +169,12 @@ impl Feed {
                 let Some(mut b) = receive_or_stop(batches, stop)? else {
                     return Ok(None);
                 };
+                // A batch that came with the stop (within one poll) is not trained on either;
+                // it is kept in order for the checkpoint, which may need it.
+                if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                    pending.push_front(b);
+                    return Ok(None);
+                }
                 if job.is_parallel() {
                     let rows = vec![std::mem::take(&mut b.experiences)];
                     let recs = std::mem::take(&mut b.rollouts);

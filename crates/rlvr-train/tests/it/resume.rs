@@ -394,31 +394,43 @@ fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
     assert!(checkpoint::incomplete(&s2).is_none());
 }
 
-/// A stop (Ctrl-C, SIGTERM: the run's stop flag, set here before the run starts, so it stops
-/// after step 1) with an explorer thread (o = 1) resumes bit for bit as the uninterrupted run.
-/// With v = 1 the stop waits for the in-flight batch of step 2, sampled by version 0, whose
-/// weights the feed no longer keeps; with v = 4 it need not wait: the checkpoint keeps version 0's
-/// weights, with which the resume re-samples step 2. (A stop once re-sampled with the policy's
-/// weights in both cases.)
+/// A stop (Ctrl-C, SIGTERM: the run's stop flag, set here while the verifier holds the batch of
+/// step 2, so the run stops after step 1) with an explorer thread (o = 1) resumes bit for bit as
+/// the uninterrupted run. With v = 1 the stop waits for the in-flight batch of step 2 (the
+/// verifier answers once the stop is set), sampled by version 0, whose weights the feed no longer
+/// keeps; with v = 4 it need not wait: the checkpoint keeps version 0's weights, with which the
+/// resume re-samples step 2. (A stop once re-sampled with the policy's weights in both cases.)
 #[test]
 fn a_stop_with_an_explorer_thread_resumes_exactly() {
     use std::sync::atomic::Ordering;
     for v in [1u64, 4] {
         let tmp = tempfile::tempdir().unwrap();
         let model = common::tiny_model(tmp.path(), 1);
-        let run = |dir: &Path, opts: &RunOptions| {
-            let cfg = RawConfig::load(None, &sets(&model, dir, v, 1))
-                .unwrap()
-                .resolve()
-                .unwrap();
+        let run = |dir: &Path, verifier: &Path, opts: &RunOptions| {
+            let mut s = sets(&model, dir, v, 1);
+            s.push(verifier_hanging_at(verifier));
+            let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
             train(&cfg, opts).unwrap()
         };
         let ra = tmp.path().join("a");
-        run(&ra, &RunOptions::default());
+        run(&ra, &tmp.path().join("va"), &RunOptions::default());
         let rb = tmp.path().join("b");
+        let vb = tmp.path().join("vb");
+        std::fs::create_dir_all(&vb).unwrap();
+        std::fs::write(vb.join("hang-at"), "2").unwrap();
         let stop = RunOptions::default();
-        stop.stop.store(true, Ordering::SeqCst);
-        let s = run(&rb, &stop);
+        let (flag, hung, go) = (stop.stop.clone(), vb.join("hung"), vb.join("go"));
+        let watcher = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !hung.exists() && t0.elapsed() < Duration::from_secs(120) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            flag.store(true, Ordering::SeqCst);
+            std::fs::write(go, "").unwrap();
+        });
+        let s = run(&rb, &vb, &stop);
+        watcher.join().unwrap();
         assert!(s.interrupted && s.steps == 1, "v={v}: {s:?}");
         let ck = rb.join("checkpoints/step-1/trainer_state");
         let buffer = std::fs::read_to_string(ck.join("buffer.jsonl")).unwrap();
@@ -721,8 +733,8 @@ fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
 
 /// An external verifier (`data.verifier`, as a `--set`) scoring as [`verifier_failing_eval`]'s
 /// does, whose train batches (16 items) are counted in `dir/batches`: the one whose number is in
-/// `dir/hang-at` creates `dir/hung` and hangs (until the verifier's 30 s timeout), as a hung
-/// reward model or vLLM server would.
+/// `dir/hang-at` creates `dir/hung` and waits for `dir/go` before it answers (a hung reward model
+/// or vLLM server until the verifier's 30 s timeout, when nothing creates it).
 fn verifier_hanging_at(dir: &Path) -> String {
     std::fs::create_dir_all(dir).unwrap();
     let script = dir.join("verify.sh");
@@ -742,7 +754,7 @@ if [ "$n" = 16 ]; then
   echo x >> "$DIR/batches"
   if [ "$(wc -l < "$DIR/batches")" -eq "$(cat "$DIR/hang-at" 2>/dev/null || echo 0)" ]; then
     touch "$DIR/hung"
-    exec sleep 600
+    while [ ! -e "$DIR/go" ]; do sleep 0.05; done
   fi
 fi
 printf '%s' "$out"
