@@ -1636,3 +1636,28 @@ fn jsonl_rows_scored_by_reward_components_need_no_data_verifier() {
         "{e}"
     );
 }
+
+/// A number or boolean written in quotes (`lr = "1e-5"`, `--set 'train.share_prompt="true"'`) is
+/// a TOML string: the error says to drop the quotes (it said only "invalid type: string").
+#[test]
+fn a_quoted_number_or_boolean_says_to_drop_the_quotes() {
+    for (set, want) in [
+        (
+            "train.lr=\"1e-5\"",
+            "\"1e-5\" is in quotes, so TOML reads a string: write 1e-5 without quotes",
+        ),
+        ("train.steps=\"12\"", "write 12 without quotes"),
+        ("train.share_prompt=\"true\"", "write true without quotes"),
+    ] {
+        let e = format!(
+            "{:#}",
+            RawConfig::load(None, &[set.to_string()]).unwrap_err()
+        );
+        assert!(e.contains(want), "{set}: {e}");
+    }
+    let e = format!(
+        "{:#}",
+        RawConfig::load(None, &["train.lr=\"fast\"".to_string()]).unwrap_err()
+    );
+    assert!(!e.contains("without quotes"), "{e}");
+}
