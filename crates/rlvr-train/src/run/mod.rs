@@ -509,7 +509,7 @@ impl Run<'_> {
     /// # Errors
     /// The checkpoint's.
     fn stop_while_waiting(&mut self, done: u64, good: &mut LastGood) -> anyhow::Result<()> {
-        crate::log::log_only(&format!(
+        crate::log::say(&format!(
             "stop: step {} was waiting for the explorer; stopping after step {done}",
             done + 1
         ));
