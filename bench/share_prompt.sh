@@ -37,8 +37,22 @@ DTYPE=${DTYPE:-f32}
 GROUP=${GROUP:-8}
 NEW=${NEW:-64}
 LAYERS=${LAYERS:-24}
-W=$(mktemp -d /tmp/share_prompt.XXXXXX)
-[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$W"' EXIT
+W=$(mktemp -d "${TMPDIR:-/tmp}/share_prompt.XXXXXX")
+# Killed (Ctrl-C, SIGTERM, SIGHUP) or finished: the rlvr process running then (a session of its
+# own, see `own`) is killed with everything it started and waited for before the work dir goes;
+# an orphaned `rlvr train` would otherwise go on writing (a checkpoint recreates the directory).
+CHILD=
+finish() {
+  if [ -n "$CHILD" ]; then kill -KILL -- "-$CHILD" 2>/dev/null || true; wait "$CHILD" 2>/dev/null || true; fi
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$W"
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+# Runs its arguments in a session of their own (so the kill above takes the whole tree, GNU time
+# and rlvr alike) and waits for them; a signal to this script interrupts the wait at once.
+own() { setsid "$@" & CHILD=$!; local rc=0; wait "$CHILD" || rc=$?; CHILD=; return "$rc"; }
 if [ -z "${RLVR:-}" ]; then
   CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo build -q --workspace --locked --bins
   RLVR=target/debug/rlvr
@@ -50,13 +64,13 @@ mkdir -p "$W/tok"
 cp "$DATA/tokenizers/qwen2.5/tokenizer.json" "$W/tok/"
 cp "$DATA/tokenizers/qwen2.5/tokenizer_config.source.json" "$W/tok/tokenizer_config.json"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
-"$RLVR" init --arch qwen2 --hidden 896 --layers "$LAYERS" --heads 14 --kv-heads 2 --intermediate 4864 \
+own "$RLVR" init --arch qwen2 --hidden 896 --layers "$LAYERS" --heads 14 --kv-heads 2 --intermediate 4864 \
   --vocab-size 151936 --tie-embeddings true --rope-theta 1000000 --max-position-embeddings 32768 \
   --tokenizer "$W/tok/tokenizer.json" --seed 0 --out "$W/model" >/dev/null
 head -n 1 "$DATA/gsm8k/train.jsonl" > "$W/prompts.jsonl"
 run() { # $1 = share_prompt, $2 = run dir
   [ -x /usr/bin/time ] || : > "$2.rss"
-  RAYON_NUM_THREADS=$THREADS "${TIMED[@]}" $([ -x /usr/bin/time ] && echo "$2.rss") "$RLVR" train \
+  RAYON_NUM_THREADS=$THREADS own "${TIMED[@]}" $([ -x /usr/bin/time ] && echo "$2.rss") "$RLVR" train \
     --set model.path="\"$W/model\"" --set model.dtype="\"$DTYPE\"" --set model.device="\"$DEVICE\"" \
     --set data.task='"gsm8k"' --set data.train="\"$W/prompts.jsonl\"" --set data.style='"chat"' \
     --set data.prompts_per_step=1 --set data.seed=0 \
@@ -69,7 +83,7 @@ run() { # $1 = share_prompt, $2 = run dir
   # The prompt's token count: its rendered text (rollouts.jsonl) encoded as the trainer encodes it.
   python3 -c 'import json,sys; print(json.dumps({"prompt": json.loads(open(sys.argv[1]).readline())["prompt"]}))' \
     "$2/rollouts.jsonl" > "$2.prompt.jsonl"
-  "$RLVR" generate --model "$W/model" --prompts "$2.prompt.jsonl" -n 1 --max-new-tokens 1 \
+  own "$RLVR" generate --model "$W/model" --prompts "$2.prompt.jsonl" -n 1 --max-new-tokens 1 \
     --out "$2.prompt_ids.jsonl" >/dev/null
   python3 - "$1" "$2" <<'PY'
 import json, sys

@@ -87,6 +87,9 @@ pub enum Scoring {
     /// A program environment's rewards (`env.command`, DESIGN.md section 14): a `jsonl` task may
     /// then have no verifier, and its rows no answer field ([`DataConfig::reference_optional`]).
     Environment,
+    /// The `[[reward.components]]`' verifiers, each reading the row's reference: a `jsonl` task
+    /// needs no `data.verifier` (nothing would read it).
+    Components,
 }
 
 /// How the prompt text is built.
@@ -252,8 +255,8 @@ impl DataConfig {
         self.validate_for(Scoring::Verifier)
     }
 
-    /// [`DataConfig::validate`] for rows scored by `scoring`: with [`Scoring::Environment`] a
-    /// `jsonl` task needs no `data.verifier`.
+    /// [`DataConfig::validate`] for rows scored by `scoring`: with [`Scoring::Environment`] or
+    /// [`Scoring::Components`] a `jsonl` task needs no `data.verifier`.
     ///
     /// # Errors
     /// As [`DataConfig::validate`].
@@ -263,7 +266,9 @@ impl DataConfig {
                 "data.prompts_per_step must be at least 1".into(),
             ));
         }
-        if self.experiences.is_none() && !self.scored_by_environment(scoring) {
+        let scored_elsewhere =
+            self.scored_by_environment(scoring) || scoring == Scoring::Components;
+        if self.experiences.is_none() && !scored_elsewhere {
             self.verifier()?;
         }
         if self.max_prompt_len == Some(0) {

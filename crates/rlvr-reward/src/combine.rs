@@ -314,7 +314,8 @@ impl VerifierConfig {
 #[serde(deny_unknown_fields)]
 pub struct ComponentConfig {
     /// Name in the metrics (`reward/<name>/mean`, `reward/<name>/share`), distinct per component.
-    /// Default: the verifier's kind.
+    /// Default: a `python` verifier's function name (`accuracy_reward` for
+    /// `my_rewards.py:accuracy_reward`, as TRL names its reward columns), else the verifier's kind.
     #[serde(default)]
     pub name: Option<String>,
     /// Weight in the sum, finite with |weight| ≤ 1e6. Default 1.
@@ -323,6 +324,35 @@ pub struct ComponentConfig {
     /// The verifier, an inline table with the keys of `data.verifier` (its `kind` and that kind's
     /// keys). Required.
     pub verifier: VerifierConfig,
+}
+
+impl ComponentConfig {
+    /// The component's name: `name`, else a `python` verifier's function name (the part of
+    /// `FILE.py:NAME` after the last `:`), else the verifier's kind ([`VerifierConfig::name`]).
+    pub fn resolved_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        match &self.verifier {
+            VerifierConfig::Python { function, .. } => match function.rsplit_once(':') {
+                Some((_, f)) if !f.is_empty() => f.to_string(),
+                _ => "python".into(),
+            },
+            v => v.name().to_string(),
+        }
+    }
+}
+
+/// `e` for two components named `name`, saying where a default name came from.
+fn duplicate_name(name: &str, c: &ComponentConfig) -> RewardError {
+    let why = match (&c.name, &c.verifier) {
+        (Some(_), _) => String::new(),
+        (None, VerifierConfig::Python { .. }) => " (by default, its function's name)".into(),
+        (None, _) => " (by default, the verifier's kind)".into(),
+    };
+    RewardError::Config(format!(
+        "two components are named `{name}`{why}: give each a distinct `name`"
+    ))
 }
 
 /// The `[reward]` config table.
@@ -354,14 +384,9 @@ impl RewardConfig {
             let key = format!("reward.components[{i}]");
             check_weight(&format!("{key}.weight"), c.weight)?;
             c.verifier.check(&format!("{key}.verifier"))?;
-            let name = c
-                .name
-                .clone()
-                .unwrap_or_else(|| c.verifier.name().to_string());
+            let name = c.resolved_name();
             if names.contains(&name) {
-                return Err(RewardError::Config(format!(
-                    "two components are named `{name}`: give each a distinct `name`"
-                )));
+                return Err(duplicate_name(&name, c));
             }
             names.push(name);
         }
@@ -420,15 +445,10 @@ impl RewardFunction {
         };
         let mut components: Vec<(String, f64, Box<dyn Verifier>)> = Vec::new();
         for c in list {
-            let name = c
-                .name
-                .clone()
-                .unwrap_or_else(|| c.verifier.name().to_string());
+            let name = c.resolved_name();
             check_weight(&format!("reward component `{name}`: weight"), c.weight)?;
             if components.iter().any(|(n, _, _)| *n == name) {
-                return Err(RewardError::Config(format!(
-                    "two components are named `{name}`: give each a distinct `name`"
-                )));
+                return Err(duplicate_name(&name, c));
             }
             components.push((name, c.weight, c.verifier.build()?));
         }

@@ -40,24 +40,59 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// (another writer's, this process's) stays. Never read as the real file (another name), they
 /// only take room. Returns the paths removed; `dir` missing or unreadable removes nothing.
 pub fn remove_stale_temporaries(dir: &Path) -> Vec<PathBuf> {
-    if !Path::new("/proc/self").exists() {
-        return Vec::new();
-    }
+    remove_stale_entries(dir, temporary_pid)
+        .into_iter()
+        .filter_map(|(p, kind)| (kind == StaleKind::File).then_some(p))
+        .collect()
+}
+
+/// What [`remove_stale_entries`] removed: a file or a whole directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StaleKind {
+    /// A regular file.
+    File,
+    /// A directory, removed with everything in it.
+    Dir,
+}
+
+/// Whether the process `pid`, which wrote a temporary named after it, is gone: on Linux, no
+/// `/proc/PID`. `false` where there is no `/proc` (nothing can be told gone, so nothing is removed).
+pub fn writer_gone(pid: u32) -> bool {
+    Path::new("/proc/self").exists() && !Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// The rule of [`remove_stale_temporaries`] for any naming scheme: removes from `dir` each regular
+/// file and each directory (with its contents) whose name `pid_of` maps to the PID of its writer,
+/// when that process is gone ([`writer_gone`]). Symbolic links and entries of live writers (this
+/// process's, another running one's) stay. Used for the vLLM backend's weight-refresh folders
+/// (`.tmp-version-N-PID`) and `rlvr eval`/`generate`'s private temporary directories. Returns
+/// what was removed, sorted; `dir` missing or unreadable removes nothing.
+pub fn remove_stale_entries(
+    dir: &Path,
+    pid_of: impl Fn(&str) -> Option<u32>,
+) -> Vec<(PathBuf, StaleKind)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut removed = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(temporary_pid) else {
+        let Some(pid) = name.to_str().and_then(&pid_of) else {
             continue;
         };
-        let gone = !Path::new("/proc").join(pid.to_string()).exists();
-        if gone
-            && e.file_type().is_ok_and(|t| t.is_file())
-            && std::fs::remove_file(e.path()).is_ok()
-        {
-            removed.push(e.path());
+        if !writer_gone(pid) {
+            continue;
+        }
+        let Ok(t) = e.file_type() else { continue };
+        let (ok, kind) = if t.is_file() {
+            (std::fs::remove_file(e.path()).is_ok(), StaleKind::File)
+        } else if t.is_dir() {
+            (std::fs::remove_dir_all(e.path()).is_ok(), StaleKind::Dir)
+        } else {
+            continue;
+        };
+        if ok {
+            removed.push((e.path(), kind));
         }
     }
     removed.sort();
@@ -124,5 +159,36 @@ mod tests {
             assert!(d.path().join(n).exists(), "{n}");
         }
         assert!(remove_stale_temporaries(&d.path().join("missing")).is_empty());
+    }
+
+    /// Any naming scheme: a dead writer's files and whole directories go; a live writer's, names
+    /// without a PID and symbolic links stay.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn stale_entries_of_dead_writers_are_removed_directories_included() {
+        let d = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let pid_of = |n: &str| n.strip_prefix("tmp-")?.parse::<u32>().ok();
+        let dir = d.path().join(format!("tmp-{dead}"));
+        std::fs::create_dir_all(dir.join("inner")).unwrap();
+        std::fs::write(dir.join("inner/model.safetensors"), "x").unwrap();
+        std::fs::write(d.path().join(format!("tmp-{me}")), "live").unwrap();
+        std::fs::create_dir(d.path().join("tmp-x")).unwrap();
+        let target = d.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        let link_dir = tempfile::tempdir().unwrap();
+        let link = link_dir.path().join(format!("tmp-{dead}"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let removed = remove_stale_entries(d.path(), pid_of);
+        assert_eq!(removed, vec![(dir.clone(), StaleKind::Dir)]);
+        assert!(!dir.exists());
+        assert!(d.path().join(format!("tmp-{me}")).is_file());
+        assert!(d.path().join("tmp-x").is_dir());
+        // A link named as a dead writer's temporary is left, and so is what it points to.
+        assert!(remove_stale_entries(link_dir.path(), pid_of).is_empty());
+        assert!(link.symlink_metadata().is_ok() && target.is_dir());
     }
 }

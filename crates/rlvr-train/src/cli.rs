@@ -231,7 +231,11 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(d) = &a.data {
         raw.data.test = Some(d.clone());
     }
-    if raw.data.task == TaskKind::Jsonl && raw.data.verifier.is_none() {
+    no_test_data_help(&raw, a, &model_dir)?;
+    if raw.data.task == TaskKind::Jsonl
+        && raw.data.verifier.is_none()
+        && raw.reward.components.is_empty()
+    {
         // A program environment gives the rewards of its episodes: no verifier needed.
         match (a.env, raw.env.command.is_empty(), raw.env.builtin.is_some()) {
             (true, false, _) => {}
@@ -311,14 +315,15 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     .map_err(|e| name_env_log(e, env_log.as_deref()));
     let r = match (result, &a.out) {
         (Ok(r), _) => r,
-        // What was evaluated before the failure is kept (`rlvr eval --env` evaluates in chunks
-        // of problems; an environment that dies at the last one loses no finished episode).
+        // What was evaluated before the failure is kept: the evaluation runs in chunks of
+        // problems (`rollout.max_batch_rows` rows), so a verifier or an environment that fails
+        // at the last one loses no finished item. Each kept line says `"partial": true`.
         (Err(e), Some(path)) if !items.is_empty() => {
             let problems = items.iter().map(|it| it.index + 1).max().unwrap_or(0);
-            return Err(match write_items(path, &items) {
+            return Err(match write_items(path, &items, true) {
                 Ok(()) => e.context(format!(
-                    "the evaluation failed after {} of {} problems: their {} items are in {} \
-                     (no summary: the evaluation is incomplete)",
+                    "the evaluation failed after {} of {} problems: their {} items are in {}, \
+                     each marked \"partial\": true (no summary: the evaluation is incomplete)",
                     problems,
                     evaluator.texts.len(),
                     items.len(),
@@ -333,7 +338,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         (Err(e), _) => return Err(e),
     };
     if let Some(path) = &a.out {
-        write_items(path, &items)?;
+        write_items(path, &items, false)?;
     }
     writeln!(
         out,
@@ -349,15 +354,73 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `rlvr eval` with nothing to evaluate on: a task read from a file (every one but the generated
+/// `arithmetic` and `countdown`) and no `data.test`, e.g. `rlvr eval --model RUN` alone, whose
+/// task is the default `gsm8k`. The error says which flag gives the problems, naming the run's
+/// config.toml when `model_dir` is one of its checkpoints (a run directory's config is not read
+/// unless given as `--config`).
+///
+/// # Errors
+/// No test split, as above.
+fn no_test_data_help(
+    raw: &RawConfig,
+    a: &EvalArgs,
+    model_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let generated = matches!(raw.data.task, TaskKind::Arithmetic | TaskKind::Countdown);
+    if raw.data.test.is_some() || generated {
+        return Ok(());
+    }
+    let task = raw.data.task.name();
+    let whose = match (&a.task, &a.config) {
+        (None, None) => format!("data.task = \"{task}\" (the default: no --task or --config)"),
+        (Some(_), _) => format!("--task {task}"),
+        (None, Some(c)) => format!("data.task = \"{task}\" of {}", c.display()),
+    };
+    let shipped = match raw.data.task {
+        TaskKind::Gsm8k => " (the repository's: data/gsm8k/test.jsonl)",
+        TaskKind::Math500 => " (the repository's: data/math500/test.jsonl)",
+        _ => "",
+    };
+    // A checkpoint of a run (RUN/checkpoints/step-N): that run's config names its data.
+    let run_config = model_dir
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "checkpoints"))
+        .and_then(|p| p.parent())
+        .map(|run| run.join("config.toml"))
+        .filter(|c| c.is_file() && a.config.is_none());
+    let config_hint = match run_config {
+        Some(c) => format!(
+            "--config {} (the run's own config, its data.test)",
+            c.display()
+        ),
+        None => "--config FILE whose data.test names one".to_string(),
+    };
+    anyhow::bail!(
+        "no held-out problems to evaluate on: {whose} reads them from a file and none is given; \
+         add --data FILE (JSONL or Parquet){shipped}, or {config_hint}, or --task arithmetic or \
+         --task countdown (generated problems)"
+    )
+}
+
 /// Writes `rlvr eval --out`'s items, one JSON object a line, atomically (a reader or a kill sees
-/// the old file or the whole new one).
+/// the old file or the whole new one). `partial`: the evaluation failed after these items, so
+/// every line gets `"partial": true` (a complete evaluation's lines have no such key).
 ///
 /// # Errors
 /// Serialisation and I/O errors, naming the file.
-fn write_items(path: &std::path::Path, items: &[EvalItem]) -> anyhow::Result<()> {
+fn write_items(path: &std::path::Path, items: &[EvalItem], partial: bool) -> anyhow::Result<()> {
     let mut s = String::new();
     for it in items {
-        s.push_str(&serde_json::to_string(it)?);
+        let line = serde_json::to_string(it)?;
+        match (partial, line.strip_suffix('}')) {
+            // The key after the item's own, which keep their order.
+            (true, Some(open)) => {
+                s.push_str(open);
+                s.push_str(",\"partial\":true}");
+            }
+            _ => s.push_str(&line),
+        }
         s.push('\n');
     }
     rlvr_rundir::fs::atomic_write(path, s.as_bytes())
@@ -484,11 +547,7 @@ fn eval_on_backend(
                 &ids,
                 items,
             ),
-            None => {
-                let (r, all) = evaluator.run(engine.as_mut(), &policy.tokenizer)?;
-                *items = all;
-                Ok(r)
-            }
+            None => evaluator.run_into(engine.as_mut(), &policy.tokenizer, items),
         }
     })();
     drop(dir);
@@ -582,14 +641,19 @@ fn evaluate_episodes(
     Ok(crate::eval::summarise(ev.task, &per, s.samples))
 }
 
-/// A new private temporary directory (mode 0700, random name after `prefix`), removed when the
-/// returned guard drops.
+/// A new private temporary directory (mode 0700, `prefix`, this process's id and a random part:
+/// `rlvr-eval-vllm-PID-XXXXXX`), removed when the returned guard drops. Those of the same prefix
+/// whose process is gone (a killed `rlvr eval` or `generate`: a whole model's weights each) are
+/// removed first ([`stale_tmp_dirs`]).
 ///
 /// # Errors
 /// The temporary directory cannot be created (naming it).
 fn private_tmp_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+    for p in stale_tmp_dirs(&std::env::temp_dir(), prefix) {
+        eprintln!("removed {}, left by a killed rlvr process", p.display());
+    }
     tempfile::Builder::new()
-        .prefix(prefix)
+        .prefix(&format!("{prefix}{}-", std::process::id()))
         .tempdir()
         .with_context(|| {
             format!(
@@ -597,6 +661,21 @@ fn private_tmp_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
                 std::env::temp_dir().display()
             )
         })
+}
+
+/// Removes from `tmp` the directories [`private_tmp_dir`] made with `prefix` for processes that
+/// are gone (`PREFIX` + PID + `-` + random part; [`rlvr_rundir::fs::remove_stale_entries`]'s
+/// rule), and returns them.
+fn stale_tmp_dirs(tmp: &std::path::Path, prefix: &str) -> Vec<PathBuf> {
+    let pid_of = |name: &str| {
+        let (pid, rest) = name.strip_prefix(prefix)?.split_once('-')?;
+        let digits = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+        (digits && !rest.is_empty()).then(|| pid.parse().ok())?
+    };
+    rlvr_rundir::fs::remove_stale_entries(tmp, pid_of)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// The engine `s` names over a fixed model (`rlvr eval`, `rlvr generate`), as version 0: the
@@ -1318,4 +1397,44 @@ pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rlvr eval`/`generate`'s private directories for vLLM's weights carry their process's id,
+    /// so the next start removes those of killed processes (a model's weights each; they used to
+    /// stay in $TMPDIR): only that prefix's, only of processes that are gone.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn private_tmp_dirs_of_killed_processes_are_removed_at_the_next_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let names = [
+            format!("rlvr-eval-vllm-{dead}-a1b2c3"),
+            format!("rlvr-eval-vllm-{me}-a1b2c3"),
+            format!("rlvr-generate-vllm-{dead}-a1b2c3"),
+            "rlvr-eval-vllm-a1b2c3".to_string(),
+            format!("rlvr-eval-vllm-{dead}x-a1b2c3"),
+        ];
+        for n in &names {
+            std::fs::create_dir_all(tmp.path().join(n).join("version-00000000")).unwrap();
+        }
+        let removed = stale_tmp_dirs(tmp.path(), "rlvr-eval-vllm-");
+        assert_eq!(removed, vec![tmp.path().join(&names[0])]);
+        for n in &names[1..] {
+            assert!(tmp.path().join(n).is_dir(), "{n}");
+        }
+        // A new one is named after this process.
+        let d = private_tmp_dir("rlvr-test-private-").unwrap();
+        let name = d.path().file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with(&format!("rlvr-test-private-{me}-")),
+            "{name}"
+        );
+    }
 }

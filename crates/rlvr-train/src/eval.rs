@@ -156,6 +156,33 @@ impl Evaluator {
         )
     }
 
+    /// As [`Evaluator::run`], with the items appended to `items` chunk by chunk of problems
+    /// (`rollout.max_batch_rows` rows of samples at a time): on an error, `items` holds those of
+    /// the chunks sampled and scored before it (`rlvr eval --out` keeps them).
+    ///
+    /// # Errors
+    /// As [`Evaluator::run`].
+    pub fn run_into(
+        &self,
+        rollout: &mut dyn Rollout,
+        tok: &TokenizerBundle,
+        items: &mut Vec<EvalItem>,
+    ) -> anyhow::Result<EvalResult> {
+        let n = self.texts.len();
+        items.clear();
+        sample_problems_into(
+            rollout,
+            tok,
+            &self.problems(),
+            &self.reward,
+            &self.settings,
+            0..n,
+            items,
+        )?;
+        let per = correct_per_problem(items, n);
+        Ok(summarise(self.task, &per, self.settings.samples))
+    }
+
     /// Evaluates `model` with the native engine (sharing its weights).
     ///
     /// # Errors
@@ -325,6 +352,22 @@ fn sample_problems(
     s: &EvalSettings,
     range: std::ops::Range<usize>,
 ) -> anyhow::Result<Vec<EvalItem>> {
+    let mut items = Vec::new();
+    sample_problems_into(rollout, tokenizer, problems, reward, s, range, &mut items)?;
+    Ok(items)
+}
+
+/// [`sample_problems`] appending to `items` one whole chunk at a time (sampled and scored), so
+/// that an error leaves there the items of the chunks before it.
+fn sample_problems_into(
+    rollout: &mut dyn Rollout,
+    tokenizer: &TokenizerBundle,
+    problems: &Problems<'_>,
+    reward: &RewardFunction,
+    s: &EvalSettings,
+    range: std::ops::Range<usize>,
+    items: &mut Vec<EvalItem>,
+) -> anyhow::Result<()> {
     let Problems {
         texts: prompts,
         references,
@@ -348,7 +391,6 @@ fn sample_problems(
         .context("encoding eval prompts")?;
     let base = range.start;
     let params = s.sampling(&tokenizer.eos_ids);
-    let mut items = Vec::new();
     let chunk = (s.max_batch_rows / s.samples).max(1);
     for start in (0..ids.len()).step_by(chunk) {
         let end = (start + chunk).min(ids.len());
@@ -376,7 +418,7 @@ fn sample_problems(
             .collect();
         let scores = reward
             .score_batch(&samples)
-            .context("scoring eval completions")?;
+            .with_context(|| format!("scoring the completions of eval problems {first}..{last}"))?;
         for ((c, sc), t) in out.iter().zip(scores).zip(texts) {
             items.push(EvalItem {
                 index: c.prompt_index,
@@ -391,7 +433,7 @@ fn sample_problems(
             });
         }
     }
-    Ok(items)
+    Ok(())
 }
 
 /// Correct samples per problem (indexed over the whole list of `n`).

@@ -59,8 +59,10 @@ pub(crate) fn write_weights_as(
     })
 }
 
-/// Creates `weights_dir/name` atomically: `fill` writes into a fresh directory beside it, which
-/// is then renamed (replacing an older `name`). Returns the absolute path.
+/// Creates `weights_dir/name` atomically: `fill` writes into a fresh directory beside it
+/// (`.tmp-NAME-PID`), which is then renamed (replacing an older `name`). Such folders that a
+/// killed process left are removed first ([`remove_stale_temporaries`]), so the first push of
+/// the next start clears them. Returns the absolute path.
 ///
 /// # Errors
 /// [`VllmError::Io`]; `fill`'s errors.
@@ -71,6 +73,7 @@ pub(crate) fn write_dir(
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(weights_dir).map_err(io(weights_dir))?;
     let weights_dir = weights_dir.canonicalize().map_err(io(weights_dir))?;
+    remove_stale_temporaries(&weights_dir);
     let dir = weights_dir.join(name);
     let tmp = weights_dir.join(format!(".tmp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -79,6 +82,28 @@ pub(crate) fn write_dir(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
     Ok(dir)
+}
+
+/// The PID in the name of a folder [`write_dir`] fills before renaming it (`.tmp-NAME-PID`),
+/// `None` for any other name.
+fn temporary_pid(name: &str) -> Option<u32> {
+    let (stem, pid) = name.strip_prefix(".tmp-")?.rsplit_once('-')?;
+    if stem.is_empty() || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Removes from `weights_dir` the folders a refresh was writing when its process was killed
+/// (`.tmp-version-NNNNNNNN-PID`, a whole checkpoint's size each; LoRA adapters' alike): only those
+/// whose process is gone, by [`rlvr_rundir::fs::remove_stale_entries`]'s rule, so a live run's
+/// refresh in a shared directory is left alone. Returns the folders removed; a missing directory
+/// removes nothing. [`write_dir`] calls it before every version it writes.
+pub fn remove_stale_temporaries(weights_dir: &Path) -> Vec<PathBuf> {
+    rlvr_rundir::fs::remove_stale_entries(weights_dir, temporary_pid)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// `tensors` in `dtype` and `config` as a HuggingFace checkpoint in the existing directory `tmp`

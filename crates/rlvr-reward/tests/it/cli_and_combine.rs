@@ -257,7 +257,45 @@ fn weighted_sum_and_format_reported_separately() {
     };
     assert!(score(dup, &samples)
         .unwrap_err()
-        .contains("two components are named `math`"));
+        .contains("two components are named `math` (by default, the verifier's kind)"));
+}
+
+/// Two `python` components (TRL's reward functions, as docs/coming-from-trl.md writes them) are
+/// named after their functions by default, as TRL names its reward columns; they were both
+/// `python`, and the config of the docs was refused as naming two components alike.
+#[test]
+fn python_components_are_named_after_their_functions() {
+    let python = |function: &str| {
+        serde_json::from_value::<VerifierConfig>(
+            serde_json::json!({"kind": "python", "function": function}),
+        )
+        .unwrap()
+    };
+    let c = |name: Option<&str>, function: &str| ComponentConfig {
+        name: name.map(String::from),
+        weight: 1.0,
+        verifier: python(function),
+    };
+    let cfg = RewardConfig {
+        components: vec![
+            c(None, "my_rewards.py:accuracy_reward"),
+            c(None, "my_rewards.py:format_reward"),
+            c(Some("mine"), "my_rewards.py:format_reward"),
+        ],
+        format: None,
+    };
+    cfg.check().unwrap();
+    let names: Vec<String> = cfg.components.iter().map(|c| c.resolved_name()).collect();
+    assert_eq!(names, ["accuracy_reward", "format_reward", "mine"]);
+    let dup = RewardConfig {
+        components: vec![c(None, "a.py:f"), c(None, "b.py:f")],
+        format: None,
+    };
+    let e = dup.check().unwrap_err().to_string();
+    assert!(
+        e.contains("two components are named `f` (by default, its function's name)"),
+        "{e}"
+    );
 }
 
 /// A verifier that returns the number in the completion as the reward.

@@ -699,6 +699,15 @@ impl ResolvedConfig {
                     st.step
                 );
             }
+            if steps == st.step {
+                cfg.warnings.push(format!(
+                    "the run in {} has already trained all its train.steps = {steps} (its \
+                     checkpoint {} holds step {steps}): nothing to train; to train on, resume \
+                     with --set train.steps=N, N > {steps}",
+                    run_dir.display(),
+                    dir.display(),
+                ));
+            }
         }
         Ok(cfg)
     }

@@ -262,8 +262,28 @@ fn from_table_keyed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Resul
                 message.push_str(&format!("; did you mean \"{n}\"?"));
             }
         }
+        if let Some(note) = quoted_scalar_note(inner) {
+            message.push_str(&format!("; {note}"));
+        }
         KeyError { key: path, message }
     })
+}
+
+/// For serde's `invalid type: string "1e-5", expected f64` (a number or boolean written in
+/// quotes, so TOML reads a string): the note that says to drop the quotes.
+fn quoted_scalar_note(inner: &str) -> Option<String> {
+    let rest = &inner[inner.find("invalid type: string \"")? + "invalid type: string \"".len()..];
+    let (v, rest) = rest.split_once('"')?;
+    let expected = rest.split_once("expected ")?.1;
+    let number = [
+        "f32", "f64", "u8", "u16", "u32", "u64", "usize", "i32", "i64",
+    ]
+    .iter()
+    .any(|t| expected.starts_with(t))
+        && v.trim().parse::<f64>().is_ok();
+    let boolean = expected.starts_with("a boolean") && matches!(v, "true" | "false");
+    (number || boolean)
+        .then(|| format!("\"{v}\" is in quotes, so TOML reads a string: write {v} without quotes"))
 }
 
 /// The parts of a path as serde_path_to_error writes it (`reward.components[0].verifier`): a

@@ -125,11 +125,13 @@ pub fn eval_settings(raw: &RawConfig) -> EvalSettings {
 
 /// What gives the rewards of `raw`'s completions: a program environment (`env.command`), whose
 /// `jsonl` rows then need no verifier ([`rlvr_data::config::DataConfig::scored_by_environment`]),
-/// else the task's verifier.
+/// else the `[[reward.components]]` when there are any (no `data.verifier` needed either), else
+/// the task's verifier.
 pub fn scoring(raw: &RawConfig) -> Scoring {
-    match raw.env.command.is_empty() {
-        true => Scoring::Verifier,
-        false => Scoring::Environment,
+    match (raw.env.command.is_empty(), raw.reward.components.is_empty()) {
+        (false, _) => Scoring::Environment,
+        (true, false) => Scoring::Components,
+        (true, true) => Scoring::Verifier,
     }
 }
 
@@ -156,10 +158,13 @@ pub fn reward_function(raw: &RawConfig) -> anyhow::Result<RewardFunction> {
             None,
         ));
     }
-    Ok(RewardFunction::from_config(
-        &raw.reward,
-        &raw.data.verifier()?,
-    )?)
+    // With components, the task's verifier is not part of the reward (a `jsonl` task need not
+    // name one): the first component stands in for the default, which then goes unused.
+    let default = match raw.reward.components.first() {
+        Some(c) => c.verifier.clone(),
+        None => raw.data.verifier()?,
+    };
+    Ok(RewardFunction::from_config(&raw.reward, &default)?)
 }
 
 /// The verifier of a run whose program environment gives every reward ([`env_gives_reward`]):

@@ -24,6 +24,7 @@ pub mod schedule;
 pub mod share;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use anyhow::Context;
@@ -134,14 +135,18 @@ impl Feed {
         })
     }
 
-    /// The batch of step `t`.
+    /// The batch of step `t`; `None` when `stop` was set while it waited for the explorer thread
+    /// (a Ctrl-C or SIGTERM during the wait: the caller stops after the step before, without
+    /// waiting for a batch it will not train on). Without `stop` (data parallel, where every rank
+    /// must take the same steps) it waits as long as the explorer takes. The inline explorer and
+    /// an offline source never wait on another thread and ignore `stop`.
     ///
     /// # Errors
     /// Sampling, scoring and verifier errors; the explorer thread stopped.
-    pub fn next(&mut self, t: u64) -> anyhow::Result<Batch> {
+    pub fn next(&mut self, t: u64, stop: Option<&AtomicBool>) -> anyhow::Result<Option<Batch>> {
         match self {
-            Feed::Inline(e) => e.produce(t),
-            Feed::Offline(o) => o.produce(t),
+            Feed::Inline(e) => e.produce(t).map(Some),
+            Feed::Offline(o) => o.produce(t).map(Some),
             Feed::Threaded {
                 batches,
                 last_cursor,
@@ -157,11 +162,19 @@ impl Feed {
                         b.step
                     );
                     *last_cursor = b.cursor;
-                    return Ok(b);
+                    return Ok(Some(b));
                 }
                 // A rank whose explorer failed leaves here; its peers wait in the gather until
                 // the launcher ends the job (mpirun does at once) or the timeout names it.
-                let mut b = batches.recv().context("the explorer thread stopped")??;
+                let Some(mut b) = receive_or_stop(batches, stop)? else {
+                    return Ok(None);
+                };
+                // A batch that came with the stop (within one poll) is not trained on either;
+                // it is kept in order for the checkpoint, which may need it.
+                if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                    pending.push_front(b);
+                    return Ok(None);
+                }
                 if job.is_parallel() {
                     let rows = vec![std::mem::take(&mut b.experiences)];
                     let recs = std::mem::take(&mut b.rollouts);
@@ -170,7 +183,7 @@ impl Feed {
                     b.rollouts = all_recs.into_iter().take(*keep).collect();
                 }
                 *last_cursor = b.cursor;
-                Ok(b)
+                Ok(Some(b))
             }
         }
     }
@@ -258,6 +271,11 @@ impl Feed {
     /// cause was the explorer), and when the explorer after them would need weights the feed no
     /// longer has (the resume then re-samples them with the policy's).
     ///
+    /// `stop`: the run's stop flag, watched while waiting for the explorer. Once it is set a wait
+    /// that exactness does not need ends ([`Feed::resumes_exactly_without_buffer`]: the buffer is
+    /// then empty); one it does need (the batches' weights are gone, e.g. with sync interval 1)
+    /// goes on, saying so once (a second signal quits).
+    ///
     /// # Errors
     /// With [`InFlight::Wait`], the explorer failed or stopped while sampling one of them; the
     /// explorer's version differs from the policy's but its backend keeps no local weights to
@@ -267,11 +285,12 @@ impl Feed {
         t: u64,
         last_step: u64,
         in_flight: InFlight,
+        stop: Option<&AtomicBool>,
     ) -> anyhow::Result<FeedState<'_>> {
         let buffered = match in_flight {
             InFlight::Drop => false,
-            InFlight::Wait => self.receive_in_flight(t, last_step)?,
-            InFlight::TryWait => match self.receive_in_flight(t, last_step) {
+            InFlight::Wait => self.receive_in_flight(t, last_step, stop)?,
+            InFlight::TryWait => match self.receive_in_flight(t, last_step, stop) {
                 Ok(b) => b,
                 Err(e) => {
                     crate::log::log_only(&format!(
@@ -355,8 +374,15 @@ impl Feed {
 
     /// [`Feed::state`]'s in-flight batches received into `pending`; whether a buffer applies
     /// (the explorer after them needs the policy's version or the last sync's, which the
-    /// checkpoint can then save).
-    fn receive_in_flight(&mut self, t: u64, last_step: u64) -> anyhow::Result<bool> {
+    /// checkpoint can then save). `false` too when `stop` was set while waiting and the
+    /// checkpoint resumes exactly without them.
+    fn receive_in_flight(
+        &mut self,
+        t: u64,
+        last_step: u64,
+        stop: Option<&AtomicBool>,
+    ) -> anyhow::Result<bool> {
+        let exact_without = self.resumes_exactly_without_buffer(t);
         let Feed::Threaded {
             batches,
             job,
@@ -376,15 +402,46 @@ impl Feed {
         if until < last_step && need != t && synced.as_ref().map(|s| s.0) != Some(need) {
             return Ok(false);
         }
+        let mut told = false;
         while pending.back().map_or(t, |b| b.step) < until {
-            let b = batches.recv().context("the explorer thread stopped")??;
-            pending.push_back(b);
+            match batches.recv_timeout(STOP_POLL) {
+                Ok(b) => pending.push_back(b?),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if !stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                        continue;
+                    }
+                    if exact_without {
+                        crate::log::log_only(&format!(
+                            "stop: the checkpoint of step {t} does not wait for the explorer's \
+                             batches in flight (the resume samples them again, exactly)"
+                        ));
+                        return Ok(false);
+                    }
+                    if !told {
+                        told = true;
+                        crate::log::say(&format!(
+                            "stop: the checkpoint of step {t} waits for the explorer's batches of \
+                             steps {}..={until}, sampled by weights the run no longer keeps, \
+                             so that the resume is exact; again to quit now (the resume then \
+                             starts from the checkpoint before)",
+                            pending.back().map_or(t, |b| b.step) + 1
+                        ));
+                    }
+                }
+                Err(e @ mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
+                }
+            }
         }
         Ok(true)
     }
 
-    /// Stops the explorer thread, if any (its in-flight batch is dropped).
-    pub fn shutdown(&mut self) {
+    /// Stops the explorer thread, if any (its in-flight batch is dropped). With `wait`, returns
+    /// once the thread has ended, which may take the rest of the batch it is sampling (the end
+    /// of a run, an error). Without (a stop by a signal, whose process exits next), the thread
+    /// is told to end and left to do so: a stop is not held up by a slow or hung sampler or
+    /// verifier (in rlvr train the process exits right after, ending it).
+    pub fn shutdown(&mut self, wait: bool) {
         if let Feed::Threaded {
             weights,
             handle,
@@ -397,7 +454,45 @@ impl Feed {
             while batches.try_recv().is_ok() {}
             if let Some(h) = handle.take() {
                 drop(std::mem::replace(batches, mpsc::sync_channel(0).1));
-                let _ = h.join();
+                if wait || h.is_finished() {
+                    let _ = h.join();
+                } else {
+                    crate::log::log_only(
+                        "stop: the explorer thread is still sampling; its batch is dropped \
+                         without waiting for it",
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// How often a wait for the explorer thread looks at the stop flag ([`Feed::next`]).
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The explorer thread's next batch, or `None` once `stop` is set while waiting for it (checked
+/// every [`STOP_POLL`]); without `stop`, waits for the batch however long it takes.
+///
+/// # Errors
+/// The explorer's error; the explorer thread stopped.
+fn receive_or_stop(
+    batches: &mpsc::Receiver<anyhow::Result<Batch>>,
+    stop: Option<&AtomicBool>,
+) -> anyhow::Result<Option<Batch>> {
+    let Some(stop) = stop else {
+        return Ok(Some(
+            batches.recv().context("the explorer thread stopped")??,
+        ));
+    };
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        match batches.recv_timeout(STOP_POLL) {
+            Ok(b) => return Ok(Some(b?)),
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(e @ mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
             }
         }
     }

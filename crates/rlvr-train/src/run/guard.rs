@@ -180,6 +180,11 @@ impl LastGood {
         self.saved = self.saved.max(t);
     }
 
+    /// The latest step with a checkpoint (the resumed one's at the start, 0 for none).
+    pub(crate) fn saved_step(&self) -> u64 {
+        self.saved
+    }
+
     /// On an error after step 1, saves the last good state with `save(step, cursor)` (as Ctrl-C
     /// does) unless it is already saved, and says so in the error.
     pub(crate) fn save_after_error<T>(

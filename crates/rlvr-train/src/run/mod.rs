@@ -98,6 +98,10 @@ struct Run<'a> {
     no_signal: (u64, u64),
     /// The job: one process, or this rank of a data-parallel run.
     job: Job,
+    /// The stop flag (Ctrl-C, SIGTERM) as the waits for the explorer thread watch it: a wait
+    /// ends when it is set ([`Feed::next`], [`Feed::state`]). `None` under data parallel, where
+    /// the ranks decide together after each step.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 /// Runs (or resumes) training as `cfg` says, writing everything under `cfg.raw.output.dir`.
@@ -173,7 +177,8 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     } else {
         result
     };
-    run.feed.shutdown();
+    // A stop by a signal does not wait for the explorer's batch in progress (dropped anyway).
+    run.feed.shutdown(!matches!(result, Ok((_, true))));
     crate::log::set_bar(None);
     if let Some(b) = &bar {
         b.finish();
@@ -201,8 +206,12 @@ impl Run<'_> {
         self.began = Instant::now();
         for t in (self.start + 1)..=c.train.steps {
             let comm0 = self.job.busy();
-            // explorer: the batch of step t, sampled by version s(t) (prompt source inside)
-            let batch = self.feed.next(t)?;
+            // explorer: the batch of step t, sampled by version s(t) (prompt source inside); a
+            // stop while waiting for the explorer thread stops after step t − 1
+            let Some(batch) = self.feed.next(t, self.stop.as_deref())? else {
+                self.stop_while_waiting(t - 1, good)?;
+                return Ok((done, true));
+            };
             // staleness: drop experiences older than sync.max_staleness
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
             // trainer update: advantages, mini-batches, micro-batches, optimizer steps (this
@@ -221,7 +230,7 @@ impl Run<'_> {
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {
                 // a signal arrived while evaluating (e.g. a hung reward model): the interruption
-                self.checkpoint(t, &rep, false, true)?;
+                self.checkpoint(t, rep.skipped, false, true)?;
                 return Ok((done, true));
             };
             // sync: the explorer gets version t when v divides t (after the step counts as
@@ -235,7 +244,7 @@ impl Run<'_> {
             // checkpoint: every train.save_every steps, at the end, at a new best, on stop (on
             // every rank when any rank was asked to stop)
             let stop = self.job.any(opts.stop.load(Ordering::SeqCst))?;
-            if self.checkpoint(t, &rep, is_best, stop)? {
+            if self.checkpoint(t, rep.skipped, is_best, stop)? {
                 good.saved(t);
             }
             if stop {
@@ -490,19 +499,42 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// A stop (Ctrl-C, SIGTERM) that came while step `done + 1` waited for the explorer thread
+    /// ([`Feed::next`]): the checkpoint of step `done` as on any stop, unless it is written
+    /// already (a resumed run's first wait: its checkpoint is the one resumed from) or `done` was
+    /// skipped (the last good checkpoint stays the last). Nothing of step `done + 1` ran, so the
+    /// resume is exact as after any stop; the batch being sampled is dropped, unless the
+    /// checkpoint needs it ([`Feed::resumes_exactly_without_buffer`]), when it waits for it.
+    ///
+    /// # Errors
+    /// The checkpoint's.
+    fn stop_while_waiting(&mut self, done: u64, good: &mut LastGood) -> anyhow::Result<()> {
+        crate::log::say(&format!(
+            "stop: step {} was waiting for the explorer; stopping after step {done}",
+            done + 1
+        ));
+        if done == 0 || good.saved_step() >= done {
+            return Ok(());
+        }
+        if self.checkpoint(done, self.skipped_in_row > 0, false, true)? {
+            good.saved(done);
+        }
+        Ok(())
+    }
+
     /// Saves a checkpoint when one is due: every `train.save_every` steps, at the last step, at a
     /// new best evaluation, and when stopping. A skipped step writes none: the last one stays the
     /// last good one. Returns whether a checkpoint was written.
     fn checkpoint(
         &mut self,
         t: u64,
-        rep: &StepReport,
+        skipped: bool,
         is_best: bool,
         stop: bool,
     ) -> anyhow::Result<bool> {
         let cfg = self.cfg;
         let tr = &cfg.raw.train;
-        let due = !rep.skipped
+        let due = !skipped
             && ((tr.save_every > 0 && t.is_multiple_of(tr.save_every))
                 || t == tr.steps
                 || is_best
@@ -552,7 +584,8 @@ impl Run<'_> {
             Some(c) if c != self.feed.cursor() => InFlight::Drop,
             _ => in_flight,
         };
-        let mut feed = self.feed.state(t, self.cfg.raw.train.steps, in_flight)?;
+        let steps = self.cfg.raw.train.steps;
+        let mut feed = self.feed.state(t, steps, in_flight, self.stop.as_deref())?;
         if let (Some(c), true) = (cursor, feed.buffer.is_empty()) {
             feed.cursor = c;
         }

@@ -119,6 +119,7 @@ impl<'a> Run<'a> {
             tb: None,
             began: std::time::Instant::now(),
             no_signal: (0, 0),
+            stop: (!job.is_parallel()).then(|| opts.stop.clone()),
             job,
         };
         run.best

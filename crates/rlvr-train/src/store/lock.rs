@@ -134,6 +134,23 @@ impl StagedOutput {
     /// As [`prepare_model_output`]; I/O errors naming the staging directory.
     pub fn prepare(out: &Path, force: bool, flag: &str) -> anyhow::Result<StagedOutput> {
         let lock = lock_output(out, flag)?;
+        let name = out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "out".into());
+        let staging = out.with_file_name(format!(".{name}.staging"));
+        // With the lock held no other process writes this staging directory: one that exists
+        // was left by a `--force` run that was killed or failed. It goes first, whatever this
+        // run does (it used to stay until the next `--force` over a non-empty `--out`).
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging)
+                .with_context(|| format!("removing {}", staging.display()))?;
+            eprintln!(
+                "removed {}, left by an earlier {flag} {} run with --force that was killed or failed",
+                staging.display(),
+                out.display()
+            );
+        }
         let non_empty = out.is_dir()
             && std::fs::read_dir(out)
                 .with_context(|| format!("reading {}", out.display()))?
@@ -146,15 +163,6 @@ impl StagedOutput {
                 staging: None,
                 _lock: lock,
             });
-        }
-        let name = out
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "out".into());
-        let staging = out.with_file_name(format!(".{name}.staging"));
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging)
-                .with_context(|| format!("removing {}", staging.display()))?;
         }
         std::fs::create_dir_all(&staging)
             .with_context(|| format!("creating {}", staging.display()))?;
@@ -271,5 +279,37 @@ mod tests {
         let e = refuse_same_dir(&out, &d.path().join("m/../m")).unwrap_err();
         assert!(e.to_string().contains("is the --model directory"), "{e}");
         refuse_same_dir(&out, &d.path().join("other")).unwrap();
+    }
+
+    /// The staging directory a killed or failed `--force` run left (`.NAME.staging`, a model's
+    /// worth) is removed by the next start for the same `--out`, under its lock, whether that run
+    /// writes in place, stages, or is refused (it used to stay unless the next run was a
+    /// `--force` over a non-empty `--out`).
+    #[test]
+    fn a_staging_directory_left_behind_goes_at_the_next_start() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("m");
+        let staging = d.path().join(".m.staging");
+        let leave = || {
+            std::fs::create_dir_all(&staging).unwrap();
+            std::fs::write(staging.join("model.safetensors"), "half").unwrap();
+        };
+        // --out missing: written in place.
+        leave();
+        let s = StagedOutput::prepare(&out, false, "--out").unwrap();
+        assert!(s.staging().is_none() && !staging.exists());
+        drop(s);
+        // --out not empty, no --force: refused, and the leftover still goes.
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("config.json"), "{}").unwrap();
+        leave();
+        let e = StagedOutput::prepare(&out, false, "--out").unwrap_err();
+        assert!(e.to_string().contains("is not empty"), "{e}");
+        assert!(!staging.exists());
+        // --force over it: a fresh, empty staging directory.
+        leave();
+        let s = StagedOutput::prepare(&out, true, "--out").unwrap();
+        assert_eq!(s.staging(), Some(staging.as_path()));
+        assert_eq!(std::fs::read_dir(&staging).unwrap().count(), 0);
     }
 }

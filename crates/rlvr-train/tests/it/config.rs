@@ -1590,3 +1590,74 @@ fn a_hub_id_as_model_path_says_rlvr_downloads_nothing() {
     );
     assert!(!e.contains("downloads nothing"), "{e}");
 }
+
+/// A `data.task = "jsonl"` config whose rewards are `[[reward.components]]` needs no
+/// `data.verifier` (nothing reads it): the shape docs/coming-from-trl.md gives TRL's reward
+/// functions. It was refused ("data.task = \"jsonl\" needs data.verifier"); without components
+/// it still is.
+#[test]
+fn jsonl_rows_scored_by_reward_components_need_no_data_verifier() {
+    let tmp = tempfile::tempdir().unwrap();
+    let train = tmp.path().join("train.jsonl");
+    std::fs::write(&train, "{\"question\": \"1+1=\", \"answer\": \"2\"}\n").unwrap();
+    let sets = |components: bool| {
+        let mut s = vec![
+            "data.task=\"jsonl\"".to_string(),
+            format!("data.train=\"{}\"", train.display()),
+        ];
+        if components {
+            s.push(
+                "reward.components=[{ verifier = { kind = \"math\" } }, \
+                 { name = \"b\", weight = 0.5, verifier = { kind = \"arithmetic\" } }]"
+                    .into(),
+            );
+        }
+        s
+    };
+    let cfg = RawConfig::load(None, &sets(true))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let reward = rlvr_train::config::settings::reward_function(&cfg.raw).unwrap();
+    let names: Vec<String> = reward
+        .component_weights()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["math", "b"]);
+    let e = format!(
+        "{:#}",
+        RawConfig::load(None, &sets(false))
+            .and_then(|r| r.resolve())
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("data.task = \"jsonl\" needs data.verifier"),
+        "{e}"
+    );
+}
+
+/// A number or boolean written in quotes (`lr = "1e-5"`, `--set 'train.share_prompt="true"'`) is
+/// a TOML string: the error says to drop the quotes (it said only "invalid type: string").
+#[test]
+fn a_quoted_number_or_boolean_says_to_drop_the_quotes() {
+    for (set, want) in [
+        (
+            "train.lr=\"1e-5\"",
+            "\"1e-5\" is in quotes, so TOML reads a string: write 1e-5 without quotes",
+        ),
+        ("train.steps=\"12\"", "write 12 without quotes"),
+        ("train.share_prompt=\"true\"", "write true without quotes"),
+    ] {
+        let e = format!(
+            "{:#}",
+            RawConfig::load(None, &[set.to_string()]).unwrap_err()
+        );
+        assert!(e.contains(want), "{set}: {e}");
+    }
+    let e = format!(
+        "{:#}",
+        RawConfig::load(None, &["train.lr=\"fast\"".to_string()]).unwrap_err()
+    );
+    assert!(!e.contains("without quotes"), "{e}");
+}

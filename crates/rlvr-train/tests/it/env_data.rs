@@ -536,6 +536,7 @@ fn eval_env_failing_partway_keeps_what_was_evaluated() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(items.len(), 8);
+    assert!(items.iter().all(|it| it["partial"] == true), "{items:?}");
     let mut seen: Vec<(u64, u64)> = items
         .iter()
         .map(|it| {

@@ -340,3 +340,142 @@ fn eval_env_items_show_the_prompt_the_environment_replaced() {
         );
     }
 }
+
+/// Plain `rlvr eval` (no `--env`) whose verifier fails partway (an external command that exits 1
+/// on problem 2's batch; one problem of two samples per batch: `rollout.max_batch_rows = 2`)
+/// writes the items of problems 0 and 1 to `--out`, each line as a complete evaluation writes it
+/// plus `"partial": true`, and fails naming how many and where (it wrote nothing before).
+#[test]
+fn plain_eval_failing_partway_keeps_what_was_evaluated_marked_partial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    let data = tmp.path().join("four.jsonl");
+    let rows: Vec<String> = ["5", "5", "BOOM", "5"]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| serde_json::json!({"question": format!("{i}+5="), "answer": a}).to_string())
+        .collect();
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    let verifier = "while read -r l; do case \"$l\" in *BOOM*) echo boom >&2; exit 1;; esac; \
+                    echo '{\"reward\": 0.5, \"correct\": true}'; done";
+    let out = tmp.path().join("items.jsonl");
+    let argv = |out: &std::path::Path, data: &std::path::Path| {
+        W::parse_from([
+            "x".to_string(),
+            "--model".into(),
+            model.display().to_string(),
+            "--task".into(),
+            "jsonl".into(),
+            "--data".into(),
+            data.display().to_string(),
+            "--set".into(),
+            format!(
+                "data.verifier={{ kind = \"external\", command = [\"sh\", \"-c\", {}] }}",
+                serde_json::to_string(verifier).unwrap()
+            ),
+            "--set".into(),
+            "data.style=\"plain\"".into(),
+            "--set".into(),
+            "rollout.max_batch_rows=2".into(),
+            "--n".into(),
+            "2".into(),
+            "--max-new-tokens".into(),
+            "3".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ])
+        .a
+    };
+    let e = format!(
+        "{:#}",
+        run_eval(&argv(&out, &data), &mut Vec::new()).unwrap_err()
+    );
+    assert!(
+        e.contains(&format!(
+            "the evaluation failed after 2 of 4 problems: their 4 items are in {}, each marked \
+             \"partial\": true",
+            out.display()
+        )) && e.contains("scoring the completions of eval problems 2..3"),
+        "{e}"
+    );
+    let partial = std::fs::read_to_string(&out).unwrap();
+    let items: Vec<serde_json::Value> = partial
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(u64, u64, bool)> = items
+        .iter()
+        .map(|it| {
+            (
+                it["index"].as_u64().unwrap(),
+                it["sample_index"].as_u64().unwrap(),
+                it["partial"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(0, 0, true), (0, 1, true), (1, 0, true), (1, 1, true)]
+    );
+    // The same lines as a complete evaluation's (same draws and seed) with the key added last.
+    let whole = tmp.path().join("whole.jsonl");
+    std::fs::write(&whole, rows[..2].join("\n")).unwrap();
+    let whole_out = tmp.path().join("whole-items.jsonl");
+    run_eval(&argv(&whole_out, &whole), &mut Vec::new()).unwrap();
+    let complete = std::fs::read_to_string(&whole_out).unwrap();
+    assert!(!complete.contains("partial"), "{complete}");
+    let marked: Vec<String> = complete
+        .lines()
+        .map(|l| format!("{},\"partial\":true}}", l.strip_suffix('}').unwrap()))
+        .collect();
+    assert_eq!(partial.lines().collect::<Vec<_>>(), marked);
+}
+
+/// `rlvr eval --model CKPT` alone (no `--task`, `--config` or `--data`: the default task gsm8k
+/// reads a file) says which flag gives the problems, naming the run's config.toml when the model
+/// is one of its checkpoints; it said "invalid data config: data.test is required for task gsm8k".
+#[test]
+fn eval_without_test_data_says_which_flag_gives_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 7);
+    let err = |model: &std::path::Path, extra: &[&str]| {
+        let mut argv = vec![
+            "x".to_string(),
+            "--model".into(),
+            model.display().to_string(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        format!(
+            "{:#}",
+            run_eval(&W::parse_from(argv).a, &mut Vec::new()).unwrap_err()
+        )
+    };
+    let e = err(&model, &[]);
+    assert!(
+        e.contains("no held-out problems to evaluate on: data.task = \"gsm8k\" (the default")
+            && e.contains("add --data FILE")
+            && e.contains("data/gsm8k/test.jsonl")
+            && e.contains("--config FILE whose data.test names one")
+            && e.contains("--task arithmetic"),
+        "{e}"
+    );
+    let e = err(&model, &["--task", "math500"]);
+    assert!(e.contains("--task math500 reads them from a file"), "{e}");
+    // A run's checkpoint: its config.toml is named.
+    let run = tmp.path().join("run");
+    let ckpt = run.join("checkpoints/step-1");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for f in std::fs::read_dir(&model).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), ckpt.join(f.file_name())).unwrap();
+    }
+    std::fs::write(run.join("config.toml"), "").unwrap();
+    let e = err(&ckpt, &[]);
+    assert!(
+        e.contains(&format!(
+            "--config {} (the run's own config",
+            run.join("config.toml").display()
+        )),
+        "{e}"
+    );
+}

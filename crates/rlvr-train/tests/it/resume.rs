@@ -394,31 +394,43 @@ fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
     assert!(checkpoint::incomplete(&s2).is_none());
 }
 
-/// A stop (Ctrl-C, SIGTERM: the run's stop flag, set here before the run starts, so it stops
-/// after step 1) with an explorer thread (o = 1) resumes bit for bit as the uninterrupted run.
-/// With v = 1 the stop waits for the in-flight batch of step 2, sampled by version 0, whose
-/// weights the feed no longer keeps; with v = 4 it need not wait: the checkpoint keeps version 0's
-/// weights, with which the resume re-samples step 2. (A stop once re-sampled with the policy's
-/// weights in both cases.)
+/// A stop (Ctrl-C, SIGTERM: the run's stop flag, set here while the verifier holds the batch of
+/// step 2, so the run stops after step 1) with an explorer thread (o = 1) resumes bit for bit as
+/// the uninterrupted run. With v = 1 the stop waits for the in-flight batch of step 2 (the
+/// verifier answers once the stop is set), sampled by version 0, whose weights the feed no longer
+/// keeps; with v = 4 it need not wait: the checkpoint keeps version 0's weights, with which the
+/// resume re-samples step 2. (A stop once re-sampled with the policy's weights in both cases.)
 #[test]
 fn a_stop_with_an_explorer_thread_resumes_exactly() {
     use std::sync::atomic::Ordering;
     for v in [1u64, 4] {
         let tmp = tempfile::tempdir().unwrap();
         let model = common::tiny_model(tmp.path(), 1);
-        let run = |dir: &Path, opts: &RunOptions| {
-            let cfg = RawConfig::load(None, &sets(&model, dir, v, 1))
-                .unwrap()
-                .resolve()
-                .unwrap();
+        let run = |dir: &Path, verifier: &Path, opts: &RunOptions| {
+            let mut s = sets(&model, dir, v, 1);
+            s.push(verifier_hanging_at(verifier));
+            let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
             train(&cfg, opts).unwrap()
         };
         let ra = tmp.path().join("a");
-        run(&ra, &RunOptions::default());
+        run(&ra, &tmp.path().join("va"), &RunOptions::default());
         let rb = tmp.path().join("b");
+        let vb = tmp.path().join("vb");
+        std::fs::create_dir_all(&vb).unwrap();
+        std::fs::write(vb.join("hang-at"), "2").unwrap();
         let stop = RunOptions::default();
-        stop.stop.store(true, Ordering::SeqCst);
-        let s = run(&rb, &stop);
+        let (flag, hung, go) = (stop.stop.clone(), vb.join("hung"), vb.join("go"));
+        let watcher = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !hung.exists() && t0.elapsed() < Duration::from_secs(120) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            flag.store(true, Ordering::SeqCst);
+            std::fs::write(go, "").unwrap();
+        });
+        let s = run(&rb, &vb, &stop);
+        watcher.join().unwrap();
         assert!(s.interrupted && s.steps == 1, "v={v}: {s:?}");
         let ck = rb.join("checkpoints/step-1/trainer_state");
         let buffer = std::fs::read_to_string(ck.join("buffer.jsonl")).unwrap();
@@ -717,4 +729,183 @@ fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
     assert_eq!(changes[1]["now"], "4");
     assert_eq!(changes[1]["set"], "--set rollout.group_size=4");
     assert!(changes[1]["at"].is_string());
+}
+
+/// An external verifier (`data.verifier`, as a `--set`) scoring as [`verifier_failing_eval`]'s
+/// does, whose train batches (16 items) are counted in `dir/batches`: the one whose number is in
+/// `dir/hang-at` creates `dir/hung` and waits for `dir/go` before it answers (a hung reward model
+/// or vLLM server until the verifier's 30 s timeout, when nothing creates it).
+fn verifier_hanging_at(dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = dir.join("verify.sh");
+    std::fs::write(
+        &script,
+        r#"DIR=$1
+n=0
+out=""
+while IFS= read -r line; do
+  n=$((n+1))
+  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
+  case "$comp" in [01234]*) r=1;; *) r=0;; esac
+  out="$out{\"reward\":$r}
+"
+done
+if [ "$n" = 16 ]; then
+  echo x >> "$DIR/batches"
+  if [ "$(wc -l < "$DIR/batches")" -eq "$(cat "$DIR/hang-at" 2>/dev/null || echo 0)" ]; then
+    touch "$DIR/hung"
+    while [ ! -e "$DIR/go" ]; do sleep 0.05; done
+  fi
+fi
+printf '%s' "$out"
+"#,
+    )
+    .unwrap();
+    format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\"], timeout_s = 30 }}",
+        script.display(),
+        dir.display()
+    )
+}
+
+/// Runs `cfg` on a thread, setting the stop flag (as the first Ctrl-C or SIGTERM does) once
+/// `hung` exists and metrics.jsonl holds step `after`; returns the run's summary and the seconds
+/// from the stop to the return, failing the test when it has not returned within 60 s of the stop.
+fn stop_once_hung(
+    cfg: ResolvedConfig,
+    resume: bool,
+    hung: &Path,
+    after: u64,
+) -> (rlvr_train::run::RunSummary, f64) {
+    use std::sync::atomic::Ordering;
+    let opts = RunOptions {
+        resume,
+        ..Default::default()
+    };
+    let stop = opts.stop.clone();
+    let metrics = cfg.raw.output.dir.join("metrics.jsonl");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(train(&cfg, &opts).map_err(|e| format!("{e:#}")));
+    });
+    let t0 = Instant::now();
+    while !hung.exists() || last_step(&metrics) < after {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the verifier never hung"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The run is now waiting for the explorer's batch (the verifier scores it forever).
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let t1 = Instant::now();
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the run did not stop within 60 s of the stop"));
+    (r.unwrap(), t1.elapsed().as_secs_f64())
+}
+
+/// A stop (the first Ctrl-C or SIGTERM) while the run waits for the explorer thread (o = 1,
+/// v = 4) whose verifier hangs stops at once, without the batch, three times: (1) in step 2's
+/// checkpoint, which waited for the in-flight batch of step 3 (not needed: version 0's weights
+/// are kept, with which the resume samples it again); (2) in the resumed run, whose first step
+/// waits for that batch again (its checkpoint is the one resumed from: nothing is saved); (3) in
+/// the run resumed again, after step 3, waiting for step 4's batch (step 3 is saved). The run then
+/// resumed to its end equals the uninterrupted one bit for bit. Every stop used to wait for the
+/// hung batch (here the verifier's 30 s timeout; a hung server's for ever).
+#[test]
+fn a_stop_while_waiting_for_the_explorer_stops_at_once_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let ra = tmp.path().join("a");
+    let mut s = sets(&model, &ra, 4, 1);
+    s.push(verifier_hanging_at(&tmp.path().join("va")));
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+
+    let rb = tmp.path().join("b");
+    let vb = tmp.path().join("vb");
+    let mut s = sets(&model, &rb, 4, 1);
+    s.push(verifier_hanging_at(&vb));
+    let latest = || std::fs::read_to_string(rb.join("checkpoints/latest")).unwrap();
+    let resumed = || {
+        let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
+        cfg.raw.output.dir = rb.clone();
+        cfg
+    };
+    // (hang at the n-th train batch scored, whether resumed, the steps done, the checkpoint)
+    let legs = [
+        (3, false, 2, "step-2"),
+        (4, true, 2, "step-2"),
+        (6, true, 3, "step-3"),
+    ];
+    for (i, (hang_at, resume, steps, ckpt)) in legs.into_iter().enumerate() {
+        let _ = std::fs::remove_file(vb.join("hung"));
+        std::fs::write(vb.join("hang-at"), hang_at.to_string()).unwrap();
+        let cfg = match resume {
+            false => RawConfig::load(None, &s).unwrap().resolve().unwrap(),
+            true => resumed(),
+        };
+        let (sum, secs) = stop_once_hung(cfg, resume, &vb.join("hung"), 2);
+        assert!(
+            sum.interrupted && sum.steps == steps,
+            "stop {}: {sum:?}",
+            i + 1
+        );
+        assert!(secs < 10.0, "stop {} took {secs:.1} s", i + 1);
+        assert_eq!(
+            last_step(&rb.join("metrics.jsonl")),
+            steps,
+            "stop {}",
+            i + 1
+        );
+        assert_eq!(latest().trim(), ckpt, "stop {}", i + 1);
+        let ck = rb.join(format!("checkpoints/{ckpt}/trainer_state"));
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(ck.join("state.json")).unwrap()).unwrap();
+        assert_eq!(state["explorer_version"], 0, "stop {}: {state}", i + 1);
+        let buffer = std::fs::read_to_string(ck.join("buffer.jsonl")).unwrap_or_default();
+        assert_eq!(buffer.lines().count(), 0, "stop {}", i + 1);
+    }
+    std::fs::write(vb.join("hang-at"), "0").unwrap();
+    let s = resume_within_a_deadline(&rb, "the last resume");
+    assert_eq!(s.steps, 6);
+    assert_same_metrics(
+        &ra.join("metrics.jsonl"),
+        &rb.join("metrics.jsonl"),
+        0,
+        "v=4 o=1",
+    );
+}
+
+/// `--resume` of a run that has trained all its `train.steps` says so, and how to train on (it
+/// loaded the model and printed the summary without a word).
+#[test]
+fn resuming_a_finished_run_says_there_is_nothing_to_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let run = tmp.path().join("run");
+    let mut s = common::arithmetic_sets(&model, &run);
+    s.extend(["train.steps=1".to_string(), "train.eval_every=0".into()]);
+    let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let cfg = ResolvedConfig::from_run_dir(&run, &[]).unwrap();
+    assert!(
+        cfg.warnings.iter().any(|w| w.contains(&format!(
+            "the run in {} has already trained all its train.steps = 1",
+            run.display()
+        )) && w.contains("--set train.steps=N, N > 1")),
+        "{:?}",
+        cfg.warnings
+    );
+    let more = ResolvedConfig::from_run_dir(&run, &["train.steps=2".into()]).unwrap();
+    assert!(
+        !more
+            .warnings
+            .iter()
+            .any(|w| w.contains("already trained all")),
+        "{:?}",
+        more.warnings
+    );
 }

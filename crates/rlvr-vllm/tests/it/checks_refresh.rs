@@ -114,6 +114,43 @@ fn refresh_pauses_reloads_resets_resumes_verifies_and_prunes() {
     );
 }
 
+/// A refresh that a kill interrupted leaves its folder (`.tmp-version-N-PID`, a whole checkpoint)
+/// beside the versions; the next push (the first of the next start) removes it, and only it: a
+/// live process's folder in the same directory stays. (Such folders used to stay forever.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_refresh_removes_the_folders_of_killed_refreshes() {
+    let weights = tempfile::tempdir().unwrap();
+    let m = model(false, 3);
+    let check = check_for(&m);
+    let fake = vllm_serving(Arc::new(Mutex::new(check.expected.clone())), 200);
+    let mut c = client(&fake.url);
+    // A PID that was just freed: a child that exited and was waited for.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let killed = weights.path().join(format!(".tmp-version-00000001-{dead}"));
+    let killed_adapter = weights
+        .path()
+        .join(format!(".tmp-version-00000001-lora-{dead}"));
+    let live = weights
+        .path()
+        .join(format!(".tmp-version-00000007-{}", std::process::id()));
+    for d in [&killed, &killed_adapter, &live] {
+        std::fs::create_dir_all(d.join("adapter")).unwrap();
+        std::fs::write(d.join("model.safetensors"), b"half").unwrap();
+    }
+    let other = weights.path().join(".tmp-notes");
+    std::fs::write(&other, b"x").unwrap();
+    c.refresh(weights.path(), 2, &tensors(&m), m.config(), &check)
+        .unwrap();
+    assert!(!killed.exists() && !killed_adapter.exists());
+    assert!(live.join("model.safetensors").is_file() && other.is_file());
+    assert!(version_dir(weights.path(), 2)
+        .join("model.safetensors")
+        .is_file());
+}
+
 #[test]
 fn untied_models_get_no_extra_head() {
     let weights = tempfile::tempdir().unwrap();

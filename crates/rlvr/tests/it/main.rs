@@ -7,6 +7,7 @@
 
 mod common;
 
+mod bench_scripts;
 mod cli_model;
 mod configs;
 mod crate_graph;

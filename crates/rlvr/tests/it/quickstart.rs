@@ -22,6 +22,8 @@ fn quickstart_fast_runs_end_to_end() {
         );
     }
     assert!(stdout.contains("on-policy GRPO (v=1)"), "{stdout}");
+    // Its own preset change for the off-policy run is not warned about (it was, mid-output).
+    assert!(!stderr.contains("algorithm.preset changes"), "{stderr}");
     assert!(stdout.contains("off-policy GRPO (v=4)"), "{stdout}");
 
     let s: serde_json::Value =
