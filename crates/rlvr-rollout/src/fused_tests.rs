@@ -211,6 +211,45 @@ fn host(t: &Tensor) -> Vec<f32> {
         .unwrap()
 }
 
+/// `model`'s completions of `prompts` on the host fused path ([`HostStep`]), asserting that a
+/// fused step ran.
+fn host_fused_sample(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    params: &crate::SamplingParams,
+    seed: u64,
+) -> Vec<crate::Completion> {
+    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    HOST_FUSED.with(|c| c.set(true));
+    let got = crate::Sampler::new(model, 0).sample(prompts, 0, params, seed);
+    HOST_FUSED.with(|c| c.set(false));
+    assert!(
+        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
+        "no fused step ran"
+    );
+    got.unwrap()
+}
+
+/// The same completions (prompt, sample, tokens, finish reason) with behaviour log-probs within
+/// 1e-5.
+fn assert_close(got: &[crate::Completion], want: &[crate::Completion]) {
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(want) {
+        let key = |c: &crate::Completion| {
+            (
+                c.prompt_index,
+                c.sample_index,
+                c.token_ids.clone(),
+                c.finish_reason,
+            )
+        };
+        assert_eq!(key(a), key(b));
+        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
+            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+        }
+    }
+}
+
 /// The host emulation of the program against the candle decode step of the same model on the
 /// same cache, over three steps (greedy tokens): two prompts of 300 and 261 tokens (left
 /// padding masked by the bias rows, a cache of two splits), three rows per prompt copied from
@@ -437,25 +476,7 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
         lens.len() >= 3,
         "rows should finish at different steps: {lens:?}"
     );
-    for (a, b) in got.iter().zip(&want) {
-        assert_eq!(
-            (
-                a.prompt_index,
-                a.sample_index,
-                &a.token_ids,
-                a.finish_reason
-            ),
-            (
-                b.prompt_index,
-                b.sample_index,
-                &b.token_ids,
-                b.finish_reason
-            )
-        );
-        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
-            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
-        }
-    }
+    assert_close(&got, &want);
 }
 
 /// A finished row's keys and values kept for its episode's next turn come from the cache the
@@ -504,15 +525,7 @@ fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
         .sample_each_kept(&next(&first), &params, 3, &mut cache)
         .unwrap();
     assert_eq!(cache.stats().hits, 4, "{:?}", cache.stats());
-    for (a, b) in first.iter().chain(&got).zip(first_want.iter().chain(&want)) {
-        assert_eq!(
-            (a.prompt_index, a.sample_index, &a.token_ids),
-            (b.prompt_index, b.sample_index, &b.token_ids)
-        );
-        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
-            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
-        }
-    }
+    assert_close(&[first, got].concat(), &[first_want, want].concat());
 }
 
 /// Qwen3's q/k norms in the fused step: two `rmsnorm_fwd` launches a layer over rows of one head
@@ -553,40 +566,13 @@ fn qwen3_runs_the_fused_step_with_its_q_k_norms() {
     let want = crate::Sampler::new(&model, 0)
         .sample(&prompts, 0, &params, 5)
         .unwrap();
-    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
-    HOST_FUSED.with(|c| c.set(true));
-    let got = crate::Sampler::new(&model, 0).sample(&prompts, 0, &params, 5);
-    HOST_FUSED.with(|c| c.set(false));
-    let got = got.unwrap();
-    assert!(
-        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
-        "no fused step ran"
-    );
+    let got = host_fused_sample(&model, &prompts, &params, 5);
     let lens: std::collections::BTreeSet<usize> = want.iter().map(|c| c.token_ids.len()).collect();
     assert!(
         lens.len() >= 2,
         "rows should finish at different steps: {lens:?}"
     );
-    assert_eq!(got.len(), want.len());
-    for (a, b) in got.iter().zip(&want) {
-        assert_eq!(
-            (
-                a.prompt_index,
-                a.sample_index,
-                &a.token_ids,
-                a.finish_reason
-            ),
-            (
-                b.prompt_index,
-                b.sample_index,
-                &b.token_ids,
-                b.finish_reason
-            )
-        );
-        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
-            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
-        }
-    }
+    assert_close(&got, &want);
 }
 
 /// LoRA adapters in the fused step: each adapted projection gets `T = x·Aᵀ` and `out += (α/r)·
@@ -672,33 +658,6 @@ fn lora_adapters_run_in_the_fused_step() {
         plain.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
         "the adapters should change what is sampled"
     );
-    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
-    HOST_FUSED.with(|c| c.set(true));
-    let got = crate::Sampler::new(&model, 0).sample(&prompts, 0, &params, 9);
-    HOST_FUSED.with(|c| c.set(false));
-    let got = got.unwrap();
-    assert!(
-        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
-        "no fused step ran"
-    );
-    assert_eq!(got.len(), want.len());
-    for (a, b) in got.iter().zip(&want) {
-        assert_eq!(
-            (
-                a.prompt_index,
-                a.sample_index,
-                &a.token_ids,
-                a.finish_reason
-            ),
-            (
-                b.prompt_index,
-                b.sample_index,
-                &b.token_ids,
-                b.finish_reason
-            )
-        );
-        for (x, y) in a.behaviour_logprobs.iter().zip(&b.behaviour_logprobs) {
-            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
-        }
-    }
+    let got = host_fused_sample(&model, &prompts, &params, 9);
+    assert_close(&got, &want);
 }
