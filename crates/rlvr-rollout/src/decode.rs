@@ -520,5 +520,17 @@ mod tests {
         // left-padded to 37 in a flat axis of 74 positions.
         let q = &rec["buffers"]["q"]["shape"];
         assert_eq!(q, &serde_json::json!([74, 2, 64]), "{rec}");
+        // CI replays it (`scripts/ci_kernels.sh` finds records at any depth): copied under its
+        // own folder, since the training tests write a record of the same label.
+        if let Some(d) = std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+            let to = std::path::PathBuf::from(d)
+                .join("sampler_prefill")
+                .join(fwd);
+            std::fs::create_dir_all(&to).unwrap();
+            for f in std::fs::read_dir(tmp.path().join(fwd)).unwrap() {
+                let f = f.unwrap();
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+            }
+        }
     }
 }

@@ -367,7 +367,7 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
             .iter()
             .map(|m| read_series(run, m))
             .collect::<anyhow::Result<Vec<_>>>()
-            .with_context(|| format!("reading {}", run.display()))?;
+            .with_context(|| format!("run {}", run.display()))?;
         series.push(s);
     }
     for (k, m) in a.metrics.iter().enumerate() {
