@@ -428,20 +428,16 @@ impl Model {
         cache: Option<&mut dyn KvStore>,
         grad: bool,
     ) -> Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        if positions.len() != b * t {
-            return Err(ModelError::Invalid(format!(
-                "positions hold {} entries for ids of shape [{b}, {t}]",
-                positions.len()
-            )));
-        }
         self.forward_masked(ids, positions, bias, None, cache, grad)
     }
 
-    /// [`Model::forward`], with the key mask `[B][T]` the bias was built from
-    /// ([`Model::attention_bias`] with no past) when the caller has it: fused attention then
-    /// takes its layout from the mask instead of reading the bias back from the device.
-    pub(crate) fn forward_masked(
+    /// [`Model::forward`], with the key mask `[B][T]` (1 = token) the bias was built from (a
+    /// causal padding mask with no past, [`Model::attention_bias`]'s) when the caller has it:
+    /// fused attention then takes its layout from the mask instead of reading the `[B, 1, T, T]`
+    /// bias back from the device (the sampler's prefill).
+    ///
+    /// Errors: as [`Model::forward`].
+    pub fn forward_masked(
         &self,
         ids: &Tensor,
         positions: &[u32],
@@ -451,6 +447,12 @@ impl Model {
         grad: bool,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
+        if positions.len() != b * t {
+            return Err(ModelError::Invalid(format!(
+                "positions hold {} entries for ids of shape [{b}, {t}]",
+                positions.len()
+            )));
+        }
         // Fused attention runs without a cache and on a prefill into an empty one (the sampler's
         // prompts: the layers write the keys and values into the cache, then attend over the
         // new positions only); a forward after cached positions runs the candle composition.

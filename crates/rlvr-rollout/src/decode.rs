@@ -314,6 +314,20 @@ pub(crate) fn forward_last(
     cache: &mut KvBuffer,
     head: Option<&PackedHead>,
 ) -> Result<Tensor> {
+    forward_last_masked(model, ids, positions, bias, None, cache, head)
+}
+
+/// [`forward_last`] with the key mask `[B][T]` a prefill's causal padding `bias` was built from,
+/// so that the fused attention reads its layout from it (`Model::forward_masked`).
+pub(crate) fn forward_last_masked(
+    model: &Model,
+    ids: &Tensor,
+    positions: &[u32],
+    bias: Option<&Tensor>,
+    key_mask: Option<&[Vec<u32>]>,
+    cache: &mut KvBuffer,
+    head: Option<&PackedHead>,
+) -> Result<Tensor> {
     let (b, t) = ids.dims2()?;
     let step_bias;
     let bias = match bias {
@@ -323,7 +337,7 @@ pub(crate) fn forward_last(
             &step_bias
         }
     };
-    let x = model.forward(ids, positions, bias, Some(cache), false)?;
+    let x = model.forward_masked(ids, positions, bias, key_mask, Some(cache), false)?;
     let last = if t == 1 {
         x.reshape((b, model.config().hidden_size))?
     } else {

@@ -463,7 +463,22 @@ impl Sampler {
         let bias = Tensor::from_vec(bias, (p_n, 1, l, l), &dev)?;
         let mut cache = KvBuffer::new(&self.model, bias_rows, p_n, cap)?;
         let t = std::time::Instant::now();
-        let logits = forward_last(&self.model, &ids, &pos, Some(&bias), &mut cache, head)?;
+        // The bias's key mask, for the fused attention's layout (`kernels.attention`).
+        let key_mask: Vec<Vec<u32>> = (prompts.iter())
+            .map(|p| {
+                let pad = l - p.len();
+                (0..l).map(|j| u32::from(j >= pad)).collect()
+            })
+            .collect();
+        let logits = crate::decode::forward_last_masked(
+            &self.model,
+            &ids,
+            &pos,
+            Some(&bias),
+            Some(&key_mask),
+            &mut cache,
+            head,
+        )?;
         if self.timings.is_some() {
             dev.synchronize()?;
         }
