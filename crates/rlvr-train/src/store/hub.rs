@@ -76,7 +76,9 @@ pub fn resolve_model_path(written: &str, resolved: PathBuf, hub: Option<&Path>) 
 
 /// The advice for a model directory `path` that does not exist, in a directory that does not
 /// exist either, and whose last two parts look like a Hub id (`CONFIG_DIR/ORG/NAME`): rlvr
-/// downloads nothing, and how to get it. `None` for other paths.
+/// downloads nothing, and how to get it. A path that climbs to `ORG` (`../models/NAME`, the
+/// shipped configs' placeholder) was written as a local path, not an id: the advice says to
+/// point it at a checkpoint directory instead. `None` for other paths.
 pub fn missing_model_hint(path: &Path) -> Option<String> {
     // A missing directory in an existing one is a local path with a typo, not an id.
     if path.exists()
@@ -87,11 +89,20 @@ pub fn missing_model_hint(path: &Path) -> Option<String> {
         return None;
     }
     let parts: Vec<&str> = path.iter().filter_map(|p| p.to_str()).collect();
-    let id = match parts.as_slice() {
-        [.., org, name] => format!("{org}/{name}"),
+    let (id, climbs) = match parts.as_slice() {
+        [.., up, org, name] => (format!("{org}/{name}"), *up == ".."),
+        [org, name] => (format!("{org}/{name}"), false),
         _ => return None,
     };
     let (org, name) = hub_id(&id)?;
+    if climbs {
+        return Some(format!(
+            "{} does not exist; set model.path (or --model) to your checkpoint directory, e.g. \
+             one downloaded with `huggingface-cli download <org>/{name} --local-dir DIR` (rlvr \
+             downloads nothing)",
+            path.display()
+        ));
+    }
     Some(format!(
         "{} does not exist; if {org}/{name} is a Hugging Face Hub id: rlvr downloads nothing \
          (and found no snapshot of it in the local Hugging Face cache); download it with \
@@ -190,5 +201,16 @@ mod tests {
         assert_eq!(missing_model_hint(&tmp.path().join("typo")), None);
         assert!(missing_model_hint(&tmp.path().join("Org/Name")).is_some());
         assert_eq!(missing_model_hint(Path::new("/nowhere/a b")), None);
+        // The shipped configs' placeholder is a local path, not the id `models/NAME`.
+        let h = missing_model_hint(Path::new(
+            "/nowhere/configs/../models/Qwen2.5-0.5B-Instruct",
+        ))
+        .unwrap();
+        assert!(
+            h.contains("set model.path (or --model) to your checkpoint directory")
+                && h.contains("huggingface-cli download <org>/Qwen2.5-0.5B-Instruct")
+                && !h.contains("models/Qwen2.5-0.5B-Instruct is a Hugging Face Hub id"),
+            "{h}"
+        );
     }
 }
