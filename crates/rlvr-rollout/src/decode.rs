@@ -418,6 +418,49 @@ mod tests {
     /// tensors, with the candle step's results as the expected outputs; the completions are the
     /// plain sampler's, bit for bit. Under `RLVR_KERNEL_RECORD` (CI) the records go there and
     /// `scripts/ci_kernels.sh` replays them under Triton's interpreter.
+    /// A 2-layer Qwen2-shaped model (head dim 64, GQA 2:1) with random f32 weights.
+    fn small_qwen2(max_pos: usize, seed: u64) -> Model {
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": max_pos}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        Model::random(config, 0.05, seed, DType::F32, &Device::Cpu).unwrap()
+    }
+
+    /// `plain`'s completions, and the same sampled with the fused op `op` switched on and the
+    /// launch recorder writing to `dir`: the two are asserted equal bit for bit (on the CPU the
+    /// ops run the candle composition).
+    fn sample_switched(
+        plain: &Model,
+        op: rlvr_model::FusedOp,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        seed: u64,
+        dir: &std::path::Path,
+    ) {
+        let want = Sampler::new(plain, 0)
+            .sample(prompts, 0, params, seed)
+            .unwrap();
+        let mut m = plain.try_clone().unwrap();
+        let mut k = KernelSwitches::all(Switch::Off);
+        k.set(op, Switch::On);
+        m.set_kernels(k);
+        let got = {
+            let _guard = rlvr_model::kernels::record_launches(dir).unwrap();
+            Sampler::new(&m, 0)
+                .sample(prompts, 0, params, seed)
+                .unwrap()
+        };
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.token_ids, b.token_ids);
+            assert_eq!(a.behaviour_logprobs, b.behaviour_logprobs);
+        }
+    }
+
     #[test]
     fn sampler_level_launch_records_of_the_decode_kernels() {
         let tmp = tempfile::tempdir().unwrap();
@@ -425,14 +468,7 @@ mod tests {
             Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
             _ => tmp.path().to_path_buf(),
         };
-        let config = ModelConfig::from_json(
-            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
-                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                "num_key_value_heads": 1, "max_position_embeddings": 512}),
-            "inline".as_ref(),
-        )
-        .unwrap();
-        let plain = Model::random(config, 0.05, 5, DType::F32, &Device::Cpu).unwrap();
+        let plain = small_qwen2(512, 5);
         let prompts: Vec<Vec<u32>> = [300u32, 261]
             .iter()
             .map(|n| (0..*n).map(|i| (i * 7 + n) % 64).collect())
@@ -442,21 +478,14 @@ mod tests {
             max_new_tokens: 3,
             ..Default::default()
         };
-        let want = Sampler::new(&plain, 0)
-            .sample(&prompts, 0, &params, 9)
-            .unwrap();
-        let mut m = plain.try_clone().unwrap();
-        let mut k = KernelSwitches::all(Switch::Off);
-        k.decode = Switch::On;
-        m.set_kernels(k);
-        let got = {
-            let _guard = rlvr_model::kernels::record_launches(&dir).unwrap();
-            Sampler::new(&m, 0).sample(&prompts, 0, &params, 9).unwrap()
-        };
-        for (a, b) in got.iter().zip(&want) {
-            assert_eq!(a.token_ids, b.token_ids);
-            assert_eq!(a.behaviour_logprobs, b.behaviour_logprobs);
-        }
+        sample_switched(
+            &plain,
+            rlvr_model::FusedOp::Decode,
+            &prompts,
+            &params,
+            9,
+            &dir,
+        );
         let read = |kernel: &str| -> serde_json::Value {
             let rec = dir.join(format!("model_decode_{kernel}_f32_d64/record.json"));
             let text =
@@ -485,14 +514,7 @@ mod tests {
     #[test]
     fn the_prefill_runs_the_fused_attention_into_the_cache() {
         let tmp = tempfile::tempdir().unwrap();
-        let config = ModelConfig::from_json(
-            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
-                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                "num_key_value_heads": 1, "max_position_embeddings": 256}),
-            "inline".as_ref(),
-        )
-        .unwrap();
-        let plain = Model::random(config, 0.05, 8, DType::F32, &Device::Cpu).unwrap();
+        let plain = small_qwen2(256, 8);
         let prompts: Vec<Vec<u32>> = [37u32, 20]
             .iter()
             .map(|n| (0..*n).map(|i| (i * 5 + n) % 64).collect())
@@ -502,22 +524,14 @@ mod tests {
             max_new_tokens: 6,
             ..Default::default()
         };
-        let want = Sampler::new(&plain, 0)
-            .sample(&prompts, 0, &params, 4)
-            .unwrap();
-        let mut m = plain.try_clone().unwrap();
-        let mut k = KernelSwitches::all(Switch::Off);
-        k.attention = Switch::On;
-        m.set_kernels(k);
-        let got = {
-            let _guard = rlvr_model::kernels::record_launches(tmp.path()).unwrap();
-            Sampler::new(&m, 0).sample(&prompts, 0, &params, 4).unwrap()
-        };
-        assert_eq!(got.len(), want.len());
-        for (a, b) in got.iter().zip(&want) {
-            assert_eq!(a.token_ids, b.token_ids);
-            assert_eq!(a.behaviour_logprobs, b.behaviour_logprobs);
-        }
+        sample_switched(
+            &plain,
+            rlvr_model::FusedOp::Attention,
+            &prompts,
+            &params,
+            4,
+            tmp.path(),
+        );
         let recs: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

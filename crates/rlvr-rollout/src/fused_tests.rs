@@ -485,9 +485,7 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
 /// stale columns in the kept entries would move them far more).
 #[test]
 fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
-    if manifest().is_none() {
-        return;
-    }
+    manifest().expect("the committed manifest holds the decode kernels");
     let model = Model::random(config(2, 2, 1, 512), 0.05, 9, DType::F32, &Device::Cpu).unwrap();
     let prompts: Vec<Vec<u32>> = vec![(0..21).map(|i| (i * 3 + 1) % 64).collect(), vec![5, 9, 2]];
     let params = crate::SamplingParams {
@@ -533,7 +531,7 @@ fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
 /// candle step samples (tokens equal, log-probs within 1e-5), rows finishing at different steps.
 #[test]
 fn qwen3_runs_the_fused_step_with_its_q_k_norms() {
-    let Some(m) = manifest() else { return };
+    let m = manifest().expect("the committed manifest holds the decode kernels");
     let model = Model::random(qwen3_config(2, 512), 0.05, 13, DType::F32, &Device::Cpu).unwrap();
     let p = StepProgram::build(StepShape::of(&model, 4, 64).unwrap(), m, Target::Sm90a).unwrap();
     // Per layer 6 kernels and 2 head norms, one input norm before the first; 7 projections a
@@ -581,7 +579,7 @@ fn qwen3_runs_the_fused_step_with_its_q_k_norms() {
 /// (tokens equal, log-probs within 1e-5).
 #[test]
 fn lora_adapters_run_in_the_fused_step() {
-    let Some(m) = manifest() else { return };
+    let m = manifest().expect("the committed manifest holds the decode kernels");
     let mut model =
         Model::random(config(2, 2, 1, 512), 0.05, 17, DType::F32, &Device::Cpu).unwrap();
     use rlvr_model::LoraTarget as T;
