@@ -480,9 +480,10 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
 }
 
 /// A finished row's keys and values kept for its episode's next turn come from the cache the
-/// fused step wrote (`FusedStep::flush`): a first turn on the host fused path, then a kept turn,
-/// sample the tokens of the candle step's re-prefill path with log-probs within 1e-5 (zeros or
-/// stale columns in the kept entries would move them far more).
+/// fused step wrote (`FusedStep::flush`): a first turn on the host fused path, then a kept turn
+/// also decoded by the fused step (its cache has a masked gap between each row's kept and new
+/// columns), sample the tokens of the candle step's re-prefill path with log-probs within 1e-5
+/// (zeros or stale columns in the kept entries, or an unmasked gap, would move them far more).
 #[test]
 fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
     manifest().expect("the committed manifest holds the decode kernels");
@@ -519,9 +520,15 @@ fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
     let first = s.sample_keeping(&prompts, 0, &params, 3, &mut cache);
     HOST_FUSED.with(|c| c.set(false));
     let first = first.unwrap();
-    let got = s
-        .sample_each_kept(&next(&first), &params, 3, &mut cache)
-        .unwrap();
+    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    HOST_FUSED.with(|c| c.set(true));
+    let got = s.sample_each_kept(&next(&first), &params, 3, &mut cache);
+    HOST_FUSED.with(|c| c.set(false));
+    let got = got.unwrap();
+    assert!(
+        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
+        "the kept turn ran no fused step"
+    );
     assert_eq!(cache.stats().hits, 4, "{:?}", cache.stats());
     assert_close(&[first, got].concat(), &[first_want, want].concat());
 }

@@ -342,6 +342,9 @@ impl Sampler {
             })
             .collect();
         let mut src: Vec<usize> = (0..b).collect();
+        // The fused step (`kernels.decode`, issue 50) masks the gap between a row's kept and
+        // new columns by the cache's bias rows, as it masks a prompt's left padding.
+        let fused = self.fused_step(&cache)?;
         self.decode_loop(
             &mut wave_rows,
             &mut src,
@@ -350,9 +353,7 @@ impl Sampler {
             params,
             head,
             Some(rec),
-            // A preloaded cache has gaps between a row's kept and new columns, which the fused
-            // step (`kernels.decode`, issue 50) does not read: these waves run the candle step.
-            None,
+            fused,
             out,
         )
     }
