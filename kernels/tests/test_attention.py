@@ -251,6 +251,44 @@ def test_padding_untouched():
     assert _rel(o, ref[0], rows) <= F32_TOL
 
 
+def _kept_layout(news, pads, pasts, starts):
+    """A kept-turn prefill's layout (crates/rlvr-model ``kept_seqs``): B rows of T new positions
+    (row b's ``news[b]`` tokens after ``pads[b]`` padding rows), then B rows of P cached
+    positions each, key-only (no sequence covers them), row b's prefix the ``pasts[b]`` rows
+    from ``starts[b]`` of its own block. Returns ``(layout, rows of q)``."""
+    b, t = len(news), max(p + m for p, m in zip(pads, news))
+    p = max(s + m for s, m in zip(starts, pasts))
+    seqs = [[r * t + pads[r], news[r], b * t + r * p + starts[r], pasts[r]] for r in range(b)]
+    n = b * (t + p)
+    pad = np.setdiff1d(np.arange(b * t), [x for s in seqs for x in range(s[0], s[0] + s[1])])
+    seqs = np.array(seqs, np.int32).reshape(-1, 4)
+    return (n, seqs, np.zeros(b + 1, np.int32), np.zeros(1, np.int32), pad), b * t
+
+
+@pytest.mark.parametrize("dtype,hq,hkv,d", [("f32", 7, 1, 64), ("f32", 4, 2, 128),
+                                            ("bf16", 2, 1, 64)])
+def test_key_only_prefixes_forward(dtype, hq, hkv, d):
+    """The forward with each sequence's prefix in key-only rows after the query rows (a KV
+    cache's past positions; q and o hold only the B·T new rows): uneven new lengths (1 to 40,
+    blocks of 16), an empty past, a past of one key, and sentinels in the rows no sequence
+    covers, which the output must keep."""
+    lay, nq = _kept_layout(news=[3, 1, 40, 17], pads=[37, 0, 0, 23], pasts=[9, 0, 33, 1],
+                           starts=[24, 0, 0, 32])
+    n, seqs, _, _, pad = lay
+    q, k, v, _ = _inputs(n, hq, hkv, d, 12, dtype)
+    q[pad] = np.nan
+    scale = 1.0 / math.sqrt(d)
+    o, lse, _, _, _ = run_attention(q[:nq], k, v, None, lay, scale, dtype, bwd=False)
+    ref_o, ref_lse = attention_ref_fwd(np.nan_to_num(q), k, v, seqs, scale)
+    rows = np.setdiff1d(np.arange(nq), pad)
+    tol = F32_TOL if dtype == "f32" else BF16_TOL
+    e_o, e_lse = _rel(o, ref_o[:nq], rows), _rel(lse.T, ref_lse.T, rows)
+    print(f"\nkept {dtype} d{d} Hq{hq}/Hkv{hkv}: O {e_o:.2e} LSE {e_lse:.2e}")
+    assert e_o <= tol and e_lse <= tol, (e_o, e_lse)
+    sentinel = _value(_out((1,), dtype), dtype)[0]  # 777 as the output dtype holds it
+    assert np.all(o[pad] == sentinel) and np.all(lse[:, nq:] == SENTINEL)
+
+
 def test_backward_deterministic():
     lay = attention_layout(SMALL)
     q, k, v, do = _inputs(lay[0], 2, 1, 64, 11, "bf16")

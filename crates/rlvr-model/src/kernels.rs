@@ -689,6 +689,10 @@ pub(crate) enum AttnKind {
     Dense,
     /// The shared-prefix layout.
     Shared,
+    /// Rows of `[B, T]` new positions after a KV cache's past: each row's queries see its past
+    /// keys (key-only rows after the `B·T` new ones, [`kept_seqs`]) then its own keys causally.
+    /// Forward only (the sampler's prefill of a multi-turn episode's later turn).
+    Kept,
 }
 
 impl AttnKind {
@@ -696,6 +700,7 @@ impl AttnKind {
         match self {
             AttnKind::Dense => "dense",
             AttnKind::Shared => "shared",
+            AttnKind::Kept => "kept",
         }
     }
 }
@@ -757,6 +762,44 @@ pub(crate) fn mask_seqs(mask: &[Vec<u32>], t: usize) -> Option<Vec<Seq>> {
     Some(seqs)
 }
 
+/// The sequences of a forward of `[B, T]` new positions after `past` cached ones, from its key
+/// mask `[B][past + T]` (1 = a key the row's queries see): row b's new tokens (mask columns
+/// `past..`) must be contiguous, and its visible past columns one contiguous block (or none),
+/// which every one of its queries sees. The flat key axis is the `B·T` new positions, then the
+/// cache's `B·past` positions row by row (key-only rows, `Seq`'s prefix), `B·(T + past)` in all.
+/// `None` for any other mask: then the composition runs.
+pub(crate) fn kept_seqs(mask: &[Vec<u32>], past: usize, t: usize) -> Option<Vec<Seq>> {
+    let b = mask.len();
+    let block = |m: &[u32]| -> Option<(usize, usize)> {
+        let Some(first) = m.iter().position(|x| *x == 1) else {
+            return m.iter().all(|x| *x == 0).then_some((0, 0));
+        };
+        let len = m[first..].iter().take_while(|x| **x == 1).count();
+        m[first + len..]
+            .iter()
+            .all(|x| *x == 0)
+            .then_some((first, len))
+    };
+    let mut seqs = Vec::with_capacity(b);
+    for (row, m) in mask.iter().enumerate() {
+        if m.len() != past + t {
+            return None;
+        }
+        let (first, len) = block(&m[past..])?;
+        let (p0, plen) = block(&m[..past])?;
+        if len == 0 {
+            return None;
+        }
+        seqs.push(Seq {
+            start: row * t + first,
+            len,
+            prefix_start: b * t + row * past + p0,
+            prefix_len: plen,
+        });
+    }
+    Some(seqs)
+}
+
 /// The sequences of a shared-prefix forward: G prompts of `prompt_lens` (padded to P), then R
 /// completion rows of `comp_lens` positions (padded to C), row r continuing prompt
 /// `row_groups[r]`. Completion rows without a position have no sequence.
@@ -789,10 +832,11 @@ pub(crate) fn shared_seqs(
     seqs
 }
 
-/// Attention through the fused kernels where they run: q `[N, nh, hd]`, k and v `[N, nkv, hd]`
-/// (after the rotary embedding, contiguous, N the flat token axis of `layout`) give
-/// `[N, nh, hd]`. `composition` is the candle composition of the same (its result `[N, nh, hd]`):
-/// what runs on the CPU, and, under [`record_launches`], what the records expect.
+/// Attention through the fused kernels where they run: q `[Nq, nh, hd]`, k and v `[N, nkv, hd]`
+/// (after the rotary embedding, contiguous, N the flat token axis of `layout`; Nq = N, or fewer
+/// rows when the rows after Nq are key-only, [`AttnKind::Kept`]) give `[Nq, nh, hd]`.
+/// `composition` is the candle composition of the same (its result `[Nq, nh, hd]`): what runs
+/// on the CPU, and, under [`record_launches`], what the records expect.
 pub(crate) fn attention(
     kind: AttnKind,
     layout: Arc<AttnLayout>,
@@ -810,6 +854,9 @@ pub(crate) fn attention(
         return Ok(o);
     }
     record_attention_fwd(kind, &layout, q, k, v, &o)?;
+    if kind == AttnKind::Kept {
+        return Ok(o); // forward only
+    }
     // The backward's records are written when the gradient of `o` arrives.
     let rec = AttnRecord {
         kind,
@@ -950,7 +997,8 @@ fn record_attention_fwd(
     let (qh, kh, vh, oh) = (host_f32(q)?, host_f32(k)?, host_f32(v)?, host_f32(o)?);
     // Rows outside every sequence keep the zeros the kernel never overwrites.
     let lse: Vec<f32> = lse_of(l, &qh, &kh).iter().map(|x| *x as f32).collect();
-    let (sq, sk) = ([n, hq, d], [n, hk, d]);
+    // q and o hold the query rows (all N, or the rows before the key-only ones).
+    let (sq, sk) = ([q.dim(0)?, hq, d], [n, hk, d]);
     let buffers = BTreeMap::from([
         ("q".to_string(), HostBuffer::f32(&sq, &qh)),
         ("k".to_string(), HostBuffer::f32(&sk, &kh)),

@@ -406,13 +406,20 @@ impl Attention {
             Some(f) if self.fused.rotary => crate::kernels::rotary(&q, &k, cos, sin, f)?,
             _ => (rope(&q, cos, sin)?, rope(&k, cos, sin)?),
         };
-        // A cache takes the fused path only while empty (a prefill: `Model::forward_masked`
-        // gives the layout only then); the keys and values are stored below.
-        let prefill = cache.as_ref().is_none_or(|(s, _)| s.is_empty());
+        // With a cache, the fused path takes a prefill into an empty one, or new positions after
+        // `past` cached ones when `Model::forward_masked` built their layout (its flat axis:
+        // the `B·T` new positions, then the `B·past` cached ones as key-only rows); the keys and
+        // values are stored below.
+        let past = cache.as_ref().map_or(0, |(s, _)| s.len());
         let fused = match mask {
-            _ if !self.fused.attention || !prefill => None,
-            AttnMask::Dense(_, l) => l.clone().map(|l| (AttnKind::Dense, l)),
-            AttnMask::Shared(l) => l.fused.clone().map(|f| (AttnKind::Shared, f)),
+            _ if !self.fused.attention => None,
+            AttnMask::Dense(_, Some(l)) if past == 0 => Some((AttnKind::Dense, l.clone())),
+            AttnMask::Dense(_, Some(l)) if l.n_tokens == b * (t + past) => {
+                Some((AttnKind::Kept, l.clone()))
+            }
+            AttnMask::Dense(..) => None,
+            AttnMask::Shared(l) if past == 0 => l.fused.clone().map(|f| (AttnKind::Shared, f)),
+            AttnMask::Shared(_) => None,
         };
         if let Some((kind, layout)) = fused {
             let n = b * t;
@@ -438,9 +445,43 @@ impl Attention {
                 };
                 Ok(o.reshape((n, nh, hd))?)
             };
+            let bhtd = |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(1, 2)?.contiguous()?) };
+            if kind == AttnKind::Kept {
+                let Some((store, layer)) = cache else {
+                    return Err(crate::ModelError::Invalid(
+                        "attention after cached positions without the cache".into(),
+                    ));
+                };
+                let (k_all, v_all) = store.append(layer, &bhtd(&k)?, &bhtd(&v)?)?;
+                // The key axis: the new positions, then each row's cached ones.
+                let keys = |new: &Tensor, all: &Tensor| -> Result<Tensor> {
+                    let cached = (all.narrow(2, 0, past)?.transpose(1, 2)?.contiguous()?)
+                        .reshape((b * past, nkv, hd))?;
+                    Ok(Tensor::cat(&[&flat(new, nkv)?, &cached], 0)?)
+                };
+                let (kf, vf) = (keys(&k, &k_all)?, keys(&v, &v_all)?);
+                let AttnMask::Dense(bias, _) = mask else {
+                    unreachable!("a kept layout comes with a dense mask")
+                };
+                let q_bhtd = bhtd(&q)?;
+                // What the candle path below computes: the CPU's result (bit for bit) and the
+                // records' expectation.
+                let composition = |_: &Tensor, _: &Tensor, _: &Tensor| -> Result<Tensor> {
+                    let o = self.attend(&q_bhtd, &k_all, &v_all, bias)?;
+                    Ok(o.reshape((n, nh, hd))?)
+                };
+                let o = crate::kernels::attention(
+                    kind,
+                    layout,
+                    &flat(&q, nh)?,
+                    &kf,
+                    &vf,
+                    &composition,
+                )?;
+                return self.o_proj.forward(&o.reshape((b, t, nh * hd))?, pass);
+            }
             if let Some((store, layer)) = cache {
                 // A prefill into an empty cache: the new positions are all it attends to.
-                let bhtd = |x: &Tensor| -> Result<Tensor> { Ok(x.transpose(1, 2)?.contiguous()?) };
                 store.append(layer, &bhtd(&k)?, &bhtd(&v)?)?;
             }
             let o = crate::kernels::attention(

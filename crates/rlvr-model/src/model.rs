@@ -431,10 +431,15 @@ impl Model {
         self.forward_masked(ids, positions, bias, None, cache, grad)
     }
 
-    /// [`Model::forward`], with the key mask `[B][T]` (1 = token) the bias was built from (a
-    /// causal padding mask with no past, [`Model::attention_bias`]'s) when the caller has it:
-    /// fused attention then takes its layout from the mask instead of reading the `[B, 1, T, T]`
-    /// bias back from the device (the sampler's prefill).
+    /// [`Model::forward`], with the key mask the bias was built from when the caller has it
+    /// (1 = a visible key): `[B][T]` for a causal padding mask with no past
+    /// ([`Model::attention_bias`]'s), so that fused attention takes its layout from the mask
+    /// instead of reading the `[B, 1, T, T]` bias back from the device (the sampler's prefill);
+    /// or `[B][past + T]` after `past` cached positions, each row's new tokens and its visible
+    /// past keys each one contiguous block, every new query seeing all of that past and its own
+    /// earlier new keys (a multi-turn episode's later turn with kept keys and values): then,
+    /// without `grad`, fused attention reads the past keys from the cache instead of
+    /// materialising `[B, heads, T, past + T]` scores.
     ///
     /// Errors: as [`Model::forward`].
     pub fn forward_masked(
@@ -453,12 +458,27 @@ impl Model {
                 positions.len()
             )));
         }
-        // Fused attention runs without a cache and on a prefill into an empty one (the sampler's
+        // Fused attention runs without a cache, on a prefill into an empty one (the sampler's
         // prompts: the layers write the keys and values into the cache, then attend over the
-        // new positions only); a forward after cached positions runs the candle composition.
+        // new positions only), and on new positions after cached ones when the key mask says
+        // which past keys each row sees (a multi-turn episode's later turn; forward only).
         let past = cache.as_ref().map_or(0, |c| c.len());
         let fused = match key_mask {
-            _ if past > 0 || !self.fused.attention => None,
+            _ if !self.fused.attention => None,
+            Some(mask) if past > 0 => {
+                let seqs = (!grad && mask.len() == b && bias.dims() == [b, 1, t, past + t])
+                    .then(|| crate::kernels::kept_seqs(mask, past, t))
+                    .flatten();
+                if seqs.is_none() {
+                    crate::kernels::log_once(
+                        "kernels.attention: new positions after a cache whose rows' past keys are \
+                         not one contiguous block each run the candle composition"
+                            .into(),
+                    );
+                }
+                seqs.map(|seqs| self.fused_layout(b * (t + past), seqs))
+            }
+            _ if past > 0 => None,
             Some(mask) if mask.len() == b && bias.dims() == [b, 1, t, t] => {
                 match crate::kernels::mask_seqs(mask, t) {
                     Some(seqs) => Some(self.fused_layout(b * t, seqs)),

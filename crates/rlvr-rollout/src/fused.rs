@@ -1139,9 +1139,12 @@ impl HostStep {
     }
 }
 
-/// Steps run by [`HostStep`]s in this process (tests: the fused path was taken).
 #[cfg(test)]
-pub(crate) static HOST_STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+thread_local! {
+    /// Steps run by [`HostStep`]s on this thread (tests: the fused path was taken). Per thread,
+    /// as `HOST_FUSED` is, so that tests running side by side do not count each other's steps.
+    pub(crate) static HOST_STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
 #[cfg(test)]
 impl FusedStep for HostStep {
@@ -1158,7 +1161,7 @@ impl FusedStep for HostStep {
         self.bufs.i.insert(Buf::Lens, vec![col as i32 + 1; s.rows]);
         let rec = self.recorder.take();
         self.program.run_host(&mut self.bufs, rec.as_ref())?;
-        HOST_STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        HOST_STEPS.with(|c| c.set(c.get() + 1));
         rlvr_model::KvStore::commit(cache, 1)?;
         let logits = self.bufs.f[&Buf::Logits].clone();
         Ok(Tensor::from_vec(

@@ -219,12 +219,12 @@ fn host_fused_sample(
     params: &crate::SamplingParams,
     seed: u64,
 ) -> Vec<crate::Completion> {
-    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    let before = HOST_STEPS.with(std::cell::Cell::get);
     HOST_FUSED.with(|c| c.set(true));
     let got = crate::Sampler::new(model, 0).sample(prompts, 0, params, seed);
     HOST_FUSED.with(|c| c.set(false));
     assert!(
-        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
+        HOST_STEPS.with(std::cell::Cell::get) > before,
         "no fused step ran"
     );
     got.unwrap()
@@ -414,7 +414,7 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
     let want = crate::Sampler::new(&model, 0)
         .sample(&prompts, 4, &params, 11)
         .unwrap();
-    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    let before = HOST_STEPS.with(std::cell::Cell::get);
     HOST_FUSED.with(|c| c.set(true));
     let mut sampler = crate::Sampler::new(&model, 0).with_timings();
     sampler.fused_min_bucket = 1;
@@ -422,7 +422,7 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
     HOST_FUSED.with(|c| c.set(false));
     let got = got.unwrap();
     // 11 decode steps per wave at most (the first token comes from the prefill), two waves.
-    let steps = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let steps = HOST_STEPS.with(std::cell::Cell::get) - before;
     assert!((2..=22).contains(&steps), "{steps} fused steps");
     // The buckets: the 6-row wave shrinks to 3 rows once 3 have finished, then to 1 (its
     // last row); the 3-row wave to 1. Each is a step built when the live rows first fit half
@@ -520,13 +520,13 @@ fn turns_kept_from_the_fused_path_continue_as_the_candle_path() {
     let first = s.sample_keeping(&prompts, 0, &params, 3, &mut cache);
     HOST_FUSED.with(|c| c.set(false));
     let first = first.unwrap();
-    let before = HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed);
+    let before = HOST_STEPS.with(std::cell::Cell::get);
     HOST_FUSED.with(|c| c.set(true));
     let got = s.sample_each_kept(&next(&first), &params, 3, &mut cache);
     HOST_FUSED.with(|c| c.set(false));
     let got = got.unwrap();
     assert!(
-        HOST_STEPS.load(std::sync::atomic::Ordering::Relaxed) > before,
+        HOST_STEPS.with(std::cell::Cell::get) > before,
         "the kept turn ran no fused step"
     );
     assert_eq!(cache.stats().hits, 4, "{:?}", cache.stats());

@@ -27,8 +27,9 @@ use rlvr_kernels::triton::{DeviceBuffer, KernelEntry, Manifest};
 
 use crate::error::Result;
 
-/// Fused attention of q `[N, nh, hd]`, k and v `[N, nkv, hd]` (contiguous, f32 or bf16, on a
-/// CUDA device) over `layout`: `[N, nh, hd]`, with the fused backward.
+/// Fused attention of q `[Nq, nh, hd]`, k and v `[N, nkv, hd]` (contiguous, f32 or bf16, on a
+/// CUDA device; Nq = N, or fewer when the rows after Nq are key-only) over `layout`:
+/// `[Nq, nh, hd]`, with the fused backward (refused by its plan for key-only prefixes).
 pub(crate) fn apply(layout: Arc<AttnLayout>, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     if layout.seqs.is_empty() {
         return Ok(q.zeros_like()?);
@@ -196,7 +197,9 @@ impl CustomOp3 for AttnOp {
         let dev = &q.device;
         let dtype = q.dtype();
         let (n, hq) = (l.n_tokens, l.q_heads);
-        let mut o = zeros(dev, dtype, n * hq * l.head_dim)?;
+        // The output has q's rows (key-only rows after them have no queries).
+        let nq = lq.shape().dims().first().copied().unwrap_or(0);
+        let mut o = zeros(dev, dtype, nq * hq * l.head_dim)?;
         let mut lse = zeros(dev, DType::F32, hq * n)?;
         run(
             dev,
@@ -208,7 +211,7 @@ impl CustomOp3 for AttnOp {
         )?;
         let lse = Tensor::from_storage(Storage::Cuda(lse), hq * n, BackpropOp::none(), false);
         *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(lse);
-        Ok((o, Shape::from((n, hq, l.head_dim))))
+        Ok((o, Shape::from((nq, hq, l.head_dim))))
     }
 
     fn bwd(

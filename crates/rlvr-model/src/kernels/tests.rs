@@ -127,6 +127,47 @@ fn dense_layout_from_a_causal_padding_bias() {
     assert!(dense_seqs(&full, 1, 4).is_none());
 }
 
+/// A kept-turn prefill's layout from its key mask `[B][past + T]`: the new positions' queries,
+/// each row's visible past as key-only rows after the `B·T` new ones; a past with a hole, a
+/// row without a new token or a mask of another length give none.
+#[test]
+fn kept_layout_from_the_key_mask() {
+    // past 3, T 2: row 0 sees past columns 1..3 and both new; row 1 no past and its last new
+    // one; row 2 all of its past and both new.
+    let mask = vec![
+        vec![0, 1, 1, 1, 1],
+        vec![0, 0, 0, 0, 1],
+        vec![1, 1, 1, 1, 1],
+    ];
+    let s = |start, len, prefix_start, prefix_len| Seq {
+        start,
+        len,
+        prefix_start,
+        prefix_len,
+    };
+    assert_eq!(
+        kept_seqs(&mask, 3, 2),
+        Some(vec![
+            s(0, 2, 6 + 1, 2),
+            s(3, 1, 6 + 3, 0),
+            s(4, 2, 6 + 6, 3)
+        ])
+    );
+    let l = crate::layers::FusedLayout {
+        n_tokens: 3 * (2 + 3),
+        seqs: kept_seqs(&mask, 3, 2).unwrap(),
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 64,
+        softmax_scale: 0.125,
+    };
+    l.check("t").unwrap();
+    assert!(l.has_key_only_prefix());
+    assert_eq!(kept_seqs(&[vec![1, 0, 1, 1, 1]], 3, 2), None);
+    assert_eq!(kept_seqs(&[vec![1, 1, 1, 0, 0]], 3, 2), None);
+    assert_eq!(kept_seqs(&[vec![1, 1, 1, 1]], 3, 2), None);
+}
+
 fn rows() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let ids = vec![
         vec![3, 9, 4, 17, 5, 22, 8, 0, 0],

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use candle_core::Tensor;
 
 use super::{turn_rng, Completion, PromptIds, Row, Sampler, SamplingParams, TurnRow};
-use crate::decode::{forward_last, KvBuffer, MASK_BIAS};
+use crate::decode::{forward_last_masked, KvBuffer, MASK_BIAS};
 use crate::error::Result;
 
 /// The default byte budget of a [`TurnCache`]: 1 GiB of kept keys and values (SmolLM2-135M in
@@ -271,6 +271,8 @@ impl Sampler {
         let mut ids = Vec::with_capacity(b * t);
         let mut pos = Vec::with_capacity(b * t);
         let mut bias = vec![MASK_BIAS; b * t * s];
+        // The keys each row's new positions see (1): its kept columns and its new ones.
+        let mut key_mask = vec![vec![0u32; s]; b];
         let mut bias_rows = vec![0f32; b * cap];
         for (i, (r, &n)) in rows.iter().zip(&kept).enumerate() {
             let new = r.context.len() - n;
@@ -279,6 +281,8 @@ impl Sampler {
             pos.extend(std::iter::repeat_n(0u32, pad).chain(n as u32..r.context.len() as u32));
             bias_rows[i * cap..i * cap + c - n].fill(MASK_BIAS);
             bias_rows[i * cap + c..i * cap + c + pad].fill(MASK_BIAS);
+            key_mask[i][c - n..c].fill(1);
+            key_mask[i][c + pad..].fill(1);
             for j in pad..t {
                 let q = &mut bias[(i * t + j) * s..(i * t + j + 1) * s];
                 q[c - n..c].fill(0.0);
@@ -319,7 +323,17 @@ impl Sampler {
         let ids = Tensor::from_vec(ids, (b, t), &dev)?;
         let bias = Tensor::from_vec(bias, (b, 1, t, s), &dev)?;
         let tm = std::time::Instant::now();
-        let logits = forward_last(&self.model, &ids, &pos, Some(&bias), &mut cache, head)?;
+        // With `kernels.attention` (CUDA), the new positions attend by the fused kernel, the
+        // kept columns read from the cache (`Model::forward_masked`).
+        let logits = forward_last_masked(
+            &self.model,
+            &ids,
+            &pos,
+            Some(&bias),
+            Some(&key_mask),
+            &mut cache,
+            head,
+        )?;
         if self.timings.is_some() {
             dev.synchronize()?;
         }
@@ -599,6 +613,63 @@ mod tests {
                 assert!(max_gap(&got, &want) < 1e-5);
             } else {
                 assert_eq!(bits(&got), bits(&want));
+            }
+        }
+    }
+
+    /// With `kernels.attention` on, a kept turn's prefill (each row's new ids after its kept
+    /// keys and values) runs the fused attention with the cache's columns as key-only rows:
+    /// three turns of episodes sample the same bits as with it off (on the CPU the op is the
+    /// candle composition over the same tensors), and the launch is recorded with a layout
+    /// whose prefixes lie past the new positions, for the interpreter's replay (CI).
+    #[test]
+    fn kept_turns_prefill_by_the_fused_attention() {
+        let config = ModelConfig::from_json(
+            &serde_json::json!({"model_type": "qwen2", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 256}),
+            "inline".as_ref(),
+        )
+        .unwrap();
+        let plain = Model::random(config, 0.3, 6, DType::F32, &Device::Cpu).unwrap();
+        let mut cache = TurnCache::new(DEFAULT_TURN_CACHE_BYTES);
+        let want = episodes(&Sampler::new(&plain, 0), Some(&mut cache));
+        let mut m = plain.try_clone().unwrap();
+        let mut k = rlvr_model::KernelSwitches::all(rlvr_model::Switch::Off);
+        k.set(rlvr_model::FusedOp::Attention, rlvr_model::Switch::On);
+        m.set_kernels(k);
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cache = TurnCache::new(DEFAULT_TURN_CACHE_BYTES);
+        let got = {
+            let _guard = rlvr_model::kernels::record_launches(tmp.path()).unwrap();
+            episodes(&Sampler::new(&m, 0), Some(&mut cache))
+        };
+        assert_eq!(bits(&got), bits(&want));
+        assert_eq!(cache.stats().hits, 12, "{:?}", cache.stats());
+        let recs: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let fwd = recs
+            .iter()
+            .find(|n| n.starts_with("model_attn_kept_") && n.contains("fwd"))
+            .unwrap_or_else(|| panic!("no kept-turn attention record among {recs:?}"));
+        let rec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(tmp.path().join(fwd).join("record.json")).unwrap(),
+        )
+        .unwrap();
+        // q holds the new positions only; k the new ones, then the cache's.
+        let rows = |b: &str| rec["buffers"][b]["shape"][0].as_u64().unwrap() as usize;
+        let (nq, nk) = (rows("q"), rows("k"));
+        assert!(nq < nk, "q {nq} rows, k {nk}: {rec}");
+        assert_eq!(rows("o"), nq);
+        // CI replays it (`scripts/ci_kernels.sh` finds records at any depth).
+        if let Some(d) = std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+            let to = std::path::PathBuf::from(d).join("sampler_kept").join(fwd);
+            std::fs::create_dir_all(&to).unwrap();
+            for f in std::fs::read_dir(tmp.path().join(fwd)).unwrap() {
+                let f = f.unwrap();
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
             }
         }
     }

@@ -17,7 +17,12 @@ use super::super::{Result, TritonError};
 
 /// One sequence of the flat axis: it owns rows `start .. start + len` (its queries and keys);
 /// its query `i` sees the `prefix_len` keys from row `prefix_start` (all), then its own keys
-/// `0..=i`. A non-empty prefix lies inside the rows of one other sequence without a prefix.
+/// `0..=i`. A non-empty prefix lies inside the rows of one other sequence without a prefix (its
+/// owner, whose dK/dV programs sum the prefix keys' gradients), or in *key-only rows* that no
+/// sequence covers: keys and values with no queries, such as a KV cache's past positions
+/// appended after the new tokens (the sampler's prefill of a multi-turn episode's later turn).
+/// Key-only prefixes are for the forward alone: [`plan`] refuses them for the backward kernels,
+/// which would leave their dK/dV unwritten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Seq {
     /// First row.
@@ -56,8 +61,9 @@ fn plan_err(name: &str, why: String) -> TritonError {
 
 impl Layout {
     /// Checks the layout: rows inside the axis and i32-indexable, sequences not overlapping,
-    /// each non-empty prefix inside exactly one other sequence that has no prefix itself, heads
-    /// a multiple of the kv heads. `name` is the entry, for the message.
+    /// each non-empty prefix inside exactly one other sequence that has no prefix itself or in
+    /// key-only rows (inside the axis, no sequence's rows among them), heads a multiple of the
+    /// kv heads. `name` is the entry, for the message.
     pub fn check(&self, name: &str) -> Result<()> {
         let err = |why: String| Err(plan_err(name, why));
         if self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
@@ -86,15 +92,33 @@ impl Layout {
             }
         }
         for (i, s) in self.seqs.iter().enumerate() {
-            if s.prefix_len > 0 && self.owner(s).is_none() {
+            if s.prefix_len > 0 && self.owner(s).is_none() && !self.key_only(s) {
                 return err(format!(
-                    "sequence {i}'s prefix {}..{} is not inside one other sequence without a prefix",
+                    "sequence {i}'s prefix {}..{} is not inside one other sequence without a \
+                     prefix, nor in rows outside every sequence within {} rows",
                     s.prefix_start,
-                    s.prefix_start + s.prefix_len
+                    s.prefix_start + s.prefix_len,
+                    self.n_tokens
                 ));
             }
         }
         Ok(())
+    }
+
+    /// Whether `s`'s prefix lies in key-only rows: inside the axis, and no sequence's rows
+    /// among them.
+    fn key_only(&self, s: &Seq) -> bool {
+        let (a, b) = (s.prefix_start, s.prefix_start + s.prefix_len);
+        b <= self.n_tokens
+            && self
+                .seqs
+                .iter()
+                .all(|u| u.start + u.len <= a || b <= u.start)
+    }
+
+    /// Whether some sequence's prefix lies in key-only rows ([`Seq`]): a forward-only layout.
+    pub fn has_key_only_prefix(&self) -> bool {
+        (self.seqs.iter()).any(|s| s.prefix_len > 0 && self.owner(s).is_none() && self.key_only(s))
     }
 
     /// The sequence whose rows hold `s`'s prefix.
@@ -153,11 +177,20 @@ impl Layout {
 /// `q_blocks` or `k_blocks` for this variant's block size, `viewer_off`, `viewers`), which
 /// the caller uploads.
 ///
-/// Errors: a layout [`Layout::check`] refuses, a head dim other than the variant's, no
-/// sequence (nothing to launch), another family's entry, [`PlanBuilder`]'s checks.
+/// Errors: a layout [`Layout::check`] refuses, a key-only prefix for a backward kernel, a head
+/// dim other than the variant's, no sequence (nothing to launch), another family's entry,
+/// [`PlanBuilder`]'s checks.
 pub fn plan(entry: &KernelEntry, l: &Layout) -> Result<(LaunchPlan, BTreeMap<String, Vec<i32>>)> {
     let name = &entry.name;
     l.check(name)?;
+    if entry.entry != "attn_fwd_kernel" && l.has_key_only_prefix() {
+        return Err(plan_err(
+            name,
+            "a prefix in key-only rows has no dK/dV program: such a layout is for the forward \
+             only"
+                .into(),
+        ));
+    }
     let d = entry.constexpr_int("HEAD_DIM")? as usize;
     if d != l.head_dim {
         return Err(plan_err(
@@ -300,5 +333,45 @@ mod tests {
         let mut bad = l.clone();
         bad.seqs[3].len = 71;
         assert!(msg(&bad).contains("past 158 rows"));
+        // A prefix half in key-only rows, half in a sequence's rows.
+        let mut bad = l.clone();
+        bad.n_tokens += 10;
+        bad.seqs[3].prefix_start = 150;
+        bad.seqs[3].prefix_len = 10;
+        assert!(msg(&bad).contains("sequence 3's prefix 150..160 is not inside"));
+        bad.seqs[3].prefix_start = 160;
+        bad.seqs[3].prefix_len = 9; // past the axis
+        assert!(msg(&bad).contains("sequence 3's prefix 160..169 is not inside"));
+    }
+
+    /// Key-only prefixes (a KV cache's past rows after the new tokens): checked, described, and
+    /// refused by the backward's plans alone.
+    #[test]
+    fn key_only_prefixes_are_forward_only() {
+        let l = example_layout(64);
+        assert!(!l.has_key_only_prefix());
+        let mut kept = l.clone();
+        kept.n_tokens += 12;
+        kept.seqs[3].prefix_start = 158 + 4;
+        kept.seqs[3].prefix_len = 8;
+        kept.check("t").unwrap();
+        assert!(kept.has_key_only_prefix());
+        assert_eq!(&kept.seqs_desc()[12..], &[88, 70, 162, 8]);
+        // Only the owned prefixes have viewers.
+        assert_eq!(kept.viewers(), l.viewers());
+        let m = crate::triton::Manifest::committed().unwrap();
+        let t = crate::triton::manifest::Target::Sm90a;
+        plan(m.entry("attn_fwd_f32_d64", t).unwrap(), &kept).unwrap();
+        for bwd in [
+            "attn_bwd_pre_f32_d64",
+            "attn_bwd_dkdv_f32_d64",
+            "attn_bwd_dq_f32_d64",
+        ] {
+            let e = plan(m.entry(bwd, t).unwrap(), &kept)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("for the forward only"), "{bwd}: {e}");
+            plan(m.entry(bwd, t).unwrap(), &l).unwrap();
+        }
     }
 }
