@@ -108,11 +108,16 @@
 #                resolve to for the model and device; a step that fell back (a shape the fused
 #                step refuses, a failed capture) says so on stderr (printed, and kept in
 #                logs/sampling/bench_*.err). The fused step is also measured without graphs, for
-#                its launches per step. The steps run in the order (a), (c), (b), (d): the long
+#                its launches per step. (a''') multi-turn episodes (examples/env_guess_number.py,
+#                the small model with turns made to end early, kept turns): `--fused
+#                attention,decode` against `--fused none` in f32 (close.py) and graphs on/off
+#                bit-identical. The steps run in the order (a), (c), (b), (d): the long
 #                parity runs last, where a timeout costs only themselves.
 #                SAMPLING_SHAPE=small: tiny shapes, (d) at batch 1, 4, 8 (checking the script on a CPU, where every
 #                path is the candle step). Prepared and dry-run on a CPU on 2026-12-06 (rc 0 in
-#                214 s); not yet run on a GPU (the RUNBOOK above runs it).
+#                214 s), and on 2026-12-07 with the GPU machines' torch 2.11.0 and transformers
+#                5.17.0 (their `generate` included; `sampling speed`: rc 0 in 158 s; the
+#                multi-turn check: rc 0 in 152 s); not yet run on a GPU (the RUNBOOK above runs it).
 #   3. speed     bench/gpu.sh (its sampling rows only with SPEED_SAMPLE=1: part 2b measures them; the
 #                training step at 16 x 512 tokens with `--fused none` and `--fused all`, at 4 x 4096 with `--fused all`,
 #                against PyTorch eager: tok/s, TFLOP/s, the GPU's peak memory on both sides and
@@ -410,6 +415,41 @@ PY
         --stop k --seed 7 --device "$DEVICE" --dtype f32 --fused attention,decode --out "$S/attn_prefill.jsonl" > /dev/null \
         2> "$S/attn_prefill.err" || { echo "FAIL sampling: generate --fused attention,decode: rc $?"; tail -3 "$S/attn_prefill.err"; }
       "$PY" "$S/close.py" "$S/exp_f32_decode.jsonl" "$S/attn_prefill.jsonl" "prefill by the fused attention vs candle f32" ;;
+  esac
+  # (a''') Multi-turn episodes (examples/env_guess_number.py, up to 4 turns of 24 tokens; the
+  # turn cache on, as by default): later turns prefill their new ids after the kept keys (the
+  # fused attention with the cache as key-only rows) and decode with the fused step over a cache
+  # with a masked gap. The small model with its <|im_end|> embedding scaled by 240, so turns
+  # end early and most episodes reach several turns. f32: `--fused attention,decode` against
+  # `--fused none` (close.py), and with graphs bit-identical to without.
+  case "$off" in
+    *" attention "*|*" decode "*) echo "SKIP sampling: multi-turn episodes by the fused kernels (KERNELS_OFF)" ;;
+    *)
+      rm -rf "$W/small_eot"; cp -r "$W/small" "$W/small_eot"
+      "$PY" - "$W/small_eot/model.safetensors" <<'PY'
+import sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1]); e = t["model.embed_tokens.weight"].copy(); e[151645] *= 240.0
+t["model.embed_tokens.weight"] = e; save_file(t, sys.argv[1], metadata={"format": "pt"})
+PY
+      for i in 1 2 3 4 5 6 7 8; do echo "{\"prompt\": \"game $i\"}"; done > "$S/games.jsonl"
+      mt=(none attention,decode)
+      case "$off" in *" cuda_graphs "*) ;; *) mt+=(attention,decode,cuda_graphs) ;; esac
+      for f in "${mt[@]}"; do
+        timeout --foreground -k 5 "$to" "$RLVR" generate --model "$W/small_eot" --env configs/guess_number_qwen2.5-0.5b.toml \
+          --set env.max_turns=4 --prompts "$S/games.jsonl" -n 4 --max-new-tokens 24 --seed 7 --device "$DEVICE" --dtype f32 \
+          --fused $f --env-log "$S/mt_${f//,/_}.env.log" > "$S/mt_${f//,/_}.jsonl" 2> "$S/mt_${f//,/_}.err" \
+          || { echo "FAIL sampling: multi-turn generate --fused $f: rc $?"; tail -3 "$S/mt_${f//,/_}.err"; }
+      done
+      echo "INFO sampling: multi-turn episodes: $("$PY" -c 'import json, sys, collections; print(dict(sorted(collections.Counter(json.loads(l)["turns"] for l in open(sys.argv[1])).items())))' "$S/mt_none.jsonl" 2>/dev/null) (turns: episodes)"
+      "$PY" "$S/close.py" "$S/mt_none.jsonl" "$S/mt_attention_decode.jsonl" "multi-turn (kept turns) fused vs candle f32"
+      if [ "${#mt[@]}" = 3 ]; then
+        if cmp -s "$S/mt_attention_decode.jsonl" "$S/mt_attention_decode_cuda_graphs.jsonl" && [ -s "$S/mt_attention_decode.jsonl" ]; then
+          echo "PASS sampling: multi-turn graphs on/off f32: bit-identical"
+        else
+          echo "FAIL sampling: multi-turn graphs on/off f32: the episodes differ"
+        fi
+      fi ;;
   esac
   # (c) the mismatch at staleness 0: step 1 of a training run on those experiences (rewards by a
   # fixed rule of the ids, so groups have variance), same device, dtype and switches.
