@@ -191,6 +191,9 @@ pub(crate) struct Rope {
     pub cos: Tensor,
     pub sin: Tensor,
     pub fused: Option<FusedRope>,
+    /// LoRA dropout's token keys of this forward (training forwards with dropout only): each
+    /// layer hands them to its adapters before it runs.
+    pub dropout: Option<Arc<crate::lora::DropoutKeys>>,
 }
 
 /// Rotary position embedding (`x·cos + rotate_half(x)·sin`, transformers' `apply_rotary_pos_emb`)
@@ -682,6 +685,13 @@ impl DecoderLayer {
         cache: Option<(&mut (dyn KvStore + '_), usize)>,
         pass: Pass,
     ) -> Result<Tensor> {
+        if pass.dropout {
+            for (_, lin) in self.linears() {
+                if let Some(a) = &lin.lora {
+                    a.set_keys(rope_cs.dropout.clone());
+                }
+            }
+        }
         let h = self.input_norm.forward(x, pass)?;
         let a = self.attn.forward(&h, rope_cs, mask, cache, pass)?;
         // The residual add and the post-attention norm: one kernel when fused.

@@ -488,7 +488,22 @@ impl Model {
             _ => self.dense_fused_layout(bias, b, t)?,
         };
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
-        let x = self.stack(ids, positions, &AttnMask::Dense(bias, fused), cache, grad)?;
+                                                                     // LoRA dropout's token keys: the rows' real tokens are the key mask's ones.
+        let keys = match (grad && self.lora_dropout_active(), key_mask) {
+            (true, Some(m)) if past == 0 && m.len() == b && m.iter().all(|r| r.len() == t) => {
+                let host = ids.flatten_all()?.to_vec1::<u32>()?;
+                Some(crate::lora::row_keys(&host, Some(m), b, t))
+            }
+            _ => None,
+        };
+        let x = self.stack(
+            ids,
+            positions,
+            &AttnMask::Dense(bias, fused),
+            cache,
+            grad,
+            keys,
+        )?;
         let pass = self.pass(grad, false);
         self.norm.forward(&x, pass)
     }
@@ -531,7 +546,9 @@ impl Model {
 
     /// The decoder stack without the final norm: embeds `ids` `[B, T]` and runs every layer with
     /// `positions` (`B·T`) and `mask`; with `grad` and checkpointing on (and no cache), each layer
-    /// is checkpointed ([`crate::recompute`]). Returns `[B, T, hidden]` (compute dtype).
+    /// is checkpointed ([`crate::recompute`]). With `grad` and LoRA dropout, `dropout_keys` are
+    /// the `B·T` tokens' keys (`crate::lora::DropoutKeys`; `None`: every token of a row is real,
+    /// [`crate::lora::row_keys`]). Returns `[B, T, hidden]` (compute dtype).
     pub(crate) fn stack(
         &self,
         ids: &Tensor,
@@ -539,6 +556,7 @@ impl Model {
         mask: &AttnMask,
         mut cache: Option<&mut dyn KvStore>,
         grad: bool,
+        dropout_keys: Option<Vec<u64>>,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let pass = self.pass(grad, cache.is_some());
@@ -546,7 +564,28 @@ impl Model {
         let fused = (self.fused.rotary)
             .then(|| self.rotary.fused(positions))
             .transpose()?;
-        let rope = crate::layers::Rope { cos, sin, fused };
+        let dropout = match pass.dropout && self.lora_dropout_active() {
+            true => {
+                let tokens = match dropout_keys {
+                    Some(k) => k,
+                    None => {
+                        let host = ids.flatten_all()?.to_vec1::<u32>()?;
+                        crate::lora::row_keys(&host, None, b, t)
+                    }
+                };
+                Some(std::sync::Arc::new(crate::lora::DropoutKeys {
+                    round: self.lora_dropout_round().unwrap_or(0),
+                    tokens,
+                }))
+            }
+            false => None,
+        };
+        let rope = crate::layers::Rope {
+            cos,
+            sin,
+            fused,
+            dropout,
+        };
         let mut x = self
             .embed
             .get(pass.base)

@@ -67,9 +67,8 @@ pub(crate) fn checkpointed(
         fast: false,
         dropout: true,
     };
-    // LoRA dropout: the recompute must draw the masks this pass draws, so it restarts each
-    // adapter's mask stream where this pass starts it.
-    let draws = adapter_draws(layer);
+    // LoRA dropout: the recompute draws the masks this pass draws, since they are keyed by the
+    // round and the tokens' keys that `rope` carries (`crate::lora::DropoutKeys`).
     let y = layer
         .forward(&x.detach(), rope, mask, None, plain)
         .map_err(candle_core::Error::wrap)?;
@@ -85,29 +84,8 @@ pub(crate) fn checkpointed(
         rope: rope.clone(),
         mask: mask.clone(),
         base,
-        draws,
         out: Mutex::new(Some(y)),
     })
-}
-
-/// The mask-stream position of each LoRA adapter of `layer`, in [`DecoderLayer::linears`] order.
-fn adapter_draws(layer: &DecoderLayer) -> Vec<u64> {
-    layer
-        .linears()
-        .into_iter()
-        .filter_map(|(_, lin)| lin.lora.as_ref().map(|a| a.draws()))
-        .collect()
-}
-
-/// Moves the mask streams of `layer`'s adapters to `draws` (from [`adapter_draws`]).
-fn set_adapter_draws(layer: &DecoderLayer, draws: &[u64]) {
-    let adapters = layer
-        .linears()
-        .into_iter()
-        .filter_map(|(_, l)| l.lora.as_ref());
-    for (a, &n) in adapters.zip(draws) {
-        a.set_draws(n);
-    }
 }
 
 /// The custom op of [`checkpointed`]: forward hands out the precomputed output, backward recomputes.
@@ -117,8 +95,6 @@ struct Recompute {
     mask: AttnMask,
     /// Whether the base weights train (else only LoRA adapters do).
     base: bool,
-    /// Each adapter's LoRA-dropout stream position before the first pass.
-    draws: Vec<u64>,
     /// The output computed without a graph; taken by the forward (so the op does not keep it).
     out: Mutex<Option<Tensor>>,
 }
@@ -191,15 +167,11 @@ impl CustomOp1 for Recompute {
             fast: false,
             dropout: true,
         };
-        // Same dropout masks as the first pass; the streams then continue where they were.
-        let now = adapter_draws(&self.layer);
-        set_adapter_draws(&self.layer, &self.draws);
+        // Same dropout masks as the first pass: the same keys, carried by `rope`.
         let y = self
             .layer
             .forward(leaf.as_tensor(), &self.rope, &self.mask, None, graph)
-            .map_err(candle_core::Error::wrap);
-        set_adapter_draws(&self.layer, &now);
-        let y = y?;
+            .map_err(candle_core::Error::wrap)?;
         // ∂(Σ y·g)/∂y = g exactly, whatever the precision of the sum itself.
         let grads = (y * grad_res.detach())?.sum_all()?.backward()?;
         let mut params = Vec::new();

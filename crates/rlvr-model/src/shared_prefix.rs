@@ -152,6 +152,35 @@ impl SharedPrefixBatch {
     }
 }
 
+/// LoRA dropout's token keys of a shared forward's `N` flat positions
+/// (`crate::lora::DropoutKeys`): each prompt's tokens chain its ids; each completion row's
+/// tokens continue its prompt's chain; padding gets 0. The keys a row's tokens get in an
+/// unshared forward of `[prompt, completion]` ([`crate::lora::row_keys`]), so both forwards
+/// draw the same masks.
+fn shared_keys(batch: &SharedPrefixBatch, layout: &SharedLayout) -> Vec<u64> {
+    use crate::lora::{chain_key, CHAIN_START};
+    let (g, p, c) = (layout.groups, layout.prompt_len, layout.comp_len);
+    let mut keys = vec![0u64; layout.positions()];
+    let mut ri = 0;
+    for (gi, grp) in batch.groups.iter().enumerate().take(g) {
+        let mut k = CHAIN_START;
+        for (i, &id) in grp.prompt.iter().enumerate() {
+            k = chain_key(k, id);
+            keys[gi * p + i] = k;
+        }
+        for comp in &grp.completions {
+            let mut kc = k;
+            // The row holds the completion without its last token.
+            for (j, &id) in comp.iter().take(comp.len().saturating_sub(1)).enumerate() {
+                kc = chain_key(kc, id);
+                keys[g * p + ri * c + j] = kc;
+            }
+            ri += 1;
+        }
+    }
+    keys
+}
+
 /// The flat inputs of one shared forward: ids and positions `N` long, the layout, and the head's
 /// gather: per scored token its flat position and target, and the `[R, C_out]` placement.
 struct Plan {
@@ -212,8 +241,9 @@ impl Model {
         }
         let n = plan.ids.len();
         let ids = Tensor::from_vec(plan.ids, (1, n), dev)?;
+        let keys = (grad && self.lora_dropout_active()).then(|| shared_keys(batch, &plan.layout));
         let mask = AttnMask::Shared(Arc::new(plan.layout));
-        let x = self.stack(&ids, &plan.positions, &mask, None, grad)?;
+        let x = self.stack(&ids, &plan.positions, &mask, None, grad, keys)?;
         let sel = Tensor::from_vec(plan.sel, k, dev)?;
         let h = x.squeeze(0)?.index_select(&sel, 0)?;
         let h = self.final_norm(&h, grad)?;

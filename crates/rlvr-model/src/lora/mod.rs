@@ -30,10 +30,9 @@ pub use files::{find_adapter, read_adapter_config};
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor, Var};
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -163,6 +162,64 @@ impl LoraConfig {
     }
 }
 
+/// What LoRA dropout's masks are keyed by in one training forward: the round (the trainer's
+/// optimizer updates so far, [`crate::Model::set_lora_dropout_round`]) and one key per input
+/// token, in the forward's flat row order (`[B·T]` or the shared layout's `[N]`).
+///
+/// A token's key chains the ids of its sequence up to and including it ([`chain_key`]), so it
+/// names the token by its context alone: the same token gets the same key, hence the same mask,
+/// whatever the micro-batch, the padding, the rank that trains it (data parallel) or whether its
+/// prompt is computed once per group (the shared prompt) or once per row. Mask element (token
+/// t, input feature j) of an adapter is a hash of (the adapter's salt, the round, t's key, j)
+/// ([`dropout_keep`]). Rows with the same context (a group's prompt; two identical completions)
+/// draw the same masks: each row's mask is still an inverted-dropout mask of probability p, so
+/// the gradient stays unbiased, only correlated across such rows.
+#[derive(Debug)]
+pub(crate) struct DropoutKeys {
+    pub round: u64,
+    pub tokens: Vec<u64>,
+}
+
+/// SplitMix64's finaliser (Steele, Lea, Flood 2014, "Fast splittable pseudorandom number
+/// generators"): a bijective 64-bit mixer.
+pub(crate) fn splitmix64(z: u64) -> u64 {
+    let z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The key of a sequence's first token before any id ([`chain_key`]).
+pub(crate) const CHAIN_START: u64 = 0x6A09_E667_F3BC_C908;
+
+/// The key of the token `id` after a token keyed `prev` ([`CHAIN_START`] for the first).
+pub(crate) fn chain_key(prev: u64, id: u32) -> u64 {
+    splitmix64(prev.rotate_left(17) ^ splitmix64(u64::from(id) + 1))
+}
+
+/// Token keys of `[B, T]` rows (`ids` row-major) whose real tokens are `mask`'s ones (all when
+/// `None`): each real token chains the real ids before it in its row; padding gets 0.
+pub(crate) fn row_keys(ids: &[u32], mask: Option<&[Vec<u32>]>, b: usize, t: usize) -> Vec<u64> {
+    let mut keys = vec![0u64; b * t];
+    for r in 0..b {
+        let mut k = CHAIN_START;
+        for j in 0..t {
+            if mask.is_none_or(|m| m[r][j] == 1) {
+                k = chain_key(k, ids[r * t + j]);
+                keys[r * t + j] = k;
+            }
+        }
+    }
+    keys
+}
+
+/// Whether LoRA dropout keeps input feature `j` of the token keyed `token` (probability 1 − p),
+/// for the adapter salted `salt` in `round`: a hash below `drop_below` = ⌊p·2⁵³⌋ drops.
+fn dropout_keep(salt: u64, round: u64, token: u64, j: usize, drop_below: u64) -> bool {
+    let row = splitmix64(salt ^ splitmix64(round) ^ token);
+    splitmix64(row ^ (j as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)) >> 11 >= drop_below
+}
+
 /// One projection's adapter: A `[r, in]`, B `[out, r]`, the scale α/r and the dropout.
 #[derive(Clone)]
 pub(crate) struct Adapter {
@@ -170,27 +227,37 @@ pub(crate) struct Adapter {
     pub b: Param,
     scale: f64,
     dropout: f64,
-    /// Dropout masks drawn so far (shared by clones) and the seed of their stream.
-    draws: Arc<AtomicU64>,
-    seed: u64,
+    /// The dropout round (shared by clones; [`crate::Model::set_lora_dropout_round`]).
+    round: Arc<AtomicU64>,
+    /// This adapter's dropout salt: the run's seed and the adapter's name.
+    salt: u64,
+    /// The current training forward's token keys, set by the layer from its [`crate::layers::Rope`]
+    /// before it runs (so a checkpointed layer's recompute uses the first pass's).
+    keys: Arc<Mutex<Option<Arc<DropoutKeys>>>>,
 }
 
 impl Adapter {
-    /// An adapter of A and B with `cfg`'s scale α/r and dropout, its dropout masks drawn from
-    /// `seed`'s stream (none drawn yet).
+    /// An adapter of A and B with `cfg`'s scale α/r and dropout, its masks salted by `seed` and
+    /// A's name (round 0).
     pub(crate) fn new(a: Param, b: Param, cfg: &LoraConfig, seed: u64) -> Self {
+        // FNV-1a over the name: each projection of each layer draws its own masks, as peft's
+        // one `nn.Dropout` per adapted module does.
+        let name = a.name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, c| {
+            (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01B3)
+        });
         Self {
             a,
             b,
             scale: cfg.scale(),
             dropout: cfg.dropout,
-            draws: Arc::new(AtomicU64::new(0)),
-            seed,
+            round: Arc::new(AtomicU64::new(0)),
+            salt: splitmix64(seed) ^ name,
+            keys: Arc::new(Mutex::new(None)),
         }
     }
 
-    /// A copy with A and B in new storage and a mask stream of its own at the same position
-    /// (a clone shares both).
+    /// A copy with A and B in new storage and a round and keys of its own (a clone shares
+    /// them).
     ///
     /// # Errors
     /// Tensor errors.
@@ -200,7 +267,8 @@ impl Adapter {
             let copy = Var::from_tensor(&p.var.as_tensor().copy()?)?;
             *p = Param::new(p.name.clone(), copy);
         }
-        a.draws = Arc::new(AtomicU64::new(a.draws.load(Ordering::Relaxed)));
+        a.round = Arc::new(AtomicU64::new(a.round.load(Ordering::Relaxed)));
+        a.keys = Arc::new(Mutex::new(None));
         Ok(a)
     }
 
@@ -225,31 +293,49 @@ impl Adapter {
         Ok((y.to_dtype(dt)? + delta)?.to_dtype(y.dtype())?)
     }
 
-    /// Dropout masks this adapter has drawn (the position in its seeded stream).
-    pub(crate) fn draws(&self) -> u64 {
-        self.draws.load(Ordering::Relaxed)
+    /// The dropout round ([`crate::Model::lora_dropout_round`]).
+    pub(crate) fn round(&self) -> u64 {
+        self.round.load(Ordering::Relaxed)
     }
 
-    /// Moves the adapter's mask stream to position `n` (resume; a checkpointed layer's recompute).
-    pub(crate) fn set_draws(&self, n: u64) {
-        self.draws.store(n, Ordering::Relaxed)
+    /// Sets the dropout round (resume; the trainer's next update).
+    pub(crate) fn set_round(&self, n: u64) {
+        self.round.store(n, Ordering::Relaxed)
     }
 
-    /// An inverted-dropout mask (0 or 1/(1−p)) of `shape`, from the adapter's seeded stream.
+    /// Sets the token keys the next training forwards' masks use (the layer does, from its
+    /// rotary embedding's [`crate::layers::Rope::dropout`]).
+    pub(crate) fn set_keys(&self, keys: Option<Arc<DropoutKeys>>) {
+        *self.keys.lock().unwrap_or_else(|e| e.into_inner()) = keys;
+    }
+
+    /// An inverted-dropout mask (0 or 1/(1−p)) of `shape` `[.., in]`, element (token t, feature j)
+    /// kept by [`dropout_keep`] with the current keys.
+    ///
+    /// Errors: no keys set, or not one key per token row of `shape`.
     fn dropout_mask(&self, shape: &[usize], device: &Device) -> Result<Tensor> {
-        let k = self.draws.fetch_add(1, Ordering::Relaxed);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed ^ k.wrapping_mul(0x9E37_79B9));
-        let keep = 1.0 / (1.0 - self.dropout);
-        let n: usize = shape.iter().product();
-        let m: Vec<f32> = (0..n)
-            .map(|_| {
-                if rng.random::<f64>() < self.dropout {
-                    0.0
-                } else {
-                    keep as f32
+        let keys =
+            (self.keys.lock().unwrap_or_else(|e| e.into_inner()).clone()).ok_or_else(|| {
+                ModelError::Invalid("LoRA dropout: a training forward without token keys".into())
+            })?;
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        if keys.tokens.len() != rows {
+            return Err(ModelError::Invalid(format!(
+                "LoRA dropout: {} token keys for {rows} rows of {shape:?}",
+                keys.tokens.len()
+            )));
+        }
+        let keep = (1.0 / (1.0 - self.dropout)) as f32;
+        let drop_below = (self.dropout * (1u64 << 53) as f64) as u64;
+        let mut m = vec![0f32; rows * cols];
+        for (row, &token) in m.chunks_mut(cols).zip(&keys.tokens) {
+            for (j, x) in row.iter_mut().enumerate() {
+                if dropout_keep(self.salt, keys.round, token, j, drop_below) {
+                    *x = keep;
                 }
-            })
-            .collect();
+            }
+        }
         Ok(Tensor::from_vec(m, shape, device)?.to_dtype(self.a.var.dtype())?)
     }
 }

@@ -73,21 +73,27 @@ impl Model {
         self.lora.as_ref()
     }
 
-    /// Where the adapters' LoRA-dropout mask streams stand: masks drawn so far per adapter (every
-    /// adapter draws one per training forward, so they agree; the largest is returned); `None`
-    /// without adapters. Saved in trainer_state so a resumed run draws the masks an uninterrupted
-    /// one would.
-    pub fn lora_dropout_draws(&self) -> Option<u64> {
+    /// The LoRA-dropout round: with the tokens' keys, what the dropout masks are a function of
+    /// (`crate::lora::DropoutKeys`); training forwards in the same round draw the same mask for
+    /// the same token. The trainer sets it to its optimizer updates so far, and saves it in
+    /// trainer_state so a resumed run draws the masks an uninterrupted one would. `None` without
+    /// adapters.
+    pub fn lora_dropout_round(&self) -> Option<u64> {
         self.lora.as_ref()?;
-        self.adapters().map(Adapter::draws).max()
+        self.adapters().map(Adapter::round).max()
     }
 
-    /// Moves every adapter's LoRA-dropout mask stream to position `n` (see
-    /// [`Model::lora_dropout_draws`]); no-op without adapters.
-    pub fn set_lora_dropout_draws(&self, n: u64) {
+    /// Sets every adapter's LoRA-dropout round (see [`Model::lora_dropout_round`]); no-op without
+    /// adapters.
+    pub fn set_lora_dropout_round(&self, n: u64) {
         for a in self.adapters() {
-            a.set_draws(n);
+            a.set_round(n);
         }
+    }
+
+    /// Whether training forwards apply LoRA dropout (adapters with dropout > 0).
+    pub(crate) fn lora_dropout_active(&self) -> bool {
+        self.lora.as_ref().is_some_and(|c| c.dropout > 0.0)
     }
 
     fn adapters(&self) -> impl Iterator<Item = &Adapter> {

@@ -287,8 +287,8 @@ fn gradient_checkpointing_with_lora_adapters() {
 
 /// LoRA dropout under activation checkpointing: the checkpointed layer's first pass (no graph) and
 /// its recompute in the backward use the same masks, so loss and adapter gradients equal the plain
-/// path's drawn from the same mask-stream position; masks come from the stream (a second forward
-/// draws new ones) and the stream can be rewound (`set_lora_dropout_draws`).
+/// path's in the same round; masks are a function of the round (a second forward in the same round
+/// draws the same ones, the next round new ones: `set_lora_dropout_round`).
 #[test]
 fn lora_dropout_masks_agree_between_checkpointed_passes() {
     let mut model =
@@ -302,32 +302,46 @@ fn lora_dropout_masks_agree_between_checkpointed_passes() {
     model.add_lora(&lora, 5).unwrap();
     randomise(&model, 13);
     let scalar = |t: &Tensor| t.to_scalar::<f64>().unwrap();
-    assert_eq!(model.lora_dropout_draws(), Some(0));
+    assert_eq!(model.lora_dropout_round(), Some(0));
     let l0 = loss(&model, 1.0);
     let g0 = rlvr_model::recompute::backward(&l0).unwrap();
-    assert_eq!(model.lora_dropout_draws(), Some(1));
+    assert_eq!(
+        model.lora_dropout_round(),
+        Some(0),
+        "a forward moved the round"
+    );
+    assert_eq!(
+        scalar(&loss(&model, 1.0)),
+        scalar(&l0),
+        "same round, other masks"
+    );
+    model.set_lora_dropout_round(1);
     let l_next = loss(&model, 1.0);
     assert_ne!(
         scalar(&l0),
         scalar(&l_next),
-        "the second forward drew the same masks"
+        "the next round drew the same masks"
     );
-    model.set_lora_dropout_draws(0);
-    assert_eq!(
-        scalar(&loss(&model, 1.0)),
-        scalar(&l0),
-        "a rewound stream differs"
-    );
+    let no_dropout = {
+        let mut m =
+            Model::random(tiny(Arch::Qwen2, true), 0.3, 4, DType::F64, &Device::Cpu).unwrap();
+        m.add_lora(
+            &rlvr_model::LoraConfig {
+                dropout: 0.0,
+                ..lora.clone()
+            },
+            5,
+        )
+        .unwrap();
+        randomise(&m, 13);
+        scalar(&loss(&m, 1.0))
+    };
+    assert_ne!(scalar(&l0), no_dropout, "dropout changed nothing");
 
-    model.set_lora_dropout_draws(0);
+    model.set_lora_dropout_round(0);
     model.set_gradient_checkpointing(true);
     let l1 = loss(&model, 1.0);
     let g1 = rlvr_model::recompute::backward(&l1).unwrap();
-    assert_eq!(
-        model.lora_dropout_draws(),
-        Some(1),
-        "the recompute moved the stream"
-    );
     assert!(
         (scalar(&l0) - scalar(&l1)).abs() <= 1e-12 * scalar(&l0).abs(),
         "loss {} vs {}",

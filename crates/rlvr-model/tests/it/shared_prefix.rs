@@ -500,6 +500,79 @@ fn lora_adapters_get_the_same_gradients_with_and_without_checkpointing() {
     }
 }
 
+/// LoRA dropout's masks are keyed by each token's context (`rlvr_model::lora`), so the shared
+/// path (each prompt once), the unshared one (the prompt in every row), a group split into two
+/// micro-batches and activation checkpointing all draw the same masks: the same log-probs, loss
+/// and adapter gradients within float rounding, at p = 0.3; and the masks do something (another
+/// round, or p = 0, moves the loss).
+#[test]
+fn lora_dropout_draws_the_same_masks_shared_unshared_and_split() {
+    for dtype in [DType::F32, DType::F64] {
+        let mut m = model(Arch::Qwen2, dtype, 12);
+        let lora = LoraConfig {
+            rank: 2,
+            alpha: 4.0,
+            targets: LoraTarget::ALL.to_vec(),
+            dropout: 0.3,
+        };
+        m.add_lora(&lora, 9).unwrap();
+        randomise(&m, 78);
+        m.set_lora_dropout_round(4);
+        let mut ckpt = m.clone();
+        ckpt.set_gradient_checkpointing(true);
+        let g = groups(&[(7, &[3, 6, 1, 5, 2, 7, 4, 3]), (4, &[2, 5])], 32);
+        let part = |r: std::ops::Range<usize>| PromptGroup {
+            prompt: g[0].prompt.clone(),
+            completions: g[0].completions[r].to_vec(),
+        };
+        for (what, s) in [("plain", &m), ("checkpointed", &ckpt)] {
+            check(Check {
+                what: &format!("{dtype:?} LoRA dropout {what}, shared vs unshared"),
+                shared_model: s,
+                unshared_model: &m,
+                shared_parts: one_part(&g),
+                whole: g.clone(),
+                tol: tol(dtype),
+            });
+            check(Check {
+                what: &format!("{dtype:?} LoRA dropout {what}, split 3 + 5 + 2"),
+                shared_model: s,
+                unshared_model: &m,
+                shared_parts: vec![
+                    (vec![part(0..3)], 0),
+                    (vec![part(3..8)], 3),
+                    (vec![g[1].clone()], 8),
+                ],
+                whole: g.clone(),
+                tol: tol(dtype),
+            });
+        }
+        let at = |m: &Model| side(m, &one_part(&g), shared).loss;
+        let base = at(&m);
+        let other = m.clone();
+        other.set_lora_dropout_round(5);
+        assert!(
+            (at(&other) - base).abs() > 1e3 * tol(dtype) * base.abs(),
+            "round 5 = round 4"
+        );
+        m.set_lora_dropout_round(4);
+        let mut none = model(Arch::Qwen2, dtype, 12);
+        none.add_lora(
+            &LoraConfig {
+                dropout: 0.0,
+                ..lora.clone()
+            },
+            9,
+        )
+        .unwrap();
+        randomise(&none, 78);
+        assert!(
+            (at(&none) - base).abs() > 1e3 * tol(dtype) * base.abs(),
+            "p = 0.3 = p = 0"
+        );
+    }
+}
+
 /// bf16 (the GPU training dtype): the forward is bit-identical here, the backward sums the K rows'
 /// prompt gradients in another order, in bf16. Bound: log-probs, entropies and the loss within
 /// 1e-3 relative, every gradient within 3e-2 norm-wise, the gradient norm within 1e-2 (bf16 has an

@@ -26,7 +26,7 @@ pub(crate) struct Position {
 pub(crate) struct Records<'a> {
     /// The run's position.
     pub position: Position,
-    /// The trainer's optimizer state and LoRA-dropout draws.
+    /// The trainer's optimizer state and LoRA-dropout round.
     pub trainer: TrainerRecord,
     /// The best held-out accuracy so far and its step (the evaluator's record).
     pub best: Option<(f64, u64)>,
@@ -82,7 +82,7 @@ pub(crate) fn save_run(
         skipped_in_row: position.skipped_in_row,
         best,
         explorer_weights: false,
-        lora_dropout_draws: trainer.lora_dropout_draws,
+        lora_dropout_round: trainer.lora_dropout_round,
         world_size: world_size as u64,
         optimizer_saved: cfg.raw.train.save_optimizer,
     };

@@ -253,7 +253,7 @@ fn load_reference(
 }
 
 /// The trainer's state from checkpoint `dir` (state `st`): the optimizer (bf16 weights resume
-/// from their f32 masters) and LoRA's dropout draws, or, when the checkpoint holds no optimizer
+/// from their f32 masters) and LoRA's dropout round, or, when the checkpoint holds no optimizer
 /// (`train.resume_without_optimizer`, checked before), a fresh AdamW with a note.
 ///
 /// # Errors
@@ -270,7 +270,7 @@ fn restore_trainer(
             .load_state_dict(TrainerRecord {
                 optimizer_step: st.optimizer_step,
                 optimizer: checkpoint::load_optimizer(dir, n, device)?,
-                lora_dropout_draws: st.lora_dropout_draws,
+                lora_dropout_round: st.lora_dropout_round,
             })
             .with_context(|| {
                 format!(
@@ -282,7 +282,7 @@ fn restore_trainer(
                 )
             })?;
     } else {
-        trainer.model.set_lora_dropout_draws(st.lora_dropout_draws);
+        trainer.model.set_lora_dropout_round(st.lora_dropout_round);
         crate::log::say(&format!(
             "note: {} holds no optimizer state (train.save_optimizer = false): the \
              optimizer starts afresh at step {} (train.resume_without_optimizer)",
@@ -624,7 +624,7 @@ fn say_manifest(cfg: &ResolvedConfig, dir: &Path) {
 ///
 /// # Errors
 /// The vLLM backend with an explorer thread (rank 0's push of a version could overlap another
-/// rank's sampling of an older one), LoRA dropout (each rank would draw the same masks for different rows), DAPO's
+/// rank's sampling of an older one), DAPO's
 /// dynamic sampling with an explorer thread (its decision needs a gather off the run's thread).
 fn refuse_under_data_parallel(cfg: &ResolvedConfig, world: usize) -> anyhow::Result<()> {
     let c = &cfg.raw;
@@ -634,9 +634,6 @@ fn refuse_under_data_parallel(cfg: &ResolvedConfig, world: usize) -> anyhow::Res
              yet (rank 0 pushes each version to the servers every rank samples from, which must \
              not happen while another rank's explorer thread still samples); use sync.offset = 0",
         )
-    } else if c.model.lora_dropout > 0.0 && c.model.lora_rank > 0 {
-        Some("model.lora_dropout > 0 is not supported with data parallel yet (every rank would draw \
-              the same dropout masks for different rows); set model.lora_dropout = 0")
     } else if cfg.algorithm.dynamic_sampling && c.sync.offset > 0 && c.data.experiences.is_none() {
         Some(
             "DAPO's dynamic sampling with sync.offset > 0 is not supported with data parallel yet \

@@ -57,11 +57,12 @@ pub struct TrainerState {
     pub best: Option<(f64, u64)>,
     /// Whether `trainer_state/explorer/` holds the explorer's weights.
     pub explorer_weights: bool,
-    /// LoRA-dropout masks drawn so far per adapter ([`rlvr_model::Model::lora_dropout_draws`]), so
-    /// a resumed run with `model.lora_dropout` > 0 draws the masks an uninterrupted one would (0,
-    /// and absent in checkpoints written before it existed, without LoRA).
-    #[serde(default)]
-    pub lora_dropout_draws: u64,
+    /// The LoRA-dropout round ([`rlvr_model::Model::lora_dropout_round`]: optimizer updates so
+    /// far), so a resumed run with `model.lora_dropout` > 0 draws the masks an uninterrupted one
+    /// would (0 without LoRA, and absent in checkpoints written before it existed; read from
+    /// `lora_dropout_draws`, the mask-stream position checkpoints held until 2026-12-07).
+    #[serde(default, alias = "lora_dropout_draws")]
+    pub lora_dropout_round: u64,
     /// Data-parallel ranks of the run that wrote it (1, and absent in checkpoints written before
     /// it existed, for one process). Without optimizer sharding every rank holds the whole state,
     /// and the batch and normalisers are the whole batch's at any world size, so a run may resume
@@ -782,7 +783,7 @@ mod tests {
             skipped_in_row: 0,
             best: None,
             explorer_weights: false,
-            lora_dropout_draws: 0,
+            lora_dropout_round: 0,
             world_size: 1,
             optimizer_saved: true,
         };

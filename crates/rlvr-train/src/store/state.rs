@@ -5,7 +5,7 @@
 //! are read from outside it.
 //!
 //! Implemented by the trainer (`crate::update::Trainer`: the optimizer's update count, moments
-//! and masters, the LoRA-dropout draws), the best held-out evaluation (`crate::eval::Best`) and the
+//! and masters, the LoRA-dropout round), the best held-out evaluation (`crate::eval::Best`) and the
 //! run's own position (`crate::run`). The feed's state (the data cursor, the explorer's version and
 //! weights, the in-flight batches) is a typed record too (`crate::feed::FeedState`), taken where
 //! the feed is built, because its explorer thread starts from it.

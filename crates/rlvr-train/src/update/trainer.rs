@@ -110,25 +110,26 @@ pub struct TrainerRecord {
     pub optimizer_step: u64,
     /// The optimizer's moments and masters.
     pub optimizer: OptimizerRecord,
-    /// LoRA-dropout masks drawn so far per adapter (0 without LoRA dropout).
-    pub lora_dropout_draws: u64,
+    /// The LoRA-dropout round: optimizer updates so far (0 without LoRA;
+    /// [`rlvr_model::Model::lora_dropout_round`]).
+    pub lora_dropout_round: u64,
 }
 
 impl Stateful for Trainer {
     type State = TrainerRecord;
 
     /// The optimizer's state (sharded: as gathered by [`Trainer::gather_for_checkpoint`]) and the
-    /// LoRA-dropout draws.
+    /// LoRA-dropout round.
     fn state_dict(&self) -> anyhow::Result<TrainerRecord> {
         Ok(TrainerRecord {
             optimizer_step: self.optimizer.update_count(),
             optimizer: self.optimizer.record()?,
-            lora_dropout_draws: self.model.lora_dropout_draws().unwrap_or(0),
+            lora_dropout_round: self.model.lora_dropout_round().unwrap_or(0),
         })
     }
 
     fn load_state_dict(&mut self, state: TrainerRecord) -> anyhow::Result<()> {
-        self.model.set_lora_dropout_draws(state.lora_dropout_draws);
+        self.model.set_lora_dropout_round(state.lora_dropout_round);
         self.optimizer
             .load_record(state.optimizer, state.optimizer_step)
     }
@@ -433,6 +434,11 @@ impl Trainer {
             self.optimizer.accumulate(&mut grads, &out.loss)?;
         }
         let grad_norm = self.optimizer.apply(grads, lr)?;
+        // The next update's LoRA-dropout masks are a new draw (the same for any micro-batching,
+        // padding or number of ranks: they are keyed by the round and the tokens).
+        if let Some(r) = self.model.lora_dropout_round() {
+            self.model.set_lora_dropout_round(r + 1);
+        }
         Ok(UpdateOut {
             stats,
             grad_norm,
