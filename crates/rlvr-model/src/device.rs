@@ -182,6 +182,10 @@ fn cuda_device(ordinal: usize) -> candle_core::Result<Device> {
         // each read after its write and each free after its last use; no buffer exists yet, and
         // no other stream is made (cudarc tracks events only for buffers made while it is on).
         unsafe { c.disable_event_tracking() };
+        // The memory pool keeps freed memory, and cuBLAS gets a workspace of its own (what
+        // `prepare_device` says why).
+        rlvr_kernels::triton::cuda::prepare_device(&c.cuda_stream(), &c.cublas_handle())
+            .map_err(candle_core::Error::wrap)?;
     }
     opened.insert(ordinal, d.clone());
     Ok(d)

@@ -665,16 +665,36 @@ impl Sampler {
                 .collect();
             let t = std::time::Instant::now();
             let launches = rlvr_kernels::triton::launch_count();
-            logits = match fused.as_deref_mut() {
-                Some(f) => {
-                    let (mut ids_s, mut pos_s) =
-                        (vec![0u32; cache.rows()], vec![0u32; cache.rows()]);
-                    for (r, &s) in slots.iter().enumerate() {
-                        (ids_s[s], pos_s[s]) = (ids[r], pos[r]);
-                    }
-                    f.step(cache, &ids_s, &pos_s)?
+            let fused_out = fused.as_deref_mut().map(|f| {
+                let (mut ids_s, mut pos_s) = (vec![0u32; cache.rows()], vec![0u32; cache.rows()]);
+                for (r, &s) in slots.iter().enumerate() {
+                    (ids_s[s], pos_s[s]) = (ids[r], pos[r]);
                 }
-                None => {
+                f.step(cache, &ids_s, &pos_s)
+            });
+            logits = match fused_out {
+                Some(Ok(l)) => l,
+                other => {
+                    if let Some(Err(e)) = other {
+                        // A step that fails (a launch its plan refuses, say) has not committed its
+                        // column: the wave goes on with the candle step from this column, its
+                        // rows compacted out of their slots. A fault that broke the device fails
+                        // the candle step too, with the device's error.
+                        rlvr_model::kernels::log_once(format!(
+                            "kernels.decode = on: a fused decode step failed ({e}); the candle \
+                             decode step runs instead"
+                        ));
+                        if let Some(mut f) = fused.take() {
+                            f.flush(cache)?;
+                        }
+                        let live: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
+                        if live.iter().enumerate().any(|(i, &s)| i as u32 != s)
+                            || live.len() != cache.rows()
+                        {
+                            cache.keep_rows(&live)?;
+                        }
+                        slots = (0..live.len()).collect();
+                    }
                     let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
                     forward_last(&self.model, &ids, &pos, None, cache, head)?
                 }

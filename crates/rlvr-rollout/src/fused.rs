@@ -1141,6 +1141,8 @@ impl HostStep {
 
 #[cfg(test)]
 thread_local! {
+    /// Tests: this thread's next [`HostStep`] step fails once `HOST_STEPS` reaches this count.
+    pub(crate) static HOST_FAIL_AT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     /// Steps run by [`HostStep`]s on this thread (tests: the fused path was taken). Per thread,
     /// as `HOST_FUSED` is, so that tests running side by side do not count each other's steps.
     pub(crate) static HOST_STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
@@ -1149,6 +1151,9 @@ thread_local! {
 #[cfg(test)]
 impl FusedStep for HostStep {
     fn step(&mut self, cache: &mut KvBuffer, ids: &[u32], pos: &[u32]) -> Result<Tensor> {
+        if HOST_FAIL_AT.with(|f| f.get() == Some(HOST_STEPS.with(std::cell::Cell::get))) {
+            return Err(ModelError::Invalid("a host step made to fail (test)".into()).into());
+        }
         let s = self.program.shape;
         let col = cache.len();
         let idx = Tensor::from_slice(ids, ids.len(), self.embed.device())?;

@@ -479,6 +479,42 @@ fn the_sampler_on_the_host_fused_path_samples_what_the_candle_step_samples() {
     assert_close(&got, &want);
 }
 
+/// A fused step that fails mid-wave (a launch its plan refuses, on a GPU) hands the wave to the
+/// candle step at that column: rows compacted out of their slots, the completions the candle
+/// path samples (tokens equal, log-probs within 1e-5).
+#[test]
+fn a_failing_fused_step_hands_the_wave_to_the_candle_step() {
+    manifest().expect("the committed manifest holds the decode kernels");
+    let model = Model::random(config(2, 2, 1, 512), 0.05, 7, DType::F32, &Device::Cpu).unwrap();
+    let prompts: Vec<Vec<u32>> = [40u32, 23, 31]
+        .iter()
+        .map(|n| (0..*n).map(|i| (i * 5 + n) % 64).collect())
+        .collect();
+    let params = crate::SamplingParams {
+        group_size: 3,
+        max_new_tokens: 12,
+        stop_ids: (0..10).collect(),
+        ..Default::default()
+    };
+    let want = crate::Sampler::new(&model, 0)
+        .sample(&prompts, 4, &params, 11)
+        .unwrap();
+    // The 9-row wave's rows finish at different steps: fail after some have, so the live rows
+    // sit in slots that are not their row order.
+    let lens: Vec<usize> = want.iter().map(|c| c.token_ids.len()).collect();
+    let shortest = *lens.iter().min().unwrap();
+    assert!(shortest + 1 < 12, "no row finishes early: {lens:?}");
+    let before = HOST_STEPS.with(std::cell::Cell::get);
+    HOST_FAIL_AT.with(|f| f.set(Some(before + shortest as u64)));
+    HOST_FUSED.with(|c| c.set(true));
+    let got = crate::Sampler::new(&model, 0).sample(&prompts, 4, &params, 11);
+    HOST_FUSED.with(|c| c.set(false));
+    HOST_FAIL_AT.with(|f| f.set(None));
+    let ran = HOST_STEPS.with(std::cell::Cell::get) - before;
+    assert_eq!(ran, shortest as u64, "fused steps before the failure");
+    assert_close(&got.unwrap(), &want);
+}
+
 /// A finished row's keys and values kept for its episode's next turn come from the cache the
 /// fused step wrote (`FusedStep::flush`): a first turn on the host fused path, then a kept turn
 /// also decoded by the fused step (its cache has a masked gap between each row's kept and new

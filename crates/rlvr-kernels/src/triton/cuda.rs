@@ -93,8 +93,15 @@ fn function(ctx: &Arc<CudaContext>, entry: &KernelEntry) -> Result<CudaFunction>
 /// Errors: [`TritonError::Capability`] naming the device's compute capability and the shipped
 /// targets; a driver error.
 pub fn device_target(stream: &CudaStream, manifest: &Manifest) -> Result<super::Target> {
-    let (major, minor) =
-        (stream.context().compute_capability()).map_err(|e| driver("capability", e))?;
+    // cudarc returns (and clears) an error an earlier asynchronous operation left pending before
+    // this query's own: say so, since the query itself rarely fails.
+    let (major, minor) = (stream.context().compute_capability()).map_err(|e| {
+        driver(
+            "querying the compute capability (or a CUDA error pending from an earlier \
+             operation: rerun with RLVR_CUDA_SYNC=1 to name the launch that failed)",
+            e,
+        )
+    })?;
     manifest.target_for(major as u32, minor as u32)
 }
 
@@ -154,7 +161,58 @@ pub fn launch(
     // plan's dtype (checked above) whose sizes the caller vouches for (see the doc comment).
     unsafe { b.launch(cfg) }.map_err(|e| driver(&format!("launching {}", plan.name), e))?;
     super::count_launch();
+    if sync_each_launch() {
+        debug_sync(stream.cu_stream(), || {
+            let bufs: Vec<String> = (buffers.iter())
+                .map(|(n, b)| format!("{n} {:#x}+{} {}", b.ptr, b.len, b.dtype))
+                .collect();
+            format!(
+                "{} (grid {:?}, block {:?}, {} bytes of shared memory; buffers {})",
+                plan.name,
+                plan.grid,
+                plan.block,
+                plan.shared_bytes,
+                bufs.join(", ")
+            )
+        })?;
+    }
     Ok(())
+}
+
+/// The environment variable that makes every Triton launch and fused-step GEMM synchronise and
+/// report a failure as its own (`RLVR_CUDA_SYNC=1`): launches are asynchronous, so a kernel's
+/// fault otherwise surfaces at a later operation, under that operation's name. Slow: for
+/// finding which launch fails (as `CUDA_LAUNCH_BLOCKING=1` does for CUDA itself). A launch
+/// inside a CUDA-graph capture is not synchronised (a capture forbids it); the replay is.
+pub const SYNC_ENV: &str = "RLVR_CUDA_SYNC";
+
+fn sync_each_launch() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var(SYNC_ENV).is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Under [`SYNC_ENV`]: waits for `stream` (unless it is capturing a graph) and names what was
+/// just queued (`what`) when it failed.
+fn debug_sync(stream: cudarc::driver::sys::CUstream, what: impl FnOnce() -> String) -> Result<()> {
+    use cudarc::driver::sys::{self as ds, CUresult, CUstreamCaptureStatus as S};
+    let mut status = std::mem::MaybeUninit::uninit();
+    // SAFETY: the stream is live (its owner is in the middle of a call on it); the driver
+    // writes the status, read only when the call succeeded.
+    let capturing = unsafe {
+        ds::cuStreamIsCapturing(stream, status.as_mut_ptr()) == CUresult::CUDA_SUCCESS
+            && status.assume_init() != S::CU_STREAM_CAPTURE_STATUS_NONE
+    };
+    if capturing {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    match unsafe { ds::cuStreamSynchronize(stream) } {
+        CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(TritonError::Driver(format!(
+            "{} failed when it ran ({SYNC_ENV}): {e:?}",
+            what()
+        ))),
+    }
 }
 
 /// The [`DeviceBuffer`] of a candle CUDA storage the kernel only reads, seen through `layout`
@@ -232,6 +290,71 @@ fn buffer(ptr: u64, start: usize, dtype: DType, len: usize) -> DeviceBuffer {
         dtype,
         len,
     }
+}
+
+/// Bytes of the cuBLAS workspace [`prepare_device`] gives candle's handle (NVIDIA's advice for
+/// Hopper is 32 MiB; smaller GPUs need less).
+#[cfg(feature = "cuda")]
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Sets up a freshly opened device for rlvr's use of it, before its first buffer: `stream` is
+/// candle's one stream, `blas` candle's cuBLAS handle on it.
+///
+/// 1. The device's memory pool keeps what is freed: cudarc allocates stream-ordered
+///    (`cuMemAllocAsync`) from the device's current pool, whose release threshold is 0 by
+///    default, so every synchronisation would hand the freed memory back to the driver and the
+///    next step's allocations would map it again. The threshold becomes `u64::MAX`, as a caching
+///    allocator behaves (PyTorch's keeps its blocks too); `cuMemPoolTrimTo` could give it back.
+/// 2. cuBLAS gets a workspace of its own ([`CUBLAS_WORKSPACE_BYTES`], allocated once and kept for
+///    the process): without one, cuBLAS takes its workspace from the stream-ordered allocator
+///    while a CUDA graph is captured, and may then choose other algorithms than in an eager step
+///    of the same shapes, which the fused decode step's graphs on/off bit-identity needs equal
+///    (cuBLAS documentation, "CUDA Graphs Support").
+///
+/// Errors: the driver's or cuBLAS's error, named.
+#[cfg(feature = "cuda")]
+pub fn prepare_device(stream: &Arc<CudaStream>, blas: &cudarc::cublas::CudaBlas) -> Result<()> {
+    use cudarc::driver::result as dr;
+    use cudarc::driver::sys::CUmemPool_attribute;
+    use cudarc::driver::DevicePtr;
+    let ctx = stream.context();
+    ctx.bind_to_thread()
+        .map_err(|e| driver("binding the context", e))?;
+    // SAFETY: the pool is the device's current one (a valid handle from the driver); the value
+    // points to a u64, the type of CU_MEMPOOL_ATTR_RELEASE_THRESHOLD.
+    unsafe {
+        let pool = dr::device::get_mem_pool(ctx.cu_device())
+            .map_err(|e| driver("the device's memory pool", e))?;
+        let mut keep = u64::MAX;
+        dr::mem_pool::set_attribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast(),
+        )
+        .map_err(|e| driver("the memory pool's release threshold", e))?;
+    }
+    // SAFETY: cuBLAS only writes its own scratch into the workspace; it is never read here.
+    let ws = unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE_BYTES) }
+        .map_err(|e| driver("the cuBLAS workspace", e))?;
+    let status = {
+        let (ptr, _guard) = ws.device_ptr(stream);
+        // SAFETY: the handle is candle's, alive while the device is; the workspace stays
+        // allocated for the process (leaked below), as cuBLAS requires for the handle's life.
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        }
+    };
+    if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Err(TritonError::Driver(format!(
+            "cublasSetWorkspace ({CUBLAS_WORKSPACE_BYTES} bytes): {status:?}"
+        )));
+    }
+    std::mem::forget(ws);
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
@@ -315,5 +438,19 @@ pub fn gemm(
             sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(|e| err(format!("{e:?}")))
+    .map_err(|e| err(format!("{e:?}")))?;
+    if sync_each_launch() {
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: the handle is live; cuBLAS writes the stream it is bound to.
+        unsafe { sys::cublasGetStream_v2(*blas.handle(), &mut stream) }
+            .result()
+            .map_err(|e| err(format!("cublasGetStream: {e:?}")))?;
+        debug_sync(stream as cudarc::driver::sys::CUstream, || {
+            format!(
+                "cuBLAS gemm {m}×{k} · ({n}×{k})ᵀ (x {:#x}, w {:#x}, out {:#x}, {})",
+                x.ptr, w.ptr, out.ptr, x.dtype
+            )
+        })?;
+    }
+    Ok(())
 }
