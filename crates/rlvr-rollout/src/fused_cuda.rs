@@ -47,6 +47,9 @@ pub(crate) struct FusedDecoder {
     /// Every buffer's device address; the cache's and bias's are read from the wave's
     /// `KvBuffer` at the first step.
     addrs: BTreeMap<Buf, DeviceBuffer>,
+    /// The cache's layers and bias rows whose addresses `addrs` holds: kept alive by the
+    /// decoder, so a replay never writes into freed memory even if the cache moved.
+    held: Vec<Tensor>,
     embed: Tensor,
     graphs: GraphCache<CudaGraph>,
     /// Distinguishes waves in the graph key (a process-wide counter).
@@ -138,6 +141,7 @@ impl FusedDecoder {
             tensors,
             ints,
             addrs,
+            held: Vec::new(),
             embed,
             graphs: GraphCache::new(shape.rows, graphs),
             generation: WAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -146,8 +150,21 @@ impl FusedDecoder {
 
     /// Reads the addresses of the wave's caches and bias (once: the sampler compacts the cache
     /// only between decoders).
+    ///
+    /// Errors: a cache whose first layer moved since (the sampler must build a new decoder after
+    /// compacting; the step then fails and the wave goes on with the candle step).
     fn bind_cache(&mut self, cache: &KvBuffer) -> Result<()> {
-        if self.addrs.contains_key(&Buf::Bias) {
+        let (k0, _) = cache
+            .layer(0)
+            .ok_or_else(|| err("no cache layer 0".to_string()))?;
+        if let Some(bound) = self.addrs.get(&Buf::KCache(0)) {
+            let now = device_buffer(k0, &self.stream)?;
+            if now.ptr != bound.ptr {
+                return Err(err(format!(
+                    "the KV cache moved under the fused decode step ({:#x} → {:#x})",
+                    bound.ptr, now.ptr
+                )));
+            }
             return Ok(());
         }
         for l in 0..self.program.shape.layers {
@@ -158,9 +175,11 @@ impl FusedDecoder {
                 .insert(Buf::KCache(l), device_buffer(k, &self.stream)?);
             self.addrs
                 .insert(Buf::VCache(l), device_buffer(v, &self.stream)?);
+            self.held.extend([k.clone(), v.clone()]);
         }
         let bias = device_buffer(cache.bias_rows(), &self.stream)?;
         self.addrs.insert(Buf::Bias, bias);
+        self.held.push(cache.bias_rows().clone());
         Ok(())
     }
 

@@ -105,6 +105,30 @@ pub fn device_target(stream: &CudaStream, manifest: &Manifest) -> Result<super::
     manifest.target_for(major as u32, minor as u32)
 }
 
+/// `stream`'s device's target among `manifest`'s ([`device_target`]) and its opt-in shared memory
+/// per block (bytes), queried once per device and manifest: a launch's host time is what a decode
+/// step without a CUDA graph pays per kernel.
+fn device_facts(stream: &CudaStream, manifest: &Manifest) -> Result<(super::Target, u32)> {
+    type Facts = Mutex<HashMap<(usize, usize), (super::Target, u32)>>;
+    static FACTS: OnceLock<Facts> = OnceLock::new();
+    let ctx = stream.context();
+    let key = (ctx.ordinal(), manifest as *const Manifest as usize);
+    let facts = FACTS.get_or_init(Default::default);
+    if let Some(f) = facts.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(*f);
+    }
+    let target = device_target(stream, manifest)?;
+    let smem = (ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+    .map_err(|e| driver("shared memory limit", e))?;
+    let f = (target, smem.max(0) as u32);
+    facts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, f);
+    Ok(f)
+}
+
 /// Launches `plan` on `stream` with the compiled kernels of `manifest` (normally
 /// [`Manifest::committed`]); `buffers` gives the device buffer of every buffer name the plan's
 /// pointers use. Asynchronous: returns once the launch is queued.
@@ -127,17 +151,14 @@ pub fn launch(
     let entry = manifest.entry(&plan.name, plan.target)?;
     plan.check_against(entry)?;
     let ctx = stream.context();
-    let target = device_target(stream, manifest)?;
+    let (target, smem) = device_facts(stream, manifest)?;
     if target != plan.target {
         return Err(TritonError::Plan {
             name: plan.name.clone(),
             why: format!("planned for {}, but this device runs {target}", plan.target),
         });
     }
-    let smem = (ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
-    .map_err(|e| driver("shared memory limit", e))?;
-    entry.check_shared_limit(smem.max(0) as u32)?;
+    entry.check_shared_limit(smem)?;
     let values = plan.resolve(buffers)?;
     let func = function(ctx, entry)?;
     let mut b = stream.launch_builder(&func);
