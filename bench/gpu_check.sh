@@ -45,6 +45,10 @@
 #   KERNELS_OFF=cuda_graphs; the fused step fails: KERNELS_OFF=decode (the candle path and
 #   transformers are still measured).
 # - `## part: rc 124 ... (TIMED OUT)`: the part hit its limit; its logs are under logs/.
+# - An error that names an unrelated operation or "a CUDA error pending from an earlier
+#   operation": launches are asynchronous. Rerun the part with RLVR_CUDA_SYNC=1 (exported for
+#   every rlvr command: each Triton launch and fused-step GEMM then waits and names itself,
+#   with its grid and buffers, when it fails; slow, so for finding the launch only).
 # What goes into BENCHMARKS.md (a new section, dated, with the machine line from the top of
 # gpu_check.log: GPU, driver, memory; the command and the UTC times of the `##` headers):
 # - issue 44: kernels.jsonl's pass count and worst `ratio` per family, every FAIL; the group
