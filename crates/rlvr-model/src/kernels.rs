@@ -253,6 +253,12 @@ impl KernelSwitches {
             ));
             return false;
         }
+        if let Some(why) = no_target(device) {
+            log_once(format!(
+                "kernels.{key} = on: {why}; falling back to the candle composition"
+            ));
+            return false;
+        }
         true
     }
 
@@ -269,6 +275,27 @@ impl KernelSwitches {
         };
         on && op.wired() && uncovered(op, cfg, dtype).is_none()
     }
+}
+
+/// Why the committed kernels cannot run on `device` (a GPU whose compute capability selects no
+/// shipped target, e.g. one newer than the targets; or the manifest unreadable), if they cannot.
+#[cfg(feature = "cuda")]
+fn no_target(device: &Device) -> Option<String> {
+    let Device::Cuda(c) = device else {
+        return None;
+    };
+    let m = match triton::Manifest::committed() {
+        Ok(m) => m,
+        Err(e) => return Some(format!("the kernels' manifest: {e}")),
+    };
+    rlvr_kernels::triton::cuda::device_target(&c.cuda_stream(), m)
+        .err()
+        .map(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_target(_: &Device) -> Option<String> {
+    None
 }
 
 /// Why the kernels of `op` do not cover a model of `cfg` in `dtype`, if they do not.

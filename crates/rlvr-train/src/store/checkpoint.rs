@@ -59,9 +59,10 @@ pub struct TrainerState {
     pub explorer_weights: bool,
     /// The LoRA-dropout round ([`rlvr_model::Model::lora_dropout_round`]: optimizer updates so
     /// far), so a resumed run with `model.lora_dropout` > 0 draws the masks an uninterrupted one
-    /// would (0 without LoRA, and absent in checkpoints written before it existed; read from
-    /// `lora_dropout_draws`, the mask-stream position checkpoints held until 2026-12-07).
-    #[serde(default, alias = "lora_dropout_draws")]
+    /// would (0 without LoRA, and absent in checkpoints written before it existed). The file
+    /// keeps the key `lora_dropout_draws` (the format is unchanged); until 2026-12-07 it held the
+    /// position of a mask stream drawn once per forward.
+    #[serde(default, rename = "lora_dropout_draws")]
     pub lora_dropout_round: u64,
     /// Data-parallel ranks of the run that wrote it (1, and absent in checkpoints written before
     /// it existed, for one process). Without optimizer sharding every rank holds the whole state,
