@@ -310,10 +310,16 @@ pub mod cuda {
         // slices created meanwhile (none: `body` allocates nothing) would only lack events.
         unsafe { ctx.disable_event_tracking() };
         let out = (|| {
+            // An error an earlier operation left pending would make cudarc's `end_capture`
+            // return it before ending the capture: surface it now, outside any capture.
+            (ctx.check_err()).map_err(|e| driver("a CUDA error pending before the capture", e))?;
             (stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
                 .map_err(|e| driver("begin capture", e))?;
             let ran = body();
             let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+            if ended.is_err() {
+                end_abandoned_capture(stream);
+            }
             ran?;
             match ended.map_err(|e| driver("end capture", e))? {
                 Some(g) => Ok(g),
@@ -329,6 +335,29 @@ pub mod cuda {
         let g = out?;
         g.upload().map_err(|e| driver("graph upload", e))?;
         Ok(g)
+    }
+
+    /// Ends a capture that `CudaStream::end_capture` left open (it returns a pending error
+    /// before ending it), so the stream runs work again instead of recording it; the half-made
+    /// graph is destroyed.
+    fn end_abandoned_capture(stream: &Arc<CudaStream>) {
+        use cudarc::driver::{result, sys};
+        let mut status = std::mem::MaybeUninit::uninit();
+        // SAFETY: the stream is live; the status is read only when the query succeeded; a graph
+        // ended here is ours alone and destroyed at once.
+        unsafe {
+            let capturing = sys::cuStreamIsCapturing(stream.cu_stream(), status.as_mut_ptr())
+                == sys::CUresult::CUDA_SUCCESS
+                && status.assume_init()
+                    != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            if capturing {
+                if let Ok(g) = result::stream::end_capture(stream.cu_stream()) {
+                    if !g.is_null() {
+                        let _ = result::graph::destroy(g);
+                    }
+                }
+            }
+        }
     }
 
     /// Replays `graph` on the stream it was captured on.
