@@ -412,6 +412,21 @@ pub struct Manifest {
     pub ptxas: String,
     /// One entry per (variant, target).
     pub kernels: Vec<KernelEntry>,
+    /// [`Manifest::entry`]'s index, built at its first call.
+    #[serde(skip)]
+    index: EntryIndex,
+}
+
+/// Name → position in `kernels` per target (in [`Target::ALL`]'s order): a launch looks its entry
+/// up by name, and a linear scan of ~350 names was microseconds per launch, which an eager decode
+/// step pays some 200 times. Equal to any other index (a cache, not content).
+#[derive(Clone, Debug, Default)]
+struct EntryIndex(std::sync::OnceLock<std::collections::HashMap<String, [Option<usize>; 2]>>);
+
+impl PartialEq for EntryIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Manifest {
@@ -479,7 +494,7 @@ impl Manifest {
     /// Errors: [`TritonError::NoKernel`] listing what the target has;
     /// [`TritonError::Unsupported`] for an entry the launcher cannot run.
     pub fn entry(&self, name: &str, target: Target) -> Result<&KernelEntry> {
-        let Some(k) = (self.kernels.iter()).find(|k| k.name == name && k.target == target) else {
+        let Some(k) = self.lookup(name, target) else {
             let names: Vec<&str> = (self.kernels.iter())
                 .filter(|k| k.target == target)
                 .map(|k| k.name.as_str())
@@ -496,6 +511,31 @@ impl Manifest {
         };
         k.check_launchable()?;
         Ok(k)
+    }
+
+    /// The launchable entry `name` for `target`, or `None` (no message built: for probing an
+    /// optional variant, such as an aligned twin, at every launch).
+    pub fn find(&self, name: &str, target: Target) -> Option<&KernelEntry> {
+        (self.lookup(name, target)).filter(|k| k.check_launchable().is_ok())
+    }
+
+    /// The entry `name` for `target` (launchable or not), by the index built at the first call.
+    fn lookup(&self, name: &str, target: Target) -> Option<&KernelEntry> {
+        let slot = Target::ALL.iter().position(|t| *t == target).unwrap_or(0);
+        let index = self.index.0.get_or_init(|| {
+            let mut m: std::collections::HashMap<String, [Option<usize>; 2]> = Default::default();
+            for (i, k) in self.kernels.iter().enumerate() {
+                let t = Target::ALL.iter().position(|t| *t == k.target).unwrap_or(0);
+                m.entry(k.name.clone()).or_default()[t].get_or_insert(i);
+            }
+            m
+        });
+        // The index, checked (`kernels` is public: an edit after the first call falls back to
+        // the scan).
+        let indexed = (index.get(name).and_then(|t| t[slot]))
+            .and_then(|i| self.kernels.get(i))
+            .filter(|k| k.name == name && k.target == target);
+        indexed.or_else(|| (self.kernels.iter()).find(|k| k.name == name && k.target == target))
     }
 }
 

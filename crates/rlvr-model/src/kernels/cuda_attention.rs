@@ -88,7 +88,7 @@ fn run(
     let stream = dev.cuda_stream();
     let target = tc::device_target(&stream, m)?;
     let base = variant(kernel, dtype, l.head_dim)?;
-    if let Ok(twin) = m.entry(&families::aligned_name(&base), target) {
+    if let Some(twin) = m.find(&families::aligned_name(&base), target) {
         if launch(dev, &stream, m, twin, l, inputs, outputs, true)? {
             return Ok(());
         }

@@ -44,7 +44,7 @@ pub fn pick(
     buffers: Option<&[(&str, DeviceBuffer)]>,
     build: impl Fn(&KernelEntry) -> Result<LaunchPlan>,
 ) -> Result<LaunchPlan> {
-    if let Ok(k) = m.entry(&aligned_name(name), target) {
+    if let Some(k) = m.find(&aligned_name(name), target) {
         if let Ok(plan) = build(k) {
             if buffers.is_none_or(|b| plan.resolve(b).is_ok()) {
                 return Ok(plan);
