@@ -329,13 +329,15 @@ impl Adapter {
         let keep = (1.0 / (1.0 - self.dropout)) as f32;
         let drop_below = (self.dropout * (1u64 << 53) as f64) as u64;
         let mut m = vec![0f32; rows * cols];
-        for (row, &token) in m.chunks_mut(cols).zip(&keys.tokens) {
+        // Each element is a function of its keys alone: rows in parallel give the same bits.
+        use rayon::prelude::*;
+        (m.par_chunks_mut(cols).zip(&keys.tokens[..])).for_each(|(row, &token)| {
             for (j, x) in row.iter_mut().enumerate() {
                 if dropout_keep(self.salt, keys.round, token, j, drop_below) {
                     *x = keep;
                 }
             }
-        }
+        });
         Ok(Tensor::from_vec(m, shape, device)?.to_dtype(self.a.var.dtype())?)
     }
 }
