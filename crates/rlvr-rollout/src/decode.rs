@@ -349,6 +349,21 @@ pub(crate) fn forward_last_masked(
     }
 }
 
+/// Tests: copies record `name` of `dir` to `$RLVR_KERNEL_RECORD/<folder>/<name>` when that is
+/// set (CI), where `scripts/ci_kernels.sh` replays it under Triton's interpreter (it finds
+/// records at any depth).
+#[cfg(test)]
+pub(crate) fn keep_record_for_ci(dir: &std::path::Path, name: &str, folder: &str) {
+    if let Some(d) = std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+        let to = std::path::PathBuf::from(d).join(folder).join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(dir.join(name)).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::Device;
@@ -548,17 +563,7 @@ mod tests {
         // left-padded to 37 in a flat axis of 74 positions.
         let q = &rec["buffers"]["q"]["shape"];
         assert_eq!(q, &serde_json::json!([74, 2, 64]), "{rec}");
-        // CI replays it (`scripts/ci_kernels.sh` finds records at any depth): copied under its
-        // own folder, since the training tests write a record of the same label.
-        if let Some(d) = std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
-            let to = std::path::PathBuf::from(d)
-                .join("sampler_prefill")
-                .join(fwd);
-            std::fs::create_dir_all(&to).unwrap();
-            for f in std::fs::read_dir(tmp.path().join(fwd)).unwrap() {
-                let f = f.unwrap();
-                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
-            }
-        }
+        // Copied under its own folder, since the training tests write a record of the same label.
+        keep_record_for_ci(tmp.path(), fwd, "sampler_prefill");
     }
 }

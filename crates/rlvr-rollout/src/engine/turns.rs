@@ -663,14 +663,6 @@ mod tests {
         let (nq, nk) = (rows("q"), rows("k"));
         assert!(nq < nk, "q {nq} rows, k {nk}: {rec}");
         assert_eq!(rows("o"), nq);
-        // CI replays it (`scripts/ci_kernels.sh` finds records at any depth).
-        if let Some(d) = std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
-            let to = std::path::PathBuf::from(d).join("sampler_kept").join(fwd);
-            std::fs::create_dir_all(&to).unwrap();
-            for f in std::fs::read_dir(tmp.path().join(fwd)).unwrap() {
-                let f = f.unwrap();
-                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
-            }
-        }
+        crate::decode::keep_record_for_ci(tmp.path(), fwd, "sampler_kept");
     }
 }
