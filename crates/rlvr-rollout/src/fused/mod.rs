@@ -748,7 +748,8 @@ pub fn weight(model: &Model, w: Weight) -> Result<Tensor> {
 pub(crate) trait FusedStep {
     /// Runs one step: slot `s` feeds token `ids[s]` at rotary position `pos[s]` into cache
     /// column `cache.len()` (every slot, `ids.len() == cache.rows()`), then commits the column.
-    /// Returns the logits `[slots, vocab]` f32.
+    /// Returns the logits `[slots, vocab]` f32. On CUDA with an f32 model they are the step's
+    /// own logits buffer (no copy), which the next step overwrites: read them before it.
     fn step(&mut self, cache: &mut KvBuffer, ids: &[u32], pos: &[u32]) -> Result<Tensor>;
 
     /// Makes `cache` hold every column this step wrote, before the sampler reads rows out of it
