@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::AlgorithmConfig;
+use rlvr_model::DeviceSpec;
 
 use super::{apply_override, from_table, load_layers, FileLayer, RawConfig, ResolvedConfig};
 use crate::store::checkpoint::TrainerState;
@@ -610,11 +611,19 @@ fn check_vllm_keys(r: &super::RolloutSection) -> anyhow::Result<()> {
 
 impl ResolvedConfig {
     /// Checks what starting a run needs beyond [`RawConfig::resolve`] (which tests and `rlvr plan`
-    /// use without a model): `model.path` is set.
+    /// use without a model): `model.path` is set, and a CUDA `model.device` is one this binary
+    /// can open at all (checked before the run directory is touched or anything is printed, so
+    /// the error comes first and alone).
     ///
     /// # Errors
-    /// `model.path` unset, saying how to set it.
+    /// `model.path` unset, saying how to set it; `model.device = "cuda"` (or `cuda:N`) on a binary
+    /// built without CUDA, naming the CPU override ([`super::ModelSection::open_device`]'s error).
     pub fn check_runnable(&self) -> anyhow::Result<()> {
+        let device = self.raw.model.device;
+        let cuda = matches!(device, DeviceSpec::Cuda(_) | DeviceSpec::CudaLocal);
+        if cuda && !candle_core::utils::cuda_is_available() {
+            self.raw.model.open_device()?;
+        }
         if self.raw.model.path.as_os_str().is_empty() {
             bail!(
                 "model.path is required: the policy checkpoint directory (config.json, \
