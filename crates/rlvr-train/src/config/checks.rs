@@ -709,6 +709,20 @@ impl ResolvedConfig {
                 );
             }
             if steps == st.step {
+                // A `--set` here would change the run's config.toml (and run.json's record)
+                // without any step following it.
+                let changed = changed_by_sets(&saved, &cfg)?;
+                if !changed.is_empty() {
+                    bail!(
+                        "the run in {} has already trained all its train.steps = {steps} (its \
+                         checkpoint {} holds step {steps}), so {} would apply to no step; to \
+                         train on with {}, add --set train.steps=N with N > {steps}",
+                        run_dir.display(),
+                        dir.display(),
+                        changed.join(", "),
+                        if changed.len() == 1 { "it" } else { "them" }
+                    );
+                }
                 cfg.warnings.push(format!(
                     "the run in {} has already trained all its train.steps = {steps} (its \
                      checkpoint {} holds step {steps}): nothing to train; to train on, resume \
@@ -720,6 +734,37 @@ impl ResolvedConfig {
         }
         Ok(cfg)
     }
+}
+
+/// The `--set`s of a resume (origin and key) whose value differs from the run's config.toml
+/// (`saved`), `train.steps` aside: each as `--set KEY=VALUE`.
+///
+/// # Errors
+/// The resolved config cannot be re-read.
+fn changed_by_sets(saved: &toml::Table, cfg: &ResolvedConfig) -> anyhow::Result<Vec<String>> {
+    let now: toml::Table = cfg
+        .to_toml()?
+        .parse()
+        .context("re-reading the resolved config")?;
+    let lookup = |t: &toml::Table, key: &str| -> Option<toml::Value> {
+        let mut parts = key.split('.');
+        let mut v = t.get(parts.next()?)?;
+        for p in parts {
+            v = v.as_table()?.get(p)?;
+        }
+        Some(v.clone())
+    };
+    let mut out: Vec<String> = Vec::new();
+    for w in &cfg.raw.written.0 {
+        if w.key == "train.steps" || lookup(saved, &w.key) == lookup(&now, &w.key) {
+            continue;
+        }
+        let o = w.origin.clone();
+        if !out.contains(&o) {
+            out.push(o);
+        }
+    }
+    Ok(out)
 }
 
 /// A key whose value a `--resume`'s `--set` changed, among those that change what the run

@@ -895,4 +895,22 @@ fn resuming_a_finished_run_says_there_is_nothing_to_train() {
         "{:?}",
         more.warnings
     );
+    // A `--set` that changes the run, with nothing left to train, is refused: it used to be
+    // written into config.toml (and run.json's resume_changes) though no step followed it. The
+    // same value again, or train.steps alone, is not a change.
+    let before = std::fs::read(run.join("config.toml")).unwrap();
+    let sets = [
+        "rollout.group_size=4".to_string(),
+        "train.lr=0.5".into(),
+        "train.steps=1".into(),
+    ];
+    let e = format!("{:#}", ResolvedConfig::from_run_dir(&run, &sets).unwrap_err());
+    assert!(
+        e.contains("so --set rollout.group_size=4, --set train.lr=0.5 would apply to no step")
+            && e.contains("add --set train.steps=N with N > 1"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(run.join("config.toml")).unwrap(), before);
+    let group = format!("rollout.group_size={}", cfg.raw.rollout.group_size);
+    ResolvedConfig::from_run_dir(&run, &[group, "train.steps=1".into()]).unwrap();
 }
