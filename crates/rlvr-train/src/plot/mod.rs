@@ -346,6 +346,9 @@ pub struct Built {
     pub size: (u32, u32),
     /// Points read, summed over runs and metrics (nulls and missing steps not counted).
     pub points: usize,
+    /// Notes said on stderr while building (with `--mean-over-seeds`: runs drawn apart only by
+    /// one or two keys, [`seeds::apart_notes`]).
+    pub notes: Vec<String>,
 }
 
 /// The figure `a` describes, as data (no file written; `--heatmap` is [`heatmap`]'s).
@@ -379,9 +382,14 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
         .iter()
         .map(|s| s.iter().map(Vec::len).sum::<usize>())
         .sum();
+    let mut notes = Vec::new();
     let (groups, names) = if a.mean_over_seeds {
         let g = seed_groups(&a.runs, &a.ignore_keys)?;
         let n = group_labels(&a.runs, &g, &a.labels)?;
+        notes = seeds::apart_notes(&a.runs, &g, &a.ignore_keys)?;
+        for n in &notes {
+            crate::log::say(n);
+        }
         (g, n)
     } else {
         let n = labels(&a.runs, &a.labels)?;
@@ -419,6 +427,7 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
         figure,
         size,
         points,
+        notes,
     })
 }
 

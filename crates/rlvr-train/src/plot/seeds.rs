@@ -89,6 +89,78 @@ pub fn seed_groups(runs: &[PathBuf], ignore: &[String]) -> anyhow::Result<Vec<Ve
         .collect())
 }
 
+/// What `--mean-over-seeds` could not group: for runs each drawn alone whose configs differ from
+/// another such run's in one or two keys besides their seeds (typically `model.path`, when each
+/// seed starts from its own warm start, as the lab's runs do), one note per such set of keys,
+/// naming an example pair and the `--ignore-key` that would average them. Empty when every run is
+/// in a group of several, or the single runs differ in more.
+///
+/// # Errors
+/// A run without a readable config.toml.
+pub fn apart_notes(
+    runs: &[PathBuf],
+    groups: &[Vec<usize>],
+    ignore: &[String],
+) -> anyhow::Result<Vec<String>> {
+    fn flat(prefix: &str, t: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+        for (k, v) in t {
+            let full = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) => flat(&full, sub, out),
+                v => out.push((full, v.clone())),
+            }
+        }
+    }
+    let single: Vec<usize> = groups
+        .iter()
+        .filter(|g| g.len() == 1)
+        .map(|g| g[0])
+        .collect();
+    let mut configs = Vec::new();
+    for &i in &single {
+        let (t, _) = config_but_seeds(&runs[i], ignore)?;
+        let mut f = Vec::new();
+        flat("", &t, &mut f);
+        configs.push((i, f));
+    }
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    let mut notes = Vec::new();
+    for (x, (i, a)) in configs.iter().enumerate() {
+        for (j, b) in &configs[x + 1..] {
+            let mut keys: Vec<String> = a
+                .iter()
+                .filter(|(k, v)| !b.iter().any(|(k2, v2)| k2 == k && v2 == v))
+                .map(|(k, _)| k.clone())
+                .chain(
+                    b.iter()
+                        .filter(|(k, _)| !a.iter().any(|(k2, _)| k2 == k))
+                        .map(|(k, _)| k.clone()),
+                )
+                .collect();
+            keys.sort();
+            keys.dedup();
+            if keys.is_empty() || keys.len() > 2 || seen.contains(&keys) {
+                continue;
+            }
+            let flags: Vec<String> = keys.iter().map(|k| format!("--ignore-key {k}")).collect();
+            notes.push(format!(
+                "note: --mean-over-seeds draws {} and {} apart: their configs differ in {} \
+                 besides their seeds; add {} to draw such runs as one mean",
+                runs[*i].display(),
+                runs[*j].display(),
+                keys.join(" and "),
+                flags.join(" ")
+            ));
+            seen.push(keys);
+        }
+    }
+    Ok(notes)
+}
+
 /// The legend labels of `groups` of `runs` (run labels `run_labels`): a group of one run keeps
 /// its label; a larger one is named by its runs' common parent directory (`grpo_v4` for
 /// `grpo_v4/seed-0`, `grpo_v4/seed-1`), else by its first run's label, followed by

@@ -523,6 +523,7 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     let rows = &b.figure.rows;
     let legend: Vec<&str> = rows[0].legend.iter().map(|l| l.0.as_str()).collect();
     assert_eq!(legend, ["grpo (mean ± SE of 3 seeds)", "other/seed-0"]);
+    assert!(b.notes.is_empty(), "{:?}", b.notes);
     assert!(rows[1].legend.is_empty(), "one legend per figure");
     let grpo = &rows[0].panels[0].lines[0];
     // Step 3 is left out (seed 2 has none). Step 1: 0.1, 0.2, 0.3: mean 0.2, sd 0.1, SE 0.1/√3.
@@ -583,8 +584,17 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     v.extend(["--metric", "reward/mean", "--mean-over-seeds"]);
     let b = rlvr_train::plot::build(&args(&v)).unwrap();
     assert_eq!(b.figure.rows[0].panels[0].lines.len(), 2);
+    // Said, with the flag that averages them (nothing used to say why they stayed apart).
+    assert_eq!(b.notes.len(), 1, "{:?}", b.notes);
+    assert!(
+        b.notes[0].contains("differ in model.path besides their seeds")
+            && b.notes[0].contains("add --ignore-key model.path"),
+        "{}",
+        b.notes[0]
+    );
     v.extend(["--ignore-key", "model.path"]);
     let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    assert!(b.notes.is_empty(), "{:?}", b.notes);
     let line = &b.figure.rows[0].panels[0].lines[0];
     assert_eq!(b.figure.rows[0].panels[0].lines.len(), 1);
     assert_eq!(line.points, [(1.0, 1.0)]);
