@@ -349,7 +349,10 @@ mod tests {
             assert!(out.read_line(&mut line).unwrap() > 0, "the holder ended");
         }
         let holder = FileLock::acquire(&path).unwrap().unwrap_err();
-        assert!(holder.starts_with(&format!("pid {}, host ", child.id())), "{holder}");
+        assert!(
+            holder.starts_with(&format!("pid {}, host ", child.id())),
+            "{holder}"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         // The dead holder's file is still there, and blocks nothing.
@@ -389,7 +392,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         drop(first);
         let second = waiter.join().unwrap();
-        assert!(same_file(&second.file, &path), "the waiter holds a removed file");
+        assert!(
+            same_file(&second.file, &path),
+            "the waiter holds a removed file"
+        );
         let third = FileLock::acquire(&path).unwrap();
         assert!(third.is_err(), "a second holder got in");
         drop(second);

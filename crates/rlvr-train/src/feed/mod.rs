@@ -460,9 +460,10 @@ impl Feed {
                     return Ok(Received::None);
                 }
                 let first = last(pending) + 1;
-                if let Some(h) = live.as_ref().and_then(|l| {
-                    live_hold(l, (t, first, until.min(last_step - 1) + 1), (v, o))
-                }) {
+                if let Some(h) = live
+                    .as_ref()
+                    .and_then(|l| live_hold(l, (t, first, until.min(last_step - 1) + 1), (v, o)))
+                {
                     crate::log::log_only(&format!(
                         "stop: the checkpoint of step {t} keeps the explorer's batches of steps \
                          {}..{first} and its weights (version {}), without waiting for the \

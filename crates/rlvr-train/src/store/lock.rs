@@ -319,13 +319,20 @@ mod tests {
         let s = StagedOutput::prepare(&out, false, "--out").unwrap();
         let me = format!("pid {}", std::process::id());
         assert!(std::fs::read_to_string(&lock).unwrap().starts_with(&me));
-        let e = StagedOutput::prepare(&out, false, "--out").unwrap_err().to_string();
+        let e = StagedOutput::prepare(&out, false, "--out")
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains(&format!("being written by another rlvr process ({me}, host ")),
+            e.contains(&format!(
+                "being written by another rlvr process ({me}, host "
+            )),
             "{e}"
         );
         drop(s);
-        assert!(!lock.exists(), "the lock file stayed after the writer let go");
+        assert!(
+            !lock.exists(),
+            "the lock file stayed after the writer let go"
+        );
         std::fs::create_dir_all(&out).unwrap();
         std::fs::write(out.join("config.json"), "{}").unwrap();
         let s = StagedOutput::prepare(&out, true, "--out").unwrap();

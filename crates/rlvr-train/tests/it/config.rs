@@ -329,7 +329,10 @@ fn cuda_on_a_cpu_build_names_the_cpu_override() {
             ..Default::default()
         };
         let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
-        assert!(err.contains("--set model.device=\"cpu\""), "{device}: {err}");
+        assert!(
+            err.contains("--set model.device=\"cpu\""),
+            "{device}: {err}"
+        );
         assert!(err.contains("model.device"), "{device}: {err}");
         assert!(!run.exists(), "{device}: the run directory was created");
     }

@@ -904,7 +904,10 @@ fn resuming_a_finished_run_says_there_is_nothing_to_train() {
         "train.lr=0.5".into(),
         "train.steps=1".into(),
     ];
-    let e = format!("{:#}", ResolvedConfig::from_run_dir(&run, &sets).unwrap_err());
+    let e = format!(
+        "{:#}",
+        ResolvedConfig::from_run_dir(&run, &sets).unwrap_err()
+    );
     assert!(
         e.contains("so --set rollout.group_size=4, --set train.lr=0.5 would apply to no step")
             && e.contains("add --set train.steps=N with N > 1"),

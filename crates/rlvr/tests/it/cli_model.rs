@@ -342,7 +342,14 @@ fn eval_and_generate_remove_what_killed_runs_left() {
     let out = rlvr()
         .args(["eval", "--model"])
         .arg(&model)
-        .args(["--task", "arithmetic", "--limit", "2", "--max-new-tokens", "2"])
+        .args([
+            "--task",
+            "arithmetic",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "2",
+        ])
         .arg("--out")
         .arg(&items)
         .env("TMPDIR", &tmpdir)
@@ -355,5 +362,8 @@ fn eval_and_generate_remove_what_killed_runs_left() {
     assert!(!half.exists(), "eval left its --out temporary");
     assert!(other.exists() && items.is_file() && tmpdir.join(&live).is_dir());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("removed {}", half.display())), "{err}");
+    assert!(
+        err.contains(&format!("removed {}", half.display())),
+        "{err}"
+    );
 }

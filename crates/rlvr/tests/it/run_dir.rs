@@ -142,7 +142,10 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
     assert_eq!(steps(&run), [1, 2, 3, 4, 5]);
     assert_eq!(latest(&run), "step-5");
     // The run that ended removed the lock file (the killed holder's included, taken over).
-    assert!(!run.join(".lock").exists(), "RUN/.lock stayed after a clean exit");
+    assert!(
+        !run.join(".lock").exists(),
+        "RUN/.lock stayed after a clean exit"
+    );
 }
 
 /// Issue 49 item 5: deleting `RUN/.lock` during a run used to let a second writer in (both
