@@ -5,7 +5,7 @@
 //! used to wait for those batches, however long the explorer took (a slow verifier, a large
 //! batch), so that the resume was exact. The explorer itself still holds the weights of the batch
 //! it is sampling: [`LiveWeights`] shares them (a [`Model`] whose variables are the explorer's
-//! own, no copy), and [`Gate`] keeps the explorer from loading the next version while a
+//! own, no copy), and [`LoadGate`] keeps the explorer from loading the next version while a
 //! checkpoint saves them. The checkpoint then keeps the batches already finished, the explorer's
 //! weights and its version, and the resume samples the unfinished batch again, exactly; the stop
 //! waits at most for a weight load in progress, not for a batch.
@@ -17,13 +17,13 @@ use rlvr_model::Model;
 /// Orders the explorer thread's weight loads against a checkpoint reading its weights: a load
 /// waits while a [`Hold`] is out, and a hold waits for a load in progress to end.
 #[derive(Debug)]
-pub struct Gate {
-    state: Mutex<GateState>,
+pub struct LoadGate {
+    state: Mutex<LoadGateState>,
     changed: Condvar,
 }
 
 #[derive(Debug)]
-struct GateState {
+struct LoadGateState {
     /// The version of the weights the explorer holds (set at the end of each load).
     version: u64,
     /// A load is in progress.
@@ -32,11 +32,11 @@ struct GateState {
     held: bool,
 }
 
-impl Gate {
+impl LoadGate {
     /// A gate over an explorer starting with the weights of `version`.
-    pub fn new(version: u64) -> Arc<Gate> {
-        Arc::new(Gate {
-            state: Mutex::new(GateState {
+    pub fn new(version: u64) -> Arc<LoadGate> {
+        Arc::new(LoadGate {
+            state: Mutex::new(LoadGateState {
                 version,
                 loading: false,
                 held: false,
@@ -45,7 +45,7 @@ impl Gate {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, GateState> {
+    fn lock(&self) -> MutexGuard<'_, LoadGateState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -86,12 +86,12 @@ impl Gate {
     }
 }
 
-/// The explorer's weights held still ([`Gate::hold`]); dropping it lets the explorer load again.
+/// The explorer's weights held still ([`LoadGate::hold`]); dropping it lets the explorer load again.
 #[derive(Debug)]
 pub struct Hold {
     /// The version of the weights the explorer holds.
     pub version: u64,
-    gate: Arc<Gate>,
+    gate: Arc<LoadGate>,
 }
 
 impl Drop for Hold {
@@ -109,7 +109,7 @@ pub struct LiveWeights {
     /// The explorer's model (the same variables).
     pub model: Model,
     /// The explorer thread's loads go through it.
-    pub gate: Arc<Gate>,
+    pub gate: Arc<LoadGate>,
 }
 
 #[cfg(test)]
@@ -121,7 +121,7 @@ mod tests {
     /// is the load's; a failed load keeps the version.
     #[test]
     fn loads_and_holds_exclude_each_other() {
-        let gate = Gate::new(3);
+        let gate = LoadGate::new(3);
         let h = gate.hold();
         assert_eq!(h.version, 3);
         let g = gate.clone();

@@ -126,7 +126,7 @@ impl Feed {
         }
         let cursor = explorer.cursor();
         let from = first_step + buffered.len() as u64;
-        let gate = live::Gate::new(explorer.version());
+        let gate = live::LoadGate::new(explorer.version());
         let live = explorer
             .behaviour_model()
             .cloned()
@@ -581,7 +581,7 @@ enum Received {
     Live(live::Hold),
 }
 
-/// Holds the explorer's weights ([`live::Gate::hold`]) when they let a checkpoint of step `t`
+/// Holds the explorer's weights ([`live::LoadGate::hold`]) when they let a checkpoint of step `t`
 /// with the batches before step `first` resume exactly: the explorer holds version s(first), and
 /// every step from `first` to `next` (the first the resumed run's own syncs serve, or the last
 /// step) needs that version or the policy's, t (which the resume hands over first). `None`, and
@@ -637,7 +637,7 @@ fn spawn_explorer(
     last_step: u64,
     v: u64,
     o: u64,
-    gate: std::sync::Arc<live::Gate>,
+    gate: std::sync::Arc<live::LoadGate>,
 ) -> ExplorerThread {
     let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
     let (wtx, wrx) = mpsc::channel::<WeightsMsg>();

@@ -679,3 +679,31 @@ fn smoothing_leaves_schedules_and_counts_alone() {
     assert_eq!(lr.points, [(1.0, 1e-4), (2.0, 1e-4), (3.0, 1e-4)]);
     assert!(lr.faint.is_empty());
 }
+
+/// A metric no run has is named with the closest key the runs have: one it begins
+/// (`reward/me` → `reward/mean`) or one a typo away (`rewrd/mean`); nothing close, no guess.
+/// It used to say only "check the name against metrics.jsonl".
+#[test]
+fn an_unknown_metric_gets_the_closest_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("r");
+    seeded_run(&run, 0, 1e-4, "m", &[(1, 0.5), (2, 0.6)]);
+    let r = run.display().to_string();
+    for (m, want) in [
+        ("reward/me", Some("reward/mean")),
+        ("rewrd/mean", Some("reward/mean")),
+        ("entropy_of_everything", None),
+    ] {
+        let e = rlvr_train::plot::build(&args(&[&r, "--metric", m]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("no run has a value for metric `{m}`")),
+            "{e}"
+        );
+        match want {
+            Some(w) => assert!(e.contains(&format!("did you mean `{w}`?")), "{e}"),
+            None => assert!(!e.contains("did you mean"), "{e}"),
+        }
+    }
+}
