@@ -768,7 +768,9 @@ fn changed_by_sets(saved: &toml::Table, cfg: &ResolvedConfig) -> anyhow::Result<
 }
 
 /// A key whose value a `--resume`'s `--set` changed, among those that change what the run
-/// means: `algorithm.*`, `rollout.group_size`, `data.*`, `train.seed`, `sync.max_staleness`
+/// means: `algorithm.*`, `rollout.group_size`, `rollout.temperature` (the behaviour policy's),
+/// `data.*`, `train.seed`, the learning-rate schedule (`train.lr`, `train.min_lr`,
+/// `train.warmup_steps`, `train.schedule`), `sync.max_staleness`
 /// (`sync.interval`, `sync.offset` and `data.seed` are refused, see [`resume_changes`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResumeChange {
@@ -802,11 +804,16 @@ const FIXED_ON_RESUME: [(&str, &str); 3] = [
 ];
 
 /// Prefixes of the keys whose change by a `--resume` is warned about and recorded.
-const MEANING_ON_RESUME: [&str; 5] = [
+const MEANING_ON_RESUME: [&str; 10] = [
     "algorithm.",
     "rollout.group_size",
+    "rollout.temperature",
     "data.",
     "train.seed",
+    "train.lr",
+    "train.min_lr",
+    "train.warmup_steps",
+    "train.schedule",
     "sync.max_staleness",
 ];
 

@@ -677,6 +677,24 @@ fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
     )
     .unwrap();
     assert!(same.resume_changes.is_empty(), "{:?}", same.resume_changes);
+    // The learning rate and the sampling temperature change what the steps after the checkpoint
+    // do too: recorded (they used to pass without a word).
+    let lr = ResolvedConfig::from_run_dir(
+        &run,
+        &[
+            "train.steps=2".into(),
+            "train.lr=0.5".into(),
+            "rollout.temperature=0.7".into(),
+        ],
+    )
+    .unwrap();
+    let keys: Vec<&str> = lr.resume_changes.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["train.lr", "rollout.temperature"],
+        "{:?}",
+        lr.resume_changes
+    );
     let mut cfg = ResolvedConfig::from_run_dir(
         &run,
         &[
