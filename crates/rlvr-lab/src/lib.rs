@@ -286,6 +286,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let smooth = a.smooth.unwrap_or(sweep.lab.smooth);
     let runs = sweep.runs();
     let exe = std::env::current_exe().context("locating the rlvr binary")?;
+    check_arms(&sweep, &dir, &exe)?;
     if a.dry_run {
         writeln!(
             out,
@@ -378,6 +379,63 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "{} task(s) failed:\n  {}",
             outcome.failures.len(),
             outcome.failures.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// The quickstart's config, the base config of every run whose warm start is the quickstart's
+/// (each warm start writes its own copy, `DIR/warm_start/seed-S/quickstart.toml`): what
+/// [`check_arms`] resolves an arm against before that copy exists.
+const QUICKSTART_CONFIG: &str = include_str!("../../../configs/quickstart.toml");
+
+/// Before anything runs, and in `--dry-run`: each arm's `rlvr train` command for the first seed,
+/// resolved with `--print-config` (no model is loaded), so that an unknown preset, a `--set` of
+/// an unknown key or an out-of-range value (a sync offset beyond the steps) is named at once
+/// instead of failing when the arm's turn comes, after the warm starts and the arms before it.
+/// A base config that a quickstart warm start has not written yet is the quickstart's built-in
+/// one ([`QUICKSTART_CONFIG`]).
+///
+/// # Errors
+/// Every arm whose command does not resolve, each with `rlvr train`'s message; the binary cannot
+/// be started.
+fn check_arms(sweep: &Sweep, dir: &Path, exe: &Path) -> anyhow::Result<()> {
+    let Some(&seed) = sweep.lab.seeds.first() else {
+        return Ok(());
+    };
+    let builtin =
+        std::env::temp_dir().join(format!("rlvr-lab-quickstart-{}.toml", std::process::id()));
+    let mut bad = Vec::new();
+    for (i, arm) in sweep.arms.iter().enumerate() {
+        let mut args = sweep.train_args(dir, &sweep::RunSpec { arm: i, seed });
+        if let Some(k) = args.iter().position(|a| a == "--config") {
+            if args.get(k + 1).is_some_and(|c| !Path::new(c).exists()) && sweep.uses_quickstart() {
+                if !builtin.exists() {
+                    std::fs::write(&builtin, QUICKSTART_CONFIG)
+                        .with_context(|| format!("writing {}", builtin.display()))?;
+                }
+                args[k + 1] = builtin.display().to_string();
+            }
+        }
+        args.push("--print-config".into());
+        let out = std::process::Command::new(exe)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let msg = err.trim().trim_start_matches("error: ");
+            bad.push(format!("arm {}: {msg}", arm.name));
+        }
+    }
+    let _ = std::fs::remove_file(&builtin);
+    if !bad.is_empty() {
+        anyhow::bail!(
+            "{} of the sweep's {} cannot start (nothing was run):\n  {}",
+            counted(bad.len() as u64, "arm"),
+            counted(sweep.arms.len() as u64, "arm"),
+            bad.join("\n  ")
         );
     }
     Ok(())
