@@ -436,7 +436,7 @@ impl Feed {
             return Ok(Received::None);
         }
         let last = |p: &VecDeque<Batch>| p.back().map_or(t, |b| b.step);
-        let mut told = false;
+        let (mut told, mut polls) = (false, 0);
         loop {
             // What is ready, without waiting.
             while last(pending) < until {
@@ -464,17 +464,30 @@ impl Feed {
                     .as_ref()
                     .and_then(|l| live_hold(l, (t, first, until.min(last_step - 1) + 1), (v, o)))
                 {
+                    let kept = match first - 1 - t {
+                        0 => String::new(),
+                        1 => format!("the finished batch of step {} and ", t + 1),
+                        _ => format!(
+                            "the finished batches of steps {}..={} and ",
+                            t + 1,
+                            first - 1
+                        ),
+                    };
+                    let (left, it) = match until - first {
+                        0 => (format!("the batch of step {first}"), "it"),
+                        _ => (format!("the batches of steps {first}..={until}"), "them"),
+                    };
                     crate::log::log_only(&format!(
-                        "stop: the checkpoint of step {t} keeps the explorer's batches of steps \
-                         {}..{first} and its weights (version {}), without waiting for the \
-                         batches of steps {first}..={until} in progress (the resume samples them \
-                         again, exactly)",
-                        t + 1,
+                        "stop: the checkpoint of step {t} keeps {kept}the explorer's weights \
+                         (version {}) without waiting for {left} in progress (the resume samples \
+                         {it} again, exactly)",
                         h.version
                     ));
                     return Ok(Received::Live(h));
                 }
-                if !told {
+                // Said once the wait lasts (a batch about to arrive makes no announcement).
+                polls += 1;
+                if !told && polls > 2 {
                     told = true;
                     crate::log::say(&format!(
                         "stop: the checkpoint of step {t} waits for the explorer's batches of \
