@@ -181,6 +181,10 @@ pub fn redraw(
     analyse_data(&d, out, smooth.unwrap_or(d.smooth))
 }
 
+/// The verdict table on the terminal: per claim its status, the paired one and the statement, and
+/// under it why it is inconclusive when verdicts.md's note says so (an arm missing from the sweep,
+/// too few seeds, arms pinned at 0% or 100%); when the papers' claims miss arms, how to judge only
+/// the sweep's own.
 fn print_verdicts(vs: &[verdict::Verdict], out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(
         out,
@@ -195,6 +199,20 @@ fn print_verdicts(vs: &[verdict::Verdict], out: &mut dyn Write) -> anyhow::Resul
             v.status.name(),
             v.paired_status.map_or("–", |p| p.name()),
             v.statement
+        )?;
+        if !v.note.is_empty() {
+            writeln!(out, "{:<35}({})", "", v.note)?;
+        }
+    }
+    let paper = ["A1", "B1", "B2", "B3", "B4a", "B4b"];
+    if vs
+        .iter()
+        .any(|v| paper.contains(&v.claim.as_str()) && v.note.contains("missing from the data"))
+    {
+        writeln!(
+            out,
+            "(the papers' claims need the default sweep's arms; a sweep of its own judges only its \
+             [[claim]]s with [lab].paper_claims = false)"
         )?;
     }
     Ok(())
@@ -565,4 +583,49 @@ fn write_lab_json(out: &Path, sweep_text: &str, v: serde_json::Value) -> anyhow:
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under each claim its note, when it has one; the hint about `paper_claims` when a paper's
+    /// claim misses arms. The table used to say "inconclusive" with nothing about why.
+    #[test]
+    fn the_verdict_table_says_why_a_claim_is_inconclusive() {
+        let v = |claim: &str, note: &str| verdict::Verdict {
+            claim: claim.into(),
+            statement: format!("{claim} holds"),
+            status: verdict::Status::Inconclusive,
+            comparisons: Vec::new(),
+            note: note.into(),
+            paired_status: None,
+        };
+        let mut out = Vec::new();
+        print_verdicts(
+            &[
+                v("B1", "missing from the data: REINFORCE at interval 1"),
+                v("C1", ""),
+            ],
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[2].starts_with("B1") && lines[2].ends_with("B1 holds"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[3].trim(),
+            "(missing from the data: REINFORCE at interval 1)",
+            "{text}"
+        );
+        assert!(lines[4].starts_with("C1"), "{text}");
+        assert!(text.contains("[lab].paper_claims = false"), "{text}");
+        let mut out = Vec::new();
+        print_verdicts(&[v("C1", "")], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+    }
 }
