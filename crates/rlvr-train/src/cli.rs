@@ -670,7 +670,8 @@ const PRIVATE_TMP_PREFIXES: [&str; 2] = ["rlvr-eval-vllm-", "rlvr-generate-vllm-
 /// At every `rlvr eval` and `rlvr generate` start, whatever the backend: removes what killed ones
 /// left, as far as their writers are gone ([`rlvr_rundir::fs::remove_stale_entries`]'s rule): the
 /// private directories of [`PRIVATE_TMP_PREFIXES`] (a model's weights each) and, with `out`
-/// (`rlvr eval --out FILE`), `FILE`'s own atomic-write temporaries (`.FILE.tmp-PID`). Each removal
+/// (`rlvr eval --out FILE`, `rlvr generate --out FILE`), `FILE`'s own atomic-write temporaries
+/// (`.FILE.tmp-PID`). Each removal
 /// is said on stderr. (They used to go only at the next start that used the vLLM backend, and
 /// only for the same command's prefix.)
 fn remove_killed_commands_leftovers(out: Option<&std::path::Path>) {
@@ -1115,7 +1116,7 @@ pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    remove_killed_commands_leftovers(None);
+    remove_killed_commands_leftovers(a.out.as_deref());
     // rlvr-rollout loads the model; an rlvr checkpoint is verified against its manifest first.
     crate::store::manifest::check_model_dir(&a.model, "load")?;
     // vLLM's weights go to a private temporary directory unless --weights-dir names one.

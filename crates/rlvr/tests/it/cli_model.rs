@@ -320,10 +320,14 @@ fn eval_and_generate_remove_what_killed_runs_left() {
     let live = format!("rlvr-generate-vllm-{me}-a1b2c3");
     leave(&stale);
     leave(std::slice::from_ref(&live));
+    let exps = tmp.path().join("exps.jsonl");
+    let half_exps = tmp.path().join(format!(".exps.jsonl.tmp-{dead}"));
+    std::fs::write(&half_exps, "{\"prompt_ids\"").unwrap();
     let out = rlvr()
         .args(["generate", "--model"])
         .arg(&model)
-        .args(["--prompt", "1+1=", "--max-new-tokens", "2"])
+        .args(["--prompt", "1+1=", "--max-new-tokens", "2", "--out"])
+        .arg(&exps)
         .env("TMPDIR", &tmpdir)
         .output()
         .unwrap();
@@ -332,6 +336,10 @@ fn eval_and_generate_remove_what_killed_runs_left() {
         assert!(!tmpdir.join(n).exists(), "generate left {n}");
     }
     assert!(tmpdir.join(&live).is_dir());
+    // generate --out is written atomically now; a killed one's temporary goes at the next start.
+    assert!(!half_exps.exists(), "generate left its --out temporary");
+    let text = std::fs::read_to_string(&exps).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
     // eval: the same, and its --out file's temporary.
     leave(&stale);
     let items = tmp.path().join("items.jsonl");
