@@ -69,10 +69,10 @@ pub struct Drawn {
 }
 
 /// An algorithm's family: its label's first word (`REC-OneSide-IS` → `REC`, `GRPO (paper B)` →
-/// `GRPO`).
+/// `GRPO`, `GRPO, 2 turns` → `GRPO`: a comma or semicolon ends the word too).
 pub fn family(label: &str) -> &str {
     label
-        .split(['-', ' '])
+        .split(['-', ' ', ',', ';'])
         .find(|w| !w.is_empty())
         .unwrap_or(label)
 }
@@ -440,6 +440,9 @@ mod tests {
     fn families_are_the_labels_first_word() {
         assert_eq!(super::family("REC-OneSide-IS"), "REC");
         assert_eq!(super::family("GRPO (paper B)"), "GRPO");
+        // configs/lab_multi_turn.toml's labels: its figures' panels were captioned "GRPO,".
+        assert_eq!(super::family("GRPO, 2 turns"), "GRPO");
+        assert_eq!(super::family("REC-OneSide-NoIS, 2 turns"), "REC");
         assert_eq!(super::family("AsymRE"), "AsymRE");
         assert_eq!(super::family("off_policy_grpo"), "off_policy_grpo");
     }

@@ -181,6 +181,10 @@ pub fn redraw(
     analyse_data(&d, out, smooth.unwrap_or(d.smooth))
 }
 
+/// The verdict table on the terminal: per claim its status, the paired one and the statement, and
+/// under it why it is inconclusive when verdicts.md's note says so (an arm missing from the sweep,
+/// too few seeds, arms pinned at 0% or 100%); when the papers' claims miss arms, how to judge only
+/// the sweep's own.
 fn print_verdicts(vs: &[verdict::Verdict], out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(
         out,
@@ -195,6 +199,20 @@ fn print_verdicts(vs: &[verdict::Verdict], out: &mut dyn Write) -> anyhow::Resul
             v.status.name(),
             v.paired_status.map_or("–", |p| p.name()),
             v.statement
+        )?;
+        if !v.note.is_empty() {
+            writeln!(out, "{:<35}({})", "", v.note)?;
+        }
+    }
+    let paper = ["A1", "B1", "B2", "B3", "B4a", "B4b"];
+    if vs
+        .iter()
+        .any(|v| paper.contains(&v.claim.as_str()) && v.note.contains("missing from the data"))
+    {
+        writeln!(
+            out,
+            "(the papers' claims need the default sweep's arms; a sweep of its own judges only its \
+             [[claim]]s with [lab].paper_claims = false)"
         )?;
     }
     Ok(())
@@ -286,6 +304,7 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let smooth = a.smooth.unwrap_or(sweep.lab.smooth);
     let runs = sweep.runs();
     let exe = std::env::current_exe().context("locating the rlvr binary")?;
+    check_arms(&sweep, &dir, &exe)?;
     if a.dry_run {
         writeln!(
             out,
@@ -378,6 +397,63 @@ pub fn run(a: &LabArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "{} task(s) failed:\n  {}",
             outcome.failures.len(),
             outcome.failures.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// The quickstart's config, the base config of every run whose warm start is the quickstart's
+/// (each warm start writes its own copy, `DIR/warm_start/seed-S/quickstart.toml`): what
+/// [`check_arms`] resolves an arm against before that copy exists.
+const QUICKSTART_CONFIG: &str = include_str!("../../../configs/quickstart.toml");
+
+/// Before anything runs, and in `--dry-run`: each arm's `rlvr train` command for the first seed,
+/// resolved with `--print-config` (no model is loaded), so that an unknown preset, a `--set` of
+/// an unknown key or an out-of-range value (a sync offset beyond the steps) is named at once
+/// instead of failing when the arm's turn comes, after the warm starts and the arms before it.
+/// A base config that a quickstart warm start has not written yet is the quickstart's built-in
+/// one ([`QUICKSTART_CONFIG`]).
+///
+/// # Errors
+/// Every arm whose command does not resolve, each with `rlvr train`'s message; the binary cannot
+/// be started.
+fn check_arms(sweep: &Sweep, dir: &Path, exe: &Path) -> anyhow::Result<()> {
+    let Some(&seed) = sweep.lab.seeds.first() else {
+        return Ok(());
+    };
+    let builtin =
+        std::env::temp_dir().join(format!("rlvr-lab-quickstart-{}.toml", std::process::id()));
+    let mut bad = Vec::new();
+    for (i, arm) in sweep.arms.iter().enumerate() {
+        let mut args = sweep.train_args(dir, &sweep::RunSpec { arm: i, seed });
+        if let Some(k) = args.iter().position(|a| a == "--config") {
+            if args.get(k + 1).is_some_and(|c| !Path::new(c).exists()) && sweep.uses_quickstart() {
+                if !builtin.exists() {
+                    std::fs::write(&builtin, QUICKSTART_CONFIG)
+                        .with_context(|| format!("writing {}", builtin.display()))?;
+                }
+                args[k + 1] = builtin.display().to_string();
+            }
+        }
+        args.push("--print-config".into());
+        let out = std::process::Command::new(exe)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let msg = err.trim().trim_start_matches("error: ");
+            bad.push(format!("arm {}: {msg}", arm.name));
+        }
+    }
+    let _ = std::fs::remove_file(&builtin);
+    if !bad.is_empty() {
+        anyhow::bail!(
+            "{} of the sweep's {} cannot start (nothing was run):\n  {}",
+            counted(bad.len() as u64, "arm"),
+            counted(sweep.arms.len() as u64, "arm"),
+            bad.join("\n  ")
         );
     }
     Ok(())
@@ -507,4 +583,49 @@ fn write_lab_json(out: &Path, sweep_text: &str, v: serde_json::Value) -> anyhow:
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under each claim its note, when it has one; the hint about `paper_claims` when a paper's
+    /// claim misses arms. The table used to say "inconclusive" with nothing about why.
+    #[test]
+    fn the_verdict_table_says_why_a_claim_is_inconclusive() {
+        let v = |claim: &str, note: &str| verdict::Verdict {
+            claim: claim.into(),
+            statement: format!("{claim} holds"),
+            status: verdict::Status::Inconclusive,
+            comparisons: Vec::new(),
+            note: note.into(),
+            paired_status: None,
+        };
+        let mut out = Vec::new();
+        print_verdicts(
+            &[
+                v("B1", "missing from the data: REINFORCE at interval 1"),
+                v("C1", ""),
+            ],
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[2].starts_with("B1") && lines[2].ends_with("B1 holds"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[3].trim(),
+            "(missing from the data: REINFORCE at interval 1)",
+            "{text}"
+        );
+        assert!(lines[4].starts_with("C1"), "{text}");
+        assert!(text.contains("[lab].paper_claims = false"), "{text}");
+        let mut out = Vec::new();
+        print_verdicts(&[v("C1", "")], &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+    }
 }

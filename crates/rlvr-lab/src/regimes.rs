@@ -406,6 +406,7 @@ mod tests {
             status: Inconclusive,
             paired: None,
             few_seeds,
+            pinned: false,
         };
         one.verdicts[0].comparisons = vec![cmp(true)];
         let c = across(&[three.clone(), one.clone()]);

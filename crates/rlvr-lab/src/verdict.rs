@@ -15,7 +15,11 @@
 //! and inconclusive otherwise. A comparison is supported only when each side has at least two
 //! distinct seeds ([`MIN_SEEDS`]): with one seed the SE is the evaluation's binomial one, which
 //! ignores the seed-to-seed spread, so a "supported" there would be read as more than it is; such a
-//! comparison is inconclusive instead (not supported stays as judged). A claim made of several comparisons is supported when all are, not
+//! comparison is inconclusive instead (not supported stays as judged). Likewise when every seed of
+//! both sides ended at 0% (or every one at 100%) held-out accuracy ([`Comparison::pinned`]): the
+//! spread is then zero, d = 0 ± 0 passes non-inferiority and equivalence, yet the arms were never
+//! told apart (a warm start that solves nothing, e.g. `quickstart_args = ["--fast"]`'s smoke-run
+//! SFT, leaves every run at 0); unpaired and paired, such a "supported" is inconclusive. A claim made of several comparisons is supported when all are, not
 //! supported when any is not, inconclusive otherwise (also when an arm it needs is missing).
 //!
 //! Paired by seed, beside it: the arms of one seed share that seed's warm start, whose accuracy
@@ -124,6 +128,10 @@ pub struct Comparison {
     /// A side had fewer than [`MIN_SEEDS`] distinct seeds: a "supported" was made inconclusive.
     #[serde(default)]
     pub few_seeds: bool,
+    /// Every seed of both sides ended at 0% held-out accuracy, or every one at 100%: nothing told
+    /// the arms apart, so a "supported" (unpaired and paired) was made inconclusive.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// A comparison paired by seed: d_i = a_i − b_i over the seeds both sides have.
@@ -263,10 +271,19 @@ fn compare((a, ea, sa): Side, (b, eb, sb): Side, test: Test, m: f64) -> Comparis
     let diff = ea.mean - eb.mean;
     let se = (ea.se * ea.se + eb.se * eb.se).sqrt();
     let few_seeds = distinct_seeds(sa) < MIN_SEEDS || distinct_seeds(sb) < MIN_SEEDS;
+    let all = |x: f64| sa.iter().chain(sb).all(|(_, v)| *v == x);
+    let pinned = all(0.0) || all(1.0);
     let status = match judge(test, diff, se, m) {
-        Status::Supported if few_seeds => Status::Inconclusive,
+        Status::Supported if few_seeds || pinned => Status::Inconclusive,
         s => s,
     };
+    let paired = paired(sa, sb, test, m).map(|p| match p.status {
+        Status::Supported if pinned => Paired {
+            status: Status::Inconclusive,
+            ..p
+        },
+        _ => p,
+    });
     Comparison {
         a: a.into(),
         b: b.into(),
@@ -276,8 +293,9 @@ fn compare((a, ea, sa): Side, (b, eb, sb): Side, test: Test, m: f64) -> Comparis
         diff,
         se,
         status,
-        paired: paired(sa, sb, test, m),
+        paired,
         few_seeds,
+        pinned,
     }
 }
 
@@ -344,6 +362,18 @@ fn combine(
         notes.push(format!(
             "fewer than {MIN_SEEDS} distinct seeds per arm in {}: at best inconclusive (run more seeds)",
             few.join(", ")
+        ));
+    }
+    let pinned: Vec<String> = comps
+        .iter()
+        .filter(|c| c.pinned)
+        .map(|c| format!("{} vs {}", c.a, c.b))
+        .collect();
+    if !pinned.is_empty() {
+        notes.push(format!(
+            "every run of {} ended at the same held-out accuracy, 0% or 100%: nothing told the \
+             arms apart, so at best inconclusive (check the warm start's accuracy in summary.md)",
+            pinned.join(", ")
         ));
     }
     let note = notes.join("; ");

@@ -404,12 +404,15 @@ fn write_generate(
     Ok(())
 }
 
+/// Writes `--out`'s experiences, one JSON object a line, atomically (a kill leaves the old file
+/// or the whole new one, never half of it; what a killed one left, `.NAME.tmp-PID`, the next
+/// `rlvr generate --out NAME` removes).
 fn write_experiences(
     path: &Path,
     prompts: &[PromptIds],
     completions: &[Completion],
 ) -> anyhow::Result<()> {
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut w = Vec::new();
     for c in completions {
         let rec = ExperienceRecord {
             prompt_ids: &prompts[c.prompt_index],
@@ -421,8 +424,8 @@ fn write_experiences(
             finish_reason: c.finish_reason.as_str(),
         };
         serde_json::to_writer(&mut w, &rec)?;
-        w.write_all(b"\n")?;
+        w.push(b'\n');
     }
-    w.flush()?;
+    rlvr_model::weights::atomic_write(path, &w)?;
     Ok(())
 }

@@ -46,6 +46,28 @@ pub fn remove_stale_temporaries(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// [`remove_stale_temporaries`] for one file: removes beside `path` only the temporaries of
+/// `path` itself (`.NAME.tmp-PID` for `path`'s NAME) whose writer is gone, what a command that owns
+/// one output file but not its directory may clean (`rlvr eval --out FILE`: a kill during its
+/// atomic write left one, possibly large). Other files and other names' temporaries stay. Returns
+/// the paths removed.
+pub fn remove_stale_temporaries_of(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{name}.tmp-");
+    let pid_of = |n: &str| temporary_pid(n).filter(|_| n.starts_with(&prefix));
+    remove_stale_entries(dir, pid_of)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
 /// What [`remove_stale_entries`] removed: a file or a whole directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StaleKind {
@@ -159,6 +181,32 @@ mod tests {
             assert!(d.path().join(n).exists(), "{n}");
         }
         assert!(remove_stale_temporaries(&d.path().join("missing")).is_empty());
+    }
+
+    /// One file's temporaries: a dead writer's of that name go; another name's, a live writer's
+    /// and the file itself stay.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn stale_temporaries_of_one_file_are_removed_and_nothing_else() {
+        let d = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let names = [
+            format!(".items.jsonl.tmp-{dead}"),
+            format!(".items.jsonl.tmp-{me}"),
+            format!(".other.jsonl.tmp-{dead}"),
+            "items.jsonl".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(d.path().join(n), "x").unwrap();
+        }
+        let removed = remove_stale_temporaries_of(&d.path().join("items.jsonl"));
+        assert_eq!(removed, vec![d.path().join(&names[0])]);
+        for n in &names[1..] {
+            assert!(d.path().join(n).exists(), "{n}");
+        }
     }
 
     /// Any naming scheme: a dead writer's files and whole directories go; a live writer's, names

@@ -168,6 +168,7 @@ pub struct EvalArgs {
 /// # Errors
 /// Model, data and verifier errors.
 pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    remove_killed_commands_leftovers(a.out.as_deref());
     if let Some(p) = &a.out {
         probe_writable(p, "--out")?;
     }
@@ -663,6 +664,29 @@ fn private_tmp_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
         })
 }
 
+/// The prefixes of [`private_tmp_dir`]'s directories (`rlvr eval`'s, `rlvr generate`'s).
+const PRIVATE_TMP_PREFIXES: [&str; 2] = ["rlvr-eval-vllm-", "rlvr-generate-vllm-"];
+
+/// At every `rlvr eval` and `rlvr generate` start, whatever the backend: removes what killed ones
+/// left, as far as their writers are gone ([`rlvr_rundir::fs::remove_stale_entries`]'s rule): the
+/// private directories of [`PRIVATE_TMP_PREFIXES`] (a model's weights each) and, with `out`
+/// (`rlvr eval --out FILE`, `rlvr generate --out FILE`), `FILE`'s own atomic-write temporaries
+/// (`.FILE.tmp-PID`). Each removal
+/// is said on stderr. (They used to go only at the next start that used the vLLM backend, and
+/// only for the same command's prefix.)
+fn remove_killed_commands_leftovers(out: Option<&std::path::Path>) {
+    let mut gone: Vec<PathBuf> = PRIVATE_TMP_PREFIXES
+        .iter()
+        .flat_map(|prefix| stale_tmp_dirs(&std::env::temp_dir(), prefix))
+        .collect();
+    if let Some(out) = out {
+        gone.extend(rlvr_rundir::fs::remove_stale_temporaries_of(out));
+    }
+    for p in gone {
+        eprintln!("removed {}, left by a killed rlvr process", p.display());
+    }
+}
+
 /// Removes from `tmp` the directories [`private_tmp_dir`] made with `prefix` for processes that
 /// are gone (`PREFIX` + PID + `-` + random part; [`rlvr_rundir::fs::remove_stale_entries`]'s
 /// rule), and returns them.
@@ -1092,6 +1116,7 @@ pub fn run_generate(
     a: &rlvr_rollout::cli::GenerateArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    remove_killed_commands_leftovers(a.out.as_deref());
     // rlvr-rollout loads the model; an rlvr checkpoint is verified against its manifest first.
     crate::store::manifest::check_model_dir(&a.model, "load")?;
     // vLLM's weights go to a private temporary directory unless --weights-dir names one.

@@ -365,6 +365,55 @@ fn dry_run_counts_are_pluralised() {
     );
 }
 
+/// An arm that cannot start (an unknown preset, a `--set` of an unknown key, a sync offset beyond
+/// the steps) is named by `--dry-run` and by the run itself before anything runs, each with
+/// `rlvr train`'s message; they used to be listed as `new` and fail only when their turn came,
+/// after the warm starts and the arms before them.
+#[test]
+fn arms_that_cannot_start_are_named_before_anything_runs() {
+    let _forks = forks();
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sweep.toml");
+    let mut text = SWEEP.split("# Long enough").next().unwrap().to_string();
+    text.push_str(
+        "[[arm]]\nname = \"typo\"\npreset = \"grpoo\"\n\n\
+         [[arm]]\nname = \"bad_set\"\npreset = \"grpo\"\nsets = [\"train.lrr=1e-3\"]\n\n\
+         [[arm]]\nname = \"far\"\npreset = \"grpo\"\ninterval = 4\noffset = 9\n",
+    );
+    std::fs::write(&sweep, text).unwrap();
+    let out = tmp.path().join("lab");
+    for dry in [true, false] {
+        let mut c = lab(&sweep, &out);
+        if dry {
+            c.arg("--dry-run");
+        }
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "dry={dry}: {err}");
+        assert!(
+            err.contains("3 arms of the sweep's 4 arms cannot start"),
+            "{err}"
+        );
+        assert!(
+            err.contains("arm typo: ") && err.contains("unknown algorithm preset `grpoo`"),
+            "{err}"
+        );
+        assert!(
+            err.contains("arm bad_set: ") && err.contains("train.lr"),
+            "{err}"
+        );
+        assert!(
+            err.contains("arm far: ") && err.contains("sync.offset = 9"),
+            "{err}"
+        );
+        assert!(!err.contains("arm grpo_v1"), "{err}");
+        assert!(
+            !out.join("warm_start").exists(),
+            "dry={dry}: a warm start ran"
+        );
+    }
+}
+
 /// The shipped sweeps parse with their arms and claims, and their dry runs work from another
 /// working directory: the GPU sweep's `[plan]` prints each arm's memory from `rlvr plan` (the
 /// 1.5B shape from configs/shapes, the model itself being absent) and fits its GPU.

@@ -553,6 +553,38 @@ fn one_distinct_seed_per_arm_is_never_supported() {
     assert!(v.note.is_empty(), "{}", v.note);
 }
 
+/// Every run of the compared arms at 0% held-out accuracy (a warm start that solves nothing, e.g.
+/// `quickstart_args = ["--fast"]`): d = 0 ± 0 used to make A1 "supported", unpaired and paired,
+/// although nothing told the arms apart. Now inconclusive, with a note; all at 100% likewise.
+/// One arm off the floor is judged as before.
+#[test]
+fn arms_that_all_end_at_zero_accuracy_support_nothing() {
+    let at = |v1: f64, v4: f64, v16: f64| {
+        let mut r = Vec::new();
+        for s in 0..3u64 {
+            r.push(run("grpo_v1", "grpo", 1, s, v1, 0.0));
+            r.push(run("grpo_v4", "off_policy_grpo", 4, s, v4, 0.0));
+            r.push(run("grpo_v16", "off_policy_grpo", 16, s, v16, 0.0));
+        }
+        verdict_of(&r, "A1")
+    };
+    for x in [0.0, 1.0] {
+        let v = at(x, x, x);
+        assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+        assert_eq!(v.paired_status, Some(Status::Inconclusive), "{v:?}");
+        assert!(v.comparisons.iter().all(|c| c.pinned), "{v:?}");
+        assert!(
+            v.note.contains("every run of grpo_v4 vs grpo_v1, grpo_v16 vs grpo_v1 ended at the same held-out accuracy"),
+            "{}",
+            v.note
+        );
+    }
+    // The same zero spread one point apart is a measured difference: judged as before.
+    let v = at(0.01, 0.0, 0.0);
+    assert_eq!(v.status, Status::Supported, "{v:?}");
+    assert!(v.comparisons.iter().all(|c| !c.pinned), "{v:?}");
+}
+
 #[test]
 fn a_seed_listed_twice_is_refused_naming_the_sweep_file_and_arm() {
     let tmp = tempfile::tempdir().unwrap();

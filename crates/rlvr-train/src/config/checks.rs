@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use rlvr_algo::config::LOSS_OPTIONS;
 use rlvr_algo::AlgorithmConfig;
+use rlvr_model::DeviceSpec;
 
 use super::{apply_override, from_table, load_layers, FileLayer, RawConfig, ResolvedConfig};
 use crate::store::checkpoint::TrainerState;
@@ -610,11 +611,19 @@ fn check_vllm_keys(r: &super::RolloutSection) -> anyhow::Result<()> {
 
 impl ResolvedConfig {
     /// Checks what starting a run needs beyond [`RawConfig::resolve`] (which tests and `rlvr plan`
-    /// use without a model): `model.path` is set.
+    /// use without a model): `model.path` is set, and a CUDA `model.device` is one this binary
+    /// can open at all (checked before the run directory is touched or anything is printed, so
+    /// the error comes first and alone).
     ///
     /// # Errors
-    /// `model.path` unset, saying how to set it.
+    /// `model.path` unset, saying how to set it; `model.device = "cuda"` (or `cuda:N`) on a binary
+    /// built without CUDA, naming the CPU override ([`super::ModelSection::open_device`]'s error).
     pub fn check_runnable(&self) -> anyhow::Result<()> {
+        let device = self.raw.model.device;
+        let cuda = matches!(device, DeviceSpec::Cuda(_) | DeviceSpec::CudaLocal);
+        if cuda && !candle_core::utils::cuda_is_available() {
+            self.raw.model.open_device()?;
+        }
         if self.raw.model.path.as_os_str().is_empty() {
             bail!(
                 "model.path is required: the policy checkpoint directory (config.json, \
@@ -700,6 +709,20 @@ impl ResolvedConfig {
                 );
             }
             if steps == st.step {
+                // A `--set` here would change the run's config.toml (and run.json's record)
+                // without any step following it.
+                let changed = changed_by_sets(&saved, &cfg)?;
+                if !changed.is_empty() {
+                    bail!(
+                        "the run in {} has already trained all its train.steps = {steps} (its \
+                         checkpoint {} holds step {steps}), so {} would apply to no step; to \
+                         train on with {}, add --set train.steps=N with N > {steps}",
+                        run_dir.display(),
+                        dir.display(),
+                        changed.join(", "),
+                        if changed.len() == 1 { "it" } else { "them" }
+                    );
+                }
                 cfg.warnings.push(format!(
                     "the run in {} has already trained all its train.steps = {steps} (its \
                      checkpoint {} holds step {steps}): nothing to train; to train on, resume \
@@ -713,8 +736,41 @@ impl ResolvedConfig {
     }
 }
 
+/// The `--set`s of a resume (origin and key) whose value differs from the run's config.toml
+/// (`saved`), `train.steps` aside: each as `--set KEY=VALUE`.
+///
+/// # Errors
+/// The resolved config cannot be re-read.
+fn changed_by_sets(saved: &toml::Table, cfg: &ResolvedConfig) -> anyhow::Result<Vec<String>> {
+    let now: toml::Table = cfg
+        .to_toml()?
+        .parse()
+        .context("re-reading the resolved config")?;
+    let lookup = |t: &toml::Table, key: &str| -> Option<toml::Value> {
+        let mut parts = key.split('.');
+        let mut v = t.get(parts.next()?)?;
+        for p in parts {
+            v = v.as_table()?.get(p)?;
+        }
+        Some(v.clone())
+    };
+    let mut out: Vec<String> = Vec::new();
+    for w in &cfg.raw.written.0 {
+        if w.key == "train.steps" || lookup(saved, &w.key) == lookup(&now, &w.key) {
+            continue;
+        }
+        let o = w.origin.clone();
+        if !out.contains(&o) {
+            out.push(o);
+        }
+    }
+    Ok(out)
+}
+
 /// A key whose value a `--resume`'s `--set` changed, among those that change what the run
-/// means: `algorithm.*`, `rollout.group_size`, `data.*`, `train.seed`, `sync.max_staleness`
+/// means: `algorithm.*`, `rollout.group_size`, `rollout.temperature` (the behaviour policy's),
+/// `data.*`, `train.seed`, the learning-rate schedule (`train.lr`, `train.min_lr`,
+/// `train.warmup_steps`, `train.schedule`), `sync.max_staleness`
 /// (`sync.interval`, `sync.offset` and `data.seed` are refused, see [`resume_changes`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResumeChange {
@@ -748,11 +804,16 @@ const FIXED_ON_RESUME: [(&str, &str); 3] = [
 ];
 
 /// Prefixes of the keys whose change by a `--resume` is warned about and recorded.
-const MEANING_ON_RESUME: [&str; 5] = [
+const MEANING_ON_RESUME: [&str; 10] = [
     "algorithm.",
     "rollout.group_size",
+    "rollout.temperature",
     "data.",
     "train.seed",
+    "train.lr",
+    "train.min_lr",
+    "train.warmup_steps",
+    "train.schedule",
     "sync.max_staleness",
 ];
 

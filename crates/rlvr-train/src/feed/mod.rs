@@ -18,6 +18,7 @@
 pub mod backend;
 pub mod episodes;
 pub mod explorer;
+pub mod live;
 pub mod offline;
 pub mod prompts;
 pub mod schedule;
@@ -74,6 +75,10 @@ pub enum Feed {
         /// one would. `None` with v = 1 (every step is a sync: the explorer's version is the
         /// policy's).
         synced: Option<(u64, Model)>,
+        /// The explorer's own weights, shared, when its backend keeps a local model: what a stop
+        /// saves instead of waiting for batches sampled by weights the feed no longer keeps
+        /// ([`live`]).
+        live: Option<live::LiveWeights>,
     },
 }
 
@@ -121,7 +126,15 @@ impl Feed {
         }
         let cursor = explorer.cursor();
         let from = first_step + buffered.len() as u64;
-        let (brx, wtx, h) = spawn_explorer(explorer, from, last_step, v, o);
+        let gate = live::LoadGate::new(explorer.version());
+        let live = explorer
+            .behaviour_model()
+            .cloned()
+            .map(|model| live::LiveWeights {
+                model,
+                gate: gate.clone(),
+            });
+        let (brx, wtx, h) = spawn_explorer(explorer, from, last_step, v, o, gate);
         Ok(Feed::Threaded {
             batches: brx,
             weights: Some(wtx),
@@ -132,6 +145,7 @@ impl Feed {
             pending: buffered.into(),
             sync: (v, o),
             synced: synced.filter(|_| v > 1),
+            live,
         })
     }
 
@@ -287,8 +301,8 @@ impl Feed {
         in_flight: InFlight,
         stop: Option<&AtomicBool>,
     ) -> anyhow::Result<FeedState<'_>> {
-        let buffered = match in_flight {
-            InFlight::Drop => false,
+        let received = match in_flight {
+            InFlight::Drop => Received::None,
             InFlight::Wait => self.receive_in_flight(t, last_step, stop)?,
             InFlight::TryWait => match self.receive_in_flight(t, last_step, stop) {
                 Ok(b) => b,
@@ -297,9 +311,14 @@ impl Feed {
                         "note: the checkpoint of step {t} keeps no in-flight batch ({e:#}): the \
                          resume samples them again"
                     ));
-                    false
+                    Received::None
                 }
             },
+        };
+        let buffered = !matches!(received, Received::None);
+        let held = match received {
+            Received::Live(h) => Some(h),
+            _ => None,
         };
         let mut cursor = self.cursor();
         let buffer: Vec<&Batch> = match &*self {
@@ -312,12 +331,19 @@ impl Feed {
             cursor = last.cursor;
         }
         let first = t + 1 + buffer.len() as u64;
-        let (explorer_version, explorer) = self.explorer_state(t, first)?;
+        let (explorer_version, explorer) = match (&held, &*self) {
+            (Some(h), Feed::Threaded { live: Some(l), .. }) if h.version != t => {
+                (h.version, Some(&l.model))
+            }
+            (Some(h), _) => (h.version, None),
+            (None, _) => self.explorer_state(t, first)?,
+        };
         Ok(FeedState {
             cursor,
             explorer_version,
             explorer,
             buffer,
+            held,
         })
     }
 
@@ -372,16 +398,21 @@ impl Feed {
         }
     }
 
-    /// [`Feed::state`]'s in-flight batches received into `pending`; whether a buffer applies
+    /// [`Feed::state`]'s in-flight batches received into `pending`, and whether a buffer applies
     /// (the explorer after them needs the policy's version or the last sync's, which the
-    /// checkpoint can then save). `false` too when `stop` was set while waiting and the
-    /// checkpoint resumes exactly without them.
+    /// checkpoint can then save): [`Received::All`]. [`Received::None`] too when `stop` was set
+    /// while waiting and the checkpoint resumes exactly without them. Once `stop` is set and the
+    /// batches are needed, it waits no longer than the explorer's own weights make unnecessary:
+    /// [`Received::Live`] with the batches finished so far, when the explorer holds the weights
+    /// of the first unfinished one and every later batch up to the resumed run's own syncs needs
+    /// those or the policy's ([`live`]); otherwise it goes on waiting, saying so once (a second
+    /// signal quits).
     fn receive_in_flight(
         &mut self,
         t: u64,
         last_step: u64,
         stop: Option<&AtomicBool>,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<Received> {
         let exact_without = self.resumes_exactly_without_buffer(t);
         let Feed::Threaded {
             batches,
@@ -389,51 +420,91 @@ impl Feed {
             pending,
             sync: (v, o),
             synced,
+            live,
             ..
         } = self
         else {
-            return Ok(false);
+            return Ok(Received::None);
         };
         if job.is_parallel() {
-            return Ok(false);
+            return Ok(Received::None);
         }
-        let until = (t + *o).min(last_step);
-        let need = behaviour_version(until + 1, *v, *o);
+        let (v, o) = (*v, *o);
+        let until = (t + o).min(last_step);
+        let need = behaviour_version(until + 1, v, o);
         if until < last_step && need != t && synced.as_ref().map(|s| s.0) != Some(need) {
-            return Ok(false);
+            return Ok(Received::None);
         }
-        let mut told = false;
-        while pending.back().map_or(t, |b| b.step) < until {
-            match batches.recv_timeout(STOP_POLL) {
-                Ok(b) => pending.push_back(b?),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if !stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
-                        continue;
-                    }
-                    if exact_without {
-                        crate::log::log_only(&format!(
-                            "stop: the checkpoint of step {t} does not wait for the explorer's \
-                             batches in flight (the resume samples them again, exactly)"
-                        ));
-                        return Ok(false);
-                    }
-                    if !told {
-                        told = true;
-                        crate::log::say(&format!(
-                            "stop: the checkpoint of step {t} waits for the explorer's batches of \
-                             steps {}..={until}, sampled by weights the run no longer keeps, \
-                             so that the resume is exact; again to quit now (the resume then \
-                             starts from the checkpoint before)",
-                            pending.back().map_or(t, |b| b.step) + 1
-                        ));
+        let last = |p: &VecDeque<Batch>| p.back().map_or(t, |b| b.step);
+        let (mut told, mut polls) = (false, 0);
+        loop {
+            // What is ready, without waiting.
+            while last(pending) < until {
+                match batches.try_recv() {
+                    Ok(b) => pending.push_back(b?),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(e @ mpsc::TryRecvError::Disconnected) => {
+                        return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
                     }
                 }
+            }
+            if last(pending) >= until {
+                return Ok(Received::All);
+            }
+            if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                if exact_without {
+                    crate::log::log_only(&format!(
+                        "stop: the checkpoint of step {t} does not wait for the explorer's \
+                         batches in flight (the resume samples them again, exactly)"
+                    ));
+                    return Ok(Received::None);
+                }
+                let first = last(pending) + 1;
+                if let Some(h) = live
+                    .as_ref()
+                    .and_then(|l| live_hold(l, (t, first, until.min(last_step - 1) + 1), (v, o)))
+                {
+                    let kept = match first - 1 - t {
+                        0 => String::new(),
+                        1 => format!("the finished batch of step {} and ", t + 1),
+                        _ => format!(
+                            "the finished batches of steps {}..={} and ",
+                            t + 1,
+                            first - 1
+                        ),
+                    };
+                    let (left, it) = match until - first {
+                        0 => (format!("the batch of step {first}"), "it"),
+                        _ => (format!("the batches of steps {first}..={until}"), "them"),
+                    };
+                    crate::log::log_only(&format!(
+                        "stop: the checkpoint of step {t} keeps {kept}the explorer's weights \
+                         (version {}) without waiting for {left} in progress (the resume samples \
+                         {it} again, exactly)",
+                        h.version
+                    ));
+                    return Ok(Received::Live(h));
+                }
+                // Said once the wait lasts (a batch about to arrive makes no announcement).
+                polls += 1;
+                if !told && polls > 2 {
+                    told = true;
+                    crate::log::say(&format!(
+                        "stop: the checkpoint of step {t} waits for the explorer's batches of \
+                         steps {first}..={until}, sampled by weights the run no longer keeps, \
+                         so that the resume is exact; again to quit now (the resume then \
+                         starts from the checkpoint before)"
+                    ));
+                }
+            }
+            match batches.recv_timeout(STOP_POLL) {
+                Ok(b) => pending.push_back(b?),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(e @ mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
                 }
             }
         }
-        Ok(true)
     }
 
     /// Stops the explorer thread, if any (its in-flight batch is dropped). With `wait`, returns
@@ -513,6 +584,39 @@ pub enum InFlight {
     TryWait,
 }
 
+/// What [`Feed::state`] received of the batches in flight.
+enum Received {
+    /// None kept: the resume samples them again.
+    None,
+    /// Every one of them (`pending`).
+    All,
+    /// Those finished (`pending`) and the explorer's weights for the rest, held still.
+    Live(live::Hold),
+}
+
+/// Holds the explorer's weights ([`live::LoadGate::hold`]) when they let a checkpoint of step `t`
+/// with the batches before step `first` resume exactly: the explorer holds version s(first), and
+/// every step from `first` to `next` (the first the resumed run's own syncs serve, or the last
+/// step) needs that version or the policy's, t (which the resume hands over first). `None`, and
+/// nothing held, otherwise (the explorer has not loaded s(first) yet, or a batch in between
+/// needs a version that neither the explorer nor the checkpoint has).
+fn live_hold(
+    live: &live::LiveWeights,
+    (t, first, next): (u64, u64, u64),
+    (v, o): (u64, u64),
+) -> Option<live::Hold> {
+    let need = behaviour_version(first, v, o);
+    let served = (first..=next).all(|j| {
+        let s = behaviour_version(j, v, o);
+        s == need || s == t
+    });
+    if !served {
+        return None;
+    }
+    let h = live.gate.hold();
+    (h.version == need).then_some(h)
+}
+
 /// The feed's part of a checkpoint ([`Feed::state`]): where the source stands, the explorer's
 /// version and weights, and the batches in flight. A resume builds the feed from it
 /// ([`Feed::online`]'s `buffered`, the explorer's cursor and weights) because the explorer thread
@@ -526,6 +630,9 @@ pub struct FeedState<'a> {
     pub explorer: Option<&'a Model>,
     /// The in-flight batches, in step order.
     pub buffer: Vec<&'a Batch>,
+    /// When `explorer` is the explorer thread's own model ([`live`]): keeps the explorer from
+    /// loading other weights into it until this record (the checkpoint) is dropped.
+    pub held: Option<live::Hold>,
 }
 
 /// A weight sync to the explorer thread: the version and its weights.
@@ -543,6 +650,7 @@ fn spawn_explorer(
     last_step: u64,
     v: u64,
     o: u64,
+    gate: std::sync::Arc<live::LoadGate>,
 ) -> ExplorerThread {
     let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
     let (wtx, wrx) = mpsc::channel::<WeightsMsg>();
@@ -555,7 +663,12 @@ fn spawn_explorer(
             let need = behaviour_version(t, v, o);
             while ex.version() < need {
                 let Ok((ver, w)) = wrx.recv() else { return };
-                if let Err(e) = ex.set_weights(ver, &w) {
+                // Not while a checkpoint saves the weights being replaced ([`live`]).
+                let loaded = gate.load(|| {
+                    ex.set_weights(ver, &w)?;
+                    Ok(ex.version())
+                });
+                if let Err(e) = loaded {
                     let _ = btx.send(Err(e));
                     return;
                 }

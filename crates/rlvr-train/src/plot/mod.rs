@@ -103,6 +103,46 @@ pub fn read_series(run: &Path, metric: &str) -> anyhow::Result<Series> {
     Ok(rlvr_rundir::jsonl::series(&read_lines(&path)?, key))
 }
 
+/// The key of the runs' files closest to `metric` (its source file's keys, as
+/// [`metric_source`] picks it, with the `diagnostics/` prefix kept): one that `metric` begins
+/// (`eval/acc` → `eval/accuracy`), else the nearest within a third of its length in edits
+/// (`diagnostics/kl_behavior` → `diagnostics/kl_behaviour`). `None` when nothing is close or the
+/// files cannot be read.
+fn nearest_key(runs: &[PathBuf], metric: &str) -> Option<String> {
+    let (prefix, key) = match metric.strip_prefix("diagnostics/") {
+        Some(k) => ("diagnostics/", k),
+        None => ("", metric),
+    };
+    let mut keys: Vec<String> = Vec::new();
+    for run in runs {
+        let (path, _) = metric_source(run, metric);
+        let Ok(lines) = read_lines(&path) else {
+            continue;
+        };
+        for l in &lines {
+            for (k, v) in l {
+                if v.is_number() && !keys.contains(k) {
+                    keys.push(k.clone());
+                }
+            }
+        }
+    }
+    keys.sort();
+    let near = keys
+        .iter()
+        .find(|k| k.starts_with(key))
+        .map(String::as_str)
+        .or_else(|| {
+            let limit = (key.chars().count() / 3).max(1);
+            keys.iter()
+                .map(|k| (strsim::damerau_levenshtein(key, k), k.as_str()))
+                .filter(|(d, _)| *d <= limit)
+                .min_by_key(|(d, _)| *d)
+                .map(|(_, k)| k)
+        })?;
+    Some(format!("{prefix}{near}"))
+}
+
 /// The lines of a JSONL file to plot: every line, but a last line cut short (a run killed while
 /// writing it) is left out with a warning on stderr naming the file and the line, once per file.
 ///
@@ -346,6 +386,9 @@ pub struct Built {
     pub size: (u32, u32),
     /// Points read, summed over runs and metrics (nulls and missing steps not counted).
     pub points: usize,
+    /// Notes said on stderr while building (with `--mean-over-seeds`: runs drawn apart only by
+    /// one or two keys, [`seeds::apart_notes`]).
+    pub notes: Vec<String>,
 }
 
 /// The figure `a` describes, as data (no file written; `--heatmap` is [`heatmap`]'s).
@@ -372,16 +415,28 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
     }
     for (k, m) in a.metrics.iter().enumerate() {
         if series.iter().all(|s| s[k].is_empty()) {
-            bail!("no run has a value for metric `{m}` (check the name against metrics.jsonl)");
+            let hint = match nearest_key(&a.runs, m) {
+                Some(near) => format!("; did you mean `{near}`?"),
+                None => String::new(),
+            };
+            bail!(
+                "no run has a value for metric `{m}` (check the name against metrics.jsonl, or \
+                 diagnostics.jsonl for diagnostics/KEY){hint}"
+            );
         }
     }
     let points = series
         .iter()
         .map(|s| s.iter().map(Vec::len).sum::<usize>())
         .sum();
+    let mut notes = Vec::new();
     let (groups, names) = if a.mean_over_seeds {
         let g = seed_groups(&a.runs, &a.ignore_keys)?;
         let n = group_labels(&a.runs, &g, &a.labels)?;
+        notes = seeds::apart_notes(&a.runs, &g, &a.ignore_keys)?;
+        for n in &notes {
+            crate::log::say(n);
+        }
         (g, n)
     } else {
         let n = labels(&a.runs, &a.labels)?;
@@ -419,6 +474,7 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
         figure,
         size,
         points,
+        notes,
     })
 }
 

@@ -1,6 +1,7 @@
 //! `rlvr plot --mean-over-seeds`: which runs are seeds of one configuration (their config.toml
-//! files equal once the seed keys, `output.dir` and the `--ignore-key` keys are left out), and
-//! the legend names of such groups.
+//! files equal once the seed keys, `output.dir` and the `--ignore-key` keys are left out, and a
+//! path segment `seed-S` naming the run's own seed is read as any seed's), and the legend names
+//! of such groups.
 
 use std::path::{Path, PathBuf};
 
@@ -55,6 +56,33 @@ fn config_but_seeds(run: &Path, ignore: &[String]) -> anyhow::Result<(toml::Tabl
     let mut seeds = Vec::new();
     strip(&mut t, "", ignore, &mut seeds);
     seeds.sort();
+    // Paths named after the seed (a lab's `warm_start/seed-S/sft`, `seed-S/data/train.jsonl`,
+    // each seed's own warm start and data) are one path for the comparison.
+    let values: Vec<String> = seeds
+        .iter()
+        .filter_map(|s| {
+            s.split_once('=')
+                .map(|(_, v)| v.trim_matches('"').to_string())
+        })
+        .collect();
+    fn unseed(v: &mut toml::Value, values: &[String]) {
+        match v {
+            toml::Value::String(s) if s.contains("seed-") => {
+                let parts: Vec<String> = s
+                    .split('/')
+                    .map(|p| match p.strip_prefix("seed-") {
+                        Some(n) if values.iter().any(|v| v == n) => "seed-{seed}".to_string(),
+                        _ => p.to_string(),
+                    })
+                    .collect();
+                *s = parts.join("/");
+            }
+            toml::Value::Table(t) => t.iter_mut().for_each(|(_, v)| unseed(v, values)),
+            toml::Value::Array(a) => a.iter_mut().for_each(|v| unseed(v, values)),
+            _ => {}
+        }
+    }
+    t.iter_mut().for_each(|(_, v)| unseed(v, &values));
     Ok((t, seeds.join(" ")))
 }
 
@@ -87,6 +115,88 @@ pub fn seed_groups(runs: &[PathBuf], ignore: &[String]) -> anyhow::Result<Vec<Ve
         .into_iter()
         .map(|g| g.1.into_iter().map(|m| m.0).collect())
         .collect())
+}
+
+/// What `--mean-over-seeds` could not group: for runs each drawn alone whose configs differ from
+/// another such run's in one or two paths besides their seeds (`model.path`, `data.train`: each
+/// seed's own warm start or data, when not named after the seed), one note per such set of keys,
+/// naming an example pair and the `--ignore-key` that would average them. Empty when every run is
+/// in a group of several, or the single runs differ in more.
+///
+/// # Errors
+/// A run without a readable config.toml.
+pub fn apart_notes(
+    runs: &[PathBuf],
+    groups: &[Vec<usize>],
+    ignore: &[String],
+) -> anyhow::Result<Vec<String>> {
+    fn flat(prefix: &str, t: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+        for (k, v) in t {
+            let full = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(sub) => flat(&full, sub, out),
+                v => out.push((full, v.clone())),
+            }
+        }
+    }
+    let single: Vec<usize> = groups
+        .iter()
+        .filter(|g| g.len() == 1)
+        .map(|g| g[0])
+        .collect();
+    let mut configs = Vec::new();
+    for &i in &single {
+        let (t, _) = config_but_seeds(&runs[i], ignore)?;
+        let mut f = Vec::new();
+        flat("", &t, &mut f);
+        configs.push((i, f));
+    }
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    let mut notes = Vec::new();
+    for (x, (i, a)) in configs.iter().enumerate() {
+        for (j, b) in &configs[x + 1..] {
+            let mut keys: Vec<String> = a
+                .iter()
+                .filter(|(k, v)| !b.iter().any(|(k2, v2)| k2 == k && v2 == v))
+                .map(|(k, _)| k.clone())
+                .chain(
+                    b.iter()
+                        .filter(|(k, _)| !a.iter().any(|(k2, _)| k2 == k))
+                        .map(|(k, _)| k.clone()),
+                )
+                .collect();
+            keys.sort();
+            keys.dedup();
+            // Only paths (each seed's own checkpoint or data), never a hyperparameter: runs
+            // of two presets or intervals are not seeds of one config.
+            let path = |k: &String| {
+                let is_path = |c: &[(String, toml::Value)]| {
+                    c.iter()
+                        .find(|(k2, _)| k2 == k)
+                        .is_some_and(|(_, v)| v.as_str().is_some_and(|s| s.contains('/')))
+                };
+                is_path(a) && is_path(b)
+            };
+            if keys.is_empty() || keys.len() > 2 || !keys.iter().all(path) || seen.contains(&keys) {
+                continue;
+            }
+            let flags: Vec<String> = keys.iter().map(|k| format!("--ignore-key {k}")).collect();
+            notes.push(format!(
+                "note: --mean-over-seeds draws {} and {} apart: their configs differ in {} \
+                 besides their seeds; add {} to draw such runs as one mean",
+                runs[*i].display(),
+                runs[*j].display(),
+                keys.join(" and "),
+                flags.join(" ")
+            ));
+            seen.push(keys);
+        }
+    }
+    Ok(notes)
 }
 
 /// The legend labels of `groups` of `runs` (run labels `run_labels`): a group of one run keeps

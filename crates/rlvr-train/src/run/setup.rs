@@ -46,8 +46,10 @@ impl<'a> Run<'a> {
         if job.is_parallel() {
             refuse_under_data_parallel(cfg, job.world())?;
         }
-        let ckpt = pick_checkpoint(cfg, opts, &mut job)?;
+        // The device first: a GPU that does not open is the whole story, told before the run
+        // directory's config.toml is written or the resolved `auto` values are printed.
         let device = c.model.open_device()?;
+        let ckpt = pick_checkpoint(cfg, opts, &mut job)?;
         let dtype = c.model.dtype.dtype();
         let policy_dir = ckpt.clone().unwrap_or_else(|| c.model.path.clone());
         // Everything that needs no weights, checked before they load (issue 48, item 4).

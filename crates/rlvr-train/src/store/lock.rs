@@ -13,13 +13,13 @@
 //! The operating system releases the lock when the holder's file descriptor closes, which includes
 //! the holder dying by SIGKILL, so a killed run can always be resumed and no stale-lock cleanup is
 //! ever needed. The lock file's content only serves the refusal message; the lock itself is the
-//! truth.
+//! truth. A holder that lets go normally removes its lock file (`.lock`, `.NAME.lock`); a killed
+//! one's stays until the next holder lets go (rlvr-rundir's `lock` module says why that is safe).
 
-use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use rlvr_rundir::lock::{flock_with_grace, holder_of, write_holder};
+use rlvr_rundir::lock::FileLock;
 
 pub use rlvr_rundir::lock::{RunLock, LOCK_FILE, LOCK_GRACE};
 
@@ -79,22 +79,24 @@ pub fn prepare_model_output(out: &Path, force: bool, flag: &str) -> anyhow::Resu
 /// succeeded, so a `--force` run that fails leaves the old model whole.
 ///
 /// One writer per `--out`: an exclusive `flock` on the sibling `.NAME.lock` (beside `--out`, as
-/// `--out` itself may not exist yet or be replaced), held until the value is dropped. Two `rlvr
+/// `--out` itself may not exist yet or be replaced), held until the value is dropped, which
+/// removes the file (a killed writer's stays, naming a process that is gone, and blocks nothing). Two `rlvr
 /// sft --force --out X` at once used to share one staging directory and interleave their metrics.
 #[derive(Debug)]
 pub struct StagedOutput {
     out: PathBuf,
     staging: Option<PathBuf>,
-    // Keeping the descriptor open keeps the lock.
-    _lock: File,
+    // Keeping it keeps the lock; dropped last (after `commit`'s moves), it removes `.NAME.lock`.
+    _lock: FileLock,
 }
 
 /// Takes the one-writer lock of model output directory `out` ([`StagedOutput`]): its sibling
-/// `.NAME.lock`, parents created.
+/// `.NAME.lock`, parents created ([`FileLock`]: removed when released; a killed writer's stays and
+/// blocks nothing).
 ///
 /// # Errors
 /// Another process holds it (named, with `flag`); I/O errors.
-fn lock_output(out: &Path, flag: &str) -> anyhow::Result<File> {
+fn lock_output(out: &Path, flag: &str) -> anyhow::Result<FileLock> {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -104,25 +106,16 @@ fn lock_output(out: &Path, flag: &str) -> anyhow::Result<File> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("opening the output lock {}", path.display()))?;
-    if !flock_with_grace(&file, &path)? {
-        anyhow::bail!(
-            "{flag} {} is being written by another rlvr process ({}); an output directory has one \
-             writer at a time: wait for it to finish, stop it, or choose another {flag} (lock file \
-             {})",
+    match FileLock::acquire(&path)? {
+        Ok(lock) => Ok(lock),
+        Err(holder) => anyhow::bail!(
+            "{flag} {} is being written by another rlvr process ({holder}); an output directory \
+             has one writer at a time: wait for it to finish, stop it, or choose another {flag} \
+             (lock file {})",
             out.display(),
-            holder_of(&path),
             path.display()
-        );
+        ),
     }
-    write_holder(&path)?;
-    Ok(file)
 }
 
 impl StagedOutput {
@@ -311,5 +304,45 @@ mod tests {
         let s = StagedOutput::prepare(&out, true, "--out").unwrap();
         assert_eq!(s.staging(), Some(staging.as_path()));
         assert_eq!(std::fs::read_dir(&staging).unwrap().count(), 0);
+    }
+
+    /// `.NAME.lock` goes when the writer lets go (in place, or after a `--force` commit); a killed
+    /// writer's file (here written by hand, nobody holding it) blocks nothing and is taken over;
+    /// a live writer's blocks a second one, which is refused naming it. The file used to stay
+    /// beside every model directory written.
+    #[test]
+    fn the_output_lock_file_goes_when_the_writer_lets_go() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("m");
+        let lock = d.path().join(".m.lock");
+        std::fs::write(&lock, "pid 4242\nhost h\nstarted then\n").unwrap();
+        let s = StagedOutput::prepare(&out, false, "--out").unwrap();
+        let me = format!("pid {}", std::process::id());
+        assert!(std::fs::read_to_string(&lock).unwrap().starts_with(&me));
+        let e = StagedOutput::prepare(&out, false, "--out")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "being written by another rlvr process ({me}, host "
+            )),
+            "{e}"
+        );
+        drop(s);
+        assert!(
+            !lock.exists(),
+            "the lock file stayed after the writer let go"
+        );
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("config.json"), "{}").unwrap();
+        let s = StagedOutput::prepare(&out, true, "--out").unwrap();
+        std::fs::write(s.path().join("model.safetensors"), "new").unwrap();
+        assert!(lock.exists());
+        s.commit().unwrap();
+        assert!(!lock.exists(), "the lock file stayed after a commit");
+        assert_eq!(
+            std::fs::read_to_string(out.join("model.safetensors")).unwrap(),
+            "new"
+        );
     }
 }

@@ -304,7 +304,11 @@ fn f16_is_refused_for_training() {
     assert!(check_load("", &["model.dtype=\"f64\""]).is_ok());
 }
 
-/// A CUDA device on a binary built without CUDA: the error names the override that runs on the CPU.
+/// A CUDA device on a binary built without CUDA: the error names the override that runs on the CPU,
+/// and through `rlvr train` (`cuda:0` and `cuda`, with `model.dtype = "auto"`) it comes before
+/// anything else: the run directory is not created, so no config.toml, no train.log and no
+/// resolved-`auto` line (it used to print `model.dtype = "auto" is bf16 on the GPU` first and
+/// leave a run directory holding a config.toml).
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_on_a_cpu_build_names_the_cpu_override() {
@@ -314,15 +318,24 @@ fn cuda_on_a_cpu_build_names_the_cpu_override() {
     // Through `rlvr train`, with a model that loads.
     let tmp = tempfile::tempdir().unwrap();
     let model = common::tiny_model(tmp.path(), 1);
-    let mut set = common::arithmetic_sets(&model, &tmp.path().join("run"));
-    set.push("model.device=\"cuda:0\"".into());
-    let args = TrainArgs {
-        set,
-        no_progress: true,
-        ..Default::default()
-    };
-    let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
-    assert!(err.contains("--set model.device=\"cpu\""), "{err}");
+    for device in ["cuda:0", "cuda"] {
+        let run = tmp.path().join(format!("run-{device}"));
+        let mut set = common::arithmetic_sets(&model, &run);
+        set.push(format!("model.device=\"{device}\""));
+        set.push("model.dtype=\"auto\"".into());
+        let args = TrainArgs {
+            set,
+            no_progress: true,
+            ..Default::default()
+        };
+        let err = format!("{:#}", run_train(&args, &mut Vec::new()).unwrap_err());
+        assert!(
+            err.contains("--set model.device=\"cpu\""),
+            "{device}: {err}"
+        );
+        assert!(err.contains("model.device"), "{device}: {err}");
+        assert!(!run.exists(), "{device}: the run directory was created");
+    }
 }
 
 /// An option of another loss that the user set (file or `--set`) is an error naming the key and the

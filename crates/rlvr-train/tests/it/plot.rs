@@ -523,6 +523,7 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     let rows = &b.figure.rows;
     let legend: Vec<&str> = rows[0].legend.iter().map(|l| l.0.as_str()).collect();
     assert_eq!(legend, ["grpo (mean ± SE of 3 seeds)", "other/seed-0"]);
+    assert!(b.notes.is_empty(), "{:?}", b.notes);
     assert!(rows[1].legend.is_empty(), "one legend per figure");
     let grpo = &rows[0].panels[0].lines[0];
     // Step 3 is left out (seed 2 has none). Step 1: 0.1, 0.2, 0.3: mean 0.2, sd 0.1, SE 0.1/√3.
@@ -565,7 +566,10 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
         .iter()
         .all(|l| l.band.is_empty()));
 
-    // Seeds that start from their own checkpoints differ in model.path: apart, unless ignored.
+    // Seeds that start from their own checkpoints differ in model.path. A path named after the
+    // seed (a lab's `warm_start/seed-S/sft`, and its `seed-S/data/...`) is read as one path:
+    // one line without any --ignore-key (the lab's quickstart runs also differ in data.train and
+    // data.test, which `--ignore-key model.path` alone left apart).
     for seed in 0..2u64 {
         let pts = [(1, 0.5 + seed as f64)];
         seeded_run(
@@ -582,15 +586,41 @@ fn mean_over_seeds_draws_one_line_per_config_with_a_standard_error_band() {
     let mut v: Vec<&str> = lab.iter().map(String::as_str).collect();
     v.extend(["--metric", "reward/mean", "--mean-over-seeds"]);
     let b = rlvr_train::plot::build(&args(&v)).unwrap();
-    assert_eq!(b.figure.rows[0].panels[0].lines.len(), 2);
-    v.extend(["--ignore-key", "model.path"]);
-    let b = rlvr_train::plot::build(&args(&v)).unwrap();
     let line = &b.figure.rows[0].panels[0].lines[0];
     assert_eq!(b.figure.rows[0].panels[0].lines.len(), 1);
     assert_eq!(line.points, [(1.0, 1.0)]);
     // Two seeds at 0.5 and 1.5: sd 1/√2, SE 0.5.
     assert_eq!(line.band, [(1.0, 0.5, 1.5)]);
     assert_eq!(b.figure.rows[0].legend[0].0, "lab (mean ± SE of 2 seeds)");
+    assert!(b.notes.is_empty(), "{:?}", b.notes);
+    // Checkpoints not named after the seed: apart, with a note naming the flag (nothing used to
+    // say why), and one line with it.
+    for (seed, m) in [(0u64, "warm/first"), (1, "warm/second")] {
+        seeded_run(&d(&format!("own/seed-{seed}")), seed, 1e-4, m, &[(1, 0.5)]);
+    }
+    let own: Vec<String> = (0..2)
+        .map(|s| d(&format!("own/seed-{s}")).display().to_string())
+        .collect();
+    let mut v: Vec<&str> = own.iter().map(String::as_str).collect();
+    v.extend(["--metric", "reward/mean", "--mean-over-seeds"]);
+    let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    assert_eq!(b.figure.rows[0].panels[0].lines.len(), 2);
+    assert_eq!(b.notes.len(), 1, "{:?}", b.notes);
+    assert!(
+        b.notes[0].contains("differ in model.path besides their seeds")
+            && b.notes[0].contains("add --ignore-key model.path"),
+        "{}",
+        b.notes[0]
+    );
+    v.extend(["--ignore-key", "model.path"]);
+    let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    assert_eq!(b.figure.rows[0].panels[0].lines.len(), 1);
+    assert!(b.notes.is_empty(), "{:?}", b.notes);
+    // Runs that differ in a hyperparameter are never suggested as seeds of one config.
+    let mut v: Vec<&str> = vec![&runs[0], &runs[3]];
+    v.extend(["--metric", "reward/mean", "--mean-over-seeds"]);
+    let b = rlvr_train::plot::build(&args(&v)).unwrap();
+    assert!(b.notes.is_empty(), "{:?}", b.notes);
 
     // A run without its config.toml is named.
     write_steps(&d("bare"), &[(1, 0.1)]);
@@ -668,4 +698,32 @@ fn smoothing_leaves_schedules_and_counts_alone() {
     let lr = &b.figure.rows[1].panels[0].lines[0];
     assert_eq!(lr.points, [(1.0, 1e-4), (2.0, 1e-4), (3.0, 1e-4)]);
     assert!(lr.faint.is_empty());
+}
+
+/// A metric no run has is named with the closest key the runs have: one it begins
+/// (`reward/me` → `reward/mean`) or one a typo away (`rewrd/mean`); nothing close, no guess.
+/// It used to say only "check the name against metrics.jsonl".
+#[test]
+fn an_unknown_metric_gets_the_closest_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("r");
+    seeded_run(&run, 0, 1e-4, "m", &[(1, 0.5), (2, 0.6)]);
+    let r = run.display().to_string();
+    for (m, want) in [
+        ("reward/me", Some("reward/mean")),
+        ("rewrd/mean", Some("reward/mean")),
+        ("entropy_of_everything", None),
+    ] {
+        let e = rlvr_train::plot::build(&args(&[&r, "--metric", m]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("no run has a value for metric `{m}`")),
+            "{e}"
+        );
+        match want {
+            Some(w) => assert!(e.contains(&format!("did you mean `{w}`?")), "{e}"),
+            None => assert!(!e.contains("did you mean"), "{e}"),
+        }
+    }
 }

@@ -395,53 +395,40 @@ fn a_checkpoint_that_differs_from_its_manifest_is_named_and_skipped() {
 }
 
 /// A stop (Ctrl-C, SIGTERM: the run's stop flag, set here while the verifier holds the batch of
-/// step 2, so the run stops after step 1) with an explorer thread (o = 1) resumes bit for bit as
-/// the uninterrupted run. With v = 1 the stop waits for the in-flight batch of step 2 (the
-/// verifier answers once the stop is set), sampled by version 0, whose weights the feed no longer
-/// keeps; with v = 4 it need not wait: the checkpoint keeps version 0's weights, with which the
-/// resume re-samples step 2. (A stop once re-sampled with the policy's weights in both cases.)
+/// step 2, so the run stops after step 1) with an explorer thread (o = 1) acts within seconds and
+/// resumes bit for bit as the uninterrupted run. With v = 4 the checkpoint keeps version 0's
+/// weights (the feed's copy of the last sync's); with v = 1 the feed keeps no copy, and the stop
+/// used to wait for the in-flight batch of step 2, sampled by version 0, for as long as the
+/// verifier took (here until its 30 s timeout): the checkpoint now saves the explorer's own
+/// weights (version 0, held still while saved) instead. The resume re-samples step 2 with them.
 #[test]
 fn a_stop_with_an_explorer_thread_resumes_exactly() {
-    use std::sync::atomic::Ordering;
     for v in [1u64, 4] {
         let tmp = tempfile::tempdir().unwrap();
         let model = common::tiny_model(tmp.path(), 1);
-        let run = |dir: &Path, verifier: &Path, opts: &RunOptions| {
+        let config = |dir: &Path, verifier: &Path| {
             let mut s = sets(&model, dir, v, 1);
             s.push(verifier_hanging_at(verifier));
-            let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
-            train(&cfg, opts).unwrap()
+            RawConfig::load(None, &s).unwrap().resolve().unwrap()
         };
         let ra = tmp.path().join("a");
-        run(&ra, &tmp.path().join("va"), &RunOptions::default());
+        train(&config(&ra, &tmp.path().join("va")), &RunOptions::default()).unwrap();
         let rb = tmp.path().join("b");
         let vb = tmp.path().join("vb");
         std::fs::create_dir_all(&vb).unwrap();
         std::fs::write(vb.join("hang-at"), "2").unwrap();
-        let stop = RunOptions::default();
-        let (flag, hung, go) = (stop.stop.clone(), vb.join("hung"), vb.join("go"));
-        let watcher = std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !hung.exists() && t0.elapsed() < Duration::from_secs(120) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            flag.store(true, Ordering::SeqCst);
-            std::fs::write(go, "").unwrap();
-        });
-        let s = run(&rb, &vb, &stop);
-        watcher.join().unwrap();
+        let (s, secs) = stop_once_hung(config(&rb, &vb), false, &vb.join("hung"), 1);
+        // The hung verifier answers now (its explorer thread, left behind, then ends).
+        std::fs::write(vb.join("go"), "").unwrap();
         assert!(s.interrupted && s.steps == 1, "v={v}: {s:?}");
+        assert!(secs < 10.0, "v={v}: the stop took {secs:.1} s");
         let ck = rb.join("checkpoints/step-1/trainer_state");
         let buffer = std::fs::read_to_string(ck.join("buffer.jsonl")).unwrap();
         let state: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(ck.join("state.json")).unwrap()).unwrap();
-        assert_eq!(buffer.lines().count(), if v == 1 { 1 } else { 0 }, "v={v}");
-        assert_eq!(
-            state["explorer_version"],
-            if v == 1 { 1 } else { 0 },
-            "v={v}"
-        );
+        assert_eq!(buffer.lines().count(), 0, "v={v}");
+        assert_eq!(state["explorer_version"], 0, "v={v}");
+        assert_eq!(state["explorer_weights"], true, "v={v}");
         let mut cfg = ResolvedConfig::from_run_dir(&rb, &[]).unwrap();
         cfg.raw.output.dir = rb.clone();
         let s = train(
@@ -690,6 +677,24 @@ fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
     )
     .unwrap();
     assert!(same.resume_changes.is_empty(), "{:?}", same.resume_changes);
+    // The learning rate and the sampling temperature change what the steps after the checkpoint
+    // do too: recorded (they used to pass without a word).
+    let lr = ResolvedConfig::from_run_dir(
+        &run,
+        &[
+            "train.steps=2".into(),
+            "train.lr=0.5".into(),
+            "rollout.temperature=0.7".into(),
+        ],
+    )
+    .unwrap();
+    let keys: Vec<&str> = lr.resume_changes.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["train.lr", "rollout.temperature"],
+        "{:?}",
+        lr.resume_changes
+    );
     let mut cfg = ResolvedConfig::from_run_dir(
         &run,
         &[
@@ -908,4 +913,25 @@ fn resuming_a_finished_run_says_there_is_nothing_to_train() {
         "{:?}",
         more.warnings
     );
+    // A `--set` that changes the run, with nothing left to train, is refused: it used to be
+    // written into config.toml (and run.json's resume_changes) though no step followed it. The
+    // same value again, or train.steps alone, is not a change.
+    let before = std::fs::read(run.join("config.toml")).unwrap();
+    let sets = [
+        "rollout.group_size=4".to_string(),
+        "train.lr=0.5".into(),
+        "train.steps=1".into(),
+    ];
+    let e = format!(
+        "{:#}",
+        ResolvedConfig::from_run_dir(&run, &sets).unwrap_err()
+    );
+    assert!(
+        e.contains("so --set rollout.group_size=4, --set train.lr=0.5 would apply to no step")
+            && e.contains("add --set train.steps=N with N > 1"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(run.join("config.toml")).unwrap(), before);
+    let group = format!("rollout.group_size={}", cfg.raw.rollout.group_size);
+    ResolvedConfig::from_run_dir(&run, &[group, "train.steps=1".into()]).unwrap();
 }

@@ -101,7 +101,9 @@ fn a_set_of_another_loss_knob_on_resume_is_refused() {
         "{err}"
     );
     // Switching the loss to REC on resume makes the file's REC knobs apply again: kept, not dropped.
-    let cfg = ResolvedConfig::from_run_dir(&rd, &["algorithm.loss=\"rec\"".into()]).unwrap();
+    // (With a step left to train: on the finished run the change would apply to no step.)
+    let sets = ["algorithm.loss=\"rec\"".into(), "train.steps=3".into()];
+    let cfg = ResolvedConfig::from_run_dir(&rd, &sets).unwrap();
     assert_eq!(cfg.algorithm.policy.loss(), rlvr_algo::PolicyLoss::Rec);
     assert_eq!(cfg.raw.algorithm.clip_low_prime, Some(0.6));
 }

@@ -291,3 +291,87 @@ fn bench_reports_consistent_throughput() {
         "{v}"
     );
 }
+
+/// What killed `rlvr eval`/`rlvr generate` runs left is removed by the next start of either,
+/// on the native backend too: their private directories under `$TMPDIR` (`rlvr-eval-vllm-PID-*`,
+/// `rlvr-generate-vllm-PID-*`) and `rlvr eval --out FILE`'s own temporary (`.FILE.tmp-PID`),
+/// as far as their processes are gone; a live process's and other files stay. (They used to go
+/// only at a start that used the vLLM backend, and only that command's prefix.)
+#[cfg(target_os = "linux")]
+#[test]
+fn eval_and_generate_remove_what_killed_runs_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = crate::common::tiny_model(tmp.path());
+    let tmpdir = tmp.path().join("tmp");
+    std::fs::create_dir_all(&tmpdir).unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let me = std::process::id();
+    let leave = |names: &[String]| {
+        for n in names {
+            std::fs::create_dir_all(tmpdir.join(n).join("version-00000000")).unwrap();
+        }
+    };
+    let stale = [
+        format!("rlvr-eval-vllm-{dead}-a1b2c3"),
+        format!("rlvr-generate-vllm-{dead}-d4e5f6"),
+    ];
+    let live = format!("rlvr-generate-vllm-{me}-a1b2c3");
+    leave(&stale);
+    leave(std::slice::from_ref(&live));
+    let exps = tmp.path().join("exps.jsonl");
+    let half_exps = tmp.path().join(format!(".exps.jsonl.tmp-{dead}"));
+    std::fs::write(&half_exps, "{\"prompt_ids\"").unwrap();
+    let out = rlvr()
+        .args(["generate", "--model"])
+        .arg(&model)
+        .args(["--prompt", "1+1=", "--max-new-tokens", "2", "--out"])
+        .arg(&exps)
+        .env("TMPDIR", &tmpdir)
+        .output()
+        .unwrap();
+    crate::common::ok(&out, "generate");
+    for n in &stale {
+        assert!(!tmpdir.join(n).exists(), "generate left {n}");
+    }
+    assert!(tmpdir.join(&live).is_dir());
+    // generate --out is written atomically now; a killed one's temporary goes at the next start.
+    assert!(!half_exps.exists(), "generate left its --out temporary");
+    let text = std::fs::read_to_string(&exps).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    // eval: the same, and its --out file's temporary.
+    leave(&stale);
+    let items = tmp.path().join("items.jsonl");
+    let half = tmp.path().join(format!(".items.jsonl.tmp-{dead}"));
+    let other = tmp.path().join(format!(".notes.jsonl.tmp-{dead}"));
+    std::fs::write(&half, "{\"index\"").unwrap();
+    std::fs::write(&other, "x").unwrap();
+    let out = rlvr()
+        .args(["eval", "--model"])
+        .arg(&model)
+        .args([
+            "--task",
+            "arithmetic",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "2",
+        ])
+        .arg("--out")
+        .arg(&items)
+        .env("TMPDIR", &tmpdir)
+        .output()
+        .unwrap();
+    crate::common::ok(&out, "eval");
+    for n in &stale {
+        assert!(!tmpdir.join(n).exists(), "eval left {n}");
+    }
+    assert!(!half.exists(), "eval left its --out temporary");
+    assert!(other.exists() && items.is_file() && tmpdir.join(&live).is_dir());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("removed {}", half.display())),
+        "{err}"
+    );
+}

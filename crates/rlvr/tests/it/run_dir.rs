@@ -136,10 +136,16 @@ fn a_second_writer_is_refused_naming_the_holder_and_sigkill_resume_still_works()
     // SIGKILL A: the OS releases its lock, and the run resumes to the end.
     a.kill().unwrap();
     a.wait().unwrap();
+    assert!(run.join(".lock").exists(), "a killed holder's .lock stays");
     let d = resume(&run).output().unwrap();
     ok(&d, "resume after SIGKILL");
     assert_eq!(steps(&run), [1, 2, 3, 4, 5]);
     assert_eq!(latest(&run), "step-5");
+    // The run that ended removed the lock file (the killed holder's included, taken over).
+    assert!(
+        !run.join(".lock").exists(),
+        "RUN/.lock stayed after a clean exit"
+    );
 }
 
 /// Issue 49 item 5: deleting `RUN/.lock` during a run used to let a second writer in (both
@@ -233,6 +239,8 @@ fn an_output_directory_being_written_is_refused_to_a_second_writer() {
         .unwrap();
     ok(&sft, "sft once the lock is free");
     assert!(out.join("model.safetensors").exists());
+    // The lock file (the earlier holder's, taken over) went when sft ended.
+    assert!(!lock.exists(), "{} stayed", lock.display());
 }
 
 #[test]
