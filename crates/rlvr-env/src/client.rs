@@ -15,8 +15,10 @@
 //!   as a death, so a stuck tool costs one timeout, not the run.)
 //! - `hello` unanswered within the timeout, or answered with another version: the run stops.
 //! - a reply that is not one JSON object, answers other episode ids, carries a top-level
-//!   `error`, or is too long; a line written between requests: the run stops (the program is
-//!   killed, its stderr tail shown).
+//!   `error`, or is too long; an episode entry whose fields break the protocol (a `reward` that
+//!   is not a finite number, a `done` that is not a boolean, a message of a wrong role); a line
+//!   written between requests: the run stops (the program is killed, its command, exit status,
+//!   stderr tail and log file named).
 //! - an episode's `{"id", "error"}`, or an observation holding one of
 //!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
 //!
@@ -268,6 +270,17 @@ impl ProcessEnvironment {
         }
     }
 
+    /// The error of an episode entry that breaks the protocol (a reward that is not a number, a
+    /// message of a wrong role, ...): the program is killed, and the error names its command,
+    /// exit status, stderr tail and log file, as a malformed reply line's does.
+    fn malformed(&mut self, e: EnvError) -> EnvError {
+        let ended = match self.proc.take() {
+            Some(p) => p.end(Duration::ZERO),
+            None => "not running".into(),
+        };
+        self.process_error(format!("{e} (it was killed: {ended})"))
+    }
+
     /// One batch request with restarts and replay (see the module docs).
     fn exchange(
         &mut self,
@@ -299,9 +312,17 @@ impl ProcessEnvironment {
                         )));
                     }
                     self.restarts += 1;
+                    // A new process never saw these episodes' `reset`: say so where it matters.
+                    let unseen = if kind == Kind::Reset {
+                        ""
+                    } else {
+                        "; the new process has not seen these episodes' reset (a program that \
+                         keeps state per episode should answer an id it does not know with \
+                         {\"id\", \"error\"})"
+                    };
                     eprintln!(
                         "warning: environment `{}`: {why} ({}); restarting it and sending the \
-                         {} request again (restart {} of at most {})",
+                         {} request again (restart {} of at most {}){unseen}",
                         self.command_line(),
                         ended.chars().take(2000).collect::<String>(),
                         kind.as_str(),
@@ -336,7 +357,7 @@ impl Environment for ProcessEnvironment {
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
-                    let reply = protocol::parse_reset(&v, id)?;
+                    let reply = protocol::parse_reset(&v, id).map_err(|e| self.malformed(e))?;
                     let ms = reply.messages.as_deref().unwrap_or_default();
                     refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply)
                 }
@@ -360,7 +381,7 @@ impl Environment for ProcessEnvironment {
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
-                    let reply = protocol::parse_step(&v, id)?;
+                    let reply = protocol::parse_step(&v, id).map_err(|e| self.malformed(e))?;
                     refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
                         .map(|()| reply)
                 }
@@ -379,12 +400,13 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
-        raw.into_iter()
-            .zip(&ids)
-            .map(|(r, id)| match r {
-                Ok(v) => protocol::parse_finish(&v, id).map(Ok),
-                Err(e) => Ok(Err(e)),
-            })
-            .collect()
+        let mut out = Vec::with_capacity(raw.len());
+        for (r, id) in raw.into_iter().zip(&ids) {
+            out.push(match r {
+                Ok(v) => Ok(protocol::parse_finish(&v, id).map_err(|e| self.malformed(e))?),
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
     }
 }

@@ -47,6 +47,9 @@ for line in sys.stdin:
             time.sleep(60)
         if mode == "error":
             send({"error": "the database is down"}); continue
+        if mode == "bad_reward":
+            print("scoring with the string reward", file=sys.stderr, flush=True)
+            send({"episodes": [{"id": e["id"], "messages": [], "reward": "1.0", "done": True} for e in eps]}); continue
         out = []
         for e in eps:
             if e["text"] == "boom":
@@ -341,6 +344,39 @@ fn malformed_flooding_and_error_replies_stop_the_run() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the database is down"), "{e}");
+}
+
+#[test]
+fn a_malformed_episode_entry_names_the_program_and_its_stderr_and_kills_it() {
+    // A reward sent as a string: the run stops with an error naming the field and episode, the
+    // program's command, its stderr tail and the file holding the rest; the program is gone.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("bad_reward");
+    let log = f.dir.path().join("env.stderr");
+    s.stderr_log = Some(log.clone());
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    let pid = env.pid().unwrap();
+    env.reset(&reset_eps(1, 1)).unwrap();
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "\"reward\" must be a finite number, not \"1.0\"",
+        "episode \"0:0\"",
+        "environment `python3 env.py bad_reward",
+        "scoring with the string reward",
+        &format!("its whole stderr is in {}", log.display()),
+    ] {
+        assert!(e.contains(want), "{want:?} not in: {e}");
+    }
+    assert_eq!(env.pid(), None, "the program is still held");
+    // The process is gone: /proc has no entry for it (Linux), or it is a zombie being reaped.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(stat.is_empty() || stat.contains(") Z "), "{stat}");
 }
 
 #[test]
