@@ -102,6 +102,8 @@ pub struct ProcessEnvironment {
     proc: Option<LineProcess>,
     starts: u32,
     restarts: u32,
+    /// `kind key` of the unread reply keys already warned about (once each per client).
+    warned: std::collections::HashSet<String>,
 }
 
 /// Why one exchange failed.
@@ -146,6 +148,7 @@ impl ProcessEnvironment {
             proc: None,
             starts: 0,
             restarts: 0,
+            warned: std::collections::HashSet::new(),
         };
         env.ensure_started()?;
         Ok(env)
@@ -281,6 +284,34 @@ impl ProcessEnvironment {
         self.process_error(format!("{e} (it was killed: {ended})"))
     }
 
+    /// Warns, once per request kind and key, of the keys of `raw`'s episode entries that rlvr
+    /// does not read ([`protocol::unread_keys`]): on rlvr's stderr and in the program's stderr
+    /// log, naming the key it probably stands for.
+    fn warn_unread(&mut self, kind: Kind, raw: &[EpisodeResult<Json>]) {
+        for v in raw.iter().filter_map(|r| r.as_ref().ok()) {
+            for (key, meant) in protocol::unread_keys(kind, v) {
+                if !self.warned.insert(format!("{} {key}", kind.as_str())) {
+                    continue;
+                }
+                let hint = match meant {
+                    Some(m) => format!("; did you mean {m:?}?"),
+                    None => String::new(),
+                };
+                let read = protocol::reply_keys(kind).join(", ");
+                let line = format!(
+                    "warning: environment `{}`: its {} reply carries {key:?}, which rlvr does \
+                     not read (an episode entry's keys: {read}){hint}",
+                    self.command_line(),
+                    kind.as_str()
+                );
+                eprintln!("{line}");
+                if let Some(log) = &self.log {
+                    log.write(format!("[rlvr: {line}]\n").as_bytes());
+                }
+            }
+        }
+    }
+
     /// One batch request with restarts and replay (see the module docs).
     fn exchange(
         &mut self,
@@ -353,6 +384,7 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids)?;
+        self.warn_unread(Kind::Reset, &raw);
         let mut out = Vec::with_capacity(raw.len());
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
@@ -377,6 +409,7 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids)?;
+        self.warn_unread(Kind::Step, &raw);
         let mut out = Vec::with_capacity(raw.len());
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
@@ -400,6 +433,7 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
+        self.warn_unread(Kind::Finish, &raw);
         let mut out = Vec::with_capacity(raw.len());
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {

@@ -390,6 +390,79 @@ fn messages_of(
     }
 }
 
+/// The keys rlvr reads in an episode entry of a reply to `kind` (`error` included; `hello`'s
+/// reply has no episodes).
+pub fn reply_keys(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Hello => &[],
+        Kind::Reset => &["id", "error", "messages", "tools"],
+        Kind::Step => &["id", "error", "messages", "reward", "done"],
+        Kind::Finish => &["id", "error", "reward"],
+    }
+}
+
+/// The keys of an episode entry `e` of a reply to `kind` that rlvr does not read, in the
+/// entry's order, each with the key it probably stands for: the nearest of [`reply_keys`] (a
+/// typo: `rewrad`, `Done`), or the protocol's name for another framework's (Gymnasium's
+/// `terminated`/`truncated`, `observation`). Such keys are allowed (an environment may add
+/// fields), but a misspelt `done` or `reward` would otherwise pass silently as false or 0.
+pub fn unread_keys(kind: Kind, e: &Json) -> Vec<(String, Option<&'static str>)> {
+    let Json::Object(kv) = e else {
+        return Vec::new();
+    };
+    let known = reply_keys(kind);
+    kv.iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !known.contains(k))
+        .map(|k| (k.to_string(), meant(k, known)))
+        .collect()
+}
+
+/// The key of `known` that `key` probably stands for (see [`unread_keys`]).
+fn meant(key: &str, known: &[&'static str]) -> Option<&'static str> {
+    let lower = key.to_ascii_lowercase();
+    let alias: &[(&str, &str)] = &[
+        ("terminated", "done"),
+        ("truncated", "done"),
+        ("is_done", "done"),
+        ("finished", "done"),
+        ("observation", "messages"),
+        ("observations", "messages"),
+        ("obs", "messages"),
+        ("message", "messages"),
+        ("score", "reward"),
+        ("rewards", "reward"),
+        ("tool", "tools"),
+    ];
+    if let Some(&(_, k)) = alias.iter().find(|(a, _)| *a == lower) {
+        return known.iter().copied().find(|x| *x == k);
+    }
+    known
+        .iter()
+        .copied()
+        .filter(|k| *k != "id" && *k != "error")
+        .map(|k| (edit_distance(&lower, k), k))
+        .filter(|(d, k)| *d <= 2 && *d < k.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance of two short ASCII-ish strings (by chars).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 /// A `reset` reply of episode `id`.
 ///
 /// # Errors

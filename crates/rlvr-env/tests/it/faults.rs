@@ -47,6 +47,8 @@ for line in sys.stdin:
             time.sleep(60)
         if mode == "error":
             send({"error": "the database is down"}); continue
+        if mode == "gym_keys":
+            send({"episodes": [{"id": e["id"], "messages": [], "rewrad": 1.0, "terminated": True, "info": {}} for e in eps]}); continue
         if mode == "bad_reward":
             print("scoring with the string reward", file=sys.stderr, flush=True)
             send({"episodes": [{"id": e["id"], "messages": [], "reward": "1.0", "done": True} for e in eps]}); continue
@@ -377,6 +379,51 @@ fn a_malformed_episode_entry_names_the_program_and_its_stderr_and_kills_it() {
     // The process is gone: /proc has no entry for it (Linux), or it is a zombie being reaped.
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(stat.is_empty() || stat.contains(") Z "), "{stat}");
+}
+
+#[test]
+fn reply_keys_rlvr_does_not_read_are_warned_of_once_with_the_key_meant() {
+    // Gymnasium's `terminated` and a misspelt `reward` would pass silently as done = false and
+    // no reward: the episode runs to max_turns. Each is named once in the program's stderr log
+    // (and on rlvr's stderr), with the key it stands for; a key of no known meaning is named
+    // without a guess. The replies are still accepted (an environment may add fields).
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("gym_keys");
+    let log = f.dir.path().join("env.stderr");
+    s.stderr_log = Some(log.clone());
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    env.reset(&reset_eps(1, 2)).unwrap();
+    for turn in 1..=2 {
+        let r = env
+            .step(&[step("0:0", turn, "x", "1"), step("0:1", turn, "x", "1")])
+            .unwrap();
+        for e in r {
+            let e = e.unwrap();
+            assert_eq!((e.done, e.reward), (false, None));
+        }
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("[rlvr: warning"))
+        .collect();
+    assert_eq!(warned.len(), 3, "{text}");
+    assert!(
+        warned[0].contains("its step reply carries \"rewrad\", which rlvr does not read")
+            && warned[0].contains("did you mean \"reward\"?"),
+        "{text}"
+    );
+    assert!(
+        warned[1].contains("\"terminated\"") && warned[1].contains("did you mean \"done\"?"),
+        "{text}"
+    );
+    assert!(
+        warned[2].contains("\"info\"") && !warned[2].contains("did you mean"),
+        "{text}"
+    );
 }
 
 #[test]
