@@ -40,6 +40,11 @@ use std::time::{Duration, Instant};
 /// How long a program gets to exit after its stdin is closed before its group is killed.
 pub const EXIT_GRACE: Duration = Duration::from_secs(2);
 
+/// Added to a timeout's error: the usual cause when a new environment never answers.
+pub const FLUSH_HINT: &str = "a program that writes its replies without flushing them never \
+    answers through a pipe (Python buffers stdout there): flush after each line, e.g. \
+    `print(json.dumps(reply), flush=True)`, or run `python3 -u`";
+
 /// Where and how the environment program runs (the `[env]` keys it comes from in brackets).
 #[derive(Debug, Clone)]
 pub struct ProcessSettings {
@@ -215,7 +220,7 @@ impl ProcessEnvironment {
         let checked = match answer {
             Ok(line) => check_hello(&line).map_err(|e| e.to_string()),
             Err(LineFault::Timeout) => Err(format!(
-                "no answer to hello within {:.1} s (env.timeout_s)",
+                "no answer to hello within {:.1} s (env.timeout_s; {FLUSH_HINT})",
                 s.timeout.as_secs_f64()
             )),
             Err(f) => Err(format!("{f} before answering hello")),
@@ -262,7 +267,7 @@ impl ProcessEnvironment {
                 kind.as_str()
             ))),
             Err(LineFault::Timeout) => Err(Failure::Died(format!(
-                "no reply to {} within {:.1} s (env.timeout_s)",
+                "no reply to {} within {:.1} s (env.timeout_s; {FLUSH_HINT})",
                 kind.as_str(),
                 self.settings.timeout.as_secs_f64()
             ))),

@@ -24,6 +24,8 @@ for line in sys.stdin:
     if kind == "hello":
         if mode == "silent":
             time.sleep(60)
+        if mode == "buffered":
+            print(json.dumps({"version": 1})); continue
         send({"version": 2 if mode == "wrong_version" else 1})
         continue
     eps = req["episodes"]
@@ -248,6 +250,21 @@ fn start_up_faults_stop_the_run_with_the_stderr_tail() {
     s.command = vec!["/nonexistent/env".into()];
     let e = ProcessEnvironment::start(s).err().unwrap().to_string();
     assert!(e.contains("could not start it"), "{e}");
+}
+
+#[test]
+fn a_program_that_never_flushes_is_told_to() {
+    // The most common first mistake: Python's `print` into a pipe is buffered, so the answer
+    // to hello never arrives. The timeout's error says why and how to fix it.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("buffered");
+    s.timeout = Duration::from_millis(500);
+    let e = ProcessEnvironment::start(s).err().unwrap().to_string();
+    assert!(e.contains("no answer to hello within 0.5 s"), "{e}");
+    assert!(e.contains("flush=True") && e.contains("python3 -u"), "{e}");
 }
 
 #[test]
