@@ -451,7 +451,8 @@ impl RawConfig {
     fn check_data(&self) -> anyhow::Result<()> {
         use rlvr_data::config::TaskKind;
         if self.data.experiences.is_none() {
-            if self.env.builtin.is_some()
+            // Only `retry` itself (another name is check_env's error, naming the typo).
+            if self.env.builtin.as_deref() == Some("retry")
                 && self.data.task == TaskKind::Jsonl
                 && self.data.verifier.is_none()
             {
@@ -543,8 +544,9 @@ impl RawConfig {
             bail!("output.log_every must be at least 1 (a console line every this many steps)");
         }
         warnings.extend(self.staleness_warnings());
-        self.check_data()?;
+        // [env] first: a misspelt env.builtin is named as such, not as the data it would need.
         self.check_env()?;
+        self.check_data()?;
         let written = std::mem::take(&mut self.written);
         let cfg = ResolvedConfig {
             raw: self,

@@ -188,8 +188,15 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
             }
         }
     }
-    if let (Some(p), true) = (&c.env.chat_template, c.env.is_on()) {
-        inputs.push(("env.chat_template", p));
+    if c.env.is_on() {
+        let (e, program) = (&c.env, !c.env.command.is_empty());
+        let keys = [("env.chat_template", &e.chat_template), ("env.dir", &e.dir)];
+        for (key, p) in keys {
+            // env.dir: the program's working directory (the retry environment has none).
+            if let (Some(p), true) = (p, key != "env.dir" || program) {
+                inputs.push((key, p));
+            }
+        }
     }
     let origin = |key: &str| {
         c.written

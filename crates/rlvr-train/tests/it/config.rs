@@ -1482,8 +1482,13 @@ fn env_keys_are_typed_checked_and_named() {
     );
     assert_eq!(c.raw.env.dir.as_deref(), Some(dir.as_path()));
     // Each bad value names its key.
-    let bad: [(&[&str], &str); 13] = [
+    let bad: [(&[&str], &str); 14] = [
         (&["env.builtin=\"maze\""], "env.builtin"),
+        // A misspelt builtin on a task without a verifier: the typo, not retry's verifier.
+        (
+            &["data.task=\"jsonl\"", "env.builtin=\"retyr\""],
+            "env.builtin = \"retyr\": the built-in environments are \"retry\"",
+        ),
         (
             &["env.builtin=\"retry\"", "env.kv_cache_mib=2000000"],
             "env.kv_cache_mib = 2000000 is out of range",

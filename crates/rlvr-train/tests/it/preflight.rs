@@ -308,6 +308,30 @@ fn a_broken_env_program_or_template_names_the_key_and_line() {
         at(8)
     );
     assert!(err.starts_with(&want), "{err}");
+    // The program's working directory (env.dir) is not there: named as such, not as a program
+    // that "could not start".
+    std::fs::write(
+        &file,
+        "[data]\ntask = \"arithmetic\"\n[env]\ncommand = [\"python3\", \"my_env.py\"]\n\
+         dir = \"gone\"\n",
+    )
+    .unwrap();
+    let sets = vec![
+        format!("model.path=\"{}\"", f.model.display()),
+        format!("output.dir=\"{}\"", f.dir.join("run").display()),
+        format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+    ];
+    let cfg = RawConfig::load(Some(&file), &sets)
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let err = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    let want = format!(
+        "env.dir = {}: no such file or directory {}",
+        conf.join("gone").display(),
+        at(5)
+    );
+    assert!(err.starts_with(&want), "{err}");
     // Fixed, the run gets past these checks: the program is started (it never answers hello).
     let err = run("[\"python3\", \"my_env.py\"]", "chat.jinja");
     assert!(!err.starts_with("env."), "{err}");
