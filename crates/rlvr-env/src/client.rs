@@ -13,6 +13,9 @@
 //!   request is sent again, at most [`ProcessSettings::restarts`] times in the client's life;
 //!   then the run stops with its exit status and stderr tail. (Addition to §14: a timeout counts
 //!   as a death, so a stuck tool costs one timeout, not the run.)
+//!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
+//!   silent program is not restarted: the run stops at once rather than after every restart's
+//!   timeout.
 //! - `hello` unanswered within the timeout, or answered with another version: the run stops.
 //! - a reply that is not one JSON object, answers other episode ids, carries a top-level
 //!   `error`, or is too long; an episode entry whose fields break the protocol (a `reward` that
@@ -35,12 +38,15 @@ use crate::validate::{check_groups, refuse_special_tokens};
 use crate::{EnvError, Environment};
 use rlvr_reward::process::{LineFault, LineProcess, StderrLog};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a program gets to exit after its stdin is closed before its group is killed.
 pub const EXIT_GRACE: Duration = Duration::from_secs(2);
 
-/// Added to a timeout's error: the usual cause when a new environment never answers.
+/// Added to the error of a `hello` unanswered in time: the usual cause when a new environment
+/// never answers (a program that answered `hello` flushes its replies).
 pub const FLUSH_HINT: &str = "a program that writes its replies without flushing them never \
     answers through a pipe (Python buffers stdout there): flush after each line, e.g. \
     `print(json.dumps(reply), flush=True)`, or run `python3 -u`";
@@ -109,6 +115,8 @@ pub struct ProcessEnvironment {
     restarts: u32,
     /// `kind key` of the unread reply keys already warned about (once each per client).
     warned: std::collections::HashSet<String>,
+    /// Set when the run is asked to stop ([`Environment::watch_stop`]): no more restarts.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 /// Why one exchange failed.
@@ -154,6 +162,7 @@ impl ProcessEnvironment {
             starts: 0,
             restarts: 0,
             warned: std::collections::HashSet::new(),
+            stop: None,
         };
         env.ensure_started()?;
         Ok(env)
@@ -267,7 +276,7 @@ impl ProcessEnvironment {
                 kind.as_str()
             ))),
             Err(LineFault::Timeout) => Err(Failure::Died(format!(
-                "no reply to {} within {:.1} s (env.timeout_s; {FLUSH_HINT})",
+                "no reply to {} within {:.1} s (env.timeout_s)",
                 kind.as_str(),
                 self.settings.timeout.as_secs_f64()
             ))),
@@ -339,6 +348,13 @@ impl ProcessEnvironment {
                 }
                 Failure::Died(why) => {
                     let ended = p.end(Duration::from_millis(200));
+                    if self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                        return Err(self.process_error(format!(
+                            "{why} ({ended}); not restarted, as the run was asked to stop (it \
+                             stops with the last completed step's checkpoint; `rlvr train \
+                             --resume` continues from it)"
+                        )));
+                    }
                     if self.restarts >= self.settings.restarts {
                         return Err(self.process_error(format!(
                             "{why} ({ended}) after {} restarts (the limit, env.restarts); fix \
@@ -380,6 +396,10 @@ impl Drop for ProcessEnvironment {
 }
 
 impl Environment for ProcessEnvironment {
+    fn watch_stop(&mut self, stop: Arc<AtomicBool>) {
+        self.stop = Some(stop);
+    }
+
     fn reset(
         &mut self,
         episodes: &[ResetEpisode],

@@ -253,6 +253,34 @@ fn start_up_faults_stop_the_run_with_the_stderr_tail() {
 }
 
 #[test]
+fn a_silent_program_is_not_restarted_once_the_run_is_asked_to_stop() {
+    // The first Ctrl-C waits for the current step; a hung program would otherwise be restarted
+    // (and waited for) env.restarts more times: 4 × 60 s by default.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("hang");
+    s.timeout = Duration::from_millis(700);
+    s.restarts = 3;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    env.reset(&reset_eps(1, 1)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    env.watch_stop(stop);
+    let t0 = Instant::now();
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no reply to step within 0.7 s") && e.contains("not restarted"),
+        "{e}"
+    );
+    assert_eq!(env.starts(), 1);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[test]
 fn a_program_that_never_flushes_is_told_to() {
     // The most common first mistake: Python's `print` into a pipe is buffered, so the answer
     // to hello never arrives. The timeout's error says why and how to fix it.

@@ -379,6 +379,12 @@ impl EpisodeRunner {
         &self.settings
     }
 
+    /// Hands the run's stop flag to the environment ([`rlvr_env::Environment::watch_stop`]):
+    /// once set, a dead or silent program is not restarted.
+    pub fn watch_stop(&mut self, stop: Arc<std::sync::atomic::AtomicBool>) {
+        self.env.watch_stop(stop);
+    }
+
     /// The bridge for `messages` after a turn (cached by messages and tools).
     fn bridge_for(
         &mut self,
