@@ -1246,6 +1246,18 @@ pub fn generate_episodes(
         config.display()
     );
     // The per-turn limit is the flag's, and so is the default episode budget.
+    if let Some(b) = raw.env.max_episode_tokens.filter(|&b| b < a.max_new_tokens) {
+        anyhow::bail!(
+            "--max-new-tokens {} is above env.max_episode_tokens = {b} of {}: an episode's first \
+             turn is sampled whole; the per-turn limit of `rlvr generate --env` is the flag's \
+             (256 unless given), not the config's rollout.max_new_tokens = {}: pass \
+             --max-new-tokens {} or less",
+            a.max_new_tokens,
+            config.display(),
+            raw.rollout.max_new_tokens,
+            b.min(raw.rollout.max_new_tokens)
+        );
+    }
     raw.rollout.max_new_tokens = a.max_new_tokens;
     let rows = rlvr_rollout::cli::prompt_rows(a)?;
     let policy = rlvr_rollout::cli::load_policy(a)?;
