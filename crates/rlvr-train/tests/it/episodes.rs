@@ -367,6 +367,14 @@ fn a_train_run_with_retry_writes_env_metrics() {
     for line in &m {
         let turns = line["env/turns/mean"].as_f64().unwrap();
         assert!((1.0..=2.0).contains(&turns), "{turns}");
+        let (lo, hi) = (
+            line["env/turns/min"].as_f64().unwrap(),
+            line["env/turns/max"].as_f64().unwrap(),
+        );
+        assert!(
+            1.0 <= lo && lo <= turns && turns <= hi && hi <= 2.0,
+            "{line:?}"
+        );
         assert_eq!(line["env/error_frac"].as_f64(), Some(0.0));
         assert_eq!(line["env/tool_call_errors"].as_f64(), Some(0.0));
         assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
