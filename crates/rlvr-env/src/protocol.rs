@@ -260,6 +260,17 @@ pub fn check_hello(line: &str) -> Result<(), EnvError> {
     }
     match v.get("version") {
         Some(Json::Int(PROTOCOL_VERSION)) => Ok(()),
+        // The right number written as a string or a float: a serialisation slip, said so.
+        Some(other)
+            if other.as_f64() == Some(PROTOCOL_VERSION as f64)
+                || other.as_str() == Some(PROTOCOL_VERSION.to_string().as_str()) =>
+        {
+            Err(EnvError::Protocol(format!(
+                "hello's reply gives \"version\": {}; it must be the JSON integer \
+                 {PROTOCOL_VERSION} ({{\"version\": {PROTOCOL_VERSION}}}), not a string or a float",
+                other.to_compact()
+            )))
+        }
         Some(other) => Err(EnvError::Protocol(format!(
             "the environment speaks protocol version {other}; this rlvr speaks version \
              {PROTOCOL_VERSION} (docs/DESIGN.md section 14)"
@@ -578,5 +589,24 @@ mod tests {
         let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
         check_hello(r#"{"version":1}"#).unwrap();
+    }
+
+    #[test]
+    fn a_version_written_as_a_string_or_a_float_is_named_as_such() {
+        // Not "speaks protocol version 1.0; this rlvr speaks version 1".
+        for (line, shown) in [
+            (r#"{"version":"1"}"#, "\"1\""),
+            (r#"{"version":1.0}"#, "1.0"),
+        ] {
+            let e = check_hello(line).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "gives \"version\": {shown}; it must be the JSON integer 1"
+                )),
+                "{e}"
+            );
+        }
+        let e = check_hello(r#"{"version":"2"}"#).unwrap_err().to_string();
+        assert!(e.contains("speaks protocol version \"2\""), "{e}");
     }
 }
