@@ -515,6 +515,17 @@ fn env_finish_counts_are_the_episodes_ends() {
         }
     }
     assert_eq!(env.ends, want);
+    // Each line carries the episode's turns and the rewards the environment gave, which sum to
+    // its reward (env.reward = "sum"); the failed episode's reward is null.
+    for (r, e) in b.rollouts.iter().zip(&b.experiences) {
+        assert_eq!(r.turns, e.turns, "{r:?}");
+        let given = r.turn_rewards.as_ref().unwrap();
+        assert_eq!(given, &e.turn_rewards, "{r:?}");
+        match r.finish_reason.as_str() {
+            "error" => assert_eq!(r.reward, None, "{r:?}"),
+            _ => assert_eq!(r.reward, Some(given.iter().flatten().sum()), "{r:?}"),
+        }
+    }
     assert_eq!((env.episodes, env.errors), (128, errors));
     let ended: usize = env.ends.named().iter().map(|(_, n)| n).sum();
     assert_eq!(ended + env.errors, env.episodes);
