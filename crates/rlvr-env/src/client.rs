@@ -5,7 +5,9 @@
 //! leads its own process group, gets a minimal environment (`PATH HOME LANG TMPDIR` plus the
 //! names in `env.env`), runs in the config file's directory, dies with rlvr (Linux), and is
 //! killed with its group when the client is dropped. A reply line longer than
-//! [`ProcessSettings::max_reply_bytes`] is refused without being read into memory.
+//! [`ProcessSettings::max_reply_bytes`] (or, for a request of n episodes, n ×
+//! [`ProcessSettings::episode_reply_bytes`] when that is more) is refused without being read
+//! into memory.
 //!
 //! Faults:
 //! - the program dies (stdout closes, stdin is closed) or a request runs past
@@ -65,8 +67,13 @@ pub struct ProcessSettings {
     pub timeout: Duration,
     /// Restarts allowed in the client's life (`env.restarts`), at most [`MOST_RESTARTS`].
     pub restarts: u32,
-    /// The longest reply line read, in bytes.
+    /// The longest reply line read, in bytes, whatever the request: at least this; see
+    /// [`ProcessSettings::episode_reply_bytes`].
     pub max_reply_bytes: usize,
+    /// Bytes of reply line allowed per episode of a request: a request of `n` episodes accepts
+    /// a reply line of `max(max_reply_bytes, n × episode_reply_bytes)` bytes, so a large batch
+    /// of legitimate observations is not refused by a fixed limit. 0: the fixed limit alone.
+    pub episode_reply_bytes: usize,
     /// The `[env.options]` table handed to `hello` (an object).
     pub options: Json,
     /// Token strings refused in observations: the run passes its tokenizer's added tokens
@@ -94,6 +101,7 @@ impl ProcessSettings {
             timeout: Duration::from_secs(60),
             restarts: 3,
             max_reply_bytes: 16 << 20,
+            episode_reply_bytes: 0,
             options: Json::Object(Vec::new()),
             special_tokens: Vec::new(),
             stderr_log: None,
@@ -266,6 +274,11 @@ impl ProcessEnvironment {
             Err(LineFault::Closed) => return Err(Failure::Died("its stdout closed".into())),
             Err(f) => return Err(Failure::Fatal(EnvError::Protocol(f.to_string()))),
         }
+        let s = &self.settings;
+        p.set_max_line(
+            s.max_reply_bytes
+                .max(ids.len().saturating_mul(s.episode_reply_bytes)),
+        );
         if !p.send(line.to_string()) {
             return Err(Failure::Died("its stdin is closed".into()));
         }

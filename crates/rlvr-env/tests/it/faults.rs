@@ -49,6 +49,8 @@ for line in sys.stdin:
             time.sleep(60)
         if mode == "error":
             send({"error": "the database is down"}); continue
+        if mode == "wide":
+            send({"episodes": [{"id": e["id"], "messages": [{"role": "tool", "content": "x" * 300000}], "reward": 0.0, "done": False} for e in eps]}); continue
         if mode == "gym_keys":
             send({"episodes": [{"id": e["id"], "messages": [], "rewrad": 1.0, "terminated": True, "info": {}} for e in eps]}); continue
         if mode == "bad_reward":
@@ -469,6 +471,31 @@ fn reply_keys_rlvr_does_not_read_are_warned_of_once_with_the_key_meant() {
         warned[2].contains("\"info\"") && !warned[2].contains("did you mean"),
         "{text}"
     );
+}
+
+#[test]
+fn the_reply_limit_grows_with_the_episodes_of_a_request() {
+    // 8 episodes of 300 kB observations: a 2.4 MB reply line. Over a fixed 1 MiB limit it stops
+    // the run; with 400 kB allowed per episode (3.2 MB for this request) it is read.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let eps: Vec<StepEpisode> = (0..8)
+        .map(|j| step(&format!("0:{j}"), 1, "x", "1"))
+        .collect();
+    let mut s = f.settings("wide");
+    s.max_reply_bytes = 1 << 20;
+    let mut env = ProcessEnvironment::start(s.clone()).unwrap();
+    env.reset(&reset_eps(1, 8)).unwrap();
+    let e = env.step(&eps).unwrap_err().to_string();
+    assert!(e.contains("passed 1048576 bytes"), "{e}");
+    s.episode_reply_bytes = 400_000;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    env.reset(&reset_eps(1, 8)).unwrap();
+    let r = env.step(&eps).unwrap();
+    assert_eq!(r.len(), 8);
+    assert_eq!(r[7].as_ref().unwrap().messages[0].content.len(), 300_000);
 }
 
 #[test]
