@@ -1560,6 +1560,25 @@ fn env_keys_are_typed_checked_and_named() {
     }
     let err = format!("{:#}", check_load("", &["env.max_turnz=3"]).unwrap_err());
     assert!(err.contains("env.max_turns"), "{err}");
+    // env.env naming a variable rlvr does not have (PATH it has): a warning naming it.
+    let c = check_load(
+        "",
+        &[
+            "env.command=[\"python3\", \"game.py\"]",
+            "env.env=[\"PATH\", \"RLVR_TEST_NO_SUCH_VAR_5821\"]",
+        ],
+    )
+    .unwrap();
+    let named: Vec<&String> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("env.env"))
+        .collect();
+    assert_eq!(named.len(), 1, "{:?}", c.warnings);
+    assert!(
+        named[0].contains("RLVR_TEST_NO_SUCH_VAR_5821, which is not set here"),
+        "{named:?}"
+    );
 }
 
 /// A `model.path` written like a Hugging Face Hub id that is neither a directory here nor in the
