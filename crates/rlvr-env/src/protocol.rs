@@ -241,6 +241,13 @@ fn shown(line: &str) -> String {
     s
 }
 
+/// The `error` of a reply or an episode entry: absent or `null` is no error (a serialiser that
+/// writes every field, Python's `dataclasses.asdict` or pydantic's `model_dump`, writes
+/// `"error": null` beside a good reply).
+fn error_of(v: &Json) -> Option<&Json> {
+    v.get("error").filter(|e| !matches!(e, Json::Null))
+}
+
 /// Checks `hello`'s reply line: `{"version": 1}`.
 ///
 /// # Errors
@@ -252,7 +259,7 @@ pub fn check_hello(line: &str) -> Result<(), EnvError> {
             shown(line)
         ))
     })?;
-    if let Some(e) = v.get("error") {
+    if let Some(e) = error_of(&v) {
         return Err(EnvError::Protocol(format!(
             "the environment reported an error at start-up: {}",
             e.as_str().map_or_else(|| e.to_compact(), str::to_string)
@@ -302,7 +309,7 @@ pub fn parse_reply(
             not_json_hint(line)
         ))
     })?;
-    if let Some(e) = v.get("error") {
+    if let Some(e) = error_of(&v) {
         return Err(EnvError::Reported(format!(
             "{what}: {}",
             e.as_str().map_or_else(|| e.to_compact(), str::to_string)
@@ -341,7 +348,7 @@ pub fn parse_reply(
                 "the reply to {what} answers episode {id:?} twice"
             )));
         }
-        out[k] = Some(match e.get("error") {
+        out[k] = Some(match error_of(e) {
             Some(err) => Err(err
                 .as_str()
                 .map_or_else(|| err.to_compact(), str::to_string)),
@@ -589,6 +596,25 @@ mod tests {
         let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
         check_hello(r#"{"version":1}"#).unwrap();
+    }
+
+    #[test]
+    fn an_error_of_null_is_no_error() {
+        // Python's dataclasses and pydantic write every field: "error": null means none.
+        check_hello(r#"{"version":1,"error":null}"#).unwrap();
+        let line = r#"{"error":null,"episodes":[{"id":"a","error":null,"reward":1,"done":true}]}"#;
+        let r = parse_reply(Kind::Step, line, &["a"]).unwrap();
+        let step = parse_step(r[0].as_ref().unwrap(), "a").unwrap();
+        assert_eq!((step.reward, step.done), (Some(1.0), true));
+        // Any other value is an error, as before.
+        let r = parse_reply(
+            Kind::Step,
+            r#"{"episodes":[{"id":"a","error":{"code":3}}]}"#,
+            &["a"],
+        );
+        assert_eq!(r.unwrap()[0], Err(r#"{"code":3}"#.to_string()));
+        let e = parse_reply(Kind::Step, r#"{"error":"down","episodes":[]}"#, &["a"]).unwrap_err();
+        assert!(e.to_string().contains("down"), "{e}");
     }
 
     #[test]
