@@ -253,6 +253,9 @@ fn error_of(v: &Json) -> Option<&Json> {
 /// # Errors
 /// [`EnvError::Protocol`] for a line that is not JSON, an `error` reply, or another version.
 pub fn check_hello(line: &str) -> Result<(), EnvError> {
+    // A byte order mark opening the stream (.NET's UTF-8 console writes one) is ignored, as
+    // RFC 8259 section 8.1 allows.
+    let line = line.strip_prefix('\u{feff}').unwrap_or(line);
     let v = Json::parse(line).map_err(|e| {
         EnvError::Protocol(format!(
             "hello's reply {:?} is not JSON ({e}); expected {{\"version\": {PROTOCOL_VERSION}}}",
@@ -596,6 +599,15 @@ mod tests {
         let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
         check_hello(r#"{"version":1}"#).unwrap();
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_hellos_reply_is_ignored() {
+        check_hello("\u{feff}{\"version\":1}").unwrap();
+        let e = check_hello("\u{feff}{\"version\":2}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("version 2"), "{e}");
     }
 
     #[test]
