@@ -5,7 +5,9 @@
 //! leads its own process group, gets a minimal environment (`PATH HOME LANG TMPDIR` plus the
 //! names in `env.env`), runs in the config file's directory, dies with rlvr (Linux), and is
 //! killed with its group when the client is dropped. A reply line longer than
-//! [`ProcessSettings::max_reply_bytes`] is refused without being read into memory.
+//! [`ProcessSettings::max_reply_bytes`] (or, for a request of n episodes, n ×
+//! [`ProcessSettings::episode_reply_bytes`] when that is more) is refused without being read
+//! into memory.
 //!
 //! Faults:
 //! - the program dies (stdout closes, stdin is closed) or a request runs past
@@ -13,10 +15,15 @@
 //!   request is sent again, at most [`ProcessSettings::restarts`] times in the client's life;
 //!   then the run stops with its exit status and stderr tail. (Addition to §14: a timeout counts
 //!   as a death, so a stuck tool costs one timeout, not the run.)
+//!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
+//!   silent program is not restarted: the run stops at once rather than after every restart's
+//!   timeout.
 //! - `hello` unanswered within the timeout, or answered with another version: the run stops.
 //! - a reply that is not one JSON object, answers other episode ids, carries a top-level
-//!   `error`, or is too long; a line written between requests: the run stops (the program is
-//!   killed, its stderr tail shown).
+//!   `error`, or is too long; an episode entry whose fields break the protocol (a `reward` that
+//!   is not a finite number, a `done` that is not a boolean, a message of a wrong role); a line
+//!   written between requests: the run stops (the program is killed, its command, exit status,
+//!   stderr tail and log file named).
 //! - an episode's `{"id", "error"}`, or an observation holding one of
 //!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
 //!
@@ -33,10 +40,18 @@ use crate::validate::{check_groups, refuse_special_tokens};
 use crate::{EnvError, Environment};
 use rlvr_reward::process::{LineFault, LineProcess, StderrLog};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a program gets to exit after its stdin is closed before its group is killed.
 pub const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Added to the error of a `hello` unanswered in time: the usual cause when a new environment
+/// never answers (a program that answered `hello` flushes its replies).
+pub const FLUSH_HINT: &str = "a program that writes its replies without flushing them never \
+    answers through a pipe (Python buffers stdout there): flush after each line, e.g. \
+    `print(json.dumps(reply), flush=True)`, or run `python3 -u`";
 
 /// Where and how the environment program runs (the `[env]` keys it comes from in brackets).
 #[derive(Debug, Clone)]
@@ -52,8 +67,13 @@ pub struct ProcessSettings {
     pub timeout: Duration,
     /// Restarts allowed in the client's life (`env.restarts`), at most [`MOST_RESTARTS`].
     pub restarts: u32,
-    /// The longest reply line read, in bytes.
+    /// The longest reply line read, in bytes, whatever the request: at least this; see
+    /// [`ProcessSettings::episode_reply_bytes`].
     pub max_reply_bytes: usize,
+    /// Bytes of reply line allowed per episode of a request: a request of `n` episodes accepts
+    /// a reply line of `max(max_reply_bytes, n × episode_reply_bytes)` bytes, so a large batch
+    /// of legitimate observations is not refused by a fixed limit. 0: the fixed limit alone.
+    pub episode_reply_bytes: usize,
     /// The `[env.options]` table handed to `hello` (an object).
     pub options: Json,
     /// Token strings refused in observations: the run passes its tokenizer's added tokens
@@ -81,6 +101,7 @@ impl ProcessSettings {
             timeout: Duration::from_secs(60),
             restarts: 3,
             max_reply_bytes: 16 << 20,
+            episode_reply_bytes: 0,
             options: Json::Object(Vec::new()),
             special_tokens: Vec::new(),
             stderr_log: None,
@@ -100,6 +121,10 @@ pub struct ProcessEnvironment {
     proc: Option<LineProcess>,
     starts: u32,
     restarts: u32,
+    /// `kind key` of the unread reply keys already warned about (once each per client).
+    warned: std::collections::HashSet<String>,
+    /// Set when the run is asked to stop ([`Environment::watch_stop`]): no more restarts.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 /// Why one exchange failed.
@@ -144,6 +169,8 @@ impl ProcessEnvironment {
             proc: None,
             starts: 0,
             restarts: 0,
+            warned: std::collections::HashSet::new(),
+            stop: None,
         };
         env.ensure_started()?;
         Ok(env)
@@ -210,7 +237,7 @@ impl ProcessEnvironment {
         let checked = match answer {
             Ok(line) => check_hello(&line).map_err(|e| e.to_string()),
             Err(LineFault::Timeout) => Err(format!(
-                "no answer to hello within {:.1} s (env.timeout_s)",
+                "no answer to hello within {:.1} s (env.timeout_s; {FLUSH_HINT})",
                 s.timeout.as_secs_f64()
             )),
             Err(f) => Err(format!("{f} before answering hello")),
@@ -247,6 +274,11 @@ impl ProcessEnvironment {
             Err(LineFault::Closed) => return Err(Failure::Died("its stdout closed".into())),
             Err(f) => return Err(Failure::Fatal(EnvError::Protocol(f.to_string()))),
         }
+        let s = &self.settings;
+        p.set_max_line(
+            s.max_reply_bytes
+                .max(ids.len().saturating_mul(s.episode_reply_bytes)),
+        );
         if !p.send(line.to_string()) {
             return Err(Failure::Died("its stdin is closed".into()));
         }
@@ -265,6 +297,45 @@ impl ProcessEnvironment {
                 "the reply to {}: {f}",
                 kind.as_str()
             )))),
+        }
+    }
+
+    /// The error of an episode entry that breaks the protocol (a reward that is not a number, a
+    /// message of a wrong role, ...): the program is killed, and the error names its command,
+    /// exit status, stderr tail and log file, as a malformed reply line's does.
+    fn malformed(&mut self, e: EnvError) -> EnvError {
+        let ended = match self.proc.take() {
+            Some(p) => p.end(Duration::ZERO),
+            None => "not running".into(),
+        };
+        self.process_error(format!("{e} (it was killed: {ended})"))
+    }
+
+    /// Warns, once per request kind and key, of the keys of `raw`'s episode entries that rlvr
+    /// does not read ([`protocol::unread_keys`]): on rlvr's stderr and in the program's stderr
+    /// log, naming the key it probably stands for.
+    fn warn_unread(&mut self, kind: Kind, raw: &[EpisodeResult<Json>]) {
+        for v in raw.iter().filter_map(|r| r.as_ref().ok()) {
+            for (key, meant) in protocol::unread_keys(kind, v) {
+                if !self.warned.insert(format!("{} {key}", kind.as_str())) {
+                    continue;
+                }
+                let hint = match meant {
+                    Some(m) => format!("; did you mean {m:?}?"),
+                    None => String::new(),
+                };
+                let read = protocol::reply_keys(kind).join(", ");
+                let line = format!(
+                    "warning: environment `{}`: its {} reply carries {key:?}, which rlvr does \
+                     not read (an episode entry's keys: {read}){hint}",
+                    self.command_line(),
+                    kind.as_str()
+                );
+                eprintln!("{line}");
+                if let Some(log) = &self.log {
+                    log.write(format!("[rlvr: {line}]\n").as_bytes());
+                }
+            }
         }
     }
 
@@ -290,6 +361,13 @@ impl ProcessEnvironment {
                 }
                 Failure::Died(why) => {
                     let ended = p.end(Duration::from_millis(200));
+                    if self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                        return Err(self.process_error(format!(
+                            "{why} ({ended}); not restarted, as the run was asked to stop (it \
+                             stops with the last completed step's checkpoint; `rlvr train \
+                             --resume` continues from it)"
+                        )));
+                    }
                     if self.restarts >= self.settings.restarts {
                         return Err(self.process_error(format!(
                             "{why} ({ended}) after {} restarts (the limit, env.restarts); fix \
@@ -299,9 +377,17 @@ impl ProcessEnvironment {
                         )));
                     }
                     self.restarts += 1;
+                    // A new process never saw these episodes' `reset`: say so where it matters.
+                    let unseen = if kind == Kind::Reset {
+                        ""
+                    } else {
+                        "; the new process has not seen these episodes' reset (a program that \
+                         keeps state per episode should answer an id it does not know with \
+                         {\"id\", \"error\"})"
+                    };
                     eprintln!(
                         "warning: environment `{}`: {why} ({}); restarting it and sending the \
-                         {} request again (restart {} of at most {})",
+                         {} request again (restart {} of at most {}){unseen}",
                         self.command_line(),
                         ended.chars().take(2000).collect::<String>(),
                         kind.as_str(),
@@ -323,6 +409,10 @@ impl Drop for ProcessEnvironment {
 }
 
 impl Environment for ProcessEnvironment {
+    fn watch_stop(&mut self, stop: Arc<AtomicBool>) {
+        self.stop = Some(stop);
+    }
+
     fn reset(
         &mut self,
         episodes: &[ResetEpisode],
@@ -332,11 +422,12 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids)?;
+        self.warn_unread(Kind::Reset, &raw);
         let mut out = Vec::with_capacity(raw.len());
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
-                    let reply = protocol::parse_reset(&v, id)?;
+                    let reply = protocol::parse_reset(&v, id).map_err(|e| self.malformed(e))?;
                     let ms = reply.messages.as_deref().unwrap_or_default();
                     refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply)
                 }
@@ -356,11 +447,12 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids)?;
+        self.warn_unread(Kind::Step, &raw);
         let mut out = Vec::with_capacity(raw.len());
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
-                    let reply = protocol::parse_step(&v, id)?;
+                    let reply = protocol::parse_step(&v, id).map_err(|e| self.malformed(e))?;
                     refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
                         .map(|()| reply)
                 }
@@ -379,12 +471,14 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
-        raw.into_iter()
-            .zip(&ids)
-            .map(|(r, id)| match r {
-                Ok(v) => protocol::parse_finish(&v, id).map(Ok),
-                Err(e) => Ok(Err(e)),
-            })
-            .collect()
+        self.warn_unread(Kind::Finish, &raw);
+        let mut out = Vec::with_capacity(raw.len());
+        for (r, id) in raw.into_iter().zip(&ids) {
+            out.push(match r {
+                Ok(v) => Ok(protocol::parse_finish(&v, id).map_err(|e| self.malformed(e))?),
+                Err(e) => Err(e),
+            });
+        }
+        Ok(out)
     }
 }

@@ -92,4 +92,11 @@ pub trait Environment: Send {
         &mut self,
         episodes: &[FinishEpisode],
     ) -> Result<Vec<EpisodeResult<FinishReply>>, EnvError>;
+
+    /// `stop` is set when the run is asked to stop (the first Ctrl-C, SIGTERM): the request in
+    /// flight is still awaited (the current step finishes), but an environment that dies or
+    /// stays silent is no longer restarted. The default ignores it (nothing to restart).
+    fn watch_stop(&mut self, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let _ = stop;
+    }
 }

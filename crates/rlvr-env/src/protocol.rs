@@ -241,18 +241,28 @@ fn shown(line: &str) -> String {
     s
 }
 
+/// The `error` of a reply or an episode entry: absent or `null` is no error (a serialiser that
+/// writes every field, Python's `dataclasses.asdict` or pydantic's `model_dump`, writes
+/// `"error": null` beside a good reply).
+fn error_of(v: &Json) -> Option<&Json> {
+    v.get("error").filter(|e| !matches!(e, Json::Null))
+}
+
 /// Checks `hello`'s reply line: `{"version": 1}`.
 ///
 /// # Errors
 /// [`EnvError::Protocol`] for a line that is not JSON, an `error` reply, or another version.
 pub fn check_hello(line: &str) -> Result<(), EnvError> {
+    // A byte order mark opening the stream (.NET's UTF-8 console writes one) is ignored, as
+    // RFC 8259 section 8.1 allows.
+    let line = line.strip_prefix('\u{feff}').unwrap_or(line);
     let v = Json::parse(line).map_err(|e| {
         EnvError::Protocol(format!(
             "hello's reply {:?} is not JSON ({e}); expected {{\"version\": {PROTOCOL_VERSION}}}",
             shown(line)
         ))
     })?;
-    if let Some(e) = v.get("error") {
+    if let Some(e) = error_of(&v) {
         return Err(EnvError::Protocol(format!(
             "the environment reported an error at start-up: {}",
             e.as_str().map_or_else(|| e.to_compact(), str::to_string)
@@ -260,6 +270,17 @@ pub fn check_hello(line: &str) -> Result<(), EnvError> {
     }
     match v.get("version") {
         Some(Json::Int(PROTOCOL_VERSION)) => Ok(()),
+        // The right number written as a string or a float: a serialisation slip, said so.
+        Some(other)
+            if other.as_f64() == Some(PROTOCOL_VERSION as f64)
+                || other.as_str() == Some(PROTOCOL_VERSION.to_string().as_str()) =>
+        {
+            Err(EnvError::Protocol(format!(
+                "hello's reply gives \"version\": {}; it must be the JSON integer \
+                 {PROTOCOL_VERSION} ({{\"version\": {PROTOCOL_VERSION}}}), not a string or a float",
+                other.to_compact()
+            )))
+        }
         Some(other) => Err(EnvError::Protocol(format!(
             "the environment speaks protocol version {other}; this rlvr speaks version \
              {PROTOCOL_VERSION} (docs/DESIGN.md section 14)"
@@ -291,7 +312,7 @@ pub fn parse_reply(
             not_json_hint(line)
         ))
     })?;
-    if let Some(e) = v.get("error") {
+    if let Some(e) = error_of(&v) {
         return Err(EnvError::Reported(format!(
             "{what}: {}",
             e.as_str().map_or_else(|| e.to_compact(), str::to_string)
@@ -330,7 +351,7 @@ pub fn parse_reply(
                 "the reply to {what} answers episode {id:?} twice"
             )));
         }
-        out[k] = Some(match e.get("error") {
+        out[k] = Some(match error_of(e) {
             Some(err) => Err(err
                 .as_str()
                 .map_or_else(|| err.to_compact(), str::to_string)),
@@ -388,6 +409,79 @@ fn messages_of(
             other.kind()
         ))),
     }
+}
+
+/// The keys rlvr reads in an episode entry of a reply to `kind` (`error` included; `hello`'s
+/// reply has no episodes).
+pub fn reply_keys(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Hello => &[],
+        Kind::Reset => &["id", "error", "messages", "tools"],
+        Kind::Step => &["id", "error", "messages", "reward", "done"],
+        Kind::Finish => &["id", "error", "reward"],
+    }
+}
+
+/// The keys of an episode entry `e` of a reply to `kind` that rlvr does not read, in the
+/// entry's order, each with the key it probably stands for: the nearest of [`reply_keys`] (a
+/// typo: `rewrad`, `Done`), or the protocol's name for another framework's (Gymnasium's
+/// `terminated`/`truncated`, `observation`). Such keys are allowed (an environment may add
+/// fields), but a misspelt `done` or `reward` would otherwise pass silently as false or 0.
+pub fn unread_keys(kind: Kind, e: &Json) -> Vec<(String, Option<&'static str>)> {
+    let Json::Object(kv) = e else {
+        return Vec::new();
+    };
+    let known = reply_keys(kind);
+    kv.iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !known.contains(k))
+        .map(|k| (k.to_string(), meant(k, known)))
+        .collect()
+}
+
+/// The key of `known` that `key` probably stands for (see [`unread_keys`]).
+fn meant(key: &str, known: &[&'static str]) -> Option<&'static str> {
+    let lower = key.to_ascii_lowercase();
+    let alias: &[(&str, &str)] = &[
+        ("terminated", "done"),
+        ("truncated", "done"),
+        ("is_done", "done"),
+        ("finished", "done"),
+        ("observation", "messages"),
+        ("observations", "messages"),
+        ("obs", "messages"),
+        ("message", "messages"),
+        ("score", "reward"),
+        ("rewards", "reward"),
+        ("tool", "tools"),
+    ];
+    if let Some(&(_, k)) = alias.iter().find(|(a, _)| *a == lower) {
+        return known.iter().copied().find(|x| *x == k);
+    }
+    known
+        .iter()
+        .copied()
+        .filter(|k| *k != "id" && *k != "error")
+        .map(|k| (edit_distance(&lower, k), k))
+        .filter(|(d, k)| *d <= 2 && *d < k.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance of two short ASCII-ish strings (by chars).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// A `reset` reply of episode `id`.
@@ -505,5 +599,52 @@ mod tests {
         let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
         check_hello(r#"{"version":1}"#).unwrap();
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_hellos_reply_is_ignored() {
+        check_hello("\u{feff}{\"version\":1}").unwrap();
+        let e = check_hello("\u{feff}{\"version\":2}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("version 2"), "{e}");
+    }
+
+    #[test]
+    fn an_error_of_null_is_no_error() {
+        // Python's dataclasses and pydantic write every field: "error": null means none.
+        check_hello(r#"{"version":1,"error":null}"#).unwrap();
+        let line = r#"{"error":null,"episodes":[{"id":"a","error":null,"reward":1,"done":true}]}"#;
+        let r = parse_reply(Kind::Step, line, &["a"]).unwrap();
+        let step = parse_step(r[0].as_ref().unwrap(), "a").unwrap();
+        assert_eq!((step.reward, step.done), (Some(1.0), true));
+        // Any other value is an error, as before.
+        let r = parse_reply(
+            Kind::Step,
+            r#"{"episodes":[{"id":"a","error":{"code":3}}]}"#,
+            &["a"],
+        );
+        assert_eq!(r.unwrap()[0], Err(r#"{"code":3}"#.to_string()));
+        let e = parse_reply(Kind::Step, r#"{"error":"down","episodes":[]}"#, &["a"]).unwrap_err();
+        assert!(e.to_string().contains("down"), "{e}");
+    }
+
+    #[test]
+    fn a_version_written_as_a_string_or_a_float_is_named_as_such() {
+        // Not "speaks protocol version 1.0; this rlvr speaks version 1".
+        for (line, shown) in [
+            (r#"{"version":"1"}"#, "\"1\""),
+            (r#"{"version":1.0}"#, "1.0"),
+        ] {
+            let e = check_hello(line).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "gives \"version\": {shown}; it must be the JSON integer 1"
+                )),
+                "{e}"
+            );
+        }
+        let e = check_hello(r#"{"version":"2"}"#).unwrap_err().to_string();
+        assert!(e.contains("speaks protocol version \"2\""), "{e}");
     }
 }

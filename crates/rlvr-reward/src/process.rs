@@ -15,6 +15,7 @@ use crate::external::{kill_group, spawn_in_group};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -129,6 +130,8 @@ pub struct LineProcess {
     stderr: Arc<Mutex<Vec<u8>>>,
     /// Closed (its sender dropped) when the stderr reader has read to the end of the pipe.
     stderr_done: Receiver<()>,
+    /// The longest stdout line accepted, in bytes ([`LineProcess::set_max_line`]).
+    max_line: Arc<AtomicUsize>,
 }
 
 /// The longest [`LineProcess::end`] waits, after the group is killed, for the stderr reader to
@@ -180,7 +183,9 @@ impl LineProcess {
             }
         });
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || read_lines(BufReader::new(stdout), max_line, &tx));
+        let max_line = Arc::new(AtomicUsize::new(max_line));
+        let limit = Arc::clone(&max_line);
+        std::thread::spawn(move || read_lines(BufReader::new(stdout), &limit, &tx));
         let tail = Arc::new(Mutex::new(Vec::new()));
         let keep = Arc::clone(&tail);
         let (done, stderr_done) = mpsc::channel::<()>();
@@ -206,7 +211,15 @@ impl LineProcess {
             lines,
             stderr: tail,
             stderr_done,
+            max_line,
         })
+    }
+
+    /// Sets the longest stdout line accepted from now on, in bytes (a line being read is checked
+    /// against the new limit as it grows): for a program whose replies grow with its requests
+    /// (an environment's batch of episodes), set before each request.
+    pub fn set_max_line(&self, bytes: usize) {
+        self.max_line.store(bytes, Ordering::SeqCst);
     }
 
     /// Queues `text` (one or more whole lines, newline included) for the program's stdin.
@@ -288,7 +301,7 @@ impl LineProcess {
 
 /// Splits `r` into lines of at most `max_line` bytes (newline and a trailing `\r` removed) and
 /// sends them; stops at the end of input, at the first fault, or when nobody listens.
-fn read_lines(mut r: impl BufRead, max_line: usize, tx: &Sender<Result<String, LineFault>>) {
+fn read_lines(mut r: impl BufRead, max_line: &AtomicUsize, tx: &Sender<Result<String, LineFault>>) {
     let mut line: Vec<u8> = Vec::new();
     loop {
         let (used, complete) = match r.fill_buf() {
@@ -315,8 +328,9 @@ fn read_lines(mut r: impl BufRead, max_line: usize, tx: &Sender<Result<String, L
             }
         };
         r.consume(used);
-        if line.len() > max_line {
-            let _ = tx.send(Err(LineFault::TooLong(max_line)));
+        let max = max_line.load(Ordering::SeqCst);
+        if line.len() > max {
+            let _ = tx.send(Err(LineFault::TooLong(max)));
             return;
         }
         if complete && tx.send(finish(std::mem::take(&mut line))).is_err() {
@@ -338,7 +352,11 @@ mod tests {
 
     fn lines(input: &[u8], max: usize) -> Vec<Result<String, LineFault>> {
         let (tx, rx) = mpsc::channel();
-        read_lines(BufReader::with_capacity(7, input), max, &tx);
+        read_lines(
+            BufReader::with_capacity(7, input),
+            &AtomicUsize::new(max),
+            &tx,
+        );
         drop(tx);
         rx.into_iter().collect()
     }

@@ -341,18 +341,62 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(path) = &a.out {
         write_items(path, &items, false)?;
     }
-    writeln!(
-        out,
-        "{}",
-        serde_json::json!({
-            "task": r.task,
-            "n": r.n,
-            "accuracy": r.accuracy,
-            "mean@k": r.mean_at_k,
-            "pass@k": r.pass_at_k,
-        })
-    )?;
+    let mut summary = serde_json::json!({
+        "task": r.task,
+        "n": r.n,
+        "accuracy": r.accuracy,
+        "mean@k": r.mean_at_k,
+        "pass@k": r.pass_at_k,
+    });
+    if a.env {
+        if let Some(m) = summary.as_object_mut() {
+            m.extend(episode_summary(&items));
+        }
+    }
+    writeln!(out, "{summary}")?;
     Ok(())
+}
+
+/// What `rlvr eval --env`'s episodes did, under the names training's metrics.jsonl gives them
+/// (docs/environments.md): `reward/mean` (the episodes' reward, over those the environment did
+/// not fail; null when it failed all, or for none), `env/turns/mean`, `env/error_frac` and
+/// `env/finish/<end>` (the share of the episodes that ended by `done`, `max_turns`, `length`,
+/// `budget` or `eos`). `accuracy` alone says only how many earned a reward above 0.
+pub fn episode_summary(items: &[EvalItem]) -> Vec<(String, serde_json::Value)> {
+    let eps: Vec<(&EvalItem, &crate::eval::EpisodeRecord)> = items
+        .iter()
+        .filter_map(|it| it.episode.as_ref().map(|e| (it, e)))
+        .collect();
+    let n = eps.len() as f64;
+    let share = |k: usize| (n > 0.0).then(|| k as f64 / n);
+    let scored: Vec<f64> = eps
+        .iter()
+        .filter(|(_, e)| e.error.is_none())
+        .map(|(it, _)| it.reward)
+        .collect();
+    let turns: f64 = eps.iter().map(|(_, e)| f64::from(e.turns)).sum();
+    let mut ends = crate::feed::episodes::EndCounts::default();
+    for (_, e) in eps.iter().filter(|(_, e)| e.error.is_none()) {
+        ends.count(&e.finish);
+    }
+    let errors = eps.iter().filter(|(_, e)| e.error.is_some()).count();
+    let mut out = vec![
+        (
+            "reward/mean".to_string(),
+            serde_json::json!(
+                (!scored.is_empty()).then(|| scored.iter().sum::<f64>() / scored.len() as f64)
+            ),
+        ),
+        (
+            "env/turns/mean".into(),
+            serde_json::json!((n > 0.0).then(|| turns / n)),
+        ),
+        ("env/error_frac".into(), serde_json::json!(share(errors))),
+    ];
+    for (end, k) in ends.named() {
+        out.push((format!("env/finish/{end}"), serde_json::json!(share(k))));
+    }
+    out
 }
 
 /// `rlvr eval` with nothing to evaluate on: a task read from a file (every one but the generated
@@ -1227,6 +1271,18 @@ pub fn generate_episodes(
         config.display()
     );
     // The per-turn limit is the flag's, and so is the default episode budget.
+    if let Some(b) = raw.env.max_episode_tokens.filter(|&b| b < a.max_new_tokens) {
+        anyhow::bail!(
+            "--max-new-tokens {} is above env.max_episode_tokens = {b} of {}: an episode's first \
+             turn is sampled whole; the per-turn limit of `rlvr generate --env` is the flag's \
+             (256 unless given), not the config's rollout.max_new_tokens = {}: pass \
+             --max-new-tokens {} or less",
+            a.max_new_tokens,
+            config.display(),
+            raw.rollout.max_new_tokens,
+            b.min(raw.rollout.max_new_tokens)
+        );
+    }
     raw.rollout.max_new_tokens = a.max_new_tokens;
     let rows = rlvr_rollout::cli::prompt_rows(a)?;
     let policy = rlvr_rollout::cli::load_policy(a)?;

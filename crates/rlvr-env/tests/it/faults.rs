@@ -24,6 +24,8 @@ for line in sys.stdin:
     if kind == "hello":
         if mode == "silent":
             time.sleep(60)
+        if mode == "buffered":
+            print(json.dumps({"version": 1})); continue
         send({"version": 2 if mode == "wrong_version" else 1})
         continue
     eps = req["episodes"]
@@ -47,6 +49,13 @@ for line in sys.stdin:
             time.sleep(60)
         if mode == "error":
             send({"error": "the database is down"}); continue
+        if mode == "wide":
+            send({"episodes": [{"id": e["id"], "messages": [{"role": "tool", "content": "x" * 300000}], "reward": 0.0, "done": False} for e in eps]}); continue
+        if mode == "gym_keys":
+            send({"episodes": [{"id": e["id"], "messages": [], "rewrad": 1.0, "terminated": True, "info": {}} for e in eps]}); continue
+        if mode == "bad_reward":
+            print("scoring with the string reward", file=sys.stderr, flush=True)
+            send({"episodes": [{"id": e["id"], "messages": [], "reward": "1.0", "done": True} for e in eps]}); continue
         out = []
         for e in eps:
             if e["text"] == "boom":
@@ -246,6 +255,49 @@ fn start_up_faults_stop_the_run_with_the_stderr_tail() {
 }
 
 #[test]
+fn a_silent_program_is_not_restarted_once_the_run_is_asked_to_stop() {
+    // The first Ctrl-C waits for the current step; a hung program would otherwise be restarted
+    // (and waited for) env.restarts more times: 4 × 60 s by default.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("hang");
+    s.timeout = Duration::from_millis(700);
+    s.restarts = 3;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    env.reset(&reset_eps(1, 1)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    env.watch_stop(stop);
+    let t0 = Instant::now();
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no reply to step within 0.7 s") && e.contains("not restarted"),
+        "{e}"
+    );
+    assert_eq!(env.starts(), 1);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_program_that_never_flushes_is_told_to() {
+    // The most common first mistake: Python's `print` into a pipe is buffered, so the answer
+    // to hello never arrives. The timeout's error says why and how to fix it.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("buffered");
+    s.timeout = Duration::from_millis(500);
+    let e = ProcessEnvironment::start(s).err().unwrap().to_string();
+    assert!(e.contains("no answer to hello within 0.5 s"), "{e}");
+    assert!(e.contains("flush=True") && e.contains("python3 -u"), "{e}");
+}
+
+#[test]
 fn restarts_meaning_forever_and_an_empty_command_are_refused_before_starting() {
     // Refused before anything is spawned, so no interpreter is needed: the program named would
     // fail to start if it were tried.
@@ -341,6 +393,109 @@ fn malformed_flooding_and_error_replies_stop_the_run() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the database is down"), "{e}");
+}
+
+#[test]
+fn a_malformed_episode_entry_names_the_program_and_its_stderr_and_kills_it() {
+    // A reward sent as a string: the run stops with an error naming the field and episode, the
+    // program's command, its stderr tail and the file holding the rest; the program is gone.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("bad_reward");
+    let log = f.dir.path().join("env.stderr");
+    s.stderr_log = Some(log.clone());
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    let pid = env.pid().unwrap();
+    env.reset(&reset_eps(1, 1)).unwrap();
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "\"reward\" must be a finite number, not \"1.0\"",
+        "episode \"0:0\"",
+        "environment `python3 env.py bad_reward",
+        "scoring with the string reward",
+        &format!("its whole stderr is in {}", log.display()),
+    ] {
+        assert!(e.contains(want), "{want:?} not in: {e}");
+    }
+    assert_eq!(env.pid(), None, "the program is still held");
+    // The process is gone: /proc has no entry for it (Linux), or it is a zombie being reaped.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(stat.is_empty() || stat.contains(") Z "), "{stat}");
+}
+
+#[test]
+fn reply_keys_rlvr_does_not_read_are_warned_of_once_with_the_key_meant() {
+    // Gymnasium's `terminated` and a misspelt `reward` would pass silently as done = false and
+    // no reward: the episode runs to max_turns. Each is named once in the program's stderr log
+    // (and on rlvr's stderr), with the key it stands for; a key of no known meaning is named
+    // without a guess. The replies are still accepted (an environment may add fields).
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut s = f.settings("gym_keys");
+    let log = f.dir.path().join("env.stderr");
+    s.stderr_log = Some(log.clone());
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    env.reset(&reset_eps(1, 2)).unwrap();
+    for turn in 1..=2 {
+        let r = env
+            .step(&[step("0:0", turn, "x", "1"), step("0:1", turn, "x", "1")])
+            .unwrap();
+        for e in r {
+            let e = e.unwrap();
+            assert_eq!((e.done, e.reward), (false, None));
+        }
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("[rlvr: warning"))
+        .collect();
+    assert_eq!(warned.len(), 3, "{text}");
+    assert!(
+        warned[0].contains("its step reply carries \"rewrad\", which rlvr does not read")
+            && warned[0].contains("did you mean \"reward\"?"),
+        "{text}"
+    );
+    assert!(
+        warned[1].contains("\"terminated\"") && warned[1].contains("did you mean \"done\"?"),
+        "{text}"
+    );
+    assert!(
+        warned[2].contains("\"info\"") && !warned[2].contains("did you mean"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_reply_limit_grows_with_the_episodes_of_a_request() {
+    // 8 episodes of 300 kB observations: a 2.4 MB reply line. Over a fixed 1 MiB limit it stops
+    // the run; with 400 kB allowed per episode (3.2 MB for this request) it is read.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let eps: Vec<StepEpisode> = (0..8)
+        .map(|j| step(&format!("0:{j}"), 1, "x", "1"))
+        .collect();
+    let mut s = f.settings("wide");
+    s.max_reply_bytes = 1 << 20;
+    let mut env = ProcessEnvironment::start(s.clone()).unwrap();
+    env.reset(&reset_eps(1, 8)).unwrap();
+    let e = env.step(&eps).unwrap_err().to_string();
+    assert!(e.contains("passed 1048576 bytes"), "{e}");
+    s.episode_reply_bytes = 400_000;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    env.reset(&reset_eps(1, 8)).unwrap();
+    let r = env.step(&eps).unwrap();
+    assert_eq!(r.len(), 8);
+    assert_eq!(r[7].as_ref().unwrap().messages[0].content.len(), 300_000);
 }
 
 #[test]

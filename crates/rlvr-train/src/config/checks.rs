@@ -420,6 +420,25 @@ impl RawConfig {
         Ok(())
     }
 
+    /// The warnings a valid `[env]` may still deserve: a name of `env.env` that is not set in
+    /// rlvr's own environment (the program would run without it, e.g. an API key it needs).
+    fn env_warnings(&self) -> Vec<String> {
+        if self.env.command.is_empty() {
+            return Vec::new();
+        }
+        self.env
+            .env
+            .iter()
+            .filter(|name| std::env::var_os(name).is_none())
+            .map(|name| {
+                format!(
+                    "warning: env.env names {name}, which is not set here: the environment \
+                     program runs without it (export {name} before rlvr starts, or remove it)"
+                )
+            })
+            .collect()
+    }
+
     /// The warnings a valid config may still deserve: `sync.max_staleness` discarding part of
     /// every sync cycle's data, `train.eval_every` in an offline run.
     fn staleness_warnings(&self) -> Vec<String> {
@@ -452,7 +471,8 @@ impl RawConfig {
     fn check_data(&self) -> anyhow::Result<()> {
         use rlvr_data::config::TaskKind;
         if self.data.experiences.is_none() {
-            if self.env.builtin.is_some()
+            // Only `retry` itself (another name is check_env's error, naming the typo).
+            if self.env.builtin.as_deref() == Some("retry")
                 && self.data.task == TaskKind::Jsonl
                 && self.data.verifier.is_none()
             {
@@ -544,8 +564,10 @@ impl RawConfig {
             bail!("output.log_every must be at least 1 (a console line every this many steps)");
         }
         warnings.extend(self.staleness_warnings());
-        self.check_data()?;
+        warnings.extend(self.env_warnings());
+        // [env] first: a misspelt env.builtin is named as such, not as the data it would need.
         self.check_env()?;
+        self.check_data()?;
         let written = std::mem::take(&mut self.written);
         let cfg = ResolvedConfig {
             raw: self,

@@ -413,6 +413,15 @@ pub fn episode_runner(
             p.timeout = std::time::Duration::from_secs_f64(e.timeout_s);
             p.restarts = e.restarts;
             p.options = to_json(&e.options)?;
+            // A reply line may hold each episode's largest acceptable observation, JSON-escaped
+            // (× 2) with room for its keys: a batch of many large tool outputs is not refused
+            // by the fixed 16 MiB, and a flood stays bounded by the batch.
+            p.episode_reply_bytes = crate::feed::episodes::observation_byte_cap(
+                e.max_observation_tokens,
+                settings.max_token_bytes,
+            )
+            .saturating_mul(2)
+            .saturating_add(4096);
             p.special_tokens = specials;
             p.stderr_log = stderr_log;
             Box::new(

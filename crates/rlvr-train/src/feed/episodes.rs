@@ -130,6 +130,61 @@ pub struct EnvStats {
     pub tool_call_errors: usize,
     /// Seconds spent waiting for the environment and rendering bridges.
     pub env_s: f64,
+    /// How the episodes that did not fail ended (`env/finish/*`); absent in batches saved
+    /// before it was counted (then zeros).
+    #[serde(default)]
+    pub ends: EndCounts,
+}
+
+/// How a batch's episodes ended, one count per end (failed episodes are [`EnvStats::errors`]):
+/// the environment's `done`, and the reasons rlvr sends with `finish`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndCounts {
+    /// The environment said `done`.
+    pub done: usize,
+    /// `env.max_turns` turns were taken without `done`.
+    pub max_turns: usize,
+    /// A turn was cut by `rollout.max_new_tokens`.
+    pub length: usize,
+    /// `env.max_episode_tokens` would have been exceeded.
+    pub budget: usize,
+    /// A turn ended on a stop id other than the end-of-turn token.
+    pub eos: usize,
+}
+
+impl EndCounts {
+    /// The names (as in `finish`'s `reason`, and `done`) and counts, in a fixed order.
+    pub fn named(&self) -> [(&'static str, usize); 5] {
+        [
+            ("done", self.done),
+            ("max_turns", self.max_turns),
+            ("length", self.length),
+            ("budget", self.budget),
+            ("eos", self.eos),
+        ]
+    }
+
+    /// Counts one episode that ended as `end` (`done`, or a `finish` reason); `error` and
+    /// unknown ends are not counted here.
+    pub fn count(&mut self, end: &str) {
+        match end {
+            "done" => self.done += 1,
+            "max_turns" => self.max_turns += 1,
+            "length" => self.length += 1,
+            "budget" => self.budget += 1,
+            "eos" => self.eos += 1,
+            _ => {}
+        }
+    }
+
+    /// Adds `o`'s counts.
+    pub fn merge(&mut self, o: &EndCounts) {
+        self.done += o.done;
+        self.max_turns += o.max_turns;
+        self.length += o.length;
+        self.budget += o.budget;
+        self.eos += o.eos;
+    }
 }
 
 impl EnvStats {
@@ -140,6 +195,7 @@ impl EnvStats {
         self.tool_calls += o.tool_calls;
         self.tool_call_errors += o.tool_call_errors;
         self.env_s += o.env_s;
+        self.ends.merge(&o.ends);
     }
 }
 
@@ -321,6 +377,12 @@ impl EpisodeRunner {
     /// The settings.
     pub fn settings(&self) -> &EpisodeSettings {
         &self.settings
+    }
+
+    /// Hands the run's stop flag to the environment ([`rlvr_env::Environment::watch_stop`]):
+    /// once set, a dead or silent program is not restarted.
+    pub fn watch_stop(&mut self, stop: Arc<std::sync::atomic::AtomicBool>) {
+        self.env.watch_stop(stop);
     }
 
     /// The bridge for `messages` after a turn (cached by messages and tools).
@@ -551,6 +613,9 @@ impl EpisodeRunner {
             pending.sort_by_key(|(i, _)| *i);
         }
         stats.errors = eps.iter().filter(|e| e.error.is_some()).count();
+        for e in eps.iter().filter(|e| e.error.is_none()) {
+            stats.ends.count(e.end.unwrap_or("done"));
+        }
         let frac = stats.errors as f64 / eps.len().max(1) as f64;
         if frac > self.settings.max_error_frac {
             let example = eps

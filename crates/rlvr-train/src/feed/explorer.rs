@@ -426,6 +426,8 @@ impl Explorer {
                     correct: e.correct,
                     version: e.version,
                     finish_reason: c.finish_reason.as_str().into(),
+                    turns: None,
+                    turn_rewards: None,
                 });
             }
             groups[c.prompt_index - first].push(e);
@@ -511,6 +513,8 @@ impl Explorer {
                     correct: e.correct,
                     version: e.version,
                     finish_reason: ep.finish.into(),
+                    turns: e.turns,
+                    turn_rewards: Some(e.turn_rewards.clone()),
                 });
             }
             groups[ep.draw - first].push(e);

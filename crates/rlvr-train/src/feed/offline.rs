@@ -116,6 +116,8 @@ impl OfflineSource {
                     correct: e.is_correct(),
                     version: e.version,
                     finish_reason: if e.truncated { "length" } else { "eos" }.into(),
+                    turns: e.turns,
+                    turn_rewards: e.turns.map(|_| e.turn_rewards.clone()),
                 });
             }
         }

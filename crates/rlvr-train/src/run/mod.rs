@@ -275,21 +275,35 @@ impl Run<'_> {
         if !self.job.is_parallel() {
             return Ok(Some(e));
         }
+        let n = &e.ends;
         let mut counts = [
             e.episodes as f64,
             e.errors as f64,
             e.tool_calls as f64,
             e.tool_call_errors as f64,
+            n.done as f64,
+            n.max_turns as f64,
+            n.length as f64,
+            n.budget as f64,
+            n.eos as f64,
         ];
         self.job.sum_f64(&mut counts)?;
         let mut secs = [e.env_s];
         self.job.max_f64(&mut secs)?;
+        let c = counts.map(|x| x as usize);
         Ok(Some(crate::feed::episodes::EnvStats {
-            episodes: counts[0] as usize,
-            errors: counts[1] as usize,
-            tool_calls: counts[2] as usize,
-            tool_call_errors: counts[3] as usize,
+            episodes: c[0],
+            errors: c[1],
+            tool_calls: c[2],
+            tool_call_errors: c[3],
             env_s: secs[0],
+            ends: crate::feed::episodes::EndCounts {
+                done: c[4],
+                max_turns: c[5],
+                length: c[6],
+                budget: c[7],
+                eos: c[8],
+            },
         }))
     }
 

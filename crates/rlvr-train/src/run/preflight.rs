@@ -188,23 +188,36 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
             }
         }
     }
+    if c.env.is_on() {
+        let (e, program) = (&c.env, !c.env.command.is_empty());
+        let keys = [("env.chat_template", &e.chat_template), ("env.dir", &e.dir)];
+        for (key, p) in keys {
+            // env.dir: the program's working directory (the retry environment has none).
+            if let (Some(p), true) = (p, key != "env.dir" || program) {
+                inputs.push((key, p));
+            }
+        }
+    }
+    let origin = |key: &str| {
+        c.written
+            .iter()
+            .rev()
+            .find(|w| w.key == key)
+            .map_or_else(String::new, |w| format!(" (written in {})", w.origin))
+    };
+    check_env_program(c, &origin("env.command"))?;
     for (key, path) in inputs {
         if path.as_os_str().is_empty() || path.exists() {
             continue;
         }
-        let origin = c
-            .written
-            .iter()
-            .rev()
-            .find(|w| w.key == key)
-            .map_or_else(String::new, |w| format!(" (written in {})", w.origin));
+        let at = origin(key);
         // A model path written like a Hub id: rlvr downloads nothing, and how to get it.
         let hub = match key.starts_with("model.") {
             true => crate::store::hub::missing_model_hint(path).map(|h| format!("; {h}")),
             false => None,
         };
         anyhow::bail!(
-            "{key} = {}: no such file or directory{origin}; input paths in a config file are \
+            "{key} = {}: no such file or directory{at}; input paths in a config file are \
              relative to that file's directory (a config copied elsewhere names files beside \
              the copy), `--set` values to the working directory{}",
             path.display(),
@@ -212,6 +225,52 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
         );
     }
     Ok(())
+}
+
+/// `env.command`'s program can be started: a path (a word with a `/`, made absolute against the
+/// config file's directory) names an existing file, and a bare name is found on `PATH`. A bare
+/// name that is not on `PATH` but is a file in the program's directory (`env.dir`) is the usual
+/// slip (`["my_env.py"]`): the error gives the two fixes. `origin`: where `env.command` was
+/// written (` (written in FILE line N)`), or empty.
+///
+/// # Errors
+/// The program that cannot be found, naming `env.command`, the path and where it was written.
+fn check_env_program(c: &crate::config::RawConfig, origin: &str) -> anyhow::Result<()> {
+    let Some(program) = c.env.command.first().filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let path = Path::new(program);
+    if program.contains('/') {
+        if !path.exists() {
+            anyhow::bail!(
+                "env.command: the program {}: no such file or directory{origin}; input paths \
+                 in a config file are relative to that file's directory, `--set` values to the \
+                 working directory",
+                path.display()
+            );
+        }
+        return Ok(());
+    }
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|v| std::env::split_paths(&v).any(|d| d.join(path).is_file()));
+    if on_path {
+        return Ok(());
+    }
+    let beside = c.env.dir.as_deref().map(|d| d.join(path));
+    match beside.filter(|b| b.is_file()) {
+        Some(b) => anyhow::bail!(
+            "env.command: the program `{program}` is not on PATH{origin}; a bare name is looked \
+             up on PATH, not in the config file's directory, where {} is: write \
+             [\"./{program}\", ...] for an executable file there (with a #! line), or name its \
+             interpreter first ([\"python3\", \"{program}\", ...])",
+            b.display()
+        ),
+        None => anyhow::bail!(
+            "env.command: the program `{program}` is not on PATH{origin}; name an installed \
+             program (`python3`, `node`) or a file by its path (`./my_env.py`, relative to the \
+             config file's directory)"
+        ),
+    }
 }
 
 /// The room each train prompt needs after it, and the key it comes from: a whole episode's

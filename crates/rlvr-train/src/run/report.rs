@@ -123,9 +123,13 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
 }
 
 /// The metrics of a multi-turn run's step (docs/DESIGN.md section 14), nothing for a
-/// single-turn one: `env/turns/mean` and `env/episode_len/mean` (completion tokens, bridges
+/// single-turn one: `env/turns/mean`, `env/turns/min`, `env/turns/max` (verl's `num_turns/*`)
+/// and `env/episode_len/mean` (completion tokens, bridges
 /// included) over the episodes trained on, and from what the environment did in the batch
-/// (`env`): `env/error_frac`, `env/tool_calls`, `env/tool_call_errors` and `time/env_s`.
+/// (`env`): `env/error_frac`, `env/finish/<end>` (the share of the batch's episodes that ended
+/// by `done`, `max_turns`, `length`, `budget` or `eos`; with `env/error_frac` they sum to 1;
+/// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors` and
+/// `time/env_s`.
 pub fn set_env_metrics(
     l: &mut MetricsLine,
     exps: &[Experience],
@@ -140,11 +144,19 @@ pub fn set_env_metrics(
         .collect();
     let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
     l.set("env/turns/mean", mean(&turns));
+    l.set("env/turns/min", turns.iter().copied().reduce(f64::min));
+    l.set("env/turns/max", turns.iter().copied().reduce(f64::max));
     l.set("env/episode_len/mean", mean(&lens));
     l.set(
         "env/error_frac",
         (env.episodes > 0).then(|| env.errors as f64 / env.episodes as f64),
     );
+    for (end, n) in env.ends.named() {
+        l.set(
+            format!("env/finish/{end}"),
+            (env.episodes > 0).then(|| n as f64 / env.episodes as f64),
+        );
+    }
     l.set("env/tool_calls", Some(env.tool_calls as f64));
     l.set("env/tool_call_errors", Some(env.tool_call_errors as f64));
     l.set("time/env_s", Some(env.env_s));

@@ -65,7 +65,13 @@ impl<'a> Run<'a> {
             0 => run_dir.join("env.stderr"),
             r => run_dir.join("ranks").join(format!("rank-{r}.env.stderr")),
         };
-        let pre = super::preflight::check(cfg, &policy_dir, Some(env_log))?;
+        let mut pre = super::preflight::check(cfg, &policy_dir, Some(env_log))?;
+        // A stop (the first Ctrl-C) ends the environment's restarts.
+        if let super::preflight::Preflight::Online(o) = &mut pre {
+            if let Some(r) = o.runner.as_mut() {
+                r.watch_stop(opts.stop.clone());
+            }
+        }
         crate::log::phase(&format!(
             "loading the policy from {} ({} on {})",
             policy_dir.display(),

@@ -18,6 +18,14 @@ pub struct RolloutRecord {
     pub correct: Option<bool>,
     /// Behaviour version.
     pub version: Option<u64>,
-    /// "eos" or "length".
+    /// "eos" or "length"; a multi-turn episode's end: "done", "max_turns", "length", "budget",
+    /// "eos" or "error".
     pub finish_reason: String,
+    /// Assistant turns of a multi-turn episode; absent for a single-turn completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<u32>,
+    /// The rewards the environment gave the episode, in order: each `step` reply's (null where
+    /// it gave none), then `finish`'s when it gave one; absent for a single-turn completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_rewards: Option<Vec<Option<f64>>>,
 }

@@ -340,17 +340,42 @@ impl Wire for RolloutRecord {
         w.opt_bool(self.correct);
         w.opt_u64(self.version);
         w.str(&self.finish_reason);
+        w.opt_u64(self.turns.map(u64::from));
+        w.u8(u8::from(self.turn_rewards.is_some()));
+        if let Some(t) = &self.turn_rewards {
+            w.len(t.len());
+            for r in t {
+                w.opt_f64(*r);
+            }
+        }
     }
 
     fn get(r: &mut Reader) -> anyhow::Result<Self> {
+        let (group_id, prompt, completion) = (r.str()?, r.str()?, r.str()?);
+        let (reward, correct, version) = (r.opt_f64()?, r.opt_bool()?, r.opt_u64()?);
+        let finish_reason = r.str()?;
+        let turns = r.opt_u64()?.map(u32::try_from).transpose()?;
+        let turn_rewards = if r.flag()? {
+            // A turn reward is at least its presence byte.
+            let n = r.len(1)?;
+            let mut t = Vec::with_capacity(n);
+            for _ in 0..n {
+                t.push(r.opt_f64()?);
+            }
+            Some(t)
+        } else {
+            None
+        };
         Ok(RolloutRecord {
-            group_id: r.str()?,
-            prompt: r.str()?,
-            completion: r.str()?,
-            reward: r.opt_f64()?,
-            correct: r.opt_bool()?,
-            version: r.opt_u64()?,
-            finish_reason: r.str()?,
+            group_id,
+            prompt,
+            completion,
+            reward,
+            correct,
+            version,
+            finish_reason,
+            turns,
+            turn_rewards,
         })
     }
 }

@@ -1495,8 +1495,13 @@ fn env_keys_are_typed_checked_and_named() {
     );
     assert_eq!(c.raw.env.dir.as_deref(), Some(dir.as_path()));
     // Each bad value names its key.
-    let bad: [(&[&str], &str); 13] = [
+    let bad: [(&[&str], &str); 14] = [
         (&["env.builtin=\"maze\""], "env.builtin"),
+        // A misspelt builtin on a task without a verifier: the typo, not retry's verifier.
+        (
+            &["data.task=\"jsonl\"", "env.builtin=\"retyr\""],
+            "env.builtin = \"retyr\": the built-in environments are \"retry\"",
+        ),
         (
             &["env.builtin=\"retry\"", "env.kv_cache_mib=2000000"],
             "env.kv_cache_mib = 2000000 is out of range",
@@ -1568,6 +1573,25 @@ fn env_keys_are_typed_checked_and_named() {
     }
     let err = format!("{:#}", check_load("", &["env.max_turnz=3"]).unwrap_err());
     assert!(err.contains("env.max_turns"), "{err}");
+    // env.env naming a variable rlvr does not have (PATH it has): a warning naming it.
+    let c = check_load(
+        "",
+        &[
+            "env.command=[\"python3\", \"game.py\"]",
+            "env.env=[\"PATH\", \"RLVR_TEST_NO_SUCH_VAR_5821\"]",
+        ],
+    )
+    .unwrap();
+    let named: Vec<&String> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("env.env"))
+        .collect();
+    assert_eq!(named.len(), 1, "{:?}", c.warnings);
+    assert!(
+        named[0].contains("RLVR_TEST_NO_SUCH_VAR_5821, which is not set here"),
+        "{named:?}"
+    );
 }
 
 /// A `model.path` written like a Hugging Face Hub id that is neither a directory here nor in the

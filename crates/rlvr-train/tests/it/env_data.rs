@@ -257,6 +257,67 @@ fn eval_env_scores_prompts_only_data_by_the_environment() {
     assert!(e.contains("add --env"), "{e}");
 }
 
+/// `rlvr eval --env`'s summary line says what the episodes did, under training's metric names:
+/// `reward/mean` (the environment's rewards, not just whether they were above 0),
+/// `env/turns/mean`, `env/error_frac` and `env/finish/*`, each equal to what the `--out` items
+/// give; a plain `rlvr eval` keeps its five keys.
+#[test]
+fn eval_env_summary_has_the_episodes_reward_turns_and_ends() {
+    let f = fixture();
+    let run = |opts: &str, extra: &[&str]| {
+        let out = f.tmp.path().join("items.jsonl");
+        let mut argv: Vec<String> = ["x", "--model", &f.model.display().to_string()]
+            .map(String::from)
+            .to_vec();
+        argv.extend(["--data".into(), f.data.display().to_string()]);
+        argv.extend(["--n".into(), "4".into(), "--env".into()]);
+        argv.extend(["--out".into(), out.display().to_string()]);
+        for s in f.sets(opts) {
+            argv.extend(["--set".to_string(), s]);
+        }
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let mut buf = Vec::new();
+        run_eval(&E::try_parse_from(argv).unwrap().a, &mut buf).unwrap();
+        let summary: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        let items: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (summary, items)
+    };
+    let (sum, items) = run("", &[]);
+    assert_eq!(items.len(), 16);
+    let rewards: Vec<f64> = items
+        .iter()
+        .map(|i| i["reward"].as_f64().unwrap())
+        .collect();
+    let mean = rewards.iter().sum::<f64>() / 16.0;
+    assert_eq!(sum["reward/mean"].as_f64(), Some(mean), "{sum}");
+    let turns: f64 = items
+        .iter()
+        .map(|i| i["episode"]["turns"].as_f64().unwrap())
+        .sum();
+    assert_eq!(sum["env/turns/mean"].as_f64(), Some(turns / 16.0), "{sum}");
+    assert_eq!(sum["env/error_frac"].as_f64(), Some(0.0), "{sum}");
+    let mut covered = 0.0;
+    for end in ["done", "max_turns", "length", "budget", "eos"] {
+        let k = items
+            .iter()
+            .filter(|i| i["episode"]["finish"] == end)
+            .count();
+        let got = sum[&format!("env/finish/{end}")].as_f64().unwrap();
+        assert_eq!(got, k as f64 / 16.0, "{end}: {sum}");
+        covered += got;
+    }
+    assert_eq!(covered, 1.0, "{sum}");
+    // Every episode failed (accepted by env.max_error_frac = 1): no reward to average.
+    let (sum, _) = run(", fail = true", &["--set", "env.max_error_frac=1"]);
+    assert_eq!(sum["env/error_frac"].as_f64(), Some(1.0), "{sum}");
+    assert!(sum["reward/mean"].is_null(), "{sum}");
+    assert_eq!(sum["env/finish/done"].as_f64(), Some(0.0), "{sum}");
+}
+
 /// `env.max_error_frac` holds in `rlvr eval --env` as in training: every episode failed stops
 /// the evaluation, naming the key; at 1 the failed episodes score 0 and carry their error.
 #[test]

@@ -367,9 +367,23 @@ fn a_train_run_with_retry_writes_env_metrics() {
     for line in &m {
         let turns = line["env/turns/mean"].as_f64().unwrap();
         assert!((1.0..=2.0).contains(&turns), "{turns}");
+        let (lo, hi) = (
+            line["env/turns/min"].as_f64().unwrap(),
+            line["env/turns/max"].as_f64().unwrap(),
+        );
+        assert!(
+            1.0 <= lo && lo <= turns && turns <= hi && hi <= 2.0,
+            "{line:?}"
+        );
         assert_eq!(line["env/error_frac"].as_f64(), Some(0.0));
         assert_eq!(line["env/tool_call_errors"].as_f64(), Some(0.0));
         assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
+        // Every episode ended one way: the shares of the ends cover the batch.
+        let ends: f64 = ["done", "max_turns", "length", "budget", "eos"]
+            .iter()
+            .map(|end| line[&format!("env/finish/{end}")].as_f64().unwrap())
+            .sum();
+        assert!((ends - 1.0).abs() < 1e-12, "{ends}");
         assert!(
             line["env/episode_len/mean"].as_f64().unwrap()
                 >= line["completion_len/mean"].as_f64().unwrap()
@@ -434,6 +448,93 @@ fn the_python_guess_the_number_example_runs_episodes() {
     assert_eq!(
         format!("{:?}", again.experiences),
         format!("{:?}", b.experiences)
+    );
+}
+
+/// An environment whose episodes end every way it can make them end: sample 0 of a group says
+/// `done` at its first step; the others get "again" until `env.max_turns`, except group 1's
+/// sample 1, which fails at its first step.
+const ENDS_ENV: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], "messages": None, "tools": None} for e in req["episodes"]]}
+    elif t == "step":
+        eps = []
+        for e in req["episodes"]:
+            if e["id"].endswith(":0"):
+                eps.append({"id": e["id"], "reward": 1.0, "done": True, "messages": []})
+            elif e["id"] == "1:1":
+                eps.append({"id": e["id"], "error": "no such game"})
+            else:
+                eps.append({"id": e["id"], "reward": 0.0, "done": False,
+                            "messages": [{"role": "user", "content": "again"}]})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+#[test]
+fn env_finish_counts_are_the_episodes_ends() {
+    // `env/finish/<end>`'s counts (EnvStats::ends) equal the ends the episodes' own records
+    // give, and with the failed ones they cover the batch.
+    let f = fixture();
+    let script = f.run.parent().unwrap().join("ends_env.py");
+    std::fs::write(&script, ENDS_ENV).unwrap();
+    let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            &cmd,
+            "env.max_turns=2",
+            "env.max_episode_tokens=40",
+            "data.prompts_per_step=16",
+            "train.log_rollouts=128",
+        ],
+    );
+    let mut ex = explorer(&cfg, &f.model, &f.model_dir);
+    let b = ex.produce(1).unwrap();
+    let env = b.env.clone().unwrap();
+    assert_eq!(b.rollouts.len(), 128);
+    let mut want = rlvr_train::feed::episodes::EndCounts::default();
+    let mut errors = 0;
+    for r in &b.rollouts {
+        match r.finish_reason.as_str() {
+            "error" => errors += 1,
+            end => {
+                let before = want;
+                want.count(end);
+                assert_ne!(want, before, "an end that is not counted: {end}");
+            }
+        }
+    }
+    assert_eq!(env.ends, want);
+    // Each line carries the episode's turns and the rewards the environment gave, which sum to
+    // its reward (env.reward = "sum"); the failed episode's reward is null.
+    for (r, e) in b.rollouts.iter().zip(&b.experiences) {
+        assert_eq!(r.turns, e.turns, "{r:?}");
+        let given = r.turn_rewards.as_ref().unwrap();
+        assert_eq!(given, &e.turn_rewards, "{r:?}");
+        match r.finish_reason.as_str() {
+            "error" => assert_eq!(r.reward, None, "{r:?}"),
+            _ => assert_eq!(r.reward, Some(given.iter().flatten().sum()), "{r:?}"),
+        }
+    }
+    assert_eq!((env.episodes, env.errors), (128, errors));
+    let ended: usize = env.ends.named().iter().map(|(_, n)| n).sum();
+    assert_eq!(ended + env.errors, env.episodes);
+    // The environment's `done`, rlvr's `max_turns` and a cut turn all happened (what the test
+    // covers).
+    let n = env.ends;
+    assert!(
+        n.done > 0 && n.max_turns > 0 && n.length + n.budget > 0,
+        "{env:?}"
     );
 }
 

@@ -80,6 +80,20 @@ fn generate_env_prints_episodes_with_their_token_accounting() {
     let plain = generate(&base).unwrap();
     let mut with_env = base.clone();
     with_env.extend(["--env".to_string(), config.display().to_string()]);
+    // Without --max-new-tokens the per-turn limit is the flag's default (256), above this
+    // config's episode budget: refused naming the flag, not left to the engine's positions.
+    let mut no_flag: Vec<String> = with_env.clone();
+    let at = no_flag
+        .iter()
+        .position(|w| w == "--max-new-tokens")
+        .unwrap();
+    no_flag.drain(at..at + 2);
+    let e = format!("{:#}", generate(&no_flag).unwrap_err());
+    assert!(
+        e.starts_with("--max-new-tokens 256 is above env.max_episode_tokens = 80 of ")
+            && e.contains("pass --max-new-tokens 80 or less"),
+        "{e}"
+    );
     let eps = generate(&with_env).unwrap();
     assert_eq!((plain.len(), eps.len()), (160, 160));
     let tok = settings::load_tokenizer(&model).unwrap();

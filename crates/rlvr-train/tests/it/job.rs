@@ -110,6 +110,8 @@ fn record(g: &str) -> RolloutRecord {
         correct: Some(true),
         version: None,
         finish_reason: "length".into(),
+        turns: None,
+        turn_rewards: None,
     }
 }
 
@@ -154,6 +156,16 @@ fn rows_cross_the_wire_bit_for_bit() {
     );
     assert_eq!(r2[0].prompt, "p\n∑");
     assert_eq!(r2[1].finish_reason, "length");
+    // An episode's record: its turns and the environment's rewards (a missing one kept).
+    let mut ep = record("e");
+    ep.turns = Some(3);
+    ep.turn_rewards = Some(vec![Some(-0.1), None, Some(1.0)]);
+    let (_, r3) = wire::decode_round(&wire::encode_round(&[], &[ep.clone(), record("s")])).unwrap();
+    assert_eq!(
+        (r3[0].turns, &r3[0].turn_rewards),
+        (ep.turns, &ep.turn_rewards)
+    );
+    assert_eq!((r3[1].turns, &r3[1].turn_rewards), (None, &None));
     // Row metadata.
     let metas: Vec<RowMeta> = rows.iter().map(RowMeta::of).collect();
     let m2 = wire::decode_metas(&wire::encode_metas(&metas)).unwrap();

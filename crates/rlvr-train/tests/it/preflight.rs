@@ -248,6 +248,95 @@ fn a_python_reward_function_is_resolved_beside_the_config_and_probed() {
     assert!(!weights_missing(&e), "{e}");
 }
 
+/// `env.command` and `env.chat_template` written in a config file, each broken the way a user
+/// breaks them: a script named as the program without `./` or an interpreter (a bare name is
+/// looked up on PATH), a program path that names no file, a template that is not there. Each is
+/// refused before anything starts, naming the key, the path and the file's line.
+#[test]
+fn a_broken_env_program_or_template_names_the_key_and_line() {
+    let f = fixture();
+    let conf = f.dir.join("conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("my_env.py"), "print('never run')\n").unwrap();
+    std::fs::write(conf.join("chat.jinja"), TEMPLATE).unwrap();
+    let file = conf.join("run.toml");
+    let run = |command: &str, template: &str| {
+        std::fs::write(
+            &file,
+            format!(
+                "[data]\ntask = \"arithmetic\"\ntemplate = \"{{question}}=\"\n\n[env]\n\
+                 max_turns = 2\ncommand = {command}\nchat_template = \"{template}\"\n"
+            ),
+        )
+        .unwrap();
+        let sets = vec![
+            format!("model.path=\"{}\"", f.model.display()),
+            format!("output.dir=\"{}\"", f.dir.join("run").display()),
+            format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+            "rollout.max_new_tokens=4".to_string(),
+            "data.prompts_per_step=2".into(),
+            "rollout.group_size=2".into(),
+        ];
+        let cfg = RawConfig::load(Some(&file), &sets)
+            .unwrap()
+            .resolve()
+            .unwrap();
+        format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err())
+    };
+    let at = |line: usize| format!("(written in {} line {line})", file.display());
+    let err = run("[\"my_env.py\"]", "chat.jinja");
+    let want = format!(
+        "env.command: the program `my_env.py` is not on PATH {}",
+        at(7)
+    );
+    assert!(err.starts_with(&want), "{err}");
+    assert!(
+        err.contains("[\"./my_env.py\", ...]") && err.contains("[\"python3\", \"my_env.py\", ...]"),
+        "{err}"
+    );
+    let err = run("[\"./nope.py\"]", "chat.jinja");
+    let want = format!(
+        "env.command: the program {}: no such file or directory {}",
+        conf.join("nope.py").display(),
+        at(7)
+    );
+    assert!(err.starts_with(&want), "{err}");
+    let err = run("[\"python3\", \"my_env.py\"]", "chatt.jinja");
+    let want = format!(
+        "env.chat_template = {}: no such file or directory {}",
+        conf.join("chatt.jinja").display(),
+        at(8)
+    );
+    assert!(err.starts_with(&want), "{err}");
+    // The program's working directory (env.dir) is not there: named as such, not as a program
+    // that "could not start".
+    std::fs::write(
+        &file,
+        "[data]\ntask = \"arithmetic\"\n[env]\ncommand = [\"python3\", \"my_env.py\"]\n\
+         dir = \"gone\"\n",
+    )
+    .unwrap();
+    let sets = vec![
+        format!("model.path=\"{}\"", f.model.display()),
+        format!("output.dir=\"{}\"", f.dir.join("run").display()),
+        format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+    ];
+    let cfg = RawConfig::load(Some(&file), &sets)
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let err = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    let want = format!(
+        "env.dir = {}: no such file or directory {}",
+        conf.join("gone").display(),
+        at(5)
+    );
+    assert!(err.starts_with(&want), "{err}");
+    // Fixed, the run gets past these checks: the program is started (it never answers hello).
+    let err = run("[\"python3\", \"my_env.py\"]", "chat.jinja");
+    assert!(!err.starts_with("env."), "{err}");
+}
+
 /// A config file copied into another directory without its data: its relative `data.train` now
 /// names a file beside the copy. The error names the key, the path it resolved to, the file and
 /// line that wrote it and the rule, before anything loads; a missing `data.test` given by `--set`
