@@ -71,9 +71,10 @@ pub struct GenerateArgs {
     /// Keep only the k most likely tokens (default: off).
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
-    /// Most tokens generated per completion (a generated EOS included).
-    #[arg(long, default_value_t = 256)]
-    pub max_new_tokens: usize,
+    /// Most tokens generated per completion (a generated EOS included). Default: 256; with
+    /// `--env`, the per-turn limit, the config's rollout.max_new_tokens.
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
     /// Fewest tokens before EOS or a stop string may end a completion (EOS is not drawn until
     /// then); equal to --max-new-tokens for fixed-length completions.
     #[arg(long, default_value_t = 0)]
@@ -140,6 +141,17 @@ pub struct GenerateArgs {
     /// fails). Default: `rlvr-generate.env.stderr` in the working directory.
     #[arg(long, value_name = "FILE", requires = "env")]
     pub env_log: Option<PathBuf>,
+}
+
+/// `--max-new-tokens` of `rlvr generate` without `--env` when the flag is not given.
+pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
+
+impl GenerateArgs {
+    /// `--max-new-tokens`, or [`DEFAULT_MAX_NEW_TOKENS`] (`rlvr generate --env` sets the flag
+    /// from its config's rollout.max_new_tokens when it is not given).
+    pub fn max_new_tokens(&self) -> usize {
+        self.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS)
+    }
 }
 
 /// Builds the sampling engine for `rlvr generate` from the loaded policy, the sampling parameters
@@ -277,17 +289,14 @@ pub fn check_flags(args: &GenerateArgs) -> anyhow::Result<()> {
             args.top_p
         );
     }
-    if !(1..=MAX_NEW_TOKENS).contains(&args.max_new_tokens) {
-        bail!(
-            "--max-new-tokens {} is out of range: expected 1 to {MAX_NEW_TOKENS}",
-            args.max_new_tokens
-        );
+    let max_new = args.max_new_tokens();
+    if !(1..=MAX_NEW_TOKENS).contains(&max_new) {
+        bail!("--max-new-tokens {max_new} is out of range: expected 1 to {MAX_NEW_TOKENS}");
     }
-    if args.min_new_tokens > args.max_new_tokens {
+    if args.min_new_tokens > max_new {
         bail!(
-            "--min-new-tokens {} is out of range: at most --max-new-tokens = {}",
+            "--min-new-tokens {} is out of range: at most --max-new-tokens = {max_new}",
             args.min_new_tokens,
-            args.max_new_tokens
         );
     }
     Ok(())
@@ -375,7 +384,7 @@ pub fn sampling_params(args: &GenerateArgs, tok: &TokenizerBundle) -> SamplingPa
         temperature: args.temperature,
         top_p: args.top_p,
         top_k: args.top_k.filter(|&k| k > 0),
-        max_new_tokens: args.max_new_tokens,
+        max_new_tokens: args.max_new_tokens(),
         min_new_tokens: args.min_new_tokens,
         stop_ids: tok.eos_ids.clone(),
         stop_strings: args.stop.clone(),

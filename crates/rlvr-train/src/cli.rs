@@ -1270,20 +1270,20 @@ pub fn generate_episodes(
          'env.builtin=\"retry\"')",
         config.display()
     );
-    // The per-turn limit is the flag's, and so is the default episode budget.
-    if let Some(b) = raw.env.max_episode_tokens.filter(|&b| b < a.max_new_tokens) {
+    // The per-turn limit: the flag's, else the config's rollout.max_new_tokens, as in training;
+    // the default episode budget follows it.
+    let mut a = a.clone();
+    let per_turn = *a.max_new_tokens.get_or_insert(raw.rollout.max_new_tokens);
+    rlvr_rollout::cli::check_flags(&a)?;
+    let a = &a;
+    if let Some(b) = raw.env.max_episode_tokens.filter(|&b| b < per_turn) {
         anyhow::bail!(
-            "--max-new-tokens {} is above env.max_episode_tokens = {b} of {}: an episode's first \
-             turn is sampled whole; the per-turn limit of `rlvr generate --env` is the flag's \
-             (256 unless given), not the config's rollout.max_new_tokens = {}: pass \
-             --max-new-tokens {} or less",
-            a.max_new_tokens,
+            "--max-new-tokens {per_turn} is above env.max_episode_tokens = {b} of {}: an \
+             episode's first turn is sampled whole: pass --max-new-tokens {b} or less",
             config.display(),
-            raw.rollout.max_new_tokens,
-            b.min(raw.rollout.max_new_tokens)
         );
     }
-    raw.rollout.max_new_tokens = a.max_new_tokens;
+    raw.rollout.max_new_tokens = per_turn;
     let rows = rlvr_rollout::cli::prompt_rows(a)?;
     let policy = rlvr_rollout::cli::load_policy(a)?;
     let tok = &policy.tokenizer;
@@ -1299,7 +1299,7 @@ pub fn generate_episodes(
     )?;
     let mut runner = settings::episode_runner(&raw, tok, &reward, env_log.clone())
         .map_err(|e| name_env_log(e, env_log.as_deref()))?;
-    let budget = raw.env.episode_tokens(a.max_new_tokens);
+    let budget = raw.env.episode_tokens(per_turn);
     let work = Workload {
         longest_prompt: ids.iter().map(Vec::len).max().unwrap_or(0),
         max_new_tokens: budget,

@@ -49,8 +49,8 @@ fn generate_env_prints_episodes_with_their_token_accounting() {
     std::fs::write(
         &config,
         format!(
-            "[data]\ntask = \"jsonl\"\nverifier = {{ kind = \"arithmetic\" }}\n\n[env]\n\
-             builtin = \"retry\"\nmax_turns = 2\nmax_episode_tokens = 80\nchat_template = {:?}\n",
+            "[data]\ntask = \"jsonl\"\nverifier = {{ kind = \"arithmetic\" }}\n\n\
+             [rollout]\nmax_new_tokens = 4\n\n[env]\nbuiltin = \"retry\"\nmax_turns = 2\nmax_episode_tokens = 80\nchat_template = {:?}\n",
             tpl.display().to_string()
         ),
     )
@@ -80,21 +80,26 @@ fn generate_env_prints_episodes_with_their_token_accounting() {
     let plain = generate(&base).unwrap();
     let mut with_env = base.clone();
     with_env.extend(["--env".to_string(), config.display().to_string()]);
-    // Without --max-new-tokens the per-turn limit is the flag's default (256), above this
-    // config's episode budget: refused naming the flag, not left to the engine's positions.
-    let mut no_flag: Vec<String> = with_env.clone();
-    let at = no_flag
+    // A per-turn limit above the config's episode budget is refused naming the flag and the
+    // value to pass, not left to the engine's positions.
+    let at = with_env
         .iter()
         .position(|w| w == "--max-new-tokens")
         .unwrap();
-    no_flag.drain(at..at + 2);
-    let e = format!("{:#}", generate(&no_flag).unwrap_err());
+    let mut above = with_env.clone();
+    above[at + 1] = "100".into();
+    let e = format!("{:#}", generate(&above).unwrap_err());
     assert!(
-        e.starts_with("--max-new-tokens 256 is above env.max_episode_tokens = 80 of ")
+        e.starts_with("--max-new-tokens 100 is above env.max_episode_tokens = 80 of ")
             && e.contains("pass --max-new-tokens 80 or less"),
         "{e}"
     );
     let eps = generate(&with_env).unwrap();
+    // Without the flag the per-turn limit is the config's rollout.max_new_tokens (4), as in
+    // training: the same episodes.
+    let mut no_flag = with_env.clone();
+    no_flag.drain(at..at + 2);
+    assert_eq!(generate(&no_flag).unwrap(), eps);
     assert_eq!((plain.len(), eps.len()), (160, 160));
     let tok = settings::load_tokenizer(&model).unwrap();
     // The retry message as the template renders it after a turn (the test tokenizer splits it
