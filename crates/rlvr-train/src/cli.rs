@@ -78,7 +78,19 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             stop,
             hang_after_step: None,
         },
-    )?;
+    );
+    // A run asked to stop by a signal that then ended with an error (an environment or a
+    // verifier that failed while the last step finished) still exits with the signal's code, so
+    // that `rlvr train ... && rlvr eval ...` does not go on; the error is said first.
+    let s = match s {
+        Err(e) if signals::received().is_some() => {
+            let _ = out.flush();
+            eprintln!("error: {e:#}");
+            signals::exit_if_interrupted(true, out);
+            return Err(e);
+        }
+        s => s?,
+    };
     // Data parallel, rank 0 prints the summary.
     if rlvr_dist::env::from_process_env()?.rank != 0 {
         return Ok(());

@@ -525,6 +525,50 @@ fn sigterm_during_a_hung_evaluation_saves_the_step_and_exits_143() {
     assert_eq!(steps(&run), [0, 1, 2, 3, 4, 5, 6]);
 }
 
+/// A run asked to stop whose last step then fails (here the training verifier exits 1 in the
+/// step under way when SIGTERM arrives) used to exit 1, as for any error, so `rlvr train ... &&
+/// next` could not tell an interruption: it exits 143, the error said first, and the steps before
+/// it are saved.
+#[test]
+fn sigterm_then_an_error_in_the_last_step_exits_143_saying_the_error() {
+    let (tmp, model, run) = tiny_run();
+    let (armed, hung) = (tmp.path().join("armed"), tmp.path().join("hung"));
+    let script = tmp.path().join("score.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "if [ -e {armed} ]; then touch {hung}; sleep 3; echo 'the verifier failed' >&2; exit 1; fi\n\
+             awk '{{ print \"{{\\\"reward\\\": \" (NR % 2) \"}}\" }}'\n",
+            armed = armed.display(),
+            hung = hung.display(),
+        ),
+    )
+    .unwrap();
+    let mut s = sets(&model, &run, 100_000);
+    s.push(format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\"], timeout_s = 60 }}",
+        script.display()
+    ));
+    s.push("train.save_every=1".into());
+    let child = spawn(train_cmd(&s));
+    wait_for("step 2", 120, || last_step(&run) >= 2);
+    std::fs::write(&armed, "").unwrap();
+    wait_for("the failing verifier", 120, || hung.exists());
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("error: ") && err.contains("the verifier failed"),
+        "{err}"
+    );
+    assert!(last_step(&run) >= 2, "{err}");
+}
+
 /// Issue 49 item 2: SIGHUP (a dropped SSH session without nohup) used to kill `rlvr train` at
 /// once (exit 129, every step since the last checkpoint lost). It now saves like SIGTERM.
 #[test]
