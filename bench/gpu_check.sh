@@ -10,7 +10,7 @@
 # machine's start included; nothing on it reaches the internet)
 # 1. Before the GPU (here, no GPU needed): the binaries, carried as git-ignored files.
 #      scripts/cuda-build.sh --bin rlvr --features nccl && strip -o /tmp/rlvr-cuda-nccl target-cuda/release/rlvr \
-#        && gzip -c /tmp/rlvr-cuda-nccl > bench/rlvr-cuda-nccl.gz        (cold ~26 min on 2 cores)
+#        && gzip -c /tmp/rlvr-cuda-nccl > bench/rlvr-cuda-nccl.gz        (cold 10 min on 2 cores, 2026-12-07)
 #      scripts/cuda-build.sh --bin rlvr && strip -o /tmp/rlvr-cuda target-cuda/release/rlvr \
 #        && gzip -c /tmp/rlvr-cuda > bench/rlvr-cuda.gz                   (the fallback without NCCL)
 #    Build them from the commit whose working tree goes to the GPU: the kernels part replays the
