@@ -758,24 +758,33 @@ impl ResolvedConfig {
     }
 }
 
+/// `cfg` written out and read back as a table (what config.toml would hold now).
+///
+/// # Errors
+/// The resolved config cannot be re-read.
+fn resolved_table(cfg: &ResolvedConfig) -> anyhow::Result<toml::Table> {
+    cfg.to_toml()?
+        .parse()
+        .context("re-reading the resolved config")
+}
+
+/// The value of dotted `key` (`train.lr`) in `t`, if set.
+fn lookup(t: &toml::Table, key: &str) -> Option<toml::Value> {
+    let mut parts = key.split('.');
+    let mut v = t.get(parts.next()?)?;
+    for p in parts {
+        v = v.as_table()?.get(p)?;
+    }
+    Some(v.clone())
+}
+
 /// The `--set`s of a resume (origin and key) whose value differs from the run's config.toml
 /// (`saved`), `train.steps` aside: each as `--set KEY=VALUE`.
 ///
 /// # Errors
 /// The resolved config cannot be re-read.
 fn changed_by_sets(saved: &toml::Table, cfg: &ResolvedConfig) -> anyhow::Result<Vec<String>> {
-    let now: toml::Table = cfg
-        .to_toml()?
-        .parse()
-        .context("re-reading the resolved config")?;
-    let lookup = |t: &toml::Table, key: &str| -> Option<toml::Value> {
-        let mut parts = key.split('.');
-        let mut v = t.get(parts.next()?)?;
-        for p in parts {
-            v = v.as_table()?.get(p)?;
-        }
-        Some(v.clone())
-    };
+    let now = resolved_table(cfg)?;
     let mut out: Vec<String> = Vec::new();
     for w in &cfg.raw.written.0 {
         if w.key == "train.steps" || lookup(saved, &w.key) == lookup(&now, &w.key) {
@@ -850,18 +859,7 @@ fn resume_changes(
     cfg: &ResolvedConfig,
     file: &Path,
 ) -> anyhow::Result<Vec<ResumeChange>> {
-    let now: toml::Table = cfg
-        .to_toml()?
-        .parse()
-        .context("re-reading the resolved config")?;
-    let lookup = |t: &toml::Table, key: &str| -> Option<toml::Value> {
-        let mut parts = key.split('.');
-        let mut v = t.get(parts.next()?)?;
-        for p in parts {
-            v = v.as_table()?.get(p)?;
-        }
-        Some(v.clone())
-    };
+    let now = resolved_table(cfg)?;
     let show = |v: &Option<toml::Value>| v.as_ref().map_or("unset".to_string(), |v| v.to_string());
     let mut out: Vec<ResumeChange> = Vec::new();
     for w in &cfg.raw.written.0 {
