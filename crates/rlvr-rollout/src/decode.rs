@@ -349,6 +349,22 @@ pub(crate) fn forward_last_masked(
     }
 }
 
+/// Tests: the forward launch record whose name starts with `prefix` in `dir` (its folder name
+/// and its record.json), panicking with the names found when there is none.
+#[cfg(test)]
+pub(crate) fn forward_record(dir: &std::path::Path, prefix: &str) -> (String, serde_json::Value) {
+    let recs: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let name = (recs.iter())
+        .find(|n| n.starts_with(prefix) && n.contains("fwd"))
+        .unwrap_or_else(|| panic!("no {prefix}*fwd* record among {recs:?}"))
+        .clone();
+    let text = std::fs::read_to_string(dir.join(&name).join("record.json")).unwrap();
+    (name, serde_json::from_str(&text).unwrap())
+}
+
 /// Tests: copies record `name` of `dir` to `$RLVR_KERNEL_RECORD/<folder>/<name>` when that is
 /// set (CI), where `scripts/ci_kernels.sh` replays it under Triton's interpreter (it finds
 /// records at any depth).
@@ -547,18 +563,8 @@ mod tests {
             4,
             tmp.path(),
         );
-        let recs: Vec<String> = std::fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        let fwd = recs
-            .iter()
-            .find(|n| n.starts_with("model_attn_dense_") && n.contains("fwd"))
-            .unwrap_or_else(|| panic!("no prefill attention record among {recs:?}"));
-        let rec: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(tmp.path().join(fwd).join("record.json")).unwrap(),
-        )
-        .unwrap();
+        let (fwd, rec) = forward_record(tmp.path(), "model_attn_dense_");
+        let fwd = &fwd;
         // One program row per query block of each sequence: the 37- and 20-token prompts, both
         // left-padded to 37 in a flat axis of 74 positions.
         let q = &rec["buffers"]["q"]["shape"];

@@ -646,18 +646,8 @@ mod tests {
         };
         assert_eq!(bits(&got), bits(&want));
         assert_eq!(cache.stats().hits, 12, "{:?}", cache.stats());
-        let recs: Vec<String> = std::fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        let fwd = recs
-            .iter()
-            .find(|n| n.starts_with("model_attn_kept_") && n.contains("fwd"))
-            .unwrap_or_else(|| panic!("no kept-turn attention record among {recs:?}"));
-        let rec: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(tmp.path().join(fwd).join("record.json")).unwrap(),
-        )
-        .unwrap();
+        let (fwd, rec) = crate::decode::forward_record(tmp.path(), "model_attn_kept_");
+        let fwd = &fwd;
         // q holds the new positions only; k the new ones, then the cache's.
         let rows = |b: &str| rec["buffers"][b]["shape"][0].as_u64().unwrap() as usize;
         let (nq, nk) = (rows("q"), rows("k"));
