@@ -1,6 +1,7 @@
 //! A run killed by SIGKILL and resumed from its last checkpoint gives, at every later step, the same
-//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1 and v = 4:
-//! bit-identical, from the checkpoint's buffer of in-flight batches and explorer weights). The killed run is this test
+//! non-time metrics as an uninterrupted run (o = 0: v = 1 and v = 4; o = 1, v = 1 and v = 4, and
+//! o ≥ v > 1: bit-identical, from the checkpoint's buffer of in-flight batches and explorer
+//! weights). The killed run is this test
 //! binary re-executed on `child_entry` with `RLVR_TRAIN_CHILD` set; it hangs after step 3 (test hook
 //! `RLVR_DEBUG_HANG_AFTER_STEP`), after the step-2 checkpoint, and is killed there.
 
@@ -934,4 +935,21 @@ fn resuming_a_finished_run_says_there_is_nothing_to_train() {
     assert_eq!(std::fs::read(run.join("config.toml")).unwrap(), before);
     let group = format!("rollout.group_size={}", cfg.raw.rollout.group_size);
     ResolvedConfig::from_run_dir(&run, &[group, "train.steps=1".into()]).unwrap();
+}
+
+/// Offsets of one interval or more (o ≥ v > 1): the step-2 checkpoint's buffer holds o batches,
+/// sampled by versions below the last sync's, and the explorer after them needs the last sync's.
+#[test]
+fn sigkill_resume_matches_uninterrupted_v2_offset_2() {
+    check_resume(2, 2, true);
+}
+
+#[test]
+fn sigkill_resume_matches_uninterrupted_v2_offset_3() {
+    check_resume(2, 3, true);
+}
+
+#[test]
+fn sigkill_resume_matches_uninterrupted_v3_offset_3() {
+    check_resume(3, 3, true);
 }
