@@ -720,12 +720,35 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
     crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)?;
+    record_model(run_dir, &cfg.raw.model.path, resume)?;
     let changes = cfg
         .resume_changes
         .iter()
         .map(|c| serde_json::json!({"key": c.key, "was": c.was, "now": c.now, "set": c.origin}))
         .collect();
     crate::store::run_json::add_resume_changes(run_dir, changes)
+}
+
+/// Records the identity of the run's model (`model`, its `model.path`) in run.json, which a
+/// `--resume` checks `model.path` against ([`crate::store::model_identity`]): at the start, and on
+/// a resume when none is recorded yet (a run started before they were) or the model moved (the
+/// resume's check found the same model at another path).
+///
+/// # Errors
+/// I/O errors writing run.json.
+fn record_model(run_dir: &Path, model: &Path, resume: bool) -> anyhow::Result<()> {
+    use crate::store::run_json;
+    if resume && run_json::recorded_model(run_dir).is_some_and(|(p, _)| p == model) {
+        return Ok(());
+    }
+    if !run_json::record_model(run_dir, model)? {
+        crate::log::log_only(&format!(
+            "note: {} cannot be read, so run.json records no identity of the run's model; a \
+             --resume will not check model.path",
+            model.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Removes what a killed run left half-written in `run_dir` (its lock held, so no other process
