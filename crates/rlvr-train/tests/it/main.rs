@@ -39,4 +39,5 @@ mod resume_model;
 mod run_v1;
 mod sft;
 mod shared_prompt;
+mod stop_message;
 mod train;
