@@ -210,10 +210,7 @@ impl Run<'_> {
             // stop before the explorer thread's batch is handed out stops after step t − 1
             let batch = match self.feed.next(t, self.stop.as_deref())? {
                 Next::Batch(b) => b,
-                Next::Stopped(found) => {
-                    self.stop_before_step(t - 1, found, good)?;
-                    return Ok((done, true));
-                }
+                Next::Stopped(f) => return self.stop_before_step(t, f, good),
             };
             // staleness: drop experiences older than sync.max_staleness
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
@@ -516,25 +513,25 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// A stop (Ctrl-C, SIGTERM) that came before step `done + 1`'s batch was handed out by the
+    /// A stop (Ctrl-C, SIGTERM) that came before step `t`'s batch was handed out by the
     /// explorer thread ([`Feed::next`]; `found`: whether the step was waiting for it, it was
     /// ready, or the explorer was still sampling it when the stop came before the step): says
-    /// which, then the checkpoint of step `done` as on any stop, unless it is written already (a
-    /// resumed run's first wait: its checkpoint is the one resumed from) or `done` was skipped
-    /// (the last good checkpoint stays the last). Nothing of step `done + 1` ran, so the resume
+    /// which, then the checkpoint of step `done` = t − 1 as on any stop, unless it is written
+    /// already (a resumed run's first wait: its checkpoint is the one resumed from) or `done` was
+    /// skipped (the last good checkpoint stays the last). Nothing of step `t` ran, so the resume
     /// is exact as after any stop; the batch (ready or being sampled) is dropped, unless the
     /// checkpoint needs it ([`Feed::resumes_exactly_without_buffer`]), when it keeps or waits
-    /// for it (and says so).
+    /// for it (and says so). Returns what the loop returns: step `done`, stopped.
     ///
     /// # Errors
     /// The checkpoint's.
     fn stop_before_step(
         &mut self,
-        done: u64,
+        t: u64,
         found: StopFound,
         good: &mut LastGood,
-    ) -> anyhow::Result<()> {
-        let t = done + 1;
+    ) -> anyhow::Result<(u64, bool)> {
+        let done = t - 1;
         crate::log::say(&match found {
             StopFound::Waiting => {
                 format!("stop: step {t} was waiting for the explorer; stopping after step {done}")
@@ -549,12 +546,12 @@ impl Run<'_> {
             ),
         });
         if done == 0 || good.saved_step() >= done {
-            return Ok(());
+            return Ok((done, true));
         }
         if self.checkpoint(done, self.skipped_in_row > 0, false, true)? {
             good.saved(done);
         }
-        Ok(())
+        Ok((done, true))
     }
 
     /// Saves a checkpoint when one is due: every `train.save_every` steps, at the last step, at a
