@@ -36,7 +36,7 @@ use crate::job::Job;
 use crate::store::checkpoint::SourceCursor;
 use explorer::{Batch, Explorer};
 use offline::OfflineSource;
-pub use schedule::{behaviour_version, filter_stale};
+pub use schedule::{behaviour_version, filter_stale, resampled_steps};
 
 /// Named weights sent from the trainer to the explorer at a sync (checkpoint names).
 pub type NamedWeights = Vec<(String, Tensor)>;

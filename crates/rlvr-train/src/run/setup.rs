@@ -425,6 +425,10 @@ fn online_feed(
     // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
     job.barrier()?;
     let buffered = in_flight_batches(&start, o, &job, step)?;
+    if start.ckpt.is_some() && job.writer() {
+        let first = step + 1 + buffered.len() as u64;
+        say_resampled(step, first, explorer.version(), (v, o), c.train.steps);
+    }
     let gather = (job, c.train.log_rollouts);
     Feed::online(
         explorer,
@@ -527,6 +531,31 @@ fn load_starting_weights(
             Ok(Some((step, w)))
         }
     }
+}
+
+/// Warns when a resume from the checkpoint of step `t` is not exact: steps from `first` (after the
+/// checkpoint's buffered batches) that an uninterrupted run sampled with weights the checkpoint
+/// does not keep ([`crate::feed::resampled_steps`]; the explorer resumes at version
+/// `explorer_version`). docs/runs.md, "Resume exactness", lists when this happens.
+fn say_resampled(t: u64, first: u64, explorer_version: u64, vo: (u64, u64), last: u64) {
+    let off = crate::feed::resampled_steps(t, first, explorer_version, vo, last);
+    let (Some(a), Some(b)) = (off.first(), off.last()) else {
+        return;
+    };
+    let steps = match a.0 == b.0 {
+        true => format!("step {}", a.0),
+        false => format!("steps {}..={}", a.0, b.0),
+    };
+    let mut versions: Vec<String> = off.iter().map(|x| x.1.to_string()).collect();
+    versions.dedup();
+    crate::log::say(&format!(
+        "warning: this resume is not exact: an uninterrupted run sampled {steps} with version {} \
+         of the policy, whose weights (and those batches) the checkpoint of step {t} does not \
+         keep; the explorer samples {} with version {explorer_version} (docs/runs.md, \"Resume \
+         exactness\", says when this happens)",
+        versions.join(", "),
+        if off.len() == 1 { "it" } else { "them" }
+    ));
 }
 
 /// The checkpoint's in-flight batches (offset `o` ≥ 1): trained on as they were sampled.

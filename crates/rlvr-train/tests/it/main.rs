@@ -35,6 +35,7 @@ mod preflight;
 mod readme;
 mod resume;
 mod resume_bf16;
+mod resume_exactness;
 mod resume_model;
 mod run_v1;
 mod sft;
