@@ -585,7 +585,9 @@ fn receive_or_stop(
     }
 }
 
-/// What [`Feed::next`] gives for a step.
+/// What [`Feed::next`] gives for a step (returned once a step and taken apart at once: the
+/// batch is not boxed).
+#[allow(clippy::large_enum_variant)]
 pub enum Next {
     /// The step's batch.
     Batch(Batch),
