@@ -2,7 +2,8 @@
 //! lab's figures (rlvr-lab): a [`Figure`] is an optional title over [`Row`]s; a row is one quantity
 //! (its y axis description) drawn in one or more [`Panel`]s that share the row's axes (wrapped
 //! `cols` to a line); a panel has a caption and [`Line`]s, each a series with an optional band
-//! (e.g. the lowest to the highest seed). Each row's legend sits in its own column right of every
+//! (e.g. the lowest to the highest seed), and may carry a note written in its data area (why it
+//! has no line, [`draw_note`]). Each row's legend sits in its own column right of every
 //! panel, so it never covers data. Steps are labelled as integers; a series is cut at its gaps (no
 //! line bridges a missing step); a line may carry a faint series drawn under it (its raw values
 //! when the line is smoothed, e.g. by [`ema`]). [`mean_se`] gives the mean over seeds with a
