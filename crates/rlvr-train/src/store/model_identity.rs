@@ -55,7 +55,8 @@ pub fn identity(dir: &Path) -> anyhow::Result<Value> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .with_context(|| format!("listing {}", dir.display()))?
         .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        // Followed links count (a Hugging Face cache snapshot links each file to its blob).
+        .filter(|e| e.path().is_file())
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .filter(|n| defines_model(n))
         .collect();
@@ -268,6 +269,13 @@ mod tests {
         assert_eq!(keys, ["config.json", "model.safetensors"]);
         assert!(id["files"]["model.safetensors"]["sampled_crc32c"].is_string());
         assert!(differences(&id, &identity(&b).unwrap()).is_empty());
+        // A directory of links to the files (a Hugging Face cache snapshot) is the same model.
+        let links = tmp.path().join("links");
+        std::fs::create_dir_all(&links).unwrap();
+        for n in ["config.json", "model.safetensors"] {
+            std::os::unix::fs::symlink(a.join(n), links.join(n)).unwrap();
+        }
+        assert!(differences(&id, &identity(&links).unwrap()).is_empty());
         // The first byte of the data is in the first piece.
         let hdr = 8 + HEADER.len();
         let mut bytes = std::fs::read(b.join("model.safetensors")).unwrap();
