@@ -2,7 +2,8 @@
 //! lab's figures (rlvr-lab): a [`Figure`] is an optional title over [`Row`]s; a row is one quantity
 //! (its y axis description) drawn in one or more [`Panel`]s that share the row's axes (wrapped
 //! `cols` to a line); a panel has a caption and [`Line`]s, each a series with an optional band
-//! (e.g. the lowest to the highest seed). Each row's legend sits in its own column right of every
+//! (e.g. the lowest to the highest seed), and may carry a note written in its data area (why it
+//! has no line, [`draw_note`]). Each row's legend sits in its own column right of every
 //! panel, so it never covers data. Steps are labelled as integers; a series is cut at its gaps (no
 //! line bridges a missing step); a line may carry a faint series drawn under it (its raw values
 //! when the line is smoothed, e.g. by [`ema`]). [`mean_se`] gives the mean over seeds with a
@@ -47,6 +48,9 @@ pub struct Panel {
     pub caption: Option<String>,
     /// The lines.
     pub lines: Vec<Line>,
+    /// Text written in the middle of the panel's data area (wrapped to its width), in grey: why
+    /// the panel has no line, e.g. "`env/turns/mean` is null at every step". None: no text.
+    pub note: Option<String>,
 }
 
 /// One quantity: panels on shared axes, and its legend.
@@ -487,6 +491,10 @@ where
                     markers(&mut chart, r, &at)?;
                 }
             }
+            if let Some(note) = &panel.note {
+                let rect = ((xr.start, yr.start), (xr.end - 1, yr.end - 1));
+                draw_note(cell, rect, note)?;
+            }
         }
         if row.legend.is_empty() {
             continue;
@@ -536,6 +544,66 @@ where
         }
     }
     Ok(layout)
+}
+
+/// `text` wrapped at word boundaries into lines of at most `width` characters (a longer word is a
+/// line of its own).
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for w in text.split_whitespace() {
+        if !cur.is_empty() && cur.chars().count() + 1 + w.chars().count() > width {
+            out.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(w);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Writes `note` centred in `rect` (pixels of the canvas, as [`Layout::data`] holds them) of
+/// `area`, in grey 13 px text wrapped to the rectangle's width: the words a panel without data
+/// shows instead of blank axes ([`Panel::note`]).
+///
+/// # Errors
+/// Drawing errors.
+pub fn draw_note<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    rect: Rect,
+    note: &str,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let (bx, by) = area.get_base_pixel();
+    let ((x0, y0), (x1, y1)) = rect;
+    // DejaVu Sans at 13 px: about 7 px a character.
+    let chars = (((x1 - x0) as usize).saturating_sub(16) / 7).max(12);
+    let lines = wrap(note, chars);
+    let (cx, cy) = ((x0 + x1) / 2 - bx, (y0 + y1) / 2 - by);
+    let step = 17;
+    let top = cy - step * (lines.len() as i32 - 1) / 2;
+    let style = ("sans-serif", 13)
+        .into_font()
+        .color(&RGBColor(90, 90, 90))
+        .pos(plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Center,
+        ));
+    for (i, l) in lines.iter().enumerate() {
+        area.draw(&Text::new(
+            l.clone(),
+            (cx, top + step * i as i32),
+            style.clone(),
+        ))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
 }
 
 /// A band cut at its gaps, as [`segments`] cuts a series.
@@ -656,6 +724,14 @@ mod tests {
         );
     }
 
+    /// A note is wrapped at spaces; a word longer than a line is a line of its own.
+    #[test]
+    fn notes_wrap_at_word_boundaries() {
+        assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+        assert_eq!(wrap("abcdefghij x", 4), ["abcdefghij", "x"]);
+        assert!(wrap("  ", 4).is_empty());
+    }
+
     /// Three seeds at steps 1 and 2, one of them also at step 3: the mean and ±1 SE at the shared
     /// steps (by hand: values 1, 2, 6 have mean 3, sample sd √7, SE √(7/3)), step 3 dropped.
     #[test]
@@ -720,6 +796,7 @@ mod tests {
                 .map(|p| Panel {
                     caption: Some(format!("p{p}")),
                     lines: vec![line(p), line(p + 1)],
+                    note: None,
                 })
                 .collect(),
             legend: vec![("a long legend entry".into(), 0), ("b".into(), 1)],

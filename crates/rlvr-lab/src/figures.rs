@@ -214,6 +214,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                         .filter(|a| family(&first(a).label) == *fam)
                         .map(|a| line(a, style(a), key, w, f))
                         .collect(),
+                    note: None,
                 })
                 .collect()
         };
@@ -373,6 +374,7 @@ pub fn figures(data: &LabData, smooth_w: usize) -> Vec<Drawn> {
                             .map(|a| line(a, istyle(v), Eval::Accuracy.key(), 1, &pct))
                     })
                     .collect(),
+                note: None,
             })
             .collect();
         let seeds = runs

@@ -710,6 +710,8 @@ impl ResolvedConfig {
                 c.origin
             ));
         }
+        cfg.warnings
+            .extend(check_model_on_resume(run_dir, &saved, &cfg, &path, &cwd)?);
         if let Some(dir) = crate::store::checkpoint::latest(run_dir)? {
             let p = dir.join("trainer_state/state.json");
             let st: TrainerState = serde_json::from_str(
@@ -756,6 +758,39 @@ impl ResolvedConfig {
         }
         Ok(cfg)
     }
+}
+
+/// A `--resume`'s `model.path` (set by `--set` or in the run's edited config.toml, `file`)
+/// checked against the model `run_dir`'s run.json records
+/// ([`crate::store::model_identity::check_on_resume`]): the warning it gives, if any.
+///
+/// # Errors
+/// Another model than the run's, naming both paths and what differs.
+fn check_model_on_resume(
+    run_dir: &Path,
+    saved: &toml::Table,
+    cfg: &ResolvedConfig,
+    file: &Path,
+    cwd: &Path,
+) -> anyhow::Result<Option<String>> {
+    let now = &cfg.raw.model.path;
+    let from_config = lookup(saved, "model.path")
+        .and_then(|v| v.as_str().map(|s| cwd.join(s)))
+        .unwrap_or_else(|| now.clone());
+    let origin = cfg
+        .raw
+        .written
+        .0
+        .iter()
+        .rev()
+        .find(|w| w.key == "model.path")
+        .map_or_else(|| file.display().to_string(), |w| w.origin.clone());
+    let recorded = crate::store::run_json::recorded_model(run_dir);
+    crate::store::model_identity::check_on_resume(
+        run_dir,
+        recorded.as_ref().map(|(p, id)| (p.as_path(), id)),
+        (&from_config, now, &origin),
+    )
 }
 
 /// `cfg` written out and read back as a table (what config.toml would hold now).

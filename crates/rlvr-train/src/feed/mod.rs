@@ -36,7 +36,7 @@ use crate::job::Job;
 use crate::store::checkpoint::SourceCursor;
 use explorer::{Batch, Explorer};
 use offline::OfflineSource;
-pub use schedule::{behaviour_version, filter_stale};
+pub use schedule::{behaviour_version, filter_stale, resampled_steps};
 
 /// Named weights sent from the trainer to the explorer at a sync (checkpoint names).
 pub type NamedWeights = Vec<(String, Tensor)>;
@@ -149,18 +149,20 @@ impl Feed {
         })
     }
 
-    /// The batch of step `t`; `None` when `stop` was set while it waited for the explorer thread
-    /// (a Ctrl-C or SIGTERM during the wait: the caller stops after the step before, without
-    /// waiting for a batch it will not train on). Without `stop` (data parallel, where every rank
-    /// must take the same steps) it waits as long as the explorer takes. The inline explorer and
-    /// an offline source never wait on another thread and ignore `stop`.
+    /// The batch of step `t`, or [`Next::Stopped`] when `stop` was set before the explorer
+    /// thread's batch was handed out (a Ctrl-C or SIGTERM: the caller stops after the step
+    /// before, without waiting for a batch it will not train on), saying how the stop found the
+    /// explorer ([`StopFound`]). A batch already received is kept in order for the checkpoint,
+    /// which may need it. Without `stop` (data parallel, where every rank must take the same
+    /// steps) it waits as long as the explorer takes. The inline explorer and an offline source
+    /// never wait on another thread and ignore `stop`.
     ///
     /// # Errors
     /// Sampling, scoring and verifier errors; the explorer thread stopped.
-    pub fn next(&mut self, t: u64, stop: Option<&AtomicBool>) -> anyhow::Result<Option<Batch>> {
+    pub fn next(&mut self, t: u64, stop: Option<&AtomicBool>) -> anyhow::Result<Next> {
         match self {
-            Feed::Inline(e) => e.produce(t).map(Some),
-            Feed::Offline(o) => o.produce(t).map(Some),
+            Feed::Inline(e) => e.produce(t).map(Next::Batch),
+            Feed::Offline(o) => o.produce(t).map(Next::Batch),
             Feed::Threaded {
                 batches,
                 last_cursor,
@@ -176,19 +178,24 @@ impl Feed {
                         b.step
                     );
                     *last_cursor = b.cursor;
-                    return Ok(Some(b));
+                    return Ok(Next::Batch(b));
                 }
                 // A rank whose explorer failed leaves here; its peers wait in the gather until
                 // the launcher ends the job (mpirun does at once) or the timeout names it.
-                let Some(mut b) = receive_or_stop(batches, stop)? else {
-                    return Ok(None);
+                let (got, waited) = receive_or_stop(batches, stop)?;
+                let stopped = stop.is_some_and(|s| s.load(Ordering::SeqCst));
+                let mut b = match got {
+                    Some(b) if !stopped => b,
+                    // A batch that was ready, or came with the stop (within one poll), is not
+                    // trained on either; it is kept in order for the checkpoint, which may
+                    // need it.
+                    Some(b) => {
+                        pending.push_front(b);
+                        return Ok(Next::Stopped(StopFound::Ready));
+                    }
+                    None if waited => return Ok(Next::Stopped(StopFound::Waiting)),
+                    None => return Ok(Next::Stopped(StopFound::Sampling)),
                 };
-                // A batch that came with the stop (within one poll) is not trained on either;
-                // it is kept in order for the checkpoint, which may need it.
-                if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
-                    pending.push_front(b);
-                    return Ok(None);
-                }
                 if job.is_parallel() {
                     let rows = vec![std::mem::take(&mut b.experiences)];
                     let recs = std::mem::take(&mut b.rollouts);
@@ -197,7 +204,7 @@ impl Feed {
                     b.rollouts = all_recs.into_iter().take(*keep).collect();
                 }
                 *last_cursor = b.cursor;
-                Ok(Some(b))
+                Ok(Next::Batch(b))
             }
         }
     }
@@ -541,32 +548,66 @@ impl Feed {
 /// How often a wait for the explorer thread looks at the stop flag ([`Feed::next`]).
 const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The explorer thread's next batch, or `None` once `stop` is set while waiting for it (checked
-/// every [`STOP_POLL`]); without `stop`, waits for the batch however long it takes.
+/// The explorer thread's next batch, and whether the call waited for it. Once `stop` is set
+/// (checked before waiting and every [`STOP_POLL`] while waiting) it returns what the channel
+/// already holds without waiting: `(Some(batch), _)` when the batch was ready, `(None, true)`
+/// when the stop came during the wait, `(None, false)` when it was set before it (the explorer
+/// still sampling). Without `stop`, waits for the batch however long it takes.
 ///
 /// # Errors
-/// The explorer's error; the explorer thread stopped.
+/// The explorer's error; the explorer thread stopped (while waiting: a thread that ended after
+/// a stop yields no batch).
 fn receive_or_stop(
     batches: &mpsc::Receiver<anyhow::Result<Batch>>,
     stop: Option<&AtomicBool>,
-) -> anyhow::Result<Option<Batch>> {
+) -> anyhow::Result<(Option<Batch>, bool)> {
     let Some(stop) = stop else {
-        return Ok(Some(
-            batches.recv().context("the explorer thread stopped")??,
+        return Ok((
+            Some(batches.recv().context("the explorer thread stopped")??),
+            true,
         ));
     };
+    let mut waited = false;
     loop {
         if stop.load(Ordering::SeqCst) {
-            return Ok(None);
+            return match batches.try_recv() {
+                Ok(b) => Ok((Some(b?), waited)),
+                Err(_) => Ok((None, waited)),
+            };
         }
         match batches.recv_timeout(STOP_POLL) {
-            Ok(b) => return Ok(Some(b?)),
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Ok(b) => return Ok((Some(b?), waited)),
+            Err(mpsc::RecvTimeoutError::Timeout) => waited = true,
             Err(e @ mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
             }
         }
     }
+}
+
+/// What [`Feed::next`] gives for a step (returned once a step and taken apart at once: the
+/// batch is not boxed).
+#[allow(clippy::large_enum_variant)]
+pub enum Next {
+    /// The step's batch.
+    Batch(Batch),
+    /// The stop flag was set before the batch was handed out: the step does not run.
+    Stopped(StopFound),
+}
+
+/// Where a stop found the explorer thread's batch for the step ([`Feed::next`]), for the
+/// message that says what happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopFound {
+    /// The step was waiting for the batch (the explorer sampling or scoring it) when the stop
+    /// came.
+    Waiting,
+    /// The batch was ready (sampled before the step began, or arriving with the stop): it is not
+    /// trained on, and kept for the checkpoint in case the resume needs it.
+    Ready,
+    /// The stop came before the step began waiting (during the step before's sync or report),
+    /// while the explorer was still sampling the batch: nothing waited for it.
+    Sampling,
 }
 
 /// What a checkpoint does with the batches an explorer thread already sampled for the steps after

@@ -35,3 +35,47 @@ pub fn filter_stale(
     let d = n - kept.len();
     (kept, d)
 }
+
+/// The steps a resume from the checkpoint of step `t` samples with other weights than an
+/// uninterrupted run did, each with the version that sampled it there: the resumed explorer
+/// starts at step `first` (after the checkpoint's buffered batches) holding version
+/// `explorer_version`, and only ever loads newer versions, the policy's (t) and those of the
+/// resumed run's own syncs. A step j in `first..=last_step` whose s(j) (interval `v`, offset
+/// `o`) is at most t but neither the explorer's nor t is sampled with other weights (or waits
+/// for a version no step sends). Empty for an exact resume.
+pub fn resampled_steps(
+    t: u64,
+    first: u64,
+    explorer_version: u64,
+    (v, o): (u64, u64),
+    last_step: u64,
+) -> Vec<(u64, u64)> {
+    (first..=last_step)
+        .map(|j| (j, behaviour_version(j, v, o)))
+        .take_while(|&(_, s)| s <= t)
+        .filter(|&(_, s)| s != explorer_version && s != t)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// By hand: v = 1, o = 1, a checkpoint of step 2 without its in-flight batch (first = 3,
+    /// explorer at version 2, the policy's): step 3 was sampled by version 1. With the buffer
+    /// (first = 4) nothing is re-sampled. v = 2, o = 1, step 4 (s(5) = 2, s(6) = 4): without the
+    /// buffer and with the explorer at the last sync (4), step 5 is re-sampled; at step 3 (s(4)
+    /// = 2, the explorer kept at version 2) nothing is. A run extended past step 4 at v = 4,
+    /// o = 1: s(5) = 0 while the explorer holds 4.
+    #[test]
+    fn resampled_steps_by_hand() {
+        assert_eq!(resampled_steps(2, 3, 2, (1, 1), 6), [(3, 1)]);
+        assert_eq!(resampled_steps(2, 4, 2, (1, 1), 6), []);
+        assert_eq!(resampled_steps(4, 5, 4, (2, 1), 8), [(5, 2)]);
+        assert_eq!(resampled_steps(3, 4, 2, (2, 1), 8), []);
+        assert_eq!(resampled_steps(4, 5, 4, (4, 1), 9), [(5, 0)]);
+        assert_eq!(resampled_steps(2, 3, 2, (1, 2), 6), [(3, 0), (4, 1)]);
+        // Nothing left to sample: exact.
+        assert_eq!(resampled_steps(6, 7, 6, (1, 1), 6), []);
+    }
+}

@@ -85,11 +85,12 @@ fn axis_title(metric: &str) -> String {
     }
 }
 
-/// One panel: its caption, metric and series.
+/// One panel: its caption, metric and series, and why it has no data (written in it), if so.
 struct Panel {
     caption: String,
     metric: String,
     series: HistSeries,
+    note: Option<String>,
 }
 
 /// Draws `a.metrics` as heat maps (one panel per run and metric) to `a.out`. Returns the number of
@@ -106,11 +107,18 @@ pub fn plot_heatmaps(a: &PlotArgs) -> anyhow::Result<usize> {
         let mut any = false;
         for (run, name) in a.runs.iter().zip(&names) {
             let series = read_hist(run, m)?;
-            any |= series.iter().any(|(_, c)| c.is_some());
+            let has = series.iter().any(|(_, c)| c.is_some());
+            any |= has;
+            // A run without the histogram gets its panel, saying why it is empty.
+            let note = (!has).then(|| super::why_empty(run, m).full());
+            if let Some(n) = &note {
+                crate::log::say(&format!("note: {name}: the heat map of {m} is empty: {n}"));
+            }
             panels.push(Panel {
                 caption: format!("{name}: {}", m.trim_start_matches("diagnostics/")),
                 metric: m.clone(),
                 series,
+                note,
             });
         }
         if !any {
@@ -250,6 +258,11 @@ where
                         .map(|(k, c)| Rectangle::new([(l, k - 0.5), (r, k + 0.5)], c.filled())),
                 )
                 .map_err(err)?;
+        }
+        if let Some(note) = &panel.note {
+            let (xr, yr) = chart.plotting_area().get_pixel_range();
+            let rect = ((xr.start, yr.start), (xr.end - 1, yr.end - 1));
+            rlvr_chart::draw_note(&chart_area, rect, note)?;
         }
         colour_bar(&bar_area).map_err(err)?;
     }

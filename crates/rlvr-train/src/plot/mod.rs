@@ -18,8 +18,11 @@ use anyhow::{bail, Context};
 pub use rlvr_chart::{ema, mean_se, register_font, segments, step_label, Series, PALETTE};
 use rlvr_chart::{Figure, Line, Panel, Row};
 
+mod empty;
 pub mod heatmap;
 pub mod seeds;
+
+use empty::{why_empty, Empty};
 
 pub use seeds::{group_labels, seed_groups};
 
@@ -278,6 +281,9 @@ pub(crate) struct Entry {
     pub label: String,
     /// Per metric, the series of each run of the entry (one run: one series).
     pub series: Vec<Vec<Series>>,
+    /// Per metric, why the entry has no value of it ([`why_empty`] of its first run); `None`
+    /// where it has one.
+    pub empty: Vec<Option<Empty>>,
 }
 
 /// The figure's line of `runs` (one entry's series of one metric): one run's series, smoothed
@@ -346,12 +352,14 @@ pub(crate) fn figure(
                     .map(|(r, l)| Panel {
                         caption: Some(data[r].label.clone()),
                         lines: vec![l],
+                        note: data[r].empty[k].as_ref().map(Empty::full),
                     })
                     .collect()
             } else {
                 vec![Panel {
-                    caption: None,
+                    caption: overlay_note(data, k),
                     lines: row,
+                    note: None,
                 }]
             },
             // One legend, beside the first row: every row has the same lines.
@@ -376,6 +384,22 @@ pub(crate) fn figure(
     (fig, dropped)
 }
 
+/// The caption of an overlaid panel (metric `k`) where some entries have no value, over the
+/// lines the others have: `no line for LABEL, ...: why` (the why when they share it; [`build`]
+/// says each one's in full on stderr). Every entry lacking a value is an error of [`build`].
+fn overlay_note(data: &[Entry], k: usize) -> Option<String> {
+    let missing: Vec<(&str, &Empty)> = data
+        .iter()
+        .filter_map(|e| e.empty[k].as_ref().map(|w| (e.label.as_str(), w)))
+        .collect();
+    let (_, first) = missing.first()?;
+    let names: Vec<&str> = missing.iter().map(|m| m.0).collect();
+    Some(match missing.iter().all(|m| m.1.why == first.why) {
+        true => format!("no line for {}: {}", names.join(", "), first.why),
+        false => format!("no line for {}", names.join(", ")),
+    })
+}
+
 /// What [`build`] makes of a [`PlotArgs`] (without `--heatmap`): the figure as data, its size
 /// in pixels and the number of points read.
 #[derive(Debug, Clone)]
@@ -386,8 +410,9 @@ pub struct Built {
     pub size: (u32, u32),
     /// Points read, summed over runs and metrics (nulls and missing steps not counted).
     pub points: usize,
-    /// Notes said on stderr while building (with `--mean-over-seeds`: runs drawn apart only by
-    /// one or two keys, [`seeds::apart_notes`]).
+    /// Notes said on stderr while building: a run without a line in a panel and why
+    /// ([`why_empty`]); with `--mean-over-seeds`, runs drawn apart only by one or two keys
+    /// ([`seeds::apart_notes`]).
     pub notes: Vec<String>,
 }
 
@@ -450,11 +475,33 @@ pub fn build(a: &PlotArgs) -> anyhow::Result<Built> {
             series: (0..a.metrics.len())
                 .map(|k| g.iter().map(|&i| series[i][k].clone()).collect())
                 .collect(),
+            empty: (0..a.metrics.len())
+                .map(|k| {
+                    g.iter()
+                        .all(|&i| series[i][k].is_empty())
+                        .then(|| why_empty(&a.runs[g[0]], &a.metrics[k]))
+                })
+                .collect(),
         })
         .collect();
     let title_h = if a.title.is_some() { 30 } else { 0 };
     let size = (a.width, a.panel_height * a.metrics.len() as u32 + title_h);
     let (figure, dropped) = figure(&a.metrics, &data, a.smooth, a.title.as_deref(), a.facet);
+    // Why a run has no line in a panel, in full.
+    for e in &data {
+        for (k, w) in e.empty.iter().enumerate() {
+            if let Some(w) = w {
+                let n = format!(
+                    "note: {}: no line in the panel of {}: {}",
+                    e.label,
+                    a.metrics[k],
+                    w.full()
+                );
+                crate::log::say(&n);
+                notes.push(n);
+            }
+        }
+    }
     // One note per line that left steps out, naming the metrics.
     for (r, e) in data.iter().enumerate() {
         let what: Vec<String> = dropped

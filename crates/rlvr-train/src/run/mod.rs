@@ -38,7 +38,7 @@ use rlvr_model::TokenizerBundle;
 
 use crate::config::ResolvedConfig;
 use crate::eval::{Best, Evaluator};
-use crate::feed::{filter_stale, Feed, InFlight};
+use crate::feed::{filter_stale, Feed, InFlight, Next, StopFound};
 use crate::job::Job;
 use crate::log::progress_bar;
 use crate::store::checkpoint::{self, SourceCursor};
@@ -207,10 +207,10 @@ impl Run<'_> {
         for t in (self.start + 1)..=c.train.steps {
             let comm0 = self.job.busy();
             // explorer: the batch of step t, sampled by version s(t) (prompt source inside); a
-            // stop while waiting for the explorer thread stops after step t − 1
-            let Some(batch) = self.feed.next(t, self.stop.as_deref())? else {
-                self.stop_while_waiting(t - 1, good)?;
-                return Ok((done, true));
+            // stop before the explorer thread's batch is handed out stops after step t − 1
+            let batch = match self.feed.next(t, self.stop.as_deref())? {
+                Next::Batch(b) => b,
+                Next::Stopped(f) => return self.stop_before_step(t, f, good),
             };
             // staleness: drop experiences older than sync.max_staleness
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
@@ -513,27 +513,45 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// A stop (Ctrl-C, SIGTERM) that came while step `done + 1` waited for the explorer thread
-    /// ([`Feed::next`]): the checkpoint of step `done` as on any stop, unless it is written
+    /// A stop (Ctrl-C, SIGTERM) that came before step `t`'s batch was handed out by the
+    /// explorer thread ([`Feed::next`]; `found`: whether the step was waiting for it, it was
+    /// ready, or the explorer was still sampling it when the stop came before the step): says
+    /// which, then the checkpoint of step `done` = t − 1 as on any stop, unless it is written
     /// already (a resumed run's first wait: its checkpoint is the one resumed from) or `done` was
-    /// skipped (the last good checkpoint stays the last). Nothing of step `done + 1` ran, so the
-    /// resume is exact as after any stop; the batch being sampled is dropped, unless the
-    /// checkpoint needs it ([`Feed::resumes_exactly_without_buffer`]), when it waits for it.
+    /// skipped (the last good checkpoint stays the last). Nothing of step `t` ran, so the resume
+    /// is exact as after any stop; the batch (ready or being sampled) is dropped, unless the
+    /// checkpoint needs it ([`Feed::resumes_exactly_without_buffer`]), when it keeps or waits
+    /// for it (and says so). Returns what the loop returns: step `done`, stopped.
     ///
     /// # Errors
     /// The checkpoint's.
-    fn stop_while_waiting(&mut self, done: u64, good: &mut LastGood) -> anyhow::Result<()> {
-        crate::log::say(&format!(
-            "stop: step {} was waiting for the explorer; stopping after step {done}",
-            done + 1
-        ));
+    fn stop_before_step(
+        &mut self,
+        t: u64,
+        found: StopFound,
+        good: &mut LastGood,
+    ) -> anyhow::Result<(u64, bool)> {
+        let done = t - 1;
+        crate::log::say(&match found {
+            StopFound::Waiting => {
+                format!("stop: step {t} was waiting for the explorer; stopping after step {done}")
+            }
+            StopFound::Ready => format!(
+                "stop: stopping after step {done}; the batch of step {t} was already sampled \
+                 and is not trained on"
+            ),
+            StopFound::Sampling => format!(
+                "stop: stopping after step {done}, before step {t} began (the explorer was \
+                 still sampling its batch)"
+            ),
+        });
         if done == 0 || good.saved_step() >= done {
-            return Ok(());
+            return Ok((done, true));
         }
         if self.checkpoint(done, self.skipped_in_row > 0, false, true)? {
             good.saved(done);
         }
-        Ok(())
+        Ok((done, true))
     }
 
     /// Saves a checkpoint when one is due: every `train.save_every` steps, at the last step, at a

@@ -425,6 +425,10 @@ fn online_feed(
     // Data parallel: no rank samples before every rank (rank 0's push to vLLM servers) loaded.
     job.barrier()?;
     let buffered = in_flight_batches(&start, o, &job, step)?;
+    if start.ckpt.is_some() && job.writer() {
+        let first = step + 1 + buffered.len() as u64;
+        say_resampled(step, first, explorer.version(), (v, o), c.train.steps);
+    }
     let gather = (job, c.train.log_rollouts);
     Feed::online(
         explorer,
@@ -527,6 +531,31 @@ fn load_starting_weights(
             Ok(Some((step, w)))
         }
     }
+}
+
+/// Warns when a resume from the checkpoint of step `t` is not exact: steps from `first` (after the
+/// checkpoint's buffered batches) that an uninterrupted run sampled with weights the checkpoint
+/// does not keep ([`crate::feed::resampled_steps`]; the explorer resumes at version
+/// `explorer_version`). docs/runs.md, "Resume exactness", lists when this happens.
+fn say_resampled(t: u64, first: u64, explorer_version: u64, vo: (u64, u64), last: u64) {
+    let off = crate::feed::resampled_steps(t, first, explorer_version, vo, last);
+    let (Some(a), Some(b)) = (off.first(), off.last()) else {
+        return;
+    };
+    let steps = match a.0 == b.0 {
+        true => format!("step {}", a.0),
+        false => format!("steps {}..={}", a.0, b.0),
+    };
+    let mut versions: Vec<String> = off.iter().map(|x| x.1.to_string()).collect();
+    versions.dedup();
+    crate::log::say(&format!(
+        "warning: this resume is not exact: an uninterrupted run sampled {steps} with version {} \
+         of the policy, whose weights (and those batches) the checkpoint of step {t} does not \
+         keep; the explorer samples {} with version {explorer_version} (docs/runs.md, \"Resume \
+         exactness\", says when this happens)",
+        versions.join(", "),
+        if off.len() == 1 { "it" } else { "them" }
+    ));
 }
 
 /// The checkpoint's in-flight batches (offset `o` ≥ 1): trained on as they were sampled.
@@ -720,12 +749,35 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
     }
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
     crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)?;
+    record_model(run_dir, &cfg.raw.model.path, resume)?;
     let changes = cfg
         .resume_changes
         .iter()
         .map(|c| serde_json::json!({"key": c.key, "was": c.was, "now": c.now, "set": c.origin}))
         .collect();
     crate::store::run_json::add_resume_changes(run_dir, changes)
+}
+
+/// Records the identity of the run's model (`model`, its `model.path`) in run.json, which a
+/// `--resume` checks `model.path` against ([`crate::store::model_identity`]): at the start, and on
+/// a resume when none is recorded yet (a run started before they were) or the model moved (the
+/// resume's check found the same model at another path).
+///
+/// # Errors
+/// I/O errors writing run.json.
+fn record_model(run_dir: &Path, model: &Path, resume: bool) -> anyhow::Result<()> {
+    use crate::store::run_json;
+    if resume && run_json::recorded_model(run_dir).is_some_and(|(p, _)| p == model) {
+        return Ok(());
+    }
+    if !run_json::record_model(run_dir, model)? {
+        crate::log::log_only(&format!(
+            "note: {} cannot be read, so run.json records no identity of the run's model; a \
+             --resume will not check model.path",
+            model.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Removes what a killed run left half-written in `run_dir` (its lock held, so no other process

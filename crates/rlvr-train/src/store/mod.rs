@@ -14,6 +14,7 @@ pub mod hub;
 pub mod lock;
 pub mod manifest;
 pub mod metrics;
+pub mod model_identity;
 pub mod rollouts;
 pub(crate) mod run_json;
 pub mod state;

@@ -94,3 +94,29 @@ pub(crate) fn add_resume_changes(
     rlvr_model::weights::atomic_write(&path, serde_json::to_string_pretty(&v)?.as_bytes())?;
     Ok(())
 }
+
+/// The run's model as RUN_DIR/run.json records it (`"model": {"path", "files"}`, written by
+/// [`record_model`]): its path and its identity ([`crate::store::model_identity::identity`]).
+/// `None` for a run started before it was recorded, or a run.json that does not parse.
+pub(crate) fn recorded_model(run_dir: &Path) -> Option<(std::path::PathBuf, serde_json::Value)> {
+    let v = read(&run_dir.join("run.json"))?;
+    let m = v.get("model")?;
+    let path = m.get("path")?.as_str()?;
+    m.get("files")?;
+    Some((path.into(), m.clone()))
+}
+
+/// Records model directory `model`'s path and identity as RUN_DIR/run.json's `"model"` (at the
+/// start of a run; on a resume when none is recorded yet or the model moved), keeping the other
+/// keys. Returns whether it did: a directory that cannot be read is left unrecorded.
+///
+/// # Errors
+/// I/O errors writing run.json.
+pub(crate) fn record_model(run_dir: &Path, model: &Path) -> anyhow::Result<bool> {
+    let Ok(mut id) = crate::store::model_identity::identity(model) else {
+        return Ok(false);
+    };
+    id["path"] = json!(model.display().to_string());
+    record(run_dir, "model", id)?;
+    Ok(true)
+}

@@ -727,3 +727,141 @@ fn an_unknown_metric_gets_the_closest_key() {
         }
     }
 }
+
+/// Writes `lines` (JSON objects) as `dir/name`, one a line.
+fn write_jsonl(dir: &std::path::Path, name: &str, lines: &[serde_json::Value]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(dir.join(name), text.join("\n") + "\n").unwrap();
+}
+
+/// A panel with no data says why in its data area instead of staying blank axes: `--facet` (the
+/// multi-turn run has `env/turns/mean`, the single-turn one holds null at every step, as rlvr
+/// writes it), an overlaid panel (a caption naming the run without a line) and `--heatmap` (a run
+/// without `hist/mismatch`); each also said on stderr in `Built::notes`. They used to be empty
+/// axes with nothing to tell a missing metric from a plotting bug.
+#[test]
+fn an_empty_panel_says_why_it_is_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (multi, single) = (tmp.path().join("multi"), tmp.path().join("single"));
+    let line = |s: u64, turns: serde_json::Value| serde_json::json!({"step": s, "reward/mean": 0.1 * s as f64, "env/turns/mean": turns});
+    write_jsonl(
+        &multi,
+        "metrics.jsonl",
+        &[line(1, 2.0.into()), line(2, 3.0.into())],
+    );
+    write_jsonl(
+        &single,
+        "metrics.jsonl",
+        &[
+            line(1, serde_json::Value::Null),
+            line(2, serde_json::Value::Null),
+        ],
+    );
+    let why =
+        "`env/turns/mean` is null at every step: logged only by multi-turn runs (an [env] table)";
+    let run = |extra: &[&str], out: &str| {
+        let out = tmp.path().join(out);
+        let mut v = vec![
+            "x".to_string(),
+            multi.display().to_string(),
+            single.display().to_string(),
+            "--width".into(),
+            "900".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        run_plot(&W::parse_from(v).a, &mut Vec::new()).unwrap();
+        out
+    };
+    let facet = run(
+        &[
+            "--metric",
+            "env/turns/mean",
+            "--metric",
+            "reward/mean",
+            "--facet",
+        ],
+        "facet.svg",
+    );
+    let texts = svg_texts(&std::fs::read_to_string(&facet).unwrap());
+    // The note's lines, wrapped to the panel: grey text right of the middle (single's panel).
+    let note: Vec<&SvgText> = texts
+        .iter()
+        .filter(|t| t.anchor == "middle" && !t.rotated && t.x > 450.0 && t.y > 40.0 && t.y < 250.0)
+        .filter(|t| t.text != "step" && !t.text.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .collect();
+    let joined: Vec<&str> = note.iter().map(|t| t.text.as_str()).collect();
+    assert_eq!(joined.join(" "), why, "{texts:?}");
+    assert!(note.len() > 1, "wrapped to the panel's width: {joined:?}");
+    // Only the empty panel has a note (reward/mean is in both runs).
+    assert!(!texts
+        .iter()
+        .any(|t| t.text.contains("null at every step") && t.y > 300.0));
+    // Overlaid: single has no line; the caption says so.
+    let overlay = run(&["--metric", "env/turns/mean"], "overlay.svg");
+    let svg = std::fs::read_to_string(&overlay).unwrap();
+    assert!(
+        svg_texts(&svg)
+            .iter()
+            .any(|t| t.text == "no line for single: `env/turns/mean` is null at every step"),
+        "{svg}"
+    );
+    let b = rlvr_train::plot::build(
+        &W::parse_from([
+            "x",
+            multi.to_str().unwrap(),
+            single.to_str().unwrap(),
+            "--metric",
+            "env/turns/mean",
+        ])
+        .a,
+    )
+    .unwrap();
+    assert_eq!(
+        b.notes,
+        [format!(
+            "note: single: no line in the panel of env/turns/mean: {why}"
+        )]
+    );
+    // A heat map of a histogram one run lacks.
+    write_jsonl(
+        &multi,
+        "diagnostics.jsonl",
+        &[serde_json::json!({"step": 1, "hist/mismatch": [1, 2, 3]})],
+    );
+    write_jsonl(
+        &single,
+        "diagnostics.jsonl",
+        &[serde_json::json!({"step": 1, "hist/ratio": [1, 2, 3]})],
+    );
+    let heat = run(
+        &["--metric", "diagnostics/hist/mismatch", "--heatmap"],
+        "heat.svg",
+    );
+    let texts = svg_texts(&std::fs::read_to_string(&heat).unwrap());
+    let words: Vec<&str> = texts
+        .iter()
+        .filter(|t| t.anchor == "middle" && !t.rotated)
+        .map(|t| t.text.as_str())
+        .collect();
+    assert!(
+        words.join(" ").contains(
+            "no `hist/mismatch` in diagnostics.jsonl: null on the steps without on-policy \
+             (staleness 0) rows"
+        ),
+        "{words:?}"
+    );
+    // PNG too (a figure to look at).
+    run(
+        &[
+            "--metric",
+            "env/turns/mean",
+            "--metric",
+            "reward/mean",
+            "--facet",
+        ],
+        "facet.png",
+    );
+}
