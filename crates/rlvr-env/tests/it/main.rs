@@ -3,6 +3,7 @@
 mod examples;
 mod faults;
 mod replies;
+mod replay;
 mod reward;
 mod templates;
 mod tool_props;

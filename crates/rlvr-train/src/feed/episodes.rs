@@ -134,6 +134,13 @@ pub struct EnvStats {
     /// before it was counted (then zeros).
     #[serde(default)]
     pub ends: EndCounts,
+    /// Restarts of the environment's program during the batch (`env/restarts`).
+    #[serde(default)]
+    pub restarts: usize,
+    /// Episodes replayed to a restarted program during the batch, once per replay
+    /// (`env/replayed`; `rlvr_env::replay`).
+    #[serde(default)]
+    pub replayed: usize,
 }
 
 /// How a batch's episodes ended, one count per end (failed episodes are [`EnvStats::errors`]):
@@ -196,6 +203,8 @@ impl EnvStats {
         self.tool_call_errors += o.tool_call_errors;
         self.env_s += o.env_s;
         self.ends.merge(&o.ends);
+        self.restarts += o.restarts;
+        self.replayed += o.replayed;
     }
 }
 
@@ -475,6 +484,7 @@ impl EpisodeRunner {
                 })
             })
             .collect();
+        let faults = self.env.faults();
         let t0 = Instant::now();
         let replies = self.env.reset(&resets).context("the environment's reset")?;
         rlvr_env::validate::check_groups(&resets, &replies)?;
@@ -612,6 +622,9 @@ impl EpisodeRunner {
             }
             pending.sort_by_key(|(i, _)| *i);
         }
+        let now = self.env.faults();
+        stats.restarts = (now.restarts - faults.restarts) as usize;
+        stats.replayed = (now.replayed - faults.replayed) as usize;
         stats.errors = eps.iter().filter(|e| e.error.is_some()).count();
         for e in eps.iter().filter(|e| e.error.is_none()) {
             stats.ends.count(e.end.unwrap_or("done"));
@@ -787,6 +800,14 @@ impl EpisodeRunner {
                 eps[i].used += b.ids.len();
                 eps[i].bridges.push(b.ids);
             }
+            // Episodes failed above (rlvr fails some itself, unknown to the environment): what
+            // the environment keeps for them is dropped ([`Environment::forget`]).
+            let failed: Vec<&str> = steps
+                .iter()
+                .filter(|(i, _)| eps[*i].error.is_some())
+                .map(|(i, _)| eps[*i].id.as_str())
+                .collect();
+            self.env.forget(&failed);
         }
         if !finishes.is_empty() {
             let req: Vec<FinishEpisode> = finishes

@@ -128,8 +128,9 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
 /// included) over the episodes trained on, and from what the environment did in the batch
 /// (`env`): `env/error_frac`, `env/finish/<end>` (the share of the batch's episodes that ended
 /// by `done`, `max_turns`, `length`, `budget` or `eos`; with `env/error_frac` they sum to 1;
-/// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors` and
-/// `time/env_s`.
+/// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors`,
+/// `env/restarts` and `env/replayed` (restarts of the program and episodes replayed to a restarted
+/// one, `rlvr_env::replay`) and `time/env_s`.
 pub fn set_env_metrics(
     l: &mut MetricsLine,
     exps: &[Experience],
@@ -159,6 +160,8 @@ pub fn set_env_metrics(
     }
     l.set("env/tool_calls", Some(env.tool_calls as f64));
     l.set("env/tool_call_errors", Some(env.tool_call_errors as f64));
+    l.set("env/restarts", Some(env.restarts as f64));
+    l.set("env/replayed", Some(env.replayed as f64));
     l.set("time/env_s", Some(env.env_s));
 }
 

@@ -11,7 +11,9 @@
 //! - garbage written into the behaviour log-probs at bridge positions changes nothing in a step
 //!   (loss, every statistic, gradient norm, weights bit for bit), with and without a
 //!   sequence-level mismatch correction;
-//! - a whole `rlvr train` run with `[env]` writes the `env/*` metrics.
+//! - a whole `rlvr train` run with `[env]` writes the `env/*` metrics;
+//! - a stateful program environment that dies mid-episode gets its live episodes replayed, so
+//!   the batch equals an uninterrupted run's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -536,6 +538,111 @@ fn env_finish_counts_are_the_episodes_ends() {
         n.done > 0 && n.max_turns > 0 && n.length + n.budget > 0,
         "{env:?}"
     );
+}
+
+/// A stateful environment for restart replay: `reset` sets an episode's number to its seed mod
+/// 10, each `step` adds the turn's text length and shows the number (done at turn 3, rewarded
+/// the number), `finish` rewards the number. An id it does not know starts from 0 (the fault a
+/// replay prevents). `die`: the first program dies at its 2nd step request; `nondet`: also, and
+/// its observations carry a per-process salt.
+const STATEFUL_ENV: &str = r#"
+import json, os, sys, random
+mode, marker = sys.argv[1], sys.argv[2]
+salt = " %d" % random.randrange(10**6) if mode == "nondet" else ""
+state, steps_seen = {}, 0
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        for e in req["episodes"]:
+            state[e["id"]] = e["seed"] % 10
+        out = {"episodes": [{"id": e["id"], "messages": None} for e in req["episodes"]]}
+    elif t == "step":
+        steps_seen += 1
+        if mode != "steady" and steps_seen == 2 and not os.path.exists(marker):
+            open(marker, "w").close(); os._exit(3)
+        eps = []
+        for e in req["episodes"]:
+            n = state.get(e["id"], 0) + len(e["text"])
+            state[e["id"]] = n
+            done = e["turn"] >= 3
+            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "%d%s" % (n, salt)}],
+                        "reward": float(n) if done else 0.0, "done": done})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"], "reward": float(state.pop(e["id"], 0))} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// One multi-turn batch over [`STATEFUL_ENV`] in `mode`.
+fn stateful_batch(f: &Fixture, mode: &str) -> rlvr_train::feed::explorer::Batch {
+    let dir = f.run.parent().unwrap().join(format!("stateful-{mode}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("stateful_env.py");
+    std::fs::write(&script, STATEFUL_ENV).unwrap();
+    let marker = dir.join("died");
+    let cmd = format!(
+        "env.command=[\"python3\", \"{}\", \"{mode}\", \"{}\"]",
+        script.display(),
+        marker.display()
+    );
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            &cmd,
+            "env.max_turns=3",
+            "env.max_episode_tokens=40",
+            "env.max_error_frac=1.0",
+        ],
+    );
+    explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap()
+}
+
+#[test]
+fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
+    // The program dies at turn 2's step request; its replacement gets each live episode's
+    // reset and turn-1 step again, so the batch (ids, masks, rewards) equals an uninterrupted
+    // run's. Before the replay the replacement scored them from missing state (0).
+    let f = fixture();
+    let steady = stateful_batch(&f, "steady");
+    let restarted = stateful_batch(&f, "die");
+    let (s, r) = (steady.env.clone().unwrap(), restarted.env.clone().unwrap());
+    assert_eq!((s.restarts, s.replayed, s.errors), (0, 0, 0));
+    assert_eq!(r.restarts, 1);
+    // Every episode that reached turn 2 was replayed (in the retried step, or before its
+    // finish): those with two turns or more.
+    let reached_2 = steady
+        .experiences
+        .iter()
+        .filter(|e| e.turns.unwrap() >= 2)
+        .count();
+    assert!(reached_2 > 0);
+    assert_eq!((r.replayed, r.errors), (reached_2, 0));
+    let rewards = |b: &rlvr_train::feed::explorer::Batch| -> Vec<Option<f64>> {
+        b.experiences.iter().map(|e| e.reward).collect()
+    };
+    assert_eq!(rewards(&restarted), rewards(&steady));
+    assert!(rewards(&steady).iter().any(|r| r.unwrap() > 0.0));
+    assert_eq!(
+        format!("{:?}", restarted.experiences),
+        format!("{:?}", steady.experiences)
+    );
+
+    // Observations that change across a restart: every replayed episode is unscorable.
+    let nondet = stateful_batch(&f, "nondet");
+    let n = nondet.env.clone().unwrap();
+    assert_eq!(n.restarts, 1);
+    assert!(n.replayed > 0);
+    assert_eq!(n.errors, n.replayed);
+    let failed = nondet
+        .experiences
+        .iter()
+        .filter(|e| e.reward.is_none())
+        .count();
+    assert_eq!(failed, n.errors);
 }
 
 #[test]
