@@ -609,6 +609,10 @@ fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
     let f = fixture();
     let steady = stateful_batch(&f, "steady");
     let restarted = stateful_batch(&f, "die");
+    let rewards = |b: &rlvr_train::feed::explorer::Batch| -> Vec<Option<f64>> {
+        b.experiences.iter().map(|e| e.reward).collect()
+    };
+    assert_eq!(rewards(&restarted), rewards(&steady));
     let (s, r) = (steady.env.clone().unwrap(), restarted.env.clone().unwrap());
     assert_eq!((s.restarts, s.replayed, s.errors), (0, 0, 0));
     assert_eq!(r.restarts, 1);
@@ -621,10 +625,6 @@ fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
         .count();
     assert!(reached_2 > 0);
     assert_eq!((r.replayed, r.errors), (reached_2, 0));
-    let rewards = |b: &rlvr_train::feed::explorer::Batch| -> Vec<Option<f64>> {
-        b.experiences.iter().map(|e| e.reward).collect()
-    };
-    assert_eq!(rewards(&restarted), rewards(&steady));
     assert!(rewards(&steady).iter().any(|r| r.unwrap() > 0.0));
     assert_eq!(
         format!("{:?}", restarted.experiences),
