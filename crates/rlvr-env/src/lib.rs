@@ -12,6 +12,8 @@
 //!   restarted after a death or a timeout so that it holds the dead one's state.
 //! - [`validate`]: a group's `reset` replies must be identical; special-token strings in
 //!   observations are refused.
+//! - [`truncate`]: observations over `env.max_observation_tokens` cut at token boundaries to fit
+//!   their bridge (`env.observation_truncation`).
 //! - [`tools`]: tool calls parsed from a turn's text (`hermes`, `llama3_json`, `none`).
 //! - [`reward`]: an episode's reward from its environment's rewards (`sum`, `final`).
 //! - [`template`] and [`bridge`]: chat templates with tools rendered as transformers does
@@ -58,6 +60,7 @@ pub mod retry;
 pub mod reward;
 pub mod template;
 pub mod tools;
+pub mod truncate;
 pub mod validate;
 
 pub use error::EnvError;

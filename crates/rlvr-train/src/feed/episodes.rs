@@ -33,6 +33,7 @@ use rlvr_env::protocol::{
 use rlvr_env::reward::{episode_reward, RewardMode};
 use rlvr_env::template::ChatTemplate;
 use rlvr_env::tools::{parse_tool_calls, ToolFormat};
+use rlvr_env::truncate::{self, Truncation};
 use rlvr_env::Environment;
 use rlvr_model::TokenizerBundle;
 use rlvr_reward::combine::RewardFunction;
@@ -53,6 +54,9 @@ pub struct EpisodeSettings {
     pub episode_tokens: usize,
     /// `env.max_observation_tokens`: most tokens of one bridge.
     pub max_observation_tokens: usize,
+    /// `env.observation_truncation`: a longer reply fails its episode (`Error`) or is cut to fit
+    /// ([`rlvr_env::truncate`]).
+    pub truncation: Truncation,
     /// `env.tool_format`.
     pub tool_format: ToolFormat,
     /// `env.tools`: static schemas (an environment's `reset` may give its own).
@@ -141,6 +145,10 @@ pub struct EnvStats {
     /// (`env/replayed`; `rlvr_env::replay`).
     #[serde(default)]
     pub replayed: usize,
+    /// Observations cut to fit `env.max_observation_tokens` (`env/obs_truncated`;
+    /// `env.observation_truncation`).
+    #[serde(default)]
+    pub obs_truncated: usize,
 }
 
 /// How a batch's episodes ended, one count per end (failed episodes are [`EnvStats::errors`]):
@@ -205,6 +213,7 @@ impl EnvStats {
         self.ends.merge(&o.ends);
         self.restarts += o.restarts;
         self.replayed += o.replayed;
+        self.obs_truncated += o.obs_truncated;
     }
 }
 
@@ -425,6 +434,59 @@ impl EpisodeRunner {
         }
         self.bridges.insert(key, b.clone());
         Ok(b)
+    }
+
+    /// The bridge of a step reply's `messages`, within `env.max_observation_tokens`: as rendered,
+    /// or (`env.observation_truncation`) rendered from the messages cut to fit, which come with it
+    /// (contents over the byte bound [`observation_byte_cap`] are first cut to it by bytes, so a
+    /// flood is never encoded whole). `Ok(Err(why))`: the episode fails.
+    ///
+    /// # Errors
+    /// A template the bridges refuse, a tokenizer that fails.
+    #[allow(clippy::type_complexity)]
+    fn observation(
+        &mut self,
+        tok: &TokenizerBundle,
+        mut messages: Vec<Message>,
+        tools: Option<&[Json]>,
+    ) -> anyhow::Result<Result<(Bridge, Option<Vec<Message>>), String>> {
+        let (max, side) = (
+            self.settings.max_observation_tokens,
+            self.settings.truncation,
+        );
+        let cap = observation_byte_cap(max, self.settings.max_token_bytes);
+        let bytes = message_bytes(&messages);
+        let mut cut = false;
+        if bytes > cap {
+            if side == Truncation::Error {
+                return Ok(Err(format!(
+                    "the reply's messages hold {bytes} bytes, more than \
+                     env.max_observation_tokens = {max} tokens can render ({cap} bytes at most)"
+                )));
+            }
+            for m in &mut messages {
+                if m.content.len() > cap {
+                    m.content = truncate::cut_bytes(&m.content, cap, side).into_owned();
+                    cut = true;
+                }
+            }
+        }
+        let starts = |t: &str| -> Result<Vec<usize>, String> {
+            tok.tokenizer
+                .encode(t, false)
+                .map(|e| e.get_offsets().iter().map(|o| o.0).collect())
+                .map_err(|e| e.to_string())
+        };
+        let mut render = |m: &[Message]| {
+            self.bridge_for(tok, m, tools)
+                .map_err(|e| rlvr_env::EnvError::Template(format!("{e:#}")))
+        };
+        let fitted = match truncate::fit(&mut render, &messages, max, side, &starts)? {
+            Ok(f) => f,
+            Err(why) => return Ok(Err(why)),
+        };
+        let cut = cut || fitted.cut_tokens > 0;
+        Ok(Ok((fitted.bridge, cut.then_some(fitted.messages))))
     }
 
     /// Runs the K episodes of each of `prompts` (draw indices consecutive from `first`) to their
@@ -747,6 +809,7 @@ impl EpisodeRunner {
                     }
                 };
                 eps[i].rewards.push(r.reward);
+                let shown = eps[i].transcript.len();
                 for m in &r.messages {
                     eps[i].transcript.push((m.role.clone(), m.content.clone()));
                 }
@@ -768,30 +831,23 @@ impl EpisodeRunner {
                     ));
                     continue;
                 }
-                let bytes = message_bytes(&r.messages);
-                let cap = observation_byte_cap(
-                    self.settings.max_observation_tokens,
-                    self.settings.max_token_bytes,
-                );
-                if bytes > cap {
-                    eps[i].fail(format!(
-                        "step {turn}: the reply's messages hold {bytes} bytes, more than \
-                         env.max_observation_tokens = {} tokens can render ({cap} bytes at most)",
-                        self.settings.max_observation_tokens
-                    ));
-                    continue;
-                }
                 let tools = eps[i].tools.clone();
-                let b = self.bridge_for(tok, &r.messages, tools.as_deref())?;
-                if b.ids.len() > self.settings.max_observation_tokens {
-                    eps[i].fail(format!(
-                        "step {turn}: the reply renders as {} tokens, above \
-                         env.max_observation_tokens = {}",
-                        b.ids.len(),
-                        self.settings.max_observation_tokens
-                    ));
-                    continue;
-                }
+                let b = match self.observation(tok, r.messages, tools.as_deref())? {
+                    Ok((b, None)) => b,
+                    Ok((b, Some(cut))) => {
+                        // The transcript shows what the model was shown.
+                        stats.obs_truncated += 1;
+                        eps[i].transcript.truncate(shown);
+                        for m in &cut {
+                            eps[i].transcript.push((m.role.clone(), m.content.clone()));
+                        }
+                        b
+                    }
+                    Err(why) => {
+                        eps[i].fail(format!("step {turn}: {why}"));
+                        continue;
+                    }
+                };
                 // The next turn needs room for the bridge and at least one token.
                 if eps[i].used + b.ids.len() >= self.settings.episode_tokens {
                     finishes.push((i, EnvFinish::Budget));

@@ -257,9 +257,9 @@ impl Run<'_> {
 
     /// What the environment did for the whole batch of a multi-turn step (`None` for a
     /// single-turn run): data parallel, each rank ran its share of the episodes, so the counts
-    /// (episodes, errors, tool calls, tool-call errors, restarts, replays) are summed over the ranks (whole numbers
-    /// below 2^53: exact in f64, whatever order the collective adds them in) and `time/env_s` is
-    /// the slowest rank's, as `time/sample_s` is. One process: the batch's own. Every rank calls
+    /// (episodes, errors, tool calls, tool-call errors, restarts, replays, truncations) are
+    /// summed over the ranks (whole numbers below 2^53: exact in f64, whatever order the
+    /// collective adds them in) and `time/env_s` is the slowest rank's, as `time/sample_s` is. One process: the batch's own. Every rank calls
     /// this at every step of a run with `[env]` (a rank without stats counts zeros).
     ///
     /// # Errors
@@ -288,6 +288,7 @@ impl Run<'_> {
             n.eos as f64,
             e.restarts as f64,
             e.replayed as f64,
+            e.obs_truncated as f64,
         ];
         self.job.sum_f64(&mut counts)?;
         let mut secs = [e.env_s];
@@ -308,6 +309,7 @@ impl Run<'_> {
             },
             restarts: c[9],
             replayed: c[10],
+            obs_truncated: c[11],
         }))
     }
 

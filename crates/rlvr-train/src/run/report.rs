@@ -130,7 +130,8 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
 /// by `done`, `max_turns`, `length`, `budget` or `eos`; with `env/error_frac` they sum to 1;
 /// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors`,
 /// `env/restarts` and `env/replayed` (restarts of the program and episodes replayed to a restarted
-/// one, `rlvr_env::replay`) and `time/env_s`.
+/// one, `rlvr_env::replay`), `env/obs_truncated` (observations cut to fit,
+/// `env.observation_truncation`) and `time/env_s`.
 pub fn set_env_metrics(
     l: &mut MetricsLine,
     exps: &[Experience],
@@ -162,6 +163,7 @@ pub fn set_env_metrics(
     l.set("env/tool_call_errors", Some(env.tool_call_errors as f64));
     l.set("env/restarts", Some(env.restarts as f64));
     l.set("env/replayed", Some(env.replayed as f64));
+    l.set("env/obs_truncated", Some(env.obs_truncated as f64));
     l.set("time/env_s", Some(env.env_s));
 }
 

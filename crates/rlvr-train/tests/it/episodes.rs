@@ -645,6 +645,102 @@ fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
     assert_eq!(failed, n.errors);
 }
 
+/// An environment whose every reply is 40 digits (one token each for the tiny tokenizer); the
+/// episode is done at turn 2.
+const LONG_ENV: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], "messages": None} for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "messages": [{"role": "user", "content": "0123456789" * 4}],
+                             "reward": 1.0, "done": e["turn"] >= 2} for e in req["episodes"]]}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+#[test]
+fn long_observations_are_cut_to_fit_keeping_the_side_asked_for() {
+    use rlvr_env::truncate::MARKER;
+    let f = fixture();
+    let script = f.run.parent().unwrap().join("long_env.py");
+    std::fs::write(&script, LONG_ENV).unwrap();
+    let tok = settings::load_tokenizer(&f.model_dir).unwrap();
+    let bridge_of = |content: &str| {
+        tok.encode(&format!("\nuser:{content}<|endoftext|>\n=>"), false)
+            .unwrap()
+    };
+    // The bridge's template costs 10 tokens ("\nuser:", the end-of-turn, "\n=>"), the marker 17
+    // (one per char): a limit of 34 leaves 7 of the 40 digits.
+    assert_eq!(bridge_of("").len(), 10);
+    assert_eq!(tok.encode(MARKER, false).unwrap().len(), MARKER.len());
+    let digits = "0123456789".repeat(4);
+    assert_eq!(bridge_of(&digits).len(), 50);
+    let cases = [
+        ("error", None),
+        ("keep-head", Some(format!("0123456{MARKER}"))),
+        ("keep-tail", Some(format!("{MARKER}3456789"))),
+        ("keep-ends", Some(format!("0123{MARKER}789"))),
+    ];
+    for (side, kept) in cases {
+        let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+        let trunc = format!("env.observation_truncation=\"{side}\"");
+        let cfg = config(
+            &f.model_dir,
+            &f.run,
+            &[
+                &cmd,
+                &trunc,
+                "env.max_turns=2",
+                "env.max_observation_tokens=34",
+                "env.max_episode_tokens=80",
+                "env.max_error_frac=1.0",
+                "train.log_rollouts=128",
+            ],
+        );
+        let b = explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap();
+        let env = b.env.clone().unwrap();
+        let mut bridges = 0;
+        for e in &b.experiences {
+            let m = e.completion_mask.as_ref().unwrap();
+            for seg in rlvr_train::feed::episodes::segments(m) {
+                if seg.kind == "bridge" {
+                    let want = bridge_of(kept.as_deref().expect("no bridge under error"));
+                    assert_eq!(want.len(), 34, "{side}");
+                    assert_eq!(
+                        &e.completion_ids[seg.start..seg.start + seg.len],
+                        &want[..],
+                        "{side}"
+                    );
+                    bridges += 1;
+                }
+            }
+        }
+        match &kept {
+            None => {
+                // Every episode whose first turn was stepped failed, as before this key.
+                assert_eq!((env.obs_truncated, bridges), (0, 0));
+                assert!(env.errors > 0, "{env:?}");
+            }
+            Some(k) => {
+                assert!(bridges > 0, "{side}: no turn was stepped");
+                assert_eq!(env.errors, 0, "{side}");
+                // Each cut observation is counted (a turn-2 reply ends its episode with `done`:
+                // never bridged, never cut).
+                assert_eq!(env.obs_truncated, bridges, "{side}");
+                // The transcript shows what the model was shown.
+                let shown = b.rollouts.iter().any(|r| r.completion.contains(k.as_str()));
+                assert!(shown, "{side}: {:?}", b.rollouts.first());
+            }
+        }
+    }
+}
+
 #[test]
 fn experiences_files_carry_an_optional_mask() {
     use rlvr_train::store::experience::parse_line;
