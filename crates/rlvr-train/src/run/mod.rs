@@ -225,7 +225,7 @@ impl Run<'_> {
             // then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
             let env = self.env_over_ranks(batch.env.as_ref())?;
-            report::set_env_metrics(&mut line, &exps, env.as_ref());
+            report::set_env_metrics(&mut line, &exps, env.as_ref(), c.env.max_turns);
             let eval = self.evaluate(t, &mut line);
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {

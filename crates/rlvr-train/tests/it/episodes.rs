@@ -379,7 +379,22 @@ fn a_train_run_with_retry_writes_env_metrics() {
         );
         assert_eq!(line["env/error_frac"].as_f64(), Some(0.0));
         assert_eq!(line["env/tool_call_errors"].as_f64(), Some(0.0));
+        assert_eq!(line["env/restarts"].as_f64(), Some(0.0));
+        assert_eq!(line["env/replayed"].as_f64(), Some(0.0));
+        assert_eq!(line["env/obs_truncated"].as_f64(), Some(0.0));
         assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
+        // Per turn index: every episode has turn 1; the reached shares sum to the mean turns
+        // (E[T] = Σ P(T ≥ k)); keys for turns 1 and 2 only (env.max_turns).
+        assert_eq!(line["env/turn_1/reached"].as_f64(), Some(1.0));
+        let reached: f64 = (1..=2)
+            .map(|k| line[&format!("env/turn_{k}/reached")].as_f64().unwrap())
+            .sum();
+        assert!((reached - turns).abs() < 1e-12, "{reached} {turns}");
+        assert!(line["env/turn_1/tokens/mean"].as_f64().unwrap() >= 1.0);
+        // retry: a turn-1 reward is 1 (correct) or 0, a turn-2 one is 1 or 0 (discount 1).
+        let r1 = line["env/turn_1/reward/mean"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&r1), "{r1}");
+        assert!(line.get("env/turn_3/reached").is_none(), "{line:?}");
         // Every episode ended one way: the shares of the ends cover the batch.
         let ends: f64 = ["done", "max_turns", "length", "budget", "eos"]
             .iter()
