@@ -36,6 +36,9 @@
 //! - an episode's `{"id", "error"}`, or an observation holding one of
 //!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
 //!
+//! (Over 600 lines: supervision and replay share the process and its restart count; the history
+//! replayed is [`crate::replay`]'s.)
+//!
 //! Its stderr: the last [`rlvr_reward::process::STDERR_KEEP`] bytes go into error messages; with
 //! [`ProcessSettings::stderr_log`] all of it is also written to that file (a line of rlvr's own
 //! before each start), up to [`STDERR_LOG_CAP`] bytes.
@@ -417,8 +420,9 @@ impl ProcessEnvironment {
                 Ok(v) => {
                     let reply = protocol::parse_reset(&v, id).map_err(Failure::Fatal)?;
                     let original = &kept(&self.history, id).reset_reply;
-                    replay::reset_differs(original, &reply)
-                        .map(|f| format!("its replayed reset reply gives other {f} than the original"))
+                    replay::reset_differs(original, &reply).map(|f| {
+                        format!("its replayed reset reply gives other {f} than the original")
+                    })
                 }
             };
             if let Some(why) = why {
@@ -446,7 +450,10 @@ impl ProcessEnvironment {
             steps += these.len();
             for ((id, (e, original)), r) in these.iter().zip(&sent).zip(raw) {
                 let why = match r {
-                    Err(m) => Some(format!("its replayed step {} failed the episode: {m}", e.turn)),
+                    Err(m) => Some(format!(
+                        "its replayed step {} failed the episode: {m}",
+                        e.turn
+                    )),
                     Ok(v) => {
                         let reply = protocol::parse_step(&v, id).map_err(Failure::Fatal)?;
                         replay::step_differs(original, &reply).map(|f| {
@@ -467,7 +474,10 @@ impl ProcessEnvironment {
         for id in &stale {
             match failed.remove(id) {
                 Some(why) => {
-                    let k = ids.iter().position(|i| i == id).expect("stale ids are the request's");
+                    let k = ids
+                        .iter()
+                        .position(|i| i == id)
+                        .expect("stale ids are the request's");
                     lost[k] = Some(format!(
                         "the environment is not deterministic across a restart: replayed to the \
                          restarted program (start {}), {why}; the model's later turns were \

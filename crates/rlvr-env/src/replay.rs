@@ -207,10 +207,7 @@ mod tests {
             tools: None,
         };
         assert_eq!(reset_differs(&r, &r.clone()), None);
-        assert_eq!(
-            reset_differs(&r, &ResetReply::default()),
-            Some("messages")
-        );
+        assert_eq!(reset_differs(&r, &ResetReply::default()), Some("messages"));
         let with_tools = ResetReply {
             tools: Some(vec![Json::object([("type", Json::from("function"))])]),
             ..r.clone()

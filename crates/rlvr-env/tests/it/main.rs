@@ -2,8 +2,8 @@
 
 mod examples;
 mod faults;
-mod replies;
 mod replay;
+mod replies;
 mod reward;
 mod templates;
 mod tool_props;

@@ -368,6 +368,10 @@ pub fn group_seed(seed: u64, draw: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A step reply's bridge, with the messages it was rendered from when they were cut to fit
+/// (`env.observation_truncation`), or why its episode fails.
+type Observation = Result<(Bridge, Option<Vec<Message>>), String>;
+
 /// The episode runner of the explorer: the environment, the chat template of the bridges and the
 /// settings.
 pub struct EpisodeRunner {
@@ -443,13 +447,12 @@ impl EpisodeRunner {
     ///
     /// # Errors
     /// A template the bridges refuse, a tokenizer that fails.
-    #[allow(clippy::type_complexity)]
     fn observation(
         &mut self,
         tok: &TokenizerBundle,
         mut messages: Vec<Message>,
         tools: Option<&[Json]>,
-    ) -> anyhow::Result<Result<(Bridge, Option<Vec<Message>>), String>> {
+    ) -> anyhow::Result<Observation> {
         let (max, side) = (
             self.settings.max_observation_tokens,
             self.settings.truncation,

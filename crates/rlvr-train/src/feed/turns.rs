@@ -118,7 +118,12 @@ pub fn turn_stats(episodes: &[EpisodeTurns<'_>], max_turns: u32) -> Vec<TurnStat
 mod tests {
     use super::*;
 
-    fn ep<'a>(mask: &'a [u8], turns: u32, r: &'a [Option<f64>], scorable: bool) -> EpisodeTurns<'a> {
+    fn ep<'a>(
+        mask: &'a [u8],
+        turns: u32,
+        r: &'a [Option<f64>],
+        scorable: bool,
+    ) -> EpisodeTurns<'a> {
         EpisodeTurns {
             mask,
             turns,
@@ -151,19 +156,21 @@ mod tests {
         ];
         let s = turn_stats(&eps, 3);
         assert_eq!(s.len(), 3);
-        let got: Vec<(&str, Option<f64>, Option<f64>, Option<f64>)> = s
-            .iter()
-            .map(|t| (t.label.as_str(), t.reached, t.tokens, t.reward))
-            .collect();
+        let stat = |label: &str, reached, tokens, reward| TurnStat {
+            label: label.into(),
+            reached: Some(reached),
+            tokens: Some(tokens),
+            reward: Some(reward),
+        };
         assert_eq!(
-            got,
+            s,
             vec![
                 // 4 of 4 reached; tokens (2+4+5+1)/4 = 3; rewards (0 + 0 + 0.25)/3 (C out).
-                ("1", Some(1.0), Some(3.0), Some(0.25 / 3.0)),
+                stat("1", 1.0, 3.0, 0.25 / 3.0),
                 // A, B, D: tokens (1+2+1)/3; rewards A 0 (none), B 0.5 (finish of the cut
                 // last turn), D 0 + 2.0 (its last turn: step's none, then finish's).
-                ("2", Some(0.75), Some(4.0 / 3.0), Some(2.5 / 3.0)),
-                ("3", Some(0.25), Some(3.0), Some(1.0)),
+                stat("2", 0.75, 4.0 / 3.0, 2.5 / 3.0),
+                stat("3", 0.25, 3.0, 1.0),
             ]
         );
         // The mean of turns is the sum of the reached shares (E[T] = Σ P(T ≥ k)).
@@ -187,7 +194,9 @@ mod tests {
         // No episode: the same keys, all null.
         let empty = turn_stats(&[], 12);
         assert_eq!(empty.len(), 9);
-        assert!(empty.iter().all(|t| t.reached.is_none() && t.tokens.is_none()));
+        assert!(empty
+            .iter()
+            .all(|t| t.reached.is_none() && t.tokens.is_none()));
         assert_eq!(turn_stats(&[], 2).len(), 2);
     }
 }

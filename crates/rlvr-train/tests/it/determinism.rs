@@ -173,7 +173,12 @@ fn multi_turn_runs_and_their_per_turn_metrics_are_bit_identical_at_2_and_4_threa
     let mut runs = Vec::new();
     for threads in [2, 4] {
         let rd = tmp.path().join(format!("run-{threads}"));
-        let arg = format!("{}|{}|{}", model.display(), rd.display(), template.display());
+        let arg = format!(
+            "{}|{}|{}",
+            model.display(),
+            rd.display(),
+            template.display()
+        );
         let out = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
