@@ -202,6 +202,12 @@ impl ProcessEnvironment {
         self.starts
     }
 
+    /// Episodes whose requests are kept for a replay (the live ones, [`crate::replay`]): 0
+    /// once every episode sent ended.
+    pub fn kept_episodes(&self) -> usize {
+        self.history.len()
+    }
+
     /// The program's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.proc.as_ref().map(LineProcess::id)

@@ -130,6 +130,8 @@ fn a_stateful_program_that_dies_mid_episode_answers_as_an_uninterrupted_one() {
     let mut steady = start(steady_dir.path(), "steady", 0);
     let want = script(&mut steady).unwrap();
     assert_eq!(steady.starts(), 1);
+    // Every episode ended (done, finish): nothing is kept for a replay.
+    assert_eq!(steady.kept_episodes(), 0);
     // The totals the replies carry, by hand: seeds 13 and 14 → 3 and 4; turn 1 adds 1..4, turn
     // 2 adds 2, 4, 6, turn 3 adds 1: "0:0" ends at 3+1+2+1 = 7, "1:0" at 4+3+6+1 = 14, and
     // "1:1" is finished at 4+4 = 8.
@@ -142,7 +144,7 @@ fn a_stateful_program_that_dies_mid_episode_answers_as_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let mut env = start(dir.path(), "die", 1);
     assert_eq!(script(&mut env).unwrap(), want);
-    assert_eq!(env.starts(), 2);
+    assert_eq!((env.starts(), env.kept_episodes()), (2, 0));
     assert_eq!(
         env.faults(),
         Faults {
