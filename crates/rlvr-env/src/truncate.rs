@@ -4,9 +4,10 @@
 //! long observations; the default (`error`) keeps its behaviour: the episode is unscorable.
 //!
 //! What is cut: the contents of the environment's messages of one turn (never their roles, names
-//! or tool call ids, nor the template's headers), each a substring of the original ending or
-//! starting at a token boundary of the content's own encoding, with [`MARKER`] where the text
-//! was removed so the model can see that it was. The bridge is then rendered from the cut
+//! or tool call ids, nor the template's headers), each kept part a run of whole tokens of the
+//! content's own encoding (a token holding part of a character, as byte-level BPE makes of an
+//! emoji, is kept whole or not at all), with [`MARKER`] where the text was removed so the model
+//! can see that it was. The bridge is then rendered from the cut
 //! messages exactly as any bridge (template, encoding and every check of [`crate::bridge`]), so
 //! the row's tokens are the template's rendering of what the model was shown: the marker costs
 //! exactness nothing. Several messages share the room: each keeps its whole content while that
@@ -40,9 +41,10 @@ pub const MARKER: &str = "[...truncated...]";
 /// The most renders one observation is cut and rendered again before its episode fails.
 pub const MAX_TRIES: usize = 8;
 
-/// The byte offset where each token of a text begins, in order (the tokenizer's offsets, without
-/// added special tokens), or why not.
-pub type TokenStarts<'a> = &'a dyn Fn(&str) -> Result<Vec<usize>, String>;
+/// The byte span (start, end) of each token of a text, in order (the tokenizer's offsets, without
+/// added special tokens), or why not. A byte-level BPE token that holds part of a character spans
+/// the whole character, so neighbours may overlap.
+pub type TokenSpans<'a> = &'a dyn Fn(&str) -> Result<Vec<(usize, usize)>, String>;
 
 /// An observation cut to fit: its bridge, the messages it renders, and how many of the contents'
 /// tokens were cut.
@@ -91,32 +93,49 @@ pub fn cut_bytes(text: &str, cap: usize, side: Truncation) -> Cow<'_, str> {
     }
 }
 
-/// `text` of `starts.len()` tokens (`starts`: each token's first byte) keeping `keep` of them on
-/// `side`, with [`MARKER`] where the rest was; `text` itself when `keep` covers it.
-///
-/// # Panics
-/// Never for offsets within `text`; offsets past its end are clamped.
-pub fn cut_tokens(text: &str, starts: &[usize], keep: usize, side: Truncation) -> String {
-    let n = starts.len();
+/// `text` of `spans.len()` tokens (`spans`: each token's bytes) keeping `keep` of them on `side`,
+/// with [`MARKER`] where the rest was; `text` itself when `keep` covers it.
+pub fn cut_tokens(text: &str, spans: &[(usize, usize)], keep: usize, side: Truncation) -> String {
+    cut_counted(text, spans, keep, side).0
+}
+
+/// [`cut_tokens`] and how many tokens it keeps. Only whole tokens are kept: where a token shares
+/// a character with its neighbour across the cut (byte-level BPE splits an emoji, and one token
+/// may hold a space and the emoji's first bytes), the cut moves to keep one token fewer, so the
+/// kept text never holds part of a token and its encoding is the original's tokens.
+fn cut_counted(
+    text: &str,
+    spans: &[(usize, usize)],
+    keep: usize,
+    side: Truncation,
+) -> (String, usize) {
+    let n = spans.len();
     if keep >= n || side == Truncation::Error {
-        return text.to_string();
+        return (text.to_string(), n);
     }
-    let at = |t: usize| -> usize {
-        if t >= n {
-            text.len()
-        } else {
-            floor_char(text, starts[t])
+    // The head: tokens 0..k, none of them reaching past where token k starts.
+    let head = |mut k: usize| -> (usize, usize) {
+        while k > 0 && spans[k - 1].1 > spans[k].0 {
+            k -= 1;
         }
+        (k, floor_char(text, spans[k].0))
     };
-    match side {
-        Truncation::KeepHead => format!("{}{MARKER}", &text[..at(keep)]),
-        Truncation::KeepTail => format!("{MARKER}{}", &text[at(n - keep)..]),
-        Truncation::KeepEnds => {
-            let (head, tail) = (keep - keep / 2, keep / 2);
-            format!("{}{MARKER}{}", &text[..at(head)], &text[at(n - tail)..])
+    // The tail: tokens j..n, the first of them starting where token j − 1 ends or after.
+    let tail = |mut j: usize| -> (usize, usize) {
+        while j < n && j > 0 && spans[j].0 < spans[j - 1].1 {
+            j += 1;
         }
+        let at = if j < n { spans[j].0 } else { text.len() };
+        (n - j, ceil_char(text, at))
+    };
+    let ((h, head_end), (t, tail_begin)) = match side {
+        Truncation::KeepHead => (head(keep), (0, text.len())),
+        Truncation::KeepTail => ((0, 0), tail(n - keep)),
+        Truncation::KeepEnds => (head(keep - keep / 2), tail(n - keep / 2)),
         Truncation::Error => unreachable!("returned above"),
-    }
+    };
+    let out = format!("{}{MARKER}{}", &text[..head_end], &text[tail_begin..]);
+    (out, h + t)
 }
 
 /// Tokens kept of each of `counts` (the messages' content tokens) so that the kept tokens and a
@@ -154,13 +173,13 @@ pub fn shares(counts: &[usize], total: usize, marker: usize) -> Vec<usize> {
 /// [`Truncation::Error`].
 ///
 /// # Errors
-/// What `render` or `starts` fail with (a template the bridges refuse stops the run).
+/// What `render` or `spans` fail with (a template the bridges refuse stops the run).
 pub fn fit(
     render: &mut dyn FnMut(&[Message]) -> Result<Bridge, EnvError>,
     messages: &[Message],
     max_tokens: usize,
     side: Truncation,
-    starts: TokenStarts<'_>,
+    spans: TokenSpans<'_>,
 ) -> Result<Result<Fitted, String>, EnvError> {
     let first = render(messages)?;
     if first.ids.len() <= max_tokens {
@@ -176,25 +195,30 @@ pub fn fit(
             first.ids.len()
         )));
     }
-    let offsets: Vec<Vec<usize>> = messages
+    let offsets: Vec<Vec<(usize, usize)>> = messages
         .iter()
-        .map(|m| starts(&m.content))
+        .map(|m| spans(&m.content))
         .collect::<Result<_, _>>()
         .map_err(EnvError::Template)?;
     let counts: Vec<usize> = offsets.iter().map(Vec::len).collect();
-    let marker = starts(MARKER).map_err(EnvError::Template)?.len();
+    let marker = spans(MARKER).map_err(EnvError::Template)?.len();
     let all: usize = counts.iter().sum();
     let mut room = all.saturating_sub(first.ids.len() - max_tokens);
     let mut last = first.ids.len();
     for _ in 0..MAX_TRIES {
         let keep = shares(&counts, room, marker);
+        let mut kept = 0;
         let cut: Vec<Message> = messages
             .iter()
             .zip(&offsets)
             .zip(&keep)
-            .map(|((m, o), &k)| Message {
-                content: cut_tokens(&m.content, o, k, side),
-                ..m.clone()
+            .map(|((m, o), &k)| {
+                let (content, n) = cut_counted(&m.content, o, k, side);
+                kept += n;
+                Message {
+                    content,
+                    ..m.clone()
+                }
             })
             .collect();
         let b = render(&cut)?;
@@ -202,7 +226,7 @@ pub fn fit(
             return Ok(Ok(Fitted {
                 bridge: b,
                 messages: cut,
-                cut_tokens: all - keep.iter().sum::<usize>(),
+                cut_tokens: all - kept,
             }));
         }
         last = b.ids.len();
@@ -223,9 +247,11 @@ pub fn fit(
 mod tests {
     use super::*;
 
-    /// One token per char: starts are the char offsets.
-    fn chars(t: &str) -> Result<Vec<usize>, String> {
-        Ok(t.char_indices().map(|(i, _)| i).collect())
+    /// One token per char: spans are the chars'.
+    fn chars(t: &str) -> Result<Vec<(usize, usize)>, String> {
+        Ok(t.char_indices()
+            .map(|(i, c)| (i, i + c.len_utf8()))
+            .collect())
     }
 
     #[test]
@@ -257,6 +283,19 @@ mod tests {
             cut_tokens(u, &su, 2, Truncation::KeepTail),
             "[...truncated...]€c"
         );
+        // A token holding a space and part of an emoji (as byte-level BPE makes: its span
+        // covers the whole emoji, like the next token's): the cut keeps whole tokens only.
+        let e = "ab 🚀c";
+        let spans = [(0, 1), (1, 2), (2, 7), (3, 7), (7, 8)];
+        assert_eq!(
+            cut_counted(e, &spans, 3, Truncation::KeepHead),
+            (format!("ab{MARKER}"), 2)
+        );
+        assert_eq!(
+            cut_counted(e, &spans, 2, Truncation::KeepTail),
+            (format!("{MARKER}c"), 1)
+        );
+        assert_eq!(cut_counted(e, &spans, 4, Truncation::KeepHead).1, 4);
         assert_eq!(cut_bytes("añb", 2, Truncation::KeepHead), "a");
         assert_eq!(cut_bytes("añb", 2, Truncation::KeepTail), "b");
         assert_eq!(cut_bytes("abcdefgh", 4, Truncation::KeepEnds), "abgh");

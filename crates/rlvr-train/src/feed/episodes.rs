@@ -474,17 +474,17 @@ impl EpisodeRunner {
                 }
             }
         }
-        let starts = |t: &str| -> Result<Vec<usize>, String> {
+        let spans = |t: &str| -> Result<Vec<(usize, usize)>, String> {
             tok.tokenizer
                 .encode(t, false)
-                .map(|e| e.get_offsets().iter().map(|o| o.0).collect())
+                .map(|e| e.get_offsets().to_vec())
                 .map_err(|e| e.to_string())
         };
         let mut render = |m: &[Message]| {
             self.bridge_for(tok, m, tools)
                 .map_err(|e| rlvr_env::EnvError::Template(format!("{e:#}")))
         };
-        let fitted = match truncate::fit(&mut render, &messages, max, side, &starts)? {
+        let fitted = match truncate::fit(&mut render, &messages, max, side, &spans)? {
             Ok(f) => f,
             Err(why) => return Ok(Err(why)),
         };
