@@ -412,11 +412,10 @@ impl ProcessEnvironment {
         if stale.is_empty() {
             return Ok(());
         }
-        let kept = |h: &History, id: &str| h.get(id).expect("a stale episode is kept").clone();
         let mut failed: std::collections::HashMap<&str, String> = Default::default();
         let resets: Vec<ResetEpisode> = stale
             .iter()
-            .map(|id| kept(&self.history, id).reset)
+            .map(|id| self.history.get(id).expect("kept").reset.clone())
             .collect();
         let line = protocol::request_line(Kind::Reset, protocol::reset_episodes(&resets));
         let raw = self.exchange_once(Kind::Reset, &line, &stale)?;
@@ -425,7 +424,7 @@ impl ProcessEnvironment {
                 Err(m) => Some(format!("its replayed reset failed the episode: {m}")),
                 Ok(v) => {
                     let reply = protocol::parse_reset(&v, id).map_err(Failure::Fatal)?;
-                    let original = &kept(&self.history, id).reset_reply;
+                    let original = &self.history.get(id).expect("kept").reset_reply;
                     replay::reset_differs(original, &reply).map(|f| {
                         format!("its replayed reset reply gives other {f} than the original")
                     })
@@ -441,14 +440,14 @@ impl ProcessEnvironment {
                 .iter()
                 .copied()
                 .filter(|id| !failed.contains_key(id))
-                .filter(|id| kept(&self.history, id).steps.len() > j)
+                .filter(|id| self.history.get(id).is_some_and(|k| k.steps.len() > j))
                 .collect();
             if these.is_empty() {
                 break;
             }
             let sent: Vec<(StepEpisode, StepReply)> = these
                 .iter()
-                .map(|id| kept(&self.history, id).steps[j].clone())
+                .map(|id| self.history.get(id).expect("kept").steps[j].clone())
                 .collect();
             let reqs: Vec<StepEpisode> = sent.iter().map(|(e, _)| e.clone()).collect();
             let line = protocol::request_line(Kind::Step, protocol::step_episodes(&reqs));
@@ -477,6 +476,7 @@ impl ProcessEnvironment {
         }
         self.replayed += stale.len() as u64;
         self.diverged += failed.len() as u64;
+        let differed = failed.len();
         for id in &stale {
             match failed.remove(id) {
                 Some(why) => {
@@ -502,7 +502,7 @@ impl ProcessEnvironment {
             stale.len(),
             steps,
             self.starts,
-            lost.iter().filter(|l| l.is_some()).count()
+            differed
         );
         if let Some(log) = &self.log {
             log.write(line.as_bytes());
