@@ -15,6 +15,15 @@
 //!   request is sent again, at most [`ProcessSettings::restarts`] times in the client's life;
 //!   then the run stops with its exit status and stderr tail. (Addition to §14: a timeout counts
 //!   as a death, so a stuck tool costs one timeout, not the run.)
+//! - replay: the client keeps each live episode's `reset` and `step` requests and replies
+//!   ([`crate::replay`]; dropped when the episode ends). Before a request reaches a program, the
+//!   episodes of it whose state lived in a program that died are replayed to it: their `reset`,
+//!   then each earlier `step` in order (lock-step batches over those episodes), then the request.
+//!   A replayed reply whose observations (`reset`: messages and tools; `step`: messages and
+//!   `done`) differ from the original's, or that fails the episode, makes that episode
+//!   unscorable (the environment is not deterministic across a restart) and it is left out of the
+//!   request. A death during a replay is a restart like any other (bounded by the same limit),
+//!   and the replay starts again on the next program.
 //!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
 //!   silent program is not restarted: the run stops at once rather than after every restart's
 //!   timeout.
@@ -27,6 +36,9 @@
 //! - an episode's `{"id", "error"}`, or an observation holding one of
 //!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
 //!
+//! (Over 600 lines: supervision and replay share the process and its restart count; the history
+//! replayed is [`crate::replay`]'s.)
+//!
 //! Its stderr: the last [`rlvr_reward::process::STDERR_KEEP`] bytes go into error messages; with
 //! [`ProcessSettings::stderr_log`] all of it is also written to that file (a line of rlvr's own
 //! before each start), up to [`STDERR_LOG_CAP`] bytes.
@@ -36,8 +48,9 @@ use crate::protocol::{
     self, check_hello, EpisodeResult, FinishEpisode, FinishReply, Kind, ResetEpisode, ResetReply,
     StepEpisode, StepReply,
 };
+use crate::replay::{self, History};
 use crate::validate::{check_groups, refuse_special_tokens};
-use crate::{EnvError, Environment};
+use crate::{EnvError, Environment, Faults};
 use rlvr_reward::process::{LineFault, LineProcess, StderrLog};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,6 +138,11 @@ pub struct ProcessEnvironment {
     warned: std::collections::HashSet<String>,
     /// Set when the run is asked to stop ([`Environment::watch_stop`]): no more restarts.
     stop: Option<Arc<AtomicBool>>,
+    /// The live episodes' requests and replies, replayed to a restarted program.
+    history: History,
+    /// Episodes replayed, and of them those whose replay differed, over the client's life.
+    replayed: u64,
+    diverged: u64,
 }
 
 /// Why one exchange failed.
@@ -171,6 +189,9 @@ impl ProcessEnvironment {
             restarts: 0,
             warned: std::collections::HashSet::new(),
             stop: None,
+            history: History::default(),
+            replayed: 0,
+            diverged: 0,
         };
         env.ensure_started()?;
         Ok(env)
@@ -179,6 +200,12 @@ impl ProcessEnvironment {
     /// How many times the program was started (1 while it never died).
     pub fn starts(&self) -> u32 {
         self.starts
+    }
+
+    /// Episodes whose requests are kept for a replay (the live ones, [`crate::replay`]): 0
+    /// once every episode sent ended.
+    pub fn kept_episodes(&self) -> usize {
+        self.history.len()
     }
 
     /// The program's process id, while it runs.
@@ -339,62 +366,189 @@ impl ProcessEnvironment {
         }
     }
 
-    /// One batch request with restarts and replay (see the module docs).
+    /// One batch request with restarts and replay (see the module docs): the episodes of it
+    /// whose state lived in a program that died are replayed first ([`Self::replay`]); one
+    /// whose replay differs is left out of the request and answered with its error.
     fn exchange(
         &mut self,
         kind: Kind,
         episodes: Vec<Json>,
         ids: &[&str],
     ) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
-        let line = protocol::request_line(kind, episodes);
+        let mut lost: Vec<Option<String>> = vec![None; ids.len()];
         loop {
             self.ensure_started()?;
-            let failure = match self.exchange_once(kind, &line, ids) {
-                Ok(r) => return Ok(r),
-                Err(f) => f,
+            let attempt = self.replay(ids, &mut lost).and_then(|()| {
+                let keep: Vec<usize> = (0..ids.len()).filter(|&k| lost[k].is_none()).collect();
+                if keep.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let sent: Vec<Json> = keep.iter().map(|&k| episodes[k].clone()).collect();
+                let sent_ids: Vec<&str> = keep.iter().map(|&k| ids[k]).collect();
+                self.exchange_once(kind, &protocol::request_line(kind, sent), &sent_ids)
+            });
+            match attempt {
+                Ok(replies) => {
+                    let mut replies = replies.into_iter();
+                    return Ok(lost
+                        .into_iter()
+                        .map(|l| match l {
+                            Some(why) => Err(why),
+                            None => replies.next().expect("one reply per episode sent"),
+                        })
+                        .collect());
+                }
+                Err(f) => self.recover(kind, f)?,
+            }
+        }
+    }
+
+    /// Replays to the running program the episodes of `ids` whose state lived in a program that
+    /// died: their `reset`, then their `step`s in order, one lock-step batch per step index.
+    /// An episode whose replayed replies differ from the originals (or fail it) gets its error in
+    /// `lost` (at its index in `ids`) and is forgotten; the others now live in this program.
+    fn replay(&mut self, ids: &[&str], lost: &mut [Option<String>]) -> Result<(), Failure> {
+        let stale = self.history.stale(ids, self.starts);
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let mut failed: std::collections::HashMap<&str, String> = Default::default();
+        let resets: Vec<ResetEpisode> = stale
+            .iter()
+            .map(|id| self.history.get(id).expect("kept").reset.clone())
+            .collect();
+        let line = protocol::request_line(Kind::Reset, protocol::reset_episodes(&resets));
+        let raw = self.exchange_once(Kind::Reset, &line, &stale)?;
+        for (id, r) in stale.iter().zip(raw) {
+            let why = match r {
+                Err(m) => Some(format!("its replayed reset failed the episode: {m}")),
+                Ok(v) => {
+                    let reply = protocol::parse_reset(&v, id).map_err(Failure::Fatal)?;
+                    let original = &self.history.get(id).expect("kept").reset_reply;
+                    replay::reset_differs(original, &reply).map(|f| {
+                        format!("its replayed reset reply gives other {f} than the original")
+                    })
+                }
             };
-            let p = self.proc.take().expect("started above");
-            match failure {
-                Failure::Fatal(e) => {
-                    let ended = p.end(Duration::ZERO);
-                    return Err(self.process_error(format!("{e} (it was killed: {ended})")));
-                }
-                Failure::Died(why) => {
-                    let ended = p.end(Duration::from_millis(200));
-                    if self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
-                        return Err(self.process_error(format!(
-                            "{why} ({ended}); not restarted, as the run was asked to stop (it \
-                             stops with the last completed step's checkpoint; `rlvr train \
-                             --resume` continues from it)"
-                        )));
+            if let Some(why) = why {
+                failed.insert(id, why);
+            }
+        }
+        let mut steps = 0;
+        for j in 0.. {
+            let these: Vec<&str> = stale
+                .iter()
+                .copied()
+                .filter(|id| !failed.contains_key(id))
+                .filter(|id| self.history.get(id).is_some_and(|k| k.steps.len() > j))
+                .collect();
+            if these.is_empty() {
+                break;
+            }
+            let sent: Vec<(StepEpisode, StepReply)> = these
+                .iter()
+                .map(|id| self.history.get(id).expect("kept").steps[j].clone())
+                .collect();
+            let reqs: Vec<StepEpisode> = sent.iter().map(|(e, _)| e.clone()).collect();
+            let line = protocol::request_line(Kind::Step, protocol::step_episodes(&reqs));
+            let raw = self.exchange_once(Kind::Step, &line, &these)?;
+            steps += these.len();
+            for ((id, (e, original)), r) in these.iter().zip(&sent).zip(raw) {
+                let why = match r {
+                    Err(m) => Some(format!(
+                        "its replayed step {} failed the episode: {m}",
+                        e.turn
+                    )),
+                    Ok(v) => {
+                        let reply = protocol::parse_step(&v, id).map_err(Failure::Fatal)?;
+                        replay::step_differs(original, &reply).map(|f| {
+                            format!(
+                                "its replayed step {} reply gives another {f} than the original",
+                                e.turn
+                            )
+                        })
                     }
-                    if self.restarts >= self.settings.restarts {
-                        return Err(self.process_error(format!(
-                            "{why} ({ended}) after {} restarts (the limit, env.restarts); fix \
-                             the environment, then run again (`rlvr train --resume` continues a \
-                             training run from its last checkpoint)",
-                            self.restarts
-                        )));
-                    }
-                    self.restarts += 1;
-                    // A new process never saw these episodes' `reset`: say so where it matters.
-                    let unseen = if kind == Kind::Reset {
-                        ""
-                    } else {
-                        "; the new process has not seen these episodes' reset (a program that \
-                         keeps state per episode should answer an id it does not know with \
-                         {\"id\", \"error\"})"
-                    };
-                    eprintln!(
-                        "warning: environment `{}`: {why} ({}); restarting it and sending the \
-                         {} request again (restart {} of at most {}){unseen}",
-                        self.command_line(),
-                        ended.chars().take(2000).collect::<String>(),
-                        kind.as_str(),
-                        self.restarts,
-                        self.settings.restarts
-                    );
+                };
+                if let Some(why) = why {
+                    failed.insert(id, why);
                 }
+            }
+        }
+        self.replayed += stale.len() as u64;
+        self.diverged += failed.len() as u64;
+        let differed = failed.len();
+        for id in &stale {
+            match failed.remove(id) {
+                Some(why) => {
+                    let k = ids
+                        .iter()
+                        .position(|i| i == id)
+                        .expect("stale ids are the request's");
+                    lost[k] = Some(format!(
+                        "the environment is not deterministic across a restart: replayed to the \
+                         restarted program (start {}), {why}; the model's later turns were \
+                         conditioned on the original replies, so the episode cannot be scored \
+                         (make the program's replies depend only on the episode's requests and \
+                         its seed)",
+                        self.starts
+                    ));
+                    self.history.forget(id);
+                }
+                None => self.history.moved(id, self.starts),
+            }
+        }
+        let line = format!(
+            "[rlvr: replayed {} episodes ({} steps) to start {}; {} differed]\n",
+            stale.len(),
+            steps,
+            self.starts,
+            differed
+        );
+        if let Some(log) = &self.log {
+            log.write(line.as_bytes());
+        }
+        Ok(())
+    }
+
+    /// After a failed exchange of a `kind` request: a fatal fault, a death past the restarts or
+    /// a death once the run is asked to stop is the run's error; another death kills the
+    /// program, counts a restart and warns (the next exchange starts a new one).
+    fn recover(&mut self, kind: Kind, failure: Failure) -> Result<(), EnvError> {
+        let p = self.proc.take().expect("started before exchanging");
+        match failure {
+            Failure::Fatal(e) => {
+                let ended = p.end(Duration::ZERO);
+                Err(self.process_error(format!("{e} (it was killed: {ended})")))
+            }
+            Failure::Died(why) => {
+                let ended = p.end(Duration::from_millis(200));
+                if self.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                    return Err(self.process_error(format!(
+                        "{why} ({ended}); not restarted, as the run was asked to stop (it \
+                         stops with the last completed step's checkpoint; `rlvr train \
+                         --resume` continues from it)"
+                    )));
+                }
+                if self.restarts >= self.settings.restarts {
+                    return Err(self.process_error(format!(
+                        "{why} ({ended}) after {} restarts (the limit, env.restarts); fix \
+                         the environment, then run again (`rlvr train --resume` continues a \
+                         training run from its last checkpoint)",
+                        self.restarts
+                    )));
+                }
+                self.restarts += 1;
+                eprintln!(
+                    "warning: environment `{}`: {why} ({}); restarting it (restart {} of at most \
+                     {}), replaying to it the live episodes of the {} request (their reset and \
+                     earlier steps) and sending the request again",
+                    self.command_line(),
+                    ended.chars().take(2000).collect::<String>(),
+                    self.restarts,
+                    self.settings.restarts,
+                    kind.as_str(),
+                );
+                Ok(())
             }
         }
     }
@@ -411,6 +565,20 @@ impl Drop for ProcessEnvironment {
 impl Environment for ProcessEnvironment {
     fn watch_stop(&mut self, stop: Arc<AtomicBool>) {
         self.stop = Some(stop);
+    }
+
+    fn forget(&mut self, ids: &[&str]) {
+        for id in ids {
+            self.history.forget(id);
+        }
+    }
+
+    fn faults(&self) -> Faults {
+        Faults {
+            restarts: u64::from(self.restarts),
+            replayed: self.replayed,
+            diverged: self.diverged,
+        }
     }
 
     fn reset(
@@ -435,6 +603,12 @@ impl Environment for ProcessEnvironment {
             });
         }
         check_groups(episodes, &out)?;
+        for (e, r) in episodes.iter().zip(&out) {
+            match r {
+                Ok(reply) => self.history.reset(e, reply, self.starts),
+                Err(_) => self.history.forget(&e.id),
+            }
+        }
         Ok(out)
     }
 
@@ -459,6 +633,12 @@ impl Environment for ProcessEnvironment {
                 Err(e) => Err(e),
             });
         }
+        for (e, r) in episodes.iter().zip(&out) {
+            match r {
+                Ok(reply) => self.history.step(e, reply),
+                Err(_) => self.history.forget(&e.id),
+            }
+        }
         Ok(out)
     }
 
@@ -471,6 +651,9 @@ impl Environment for ProcessEnvironment {
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
         let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
+        for id in &ids {
+            self.history.forget(id);
+        }
         self.warn_unread(Kind::Finish, &raw);
         let mut out = Vec::with_capacity(raw.len());
         for (r, id) in raw.into_iter().zip(&ids) {

@@ -8,8 +8,12 @@
 //!   [`client::ProcessEnvironment`], a program in any language speaking JSON lines
 //!   ([`protocol`]), supervised like a persistent verifier, and [`retry::RetryEnvironment`],
 //!   the built-in `retry` environment over a task verifier.
+//! - [`replay`]: what the process client keeps of each live episode, replayed to a program
+//!   restarted after a death or a timeout so that it holds the dead one's state.
 //! - [`validate`]: a group's `reset` replies must be identical; special-token strings in
 //!   observations are refused.
+//! - [`truncate`]: observations over `env.max_observation_tokens` cut at token boundaries to fit
+//!   their bridge (`env.observation_truncation`).
 //! - [`tools`]: tool calls parsed from a turn's text (`hermes`, `llama3_json`, `none`).
 //! - [`reward`]: an episode's reward from its environment's rewards (`sum`, `final`).
 //! - [`template`] and [`bridge`]: chat templates with tools rendered as transformers does
@@ -51,10 +55,12 @@ pub mod error;
 pub use rlvr_template::json;
 pub mod message;
 pub mod protocol;
+pub mod replay;
 pub mod retry;
 pub mod reward;
 pub mod template;
 pub mod tools;
+pub mod truncate;
 pub mod validate;
 
 pub use error::EnvError;
@@ -99,4 +105,30 @@ pub trait Environment: Send {
     fn watch_stop(&mut self, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
         let _ = stop;
     }
+
+    /// rlvr ended these episodes itself, without telling the environment (it failed them: an
+    /// observation too long or holding a special token): whatever is kept for them (the
+    /// process client's replay history, [`replay`]) is dropped. The default keeps nothing.
+    fn forget(&mut self, ids: &[&str]) {
+        let _ = ids;
+    }
+
+    /// Restarts and replays over the environment's life so far (zeros for one that never
+    /// restarts, the default).
+    fn faults(&self) -> Faults {
+        Faults::default()
+    }
+}
+
+/// What an environment's supervision did over its life: restarts of its program and episodes
+/// replayed to a restarted program ([`replay`]). Counts since the environment was started; a
+/// caller takes differences for one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Times the program was started again after a death or a timeout.
+    pub restarts: u64,
+    /// Episodes replayed (`reset` and earlier `step`s) to a restarted program, once per replay.
+    pub replayed: u64,
+    /// Replayed episodes whose replies differed from the originals (each failed, unscorable).
+    pub diverged: u64,
 }

@@ -72,7 +72,7 @@ for line in sys.stdin:
         send({"episodes": [{"id": e["id"], "reward": 1.0 if e["reason"] == "max_turns" else 0.0} for e in eps]})
 "#;
 
-fn python() -> bool {
+pub(crate) fn python() -> bool {
     let ok = std::process::Command::new("python3")
         .arg("--version")
         .output()

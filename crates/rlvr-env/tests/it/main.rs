@@ -2,6 +2,7 @@
 
 mod examples;
 mod faults;
+mod replay;
 mod replies;
 mod reward;
 mod templates;

@@ -405,3 +405,53 @@ fn reads_tools_tells_templates_that_print_tools_from_those_that_drop_them() {
     let t = ChatTemplate::new("{% if tools is defined %}T{% endif %}", Vec::new()).unwrap();
     assert!(t.reads_tools());
 }
+
+/// `env.observation_truncation` on a real byte-level BPE (Qwen2.5's tokenizer and template): a
+/// tool reply of multi-byte text cut to fit 60 tokens keeps whole tokens of its own encoding
+/// (the head's ids are the original's first ids), the marker, and a bridge that is the template's
+/// rendering of exactly that, at most 60 tokens and as long as fits.
+#[test]
+fn a_long_tool_reply_is_cut_at_token_boundaries_of_a_byte_level_bpe() {
+    use rlvr_env::truncate::{fit, Truncation, MARKER};
+    let tok = tokenizer("qwen2.5", &Json::Null);
+    let enc = |t: &str| -> Result<Vec<u32>, String> { Ok(encode(&tok, t)) };
+    let spans = |t: &str| -> Result<Vec<(usize, usize)>, String> {
+        Ok(tok.encode(t, false).unwrap().get_offsets().to_vec())
+    };
+    let source = std::fs::read_to_string(root().join("data/chat_templates/qwen2_5.jinja")).unwrap();
+    let t = ChatTemplate::new(&source, vec![]).unwrap();
+    let content = "行 7: 価格は¥1,234です 🚀 ok\n".repeat(20);
+    let ms = [Message::new("tool", content.clone())];
+    let mut render = |m: &[Message]| bridge(&t, "<|im_end|>", m, None, &enc);
+    let whole = render(&ms).unwrap().ids.len();
+    assert!(whole > 200, "{whole}");
+    let ids = encode(&tok, &content);
+    for side in [
+        Truncation::KeepHead,
+        Truncation::KeepTail,
+        Truncation::KeepEnds,
+    ] {
+        let f = fit(&mut render, &ms, 60, side, &spans).unwrap().unwrap();
+        let cut = &f.messages[0].content;
+        assert!(f.bridge.ids.len() <= 60, "{side:?}: {}", f.bridge.ids.len());
+        assert_eq!(f.bridge, render(&f.messages).unwrap());
+        let (head, tail) = cut.split_once(MARKER).expect("the marker is written");
+        // Each kept part is a run of whole tokens of the original's encoding.
+        let (h, tl) = (encode(&tok, head), encode(&tok, tail));
+        assert_eq!(f.cut_tokens + h.len() + tl.len(), ids.len(), "{side:?}");
+        assert_eq!(&ids[..h.len()], &h[..], "{side:?}: {cut:?}");
+        assert_eq!(&ids[ids.len() - tl.len()..], &tl[..], "{side:?}: {cut:?}");
+        match side {
+            Truncation::KeepHead => assert!(tail.is_empty() && !head.is_empty()),
+            Truncation::KeepTail => assert!(head.is_empty() && !tail.is_empty()),
+            _ => assert!(h.len() == tl.len() || h.len() == tl.len() + 1, "{cut:?}"),
+        }
+        // As long as fits: one more token kept would not.
+        let one_more = spans(&content).unwrap();
+        if side == Truncation::KeepHead {
+            let longer = format!("{}{MARKER}", &content[..one_more[h.len()].1]);
+            let b = render(&[Message::new("tool", longer)]).unwrap();
+            assert!(b.ids.len() > 60, "{side:?}: {}", b.ids.len());
+        }
+    }
+}

@@ -197,6 +197,35 @@ pub enum CacheSalt {
     Off,
 }
 
+/// `env.observation_truncation`: what happens to a reply whose bridge is longer than
+/// `env.max_observation_tokens` (`rlvr_env::truncate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObservationTruncation {
+    /// Its episode is unscorable.
+    #[default]
+    Error,
+    /// The contents' first tokens are kept.
+    KeepHead,
+    /// The contents' last tokens are kept.
+    KeepTail,
+    /// The contents' first and last tokens are kept, the middle cut.
+    KeepEnds,
+}
+
+impl ObservationTruncation {
+    /// The episode runner's form.
+    pub fn truncation(self) -> rlvr_env::truncate::Truncation {
+        use rlvr_env::truncate::Truncation;
+        match self {
+            ObservationTruncation::Error => Truncation::Error,
+            ObservationTruncation::KeepHead => Truncation::KeepHead,
+            ObservationTruncation::KeepTail => Truncation::KeepTail,
+            ObservationTruncation::KeepEnds => Truncation::KeepEnds,
+        }
+    }
+}
+
 /// `rollout.backend`: which engine samples (DESIGN.md section 12).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -320,8 +349,16 @@ pub struct EnvSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_episode_tokens: Option<usize>,
     /// Most tokens of one bridge (the environment's reply as the chat template renders it, with
-    /// the next generation prompt); a longer one makes its episode unscorable. Default 1024.
+    /// the next generation prompt); a longer one makes its episode unscorable, or is cut to fit
+    /// (`env.observation_truncation`). Default 1024.
     pub max_observation_tokens: usize,
+    /// What happens to a reply whose bridge is longer than `env.max_observation_tokens`:
+    /// `error` (its episode is unscorable), or its messages' contents are cut at token boundaries
+    /// until the bridge fits, `[...truncated...]` written where text was removed: `keep-head`
+    /// (the first tokens; verl's `tool_response_truncate_side = "left"`), `keep-tail` (the last
+    /// tokens; verl's `right`) or `keep-ends` (the first and last halves; verl's `middle`).
+    /// Counted by `env/obs_truncated`. Default `error` (docs/environments.md, "Long observations").
+    pub observation_truncation: ObservationTruncation,
     /// How tool calls are parsed from a turn: `hermes` (`<tool_call>{json}</tool_call>`, Qwen2.5
     /// and Qwen3), `llama3_json` (Llama 3.1) or `none` (games, user feedback). Default `none`.
     pub tool_format: String,
@@ -335,8 +372,9 @@ pub struct EnvSection {
     pub reward: String,
     /// Longest wait for one reply of the environment program, seconds, in (0, 86400]. Default 60.
     pub timeout_s: f64,
-    /// Restarts of a dead or silent environment program per run (each replays the request),
-    /// at most 1000. Default 3.
+    /// Restarts of a dead or silent environment program per run, at most 1000: the new program
+    /// gets the live episodes' `reset` and earlier `step`s again, then the request
+    /// (docs/environments.md, "Restarts and replay"). Default 3.
     pub restarts: u32,
     /// The run stops when more than this share of a batch's episodes failed (reward null), in
     /// [0, 1]. Default 0.5.
@@ -390,6 +428,7 @@ impl Default for EnvSection {
             max_turns: 4,
             max_episode_tokens: None,
             max_observation_tokens: 1024,
+            observation_truncation: ObservationTruncation::Error,
             tool_format: "none".into(),
             tools: None,
             reward: "sum".into(),

@@ -382,6 +382,7 @@ pub fn episode_runner(
         max_turns: e.max_turns,
         episode_tokens: e.episode_tokens(cfg.rollout.max_new_tokens),
         max_observation_tokens: e.max_observation_tokens,
+        truncation: e.observation_truncation.truncation(),
         tool_format: rlvr_env::tools::ToolFormat::parse(&e.tool_format)
             .map_err(anyhow::Error::msg)?,
         tools: e

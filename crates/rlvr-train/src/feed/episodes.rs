@@ -33,6 +33,7 @@ use rlvr_env::protocol::{
 use rlvr_env::reward::{episode_reward, RewardMode};
 use rlvr_env::template::ChatTemplate;
 use rlvr_env::tools::{parse_tool_calls, ToolFormat};
+use rlvr_env::truncate::{self, Truncation};
 use rlvr_env::Environment;
 use rlvr_model::TokenizerBundle;
 use rlvr_reward::combine::RewardFunction;
@@ -53,6 +54,9 @@ pub struct EpisodeSettings {
     pub episode_tokens: usize,
     /// `env.max_observation_tokens`: most tokens of one bridge.
     pub max_observation_tokens: usize,
+    /// `env.observation_truncation`: a longer reply fails its episode (`Error`) or is cut to fit
+    /// ([`rlvr_env::truncate`]).
+    pub truncation: Truncation,
     /// `env.tool_format`.
     pub tool_format: ToolFormat,
     /// `env.tools`: static schemas (an environment's `reset` may give its own).
@@ -134,6 +138,17 @@ pub struct EnvStats {
     /// before it was counted (then zeros).
     #[serde(default)]
     pub ends: EndCounts,
+    /// Restarts of the environment's program during the batch (`env/restarts`).
+    #[serde(default)]
+    pub restarts: usize,
+    /// Episodes replayed to a restarted program during the batch, once per replay
+    /// (`env/replayed`; `rlvr_env::replay`).
+    #[serde(default)]
+    pub replayed: usize,
+    /// Observations cut to fit `env.max_observation_tokens` (`env/obs_truncated`;
+    /// `env.observation_truncation`).
+    #[serde(default)]
+    pub obs_truncated: usize,
 }
 
 /// How a batch's episodes ended, one count per end (failed episodes are [`EnvStats::errors`]):
@@ -196,6 +211,9 @@ impl EnvStats {
         self.tool_call_errors += o.tool_call_errors;
         self.env_s += o.env_s;
         self.ends.merge(&o.ends);
+        self.restarts += o.restarts;
+        self.replayed += o.replayed;
+        self.obs_truncated += o.obs_truncated;
     }
 }
 
@@ -350,6 +368,10 @@ pub fn group_seed(seed: u64, draw: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A step reply's bridge, with the messages it was rendered from when they were cut to fit
+/// (`env.observation_truncation`), or why its episode fails.
+type Observation = Result<(Bridge, Option<Vec<Message>>), String>;
+
 /// The episode runner of the explorer: the environment, the chat template of the bridges and the
 /// settings.
 pub struct EpisodeRunner {
@@ -418,6 +440,58 @@ impl EpisodeRunner {
         Ok(b)
     }
 
+    /// The bridge of a step reply's `messages`, within `env.max_observation_tokens`: as rendered,
+    /// or (`env.observation_truncation`) rendered from the messages cut to fit, which come with it
+    /// (contents over the byte bound [`observation_byte_cap`] are first cut to it by bytes, so a
+    /// flood is never encoded whole). `Ok(Err(why))`: the episode fails.
+    ///
+    /// # Errors
+    /// A template the bridges refuse, a tokenizer that fails.
+    fn observation(
+        &mut self,
+        tok: &TokenizerBundle,
+        mut messages: Vec<Message>,
+        tools: Option<&[Json]>,
+    ) -> anyhow::Result<Observation> {
+        let (max, side) = (
+            self.settings.max_observation_tokens,
+            self.settings.truncation,
+        );
+        let cap = observation_byte_cap(max, self.settings.max_token_bytes);
+        let bytes = message_bytes(&messages);
+        let mut cut = false;
+        if bytes > cap {
+            if side == Truncation::Error {
+                return Ok(Err(format!(
+                    "the reply's messages hold {bytes} bytes, more than \
+                     env.max_observation_tokens = {max} tokens can render ({cap} bytes at most)"
+                )));
+            }
+            for m in &mut messages {
+                if m.content.len() > cap {
+                    m.content = truncate::cut_bytes(&m.content, cap, side).into_owned();
+                    cut = true;
+                }
+            }
+        }
+        let spans = |t: &str| -> Result<Vec<(usize, usize)>, String> {
+            tok.tokenizer
+                .encode(t, false)
+                .map(|e| e.get_offsets().to_vec())
+                .map_err(|e| e.to_string())
+        };
+        let mut render = |m: &[Message]| {
+            self.bridge_for(tok, m, tools)
+                .map_err(|e| rlvr_env::EnvError::Template(format!("{e:#}")))
+        };
+        let fitted = match truncate::fit(&mut render, &messages, max, side, &spans)? {
+            Ok(f) => f,
+            Err(why) => return Ok(Err(why)),
+        };
+        let cut = cut || fitted.cut_tokens > 0;
+        Ok(Ok((fitted.bridge, cut.then_some(fitted.messages))))
+    }
+
     /// Runs the K episodes of each of `prompts` (draw indices consecutive from `first`) to their
     /// end; returns them in (prompt, sample) order with what the environment did.
     ///
@@ -475,6 +549,7 @@ impl EpisodeRunner {
                 })
             })
             .collect();
+        let faults = self.env.faults();
         let t0 = Instant::now();
         let replies = self.env.reset(&resets).context("the environment's reset")?;
         rlvr_env::validate::check_groups(&resets, &replies)?;
@@ -612,6 +687,9 @@ impl EpisodeRunner {
             }
             pending.sort_by_key(|(i, _)| *i);
         }
+        let now = self.env.faults();
+        stats.restarts = (now.restarts - faults.restarts) as usize;
+        stats.replayed = (now.replayed - faults.replayed) as usize;
         stats.errors = eps.iter().filter(|e| e.error.is_some()).count();
         for e in eps.iter().filter(|e| e.error.is_none()) {
             stats.ends.count(e.end.unwrap_or("done"));
@@ -734,6 +812,7 @@ impl EpisodeRunner {
                     }
                 };
                 eps[i].rewards.push(r.reward);
+                let shown = eps[i].transcript.len();
                 for m in &r.messages {
                     eps[i].transcript.push((m.role.clone(), m.content.clone()));
                 }
@@ -755,30 +834,23 @@ impl EpisodeRunner {
                     ));
                     continue;
                 }
-                let bytes = message_bytes(&r.messages);
-                let cap = observation_byte_cap(
-                    self.settings.max_observation_tokens,
-                    self.settings.max_token_bytes,
-                );
-                if bytes > cap {
-                    eps[i].fail(format!(
-                        "step {turn}: the reply's messages hold {bytes} bytes, more than \
-                         env.max_observation_tokens = {} tokens can render ({cap} bytes at most)",
-                        self.settings.max_observation_tokens
-                    ));
-                    continue;
-                }
                 let tools = eps[i].tools.clone();
-                let b = self.bridge_for(tok, &r.messages, tools.as_deref())?;
-                if b.ids.len() > self.settings.max_observation_tokens {
-                    eps[i].fail(format!(
-                        "step {turn}: the reply renders as {} tokens, above \
-                         env.max_observation_tokens = {}",
-                        b.ids.len(),
-                        self.settings.max_observation_tokens
-                    ));
-                    continue;
-                }
+                let b = match self.observation(tok, r.messages, tools.as_deref())? {
+                    Ok((b, None)) => b,
+                    Ok((b, Some(cut))) => {
+                        // The transcript shows what the model was shown.
+                        stats.obs_truncated += 1;
+                        eps[i].transcript.truncate(shown);
+                        for m in &cut {
+                            eps[i].transcript.push((m.role.clone(), m.content.clone()));
+                        }
+                        b
+                    }
+                    Err(why) => {
+                        eps[i].fail(format!("step {turn}: {why}"));
+                        continue;
+                    }
+                };
                 // The next turn needs room for the bridge and at least one token.
                 if eps[i].used + b.ids.len() >= self.settings.episode_tokens {
                     finishes.push((i, EnvFinish::Budget));
@@ -787,6 +859,14 @@ impl EpisodeRunner {
                 eps[i].used += b.ids.len();
                 eps[i].bridges.push(b.ids);
             }
+            // Episodes failed above (rlvr fails some itself, unknown to the environment): what
+            // the environment keeps for them is dropped ([`Environment::forget`]).
+            let failed: Vec<&str> = steps
+                .iter()
+                .filter(|(i, _)| eps[*i].error.is_some())
+                .map(|(i, _)| eps[*i].id.as_str())
+                .collect();
+            self.env.forget(&failed);
         }
         if !finishes.is_empty() {
             let req: Vec<FinishEpisode> = finishes

@@ -23,6 +23,7 @@ pub mod offline;
 pub mod prompts;
 pub mod schedule;
 pub mod share;
+pub mod turns;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -225,7 +225,7 @@ impl Run<'_> {
             // then metrics and the JSONL logs
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
             let env = self.env_over_ranks(batch.env.as_ref())?;
-            report::set_env_metrics(&mut line, &exps, env.as_ref());
+            report::set_env_metrics(&mut line, &exps, env.as_ref(), c.env.max_turns);
             let eval = self.evaluate(t, &mut line);
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {
@@ -257,9 +257,9 @@ impl Run<'_> {
 
     /// What the environment did for the whole batch of a multi-turn step (`None` for a
     /// single-turn run): data parallel, each rank ran its share of the episodes, so the counts
-    /// (episodes, errors, tool calls, tool-call errors) are summed over the ranks (whole numbers
-    /// below 2^53: exact in f64, whatever order the collective adds them in) and `time/env_s` is
-    /// the slowest rank's, as `time/sample_s` is. One process: the batch's own. Every rank calls
+    /// (episodes, errors, tool calls, tool-call errors, restarts, replays, truncations) are
+    /// summed over the ranks (whole numbers below 2^53: exact in f64, whatever order the
+    /// collective adds them in) and `time/env_s` is the slowest rank's, as `time/sample_s` is. One process: the batch's own. Every rank calls
     /// this at every step of a run with `[env]` (a rank without stats counts zeros).
     ///
     /// # Errors
@@ -286,6 +286,9 @@ impl Run<'_> {
             n.length as f64,
             n.budget as f64,
             n.eos as f64,
+            e.restarts as f64,
+            e.replayed as f64,
+            e.obs_truncated as f64,
         ];
         self.job.sum_f64(&mut counts)?;
         let mut secs = [e.env_s];
@@ -304,6 +307,9 @@ impl Run<'_> {
                 budget: c[7],
                 eos: c[8],
             },
+            restarts: c[9],
+            replayed: c[10],
+            obs_truncated: c[11],
         }))
     }
 

@@ -128,14 +128,20 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
 /// included) over the episodes trained on, and from what the environment did in the batch
 /// (`env`): `env/error_frac`, `env/finish/<end>` (the share of the batch's episodes that ended
 /// by `done`, `max_turns`, `length`, `budget` or `eos`; with `env/error_frac` they sum to 1;
-/// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors` and
-/// `time/env_s`.
+/// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors`,
+/// `env/restarts` and `env/replayed` (restarts of the program and episodes replayed to a restarted
+/// one, `rlvr_env::replay`), `env/obs_truncated` (observations cut to fit,
+/// `env.observation_truncation`) and `time/env_s`; and per turn index up to `max_turns`
+/// (`env.max_turns`), `env/turn_k/reached`, `env/turn_k/tokens/mean` and
+/// `env/turn_k/reward/mean` ([`crate::feed::turns`]).
 pub fn set_env_metrics(
     l: &mut MetricsLine,
     exps: &[Experience],
     env: Option<&crate::feed::episodes::EnvStats>,
+    max_turns: u32,
 ) {
     let Some(env) = env else { return };
+    set_turn_metrics(l, exps, max_turns);
     let turns: Vec<f64> = exps.iter().filter_map(|e| e.turns).map(f64::from).collect();
     let lens: Vec<f64> = exps
         .iter()
@@ -159,7 +165,32 @@ pub fn set_env_metrics(
     }
     l.set("env/tool_calls", Some(env.tool_calls as f64));
     l.set("env/tool_call_errors", Some(env.tool_call_errors as f64));
+    l.set("env/restarts", Some(env.restarts as f64));
+    l.set("env/replayed", Some(env.replayed as f64));
+    l.set("env/obs_truncated", Some(env.obs_truncated as f64));
     l.set("time/env_s", Some(env.env_s));
+}
+
+/// `env/turn_k/*` of the episodes trained on ([`crate::feed::turns`]).
+fn set_turn_metrics(l: &mut MetricsLine, exps: &[Experience], max_turns: u32) {
+    use crate::feed::turns::{turn_stats, EpisodeTurns};
+    let eps: Vec<EpisodeTurns<'_>> = exps
+        .iter()
+        .filter_map(|e| {
+            Some(EpisodeTurns {
+                mask: e.completion_mask.as_deref()?,
+                turns: e.turns?,
+                turn_rewards: &e.turn_rewards,
+                scorable: e.reward.is_some(),
+            })
+        })
+        .collect();
+    for t in turn_stats(&eps, max_turns) {
+        let k = &t.label;
+        l.set(format!("env/turn_{k}/reached"), t.reached);
+        l.set(format!("env/turn_{k}/tokens/mean"), t.tokens);
+        l.set(format!("env/turn_{k}/reward/mean"), t.reward);
+    }
 }
 
 /// `reward/<name>/mean` (the raw component reward over the scored experiences) and

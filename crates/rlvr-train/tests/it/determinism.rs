@@ -7,7 +7,9 @@
 //! The vocabulary matters: the fused lm_head splits it into 594 chunks, so an order of summation
 //! that depends on work stealing (a rayon fold/reduce) shows up; a tiny vocabulary fits one chunk.
 //! Each run is a child process because rayon's global pool (and candle's thread count) are fixed
-//! at start from RAYON_NUM_THREADS.
+//! at start from RAYON_NUM_THREADS. A second pair runs multi-turn episodes (the tiny character
+//! model on the `retry` environment), whose `env/*` metrics, the per-turn ones included, must
+//! agree too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -122,4 +124,93 @@ fn runs_are_bit_identical_at_2_and_4_threads() {
             }
         }
     }
+}
+
+/// Set in a multi-turn child: `MODEL_DIR|RUN_DIR|TEMPLATE`.
+const CHILD_ENV_MT: &str = "RLVR_DETERMINISM_CHILD_MT";
+
+/// A multi-turn run: the tiny character model (whose end-of-turn token is sampled often, so
+/// episodes go past turn 1) on the built-in `retry` environment, 3 turns, 3 steps.
+fn multi_turn_sets(model: &Path, run: &Path, template: &Path) -> Vec<String> {
+    let mut s = crate::common::arithmetic_sets(model, run);
+    s.extend([
+        "rollout.max_new_tokens=6".into(),
+        "train.steps=3".into(),
+        "env.builtin=\"retry\"".into(),
+        "env.max_turns=3".into(),
+        "env.max_episode_tokens=60".into(),
+        format!("env.chat_template=\"{}\"", template.display()),
+    ]);
+    s
+}
+
+/// The multi-turn child's work: one run, when the parent asked for it (a no-op otherwise).
+#[test]
+fn determinism_child_multi_turn() {
+    let Ok(arg) = std::env::var(CHILD_ENV_MT) else {
+        return;
+    };
+    let parts: Vec<&str> = arg.split('|').collect();
+    let [model, run, template] = parts[..] else {
+        panic!("MODEL|RUN|TEMPLATE expected, got {arg}");
+    };
+    let sets = multi_turn_sets(Path::new(model), Path::new(run), Path::new(template));
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+}
+
+#[test]
+fn multi_turn_runs_and_their_per_turn_metrics_are_bit_identical_at_2_and_4_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = crate::common::tiny_model(&tmp.path().join("m"), 3);
+    let template = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    for threads in [2, 4] {
+        let rd = tmp.path().join(format!("run-{threads}"));
+        let arg = format!(
+            "{}|{}|{}",
+            model.display(),
+            rd.display(),
+            template.display()
+        );
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "determinism::determinism_child_multi_turn",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("RAYON_NUM_THREADS", threads.to_string())
+            .env(CHILD_ENV_MT, arg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "child at {threads} threads failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        runs.push(read_metrics(&rd.join("metrics.jsonl")).unwrap());
+    }
+    assert_eq!(runs[0].len(), 3, "one metrics line per step");
+    for (a, b) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(a.len(), b.len(), "same keys at step {:?}", a.get("step"));
+        for (k, v) in a {
+            if !TIME_KEYS.contains(&k.as_str()) {
+                assert_eq!(v, &b[k], "{k} at step {:?}", a.get("step"));
+            }
+        }
+    }
+    // The per-turn keys are there, and some episode got past turn 1 (what the test covers).
+    let past_1 = runs[0]
+        .iter()
+        .filter_map(|l| l["env/turn_2/reached"].as_f64())
+        .any(|x| x > 0.0);
+    assert!(past_1, "{:?}", runs[0]);
+    assert!(runs[0][0].contains_key("env/turn_3/tokens/mean"));
 }

@@ -11,7 +11,9 @@
 //! - garbage written into the behaviour log-probs at bridge positions changes nothing in a step
 //!   (loss, every statistic, gradient norm, weights bit for bit), with and without a
 //!   sequence-level mismatch correction;
-//! - a whole `rlvr train` run with `[env]` writes the `env/*` metrics.
+//! - a whole `rlvr train` run with `[env]` writes the `env/*` metrics;
+//! - a stateful program environment that dies mid-episode gets its live episodes replayed, so
+//!   the batch equals an uninterrupted run's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -377,7 +379,22 @@ fn a_train_run_with_retry_writes_env_metrics() {
         );
         assert_eq!(line["env/error_frac"].as_f64(), Some(0.0));
         assert_eq!(line["env/tool_call_errors"].as_f64(), Some(0.0));
+        assert_eq!(line["env/restarts"].as_f64(), Some(0.0));
+        assert_eq!(line["env/replayed"].as_f64(), Some(0.0));
+        assert_eq!(line["env/obs_truncated"].as_f64(), Some(0.0));
         assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
+        // Per turn index: every episode has turn 1; the reached shares sum to the mean turns
+        // (E[T] = Σ P(T ≥ k)); keys for turns 1 and 2 only (env.max_turns).
+        assert_eq!(line["env/turn_1/reached"].as_f64(), Some(1.0));
+        let reached: f64 = (1..=2)
+            .map(|k| line[&format!("env/turn_{k}/reached")].as_f64().unwrap())
+            .sum();
+        assert!((reached - turns).abs() < 1e-12, "{reached} {turns}");
+        assert!(line["env/turn_1/tokens/mean"].as_f64().unwrap() >= 1.0);
+        // retry: a turn-1 reward is 1 (correct) or 0, a turn-2 one is 1 or 0 (discount 1).
+        let r1 = line["env/turn_1/reward/mean"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&r1), "{r1}");
+        assert!(line.get("env/turn_3/reached").is_none(), "{line:?}");
         // Every episode ended one way: the shares of the ends cover the batch.
         let ends: f64 = ["done", "max_turns", "length", "budget", "eos"]
             .iter()
@@ -536,6 +553,207 @@ fn env_finish_counts_are_the_episodes_ends() {
         n.done > 0 && n.max_turns > 0 && n.length + n.budget > 0,
         "{env:?}"
     );
+}
+
+/// A stateful environment for restart replay: `reset` sets an episode's number to its seed mod
+/// 10, each `step` adds the turn's text length and shows the number (done at turn 3, rewarded
+/// the number), `finish` rewards the number. An id it does not know starts from 0 (the fault a
+/// replay prevents). `die`: the first program dies at its 2nd step request; `nondet`: also, and
+/// its observations carry a per-process salt.
+const STATEFUL_ENV: &str = r#"
+import json, os, sys, random
+mode, marker = sys.argv[1], sys.argv[2]
+salt = " %d" % random.randrange(10**6) if mode == "nondet" else ""
+state, steps_seen = {}, 0
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        for e in req["episodes"]:
+            state[e["id"]] = e["seed"] % 10
+        out = {"episodes": [{"id": e["id"], "messages": None} for e in req["episodes"]]}
+    elif t == "step":
+        steps_seen += 1
+        if mode != "steady" and steps_seen == 2 and not os.path.exists(marker):
+            open(marker, "w").close(); os._exit(3)
+        eps = []
+        for e in req["episodes"]:
+            n = state.get(e["id"], 0) + len(e["text"])
+            state[e["id"]] = n
+            done = e["turn"] >= 3
+            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "%d%s" % (n, salt)}],
+                        "reward": float(n) if done else 0.0, "done": done})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"], "reward": float(state.pop(e["id"], 0))} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// One multi-turn batch over [`STATEFUL_ENV`] in `mode`.
+fn stateful_batch(f: &Fixture, mode: &str) -> rlvr_train::feed::explorer::Batch {
+    let dir = f.run.parent().unwrap().join(format!("stateful-{mode}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("stateful_env.py");
+    std::fs::write(&script, STATEFUL_ENV).unwrap();
+    let marker = dir.join("died");
+    let cmd = format!(
+        "env.command=[\"python3\", \"{}\", \"{mode}\", \"{}\"]",
+        script.display(),
+        marker.display()
+    );
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            &cmd,
+            "env.max_turns=3",
+            "env.max_episode_tokens=40",
+            "env.max_error_frac=1.0",
+        ],
+    );
+    explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap()
+}
+
+#[test]
+fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
+    // The program dies at turn 2's step request; its replacement gets each live episode's
+    // reset and turn-1 step again, so the batch (ids, masks, rewards) equals an uninterrupted
+    // run's. Before the replay the replacement scored them from missing state (0).
+    let f = fixture();
+    let steady = stateful_batch(&f, "steady");
+    let restarted = stateful_batch(&f, "die");
+    let rewards = |b: &rlvr_train::feed::explorer::Batch| -> Vec<Option<f64>> {
+        b.experiences.iter().map(|e| e.reward).collect()
+    };
+    assert_eq!(rewards(&restarted), rewards(&steady));
+    let (s, r) = (steady.env.clone().unwrap(), restarted.env.clone().unwrap());
+    assert_eq!((s.restarts, s.replayed, s.errors), (0, 0, 0));
+    assert_eq!(r.restarts, 1);
+    // Every episode that reached turn 2 was replayed (in the retried step, or before its
+    // finish): those with two turns or more.
+    let reached_2 = steady
+        .experiences
+        .iter()
+        .filter(|e| e.turns.unwrap() >= 2)
+        .count();
+    assert!(reached_2 > 0);
+    assert_eq!((r.replayed, r.errors), (reached_2, 0));
+    assert!(rewards(&steady).iter().any(|r| r.unwrap() > 0.0));
+    assert_eq!(
+        format!("{:?}", restarted.experiences),
+        format!("{:?}", steady.experiences)
+    );
+
+    // Observations that change across a restart: every replayed episode is unscorable.
+    let nondet = stateful_batch(&f, "nondet");
+    let n = nondet.env.clone().unwrap();
+    assert_eq!(n.restarts, 1);
+    assert!(n.replayed > 0);
+    assert_eq!(n.errors, n.replayed);
+    let failed = nondet
+        .experiences
+        .iter()
+        .filter(|e| e.reward.is_none())
+        .count();
+    assert_eq!(failed, n.errors);
+}
+
+/// An environment whose every reply is 40 digits (one token each for the tiny tokenizer); the
+/// episode is done at turn 2.
+const LONG_ENV: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], "messages": None} for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "messages": [{"role": "user", "content": "0123456789" * 4}],
+                             "reward": 1.0, "done": e["turn"] >= 2} for e in req["episodes"]]}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+#[test]
+fn long_observations_are_cut_to_fit_keeping_the_side_asked_for() {
+    use rlvr_env::truncate::MARKER;
+    let f = fixture();
+    let script = f.run.parent().unwrap().join("long_env.py");
+    std::fs::write(&script, LONG_ENV).unwrap();
+    let tok = settings::load_tokenizer(&f.model_dir).unwrap();
+    let bridge_of = |content: &str| {
+        tok.encode(&format!("\nuser:{content}<|endoftext|>\n=>"), false)
+            .unwrap()
+    };
+    // The bridge's template costs 10 tokens ("\nuser:", the end-of-turn, "\n=>"), the marker 17
+    // (one per char): a limit of 34 leaves 7 of the 40 digits.
+    assert_eq!(bridge_of("").len(), 10);
+    assert_eq!(tok.encode(MARKER, false).unwrap().len(), MARKER.len());
+    let digits = "0123456789".repeat(4);
+    assert_eq!(bridge_of(&digits).len(), 50);
+    let cases = [
+        ("error", None),
+        ("keep-head", Some(format!("0123456{MARKER}"))),
+        ("keep-tail", Some(format!("{MARKER}3456789"))),
+        ("keep-ends", Some(format!("0123{MARKER}789"))),
+    ];
+    for (side, kept) in cases {
+        let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+        let trunc = format!("env.observation_truncation=\"{side}\"");
+        let cfg = config(
+            &f.model_dir,
+            &f.run,
+            &[
+                &cmd,
+                &trunc,
+                "env.max_turns=2",
+                "env.max_observation_tokens=34",
+                "env.max_episode_tokens=80",
+                "env.max_error_frac=1.0",
+                "train.log_rollouts=128",
+            ],
+        );
+        let b = explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap();
+        let env = b.env.clone().unwrap();
+        let mut bridges = 0;
+        for e in &b.experiences {
+            let m = e.completion_mask.as_ref().unwrap();
+            for seg in rlvr_train::feed::episodes::segments(m) {
+                if seg.kind == "bridge" {
+                    let want = bridge_of(kept.as_deref().expect("no bridge under error"));
+                    assert_eq!(want.len(), 34, "{side}");
+                    assert_eq!(
+                        &e.completion_ids[seg.start..seg.start + seg.len],
+                        &want[..],
+                        "{side}"
+                    );
+                    bridges += 1;
+                }
+            }
+        }
+        match &kept {
+            None => {
+                // Every episode whose first turn was stepped failed, as before this key.
+                assert_eq!((env.obs_truncated, bridges), (0, 0));
+                assert!(env.errors > 0, "{env:?}");
+            }
+            Some(k) => {
+                assert!(bridges > 0, "{side}: no turn was stepped");
+                assert_eq!(env.errors, 0, "{side}");
+                // Each cut observation is counted (a turn-2 reply ends its episode with `done`:
+                // never bridged, never cut).
+                assert_eq!(env.obs_truncated, bridges, "{side}");
+                // The transcript shows what the model was shown.
+                let shown = b.rollouts.iter().any(|r| r.completion.contains(k.as_str()));
+                assert!(shown, "{side}: {:?}", b.rollouts.first());
+            }
+        }
+    }
 }
 
 #[test]

@@ -222,6 +222,38 @@ fn sigkill_resume_with_episodes_in_flight_matches_uninterrupted() {
     );
 }
 
+/// A stateful program environment (the shipped guess-the-number example, which keeps each
+/// episode's secret and answers an id it never reset with an episode error) through a SIGKILL
+/// and `--resume`, the explorer one step ahead: no episode spans the resume (the checkpoint's
+/// buffer holds finished episodes, and the new program resets every episode it is sent), so the
+/// resumed run's metrics, `env/error_frac` among them, are the uninterrupted run's.
+#[test]
+fn sigkill_resume_with_a_stateful_program_environment_matches_uninterrupted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let tpl = format!("env.chat_template=\"{}\"", tpl.display());
+    let script = common::repo().join("examples/env_guess_number.py");
+    let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+    check_resume_with(
+        1,
+        1,
+        false,
+        &[
+            &cmd,
+            "env.max_turns=3",
+            "env.max_episode_tokens=40",
+            "env.options={ low = 1, high = 9 }",
+            &tpl,
+        ],
+    );
+}
+
 #[test]
 fn sigkill_resume_matches_uninterrupted_v1() {
     check_resume(1, 0, false);

@@ -1,0 +1,223 @@
+//! Restart replay (crates/rlvr-env/src/replay.rs): a program that keeps state per episode and dies
+//! mid-episode gets, after its restart, each live episode's `reset` and earlier `step`s again, so
+//! every reply (and so every reward) equals an uninterrupted run's; a program whose replies
+//! change across a restart fails those episodes as not deterministic. Skipped nowhere: python3
+//! is required (crate::faults::python).
+
+use rlvr_env::client::{ProcessEnvironment, ProcessSettings};
+use rlvr_env::json::Json;
+use rlvr_env::protocol::{FinishEpisode, FinishReason, ResetEpisode, StepEpisode};
+use rlvr_env::{Environment, Faults};
+use std::time::Duration;
+
+/// A stateful environment: `reset` sets an episode's total to its seed mod 10, each `step` adds
+/// the turn's text length and reports the total (done at turn 3, rewarded the total), `finish`
+/// rewards the total. An id it does not know starts from 0 (the quiet fault replay prevents).
+/// Modes: `steady`; `die` (the first program dies at its 2nd step request); `die_twice` (and the
+/// second at its 1st, a replayed step); `nondet` (dies like `die`, and its reset text carries a
+/// per-process salt).
+const STATEFUL_PY: &str = r#"
+import json, os, sys, random
+mode, marker = sys.argv[1], sys.argv[2]
+deaths = {"steady": [], "die": [(marker, 2)], "nondet": [(marker, 2)],
+          "die_twice": [(marker, 2), (marker + ".2", 1)]}[mode]
+salt = " salt %f" % random.random() if mode == "nondet" else ""
+state, steps_seen = {}, 0
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        eps = []
+        for e in req["episodes"]:
+            state[e["id"]] = e["seed"] % 10
+            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "start %d%s" % (state[e["id"]], salt)}]})
+        out = {"episodes": eps}
+    elif t == "step":
+        steps_seen += 1
+        for m, n in deaths:
+            if not os.path.exists(m):
+                if steps_seen == n:
+                    open(m, "w").close(); print("dying mid-episode", file=sys.stderr, flush=True); os._exit(3)
+                break
+        eps = []
+        for e in req["episodes"]:
+            s = state.get(e["id"], 0) + len(e["text"])
+            state[e["id"]] = s
+            done = e["turn"] >= 3
+            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "total %d" % s}],
+                        "reward": float(s) if done else 0.0, "done": done})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"], "reward": float(state.pop(e["id"], 0))} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+fn start(dir: &std::path::Path, mode: &str, restarts: u32) -> ProcessEnvironment {
+    std::fs::write(dir.join("stateful.py"), STATEFUL_PY).unwrap();
+    let marker = dir.join("marker").display().to_string();
+    let mut s = ProcessSettings::new(vec![
+        "python3".into(),
+        "stateful.py".into(),
+        mode.into(),
+        marker,
+    ]);
+    s.dir = Some(dir.to_path_buf());
+    s.timeout = Duration::from_secs(20);
+    s.restarts = restarts;
+    ProcessEnvironment::start(s).unwrap()
+}
+
+fn turn(id: &str, turn: u32, text: &str) -> StepEpisode {
+    StepEpisode {
+        id: id.into(),
+        turn,
+        text: text.into(),
+        tool_calls: vec![],
+        tool_call_errors: vec![],
+    }
+}
+
+/// Runs 2 groups × 2 episodes as the episode driver does: reset; step turn 1 for all; turn 2 for
+/// three of them while `1:1` is finished (`max_turns`); turn 3 (done) for the three. Returns
+/// every reply, in order, as text.
+fn script(env: &mut dyn Environment) -> Result<Vec<String>, rlvr_env::EnvError> {
+    let ids = ["0:0", "0:1", "1:0", "1:1"];
+    let resets: Vec<ResetEpisode> = ids
+        .iter()
+        .map(|id| {
+            let g: u64 = id[..1].parse().unwrap();
+            ResetEpisode {
+                id: (*id).into(),
+                group: g.to_string(),
+                sample: id[2..].parse().unwrap(),
+                seed: 13 + g,
+                row: Json::object([("q", Json::from("x"))]),
+                prompt: None,
+            }
+        })
+        .collect();
+    let mut out = vec![format!("{:?}", env.reset(&resets)?)];
+    let t1: Vec<StepEpisode> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| turn(id, 1, &"a".repeat(i + 1)))
+        .collect();
+    out.push(format!("{:?}", env.step(&t1)?));
+    let t2: Vec<StepEpisode> = ids[..3]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| turn(id, 2, &"bb".repeat(i + 1)))
+        .collect();
+    out.push(format!("{:?}", env.step(&t2)?));
+    let fin = FinishEpisode {
+        id: "1:1".into(),
+        reason: FinishReason::MaxTurns,
+    };
+    out.push(format!("{:?}", env.finish(&[fin])?));
+    let t3: Vec<StepEpisode> = ids[..3].iter().map(|id| turn(id, 3, "c")).collect();
+    out.push(format!("{:?}", env.step(&t3)?));
+    Ok(out)
+}
+
+#[test]
+fn a_stateful_program_that_dies_mid_episode_answers_as_an_uninterrupted_one() {
+    if !crate::faults::python() {
+        return;
+    }
+    let steady_dir = tempfile::tempdir().unwrap();
+    let mut steady = start(steady_dir.path(), "steady", 0);
+    let want = script(&mut steady).unwrap();
+    assert_eq!(steady.starts(), 1);
+    // Every episode ended (done, finish): nothing is kept for a replay.
+    assert_eq!(steady.kept_episodes(), 0);
+    // The totals the replies carry, by hand: seeds 13 and 14 → 3 and 4; turn 1 adds 1..4, turn
+    // 2 adds 2, 4, 6, turn 3 adds 1: "0:0" ends at 3+1+2+1 = 7, "1:0" at 4+3+6+1 = 14, and
+    // "1:1" is finished at 4+4 = 8.
+    assert!(want[4].contains("reward: Some(7.0)"), "{}", want[4]);
+    assert!(want[4].contains("reward: Some(14.0)"), "{}", want[4]);
+    assert!(want[3].contains("reward: Some(8.0)"), "{}", want[3]);
+
+    // Dies at its second step request (turn 2); the restarted program gets turn 2 after the
+    // replay, and "1:1"'s finish after its own replay (it was not in the retried request).
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = start(dir.path(), "die", 1);
+    assert_eq!(script(&mut env).unwrap(), want);
+    assert_eq!((env.starts(), env.kept_episodes()), (2, 0));
+    assert_eq!(
+        env.faults(),
+        Faults {
+            restarts: 1,
+            replayed: 4,
+            diverged: 0
+        }
+    );
+
+    // A death during the replay is one more restart, and the replay begins again.
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = start(dir.path(), "die_twice", 2);
+    assert_eq!(script(&mut env).unwrap(), want);
+    assert_eq!((env.starts(), env.faults().restarts), (3, 2));
+    // ... bounded by env.restarts like any other.
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = start(dir.path(), "die_twice", 1);
+    let e = script(&mut env).unwrap_err().to_string();
+    assert!(
+        e.contains("after 1 restarts") && e.contains("dying mid-episode"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_program_whose_replies_change_across_a_restart_fails_the_replayed_episodes() {
+    if !crate::faults::python() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = start(dir.path(), "nondet", 1);
+    let ids = ["0:0", "0:1", "1:0", "1:1"];
+    let resets: Vec<ResetEpisode> = ids
+        .iter()
+        .map(|id| ResetEpisode {
+            id: (*id).into(),
+            group: id[..1].into(),
+            sample: id[2..].parse().unwrap(),
+            seed: 13,
+            row: Json::Object(vec![]),
+            prompt: None,
+        })
+        .collect();
+    env.reset(&resets).unwrap();
+    let t1: Vec<StepEpisode> = ids.iter().map(|id| turn(id, 1, "a")).collect();
+    assert!(env.step(&t1).unwrap().iter().all(|r| r.is_ok()));
+    // The program dies at turn 2: the replayed resets carry another salt.
+    let t2: Vec<StepEpisode> = ids[..3].iter().map(|id| turn(id, 2, "b")).collect();
+    let r = env.step(&t2).unwrap();
+    for e in &r {
+        let e = e.as_ref().unwrap_err();
+        assert!(
+            e.contains("not deterministic across a restart")
+                && e.contains("replayed reset reply gives other messages"),
+            "{e}"
+        );
+    }
+    // The one left out of that request fails at its own replay, when its finish is sent.
+    let fin = FinishEpisode {
+        id: "1:1".into(),
+        reason: FinishReason::MaxTurns,
+    };
+    let r = env.finish(&[fin]).unwrap();
+    assert!(r[0]
+        .as_ref()
+        .unwrap_err()
+        .contains("not deterministic across a restart"));
+    assert_eq!(
+        env.faults(),
+        Faults {
+            restarts: 1,
+            replayed: 4,
+            diverged: 4
+        }
+    );
+}
