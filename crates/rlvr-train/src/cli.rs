@@ -77,6 +77,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             progress: !a.no_progress,
             stop,
             hang_after_step: None,
+            fail_update_at_step: None,
         },
     );
     // A run asked to stop by a signal that then ended with an error (an environment or a

@@ -30,6 +30,9 @@ struct LoadGateState {
     loading: bool,
     /// A checkpoint holds the weights.
     held: bool,
+    /// No load failed: a failed one may have replaced part of the weights, which are then
+    /// no version's.
+    intact: bool,
 }
 
 impl LoadGate {
@@ -40,6 +43,7 @@ impl LoadGate {
                 version,
                 loading: false,
                 held: false,
+                intact: true,
             }),
             changed: Condvar::new(),
         })
@@ -50,7 +54,8 @@ impl LoadGate {
     }
 
     /// The explorer thread's side: runs `load` (which replaces the explorer's weights and returns
-    /// its version afterwards, or an error) once no checkpoint holds them, and records the version.
+    /// its version afterwards, or an error) once no checkpoint holds them, and records the version
+    /// (a failed load keeps it and marks the weights as no longer intact).
     ///
     /// # Errors
     /// `load`'s.
@@ -64,8 +69,9 @@ impl LoadGate {
         let r = load();
         let mut s = self.lock();
         s.loading = false;
-        if let Ok(v) = &r {
-            s.version = *v;
+        match &r {
+            Ok(v) => s.version = *v,
+            Err(_) => s.intact = false,
         }
         self.changed.notify_all();
         r.map(|_| ())
@@ -81,6 +87,7 @@ impl LoadGate {
         s.held = true;
         Hold {
             version: s.version,
+            intact: s.intact,
             gate: self.clone(),
         }
     }
@@ -91,6 +98,8 @@ impl LoadGate {
 pub struct Hold {
     /// The version of the weights the explorer holds.
     pub version: u64,
+    /// Whether they are that version's: false once a load failed (perhaps half way).
+    pub intact: bool,
     gate: Arc<LoadGate>,
 }
 
@@ -118,7 +127,7 @@ mod tests {
     use std::time::Duration;
 
     /// A load waits while a hold is out, and a hold for a load in progress; the version recorded
-    /// is the load's; a failed load keeps the version.
+    /// is the load's; a failed load keeps the version and marks the weights as not intact.
     #[test]
     fn loads_and_holds_exclude_each_other() {
         let gate = LoadGate::new(3);
@@ -144,7 +153,9 @@ mod tests {
         // Taken only once the load in progress has ended: its version.
         assert_eq!(gate.hold().version, 5);
         slow.join().unwrap().unwrap();
+        assert!(gate.hold().intact);
         assert!(gate.load(|| anyhow::bail!("no")).is_err());
-        assert_eq!(gate.hold().version, 5);
+        let h = gate.hold();
+        assert_eq!((h.version, h.intact), (5, false));
     }
 }

@@ -35,6 +35,7 @@ use rlvr_model::Model;
 
 use crate::job::Job;
 use crate::store::checkpoint::SourceCursor;
+use episodes::EnvStats;
 use explorer::{Batch, Explorer};
 use offline::OfflineSource;
 pub use schedule::{behaviour_version, filter_stale, resampled_steps};
@@ -65,8 +66,13 @@ pub enum Feed {
         /// Rollout records kept per step after a gather (`train.log_rollouts`).
         keep: usize,
         /// Batches sampled but not yet handed out, in step order: a resumed checkpoint's buffer,
-        /// or the in-flight batches [`Feed::state`] received for a checkpoint.
+        /// or the in-flight batches [`Feed::state`] received for a checkpoint. Under data
+        /// parallel these are whole batches (gathered), as [`Feed::next`] hands them out.
         pending: VecDeque<Batch>,
+        /// The batch last handed out (a copy) with the source cursor before it, kept until its
+        /// step completes ([`Feed::completed`]): a save after an error while training that step
+        /// (its weights untouched) keeps it in the buffer, as the step before's in-flight batch.
+        handed: Option<(Batch, SourceCursor)>,
         /// The sync interval v and offset o.
         sync: (u64, u64),
         /// With v > 1: the last version handed to the explorer (its starting weights, then each
@@ -144,6 +150,7 @@ impl Feed {
             job,
             keep,
             pending: buffered.into(),
+            handed: None,
             sync: (v, o),
             synced: synced.filter(|_| v > 1),
             live,
@@ -170,6 +177,7 @@ impl Feed {
                 job,
                 keep,
                 pending,
+                handed,
                 ..
             } => {
                 if let Some(b) = pending.pop_front() {
@@ -178,6 +186,7 @@ impl Feed {
                         "internal: the buffered batch of step {} came out at step {t}",
                         b.step
                     );
+                    *handed = Some((b.clone(), *last_cursor));
                     *last_cursor = b.cursor;
                     return Ok(Next::Batch(b));
                 }
@@ -185,7 +194,7 @@ impl Feed {
                 // the launcher ends the job (mpirun does at once) or the timeout names it.
                 let (got, waited) = receive_or_stop(batches, stop)?;
                 let stopped = stop.is_some_and(|s| s.load(Ordering::SeqCst));
-                let mut b = match got {
+                let b = match got {
                     Some(b) if !stopped => b,
                     // A batch that was ready, or came with the stop (within one poll), is not
                     // trained on either; it is kept in order for the checkpoint, which may
@@ -197,13 +206,8 @@ impl Feed {
                     None if waited => return Ok(Next::Stopped(StopFound::Waiting)),
                     None => return Ok(Next::Stopped(StopFound::Sampling)),
                 };
-                if job.is_parallel() {
-                    let rows = vec![std::mem::take(&mut b.experiences)];
-                    let recs = std::mem::take(&mut b.rollouts);
-                    let (all, all_recs) = job.gather_round(rows, recs)?;
-                    b.experiences = all.into_iter().flatten().collect();
-                    b.rollouts = all_recs.into_iter().take(*keep).collect();
-                }
+                let b = gather_batch(job, *keep, b)?;
+                *handed = Some((b.clone(), *last_cursor));
                 *last_cursor = b.cursor;
                 Ok(Next::Batch(b))
             }
@@ -274,6 +278,29 @@ impl Feed {
         }
     }
 
+    /// Where the source stood after the last completed step: [`Feed::cursor`], or with an
+    /// explorer thread whose last batch handed out belongs to a step not yet completed, the
+    /// cursor before that batch.
+    pub fn completed_cursor(&self) -> SourceCursor {
+        match self {
+            Feed::Threaded {
+                handed: Some((_, before)),
+                ..
+            } => *before,
+            _ => self.cursor(),
+        }
+    }
+
+    /// Step `t`'s update completed: the copy of its batch kept since [`Feed::next`] handed it
+    /// out (for a save after an error while training it) is dropped.
+    pub fn completed(&mut self, t: u64) {
+        if let Feed::Threaded { handed, .. } = self {
+            if handed.as_ref().is_some_and(|(b, _)| b.step <= t) {
+                *handed = None;
+            }
+        }
+    }
+
     /// The feed's state for the checkpoint of step `t` (completed; its weights published, or, when
     /// v divides t, perhaps not yet: a resume then makes that sync) of a run
     /// ending at `last_step`: the source cursor, the explorer's version and, when it lags the
@@ -314,13 +341,24 @@ impl Feed {
             InFlight::Wait => self.receive_in_flight(t, last_step, stop)?,
             InFlight::TryWait => match self.receive_in_flight(t, last_step, stop) {
                 Ok(b) => b,
-                Err(e) => {
-                    crate::log::log_only(&format!(
-                        "note: the checkpoint of step {t} keeps no in-flight batch ({e:#}): the \
-                         resume samples them again"
-                    ));
-                    Received::None
-                }
+                Err(e) => match self.hold_after_failure(t, last_step) {
+                    Some(h) => {
+                        crate::log::log_only(&format!(
+                            "note: the explorer failed ({e:#}); the checkpoint of step {t} keeps \
+                             the batches it finished and its weights (version {}), with which \
+                             the resume samples the rest again, exactly",
+                            h.version
+                        ));
+                        Received::Live(h)
+                    }
+                    None => {
+                        crate::log::log_only(&format!(
+                            "note: the checkpoint of step {t} keeps no in-flight batch ({e:#}): \
+                             the resume samples them again"
+                        ));
+                        Received::None
+                    }
+                },
             },
         };
         let buffered = !matches!(received, Received::None);
@@ -328,10 +366,16 @@ impl Feed {
             Received::Live(h) => Some(h),
             _ => None,
         };
-        let mut cursor = self.cursor();
+        let mut cursor = self.completed_cursor();
+        // The batch of step t+1, handed out before an error while training it, then (when
+        // received) those in flight after it.
         let buffer: Vec<&Batch> = match &*self {
-            Feed::Threaded { pending, .. } if buffered => {
-                pending.iter().filter(|b| b.step > t).collect()
+            Feed::Threaded {
+                pending, handed, ..
+            } => {
+                let next = handed.as_ref().map(|h| &h.0).filter(|b| b.step == t + 1);
+                let rest = pending.iter().filter(|b| buffered && b.step > t);
+                next.into_iter().chain(rest).collect()
             }
             _ => Vec::new(),
         };
@@ -422,28 +466,31 @@ impl Feed {
         stop: Option<&AtomicBool>,
     ) -> anyhow::Result<Received> {
         let exact_without = self.resumes_exactly_without_buffer(t);
+        let Some(until) = self.in_flight_until(t, last_step) else {
+            return Ok(Received::None);
+        };
+        let base = self.handed_after(t);
         let Feed::Threaded {
             batches,
             job,
             pending,
             sync: (v, o),
-            synced,
             live,
             ..
         } = self
         else {
             return Ok(Received::None);
         };
+        let last = |p: &VecDeque<Batch>| p.back().map_or(base, |b| b.step);
         if job.is_parallel() {
-            return Ok(Received::None);
+            // The shares in flight were gathered on every rank ([`Feed::gather_in_flight`]) or
+            // not at all (a save after an error: the other ranks cannot take part).
+            return Ok(match last(pending) >= until {
+                true => Received::All,
+                false => Received::None,
+            });
         }
         let (v, o) = (*v, *o);
-        let until = (t + o).min(last_step);
-        let need = behaviour_version(until + 1, v, o);
-        if until < last_step && need != t && synced.as_ref().map(|s| s.0) != Some(need) {
-            return Ok(Received::None);
-        }
-        let last = |p: &VecDeque<Batch>| p.back().map_or(t, |b| b.step);
         let (mut told, mut polls) = (false, 0);
         loop {
             // What is ready, without waiting.
@@ -515,6 +562,99 @@ impl Feed {
         }
     }
 
+    /// The last of the in-flight steps a checkpoint of step `t` (run ending at `last_step`)
+    /// keeps, t + o or the last step, when a buffer applies: the explorer after them needs the
+    /// policy's version or the last sync's, which the checkpoint can then save. `None` without
+    /// an explorer thread, or when the explorer after them would need weights the feed no longer
+    /// has (the resume then re-samples them with the policy's).
+    fn in_flight_until(&self, t: u64, last_step: u64) -> Option<u64> {
+        let Feed::Threaded {
+            sync: (v, o),
+            synced,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let until = (t + o).min(last_step);
+        let need = behaviour_version(until + 1, *v, *o);
+        let kept = need == t || synced.as_ref().map(|s| s.0) == Some(need);
+        (until == last_step || kept).then_some(until)
+    }
+
+    /// The last step whose batch the feed holds for a checkpoint of step `t` before any in
+    /// flight is received: t + 1 when its batch was handed out and its step did not complete (an
+    /// error while training it), else `t`.
+    fn handed_after(&self, t: u64) -> u64 {
+        match self {
+            Feed::Threaded {
+                handed: Some((b, _)),
+                ..
+            } if b.step == t + 1 => t + 1,
+            _ => t,
+        }
+    }
+
+    /// After the explorer thread failed (a save after an error, [`InFlight::TryWait`]): its own
+    /// weights, held, when they let the checkpoint of step `t` resume exactly with the batches
+    /// it finished ([`live_hold`]): a failed thread loads no other weights, so they are still
+    /// those of the batch it failed on, unless a load itself failed half way (then `None`).
+    /// `None` too under data parallel and without a local model.
+    fn hold_after_failure(&self, t: u64, last_step: u64) -> Option<live::Hold> {
+        let until = self.in_flight_until(t, last_step)?;
+        let base = self.handed_after(t);
+        let Feed::Threaded {
+            job,
+            pending,
+            sync: (v, o),
+            live: Some(l),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let first = pending.back().map_or(base, |b| b.step) + 1;
+        if job.is_parallel() || first > until {
+            return None;
+        }
+        live_hold(l, (t, first, until.min(last_step - 1) + 1), (*v, *o))
+    }
+
+    /// Data parallel, before a checkpoint of step `t` that keeps the in-flight batches
+    /// ([`InFlight::Wait`]), on every rank together: waits for this rank's shares of the steps
+    /// up to [`Feed::in_flight_until`] and gathers each into the whole batch on every rank
+    /// (as [`Feed::next`] does), kept in order to be handed out and saved (rank 0 writes them
+    /// to `trainer_state/buffer.jsonl`, [`Feed::state`]). Nothing to do in one process (the
+    /// checkpoint receives them itself), inline or offline.
+    ///
+    /// # Errors
+    /// The explorer's error (its peers then wait in the gather until the launcher ends the job
+    /// or the timeout names it, as in [`Feed::next`]); a failed collective.
+    pub fn gather_in_flight(&mut self, t: u64, last_step: u64) -> anyhow::Result<()> {
+        let Some(until) = self.in_flight_until(t, last_step) else {
+            return Ok(());
+        };
+        let base = self.handed_after(t);
+        let Feed::Threaded {
+            batches,
+            job,
+            keep,
+            pending,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        if !job.is_parallel() {
+            return Ok(());
+        }
+        while pending.back().map_or(base, |b| b.step) < until {
+            let share = batches.recv().context("the explorer thread stopped")??;
+            pending.push_back(gather_batch(job, *keep, share)?);
+        }
+        Ok(())
+    }
+
     /// Stops the explorer thread, if any (its in-flight batch is dropped). With `wait`, returns
     /// once the thread has ended, which may take the rest of the batch it is sampling (the end
     /// of a run, an error). Without (a stop by a signal, whose process exits next), the thread
@@ -544,6 +684,79 @@ impl Feed {
             }
         }
     }
+}
+
+/// Data parallel: every rank's share of a batch sampled by the explorer thread, gathered into
+/// the whole batch on every rank (experiences and rollout records in rank order, the first `keep`
+/// records kept); the environment's counts summed over the ranks onto rank 0's copy (the
+/// others' zero), so that the run's own sum over the ranks ([`env_over_ranks`]) gives the whole
+/// batch's whichever rank's copy a checkpoint saves. One process: `b`.
+///
+/// # Errors
+/// A failed collective.
+fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batch> {
+    if !job.is_parallel() {
+        return Ok(b);
+    }
+    let rows = vec![std::mem::take(&mut b.experiences)];
+    let recs = std::mem::take(&mut b.rollouts);
+    let (all, all_recs) = job.gather_round(rows, recs)?;
+    b.experiences = all.into_iter().flatten().collect();
+    b.rollouts = all_recs.into_iter().take(keep).collect();
+    if let Some(e) = b.env.take() {
+        let total = env_over_ranks(job, &e)?;
+        b.env = Some(if job.writer() { total } else { Default::default() });
+    }
+    Ok(b)
+}
+
+/// What the environment did for the whole batch from every rank's `e` (its share of the
+/// episodes): the counts (episodes, errors, tool calls, tool-call errors, ends, restarts,
+/// replays, truncations) summed over the ranks (whole numbers below 2^53: exact in f64, whatever
+/// order the collective adds them in), `env_s` the slowest rank's. One process: `e`.
+///
+/// # Errors
+/// A failed collective.
+pub(crate) fn env_over_ranks(job: &mut Job, e: &EnvStats) -> anyhow::Result<EnvStats> {
+    if !job.is_parallel() {
+        return Ok(e.clone());
+    }
+    let n = &e.ends;
+    let mut counts = [
+        e.episodes as f64,
+        e.errors as f64,
+        e.tool_calls as f64,
+        e.tool_call_errors as f64,
+        n.done as f64,
+        n.max_turns as f64,
+        n.length as f64,
+        n.budget as f64,
+        n.eos as f64,
+        e.restarts as f64,
+        e.replayed as f64,
+        e.obs_truncated as f64,
+    ];
+    job.sum_f64(&mut counts)?;
+    let mut secs = [e.env_s];
+    job.max_f64(&mut secs)?;
+    let c = counts.map(|x| x as usize);
+    Ok(EnvStats {
+        episodes: c[0],
+        errors: c[1],
+        tool_calls: c[2],
+        tool_call_errors: c[3],
+        env_s: secs[0],
+        ends: episodes::EndCounts {
+            done: c[4],
+            max_turns: c[5],
+            length: c[6],
+            budget: c[7],
+            eos: c[8],
+        },
+        restarts: c[9],
+        replayed: c[10],
+        obs_truncated: c[11],
+    })
 }
 
 /// How often a wait for the explorer thread looks at the stop flag ([`Feed::next`]).
@@ -640,8 +853,8 @@ enum Received {
 /// with the batches before step `first` resume exactly: the explorer holds version s(first), and
 /// every step from `first` to `next` (the first the resumed run's own syncs serve, or the last
 /// step) needs that version or the policy's, t (which the resume hands over first). `None`, and
-/// nothing held, otherwise (the explorer has not loaded s(first) yet, or a batch in between
-/// needs a version that neither the explorer nor the checkpoint has).
+/// nothing held, otherwise (the explorer has not loaded s(first) yet, a load of its failed, or a
+/// batch in between needs a version that neither the explorer nor the checkpoint has).
 fn live_hold(
     live: &live::LiveWeights,
     (t, first, next): (u64, u64, u64),
@@ -656,7 +869,7 @@ fn live_hold(
         return None;
     }
     let h = live.gate.hold();
-    (h.version == need).then_some(h)
+    (h.intact && h.version == need).then_some(h)
 }
 
 /// The feed's part of a checkpoint ([`Feed::state`]): where the source stands, the explorer's

@@ -167,6 +167,13 @@ impl LastGood {
         self.updating = true;
     }
 
+    /// The update begun by [`LastGood::begin_update`] failed before it changed any weight (or
+    /// the optimizer's state): the state is still the last completed step's, which an error
+    /// then saves.
+    pub(crate) fn update_undone(&mut self) {
+        self.updating = false;
+    }
+
     /// Step `t`'s update completed (the weights are step `t`'s, whatever fails after it:
     /// evaluation, logs, the push to the explorer); `cursor` is the source's cursor after it.
     pub(crate) fn completed(&mut self, t: u64, cursor: SourceCursor) {

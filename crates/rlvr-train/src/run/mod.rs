@@ -62,6 +62,10 @@ pub struct RunOptions {
     /// Test hook: stop making progress (sleep forever) after this step's metrics are written, so a
     /// test can SIGKILL the process at a known point. Also read from `RLVR_DEBUG_HANG_AFTER_STEP`.
     pub hang_after_step: Option<u64>,
+    /// Test hook: the trainer's update of this step fails with an error before it changes any
+    /// weight (as an out-of-memory forward would), so a test can check the save after it. Also
+    /// read from `RLVR_DEBUG_FAIL_UPDATE_AT_STEP` (`T`, or `R:T` for rank R alone).
+    pub fail_update_at_step: Option<u64>,
 }
 
 /// What a finished run reports.
@@ -216,10 +220,11 @@ impl Run<'_> {
             let (exps, stale) = filter_stale(batch.experiences.clone(), t, c.sync.max_staleness);
             // trainer update: advantages, mini-batches, micro-batches, optimizer steps (this
             // rank's share of the groups, the whole batch's normalisers)
-            let (rep, lr, train_s, mem) = self.update(t, &exps, good)?;
+            let (rep, lr, train_s, mem) = self.update(t, &exps, good, opts)?;
             // the weights are step t's: whatever fails from here on saves step t
             done = t;
             good.completed(t, self.feed.cursor());
+            self.feed.completed(t);
             let (sample_s, train_s) = self.slowest(batch.sample_s, train_s)?;
             // evaluator (every train.eval_every steps; a failed one is null in the step's line),
             // then metrics and the JSONL logs
@@ -272,60 +277,41 @@ impl Run<'_> {
             return Ok(env.cloned());
         }
         let e = env.cloned().unwrap_or_default();
-        if !self.job.is_parallel() {
-            return Ok(Some(e));
-        }
-        let n = &e.ends;
-        let mut counts = [
-            e.episodes as f64,
-            e.errors as f64,
-            e.tool_calls as f64,
-            e.tool_call_errors as f64,
-            n.done as f64,
-            n.max_turns as f64,
-            n.length as f64,
-            n.budget as f64,
-            n.eos as f64,
-            e.restarts as f64,
-            e.replayed as f64,
-            e.obs_truncated as f64,
-        ];
-        self.job.sum_f64(&mut counts)?;
-        let mut secs = [e.env_s];
-        self.job.max_f64(&mut secs)?;
-        let c = counts.map(|x| x as usize);
-        Ok(Some(crate::feed::episodes::EnvStats {
-            episodes: c[0],
-            errors: c[1],
-            tool_calls: c[2],
-            tool_call_errors: c[3],
-            env_s: secs[0],
-            ends: crate::feed::episodes::EndCounts {
-                done: c[4],
-                max_turns: c[5],
-                length: c[6],
-                budget: c[7],
-                eos: c[8],
-            },
-            restarts: c[9],
-            replayed: c[10],
-            obs_truncated: c[11],
-        }))
+        crate::feed::env_over_ranks(&mut self.job, &e).map(Some)
     }
 
     /// The trainer's step `t` on `exps` (this rank's whole groups of them) at the schedule's
     /// learning rate: its report, the learning rate, the seconds it took and its memory.
+    ///
+    /// # Errors
+    /// The trainer's (e.g. out of memory); one that came before the optimizer changed any weight
+    /// leaves `good` at step t − 1, whose state the save after the error then writes with step
+    /// t's batch ([`Feed::completed`]); the [`RunOptions::fail_update_at_step`] hook.
     fn update(
         &mut self,
         t: u64,
         exps: &[crate::store::experience::Experience],
         good: &mut LastGood,
+        opts: &RunOptions,
     ) -> anyhow::Result<(StepReport, f64, f64, memory::MemoryReport)> {
         let (lr, t0) = (self.cfg.lr_at(t), Instant::now());
         good.begin_update();
         let mem = memory::UpdateMemory::begin();
         let mine = self.job.my_rows(exps);
-        let rep = self.trainer.step(&mine, t, lr, self.cfg.raw.train.seed)?;
+        let updates = self.trainer.optimizer.update_count();
+        let rep = fail_update_if_asked(opts, t, self.job.rank())
+            .and_then(|()| self.trainer.step(&mine, t, lr, self.cfg.raw.train.seed));
+        let rep = match rep {
+            Ok(r) => r,
+            Err(e) => {
+                // No optimizer update began (each one counts itself before writing a weight):
+                // the weights and the optimizer state are still step t − 1's.
+                if self.trainer.optimizer.update_count() == updates {
+                    good.update_undone();
+                }
+                return Err(e);
+            }
+        };
         let mem = mem.end();
         Ok((rep, lr, t0.elapsed().as_secs_f64(), mem))
     }
@@ -582,19 +568,23 @@ impl Run<'_> {
         }
         // ZeRO-1: every rank brings its share of the optimizer state to rank 0 first.
         self.trainer.gather_for_checkpoint()?;
+        // o ≥ 1: the batches already sampled for the next steps go into the buffer (when
+        // stopping, only if the resume could not re-sample them with the weights they need: a
+        // stop waits for the explorer no longer than exactness requires). Data parallel, every
+        // rank gathers its shares of them first (the same decision on every rank: `stop` is).
+        let in_flight = match !stop || !self.feed.resumes_exactly_without_buffer(t) {
+            true => InFlight::Wait,
+            false => InFlight::Drop,
+        };
+        if in_flight == InFlight::Wait {
+            self.feed.gather_in_flight(t, tr.steps)?;
+        }
         if !self.writer() {
             self.last_ckpt =
                 Some(checkpoint::checkpoints_dir(&self.run_dir).join(format!("step-{t}")));
             return Ok(true);
         }
         crate::log::phase(&format!("saving checkpoint step-{t}"));
-        // o ≥ 1: the batches already sampled for the next steps go into the buffer (when
-        // stopping, only if the resume could not re-sample them with the weights they need: a
-        // stop waits for the explorer no longer than exactness requires).
-        let in_flight = match !stop || !self.feed.resumes_exactly_without_buffer(t) {
-            true => InFlight::Wait,
-            false => InFlight::Drop,
-        };
         self.last_ckpt = Some(self.save(t, None, in_flight)?);
         if is_best {
             checkpoint::mark_best(&self.run_dir, t)?;
@@ -605,7 +595,8 @@ impl Run<'_> {
     /// Writes the checkpoint of completed step `t` from every stage's record (rank 0):
     /// `cursor` replaces the feed's (after an error: the cursor right after step `t`);
     /// `in_flight` says what becomes of the explorer's in-flight batches ([`Feed::state`]; they
-    /// follow the feed's cursor, so none are kept when `cursor` differs from it).
+    /// follow the feed's cursor after its last completed step, so none are kept when `cursor`
+    /// differs from it).
     ///
     /// # Errors
     /// A non-finite weight (nothing is written); a sharded optimizer state not gathered; the
@@ -619,7 +610,7 @@ impl Run<'_> {
         checkpoint::ensure_finite(&self.trainer.model)?;
         let trainer = self.trainer.state_dict()?;
         let in_flight = match cursor {
-            Some(c) if c != self.feed.cursor() => InFlight::Drop,
+            Some(c) if c != self.feed.completed_cursor() => InFlight::Drop,
             _ => in_flight,
         };
         let steps = self.cfg.raw.train.steps;
@@ -673,6 +664,21 @@ fn eval_outcome(
              on the saved checkpoint evaluates it again)"
         ))),
     }
+}
+
+/// The failed-update test hook ([`RunOptions::fail_update_at_step`]): an error for step `t` on
+/// rank `rank` when asked, before the trainer runs.
+fn fail_update_if_asked(opts: &RunOptions, t: u64, rank: usize) -> anyhow::Result<()> {
+    let asked = opts.fail_update_at_step == Some(t)
+        || std::env::var("RLVR_DEBUG_FAIL_UPDATE_AT_STEP")
+            .is_ok_and(|s| s == t.to_string() || s == format!("{rank}:{t}"));
+    if asked {
+        bail!(
+            "rank {rank}: a deliberate error while training step {t}, before any weight changed \
+             (RLVR_DEBUG_FAIL_UPDATE_AT_STEP)"
+        );
+    }
+    Ok(())
 }
 
 /// The SIGKILL-resume test hook ([`RunOptions::hang_after_step`]), and the data-parallel ones:

@@ -558,17 +558,28 @@ fn say_resampled(t: u64, first: u64, explorer_version: u64, vo: (u64, u64), last
     ));
 }
 
-/// The checkpoint's in-flight batches (offset `o` ≥ 1): trained on as they were sampled.
+/// The checkpoint's in-flight batches (offset `o` ≥ 1): trained on as they were sampled. Data
+/// parallel, every rank reads them whole (as the gather before the checkpoint left them on every
+/// rank, [`Feed::gather_in_flight`]) and keeps its share of what the environment did: the saved
+/// counts are the whole batch's, kept by rank 0, the other ranks' are zero (so that the run's
+/// sum over the ranks is the whole batch's), at any world size.
 fn in_flight_batches(
     start: &Resumed<'_>,
     o: u64,
     job: &Job,
     step: u64,
 ) -> anyhow::Result<Vec<crate::feed::explorer::Batch>> {
-    let buffered: Vec<crate::feed::explorer::Batch> = match start.ckpt {
-        Some(dir) if o > 0 && !job.is_parallel() => checkpoint::read_buffer(dir)?,
+    let mut buffered: Vec<crate::feed::explorer::Batch> = match start.ckpt {
+        Some(dir) if o > 0 => checkpoint::read_buffer(dir)?,
         _ => Vec::new(),
     };
+    if !job.writer() {
+        for b in &mut buffered {
+            if let Some(e) = b.env.as_mut() {
+                *e = Default::default();
+            }
+        }
+    }
     if !buffered.is_empty() {
         crate::log::log_only(&format!(
             "resume: {} in-flight batch(es) from the checkpoint's buffer (steps {}..={})",

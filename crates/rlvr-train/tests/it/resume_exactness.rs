@@ -1,9 +1,11 @@
-//! Resumes that are not exact (helper W's audit of `Feed::state`'s fallback, docs/runs.md "Resume
-//! exactness"): the checkpoint keeps neither the batches an explorer thread (`sync.offset` ≥ 1)
-//! had in flight nor the weights that sampled them, so the resumed explorer samples those steps
-//! with newer weights. Each test asserts today's behaviour: the resume warns, and the step's
-//! staleness (hence its batch) differs from the uninterrupted run's. The single-process cases
-//! with v > 1 and o ≥ v are tests/it/resume.rs's.
+//! Resume exactness where an explorer thread (`sync.offset` ≥ 1) had batches in flight (helper
+//! W's audit of `Feed::state`'s fallback, docs/runs.md "Resume exactness"). The cases the audit
+//! found now resume exactly (every metric but the time keys bit for bit as the uninterrupted
+//! run's, without the warning): a data-parallel checkpoint (the ranks' in-flight shares gathered
+//! into its buffer), a save after the explorer failed (its own weights kept) and a save after an
+//! error while training a step (its batch kept). A run extended past its last step cannot: the
+//! resume warns and its re-sampled step differs. The single-process cases with v > 1 and o ≥ v
+//! are tests/it/resume.rs's.
 
 use std::path::Path;
 
@@ -11,7 +13,7 @@ use rlvr_dist::{SharedComm, ThreadComm};
 use rlvr_train::config::{RawConfig, ResolvedConfig};
 use rlvr_train::job::Job;
 use rlvr_train::run::{train, train_on, RunOptions};
-use rlvr_train::store::metrics::read_metrics;
+use rlvr_train::store::metrics::{read_metrics, TIME_KEYS};
 
 use crate::common;
 
@@ -26,14 +28,56 @@ fn staleness(run: &Path, step: u64) -> f64 {
 }
 
 fn sets(model: &Path, run: &Path, steps: u64) -> Vec<String> {
+    sets_o(model, run, steps, 1)
+}
+
+/// [`sets`] at sync offset `o`.
+fn sets_o(model: &Path, run: &Path, steps: u64, o: u64) -> Vec<String> {
     let mut s = common::arithmetic_sets(model, run);
     s.extend([
         format!("train.steps={steps}"),
         "train.eval_every=0".into(),
         "sync.interval=1".into(),
-        "sync.offset=1".into(),
+        format!("sync.offset={o}"),
     ]);
     s
+}
+
+/// `part`'s metrics.jsonl is `whole`'s: the same lines and keys, every value but the time keys
+/// bit for bit (as tests/it/resume.rs's `check_resume` compares them).
+fn same_metrics(whole: &Path, part: &Path, what: &str) {
+    let ma = read_metrics(&whole.join("metrics.jsonl")).unwrap();
+    let mb = read_metrics(&part.join("metrics.jsonl")).unwrap();
+    assert_eq!(ma.len(), mb.len(), "{what}: metrics lines differ in number");
+    for (la, lb) in ma.iter().zip(&mb) {
+        assert_eq!(
+            la.keys().collect::<Vec<_>>(),
+            lb.keys().collect::<Vec<_>>(),
+            "{what}: keys of step {}",
+            la["step"]
+        );
+        for (k, va) in la {
+            if !TIME_KEYS.contains(&k.as_str()) {
+                assert_eq!(va, &lb[k], "{what}: step {} {k}", la["step"]);
+            }
+        }
+    }
+}
+
+/// The steps of checkpoint `step-N`'s `trainer_state/buffer.jsonl`, in order.
+fn buffer_steps(run: &Path, n: u64) -> Vec<u64> {
+    let p = run.join(format!("checkpoints/step-{n}/trainer_state/buffer.jsonl"));
+    std::fs::read_to_string(&p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect()
+}
+
+/// checkpoint `step-N`'s `trainer_state/state.json`.
+fn state(run: &Path, n: u64) -> serde_json::Value {
+    let p = run.join(format!("checkpoints/step-{n}/trainer_state/state.json"));
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn resumed(run: &Path, sets: &[String]) -> ResolvedConfig {
@@ -47,6 +91,13 @@ fn resume() -> RunOptions {
         resume: true,
         ..Default::default()
     }
+}
+
+/// train.log of `run`, and whether it holds a resume's "not exact" warning.
+fn log_warns(run: &Path) -> (String, bool) {
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    let warns = log.contains("this resume is not exact");
+    (log, warns)
 }
 
 /// The warning a resume from the checkpoint of step `t` gives when step t+1, which version
@@ -85,36 +136,61 @@ fn a_run_extended_past_its_steps_resamples_and_says_so() {
     assert_eq!(staleness(&part, 4), 1.0);
 }
 
-/// Data parallel (2 ranks): a checkpoint keeps no in-flight batch (each rank holds only its share
-/// before the gather), so a stop after step 1 resumes with step 2 sampled by version 1 instead of
-/// 0. FIXME: gather the in-flight shares into the checkpoint's buffer (every rank is in the
-/// checkpoint), as one process keeps them; then both staleness values are 1 and the warning goes.
-#[test]
-fn a_data_parallel_checkpoint_with_batches_in_flight_resamples_them() {
+/// Data parallel (`world` ≥ 2 ranks of one process, [`ThreadComm`]; one process is
+/// tests/it/resume.rs's `check_resume`) with offset `o`: a stop after step 1 keeps the batches in flight, each rank's share gathered
+/// into the checkpoint's buffer (steps 2..=1+o), and the resume trains on them: every metric as
+/// the uninterrupted run's, no warning. A run that checkpoints every step (gathering its in-flight
+/// batches and going on with them) is the uninterrupted run too.
+fn data_parallel_resumes_exactly(world: usize, o: u64) {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::tiny_model(tmp.path(), 1);
-    let (whole, part) = (tmp.path().join("whole"), tmp.path().join("part"));
+    let (whole, part, every) = (
+        tmp.path().join("whole"),
+        tmp.path().join("part"),
+        tmp.path().join("every"),
+    );
     let dp = |cfg: &ResolvedConfig, opts: &RunOptions| {
-        ThreadComm::run(2, |c| {
+        ThreadComm::run(world, |c| {
             train_on(cfg, opts, Job::over(SharedComm::new(Box::new(c)))).unwrap()
         })
     };
-    let cfg = |run: &Path| {
-        RawConfig::load(None, &sets(&model, run, 3))
-            .unwrap()
-            .resolve()
-            .unwrap()
+    let cfg = |run: &Path, extra: &[&str]| {
+        let mut s = sets_o(&model, run, 4, o);
+        s.extend(extra.iter().map(|x| x.to_string()));
+        RawConfig::load(None, &s).unwrap().resolve().unwrap()
     };
-    dp(&cfg(&whole), &RunOptions::default());
+    dp(&cfg(&whole, &[]), &RunOptions::default());
     // Asked to stop before it starts: the ranks stop together after step 1, saving it.
     let stop = RunOptions::default();
     stop.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let s = dp(&cfg(&part), &stop);
+    let s = dp(&cfg(&part, &[]), &stop);
     assert!(s[0].interrupted && s[0].steps == 1, "{:?}", s[0]);
+    assert_eq!(buffer_steps(&part, 1), (2..=1 + o).collect::<Vec<_>>());
+    assert_eq!(state(&part, 1)["explorer_version"], 1);
     dp(&resumed(&part, &[]), &resume());
-    let log = std::fs::read_to_string(part.join("train.log")).unwrap();
-    assert_eq!(log.matches(&warning(1)).count(), 1, "{log}");
-    assert_eq!((staleness(&whole, 2), staleness(&part, 2)), (1.0, 0.0));
+    let (log, warns) = log_warns(&part);
+    assert!(!warns, "{log}");
+    same_metrics(&whole, &part, &format!("world {world}, o = {o}"));
+    dp(&cfg(&every, &["train.save_every=1"]), &RunOptions::default());
+    // The last two checkpoints are kept: step 3's holds step 4's batch.
+    assert_eq!(buffer_steps(&every, 3), [4]);
+    same_metrics(&whole, &every, &format!("world {world}, o = {o}, saving every step"));
+}
+
+/// Data parallel: a checkpoint keeps the in-flight batches (the ranks' shares gathered into its
+/// buffer), 2 ranks, o = 1 (the audit's case: the resume used to sample step 2 with version 1
+/// instead of 0, and warn).
+#[test]
+fn a_data_parallel_checkpoint_keeps_its_batches_in_flight() {
+    data_parallel_resumes_exactly(2, 1);
+}
+
+/// As above with three ranks (one of which samples no group: 2 prompts a step), and two ranks
+/// at o = 2 (two batches in flight).
+#[test]
+fn a_data_parallel_checkpoint_keeps_them_at_other_world_sizes_and_offsets() {
+    data_parallel_resumes_exactly(3, 1);
+    data_parallel_resumes_exactly(2, 2);
 }
 
 /// An external verifier scoring as tests/it/resume.rs's do, failing (exit 1) on the 4th train
@@ -149,13 +225,12 @@ printf '%s' "$out"
     )
 }
 
-/// The explorer fails (its verifier, on step 4's batch): the save after the error keeps no
-/// in-flight batch, and the resume (verifier mended) samples step 4 with version 3 instead of 2.
-/// FIXME: the explorer thread's own weights are still version 2 (`feed::live`): the save after an
-/// explorer error could keep them as a stop does ([`Feed::state`]'s `Received::Live`), making
-/// this resume exact.
+/// The explorer fails (its verifier, on step 4's batch, the trainer at step 3): the explorer
+/// thread's own weights are still version 2, the failed batch's, so the save after the error
+/// keeps them (and its explorer version) as a stop does, and the resume (verifier mended)
+/// samples step 4 with version 2: every metric as the uninterrupted run's, no warning.
 #[test]
-fn a_save_after_an_explorer_error_resamples_its_batch() {
+fn a_save_after_an_explorer_error_keeps_its_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::tiny_model(tmp.path(), 1);
     let (whole, part) = (tmp.path().join("whole"), tmp.path().join("part"));
@@ -170,9 +245,68 @@ fn a_save_after_an_explorer_error_resamples_its_batch() {
     std::fs::write(vp.join("fail"), "").unwrap();
     let e = format!("{:#}", train(&c, &RunOptions::default()).unwrap_err());
     assert!(e.contains("after step 3"), "{e}");
+    let st = state(&part, 3);
+    assert_eq!(
+        (&st["explorer_version"], &st["explorer_weights"]),
+        (&2.into(), &true.into()),
+        "{st}"
+    );
+    assert_eq!(buffer_steps(&part, 3), Vec::<u64>::new());
+    let (log, _) = log_warns(&part);
+    assert!(
+        log.contains("keeps the batches it finished and its weights (version 2)"),
+        "{log}"
+    );
     std::fs::remove_file(vp.join("fail")).unwrap();
     train(&resumed(&part, &[]), &resume()).unwrap();
-    let log = std::fs::read_to_string(part.join("train.log")).unwrap();
-    assert_eq!(log.matches(&warning(3)).count(), 1, "{log}");
-    assert_eq!((staleness(&whole, 4), staleness(&part, 4)), (1.0, 0.0));
+    let (log, warns) = log_warns(&part);
+    assert!(!warns, "{log}");
+    assert_eq!((staleness(&whole, 4), staleness(&part, 4)), (1.0, 1.0));
+    same_metrics(&whole, &part, "explorer error");
+}
+
+/// An error while training step 4 (the [`RunOptions::fail_update_at_step`] hook, before any
+/// weight changed, as an out-of-memory forward) at offset `o`: the save of step 3 keeps step
+/// 4's batch, already handed out, in its buffer with those in flight after it (o ≥ 1), and the
+/// resume trains on them: every metric as the uninterrupted run's, no warning. At o = 0 (the
+/// inline explorer) the buffer is empty and the resume samples step 4 again, as it was.
+fn an_update_error_resumes_exactly(o: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 1);
+    let (whole, part) = (tmp.path().join("whole"), tmp.path().join("part"));
+    let cfg = |run: &Path| {
+        RawConfig::load(None, &sets_o(&model, run, 6, o))
+            .unwrap()
+            .resolve()
+            .unwrap()
+    };
+    train(&cfg(&whole), &RunOptions::default()).unwrap();
+    let failing = RunOptions {
+        fail_update_at_step: Some(4),
+        ..Default::default()
+    };
+    let e = format!("{:#}", train(&cfg(&part), &failing).unwrap_err());
+    assert!(
+        e.contains("after step 3") && e.contains("a deliberate error while training step 4"),
+        "{e}"
+    );
+    assert_eq!(buffer_steps(&part, 3), (4..=3 + o).collect::<Vec<_>>());
+    train(&resumed(&part, &[]), &resume()).unwrap();
+    let (log, warns) = log_warns(&part);
+    assert!(!warns, "{log}");
+    same_metrics(&whole, &part, &format!("update error, o = {o}"));
+}
+
+/// The audit's case: o = 1, step 4's batch (version 2's) was dropped and re-sampled with
+/// version 3.
+#[test]
+fn a_save_after_an_error_while_training_keeps_that_steps_batch() {
+    an_update_error_resumes_exactly(1);
+}
+
+/// As above with two batches in flight (o = 2) and none (o = 0).
+#[test]
+fn a_save_after_an_update_error_at_other_offsets_resumes_exactly() {
+    an_update_error_resumes_exactly(2);
+    an_update_error_resumes_exactly(0);
 }
