@@ -312,13 +312,18 @@ impl Feed {
     /// steps need no newer weights) and handed out by [`Feed::next`] as usual. The explorer's
     /// version is the one the step after them needs, s(t+o+1) = v·⌊t/v⌋ (DESIGN.md section 3):
     /// the policy's when v divides t, else the last sync's, whose weights the threaded feed
-    /// keeps (`synced`) and the checkpoint saves. The buffer is empty when there is nothing in
-    /// flight (inline, offline), under data parallel (each rank holds only its share before the
-    /// gather), with [`InFlight::Drop`] (a stop that need not wait,
-    /// [`Feed::resumes_exactly_without_buffer`]: the resume re-samples them exactly), with
+    /// keeps (`synced`) and the checkpoint saves. Under data parallel every rank gathered its
+    /// shares of them first ([`Feed::gather_in_flight`]); a save after an error, which the other
+    /// ranks cannot join, keeps none of them. A batch handed out for step t+1 whose update failed
+    /// before changing the weights (a save after that error) comes first in the buffer, whatever
+    /// else it keeps ([`Feed::completed`]). The buffer holds none of the in-flight batches when
+    /// there is nothing in flight (inline, offline), with [`InFlight::Drop`] (a stop that need not
+    /// wait, [`Feed::resumes_exactly_without_buffer`]: the resume re-samples them exactly), with
     /// [`InFlight::TryWait`] when the explorer failed or stopped (a save after an error whose
-    /// cause was the explorer), and when the explorer after them would need weights the feed no
-    /// longer has (the resume then re-samples them with the policy's).
+    /// cause was the explorer: it keeps those finished and the explorer's own weights instead
+    /// when these let the resume sample the rest exactly, as a stop does with
+    /// [`Received::Live`]), and when the explorer after them would need weights the feed no longer
+    /// has (the resume then re-samples them with the policy's).
     ///
     /// `stop`: the run's stop flag, watched while waiting for the explorer. Once it is set a wait
     /// that exactness does not need ends ([`Feed::resumes_exactly_without_buffer`]: the buffer is

@@ -297,6 +297,13 @@ mod tests {
         g.begin_update();
         let r = g.save_after_error(err(), |_, _| panic!("saved a half step"));
         assert!(r.is_err());
+        // An update that failed before changing any weight: step 4 is still whole, and saved.
+        g.update_undone();
+        let r = g.save_after_error(err(), |step, cur| {
+            assert_eq!((step, cur), (4, c(8)));
+            Ok(PathBuf::from("ckpt/step-4"))
+        });
+        assert!(format!("{:#}", r.unwrap_err()).contains("after step 4"));
         // Already saved: no second save; and Ok passes through.
         g.completed(5, c(10));
         g.saved(5);
