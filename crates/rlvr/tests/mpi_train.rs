@@ -4,7 +4,8 @@
 //! absolute; time keys excepted), evaluation and rollouts exactly, weights within 1e-2 × lr;
 //! reruns bit-identical at a fixed world size; rank 0 alone writes the run directory; a run
 //! killed (SIGKILL to the job) after its step-2 checkpoint resumes under mpirun to the
-//! uninterrupted run; a rank that dies ends the job with the last checkpoint intact.
+//! uninterrupted run (bit for bit with an explorer thread's batch in flight, kept whole in the
+//! checkpoint); a rank that dies ends the job with the last checkpoint intact.
 #![cfg(all(unix, feature = "mpi"))]
 
 #[path = "it/common.rs"]
@@ -312,6 +313,55 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
     );
     let d = max_diff(&ckpt(&tmp.path().join("np2"), 4), &ckpt(&killed, 4));
     assert!(f64::from(d) <= 1e-4, "resumed weights differ by {d:e}");
+}
+
+/// `sync.offset = 1` under `mpirun -np 2`: the step-2 checkpoint holds step 3's batch, in flight
+/// when it was written, whole (every rank's share gathered into `buffer.jsonl`), and a run killed
+/// after step 3 resumes from it under mpirun to the uninterrupted run bit for bit (every metric
+/// but the clocks, the weights), without the resume's "not exact" warning.
+#[test]
+fn mpirun_resume_with_batches_in_flight_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let extra = ["sync.interval=1", "sync.offset=1"];
+    let whole = tmp.path().join("whole");
+    let mut c = mpirun(2);
+    train_args(&mut c, &sets(&model, &whole, &extra));
+    ok(&job(&mut c), "uninterrupted");
+    let killed = tmp.path().join("killed");
+    let mut c = mpirun_with(2, &["RLVR_DEBUG_HANG_AFTER_STEP=3"]);
+    train_args(&mut c, &sets(&model, &killed, &extra));
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !metrics_reach(&killed, 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the killed run never reached step 3"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap(); // SIGKILL to mpirun: its ranks go with it
+    child.wait().unwrap();
+    wait_for_ranks_gone(&killed);
+    let buffer = lines(&ckpt(&killed, 2).join("trainer_state/buffer.jsonl"));
+    assert_eq!(buffer.len(), 1);
+    assert_eq!(buffer[0]["step"], 3);
+    // 5 prompts × 8 completions: both ranks' groups (3 + 2).
+    assert_eq!(buffer[0]["experiences"].as_array().unwrap().len(), 40);
+    let mut c = mpirun(2);
+    c.arg("train")
+        .arg("--resume")
+        .arg(&killed)
+        .arg("--no-progress");
+    ok(&job(&mut c), "resume");
+    let log = std::fs::read_to_string(killed.join("train.log")).unwrap();
+    assert!(!log.contains("this resume is not exact"), "{log}");
+    same_metrics(&whole, &killed, true);
+    assert_eq!(max_diff(&ckpt(&whole, 4), &ckpt(&killed, 4)), 0.0);
 }
 
 fn metrics_reach(run: &Path, step: u64) -> bool {

@@ -560,4 +560,38 @@ fn env_metrics_are_the_whole_batchs_at_two_ranks() {
         .collect();
     // Draws 0..5, 5..10, 10..15: groups 0 and 3, 6 and 9, 12 of 5 failed.
     assert_eq!(fracs, [0.4, 0.4, 0.2], "{fracs:?}");
+    // An explorer thread (sync.offset = 1) saving every step: the env counts of a batch are the
+    // whole batch's once, whether gathered by a step or by a checkpoint for its buffer.
+    let o1: Vec<&str> = extra
+        .iter()
+        .copied()
+        .chain(["sync.offset=1", "train.save_every=1"])
+        .collect();
+    check(&o1, &[2]);
+    // And resumed from a checkpoint (a stop after step 1) whose buffer holds step 2's batch,
+    // gathered: the same metrics, env/* included, bit for bit.
+    let whole = tmp.path().join("o1-whole");
+    run(&sets(&model, &whole, &o1), 2, false);
+    let part = tmp.path().join("o1-part");
+    let cfg = RawConfig::load(None, &sets(&model, &part, &o1))
+        .unwrap()
+        .resolve()
+        .unwrap();
+    let stop = RunOptions::default();
+    stop.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let s = ThreadComm::run(2, |c| {
+        train_on(&cfg, &stop, Job::over(SharedComm::new(Box::new(c)))).unwrap()
+    });
+    assert_eq!(s[0].steps, 1);
+    run(&sets(&model, &part, &o1), 2, true);
+    let (a, b) = (lines(&whole, "metrics.jsonl"), lines(&part, "metrics.jsonl"));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert!(x.contains_key("env/error_frac"), "{x:?}");
+        for (k, v) in x {
+            if !TIME_KEYS.contains(&k.as_str()) {
+                assert_eq!(v, &y[k], "step {} {k}", x["step"]);
+            }
+        }
+    }
 }
