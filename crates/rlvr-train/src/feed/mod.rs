@@ -710,7 +710,11 @@ fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batc
     b.rollouts = all_recs.into_iter().take(keep).collect();
     if let Some(e) = b.env.take() {
         let total = env_over_ranks(job, &e)?;
-        b.env = Some(if job.writer() { total } else { Default::default() });
+        b.env = Some(if job.writer() {
+            total
+        } else {
+            Default::default()
+        });
     }
     Ok(b)
 }

@@ -584,7 +584,10 @@ fn env_metrics_are_the_whole_batchs_at_two_ranks() {
     });
     assert_eq!(s[0].steps, 1);
     run(&sets(&model, &part, &o1), 2, true);
-    let (a, b) = (lines(&whole, "metrics.jsonl"), lines(&part, "metrics.jsonl"));
+    let (a, b) = (
+        lines(&whole, "metrics.jsonl"),
+        lines(&part, "metrics.jsonl"),
+    );
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(&b) {
         // Step 0 is the initial evaluation's line.

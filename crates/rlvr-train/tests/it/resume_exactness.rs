@@ -70,7 +70,11 @@ fn buffer_steps(run: &Path, n: u64) -> Vec<u64> {
     std::fs::read_to_string(&p)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect()
 }
 
@@ -171,10 +175,17 @@ fn data_parallel_resumes_exactly(world: usize, o: u64) {
     let (log, warns) = log_warns(&part);
     assert!(!warns, "{log}");
     same_metrics(&whole, &part, &format!("world {world}, o = {o}"));
-    dp(&cfg(&every, &["train.save_every=1"]), &RunOptions::default());
+    dp(
+        &cfg(&every, &["train.save_every=1"]),
+        &RunOptions::default(),
+    );
     // The last two checkpoints are kept: step 3's holds step 4's batch.
     assert_eq!(buffer_steps(&every, 3), [4]);
-    same_metrics(&whole, &every, &format!("world {world}, o = {o}, saving every step"));
+    same_metrics(
+        &whole,
+        &every,
+        &format!("world {world}, o = {o}, saving every step"),
+    );
 }
 
 /// Data parallel: a checkpoint keeps the in-flight batches (the ranks' shares gathered into its
