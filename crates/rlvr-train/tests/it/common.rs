@@ -80,3 +80,47 @@ pub fn arithmetic_sets(model: &Path, run: &Path) -> Vec<String> {
 pub fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
+
+/// A `data.verifier` `--set` for an external verifier script written to `dir/verify.sh` that
+/// scores a completion starting with a digit below 5 as correct (reward 1, else 0), as the
+/// quickstart's task verifier would for these tests' tiny model, and then runs `then`: shell lines
+/// that see `$n` (the batch's item count: 16 for a train batch of these tests, 8 for an
+/// evaluation), `$DIR` (= `dir`) and the script's further arguments from `$2` (`args`), before the
+/// rewards are printed; `then` may exit non-zero or wait, to make the verifier fail or hang at a
+/// chosen batch. `timeout_s`: the verifier's timeout, or the default when `None`.
+pub fn scripted_verifier(dir: &Path, then: &str, args: &[&str], timeout_s: Option<u32>) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = dir.join("verify.sh");
+    std::fs::write(
+        &script,
+        format!(
+            r#"DIR=$1
+n=0
+out=""
+while IFS= read -r line; do
+  n=$((n+1))
+  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
+  case "$comp" in [01234]*) r=1;; *) r=0;; esac
+  out="$out{{\"reward\":$r}}
+"
+done
+{then}
+printf '%s' "$out"
+"#
+        ),
+    )
+    .unwrap();
+    let mut command = vec![
+        "\"sh\"".to_string(),
+        format!("\"{}\"", script.display()),
+        format!("\"{}\"", dir.display()),
+    ];
+    command.extend(args.iter().map(|a| format!("\"{a}\"")));
+    let timeout = timeout_s
+        .map(|t| format!(", timeout_s = {t}"))
+        .unwrap_or_default();
+    format!(
+        "data.verifier={{ kind = \"external\", command = [{}]{timeout} }}",
+        command.join(", ")
+    )
+}

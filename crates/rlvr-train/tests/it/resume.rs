@@ -497,21 +497,10 @@ fn a_stop_with_an_explorer_thread_resumes_exactly() {
 /// and the `k`-th evaluation batch (the only batches of 8 items: `data.arithmetic.test_size`;
 /// the first is step 0's) creates `dir/eval-failing`, waits 2 s, and fails.
 fn verifier_failing_eval(dir: &Path, k: u32) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let script = dir.join("verify.sh");
-    std::fs::write(
-        &script,
-        r#"DIR=$1
-n=0
-out=""
-while IFS= read -r line; do
-  n=$((n+1))
-  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
-  case "$comp" in [01234]*) r=1;; *) r=0;; esac
-  out="$out{\"reward\":$r}
-"
-done
-if [ "$n" = 8 ]; then
+    let k = k.to_string();
+    common::scripted_verifier(
+        dir,
+        r#"if [ "$n" = 8 ]; then
   echo x >> "$DIR/evals"
   if [ "$(wc -l < "$DIR/evals")" -eq "$2" ]; then
     touch "$DIR/eval-failing"
@@ -519,15 +508,9 @@ if [ "$n" = 8 ]; then
     echo "a deliberate evaluation failure" >&2
     exit 1
   fi
-fi
-printf '%s' "$out"
-"#,
-    )
-    .unwrap();
-    format!(
-        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\", \"{k}\"] }}",
-        script.display(),
-        dir.display()
+fi"#,
+        &[&k],
+        None,
     )
 }
 
@@ -774,35 +757,17 @@ fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
 /// `dir/hang-at` creates `dir/hung` and waits for `dir/go` before it answers (a hung reward model
 /// or vLLM server until the verifier's 30 s timeout, when nothing creates it).
 fn verifier_hanging_at(dir: &Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let script = dir.join("verify.sh");
-    std::fs::write(
-        &script,
-        r#"DIR=$1
-n=0
-out=""
-while IFS= read -r line; do
-  n=$((n+1))
-  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
-  case "$comp" in [01234]*) r=1;; *) r=0;; esac
-  out="$out{\"reward\":$r}
-"
-done
-if [ "$n" = 16 ]; then
+    common::scripted_verifier(
+        dir,
+        r#"if [ "$n" = 16 ]; then
   echo x >> "$DIR/batches"
   if [ "$(wc -l < "$DIR/batches")" -eq "$(cat "$DIR/hang-at" 2>/dev/null || echo 0)" ]; then
     touch "$DIR/hung"
     while [ ! -e "$DIR/go" ]; do sleep 0.05; done
   fi
-fi
-printf '%s' "$out"
-"#,
-    )
-    .unwrap();
-    format!(
-        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\"], timeout_s = 30 }}",
-        script.display(),
-        dir.display()
+fi"#,
+        &[],
+        Some(30),
     )
 }
 

@@ -207,32 +207,14 @@ fn a_data_parallel_checkpoint_keeps_them_at_other_world_sizes_and_offsets() {
 /// An external verifier scoring as tests/it/resume.rs's do, failing (exit 1) on the 4th train
 /// batch (16 items) while `dir/fail` exists.
 fn verifier_failing_at_4(dir: &Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let script = dir.join("verify.sh");
-    std::fs::write(
-        &script,
-        r#"DIR=$1
-n=0
-out=""
-while IFS= read -r line; do
-  n=$((n+1))
-  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
-  case "$comp" in [01234]*) r=1;; *) r=0;; esac
-  out="$out{\"reward\":$r}
-"
-done
-if [ "$n" = 16 ]; then
+    common::scripted_verifier(
+        dir,
+        r#"if [ "$n" = 16 ]; then
   echo x >> "$DIR/batches"
   if [ -e "$DIR/fail" ] && [ "$(wc -l < "$DIR/batches")" -eq 4 ]; then echo broken >&2; exit 1; fi
-fi
-printf '%s' "$out"
-"#,
-    )
-    .unwrap();
-    format!(
-        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\"], timeout_s = 30 }}",
-        script.display(),
-        dir.display()
+fi"#,
+        &[],
+        Some(30),
     )
 }
 

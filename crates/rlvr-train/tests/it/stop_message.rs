@@ -14,34 +14,16 @@ use crate::common;
 /// digit below 5 as correct; it creates `dir/scored` after scoring a train batch (16 items), and
 /// holds an evaluation's answer (8 items) until `dir/go` exists (at most 30 s).
 fn verifier_holding_eval(dir: &Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let script = dir.join("verify.sh");
-    std::fs::write(
-        &script,
-        r#"DIR=$1
-n=0
-out=""
-while IFS= read -r line; do
-  n=$((n+1))
-  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
-  case "$comp" in [01234]*) r=1;; *) r=0;; esac
-  out="$out{\"reward\":$r}
-"
-done
-if [ "$n" = 16 ]; then
+    common::scripted_verifier(
+        dir,
+        r#"if [ "$n" = 16 ]; then
   touch "$DIR/scored"
 elif [ "$n" = 8 ]; then
   i=0
   while [ ! -e "$DIR/go" ] && [ "$i" -lt 600 ]; do sleep 0.05; i=$((i+1)); done
-fi
-printf '%s' "$out"
-"#,
-    )
-    .unwrap();
-    format!(
-        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\"], timeout_s = 60 }}",
-        script.display(),
-        dir.display()
+fi"#,
+        &[],
+        Some(60),
     )
 }
 
