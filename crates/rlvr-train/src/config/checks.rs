@@ -836,7 +836,8 @@ fn changed_by_sets(saved: &toml::Table, cfg: &ResolvedConfig) -> anyhow::Result<
 /// A key whose value a `--resume`'s `--set` changed, among those that change what the run
 /// means: `algorithm.*`, `rollout.group_size`, `rollout.temperature` (the behaviour policy's),
 /// `data.*`, `train.seed`, the learning-rate schedule (`train.lr`, `train.min_lr`,
-/// `train.warmup_steps`, `train.schedule`), `sync.max_staleness`
+/// `train.warmup_steps`, `train.schedule`), `sync.max_staleness`, `model.reference` (the KL
+/// term's reference policy; `model.path` has its own check, `check_model_on_resume`)
 /// (`sync.interval`, `sync.offset` and `data.seed` are refused, see [`resume_changes`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResumeChange {
@@ -870,7 +871,7 @@ const FIXED_ON_RESUME: [(&str, &str); 3] = [
 ];
 
 /// Prefixes of the keys whose change by a `--resume` is warned about and recorded.
-const MEANING_ON_RESUME: [&str; 10] = [
+const MEANING_ON_RESUME: [&str; 11] = [
     "algorithm.",
     "rollout.group_size",
     "rollout.temperature",
@@ -881,6 +882,7 @@ const MEANING_ON_RESUME: [&str; 10] = [
     "train.warmup_steps",
     "train.schedule",
     "sync.max_staleness",
+    "model.reference",
 ];
 
 /// The changes a `--resume`'s `--set`s (`cfg.raw.written`) make to the run's `saved` config.toml

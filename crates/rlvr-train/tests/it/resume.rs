@@ -701,13 +701,21 @@ fn a_resume_that_changes_what_the_run_means_is_refused_or_recorded() {
             "train.steps=2".into(),
             "train.lr=0.5".into(),
             "rollout.temperature=0.7".into(),
+            "algorithm.kl_coef=0.01".into(),
+            format!("model.reference={}", model.display()),
         ],
     )
     .unwrap();
     let keys: Vec<&str> = lr.resume_changes.iter().map(|c| c.key.as_str()).collect();
+    // A new KL term and its reference policy change the loss of every later step.
     assert_eq!(
         keys,
-        ["train.lr", "rollout.temperature"],
+        [
+            "train.lr",
+            "rollout.temperature",
+            "algorithm.kl_coef",
+            "model.reference"
+        ],
         "{:?}",
         lr.resume_changes
     );
