@@ -188,13 +188,26 @@ where
     let bar_w = 150;
     for (panel, area) in panels.iter().zip(root.split_evenly((panels.len(), 1))) {
         let (chart_area, bar_area) = area.split_horizontally(width - bar_w);
-        let n = panel
-            .series
-            .iter()
-            .filter_map(|(_, c)| c.as_ref().map(Vec::len))
-            .max()
+        // An empty panel takes its buckets and steps from the metric's other panels, so that its
+        // axes match theirs (not one "bucket 0" over steps 0 to 1).
+        let same = || panels.iter().filter(|p| p.metric == panel.metric);
+        let buckets = |p: &Panel| {
+            p.series
+                .iter()
+                .filter_map(|(_, c)| c.as_ref().map(Vec::len))
+                .max()
+        };
+        let n = buckets(panel)
+            .or_else(|| same().filter_map(buckets).max())
             .unwrap_or(1);
-        let steps: Vec<f64> = panel.series.iter().map(|(s, _)| *s).collect();
+        let mut steps: Vec<f64> = panel.series.iter().map(|(s, _)| *s).collect();
+        if steps.is_empty() {
+            steps = same()
+                .flat_map(|p| p.series.iter().map(|(s, _)| *s))
+                .collect();
+            steps.sort_by(f64::total_cmp);
+            steps.dedup();
+        }
         let (x0, x1) = match (
             steps.iter().cloned().reduce(f64::min),
             steps.iter().cloned().reduce(f64::max),

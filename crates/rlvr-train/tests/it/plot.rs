@@ -853,6 +853,10 @@ fn an_empty_panel_says_why_it_is_empty() {
         ),
         "{words:?}"
     );
+    // The empty panel's axes are the other run's: its three buckets (it once had one "bucket 0"
+    // over steps 0 to 1).
+    let rows = texts.iter().filter(|t| t.text == "bucket 2").count();
+    assert_eq!(rows, 2, "{texts:?}");
     // PNG too (a figure to look at).
     run(
         &[
