@@ -282,24 +282,7 @@ fn mpirun_train_equals_one_process_reruns_bitwise_and_resumes_after_a_kill() {
 
     // Killed after step 3 (the step-2 checkpoint written), resumed under mpirun.
     let killed = tmp.path().join("killed");
-    let mut c = mpirun_with(2, &["RLVR_DEBUG_HANG_AFTER_STEP=3"]);
-    train_args(&mut c, &sets(&model, &killed, &extra));
-    let mut child = c
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !metrics_reach(&killed, 3) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "the killed run never reached step 3"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    child.kill().unwrap(); // SIGKILL to mpirun: its ranks go with it
-    child.wait().unwrap();
-    wait_for_ranks_gone(&killed);
+    kill_after_step_3(&sets(&model, &killed, &extra), &killed);
     let mut c = mpirun(2);
     c.arg("train")
         .arg("--resume")
@@ -329,24 +312,7 @@ fn mpirun_resume_with_batches_in_flight_is_exact() {
     train_args(&mut c, &sets(&model, &whole, &extra));
     ok(&job(&mut c), "uninterrupted");
     let killed = tmp.path().join("killed");
-    let mut c = mpirun_with(2, &["RLVR_DEBUG_HANG_AFTER_STEP=3"]);
-    train_args(&mut c, &sets(&model, &killed, &extra));
-    let mut child = c
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !metrics_reach(&killed, 3) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "the killed run never reached step 3"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    child.kill().unwrap(); // SIGKILL to mpirun: its ranks go with it
-    child.wait().unwrap();
-    wait_for_ranks_gone(&killed);
+    kill_after_step_3(&sets(&model, &killed, &extra), &killed);
     let buffer = lines(&ckpt(&killed, 2).join("trainer_state/buffer.jsonl"));
     assert_eq!(buffer.len(), 1);
     assert_eq!(buffer[0]["step"], 3);
@@ -701,4 +667,28 @@ fn plan_predicts_the_peak_rss_of_each_rank_within_20_percent() {
             "zero {zero}: plan {planned} vs measured {measured}"
         );
     }
+}
+
+/// Runs `rlvr train` with `sets` under `mpirun -np 2`, hanging after step 3 (the step-2
+/// checkpoint written), and SIGKILLs mpirun once `run`'s metrics reach step 3 (its ranks go with
+/// it; returns when they are gone).
+fn kill_after_step_3(sets: &[String], run: &Path) {
+    let mut c = mpirun_with(2, &["RLVR_DEBUG_HANG_AFTER_STEP=3"]);
+    train_args(&mut c, sets);
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !metrics_reach(run, 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the killed run never reached step 3"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for_ranks_gone(run);
 }
