@@ -503,6 +503,53 @@ fn a_rank_that_fails_alone_ends_the_job_at_once() {
     eprintln!("a rank's own error ended the job in {took:?}");
 }
 
+/// Rank 0 fails alone while training step 4 (`RLVR_DEBUG_FAIL_UPDATE_AT_STEP=0:4`, before any
+/// weight changed, as an out of memory on one rank would; rank 1 is then in step 4's
+/// collectives). With `distributed.zero = 1` rank 0 holds only its shard of the optimizer state
+/// and the gather of the others needs rank 1, so it does not try to save step 3 (it used to, and
+/// failed "too"): its error names step-2 as the resume's start, and the resume from there
+/// trains as one process does. Unsharded, rank 0 saves step 3 alone.
+#[test]
+fn mpirun_a_save_after_an_update_error_on_one_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let whole = tmp.path().join("whole");
+    let mut c = rlvr();
+    train_args(&mut c, &sets(&model, &whole, &["distributed.zero=1"]));
+    ok(&c.output().unwrap(), "one process");
+    for zero in [1, 0] {
+        let part = tmp.path().join(format!("part{zero}"));
+        let extra = [format!("distributed.zero={zero}")];
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let mut c = mpirun_with(2, &["RLVR_DEBUG_FAIL_UPDATE_AT_STEP=0:4"]);
+        train_args(&mut c, &sets(&model, &part, &extra));
+        let out = job(&mut c);
+        wait_for_ranks_gone(&part);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the job must fail: {err}");
+        assert!(
+            err.contains("rank 0: a deliberate error while training step 4"),
+            "{err}"
+        );
+        assert!(!err.contains("failed too"), "zero {zero}: {err}");
+        if zero == 0 {
+            assert!(err.contains("after step 3; its state was saved to"), "{err}");
+            assert!(ckpt(&part, 3).join("trainer_state/state.json").is_file());
+            continue;
+        }
+        assert!(
+            err.contains("after step 3; its state is not saved (distributed.zero = 1")
+                && err.contains("starts from the last checkpoint, step-2, and trains step 3 again"),
+            "{err}"
+        );
+        assert!(!ckpt(&part, 3).exists());
+        let mut c = mpirun(2);
+        c.arg("train").arg("--resume").arg(&part).arg("--no-progress");
+        ok(&job(&mut c), "resumed from step-2");
+        same_metrics(&whole, &part, false);
+    }
+}
+
 #[test]
 fn mpirun_sft_equals_one_process() {
     let tmp = tempfile::tempdir().unwrap();

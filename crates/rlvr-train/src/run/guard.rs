@@ -142,6 +142,8 @@ impl Drop for RunGuard {
 /// The last completed step whose state can be saved after an error: the trainer's weights are
 /// those of step `step` and `cursor` is the source cursor right after it. [`begin_update`]
 /// marks the trainer as changing (an error then saves nothing: the weights would be half a step).
+/// Where nothing is saved though steps were completed since the last checkpoint, the error
+/// says which checkpoint `--resume` starts from.
 ///
 /// [`begin_update`]: LastGood::begin_update
 pub(crate) struct LastGood {
@@ -150,6 +152,10 @@ pub(crate) struct LastGood {
     saved: u64,
     updating: bool,
 }
+
+/// Why a save after an error is not tried although the state is whole (the caller knows it
+/// cannot succeed): a phrase completing "its state is not saved: ...".
+pub(crate) type CannotSave = Option<String>;
 
 impl LastGood {
     /// At the run's start (`step` = the resumed checkpoint's step, or 0).
@@ -192,19 +198,61 @@ impl LastGood {
         self.saved
     }
 
+    /// What `rlvr train --resume` starts from when nothing more is saved: the checkpoint of
+    /// the latest saved step, or step 0 when there is none.
+    fn resume_point(&self) -> String {
+        match self.saved {
+            0 => "`rlvr train --resume` starts the run over from step 0 (it has no checkpoint \
+                  yet)"
+                .to_string(),
+            s if s + 1 == self.step => format!(
+                "`rlvr train --resume` starts from the last checkpoint, step-{s}, and trains step \
+                 {} again",
+                self.step
+            ),
+            s => format!(
+                "`rlvr train --resume` starts from the last checkpoint, step-{s}, and trains \
+                 steps {}..={} again",
+                s + 1,
+                self.step
+            ),
+        }
+    }
+
     /// On an error after step 1, saves the last good state with `save(step, cursor)` (as Ctrl-C
-    /// does) unless it is already saved, and says so in the error.
+    /// does) unless it is already saved, and says so in the error. `cannot`: why the save is not
+    /// tried though the state is whole (ZeRO-1 under data parallel: gathering the optimizer's
+    /// shards needs every rank, which an error leaves in different places); the error then says
+    /// plainly which checkpoint the resume starts from, as it does after an error in the middle
+    /// of an optimizer update (the weights half a step, nothing saved).
     pub(crate) fn save_after_error<T>(
         &self,
         r: anyhow::Result<T>,
+        cannot: CannotSave,
         save: impl FnOnce(u64, SourceCursor) -> anyhow::Result<PathBuf>,
     ) -> anyhow::Result<T> {
         let e = match r {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        if self.updating || self.step == 0 || self.step <= self.saved {
+        if self.step == 0 || self.step <= self.saved {
             return Err(e);
+        }
+        if self.updating {
+            return Err(e.context(format!(
+                "stopped by an error during the optimizer update of step {} (the weights are \
+                 part way from step {} to it, so nothing is saved); {}",
+                self.step + 1,
+                self.step,
+                self.resume_point()
+            )));
+        }
+        if let Some(why) = cannot {
+            return Err(e.context(format!(
+                "stopped by an error after step {}; its state is not saved ({why}); {}",
+                self.step,
+                self.resume_point()
+            )));
         }
         match save(self.step, self.cursor) {
             Ok(dir) => Err(e.context(format!(
@@ -251,7 +299,7 @@ mod tests {
         let r: anyhow::Result<()> = Err(disk_full());
         let msg = format!(
             "{:#}",
-            g.save_after_error(r, |_, _| Err(disk_full())).unwrap_err()
+            g.save_after_error(r, None, |_, _| Err(disk_full())).unwrap_err()
         );
         assert_eq!(msg.matches("No space left on device").count(), 1, "{msg}");
         assert!(
@@ -262,7 +310,7 @@ mod tests {
         let r: anyhow::Result<()> = Err(anyhow::anyhow!("verifier broke"));
         let msg = format!(
             "{:#}",
-            g.save_after_error(r, |_, _| Err(disk_full())).unwrap_err()
+            g.save_after_error(r, None, |_, _| Err(disk_full())).unwrap_err()
         );
         assert!(
             msg.contains("saving its state failed too") && msg.contains("verifier broke"),
@@ -277,13 +325,13 @@ mod tests {
         let err = || -> anyhow::Result<()> { Err(anyhow::anyhow!("verifier broke")) };
         let mut g = LastGood::new(0, c(0));
         // Nothing completed yet: nothing to save.
-        let r = g.save_after_error(err(), |_, _| panic!("saved step 0"));
+        let r = g.save_after_error(err(), None, |_, _| panic!("saved step 0"));
         assert_eq!(r.unwrap_err().to_string(), "verifier broke");
         g.begin_update();
         g.completed(4, c(8));
         g.saved(2);
         // Step 4 completed, step 2 saved: step 4 is saved with the cursor right after it.
-        let r = g.save_after_error(err(), |step, cur| {
+        let r = g.save_after_error(err(), None, |step, cur| {
             assert_eq!((step, cur), (4, c(8)));
             Ok(PathBuf::from("ckpt/step-4"))
         });
@@ -295,11 +343,19 @@ mod tests {
         assert!(e.ends_with("verifier broke"), "{e}");
         // Mid-update (weights half way to step 5): no save.
         g.begin_update();
-        let r = g.save_after_error(err(), |_, _| panic!("saved a half step"));
-        assert!(r.is_err());
+        let r = g.save_after_error(err(), None, |_, _| panic!("saved a half step"));
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(
+            e.contains(
+                "during the optimizer update of step 5 (the weights are part way from step 4 to \
+                 it, so nothing is saved); `rlvr train --resume` starts from the last checkpoint, \
+                 step-2, and trains steps 3..=4 again"
+            ) && e.ends_with("verifier broke"),
+            "{e}"
+        );
         // An update that failed before changing any weight: step 4 is still whole, and saved.
         g.update_undone();
-        let r = g.save_after_error(err(), |step, cur| {
+        let r = g.save_after_error(err(), None, |step, cur| {
             assert_eq!((step, cur), (4, c(8)));
             Ok(PathBuf::from("ckpt/step-4"))
         });
@@ -308,10 +364,49 @@ mod tests {
         g.completed(5, c(10));
         g.saved(5);
         assert!(g
-            .save_after_error(err(), |_, _| panic!("saved twice"))
+            .save_after_error(err(), None, |_, _| panic!("saved twice"))
             .is_err());
         assert!(g
-            .save_after_error(Ok(()), |_, _| panic!("no error"))
+            .save_after_error(Ok(()), None, |_, _| panic!("no error"))
             .is_ok());
+    }
+
+    /// A whole state the caller knows cannot be saved (ZeRO-1 under data parallel) is not
+    /// tried: the error says why and which checkpoint the resume starts from (step-2, or step 0
+    /// without one), never "saving its state failed too".
+    #[test]
+    fn a_state_that_cannot_be_saved_is_not_tried_and_the_resume_point_is_named() {
+        let c = |g| SourceCursor::Offline { groups: g };
+        let err = || -> anyhow::Result<()> { Err(anyhow::anyhow!("out of memory")) };
+        let why = || Some("the optimizer state is sharded".to_string());
+        let mut g = LastGood::new(0, c(0));
+        g.begin_update();
+        g.completed(3, c(6));
+        g.saved(2);
+        let r = g.save_after_error(err(), why(), |_, _| panic!("tried a save it cannot make"));
+        let e = format!("{:#}", r.unwrap_err());
+        assert_eq!(
+            e,
+            "stopped by an error after step 3; its state is not saved (the optimizer state is \
+             sharded); `rlvr train --resume` starts from the last checkpoint, step-2, and trains \
+             step 3 again: out of memory"
+        );
+        let mut g = LastGood::new(0, c(0));
+        g.completed(1, c(2));
+        let e = format!(
+            "{:#}",
+            g.save_after_error(err(), why(), |_, _| panic!("saved"))
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("starts the run over from step 0 (it has no checkpoint yet)"),
+            "{e}"
+        );
+        assert!(!e.contains("failed too"), "{e}");
+        // Step 3 already saved: nothing to say beyond the error.
+        let mut g = LastGood::new(3, c(6));
+        g.saved(3);
+        let e = g.save_after_error(err(), why(), |_, _| panic!("saved"));
+        assert_eq!(e.unwrap_err().to_string(), "out of memory");
     }
 }

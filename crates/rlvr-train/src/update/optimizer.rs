@@ -279,6 +279,13 @@ impl OptimizerStep {
         })
     }
 
+    /// Whether [`OptimizerStep::record`] can give the state now: unsharded, or sharded and
+    /// gathered since the last update (a save after an error, which the other ranks do not
+    /// join, cannot gather it).
+    pub fn can_record(&self) -> bool {
+        !self.is_sharded() || self.gathered.is_some()
+    }
+
     /// Continues from a checkpoint's `record` after `update_count` updates.
     ///
     /// # Errors

@@ -303,3 +303,92 @@ fn a_save_after_an_update_error_at_other_offsets_resumes_exactly() {
     an_update_error_resumes_exactly(2);
     an_update_error_resumes_exactly(0);
 }
+
+/// Data parallel (2 ranks of one process) at offset 1, `extra` set, with an error while training
+/// step 4 on every rank ([`RunOptions::fail_update_at_step`], before any weight changed) in a
+/// run that checkpoints every 2 steps; `failed` checks rank 0's error (as text) and the failed
+/// run's directory, which is then resumed (`--resume`, no hook) to its end. Returns the
+/// uninterrupted run's directory and the resumed one's.
+fn data_parallel_update_error(
+    tmp: &Path,
+    extra: &[&str],
+    failed: impl FnOnce(&str, &Path),
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let model = common::tiny_model(tmp, 1);
+    let (whole, part) = (tmp.join("whole"), tmp.join("part"));
+    let cfg = |run: &Path| {
+        let mut s = sets_o(&model, run, 6, 1);
+        s.push("train.save_every=2".into());
+        s.extend(extra.iter().map(|x| x.to_string()));
+        RawConfig::load(None, &s).unwrap().resolve().unwrap()
+    };
+    let dp = |cfg: &ResolvedConfig, opts: &RunOptions| {
+        ThreadComm::run(2, |c| {
+            train_on(cfg, opts, Job::over(SharedComm::new(Box::new(c))))
+                .map_err(|e| format!("{e:#}"))
+        })
+    };
+    for r in dp(&cfg(&whole), &RunOptions::default()) {
+        r.unwrap();
+    }
+    let failing = RunOptions {
+        fail_update_at_step: Some(4),
+        ..Default::default()
+    };
+    let r = dp(&cfg(&part), &failing);
+    let e = r[0].as_ref().unwrap_err().clone();
+    assert!(r[1].is_err(), "rank 1 failed too");
+    assert!(e.contains("a deliberate error while training step 4"), "{e}");
+    failed(&e, &part);
+    for r in dp(&resumed(&part, &[]), &resume()) {
+        r.unwrap();
+    }
+    (whole, part)
+}
+
+/// ZeRO-1 (`distributed.zero = 1`): rank 0 holds only its shard of the optimizer state, and
+/// gathering the others needs every rank, so the save after the error is not tried (it used to
+/// fail with "saving its state failed too: ... was not gathered"); the error says the resume
+/// starts from checkpoint step-2, which it does: steps 3-6 again, every metric as the
+/// uninterrupted run's.
+#[test]
+fn zero_1_a_save_after_an_update_error_is_not_tried_and_names_the_resume_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let failed = |e: &str, part: &Path| {
+        assert!(!e.contains("failed too"), "{e}");
+        assert!(
+            e.contains(
+                "stopped by an error after step 3; its state is not saved (distributed.zero = 1 \
+                 shards the optimizer state over the ranks"
+            ) && e.contains(
+                "`rlvr train --resume` starts from the last checkpoint, step-2, and trains step \
+                 3 again"
+            ),
+            "{e}"
+        );
+        assert!(!part.join("checkpoints/step-3").exists());
+        assert_eq!(state(part, 2)["step"], 2);
+    };
+    let (whole, part) =
+        data_parallel_update_error(tmp.path(), &["distributed.zero=1"], failed);
+    let (log, warns) = log_warns(&part);
+    assert!(!warns, "{log}");
+    assert!(log.contains("its state is not saved"), "{log}");
+    same_metrics(&whole, &part, "ZeRO-1, update error at step 4");
+}
+
+/// Unsharded data parallel: rank 0 holds the whole state and saves step 3 alone, with step 4's
+/// batch (handed out whole, gathered) in its buffer, which at o = 1 is every batch in flight:
+/// the resume is exact.
+#[test]
+fn data_parallel_a_save_after_an_update_error_keeps_that_steps_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let failed = |e: &str, part: &Path| {
+        assert!(e.contains("after step 3; its state was saved to"), "{e}");
+        assert_eq!(buffer_steps(part, 3), [4]);
+    };
+    let (whole, part) = data_parallel_update_error(tmp.path(), &[], failed);
+    let (log, warns) = log_warns(&part);
+    assert!(!warns, "{log}");
+    same_metrics(&whole, &part, "data parallel, update error at step 4");
+}
