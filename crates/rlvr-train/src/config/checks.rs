@@ -712,6 +712,8 @@ impl ResolvedConfig {
         }
         cfg.warnings
             .extend(check_model_on_resume(run_dir, &saved, &cfg, &path, &cwd)?);
+        cfg.warnings
+            .extend(check_reference_on_resume(run_dir, &cfg, &path)?);
         if let Some(dir) = crate::store::checkpoint::latest(run_dir)? {
             let p = dir.join("trainer_state/state.json");
             let st: TrainerState = serde_json::from_str(
@@ -790,6 +792,43 @@ fn check_model_on_resume(
         run_dir,
         recorded.as_ref().map(|(p, id)| (p.as_path(), id)),
         (&from_config, now, &origin),
+    )
+}
+
+/// A `--resume`'s `model.reference` (in the run's config.toml, `file`, perhaps edited, or a
+/// `--set` that keeps its value) checked against the reference `run_dir`'s run.json records
+/// ([`crate::store::model_identity::check_reference_on_resume`]), when the algorithm loads one
+/// (`algorithm.kl_coef` ≠ 0) and no `--set` changes it (that change is warned about and recorded
+/// in `resume_changes`, see [`resume_changes`]): the warning it gives, if any.
+///
+/// # Errors
+/// Another reference than the run's, named with what differs.
+fn check_reference_on_resume(
+    run_dir: &Path,
+    cfg: &ResolvedConfig,
+    file: &Path,
+) -> anyhow::Result<Option<String>> {
+    let set = cfg.resume_changes.iter().any(|c| c.key == "model.reference");
+    if set || !cfg.algorithm.needs_reference() {
+        return Ok(None);
+    }
+    let origin = cfg
+        .raw
+        .written
+        .0
+        .iter()
+        .rev()
+        .find(|w| w.key == "model.reference")
+        .map_or_else(|| file.display().to_string(), |w| w.origin.clone());
+    let recorded = crate::store::run_json::recorded_reference(run_dir);
+    let recorded = recorded
+        .as_ref()
+        .map(|r| r.as_ref().map(|(p, id)| (p.as_path(), id)));
+    crate::store::model_identity::check_reference_on_resume(
+        run_dir,
+        recorded,
+        cfg.raw.model.reference.as_deref(),
+        &origin,
     )
 }
 

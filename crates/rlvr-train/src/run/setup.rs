@@ -761,6 +761,17 @@ fn prepare_run_dir(cfg: &ResolvedConfig, run_dir: &Path, resume: bool) -> anyhow
     rlvr_model::weights::atomic_write(&run_dir.join("config.toml"), cfg.to_toml()?.as_bytes())?;
     crate::store::run_json::write_run_json(run_dir, cfg.raw.train.seed, resume)?;
     record_model(run_dir, &cfg.raw.model.path, resume)?;
+    // The KL reference's identity, which a `--resume` checks `model.reference` against
+    // (`config::checks`): recorded again on every resume, after that check passed (a moved copy
+    // gets its new path, a `--set model.reference` its new model).
+    let reference = cfg.raw.model.reference.as_deref();
+    if !crate::store::run_json::record_reference(run_dir, reference)? {
+        crate::log::log_only(&format!(
+            "note: model.reference {} cannot be read, so run.json records no identity of the \
+             run's reference; a --resume will not check it",
+            reference.map_or(String::new(), |p| p.display().to_string())
+        ));
+    }
     let changes = cfg
         .resume_changes
         .iter()

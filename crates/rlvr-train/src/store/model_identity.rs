@@ -235,6 +235,114 @@ pub fn check_on_resume(
     )
 }
 
+/// The reference recorded in run.json as [`check_reference_on_resume`] takes it: `None` for a
+/// run.json without `"reference"`, `Some(None)` for a run without `model.reference`, else its
+/// path and identity.
+pub type RecordedReference<'a> = Option<Option<(&'a Path, &'a Value)>>;
+
+/// What a `--resume` whose `model.reference` is `now` (`None`: unset, so the KL reference is
+/// `model.path`'s model, which [`check_on_resume`] checks) does about the reference recorded in
+/// `run_dir`'s run.json (`recorded`), where `now`'s value comes from `origin` (the run's
+/// config.toml, edited, or a `--set` that left the value as it was: a `--set` that changes it
+/// is a recorded resume change, warned about and not checked here). A reference that is the
+/// same model (the same files; moved or copied) goes on; anything else is refused, as
+/// `model.path`'s change is, because it would change every later step's KL term without a
+/// trace in run.json's `resume_changes`. Returns a warning for train.log, if any (moved; or
+/// unchanged path that is not a directory here, as for `model.path`).
+///
+/// # Errors
+/// Another reference than the run's: a reference added, removed, or another model (at the same
+/// path or another), naming both, what differs and what to do.
+pub fn check_reference_on_resume(
+    run_dir: &Path,
+    recorded: RecordedReference<'_>,
+    now: Option<&Path>,
+    origin: &str,
+) -> anyhow::Result<Option<String>> {
+    let run_json = run_dir.join("run.json");
+    let on_purpose = "or change the reference on purpose with --set model.reference=PATH (warned \
+                      about, and recorded in run.json's `resume_changes`)";
+    let (was_path, was) = match (recorded, now) {
+        // A run started before the reference was recorded: nothing to check against.
+        (None, _) | (Some(None), None) => return Ok(None),
+        (Some(None), Some(p)) => anyhow::bail!(
+            "model.reference is {} ({origin}), but the run started without one ({} records \
+             none: its KL reference was model.path's model): the steps after the checkpoint \
+             would take their KL term against another model. Resume without model.reference, \
+             {on_purpose}",
+            p.display(),
+            run_json.display()
+        ),
+        (Some(Some((w, _))), None) => anyhow::bail!(
+            "model.reference is not set ({origin}), but the run's KL reference was {} ({} \
+             records it): the steps after the checkpoint would take their KL term against \
+             model.path's model instead. Resume with model.reference = {:?}, {on_purpose}",
+            w.display(),
+            run_json.display(),
+            w.display().to_string()
+        ),
+        (Some(Some(r)), Some(_)) => r,
+    };
+    let now = now.unwrap_or(was_path);
+    let moved = was_path != now;
+    if !now.is_dir() {
+        if !moved {
+            return Ok(Some(format!(
+                "model.reference {} is not a directory here, so it cannot be checked against \
+                 the reference {} records; the resume fails if it needs it (algorithm.kl_coef \
+                 ≠ 0)",
+                now.display(),
+                run_json.display()
+            )));
+        }
+        anyhow::bail!(
+            "model.reference changes from {} (the run's reference, recorded in {}) to {} \
+             ({origin}), which is not a model directory; resume with model.reference = {:?} or a \
+             copy of it, {on_purpose}",
+            was_path.display(),
+            run_json.display(),
+            now.display(),
+            was_path.display().to_string()
+        );
+    }
+    let diff = differences(was, &identity(now)?);
+    if diff.is_empty() {
+        return Ok(moved.then(|| {
+            format!(
+                "model.reference is {} ({origin}), the run's reference was at {} ({}): the same \
+                 model (its config, tokenizer and weights files match), so the run goes on with \
+                 it",
+                now.display(),
+                was_path.display(),
+                run_json.display()
+            )
+        }));
+    }
+    let lead = if moved {
+        format!(
+            "model.reference changes from {} (the run's reference, recorded in {}) to {} \
+             ({origin}), another model",
+            was_path.display(),
+            run_json.display(),
+            now.display()
+        )
+    } else {
+        format!(
+            "model.reference {} ({origin}) no longer holds the model the run's KL reference was \
+             ({} records it)",
+            now.display(),
+            run_json.display()
+        )
+    };
+    anyhow::bail!(
+        "{lead}: {}. The KL term of every step after the checkpoint would be taken against \
+         another model than the steps before it. Resume with model.reference = {:?} as it was (a \
+         moved or copied directory is accepted when its files are the same), {on_purpose}",
+        diff.join("; "),
+        was_path.display().to_string()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,3 +120,52 @@ pub(crate) fn record_model(run_dir: &Path, model: &Path) -> anyhow::Result<bool>
     record(run_dir, "model", id)?;
     Ok(true)
 }
+
+/// The run's KL reference as RUN_DIR/run.json records it (`"reference"`, written by
+/// [`record_reference`]): `None` when run.json has no such key (a run started before it was
+/// recorded, or whose `model.reference` could not be read), `Some(None)` when the run had no
+/// `model.reference` (its reference is `model.path`'s model, which `"model"` identifies), else
+/// `Some(Some((path, identity)))`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn recorded_reference(
+    run_dir: &Path,
+) -> Option<Option<(std::path::PathBuf, serde_json::Value)>> {
+    let v = read(&run_dir.join("run.json"))?;
+    let r = v.get("reference")?;
+    if r.is_null() {
+        return Some(None);
+    }
+    let path = r.get("path")?.as_str()?;
+    r.get("files")?;
+    Some(Some((path.into(), r.clone())))
+}
+
+/// Records the run's `model.reference` as RUN_DIR/run.json's `"reference"`: its path and identity
+/// ([`crate::store::model_identity::identity`], as `"model"` records `model.path`), or `null`
+/// for none (the reference is `model.path`'s model), keeping the other keys. Returns whether it
+/// did: a directory that cannot be read is left unrecorded (and an earlier record removed, so
+/// that no stale identity is checked against).
+///
+/// # Errors
+/// I/O errors writing run.json.
+pub(crate) fn record_reference(run_dir: &Path, reference: Option<&Path>) -> anyhow::Result<bool> {
+    let Some(dir) = reference else {
+        record(run_dir, "reference", serde_json::Value::Null)?;
+        return Ok(true);
+    };
+    let Ok(mut id) = crate::store::model_identity::identity(dir) else {
+        let path = run_dir.join("run.json");
+        if let Some(mut v) = read(&path) {
+            if v.as_object_mut().and_then(|o| o.remove("reference")).is_some() {
+                rlvr_model::weights::atomic_write(
+                    &path,
+                    serde_json::to_string_pretty(&v)?.as_bytes(),
+                )?;
+            }
+        }
+        return Ok(false);
+    };
+    id["path"] = json!(dir.display().to_string());
+    record(run_dir, "reference", id)?;
+    Ok(true)
+}
