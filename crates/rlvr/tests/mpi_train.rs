@@ -533,7 +533,10 @@ fn mpirun_a_save_after_an_update_error_on_one_rank() {
         );
         assert!(!err.contains("failed too"), "zero {zero}: {err}");
         if zero == 0 {
-            assert!(err.contains("after step 3; its state was saved to"), "{err}");
+            assert!(
+                err.contains("after step 3; its state was saved to"),
+                "{err}"
+            );
             assert!(ckpt(&part, 3).join("trainer_state/state.json").is_file());
             continue;
         }
@@ -544,7 +547,10 @@ fn mpirun_a_save_after_an_update_error_on_one_rank() {
         );
         assert!(!ckpt(&part, 3).exists());
         let mut c = mpirun(2);
-        c.arg("train").arg("--resume").arg(&part).arg("--no-progress");
+        c.arg("train")
+            .arg("--resume")
+            .arg(&part)
+            .arg("--no-progress");
         ok(&job(&mut c), "resumed from step-2");
         same_metrics(&whole, &part, false);
     }

@@ -808,7 +808,10 @@ fn check_reference_on_resume(
     cfg: &ResolvedConfig,
     file: &Path,
 ) -> anyhow::Result<Option<String>> {
-    let set = cfg.resume_changes.iter().any(|c| c.key == "model.reference");
+    let set = cfg
+        .resume_changes
+        .iter()
+        .any(|c| c.key == "model.reference");
     if set || !cfg.algorithm.needs_reference() {
         return Ok(None);
     }

@@ -299,7 +299,8 @@ mod tests {
         let r: anyhow::Result<()> = Err(disk_full());
         let msg = format!(
             "{:#}",
-            g.save_after_error(r, None, |_, _| Err(disk_full())).unwrap_err()
+            g.save_after_error(r, None, |_, _| Err(disk_full()))
+                .unwrap_err()
         );
         assert_eq!(msg.matches("No space left on device").count(), 1, "{msg}");
         assert!(
@@ -310,7 +311,8 @@ mod tests {
         let r: anyhow::Result<()> = Err(anyhow::anyhow!("verifier broke"));
         let msg = format!(
             "{:#}",
-            g.save_after_error(r, None, |_, _| Err(disk_full())).unwrap_err()
+            g.save_after_error(r, None, |_, _| Err(disk_full()))
+                .unwrap_err()
         );
         assert!(
             msg.contains("saving its state failed too") && msg.contains("verifier broke"),

@@ -156,7 +156,10 @@ pub(crate) fn record_reference(run_dir: &Path, reference: Option<&Path>) -> anyh
     let Ok(mut id) = crate::store::model_identity::identity(dir) else {
         let path = run_dir.join("run.json");
         if let Some(mut v) = read(&path) {
-            if v.as_object_mut().and_then(|o| o.remove("reference")).is_some() {
+            if v.as_object_mut()
+                .and_then(|o| o.remove("reference"))
+                .is_some()
+            {
                 rlvr_model::weights::atomic_write(
                     &path,
                     serde_json::to_string_pretty(&v)?.as_bytes(),

@@ -338,7 +338,10 @@ fn data_parallel_update_error(
     let r = dp(&cfg(&part), &failing);
     let e = r[0].as_ref().unwrap_err().clone();
     assert!(r[1].is_err(), "rank 1 failed too");
-    assert!(e.contains("a deliberate error while training step 4"), "{e}");
+    assert!(
+        e.contains("a deliberate error while training step 4"),
+        "{e}"
+    );
     failed(&e, &part);
     for r in dp(&resumed(&part, &[]), &resume()) {
         r.unwrap();
@@ -369,8 +372,7 @@ fn zero_1_a_save_after_an_update_error_is_not_tried_and_names_the_resume_point()
         assert!(!part.join("checkpoints/step-3").exists());
         assert_eq!(state(part, 2)["step"], 2);
     };
-    let (whole, part) =
-        data_parallel_update_error(tmp.path(), &["distributed.zero=1"], failed);
+    let (whole, part) = data_parallel_update_error(tmp.path(), &["distributed.zero=1"], failed);
     let (log, warns) = log_warns(&part);
     assert!(!warns, "{log}");
     assert!(log.contains("its state is not saved"), "{log}");

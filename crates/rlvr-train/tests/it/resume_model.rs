@@ -309,13 +309,19 @@ fn a_resume_checks_the_reference_as_it_checks_the_model() {
     assert_eq!(train(&cfg, &resume).unwrap().steps, 3);
     let meta = run_json(&run);
     assert_eq!(meta["reference"]["path"], other.display().to_string());
-    assert_eq!(meta["resume_changes"][0]["key"], "model.reference", "{meta}");
+    assert_eq!(
+        meta["resume_changes"][0]["key"], "model.reference",
+        "{meta}"
+    );
     // config.toml now names `other`; the first reference, written back, is another model.
     let now = std::fs::read_to_string(&config).unwrap();
     assert!(now.contains(&quoted(&other)), "{now}");
     std::fs::write(&config, now.replace(&quoted(&other), &quoted(&reference))).unwrap();
     let e = err(&run, &steps(4));
-    assert!(e.contains("another model: model.safetensors differs ("), "{e}");
+    assert!(
+        e.contains("another model: model.safetensors differs ("),
+        "{e}"
+    );
 }
 
 /// A run without `model.reference` (its KL reference is `model.path`'s model) records
@@ -335,7 +341,10 @@ fn a_reference_added_to_a_run_without_one_is_refused_unless_set() {
     let cfg = RawConfig::load(None, &s).unwrap().resolve().unwrap();
     train(&cfg, &RunOptions::default()).unwrap();
     let meta = run_json(&run);
-    assert!(meta["reference"].is_null() && meta.get("reference").is_some(), "{meta}");
+    assert!(
+        meta["reference"].is_null() && meta.get("reference").is_some(),
+        "{meta}"
+    );
     let config = run.join("config.toml");
     let text = std::fs::read_to_string(&config).unwrap();
     let added = text.replacen(
