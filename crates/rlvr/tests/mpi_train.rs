@@ -5,7 +5,9 @@
 //! reruns bit-identical at a fixed world size; rank 0 alone writes the run directory; a run
 //! killed (SIGKILL to the job) after its step-2 checkpoint resumes under mpirun to the
 //! uninterrupted run (bit for bit with an explorer thread's batch in flight, kept whole in the
-//! checkpoint); a rank that dies ends the job with the last checkpoint intact.
+//! checkpoint); a rank that dies ends the job with the last checkpoint intact; an error of rank 0
+//! alone in a step's update saves the step before, or with ZeRO-1 (whose shards need every rank)
+//! names the checkpoint the resume starts from.
 #![cfg(all(unix, feature = "mpi"))]
 
 #[path = "it/common.rs"]
