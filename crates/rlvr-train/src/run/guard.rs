@@ -151,6 +151,8 @@ pub(crate) struct LastGood {
     cursor: SourceCursor,
     saved: u64,
     updating: bool,
+    /// The error about to end the run is one every rank met at the same point.
+    together: bool,
 }
 
 /// Why a save after an error is not tried although the state is whole (the caller knows it
@@ -165,7 +167,23 @@ impl LastGood {
             cursor,
             saved: step,
             updating: false,
+            together: false,
         }
+    }
+
+    /// The error about to end the run is one every rank of a data-parallel run meets at the same
+    /// point (`train.max_skipped_in_row`: the step's report is the whole batch's), so the ranks
+    /// can still gather together what the save after it needs ([`LastGood::gather_due`]).
+    pub(crate) fn stopped_together(&mut self) {
+        self.together = true;
+    }
+
+    /// The step whose save after the error the ranks gather for together, when they stopped
+    /// together and a save is due (a whole step after step 0, not saved yet): the same answer on
+    /// every rank, which all keep the same record.
+    pub(crate) fn gather_due(&self) -> Option<u64> {
+        (self.together && !self.updating && self.step > 0 && self.step > self.saved)
+            .then_some(self.step)
     }
 
     /// The trainer starts changing the weights of the step after `self.step`.

@@ -172,6 +172,16 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
+    // An error every rank met at the same point: the ranks gather what rank 0's save needs (the
+    // ZeRO-1 shards, the batches in flight) as a checkpoint does; otherwise they cannot.
+    if let (Err(_), Some(step), true) = (&result, good.gather_due(), run.job.is_parallel()) {
+        if let Err(e) = run.gather_for_save(step) {
+            crate::log::log_only(&format!(
+                "note: the ranks could not gather the state of step {step} for its save after \
+                 the error ({e:#})"
+            ));
+        }
+    }
     let result = if writer {
         // The in-flight batches too, unless the explorer failed: the resume then trains on what
         // the uninterrupted run would have (they were sampled with weights it no longer has).
@@ -252,7 +262,9 @@ impl Run<'_> {
             self.console(t, &line);
             show_progress(bar, t, &rep, &line);
             self.check_signal(t, &rep, &line)?;
-            self.check_skipped(t, &rep)?;
+            // (every rank meets this one at the same point: the report is the whole batch's)
+            self.check_skipped(t, &rep)
+                .inspect_err(|_| good.stopped_together())?;
             // checkpoint: every train.save_every steps, at the end, at a new best, on stop (on
             // every rank when any rank was asked to stop)
             let stop = self.job.any(opts.stop.load(Ordering::SeqCst))?;
@@ -597,6 +609,18 @@ impl Run<'_> {
             checkpoint::mark_best(&self.run_dir, t)?;
         }
         Ok(true)
+    }
+
+    /// Data parallel, on every rank together after an error they all met at the same point
+    /// ([`LastGood::gather_due`]): what the save of step `t` needs from every rank, as
+    /// [`Run::checkpoint`] gathers it (a sharded optimizer's state to rank 0, the shares of the
+    /// batches in flight).
+    ///
+    /// # Errors
+    /// A failed collective; the explorer's error.
+    fn gather_for_save(&mut self, t: u64) -> anyhow::Result<()> {
+        self.trainer.gather_for_checkpoint()?;
+        self.feed.gather_in_flight(t, self.cfg.raw.train.steps)
     }
 
     /// Writes the checkpoint of completed step `t` from every stage's record (rank 0):

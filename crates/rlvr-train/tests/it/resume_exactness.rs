@@ -394,3 +394,71 @@ fn data_parallel_a_save_after_an_update_error_keeps_that_steps_batch() {
     assert!(!warns, "{log}");
     same_metrics(&whole, &part, "data parallel, update error at step 4");
 }
+
+/// An error every rank meets at the same point (`train.max_skipped_in_row`: a huge learning rate
+/// makes the steps non-finite, and the step's report is the whole batch's) under ZeRO-1: the
+/// ranks gather the optimizer's shards together, so rank 0's save after the error is the
+/// checkpoint one process writes (the same step, state, explorer version and cursor, the whole
+/// optimizer state) instead of "not saved" (or, before, "saving its state failed too"). With an
+/// explorer thread the same gather brings the batches in flight (`Run::gather_for_save`); this
+/// run is inline (o = 0) because at o = 1 the diverged weights fail the explorer's sampling (one
+/// rank's error) before two steps in a row are skipped.
+#[test]
+fn zero_1_an_error_every_rank_meets_is_saved_with_the_gathered_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let (one, dp) = (tmp.path().join("one"), tmp.path().join("dp"));
+    let cfg = |run: &Path| {
+        let mut s = sets_o(&model, run, 8, 0);
+        s.extend([
+            "train.lr=1e30".to_string(),
+            "train.grad_clip=0".into(),
+            "train.max_skipped_in_row=2".into(),
+            "distributed.zero=1".into(),
+        ]);
+        RawConfig::load(None, &s).unwrap().resolve().unwrap()
+    };
+    let e1 = format!(
+        "{:#}",
+        train(&cfg(&one), &RunOptions::default()).unwrap_err()
+    );
+    let c = cfg(&dp);
+    let r = ThreadComm::run(2, |comm| {
+        train_on(
+            &c,
+            &RunOptions::default(),
+            Job::over(SharedComm::new(Box::new(comm))),
+        )
+        .map_err(|e| format!("{e:#}"))
+    });
+    let e = r[0].as_ref().unwrap_err();
+    assert!(r[1].is_err());
+    let step = |e: &str| -> u64 {
+        let at = e.find("stopped by an error after step ").unwrap() + 31;
+        e[at..].split(';').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        e.contains("2 steps in a row") && e.contains("its state was saved to"),
+        "{e}"
+    );
+    assert!(e1.contains("its state was saved to"), "{e1}");
+    let n = step(e);
+    assert_eq!(n, step(&e1), "{e}\n{e1}");
+    let (mut s1, mut s2) = (state(&one, n), state(&dp, n));
+    assert_eq!(
+        (&s1["world_size"], &s2["world_size"]),
+        (&1.into(), &2.into())
+    );
+    s1["world_size"] = 0.into();
+    s2["world_size"] = 0.into();
+    assert_eq!(s1, s2);
+    // Written only when false.
+    assert!(s2.get("optimizer_saved").is_none(), "{s2}");
+    let opt = |run: &Path| {
+        std::fs::read(run.join(format!(
+            "checkpoints/step-{n}/trainer_state/optimizer.safetensors"
+        )))
+        .unwrap()
+    };
+    assert_eq!(opt(&one).len(), opt(&dp).len());
+}
