@@ -172,10 +172,10 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
-    // An error every rank met at the same point: the ranks gather what rank 0's save needs (the
-    // ZeRO-1 shards, the batches in flight) as a checkpoint does; otherwise they cannot.
+    // An error every rank met at the same point: the ranks gather the ZeRO-1 shards for rank
+    // 0's save, as a checkpoint does; otherwise they cannot.
     if let (Err(_), Some(step), true) = (&result, good.gather_due(), run.job.is_parallel()) {
-        if let Err(e) = run.gather_for_save(step) {
+        if let Err(e) = run.gather_for_save() {
             crate::log::log_only(&format!(
                 "note: the ranks could not gather the state of step {step} for its save after \
                  the error ({e:#})"
@@ -612,15 +612,16 @@ impl Run<'_> {
     }
 
     /// Data parallel, on every rank together after an error they all met at the same point
-    /// ([`LastGood::gather_due`]): what the save of step `t` needs from every rank, as
-    /// [`Run::checkpoint`] gathers it (a sharded optimizer's state to rank 0, the shares of the
-    /// batches in flight).
+    /// ([`LastGood::gather_due`]): a sharded optimizer's state brought to rank 0 for the save
+    /// of the step, as [`Run::checkpoint`] does. Not the shares of the batches in flight: an
+    /// explorer thread sampling with diverged weights (the error is `train.max_skipped_in_row`)
+    /// may fail while the others wait for its share, which would leave them in the gather and
+    /// lose the save (the resume then samples those batches again, and says so).
     ///
     /// # Errors
-    /// A failed collective; the explorer's error.
-    fn gather_for_save(&mut self, t: u64) -> anyhow::Result<()> {
-        self.trainer.gather_for_checkpoint()?;
-        self.feed.gather_in_flight(t, self.cfg.raw.train.steps)
+    /// A failed collective.
+    fn gather_for_save(&mut self) -> anyhow::Result<()> {
+        self.trainer.gather_for_checkpoint()
     }
 
     /// Writes the checkpoint of completed step `t` from every stage's record (rank 0):

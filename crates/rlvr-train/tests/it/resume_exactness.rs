@@ -399,10 +399,9 @@ fn data_parallel_a_save_after_an_update_error_keeps_that_steps_batch() {
 /// makes the steps non-finite, and the step's report is the whole batch's) under ZeRO-1: the
 /// ranks gather the optimizer's shards together, so rank 0's save after the error is the
 /// checkpoint one process writes (the same step, state, explorer version and cursor, the whole
-/// optimizer state) instead of "not saved" (or, before, "saving its state failed too"). With an
-/// explorer thread the same gather brings the batches in flight (`Run::gather_for_save`); this
-/// run is inline (o = 0) because at o = 1 the diverged weights fail the explorer's sampling (one
-/// rank's error) before two steps in a row are skipped.
+/// optimizer state) instead of "not saved" (or, before, "saving its state failed too"). Inline
+/// (o = 0): at o = 1 the diverged weights fail the explorer's sampling (one rank's error) before
+/// two steps in a row are skipped.
 #[test]
 fn zero_1_an_error_every_rank_meets_is_saved_with_the_gathered_shards() {
     let tmp = tempfile::tempdir().unwrap();
