@@ -262,9 +262,7 @@ impl Run<'_> {
             self.console(t, &line);
             show_progress(bar, t, &rep, &line);
             self.check_signal(t, &rep, &line)?;
-            // (every rank meets this one at the same point: the report is the whole batch's)
-            self.check_skipped(t, &rep)
-                .inspect_err(|_| good.stopped_together())?;
+            self.check_skipped(t, &rep, good)?;
             // checkpoint: every train.save_every steps, at the end, at a new best, on stop (on
             // every rank when any rank was asked to stop)
             let stop = self.job.any(opts.stop.load(Ordering::SeqCst))?;
@@ -502,14 +500,22 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Counts non-finite (skipped) steps in a row and stops at `train.max_skipped_in_row`.
-    fn check_skipped(&mut self, t: u64, rep: &StepReport) -> anyhow::Result<()> {
+    /// Counts non-finite (skipped) steps in a row and stops at `train.max_skipped_in_row`: an
+    /// error every rank meets at the same point (the report is the whole batch's), which `good`
+    /// is told ([`LastGood::stopped_together`]).
+    fn check_skipped(
+        &mut self,
+        t: u64,
+        rep: &StepReport,
+        good: &mut LastGood,
+    ) -> anyhow::Result<()> {
         self.skipped_in_row = if rep.skipped {
             self.skipped_in_row + 1
         } else {
             0
         };
         if self.skipped_in_row >= self.cfg.raw.train.max_skipped_in_row {
+            good.stopped_together();
             bail!(
                 "{} in a row (the last: step {t}) had a non-finite loss or gradient; \
                  stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
