@@ -116,7 +116,8 @@ struct Run<'a> {
 ///
 /// # Errors
 /// Config, data, model and I/O errors with context; `train.max_skipped_in_row` non-finite steps in a
-/// row abort with a message naming the last good checkpoint; a launcher environment that
+/// row abort with a message naming the step whose weights the run still has and its last
+/// checkpoint (the save after the error then writes the last skipped step's state); a launcher environment that
 /// contradicts itself; a world size above 1 in a build without the `mpi` feature.
 pub fn train(cfg: &ResolvedConfig, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let d = &cfg.raw.distributed;
@@ -518,9 +519,11 @@ impl Run<'_> {
             good.stopped_together();
             bail!(
                 "{} in a row (the last: step {t}) had a non-finite loss or gradient; \
-                 stopping. The last good checkpoint is {}. Lower train.lr, set train.grad_clip, or check \
-                 the rewards and behaviour log-probs of the data",
+                 stopping. A skipped step changes no weight and no optimizer moment, so the \
+                 weights are still step {}'s (the last checkpoint written: {}). Lower train.lr, set \
+                 train.grad_clip, or check the rewards and behaviour log-probs of the data",
                 crate::log::counted(u64::from(self.skipped_in_row), "step"),
+                t - u64::from(self.skipped_in_row),
                 self.last_ckpt
                     .as_ref()
                     .map(|p| p.display().to_string())

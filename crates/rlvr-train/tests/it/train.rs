@@ -309,7 +309,8 @@ fn stop_flag_saves_and_resume_finishes() {
 }
 
 /// Non-finite steps are skipped (`skipped: true`, no update) and M in a row abort with a clear
-/// message.
+/// message: the step whose weights the run still has, its checkpoint, and the save after it (it
+/// used to name "the last good checkpoint" and then save a later one).
 #[test]
 fn non_finite_steps_are_skipped_then_abort() {
     let tmp = tempfile::tempdir().unwrap();
@@ -326,10 +327,25 @@ fn non_finite_steps_are_skipped_then_abort() {
     let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
     let err = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
     assert!(err.contains("2 steps in a row"), "{err}");
-    assert!(err.contains("last good checkpoint"), "{err}");
     let m = metrics(&rd);
     let skipped: Vec<bool> = m.iter().map(|l| l["skipped"].as_bool().unwrap()).collect();
     assert_eq!(&skipped[skipped.len() - 2..], &[true, true]);
+    // The message names the step whose weights the run still has (the last one not skipped) and
+    // its checkpoint, then where the save after the error put the last skipped step's state.
+    let (last, good) = (m.len(), m.len() - 2);
+    assert!(
+        err.contains(&format!(
+            "the weights are still step {good}'s (the last checkpoint written: {})",
+            rd.join(format!("checkpoints/step-{good}")).display()
+        )),
+        "{err}"
+    );
+    let saved = rd.join(format!("checkpoints/step-{last}"));
+    assert!(
+        err.contains(&format!("its state was saved to {}", saved.display())),
+        "{err}"
+    );
+    assert!(saved.join("trainer_state/state.json").exists());
 }
 
 /// One non-finite step with `train.max_skipped_in_row = 1` is said in the singular ("1 step in a
