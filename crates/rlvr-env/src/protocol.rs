@@ -98,16 +98,22 @@ pub enum FinishReason {
     Budget,
     /// A stop id other than the end-of-turn token ended the turn.
     Eos,
+    /// rlvr failed the episode (unscorable) while the program still holds its state: sent by the
+    /// process client to a restarted program for an episode whose replay differed
+    /// ([`crate::replay`]), so the program can free what it keeps for it (an addition to
+    /// DESIGN.md section 14, "Closing failed replays"). Its reply's reward is not read.
+    Error,
 }
 
 impl FinishReason {
-    /// The protocol's name: `max_turns`, `length`, `budget`, `eos`.
+    /// The protocol's name: `max_turns`, `length`, `budget`, `eos`, `error`.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::MaxTurns => "max_turns",
             FinishReason::Length => "length",
             FinishReason::Budget => "budget",
             FinishReason::Eos => "eos",
+            FinishReason::Error => "error",
         }
     }
 }
