@@ -409,10 +409,7 @@ pub fn episode_summary(
         })
         .collect();
     let turns: Vec<f64> = eps.iter().map(|(_, e)| f64::from(e.turns)).collect();
-    let lens: Vec<f64> = eps
-        .iter()
-        .map(|(_, e)| e.completion_len() as f64)
-        .collect();
+    let lens: Vec<f64> = eps.iter().map(|(_, e)| e.completion_len() as f64).collect();
     let mut out = vec![(
         "reward/mean".to_string(),
         serde_json::json!(

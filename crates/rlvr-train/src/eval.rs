@@ -76,9 +76,9 @@ pub struct EpisodeRecord {
     pub error: Option<String>,
     /// The transcript: `{"role", "content"}` per assistant turn and environment message.
     pub transcript: Vec<serde_json::Value>,
-    /// The turn structure of the episode's completion tokens: each assistant turn (sampled, mask
-    /// 1) and bridge (the environment's reply rendered, mask 0) in order, with its turn, first
-    /// index and length in tokens (as `rlvr generate --env`'s `segments`).
+    /// The turn structure of the episode's completion tokens: each assistant turn (sampled, its
+    /// mask 1s) and each bridge (the environment's reply rendered, its mask 0s) in order, with
+    /// its turn, first index and length in tokens (as `rlvr generate --env`'s `segments`).
     pub segments: Vec<crate::feed::episodes::Segment>,
 }
 

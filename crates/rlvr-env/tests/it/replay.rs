@@ -328,10 +328,7 @@ fn a_restarted_program_gets_finish_for_each_episode_whose_replay_differed() {
     assert_eq!(env.kept_episodes(), 0);
     drop(env);
     let text = std::fs::read_to_string(&ledger).unwrap();
-    let second: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("2 "))
-        .collect();
+    let second: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("2 ")).collect();
     assert_eq!(
         second,
         [

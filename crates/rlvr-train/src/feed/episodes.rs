@@ -595,7 +595,7 @@ impl EpisodeRunner {
                 None if tools.is_some() => anyhow::bail!(
                     "group {}: the episode has tools but its prompt is the dataset's rendered \
                      text, which cannot be rendered again with them: have the environment's \
-                     reset reply give `messages` too",
+                     reset reply give `messages` (or `dialogue`) too",
                     p.draw
                 ),
                 None => p.ids.to_vec(),

@@ -517,6 +517,101 @@ fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
     assert!(v.get("time/env_s").is_none(), "{v}");
 }
 
+/// An environment that starts every episode from a few-shot dialogue (`reset`'s `dialogue`: a
+/// system message, one solved example with its assistant answer, then the row's question), or,
+/// with the argument `messages`, puts that dialogue in `messages` (refused: assistant turns);
+/// one turn, reward 0.
+const DIALOGUE_ENV: &str = r#"
+import json, sys
+key = sys.argv[1]
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], key: [
+                {"role": "system", "content": "0"}, {"role": "user", "content": "1+1="},
+                {"role": "assistant", "content": "2"},
+                {"role": "user", "content": e["row"]["question"]}]} for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "reward": 0.0, "done": True, "messages": []}
+               for e in req["episodes"]]}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// `reset`'s `dialogue` (an addition to DESIGN.md section 14): an episode starts from a prompt
+/// holding assistant turns, rendered by the chat template as the prompt (each role as the
+/// template writes it), so the dialogue is never part of the completion (not trained on: the
+/// completion is the sampled turn alone). The same dialogue in `messages` stops the run, naming
+/// `dialogue`.
+#[test]
+fn eval_env_episodes_start_from_a_reset_dialogue_with_assistant_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("dialogue_env.py");
+    std::fs::write(&script, DIALOGUE_ENV).unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    // Each role its own mark, in characters the tiny tokenizer has.
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{% if m.role == 'assistant' %}#{% elif m.role == 'system' %}*\
+         {% else %}-{% endif %}{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}#{% endif %}",
+    )
+    .unwrap();
+    let extra = |key: &str| -> Vec<String> {
+        [
+            "--env".to_string(),
+            "--set".into(),
+            format!(
+                "env.command=[\"python3\", \"{}\", \"{key}\"]",
+                script.display()
+            ),
+            "--set".into(),
+            format!("env.chat_template=\"{}\"", tpl.display()),
+            "--set".into(),
+            "env.max_episode_tokens=16".into(),
+        ]
+        .to_vec()
+    };
+    let (_, items) = eval_five(&extra("dialogue"));
+    assert_eq!(items.len(), 160);
+    for x in &items {
+        let i = x["index"].as_u64().unwrap();
+        let question = format!("{}+{}=", i % 10, (i + 3) % 10);
+        assert_eq!(
+            x["prompt"],
+            format!(
+                "*0<|endoftext|>\n-1+1=<|endoftext|>\n#2<|endoftext|>\n-{question}<|endoftext|>\n#"
+            ),
+            "{x}"
+        );
+        // The completion is the one sampled turn: the dialogue's tokens are the prompt's.
+        let ep = &x["episode"];
+        assert_eq!(ep["turns"], 1, "{x}");
+        let segs = ep["segments"].as_array().unwrap();
+        assert_eq!(segs.len(), 1, "{x}");
+        assert_eq!(
+            (&segs[0]["kind"], &segs[0]["start"]),
+            (&"assistant".into(), &0.into())
+        );
+        assert!(segs[0]["len"].as_u64().unwrap() <= 4, "{x}");
+        assert_eq!(
+            ep["transcript"].as_array().unwrap().len(),
+            1,
+            "only the sampled turn: {x}"
+        );
+    }
+    let err = std::panic::catch_unwind(|| eval_five(&extra("messages"))).unwrap_err();
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("role is \"assistant\"") && msg.contains("goes in \"dialogue\""),
+        "{msg}"
+    );
+}
+
 /// Plain `rlvr eval` (no `--env`) whose verifier fails partway (an external command that exits 1
 /// on problem 2's batch; one problem of two samples per batch: `rollout.max_batch_rows = 2`)
 /// writes the items of problems 0 and 1 to `--out`, each line as a complete evaluation writes it
