@@ -79,7 +79,7 @@ pub struct EpisodeRecord {
     /// The turn structure of the episode's completion tokens: each assistant turn (sampled, its
     /// mask 1s) and each bridge (the environment's reply rendered, its mask 0s) in order, with
     /// its turn, first index and length in tokens (as `rlvr generate --env`'s `segments`).
-    pub segments: Vec<crate::feed::episodes::Segment>,
+    pub segments: Vec<crate::store::experience::Segment>,
 }
 
 impl EpisodeRecord {
