@@ -22,8 +22,10 @@
 //!   A replayed reply whose observations (`reset`: messages and tools; `step`: messages and
 //!   `done`) differ from the original's, or that fails the episode, makes that episode
 //!   unscorable (the environment is not deterministic across a restart) and it is left out of the
-//!   request. A death during a replay is a restart like any other (bounded by the same limit),
-//!   and the replay starts again on the next program.
+//!   request; unless the program failed it itself, the program is then sent `finish` with reason
+//!   `error` for it (it holds the episode's replayed state, and no later request names it). A
+//!   death during a replay is a restart like any other (bounded by the same limit), and the
+//!   replay starts again on the next program.
 //!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
 //!   silent program is not restarted: the run stops at once rather than after every restart's
 //!   timeout.
@@ -143,6 +145,8 @@ pub struct ProcessEnvironment {
     /// Episodes replayed, and of them those whose replay differed, over the client's life.
     replayed: u64,
     diverged: u64,
+    /// Of those, the ones closed with `finish` (reason `error`) on the program holding them.
+    closed: u64,
 }
 
 /// Why one exchange failed.
@@ -192,6 +196,7 @@ impl ProcessEnvironment {
             history: History::default(),
             replayed: 0,
             diverged: 0,
+            closed: 0,
         };
         env.ensure_started()?;
         Ok(env)
@@ -413,6 +418,8 @@ impl ProcessEnvironment {
             return Ok(());
         }
         let mut failed: std::collections::HashMap<&str, String> = Default::default();
+        // Of those, the ones the program failed itself (an `error` entry): it knows they ended.
+        let mut own: std::collections::HashSet<&str> = Default::default();
         let resets: Vec<ResetEpisode> = stale
             .iter()
             .map(|id| self.history.get(id).expect("kept").reset.clone())
@@ -421,7 +428,10 @@ impl ProcessEnvironment {
         let raw = self.exchange_once(Kind::Reset, &line, &stale)?;
         for (id, r) in stale.iter().zip(raw) {
             let why = match r {
-                Err(m) => Some(format!("its replayed reset failed the episode: {m}")),
+                Err(m) => {
+                    own.insert(id);
+                    Some(format!("its replayed reset failed the episode: {m}"))
+                }
                 Ok(v) => {
                     let reply = protocol::parse_reset(&v, id).map_err(Failure::Fatal)?;
                     let original = &self.history.get(id).expect("kept").reset_reply;
@@ -455,10 +465,13 @@ impl ProcessEnvironment {
             steps += these.len();
             for ((id, (e, original)), r) in these.iter().zip(&sent).zip(raw) {
                 let why = match r {
-                    Err(m) => Some(format!(
-                        "its replayed step {} failed the episode: {m}",
-                        e.turn
-                    )),
+                    Err(m) => {
+                        own.insert(id);
+                        Some(format!(
+                            "its replayed step {} failed the episode: {m}",
+                            e.turn
+                        ))
+                    }
                     Ok(v) => {
                         let reply = protocol::parse_step(&v, id).map_err(Failure::Fatal)?;
                         replay::step_differs(original, &reply).map(|f| {
@@ -477,6 +490,13 @@ impl ProcessEnvironment {
         self.replayed += stale.len() as u64;
         self.diverged += failed.len() as u64;
         let differed = failed.len();
+        // The failed episodes the program did not fail itself: it holds their state (their
+        // replayed reset, maybe steps), and no later request names them. Closed below.
+        let close: Vec<&str> = stale
+            .iter()
+            .copied()
+            .filter(|id| failed.contains_key(id) && !own.contains(id))
+            .collect();
         for id in &stale {
             match failed.remove(id) {
                 Some(why) => {
@@ -507,6 +527,34 @@ impl ProcessEnvironment {
         if let Some(log) = &self.log {
             log.write(line.as_bytes());
         }
+        self.close(&close)
+    }
+
+    /// Sends `finish` with reason `error` for the episodes `ids`, which rlvr failed while the
+    /// running program holds their state (their replay differed), so that it frees what it keeps
+    /// for them (DESIGN.md section 14's additions, "Closing failed replays"). They are already
+    /// forgotten: a death here restarts the program without replaying them. The replies' rewards
+    /// and episode errors are not read (the episodes are unscorable already); a malformed reply
+    /// stops the run, as any reply's.
+    fn close(&mut self, ids: &[&str]) -> Result<(), Failure> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let eps: Vec<FinishEpisode> = ids
+            .iter()
+            .map(|id| FinishEpisode {
+                id: (*id).to_string(),
+                reason: protocol::FinishReason::Error,
+            })
+            .collect();
+        let line = protocol::request_line(Kind::Finish, protocol::finish_episodes(&eps));
+        let raw = self.exchange_once(Kind::Finish, &line, ids)?;
+        for (id, r) in ids.iter().zip(raw) {
+            if let Ok(v) = r {
+                protocol::parse_finish(&v, id).map_err(Failure::Fatal)?;
+            }
+        }
+        self.closed += ids.len() as u64;
         Ok(())
     }
 
@@ -578,6 +626,7 @@ impl Environment for ProcessEnvironment {
             restarts: u64::from(self.restarts),
             replayed: self.replayed,
             diverged: self.diverged,
+            closed: self.closed,
         }
     }
 

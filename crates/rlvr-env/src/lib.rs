@@ -131,4 +131,7 @@ pub struct Faults {
     pub replayed: u64,
     /// Replayed episodes whose replies differed from the originals (each failed, unscorable).
     pub diverged: u64,
+    /// Of those, the ones sent `finish` with reason `error` (all but those the program failed
+    /// itself), so that the program holding their state frees it.
+    pub closed: u64,
 }

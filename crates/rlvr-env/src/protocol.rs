@@ -98,16 +98,22 @@ pub enum FinishReason {
     Budget,
     /// A stop id other than the end-of-turn token ended the turn.
     Eos,
+    /// rlvr failed the episode (unscorable) while the program still holds its state: sent by the
+    /// process client to a restarted program for an episode whose replay differed
+    /// ([`crate::replay`]), so the program can free what it keeps for it (an addition to
+    /// DESIGN.md section 14, "Closing failed replays"). Its reply's reward is not read.
+    Error,
 }
 
 impl FinishReason {
-    /// The protocol's name: `max_turns`, `length`, `budget`, `eos`.
+    /// The protocol's name: `max_turns`, `length`, `budget`, `eos`, `error`.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::MaxTurns => "max_turns",
             FinishReason::Length => "length",
             FinishReason::Budget => "budget",
             FinishReason::Eos => "eos",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -124,7 +130,10 @@ pub struct FinishEpisode {
 /// A `reset` reply for one episode.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ResetReply {
-    /// `None` keeps the dataset's prompt; a list (system/user messages) replaces it.
+    /// `None` keeps the dataset's prompt; a list replaces it: the reply's `messages`
+    /// (system/user messages), or its `dialogue` (system, user and assistant messages ending
+    /// with a user one: a few-shot dialogue, an addition to DESIGN.md section 14), rendered by
+    /// the chat template as the prompt either way.
     pub messages: Option<Vec<Message>>,
     /// OpenAI-style function schemas for the chat template's `tools`, keys in their order.
     pub tools: Option<Vec<Json>>,
@@ -386,11 +395,11 @@ fn reward_of(e: &Json, what: &str, id: &str) -> Result<Option<f64>, EnvError> {
 
 fn messages_of(
     e: &Json,
-    allowed: &[&str],
+    (key, allowed): (&str, &[&str]),
     what: &str,
     id: &str,
 ) -> Result<Option<Vec<Message>>, EnvError> {
-    match e.get("messages") {
+    match e.get(key) {
         None | Some(Json::Null) => Ok(None),
         Some(Json::Array(ms)) => ms
             .iter()
@@ -398,14 +407,14 @@ fn messages_of(
             .map(|(i, m)| {
                 Message::from_reply(m, allowed).map_err(|why| {
                     EnvError::Protocol(format!(
-                        "{what} reply for episode {id:?}, messages[{i}]: {why}"
+                        "{what} reply for episode {id:?}, {key}[{i}]: {why}"
                     ))
                 })
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some),
         Some(other) => Err(EnvError::Protocol(format!(
-            "{what} reply for episode {id:?}: \"messages\" must be a list or null, not {}",
+            "{what} reply for episode {id:?}: \"{key}\" must be a list or null, not {}",
             other.kind()
         ))),
     }
@@ -416,7 +425,7 @@ fn messages_of(
 pub fn reply_keys(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Hello => &[],
-        Kind::Reset => &["id", "error", "messages", "tools"],
+        Kind::Reset => &["id", "error", "messages", "dialogue", "tools"],
         Kind::Step => &["id", "error", "messages", "reward", "done"],
         Kind::Finish => &["id", "error", "reward"],
     }
@@ -487,10 +496,49 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// A `reset` reply of episode `id`.
 ///
 /// # Errors
-/// [`EnvError::Protocol`]: messages that are not a list of system/user messages, tools that are
+/// [`EnvError::Protocol`]: messages that are not a list of system/user messages (an assistant
+/// one: the error names `dialogue`), a `dialogue` that is not a non-empty list of system, user
+/// and assistant messages ending with a user one, both `messages` and `dialogue`, tools that are
 /// not a list of objects.
 pub fn parse_reset(e: &Json, id: &str) -> Result<ResetReply, EnvError> {
-    let messages = messages_of(e, &["system", "user"], "reset", id)?;
+    let messages = messages_of(e, ("messages", &["system", "user"]), "reset", id).map_err(
+        |err| match err {
+            EnvError::Protocol(m) if m.contains("role is \"assistant\"") => {
+                EnvError::Protocol(format!(
+                    "{m} (a prompt with assistant turns, a few-shot dialogue, goes in \
+                     \"dialogue\" instead of \"messages\")"
+                ))
+            }
+            other => other,
+        },
+    )?;
+    let dialogue = messages_of(
+        e,
+        ("dialogue", &["system", "user", "assistant"]),
+        "reset",
+        id,
+    )?;
+    let messages = match (messages, dialogue) {
+        (Some(_), Some(_)) => {
+            return Err(EnvError::Protocol(format!(
+                "reset reply for episode {id:?} gives both \"messages\" and \"dialogue\": \
+                 give one (\"dialogue\" when the prompt holds assistant turns)"
+            )))
+        }
+        (None, Some(d)) => match d.last().map(|m| m.role.as_str()) {
+            Some("user") => Some(d),
+            last => {
+                return Err(EnvError::Protocol(format!(
+                    "reset reply for episode {id:?}: \"dialogue\" must end with a user message \
+                     (the model answers it); {}",
+                    last.map_or("it is empty".to_string(), |r| format!(
+                        "its last message's role is {r:?}"
+                    ))
+                )))
+            }
+        },
+        (m, None) => m,
+    };
     let tools = match e.get("tools") {
         None | Some(Json::Null) => None,
         Some(Json::Array(ts)) => {
@@ -519,7 +567,7 @@ pub fn parse_reset(e: &Json, id: &str) -> Result<ResetReply, EnvError> {
 /// [`EnvError::Protocol`]: messages that are not tool/user messages, a reward that is not a
 /// finite number, a `done` that is not a boolean.
 pub fn parse_step(e: &Json, id: &str) -> Result<StepReply, EnvError> {
-    let messages = messages_of(e, &["tool", "user"], "step", id)?.unwrap_or_default();
+    let messages = messages_of(e, ("messages", &["tool", "user"]), "step", id)?.unwrap_or_default();
     let done = match e.get("done") {
         None | Some(Json::Null) => false,
         Some(Json::Bool(b)) => *b,
@@ -550,6 +598,69 @@ pub fn parse_finish(e: &Json, id: &str) -> Result<FinishReply, EnvError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `dialogue` (an addition to section 14): a reset prompt with assistant turns, read into
+    /// [`ResetReply::messages`] in its order; `messages` still refuses an assistant message
+    /// (naming `dialogue`); both at once, a dialogue not ending with a user message, or a tool
+    /// message in it are refused; an old reply without it reads as before.
+    #[test]
+    fn a_reset_dialogue_carries_assistant_turns_into_the_prompt() {
+        let parse = |s: &str| parse_reset(&Json::parse(s).unwrap(), "0:0");
+        let r = parse(
+            r#"{"id":"0:0","dialogue":[{"role":"system","content":"Add."},
+                {"role":"user","content":"1+1"},{"role":"assistant","content":"2"},
+                {"role":"user","content":"2+3"}],"tools":null}"#,
+        )
+        .unwrap();
+        let got: Vec<(&str, &str)> = r
+            .messages
+            .as_deref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("system", "Add."),
+                ("user", "1+1"),
+                ("assistant", "2"),
+                ("user", "2+3")
+            ]
+        );
+        // Old replies: unchanged.
+        let old = parse(r#"{"id":"0:0","messages":[{"role":"user","content":"q"}]}"#).unwrap();
+        assert_eq!(old.messages.unwrap()[0].content, "q");
+        assert_eq!(parse(r#"{"id":"0:0"}"#).unwrap(), ResetReply::default());
+        assert_eq!(
+            parse(r#"{"id":"0:0","messages":null,"dialogue":null}"#).unwrap(),
+            ResetReply::default()
+        );
+        let err = |s: &str| parse(s).unwrap_err().to_string();
+        let e = err(r#"{"id":"0:0","messages":[{"role":"assistant","content":"2"}]}"#);
+        assert!(
+            e.contains("messages[0]") && e.contains("goes in \"dialogue\""),
+            "{e}"
+        );
+        let e = err(r#"{"id":"0:0","messages":[{"role":"user","content":"q"}],
+                "dialogue":[{"role":"user","content":"q"}]}"#);
+        assert!(e.contains("both \"messages\" and \"dialogue\""), "{e}");
+        let e = err(r#"{"id":"0:0","dialogue":[{"role":"user","content":"q"},
+                {"role":"assistant","content":"a"}]}"#);
+        assert!(
+            e.contains("must end with a user message") && e.contains("\"assistant\""),
+            "{e}"
+        );
+        let e = err(r#"{"id":"0:0","dialogue":[]}"#);
+        assert!(e.contains("it is empty"), "{e}");
+        let e = err(r#"{"id":"0:0","dialogue":[{"role":"tool","content":"21"}]}"#);
+        assert!(e.contains("dialogue[0]") && e.contains("\"tool\""), "{e}");
+        let e = err(r#"{"id":"0:0","dialogue":"q"}"#);
+        assert!(e.contains("\"dialogue\" must be a list or null"), "{e}");
+        // Read, so never warned about as an unknown key.
+        let v = Json::parse(r#"{"id":"0:0","dialogue":null}"#).unwrap();
+        assert!(unread_keys(Kind::Reset, &v).is_empty());
+    }
 
     #[test]
     fn requests_are_written_in_the_documented_shape() {

@@ -8,7 +8,10 @@
 //! `step`s in order (lock-step batches over those episodes), before the request itself. The
 //! replayed replies are compared with the originals: the model's later turns were conditioned on
 //! the original observations, so an episode whose replay answers differently cannot be scored and
-//! fails with an error saying that the environment is not deterministic across a restart.
+//! fails with an error saying that the environment is not deterministic across a restart. The
+//! program that got the replay holds that episode's state, so the client then sends it `finish`
+//! with reason `error` for the episode (unless the program failed the replay itself), and the
+//! program can free what it keeps for it.
 //!
 //! Compared: a `reset` reply's `messages` and `tools` (the prompt the model saw), a `step`
 //! reply's `messages` (the observation it saw) and `done` (whether the episode went on). Not

@@ -316,6 +316,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let episode_tokens = raw.env.episode_tokens(evaluator.settings.max_new_tokens);
     let mut items = Vec::new();
+    let mut env_stats = crate::feed::episodes::EnvStats::default();
     let result = eval_on_backend(
         &raw.rollout,
         &evaluator,
@@ -324,7 +325,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         runner
             .as_mut()
             .map(|r| (r, raw.env.builtin.is_some(), episode_tokens)),
-        &mut items,
+        (&mut items, &mut env_stats),
     )
     .map_err(|e| name_env_log(e, env_log.as_deref()));
     let r = match (result, &a.out) {
@@ -363,7 +364,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     });
     if a.env {
         if let Some(m) = summary.as_object_mut() {
-            m.extend(episode_summary(&items));
+            m.extend(episode_summary(&items, &env_stats, raw.env.max_turns));
         }
     }
     writeln!(out, "{summary}")?;
@@ -372,42 +373,52 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 
 /// What `rlvr eval --env`'s episodes did, under the names training's metrics.jsonl gives them
 /// (docs/environments.md): `reward/mean` (the episodes' reward, over those the environment did
-/// not fail; null when it failed all, or for none), `env/turns/mean`, `env/error_frac` and
-/// `env/finish/<end>` (the share of the episodes that ended by `done`, `max_turns`, `length`,
-/// `budget` or `eos`). `accuracy` alone says only how many earned a reward above 0.
-pub fn episode_summary(items: &[EvalItem]) -> Vec<(String, serde_json::Value)> {
+/// not fail; null when it failed all, or for none), then every `env/*` metric of a training
+/// step, computed by the same code ([`crate::run::report::env_metrics`]) over the evaluation's
+/// episodes (`items`) and what the environment did while they ran (`env`, summed over the
+/// evaluation's batches): `env/turns/{mean,min,max}`, `env/episode_len/mean`,
+/// `env/error_frac`, `env/finish/<end>`, `env/tool_calls`, `env/tool_call_errors`,
+/// `env/restarts`, `env/replayed`, `env/obs_truncated` and per turn index k up to `max_turns`
+/// (`env.max_turns`) `env/turn_k/{reached,tokens/mean,reward/mean}`. Not `time/env_s` (a
+/// duration: the summary depends only on the model, the data, the seed and the environment).
+/// `accuracy` alone says only how many earned a reward above 0.
+pub fn episode_summary(
+    items: &[EvalItem],
+    env: &crate::feed::episodes::EnvStats,
+    max_turns: u32,
+) -> Vec<(String, serde_json::Value)> {
+    use crate::feed::turns::EpisodeTurns;
     let eps: Vec<(&EvalItem, &crate::eval::EpisodeRecord)> = items
         .iter()
         .filter_map(|it| it.episode.as_ref().map(|e| (it, e)))
         .collect();
-    let n = eps.len() as f64;
-    let share = |k: usize| (n > 0.0).then(|| k as f64 / n);
     let scored: Vec<f64> = eps
         .iter()
         .filter(|(_, e)| e.error.is_none())
         .map(|(it, _)| it.reward)
         .collect();
-    let turns: f64 = eps.iter().map(|(_, e)| f64::from(e.turns)).sum();
-    let mut ends = crate::feed::episodes::EndCounts::default();
-    for (_, e) in eps.iter().filter(|(_, e)| e.error.is_none()) {
-        ends.count(&e.finish);
-    }
-    let errors = eps.iter().filter(|(_, e)| e.error.is_some()).count();
-    let mut out = vec![
-        (
-            "reward/mean".to_string(),
-            serde_json::json!(
-                (!scored.is_empty()).then(|| scored.iter().sum::<f64>() / scored.len() as f64)
-            ),
+    let masks: Vec<Vec<u8>> = eps.iter().map(|(_, e)| e.completion_mask()).collect();
+    let turn_eps: Vec<EpisodeTurns<'_>> = eps
+        .iter()
+        .zip(&masks)
+        .map(|((_, e), mask)| EpisodeTurns {
+            mask,
+            turns: e.turns,
+            turn_rewards: &e.turn_rewards,
+            scorable: e.error.is_none(),
+        })
+        .collect();
+    let turns: Vec<f64> = eps.iter().map(|(_, e)| f64::from(e.turns)).collect();
+    let lens: Vec<f64> = eps.iter().map(|(_, e)| e.completion_len() as f64).collect();
+    let mut out = vec![(
+        "reward/mean".to_string(),
+        serde_json::json!(
+            (!scored.is_empty()).then(|| scored.iter().sum::<f64>() / scored.len() as f64)
         ),
-        (
-            "env/turns/mean".into(),
-            serde_json::json!((n > 0.0).then(|| turns / n)),
-        ),
-        ("env/error_frac".into(), serde_json::json!(share(errors))),
-    ];
-    for (end, k) in ends.named() {
-        out.push((format!("env/finish/{end}"), serde_json::json!(share(k))));
+    )];
+    for (k, v) in crate::run::report::env_metrics(&turn_eps, (&turns, &lens), env, max_turns) {
+        // As metrics.jsonl writes it: a value that is not finite is null.
+        out.push((k, serde_json::json!(v.filter(|x| x.is_finite()))));
     }
     out
 }
@@ -565,15 +576,16 @@ fn probe_writable(p: &std::path::Path, flag: &str) -> anyhow::Result<()> {
 /// afterwards).
 ///
 /// With `episodes` (`rlvr eval --env`: the runner, whether it is the built-in `retry`, and the
-/// episode's token budget) each sample is a multi-turn episode ([`evaluate_episodes`]). The
-/// items go to `items`: on an error, those of the problems evaluated before it.
+/// episode's token budget) each sample is a multi-turn episode ([`evaluate_episodes`]) and what
+/// the environment did is summed into `env`. The items go to `items`: on an error, those of the
+/// problems evaluated before it.
 fn eval_on_backend(
     rollout: &RolloutSection,
     evaluator: &Evaluator,
     policy: &Policy,
     server_use: &ServerUse,
     episodes: Option<(&mut EpisodeRunner, bool, usize)>,
-    items: &mut Vec<EvalItem>,
+    (items, env): (&mut Vec<EvalItem>, &mut crate::feed::episodes::EnvStats),
 ) -> anyhow::Result<EvalResult> {
     // A private directory with an unpredictable name (0700), removed when `dir` drops: a fixed
     // name under a shared /tmp could be planted by another user (issue 49 item 6).
@@ -603,7 +615,7 @@ fn eval_on_backend(
                 evaluator,
                 (runner, retry),
                 &ids,
-                items,
+                (items, env),
             ),
             None => evaluator.run_into(engine.as_mut(), &policy.tokenizer, items),
         }
@@ -620,7 +632,8 @@ fn eval_on_backend(
 /// built-in `retry` environment (its reset rows carry the verifier's fields), else a program's
 /// (the row's columns and `reference`). The items are appended to `items` chunk by chunk of
 /// problems (`rollout.max_batch_rows` episodes), so an error leaves there those of the chunks
-/// before it.
+/// before it; what the environment did in each chunk (restarts, replays, cut observations, tool
+/// calls, ends) is summed into `env`, whose `episodes` then counts the items.
 ///
 /// # Errors
 /// As the explorer's episodes: environment faults, sampling, more than `env.max_error_frac`
@@ -631,9 +644,9 @@ fn evaluate_episodes(
     ev: &Evaluator,
     (runner, retry): (&mut EpisodeRunner, bool),
     ids: &[Vec<u32>],
-    items: &mut Vec<EvalItem>,
+    (items, env): (&mut Vec<EvalItem>, &mut crate::feed::episodes::EnvStats),
 ) -> anyhow::Result<EvalResult> {
-    use crate::feed::episodes::{program_row, EpisodePrompt, RetryVerifier};
+    use crate::feed::episodes::{program_row, segments, EpisodePrompt, RetryVerifier};
     let s = &ev.settings;
     let params = s.sampling(&tok.eos_ids);
     let chunk = (s.max_batch_rows / s.samples).max(1);
@@ -656,7 +669,7 @@ fn evaluate_episodes(
                 },
             })
             .collect();
-        let (eps, _) = runner
+        let (eps, stats) = runner
             .run(rollout, tok, &prompts, &params, s.seed)
             .with_context(|| format!("evaluating the episodes of problems {start}..{end}"))?;
         let mut chunk_items = Vec::with_capacity(eps.len());
@@ -679,6 +692,7 @@ fn evaluate_episodes(
                 gold: None,
                 episode: Some(crate::eval::EpisodeRecord {
                     turns: e.turns,
+                    segments: segments(&e.completion_mask),
                     turn_rewards: e.turn_rewards,
                     finish: e.finish.to_string(),
                     error: e.error,
@@ -694,6 +708,7 @@ fn evaluate_episodes(
         }
         // Whole chunks only: a decode error halfway leaves the chunks before it.
         items.append(&mut chunk_items);
+        env.merge(&stats);
     }
     let per = crate::eval::correct_per_problem(items, ids.len());
     Ok(crate::eval::summarise(ev.task, &per, s.samples))

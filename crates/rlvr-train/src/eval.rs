@@ -76,6 +76,27 @@ pub struct EpisodeRecord {
     pub error: Option<String>,
     /// The transcript: `{"role", "content"}` per assistant turn and environment message.
     pub transcript: Vec<serde_json::Value>,
+    /// The turn structure of the episode's completion tokens: each assistant turn (sampled, its
+    /// mask 1s) and each bridge (the environment's reply rendered, its mask 0s) in order, with
+    /// its turn, first index and length in tokens (as `rlvr generate --env`'s `segments`).
+    pub segments: Vec<crate::store::experience::Segment>,
+}
+
+impl EpisodeRecord {
+    /// The episode's `completion_mask` (1 on sampled ids, 0 on bridge ids), read off
+    /// [`EpisodeRecord::segments`].
+    pub fn completion_mask(&self) -> Vec<u8> {
+        let mut mask = Vec::new();
+        for s in &self.segments {
+            mask.resize(s.start + s.len, u8::from(s.kind == "assistant"));
+        }
+        mask
+    }
+
+    /// Completion tokens, assistant turns and bridges together.
+    pub fn completion_len(&self) -> usize {
+        self.segments.last().map_or(0, |s| s.start + s.len)
+    }
 }
 
 /// Evaluation settings.

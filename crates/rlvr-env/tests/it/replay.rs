@@ -150,7 +150,8 @@ fn a_stateful_program_that_dies_mid_episode_answers_as_an_uninterrupted_one() {
         Faults {
             restarts: 1,
             replayed: 4,
-            diverged: 0
+            diverged: 0,
+            closed: 0
         }
     );
 
@@ -217,7 +218,131 @@ fn a_program_whose_replies_change_across_a_restart_fails_the_replayed_episodes()
         Faults {
             restarts: 1,
             replayed: 4,
-            diverged: 4
+            diverged: 4,
+            closed: 4
         }
     );
+}
+
+/// A program that holds a resource per episode (an entry in `open`) from its `reset` until its
+/// `finish` (or `done`), and writes each event to a ledger (`ledger`: `START reset|finish ID
+/// [REASON] open=N`, START counting the programs). Its observations carry a per-process salt
+/// (every replay differs); the first program dies at its 2nd step request (`marker`); a later
+/// program fails the replayed reset of `0:1` itself (an `error` entry, holding nothing for it).
+const LEDGER_PY: &str = r#"
+import json, os, sys, random
+marker, ledger = sys.argv[1], sys.argv[2]
+start = 2 if os.path.exists(marker) else 1
+salt = random.randrange(10**9)
+opened, steps_seen = set(), 0
+def note(s):
+    with open(ledger, "a") as f:
+        f.write("%d %s open=%d\n" % (start, s, len(opened)))
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        eps = []
+        for e in req["episodes"]:
+            if start == 2 and e["id"] == "0:1":
+                eps.append({"id": e["id"], "error": "no sandbox left"}); continue
+            opened.add(e["id"]); note("reset " + e["id"])
+            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "salt %d" % salt}]})
+        out = {"episodes": eps}
+    elif t == "step":
+        steps_seen += 1
+        if start == 1 and steps_seen == 2:
+            open(marker, "w").close(); os._exit(3)
+        out = {"episodes": [{"id": e["id"], "messages": [{"role": "user", "content": "ok"}],
+                             "done": False} for e in req["episodes"]]}
+    else:
+        for e in req["episodes"]:
+            opened.discard(e["id"]); note("finish %s %s" % (e["id"], e["reason"]))
+        out = {"episodes": [{"id": e["id"], "reward": 1.0} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// An episode whose replay differs is failed by rlvr; the restarted program, which got its
+/// replayed `reset` (and steps) and so holds its state, is sent `finish` with reason `error` for
+/// it, once, so it frees what it holds (DESIGN.md section 14's additions, "Closing failed
+/// replays"). An episode whose replayed reset the program failed itself gets none. Before this,
+/// the second program ended holding 3 episodes no request would ever name again.
+#[test]
+fn a_restarted_program_gets_finish_for_each_episode_whose_replay_differed() {
+    if !crate::faults::python() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ledger.py"), LEDGER_PY).unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let mut s = ProcessSettings::new(vec![
+        "python3".into(),
+        "ledger.py".into(),
+        dir.path().join("marker").display().to_string(),
+        ledger.display().to_string(),
+    ]);
+    s.dir = Some(dir.path().to_path_buf());
+    s.timeout = Duration::from_secs(20);
+    s.restarts = 1;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    let ids = ["0:0", "0:1", "1:0", "1:1"];
+    let resets: Vec<ResetEpisode> = ids
+        .iter()
+        .map(|id| ResetEpisode {
+            id: (*id).into(),
+            group: id[..1].into(),
+            sample: id[2..].parse().unwrap(),
+            seed: 13,
+            row: Json::Object(vec![]),
+            prompt: None,
+        })
+        .collect();
+    assert!(env.reset(&resets).unwrap().iter().all(|r| r.is_ok()));
+    let t1: Vec<StepEpisode> = ids.iter().map(|id| turn(id, 1, "a")).collect();
+    assert!(env.step(&t1).unwrap().iter().all(|r| r.is_ok()));
+    // The first program dies at turn 2; the replayed resets carry the new program's salt.
+    let t2: Vec<StepEpisode> = ids[..3].iter().map(|id| turn(id, 2, "b")).collect();
+    let r = env.step(&t2).unwrap();
+    assert!(r.iter().all(|e| e
+        .as_ref()
+        .unwrap_err()
+        .contains("not deterministic across a restart")));
+    // The one left out of that request diverges at its own replay; its finish (max_turns) is
+    // not sent, the closing one (error) is.
+    let fin = FinishEpisode {
+        id: "1:1".into(),
+        reason: FinishReason::MaxTurns,
+    };
+    assert!(env.finish(&[fin]).unwrap()[0].is_err());
+    assert_eq!(
+        env.faults(),
+        Faults {
+            restarts: 1,
+            replayed: 4,
+            diverged: 4,
+            closed: 3
+        }
+    );
+    assert_eq!(env.kept_episodes(), 0);
+    drop(env);
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let second: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("2 ")).collect();
+    assert_eq!(
+        second,
+        [
+            // The replay of turn 2's request: 0:1's reset is failed by the program itself.
+            "reset 0:0 open=1",
+            "reset 1:0 open=2",
+            "finish 0:0 error open=1",
+            "finish 1:0 error open=0",
+            // 1:1's replay, before its finish.
+            "reset 1:1 open=1",
+            "finish 1:1 error open=0",
+        ],
+        "{text}"
+    );
+    // The first program never got a finish (it died holding all four).
+    assert!(!text.lines().any(|l| l.starts_with("1 finish")), "{text}");
 }

@@ -298,45 +298,7 @@ impl Live {
     }
 }
 
-/// One run of an episode's `completion_ids` (`rlvr generate --env`'s token accounting): an
-/// assistant turn (mask 1) or a bridge (mask 0).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Segment {
-    /// `assistant` or `bridge`.
-    pub kind: &'static str,
-    /// The assistant turn it is or follows, from 1.
-    pub turn: u32,
-    /// Its first index in `completion_ids`.
-    pub start: usize,
-    /// Its ids.
-    pub len: usize,
-}
-
-/// The runs of `mask` (an episode's `completion_mask`) in order: assistant turns (1) and the
-/// bridges (0) after them. A turn's ids are never empty (each holds at least its stop id or one
-/// token), so consecutive runs alternate.
-pub fn segments(mask: &[u8]) -> Vec<Segment> {
-    let mut out: Vec<Segment> = Vec::new();
-    let mut turn = 0;
-    for (i, &m) in mask.iter().enumerate() {
-        let kind = if m == 1 { "assistant" } else { "bridge" };
-        match out.last_mut() {
-            Some(s) if s.kind == kind => s.len += 1,
-            _ => {
-                if m == 1 {
-                    turn += 1;
-                }
-                out.push(Segment {
-                    kind,
-                    turn,
-                    start: i,
-                    len: 1,
-                });
-            }
-        }
-    }
-    out
-}
+pub use crate::store::experience::{segments, Segment};
 
 /// Parses `env.tools`: a JSON array of objects (OpenAI-style function schemas), keys kept in
 /// their order.
@@ -595,7 +557,7 @@ impl EpisodeRunner {
                 None if tools.is_some() => anyhow::bail!(
                     "group {}: the episode has tools but its prompt is the dataset's rendered \
                      text, which cannot be rendered again with them: have the environment's \
-                     reset reply give `messages` too",
+                     reset reply give `messages` (or `dialogue`) too",
                     p.draw
                 ),
                 None => p.ids.to_vec(),

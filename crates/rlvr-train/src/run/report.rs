@@ -140,40 +140,8 @@ pub fn set_env_metrics(
     env: Option<&crate::feed::episodes::EnvStats>,
     max_turns: u32,
 ) {
+    use crate::feed::turns::EpisodeTurns;
     let Some(env) = env else { return };
-    set_turn_metrics(l, exps, max_turns);
-    let turns: Vec<f64> = exps.iter().filter_map(|e| e.turns).map(f64::from).collect();
-    let lens: Vec<f64> = exps
-        .iter()
-        .filter(|e| e.turns.is_some())
-        .map(|e| e.completion_ids.len() as f64)
-        .collect();
-    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
-    l.set("env/turns/mean", mean(&turns));
-    l.set("env/turns/min", turns.iter().copied().reduce(f64::min));
-    l.set("env/turns/max", turns.iter().copied().reduce(f64::max));
-    l.set("env/episode_len/mean", mean(&lens));
-    l.set(
-        "env/error_frac",
-        (env.episodes > 0).then(|| env.errors as f64 / env.episodes as f64),
-    );
-    for (end, n) in env.ends.named() {
-        l.set(
-            format!("env/finish/{end}"),
-            (env.episodes > 0).then(|| n as f64 / env.episodes as f64),
-        );
-    }
-    l.set("env/tool_calls", Some(env.tool_calls as f64));
-    l.set("env/tool_call_errors", Some(env.tool_call_errors as f64));
-    l.set("env/restarts", Some(env.restarts as f64));
-    l.set("env/replayed", Some(env.replayed as f64));
-    l.set("env/obs_truncated", Some(env.obs_truncated as f64));
-    l.set("time/env_s", Some(env.env_s));
-}
-
-/// `env/turn_k/*` of the episodes trained on ([`crate::feed::turns`]).
-fn set_turn_metrics(l: &mut MetricsLine, exps: &[Experience], max_turns: u32) {
-    use crate::feed::turns::{turn_stats, EpisodeTurns};
     let eps: Vec<EpisodeTurns<'_>> = exps
         .iter()
         .filter_map(|e| {
@@ -185,12 +153,62 @@ fn set_turn_metrics(l: &mut MetricsLine, exps: &[Experience], max_turns: u32) {
             })
         })
         .collect();
-    for t in turn_stats(&eps, max_turns) {
-        let k = &t.label;
-        l.set(format!("env/turn_{k}/reached"), t.reached);
-        l.set(format!("env/turn_{k}/tokens/mean"), t.tokens);
-        l.set(format!("env/turn_{k}/reward/mean"), t.reward);
+    let turns: Vec<f64> = exps.iter().filter_map(|e| e.turns).map(f64::from).collect();
+    let lens: Vec<f64> = exps
+        .iter()
+        .filter(|e| e.turns.is_some())
+        .map(|e| e.completion_ids.len() as f64)
+        .collect();
+    for (k, v) in env_metrics(&eps, (&turns, &lens), env, max_turns) {
+        l.set(k, v);
     }
+    l.set("time/env_s", Some(env.env_s));
+}
+
+/// The `env/*` metrics of a batch of episodes, in metrics.jsonl's order: what training's step
+/// line and `rlvr eval --env`'s summary share (one computation, so the two read the same
+/// quantities). `eps`: the episodes' masks, turns and rewards for `env/turn_k/*`
+/// ([`crate::feed::turns`]); `turns` and `lens`: each episode's assistant turns and completion
+/// tokens (bridges included); `env`: what the environment did in the batch. Every key but
+/// `time/env_s` (a duration, the caller's).
+pub fn env_metrics(
+    eps: &[crate::feed::turns::EpisodeTurns<'_>],
+    (turns, lens): (&[f64], &[f64]),
+    env: &crate::feed::episodes::EnvStats,
+    max_turns: u32,
+) -> Vec<(String, Option<f64>)> {
+    let mut out: Vec<(String, Option<f64>)> = Vec::new();
+    for t in crate::feed::turns::turn_stats(eps, max_turns) {
+        let k = &t.label;
+        out.push((format!("env/turn_{k}/reached"), t.reached));
+        out.push((format!("env/turn_{k}/tokens/mean"), t.tokens));
+        out.push((format!("env/turn_{k}/reward/mean"), t.reward));
+    }
+    let mean = |x: &[f64]| (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64);
+    let share = |n: usize| (env.episodes > 0).then(|| n as f64 / env.episodes as f64);
+    out.push(("env/turns/mean".into(), mean(turns)));
+    out.push((
+        "env/turns/min".into(),
+        turns.iter().copied().reduce(f64::min),
+    ));
+    out.push((
+        "env/turns/max".into(),
+        turns.iter().copied().reduce(f64::max),
+    ));
+    out.push(("env/episode_len/mean".into(), mean(lens)));
+    out.push(("env/error_frac".into(), share(env.errors)));
+    for (end, n) in env.ends.named() {
+        out.push((format!("env/finish/{end}"), share(n)));
+    }
+    out.push(("env/tool_calls".into(), Some(env.tool_calls as f64)));
+    out.push((
+        "env/tool_call_errors".into(),
+        Some(env.tool_call_errors as f64),
+    ));
+    out.push(("env/restarts".into(), Some(env.restarts as f64)));
+    out.push(("env/replayed".into(), Some(env.replayed as f64)));
+    out.push(("env/obs_truncated".into(), Some(env.obs_truncated as f64)));
+    out
 }
 
 /// `reward/<name>/mean` (the raw component reward over the scored experiences) and

@@ -341,6 +341,277 @@ fn eval_env_items_show_the_prompt_the_environment_replaced() {
     }
 }
 
+/// A stateful environment for `rlvr eval --env`'s metrics: `reset` opens a per-episode record,
+/// the first `step` request kills the program (once: `marker`), so the restarted one needs the
+/// live episodes replayed (an episode it has no record of gets an error); turn 1's reply is 60
+/// digits (cut to fit by `env.observation_truncation`) with reward 0.25, turn 2's ends the
+/// episode with reward 1; `finish` rewards 0.5.
+const COUNTING_ENV: &str = r#"
+import json, os, sys
+marker = sys.argv[1]
+state = {}
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        for e in req["episodes"]:
+            state[e["id"]] = 0
+        out = {"episodes": [{"id": e["id"], "messages": None} for e in req["episodes"]]}
+    elif t == "step":
+        if not os.path.exists(marker):
+            open(marker, "w").close(); os._exit(3)
+        eps = []
+        for e in req["episodes"]:
+            if e["id"] not in state:
+                eps.append({"id": e["id"], "error": "unknown episode"}); continue
+            done = e["turn"] >= 2
+            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "0123456789" * 6}],
+                        "reward": 1.0 if done else 0.25, "done": done})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"], "reward": 0.5 if state.pop(e["id"], None) is not None
+                             else "unknown"} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// `rlvr eval --env` reports what training reports for its episodes, under the same names:
+/// `env/restarts`, `env/replayed`, `env/obs_truncated`, `env/turns/{min,max}`,
+/// `env/episode_len/mean`, `env/tool_calls` and per turn `env/turn_k/{reached,tokens/mean,
+/// reward/mean}`, and each item carries its turn structure (`segments`). Checked against values
+/// worked out from the items and the environment's script: one restart, every one of the 160
+/// episodes replayed once (each was live at the death: stepped or finished after it), one cut
+/// observation per episode that reached turn 2.
+#[test]
+fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("counting_env.py");
+    std::fs::write(&script, COUNTING_ENV).unwrap();
+    let marker = tmp.path().join("died");
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}={% endif %}",
+    )
+    .unwrap();
+    let extra: Vec<String> = [
+        "--env".to_string(),
+        "--set".into(),
+        format!(
+            "env.command=[\"python3\", \"{}\", \"{}\"]",
+            script.display(),
+            marker.display()
+        ),
+        "--set".into(),
+        format!("env.chat_template=\"{}\"", tpl.display()),
+        "--set".into(),
+        "env.max_turns=2".into(),
+        "--set".into(),
+        "env.max_episode_tokens=80".into(),
+        // The bridge's template costs 4 tokens ("\n", the end-of-turn, "\n="), the marker 17
+        // (one per char): 30 keeps 9 of the 60 digits.
+        "--set".into(),
+        "env.max_observation_tokens=30".into(),
+        "--set".into(),
+        "env.observation_truncation=\"keep-head\"".into(),
+        // One batch of all 160 episodes: each is live when the program dies.
+        "--set".into(),
+        "rollout.max_batch_rows=160".into(),
+    ]
+    .to_vec();
+    let (v, items) = eval_five(&extra);
+    assert!(marker.exists(), "the program never died: nothing replayed");
+    assert_eq!(items.len(), 160);
+    let f = |k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing or null: {v}"))
+    };
+    let close = |k: &str, want: f64| {
+        let got = f(k);
+        assert!((got - want).abs() < 1e-12, "{k}: {got} != {want}");
+    };
+    // Each item's turn structure: turn 1, its cut bridge (30 tokens), turn 2.
+    let (mut reached_2, mut done, mut len) = (0usize, 0usize, 0usize);
+    let mut tokens = [0usize; 2];
+    for it in &items {
+        let ep = &it["episode"];
+        let segs = ep["segments"].as_array().unwrap();
+        let turns = ep["turns"].as_u64().unwrap();
+        let kinds: Vec<(&str, u64)> = segs
+            .iter()
+            .map(|s| (s["kind"].as_str().unwrap(), s["turn"].as_u64().unwrap()))
+            .collect();
+        let mut start = 0;
+        for s in segs {
+            assert_eq!(s["start"].as_u64().unwrap() as usize, start, "{ep}");
+            start += s["len"].as_u64().unwrap() as usize;
+        }
+        len += start;
+        let rewards: Vec<f64> = ep["turn_rewards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(ep.get("error"), None, "{ep}");
+        tokens[0] += segs[0]["len"].as_u64().unwrap() as usize;
+        match turns {
+            1 => {
+                assert_eq!(kinds, [("assistant", 1)], "{ep}");
+                assert_eq!(rewards, [0.5], "{ep}");
+            }
+            2 => {
+                reached_2 += 1;
+                assert_eq!(
+                    kinds,
+                    [("assistant", 1), ("bridge", 1), ("assistant", 2)],
+                    "{ep}"
+                );
+                assert_eq!(segs[1]["len"], 30, "{ep}");
+                tokens[1] += segs[2]["len"].as_u64().unwrap() as usize;
+                // The cut reply, as the model was shown it.
+                let tr = ep["transcript"].as_array().unwrap();
+                assert_eq!(tr[1]["content"], "012345678[...truncated...]", "{ep}");
+                if ep["finish"] == "done" {
+                    done += 1;
+                    assert_eq!(rewards, [0.25, 1.0], "{ep}");
+                } else {
+                    assert_eq!(rewards, [0.25, 0.5], "{ep}");
+                }
+            }
+            _ => panic!("{ep}"),
+        }
+        assert_eq!(it["reward"].as_f64().unwrap(), rewards.iter().sum::<f64>());
+    }
+    assert!(
+        reached_2 > 0 && reached_2 < 160 && done > 0,
+        "{reached_2} {done}"
+    );
+    let n2 = reached_2 as f64;
+    assert_eq!(f("env/restarts"), 1.0);
+    assert_eq!(f("env/replayed"), 160.0);
+    assert_eq!(f("env/obs_truncated"), n2);
+    assert_eq!(f("env/error_frac"), 0.0);
+    assert_eq!(f("env/tool_calls"), 0.0);
+    assert_eq!(f("env/tool_call_errors"), 0.0);
+    assert_eq!(f("env/turns/min"), 1.0);
+    assert_eq!(f("env/turns/max"), 2.0);
+    close("env/turns/mean", (160.0 + n2) / 160.0);
+    close("env/episode_len/mean", len as f64 / 160.0);
+    assert_eq!(f("env/turn_1/reached"), 1.0);
+    close("env/turn_2/reached", n2 / 160.0);
+    close("env/turn_1/tokens/mean", tokens[0] as f64 / 160.0);
+    close("env/turn_2/tokens/mean", tokens[1] as f64 / n2);
+    close(
+        "env/turn_1/reward/mean",
+        (0.25 * n2 + 0.5 * (160.0 - n2)) / 160.0,
+    );
+    close(
+        "env/turn_2/reward/mean",
+        (done as f64 + 0.5 * (n2 - done as f64)) / n2,
+    );
+    // Keys for env.max_turns = 2 only, and no duration.
+    assert!(v.get("env/turn_3/reached").is_none(), "{v}");
+    assert!(v.get("time/env_s").is_none(), "{v}");
+}
+
+/// An environment that starts every episode from a few-shot dialogue (`reset`'s `dialogue`: a
+/// system message, one solved example with its assistant answer, then the row's question), or,
+/// with the argument `messages`, puts that dialogue in `messages` (refused: assistant turns);
+/// one turn, reward 0.
+const DIALOGUE_ENV: &str = r#"
+import json, sys
+key = sys.argv[1]
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], key: [
+                {"role": "system", "content": "0"}, {"role": "user", "content": "1+1="},
+                {"role": "assistant", "content": "2"},
+                {"role": "user", "content": e["row"]["question"]}]} for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "reward": 0.0, "done": True, "messages": []}
+               for e in req["episodes"]]}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// `reset`'s `dialogue` (an addition to DESIGN.md section 14): an episode starts from a prompt
+/// holding assistant turns, rendered by the chat template as the prompt (each role as the
+/// template writes it), so the dialogue is never part of the completion (not trained on: the
+/// completion is the sampled turn alone). The same dialogue in `messages` stops the run, naming
+/// `dialogue`.
+#[test]
+fn eval_env_episodes_start_from_a_reset_dialogue_with_assistant_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("dialogue_env.py");
+    std::fs::write(&script, DIALOGUE_ENV).unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    // Each role its own mark, in characters the tiny tokenizer has.
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{% if m.role == 'assistant' %}#{% elif m.role == 'system' %}*\
+         {% else %}-{% endif %}{{ m.content }}<|endoftext|>\n{% endfor %}\
+         {% if add_generation_prompt %}#{% endif %}",
+    )
+    .unwrap();
+    let extra = |key: &str| -> Vec<String> {
+        [
+            "--env".to_string(),
+            "--set".into(),
+            format!(
+                "env.command=[\"python3\", \"{}\", \"{key}\"]",
+                script.display()
+            ),
+            "--set".into(),
+            format!("env.chat_template=\"{}\"", tpl.display()),
+            "--set".into(),
+            "env.max_episode_tokens=16".into(),
+        ]
+        .to_vec()
+    };
+    let (_, items) = eval_five(&extra("dialogue"));
+    assert_eq!(items.len(), 160);
+    for x in &items {
+        let i = x["index"].as_u64().unwrap();
+        let question = format!("{}+{}=", i % 10, (i + 3) % 10);
+        assert_eq!(
+            x["prompt"],
+            format!(
+                "*0<|endoftext|>\n-1+1=<|endoftext|>\n#2<|endoftext|>\n-{question}<|endoftext|>\n#"
+            ),
+            "{x}"
+        );
+        // The completion is the one sampled turn: the dialogue's tokens are the prompt's.
+        let ep = &x["episode"];
+        assert_eq!(ep["turns"], 1, "{x}");
+        let segs = ep["segments"].as_array().unwrap();
+        assert_eq!(segs.len(), 1, "{x}");
+        assert_eq!(
+            (&segs[0]["kind"], &segs[0]["start"]),
+            (&"assistant".into(), &0.into())
+        );
+        assert!(segs[0]["len"].as_u64().unwrap() <= 4, "{x}");
+        assert_eq!(
+            ep["transcript"].as_array().unwrap().len(),
+            1,
+            "only the sampled turn: {x}"
+        );
+    }
+    let err = std::panic::catch_unwind(|| eval_five(&extra("messages"))).unwrap_err();
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("role is \"assistant\"") && msg.contains("goes in \"dialogue\""),
+        "{msg}"
+    );
+}
+
 /// Plain `rlvr eval` (no `--env`) whose verifier fails partway (an external command that exits 1
 /// on problem 2's batch; one problem of two samples per batch: `rollout.max_batch_rows = 2`)
 /// writes the items of problems 0 and 1 to `--out`, each line as a complete evaluation writes it
