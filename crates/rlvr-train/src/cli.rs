@@ -824,9 +824,11 @@ pub struct SftArgs {
     /// Model directory to start from.
     #[arg(long)]
     pub model: PathBuf,
-    /// Training pairs: JSONL with `{"prompt": TEXT, "completion": TEXT}` per line. Without it, the
-    /// pairs are the `[data]` train split of `--config`/`--set` (rendered prompt, reference as the
-    /// completion: e.g. arithmetic's answer, GSM8K's worked solution).
+    /// Training pairs: JSONL with `{"prompt": TEXT, "completion": TEXT}` per line, or TRL's
+    /// conversational rows (`{"prompt": [messages], "completion": [messages]}`, `{"messages":
+    /// [...]}` whose last, assistant message is the completion), rendered by the chat template.
+    /// Without it, the pairs are the `[data]` train split of `--config`/`--set` (rendered prompt,
+    /// reference as the completion: e.g. arithmetic's answer, GSM8K's worked solution).
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// A training config: its `[data]` (task, template, train/test split), `[reward]` and `[eval]` are

@@ -37,11 +37,30 @@ pub struct SftPair {
     pub completion: Vec<u32>,
 }
 
-/// Reads and tokenises `{prompt, completion}` pairs; the first EOS id is appended to each completion.
+/// Reads and tokenises SFT pairs; each completion ends with the first EOS id.
+///
+/// A line is one of:
+/// - `{"prompt": TEXT, "completion": TEXT}`: the prompt encoded as it is (with `chat`: rendered
+///   as one user message by the model's chat template), the completion encoded, the first EOS id
+///   appended;
+/// - TRL's conversational prompt-completion row, `{"prompt": [MESSAGES], "completion":
+///   [MESSAGES]}` (a string on one side is one user or assistant message): the prompt is the
+///   prompt messages rendered with the generation prompt, the completion what the chat template
+///   adds after it when it renders the whole conversation, up to and including the last EOS token
+///   there (the end-of-turn token of a chat model's EOS), else with the first EOS id appended;
+/// - TRL's conversational language-modelling row, `{"messages": [MESSAGES]}`: the last message
+///   (an assistant's) is the completion, every message before it the prompt, as above. Earlier
+///   assistant turns are prompt, not trained (TRL trains them unless `assistant_only_loss`).
+///
+/// A message is `{"role": "system" | "user" | "assistant", "content": TEXT}`; message lists are
+/// rendered whatever `chat` says. `max_completion_len` cuts each completion (EOS included) to that
+/// many tokens.
 ///
 /// # Errors
-/// Unreadable file, a line that is not an object with string `prompt` and `completion` (naming file,
-/// line and field), tokenizer errors, a tokenizer without EOS.
+/// Unreadable file; a line that is not one of the forms above, naming file, line and field (e.g.
+/// `pairs.jsonl:3: field `messages[2].role` ...`); a model without a chat template for message
+/// lists; a template that renders the prompt messages other than as the start of the whole
+/// conversation (the completion cannot be told apart); tokenizer errors; a tokenizer without EOS.
 pub fn read_pairs(
     path: &Path,
     tok: &TokenizerBundle,
@@ -58,27 +77,31 @@ pub fn read_pairs(
         if line.trim().is_empty() {
             continue;
         }
-        let at = || format!("{}:{}", path.display(), i + 1);
+        let at = format!("{}:{}", path.display(), i + 1);
         let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}: invalid JSON", at()))?;
-        let field = |f: &str| -> anyhow::Result<String> {
-            v.get(f)
-                .and_then(|x| x.as_str())
-                .map(str::to_string)
-                .with_context(|| format!("{}: field `{f}` missing or not a string", at()))
-        };
-        let (p, c) = (field("prompt")?, field("completion")?);
-        let prompt = if chat {
-            let rendered = tok.apply_chat_template(&[Message::new("user", &p)], true)?;
-            tok.encode(&rendered, false)?
-        } else {
-            tok.encode(&p, true)?
+            serde_json::from_str(line).with_context(|| format!("{at}: invalid JSON"))?;
+        let (prompt, mut completion) = match pair_side(&v, &at)? {
+            (Side::Text(p), Side::Text(c)) => {
+                let prompt = if chat {
+                    let rendered = tok.apply_chat_template(&[Message::new("user", &p)], true)?;
+                    tok.encode(&rendered, false)?
+                } else {
+                    tok.encode(&p, true)?
+                };
+                let mut completion = tok.encode(&c, false)?;
+                completion.push(eos);
+                (prompt, completion)
+            }
+            (p, c) => {
+                let pm = p.into_messages("user");
+                let cm = c.into_messages("assistant");
+                chat_pair(tok, &pm, &cm, eos)
+                    .with_context(|| format!("{at}: rendering the row's chat messages"))?
+            }
         };
         if prompt.is_empty() {
-            bail!("{}: the prompt encodes to no token", at());
+            bail!("{at}: the prompt encodes to no token");
         }
-        let mut completion = tok.encode(&c, false)?;
-        completion.push(eos);
         if let Some(m) = max_completion_len {
             completion.truncate(m);
         }
@@ -88,6 +111,140 @@ pub fn read_pairs(
         bail!("{} holds no pair", path.display());
     }
     Ok(out)
+}
+
+/// One side of a pair as a line gives it: a string or chat messages.
+enum Side {
+    Text(String),
+    Chat(Vec<Message>),
+}
+
+impl Side {
+    /// The side as messages: a string becomes one message of `role`.
+    fn into_messages(self, role: &str) -> Vec<Message> {
+        match self {
+            Side::Text(t) => vec![Message::new(role, &t)],
+            Side::Chat(m) => m,
+        }
+    }
+}
+
+/// The (prompt, completion) sides of line `v` (at `at`, "FILE:LINE"): `prompt` and `completion`,
+/// or `messages` split before its last message, which must be the assistant's.
+fn pair_side(v: &serde_json::Value, at: &str) -> anyhow::Result<(Side, Side)> {
+    const FORMS: &str = "a line is {\"prompt\", \"completion\"} (strings or lists of chat \
+                         messages) or {\"messages\": [...]}, TRL's conversational rows";
+    if !v.is_object() {
+        bail!("{at}: expected a JSON object; {FORMS}");
+    }
+    if v.get("prompt").is_none() {
+        if let Some(m) = v.get("messages") {
+            let mut msgs = messages(m, "messages", at)?;
+            let last = msgs.len() - 1;
+            if msgs[last].role != "assistant" {
+                bail!(
+                    "{at}: field `messages[{last}].role` is {:?}: the last message is the \
+                     completion and must be the assistant's",
+                    msgs[last].role
+                );
+            }
+            if last == 0 {
+                bail!(
+                    "{at}: field `messages` holds the assistant's message alone: the messages \
+                     before the last one are the prompt, and there must be at least one"
+                );
+            }
+            let c = msgs.split_off(last);
+            return Ok((Side::Chat(msgs), Side::Chat(c)));
+        }
+    }
+    let side = |f: &str| -> anyhow::Result<Side> {
+        match v.get(f) {
+            Some(serde_json::Value::String(s)) => Ok(Side::Text(s.clone())),
+            Some(m @ serde_json::Value::Array(_)) => Ok(Side::Chat(messages(m, f, at)?)),
+            Some(other) => bail!(
+                "{at}: field `{f}` must be a string or a list of chat messages, found {}",
+                json_kind(other)
+            ),
+            None => bail!("{at}: field `{f}` is missing; {FORMS}"),
+        }
+    };
+    Ok((side("prompt")?, side("completion")?))
+}
+
+/// The chat messages of field `f` (a non-empty list of `{"role", "content"}` objects, roles
+/// system, user or assistant); errors name `FILE:LINE` and the message's field.
+fn messages(v: &serde_json::Value, f: &str, at: &str) -> anyhow::Result<Vec<Message>> {
+    let Some(items) = v.as_array() else {
+        bail!(
+            "{at}: field `{f}` must be a list of chat messages, found {}",
+            json_kind(v)
+        );
+    };
+    if items.is_empty() {
+        bail!("{at}: field `{f}` is an empty list of chat messages");
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let get = |k: &str| m.get(k).and_then(|x| x.as_str());
+            let role = match get("role") {
+                Some(r @ ("system" | "user" | "assistant")) => r,
+                _ => bail!(
+                    "{at}: field `{f}[{i}].role` must be \"system\", \"user\" or \"assistant\", \
+                     found {}",
+                    m.get("role").map_or("nothing", json_kind)
+                ),
+            };
+            let Some(content) = get("content") else {
+                bail!(
+                    "{at}: field `{f}[{i}].content` must be a string, found {}",
+                    m.get("content").map_or("nothing", json_kind)
+                );
+            };
+            Ok(Message::new(role, content))
+        })
+        .collect()
+}
+
+/// Names a JSON value's type for an error (`a number`, `an object`, ...).
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Prompt and completion ids of a conversation split into `prompt` and `completion` messages:
+/// the prompt rendered with the generation prompt; the completion the rest of the whole
+/// conversation's rendering, cut after its last EOS token, else with `eos` appended.
+fn chat_pair(
+    tok: &TokenizerBundle,
+    prompt: &[Message],
+    completion: &[Message],
+    eos: u32,
+) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+    let p = tok.apply_chat_template(prompt, true)?;
+    let all: Vec<Message> = prompt.iter().chain(completion).cloned().collect();
+    let whole = tok.apply_chat_template(&all, false)?;
+    let Some(rest) = whole.strip_prefix(&p) else {
+        bail!(
+            "the chat template renders the prompt messages (with the generation prompt) other than \
+             as the start of the whole conversation, so the completion's tokens cannot be told \
+             apart; give the prompt and completion as strings with --chat instead"
+        );
+    };
+    let mut c = tok.encode(rest, false)?;
+    match c.iter().rposition(|t| tok.eos_ids.contains(t)) {
+        Some(k) => c.truncate(k + 1),
+        None => c.push(eos),
+    }
+    Ok((tok.encode(&p, false)?, c))
 }
 
 /// Pairs from the `[data]` train split: the rendered prompt and the problem's reference as the

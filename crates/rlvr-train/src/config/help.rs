@@ -338,7 +338,9 @@ pub const ALIASES: &[Alias] = &[
         name: "adv_estimator",
         peer: "verl",
         ours: "algorithm.preset",
-        note: "verl's grpo is preset grpo, rloo is algorithm.baseline = \"leave-one-out\" (`rlvr \
+        note: "verl's grpo with its default loss (token mean over every row, zero-variance \
+               groups kept, dual clip 3) is preset grpo_verl; preset grpo is DeepSeekMath's \
+               per-sequence mean; rloo is algorithm.baseline = \"leave-one-out\" (`rlvr \
                algorithms` lists the presets)",
     },
     Alias {
@@ -471,6 +473,23 @@ pub fn peer_value(key: &str, value: &str) -> Option<&'static str> {
         .iter()
         .find(|(k, v, _)| *k == key && *v == value)
         .map(|(_, _, note)| *note)
+}
+
+/// The Markdown table of `peer`'s names (`"TRL"` or `"verl"`, as [`Alias::peer`] writes it) in
+/// [`ALIASES`]' order: `| PEER key | rlvr key | note |`, one row per name, ending in a newline;
+/// docs/coming-from-verl.md holds verl's (kept current by the test `readme::verl_key_table_is_current`).
+pub fn alias_table_markdown(peer: &str) -> String {
+    let cell = |t: &str| t.replace('|', "\\|").replace('\n', " ");
+    let mut out = format!("| {peer} key | rlvr key | note |\n|---|---|---|\n");
+    for a in ALIASES.iter().filter(|a| a.peer == peer) {
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} |\n",
+            a.name,
+            a.ours,
+            cell(a.note)
+        ));
+    }
+    out
 }
 
 /// The alias whose name matches the trailing parts of dotted `key`.

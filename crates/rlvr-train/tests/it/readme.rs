@@ -31,6 +31,44 @@ fn readme_config_reference_is_current() {
     }
 }
 
+/// docs/coming-from-verl.md's table of verl's keys is [`alias_table_markdown`]`("verl")`, the
+/// names whose error says which key of ours to write (`RLVR_BLESS=1 ... -- readme::` rewrites it).
+#[test]
+fn verl_key_table_is_current() {
+    let path = repo_root().join("docs/coming-from-verl.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- verl-keys:begin -->\n", "<!-- verl-keys:end -->");
+    let i = text.find(begin).expect("lacks the begin marker") + begin.len();
+    let j = text.find(end).expect("lacks the end marker");
+    let want = rlvr_train::config::help::alias_table_markdown("verl");
+    // Real rows: verl's `rollout.n` is our group size, its `train_batch_size` our prompts per step.
+    assert!(
+        want.contains("| `rollout.n` | `rollout.group_size` |"),
+        "{want}"
+    );
+    assert!(
+        want.contains("| `train_batch_size` | `data.prompts_per_step` |"),
+        "{want}"
+    );
+    assert!(
+        !want.contains("`num_generations`"),
+        "a TRL name in verl's table: {want}"
+    );
+    // verl's adv_estimator=grpo with its default loss is the preset that follows verl's code.
+    let adv = want
+        .lines()
+        .find(|l| l.starts_with("| `adv_estimator` |"))
+        .unwrap();
+    assert!(adv.contains("is preset grpo_verl"), "{adv}");
+    if text[i..j] != want {
+        if std::env::var("RLVR_BLESS").is_ok() {
+            std::fs::write(&path, format!("{}{}{}", &text[..i], want, &text[j..])).unwrap();
+        } else {
+            panic!("docs/coming-from-verl.md's key table is stale: run RLVR_BLESS=1 cargo test --workspace --locked --test it -- readme::");
+        }
+    }
+}
+
 /// The repository root.
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -377,3 +377,108 @@ fn temporaries_left_by_a_killed_writer_are_removed_on_the_next_start() {
         "{log}"
     );
 }
+
+/// A tokenizer directory with Qwen2.5's tokenizer, chat template and EOS (`<|im_end|>`), the
+/// files of a Qwen2.5-Instruct checkpoint that SFT reads.
+fn qwen_chat_tokenizer(dir: &std::path::Path) -> rlvr_model::TokenizerBundle {
+    let repo = common::repo();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(
+        repo.join("data/tokenizers/qwen2.5/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo.join("data/chat_templates/qwen2_5.jinja"),
+        dir.join("chat_template.jinja"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}"#,
+    )
+    .unwrap();
+    rlvr_model::TokenizerBundle::load(dir).unwrap()
+}
+
+/// TRL's conversational SFT rows (`{"prompt": [...], "completion": [...]}` and `{"messages":
+/// [...]}`) are read: the prompt is the template's rendering with the generation prompt, the
+/// completion the assistant's text and the end-of-turn token `<|im_end|>` (151645), nothing after
+/// it, nothing appended; a string on one side is one message.
+#[test]
+fn sft_reads_trl_conversational_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = qwen_chat_tokenizer(&tmp.path().join("tok"));
+    assert_eq!(tok.eos_ids, [151645]);
+    let data = tmp.path().join("chat.jsonl");
+    let rows = [
+        r#"{"prompt": [{"role": "user", "content": "What is 2+2?"}], "completion": [{"role": "assistant", "content": "4"}]}"#,
+        r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]}"#,
+        r#"{"prompt": [{"role": "user", "content": "What is 2+2?"}], "completion": "4"}"#,
+    ];
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    let pairs = read_pairs(&data, &tok, false, None).unwrap();
+    assert_eq!(pairs.len(), 3);
+    let qwen_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    let user_prompt = format!(
+        "<|im_start|>system\n{qwen_system}<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+    let four = tok.encode("4", false).unwrap();
+    assert_eq!(four.len(), 1);
+    let completion = vec![four[0], 151645];
+    assert_eq!(pairs[0].prompt, tok.encode(&user_prompt, false).unwrap());
+    assert_eq!(pairs[0].completion, completion);
+    let system_prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n\
+                         What is 2+2?<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(pairs[1].prompt, tok.encode(system_prompt, false).unwrap());
+    assert_eq!(pairs[1].completion, completion);
+    assert_eq!(pairs[2], pairs[0]);
+    // The plain pair with --chat gives the same tokens but for the EOS appended after "4".
+    let plain = tmp.path().join("plain.jsonl");
+    std::fs::write(&plain, r#"{"prompt": "What is 2+2?", "completion": "4"}"#).unwrap();
+    let p = read_pairs(&plain, &tok, true, None).unwrap();
+    assert_eq!(p[0].prompt, pairs[0].prompt);
+    assert_eq!(p[0].completion, completion);
+}
+
+/// A malformed conversational row is an error naming the file, the line and the message's field.
+#[test]
+fn sft_conversational_row_errors_name_line_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = qwen_chat_tokenizer(&tmp.path().join("tok"));
+    let err = |line: &str| {
+        let data = tmp.path().join("bad.jsonl");
+        let good = r#"{"prompt": "1+1=", "completion": "2"}"#;
+        std::fs::write(&data, format!("{good}\n{line}\n")).unwrap();
+        read_pairs(&data, &tok, false, None)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(
+        r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "hi"}]}"#,
+    );
+    assert!(
+        e.contains("bad.jsonl:2: field `messages[1].role`") && e.contains("assistant"),
+        "{e}"
+    );
+    let e = err(r#"{"messages": [{"role": "assistant", "content": "4"}]}"#);
+    assert!(
+        e.contains("bad.jsonl:2: field `messages`") && e.contains("at least one"),
+        "{e}"
+    );
+    let e = err(r#"{"prompt": [{"role": "user", "content": 4}], "completion": "4"}"#);
+    assert!(
+        e.contains("bad.jsonl:2: field `prompt[0].content` must be a string, found a number"),
+        "{e}"
+    );
+    let e = err(r#"{"prompt": [{"role": "tool", "content": "4"}], "completion": "4"}"#);
+    assert!(e.contains("bad.jsonl:2: field `prompt[0].role`"), "{e}");
+    let e = err(r#"{"prompt": 4, "completion": "4"}"#);
+    assert!(e.contains("bad.jsonl:2: field `prompt` must be a string or a list of chat messages, found a number"), "{e}");
+    let e = err(r#"{"question": "1+1=", "answer": "2"}"#);
+    assert!(
+        e.contains("bad.jsonl:2: field `prompt` is missing") && e.contains("messages"),
+        "{e}"
+    );
+}
