@@ -490,11 +490,20 @@ impl Run<'_> {
                 .find(|r| r.get("step").and_then(|v| v.as_u64()) == Some(0))
                 .and_then(|r| r.get("accuracy").and_then(|v| v.as_f64()));
             if at0 == Some(0.0) {
+                // `rlvr sft` writes its metrics.jsonl beside the model it trains: a model that
+                // is one already needs a longer warm start, not advice to do one.
+                let warm = std::path::Path::new(&self.cfg.raw.model.path).join("metrics.jsonl");
+                let advice = if warm.is_file() {
+                    "or warm-start longer: model.path is an `rlvr sft` model already (its \
+                     eval.jsonl has its held-out accuracy)"
+                } else {
+                    "or warm-start with `rlvr sft`"
+                };
                 crate::log::say(&format!(
                     "warning: the held-out accuracy was exactly 0 at step 0 and at step {t}: the \
                      model never solved a held-out problem. Check the answer format on a few \
                      completions (eval.jsonl, rollouts.jsonl), raise rollout.max_new_tokens if they \
-                     are cut off, or warm-start with `rlvr sft`"
+                     are cut off, {advice}"
                 ));
             }
         }

@@ -25,6 +25,18 @@ fn quickstart_fast_runs_end_to_end() {
     // Its own preset change for the off-policy run is not warned about (it was, mid-output).
     assert!(!stderr.contains("algorithm.preset changes"), "{stderr}");
     assert!(stdout.contains("off-policy GRPO (v=4)"), "{stdout}");
+    // Both RL runs start from the SFT warm start; a run that never solves a held-out problem (0
+    // at step 0 and at the end; both do at this size on x86-64) is told to warm-start longer, not
+    // to warm-start (it was, right after the quickstart's own warm start).
+    let never = stderr
+        .matches("the model never solved a held-out problem")
+        .count();
+    let longer = "or warm-start longer: model.path is an `rlvr sft` model";
+    assert_eq!(stderr.matches(longer).count(), never, "{stderr}");
+    assert!(
+        !stderr.contains("or warm-start with `rlvr sft`"),
+        "{stderr}"
+    );
 
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
