@@ -362,8 +362,9 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "mean@k": r.mean_at_k,
         "pass@k": r.pass_at_k,
     });
-    if a.env {
-        if let Some(m) = summary.as_object_mut() {
+    if let Some(m) = summary.as_object_mut() {
+        m.extend(crate::eval::reward_summary(&items));
+        if a.env {
             m.extend(episode_summary(&items, &env_stats, raw.env.max_turns));
         }
     }
@@ -372,9 +373,9 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 }
 
 /// What `rlvr eval --env`'s episodes did, under the names training's metrics.jsonl gives them
-/// (docs/environments.md): `reward/mean` (the episodes' reward, over those the environment did
-/// not fail; null when it failed all, or for none), then every `env/*` metric of a training
-/// step, computed by the same code ([`crate::run::report::env_metrics`]) over the evaluation's
+/// (docs/environments.md), after [`crate::eval::reward_summary`]'s `reward/mean` (the episodes'
+/// reward, over those the environment did not fail; null when it failed all): every `env/*`
+/// metric of a training step, computed by the same code ([`crate::run::report::env_metrics`]) over the evaluation's
 /// episodes (`items`) and what the environment did while they ran (`env`, summed over the
 /// evaluation's batches): `env/turns/{mean,min,max}`, `env/episode_len/mean`,
 /// `env/error_frac`, `env/finish/<end>`, `env/tool_calls`, `env/tool_call_errors`,
@@ -392,11 +393,6 @@ pub fn episode_summary(
         .iter()
         .filter_map(|it| it.episode.as_ref().map(|e| (it, e)))
         .collect();
-    let scored: Vec<f64> = eps
-        .iter()
-        .filter(|(_, e)| e.error.is_none())
-        .map(|(it, _)| it.reward)
-        .collect();
     let masks: Vec<Vec<u8>> = eps.iter().map(|(_, e)| e.completion_mask()).collect();
     let turn_eps: Vec<EpisodeTurns<'_>> = eps
         .iter()
@@ -410,12 +406,7 @@ pub fn episode_summary(
         .collect();
     let turns: Vec<f64> = eps.iter().map(|(_, e)| f64::from(e.turns)).collect();
     let lens: Vec<f64> = eps.iter().map(|(_, e)| e.completion_len() as f64).collect();
-    let mut out = vec![(
-        "reward/mean".to_string(),
-        serde_json::json!(
-            (!scored.is_empty()).then(|| scored.iter().sum::<f64>() / scored.len() as f64)
-        ),
-    )];
+    let mut out = Vec::new();
     for (k, v) in crate::run::report::env_metrics(&turn_eps, (&turns, &lens), env, max_turns) {
         // As metrics.jsonl writes it: a value that is not finite is null.
         out.push((k, serde_json::json!(v.filter(|x| x.is_finite()))));
@@ -690,6 +681,7 @@ fn evaluate_episodes(
                 correct: reward > 0.0,
                 extracted: None,
                 gold: None,
+                components: Vec::new(),
                 episode: Some(crate::eval::EpisodeRecord {
                     turns: e.turns,
                     segments: segments(&e.completion_mask),

@@ -55,10 +55,54 @@ pub struct EvalItem {
     pub extracted: Option<String>,
     /// Gold answer.
     pub gold: Option<String>,
+    /// Each reward component's raw (unweighted) reward, in `[[reward.components]]` order (the
+    /// task's verifier alone without components), written as `"rewards": {name: value}`; empty
+    /// (and not written) for an episode, whose reward is the environment's.
+    #[serde(
+        rename = "rewards",
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "ordered_map"
+    )]
+    pub components: Vec<(String, f64)>,
     /// A multi-turn episode's turns and environment replies (`rlvr eval --env`); absent for a
     /// single-turn sample.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub episode: Option<EpisodeRecord>,
+}
+
+/// `(name, value)` pairs as a JSON object in their order (serde_json's map would sort them).
+fn ordered_map<S: serde::Serializer>(v: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(v.len()))?;
+    for (k, x) in v {
+        m.serialize_entry(k, x)?;
+    }
+    m.end()
+}
+
+/// What `rlvr eval` reports of the rewards, under training's names (metrics.jsonl): `reward/mean`
+/// (the mean reward over `items`: samples, or episodes the environment did not fail) and, for
+/// each reward component the samples carry, `reward/<name>/mean` (its raw reward's mean, as a
+/// training step's `reward/<name>/mean`; TRL's `rewards/<name>/mean`). Null means where nothing
+/// was scored.
+pub fn reward_summary(items: &[EvalItem]) -> Vec<(String, serde_json::Value)> {
+    let mean = |xs: &[f64]| (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64);
+    let scored: Vec<&EvalItem> = items
+        .iter()
+        .filter(|it| it.episode.as_ref().is_none_or(|e| e.error.is_none()))
+        .collect();
+    let rewards: Vec<f64> = scored.iter().map(|it| it.reward).collect();
+    let mut out = vec![("reward/mean".to_string(), serde_json::json!(mean(&rewards)))];
+    if let Some(first) = scored.iter().find(|it| !it.components.is_empty()) {
+        for (k, (name, _)) in first.components.iter().enumerate() {
+            let raw: Vec<f64> = scored
+                .iter()
+                .filter_map(|it| it.components.get(k).map(|c| c.1))
+                .collect();
+            out.push((format!("reward/{name}/mean"), serde_json::json!(mean(&raw))));
+        }
+    }
+    out
 }
 
 /// What one evaluated episode did (`rlvr eval --env`, docs/environments.md): its assistant
@@ -450,6 +494,7 @@ fn sample_problems_into(
                 correct: sc.correct,
                 extracted: sc.extracted,
                 gold: sc.gold,
+                components: sc.components,
                 episode: None,
             });
         }

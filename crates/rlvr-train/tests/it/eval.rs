@@ -55,7 +55,20 @@ fn check_eval(extra: &[&str]) -> (serde_json::Value, Vec<serde_json::Value>) {
 fn eval_greedy_and_sampled() {
     let (v, items) = check_eval(&[]);
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["accuracy", "mean@k", "n", "pass@k", "task"]);
+    assert_eq!(
+        keys,
+        [
+            "accuracy",
+            "mean@k",
+            "n",
+            "pass@k",
+            "reward/arithmetic/mean",
+            "reward/mean",
+            "task"
+        ]
+    );
+    // The task's verifier alone is one component named after the task: its mean is the reward's.
+    assert_eq!(v["reward/mean"], v["reward/arithmetic/mean"]);
     assert_eq!(v["task"], "arithmetic");
     assert_eq!(v["n"], 5);
     assert_eq!(items.len(), 5);
@@ -68,6 +81,63 @@ fn eval_greedy_and_sampled() {
     assert!(v["pass@k"].as_f64() >= v["mean@k"].as_f64());
     let correct = items.iter().filter(|i| i["correct"] == true).count() as f64;
     assert!((v["mean@k"].as_f64().unwrap() - correct / 20.0).abs() < 1e-12);
+}
+
+/// `rlvr eval` reports the rewards as a training step names them (TRL's `rewards/<fn>/mean`):
+/// `reward/mean` and each component's raw `reward/<name>/mean`, in config order; each `--out` item
+/// carries its components' raw rewards (`"rewards"`). Two components: the task's verifier and an
+/// external one whose raw reward is the completion's length in characters (weight 0.5).
+#[test]
+fn eval_reports_the_mean_of_each_reward_component() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("len.sh");
+    std::fs::write(
+        &script,
+        r#"while IFS= read -r line; do
+  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
+  printf '{"reward":%d}\n' "${#comp}"
+done
+"#,
+    )
+    .unwrap();
+    let components = format!(
+        "reward.components=[{{ name = \"right\", verifier = {{ kind = \"arithmetic\" }} }}, \
+         {{ name = \"len\", weight = 0.5, verifier = {{ kind = \"external\", \
+         command = [\"sh\", \"{}\"] }} }}]",
+        script.display()
+    );
+    let (v, items) = check_eval(&["--n", "2", "--set", &components]);
+    assert_eq!(items.len(), 10);
+    let keys: Vec<&str> = items[0]["rewards"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    // (Parsed, the keys come sorted.) `correct` is the first component's judgement.
+    assert_eq!(keys, ["len", "right"]);
+    let mean = |f: &dyn Fn(&serde_json::Value) -> f64| {
+        items.iter().map(f).sum::<f64>() / items.len() as f64
+    };
+    // The external component's raw reward is each completion's length.
+    for it in &items {
+        let chars = it["completion"].as_str().unwrap().chars().count() as f64;
+        assert_eq!(it["rewards"]["len"].as_f64().unwrap(), chars, "{it}");
+        let right = it["rewards"]["right"].as_f64().unwrap();
+        assert_eq!(right, f64::from(u8::from(it["correct"] == true)), "{it}");
+        assert_eq!(it["reward"].as_f64().unwrap(), 0.5 * chars + right, "{it}");
+    }
+    let len = mean(&|it| it["rewards"]["len"].as_f64().unwrap());
+    assert!(len > 0.0, "the completions are not empty: {items:?}");
+    assert_eq!(v["reward/len/mean"].as_f64().unwrap(), len);
+    assert_eq!(
+        v["reward/right/mean"].as_f64().unwrap(),
+        mean(&|it| it["rewards"]["right"].as_f64().unwrap())
+    );
+    assert_eq!(
+        v["reward/mean"].as_f64().unwrap(),
+        mean(&|it| it["reward"].as_f64().unwrap())
+    );
 }
 
 /// Without --device/--dtype, `rlvr eval` takes the config's model.device and model.dtype (a GPU
