@@ -26,6 +26,11 @@
 //!   `error` for it (it holds the episode's replayed state, and no later request names it). A
 //!   death during a replay is a restart like any other (bounded by the same limit), and the
 //!   replay starts again on the next program.
+//! - closing: every episode the client fails itself while the program holds it (a replay that
+//!   differed, an observation refused for a special token, unless the reply said `done`) is sent
+//!   `finish` with reason `error` at once, so an `Err` result always means the program knows
+//!   the episode ended (it failed it, or was told); rlvr's own later failures of an episode
+//!   are closed by the caller with [`Environment::finish`].
 //!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
 //!   silent program is not restarted: the run stops at once rather than after every restart's
 //!   timeout.
@@ -36,7 +41,7 @@
 //!   written between requests: the run stops (the program is killed, its command, exit status,
 //!   stderr tail and log file named).
 //! - an episode's `{"id", "error"}`, or an observation holding one of
-//!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
+//!   [`ProcessSettings::special_tokens`]: that episode is unscorable (the latter closed, above).
 //!
 //! (Over 600 lines: supervision and replay share the process and its restart count; the history
 //! replayed is [`crate::replay`]'s.)
@@ -531,9 +536,10 @@ impl ProcessEnvironment {
     }
 
     /// Sends `finish` with reason `error` for the episodes `ids`, which rlvr failed while the
-    /// running program holds their state (their replay differed), so that it frees what it keeps
-    /// for them (DESIGN.md section 14's additions, "Closing failed replays"). They are already
-    /// forgotten: a death here restarts the program without replaying them. The replies' rewards
+    /// running program holds their state (their replay differed, or the client refused their
+    /// observation), so that it frees what it keeps for them (DESIGN.md section 14's additions,
+    /// "Closing failed replays"). They are already forgotten: a death here restarts the program
+    /// without replaying them. The replies' rewards
     /// and episode errors are not read (the episodes are unscorable already); a malformed reply
     /// stops the run, as any reply's.
     fn close(&mut self, ids: &[&str]) -> Result<(), Failure> {
@@ -556,6 +562,26 @@ impl ProcessEnvironment {
         }
         self.closed += ids.len() as u64;
         Ok(())
+    }
+
+    /// Sends `finish` with reason `error` for the episodes `ids` of the request just answered
+    /// that the client failed itself although the program answered them (an observation holding
+    /// a special token): the program still holds their state (DESIGN.md section 14's additions,
+    /// "Closing failed replays"). They are already forgotten. A death here restarts the
+    /// program (counted against the restarts) without sending it again: the new program never
+    /// held them.
+    ///
+    /// # Errors
+    /// A malformed reply, or a death past the restarts (as [`Self::recover`]).
+    fn close_refused(&mut self, ids: &[&str]) -> Result<(), EnvError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.ensure_started()?;
+        match self.close(ids) {
+            Ok(()) => Ok(()),
+            Err(f) => self.recover(Kind::Finish, f),
+        }
     }
 
     /// After a failed exchange of a `kind` request: a fatal fault, a death past the restarts or
@@ -615,12 +641,6 @@ impl Environment for ProcessEnvironment {
         self.stop = Some(stop);
     }
 
-    fn forget(&mut self, ids: &[&str]) {
-        for id in ids {
-            self.history.forget(id);
-        }
-    }
-
     fn faults(&self) -> Faults {
         Faults {
             restarts: u64::from(self.restarts),
@@ -641,12 +661,19 @@ impl Environment for ProcessEnvironment {
         let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids)?;
         self.warn_unread(Kind::Reset, &raw);
         let mut out = Vec::with_capacity(raw.len());
+        // The episodes the client itself fails (the program answered them): closed below.
+        let mut refused: Vec<&str> = Vec::new();
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_reset(&v, id).map_err(|e| self.malformed(e))?;
                     let ms = reply.messages.as_deref().unwrap_or_default();
-                    refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply)
+                    let checked =
+                        refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply);
+                    if checked.is_err() {
+                        refused.push(id);
+                    }
+                    checked
                 }
                 Err(e) => Err(e),
             });
@@ -658,6 +685,7 @@ impl Environment for ProcessEnvironment {
                 Err(_) => self.history.forget(&e.id),
             }
         }
+        self.close_refused(&refused)?;
         Ok(out)
     }
 
@@ -672,12 +700,21 @@ impl Environment for ProcessEnvironment {
         let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids)?;
         self.warn_unread(Kind::Step, &raw);
         let mut out = Vec::with_capacity(raw.len());
+        // The episodes the client itself fails and the program did not end (`done`): closed
+        // below.
+        let mut refused: Vec<&str> = Vec::new();
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_step(&v, id).map_err(|e| self.malformed(e))?;
-                    refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
-                        .map(|()| reply)
+                    let done = reply.done;
+                    let checked =
+                        refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
+                            .map(|()| reply);
+                    if checked.is_err() && !done {
+                        refused.push(id);
+                    }
+                    checked
                 }
                 Err(e) => Err(e),
             });
@@ -688,6 +725,7 @@ impl Environment for ProcessEnvironment {
                 Err(_) => self.history.forget(&e.id),
             }
         }
+        self.close_refused(&refused)?;
         Ok(out)
     }
 

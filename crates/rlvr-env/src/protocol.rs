@@ -98,10 +98,12 @@ pub enum FinishReason {
     Budget,
     /// A stop id other than the end-of-turn token ended the turn.
     Eos,
-    /// rlvr failed the episode (unscorable) while the program still holds its state: sent by the
-    /// process client to a restarted program for an episode whose replay differed
-    /// ([`crate::replay`]), so the program can free what it keeps for it (an addition to
-    /// DESIGN.md section 14, "Closing failed replays"). Its reply's reward is not read.
+    /// rlvr failed the episode (unscorable) while the program still holds its state, so the
+    /// program can free what it keeps for it (an addition to DESIGN.md section 14, "Closing
+    /// failed replays"): sent by the process client to a restarted program for an episode whose
+    /// replay differed ([`crate::replay`]) and for one whose observation it refused (a special
+    /// token), and by the episode runner for one it failed after the reply (an observation too
+    /// long, ...). Never for an episode the program failed itself. Its reply is not read.
     Error,
 }
 

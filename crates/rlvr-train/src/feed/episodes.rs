@@ -764,6 +764,7 @@ impl EpisodeRunner {
         if !steps.is_empty() {
             let req: Vec<StepEpisode> = steps.iter().map(|(_, s)| s.clone()).collect();
             let replies = self.env.step(&req).context("the environment's step")?;
+            let answered: Vec<bool> = replies.iter().map(Result::is_ok).collect();
             for ((i, _), reply) in steps.iter().zip(replies) {
                 let i = *i;
                 let r = match reply {
@@ -821,14 +822,16 @@ impl EpisodeRunner {
                 eps[i].used += b.ids.len();
                 eps[i].bridges.push(b.ids);
             }
-            // Episodes failed above (rlvr fails some itself, unknown to the environment): what
-            // the environment keeps for them is dropped ([`Environment::forget`]).
-            let failed: Vec<&str> = steps
-                .iter()
-                .filter(|(i, _)| eps[*i].error.is_some())
-                .map(|(i, _)| eps[*i].id.as_str())
-                .collect();
-            self.env.forget(&failed);
+            // The episodes rlvr failed above after an `Ok` reply (unknown to the environment,
+            // which still holds them) get `finish` with reason `error` below, once, so that it
+            // frees them (DESIGN.md section 14's additions, "Closing failed replays"). Those
+            // answered with an `Err` ended there: the environment failed them itself, or its
+            // client failed and closed them.
+            for ((i, _), ok) in steps.iter().zip(&answered) {
+                if *ok && eps[*i].error.is_some() {
+                    finishes.push((*i, EnvFinish::Error));
+                }
+            }
         }
         if !finishes.is_empty() {
             let req: Vec<FinishEpisode> = finishes
@@ -840,6 +843,10 @@ impl EpisodeRunner {
                 .collect();
             let replies = self.env.finish(&req).context("the environment's finish")?;
             for (&(i, reason), reply) in finishes.iter().zip(replies) {
+                if reason == EnvFinish::Error {
+                    // Failed already: the reply (a reward, an error) is not read.
+                    continue;
+                }
                 match reply {
                     Ok(r) => {
                         if r.reward.is_some() {
