@@ -415,18 +415,30 @@ fn an_observation_the_client_refuses_gets_its_episode_finished_with_error() {
         })
         .collect();
     let r = env.reset(&resets).unwrap();
-    assert!(r[0].as_ref().unwrap_err().contains("special token"), "{r:?}");
+    assert!(
+        r[0].as_ref().unwrap_err().contains("special token"),
+        "{r:?}"
+    );
     assert!(r[1..].iter().all(|r| r.is_ok()), "{r:?}");
     let t1: Vec<StepEpisode> = ids[1..].iter().map(|id| turn(id, 1, "a")).collect();
     let r = env.step(&t1).unwrap();
-    assert!(r[0].as_ref().unwrap_err().contains("special token"), "{r:?}");
-    assert!(r[1].as_ref().unwrap_err().contains("special token"), "{r:?}");
+    assert!(
+        r[0].as_ref().unwrap_err().contains("special token"),
+        "{r:?}"
+    );
+    assert!(
+        r[1].as_ref().unwrap_err().contains("special token"),
+        "{r:?}"
+    );
     assert!(!r[2].as_ref().unwrap().done);
     let fin = FinishEpisode {
         id: "good".into(),
         reason: FinishReason::MaxTurns,
     };
-    assert_eq!(env.finish(&[fin]).unwrap()[0].as_ref().unwrap().reward, Some(5.0));
+    assert_eq!(
+        env.finish(&[fin]).unwrap()[0].as_ref().unwrap().reward,
+        Some(5.0)
+    );
     assert_eq!(
         env.faults(),
         Faults {

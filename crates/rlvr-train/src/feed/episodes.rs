@@ -97,7 +97,8 @@ pub fn max_token_bytes(tok: &TokenizerBundle) -> usize {
         .max(1)
 }
 
-/// The bytes of text of `messages`: contents, names and tool call ids.
+/// The bytes of text of `messages`: contents, names and tool call ids, and a reset dialogue's
+/// tool calls (ids, names, arguments as compact JSON).
 fn message_bytes(messages: &[Message]) -> usize {
     messages
         .iter()
@@ -105,6 +106,10 @@ fn message_bytes(messages: &[Message]) -> usize {
             m.content.len()
                 + m.name.as_ref().map_or(0, String::len)
                 + m.tool_call_id.as_ref().map_or(0, String::len)
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.id.len() + c.name.len() + c.arguments.to_compact().len())
+                    .sum::<usize>()
         })
         .sum()
 }
