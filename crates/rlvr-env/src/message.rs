@@ -212,9 +212,9 @@ impl Message {
             ));
         }
         for (k, _) in kv {
-            if !matches!(k.as_str(), "role" | "content" | "name" | "tool_call_id")
-                && !(k == "tool_calls" && role == "assistant")
-            {
+            let known = matches!(k.as_str(), "role" | "content" | "name" | "tool_call_id")
+                || (k == "tool_calls" && role == "assistant");
+            if !known {
                 let more = if k == "tool_calls" {
                     " (tool_calls only on an assistant message)"
                 } else {
