@@ -30,7 +30,9 @@
 //!   differed, an observation refused for a special token, unless the reply said `done`) is sent
 //!   `finish` with reason `error` at once, so an `Err` result always means the program knows
 //!   the episode ended (it failed it, or was told); rlvr's own later failures of an episode
-//!   are closed by the caller with [`Environment::finish`].
+//!   are closed by the caller with [`Environment::finish`]. Such a `finish` (reason `error`) is
+//!   not preceded by a replay: an episode whose program died since is forgotten unsent (answered
+//!   with an empty reply), as the program that held it is gone.
 //!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
 //!   silent program is not restarted: the run stops at once rather than after every restart's
 //!   timeout.
@@ -379,17 +381,32 @@ impl ProcessEnvironment {
     /// One batch request with restarts and replay (see the module docs): the episodes of it
     /// whose state lived in a program that died are replayed first ([`Self::replay`]); one
     /// whose replay differs is left out of the request and answered with its error.
+    ///
+    /// `closing[k]` (a `finish` with reason `error`; empty: none): episode `k` is not replayed
+    /// to a program that never held it only to be closed: it is forgotten and answered with an
+    /// empty reply, unsent (the program that held it is gone, and its state with it).
     fn exchange(
         &mut self,
         kind: Kind,
         episodes: Vec<Json>,
         ids: &[&str],
+        closing: &[bool],
     ) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
         let mut lost: Vec<Option<String>> = vec![None; ids.len()];
+        let mut unsent = vec![false; ids.len()];
         loop {
             self.ensure_started()?;
+            for (k, id) in ids.iter().enumerate() {
+                let stale = || !self.history.stale(&[id], self.starts).is_empty();
+                if closing.get(k) == Some(&true) && !unsent[k] && stale() {
+                    self.history.forget(id);
+                    unsent[k] = true;
+                }
+            }
             let attempt = self.replay(ids, &mut lost).and_then(|()| {
-                let keep: Vec<usize> = (0..ids.len()).filter(|&k| lost[k].is_none()).collect();
+                let keep: Vec<usize> = (0..ids.len())
+                    .filter(|&k| lost[k].is_none() && !unsent[k])
+                    .collect();
                 if keep.is_empty() {
                     return Ok(Vec::new());
                 }
@@ -402,8 +419,10 @@ impl ProcessEnvironment {
                     let mut replies = replies.into_iter();
                     return Ok(lost
                         .into_iter()
-                        .map(|l| match l {
+                        .zip(ids.iter().zip(unsent))
+                        .map(|(l, (id, unsent))| match l {
                             Some(why) => Err(why),
+                            None if unsent => Ok(Json::object([("id", Json::from(*id))])),
                             None => replies.next().expect("one reply per episode sent"),
                         })
                         .collect());
@@ -658,7 +677,7 @@ impl Environment for ProcessEnvironment {
             return Ok(Vec::new());
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
-        let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids)?;
+        let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids, &[])?;
         self.warn_unread(Kind::Reset, &raw);
         let mut out = Vec::with_capacity(raw.len());
         // The episodes the client itself fails (the program answered them): closed below.
@@ -697,7 +716,7 @@ impl Environment for ProcessEnvironment {
             return Ok(Vec::new());
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
-        let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids)?;
+        let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids, &[])?;
         self.warn_unread(Kind::Step, &raw);
         let mut out = Vec::with_capacity(raw.len());
         // The episodes the client itself fails and the program did not end (`done`): closed
@@ -737,7 +756,16 @@ impl Environment for ProcessEnvironment {
             return Ok(Vec::new());
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
-        let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
+        let closing: Vec<bool> = episodes
+            .iter()
+            .map(|e| e.reason == protocol::FinishReason::Error)
+            .collect();
+        let raw = self.exchange(
+            Kind::Finish,
+            protocol::finish_episodes(episodes),
+            &ids,
+            &closing,
+        )?;
         for id in &ids {
             self.history.forget(id);
         }

@@ -469,3 +469,90 @@ fn an_observation_the_client_refuses_gets_its_episode_finished_with_error() {
         "{text}"
     );
 }
+
+/// Records `START reset ID`, `START step ID`, `START finish ID REASON`; the first program dies at
+/// its first `finish` request.
+const DIES_AT_FINISH_PY: &str = r#"
+import json, os, sys
+marker, ledger = sys.argv[1], sys.argv[2]
+start = 2 if os.path.exists(marker) else 1
+def note(s):
+    with open(ledger, "a") as f:
+        f.write("%d %s\n" % (start, s))
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        print(json.dumps({"version": 1}), flush=True); continue
+    if t == "finish" and start == 1:
+        open(marker, "w").close(); os._exit(3)
+    eps = []
+    for e in req["episodes"]:
+        note("%s %s%s" % (t, e["id"], " " + e["reason"] if t == "finish" else ""))
+        eps.append({"id": e["id"], "messages": [{"role": "user", "content": "ok"}], "done": False}
+                   if t == "step" else {"id": e["id"]})
+    print(json.dumps({"episodes": eps}), flush=True)
+"#;
+
+/// A `finish` with reason `error` (rlvr failed the episode after the program answered) that
+/// meets a restart is not preceded by the episode's replay: the program that held it died with
+/// its state, so the episode is forgotten unsent, while the request's other episodes are
+/// replayed and finished as any request's.
+#[test]
+fn a_closing_finish_after_a_restart_replays_nothing_for_its_episode() {
+    if !crate::faults::python() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dies.py"), DIES_AT_FINISH_PY).unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let mut s = ProcessSettings::new(vec![
+        "python3".into(),
+        "dies.py".into(),
+        dir.path().join("marker").display().to_string(),
+        ledger.display().to_string(),
+    ]);
+    s.dir = Some(dir.path().to_path_buf());
+    s.timeout = Duration::from_secs(20);
+    s.restarts = 1;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    let resets: Vec<ResetEpisode> = ["a", "b"]
+        .iter()
+        .map(|id| ResetEpisode {
+            id: (*id).into(),
+            group: (*id).into(),
+            sample: 0,
+            seed: 3,
+            row: Json::Object(vec![]),
+            prompt: None,
+        })
+        .collect();
+    assert!(env.reset(&resets).unwrap().iter().all(|r| r.is_ok()));
+    let r = env.step(&[turn("a", 1, "x"), turn("b", 1, "y")]).unwrap();
+    assert!(r.iter().all(|r| r.is_ok()));
+    let fin = |id: &str, reason| FinishEpisode {
+        id: id.into(),
+        reason,
+    };
+    let r = env
+        .finish(&[
+            fin("a", FinishReason::Error),
+            fin("b", FinishReason::MaxTurns),
+        ])
+        .unwrap();
+    assert!(
+        r.iter().all(|r| r.as_ref().unwrap().reward.is_none()),
+        "{r:?}"
+    );
+    assert_eq!(env.faults().restarts, 1);
+    assert_eq!(env.faults().replayed, 1);
+    assert_eq!(env.kept_episodes(), 0);
+    drop(env);
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let second: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("2 ")).collect();
+    assert_eq!(
+        second,
+        ["reset b", "step b", "finish b max_turns"],
+        "{text}"
+    );
+}
