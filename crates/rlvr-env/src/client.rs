@@ -558,9 +558,8 @@ impl ProcessEnvironment {
     /// running program holds their state (their replay differed, or the client refused their
     /// observation), so that it frees what it keeps for them (DESIGN.md section 14's additions,
     /// "Closing failed replays"). They are already forgotten: a death here restarts the program
-    /// without replaying them. The replies' rewards
-    /// and episode errors are not read (the episodes are unscorable already); a malformed reply
-    /// stops the run, as any reply's.
+    /// without replaying them. The replies' rewards and episode errors are not read (the
+    /// episodes are unscorable already); a malformed reply stops the run, as any reply's.
     fn close(&mut self, ids: &[&str]) -> Result<(), Failure> {
         if ids.is_empty() {
             return Ok(());
