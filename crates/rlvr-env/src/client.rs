@@ -26,6 +26,13 @@
 //!   `error` for it (it holds the episode's replayed state, and no later request names it). A
 //!   death during a replay is a restart like any other (bounded by the same limit), and the
 //!   replay starts again on the next program.
+//! - closing: every episode the client fails itself while the program holds it (a replay that
+//!   differed, an observation refused for a special token, unless the reply said `done`) is sent
+//!   `finish` with reason `error` at once, so an `Err` result always means the program knows
+//!   the episode ended (it failed it, or was told); rlvr's own later failures of an episode
+//!   are closed by the caller with [`Environment::finish`]. Such a `finish` (reason `error`) is
+//!   not preceded by a replay: an episode whose program died since is forgotten unsent (answered
+//!   with an empty reply), as the program that held it is gone.
 //!   Once the run is asked to stop ([`Environment::watch_stop`], the first Ctrl-C), a dead or
 //!   silent program is not restarted: the run stops at once rather than after every restart's
 //!   timeout.
@@ -36,7 +43,7 @@
 //!   written between requests: the run stops (the program is killed, its command, exit status,
 //!   stderr tail and log file named).
 //! - an episode's `{"id", "error"}`, or an observation holding one of
-//!   [`ProcessSettings::special_tokens`]: that episode is unscorable.
+//!   [`ProcessSettings::special_tokens`]: that episode is unscorable (the latter closed, above).
 //!
 //! (Over 600 lines: supervision and replay share the process and its restart count; the history
 //! replayed is [`crate::replay`]'s.)
@@ -374,17 +381,32 @@ impl ProcessEnvironment {
     /// One batch request with restarts and replay (see the module docs): the episodes of it
     /// whose state lived in a program that died are replayed first ([`Self::replay`]); one
     /// whose replay differs is left out of the request and answered with its error.
+    ///
+    /// `closing[k]` (a `finish` with reason `error`; empty: none): episode `k` is not replayed
+    /// to a program that never held it only to be closed: it is forgotten and answered with an
+    /// empty reply, unsent (the program that held it is gone, and its state with it).
     fn exchange(
         &mut self,
         kind: Kind,
         episodes: Vec<Json>,
         ids: &[&str],
+        closing: &[bool],
     ) -> Result<Vec<EpisodeResult<Json>>, EnvError> {
         let mut lost: Vec<Option<String>> = vec![None; ids.len()];
+        let mut unsent = vec![false; ids.len()];
         loop {
             self.ensure_started()?;
+            for (k, id) in ids.iter().enumerate() {
+                let stale = || !self.history.stale(&[id], self.starts).is_empty();
+                if closing.get(k) == Some(&true) && !unsent[k] && stale() {
+                    self.history.forget(id);
+                    unsent[k] = true;
+                }
+            }
             let attempt = self.replay(ids, &mut lost).and_then(|()| {
-                let keep: Vec<usize> = (0..ids.len()).filter(|&k| lost[k].is_none()).collect();
+                let keep: Vec<usize> = (0..ids.len())
+                    .filter(|&k| lost[k].is_none() && !unsent[k])
+                    .collect();
                 if keep.is_empty() {
                     return Ok(Vec::new());
                 }
@@ -397,8 +419,10 @@ impl ProcessEnvironment {
                     let mut replies = replies.into_iter();
                     return Ok(lost
                         .into_iter()
-                        .map(|l| match l {
+                        .zip(ids.iter().zip(unsent))
+                        .map(|(l, (id, unsent))| match l {
                             Some(why) => Err(why),
+                            None if unsent => Ok(Json::object([("id", Json::from(*id))])),
                             None => replies.next().expect("one reply per episode sent"),
                         })
                         .collect());
@@ -531,11 +555,11 @@ impl ProcessEnvironment {
     }
 
     /// Sends `finish` with reason `error` for the episodes `ids`, which rlvr failed while the
-    /// running program holds their state (their replay differed), so that it frees what it keeps
-    /// for them (DESIGN.md section 14's additions, "Closing failed replays"). They are already
-    /// forgotten: a death here restarts the program without replaying them. The replies' rewards
-    /// and episode errors are not read (the episodes are unscorable already); a malformed reply
-    /// stops the run, as any reply's.
+    /// running program holds their state (their replay differed, or the client refused their
+    /// observation), so that it frees what it keeps for them (DESIGN.md section 14's additions,
+    /// "Closing failed replays"). They are already forgotten: a death here restarts the program
+    /// without replaying them. The replies' rewards and episode errors are not read (the
+    /// episodes are unscorable already); a malformed reply stops the run, as any reply's.
     fn close(&mut self, ids: &[&str]) -> Result<(), Failure> {
         if ids.is_empty() {
             return Ok(());
@@ -556,6 +580,26 @@ impl ProcessEnvironment {
         }
         self.closed += ids.len() as u64;
         Ok(())
+    }
+
+    /// Sends `finish` with reason `error` for the episodes `ids` of the request just answered
+    /// that the client failed itself although the program answered them (an observation holding
+    /// a special token): the program still holds their state (DESIGN.md section 14's additions,
+    /// "Closing failed replays"). They are already forgotten. A death here restarts the
+    /// program (counted against the restarts) without sending it again: the new program never
+    /// held them.
+    ///
+    /// # Errors
+    /// A malformed reply, or a death past the restarts (as [`Self::recover`]).
+    fn close_refused(&mut self, ids: &[&str]) -> Result<(), EnvError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.ensure_started()?;
+        match self.close(ids) {
+            Ok(()) => Ok(()),
+            Err(f) => self.recover(Kind::Finish, f),
+        }
     }
 
     /// After a failed exchange of a `kind` request: a fatal fault, a death past the restarts or
@@ -615,12 +659,6 @@ impl Environment for ProcessEnvironment {
         self.stop = Some(stop);
     }
 
-    fn forget(&mut self, ids: &[&str]) {
-        for id in ids {
-            self.history.forget(id);
-        }
-    }
-
     fn faults(&self) -> Faults {
         Faults {
             restarts: u64::from(self.restarts),
@@ -638,15 +676,22 @@ impl Environment for ProcessEnvironment {
             return Ok(Vec::new());
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
-        let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids)?;
+        let raw = self.exchange(Kind::Reset, protocol::reset_episodes(episodes), &ids, &[])?;
         self.warn_unread(Kind::Reset, &raw);
         let mut out = Vec::with_capacity(raw.len());
+        // The episodes the client itself fails (the program answered them): closed below.
+        let mut refused: Vec<&str> = Vec::new();
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_reset(&v, id).map_err(|e| self.malformed(e))?;
                     let ms = reply.messages.as_deref().unwrap_or_default();
-                    refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply)
+                    let checked =
+                        refuse_special_tokens(ms, &self.settings.special_tokens).map(|()| reply);
+                    if checked.is_err() {
+                        refused.push(id);
+                    }
+                    checked
                 }
                 Err(e) => Err(e),
             });
@@ -658,6 +703,7 @@ impl Environment for ProcessEnvironment {
                 Err(_) => self.history.forget(&e.id),
             }
         }
+        self.close_refused(&refused)?;
         Ok(out)
     }
 
@@ -669,15 +715,24 @@ impl Environment for ProcessEnvironment {
             return Ok(Vec::new());
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
-        let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids)?;
+        let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids, &[])?;
         self.warn_unread(Kind::Step, &raw);
         let mut out = Vec::with_capacity(raw.len());
+        // The episodes the client itself fails and the program did not end (`done`): closed
+        // below.
+        let mut refused: Vec<&str> = Vec::new();
         for (r, id) in raw.into_iter().zip(&ids) {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_step(&v, id).map_err(|e| self.malformed(e))?;
-                    refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
-                        .map(|()| reply)
+                    let done = reply.done;
+                    let checked =
+                        refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
+                            .map(|()| reply);
+                    if checked.is_err() && !done {
+                        refused.push(id);
+                    }
+                    checked
                 }
                 Err(e) => Err(e),
             });
@@ -688,6 +743,7 @@ impl Environment for ProcessEnvironment {
                 Err(_) => self.history.forget(&e.id),
             }
         }
+        self.close_refused(&refused)?;
         Ok(out)
     }
 
@@ -699,7 +755,16 @@ impl Environment for ProcessEnvironment {
             return Ok(Vec::new());
         }
         let ids: Vec<&str> = episodes.iter().map(|e| e.id.as_str()).collect();
-        let raw = self.exchange(Kind::Finish, protocol::finish_episodes(episodes), &ids)?;
+        let closing: Vec<bool> = episodes
+            .iter()
+            .map(|e| e.reason == protocol::FinishReason::Error)
+            .collect();
+        let raw = self.exchange(
+            Kind::Finish,
+            protocol::finish_episodes(episodes),
+            &ids,
+            &closing,
+        )?;
         for id in &ids {
             self.history.forget(id);
         }

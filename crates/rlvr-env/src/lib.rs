@@ -71,8 +71,8 @@ use protocol::{
 
 /// An environment over lock-step batches (docs/DESIGN.md section 14). Each method takes every live
 /// episode of a batch and returns one result per episode, in the same order: the reply, or the
-/// environment's error for that episode (which makes it unscorable). An empty batch sends
-/// nothing.
+/// environment's error for that episode (which makes it unscorable, and ends it: it gets no
+/// `finish`). An empty batch sends nothing.
 pub trait Environment: Send {
     /// Episodes begin: each gets its prompt (kept or replaced) and tools.
     ///
@@ -90,7 +90,13 @@ pub trait Environment: Send {
     fn step(&mut self, episodes: &[StepEpisode])
         -> Result<Vec<EpisodeResult<StepReply>>, EnvError>;
 
-    /// rlvr ended these episodes without the environment's `done`.
+    /// rlvr ended these episodes without the environment's `done`: the reasons of section 14,
+    /// or [`protocol::FinishReason::Error`] for an episode rlvr failed itself after an `Ok`
+    /// reply (an observation too long, or holding a special token), so that the environment
+    /// frees what it keeps for it (DESIGN.md section 14's additions, "Closing failed replays";
+    /// the reply is then not read). Never sent for an episode whose result was an `Err`: an
+    /// environment that returns one has ended the episode itself (the process client closes
+    /// the episodes it fails on its own, [`client`]).
     ///
     /// # Errors
     /// A fault that stops the run.
@@ -104,13 +110,6 @@ pub trait Environment: Send {
     /// stays silent is no longer restarted. The default ignores it (nothing to restart).
     fn watch_stop(&mut self, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
         let _ = stop;
-    }
-
-    /// rlvr ended these episodes itself, without telling the environment (it failed them: an
-    /// observation too long or holding a special token): whatever is kept for them (the
-    /// process client's replay history, [`replay`]) is dropped. The default keeps nothing.
-    fn forget(&mut self, ids: &[&str]) {
-        let _ = ids;
     }
 
     /// Restarts and replays over the environment's life so far (zeros for one that never
@@ -131,7 +130,9 @@ pub struct Faults {
     pub replayed: u64,
     /// Replayed episodes whose replies differed from the originals (each failed, unscorable).
     pub diverged: u64,
-    /// Of those, the ones sent `finish` with reason `error` (all but those the program failed
-    /// itself), so that the program holding their state frees it.
+    /// Episodes the client failed while the program held their state, sent `finish` with
+    /// reason `error` so that the program frees it: those whose replay differed (all but those
+    /// the program failed itself) and those whose observation the client refused (a special
+    /// token). rlvr's own later failures, finished by the caller, are not counted here.
     pub closed: u64,
 }

@@ -41,6 +41,98 @@ impl ToolCall {
     }
 }
 
+impl ToolCall {
+    /// A tool call in the chat-template form ([`ToolCall::to_template_json`]), as an assistant
+    /// message of a reset `dialogue` gives it: `{"id", "type": "function", "function": {"name",
+    /// "arguments"}}`, `id` optional (`call_<index>`, `index` its place in the message, as rlvr
+    /// numbers a turn's calls), `type` optional (only `"function"`), `arguments` an object or a
+    /// string holding one (read as that object, keys in their order; absent: `{}`).
+    ///
+    /// # Errors
+    /// Why `v` is not such a call (which field, what it was).
+    pub fn from_template_json(v: &Json, index: usize) -> Result<ToolCall, String> {
+        let Json::Object(kv) = v else {
+            return Err(format!("a tool call must be an object, not {}", v.kind()));
+        };
+        for (k, _) in kv {
+            if !matches!(k.as_str(), "id" | "type" | "function") {
+                return Err(format!(
+                    "a tool call has the key {k:?} (known: id, type, function)"
+                ));
+            }
+        }
+        let id = match v.get("id") {
+            None | Some(Json::Null) => format!("call_{index}"),
+            Some(Json::Str(s)) => s.clone(),
+            Some(other) => return Err(format!("\"id\" must be a string, not {}", other.kind())),
+        };
+        match v.get("type") {
+            None | Some(Json::Null) => {}
+            Some(Json::Str(t)) if t == "function" => {}
+            Some(other) => {
+                return Err(format!(
+                    "\"type\" must be \"function\", not {}",
+                    other.to_compact()
+                ))
+            }
+        }
+        let f = match v.get("function") {
+            Some(f @ Json::Object(fkv)) => {
+                if let Some((k, _)) = fkv.iter().find(|(k, _)| k != "name" && k != "arguments") {
+                    return Err(format!(
+                        "its function has the key {k:?} (known: name, arguments)"
+                    ));
+                }
+                f
+            }
+            Some(other) => {
+                return Err(format!(
+                    "\"function\" must be an object {{\"name\", \"arguments\"}}, not {}",
+                    other.kind()
+                ))
+            }
+            None => return Err("a tool call needs \"function\": {\"name\", \"arguments\"}".into()),
+        };
+        let name = match f.get("name") {
+            Some(Json::Str(n)) if !n.is_empty() => n.clone(),
+            Some(Json::Str(_)) => return Err("its function's \"name\" is empty".into()),
+            Some(other) => {
+                return Err(format!(
+                    "its function's \"name\" must be a string, not {}",
+                    other.kind()
+                ))
+            }
+            None => return Err("its function needs a \"name\"".into()),
+        };
+        let arguments = match f.get("arguments") {
+            None | Some(Json::Null) => Json::Object(Vec::new()),
+            Some(a @ Json::Object(_)) => a.clone(),
+            Some(Json::Str(text)) => match Json::parse(text) {
+                Ok(a @ Json::Object(_)) => a,
+                _ => {
+                    return Err(format!(
+                        "its function's \"arguments\" string does not hold a JSON object: \
+                         {:?}",
+                        text.chars().take(80).collect::<String>()
+                    ))
+                }
+            },
+            Some(other) => {
+                return Err(format!(
+                    "its function's \"arguments\" must be an object (or a string holding \
+                     one), not {}",
+                    other.kind()
+                ))
+            }
+        };
+        Ok(ToolCall {
+            id,
+            name,
+            arguments,
+        })
+    }
+}
+
 /// One chat message: a prompt's, an assistant turn's, or an environment's reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
@@ -120,16 +212,40 @@ impl Message {
             ));
         }
         for (k, _) in kv {
-            if !matches!(k.as_str(), "role" | "content" | "name" | "tool_call_id") {
+            let known = matches!(k.as_str(), "role" | "content" | "name" | "tool_call_id")
+                || (k == "tool_calls" && role == "assistant");
+            if !known {
+                let more = if k == "tool_calls" {
+                    " (tool_calls only on an assistant message)"
+                } else {
+                    ""
+                };
                 return Err(format!(
-                    "a message has the key {k:?} (known: role, content, name, tool_call_id)"
+                    "a message has the key {k:?} (known: role, content, name, tool_call_id,                      and tool_calls on an assistant message){more}"
                 ));
             }
         }
+        let tool_calls = match v.get("tool_calls") {
+            None | Some(Json::Null) => Vec::new(),
+            Some(Json::Array(calls)) => calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    ToolCall::from_template_json(c, i)
+                        .map_err(|why| format!("its tool_calls[{i}]: {why}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(other) => {
+                return Err(format!(
+                    "a message's \"tool_calls\" must be a list or null, not {}",
+                    other.kind()
+                ))
+            }
+        };
         Ok(Message {
             role,
             content: text("content")?.unwrap_or_default(),
-            tool_calls: Vec::new(),
+            tool_calls,
             name: text("name")?,
             tool_call_id: text("tool_call_id")?,
         })

@@ -98,10 +98,12 @@ pub enum FinishReason {
     Budget,
     /// A stop id other than the end-of-turn token ended the turn.
     Eos,
-    /// rlvr failed the episode (unscorable) while the program still holds its state: sent by the
-    /// process client to a restarted program for an episode whose replay differed
-    /// ([`crate::replay`]), so the program can free what it keeps for it (an addition to
-    /// DESIGN.md section 14, "Closing failed replays"). Its reply's reward is not read.
+    /// rlvr failed the episode (unscorable) while the program still holds its state, so the
+    /// program can free what it keeps for it (an addition to DESIGN.md section 14, "Closing
+    /// failed replays"): sent by the process client to a restarted program for an episode whose
+    /// replay differed ([`crate::replay`]) and for one whose observation it refused (a special
+    /// token), and by the episode runner for one it failed after the reply (an observation too
+    /// long, ...). Never for an episode the program failed itself. Its reply is not read.
     Error,
 }
 
@@ -131,9 +133,10 @@ pub struct FinishEpisode {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ResetReply {
     /// `None` keeps the dataset's prompt; a list replaces it: the reply's `messages`
-    /// (system/user messages), or its `dialogue` (system, user and assistant messages ending
-    /// with a user one: a few-shot dialogue, an addition to DESIGN.md section 14), rendered by
-    /// the chat template as the prompt either way.
+    /// (system/user messages), or its `dialogue` (system, user, assistant messages, these with
+    /// optional `tool_calls`, and tool messages answering them, ending with a user one: a
+    /// few-shot dialogue, an addition to DESIGN.md section 14), rendered by the chat template
+    /// as the prompt either way.
     pub messages: Option<Vec<Message>>,
     /// OpenAI-style function schemas for the chat template's `tools`, keys in their order.
     pub tools: Option<Vec<Json>>,
@@ -493,12 +496,48 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// Checks the `tool` messages of a reset `dialogue`: each follows an assistant message with
+/// `tool_calls` (or another `tool` message after one) and, when it gives a `tool_call_id`, names
+/// one of those calls.
+fn check_tool_answers(dialogue: &[Message], id: &str) -> Result<(), EnvError> {
+    let mut calls: Option<&[crate::message::ToolCall]> = None;
+    for (i, m) in dialogue.iter().enumerate() {
+        match m.role.as_str() {
+            "assistant" if !m.tool_calls.is_empty() => calls = Some(&m.tool_calls),
+            "tool" => {
+                let Some(cs) = calls else {
+                    return Err(EnvError::Protocol(format!(
+                        "reset reply for episode {id:?}, dialogue[{i}]: a \"tool\" message must \
+                         answer the tool_calls of the assistant message before it (or follow \
+                         another tool message that does)"
+                    )));
+                };
+                if let Some(t) = &m.tool_call_id {
+                    if !cs.iter().any(|c| &c.id == t) {
+                        return Err(EnvError::Protocol(format!(
+                            "reset reply for episode {id:?}, dialogue[{i}]: its tool_call_id \
+                             {t:?} names none of the calls it answers ({})",
+                            cs.iter()
+                                .map(|c| format!("{:?}", c.id))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )));
+                    }
+                }
+            }
+            _ => calls = None,
+        }
+    }
+    Ok(())
+}
+
 /// A `reset` reply of episode `id`.
 ///
 /// # Errors
 /// [`EnvError::Protocol`]: messages that are not a list of system/user messages (an assistant
-/// one: the error names `dialogue`), a `dialogue` that is not a non-empty list of system, user
-/// and assistant messages ending with a user one, both `messages` and `dialogue`, tools that are
+/// one: the error names `dialogue`), a `dialogue` that is not a non-empty list of system, user,
+/// assistant (with optional `tool_calls`) and tool messages ending with a user one (a tool
+/// message answers the calls of the assistant message before it), both `messages` and `dialogue`, tools that are
 /// not a list of objects.
 pub fn parse_reset(e: &Json, id: &str) -> Result<ResetReply, EnvError> {
     let messages = messages_of(e, ("messages", &["system", "user"]), "reset", id).map_err(
@@ -514,10 +553,13 @@ pub fn parse_reset(e: &Json, id: &str) -> Result<ResetReply, EnvError> {
     )?;
     let dialogue = messages_of(
         e,
-        ("dialogue", &["system", "user", "assistant"]),
+        ("dialogue", &["system", "user", "assistant", "tool"]),
         "reset",
         id,
     )?;
+    if let Some(d) = &dialogue {
+        check_tool_answers(d, id)?;
+    }
     let messages = match (messages, dialogue) {
         (Some(_), Some(_)) => {
             return Err(EnvError::Protocol(format!(
@@ -602,7 +644,8 @@ mod tests {
     /// `dialogue` (an addition to section 14): a reset prompt with assistant turns, read into
     /// [`ResetReply::messages`] in its order; `messages` still refuses an assistant message
     /// (naming `dialogue`); both at once, a dialogue not ending with a user message, or a tool
-    /// message in it are refused; an old reply without it reads as before.
+    /// message in it that answers no tool call are refused; an old reply without it reads as
+    /// before.
     #[test]
     fn a_reset_dialogue_carries_assistant_turns_into_the_prompt() {
         let parse = |s: &str| parse_reset(&Json::parse(s).unwrap(), "0:0");

@@ -20,8 +20,8 @@
 //! state were conditioned on; an environment may legitimately score with a sampled judge.
 //!
 //! Bound: an episode is kept from its `reset` reply until it ends: a `step` reply with `done`,
-//! any `finish` reply, an episode error, or [`crate::Environment::forget`] (rlvr failed it
-//! itself). So the history holds at most the live episodes of the batch in flight (B × K for a
+//! any `finish` reply (reason `error` when rlvr failed it itself after a reply), an episode
+//! error, or the client refusing a reply. So the history holds at most the live episodes of the batch in flight (B × K for a
 //! training step), each with its `reset` request and at most `env.max_turns` `step` requests
 //! (a turn's text) and replies (messages bounded by the reply limits).
 

@@ -68,6 +68,14 @@ impl<V: TurnVerifier> RetryEnvironment<V> {
     }
 }
 
+impl<V> RetryEnvironment<V> {
+    /// Episodes whose row is kept (reset, not yet ended by `done`, `finish` or a turn the
+    /// verifier could not judge): 0 once every episode sent ended.
+    pub fn live(&self) -> usize {
+        self.rows.len()
+    }
+}
+
 impl<V: TurnVerifier> Environment for RetryEnvironment<V> {
     fn reset(
         &mut self,
@@ -93,7 +101,15 @@ impl<V: TurnVerifier> Environment for RetryEnvironment<V> {
                     .rows
                     .get(&e.id)
                     .ok_or_else(|| format!("episode {:?} was never reset", e.id))?;
-                let correct = self.verifier.correct(row, &e.text)?;
+                // A turn the verifier cannot judge fails the episode: it ends here (an `Err`
+                // gets no `finish`), so its row is dropped.
+                let correct = match self.verifier.correct(row, &e.text) {
+                    Ok(c) => c,
+                    Err(why) => {
+                        self.rows.remove(&e.id);
+                        return Err(why);
+                    }
+                };
                 let reply = if correct {
                     let extra = i32::try_from(e.turn.saturating_sub(1)).unwrap_or(i32::MAX);
                     StepReply {
@@ -207,7 +223,59 @@ mod tests {
         );
         let r = env.step(&[turn("b", 1, "4")]).unwrap();
         assert!(r[0].as_ref().unwrap_err().contains("never reset"));
+        // "c" failed at its turn 1 ("cannot judge"): it ended there.
+        let r = env.step(&[turn("c", 2, "4")]).unwrap();
+        assert!(r[0].as_ref().unwrap_err().contains("never reset"));
         assert!(RetryEnvironment::new(v, 0, 1.0).is_err());
         assert!(RetryEnvironment::new(v, 2, 1.5).is_err());
+    }
+
+    /// Every episode ends holding nothing: by `done`, by a turn the verifier cannot judge, or by
+    /// `finish` with any reason, `error` (rlvr failed it after a reply) included. Before, the
+    /// unjudged one's row stayed, and rlvr's own failures were never finished.
+    #[test]
+    fn every_way_an_episode_ends_drops_its_row() {
+        use crate::protocol::FinishReason;
+        let v = |_: &Json, text: &str| -> Result<bool, String> {
+            match text {
+                "?" => Err("cannot judge".into()),
+                t => Ok(t == "4"),
+            }
+        };
+        let mut env = RetryEnvironment::new(v, 3, 1.0).unwrap();
+        let eps: Vec<ResetEpisode> = ["done", "unjudged", "error", "length"]
+            .iter()
+            .map(|id| ResetEpisode {
+                id: (*id).into(),
+                group: (*id).into(),
+                sample: 0,
+                seed: 0,
+                row: Json::Object(vec![]),
+                prompt: None,
+            })
+            .collect();
+        env.reset(&eps).unwrap();
+        assert_eq!(env.live(), 4);
+        let r = env
+            .step(&[
+                turn("done", 1, "4"),
+                turn("unjudged", 1, "?"),
+                turn("error", 1, "5"),
+            ])
+            .unwrap();
+        assert!(r[0].as_ref().unwrap().done && r[1].is_err() && !r[2].as_ref().unwrap().done);
+        assert_eq!(env.live(), 2);
+        let fin = |id: &str, reason| FinishEpisode {
+            id: id.into(),
+            reason,
+        };
+        let r = env
+            .finish(&[
+                fin("error", FinishReason::Error),
+                fin("length", FinishReason::Length),
+            ])
+            .unwrap();
+        assert!(r.iter().all(|r| r == &Ok(FinishReply { reward: None })));
+        assert_eq!(env.live(), 0);
     }
 }

@@ -40,19 +40,35 @@ pub fn check_groups(
 }
 
 /// The first of `specials` (the tokenizer's special tokens, as text) that occurs in the
-/// content, name or tool call id of `messages`, with where: `(token, "messages[1].content")`.
-/// Encoded as part of a bridge, such a string would become the control token itself.
+/// content, name or tool call id of `messages`, or in the id, name or arguments (as compact
+/// JSON) of an assistant message's tool calls (a reset `dialogue`'s), with where:
+/// `(token, "messages[1].content")`, `(token, "messages[2].tool_calls[0].arguments")`.
+/// Encoded as part of a bridge or a prompt, such a string would become the control token itself.
 pub fn find_special_token<'a>(
     messages: &[Message],
     specials: &'a [String],
 ) -> Option<(&'a str, String)> {
     for (i, m) in messages.iter().enumerate() {
-        let fields = [
-            ("content", Some(m.content.as_str())),
-            ("name", m.name.as_deref()),
-            ("tool_call_id", m.tool_call_id.as_deref()),
+        let mut fields: Vec<(String, Option<std::borrow::Cow<'_, str>>)> = vec![
+            ("content".into(), Some(m.content.as_str().into())),
+            ("name".into(), m.name.as_deref().map(Into::into)),
+            (
+                "tool_call_id".into(),
+                m.tool_call_id.as_deref().map(Into::into),
+            ),
         ];
-        for (field, text) in fields {
+        for (j, c) in m.tool_calls.iter().enumerate() {
+            fields.push((format!("tool_calls[{j}].id"), Some(c.id.as_str().into())));
+            fields.push((
+                format!("tool_calls[{j}].name"),
+                Some(c.name.as_str().into()),
+            ));
+            fields.push((
+                format!("tool_calls[{j}].arguments"),
+                Some(c.arguments.to_compact().into()),
+            ));
+        }
+        for (field, text) in &fields {
             let Some(text) = text else { continue };
             if let Some(t) = specials
                 .iter()

@@ -346,3 +346,213 @@ fn a_restarted_program_gets_finish_for_each_episode_whose_replay_differed() {
     // The first program never got a finish (it died holding all four).
     assert!(!text.lines().any(|l| l.starts_with("1 finish")), "{text}");
 }
+
+/// Records each request's episodes on the ledger (`reset ID`, `step ID`, `finish ID REASON`);
+/// observations hold `<|im_end|>` as text for `bad` (its reset) and `late` and `last` (their
+/// first step, `last`'s with `done`).
+const REFUSED_PY: &str = r#"
+import json, sys
+ledger = sys.argv[1]
+def note(s):
+    with open(ledger, "a") as f:
+        f.write(s + "\n")
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    eps = []
+    if t == "hello":
+        print(json.dumps({"version": 1}), flush=True); continue
+    for e in req["episodes"]:
+        i = e["id"]
+        if t == "reset":
+            note("reset " + i)
+            text = "a <|im_end|> b" if i == "bad" else "hi"
+            eps.append({"id": i, "messages": [{"role": "user", "content": text}]})
+        elif t == "step":
+            note("step " + i)
+            text = "x <|im_end|>" if i in ("late", "last") else "ok"
+            eps.append({"id": i, "messages": [{"role": "user", "content": text}],
+                        "done": i == "last"})
+        else:
+            note("finish %s %s" % (i, e["reason"]))
+            eps.append({"id": i, "reward": 5.0})
+    print(json.dumps({"episodes": eps}), flush=True)
+"#;
+
+/// An observation the client refuses (a special token as text) fails its episode while the
+/// program holds it: the client sends that program `finish` with reason `error` for it at once,
+/// once (DESIGN.md section 14's additions, "Closing failed replays"), so the `Err` the caller
+/// sees means the episode ended on both sides; a `done` reply it refuses is not finished (the
+/// program ended it). Before, such episodes were only dropped from the replay history, and the
+/// program kept them until it exited.
+#[test]
+fn an_observation_the_client_refuses_gets_its_episode_finished_with_error() {
+    if !crate::faults::python() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("refused.py"), REFUSED_PY).unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let mut s = ProcessSettings::new(vec![
+        "python3".into(),
+        "refused.py".into(),
+        ledger.display().to_string(),
+    ]);
+    s.dir = Some(dir.path().to_path_buf());
+    s.timeout = Duration::from_secs(20);
+    s.special_tokens = vec!["<|im_end|>".into()];
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    let ids = ["bad", "late", "last", "good"];
+    let resets: Vec<ResetEpisode> = ids
+        .iter()
+        .map(|id| ResetEpisode {
+            id: (*id).into(),
+            group: (*id).into(),
+            sample: 0,
+            seed: 1,
+            row: Json::Object(vec![]),
+            prompt: None,
+        })
+        .collect();
+    let r = env.reset(&resets).unwrap();
+    assert!(
+        r[0].as_ref().unwrap_err().contains("special token"),
+        "{r:?}"
+    );
+    assert!(r[1..].iter().all(|r| r.is_ok()), "{r:?}");
+    let t1: Vec<StepEpisode> = ids[1..].iter().map(|id| turn(id, 1, "a")).collect();
+    let r = env.step(&t1).unwrap();
+    assert!(
+        r[0].as_ref().unwrap_err().contains("special token"),
+        "{r:?}"
+    );
+    assert!(
+        r[1].as_ref().unwrap_err().contains("special token"),
+        "{r:?}"
+    );
+    assert!(!r[2].as_ref().unwrap().done);
+    let fin = FinishEpisode {
+        id: "good".into(),
+        reason: FinishReason::MaxTurns,
+    };
+    assert_eq!(
+        env.finish(&[fin]).unwrap()[0].as_ref().unwrap().reward,
+        Some(5.0)
+    );
+    assert_eq!(
+        env.faults(),
+        Faults {
+            restarts: 0,
+            replayed: 0,
+            diverged: 0,
+            closed: 2
+        }
+    );
+    assert_eq!(env.kept_episodes(), 0);
+    drop(env);
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "reset bad",
+            "reset late",
+            "reset last",
+            "reset good",
+            "finish bad error",
+            "step late",
+            "step last",
+            "step good",
+            "finish late error",
+            "finish good max_turns",
+        ],
+        "{text}"
+    );
+}
+
+/// Records `START reset ID`, `START step ID`, `START finish ID REASON`; the first program dies at
+/// its first `finish` request.
+const DIES_AT_FINISH_PY: &str = r#"
+import json, os, sys
+marker, ledger = sys.argv[1], sys.argv[2]
+start = 2 if os.path.exists(marker) else 1
+def note(s):
+    with open(ledger, "a") as f:
+        f.write("%d %s\n" % (start, s))
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        print(json.dumps({"version": 1}), flush=True); continue
+    if t == "finish" and start == 1:
+        open(marker, "w").close(); os._exit(3)
+    eps = []
+    for e in req["episodes"]:
+        note("%s %s%s" % (t, e["id"], " " + e["reason"] if t == "finish" else ""))
+        eps.append({"id": e["id"], "messages": [{"role": "user", "content": "ok"}], "done": False}
+                   if t == "step" else {"id": e["id"]})
+    print(json.dumps({"episodes": eps}), flush=True)
+"#;
+
+/// A `finish` with reason `error` (rlvr failed the episode after the program answered) that
+/// meets a restart is not preceded by the episode's replay: the program that held it died with
+/// its state, so the episode is forgotten unsent, while the request's other episodes are
+/// replayed and finished as any request's.
+#[test]
+fn a_closing_finish_after_a_restart_replays_nothing_for_its_episode() {
+    if !crate::faults::python() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dies.py"), DIES_AT_FINISH_PY).unwrap();
+    let ledger = dir.path().join("ledger.txt");
+    let mut s = ProcessSettings::new(vec![
+        "python3".into(),
+        "dies.py".into(),
+        dir.path().join("marker").display().to_string(),
+        ledger.display().to_string(),
+    ]);
+    s.dir = Some(dir.path().to_path_buf());
+    s.timeout = Duration::from_secs(20);
+    s.restarts = 1;
+    let mut env = ProcessEnvironment::start(s).unwrap();
+    let resets: Vec<ResetEpisode> = ["a", "b"]
+        .iter()
+        .map(|id| ResetEpisode {
+            id: (*id).into(),
+            group: (*id).into(),
+            sample: 0,
+            seed: 3,
+            row: Json::Object(vec![]),
+            prompt: None,
+        })
+        .collect();
+    assert!(env.reset(&resets).unwrap().iter().all(|r| r.is_ok()));
+    let r = env.step(&[turn("a", 1, "x"), turn("b", 1, "y")]).unwrap();
+    assert!(r.iter().all(|r| r.is_ok()));
+    let fin = |id: &str, reason| FinishEpisode {
+        id: id.into(),
+        reason,
+    };
+    let r = env
+        .finish(&[
+            fin("a", FinishReason::Error),
+            fin("b", FinishReason::MaxTurns),
+        ])
+        .unwrap();
+    assert!(
+        r.iter().all(|r| r.as_ref().unwrap().reward.is_none()),
+        "{r:?}"
+    );
+    assert_eq!(env.faults().restarts, 1);
+    assert_eq!(env.faults().replayed, 1);
+    assert_eq!(env.kept_episodes(), 0);
+    drop(env);
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let second: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("2 ")).collect();
+    assert_eq!(
+        second,
+        ["reset b", "step b", "finish b max_turns"],
+        "{text}"
+    );
+}

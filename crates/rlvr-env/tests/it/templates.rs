@@ -455,3 +455,103 @@ fn a_long_tool_reply_is_cut_at_token_boundaries_of_a_byte_level_bpe() {
         }
     }
 }
+
+/// A reset `dialogue` may show the model calling a tool (an assistant message's `tool_calls`,
+/// in the chat-template form rlvr renders the model's own calls in) and the tool answering
+/// (`tool` messages): Qwen2.5's template renders it into the prompt exactly as transformers
+/// renders those messages (`<tool_call>` blocks, grouped `<tool_response>`s in a user turn),
+/// with the episode's tools and the generation prompt. A call's `id` defaults to `call_<i>`,
+/// `arguments` may be a string holding an object; a tool message that answers no call, or names
+/// another call's id, and `tool_calls` on a non-assistant message are refused.
+#[test]
+fn a_reset_dialogue_with_tool_calls_renders_them_into_the_prompt() {
+    use rlvr_env::protocol::parse_reset;
+    let source = std::fs::read_to_string(root().join("data/chat_templates/qwen2_5.jinja")).unwrap();
+    let t = ChatTemplate::new(&source, Vec::new()).unwrap();
+    let reply = Json::parse(
+        r#"{"id": "0:0", "dialogue": [
+            {"role": "system", "content": "Use the calculator."},
+            {"role": "user", "content": "What is 6*7?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"type": "function", "function": {"name": "calc", "arguments": {"expr": "6*7"}}}]},
+            {"role": "tool", "name": "calc", "tool_call_id": "call_0", "content": "42"},
+            {"role": "assistant", "content": "42"},
+            {"role": "user", "content": "What is 3+5?"},
+            {"role": "assistant", "content": "Both ways:", "tool_calls": [
+                {"id": "a1", "function": {"name": "calc", "arguments": "{\"expr\": \"3+5\"}"}},
+                {"id": "a2", "type": "function", "function": {"name": "calc", "arguments": {"expr": "5+3"}}}]},
+            {"role": "tool", "tool_call_id": "a1", "content": "8"},
+            {"role": "tool", "tool_call_id": "a2", "content": "8"},
+            {"role": "assistant", "content": "8"},
+            {"role": "user", "content": "What is 2+2?"}],
+          "tools": [{"type": "function", "function": {"name": "calc",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]}"#,
+    )
+    .unwrap();
+    let r = parse_reset(&reply, "0:0").unwrap();
+    let dialogue = r.messages.unwrap();
+    assert_eq!(dialogue[2].tool_calls[0].id, "call_0");
+    assert_eq!(
+        dialogue[6].tool_calls[0].arguments,
+        Json::parse(r#"{"expr": "3+5"}"#).unwrap()
+    );
+    let text = t.render(&dialogue, r.tools.as_deref(), true).unwrap();
+    let want = "<|im_start|>system\nUse the calculator.\n\n# Tools\n\nYou may call one or more \
+        functions to assist with the user query.\n\nYou are provided with function signatures \
+        within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": \
+        {\"name\": \"calc\", \"parameters\": {\"type\": \"object\", \"properties\": {\"expr\": \
+        {\"type\": \"string\"}}}}}\n</tools>\n\nFor each function call, return a json object \
+        with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n\
+        {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\nWhat is 6*7?<|im_end|>\n\
+        <|im_start|>assistant\n<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expr\": \
+        \"6*7\"}}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n\
+        <|im_start|>assistant\n42<|im_end|>\n\
+        <|im_start|>user\nWhat is 3+5?<|im_end|>\n\
+        <|im_start|>assistant\nBoth ways:\n<tool_call>\n{\"name\": \"calc\", \"arguments\": \
+        {\"expr\": \"3+5\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"calc\", \"arguments\": \
+        {\"expr\": \"5+3\"}}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\n<tool_response>\n8\n</tool_response>\n<tool_response>\n8\n\
+        </tool_response><|im_end|>\n\
+        <|im_start|>assistant\n8<|im_end|>\n\
+        <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
+        <|im_start|>assistant\n";
+    assert_eq!(text, want);
+
+    let err = |dialogue: &str| {
+        let v = Json::parse(&format!(r#"{{"id": "0:0", "dialogue": {dialogue}}}"#)).unwrap();
+        parse_reset(&v, "0:0").unwrap_err().to_string()
+    };
+    let q = r#"{"role": "user", "content": "q"}"#;
+    let call = r#"{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}"#;
+    let e = err(&format!(
+        r#"[{q}, {{"role": "tool", "content": "1"}}, {q}]"#
+    ));
+    assert!(
+        e.contains("dialogue[1]") && e.contains("must answer the tool_calls"),
+        "{e}"
+    );
+    let e = err(&format!(
+        r#"[{q}, {call}, {{"role": "tool", "tool_call_id": "call_1", "content": "1"}}, {q}]"#
+    ));
+    assert!(
+        e.contains("dialogue[2]") && e.contains("\"call_1\" names none"),
+        "{e}"
+    );
+    let e = err(r#"[{"role": "user", "content": "q", "tool_calls": []}]"#);
+    assert!(
+        e.contains("dialogue[0]") && e.contains("only on an assistant message"),
+        "{e}"
+    );
+    let e = err(&format!(
+        r#"[{q}, {{"role": "assistant", "tool_calls": [{{"function": {{"name": "f", "arguments": "[1]"}}}}]}}, {q}]"#
+    ));
+    assert!(
+        e.contains("tool_calls[0]") && e.contains("does not hold a JSON object"),
+        "{e}"
+    );
+    // `messages` stays system and user messages only.
+    let v = Json::parse(&format!(r#"{{"id": "0:0", "messages": [{q}, {call}]}}"#)).unwrap();
+    assert!(parse_reset(&v, "0:0").is_err());
+}

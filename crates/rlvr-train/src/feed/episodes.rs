@@ -97,7 +97,8 @@ pub fn max_token_bytes(tok: &TokenizerBundle) -> usize {
         .max(1)
 }
 
-/// The bytes of text of `messages`: contents, names and tool call ids.
+/// The bytes of text of `messages`: contents, names and tool call ids, and a reset dialogue's
+/// tool calls (ids, names, arguments as compact JSON).
 fn message_bytes(messages: &[Message]) -> usize {
     messages
         .iter()
@@ -105,6 +106,10 @@ fn message_bytes(messages: &[Message]) -> usize {
             m.content.len()
                 + m.name.as_ref().map_or(0, String::len)
                 + m.tool_call_id.as_ref().map_or(0, String::len)
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.id.len() + c.name.len() + c.arguments.to_compact().len())
+                    .sum::<usize>()
         })
         .sum()
 }
@@ -764,6 +769,7 @@ impl EpisodeRunner {
         if !steps.is_empty() {
             let req: Vec<StepEpisode> = steps.iter().map(|(_, s)| s.clone()).collect();
             let replies = self.env.step(&req).context("the environment's step")?;
+            let answered: Vec<bool> = replies.iter().map(Result::is_ok).collect();
             for ((i, _), reply) in steps.iter().zip(replies) {
                 let i = *i;
                 let r = match reply {
@@ -821,14 +827,16 @@ impl EpisodeRunner {
                 eps[i].used += b.ids.len();
                 eps[i].bridges.push(b.ids);
             }
-            // Episodes failed above (rlvr fails some itself, unknown to the environment): what
-            // the environment keeps for them is dropped ([`Environment::forget`]).
-            let failed: Vec<&str> = steps
-                .iter()
-                .filter(|(i, _)| eps[*i].error.is_some())
-                .map(|(i, _)| eps[*i].id.as_str())
-                .collect();
-            self.env.forget(&failed);
+            // The episodes rlvr failed above after an `Ok` reply (unknown to the environment,
+            // which still holds them) get `finish` with reason `error` below, once, so that it
+            // frees them (DESIGN.md section 14's additions, "Closing failed replays"). Those
+            // answered with an `Err` ended there: the environment failed them itself, or its
+            // client failed and closed them.
+            for ((i, _), ok) in steps.iter().zip(&answered) {
+                if *ok && eps[*i].error.is_some() {
+                    finishes.push((*i, EnvFinish::Error));
+                }
+            }
         }
         if !finishes.is_empty() {
             let req: Vec<FinishEpisode> = finishes
@@ -840,6 +848,10 @@ impl EpisodeRunner {
                 .collect();
             let replies = self.env.finish(&req).context("the environment's finish")?;
             for (&(i, reason), reply) in finishes.iter().zip(replies) {
+                if reason == EnvFinish::Error {
+                    // Failed already: the reply (a reward, an error) is not read.
+                    continue;
+                }
                 match reply {
                     Ok(r) => {
                         if r.reward.is_some() {

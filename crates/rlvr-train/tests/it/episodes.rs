@@ -756,6 +756,128 @@ fn long_observations_are_cut_to_fit_keeping_the_side_asked_for() {
     }
 }
 
+/// A ledger environment: it writes `reset ID`, `done ID`, `failed ID` (its own `error` entry) and
+/// `finish ID REASON` to the file it is given, so every way an episode ends is on record. By the
+/// group (draw mod 4) its first step answers: 0, 40 digits (too long for the bridge, which rlvr
+/// fails under `env.observation_truncation = "error"`); 1, text holding `<|endoftext|>` (the
+/// client refuses it); 2, an episode error; 3, `done`.
+const LEDGER_ENV: &str = r#"
+import json, sys
+ledger = sys.argv[1]
+def note(s):
+    with open(ledger, "a") as f:
+        f.write(s + "\n")
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        print(json.dumps({"version": 1}), flush=True); continue
+    eps = []
+    for e in req["episodes"]:
+        i = e["id"]
+        kind = int(i.split(":")[0]) % 4
+        if t == "reset":
+            note("reset " + i)
+            eps.append({"id": i, "messages": None})
+        elif t == "step":
+            if kind == 2:
+                note("failed " + i)
+                eps.append({"id": i, "error": "no sandbox"})
+                continue
+            text = {0: "0123456789" * 4, 1: "a<|endoftext|>b", 3: "right"}[kind]
+            done = kind == 3
+            if done:
+                note("done " + i)
+            eps.append({"id": i, "messages": [{"role": "user", "content": text}], "reward": 1.0,
+                        "done": done})
+        else:
+            note("finish %s %s" % (i, e["reason"]))
+            eps.append({"id": i, "reward": 2.0})
+    print(json.dumps({"episodes": eps}), flush=True)
+"#;
+
+#[test]
+fn every_episode_a_program_was_sent_ends_once_even_when_rlvr_fails_it() {
+    // Episodes rlvr makes unscorable itself after the program answered (an observation too long,
+    // one holding a special token) get `finish` with reason `error`, once, so a program holding
+    // a sandbox per episode frees it; one the program failed itself gets none. Before, the first
+    // two kinds were never finished.
+    let f = fixture();
+    let dir = f.run.parent().unwrap().join("ledger");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("ledger_env.py");
+    std::fs::write(&script, LEDGER_ENV).unwrap();
+    let ledger = dir.join("ledger.txt");
+    let cmd = format!(
+        "env.command=[\"python3\", \"{}\", \"{}\"]",
+        script.display(),
+        ledger.display()
+    );
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            &cmd,
+            "env.max_turns=3",
+            "env.max_observation_tokens=34",
+            "env.max_episode_tokens=80",
+            "env.max_error_frac=1.0",
+            "data.prompts_per_step=16",
+        ],
+    );
+    let b = explorer(&cfg, &f.model, &f.model_dir).produce(1).unwrap();
+    let env = b.env.clone().unwrap();
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let mut resets: Vec<&str> = Vec::new();
+    let mut ends: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for l in text.lines() {
+        let mut w = l.split(' ');
+        let (what, id) = (w.next().unwrap(), w.next().unwrap());
+        match what {
+            "reset" => resets.push(id),
+            "finish" => ends
+                .entry(id)
+                .or_default()
+                .push(format!("finish {}", w.next().unwrap())),
+            _ => ends.entry(id).or_default().push(what.to_string()),
+        }
+    }
+    assert_eq!(resets.len(), b.experiences.len());
+    for id in &resets {
+        assert_eq!(
+            ends.get(id).map_or(0, Vec::len),
+            1,
+            "episode {id}: {:?}\n{text}",
+            ends.get(id)
+        );
+    }
+    assert_eq!(ends.len(), resets.len(), "{text}");
+    // Which end each kind got, when its first turn was stepped (a turn cut by `length` is
+    // finished with that reason before any step).
+    let kind = |id: &str| id.split(':').next().unwrap().parse::<usize>().unwrap() % 4;
+    let mut seen = [0usize; 4];
+    for (id, e) in &ends {
+        let e = e[0].as_str();
+        if e == "finish length" || e == "finish budget" || e == "finish eos" {
+            continue;
+        }
+        let want: &[&str] = match kind(id) {
+            0 | 1 => &["finish error"],
+            2 => &["failed"],
+            _ => &["done"],
+        };
+        assert!(want.contains(&e), "episode {id} ended by {e}\n{text}");
+        seen[kind(id)] += 1;
+    }
+    assert!(seen.iter().all(|&n| n > 0), "{seen:?}\n{text}");
+    // Every finished-with-error episode is one rlvr counts as failed, and no other.
+    let errors = ends
+        .values()
+        .filter(|e| e[0] == "finish error" || e[0] == "failed")
+        .count();
+    assert_eq!(env.errors, errors, "{env:?}");
+}
+
 #[test]
 fn experiences_files_carry_an_optional_mask() {
     use rlvr_train::store::experience::parse_line;
