@@ -427,7 +427,7 @@ impl ProcessEnvironment {
                         })
                         .collect());
                 }
-                Err(f) => self.recover(kind, f)?,
+                Err(f) => self.recover(kind, f, true)?,
             }
         }
     }
@@ -598,14 +598,16 @@ impl ProcessEnvironment {
         self.ensure_started()?;
         match self.close(ids) {
             Ok(()) => Ok(()),
-            Err(f) => self.recover(Kind::Finish, f),
+            Err(f) => self.recover(Kind::Finish, f, false),
         }
     }
 
     /// After a failed exchange of a `kind` request: a fatal fault, a death past the restarts or
     /// a death once the run is asked to stop is the run's error; another death kills the
-    /// program, counts a restart and warns (the next exchange starts a new one).
-    fn recover(&mut self, kind: Kind, failure: Failure) -> Result<(), EnvError> {
+    /// program, counts a restart and warns (the next exchange starts a new one). `resend`: the
+    /// request is sent again to the new program after the replay (every request but the
+    /// `finish` that closes episodes the client refused, whose state died with the program).
+    fn recover(&mut self, kind: Kind, failure: Failure, resend: bool) -> Result<(), EnvError> {
         let p = self.proc.take().expect("started before exchanging");
         match failure {
             Failure::Fatal(e) => {
@@ -630,15 +632,23 @@ impl ProcessEnvironment {
                     )));
                 }
                 self.restarts += 1;
+                let next = match resend {
+                    true => format!(
+                        "replaying to it the live episodes of the {} request (their reset and \
+                         earlier steps) and sending the request again",
+                        kind.as_str()
+                    ),
+                    false => "the episodes it was told to finish (reason error) are not sent \
+                              again: their state died with it"
+                        .to_string(),
+                };
                 eprintln!(
                     "warning: environment `{}`: {why} ({}); restarting it (restart {} of at most \
-                     {}), replaying to it the live episodes of the {} request (their reset and \
-                     earlier steps) and sending the request again",
+                     {}), {next}",
                     self.command_line(),
                     ended.chars().take(2000).collect::<String>(),
                     self.restarts,
                     self.settings.restarts,
-                    kind.as_str(),
                 );
                 Ok(())
             }
