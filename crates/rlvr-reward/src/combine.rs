@@ -100,6 +100,37 @@ pub enum VerifierConfig {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env: Vec<String>,
     },
+    /// A reward function written for verl's `custom_reward_function` (`compute_score(data_source,
+    /// solution_str, ground_truth, extra_info=None)` returning a number or a dict with `score`),
+    /// run unchanged in one persistent Python process by the adapter `examples/verl_rewards.py`,
+    /// which rlvr carries: one call per completion, with the row's `data_source` (else
+    /// `data_source` below), the completion text, the row's `reward_model.ground_truth` (else its
+    /// reference) and its `extra_info` column (else None).
+    Verl {
+        /// The function as `FILE.py:NAME` or `FILE.py` (NAME `compute_score`, as verl's
+        /// `custom_reward_function.path` and `.name`), e.g. `"my_reward.py:compute_score"`
+        /// (required); in a config file, a relative FILE is relative to the file's directory.
+        function: String,
+        /// The `data_source` passed for a row without a `data_source` column. Default: the
+        /// task's name (`data.task`, e.g. `jsonl`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_source: Option<String>,
+        /// The Python interpreter: a name looked up on `PATH`, or a path (a relative one in a
+        /// config file is relative to the file's directory). Default `python3`.
+        #[serde(default = "default_python")]
+        python: String,
+        /// Seconds allowed per batch, in (0, 1e6]. Default 60.
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+        /// How many times a process that dies is started again in one run before the run stops,
+        /// at most 1000. Default 3.
+        #[serde(default = "default_restarts")]
+        restarts: u32,
+        /// Names of environment variables the process gets from rlvr's environment besides
+        /// `PATH`, `HOME`, `LANG` and `TMPDIR`; every other variable is withheld. Default empty.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<String>,
+    },
     /// An LLM judge over HTTP (`JudgeVerifier`): an OpenAI-compatible server scores each
     /// completion by a prompt (docs/external-verifier.md).
     Judge(JudgeConfig),
@@ -161,6 +192,28 @@ fn check_weight(key: &str, value: f64) -> Result<(), RewardError> {
     )))
 }
 
+/// Checks the settings a `python` and a `verl` verifier share, at `key`.
+fn check_python(
+    key: &str,
+    python: &str,
+    timeout_s: f64,
+    restarts: u32,
+    env: &[String],
+) -> Result<(), RewardError> {
+    if python.is_empty() {
+        return Err(RewardError::Config(format!(
+            "{key}.python is empty: name the Python interpreter (python3)"
+        )));
+    }
+    if restarts > MOST_RESTARTS {
+        return Err(RewardError::Config(format!(
+            "{key}.restarts = {restarts} is out of range: at most {MOST_RESTARTS}"
+        )));
+    }
+    crate::external::check_env_names(&format!("{key}.env"), env)?;
+    timeout_duration(&format!("{key}.timeout_s"), timeout_s).map(|_| ())
+}
+
 impl VerifierConfig {
     /// Checks what [`VerifierConfig::build`] would refuse, without building or starting anything
     /// (for a config check at start-up); `key` names where the verifier was given, e.g.
@@ -205,18 +258,24 @@ impl VerifierConfig {
                          \"my_rewards.py:accuracy_reward\")"
                     )));
                 }
-                if python.is_empty() {
+                check_python(key, python, *timeout_s, *restarts, env)
+            }
+            VerifierConfig::Verl {
+                function,
+                data_source: _,
+                python,
+                timeout_s,
+                env,
+                restarts,
+            } => {
+                if crate::verl::split_function(function).is_none() {
                     return Err(RewardError::Config(format!(
-                        "{key}.python is empty: name the Python interpreter (python3)"
+                        "{key}.function = {function:?} is not FILE.py or FILE.py:NAME (e.g. \
+                         \"my_reward.py:compute_score\", verl's custom_reward_function.path \
+                         and .name)"
                     )));
                 }
-                if *restarts > MOST_RESTARTS {
-                    return Err(RewardError::Config(format!(
-                        "{key}.restarts = {restarts} is out of range: at most {MOST_RESTARTS}"
-                    )));
-                }
-                crate::external::check_env_names(&format!("{key}.env"), env)?;
-                timeout_duration(&format!("{key}.timeout_s"), *timeout_s).map(|_| ())
+                check_python(key, python, *timeout_s, *restarts, env)
             }
             VerifierConfig::Judge(j) => j
                 .check()
@@ -274,12 +333,25 @@ impl VerifierConfig {
                 command[1] = crate::trl::adapter_path()?.display().to_string();
                 Box::new(PersistentVerifier::new(command, timeout, *restarts).with_env(env.clone()))
             }
+            VerifierConfig::Verl {
+                timeout_s,
+                restarts,
+                env,
+                ..
+            } => {
+                self.check("verifier")?;
+                let timeout = timeout_duration("verifier.timeout_s", *timeout_s)?;
+                let mut command = self.command().expect("a verl verifier has a command");
+                command[1] = crate::verl::adapter_path()?.display().to_string();
+                Box::new(PersistentVerifier::new(command, timeout, *restarts).with_env(env.clone()))
+            }
         })
     }
 
-    /// The program an external or python verifier runs, as it would be written by hand (a
-    /// python verifier's adapter as `examples/trl_rewards.py`, the file rlvr writes out at
-    /// build time); `None` for the built-in, judge and reward-model kinds.
+    /// The program an external, python or verl verifier runs, as it would be written by hand
+    /// (the adapter as `examples/trl_rewards.py` or `examples/verl_rewards.py`, the file rlvr
+    /// writes out at build time; a verl verifier's `--data-source` when `data_source` is set);
+    /// `None` for the built-in, judge and reward-model kinds.
     pub fn command(&self) -> Option<Vec<String>> {
         match self {
             VerifierConfig::External { command, .. } => Some(command.clone()),
@@ -290,7 +362,31 @@ impl VerifierConfig {
                 "examples/trl_rewards.py".into(),
                 function.clone(),
             ]),
+            VerifierConfig::Verl {
+                function,
+                python,
+                data_source,
+                ..
+            } => {
+                let mut c = vec![
+                    python.clone(),
+                    "examples/verl_rewards.py".into(),
+                    function.clone(),
+                ];
+                if let Some(d) = data_source {
+                    c.extend(["--data-source".into(), d.clone()]);
+                }
+                Some(c)
+            }
             _ => None,
+        }
+    }
+
+    /// Sets a verl verifier's `data_source` to `name` (the task's name) when the config leaves it
+    /// unset; other kinds are left as they are.
+    pub fn default_data_source(&mut self, name: &str) {
+        if let VerifierConfig::Verl { data_source, .. } = self {
+            data_source.get_or_insert_with(|| name.to_string());
         }
     }
 
@@ -303,6 +399,7 @@ impl VerifierConfig {
             VerifierConfig::Arithmetic { .. } => "arithmetic",
             VerifierConfig::External { .. } => "external",
             VerifierConfig::Python { .. } => "python",
+            VerifierConfig::Verl { .. } => "verl",
             VerifierConfig::Judge(_) => "judge",
             VerifierConfig::RewardModel(_) => "reward_model",
         }
@@ -315,7 +412,8 @@ impl VerifierConfig {
 pub struct ComponentConfig {
     /// Name in the metrics (`reward/<name>/mean`, `reward/<name>/share`), distinct per component.
     /// Default: a `python` verifier's function name (`accuracy_reward` for
-    /// `my_rewards.py:accuracy_reward`, as TRL names its reward columns), else the verifier's kind.
+    /// `my_rewards.py:accuracy_reward`, as TRL names its reward columns), else the verifier's kind
+    /// (`verl` for a verl verifier).
     #[serde(default)]
     pub name: Option<String>,
     /// Weight in the sum, finite with |weight| ≤ 1e6. Default 1.

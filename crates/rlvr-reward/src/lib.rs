@@ -62,6 +62,7 @@ pub mod reference;
 pub mod reward_model;
 pub mod sampling;
 pub mod trl;
+pub mod verl;
 
 use serde::Serialize;
 

@@ -18,38 +18,48 @@ pub const ADAPTER: &str = include_str!("../../../examples/trl_rewards.py");
 /// [`RewardError::Config`] when no such directory can be made or the file cannot be written.
 pub fn adapter_path() -> Result<PathBuf, RewardError> {
     static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PATH.get_or_init(write_adapter)
+    PATH.get_or_init(|| write_adapter("trl", "trl_rewards.py", ADAPTER, "TRL"))
         .clone()
         .map_err(RewardError::Config)
 }
 
-fn write_adapter() -> Result<PathBuf, String> {
+/// Writes `source` to `$TMPDIR/rlvr-TAG-PID-N/FILE` in a directory made new, mode 0700 (see
+/// [`adapter_path`]); `peer` names the adapter in errors (`TRL`, `verl`).
+pub(crate) fn write_adapter(
+    tag: &str,
+    file: &str,
+    source: &str,
+    peer: &str,
+) -> Result<PathBuf, String> {
     let base = std::env::temp_dir();
     let pid = std::process::id();
     for n in 0..100 {
-        let dir = base.join(format!("rlvr-trl-{pid}-{n}"));
+        let dir = base.join(format!("rlvr-{tag}-{pid}-{n}"));
         let mut b = std::fs::DirBuilder::new();
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
         match b.create(&dir) {
             Ok(()) => {
-                let file = dir.join("trl_rewards.py");
-                std::fs::write(&file, ADAPTER).map_err(|e| {
-                    format!("writing the TRL reward adapter to {}: {e}", file.display())
+                let file = dir.join(file);
+                std::fs::write(&file, source).map_err(|e| {
+                    format!(
+                        "writing the {peer} reward adapter to {}: {e}",
+                        file.display()
+                    )
                 })?;
                 return Ok(file);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
                 return Err(format!(
-                    "making a directory for the TRL reward adapter in {}: {e}",
+                    "making a directory for the {peer} reward adapter in {}: {e}",
                     base.display()
                 ))
             }
         }
     }
     Err(format!(
-        "making a directory for the TRL reward adapter in {}: 100 names taken",
+        "making a directory for the {peer} reward adapter in {}: 100 names taken",
         base.display()
     ))
 }

@@ -24,3 +24,4 @@ mod reward_model;
 mod stderr_log;
 mod trl_rewards;
 mod verifier_cases;
+mod verl_rewards;

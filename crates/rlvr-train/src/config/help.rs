@@ -419,6 +419,21 @@ pub const ALIASES: &[Alias] = &[
         ours: "output.dir",
         note: "the run directory",
     },
+    Alias {
+        name: "custom_reward_function.path",
+        peer: "verl",
+        ours: "data.verifier.function",
+        note: "verl's reward function runs unchanged: data.verifier = { kind = \"verl\", \
+               function = \"PATH:NAME\" } (or a [[reward.components]] verifier); NAME defaults \
+               to compute_score, as verl's",
+    },
+    Alias {
+        name: "custom_reward_function.name",
+        peer: "verl",
+        ours: "data.verifier.function",
+        note: "the NAME of data.verifier = { kind = \"verl\", function = \"PATH:NAME\" }; \
+               compute_score when only PATH is given, as verl's default",
+    },
 ];
 
 /// A peer's value for one of our enum keys: (our key, the value as the peer writes it, what to

@@ -104,7 +104,10 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
     }
     for v in verifiers {
         let Some(t) = v.as_table_mut() else { continue };
-        if t.get("kind").and_then(|k| k.as_str()) == Some("python") {
+        if matches!(
+            t.get("kind").and_then(|k| k.as_str()),
+            Some("python" | "verl")
+        ) {
             resolve_python_table(t, dir);
             continue;
         }
@@ -125,9 +128,9 @@ pub fn resolve_in_table(table: &mut toml::Table, dir: &Path) {
     }
 }
 
-/// A `kind = "python"` verifier table of a config file in `dir`: `python` when it is a relative
-/// path with a `/` in it, and `function`'s FILE when that file exists there, made absolute (as an
-/// external verifier's command, [`resolve_command`]).
+/// A `kind = "python"` or `kind = "verl"` verifier table of a config file in `dir`: `python` when
+/// it is a relative path with a `/` in it, and `function`'s FILE when that file exists there, made
+/// absolute (as an external verifier's command, [`resolve_command`]).
 fn resolve_python_table(t: &mut toml::Table, dir: &Path) {
     let python = match t.get("python") {
         Some(toml::Value::String(p)) => p.clone(),
@@ -242,6 +245,9 @@ pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
         match v {
             VerifierConfig::External { command, .. } => resolve_command(command, cwd),
             VerifierConfig::Python {
+                function, python, ..
+            }
+            | VerifierConfig::Verl {
                 function, python, ..
             } => {
                 let mut words = [python.clone(), function.clone()];

@@ -160,11 +160,22 @@ pub fn reward_function(raw: &RawConfig) -> anyhow::Result<RewardFunction> {
     }
     // With components, the task's verifier is not part of the reward (a `jsonl` task need not
     // name one): the first component stands in for the default, which then goes unused.
-    let default = match raw.reward.components.first() {
+    let mut default = match raw.reward.components.first() {
         Some(c) => c.verifier.clone(),
         None => raw.data.verifier()?,
     };
-    Ok(RewardFunction::from_config(&raw.reward, &default)?)
+    // A verl function's `data_source` for rows without that column: the task's name.
+    let task = raw.data.task.name();
+    let mut reward = raw.reward.clone();
+    for v in reward
+        .components
+        .iter_mut()
+        .map(|c| &mut c.verifier)
+        .chain(std::iter::once(&mut default))
+    {
+        v.default_data_source(task);
+    }
+    Ok(RewardFunction::from_config(&reward, &default)?)
 }
 
 /// The verifier of a run whose program environment gives every reward ([`env_gives_reward`]):

@@ -1164,6 +1164,17 @@ fn a_peers_key_names_ours() {
             "train.warmup_steps",
             "verl",
         ),
+        // verl's reward function file and name: a `kind = "verl"` verifier's `function`.
+        (
+            "custom_reward_function.path=\"my_reward.py\"",
+            "data.verifier.function",
+            "verl",
+        ),
+        (
+            "custom_reward_function.name=\"compute_score\"",
+            "data.verifier.function",
+            "verl",
+        ),
     ] {
         let err = format!("{:#}", check_load("", &[set]).unwrap_err());
         let key = set.split_once('=').unwrap().0;

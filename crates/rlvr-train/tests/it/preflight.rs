@@ -205,6 +205,47 @@ fn the_environment_gets_hello_and_no_reset_before_the_weights_load() {
     assert_eq!(got, want);
 }
 
+/// `kind = "verl"` in a config file: `function` (a file alone: verl's `compute_score`) is relative
+/// to the file's directory, the task's name is `data_source` for rows without that column, and a
+/// function that raises on the probe item is reported before the weights load, naming it.
+#[test]
+fn a_verl_reward_function_is_resolved_beside_the_config_and_probed() {
+    let f = fixture();
+    std::fs::write(
+        f.dir.join("my_reward.py"),
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    \
+         raise ValueError(f'source {data_source} truth {ground_truth} extra {extra_info}')\n",
+    )
+    .unwrap();
+    let toml = f.dir.join("run.toml");
+    std::fs::write(
+        &toml,
+        "[data]\nverifier = { kind = \"verl\", function = \"my_reward.py\" }\n",
+    )
+    .unwrap();
+    let sets = vec![
+        format!("model.path=\"{}\"", f.model.display()),
+        format!("output.dir=\"{}\"", f.dir.join("run").display()),
+        "data.task=\"arithmetic\"".to_string(),
+        format!("data.train=\"{}\"", f.dir.join("train.jsonl").display()),
+        "data.template=\"{question}=\"".into(),
+        "rollout.max_new_tokens=4".into(),
+    ];
+    let cfg = RawConfig::load(Some(&toml), &sets).unwrap();
+    let command = cfg.data.verifier.as_ref().unwrap().command().unwrap();
+    assert_eq!(command[2], f.dir.join("my_reward.py").display().to_string());
+    let cfg = cfg.resolve().unwrap();
+    let e = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(
+        e.contains("start-up probe")
+            && e.contains("compute_score (")
+            && e.contains("source arithmetic truth ")
+            && e.contains("extra None"),
+        "{e}"
+    );
+    assert!(!weights_missing(&e), "{e}");
+}
+
 /// `kind = "python"` in a config file: `function`'s file is relative to the file's directory, and
 /// a function that raises on the probe item is reported before the weights load, naming it.
 #[test]

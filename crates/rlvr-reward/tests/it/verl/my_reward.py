@@ -1,0 +1,51 @@
+"""Reward functions in the shape of verl's custom_reward_function (written for rlvr's tests):
+compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict."""
+import json
+import re
+
+
+def last_number(text):
+    found = re.findall(r"-?\d+", text)
+    return found[-1] if found else None
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """1.0 when the completion's last number is the ground truth, else 0.0 (verl's gsm8k shape)."""
+    return 1.0 if last_number(solution_str) == str(ground_truth) else 0.0
+
+
+def with_details(data_source, solution_str, ground_truth, extra_info=None):
+    """A dict as verl's math_dapo returns: score 1 or -1 times extra_info's `scale` (default 1),
+    `acc` and `pred`, and a key rlvr does not read."""
+    pred = last_number(solution_str)
+    acc = pred == str(ground_truth)
+    scale = (extra_info or {}).get("scale", 1)
+    return {"score": (1.0 if acc else -1.0) * scale, "acc": acc, "pred": pred, "length": 7}
+
+
+def echo(data_source, solution_str, ground_truth, extra_info=None):
+    """Reports its arguments, as JSON, in `pred` (the extracted answer rlvr keeps)."""
+    return {"score": 0.5, "pred": json.dumps([data_source, solution_str, ground_truth, extra_info])}
+
+
+def older(data_source, solution_str, ground_truth):
+    """verl's older signature, without extra_info: True when the ground truth appears."""
+    return str(ground_truth) in solution_str
+
+
+def explode(data_source, solution_str, ground_truth, extra_info=None):
+    if "boom" in solution_str:
+        raise ValueError("cannot score this one")
+    return 0.0
+
+
+def nan_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float("nan")}
+
+
+def no_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"acc": True}
+
+
+def text_score(data_source, solution_str, ground_truth, extra_info=None):
+    return "1.0"
