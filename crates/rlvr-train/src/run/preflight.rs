@@ -6,9 +6,9 @@
 //!
 //! What it reads: the tokenizer files and config.json of the policy's directory (the model's
 //! `max_position_embeddings` and `vocab_size`; no weights), every data file of the run. What it
-//! starts: each external reward program (`kind = "external"` and `"python"`), sent one probe item,
-//! and the environment of `env.command`, sent `hello` (DESIGN.md section 14; never `reset`, which
-//! would change a stateful environment). Each error names what it names when found later (file,
+//! starts: each external reward program (`kind = "external"`, `"python"` and `"verl"`), sent
+//! one probe item, and the environment of `env.command`, sent `hello` (DESIGN.md section 14;
+//! never `reset`, which would change a stateful environment). Each error names what it names when found later (file,
 //! line, field, key). The parts it builds are handed to the set-up, which would otherwise build
 //! them after the weights: nothing is read, rendered, encoded or started twice.
 
@@ -288,7 +288,7 @@ pub(super) fn room(cfg: &ResolvedConfig) -> (usize, &'static str) {
 }
 
 /// Sends the first train prompt, with an empty completion, through each external reward program
-/// (`kind = "external"` and `"python"`), one item alone.
+/// (`kind = "external"`, `"python"` and `"verl"`), one item alone.
 ///
 /// # Errors
 /// The program's failure, naming the component and its config key and the probe item's source.
