@@ -355,7 +355,22 @@ impl Explorer {
         Ok(groups)
     }
 
+    /// Samples and scores the groups of the prompts `idx` ([`Self::sample_groups_of`]). Logits
+    /// that are not finite at a trained version (≥ 1) say the training diverged: the error says
+    /// so, with what to do, beside the sampler's own advice (which is about a checkpoint).
     fn sample_groups(
+        &mut self,
+        idx: &[usize],
+        first: usize,
+        rollouts: &mut Vec<RolloutRecord>,
+        score_s: &mut f64,
+    ) -> anyhow::Result<Vec<Vec<Experience>>> {
+        let version = self.version();
+        self.sample_groups_of(idx, first, rollouts, score_s)
+            .map_err(|e| diverged(e, version))
+    }
+
+    fn sample_groups_of(
         &mut self,
         idx: &[usize],
         first: usize,
@@ -589,4 +604,25 @@ fn reward_parts(
         });
     }
     parts
+}
+
+/// `e` with what it means when its cause is logits that are not finite
+/// ([`rlvr_rollout::RolloutError::NonFinite`]) at policy `version` ≥ 1: the trainer's updates
+/// made the weights overflow (a loss or gradient that is not finite skips its step and counts
+/// toward `train.max_skipped_in_row`, but finite, huge weights reach the sampler first).
+fn diverged(e: anyhow::Error, version: u64) -> anyhow::Error {
+    let non_finite = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<rlvr_rollout::RolloutError>(),
+            Some(rlvr_rollout::RolloutError::NonFinite { .. })
+        )
+    });
+    if version == 0 || !non_finite {
+        return e;
+    }
+    e.context(format!(
+        "the explorer samples with version {version} of the policy (the trainer's weights after \
+         step {version}), whose logits are not finite: the training diverged. Lower train.lr or \
+         set train.grad_clip and start again (a checkpoint from before it can be model.path)"
+    ))
 }

@@ -348,6 +348,41 @@ fn non_finite_steps_are_skipped_then_abort() {
     assert!(saved.join("trainer_state/state.json").exists());
 }
 
+/// With an explorer thread (`sync.offset = 1`) a diverging run's huge weights reach the sampler
+/// before two non-finite steps can: its error says the training diverged and what to do, not
+/// only the sampler's advice about a checkpoint.
+#[test]
+fn a_diverged_policy_that_the_explorer_samples_says_the_training_diverged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=8".to_string(),
+        "train.lr=1e30".into(),
+        "train.grad_clip=0".into(),
+        "train.max_skipped_in_row=2".into(),
+        "sync.offset=1".into(),
+    ]);
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    let err = format!("{:#}", train(&cfg, &RunOptions::default()).unwrap_err());
+    assert!(err.contains("non-finite logits"), "{err}");
+    let v = err
+        .split("the explorer samples with version ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(v >= 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "(the trainer's weights after step {v}), whose logits are not finite: the training \
+             diverged. Lower train.lr or set train.grad_clip"
+        )),
+        "{err}"
+    );
+}
+
 /// One non-finite step with `train.max_skipped_in_row = 1` is said in the singular ("1 step in a
 /// row", not "1 steps").
 #[test]
