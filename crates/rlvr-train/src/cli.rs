@@ -379,7 +379,8 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// episodes (`items`) and what the environment did while they ran (`env`, summed over the
 /// evaluation's batches): `env/turns/{mean,min,max}`, `env/episode_len/mean`,
 /// `env/error_frac`, `env/finish/<end>`, `env/tool_calls`, `env/tool_call_errors`,
-/// `env/restarts`, `env/replayed`, `env/obs_truncated` and per turn index k up to `max_turns`
+/// `env/restarts`, `env/replayed`, `env/obs_truncated`, `env/closed` and per turn index k up to
+/// `max_turns`
 /// (`env.max_turns`) `env/turn_k/{reached,tokens/mean,reward/mean}`. Not `time/env_s` (a
 /// duration: the summary depends only on the model, the data, the seed and the environment).
 /// `accuracy` alone says only how many earned a reward above 0.

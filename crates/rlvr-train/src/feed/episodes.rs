@@ -154,6 +154,12 @@ pub struct EnvStats {
     /// `env.observation_truncation`).
     #[serde(default)]
     pub obs_truncated: usize,
+    /// Episodes sent `finish` with reason `error` during the batch so that the program frees
+    /// what it holds for them (`env/closed`): those rlvr failed after the program answered
+    /// (an observation too long or holding special tokens, ...) and those whose replay to a
+    /// restarted program differed (DESIGN.md section 14's additions, "Closing failed replays").
+    #[serde(default)]
+    pub closed: usize,
 }
 
 /// How a batch's episodes ended, one count per end (failed episodes are [`EnvStats::errors`]):
@@ -219,6 +225,7 @@ impl EnvStats {
         self.restarts += o.restarts;
         self.replayed += o.replayed;
         self.obs_truncated += o.obs_truncated;
+        self.closed += o.closed;
     }
 }
 
@@ -657,6 +664,7 @@ impl EpisodeRunner {
         let now = self.env.faults();
         stats.restarts = (now.restarts - faults.restarts) as usize;
         stats.replayed = (now.replayed - faults.replayed) as usize;
+        stats.closed += (now.closed - faults.closed) as usize;
         stats.errors = eps.iter().filter(|e| e.error.is_some()).count();
         for e in eps.iter().filter(|e| e.error.is_none()) {
             stats.ends.count(e.end.unwrap_or("done"));
@@ -838,6 +846,7 @@ impl EpisodeRunner {
                 }
             }
         }
+        stats.closed += finishes.iter().filter(|f| f.1 == EnvFinish::Error).count();
         if !finishes.is_empty() {
             let req: Vec<FinishEpisode> = finishes
                 .iter()

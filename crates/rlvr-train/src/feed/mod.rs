@@ -744,6 +744,7 @@ pub(crate) fn env_over_ranks(job: &mut Job, e: &EnvStats) -> anyhow::Result<EnvS
         e.restarts as f64,
         e.replayed as f64,
         e.obs_truncated as f64,
+        e.closed as f64,
     ];
     job.sum_f64(&mut counts)?;
     let mut secs = [e.env_s];
@@ -765,6 +766,7 @@ pub(crate) fn env_over_ranks(job: &mut Job, e: &EnvStats) -> anyhow::Result<EnvS
         restarts: c[9],
         replayed: c[10],
         obs_truncated: c[11],
+        closed: c[12],
     })
 }
 

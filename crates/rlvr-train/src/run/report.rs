@@ -131,7 +131,9 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
 /// verl's `num_turns` and truncation ratios), `env/tool_calls`, `env/tool_call_errors`,
 /// `env/restarts` and `env/replayed` (restarts of the program and episodes replayed to a restarted
 /// one, `rlvr_env::replay`), `env/obs_truncated` (observations cut to fit,
-/// `env.observation_truncation`) and `time/env_s`; and per turn index up to `max_turns`
+/// `env.observation_truncation`), `env/closed` (episodes sent `finish` with reason `error` so that
+/// the program frees them: rlvr failed them after it answered, or their replay differed) and
+/// `time/env_s`; and per turn index up to `max_turns`
 /// (`env.max_turns`), `env/turn_k/reached`, `env/turn_k/tokens/mean` and
 /// `env/turn_k/reward/mean` ([`crate::feed::turns`]).
 pub fn set_env_metrics(
@@ -208,6 +210,7 @@ pub fn env_metrics(
     out.push(("env/restarts".into(), Some(env.restarts as f64)));
     out.push(("env/replayed".into(), Some(env.replayed as f64)));
     out.push(("env/obs_truncated".into(), Some(env.obs_truncated as f64)));
+    out.push(("env/closed".into(), Some(env.closed as f64)));
     out
 }
 

@@ -382,6 +382,7 @@ fn a_train_run_with_retry_writes_env_metrics() {
         assert_eq!(line["env/restarts"].as_f64(), Some(0.0));
         assert_eq!(line["env/replayed"].as_f64(), Some(0.0));
         assert_eq!(line["env/obs_truncated"].as_f64(), Some(0.0));
+        assert_eq!(line["env/closed"].as_f64(), Some(0.0));
         assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
         // Per turn index: every episode has turn 1; the reached shares sum to the mean turns
         // (E[T] = Σ P(T ≥ k)); keys for turns 1 and 2 only (env.max_turns).
@@ -876,6 +877,10 @@ fn every_episode_a_program_was_sent_ends_once_even_when_rlvr_fails_it() {
         .filter(|e| e[0] == "finish error" || e[0] == "failed")
         .count();
     assert_eq!(env.errors, errors, "{env:?}");
+    // `env/closed` counts the episodes sent `finish` with reason `error`.
+    let closed = ends.values().filter(|e| e[0] == "finish error").count();
+    assert!(closed > 0);
+    assert_eq!(env.closed, closed, "{env:?}");
 }
 
 #[test]

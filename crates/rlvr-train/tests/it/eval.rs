@@ -563,6 +563,8 @@ fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
     assert_eq!(f("env/restarts"), 1.0);
     assert_eq!(f("env/replayed"), 160.0);
     assert_eq!(f("env/obs_truncated"), n2);
+    // Every replay matched (the program is deterministic): nothing to close.
+    assert_eq!(f("env/closed"), 0.0);
     assert_eq!(f("env/error_frac"), 0.0);
     assert_eq!(f("env/tool_calls"), 0.0);
     assert_eq!(f("env/tool_call_errors"), 0.0);
