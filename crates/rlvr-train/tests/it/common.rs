@@ -124,3 +124,8 @@ printf '%s' "$out"
         command.join(", ")
     )
 }
+
+/// A chat template in the tiny model's characters (`<|endoftext|>` ends a turn, `=` is the
+/// generation prompt).
+pub const TINY_CHAT_TEMPLATE: &str = "{% for m in messages %}{{ m.content }}<|endoftext|>\n\
+                                      {% endfor %}{% if add_generation_prompt %}={% endif %}";

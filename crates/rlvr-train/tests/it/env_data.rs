@@ -72,9 +72,7 @@ for line in sys.stdin:
     print(json.dumps(out), flush=True)
 "#;
 
-/// A chat template in the tiny model's characters (`<|endoftext|>` ends a turn).
-const TEMPLATE: &str = "{% for m in messages %}{{ m.content }}<|endoftext|>\n{% endfor %}\
-                        {% if add_generation_prompt %}={% endif %}";
+use crate::common::TINY_CHAT_TEMPLATE as TEMPLATE;
 
 struct Fixture {
     tmp: tempfile::TempDir,

@@ -373,13 +373,7 @@ fn eval_env_items_show_the_prompt_the_environment_replaced() {
     let script = tmp.path().join("reverse_env.py");
     std::fs::write(&script, REVERSE_ENV).unwrap();
     let tpl = tmp.path().join("chat.jinja");
-    std::fs::write(
-        &tpl,
-        // Only characters the tiny model's tokenizer has.
-        "{% for m in messages %}{{ m.content }}<|endoftext|>\n{% endfor %}\
-         {% if add_generation_prompt %}={% endif %}",
-    )
-    .unwrap();
+    std::fs::write(&tpl, common::TINY_CHAT_TEMPLATE).unwrap();
     let extra: Vec<String> = [
         "--env".to_string(),
         "--set".into(),
@@ -460,12 +454,7 @@ fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
     std::fs::write(&script, COUNTING_ENV).unwrap();
     let marker = tmp.path().join("died");
     let tpl = tmp.path().join("chat.jinja");
-    std::fs::write(
-        &tpl,
-        "{% for m in messages %}{{ m.content }}<|endoftext|>\n{% endfor %}\
-         {% if add_generation_prompt %}={% endif %}",
-    )
-    .unwrap();
+    std::fs::write(&tpl, common::TINY_CHAT_TEMPLATE).unwrap();
     let extra: Vec<String> = [
         "--env".to_string(),
         "--set".into(),
