@@ -47,12 +47,15 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
 from transformers.models.llama import modeling_llama
+from transformers.models.mistral import modeling_mistral
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
 
@@ -159,6 +162,91 @@ def fixture_specs():
             "rope_theta 1e6. Weights STORED in bf16; the reference is computed from those bf16 values "
             "upcast (exactly) to float64.",
         ),
+        dict(
+            name="qwen2_yarn_window",
+            seed=1004,
+            cls=Qwen2ForCausalLM,
+            config=Qwen2Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                rms_norm_eps=1e-6,
+                rope_theta=10000.0,
+                rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+                use_sliding_window=True,
+                sliding_window=6,
+                max_window_layers=1,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            greedy=dict(prompt_len=5, new_tokens=24),
+            notes="Qwen2 (Qwen2.5 long-context style): YaRN rope (factor 4 over original_max_position_embeddings "
+            "32, beta_fast/beta_slow/attention_factor at their defaults: attention factor 0.1 ln 4 + 1) and a "
+            "sliding window of 6 tokens on layers 1 and 2 (max_window_layers 1; layer 0 attends fully), so rows "
+            "of 7 tokens and more see the window. 3 layers, 4 heads / 2 KV heads, weights f32. `greedy`: 24 "
+            "greedy tokens after a 5-token prompt from transformers' generate with its KV cache.",
+        ),
+        dict(
+            name="mistral_window",
+            seed=1005,
+            cls=MistralForCausalLM,
+            config=MistralConfig(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                max_position_embeddings=256,
+                rms_norm_eps=1e-5,
+                rope_theta=10000.0,
+                sliding_window=5,
+                tie_word_embeddings=False,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            greedy=dict(prompt_len=4, new_tokens=20),
+            notes="Mistral: the Llama layout without biases, sliding window 5 on every layer, 4 heads / 1 KV "
+            "head, head_dim from hidden/heads (16), untied lm_head, weights f32. `greedy`: 20 greedy tokens "
+            "after a 4-token prompt from transformers' generate with its KV cache.",
+        ),
+        dict(
+            name="llama_dynamic_rope",
+            seed=1006,
+            cls=LlamaForCausalLM,
+            config=LlamaConfig(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=32,
+                rms_norm_eps=1e-5,
+                rope_theta=10000.0,
+                rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+                tie_word_embeddings=False,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            greedy=dict(prompt_len=20, new_tokens=20),
+            notes="Llama with dynamic NTK rope (factor 2) and max_position_embeddings 32: the 40-token case "
+            "(positions to 39) runs with the base grown for 40 positions; the short cases with the plain "
+            "base. `greedy`: 20 greedy tokens after a 20-token prompt from transformers' generate with its "
+            "KV cache: the steps past position 31 rotate their queries and keys with the grown base of "
+            "their own length, the cached keys keep theirs.",
+        ),
     ]
 
 
@@ -201,16 +289,42 @@ def random_init(model: nn.Module, seed: int):
 # float64 versions of the pieces transformers keeps in float32
 # ----------------------------------------------------------------------------------------------
 
-def inv_freq_f64(config) -> torch.Tensor:
-    """RoPE inverse frequencies in float64 (default and llama3 rope types)."""
+def inv_freq_f64(config, seq_len=None) -> torch.Tensor:
+    """RoPE inverse frequencies in float64 (default, llama3, yarn and dynamic rope types).
+
+    `seq_len`: the largest position + 1 of the forward (dynamic NTK grows the base past
+    max_position_embeddings). The YaRN formulas are those of Peng et al. 2023 (arXiv 2309.00071)
+    as transformers' `_compute_yarn_parameters` applies them.
+    """
     rp = dict(config.rope_parameters)
     base = float(rp["rope_theta"])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = head_dim
-    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     rtype = rp.get("rope_type", "default")
-    if rtype == "default":
+    if rtype == "dynamic" and seq_len is not None and seq_len > config.max_position_embeddings:
+        factor = float(rp["factor"])
+        grow = factor * seq_len / config.max_position_embeddings - (factor - 1)
+        base = base * grow ** (dim / (dim - 2))
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if rtype in ("default", "dynamic"):
         return inv
+    if rtype == "yarn":
+        factor = float(rp["factor"])
+        old = float(rp["original_max_position_embeddings"])
+        beta_fast = rp.get("beta_fast") or 32
+        beta_slow = rp.get("beta_slow") or 1
+
+        def dim_of(turns):
+            return dim * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = dim_of(beta_fast), dim_of(beta_slow)
+        if rp.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        return (inv / factor) * ramp + inv * (1 - ramp)
     if rtype != "llama3":
         raise ValueError(f"rope_type {rtype} not handled")
     factor = rp["factor"]
@@ -227,13 +341,34 @@ def inv_freq_f64(config) -> torch.Tensor:
     return torch.where(medium, smoothed, out)
 
 
+def attention_factor_f64(config) -> float:
+    """The cos/sin multiplier: YaRN's attention factor (0.1 ln(factor) + 1 by default), else 1."""
+    rp = dict(config.rope_parameters)
+    if rp.get("rope_type") != "yarn":
+        return 1.0
+    if rp.get("attention_factor") is not None:
+        return float(rp["attention_factor"])
+    factor = float(rp["factor"])
+
+    def m(scale, mul=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mul * math.log(scale) + 1.0
+
+    ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
+    if ms and msa:
+        return m(factor, ms) / m(factor, msa)
+    return m(factor)
+
+
 def _rmsnorm_f64(self, x):
     var = x.pow(2).mean(-1, keepdim=True)
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
 
 
 def _rotary_f64(self, x, position_ids):
-    freqs = position_ids[..., None].to(torch.float64) * self._inv_freq64
+    # Dynamic NTK: the frequencies of this forward's largest position (a freshly loaded
+    # transformers model's, and its generate's with a growing cache).
+    inv = inv_freq_f64(self.config, int(position_ids.max()) + 1) if self._dynamic else self._inv_freq64
+    freqs = position_ids[..., None].to(torch.float64) * inv
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
@@ -257,7 +392,7 @@ def _eager_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, 
 class _f64_patches:
     """Context manager: RMSNorm, rotary tables and eager softmax computed in the input dtype (f64)."""
 
-    MODULES = (modeling_llama, modeling_qwen2, modeling_qwen3)
+    MODULES = (modeling_llama, modeling_qwen2, modeling_qwen3, modeling_mistral)
 
     def __init__(self, model):
         self.model = model
@@ -276,10 +411,17 @@ class _f64_patches:
                 self.patched.append(mod)
                 n_norm += 1
             elif cname.endswith("RotaryEmbedding"):
-                # transformers' own table (float32 arithmetic) must agree with ours.
-                assert torch.allclose(mod.inv_freq.double(), inv, rtol=1e-6, atol=0), (mod.inv_freq, inv)
-                assert abs(mod.attention_scaling - 1.0) < 1e-12
+                # transformers' own table (float32 arithmetic) must agree with ours (the table at
+                # load: dynamic rope grows `inv_freq` in place after a long forward).
+                assert torch.allclose(mod.original_inv_freq.double(), inv, rtol=1e-6, atol=0), (
+                    mod.original_inv_freq,
+                    inv,
+                )
+                assert abs(mod.attention_scaling - attention_factor_f64(self.model.config)) < 1e-6, (
+                    mod.attention_scaling
+                )
                 mod._inv_freq64 = inv
+                mod._dynamic = dict(self.model.config.rope_parameters).get("rope_type") == "dynamic"
                 mod.forward = types.MethodType(_rotary_f64, mod)
                 self.patched.append(mod)
                 n_rot += 1
@@ -294,6 +436,7 @@ class _f64_patches:
             del mod.forward  # back to the class method
             if hasattr(mod, "_inv_freq64"):
                 del mod._inv_freq64
+                del mod._dynamic
         return False
 
 
@@ -572,6 +715,10 @@ def build_fixture(spec, out_root: Path) -> dict:
 
     check_other_style(d, other_name, forward_logits_ref_cache(ref, cases_out), *batch_of(cases_out[0]))
 
+    greedy = None
+    if spec.get("greedy"):
+        greedy = greedy_reference(spec, ref, hf32, cases_out)
+
     inv = inv_freq_f64(ref.config)
     expected = {
         "transformers": transformers.__version__,
@@ -588,8 +735,53 @@ def build_fixture(spec, out_root: Path) -> dict:
         "hf_checks": hf_checks,
         "cases": cases_out,
     }
+    if greedy is not None:
+        expected["greedy"] = greedy
     (d / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
     return {"name": name, "style": style, "files": files + [other_name, "expected.json"], "checks": hf_checks}
+
+
+def greedy_reference(spec, ref, hf32, cases_out) -> dict:
+    """Greedy tokens of transformers' generate with its KV cache (float64 reference), after the first
+    `prompt_len` tokens of the single long row; asserted equal to plain float32 transformers' and, for
+    models whose rotary table does not depend on the length, to the argmax chain of full forwards."""
+    g = spec["greedy"]
+    prompt = [row for c in cases_out if c["name"].startswith("single") for row in c["input_ids"]][0][: g["prompt_len"]]
+    n = g["new_tokens"]
+    ids = torch.tensor([prompt])
+    kw = dict(
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=0,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=PAD_ID,
+        use_cache=True,
+    )
+    with _f64_patches(ref), torch.no_grad():
+        out = ref.generate(ids, **kw)
+    tokens = out[0, len(prompt):].tolist()
+    assert len(tokens) == n, (spec["name"], tokens)
+    with torch.no_grad():
+        out32 = hf32.generate(ids, **kw)
+    assert out32[0, len(prompt):].tolist() == tokens, (spec["name"], out32, tokens)
+    # The argmax chain of full forwards (no cache), one position at a time.
+    seq = list(prompt)
+    for _ in range(n):
+        t = torch.tensor([seq])
+        with _f64_patches(ref):
+            lg = forward_logits(ref, t, torch.ones_like(t), torch.arange(len(seq))[None])
+        seq.append(int(lg[0, -1].argmax()))
+    full = seq[len(prompt):]
+    dynamic = dict(ref.config.rope_parameters).get("rope_type") == "dynamic"
+    if not dynamic:
+        assert full == tokens, (spec["name"], full, tokens)
+    return {
+        "prompt": prompt,
+        "tokens": tokens,
+        "full_forward_argmax": full,
+        "window": getattr(ref.config, "sliding_window", None),
+    }
 
 
 def batch_of(case):

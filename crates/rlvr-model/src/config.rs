@@ -19,6 +19,10 @@ pub enum Arch {
     Qwen3,
     /// Llama 2 and 3 (`model_type` "llama"): optional `attention_bias`, Llama-3 rope scaling.
     Llama,
+    /// Mistral (`model_type` "mistral"): the Llama layout without biases, with a sliding window
+    /// over every layer when `sliding_window` is not null (transformers' `MistralConfig`: 4096
+    /// when the field is absent).
+    Mistral,
 }
 
 impl Arch {
@@ -28,6 +32,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
         }
     }
 
@@ -37,6 +42,7 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "llama" => Some(Arch::Llama),
+            "mistral" => Some(Arch::Mistral),
             _ => None,
         }
     }
@@ -57,6 +63,46 @@ pub enum RopeScaling {
     },
     /// Linear position interpolation: every inverse frequency divided by `factor`.
     Linear { factor: f64 },
+    /// YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language
+    /// Models", arXiv 2309.00071; transformers `_compute_yarn_parameters`): dimensions that turn
+    /// fewer than `beta_slow` times over `original_max_position_embeddings` are interpolated
+    /// (frequency divided by `factor`), those that turn more than `beta_fast` times are kept, a
+    /// linear ramp over the dimension index blends the band between (its ends floored and ceiled
+    /// when `truncate`), and cos/sin are multiplied by `attention_factor` (the paper's
+    /// `0.1·ln(factor) + 1`, or DeepSeek's `mscale` / `mscale_all_dim` ratio, when config.json
+    /// gives none: [`ModelConfig::rope_attention_factor`]).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// config.json's `attention_factor` (the cos/sin multiplier), when given.
+        attention_factor: Option<f64>,
+        /// DeepSeek's `mscale` and `mscale_all_dim` (0 when absent: unused).
+        mscale: f64,
+        mscale_all_dim: f64,
+        truncate: bool,
+    },
+    /// Dynamic NTK scaling (transformers `_compute_dynamic_ntk_parameters` with its
+    /// `dynamic_rope_update`): a forward whose largest position `p` has `p + 1 = L` above
+    /// `max_position_embeddings` uses the base `theta · (factor·L/max − (factor − 1))^(d/(d−2))`;
+    /// up to `max_position_embeddings` it is the default rotary embedding. rlvr computes the
+    /// table per forward from that forward's positions, as a freshly loaded transformers model
+    /// does ([`ModelConfig::rope_inv_freq_for`]).
+    Dynamic { factor: f64 },
+}
+
+/// Sliding-window attention: on the layers it covers, each query attends to its `size` most
+/// recent visible keys (itself included), transformers' `sliding_window_causal` mask
+/// (`q − k < size`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlidingWindow {
+    /// The window in tokens (`sliding_window`).
+    pub size: usize,
+    /// Per decoder layer, whether it attends through the window (`layer_types[i] ==
+    /// "sliding_attention"`; for Qwen2/Qwen3 without `layer_types`, the layers from
+    /// `max_window_layers` on; every layer for Mistral).
+    pub layers: Vec<bool>,
 }
 
 /// The model hyper-parameters rlvr needs, normalised from either config style.
@@ -75,6 +121,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
     pub max_position_embeddings: usize,
+    /// Sliding-window attention, when config.json turns it on for at least one layer.
+    pub sliding_window: Option<SlidingWindow>,
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections carry a bias (always for qwen2; `attention_bias` for llama).
     pub qkv_bias: bool,
@@ -175,6 +223,187 @@ fn shown(x: &Value) -> String {
     }
 }
 
+/// Why the YaRN numbers must be positive, for their error messages.
+const YARN_WHY: &str = "YaRN divides by it or takes its logarithm, so 0 or less makes the \
+     rotary frequencies or the attention factor infinite or NaN (Qwen2.5 uses factor 4 over \
+     32768 positions; beta_fast and beta_slow default to 32 and 1)";
+
+/// YaRN's settings from the rope scaling object `s` of config.json `v` (`key`: its field name,
+/// for errors), as transformers' `standardize_rope_params` and `_compute_yarn_parameters` read
+/// them: `original_max_position_embeddings` from the top level when config.json has it there,
+/// else from `s`, else `max_position_embeddings`; `beta_fast` 32 and `beta_slow` 1 when absent;
+/// `attention_factor` from `factor`, `mscale` and `mscale_all_dim` when absent; `truncate` true
+/// when absent.
+///
+/// # Errors
+/// [`ModelError::Config`] naming `file` and the field: a number that is not finite and > 0
+/// (`mscale` and `mscale_all_dim` may be 0, which transformers reads as absent), `beta_fast` not
+/// above `beta_slow`, or `truncate` not a boolean.
+fn yarn(
+    s: &Value,
+    v: &Value,
+    key: &str,
+    max_position_embeddings: usize,
+    factor: f64,
+    opt: &dyn Fn(&str, &str) -> Result<Option<f64>>,
+    file: &Path,
+) -> Result<RopeScaling> {
+    let cerr = |msg: String| ModelError::Config {
+        file: file.to_path_buf(),
+        msg,
+    };
+    let original = match get(v, "original_max_position_embeddings") {
+        Some(x) => positive(x, "original_max_position_embeddings", YARN_WHY, file)?,
+        None => opt("original_max_position_embeddings", YARN_WHY)?
+            .unwrap_or(max_position_embeddings as f64),
+    };
+    let beta_fast = opt("beta_fast", YARN_WHY)?.unwrap_or(32.0);
+    let beta_slow = opt("beta_slow", YARN_WHY)?.unwrap_or(1.0);
+    if beta_fast <= beta_slow {
+        return Err(cerr(format!(
+            "field `{key}.beta_fast` = {beta_fast} must be greater than `{key}.beta_slow` = \
+             {beta_slow} (YaRN keeps the dimensions turning more than beta_fast times and \
+             interpolates those turning fewer than beta_slow times; the defaults are 32 and 1)"
+        )));
+    }
+    // mscale / mscale_all_dim: finite and ≥ 0; 0 or absent means unused, as in transformers.
+    let nonneg = |k: &str| -> Result<f64> {
+        match get(s, k) {
+            None => Ok(0.0),
+            Some(x) => match x.as_f64() {
+                Some(f) if f.is_finite() && f >= 0.0 => Ok(f),
+                _ => Err(cerr(format!(
+                    "field `{key}.{k}` = {} is out of range: expected a finite number ≥ 0 (the \
+                     YaRN attention factor is 0.1·{k}·ln(factor) + 1)",
+                    shown(x)
+                ))),
+            },
+        }
+    };
+    let (mscale, mscale_all_dim) = (nonneg("mscale")?, nonneg("mscale_all_dim")?);
+    let attention_factor = opt("attention_factor", YARN_WHY)?;
+    let truncate = match get(s, "truncate") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(x) => {
+            return Err(cerr(format!(
+                "field `{key}.truncate` = {} is not a boolean",
+                shown(x)
+            )))
+        }
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast,
+        beta_slow,
+        attention_factor,
+        mscale,
+        mscale_all_dim,
+        truncate,
+    })
+}
+
+/// The sliding window of config.json `v` as transformers applies it, `None` when no layer
+/// attends through one.
+///
+/// - qwen2/qwen3: only with `use_sliding_window: true`; the window is `sliding_window` (4096 when
+///   the field is absent, none when it is null); the layers are those `layer_types` names
+///   `"sliding_attention"`, or without `layer_types` those from `max_window_layers` (28 when
+///   absent) on.
+/// - mistral: `sliding_window` (4096 when absent, none when null) on every layer (MistralConfig
+///   ignores `layer_types`).
+/// - llama: none.
+///
+/// # Errors
+/// [`ModelError::Config`] naming `file` and the field: `use_sliding_window` not a boolean,
+/// `sliding_window` not an integer ≥ 1, `max_window_layers` not an integer ≥ 0, `layer_types`
+/// not a list of `num_layers` entries each "full_attention" or "sliding_attention".
+fn sliding_window(
+    v: &Value,
+    arch: Arch,
+    num_layers: usize,
+    file: &Path,
+) -> Result<Option<SlidingWindow>> {
+    let cerr = |msg: String| ModelError::Config {
+        file: file.to_path_buf(),
+        msg,
+    };
+    let on = match arch {
+        Arch::Llama => false,
+        Arch::Mistral => true,
+        Arch::Qwen2 | Arch::Qwen3 => match v.get("use_sliding_window") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(x) => {
+                return Err(cerr(format!(
+                    "field `use_sliding_window` = {} is not a boolean",
+                    shown(x)
+                )))
+            }
+        },
+    };
+    if !on {
+        return Ok(None);
+    }
+    let size = match v.get("sliding_window") {
+        None => 4096,
+        Some(Value::Null) => return Ok(None),
+        Some(x) => match x.as_u64() {
+            Some(n) if (1..=1 << 26).contains(&n) => n as usize,
+            _ => {
+                return Err(cerr(format!(
+                    "field `sliding_window` = {} is out of range: expected an integer from 1 to \
+                     {} (the number of most recent tokens each query of a sliding-window layer \
+                     attends to; Mistral 7B v0.1 uses 4096)",
+                    shown(x),
+                    1u64 << 26
+                )))
+            }
+        },
+    };
+    let layers = match (arch, get(v, "layer_types")) {
+        (Arch::Mistral, _) => vec![true; num_layers],
+        (_, Some(lt)) => {
+            let bad = || {
+                cerr(format!(
+                    "field `layer_types` = {} must list {num_layers} entries (one per layer, \
+                     `num_hidden_layers`), each \"full_attention\" or \"sliding_attention\"",
+                    shown(lt)
+                ))
+            };
+            let list = lt.as_array().ok_or_else(bad)?;
+            if list.len() != num_layers {
+                return Err(bad());
+            }
+            list.iter()
+                .map(|x| match x.as_str() {
+                    Some("full_attention") => Ok(false),
+                    Some("sliding_attention") => Ok(true),
+                    _ => Err(bad()),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        (_, None) => {
+            let from = match v.get("max_window_layers") {
+                None | Some(Value::Null) => 28,
+                Some(x) => x.as_u64().ok_or_else(|| {
+                    cerr(format!(
+                        "field `max_window_layers` = {} is out of range: expected an integer ≥ 0 \
+                         (the layers from this index on use the sliding window)",
+                        shown(x)
+                    ))
+                })? as usize,
+            };
+            (0..num_layers).map(|i| i >= from).collect()
+        }
+    };
+    Ok(layers
+        .iter()
+        .any(|&s| s)
+        .then_some(SlidingWindow { size, layers }))
+}
+
 /// A `config.json` token-id field (one number or a list) as ids; anything else is none.
 pub(crate) fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {
@@ -226,7 +455,7 @@ impl ModelConfig {
             .ok_or_else(|| cerr("field `model_type` is missing".into()))?;
         let arch = Arch::from_model_type(model_type).ok_or_else(|| {
             cerr(format!(
-                "unknown `model_type` \"{model_type}\" (rlvr supports qwen2, qwen3, llama)"
+                "unknown `model_type` \"{model_type}\" (rlvr supports qwen2, qwen3, llama, mistral)"
             ))
         })?;
         let hidden_size = req_usize(v, "hidden_size", file)?;
@@ -275,6 +504,12 @@ impl ModelConfig {
             Some(s) => ("rope_scaling", Some(s)),
             None => ("rope_parameters", rope_params),
         };
+        let max_position_embeddings = match get(v, "max_position_embeddings") {
+            Some(_) => req_usize(v, "max_position_embeddings", file)?,
+            // transformers' defaults: MistralConfig 4096·32, the others rlvr's 32768.
+            None if arch == Arch::Mistral => 131072,
+            None => 32768,
+        };
         let rope_scaling = match scaling_obj {
             None => None,
             Some(s) => {
@@ -289,6 +524,12 @@ impl ModelConfig {
                         cerr(format!("rope scaling \"{ty}\" needs the field `{k}`"))
                     })?;
                     positive(x, &format!("{scaling_key}.{k}"), ROPE_SCALING_WHY, file)
+                };
+                // An optional positive number: `None` when absent or null.
+                let opt = |k: &str, why: &str| -> Result<Option<f64>> {
+                    get(s, k)
+                        .map(|x| positive(x, &format!("{scaling_key}.{k}"), why, file))
+                        .transpose()
                 };
                 match ty {
                     "default" => None,
@@ -313,21 +554,29 @@ impl ModelConfig {
                     "linear" => Some(RopeScaling::Linear {
                         factor: f("factor")?,
                     }),
+                    "yarn" => Some(yarn(
+                        s,
+                        v,
+                        scaling_key,
+                        max_position_embeddings,
+                        f("factor")?,
+                        &opt,
+                        file,
+                    )?),
+                    "dynamic" => Some(RopeScaling::Dynamic {
+                        factor: f("factor")?,
+                    }),
                     other => {
                         return Err(cerr(format!(
-                        "rope scaling type \"{other}\" is not supported (default, linear, llama3)"
-                    )))
+                            "rope scaling type \"{other}\" is not supported (default, linear, \
+                             llama3, yarn, dynamic)"
+                        )))
                     }
                 }
             }
         };
-        if get(v, "use_sliding_window").and_then(Value::as_bool) == Some(true) {
-            return Err(cerr(
-                "`use_sliding_window` is true: sliding-window attention is not implemented \
-                 (every position would attend to the full context, unlike transformers)"
-                    .into(),
-            ));
-        }
+        let num_hidden_layers = req_usize(v, "num_hidden_layers", file)?;
+        let sliding_window = sliding_window(v, arch, num_hidden_layers, file)?;
         let attention_bias = get(v, "attention_bias")
             .and_then(Value::as_bool)
             .unwrap_or(false);
@@ -335,17 +584,20 @@ impl ModelConfig {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 => (attention_bias, attention_bias),
             Arch::Llama => (attention_bias, attention_bias),
+            // MistralAttention has no biases whatever config.json says.
+            Arch::Mistral => (false, false),
         };
-        let mlp_bias = get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        let mlp_bias =
+            arch != Arch::Mistral && get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
         let tie_word_embeddings = get(v, "tie_word_embeddings")
             .and_then(Value::as_bool)
-            .unwrap_or(arch != Arch::Llama);
+            .unwrap_or(matches!(arch, Arch::Qwen2 | Arch::Qwen3));
         Ok(ModelConfig {
             arch,
             vocab_size: req_usize(v, "vocab_size", file)?,
             hidden_size,
             intermediate_size: req_usize(v, "intermediate_size", file)?,
-            num_hidden_layers: req_usize(v, "num_hidden_layers", file)?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -355,10 +607,8 @@ impl ModelConfig {
             },
             rope_theta,
             rope_scaling,
-            max_position_embeddings: match get(v, "max_position_embeddings") {
-                Some(_) => req_usize(v, "max_position_embeddings", file)?,
-                None => 32768,
-            },
+            max_position_embeddings,
+            sliding_window,
             tie_word_embeddings,
             qkv_bias,
             o_bias,
@@ -432,6 +682,7 @@ impl ModelConfig {
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
         };
         m.insert("architectures".into(), serde_json::json!([arch_name]));
         m.insert("model_type".into(), self.arch.model_type().into());
@@ -468,6 +719,25 @@ impl ModelConfig {
                     "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
                     "original_max_position_embeddings": *original_max_position_embeddings as u64,
                 }),
+                Some(RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    attention_factor,
+                    mscale,
+                    mscale_all_dim,
+                    truncate,
+                }) => serde_json::json!({
+                    "rope_type": "yarn", "factor": factor,
+                    "original_max_position_embeddings": *original_max_position_embeddings as u64,
+                    "beta_fast": beta_fast, "beta_slow": beta_slow,
+                    "attention_factor": attention_factor, "mscale": mscale,
+                    "mscale_all_dim": mscale_all_dim, "truncate": truncate,
+                }),
+                Some(RopeScaling::Dynamic { factor }) => {
+                    serde_json::json!({"rope_type": "dynamic", "factor": factor})
+                }
             },
         );
         m.insert(
@@ -484,8 +754,29 @@ impl ModelConfig {
         if self.arch == Arch::Llama {
             m.insert("mlp_bias".into(), self.mlp_bias.into());
         }
-        if self.arch == Arch::Qwen2 {
-            m.insert("use_sliding_window".into(), false.into());
+        match (&self.sliding_window, self.arch) {
+            (Some(w), Arch::Qwen2 | Arch::Qwen3) => {
+                m.insert("use_sliding_window".into(), true.into());
+                m.insert("sliding_window".into(), w.size.into());
+                let types: Vec<&str> = (w.layers.iter())
+                    .map(|&s| match s {
+                        true => "sliding_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                m.insert("layer_types".into(), serde_json::json!(types));
+            }
+            (None, Arch::Qwen2) => {
+                m.insert("use_sliding_window".into(), false.into());
+            }
+            // Absent would mean 4096 to MistralConfig: null says none.
+            (w, Arch::Mistral) => {
+                m.insert(
+                    "sliding_window".into(),
+                    w.as_ref().map_or(Value::Null, |w| w.size.into()),
+                );
+            }
+            _ => {}
         }
         m.insert("attention_dropout".into(), 0.0.into());
         m.insert("initializer_range".into(), 0.02.into());
@@ -510,14 +801,70 @@ impl ModelConfig {
     }
 
     /// Inverse frequencies of the rotary embedding, `[head_dim / 2]`, with scaling applied
-    /// (transformers `ROPE_INIT_FUNCTIONS`), computed in f64.
+    /// (transformers `ROPE_INIT_FUNCTIONS`), computed in f64: those of a forward whose positions
+    /// stay below `max_position_embeddings` ([`ModelConfig::rope_inv_freq_for`]).
     pub fn rope_inv_freq(&self) -> Vec<f64> {
+        self.rope_inv_freq_for(0)
+    }
+
+    /// The multiplier of the rotary cos and sin tables: YaRN's `attention_factor`, 1 for every
+    /// other rope type (transformers' `attention_scaling`).
+    pub fn rope_attention_factor(&self) -> f64 {
+        let Some(RopeScaling::Yarn {
+            factor,
+            attention_factor,
+            mscale,
+            mscale_all_dim,
+            ..
+        }) = &self.rope_scaling
+        else {
+            return 1.0;
+        };
+        // The paper's attention temperature, sqrt(1/t) = 0.1·ln(s) + 1 (section 3.4), or
+        // DeepSeek's ratio of two such with `mscale` and `mscale_all_dim` as multipliers.
+        let m = |scale: f64, mul: f64| {
+            if scale <= 1.0 {
+                1.0
+            } else {
+                0.1 * mul * scale.ln() + 1.0
+            }
+        };
+        match attention_factor {
+            Some(a) => *a,
+            None if *mscale != 0.0 && *mscale_all_dim != 0.0 => {
+                m(*factor, *mscale) / m(*factor, *mscale_all_dim)
+            }
+            None => m(*factor, 1.0),
+        }
+    }
+
+    /// Whether the rotary frequencies of a forward depend on its largest position: dynamic NTK
+    /// scaling, for a forward reaching past `max_position_embeddings`
+    /// ([`ModelConfig::rope_inv_freq_for`]).
+    pub fn rope_is_dynamic_at(&self, seq_len: usize) -> bool {
+        matches!(self.rope_scaling, Some(RopeScaling::Dynamic { .. }))
+            && seq_len > self.max_position_embeddings
+    }
+
+    /// [`ModelConfig::rope_inv_freq`] of a forward whose largest position is `seq_len − 1`:
+    /// differs only for dynamic NTK scaling with `seq_len > max_position_embeddings`, where the
+    /// base is `theta · (factor·seq_len/max − (factor − 1))^(d/(d−2))` (transformers
+    /// `_compute_dynamic_ntk_parameters`). `[head_dim / 2]`, f64.
+    pub fn rope_inv_freq_for(&self, seq_len: usize) -> Vec<f64> {
         let d = self.head_dim;
+        let theta = match &self.rope_scaling {
+            Some(RopeScaling::Dynamic { factor }) if self.rope_is_dynamic_at(seq_len) => {
+                let max = self.max_position_embeddings as f64;
+                let grow = factor * seq_len as f64 / max - (factor - 1.0);
+                self.rope_theta * grow.powf(d as f64 / (d as f64 - 2.0))
+            }
+            _ => self.rope_theta,
+        };
         let base: Vec<f64> = (0..d / 2)
-            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64))
+            .map(|i| 1.0 / theta.powf((2 * i) as f64 / d as f64))
             .collect();
         match &self.rope_scaling {
-            None => base,
+            None | Some(RopeScaling::Dynamic { .. }) => base,
             Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
             Some(RopeScaling::Llama3 {
                 factor,
@@ -539,6 +886,37 @@ impl ModelConfig {
                                 / (high_freq_factor - low_freq_factor);
                             (1.0 - smooth) * f / factor + smooth * f
                         }
+                    })
+                    .collect()
+            }
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: old,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            }) => {
+                // The dimension index at which a frequency turns `turns` times over the
+                // original context (YaRN section 3.2, "NTK-by-parts").
+                let dim_of = |turns: f64| {
+                    d as f64 * (old / (turns * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * self.rope_theta.ln())
+                };
+                let (mut low, mut high) = (dim_of(*beta_fast), dim_of(*beta_slow));
+                if *truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(d as f64 - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                base.iter()
+                    .enumerate()
+                    .map(|(i, &f)| {
+                        // 0: keep the frequency (extrapolate), 1: divide it by factor.
+                        let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        (f / factor) * ramp + f * (1.0 - ramp)
                     })
                     .collect()
             }

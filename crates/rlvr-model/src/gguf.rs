@@ -852,6 +852,7 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         rope_theta,
         rope_scaling,
         max_position_embeddings: context,
+        sliding_window: None,
         tie_word_embeddings: tie,
         qkv_bias,
         o_bias: false,

@@ -306,6 +306,16 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
         ));
     }
     let hd = cfg.head_dim;
+    // The attention kernels see every earlier key of a sequence: a sliding-window model's
+    // layers attend through the candle composition (its window mask) instead.
+    if let (Some(w), FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs) =
+        (&cfg.sliding_window, op)
+    {
+        return Some(format!(
+            "the model attends through a sliding window of {} tokens, which the fused attention              kernels do not apply",
+            w.size
+        ));
+    }
     match op {
         FusedOp::Attention | FusedOp::Rotary if hd != 64 && hd != 128 => {
             Some(format!("head dim {hd} (the kernels have 64 and 128)"))

@@ -197,11 +197,17 @@ pub(crate) struct Rope {
 }
 
 /// Rotary position embedding (`x·cos + rotate_half(x)·sin`, transformers' `apply_rotary_pos_emb`)
-/// with tables computed in f32 (`position · inv_freq`, then cos/sin, then cast to the compute
-/// dtype), grown on demand and shared by clones.
+/// with tables computed in f32 (`position · inv_freq`, then cos/sin times the rope type's
+/// attention factor (YaRN's; 1 otherwise), then cast to the compute dtype), grown on demand and
+/// shared by clones. With dynamic NTK scaling, a forward reaching past `max_position_embeddings`
+/// gets a table of its own ([`ModelConfig::rope_inv_freq_for`] of its largest position).
 #[derive(Clone)]
 pub(crate) struct Rotary {
     inv_freq: Arc<Vec<f32>>,
+    /// YaRN's attention factor on cos and sin (1 otherwise).
+    scale: f32,
+    /// The configuration, for dynamic NTK scaling's per-forward tables.
+    config: Arc<ModelConfig>,
     table: Arc<RwLock<Option<Arc<RopeTable>>>>,
     dtype: DType,
     device: Device,
@@ -212,31 +218,27 @@ impl Rotary {
         let inv_freq = cfg.rope_inv_freq().iter().map(|&x| x as f32).collect();
         Self {
             inv_freq: Arc::new(inv_freq),
+            scale: cfg.rope_attention_factor() as f32,
+            config: Arc::new(cfg.clone()),
             table: Arc::new(RwLock::new(None)),
             dtype,
             device: device.clone(),
         }
     }
 
-    /// A table covering positions `0..n` (at least).
-    fn table(&self, n: usize) -> Result<Arc<RopeTable>> {
-        if let Some(t) = &*self.table.read().unwrap_or_else(|e| e.into_inner()) {
-            if t.n >= n {
-                return Ok(t.clone());
-            }
-        }
-        let n = n.next_power_of_two().max(256);
-        let half = self.inv_freq.len();
+    /// The cos/sin table of positions `0..n` for inverse frequencies `inv_freq`.
+    fn build(&self, inv_freq: &[f32], n: usize) -> Result<RopeTable> {
+        let half = inv_freq.len();
         let (mut cos, mut sin) = (
             Vec::with_capacity(n * 2 * half),
             Vec::with_capacity(n * 2 * half),
         );
         for p in 0..n {
             for _ in 0..2 {
-                for &f in self.inv_freq.iter() {
+                for &f in inv_freq {
                     let a = p as f32 * f;
-                    cos.push(a.cos());
-                    sin.push(a.sin());
+                    cos.push(a.cos() * self.scale);
+                    sin.push(a.sin() * self.scale);
                 }
             }
         }
@@ -244,13 +246,38 @@ impl Rotary {
             Tensor::from_vec(cos, (n, 2 * half), &self.device)?,
             Tensor::from_vec(sin, (n, 2 * half), &self.device)?,
         );
-        let t = Arc::new(RopeTable {
+        Ok(RopeTable {
             n,
             cos: cos32.to_dtype(self.dtype)?,
             sin: sin32.to_dtype(self.dtype)?,
             cos32,
             sin32,
-        });
+        })
+    }
+
+    /// A table covering positions `0..n` (at least).
+    fn table(&self, n: usize) -> Result<Arc<RopeTable>> {
+        if self.config.rope_is_dynamic_at(n) {
+            // Dynamic NTK past max_position_embeddings: this forward's own frequencies.
+            let inv: Vec<f32> = (self.config.rope_inv_freq_for(n).iter())
+                .map(|&x| x as f32)
+                .collect();
+            return Ok(Arc::new(self.build(&inv, n)?));
+        }
+        if let Some(t) = &*self.table.read().unwrap_or_else(|e| e.into_inner()) {
+            if t.n >= n {
+                return Ok(t.clone());
+            }
+        }
+        let n = n.next_power_of_two().max(256);
+        // Dynamic NTK: rows past max_position_embeddings would belong to another table.
+        let n = match self.config.rope_scaling {
+            Some(crate::config::RopeScaling::Dynamic { .. }) => {
+                n.min(self.config.max_position_embeddings)
+            }
+            _ => n,
+        };
+        let t = Arc::new(self.build(&self.inv_freq, n)?);
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
         Ok(t)
     }
@@ -291,14 +318,50 @@ impl Rotary {
 /// rows are padding and never scored.
 pub const MASK_BIAS: f32 = -1e30;
 
+/// An additive attention bias (`[.., S]`, 0 visible, [`MASK_BIAS`] hidden, any float dtype)
+/// through a sliding window of `size` tokens: each query keeps only the `size` last of the keys
+/// it sees, itself included, and the others are hidden. A query's visible keys are its row's
+/// earlier tokens in position order, one per position (causal padding masks, the shared-prefix
+/// layout, a cache's kept columns), so this is transformers' `q − k < size` on positions
+/// whatever the padding or layout. `None` when it hides nothing (S ≤ `size`, or no query sees
+/// more than `size` keys).
+///
+/// Errors: tensor errors.
+pub(crate) fn window_bias(bias: &Tensor, size: usize) -> Result<Option<Tensor>> {
+    let s = bias.dim(bias.rank() - 1)?;
+    if s <= size {
+        return Ok(None);
+    }
+    let mut host = bias.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut changed = false;
+    for row in host.chunks_mut(s) {
+        let mut seen = 0usize;
+        for x in row.iter_mut().rev() {
+            if *x > MASK_BIAS * 0.5 {
+                seen += 1;
+                if seen > size {
+                    *x = MASK_BIAS;
+                    changed = true;
+                }
+            }
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    let t = Tensor::from_vec(host, bias.shape(), bias.device())?;
+    Ok(Some(t.to_dtype(bias.dtype())?))
+}
+
 /// Which keys each query of a forward attends to.
 #[derive(Clone)]
 pub(crate) enum AttnMask {
     /// Every row of `[B, T]` attends within itself (and to its cached past): the additive bias
     /// `[B, 1, 1, T or 1, S]` in the reduction dtype (0 visible, [`MASK_BIAS`] not),
     /// and, when fused attention is on and the bias is a causal padding mask without a cache, the
-    /// kernels' layout of the same rows over the flat `B·T` axis.
-    Dense(Tensor, Option<Arc<FusedLayout>>),
+    /// kernels' layout of the same rows over the flat `B·T` axis, and the same bias through the
+    /// model's sliding window ([`window_bias`]) when it hides a key (the sliding layers' mask).
+    Dense(Tensor, Option<Arc<FusedLayout>>, Option<Tensor>),
     /// The shared-prefix layout of [`crate::shared_prefix`]: one flat `[1, N]` forward holding
     /// each group's prompt once and every completion row.
     Shared(Arc<SharedLayout>),
@@ -322,6 +385,11 @@ pub(crate) struct SharedLayout {
     /// `[R, 1, 1, C, P + C]` (reduction dtype): the row's prompt keys (its padding hidden), then
     /// its own keys causally (its padding hidden); `None` when C = 0.
     pub comp_bias: Option<Tensor>,
+    /// `prompt_bias` and `comp_bias` through the model's sliding window ([`window_bias`]), for
+    /// the sliding layers; `None` where the window hides nothing.
+    pub prompt_bias_window: Option<Tensor>,
+    /// See [`SharedLayout::prompt_bias_window`].
+    pub comp_bias_window: Option<Tensor>,
     /// The fused attention kernels' layout of the same positions (each prompt once, each
     /// completion row seeing its prompt's keys as a prefix), when fused attention is on.
     pub fused: Option<Arc<FusedLayout>>,
@@ -346,12 +414,16 @@ pub(crate) struct Attention {
     n_heads: usize,
     n_kv: usize,
     head_dim: usize,
+    /// The sliding window when this layer attends through one (its mask is then the window's:
+    /// [`AttnMask::Dense`]'s third field, [`SharedLayout::prompt_bias_window`]).
+    window: Option<usize>,
     /// Which fused kernels this layer's attention takes ([`crate::Model::set_kernels`]).
     pub fused: Fused,
 }
 
 impl Attention {
-    pub fn new(cfg: &ModelConfig, vb: Vb) -> Result<Self> {
+    /// The attention of decoder layer `layer`.
+    pub fn new(cfg: &ModelConfig, layer: usize, vb: Vb) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
         let qk_norm = cfg.arch == Arch::Qwen3;
@@ -375,6 +447,9 @@ impl Attention {
             n_heads: cfg.num_attention_heads,
             n_kv: cfg.num_key_value_heads,
             head_dim: hd,
+            window: (cfg.sliding_window.as_ref())
+                .filter(|w| w.layers.get(layer).copied().unwrap_or(false))
+                .map(|w| w.size),
             fused: Fused::default(),
         })
     }
@@ -391,6 +466,17 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
+        // A sliding layer attends through the window's mask (the fused kernels are off for a
+        // sliding-window model: `kernels::uncovered`).
+        let windowed;
+        let mask = match (self.window, mask) {
+            (Some(_), AttnMask::Dense(_, _, Some(w))) => {
+                windowed = AttnMask::Dense(w.clone(), None, None);
+                &windowed
+            }
+            _ => mask,
+        };
+        let shared_window = self.window.is_some();
         let q = self.q_proj.forward(x, pass)?.reshape((b, t, nh, hd))?;
         let k = self.k_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
         let v = self.v_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
@@ -415,9 +501,9 @@ impl Attention {
         // values are stored below.
         let past = cache.as_ref().map_or(0, |(s, _)| s.len());
         let fused = match mask {
-            _ if !self.fused.attention => None,
-            AttnMask::Dense(_, Some(l)) if past == 0 => Some((AttnKind::Dense, l.clone())),
-            AttnMask::Dense(_, Some(l)) if l.n_tokens == b * (t + past) => {
+            _ if !self.fused.attention || self.window.is_some() => None,
+            AttnMask::Dense(_, Some(l), _) if past == 0 => Some((AttnKind::Dense, l.clone())),
+            AttnMask::Dense(_, Some(l), _) if l.n_tokens == b * (t + past) => {
                 Some((AttnKind::Kept, l.clone()))
             }
             AttnMask::Dense(..) => None,
@@ -438,13 +524,13 @@ impl Attention {
                     v.reshape((b, t, nkv, hd))?,
                 );
                 let o = match mask {
-                    AttnMask::Dense(bias, _) => {
+                    AttnMask::Dense(bias, ..) => {
                         let q = q.transpose(1, 2)?.contiguous()?;
                         let k = k.transpose(1, 2)?.contiguous()?;
                         let v = v.transpose(1, 2)?.contiguous()?;
                         self.attend(&q, &k, &v, bias)?
                     }
-                    AttnMask::Shared(l) => self.attend_shared(&q, &k, &v, l)?,
+                    AttnMask::Shared(l) => self.attend_shared(&q, &k, &v, l, false)?,
                 };
                 Ok(o.reshape((n, nh, hd))?)
             };
@@ -463,7 +549,7 @@ impl Attention {
                     Ok(Tensor::cat(&[&flat(new, nkv)?, &cached], 0)?)
                 };
                 let (kf, vf) = (keys(&k, &k_all)?, keys(&v, &v_all)?);
-                let AttnMask::Dense(bias, _) = mask else {
+                let AttnMask::Dense(bias, ..) = mask else {
                     unreachable!("a kept layout comes with a dense mask")
                 };
                 let q_bhtd = bhtd(&q)?;
@@ -498,7 +584,7 @@ impl Attention {
             return self.o_proj.forward(&o.reshape((b, t, nh * hd))?, pass);
         }
         let o = match mask {
-            AttnMask::Dense(bias, _) => {
+            AttnMask::Dense(bias, ..) => {
                 let q = q.transpose(1, 2)?.contiguous()?; // [B, nh, T, hd]
                 let k = k.transpose(1, 2)?.contiguous()?; // [B, nkv, T, hd]
                 let v = v.transpose(1, 2)?.contiguous()?;
@@ -530,7 +616,7 @@ impl Attention {
                         l.positions()
                     )));
                 }
-                self.attend_shared(&q, &k, &v, l)?
+                self.attend_shared(&q, &k, &v, l, shared_window)?
             }
         };
         self.o_proj.forward(&o, pass)
@@ -564,14 +650,24 @@ impl Attention {
     /// embedding, N = G·P prompt positions then R·C completion positions. The prompts attend
     /// causally within themselves; each completion row attends to its group's prompt keys/values
     /// (gathered per row, so their gradients sum over the rows in the backward) and causally to
-    /// its own. Returns `[1, N, nh·hd]`.
+    /// its own; through the layout's window masks when `windowed` (a sliding layer). Returns
+    /// `[1, N, nh·hd]`.
     fn attend_shared(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         l: &SharedLayout,
+        windowed: bool,
     ) -> Result<Tensor> {
+        let prompt_bias = match (&l.prompt_bias_window, windowed) {
+            (Some(w), true) => w,
+            _ => &l.prompt_bias,
+        };
+        let comp_bias = match (&l.comp_bias_window, windowed) {
+            (Some(w), true) => Some(w),
+            _ => l.comp_bias.as_ref(),
+        };
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
         let (g, p, r, c) = (l.groups, l.prompt_len, l.rows, l.comp_len);
         let split =
@@ -587,9 +683,9 @@ impl Attention {
             split(v, nkv, 0, g, p)?,
         );
         let op = self
-            .attend(&qp, &kp, &vp, &l.prompt_bias)?
+            .attend(&qp, &kp, &vp, prompt_bias)?
             .reshape((g * p, nh * hd))?;
-        let o = match &l.comp_bias {
+        let o = match comp_bias {
             Some(bias) if c > 0 => {
                 let at = g * p;
                 let qc = split(q, nh, at, r, c)?;
@@ -667,11 +763,12 @@ pub(crate) struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    pub fn new(cfg: &ModelConfig, vb: Vb) -> Result<Self> {
+    /// Decoder layer `layer` (its index: whether it attends through the sliding window).
+    pub fn new(cfg: &ModelConfig, layer: usize, vb: Vb) -> Result<Self> {
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         Ok(Self {
             input_norm: RmsNorm::new(vb.pp("input_layernorm"), h, eps)?,
-            attn: Attention::new(cfg, vb.pp("self_attn"))?,
+            attn: Attention::new(cfg, layer, vb.pp("self_attn"))?,
             post_norm: RmsNorm::new(vb.pp("post_attention_layernorm"), h, eps)?,
             mlp: Mlp::new(cfg, vb.pp("mlp"))?,
         })

@@ -153,7 +153,7 @@ impl Model {
             .pp("embed_tokens")
             .get("weight", &[c.vocab_size, c.hidden_size])?;
         let layers = (0..c.num_hidden_layers)
-            .map(|l| DecoderLayer::new(c, m.pp("layers").pp(l)))
+            .map(|l| DecoderLayer::new(c, l, m.pp("layers").pp(l)))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::new(m.pp("norm"), c.hidden_size, c.rms_norm_eps)?;
         // Some tied checkpoints still store lm_head.weight; tying wins, as in transformers.
@@ -488,7 +488,20 @@ impl Model {
             _ => self.dense_fused_layout(bias, b, t)?,
         };
         let bias = bias.to_dtype(upcast(self.dtype))?.unsqueeze(2)?; // [B, 1, 1, T, S]
-                                                                     // LoRA dropout's token keys: the rows' real tokens are the key mask's ones.
+                                                                     // The sliding layers' mask: each query's `size` last visible keys.
+        let window = match &self.config.sliding_window {
+            // One bias row broadcast over several queries cannot say which keys each one's
+            // window keeps.
+            Some(_) if t > 1 && bias.dim(3)? != t => {
+                return Err(ModelError::Invalid(format!(
+                    "a sliding-window model needs an attention bias with a row per query: got                      {:?} for {t} new positions",
+                    bias.dims()
+                )))
+            }
+            Some(w) => crate::layers::window_bias(&bias, w.size)?,
+            None => None,
+        };
+        // LoRA dropout's token keys: the rows' real tokens are the key mask's ones.
         let keys = match (grad && self.lora_dropout_active(), key_mask) {
             (true, Some(m)) if past == 0 && m.len() == b && m.iter().all(|r| r.len() == t) => {
                 let host = ids.flatten_all()?.to_vec1::<u32>()?;
@@ -499,7 +512,7 @@ impl Model {
         let x = self.stack(
             ids,
             positions,
-            &AttnMask::Dense(bias, fused),
+            &AttnMask::Dense(bias, fused, window),
             cache,
             grad,
             keys,

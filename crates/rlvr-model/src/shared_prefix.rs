@@ -398,13 +398,24 @@ impl Model {
             let seqs = crate::kernels::shared_seqs(p, c, &prompt_lens, &comp_lens, &groups);
             self.fused_layout(g * p + r * c, seqs)
         });
+        let prompt_bias = bias(pbias, p, p, g)?;
+        // The sliding layers' masks: each query's `size` last visible keys (positions count
+        // the prompt's tokens, then the row's own).
+        let window = |b: Option<&Tensor>| -> Result<Option<Tensor>> {
+            match (&self.config().sliding_window, b) {
+                (Some(w), Some(b)) => crate::layers::window_bias(b, w.size),
+                _ => Ok(None),
+            }
+        };
         let layout = SharedLayout {
             groups: g,
             prompt_len: p,
             rows: r,
             comp_len: c,
             row_group: Tensor::from_vec(row_group, r, dev)?,
-            prompt_bias: bias(pbias, p, p, g)?,
+            prompt_bias_window: window(Some(&prompt_bias))?,
+            comp_bias_window: window(comp_bias.as_ref())?,
+            prompt_bias,
             comp_bias,
             fused,
         };

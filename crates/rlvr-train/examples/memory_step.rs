@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         rope_theta: 1e6,
         rope_scaling: None,
         max_position_embeddings: 4096,
+        sliding_window: None,
         tie_word_embeddings: true,
         qkv_bias: true,
         o_bias: false,

@@ -15,7 +15,7 @@ pub const MAX_INIT_STD: f64 = 10.0;
 /// Arguments of `rlvr init` (DESIGN.md section 10).
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
-    /// Architecture: qwen2, qwen3 or llama.
+    /// Architecture: qwen2, qwen3, llama or mistral.
     #[arg(long, default_value = "qwen2")]
     pub arch: String,
     /// Hidden size.
@@ -162,7 +162,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bail!("--rope-theta {}: expected a finite value > 0", a.rope_theta);
     }
     let arch = Arch::from_model_type(&a.arch)
-        .with_context(|| format!("--arch {}: expected qwen2, qwen3 or llama", a.arch))?;
+        .with_context(|| format!("--arch {}: expected qwen2, qwen3, llama or mistral", a.arch))?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .ok()
         .filter(|d| matches!(d, DType::F32 | DType::BF16))
@@ -201,7 +201,9 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .as_deref()
         .and_then(|t| tok.tokenizer.token_to_id(t));
     let intermediate = a.intermediate.unwrap_or(a.hidden.saturating_mul(4));
-    let tie = a.tie_embeddings.unwrap_or(arch != Arch::Llama);
+    let tie = a
+        .tie_embeddings
+        .unwrap_or(matches!(arch, Arch::Qwen2 | Arch::Qwen3));
     check_size(a, vocab_size, kv, head_dim, intermediate, tie, dtype)?;
     let config = ModelConfig {
         arch,
@@ -216,6 +218,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         rope_theta: a.rope_theta,
         rope_scaling: None,
         max_position_embeddings: a.max_position_embeddings,
+        sliding_window: None,
         tie_word_embeddings: tie,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,

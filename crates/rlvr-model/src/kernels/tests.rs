@@ -19,6 +19,7 @@ fn small() -> ModelConfig {
         rope_theta: 10000.0,
         rope_scaling: None,
         max_position_embeddings: 128,
+        sliding_window: None,
         tie_word_embeddings: true,
         qkv_bias: true,
         o_bias: false,
@@ -228,6 +229,46 @@ fn attention_on_leaves_the_cpu_path_bit_identical() {
     assert!(on.fused_attention(), "flagged for the recorder");
     assert_eq!(on.kernels().attention, Switch::On);
     assert_eq!(run(&off), run(&on));
+}
+
+/// A sliding-window model does not take the fused attention or decode kernels (they attend to
+/// every earlier key): `kernels.attention = "on"` and `kernels.decode = "on"` resolve off, with
+/// the reason logged, and the composition applies the window; the other kernels still resolve.
+#[test]
+fn a_sliding_window_turns_the_fused_attention_off() {
+    let mut cfg = small();
+    cfg.sliding_window = Some(crate::SlidingWindow {
+        size: 2,
+        layers: vec![false, true],
+    });
+    let on = KernelSwitches {
+        attention: Switch::On,
+        decode: Switch::On,
+        rms_norm: Switch::On,
+        ..KernelSwitches::default()
+    };
+    let mut m = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    m.set_kernels(on);
+    let f = m.fused_flags();
+    assert!(
+        !f.attention && !f.decode,
+        "the window's layers need the composition"
+    );
+    assert!(f.rms_norm, "the other kernels are untouched");
+    let why = uncovered(FusedOp::Attention, &cfg, DType::F32).unwrap();
+    assert!(why.contains("sliding window of 2 tokens"), "{why}");
+    assert!(uncovered(FusedOp::Decode, &cfg, DType::F32).is_some());
+    assert!(uncovered(FusedOp::CudaGraphs, &cfg, DType::F32).is_some());
+    assert!(uncovered(FusedOp::Rotary, &cfg, DType::F32).is_none());
+    // Without the window the same switches flag attention (for the launch recorder).
+    let mut plain = Model::random(small(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    plain.set_kernels(on);
+    assert!(plain.fused_flags().attention);
+    // And the window's model still scores as the composition does: its values differ from the
+    // model without the window (same weights) on rows longer than the window.
+    let base = Model::random(cfg, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(run(&m), run(&base));
+    assert_ne!(run(&m), run(&plain));
 }
 
 /// The model-level launch recorder: the fused attention path of a real forward and backward

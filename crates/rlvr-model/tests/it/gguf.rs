@@ -60,6 +60,7 @@ fn config(arch: Arch, vocab: usize) -> ModelConfig {
         rope_theta: 100000.0,
         rope_scaling: None,
         max_position_embeddings: 512,
+        sliding_window: None,
         tie_word_embeddings: arch != Arch::Llama,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,

@@ -28,6 +28,7 @@ fn tiny(arch: Arch, tied: bool) -> ModelConfig {
             None
         },
         max_position_embeddings: 128,
+        sliding_window: None,
         tie_word_embeddings: tied,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,

@@ -13,6 +13,7 @@ mod fused_head;
 mod gguf;
 mod gradients;
 mod lora;
+mod long_context;
 mod lora_parity;
 mod mixed_precision;
 mod model_files;

@@ -22,6 +22,7 @@ fn small() -> ModelConfig {
         rope_theta: 10000.0,
         rope_scaling: None,
         max_position_embeddings: 128,
+        sliding_window: None,
         tie_word_embeddings: true,
         qkv_bias: true,
         o_bias: false,

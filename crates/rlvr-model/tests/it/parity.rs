@@ -37,7 +37,7 @@ fn load_expected(dir: &Path) -> Expected {
 }
 
 /// Checks every case of a fixture; returns the max abs log-prob error seen.
-fn check(name: &str, dtype: DType, tol: f64) -> f64 {
+pub(crate) fn check(name: &str, dtype: DType, tol: f64) -> f64 {
     let dir = fixture(name);
     let model = Model::load(&dir, dtype, &Device::Cpu).unwrap();
     let exp = load_expected(&dir);

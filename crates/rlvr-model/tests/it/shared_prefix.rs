@@ -19,6 +19,7 @@ use candle_core::{DType, Device, Tensor};
 use rlvr_model::recompute::backward;
 use rlvr_model::{
     Arch, LoraConfig, LoraTarget, Model, ModelConfig, PromptGroup, RopeScaling, SharedPrefixBatch,
+    SlidingWindow,
 };
 
 const VOCAB: usize = 48;
@@ -43,6 +44,7 @@ fn config(arch: Arch) -> ModelConfig {
             original_max_position_embeddings: 8.0,
         }),
         max_position_embeddings: 128,
+        sliding_window: None,
         tie_word_embeddings: arch != Arch::Llama,
         qkv_bias: arch == Arch::Qwen2,
         o_bias: false,
@@ -756,4 +758,90 @@ fn invalid_batches_are_refused_with_the_reason() {
         )
         .unwrap();
     assert_eq!(out.logprobs.dims(), &[2, 0]);
+}
+
+/// Sliding-window models: Mistral with a 3-token window on both layers, Qwen2 with YaRN and a
+/// 4-token window on layer 1 only (`window: false`: the same model without its window).
+fn window_config(arch: Arch, window: bool) -> ModelConfig {
+    let mut c = config(arch);
+    let (size, layers) = match arch {
+        Arch::Mistral => (3, vec![true, true]),
+        _ => {
+            c.rope_scaling = Some(RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 8.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: None,
+                mscale: 0.0,
+                mscale_all_dim: 0.0,
+                truncate: true,
+            });
+            (4, vec![false, true])
+        }
+    };
+    c.sliding_window = window.then_some(SlidingWindow { size, layers });
+    c
+}
+
+fn window_model(arch: Arch, dtype: DType, seed: u64, window: bool) -> Model {
+    let m = Model::random(window_config(arch, window), 0.3, seed, dtype, &Device::Cpu).unwrap();
+    randomise(&m, seed + 100);
+    m
+}
+
+/// The shared-prompt layout equals the unshared one through a sliding window shorter than the
+/// rows (prompts of 3 to 9 tokens, completions to 7): values and gradients, plain, with
+/// activation checkpointing and with LoRA adapters; and the window does change the values.
+#[test]
+fn sliding_window_models_match_the_unshared_path() {
+    for (i, arch) in [Arch::Mistral, Arch::Qwen2].into_iter().enumerate() {
+        let g = groups(MIXED, 80 + i as u64);
+        for dtype in [DType::F32, DType::F64] {
+            let m = window_model(arch, dtype, 60 + i as u64, true);
+            let mut ckpt = m.clone();
+            ckpt.set_gradient_checkpointing(true);
+            for (what, s) in [("plain", &m), ("checkpointed", &ckpt)] {
+                check(Check {
+                    what: &format!("{arch:?} {dtype:?} window {what}"),
+                    shared_model: s,
+                    unshared_model: &m,
+                    shared_parts: one_part(&g),
+                    whole: g.clone(),
+                    tol: tol(dtype),
+                });
+            }
+        }
+        let mut m = window_model(arch, DType::F32, 64, true);
+        let lora = LoraConfig {
+            rank: 2,
+            alpha: 4.0,
+            targets: LoraTarget::ALL.to_vec(),
+            dropout: 0.0,
+        };
+        m.add_lora(&lora, 9).unwrap();
+        randomise(&m, 78);
+        let mut ckpt = m.clone();
+        ckpt.set_gradient_checkpointing(true);
+        check(Check {
+            what: &format!("{arch:?} window LoRA checkpointed"),
+            shared_model: &ckpt,
+            unshared_model: &m,
+            shared_parts: one_part(&g),
+            whole: g.clone(),
+            tol: 1e-5,
+        });
+        // The same weights without the window score differently.
+        let with = window_model(arch, DType::F64, 60 + i as u64, true);
+        let without = window_model(arch, DType::F64, 60 + i as u64, false);
+        let (a, b) = (
+            real(&unshared(&with, &g, false).logprobs, &g),
+            real(&unshared(&without, &g, false).logprobs, &g),
+        );
+        let gap = a
+            .iter()
+            .zip(&b)
+            .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(gap > 1e-3, "{arch:?}: the window changed nothing ({gap:e})");
+    }
 }

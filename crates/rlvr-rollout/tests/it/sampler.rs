@@ -486,3 +486,62 @@ fn non_finite_logits_stop_sampling_with_an_error() {
         ); // draw indices 10..13
     }
 }
+
+/// The sliding-window fixtures (`qwen2_yarn_window`: YaRN and a 6-token window on layers 1-2;
+/// `mistral_window`: a 5-token window on every layer): the native sampler's prefill and KV-cache
+/// decode go past the window and give transformers' greedy `generate` tokens (stored by
+/// `scripts/make_model_fixtures.py`), greedy equals the argmax of the full forward with left-padded
+/// prompts of 1 to 9 tokens, and sampled tokens' behaviour log-probs equal the trainer's.
+#[test]
+fn sliding_window_models_sample_as_transformers_generates() {
+    #[derive(serde::Deserialize)]
+    struct Greedy {
+        prompt: Vec<u32>,
+        tokens: Vec<u32>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Expected {
+        greedy: Greedy,
+    }
+    for name in ["qwen2_yarn_window", "mistral_window"] {
+        let model = fixture(name);
+        let window = model.config().sliding_window.as_ref().unwrap().size;
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../rlvr-model/tests/fixtures/{name}/expected.json"));
+        let g: Expected = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let g = g.greedy;
+        let n = g.tokens.len();
+        assert!(g.prompt.len() + n > 3 * window);
+        let out = Sampler::new(&model, 0)
+            .sample(std::slice::from_ref(&g.prompt), 0, &params(1, 0.0, n), 0)
+            .unwrap();
+        assert_eq!(
+            out[0].token_ids, g.tokens,
+            "{name}: sampler vs transformers generate"
+        );
+        // Left-padded prompts of different lengths, greedy: the full forward's argmax.
+        let out = Sampler::new(&model, 0)
+            .sample(&prompts(), 0, &params(1, 0.0, 3 * window), 0)
+            .unwrap();
+        for c in &out {
+            let prompt = &prompts()[c.prompt_index];
+            let mut seq = prompt.clone();
+            seq.extend(&c.token_ids);
+            let logits = full_logits(&model, &seq);
+            for (i, &tok) in c.token_ids.iter().enumerate() {
+                let (best, _) = rlvr_rollout::select::argmax(&logits[prompt.len() - 1 + i]);
+                assert_eq!(
+                    tok as usize, best,
+                    "{name} prompt {} token {i}",
+                    c.prompt_index
+                );
+            }
+        }
+        let out = Sampler::new(&model, 0)
+            .sample(&prompts(), 0, &params(2, 1.0, 3 * window), 5)
+            .unwrap();
+        let gap = max_logprob_gap(&model, &out, 1.0);
+        eprintln!("{name}: max |ℓ_old − ℓ_trainer| {gap:e}");
+        assert!(gap < 1e-4, "{name}: max |Δℓ| {gap}");
+    }
+}
