@@ -18,6 +18,16 @@ are swapped for float64 versions of the same formulas (`_f64_patches`). The scri
 this float64 reference agrees with plain transformers (double and float32, eager attention) and
 records the largest differences in expected.json (`hf_checks`).
 
+Long-context fixtures
+---------------------
+`qwen2_yarn_window` (YaRN rope, a sliding window on some layers), `mistral_window` (a window on every
+layer) and `llama_dynamic_rope` (dynamic NTK rope, with a case past max_position_embeddings) also
+store `greedy`: the tokens of transformers' greedy `generate` with its KV cache after a prompt taken
+from the long case (float64 reference, asserted equal to plain float32 transformers'), and the argmax
+chain of full forwards without a cache (equal to the cached tokens except for dynamic rope, whose
+cached keys keep the table of the step that wrote them). The float64 rotary patch applies YaRN's
+attention factor and, for dynamic rope, the table of each forward's largest position.
+
 Config styles
 -------------
 transformers >= 5 writes `rope_parameters` (with `rope_theta` inside) and `dtype`; transformers 4
