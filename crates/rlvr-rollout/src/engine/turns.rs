@@ -543,6 +543,44 @@ mod tests {
         }
     }
 
+    /// Sliding-window models (Mistral with a 4-token window on every layer; Qwen2 with a 5-token
+    /// window from layer 1 on): kept turns, whose cached rows are padded between turns, sample
+    /// the re-prefill path's tokens within float rounding; and the window is in force (the
+    /// same weights without it sample other log-probs).
+    #[test]
+    fn kept_turns_of_a_sliding_window_model_sample_the_re_prefill_paths_tokens() {
+        for extra in [
+            serde_json::json!({"model_type": "mistral", "sliding_window": 4}),
+            serde_json::json!({"model_type": "qwen2", "use_sliding_window": true,
+                "sliding_window": 5, "max_window_layers": 1}),
+        ] {
+            let mut v = serde_json::json!({"vocab_size": 64, "hidden_size": 32,
+                "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "max_position_embeddings": 256});
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            let config = ModelConfig::from_json(&v, "inline".as_ref()).unwrap();
+            assert!(config.sliding_window.is_some());
+            let m = Model::random(config.clone(), 0.3, 4, DType::F32, &Device::Cpu).unwrap();
+            let s = Sampler::new(&m, 5);
+            let want = episodes(&s, None);
+            let mut cache = TurnCache::new(DEFAULT_TURN_CACHE_BYTES);
+            let got = episodes(&s, Some(&mut cache));
+            let gap = max_gap(&got, &want);
+            assert!(gap < 1e-5, "{extra}: log-probs {gap:e} apart");
+            assert_eq!(cache.stats().hits, 12);
+            let mut full = config;
+            full.sliding_window = None;
+            let f = Model::random(full, 0.3, 4, DType::F32, &Device::Cpu).unwrap();
+            let other = episodes(&Sampler::new(&f, 5), None);
+            let differ = (want.iter().zip(&other)).any(|(a, b)| {
+                a.token_ids != b.token_ids || a.behaviour_logprobs != b.behaviour_logprobs
+            });
+            assert!(differ, "{extra}: the window changed nothing");
+        }
+    }
+
     /// A budget below the episodes' needs evicts (deterministically, in descending episode
     /// order) and never holds more than it allows; evicted episodes prefill their whole context.
     /// A budget of 0 keeps nothing and is the re-prefill path bit for bit.
