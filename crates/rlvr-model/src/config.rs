@@ -589,9 +589,11 @@ impl ModelConfig {
         };
         let mlp_bias =
             arch != Arch::Mistral && get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        // transformers' Qwen2Config, Qwen3Config, LlamaConfig and MistralConfig all default
+        // `tie_word_embeddings` to false; released checkpoints write the field.
         let tie_word_embeddings = get(v, "tie_word_embeddings")
             .and_then(Value::as_bool)
-            .unwrap_or(matches!(arch, Arch::Qwen2 | Arch::Qwen3));
+            .unwrap_or(false);
         Ok(ModelConfig {
             arch,
             vocab_size: req_usize(v, "vocab_size", file)?,

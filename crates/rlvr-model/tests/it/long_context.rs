@@ -431,6 +431,20 @@ fn window_and_rope_fields_out_of_range_are_refused_naming_file_and_field() {
     );
 }
 
+/// transformers' Qwen2Config, Qwen3Config, LlamaConfig and MistralConfig default
+/// `tie_word_embeddings` to false: a config.json without the field has its own `lm_head.weight`.
+#[test]
+fn an_absent_tie_word_embeddings_is_untied_as_in_transformers() {
+    for model_type in ["qwen2", "qwen3", "llama", "mistral"] {
+        let mut v = qwen2(serde_json::json!({ "model_type": model_type }));
+        let c = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
+        assert!(!c.tie_word_embeddings, "{model_type}");
+        v["tie_word_embeddings"] = true.into();
+        let c = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
+        assert!(c.tie_word_embeddings, "{model_type}");
+    }
+}
+
 #[test]
 fn window_layers_follow_transformers_defaults() {
     let read = |v: serde_json::Value| {
