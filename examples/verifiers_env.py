@@ -495,6 +495,16 @@ class Adapter:
                                "ended it")
         return {"id": eid, "reward": await self.score(ep, ev[1])}
 
+    async def drop(self, eid):
+        """Forgets a failed episode and cancels its rollout (it gets no `finish`)."""
+        ep = self.episodes.pop(eid, None)
+        if ep is not None and ep.task is not None and not ep.task.done():
+            ep.task.cancel()
+            try:
+                await ep.task
+            except BaseException:  # noqa: BLE001 - the episode already failed
+                pass
+
     async def each(self, fn, reqs):
         """Runs `fn` over a request's episodes in order (deterministic), each error its own."""
         out = []
@@ -502,10 +512,10 @@ class Adapter:
             try:
                 out.append(await fn(r))
             except EpisodeError as e:
-                self.episodes.pop(r.get("id"), None)
+                await self.drop(r.get("id"))
                 out.append({"id": r.get("id"), "error": str(e)})
             except Exception as e:  # noqa: BLE001 - the adapter's own failure, named
-                self.episodes.pop(r.get("id"), None)
+                await self.drop(r.get("id"))
                 out.append({"id": r.get("id"),
                             "error": f"{self.name()}: {describe(e)} in {where(e)}"})
         return out

@@ -151,6 +151,21 @@ def errors():
     env.close()
 
 
+def export():
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.jsonl")
+        args = [sys.executable, ADAPTER, "export", "--env-id", "vf-guess", "--out", out]
+        for p in PATHS:
+            args += ["--path", p]
+        subprocess.run(args, check=True, capture_output=True, cwd=ROOT)
+        with open(out) as f:
+            rows = [json.loads(line) for line in f]
+    check("export: the environment's dataset as rows", rows,
+          [{"example_id": 0, "question": "Guess my number from 1 to 10.", "answer": "7"},
+           {"example_id": 1, "question": "Guess my number from 1 to 10 again.", "answer": "3"}])
+
+
 if __name__ == "__main__":
     if "--standin" in sys.argv:
         print(f"the stand-in package in {STANDIN}")
@@ -160,4 +175,5 @@ if __name__ == "__main__":
     guess()
     adder()
     errors()
+    export()
     print("all checks passed")
