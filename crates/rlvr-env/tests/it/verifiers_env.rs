@@ -38,11 +38,8 @@ fn start(env_id: &str, env_args: Json, log: Option<PathBuf>) -> Result<ProcessEn
     let mut s = ProcessSettings::new(command);
     s.timeout = Duration::from_secs(30);
     s.restarts = 0;
-    s.options = rlvr_env::verifiers::hello_options(
-        Json::object([("paths", paths)]),
-        env_id,
-        env_args,
-    );
+    s.options =
+        rlvr_env::verifiers::hello_options(Json::object([("paths", paths)]), env_id, env_args);
     s.stderr_log = log;
     ProcessEnvironment::start(s).map_err(|e| e.to_string())
 }
@@ -125,13 +122,19 @@ fn a_verifiers_multi_turn_environment_runs_unchanged_and_its_rubric_scores_the_e
         ])
         .unwrap();
     let s = out[0].as_ref().unwrap();
-    assert_eq!((pairs(&s.messages), s.done), (vec![("user", "Higher.")], false));
+    assert_eq!(
+        (pairs(&s.messages), s.done),
+        (vec![("user", "Higher.")], false)
+    );
     assert_eq!(s.reward, None);
     let s = out[1].as_ref().unwrap();
     assert_eq!((s.done, s.reward, s.messages.len()), (true, Some(1.5), 0));
     let s = out[2].as_ref().unwrap();
     assert_eq!((s.done, s.reward), (true, Some(1.5)));
-    assert_eq!(pairs(&out[3].as_ref().unwrap().messages), [("user", "Lower.")]);
+    assert_eq!(
+        pairs(&out[3].as_ref().unwrap().messages),
+        [("user", "Lower.")]
+    );
 
     // Turn 2: right after one hint: correct 1 + 0.5 x quick 1/2.
     let out = env.step(&[step("0:0", 2, "Then 7.")]).unwrap();
@@ -192,7 +195,8 @@ fn a_verifiers_tool_environment_answers_rlvrs_parsed_tool_calls() {
     );
 
     // A Qwen-style turn whose Hermes call rlvr parses: the tool's result answers call_0.
-    let turn1 = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 17, \"b\": 25}}\n</tool_call>";
+    let turn1 =
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 17, \"b\": 25}}\n</tool_call>";
     let out = env.step(&[step("0:0", 1, turn1)]).unwrap();
     let s = out[0].as_ref().unwrap();
     assert!(!s.done);
@@ -246,7 +250,10 @@ fn errors_inside_a_verifiers_environment_name_the_environment_and_the_function()
     // An example the environment's dataset does not have.
     let r = env.reset(&[reset("1:0", 0, example("9"))]).unwrap();
     let e = r[0].as_ref().unwrap_err();
-    assert!(e.contains("has no example_id 9 in its train dataset"), "{e}");
+    assert!(
+        e.contains("has no example_id 9 in its train dataset"),
+        "{e}"
+    );
     drop(env);
 
     // An environment that cannot be loaded stops the run at start-up, named.

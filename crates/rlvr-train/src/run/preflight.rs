@@ -240,11 +240,7 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
 ///
 /// # Errors
 /// The program that cannot be found, naming `key`, the path and where it was written.
-fn check_env_program(
-    c: &crate::config::RawConfig,
-    key: &str,
-    origin: &str,
-) -> anyhow::Result<()> {
+fn check_env_program(c: &crate::config::RawConfig, key: &str, origin: &str) -> anyhow::Result<()> {
     let program = match &c.env.verifiers {
         Some(_) => c.env.python.as_deref().unwrap_or("python3"),
         None => c.env.command.first().map_or("", String::as_str),

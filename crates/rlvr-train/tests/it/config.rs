@@ -1754,13 +1754,20 @@ fn env_verifiers_is_the_adapter_with_the_id_and_args_and_prime_rl_names_are_refu
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().canonicalize().unwrap();
     let p = dir.join("c.toml");
-    std::fs::write(&p, "[env]\nverifiers = \"x\"\npython = \".venv/bin/python\"\n").unwrap();
+    std::fs::write(
+        &p,
+        "[env]\nverifiers = \"x\"\npython = \".venv/bin/python\"\n",
+    )
+    .unwrap();
     let c = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
     assert_eq!(
         c.raw.env.python.as_deref(),
         Some(dir.join(".venv/bin/python").to_str().unwrap())
     );
-    assert_eq!(c.raw.env.program().unwrap().unwrap().0[0], c.raw.env.python.clone().unwrap());
+    assert_eq!(
+        c.raw.env.program().unwrap().unwrap().0[0],
+        c.raw.env.python.clone().unwrap()
+    );
 
     // Each misuse names its key.
     let bad: [(&[&str], &str); 6] = [
@@ -1801,20 +1808,25 @@ fn env_verifiers_is_the_adapter_with_the_id_and_args_and_prime_rl_names_are_refu
         .unwrap_err()
     );
     assert!(
-        err.contains("`orchestrator.env` is prime-rl's name, not rlvr's: write `verifiers = …` in [env]")
-            && err.contains("env_args = { ... }"),
+        err.contains(
+            "`orchestrator.env` is prime-rl's name, not rlvr's: write `verifiers = …` in [env]"
+        ) && err.contains("env_args = { ... }"),
         "{err}"
     );
     for (set, ours) in [
         ("env.id=\"reverse-text\"", "env.verifiers"),
         ("env.args={ n = 1 }", "env.env_args"),
         ("orchestrator.rollouts_per_example=16", "rollout.group_size"),
-        ("orchestrator.sampling.max_tokens=128", "rollout.max_new_tokens"),
+        (
+            "orchestrator.sampling.max_tokens=128",
+            "rollout.max_new_tokens",
+        ),
         ("orchestrator.batch_size=128", "data.prompts_per_step"),
     ] {
         let err = format!("{:#}", check_load("", &[set]).unwrap_err());
         assert!(
-            err.contains("is prime-rl's name, not rlvr's") && err.contains(&format!("--set {ours}=")),
+            err.contains("is prime-rl's name, not rlvr's")
+                && err.contains(&format!("--set {ours}=")),
             "{set}: {err}"
         );
     }

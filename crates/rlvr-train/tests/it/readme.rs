@@ -38,7 +38,10 @@ fn readme_config_reference_is_current() {
 fn prime_rl_key_table_is_current() {
     let path = repo_root().join("docs/coming-from-prime-rl.md");
     let text = std::fs::read_to_string(&path).unwrap();
-    let (begin, end) = ("<!-- prime-rl-keys:begin -->\n", "<!-- prime-rl-keys:end -->");
+    let (begin, end) = (
+        "<!-- prime-rl-keys:begin -->\n",
+        "<!-- prime-rl-keys:end -->",
+    );
     let i = text.find(begin).expect("lacks the begin marker") + begin.len();
     let j = text.find(end).expect("lacks the end marker");
     let want = rlvr_train::config::help::alias_table_markdown("prime-rl");
