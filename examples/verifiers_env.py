@@ -71,7 +71,6 @@ Options (the `hello` table): `env_id` (required), `env_args` (object), `split` (
 replays identically after a restart.
 """
 import asyncio
-import inspect
 import json
 import logging
 import os

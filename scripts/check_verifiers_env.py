@@ -144,6 +144,14 @@ def errors():
     check("a raising reward function is an episode error naming env and function",
           ("'vf-guess'" in e, "broken" in e, "reward" not in s["0:0"]), (True, True, True))
     env.close()
+    env = Program({"env_id": "vf-guess", "paths": PATHS, "env_args": {"broken_hint": True}})
+    env.batch("reset", [reset("0:0", {"example_id": "0"})])
+    s = env.batch("step", [step("0:0", 1, "5")])
+    e = s["0:0"].get("error", "")
+    check("an exception in env_response is an episode error naming env and function",
+          ("'vf-guess'" in e, "ValueError: no hint for 5" in e, "in env_response (vf_guess.py:" in e),
+          (True, True, True))
+    env.close()
     env = Program({"env_id": "vf-missing", "paths": PATHS})
     e = env.hello.get("error", "")
     check("an unknown environment is refused at hello, named",

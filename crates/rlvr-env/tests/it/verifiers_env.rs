@@ -247,6 +247,24 @@ fn errors_inside_a_verifiers_environment_name_the_environment_and_the_function()
             && e.contains("division by zero"),
         "{e}"
     );
+    drop(env);
+    // An exception in the environment's env_response: the episode's error names the function.
+    let mut env = start(
+        "vf-guess",
+        Json::object([("broken_hint", Json::Bool(true))]),
+        None,
+    )
+    .unwrap();
+    env.reset(&[reset("0:0", 0, example("0"))]).unwrap();
+    let out = env.step(&[step("0:0", 1, "5")]).unwrap();
+    let e = out[0].as_ref().unwrap_err();
+    assert!(
+        e.starts_with(
+            "verifiers environment 'vf-guess': the rollout raised ValueError: no hint for 5 in \
+             env_response (vf_guess.py:"
+        ),
+        "{e}"
+    );
     // An example the environment's dataset does not have.
     let r = env.reset(&[reset("1:0", 0, example("9"))]).unwrap();
     let e = r[0].as_ref().unwrap_err();

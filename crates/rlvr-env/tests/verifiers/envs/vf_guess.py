@@ -38,6 +38,8 @@ def broken(completion) -> float:
 
 
 class GuessEnv(vf.MultiTurnEnv):
+    broken_hint = False
+
     async def setup_state(self, state):
         state["hints"] = 0
         return state
@@ -51,13 +53,16 @@ class GuessEnv(vf.MultiTurnEnv):
     async def env_response(self, messages, state, **kwargs):
         guess = last_guess(messages)
         state["hints"] += 1
+        if self.broken_hint:
+            raise ValueError(f"no hint for {guess}")
         if guess is None:
             return [vf.UserMessage(content="Answer with a number.")]
         target = int(state["answer"])
         return [vf.UserMessage(content="Higher." if guess < target else "Lower.")]
 
 
-def load_environment(max_turns: int = 4, broken_reward: bool = False, **kwargs):
+def load_environment(max_turns: int = 4, broken_reward: bool = False, broken_hint: bool = False,
+                     **kwargs):
     ds = Dataset.from_list([
         {"question": "Guess my number from 1 to 10.", "answer": "7"},
         {"question": "Guess my number from 1 to 10 again.", "answer": "3"},
@@ -66,5 +71,7 @@ def load_environment(max_turns: int = 4, broken_reward: bool = False, **kwargs):
     if broken_reward:
         funcs, weights = funcs + [broken], weights + [1.0]
     rubric = vf.Rubric(funcs=funcs, weights=weights)
-    return GuessEnv(dataset=ds, system_prompt="Answer with one number.", rubric=rubric,
-                    max_turns=max_turns, **kwargs)
+    env = GuessEnv(dataset=ds, system_prompt="Answer with one number.", rubric=rubric,
+                   max_turns=max_turns, **kwargs)
+    env.broken_hint = broken_hint
+    return env
