@@ -582,6 +582,10 @@ def main():
             return
         episodes = loop.run_until_complete(adapter.each(fn, req.get("episodes") or []))
         send({"version": PROTOCOL, "episodes": episodes})
+    # rlvr closed stdin: the rollouts still paused are cancelled, so their cleanups run.
+    if adapter is not None:
+        for eid in list(adapter.episodes):
+            loop.run_until_complete(adapter.drop(eid))
 
 
 if __name__ == "__main__":

@@ -1741,8 +1741,8 @@ fn env_verifiers_is_the_adapter_with_the_id_and_args_and_prime_rl_names_are_refu
     );
     assert_eq!(
         options.to_compact(),
-        "{\"split\":\"eval\",\"env_id\":\"vf-guess\",\"env_args\":{\"max_turns\":4,\
-         \"broken_reward\":false}}"
+        "{\"split\":\"eval\",\"env_id\":\"vf-guess\",\"env_args\":{\"broken_reward\":false,\
+         \"max_turns\":4}}"
     );
     // The run directory's config.toml keeps the short form, not the adapter's temporary path.
     let toml = c.to_toml().unwrap();

@@ -323,8 +323,8 @@ fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
     let model = common::tiny_model(tmp.path(), 3);
     std::fs::write(
         tmp.path().join("chat.jinja"),
-        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
-         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+        "{% for m in messages %}{{ m.content }}<|endoftext|>{% endfor %}\
+         {% if add_generation_prompt %}={% endif %}",
     )
     .unwrap();
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -336,7 +336,7 @@ fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
         &config,
         format!(
             "[data]\ntask = \"jsonl\"\n\n[rollout]\nmax_new_tokens = 4\n\n\
-             [env]\nverifiers = \"vf-guess\"\nmax_turns = 3\nmax_episode_tokens = 200\n\
+             [env]\nverifiers = \"vf-guess\"\nmax_turns = 3\nmax_episode_tokens = 64\n\
              chat_template = \"chat.jinja\"\noptions = {{ paths = [{:?}, {:?}] }}\n",
             fixtures.join("standin").display().to_string(),
             fixtures.join("envs").display().to_string()
@@ -346,7 +346,8 @@ fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
     let prompts = tmp.path().join("prompts.jsonl");
     std::fs::write(
         &prompts,
-        "{\"prompt\": \"1+1=\", \"example_id\": 0}\n{\"prompt\": \"2+2=\", \"example_id\": 1}\n",
+        "{\"prompt\": \"1+1=\", \"example_id\": 0}\n{\"prompt\": \"2+2=\", \"example_id\": 1}\n\
+         {\"prompt\": \"3+3=\", \"example_id\": 0}\n{\"prompt\": \"4+4=\", \"example_id\": 1}\n",
     )
     .unwrap();
     let argv: Vec<String> = [
@@ -365,21 +366,23 @@ fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
     ]
     .map(String::from)
     .to_vec();
-    let eps = generate(&argv).unwrap();
-    assert_eq!(eps.len(), 32);
+    let eps = generate(&argv).unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(tmp.path().join("env.stderr")).unwrap_or_default();
+        panic!("{e:#}\nthe environment's stderr:\n{log}")
+    });
+    assert_eq!(eps.len(), 64);
     let tok = settings::load_tokenizer(&model).unwrap();
     // The environment's prompt, not the line's: its system prompt and question, rendered.
     let want = tok
         .encode(
-            "system:Answer with one number.<|endoftext|>\nuser:Guess my number from 1 to \
-             10.<|endoftext|>\n=>",
+            "Answer with one number.<|endoftext|>Guess my number from 1 to 10.<|endoftext|>=",
             false,
         )
         .unwrap();
     let mut hinted = 0;
     for e in &eps {
         assert!(e["error"].is_null(), "{e}");
-        let target = match e["prompt_index"].as_u64().unwrap() {
+        let target = match e["prompt_index"].as_u64().unwrap() % 2 {
             0 => 7,
             _ => 3,
         };
@@ -390,10 +393,12 @@ fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
         let tr = e["transcript"].as_array().unwrap();
         let turns = e["turns"].as_u64().unwrap() as usize;
         let finish = e["finish"].as_str().unwrap();
-        assert_ne!(finish, "budget", "the budget fits 3 turns and 2 hints: {e}");
-        // The turns the environment saw: all but a last one cut by rlvr (no step for it).
+        // The turns the environment saw: all but a last one cut by rlvr (`length`, `eos`, or
+        // `budget` within the turn), which got no step and so no reply after it.
+        let answered = tr.last().is_some_and(|m| m["role"] == "user");
         let seen = match finish {
             "done" | "max_turns" => turns,
+            _ if answered => turns,
             _ => turns - 1,
         };
         let assistant: Vec<&str> = tr
@@ -432,5 +437,5 @@ fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
         "no episode got a hint: no later turn was checked"
     );
     let log = std::fs::read_to_string(tmp.path().join("env.stderr")).unwrap();
-    assert_eq!(log.matches("[verifiers] episode ").count(), 32, "{log}");
+    assert_eq!(log.matches("[verifiers] episode ").count(), 64, "{log}");
 }
