@@ -16,6 +16,8 @@
 //!   their bridge (`env.observation_truncation`).
 //! - [`tools`]: tool calls parsed from a turn's text (`hermes`, `llama3_json`, `none`).
 //! - [`reward`]: an episode's reward from its environment's rewards (`sum`, `final`).
+//! - [`verifiers`]: the adapter that runs an environment written with Prime Intellect's
+//!   `verifiers` library unchanged (`env.verifiers`, docs/coming-from-prime-rl.md).
 //! - [`template`] and [`bridge`]: chat templates with tools rendered as transformers does
 //!   (Python's `json.dumps` as `tojson`, [`json`]), and the bridge tokens between turns, checked
 //!   to extend the context as a token prefix.
@@ -62,6 +64,7 @@ pub mod template;
 pub mod tools;
 pub mod truncate;
 pub mod validate;
+pub mod verifiers;
 
 pub use error::EnvError;
 

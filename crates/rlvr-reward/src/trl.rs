@@ -18,19 +18,19 @@ pub const ADAPTER: &str = include_str!("../../../examples/trl_rewards.py");
 /// [`RewardError::Config`] when no such directory can be made or the file cannot be written.
 pub fn adapter_path() -> Result<PathBuf, RewardError> {
     static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PATH.get_or_init(|| write_adapter("trl", "trl_rewards.py", ADAPTER, "TRL"))
+    PATH.get_or_init(|| write_adapter("trl", "trl_rewards.py", ADAPTER, "TRL reward"))
         .clone()
         .map_err(RewardError::Config)
 }
 
 /// Writes `source` to `$TMPDIR/rlvr-TAG-PID-N/FILE` in a directory made new, mode 0700 (see
-/// [`adapter_path`]); `peer` names the adapter in errors (`TRL`, `verl`).
-pub(crate) fn write_adapter(
-    tag: &str,
-    file: &str,
-    source: &str,
-    peer: &str,
-) -> Result<PathBuf, String> {
+/// [`adapter_path`]); `peer` names the adapter in errors (`TRL reward`, `verl reward`,
+/// `verifiers environment`).
+///
+/// # Errors
+/// The message of a directory that cannot be made (100 names taken) or a file that cannot be
+/// written, naming the path.
+pub fn write_adapter(tag: &str, file: &str, source: &str, peer: &str) -> Result<PathBuf, String> {
     let base = std::env::temp_dir();
     let pid = std::process::id();
     for n in 0..100 {
@@ -42,24 +42,21 @@ pub(crate) fn write_adapter(
             Ok(()) => {
                 let file = dir.join(file);
                 std::fs::write(&file, source).map_err(|e| {
-                    format!(
-                        "writing the {peer} reward adapter to {}: {e}",
-                        file.display()
-                    )
+                    format!("writing the {peer} adapter to {}: {e}", file.display())
                 })?;
                 return Ok(file);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
                 return Err(format!(
-                    "making a directory for the {peer} reward adapter in {}: {e}",
+                    "making a directory for the {peer} adapter in {}: {e}",
                     base.display()
                 ))
             }
         }
     }
     Err(format!(
-        "making a directory for the {peer} reward adapter in {}: 100 names taken",
+        "making a directory for the {peer} adapter in {}: 100 names taken",
         base.display()
     ))
 }

@@ -23,9 +23,11 @@ pub const DEFAULT_FUNCTION: &str = "compute_score";
 /// [`RewardError::Config`] when no such directory can be made or the file cannot be written.
 pub fn adapter_path() -> Result<PathBuf, RewardError> {
     static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PATH.get_or_init(|| crate::trl::write_adapter("verl", "verl_rewards.py", ADAPTER, "verl"))
-        .clone()
-        .map_err(RewardError::Config)
+    PATH.get_or_init(|| {
+        crate::trl::write_adapter("verl", "verl_rewards.py", ADAPTER, "verl reward")
+    })
+    .clone()
+    .map_err(RewardError::Config)
 }
 
 /// `function`'s file and function name: `FILE.py:NAME`, or `FILE.py` alone for

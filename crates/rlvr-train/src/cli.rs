@@ -251,7 +251,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         && raw.reward.components.is_empty()
     {
         // A program environment gives the rewards of its episodes: no verifier needed.
-        match (a.env, raw.env.command.is_empty(), raw.env.builtin.is_some()) {
+        match (a.env, !raw.env.is_program(), raw.env.builtin.is_some()) {
             (true, false, _) => {}
             (false, false, _) => anyhow::bail!(
                 "this data.task = \"jsonl\" config has no data.verifier: its rewards come from \
@@ -502,7 +502,7 @@ fn env_log_path(
     out: Option<&std::path::Path>,
     default: &str,
 ) -> anyhow::Result<Option<PathBuf>> {
-    if !env || raw.env.command.is_empty() {
+    if !env || !raw.env.is_program() {
         anyhow::ensure!(
             flag.is_none() || !env,
             "--env-log: env.builtin runs no program, so there is no stderr to log; remove it"

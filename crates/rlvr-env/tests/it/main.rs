@@ -7,3 +7,4 @@ mod replies;
 mod reward;
 mod templates;
 mod tool_props;
+mod verifiers_env;

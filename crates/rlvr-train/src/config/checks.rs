@@ -78,8 +78,9 @@ impl RawConfig {
                     .map(|(k, _)| format!("env.{k}"))
                     .collect();
                 bail!(
-                    "{} set but neither env.command nor env.builtin: set one of them to run \
-                     multi-turn episodes (docs/environments.md), or remove the [env] keys",
+                    "{} set but neither env.command nor env.builtin (nor env.verifiers): set one \
+                     of them to run multi-turn episodes (docs/environments.md), or remove the \
+                     [env] keys",
                     keys.join(", ")
                 );
             }
@@ -87,6 +88,51 @@ impl RawConfig {
         }
         if !e.command.is_empty() && e.builtin.is_some() {
             bail!("env.command and env.builtin are both set: an episode has one environment");
+        }
+        if let Some(id) = &e.verifiers {
+            if let Some(other) = [
+                (!e.command.is_empty()).then_some("env.command"),
+                e.builtin.is_some().then_some("env.builtin"),
+            ]
+            .into_iter()
+            .flatten()
+            .next()
+            {
+                bail!(
+                    "env.verifiers and {other} are both set: an episode has one environment \
+                     (env.verifiers runs the verifiers environment with rlvr's adapter)"
+                );
+            }
+            if id.trim().is_empty() {
+                bail!(
+                    "env.verifiers is empty: give the environment's id (prime-rl's \
+                     [[orchestrator.env]] id, e.g. \"reverse-text\")"
+                );
+            }
+            for key in ["env_id", "env_args"] {
+                if e.options.contains_key(key) {
+                    bail!(
+                        "env.options.{key} is set by rlvr for env.verifiers: write the id as \
+                         env.verifiers and load_environment's arguments as env.env_args"
+                    );
+                }
+            }
+            if e.python.as_deref().is_some_and(str::is_empty) {
+                bail!("env.python is empty: name the Python interpreter (python3)");
+            }
+        } else {
+            for (key, set) in [
+                ("env.env_args", !e.env_args.is_empty()),
+                ("env.python", e.python.is_some()),
+            ] {
+                if set {
+                    bail!(
+                        "{key} is read with env.verifiers only (the verifiers environment's \
+                         load_environment arguments and interpreter); a program of env.command \
+                         gets env.options in hello: remove it, or set env.verifiers"
+                    );
+                }
+            }
         }
         if e.command.first().is_some_and(String::is_empty) {
             bail!("env.command: the program (its first word) is empty");
@@ -165,11 +211,11 @@ impl RawConfig {
                 e.turn_discount
             );
         }
-        if !e.command.is_empty() && e.turn_discount != 1.0 {
+        if e.is_program() && e.turn_discount != 1.0 {
             bail!(
                 "env.turn_discount is read by the built-in retry environment only \
-                 (env.builtin = \"retry\"); a program environment (env.command) gives its own \
-                 rewards: remove it"
+                 (env.builtin = \"retry\"); a program environment (env.command, env.verifiers) \
+                 gives its own rewards: remove it"
             );
         }
         if self.data.experiences.is_some() {
@@ -423,7 +469,7 @@ impl RawConfig {
     /// The warnings a valid `[env]` may still deserve: a name of `env.env` that is not set in
     /// rlvr's own environment (the program would run without it, e.g. an API key it needs).
     fn env_warnings(&self) -> Vec<String> {
-        if self.env.command.is_empty() {
+        if !self.env.is_program() {
             return Vec::new();
         }
         self.env

@@ -12,7 +12,8 @@ pub struct Alias {
     /// The peer's key as its config writes it, dotted; it matches the trailing parts of the key
     /// the user wrote (`rollout.n` matches `actor_rollout_ref.rollout.n` and `rollout.n`).
     pub name: &'static str,
-    /// Whose name it is: `TRL` (GRPOConfig) or `verl` (ppo_trainer.yaml).
+    /// Whose name it is: `TRL` (GRPOConfig), `verl` (ppo_trainer.yaml) or `prime-rl` (its
+    /// orchestrator config).
     pub peer: &'static str,
     /// Our key.
     pub ours: &'static str,
@@ -20,7 +21,8 @@ pub struct Alias {
     pub note: &'static str,
 }
 
-/// TRL's (`trl.GRPOConfig`) and verl's (`verl/trainer/config/ppo_trainer.yaml`) names of our keys.
+/// TRL's (`trl.GRPOConfig`), verl's (`verl/trainer/config/ppo_trainer.yaml`) and prime-rl's
+/// (its orchestrator config) names of our keys.
 pub const ALIASES: &[Alias] = &[
     // TRL GRPOConfig.
     Alias {
@@ -434,6 +436,47 @@ pub const ALIASES: &[Alias] = &[
         note: "the NAME of data.verifier = { kind = \"verl\", function = \"PATH:NAME\" }; \
                compute_score when only PATH is given, as verl's default",
     },
+    // prime-rl's orchestrator config (`prime_rl/orchestrator/config.py`).
+    Alias {
+        name: "orchestrator.env",
+        peer: "prime-rl",
+        ours: "env.verifiers",
+        note: "a verifiers environment runs unchanged: [env] verifiers = \"ID\" (its id) and \
+               env_args = { ... } (its args), with env.python the interpreter that has \
+               verifiers 0.3.1 and the environment installed; one environment per run \
+               (docs/coming-from-prime-rl.md)",
+    },
+    Alias {
+        name: "env.id",
+        peer: "prime-rl",
+        ours: "env.verifiers",
+        note: "the verifiers environment's id, which rlvr runs with the adapter it carries",
+    },
+    Alias {
+        name: "env.args",
+        peer: "prime-rl",
+        ours: "env.env_args",
+        note: "the keyword arguments of the verifiers environment's load_environment",
+    },
+    Alias {
+        name: "rollouts_per_example",
+        peer: "prime-rl",
+        ours: "rollout.group_size",
+        note: "K, episodes per prompt",
+    },
+    Alias {
+        name: "orchestrator.batch_size",
+        peer: "prime-rl",
+        ours: "data.prompts_per_step",
+        note: "prime-rl's counts rollouts per step; rlvr's counts prompts, each sampled \
+               rollout.group_size times (batch_size / rollouts_per_example)",
+    },
+    Alias {
+        name: "sampling.max_tokens",
+        peer: "prime-rl",
+        ours: "rollout.max_new_tokens",
+        note: "the most tokens of one turn (env.max_episode_tokens bounds a whole episode)",
+    },
 ];
 
 /// A peer's value for one of our enum keys: (our key, the value as the peer writes it, what to
@@ -490,7 +533,8 @@ pub fn peer_value(key: &str, value: &str) -> Option<&'static str> {
         .map(|(_, _, note)| *note)
 }
 
-/// The Markdown table of `peer`'s names (`"TRL"` or `"verl"`, as [`Alias::peer`] writes it) in
+/// The Markdown table of `peer`'s names (`"TRL"`, `"verl"` or `"prime-rl"`, as [`Alias::peer`]
+/// writes it) in
 /// [`ALIASES`]' order: `| PEER key | rlvr key | note |`, one row per name, ending in a newline;
 /// docs/coming-from-verl.md holds verl's (kept current by the test `readme::verl_key_table_is_current`).
 pub fn alias_table_markdown(peer: &str) -> String {

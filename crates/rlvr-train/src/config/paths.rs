@@ -177,8 +177,9 @@ pub fn resolve_command(words: &mut [String], dir: &Path) {
 }
 
 /// `[env]` of a config file in `dir`: `env.command`'s program and scripts as a verifier's,
-/// `env.chat_template` and `env.dir` against `dir`, and `env.dir` set to `dir` when the file sets
-/// `env.command` without it (the program runs in the config file's directory).
+/// `env.python` (a path with a `/`), `env.chat_template` and `env.dir` against `dir`, and
+/// `env.dir` set to `dir` when the file sets `env.command` or `env.verifiers` without it (the
+/// program runs in the config file's directory).
 fn resolve_env_table(env: &mut toml::Table, dir: &Path) {
     let mut has_command = false;
     if let Some(toml::Value::Array(cmd)) = env.get_mut("command") {
@@ -200,6 +201,13 @@ fn resolve_env_table(env: &mut toml::Table, dir: &Path) {
             }
         }
     }
+    // env.verifiers' interpreter: a path with a `/` is the config file's, as a command's program.
+    if let Some(toml::Value::String(p)) = env.get_mut("python") {
+        if p.contains('/') && Path::new(p.as_str()).is_relative() {
+            *p = join_clean(dir, Path::new(p.as_str())).display().to_string();
+        }
+    }
+    let has_command = has_command || env.contains_key("verifiers");
     if has_command && !env.contains_key("dir") {
         env.insert("dir".into(), toml::Value::String(dir.display().to_string()));
     }
@@ -229,6 +237,11 @@ pub fn absolutize(raw: &mut RawConfig, cwd: &Path) {
     }
     let env = &mut raw.env;
     resolve_command(&mut env.command, cwd);
+    if let Some(p) = env.python.as_mut() {
+        if p.contains('/') && Path::new(p.as_str()).is_relative() {
+            *p = join_clean(cwd, Path::new(p.as_str())).display().to_string();
+        }
+    }
     for p in [env.chat_template.as_mut(), env.dir.as_mut()]
         .into_iter()
         .flatten()

@@ -322,8 +322,8 @@ impl Default for RolloutSection {
 }
 
 /// `[env]`: multi-turn, tool-using episodes (docs/DESIGN.md section 14; docs/environments.md).
-/// Setting `env.command` or `env.builtin` makes the run multi-turn; otherwise every other key must
-/// stay at its default.
+/// Setting `env.command`, `env.builtin` or `env.verifiers` makes the run multi-turn; otherwise every
+/// other key must stay at its default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSection {
@@ -339,6 +339,25 @@ pub struct EnvSection {
     /// correct one ends the episode with reward `env.turn_discount`^(turn − 1)). Default unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub builtin: Option<String>,
+    /// An environment written with Prime Intellect's `verifiers` library (verifiers 0.3.1's
+    /// classic API: `load_environment`, `MultiTurnEnv`, `ToolEnv`, a `Rubric`), run unchanged: its
+    /// id, as prime-rl's `[[orchestrator.env]] id` and `vf-eval` name it (the module imported is
+    /// the id with `-` as `_`). rlvr runs it with the adapter it carries
+    /// (examples/verifiers_env.py) under `env.python`, as a program environment whose rewards are
+    /// the environment's rubric's; instead of `env.command` (docs/coming-from-prime-rl.md).
+    /// Default unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verifiers: Option<String>,
+    /// The keyword arguments of the `env.verifiers` environment's `load_environment` (prime-rl's
+    /// `[[orchestrator.env]] args`, `vf-eval --env-args`), e.g. `{ num_train_examples = 2000 }`.
+    /// Default none.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub env_args: toml::Table,
+    /// The Python interpreter that runs the `env.verifiers` environment: one with `verifiers` and
+    /// the environment's package installed (a path with a `/` is relative to the config file).
+    /// Default `python3`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
     /// Assistant turns per episode, 1 to 1024. Default 4.
     pub max_turns: u32,
     /// Tokens after the prompt, assistant turns and bridges together, per episode; at least
@@ -425,6 +444,9 @@ impl Default for EnvSection {
         EnvSection {
             command: Vec::new(),
             builtin: None,
+            verifiers: None,
+            env_args: toml::Table::new(),
+            python: None,
             max_turns: 4,
             max_episode_tokens: None,
             max_observation_tokens: 1024,
@@ -449,9 +471,38 @@ impl Default for EnvSection {
 }
 
 impl EnvSection {
-    /// Whether the run is multi-turn (`env.command` or `env.builtin` set).
+    /// Whether the run is multi-turn (`env.command`, `env.builtin` or `env.verifiers` set).
     pub fn is_on(&self) -> bool {
-        !self.command.is_empty() || self.builtin.is_some()
+        self.is_program() || self.builtin.is_some()
+    }
+
+    /// Whether the environment is a program: `env.command`, or `env.verifiers` (the adapter rlvr
+    /// carries, run as a program).
+    pub fn is_program(&self) -> bool {
+        !self.command.is_empty() || self.verifiers.is_some()
+    }
+
+    /// The program of a program environment and the options its `hello` gets: `env.command` and
+    /// `env.options`, or for `env.verifiers` `[env.python, the adapter]` (written out once per
+    /// process, `rlvr_env::verifiers::adapter_path`) and `env.options` with `env_id` and
+    /// `env_args` added. `None` for the built-in `retry` or no environment.
+    ///
+    /// # Errors
+    /// The adapter cannot be written out (its temporary directory), or a table that is not JSON.
+    pub fn program(&self) -> anyhow::Result<Option<(Vec<String>, rlvr_env::json::Json)>> {
+        use rlvr_env::json::Json;
+        let to_json = |t: &toml::Table| -> anyhow::Result<Json> {
+            Ok(Json::parse(&serde_json::to_string(t)?)?)
+        };
+        let options = to_json(&self.options)?;
+        if let Some(id) = &self.verifiers {
+            let python = self.python.as_deref().unwrap_or("python3");
+            let command = rlvr_env::verifiers::command(python)
+                .map_err(|e| anyhow::anyhow!("env.verifiers: {e}"))?;
+            let options = rlvr_env::verifiers::hello_options(options, id, to_json(&self.env_args)?);
+            return Ok(Some((command, options)));
+        }
+        Ok((!self.command.is_empty()).then(|| (self.command.clone(), options)))
     }
 
     /// Whether every key is at its default (a single-turn run's `[env]`, left out of config.toml).

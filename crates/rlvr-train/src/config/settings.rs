@@ -123,20 +123,21 @@ pub fn eval_settings(raw: &RawConfig) -> EvalSettings {
     }
 }
 
-/// What gives the rewards of `raw`'s completions: a program environment (`env.command`), whose
+/// What gives the rewards of `raw`'s completions: a program environment (`env.command`, or
+/// `env.verifiers`' adapter), whose
 /// `jsonl` rows then need no verifier ([`rlvr_data::config::DataConfig::scored_by_environment`]),
 /// else the `[[reward.components]]` when there are any (no `data.verifier` needed either), else
 /// the task's verifier.
 pub fn scoring(raw: &RawConfig) -> Scoring {
-    match (raw.env.command.is_empty(), raw.reward.components.is_empty()) {
+    match (!raw.env.is_program(), raw.reward.components.is_empty()) {
         (false, _) => Scoring::Environment,
         (true, false) => Scoring::Components,
         (true, true) => Scoring::Verifier,
     }
 }
 
-/// Whether `raw`'s rewards come from its program environment alone: `env.command` with a `jsonl`
-/// task that names no verifier (docs/environments.md, "Data without a verifier"). Nothing then
+/// Whether `raw`'s rewards come from its program environment alone: `env.command` (or
+/// `env.verifiers`) with a `jsonl` task that names no verifier (docs/environments.md, "Data without a verifier"). Nothing then
 /// scores a single-turn completion: `train.eval_every` and `[reward]` are refused
 /// ([`RawConfig::resolve`]) and `rlvr eval` needs `--env`.
 pub fn env_gives_reward(raw: &RawConfig) -> bool {
@@ -419,12 +420,15 @@ pub fn episode_runner(
             e.turn_discount,
         )?),
         None => {
-            let mut p = rlvr_env::client::ProcessSettings::new(e.command.clone());
+            let (command, options) = e
+                .program()?
+                .context("[env] is on but names no environment program")?;
+            let mut p = rlvr_env::client::ProcessSettings::new(command);
             p.dir = e.dir.clone();
             p.env = e.env.clone();
             p.timeout = std::time::Duration::from_secs_f64(e.timeout_s);
             p.restarts = e.restarts;
-            p.options = to_json(&e.options)?;
+            p.options = options;
             // A reply line may hold each episode's largest acceptable observation, JSON-escaped
             // (× 2) with room for its keys: a batch of many large tool outputs is not refused
             // by the fixed 16 MiB, and a flood stays bounded by the batch.
@@ -437,8 +441,17 @@ pub fn episode_runner(
             p.special_tokens = specials;
             p.stderr_log = stderr_log;
             Box::new(
-                rlvr_env::client::ProcessEnvironment::start(p)
-                    .context("starting the environment (env.command)")?,
+                rlvr_env::client::ProcessEnvironment::start(p).with_context(|| {
+                    match &e.verifiers {
+                        Some(id) => format!(
+                            "starting the verifiers environment {id:?} (env.verifiers, with \
+                             rlvr's adapter under {}; verifiers {} is supported)",
+                            e.python.as_deref().unwrap_or("python3"),
+                            rlvr_env::verifiers::SUPPORTED_VERSION
+                        ),
+                        None => "starting the environment (env.command)".to_string(),
+                    }
+                })?,
             )
         }
     };

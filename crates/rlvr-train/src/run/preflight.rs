@@ -189,7 +189,7 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
         }
     }
     if c.env.is_on() {
-        let (e, program) = (&c.env, !c.env.command.is_empty());
+        let (e, program) = (&c.env, c.env.is_program());
         let keys = [("env.chat_template", &e.chat_template), ("env.dir", &e.dir)];
         for (key, p) in keys {
             // env.dir: the program's working directory (the retry environment has none).
@@ -205,7 +205,11 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
             .find(|w| w.key == key)
             .map_or_else(String::new, |w| format!(" (written in {})", w.origin))
     };
-    check_env_program(c, &origin("env.command"))?;
+    let program_key = match c.env.verifiers {
+        Some(_) => "env.python",
+        None => "env.command",
+    };
+    check_env_program(c, program_key, &origin(program_key))?;
     for (key, path) in inputs {
         if path.as_os_str().is_empty() || path.exists() {
             continue;
@@ -227,23 +231,28 @@ fn check_input_paths(cfg: &ResolvedConfig, policy_dir: &Path) -> anyhow::Result<
     Ok(())
 }
 
-/// `env.command`'s program can be started: a path (a word with a `/`, made absolute against the
-/// config file's directory) names an existing file, and a bare name is found on `PATH`. A bare
-/// name that is not on `PATH` but is a file in the program's directory (`env.dir`) is the usual
-/// slip (`["my_env.py"]`): the error gives the two fixes. `origin`: where `env.command` was
-/// written (` (written in FILE line N)`), or empty.
+/// `env.command`'s program (`key`; for `env.verifiers` the interpreter `env.python`, default
+/// `python3`) can be started: a path (a word with a `/`, made absolute against the config file's
+/// directory) names an existing file, and a bare name is found on `PATH`. A bare name that is
+/// not on `PATH` but is a file in the program's directory (`env.dir`) is the usual slip
+/// (`["my_env.py"]`): the error gives the two fixes. `origin`: where `key` was written
+/// (` (written in FILE line N)`), or empty.
 ///
 /// # Errors
-/// The program that cannot be found, naming `env.command`, the path and where it was written.
-fn check_env_program(c: &crate::config::RawConfig, origin: &str) -> anyhow::Result<()> {
-    let Some(program) = c.env.command.first().filter(|p| !p.is_empty()) else {
-        return Ok(());
+/// The program that cannot be found, naming `key`, the path and where it was written.
+fn check_env_program(c: &crate::config::RawConfig, key: &str, origin: &str) -> anyhow::Result<()> {
+    let program = match &c.env.verifiers {
+        Some(_) => c.env.python.as_deref().unwrap_or("python3"),
+        None => c.env.command.first().map_or("", String::as_str),
     };
+    if program.is_empty() {
+        return Ok(());
+    }
     let path = Path::new(program);
     if program.contains('/') {
         if !path.exists() {
             anyhow::bail!(
-                "env.command: the program {}: no such file or directory{origin}; input paths \
+                "{key}: the program {}: no such file or directory{origin}; input paths \
                  in a config file are relative to that file's directory, `--set` values to the \
                  working directory",
                 path.display()
@@ -259,14 +268,14 @@ fn check_env_program(c: &crate::config::RawConfig, origin: &str) -> anyhow::Resu
     let beside = c.env.dir.as_deref().map(|d| d.join(path));
     match beside.filter(|b| b.is_file()) {
         Some(b) => anyhow::bail!(
-            "env.command: the program `{program}` is not on PATH{origin}; a bare name is looked \
+            "{key}: the program `{program}` is not on PATH{origin}; a bare name is looked \
              up on PATH, not in the config file's directory, where {} is: write \
              [\"./{program}\", ...] for an executable file there (with a #! line), or name its \
              interpreter first ([\"python3\", \"{program}\", ...])",
             b.display()
         ),
         None => anyhow::bail!(
-            "env.command: the program `{program}` is not on PATH{origin}; name an installed \
+            "{key}: the program `{program}` is not on PATH{origin}; name an installed \
              program (`python3`, `node`) or a file by its path (`./my_env.py`, relative to the \
              config file's directory)"
         ),

@@ -1226,7 +1226,11 @@ fn every_alias_names_a_documented_key() {
             a.peer,
             a.ours
         );
-        assert!(a.peer == "TRL" || a.peer == "verl", "{}", a.name);
+        assert!(
+            a.peer == "TRL" || a.peer == "verl" || a.peer == "prime-rl",
+            "{}",
+            a.name
+        );
     }
 }
 
@@ -1708,4 +1712,122 @@ fn a_quoted_number_or_boolean_says_to_drop_the_quotes() {
         RawConfig::load(None, &["train.lr=\"fast\"".to_string()]).unwrap_err()
     );
     assert!(!e.contains("without quotes"), "{e}");
+}
+
+/// `env.verifiers`: a verifiers environment's id and `load_environment` arguments become the
+/// carried adapter's command and `hello` options; the keys are checked and named, and prime-rl's
+/// names are refused with ours.
+#[test]
+fn env_verifiers_is_the_adapter_with_the_id_and_args_and_prime_rl_names_are_refused() {
+    let c = check_load(
+        "[env]\nverifiers = \"vf-guess\"\nmax_turns = 3\noptions = { split = \"eval\" }\n\
+         [env.env_args]\nmax_turns = 4\nbroken_reward = false\n",
+        &[],
+    )
+    .unwrap();
+    let e = &c.raw.env;
+    assert!(e.is_on() && e.is_program());
+    // A program environment: its rewards are the episodes'.
+    assert_eq!(
+        rlvr_train::config::settings::scoring(&c.raw),
+        rlvr_data::config::Scoring::Environment
+    );
+    let (command, options) = e.program().unwrap().unwrap();
+    assert_eq!(command[0], "python3");
+    assert!(command[1].ends_with("/verifiers_env.py"), "{command:?}");
+    assert_eq!(
+        std::fs::read_to_string(&command[1]).unwrap(),
+        rlvr_env::verifiers::ADAPTER
+    );
+    assert_eq!(
+        options.to_compact(),
+        "{\"split\":\"eval\",\"env_id\":\"vf-guess\",\"env_args\":{\"broken_reward\":false,\
+         \"max_turns\":4}}"
+    );
+    // The run directory's config.toml keeps the short form, not the adapter's temporary path.
+    let toml = c.to_toml().unwrap();
+    assert!(toml.contains("verifiers = \"vf-guess\""), "{toml}");
+    assert!(!toml.contains("verifiers_env.py"), "{toml}");
+    // The program runs in the config file's directory, as env.command's does.
+    assert!(e.dir.is_some());
+    // env.python: a path with a `/` is the config file's.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().canonicalize().unwrap();
+    let p = dir.join("c.toml");
+    std::fs::write(
+        &p,
+        "[env]\nverifiers = \"x\"\npython = \".venv/bin/python\"\n",
+    )
+    .unwrap();
+    let c = RawConfig::load(Some(&p), &[]).unwrap().resolve().unwrap();
+    assert_eq!(
+        c.raw.env.python.as_deref(),
+        Some(dir.join(".venv/bin/python").to_str().unwrap())
+    );
+    assert_eq!(
+        c.raw.env.program().unwrap().unwrap().0[0],
+        c.raw.env.python.clone().unwrap()
+    );
+
+    // Each misuse names its key.
+    let bad: [(&[&str], &str); 6] = [
+        (
+            &["env.verifiers=\"x\"", "env.command=[\"python3\", \"e.py\"]"],
+            "env.verifiers and env.command are both set",
+        ),
+        (
+            &["env.verifiers=\"x\"", "env.builtin=\"retry\""],
+            "env.verifiers and env.builtin are both set",
+        ),
+        (&["env.verifiers=\"\""], "env.verifiers is empty"),
+        (
+            &["env.command=[\"python3\"]", "env.env_args={ a = 1 }"],
+            "env.env_args is read with env.verifiers only",
+        ),
+        (
+            &["env.verifiers=\"x\"", "env.options={ env_id = \"y\" }"],
+            "env.options.env_id is set by rlvr for env.verifiers",
+        ),
+        (
+            &["env.verifiers=\"x\"", "env.turn_discount=0.5"],
+            "env.turn_discount is read by the built-in retry environment only",
+        ),
+    ];
+    for (sets, want) in bad {
+        let err = format!("{:#}", check_load("", sets).unwrap_err());
+        assert!(err.contains(want), "{sets:?}: {err}");
+    }
+
+    // prime-rl's names, refused with ours: its [[orchestrator.env]] table, id and args.
+    let err = format!(
+        "{:#}",
+        check_load(
+            "[[orchestrator.env]]\nid = \"reverse-text\"\nargs = { n = 1 }\n",
+            &[]
+        )
+        .unwrap_err()
+    );
+    assert!(
+        err.contains(
+            "`orchestrator.env` is prime-rl's name, not rlvr's: write `verifiers = …` in [env]"
+        ) && err.contains("env_args = { ... }"),
+        "{err}"
+    );
+    for (set, ours) in [
+        ("env.id=\"reverse-text\"", "env.verifiers"),
+        ("env.args={ n = 1 }", "env.env_args"),
+        ("orchestrator.rollouts_per_example=16", "rollout.group_size"),
+        (
+            "orchestrator.sampling.max_tokens=128",
+            "rollout.max_new_tokens",
+        ),
+        ("orchestrator.batch_size=128", "data.prompts_per_step"),
+    ] {
+        let err = format!("{:#}", check_load("", &[set]).unwrap_err());
+        assert!(
+            err.contains("is prime-rl's name, not rlvr's")
+                && err.contains(&format!("--set {ours}=")),
+            "{set}: {err}"
+        );
+    }
 }

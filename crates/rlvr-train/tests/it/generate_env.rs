@@ -288,3 +288,154 @@ fn generate_env_rows_hold_the_prompt_and_the_lines_other_keys() {
         tok.decode(&got, false).unwrap_or_default()
     );
 }
+
+/// The last integer in `text` (an optional `-` and digits), as the test environment vf-guess
+/// reads a guess (`re.findall(r"-?\d+", text)[-1]`).
+fn last_number(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    let mut found = None;
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() {
+            let start = if i > 0 && b[i - 1] == b'-' { i - 1 } else { i };
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            found = text[start..j].parse().ok().or(found);
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+/// `env.verifiers`: a real multi-turn episode loop (the tiny model sampling, rlvr's bridges)
+/// through the adapter the binary carries, on the verifiers test environment vf-guess
+/// (crates/rlvr-env/tests/verifiers/envs/vf_guess.py, on the stand-in package): every episode
+/// gets the environment's prompt, each later turn follows the environment's hint for the guess
+/// it saw, and its reward is the rubric's, worked out here from the transcript: 1 when the last
+/// guess the environment saw is the number, plus 0.5 / the turns it saw.
+#[test]
+fn generate_env_runs_a_verifiers_environment_through_the_carried_adapter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 3);
+    std::fs::write(
+        tmp.path().join("chat.jinja"),
+        "{% for m in messages %}{{ m.content }}<|endoftext|>{% endfor %}\
+         {% if add_generation_prompt %}={% endif %}",
+    )
+    .unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rlvr-env/tests/verifiers")
+        .canonicalize()
+        .unwrap();
+    let config = tmp.path().join("env.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[data]\ntask = \"jsonl\"\n\n[rollout]\nmax_new_tokens = 4\n\n\
+             [env]\nverifiers = \"vf-guess\"\nmax_turns = 3\nmax_episode_tokens = 64\n\
+             chat_template = \"chat.jinja\"\noptions = {{ paths = [{:?}, {:?}] }}\n",
+            fixtures.join("standin").display().to_string(),
+            fixtures.join("envs").display().to_string()
+        ),
+    )
+    .unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"1+1=\", \"example_id\": 0}\n{\"prompt\": \"2+2=\", \"example_id\": 1}\n\
+         {\"prompt\": \"3+3=\", \"example_id\": 0}\n{\"prompt\": \"4+4=\", \"example_id\": 1}\n",
+    )
+    .unwrap();
+    let argv: Vec<String> = [
+        "--model",
+        model.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "-n",
+        "16",
+        "--seed",
+        "5",
+        "--env",
+        config.to_str().unwrap(),
+        "--env-log",
+        tmp.path().join("env.stderr").to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let eps = generate(&argv).unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(tmp.path().join("env.stderr")).unwrap_or_default();
+        panic!("{e:#}\nthe environment's stderr:\n{log}")
+    });
+    assert_eq!(eps.len(), 64);
+    let tok = settings::load_tokenizer(&model).unwrap();
+    // The environment's prompt, not the line's: its system prompt and question, rendered.
+    let want = tok
+        .encode(
+            "Answer with one number.<|endoftext|>Guess my number from 1 to 10.<|endoftext|>=",
+            false,
+        )
+        .unwrap();
+    let mut hinted = 0;
+    for e in &eps {
+        assert!(e["error"].is_null(), "{e}");
+        let target = match e["prompt_index"].as_u64().unwrap() % 2 {
+            0 => 7,
+            _ => 3,
+        };
+        if target == 7 {
+            let got: Vec<u32> = serde_json::from_value(e["prompt_ids"].clone()).unwrap();
+            assert_eq!(got, want, "{e}");
+        }
+        let tr = e["transcript"].as_array().unwrap();
+        let turns = e["turns"].as_u64().unwrap() as usize;
+        let finish = e["finish"].as_str().unwrap();
+        // The turns the environment saw: all but a last one cut by rlvr (`length`, `eos`, or
+        // `budget` within the turn), which got no step and so no reply after it.
+        let answered = tr.last().is_some_and(|m| m["role"] == "user");
+        let seen = match finish {
+            "done" | "max_turns" => turns,
+            _ if answered => turns,
+            _ => turns - 1,
+        };
+        let assistant: Vec<&str> = tr
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .map(|m| m["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(assistant.len(), turns, "{e}");
+        // Each user message after a turn is the hint for that turn's guess.
+        let mut k = 0;
+        for (i, m) in tr.iter().enumerate() {
+            if m["role"] != "assistant" {
+                continue;
+            }
+            if let Some(next) = tr.get(i + 1).filter(|n| n["role"] == "user") {
+                let hint = match last_number(assistant[k]) {
+                    None => "Answer with a number.",
+                    Some(g) if g < target => "Higher.",
+                    Some(_) => "Lower.",
+                };
+                assert_eq!(next["content"], hint, "{e}");
+                hinted += 1;
+            }
+            k += 1;
+        }
+        let last = seen.checked_sub(1).and_then(|t| last_number(assistant[t]));
+        let correct = if last == Some(target) { 1.0 } else { 0.0 };
+        let reward = correct + 0.5 / seen.max(1) as f64;
+        assert_eq!(e["reward"].as_f64(), Some(reward), "{e}");
+        if finish == "done" {
+            assert_eq!(correct, 1.0, "done only when guessed: {e}");
+        }
+    }
+    assert!(
+        hinted > 0,
+        "no episode got a hint: no later turn was checked"
+    );
+    let log = std::fs::read_to_string(tmp.path().join("env.stderr")).unwrap();
+    assert_eq!(log.matches("[verifiers] episode ").count(), 64, "{log}");
+}

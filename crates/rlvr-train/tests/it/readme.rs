@@ -33,6 +33,35 @@ fn readme_config_reference_is_current() {
 
 /// docs/coming-from-verl.md's table of verl's keys is [`alias_table_markdown`]`("verl")`, the
 /// names whose error says which key of ours to write (`RLVR_BLESS=1 ... -- readme::` rewrites it).
+/// docs/coming-from-prime-rl.md's table of prime-rl's names is `alias_table_markdown("prime-rl")`.
+#[test]
+fn prime_rl_key_table_is_current() {
+    let path = repo_root().join("docs/coming-from-prime-rl.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = (
+        "<!-- prime-rl-keys:begin -->\n",
+        "<!-- prime-rl-keys:end -->",
+    );
+    let i = text.find(begin).expect("lacks the begin marker") + begin.len();
+    let j = text.find(end).expect("lacks the end marker");
+    let want = rlvr_train::config::help::alias_table_markdown("prime-rl");
+    assert!(
+        want.contains("| `orchestrator.env` | `env.verifiers` |"),
+        "{want}"
+    );
+    assert!(!want.contains("`num_generations`"), "{want}");
+    if std::env::var_os("RLVR_BLESS").is_some() && text[i..j] != want {
+        let fixed = format!("{}{}{}", &text[..i], want, &text[j..]);
+        std::fs::write(&path, fixed).unwrap();
+        return;
+    }
+    assert_eq!(
+        &text[i..j],
+        want,
+        "docs/coming-from-prime-rl.md's prime-rl table is stale: regenerate it with RLVR_BLESS=1"
+    );
+}
+
 #[test]
 fn verl_key_table_is_current() {
     let path = repo_root().join("docs/coming-from-verl.md");
