@@ -434,6 +434,14 @@ pub const ALIASES: &[Alias] = &[
         note: "the NAME of data.verifier = { kind = \"verl\", function = \"PATH:NAME\" }; \
                compute_score when only PATH is given, as verl's default",
     },
+    Alias {
+        name: "custom_reward_function.reward_kwargs",
+        peer: "verl",
+        ours: "data.verifier.kwargs",
+        note: "keyword arguments passed to the function on every call: data.verifier = { kind \
+               = \"verl\", function = \"PATH:NAME\", kwargs = { format_score = 0.1 } } (TOML \
+               values, which reach Python as the same values)",
+    },
 ];
 
 /// A peer's value for one of our enum keys: (our key, the value as the peer writes it, what to
