@@ -1175,10 +1175,10 @@ fn a_peers_key_names_ours() {
             "data.verifier.function",
             "verl",
         ),
-        // verl's reward_kwargs: the verl verifier's `kwargs` (before: refused as unknown, with
-        // no key to write).
+        // verl's reward_kwargs entries (`+custom_reward_function.reward_kwargs.format_score=0.1`):
+        // the verl verifier's `kwargs` (before: refused as unknown, with no key to write).
         (
-            "custom_reward_function.reward_kwargs={format_score=0.1}",
+            "custom_reward_function.reward_kwargs.format_score=0.1",
             "data.verifier.kwargs",
             "verl",
         ),

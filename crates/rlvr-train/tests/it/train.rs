@@ -350,7 +350,10 @@ fn non_finite_steps_are_skipped_then_abort() {
 
 /// With an explorer thread (`sync.offset = 1`) a diverging run's huge weights reach the sampler
 /// before two non-finite steps can: its error says the training diverged and what to do, not
-/// only the sampler's advice about a checkpoint.
+/// only the sampler's advice about a checkpoint. The weights stay finite for three steps (weight
+/// decay's factor 1 − lr·λ = 1 − 10¹⁰ scales them by 10¹⁰ a step, past f32's range at step 4,
+/// where the trainer's weight check would stop the run), while the attention scores of the
+/// weights after step 1 already overflow.
 #[test]
 fn a_diverged_policy_that_the_explorer_samples_says_the_training_diverged() {
     let tmp = tempfile::tempdir().unwrap();
@@ -360,6 +363,7 @@ fn a_diverged_policy_that_the_explorer_samples_says_the_training_diverged() {
     sets.extend([
         "train.steps=8".to_string(),
         "train.lr=1e30".into(),
+        "train.weight_decay=1e-20".into(),
         "train.grad_clip=0".into(),
         "train.max_skipped_in_row=2".into(),
         "sync.offset=1".into(),
