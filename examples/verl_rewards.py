@@ -10,6 +10,8 @@ is the shorthand of
                  command = ["python3", "examples/verl_rewards.py", "my_reward.py:compute_score",
                             "--data-source", "TASK"] }
 
+and `kwargs = { format_score = 0.1 }` in the verifier's table adds `--kwargs '{"format_score": 0.1}'`.
+
 FILE.py[:NAME] names a function with verl's signature, `compute_score(data_source, solution_str,
 ground_truth, extra_info=None)` (NAME defaults to `compute_score`, as verl's
 `custom_reward_function.name` does); the file is loaded once, at start-up. Each completion of a
@@ -23,12 +25,17 @@ batch is scored by one call, with keyword arguments, as verl's reward manager ca
   do; else the row's reference (rlvr's `data.answer_field`) as text;
 - `extra_info`: the row's `extra_info` column (with its JSON type) when it has one, else None;
   left out of the call when the function takes no `extra_info` and no `**kwargs` (verl's older
-  signature).
+  signature);
+- and each entry of `--kwargs JSON` (a JSON object: the verifier's `kwargs`, verl's
+  `custom_reward_function.reward_kwargs`), on every call.
 
 The function returns a number (a bool counts as 1 or 0) or a dict whose `score` key holds it, as
 verl reads them. From a dict, `acc` (a bool or a number, true when > 0) is the item's correctness
-and `pred` its extracted answer, as verl's math scorers return them; other keys are not read.
-Without `acc`, rlvr's correct/accuracy metric counts a score > 0 as correct. A function that
+and `pred` its extracted answer, as verl's math scorers return them. Every key but `score` whose
+value is a number (a bool as 1 or 0; a numpy or torch scalar through float()) that is finite goes
+into the reply's `extra` object, which rlvr logs per step as `reward/<component>/<key>/mean` (verl
+logs the dict's keys as `reward_extra_info`); other values (`pred`'s text, lists, None, NaN) are
+left out. Without `acc`, rlvr's correct/accuracy metric counts a score > 0 as correct. A function that
 raises, or returns something else (a dict without `score`, a score that is not a finite number),
 stops the run with an error naming the function, its file and the row (its index).
 
@@ -49,19 +56,40 @@ DEFAULT_NAME = "compute_score"
 
 def usage(msg):
     print(f"verl_rewards.py: {msg}\n"
-          "usage: verl_rewards.py FILE.py[:FUNCTION] [--data-source NAME]", file=sys.stderr)
+          "usage: verl_rewards.py FILE.py[:FUNCTION] [--data-source NAME] [--kwargs JSON]",
+          file=sys.stderr)
     sys.exit(2)
 
 
+PASSED = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def parse_kwargs(text):
+    """The keyword arguments of `--kwargs`: a JSON object whose keys are not verl's four."""
+    try:
+        kwargs = json.loads(text)
+    except ValueError as e:
+        usage(f"--kwargs {text!r} is not JSON: {e}")
+    if not isinstance(kwargs, dict):
+        usage(f"--kwargs {text!r} is not a JSON object")
+    for k in PASSED:
+        if k in kwargs:
+            usage(f"--kwargs names {k!r}, which the adapter passes itself")
+    return kwargs
+
+
 def parse_args(argv):
-    spec, data_source = None, None
+    spec, data_source, kwargs = None, None, {}
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a == "--data-source":
+        if a in ("--data-source", "--kwargs"):
             if i + 1 >= len(argv):
-                usage("--data-source needs a name")
-            data_source = argv[i + 1]
+                usage(f"{a} needs a value")
+            if a == "--data-source":
+                data_source = argv[i + 1]
+            else:
+                kwargs = parse_kwargs(argv[i + 1])
             i += 2
             continue
         if a.startswith("--"):
@@ -72,7 +100,7 @@ def parse_args(argv):
         i += 1
     if spec is None:
         usage("no reward function given")
-    return spec, data_source
+    return spec, data_source, kwargs
 
 
 def split_spec(spec):
@@ -160,12 +188,30 @@ def number(name, item, what, v):
     return x
 
 
-def score_one(name, fn, extra, item, default_source):
+def extra_numbers(out):
+    """The finite numbers of a result dict besides `score` (a bool as 1 or 0), by key."""
+    extra = {}
+    for k, v in out.items():
+        if k == "score" or isinstance(v, (str, bytes)):
+            continue
+        if isinstance(v, bool):
+            x = 1.0 if v else 0.0
+        else:
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                continue
+        if math.isfinite(x):
+            extra[str(k)] = x
+    return extra
+
+
+def score_one(name, fn, extra, item, default_source, reward_kwargs):
     kwargs = arguments(item, default_source)
     if not extra:
         del kwargs["extra_info"]
     try:
-        out = fn(**kwargs)
+        out = fn(**kwargs, **reward_kwargs)
     except Exception:
         raise Failure(f"reward function {name} raised on {row_name(item)} "
                       f"(data_source {kwargs['data_source']!r}): "
@@ -180,12 +226,15 @@ def score_one(name, fn, extra, item, default_source):
             reply["correct"] = number(name, item, "acc", out["acc"]) > 0
         if "pred" in out and out["pred"] is not None:
             reply["extracted"] = str(out["pred"])
+        numbers = extra_numbers(out)
+        if numbers:
+            reply["extra"] = numbers
         return reply
     return number(name, item, "", out)
 
 
 def main():
-    spec, default_source = parse_args(sys.argv[1:])
+    spec, default_source, reward_kwargs = parse_args(sys.argv[1:])
     fn, name = load(spec)
     extra = takes_extra_info(fn)
     for line in sys.stdin:
@@ -197,7 +246,7 @@ def main():
                               f"got {request.get('version')}"}
         else:
             try:
-                reply = {"rewards": [score_one(name, fn, extra, it, default_source)
+                reply = {"rewards": [score_one(name, fn, extra, it, default_source, reward_kwargs)
                                      for it in request["items"]]}
             except Failure as e:
                 reply = {"error": str(e)}

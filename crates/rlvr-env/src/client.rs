@@ -27,7 +27,7 @@
 //!   death during a replay is a restart like any other (bounded by the same limit), and the
 //!   replay starts again on the next program.
 //! - closing: every episode the client fails itself while the program holds it (a replay that
-//!   differed, an observation refused for a special token, unless the reply said `done`) is sent
+//!   differed, an observation refused for a special token) is sent
 //!   `finish` with reason `error` at once, so an `Err` result always means the program knows
 //!   the episode ended (it failed it, or was told); rlvr's own later failures of an episode
 //!   are closed by the caller with [`Environment::finish`]. Such a `finish` (reason `error`) is
@@ -42,8 +42,10 @@
 //!   is not a finite number, a `done` that is not a boolean, a message of a wrong role); a line
 //!   written between requests: the run stops (the program is killed, its command, exit status,
 //!   stderr tail and log file named).
-//! - an episode's `{"id", "error"}`, or an observation holding one of
+//! - an episode's `{"id", "error"}`, or an observation that will be rendered holding one of
 //!   [`ProcessSettings::special_tokens`]: that episode is unscorable (the latter closed, above).
+//!   A `step` reply that ends the episode (`done`, or the answer to turn
+//!   [`ProcessSettings::max_turns`]) is not rendered, so it is not checked.
 //!
 //! (Over 600 lines: supervision and replay share the process and its restart count; the history
 //! replayed is [`crate::replay`]'s.)
@@ -100,8 +102,16 @@ pub struct ProcessSettings {
     pub options: Json,
     /// Token strings refused in observations: the run passes its tokenizer's added tokens
     /// (special or not, e.g. Qwen's `<|im_end|>` and `<tool_call>`), which an encoder would
-    /// turn into those tokens, so they are refused by default; empty allows all.
+    /// turn into those tokens, so they are refused by default; empty allows all. Only
+    /// observations that are rendered are checked: every `reset` reply's, and a `step` reply's
+    /// unless it says `done` or answers turn [`ProcessSettings::max_turns`] (the episode ends
+    /// there, and its messages only reach the transcript as text).
     pub special_tokens: Vec<String>,
+    /// The last turn an episode may take (`env.max_turns`): a `step` reply to it is never
+    /// rendered (the episode is finished with reason `max_turns`), so its messages are not
+    /// checked for [`ProcessSettings::special_tokens`]. `None`: every reply that is not `done` is
+    /// rendered.
+    pub max_turns: Option<u32>,
     /// A file the program's stderr is also written to, in full up to [`STDERR_LOG_CAP`] bytes,
     /// appended to (a training run's `RUN_DIR/env.stderr`); `None` keeps only the tail that
     /// error messages show.
@@ -126,6 +136,7 @@ impl ProcessSettings {
             episode_reply_bytes: 0,
             options: Json::Object(Vec::new()),
             special_tokens: Vec::new(),
+            max_turns: None,
             stderr_log: None,
         }
     }
@@ -728,18 +739,23 @@ impl Environment for ProcessEnvironment {
         let raw = self.exchange(Kind::Step, protocol::step_episodes(episodes), &ids, &[])?;
         self.warn_unread(Kind::Step, &raw);
         let mut out = Vec::with_capacity(raw.len());
-        // The episodes the client itself fails and the program did not end (`done`): closed
-        // below.
+        // The episodes the client itself fails (the program did not end them): closed below.
         let mut refused: Vec<&str> = Vec::new();
-        for (r, id) in raw.into_iter().zip(&ids) {
+        for ((r, id), e) in raw.into_iter().zip(&ids).zip(episodes) {
             out.push(match r {
                 Ok(v) => {
                     let reply = protocol::parse_step(&v, id).map_err(|e| self.malformed(e))?;
-                    let done = reply.done;
-                    let checked =
-                        refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
-                            .map(|()| reply);
-                    if checked.is_err() && !done {
+                    // A reply that ends the episode (`done`, or the last turn's) is never
+                    // rendered: a special token in it reaches no encoder.
+                    let last = self.settings.max_turns.is_some_and(|m| e.turn >= m);
+                    let checked = match reply.done || last {
+                        true => Ok(reply),
+                        false => {
+                            refuse_special_tokens(&reply.messages, &self.settings.special_tokens)
+                                .map(|()| reply)
+                        }
+                    };
+                    if checked.is_err() {
                         refused.push(id);
                     }
                     checked

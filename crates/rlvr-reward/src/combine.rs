@@ -105,7 +105,7 @@ pub enum VerifierConfig {
     /// run unchanged in one persistent Python process by the adapter `examples/verl_rewards.py`,
     /// which rlvr carries: one call per completion, with the row's `data_source` (else
     /// `data_source` below), the completion text, the row's `reward_model.ground_truth` (else its
-    /// reference) and its `extra_info` column (else None).
+    /// reference) and its `extra_info` column (else None), plus `kwargs`.
     Verl {
         /// The function as `FILE.py:NAME` or `FILE.py` (NAME `compute_score`, as verl's
         /// `custom_reward_function.path` and `.name`), e.g. `"my_reward.py:compute_score"`
@@ -115,6 +115,14 @@ pub enum VerifierConfig {
         /// task's name (`data.task`, e.g. `jsonl`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         data_source: Option<String>,
+        /// Keyword arguments passed to the function on every call besides verl's four (verl's
+        /// `custom_reward_function.reward_kwargs`), a table of TOML values that reach Python as
+        /// the same values (strings, integers, floats, booleans, arrays as lists, tables as
+        /// dicts), e.g. `{ format_score = 0.1, strict = true }`. A date, a NaN or an infinity,
+        /// and the names `data_source`, `solution_str`, `ground_truth` and `extra_info`, are
+        /// refused. Default empty.
+        #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+        kwargs: serde_json::Map<String, serde_json::Value>,
         /// The Python interpreter: a name looked up on `PATH`, or a path (a relative one in a
         /// config file is relative to the file's directory). Default `python3`.
         #[serde(default = "default_python")]
@@ -263,6 +271,7 @@ impl VerifierConfig {
             VerifierConfig::Verl {
                 function,
                 data_source: _,
+                kwargs,
                 python,
                 timeout_s,
                 env,
@@ -275,6 +284,7 @@ impl VerifierConfig {
                          and .name)"
                     )));
                 }
+                crate::verl::check_kwargs(&format!("{key}.kwargs"), kwargs)?;
                 check_python(key, python, *timeout_s, *restarts, env)
             }
             VerifierConfig::Judge(j) => j
@@ -350,7 +360,8 @@ impl VerifierConfig {
 
     /// The program an external, python or verl verifier runs, as it would be written by hand
     /// (the adapter as `examples/trl_rewards.py` or `examples/verl_rewards.py`, the file rlvr
-    /// writes out at build time; a verl verifier's `--data-source` when `data_source` is set);
+    /// writes out at build time; a verl verifier's `--data-source` when `data_source` is set and
+    /// `--kwargs JSON` when `kwargs` is not empty);
     /// `None` for the built-in, judge and reward-model kinds.
     pub fn command(&self) -> Option<Vec<String>> {
         match self {
@@ -366,6 +377,7 @@ impl VerifierConfig {
                 function,
                 python,
                 data_source,
+                kwargs,
                 ..
             } => {
                 let mut c = vec![
@@ -375,6 +387,10 @@ impl VerifierConfig {
                 ];
                 if let Some(d) = data_source {
                     c.extend(["--data-source".into(), d.clone()]);
+                }
+                if !kwargs.is_empty() {
+                    let json = serde_json::Value::Object(kwargs.clone()).to_string();
+                    c.extend(["--kwargs".into(), json]);
                 }
                 Some(c)
             }
@@ -520,6 +536,10 @@ pub struct RewardBreakdown {
     pub extracted: Option<String>,
     /// The first component's gold answer.
     pub gold: Option<String>,
+    /// Each component's extra numbers ([`crate::Score::extra`]: an external program's `extra`,
+    /// a verl function's numeric keys besides `score`), in config order as `components` (empty
+    /// for the built-in verifiers); logged as `reward/<component>/<key>/mean`.
+    pub extra: Vec<std::collections::BTreeMap<String, f64>>,
 }
 
 impl RewardFunction {
@@ -657,6 +677,7 @@ impl RewardFunction {
                     components: Vec::with_capacity(self.components.len()),
                     extracted: None,
                     gold: None,
+                    extra: Vec::with_capacity(self.components.len()),
                 }
             })
             .collect();
@@ -668,6 +689,7 @@ impl RewardFunction {
             for (b, s) in out.iter_mut().zip(scores) {
                 b.reward += weight * s.reward;
                 b.components.push((name.clone(), s.reward));
+                b.extra.push(s.extra);
                 if k == 0 {
                     b.correct = s.correct;
                     b.extracted = s.extracted;

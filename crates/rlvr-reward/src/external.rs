@@ -4,7 +4,8 @@
 //! `{"prompt": str, "completion": str, "reference": str, "index": int|null, "row": {str: str}}`
 //! ([`item_json`]), and must write exactly one JSON object per
 //! input line on stdout, in order, `{"reward": number}` (optionally with `"correct": bool`,
-//! `"extracted": str`, `"gold": str`; without `correct` an answer counts as correct when reward > 0).
+//! `"extracted": str`, `"gold": str`, `"extra": {name: number}`; without `correct` an answer
+//! counts as correct when reward > 0; `extra`'s numbers are logged, [`extra_numbers`]).
 //! stdin is closed after the last line. The command fails (a [`RewardError::External`] naming the
 //! command and what happened, with the tail of its stderr) when it cannot start, runs past the timeout
 //! (it is killed), exits non-zero, writes a line that is not such an object, writes a non-finite reward,
@@ -114,6 +115,8 @@ pub(crate) struct Reply {
     correct: Option<bool>,
     extracted: Option<String>,
     gold: Option<String>,
+    /// Extra numbers to log beside the reward (any JSON values; see [`extra_numbers`]).
+    extra: Option<serde_json::Value>,
 }
 
 impl Reply {
@@ -124,6 +127,7 @@ impl Reply {
             correct: None,
             extracted: None,
             gold: None,
+            extra: None,
         }
     }
 
@@ -137,8 +141,29 @@ impl Reply {
             correct: self.correct.unwrap_or(self.reward > 0.0),
             extracted: self.extracted,
             gold: self.gold,
+            extra: self.extra.as_ref().map(extra_numbers).unwrap_or_default(),
         })
     }
+}
+
+/// The numbers of a reply's `"extra"` object (docs/external-verifier.md, "Extra numbers"): each
+/// key whose value is a finite number, or a boolean (1 or 0). Other values (strings, lists,
+/// objects, null) and a non-object `extra` are ignored, never an error: a program written for a
+/// peer (verl's `reward_extra_info` holds strings too) runs as it is.
+pub fn extra_numbers(extra: &serde_json::Value) -> std::collections::BTreeMap<String, f64> {
+    let Some(m) = extra.as_object() else {
+        return Default::default();
+    };
+    m.iter()
+        .filter_map(|(k, v)| {
+            let x = match v {
+                serde_json::Value::Bool(b) => f64::from(u8::from(*b)),
+                serde_json::Value::Number(n) => n.as_f64()?,
+                _ => return None,
+            };
+            x.is_finite().then(|| (k.clone(), x))
+        })
+        .collect()
 }
 
 /// The JSON object an external program receives for one sample, in both modes: `prompt`,

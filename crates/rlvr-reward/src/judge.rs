@@ -438,6 +438,7 @@ impl Verifier for JudgeVerifier {
                     correct: r > 0.0,
                     extracted: Some(answer),
                     gold: None,
+                    extra: Default::default(),
                 }),
                 None => {
                     failed.push((k, answer.clone()));
@@ -446,6 +447,7 @@ impl Verifier for JudgeVerifier {
                         correct: false,
                         extracted: Some(answer),
                         gold: None,
+                        extra: Default::default(),
                     });
                 }
             }

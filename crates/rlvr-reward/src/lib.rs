@@ -138,6 +138,12 @@ pub struct Score {
     pub extracted: Option<String>,
     /// The gold answer read from the reference, normalised; `None` when it could not be read.
     pub gold: Option<String>,
+    /// Extra numbers the verifier reported beside the reward, by name (an external program's
+    /// `"extra"` object: verl's `reward_extra_info`, the numeric keys of a `compute_score` dict
+    /// besides `score`); logged as per-step means, never part of the reward. Empty for the
+    /// built-in verifiers (and then not written).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub extra: std::collections::BTreeMap<String, f64>,
 }
 
 impl Score {
@@ -148,6 +154,7 @@ impl Score {
             correct,
             extracted,
             gold,
+            extra: Default::default(),
         }
     }
 }

@@ -5,7 +5,9 @@
 //! `{"version": 1, "items": [ITEM, ...]}` to the program's stdin, where an ITEM is
 //! [`crate::external::item_json`] (prompt, completion, reference, index, row), and reads one line
 //! from its stdout: `{"rewards": [R, ...]}` with one entry per item in order, each a number or an
-//! object `{"reward": number, "correct"?: bool, "extracted"?: str, "gold"?: str}`. Blank lines are
+//! object `{"reward": number, "correct"?: bool, "extracted"?: str, "gold"?: str, "extra"?:
+//! {name: number}}` (`extra`: numbers logged beside the reward,
+//! [`crate::external::extra_numbers`]; an addition that needs no version change). Blank lines are
 //! skipped. A reply `{"error": "..."}` stops the run with that message, and a reply carrying a
 //! `"version"` other than [`PROTOCOL_VERSION`] is refused.
 //!

@@ -403,6 +403,7 @@ impl Verifier for RewardModelVerifier {
                     correct: reward > cfg.correct_above,
                     extracted: Some(format!("{x}")),
                     gold: None,
+                    extra: Default::default(),
                 }
             })
             .collect())

@@ -10,6 +10,10 @@
 //! tensors: `--head unfused` (h·Wᵀ, then `Model::logprobs_unfused`) or `chunked` (the CPU's fused
 //! head is measured by `--mode step`, whose default head it is in f32).
 //!
+//! `--mode check`: the post-update weight check (`rlvr_train::update::optimizer::first_non_finite`)
+//! over the model's parameters, `--reps` times (default 20): its median seconds per call, beside
+//! one AdamW step's for scale.
+//!
 //! Prints one JSON line: peak RSS (VmHWM, MiB), seconds of the measured step, and the estimate.
 
 use std::time::Instant;
@@ -127,6 +131,9 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .map(|(_, v)| v.clone())
         .collect();
+    if mode == "check" {
+        return check_cost(&vars, num("--reps", 20), shape.params);
+    }
     let mut opt = AdamW::new(vars, AdamWConfig::default())?;
     let ids: Vec<Vec<u32>> = (0..rows)
         .map(|_| {
@@ -171,6 +178,39 @@ fn main() -> anyhow::Result<()> {
             "rss_after_load_mib": after_load, "seconds": secs,
             "estimate_mib": mib(est), "estimate_without_overhead_mib": mib(est - CPU_OVERHEAD),
             "activations_mib": mib(act), "logits_mib": mib(logits)})
+    );
+    Ok(())
+}
+
+/// `--mode check`: the median seconds of the weight check over `vars` (all finite: the cheap
+/// path every applied update takes) and of one AdamW step on zero gradients, `reps` each.
+fn check_cost(vars: &[Var], reps: usize, params: u64) -> anyhow::Result<()> {
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    let mut check = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let bad = rlvr_train::update::optimizer::first_non_finite(vars)?;
+        check.push(t0.elapsed().as_secs_f64());
+        anyhow::ensure!(bad.is_none(), "a random model holds a non-finite weight");
+    }
+    let mut opt = AdamW::new(vars.to_vec(), AdamWConfig::default())?;
+    let mut grads = candle_core::backprop::GradStore::default();
+    for v in vars {
+        grads.insert(v.as_tensor(), v.as_tensor().zeros_like()?);
+    }
+    let mut step = Vec::new();
+    for _ in 0..reps.clamp(1, 5) {
+        let t0 = Instant::now();
+        opt.step(&grads, 1e-6)?;
+        step.push(t0.elapsed().as_secs_f64());
+    }
+    println!(
+        "{}",
+        serde_json::json!({"mode": "check", "params": params, "reps": reps,
+            "check_median_s": median(check), "adamw_step_median_s": median(step)})
     );
     Ok(())
 }

@@ -683,6 +683,7 @@ fn evaluate_episodes(
                 extracted: None,
                 gold: None,
                 components: Vec::new(),
+                extra: Vec::new(),
                 episode: Some(crate::eval::EpisodeRecord {
                     turns: e.turns,
                     segments: segments(&e.completion_mask),

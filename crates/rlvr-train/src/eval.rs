@@ -64,6 +64,16 @@ pub struct EvalItem {
         serialize_with = "ordered_map"
     )]
     pub components: Vec<(String, f64)>,
+    /// The extra numbers reward components reported ([`rlvr_reward::Score::extra`], verl's
+    /// `reward_extra_info`): (component, its numbers by key) for each component, in
+    /// `components` order, that reported some; written as `"reward_extra": {component: {key:
+    /// value}}`, absent when none did.
+    #[serde(
+        rename = "reward_extra",
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "ordered_map"
+    )]
+    pub extra: Vec<(String, std::collections::BTreeMap<String, f64>)>,
     /// A multi-turn episode's turns and environment replies (`rlvr eval --env`); absent for a
     /// single-turn sample.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,7 +81,10 @@ pub struct EvalItem {
 }
 
 /// `(name, value)` pairs as a JSON object in their order (serde_json's map would sort them).
-fn ordered_map<S: serde::Serializer>(v: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
+fn ordered_map<S: serde::Serializer, V: Serialize>(
+    v: &[(String, V)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
     let mut m = s.serialize_map(Some(v.len()))?;
     for (k, x) in v {
@@ -83,8 +96,9 @@ fn ordered_map<S: serde::Serializer>(v: &[(String, f64)], s: S) -> Result<S::Ok,
 /// What `rlvr eval` reports of the rewards, under training's names (metrics.jsonl): `reward/mean`
 /// (the mean reward over `items`: samples, or episodes the environment did not fail) and, for
 /// each reward component the samples carry, `reward/<name>/mean` (its raw reward's mean, as a
-/// training step's `reward/<name>/mean`; TRL's `rewards/<name>/mean`). Null means where nothing
-/// was scored.
+/// training step's `reward/<name>/mean`; TRL's `rewards/<name>/mean`), then each extra number a
+/// component reported, `reward/<name>/<key>/mean` (its mean over the items that carry the key,
+/// as a training step's), in key order. Null means where nothing was scored.
 pub fn reward_summary(items: &[EvalItem]) -> Vec<(String, serde_json::Value)> {
     let mean = |xs: &[f64]| (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64);
     let scored: Vec<&EvalItem> = items
@@ -102,6 +116,22 @@ pub fn reward_summary(items: &[EvalItem]) -> Vec<(String, serde_json::Value)> {
             out.push((format!("reward/{name}/mean"), serde_json::json!(mean(&raw))));
         }
     }
+    let mut extra: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for it in &scored {
+        for (name, numbers) in &it.extra {
+            for (key, x) in numbers {
+                extra
+                    .entry(format!("reward/{name}/{key}/mean"))
+                    .or_default()
+                    .push(*x);
+            }
+        }
+    }
+    out.extend(
+        extra
+            .into_iter()
+            .map(|(k, xs)| (k, serde_json::json!(mean(&xs)))),
+    );
     out
 }
 
@@ -494,6 +524,10 @@ fn sample_problems_into(
                 correct: sc.correct,
                 extracted: sc.extracted,
                 gold: sc.gold,
+                extra: (sc.components.iter().map(|c| c.0.clone()))
+                    .zip(sc.extra)
+                    .filter(|(_, e)| !e.is_empty())
+                    .collect(),
                 components: sc.components,
                 episode: None,
             });

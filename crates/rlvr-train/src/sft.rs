@@ -391,8 +391,9 @@ pub struct SftOutcome {
 /// docs); `progress` is called after every step.
 ///
 /// # Errors
-/// Tensor, evaluation and I/O errors; a non-finite loss or gradient aborts (nothing is saved
-/// for that step).
+/// Tensor, evaluation and I/O errors; a non-finite loss or gradient, or a weight the update made
+/// NaN or infinite ([`crate::update::optimizer::NonFiniteWeight`]), aborts (nothing is saved for
+/// that step).
 pub fn train_sft(
     model: &Model,
     tok: &TokenizerBundle,
@@ -488,7 +489,11 @@ pub fn train_sft_on(
             grads.mark_non_finite();
         }
         let lr = s.schedule.at(step);
-        let Some(norm) = opt.apply(grads, lr)? else {
+        // A weight the update made NaN or infinite ends SFT as a non-finite loss does.
+        let applied = opt
+            .apply(grads, lr)
+            .with_context(|| format!("SFT step {step}"))?;
+        let Some(norm) = applied else {
             bail!("SFT step {step}: non-finite loss or gradient; lower the learning rate");
         };
         let secs = t0.elapsed().as_secs_f64();

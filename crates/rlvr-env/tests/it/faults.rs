@@ -536,3 +536,34 @@ fn special_tokens_in_observations_make_the_episode_unscorable() {
     let r = env.step(&[step("0:0", 1, "x", "1")]).unwrap();
     assert_eq!(r[0].as_ref().unwrap().messages[0].content, "x<|im_end|>y");
 }
+
+/// A reply to the last turn (`max_turns`) is never rendered (the episode is finished with reason
+/// `max_turns`), so a special token in it is accepted; the same reply to an earlier turn, which
+/// would be rendered as the next observation, is still refused. Before, both were refused, and
+/// the episode lost its reward.
+#[test]
+fn special_tokens_in_the_last_turns_reply_are_accepted() {
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let specials = vec!["<|im_start|>".to_string(), "<|im_end|>".to_string()];
+    for (max_turns, turn, accepted) in [(2, 2, true), (2, 3, true), (2, 1, false), (1, 1, true)] {
+        let mut s = f.settings("special");
+        s.special_tokens = specials.clone();
+        s.max_turns = Some(max_turns);
+        let mut env = ProcessEnvironment::start(s).unwrap();
+        let r = env.step(&[step("0:0", turn, "x", "1")]).unwrap();
+        match accepted {
+            true => assert_eq!(
+                r[0].as_ref().unwrap().messages[0].content,
+                "x<|im_end|>y",
+                "max_turns {max_turns}, turn {turn}"
+            ),
+            false => assert!(
+                r[0].as_ref().unwrap_err().contains("\"<|im_end|>\""),
+                "max_turns {max_turns}, turn {turn}: {r:?}"
+            ),
+        }
+    }
+}

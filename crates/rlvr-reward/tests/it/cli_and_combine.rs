@@ -308,6 +308,7 @@ impl rlvr_reward::Verifier for Echo {
             correct: false,
             extracted: None,
             gold: None,
+            extra: Default::default(),
         })
     }
 }

@@ -293,3 +293,116 @@ fn a_verl_function_that_is_not_file_or_file_name_is_refused_naming_the_key() {
         .to_string()
         .contains("data.verifier.restarts = 1001"));
 }
+
+/// A verl verifier table as a config file writes it (TOML).
+fn verl_table(toml_text: &str) -> VerifierConfig {
+    toml::from_str(toml_text).unwrap()
+}
+
+/// `kwargs` (verl's `custom_reward_function.reward_kwargs`) reach the function on every call
+/// with their TOML types as Python's: integers as int, floats as float, booleans as bool,
+/// strings as str, arrays as list, tables as dict; `scale` fills a named parameter. Before,
+/// `kwargs` was an unknown key of a verl verifier (the docs said to give defaults instead).
+#[test]
+fn kwargs_reach_the_function_on_every_call_with_their_types() {
+    if !python() {
+        return;
+    }
+    let file = rewards_file().display().to_string();
+    let v = verl_table(&format!(
+        "kind = \"verl\"\nfunction = \"{file}:with_kwargs\"\n\
+         kwargs = {{ scale = 3, eps = 0.25, strict = true, name = \"x\", tags = [\"a\", \"b\"], \
+         table = {{ k = 1 }} }}\n"
+    ));
+    v.check("data.verifier").unwrap();
+    assert_eq!(
+        v.command().unwrap()[3..],
+        [
+            "--kwargs".to_string(),
+            r#"{"eps":0.25,"name":"x","scale":3,"strict":true,"table":{"k":1},"tags":["a","b"]}"#
+                .into()
+        ]
+    );
+    let f = RewardFunction::from_config(&RewardConfig::default(), &v).unwrap();
+    let s = [sample("a", "1", &[], 0), sample("b", "2", &[], 1)];
+    for _ in 0..2 {
+        let got = f.score_batch(&s).unwrap();
+        assert_eq!(got.iter().map(|b| b.reward).collect::<Vec<_>>(), [3.0, 3.0]);
+        let pred: serde_json::Value =
+            serde_json::from_str(got[1].extracted.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            pred,
+            serde_json::json!([
+                ["eps", "float", 0.25],
+                ["name", "str", "x"],
+                ["strict", "bool", true],
+                ["table", "dict", {"k": 1}],
+                ["tags", "list", ["a", "b"]]
+            ])
+        );
+    }
+    // The resolved config keeps them (a run directory's config.toml).
+    let back: VerifierConfig = toml::from_str(&toml::to_string(&v).unwrap()).unwrap();
+    assert_eq!(back, v);
+}
+
+/// What `kwargs` cannot hold is refused at the check, naming the entry: verl's own four
+/// arguments (rlvr passes them from the row), a NaN or infinity (JSON cannot carry it), a TOML
+/// date.
+#[test]
+fn kwargs_that_python_would_not_get_as_written_are_refused_naming_the_entry() {
+    for (table, want) in [
+        (
+            "kwargs = { ground_truth = \"4\" }",
+            "data.verifier.kwargs.ground_truth: rlvr passes `ground_truth` itself",
+        ),
+        (
+            "kwargs = { cap = nan }",
+            "data.verifier.kwargs.cap is not a finite number",
+        ),
+        (
+            "kwargs = { caps = [1.0, inf] }",
+            "data.verifier.kwargs.caps[1] is not a finite number",
+        ),
+        (
+            "kwargs = { t = { since = 2024-01-01 } }",
+            "data.verifier.kwargs.t.since is a TOML date or time",
+        ),
+    ] {
+        let v = verl_table(&format!("kind = \"verl\"\nfunction = \"r.py\"\n{table}\n"));
+        let e = v.check("data.verifier").unwrap_err().to_string();
+        assert!(e.contains(want), "{table}: {e}");
+    }
+}
+
+/// A dict's numeric keys besides `score` (verl's `reward_extra_info`) come back as the score's
+/// `extra` (`acc` and `length` of with_details), and the reward function keys them by component
+/// (one map per component); text, lists, None, NaN and infinity are left out, and a key may be
+/// missing on some rows. Before, every key but score, acc and pred was dropped.
+#[test]
+fn a_dicts_extra_numbers_come_back_keyed_by_component() {
+    if !python() {
+        return;
+    }
+    let plain = verl_row("x", r#"{"reward_model": {"ground_truth": 4}}"#);
+    let s = [
+        sample("the answer is 4", "", &plain, 0),
+        sample("4 or 5", "", &plain, 1),
+    ];
+    let got = adapter("with_details").score_batch(&s).unwrap();
+    let extra = |k: usize| got[k].extra.clone().into_iter().collect::<Vec<_>>();
+    assert_eq!(extra(0), [("acc".to_string(), 1.0), ("length".into(), 7.0)]);
+    assert_eq!(extra(1), [("acc".to_string(), 0.0), ("length".into(), 7.0)]);
+
+    let file = rewards_file().display().to_string();
+    let v = verl_table(&format!(
+        "kind = \"verl\"\nfunction = \"{file}:changing_extras\"\n"
+    ));
+    let f = RewardFunction::from_config(&RewardConfig::default(), &v).unwrap();
+    let s = [sample("1+2", "", &[], 0), sample("12", "", &[], 1)];
+    let got = f.score_batch(&s).unwrap();
+    assert_eq!(got[0].components, [("verl".to_string(), 0.0)]);
+    let extra = |k: usize| got[k].extra[0].clone().into_iter().collect::<Vec<_>>();
+    assert_eq!(extra(0), [("bonus".to_string(), 0.5), ("hits".into(), 3.0)]);
+    assert_eq!(extra(1), [("hits".to_string(), 2.0)]);
+}

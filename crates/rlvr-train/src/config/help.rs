@@ -476,6 +476,13 @@ pub const ALIASES: &[Alias] = &[
         peer: "prime-rl",
         ours: "rollout.max_new_tokens",
         note: "the most tokens of one turn (env.max_episode_tokens bounds a whole episode)",
+    Alias {
+        name: "custom_reward_function.reward_kwargs",
+        peer: "verl",
+        ours: "data.verifier.kwargs",
+        note: "keyword arguments passed to the function on every call: data.verifier = { kind \
+               = \"verl\", function = \"PATH:NAME\", kwargs = { format_score = 0.1 } } (TOML \
+               values, which reach Python as the same values)",
     },
 ];
 
@@ -551,12 +558,13 @@ pub fn alias_table_markdown(peer: &str) -> String {
     out
 }
 
-/// The alias whose name matches the trailing parts of dotted `key`.
+/// The alias whose name matches the trailing parts of dotted `key`, or of one of its prefixes
+/// (a key inside a peer's table: verl's `custom_reward_function.reward_kwargs.format_score`).
 pub fn alias_for(key: &str) -> Option<&'static Alias> {
     let parts: Vec<&str> = key.split('.').collect();
     ALIASES.iter().find(|a| {
         let name: Vec<&str> = a.name.split('.').collect();
-        parts.len() >= name.len() && parts[parts.len() - name.len()..] == name[..]
+        (name.len()..=parts.len()).any(|end| parts[end - name.len()..end] == name[..])
     })
 }
 
@@ -730,6 +738,13 @@ mod tests {
         assert_eq!(alias_for("train.learning_rate").unwrap().ours, "train.lr");
         assert!(alias_for("train.n").is_none());
         assert!(alias_for("train.lr").is_none());
+        // A key inside a peer's table names the table's alias.
+        assert_eq!(
+            alias_for("custom_reward_function.reward_kwargs.format_score")
+                .unwrap()
+                .ours,
+            "data.verifier.kwargs"
+        );
     }
 
     #[test]

@@ -6,7 +6,18 @@
 //!
 //! - **weights** `P·b` (b = 2 for bf16, 4 for f32); **master weights** `P·4` for bf16 (the optimizer's
 //!   f32 copy, `rlvr_model::optim`); **gradients** `P·4` (the f32 sum over micro-batches) plus `P·b`
-//!   (one micro-batch's gradients while they are added); **AdamW moments** `2·P·4`.
+//!   (one micro-batch's gradients while they are added); **AdamW moments** `2·P·4`. What the
+//!   trainer holds: candle's backward returns every weight's gradient at once (the graph's own
+//!   gradients are freed as it goes), and the sum (`rlvr_model::optim::GradAccumulator`) keeps the
+//!   first micro-batch's gradients as they are (f32: no copy), then adds each later one into itself,
+//!   the micro-batch's gradients freed after its add. So from the second micro-batch of an update
+//!   on, the f32 sum and a whole backward's gradients are alive together (`P·4 + P·b`, at the end
+//!   of each backward, beside that micro-batch's activations); an update of one micro-batch in f32
+//!   holds only its own gradients, which are the sum (`P·4`); in a 16-bit dtype its f32 copy is
+//!   made while the backward's gradients are alive (`P·4 + P·b` again). At the end of every
+//!   backward candle adds the embedding lookup's gradient into the embedding's (the tied head's,
+//!   or zeros) as a new tensor beside the old one, when every other gradient is alive: one more
+//!   `V·H·b` (full fine-tuning; LoRA's frozen embedding gets none).
 //! - the **explorer's weights**: sampling from a dataset (not an experiences file) loads a second
 //!   copy of the policy (`P·b`) whatever `sync.offset`; with `sync.offset ≥ 1` the explorer runs on
 //!   its own thread and one more copy is in flight at each weight sync.
@@ -287,8 +298,14 @@ pub struct Plan {
     pub weights: u64,
     /// The optimizer's f32 master weights (16-bit dtypes only).
     pub master_weights: u64,
-    /// The f32 gradient sum plus one micro-batch's gradients in the compute dtype.
+    /// The f32 gradient sum plus one micro-batch's gradients in the compute dtype and the
+    /// embedding's gradient summed anew at the end of its backward (`V·H·b`, full fine-tuning);
+    /// when an update is one micro-batch, the larger of its backward's end and its f32 copy
+    /// (f32: its gradients are the sum).
     pub gradients: u64,
+    /// Micro-batches per optimizer update on this rank at most (this rank's rows of one update:
+    /// ⌈groups per update / ranks⌉ groups of K rows, over the micro-batch rows).
+    pub micro_batches_per_update: u64,
     /// AdamW's two f32 moments (this rank's share under ZeRO-1).
     pub adamw_moments: u64,
     /// Data-parallel ranks the plan is for (`--world-size`); every figure is per rank.
@@ -488,7 +505,6 @@ pub fn plan_ranks(
         trained
     };
     let master_weights = if tb == 2 { owned * 4 } else { 0 };
-    let gradients = trained * 4 + trained * tb;
     let adamw_moments = 2 * owned * 4;
     // The reduction's transient f32: one all-reduce bucket (ZeRO-0), or one reduce-scatter bucket
     // plus this rank's reduced share (ZeRO-1).
@@ -611,6 +627,22 @@ pub fn plan_ranks(
         Some(tok) => largest(|r| positions(r) <= tok as u64).max(1),
         None => raw.train.micro_batch_size as u64,
     };
+    // This rank's rows of one update: whole groups, split over the mini-batches and the ranks.
+    let groups =
+        (raw.data.prompts_per_step as u64).div_ceil((raw.train.mini_batches as u64).max(1));
+    let update_rows = groups.div_ceil(world) * k;
+    let micro_batches_per_update = update_rows.div_ceil(rows.max(1)).max(1);
+    // The f32 sum, and a later micro-batch's gradients beside it, the embedding's re-summed
+    // copy at the end of each backward (module docs); one micro-batch: the end of its backward, or
+    // the f32 copy made beside its gradients (none in f32: its gradients are the sum).
+    let embedding_resum = match lora {
+        Some(_) => 0,
+        None => shape.vocab * shape.hidden * tb,
+    };
+    let gradients = match micro_batches_per_update {
+        1 => (trained * tb + embedding_resum).max(trained * 4 + (tb != 4) as u64 * trained * tb),
+        _ => trained * 4 + trained * tb + embedding_resum,
+    };
     let scored = rows * completion;
     let logits_buffer = if cpu && b == 4 {
         (scored * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
@@ -704,6 +736,7 @@ pub fn plan_ranks(
         weights,
         master_weights,
         gradients,
+        micro_batches_per_update,
         adamw_moments,
         world_size: world,
         zero,
@@ -921,7 +954,17 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
     let rows: [(&str, String); 15] = [
         ("weights", gib(p.weights)),
         ("master weights (f32)", gib(p.master_weights)),
-        ("gradients", gib(p.gradients)),
+        (
+            "gradients",
+            format!(
+                "{} ({})",
+                gib(p.gradients),
+                match p.micro_batches_per_update {
+                    1 => "one micro-batch per update".to_string(),
+                    n => format!("{n} micro-batches per update: the f32 sum and one backward's"),
+                }
+            ),
+        ),
         ("reduction buffer (f32)", gib(p.reduction_buffer)),
         ("AdamW moments (f32)", gib(p.adamw_moments)),
         ("explorer weights", gib(p.explorer_weights)),

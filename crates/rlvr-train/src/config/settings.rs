@@ -439,6 +439,7 @@ pub fn episode_runner(
             .saturating_mul(2)
             .saturating_add(4096);
             p.special_tokens = specials;
+            p.max_turns = Some(e.max_turns);
             p.stderr_log = stderr_log;
             Box::new(
                 rlvr_env::client::ProcessEnvironment::start(p).with_context(|| {

@@ -579,8 +579,8 @@ pub fn zero_variance(g: &[Experience]) -> bool {
     r.windows(2).all(|w| w[0] == w[1])
 }
 
-/// The parts of one reward: each component (raw and weighted by its `weights` entry), then the
-/// format term when on.
+/// The parts of one reward: each component (raw and weighted by its `weights` entry, with its
+/// extra numbers), then the format term when on.
 fn reward_parts(
     weights: &[(String, f64)],
     b: &rlvr_reward::combine::RewardBreakdown,
@@ -590,10 +590,12 @@ fn reward_parts(
         .components
         .iter()
         .zip(weights)
-        .map(|((name, raw), (_, w))| RewardPart {
+        .enumerate()
+        .map(|(k, ((name, raw), (_, w)))| RewardPart {
             name: name.clone(),
             raw: *raw,
             weighted: w * raw,
+            extra: b.extra.get(k).cloned().unwrap_or_default(),
         })
         .collect();
     if let Some(f) = b.format {
@@ -601,6 +603,7 @@ fn reward_parts(
             name: "format".into(),
             raw: f,
             weighted: f,
+            extra: Default::default(),
         });
     }
     parts

@@ -153,6 +153,8 @@ pub(crate) struct LastGood {
     updating: bool,
     /// The error about to end the run is one every rank met at the same point.
     together: bool,
+    /// An update made a weight NaN or infinite ([`LastGood::diverged`]): nothing can be saved.
+    diverged: bool,
 }
 
 /// Why a save after an error is not tried although the state is whole (the caller knows it
@@ -168,6 +170,7 @@ impl LastGood {
             saved: step,
             updating: false,
             together: false,
+            diverged: false,
         }
     }
 
@@ -184,6 +187,38 @@ impl LastGood {
     pub(crate) fn gather_due(&self) -> Option<u64> {
         (self.together && !self.updating && self.step > 0 && self.step > self.saved)
             .then_some(self.step)
+    }
+
+    /// Step `t`'s update made `weight` NaN or infinite
+    /// ([`crate::update::optimizer::NonFiniteWeight`]): the error that ends the run, short and
+    /// complete (the save after it is not tried: the weights are no longer any step's, and a save
+    /// would refuse them). It says which step's weights the last checkpoint (in `checkpoints`)
+    /// holds and what to change; `grad_clip` is `train.grad_clip` (0: off).
+    pub(crate) fn diverged(
+        &mut self,
+        t: u64,
+        weight: &str,
+        checkpoints: &Path,
+        grad_clip: f64,
+    ) -> anyhow::Error {
+        self.diverged = true;
+        let last = match self.saved {
+            0 => "no checkpoint was written yet (`rlvr train --resume` starts over from step 0)"
+                .to_string(),
+            s => format!(
+                "the last checkpoint, {}, holds step {s}'s weights (`rlvr train --resume` \
+                 continues from it)",
+                checkpoints.join(format!("step-{s}")).display()
+            ),
+        };
+        let clip = match grad_clip > 0.0 {
+            true => format!("lower train.grad_clip (now {grad_clip})"),
+            false => "set train.grad_clip (e.g. 1.0)".to_string(),
+        };
+        anyhow::anyhow!(
+            "the training diverged at step {t}: its update made weight {weight} NaN or infinite, \
+             so step {t} is not saved; {last}. Lower train.lr or {clip}"
+        )
     }
 
     /// The trainer starts changing the weights of the step after `self.step`.
@@ -253,7 +288,7 @@ impl LastGood {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        if self.step == 0 || self.step <= self.saved {
+        if self.step == 0 || self.step <= self.saved || self.diverged {
             return Err(e);
         }
         if self.updating {

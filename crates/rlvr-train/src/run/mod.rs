@@ -45,6 +45,7 @@ use crate::store::checkpoint::{self, SourceCursor};
 use crate::store::metrics::{append_line, MetricsLine};
 use crate::store::state::Stateful;
 use crate::store::tensorboard::{EventWriter, Source};
+use crate::update::optimizer::NonFiniteWeight;
 use crate::update::{StepReport, Trainer};
 use guard::LastGood;
 use report::{eval_text, show_progress, step_metrics, step_text, write_step_logs};
@@ -304,7 +305,9 @@ impl Run<'_> {
     /// # Errors
     /// The trainer's (e.g. out of memory); one that came before the optimizer changed any weight
     /// leaves `good` at step t − 1, whose state the save after the error then writes with step
-    /// t's batch ([`Feed::completed`]); the [`RunOptions::fail_update_at_step`] hook.
+    /// t's batch ([`Feed::completed`]); a weight the update made NaN or infinite, as
+    /// [`LastGood::diverged`] says it (nothing saved); the [`RunOptions::fail_update_at_step`]
+    /// hook.
     fn update(
         &mut self,
         t: u64,
@@ -326,6 +329,14 @@ impl Run<'_> {
                 // the weights and the optimizer state are still step t − 1's.
                 if self.trainer.optimizer.update_count() == updates {
                     good.update_undone();
+                }
+                // An update made a weight NaN or infinite (every rank meets it on the same
+                // weights): the run's whole error, nothing saved after it.
+                let bad = e.chain().find_map(|c| c.downcast_ref::<NonFiniteWeight>());
+                if let Some(w) = bad {
+                    let ckpts = checkpoint::checkpoints_dir(&self.run_dir);
+                    let clip = self.cfg.raw.train.grad_clip;
+                    return Err(good.diverged(t, &w.weight, &ckpts, clip));
                 }
                 return Err(e);
             }

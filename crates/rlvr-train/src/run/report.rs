@@ -239,6 +239,30 @@ fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
             (total != 0.0).then(|| weighted / total),
         );
     }
+    set_reward_extra(l, &scored);
+}
+
+/// `reward/<component>/<key>/mean` for each extra number a component's verifier reported
+/// ([`crate::store::experience::RewardPart::extra`]; verl's `reward_extra_info`): its mean over
+/// the scored experiences that carry that key (a key set that changes between rows averages
+/// each key over its own rows), in key order after the components' keys. Every rank computes it
+/// from the step's whole batch, as the other reward metrics.
+fn set_reward_extra(l: &mut MetricsLine, scored: &[&Experience]) {
+    let mut sums: std::collections::BTreeMap<String, (f64, u64)> = Default::default();
+    for e in scored {
+        for part in &e.components {
+            for (key, x) in &part.extra {
+                let s = sums
+                    .entry(format!("reward/{}/{key}/mean", part.name))
+                    .or_default();
+                s.0 += x;
+                s.1 += 1;
+            }
+        }
+    }
+    for (key, (sum, n)) in sums {
+        l.set(key, Some(sum / n as f64));
+    }
 }
 
 /// Appends the step's rollouts.jsonl and diagnostics.jsonl lines; returns the diagnostics line.

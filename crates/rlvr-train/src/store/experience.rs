@@ -57,6 +57,11 @@ pub struct RewardPart {
     pub raw: f64,
     /// What it adds to the reward (weight × raw; the format term as is).
     pub weighted: f64,
+    /// The extra numbers its verifier reported beside the reward, by name
+    /// ([`rlvr_reward::Score::extra`]: an external program's `extra`, a verl function's numeric
+    /// keys besides `score`); logged as `reward/<name>/<key>/mean`, never part of the reward.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub extra: std::collections::BTreeMap<String, f64>,
 }
 
 impl Experience {

@@ -7,7 +7,7 @@
 //! and behaviour log-probs (each a count then `u32`s, log-probs as f32 bits), the reward (`u8`
 //! tag, f64 bits), `correct` (`u8`: 0 none, 1 false, 2 true), the group id, the version (`u8`
 //! tag, `u64`), `truncated` (`u8`) and its reward parts (count, then name, raw and weighted as
-//! f64 bits); a [`RolloutRecord`] its group id, prompt, completion, reward, correct, version and
+//! f64 bits, and its extra numbers: count, then name and f64 bits each); a [`RolloutRecord`] its group id, prompt, completion, reward, correct, version and
 //! finish reason; a [`RowMeta`] its reward, completion tokens (`u64`), `truncated` and group id.
 //!
 //! Reading a peer's message never trusts it: every count is checked against the bytes left
@@ -264,6 +264,11 @@ impl Wire for Experience {
             w.str(&c.name);
             w.f64(c.raw);
             w.f64(c.weighted);
+            w.len(c.extra.len());
+            for (k, x) in &c.extra {
+                w.str(k);
+                w.f64(*x);
+            }
         }
         w.u8(u8::from(self.completion_mask.is_some()));
         if let Some(m) = &self.completion_mask {
@@ -285,14 +290,23 @@ impl Wire for Experience {
         let group_id = r.str()?;
         let version = r.opt_u64()?;
         let truncated = r.flag()?;
-        // A part is at least a name's length and two f64s.
-        let n = r.len(24)?;
+        // A part is at least a name's length, two f64s and its extras' count.
+        let n = r.len(32)?;
         let mut components = Vec::with_capacity(n);
         for _ in 0..n {
+            let (name, raw, weighted) = (r.str()?, r.f64()?, r.f64()?);
+            // An extra number is at least a name's length and an f64.
+            let m = r.len(16)?;
+            let mut extra = std::collections::BTreeMap::new();
+            for _ in 0..m {
+                let k = r.str()?;
+                extra.insert(k, r.f64()?);
+            }
             components.push(RewardPart {
-                name: r.str()?,
-                raw: r.f64()?,
-                weighted: r.f64()?,
+                name,
+                raw,
+                weighted,
+                extra,
             });
         }
         let completion_mask = if r.flag()? {

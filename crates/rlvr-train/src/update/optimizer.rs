@@ -7,7 +7,14 @@
 //! ‖g‖ = sqrt(Σ_k Σ g_k²)          global L2 norm; non-finite loss or norm → skip, no update
 //! g_k ← g_k · min(1, c/(‖g‖+1e-6)) when c > 0 and ‖g‖ > c   (global-norm clipping)
 //! θ ← AdamW(θ, g, lr)             decoupled weight decay (Loshchilov & Hutter, arXiv 1711.05101)
+//! θ finite?                       else NonFiniteWeight: the training diverged (no later step)
 //! ```
+//!
+//! A finite loss and gradient can still carry a weight past f32's range (a huge step where a
+//! second moment is tiny), and a weight that is not finite stays so: every later step, sample
+//! and save would fail on it. So after each applied update the weights are checked
+//! ([`first_non_finite`]: one sum per parameter, one device-to-host read) and a non-finite one
+//! is an error naming it.
 //!
 //! Sharded (ZeRO-1, `rlvr_dist::ZeroReduce`): the reduction leaves each rank the sums of the
 //! parameters it owns, ‖g‖² is summed over the ranks' shares, each rank's AdamW keeps state for
@@ -181,6 +188,49 @@ impl GradReduce for rlvr_dist::DistReduce {
     }
 }
 
+/// An applied update made a weight NaN or infinite: the training diverged, and every later step
+/// would stay so. The weights are no longer the previous step's, so nothing of the update can be
+/// saved or undone.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "the training diverged: the optimizer update made weight {weight} NaN or infinite; lower \
+     the learning rate or clip the gradient norm"
+)]
+pub struct NonFiniteWeight {
+    /// The first such weight, in `Model::named_vars` order (its checkpoint name).
+    pub weight: String,
+}
+
+/// The index of the first of `vars` (in order) holding a value that is not finite, or `None`.
+///
+/// Cheap and exact: each parameter's sum (in its dtype, on its device) is added into one f32
+/// total, read back once; a NaN or infinity anywhere makes the total non-finite, so a finite total
+/// proves every value finite. Only when it is not finite (a diverged update, or finite values
+/// whose sum overflows, beyond 10³⁸) is each parameter tested exactly, in order, by `x · 0`
+/// (0 for a finite x, NaN otherwise) summed.
+///
+/// # Errors
+/// Tensor errors.
+pub fn first_non_finite(vars: &[Var]) -> anyhow::Result<Option<usize>> {
+    let Some(first) = vars.first() else {
+        return Ok(None);
+    };
+    let mut total = Tensor::zeros((), DType::F32, first.device())?;
+    for v in vars {
+        total = (total + v.as_tensor().sum_all()?.to_dtype(DType::F32)?)?;
+    }
+    if total.to_scalar::<f32>()?.is_finite() {
+        return Ok(None);
+    }
+    for (i, v) in vars.iter().enumerate() {
+        let zero = (v.as_tensor() * 0.0)?.sum_all()?.to_dtype(DType::F32)?;
+        if !zero.to_scalar::<f32>()?.is_finite() {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
 /// The gradient of one update being accumulated (see [`OptimizerStep::accumulate`]).
 pub struct Gradients {
     acc: Vec<GradAccumulator>,
@@ -199,6 +249,8 @@ impl Gradients {
 /// (module docs).
 pub struct OptimizerStep {
     vars: Vec<Var>,
+    /// The parameters' names (`Model::named_vars`), for [`NonFiniteWeight`].
+    names: Vec<String>,
     /// The AdamW state (moments, update count).
     pub adamw: AdamW,
     grad_clip: f64,
@@ -215,16 +267,17 @@ impl OptimizerStep {
     /// # Errors
     /// Tensor allocation errors (the moments).
     pub fn new(model: &Model, config: AdamWConfig, grad_clip: f64) -> anyhow::Result<Self> {
-        let vars: Vec<Var> = model
+        let (names, vars): (Vec<String>, Vec<Var>) = model
             .named_vars()
             .into_iter()
-            .map(|(_, v)| v.clone())
-            .collect();
+            .map(|(n, v)| (n, v.clone()))
+            .unzip();
         let mut adamw = AdamW::new(vars.clone(), config)?;
         adamw.set_fused(model.fused_adamw());
         Ok(OptimizerStep {
             adamw,
             vars,
+            names,
             grad_clip,
             reduce: Box::new(LocalReduce),
             gathered: None,
@@ -380,7 +433,10 @@ impl OptimizerStep {
     /// decay and weight decay still applies, as in an update that computed it.
     ///
     /// # Errors
-    /// Tensor errors and [`GradReduce`] failures.
+    /// Tensor errors and [`GradReduce`] failures; [`NonFiniteWeight`] when the applied update
+    /// made a weight NaN or infinite. Every parameter is checked after the update is shared, so
+    /// with data parallel (ZeRO-1 included: each rank updates its shard, then every rank holds
+    /// the whole updated model) every rank reaches the same verdict on the same weights.
     pub fn apply(&mut self, g: Gradients, lr: f64) -> anyhow::Result<Option<f64>> {
         self.gathered = None;
         let mut sums: Vec<Option<Tensor>> = g.acc.into_iter().map(|a| a.take()).collect();
@@ -417,6 +473,12 @@ impl OptimizerStep {
         self.adamw.step_scaled(&store, lr, scale)?;
         drop(store);
         self.reduce.share_weights(&self.vars)?;
+        if let Some(i) = first_non_finite(&self.vars)? {
+            return Err(NonFiniteWeight {
+                weight: self.names[i].clone(),
+            }
+            .into());
+        }
         Ok(Some(grad_norm))
     }
 }
@@ -529,6 +591,83 @@ mod tests {
         let (plain, fused) = (run(false), run(true));
         assert!(plain.0.iter().all(|n| *n > 0.05), "{:?}", plain.0);
         assert_eq!(plain, fused);
+    }
+
+    /// `first_non_finite` is exact: a NaN, +inf or −inf in any parameter of any dtype is found
+    /// (the first, in order), and finite values whose sums overflow f32 (3e38 twice) are not
+    /// taken for infinite.
+    #[test]
+    fn first_non_finite_finds_exactly_the_non_finite_parameters() {
+        let var = |x: &[f32], dt: DType| {
+            let t = Tensor::new(x, &Device::Cpu).unwrap().to_dtype(dt).unwrap();
+            Var::from_tensor(&t).unwrap()
+        };
+        let ok = |dt| var(&[1.0, -2.0, 0.5], dt);
+        let huge = |dt| var(&[3e38, 3e38, -1.0], dt);
+        for dt in [DType::F32, DType::BF16, DType::F64] {
+            assert_eq!(
+                first_non_finite(&[ok(dt), huge(dt)]).unwrap(),
+                None,
+                "{dt:?}"
+            );
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let b = var(&[0.0, bad, 1.0], dt);
+                let vars = [ok(dt), huge(dt), b.clone(), b];
+                assert_eq!(first_non_finite(&vars).unwrap(), Some(2), "{dt:?} {bad}");
+            }
+        }
+        // +inf in one parameter and −inf in another: their sum is NaN, still found.
+        let vars = [
+            var(&[f32::INFINITY], DType::F32),
+            var(&[f32::NEG_INFINITY], DType::F32),
+        ];
+        assert_eq!(first_non_finite(&vars).unwrap(), Some(0));
+        assert_eq!(first_non_finite(&[]).unwrap(), None);
+    }
+
+    /// An update that makes a weight non-finite (a learning rate past f32's range: the loss and
+    /// gradient are finite) is an error naming the weight, for f32 weights, bf16 weights with
+    /// f32 masters and LoRA adapters alike; a sane update passes the same check. Before, the
+    /// update returned a norm and the run went on with NaN weights.
+    #[test]
+    fn an_update_that_makes_a_weight_non_finite_is_an_error_naming_it() {
+        let cfg = AdamWConfig::default();
+        let lora = |m: &mut Model| {
+            let c = rlvr_model::LoraConfig {
+                rank: 2,
+                alpha: 4.0,
+                targets: rlvr_model::LoraTarget::ALL.to_vec(),
+                dropout: 0.0,
+            };
+            m.add_lora(&c, 5).unwrap();
+        };
+        let models: [(&str, DType, bool); 3] = [
+            ("f32", DType::F32, false),
+            ("bf16", DType::BF16, false),
+            ("lora", DType::F32, true),
+        ];
+        for (what, dt, adapters) in models {
+            let mut m = Model::random(tiny().config().clone(), 0.02, 0, dt, &Device::Cpu).unwrap();
+            if adapters {
+                lora(&mut m);
+            }
+            let mut o = OptimizerStep::new(&m, cfg, 0.0).unwrap();
+            let mut g = o.gradients();
+            o.accumulate(&mut g, &loss(&m, 1.0)).unwrap();
+            assert!(o.apply(g, 1e-3).unwrap().is_some(), "{what}");
+            let mut g = o.gradients();
+            o.accumulate(&mut g, &loss(&m, 1.0)).unwrap();
+            let e = o.apply(g, 1e39).unwrap_err();
+            let w = e
+                .downcast_ref::<NonFiniteWeight>()
+                .expect("NonFiniteWeight");
+            let names: Vec<String> = m.named_vars().into_iter().map(|(n, _)| n).collect();
+            assert!(names.contains(&w.weight), "{what}: {w:?} not in {names:?}");
+            if adapters {
+                assert!(w.weight.contains("lora"), "{what}: {}", w.weight);
+            }
+            assert!(e.to_string().contains("the training diverged"), "{e}");
+        }
     }
 
     /// Two micro-batches of half the loss give the gradient of one full micro-batch.

@@ -1175,6 +1175,13 @@ fn a_peers_key_names_ours() {
             "data.verifier.function",
             "verl",
         ),
+        // verl's reward_kwargs entries (`+custom_reward_function.reward_kwargs.format_score=0.1`):
+        // the verl verifier's `kwargs` (before: refused as unknown, with no key to write).
+        (
+            "custom_reward_function.reward_kwargs.format_score=0.1",
+            "data.verifier.kwargs",
+            "verl",
+        ),
     ] {
         let err = format!("{:#}", check_load("", &[set]).unwrap_err());
         let key = set.split_once('=').unwrap().0;

@@ -38,11 +38,14 @@ fn odd_row(g: &str, i: u32) -> Experience {
                 name: "ü·∑".into(),
                 raw: f64::from_bits(0x7ff8_0000_dead_beef),
                 weighted: -0.0,
+                // A verifier's extra numbers (verl's reward_extra_info) cross with the part.
+                extra: [("acc".to_string(), -0.0), ("ü".into(), f64::from(i) / 3.0)].into(),
             },
             RewardPart {
                 name: String::new(),
                 raw: f64::NEG_INFINITY,
                 weighted: 1.0 / 3.0,
+                extra: Default::default(),
             },
         ],
         // A multi-turn episode's mask and turn rewards cross the gather bit for bit.
@@ -90,7 +93,14 @@ fn bits(e: &Experience) -> String {
         e.truncated,
         e.components
             .iter()
-            .map(|c| (c.name.clone(), c.raw.to_bits(), c.weighted.to_bits()))
+            .map(|c| {
+                let extra: Vec<(String, u64)> = c
+                    .extra
+                    .iter()
+                    .map(|(k, x)| (k.clone(), x.to_bits()))
+                    .collect();
+                (c.name.clone(), c.raw.to_bits(), c.weighted.to_bits(), extra)
+            })
             .collect::<Vec<_>>(),
         e.completion_mask,
         e.turns,

@@ -37,6 +37,7 @@ mod resume;
 mod resume_bf16;
 mod resume_exactness;
 mod resume_model;
+mod reward_extra;
 mod run_v1;
 mod sft;
 mod shared_prompt;

@@ -251,13 +251,55 @@ fn layer_activation_bytes_match_a_hand_count() {
     assert_eq!(s.params, 50 * 16 + 3 * layer + 16);
 }
 
+/// What the trainer holds of the gradients (rlvr_train::config::plan's module docs): from an
+/// update's second micro-batch on, the f32 sum and a whole backward's gradients (P·4 + P·b),
+/// with the embedding's gradient summed anew at the backward's end (E·b, E = V·H); an update of
+/// one micro-batch in f32 holds only its backward's gradients, which are the sum (P·4 + E·4 at
+/// the backward's end; before, the plan counted P·8 there); one in bf16 makes the f32 copy
+/// beside them (P·6). The micro-batches per update are this rank's rows of one update (whole
+/// groups of K = 8 over the mini-batches and ranks) over the micro-batch rows. The shipped
+/// config: 32 prompts × 8, Qwen2.5-0.5B (E = 151,936 × 896).
+#[test]
+fn gradients_count_one_backward_beside_the_sum_only_when_an_update_has_two_micro_batches() {
+    let n: u64 = 494_032_768;
+    let e: u64 = 151_936 * 896;
+    let case = |sets: &[&str], world: u64| {
+        let mut s = vec!["model.device=\"cpu\""];
+        s.extend(sets);
+        let p = rlvr_train::config::plan::plan_ranks(&raw(&s), false, None, world, 0).unwrap();
+        (p.micro_batches_per_update, p.gradients)
+    };
+    let f32 = "model.dtype=\"f32\"";
+    let bf16 = "model.dtype=\"bf16\"";
+    // 256 rows in micro-batches of 4: 64 of them.
+    assert_eq!(case(&[f32], 1), (64, 8 * n + 4 * e));
+    assert_eq!(case(&[bf16], 1), (64, 6 * n + 2 * e));
+    // One micro-batch of all 256 rows.
+    let all = "train.micro_batch_size=256";
+    assert_eq!(case(&[f32, all], 1), (1, 4 * n + 4 * e));
+    assert_eq!(case(&[bf16, all], 1), (1, 6 * n));
+    // Two mini-batches of 16 groups (128 rows), over 2 ranks (64 rows each), in micro-batches of
+    // 64 rows: one each; of 63: two.
+    let two = "train.mini_batches=2";
+    assert_eq!(
+        case(&[f32, two, "train.micro_batch_size=64"], 2),
+        (1, 4 * n + 4 * e)
+    );
+    assert_eq!(
+        case(&[f32, two, "train.micro_batch_size=63"], 2),
+        (2, 8 * n + 4 * e)
+    );
+}
+
 /// The Qwen2.5-0.5B plan of the shipped GSM8K config, by hand: 512 + 512 tokens, bf16 on a GPU.
 #[test]
 fn qwen2_5_0_5b_plan_matches_a_hand_count() {
     let p = plan(&raw(&[]), false, Some(80 << 30)).unwrap();
     let n: u64 = 494_032_768;
     assert_eq!((p.prompt_tokens, p.completion_tokens), (512, 512));
-    assert_eq!(p.gradients, 4 * n + 2 * n);
+    // The f32 sum, one backward's bf16 gradients, and the embedding's gradient summed anew at
+    // the backward's end (64 micro-batches per update; the plan's module docs).
+    assert_eq!(p.gradients, 4 * n + 2 * n + 151_936 * 896 * 2);
     // KV cache per row: 1024 tokens × 24 layers × (k, v) × 2 KV heads × 64 × 2 bytes = 12 MiB.
     assert_eq!(p.kv_cache, p.kv_cache_rows * 1024 * 24 * 2 * 2 * 64 * 2);
     assert_eq!(1024 * 24 * 2 * 2 * 64 * 2, 12 << 20);

@@ -461,3 +461,35 @@ fn zero_1_an_error_every_rank_meets_is_saved_with_the_gathered_shards() {
     };
     assert_eq!(opt(&one).len(), opt(&dp).len());
 }
+
+/// A weight made NaN or infinite by an update under data parallel with ZeRO-1 (each rank updates
+/// its shard of the parameters, then every rank holds the whole model): every rank stops at the
+/// same step with the same short "diverged" error (none waits in a collective for another), and
+/// nothing is saved. Before, the ranks went on to sample with NaN weights.
+#[test]
+fn zero_1_a_diverged_update_stops_every_rank_with_the_same_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let dp = tmp.path().join("dp");
+    let mut s = sets_o(&model, &dp, 3, 0);
+    s.extend(["train.lr=1e45".to_string(), "distributed.zero=1".into()]);
+    let c = RawConfig::load(None, &s).unwrap().resolve().unwrap();
+    let r = ThreadComm::run(2, |comm| {
+        train_on(
+            &c,
+            &RunOptions::default(),
+            Job::over(SharedComm::new(Box::new(comm))),
+        )
+        .map_err(|e| format!("{e:#}"))
+    });
+    let errors: Vec<&String> = r.iter().map(|e| e.as_ref().unwrap_err()).collect();
+    for e in &errors {
+        assert!(
+            e.starts_with("the training diverged at step 1: its update made weight ")
+                && e.contains("no checkpoint was written yet"),
+            "{e}"
+        );
+    }
+    assert_eq!(errors[0], errors[1]);
+    assert!(!dp.join("checkpoints/step-1").exists());
+}

@@ -350,7 +350,10 @@ fn non_finite_steps_are_skipped_then_abort() {
 
 /// With an explorer thread (`sync.offset = 1`) a diverging run's huge weights reach the sampler
 /// before two non-finite steps can: its error says the training diverged and what to do, not
-/// only the sampler's advice about a checkpoint.
+/// only the sampler's advice about a checkpoint. The weights stay finite for three steps (weight
+/// decay's factor 1 − lr·λ = 1 − 10¹⁰ scales them by 10¹⁰ a step, past f32's range at step 4,
+/// where the trainer's weight check would stop the run), while the attention scores of the
+/// weights after step 1 already overflow.
 #[test]
 fn a_diverged_policy_that_the_explorer_samples_says_the_training_diverged() {
     let tmp = tempfile::tempdir().unwrap();
@@ -360,6 +363,7 @@ fn a_diverged_policy_that_the_explorer_samples_says_the_training_diverged() {
     sets.extend([
         "train.steps=8".to_string(),
         "train.lr=1e30".into(),
+        "train.weight_decay=1e-20".into(),
         "train.grad_clip=0".into(),
         "train.max_skipped_in_row=2".into(),
         "sync.offset=1".into(),
@@ -381,6 +385,50 @@ fn a_diverged_policy_that_the_explorer_samples_says_the_training_diverged() {
         )),
         "{err}"
     );
+}
+
+/// A finite loss and gradient whose update makes a weight NaN or infinite (a learning rate past
+/// f32's range, given on `--resume` after two sane steps) ends the run at that step with one
+/// short error: the training diverged, the step is not saved, the last checkpoint holds step 2's
+/// weights, and what to change. Before, the step completed with NaN weights, the next step's
+/// sampling failed on them, and the save after that error failed too ("saving its state failed
+/// too: weight … holds a non-finite value …").
+#[test]
+fn an_update_that_makes_a_weight_non_finite_stops_the_run_with_a_short_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(tmp.path(), 2);
+    let rd = tmp.path().join("run");
+    let mut sets = common::arithmetic_sets(&model, &rd);
+    sets.extend([
+        "train.steps=2".to_string(),
+        "train.save_every=1".into(),
+        "train.eval_every=0".into(),
+    ]);
+    let cfg = RawConfig::load(None, &sets).unwrap().resolve().unwrap();
+    train(&cfg, &RunOptions::default()).unwrap();
+    let over = ["train.steps=4".to_string(), "train.lr=1e45".into()];
+    let cfg = rlvr_train::config::ResolvedConfig::from_run_dir(&rd, &over).unwrap();
+    let resume = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let err = format!("{:#}", train(&cfg, &resume).unwrap_err());
+    let want = "the training diverged at step 3: its update made weight ";
+    assert!(err.starts_with(want), "{err}");
+    let tail = format!(
+        " NaN or infinite, so step 3 is not saved; the last checkpoint, {}, holds step 2's \
+         weights (`rlvr train --resume` continues from it). Lower train.lr or lower \
+         train.grad_clip (now 1)",
+        rd.join("checkpoints/step-2").display()
+    );
+    assert!(err.ends_with(&tail), "{err}");
+    assert!(err.len() < want.len() + tail.len() + 60, "{err}");
+    assert!(!rd.join("checkpoints/step-3").exists());
+    let steps: Vec<u64> = metrics(&rd)
+        .iter()
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2]);
 }
 
 /// One non-finite step with `train.max_skipped_in_row = 1` is said in the singular ("1 step in a

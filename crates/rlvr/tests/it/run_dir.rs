@@ -795,12 +795,16 @@ fn weights_that_turn_non_finite_are_never_checkpointed_and_latest_keeps_the_last
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
+    // The trainer's check after the update stops the run there (before, step 3 completed and
+    // logged, and its save then refused the weights with "holds a non-finite value").
     assert!(
-        err.contains("holds a non-finite value") && err.contains("checkpoints/latest still names"),
+        err.contains("the training diverged at step 3")
+            && err.contains("step 3 is not saved")
+            && err.contains("holds step 2's weights"),
         "{err}"
     );
-    // Step 3 ran (its metrics are logged) but nothing of it reached the disk as a checkpoint.
-    assert_eq!(steps(&run), [1, 2, 3]);
+    // Nothing of step 3 is logged or reached the disk as a checkpoint.
+    assert_eq!(steps(&run), [1, 2]);
     assert_eq!(latest(&run), "step-2");
     // No step-3 directory, not even a half-written temporary one.
     let mut names: Vec<String> = std::fs::read_dir(run.join("checkpoints"))

@@ -16,7 +16,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def with_details(data_source, solution_str, ground_truth, extra_info=None):
     """A dict as verl's math_dapo returns: score 1 or -1 times extra_info's `scale` (default 1),
-    `acc` and `pred`, and a key rlvr does not read."""
+    `acc` and `pred`, and one more number (`length`), which verl logs as reward_extra_info."""
     pred = last_number(solution_str)
     acc = pred == str(ground_truth)
     scale = (extra_info or {}).get("scale", 1)
@@ -49,3 +49,20 @@ def no_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def text_score(data_source, solution_str, ground_truth, extra_info=None):
     return "1.0"
+
+
+def with_kwargs(data_source, solution_str, ground_truth, extra_info=None, scale=1, **kw):
+    """verl's reward_kwargs: `scale` (a named parameter with a default) times 1.0, and in `pred`
+    every other keyword argument with its Python type name, as JSON."""
+    got = sorted([k, type(v).__name__, v] for k, v in kw.items())
+    return {"score": 1.0 * scale, "pred": json.dumps(got)}
+
+
+def changing_extras(data_source, solution_str, ground_truth, extra_info=None):
+    """Extra keys that differ between rows: `hits` on every row, `bonus` only on rows whose
+    completion holds "+", and values rlvr leaves out (text, a list, None, NaN, infinity)."""
+    out = {"score": 0.0, "hits": len(solution_str), "note": "text", "parts": [1, 2],
+           "none": None, "nan": float("nan"), "inf": float("inf")}
+    if "+" in solution_str:
+        out["bonus"] = 0.5
+    return out
