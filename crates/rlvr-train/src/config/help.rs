@@ -476,6 +476,7 @@ pub const ALIASES: &[Alias] = &[
         peer: "prime-rl",
         ours: "rollout.max_new_tokens",
         note: "the most tokens of one turn (env.max_episode_tokens bounds a whole episode)",
+    },
     Alias {
         name: "custom_reward_function.reward_kwargs",
         peer: "verl",
