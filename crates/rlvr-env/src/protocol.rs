@@ -151,6 +151,10 @@ pub struct StepReply {
     pub reward: Option<f64>,
     /// The episode ends here.
     pub done: bool,
+    /// The environment's own numbers for the episode (`"metrics"`, an addition to DESIGN.md
+    /// section 14), by name: read only on a reply with `done` (refused on any other, [`parse_step`]);
+    /// logged per step as `env/metrics/<name>/mean`, never part of the reward. Empty when none.
+    pub metrics: Metrics,
 }
 
 /// A `finish` reply for one episode.
@@ -158,7 +162,20 @@ pub struct StepReply {
 pub struct FinishReply {
     /// The episode's final reward, when given.
     pub reward: Option<f64>,
+    /// The environment's own numbers for the episode, as [`StepReply::metrics`].
+    pub metrics: Metrics,
 }
+
+/// An episode's metrics (`"metrics": {"name": number}` on its last reply): finite numbers by
+/// name, in name order.
+pub type Metrics = std::collections::BTreeMap<String, f64>;
+
+/// The most keys one reply's `metrics` may hold (a reply over it stops the run: what rlvr keeps
+/// and logs per episode stays bounded whatever the program writes).
+pub const MAX_METRICS: usize = 64;
+
+/// The most UTF-8 bytes of one metric's name.
+pub const MAX_METRIC_NAME_BYTES: usize = 128;
 
 /// One episode's outcome: its reply, or the environment's error for it (the episode is then
 /// unscorable).
@@ -396,6 +413,67 @@ fn reward_of(e: &Json, what: &str, id: &str) -> Result<Option<f64>, EnvError> {
     }
 }
 
+/// The `metrics` of an episode entry (absent or null: none): an object of at most
+/// [`MAX_METRICS`] keys, each a non-empty name of at most [`MAX_METRIC_NAME_BYTES`] bytes
+/// without control characters ([`check_metric_name`]), whose value is a finite number (a boolean is not one). Any other shape stops the run, as a bad `reward` does.
+fn metrics_of(e: &Json, what: &str, id: &str) -> Result<Metrics, EnvError> {
+    let bad = |why: String| {
+        EnvError::Protocol(format!(
+            "{what} reply for episode {id:?}: \"metrics\" {why}"
+        ))
+    };
+    let kv = match e.get("metrics") {
+        None | Some(Json::Null) => return Ok(Metrics::new()),
+        Some(Json::Object(kv)) => kv,
+        Some(other) => {
+            return Err(bad(format!(
+                "must be an object of numbers ({{\"name\": 0.5}}), not {}",
+                other.kind()
+            )))
+        }
+    };
+    if kv.len() > MAX_METRICS {
+        return Err(bad(format!(
+            "holds {} keys; at most {MAX_METRICS} are read",
+            kv.len()
+        )));
+    }
+    let mut out = Metrics::new();
+    for (k, v) in kv {
+        check_metric_name(k).map_err(|why| bad(format!("key {:?}: {why}", shown(k))))?;
+        // `as_f64` reads numbers only (a boolean is not one).
+        let x = v
+            .as_f64()
+            .filter(|x| x.is_finite())
+        .ok_or_else(|| {
+            bad(format!(
+                "{k:?} must be a finite number, not {}",
+                shown(&v.to_compact())
+            ))
+        })?;
+        // The JSON reader keeps one value per key (the last), so no name repeats here.
+        out.insert(k.clone(), x);
+    }
+    Ok(out)
+}
+
+/// Checks a metric's name: non-empty, at most [`MAX_METRIC_NAME_BYTES`] bytes, no control
+/// characters (it becomes part of a metrics.jsonl key, `env/metrics/<name>/mean`).
+fn check_metric_name(k: &str) -> Result<(), String> {
+    if k.is_empty() {
+        Err("a name must not be empty".into())
+    } else if k.len() > MAX_METRIC_NAME_BYTES {
+        Err(format!(
+            "a name of {} bytes; at most {MAX_METRIC_NAME_BYTES}",
+            k.len()
+        ))
+    } else if k.chars().any(char::is_control) {
+        Err("a name must not hold control characters".into())
+    } else {
+        Ok(())
+    }
+}
+
 fn messages_of(
     e: &Json,
     (key, allowed): (&str, &[&str]),
@@ -429,8 +507,8 @@ pub fn reply_keys(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Hello => &[],
         Kind::Reset => &["id", "error", "messages", "dialogue", "tools"],
-        Kind::Step => &["id", "error", "messages", "reward", "done"],
-        Kind::Finish => &["id", "error", "reward"],
+        Kind::Step => &["id", "error", "messages", "reward", "done", "metrics"],
+        Kind::Finish => &["id", "error", "reward", "metrics"],
     }
 }
 
@@ -607,7 +685,9 @@ pub fn parse_reset(e: &Json, id: &str) -> Result<ResetReply, EnvError> {
 ///
 /// # Errors
 /// [`EnvError::Protocol`]: messages that are not tool/user messages, a reward that is not a
-/// finite number, a `done` that is not a boolean.
+/// finite number, a `done` that is not a boolean, `metrics` that are not an object of finite
+/// numbers within [`MAX_METRICS`] and [`MAX_METRIC_NAME_BYTES`], or `metrics` on a reply without
+/// `done: true` (an episode's metrics come with its last reply: that `done` one, or `finish`'s).
 pub fn parse_step(e: &Json, id: &str) -> Result<StepReply, EnvError> {
     let messages = messages_of(e, ("messages", &["tool", "user"]), "step", id)?.unwrap_or_default();
     let done = match e.get("done") {
@@ -620,20 +700,31 @@ pub fn parse_step(e: &Json, id: &str) -> Result<StepReply, EnvError> {
             )))
         }
     };
+    let metrics = metrics_of(e, "step", id)?;
+    if !done && !metrics.is_empty() {
+        return Err(EnvError::Protocol(format!(
+            "step reply for episode {id:?} gives \"metrics\" without \"done\": true; an \
+             episode's metrics are read from its last reply only (the step reply with done, or \
+             the finish reply): send them there"
+        )));
+    }
     Ok(StepReply {
         messages,
         reward: reward_of(e, "step", id)?,
         done,
+        metrics,
     })
 }
 
 /// A `finish` reply of episode `id`.
 ///
 /// # Errors
-/// [`EnvError::Protocol`]: a reward that is not a finite number.
+/// [`EnvError::Protocol`]: a reward that is not a finite number, `metrics` as [`parse_step`]
+/// refuses them.
 pub fn parse_finish(e: &Json, id: &str) -> Result<FinishReply, EnvError> {
     Ok(FinishReply {
         reward: reward_of(e, "finish", id)?,
+        metrics: metrics_of(e, "finish", id)?,
     })
 }
 
@@ -753,6 +844,77 @@ mod tests {
         let e = check_hello(r#"{"version":2}"#).unwrap_err().to_string();
         assert!(e.contains("version 2"), "{e}");
         check_hello(r#"{"version":1}"#).unwrap();
+    }
+
+    /// `metrics` (an addition to section 14): finite numbers by name on a `done` step reply or a
+    /// `finish` reply, read in name order; refused (the run stops, as for a bad `reward`) when a
+    /// value is not a finite number, a name is empty or too long, there are too many keys, or
+    /// the step reply does not end the episode. Absent or null: none.
+    #[test]
+    fn metrics_are_read_from_an_episodes_last_reply_and_checked() {
+        let step = |s: &str| parse_step(&Json::parse(s).unwrap(), "3:1");
+        let r = step(r#"{"id":"3:1","done":true,"reward":1,"metrics":{"turns_used":2,"format":0.5,"exact":-1e-3}}"#)
+            .unwrap();
+        let got: Vec<(&str, f64)> = r.metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(got, [("exact", -1e-3), ("format", 0.5), ("turns_used", 2.0)]);
+        assert!(step(r#"{"id":"3:1","done":true,"metrics":null}"#)
+            .unwrap()
+            .metrics
+            .is_empty());
+        assert!(step(r#"{"id":"3:1","done":false}"#).unwrap().metrics.is_empty());
+        let f = parse_finish(
+            &Json::parse(r#"{"id":"3:1","reward":0,"metrics":{"gave_up":1}}"#).unwrap(),
+            "3:1",
+        )
+        .unwrap();
+        assert_eq!(f.metrics.get("gave_up"), Some(&1.0));
+        let err = |s: &str| step(s).unwrap_err().to_string();
+        let e = err(r#"{"id":"3:1","done":true,"metrics":{"ok":"yes"}}"#);
+        assert_eq!(
+            e,
+            "environment protocol: step reply for episode \"3:1\": \"metrics\" \
+             \"ok\" must be a finite number, not \"yes\""
+        );
+        let e = err(r#"{"id":"3:1","done":true,"metrics":{"ok":true}}"#);
+        assert!(e.contains("\"ok\" must be a finite number, not true"), "{e}");
+        let e = err(r#"{"id":"3:1","done":true,"metrics":[1,2]}"#);
+        assert!(e.contains("must be an object of numbers") && e.contains("array"), "{e}");
+        let e = err(r#"{"id":"3:1","done":true,"metrics":{"":1}}"#);
+        assert!(e.contains("must not be empty"), "{e}");
+        let long = "n".repeat(MAX_METRIC_NAME_BYTES + 1);
+        let e = err(&format!(r#"{{"id":"3:1","done":true,"metrics":{{"{long}":1}}}}"#));
+        assert!(e.contains("a name of 129 bytes; at most 128"), "{e}");
+        let many: Vec<String> = (0..=MAX_METRICS).map(|i| format!("\"m{i}\":{i}")).collect();
+        let e = err(&format!(
+            r#"{{"id":"3:1","done":true,"metrics":{{{}}}}}"#,
+            many.join(",")
+        ));
+        assert!(e.contains("holds 65 keys; at most 64"), "{e}");
+        // Exactly the bounds: accepted.
+        let most: Vec<String> = (0..MAX_METRICS).map(|i| format!("\"m{i}\":{i}")).collect();
+        let r = step(&format!(
+            r#"{{"id":"3:1","done":true,"metrics":{{{},"{}":1}}}}"#,
+            most[1..].join(","),
+            "n".repeat(MAX_METRIC_NAME_BYTES)
+        ))
+        .unwrap();
+        assert_eq!(r.metrics.len(), MAX_METRICS);
+        // On a reply that does not end the episode: refused, naming where they go.
+        let e = err(r#"{"id":"3:1","done":false,"messages":[],"metrics":{"a":1}}"#);
+        assert!(
+            e.contains("\"metrics\" without \"done\": true") && e.contains("finish reply"),
+            "{e}"
+        );
+        let e = parse_finish(
+            &Json::parse(r#"{"id":"3:1","metrics":{"x":null}}"#).unwrap(),
+            "3:1",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("finish reply for episode \"3:1\"") && e.contains("not null"), "{e}");
+        // Read, so never warned about as an unknown key.
+        let v = Json::parse(r#"{"id":"3:1","metrics":{}}"#).unwrap();
+        assert!(unread_keys(Kind::Step, &v).is_empty() && unread_keys(Kind::Finish, &v).is_empty());
     }
 
     #[test]

@@ -169,6 +169,7 @@ mod tests {
             messages: vec![Message::new("user", content)],
             reward,
             done,
+            metrics: Default::default(),
         }
     }
 

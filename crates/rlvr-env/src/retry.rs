@@ -1,13 +1,15 @@
 //! The built-in `retry` environment (`env.builtin = "retry"`): the task's verifier judges each
 //! assistant turn; a correct turn ends the episode with reward `turn_discount^(turn − 1)`, a
 //! wrong one gets a fixed user message asking to try again, and the episode ends with reward 0
-//! after `max_turns` wrong turns (docs/DESIGN.md section 14). It implements [`Environment`] like the
+//! after `max_turns` wrong turns (docs/DESIGN.md section 14). Its last reply carries the metric
+//! `solved` (1 for a correct turn, 0 otherwise; logged as `env/metrics/solved/mean`, the share
+//! of episodes solved within `max_turns`, which the reward hides under `turn_discount` < 1). It implements [`Environment`] like the
 //! process client, so callers cannot tell them apart; CI and demos need no Python.
 
 use crate::json::Json;
 use crate::protocol::{
-    EpisodeResult, FinishEpisode, FinishReply, Message, ResetEpisode, ResetReply, StepEpisode,
-    StepReply,
+    EpisodeResult, FinishEpisode, FinishReply, Message, Metrics, ResetEpisode, ResetReply,
+    StepEpisode, StepReply,
 };
 use crate::{EnvError, Environment};
 use std::collections::HashMap;
@@ -116,18 +118,21 @@ impl<V: TurnVerifier> Environment for RetryEnvironment<V> {
                         messages: Vec::new(),
                         reward: Some(self.turn_discount.powi(extra)),
                         done: true,
+                        metrics: solved(true),
                     }
                 } else if e.turn >= self.max_turns {
                     StepReply {
                         messages: Vec::new(),
                         reward: Some(0.0),
                         done: true,
+                        metrics: solved(false),
                     }
                 } else {
                     StepReply {
                         messages: vec![Message::new("user", self.message.clone())],
                         reward: None,
                         done: false,
+                        metrics: Metrics::new(),
                     }
                 };
                 if reply.done {
@@ -146,10 +151,18 @@ impl<V: TurnVerifier> Environment for RetryEnvironment<V> {
             .iter()
             .map(|e| {
                 self.rows.remove(&e.id);
-                Ok(FinishReply { reward: None })
+                Ok(FinishReply {
+                    reward: None,
+                    metrics: solved(false),
+                })
             })
             .collect())
     }
+}
+
+/// The `retry` environment's metrics for an episode's last reply: `solved` 1 or 0.
+fn solved(yes: bool) -> Metrics {
+    Metrics::from([("solved".to_string(), f64::from(u8::from(yes)))])
 }
 
 #[cfg(test)]
@@ -199,7 +212,8 @@ mod tests {
             Ok(StepReply {
                 messages: vec![],
                 reward: Some(1.0),
-                done: true
+                done: true,
+                metrics: solved(true),
             })
         );
         assert_eq!(
@@ -207,7 +221,8 @@ mod tests {
             Ok(StepReply {
                 messages: vec![Message::new("user", RETRY_MESSAGE)],
                 reward: None,
-                done: false
+                done: false,
+                metrics: Metrics::new(),
             })
         );
         assert_eq!(r[2], Err("cannot judge".to_string()));
@@ -221,6 +236,8 @@ mod tests {
             (r[0].as_ref().unwrap().reward, r[0].as_ref().unwrap().done),
             (Some(0.0), true)
         );
+        // Wrong at max_turns: not solved.
+        assert_eq!(r[0].as_ref().unwrap().metrics, solved(false));
         let r = env.step(&[turn("b", 1, "4")]).unwrap();
         assert!(r[0].as_ref().unwrap_err().contains("never reset"));
         // "c" failed at its turn 1 ("cannot judge"): it ended there.
@@ -275,7 +292,10 @@ mod tests {
                 fin("length", FinishReason::Length),
             ])
             .unwrap();
-        assert!(r.iter().all(|r| r == &Ok(FinishReply { reward: None })));
+        assert!(r.iter().all(|r| r == &Ok(FinishReply {
+            reward: None,
+            metrics: solved(false)
+        })));
         assert_eq!(env.live(), 0);
     }
 }
