@@ -379,7 +379,8 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// episodes (`items`) and what the environment did while they ran (`env`, summed over the
 /// evaluation's batches): `env/turns/{mean,min,max}`, `env/episode_len/mean`,
 /// `env/error_frac`, `env/finish/<end>`, `env/tool_calls`, `env/tool_call_errors`,
-/// `env/restarts`, `env/replayed`, `env/obs_truncated`, `env/closed` and per turn index k up to
+/// `env/restarts`, `env/replayed`, `env/obs_truncated`, `env/closed`, `env/metrics/<name>/mean`
+/// (over the episodes the environment did not fail that carry the metric) and per turn index k up to
 /// `max_turns`
 /// (`env.max_turns`) `env/turn_k/{reached,tokens/mean,reward/mean}`. Not `time/env_s` (a
 /// duration: the summary depends only on the model, the data, the seed and the environment).
@@ -407,8 +408,15 @@ pub fn episode_summary(
         .collect();
     let turns: Vec<f64> = eps.iter().map(|(_, e)| f64::from(e.turns)).collect();
     let lens: Vec<f64> = eps.iter().map(|(_, e)| e.completion_len() as f64).collect();
+    let metrics: Vec<&rlvr_env::protocol::Metrics> = eps
+        .iter()
+        .filter(|(_, e)| e.error.is_none())
+        .map(|(_, e)| &e.metrics)
+        .collect();
     let mut out = Vec::new();
-    for (k, v) in crate::run::report::env_metrics(&turn_eps, (&turns, &lens), env, max_turns) {
+    for (k, v) in
+        crate::run::report::env_metrics(&turn_eps, (&turns, &lens), env, &metrics, max_turns)
+    {
         // As metrics.jsonl writes it: a value that is not finite is null.
         out.push((k, serde_json::json!(v.filter(|x| x.is_finite()))));
     }
@@ -690,6 +698,7 @@ fn evaluate_episodes(
                     turn_rewards: e.turn_rewards,
                     finish: e.finish.to_string(),
                     error: e.error,
+                    metrics: e.metrics,
                     transcript: e
                         .transcript
                         .into_iter()

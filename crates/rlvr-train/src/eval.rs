@@ -154,6 +154,10 @@ pub struct EpisodeRecord {
     /// mask 1s) and each bridge (the environment's reply rendered, its mask 0s) in order, with
     /// its turn, first index and length in tokens (as `rlvr generate --env`'s `segments`).
     pub segments: Vec<crate::store::experience::Segment>,
+    /// The environment's own numbers for the episode (`"metrics"` on its last reply), by name;
+    /// absent when it gave none or failed the episode. Averaged into `env/metrics/<name>/mean`.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metrics: rlvr_env::protocol::Metrics,
 }
 
 impl EpisodeRecord {

@@ -270,6 +270,10 @@ pub struct EpisodeOut {
     pub version: u64,
     /// The transcript: (role, text) per assistant turn and environment message.
     pub transcript: Vec<(String, String)>,
+    /// The environment's metrics for the episode (`"metrics"` on its `done` step reply or its
+    /// `finish` reply; DESIGN.md section 14's additions); empty when it gave none or the episode
+    /// failed (an unscorable episode contributes nothing to `env/metrics/*`).
+    pub metrics: rlvr_env::protocol::Metrics,
 }
 
 /// An episode while it runs.
@@ -287,6 +291,7 @@ struct Live {
     error: Option<String>,
     version: u64,
     transcript: Vec<(String, String)>,
+    metrics: rlvr_env::protocol::Metrics,
 }
 
 impl Live {
@@ -597,6 +602,7 @@ impl EpisodeRunner {
                     error: None,
                     version: 0,
                     transcript: Vec::new(),
+                    metrics: Default::default(),
                 };
                 if let Err(e) = reply {
                     l.fail(format!("reset: {e}"));
@@ -712,6 +718,7 @@ impl EpisodeRunner {
                     error: e.error,
                     version: e.version,
                     transcript: e.transcript,
+                    metrics: if errored { Default::default() } else { e.metrics },
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -793,6 +800,9 @@ impl EpisodeRunner {
                     eps[i].transcript.push((m.role.clone(), m.content.clone()));
                 }
                 if r.done {
+                    // Its last reply: the only one whose metrics are read (parse_step refuses
+                    // them on any other).
+                    eps[i].metrics = r.metrics;
                     eps[i].end = Some("done");
                     continue;
                 }
@@ -866,6 +876,7 @@ impl EpisodeRunner {
                         if r.reward.is_some() {
                             eps[i].rewards.push(r.reward);
                         }
+                        eps[i].metrics = r.metrics;
                         eps[i].end = Some(reason.as_str());
                     }
                     Err(m) => eps[i].fail(format!("finish: {m}")),

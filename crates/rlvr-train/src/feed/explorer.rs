@@ -443,6 +443,7 @@ impl Explorer {
                     finish_reason: c.finish_reason.as_str().into(),
                     turns: None,
                     turn_rewards: None,
+                    metrics: Default::default(),
                 });
             }
             groups[c.prompt_index - first].push(e);
@@ -506,6 +507,7 @@ impl Explorer {
                 completion_mask: Some(ep.completion_mask),
                 turns: Some(ep.turns),
                 turn_rewards: ep.turn_rewards,
+                env_metrics: ep.metrics,
             };
             if rollouts.len() < self.settings.log_rollouts {
                 let completion = ep
@@ -530,6 +532,7 @@ impl Explorer {
                     finish_reason: ep.finish.into(),
                     turns: e.turns,
                     turn_rewards: Some(e.turn_rewards.clone()),
+                    metrics: e.env_metrics.clone(),
                 });
             }
             groups[ep.draw - first].push(e);

@@ -118,6 +118,7 @@ impl OfflineSource {
                     finish_reason: if e.truncated { "length" } else { "eos" }.into(),
                     turns: e.turns,
                     turn_rewards: e.turns.map(|_| e.turn_rewards.clone()),
+                    metrics: e.env_metrics.clone(),
                 });
             }
         }

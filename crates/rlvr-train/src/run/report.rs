@@ -132,7 +132,9 @@ fn set_extra_metrics(l: &mut MetricsLine, exps: &[Experience], lens: &[f64], rep
 /// `env/restarts` and `env/replayed` (restarts of the program and episodes replayed to a restarted
 /// one, `rlvr_env::replay`), `env/obs_truncated` (observations cut to fit,
 /// `env.observation_truncation`), `env/closed` (episodes sent `finish` with reason `error` so that
-/// the program frees them: rlvr failed them after it answered, or their replay differed) and
+/// the program frees them: rlvr failed them after it answered, or their replay differed),
+/// `env/metrics/<name>/mean` (each metric the environment reported on an episode's last reply,
+/// averaged over the scorable episodes trained on that carry it) and
 /// `time/env_s`; and per turn index up to `max_turns`
 /// (`env.max_turns`), `env/turn_k/reached`, `env/turn_k/tokens/mean` and
 /// `env/turn_k/reward/mean` ([`crate::feed::turns`]).
@@ -161,7 +163,12 @@ pub fn set_env_metrics(
         .filter(|e| e.turns.is_some())
         .map(|e| e.completion_ids.len() as f64)
         .collect();
-    for (k, v) in env_metrics(&eps, (&turns, &lens), env, max_turns) {
+    let metrics: Vec<&rlvr_env::protocol::Metrics> = exps
+        .iter()
+        .filter(|e| e.reward.is_some())
+        .map(|e| &e.env_metrics)
+        .collect();
+    for (k, v) in env_metrics(&eps, (&turns, &lens), env, &metrics, max_turns) {
         l.set(k, v);
     }
     l.set("time/env_s", Some(env.env_s));
@@ -171,12 +178,16 @@ pub fn set_env_metrics(
 /// line and `rlvr eval --env`'s summary share (one computation, so the two read the same
 /// quantities). `eps`: the episodes' masks, turns and rewards for `env/turn_k/*`
 /// ([`crate::feed::turns`]); `turns` and `lens`: each episode's assistant turns and completion
-/// tokens (bridges included); `env`: what the environment did in the batch. Every key but
-/// `time/env_s` (a duration, the caller's).
+/// tokens (bridges included); `env`: what the environment did in the batch; `metrics`: the
+/// metrics of each scorable episode, in the batch's order (empty maps for those that gave none),
+/// each name's `env/metrics/<name>/mean` the mean over the episodes that carry it (summed in
+/// that order, so the value depends only on the batch), names in order, after the other keys.
+/// Every key but `time/env_s` (a duration, the caller's).
 pub fn env_metrics(
     eps: &[crate::feed::turns::EpisodeTurns<'_>],
     (turns, lens): (&[f64], &[f64]),
     env: &crate::feed::episodes::EnvStats,
+    metrics: &[&rlvr_env::protocol::Metrics],
     max_turns: u32,
 ) -> Vec<(String, Option<f64>)> {
     let mut out: Vec<(String, Option<f64>)> = Vec::new();
@@ -211,6 +222,17 @@ pub fn env_metrics(
     out.push(("env/replayed".into(), Some(env.replayed as f64)));
     out.push(("env/obs_truncated".into(), Some(env.obs_truncated as f64)));
     out.push(("env/closed".into(), Some(env.closed as f64)));
+    let mut sums: std::collections::BTreeMap<&str, (f64, u64)> = Default::default();
+    for m in metrics {
+        for (name, x) in m.iter() {
+            let s = sums.entry(name.as_str()).or_default();
+            s.0 += x;
+            s.1 += 1;
+        }
+    }
+    for (name, (sum, n)) in sums {
+        out.push((format!("env/metrics/{name}/mean"), Some(sum / n as f64)));
+    }
     out
 }
 

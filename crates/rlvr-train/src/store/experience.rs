@@ -46,6 +46,11 @@ pub struct Experience {
     /// a reply gave none; empty for a single-turn row.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turn_rewards: Vec<Option<f64>>,
+    /// The environment's own numbers for a multi-turn episode (`"metrics"` on its last reply,
+    /// [`rlvr_env::protocol::Metrics`]), by name; logged as `env/metrics/<name>/mean`, never part
+    /// of the reward. Empty for a single-turn row and for an episode the environment failed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub env_metrics: std::collections::BTreeMap<String, f64>,
 }
 
 /// One part of an experience's reward: a reward component, or the format term.
@@ -302,6 +307,7 @@ pub fn parse_line(text: &str, file: &Path, line: usize) -> Result<Experience, Ex
         completion_mask,
         turns: None,
         turn_rewards: Vec::new(),
+        env_metrics: Default::default(),
     })
 }
 

@@ -28,4 +28,8 @@ pub struct RolloutRecord {
     /// it gave none), then `finish`'s when it gave one; absent for a single-turn completion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_rewards: Option<Vec<Option<f64>>>,
+    /// The environment's own numbers for the episode (`"metrics"` on its last reply), by name;
+    /// absent when it gave none, for a failed episode and for a single-turn completion.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metrics: std::collections::BTreeMap<String, f64>,
 }

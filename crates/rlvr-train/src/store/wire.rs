@@ -7,8 +7,10 @@
 //! and behaviour log-probs (each a count then `u32`s, log-probs as f32 bits), the reward (`u8`
 //! tag, f64 bits), `correct` (`u8`: 0 none, 1 false, 2 true), the group id, the version (`u8`
 //! tag, `u64`), `truncated` (`u8`) and its reward parts (count, then name, raw and weighted as
-//! f64 bits, and its extra numbers: count, then name and f64 bits each); a [`RolloutRecord`] its group id, prompt, completion, reward, correct, version and
-//! finish reason; a [`RowMeta`] its reward, completion tokens (`u64`), `truncated` and group id.
+//! f64 bits, and its extra numbers: count, then name and f64 bits each), its mask, turns, turn
+//! rewards and environment metrics (count, then name and f64 bits each); a [`RolloutRecord`] its
+//! group id, prompt, completion, reward, correct, version, finish reason, turns, turn rewards and
+//! metrics; a [`RowMeta`] its reward, completion tokens (`u64`), `truncated` and group id.
 //!
 //! Reading a peer's message never trusts it: every count is checked against the bytes left
 //! before anything is allocated, a bad tag or bad UTF-8 is an error, and leftover bytes are an
@@ -249,6 +251,27 @@ impl Reader<'_> {
     }
 }
 
+/// Named numbers (an episode's metrics): the count, then name and f64 bits each.
+fn put_numbers(w: &mut Writer, m: &std::collections::BTreeMap<String, f64>) {
+    w.len(m.len());
+    for (k, x) in m {
+        w.str(k);
+        w.f64(*x);
+    }
+}
+
+/// Reads what [`put_numbers`] wrote.
+fn get_numbers(r: &mut Reader) -> anyhow::Result<std::collections::BTreeMap<String, f64>> {
+    // A number is at least a name's length and an f64.
+    let n = r.len(16)?;
+    let mut m = std::collections::BTreeMap::new();
+    for _ in 0..n {
+        let k = r.str()?;
+        m.insert(k, r.f64()?);
+    }
+    Ok(m)
+}
+
 impl Wire for Experience {
     fn put(&self, w: &mut Writer) {
         w.u32s(self.prompt_ids.iter().copied());
@@ -279,6 +302,7 @@ impl Wire for Experience {
         for r in &self.turn_rewards {
             w.opt_f64(*r);
         }
+        put_numbers(w, &self.env_metrics);
     }
 
     fn get(r: &mut Reader) -> anyhow::Result<Self> {
@@ -328,6 +352,7 @@ impl Wire for Experience {
         for _ in 0..n {
             turn_rewards.push(r.opt_f64()?);
         }
+        let env_metrics = get_numbers(r)?;
         Ok(Experience {
             prompt_ids,
             completion_ids,
@@ -341,6 +366,7 @@ impl Wire for Experience {
             completion_mask,
             turns,
             turn_rewards,
+            env_metrics,
         })
     }
 }
@@ -362,6 +388,7 @@ impl Wire for RolloutRecord {
                 w.opt_f64(*r);
             }
         }
+        put_numbers(w, &self.metrics);
     }
 
     fn get(r: &mut Reader) -> anyhow::Result<Self> {
@@ -380,6 +407,7 @@ impl Wire for RolloutRecord {
         } else {
             None
         };
+        let metrics = get_numbers(r)?;
         Ok(RolloutRecord {
             group_id,
             prompt,
@@ -390,6 +418,7 @@ impl Wire for RolloutRecord {
             finish_reason,
             turns,
             turn_rewards,
+            metrics,
         })
     }
 }

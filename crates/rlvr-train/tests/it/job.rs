@@ -58,6 +58,8 @@ fn odd_row(g: &str, i: u32) -> Experience {
             Some(-0.0),
             Some(f64::from_bits(0x7ff8_0000_0000_0001)),
         ],
+        // An episode's environment metrics cross with it.
+        env_metrics: [("solved".to_string(), -0.0), ("ü".into(), f64::from(i) / 7.0)].into(),
     }
 }
 
@@ -79,7 +81,7 @@ fn empty_row() -> Experience {
 /// Every float of a row as its bits, and the rest as is: equal bits mean the same row.
 fn bits(e: &Experience) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {} {:?} {:?} {:?} {:?} {:?}",
         e.prompt_ids,
         e.completion_ids,
         e.behaviour_logprobs
@@ -108,6 +110,10 @@ fn bits(e: &Experience) -> String {
             .iter()
             .map(|r| r.map(f64::to_bits))
             .collect::<Vec<_>>(),
+        e.env_metrics
+            .iter()
+            .map(|(k, x)| (k, x.to_bits()))
+            .collect::<Vec<_>>(),
     )
 }
 
@@ -122,6 +128,7 @@ fn record(g: &str) -> RolloutRecord {
         finish_reason: "length".into(),
         turns: None,
         turn_rewards: None,
+        metrics: Default::default(),
     }
 }
 
@@ -170,11 +177,14 @@ fn rows_cross_the_wire_bit_for_bit() {
     let mut ep = record("e");
     ep.turns = Some(3);
     ep.turn_rewards = Some(vec![Some(-0.1), None, Some(1.0)]);
+    ep.metrics = [("turns_used".to_string(), 2.5), ("ok".into(), -0.0)].into();
     let (_, r3) = wire::decode_round(&wire::encode_round(&[], &[ep.clone(), record("s")])).unwrap();
     assert_eq!(
-        (r3[0].turns, &r3[0].turn_rewards),
-        (ep.turns, &ep.turn_rewards)
+        (r3[0].turns, &r3[0].turn_rewards, &r3[0].metrics),
+        (ep.turns, &ep.turn_rewards, &ep.metrics)
     );
+    assert_eq!(r3[0].metrics["ok"].to_bits(), (-0.0f64).to_bits());
+    assert!(r3[1].metrics.is_empty());
     assert_eq!((r3[1].turns, &r3[1].turn_rewards), (None, &None));
     // Row metadata.
     let metas: Vec<RowMeta> = rows.iter().map(RowMeta::of).collect();
