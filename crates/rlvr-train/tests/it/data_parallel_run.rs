@@ -511,11 +511,15 @@ for line in sys.stdin:
         eps = []
         for e in req["episodes"]:
             ok = e["text"].strip() == refs[e["id"]]
-            eps.append({"id": e["id"], "reward": 1.0 if ok else 0.0, "done": ok,
-                        "messages": [] if ok else [{"role": "user", "content": "again"}]})
+            r = {"id": e["id"], "reward": 1.0 if ok else 0.0, "done": ok,
+                 "messages": [] if ok else [{"role": "user", "content": "again"}]}
+            if ok:
+                r["metrics"] = {"chars": len(e["text"]) / 3, "turn": e["turn"]}
+            eps.append(r)
         out = {"episodes": eps}
     else:
-        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+        out = {"episodes": [{"id": e["id"], "metrics": {"gave_up": 1, "sample": int(e["id"].split(":")[1]) / 7}}
+                            for e in req["episodes"]]}
     print(json.dumps(out), flush=True)
 "#;
 
@@ -560,6 +564,52 @@ fn env_metrics_are_the_whole_batchs_at_two_ranks() {
         .collect();
     // Draws 0..5, 5..10, 10..15: groups 0 and 3, 6 and 9, 12 of 5 failed.
     assert_eq!(fracs, [0.4, 0.4, 0.2], "{fracs:?}");
+    // The environment's metrics (env/metrics/<name>/mean, over the episodes that carry each
+    // name: `done` ones carry chars and turn, finished ones gave_up and sample) are the whole
+    // batch's, bit for bit, at 2 and 3 ranks: the episodes' rows cross the ranks with them and
+    // every rank averages the gathered batch in its order.
+    let metrics = |run: &Path| -> Vec<Vec<(String, f64)>> {
+        lines(run, "metrics.jsonl")
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .filter(|(k, _)| k.starts_with("env/metrics/"))
+                    .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+                    .collect()
+            })
+            .collect()
+    };
+    let want = metrics(&one);
+    let names: std::collections::BTreeSet<&str> =
+        want.iter().flatten().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        [
+            "env/metrics/chars/mean",
+            "env/metrics/gave_up/mean",
+            "env/metrics/sample/mean",
+            "env/metrics/turn/mean"
+        ],
+        "{want:?}"
+    );
+    for w in [2, 3] {
+        let dp = tmp.path().join(format!("metrics-w{w}"));
+        // At 3 ranks one rank's share of step 2 is the failed group 9 alone, above
+        // env.max_error_frac, which each rank checks on its share: allow it (the value does not
+        // enter any metric).
+        let mut ex: Vec<&str> = extra.to_vec();
+        ex.retain(|s| !s.starts_with("env.max_error_frac"));
+        ex.push("env.max_error_frac=1.0");
+        run(&sets(&model, &dp, &ex), w, false);
+        let got = metrics(&dp);
+        assert_eq!(got.len(), want.len());
+        for (a, b) in want.iter().zip(&got) {
+            let bits = |v: &[(String, f64)]| -> Vec<(String, u64)> {
+                v.iter().map(|(k, x)| (k.clone(), x.to_bits())).collect()
+            };
+            assert_eq!(bits(a), bits(b), "{w} ranks");
+        }
+    }
     // An explorer thread (sync.offset = 1) saving every step: the env counts of a batch are the
     // whole batch's once, whether gathered by a step or by a checkpoint for its buffer.
     let o1: Vec<&str> = extra

@@ -1019,3 +1019,117 @@ fn group_seeds_are_splitmix64_outputs_and_never_zero_at_the_start() {
         }
     }
 }
+
+/// An environment whose episodes report metrics with different key sets (DESIGN.md section 14's
+/// additions, "Metrics"): a turn of even length ends the episode (`done`, reward 1) with
+/// `chars`, `even` and `turn`; an odd one gets "odd" back; `finish` reports `cut` and
+/// `reason_<reason>`; the groups whose draw is 3 mod 4 fail at `reset` (no metrics).
+const METRICS_ENV: &str = r#"
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        out = {"episodes": [{"id": e["id"], "error": "no game"} if int(e["group"]) % 4 == 3
+                            else {"id": e["id"], "messages": None} for e in req["episodes"]]}
+    elif t == "step":
+        eps = []
+        for e in req["episodes"]:
+            n = len(e["text"])
+            if n % 2 == 0:
+                eps.append({"id": e["id"], "done": True, "reward": 1.0, "messages": [],
+                            "metrics": {"chars": n, "even": 1, "turn": e["turn"]}})
+            else:
+                eps.append({"id": e["id"], "done": False, "reward": 0.0,
+                            "messages": [{"role": "user", "content": "odd"}]})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"], "metrics": {"cut": 1, "reason_" + e["reason"]: 1.5}}
+                            for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+#[test]
+fn env_metrics_are_the_means_over_the_episodes_that_carry_them() {
+    // A training run: each step's `env/metrics/<name>/mean` equals the mean, computed here by
+    // hand from rollouts.jsonl (every episode logged), over the scorable episodes that carry the
+    // name; failed episodes carry none; each line's metrics are its episode's last reply's.
+    let f = fixture();
+    let script = f.run.parent().unwrap().join("metrics_env.py");
+    std::fs::write(&script, METRICS_ENV).unwrap();
+    let cmd = format!("env.command=[\"python3\", \"{}\"]", script.display());
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            &cmd,
+            "train.steps=2",
+            "env.max_turns=2",
+            "env.max_episode_tokens=40",
+            "env.max_error_frac=0.9",
+            "data.prompts_per_step=8",
+            "train.log_rollouts=64",
+        ],
+    );
+    rlvr_train::run::train(&cfg, &rlvr_train::run::RunOptions::default()).unwrap();
+    let m = rlvr_train::store::metrics::read_metrics(&f.run.join("metrics.jsonl")).unwrap();
+    let text = std::fs::read_to_string(f.run.join("rollouts.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(m.len(), 2);
+    assert_eq!(rows.len(), 2 * 64);
+    let mut seen: std::collections::BTreeSet<String> = Default::default();
+    for line in &m {
+        let step = line["step"].as_u64().unwrap();
+        let eps: Vec<&serde_json::Value> = rows.iter().filter(|r| r["step"] == step).collect();
+        assert_eq!(eps.len(), 64);
+        let mut want: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+        for r in &eps {
+            let metrics = r.get("metrics").and_then(|v| v.as_object());
+            match r["finish_reason"].as_str().unwrap() {
+                "error" => assert!(metrics.is_none(), "{r}"),
+                "done" => {
+                    let m = metrics.unwrap();
+                    let chars = m["chars"].as_f64().unwrap();
+                    assert_eq!(chars % 2.0, 0.0);
+                    assert_eq!((m["even"].as_f64(), m.len()), (Some(1.0), 3), "{r}");
+                    assert_eq!(m["turn"].as_f64(), r["turns"].as_f64(), "{r}");
+                }
+                reason => {
+                    let m = metrics.unwrap();
+                    assert_eq!(m["cut"].as_f64(), Some(1.0), "{r}");
+                    assert_eq!(m[&format!("reason_{reason}")].as_f64(), Some(1.5), "{r}");
+                    assert_eq!(m.len(), 2, "{r}");
+                }
+            }
+            for (k, v) in metrics.into_iter().flatten() {
+                let s = want.entry(k.clone()).or_default();
+                s.0 += v.as_f64().unwrap();
+                s.1 += 1;
+            }
+        }
+        let got: Vec<&String> = line
+            .keys()
+            .filter(|k| k.starts_with("env/metrics/"))
+            .collect();
+        assert_eq!(got.len(), want.len(), "{line:?}");
+        for (k, (sum, n)) in &want {
+            let key = format!("env/metrics/{k}/mean");
+            let v = line[&key].as_f64().unwrap();
+            assert!((v - sum / *n as f64).abs() < 1e-12, "{key}: {v} vs {sum}/{n}");
+            seen.insert(k.clone());
+        }
+        // The failed groups (draws 3 mod 4) are there, and counted out of every mean.
+        assert!(line["env/error_frac"].as_f64().unwrap() > 0.0, "{line:?}");
+    }
+    // What the test covered: episodes that ended by `done` and by rlvr's `finish`, so the key
+    // sets differ between episodes of a step.
+    assert!(
+        seen.contains("even") && seen.contains("cut") && seen.contains("reason_max_turns"),
+        "{seen:?}"
+    );
+}
