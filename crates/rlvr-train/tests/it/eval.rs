@@ -409,7 +409,8 @@ fn eval_env_items_show_the_prompt_the_environment_replaced() {
 /// the first `step` request kills the program (once: `marker`), so the restarted one needs the
 /// live episodes replayed (an episode it has no record of gets an error); turn 1's reply is 60
 /// digits (cut to fit by `env.observation_truncation`) with reward 0.25, turn 2's ends the
-/// episode with reward 1; `finish` rewards 0.5.
+/// episode with reward 1 and the metrics `turn` and `sample` (the episode's index in its group);
+/// `finish` rewards 0.5 with the metrics `finished` and `sample`.
 const COUNTING_ENV: &str = r#"
 import json, os, sys
 marker = sys.argv[1]
@@ -431,12 +432,17 @@ for line in sys.stdin:
             if e["id"] not in state:
                 eps.append({"id": e["id"], "error": "unknown episode"}); continue
             done = e["turn"] >= 2
-            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "0123456789" * 6}],
-                        "reward": 1.0 if done else 0.25, "done": done})
+            r = {"id": e["id"], "messages": [{"role": "user", "content": "0123456789" * 6}],
+                 "reward": 1.0 if done else 0.25, "done": done}
+            if done:
+                r["metrics"] = {"turn": e["turn"], "sample": int(e["id"].split(":")[1])}
+            eps.append(r)
         out = {"episodes": eps}
     else:
         out = {"episodes": [{"id": e["id"], "reward": 0.5 if state.pop(e["id"], None) is not None
-                             else "unknown"} for e in req["episodes"]]}
+                             else "unknown",
+                             "metrics": {"finished": 1, "sample": int(e["id"].split(":")[1])}}
+                            for e in req["episodes"]]}
     print(json.dumps(out), flush=True)
 "#;
 
@@ -446,7 +452,9 @@ for line in sys.stdin:
 /// reward/mean}`, and each item carries its turn structure (`segments`). Checked against values
 /// worked out from the items and the environment's script: one restart, every one of the 160
 /// episodes replayed once (each was live at the death: stepped or finished after it), one cut
-/// observation per episode that reached turn 2.
+/// observation per episode that reached turn 2; each item's metrics are its last reply's, and
+/// `env/metrics/<name>/mean` their means over the items carrying each name (the restart's
+/// replay counts nothing twice).
 #[test]
 fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
     let tmp = tempfile::tempdir().unwrap();
@@ -493,6 +501,7 @@ fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
     };
     // Each item's turn structure: turn 1, its cut bridge (30 tokens), turn 2.
     let (mut reached_2, mut done, mut len) = (0usize, 0usize, 0usize);
+    let mut samples_sum = 0.0;
     let mut tokens = [0usize; 2];
     for it in &items {
         let ep = &it["episode"];
@@ -543,6 +552,15 @@ fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
             _ => panic!("{ep}"),
         }
         assert_eq!(it["reward"].as_f64().unwrap(), rewards.iter().sum::<f64>());
+        // The episode's metrics, from its last reply: done's, or finish's.
+        let m = ep["metrics"].as_object().unwrap();
+        let sample = it["sample_index"].as_f64().unwrap();
+        assert_eq!(m["sample"].as_f64(), Some(sample), "{ep}");
+        match ep["finish"].as_str().unwrap() {
+            "done" => assert_eq!((m["turn"].as_f64(), m.len()), (Some(2.0), 2), "{ep}"),
+            _ => assert_eq!((m["finished"].as_f64(), m.len()), (Some(1.0), 2), "{ep}"),
+        }
+        samples_sum += sample;
     }
     assert!(
         reached_2 > 0 && reached_2 < 160 && done > 0,
@@ -573,6 +591,13 @@ fn eval_env_reports_trainings_env_metrics_and_each_episodes_turns() {
         "env/turn_2/reward/mean",
         (done as f64 + 0.5 * (n2 - done as f64)) / n2,
     );
+    // Every episode carries `sample` (its index, 0..16 in each of the 10 groups: mean 7.5),
+    // `done` ones `turn`, finished ones `finished`.
+    assert_eq!(samples_sum, 10.0 * (0..16).sum::<i32>() as f64);
+    close("env/metrics/sample/mean", samples_sum / 160.0);
+    close("env/metrics/sample/mean", 7.5);
+    assert_eq!(f("env/metrics/turn/mean"), 2.0);
+    assert_eq!(f("env/metrics/finished/mean"), 1.0);
     // Keys for env.max_turns = 2 only, and no duration.
     assert!(v.get("env/turn_3/reached").is_none(), "{v}");
     assert!(v.get("time/env_s").is_none(), "{v}");
