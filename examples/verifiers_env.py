@@ -40,8 +40,12 @@ pauses and rlvr samples the turn. So
 
 The reward is the environment's rubric's (`env.rubric.score_rollout(state)`: the weighted sum of
 its reward functions, metrics weight 0), then `env.rubric.cleanup(state)`, as verifiers'
-`run_rollout` scores a rollout. The protocol has no place for per-function scores, so each scored
-episode writes one line to stderr (the run's `env.stderr`):
+`run_rollout` scores a rollout. Each reward function's score (`state["metrics"]`, weight-0
+metrics included) and the weighted reward (as `reward`, unless a function has that name) go with
+the episode's last reply as its `metrics` (rlvr logs `env/metrics/<name>/mean` per step, as
+prime-rl logs each function): finite numbers only (a boolean as 1 or 0; anything else, a name of
+more than 128 bytes, and names past the first 64 in name order are left out, said on stderr).
+Each scored episode also writes one line to stderr (the run's `env.stderr`):
 `[verifiers] episode ID reward R metrics {"name": value, ...}`.
 
 Errors become episode errors (the episode is unscorable) naming the environment and the function:
@@ -73,11 +77,13 @@ replays identically after a restart.
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import sys
 import time
 import traceback
+import unicodedata
 
 PROTOCOL = 1
 SUPPORTED = "0.3.1"
@@ -147,6 +153,36 @@ def text_of(content, what):
 
 def get(m, key):
     return m.get(key) if isinstance(m, dict) else getattr(m, key, None)
+
+
+# rlvr's bounds on one reply's metrics (crates/rlvr-env/src/protocol.rs: MAX_METRICS,
+# MAX_METRIC_NAME_BYTES): a reply over them would stop the run.
+MAX_METRICS = 64
+MAX_METRIC_NAME_BYTES = 128
+
+
+def wire_metrics(eid, metrics, reward):
+    """The episode's `metrics` for rlvr: each finite numeric score by name (a boolean as 1 or 0),
+    then the weighted reward as `reward` unless a function has that name; what rlvr would refuse
+    (another value, a name empty, too long or with control characters, past the first
+    MAX_METRICS names in name order) is left out and said on stderr."""
+    out, left = {}, []
+    for k, v in metrics.items():
+        if isinstance(v, bool):
+            v = float(v)
+        ok_name = (isinstance(k, str) and 0 < len(k.encode()) <= MAX_METRIC_NAME_BYTES
+                   and not any(unicodedata.category(c) == "Cc" for c in k))
+        if ok_name and isinstance(v, (int, float)) and math.isfinite(v):
+            out[k] = v
+        else:
+            left.append(k)
+    out.setdefault("reward", reward)
+    names = sorted(out)
+    left += names[MAX_METRICS:]
+    if left:
+        log(f"[verifiers] episode {eid}: metrics left out (not a finite number, a bad name, or "
+            f"past the first {MAX_METRICS}): {sorted(map(str, left))}")
+    return {k: out[k] for k in names[:MAX_METRICS]}
 
 
 def wire_message(m, what):
@@ -394,7 +430,7 @@ class Adapter:
         metrics = {k: v for k, v in (state.get("metrics") or {}).items()}
         log(f"[verifiers] episode {ep.id} reward {float(reward)!r} metrics "
             f"{json.dumps(metrics, sort_keys=True, default=str)}")
-        return float(reward)
+        return float(reward), wire_metrics(ep.id, metrics, float(reward))
 
     async def reset_one(self, req):
         eid = req["id"]
@@ -470,10 +506,10 @@ class Adapter:
             return {"id": eid, "messages": msgs, "done": False}
         state = ev[1]
         self.episodes.pop(eid, None)
-        reward = await self.score(ep, state)
+        reward, metrics = await self.score(ep, state)
         final = state.get("final_env_response") or []
         msgs = [wire_message(m, f"final_env_response message {i}") for i, m in enumerate(final)]
-        return {"id": eid, "messages": msgs, "reward": reward, "done": True}
+        return {"id": eid, "messages": msgs, "reward": reward, "done": True, "metrics": metrics}
 
     async def finish_one(self, req):
         eid = req["id"]
@@ -492,7 +528,8 @@ class Adapter:
         if ev[0] == "ask":
             raise EpisodeError(f"{self.name()}: the rollout asked for another turn after rlvr "
                                "ended it")
-        return {"id": eid, "reward": await self.score(ep, ev[1])}
+        reward, metrics = await self.score(ep, ev[1])
+        return {"id": eid, "reward": reward, "metrics": metrics}
 
     async def drop(self, eid):
         """Forgets a failed episode and cancels its rollout (it gets no `finish`)."""

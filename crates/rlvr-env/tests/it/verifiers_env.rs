@@ -129,6 +129,25 @@ fn a_verifiers_multi_turn_environment_runs_unchanged_and_its_rubric_scores_the_e
     assert_eq!(s.reward, None);
     let s = out[1].as_ref().unwrap();
     assert_eq!((s.done, s.reward, s.messages.len()), (true, Some(1.5), 0));
+    // Each reward function's score (the rubric's two and MultiTurnEnv's num_turns metric) and
+    // the weighted reward, as the episode's metrics.
+    let metrics = |m: &rlvr_env::protocol::Metrics| -> Vec<(String, f64)> {
+        m.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    };
+    let want = |v: [(&str, f64); 4]| -> Vec<(String, f64)> {
+        v.iter().map(|(k, x)| (k.to_string(), *x)).collect()
+    };
+    assert_eq!(
+        metrics(&s.metrics),
+        want([
+            ("correct", 1.0),
+            ("num_turns", 1.0),
+            ("quick", 1.0),
+            ("reward", 1.5)
+        ])
+    );
+    // A reply that does not end the episode carries none.
+    assert!(out[0].as_ref().unwrap().metrics.is_empty());
     let s = out[2].as_ref().unwrap();
     assert_eq!((s.done, s.reward), (true, Some(1.5)));
     assert_eq!(
@@ -140,6 +159,15 @@ fn a_verifiers_multi_turn_environment_runs_unchanged_and_its_rubric_scores_the_e
     let out = env.step(&[step("0:0", 2, "Then 7.")]).unwrap();
     let s = out[0].as_ref().unwrap();
     assert_eq!((s.done, s.reward), (true, Some(1.25)));
+    assert_eq!(
+        metrics(&s.metrics),
+        want([
+            ("correct", 1.0),
+            ("num_turns", 2.0),
+            ("quick", 0.5),
+            ("reward", 1.25)
+        ])
+    );
 
     // rlvr ends 2:0 (max_turns): the rollout ends as one whose context ran out, scored:
     // correct 0 + 0.5 x quick 1; 3:0 is closed unscored.
@@ -156,9 +184,17 @@ fn a_verifiers_multi_turn_environment_runs_unchanged_and_its_rubric_scores_the_e
         ])
         .unwrap();
     assert_eq!(fin[0].as_ref().unwrap().reward, Some(0.5));
+    assert_eq!(
+        metrics(&fin[0].as_ref().unwrap().metrics),
+        want([
+            ("correct", 0.0),
+            ("num_turns", 1.0),
+            ("quick", 1.0),
+            ("reward", 0.5)
+        ])
+    );
     drop(env);
-    // Each reward function's score, in the environment's log (the protocol has no place for
-    // them): the rubric's two and MultiTurnEnv's num_turns metric.
+    // The same scores in the environment's log too.
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains(
