@@ -88,16 +88,19 @@ def guess():
     check("step: a wrong guess gets a user turn", s["0:0"],
           {"id": "0:0", "messages": [{"role": "user", "content": "Higher."}], "done": False})
     check("step: right at turn 1 (correct 1 + 0.5 x quick 1)", s["0:1"],
-          {"id": "0:1", "messages": [], "reward": 1.5, "done": True})
+          {"id": "0:1", "messages": [], "reward": 1.5, "done": True,
+           "metrics": {"correct": 1.0, "num_turns": 1.0, "quick": 1.0, "reward": 1.5}})
     check("step: rlvr's row, right at turn 1", s["1:0"]["reward"], 1.5)
     check("step: too high", s["2:0"]["messages"], [{"role": "user", "content": "Lower."}])
     s = env.batch("step", [step("0:0", 2, "Then 7.")])
     check("step: right at turn 2 (correct 1 + 0.5 x quick 1/2)", s["0:0"],
-          {"id": "0:0", "messages": [], "reward": 1.25, "done": True})
+          {"id": "0:0", "messages": [], "reward": 1.25, "done": True,
+           "metrics": {"correct": 1.0, "num_turns": 2.0, "quick": 0.5, "reward": 1.25}})
     f = env.batch("finish", [{"id": "2:0", "reason": "max_turns"},
                              {"id": "3:0", "reason": "error"}])
     check("finish max_turns: scored (correct 0 + 0.5 x quick 1)", f["2:0"],
-          {"id": "2:0", "reward": 0.5})
+          {"id": "2:0", "reward": 0.5,
+           "metrics": {"correct": 0.0, "num_turns": 1.0, "quick": 1.0, "reward": 0.5}})
     check("finish error: closed unscored", f["3:0"], {"id": "3:0"})
     err = env.close()
     lines = [l for l in err.splitlines() if l.startswith("[verifiers] episode 0:0 ")]
@@ -129,7 +132,9 @@ def adder():
                                       "tool_call_id": "call_0"}], "done": False})
     s = env.batch("step", [step("0:0", 2, "The sum is 42.")])
     check("adder: a turn without a call ends it, scored", s["0:0"],
-          {"id": "0:0", "messages": [], "reward": 1.0, "done": True})
+          {"id": "0:0", "messages": [], "reward": 1.0, "done": True,
+           "metrics": {"add_calls": 1.0, "correct": 1.0, "num_turns": 2.0,
+                       "total_tool_calls": 1.0, "reward": 1.0}})
     err = env.close()
     line = [l for l in err.splitlines() if l.startswith("[verifiers] episode 0:0 ")]
     check("adder metrics", json.loads(line[0].split(" metrics ", 1)[1]),
