@@ -14,15 +14,19 @@ section 14). Every request carries "version": 1 and "type":
 - reset  {"episodes": [{"id", "group", "sample", "seed", "row", "prompt"}]}
                                        -> {"episodes": [{"id", "messages", "tools"}]}
 - step   {"episodes": [{"id", "turn", "text", "tool_calls", "tool_call_errors"}]}
-                                       -> {"episodes": [{"id", "messages", "reward", "done"}]}
+                                       -> {"episodes": [{"id", "messages", "reward", "done",
+                                                         "metrics" (when done)}]}
 - finish {"episodes": [{"id", "reason"}]}
-                                       -> {"episodes": [{"id", "reward"}]}
+                                       -> {"episodes": [{"id", "reward", "metrics"}]}
 
 The secret number comes from the episode's seed, which the K episodes of a group share, so their
 reset replies are identical (rlvr checks it). A turn's last integer is its guess: a right guess
 ends the episode with reward 1; a wrong one gets "Higher." or "Lower." (reward 0), a turn with no
-number "Answer with a number." (reward -0.1, the only per-turn penalty). Log to stderr; anything
-on stdout that is not a reply breaks the protocol.
+number "Answer with a number." (reward -0.1, the only per-turn penalty). The episode's last reply
+(the right guess's, or `finish`'s) carries its metrics: `found` (1 or 0) and `no_number_turns`
+(turns without a number), logged by rlvr as `env/metrics/found/mean` and
+`env/metrics/no_number_turns/mean`. Log to stderr; anything on stdout that is not a reply breaks
+the protocol.
 """
 import json
 import random
@@ -37,6 +41,7 @@ def main():
     prompt = "Guess my number from {low} to {high}. Answer with one number."
     system = None
     secrets = {}
+    no_number = {}  # episode id -> turns without a number
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -52,6 +57,7 @@ def main():
             eps = []
             for e in req["episodes"]:
                 secrets[e["id"]] = random.Random(e["seed"]).randint(low, high)
+                no_number[e["id"]] = 0
                 messages = [{"role": "user", "content": prompt.format(low=low, high=high)}]
                 if system is not None:
                     messages.insert(0, {"role": "system", "content": str(system)})
@@ -66,22 +72,29 @@ def main():
                     continue
                 numbers = re.findall(r"-?\d+", e["text"])
                 if not numbers:
+                    no_number[e["id"]] += 1
                     eps.append({"id": e["id"], "reward": -0.1, "done": False,
                                 "messages": [{"role": "user", "content": "Answer with a number."}]})
                     continue
                 guess = int(numbers[-1])
                 if guess == secret:
                     secrets.pop(e["id"], None)
-                    eps.append({"id": e["id"], "reward": 1.0, "done": True, "messages": []})
+                    metrics = {"found": 1, "no_number_turns": no_number.pop(e["id"], 0)}
+                    eps.append({"id": e["id"], "reward": 1.0, "done": True, "messages": [],
+                                "metrics": metrics})
                 else:
                     hint = "Higher." if guess < secret else "Lower."
                     eps.append({"id": e["id"], "reward": 0.0, "done": False,
                                 "messages": [{"role": "user", "content": hint}]})
             out = {"episodes": eps}
         elif kind == "finish":
-            out = {"episodes": [{"id": e["id"], "reward": None} for e in req["episodes"]]}
+            out = {"episodes": [{"id": e["id"], "reward": None,
+                                 "metrics": {"found": 0,
+                                             "no_number_turns": no_number.get(e["id"], 0)}}
+                                for e in req["episodes"]]}
             for e in req["episodes"]:
                 secrets.pop(e["id"], None)
+                no_number.pop(e["id"], None)
         else:
             out = {"error": f"unknown request type {kind!r}"}
         sys.stdout.write(json.dumps(out) + "\n")

@@ -384,6 +384,11 @@ fn a_train_run_with_retry_writes_env_metrics() {
         assert_eq!(line["env/obs_truncated"].as_f64(), Some(0.0));
         assert_eq!(line["env/closed"].as_f64(), Some(0.0));
         assert!(line["time/env_s"].as_f64().unwrap() >= 0.0);
+        // retry's metric `solved` (1 or 0 per episode): with env.turn_discount = 1 the reward
+        // is the same number, so their means agree.
+        let solved = line["env/metrics/solved/mean"].as_f64().unwrap();
+        let reward = line["reward/mean"].as_f64().unwrap();
+        assert!((solved - reward).abs() < 1e-12, "{solved} {reward}");
         // Per turn index: every episode has turn 1; the reached shares sum to the mean turns
         // (E[T] = Σ P(T ≥ k)); keys for turns 1 and 2 only (env.max_turns).
         assert_eq!(line["env/turn_1/reached"].as_f64(), Some(1.0));
@@ -451,6 +456,11 @@ fn the_python_guess_the_number_example_runs_episodes() {
         // Sum of the turn rewards: 1 for the right guess, -0.1 per turn without a number.
         let sum: f64 = e.turn_rewards.iter().flatten().sum();
         assert_eq!(e.reward, Some(sum));
+        // Its metrics say the same: found, and the turns without a number.
+        let found = e.env_metrics["found"];
+        let no_number = e.env_metrics["no_number_turns"];
+        assert_eq!(e.env_metrics.len(), 2);
+        assert!((found + -0.1 * no_number - sum).abs() < 1e-12, "{e:?}");
     }
     assert!(bridged > 0, "no episode got the environment's feedback");
     // rollouts.jsonl's lines name the prompt the episodes started from (the replacement, as the
