@@ -53,6 +53,8 @@ for line in sys.stdin:
             send({"episodes": [{"id": e["id"], "messages": [{"role": "tool", "content": "x" * 300000}], "reward": 0.0, "done": False} for e in eps]}); continue
         if mode == "gym_keys":
             send({"episodes": [{"id": e["id"], "messages": [], "rewrad": 1.0, "terminated": True, "info": {}} for e in eps]}); continue
+        if mode == "bad_metric":
+            send({"episodes": [{"id": e["id"], "messages": [], "reward": 1.0, "done": True, "metrics": {"format": 0.5, "correct": None}} for e in eps]}); continue
         if mode == "bad_reward":
             print("scoring with the string reward", file=sys.stderr, flush=True)
             send({"episodes": [{"id": e["id"], "messages": [], "reward": "1.0", "done": True} for e in eps]}); continue
@@ -426,6 +428,29 @@ fn a_malformed_episode_entry_names_the_program_and_its_stderr_and_kills_it() {
     // The process is gone: /proc has no entry for it (Linux), or it is a zombie being reaped.
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(stat.is_empty() || stat.contains(") Z "), "{stat}");
+}
+
+#[test]
+fn a_metric_that_is_not_a_finite_number_stops_the_run_naming_the_episode_and_key() {
+    // As a bad reward does (DESIGN.md section 14's additions, "Metrics"): a protocol error
+    // naming the episode, the key and the value, and the program.
+    if !python() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut env = ProcessEnvironment::start(f.settings("bad_metric")).unwrap();
+    env.reset(&reset_eps(1, 1)).unwrap();
+    let e = env
+        .step(&[step("0:0", 1, "x", "1")])
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "step reply for episode \"0:0\": \"metrics\" \"correct\" must be a finite number, not null",
+        "environment `python3 env.py bad_metric",
+    ] {
+        assert!(e.contains(want), "{want:?} not in: {e}");
+    }
+    assert_eq!(env.pid(), None, "the program is still held");
 }
 
 #[test]
