@@ -568,8 +568,9 @@ fn env_finish_counts_are_the_episodes_ends() {
 
 /// A stateful environment for restart replay: `reset` sets an episode's number to its seed mod
 /// 10, each `step` adds the turn's text length and shows the number (done at turn 3, rewarded
-/// the number), `finish` rewards the number. An id it does not know starts from 0 (the fault a
-/// replay prevents). `die`: the first program dies at its 2nd step request; `nondet`: also, and
+/// the number), `finish` rewards the number; the last reply's metrics hold the number (`n`) and
+/// the turn it ended at (`done` only). An id it does not know starts from 0 (the fault a replay
+/// prevents). `die`: the first program dies at its 2nd step request; `nondet`: also, and
 /// its observations carry a per-process salt.
 const STATEFUL_ENV: &str = r#"
 import json, os, sys, random
@@ -594,11 +595,15 @@ for line in sys.stdin:
             n = state.get(e["id"], 0) + len(e["text"])
             state[e["id"]] = n
             done = e["turn"] >= 3
-            eps.append({"id": e["id"], "messages": [{"role": "user", "content": "%d%s" % (n, salt)}],
-                        "reward": float(n) if done else 0.0, "done": done})
+            r = {"id": e["id"], "messages": [{"role": "user", "content": "%d%s" % (n, salt)}],
+                 "reward": float(n) if done else 0.0, "done": done}
+            if done:
+                r["metrics"] = {"n": n, "turn": e["turn"]}
+            eps.append(r)
         out = {"episodes": eps}
     else:
-        out = {"episodes": [{"id": e["id"], "reward": float(state.pop(e["id"], 0))} for e in req["episodes"]]}
+        out = {"episodes": [{"id": e["id"], "reward": float(state.get(e["id"], 0)),
+                             "metrics": {"n": state.pop(e["id"], 0)}} for e in req["episodes"]]}
     print(json.dumps(out), flush=True)
 "#;
 
@@ -652,6 +657,11 @@ fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
     assert!(reached_2 > 0);
     assert_eq!((r.replayed, r.errors), (reached_2, 0));
     assert!(rewards(&steady).iter().any(|r| r.unwrap() > 0.0));
+    // Each episode's metrics (its last reply's: `n` is its reward) are the uninterrupted run's:
+    // the replay neither loses nor repeats them (compared with the rest of the rows below).
+    for e in &steady.experiences {
+        assert_eq!(e.env_metrics.get("n").copied(), e.reward, "{e:?}");
+    }
     assert_eq!(
         format!("{:?}", restarted.experiences),
         format!("{:?}", steady.experiences)
@@ -669,6 +679,11 @@ fn a_restarted_stateful_environment_gets_its_episodes_replayed() {
         .filter(|e| e.reward.is_none())
         .count();
     assert_eq!(failed, n.errors);
+    // A failed episode contributes no metrics.
+    assert!(nondet
+        .experiences
+        .iter()
+        .all(|e| e.reward.is_some() != e.env_metrics.is_empty()));
 }
 
 /// An environment whose every reply is 40 digits (one token each for the tiny tokenizer); the
