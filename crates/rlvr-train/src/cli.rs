@@ -1260,6 +1260,9 @@ struct EpisodeLine {
     turn_rewards: Vec<Option<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// The environment's metrics for the episode (its last reply's `metrics`); absent when none.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    metrics: rlvr_env::protocol::Metrics,
     /// `{"role", "content"}` per assistant turn and environment message.
     transcript: Vec<serde_json::Value>,
     prompt_ids: Vec<u32>,
@@ -1391,6 +1394,7 @@ pub fn generate_episodes(
                 reward: e.reward,
                 turn_rewards: e.turn_rewards,
                 error: e.error,
+                metrics: e.metrics,
                 transcript: e
                     .transcript
                     .into_iter()
