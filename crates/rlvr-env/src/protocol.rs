@@ -442,10 +442,7 @@ fn metrics_of(e: &Json, what: &str, id: &str) -> Result<Metrics, EnvError> {
     for (k, v) in kv {
         check_metric_name(k).map_err(|why| bad(format!("key {:?}: {why}", shown(k))))?;
         // `as_f64` reads numbers only (a boolean is not one).
-        let x = v
-            .as_f64()
-            .filter(|x| x.is_finite())
-        .ok_or_else(|| {
+        let x = v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
             bad(format!(
                 "{k:?} must be a finite number, not {}",
                 shown(&v.to_compact())
@@ -856,12 +853,18 @@ mod tests {
         let r = step(r#"{"id":"3:1","done":true,"reward":1,"metrics":{"turns_used":2,"format":0.5,"exact":-1e-3}}"#)
             .unwrap();
         let got: Vec<(&str, f64)> = r.metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        assert_eq!(got, [("exact", -1e-3), ("format", 0.5), ("turns_used", 2.0)]);
+        assert_eq!(
+            got,
+            [("exact", -1e-3), ("format", 0.5), ("turns_used", 2.0)]
+        );
         assert!(step(r#"{"id":"3:1","done":true,"metrics":null}"#)
             .unwrap()
             .metrics
             .is_empty());
-        assert!(step(r#"{"id":"3:1","done":false}"#).unwrap().metrics.is_empty());
+        assert!(step(r#"{"id":"3:1","done":false}"#)
+            .unwrap()
+            .metrics
+            .is_empty());
         let f = parse_finish(
             &Json::parse(r#"{"id":"3:1","reward":0,"metrics":{"gave_up":1}}"#).unwrap(),
             "3:1",
@@ -876,13 +879,21 @@ mod tests {
              \"ok\" must be a finite number, not \"yes\""
         );
         let e = err(r#"{"id":"3:1","done":true,"metrics":{"ok":true}}"#);
-        assert!(e.contains("\"ok\" must be a finite number, not true"), "{e}");
+        assert!(
+            e.contains("\"ok\" must be a finite number, not true"),
+            "{e}"
+        );
         let e = err(r#"{"id":"3:1","done":true,"metrics":[1,2]}"#);
-        assert!(e.contains("must be an object of numbers") && e.contains("array"), "{e}");
+        assert!(
+            e.contains("must be an object of numbers") && e.contains("array"),
+            "{e}"
+        );
         let e = err(r#"{"id":"3:1","done":true,"metrics":{"":1}}"#);
         assert!(e.contains("must not be empty"), "{e}");
         let long = "n".repeat(MAX_METRIC_NAME_BYTES + 1);
-        let e = err(&format!(r#"{{"id":"3:1","done":true,"metrics":{{"{long}":1}}}}"#));
+        let e = err(&format!(
+            r#"{{"id":"3:1","done":true,"metrics":{{"{long}":1}}}}"#
+        ));
         assert!(e.contains("a name of 129 bytes; at most 128"), "{e}");
         let many: Vec<String> = (0..=MAX_METRICS).map(|i| format!("\"m{i}\":{i}")).collect();
         let e = err(&format!(
@@ -911,7 +922,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("finish reply for episode \"3:1\"") && e.contains("not null"), "{e}");
+        assert!(
+            e.contains("finish reply for episode \"3:1\"") && e.contains("not null"),
+            "{e}"
+        );
         // Read, so never warned about as an unknown key.
         let v = Json::parse(r#"{"id":"3:1","metrics":{}}"#).unwrap();
         assert!(unread_keys(Kind::Step, &v).is_empty() && unread_keys(Kind::Finish, &v).is_empty());

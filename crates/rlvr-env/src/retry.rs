@@ -292,10 +292,11 @@ mod tests {
                 fin("length", FinishReason::Length),
             ])
             .unwrap();
-        assert!(r.iter().all(|r| r == &Ok(FinishReply {
-            reward: None,
-            metrics: solved(false)
-        })));
+        assert!(r.iter().all(|r| r
+            == &Ok(FinishReply {
+                reward: None,
+                metrics: solved(false)
+            })));
         assert_eq!(env.live(), 0);
     }
 }

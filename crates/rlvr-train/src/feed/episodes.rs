@@ -718,7 +718,11 @@ impl EpisodeRunner {
                     error: e.error,
                     version: e.version,
                     transcript: e.transcript,
-                    metrics: if errored { Default::default() } else { e.metrics },
+                    metrics: if errored {
+                        Default::default()
+                    } else {
+                        e.metrics
+                    },
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

@@ -1145,7 +1145,10 @@ fn env_metrics_are_the_means_over_the_episodes_that_carry_them() {
         for (k, (sum, n)) in &want {
             let key = format!("env/metrics/{k}/mean");
             let v = line[&key].as_f64().unwrap();
-            assert!((v - sum / *n as f64).abs() < 1e-12, "{key}: {v} vs {sum}/{n}");
+            assert!(
+                (v - sum / *n as f64).abs() < 1e-12,
+                "{key}: {v} vs {sum}/{n}"
+            );
             seen.insert(k.clone());
         }
         // The failed groups (draws 3 mod 4) are there, and counted out of every mean.

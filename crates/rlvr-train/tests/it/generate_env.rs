@@ -166,7 +166,11 @@ fn generate_env_prints_episodes_with_their_token_accounting() {
         assert!(e["reward"].is_number(), "{e}");
         // retry's metric: solved (1) exactly when the reward is above 0 (env.turn_discount 1).
         let solved = e["metrics"]["solved"].as_f64().unwrap();
-        assert_eq!(solved, f64::from(u8::from(e["reward"].as_f64() > Some(0.0))), "{e}");
+        assert_eq!(
+            solved,
+            f64::from(u8::from(e["reward"].as_f64() > Some(0.0))),
+            "{e}"
+        );
         if turns > 1 {
             longer += 1;
         }

@@ -59,7 +59,11 @@ fn odd_row(g: &str, i: u32) -> Experience {
             Some(f64::from_bits(0x7ff8_0000_0000_0001)),
         ],
         // An episode's environment metrics cross with it.
-        env_metrics: [("solved".to_string(), -0.0), ("ü".into(), f64::from(i) / 7.0)].into(),
+        env_metrics: [
+            ("solved".to_string(), -0.0),
+            ("ü".into(), f64::from(i) / 7.0),
+        ]
+        .into(),
     }
 }
 
