@@ -415,7 +415,8 @@ fn reward_of(e: &Json, what: &str, id: &str) -> Result<Option<f64>, EnvError> {
 
 /// The `metrics` of an episode entry (absent or null: none): an object of at most
 /// [`MAX_METRICS`] keys, each a non-empty name of at most [`MAX_METRIC_NAME_BYTES`] bytes
-/// without control characters ([`check_metric_name`]), whose value is a finite number (a boolean is not one). Any other shape stops the run, as a bad `reward` does.
+/// without control characters ([`check_metric_name`]), whose value is a finite number (a
+/// boolean is not one). Any other shape stops the run, as a bad `reward` does.
 fn metrics_of(e: &Json, what: &str, id: &str) -> Result<Metrics, EnvError> {
     let bad = |why: String| {
         EnvError::Protocol(format!(
