@@ -116,21 +116,17 @@ pub fn reward_summary(items: &[EvalItem]) -> Vec<(String, serde_json::Value)> {
             out.push((format!("reward/{name}/mean"), serde_json::json!(mean(&raw))));
         }
     }
-    let mut extra: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
-    for it in &scored {
-        for (name, numbers) in &it.extra {
-            for (key, x) in numbers {
-                extra
-                    .entry(format!("reward/{name}/{key}/mean"))
-                    .or_default()
-                    .push(*x);
-            }
-        }
-    }
+    let extra = scored.iter().flat_map(|it| {
+        it.extra.iter().flat_map(|(name, numbers)| {
+            numbers
+                .iter()
+                .map(move |(key, x)| (format!("reward/{name}/{key}/mean"), *x))
+        })
+    });
     out.extend(
-        extra
+        crate::store::metrics::keyed_means(extra)
             .into_iter()
-            .map(|(k, xs)| (k, serde_json::json!(mean(&xs)))),
+            .map(|(k, x)| (k, serde_json::json!(x))),
     );
     out
 }

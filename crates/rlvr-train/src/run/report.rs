@@ -222,17 +222,15 @@ pub fn env_metrics(
     out.push(("env/replayed".into(), Some(env.replayed as f64)));
     out.push(("env/obs_truncated".into(), Some(env.obs_truncated as f64)));
     out.push(("env/closed".into(), Some(env.closed as f64)));
-    let mut sums: std::collections::BTreeMap<&str, (f64, u64)> = Default::default();
-    for m in metrics {
-        for (name, x) in m.iter() {
-            let s = sums.entry(name.as_str()).or_default();
-            s.0 += x;
-            s.1 += 1;
-        }
-    }
-    for (name, (sum, n)) in sums {
-        out.push((format!("env/metrics/{name}/mean"), Some(sum / n as f64)));
-    }
+    let pairs = metrics.iter().flat_map(|m| {
+        m.iter()
+            .map(|(name, x)| (format!("env/metrics/{name}/mean"), *x))
+    });
+    out.extend(
+        crate::store::metrics::keyed_means(pairs)
+            .into_iter()
+            .map(|(k, x)| (k, Some(x))),
+    );
     out
 }
 
@@ -270,20 +268,15 @@ fn set_components(l: &mut MetricsLine, exps: &[Experience]) {
 /// each key over its own rows), in key order after the components' keys. Every rank computes it
 /// from the step's whole batch, as the other reward metrics.
 fn set_reward_extra(l: &mut MetricsLine, scored: &[&Experience]) {
-    let mut sums: std::collections::BTreeMap<String, (f64, u64)> = Default::default();
-    for e in scored {
-        for part in &e.components {
-            for (key, x) in &part.extra {
-                let s = sums
-                    .entry(format!("reward/{}/{key}/mean", part.name))
-                    .or_default();
-                s.0 += x;
-                s.1 += 1;
-            }
-        }
-    }
-    for (key, (sum, n)) in sums {
-        l.set(key, Some(sum / n as f64));
+    let pairs = scored.iter().flat_map(|e| {
+        e.components.iter().flat_map(|part| {
+            part.extra
+                .iter()
+                .map(|(key, x)| (format!("reward/{}/{key}/mean", part.name), *x))
+        })
+    });
+    for (key, x) in crate::store::metrics::keyed_means(pairs) {
+        l.set(key, Some(x));
     }
 }
 
