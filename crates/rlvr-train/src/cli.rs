@@ -14,7 +14,7 @@ use rlvr_model::checkpoint::Policy;
 use rlvr_model::optim::AdamWConfig;
 use rlvr_model::{ComputeDtype, DeviceSpec};
 
-use crate::config::plan::{parse_size, plan_ranks, suggestions, write_table};
+use crate::config::plan::{parse_size, plan_ranks, suggestions, with_data_prompt_len, write_table};
 use crate::config::{settings, RawConfig, ResolvedConfig, RolloutSection, Schedule};
 use crate::eval::{EvalItem, EvalResult, Evaluator};
 use crate::feed::backend::{
@@ -1482,10 +1482,13 @@ pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let memory = a.gpu_memory.as_deref().map(parse_size).transpose()?;
     let zero = a.zero.unwrap_or(resolved.raw.distributed.zero);
     let needs_ref = resolved.algorithm.needs_reference();
-    let p = plan_ranks(&resolved.raw, needs_ref, memory, a.world_size, zero)?;
+    // Without data.max_prompt_len, the train split's longest prompt (else 256 tokens, said so).
+    let (planned, prompt_source) = with_data_prompt_len(&resolved.raw);
+    let mut p = plan_ranks(&planned, needs_ref, memory, a.world_size, zero)?;
+    p.prompt_source = prompt_source;
     // What to change when it does not fit.
     let to_fit = match (memory, p.fits) {
-        (Some(m), Some(false)) => suggestions(&resolved.raw, needs_ref, m, a.world_size, zero)?,
+        (Some(m), Some(false)) => suggestions(&planned, needs_ref, m, a.world_size, zero)?,
         _ => Vec::new(),
     };
     if a.json {

@@ -27,6 +27,7 @@ pub use checks::{
     MAX_ROWS_PER_STEP, MAX_TEMPERATURE,
 };
 pub mod plan;
+pub mod prompt_scan;
 mod sections;
 pub mod settings;
 

@@ -63,8 +63,51 @@ pub const GPU_OVERHEAD: u64 = 1 << 30;
 pub const MAX_PLAN_BYTES: u64 = 1 << 56;
 /// The most data-parallel ranks a plan is made for (`--world-size`).
 pub const MAX_WORLD: u64 = 1 << 20;
-/// Prompt tokens assumed when the config sets no `data.max_prompt_len`.
+/// Prompt tokens assumed when the config sets no `data.max_prompt_len` and the train split's
+/// prompts cannot be read ([`PromptSource::Assumed`]).
 pub const DEFAULT_PROMPT_TOKENS: usize = 256;
+
+/// Where a plan's prompt length comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum PromptSource {
+    /// `data.max_prompt_len`: longer prompts are dropped, so no row's prompt is longer.
+    Config,
+    /// The train split's longest prompt, rendered and tokenized as the run does
+    /// ([`super::prompt_scan`]).
+    Dataset(super::prompt_scan::LongestPrompt),
+    /// [`DEFAULT_PROMPT_TOKENS`], assumed: `why` says why no prompt was read.
+    Assumed {
+        /// Why the train split was not read (a plan of the config alone, an offline run, no
+        /// tokenizer, an unreadable file).
+        why: String,
+    },
+}
+
+/// `raw` with `data.max_prompt_len` set to the prompt length a plan should count, and where that
+/// length comes from: the config's `data.max_prompt_len` when set; else the train split's longest
+/// prompt ([`super::prompt_scan::longest_train_prompt`]: the data and the tokenizer of
+/// `model.path`, no weights); else, when that cannot be read, [`DEFAULT_PROMPT_TOKENS`] with the
+/// reason. Setting `data.max_prompt_len` to the longest prompt drops none, so the returned config
+/// plans the same run.
+pub fn with_data_prompt_len(raw: &RawConfig) -> (RawConfig, PromptSource) {
+    let mut planned = raw.clone();
+    if raw.data.max_prompt_len.is_some() {
+        return (planned, PromptSource::Config);
+    }
+    match super::prompt_scan::longest_train_prompt(raw) {
+        Ok(longest) => {
+            planned.data.max_prompt_len = Some((longest.tokens as usize).max(1));
+            (planned, PromptSource::Dataset(longest))
+        }
+        Err(e) => (
+            planned,
+            PromptSource::Assumed {
+                why: format!("{e:#}"),
+            },
+        ),
+    }
+}
 
 /// The model's shape, from config.json.
 #[derive(Debug, Clone, Serialize)]
@@ -282,8 +325,11 @@ pub struct Plan {
     pub dtype: String,
     /// `model.device`.
     pub device: String,
-    /// Prompt tokens per row (`data.max_prompt_len`, or [`DEFAULT_PROMPT_TOKENS`]).
+    /// Prompt tokens per row (`data.max_prompt_len`, or [`DEFAULT_PROMPT_TOKENS`]; `rlvr plan`
+    /// sets the train split's longest prompt first, [`with_data_prompt_len`]).
     pub prompt_tokens: u64,
+    /// Where [`Plan::prompt_tokens`] comes from.
+    pub prompt_source: PromptSource,
     /// Completion tokens per row: `rollout.max_new_tokens`, or with `[env]` a whole episode's
     /// turns and bridges (`env.max_episode_tokens`; unset, `env.max_turns` ×
     /// `rollout.max_new_tokens` + (`env.max_turns` − 1) × `env.max_observation_tokens`).
@@ -729,6 +775,14 @@ pub fn plan_ranks(
         dtype: raw.model.dtype.to_string(),
         device: raw.model.device.to_string(),
         prompt_tokens: prompt,
+        prompt_source: match raw.data.max_prompt_len {
+            Some(_) => PromptSource::Config,
+            None => PromptSource::Assumed {
+                why: "data.max_prompt_len is unset and no prompt was read (a plan of the config \
+                      alone)"
+                    .into(),
+            },
+        },
         completion_tokens: completion,
         max_turns,
         lora_rank: raw.model.lora_rank as u64,
@@ -898,6 +952,28 @@ fn mib(x: u64) -> String {
     format!("{:.1} MiB", x as f64 / (1u64 << 20) as f64)
 }
 
+/// What `rlvr plan`'s table says of where the prompt length comes from.
+pub fn prompt_source_text(source: &PromptSource) -> String {
+    match source {
+        PromptSource::Config => "data.max_prompt_len (longer prompts are dropped)".into(),
+        PromptSource::Dataset(l) if l.exact => format!(
+            "the longest of the {} train prompts ({}), rendered and tokenized as the run does \
+             (data.max_prompt_len unset)",
+            l.prompts, l.source
+        ),
+        PromptSource::Dataset(l) => format!(
+            "the longest ({}) of the {} longest in bytes of the {} train prompts, rendered and \
+             tokenized as the run does: sampled, a prompt with more tokens may exist; set \
+             data.max_prompt_len to bound it",
+            l.source, l.tokenized, l.prompts
+        ),
+        PromptSource::Assumed { why } => format!(
+            "{DEFAULT_PROMPT_TOKENS} assumed: data.max_prompt_len is unset and the train prompts \
+             could not be read ({why})"
+        ),
+    }
+}
+
 /// Writes the plan as a table.
 ///
 /// # Errors
@@ -927,6 +1003,11 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
             Some(n) => format!(" (episodes of up to {n} turns: turns and bridges together)"),
             None => String::new(),
         }
+    )?;
+    writeln!(
+        out,
+        "prompt tokens: {}",
+        prompt_source_text(&p.prompt_source)
     )?;
     if p.world_size > 1 {
         writeln!(

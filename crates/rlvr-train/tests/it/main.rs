@@ -30,6 +30,7 @@ mod part_metrics;
 mod parts;
 mod plan;
 mod plan_lora;
+mod plan_prompts;
 mod plot;
 mod preflight;
 mod readme;
