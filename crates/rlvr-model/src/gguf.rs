@@ -917,10 +917,8 @@ pub fn write_checkpoint(model: &GgufModel, dir: &Path, dtype: DType) -> Result<(
         .iter()
         .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype)?)))
         .collect::<Result<_>>()?;
-    let bytes = crate::weights::safetensors_bytes(&tensors)?;
+    crate::weights::write_safetensors(&dir.join("model.safetensors"), &tensors)?;
     drop(tensors);
-    crate::weights::atomic_write(&dir.join("model.safetensors"), &bytes)?;
-    drop(bytes);
     crate::weights::atomic_write(
         &dir.join("config.json"),
         &model.config.json_bytes_for(dtype),

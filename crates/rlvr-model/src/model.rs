@@ -752,8 +752,7 @@ impl Model {
             .into_iter()
             .map(|(n, v)| Ok((n, v.as_tensor().detach().to_dtype(dtype)?)))
             .collect::<Result<_>>()?;
-        let bytes = crate::weights::safetensors_bytes(&tensors)?;
-        crate::weights::atomic_write(&dir.join("model.safetensors"), &bytes)?;
+        crate::weights::write_safetensors(&dir.join("model.safetensors"), &tensors)?;
         self.save_config(dir, dtype)
     }
 

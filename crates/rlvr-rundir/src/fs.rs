@@ -10,6 +10,20 @@ use std::path::{Path, PathBuf};
 /// # Errors
 /// The I/O error of the step that failed (the caller names the file).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    atomic_write_with(path, &mut |w| w.write_all(bytes))
+}
+
+/// [`atomic_write`] of what `write` writes, streamed through a buffered writer into the temporary
+/// file: a large file (a checkpoint's weights) is never built in memory. Renamed over `path` only
+/// when `write` and the sync succeed; on any error the temporary file is removed and `path` keeps
+/// its old content.
+///
+/// # Errors
+/// The error of `write`, or the I/O error of the step that failed (the caller names the file).
+pub fn atomic_write_with(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -17,8 +31,11 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        write(&mut w)?;
+        let f = w
+            .into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, path)?;
@@ -149,6 +166,27 @@ mod tests {
         assert_eq!(names.len(), 1);
         // A missing directory fails and leaves nothing behind.
         assert!(atomic_write(&d.path().join("no/a.json"), b"x").is_err());
+    }
+
+    /// A streamed write lands whole; one whose writer fails part-way leaves the old file and no
+    /// temporary.
+    #[test]
+    fn a_failed_streamed_write_keeps_the_old_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("w.bin");
+        atomic_write_with(&p, &mut |w| (0..3u8).try_for_each(|i| w.write_all(&[i; 4]))).unwrap();
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+        );
+        let err = atomic_write_with(&p, &mut |w| {
+            w.write_all(b"partial")?;
+            Err(std::io::Error::other("the third tensor failed"))
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "the third tensor failed");
+        assert_eq!(std::fs::read(&p).unwrap().len(), 12);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
     /// A killed writer's temporaries go; a live process's, look-alikes and other files stay.

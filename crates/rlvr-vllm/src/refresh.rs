@@ -128,8 +128,7 @@ fn write_checkpoint(
             })?;
         out.push(("lm_head.weight".into(), embed));
     }
-    let bytes = rlvr_model::weights::safetensors_bytes(&out)?;
-    std::fs::write(tmp.join("model.safetensors"), bytes).map_err(io(tmp))?;
+    rlvr_model::weights::write_safetensors(&tmp.join("model.safetensors"), &out)?;
     std::fs::write(tmp.join("config.json"), config.json_bytes_for(dtype)).map_err(io(tmp))?;
     Ok(())
 }

@@ -262,8 +262,7 @@ pub(crate) fn save_adapter(model: &Model, adapter_dir: &Path) -> Result<()> {
         .into_iter()
         .map(|(n, v)| (n, v.as_tensor().detach()))
         .collect();
-    let bytes = crate::weights::safetensors_bytes(&tensors)?;
-    crate::weights::atomic_write(&adapter_dir.join("adapter_model.safetensors"), &bytes)?;
+    crate::weights::write_safetensors(&adapter_dir.join("adapter_model.safetensors"), &tensors)?;
     let alpha = if cfg.alpha.fract() == 0.0 {
         json!(cfg.alpha as i64)
     } else {

@@ -276,3 +276,59 @@ fn a_normalizer_that_grows_text_without_bound_is_refused_at_load() {
         assert!(e.contains(says) && e.contains("tokenizer.json"), "{e}");
     }
 }
+
+/// The streamed checkpoint writer produces the bytes of the safetensors crate's own
+/// `serialize` (the reference implementation): every supported dtype, a transposed (strided) and
+/// a narrowed (offset) tensor, names that need JSON escaping; the file reads back equal.
+#[test]
+fn streamed_safetensors_are_the_bytes_of_safetensors_serialize() {
+    use candle_core::{DType, Device, Tensor};
+    let dev = Device::Cpu;
+    let base = Tensor::arange(0f32, 24.0, &dev)
+        .unwrap()
+        .reshape((4, 6))
+        .unwrap();
+    let tensors: Vec<(String, Tensor)> = vec![
+        ("z.f32".into(), base.clone()),
+        ("a.transposed".into(), base.t().unwrap()),
+        ("m.narrowed".into(), base.narrow(0, 1, 2).unwrap()),
+        ("b.bf16".into(), base.to_dtype(DType::BF16).unwrap()),
+        (
+            "c.f16 \"quoted\" é".into(),
+            base.to_dtype(DType::F16).unwrap(),
+        ),
+        ("d.f64".into(), base.to_dtype(DType::F64).unwrap()),
+        ("e.u8".into(), base.to_dtype(DType::U8).unwrap()),
+        ("f.u32".into(), base.to_dtype(DType::U32).unwrap()),
+        ("g.i64".into(), base.to_dtype(DType::I64).unwrap()),
+        ("h.scalar".into(), Tensor::new(7f32, &dev).unwrap()),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.safetensors");
+    rlvr_model::weights::write_safetensors(&path, &tensors).unwrap();
+    let written = std::fs::read(&path).unwrap();
+    let reference = rlvr_model::weights::safetensors_bytes(&tensors).unwrap();
+    assert_eq!(written.len(), reference.len());
+    assert!(
+        written == reference,
+        "the streamed file differs from safetensors::serialize"
+    );
+    let back = candle_core::safetensors::load(&path, &dev).unwrap();
+    for (name, t) in &tensors {
+        let b = &back[name];
+        assert_eq!((b.dims(), b.dtype()), (t.dims(), t.dtype()), "{name}");
+        let diff = (b.to_dtype(DType::F64).unwrap() - t.to_dtype(DType::F64).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert_eq!(diff, 0.0, "{name}");
+    }
+    // Only the file itself is left (no temporary).
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}

@@ -17,7 +17,7 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use rlvr_data::sampler::DataCursor;
 use rlvr_model::checkpoint::write_tokenizer_files;
-use rlvr_model::weights::{atomic_write, safetensors_bytes};
+use rlvr_model::weights::{atomic_write, write_safetensors};
 use rlvr_model::{Model, TokenizerBundle};
 use serde::{Deserialize, Serialize};
 
@@ -162,10 +162,7 @@ pub fn save<B: Serialize>(
                 named.push((format!("w.{i:05}"), w.clone()));
             }
         }
-        atomic_write(
-            &ts.join("optimizer.safetensors"),
-            &safetensors_bytes(&named)?,
-        )?;
+        write_safetensors(&ts.join("optimizer.safetensors"), &named)?;
     }
     if let Some(e) = parts.explorer {
         e.save(&ts.join("explorer"), e.dtype())?;
