@@ -1,6 +1,7 @@
 //! `rlvr plan` (DESIGN.md section 12): the memory a run config needs, from the model's
-//! `config.json` alone (no weights are read), and the largest micro-batch and rollout batch that
-//! fit a given memory.
+//! `config.json` (no weights are read) and the prompt length (`data.max_prompt_len`; `rlvr plan`
+//! without it reads the train split's longest prompt first, [`with_data_prompt_len`]), and the
+//! largest micro-batch and rollout batch that fit a given memory.
 //!
 //! The estimate counts what this code base holds, by component:
 //!

@@ -18,7 +18,7 @@ use super::settings;
 use super::RawConfig;
 
 /// The most prompts tokenized when looking for the longest one.
-pub const MAX_TOKENIZED: usize = 4096;
+pub const MAX_TOKENIZED: usize = 16384;
 /// The most prompt bytes tokenized when looking for the longest one (32 MiB).
 pub const MAX_TOKENIZED_BYTES: usize = 32 << 20;
 /// Tokens a prompt may have beyond its byte length (the special tokens a tokenizer adds).
