@@ -1462,7 +1462,9 @@ pub fn cpu_build_note(device: &rlvr_model::DeviceSpec, cuda_built: bool) -> Opti
     ))
 }
 
-/// `rlvr plan`: loads the config (with overrides), estimates, prints the table or one JSON line
+/// `rlvr plan`: loads the config (with overrides), takes the prompt length (`data.max_prompt_len`,
+/// else the train split's longest prompt, else 256 tokens with the reason:
+/// [`crate::config::plan::with_data_prompt_len`]), estimates, prints the table or one JSON line
 /// (a note first, or `"note"` in the JSON, when this build has no CUDA: [`cpu_build_note`]).
 ///
 /// # Errors

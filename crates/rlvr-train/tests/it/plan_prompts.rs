@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::common::repo;
 
 use rlvr_train::cli::{run_plan, PlanArgs};
-use rlvr_train::config::plan::DEFAULT_PROMPT_TOKENS;
+use rlvr_train::config::plan::{prompt_source_text, PromptSource, DEFAULT_PROMPT_TOKENS};
 use rlvr_train::config::prompt_scan::{longest_of, MAX_TOKENIZED};
 
 /// A model directory with Qwen2.5-0.5B's config.json (no weights), the Qwen2.5 tokenizer and its
@@ -31,6 +31,12 @@ fn qwen_dir(dir: &Path) {
 
 /// `rlvr plan --json` of a `jsonl` run on the fixture, with `sets`.
 fn plan_json(model: &Path, sets: &[&str]) -> serde_json::Value {
+    let text = plan_text(model, sets, true);
+    serde_json::from_str(text.lines().last().unwrap()).unwrap()
+}
+
+/// `rlvr plan`'s output (`--json` when `json`) of a `jsonl` run on the fixture, with `sets`.
+fn plan_text(model: &Path, sets: &[&str], json: bool) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tmp.path().join("run.toml");
     let train = repo().join("crates/rlvr-train/tests/fixtures/plan_prompts/train.jsonl");
@@ -49,14 +55,13 @@ fn plan_json(model: &Path, sets: &[&str]) -> serde_json::Value {
         config: cfg,
         set: sets.iter().map(|s| s.to_string()).collect(),
         gpu_memory: None,
-        json: true,
+        json,
         world_size: 1,
         zero: None,
     };
     let mut out = Vec::new();
     run_plan(&args, &mut out).unwrap();
-    let text = String::from_utf8(out).unwrap();
-    serde_json::from_str(text.lines().last().unwrap()).unwrap()
+    String::from_utf8(out).unwrap()
 }
 
 /// The fixture's four prompts (14, 121, 187 and 16 bytes of question): the longest in tokens is
@@ -105,6 +110,14 @@ fn prompt_length_is_the_fixtures_longest_rendered_prompt() {
     ] {
         assert_eq!(set[k], chat[k], "{k}");
     }
+    // The table names the row and says it is exact.
+    let table = plan_text(model.path(), &[], false);
+    assert!(table.contains("rows of 135 prompt"), "{table}");
+    assert!(
+        table.contains("prompt tokens: the longest of the 4 train prompts (")
+            && table.contains("train.jsonl:2), rendered and tokenized as the run does"),
+        "{table}"
+    );
     // A config's data.max_prompt_len wins (prompts longer are dropped).
     let capped = plan_json(model.path(), &["data.max_prompt_len=50"]);
     assert_eq!(capped["prompt_tokens"], 50);
@@ -119,6 +132,8 @@ fn prompt_length_is_assumed_and_said_so_without_a_tokenizer() {
     assert_eq!(v["prompt_source"]["from"], "assumed");
     let why = v["prompt_source"]["why"].as_str().unwrap();
     assert!(why.contains("tokenizer"), "{why}");
+    let table = plan_text(&repo().join("configs/shapes/qwen2.5-0.5b"), &[], false);
+    assert!(table.contains("prompt tokens: 256 assumed: data.max_prompt_len is unset and the train prompts could not be read (loading the tokenizer of"), "{table}");
 }
 
 /// The scan tokenizes the longest texts by bytes first and stops when the byte bound settles it;
@@ -153,5 +168,13 @@ fn scan_is_exact_when_bounded_and_says_when_it_samples() {
         (8, MAX_TOKENIZED, false)
     );
     assert_eq!(l.prompts as usize, MAX_TOKENIZED + 10);
+    let said = prompt_source_text(&PromptSource::Dataset(l));
+    assert!(
+        said.contains(&format!(
+            "of the {MAX_TOKENIZED} longest in bytes of the {} train prompts",
+            MAX_TOKENIZED + 10
+        )) && said.contains("sampled"),
+        "{said}"
+    );
     assert!(longest_of(&[], &[], &count).is_err());
 }
