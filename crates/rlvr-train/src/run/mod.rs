@@ -174,6 +174,11 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
+    // More than env.max_error_frac of a batch's episodes failed: data parallel, every rank
+    // decided it on the whole batch's counts, at the same point.
+    if result.as_ref().is_err_and(budget_exceeded) {
+        good.stopped_together();
+    }
     // An error every rank met at the same point: the ranks gather the ZeRO-1 shards for rank
     // 0's save, as a checkpoint does; otherwise they cannot.
     if let (Err(_), Some(step), true) = (&result, good.gather_due(), run.job.is_parallel()) {
@@ -697,6 +702,13 @@ impl Run<'_> {
             records,
         )
     }
+}
+
+/// Whether `e` is [`crate::feed::episodes::ErrorBudgetExceeded`] (with any context): under data
+/// parallel an error every rank meets at the same point (`crate::feed::check_over_ranks`).
+fn budget_exceeded(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.is::<crate::feed::episodes::ErrorBudgetExceeded>())
 }
 
 /// What a step does after its evaluation `eval` (whose step line is already written): `Some(is
