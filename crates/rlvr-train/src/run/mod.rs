@@ -256,8 +256,17 @@ impl Run<'_> {
             let env = self.env_over_ranks(batch.env.as_ref())?;
             report::set_env_metrics(&mut line, &exps, env.as_ref(), c.env.max_turns);
             let eval = self.evaluate(t, &mut line);
+            // A failed evaluation failed on every rank (it agrees on it): so does the stop
+            // that decides what follows, and an error then stops every rank here.
+            let stopping = match &eval {
+                Err(_) => self.job.any(opts.stop.load(Ordering::SeqCst))?,
+                Ok(_) => false,
+            };
+            if eval.is_err() && !stopping {
+                good.stopped_together();
+            }
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
-            let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {
+            let Some(is_best) = eval_outcome(t, eval, stopping)? else {
                 // a signal arrived while evaluating (e.g. a hung reward model): the interruption
                 self.checkpoint(t, rep.skipped, false, true)?;
                 return Ok((done, true));
@@ -713,19 +722,16 @@ fn budget_exceeded(e: &anyhow::Error) -> bool {
 
 /// What a step does after its evaluation `eval` (whose step line is already written): `Some(is
 /// best)` when it succeeded (or was not due), `None` when it failed after a stop was asked for
-/// (`stop`: a signal during a hung evaluation ends the run as an interruption, saving step `t`).
+/// (`stop`: asked for on any rank, as every rank agrees when the evaluation failed; a signal
+/// during a hung evaluation ends the run as an interruption, saving step `t`).
 ///
 /// # Errors
 /// The evaluation's error, naming step `t`, when no stop was asked for: the run stops and the
 /// save after an error writes step `t`, whose update is complete (DESIGN.md section 12).
-fn eval_outcome(
-    t: u64,
-    eval: anyhow::Result<bool>,
-    stop: &std::sync::atomic::AtomicBool,
-) -> anyhow::Result<Option<bool>> {
+fn eval_outcome(t: u64, eval: anyhow::Result<bool>, stop: bool) -> anyhow::Result<Option<bool>> {
     match eval {
         Ok(best) => Ok(Some(best)),
-        Err(e) if stop.load(Ordering::SeqCst) => {
+        Err(e) if stop => {
             crate::log::say(&format!(
                 "the evaluation of step {t} ended with an error after the stop was asked for \
                  ({e:#}); it is null in metrics.jsonl"

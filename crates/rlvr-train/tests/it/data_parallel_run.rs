@@ -834,3 +834,82 @@ fn the_environment_error_budget_is_the_whole_steps_at_every_world_size() {
         }
     }
 }
+
+/// An evaluation that fails on one rank's share alone (the verifier fails on held-out problem 7
+/// at its second evaluation, step 2's: rank 1's share at 2 ranks, rank 2's at 3) ends every rank
+/// at step 2 with an error, none waiting for the failed rank's counts, as one process stops
+/// there; rank 0 saves step 2 (complete), also with ZeRO-1 (the ranks gather the shards, as
+/// for any error they all meet), and the resume once the cause is fixed trains step 3.
+#[test]
+fn an_evaluation_that_fails_on_one_rank_stops_every_rank_at_that_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(&tmp.path().join("m"), 3);
+    let test = tmp.path().join("test.jsonl");
+    let rows: Vec<String> = (0..9)
+        .map(|i| {
+            let answer = if i == 7 { "7" } else { "5" };
+            serde_json::json!({"question": format!("{}+{}=", i % 10, (i + 3) % 10), "answer": answer})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&test, rows.join("\n")).unwrap();
+    // Scores as the arithmetic verifier would not matter here: a completion starting with 5 is
+    // right. A batch holding problem 7 counts itself in $DIR/sevens and fails at the second.
+    let vdir = tmp.path().join("verifier");
+    std::fs::create_dir_all(&vdir).unwrap();
+    let script = vdir.join("verify.sh");
+    std::fs::write(
+        &script,
+        r#"DIR=$1
+out=""
+seven=0
+while IFS= read -r line; do
+  case "$line" in *'"reference":"7"'*) seven=1;; esac
+  comp=$(printf '%s' "$line" | sed 's/.*"completion":"\([^"]*\)".*/\1/')
+  case "$comp" in 5*) r=1;; *) r=0;; esac
+  out="$out{\"reward\":$r}
+"
+done
+if [ $seven = 1 ]; then
+  echo x >> "$DIR/sevens"
+  if [ ! -e "$DIR/fixed" ] && [ $(wc -l < "$DIR/sevens") -ge 2 ]; then
+    echo "problem 7 again" >&2; exit 3
+  fi
+fi
+printf '%s' "$out"
+"#,
+    )
+    .unwrap();
+    let verifier = format!(
+        "data.verifier={{ kind = \"external\", command = [\"sh\", \"{}\", \"{}\"] }}",
+        script.display(),
+        vdir.display()
+    );
+    let test_set = format!("data.test={}", test.display());
+    for (w, name) in [(1, "one"), (2, "w2"), (3, "w3"), (2, "zero1-w2")] {
+        let _ = std::fs::remove_file(vdir.join("sevens"));
+        let _ = std::fs::remove_file(vdir.join("fixed"));
+        let dir = tmp.path().join(name);
+        let mut s = sets(&model, &dir, &[test_set.as_str(), verifier.as_str()]);
+        if name.starts_with("zero1") {
+            s.push("distributed.zero=1".into());
+        }
+        let out = run_each(&s, w, false);
+        for (r, o) in out.iter().enumerate() {
+            let e = o.as_ref().expect_err(&format!("{name}: rank {r} went on"));
+            assert!(e.contains("evaluating step 2"), "{name}: rank {r}: {e}");
+            // Every rank stopped there on its own: none found its peers gone in a collective.
+            assert!(!e.contains("collective"), "{name}: rank {r}: {e}");
+            if r == 0 {
+                let saved = format!(
+                    "stopped by an error after step 2; its state was saved to {}",
+                    checkpoint(&dir, 2).display()
+                );
+                assert!(e.contains(&saved), "{name}: {e}");
+            }
+        }
+        std::fs::write(vdir.join("fixed"), "").unwrap();
+        let out = run_each(&s, w, true);
+        assert!(out.iter().all(|o| o == &Ok(3)), "{name}: {out:?}");
+    }
+}
