@@ -144,7 +144,12 @@ fn lines(path: &Path) -> Vec<Line> {
         .collect()
 }
 
-const TIME_KEYS: [&str; 3] = ["time/sample_s", "time/train_s", "tokens_per_s"];
+const TIME_KEYS: [&str; 4] = [
+    "time/sample_s",
+    "time/train_s",
+    "tokens_per_s",
+    "time/env_s",
+];
 
 fn same_metrics(a: &Path, b: &Path, exact: bool) {
     let (la, lb) = (
