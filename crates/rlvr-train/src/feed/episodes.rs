@@ -1085,3 +1085,29 @@ pub fn end_of_turn(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More than `max_error_frac` stops, exactly `max_error_frac` does not, an empty batch never
+    /// does; the message names the counts, the percentage, the limit and the first failure.
+    #[test]
+    fn the_error_budget_stops_only_above_the_limit() {
+        let b = |errors, episodes| ErrorBudget {
+            errors,
+            episodes,
+            first: Some("episode 7:0: reset: no such game".into()),
+        };
+        assert!(b(2, 4).check(0.5).is_ok());
+        assert!(b(0, 0).check(0.0).is_ok());
+        assert!(b(0, 4).check(0.0).is_ok());
+        assert!(b(4, 4).check(1.0).is_ok());
+        assert_eq!(
+            b(3, 4).check(0.5).unwrap_err().to_string(),
+            "3 of 4 episodes failed in the environment (75%, above env.max_error_frac = 0.5); \
+             the first: episode 7:0: reset: no such game"
+        );
+        assert!(b(1, 4).check(0.0).is_err());
+    }
+}
