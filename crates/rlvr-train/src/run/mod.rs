@@ -67,6 +67,9 @@ pub struct RunOptions {
     /// weight (as an out-of-memory forward would), so a test can check the save after it. Also
     /// read from `RLVR_DEBUG_FAIL_UPDATE_AT_STEP` (`T`, or `R:T` for rank R alone).
     pub fail_update_at_step: Option<u64>,
+    /// Test hook: `(R, T)` makes rank R's evaluation of step T fail after its counts were summed,
+    /// as a failed write of rank 0's eval.jsonl would (an evaluation error of one rank alone).
+    pub fail_eval_at: Option<(usize, u64)>,
 }
 
 /// What a finished run reports.
@@ -255,16 +258,7 @@ impl Run<'_> {
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
             let env = self.env_over_ranks(batch.env.as_ref())?;
             report::set_env_metrics(&mut line, &exps, env.as_ref(), c.env.max_turns);
-            let eval = self.evaluate(t, &mut line);
-            // A failed evaluation failed on every rank (it agrees on it): so does the stop
-            // that decides what follows, and an error then stops every rank here.
-            let stopping = match &eval {
-                Err(_) => self.job.any(opts.stop.load(Ordering::SeqCst))?,
-                Ok(_) => false,
-            };
-            if eval.is_err() && !stopping {
-                good.stopped_together();
-            }
+            let (eval, stopping) = self.evaluate_agreed(t, &mut line, opts, good)?;
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
             let Some(is_best) = eval_outcome(t, eval, stopping)? else {
                 // a signal arrived while evaluating (e.g. a hung reward model): the interruption
@@ -448,6 +442,68 @@ impl Run<'_> {
             tb.line(Source::Eval, &e.to_string())?;
         }
         Ok(self.best.observe(t, r.accuracy))
+    }
+
+    /// [`Run::evaluate`] of step `t`, every rank taking the same way after it: data parallel, a
+    /// failed evaluation is every rank's ([`Run::agree_on_eval`]: a share's failure is agreed
+    /// inside it, rank 0's eval.jsonl or TensorBoard line here), and so is the stop that decides
+    /// what follows (the second value: asked for on any rank, read only after a failure); an
+    /// error with no stop is one every rank meets here, which `good` is told. With the
+    /// [`RunOptions::fail_eval_at`] hook.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn evaluate_agreed(
+        &mut self,
+        t: u64,
+        line: &mut MetricsLine,
+        opts: &RunOptions,
+        good: &mut LastGood,
+    ) -> anyhow::Result<(anyhow::Result<bool>, bool)> {
+        let rank = self.job.rank();
+        let eval = self
+            .evaluate(t, line)
+            .and_then(|best| match opts.fail_eval_at {
+                Some((r, s)) if (r, s) == (rank, t) => Err(anyhow::anyhow!(
+                    "rank {r}: a deliberate error after the evaluation of step {t}"
+                )),
+                _ => Ok(best),
+            });
+        let (eval, failed) = self.agree_on_eval(t, eval)?;
+        if failed {
+            line.set("eval/accuracy", None);
+        }
+        let stopping = failed && self.job.any(opts.stop.load(Ordering::SeqCst))?;
+        if failed && !stopping {
+            good.stopped_together();
+        }
+        Ok((eval, stopping))
+    }
+
+    /// Data parallel, with an evaluator: whether step `t`'s evaluation failed on any rank (one
+    /// `any` at every step, on every rank), and on a rank where it succeeded, the error saying
+    /// that another rank's failed. One process, or no evaluator: `eval` and whether it failed.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn agree_on_eval(
+        &mut self,
+        t: u64,
+        eval: anyhow::Result<bool>,
+    ) -> anyhow::Result<(anyhow::Result<bool>, bool)> {
+        if self.evaluator.is_none() || !self.job.is_parallel() {
+            let failed = eval.is_err();
+            return Ok((eval, failed));
+        }
+        if !self.job.any(eval.is_err())? {
+            return Ok((eval, false));
+        }
+        let eval = eval.and_then(|_| {
+            Err(anyhow::anyhow!(
+                "another rank's evaluation of step {t} failed (its error, in its log, says why)"
+            ))
+        });
+        Ok((eval, true))
     }
 
     /// Appends JSONL lines just written to the TensorBoard event file (when on).

@@ -707,14 +707,19 @@ fn fail_listed(dir: &Path, fail: &Path) -> Vec<String> {
 /// result as text (the error as `rlvr` prints it), within `limit`: a rank that stops while the
 /// others go on (a hang until the timeout) fails the test instead of hanging it.
 fn run_each(sets: &[String], world: usize, resume: bool) -> Vec<Result<u64, String>> {
+    let opts = RunOptions {
+        resume,
+        ..Default::default()
+    };
+    run_each_with(sets, world, opts)
+}
+
+/// [`run_each`] with `opts`.
+fn run_each_with(sets: &[String], world: usize, opts: RunOptions) -> Vec<Result<u64, String>> {
     let limit = std::time::Duration::from_secs(600);
     let cfg = RawConfig::load(None, sets).unwrap().resolve().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let opts = RunOptions {
-            resume,
-            ..Default::default()
-        };
         let show = |r: anyhow::Result<RunSummary>| r.map(|s| s.steps).map_err(|e| format!("{e:#}"));
         let out = match world {
             1 => vec![show(train_on(&cfg, &opts, Job::single()))],
@@ -911,5 +916,44 @@ printf '%s' "$out"
         std::fs::write(vdir.join("fixed"), "").unwrap();
         let out = run_each(&s, w, true);
         assert!(out.iter().all(|o| o == &Ok(3)), "{name}: {out:?}");
+    }
+}
+
+/// An evaluation error of one rank alone after the counts were summed (the
+/// [`RunOptions::fail_eval_at`] hook, as a failed write of rank 0's eval.jsonl) is every rank's:
+/// each stops at step 2 with an error of its own, none failing in a collective its peer left,
+/// and rank 0 saves step 2 (complete), whichever rank failed.
+#[test]
+fn an_evaluation_error_of_one_rank_alone_stops_every_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(&tmp.path().join("m"), 3);
+    for (w, failing) in [(1, 0), (2, 0), (2, 1), (3, 2)] {
+        let dir = tmp.path().join(format!("w{w}-r{failing}"));
+        let opts = RunOptions {
+            fail_eval_at: Some((failing, 2)),
+            ..Default::default()
+        };
+        let out = run_each_with(&sets(&model, &dir, &[]), w, opts);
+        for (r, o) in out.iter().enumerate() {
+            let e = o
+                .as_ref()
+                .expect_err(&format!("{w} ranks: rank {r} went on"));
+            assert!(!e.contains("collective"), "{w} ranks: rank {r}: {e}");
+            let own = format!("rank {failing}: a deliberate error after the evaluation of step 2");
+            match r == failing {
+                true => assert!(e.contains(&own), "{w} ranks: {e}"),
+                false => assert!(
+                    e.contains("another rank's evaluation of step 2 failed"),
+                    "{w} ranks: rank {r}: {e}"
+                ),
+            }
+            if r == 0 {
+                let saved = format!(
+                    "stopped by an error after step 2; its state was saved to {}",
+                    checkpoint(&dir, 2).display()
+                );
+                assert!(e.contains(&saved), "{w} ranks: {e}");
+            }
+        }
     }
 }
