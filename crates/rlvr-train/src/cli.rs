@@ -78,6 +78,7 @@ pub fn run_train(a: &TrainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             stop,
             hang_after_step: None,
             fail_update_at_step: None,
+            fail_eval_at: None,
         },
     );
     // A run asked to stop by a signal that then ended with an error (an environment or a

@@ -311,10 +311,13 @@ impl Evaluator {
     /// [`Job::my_range`] of the problems, the per-problem correct counts are summed over the
     /// ranks (exact: small integers in f64), so every rank returns the one-process result; only
     /// a caller passing `dir` (rank 0) appends to eval.jsonl. A job of one process evaluates
-    /// every problem.
+    /// every problem. A rank whose share fails (sampling, the verifier) tells the others first
+    /// (one `any`), so every rank ends the evaluation with an error at the same point instead of
+    /// the others waiting for its counts.
     ///
     /// # Errors
-    /// As [`Evaluator::record`]; a failed collective.
+    /// As [`Evaluator::record`], on the rank that met it; on the others, that another rank's
+    /// share failed; a failed collective.
     pub fn record_split(
         &self,
         model: &Model,
@@ -333,7 +336,16 @@ impl Evaluator {
             &self.reward,
             &self.settings,
             range,
-        )?;
+        );
+        if job.any(items.is_err())? {
+            return Err(items.err().unwrap_or_else(|| {
+                anyhow::anyhow!(
+                    "another rank's share of the evaluation of step {step} failed (its error, in \
+                     its log, says why)"
+                )
+            }));
+        }
+        let items = items?;
         let mut per = correct_per_problem(&items, n);
         job.sum_f64(&mut per)?;
         let r = summarise(self.task, &per, self.settings.samples);

@@ -237,6 +237,30 @@ impl Job {
         Ok(self.comm.any(flag)?)
     }
 
+    /// The first `Some` of every rank's `mine`, in rank order (one `all_gather_bytes`; every
+    /// rank gets the same). One process: `mine`.
+    ///
+    /// # Errors
+    /// A failed collective; a message that is not UTF-8 (names the rank).
+    pub fn first_in_rank_order(&mut self, mine: Option<String>) -> anyhow::Result<Option<String>> {
+        if !self.is_parallel() {
+            return Ok(mine);
+        }
+        // A leading byte tells `None` from `Some("")`.
+        let bytes = match mine {
+            None => vec![0],
+            Some(m) => std::iter::once(1).chain(m.into_bytes()).collect(),
+        };
+        for (rank, part) in self.comm.all_gather_bytes(&bytes)?.into_iter().enumerate() {
+            if part.first() == Some(&1) {
+                let text = String::from_utf8(part[1..].to_vec())
+                    .map_err(|e| anyhow::anyhow!("rank {rank}'s message: {e}"))?;
+                return Ok(Some(text));
+            }
+        }
+        Ok(None)
+    }
+
     /// Each value's maximum over the ranks, in place (a step waits for its slowest rank).
     ///
     /// # Errors

@@ -506,6 +506,7 @@ fn rl_run(cfg: &ResolvedConfig, name: &str) -> anyhow::Result<(f64, PathBuf)> {
             stop: Arc::new(AtomicBool::new(false)),
             hang_after_step: None,
             fail_update_at_step: None,
+            fail_eval_at: None,
         },
     )
     .with_context(|| format!("quickstart {name} run"))?;

@@ -7,7 +7,8 @@
 //! uninterrupted run (bit for bit with an explorer thread's batch in flight, kept whole in the
 //! checkpoint); a rank that dies ends the job with the last checkpoint intact; an error of rank 0
 //! alone in a step's update saves the step before, or with ZeRO-1 (whose shards need every rank)
-//! names the checkpoint the resume starts from.
+//! names the checkpoint the resume starts from; `env.max_error_frac`, checked on the whole step,
+//! stops every rank together and the save after it resumes exactly.
 #![cfg(all(unix, feature = "mpi"))]
 
 #[path = "it/common.rs"]
@@ -143,7 +144,12 @@ fn lines(path: &Path) -> Vec<Line> {
         .collect()
 }
 
-const TIME_KEYS: [&str; 3] = ["time/sample_s", "time/train_s", "tokens_per_s"];
+const TIME_KEYS: [&str; 4] = [
+    "time/sample_s",
+    "time/train_s",
+    "tokens_per_s",
+    "time/env_s",
+];
 
 fn same_metrics(a: &Path, b: &Path, exact: bool) {
     let (la, lb) = (
@@ -746,4 +752,109 @@ fn kill_after_step_3(sets: &[String], run: &Path) {
     child.kill().unwrap();
     child.wait().unwrap();
     wait_for_ranks_gone(run);
+}
+
+/// An environment (Python, the §14 protocol) for the "five" task whose `reset` fails every
+/// episode of the groups whose draw index is listed in the file named by its first argument
+/// (read at every `reset`, so the test can fix the cause before the resume).
+const FAIL_LISTED_ENV: &str = r#"
+import json, sys
+refs = {}
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        listed = {int(x) for x in open(sys.argv[1]).read().split(",") if x.strip()}
+        eps = []
+        for e in req["episodes"]:
+            refs[e["id"]] = e["row"]["answer"]
+            if int(e["group"]) in listed:
+                eps.append({"id": e["id"], "error": "group %s: no such game" % e["group"]})
+            else:
+                eps.append({"id": e["id"], "messages": None, "tools": None})
+        out = {"episodes": eps}
+    elif t == "step":
+        eps = []
+        for e in req["episodes"]:
+            ok = e["text"].strip() == refs[e["id"]]
+            eps.append({"id": e["id"], "reward": 1.0 if ok else 0.0, "done": ok,
+                        "messages": [] if ok else [{"role": "user", "content": "again"}]})
+        out = {"episodes": eps}
+    else:
+        out = {"episodes": [{"id": e["id"]} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// `env.max_error_frac` under mpirun -np 3 with an explorer thread and ZeRO-1: groups 7 and 8 of
+/// step 2 fail (40% of the step; 0, 100% and 0 of the three ranks' shares), above 0.35, so every
+/// rank stops at step 2 with the one-process error (none goes on alone), rank 0 saves step 1
+/// with the gathered optimizer shards and the explorer's weights of the failed batch, and the
+/// resume once the cause is fixed gives the uninterrupted one-process run's metrics.
+#[test]
+fn mpirun_the_environment_error_budget_stops_every_rank_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let fail = tmp.path().join("fail.txt");
+    let script = tmp.path().join("fail_listed.py");
+    std::fs::write(&script, FAIL_LISTED_ENV).unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let extra = [
+        format!(
+            "env.command=[\"python3\", \"{}\", \"{}\"]",
+            script.display(),
+            fail.display()
+        ),
+        format!("env.chat_template=\"{}\"", tpl.display()),
+        "env.max_turns=2".into(),
+        "env.max_episode_tokens=16".into(),
+        "env.max_error_frac=0.35".into(),
+        "sync.offset=1".into(),
+        "distributed.zero=1".into(),
+    ];
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    std::fs::write(&fail, "").unwrap();
+    let whole = tmp.path().join("whole");
+    let mut c = rlvr();
+    train_args(&mut c, &sets(&model, &whole, &extra));
+    ok(&c.output().unwrap(), "one process");
+    std::fs::write(&fail, "7,8").unwrap();
+    let part = tmp.path().join("part");
+    let t0 = Instant::now();
+    let mut c = mpirun(3);
+    train_args(&mut c, &sets(&model, &part, &extra));
+    let out = job(&mut c);
+    wait_for_ranks_gone(&part);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the job must fail: {err}");
+    let want = "16 of 40 episodes failed in the environment (40%, above env.max_error_frac = \
+                0.35); the first: episode 7:0: reset: group 7: no such game";
+    assert_eq!(
+        err.matches(want).count(),
+        3,
+        "every rank's own error: {err}"
+    );
+    assert!(
+        err.contains("after step 1; its state was saved to"),
+        "{err}"
+    );
+    assert!(ckpt(&part, 1).join("trainer_state/state.json").is_file());
+    eprintln!("every rank stopped in {:?}", t0.elapsed());
+    std::fs::write(&fail, "").unwrap();
+    let mut c = mpirun(3);
+    c.arg("train")
+        .arg("--resume")
+        .arg(&part)
+        .arg("--no-progress");
+    ok(&job(&mut c), "resumed from step-1");
+    let log = std::fs::read_to_string(part.join("train.log")).unwrap();
+    assert!(!log.contains("not exact"), "{log}");
+    same_metrics(&whole, &part, false);
 }

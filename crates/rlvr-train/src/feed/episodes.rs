@@ -229,6 +229,77 @@ impl EnvStats {
     }
 }
 
+/// The failed episodes of one request batch against `env.max_error_frac`: in one process a
+/// call's batch, under data parallel the whole batch of every rank's shares (the counts summed
+/// over the ranks and the first failure taken in rank order, `crate::feed::explorer`), so that
+/// the stop-or-continue decision and its message are the same at every world size and on every
+/// rank.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ErrorBudget {
+    /// Failed episodes.
+    pub errors: usize,
+    /// Episodes run.
+    pub episodes: usize,
+    /// The first failed episode's message (`episode ID: why`), in (prompt, sample) order.
+    pub first: Option<String>,
+}
+
+impl ErrorBudget {
+    /// The budget of one batch's `stats` and its first failure.
+    pub fn of(stats: &EnvStats, first: Option<String>) -> ErrorBudget {
+        ErrorBudget {
+            errors: stats.errors,
+            episodes: stats.episodes,
+            first,
+        }
+    }
+
+    /// Fails with [`ErrorBudgetExceeded`] when more than `max_error_frac` of the episodes failed
+    /// (an empty batch never does).
+    ///
+    /// # Errors
+    /// The fraction is above `max_error_frac`.
+    pub fn check(&self, max_error_frac: f64) -> Result<(), ErrorBudgetExceeded> {
+        let frac = self.errors as f64 / self.episodes.max(1) as f64;
+        if frac > max_error_frac {
+            return Err(ErrorBudgetExceeded {
+                budget: self.clone(),
+                max_error_frac,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// More than `env.max_error_frac` of a request batch's episodes failed in the environment: the
+/// run stops. Under data parallel every rank meets it at the same point (its counts are the
+/// whole batch's), so the run knows it may save together (`crate::run`).
+#[derive(Debug, Clone)]
+pub struct ErrorBudgetExceeded {
+    /// The batch's counts and first failure.
+    pub budget: ErrorBudget,
+    /// `env.max_error_frac`.
+    pub max_error_frac: f64,
+}
+
+impl std::fmt::Display for ErrorBudgetExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = &self.budget;
+        write!(
+            f,
+            "{} of {} episodes failed in the environment ({:.0}%, above env.max_error_frac = {}); \
+             the first: {}",
+            b.errors,
+            b.episodes,
+            100.0 * b.errors as f64 / b.episodes.max(1) as f64,
+            self.max_error_frac,
+            b.first.as_deref().unwrap_or_default()
+        )
+    }
+}
+
+impl std::error::Error for ErrorBudgetExceeded {}
+
 /// One prompt's episodes to run: its draw index, ids, text, verifier reference and row.
 pub struct EpisodePrompt<'a> {
     /// The prompt's draw index (group id).
@@ -486,12 +557,38 @@ impl EpisodeRunner {
         params: &SamplingParams,
         seed: u64,
     ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats)> {
+        let (out, stats, first) = self.run_tallied(rollout, tok, prompts, params, seed)?;
+        ErrorBudget::of(&stats, first).check(self.settings.max_error_frac)?;
+        Ok((out, stats))
+    }
+
+    /// [`EpisodeRunner::run`] without the `env.max_error_frac` check, which the caller makes
+    /// ([`ErrorBudget::check`]) once it knows the whole request batch: data parallel, every
+    /// rank's share of it ([`crate::feed::explorer::Explorer`] sums the counts over the ranks
+    /// first). The third value is the first failed episode's message (`episode ID: why`), `None`
+    /// when none failed.
+    ///
+    /// # Errors
+    /// As [`EpisodeRunner::run`], but for the error budget.
+    pub fn run_tallied(
+        &mut self,
+        rollout: &mut dyn Rollout,
+        tok: &TokenizerBundle,
+        prompts: &[EpisodePrompt<'_>],
+        params: &SamplingParams,
+        seed: u64,
+    ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats, Option<String>)> {
         // The backend keeps each episode's state (the native engine: its keys and values,
         // bounded) from one turn to the next for this batch only.
         rollout.keep_turns(Some(self.settings.turn_cache_bytes));
         let out = self.run_kept(rollout, tok, prompts, params, seed);
         rollout.keep_turns(None);
         out
+    }
+
+    /// `env.max_error_frac`: the most failed episodes, as a fraction of a request batch's.
+    pub fn max_error_frac(&self) -> f64 {
+        self.settings.max_error_frac
     }
 
     fn run_kept(
@@ -501,14 +598,14 @@ impl EpisodeRunner {
         prompts: &[EpisodePrompt<'_>],
         params: &SamplingParams,
         seed: u64,
-    ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats)> {
+    ) -> anyhow::Result<(Vec<EpisodeOut>, EnvStats, Option<String>)> {
         let k = params.group_size;
         let mut stats = EnvStats {
             episodes: prompts.len() * k,
             ..EnvStats::default()
         };
         let Some(first) = prompts.first().map(|p| p.draw) else {
-            return Ok((Vec::new(), stats));
+            return Ok((Vec::new(), stats, None));
         };
         anyhow::ensure!(
             prompts.iter().enumerate().all(|(i, p)| p.draw == first + i),
@@ -675,21 +772,9 @@ impl EpisodeRunner {
         for e in eps.iter().filter(|e| e.error.is_none()) {
             stats.ends.count(e.end.unwrap_or("done"));
         }
-        let frac = stats.errors as f64 / eps.len().max(1) as f64;
-        if frac > self.settings.max_error_frac {
-            let example = eps
-                .iter()
-                .find_map(|e| e.error.as_ref().map(|m| format!("episode {}: {m}", e.id)))
-                .unwrap_or_default();
-            anyhow::bail!(
-                "{} of {} episodes failed in the environment ({:.0}%, above env.max_error_frac = \
-                 {}); the first: {example}",
-                stats.errors,
-                eps.len(),
-                100.0 * frac,
-                self.settings.max_error_frac
-            );
-        }
+        let first_error = eps
+            .iter()
+            .find_map(|e| e.error.as_ref().map(|m| format!("episode {}: {m}", e.id)));
         let mode = self.settings.reward;
         let out = eps
             .into_iter()
@@ -726,7 +811,7 @@ impl EpisodeRunner {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok((out, stats))
+        Ok((out, stats, first_error))
     }
 
     /// Records each `(episode, completion)` of turn `turn`, then steps the environment for the
@@ -998,5 +1083,31 @@ pub fn end_of_turn(
              token of the model's tokenizer)",
             ids.len()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More than `max_error_frac` stops, exactly `max_error_frac` does not, an empty batch never
+    /// does; the message names the counts, the percentage, the limit and the first failure.
+    #[test]
+    fn the_error_budget_stops_only_above_the_limit() {
+        let b = |errors, episodes| ErrorBudget {
+            errors,
+            episodes,
+            first: Some("episode 7:0: reset: no such game".into()),
+        };
+        assert!(b(2, 4).check(0.5).is_ok());
+        assert!(b(0, 0).check(0.0).is_ok());
+        assert!(b(0, 4).check(0.0).is_ok());
+        assert!(b(4, 4).check(1.0).is_ok());
+        assert_eq!(
+            b(3, 4).check(0.5).unwrap_err().to_string(),
+            "3 of 4 episodes failed in the environment (75%, above env.max_error_frac = 0.5); \
+             the first: episode 7:0: reset: no such game"
+        );
+        assert!(b(1, 4).check(0.0).is_err());
     }
 }

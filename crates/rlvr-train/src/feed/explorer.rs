@@ -21,7 +21,7 @@ use rlvr_reward::Sample;
 use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
-use super::episodes::{EnvStats, EpisodePrompt, EpisodeRunner, RetryVerifier};
+use super::episodes::{EnvStats, EpisodePrompt, EpisodeRunner, ErrorBudget, RetryVerifier};
 use super::share::Share;
 use crate::store::checkpoint::SourceCursor;
 use crate::store::experience::Experience;
@@ -65,6 +65,23 @@ pub struct Batch {
     /// What the environment did (multi-turn runs; this rank's share under data parallel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<super::episodes::EnvStats>,
+    /// Data parallel with the explorer on its own thread: `env.max_error_frac` is not checked
+    /// on this rank's share; the run's thread checks the whole batch once the shares are
+    /// gathered ([`super::gather_batch`]). `None` otherwise, and in a checkpoint's buffer (its
+    /// batches are whole and were checked).
+    #[serde(skip)]
+    pub env_check: Option<ShareCheck>,
+}
+
+/// What the run's thread needs of a rank's share to check `env.max_error_frac` on the gathered
+/// batch ([`Batch::env_check`]): the share's first failed episode and the limit (the counts are
+/// in [`Batch::env`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareCheck {
+    /// The share's first failed episode's message, `None` when none failed.
+    pub first: Option<String>,
+    /// `env.max_error_frac`.
+    pub max_error_frac: f64,
 }
 
 /// Sampling settings of the online explorer.
@@ -129,6 +146,12 @@ pub struct Explorer {
     retry_rows: bool,
     /// What the environment did in the batch being produced.
     env_stats: Option<EnvStats>,
+    /// Data parallel: the failed episodes of this rank's share of the round being sampled,
+    /// checked against `env.max_error_frac` once summed over the ranks ([`ErrorBudget`]).
+    share_budget: Option<ErrorBudget>,
+    /// Data parallel on the explorer's thread: the share's check, handed to the run's thread with
+    /// the batch ([`Batch::env_check`]).
+    env_check: Option<ShareCheck>,
 }
 
 impl Explorer {
@@ -180,6 +203,8 @@ impl Explorer {
             episodes: None,
             retry_rows: false,
             env_stats: None,
+            share_budget: None,
+            env_check: None,
         })
     }
 
@@ -227,6 +252,13 @@ impl Explorer {
             .with_context(|| format!("loading the weights of version {version} into the explorer"))
     }
 
+    /// Whether `env.max_error_frac` can stop the run: multi-turn episodes with a limit below 1.
+    pub fn env_budget_can_stop(&self) -> bool {
+        self.episodes
+            .as_ref()
+            .is_some_and(|r| r.max_error_frac() < 1.0)
+    }
+
     /// Policy version of the weights it samples with.
     pub fn version(&self) -> u64 {
         self.rollout.version()
@@ -251,6 +283,7 @@ impl Explorer {
     pub fn produce(&mut self, step: u64) -> anyhow::Result<Batch> {
         let t0 = Instant::now();
         self.env_stats = self.episodes.as_ref().map(|_| EnvStats::default());
+        self.env_check = None;
         let b = self.settings.prompts_per_step;
         let mut groups: Vec<Vec<Experience>> = Vec::new();
         let mut rollouts = Vec::new();
@@ -316,6 +349,7 @@ impl Explorer {
                 0
             },
             env: self.env_stats.take(),
+            env_check: self.env_check.take(),
         })
     }
 
@@ -332,11 +366,27 @@ impl Explorer {
     ) -> anyhow::Result<Vec<Vec<Experience>>> {
         let mine = share.job.my_range(idx.len());
         let mut recs = Vec::new();
+        self.share_budget = None;
         let mut groups = if mine.is_empty() {
             Vec::new()
         } else {
             self.sample_groups(&idx[mine.clone()], first + mine.start, &mut recs, score_s)?
         };
+        // env.max_error_frac is the whole round's: on the run's thread every rank sums the
+        // counts now (the same decision on every rank, at every world size); on the explorer's
+        // thread the run's thread does it with the gather of the batch.
+        if let Some(runner) = &self.episodes {
+            let max_error_frac = runner.max_error_frac();
+            let budget = self.share_budget.take().unwrap_or_default();
+            if share.gathers {
+                super::check_over_ranks(&mut share.job, budget, max_error_frac)?;
+            } else {
+                self.env_check = Some(ShareCheck {
+                    first: budget.first,
+                    max_error_frac,
+                });
+            }
+        }
         if self.settings.recompute_behaviour && !groups.is_empty() {
             let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
             let mut rows: Vec<Experience> = groups.into_iter().flatten().collect();
@@ -480,13 +530,21 @@ impl Explorer {
             })
             .collect();
         let runner = self.episodes.as_mut().expect("episodes");
-        let (eps, stats) = runner.run(
+        let max_error_frac = runner.max_error_frac();
+        let (eps, stats, first_error) = runner.run_tallied(
             self.rollout.as_mut(),
             &self.tokenizer,
             &prompts,
             &self.settings.params,
             self.settings.seed,
         )?;
+        // env.max_error_frac: in one process on this call's episodes (the round's); data
+        // parallel on the whole round's, once summed over the ranks ([`Self::sample_share`]).
+        let budget = ErrorBudget::of(&stats, first_error);
+        match self.share {
+            None => budget.check(max_error_frac)?,
+            Some(_) => self.share_budget = Some(budget),
+        }
         *score_s += stats.env_s;
         if let Some(s) = self.env_stats.as_mut() {
             s.merge(&stats);

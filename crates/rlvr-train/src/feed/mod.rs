@@ -35,7 +35,7 @@ use rlvr_model::Model;
 
 use crate::job::Job;
 use crate::store::checkpoint::SourceCursor;
-use episodes::EnvStats;
+use episodes::{EnvStats, ErrorBudget};
 use explorer::{Batch, Explorer};
 use offline::OfflineSource;
 pub use schedule::{behaviour_version, filter_stale, resampled_steps};
@@ -86,6 +86,14 @@ pub enum Feed {
         /// saves instead of waiting for batches sampled by weights the feed no longer keeps
         /// ([`live`]).
         live: Option<live::LiveWeights>,
+        /// Data parallel with an environment whose error budget can stop the run
+        /// (`env.max_error_frac` < 1): each batch's step once its gathered counts passed the
+        /// check. The explorer thread replaces the weights that sampled a batch only after
+        /// it ([`spawn_explorer`]), so that when the check stops the run those weights are
+        /// still the explorer's, and the save after it keeps them ([`Feed::state`]).
+        verdicts: Option<mpsc::Sender<u64>>,
+        /// The error budget stopped the run at a gather: every rank met it at the same point.
+        budget_failed: bool,
     },
 }
 
@@ -141,7 +149,14 @@ impl Feed {
                 model,
                 gate: gate.clone(),
             });
-        let (brx, wtx, h) = spawn_explorer(explorer, from, last_step, v, o, gate);
+        let (vtx, vrx) = match job.is_parallel() && explorer.env_budget_can_stop() {
+            true => {
+                let (tx, rx) = mpsc::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
+        let (brx, wtx, h) = spawn_explorer(explorer, (from, last_step), (v, o), gate, vrx);
         Ok(Feed::Threaded {
             batches: brx,
             weights: Some(wtx),
@@ -154,6 +169,8 @@ impl Feed {
             sync: (v, o),
             synced: synced.filter(|_| v > 1),
             live,
+            verdicts: vtx,
+            budget_failed: false,
         })
     }
 
@@ -178,6 +195,8 @@ impl Feed {
                 keep,
                 pending,
                 handed,
+                verdicts,
+                budget_failed,
                 ..
             } => {
                 if let Some(b) = pending.pop_front() {
@@ -206,7 +225,7 @@ impl Feed {
                     None if waited => return Ok(Next::Stopped(StopFound::Waiting)),
                     None => return Ok(Next::Stopped(StopFound::Sampling)),
                 };
-                let b = gather_batch(job, *keep, b)?;
+                let b = gather_checked(job, *keep, b, verdicts.as_ref(), budget_failed)?;
                 *handed = Some((b.clone(), *last_cursor));
                 *last_cursor = b.cursor;
                 Ok(Next::Batch(b))
@@ -366,6 +385,23 @@ impl Feed {
                 },
             },
         };
+        let received = match received {
+            Received::None if in_flight == InFlight::TryWait && self.budget_failed() => {
+                match self.hold_after_failure(t, last_step) {
+                    Some(h) => {
+                        crate::log::log_only(&format!(
+                            "note: env.max_error_frac stopped every rank; the checkpoint of \
+                             step {t} keeps the explorer's weights (version {}), with which the \
+                             resume samples the failed batch again, exactly",
+                            h.version
+                        ));
+                        Received::Live(h)
+                    }
+                    None => Received::None,
+                }
+            }
+            r => r,
+        };
         let buffered = !matches!(received, Received::None);
         let held = match received {
             Received::Live(h) => Some(h),
@@ -402,6 +438,18 @@ impl Feed {
             buffer,
             held,
         })
+    }
+
+    /// Data parallel: whether the environment's error budget stopped the run at a gather of
+    /// the explorer thread's shares (every rank met it there).
+    fn budget_failed(&self) -> bool {
+        matches!(
+            self,
+            Feed::Threaded {
+                budget_failed: true,
+                ..
+            }
+        )
     }
 
     /// Whether a checkpoint of step `t` without the in-flight batches resumes exactly: the
@@ -613,13 +661,17 @@ impl Feed {
             pending,
             sync: (v, o),
             live: Some(l),
+            budget_failed,
             ..
         } = self
         else {
             return None;
         };
         let first = pending.back().map_or(base, |b| b.step) + 1;
-        if job.is_parallel() || first > until {
+        // Data parallel, only after the error budget stopped every rank at a gather: the
+        // explorer thread then still holds the weights of the batch that failed ([`Feed::next`]
+        // held back its next load until the check, [`spawn_explorer`]).
+        if (job.is_parallel() && !*budget_failed) || first > until {
             return None;
         }
         live_hold(l, (t, first, until.min(last_step - 1) + 1), (*v, *o))
@@ -645,6 +697,8 @@ impl Feed {
             job,
             keep,
             pending,
+            verdicts,
+            budget_failed,
             ..
         } = self
         else {
@@ -655,7 +709,8 @@ impl Feed {
         }
         while pending.back().map_or(base, |b| b.step) < until {
             let share = batches.recv().context("the explorer thread stopped")??;
-            pending.push_back(gather_batch(job, *keep, share)?);
+            let b = gather_checked(job, *keep, share, verdicts.as_ref(), budget_failed)?;
+            pending.push_back(b);
         }
         Ok(())
     }
@@ -670,10 +725,12 @@ impl Feed {
             weights,
             handle,
             batches,
+            verdicts,
             ..
         } = self
         {
             weights.take();
+            verdicts.take();
             // Unblock an explorer waiting to send.
             while batches.try_recv().is_ok() {}
             if let Some(h) = handle.take() {
@@ -695,10 +752,12 @@ impl Feed {
 /// the whole batch on every rank (experiences and rollout records in rank order, the first `keep`
 /// records kept); the environment's counts summed over the ranks onto rank 0's copy (the
 /// others' zero), so that the run's own sum over the ranks ([`env_over_ranks`]) gives the whole
-/// batch's whichever rank's copy a checkpoint saves. One process: `b`.
+/// batch's whichever rank's copy a checkpoint saves, and `env.max_error_frac` checked on those
+/// sums ([`Batch::env_check`]; the same decision on every rank). One process: `b`.
 ///
 /// # Errors
-/// A failed collective.
+/// A failed collective; more than `env.max_error_frac` of the whole batch's episodes failed
+/// ([`episodes::ErrorBudgetExceeded`], on every rank).
 fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batch> {
     if !job.is_parallel() {
         return Ok(b);
@@ -710,6 +769,14 @@ fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batc
     b.rollouts = all_recs.into_iter().take(keep).collect();
     if let Some(e) = b.env.take() {
         let total = env_over_ranks(job, &e)?;
+        if let Some(c) = b.env_check.take() {
+            let mine = ErrorBudget {
+                errors: e.errors,
+                episodes: e.episodes,
+                first: c.first,
+            };
+            check_over_ranks(job, mine, c.max_error_frac)?;
+        }
         b.env = Some(if job.writer() {
             total
         } else {
@@ -717,6 +784,65 @@ fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batc
         });
     }
     Ok(b)
+}
+
+/// [`gather_batch`], then the explorer thread told that the batch passed the error budget
+/// (`verdicts`, [`spawn_explorer`]), or `failed` set when the budget stopped the run.
+///
+/// # Errors
+/// As [`gather_batch`].
+fn gather_checked(
+    job: &mut Job,
+    keep: usize,
+    b: Batch,
+    verdicts: Option<&mpsc::Sender<u64>>,
+    failed: &mut bool,
+) -> anyhow::Result<Batch> {
+    match gather_batch(job, keep, b) {
+        Ok(b) => {
+            if let Some(v) = verdicts {
+                // A closed channel: the explorer thread already ended.
+                let _ = v.send(b.step);
+            }
+            Ok(b)
+        }
+        Err(e) => {
+            *failed |= e.chain().any(|c| c.is::<episodes::ErrorBudgetExceeded>());
+            Err(e)
+        }
+    }
+}
+
+/// `env.max_error_frac` on the whole request batch from every rank's `mine` (its share's failed
+/// and run episodes, its first failure): the counts summed over the ranks (exact in f64, as in
+/// [`env_over_ranks`]), so every rank takes the same decision, the one a single process takes
+/// on the whole batch; when it stops, the first failure is the first rank's that has one (the
+/// shares are consecutive in rank order, so it is the one a single process names). One process:
+/// `mine`'s own check. Every rank calls it at the same point.
+///
+/// # Errors
+/// The budget is exceeded ([`episodes::ErrorBudgetExceeded`], the same on every rank); a failed
+/// collective.
+pub(crate) fn check_over_ranks(
+    job: &mut Job,
+    mine: ErrorBudget,
+    max_error_frac: f64,
+) -> anyhow::Result<()> {
+    if !job.is_parallel() {
+        return Ok(mine.check(max_error_frac)?);
+    }
+    let mut counts = [mine.errors as f64, mine.episodes as f64];
+    job.sum_f64(&mut counts)?;
+    let whole = ErrorBudget {
+        errors: counts[0] as usize,
+        episodes: counts[1] as usize,
+        first: None,
+    };
+    if whole.check(max_error_frac).is_ok() {
+        return Ok(());
+    }
+    let first = job.first_in_rank_order(mine.first)?;
+    Ok(ErrorBudget { first, ..whole }.check(max_error_frac)?)
 }
 
 /// What the environment did for the whole batch from every rank's `e` (its share of the
@@ -909,14 +1035,17 @@ type ExplorerThread = (
     std::thread::JoinHandle<()>,
 );
 
-/// The explorer thread of o ≥ 1: batch t waits for version s(t).
+/// The explorer thread of o ≥ 1: batch t waits for version s(t). With `verdicts` (data parallel,
+/// an error budget that can stop the run: [`Feed::Threaded`]'s `verdicts`) it replaces its
+/// weights only once the run's thread has checked every batch it sampled with them, so that the
+/// weights of a batch that stops the run are still its own for the save after the error (the
+/// one-process explorer, which checks its batches itself, stops at once and loads nothing).
 fn spawn_explorer(
     mut ex: Explorer,
-    first_step: u64,
-    last_step: u64,
-    v: u64,
-    o: u64,
+    (first_step, last_step): (u64, u64),
+    (v, o): (u64, u64),
     gate: std::sync::Arc<live::LoadGate>,
+    verdicts: Option<mpsc::Receiver<u64>>,
 ) -> ExplorerThread {
     let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
     let (wtx, wrx) = mpsc::channel::<WeightsMsg>();
@@ -925,9 +1054,17 @@ fn spawn_explorer(
     let block = rlvr_rollout::CaptureBlock::hold();
     let handle = std::thread::spawn(move || {
         let _block = block;
+        // The last batch sampled here and the last the run's thread checked.
+        let (mut produced, mut checked) = (first_step - 1, first_step - 1);
         for t in first_step..=last_step {
             let need = behaviour_version(t, v, o);
             while ex.version() < need {
+                if let Some(verdicts) = &verdicts {
+                    while checked < produced {
+                        let Ok(s) = verdicts.recv() else { return };
+                        checked = checked.max(s);
+                    }
+                }
                 let Ok((ver, w)) = wrx.recv() else { return };
                 // Not while a checkpoint saves the weights being replaced ([`live`]).
                 let loaded = gate.load(|| {
@@ -940,6 +1077,7 @@ fn spawn_explorer(
                 }
             }
             let r = ex.produce(t);
+            produced = t;
             let failed = r.is_err();
             if btx.send(r).is_err() || failed {
                 return;

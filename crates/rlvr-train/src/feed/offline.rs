@@ -134,6 +134,7 @@ impl OfflineSource {
             dropped_groups: 0,
             short_groups: 0,
             env: None,
+            env_check: None,
         })
     }
 }

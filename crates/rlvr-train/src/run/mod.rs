@@ -67,6 +67,9 @@ pub struct RunOptions {
     /// weight (as an out-of-memory forward would), so a test can check the save after it. Also
     /// read from `RLVR_DEBUG_FAIL_UPDATE_AT_STEP` (`T`, or `R:T` for rank R alone).
     pub fail_update_at_step: Option<u64>,
+    /// Test hook: `(R, T)` makes rank R's evaluation of step T fail after its counts were summed,
+    /// as a failed write of rank 0's eval.jsonl would (an evaluation error of one rank alone).
+    pub fail_eval_at: Option<(usize, u64)>,
 }
 
 /// What a finished run reports.
@@ -174,6 +177,11 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
+    // More than env.max_error_frac of a batch's episodes failed: data parallel, every rank
+    // decided it on the whole batch's counts, at the same point.
+    if result.as_ref().is_err_and(budget_exceeded) {
+        good.stopped_together();
+    }
     // An error every rank met at the same point: the ranks gather the ZeRO-1 shards for rank
     // 0's save, as a checkpoint does; otherwise they cannot.
     if let (Err(_), Some(step), true) = (&result, good.gather_due(), run.job.is_parallel()) {
@@ -250,9 +258,9 @@ impl Run<'_> {
             let mut line = step_metrics(t, &exps, &rep, lr, sample_s, train_s);
             let env = self.env_over_ranks(batch.env.as_ref())?;
             report::set_env_metrics(&mut line, &exps, env.as_ref(), c.env.max_turns);
-            let eval = self.evaluate(t, &mut line);
+            let (eval, stopping) = self.evaluate_agreed(t, &mut line, opts, good)?;
             self.write_logs(t, &batch, &rep, (exps.len(), stale), &line, (comm0, mem))?;
-            let Some(is_best) = eval_outcome(t, eval, &opts.stop)? else {
+            let Some(is_best) = eval_outcome(t, eval, stopping)? else {
                 // a signal arrived while evaluating (e.g. a hung reward model): the interruption
                 self.checkpoint(t, rep.skipped, false, true)?;
                 return Ok((done, true));
@@ -434,6 +442,68 @@ impl Run<'_> {
             tb.line(Source::Eval, &e.to_string())?;
         }
         Ok(self.best.observe(t, r.accuracy))
+    }
+
+    /// [`Run::evaluate`] of step `t`, every rank taking the same way after it: data parallel, a
+    /// failed evaluation is every rank's ([`Run::agree_on_eval`]: a share's failure is agreed
+    /// inside it, rank 0's eval.jsonl or TensorBoard line here), and so is the stop that decides
+    /// what follows (the second value: asked for on any rank, read only after a failure); an
+    /// error with no stop is one every rank meets here, which `good` is told. With the
+    /// [`RunOptions::fail_eval_at`] hook.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn evaluate_agreed(
+        &mut self,
+        t: u64,
+        line: &mut MetricsLine,
+        opts: &RunOptions,
+        good: &mut LastGood,
+    ) -> anyhow::Result<(anyhow::Result<bool>, bool)> {
+        let rank = self.job.rank();
+        let eval = self
+            .evaluate(t, line)
+            .and_then(|best| match opts.fail_eval_at {
+                Some((r, s)) if (r, s) == (rank, t) => Err(anyhow::anyhow!(
+                    "rank {r}: a deliberate error after the evaluation of step {t}"
+                )),
+                _ => Ok(best),
+            });
+        let (eval, failed) = self.agree_on_eval(t, eval)?;
+        if failed {
+            line.set("eval/accuracy", None);
+        }
+        let stopping = failed && self.job.any(opts.stop.load(Ordering::SeqCst))?;
+        if failed && !stopping {
+            good.stopped_together();
+        }
+        Ok((eval, stopping))
+    }
+
+    /// Data parallel, with an evaluator: whether step `t`'s evaluation failed on any rank (one
+    /// `any` at every step, on every rank), and on a rank where it succeeded, the error saying
+    /// that another rank's failed. One process, or no evaluator: `eval` and whether it failed.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn agree_on_eval(
+        &mut self,
+        t: u64,
+        eval: anyhow::Result<bool>,
+    ) -> anyhow::Result<(anyhow::Result<bool>, bool)> {
+        if self.evaluator.is_none() || !self.job.is_parallel() {
+            let failed = eval.is_err();
+            return Ok((eval, failed));
+        }
+        if !self.job.any(eval.is_err())? {
+            return Ok((eval, false));
+        }
+        let eval = eval.and_then(|_| {
+            Err(anyhow::anyhow!(
+                "another rank's evaluation of step {t} failed (its error, in its log, says why)"
+            ))
+        });
+        Ok((eval, true))
     }
 
     /// Appends JSONL lines just written to the TensorBoard event file (when on).
@@ -699,21 +769,25 @@ impl Run<'_> {
     }
 }
 
+/// Whether `e` is [`crate::feed::episodes::ErrorBudgetExceeded`] (with any context): under data
+/// parallel an error every rank meets at the same point (`crate::feed::check_over_ranks`).
+fn budget_exceeded(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.is::<crate::feed::episodes::ErrorBudgetExceeded>())
+}
+
 /// What a step does after its evaluation `eval` (whose step line is already written): `Some(is
 /// best)` when it succeeded (or was not due), `None` when it failed after a stop was asked for
-/// (`stop`: a signal during a hung evaluation ends the run as an interruption, saving step `t`).
+/// (`stop`: asked for on any rank, as every rank agrees when the evaluation failed; a signal
+/// during a hung evaluation ends the run as an interruption, saving step `t`).
 ///
 /// # Errors
 /// The evaluation's error, naming step `t`, when no stop was asked for: the run stops and the
 /// save after an error writes step `t`, whose update is complete (DESIGN.md section 12).
-fn eval_outcome(
-    t: u64,
-    eval: anyhow::Result<bool>,
-    stop: &std::sync::atomic::AtomicBool,
-) -> anyhow::Result<Option<bool>> {
+fn eval_outcome(t: u64, eval: anyhow::Result<bool>, stop: bool) -> anyhow::Result<Option<bool>> {
     match eval {
         Ok(best) => Ok(Some(best)),
-        Err(e) if stop.load(Ordering::SeqCst) => {
+        Err(e) if stop => {
             crate::log::say(&format!(
                 "the evaluation of step {t} ended with an error after the stop was asked for \
                  ({e:#}); it is null in metrics.jsonl"

@@ -161,7 +161,9 @@ impl<'a> Run<'a> {
     fn evaluate_initial_policy(&mut self) -> anyhow::Result<()> {
         let writer = self.job.writer();
         let mut line = MetricsLine::new(0);
-        self.evaluate(0, &mut line)?;
+        // Data parallel, every rank stops here when any rank's evaluation failed.
+        let eval = self.evaluate(0, &mut line);
+        self.agree_on_eval(0, eval)?.0?;
         if writer {
             append_line(&self.run_dir.join("metrics.jsonl"), &line.to_json())?;
             self.tensorboard(&[(Source::Metrics, &line.to_json())])?;

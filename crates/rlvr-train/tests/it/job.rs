@@ -321,3 +321,30 @@ fn ranks_gather_in_rank_order_bit_for_bit_and_learn_rank_0s_decisions() {
         assert_eq!(range.len(), [3, 2, 2][r]);
     }
 }
+
+/// [`Job::first_in_rank_order`]: the lowest rank's `Some` on every rank (an empty message is a
+/// message), `None` when no rank has one; one process passes its own through.
+#[test]
+fn the_first_message_in_rank_order_is_every_ranks() {
+    let cases: [[Option<&str>; 3]; 3] = [
+        [None, Some("b"), Some("c")],
+        [Some(""), Some("b"), None],
+        [None, None, None],
+    ];
+    for case in cases {
+        let got = ThreadComm::run(3, |c| {
+            let mut job = Job::over(SharedComm::new(Box::new(c)));
+            let mine = case[job.rank()].map(String::from);
+            job.first_in_rank_order(mine).unwrap()
+        });
+        let want = case.iter().find_map(|m| m.map(String::from));
+        assert_eq!(got, vec![want.clone(); 3], "{case:?}");
+    }
+    let mut one = Job::single();
+    assert_eq!(
+        one.first_in_rank_order(Some("x".into()))
+            .unwrap()
+            .as_deref(),
+        Some("x")
+    );
+}
