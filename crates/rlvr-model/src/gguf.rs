@@ -860,6 +860,7 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         stored_dtype: None,
         bos_token_id,
         eos_token_ids: tokenizer.eos_ids.clone(),
+        gemma: None,
     };
 
     let mut tensors = Vec::with_capacity(names.len());

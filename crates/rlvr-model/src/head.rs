@@ -211,7 +211,13 @@ impl Model {
         grad: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let n = h.dim(0)?;
-        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu()
+        // The fused CPU op has no final-logit softcapping: a softcapped model (Gemma 2) takes
+        // the chunked head, which applies it.
+        let softcap = self.final_logit_softcap();
+        if self.device().is_cpu()
+            && self.dtype() == DType::F32
+            && !crate::chunked::forced_on_cpu()
+            && softcap.is_none()
         {
             // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
             // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
@@ -293,6 +299,7 @@ impl Model {
                 w,
                 &ys,
                 (temperature, with_entropy, chunk),
+                softcap,
                 grad,
                 train_w,
             )?;

@@ -226,6 +226,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         stored_dtype: None,
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
+        gemma: rlvr_model::GemmaConfig::defaults_for(arch, head_dim),
     };
     // --force over a model: the new one is written into a staging sibling and moved over the old
     // one only when complete, so a failure leaves the old weights in place.

@@ -68,6 +68,7 @@ fn config(arch: Arch, vocab: usize) -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     }
 }
 

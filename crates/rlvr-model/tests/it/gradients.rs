@@ -36,6 +36,7 @@ fn tiny(arch: Arch, tied: bool) -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: rlvr_model::GemmaConfig::defaults_for(arch, if arch == Arch::Qwen3 { 8 } else { 4 }),
     }
 }
 

@@ -52,6 +52,7 @@ fn config(arch: Arch) -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     }
 }
 
