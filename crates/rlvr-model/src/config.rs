@@ -973,9 +973,14 @@ impl ModelConfig {
             }
             Some(g) => {
                 m.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+                // An int field of Gemma2Config / Gemma3TextConfig (transformers 5 refuses 24.0).
+                let q = g.query_pre_attn_scalar;
                 m.insert(
                     "query_pre_attn_scalar".into(),
-                    g.query_pre_attn_scalar.into(),
+                    match q.fract() == 0.0 && q <= (1u64 << 53) as f64 {
+                        true => (q as u64).into(),
+                        false => q.into(),
+                    },
                 );
                 let cap = |c: Option<f64>| c.map_or(Value::Null, Value::from);
                 m.insert(

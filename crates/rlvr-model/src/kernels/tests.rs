@@ -917,7 +917,11 @@ fn gemma_features_turn_the_fused_kernels_off() {
         for op in [FusedOp::Attention, FusedOp::Decode, FusedOp::CudaGraphs] {
             let w = why(op).unwrap();
             assert!(w.contains("query_pre_attn_scalar"), "{w}");
-            assert_eq!(w.contains("attn_logit_softcapping 50"), arch == Arch::Gemma2, "{w}");
+            assert_eq!(
+                w.contains("attn_logit_softcapping 50"),
+                arch == Arch::Gemma2,
+                "{w}"
+            );
         }
         assert!(why(FusedOp::Adamw).is_none());
         match arch {
@@ -927,14 +931,19 @@ fn gemma_features_turn_the_fused_kernels_off() {
                 assert!(h.contains("final_logit_softcapping 30"), "{h}");
             }
             _ => {
-                assert!(why(FusedOp::Rotary).unwrap().contains("rope_local_base_freq"));
+                assert!(why(FusedOp::Rotary)
+                    .unwrap()
+                    .contains("rope_local_base_freq"));
                 assert!(why(FusedOp::LogprobHead).is_none());
             }
         }
         let mut m = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
         m.set_kernels(all_on());
         let f = m.fused_flags();
-        assert!(!f.attention && !f.decode && !f.rms_norm && !f.swiglu, "{arch:?}");
+        assert!(
+            !f.attention && !f.decode && !f.rms_norm && !f.swiglu,
+            "{arch:?}"
+        );
         assert_eq!(f.rotary, arch == Arch::Gemma2);
         assert_eq!(f.logprob_head, arch == Arch::Gemma3);
         assert!(f.adamw);

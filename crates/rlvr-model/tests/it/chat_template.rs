@@ -59,8 +59,17 @@ fn templates_render_as_transformers_does() {
         }
         families.insert(c.name.split('/').next().unwrap().to_string());
     }
-    assert_eq!(raised, 3, "Gemma 2's template raises on each system message case");
-    for f in ["chatml", "qwen2.5_style", "llama3", "gemma2_style", "gemma3_style"] {
+    assert_eq!(
+        raised, 3,
+        "Gemma 2's template raises on each system message case"
+    );
+    for f in [
+        "chatml",
+        "qwen2.5_style",
+        "llama3",
+        "gemma2_style",
+        "gemma3_style",
+    ] {
         assert!(families.contains(f), "no {f} cases");
     }
 }

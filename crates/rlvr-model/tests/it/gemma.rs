@@ -514,3 +514,72 @@ fn final_softcapping_bounds_the_logits() {
         assert!((c - 3.0 * (r / 3.0).tanh()).abs() < 1e-5);
     }
 }
+
+/// rlvr's log-probs of `tokens[1:]` (one unpadded row, temperature 1) as check_hf_roundtrip.py
+/// reads them.
+fn expect_json(model: &Model, tokens: &[u32]) -> serde_json::Value {
+    let lp: Vec<Vec<f32>> = model
+        .token_logprobs(
+            &[tokens.to_vec()],
+            &[vec![1; tokens.len()]],
+            0,
+            1.0,
+            false,
+            false,
+        )
+        .unwrap()
+        .logprobs
+        .to_vec2()
+        .unwrap();
+    serde_json::json!({"tokens": tokens, "logprobs": lp[0]})
+}
+
+/// transformers reads what rlvr saves as the same model (`scripts/check_hf_roundtrip.py`: no
+/// missing or unexpected tensor, log-probs within 1e-4): each fixture after an in-place weight
+/// change (so the file is rlvr's writing, not a copy), the multimodal wrapper's language model
+/// saved as "gemma3_text", and a random model of each family with its transformers-4 style
+/// config.json (`ModelConfig::to_json`).
+#[test]
+#[ignore = "needs RLVR_HF_PYTHON (a Python with torch and transformers)"]
+fn transformers_reads_saved_gemma_checkpoints() {
+    let python = std::env::var("RLVR_HF_PYTHON").expect("RLVR_HF_PYTHON names a Python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/check_hf_roundtrip.py");
+    let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 512).collect();
+    let mm = multimodal_copy();
+    let mut models = vec![];
+    for name in FIXTURES {
+        let m = Model::load(&fixture(name), DType::F32, &Device::Cpu).unwrap();
+        let v = m.var("model.layers.0.input_layernorm.weight").unwrap();
+        v.set(&(v.as_tensor() * 0.5).unwrap()).unwrap();
+        models.push((name.to_string(), m));
+        let c = ModelConfig::from_file(&fixture(name).join("config.json")).unwrap();
+        let r = Model::random(c, 0.2, 3, DType::F32, &Device::Cpu).unwrap();
+        models.push((format!("random {name}"), r));
+    }
+    models.push((
+        "gemma3 wrapper".into(),
+        Model::load(mm.path(), DType::F32, &Device::Cpu).unwrap(),
+    ));
+    for (what, m) in models {
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path(), DType::F32).unwrap();
+        let expect = dir.path().join("expect.json");
+        std::fs::write(&expect, expect_json(&m, &tokens).to_string()).unwrap();
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(dir.path())
+            .arg(&expect)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("round trip ok"),
+            "{what}: {text}"
+        );
+        println!(
+            "{what}: {}",
+            text.lines().find(|l| l.contains("max |")).unwrap_or("")
+        );
+    }
+}
