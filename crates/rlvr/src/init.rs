@@ -15,7 +15,8 @@ pub const MAX_INIT_STD: f64 = 10.0;
 /// Arguments of `rlvr init` (DESIGN.md section 10).
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
-    /// Architecture: qwen2, qwen3, llama or mistral.
+    /// Architecture: qwen2, qwen3, llama, mistral, gemma2 or gemma3_text (Gemma with
+    /// transformers' defaults: softcapping for gemma2, attention scale head_dim^-1/2, no window).
     #[arg(long, default_value = "qwen2")]
     pub arch: String,
     /// Hidden size.
@@ -162,7 +163,12 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bail!("--rope-theta {}: expected a finite value > 0", a.rope_theta);
     }
     let arch = Arch::from_model_type(&a.arch)
-        .with_context(|| format!("--arch {}: expected qwen2, qwen3, llama or mistral", a.arch))?;
+        .with_context(|| {
+            format!(
+                "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2 or gemma3_text",
+                a.arch
+            )
+        })?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .ok()
         .filter(|d| matches!(d, DType::F32 | DType::BF16))
@@ -203,7 +209,10 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let intermediate = a.intermediate.unwrap_or(a.hidden.saturating_mul(4));
     let tie = a
         .tie_embeddings
-        .unwrap_or(matches!(arch, Arch::Qwen2 | Arch::Qwen3));
+        .unwrap_or(matches!(
+            arch,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+        ));
     check_size(a, vocab_size, kv, head_dim, intermediate, tie, dtype)?;
     let config = ModelConfig {
         arch,
