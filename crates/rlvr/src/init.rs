@@ -162,13 +162,12 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if !(a.rope_theta.is_finite() && a.rope_theta > 0.0) {
         bail!("--rope-theta {}: expected a finite value > 0", a.rope_theta);
     }
-    let arch = Arch::from_model_type(&a.arch)
-        .with_context(|| {
-            format!(
-                "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2 or gemma3_text",
-                a.arch
-            )
-        })?;
+    let arch = Arch::from_model_type(&a.arch).with_context(|| {
+        format!(
+            "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2 or gemma3_text",
+            a.arch
+        )
+    })?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .ok()
         .filter(|d| matches!(d, DType::F32 | DType::BF16))
@@ -207,12 +206,10 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .as_deref()
         .and_then(|t| tok.tokenizer.token_to_id(t));
     let intermediate = a.intermediate.unwrap_or(a.hidden.saturating_mul(4));
-    let tie = a
-        .tie_embeddings
-        .unwrap_or(matches!(
-            arch,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
-        ));
+    let tie = a.tie_embeddings.unwrap_or(matches!(
+        arch,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+    ));
     check_size(a, vocab_size, kv, head_dim, intermediate, tie, dtype)?;
     let config = ModelConfig {
         arch,
