@@ -583,3 +583,64 @@ fn transformers_reads_saved_gemma_checkpoints() {
         );
     }
 }
+
+/// A tokenizer shaped like Gemma's (`scripts/make_gemma_tokenizer_fixture.py`: BPE over
+/// "▁"-normalised text with byte fallback, `<bos>` added by the post-processor, the turn markers
+/// as special tokens; trained on a few sentences since the hub is out of reach) loads through
+/// the `tokenizers` crate and encodes, decodes and renders its Gemma 2-style chat template as
+/// transformers' `AutoTokenizer` does, byte fallback included.
+#[test]
+fn a_gemma_shaped_tokenizer_encodes_as_transformers_does() {
+    #[derive(Deserialize)]
+    struct TokCase {
+        text: String,
+        ids: Vec<u32>,
+        ids_plain: Vec<u32>,
+        decoded: String,
+    }
+    #[derive(Deserialize)]
+    struct Chat {
+        messages: Vec<rlvr_model::Message>,
+        text: String,
+        ids: Vec<u32>,
+    }
+    #[derive(Deserialize)]
+    struct TokExpected {
+        cases: Vec<TokCase>,
+        chat: Chat,
+    }
+    let dir = fixture("gemma_tokenizer");
+    let exp: TokExpected =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let tok = rlvr_model::TokenizerBundle::load(&dir).unwrap();
+    assert_eq!(tok.bos_token.as_deref(), Some("<bos>"));
+    assert_eq!(tok.pad_id, 0);
+    let byte = |i: &u32| (6..6 + 256).contains(i);
+    assert!(exp.cases.iter().any(|c| c.ids_plain.iter().any(byte)));
+    for c in &exp.cases {
+        assert_eq!(tok.encode(&c.text, true).unwrap(), c.ids, "{:?}", c.text);
+        assert_eq!(
+            tok.encode(&c.text, false).unwrap(),
+            c.ids_plain,
+            "{:?}",
+            c.text
+        );
+        assert_eq!(tok.decode(&c.ids_plain, false).unwrap(), c.decoded);
+        assert_eq!(c.decoded, c.text);
+    }
+    let text = tok.apply_chat_template(&exp.chat.messages, true).unwrap();
+    assert_eq!(text, exp.chat.text);
+    assert_eq!(tok.encode(&text, false).unwrap(), exp.chat.ids);
+    // The template's refusal of a system message reaches the caller.
+    let err = tok
+        .apply_chat_template(
+            &[
+                rlvr_model::Message::new("system", "Be brief."),
+                rlvr_model::Message::new("user", "2+2?"),
+            ],
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("System role not supported"), "{err}");
+}
