@@ -372,6 +372,9 @@ fn yarn(
 ///   absent) on.
 /// - mistral: `sliding_window` (4096 when absent, none when null) on every layer (MistralConfig
 ///   ignores `layer_types`).
+/// - gemma2 / gemma3: `sliding_window` (4096 when absent, none when null) on the layers
+///   `layer_types` names `"sliding_attention"`, or without it all but every `pattern`-th
+///   (Gemma 2: 2; Gemma 3: `sliding_window_pattern` or `_sliding_window_pattern`, 6 when absent).
 /// - llama: none.
 ///
 /// # Errors
@@ -607,7 +610,8 @@ pub(crate) fn ids(v: Option<&Value>) -> Vec<u32> {
 impl ModelConfig {
     /// Reads and normalises `config.json`.
     ///
-    /// Errors: the file is missing or not JSON, `model_type` is not qwen2/qwen3/llama, a
+    /// Errors: the file is missing or not JSON, `model_type` is not one of [`Arch`]'s (or
+    /// "gemma3" with a `text_config`), a Gemma field is out of range ([`GemmaConfig`]), a
     /// required field is missing, the head counts do not divide, `rms_norm_eps` or `rope_theta`
     /// is not a finite number > 0, the rope scaling type is unknown, or a rope scaling number
     /// (`factor`, llama3's `low_freq_factor`, `high_freq_factor` and

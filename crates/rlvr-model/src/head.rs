@@ -199,7 +199,8 @@ impl Model {
     }
 
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
-    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere, the Triton
+    /// asked, `[N]` entropies, of the logits after Gemma 2's final softcapping when the model has
+    /// one (fused on the CPU in f32 without softcapping, [`crate::chunked`] elsewhere, the Triton
     /// chunk kernels on CUDA with `kernels.logprob_head`; the chunked op equals
     /// [`Model::logprobs_unfused`], tested).
     pub(crate) fn head(

@@ -420,7 +420,8 @@ impl SharedLayout {
     }
 }
 
-/// Multi-head attention with grouped KV heads (no repetition), optional q/k RMSNorm (Qwen3).
+/// Multi-head attention with grouped KV heads (no repetition), optional q/k RMSNorm (Qwen3,
+/// Gemma 3), Gemma's scale and softcapping.
 #[derive(Clone)]
 pub(crate) struct Attention {
     pub q_proj: Linear,

@@ -1,4 +1,5 @@
-//! The decoder: Qwen2/Qwen2.5, Qwen3 and Llama as one pre-norm transformer, written with
+//! The decoder: Qwen2/Qwen2.5, Qwen3, Llama, Mistral, Gemma 2 and Gemma 3 as one pre-norm
+//! transformer (Gemma's differences: [`crate::layers`] and [`crate::GemmaConfig`]), written with
 //! differentiable candle-core ops only (candle-nn's fused rope/rms-norm/softmax have no backward:
 //! DESIGN.md section 7), so every parameter receives its gradient.
 //!
