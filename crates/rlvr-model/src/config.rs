@@ -1080,9 +1080,14 @@ impl ModelConfig {
                 );
             }
             (w, Arch::Gemma2 | Arch::Gemma3) => {
+                // transformers' Gemma models build a sliding mask whatever the layer types and
+                // refuse a null window: without one, every layer is "full_attention" and the
+                // window is the whole context.
                 m.insert(
                     "sliding_window".into(),
-                    w.as_ref().map_or(Value::Null, |w| w.size.into()),
+                    w.as_ref()
+                        .map_or(self.max_position_embeddings, |w| w.size)
+                        .into(),
                 );
                 let types: Vec<&str> = (0..self.num_hidden_layers)
                     .map(|i| match w.as_ref().is_some_and(|w| w.layers[i]) {
