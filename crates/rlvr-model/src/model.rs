@@ -850,3 +850,37 @@ impl Model {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod gemma_tests {
+    use super::*;
+
+    /// Gemma's √hidden embedding multiplier is rounded to the compute dtype as transformers
+    /// rounds `embed_scale.to(weight.dtype)`: √1152 (Gemma 3 1B) = 33.941… in f32 but 34 in bf16;
+    /// √2304 (Gemma 2 2B) = 48 in both.
+    #[test]
+    fn the_embedding_multiplier_is_rounded_to_the_compute_dtype() {
+        let cfg = |hidden: usize| {
+            let mut c = ModelConfig::from_json(
+                &serde_json::json!({"model_type": "gemma3_text", "vocab_size": 8,
+                    "hidden_size": hidden, "intermediate_size": 8, "num_hidden_layers": 1,
+                    "num_attention_heads": 1, "head_dim": 4}),
+                Path::new("config.json"),
+            )
+            .unwrap();
+            c.sliding_window = None;
+            c
+        };
+        let scale = |hidden: usize, dtype: DType| {
+            Model::random(cfg(hidden), 0.02, 1, dtype, &Device::Cpu)
+                .unwrap()
+                .embed_scale()
+                .unwrap()
+        };
+        assert_eq!(scale(1152, DType::F32), (1152f32).sqrt() as f64);
+        assert!((scale(1152, DType::F32) - 33.941_125).abs() < 1e-5);
+        assert_eq!(scale(1152, DType::BF16), 34.0);
+        assert_eq!(scale(2304, DType::BF16), 48.0);
+        assert_eq!(scale(2304, DType::F32), 48.0);
+    }
+}
