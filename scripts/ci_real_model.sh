@@ -50,6 +50,14 @@ RLVR_HF_PYTHON="$VENV/bin/python" cargo test --workspace --locked --test it -- -
 grep -q "transformers_sees_the_base_generation_defaults ... ok" "$W/export.log" \
   || { cat "$W/export.log"; echo "ci_real_model: the export test did not run" >&2; exit 1; }
 echo "ci_real_model: transformers' view of the checkpoints' generation defaults took $((SECONDS - t)) s"
+# transformers reads rlvr's Gemma 2 / Gemma 3 checkpoints back as the same models (the ignored test
+# gemma::transformers_reads_saved_gemma_checkpoints, scripts/check_hf_roundtrip.py; ~40 s).
+t=$SECONDS
+RLVR_HF_PYTHON="$VENV/bin/python" cargo test --workspace --locked --test it -- --ignored --nocapture gemma:: > "$W/gemma.log" 2>&1 \
+  || { cat "$W/gemma.log"; exit 1; }
+grep -q "transformers_reads_saved_gemma_checkpoints ... ok" "$W/gemma.log" \
+  || { cat "$W/gemma.log"; echo "ci_real_model: the gemma round-trip test did not run" >&2; exit 1; }
+echo "ci_real_model: transformers' reading of saved Gemma checkpoints took $((SECONDS - t)) s"
 t=$SECONDS
 bash scripts/real_model.sh --data-only --out "$W"
 "$R" train --no-progress --config configs/real_model.toml \

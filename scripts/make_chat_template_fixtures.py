@@ -86,11 +86,53 @@ TRIM_BLOCKS = """{% for message in messages %}
 {% endfor %}
 """
 
+# Written for rlvr in the style of Gemma 2's instruction template: the bos token, turns
+# `<start_of_turn>ROLE\n…<end_of_turn>\n` with the assistant's role written "model" and each content
+# trimmed, roles that must alternate starting with the user, and no system role (it raises).
+GEMMA2_STYLE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+# Written for rlvr in the style of Gemma 3's: a leading system message is folded into the first user
+# turn (its content, a blank line, then the user's), later system messages raise.
+GEMMA3_STYLE = """{{- bos_token -}}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] | trim + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = '' -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') -}}
+    {%- endif -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') -}}
+    {{- message['content'] | trim -}}
+    {{- '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<start_of_turn>model\n' -}}
+{%- endif -%}
+"""
+
 TEMPLATES = [
     ("chatml", CHATML, None, "<|im_end|>"),
     ("qwen2.5_style", QWEN25_STYLE, None, "<|im_end|>"),
     ("llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
     ("zephyr_trim_blocks", TRIM_BLOCKS, None, "</s>"),
+    ("gemma2_style", GEMMA2_STYLE, "<bos>", "<eos>"),
+    ("gemma3_style", GEMMA3_STYLE, "<bos>", "<eos>"),
 ]
 
 SYSTEM = {"role": "system", "content": "You are a careful math tutor.\nAnswer with #### N."}
@@ -143,8 +185,14 @@ def main():
         assert tok.bos_token == bos and tok.eos_token == eos, (tok.bos_token, tok.eos_token)
         for cname, messages in CONVERSATIONS:
             for agp in AGP[cname]:
-                text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=agp)
-                assert isinstance(text, str), type(text)
+                # A template that raises (Gemma 2's on a system message): the message transformers
+                # reports is the expectation.
+                try:
+                    text, error = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=agp), None
+                    assert isinstance(text, str), type(text)
+                except Exception as e:  # jinja2's TemplateError, raised by raise_exception
+                    assert "raise_exception" in template, (tname, cname, e)
+                    text, error = None, str(e)
                 out.append(
                     {
                         "name": f"{tname}/{cname}/agp={str(agp).lower()}",
@@ -154,6 +202,7 @@ def main():
                         "messages": messages,
                         "add_generation_prompt": agp,
                         "expected": text,
+                        "error": error,
                     }
                 )
     # Spot checks of the rendering conventions described in the module docstring.
@@ -166,6 +215,13 @@ def main():
     assert "\n\nNatalia sold 48 clips in April.\n\nHow many in May?<|eot_id|>" in by["llama3/system_user/agp=false"]
     z = by["zephyr_trim_blocks/user_only/agp=true"]
     assert z == "<|user|>\nWhat is 2+2?</s>\n<|assistant|>\n", repr(z)
+    g = by["gemma2_style/multi_turn_no_system/agp=true"]
+    assert g.startswith("<bos><start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHello.") and g.endswith(
+        "<start_of_turn>model\n"
+    ), repr(g)
+    assert by["gemma2_style/system_user/agp=true"] is None
+    g3 = by["gemma3_style/system_user/agp=false"]
+    assert g3.startswith("<bos><start_of_turn>user\nYou are a careful math tutor.\nAnswer with #### N.\n\nNatalia"), repr(g3)
     meta = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,

@@ -55,6 +55,10 @@ from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -64,6 +68,8 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.models.gemma2 import modeling_gemma2
+from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.llama import modeling_llama
 from transformers.models.mistral import modeling_mistral
 from transformers.models.qwen2 import modeling_qwen2
@@ -260,6 +266,83 @@ def fixture_specs():
     ]
 
 
+def gemma_specs():
+    return [
+        dict(
+            name="gemma2_softcap",
+            seed=1007,
+            cls=Gemma2ForCausalLM,
+            config=Gemma2Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                query_pre_attn_scalar=24,
+                attn_logit_softcapping=2.5,
+                final_logit_softcapping=3.0,
+                sliding_window=5,
+                max_position_embeddings=256,
+                rms_norm_eps=1e-6,
+                rope_theta=10000.0,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=1,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            greedy=dict(prompt_len=4, new_tokens=20),
+            grads=True,
+            notes="Gemma 2: RMSNorm scaling by (1 + weight) (weights stored as offsets in [-0.5, 0.5)), four "
+            "norms per layer, GeGLU MLP (gelu_pytorch_tanh), embeddings times sqrt(64) = 8, attention scale "
+            "query_pre_attn_scalar^-1/2 = 24^-1/2 (head_dim 16), attention softcapping 2.5 and final-logit "
+            "softcapping 3.0 (both well inside tanh's bend at these activations), sliding window 5 on layers "
+            "0 and 2 (Gemma2Config's alternation; layer 1 global), 4 heads / 2 KV heads, untied lm_head (a tied one makes random models repeat their last token under greedy decoding), weights f32. "
+            "`greedy`: 20 greedy tokens after a 4-token prompt from transformers' generate with its KV cache. "
+            "`grads`: the float64 gradient of the summed log-probs of case 0 w.r.t. a few weights.",
+        ),
+        dict(
+            name="gemma3_local_global",
+            seed=1008,
+            cls=Gemma3ForCausalLM,
+            config=Gemma3TextConfig(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=32,
+                query_pre_attn_scalar=20,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+                max_position_embeddings=512,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=1,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            greedy=dict(prompt_len=5, new_tokens=20),
+            grads=True,
+            notes="Gemma 3 text: Gemma 2's layout with per-head q_norm/k_norm ((1 + weight), before rope), no "
+            "softcapping, query_pre_attn_scalar 20 (head_dim 32, hidden 64: q_proj is [128, 64]), layers "
+            "sliding/full/sliding with window 4; the local layers rotate with base 10000 and no scaling, the "
+            "global layer with base 1e6 and linear scaling factor 8. 4 heads / 1 KV head, untied lm_head, weights f32. "
+            "`greedy` and `grads` as gemma2_softcap.",
+        ),
+    ]
+
+
 def cases_for(seed: int, vocab: int):
     """Token batches. Row 0 is always full length, so last_logits_row0 is a real position."""
     g = torch.Generator().manual_seed(seed + 7)
@@ -283,12 +366,14 @@ def cases_for(seed: int, vocab: int):
 # ----------------------------------------------------------------------------------------------
 
 def random_init(model: nn.Module, seed: int):
-    """std-0.2 normal weights, random nonzero biases, RMSNorm weights uniform in [0.5, 1.5)."""
+    """std-0.2 normal weights, random nonzero biases, RMSNorm scales uniform in [0.5, 1.5) (Gemma's
+    norms scale by 1 + weight: their weights are uniform in [-0.5, 0.5))."""
     g = torch.Generator().manual_seed(seed)
+    offset = -0.5 if model.config.model_type.startswith("gemma") else 0.5
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied weights appear once
             if name.endswith("norm.weight"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64))
+                p.copy_(offset + torch.rand(p.shape, generator=g, dtype=torch.float64))
             elif name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * BIAS_STD)
             else:
@@ -299,14 +384,24 @@ def random_init(model: nn.Module, seed: int):
 # float64 versions of the pieces transformers keeps in float32
 # ----------------------------------------------------------------------------------------------
 
-def inv_freq_f64(config, seq_len=None) -> torch.Tensor:
-    """RoPE inverse frequencies in float64 (default, llama3, yarn and dynamic rope types).
+def rope_params_of(config, layer_type=None) -> dict:
+    """The rope parameters of a layer type: Gemma 3 keeps one dict per type (the global ones by
+    default), the other models one for every layer."""
+    rp = dict(config.rope_parameters)
+    if "full_attention" in rp or "sliding_attention" in rp:
+        rp = dict(rp[layer_type or "full_attention"])
+    return rp
+
+
+def inv_freq_f64(config, seq_len=None, layer_type=None) -> torch.Tensor:
+    """RoPE inverse frequencies in float64 (default, linear, llama3, yarn and dynamic rope types).
 
     `seq_len`: the largest position + 1 of the forward (dynamic NTK grows the base past
     max_position_embeddings). The YaRN formulas are those of Peng et al. 2023 (arXiv 2309.00071)
-    as transformers' `_compute_yarn_parameters` applies them.
+    as transformers' `_compute_yarn_parameters` applies them. `layer_type`: Gemma 3's
+    "sliding_attention" or "full_attention" (the default).
     """
-    rp = dict(config.rope_parameters)
+    rp = rope_params_of(config, layer_type)
     base = float(rp["rope_theta"])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = head_dim
@@ -318,6 +413,8 @@ def inv_freq_f64(config, seq_len=None) -> torch.Tensor:
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rtype in ("default", "dynamic"):
         return inv
+    if rtype == "linear":
+        return inv / float(rp["factor"])
     if rtype == "yarn":
         factor = float(rp["factor"])
         old = float(rp["original_max_position_embeddings"])
@@ -353,7 +450,7 @@ def inv_freq_f64(config, seq_len=None) -> torch.Tensor:
 
 def attention_factor_f64(config) -> float:
     """The cos/sin multiplier: YaRN's attention factor (0.1 ln(factor) + 1 by default), else 1."""
-    rp = dict(config.rope_parameters)
+    rp = rope_params_of(config)
     if rp.get("rope_type") != "yarn":
         return 1.0
     if rp.get("attention_factor") is not None:
@@ -374,6 +471,17 @@ def _rmsnorm_f64(self, x):
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
 
 
+def _gemma_rmsnorm_f64(self, x):
+    var = x.pow(2).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(var + self.eps)) * (1.0 + self.weight)
+
+
+def _gemma3_rotary_f64(self, x, position_ids, layer_type):
+    freqs = position_ids[..., None].to(torch.float64) * self._inv_freq64[layer_type]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
 def _rotary_f64(self, x, position_ids):
     # Dynamic NTK: the frequencies of this forward's largest position (a freshly loaded
     # transformers model's, and its generate's with a growing cache).
@@ -386,12 +494,14 @@ def _rotary_f64(self, x, position_ids):
 _EAGER_CALLS = [0]
 
 
-def _eager_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def _eager_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kwargs):
     _EAGER_CALLS[0] += 1
     n_rep = module.num_key_value_groups
     key = modeling_llama.repeat_kv(key, n_rep)
     value = modeling_llama.repeat_kv(value, n_rep)
     w = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        w = torch.tanh(w / softcap) * softcap
     if attention_mask is not None:
         w = w + attention_mask
     w = torch.softmax(w, dim=-1)
@@ -402,7 +512,7 @@ def _eager_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, 
 class _f64_patches:
     """Context manager: RMSNorm, rotary tables and eager softmax computed in the input dtype (f64)."""
 
-    MODULES = (modeling_llama, modeling_qwen2, modeling_qwen3, modeling_mistral)
+    MODULES = (modeling_llama, modeling_qwen2, modeling_qwen3, modeling_mistral, modeling_gemma2, modeling_gemma3)
 
     def __init__(self, model):
         self.model = model
@@ -417,9 +527,22 @@ class _f64_patches:
         for mod in self.model.modules():
             cname = type(mod).__name__
             if cname.endswith("RMSNorm"):
-                mod.forward = types.MethodType(_rmsnorm_f64, mod)
+                gemma = cname.startswith("Gemma")
+                mod.forward = types.MethodType(_gemma_rmsnorm_f64 if gemma else _rmsnorm_f64, mod)
                 self.patched.append(mod)
                 n_norm += 1
+            elif cname == "Gemma3RotaryEmbedding":
+                mod._inv_freq64 = {}
+                for lt in mod.layer_types:
+                    want = inv_freq_f64(self.model.config, layer_type=lt)
+                    got = getattr(mod, f"{lt}_original_inv_freq").double()
+                    assert torch.allclose(got, want, rtol=1e-6, atol=0), (lt, got, want)
+                    assert getattr(mod, f"{lt}_attention_scaling") == 1.0
+                    mod._inv_freq64[lt] = want
+                mod._dynamic = False
+                mod.forward = types.MethodType(_gemma3_rotary_f64, mod)
+                self.patched.append(mod)
+                n_rot += 1
             elif cname.endswith("RotaryEmbedding"):
                 # transformers' own table (float32 arithmetic) must agree with ours (the table at
                 # load: dynamic rope grows `inv_freq` in place after a long forward).
@@ -514,7 +637,14 @@ def to_v4(cfg: dict) -> dict:
     """transformers-5 style -> transformers-4 style (rope_theta/rope_scaling/torch_dtype at top level)."""
     out = {}
     for k, v in cfg.items():
-        if k == "rope_parameters":
+        if k == "rope_parameters" and "full_attention" in v:
+            # Gemma 3: the global layers' rope at the top level, the local base beside it.
+            rp = dict(v["full_attention"])
+            out["rope_theta"] = rp.pop("rope_theta")
+            rtype = rp.get("rope_type", "default")
+            out["rope_scaling"] = None if rtype == "default" else rp
+            out["rope_local_base_freq"] = v["sliding_attention"]["rope_theta"]
+        elif k == "rope_parameters":
             rp = dict(v)
             out["rope_theta"] = rp.pop("rope_theta")
             rtype = rp.get("rope_type", "default")
@@ -682,7 +812,10 @@ def build_fixture(spec, out_root: Path) -> dict:
         hf64_nan = not bool(torch.isfinite(lg_hf64).all())
         d64 = None
         if hf64_nan:
-            assert case["padding_side"] == "left", (name, case["name"])
+            # Right padding too under a window narrower than the padding: the last padded queries
+            # then see no key at all.
+            narrow = (getattr(cfg, "sliding_window", None) or 10**9) < ids.shape[1] - min(map(len, case["rows"])) + 1
+            assert case["padding_side"] == "left" or narrow, (name, case["name"])
         else:
             lp64, ent64, _ = token_values(lg_hf64, ids, mask, temp)
             d64 = max(max_diff_valid(lp, lp64, valid), max_diff_valid(ent, ent64, valid))
@@ -728,6 +861,7 @@ def build_fixture(spec, out_root: Path) -> dict:
     greedy = None
     if spec.get("greedy"):
         greedy = greedy_reference(spec, ref, hf32, cases_out)
+    grads = grads_reference(ref, hf32, cases_out[0]) if spec.get("grads") else None
 
     inv = inv_freq_f64(ref.config)
     expected = {
@@ -747,6 +881,11 @@ def build_fixture(spec, out_root: Path) -> dict:
     }
     if greedy is not None:
         expected["greedy"] = greedy
+    if grads is not None:
+        expected["grads"] = grads
+    if "sliding_attention" in dict(ref.config.rope_parameters):
+        local = inv_freq_f64(ref.config, layer_type="sliding_attention")
+        expected["rope_inv_freq_local"] = [float(v) for v in local.tolist()]
     (d / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
     return {"name": name, "style": style, "files": files + [other_name, "expected.json"], "checks": hf_checks}
 
@@ -794,6 +933,62 @@ def greedy_reference(spec, ref, hf32, cases_out) -> dict:
     }
 
 
+# The weights whose gradients `grads` stores: an embedding row block would be most of the file, so
+# the norms (every kind), one attention and one MLP projection, and Gemma 3's q/k norms.
+GRAD_WEIGHTS = (
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.post_attention_layernorm.weight",
+    "model.layers.0.pre_feedforward_layernorm.weight",
+    "model.layers.0.post_feedforward_layernorm.weight",
+    "model.layers.1.self_attn.q_proj.weight",
+    "model.layers.2.self_attn.k_proj.weight",
+    "model.layers.1.mlp.gate_proj.weight",
+    "model.layers.2.mlp.down_proj.weight",
+    "model.layers.1.self_attn.q_norm.weight",
+    "model.layers.1.self_attn.k_norm.weight",
+    "model.norm.weight",
+)
+
+
+def grads_reference(ref, hf32, case) -> dict:
+    """The gradient of L = sum of the valid log-probs of `case` (at its temperature) w.r.t. the
+    GRAD_WEIGHTS the model has (of a matrix, its first two rows), in float64 (the reference) and, as a check, in plain float32
+    transformers (asserted within 1e-4 relative to the largest entry)."""
+    ids, mask, pos = batch_of(case)
+    temp = case["temperature"]
+
+    def run(model, patched):
+        params = dict(model.named_parameters())
+        names = [n for n in GRAD_WEIGHTS if n in params]
+        model.zero_grad()
+        if patched:
+            with _f64_patches(model):
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+        else:
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+        lp, _, valid = token_values(out.double(), ids, mask, temp)
+        loss = lp[valid].sum()
+        loss.backward()
+        return float(loss.detach()), {n: params[n].grad.double().clone() for n in names}
+
+    loss64, g64 = run(ref, True)
+    _, g32 = run(hf32, False)
+    for n, g in g64.items():
+        scale = float(g.abs().max())
+        d = float((g32[n] - g).abs().max())
+        assert scale > 0 and d <= 1e-4 * max(scale, 1.0), (n, d, scale)
+    ref.zero_grad()
+    hf32.zero_grad()
+    # Norms whole; of a matrix its first two rows (every input column), which keeps the file small.
+    head = {n: (g if g.dim() == 1 else g[:2]) for n, g in g64.items()}
+    return {
+        "case": case["name"],
+        "loss": loss64,
+        "weights": {n: g.flatten().tolist() for n, g in head.items()},
+        "shapes": {n: list(g.shape) for n, g in head.items()},
+    }
+
+
 def batch_of(case):
     return (
         torch.tensor(case["input_ids"]),
@@ -817,7 +1012,7 @@ def main():
     torch.set_num_threads(1)
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
-    for spec in fixture_specs():
+    for spec in fixture_specs() + gemma_specs():
         if args.only and spec["name"] not in args.only:
             continue
         r = build_fixture(spec, out_root)

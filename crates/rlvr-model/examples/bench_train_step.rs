@@ -70,6 +70,7 @@ fn main() -> anyhow::Result<()> {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     };
     let model = Model::random(config, 0.02, 0, DType::F32, &Device::Cpu)?;
     let vars = model

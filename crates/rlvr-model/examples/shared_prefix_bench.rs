@@ -124,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     };
     let vocab = config.vocab_size as u32;
     let (p, k, c, steps) = (

@@ -126,6 +126,7 @@ pub fn chunked_logprobs_head(
         w,
         targets,
         (temperature, with_entropy, chunk),
+        None,
         grad,
         weight_grad,
     )?;
@@ -138,7 +139,10 @@ pub fn chunked_logprobs_head(
     Ok((lp, ent))
 }
 
-/// [`chunked_logprobs_head`]'s `[N, 2]` output (log p_y, H or 0) before it is split.
+/// [`chunked_logprobs_head`]'s `[N, 2]` output (log p_y, H or 0) before it is split, with
+/// Gemma 2's final-logit `softcap` when given: each chunk's logits `z` become
+/// `cap · tanh(z / cap)` (in the upcast dtype) before the temperature, and the backward
+/// multiplies their gradient by `1 − tanh²(z / cap)`.
 ///
 /// # Errors
 /// As [`chunked_logprobs`].
@@ -147,6 +151,7 @@ pub(crate) fn chunked_head_out(
     w: &Tensor,
     targets: &[u32],
     (temperature, with_entropy, chunk): (f64, bool, usize),
+    softcap: Option<f64>,
     grad: bool,
     weight_grad: bool,
 ) -> Result<Tensor> {
@@ -168,6 +173,7 @@ pub(crate) fn chunked_head_out(
         inv_t: 1.0 / temperature,
         entropy: with_entropy,
         chunk,
+        softcap,
         lse: None,
         weight_grad,
     };
@@ -190,6 +196,8 @@ struct ChunkedHead {
     inv_t: f64,
     entropy: bool,
     chunk: usize,
+    /// Final-logit softcapping (`cap · tanh(z / cap)`), Gemma 2's.
+    softcap: Option<f64>,
     /// Per-row log-sum-exp of the scaled logits `[N, 1]` (upcast dtype), from the forward.
     lse: Option<Tensor>,
     /// Compute `∂W` in the backward (false: a frozen head).
@@ -197,11 +205,35 @@ struct ChunkedHead {
 }
 
 impl ChunkedHead {
-    /// Scaled logits of vocabulary rows `c0..c0+cs`: `[N, cs]` in the upcast dtype.
-    fn logits(&self, h: &Tensor, w: &Tensor, c0: usize, cs: usize) -> Result<Tensor> {
+    /// Scaled logits of vocabulary rows `c0..c0+cs`: `[N, cs]` in the upcast dtype (softcapped
+    /// first when [`ChunkedHead::softcap`]), and with a softcap the derivative of the cap,
+    /// `1 − tanh²(z / cap)` `[N, cs]`, when `derivative`.
+    fn logits_with(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        c0: usize,
+        cs: usize,
+        derivative: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let wc = w.narrow(0, c0, cs)?;
         let z = h.matmul(&wc.t()?)?.to_dtype(upcast(h.dtype()))?;
-        Ok((z * self.inv_t)?)
+        match self.softcap {
+            None => Ok(((z * self.inv_t)?, None)),
+            Some(cap) => {
+                let th = (z / cap)?.tanh()?;
+                let d = match derivative {
+                    true => Some(th.sqr()?.affine(-1.0, 1.0)?),
+                    false => None,
+                };
+                Ok(((th * (cap * self.inv_t))?, d))
+            }
+        }
+    }
+
+    /// [`ChunkedHead::logits_with`] without the derivative.
+    fn logits(&self, h: &Tensor, w: &Tensor, c0: usize, cs: usize) -> Result<Tensor> {
+        Ok(self.logits_with(h, w, c0, cs, false)?.0)
     }
 
     /// Per-row target index within chunk `c0..c0+cs` (`[N, 1]` u32, `cs` when outside it).
@@ -303,7 +335,7 @@ impl ChunkedHead {
         let mut dw = Vec::with_capacity(v.div_ceil(self.chunk));
         for c0 in (0..v).step_by(self.chunk) {
             let cs = self.chunk.min(v - c0);
-            let s = self.logits(h, w, c0, cs)?;
+            let (s, dcap) = self.logits_with(h, w, c0, cs, true)?;
             let lp = s.broadcast_sub(lse)?; // log p_j
             let p = lp.exp()?;
             let mut ds = p.broadcast_mul(&gl)?.neg()?;
@@ -316,6 +348,10 @@ impl ChunkedHead {
             let cols = Tensor::arange(0u32, cs as u32, dev)?.unsqueeze(0)?;
             let onehot = cols.broadcast_eq(&local)?.to_dtype(acc)?;
             ds = (ds + onehot.broadcast_mul(&gl)?)?;
+            let ds = match dcap {
+                Some(d) => (ds * d)?,
+                None => ds,
+            };
             let dz = (ds * self.inv_t)?.to_dtype(h.dtype())?;
             let wc = w.narrow(0, c0, cs)?;
             dh = (dh + dz.matmul(&wc)?.to_dtype(acc)?)?;

@@ -23,6 +23,16 @@ pub enum Arch {
     /// over every layer when `sliding_window` is not null (transformers' `MistralConfig`: 4096
     /// when the field is absent).
     Mistral,
+    /// Gemma 2 (`model_type` "gemma2"): RMSNorm scaling by `1 + weight`, four norms per layer,
+    /// GeGLU MLP, embeddings scaled by √hidden, attention scale `query_pre_attn_scalar^-½`,
+    /// tanh softcapping of attention scores and final logits, a sliding window on alternate
+    /// layers ([`GemmaConfig`]).
+    Gemma2,
+    /// Gemma 3 text (`model_type` "gemma3_text", or the language model of the multimodal
+    /// "gemma3" wrapper): Gemma 2's layout with Qwen3-style per-head q/k norms (`1 + weight`), no
+    /// softcapping by default, and sliding (local) layers rotating with their own base
+    /// `rope_local_base_freq` while the global layers use `rope_theta` and its scaling.
+    Gemma3,
 }
 
 impl Arch {
@@ -33,7 +43,14 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Llama => "llama",
             Arch::Mistral => "mistral",
+            Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3_text",
         }
+    }
+
+    /// Whether this is a Gemma family ([`GemmaConfig`] holds its settings).
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
 
     /// Parses a `model_type` string; `None` for families rlvr does not implement.
@@ -43,6 +60,8 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "llama" => Some(Arch::Llama),
             "mistral" => Some(Arch::Mistral),
+            "gemma2" => Some(Arch::Gemma2),
+            "gemma3_text" | "gemma3" => Some(Arch::Gemma3),
             _ => None,
         }
     }
@@ -105,6 +124,44 @@ pub struct SlidingWindow {
     pub layers: Vec<bool>,
 }
 
+/// The settings of the Gemma 2 and Gemma 3 text models (transformers' `Gemma2Config`,
+/// `Gemma3TextConfig`) beyond the Llama layout's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmaConfig {
+    /// Attention scores are `q·kᵀ · query_pre_attn_scalar^-½` (not `head_dim^-½`).
+    pub query_pre_attn_scalar: f64,
+    /// Attention scores become `cap · tanh(scores / cap)` before the mask (`None`: off).
+    pub attn_logit_softcapping: Option<f64>,
+    /// Logits become `cap · tanh(logits / cap)` before any softmax (`None`: off).
+    pub final_logit_softcapping: Option<f64>,
+    /// Gemma 3: the rotary base of the sliding (local) layers, which use the default rope
+    /// without scaling (`rope_local_base_freq`, or `rope_parameters.sliding_attention`);
+    /// `None` (Gemma 2): every layer rotates as [`ModelConfig::rope_theta`] says.
+    pub rope_local_base_freq: Option<f64>,
+}
+
+impl GemmaConfig {
+    /// transformers' defaults for `arch` (`None` for non-Gemma architectures), with the
+    /// attention scale `head_dim^-½` (what `rlvr init` writes for a new random model).
+    pub fn defaults_for(arch: Arch, head_dim: usize) -> Option<Self> {
+        match arch {
+            Arch::Gemma2 => Some(Self {
+                query_pre_attn_scalar: head_dim as f64,
+                attn_logit_softcapping: Some(50.0),
+                final_logit_softcapping: Some(30.0),
+                rope_local_base_freq: None,
+            }),
+            Arch::Gemma3 => Some(Self {
+                query_pre_attn_scalar: head_dim as f64,
+                attn_logit_softcapping: None,
+                final_logit_softcapping: None,
+                rope_local_base_freq: Some(10_000.0),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The model hyper-parameters rlvr needs, normalised from either config style.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -135,6 +192,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// EOS ids from config.json (`eos_token_id`, an int or a list).
     pub eos_token_ids: Vec<u32>,
+    /// Gemma 2 / Gemma 3 settings; `Some` exactly for those architectures.
+    pub gemma: Option<GemmaConfig>,
 }
 
 fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
@@ -313,6 +372,9 @@ fn yarn(
 ///   absent) on.
 /// - mistral: `sliding_window` (4096 when absent, none when null) on every layer (MistralConfig
 ///   ignores `layer_types`).
+/// - gemma2 / gemma3: `sliding_window` (4096 when absent, none when null) on the layers
+///   `layer_types` names `"sliding_attention"`, or without it all but every `pattern`-th
+///   (Gemma 2: 2; Gemma 3: `sliding_window_pattern` or `_sliding_window_pattern`, 6 when absent).
 /// - llama: none.
 ///
 /// # Errors
@@ -331,7 +393,7 @@ fn sliding_window(
     };
     let on = match arch {
         Arch::Llama => false,
-        Arch::Mistral => true,
+        Arch::Mistral | Arch::Gemma2 | Arch::Gemma3 => true,
         Arch::Qwen2 | Arch::Qwen3 => match v.get("use_sliding_window") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
@@ -364,6 +426,37 @@ fn sliding_window(
     };
     let layers = match (arch, get(v, "layer_types")) {
         (Arch::Mistral, _) => vec![true; num_layers],
+        // Gemma without `layer_types`: every `pattern`-th layer is global, the others slide
+        // (Gemma2Config alternates; Gemma3TextConfig's `sliding_window_pattern` defaults to 6).
+        (Arch::Gemma2 | Arch::Gemma3, None) => {
+            let key = ["sliding_window_pattern", "_sliding_window_pattern"]
+                .into_iter()
+                .find(|k| get(v, k).is_some());
+            let pattern = match (arch, key) {
+                (Arch::Gemma2, _) | (_, None) => {
+                    if arch == Arch::Gemma2 {
+                        2
+                    } else {
+                        6
+                    }
+                }
+                (_, Some(k)) => {
+                    let x = get(v, k).expect("found above");
+                    match x.as_u64() {
+                        Some(n) if (1..=1 << 12).contains(&n) => n as usize,
+                        _ => {
+                            return Err(cerr(format!(
+                                "field `{k}` = {} is out of range: expected an integer from 1 \
+                                 to 4096 (every that many-th layer attends globally; Gemma 3 \
+                                 uses 6)",
+                                shown(x)
+                            )))
+                        }
+                    }
+                }
+            };
+            (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
         (_, Some(lt)) => {
             let bad = || {
                 cerr(format!(
@@ -404,6 +497,104 @@ fn sliding_window(
         .then_some(SlidingWindow { size, layers }))
 }
 
+/// Why a softcapping value must be positive, for its error message.
+const SOFTCAP_WHY: &str = "scores become cap·tanh(x / cap), so 0 or less makes them infinite, \
+     NaN or sign-flipped (Gemma 2 uses 50 for attention and 30 for the final logits; null turns \
+     it off)";
+
+/// The Gemma settings of config.json `v` ([`GemmaConfig`]), with transformers' defaults for
+/// absent fields: `query_pre_attn_scalar` 256; softcapping 50 (attention) and 30 (logits) for
+/// Gemma 2, off for Gemma 3 (null: off); Gemma 3's local base `rope_local_base_freq` (or
+/// `rope_parameters.sliding_attention.rope_theta`, `local`) 10000.
+///
+/// # Errors
+/// [`ModelError::Config`] naming `file` and the field: `hidden_activation` other than
+/// "gelu_pytorch_tanh"; `query_pre_attn_scalar`, a softcapping or the local rope
+/// base not a finite number > 0; a local rope type other than "default";
+/// `use_bidirectional_attention` true (not a causal language model).
+fn gemma(v: &Value, arch: Arch, local: Option<&Value>, file: &Path) -> Result<GemmaConfig> {
+    let cerr = |msg: String| ModelError::Config {
+        file: file.to_path_buf(),
+        msg,
+    };
+    // Gemma2Config and Gemma3TextConfig read `hidden_activation` (checkpoints also carry an
+    // unused `hidden_act`).
+    if let Some(x) = get(v, "hidden_activation") {
+        if x.as_str() != Some("gelu_pytorch_tanh") {
+            return Err(cerr(format!(
+                "field `hidden_activation` = {} is not supported: Gemma's MLP is GeGLU with the \
+                 tanh approximation of GELU (\"gelu_pytorch_tanh\")",
+                shown(x)
+            )));
+        }
+    }
+    if let Some(x) = get(v, "use_bidirectional_attention") {
+        if x.as_bool() != Some(false) {
+            return Err(cerr(format!(
+                "field `use_bidirectional_attention` = {} is not supported: rlvr trains causal \
+                 language models (EmbeddingGemma-style bidirectional attention is not one)",
+                shown(x)
+            )));
+        }
+    }
+    let query_pre_attn_scalar = match get(v, "query_pre_attn_scalar") {
+        Some(x) => positive(
+            x,
+            "query_pre_attn_scalar",
+            "attention scores are scaled by its inverse square root (Gemma uses 256 or \
+             hidden_size / num_attention_heads)",
+            file,
+        )?,
+        None => 256.0,
+    };
+    let cap = |key: &str, default: Option<f64>| -> Result<Option<f64>> {
+        match v.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(x) => positive(x, key, SOFTCAP_WHY, file).map(Some),
+        }
+    };
+    let (attn_default, final_default) = match arch {
+        Arch::Gemma2 => (Some(50.0), Some(30.0)),
+        _ => (None, None),
+    };
+    let rope_local_base_freq = match arch {
+        Arch::Gemma3 => Some(match (get(v, "rope_local_base_freq"), local) {
+            (Some(x), _) => positive(x, "rope_local_base_freq", ROPE_THETA_WHY, file)?,
+            (None, Some(p)) => {
+                let ty = get(p, "rope_type")
+                    .or_else(|| get(p, "type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                if ty != "default" {
+                    return Err(cerr(format!(
+                        "field `rope_parameters.sliding_attention.rope_type` = \"{ty}\" is not \
+                         supported: rlvr rotates Gemma 3's local layers with the default rope \
+                         (released checkpoints scale only the global layers)"
+                    )));
+                }
+                match get(p, "rope_theta") {
+                    Some(x) => positive(
+                        x,
+                        "rope_parameters.sliding_attention.rope_theta",
+                        ROPE_THETA_WHY,
+                        file,
+                    )?,
+                    None => 10_000.0,
+                }
+            }
+            (None, None) => 10_000.0,
+        }),
+        _ => None,
+    };
+    Ok(GemmaConfig {
+        query_pre_attn_scalar,
+        attn_logit_softcapping: cap("attn_logit_softcapping", attn_default)?,
+        final_logit_softcapping: cap("final_logit_softcapping", final_default)?,
+        rope_local_base_freq,
+    })
+}
+
 /// A `config.json` token-id field (one number or a list) as ids; anything else is none.
 pub(crate) fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {
@@ -419,7 +610,8 @@ pub(crate) fn ids(v: Option<&Value>) -> Vec<u32> {
 impl ModelConfig {
     /// Reads and normalises `config.json`.
     ///
-    /// Errors: the file is missing or not JSON, `model_type` is not qwen2/qwen3/llama, a
+    /// Errors: the file is missing or not JSON, `model_type` is not one of [`Arch`]'s (or
+    /// "gemma3" with a `text_config`), a Gemma field is out of range ([`GemmaConfig`]), a
     /// required field is missing, the head counts do not divide, `rms_norm_eps` or `rope_theta`
     /// is not a finite number > 0, the rope scaling type is unknown, or a rope scaling number
     /// (`factor`, llama3's `low_freq_factor`, `high_freq_factor` and
@@ -453,9 +645,13 @@ impl ModelConfig {
         let model_type = get(v, "model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| cerr("field `model_type` is missing".into()))?;
+        if model_type == "gemma3" {
+            return Self::from_gemma3_wrapper(v, file);
+        }
         let arch = Arch::from_model_type(model_type).ok_or_else(|| {
             cerr(format!(
-                "unknown `model_type` \"{model_type}\" (rlvr supports qwen2, qwen3, llama, mistral)"
+                "unknown `model_type` \"{model_type}\" (rlvr supports qwen2, qwen3, llama, \
+                 mistral, gemma2, gemma3_text and gemma3's language model)"
             ))
         })?;
         let hidden_size = req_usize(v, "hidden_size", file)?;
@@ -475,6 +671,8 @@ impl ModelConfig {
         }
         let head_dim = match get(v, "head_dim") {
             Some(_) => req_usize(v, "head_dim", file)?,
+            // Gemma2Config and Gemma3TextConfig default head_dim to 256 whatever the width.
+            None if arch.is_gemma() => 256,
             None => {
                 if hidden_size % num_attention_heads != 0 {
                     return Err(cerr(format!(
@@ -490,24 +688,41 @@ impl ModelConfig {
                 "`head_dim` ({head_dim}) must be even for rotary embeddings"
             )));
         }
-        // transformers-5 keeps theta and scaling together in `rope_parameters`.
-        let rope_params = get(v, "rope_parameters");
+        // transformers-5 keeps theta and scaling together in `rope_parameters`; Gemma 3 keeps
+        // one such object per layer type there (`full_attention`, `sliding_attention`).
+        let mut rope_key = "rope_parameters";
+        let mut rope_params = get(v, "rope_parameters");
+        let mut local_params = None;
+        if arch == Arch::Gemma3 {
+            if let Some(p) = rope_params.filter(|p| {
+                get(p, "full_attention").is_some() || get(p, "sliding_attention").is_some()
+            }) {
+                rope_key = "rope_parameters.full_attention";
+                rope_params = get(p, "full_attention");
+                local_params = get(p, "sliding_attention");
+            }
+        }
+        let theta_key = format!("{rope_key}.rope_theta");
         let rope_theta = match (
             get(v, "rope_theta"),
             rope_params.and_then(|p| get(p, "rope_theta")),
         ) {
             (Some(x), _) => positive(x, "rope_theta", ROPE_THETA_WHY, file)?,
-            (None, Some(x)) => positive(x, "rope_parameters.rope_theta", ROPE_THETA_WHY, file)?,
+            (None, Some(x)) => positive(x, &theta_key, ROPE_THETA_WHY, file)?,
+            // Gemma3TextConfig's global base.
+            (None, None) if arch == Arch::Gemma3 => 1_000_000.0,
             (None, None) => 10000.0,
         };
         let (scaling_key, scaling_obj) = match get(v, "rope_scaling") {
             Some(s) => ("rope_scaling", Some(s)),
-            None => ("rope_parameters", rope_params),
+            None => (rope_key, rope_params),
         };
         let max_position_embeddings = match get(v, "max_position_embeddings") {
             Some(_) => req_usize(v, "max_position_embeddings", file)?,
-            // transformers' defaults: MistralConfig 4096·32, the others rlvr's 32768.
-            None if arch == Arch::Mistral => 131072,
+            // transformers' defaults: MistralConfig 4096·32, Gemma2Config 8192,
+            // Gemma3TextConfig 131072, the others rlvr's 32768.
+            None if arch == Arch::Mistral || arch == Arch::Gemma3 => 131072,
+            None if arch == Arch::Gemma2 => 8192,
             None => 32768,
         };
         let rope_scaling = match scaling_obj {
@@ -586,14 +801,21 @@ impl ModelConfig {
             Arch::Llama => (attention_bias, attention_bias),
             // MistralAttention has no biases whatever config.json says.
             Arch::Mistral => (false, false),
+            Arch::Gemma2 | Arch::Gemma3 => (attention_bias, attention_bias),
         };
-        let mlp_bias =
-            arch != Arch::Mistral && get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        // MistralMLP and the Gemma MLPs have no biases.
+        let mlp_bias = !matches!(arch, Arch::Mistral | Arch::Gemma2 | Arch::Gemma3)
+            && get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        let gemma = match arch.is_gemma() {
+            true => Some(gemma(v, arch, local_params, file)?),
+            false => None,
+        };
         // transformers' Qwen2Config, Qwen3Config, LlamaConfig and MistralConfig all default
         // `tie_word_embeddings` to false; released checkpoints write the field.
+        // Gemma2Config and Gemma3TextConfig default it to true.
         let tie_word_embeddings = get(v, "tie_word_embeddings")
             .and_then(Value::as_bool)
-            .unwrap_or(false);
+            .unwrap_or(arch.is_gemma());
         Ok(ModelConfig {
             arch,
             vocab_size: req_usize(v, "vocab_size", file)?,
@@ -621,6 +843,47 @@ impl ModelConfig {
                 .map(str::to_string),
             bos_token_id: ids(get(v, "bos_token_id")).first().copied(),
             eos_token_ids: ids(get(v, "eos_token_id")),
+            gemma,
+        })
+    }
+
+    /// The language model of a multimodal Gemma 3 config.json (`model_type` "gemma3",
+    /// transformers' `Gemma3Config`): its `text_config`, with the top level's dtype, token ids and
+    /// `tie_word_embeddings` where `text_config` has none. The vision tower is not read: rlvr
+    /// trains and samples the text model only ([`crate::Model::load`] reads the weights under
+    /// `language_model.`).
+    ///
+    /// # Errors
+    /// [`ModelError::Config`] naming `file`: `text_config` missing or not an object, or any error
+    /// of [`ModelConfig::from_json`] on it (said to be in `text_config`).
+    fn from_gemma3_wrapper(v: &Value, file: &Path) -> Result<Self> {
+        let Some(Value::Object(text)) = get(v, "text_config") else {
+            return Err(ModelError::Config {
+                file: file.to_path_buf(),
+                msg: "field `text_config` is missing or not an object (a \"gemma3\" config.json \
+                      describes its language model there)"
+                    .into(),
+            });
+        };
+        let mut text = text.clone();
+        for k in [
+            "torch_dtype",
+            "dtype",
+            "bos_token_id",
+            "eos_token_id",
+            "tie_word_embeddings",
+        ] {
+            if let (None, Some(x)) = (text.get(k).filter(|x| !x.is_null()), get(v, k)) {
+                text.insert(k.into(), x.clone());
+            }
+        }
+        text.insert("model_type".into(), "gemma3_text".into());
+        Self::from_json(&Value::Object(text), file).map_err(|e| match e {
+            ModelError::Config { file, msg } => ModelError::Config {
+                file,
+                msg: format!("in `text_config`: {msg}"),
+            },
+            e => e,
         })
     }
 
@@ -644,12 +907,17 @@ impl ModelConfig {
     /// when it has one (transformers 5), `torch_dtype` when it has one or neither — so every
     /// other field (`pad_token_id`, `unk_token_id`, `transformers_version`, sliding-window and
     /// rope settings, ...) stays the base model's. Without `base`, or when `base` no longer
-    /// normalises to this configuration (it was changed after loading), it is
+    /// normalises to this configuration (it was changed after loading), or when it is the
+    /// multimodal "gemma3" wrapper (the model saved is its language model, "gemma3_text"), it is
     /// [`ModelConfig::json_bytes_for`].
     pub fn json_bytes_over(&self, base: Option<&Value>, dtype: candle_core::DType) -> Vec<u8> {
         let Some(Value::Object(base)) = base else {
             return self.json_bytes_for(dtype);
         };
+        // A multimodal Gemma 3 base: the model holds its language model only, saved as one.
+        if base.get("model_type").and_then(Value::as_str) == Some("gemma3") {
+            return self.json_bytes_for(dtype);
+        }
         let name = match dtype {
             candle_core::DType::BF16 => "bfloat16",
             candle_core::DType::F16 => "float16",
@@ -685,6 +953,8 @@ impl ModelConfig {
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Llama => "LlamaForCausalLM",
             Arch::Mistral => "MistralForCausalLM",
+            Arch::Gemma2 => "Gemma2ForCausalLM",
+            Arch::Gemma3 => "Gemma3ForCausalLM",
         };
         m.insert("architectures".into(), serde_json::json!([arch_name]));
         m.insert("model_type".into(), self.arch.model_type().into());
@@ -701,7 +971,35 @@ impl ModelConfig {
             self.num_key_value_heads.into(),
         );
         m.insert("head_dim".into(), self.head_dim.into());
-        m.insert("hidden_act".into(), "silu".into());
+        match &self.gemma {
+            None => {
+                m.insert("hidden_act".into(), "silu".into());
+            }
+            Some(g) => {
+                m.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+                // An int field of Gemma2Config / Gemma3TextConfig (transformers 5 refuses 24.0).
+                let q = g.query_pre_attn_scalar;
+                m.insert(
+                    "query_pre_attn_scalar".into(),
+                    match q.fract() == 0.0 && q <= (1u64 << 53) as f64 {
+                        true => (q as u64).into(),
+                        false => q.into(),
+                    },
+                );
+                let cap = |c: Option<f64>| c.map_or(Value::Null, Value::from);
+                m.insert(
+                    "attn_logit_softcapping".into(),
+                    cap(g.attn_logit_softcapping),
+                );
+                m.insert(
+                    "final_logit_softcapping".into(),
+                    cap(g.final_logit_softcapping),
+                );
+                if let Some(f) = g.rope_local_base_freq {
+                    m.insert("rope_local_base_freq".into(), f.into());
+                }
+            }
+        }
         m.insert("rms_norm_eps".into(), self.rms_norm_eps.into());
         m.insert("rope_theta".into(), self.rope_theta.into());
         m.insert(
@@ -750,7 +1048,10 @@ impl ModelConfig {
             "tie_word_embeddings".into(),
             self.tie_word_embeddings.into(),
         );
-        if self.arch == Arch::Llama || self.arch == Arch::Qwen3 {
+        if matches!(
+            self.arch,
+            Arch::Llama | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+        ) {
             m.insert("attention_bias".into(), self.qkv_bias.into());
         }
         if self.arch == Arch::Llama {
@@ -777,6 +1078,24 @@ impl ModelConfig {
                     "sliding_window".into(),
                     w.as_ref().map_or(Value::Null, |w| w.size.into()),
                 );
+            }
+            (w, Arch::Gemma2 | Arch::Gemma3) => {
+                // transformers' Gemma models build a sliding mask whatever the layer types and
+                // refuse a null window: without one, every layer is "full_attention" and the
+                // window is the whole context.
+                m.insert(
+                    "sliding_window".into(),
+                    w.as_ref()
+                        .map_or(self.max_position_embeddings, |w| w.size)
+                        .into(),
+                );
+                let types: Vec<&str> = (0..self.num_hidden_layers)
+                    .map(|i| match w.as_ref().is_some_and(|w| w.layers[i]) {
+                        true => "sliding_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                m.insert("layer_types".into(), serde_json::json!(types));
             }
             _ => {}
         }
@@ -934,8 +1253,18 @@ impl ModelConfig {
         if self.qkv_bias {
             layer += q + 2 * kv;
         }
-        if self.arch == Arch::Qwen3 {
+        if matches!(self.arch, Arch::Qwen3 | Arch::Gemma3) {
             layer += 2 * self.head_dim;
+        }
+        if self.o_bias {
+            layer += h;
+        }
+        if self.mlp_bias {
+            layer += 2 * self.intermediate_size + h;
+        }
+        if self.arch.is_gemma() {
+            // pre_feedforward_layernorm and post_feedforward_layernorm.
+            layer += 2 * h;
         }
         let mut n = self.vocab_size * h + self.num_hidden_layers * layer + h;
         if !self.tie_word_embeddings {

@@ -12,7 +12,8 @@
 //! dequantized by candle-core's reader (`candle_core::quantized::gguf_file`), which bounds every
 //! length it reads by the file's size.
 //!
-//! Supported: architectures `llama`, `qwen2` and `qwen3`; every quantisation candle dequantizes
+//! Supported: architectures `llama`, `qwen2` and `qwen3` (Gemma 2 and 3 load from their
+//! HuggingFace checkpoints only: refused here with that advice); every quantisation candle dequantizes
 //! (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K);
 //! byte-level BPE vocabularies (`tokenizer.ggml.model` = `gpt2`). Anything else is refused by
 //! name: another architecture, a quantisation such as IQ2_XXS, a SentencePiece vocabulary
@@ -681,6 +682,18 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        // Not mapped (their norms, softcapping and local rope need tensor and metadata
+        // conventions this reader has not been checked against): the safetensors checkpoint is.
+        other @ ("gemma2" | "gemma3") => {
+            return Err(meta.err(
+                "general.architecture",
+                format!(
+                    "architecture {other:?} is not supported in GGUF files (llama, qwen2 or \
+                     qwen3); load the HuggingFace checkpoint (config.json and safetensors, \
+                     model_type \"{other}\"), which rlvr supports"
+                ),
+            ))
+        }
         other => {
             return Err(meta.err(
                 "general.architecture",
@@ -860,6 +873,7 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         stored_dtype: None,
         bos_token_id,
         eos_token_ids: tokenizer.eos_ids.clone(),
+        gemma: None,
     };
 
     let mut tensors = Vec::with_capacity(names.len());

@@ -199,7 +199,8 @@ impl Model {
     }
 
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
-    /// asked, `[N]` entropies (fused on the CPU in f32, [`crate::chunked`] elsewhere, the Triton
+    /// asked, `[N]` entropies, of the logits after Gemma 2's final softcapping when the model has
+    /// one (fused on the CPU in f32 without softcapping, [`crate::chunked`] elsewhere, the Triton
     /// chunk kernels on CUDA with `kernels.logprob_head`; the chunked op equals
     /// [`Model::logprobs_unfused`], tested).
     pub(crate) fn head(
@@ -211,7 +212,13 @@ impl Model {
         grad: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let n = h.dim(0)?;
-        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu()
+        // The fused CPU op has no final-logit softcapping: a softcapped model (Gemma 2) takes
+        // the chunked head, which applies it.
+        let softcap = self.final_logit_softcap();
+        if self.device().is_cpu()
+            && self.dtype() == DType::F32
+            && !crate::chunked::forced_on_cpu()
+            && softcap.is_none()
         {
             // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
             // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
@@ -293,6 +300,7 @@ impl Model {
                 w,
                 &ys,
                 (temperature, with_entropy, chunk),
+                softcap,
                 grad,
                 train_w,
             )?;

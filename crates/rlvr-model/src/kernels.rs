@@ -306,6 +306,10 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
         ));
     }
     let hd = cfg.head_dim;
+    // Gemma: the kernels implement none of its differences from the Llama layout.
+    if let Some(why) = gemma_uncovered(op, cfg) {
+        return Some(why);
+    }
     // The attention kernels see every earlier key of a sequence: a sliding-window model's
     // layers attend through the candle composition (its window mask) instead.
     if let (Some(w), FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs) =
@@ -347,6 +351,46 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Why the kernels of `op` do not cover a Gemma model of `cfg` (`None` for other models and
+/// for AdamW, which sees parameters only): the norms' `1 + weight` (RMSNorm, decode), GeGLU
+/// (SwiGLU kernels), the attention scale `query_pre_attn_scalar^-½` and score softcapping
+/// (attention, decode), Gemma 3's second rotary table for its local layers (rotary, decode), and
+/// the final-logit softcapping (log-prob head).
+fn gemma_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
+    let g = cfg.gemma.as_ref()?;
+    let name = cfg.arch.model_type();
+    let why = match op {
+        FusedOp::Adamw => return None,
+        FusedOp::LogprobHead => match g.final_logit_softcapping {
+            Some(cap) => format!(
+                "{name} caps its logits (final_logit_softcapping {cap}), which the fused head \
+                 kernels do not apply"
+            ),
+            None => return None,
+        },
+        FusedOp::RmsNorm => {
+            format!("{name}'s RMSNorm scales by 1 + weight, which the RMSNorm kernels do not")
+        }
+        FusedOp::Swiglu => {
+            format!("{name}'s MLP is GeGLU (tanh GELU), the kernels are SwiGLU")
+        }
+        FusedOp::Rotary if g.rope_local_base_freq.is_some() => format!(
+            "{name}'s local layers rotate with their own base (rope_local_base_freq), which the \
+             rotary kernels' one table does not hold"
+        ),
+        FusedOp::Rotary => return None,
+        FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs => format!(
+            "{name} scales attention scores by query_pre_attn_scalar^-1/2{}, which the fused \
+             attention kernels do not apply",
+            match g.attn_logit_softcapping {
+                Some(cap) => format!(" and caps them (attn_logit_softcapping {cap})"),
+                None => String::new(),
+            }
+        ),
+    };
+    Some(why)
 }
 
 /// Prints `msg` to stderr once per process (the switches' messages; also the sampler's).

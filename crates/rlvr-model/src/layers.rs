@@ -17,7 +17,7 @@ use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use crate::kernels::{AttnKind, Fused, FusedRope};
 use crate::kv::KvStore;
-use crate::ops::{rms_norm, rope, softmax, upcast};
+use crate::ops::{rms_norm, rms_norm_plus_one, rope, softmax, upcast};
 use crate::param::{Param, Pass};
 
 /// The source of a model's weights: `(checkpoint name, shape) → Var`.
@@ -130,12 +130,16 @@ impl Linear {
     }
 }
 
-/// RMSNorm over the last dimension, in f32 (transformers' `Qwen2RMSNorm`).
+/// RMSNorm over the last dimension, in f32 (transformers' `Qwen2RMSNorm`), or Gemma's scaling
+/// by `1 + weight` ([`rms_norm_plus_one`], `Gemma2RMSNorm`) when `plus_one`.
 #[derive(Clone)]
 pub(crate) struct RmsNorm {
     pub weight: Param,
     eps: f64,
-    /// Through the fused kernels (`kernels.rms_norm`, [`crate::kernels::rms_norm`]).
+    /// Gemma's norm: `(1 + weight)` in f32, cast after the product.
+    plus_one: bool,
+    /// Through the fused kernels (`kernels.rms_norm`, [`crate::kernels::rms_norm`]; never for
+    /// Gemma's norm: `kernels::uncovered`).
     pub fused: bool,
 }
 
@@ -144,12 +148,23 @@ impl RmsNorm {
         Ok(Self {
             weight: vb.get("weight", &[size])?,
             eps,
+            plus_one: false,
             fused: false,
         })
     }
 
+    /// The norm of a model of `cfg`: Gemma's `1 + weight` form for the Gemma architectures.
+    pub fn of(cfg: &ModelConfig, vb: Vb, size: usize) -> Result<Self> {
+        let mut n = Self::new(vb, size, cfg.rms_norm_eps)?;
+        n.plus_one = cfg.arch.is_gemma();
+        Ok(n)
+    }
+
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let w = self.weight.get(pass.base);
+        if self.plus_one {
+            return rms_norm_plus_one(x, w, self.eps);
+        }
         if self.fused {
             return crate::kernels::rms_norm(x, w, self.eps);
         }
@@ -165,11 +180,11 @@ impl RmsNorm {
         pass: Pass,
     ) -> Result<(Tensor, Tensor)> {
         let w = self.weight.get(pass.base);
-        if self.fused {
+        if self.fused && !self.plus_one {
             return crate::kernels::rms_norm_add(residual, x, w, self.eps);
         }
         let h = (residual + x)?;
-        let y = rms_norm(&h, w, self.eps)?;
+        let y = self.forward(&h, pass)?;
         Ok((h, y))
     }
 }
@@ -191,6 +206,9 @@ pub(crate) struct Rope {
     pub cos: Tensor,
     pub sin: Tensor,
     pub fused: Option<FusedRope>,
+    /// Gemma 3's sliding layers' own cos and sin `[B, T, 1, hd]` (their base
+    /// `rope_local_base_freq`, no scaling); `None` when every layer rotates with `cos`/`sin`.
+    pub local: Option<(Tensor, Tensor)>,
     /// LoRA dropout's token keys of this forward (training forwards with dropout only): each
     /// layer hands them to its adapters before it runs.
     pub dropout: Option<Arc<crate::lora::DropoutKeys>>,
@@ -402,7 +420,8 @@ impl SharedLayout {
     }
 }
 
-/// Multi-head attention with grouped KV heads (no repetition), optional q/k RMSNorm (Qwen3).
+/// Multi-head attention with grouped KV heads (no repetition), optional q/k RMSNorm (Qwen3,
+/// Gemma 3), Gemma's scale and softcapping.
 #[derive(Clone)]
 pub(crate) struct Attention {
     pub q_proj: Linear,
@@ -417,6 +436,10 @@ pub(crate) struct Attention {
     /// The sliding window when this layer attends through one (its mask is then the window's:
     /// [`AttnMask::Dense`]'s third field, [`SharedLayout::prompt_bias_window`]).
     window: Option<usize>,
+    /// The scores' scale: `head_dim^-½`, Gemma's `query_pre_attn_scalar^-½`.
+    scale: f64,
+    /// Gemma 2's attention softcapping: scores become `cap · tanh(scores / cap)` before the mask.
+    softcap: Option<f64>,
     /// Which fused kernels this layer's attention takes ([`crate::Model::set_kernels`]).
     pub fused: Fused,
 }
@@ -426,7 +449,7 @@ impl Attention {
     pub fn new(cfg: &ModelConfig, layer: usize, vb: Vb) -> Result<Self> {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q, kv) = (cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd);
-        let qk_norm = cfg.arch == Arch::Qwen3;
+        let qk_norm = matches!(cfg.arch, Arch::Qwen3 | Arch::Gemma3);
         // Loaded in this order (random init draws weights in load order).
         let q_proj = Linear::new(vb.pp("q_proj"), q, h, cfg.qkv_bias)?;
         let k_proj = Linear::new(vb.pp("k_proj"), kv, h, cfg.qkv_bias)?;
@@ -434,7 +457,7 @@ impl Attention {
         let o_proj = Linear::new(vb.pp("o_proj"), h, q, cfg.o_bias)?;
         let norm = |name: &str| -> Result<Option<RmsNorm>> {
             qk_norm
-                .then(|| RmsNorm::new(vb.pp(name), hd, cfg.rms_norm_eps))
+                .then(|| RmsNorm::of(cfg, vb.pp(name), hd))
                 .transpose()
         };
         Ok(Self {
@@ -450,6 +473,11 @@ impl Attention {
             window: (cfg.sliding_window.as_ref())
                 .filter(|w| w.layers.get(layer).copied().unwrap_or(false))
                 .map(|w| w.size),
+            scale: match &cfg.gemma {
+                Some(g) => 1.0 / g.query_pre_attn_scalar.sqrt(),
+                None => 1.0 / (hd as f64).sqrt(),
+            },
+            softcap: cfg.gemma.as_ref().and_then(|g| g.attn_logit_softcapping),
             fused: Fused::default(),
         })
     }
@@ -484,7 +512,11 @@ impl Attention {
             (Some(qn), Some(kn)) => (qn.forward(&q, pass)?, kn.forward(&k, pass)?),
             _ => (q, k),
         };
-        let (cos, sin) = (&rope_cs.cos, &rope_cs.sin);
+        // Gemma 3's sliding layers rotate with their own (local) table.
+        let (cos, sin) = match (&rope_cs.local, self.window) {
+            (Some((c, s)), Some(_)) => (c, s),
+            _ => (&rope_cs.cos, &rope_cs.sin),
+        };
         // The decode kernels' launch recorder (CPU, `kernels.decode = "on"`, tests): the step's
         // tensors before the rotary embedding.
         let decode_rec = (self.fused.decode && t == 1 && cache.is_some())
@@ -625,14 +657,20 @@ impl Attention {
     /// `softmax(q·kᵀ/√d + bias)·v` for q `[B, nh, T, hd]`, k and v `[B, nkv, S, hd]` and `bias`
     /// `[B, 1, 1, T or 1, S]` (reduction dtype), giving `[B, T, nh·hd]`. Grouped-query attention
     /// without repeating K/V: the `rep` query heads of one KV head are stacked along the row axis.
+    /// Gemma: the scale is `query_pre_attn_scalar^-½`, and Gemma 2 caps the scaled scores to
+    /// `cap · tanh(scores / cap)` in the compute dtype before the bias (transformers'
+    /// `eager_attention_forward` with `softcap`).
     fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let (b, nh, t, hd) = q.dims4()?;
         let nkv = self.n_kv;
         let rep = nh / nkv;
         let s = k.dim(2)?;
         let qg = q.reshape((b, nkv, rep * t, hd))?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (qg.matmul(&k.t()?)? * scale)?; // [B, nkv, rep·T, S]
+        let scores = (qg.matmul(&k.t()?)? * self.scale)?; // [B, nkv, rep·T, S]
+        let scores = match self.softcap {
+            Some(cap) => ((scores / cap)?.tanh()? * cap)?,
+            None => scores,
+        };
         let scores = scores
             .to_dtype(upcast(q.dtype()))?
             .reshape((b, nkv, rep, t, s))?
@@ -712,12 +750,16 @@ impl Attention {
     }
 }
 
-/// The SiLU-gated MLP: `down(silu(gate(x)) · up(x))`.
+/// The SiLU-gated MLP: `down(silu(gate(x)) · up(x))`, or Gemma's GeGLU `down(gelu(gate(x)) ·
+/// up(x))` with GELU's tanh approximation (`gelu_pytorch_tanh`; Shazeer 2020, "GLU Variants
+/// Improve Transformer", arXiv 2002.05202).
 #[derive(Clone)]
 pub(crate) struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// GeGLU (Gemma) instead of SwiGLU.
+    gelu: bool,
     /// The gating through the fused kernels (`kernels.swiglu`, [`crate::kernels::swiglu`]).
     pub fused: bool,
 }
@@ -729,11 +771,18 @@ impl Mlp {
             gate_proj: Linear::new(vb.pp("gate_proj"), i, h, bias)?,
             up_proj: Linear::new(vb.pp("up_proj"), i, h, bias)?,
             down_proj: Linear::new(vb.pp("down_proj"), h, i, bias)?,
+            gelu: cfg.arch.is_gemma(),
             fused: false,
         })
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        if self.gelu {
+            // candle's `gelu` is the tanh approximation (`gelu_erf` the exact one).
+            let g = self.gate_proj.forward(x, pass)?.gelu()?;
+            let u = self.up_proj.forward(x, pass)?;
+            return self.down_proj.forward(&(g * u)?, pass);
+        }
         if self.fused {
             let g = self.gate_proj.forward(x, pass)?;
             let u = self.up_proj.forward(x, pass)?;
@@ -753,24 +802,45 @@ impl Mlp {
     }
 }
 
-/// One pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+/// One pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`; Gemma's
+/// sandwich: `x + post_attention_norm(attn(input_norm(x)))`, then
+/// `x + post_feedforward_norm(mlp(pre_feedforward_norm(x)))`.
 #[derive(Clone)]
 pub(crate) struct DecoderLayer {
     input_norm: RmsNorm,
     pub attn: Attention,
+    /// `post_attention_layernorm`: the norm before the MLP, or Gemma's norm of the attention's
+    /// output.
     post_norm: RmsNorm,
     pub mlp: Mlp,
+    /// Gemma's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
+    ff_norms: Option<(RmsNorm, RmsNorm)>,
 }
 
 impl DecoderLayer {
     /// Decoder layer `layer` (its index: whether it attends through the sliding window).
     pub fn new(cfg: &ModelConfig, layer: usize, vb: Vb) -> Result<Self> {
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let h = cfg.hidden_size;
+        let input_norm = RmsNorm::of(cfg, vb.pp("input_layernorm"), h)?;
+        let attn = Attention::new(cfg, layer, vb.pp("self_attn"))?;
+        let post_norm = RmsNorm::of(cfg, vb.pp("post_attention_layernorm"), h)?;
+        let pre_ff = (cfg.arch.is_gemma())
+            .then(|| RmsNorm::of(cfg, vb.pp("pre_feedforward_layernorm"), h))
+            .transpose()?;
+        let mlp = Mlp::new(cfg, vb.pp("mlp"))?;
+        let ff_norms = match pre_ff {
+            Some(pre) => Some((
+                pre,
+                RmsNorm::of(cfg, vb.pp("post_feedforward_layernorm"), h)?,
+            )),
+            None => None,
+        };
         Ok(Self {
-            input_norm: RmsNorm::new(vb.pp("input_layernorm"), h, eps)?,
-            attn: Attention::new(cfg, layer, vb.pp("self_attn"))?,
-            post_norm: RmsNorm::new(vb.pp("post_attention_layernorm"), h, eps)?,
-            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            input_norm,
+            attn,
+            post_norm,
+            mlp,
+            ff_norms,
         })
     }
 
@@ -791,6 +861,11 @@ impl DecoderLayer {
         }
         let h = self.input_norm.forward(x, pass)?;
         let a = self.attn.forward(&h, rope_cs, mask, cache, pass)?;
+        if let Some((pre, post)) = &self.ff_norms {
+            let x = (x + self.post_norm.forward(&a, pass)?)?;
+            let m = self.mlp.forward(&pre.forward(&x, pass)?, pass)?;
+            return Ok((&x + post.forward(&m, pass)?)?);
+        }
         // The residual add and the post-attention norm: one kernel when fused.
         let (x, h) = self.post_norm.forward_add(x, &a, pass)?;
         Ok((&x + self.mlp.forward(&h, pass)?)?)
@@ -801,6 +876,10 @@ impl DecoderLayer {
         self.attn.fused = fused;
         for n in [&mut self.input_norm, &mut self.post_norm] {
             n.fused = fused.rms_norm;
+        }
+        if let Some((pre, post)) = &mut self.ff_norms {
+            pre.fused = fused.rms_norm;
+            post.fused = fused.rms_norm;
         }
         for n in [&mut self.attn.q_norm, &mut self.attn.k_norm]
             .into_iter()
@@ -845,6 +924,12 @@ impl DecoderLayer {
         out.push(&self.input_norm.weight);
         self.attn.params(out);
         out.push(&self.post_norm.weight);
+        if let Some((pre, _)) = &self.ff_norms {
+            out.push(&pre.weight);
+        }
         self.mlp.params(out);
+        if let Some((_, post)) = &self.ff_norms {
+            out.push(&post.weight);
+        }
     }
 }

@@ -35,7 +35,7 @@ pub mod template_sandbox;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Arch, ModelConfig, RopeScaling, SlidingWindow};
+pub use config::{Arch, GemmaConfig, ModelConfig, RopeScaling, SlidingWindow};
 pub use device::{ComputeDtype, DeviceSpec};
 pub use error::{ModelError, Result};
 pub use head::LogProbs;

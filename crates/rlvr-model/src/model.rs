@@ -1,4 +1,5 @@
-//! The decoder: Qwen2/Qwen2.5, Qwen3 and Llama as one pre-norm transformer, written with
+//! The decoder: Qwen2/Qwen2.5, Qwen3, Llama, Mistral, Gemma 2 and Gemma 3 as one pre-norm
+//! transformer (Gemma's differences: [`crate::layers`] and [`crate::GemmaConfig`]), written with
 //! differentiable candle-core ops only (candle-nn's fused rope/rms-norm/softmax have no backward:
 //! DESIGN.md section 7), so every parameter receives its gradient.
 //!
@@ -50,6 +51,8 @@ pub struct Model {
     pub(crate) lm_head: Linear,
     tied: bool,
     rotary: Rotary,
+    /// Gemma 3's sliding layers' rotary embedding (`rope_local_base_freq`, no scaling).
+    rotary_local: Option<Rotary>,
     device: Device,
     dtype: DType,
     /// Recompute each decoder layer's forward in the backward ([`crate::recompute`]).
@@ -126,9 +129,34 @@ impl Model {
         let config = ModelConfig::from_json(&raw, &cfg_path)?;
         let files = WeightFiles::open(dir)?;
         let mut used = std::collections::HashSet::new();
+        // The multimodal Gemma 3 wrapper: the language model's weights under its prefix, the
+        // vision tower's and projector's left unread.
+        let wrapper = raw.get("model_type").and_then(|t| t.as_str()) == Some("gemma3");
+        let stored = |name: &str| -> String {
+            if !wrapper {
+                return name.to_string();
+            }
+            // Hub and transformers' save_pretrained: `language_model.model.…`; transformers'
+            // in-memory layout: `model.language_model.…`.
+            let hub = format!("language_model.{name}");
+            match name.strip_prefix("model.") {
+                Some(rest) if !files.contains(&hub) => format!("model.language_model.{rest}"),
+                _ => hub,
+            }
+        };
+        if wrapper {
+            let vision = |k: &str| {
+                ["vision_tower.", "multi_modal_projector."]
+                    .iter()
+                    .any(|p| k.starts_with(p) || k.starts_with(&format!("model.{p}")))
+            };
+            used.extend(files.names().filter(|k| vision(k)).map(str::to_string));
+        }
         let mut load = |name: &str, shape: &[usize]| -> Result<Var> {
-            used.insert(name.to_string());
-            Ok(Var::from_tensor(&files.load(name, shape, dtype, device)?)?)
+            let key = stored(name);
+            let t = files.load(&key, shape, dtype, device)?;
+            used.insert(key);
+            Ok(Var::from_tensor(&t)?)
         };
         let mut m = Self::build(config, dtype, device, &mut load)?;
         files.refuse_unused(&used, &cfg_path)?;
@@ -155,7 +183,7 @@ impl Model {
         let layers = (0..c.num_hidden_layers)
             .map(|l| DecoderLayer::new(c, l, m.pp("layers").pp(l)))
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::new(m.pp("norm"), c.hidden_size, c.rms_norm_eps)?;
+        let norm = RmsNorm::of(c, m.pp("norm"), c.hidden_size)?;
         // Some tied checkpoints still store lm_head.weight; tying wins, as in transformers.
         let tied = c.tie_word_embeddings;
         let lm_head = if tied {
@@ -165,8 +193,17 @@ impl Model {
         };
         let kernels = crate::kernels::KernelSwitches::default();
         let fused = crate::kernels::Fused::of(&kernels, c, dtype, device);
+        let rotary_local = (c.gemma.as_ref())
+            .and_then(|g| g.rope_local_base_freq)
+            .map(|theta| {
+                let mut local = c.clone();
+                local.rope_theta = theta;
+                local.rope_scaling = None;
+                Rotary::new(&local, dtype, device)
+            });
         let mut m = Self {
             rotary: Rotary::new(c, dtype, device),
+            rotary_local,
             config,
             embed,
             layers,
@@ -186,8 +223,9 @@ impl Model {
         Ok(m)
     }
 
-    /// A randomly initialised model (weights ~ N(0, `init_std`), norms 1, biases 0), as
-    /// transformers' `_init_weights` with `initializer_range = init_std`. Deterministic in `seed`.
+    /// A randomly initialised model (weights ~ N(0, `init_std`), norms 1 (Gemma's `1 + weight`
+    /// norms: weights 0), biases 0), as transformers' `_init_weights` with
+    /// `initializer_range = init_std`. Deterministic in `seed`.
     pub fn random(
         config: ModelConfig,
         init_std: f64,
@@ -198,10 +236,11 @@ impl Model {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let normal = rand_distr::Normal::new(0.0f32, init_std as f32)
             .map_err(|e| ModelError::Invalid(format!("init_std: {e}")))?;
+        let norm_init = if config.arch.is_gemma() { 0.0 } else { 1.0 };
         let mut load = |name: &str, shape: &[usize]| -> Result<Var> {
             let n: usize = shape.iter().product();
             let data: Vec<f32> = if name.ends_with("norm.weight") {
-                vec![1.0; n]
+                vec![norm_init; n]
             } else if name.ends_with(".bias") {
                 vec![0.0; n]
             } else {
@@ -593,10 +632,15 @@ impl Model {
             }
             false => None,
         };
+        let local = match &self.rotary_local {
+            Some(r) => Some(r.forward(positions, b, t)?),
+            None => None,
+        };
         let rope = crate::layers::Rope {
             cos,
             sin,
             fused,
+            local,
             dropout,
         };
         let mut x = self
@@ -604,6 +648,9 @@ impl Model {
             .get(pass.base)
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, self.config.hidden_size))?;
+        if self.config.arch.is_gemma() {
+            x = (x * self.embed_scale()?)?;
+        }
         let recompute = grad && self.checkpointing && cache.is_none();
         for (li, layer) in self.layers.iter().enumerate() {
             if recompute {
@@ -617,6 +664,40 @@ impl Model {
             c.commit(t)?;
         }
         Ok(x)
+    }
+
+    /// Gemma's embedding multiplier √hidden_size as transformers applies it: computed in f32,
+    /// then rounded to the compute dtype (`embed_scale.to(weight.dtype)`: 48 → 48 in bf16, but
+    /// √2304 = 48 and √1152 = 33.94… → 34.0 in bf16).
+    ///
+    /// Errors: tensor errors.
+    pub(crate) fn embed_scale(&self) -> Result<f64> {
+        let s = (self.config.hidden_size as f32).sqrt();
+        let r = Tensor::new(&[s], &Device::Cpu)?
+            .to_dtype(self.dtype)?
+            .to_dtype(DType::F64)?
+            .to_vec1::<f64>()?;
+        Ok(r[0])
+    }
+
+    /// The final-logit softcapping of Gemma 2 (`cap · tanh(logits / cap)`), `None` when the
+    /// model has none: every path that turns hidden states into logits or log-probs applies it
+    /// ([`Model::lm_head`], the log-prob head, the sampler's packed head).
+    pub fn final_logit_softcap(&self) -> Option<f64> {
+        self.config
+            .gemma
+            .as_ref()
+            .and_then(|g| g.final_logit_softcapping)
+    }
+
+    /// `logits` `[.., vocab]` through [`Model::final_logit_softcap`] (unchanged without one).
+    ///
+    /// Errors: tensor errors.
+    pub fn softcap_logits(&self, logits: Tensor) -> Result<Tensor> {
+        Ok(match self.final_logit_softcap() {
+            Some(cap) => ((logits / cap)?.tanh()? * cap)?,
+            None => logits,
+        })
     }
 
     /// The final RMSNorm on hidden states `[.., hidden]` (with the graph when `grad`).
@@ -637,11 +718,12 @@ impl Model {
         self.forward(ids, &flat, bias, cache, grad)
     }
 
-    /// Logits `[.., vocab]` (compute dtype) of final hidden states `[.., hidden]`. Without
-    /// `grad`, on the CPU in f32, a few rows take the skinny matmul kernel.
+    /// Logits `[.., vocab]` (compute dtype) of final hidden states `[.., hidden]`, softcapped
+    /// for Gemma 2 ([`Model::final_logit_softcap`]). Without `grad`, on the CPU in f32, a few
+    /// rows take the skinny matmul kernel.
     pub fn lm_head(&self, hidden: &Tensor, grad: bool) -> Result<Tensor> {
         let base = grad && self.lora.is_none();
-        self.lm_head.forward(
+        let logits = self.lm_head.forward(
             hidden,
             Pass {
                 grad,
@@ -649,7 +731,8 @@ impl Model {
                 fast: !grad,
                 dropout: grad,
             },
-        )
+        )?;
+        self.softcap_logits(logits)
     }
 
     /// Builds the additive attention bias `[B, 1, T, S]` for `T` new positions after `past`
@@ -717,6 +800,7 @@ impl Model {
         };
         let mut m = Self::build(self.config.clone(), self.dtype, &self.device, &mut copy)?;
         m.rotary = self.rotary.clone();
+        m.rotary_local = self.rotary_local.clone();
         m.checkpointing = self.checkpointing;
         m.set_kernels(self.kernels);
         m.source = self.source.clone();
@@ -763,5 +847,39 @@ impl Model {
             .json_bytes_over(self.source_config.as_ref(), dtype);
         crate::weights::atomic_write(&dir.join("config.json"), &json)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod gemma_tests {
+    use super::*;
+
+    /// Gemma's √hidden embedding multiplier is rounded to the compute dtype as transformers
+    /// rounds `embed_scale.to(weight.dtype)`: √1152 (Gemma 3 1B) = 33.941… in f32 but 34 in bf16;
+    /// √2304 (Gemma 2 2B) = 48 in both.
+    #[test]
+    fn the_embedding_multiplier_is_rounded_to_the_compute_dtype() {
+        let cfg = |hidden: usize| {
+            let mut c = ModelConfig::from_json(
+                &serde_json::json!({"model_type": "gemma3_text", "vocab_size": 8,
+                    "hidden_size": hidden, "intermediate_size": 8, "num_hidden_layers": 1,
+                    "num_attention_heads": 1, "head_dim": 4}),
+                Path::new("config.json"),
+            )
+            .unwrap();
+            c.sliding_window = None;
+            c
+        };
+        let scale = |hidden: usize, dtype: DType| {
+            Model::random(cfg(hidden), 0.02, 1, dtype, &Device::Cpu)
+                .unwrap()
+                .embed_scale()
+                .unwrap()
+        };
+        assert_eq!(scale(1152, DType::F32), (1152f32).sqrt() as f64);
+        assert!((scale(1152, DType::F32) - 33.941_125).abs() < 1e-5);
+        assert_eq!(scale(1152, DType::BF16), 34.0);
+        assert_eq!(scale(2304, DType::BF16), 48.0);
+        assert_eq!(scale(2304, DType::F32), 48.0);
     }
 }

@@ -40,6 +40,19 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     Ok(y.to_dtype(dt)?.broadcast_mul(w)?)
 }
 
+/// Gemma's RMSNorm over the last dimension (transformers' `Gemma2RMSNorm`): normalised in f32,
+/// multiplied by `1 + w` in f32, then cast back (the product happens before the cast, unlike
+/// [`rms_norm`]).
+pub fn rms_norm_plus_one(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let dt = x.dtype();
+    let up = upcast(dt);
+    let xf = x.to_dtype(up)?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let y = xf.broadcast_div(&(var + eps)?.sqrt()?)?;
+    let scale = (w.to_dtype(up)? + 1.0)?;
+    Ok(y.broadcast_mul(&scale)?.to_dtype(dt)?)
+}
+
 /// transformers' `rotate_half`: `[x1, x2] → [−x2, x1]` over the last dimension.
 pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
     let d = x.dim(D::Minus1)?;

@@ -129,7 +129,11 @@ impl WeightFiles {
     /// Errors: [`ModelError::UnexpectedTensor`] naming the weights file, the first such tensor
     /// (layers in numeric order), how many there are, and `config`.
     pub fn refuse_unused(&self, used: &HashSet<String>, config: &Path) -> Result<()> {
-        let ignored = |k: &str| k == "lm_head.weight" || k.ends_with(".rotary_emb.inv_freq");
+        let ignored = |k: &str| {
+            k == "lm_head.weight"
+                || k == "language_model.lm_head.weight"
+                || k.ends_with(".rotary_emb.inv_freq")
+        };
         let mut extra: Vec<&String> = self
             .index
             .keys()
@@ -145,6 +149,11 @@ impl WeightFiles {
             count: extra.len(),
             config: config.to_path_buf(),
         })
+    }
+
+    /// The names of every tensor of the checkpoint (in no particular order).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
     }
 
     /// Whether the checkpoint holds a tensor of this name.

@@ -303,7 +303,8 @@ pub(crate) fn packed_head(model: &Model) -> Result<Option<PackedHead>> {
 /// - `positions`: `B · t` rotary positions (row-major).
 /// - `bias`: the attention bias `[B, 1, t, len + t]` when `t > 1` (prefill, causal + padding);
 ///   `None` for a decode step (`t = 1`), which uses the cache's bias rows.
-/// - `head`: the packed lm_head, used for f32 on the CPU.
+/// - `head`: the packed lm_head, used for f32 on the CPU (then softcapped for Gemma 2, as
+///   `Model::lm_head` is).
 ///
 /// Errors: the cache is full, or a shape disagrees.
 pub(crate) fn forward_last(
@@ -344,7 +345,10 @@ pub(crate) fn forward_last_masked(
         x.narrow(1, t - 1, 1)?.squeeze(1)?
     };
     match head {
-        Some(p) if last.dtype() == DType::F32 && last.device().is_cpu() => Ok(p.matmul(&last)?),
+        // The packed product is the plain lm_head: Gemma 2's final softcapping after it.
+        Some(p) if last.dtype() == DType::F32 && last.device().is_cpu() => {
+            Ok(model.softcap_logits(p.matmul(&last)?)?)
+        }
         _ => Ok(model.lm_head(&last, false)?.to_dtype(DType::F32)?),
     }
 }

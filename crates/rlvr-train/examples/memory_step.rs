@@ -74,6 +74,7 @@ fn main() -> anyhow::Result<()> {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     };
     let shape = Shape::of(&config);
     let dev = Device::Cpu;

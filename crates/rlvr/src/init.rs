@@ -15,7 +15,8 @@ pub const MAX_INIT_STD: f64 = 10.0;
 /// Arguments of `rlvr init` (DESIGN.md section 10).
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
-    /// Architecture: qwen2, qwen3, llama or mistral.
+    /// Architecture: qwen2, qwen3, llama, mistral, gemma2 or gemma3_text (Gemma with
+    /// transformers' defaults: softcapping for gemma2, attention scale head_dim^-1/2, no window).
     #[arg(long, default_value = "qwen2")]
     pub arch: String,
     /// Hidden size.
@@ -161,8 +162,12 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if !(a.rope_theta.is_finite() && a.rope_theta > 0.0) {
         bail!("--rope-theta {}: expected a finite value > 0", a.rope_theta);
     }
-    let arch = Arch::from_model_type(&a.arch)
-        .with_context(|| format!("--arch {}: expected qwen2, qwen3, llama or mistral", a.arch))?;
+    let arch = Arch::from_model_type(&a.arch).with_context(|| {
+        format!(
+            "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2 or gemma3_text",
+            a.arch
+        )
+    })?;
     let dtype = rlvr_model::parse_dtype(&a.dtype)
         .ok()
         .filter(|d| matches!(d, DType::F32 | DType::BF16))
@@ -201,9 +206,10 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .as_deref()
         .and_then(|t| tok.tokenizer.token_to_id(t));
     let intermediate = a.intermediate.unwrap_or(a.hidden.saturating_mul(4));
-    let tie = a
-        .tie_embeddings
-        .unwrap_or(matches!(arch, Arch::Qwen2 | Arch::Qwen3));
+    let tie = a.tie_embeddings.unwrap_or(matches!(
+        arch,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+    ));
     check_size(a, vocab_size, kv, head_dim, intermediate, tie, dtype)?;
     let config = ModelConfig {
         arch,
@@ -226,6 +232,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         stored_dtype: None,
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
+        gemma: rlvr_model::GemmaConfig::defaults_for(arch, head_dim),
     };
     // --force over a model: the new one is written into a staging sibling and moved over the old
     // one only when complete, so a failure leaves the old weights in place.

@@ -27,6 +27,7 @@ fn small() -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     }
 }
 
@@ -873,4 +874,81 @@ fn model_level_launch_records_of_fused_head() {
     }
     assert_eq!(read("model_logprob_finish")["name"], "logprob_finish");
     drop(tmp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gemma: the kernels implement none of its differences from the Llama layout.
+
+/// `small()` as Gemma 2 (softcapped attention and logits) or Gemma 3 (a local rotary base), no
+/// window (so that only the Gemma features decide).
+fn small_gemma(arch: Arch) -> ModelConfig {
+    let mut c = small();
+    c.arch = arch;
+    c.qkv_bias = false;
+    c.gemma = crate::GemmaConfig::defaults_for(arch, c.head_dim);
+    c
+}
+
+fn all_on() -> KernelSwitches {
+    KernelSwitches {
+        attention: Switch::On,
+        decode: Switch::On,
+        rms_norm: Switch::On,
+        swiglu: Switch::On,
+        rotary: Switch::On,
+        adamw: Switch::On,
+        logprob_head: Switch::On,
+        cuda_graphs: Switch::On,
+    }
+}
+
+/// Every fused op switched "on" resolves off for a Gemma model with its reason ((1 + weight)
+/// norms, GeGLU, the attention scale and softcapping, the local rotary table, the final
+/// softcapping), except AdamW (parameters only), Gemma 2's rotary (one table) and Gemma 3's head
+/// (no final softcapping); the model then scores as with every switch off, bit for bit.
+#[test]
+fn gemma_features_turn_the_fused_kernels_off() {
+    for arch in [Arch::Gemma2, Arch::Gemma3] {
+        let cfg = small_gemma(arch);
+        let why = |op| uncovered(op, &cfg, DType::F32);
+        let norm = why(FusedOp::RmsNorm).unwrap();
+        assert!(norm.contains("1 + weight"), "{norm}");
+        assert!(why(FusedOp::Swiglu).unwrap().contains("GeGLU"));
+        for op in [FusedOp::Attention, FusedOp::Decode, FusedOp::CudaGraphs] {
+            let w = why(op).unwrap();
+            assert!(w.contains("query_pre_attn_scalar"), "{w}");
+            assert_eq!(
+                w.contains("attn_logit_softcapping 50"),
+                arch == Arch::Gemma2,
+                "{w}"
+            );
+        }
+        assert!(why(FusedOp::Adamw).is_none());
+        match arch {
+            Arch::Gemma2 => {
+                assert!(why(FusedOp::Rotary).is_none());
+                let h = why(FusedOp::LogprobHead).unwrap();
+                assert!(h.contains("final_logit_softcapping 30"), "{h}");
+            }
+            _ => {
+                assert!(why(FusedOp::Rotary)
+                    .unwrap()
+                    .contains("rope_local_base_freq"));
+                assert!(why(FusedOp::LogprobHead).is_none());
+            }
+        }
+        let mut m = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+        m.set_kernels(all_on());
+        let f = m.fused_flags();
+        assert!(
+            !f.attention && !f.decode && !f.rms_norm && !f.swiglu,
+            "{arch:?}"
+        );
+        assert_eq!(f.rotary, arch == Arch::Gemma2);
+        assert_eq!(f.logprob_head, arch == Arch::Gemma3);
+        assert!(f.adamw);
+        assert!(!all_on().runs_on_gpu(FusedOp::Attention, &cfg, DType::BF16));
+        let plain = Model::random(cfg, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(run(&m), run(&plain), "{arch:?}");
+    }
 }

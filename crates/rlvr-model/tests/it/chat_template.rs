@@ -1,8 +1,10 @@
 //! Chat templates rendered by minijinja equal transformers' `apply_chat_template(...,
 //! tokenize=False)` on the same template text (fixtures from
 //! `scripts/make_chat_template_fixtures.py`, transformers 5.24): ChatML, a Qwen2.5-Instruct-style
-//! template with a default system prompt, Llama-3, and a template that relies on
-//! `trim_blocks`/`lstrip_blocks`.
+//! template with a default system prompt, Llama-3, a template that relies on
+//! `trim_blocks`/`lstrip_blocks`, and Gemma 2- and Gemma 3-style templates (`<start_of_turn>`
+//! turns, the assistant as "model"; Gemma 2's raises on a system message, and the error carries
+//! its message as transformers' does).
 
 use rlvr_model::tokenizer::render_chat_template;
 use rlvr_model::Message;
@@ -16,7 +18,9 @@ struct Case {
     eos_token: Option<String>,
     messages: Vec<Message>,
     add_generation_prompt: bool,
-    expected: String,
+    /// `None` where transformers' rendering raised: then `error` is its message.
+    expected: Option<String>,
+    error: Option<String>,
 }
 
 #[test]
@@ -26,8 +30,9 @@ fn templates_render_as_transformers_does() {
         "/tests/fixtures/chat_templates.json"
     );
     let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    assert!(cases.len() >= 24);
+    assert!(cases.len() >= 48);
     let mut families = std::collections::BTreeSet::new();
+    let mut raised = 0;
     for c in &cases {
         let got = render_chat_template(
             &c.template,
@@ -35,12 +40,36 @@ fn templates_render_as_transformers_does() {
             c.add_generation_prompt,
             c.bos_token.as_deref(),
             c.eos_token.as_deref(),
-        )
-        .unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        assert_eq!(got, c.expected, "{}", c.name);
+        );
+        match (&c.expected, &c.error) {
+            (Some(want), None) => {
+                let got = got.unwrap_or_else(|e| panic!("{}: {e}", c.name));
+                assert_eq!(&got, want, "{}", c.name);
+            }
+            // The template's own message reaches the error (Gemma 2's "System role not
+            // supported"), with the template named.
+            (None, Some(msg)) => {
+                let err = got.err().unwrap_or_else(|| panic!("{}: rendered", c.name));
+                let err = err.to_string();
+                assert!(err.contains(msg.as_str()), "{}: {err}", c.name);
+                assert!(err.starts_with("chat template"), "{}: {err}", c.name);
+                raised += 1;
+            }
+            _ => panic!("{}: expected text or an error", c.name),
+        }
         families.insert(c.name.split('/').next().unwrap().to_string());
     }
-    for f in ["chatml", "qwen2.5_style", "llama3"] {
+    assert_eq!(
+        raised, 3,
+        "Gemma 2's template raises on each system message case"
+    );
+    for f in [
+        "chatml",
+        "qwen2.5_style",
+        "llama3",
+        "gemma2_style",
+        "gemma3_style",
+    ] {
         assert!(families.contains(f), "no {f} cases");
     }
 }

@@ -68,6 +68,7 @@ fn config(arch: Arch, vocab: usize) -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     }
 }
 
@@ -550,4 +551,24 @@ fn truncated_and_corrupt_files_are_errors_naming_file_tensor_or_key() {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Gemma 2 and Gemma 3 GGUF files are refused by architecture, with the advice to load the
+/// HuggingFace checkpoint (which rlvr supports).
+#[test]
+fn gemma_files_are_refused_with_the_checkpoint_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["gemma2", "gemma3"] {
+        let arch_v = Value::String(arch.into());
+        let md = vec![("general.architecture", &arch_v)];
+        let mut w = Cursor::new(Vec::new());
+        gguf_file::write(&mut w, &md, &[]).unwrap();
+        let e = err_of(dir.path(), &w.into_inner());
+        assert!(
+            e.contains("general.architecture")
+                && e.contains(&format!("\"{arch}\""))
+                && e.contains("HuggingFace checkpoint"),
+            "{e}"
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! Long-context model coverage against transformers: YaRN and dynamic NTK rope, sliding-window
 //! attention (Qwen2's `max_window_layers`, Mistral's every-layer window) and `model_type`
 //! mistral, on the tiny fixtures `scripts/make_model_fixtures.py` builds (`qwen2_yarn_window`,
-//! `mistral_window`, `llama_dynamic_rope`): per-token log-probs, entropies and logits within the
+//! `mistral_window`, `llama_dynamic_rope`; and Gemma's windows, `gemma2_softcap`,
+//! `gemma3_local_global`, whose own parity tests are in `gemma.rs`): per-token log-probs, entropies and logits within the
 //! parity bound of `parity.rs`, greedy generation with the KV cache equal to transformers'
 //! `generate` past the window (and, for dynamic rope, past `max_position_embeddings`), and
 //! config.json errors that name the file and the field.
@@ -12,7 +13,13 @@ use candle_core::{DType, Device};
 use rlvr_model::{KvCache, Model, ModelConfig, RopeScaling};
 use serde::Deserialize;
 
-const FIXTURES: [&str; 3] = ["qwen2_yarn_window", "mistral_window", "llama_dynamic_rope"];
+const FIXTURES: [&str; 5] = [
+    "qwen2_yarn_window",
+    "mistral_window",
+    "llama_dynamic_rope",
+    "gemma2_softcap",
+    "gemma3_local_global",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

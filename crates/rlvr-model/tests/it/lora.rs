@@ -131,10 +131,19 @@ fn adapter_off_model_equals_the_base_and_adapters_change_outputs() {
     assert_ne!(logprobs(&c), before, "{name} is shared");
 }
 
-/// ∂(Σ w·ℓ)/∂θ for every adapter entry vs central differences, in f64.
+/// ∂(Σ w·ℓ)/∂θ for every adapter entry vs central differences, in f64: Qwen3, and Gemma 2 (its
+/// frozen, softcapped head: the chunked head's backward without ∂W).
 #[test]
 fn adapter_gradients_match_finite_differences_in_f64() {
-    let mut m = Model::random(config("qwen3", false), 0.2, 5, DType::F64, &Device::Cpu).unwrap();
+    adapter_gradients("qwen3");
+    adapter_gradients("gemma2");
+}
+
+fn adapter_gradients(arch: &str) {
+    let mut m = Model::random(config(arch, false), 0.2, 5, DType::F64, &Device::Cpu).unwrap();
+    if arch == "gemma2" {
+        assert_eq!(m.final_logit_softcap(), Some(30.0));
+    }
     let cfg = LoraConfig {
         targets: vec![LoraTarget::Q, LoraTarget::V, LoraTarget::Down],
         ..lora(2)
@@ -190,7 +199,7 @@ fn adapter_gradients_match_finite_differences_in_f64() {
             at(0.0);
             assert!(
                 (fd - g[i]).abs() <= 1e-6 * (1.0 + fd.abs()),
-                "{name}[{i}]: autograd {} vs finite difference {fd}",
+                "{arch} {name}[{i}]: autograd {} vs finite difference {fd}",
                 g[i]
             );
         }

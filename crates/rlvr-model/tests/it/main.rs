@@ -10,6 +10,7 @@ mod chunked_head;
 mod fused;
 mod fused_adamw;
 mod fused_head;
+mod gemma;
 mod gguf;
 mod gradients;
 mod long_context;

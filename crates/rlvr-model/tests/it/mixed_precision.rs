@@ -30,6 +30,7 @@ fn small() -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: None,
     }
 }
 

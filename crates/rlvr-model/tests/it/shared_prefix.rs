@@ -52,6 +52,7 @@ fn config(arch: Arch) -> ModelConfig {
         stored_dtype: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma: rlvr_model::GemmaConfig::defaults_for(arch, 4),
     }
 }
 
@@ -761,11 +762,23 @@ fn invalid_batches_are_refused_with_the_reason() {
 }
 
 /// Sliding-window models: Mistral with a 3-token window on both layers, Qwen2 with YaRN and a
-/// 4-token window on layer 1 only (`window: false`: the same model without its window).
+/// 4-token window on layer 1 only, Gemma 2 with a 3-token window on layer 0 and softcapping that
+/// bends (attention 1, logits 2), Gemma 3 with a 4-token window (and its local rotary base) on
+/// layer 1 and linear scaling on layer 0 (`window: false`: the same model without its window).
 fn window_config(arch: Arch, window: bool) -> ModelConfig {
     let mut c = config(arch);
     let (size, layers) = match arch {
         Arch::Mistral => (3, vec![true, true]),
+        Arch::Gemma2 => {
+            let g = c.gemma.as_mut().unwrap();
+            g.attn_logit_softcapping = Some(1.0);
+            g.final_logit_softcapping = Some(2.0);
+            (3, vec![true, false])
+        }
+        Arch::Gemma3 => {
+            c.rope_scaling = Some(RopeScaling::Linear { factor: 4.0 });
+            (4, vec![false, true])
+        }
         _ => {
             c.rope_scaling = Some(RopeScaling::Yarn {
                 factor: 4.0,
@@ -795,7 +808,10 @@ fn window_model(arch: Arch, dtype: DType, seed: u64, window: bool) -> Model {
 /// activation checkpointing and with LoRA adapters; and the window does change the values.
 #[test]
 fn sliding_window_models_match_the_unshared_path() {
-    for (i, arch) in [Arch::Mistral, Arch::Qwen2].into_iter().enumerate() {
+    for (i, arch) in [Arch::Mistral, Arch::Qwen2, Arch::Gemma2, Arch::Gemma3]
+        .into_iter()
+        .enumerate()
+    {
         let g = groups(MIXED, 80 + i as u64);
         for dtype in [DType::F32, DType::F64] {
             let m = window_model(arch, dtype, 60 + i as u64, true);

@@ -488,7 +488,9 @@ fn non_finite_logits_stop_sampling_with_an_error() {
 }
 
 /// The sliding-window fixtures (`qwen2_yarn_window`: YaRN and a 6-token window on layers 1-2;
-/// `mistral_window`: a 5-token window on every layer): the native sampler's prefill and KV-cache
+/// `mistral_window`: a 5-token window on every layer; `gemma2_softcap`: softcapped attention and
+/// logits, a 5-token window on alternate layers; `gemma3_local_global`: local layers with their
+/// own rotary base and a 4-token window): the native sampler's prefill and KV-cache
 /// decode go past the window and give transformers' greedy `generate` tokens (stored by
 /// `scripts/make_model_fixtures.py`), greedy equals the argmax of the full forward with left-padded
 /// prompts of 1 to 9 tokens, and sampled tokens' behaviour log-probs equal the trainer's.
@@ -503,7 +505,12 @@ fn sliding_window_models_sample_as_transformers_generates() {
     struct Expected {
         greedy: Greedy,
     }
-    for name in ["qwen2_yarn_window", "mistral_window"] {
+    for name in [
+        "qwen2_yarn_window",
+        "mistral_window",
+        "gemma2_softcap",
+        "gemma3_local_global",
+    ] {
         let model = fixture(name);
         let window = model.config().sliding_window.as_ref().unwrap().size;
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

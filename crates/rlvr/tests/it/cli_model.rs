@@ -36,6 +36,33 @@ fn init(dir: &Path, arch: &str) {
     assert_eq!(v["vocab_size"], 151680); // 151665 tokens rounded up to a multiple of 64
 }
 
+/// `rlvr init --arch gemma2|gemma3_text`: a tied Gemma with transformers' defaults (gemma2's
+/// softcapping) and no window (every layer global, the window written as the whole context, since
+/// transformers' Gemma refuses a null one), which loads back as written.
+#[test]
+fn init_writes_gemma_models() {
+    for (arch, cap) in [("gemma2", Some(30.0)), ("gemma3_text", None)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("m");
+        init(&dir, arch);
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(cfg["model_type"], arch);
+        assert_eq!(cfg["tie_word_embeddings"], true);
+        assert_eq!(cfg["hidden_activation"], "gelu_pytorch_tanh");
+        assert_eq!(
+            cfg["query_pre_attn_scalar"], 16,
+            "head_dim: hidden 32 / 2 heads"
+        );
+        assert_eq!(cfg["sliding_window"], cfg["max_position_embeddings"]);
+        let m = rlvr_model::Model::load(&dir, candle_core::DType::F32, &candle_core::Device::Cpu)
+            .unwrap();
+        assert_eq!(m.final_logit_softcap(), cap, "{arch}");
+        assert!(m.config().sliding_window.is_none());
+    }
+}
+
 #[test]
 fn init_writes_a_complete_model_directory() {
     let tmp = tempfile::tempdir().unwrap();

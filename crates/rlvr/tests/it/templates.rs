@@ -96,7 +96,7 @@ fn the_template_worker_renders_released_templates_as_transformers_does() {
         crate::common::repo_root().join("crates/rlvr-model/tests/fixtures/chat_templates.json");
     let cases: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
-    assert_eq!(cases.len(), 32);
+    assert_eq!(cases.len(), 48);
     let mut worker = rlvr()
         .arg("__rlvr-render")
         .arg(std::process::id().to_string())
@@ -116,7 +116,14 @@ fn the_template_worker_renders_released_templates_as_transformers_does() {
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
         let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(answer["text"], c["expected"], "{}: {answer}", c["name"]);
+        match c["error"].as_str() {
+            // Gemma 2's template raising on a system message: its message comes back.
+            Some(msg) => {
+                let err = answer["error"].as_str().unwrap_or_default();
+                assert!(err.contains(msg), "{}: {answer}", c["name"]);
+            }
+            None => assert_eq!(answer["text"], c["expected"], "{}: {answer}", c["name"]),
+        }
     }
     drop(stdin); // the worker exits at the end of its input
     assert!(worker.wait().unwrap().success());
