@@ -1,0 +1,128 @@
+"""A verifiers.v1 environment (`vf-guess-v1`, verifiers 0.4.0) as a prime-rl user writes one: a
+taskset of number-guessing tasks whose `@vf.reward` functions score the trace, and a harness that
+runs its chat loop in-process (as v1 allows: every model call goes through the interception
+`endpoint`), answering each guess with "Higher." or "Lower." until it is right or `max_turns`.
+`env_args` are the taskset's config (`broken_reward = true` makes a reward function raise).
+With harness option `tools = true` the harness offers an OpenAI `add` tool and answers the model's calls to it.
+
+rlvr's tests run it through examples/verifiers_env.py with the stand-in package
+(crates/rlvr-env/tests/verifiers/standin_v1); scripts/check_verifiers_env.py runs it with
+verifiers 0.4.0 itself. Only the standard library calls the endpoint (urllib in a thread).
+"""
+import asyncio
+import json
+import re
+import urllib.error
+import urllib.request
+
+import verifiers.v1 as vf
+
+
+class GuessData(vf.TaskData):
+    answer: int = 0
+    broken: bool = False
+
+
+def last_number(text):
+    nums = re.findall(r"-?\d+", text or "")
+    return int(nums[-1]) if nums else None
+
+
+def text(message):
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "".join(getattr(p, "text", "") for p in content or [])
+
+
+class GuessTask(vf.Task[GuessData]):
+    @vf.reward(weight=1.0)
+    async def correct(self, task, trace) -> float:
+        """1 when the last guess is the number."""
+        replies = trace.assistant_messages
+        if task.broken:
+            return 1.0 / 0
+        return 1.0 if replies and last_number(text(replies[-1])) == task.answer else 0.0
+
+    @vf.reward(weight=0.5)
+    async def quick(self, trace) -> float:
+        """1 / the number of guesses."""
+        return 1.0 / max(1, len(trace.assistant_messages))
+
+    @vf.metric
+    async def guesses(self, trace) -> float:
+        return float(len(trace.assistant_messages))
+
+
+class GuessTasksetConfig(vf.TasksetConfig):
+    broken_reward: bool = False
+
+
+class GuessTaskset(vf.Taskset[GuessTask, GuessTasksetConfig]):
+    def load(self):
+        for question, answer in [("Guess my number from 1 to 10.", 7),
+                                 ("Guess my number from 1 to 10 again.", 3)]:
+            data = GuessData(prompt=question, system_prompt="Answer with one number.",
+                             answer=answer, broken=self.config.broken_reward)
+            yield GuessTask(data, self.config.task)
+
+
+ADD_TOOL = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+
+
+class GuessHarnessConfig(vf.HarnessConfig):
+    max_turns: int = 4
+    tools: bool = False
+    rewrite_history: bool = False
+
+
+class GuessHarness(vf.Harness[GuessHarnessConfig]):
+    APPENDS_SYSTEM_PROMPT = True
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
+        system, prompt = self.resolve_prompt(data)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": prompt})
+
+        def post(body):
+            req = urllib.request.Request(
+                endpoint.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
+                headers={"Authorization": f"Bearer {secret}",
+                         "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                return json.loads(r.read())
+
+        for _ in range(self.config.max_turns):
+            body = {"model": ctx.model, "messages": messages, "temperature": 0.3}
+            if self.config.tools:
+                body["tools"] = [ADD_TOOL]
+            try:
+                out = await asyncio.to_thread(post, body)
+            except urllib.error.HTTPError as e:
+                # As a harness program does: the run ends on a refused call (a stop).
+                return vf.ProgramResult(exit_code=1, stdout="", stderr=e.read().decode())
+            reply = out["choices"][0]["message"]
+            messages.append({k: v for k, v in reply.items() if v is not None})
+            if reply.get("tool_calls"):
+                for call in reply["tool_calls"]:
+                    args = json.loads(call["function"]["arguments"])
+                    messages.append({"role": "tool", "tool_call_id": call["id"],
+                                     "content": str(args["a"] + args["b"])})
+                continue
+            guess = last_number(reply.get("content"))
+            if guess == data.answer:
+                break
+            if self.config.rewrite_history:
+                messages = messages[:1] + messages[-1:]
+            messages.append({"role": "user",
+                             "content": "Higher." if (guess or 0) < data.answer else "Lower."})
+        return vf.ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+__all__ = ["GuessTaskset", "GuessHarness"]
