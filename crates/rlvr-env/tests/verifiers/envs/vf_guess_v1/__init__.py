@@ -3,7 +3,9 @@ taskset of number-guessing tasks whose `@vf.reward` functions score the trace, a
 runs its chat loop in-process (as v1 allows: every model call goes through the interception
 `endpoint`), answering each guess with "Higher." or "Lower." until it is right or `max_turns`.
 `env_args` are the taskset's config (`broken_reward = true` makes a reward function raise).
-With harness option `tools = true` the harness offers an OpenAI `add` tool and answers the model's calls to it.
+With harness option `tools = true` the harness offers an OpenAI `add` tool and answers the model's
+calls to it; `stream = true` asks for server-sent events; `rewrite_history = true` drops the
+earlier turns from its next call (which rlvr refuses).
 
 rlvr's tests run it through examples/verifiers_env.py with the stand-in package
 (crates/rlvr-env/tests/verifiers/standin_v1); scripts/check_verifiers_env.py runs it with
@@ -78,6 +80,7 @@ class GuessHarnessConfig(vf.HarnessConfig):
     max_turns: int = 4
     tools: bool = False
     rewrite_history: bool = False
+    stream: bool = False
 
 
 class GuessHarness(vf.Harness[GuessHarnessConfig]):
@@ -96,10 +99,26 @@ class GuessHarness(vf.Harness[GuessHarnessConfig]):
                 headers={"Authorization": f"Bearer {secret}",
                          "Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as r:
-                return json.loads(r.read())
+                raw = r.read().decode()
+            if not body.get("stream"):
+                return json.loads(raw)
+            # Server-sent events: the deltas joined into one message.
+            message = {"role": "assistant", "content": ""}
+            for line in raw.splitlines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    message["content"] += delta.get("content") or ""
+                    for call in delta.get("tool_calls") or []:
+                        message.setdefault("tool_calls", []).append(
+                            {k: v for k, v in call.items() if k != "index"})
+            return {"choices": [{"message": message}]}
 
         for _ in range(self.config.max_turns):
             body = {"model": ctx.model, "messages": messages, "temperature": 0.3}
+            if self.config.stream:
+                body["stream"] = True
             if self.config.tools:
                 body["tools"] = [ADD_TOOL]
             try:
