@@ -896,7 +896,7 @@ class V1Adapter:
 
     def export_rows(self):
         """The taskset as rlvr rows: `example_id` (the task's idx), `question` (its prompt's
-        last user text), `answer` (when its data has one), `info` (its other fields, JSON)."""
+        last user text), `answer` (when its data has one), `info` (its other fields that are not their defaults, JSON)."""
         if not getattr(self.env.taskset, "bounded", True):
             raise ValueError(f"{self.name()}: its taskset is infinite; bound it in env_args")
         for task in self.env.taskset:
@@ -906,12 +906,10 @@ class V1Adapter:
                 users = [m for m in prompt if get(m, "role") == "user"]
                 prompt = text_of(get(users[-1], "content"), "prompt") if users else ""
             row = {"example_id": d.idx, "question": prompt or ""}
-            fields = d.model_dump(mode="json", exclude_none=True)
-            if "answer" in fields:
-                row["answer"] = str(fields["answer"])
-            rest = {k: v for k, v in fields.items()
-                    if k not in ("idx", "prompt", "system_prompt", "answer")
-                    and v not in ([], {}, ["*"])}
+            if getattr(d, "answer", None) is not None:
+                row["answer"] = str(d.answer)
+            rest = {k: v for k, v in d.model_dump(mode="json", exclude_defaults=True).items()
+                    if k not in ("idx", "prompt", "system_prompt", "answer")}
             if rest:
                 row["info"] = json.dumps(rest, sort_keys=True)
             yield row

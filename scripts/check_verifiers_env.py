@@ -313,10 +313,8 @@ def export_v1():
         with open(out) as f:
             rows = [json.loads(line) for line in f]
     check("v1 export: the taskset as rows", rows,
-          [{"example_id": 0, "question": "Guess my number from 1 to 10.", "answer": "7",
-            "info": '{"broken": false}'},
-           {"example_id": 1, "question": "Guess my number from 1 to 10 again.", "answer": "3",
-            "info": '{"broken": false}'}])
+          [{"example_id": 0, "question": "Guess my number from 1 to 10.", "answer": "7"},
+           {"example_id": 1, "question": "Guess my number from 1 to 10 again.", "answer": "3"}])
 
 
 if __name__ == "__main__":
