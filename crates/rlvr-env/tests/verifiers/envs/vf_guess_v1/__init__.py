@@ -9,11 +9,12 @@ earlier turns from its next call (which rlvr refuses).
 
 rlvr's tests run it through examples/verifiers_env.py with the stand-in package
 (crates/rlvr-env/tests/verifiers/standin_v1); scripts/check_verifiers_env.py runs it with
-verifiers 0.4.0 itself. Only the standard library calls the endpoint (urllib in a thread).
+verifiers 0.4.0 itself. Only the standard library calls the endpoint (urllib, a thread per call).
 """
 import asyncio
 import json
 import re
+import threading
 import urllib.error
 import urllib.request
 
@@ -76,6 +77,24 @@ ADD_TOOL = {"type": "function", "function": {
                    "required": ["a", "b"]}}}
 
 
+async def in_thread(fn, *args):
+    """`fn(*args)` in a thread of its own: a model call waits while rlvr samples the whole batch,
+    so the live episodes' calls must not queue for a bounded pool (asyncio.to_thread's)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def work():
+        try:
+            result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(done.set_exception, e)
+        else:
+            loop.call_soon_threadsafe(done.set_result, result)
+
+    threading.Thread(target=work, daemon=True).start()
+    return await done
+
+
 class GuessHarnessConfig(vf.HarnessConfig):
     max_turns: int = 4
     tools: bool = False
@@ -122,7 +141,7 @@ class GuessHarness(vf.Harness[GuessHarnessConfig]):
             if self.config.tools:
                 body["tools"] = [ADD_TOOL]
             try:
-                out = await asyncio.to_thread(post, body)
+                out = await in_thread(post, body)
             except urllib.error.HTTPError as e:
                 # As a harness program does: the run ends on a refused call (a stop).
                 return vf.ProgramResult(exit_code=1, stdout="", stderr=e.read().decode())
