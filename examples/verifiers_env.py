@@ -14,15 +14,16 @@ is the shorthand of
     command = ["python3", "examples/verifiers_env.py"]
     options = { env_id = "reverse-text", env_args = { num_train_examples = 2000 } }
 
-Supported: verifiers 0.3.1 (pinned; `pip install verifiers==0.3.1`), whose classic stack answers
-at `import verifiers as vf`. verifiers 0.4.0 ships only the new `verifiers.v1` stack (harnesses,
-tasksets, runtimes) and has no `load_environment`: it is refused at `hello`, naming the version.
-Guide: docs/coming-from-prime-rl.md.
+Supported: verifiers 0.3.1 (`pip install verifiers==0.3.1`), whose classic stack answers at
+`import verifiers as vf`, and verifiers 0.4.0, which ships only the `verifiers.v1` stack
+(tasksets, harnesses, runtimes; `V1Adapter` below: each model call the harness makes reaches an
+OpenAI-compatible endpoint this program serves and is one rlvr turn). `hello` picks the one the
+installed package has. Guide: docs/coming-from-prime-rl.md.
 
-How an episode runs. The environment's own rollout loop runs (`env.rollout(input, client, model,
-sampling_args)`, its `setup_state`, stop conditions, `env_response`, tools and cleanups), with a
-client that does not call a model: each time the loop asks the client for a response, the episode
-pauses and rlvr samples the turn. So
+How a 0.3.1 episode runs. The environment's own rollout loop runs (`env.rollout(input, client,
+model, sampling_args)`, its `setup_state`, stop conditions, `env_response`, tools and cleanups),
+with a client that does not call a model: each time the loop asks the client for a response, the
+episode pauses and rlvr samples the turn. So
 
 - `reset` starts the rollout and answers with the prompt the loop first asks about (`messages`, or
   `dialogue` when it holds assistant turns, such as few-shot examples) and the episode's tools
@@ -70,9 +71,11 @@ rlvr's `reference`) and `info` (JSON object text).
 
 Options (the `hello` table): `env_id` (required), `env_args` (object), `split` (`train` or `eval`),
 `paths` (directories put in front of `sys.path`, for an environment module that is not installed),
-`model` (the name the environment sees, default `rlvr`). Each rollout step runs with Python's
-`random` seeded from the episode's seed, sample and turn, so an environment that draws from it
-replays identically after a restart.
+`model` (the name the environment sees, default `rlvr`); for 0.4.0 also `env_config` (the v1 env
+config: agent, harness, runtime), with `env_args` its taskset's config and no `split`.
+
+Each rollout step runs with Python's `random` seeded from the episode's seed, sample and turn, so
+an environment that draws from it replays identically after a restart.
 """
 import asyncio
 import concurrent.futures
@@ -344,8 +347,8 @@ class Adapter:
                              f"{describe(e)} in {where(e)}") from e
         if getattr(self.env.rubric, "has_group_rewards", False):
             raise ValueError(
-                f"verifiers environment {self.env_id!r}: its rubric has group reward functions, which "
-                "score a group's rollouts together; rlvr needs each episode's reward when it "
+                f"verifiers environment {self.env_id!r}: its rubric has group reward functions, "
+                "which score a group's rollouts together; rlvr needs each episode's reward when it "
                 "ends, so they are not supported")
         self.client_class = make_client_class()
         self.examples = None
@@ -683,7 +686,8 @@ class V1Episode:
         self.sample = sample
         self.token = token
         self.turn = 0
-        self.events = queue.Queue()  # ("ask", body) | ("done", episode) | ("raised", exc) | ("error", msg)
+        # ("ask", body) | ("done", episode) | ("raised", exc) | ("error", msg)
+        self.events = queue.Queue()
         self.lock = threading.Lock()
         self.pending = None  # the concurrent.futures.Future the waiting HTTP request blocks on
         self.transcript = None  # the messages so far, in wire form (the last request's + answer)
@@ -896,7 +900,8 @@ class V1Adapter:
 
     def export_rows(self):
         """The taskset as rlvr rows: `example_id` (the task's idx), `question` (its prompt's
-        last user text), `answer` (when its data has one), `info` (its other fields that are not their defaults, JSON)."""
+        last user text), `answer` (when its data has one), `info` (its other fields that are not
+        their defaults, JSON)."""
         if not getattr(self.env.taskset, "bounded", True):
             raise ValueError(f"{self.name()}: its taskset is infinite; bound it in env_args")
         for task in self.env.taskset:
@@ -979,7 +984,8 @@ class V1Adapter:
         if stream:
             delta = dict(message)
             if calls:
-                delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(message["tool_calls"])]
+                delta["tool_calls"] = [dict(c, index=i)
+                                       for i, c in enumerate(message["tool_calls"])]
             chunk = dict(head, object="chat.completion.chunk",
                          choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
             tail = dict(head, object="chat.completion.chunk", choices=[], usage=usage)
