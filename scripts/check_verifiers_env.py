@@ -10,7 +10,8 @@ values worked out by hand from the test environments in crates/rlvr-env/tests/ve
 
 With 0.3.1 it runs the classic API's environments (vf-guess, vf-adder); with 0.4.0, whose only
 stack is `verifiers.v1`, the v1 taskset vf-guess-v1 and its in-process harness, through
-verifiers' own interception server.
+verifiers' own interception server, and, with `uv` on PATH (`pip install uv`), verifiers' own
+`null` and `bash` harness programs (uv installs their dependencies from the index once).
 
 The Rust test `verifiers_env` (crates/rlvr-env/tests/it/verifiers_env.rs) runs the same episodes
 with the stand-in package (crates/rlvr-env/tests/verifiers/standin/), which CI can install for
@@ -317,6 +318,57 @@ def export_v1():
            {"example_id": 1, "question": "Guess my number from 1 to 10 again.", "answer": "3"}])
 
 
+def programs_v1():
+    """verifiers' own harness programs (`null`: a chat loop; `bash`: a coding agent with `bash`
+    and `edit` tools) on the vf-guess-v1 tasks, in the `subprocess` runtime: PEP 723 scripts that
+    verifiers runs with `uv` (which installs their dependencies, openai, mcp, ..., from the
+    package index when first run). Skipped without `uv` on PATH, and for the stand-in."""
+    import shutil
+    if "--standin-v1" in sys.argv or shutil.which("uv") is None:
+        print("skip v1 harness programs (null, bash): no uv on PATH, or the stand-in")
+        return
+    env = Program({"env_id": "vf-guess-v1", "paths": PATHS,
+                   "env_config": {"agent": {"harness": {"id": "null"}}}})
+    r = env.batch("reset", [reset("0:0", {"example_id": "0"}),
+                            reset("0:1", {"example_id": "0"}, sample=1)])
+    check("v1 null harness: its first call is the prompt", r["0:0"],
+          {"id": "0:0", "messages": PROMPT_V1})
+    s = env.batch("step", [step("0:0", 1, "7"), step("0:1", 1, "My guess: 4")])
+    check("v1 null harness: one reply, scored (right: 1.5)", s["0:0"],
+          {"id": "0:0", "messages": [], "reward": 1.5, "done": True,
+           "metrics": {"correct": 1.0, "guesses": 1.0, "quick": 1.0, "reward": 1.5}})
+    check("v1 null harness: wrong: 0.5", s["0:1"]["reward"], 0.5)
+    err = env.close()
+    check("v1 null harness: it streams (the openai SDK's stream_options said, ignored)",
+          any("'stream_options'" in l and "ignored" in l for l in err.splitlines()), True)
+    env = Program({"env_id": "vf-guess-v1", "paths": PATHS,
+                   "env_config": {"agent": {"harness": {"id": "bash"}}}})
+    r = env.batch("reset", [reset("0:0", {"example_id": "0"})])
+    check("v1 bash harness: its tools", [t["function"]["name"] for t in r["0:0"]["tools"]],
+          ["bash", "edit"])
+    check("v1 bash harness: its system prompt, then the task's",
+          r["0:0"]["messages"][0]["content"].endswith("\n\nAnswer with one number."), True)
+    s = env.batch("step", [step("0:0", 1, "<tool_call>...</tool_call>",
+                                [{"id": "call_0", "name": "bash",
+                                  "arguments": {"command": "expr 3 + 4"}}])])
+    check("v1 bash harness: the command's output answers call_0", s["0:0"],
+          {"id": "0:0", "messages": [{"role": "tool", "content": "7\n",
+                                      "tool_call_id": "call_0"}], "done": False})
+    s = env.batch("step", [step("0:0", 2, "7")])
+    check("v1 bash harness: right after one command (1.25)", s["0:0"]["reward"], 1.25)
+    # rlvr's finish: the interception refuses the waiting call, the program exits non-zero on
+    # the refusal, and the stopped trace is scored (no guess: correct 0, quick 1).
+    env.batch("reset", [reset("1:0", {"example_id": "0"})])
+    f = env.batch("finish", [{"id": "1:0", "reason": "length"}])
+    check("v1 bash harness: finish length, scored", f["1:0"],
+          {"id": "1:0", "reward": 0.5,
+           "metrics": {"correct": 0.0, "guesses": 0.0, "quick": 1.0, "reward": 0.5}})
+    err = env.close()
+    check("v1 bash harness: stopped as rlvr_length",
+          any(l.startswith("[verifiers] episode 1:0 ") and l.endswith("stop rlvr_length")
+              for l in err.splitlines()), True)
+
+
 if __name__ == "__main__":
     if "--standin" in sys.argv or "--standin-v1" in sys.argv:
         print(f"the stand-in package in {PATHS[0]}")
@@ -334,4 +386,5 @@ if __name__ == "__main__":
         tools_v1()
         errors_v1()
         export_v1()
+        programs_v1()
     print("all checks passed")
