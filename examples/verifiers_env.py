@@ -714,11 +714,14 @@ def v1_handler(adapter):
             else:
                 data = json.dumps(payload).encode()
                 ctype = "application/json"
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the harness went away (its episode was ended): nobody reads the reply
 
         def error(self, status, message):
             self.reply(status, {"error": {"message": message, "type": "invalid_request_error",
@@ -771,6 +774,17 @@ def v1_handler(adapter):
     return Handler
 
 
+class V1Endpoint(ThreadingHTTPServer):
+    """The adapter's model endpoint: a thread per connection; a connection the harness closed
+    (its episode ended) is not an error worth a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class V1Adapter:
     """A verifiers.v1 environment (0.4.0) as an rlvr environment program."""
 
@@ -801,8 +815,7 @@ class V1Adapter:
         self.ignored = set()
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="verifiers-v1", daemon=True).start()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), v1_handler(self))
-        self.server.daemon_threads = True
+        self.server = V1Endpoint(("127.0.0.1", 0), v1_handler(self))
         threading.Thread(target=self.server.serve_forever, name="model-endpoint",
                          daemon=True).start()
         self.serving = self.env.serving()
