@@ -1043,6 +1043,9 @@ class V1Adapter:
         if ep is None:
             raise EpisodeError(f"step for episode {eid!r}, which this program never reset")
         ep.turn = int(req.get("turn", ep.turn + 1))
+        if ep.pending is None:
+            raise EpisodeError(f"{self.name()}: step for episode {eid!r}, which has no model "
+                               "call waiting")
         stream = ep.stream
         payload, message = self.completion(ep, req, stream)
         ep.transcript = ep.transcript + [message]
