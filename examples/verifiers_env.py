@@ -14,15 +14,16 @@ is the shorthand of
     command = ["python3", "examples/verifiers_env.py"]
     options = { env_id = "reverse-text", env_args = { num_train_examples = 2000 } }
 
-Supported: verifiers 0.3.1 (pinned; `pip install verifiers==0.3.1`), whose classic stack answers
-at `import verifiers as vf`. verifiers 0.4.0 ships only the new `verifiers.v1` stack (harnesses,
-tasksets, runtimes) and has no `load_environment`: it is refused at `hello`, naming the version.
-Guide: docs/coming-from-prime-rl.md.
+Supported: verifiers 0.3.1 (`pip install verifiers==0.3.1`), whose classic stack answers at
+`import verifiers as vf`, and verifiers 0.4.0, which ships only the `verifiers.v1` stack
+(tasksets, harnesses, runtimes; `V1Adapter` below: each model call the harness makes reaches an
+OpenAI-compatible endpoint this program serves and is one rlvr turn). `hello` picks the one the
+installed package has. Guide: docs/coming-from-prime-rl.md.
 
-How an episode runs. The environment's own rollout loop runs (`env.rollout(input, client, model,
-sampling_args)`, its `setup_state`, stop conditions, `env_response`, tools and cleanups), with a
-client that does not call a model: each time the loop asks the client for a response, the episode
-pauses and rlvr samples the turn. So
+How a 0.3.1 episode runs. The environment's own rollout loop runs (`env.rollout(input, client,
+model, sampling_args)`, its `setup_state`, stop conditions, `env_response`, tools and cleanups),
+with a client that does not call a model: each time the loop asks the client for a response, the
+episode pauses and rlvr samples the turn. So
 
 - `reset` starts the rollout and answers with the prompt the loop first asks about (`messages`, or
   `dialogue` when it holds assistant turns, such as few-shot examples) and the episode's tools
@@ -70,23 +71,32 @@ rlvr's `reference`) and `info` (JSON object text).
 
 Options (the `hello` table): `env_id` (required), `env_args` (object), `split` (`train` or `eval`),
 `paths` (directories put in front of `sys.path`, for an environment module that is not installed),
-`model` (the name the environment sees, default `rlvr`). Each rollout step runs with Python's
-`random` seeded from the episode's seed, sample and turn, so an environment that draws from it
-replays identically after a restart.
+`model` (the name the environment sees, default `rlvr`); for 0.4.0 also `env_config` (the v1 env
+config: agent, harness, runtime), with `env_args` its taskset's config and no `split`.
+
+Each rollout step runs with Python's `random` seeded from the episode's seed, sample and turn, so
+an environment that draws from it replays identically after a restart.
 """
 import asyncio
+import concurrent.futures
 import json
 import logging
 import math
 import os
+import queue
 import random
+import re
 import sys
+import sysconfig
+import threading
 import time
 import traceback
 import unicodedata
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PROTOCOL = 1
 SUPPORTED = "0.3.1"
+SUPPORTED_V1 = "0.4.0"
 
 # The protocol's stdout is kept; everything else the environment prints goes to stderr (the log).
 OUT = sys.stdout
@@ -285,48 +295,60 @@ class RewardErrorCatcher(logging.Handler):
             self.messages.append(msg)
 
 
+def make_adapter(options):
+    """The adapter for the installed verifiers: the classic API's (`verifiers.load_environment`,
+    0.3.1) or the v1 stack's (`verifiers.v1`, 0.4.0)."""
+    env_id = options.get("env_id")
+    if not isinstance(env_id, str) or not env_id:
+        raise ValueError("option env_id (the verifiers environment id, env.verifiers) is "
+                         "required")
+    args = options.get("env_args") or {}
+    if not isinstance(args, dict):
+        raise ValueError(f"option env_args must be a table, not {type(args).__name__}")
+    for p in reversed(options.get("paths") or []):
+        sys.path.insert(0, os.path.abspath(p))
+    try:
+        import verifiers
+    except ImportError as e:
+        raise ValueError(f"cannot import verifiers ({e}): pip install verifiers=={SUPPORTED} "
+                         f"or verifiers=={SUPPORTED_V1} into the Python that runs this "
+                         "environment (env.python)") from e
+    version = getattr(verifiers, "__version__", "?")
+    if hasattr(verifiers, "load_environment"):
+        return Adapter(options, verifiers, version)
+    try:
+        import verifiers.v1 as v1
+    except ImportError as e:
+        raise ValueError(
+            f"verifiers {version} has neither the classic API (load_environment) nor the v1 "
+            f"stack (verifiers.v1: {e}); rlvr's adapter supports verifiers {SUPPORTED} and "
+            f"{SUPPORTED_V1}") from e
+    return V1Adapter(options, v1, version)
+
+
 class Adapter:
-    def __init__(self, options):
+    def __init__(self, options, verifiers, version):
         global vf
-        env_id = options.get("env_id")
-        if not isinstance(env_id, str) or not env_id:
-            raise ValueError("option env_id (the verifiers environment id, env.verifiers) is "
-                             "required")
-        self.env_id = env_id
+        self.env_id = options["env_id"]
         args = options.get("env_args") or {}
-        if not isinstance(args, dict):
-            raise ValueError(f"option env_args must be a table, not {type(args).__name__}")
-        for p in reversed(options.get("paths") or []):
-            sys.path.insert(0, os.path.abspath(p))
         self.split = options.get("split", "train")
         if self.split not in ("train", "eval"):
             raise ValueError(f"option split is {self.split!r}; it is train or eval")
         self.model = options.get("model", "rlvr")
-        try:
-            import verifiers
-        except ImportError as e:
-            raise ValueError(f"cannot import verifiers ({e}): pip install verifiers=={SUPPORTED} "
-                             "into the Python that runs this environment (env.python)") from e
-        version = getattr(verifiers, "__version__", "?")
-        if not hasattr(verifiers, "load_environment"):
-            raise ValueError(
-                f"verifiers {version} has no classic API (load_environment, vf.Environment): "
-                f"rlvr's adapter supports verifiers {SUPPORTED} (pip install "
-                f"verifiers=={SUPPORTED}); the verifiers.v1 stack is not supported")
         vf = verifiers
         self.version = version
         if version != SUPPORTED:
             log(f"[verifiers] warning: verifiers {version} installed; the adapter is tested "
                 f"with {SUPPORTED}")
         try:
-            self.env = vf.load_environment(env_id, **args)
+            self.env = vf.load_environment(self.env_id, **args)
         except Exception as e:
-            raise ValueError(f"verifiers environment {env_id!r}: load_environment failed: "
+            raise ValueError(f"verifiers environment {self.env_id!r}: load_environment failed: "
                              f"{describe(e)} in {where(e)}") from e
         if getattr(self.env.rubric, "has_group_rewards", False):
             raise ValueError(
-                f"verifiers environment {env_id!r}: its rubric has group reward functions, which "
-                "score a group's rollouts together; rlvr needs each episode's reward when it "
+                f"verifiers environment {self.env_id!r}: its rubric has group reward functions, "
+                "which score a group's rollouts together; rlvr needs each episode's reward when it "
                 "ends, so they are not supported")
         self.client_class = make_client_class()
         self.examples = None
@@ -385,6 +407,34 @@ class Adapter:
         elif isinstance(info, dict):
             inp["info"] = info
         return inp
+
+    def export_rows(self):
+        """The dataset as rlvr rows: `example_id`, `question`, `answer`, `info` (JSON text)."""
+        for key, ex in sorted(self.dataset().items()):
+            prompt = ex.get("prompt") or []
+            users = [m for m in prompt if get(m, "role") == "user"]
+            question = text_of(get(users[-1], "content"), "prompt") if users else ""
+            info = ex.get("info")
+            row = {"example_id": key, "question": question, "answer": str(ex.get("answer", ""))}
+            if info not in (None, "", {}):
+                row["info"] = info if isinstance(info, str) else json.dumps(info, default=str)
+            yield row
+
+    def close(self):
+        """Cancels the rollouts still paused, so their cleanups run."""
+        if not self.episodes:
+            return
+        loop = asyncio.get_event_loop()
+        for eid in list(self.episodes):
+            loop.run_until_complete(self.drop(eid))
+
+    def handle(self, kind, episodes):
+        """One protocol request's episodes answered in order, or None for an unknown `kind`."""
+        fn = {"reset": self.reset_one, "step": self.step_one,
+              "finish": self.finish_one}.get(kind)
+        if fn is None:
+            return None
+        return asyncio.get_event_loop().run_until_complete(self.each(fn, episodes))
 
     # ----- driving the rollout -----
 
@@ -557,6 +607,586 @@ class Adapter:
         return out
 
 
+# ----- verifiers 0.4.0: the verifiers.v1 stack -----
+#
+# A v1 episode is `env.run_episode(task, ctx)`: the env's agent runs a harness (a program, or a
+# loop in-process) in a runtime; every model call the harness makes goes to verifiers' interception
+# server, which records it on the episode's trace and forwards it to the model endpoint of
+# `ctx.client` (an OpenAI-compatible base_url). Here that endpoint is this adapter's own HTTP
+# server (Python's http.server, on 127.0.0.1): each chat-completion request pauses the episode
+# and becomes rlvr's turn. The task's `@vf.reward`/`@vf.metric` functions score the trace.
+
+# The request keys the adapter reads; every other key (temperature, max_tokens, stop, top_p,
+# tool_choice, ...) is a sampling choice rlvr's own sampling makes, ignored and named once on
+# stderr.
+V1_READ_KEYS = ("model", "messages", "tools", "stream", "n")
+V1_ROLES = ("system", "user", "assistant", "tool")
+
+
+def v1_wire_message(m, what):
+    """An OpenAI chat message (a dict) as the protocol's `{role, content, [tool_call_id],
+    [tool_calls]}`; a `developer` message is a system one."""
+    if not isinstance(m, dict):
+        raise EpisodeError(f"{what} is a {type(m).__name__}, not a message object")
+    role = m.get("role")
+    if role == "developer":
+        role = "system"
+    if role not in V1_ROLES:
+        raise EpisodeError(f"{what} has role {role!r}; rlvr's messages are {', '.join(V1_ROLES)}")
+    out = {"role": role, "content": text_of(m.get("content"), what)}
+    if role == "tool":
+        out["tool_call_id"] = m.get("tool_call_id")
+    calls = m.get("tool_calls") if role == "assistant" else None
+    if calls:
+        out["tool_calls"] = []
+        for c in calls:
+            fn = (c or {}).get("function") or {}
+            out["tool_calls"].append({"id": c.get("id"), "type": "function",
+                                      "function": {"name": fn.get("name"),
+                                                   "arguments": fn.get("arguments")}})
+    return out
+
+
+def v1_message_key(m):
+    """What must match for a message of one request to be the same message in the next: role,
+    content, tool_call_id and the calls (arguments compared as JSON values)."""
+    calls = []
+    for c in m.get("tool_calls") or []:
+        args = c["function"]["arguments"]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        calls.append((c.get("id"), c["function"]["name"], json.dumps(args, sort_keys=True)))
+    return (m["role"], m["content"], m.get("tool_call_id"), tuple(calls))
+
+
+def v1_error_text(err, package):
+    """`Type: message in function (file:line)` of a v1 `Error` record, the place its traceback's
+    last frame in the environment's own code (not verifiers', not the standard library's), or
+    without the place when there is none."""
+    text = f"{getattr(err, 'type', '?')}: {getattr(err, 'message', err)}"
+    tb = getattr(err, "traceback", None) or ""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    frames = [f for f in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', tb)
+              if not f[0].startswith((package, stdlib))]
+    if frames:
+        path, line, fn = frames[-1]
+        text += f" in {fn} ({os.path.basename(path)}:{line})"
+    return text
+
+
+class V1Episode:
+    """One v1 episode: its run in the adapter's event loop and the model call it waits on."""
+
+    def __init__(self, eid, seed, sample, token):
+        self.id = eid
+        self.seed = seed
+        self.sample = sample
+        self.token = token
+        self.turn = 0
+        # ("ask", body) | ("done", episode) | ("raised", exc) | ("error", msg)
+        self.events = queue.Queue()
+        self.lock = threading.Lock()
+        self.pending = None  # the concurrent.futures.Future the waiting HTTP request blocks on
+        self.transcript = None  # the messages so far, in wire form (the last request's + answer)
+        self.tools = None
+        self.stream = False  # whether the waiting call asked for server-sent events
+        self.traces = []  # the episode's traces, as v1 mints them (on_trace)
+        self.run = None
+
+
+def v1_handler(adapter):
+    """The HTTP handler of the adapter's model endpoint: `POST /rlvr/TOKEN/v1/chat/completions`
+    (TOKEN names the episode) is a turn of that episode; `GET .../v1/models` names the model."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):
+            return None
+
+        def reply(self, status, payload, stream=False):
+            if stream:
+                data = payload
+                ctype = "text/event-stream"
+            else:
+                data = json.dumps(payload).encode()
+                ctype = "application/json"
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the harness went away (its episode was ended): nobody reads the reply
+
+        def error(self, status, message):
+            self.reply(status, {"error": {"message": message, "type": "invalid_request_error",
+                                          "code": None}})
+
+        def episode(self):
+            parts = self.path.split("?", 1)[0].strip("/").split("/")
+            if len(parts) < 3 or parts[0] != "rlvr":
+                return None, "/".join(parts)
+            return adapter.by_token.get(parts[1]), "/".join(parts[2:])
+
+        def do_GET(self):
+            _, route = self.episode()
+            if route in ("v1/models", "models"):
+                self.reply(200, {"object": "list", "data": [
+                    {"id": adapter.model, "object": "model", "owned_by": "rlvr"}]})
+            else:
+                self.error(404, f"rlvr's verifiers adapter serves no GET {self.path}")
+
+        def do_POST(self):
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            ep, route = self.episode()
+            if ep is None:
+                self.error(410, "rlvr ended this episode")
+                return
+            if route not in ("v1/chat/completions", "chat/completions"):
+                msg = (f"the harness called {route!r}; rlvr's verifiers adapter serves the "
+                       "OpenAI chat completions API (v1/chat/completions) only")
+                ep.events.put(("error", msg))
+                self.error(404, msg)
+                return
+            try:
+                body = json.loads(raw)
+            except json.JSONDecodeError as e:
+                self.error(400, f"request body is not JSON: {e}")
+                return
+            fut = concurrent.futures.Future()
+            with ep.lock:
+                if ep.pending is not None:
+                    msg = ("the harness made a model call while another was waiting (parallel "
+                           "calls, e.g. sub-agents); rlvr's episodes are one linear transcript")
+                    ep.events.put(("error", msg))
+                    self.error(400, msg)
+                    return
+                ep.pending = fut
+            ep.events.put(("ask", body))
+            status, payload, stream = fut.result()
+            self.reply(status, payload, stream)
+
+    return Handler
+
+
+class V1Endpoint(ThreadingHTTPServer):
+    """The adapter's model endpoint: a thread per connection; a connection the harness closed
+    (its episode ended) is not an error worth a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class V1Adapter:
+    """A verifiers.v1 environment (0.4.0) as an rlvr environment program."""
+
+    def __init__(self, options, v1, version):
+        self.v1 = v1
+        self.version = version
+        self.env_id = options["env_id"]
+        self.model = options.get("model", "rlvr")
+        if options.get("split", "train") != "train":
+            raise ValueError(f"{self.name()}: option split is for verifiers {SUPPORTED}'s "
+                             "datasets; a v1 taskset picks its tasks with its own config "
+                             "(env_args) and rlvr's rows (example_id)")
+        if version != SUPPORTED_V1:
+            log(f"[verifiers] warning: verifiers {version} installed; the v1 adapter is tested "
+                f"with {SUPPORTED_V1}")
+        config = self.env_config(options)
+        try:
+            self.env = v1.load_environment(config)
+        except Exception as e:
+            raise ValueError(f"{self.name()}: loading the environment failed: {describe(e)} in "
+                             f"{where(e)}") from e
+        self.task_cls = type(self.env.taskset).task_type()
+        self.tasks = {}
+        self.task_iter = None
+        self.episodes = {}
+        self.by_token = {}
+        self.tokens = 0
+        self.ignored = set()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="verifiers-v1", daemon=True).start()
+        self.server = V1Endpoint(("127.0.0.1", 0), v1_handler(self))
+        threading.Thread(target=self.server.serve_forever, name="model-endpoint",
+                         daemon=True).start()
+        self.serving = self.env.serving()
+        try:
+            self.call(self.serving.__aenter__())
+        except Exception as e:
+            raise ValueError(f"{self.name()}: starting its serving resources (interception "
+                             f"server, shared tools) failed: {describe(e)} in {where(e)}") from e
+
+    def name(self):
+        return f"verifiers environment {self.env_id!r}"
+
+    def call(self, coro, timeout=None):
+        """Runs `coro` in the adapter's event loop and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def env_config(self, options):
+        """The v1 env config: option `env_config` (the run config's `[env]` table: agent,
+        harness, runtime, ...) with `taskset.id` = env_id and `env_args` merged into `taskset`;
+        a role that names no runtime runs in the local `subprocess` runtime (verifiers'
+        default is a remote Prime sandbox)."""
+        raw = json.loads(json.dumps(options.get("env_config") or {}))
+        if not isinstance(raw, dict):
+            raise ValueError(f"option env_config must be a table, not {type(raw).__name__}")
+        taskset = raw.setdefault("taskset", {})
+        taskset["id"] = self.env_id
+        taskset.update(options.get("env_args") or {})
+        try:
+            config = self.v1.resolve_env_config(raw)
+            roles = [k for k, v in config if isinstance(v, self.v1.AgentConfig)]
+            for role in roles:
+                spec = raw.setdefault(role, {})
+                if isinstance(spec, dict) and "runtime" not in spec:
+                    spec["runtime"] = {"type": "subprocess"}
+            return self.v1.resolve_env_config(raw)
+        except Exception as e:
+            raise ValueError(f"{self.name()}: its config is not valid: {describe(e)}") from e
+
+    # ----- inputs -----
+
+    def task_at(self, idx):
+        """The taskset's task at position `idx` of its `load()` (read lazily, kept)."""
+        if self.task_iter is None:
+            self.task_iter = iter(self.env.taskset)
+        while idx not in self.tasks and self.task_iter is not None:
+            try:
+                task = next(self.task_iter)
+            except StopIteration:
+                self.task_iter = None
+                break
+            self.tasks[task.data.idx] = task
+        if idx not in self.tasks:
+            raise EpisodeError(f"{self.name()} has no task at idx {idx} (its taskset has "
+                               f"{len(self.tasks)})")
+        return self.tasks[idx]
+
+    def input_of(self, row):
+        if row.get("example_id") not in (None, ""):
+            try:
+                idx = int(str(row["example_id"]))
+            except ValueError:
+                raise EpisodeError(f"row's example_id {row['example_id']!r} is not an integer")
+            return self.task_at(idx)
+        data_cls = self.task_cls.data_type()
+        fields = data_cls.model_fields
+        data = {}
+        info = row.get("info")
+        if isinstance(info, str) and info.strip():
+            try:
+                info = json.loads(info)
+            except json.JSONDecodeError:
+                raise EpisodeError("row's info is not JSON text")
+        if isinstance(info, dict):
+            data.update({k: v for k, v in info.items() if k in fields})
+        data.update({k: v for k, v in row.items() if k in fields and k not in ("idx", "prompt")})
+        prompt = row.get("prompt", row.get("question"))
+        if isinstance(prompt, str) and prompt.lstrip().startswith("["):
+            try:
+                prompt = json.loads(prompt)
+            except json.JSONDecodeError:
+                pass
+        if prompt is None:
+            raise EpisodeError("row has neither example_id, nor prompt, nor question")
+        data["prompt"] = prompt
+        if "answer" in fields and "answer" not in data and "reference" in row:
+            data["answer"] = row["reference"]
+        if self.env.taskset.system_prompt is not None:
+            data["system_prompt"] = self.env.taskset.system_prompt
+        try:
+            task_data = data_cls.model_validate(data)
+        except Exception as e:
+            raise EpisodeError(f"{self.name()}: the row is not a {data_cls.__name__}: "
+                               f"{describe(e)}")
+        return self.task_cls(task_data, self.env.taskset.config.task)
+
+    def export_rows(self):
+        """The taskset as rlvr rows: `example_id` (the task's idx), `question` (its prompt's
+        last user text), `answer` (when its data has one), `info` (its other fields that are not
+        their defaults, JSON)."""
+        if not getattr(self.env.taskset, "bounded", True):
+            raise ValueError(f"{self.name()}: its taskset is infinite; bound it in env_args")
+        for task in self.env.taskset:
+            d = task.data
+            prompt = d.prompt
+            if isinstance(prompt, list):
+                users = [m for m in prompt if get(m, "role") == "user"]
+                prompt = text_of(get(users[-1], "content"), "prompt") if users else ""
+            row = {"example_id": d.idx, "question": prompt or ""}
+            if getattr(d, "answer", None) is not None:
+                row["answer"] = str(d.answer)
+            rest = {k: v for k, v in d.model_dump(mode="json", exclude_defaults=True).items()
+                    if k not in ("idx", "prompt", "system_prompt", "answer")}
+            if rest:
+                row["info"] = json.dumps(rest, sort_keys=True)
+            yield row
+
+    # ----- driving the episode -----
+
+    async def run(self, ep, task, ctx):
+        try:
+            episode = await self.env.run_episode(task, ctx, on_trace=ep.traces.append)
+            ep.events.put(("done", episode))
+        except BaseException as e:  # noqa: BLE001 - reported as the episode's error
+            ep.events.put(("raised", e))
+            if isinstance(e, asyncio.CancelledError):
+                raise
+
+    def next_event(self, ep):
+        ev = ep.events.get()
+        if ev[0] == "raised":
+            e = ev[1]
+            raise EpisodeError(f"{self.name()}: the episode raised {describe(e)} in {where(e)}")
+        if ev[0] == "error":
+            raise EpisodeError(f"{self.name()}: {ev[1]}")
+        return ev
+
+    def answer(self, ep, status, payload, stream=False):
+        with ep.lock:
+            fut, ep.pending = ep.pending, None
+        if fut is not None:
+            fut.set_result((status, payload, stream))
+
+    def read_request(self, ep, body):
+        """The request's messages (wire form) and tools; refuses what rlvr cannot sample."""
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise EpisodeError(f"{self.name()}: a model call without a messages list")
+        n = body.get("n")
+        if n not in (None, 1):
+            raise EpisodeError(f"{self.name()}: the harness asked for n = {n} completions of "
+                               "one prompt; rlvr samples one per turn")
+        for k in sorted(body):
+            if k not in V1_READ_KEYS and k not in self.ignored:
+                self.ignored.add(k)
+                log(f"[verifiers] {self.name()}: request key {k!r} ({json.dumps(body[k])[:80]}) "
+                    "ignored: rlvr's own sampling settings make every turn")
+        msgs = [v1_wire_message(m, f"request message {i}") for i, m in enumerate(body["messages"])]
+        return msgs, body.get("tools") or []
+
+    def completion(self, ep, req, stream):
+        """The model's turn as an OpenAI chat completion (or its server-sent events), and the
+        assistant message in wire form."""
+        text = req.get("text") or ""
+        calls = req.get("tool_calls") or []
+        content = text
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = []
+            for i, c in enumerate(calls):
+                args = c.get("arguments", {})
+                message["tool_calls"].append({
+                    "id": c.get("id") or f"call_{i}", "type": "function",
+                    "function": {"name": c.get("name", ""),
+                                 "arguments": args if isinstance(args, str) else json.dumps(args)}})
+            if not req.get("tool_call_errors") and "<tool_call>" in text:
+                message["content"] = text.split("<tool_call>", 1)[0].strip()
+        finish = "tool_calls" if calls else "stop"
+        head = {"id": f"rlvr-{ep.id}-{ep.turn}", "created": 0, "model": self.model}
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        if stream:
+            delta = dict(message)
+            if calls:
+                delta["tool_calls"] = [dict(c, index=i)
+                                       for i, c in enumerate(message["tool_calls"])]
+            chunk = dict(head, object="chat.completion.chunk",
+                         choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
+            tail = dict(head, object="chat.completion.chunk", choices=[], usage=usage)
+            payload = (f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(tail)}\n\n"
+                       "data: [DONE]\n\n").encode()
+        else:
+            payload = dict(head, object="chat.completion", usage=usage, choices=[
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}])
+        return payload, v1_wire_message(message, "the model's turn")
+
+    def reset_one(self, req):
+        eid = req["id"]
+        self.tokens += 1
+        ep = V1Episode(eid, req.get("seed", 0), req.get("sample", 0), f"e{self.tokens}")
+        task = self.input_of(req.get("row") or {})
+        self.episodes[eid] = ep
+        self.by_token[ep.token] = ep
+        base_url = f"http://127.0.0.1:{self.server.server_address[1]}/rlvr/{ep.token}/v1"
+        ctx = self.v1.ModelContext(model=self.model, client=self.v1.EvalClientConfig(
+            base_url=base_url, api_key_var="RLVR_VERIFIERS_API_KEY"))
+        # The K episodes of a group get the same seed and must get the same prompt.
+        random.seed(f"{ep.seed}/reset")
+        ep.run = asyncio.run_coroutine_threadsafe(self.run(ep, task, ctx), self.loop)
+        ev = self.next_event(ep)
+        if ev[0] == "done":
+            raise EpisodeError(f"{self.name()}: the episode ended before the model's first turn"
+                               f"{self.failure(ev[1])}")
+        msgs, tools = self.read_request(ep, ev[1])
+        ep.transcript, ep.tools, ep.stream = msgs, tools, bool(ev[1].get("stream"))
+        out = {"id": eid}
+        if any(m["role"] in ("assistant", "tool") for m in msgs):
+            out["dialogue"] = msgs
+        else:
+            out["messages"] = msgs
+        if tools:
+            out["tools"] = tools
+        return out
+
+    def step_one(self, req):
+        eid = req["id"]
+        ep = self.episodes.get(eid)
+        if ep is None:
+            raise EpisodeError(f"step for episode {eid!r}, which this program never reset")
+        ep.turn = int(req.get("turn", ep.turn + 1))
+        if ep.pending is None:
+            raise EpisodeError(f"{self.name()}: step for episode {eid!r}, which has no model "
+                               "call waiting")
+        stream = ep.stream
+        payload, message = self.completion(ep, req, stream)
+        ep.transcript = ep.transcript + [message]
+        random.seed(f"{ep.seed}/{ep.sample}/{ep.turn}")
+        self.answer(ep, 200, payload, stream)
+        ev = self.next_event(ep)
+        if ev[0] == "ask":
+            msgs, tools = self.read_request(ep, ev[1])
+            ep.stream = bool(ev[1].get("stream"))
+            before = ep.transcript
+            if len(msgs) < len(before) or any(
+                    v1_message_key(a) != v1_message_key(b) for a, b in zip(msgs, before)):
+                raise EpisodeError(
+                    f"{self.name()}: the model call of turn {ep.turn + 1} does not extend the "
+                    f"transcript so far ({len(before)} messages, the last the model's turn) "
+                    f"with new messages (its {len(msgs)} messages rewrite or drop some: history "
+                    "rewriting, compaction or a sub-agent's call); rlvr's episodes are one "
+                    "linear transcript")
+            if tools != ep.tools:
+                raise EpisodeError(f"{self.name()}: the tools changed at turn {ep.turn + 1}; "
+                                   "rlvr renders an episode's tools once, in its prompt")
+            new = msgs[len(before):]
+            for m in new:
+                if m["role"] not in ("user", "tool"):
+                    raise EpisodeError(f"{self.name()}: the harness added a {m['role']!r} "
+                                       "message; rlvr's replies are user or tool messages")
+            ep.transcript = msgs
+            return {"id": eid, "messages": new, "done": False}
+        self.forget(ep)
+        reward, metrics = self.score(ep, ev[1])
+        return {"id": eid, "messages": [], "reward": reward, "done": True, "metrics": metrics}
+
+    def finish_one(self, req):
+        eid = req["id"]
+        ep = self.episodes.get(eid)
+        if ep is None:
+            return {"id": eid}
+        if req.get("reason") == "error":
+            self.drop(eid)
+            return {"id": eid}
+        # v1's own stop: the trace stops (as a @vf.stop condition stops it), the waiting call
+        # is refused by the interception server, the harness ends, and the task scores it.
+        condition = f"rlvr_{req.get('reason', 'finish')}"
+
+        async def stop():
+            for t in ep.traces:
+                if t.stop_condition is None:
+                    t.stop(condition)
+
+        self.call(stop())
+        payload, _ = self.completion(ep, {"text": ""}, ep.stream)
+        self.answer(ep, 200, payload, ep.stream)
+        ev = self.next_event(ep)
+        if ev[0] == "ask":
+            raise EpisodeError(f"{self.name()}: the harness made another model call after rlvr "
+                               "ended the episode")
+        self.forget(ep)
+        reward, metrics = self.score(ep, ev[1])
+        return {"id": eid, "reward": reward, "metrics": metrics}
+
+    def failure(self, episode):
+        """`: ERROR` of a failed v1 episode (its first error, the episode's or a trace's)."""
+        errors = list(episode.errors) + [e for t in episode.traces for e in t.errors]
+        package = os.path.dirname(os.path.dirname(os.path.abspath(self.v1.__file__)))
+        return f": {v1_error_text(errors[0], package + os.sep)}" if errors else ""
+
+    def score(self, ep, episode):
+        if not episode.ok:
+            raise EpisodeError(f"{self.name()}: the episode failed{self.failure(episode)}")
+        if len(episode.traces) != 1:
+            raise EpisodeError(f"{self.name()}: the episode ran {len(episode.traces)} agents; "
+                               "rlvr trains one transcript per episode")
+        trace = episode.traces[0]
+        unscored = sorted(k for k, r in trace.rewards.items() if r is None)
+        if unscored:
+            raise EpisodeError(f"{self.name()}: rewards {unscored} were not scored")
+        reward = trace.reward
+        if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise EpisodeError(f"{self.name()}: the task gave reward {reward!r}, not a finite "
+                               "number")
+        metrics = {k: r.score for k, r in trace.rewards.items()}
+        metrics.update({k: v for k, v in trace.metrics.items() if v is not None})
+        log(f"[verifiers] episode {ep.id} reward {float(reward)!r} metrics "
+            f"{json.dumps(metrics, sort_keys=True, default=str)} stop {trace.stop_condition}")
+        return float(reward), wire_metrics(ep.id, metrics, float(reward))
+
+    def forget(self, ep):
+        self.episodes.pop(ep.id, None)
+        self.by_token.pop(ep.token, None)
+
+    def drop(self, eid):
+        """Forgets an episode and cancels its run: its waiting call is refused, its cleanups
+        run (waited for up to a minute)."""
+        ep = self.episodes.get(eid)
+        if ep is None:
+            return
+        self.forget(ep)
+        self.answer(ep, 410, {"error": {"message": "rlvr ended this episode"}})
+        if ep.run is not None and not ep.run.done():
+            self.loop.call_soon_threadsafe(ep.run.cancel)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    ev = ep.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if ev[0] in ("done", "raised"):
+                    break
+                self.answer(ep, 410, {"error": {"message": "rlvr ended this episode"}})
+
+    def handle(self, kind, episodes):
+        """One protocol request's episodes answered in order, or None for an unknown `kind`."""
+        fn = {"reset": self.reset_one, "step": self.step_one,
+              "finish": self.finish_one}.get(kind)
+        if fn is None:
+            return None
+        out = []
+        for r in episodes:
+            try:
+                out.append(fn(r))
+            except EpisodeError as e:
+                self.drop(r.get("id"))
+                out.append({"id": r.get("id"), "error": str(e)})
+            except Exception as e:  # noqa: BLE001 - the adapter's own failure, named
+                self.drop(r.get("id"))
+                out.append({"id": r.get("id"),
+                            "error": f"{self.name()}: {describe(e)} in {where(e)}"})
+        return out
+
+    def close(self):
+        """Cancels the episodes still running and ends the env's serving resources."""
+        for eid in list(self.episodes):
+            self.drop(eid)
+        try:
+            self.call(self.serving.__aexit__(None, None, None), timeout=60)
+        except Exception as e:  # noqa: BLE001 - shutting down; said on stderr
+            log(f"[verifiers] {self.name()}: closing its serving resources: {describe(e)}")
+        self.server.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 def export(argv):
     import argparse
     p = argparse.ArgumentParser(prog="verifiers_env.py export",
@@ -568,20 +1198,14 @@ def export(argv):
     p.add_argument("--path", action="append", default=[], help="a directory for sys.path")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    ad = Adapter({"env_id": a.env_id, "env_args": json.loads(a.env_args), "split": a.split,
-                  "paths": a.path})
+    ad = make_adapter({"env_id": a.env_id, "env_args": json.loads(a.env_args),
+                       "split": a.split, "paths": a.path})
     n = 0
     with open(a.out, "w") as f:
-        for key, ex in sorted(ad.dataset().items()):
-            prompt = ex.get("prompt") or []
-            users = [m for m in prompt if get(m, "role") == "user"]
-            question = text_of(get(users[-1], "content"), "prompt") if users else ""
-            info = ex.get("info")
-            row = {"example_id": key, "question": question, "answer": str(ex.get("answer", ""))}
-            if info not in (None, "", {}):
-                row["info"] = info if isinstance(info, str) else json.dumps(info, default=str)
+        for row in ad.export_rows():
             f.write(json.dumps(row) + "\n")
             n += 1
+    ad.close()
     log(f"wrote {n} rows of {a.env_id}'s {a.split} dataset to {a.out}")
 
 
@@ -601,7 +1225,7 @@ def main():
         kind = req.get("type")
         if kind == "hello":
             try:
-                adapter = Adapter(req.get("options") or {})
+                adapter = make_adapter(req.get("options") or {})
             except Exception as e:  # noqa: BLE001 - reported to rlvr, which stops the run
                 send({"error": str(e)})
                 return
@@ -612,17 +1236,14 @@ def main():
         if adapter is None:
             send({"error": f"{kind} before hello"})
             return
-        fn = {"reset": adapter.reset_one, "step": adapter.step_one,
-              "finish": adapter.finish_one}.get(kind)
-        if fn is None:
+        episodes = adapter.handle(kind, req.get("episodes") or [])
+        if episodes is None:
             send({"error": f"unknown request type {kind!r}"})
             return
-        episodes = loop.run_until_complete(adapter.each(fn, req.get("episodes") or []))
         send({"version": PROTOCOL, "episodes": episodes})
-    # rlvr closed stdin: the rollouts still paused are cancelled, so their cleanups run.
+    # rlvr closed stdin: the rollouts still running are cancelled, so their cleanups run.
     if adapter is not None:
-        for eid in list(adapter.episodes):
-            loop.run_until_complete(adapter.drop(eid))
+        adapter.close()
 
 
 if __name__ == "__main__":

@@ -443,7 +443,8 @@ pub const ALIASES: &[Alias] = &[
         ours: "env.verifiers",
         note: "a verifiers environment runs unchanged: [env] verifiers = \"ID\" (its id) and \
                env_args = { ... } (its args), with env.python the interpreter that has \
-               verifiers 0.3.1 and the environment installed; one environment per run \
+               verifiers (0.3.1 or 0.4.0) and the environment installed; one environment per \
+               run \
                (docs/coming-from-prime-rl.md)",
     },
     Alias {
@@ -456,7 +457,8 @@ pub const ALIASES: &[Alias] = &[
         name: "env.args",
         peer: "prime-rl",
         ours: "env.env_args",
-        note: "the keyword arguments of the verifiers environment's load_environment",
+        note: "the keyword arguments of the verifiers environment's load_environment (0.4.0: \
+               its taskset's config)",
     },
     Alias {
         name: "rollouts_per_example",

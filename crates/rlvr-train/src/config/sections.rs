@@ -340,17 +340,18 @@ pub struct EnvSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub builtin: Option<String>,
     /// An environment written with Prime Intellect's `verifiers` library (verifiers 0.3.1's
-    /// classic API: `load_environment`, `MultiTurnEnv`, `ToolEnv`, a `Rubric`), run unchanged: its
-    /// id, as prime-rl's `[[orchestrator.env]] id` and `vf-eval` name it (the module imported is
-    /// the id with `-` as `_`). rlvr runs it with the adapter it carries
-    /// (examples/verifiers_env.py) under `env.python`, as a program environment whose rewards are
-    /// the environment's rubric's; instead of `env.command` (docs/coming-from-prime-rl.md).
+    /// classic API: `load_environment`, `MultiTurnEnv`, `ToolEnv`, a `Rubric`; or verifiers
+    /// 0.4.0's `verifiers.v1`: a taskset and its harness), run unchanged: its id, as prime-rl's
+    /// `[[orchestrator.env]] id` and `vf-eval` name it (the module imported is the id with `-` as
+    /// `_`). rlvr runs it with the adapter it carries (examples/verifiers_env.py) under
+    /// `env.python`, as a program environment whose rewards are the environment's rubric's (v1:
+    /// its task's reward functions'); instead of `env.command` (docs/coming-from-prime-rl.md).
     /// Default unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verifiers: Option<String>,
     /// The keyword arguments of the `env.verifiers` environment's `load_environment` (prime-rl's
-    /// `[[orchestrator.env]] args`, `vf-eval --env-args`), e.g. `{ num_train_examples = 2000 }`.
-    /// Default none.
+    /// `[[orchestrator.env]] args`, `vf-eval --env-args`), e.g. `{ num_train_examples = 2000 }`;
+    /// for a verifiers 0.4.0 (v1) environment, its taskset's config fields. Default none.
     #[serde(skip_serializing_if = "toml::Table::is_empty")]
     pub env_args: toml::Table,
     /// The Python interpreter that runs the `env.verifiers` environment: one with `verifiers` and

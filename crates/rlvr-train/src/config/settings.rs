@@ -446,9 +446,10 @@ pub fn episode_runner(
                     match &e.verifiers {
                         Some(id) => format!(
                             "starting the verifiers environment {id:?} (env.verifiers, with \
-                             rlvr's adapter under {}; verifiers {} is supported)",
+                             rlvr's adapter under {}; verifiers {} and {} are supported)",
                             e.python.as_deref().unwrap_or("python3"),
-                            rlvr_env::verifiers::SUPPORTED_VERSION
+                            rlvr_env::verifiers::SUPPORTED_VERSION,
+                            rlvr_env::verifiers::SUPPORTED_V1_VERSION
                         ),
                         None => "starting the environment (env.command)".to_string(),
                     }

@@ -1161,3 +1161,61 @@ fn env_metrics_are_the_means_over_the_episodes_that_carry_them() {
         "{seen:?}"
     );
 }
+
+/// `rlvr train` on a verifiers 0.4.0 (`verifiers.v1`) environment through the adapter the binary
+/// carries: the test taskset `vf-guess-v1` (crates/rlvr-env/tests/verifiers/envs/vf_guess_v1, on
+/// the stand-in `verifiers.v1`), each training row the task itself (its question the prompt, its
+/// reference the number). Its harness answers each guess with a hint until `env.max_turns`, when
+/// rlvr stops the trace and the task scores it. The task's reward functions reach metrics.jsonl
+/// as `env/metrics/NAME/mean`, and the step's reward is their weighted sum: correct + 0.5 x quick.
+#[test]
+fn a_train_run_on_a_verifiers_v1_environment_logs_the_tasks_rewards() {
+    let f = fixture();
+    let fixtures = crate::common::repo().join("crates/rlvr-env/tests/verifiers");
+    let paths = format!(
+        "env.options={{ paths = [{:?}, {:?}] }}",
+        fixtures.join("standin_v1").display().to_string(),
+        fixtures.join("envs").display().to_string()
+    );
+    // A run writes its environment's stderr to RUN/env.stderr.
+    let log = f.run.join("env.stderr");
+    let cfg = config(
+        &f.model_dir,
+        &f.run,
+        &[
+            "train.steps=2",
+            "env.verifiers=\"vf-guess-v1\"",
+            "env.python=\"python3\"",
+            "env.max_turns=3",
+            "env.max_episode_tokens=100",
+            &paths,
+        ],
+    );
+    rlvr_train::run::train(&cfg, &rlvr_train::run::RunOptions::default()).unwrap_or_else(|e| {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        panic!("{e:#}\nthe environment's stderr:\n{text}")
+    });
+    let m = rlvr_train::store::metrics::read_metrics(&f.run.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 2);
+    for line in &m {
+        assert_eq!(line["env/error_frac"].as_f64(), Some(0.0), "{line:?}");
+        let correct = line["env/metrics/correct/mean"].as_f64().unwrap();
+        let quick = line["env/metrics/quick/mean"].as_f64().unwrap();
+        let guesses = line["env/metrics/guesses/mean"].as_f64().unwrap();
+        let reward = line["reward/mean"].as_f64().unwrap();
+        assert!((reward - (correct + 0.5 * quick)).abs() < 1e-9, "{line:?}");
+        assert_eq!(line["env/metrics/reward/mean"].as_f64(), Some(reward));
+        // quick = 1 / max(1, guesses) per episode: within [1/3, 1] with at most 3 guesses.
+        assert!((1.0 / 3.0 - 1e-12..=1.0).contains(&quick), "{quick}");
+        assert!((0.0..=3.0).contains(&guesses), "{guesses}");
+        let turns = line["env/turns/mean"].as_f64().unwrap();
+        assert!((1.0..=3.0).contains(&turns), "{turns}");
+    }
+    // Each episode's scores, as the adapter logged them.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let scored = text
+        .lines()
+        .filter(|l| l.starts_with("[verifiers] episode "))
+        .count();
+    assert_eq!(scored, 32, "{text}");
+}
