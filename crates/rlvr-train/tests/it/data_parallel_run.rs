@@ -1048,7 +1048,9 @@ fn a_short_dapo_batch_stops_every_rank_together_and_saves_under_zero_1() {
         let out = run_each(&s, w, false);
         assert_eq!(out.len(), w);
         for (r, o) in out.iter().enumerate() {
-            let e = o.as_ref().expect_err(&format!("{w} ranks: rank {r} went on"));
+            let e = o
+                .as_ref()
+                .expect_err(&format!("{w} ranks: rank {r} went on"));
             assert!(e.ends_with(want), "{w} ranks: rank {r}: {e}");
             if r == 0 {
                 let saved = format!(
