@@ -673,8 +673,9 @@ impl Attention {
         };
         let scores = scores
             .to_dtype(upcast(q.dtype()))?
-            .reshape((b, nkv, rep, t, s))?
-            .broadcast_add(bias)?;
+            .reshape((b, nkv, rep, t, s))?;
+        // The mask as a variable while training: `crate::ops::constant_operand`.
+        let scores = scores.broadcast_add(&crate::ops::constant_operand(&scores, bias)?)?;
         let p = softmax(&scores)?
             .to_dtype(q.dtype())?
             .reshape((b, nkv, rep * t, s))?;

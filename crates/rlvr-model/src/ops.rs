@@ -61,14 +61,36 @@ pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
     Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
 }
 
+/// `c`, a constant operand of a broadcast binary op whose other operand is `x`, as the backward
+/// should see it: unchanged when `x` carries no graph; when it does, a leaf variable holding a
+/// copy of `c` (same values, so the forward is unchanged).
+///
+/// Why: candle's backward (`Tensor::backward`, candle-core 0.11) gives both operands of a binary
+/// op a gradient in its store, the constant one too, at the op's full (broadcast) shape; a
+/// constant's broadcast is no node of the graph, so that gradient is never consumed and stays
+/// alive until the backward ends, one per op. For the attention's mask and row maxima that was
+/// two `[B, heads, T, S]` f32 tensors per layer, held at the backward's peak (docs/memory.md: 527
+/// MiB for 16 rows of SmolLM2-135M with 253-token prompts). As a variable, the constant's
+/// broadcast is a node: its full-size gradient is summed down to `c`'s shape (kept: `c`'s size)
+/// and freed at once. The other operand's gradient is computed as before, bit for bit.
+///
+/// Errors: the copy's.
+pub fn constant_operand(x: &Tensor, c: &Tensor) -> Result<Tensor> {
+    if !x.track_op() {
+        return Ok(c.clone());
+    }
+    Ok(candle_core::Var::from_tensor(&c.detach())?.into_inner())
+}
+
 /// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
+    let (cos, sin) = (constant_operand(x, cos)?, constant_operand(x, sin)?);
+    Ok((x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?)?)
 }
 
 /// Numerically stable log-softmax over the last dimension (differentiable).
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
-    let m = x.max_keepdim(D::Minus1)?.detach();
+    let m = constant_operand(x, &x.max_keepdim(D::Minus1)?.detach())?;
     let z = x.broadcast_sub(&m)?;
     let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?;
     Ok(z.broadcast_sub(&lse)?)
@@ -76,7 +98,7 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
 
 /// Numerically stable softmax over the last dimension (differentiable).
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    let m = x.max_keepdim(D::Minus1)?.detach();
+    let m = constant_operand(x, &x.max_keepdim(D::Minus1)?.detach())?;
     let e = x.broadcast_sub(&m)?.exp()?;
     let s = e.sum_keepdim(D::Minus1)?;
     Ok(e.broadcast_div(&s)?)

@@ -21,7 +21,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rlvr_model::optim::{AdamW, AdamWConfig};
-use rlvr_model::{Arch, Model, ModelConfig};
+use rlvr_model::{Arch, Model, ModelConfig, PromptGroup, SharedPrefixBatch};
 use rlvr_train::config::plan::{Shape, CPU_OVERHEAD};
 
 fn peak_rss_mib() -> f64 {
@@ -53,6 +53,9 @@ fn main() -> anyhow::Result<()> {
         _ => DType::F32,
     };
     let (rows, seq) = (num("--rows", 2), num("--seq", 64));
+    // `--share K --prompt P`: the shared-prefix forward (`train.share_prompt`), rows/K prompts of P
+    // tokens, each continued by K of the `--seq`-token rows.
+    let (share, prompt) = (num("--share", 0), num("--prompt", 0));
     let config = ModelConfig {
         arch: Arch::Qwen2,
         vocab_size: num("--vocab", 151_936),
@@ -149,21 +152,65 @@ fn main() -> anyhow::Result<()> {
         rlvr_model::chunked::force_on_cpu(true);
     }
     let t0 = Instant::now();
-    let out = model.token_logprobs(&ids, &mask, 0, 1.0, true, true)?;
+    let out = match share {
+        0 => model.token_logprobs(&ids, &mask, 0, 1.0, true, true)?,
+        k => {
+            // `rows / k` prompts of `--prompt` tokens, each with k completions of `--seq` tokens.
+            let groups = (0..rows.div_ceil(k))
+                .map(|g| PromptGroup {
+                    prompt: (0..prompt)
+                        .map(|j| ((g * 7919 + j * 104_729) % config.vocab_size) as u32)
+                        .collect(),
+                    completions: ids[g * k..(g * k + k).min(rows)].to_vec(),
+                })
+                .collect();
+            model.shared_prefix_logprobs(&SharedPrefixBatch { groups }, 1.0, true, true)?
+        }
+    };
     let ent = out.entropy.expect("asked for entropy");
     let loss = (out.logprobs.mean_all()?.neg()? - (ent.mean_all()? * 0.01)?)?;
+    let after_forward = peak_rss_mib();
     let grads = loss.backward()?;
+    // What candle's backward leaves in its store besides the weights' gradients.
+    let weight_ids: std::collections::HashSet<_> = model
+        .named_vars()
+        .into_iter()
+        .map(|(_, v)| v.as_tensor().id())
+        .collect();
+    let (mut stored, mut others) = (0usize, 0usize);
+    for id in grads.get_ids() {
+        let n = grads
+            .get_id(*id)
+            .map_or(0, |g| g.elem_count() * g.dtype().size_in_bytes());
+        stored += n;
+        if !weight_ids.contains(id) {
+            others += n;
+        }
+    }
     drop(loss);
     opt.step(&grads, 1e-6)?;
     let secs = t0.elapsed().as_secs_f64();
     // The estimate of `rlvr plan` for this work (no explorer, no reference, no KV cache; the
     // gradients are one GradStore in the compute dtype here, not the trainer's f32 sum).
     let p = shape.params;
-    let t = seq as u64;
+    let t = (prompt + seq) as u64;
     let layer = shape.layer_bytes_per_token(b, t);
     let outside = shape.hidden * (b + 4 * b.max(4));
-    let act = rows as u64 * t * (layer * (shape.layers + 1) + outside);
-    let n = (rows * (seq - 1)) as u64;
+    let per_position = layer * (shape.layers + 1) + outside;
+    let act = match share {
+        0 => rows as u64 * t * per_position,
+        k => {
+            let positions = (rows.div_ceil(k) * prompt + rows * seq) as u64;
+            positions * per_position
+                + rows as u64
+                    * shape.shared_kv_bytes_per_row_layer(b, prompt as u64, seq as u64)
+                    * (shape.layers + 1)
+        }
+    };
+    let n = match share {
+        0 => (rows * (seq - 1)) as u64,
+        _ => (rows * seq) as u64,
+    };
     let logits = if head != "chunked" && dtype == DType::F32 {
         (n * shape.vocab * 4).min(rlvr_model::STASH_MAX_BYTES as u64)
     } else {
@@ -175,8 +222,12 @@ fn main() -> anyhow::Result<()> {
     println!(
         "{}",
         serde_json::json!({"mode": "step", "head": head, "dtype": format!("{dtype:?}"),
-            "params": p, "rows": rows, "seq": seq, "peak_rss_mib": peak_rss_mib(),
-            "rss_after_load_mib": after_load, "seconds": secs,
+            "params": p, "rows": rows, "seq": seq, "share": share, "prompt": prompt,
+            "peak_rss_mib": peak_rss_mib(),
+            "rss_after_load_mib": after_load, "peak_after_forward_mib": after_forward,
+            "grad_store_mib": stored as f64 / 1048576.0,
+            "grad_store_not_weights_mib": others as f64 / 1048576.0,
+            "seconds": secs,
             "estimate_mib": mib(est), "estimate_without_overhead_mib": mib(est - CPU_OVERHEAD),
             "activations_mib": mib(act), "logits_mib": mib(logits)})
     );

@@ -439,3 +439,59 @@ fn lora_dropout_masks_agree_between_checkpointed_passes() {
         assert!(worst <= 1e-12 * scale, "{name}: {worst:e} of {scale:e}");
     }
 }
+
+/// What the backward's store holds besides the weights' gradients stays small: candle gives
+/// every operand of a binary op a gradient, also a constant one (the attention's mask and row
+/// maxima, the rotary cos/sin rows), at the op's full shape, and kept it until the backward
+/// ended, one `[B, heads, T, T]` f32 tensor per mask and per row maximum per layer
+/// (`rlvr_model::ops::constant_operand` makes them leaf variables, whose gradients are summed
+/// down to their own shape). Here, 2 rows of 24 tokens through 2 layers of 4 heads: none of the
+/// other gradients is as large as one layer's scores (4 · 24 · 24 per row), and together they are
+/// below three masks (24 · 24 per row) a layer (before: two of the scores' size a layer, 8 masks);
+/// the unshared and the shared-prefix paths alike.
+#[test]
+fn the_backward_keeps_no_full_size_gradient_of_a_constant() {
+    let model = Model::random(tiny(Arch::Qwen2, true), 0.02, 3, DType::F32, &Device::Cpu).unwrap();
+    let weights: std::collections::HashSet<_> = model
+        .named_vars()
+        .into_iter()
+        .map(|(_, v)| v.as_tensor().id())
+        .collect();
+    let (rows, t) = (2usize, 24usize);
+    let ids: Vec<Vec<u32>> = (0..rows)
+        .map(|r| (0..t).map(|j| ((r * 7 + j * 3) % 40) as u32).collect())
+        .collect();
+    let mask = vec![vec![1u32; t]; rows];
+    let out = model
+        .token_logprobs(&ids, &mask, 0, 1.0, true, true)
+        .unwrap();
+    let shared = model
+        .shared_prefix_logprobs_rows(
+            &[
+                (&ids[0][..16], &ids[0][16..]),
+                (&ids[0][..16], &ids[1][16..]),
+            ],
+            1.0,
+            true,
+            true,
+        )
+        .unwrap();
+    for (name, lp) in [("unshared", out.logprobs), ("shared", shared.logprobs)] {
+        let grads = lp.sum_all().unwrap().backward().unwrap();
+        let others: Vec<usize> = grads
+            .get_ids()
+            .filter(|id| !weights.contains(id))
+            .map(|id| grads.get_id(*id).unwrap().elem_count())
+            .collect();
+        let scores = rows * 4 * t * t;
+        assert!(
+            others.iter().all(|&n| n < scores),
+            "{name}: a gradient of a constant at the scores' size: {others:?}"
+        );
+        let total: usize = others.iter().sum();
+        assert!(
+            total < 3 * 2 * rows * t * t,
+            "{name}: {total} elements of constants' gradients: {others:?}"
+        );
+    }
+}

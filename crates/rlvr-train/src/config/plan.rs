@@ -27,7 +27,9 @@
 //!   the backward, counted op by op from `rlvr_model::model` (rms-norms computed in f32, q/k/v,
 //!   rotary, the `[heads, T, T]` attention scores and softmax in f32, o-projection, SiLU MLP), plus
 //!   one layer of backward working set; with activation checkpointing only each layer's input is
-//!   kept and one layer is recomputed at a time.
+//!   kept and one layer is recomputed at a time. With the prompt shared (`train.share_prompt`)
+//!   each completion row also keeps, per layer, its gathered copy of the prompt's keys and values
+//!   and that copy joined to its own ([`Shape::shared_kv_bytes_per_row_layer`]).
 //! - the **logits buffer**: on the CPU in f32 the fused head keeps the `[N, V]` logits up to
 //!   512 MiB (`rlvr_model::STASH_MAX_BYTES`); elsewhere the chunked head holds a few
 //!   `[N, C]` chunks (`rlvr_model::chunked::CHUNK_ELEMS` logits each on the CPU, `CHUNK_ELEMS_GPU` on a GPU).
@@ -258,6 +260,18 @@ impl Shape {
             .sum()
     }
 
+    /// Bytes one eager-attention layer of the shared-prefix forward (`train.share_prompt`,
+    /// `rlvr_model`'s `attend_shared`) keeps per completion row beyond
+    /// [`Shape::layer_bytes_per_token`]'s per position, compute dtype of `b` bytes, for a prompt
+    /// of `prompt` tokens and a completion of `completion`: the row's gathered copy of its
+    /// prompt's keys and values (`[kv_heads, prompt, head_dim]` each, `index_select`), and the
+    /// keys and values the row attends to, that copy joined to its own (`cat`: `[kv_heads,
+    /// prompt + completion, head_dim]` each). Before 2026-12-07 (later) the plan counted the
+    /// first only.
+    pub fn shared_kv_bytes_per_row_layer(&self, b: u64, prompt: u64, completion: u64) -> u64 {
+        (2 * prompt + completion) * 2 * self.kv_heads * self.head_dim * b
+    }
+
     /// Bytes one layer keeps for the backward per token of a `t`-token row, compute dtype of
     /// `b` bytes (reductions in f32, or f64 when b = 8), with eager attention (the `[heads, T, T]`
     /// scores kept): [`Shape::layer_bytes_per_token_with`] at [`AttentionPath::Eager`].
@@ -287,12 +301,18 @@ impl Shape {
         if self.qk_norm {
             bytes += norm(q) + norm(kv);
         }
-        // Rotary on q and k (x·cos, −x₂, cat, ·sin, sum) and the [heads, T, d] copies of q, k, v.
-        bytes += (11 * q + 13 * kv) * b / 2;
+        // Rotary on q and k (x·cos, −x₂, cat, ·sin, sum) and the [heads, T, d] copies of q, k, v;
+        // each of the two rotations also keeps its cos and sin rows as leaf copies and their
+        // gradients (`rlvr_model::ops::constant_operand`: 8 · head_dim values a token).
+        bytes += (11 * q + 13 * kv) * b / 2 + 8 * self.head_dim * b;
         bytes += match attention {
             // Scores, scaled, (to f32), + mask, − max, exp, / sum, (back to b): per query
-            // token; then p·v and its [T, heads·d] copy.
-            AttentionPath::Eager => nh * t * (2 * b + 4 * a + up(a + b)) + 2 * q * b,
+            // token; the mask's row (T keys) and the row maxima (one per head) as leaf copies,
+            // with their gradients (`rlvr_model::ops::constant_operand`); then p·v and its
+            // [T, heads·d] copy.
+            AttentionPath::Eager => {
+                nh * t * (2 * b + 4 * a + up(a + b)) + 2 * t * a + 2 * nh * a + 2 * q * b
+            }
             // The kernel's output [T, heads, d] (read as [T, heads·d] without a copy) and its
             // log-sum-exp per head in f32, kept for the backward.
             AttentionPath::Fused => q * b + nh * 4,
@@ -400,7 +420,8 @@ pub struct Plan {
     pub micro_batch_positions: u64,
     /// Activations kept for the backward by that micro-batch, with this config's
     /// `train.gradient_checkpointing` (shared: per position as [`Plan::activations_per_row`]'s,
-    /// plus each completion row's gathered copy of its prompt's keys and values per layer).
+    /// plus each completion row's gathered copy of its prompt's keys and values and that copy
+    /// joined to its own per layer, [`Shape::shared_kv_bytes_per_row_layer`]).
     pub activations_per_micro_batch: u64,
     /// Peak of a training step at that micro-batch (with the KV cache when the explorer runs
     /// concurrently, `sync.offset ≥ 1`).
@@ -600,7 +621,7 @@ pub fn plan_ranks(
             "the activations of one micro-batch",
             rows_bound
                 * (tf * ppf
-                    + (prompt * 2 * shape.kv_heads * shape.head_dim * b) as f64
+                    + shape.shared_kv_bytes_per_row_layer(b, prompt, completion) as f64
                         * (shape.layers + 1) as f64),
         ),
         (
@@ -651,7 +672,7 @@ pub fn plan_ranks(
     };
     // The fused kernels read the prompt's keys and values where they are (no gathered copy).
     let kv_gather = match attention {
-        AttentionPath::Eager => prompt * 2 * shape.kv_heads * shape.head_dim * b,
+        AttentionPath::Eager => shape.shared_kv_bytes_per_row_layer(b, prompt, completion),
         AttentionPath::Fused => 0,
     };
     let n_layers = shape.layers;

@@ -41,6 +41,41 @@ pub enum ShortBatch {
     Error,
 }
 
+/// DAPO dynamic sampling ended its refill rounds with fewer than B groups that have reward
+/// variance and `train.dynamic_sampling_short_batch = "error"`: the run stops before step `step`.
+/// Under data parallel every rank decides it on the same gathered groups
+/// ([`Explorer::with_share`]), so every rank meets it at the same point and the run knows it may
+/// gather what the save after it needs together (`crate::run`, as for
+/// [`super::episodes::ErrorBudgetExceeded`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShortBatchStop {
+    /// The trainer step whose batch came up short (1-based).
+    pub step: u64,
+    /// Groups with reward variance found.
+    pub found: usize,
+    /// Groups wanted: `data.prompts_per_step`.
+    pub wanted: usize,
+    /// Sampling rounds run: 1 + `train.dynamic_sampling_max_rounds`.
+    pub rounds: usize,
+    /// Zero-variance groups dropped over those rounds.
+    pub dropped: usize,
+}
+
+impl std::fmt::Display for ShortBatchStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "step {}: DAPO dynamic sampling found only {} of {} groups with reward variance in {} \
+             sampling rounds ({} zero-variance groups dropped); \
+             train.dynamic_sampling_short_batch = \"error\" stops here. Raise \
+             train.dynamic_sampling_max_rounds, or set it to \"train\" to train on the short batch",
+            self.step, self.found, self.wanted, self.rounds, self.dropped
+        )
+    }
+}
+
+impl std::error::Error for ShortBatchStop {}
+
 /// The experiences of one trainer step (a line of a checkpoint's `trainer_state/buffer.jsonl`
 /// when it was sampled but not yet trained on).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -321,14 +356,14 @@ impl Explorer {
             && short > 0
             && self.settings.short_batch == ShortBatch::Error
         {
-            anyhow::bail!(
-                    "step {step}: DAPO dynamic sampling found only {} of {b} groups with reward \
-                     variance in {rounds} sampling rounds ({dropped} zero-variance groups dropped); \
-                     train.dynamic_sampling_short_batch = \"error\" stops here. Raise \
-                     train.dynamic_sampling_max_rounds, or set it to \"train\" to train on the \
-                     short batch",
-                    groups.len()
-                );
+            return Err(ShortBatchStop {
+                step,
+                found: groups.len(),
+                wanted: b,
+                rounds,
+                dropped,
+            }
+            .into());
         }
         let mut experiences: Vec<Experience> = groups.into_iter().flatten().collect();
         // Data parallel, each rank rescored its own share before the gather.

@@ -176,7 +176,9 @@ impl LastGood {
 
     /// The error about to end the run is one every rank of a data-parallel run meets at the same
     /// point (`train.max_skipped_in_row`: the step's report is the whole batch's;
-    /// `env.max_error_frac`: checked on the whole batch's counts), so the ranks
+    /// `env.max_error_frac`: checked on the whole batch's counts; DAPO dynamic sampling's short
+    /// batch with `train.dynamic_sampling_short_batch = "error"`: decided on the gathered
+    /// groups), so the ranks
     /// can still gather together what the save after it needs ([`LastGood::gather_due`]).
     pub(crate) fn stopped_together(&mut self) {
         self.together = true;

@@ -177,9 +177,10 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
     // What an error after step 1 saves (rank 0 alone writes checkpoints).
     let mut good = LastGood::new(run.start, run.feed.cursor());
     let result = run.steps(opts, bar.as_ref(), &mut good);
-    // More than env.max_error_frac of a batch's episodes failed: data parallel, every rank
-    // decided it on the whole batch's counts, at the same point.
-    if result.as_ref().is_err_and(budget_exceeded) {
+    // More than env.max_error_frac of a batch's episodes failed, or DAPO dynamic sampling came
+    // up short with train.dynamic_sampling_short_batch = "error": data parallel, every rank
+    // decided it on the whole batch (its counts, its gathered groups), at the same point.
+    if result.as_ref().is_err_and(met_by_every_rank) {
         good.stopped_together();
     }
     // An error every rank met at the same point: the ranks gather the ZeRO-1 shards for rank
@@ -769,11 +770,15 @@ impl Run<'_> {
     }
 }
 
-/// Whether `e` is [`crate::feed::episodes::ErrorBudgetExceeded`] (with any context): under data
-/// parallel an error every rank meets at the same point (`crate::feed::check_over_ranks`).
-fn budget_exceeded(e: &anyhow::Error) -> bool {
-    e.chain()
-        .any(|c| c.is::<crate::feed::episodes::ErrorBudgetExceeded>())
+/// Whether `e` is an error that every rank of a data-parallel run meets at the same point,
+/// whatever context it carries: [`crate::feed::episodes::ErrorBudgetExceeded`] (the counts
+/// summed over the ranks: `crate::feed::check_over_ranks`) or
+/// [`crate::feed::explorer::ShortBatchStop`] (decided on the gathered groups).
+fn met_by_every_rank(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<crate::feed::episodes::ErrorBudgetExceeded>()
+            || c.is::<crate::feed::explorer::ShortBatchStop>()
+    })
 }
 
 /// What a step does after its evaluation `eval` (whose step line is already written): `Some(is

@@ -957,3 +957,123 @@ fn an_evaluation_error_of_one_rank_alone_stops_every_rank() {
         }
     }
 }
+
+/// A program environment for the "five" task whose rewards do not depend on the completion: one
+/// turn (a `step`, or a `finish` when the turn is cut), sample k of a group gets k mod 2 (every group has reward variance whatever the model
+/// writes), except the groups whose draw index is listed in the file named by its first
+/// argument (comma-separated, read at every `reset`, so a test can fix the cause before a
+/// resume), whose every sample gets 0 (a zero-variance group, which DAPO's dynamic sampling drops).
+const CONSTANT_LISTED_ENV: &str = r#"
+import json, sys
+listed = set()
+def reward(e):
+    group, sample = (int(x) for x in e["id"].split(":"))
+    return 0.0 if group in listed else float(sample % 2)
+for line in sys.stdin:
+    req = json.loads(line)
+    t = req["type"]
+    if t == "hello":
+        out = {"version": 1}
+    elif t == "reset":
+        listed = {int(x) for x in open(sys.argv[1]).read().split(",") if x.strip()}
+        out = {"episodes": [{"id": e["id"], "messages": None, "tools": None}
+                            for e in req["episodes"]]}
+    elif t == "step":
+        out = {"episodes": [{"id": e["id"], "reward": reward(e), "done": True, "messages": []}
+                            for e in req["episodes"]]}
+    else:
+        # finish (a turn cut by length or the budget): the same reward
+        out = {"episodes": [{"id": e["id"], "reward": reward(e)} for e in req["episodes"]]}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// DAPO dynamic sampling with `train.dynamic_sampling_short_batch = "error"` that comes up short
+/// (group 7 of step 2's draws 5..10 has a constant reward, [`CONSTANT_LISTED_ENV`], and no refill
+/// round is allowed: 4 of 5 groups) stops every rank before step 2 with the one-process message,
+/// at 1 and 2 ranks with ZeRO-1: the ranks decided it on the same gathered groups, so they gather
+/// the optimizer's shards and rank 0 saves step 1 (before, the stop was not known to be every
+/// rank's, and under ZeRO-1 the save was not made). With the group's rewards varying again, the
+/// resume equals the uninterrupted run.
+#[test]
+fn a_short_dapo_batch_stops_every_rank_together_and_saves_under_zero_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listed = tmp.path().join("constant.txt");
+    let script = tmp.path().join("constant_listed.py");
+    std::fs::write(&script, CONSTANT_LISTED_ENV).unwrap();
+    let tpl = tmp.path().join("chat.jinja");
+    std::fs::write(
+        &tpl,
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}<|endoftext|>\n\
+         {% endfor %}{% if add_generation_prompt %}=>{% endif %}",
+    )
+    .unwrap();
+    let cmd = format!(
+        "env.command=[\"python3\", \"{}\", \"{}\"]",
+        script.display(),
+        listed.display()
+    );
+    let tpl = format!("env.chat_template=\"{}\"", tpl.display());
+    let extra = [
+        cmd.as_str(),
+        tpl.as_str(),
+        "env.max_turns=1",
+        "env.max_episode_tokens=16",
+        "algorithm.preset=\"dapo\"",
+        "algorithm.overlong=\"none\"",
+        "train.dynamic_sampling_max_rounds=0",
+        "train.dynamic_sampling_short_batch=\"error\"",
+        "distributed.zero=1",
+    ];
+    let model = common::tiny_model(&tmp.path().join("m"), 3);
+    // The reference: nothing listed, three steps of 5 groups, none dropped.
+    std::fs::write(&listed, "").unwrap();
+    let whole = tmp.path().join("whole");
+    run(&sets(&model, &whole, &extra), 1, false);
+    let m = lines(&whole, "metrics.jsonl");
+    assert_eq!(m.len(), 4, "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l["grad_norm"].as_f64().is_some_and(|g| g > 0.0)),
+        "no learning signal: {m:?}"
+    );
+    let want = "step 2: DAPO dynamic sampling found only 4 of 5 groups with reward variance in 1 \
+                sampling rounds (1 zero-variance groups dropped); \
+                train.dynamic_sampling_short_batch = \"error\" stops here. Raise \
+                train.dynamic_sampling_max_rounds, or set it to \"train\" to train on the short \
+                batch";
+    for w in [1, 2] {
+        std::fs::write(&listed, "7").unwrap();
+        let dir = tmp.path().join(format!("w{w}"));
+        let s = sets(&model, &dir, &extra);
+        let out = run_each(&s, w, false);
+        assert_eq!(out.len(), w);
+        for (r, o) in out.iter().enumerate() {
+            let e = o
+                .as_ref()
+                .expect_err(&format!("{w} ranks: rank {r} went on"));
+            assert!(e.ends_with(want), "{w} ranks: rank {r}: {e}");
+            if r == 0 {
+                let saved = format!(
+                    "stopped by an error after step 1; its state was saved to {}",
+                    checkpoint(&dir, 1).display()
+                );
+                assert!(e.contains(&saved), "{w} ranks: {e}");
+            }
+        }
+        // The save holds the whole optimizer state (the shards gathered).
+        let state = checkpoint(&dir, 1).join("trainer_state");
+        assert!(state.join("optimizer.safetensors").exists(), "{w} ranks");
+        std::fs::write(&listed, "").unwrap();
+        let out = run_each(&s, w, true);
+        assert!(out.iter().all(|o| o == &Ok(3)), "{w} ranks: {out:?}");
+        let steps: Vec<u64> = lines(&dir, "metrics.jsonl")
+            .iter()
+            .map(|l| l["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, [0, 1, 2, 3], "{w} ranks");
+        let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+        assert!(!log.contains("not exact"), "{w} ranks: {log}");
+        same_metrics(&whole, &dir);
+        same_weights(&checkpoint(&whole, 3), &checkpoint(&dir, 3), 3e-3);
+    }
+}

@@ -218,28 +218,31 @@ fn layer_activation_bytes_match_a_hand_count() {
     .unwrap();
     let s = Shape::of(&c);
     // f32: norms 2·3·16·4 = 384; q/k/v with bias (32+16+16)·4·2 = 512; rotary (11·32+13·16)·4/2 =
-    // 1120; scores 4 heads·10·(2·4+4·4) = 960; p·v, copy, o-proj, residual 2·32·4+2·16·4 = 384;
+    // 1120, plus the two rotations' cos and sin leaf copies and their gradients 8·8·4 = 256;
+    // scores 4 heads·10·(2·4+4·4) = 960, plus the mask row's leaf copy and gradient 2·10·4 = 80
+    // and the row maxima's 2·4 heads·4 = 32; p·v, copy, o-proj, residual 2·32·4+2·16·4 = 384;
     // MLP 4·24·4+2·16·4 = 512.
     assert_eq!(
         s.layer_bytes_per_token(4, 10),
-        384 + 512 + 1120 + 960 + 384 + 512
+        384 + 512 + (1120 + 256) + (960 + 80 + 32) + 384 + 512
     );
-    // bf16: norms 2·(3·16·4+2·16·2) = 512; q/k/v 64·2·2 = 256; rotary 560·2/2 = 560; scores
-    // 4·10·(2·2+4·4+4+2) = 1040; 2·32·2+2·16·2 = 192; MLP 4·24·2+2·16·2 = 256.
+    // bf16: norms 2·(3·16·4+2·16·2) = 512; q/k/v 64·2·2 = 256; rotary 560·2/2 = 560 + 8·8·2 =
+    // 128; scores 4·10·(2·2+4·4+4+2) = 1040 + 80 + 32 (the mask and maxima in f32); 2·32·2+2·16·2
+    // = 192; MLP 4·24·2+2·16·2 = 256.
     assert_eq!(
         s.layer_bytes_per_token(2, 10),
-        512 + 256 + 560 + 1040 + 192 + 256
+        512 + 256 + (560 + 128) + (1040 + 80 + 32) + 192 + 256
     );
     // Fused attention keeps the kernel's output and its log-sum-exp per head instead of the
     // scores, p·v and its copy: f32 32·4 + 4·4 = 144 (for 960 + 2·32·4), bf16 32·2 + 4·4 = 80.
     use rlvr_train::config::plan::AttentionPath;
     assert_eq!(
         s.layer_bytes_per_token_with(4, 10, AttentionPath::Fused),
-        384 + 512 + 1120 + 144 + 2 * 16 * 4 + 512
+        384 + 512 + (1120 + 256) + 144 + 2 * 16 * 4 + 512
     );
     assert_eq!(
         s.layer_bytes_per_token_with(2, 10, AttentionPath::Fused),
-        512 + 256 + 560 + 80 + 2 * 16 * 2 + 256
+        512 + 256 + (560 + 128) + 80 + 2 * 16 * 2 + 256
     );
     assert_eq!(
         s.layer_bytes_per_token_with(2, 10, AttentionPath::Eager),
@@ -325,10 +328,12 @@ fn qwen2_5_0_5b_plan_matches_a_hand_count() {
     let free = (80u64 << 30) - fixed;
     // train.share_prompt (default): a micro-batch of r rows of groups of K = 8 runs ⌈r / 8⌉ prompts
     // of 512 and r completions of 512 through the decoder, and every row keeps its gathered copy of
-    // the prompt's keys and values (512 × (k, v) × 2 KV heads × 64 × 2 bytes) in 25 layers.
+    // the prompt's keys and values (512 × (k, v) × 2 KV heads × 64 × 2 bytes) and that copy joined
+    // to its own ((512 + 512) × (k, v) × 2 × 64 × 2) in 25 layers.
     let per_position = 25 * layer + 896 * 18;
-    let kept =
-        |r: u64| (r.div_ceil(8) * 512 + r * 512) * per_position + r * 512 * 2 * 2 * 64 * 2 * 25;
+    let kept = |r: u64| {
+        (r.div_ceil(8) * 512 + r * 512) * per_position + r * (512 + 512 + 512) * 2 * 2 * 64 * 2 * 25
+    };
     assert_eq!(
         p.micro_batch_positions,
         512 + 4 * 512,
@@ -604,8 +609,9 @@ fn the_plan_counts_no_scores_under_fused_attention() {
     let eager_layer = eager.shape.layer_bytes_per_token(2, 1024);
     assert_eq!(
         eager_layer - layer,
-        14 * 1024 * 26 + 896 * 2 - 14 * 4,
-        "the scores' bytes (14 heads × 1024 keys × 26 bytes in bf16) and p·v's copy, less the LSE"
+        14 * 1024 * 26 + 2 * 1024 * 4 + 2 * 14 * 4 + 896 * 2 - 14 * 4,
+        "the scores' bytes (14 heads × 1024 keys × 26 bytes in bf16), the mask row's and the row \
+         maxima's leaf copies and gradients (f32), and p·v's copy, less the LSE"
     );
     // The shared prompt's micro-batch: no gathered copy of the prompt's keys and values.
     let per_position = 25 * layer + 896 * 18;
@@ -669,4 +675,39 @@ fn the_sampling_peak_counts_the_prefill_scores() {
     .unwrap();
     let t = env.prompt_tokens + env.completion_tokens;
     assert_eq!(env.prefill_scores, env.kv_cache_rows * 14 * t * t * 10);
+}
+
+/// The shared prompt's key/value copies and the eager attention's leaf copies, for SmolLM2-135M's
+/// shape (hidden 576, 9 heads of 64, 3 KV heads, MLP 1536, no bias) at docs/memory.md's GSM8K
+/// rows (253 prompt + 16 completion tokens, f32), term by term by hand. The plan used to count
+/// only the gathered copy of the prompt's keys and values (253 positions) and none of the leaf
+/// copies; the measured peak was 11% above it (docs/memory.md, "Prompt length").
+#[test]
+fn shared_prompt_copies_match_a_hand_count_at_smollm2s_shape() {
+    let c = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "max_position_embeddings": 8192,
+            "tie_word_embeddings": true}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    let s = Shape::of(&c);
+    assert_eq!((s.heads, s.kv_heads, s.head_dim), (9, 3, 64));
+    // Per completion row and layer: the gathered prompt (253) and the joined keys (253 + 16),
+    // each for k and v: 522 × 2 × 3 KV heads × 64 × 4 bytes.
+    assert_eq!(
+        s.shared_kv_bytes_per_row_layer(4, 253, 16),
+        522 * 2 * 3 * 64 * 4
+    );
+    assert_eq!(s.shared_kv_bytes_per_row_layer(4, 253, 16), 801_792);
+    // Per token and layer at T = 269, f32: norms 2·3·576·4 = 13824; q/k/v 960·4 = 3840; rotary
+    // (11·576 + 13·192)·4/2 = 17664 + cos/sin leaf copies and gradients 8·64·4 = 2048; scores
+    // 9·269·24 = 58104 + the mask row's copy and gradient 2·269·4 = 2152 + the row maxima's
+    // 2·9·4 = 72; p·v and its copy 2·576·4 = 4608; o-proj and residual 4608; MLP 4·1536·4 +
+    // 2·576·4 = 29184.
+    assert_eq!(
+        s.layer_bytes_per_token(4, 269),
+        13824 + 3840 + (17664 + 2048) + (58104 + 2152 + 72) + 4608 + 4608 + 29184
+    );
 }
