@@ -874,6 +874,7 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         bos_token_id,
         eos_token_ids: tokenizer.eos_ids.clone(),
         gemma: None,
+        partial_rotary_factor: 1.0,
     };
 
     let mut tensors = Vec::with_capacity(names.len());

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use candle_core::{DType, Device, Tensor, Var};
 pub(crate) use rlvr_kernels::triton::families::attention::Layout as FusedLayout;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::kernels::{AttnKind, Fused, FusedRope};
 use crate::kv::KvStore;
@@ -218,7 +218,10 @@ pub(crate) struct Rope {
 /// with tables computed in f32 (`position · inv_freq`, then cos/sin times the rope type's
 /// attention factor (YaRN's; 1 otherwise), then cast to the compute dtype), grown on demand and
 /// shared by clones. With dynamic NTK scaling, a forward reaching past `max_position_embeddings`
-/// gets a table of its own ([`ModelConfig::rope_inv_freq_for`] of its largest position).
+/// gets a table of its own ([`ModelConfig::rope_inv_freq_for`] of its largest position); with
+/// LongRoPE, a forward reaching past `original_max_position_embeddings` reads the long-factor
+/// table (grown on demand and shared too), any other the short-factor one. The tables are
+/// `rotary_dim` wide ([`ModelConfig::rotary_dim`]: partial rotary).
 #[derive(Clone)]
 pub(crate) struct Rotary {
     inv_freq: Arc<Vec<f32>>,
@@ -227,6 +230,8 @@ pub(crate) struct Rotary {
     /// The configuration, for dynamic NTK scaling's per-forward tables.
     config: Arc<ModelConfig>,
     table: Arc<RwLock<Option<Arc<RopeTable>>>>,
+    /// LongRoPE's long-factor frequencies and table (`None` for every other rope type).
+    long: Option<(Arc<Vec<f32>>, Arc<RwLock<Option<Arc<RopeTable>>>>)>,
     dtype: DType,
     device: Device,
 }
@@ -234,8 +239,15 @@ pub(crate) struct Rotary {
 impl Rotary {
     pub fn new(cfg: &ModelConfig, dtype: DType, device: &Device) -> Self {
         let inv_freq = cfg.rope_inv_freq().iter().map(|&x| x as f32).collect();
+        let long = matches!(cfg.rope_scaling, Some(RopeScaling::LongRope { .. })).then(|| {
+            let f = (cfg.rope_inv_freq_for(usize::MAX).iter())
+                .map(|&x| x as f32)
+                .collect();
+            (Arc::new(f), Arc::new(RwLock::new(None)))
+        });
         Self {
             inv_freq: Arc::new(inv_freq),
+            long,
             scale: cfg.rope_attention_factor() as f32,
             config: Arc::new(cfg.clone()),
             table: Arc::new(RwLock::new(None)),
@@ -282,7 +294,12 @@ impl Rotary {
                 .collect();
             return Ok(Arc::new(self.build(&inv, n)?));
         }
-        if let Some(t) = &*self.table.read().unwrap_or_else(|e| e.into_inner()) {
+        // LongRoPE: the long factors' table for a forward past the original context.
+        let (inv_freq, slot) = match &self.long {
+            Some((inv, slot)) if self.config.rope_is_long_at(n) => (inv, slot),
+            _ => (&self.inv_freq, &self.table),
+        };
+        if let Some(t) = &*slot.read().unwrap_or_else(|e| e.into_inner()) {
             if t.n >= n {
                 return Ok(t.clone());
             }
@@ -295,8 +312,8 @@ impl Rotary {
             }
             _ => n,
         };
-        let t = Arc::new(self.build(&self.inv_freq, n)?);
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+        let t = Arc::new(self.build(inv_freq, n)?);
+        *slot.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
         Ok(t)
     }
 

@@ -61,8 +61,18 @@ pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
     Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
 }
 
-/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
+/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, rd]`,
+/// `rd ≤ hd`: the first `rd` dimensions of each head rotate and the other `hd − rd` pass
+/// through unchanged (partial rotary, transformers' `apply_rotary_pos_emb` with `rotary_dim =
+/// cos.shape[-1]`).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (hd, rd) = (x.dim(D::Minus1)?, cos.dim(D::Minus1)?);
+    if rd < hd {
+        let rot = x.narrow(D::Minus1, 0, rd)?;
+        let pass = x.narrow(D::Minus1, rd, hd - rd)?;
+        let rot = (rot.broadcast_mul(cos)? + rotate_half(&rot)?.broadcast_mul(sin)?)?;
+        return Ok(Tensor::cat(&[&rot, &pass], D::Minus1)?);
+    }
     Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
 }
 

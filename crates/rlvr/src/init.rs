@@ -164,7 +164,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let arch = Arch::from_model_type(&a.arch).with_context(|| {
         format!(
-            "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2 or gemma3_text",
+            "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2, gemma3_text or phi3",
             a.arch
         )
     })?;
@@ -233,6 +233,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
         gemma: rlvr_model::GemmaConfig::defaults_for(arch, head_dim),
+        partial_rotary_factor: 1.0,
     };
     // --force over a model: the new one is written into a staging sibling and moved over the old
     // one only when complete, so a failure leaves the old weights in place.

@@ -69,6 +69,7 @@ fn config(arch: Arch, vocab: usize) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     }
 }
 
