@@ -336,12 +336,44 @@ impl Rotary {
         })
     }
 
-    /// cos and sin `[B, T, 1, head_dim]` of `positions` (`B·T`, row-major).
+    /// cos and sin `[B, T, 1, rotary_dim]` of `positions` (`B·T`, row-major). With LongRoPE each
+    /// row reads the table of its own largest position (short factors up to
+    /// `original_max_position_embeddings`, long past it): the values a forward of that sequence
+    /// alone gives in transformers, whatever else shares the batch.
     pub fn forward(&self, positions: &[u32], b: usize, t: usize) -> Result<(Tensor, Tensor)> {
+        let hd = 2 * self.inv_freq.len();
+        if self.long.is_some() && t > 0 {
+            let long: Vec<bool> = (positions.chunks(t))
+                .map(|row| {
+                    let max = row.iter().copied().max().unwrap_or(0) as usize;
+                    self.config.rope_is_long_at(max + 1)
+                })
+                .collect();
+            if long.iter().any(|&l| l) && !long.iter().all(|&l| l) {
+                // Mixed rows: index the short table, then the long one after it.
+                let max = |want: bool| {
+                    (positions.chunks(t).zip(&long))
+                        .filter(|(_, &l)| l == want)
+                        .flat_map(|(row, _)| row.iter().copied())
+                        .max()
+                        .unwrap_or(0) as usize
+                };
+                let (short, long_t) = (self.table(max(false) + 1)?, self.table(max(true) + 1)?);
+                let n = short.n as u32;
+                let idx: Vec<u32> = (positions.chunks(t).zip(&long))
+                    .flat_map(|(row, &l)| row.iter().map(move |&p| if l { p + n } else { p }))
+                    .collect();
+                let idx = Tensor::from_vec(idx, positions.len(), &self.device)?;
+                let cos = Tensor::cat(&[&short.cos, &long_t.cos], 0)?;
+                let sin = Tensor::cat(&[&short.sin, &long_t.sin], 0)?;
+                let cos = cos.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
+                let sin = sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
+                return Ok((cos, sin));
+            }
+        }
         let max = positions.iter().copied().max().unwrap_or(0) as usize;
         let table = self.table(max + 1)?;
         let idx = Tensor::from_slice(positions, positions.len(), &self.device)?;
-        let hd = 2 * self.inv_freq.len();
         let cos = table.cos.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
         let sin = table.sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
         Ok((cos, sin))

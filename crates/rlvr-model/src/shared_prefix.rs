@@ -278,7 +278,15 @@ impl Model {
     ) -> Result<LogProbs> {
         let (batch, order) = SharedPrefixBatch::from_rows(rows);
         batch.validate(self.config().vocab_size)?;
-        if batch.longest_completion() > 0 && batch.decoder_positions() >= batch.unshared_positions()
+        // LongRoPE: a sequence past original_max_position_embeddings rotates with the long
+        // factors, its prompt's keys too; a prompt shared by rows on both sides of the switch
+        // cannot be computed once, so such a batch takes the unshared path.
+        let c = self.config();
+        let long = |(p, q): &(&[u32], &[u32])| c.rope_is_long_at(p.len() + q.len());
+        let mixed = rows.iter().any(long) && !rows.iter().all(long);
+        if mixed
+            || batch.longest_completion() > 0
+                && batch.decoder_positions() >= batch.unshared_positions()
         {
             return self.unshared_rows(rows, temperature, with_entropy, grad);
         }

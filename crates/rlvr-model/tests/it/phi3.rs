@@ -448,3 +448,64 @@ fn transformers_reads_saved_phi3_checkpoints() {
         );
     }
 }
+
+/// LongRoPE chooses its factors per sequence: a short row's log-probs are the same alone and
+/// batched beside a row past the switch (transformers would pick by the batch's largest
+/// position), and the shared-prefix scorer over rows on both sides of the switch gives the
+/// rows' own values (it takes the unshared path then).
+#[test]
+fn longrope_factors_are_chosen_per_sequence() {
+    let model = load();
+    let short: Vec<u32> = (0..9).map(|i| (i * 11 + 3) % 512).collect();
+    let long: Vec<u32> = (0..30).map(|i| (i * 13 + 7) % 512).collect();
+    let lp = |rows: &[Vec<u32>]| -> Vec<Vec<f32>> {
+        let t = rows.iter().map(Vec::len).max().unwrap();
+        let ids: Vec<Vec<u32>> = (rows.iter())
+            .map(|r| {
+                r.iter()
+                    .copied()
+                    .chain(std::iter::repeat(0))
+                    .take(t)
+                    .collect()
+            })
+            .collect();
+        let mask: Vec<Vec<u32>> = (rows.iter())
+            .map(|r| (0..t).map(|j| u32::from(j < r.len())).collect())
+            .collect();
+        (model
+            .token_logprobs(&ids, &mask, 0, 1.0, false, false)
+            .unwrap())
+        .logprobs
+        .to_vec2()
+        .unwrap()
+    };
+    let alone = lp(&[short.clone()]);
+    let mixed = lp(&[short.clone(), long.clone()]);
+    // Equal up to the summation order of the wider batch (the long factors would move them
+    // by far more: they divide the frequencies by up to 12 instead of 3).
+    for (a, b) in alone[0][..8].iter().zip(&mixed[0][..8]) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+    let long_alone = lp(&[long.clone()]);
+    for (a, b) in long_alone[0].iter().zip(&mixed[1]) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+    // Shared prefix: one prompt, completions ending before and after the switch.
+    let prompt: Vec<u32> = short[..6].to_vec();
+    let (c1, c2): (Vec<u32>, Vec<u32>) = (short[6..].to_vec(), long[..20].to_vec());
+    let rows: Vec<(&[u32], &[u32])> = vec![(&prompt, &c1), (&prompt, &c2), (&prompt, &c1)];
+    let shared: Vec<Vec<f32>> = (model.shared_prefix_logprobs_rows(&rows, 1.0, false, false))
+        .unwrap()
+        .logprobs
+        .to_vec2()
+        .unwrap();
+    let own = |c: &[u32]| {
+        let seq: Vec<u32> = prompt.iter().chain(c).copied().collect();
+        lp(&[seq])[0][prompt.len() - 1..].to_vec()
+    };
+    for (row, c) in [(0, &c1), (1, &c2), (2, &c1)] {
+        for (i, w) in own(c).iter().enumerate() {
+            assert!((shared[row][i] - w).abs() < 1e-5, "row {row} token {i}");
+        }
+    }
+}

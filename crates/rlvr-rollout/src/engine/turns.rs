@@ -352,6 +352,7 @@ impl Sampler {
                     logprobs: Vec::with_capacity(params.max_new_tokens),
                     finish: None,
                     kept: Some((vec![(c - n, n), (s - new, new)], r.context.clone())),
+                    context: super::longrope_switch(&self.model).map(|_| r.context.clone()),
                 }
             })
             .collect();
