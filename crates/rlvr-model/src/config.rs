@@ -432,7 +432,7 @@ fn partial_rotary_factor(
         }
     };
     let dim = (head_dim as f64 * f) as usize;
-    if dim == 0 || dim % 2 != 0 {
+    if dim == 0 || !dim.is_multiple_of(2) {
         return Err(cerr(format!(
             "the rotary width floor(head_dim {head_dim} × {f}) = {dim} must be even and at least \
              2 (rotary dimensions turn in pairs)"

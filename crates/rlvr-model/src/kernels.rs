@@ -357,9 +357,10 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
 }
 
 /// Why the rotary side of the kernels of `op` does not cover a model of `cfg`: partial rotary
-/// (the rotary and decode kernels rotate every dimension of a head) and LongRoPE (the decode
-/// program reads one table for every position, the short and long factors are two). `None`
-/// for the other ops, and for full-width rotary without LongRoPE.
+/// (the rotary and decode kernels rotate every dimension of a head) and LongRoPE (the rotary
+/// kernel and the decode program read one table for all the rows of a forward, LongRoPE picks
+/// the short or long factors per row). `None` for the other ops, and for full-width rotary
+/// without LongRoPE.
 fn rope_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
     let rotary = matches!(op, FusedOp::Rotary | FusedOp::Decode | FusedOp::CudaGraphs);
     if rotary && cfg.rotary_dim() < cfg.head_dim {
@@ -371,15 +372,16 @@ fn rope_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
             cfg.partial_rotary_factor
         ));
     }
-    if matches!(op, FusedOp::Decode | FusedOp::CudaGraphs)
+    if rotary
         && matches!(
             cfg.rope_scaling,
             Some(crate::config::RopeScaling::LongRope { .. })
         )
     {
         return Some(
-            "LongRoPE switches from its short to its long factors past \
-             original_max_position_embeddings, the decode kernels read one rotary table"
+            "LongRoPE picks its short or long factors per sequence (past \
+             original_max_position_embeddings), the rotary and decode kernels read one table for \
+             every row"
                 .into(),
         );
     }

@@ -199,6 +199,9 @@ struct RopeTable {
     sin32: Tensor,
 }
 
+/// A rotary table grown on demand, shared by the clones of a [`Rotary`].
+type TableSlot = Arc<RwLock<Option<Arc<RopeTable>>>>;
+
 /// A forward's rotary embedding: cos and sin `[B, T, 1, hd]` of its positions (compute dtype)
 /// and, when fused rotary is on, what the kernels take instead.
 #[derive(Clone)]
@@ -229,9 +232,9 @@ pub(crate) struct Rotary {
     scale: f32,
     /// The configuration, for dynamic NTK scaling's per-forward tables.
     config: Arc<ModelConfig>,
-    table: Arc<RwLock<Option<Arc<RopeTable>>>>,
+    table: TableSlot,
     /// LongRoPE's long-factor frequencies and table (`None` for every other rope type).
-    long: Option<(Arc<Vec<f32>>, Arc<RwLock<Option<Arc<RopeTable>>>>)>,
+    long: Option<(Arc<Vec<f32>>, TableSlot)>,
     dtype: DType,
     device: Device,
 }

@@ -956,8 +956,7 @@ fn gemma_features_turn_the_fused_kernels_off() {
 
 /// Partial rotary (Phi-4-mini's 0.75) turns off the rotary, decode and graph kernels, which
 /// rotate every dimension of a head, with the factor in the reason; LongRoPE at full width turns
-/// off the decode kernels (one table for every position) and keeps the rotary kernel, which
-/// reads the table the forward chose. The other kernels stay on, and a phi3 model with every
+/// them off too (one table for every row, LongRoPE's is per row). The other kernels stay on, and a phi3 model with every
 /// switch on scores and differentiates as with every switch off, bit for bit.
 #[test]
 fn partial_rotary_and_longrope_turn_the_rotary_kernels_off() {
@@ -992,8 +991,8 @@ fn partial_rotary_and_longrope_turn_the_rotary_kernels_off() {
         factor: None,
         attention_factor: None,
     });
-    assert!(why(&l, FusedOp::Rotary).is_none());
-    for op in [FusedOp::Decode, FusedOp::CudaGraphs] {
+    assert!(why(&l, FusedOp::Attention).is_none());
+    for op in [FusedOp::Rotary, FusedOp::Decode, FusedOp::CudaGraphs] {
         assert!(why(&l, op).unwrap().contains("LongRoPE"));
     }
     let mut m = Model::random(c.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();

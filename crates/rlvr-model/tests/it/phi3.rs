@@ -301,7 +301,8 @@ fn refused(edit: impl Fn(&mut serde_json::Value)) -> String {
 
 #[test]
 fn bad_phi3_fields_are_refused_naming_file_and_field() {
-    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
         (
             Box::new(|v| v["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0])),
             "rope_scaling.short_factor",
@@ -416,7 +417,7 @@ fn transformers_reads_saved_phi3_checkpoints() {
         m.save(dir.path(), DType::F32).unwrap();
         let lp: Vec<Vec<f32>> = m
             .token_logprobs(
-                &[tokens.clone()],
+                std::slice::from_ref(&tokens),
                 &[vec![1; tokens.len()]],
                 0,
                 1.0,
@@ -479,14 +480,14 @@ fn longrope_factors_are_chosen_per_sequence() {
         .to_vec2()
         .unwrap()
     };
-    let alone = lp(&[short.clone()]);
+    let alone = lp(std::slice::from_ref(&short));
     let mixed = lp(&[short.clone(), long.clone()]);
     // Equal up to the summation order of the wider batch (the long factors would move them
     // by far more: they divide the frequencies by up to 12 instead of 3).
     for (a, b) in alone[0][..8].iter().zip(&mixed[0][..8]) {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
     }
-    let long_alone = lp(&[long.clone()]);
+    let long_alone = lp(std::slice::from_ref(&long));
     for (a, b) in long_alone[0].iter().zip(&mixed[1]) {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
     }
