@@ -27,6 +27,11 @@ from the long case (float64 reference, asserted equal to plain float32 transform
 chain of full forwards without a cache (equal to the cached tokens except for dynamic rope, whose
 cached keys keep the table of the step that wrote them). The float64 rotary patch applies YaRN's
 attention factor and, for dynamic rope, the table of each forward's largest position.
+`phi3_longrope_partial` (Phi-3: fused qkv_proj and gate_up_proj, partial rotary 0.75, LongRoPE
+switching at 16 positions, a window of 24) stores the same: its float64 patch picks the short or
+long factors by each forward's largest position and multiplies by LongRoPE's attention factor,
+and its greedy tokens equal the full forwards' (Phi3ForCausalLM's generate drops its cache at the
+switch).
 
 Config styles
 -------------

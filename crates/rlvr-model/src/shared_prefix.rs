@@ -223,6 +223,23 @@ impl Model {
             )));
         }
         batch.validate(self.config().vocab_size)?;
+        // LongRoPE picks its factors per sequence: one flat forward cannot hold a prompt whose
+        // rows sit on both sides of the switch (`shared_prefix_logprobs_rows` scores such rows
+        // unshared).
+        let c = self.config();
+        let long: Vec<bool> = (batch.groups.iter())
+            .flat_map(|g| {
+                (g.completions.iter()).map(|q| c.rope_is_long_at(g.prompt.len() + q.len()))
+            })
+            .collect();
+        if long.iter().any(|&l| l) && !long.iter().all(|&l| l) {
+            return Err(ModelError::Invalid(
+                "shared-prefix batch with rows on both sides of LongRoPE's switch \
+                 (original_max_position_embeddings): score them with \
+                 shared_prefix_logprobs_rows, which takes the unshared path for them"
+                    .into(),
+            ));
+        }
         let plan = self.plan(batch)?;
         let (r, width) = (plan.layout.rows, plan.width);
         let dev = self.device();

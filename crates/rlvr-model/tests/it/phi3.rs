@@ -504,6 +504,17 @@ fn longrope_factors_are_chosen_per_sequence() {
         let seq: Vec<u32> = prompt.iter().chain(c).copied().collect();
         lp(&[seq])[0][prompt.len() - 1..].to_vec()
     };
+    let batch = rlvr_model::SharedPrefixBatch {
+        groups: vec![rlvr_model::PromptGroup {
+            prompt: prompt.clone(),
+            completions: vec![c1.clone(), c2.clone()],
+        }],
+    };
+    let Err(e) = model.shared_prefix_logprobs(&batch, 1.0, false, false) else {
+        panic!("a mixed batch was scored shared")
+    };
+    let e = e.to_string();
+    assert!(e.contains("LongRoPE"), "{e}");
     for (row, c) in [(0, &c1), (1, &c2), (2, &c1)] {
         for (i, w) in own(c).iter().enumerate() {
             assert!((shared[row][i] - w).abs() < 1e-5, "row {row} token {i}");
