@@ -15,8 +15,9 @@ pub const MAX_INIT_STD: f64 = 10.0;
 /// Arguments of `rlvr init` (DESIGN.md section 10).
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
-    /// Architecture: qwen2, qwen3, llama, mistral, gemma2 or gemma3_text (Gemma with
-    /// transformers' defaults: softcapping for gemma2, attention scale head_dim^-1/2, no window).
+    /// Architecture: qwen2, qwen3, llama, mistral, gemma2, gemma3_text (Gemma with
+    /// transformers' defaults: softcapping for gemma2, attention scale head_dim^-1/2, no window)
+    /// or phi3 (fused qkv_proj and gate_up_proj in the file, full rotary, no rope scaling).
     #[arg(long, default_value = "qwen2")]
     pub arch: String,
     /// Hidden size.
