@@ -123,7 +123,8 @@ pub enum RopeScaling {
     /// "longrope", Phi-3's "su"): rotary dimension pair `i` turns at `1 / (ext_i ·
     /// theta^(2i/d))`, where `ext` is `short_factor` for a forward whose largest position `p`
     /// has `p + 1 ≤ original_max_position_embeddings` and `long_factor` past it (transformers'
-    /// `longrope_frequency_update`: one choice per forward, by its largest position), and cos/sin
+    /// `longrope_frequency_update` decides once per forward by the batch's largest position;
+    /// rlvr decides per sequence, which is the same for a forward of one sequence), and cos/sin
     /// are multiplied by `attention_factor` ([`ModelConfig::rope_attention_factor`]).
     LongRope {
         /// Per rotary dimension pair (`rotary_dim / 2` numbers): the divisors of a short forward.
@@ -443,8 +444,8 @@ fn partial_rotary_factor(
 
 /// Why LongRoPE's numbers must be positive, for their error messages.
 const LONGROPE_WHY: &str = "LongRoPE divides each rotary frequency by its factor and takes the \
-     logarithm of the context lengths, so 0 or less makes the angles infinite or NaN (Phi-3 \
-     uses factors from 1 to about 60 over 4096 original positions)";
+     logarithm of the context lengths, so 0 or less makes the angles infinite or NaN (a factor \
+     of 1 keeps a frequency as it is)";
 
 /// LongRoPE's settings from the rope scaling object `s` of config.json `v` (`key`: its field
 /// name, for errors), as transformers' `standardize_rope_params` reads them:
@@ -769,7 +770,10 @@ impl ModelConfig {
     /// is not a finite number > 0, the rope scaling type is unknown, or a rope scaling number
     /// (`factor`, llama3's `low_freq_factor`, `high_freq_factor` and
     /// `original_max_position_embeddings`) is not a finite number > 0 (or llama3's high frequency
-    /// factor is not above its low one); each error names the file and the field.
+    /// factor is not above its low one), `partial_rotary_factor` is outside (0, 1] or gives an
+    /// odd rotary width, LongRoPE's factor lists are missing, not positive or not
+    /// `rotary_dim / 2` long, or a phi3 field is unsupported (`hidden_act` other than silu, a
+    /// rope type other than default/longrope/su/yarn); each error names the file and the field.
     pub fn from_file(path: &Path) -> Result<Self> {
         Self::from_json(&Self::read_json(path)?, path)
     }
