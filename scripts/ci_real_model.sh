@@ -58,6 +58,13 @@ RLVR_HF_PYTHON="$VENV/bin/python" cargo test --workspace --locked --test it -- -
 grep -q "transformers_reads_saved_gemma_checkpoints ... ok" "$W/gemma.log" \
   || { cat "$W/gemma.log"; echo "ci_real_model: the gemma round-trip test did not run" >&2; exit 1; }
 echo "ci_real_model: transformers' reading of saved Gemma checkpoints took $((SECONDS - t)) s"
+# The same for Phi-3 (fused qkv_proj / gate_up_proj written back; phi3::transformers_reads_saved_phi3_checkpoints).
+t=$SECONDS
+RLVR_HF_PYTHON="$VENV/bin/python" cargo test --workspace --locked --test it -- --ignored --nocapture phi3:: > "$W/phi3.log" 2>&1 \
+  || { cat "$W/phi3.log"; exit 1; }
+grep -q "transformers_reads_saved_phi3_checkpoints ... ok" "$W/phi3.log" \
+  || { cat "$W/phi3.log"; echo "ci_real_model: the phi3 round-trip test did not run" >&2; exit 1; }
+echo "ci_real_model: transformers' reading of saved Phi-3 checkpoints took $((SECONDS - t)) s"
 t=$SECONDS
 bash scripts/real_model.sh --data-only --out "$W"
 "$R" train --no-progress --config configs/real_model.toml \

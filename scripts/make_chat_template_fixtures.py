@@ -126,6 +126,26 @@ GEMMA3_STYLE = """{{- bos_token -}}
 {%- endif -%}
 """
 
+# Written for rlvr in the style of Phi-3-mini's: `<|ROLE|>\n…<|end|>\n` for system, user and
+# assistant turns, then `<|assistant|>\n` for the generation prompt, or the EOS token without one.
+PHI3_STYLE = (
+    "{% for message in messages %}"
+    "{% if message['role'] in ['system', 'user', 'assistant'] %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+# Written for rlvr in the style of Phi-4-mini-instruct's: the same turns without newlines
+# (`<|user|>…<|end|><|assistant|>`), nothing after the last turn without a generation prompt.
+PHI4_MINI_STYLE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
 TEMPLATES = [
     ("chatml", CHATML, None, "<|im_end|>"),
     ("qwen2.5_style", QWEN25_STYLE, None, "<|im_end|>"),
@@ -133,6 +153,8 @@ TEMPLATES = [
     ("zephyr_trim_blocks", TRIM_BLOCKS, None, "</s>"),
     ("gemma2_style", GEMMA2_STYLE, "<bos>", "<eos>"),
     ("gemma3_style", GEMMA3_STYLE, "<bos>", "<eos>"),
+    ("phi3_style", PHI3_STYLE, None, "<|endoftext|>"),
+    ("phi4_mini_style", PHI4_MINI_STYLE, None, "<|endoftext|>"),
 ]
 
 SYSTEM = {"role": "system", "content": "You are a careful math tutor.\nAnswer with #### N."}
@@ -222,6 +244,12 @@ def main():
     assert by["gemma2_style/system_user/agp=true"] is None
     g3 = by["gemma3_style/system_user/agp=false"]
     assert g3.startswith("<bos><start_of_turn>user\nYou are a careful math tutor.\nAnswer with #### N.\n\nNatalia"), repr(g3)
+    p3 = by["phi3_style/system_user/agp=true"]
+    assert p3.startswith("<|system|>\nYou are a careful math tutor.") and p3.endswith("<|end|>\n<|assistant|>\n"), repr(p3)
+    assert by["phi3_style/user_only/agp=false"].endswith("<|end|>\n<|endoftext|>")
+    p4 = by["phi4_mini_style/multi_turn_no_system/agp=true"]
+    assert p4.startswith("<|user|>Hi!<|end|><|assistant|> Hello. How can I help? <|end|><|user|>"), repr(p4)
+    assert p4.endswith("<|end|><|assistant|>"), repr(p4)
     meta = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,

@@ -27,6 +27,11 @@ from the long case (float64 reference, asserted equal to plain float32 transform
 chain of full forwards without a cache (equal to the cached tokens except for dynamic rope, whose
 cached keys keep the table of the step that wrote them). The float64 rotary patch applies YaRN's
 attention factor and, for dynamic rope, the table of each forward's largest position.
+`phi3_longrope_partial` (Phi-3: fused qkv_proj and gate_up_proj, partial rotary 0.75, LongRoPE
+switching at 16 positions, a window of 24) stores the same: its float64 patch picks the short or
+long factors by each forward's largest position and multiplies by LongRoPE's attention factor,
+and its greedy tokens equal the full forwards' (Phi3ForCausalLM's generate drops its cache at the
+switch).
 
 Config styles
 -------------
@@ -59,6 +64,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Phi3Config,
+    Phi3ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -72,6 +79,7 @@ from transformers.models.gemma2 import modeling_gemma2
 from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.llama import modeling_llama
 from transformers.models.mistral import modeling_mistral
+from transformers.models.phi3 import modeling_phi3
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
 
@@ -343,6 +351,53 @@ def gemma_specs():
     ]
 
 
+def phi3_specs():
+    return [
+        dict(
+            name="phi3_longrope_partial",
+            seed=1009,
+            cls=Phi3ForCausalLM,
+            config=Phi3Config(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                original_max_position_embeddings=16,
+                partial_rotary_factor=0.75,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0],
+                    "long_factor": [1.0, 1.5, 2.5, 4.0, 7.0, 12.0],
+                },
+                sliding_window=24,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=1,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            greedy=dict(prompt_len=10, new_tokens=20),
+            grads=True,
+            notes="Phi-3 (model_type phi3): fused qkv_proj [64 + 2*32, 64] and gate_up_proj [2*96, 64], head_dim 16 "
+            "with partial_rotary_factor 0.75 (the first 12 dimensions of each head rotate, the last 4 pass), "
+            "LongRoPE with original_max_position_embeddings 16 and max_position_embeddings 64 (factor 4: cos/sin "
+            "times sqrt(1 + ln 4 / ln 16)): the short cases (to 11 tokens) rotate with short_factor, the 40-token "
+            "case with long_factor; sliding window 24 on every layer, 4 heads / 2 KV heads, untied lm_head, "
+            "weights f32. `greedy`: 20 greedy tokens after a 10-token prompt from transformers' generate with its "
+            "KV cache, which crosses 16 tokens (Phi3ForCausalLM drops its cache there and recomputes with the long "
+            "factors, so the tokens equal the argmax chain of full forwards). `grads`: the float64 gradient of the "
+            "summed log-probs of case 0 w.r.t. a few weights (of qkv_proj and gate_up_proj their first two rows: "
+            "rows of q_proj and gate_proj).",
+        ),
+    ]
+
+
 def cases_for(seed: int, vocab: int):
     """Token batches. Row 0 is always full length, so last_logits_row0 is a real position."""
     g = torch.Generator().manual_seed(seed + 7)
@@ -404,7 +459,8 @@ def inv_freq_f64(config, seq_len=None, layer_type=None) -> torch.Tensor:
     rp = rope_params_of(config, layer_type)
     base = float(rp["rope_theta"])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dim = head_dim
+    # Partial rotary: only the first int(head_dim * partial_rotary_factor) dimensions rotate.
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
     rtype = rp.get("rope_type", "default")
     if rtype == "dynamic" and seq_len is not None and seq_len > config.max_position_embeddings:
         factor = float(rp["factor"])
@@ -413,6 +469,12 @@ def inv_freq_f64(config, seq_len=None, layer_type=None) -> torch.Tensor:
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rtype in ("default", "dynamic"):
         return inv
+    if rtype == "longrope":
+        # LongRoPE (arXiv 2402.13753): per-pair divisors, the long ones for a forward reaching past
+        # original_max_position_embeddings.
+        long = seq_len is not None and seq_len > rp["original_max_position_embeddings"]
+        ext = torch.tensor(rp["long_factor" if long else "short_factor"], dtype=torch.float64)
+        return inv / ext
     if rtype == "linear":
         return inv / float(rp["factor"])
     if rtype == "yarn":
@@ -451,6 +513,12 @@ def inv_freq_f64(config, seq_len=None, layer_type=None) -> torch.Tensor:
 def attention_factor_f64(config) -> float:
     """The cos/sin multiplier: YaRN's attention factor (0.1 ln(factor) + 1 by default), else 1."""
     rp = rope_params_of(config)
+    if rp.get("rope_type") == "longrope":
+        if rp.get("attention_factor") is not None:
+            return float(rp["attention_factor"])
+        old = rp["original_max_position_embeddings"]
+        factor = rp.get("factor") or config.max_position_embeddings / old
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
     if rp.get("rope_type") != "yarn":
         return 1.0
     if rp.get("attention_factor") is not None:
@@ -512,7 +580,15 @@ def _eager_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, 
 class _f64_patches:
     """Context manager: RMSNorm, rotary tables and eager softmax computed in the input dtype (f64)."""
 
-    MODULES = (modeling_llama, modeling_qwen2, modeling_qwen3, modeling_mistral, modeling_gemma2, modeling_gemma3)
+    MODULES = (
+        modeling_llama,
+        modeling_qwen2,
+        modeling_qwen3,
+        modeling_mistral,
+        modeling_gemma2,
+        modeling_gemma3,
+        modeling_phi3,
+    )
 
     def __init__(self, model):
         self.model = model
@@ -554,7 +630,9 @@ class _f64_patches:
                     mod.attention_scaling
                 )
                 mod._inv_freq64 = inv
-                mod._dynamic = dict(self.model.config.rope_parameters).get("rope_type") == "dynamic"
+                # Dynamic NTK and LongRoPE: the table depends on the forward's largest position.
+                rtype = dict(self.model.config.rope_parameters).get("rope_type")
+                mod._dynamic = rtype in ("dynamic", "longrope")
                 mod.forward = types.MethodType(_rotary_f64, mod)
                 self.patched.append(mod)
                 n_rot += 1
@@ -647,6 +725,10 @@ def to_v4(cfg: dict) -> dict:
         elif k == "rope_parameters":
             rp = dict(v)
             out["rope_theta"] = rp.pop("rope_theta")
+            # transformers 4 kept these beside rope_scaling (Phi-3 and Phi-4-mini's config.json).
+            for top in ("partial_rotary_factor", "original_max_position_embeddings"):
+                if top in rp:
+                    out[top] = rp.pop(top)
             rtype = rp.get("rope_type", "default")
             out["rope_scaling"] = None if rtype == "default" else rp
         elif k == "dtype":
@@ -922,6 +1004,8 @@ def greedy_reference(spec, ref, hf32, cases_out) -> dict:
             lg = forward_logits(ref, t, torch.ones_like(t), torch.arange(len(seq))[None])
         seq.append(int(lg[0, -1].argmax()))
     full = seq[len(prompt):]
+    # LongRoPE: Phi3ForCausalLM's generate drops its cache when the sequence first passes
+    # original_max_position_embeddings, so the full forwards agree; dynamic NTK keeps the cache.
     dynamic = dict(ref.config.rope_parameters).get("rope_type") == "dynamic"
     if not dynamic:
         assert full == tokens, (spec["name"], full, tokens)
@@ -945,6 +1029,8 @@ GRAD_WEIGHTS = (
     "model.layers.1.mlp.gate_proj.weight",
     "model.layers.2.mlp.down_proj.weight",
     "model.layers.1.self_attn.q_norm.weight",
+    "model.layers.1.self_attn.qkv_proj.weight",
+    "model.layers.2.mlp.gate_up_proj.weight",
     "model.layers.1.self_attn.k_norm.weight",
     "model.norm.weight",
 )
@@ -1012,7 +1098,7 @@ def main():
     torch.set_num_threads(1)
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
-    for spec in fixture_specs() + gemma_specs():
+    for spec in fixture_specs() + gemma_specs() + phi3_specs():
         if args.only and spec["name"] not in args.only:
             continue
         r = build_fixture(spec, out_root)

@@ -71,6 +71,7 @@ fn main() -> anyhow::Result<()> {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     };
     let model = Model::random(config, 0.02, 0, DType::F32, &Device::Cpu)?;
     let vars = model

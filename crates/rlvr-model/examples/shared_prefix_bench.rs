@@ -125,6 +125,7 @@ fn main() -> anyhow::Result<()> {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     };
     let vocab = config.vocab_size as u32;
     let (p, k, c, steps) = (

@@ -33,6 +33,13 @@ pub enum Arch {
     /// softcapping by default, and sliding (local) layers rotating with their own base
     /// `rope_local_base_freq` while the global layers use `rope_theta` and its scaling.
     Gemma3,
+    /// Phi-3 and Phi-4-mini (`model_type` "phi3", transformers' `Phi3Config`): the Llama layout
+    /// without biases, with q/k/v fused into one `qkv_proj` and gate/up into one `gate_up_proj`
+    /// in the checkpoint (rlvr splits them when loading and fuses them again when saving, so
+    /// its projections and LoRA targets are the Llama ones), optional `partial_rotary_factor`
+    /// and LongRoPE scaling ([`RopeScaling::LongRope`]), and a sliding window over every layer
+    /// when `sliding_window` is not null.
+    Phi3,
 }
 
 impl Arch {
@@ -45,6 +52,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3_text",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -62,6 +70,7 @@ impl Arch {
             "mistral" => Some(Arch::Mistral),
             "gemma2" => Some(Arch::Gemma2),
             "gemma3_text" | "gemma3" => Some(Arch::Gemma3),
+            "phi3" => Some(Arch::Phi3),
             _ => None,
         }
     }
@@ -109,6 +118,27 @@ pub enum RopeScaling {
     /// table per forward from that forward's positions, as a freshly loaded transformers model
     /// does ([`ModelConfig::rope_inv_freq_for`]).
     Dynamic { factor: f64 },
+    /// LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million
+    /// Tokens", arXiv 2402.13753; transformers `_compute_longrope_parameters`, rope type
+    /// "longrope", Phi-3's "su"): rotary dimension pair `i` turns at `1 / (ext_i ·
+    /// theta^(2i/d))`, where `ext` is `short_factor` for a forward whose largest position `p`
+    /// has `p + 1 ≤ original_max_position_embeddings` and `long_factor` past it (transformers'
+    /// `longrope_frequency_update` decides once per forward by the batch's largest position;
+    /// rlvr decides per sequence, which is the same for a forward of one sequence), and cos/sin
+    /// are multiplied by `attention_factor` ([`ModelConfig::rope_attention_factor`]).
+    LongRope {
+        /// Per rotary dimension pair (`rotary_dim / 2` numbers): the divisors of a short forward.
+        short_factor: Vec<f64>,
+        /// Per rotary dimension pair: the divisors of a forward past the original context.
+        long_factor: Vec<f64>,
+        /// The pretraining context: the switch point between the two factor lists.
+        original_max_position_embeddings: f64,
+        /// config.json's `factor`, when given (else `max_position_embeddings / original`).
+        factor: Option<f64>,
+        /// config.json's `attention_factor`, when given (else `√(1 + ln factor / ln original)`
+        /// for a factor above 1, 1 otherwise).
+        attention_factor: Option<f64>,
+    },
 }
 
 /// Sliding-window attention: on the layers it covers, each query attends to its `size` most
@@ -194,6 +224,11 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Gemma 2 / Gemma 3 settings; `Some` exactly for those architectures.
     pub gemma: Option<GemmaConfig>,
+    /// The fraction of each head's dimensions that rotate (`partial_rotary_factor`, 1 when
+    /// absent): the first [`ModelConfig::rotary_dim`] of each q and k head take the rotary
+    /// embedding, the rest pass through (transformers' `apply_rotary_pos_emb` with a shorter
+    /// cos/sin). Phi-4-mini uses 0.75.
+    pub partial_rotary_factor: f64,
 }
 
 fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
@@ -363,6 +398,123 @@ fn yarn(
     })
 }
 
+/// `partial_rotary_factor` of config.json `v`: the top-level field, else transformers-5's
+/// `rope_parameters.partial_rotary_factor` (`rope`), else 1.
+///
+/// # Errors
+/// [`ModelError::Config`] naming `file` and the field: not a number in (0, 1], or a rotary width
+/// `floor(head_dim · factor)` that is odd or 0 (rotary dimensions come in pairs).
+fn partial_rotary_factor(
+    v: &Value,
+    rope: Option<&Value>,
+    head_dim: usize,
+    file: &Path,
+) -> Result<f64> {
+    let (key, x) = match (
+        get(v, "partial_rotary_factor"),
+        rope.and_then(|p| get(p, "partial_rotary_factor")),
+    ) {
+        (Some(x), _) => ("partial_rotary_factor", x),
+        (None, Some(x)) => ("rope_parameters.partial_rotary_factor", x),
+        (None, None) => return Ok(1.0),
+    };
+    let cerr = |why: String| ModelError::Config {
+        file: file.to_path_buf(),
+        msg: format!("field `{key}` = {} is out of range: {why}", shown(x)),
+    };
+    let f = match x.as_f64() {
+        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
+        _ => {
+            return Err(cerr(
+                "expected a number in (0, 1], the fraction of each head's dimensions that \
+                 rotate (Phi-4-mini uses 0.75)"
+                    .into(),
+            ))
+        }
+    };
+    let dim = (head_dim as f64 * f) as usize;
+    if dim == 0 || !dim.is_multiple_of(2) {
+        return Err(cerr(format!(
+            "the rotary width floor(head_dim {head_dim} × {f}) = {dim} must be even and at least \
+             2 (rotary dimensions turn in pairs)"
+        )));
+    }
+    Ok(f)
+}
+
+/// Why LongRoPE's numbers must be positive, for their error messages.
+const LONGROPE_WHY: &str = "LongRoPE divides each rotary frequency by its factor and takes the \
+     logarithm of the context lengths, so 0 or less makes the angles infinite or NaN (a factor \
+     of 1 keeps a frequency as it is)";
+
+/// LongRoPE's settings from the rope scaling object `s` of config.json `v` (`key`: its field
+/// name, for errors), as transformers' `standardize_rope_params` reads them:
+/// `original_max_position_embeddings` from the top level when config.json has it there (for
+/// phi3 always: `Phi3Config` defaults it to 4096 and it wins over the rope object's), else from
+/// `s`, else `max_position_embeddings`.
+///
+/// # Errors
+/// [`ModelError::Config`] naming `file` and the field: `short_factor` or `long_factor` missing,
+/// not a list of finite numbers > 0, or not `rotary_dim / 2` long; `factor`, `attention_factor`
+/// or `original_max_position_embeddings` not a finite number > 0.
+#[allow(clippy::too_many_arguments)]
+fn longrope(
+    s: &Value,
+    v: &Value,
+    arch: Arch,
+    key: &str,
+    max_position_embeddings: usize,
+    rotary_dim: usize,
+    opt: &dyn Fn(&str, &str) -> Result<Option<f64>>,
+    file: &Path,
+) -> Result<RopeScaling> {
+    let cerr = |msg: String| ModelError::Config {
+        file: file.to_path_buf(),
+        msg,
+    };
+    let list = |k: &str| -> Result<Vec<f64>> {
+        let x = get(s, k).ok_or_else(|| {
+            cerr(format!(
+                "rope scaling \"longrope\" needs the field `{key}.{k}` (a list of \
+                 {} numbers, one per rotary dimension pair)",
+                rotary_dim / 2
+            ))
+        })?;
+        let bad = || {
+            cerr(format!(
+                "field `{key}.{k}` = {} must be a list of {} finite numbers > 0 (one per rotary \
+                 dimension pair: rotary width {rotary_dim} = head_dim × partial_rotary_factor; \
+                 {LONGROPE_WHY})",
+                shown(x),
+                rotary_dim / 2
+            ))
+        };
+        let a = x.as_array().ok_or_else(bad)?;
+        if a.len() != rotary_dim / 2 {
+            return Err(bad());
+        }
+        a.iter()
+            .map(|y| match y.as_f64() {
+                Some(f) if f.is_finite() && f > 0.0 => Ok(f),
+                _ => Err(bad()),
+            })
+            .collect()
+    };
+    let original = match get(v, "original_max_position_embeddings") {
+        Some(x) => positive(x, "original_max_position_embeddings", LONGROPE_WHY, file)?,
+        None if arch == Arch::Phi3 => 4096.0,
+        None => opt("original_max_position_embeddings", LONGROPE_WHY)?
+            .unwrap_or(max_position_embeddings as f64),
+    };
+    Ok(RopeScaling::LongRope {
+        short_factor: list("short_factor")?,
+        long_factor: list("long_factor")?,
+        original_max_position_embeddings: original,
+        factor: opt("factor", LONGROPE_WHY)?,
+        attention_factor: opt("attention_factor", LONGROPE_WHY)?,
+    })
+}
+
 /// The sliding window of config.json `v` as transformers applies it, `None` when no layer
 /// attends through one.
 ///
@@ -394,6 +546,8 @@ fn sliding_window(
     let on = match arch {
         Arch::Llama => false,
         Arch::Mistral | Arch::Gemma2 | Arch::Gemma3 => true,
+        // Phi3Config's `sliding_window` defaults to null (none).
+        Arch::Phi3 => get(v, "sliding_window").is_some(),
         Arch::Qwen2 | Arch::Qwen3 => match v.get("use_sliding_window") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
@@ -425,7 +579,7 @@ fn sliding_window(
         },
     };
     let layers = match (arch, get(v, "layer_types")) {
-        (Arch::Mistral, _) => vec![true; num_layers],
+        (Arch::Mistral | Arch::Phi3, _) => vec![true; num_layers],
         // Gemma without `layer_types`: every `pattern`-th layer is global, the others slide
         // (Gemma2Config alternates; Gemma3TextConfig's `sliding_window_pattern` defaults to 6).
         (Arch::Gemma2 | Arch::Gemma3, None) => {
@@ -616,7 +770,10 @@ impl ModelConfig {
     /// is not a finite number > 0, the rope scaling type is unknown, or a rope scaling number
     /// (`factor`, llama3's `low_freq_factor`, `high_freq_factor` and
     /// `original_max_position_embeddings`) is not a finite number > 0 (or llama3's high frequency
-    /// factor is not above its low one); each error names the file and the field.
+    /// factor is not above its low one), `partial_rotary_factor` is outside (0, 1] or gives an
+    /// odd rotary width, LongRoPE's factor lists are missing, not positive or not
+    /// `rotary_dim / 2` long, or a phi3 field is unsupported (`hidden_act` other than silu, a
+    /// rope type other than default/longrope/su/yarn); each error names the file and the field.
     pub fn from_file(path: &Path) -> Result<Self> {
         Self::from_json(&Self::read_json(path)?, path)
     }
@@ -651,7 +808,7 @@ impl ModelConfig {
         let arch = Arch::from_model_type(model_type).ok_or_else(|| {
             cerr(format!(
                 "unknown `model_type` \"{model_type}\" (rlvr supports qwen2, qwen3, llama, \
-                 mistral, gemma2, gemma3_text and gemma3's language model)"
+                 mistral, gemma2, gemma3_text, gemma3's language model and phi3)"
             ))
         })?;
         let hidden_size = req_usize(v, "hidden_size", file)?;
@@ -723,8 +880,11 @@ impl ModelConfig {
             // Gemma3TextConfig 131072, the others rlvr's 32768.
             None if arch == Arch::Mistral || arch == Arch::Gemma3 => 131072,
             None if arch == Arch::Gemma2 => 8192,
+            None if arch == Arch::Phi3 => 4096,
             None => 32768,
         };
+        let partial_rotary_factor = partial_rotary_factor(v, rope_params, head_dim, file)?;
+        let rotary_dim = (head_dim as f64 * partial_rotary_factor) as usize;
         let rope_scaling = match scaling_obj {
             None => None,
             Some(s) => {
@@ -746,8 +906,31 @@ impl ModelConfig {
                         .map(|x| positive(x, &format!("{scaling_key}.{k}"), why, file))
                         .transpose()
                 };
+                // Phi3Config reads "su" and "yarn" as LongRoPE.
+                let ty = match (arch, ty) {
+                    (Arch::Phi3, "su" | "yarn") => "longrope",
+                    (Arch::Phi3, "default" | "longrope") => ty,
+                    (Arch::Phi3, other) => {
+                        return Err(cerr(format!(
+                            "field `{scaling_key}.rope_type` = \"{other}\" is not supported for \
+                             phi3 (Phi3Config takes \"default\" or \"longrope\", and reads \"su\" \
+                             and \"yarn\" as \"longrope\")"
+                        )))
+                    }
+                    _ => ty,
+                };
                 match ty {
                     "default" => None,
+                    "longrope" => Some(longrope(
+                        s,
+                        v,
+                        arch,
+                        scaling_key,
+                        max_position_embeddings,
+                        rotary_dim,
+                        &opt,
+                        file,
+                    )?),
                     "llama3" => {
                         let (low, high) = (f("low_freq_factor")?, f("high_freq_factor")?);
                         if high <= low {
@@ -784,7 +967,7 @@ impl ModelConfig {
                     other => {
                         return Err(cerr(format!(
                             "rope scaling type \"{other}\" is not supported (default, linear, \
-                             llama3, yarn, dynamic)"
+                             llama3, yarn, dynamic, longrope)"
                         )))
                     }
                 }
@@ -799,13 +982,24 @@ impl ModelConfig {
             Arch::Qwen2 => (true, false),
             Arch::Qwen3 => (attention_bias, attention_bias),
             Arch::Llama => (attention_bias, attention_bias),
-            // MistralAttention has no biases whatever config.json says.
-            Arch::Mistral => (false, false),
+            // MistralAttention and Phi3Attention have no biases whatever config.json says.
+            Arch::Mistral | Arch::Phi3 => (false, false),
             Arch::Gemma2 | Arch::Gemma3 => (attention_bias, attention_bias),
         };
         // MistralMLP and the Gemma MLPs have no biases.
-        let mlp_bias = !matches!(arch, Arch::Mistral | Arch::Gemma2 | Arch::Gemma3)
-            && get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        let mlp_bias = !matches!(
+            arch,
+            Arch::Mistral | Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3
+        ) && get(v, "mlp_bias").and_then(Value::as_bool).unwrap_or(false);
+        if arch == Arch::Phi3 {
+            if let Some(x) = get(v, "hidden_act").filter(|x| x.as_str() != Some("silu")) {
+                return Err(cerr(format!(
+                    "field `hidden_act` = {} is not supported for phi3: rlvr's MLP is SwiGLU \
+                     (\"silu\", every released Phi-3 and Phi-4-mini checkpoint)",
+                    shown(x)
+                )));
+            }
+        }
         let gemma = match arch.is_gemma() {
             true => Some(gemma(v, arch, local_params, file)?),
             false => None,
@@ -827,6 +1021,8 @@ impl ModelConfig {
             head_dim,
             rms_norm_eps: match get(v, "rms_norm_eps") {
                 Some(x) => positive(x, "rms_norm_eps", RMS_NORM_EPS_WHY, file)?,
+                // Phi3Config's default.
+                None if arch == Arch::Phi3 => 1e-5,
                 None => 1e-6,
             },
             rope_theta,
@@ -844,6 +1040,7 @@ impl ModelConfig {
             bos_token_id: ids(get(v, "bos_token_id")).first().copied(),
             eos_token_ids: ids(get(v, "eos_token_id")),
             gemma,
+            partial_rotary_factor,
         })
     }
 
@@ -955,6 +1152,7 @@ impl ModelConfig {
             Arch::Mistral => "MistralForCausalLM",
             Arch::Gemma2 => "Gemma2ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
+            Arch::Phi3 => "Phi3ForCausalLM",
         };
         m.insert("architectures".into(), serde_json::json!([arch_name]));
         m.insert("model_type".into(), self.arch.model_type().into());
@@ -1038,8 +1236,45 @@ impl ModelConfig {
                 Some(RopeScaling::Dynamic { factor }) => {
                     serde_json::json!({"rope_type": "dynamic", "factor": factor})
                 }
+                Some(RopeScaling::LongRope {
+                    short_factor,
+                    long_factor,
+                    original_max_position_embeddings,
+                    factor,
+                    attention_factor,
+                }) => {
+                    let original = *original_max_position_embeddings as u64;
+                    let mut o = serde_json::json!({
+                        "rope_type": "longrope", "short_factor": short_factor,
+                        "long_factor": long_factor, "original_max_position_embeddings": original,
+                    });
+                    if let Some(f) = factor {
+                        o["factor"] = (*f).into();
+                    }
+                    if let Some(a) = attention_factor {
+                        o["attention_factor"] = (*a).into();
+                    }
+                    o
+                }
             },
         );
+        if let Some(RopeScaling::LongRope {
+            original_max_position_embeddings: o,
+            ..
+        }) = &self.rope_scaling
+        {
+            // Phi3Config reads the top-level field (4096 when absent) over the rope object's.
+            m.insert(
+                "original_max_position_embeddings".into(),
+                (*o as u64).into(),
+            );
+        }
+        if self.partial_rotary_factor != 1.0 {
+            m.insert(
+                "partial_rotary_factor".into(),
+                self.partial_rotary_factor.into(),
+            );
+        }
         m.insert(
             "max_position_embeddings".into(),
             self.max_position_embeddings.into(),
@@ -1072,8 +1307,8 @@ impl ModelConfig {
             (None, Arch::Qwen2) => {
                 m.insert("use_sliding_window".into(), false.into());
             }
-            // Absent would mean 4096 to MistralConfig: null says none.
-            (w, Arch::Mistral) => {
+            // Absent would mean 4096 to MistralConfig: null says none (Phi3Config: the same).
+            (w, Arch::Mistral | Arch::Phi3) => {
                 m.insert(
                     "sliding_window".into(),
                     w.as_ref().map_or(Value::Null, |w| w.size.into()),
@@ -1099,6 +1334,11 @@ impl ModelConfig {
             }
             _ => {}
         }
+        if self.arch == Arch::Phi3 {
+            // Phi3Config's default pad id 32000 would be outside a smaller vocabulary, which
+            // transformers' embedding refuses.
+            m.insert("pad_token_id".into(), Value::Null);
+        }
         m.insert("attention_dropout".into(), 0.0.into());
         m.insert("initializer_range".into(), 0.02.into());
         m.insert("use_cache".into(), true.into());
@@ -1121,16 +1361,39 @@ impl ModelConfig {
         Value::Object(m)
     }
 
-    /// Inverse frequencies of the rotary embedding, `[head_dim / 2]`, with scaling applied
+    /// Inverse frequencies of the rotary embedding, `[rotary_dim / 2]`, with scaling applied
     /// (transformers `ROPE_INIT_FUNCTIONS`), computed in f64: those of a forward whose positions
     /// stay below `max_position_embeddings` ([`ModelConfig::rope_inv_freq_for`]).
     pub fn rope_inv_freq(&self) -> Vec<f64> {
         self.rope_inv_freq_for(0)
     }
 
-    /// The multiplier of the rotary cos and sin tables: YaRN's `attention_factor`, 1 for every
-    /// other rope type (transformers' `attention_scaling`).
+    /// The number of leading dimensions of each q and k head that rotate: `floor(head_dim ·
+    /// partial_rotary_factor)` (transformers' `int(head_dim * partial_rotary_factor)`), even.
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// The multiplier of the rotary cos and sin tables: YaRN's and LongRoPE's
+    /// `attention_factor`, 1 for every other rope type (transformers' `attention_scaling`).
+    /// LongRoPE without one: `√(1 + ln s / ln original)` with `s` its `factor`, or
+    /// `max_position_embeddings / original_max_position_embeddings` without one, and 1 when
+    /// `s ≤ 1` (transformers `_compute_longrope_parameters`).
     pub fn rope_attention_factor(&self) -> f64 {
+        if let Some(RopeScaling::LongRope {
+            original_max_position_embeddings: original,
+            factor,
+            attention_factor,
+            ..
+        }) = &self.rope_scaling
+        {
+            let s = factor.unwrap_or(self.max_position_embeddings as f64 / original);
+            return match attention_factor {
+                Some(a) => *a,
+                None if s <= 1.0 => 1.0,
+                None => (1.0 + s.ln() / original.ln()).sqrt(),
+            };
+        }
         let Some(RopeScaling::Yarn {
             factor,
             attention_factor,
@@ -1167,12 +1430,22 @@ impl ModelConfig {
             && seq_len > self.max_position_embeddings
     }
 
+    /// Whether a forward whose largest position is `seq_len − 1` rotates with LongRoPE's
+    /// `long_factor`: `seq_len > original_max_position_embeddings` (transformers'
+    /// `longrope_frequency_update`). False for every other rope type.
+    pub fn rope_is_long_at(&self, seq_len: usize) -> bool {
+        matches!(&self.rope_scaling, Some(RopeScaling::LongRope { original_max_position_embeddings: o, .. })
+            if seq_len as f64 > *o)
+    }
+
     /// [`ModelConfig::rope_inv_freq`] of a forward whose largest position is `seq_len − 1`:
     /// differs only for dynamic NTK scaling with `seq_len > max_position_embeddings`, where the
     /// base is `theta · (factor·seq_len/max − (factor − 1))^(d/(d−2))` (transformers
-    /// `_compute_dynamic_ntk_parameters`). `[head_dim / 2]`, f64.
+    /// `_compute_dynamic_ntk_parameters`), and for LongRoPE, whose `long_factor` replaces
+    /// `short_factor` when [`ModelConfig::rope_is_long_at`]. `[rotary_dim / 2]` (`d` is
+    /// [`ModelConfig::rotary_dim`] throughout), f64.
     pub fn rope_inv_freq_for(&self, seq_len: usize) -> Vec<f64> {
-        let d = self.head_dim;
+        let d = self.rotary_dim();
         let theta = match &self.rope_scaling {
             Some(RopeScaling::Dynamic { factor }) if self.rope_is_dynamic_at(seq_len) => {
                 let max = self.max_position_embeddings as f64;
@@ -1186,6 +1459,17 @@ impl ModelConfig {
             .collect();
         match &self.rope_scaling {
             None | Some(RopeScaling::Dynamic { .. }) => base,
+            Some(RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                ..
+            }) => {
+                let ext = match self.rope_is_long_at(seq_len) {
+                    true => long_factor,
+                    false => short_factor,
+                };
+                base.iter().zip(ext).map(|(f, e)| f / e).collect()
+            }
             Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
             Some(RopeScaling::Llama3 {
                 factor,

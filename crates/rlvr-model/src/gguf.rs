@@ -12,7 +12,7 @@
 //! dequantized by candle-core's reader (`candle_core::quantized::gguf_file`), which bounds every
 //! length it reads by the file's size.
 //!
-//! Supported: architectures `llama`, `qwen2` and `qwen3` (Gemma 2 and 3 load from their
+//! Supported: architectures `llama`, `qwen2` and `qwen3` (Gemma 2 and 3 and Phi-3 load from their
 //! HuggingFace checkpoints only: refused here with that advice); every quantisation candle dequantizes
 //! (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K);
 //! byte-level BPE vocabularies (`tokenizer.ggml.model` = `gpt2`). Anything else is refused by
@@ -684,7 +684,9 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         "qwen3" => Arch::Qwen3,
         // Not mapped (their norms, softcapping and local rope need tensor and metadata
         // conventions this reader has not been checked against): the safetensors checkpoint is.
-        other @ ("gemma2" | "gemma3") => {
+        // Phi-3's GGUF (llama.cpp's `attn_qkv`, a fused `ffn_up`, `rope_factors_long` /
+        // `rope_factors_short` tensors and a partial `rope.dimension_count`) likewise.
+        other @ ("gemma2" | "gemma3" | "phi3") => {
             return Err(meta.err(
                 "general.architecture",
                 format!(
@@ -874,6 +876,7 @@ pub fn read(path: &Path) -> Result<GgufModel> {
         bos_token_id,
         eos_token_ids: tokenizer.eos_ids.clone(),
         gemma: None,
+        partial_rotary_factor: 1.0,
     };
 
     let mut tensors = Vec::with_capacity(names.len());

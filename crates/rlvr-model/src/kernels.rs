@@ -310,6 +310,9 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
     if let Some(why) = gemma_uncovered(op, cfg) {
         return Some(why);
     }
+    if let Some(why) = rope_uncovered(op, cfg) {
+        return Some(why);
+    }
     // The attention kernels see every earlier key of a sequence: a sliding-window model's
     // layers attend through the candle composition (its window mask) instead.
     if let (Some(w), FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs) =
@@ -351,6 +354,38 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Why the rotary side of the kernels of `op` does not cover a model of `cfg`: partial rotary
+/// (the rotary and decode kernels rotate every dimension of a head) and LongRoPE (the rotary
+/// kernel and the decode program read one table for all the rows of a forward, LongRoPE picks
+/// the short or long factors per row). `None` for the other ops, and for full-width rotary
+/// without LongRoPE.
+fn rope_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
+    let rotary = matches!(op, FusedOp::Rotary | FusedOp::Decode | FusedOp::CudaGraphs);
+    if rotary && cfg.rotary_dim() < cfg.head_dim {
+        return Some(format!(
+            "the model rotates {} of each head's {} dimensions (partial_rotary_factor {}), the \
+             rotary kernels rotate all of them",
+            cfg.rotary_dim(),
+            cfg.head_dim,
+            cfg.partial_rotary_factor
+        ));
+    }
+    if rotary
+        && matches!(
+            cfg.rope_scaling,
+            Some(crate::config::RopeScaling::LongRope { .. })
+        )
+    {
+        return Some(
+            "LongRoPE picks its short or long factors per sequence (past \
+             original_max_position_embeddings), the rotary and decode kernels read one table for \
+             every row"
+                .into(),
+        );
+    }
+    None
 }
 
 /// Why the kernels of `op` do not cover a Gemma model of `cfg` (`None` for other models and

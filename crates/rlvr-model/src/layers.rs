@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use candle_core::{DType, Device, Tensor, Var};
 pub(crate) use rlvr_kernels::triton::families::attention::Layout as FusedLayout;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::kernels::{AttnKind, Fused, FusedRope};
 use crate::kv::KvStore;
@@ -199,6 +199,9 @@ struct RopeTable {
     sin32: Tensor,
 }
 
+/// A rotary table grown on demand, shared by the clones of a [`Rotary`].
+type TableSlot = Arc<RwLock<Option<Arc<RopeTable>>>>;
+
 /// A forward's rotary embedding: cos and sin `[B, T, 1, hd]` of its positions (compute dtype)
 /// and, when fused rotary is on, what the kernels take instead.
 #[derive(Clone)]
@@ -218,7 +221,10 @@ pub(crate) struct Rope {
 /// with tables computed in f32 (`position · inv_freq`, then cos/sin times the rope type's
 /// attention factor (YaRN's; 1 otherwise), then cast to the compute dtype), grown on demand and
 /// shared by clones. With dynamic NTK scaling, a forward reaching past `max_position_embeddings`
-/// gets a table of its own ([`ModelConfig::rope_inv_freq_for`] of its largest position).
+/// gets a table of its own ([`ModelConfig::rope_inv_freq_for`] of its largest position); with
+/// LongRoPE, a forward reaching past `original_max_position_embeddings` reads the long-factor
+/// table (grown on demand and shared too), any other the short-factor one. The tables are
+/// `rotary_dim` wide ([`ModelConfig::rotary_dim`]: partial rotary).
 #[derive(Clone)]
 pub(crate) struct Rotary {
     inv_freq: Arc<Vec<f32>>,
@@ -226,7 +232,9 @@ pub(crate) struct Rotary {
     scale: f32,
     /// The configuration, for dynamic NTK scaling's per-forward tables.
     config: Arc<ModelConfig>,
-    table: Arc<RwLock<Option<Arc<RopeTable>>>>,
+    table: TableSlot,
+    /// LongRoPE's long-factor frequencies and table (`None` for every other rope type).
+    long: Option<(Arc<Vec<f32>>, TableSlot)>,
     dtype: DType,
     device: Device,
 }
@@ -234,8 +242,15 @@ pub(crate) struct Rotary {
 impl Rotary {
     pub fn new(cfg: &ModelConfig, dtype: DType, device: &Device) -> Self {
         let inv_freq = cfg.rope_inv_freq().iter().map(|&x| x as f32).collect();
+        let long = matches!(cfg.rope_scaling, Some(RopeScaling::LongRope { .. })).then(|| {
+            let f = (cfg.rope_inv_freq_for(usize::MAX).iter())
+                .map(|&x| x as f32)
+                .collect();
+            (Arc::new(f), Arc::new(RwLock::new(None)))
+        });
         Self {
             inv_freq: Arc::new(inv_freq),
+            long,
             scale: cfg.rope_attention_factor() as f32,
             config: Arc::new(cfg.clone()),
             table: Arc::new(RwLock::new(None)),
@@ -282,7 +297,12 @@ impl Rotary {
                 .collect();
             return Ok(Arc::new(self.build(&inv, n)?));
         }
-        if let Some(t) = &*self.table.read().unwrap_or_else(|e| e.into_inner()) {
+        // LongRoPE: the long factors' table for a forward past the original context.
+        let (inv_freq, slot) = match &self.long {
+            Some((inv, slot)) if self.config.rope_is_long_at(n) => (inv, slot),
+            _ => (&self.inv_freq, &self.table),
+        };
+        if let Some(t) = &*slot.read().unwrap_or_else(|e| e.into_inner()) {
             if t.n >= n {
                 return Ok(t.clone());
             }
@@ -295,8 +315,8 @@ impl Rotary {
             }
             _ => n,
         };
-        let t = Arc::new(self.build(&self.inv_freq, n)?);
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+        let t = Arc::new(self.build(inv_freq, n)?);
+        *slot.write().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
         Ok(t)
     }
 
@@ -319,12 +339,44 @@ impl Rotary {
         })
     }
 
-    /// cos and sin `[B, T, 1, head_dim]` of `positions` (`B·T`, row-major).
+    /// cos and sin `[B, T, 1, rotary_dim]` of `positions` (`B·T`, row-major). With LongRoPE each
+    /// row reads the table of its own largest position (short factors up to
+    /// `original_max_position_embeddings`, long past it): the values a forward of that sequence
+    /// alone gives in transformers, whatever else shares the batch.
     pub fn forward(&self, positions: &[u32], b: usize, t: usize) -> Result<(Tensor, Tensor)> {
+        let hd = 2 * self.inv_freq.len();
+        if self.long.is_some() && t > 0 {
+            let long: Vec<bool> = (positions.chunks(t))
+                .map(|row| {
+                    let max = row.iter().copied().max().unwrap_or(0) as usize;
+                    self.config.rope_is_long_at(max + 1)
+                })
+                .collect();
+            if long.iter().any(|&l| l) && !long.iter().all(|&l| l) {
+                // Mixed rows: index the short table, then the long one after it.
+                let max = |want: bool| {
+                    (positions.chunks(t).zip(&long))
+                        .filter(|(_, &l)| l == want)
+                        .flat_map(|(row, _)| row.iter().copied())
+                        .max()
+                        .unwrap_or(0) as usize
+                };
+                let (short, long_t) = (self.table(max(false) + 1)?, self.table(max(true) + 1)?);
+                let n = short.n as u32;
+                let idx: Vec<u32> = (positions.chunks(t).zip(&long))
+                    .flat_map(|(row, &l)| row.iter().map(move |&p| if l { p + n } else { p }))
+                    .collect();
+                let idx = Tensor::from_vec(idx, positions.len(), &self.device)?;
+                let cos = Tensor::cat(&[&short.cos, &long_t.cos], 0)?;
+                let sin = Tensor::cat(&[&short.sin, &long_t.sin], 0)?;
+                let cos = cos.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
+                let sin = sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
+                return Ok((cos, sin));
+            }
+        }
         let max = positions.iter().copied().max().unwrap_or(0) as usize;
         let table = self.table(max + 1)?;
         let idx = Tensor::from_slice(positions, positions.len(), &self.device)?;
-        let hd = 2 * self.inv_freq.len();
         let cos = table.cos.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
         let sin = table.sin.index_select(&idx, 0)?.reshape((b, t, 1, hd))?;
         Ok((cos, sin))

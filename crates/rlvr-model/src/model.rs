@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::SeedableRng;
 use rand_distr::Distribution;
 
-use crate::config::ModelConfig;
+use crate::config::{Arch, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv::KvStore;
 pub use crate::layers::MASK_BIAS;
@@ -152,13 +152,26 @@ impl Model {
             };
             used.extend(files.names().filter(|k| vision(k)).map(str::to_string));
         }
+        // Phi-3's fused projections, read once and split by rows (the last one read is kept).
+        let mut fused_read: Option<(String, Tensor)> = None;
         let mut load = |name: &str, shape: &[usize]| -> Result<Var> {
             let key = stored(name);
+            if let Some((fused, at, rows)) = phi3_fused(&config, &key) {
+                if !files.contains(&key) {
+                    if fused_read.as_ref().is_none_or(|(n, _)| n != &fused) {
+                        let t = files.load(&fused, &[rows, shape[1]], dtype, device)?;
+                        fused_read = Some((fused.clone(), t));
+                    }
+                    let t = &fused_read.as_ref().expect("read above").1;
+                    used.insert(fused);
+                    return Ok(Var::from_tensor(&t.narrow(0, at, shape[0])?.contiguous()?)?);
+                }
+            }
             let t = files.load(&key, shape, dtype, device)?;
             used.insert(key);
             Ok(Var::from_tensor(&t)?)
         };
-        let mut m = Self::build(config, dtype, device, &mut load)?;
+        let mut m = Self::build(config.clone(), dtype, device, &mut load)?;
         files.refuse_unused(&used, &cfg_path)?;
         m.source = Some(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
         m.source_config = Some(raw);
@@ -836,6 +849,7 @@ impl Model {
             .into_iter()
             .map(|(n, v)| Ok((n, v.as_tensor().detach().to_dtype(dtype)?)))
             .collect::<Result<_>>()?;
+        let tensors = fuse_phi3(&self.config, tensors)?;
         crate::weights::write_safetensors(&dir.join("model.safetensors"), &tensors)?;
         self.save_config(dir, dtype)
     }
@@ -848,6 +862,67 @@ impl Model {
         crate::weights::atomic_write(&dir.join("config.json"), &json)?;
         Ok(())
     }
+}
+
+/// Where the split projection weight `name` lies in a Phi-3 checkpoint (`cfg.arch` phi3):
+/// `(fused tensor name, first row, fused rows)`. `Phi3Attention` stacks q `[nh·hd]`, k and v
+/// `[nkv·hd]` by rows in `self_attn.qkv_proj.weight`; `Phi3MLP` stacks gate then up
+/// `[intermediate]` in `mlp.gate_up_proj.weight` (its `chunk(2)`). `None` for other names and
+/// architectures.
+fn phi3_fused(cfg: &ModelConfig, name: &str) -> Option<(String, usize, usize)> {
+    if cfg.arch != Arch::Phi3 {
+        return None;
+    }
+    let q = cfg.num_attention_heads * cfg.head_dim;
+    let kv = cfg.num_key_value_heads * cfg.head_dim;
+    let i = cfg.intermediate_size;
+    let (stem, module) = name.strip_suffix(".weight")?.rsplit_once('.')?;
+    let (fused, at, rows) = match module {
+        "q_proj" => ("qkv_proj", 0, q + 2 * kv),
+        "k_proj" => ("qkv_proj", q, q + 2 * kv),
+        "v_proj" => ("qkv_proj", q + kv, q + 2 * kv),
+        "gate_proj" => ("gate_up_proj", 0, 2 * i),
+        "up_proj" => ("gate_up_proj", i, 2 * i),
+        _ => return None,
+    };
+    Some((format!("{stem}.{fused}.weight"), at, rows))
+}
+
+/// The checkpoint tensors of a model of `cfg` in the names its architecture's checkpoints use:
+/// for phi3 the split projections of [`phi3_fused`] stacked back into `qkv_proj` and
+/// `gate_up_proj` (at the place of their first part), so transformers reads the save as a
+/// Phi-3 model; unchanged for every other architecture.
+///
+/// Errors: a part missing (not a model of `cfg`), tensor errors.
+fn fuse_phi3(cfg: &ModelConfig, tensors: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+    if cfg.arch != Arch::Phi3 {
+        return Ok(tensors);
+    }
+    let mut parts: std::collections::HashMap<String, Vec<(usize, Tensor)>> = Default::default();
+    let mut out: Vec<(String, Option<Tensor>)> = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        match phi3_fused(cfg, &name) {
+            Some((fused, at, _)) => {
+                let entry = parts.entry(fused.clone()).or_default();
+                if entry.is_empty() {
+                    out.push((fused, None));
+                }
+                entry.push((at, t));
+            }
+            None => out.push((name, Some(t))),
+        }
+    }
+    out.into_iter()
+        .map(|(name, t)| match t {
+            Some(t) => Ok((name, t)),
+            None => {
+                let mut p = parts.remove(&name).expect("collected above");
+                p.sort_by_key(|(at, _)| *at);
+                let ts: Vec<&Tensor> = p.iter().map(|(_, t)| t).collect();
+                Ok((name, Tensor::cat(&ts, 0)?))
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

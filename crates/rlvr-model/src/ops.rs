@@ -82,10 +82,20 @@ pub fn constant_operand(x: &Tensor, c: &Tensor) -> Result<Tensor> {
     Ok(candle_core::Var::from_tensor(&c.detach())?.into_inner())
 }
 
-/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, hd]`.
+/// Applies the rotary embedding to `x` `[B, T, heads, hd]` with cos/sin `[B, T, 1, rd]`,
+/// `rd ≤ hd`: the first `rd` dimensions of each head rotate and the other `hd − rd` pass
+/// through unchanged (partial rotary, transformers' `apply_rotary_pos_emb` with `rotary_dim =
+/// cos.shape[-1]`).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let (cos, sin) = (constant_operand(x, cos)?, constant_operand(x, sin)?);
-    Ok((x.broadcast_mul(&cos)? + rotate_half(x)?.broadcast_mul(&sin)?)?)
+    let (cos, sin) = (&constant_operand(x, cos)?, &constant_operand(x, sin)?);
+    let (hd, rd) = (x.dim(D::Minus1)?, cos.dim(D::Minus1)?);
+    if rd < hd {
+        let rot = x.narrow(D::Minus1, 0, rd)?;
+        let pass = x.narrow(D::Minus1, rd, hd - rd)?;
+        let rot = (rot.broadcast_mul(cos)? + rotate_half(&rot)?.broadcast_mul(sin)?)?;
+        return Ok(Tensor::cat(&[&rot, &pass], D::Minus1)?);
+    }
+    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
 }
 
 /// Numerically stable log-softmax over the last dimension (differentiable).

@@ -223,6 +223,23 @@ impl Model {
             )));
         }
         batch.validate(self.config().vocab_size)?;
+        // LongRoPE picks its factors per sequence: one flat forward cannot hold a prompt whose
+        // rows sit on both sides of the switch (`shared_prefix_logprobs_rows` scores such rows
+        // unshared).
+        let c = self.config();
+        let long: Vec<bool> = (batch.groups.iter())
+            .flat_map(|g| {
+                (g.completions.iter()).map(|q| c.rope_is_long_at(g.prompt.len() + q.len()))
+            })
+            .collect();
+        if long.iter().any(|&l| l) && !long.iter().all(|&l| l) {
+            return Err(ModelError::Invalid(
+                "shared-prefix batch with rows on both sides of LongRoPE's switch \
+                 (original_max_position_embeddings): score them with \
+                 shared_prefix_logprobs_rows, which takes the unshared path for them"
+                    .into(),
+            ));
+        }
         let plan = self.plan(batch)?;
         let (r, width) = (plan.layout.rows, plan.width);
         let dev = self.device();
@@ -278,7 +295,15 @@ impl Model {
     ) -> Result<LogProbs> {
         let (batch, order) = SharedPrefixBatch::from_rows(rows);
         batch.validate(self.config().vocab_size)?;
-        if batch.longest_completion() > 0 && batch.decoder_positions() >= batch.unshared_positions()
+        // LongRoPE: a sequence past original_max_position_embeddings rotates with the long
+        // factors, its prompt's keys too; a prompt shared by rows on both sides of the switch
+        // cannot be computed once, so such a batch takes the unshared path.
+        let c = self.config();
+        let long = |(p, q): &(&[u32], &[u32])| c.rope_is_long_at(p.len() + q.len());
+        let mixed = rows.iter().any(long) && !rows.iter().all(long);
+        if mixed
+            || batch.longest_completion() > 0
+                && batch.decoder_positions() >= batch.unshared_positions()
         {
             return self.unshared_rows(rows, temperature, with_entropy, grad);
         }

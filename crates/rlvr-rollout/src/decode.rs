@@ -107,6 +107,65 @@ impl KvBuffer {
         }
     }
 
+    /// LongRoPE's switch for row `row`, whose context and tokens `seq` (its new token last) just
+    /// passed `original_max_position_embeddings`: runs `seq` alone through `model` (a prefill
+    /// whose positions reach past the switch, so every key rotates with the long factors),
+    /// writes its keys and values over the row's visible columns (its real tokens, in order,
+    /// the new token's column included), and returns the logits `[1, V]` of its last position.
+    /// This is what transformers' `Phi3ForCausalLM.prepare_inputs_for_generation` does when it
+    /// drops its cache at the switch: the row's tokens from there on are those of full forwards.
+    ///
+    /// Errors: the row's visible columns are not `seq.len()` (a layout this does not know),
+    /// tensor errors.
+    pub(crate) fn recompute_row(
+        &mut self,
+        model: &Model,
+        row: usize,
+        seq: &[u32],
+        head: Option<&PackedHead>,
+    ) -> Result<Tensor> {
+        let n = seq.len();
+        let bias: Vec<f32> = (self.bias.narrow(0, row, 1)?.narrow(1, 0, self.len)?)
+            .flatten_all()?
+            .to_vec1()?;
+        let cols: Vec<usize> = (0..self.len)
+            .filter(|&j| bias[j] > MASK_BIAS * 0.5)
+            .collect();
+        if cols.len() != n {
+            return Err(ModelError::Invalid(format!(
+                "LongRoPE switch: row {row} holds {} tokens in the cache, its sequence {n}",
+                cols.len()
+            ))
+            .into());
+        }
+        let dev = model.device();
+        let mut one = KvBuffer::new(model, vec![0.0; n], 1, n)?;
+        let ids = Tensor::from_slice(seq, (1, n), dev)?;
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let causal: Vec<f32> = (0..n * n)
+            .map(|x| if x % n <= x / n { 0.0 } else { MASK_BIAS })
+            .collect();
+        let causal = Tensor::from_vec(causal, (1, 1, n, n), dev)?;
+        let logits = forward_last(model, &ids, &pos, Some(&causal), &mut one, head)?;
+        // The visible columns as runs (start column, length, offset in `seq`).
+        let mut runs: Vec<(usize, usize, usize)> = vec![];
+        for (o, &c) in cols.iter().enumerate() {
+            match runs.last_mut() {
+                Some((c0, m, _)) if *c0 + *m == c => *m += 1,
+                _ => runs.push((c, 1, o)),
+            }
+        }
+        for ((k, v), (k1, v1)) in self.layers.iter_mut().zip(&one.layers) {
+            let (nkv, hd) = (k.dim(1)?, k.dim(3)?);
+            for &(c0, m, o) in &runs {
+                let at = [row..row + 1, 0..nkv, c0..c0 + m, 0..hd];
+                *k = k.slice_assign(&at, &k1.narrow(2, o, m)?)?;
+                *v = v.slice_assign(&at, &v1.narrow(2, o, m)?)?;
+            }
+        }
+        Ok(logits)
+    }
+
     /// The per-row attention bias `[B, capacity]` f32.
     #[cfg(any(test, feature = "cuda"))]
     pub(crate) fn bias_rows(&self) -> &Tensor {

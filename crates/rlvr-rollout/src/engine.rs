@@ -96,6 +96,21 @@ struct Row {
     /// The cache columns `(start, len)` holding this row's context before the decode steps, and
     /// that context's ids: kept for the next turn when the call records a [`TurnCache`].
     kept: Option<(Vec<(usize, usize)>, PromptIds)>,
+    /// The row's context ids, for a LongRoPE model only (its switch recomputes the row from
+    /// them: [`KvBuffer::recompute_row`]).
+    context: Option<PromptIds>,
+}
+
+/// The position at which a LongRoPE model's row switches to the long factors (the first
+/// position past `original_max_position_embeddings`), `None` for every other model.
+fn longrope_switch(model: &Model) -> Option<usize> {
+    match &model.config().rope_scaling {
+        Some(rlvr_model::RopeScaling::LongRope {
+            original_max_position_embeddings: o,
+            ..
+        }) => Some(*o as usize),
+        _ => None,
+    }
 }
 
 /// A wave's completions (retired in finishing order) put back in the order of its `rows`.
@@ -501,6 +516,7 @@ impl Sampler {
                         let n = prompts[pi].len();
                         (vec![(l - n, n)], prompts[pi].clone())
                     }),
+                    context: longrope_switch(&self.model).map(|_| prompts[pi].clone()),
                 }
             })
             .collect();
@@ -696,7 +712,22 @@ impl Sampler {
                         slots = (0..live.len()).collect();
                     }
                     let ids = Tensor::from_vec(ids, (n, 1), &dev)?;
-                    forward_last(&self.model, &ids, &pos, None, cache, head)?
+                    let mut logits = forward_last(&self.model, &ids, &pos, None, cache, head)?;
+                    // LongRoPE: a row whose new token is the first past the switch is run again
+                    // whole, its cached keys rotated with the long factors (transformers drops
+                    // its cache there).
+                    if let Some(switch) = longrope_switch(&self.model) {
+                        for (r, row) in rows.iter().enumerate() {
+                            if pos[r] as usize != switch {
+                                continue;
+                            }
+                            let Some(ctx) = &row.context else { continue };
+                            let seq: Vec<u32> = ctx.iter().chain(&row.tokens).copied().collect();
+                            let one = cache.recompute_row(&self.model, r, &seq, head)?;
+                            logits = logits.slice_assign(&[r..r + 1, 0..logits.dim(1)?], &one)?;
+                        }
+                    }
+                    logits
                 }
             };
             let host = t.elapsed().as_secs_f64();

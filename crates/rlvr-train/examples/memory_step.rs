@@ -78,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     };
     let shape = Shape::of(&config);
     let dev = Device::Cpu;

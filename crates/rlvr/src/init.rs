@@ -15,8 +15,9 @@ pub const MAX_INIT_STD: f64 = 10.0;
 /// Arguments of `rlvr init` (DESIGN.md section 10).
 #[derive(clap::Args, Debug)]
 pub struct InitArgs {
-    /// Architecture: qwen2, qwen3, llama, mistral, gemma2 or gemma3_text (Gemma with
-    /// transformers' defaults: softcapping for gemma2, attention scale head_dim^-1/2, no window).
+    /// Architecture: qwen2, qwen3, llama, mistral, gemma2, gemma3_text (Gemma with
+    /// transformers' defaults: softcapping for gemma2, attention scale head_dim^-1/2, no window)
+    /// or phi3 (fused qkv_proj and gate_up_proj in the file, full rotary, no rope scaling).
     #[arg(long, default_value = "qwen2")]
     pub arch: String,
     /// Hidden size.
@@ -164,7 +165,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let arch = Arch::from_model_type(&a.arch).with_context(|| {
         format!(
-            "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2 or gemma3_text",
+            "--arch {}: expected qwen2, qwen3, llama, mistral, gemma2, gemma3_text or phi3",
             a.arch
         )
     })?;
@@ -233,6 +234,7 @@ pub fn run(a: &InitArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         bos_token_id: bos,
         eos_token_ids: tok.eos_ids.clone(),
         gemma: rlvr_model::GemmaConfig::defaults_for(arch, head_dim),
+        partial_rotary_factor: 1.0,
     };
     // --force over a model: the new one is written into a staging sibling and moved over the old
     // one only when complete, so a failure leaves the old weights in place.

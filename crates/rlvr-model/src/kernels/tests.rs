@@ -28,6 +28,7 @@ fn small() -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     }
 }
 
@@ -951,4 +952,53 @@ fn gemma_features_turn_the_fused_kernels_off() {
         let plain = Model::random(cfg, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(run(&m), run(&plain), "{arch:?}");
     }
+}
+
+/// Partial rotary (Phi-4-mini's 0.75) turns off the rotary, decode and graph kernels, which
+/// rotate every dimension of a head, with the factor in the reason; LongRoPE at full width turns
+/// them off too (one table for every row, LongRoPE's is per row). The other kernels stay on, and a phi3 model with every
+/// switch on scores and differentiates as with every switch off, bit for bit.
+#[test]
+fn partial_rotary_and_longrope_turn_the_rotary_kernels_off() {
+    let mut c = small();
+    c.arch = Arch::Phi3;
+    c.qkv_bias = false;
+    c.tie_word_embeddings = false;
+    c.partial_rotary_factor = 0.5;
+    let why = |cfg: &ModelConfig, op| uncovered(op, cfg, DType::F32);
+    for op in [FusedOp::Rotary, FusedOp::Decode, FusedOp::CudaGraphs] {
+        let w = why(&c, op).unwrap();
+        assert!(
+            w.contains("rotates 32 of each head's 64") && w.contains("0.5"),
+            "{w}"
+        );
+    }
+    for op in [
+        FusedOp::Attention,
+        FusedOp::RmsNorm,
+        FusedOp::Swiglu,
+        FusedOp::Adamw,
+        FusedOp::LogprobHead,
+    ] {
+        assert!(why(&c, op).is_none(), "{op:?}");
+    }
+    let mut l = c.clone();
+    l.partial_rotary_factor = 1.0;
+    l.rope_scaling = Some(crate::RopeScaling::LongRope {
+        short_factor: vec![1.5; 32],
+        long_factor: vec![3.0; 32],
+        original_max_position_embeddings: 64.0,
+        factor: None,
+        attention_factor: None,
+    });
+    assert!(why(&l, FusedOp::Attention).is_none());
+    for op in [FusedOp::Rotary, FusedOp::Decode, FusedOp::CudaGraphs] {
+        assert!(why(&l, op).unwrap().contains("LongRoPE"));
+    }
+    let mut m = Model::random(c.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    m.set_kernels(all_on());
+    let f = m.fused_flags();
+    assert!(!f.rotary && !f.decode && f.rms_norm && f.swiglu && f.adamw);
+    let plain = Model::random(c, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(run(&m), run(&plain));
 }

@@ -93,7 +93,9 @@ impl FromStr for LoraTarget {
             "down" => Self::Down,
             _ => {
                 return Err(format!(
-                    "unknown LoRA target `{s}`; valid: q, k, v, o, gate, up, down (or q_proj, …, down_proj)"
+                    "unknown LoRA target `{s}`; valid: q, k, v, o, gate, up, down (or q_proj, …, down_proj; \
+                     phi3's fused qkv_proj and gate_up_proj are not supported: o_proj and \
+                     down_proj are its adaptable modules)"
                 ))
             }
         })

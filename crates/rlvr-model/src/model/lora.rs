@@ -32,6 +32,20 @@ impl Model {
     /// Invalid settings ([`LoraConfig::validate`]), adapters already attached.
     pub fn add_lora(&mut self, cfg: &LoraConfig, seed: u64) -> Result<()> {
         cfg.validate()?;
+        if self.config.arch == crate::config::Arch::Phi3 {
+            let fused: Vec<&str> = (cfg.targets.iter())
+                .map(|t| t.module())
+                .filter(|m| matches!(*m, "q_proj" | "k_proj" | "v_proj" | "gate_proj" | "up_proj"))
+                .collect();
+            if !fused.is_empty() {
+                return Err(ModelError::Invalid(format!(
+                    "LoRA targets {fused:?} are not supported for phi3: its checkpoints fuse q/k/v \
+                     into `qkv_proj` and gate/up into `gate_up_proj`, so a PEFT adapter for phi3 \
+                     names those, and rlvr adapts only unfused projections there; use \
+                     target_modules [\"o_proj\", \"down_proj\"] (the phi3 modules rlvr adapts)"
+                )));
+            }
+        }
         if self.lora.is_some() {
             return Err(ModelError::Invalid(
                 "this model already has LoRA adapters".into(),

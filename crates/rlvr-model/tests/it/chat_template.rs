@@ -4,7 +4,8 @@
 //! template with a default system prompt, Llama-3, a template that relies on
 //! `trim_blocks`/`lstrip_blocks`, and Gemma 2- and Gemma 3-style templates (`<start_of_turn>`
 //! turns, the assistant as "model"; Gemma 2's raises on a system message, and the error carries
-//! its message as transformers' does).
+//! its message as transformers' does), and Phi-3- and Phi-4-mini-style templates
+//! (`<|user|>…<|end|><|assistant|>`, with and without newlines).
 
 use rlvr_model::tokenizer::render_chat_template;
 use rlvr_model::Message;
@@ -69,6 +70,8 @@ fn templates_render_as_transformers_does() {
         "llama3",
         "gemma2_style",
         "gemma3_style",
+        "phi3_style",
+        "phi4_mini_style",
     ] {
         assert!(families.contains(f), "no {f} cases");
     }

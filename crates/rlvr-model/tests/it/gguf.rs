@@ -69,6 +69,7 @@ fn config(arch: Arch, vocab: usize) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     }
 }
 
@@ -558,7 +559,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 #[test]
 fn gemma_files_are_refused_with_the_checkpoint_advice() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["gemma2", "gemma3"] {
+    for arch in ["gemma2", "gemma3", "phi3"] {
         let arch_v = Value::String(arch.into());
         let md = vec![("general.architecture", &arch_v)];
         let mut w = Cursor::new(Vec::new());

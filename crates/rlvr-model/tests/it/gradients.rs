@@ -37,6 +37,7 @@ fn tiny(arch: Arch, tied: bool) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: rlvr_model::GemmaConfig::defaults_for(arch, if arch == Arch::Qwen3 { 8 } else { 4 }),
+        partial_rotary_factor: 1.0,
     }
 }
 

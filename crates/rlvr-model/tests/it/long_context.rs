@@ -386,8 +386,12 @@ fn window_and_rope_fields_out_of_range_are_refused_naming_file_and_field() {
         ),
         (
             qwen2(serde_json::json!({"rope_scaling": {"rope_type": "longrope", "factor": 2}})),
-            "rope scaling type \"longrope\" is not supported (default, linear, llama3, yarn, \
-             dynamic)",
+            "rope scaling \"longrope\" needs the field `rope_scaling.short_factor`",
+        ),
+        (
+            qwen2(serde_json::json!({"rope_scaling": {"rope_type": "su", "factor": 2}})),
+            "rope scaling type \"su\" is not supported (default, linear, llama3, yarn, \
+             dynamic, longrope)",
         ),
         (
             window(serde_json::json!({"sliding_window": 0})),

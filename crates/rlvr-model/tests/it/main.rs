@@ -19,4 +19,5 @@ mod lora_parity;
 mod mixed_precision;
 mod model_files;
 mod parity;
+mod phi3;
 mod shared_prefix;

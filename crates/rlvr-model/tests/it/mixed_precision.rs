@@ -31,6 +31,7 @@ fn small() -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: None,
+        partial_rotary_factor: 1.0,
     }
 }
 

@@ -53,6 +53,7 @@ fn config(arch: Arch) -> ModelConfig {
         bos_token_id: None,
         eos_token_ids: vec![],
         gemma: rlvr_model::GemmaConfig::defaults_for(arch, 4),
+        partial_rotary_factor: 1.0,
     }
 }
 

@@ -204,7 +204,17 @@ impl Sampler {
                 .iter()
                 .map(|r| {
                     let key = (r.prompt_index, r.sample_index);
-                    let e = cache.take(key, &r.context, self.version);
+                    let mut e = cache.take(key, &r.context, self.version);
+                    // LongRoPE: an entry written before the row passed the switch holds keys
+                    // rotated with the short factors; a context past the switch needs them all
+                    // with the long ones (a whole prefill, as transformers' generate computes).
+                    if let Some(switch) = super::longrope_switch(&self.model) {
+                        if r.context.len() > switch
+                            && e.as_ref().is_some_and(|e| e.ids.len() <= switch)
+                        {
+                            e = None;
+                        }
+                    }
                     let reused = e.as_ref().map_or(0, |e| e.ids.len());
                     let s = &mut cache.stats;
                     match e {
@@ -352,6 +362,7 @@ impl Sampler {
                     logprobs: Vec::with_capacity(params.max_new_tokens),
                     finish: None,
                     kept: Some((vec![(c - n, n), (s - new, new)], r.context.clone())),
+                    context: super::longrope_switch(&self.model).map(|_| r.context.clone()),
                 }
             })
             .collect();
@@ -579,6 +590,29 @@ mod tests {
             });
             assert!(differ, "{extra}: the window changed nothing");
         }
+    }
+
+    /// LongRoPE (switch at 9 positions, which the episodes' contexts pass in their first turns'
+    /// decode and between turns): kept turns sample the re-prefill path's tokens within float
+    /// rounding, as the sampler recomputes a row at the switch and an entry written before it is
+    /// not reused for a context past it.
+    #[test]
+    fn kept_turns_of_a_longrope_model_sample_the_re_prefill_paths_tokens() {
+        let v = serde_json::json!({"model_type": "phi3", "vocab_size": 64, "hidden_size": 32,
+            "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 256,
+            "original_max_position_embeddings": 9, "pad_token_id": null,
+            "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0],
+                "long_factor": [1.0, 3.0, 9.0, 30.0]}});
+        let config = ModelConfig::from_json(&v, "inline".as_ref()).unwrap();
+        let m = Model::random(config, 0.3, 4, DType::F32, &Device::Cpu).unwrap();
+        let s = Sampler::new(&m, 5);
+        let want = episodes(&s, None);
+        let mut cache = TurnCache::new(DEFAULT_TURN_CACHE_BYTES);
+        let got = episodes(&s, Some(&mut cache));
+        let gap = max_gap(&got, &want);
+        assert!(gap < 1e-5, "log-probs {gap:e} apart");
+        assert!(want.iter().any(|c| c.token_ids.len() > 4));
     }
 
     /// A budget below the episodes' needs evicts (deterministically, in descending episode

@@ -552,3 +552,70 @@ fn sliding_window_models_sample_as_transformers_generates() {
         assert!(gap < 1e-4, "{name}: max |Δℓ| {gap}");
     }
 }
+
+/// LongRoPE (`phi3_longrope_partial`: the switch to the long factors past 16 positions, a 10-token
+/// prompt, 20 new tokens): the sampler's KV decode gives transformers' greedy `generate` tokens
+/// (which drops its cache at the switch and goes on from a full forward); in a left-padded batch
+/// of prompts of 3 to 16 tokens, sampled at temperature 1 with K = 2, every token's behaviour
+/// log-prob equals the log-prob of a full forward of the row's sequence up to that token (the
+/// forward alone choosing short or long factors by its own length), before the switch and after.
+#[test]
+fn longrope_rows_switch_to_the_long_factors_as_transformers_generate() {
+    #[derive(serde::Deserialize)]
+    struct Greedy {
+        prompt: Vec<u32>,
+        tokens: Vec<u32>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Expected {
+        greedy: Greedy,
+    }
+    let name = "phi3_longrope_partial";
+    let model = fixture(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../rlvr-model/tests/fixtures/{name}/expected.json"));
+    let g: Expected = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let g = g.greedy;
+    let n = g.tokens.len();
+    assert!(g.prompt.len() < 16 && g.prompt.len() + n > 16);
+    let out = Sampler::new(&model, 0)
+        .sample(std::slice::from_ref(&g.prompt), 0, &params(1, 0.0, n), 0)
+        .unwrap();
+    assert_eq!(
+        out[0].token_ids, g.tokens,
+        "sampler vs transformers generate"
+    );
+    let prompts: Vec<Vec<u32>> = [3usize, 9, 15, 16]
+        .iter()
+        .map(|&len| {
+            (0..len as u32)
+                .map(|i| (i * 37 + len as u32) % 512)
+                .collect()
+        })
+        .collect();
+    let out = Sampler::new(&model, 0)
+        .sample(&prompts, 0, &params(2, 1.0, 14), 3)
+        .unwrap();
+    let mut crossed = 0;
+    for c in &out {
+        let prompt = &prompts[c.prompt_index];
+        let mut seq = prompt.clone();
+        for (i, &tok) in c.token_ids.iter().enumerate() {
+            let logits = full_logits(&model, &seq);
+            let last = logits.last().unwrap();
+            let m = last.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = m + last.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
+            let want = last[tok as usize] - lse;
+            let got = c.behaviour_logprobs[i];
+            assert!(
+                (got - want).abs() < 1e-4,
+                "prompt {} token {i} (position {}): ℓ_old {got} vs full forward {want}",
+                c.prompt_index,
+                seq.len()
+            );
+            crossed += usize::from(seq.len() == 16);
+            seq.push(tok);
+        }
+    }
+    assert!(crossed >= 4, "{crossed} rows crossed the switch");
+}

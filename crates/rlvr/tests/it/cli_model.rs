@@ -63,6 +63,33 @@ fn init_writes_gemma_models() {
     }
 }
 
+/// `rlvr init --arch phi3`: an untied Phi-3 whose file holds the fused `qkv_proj` and
+/// `gate_up_proj` (transformers' names) and whose config.json has no pad id (Phi3Config's 32000
+/// would be outside the vocabulary), which loads back as written.
+#[test]
+fn init_writes_phi3_models() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    init(&dir, "phi3");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "phi3");
+    assert_eq!(cfg["architectures"][0], "Phi3ForCausalLM");
+    assert_eq!(cfg["tie_word_embeddings"], false);
+    assert!(cfg["pad_token_id"].is_null());
+    let st =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    assert!(st.contains_key("model.layers.0.self_attn.qkv_proj.weight"));
+    assert!(st.contains_key("model.layers.0.mlp.gate_up_proj.weight"));
+    assert!(!st
+        .keys()
+        .any(|k| k.contains("q_proj") || k.contains("gate_proj.")));
+    let m =
+        rlvr_model::Model::load(&dir, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(m.config().arch, rlvr_model::Arch::Phi3);
+}
+
 #[test]
 fn init_writes_a_complete_model_directory() {
     let tmp = tempfile::tempdir().unwrap();

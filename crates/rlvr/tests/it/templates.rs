@@ -86,7 +86,7 @@ fn hostile_chat_templates_are_errors_never_aborts() {
     ok(&logprobs(), "logprobs with the model's own template");
 }
 
-/// The worker renders the 32 released chat templates of rlvr-model's fixture (transformers'
+/// The worker renders the 64 chat templates of rlvr-model's fixture (transformers'
 /// `apply_chat_template` output recorded for each) byte for byte, as the in-process renderer
 /// does: the worker protocol driven directly, one JSON line per rendering.
 #[test]
@@ -96,7 +96,7 @@ fn the_template_worker_renders_released_templates_as_transformers_does() {
         crate::common::repo_root().join("crates/rlvr-model/tests/fixtures/chat_templates.json");
     let cases: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
-    assert_eq!(cases.len(), 48);
+    assert_eq!(cases.len(), 64);
     let mut worker = rlvr()
         .arg("__rlvr-render")
         .arg(std::process::id().to_string())
