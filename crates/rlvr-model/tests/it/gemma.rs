@@ -9,50 +9,15 @@
 //! KV cache is checked with the other window models (`long_context.rs`, and the sampler's in
 //! rlvr-rollout).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use rlvr_model::{Arch, Model, ModelConfig};
 use serde::Deserialize;
 
+use crate::reference::{case_loss, expected, fixture};
+
 const FIXTURES: [&str; 2] = ["gemma2_softcap", "gemma3_local_global"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    temperature: f64,
-    input_ids: Vec<Vec<u32>>,
-    attention_mask: Vec<Vec<u32>>,
-    logprobs: Vec<Vec<Option<f64>>>,
-}
-
-#[derive(Deserialize)]
-struct Grads {
-    case: String,
-    loss: f64,
-    weights: BTreeMap<String, Vec<f64>>,
-    shapes: BTreeMap<String, Vec<usize>>,
-}
-
-#[derive(Deserialize)]
-struct Expected {
-    cases: Vec<Case>,
-    grads: Grads,
-    rope_inv_freq: Vec<f64>,
-    rope_inv_freq_local: Option<Vec<f64>>,
-}
-
-fn expected(name: &str) -> Expected {
-    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
 
 #[test]
 fn gemma2_with_softcapping_matches_transformers() {
@@ -97,21 +62,7 @@ fn gradients_match_transformers() {
         let case = (exp.cases.iter())
             .find(|c| c.name == exp.grads.case)
             .unwrap();
-        let out = model
-            .token_logprobs(
-                &case.input_ids,
-                &case.attention_mask,
-                0,
-                case.temperature,
-                false,
-                true,
-            )
-            .unwrap();
-        let valid: Vec<f32> = (case.logprobs.iter().flatten())
-            .map(|x| if x.is_some() { 1.0 } else { 0.0 })
-            .collect();
-        let valid = Tensor::from_vec(valid, out.logprobs.dims(), &Device::Cpu).unwrap();
-        let loss = (out.logprobs * valid).unwrap().sum_all().unwrap();
+        let loss = case_loss(&model, case);
         let l: f32 = loss.to_scalar().unwrap();
         assert!(
             (l as f64 - exp.grads.loss).abs() <= 1e-4 * exp.grads.loss.abs().max(1.0),

@@ -20,4 +20,5 @@ mod mixed_precision;
 mod model_files;
 mod parity;
 mod phi3;
+mod reference;
 mod shared_prefix;

@@ -7,56 +7,21 @@
 //! transformers' float64 autograd, greedy decoding with the KV cache, the save's tensor names and
 //! config.json, and errors that name the file and the field.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use rlvr_model::{Arch, KvCache, Model, ModelConfig, RopeScaling};
-use serde::Deserialize;
+
+use crate::reference::{self, case_loss, Expected};
 
 const NAME: &str = "phi3_longrope_partial";
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(NAME)
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    temperature: f64,
-    input_ids: Vec<Vec<u32>>,
-    attention_mask: Vec<Vec<u32>>,
-    logprobs: Vec<Vec<Option<f64>>>,
-}
-
-#[derive(Deserialize)]
-struct Grads {
-    case: String,
-    loss: f64,
-    weights: BTreeMap<String, Vec<f64>>,
-    shapes: BTreeMap<String, Vec<usize>>,
-}
-
-#[derive(Deserialize)]
-struct Greedy {
-    prompt: Vec<u32>,
-    tokens: Vec<u32>,
-    full_forward_argmax: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct Expected {
-    cases: Vec<Case>,
-    grads: Grads,
-    greedy: Greedy,
-    rope_inv_freq: Vec<f64>,
+    reference::fixture(NAME)
 }
 
 fn expected() -> Expected {
-    let text = std::fs::read_to_string(fixture().join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    reference::expected(NAME)
 }
 
 fn load() -> Model {
@@ -138,21 +103,7 @@ fn phi3_gradients_match_transformers() {
     let case = (exp.cases.iter())
         .find(|c| c.name == exp.grads.case)
         .unwrap();
-    let out = model
-        .token_logprobs(
-            &case.input_ids,
-            &case.attention_mask,
-            0,
-            case.temperature,
-            false,
-            true,
-        )
-        .unwrap();
-    let valid: Vec<f32> = (case.logprobs.iter().flatten())
-        .map(|x| if x.is_some() { 1.0 } else { 0.0 })
-        .collect();
-    let valid = Tensor::from_vec(valid, out.logprobs.dims(), &Device::Cpu).unwrap();
-    let loss = (out.logprobs * valid).unwrap().sum_all().unwrap();
+    let loss = case_loss(&model, case);
     let l: f32 = loss.to_scalar().unwrap();
     assert!(
         (l as f64 - exp.grads.loss).abs() <= 1e-4 * exp.grads.loss.abs().max(1.0),
@@ -231,7 +182,9 @@ fn argmax(x: &[f32]) -> u32 {
 #[test]
 fn phi3_greedy_full_forwards_equal_transformers_generate() {
     let model = load();
-    let g = expected().greedy;
+    let g = expected()
+        .greedy
+        .expect("phi3's expected.json has `greedy`");
     assert!(g.prompt.len() <= 16 && g.prompt.len() + g.tokens.len() > 16);
     assert_eq!(g.tokens, g.full_forward_argmax);
     let full = greedy_full(&model, &g.prompt, g.tokens.len());
