@@ -729,6 +729,14 @@ pub fn unknown_key_help(key: &str, expected: &[&str], known: &[String]) -> Optio
     if let Some(a) = alias_for(key) {
         return Some(alias_message(key, a));
     }
+    // A `[lora]` or `[peft]` table, as a peft user groups LoraConfig's fields.
+    if matches!(key.split('.').next(), Some("lora" | "peft")) {
+        return Some(
+            "rlvr's LoRA keys are in [model]: lora_rank (peft's r), lora_alpha, lora_targets \
+             (peft's target_modules) and lora_dropout (docs/lora.md)"
+                .into(),
+        );
+    }
     if let Some(ours) = nested_key(key, known) {
         let outer = &key[..key.len() - ours.len() - 1];
         return Some(format!(

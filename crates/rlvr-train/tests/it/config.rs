@@ -1237,6 +1237,15 @@ fn peft_and_trainer_names_name_ours() {
     }
     let err = format!("{:#}", check_load("", &["model.r=16"]).unwrap_err());
     assert!(!err.contains("group_size"), "{err}");
+    // A `[lora]` or `[peft]` table is pointed to [model]'s keys (`r` in it is peft's name, above).
+    for (file, set) in [("[lora]\nrank = 16\n", ""), ("", "peft.rank=16")] {
+        let sets: Vec<&str> = [set].into_iter().filter(|s| !s.is_empty()).collect();
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(
+            err.contains("rlvr's LoRA keys are in [model]: lora_rank (peft's r)"),
+            "{err}"
+        );
+    }
     let err = format!(
         "{:#}",
         check_load("", &["train.num_train_epochs=1"]).unwrap_err()
