@@ -130,10 +130,12 @@ def call(name, fn, prompts, completions, kwargs, items):
                 fn(prompts=prompts[k:k + 1], completions=completions[k:k + 1],
                    **{c: v[k:k + 1] for c, v in kwargs.items()})
             except Exception:
+                # This exception alone: raised while the batch's was handled, it would otherwise
+                # print the batch's traceback too ("During handling of the above exception").
                 raise Failure(f"reward function {name} raised on row {row_name(items[k])}: "
-                              f"{traceback.format_exc(limit=-2).strip()}") from None
+                              f"{last_traceback()}") from None
         raise Failure(f"reward function {name} raised on the batch of {n} (no row alone "
-                      f"raises): {traceback.format_exc(limit=-2).strip()}") from None
+                      f"raises): {last_traceback()}") from None
     try:
         out = list(out)
     except TypeError:
@@ -155,6 +157,11 @@ def call(name, fn, prompts, completions, kwargs, items):
                           f"(a finite number or None expected)")
         values.append(x)
     return values
+
+
+def last_traceback():
+    """The exception being handled, its last two frames, without the exceptions it chains."""
+    return "".join(traceback.format_exception(*sys.exc_info(), limit=-2, chain=False)).strip()
 
 
 def named_parameters(fn):

@@ -90,6 +90,13 @@ pub enum Scoring {
     /// The `[[reward.components]]`' verifiers, each reading the row's reference: a `jsonl` task
     /// needs no `data.verifier` (nothing would read it).
     Components,
+    /// Programs that see the row's columns and need no reference: every component's verifier,
+    /// or `data.verifier` when there are no components, is of kind `external` or `python` (TRL's
+    /// reward functions, which read the columns they name). A `jsonl` task needs no
+    /// `data.verifier` when components score it, and its rows no answer field when
+    /// `data.answer_field` is unset ([`DataConfig::reference_optional`]): TRL's datasets need
+    /// only a `prompt` column.
+    Programs,
 }
 
 /// How the prompt text is built.
@@ -142,9 +149,10 @@ pub struct DataConfig {
     /// Field (JSONL key, Parquet column) holding the reference handed to the verifier; default per
     /// task (countdown `target`, others `answer`). A dotted name reads nested fields as in
     /// `question_field` (verl's `reward_model.ground_truth`, `extra_info.answer`). A `jsonl` task
-    /// whose program environment gives the rewards (`env.command`, no `data.verifier`) reads it
-    /// when a row has it (else the reference is empty), and requires it in every row only when
-    /// set.
+    /// whose program environment gives the rewards (`env.command`, no `data.verifier`), or whose
+    /// rewards all come from `external` or `python` verifiers (which see the row's columns: TRL's
+    /// reward functions on a `prompt`-only dataset), reads it when a row has it (else the
+    /// reference is empty), and requires it in every row only when set.
     pub answer_field: Option<String>,
     /// Verifier of a `jsonl` task, an inline table tagged by `kind` (e.g. `{ kind = "math" }`; each
     /// kind's keys follow); required for `task = "jsonl"` unless a program environment
@@ -224,11 +232,13 @@ impl DataConfig {
         scoring == Scoring::Environment && self.task == TaskKind::Jsonl && self.verifier.is_none()
     }
 
-    /// Whether the rows of this config may lack the answer field under `scoring`: scored by an
-    /// environment alone ([`DataConfig::scored_by_environment`]) with no `data.answer_field`
-    /// named (a row's reference is then its `answer` when it has one, else empty).
+    /// Whether the rows of this config may lack the answer field under `scoring`: a `jsonl` task
+    /// scored by an environment alone ([`DataConfig::scored_by_environment`]) or by programs
+    /// that read the row's columns ([`Scoring::Programs`]), with no `data.answer_field` named (a
+    /// row's reference is then its `answer` when it has one, else empty).
     pub fn reference_optional(&self, scoring: Scoring) -> bool {
-        self.scored_by_environment(scoring) && self.answer_field.is_none()
+        let programs = scoring == Scoring::Programs && self.task == TaskKind::Jsonl;
+        (self.scored_by_environment(scoring) || programs) && self.answer_field.is_none()
     }
 
     /// The (question, answer) field names in force.
@@ -255,8 +265,8 @@ impl DataConfig {
         self.validate_for(Scoring::Verifier)
     }
 
-    /// [`DataConfig::validate`] for rows scored by `scoring`: with [`Scoring::Environment`] or
-    /// [`Scoring::Components`] a `jsonl` task needs no `data.verifier`.
+    /// [`DataConfig::validate`] for rows scored by `scoring`: with [`Scoring::Environment`],
+    /// [`Scoring::Components`] or [`Scoring::Programs`] a `jsonl` task needs no `data.verifier`.
     ///
     /// # Errors
     /// As [`DataConfig::validate`].
@@ -266,8 +276,8 @@ impl DataConfig {
                 "data.prompts_per_step must be at least 1".into(),
             ));
         }
-        let scored_elsewhere =
-            self.scored_by_environment(scoring) || scoring == Scoring::Components;
+        let scored_elsewhere = self.scored_by_environment(scoring)
+            || matches!(scoring, Scoring::Components | Scoring::Programs);
         if self.experiences.is_none() && !scored_elsewhere {
             self.verifier()?;
         }

@@ -237,8 +237,12 @@ impl Verifier for PersistentVerifier {
             let p = st.proc.take().expect("started above");
             match failure {
                 Failure::Fatal(why) => {
+                    // rlvr ends the program itself here (it reported an error, broke the
+                    // protocol or timed out): say so, lest its SIGKILL read as a crash.
                     let ended = p.end(Duration::ZERO);
-                    return Err(self.fail(format!("{why} (it was killed: {ended})")));
+                    return Err(
+                        self.fail(format!("{why} (rlvr then stopped the program: {ended})"))
+                    );
                 }
                 Failure::Died(why) => {
                     let ended = p.end(Duration::from_millis(500));

@@ -169,6 +169,15 @@ fn errors_name_the_function_and_the_row() {
         e.contains("explode") && e.contains("row 8") && e.contains("cannot score this one"),
         "{e}"
     );
+    // The failing row's traceback alone: not chained to the batch call's ("During handling of
+    // the above exception, another exception occurred", the same frames twice), and the
+    // program's end is rlvr's doing, not a crash.
+    assert_eq!(e.matches("Traceback").count(), 1, "{e}");
+    assert!(!e.contains("During handling"), "{e}");
+    assert!(
+        e.contains("(rlvr then stopped the program: ") && !e.contains("it was killed"),
+        "{e}"
+    );
     let e = adapter(&["nan_reward"], &[])
         .score_batch(&s[..1])
         .unwrap_err()

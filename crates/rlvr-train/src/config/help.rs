@@ -1,5 +1,5 @@
 //! Help on a config key that is not one of ours: the peer's name it is ([`ALIASES`]: TRL's
-//! `GRPOConfig` and verl's `ppo_trainer.yaml`, each mapped to our key with what differs), else the
+//! `GRPOConfig`, peft's `LoraConfig` and verl's `ppo_trainer.yaml`, each mapped to our key with what differs), else the
 //! nearest key by edit distance ("did you mean"), and the line of the file that wrote it.
 //!
 //! An alias is never accepted silently: the names of the peers mean slightly different things
@@ -12,7 +12,8 @@ pub struct Alias {
     /// The peer's key as its config writes it, dotted; it matches the trailing parts of the key
     /// the user wrote (`rollout.n` matches `actor_rollout_ref.rollout.n` and `rollout.n`).
     pub name: &'static str,
-    /// Whose name it is: `TRL` (GRPOConfig), `verl` (ppo_trainer.yaml) or `prime-rl` (its
+    /// Whose name it is: `TRL` (GRPOConfig, and its ModelConfig's LoRA flags), `peft` (LoraConfig,
+    /// which GRPOTrainer takes as `peft_config`), `verl` (ppo_trainer.yaml) or `prime-rl` (its
     /// orchestrator config).
     pub peer: &'static str,
     /// Our key.
@@ -21,8 +22,9 @@ pub struct Alias {
     pub note: &'static str,
 }
 
-/// TRL's (`trl.GRPOConfig`), verl's (`verl/trainer/config/ppo_trainer.yaml`) and prime-rl's
-/// (its orchestrator config) names of our keys.
+/// TRL's (`trl.GRPOConfig`, `trl.ModelConfig`'s LoRA flags), peft's (`peft.LoraConfig`), verl's
+/// (`verl/trainer/config/ppo_trainer.yaml`) and prime-rl's (its orchestrator config) names of our
+/// keys.
 pub const ALIASES: &[Alias] = &[
     // TRL GRPOConfig.
     Alias {
@@ -218,6 +220,102 @@ pub const ALIASES: &[Alias] = &[
         peer: "TRL",
         ours: "rollout.backend",
         note: "write rollout.backend = \"vllm\" and rollout.servers",
+    },
+    Alias {
+        name: "logging_steps",
+        peer: "TRL",
+        ours: "output.log_every",
+        note: "a console line every this many steps (off a terminal or with --no-progress); \
+               metrics.jsonl and TensorBoard get every step",
+    },
+    Alias {
+        name: "log_completions",
+        peer: "TRL",
+        ours: "train.log_rollouts",
+        note: "completions per step written to RUN_DIR/rollouts.jsonl (0 = none; default 4)",
+    },
+    Alias {
+        name: "num_train_epochs",
+        peer: "TRL",
+        ours: "train.steps",
+        note: "TRL counts passes over the dataset; rlvr counts trainer steps, each taking \
+               data.prompts_per_step prompts: one pass is the rows ÷ data.prompts_per_step steps",
+    },
+    Alias {
+        name: "generation_batch_size",
+        peer: "TRL",
+        ours: "data.prompts_per_step",
+        note: "TRL counts the completions generated at once; rlvr the prompts per step, each \
+               sampled rollout.group_size times: generation_batch_size ÷ num_generations",
+    },
+    Alias {
+        name: "steps_per_generation",
+        peer: "TRL",
+        ours: "train.mini_batches",
+        note: "optimizer updates per generated batch: the step's groups are split into this many \
+               updates",
+    },
+    Alias {
+        name: "bf16",
+        peer: "TRL",
+        ours: "model.dtype",
+        note: "write model.dtype = \"bf16\"; the default \"auto\" is bf16 (f32 master weights) \
+               on a GPU and f32 on the CPU",
+    },
+    Alias {
+        name: "fp16",
+        peer: "TRL",
+        ours: "model.dtype",
+        note: "rlvr trains in \"bf16\" or \"f32\" (f16 has no loss scaling here, so it is \
+               refused for training); the default \"auto\" is bf16 on a GPU",
+    },
+    Alias {
+        name: "report_to",
+        peer: "TRL",
+        ours: "output.tensorboard",
+        note: "every run writes TensorBoard event files (default true); W&B reads them with \
+               `wandb sync --sync-tensorboard RUN_DIR/tensorboard` (docs/runs.md)",
+    },
+    // TRL's ModelConfig (its `--use_peft --lora_r ...` flags) and peft's LoraConfig, which
+    // GRPOTrainer takes as `peft_config`: rlvr's LoRA keys are in [model].
+    Alias {
+        name: "peft_config",
+        peer: "TRL",
+        ours: "model.lora_rank",
+        note: "peft_config=LoraConfig(r, lora_alpha, target_modules, lora_dropout) is \
+               model.lora_rank, lora_alpha, lora_targets and lora_dropout in [model]",
+    },
+    Alias {
+        name: "use_peft",
+        peer: "TRL",
+        ours: "model.lora_rank",
+        note: "LoRA is on when model.lora_rank ≥ 1 (0, the default, is full fine-tuning)",
+    },
+    Alias {
+        name: "lora_r",
+        peer: "TRL",
+        ours: "model.lora_rank",
+        note: "the LoRA rank r",
+    },
+    Alias {
+        name: "lora_target_modules",
+        peer: "TRL",
+        ours: "model.lora_targets",
+        note: "a list of q, k, v, o, gate, up, down (or q_proj … down_proj), or \"all-linear\"; \
+               the default is all seven",
+    },
+    Alias {
+        name: "r",
+        peer: "peft",
+        ours: "model.lora_rank",
+        note: "LoraConfig's r, the LoRA rank (0 = no LoRA)",
+    },
+    Alias {
+        name: "target_modules",
+        peer: "peft",
+        ours: "model.lora_targets",
+        note: "a list of q, k, v, o, gate, up, down (or q_proj … down_proj), or \"all-linear\"; \
+               the default is all seven",
     },
     // verl ppo_trainer.yaml (actor_rollout_ref.*, data.*, algorithm.*, trainer.*).
     Alias {
@@ -630,6 +728,14 @@ pub fn quoted_after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
 pub fn unknown_key_help(key: &str, expected: &[&str], known: &[String]) -> Option<String> {
     if let Some(a) = alias_for(key) {
         return Some(alias_message(key, a));
+    }
+    // A `[lora]` or `[peft]` table, as a peft user groups LoraConfig's fields.
+    if matches!(key.split('.').next(), Some("lora" | "peft")) {
+        return Some(
+            "rlvr's LoRA keys are in [model]: lora_rank (peft's r), lora_alpha, lora_targets \
+             (peft's target_modules) and lora_dropout (docs/lora.md)"
+                .into(),
+        );
     }
     if let Some(ours) = nested_key(key, known) {
         let outer = &key[..key.len() - ours.len() - 1];

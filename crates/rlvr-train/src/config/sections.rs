@@ -44,14 +44,58 @@ pub struct ModelSection {
     /// (the resolved config records the value).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora_alpha: Option<f64>,
-    /// Projections that get an adapter: any of `q`, `k`, `v`, `o`, `gate`, `up`, `down` (or PEFT's
-    /// `q_proj` … `down_proj`). Default all seven.
+    /// Projections that get an adapter: a list of any of `q`, `k`, `v`, `o`, `gate`, `up`, `down`
+    /// (or PEFT's `q_proj` … `down_proj`), or `"all-linear"` (PEFT's `target_modules` value for
+    /// every linear layer but the lm_head: all seven). Default all seven.
+    #[serde(deserialize_with = "lora_targets")]
     pub lora_targets: Vec<LoraTarget>,
     /// Dropout probability on the adapters' input in training forwards, in [0, 1) (PEFT's
     /// `lora_dropout`; sampling and scoring never drop, so dropout > 0 makes even staleness-0 data
     /// slightly off-policy; the masks come from a seeded stream whose position trainer_state
     /// keeps, so a resume is exact). Default 0.
     pub lora_dropout: f64,
+}
+
+/// Reads `model.lora_targets`: a list of projections, or PEFT's `"all-linear"` (all seven, as
+/// peft's `target_modules="all-linear"` selects every linear layer of the decoder but the lm_head).
+///
+/// # Errors
+/// Any other string (a list is needed), an unknown projection, or `"all-linear"` inside a list.
+fn lora_targets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<LoraTarget>, D::Error> {
+    struct Targets;
+    impl<'de> serde::de::Visitor<'de> for Targets {
+        type Value = Vec<LoraTarget>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of q, k, v, o, gate, up, down, or \"all-linear\"")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            if s == "all-linear" {
+                return Ok(LoraTarget::ALL.to_vec());
+            }
+            Err(E::custom(format!(
+                "\"{s}\" is one string: write a list, e.g. [\"{s}\"], of q, k, v, o, gate, up, \
+                 down (or q_proj … down_proj), or \"all-linear\" for all seven"
+            )))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = seq.next_element::<String>()? {
+                if s == "all-linear" {
+                    return Err(serde::de::Error::custom(
+                        "\"all-linear\" stands alone, as in peft: write lora_targets = \
+                         \"all-linear\" (no brackets), or leave the key out (all seven is the \
+                         default)",
+                    ));
+                }
+                out.push(s.parse().map_err(serde::de::Error::custom)?);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Targets)
 }
 
 /// The parts of `model.lora_rank` (a switch at 0): adapters read their α, targets and dropout.

@@ -11,7 +11,7 @@ use anyhow::Context;
 use rlvr_data::config::{DataConfig, PromptStyle, Scoring};
 use rlvr_data::generate::Split;
 use rlvr_model::TokenizerBundle;
-use rlvr_reward::combine::RewardFunction;
+use rlvr_reward::combine::{RewardFunction, VerifierConfig};
 use rlvr_rollout::SamplingParams;
 
 use super::{RawConfig, ResolvedConfig, RolloutBackend, RolloutSection, TrainSection};
@@ -127,11 +127,21 @@ pub fn eval_settings(raw: &RawConfig) -> EvalSettings {
 /// `env.verifiers`' adapter), whose
 /// `jsonl` rows then need no verifier ([`rlvr_data::config::DataConfig::scored_by_environment`]),
 /// else the `[[reward.components]]` when there are any (no `data.verifier` needed either), else
-/// the task's verifier.
+/// the task's verifier; [`Scoring::Programs`] when those are all `external` or `python`
+/// programs (which read the row's columns, so a `jsonl` row needs no answer field).
 pub fn scoring(raw: &RawConfig) -> Scoring {
-    match (!raw.env.is_program(), raw.reward.components.is_empty()) {
+    let program = |v: &VerifierConfig| {
+        matches!(
+            v,
+            VerifierConfig::External { .. } | VerifierConfig::Python { .. }
+        )
+    };
+    let components = &raw.reward.components;
+    match (!raw.env.is_program(), components.is_empty()) {
         (false, _) => Scoring::Environment,
+        (true, false) if components.iter().all(|c| program(&c.verifier)) => Scoring::Programs,
         (true, false) => Scoring::Components,
+        (true, true) if raw.data.verifier.as_ref().is_some_and(program) => Scoring::Programs,
         (true, true) => Scoring::Verifier,
     }
 }
@@ -250,7 +260,6 @@ pub fn check_gold_answers(
     split: &str,
     p: &crate::feed::prompts::PreparedPrompts,
 ) -> anyhow::Result<()> {
-    use rlvr_reward::combine::VerifierConfig;
     let verifiers: Vec<VerifierConfig> = if raw.reward.components.is_empty() {
         raw.data.verifier().ok().into_iter().collect()
     } else {

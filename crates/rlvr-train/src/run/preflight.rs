@@ -320,17 +320,20 @@ fn probe_external(
         columns: &train.columns[0],
         index: Some(train.rows[0]),
     };
-    let key = if cfg.raw.reward.components.is_empty() {
-        "data.verifier"
-    } else {
-        "reward.components[N].verifier"
-    };
-    reward.probe(&sample, |k| external[k]).with_context(|| {
-        format!(
-            "{key}: the external reward program failed the start-up probe (the first train \
+    // One component at a time, so that the error names the failing one's key.
+    for (i, _) in external.iter().enumerate().filter(|(_, e)| **e) {
+        let key = if cfg.raw.reward.components.is_empty() {
+            "data.verifier".to_string()
+        } else {
+            format!("reward.components[{i}].verifier")
+        };
+        reward.probe(&sample, |k| k == i).with_context(|| {
+            format!(
+                "{key}: the external reward program failed the start-up probe (the first train \
                  prompt, {}, with an empty completion), before the model loaded",
-            train.sources[0]
-        )
-    })?;
+                train.sources[0]
+            )
+        })?;
+    }
     Ok(())
 }

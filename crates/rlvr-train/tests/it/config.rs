@@ -1193,6 +1193,69 @@ fn a_peers_key_names_ours() {
     }
 }
 
+/// A TRL user's LoRA settings (peft's `LoraConfig` names, TRL's ModelConfig flags) and the
+/// TrainingArguments they write beside GRPOConfig's are refused naming rlvr's key. `model.r` was
+/// answered "did you mean `n`? That is verl's name ... rollout.group_size" (one edit from verl's
+/// `rollout.n`), sending a LoRA rank to the group size.
+#[test]
+fn peft_and_trainer_names_name_ours() {
+    for (set, ours, peer) in [
+        ("model.r=16", "model.lora_rank", "peft"),
+        (
+            "model.target_modules=\"all-linear\"",
+            "model.lora_targets",
+            "peft",
+        ),
+        ("model.lora_r=16", "model.lora_rank", "TRL"),
+        ("model.use_peft=true", "model.lora_rank", "TRL"),
+        (
+            "model.lora_target_modules=[\"q_proj\"]",
+            "model.lora_targets",
+            "TRL",
+        ),
+        ("peft_config.r=16", "model.lora_rank", "TRL"),
+        ("train.logging_steps=1", "output.log_every", "TRL"),
+        ("train.log_completions=true", "train.log_rollouts", "TRL"),
+        ("train.num_train_epochs=1", "train.steps", "TRL"),
+        ("train.bf16=true", "model.dtype", "TRL"),
+        ("train.fp16=true", "model.dtype", "TRL"),
+        ("train.report_to=\"wandb\"", "output.tensorboard", "TRL"),
+        ("train.steps_per_generation=4", "train.mini_batches", "TRL"),
+        (
+            "rollout.generation_batch_size=64",
+            "data.prompts_per_step",
+            "TRL",
+        ),
+    ] {
+        let err = format!("{:#}", check_load("", &[set]).unwrap_err());
+        let key = set.split_once('=').unwrap().0;
+        assert!(
+            err.contains(&format!("`{key}` is {peer}'s name, not rlvr's"))
+                && err.contains(&format!("(or --set {ours}=…) for {ours} (")),
+            "{set}: {err}"
+        );
+    }
+    let err = format!("{:#}", check_load("", &["model.r=16"]).unwrap_err());
+    assert!(!err.contains("group_size"), "{err}");
+    // A `[lora]` or `[peft]` table is pointed to [model]'s keys (`r` in it is peft's name, above).
+    for (file, set) in [("[lora]\nrank = 16\n", ""), ("", "peft.rank=16")] {
+        let sets: Vec<&str> = [set].into_iter().filter(|s| !s.is_empty()).collect();
+        let err = format!("{:#}", check_load(file, &sets).unwrap_err());
+        assert!(
+            err.contains("rlvr's LoRA keys are in [model]: lora_rank (peft's r)"),
+            "{err}"
+        );
+    }
+    let err = format!(
+        "{:#}",
+        check_load("", &["train.num_train_epochs=1"]).unwrap_err()
+    );
+    assert!(
+        err.contains("one pass is the rows ÷ data.prompts_per_step steps"),
+        "{err}"
+    );
+}
+
 /// TRL's `loss_type`, `scale_rewards` and CISPO `epsilon_high` errors map TRL's values to rlvr's
 /// presets and keys (issue 47), and a misspelt preset gets "did you mean".
 #[test]
@@ -1234,7 +1297,7 @@ fn every_alias_names_a_documented_key() {
             a.ours
         );
         assert!(
-            a.peer == "TRL" || a.peer == "verl" || a.peer == "prime-rl",
+            ["TRL", "peft", "verl", "prime-rl"].contains(&a.peer),
             "{}",
             a.name
         );
@@ -1694,6 +1757,74 @@ fn jsonl_rows_scored_by_reward_components_need_no_data_verifier() {
         e.contains("data.task = \"jsonl\" needs data.verifier"),
         "{e}"
     );
+}
+
+/// TRL's datasets need only a `prompt` column: with rewards from programs that read the row's
+/// columns (`python` or `external` verifiers, every component's or `data.verifier`) and no
+/// `data.answer_field`, a `jsonl` row without `answer` loads with an empty reference. It was
+/// refused ("missing field `answer`"). A built-in verifier among the components, or an answer
+/// field named, still needs it in every row.
+#[test]
+fn prompt_only_rows_scored_by_reward_programs_need_no_answer_field() {
+    use rlvr_data::config::Scoring;
+    use rlvr_train::config::settings::scoring;
+    let tmp = tempfile::tempdir().unwrap();
+    let train = tmp.path().join("train.jsonl");
+    std::fs::write(
+        &train,
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"Say hi\"}]}\n\
+         {\"prompt\": [{\"role\": \"user\", \"content\": \"Say bye\"}], \"answer\": \"bye\"}\n",
+    )
+    .unwrap();
+    let rewards = tmp.path().join("my_rewards.py");
+    std::fs::write(
+        &rewards,
+        "def f(completions, **kwargs):\n    return [1.0] * len(completions)\n",
+    )
+    .unwrap();
+    let python = format!(
+        "{{ verifier = {{ kind = \"python\", function = \"{}:f\" }} }}",
+        rewards.display()
+    );
+    let load = |extra: &[String]| {
+        let mut s = vec![
+            "data.task=\"jsonl\"".to_string(),
+            format!("data.train=\"{}\"", train.display()),
+            "data.question_field=\"prompt\"".into(),
+            "data.style=\"chat\"".into(),
+        ];
+        s.extend(extra.iter().cloned());
+        let raw = RawConfig::load(None, &s).unwrap();
+        let got = rlvr_data::dataset::load_file_for(&raw.data, &train, scoring(&raw));
+        (raw, got.map_err(|e| e.to_string()))
+    };
+    let (raw, got) = load(&[format!("reward.components=[{python}]")]);
+    assert_eq!(scoring(&raw), Scoring::Programs);
+    raw.resolve().unwrap();
+    let rows = got.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].reference, "");
+    assert_eq!(rows[1].reference, "bye");
+    // `data.verifier` of kind external alone (the adapter as a command): the same.
+    let (raw, got) = load(&["data.verifier={ kind = \"external\", command = [\"true\"] }".into()]);
+    assert_eq!(scoring(&raw), Scoring::Programs);
+    assert_eq!(got.unwrap()[0].reference, "");
+    // A built-in verifier reads the reference: every row needs it.
+    let (raw, got) = load(&[format!(
+        "reward.components=[{python}, {{ verifier = {{ kind = \"math\" }} }}]"
+    )]);
+    assert_eq!(scoring(&raw), Scoring::Components);
+    let e = got.unwrap_err();
+    assert!(
+        e.contains("train.jsonl:1") && e.contains("missing field `answer`"),
+        "{e}"
+    );
+    // An answer field named is required.
+    let (_, got) = load(&[
+        format!("reward.components=[{python}]"),
+        "data.answer_field=\"answer\"".into(),
+    ]);
+    assert!(got.unwrap_err().contains("missing field `answer`"));
 }
 
 /// A number or boolean written in quotes (`lr = "1e-5"`, `--set 'train.share_prompt="true"'`) is

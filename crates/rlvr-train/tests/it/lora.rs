@@ -289,6 +289,57 @@ fn invalid_lora_keys_are_refused_by_name() {
     assert!(format!("{e:#}").contains("model.lora_rank"), "{e:#}");
 }
 
+/// peft's `target_modules="all-linear"` is accepted as it is written there (all seven projections,
+/// the default); a single other string, or "all-linear" inside a list, is refused saying what to
+/// write. It was refused with serde's "invalid type: string \"all-linear\", expected a sequence".
+#[test]
+fn lora_targets_take_pefts_all_linear() {
+    let load = |set: &str| {
+        let s = [
+            "model.path=\"m\"".to_string(),
+            "model.lora_rank=8".into(),
+            set.to_string(),
+        ];
+        RawConfig::load(None, &s).and_then(|c| c.resolve())
+    };
+    let all = load("model.lora_targets=\"all-linear\"").unwrap();
+    assert_eq!(
+        all.raw.model.lora_targets,
+        rlvr_model::LoraTarget::ALL.to_vec()
+    );
+    let two = load("model.lora_targets=[\"q_proj\", \"v\"]").unwrap();
+    assert_eq!(
+        two.raw.model.lora_targets,
+        [rlvr_model::LoraTarget::Q, rlvr_model::LoraTarget::V]
+    );
+    let e = format!(
+        "{:#}",
+        load("model.lora_targets=\"q_proj\"")
+            .map(|_| ())
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("model.lora_targets") && e.contains("write a list, e.g. [\"q_proj\"]"),
+        "{e}"
+    );
+    let e = format!(
+        "{:#}",
+        load("model.lora_targets=[\"all-linear\"]")
+            .map(|_| ())
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("write lora_targets = \"all-linear\" (no brackets)"),
+        "{e}"
+    );
+    // The resolved config writes the list, which reads back the same.
+    let text = toml::to_string(&all.raw).unwrap();
+    assert!(
+        text.contains("lora_targets = [") && text.contains("\"down\""),
+        "{text}"
+    );
+}
+
 /// A full fine-tuning run resumed with `--set model.lora_rank=4`: the checkpoint's optimizer
 /// state (one pair of moments per full weight) does not fit the adapters; the error names the
 /// optimizer file and the keys that change the trained parameters, not only the counts.

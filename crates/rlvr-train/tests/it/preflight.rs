@@ -131,6 +131,21 @@ fn a_crashing_reward_program_is_probed_before_the_weights_load() {
         "{e}"
     );
     assert!(!weights_missing(&e), "{e}");
+    // Behind a built-in component, the error names the failing component's own key (it said
+    // `reward.components[N].verifier`).
+    let e = error(
+        &f,
+        &[
+            "reward.components=[{ verifier = { kind = \"arithmetic\" } }, { name = \"mine\", verifier = { kind = \"external\", command = [\"sh\", \"-c\", \"exit 3\"] } }]"
+                .into(),
+        ],
+    );
+    assert!(
+        e.contains(
+            "reward.components[1].verifier: the external reward program failed the start-up probe"
+        ) && e.contains("`mine` (#1)"),
+        "{e}"
+    );
 }
 
 /// An environment program that logs every request line to `log` and answers `hello` (and only

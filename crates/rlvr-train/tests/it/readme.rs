@@ -396,6 +396,61 @@ fn every_data_layout_example_loads_resolves_and_renders() {
     assert!(examples >= 6, "docs/data.md has {examples} examples");
 }
 
+/// Every `toml` block of docs/coming-from-trl.md loads and resolves as `rlvr train --config` does,
+/// beside the files it names (a conversational train row, the reward functions' file): the config
+/// of "The same run" is scored by the reward programs alone (`kind = "python"`, TRL's two
+/// functions with their weights) and its rows load, and the LoRA block is peft's
+/// `LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear")`. The page's
+/// main config named `examples/trl_rewards.py`, which a config outside the repository lacks.
+#[test]
+fn coming_from_trl_configs_load_and_resolve() {
+    use rlvr_data::config::Scoring;
+    let text = std::fs::read_to_string(repo_root().join("docs/coming-from-trl.md")).unwrap();
+    let mut blocks = 0;
+    for (info, body) in fenced_blocks(&text) {
+        if info != "toml" {
+            continue;
+        }
+        blocks += 1;
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("rlvr.toml");
+        std::fs::write(&file, &body).unwrap();
+        std::fs::write(
+            tmp.path().join("train.jsonl"),
+            "{\"prompt\": [{\"role\": \"user\", \"content\": \"2+2?\"}], \"solution\": \"4\"}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            tmp.path().join("my_rewards.py"),
+            "def accuracy_reward(completions, solution, **kw):\n    return [0.0] * len(completions)\n\
+             def format_reward(completions, **kw):\n    return [0.0] * len(completions)\n",
+        )
+        .unwrap();
+        let raw = RawConfig::load(Some(&file), &["model.path=runs/tiny".to_string()])
+            .unwrap_or_else(|e| {
+                panic!("docs/coming-from-trl.md toml block {blocks}: {e:#}\n{body}")
+            });
+        let scoring = rlvr_train::config::settings::scoring(&raw);
+        let cfg = raw.resolve().unwrap_or_else(|e| {
+            panic!("docs/coming-from-trl.md toml block {blocks}: {e:#}\n{body}")
+        });
+        if let Some(train) = &cfg.raw.data.train {
+            assert_eq!(scoring, Scoring::Programs, "block {blocks}");
+            let weights: Vec<f64> = cfg.raw.reward.components.iter().map(|c| c.weight).collect();
+            assert_eq!(weights, [1.0, 0.5], "block {blocks}");
+            let rows = rlvr_data::dataset::load_file_for(&cfg.raw.data, train, scoring).unwrap();
+            assert_eq!(rows[0].reference, "4");
+        }
+        if cfg.raw.model.lora_rank > 0 {
+            let lora = cfg.raw.model.lora().unwrap();
+            assert_eq!((lora.rank, lora.alpha, lora.dropout), (16, 32.0, 0.05));
+            assert_eq!(lora.targets, rlvr_model::LoraTarget::ALL.to_vec());
+        }
+    }
+    // "The same run", the `kind = "python"` components alone, the LoRA block.
+    assert_eq!(blocks, 3, "docs/coming-from-trl.md's toml blocks");
+}
+
 /// docs/data.md says a row whose question field holds chat messages is the prompt itself: it
 /// needs `data.style = "chat"` (refused naming file, line and field with `"plain"`), and
 /// `data.system_prompt` with it is refused naming the key.
