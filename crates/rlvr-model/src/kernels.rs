@@ -391,20 +391,13 @@ fn rope_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
 /// Why the kernels of `op` do not cover a Gemma model of `cfg` (`None` for other models and
 /// for AdamW, which sees parameters only): the norms' `1 + weight` (RMSNorm, decode), GeGLU
 /// (SwiGLU kernels), the attention scale `query_pre_attn_scalar^-½` and score softcapping
-/// (attention, decode), Gemma 3's second rotary table for its local layers (rotary, decode), and
-/// the final-logit softcapping (log-prob head).
+/// (attention, decode), Gemma 3's second rotary table for its local layers (rotary, decode).
+/// The final-logit softcapping is covered: the log-prob head's `_softcap` variants apply it.
 fn gemma_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
     let g = cfg.gemma.as_ref()?;
     let name = cfg.arch.model_type();
     let why = match op {
-        FusedOp::Adamw => return None,
-        FusedOp::LogprobHead => match g.final_logit_softcapping {
-            Some(cap) => format!(
-                "{name} caps its logits (final_logit_softcapping {cap}), which the fused head \
-                 kernels do not apply"
-            ),
-            None => return None,
-        },
+        FusedOp::Adamw | FusedOp::LogprobHead => return None,
         FusedOp::RmsNorm => {
             format!("{name}'s RMSNorm scales by 1 + weight, which the RMSNorm kernels do not")
         }
@@ -1547,17 +1540,20 @@ pub(crate) mod cuda_adamw;
 mod cuda_head;
 
 /// The fused head on CUDA ([`head`]'s module docs): `[N, 2]` (log p_y, H), or `None` where the
-/// kernels do not cover the call (then the caller runs [`crate::chunked`]).
+/// kernels do not cover the call (then the caller runs [`crate::chunked`]); `softcap`: Gemma 2's
+/// final-logit cap (the `_softcap` variants).
 #[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cuda_head(
     h: &Tensor,
     w: &Tensor,
     targets: &[u32],
     op: (f64, bool, usize),
+    softcap: Option<f64>,
     grad: bool,
     weight_grad: bool,
 ) -> Result<Option<Tensor>> {
-    cuda_head::apply(h, w, targets, op, grad, weight_grad)
+    cuda_head::apply(h, w, targets, op, softcap, grad, weight_grad)
 }
 
 #[cfg(test)]

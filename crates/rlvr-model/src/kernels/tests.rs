@@ -877,6 +877,52 @@ fn model_level_launch_records_of_fused_head() {
     drop(tmp);
 }
 
+/// The same for Gemma 2, whose final-logit softcap (30) sends the head to the `_softcap`
+/// variants: their records carry the real logits, the softcapped float64 state and the candle
+/// composition's gradient through `cap · tanh(z / cap)`, and the model's results stay the plain
+/// model's, bit for bit (f32: the fused CPU op's softcap; bf16: the chunked head's).
+#[test]
+fn model_level_launch_records_of_the_softcapped_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = match std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => tmp.path().to_path_buf(),
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let plain = Model::random(small_gemma(Arch::Gemma2), 0.3, 19, dtype, &Device::Cpu).unwrap();
+        assert_eq!(plain.final_logit_softcap(), Some(30.0));
+        let want = run_head(&plain);
+        let mut m = plain.try_clone().unwrap();
+        m.set_kernels(head_on());
+        assert!(m.fused_head(), "{dtype:?}: flagged for the recorder");
+        let got = {
+            let _guard = record_launches(&dir).unwrap();
+            run_head(&m)
+        };
+        assert_eq!(got, want, "{dtype:?}");
+    }
+    for dt in ["f32", "bf16"] {
+        for k in ["fwd", "bwd"] {
+            for sfx in ["_first", "", "_last"] {
+                let name = format!("logprob_{k}_softcap_{dt}");
+                let rec = dir.join(format!("model_{name}{sfx}/record.json"));
+                let text = std::fs::read_to_string(&rec)
+                    .unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+                let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(json["name"], name);
+                let cap = (json["args"].as_array().unwrap().iter())
+                    .find(|a| a["param"] == "cap")
+                    .unwrap();
+                assert_eq!(cap["value"], 30.0);
+            }
+        }
+    }
+    assert!(dir
+        .join("model_logprob_finish_softcap/record.json")
+        .exists());
+    drop(tmp);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gemma: the kernels implement none of its differences from the Llama layout.
 
@@ -904,9 +950,10 @@ fn all_on() -> KernelSwitches {
 }
 
 /// Every fused op switched "on" resolves off for a Gemma model with its reason ((1 + weight)
-/// norms, GeGLU, the attention scale and softcapping, the local rotary table, the final
-/// softcapping), except AdamW (parameters only), Gemma 2's rotary (one table) and Gemma 3's head
-/// (no final softcapping); the model then scores as with every switch off, bit for bit.
+/// norms, GeGLU, the attention scale and softcapping, the local rotary table), except AdamW
+/// (parameters only), Gemma 2's rotary (one table) and the log-prob head (Gemma 2's final
+/// softcapping has its `_softcap` variants); the model then scores as with every switch off, bit
+/// for bit.
 #[test]
 fn gemma_features_turn_the_fused_kernels_off() {
     for arch in [Arch::Gemma2, Arch::Gemma3] {
@@ -925,17 +972,14 @@ fn gemma_features_turn_the_fused_kernels_off() {
             );
         }
         assert!(why(FusedOp::Adamw).is_none());
+        // Gemma 2's final-logit softcapping runs in the head's `_softcap` variants.
+        assert!(why(FusedOp::LogprobHead).is_none());
         match arch {
-            Arch::Gemma2 => {
-                assert!(why(FusedOp::Rotary).is_none());
-                let h = why(FusedOp::LogprobHead).unwrap();
-                assert!(h.contains("final_logit_softcapping 30"), "{h}");
-            }
+            Arch::Gemma2 => assert!(why(FusedOp::Rotary).is_none()),
             _ => {
                 assert!(why(FusedOp::Rotary)
                     .unwrap()
                     .contains("rope_local_base_freq"));
-                assert!(why(FusedOp::LogprobHead).is_none());
             }
         }
         let mut m = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
@@ -946,7 +990,7 @@ fn gemma_features_turn_the_fused_kernels_off() {
             "{arch:?}"
         );
         assert_eq!(f.rotary, arch == Arch::Gemma2);
-        assert_eq!(f.logprob_head, arch == Arch::Gemma3);
+        assert!(f.logprob_head);
         assert!(f.adamw);
         assert!(!all_on().runs_on_gpu(FusedOp::Attention, &cfg, DType::BF16));
         let plain = Model::random(cfg, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
