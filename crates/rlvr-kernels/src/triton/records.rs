@@ -1002,20 +1002,29 @@ fn logprob_records_of(r: &mut Rec, dt: DType, cap: Option<f32>) {
 
 /// Attention (f32, head dim 64) on the shared-prompt example layout: the forward, then each
 /// backward kernel from f32-rounded `lse`/`delta`. Output buffers start at a sentinel, which the
-/// padding rows (never written) must keep.
+/// padding rows (never written) must keep. Also through a sliding window of 7 keys (labels
+/// `_w7`; 37-row prompt: the completions' first 6 rows still see some of it, the rest not).
 fn attention_records(r: &mut Rec) {
     for dt in [DType::Fp32, DType::Bf16] {
         for d in [64, 128] {
-            attention_records_of(r, dt, d);
+            attention_records_of(r, dt, d, 0);
         }
+        attention_records_of(r, dt, 64, 7);
     }
 }
 
 /// One (dtype, head dim) of [`attention_records`]. bf16: P and dS are rounded to bf16 before
 /// their matmuls, so the bounds are normwise ([`tol_norm`]); lse and delta stay f32.
-fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
+fn attention_records_of(r: &mut Rec, dt: DType, d: usize, window: usize) {
     let sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
-    let l = attention::example_layout(d);
+    let label = |name: &str| match window {
+        0 => name.to_string(),
+        w => format!("{name}_w{w}"),
+    };
+    let l = attention::Layout {
+        window,
+        ..attention::example_layout(d)
+    };
     let (n, hq, hk) = (l.n_tokens, l.q_heads, l.kv_heads);
     let rep = hq / hk;
     let scale = l.softmax_scale as f64;
@@ -1029,12 +1038,22 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
     let dot = |a: &[f64], ia: usize, b: &[f64], ib: usize| {
         (0..d).map(|x| a[ia + x] * b[ib + x]).sum::<f64>()
     };
-    // Every (query row, its key rows).
+    // Every (query row, its key rows): prefix key j at position j, own row i at prefix_len + i;
+    // a window keeps the keys at positions p with q − window < p.
     let mut queries: Vec<(usize, Vec<usize>)> = Vec::new();
     for s in &l.seqs {
         for i in 0..s.len {
-            let mut keys: Vec<usize> = (s.prefix_start..s.prefix_start + s.prefix_len).collect();
-            keys.extend(s.start..=s.start + i);
+            let qpos = s.prefix_len + i;
+            let seen = |p: usize| window == 0 || qpos - p < window;
+            let mut keys: Vec<usize> = (0..s.prefix_len)
+                .filter(|&j| seen(j))
+                .map(|j| s.prefix_start + j)
+                .collect();
+            keys.extend(
+                (0..=i)
+                    .filter(|&j| seen(s.prefix_len + j))
+                    .map(|j| s.start + j),
+            );
             queries.push((s.start + i, keys));
         }
     }
@@ -1082,7 +1101,7 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
         ("o".into(), (out(dt, &shape_q, &o), tn(&o))),
         ("lse".into(), (f32s(&[hq * n], &lse), Tolerance::F32)),
     ]);
-    r.write(&format!("attn_fwd_{sfx}"), k_fwd, &plan, b, e);
+    r.write(&label(&format!("attn_fwd_{sfx}")), k_fwd, &plan, b, e);
     // The backward's inputs: o and lse as the forward wrote them (f32), delta from them.
     let ob = out(dt, &shape_q, &o);
     let of: Vec<f64> = ob.to_f32().unwrap().iter().map(|x| *x as f64).collect();
@@ -1103,7 +1122,7 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
         ("delta".into(), sent(hq * n)),
     ]);
     let e = Expected::from([("delta".into(), (f32s(&[hq * n], &delta), Tolerance::F32))]);
-    r.write(&format!("attn_bwd_pre_{sfx}"), k_pre, &plan, b, e);
+    r.write(&label(&format!("attn_bwd_pre_{sfx}")), k_pre, &plan, b, e);
     let delta_b = f32s(&[hq * n], &delta);
     let deltaf: Vec<f64> = delta_b
         .to_f32()
@@ -1163,7 +1182,7 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
             b.insert(o_name.into(), out(dt, sh, &vec![SENTINEL; want.len()]));
             e.insert(o_name.into(), (out(dt, sh, want), tn(want)));
         }
-        r.write(&name, kk, &plan, b, e);
+        r.write(&label(&name), kk, &plan, b, e);
     }
 }
 
@@ -1500,6 +1519,7 @@ pub fn record_bench(
         kv_heads: shape.kv_heads,
         head_dim: d,
         softmax_scale: 1.0 / (d as f32).sqrt(),
+        window: 0,
     };
     let hq_n = [shape.q_heads * n];
     let attn_sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
