@@ -67,7 +67,8 @@
 # OUT_DIR/gpu_check.log):
 #   0. kernels   issue 44's Triton kernels from the committed cubins (kernels/replay_gpu.py, numpy and
 #                the driver by ctypes). `rlvr kernels record --shape small` writes every variant's
-#                launch at a small shape with the CPU results; each is replayed on the GPU: f32 within
+#                launch at a small shape with the CPU results (the log-prob head's `_softcap`
+#                variants, Gemma 2's final cap, included); each is replayed on the GPU: f32 within
 #                1e-5 of the output's scale, bf16 within a bf16 rounding (normwise where terms
 #                cancel), the max error reported. Results per record in kernels.jsonl; the failing
 #                variants, one a line, in kernels_failed.txt (to switch them off), the rest still

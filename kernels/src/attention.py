@@ -33,6 +33,18 @@ Layout (kernels/README.md, "## Attention", is the caller's reference):
   gradient contributions are summed.
 - ``q_blocks [NBq, 2]`` i32: ``(s, m0)`` for every query block, ``m0 = 0, BLOCK_M, …`` below
   ``len_s``; ``k_blocks [NBk, 2]``: the same with ``BLOCK_N`` of the dK/dV variant.
+
+Sliding window (Mistral, Qwen2/3 with ``use_sliding_window``, Gemma 2/3's local layers): the
+``window`` argument (i32; ``0``: none). Positions are the sequence's own: its prefix keys are
+``0 .. prefix_len``, its query/key ``i`` is at ``prefix_len + i``. A query at position ``p`` sees a
+key at position ``j`` iff ``p − window < j ≤ p`` (``window`` keys, itself included): transformers'
+``sliding_window_overlay`` (``kv_idx > q_idx − sliding_window``, masking_utils.py) with the causal
+mask, and rlvr's ``window_bias``. The key-block loops start at the first block holding a key
+inside the block's window (blocks wholly outside are never loaded) and the window's edge is
+masked like the causal diagonal; the dK/dV kernel's query loops end at the last query that still
+sees the key block. A runtime argument, not a constexpr: a window is a model's (Gemma alternates
+windowed and global layers), so one compiled form serves both, and the cost is one integer
+compare per score, next to the causal mask's.
 """
 
 import dataclasses
@@ -44,6 +56,19 @@ from kernels.variant import Variant, aligned
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+NO_WINDOW = tl.constexpr(1 << 30)  # what ``window = 0`` (none) becomes: wider than any sequence
+
+
+@triton.jit
+def _window(window):
+    """The window in keys; ``window <= 0`` (none) becomes ``NO_WINDOW``."""
+    return tl.where(window > 0, window, NO_WINDOW)
+
+
+@triton.jit
+def _first_block(lo, BLOCK: tl.constexpr):
+    """The start of the first ``BLOCK``-aligned block holding index ``max(lo, 0)``."""
+    return (tl.maximum(lo, 0) // BLOCK) * BLOCK
 
 
 @triton.jit
@@ -83,12 +108,13 @@ def _fwd_step(acc, l_i, m_i, qt, k, v, key_rows, n_ok, visible, kv_stride, hk, q
 
 @triton.jit
 def attn_fwd_kernel(q, k, v, o, lse, seqs, q_blocks, n_tokens, n_heads_q, n_heads_kv,
-                    softmax_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    softmax_scale, window, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr):
     """O and LSE of one query block of one query head. Grid ``(NBq, Hq)``.
 
-    FlashAttention-2 (arXiv:2307.08691) Algorithm 1: the prefix keys (all visible), then the
-    sequence's own keys up to the block's last query (causal mask on the diagonal blocks).
+    FlashAttention-2 (arXiv:2307.08691) Algorithm 1: the prefix keys (all visible without a
+    window), then the sequence's own keys up to the block's last query (causal mask on the
+    diagonal blocks); with a ``window``, from the first block inside the first query's window.
     """
     blk = tl.program_id(0)
     h = tl.program_id(1)
@@ -99,6 +125,7 @@ def attn_fwd_kernel(q, k, v, o, lse, seqs, q_blocks, n_tokens, n_heads_q, n_head
     q_stride = n_heads_q * HEAD_DIM
     kv_stride = n_heads_kv * HEAD_DIM
     qk_scale2 = softmax_scale * LOG2E
+    win = _window(window)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     m_ok = offs_m < length
@@ -110,19 +137,23 @@ def attn_fwd_kernel(q, k, v, o, lse, seqs, q_blocks, n_tokens, n_heads_q, n_head
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    # The prefix: every query sees all of it.
-    for n0 in range(0, p_len, BLOCK_N):
+    # The prefix: every query sees all of it (without a window). Query i is at position
+    # p_len + i, prefix key j at j: visible iff p_len + i − j < win.
+    for n0 in range(_first_block(p_len + m0 - win + 1, BLOCK_N), p_len, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < p_len
-        visible = n_ok[None, :] & m_ok[:, None]
+        # p_len + i − j < win, as one compare of two vectors (no [M, N] integer tile).
+        visible = (n_ok[None, :] & m_ok[:, None]
+                   & (offs_n[None, :] > (p_len + offs_m - win)[:, None]))
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qt, k, v, p_start + offs_n, n_ok, visible,
                                   kv_stride, hk, qk_scale2, HEAD_DIM)
-    # The sequence's own keys, causal.
+    # The sequence's own keys, causal (and i − j < win).
     n_end = tl.minimum(m0 + BLOCK_M, length)
-    for n0 in range(0, n_end, BLOCK_N):
+    for n0 in range(_first_block(m0 - win + 1, BLOCK_N), n_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < length
-        visible = n_ok[None, :] & m_ok[:, None] & (offs_n[None, :] <= offs_m[:, None])
+        visible = (n_ok[None, :] & m_ok[:, None] & (offs_n[None, :] <= offs_m[:, None])
+                   & (offs_n[None, :] > (offs_m - win)[:, None]))
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qt, k, v, start + offs_n, n_ok, visible,
                                   kv_stride, hk, qk_scale2, HEAD_DIM)
 
@@ -191,14 +222,15 @@ def _dkdv_step(dk_acc, dv_acc, kt, vt, q, do, lse, delta, q_rows, m_ok, visible_
 
 @triton.jit
 def attn_bwd_dkdv_kernel(q, k, v, do, lse, delta, dk, dv, seqs, k_blocks, viewer_off, viewers,
-                         n_tokens, n_heads_q, n_heads_kv, softmax_scale,
+                         n_tokens, n_heads_q, n_heads_kv, softmax_scale, window,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dK and dV of one key block of one sequence for one kv head. Grid ``(NBk, Hkv)``.
 
     Sums, in this fixed order, over the kv head's query heads ``hk·r .. hk·r + r - 1``
     (``r = Hq/Hkv``) and, per head, over the sequence's own queries from the key block on
     (causal), then over every query of each viewer sequence (``viewers[viewer_off[s]:
-    viewer_off[s+1]]``, in list order) for the keys inside that viewer's prefix.
+    viewer_off[s+1]]``, in list order) for the keys inside that viewer's prefix; with a
+    ``window``, only up to the last query whose window still holds a key of the block.
     FlashAttention-2 (arXiv:2307.08691) Algorithm 2, outer loop over key blocks.
     """
     blk = tl.program_id(0)
@@ -210,6 +242,7 @@ def attn_bwd_dkdv_kernel(q, k, v, do, lse, delta, dk, dv, seqs, k_blocks, viewer
     q_stride = n_heads_q * HEAD_DIM
     kv_stride = n_heads_kv * HEAD_DIM
     qk_scale2 = softmax_scale * LOG2E
+    win = _window(window)
 
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < length
@@ -223,11 +256,14 @@ def attn_bwd_dkdv_kernel(q, k, v, do, lse, delta, dk, dv, seqs, k_blocks, viewer
 
     for r in range(0, rep):
         h = hk * rep + r
-        # The sequence's own queries i >= the block's first key (causal).
-        for m0 in range((n0 // BLOCK_M) * BLOCK_M, length, BLOCK_M):
+        # The sequence's own queries i >= the block's first key (causal), i − j < win: up to
+        # query n0 + BLOCK_N − 1 + win − 1.
+        m_end = tl.minimum(length, n0 + BLOCK_N - 1 + win)
+        for m0 in range((n0 // BLOCK_M) * BLOCK_M, m_end, BLOCK_M):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             m_ok = offs_m < length
-            vis = n_ok[:, None] & m_ok[None, :] & (offs_n[:, None] <= offs_m[None, :])
+            vis = (n_ok[:, None] & m_ok[None, :] & (offs_n[:, None] <= offs_m[None, :])
+                   & (offs_m[None, :] < (offs_n + win)[:, None]))
             dk_acc, dv_acc = _dkdv_step(dk_acc, dv_acc, kt, vt, q, do, lse, delta, start + offs_m,
                                         m_ok, vis, h, n_tokens, q_stride, qk_scale2, HEAD_DIM)
         # Every query of every sequence whose prefix holds (some of) these keys.
@@ -235,10 +271,14 @@ def attn_bwd_dkdv_kernel(q, k, v, do, lse, delta, dk, dv, seqs, k_blocks, viewer
             w = tl.load(viewers + vi)
             w_start, w_len, w_pstart, w_plen = _seq(seqs, w)
             in_prefix = n_ok & (key_rows >= w_pstart) & (key_rows < w_pstart + w_plen)
-            for m0 in range(0, w_len, BLOCK_M):
+            # The viewer's query i (position w_plen + i) sees prefix key j (position
+            # key_row − w_pstart) iff w_plen + i − j < win: up to the block's last key's window.
+            q_lim = key_rows - w_pstart + win - w_plen  # queries below it see the key
+            w_end = tl.minimum(w_len, tl.maximum(start + n0 + BLOCK_N - 1 - w_pstart + win - w_plen, 0))
+            for m0 in range(0, w_end, BLOCK_M):
                 offs_m = m0 + tl.arange(0, BLOCK_M)
                 m_ok = offs_m < w_len
-                vis = in_prefix[:, None] & m_ok[None, :]
+                vis = in_prefix[:, None] & m_ok[None, :] & (offs_m[None, :] < q_lim[:, None])
                 dk_acc, dv_acc = _dkdv_step(dk_acc, dv_acc, kt, vt, q, do, lse, delta,
                                             w_start + offs_m, m_ok, vis, h, n_tokens, q_stride,
                                             qk_scale2, HEAD_DIM)
@@ -270,12 +310,13 @@ def _dq_step(dq_acc, qt, dot_, lse2, dl, k, v, key_rows, n_ok, visible, kv_strid
 
 @triton.jit
 def attn_bwd_dq_kernel(q, k, v, do, lse, delta, dq, seqs, q_blocks, n_tokens, n_heads_q,
-                       n_heads_kv, softmax_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
+                       n_heads_kv, softmax_scale, window, HEAD_DIM: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ of one query block of one query head. Grid ``(NBq, Hq)``.
 
     FlashAttention-2 (arXiv:2307.08691) Algorithm 2's dQ, with the loop turned around (one
-    program owns the query block and streams its keys: the prefix, then its own keys, causal).
+    program owns the query block and streams its keys: the prefix, then its own keys, causal;
+    with a ``window``, the forward's key ranges and masks).
     """
     blk = tl.program_id(0)
     h = tl.program_id(1)
@@ -296,18 +337,21 @@ def attn_bwd_dq_kernel(q, k, v, do, lse, delta, dq, seqs, q_blocks, n_tokens, n_
     lse2 = tl.load(lse + hrows, mask=m_ok, other=0.0) * LOG2E
     dl = tl.load(delta + hrows, mask=m_ok, other=0.0)
     dq_acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    win = _window(window)
 
-    for n0 in range(0, p_len, BLOCK_N):
+    for n0 in range(_first_block(p_len + m0 - win + 1, BLOCK_N), p_len, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < p_len
-        visible = n_ok[None, :] & m_ok[:, None]
+        visible = (n_ok[None, :] & m_ok[:, None]
+                   & (offs_n[None, :] > (p_len + offs_m - win)[:, None]))
         dq_acc = _dq_step(dq_acc, qt, dot_, lse2, dl, k, v, p_start + offs_n, n_ok, visible,
                           kv_stride, hk, qk_scale2, HEAD_DIM)
     n_end = tl.minimum(m0 + BLOCK_M, length)
-    for n0 in range(0, n_end, BLOCK_N):
+    for n0 in range(_first_block(m0 - win + 1, BLOCK_N), n_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < length
-        visible = n_ok[None, :] & m_ok[:, None] & (offs_n[None, :] <= offs_m[:, None])
+        visible = (n_ok[None, :] & m_ok[:, None] & (offs_n[None, :] <= offs_m[:, None])
+                   & (offs_n[None, :] > (offs_m - win)[:, None]))
         dq_acc = _dq_step(dq_acc, qt, dot_, lse2, dl, k, v, start + offs_n, n_ok, visible,
                           kv_stride, hk, qk_scale2, HEAD_DIM)
 
@@ -332,6 +376,7 @@ def _sig(fn, dtype, head_dim, **blocks):
         "seqs": "*i32", "q_blocks": "*i32", "k_blocks": "*i32", "viewer_off": "*i32",
         "viewers": "*i32",
         "n_tokens": "i32", "n_heads_q": "i32", "n_heads_kv": "i32", "softmax_scale": "fp32",
+        "window": "i32",
     }
     consts = {"HEAD_DIM": head_dim, **blocks}
     sig = {}
@@ -349,11 +394,12 @@ def _sig(fn, dtype, head_dim, **blocks):
 # kernel's BLOCK_M, so one q_blocks list serves the whole backward.
 _CONFIGS = {
     ("f32", 64): {"fwd": (64, 32, 8, 2),
-                  "dkdv": {"sm90a": (16, 32, 8, 2), "sm80": (16, 32, 8, 1)},
+                  # with the window's masks sm90a spilled at BLOCK_N 32 (2 stages: 144 bytes, 1: 160)
+                  "dkdv": {"sm90a": (16, 16, 8, 2), "sm80": (16, 32, 8, 1)},
                   "dq": (32, 32, 8, 2)},
     ("f32", 128): {"fwd": (32, 16, 8, 2),
                    "dkdv": {"sm90a": (16, 16, 4, 1), "sm80": (16, 16, 8, 2)},
-                   "dq": (16, 32, 8, 2)},
+                   "dq": {"sm90a": (16, 32, 8, 2), "sm80": (16, 32, 8, 1)}},  # sm80: 2 stages spilled
     ("bf16", 64): {"fwd": (128, 64, 8, 3), "dkdv": (64, 32, 8, 2), "dq": (128, 32, 8, 2)},
     ("bf16", 128): {"fwd": {"sm90a": (128, 64, 8, 2), "sm80": (64, 32, 8, 2)},
                     "dkdv": (32, 32, 8, 2), "dq": (64, 32, 8, 2)},
@@ -373,7 +419,10 @@ def _variants():
                 sig, c = _sig(fn, dtype, hd, BLOCK_M=bm, BLOCK_N=bn)
                 name = f"attn_{'fwd' if kind == 'fwd' else 'bwd_' + kind}_{suffix}"
                 out.append(Variant(name, fn, sig, c, warps, stages, targets=targets))
-        bm = cfgs["dq"][0]
+        dq = cfgs["dq"] if isinstance(cfgs["dq"], dict) else {"all": cfgs["dq"]}
+        bm = {c[0] for c in dq.values()}
+        assert len(bm) == 1, (dtype, hd, "the dQ variants of both targets share BLOCK_M")
+        bm = bm.pop()
         sig, c = _sig(attn_bwd_pre_kernel, dtype, hd, BLOCK_M=bm)
         out.append(Variant(f"attn_bwd_pre_{suffix}", attn_bwd_pre_kernel, sig, c, 8, 1))
     return out
@@ -387,6 +436,7 @@ _TWIN_CHANGES = {
     ("attn_bwd_dkdv_bf16_d64", "sm90a"): {"num_stages": 1},      # 2 stages: 8 bytes of spills
     ("attn_bwd_dkdv_bf16_d64", "sm80"): {"BLOCK_M": 32},         # 64: 20 bytes
     ("attn_bwd_dkdv_f32_d128", "sm90a"): {"num_warps": 8},       # 4 warps: 68 bytes
+    ("attn_bwd_dkdv_f32_d64", "sm90a"): {"num_stages": 1},       # 2 stages: 8 bytes (window)
     ("attn_bwd_dkdv_f32_d64", "sm80"): None,  # 40-112 bytes at 4 or 8 warps, 1 or 2 stages, BLOCK_N 16
 }
 

@@ -43,6 +43,21 @@ logits, in place, from the upstream ``grad[r] = (g_ℓ, g_H)`` (the gradients of
 (``∂H/∂s_j = −p_j·(log p_j + H)``), the formulas of ``TokenLogprobGradOp`` and
 ``rlvr_model::chunked``; ``dX`` and ``dW`` are then GEMMs of this chunk with ``W`` and ``h``.
 
+Final-logit softcapping (Gemma 2, ``cap · tanh(z / cap)`` before the temperature; Team Gemma,
+"Gemma 2", arXiv 2408.00118): the ``_softcap`` variants (constexpr ``SOFTCAP``) read the same raw
+chunk and use ``s_j = (cap·inv_t)·tanh(z_j / cap)`` in place of ``z_j·inv_t`` everywhere above
+(``cap`` an ``fp32`` argument, > 0; the plain variants ignore it), so the state, ``log p_y`` and
+``H`` are those of the capped logits; the backward multiplies ``∂L/∂s_j`` (target's ``g_ℓ``
+included) by ``∂ tanh = 1 − tanh²(z_j / cap)`` before the ``inv_t``::
+
+    ∂L/∂z_j = inv_t · (1 − t_j²) · ∂L/∂s_j,      t_j = tanh(z_j / cap)
+
+with ``1 − t² = 4e/(1 + e)²``, ``e = exp(−2|z/cap|)`` (exact to a few ulp even where ``t`` rounds
+to ±1).
+
+``tanh`` is computed as ``sign(x)·(1 − e)/(1 + e)``, ``e = exp(−2|x|)`` (no overflow; absolute
+error of the order of f32's rounding near 1), the CPU op's formula (``rlvr_kernels::exp::tanh_fast``).
+
 Launch contract (the host's part): ``targets`` ``[rows]`` holds the vocabulary ids (rlvr's u32 ids
 read as i32); ``state`` ``[rows, 4]``, ``out`` ``[rows, 2]`` and ``grad`` ``[rows, 2]`` are
 contiguous f32; ``state`` needs no initialisation (the first chunk's launch passes ``first = 1``
@@ -66,8 +81,25 @@ from kernels.variant import Variant, aligned
 
 
 @triton.jit
-def logprob_fwd_kernel(z, targets, state, n_cols, stride_z, col0, first, inv_t,
-                       BLOCK: tl.constexpr):
+def _tanh(x):
+    """``tanh(x)`` as ``sign(x)·(1 − e)/(1 + e)`` with ``e = exp(−2|x|)`` (f32, no overflow)."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = tl.div_rn(1.0 - e, 1.0 + e)
+    return tl.where(x < 0.0, -t, t)
+
+
+@triton.jit
+def _scaled(z, inv_t, cap, SOFTCAP: tl.constexpr):
+    """The scaled logits ``s`` of raw f32 logits ``z``: ``z·inv_t``, or ``(cap·inv_t)·tanh(z/cap)``."""
+    if SOFTCAP:
+        return (cap * inv_t) * _tanh(tl.div_rn(z, cap))
+    else:
+        return z * inv_t
+
+
+@triton.jit
+def logprob_fwd_kernel(z, targets, state, n_cols, stride_z, col0, first, inv_t, cap,
+                       BLOCK: tl.constexpr, SOFTCAP: tl.constexpr):
     """Merges row ``program_id(0)`` of one logits chunk into ``state`` ``[rows, 4]`` f32."""
     row = tl.program_id(0)
     zr = z + row.to(tl.int64) * stride_z
@@ -80,7 +112,8 @@ def logprob_fwd_kernel(z, targets, state, n_cols, stride_z, col0, first, inv_t,
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        s = tl.load(zr + cols, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        s = _scaled(tl.load(zr + cols, mask=mask, other=0.0).to(tl.float32), inv_t, cap, SOFTCAP)
+        s = tl.where(mask, s, float("-inf"))
         m_new = tl.maximum(M, tl.max(s, axis=0))
         d = tl.where(mask, s - m_new, 0.0)
         e = tl.where(mask, tl.exp(d), 0.0)
@@ -93,7 +126,7 @@ def logprob_fwd_kernel(z, targets, state, n_cols, stride_z, col0, first, inv_t,
     y = tl.load(targets + row)
     inside = (y >= col0) & (y < col0 + n_cols)
     zy = tl.load(zr + tl.where(inside, y - col0, 0), mask=inside, other=0.0).to(tl.float32)
-    sy = tl.where(inside, zy * inv_t, sy)
+    sy = tl.where(inside, _scaled(zy, inv_t, cap, SOFTCAP), sy)
     tl.store(st + 0, M)
     tl.store(st + 1, S)
     tl.store(st + 2, D)
@@ -115,8 +148,8 @@ def logprob_finish_kernel(state, out, n_rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def logprob_bwd_kernel(z, targets, state, out, grad, n_cols, stride_z, col0, inv_t,
-                       BLOCK: tl.constexpr):
+def logprob_bwd_kernel(z, targets, state, out, grad, n_cols, stride_z, col0, inv_t, cap,
+                       BLOCK: tl.constexpr, SOFTCAP: tl.constexpr):
     """In place on one logits chunk: ``z ← ∂L/∂z`` for the block ``program_id(1)`` of row
     ``program_id(0)``."""
     row = tl.program_id(0)
@@ -129,11 +162,16 @@ def logprob_bwd_kernel(z, targets, state, out, grad, n_cols, stride_z, col0, inv
     gl = tl.load(grad + row * 2 + 0)
     gh = tl.load(grad + row * 2 + 1)
     y = tl.load(targets + row)
-    s = tl.load(zr + cols, mask=mask, other=0.0).to(tl.float32) * inv_t
+    zc = tl.load(zr + cols, mask=mask, other=0.0).to(tl.float32)
+    s = _scaled(zc, inv_t, cap, SOFTCAP)
     lp = (s - M) - ln_s
     p = tl.exp(lp)
     ds = -gl * p - tl.where(gh != 0.0, gh * p * (lp + H), 0.0)
     ds = tl.where(cols + col0 == y, ds + gl, ds)
+    if SOFTCAP:
+        # 1 − tanh²(x) = 4e/(1 + e)², e = exp(−2|x|): no cancellation where tanh saturates.
+        e = tl.exp(-2.0 * tl.abs(tl.div_rn(zc, cap)))
+        ds = ds * tl.div_rn(4.0 * e, (1.0 + e) * (1.0 + e))
     dz = ds * inv_t
     if z.dtype.element_ty == tl.bfloat16:
         tl.store(zr + cols, to_bf16_rne(dz), mask=mask)
@@ -146,16 +184,20 @@ BWD_BLOCK = 1024
 FINISH_BLOCK = 128
 
 
-def _fwd(name, dt):
+def _fwd(name, dt, softcap=False):
     sig = {"z": f"*{dt}", "targets": "*i32", "state": "*fp32", "n_cols": "i32", "stride_z": "i32",
-           "col0": "i32", "first": "i32", "inv_t": "fp32", "BLOCK": "constexpr"}
-    return Variant(name, logprob_fwd_kernel, sig, {"BLOCK": FWD_BLOCK}, num_warps=4, num_stages=1)
+           "col0": "i32", "first": "i32", "inv_t": "fp32", "cap": "fp32", "BLOCK": "constexpr",
+           "SOFTCAP": "constexpr"}
+    return Variant(name, logprob_fwd_kernel, sig, {"BLOCK": FWD_BLOCK, "SOFTCAP": softcap},
+                   num_warps=4, num_stages=1)
 
 
-def _bwd(name, dt):
+def _bwd(name, dt, softcap=False):
     sig = {"z": f"*{dt}", "targets": "*i32", "state": "*fp32", "out": "*fp32", "grad": "*fp32",
-           "n_cols": "i32", "stride_z": "i32", "col0": "i32", "inv_t": "fp32", "BLOCK": "constexpr"}
-    return Variant(name, logprob_bwd_kernel, sig, {"BLOCK": BWD_BLOCK}, num_warps=4, num_stages=1)
+           "n_cols": "i32", "stride_z": "i32", "col0": "i32", "inv_t": "fp32", "cap": "fp32",
+           "BLOCK": "constexpr", "SOFTCAP": "constexpr"}
+    return Variant(name, logprob_bwd_kernel, sig, {"BLOCK": BWD_BLOCK, "SOFTCAP": softcap},
+                   num_warps=4, num_stages=1)
 
 
 VARIANTS = [
@@ -173,4 +215,13 @@ VARIANTS = [
     aligned(_fwd("logprob_fwd_bf16", "bf16"), ("n_cols", "stride_z")),
     aligned(_bwd("logprob_bwd_f32", "fp32"), ("n_cols", "stride_z")),
     aligned(_bwd("logprob_bwd_bf16", "bf16"), ("n_cols", "stride_z")),
+    # Final-logit softcapping (Gemma 2): the same kernels with ``SOFTCAP``, and their twins.
+    _fwd("logprob_fwd_softcap_f32", "fp32", True),
+    _fwd("logprob_fwd_softcap_bf16", "bf16", True),
+    _bwd("logprob_bwd_softcap_f32", "fp32", True),
+    _bwd("logprob_bwd_softcap_bf16", "bf16", True),
+    aligned(_fwd("logprob_fwd_softcap_f32", "fp32", True), ("n_cols", "stride_z")),
+    aligned(_fwd("logprob_fwd_softcap_bf16", "bf16", True), ("n_cols", "stride_z")),
+    aligned(_bwd("logprob_bwd_softcap_f32", "fp32", True), ("n_cols", "stride_z")),
+    aligned(_bwd("logprob_bwd_softcap_bf16", "bf16", True), ("n_cols", "stride_z")),
 ]

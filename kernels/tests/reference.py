@@ -38,25 +38,32 @@ def attention_blocks(seqs, block):
     return np.array(out, np.int32).reshape(-1, 2)
 
 
-def _keys(seq):
+def _keys(seq, window=0):
+    """Query rows, key rows and the ``[queries, keys]`` visibility of one sequence: the prefix,
+    then its own keys causally; with a ``window`` (> 0) only keys at positions ``p`` with
+    ``q − window < p`` (prefix key ``j`` at position ``j``, own row ``i`` at ``p_len + i``)."""
     start, length, p_start, p_len = (int(x) for x in seq)
     rows = np.concatenate([np.arange(p_start, p_start + p_len), np.arange(start, start + length)])
     mask = np.zeros((length, p_len + length), bool)
     mask[:, :p_len] = True
     mask[:, p_len:] = np.tril(np.ones((length, length), bool))
+    if window > 0:
+        qpos = p_len + np.arange(length)
+        kpos = np.arange(p_len + length)
+        mask &= (qpos[:, None] - kpos[None, :]) < window
     return np.arange(start, start + length), rows, mask
 
 
-def attention_ref_fwd(q, k, v, seqs, scale):
+def attention_ref_fwd(q, k, v, seqs, scale, window=0):
     """O ``[N, Hq, D]`` and LSE ``[Hq, N]`` (natural log of the scaled scores), float64; rows
-    outside every sequence are NaN."""
+    outside every sequence are NaN; ``window``: a sliding window (0: none; see ``_keys``)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     n, hq, d = q.shape
     rep = hq // k.shape[1]
     o = np.full(q.shape, np.nan)
     lse = np.full((hq, n), np.nan)
     for seq in seqs:
-        qr, kr, mask = _keys(seq)
+        qr, kr, mask = _keys(seq, window)
         for h in range(hq):
             s = q[qr, h] @ k[kr, h // rep].T * scale
             s = np.where(mask, s, -np.inf)
@@ -68,14 +75,14 @@ def attention_ref_fwd(q, k, v, seqs, scale):
     return o, lse
 
 
-def attention_ref_bwd(q, k, v, do, seqs, scale):
+def attention_ref_bwd(q, k, v, do, seqs, scale, window=0):
     """dQ, dK, dV (float64) of ``Σ O·dO``; rows outside every sequence are 0."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     hq = q.shape[1]
     rep = hq // k.shape[1]
     dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
     for seq in seqs:
-        qr, kr, mask = _keys(seq)
+        qr, kr, mask = _keys(seq, window)
         for h in range(hq):
             hk = h // rep
             s = np.where(mask, q[qr, h] @ k[kr, hk].T * scale, -np.inf)

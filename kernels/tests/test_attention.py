@@ -27,9 +27,9 @@ BF16_TOL = 2e-2
 SENTINEL = 777.0
 
 
-def _rel(got, ref, rows):
+def _rel(got, ref, rows, floor=1e-30):
     err = np.abs(got[rows] - ref[rows]).max()
-    return err / max(np.abs(ref[rows]).max(), 1e-30)
+    return err / max(np.abs(ref[rows]).max(), floor)
 
 
 def _tensor(x, dtype):
@@ -46,7 +46,8 @@ def _out(shape, dtype, fill=SENTINEL):
     return _tensor(np.full(shape, fill, np.float32), dtype)
 
 
-def run_attention(q, k, v, do, layout, scale, dtype="f32", bm=16, bn=16, bwd=True, blocks=None):
+def run_attention(q, k, v, do, layout, scale, dtype="f32", bm=16, bn=16, bwd=True, blocks=None,
+                  window=0):
     """Forward (and backward) through the four kernels; returns float arrays
     ``o, lse, dq, dk, dv`` (the backward ones None when ``bwd`` is false). ``blocks`` maps
     "fwd"/"dkdv"/"dq" to (BLOCK_M, BLOCK_N) (default: ``bm``, ``bn`` for all three)."""
@@ -61,7 +62,7 @@ def run_attention(q, k, v, do, layout, scale, dtype="f32", bm=16, bn=16, bwd=Tru
     bm, bn = blocks["fwd"]
     qb = Tensor(attention_blocks(seqs, bm))
     A.attn_fwd_kernel[(qb.arr.shape[0], hq)](tq, tk, tv, o, lse, sq, qb, n, hq, hkv, scale,
-                                             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
+                                             window, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
     if not bwd:
         return _value(o, dtype), lse.arr.copy(), None, None, None
     tdo = _tensor(do, dtype)
@@ -72,11 +73,11 @@ def run_attention(q, k, v, do, layout, scale, dtype="f32", bm=16, bn=16, bwd=Tru
     A.attn_bwd_pre_kernel[grid](o, tdo, delta, sq, qb, n, hq, HEAD_DIM=d, BLOCK_M=bm)
     dq, dk, dv = _out(q.shape, dtype), _out(k.shape, dtype), _out(v.shape, dtype)
     A.attn_bwd_dq_kernel[grid](tq, tk, tv, tdo, lse, delta, dq, sq, qb, n, hq, hkv, scale,
-                               HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
+                               window, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
     bm, bn = blocks["dkdv"]
     kb = Tensor(attention_blocks(seqs, bn))
     A.attn_bwd_dkdv_kernel[(kb.arr.shape[0], hkv)](
-        tq, tk, tv, tdo, lse, delta, dk, dv, sq, kb, vo, vw, n, hq, hkv, scale,
+        tq, tk, tv, tdo, lse, delta, dk, dv, sq, kb, vo, vw, n, hq, hkv, scale, window,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn)
     return (_value(o, dtype), lse.arr.copy(), _value(dq, dtype), _value(dk, dtype),
             _value(dv, dtype))
@@ -103,23 +104,26 @@ def _shared_specs(prompts, completions, seed):
 
 
 def check(specs, hq, hkv, d, dtype="f32", gaps=None, seed=0, bm=16, bn=16, bwd=True, name="",
-          blocks=None):
+          blocks=None, window=0):
     layout = attention_layout(specs, gaps)
     n, seqs = layout[0], layout[1]
     q, k, v, do = _inputs(n, hq, hkv, d, seed, dtype)
     scale = 1.0 / math.sqrt(d)
-    got = run_attention(q, k, v, do, layout, scale, dtype, bm, bn, bwd, blocks)
-    ref_o, ref_lse = attention_ref_fwd(q, k, v, seqs, scale)
+    got = run_attention(q, k, v, do, layout, scale, dtype, bm, bn, bwd, blocks, window)
+    ref_o, ref_lse = attention_ref_fwd(q, k, v, seqs, scale, window)
     refs = [ref_o, ref_lse.T]
     got = [got[0], got[1].T] + list(got[2:])
     if bwd:
-        refs += list(attention_ref_bwd(q, k, v, do, seqs, scale))
+        refs += list(attention_ref_bwd(q, k, v, do, seqs, scale, window))
     rows = np.setdiff1d(np.arange(n), layout[4])
     tol = F32_TOL if dtype == "f32" else BF16_TOL
     errs = {}
+    # A window of 1 makes dQ and dK exactly 0 in exact arithmetic (each query sees only itself:
+    # dS = P·(dP − D) = 0, what is left is dP − D's f32 rounding): there the error is absolute.
+    floor = 1.0 if window == 1 else 1e-30
     for label, g, r in zip(["O", "LSE", "dQ", "dK", "dV"], got, refs):
-        errs[label] = _rel(g, r, rows)
-    print(f"\n{name} {dtype} d{d} Hq{hq}/Hkv{hkv}: " +
+        errs[label] = _rel(g, r, rows, floor)
+    print(f"\n{name} {dtype} d{d} Hq{hq}/Hkv{hkv} window {window}: " +
           " ".join(f"{lbl} {e:.2e}" for lbl, e in errs.items()))
     for label, e in errs.items():
         assert e <= tol, (label, e, tol)
@@ -180,6 +184,47 @@ def test_variant_block_sizes(dtype, target):
                 blocks[kind] = (v.constexprs["BLOCK_M"], v.constexprs["BLOCK_N"])
     assert len(blocks) == 3
     check(SMALL, 2, 1, 64, dtype=dtype, seed=7, blocks=blocks, name=f"{dtype} {target} {blocks}")
+
+
+# Sliding windows: 1 (each query sees itself only), not a multiple of the blocks (5, 13: a
+# window edge inside a block, blocks wholly outside skipped), one block exactly (16), and wider
+# than every sequence (100: as no window); in the shared-prompt layout (windows reaching back
+# into the prompt, or not) and the unshared one with gaps, f32 and bf16, GQA 1/2/7.
+@pytest.mark.parametrize("window", [1, 5, 13, 16, 100])
+def test_window_shared_f32_d64(window):
+    check(SHARED, 4, 2, 64, seed=20, name="shared", window=window)
+
+
+@pytest.mark.parametrize("window", [1, 7, 33])
+def test_window_unshared_f32(window):
+    check(UNSHARED, 2, 1, 64, gaps=[0, 2, 0, 5, 1], seed=21, name="unshared", window=window)
+
+
+def test_window_small_gqa7_d128_f32():
+    check(SMALL, 7, 1, 128, seed=22, name="small", window=9)
+
+
+@pytest.mark.parametrize("window", [3, 20])
+def test_window_shared_bf16_d64(window):
+    check(SHARED, 4, 2, 64, dtype="bf16", seed=23, bm=32, bn=32, name="shared", window=window)
+
+
+def test_window_variant_block_sizes():
+    """A window across the compiled bf16 variants' own (large) blocks, with unequal fwd/dkdv/dq
+    blocks."""
+    blocks = {"fwd": (128, 64), "dkdv": (64, 32), "dq": (128, 32)}
+    check(SHARED, 2, 1, 64, dtype="bf16", seed=24, blocks=blocks, name="variant blocks",
+          window=11)
+
+
+def test_window_wider_than_every_sequence_equals_no_window():
+    """A window wider than every position gives the windowless kernels' bits exactly."""
+    lay = attention_layout(SMALL)
+    q, k, v, do = _inputs(lay[0], 2, 1, 64, 25, "f32")
+    a = run_attention(q, k, v, do, lay, 0.125)
+    b = run_attention(q, k, v, do, lay, 0.125, window=1000)
+    for x, y in zip(a, b):
+        assert x.tobytes() == y.tobytes()
 
 
 def test_shared_equals_unshared():

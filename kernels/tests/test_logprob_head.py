@@ -5,7 +5,10 @@ logits ``[rows, C]`` (here cut from a full matrix and copied into a buffer whose
 wider than C, so strides matter), ``logprob_fwd`` with ``first`` on the first chunk, then
 ``logprob_finish``; backward: per chunk, ``logprob_bwd`` in place. The reference is
 ``log_softmax(z/T)[y]``, ``H = −Σ p log p`` and ``∂/∂z_j = (g_ℓ·(δ_jy − p_j) − g_H·p_j·(log p_j + H))/T``
-in float64 on the same (f32, or bf16-rounded) logits.
+in float64 on the same (f32, or bf16-rounded) logits. The ``_softcap`` variants against the same
+reference through Gemma 2's final-logit cap: ``s = cap·tanh(z/cap)/T`` and
+``∂/∂z_j = (1 − tanh²(z_j/cap))·(…)/T``, at caps that leave the logits nearly linear (30) and that
+saturate them (2).
 """
 
 import numpy as np
@@ -18,8 +21,10 @@ from kernels.tests.launch import run
 PAD = 3  # extra columns per row of a chunk buffer: the row stride is C + PAD
 
 
-def reference(z, y, T, gl, gh):
-    s = z.astype(np.float64) / T
+def reference(z, y, T, gl, gh, cap=None):
+    z = z.astype(np.float64)
+    zc = z if cap is None else cap * np.tanh(z / cap)
+    s = zc / T
     m = s.max(axis=1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(s - m).sum(axis=1))
     logp = s - lse[:, None]
@@ -29,6 +34,8 @@ def reference(z, y, T, gl, gh):
     onehot = np.zeros_like(s)
     onehot[np.arange(len(y)), y] = 1.0
     dz = (gl[:, None] * (onehot - p) - gh[:, None] * p * (logp + H[:, None])) / T
+    if cap is not None:
+        dz *= 1.0 - np.tanh(z / cap) ** 2
     return lp_y, H, dz
 
 
@@ -43,17 +50,20 @@ def chunk_buffer(z, c0, c, dt):
     return Tensor(buf)
 
 
-def head(z, y, T, chunk, dt, gl, gh):
-    """The kernels over ``z`` (f32 values; bf16 bits when dt is bf16) chunk by chunk."""
+def head(z, y, T, chunk, dt, gl, gh, cap=None):
+    """The kernels over ``z`` (f32 values; bf16 bits when dt is bf16) chunk by chunk; with ``cap``
+    the ``_softcap`` variants."""
     rows, V = z.shape
     inv_t = float(np.float32(1.0 / T))
+    kind = dt if cap is None else f"softcap_{dt}"
+    capf = float(np.float32(cap if cap is not None else 0.0))
     targets = Tensor(y.astype(np.int32))
     state = Tensor(np.full((rows, 4), np.nan, np.float32))
     for c0 in range(0, V, chunk):
         c = min(chunk, V - c0)
         buf = chunk_buffer(z, c0, c, dt)
-        run(f"logprob_fwd_{dt}", (rows,), z=buf, targets=targets, state=state, n_cols=c,
-            stride_z=c + PAD, col0=c0, first=int(c0 == 0), inv_t=inv_t)
+        run(f"logprob_fwd_{kind}", (rows,), z=buf, targets=targets, state=state, n_cols=c,
+            stride_z=c + PAD, col0=c0, first=int(c0 == 0), inv_t=inv_t, cap=capf)
     out = Tensor(np.full((rows, 2), np.nan, np.float32))
     run("logprob_finish", (-(-rows // FINISH_BLOCK),), state=state, out=out, n_rows=rows)
     grad = Tensor(np.stack([gl, gh], axis=1).astype(np.float32))
@@ -61,8 +71,8 @@ def head(z, y, T, chunk, dt, gl, gh):
     for c0 in range(0, V, chunk):
         c = min(chunk, V - c0)
         buf = chunk_buffer(z, c0, c, dt)
-        run(f"logprob_bwd_{dt}", (rows, -(-c // BWD_BLOCK)), z=buf, targets=targets, state=state,
-            out=out, grad=grad, n_cols=c, stride_z=c + PAD, col0=c0, inv_t=inv_t)
+        run(f"logprob_bwd_{kind}", (rows, -(-c // BWD_BLOCK)), z=buf, targets=targets, state=state,
+            out=out, grad=grad, n_cols=c, stride_z=c + PAD, col0=c0, inv_t=inv_t, cap=capf)
         if dt == "bf16":
             assert (buf.arr[:, c:] == 0x7FC0).all()
             dz[:, c0:c0 + c] = from_bf16(buf.arr[:, :c])
@@ -91,9 +101,10 @@ def targets_for(rows, V, chunk, rng):
     return np.clip(y, 0, V - 1)
 
 
+@pytest.mark.parametrize("cap", [None, 30.0, 2.0])
 @pytest.mark.parametrize("dt", ["f32", "bf16"])
 @pytest.mark.parametrize("rows,V,chunk,T", CASES)
-def test_head(rows, V, chunk, T, dt):
+def test_head(rows, V, chunk, T, dt, cap):
     rng = np.random.default_rng(rows * 1000 + V)
     z = (rng.standard_normal((rows, V)) * 3.0).astype(np.float32)
     z[0, rng.integers(0, V)] = 25.0  # one dominant logit: p close to 1
@@ -108,23 +119,26 @@ def test_head(rows, V, chunk, T, dt):
     gl[0] = 1.0
     if rows > 1:
         gh[1] = 0.0  # no entropy gradient on one row
-    lp, H, dz = head(zin, y, T, chunk, dt, gl, gh)
+    lp, H, dz = head(zin, y, T, chunk, dt, gl, gh, cap)
     # The reference sees exactly the values the kernel read (f32 1/T, as the host passes it).
-    ref_lp, ref_H, ref_dz = reference(z, y, 1.0 / float(np.float32(1.0 / T)), gl, gh)
+    ref_lp, ref_H, ref_dz = reference(z, y, 1.0 / float(np.float32(1.0 / T)), gl, gh, cap)
     e_lp = np.max(np.abs(lp - ref_lp) / np.maximum(np.abs(ref_lp), 1.0))
     e_H = np.max(np.abs(H - ref_H) / np.maximum(np.abs(ref_H), 1.0))
     # Gradient: per row, relative to the row's largest entry.
     scale = np.abs(ref_dz).max(axis=1, keepdims=True)
     e_dz = np.max(np.abs(dz - ref_dz) / scale)
-    print(f"{dt} rows={rows} V={V} chunk={chunk} T={T}: log p {e_lp:.1e}, H {e_H:.1e}, dz {e_dz:.1e}")
-    # f32 arithmetic on ~10-magnitude logits: a few ulp of the scaled logits.
-    assert e_lp < 2e-6 and e_H < 2e-6
+    print(f"{dt} cap={cap} rows={rows} V={V} chunk={chunk} T={T}: log p {e_lp:.1e}, H {e_H:.1e}, dz {e_dz:.1e}")
+    # f32 arithmetic on ~10-magnitude logits: a few ulp of the scaled logits. With a cap, tanh's
+    # absolute error (≤ 1.5e-7: the 1 − e of its exp form) scaled by cap/T moves every scaled
+    # logit, hence every p_j relatively, by up to that much more.
+    tol = 2e-6 if cap is None else 2e-6 + 1.5e-7 * cap / T
+    assert e_lp < tol and e_H < tol
     if dt == "f32":
-        assert e_dz < 2e-6
+        assert e_dz < tol
     else:
         # The gradient is rounded to bf16 (8 significant bits) when stored: at most half an ulp,
         # i.e. 2^-8 relative to each entry (so to the row's largest), plus the f32 error above.
-        assert e_dz < 2.0**-8 + 2e-6
+        assert e_dz < 2.0**-8 + tol
         rel = np.abs(dz - ref_dz) / np.maximum(np.abs(ref_dz), 1e-30)
         big = np.abs(ref_dz) > 1e-3 * scale  # per entry, where f32 cancellation cannot dominate
         assert np.max(rel[big]) < 2.0**-8 + 1e-4

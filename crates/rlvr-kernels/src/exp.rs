@@ -216,6 +216,67 @@ fn exp_block_sums_body(
 
 dispatch_avx2!(fn exp_block_sums_dispatch(x: &[f32], inv_t: f32, m: f32, block: usize, w: &mut [f32], sums: &mut [f64]) -> () = exp_block_sums_body);
 
+/// `tanh(x)` for f32 in straight-line code the compiler vectorises: `sign(x)·(1 − e)/(1 + e)` with
+/// `e = exp(−2|x|)` by [`exp_fast`]. Absolute error ≤ 2e-7 over the whole line (the subtraction
+/// `1 − e` makes the *relative* error near 0 larger than `f32::tanh`'s; softcapped logits are
+/// then off by at most `cap · 2e-7`, the order of f32's own rounding of a logit near `cap`);
+/// exactly ±1 for |x| ≥ 43.6 (where `exp_fast` clamps).
+#[inline(always)]
+pub fn tanh_fast(x: f32) -> f32 {
+    let a = if x < 0.0 { -x } else { x };
+    let e = exp_fast(-2.0 * a);
+    let t = (1.0 - e) / (1.0 + e);
+    if x < 0.0 {
+        -t
+    } else {
+        t
+    }
+}
+
+/// Final-logit softcapping in place (Gemma 2, `cap · tanh(z / cap)`; Team Gemma, "Gemma 2", arXiv
+/// 2408.00118, §2): `z ← scale · tanh(z · inv_cap)`, where the caller folds the temperature into
+/// `scale = cap / T` and `inv_cap = 1 / cap`. By [`tanh_fast`] in [`LANES`] lanes.
+pub fn softcap_in_place(z: &mut [f32], inv_cap: f32, scale: f32) {
+    softcap_dispatch(z, inv_cap, scale)
+}
+
+#[inline(always)]
+fn softcap_body(z: &mut [f32], inv_cap: f32, scale: f32) {
+    for x in z.iter_mut() {
+        *x = scale * tanh_fast(*x * inv_cap);
+    }
+}
+
+dispatch_avx2!(fn softcap_dispatch(z: &mut [f32], inv_cap: f32, scale: f32) -> () = softcap_body);
+
+/// [`chunk_grad`] through a final-logit softcap: `s` holds the softcapped scaled logits
+/// `s = (cap / T) · tanh(z / cap)`, and becomes `∂L/∂s · (1 − tanh²(z / cap))` with
+/// `tanh(z / cap) = s · inv_scale` (`inv_scale = T / cap`): the gradient w.r.t. `z / T`, so the
+/// caller's `inv_t` factor still gives `∂L/∂z`. The target's `+g_ℓ` is again left to the caller,
+/// who multiplies it by the same `1 − tanh²` of the target's logit.
+pub fn chunk_grad_softcap(s: &mut [f32], lse: f32, gl: f32, gh: f32, h: f32, inv_scale: f32) {
+    chunk_grad_softcap_dispatch(s, lse, gl, gh, h, inv_scale)
+}
+
+#[inline(always)]
+fn chunk_grad_softcap_body(s: &mut [f32], lse: f32, gl: f32, gh: f32, h: f32, inv_scale: f32) {
+    if gh == 0.0 {
+        for x in s.iter_mut() {
+            let t = *x * inv_scale;
+            *x = -gl * exp_fast(*x - lse) * (1.0 - t * t);
+        }
+    } else {
+        for x in s.iter_mut() {
+            let t = *x * inv_scale;
+            let lp = *x - lse;
+            let p = exp_fast(lp);
+            *x = (-gl * p - gh * p * (lp + h)) * (1.0 - t * t);
+        }
+    }
+}
+
+dispatch_avx2!(fn chunk_grad_softcap_dispatch(s: &mut [f32], lse: f32, gl: f32, gh: f32, h: f32, inv_scale: f32) -> () = chunk_grad_softcap_body);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +302,45 @@ mod tests {
         let got: f64 = sums.iter().sum();
         assert!((got - want).abs() / want < 1e-6, "{got} vs {want}");
         assert!((w[7] as f64 - ((x[7] * 0.5 - m) as f64).exp()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn tanh_fast_is_within_2e7_of_std() {
+        for i in -60000..60000 {
+            let x = i as f32 * 1e-3;
+            let (a, b) = (tanh_fast(x), (x as f64).tanh());
+            assert!((a as f64 - b).abs() <= 2e-7, "{x}: {a} vs {b}");
+        }
+        assert_eq!(tanh_fast(100.0), 1.0);
+        assert_eq!(tanh_fast(-100.0), -1.0);
+        assert_eq!(tanh_fast(0.0), 0.0);
+    }
+
+    #[test]
+    fn softcap_and_its_gradient_match_f64() {
+        let (cap, t) = (30f32, 0.7f32);
+        let z: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) * 1.9).collect();
+        let mut s = z.clone();
+        softcap_in_place(&mut s, 1.0 / cap, cap / t);
+        for (&zi, &si) in z.iter().zip(&s) {
+            let want = cap as f64 / t as f64 * (zi as f64 / cap as f64).tanh();
+            assert!((si as f64 - want).abs() < 1e-5, "{zi}: {si} vs {want}");
+        }
+        // The gradient factor 1 − tanh² against f64, with g_H = 0 and g_H ≠ 0.
+        for gh in [0f32, 0.4] {
+            let (lse, gl, h) = (60f32, 1.3f32, 2.0f32);
+            let mut g = s.clone();
+            chunk_grad_softcap(&mut g, lse, gl, gh, h, t / cap);
+            for ((&zi, &si), &gi) in z.iter().zip(&s).zip(&g) {
+                let th = (zi as f64 / cap as f64).tanh();
+                let lp = si as f64 - lse as f64;
+                let p = lp.exp();
+                let want = (-(gl as f64) * p - gh as f64 * p * (lp + h as f64)) * (1.0 - th * th);
+                assert!(
+                    (gi as f64 - want).abs() < 1e-5 * want.abs().max(1e-3),
+                    "{zi}: {gi} vs {want}"
+                );
+            }
+        }
     }
 }

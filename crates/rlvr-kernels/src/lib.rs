@@ -33,6 +33,7 @@
 //!     inv_t: 1.0,
 //!     entropy: false,
 //!     stash: None,
+//!     softcap: None,
 //! };
 //! let out: Vec<Vec<f32>> = h.apply_op2(&w, op).unwrap().to_vec2().unwrap();
 //! let want = -(1f32 + 1f32.exp()).ln(); // log softmax([1, 0])[1]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::exp::{chunk_grad, chunk_stats};
+use crate::exp::{chunk_grad, chunk_grad_softcap, chunk_stats, softcap_in_place};
 use crate::gemm::{sgemm, MatRef};
 use crate::storage::contiguous_f32_2d;
 
@@ -43,6 +43,12 @@ const DH_PARTIALS_BYTES: usize = 64 << 20;
 ///
 /// With a [`LogitStash`] the forward keeps the scaled logits (`N·V` f32) for the backward, which
 /// then skips their recomputation (a third of the head's matmul work) at the cost of that memory.
+///
+/// With [`LmHeadLogprobOp::softcap`] (Gemma 2's final-logit softcapping, `cap = 30`) the logits
+/// `z = h·Wᵀ` become `cap · tanh(z / cap)` before the temperature, as transformers' `Gemma2ForCausalLM`
+/// does: the scaled logits are `s = (cap / T) · tanh(z / cap)` (by [`crate::exp::tanh_fast`]),
+/// and the backward multiplies `∂L/∂s` by `1 − tanh²(z / cap)`, recovered from `s` itself (no
+/// extra buffer: `tanh(z / cap) = s · T / cap`).
 #[derive(Clone)]
 pub struct LmHeadLogprobOp {
     /// The scored token of each row, `[N]`, each `< V`.
@@ -53,6 +59,9 @@ pub struct LmHeadLogprobOp {
     pub entropy: bool,
     /// Where the forward leaves the logits for the backward; `None`: the backward recomputes them.
     pub stash: Option<Arc<LogitStash>>,
+    /// Final-logit softcapping `cap` (> 0; Gemma 2's `final_logit_softcapping`): the logits become
+    /// `cap · tanh(z / cap)` before the temperature. `None`: plain logits.
+    pub softcap: Option<f32>,
 }
 
 /// Largest `[N, V]` f32 logits the model keeps for the backward (512 MiB); above it the backward
@@ -128,11 +137,28 @@ impl LmHeadLogprobOp {
         if let Some(&y) = self.targets.iter().find(|&&y| y as usize >= v) {
             candle_core::bail!("LmHeadLogprobOp: target {y} outside the vocabulary ({v})");
         }
+        if let Some(cap) = self.softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            candle_core::bail!(
+                "LmHeadLogprobOp: final-logit softcap {cap} (must be finite and > 0)"
+            );
+        }
         Ok(())
+    }
+
+    /// The scaled target logit `s_y` in f64 from the dot product `z_y = h_y·W_y`.
+    fn scaled(&self, z: f64) -> f64 {
+        match self.softcap {
+            None => z * self.inv_t as f64,
+            Some(cap) => {
+                let cap = cap as f64;
+                cap * self.inv_t as f64 * (z / cap).tanh()
+            }
+        }
     }
 }
 
-/// Scaled logits of rows `r0..r0+rb` against vocabulary rows `c0..c0+vc` into `z` `[rb, vc]`.
+/// Scaled logits of rows `r0..r0+rb` against vocabulary rows `c0..c0+vc` into `z` `[rb, vc]`:
+/// `z·inv_t`, or with a final-logit `softcap` `(cap·inv_t)·tanh(z / cap)`.
 #[allow(clippy::too_many_arguments)]
 fn logits_block(
     z: &mut [f32],
@@ -144,6 +170,7 @@ fn logits_block(
     c0: usize,
     vc: usize,
     inv_t: f32,
+    softcap: Option<f32>,
 ) {
     let lhs = MatRef {
         data: &h[r0 * hd..],
@@ -156,7 +183,13 @@ fn logits_block(
         rs: 1,
         cs: hd,
     };
-    sgemm(rb, vc, hd, z, vc, false, lhs, rhs, inv_t);
+    match softcap {
+        None => sgemm(rb, vc, hd, z, vc, false, lhs, rhs, inv_t),
+        Some(cap) => {
+            sgemm(rb, vc, hd, z, vc, false, lhs, rhs, 1.0);
+            softcap_in_place(&mut z[..rb * vc], 1.0 / cap, cap * inv_t);
+        }
+    }
 }
 
 impl LmHeadLogprobOp {
@@ -206,7 +239,7 @@ impl candle_core::CustomOp2 for LmHeadLogprobOp {
                 let rb = ROW_BLOCK.min(n - r0);
                 // With a stash, z is this chunk's whole [n, vc] slot in it.
                 let z = if whole { &mut z[r0 * vc..] } else { &mut *z };
-                logits_block(z, h, w, hd, r0, rb, c0, vc, self.inv_t);
+                logits_block(z, h, w, hd, r0, rb, c0, vc, self.inv_t, self.softcap);
                 for i in 0..rb {
                     let row = &z[i * vc..(i + 1) * vc];
                     let (m, se, sd) = chunk_stats(row, self.entropy);
@@ -300,6 +333,7 @@ struct GradCtx<'a> {
     rows: &'a [[f32; 4]],
     targets: &'a [u32],
     inv_t: f32,
+    softcap: Option<f32>,
 }
 
 impl GradCtx<'_> {
@@ -315,16 +349,30 @@ impl GradCtx<'_> {
             let z = if stashed {
                 &mut z[r0 * vc..(r0 + rb) * vc]
             } else {
-                logits_block(z, self.h, self.w, hd, r0, rb, c0, vc, inv_t);
+                logits_block(z, self.h, self.w, hd, r0, rb, c0, vc, inv_t, self.softcap);
                 &mut z[..rb * vc]
             };
             for i in 0..rb {
                 let [lse, gl, gh, ent] = self.rows[r0 + i];
                 let row = &mut z[i * vc..(i + 1) * vc];
-                chunk_grad(row, lse, gl, gh, ent);
                 let y = self.targets[r0 + i] as usize;
-                if (c0..c0 + vc).contains(&y) {
-                    row[y - c0] += gl;
+                let inside = (c0..c0 + vc).contains(&y);
+                match self.softcap {
+                    None => {
+                        chunk_grad(row, lse, gl, gh, ent);
+                        if inside {
+                            row[y - c0] += gl;
+                        }
+                    }
+                    Some(cap) => {
+                        // ∂s/∂(z·inv_t) = 1 − tanh²(z / cap), tanh(z / cap) = s · inv_scale.
+                        let inv_scale = 1.0 / (cap * inv_t);
+                        let ty = if inside { row[y - c0] * inv_scale } else { 0.0 };
+                        chunk_grad_softcap(row, lse, gl, gh, ent, inv_scale);
+                        if inside {
+                            row[y - c0] += gl * (1.0 - ty * ty);
+                        }
+                    }
                 }
             }
             let z: &[f32] = z;
@@ -384,7 +432,7 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
                 let hy = &h[i * hd..(i + 1) * hd];
                 let wy = &w[y * hd..(y + 1) * hd];
                 let dot: f64 = hy.iter().zip(wy).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let lse = (dot * f.inv_t as f64 - self.res[2 * i] as f64) as f32;
+                let lse = (f.scaled(dot) - self.res[2 * i] as f64) as f32;
                 let (gl, gh) = if f.entropy {
                     (self.grad[2 * i], self.grad[2 * i + 1])
                 } else {
@@ -402,6 +450,7 @@ impl candle_core::CustomOp2 for LmHeadLogprobGradOp {
             rows: &rows,
             targets: &f.targets,
             inv_t: f.inv_t,
+            softcap: f.softcap,
         };
         let wrows = if self.weight_grad { v } else { 0 };
         let mut out = vec![0f32; (n + wrows) * hd];

@@ -4,6 +4,11 @@
 //! heads, tied, f32), 8 × 128 random tokens without padding, log-probs of the next token at all
 //! 127 positions, loss = −mean, backward, AdamW (lr 1e-5). Two warm-up steps, then `--steps`.
 //! Prints one JSON line like the PyTorch side.
+//!
+//! `--arch gemma2`: the same sizes as a Gemma 2 model (transformers' defaults: final-logit
+//! softcapping 30, attention softcapping 50, (1 + weight) norms, GeGLU, no biases), to time the
+//! log-prob head through the softcap; `--chunked` forces the device-generic chunked head
+//! (`rlvr_model::chunked::force_on_cpu`) instead of the fused CPU op, for an A/B in one binary.
 
 use std::time::Instant;
 
@@ -49,7 +54,22 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or(d)
     };
     let (steps, batch, seq) = (arg("--steps", 5), arg("--batch", 8), arg("--seq", 128));
-    let config = ModelConfig {
+    let flag = |k: &str| args.iter().any(|a| a == k);
+    let opt_of = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let gemma2 = match opt_of("--arch").as_deref() {
+        None | Some("qwen2") => false,
+        Some("gemma2") => true,
+        Some(other) => anyhow::bail!("--arch {other}: qwen2 or gemma2"),
+    };
+    if flag("--chunked") {
+        rlvr_model::chunked::force_on_cpu(true);
+    }
+    let mut config = ModelConfig {
         arch: Arch::Qwen2,
         vocab_size: 32000,
         hidden_size: 256,
@@ -73,6 +93,11 @@ fn main() -> anyhow::Result<()> {
         gemma: None,
         partial_rotary_factor: 1.0,
     };
+    if gemma2 {
+        config.arch = Arch::Gemma2;
+        config.qkv_bias = false;
+        config.gemma = rlvr_model::GemmaConfig::defaults_for(Arch::Gemma2, config.head_dim);
+    }
     let model = Model::random(config, 0.02, 0, DType::F32, &Device::Cpu)?;
     let vars = model
         .named_vars()
@@ -119,6 +144,8 @@ fn main() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "impl": "rlvr",
+            "arch": if gemma2 { "gemma2" } else { "qwen2" },
+            "head": if flag("--chunked") { "chunked" } else { "fused" },
             "step_s_median": sorted[sorted.len() / 2],
             "forward_s_median": fs[fs.len() / 2],
             "step_s_all": times,

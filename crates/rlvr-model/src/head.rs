@@ -200,7 +200,7 @@ impl Model {
 
     /// The log-prob/entropy head on `h` `[N, H]` at `targets` `[N]`: `[N]` log-probs and, when
     /// asked, `[N]` entropies, of the logits after Gemma 2's final softcapping when the model has
-    /// one (fused on the CPU in f32 without softcapping, [`crate::chunked`] elsewhere, the Triton
+    /// one (fused on the CPU in f32, softcap included, [`crate::chunked`] elsewhere, the Triton
     /// chunk kernels on CUDA with `kernels.logprob_head`; the chunked op equals
     /// [`Model::logprobs_unfused`], tested).
     pub(crate) fn head(
@@ -212,13 +212,9 @@ impl Model {
         grad: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let n = h.dim(0)?;
-        // The fused CPU op has no final-logit softcapping: a softcapped model (Gemma 2) takes
-        // the chunked head, which applies it.
+        // Gemma 2's final-logit softcapping is applied by either head.
         let softcap = self.final_logit_softcap();
-        if self.device().is_cpu()
-            && self.dtype() == DType::F32
-            && !crate::chunked::forced_on_cpu()
-            && softcap.is_none()
+        if self.device().is_cpu() && self.dtype() == DType::F32 && !crate::chunked::forced_on_cpu()
         {
             // Fused lm_head + log-softmax + gather + entropy over vocabulary chunks: the
             // [N, V] logits never exist (rlvr_kernels::LmHeadLogprobOp).
@@ -237,6 +233,7 @@ impl Model {
                 inv_t: (1.0 / temperature) as f32,
                 entropy: with_entropy,
                 stash,
+                softcap: softcap.map(|c| c as f32),
             };
             let hc = h.contiguous()?;
             let out = if train_w || !grad {
@@ -248,7 +245,7 @@ impl Model {
             // launches, from this forward (and its backward).
             let out = if self.fused_head() {
                 let ys = targets.to_vec1()?;
-                crate::kernels::head::tap(&hc, w, &ys, temperature, with_entropy, &out)?
+                crate::kernels::head::tap(&hc, w, &ys, temperature, with_entropy, softcap, &out)?
             } else {
                 out
             };
@@ -279,7 +276,9 @@ impl Model {
                 }
                 let chunk = crate::kernels::head::chunk_width(n, v, elems);
                 let op = (temperature, with_entropy, chunk);
-                if let Some(out) = crate::kernels::cuda_head(&hc, w, &ys, op, grad, train_w)? {
+                if let Some(out) =
+                    crate::kernels::cuda_head(&hc, w, &ys, op, softcap, grad, train_w)?
+                {
                     let lp = out.narrow(1, 0, 1)?.squeeze(1)?;
                     let ent = if with_entropy {
                         Some(out.narrow(1, 1, 1)?.squeeze(1)?)
@@ -305,7 +304,7 @@ impl Model {
                 train_w,
             )?;
             let out = if self.fused_head() {
-                crate::kernels::head::tap(&hc, w, &ys, temperature, with_entropy, &out)?
+                crate::kernels::head::tap(&hc, w, &ys, temperature, with_entropy, softcap, &out)?
             } else {
                 out
             };

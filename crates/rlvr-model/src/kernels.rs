@@ -57,7 +57,7 @@ impl std::fmt::Display for Switch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KernelSwitches {
-    /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores; also the sampler's prompt prefill, which writes the keys and values into its cache): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; head dims other than 64 and 128, dtypes other than f32/bf16 and sliding-window models (Mistral, `use_sliding_window`: the kernels have no window) use the candle composition. Default `auto`.
+    /// Fused causal GQA attention (FlashAttention-2 forward and backward over the exact lengths, shared prompts computed once; no `[heads, T, T]` scores; also the sampler's prompt prefill, which writes the keys and values into its cache): `auto`, `on` or `off`. `auto` is on for CUDA only once the kernel has passed the GPU check (`bench/gpu_check.sh`; none has yet, so it is opt-in today); `on` is a no-op on the CPU; sliding-window layers (Mistral, `use_sliding_window`, Gemma 3's local layers) launch with their window, blocks outside it skipped; head dims other than 64 and 128, dtypes other than f32/bf16 and Gemma 2 (attention softcapping) use the candle composition. Default `auto`.
     pub attention: Switch,
     /// Fused RMSNorm with the residual add (forward and backward, the weight gradient summed in a fixed order): `auto`, `on` or `off`, as `kernels.attention`; hidden sizes over 8192 use the candle composition. Default `auto`. With `on` on CUDA every norm of the model runs the kernels (the post-attention norm fused with the residual add before it), LoRA and activation checkpointing included.
     pub rms_norm: Switch,
@@ -313,13 +313,13 @@ fn uncovered(op: FusedOp, cfg: &ModelConfig, dtype: DType) -> Option<String> {
     if let Some(why) = rope_uncovered(op, cfg) {
         return Some(why);
     }
-    // The attention kernels see every earlier key of a sequence: a sliding-window model's
-    // layers attend through the candle composition (its window mask) instead.
-    if let (Some(w), FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs) =
-        (&cfg.sliding_window, op)
-    {
+    // The training attention kernels take a sliding window (their `window` argument); the
+    // decode kernels still see every cached key: a sliding-window model decodes through the
+    // candle composition (its window mask).
+    if let (Some(w), FusedOp::Decode | FusedOp::CudaGraphs) = (&cfg.sliding_window, op) {
         return Some(format!(
-            "the model attends through a sliding window of {} tokens, which the fused attention              kernels do not apply",
+            "the model attends through a sliding window of {} tokens, which the decode kernels \
+             do not apply",
             w.size
         ));
     }
@@ -390,21 +390,15 @@ fn rope_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
 
 /// Why the kernels of `op` do not cover a Gemma model of `cfg` (`None` for other models and
 /// for AdamW, which sees parameters only): the norms' `1 + weight` (RMSNorm, decode), GeGLU
-/// (SwiGLU kernels), the attention scale `query_pre_attn_scalar^-½` and score softcapping
-/// (attention, decode), Gemma 3's second rotary table for its local layers (rotary, decode), and
-/// the final-logit softcapping (log-prob head).
+/// (SwiGLU kernels), Gemma 2's score softcapping (attention, decode), the attention scale
+/// `query_pre_attn_scalar^-½` (decode: the training kernels take it as `softmax_scale`), Gemma
+/// 3's second rotary table for its local layers (rotary, decode).
+/// The final-logit softcapping is covered: the log-prob head's `_softcap` variants apply it.
 fn gemma_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
     let g = cfg.gemma.as_ref()?;
     let name = cfg.arch.model_type();
     let why = match op {
-        FusedOp::Adamw => return None,
-        FusedOp::LogprobHead => match g.final_logit_softcapping {
-            Some(cap) => format!(
-                "{name} caps its logits (final_logit_softcapping {cap}), which the fused head \
-                 kernels do not apply"
-            ),
-            None => return None,
-        },
+        FusedOp::Adamw | FusedOp::LogprobHead => return None,
         FusedOp::RmsNorm => {
             format!("{name}'s RMSNorm scales by 1 + weight, which the RMSNorm kernels do not")
         }
@@ -416,9 +410,18 @@ fn gemma_uncovered(op: FusedOp, cfg: &ModelConfig) -> Option<String> {
              rotary kernels' one table does not hold"
         ),
         FusedOp::Rotary => return None,
-        FusedOp::Attention | FusedOp::Decode | FusedOp::CudaGraphs => format!(
-            "{name} scales attention scores by query_pre_attn_scalar^-1/2{}, which the fused \
-             attention kernels do not apply",
+        // The training attention kernels take the scale (`softmax_scale`) and the window, not
+        // the score softcapping; the decode step also runs the (1 + weight) norms.
+        FusedOp::Attention => match g.attn_logit_softcapping {
+            Some(cap) => format!(
+                "{name} caps its attention scores (attn_logit_softcapping {cap}), which the fused \
+                 attention kernels do not apply"
+            ),
+            None => return None,
+        },
+        FusedOp::Decode | FusedOp::CudaGraphs => format!(
+            "{name} scales attention scores by query_pre_attn_scalar^-1/2{} and normalises by \
+             1 + weight, which the decode kernels do not apply",
             match g.attn_logit_softcapping {
                 Some(cap) => format!(" and caps them (attn_logit_softcapping {cap})"),
                 None => String::new(),
@@ -1058,7 +1061,7 @@ fn grad_host(grads: &candle_core::backprop::GradStore, v: &candle_core::Var) -> 
 }
 
 /// `(lse [nh·N], queries)`: the log-sum-exp of every query row of `l` per head, in f64 from the
-/// f32 inputs, and each query's visible keys.
+/// f32 inputs, and each query's visible keys (through `l.window` when set).
 fn lse_of(l: &AttnLayout, q: &[f32], k: &[f32]) -> Vec<f64> {
     let (n, hq, hk, d) = (l.n_tokens, l.q_heads, l.kv_heads, l.head_dim);
     let rep = hq / hk;
@@ -1066,8 +1069,13 @@ fn lse_of(l: &AttnLayout, q: &[f32], k: &[f32]) -> Vec<f64> {
     for s in &l.seqs {
         for i in 0..s.len {
             let t = s.start + i;
+            // Key j of [prefix, own] is at position j; query i at prefix_len + i.
+            let qpos = s.prefix_len + i;
             let keys = (s.prefix_start..s.prefix_start + s.prefix_len).chain(s.start..=t);
-            let keys: Vec<usize> = keys.collect();
+            let keys: Vec<usize> = (keys.enumerate())
+                .filter(|(j, _)| l.window == 0 || qpos - j < l.window)
+                .map(|(_, r)| r)
+                .collect();
             for h in 0..hq {
                 let qi = (t * hq + h) * d;
                 let sc: Vec<f64> = (keys.iter())
@@ -1084,6 +1092,14 @@ fn lse_of(l: &AttnLayout, q: &[f32], k: &[f32]) -> Vec<f64> {
         }
     }
     lse
+}
+
+/// The records' label part for a sliding layer (`_w{window}`), empty without a window.
+fn window_tag(l: &AttnLayout) -> String {
+    match l.window {
+        0 => String::new(),
+        w => format!("_w{w}"),
+    }
 }
 
 /// Zeros the rows of `v` (`[N, heads·hd]` flat) outside every sequence: what the kernels leave
@@ -1139,7 +1155,7 @@ fn record_attention_fwd(
         ),
     ]);
     let name = variant("fwd", d);
-    let label = format!("model_attn_{}_{name}", kind.name());
+    let label = format!("model_attn_{}{}_{name}", kind.name(), window_tag(l));
     write_record(
         &label,
         &name,
@@ -1197,7 +1213,7 @@ impl AttnRecord {
         };
         let name = variant("bwd_pre", d);
         write_record(
-            &format!("model_attn_{kind}_{name}"),
+            &format!("model_attn_{kind}{}_{name}", window_tag(l)),
             &name,
             plan,
             BTreeMap::from([
@@ -1226,7 +1242,7 @@ impl AttnRecord {
         b.insert("dk".into(), z(&sk));
         b.insert("dv".into(), z(&sk));
         write_record(
-            &format!("model_attn_{kind}_{name}"),
+            &format!("model_attn_{kind}{}_{name}", window_tag(l)),
             &name,
             plan,
             b,
@@ -1245,7 +1261,7 @@ impl AttnRecord {
         let mut b = inputs;
         b.insert("dq".into(), z(&sq));
         write_record(
-            &format!("model_attn_{kind}_{name}"),
+            &format!("model_attn_{kind}{}_{name}", window_tag(l)),
             &name,
             plan,
             b,
@@ -1286,8 +1302,12 @@ fn composition_of(l: &AttnLayout, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<
         let scores = (qg.matmul(&kt)? * l.softmax_scale as f64)?;
         let mut mask = vec![0f32; s.len * sk];
         for i in 0..s.len {
-            for j in s.prefix_len + i + 1..sk {
-                mask[i * sk + j] = f32::NEG_INFINITY;
+            for j in 0..sk {
+                // Key j at position j, query i at prefix_len + i: causal, and in the window.
+                let qpos = s.prefix_len + i;
+                if j > qpos || (l.window > 0 && qpos - j >= l.window) {
+                    mask[i * sk + j] = f32::NEG_INFINITY;
+                }
             }
         }
         let mask = Tensor::from_vec(mask, (1, 1, s.len, sk), q.device())?;
@@ -1547,17 +1567,20 @@ pub(crate) mod cuda_adamw;
 mod cuda_head;
 
 /// The fused head on CUDA ([`head`]'s module docs): `[N, 2]` (log p_y, H), or `None` where the
-/// kernels do not cover the call (then the caller runs [`crate::chunked`]).
+/// kernels do not cover the call (then the caller runs [`crate::chunked`]); `softcap`: Gemma 2's
+/// final-logit cap (the `_softcap` variants).
 #[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cuda_head(
     h: &Tensor,
     w: &Tensor,
     targets: &[u32],
     op: (f64, bool, usize),
+    softcap: Option<f64>,
     grad: bool,
     weight_grad: bool,
 ) -> Result<Option<Tensor>> {
-    cuda_head::apply(h, w, targets, op, grad, weight_grad)
+    cuda_head::apply(h, w, targets, op, softcap, grad, weight_grad)
 }
 
 #[cfg(test)]

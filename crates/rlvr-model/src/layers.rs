@@ -546,12 +546,12 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
-        // A sliding layer attends through the window's mask (the fused kernels are off for a
-        // sliding-window model: `kernels::uncovered`).
+        // A sliding layer attends through the window's mask (and the fused kernels through
+        // their `window` argument, below).
         let windowed;
         let mask = match (self.window, mask) {
-            (Some(_), AttnMask::Dense(_, _, Some(w))) => {
-                windowed = AttnMask::Dense(w.clone(), None, None);
+            (Some(_), AttnMask::Dense(_, l, Some(w))) => {
+                windowed = AttnMask::Dense(w.clone(), l.clone(), None);
                 &windowed
             }
             _ => mask,
@@ -585,7 +585,7 @@ impl Attention {
         // values are stored below.
         let past = cache.as_ref().map_or(0, |(s, _)| s.len());
         let fused = match mask {
-            _ if !self.fused.attention || self.window.is_some() => None,
+            _ if !self.fused.attention => None,
             AttnMask::Dense(_, Some(l), _) if past == 0 => Some((AttnKind::Dense, l.clone())),
             AttnMask::Dense(_, Some(l), _) if l.n_tokens == b * (t + past) => {
                 Some((AttnKind::Kept, l.clone()))
@@ -594,6 +594,17 @@ impl Attention {
             AttnMask::Shared(l) if past == 0 => l.fused.clone().map(|f| (AttnKind::Shared, f)),
             AttnMask::Shared(_) => None,
         };
+        // A sliding layer's kernels get its window (the layout is the model's, for every layer).
+        let fused = fused.map(|(kind, l)| match self.window {
+            Some(w) => (
+                kind,
+                Arc::new(FusedLayout {
+                    window: w,
+                    ..(*l).clone()
+                }),
+            ),
+            None => (kind, l),
+        });
         if let Some((kind, layout)) = fused {
             let n = b * t;
             let flat = |x: &Tensor, heads: usize| -> Result<Tensor> {
@@ -614,7 +625,7 @@ impl Attention {
                         let v = v.transpose(1, 2)?.contiguous()?;
                         self.attend(&q, &k, &v, bias)?
                     }
-                    AttnMask::Shared(l) => self.attend_shared(&q, &k, &v, l, false)?,
+                    AttnMask::Shared(l) => self.attend_shared(&q, &k, &v, l, shared_window)?,
                 };
                 Ok(o.reshape((n, nh, hd))?)
             };

@@ -347,7 +347,13 @@ impl Model {
             q_heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads,
             head_dim: c.head_dim,
-            softmax_scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
+            // The layers' scale: Gemma's query_pre_attn_scalar^-½, else head_dim^-½.
+            softmax_scale: match &c.gemma {
+                Some(g) => (1.0 / g.query_pre_attn_scalar.sqrt()) as f32,
+                None => (1.0 / (c.head_dim as f64).sqrt()) as f32,
+            },
+            // Per layer: a sliding layer sets its window (`layers::Attention::forward`).
+            window: 0,
         })
     }
 

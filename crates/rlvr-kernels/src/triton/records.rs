@@ -875,14 +875,31 @@ fn grad_sumsq_record(r: &mut Rec, gdt: DType) {
 
 fn logprob_records(r: &mut Rec) {
     for dt in [DType::Fp32, DType::Bf16] {
-        logprob_records_of(r, dt);
+        for cap in [None, Some(4.0)] {
+            logprob_records_of(r, dt, cap);
+        }
     }
 }
 
 /// The head's three kernels on logits of `dt` (bf16: widened when loaded, the gradient
-/// rounded to nearest even when stored).
-fn logprob_records_of(r: &mut Rec, dt: DType) {
-    let sfx = if dt == DType::Bf16 { "bf16" } else { "f32" };
+/// rounded to nearest even when stored); with `cap` the final-logit softcap variants (a cap of
+/// 4 against logits of up to ±8: saturated and linear parts both).
+fn logprob_records_of(r: &mut Rec, dt: DType, cap: Option<f32>) {
+    let dts = if dt == DType::Bf16 { "bf16" } else { "f32" };
+    let sfx = match cap {
+        Some(_) => format!("softcap_{dts}"),
+        None => dts.to_string(),
+    };
+    // The scaled logit of a raw one, and ∂s/∂(z·inv_t) (1 without a cap), in f64.
+    let capf = cap.map(|c| c as f64);
+    let scaled = |z: f64, it: f64| match capf {
+        Some(c) => c * it * (z / c).tanh(),
+        None => z * it,
+    };
+    let dcap = |z: f64| match capf {
+        Some(c) => 1.0 - (z / c).tanh().powi(2),
+        None => 1.0,
+    };
     let (rows, n_cols, stride, col0) = (3usize, r.len(1500, 1504), 1536usize, 3000usize);
     let inv_t = 1.0f32 / 0.7;
     let s = logprob_head::LogprobChunk {
@@ -892,6 +909,7 @@ fn logprob_records_of(r: &mut Rec, dt: DType) {
         col0,
         first: false,
         inv_t,
+        cap: cap.unwrap_or(0.0),
     };
     let (z, zf) = input(dt, &[rows, stride], 51, 8.0);
     let targets = [3007i32, 100, 4499]; // inside, outside (an earlier chunk), last column
@@ -905,7 +923,9 @@ fn logprob_records_of(r: &mut Rec, dt: DType) {
     let mut state = vec![0.0; rows * 4];
     for i in 0..rows {
         let [m0, s0, d0, sy0] = prior[i];
-        let sc: Vec<f64> = (0..n_cols).map(|c| zf[i * stride + c] * it).collect();
+        let sc: Vec<f64> = (0..n_cols)
+            .map(|c| scaled(zf[i * stride + c], it))
+            .collect();
         let m = sc.iter().fold(m0, |a, b| a.max(*b));
         let se = s0 * (m0 - m).exp() + sc.iter().map(|v| (v - m).exp()).sum::<f64>();
         // D = Σ e^{s−M}(s−M) over both parts, re-based to the new max.
@@ -945,7 +965,7 @@ fn logprob_records_of(r: &mut Rec, dt: DType) {
         ("out".into(), HostBuffer::zeros(DType::Fp32, &[rows, 2])),
     ]);
     let e = Expected::from([("out".into(), (f32s(&[rows, 2], &outv), Tolerance::F32))]);
-    if dt == DType::Fp32 {
+    if dt == DType::Fp32 && cap.is_none() {
         r.write("logprob_finish", k, &plan, b, e); // f32 state only: once
     }
     // backward, in place on z: dz = inv_t·(g_ℓ(δ_jy − p_j) − g_H p_j (log p_j + H)).
@@ -957,13 +977,14 @@ fn logprob_records_of(r: &mut Rec, dt: DType) {
         let (m, ln_s, h) = (st[i * 4], st[i * 4 + 1].ln(), o[i * 2 + 1]);
         let (gl, gh) = (grad[i * 2], grad[i * 2 + 1]);
         for c in 0..n_cols {
-            let lp = zf[i * stride + c] * it - m - ln_s;
+            let zc = zf[i * stride + c];
+            let lp = scaled(zc, it) - m - ln_s;
             let p = lp.exp();
             let mut ds = -gl * p - gh * p * (lp + h);
             if c + col0 == targets[i] as usize {
                 ds += gl;
             }
-            dz[i * stride + c] = ds * it;
+            dz[i * stride + c] = ds * dcap(zc) * it;
         }
     }
     let k = r.entry(&format!("logprob_bwd_{sfx}"));
@@ -981,20 +1002,29 @@ fn logprob_records_of(r: &mut Rec, dt: DType) {
 
 /// Attention (f32, head dim 64) on the shared-prompt example layout: the forward, then each
 /// backward kernel from f32-rounded `lse`/`delta`. Output buffers start at a sentinel, which the
-/// padding rows (never written) must keep.
+/// padding rows (never written) must keep. Also through a sliding window of 7 keys (labels
+/// `_w7`; 37-row prompt: the completions' first 6 rows still see some of it, the rest not).
 fn attention_records(r: &mut Rec) {
     for dt in [DType::Fp32, DType::Bf16] {
         for d in [64, 128] {
-            attention_records_of(r, dt, d);
+            attention_records_of(r, dt, d, 0);
         }
+        attention_records_of(r, dt, 64, 7);
     }
 }
 
 /// One (dtype, head dim) of [`attention_records`]. bf16: P and dS are rounded to bf16 before
 /// their matmuls, so the bounds are normwise ([`tol_norm`]); lse and delta stay f32.
-fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
+fn attention_records_of(r: &mut Rec, dt: DType, d: usize, window: usize) {
     let sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
-    let l = attention::example_layout(d);
+    let label = |name: &str| match window {
+        0 => name.to_string(),
+        w => format!("{name}_w{w}"),
+    };
+    let l = attention::Layout {
+        window,
+        ..attention::example_layout(d)
+    };
     let (n, hq, hk) = (l.n_tokens, l.q_heads, l.kv_heads);
     let rep = hq / hk;
     let scale = l.softmax_scale as f64;
@@ -1008,12 +1038,22 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
     let dot = |a: &[f64], ia: usize, b: &[f64], ib: usize| {
         (0..d).map(|x| a[ia + x] * b[ib + x]).sum::<f64>()
     };
-    // Every (query row, its key rows).
+    // Every (query row, its key rows): prefix key j at position j, own row i at prefix_len + i;
+    // a window keeps the keys at positions p with q − window < p.
     let mut queries: Vec<(usize, Vec<usize>)> = Vec::new();
     for s in &l.seqs {
         for i in 0..s.len {
-            let mut keys: Vec<usize> = (s.prefix_start..s.prefix_start + s.prefix_len).collect();
-            keys.extend(s.start..=s.start + i);
+            let qpos = s.prefix_len + i;
+            let seen = |p: usize| window == 0 || qpos - p < window;
+            let mut keys: Vec<usize> = (0..s.prefix_len)
+                .filter(|&j| seen(j))
+                .map(|j| s.prefix_start + j)
+                .collect();
+            keys.extend(
+                (0..=i)
+                    .filter(|&j| seen(s.prefix_len + j))
+                    .map(|j| s.start + j),
+            );
             queries.push((s.start + i, keys));
         }
     }
@@ -1061,7 +1101,7 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
         ("o".into(), (out(dt, &shape_q, &o), tn(&o))),
         ("lse".into(), (f32s(&[hq * n], &lse), Tolerance::F32)),
     ]);
-    r.write(&format!("attn_fwd_{sfx}"), k_fwd, &plan, b, e);
+    r.write(&label(&format!("attn_fwd_{sfx}")), k_fwd, &plan, b, e);
     // The backward's inputs: o and lse as the forward wrote them (f32), delta from them.
     let ob = out(dt, &shape_q, &o);
     let of: Vec<f64> = ob.to_f32().unwrap().iter().map(|x| *x as f64).collect();
@@ -1082,7 +1122,7 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
         ("delta".into(), sent(hq * n)),
     ]);
     let e = Expected::from([("delta".into(), (f32s(&[hq * n], &delta), Tolerance::F32))]);
-    r.write(&format!("attn_bwd_pre_{sfx}"), k_pre, &plan, b, e);
+    r.write(&label(&format!("attn_bwd_pre_{sfx}")), k_pre, &plan, b, e);
     let delta_b = f32s(&[hq * n], &delta);
     let deltaf: Vec<f64> = delta_b
         .to_f32()
@@ -1142,7 +1182,7 @@ fn attention_records_of(r: &mut Rec, dt: DType, d: usize) {
             b.insert(o_name.into(), out(dt, sh, &vec![SENTINEL; want.len()]));
             e.insert(o_name.into(), (out(dt, sh, want), tn(want)));
         }
-        r.write(&name, kk, &plan, b, e);
+        r.write(&label(&name), kk, &plan, b, e);
     }
 }
 
@@ -1479,6 +1519,7 @@ pub fn record_bench(
         kv_heads: shape.kv_heads,
         head_dim: d,
         softmax_scale: 1.0 / (d as f32).sqrt(),
+        window: 0,
     };
     let hq_n = [shape.q_heads * n];
     let attn_sfx = format!("{}_d{d}", if dt == DType::Bf16 { "bf16" } else { "f32" });
@@ -1545,6 +1586,7 @@ pub fn record_bench(
                 col0: if which == "chunk" { 0 } else { full * width },
                 first: false,
                 inv_t: 1.0,
+                cap: 0.0,
             };
             let plan = twin_or(m, target, &name, |e| logprob_head::plan(e, &s))?;
             let mut b = Bufs::from([
@@ -1577,6 +1619,7 @@ pub fn record_bench(
         col0: 0,
         first: false,
         inv_t: 1.0,
+        cap: 0.0,
     };
     let plan = logprob_head::plan(entry("logprob_finish")?, &s)?;
     let b = Bufs::from([

@@ -1,10 +1,10 @@
 //! `FrozenHeadLogprobOp` (LoRA's frozen lm_head): the same values as `LmHeadLogprobOp`, the same
-//! `∂h` bit for bit, and no `∂W`.
+//! `∂h` bit for bit, and no `∂W`; with and without a final-logit softcap.
 
 use candle_core::{Device, Tensor, Var};
 use rlvr_kernels::{FrozenHeadLogprobOp, LmHeadLogprobOp, LogitStash};
 
-fn check(n: usize, hd: usize, v: usize, stash: bool) {
+fn check(n: usize, hd: usize, v: usize, stash: bool, softcap: Option<f32>) {
     let dev = Device::Cpu;
     let h = Var::from_tensor(&Tensor::randn(0f32, 1.0, (n, hd), &dev).unwrap()).unwrap();
     let w = Var::from_tensor(&Tensor::randn(0f32, 0.3, (v, hd), &dev).unwrap()).unwrap();
@@ -18,6 +18,7 @@ fn check(n: usize, hd: usize, v: usize, stash: bool) {
         } else {
             None
         },
+        softcap,
     };
     let full = h.as_tensor().apply_op2(w.as_tensor(), op()).unwrap();
     let frozen = h
@@ -53,7 +54,9 @@ fn frozen_head_gives_the_same_values_and_hidden_gradient_without_a_weight_gradie
     // Vocabulary sizes not multiples of the 256-row chunk, several chunk groups; with and
     // without the logit stash.
     for &(n, hd, v) in &[(5, 16, 300), (33, 24, 2053), (3, 8, 100)] {
-        check(n, hd, v, false);
-        check(n, hd, v, true);
+        for softcap in [None, Some(3.0)] {
+            check(n, hd, v, false, softcap);
+            check(n, hd, v, true, softcap);
+        }
     }
 }

@@ -24,7 +24,7 @@ fn data(len: usize, seed: u64, scale: f32) -> Vec<f32> {
 }
 
 /// (log-probs and entropies `[N, 2]`, ∂h, ∂W) of a weighted loss of the fused head.
-fn run(n: usize, hd: usize, stash: bool) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+fn run(n: usize, hd: usize, stash: bool, softcap: Option<f32>) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let dev = Device::Cpu;
     let h =
         Var::from_tensor(&Tensor::from_vec(data(n * hd, 1, 2.0), (n, hd), &dev).unwrap()).unwrap();
@@ -41,6 +41,7 @@ fn run(n: usize, hd: usize, stash: bool) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
         } else {
             None
         },
+        softcap,
     };
     let out = h.as_tensor().apply_op2(w.as_tensor(), op).unwrap();
     let wl: Vec<f32> = (0..n * 2)
@@ -71,13 +72,13 @@ fn run(n: usize, hd: usize, stash: bool) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     )
 }
 
-fn check(n: usize, hd: usize, stash: bool) {
+fn check(n: usize, hd: usize, stash: bool, softcap: Option<f32>) {
     let in_pool = |threads: usize| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap()
-            .install(|| run(n, hd, stash))
+            .install(|| run(n, hd, stash, softcap))
     };
     let one = in_pool(1);
     for threads in [2, 4] {
@@ -90,10 +91,17 @@ fn check(n: usize, hd: usize, stash: bool) {
 
 #[test]
 fn fused_head_is_bit_identical_at_1_2_and_4_threads_with_the_stash() {
-    check(24, 32, true);
+    check(24, 32, true, None);
 }
 
 #[test]
 fn fused_head_is_bit_identical_at_1_2_and_4_threads_recomputing() {
-    check(24, 32, false);
+    check(24, 32, false, None);
+}
+
+/// The same through Gemma 2's final-logit softcap (cap 30; the logits of `run` reach ±40).
+#[test]
+fn softcapped_fused_head_is_bit_identical_at_1_2_and_4_threads() {
+    check(24, 32, true, Some(30.0));
+    check(24, 32, false, Some(30.0));
 }

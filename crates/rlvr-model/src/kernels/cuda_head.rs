@@ -19,7 +19,7 @@ use rlvr_kernels::triton::families::{self, logprob_head::LogprobChunk};
 use rlvr_kernels::triton::{DeviceBuffer, Manifest};
 
 use super::cuda_adamw::{stream_of, tri, with_mut};
-use super::head::variant;
+use super::head::{cap_arg, variant};
 use crate::error::{ModelError, Result};
 
 /// Launches variant `name` (its aligned twin when the chunk and addresses qualify) over `s`.
@@ -36,8 +36,9 @@ fn launch(t: &Tensor, name: &str, s: &LogprobChunk, bufs: &[(&str, DeviceBuffer)
 
 /// The fused head: `[N, 2]` (log p_y, H; H meaningless without `entropy`) f32 for hidden states
 /// `h` `[N, H]` and head weight `w` `[V, H]` (f32 or bf16, on CUDA) at `targets` (checked `< V`),
-/// temperature `temperature`, chunks of `chunk` entries; `grad` attaches the backward (`∂W`
-/// only with `weight_grad`). `None` for a dtype the kernels do not cover.
+/// temperature `temperature`, chunks of `chunk` entries, final-logit `softcap` (Gemma 2; the
+/// `_softcap` variants); `grad` attaches the backward (`∂W` only with `weight_grad`). `None` for
+/// a dtype the kernels do not cover.
 ///
 /// Errors: tensor errors, a failed launch.
 pub(crate) fn apply(
@@ -45,12 +46,13 @@ pub(crate) fn apply(
     w: &Tensor,
     targets: &[u32],
     (temperature, entropy, chunk): (f64, bool, usize),
+    softcap: Option<f64>,
     grad: bool,
     weight_grad: bool,
 ) -> Result<Option<Tensor>> {
     let (n, hd) = h.dims2()?;
     let (v, hd2) = w.dims2()?;
-    if variant("fwd", h.dtype()).is_none() || w.dtype() != h.dtype() || hd != hd2 || n == 0 {
+    if variant("fwd", h.dtype(), false).is_none() || w.dtype() != h.dtype() || hd != hd2 || n == 0 {
         return Ok(None);
     }
     if v > i32::MAX as usize || chunk == 0 {
@@ -61,6 +63,7 @@ pub(crate) fn apply(
         targets: Tensor::from_vec(tg, n, h.device())?,
         inv_t: (1.0 / temperature) as f32,
         entropy,
+        softcap,
         chunk,
         weight_grad,
         state: Arc::new(std::sync::Mutex::new(None)),
@@ -76,6 +79,8 @@ struct HeadOp {
     targets: Tensor,
     inv_t: f32,
     entropy: bool,
+    /// Gemma 2's final-logit softcap, applied by the `_softcap` variants.
+    softcap: Option<f64>,
     chunk: usize,
     weight_grad: bool,
     /// The forward's merged state `[N, 4]` f32, for the backward.
@@ -91,6 +96,7 @@ impl HeadOp {
             col0: c0,
             first: c0 == 0,
             inv_t: self.inv_t,
+            cap: cap_arg(self.softcap),
         }
     }
 
@@ -102,7 +108,8 @@ impl HeadOp {
     fn forward(&self, h: &Tensor, w: &Tensor) -> Result<Tensor> {
         let (n, v) = (h.dim(0)?, w.dim(0)?);
         let dt = h.dtype();
-        let fwd = variant("fwd", dt).ok_or_else(|| ModelError::Invalid(format!("{dt:?}")))?;
+        let fwd = variant("fwd", dt, self.softcap.is_some())
+            .ok_or_else(|| ModelError::Invalid(format!("{dt:?}")))?;
         let state = Tensor::zeros((n, 4), DType::F32, h.device())?;
         for c0 in (0..v).step_by(self.chunk) {
             let cs = self.chunk.min(v - c0);
@@ -136,7 +143,8 @@ impl HeadOp {
         let (n, hd) = h.dims2()?;
         let v = w.dim(0)?;
         let dt = h.dtype();
-        let bwd = variant("bwd", dt).ok_or_else(|| ModelError::Invalid(format!("{dt:?}")))?;
+        let bwd = variant("bwd", dt, self.softcap.is_some())
+            .ok_or_else(|| ModelError::Invalid(format!("{dt:?}")))?;
         let state = (self.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .ok_or_else(|| ModelError::Invalid("fused head: backward without forward".into()))?;
         let g = g.to_dtype(DType::F32)?;

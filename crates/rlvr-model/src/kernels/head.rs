@@ -35,14 +35,20 @@ pub(crate) fn chunk_width(n: usize, v: usize, elems: usize) -> usize {
     }
 }
 
-/// The forward and backward kernels' variant for logits of `dtype` (f32 or bf16).
-pub(crate) fn variant(kernel: &str, dtype: DType) -> Option<String> {
+/// The forward and backward kernels' variant for logits of `dtype` (f32 or bf16), the
+/// `_softcap` one for a model with a final-logit softcap (Gemma 2).
+pub(crate) fn variant(kernel: &str, dtype: DType, softcap: bool) -> Option<String> {
     let dt = match dtype {
         DType::F32 => "f32",
         DType::BF16 => "bf16",
         _ => return None,
     };
-    Some(format!("logprob_{kernel}_{dt}"))
+    Some(logprob_head::variant_name(kernel, dt, softcap))
+}
+
+/// The kernels' `cap` argument: the softcap, or 0 (ignored by the plain variants).
+pub(crate) fn cap_arg(softcap: Option<f64>) -> f32 {
+    softcap.map_or(0.0, |c| c as f32)
 }
 
 fn plan_err(e: triton::TritonError) -> ModelError {
@@ -56,7 +62,9 @@ fn record_chunk(n: usize, v: usize) -> usize {
 }
 
 /// Merges logits chunk `z` `[N, cs]` (row-major) starting at id `c0` into `state` `[N, 4]`
-/// (M, S, D, s_y), in float64; `first`: a fresh state.
+/// (M, S, D, s_y), in float64; `first`: a fresh state; `softcap`: Gemma 2's final-logit cap,
+/// applied before the temperature.
+#[allow(clippy::too_many_arguments)]
 fn merge(
     state: &mut [f64],
     z: &[f32],
@@ -65,6 +73,7 @@ fn merge(
     targets: &[u32],
     inv_t: f32,
     first: bool,
+    softcap: Option<f64>,
 ) {
     for (r, &y) in targets.iter().enumerate() {
         let st = &mut state[r * 4..r * 4 + 4];
@@ -73,7 +82,12 @@ fn merge(
         } else {
             (st[0], st[1], st[2], st[3])
         };
-        let sc: Vec<f64> = (0..cs).map(|c| (z[r * cs + c] * inv_t) as f64).collect();
+        let sc: Vec<f64> = (0..cs)
+            .map(|c| match softcap {
+                None => (z[r * cs + c] * inv_t) as f64,
+                Some(cap) => cap * inv_t as f64 * (z[r * cs + c] as f64 / cap).tanh(),
+            })
+            .collect();
         let m = sc.iter().fold(m0, |a, b| a.max(*b));
         let (a, delta) = if s0 > 0.0 {
             ((m0 - m).exp(), m0 - m)
@@ -148,7 +162,8 @@ fn logits_buffer(dtype: DType, shape: &[usize], z: &[f32]) -> HostBuffer {
 
 /// Under the launch recorder (CPU, `kernels.logprob_head = "on"`): records the fused head's
 /// forward launches for hidden states `h` `[N, H]`, head weight `w` `[V, H]` (f32 or bf16),
-/// `targets` and temperature, with `out` `[N, 2]` (log p_y, H or 0) the head's real output;
+/// `targets`, temperature and final-logit `softcap` (Gemma 2: the `_softcap` variants), with
+/// `out` `[N, 2]` (log p_y, H or 0) the head's real output;
 /// returns `out` behind an identity whose backward records the backward launches (module docs).
 /// Without a recorder (or another dtype), `out` unchanged.
 ///
@@ -159,10 +174,11 @@ pub(crate) fn tap(
     targets: &[u32],
     temperature: f64,
     entropy: bool,
+    softcap: Option<f64>,
     out: &Tensor,
 ) -> Result<Tensor> {
     let dtype = h.dtype();
-    let Some(fwd) = variant("fwd", dtype) else {
+    let Some(fwd) = variant("fwd", dtype, softcap.is_some()) else {
         return Ok(out.clone());
     };
     if !super::recording() || !h.device().is_cpu() {
@@ -183,7 +199,7 @@ pub(crate) fn tap(
         let before = state32.clone();
         // The kernel merges into the f32 state it stored: so does the reference.
         let mut st: Vec<f64> = before.iter().map(|x| *x as f64).collect();
-        merge(&mut st, &z, cs, c0, targets, inv_t, k == 0);
+        merge(&mut st, &z, cs, c0, targets, inv_t, k == 0, softcap);
         state = st;
         state32 = state.iter().map(|x| *x as f32).collect();
         let Some(&(_, sfx)) = picks.iter().find(|(i, _)| *i == k) else {
@@ -200,6 +216,7 @@ pub(crate) fn tap(
             col0: c0,
             first: k == 0,
             inv_t,
+            cap: cap_arg(softcap),
         };
         let bufs = BTreeMap::from([
             ("z".to_string(), logits_buffer(dtype, &[n, cs], &z)),
@@ -232,9 +249,15 @@ pub(crate) fn tap(
         col0: 0,
         first: false,
         inv_t,
+        cap: cap_arg(softcap),
+    };
+    // Its own label for a softcapped head (another test's records may be written beside it).
+    let finish_label = match softcap {
+        Some(_) => "model_logprob_finish_softcap",
+        None => "model_logprob_finish",
     };
     write_record(
-        "model_logprob_finish",
+        finish_label,
         "logprob_finish",
         |e| {
             Ok((
@@ -260,6 +283,7 @@ pub(crate) fn tap(
         targets: targets.to_vec(),
         temperature,
         entropy,
+        softcap,
         chunk,
         state: state32,
         out: want_out,
@@ -275,6 +299,7 @@ struct TapState {
     targets: Vec<u32>,
     temperature: f64,
     entropy: bool,
+    softcap: Option<f64>,
     chunk: usize,
     state: Vec<f32>,
     out: Vec<f32>,
@@ -282,7 +307,7 @@ struct TapState {
 
 fn record_bwd(t: &TapState, g: &Tensor) -> Result<()> {
     let dtype = t.h.dtype();
-    let Some(bwd) = variant("bwd", dtype) else {
+    let Some(bwd) = variant("bwd", dtype, t.softcap.is_some()) else {
         return Ok(());
     };
     let (n, v) = (t.targets.len(), t.w.dim(0)?);
@@ -296,12 +321,12 @@ fn record_bwd(t: &TapState, g: &Tensor) -> Result<()> {
     let z_all = t.h.matmul(&t.w.t()?)?.to_dtype(DType::F32)?;
     let logits = candle_core::Var::from_tensor(&z_all)?;
     let y = Tensor::from_vec(t.targets.clone(), (1, n), t.h.device())?;
-    let (lp, ent) = crate::Model::logprobs_unfused(
-        &logits.as_tensor().unsqueeze(0)?,
-        &y,
-        t.temperature,
-        t.entropy,
-    )?;
+    let capped = match t.softcap {
+        None => logits.as_tensor().clone(),
+        Some(cap) => ((logits.as_tensor() / cap)?.tanh()? * cap)?,
+    };
+    let (lp, ent) =
+        crate::Model::logprobs_unfused(&capped.unsqueeze(0)?, &y, t.temperature, t.entropy)?;
     let dev = t.h.device();
     let col = |c: usize| -> Result<Tensor> {
         let x: Vec<f32> = (0..n).map(|r| grad[r * 2 + c]).collect();
@@ -343,6 +368,7 @@ fn record_bwd(t: &TapState, g: &Tensor) -> Result<()> {
             col0: c0,
             first: k == 0,
             inv_t,
+            cap: cap_arg(t.softcap),
         };
         let bufs = BTreeMap::from([
             ("z".to_string(), logits_buffer(dtype, &[n, cs], &z)),

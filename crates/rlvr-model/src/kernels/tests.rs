@@ -163,6 +163,7 @@ fn kept_layout_from_the_key_mask() {
         kv_heads: 1,
         head_dim: 64,
         softmax_scale: 0.125,
+        window: 0,
     };
     l.check("t").unwrap();
     assert!(l.has_key_only_prefix());
@@ -233,11 +234,15 @@ fn attention_on_leaves_the_cpu_path_bit_identical() {
     assert_eq!(run(&off), run(&on));
 }
 
-/// A sliding-window model does not take the fused attention or decode kernels (they attend to
-/// every earlier key): `kernels.attention = "on"` and `kernels.decode = "on"` resolve off, with
-/// the reason logged, and the composition applies the window; the other kernels still resolve.
+/// A sliding-window model takes the fused attention (its `window` argument) but not the decode
+/// kernels (they attend to every cached key): `kernels.attention = "on"` resolves on,
+/// `kernels.decode = "on"` off with the reason logged; the CPU path still scores as the
+/// composition does, bit for bit, and the launch recorder writes a sliding layer's launches
+/// (labels `_w2`, layout `window` 2; every layer sliding here, so that no label is shared with
+/// `model_level_launch_records_of_fused_attention`, which may write beside it), which CI replays
+/// under Triton's interpreter against the composition's windowed outputs and gradients.
 #[test]
-fn a_sliding_window_turns_the_fused_attention_off() {
+fn a_sliding_window_keeps_the_fused_attention_and_turns_decode_off() {
     let mut cfg = small();
     cfg.sliding_window = Some(crate::SlidingWindow {
         size: 2,
@@ -252,14 +257,12 @@ fn a_sliding_window_turns_the_fused_attention_off() {
     let mut m = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
     m.set_kernels(on);
     let f = m.fused_flags();
-    assert!(
-        !f.attention && !f.decode,
-        "the window's layers need the composition"
-    );
+    assert!(f.attention, "the attention kernels take the window");
+    assert!(!f.decode, "the decode kernels do not");
     assert!(f.rms_norm, "the other kernels are untouched");
-    let why = uncovered(FusedOp::Attention, &cfg, DType::F32).unwrap();
+    assert!(uncovered(FusedOp::Attention, &cfg, DType::F32).is_none());
+    let why = uncovered(FusedOp::Decode, &cfg, DType::F32).unwrap();
     assert!(why.contains("sliding window of 2 tokens"), "{why}");
-    assert!(uncovered(FusedOp::Decode, &cfg, DType::F32).is_some());
     assert!(uncovered(FusedOp::CudaGraphs, &cfg, DType::F32).is_some());
     assert!(uncovered(FusedOp::Rotary, &cfg, DType::F32).is_none());
     // Without the window the same switches flag attention (for the launch recorder).
@@ -268,9 +271,45 @@ fn a_sliding_window_turns_the_fused_attention_off() {
     assert!(plain.fused_flags().attention);
     // And the window's model still scores as the composition does: its values differ from the
     // model without the window (same weights) on rows longer than the window.
-    let base = Model::random(cfg, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    let base = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(run(&m), run(&base));
     assert_ne!(run(&m), run(&plain));
+    // The launch recorder, every layer sliding.
+    cfg.sliding_window = Some(crate::SlidingWindow {
+        size: 2,
+        layers: vec![true, true],
+    });
+    let base = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
+    let mut m = base.try_clone().unwrap();
+    m.set_kernels(on);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = match std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => tmp.path().to_path_buf(),
+    };
+    let got = {
+        let _guard = record_launches(&dir).unwrap();
+        run(&m)
+    };
+    assert_eq!(got, run(&base), "recording changes nothing");
+    for kind in ["dense", "shared"] {
+        for kernel in ["fwd", "bwd_pre", "bwd_dkdv", "bwd_dq"] {
+            let rec = dir.join(format!(
+                "model_attn_{kind}_w2_attn_{kernel}_f32_d64/record.json"
+            ));
+            let text =
+                std::fs::read_to_string(&rec).unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(json["name"], format!("attn_{kernel}_f32_d64"));
+            if kernel != "bwd_pre" {
+                let arg = (json["args"].as_array().unwrap().iter())
+                    .find(|a| a["param"] == "window")
+                    .unwrap_or_else(|| panic!("{}: no window argument", rec.display()));
+                assert_eq!(arg["value"], 2, "{}", rec.display());
+            }
+        }
+    }
+    drop(tmp);
 }
 
 /// The model-level launch recorder: the fused attention path of a real forward and backward
@@ -877,6 +916,52 @@ fn model_level_launch_records_of_fused_head() {
     drop(tmp);
 }
 
+/// The same for Gemma 2, whose final-logit softcap (30) sends the head to the `_softcap`
+/// variants: their records carry the real logits, the softcapped float64 state and the candle
+/// composition's gradient through `cap · tanh(z / cap)`, and the model's results stay the plain
+/// model's, bit for bit (f32: the fused CPU op's softcap; bf16: the chunked head's).
+#[test]
+fn model_level_launch_records_of_the_softcapped_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = match std::env::var_os(rlvr_kernels::triton::record::RECORD_ENV) {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => tmp.path().to_path_buf(),
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let plain = Model::random(small_gemma(Arch::Gemma2), 0.3, 19, dtype, &Device::Cpu).unwrap();
+        assert_eq!(plain.final_logit_softcap(), Some(30.0));
+        let want = run_head(&plain);
+        let mut m = plain.try_clone().unwrap();
+        m.set_kernels(head_on());
+        assert!(m.fused_head(), "{dtype:?}: flagged for the recorder");
+        let got = {
+            let _guard = record_launches(&dir).unwrap();
+            run_head(&m)
+        };
+        assert_eq!(got, want, "{dtype:?}");
+    }
+    for dt in ["f32", "bf16"] {
+        for k in ["fwd", "bwd"] {
+            for sfx in ["_first", "", "_last"] {
+                let name = format!("logprob_{k}_softcap_{dt}");
+                let rec = dir.join(format!("model_{name}{sfx}/record.json"));
+                let text = std::fs::read_to_string(&rec)
+                    .unwrap_or_else(|e| panic!("{}: {e}", rec.display()));
+                let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(json["name"], name);
+                let cap = (json["args"].as_array().unwrap().iter())
+                    .find(|a| a["param"] == "cap")
+                    .unwrap();
+                assert_eq!(cap["value"], 30.0);
+            }
+        }
+    }
+    assert!(dir
+        .join("model_logprob_finish_softcap/record.json")
+        .exists());
+    drop(tmp);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gemma: the kernels implement none of its differences from the Llama layout.
 
@@ -904,9 +989,10 @@ fn all_on() -> KernelSwitches {
 }
 
 /// Every fused op switched "on" resolves off for a Gemma model with its reason ((1 + weight)
-/// norms, GeGLU, the attention scale and softcapping, the local rotary table, the final
-/// softcapping), except AdamW (parameters only), Gemma 2's rotary (one table) and Gemma 3's head
-/// (no final softcapping); the model then scores as with every switch off, bit for bit.
+/// norms, GeGLU, the attention scale and softcapping, the local rotary table), except AdamW
+/// (parameters only), Gemma 2's rotary (one table) and the log-prob head (Gemma 2's final
+/// softcapping has its `_softcap` variants); the model then scores as with every switch off, bit
+/// for bit.
 #[test]
 fn gemma_features_turn_the_fused_kernels_off() {
     for arch in [Arch::Gemma2, Arch::Gemma3] {
@@ -915,7 +1001,7 @@ fn gemma_features_turn_the_fused_kernels_off() {
         let norm = why(FusedOp::RmsNorm).unwrap();
         assert!(norm.contains("1 + weight"), "{norm}");
         assert!(why(FusedOp::Swiglu).unwrap().contains("GeGLU"));
-        for op in [FusedOp::Attention, FusedOp::Decode, FusedOp::CudaGraphs] {
+        for op in [FusedOp::Decode, FusedOp::CudaGraphs] {
             let w = why(op).unwrap();
             assert!(w.contains("query_pre_attn_scalar"), "{w}");
             assert_eq!(
@@ -924,31 +1010,35 @@ fn gemma_features_turn_the_fused_kernels_off() {
                 "{w}"
             );
         }
-        assert!(why(FusedOp::Adamw).is_none());
+        // The training attention takes Gemma's scale (and window); Gemma 2's score softcapping
+        // keeps it off.
         match arch {
             Arch::Gemma2 => {
-                assert!(why(FusedOp::Rotary).is_none());
-                let h = why(FusedOp::LogprobHead).unwrap();
-                assert!(h.contains("final_logit_softcapping 30"), "{h}");
+                let w = why(FusedOp::Attention).unwrap();
+                assert!(w.contains("attn_logit_softcapping 50"), "{w}");
             }
+            _ => assert!(why(FusedOp::Attention).is_none()),
+        }
+        assert!(why(FusedOp::Adamw).is_none());
+        // Gemma 2's final-logit softcapping runs in the head's `_softcap` variants.
+        assert!(why(FusedOp::LogprobHead).is_none());
+        match arch {
+            Arch::Gemma2 => assert!(why(FusedOp::Rotary).is_none()),
             _ => {
                 assert!(why(FusedOp::Rotary)
                     .unwrap()
                     .contains("rope_local_base_freq"));
-                assert!(why(FusedOp::LogprobHead).is_none());
             }
         }
         let mut m = Model::random(cfg.clone(), 0.3, 7, DType::F32, &Device::Cpu).unwrap();
         m.set_kernels(all_on());
         let f = m.fused_flags();
-        assert!(
-            !f.attention && !f.decode && !f.rms_norm && !f.swiglu,
-            "{arch:?}"
-        );
+        assert!(!f.decode && !f.rms_norm && !f.swiglu, "{arch:?}");
+        assert_eq!(f.attention, arch == Arch::Gemma3);
         assert_eq!(f.rotary, arch == Arch::Gemma2);
-        assert_eq!(f.logprob_head, arch == Arch::Gemma3);
+        assert!(f.logprob_head);
         assert!(f.adamw);
-        assert!(!all_on().runs_on_gpu(FusedOp::Attention, &cfg, DType::BF16));
+        assert!(!all_on().runs_on_gpu(FusedOp::Decode, &cfg, DType::BF16));
         let plain = Model::random(cfg, 0.3, 7, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(run(&m), run(&plain), "{arch:?}");
     }

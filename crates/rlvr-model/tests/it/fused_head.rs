@@ -30,8 +30,12 @@ struct Out {
 }
 
 /// `fused`: None = unfused reference; Some(stash) = the fused op, keeping the logits or not.
+/// `softcap`: Gemma 2's final-logit softcapping (the reference applies `cap · tanh(z / cap)` to
+/// the logits with candle's ops before `Model::logprobs_unfused`).
+#[allow(clippy::too_many_arguments)]
 fn run(
     fused: Option<bool>,
+    softcap: Option<f32>,
     (n, hd, v): (usize, usize, usize),
     h: &[f32],
     w: &[f32],
@@ -48,6 +52,7 @@ fn run(
             inv_t: (1.0 / temperature) as f32,
             entropy: with_entropy,
             stash: stash.then(Default::default),
+            softcap,
         };
         let out = hv.as_tensor().apply_op2(wv.as_tensor(), op).unwrap();
         let lp = out.narrow(1, 0, 1).unwrap().squeeze(1).unwrap();
@@ -55,6 +60,10 @@ fn run(
         (lp, e)
     } else {
         let logits = linear(&hv.as_tensor().unsqueeze(0).unwrap(), wv.as_tensor(), None).unwrap();
+        let logits = match softcap {
+            None => logits,
+            Some(cap) => ((logits / cap as f64).unwrap().tanh().unwrap() * cap as f64).unwrap(),
+        };
         let tt = Tensor::from_vec(targets.to_vec(), (1, n), &dev).unwrap();
         let (lp, e) = Model::logprobs_unfused(&logits, &tt, temperature, with_entropy).unwrap();
         (lp.squeeze(0).unwrap(), e.map(|e| e.squeeze(0).unwrap()))
@@ -102,10 +111,20 @@ fn fused_lm_head_matches_unfused_in_value_and_gradients() {
             let w = uniform(v * hd, seed + 100, 2.0);
             let targets: Vec<u32> = (0..n).map(|i| ((i * 389 + 7) % v) as u32).collect();
             let shape = (n, hd, v);
-            let u = run(None, shape, &h, &w, &targets, temperature, with_entropy);
+            let u = run(
+                None,
+                None,
+                shape,
+                &h,
+                &w,
+                &targets,
+                temperature,
+                with_entropy,
+            );
             for stash in [false, true] {
                 let f = run(
                     Some(stash),
+                    None,
                     shape,
                     &h,
                     &w,
@@ -115,6 +134,55 @@ fn fused_lm_head_matches_unfused_in_value_and_gradients() {
                 );
                 let ctx = format!(
                     "shape {shape:?}, T {temperature}, entropy {with_entropy}, stash {stash}"
+                );
+                for (a, b) in f.lp.iter().zip(&u.lp) {
+                    assert!((a - b).abs() < 2e-5, "{ctx}: logprob {a} vs {b}");
+                }
+                if with_entropy {
+                    for (a, b) in f.ent.as_ref().unwrap().iter().zip(u.ent.as_ref().unwrap()) {
+                        assert!((a - b).abs() < 2e-5, "{ctx}: entropy {a} vs {b}");
+                    }
+                }
+                assert_close(&format!("{ctx}: grad h"), &f.gh, &u.gh, 1e-4);
+                assert_close(&format!("{ctx}: grad W"), &f.gw, &u.gw, 1e-4);
+            }
+        }
+    }
+}
+
+/// Gemma 2's final-logit softcapping in the fused op: values and both gradients against the
+/// reference (candle's `cap · tanh(z / cap)` then the unfused head), with logits both inside the
+/// cap's linear range and well into its saturation (|z| up to ~3·cap, where 1 − tanh² ≈ 0.01).
+#[test]
+fn softcapped_fused_lm_head_matches_unfused_in_value_and_gradients() {
+    let shapes = [(5, 16, 300), (37, 24, 1000), (600, 8, 700)];
+    let cases = [
+        (1.0, true, 4u64, 30f32),
+        (0.6, true, 5, 2.0),
+        (1.7, false, 6, 5.0),
+    ];
+    for &(n, hd, v) in &shapes {
+        for &(temperature, with_entropy, seed, cap) in &cases {
+            let h = uniform(n * hd, seed, 4.0);
+            let w = uniform(v * hd, seed + 100, 2.0);
+            let targets: Vec<u32> = (0..n).map(|i| ((i * 389 + 7) % v) as u32).collect();
+            let shape = (n, hd, v);
+            let sc = Some(cap);
+            let u = run(None, sc, shape, &h, &w, &targets, temperature, with_entropy);
+            for stash in [false, true] {
+                let f = run(
+                    Some(stash),
+                    sc,
+                    shape,
+                    &h,
+                    &w,
+                    &targets,
+                    temperature,
+                    with_entropy,
+                );
+                let ctx = format!(
+                    "shape {shape:?}, T {temperature}, cap {cap}, entropy {with_entropy}, \
+                     stash {stash}"
                 );
                 for (a, b) in f.lp.iter().zip(&u.lp) {
                     assert!((a - b).abs() < 2e-5, "{ctx}: logprob {a} vs {b}");
@@ -141,6 +209,7 @@ fn fused_lm_head_rejects_bad_inputs() {
         inv_t: 1.0,
         entropy: false,
         stash: None,
+        softcap: None,
     };
     assert!(h.apply_op2(&w, op(vec![0, 1])).is_err(), "target count");
     assert!(
@@ -161,6 +230,7 @@ fn fused_lm_head_rejects_bad_inputs() {
                 inv_t: 1.0,
                 entropy: true,
                 stash: None,
+                softcap: None,
             },
         )
         .unwrap()

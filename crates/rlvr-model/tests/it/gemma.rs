@@ -31,9 +31,9 @@ fn gemma3_with_local_and_global_layers_matches_transformers() {
     eprintln!("gemma3 worst abs err {worst:e}");
 }
 
-/// The chunked head (every device but the CPU in f32; forced here) gives the fused CPU head's
-/// values for Gemma 3, and for Gemma 2, whose softcapping sends the CPU to the chunked head
-/// anyway, the same values either way; both within the parity bound.
+/// The chunked head (every device but the CPU in f32; forced here) matches transformers as the
+/// fused CPU head does (which `gemma2_with_softcapping_matches_transformers` runs through Gemma
+/// 2's final-logit softcap), both within the parity bound.
 #[test]
 fn the_chunked_head_matches_transformers_too() {
     rlvr_model::chunked::force_on_cpu(true);
@@ -51,7 +51,7 @@ fn bf16_compute_is_close_to_transformers() {
 }
 
 /// `∂L/∂w` of L = Σ log-probs of the stored case (the training forward with the graph, through
-/// the chunked softcapped head for Gemma 2) against transformers' float64 autograd: each
+/// the fused CPU head's softcap for Gemma 2) against transformers' float64 autograd: each
 /// stored weight's gradient (norms whole, two rows of a matrix) within 1e-4 of the largest entry
 /// (at least 1), and the loss within 1e-4.
 #[test]

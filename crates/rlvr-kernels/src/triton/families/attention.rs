@@ -7,7 +7,8 @@
 //! [`Layout`] builds: `seqs` `[S, 4]`, `q_blocks`/`k_blocks` `[NB, 2]` (for the variant's own
 //! `BLOCK_M`/`BLOCK_N`, so one list per distinct block size), `viewer_off` `[S + 1]`, `viewers`
 //! `[max(V, 1)]`. Grids: `(NBq, q_heads)` for the forward, `bwd_pre` and `bwd_dq`;
-//! `(NBk, kv_heads)` for `bwd_dkdv`. With no sequence, launch nothing.
+//! `(NBk, kv_heads)` for `bwd_dkdv`. With no sequence, launch nothing. A sliding window
+//! ([`Layout::window`]) is the `window` argument of the forward, dK/dV and dQ kernels.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +51,10 @@ pub struct Layout {
     pub head_dim: usize,
     /// The scores' scale (the model passes `1/√head_dim`).
     pub softmax_scale: f32,
+    /// Sliding window in keys (0: none): a query at position `p` sees keys at positions `j`
+    /// with `p − window < j ≤ p`, transformers' `kv_idx > q_idx − sliding_window` (a sequence's
+    /// prefix keys at positions `0 .. prefix_len`, its own row `i` at `prefix_len + i`).
+    pub window: usize,
 }
 
 fn plan_err(name: &str, why: String) -> TritonError {
@@ -74,6 +79,12 @@ impl Layout {
         }
         if self.n_tokens > i32::MAX as usize {
             return err(format!("{} rows do not fit i32 indices", self.n_tokens));
+        }
+        if self.window >= 1 << 30 {
+            return err(format!(
+                "window {} (the kernels take windows below 2^30; 0 for none)",
+                self.window
+            ));
         }
         let mut spans: Vec<(usize, usize, usize)> = Vec::new();
         for (i, s) in self.seqs.iter().enumerate() {
@@ -239,7 +250,8 @@ pub fn plan(entry: &KernelEntry, l: &Layout) -> Result<(LaunchPlan, BTreeMap<Str
     if entry.entry != "attn_bwd_pre_kernel" {
         b = b
             .i32("n_heads_kv", l.kv_heads)
-            .f32("softmax_scale", l.softmax_scale);
+            .f32("softmax_scale", l.softmax_scale)
+            .i32("window", l.window);
     }
     let grid = [
         u32::try_from(nb).map_err(|_| plan_err(name, format!("{nb} blocks")))?,
@@ -281,6 +293,7 @@ pub fn example_layout(head_dim: usize) -> Layout {
         kv_heads: 1,
         head_dim,
         softmax_scale: 1.0 / (head_dim as f32).sqrt(),
+        window: 0,
     }
 }
 
@@ -342,6 +355,9 @@ mod tests {
         bad.seqs[3].prefix_start = 160;
         bad.seqs[3].prefix_len = 9; // past the axis
         assert!(msg(&bad).contains("sequence 3's prefix 160..169 is not inside"));
+        let mut bad = l.clone();
+        bad.window = 1 << 30;
+        assert!(msg(&bad).contains("window 1073741824"));
     }
 
     /// Key-only prefixes (a KV cache's past rows after the new tokens): checked, described, and

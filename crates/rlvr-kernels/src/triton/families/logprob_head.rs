@@ -1,6 +1,8 @@
 //! The log-prob head over vocabulary chunks (`kernels/src/logprob_head.py`): per chunk of
 //! logits from cuBLAS, the online log-sum-exp state, then the target log-prob and entropy,
-//! and the gradient in place.
+//! and the gradient in place. The `logprob_{fwd,bwd}_softcap_*` variants apply Gemma 2's
+//! final-logit softcapping `cap · tanh(z / cap)` to the chunk first (their `cap` argument; the
+//! plain variants take it and ignore it).
 //!
 //! Buffers named after the parameters: `z` `[rows, stride_z]` (one chunk of `n_cols ≤
 //! stride_z` logits per row, f32 or bf16), `targets` `[rows]` i32 (vocabulary ids), `state`
@@ -28,6 +30,19 @@ pub struct LogprobChunk {
     pub first: bool,
     /// 1 / temperature, f32.
     pub inv_t: f32,
+    /// The final-logit softcap (> 0) the `_softcap` variants apply; the plain variants ignore
+    /// it (pass 0).
+    pub cap: f32,
+}
+
+/// The forward (`"fwd"`) or backward (`"bwd"`) kernel's variant name for logits of `dt`
+/// (`"f32"` or `"bf16"`), with Gemma 2's final-logit softcap or without.
+pub fn variant_name(kernel: &str, dt: &str, softcap: bool) -> String {
+    if softcap {
+        format!("logprob_{kernel}_softcap_{dt}")
+    } else {
+        format!("logprob_{kernel}_{dt}")
+    }
 }
 
 /// The plan for `entry` at `s` (the finish kernel uses `s.rows` only).
@@ -53,6 +68,7 @@ pub fn plan(entry: &KernelEntry, s: &LogprobChunk) -> Result<LaunchPlan> {
             .i32("col0", s.col0)
             .i32("first", s.first as i32)
             .f32("inv_t", s.inv_t)
+            .f32("cap", s.cap)
             .finish([cdiv(name, s.rows, 1)?, 1, 1]),
         "logprob_finish_kernel" => b
             .buf("state", "state")
@@ -69,6 +85,7 @@ pub fn plan(entry: &KernelEntry, s: &LogprobChunk) -> Result<LaunchPlan> {
             .i32("stride_z", s.stride_z)
             .i32("col0", s.col0)
             .f32("inv_t", s.inv_t)
+            .f32("cap", s.cap)
             .finish([cdiv(name, s.rows, 1)?, cdiv(name, s.n_cols, block)?, 1]),
         other => Err(TritonError::Plan {
             name: name.clone(),
@@ -86,6 +103,7 @@ pub fn example(entry: &KernelEntry) -> Result<LaunchPlan> {
         col0: 3000,
         first: false,
         inv_t: 1.0 / 0.7,
+        cap: 30.0,
     };
     plan(entry, &s)
 }
