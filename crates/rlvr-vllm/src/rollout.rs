@@ -53,8 +53,10 @@ pub struct VllmRolloutConfig {
     /// Data parallel, a rank above 0: the leader (rank 0) alone writes and pushes each version;
     /// a follower's [`Rollout::load_weights`] keeps its local copy and takes the version (and,
     /// with LoRA, the adapter's name) as pushed. The caller makes every follower wait until the
-    /// leader's push is done (rlvr's run loop: a barrier after every weight load) and never lets
-    /// a push overlap a follower's sampling (data parallel with vLLM runs the explorer inline).
+    /// leader's push is done and never lets a push overlap a follower's sampling (rlvr's run
+    /// loop: a barrier after every weight load of the inline explorer; with an explorer thread,
+    /// the run's threads hand each version to the explorers in that order, rlvr-train's
+    /// `feed::SharedServers`).
     pub follower: bool,
     /// The servers' lease ([`crate::lease`]): taken at [`VllmRollout::connect`] for this holder
     /// and held while the backend lives, tagged with the version at every push. `None`: no lease

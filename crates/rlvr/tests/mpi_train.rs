@@ -406,6 +406,76 @@ fn mpirun_dapo_with_recompute_and_an_explorer_thread_with_lora_equal_one_process
     );
 }
 
+/// DAPO's dynamic sampling with an explorer thread (`sync.offset = 1`): each rank's explorer
+/// samples its share of every round and the run's thread gathers it for the keep decision, so
+/// `mpirun -np 2` and `-np 3` give the one-process run (the same kept groups, rounds and short
+/// batches: rollouts.jsonl and the dropped and short counts exactly); and a job killed after
+/// step 3 resumes from its step-2 checkpoint, which holds step 3's whole batch, to the
+/// uninterrupted job bit for bit.
+#[test]
+fn mpirun_dapo_with_an_explorer_thread_equals_one_process_and_resumes_exactly() {
+    let extra = [
+        "algorithm.preset=\"dapo\"",
+        "train.dynamic_sampling_max_rounds=1",
+        "sync.interval=1",
+        "sync.offset=1",
+    ];
+    let counts = |run: &Path| -> Vec<(u64, u64)> {
+        lines(&run.join("diagnostics.jsonl"))
+            .iter()
+            .map(|l| {
+                (
+                    l["dynamic_sampling/dropped_groups"].as_u64().unwrap(),
+                    l["dynamic_sampling/short_groups"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let one = tmp.path().join("one");
+    let mut c = rlvr();
+    train_args(&mut c, &sets(&model, &one, &extra));
+    ok(&c.output().unwrap(), "one process");
+    assert!(
+        counts(&one).iter().any(|c| c.0 > 0),
+        "no group dropped: {:?}",
+        counts(&one)
+    );
+    for np in [2, 3] {
+        let dp = tmp.path().join(format!("np{np}"));
+        let mut c = mpirun(np);
+        train_args(&mut c, &sets(&model, &dp, &extra));
+        ok(&job(&mut c), &format!("mpirun -np {np}"));
+        same_metrics(&one, &dp, false);
+        for f in ["eval.jsonl", "rollouts.jsonl"] {
+            assert_eq!(
+                std::fs::read_to_string(one.join(f)).unwrap(),
+                std::fs::read_to_string(dp.join(f)).unwrap(),
+                "{f} at -np {np}"
+            );
+        }
+        assert_eq!(counts(&one), counts(&dp), "-np {np}");
+    }
+    let killed = tmp.path().join("killed");
+    kill_after_step_3(&sets(&model, &killed, &extra), &killed);
+    let buffer = lines(&ckpt(&killed, 2).join("trainer_state/buffer.jsonl"));
+    assert_eq!(buffer.len(), 1);
+    assert_eq!(buffer[0]["step"], 3);
+    let mut c = mpirun(2);
+    c.arg("train")
+        .arg("--resume")
+        .arg(&killed)
+        .arg("--no-progress");
+    ok(&job(&mut c), "resume");
+    let log = std::fs::read_to_string(killed.join("train.log")).unwrap();
+    assert!(!log.contains("this resume is not exact"), "{log}");
+    let np2 = tmp.path().join("np2");
+    same_metrics(&np2, &killed, true);
+    assert_eq!(counts(&np2), counts(&killed));
+    assert_eq!(max_diff(&ckpt(&np2, 4), &ckpt(&killed, 4)), 0.0);
+}
+
 #[test]
 fn mpirun_equals_one_process_for_each_aggregation_and_normaliser() {
     // Token mean (grpo, above), sequence mean-token sum with a constant (dr_grpo), REINFORCE's

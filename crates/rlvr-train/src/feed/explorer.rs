@@ -22,7 +22,7 @@ use rlvr_rollout::{FinishReason, Rollout, SamplingParams};
 use serde::{Deserialize, Serialize};
 
 use super::episodes::{EnvStats, EpisodePrompt, EpisodeRunner, ErrorBudget, RetryVerifier};
-use super::share::Share;
+use super::share::{RoundLink, Share};
 use crate::store::checkpoint::SourceCursor;
 use crate::store::experience::Experience;
 use crate::store::rollouts::RolloutRecord;
@@ -187,6 +187,12 @@ pub struct Explorer {
     /// Data parallel on the explorer's thread: the share's check, handed to the run's thread with
     /// the batch ([`Batch::env_check`]).
     env_check: Option<ShareCheck>,
+    /// Data parallel with dynamic sampling on the explorer's thread: each round gathered through
+    /// the run's thread ([`RoundLink`]); `None` otherwise.
+    rounds: Option<RoundLink>,
+    /// Data parallel on servers every rank samples from (vLLM: rank 0 pushes each version, the
+    /// others follow), [`Explorer::with_shared_servers`].
+    shared_servers: bool,
 }
 
 impl Explorer {
@@ -240,6 +246,8 @@ impl Explorer {
             env_stats: None,
             share_budget: None,
             env_check: None,
+            rounds: None,
+            shared_servers: false,
         })
     }
 
@@ -256,20 +264,50 @@ impl Explorer {
     /// `recompute_behaviour`, rescores) only `share`'s part of every round's groups. With
     /// `share.gathers` it gathers every round, so [`Explorer::produce`] returns the whole
     /// batch, the same on every rank (DAPO's dynamic sampling decides on the gathered groups);
-    /// without it returns this rank's groups only, for the caller to gather. A job of one process
-    /// leaves the explorer as it is.
+    /// with a round link ([`Explorer::with_round_link`]) the run's thread gathers every round
+    /// for it, with the same result; with neither it returns this rank's groups only, for the
+    /// caller to gather. A job of one process leaves the explorer as it is.
     ///
     /// # Errors
-    /// Dynamic sampling on several ranks without `share.gathers` (its decision needs every rank's
-    /// groups).
+    /// Dynamic sampling on several ranks with neither (its decision needs every rank's groups).
     pub fn with_share(mut self, share: Share) -> anyhow::Result<Self> {
         anyhow::ensure!(
-            !share.job.is_parallel() || share.gathers || !self.settings.dynamic_sampling,
-            "DAPO dynamic sampling under data parallel needs the explorer on the run's thread \
-             (sync.offset = 0): its keep decision gathers every rank's groups"
+            !share.job.is_parallel()
+                || share.gathers
+                || self.rounds.is_some()
+                || !self.settings.dynamic_sampling,
+            "DAPO dynamic sampling under data parallel needs every round gathered, on the \
+             explorer's thread (sync.offset = 0) or through a round link: its keep decision \
+             needs every rank's groups"
         );
         self.share = share.job.is_parallel().then_some(share);
         Ok(self)
+    }
+
+    /// Makes the run's thread gather each sampling round of this explorer, which runs on its own
+    /// thread ([`RoundLink`]): data parallel with DAPO's dynamic sampling and `sync.offset` ≥ 1.
+    pub fn with_round_link(mut self, link: RoundLink) -> Self {
+        self.rounds = Some(link);
+        self
+    }
+
+    /// Says that this explorer is one rank's of a data-parallel run whose ranks sample from the
+    /// same servers, which rank 0 alone loads each version into (the vLLM backend): no rank may
+    /// sample while rank 0 loads, and no rank may sample with a version before rank 0 loaded it
+    /// (with an explorer thread, `crate::feed::Feed::online` orders the loads).
+    pub fn with_shared_servers(mut self) -> Self {
+        self.shared_servers = true;
+        self
+    }
+
+    /// [`Explorer::with_shared_servers`] was called.
+    pub fn shared_servers(&self) -> bool {
+        self.shared_servers
+    }
+
+    /// Whether DAPO's dynamic sampling is on (`algorithm.dynamic_sampling`).
+    pub fn dynamic_sampling(&self) -> bool {
+        self.settings.dynamic_sampling
     }
 
     /// Loads `weights` (named as in the checkpoint) as policy version `version` into the backend:
@@ -409,12 +447,16 @@ impl Explorer {
         };
         // env.max_error_frac is the whole round's: on the run's thread every rank sums the
         // counts now (the same decision on every rank, at every world size); on the explorer's
-        // thread the run's thread does it with the gather of the batch.
+        // thread the run's thread does it with the gather of the round (a round link) or of the
+        // batch.
+        let mut round_budget = None;
         if let Some(runner) = &self.episodes {
             let max_error_frac = runner.max_error_frac();
             let budget = self.share_budget.take().unwrap_or_default();
             if share.gathers {
                 super::check_over_ranks(&mut share.job, budget, max_error_frac)?;
+            } else if self.rounds.is_some() {
+                round_budget = Some((budget, max_error_frac));
             } else {
                 self.env_check = Some(ShareCheck {
                     first: budget.first,
@@ -434,6 +476,8 @@ impl Explorer {
         }
         if share.gathers {
             (groups, recs) = share.job.gather_round(groups, recs)?;
+        } else if let Some(link) = &self.rounds {
+            (groups, recs) = link.gather((groups, recs), round_budget)?;
         }
         let room = self.settings.log_rollouts.saturating_sub(rollouts.len());
         rollouts.extend(recs.into_iter().take(room));

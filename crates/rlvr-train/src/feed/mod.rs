@@ -39,6 +39,7 @@ use episodes::{EnvStats, ErrorBudget};
 use explorer::{Batch, Explorer};
 use offline::OfflineSource;
 pub use schedule::{behaviour_version, filter_stale, resampled_steps};
+use share::{FromExplorer, Round, RoundLink};
 
 /// Named weights sent from the trainer to the explorer at a sync (checkpoint names).
 pub type NamedWeights = Vec<(String, Tensor)>;
@@ -52,8 +53,8 @@ pub enum Feed {
     Offline(OfflineSource),
     /// The explorer on its own thread (o ≥ 1), o batches ahead of the trainer.
     Threaded {
-        /// Batches in step order.
-        batches: mpsc::Receiver<anyhow::Result<Batch>>,
+        /// Batches in step order (with a round link, the rounds to gather before each).
+        batches: mpsc::Receiver<FromExplorer>,
         /// Weights to the explorer (closed at shutdown).
         weights: Option<mpsc::Sender<WeightsMsg>>,
         /// The explorer thread.
@@ -92,8 +93,16 @@ pub enum Feed {
         /// it ([`spawn_explorer`]), so that when the check stops the run those weights are
         /// still the explorer's, and the save after it keeps them ([`Feed::state`]).
         verdicts: Option<mpsc::Sender<u64>>,
-        /// The error budget stopped the run at a gather: every rank met it at the same point.
-        budget_failed: bool,
+        /// Data parallel: an error every rank met at the same point stopped the run at a
+        /// gather (the environment's error budget) or in the explorer (DAPO's short batch with
+        /// `train.dynamic_sampling_short_batch = "error"`, decided on the gathered groups).
+        stopped_together: bool,
+        /// Data parallel with DAPO's dynamic sampling: the gathered rounds back to the explorer
+        /// thread ([`RoundLink`]), whose batches then arrive whole. `None` otherwise.
+        rounds: Option<mpsc::Sender<Round>>,
+        /// Data parallel on servers shared by every rank (vLLM): when the explorer threads take
+        /// each version ([`SharedServers`]). `None` otherwise.
+        servers: Option<SharedServers>,
     },
 }
 
@@ -130,6 +139,20 @@ impl Feed {
         if o == 0 {
             return Ok(Feed::Inline(Box::new(explorer.with_share(share(true))?)));
         }
+        let (btx, brx) = mpsc::sync_channel::<FromExplorer>(o.max(1) as usize);
+        // DAPO's keep decision needs every rank's groups of each round: the run's thread
+        // gathers them for the explorer thread.
+        let (explorer, rounds) = match job.is_parallel() && explorer.dynamic_sampling() {
+            true => {
+                let (tx, rx) = mpsc::channel();
+                let link = RoundLink {
+                    to_run: btx.clone(),
+                    back: rx,
+                };
+                (explorer.with_round_link(link), Some(tx))
+            }
+            false => (explorer, None),
+        };
         let explorer = explorer.with_share(share(false))?;
         for (i, b) in buffered.iter().enumerate() {
             anyhow::ensure!(
@@ -156,7 +179,33 @@ impl Feed {
             }
             false => (None, None),
         };
-        let (brx, wtx, h) = spawn_explorer(explorer, (from, last_step), (v, o), gate, vrx);
+        // Shared servers: rank 0's explorer thread says when each push is done.
+        let (servers, pushed) = match job.is_parallel() && explorer.shared_servers() {
+            true => {
+                let (tx, rx) = mpsc::channel();
+                let (tx, rx) = match job.writer() {
+                    true => (Some(tx), Some(rx)),
+                    false => (None, None),
+                };
+                let s = SharedServers {
+                    held: VecDeque::new(),
+                    gathered: from - 1,
+                    pushed: rx,
+                    o,
+                    last_step,
+                };
+                (Some(s), tx)
+            }
+            false => (None, None),
+        };
+        let (wtx, h) = spawn_explorer(
+            explorer,
+            (btx, pushed),
+            (from, last_step),
+            (v, o),
+            gate,
+            vrx,
+        );
         Ok(Feed::Threaded {
             batches: brx,
             weights: Some(wtx),
@@ -170,7 +219,9 @@ impl Feed {
             synced: synced.filter(|_| v > 1),
             live,
             verdicts: vtx,
-            budget_failed: false,
+            stopped_together: false,
+            rounds,
+            servers,
         })
     }
 
@@ -196,7 +247,10 @@ impl Feed {
                 pending,
                 handed,
                 verdicts,
-                budget_failed,
+                stopped_together,
+                rounds,
+                servers,
+                weights,
                 ..
             } => {
                 if let Some(b) = pending.pop_front() {
@@ -211,7 +265,15 @@ impl Feed {
                 }
                 // A rank whose explorer failed leaves here; its peers wait in the gather until
                 // the launcher ends the job (mpirun does at once) or the timeout names it.
-                let (got, waited) = receive_or_stop(batches, stop)?;
+                // Data parallel (no stop flag here): the rounds the explorer sends before the
+                // batch are gathered on the way.
+                let (got, waited) = match job.is_parallel() {
+                    true => {
+                        let b = receive_share(batches, job, rounds.as_ref(), stopped_together)?;
+                        (Some(b), true)
+                    }
+                    false => receive_or_stop(batches, stop)?,
+                };
                 let stopped = stop.is_some_and(|s| s.load(Ordering::SeqCst));
                 let b = match got {
                     Some(b) if !stopped => b,
@@ -225,7 +287,13 @@ impl Feed {
                     None if waited => return Ok(Next::Stopped(StopFound::Waiting)),
                     None => return Ok(Next::Stopped(StopFound::Sampling)),
                 };
-                let b = gather_checked(job, *keep, b, verdicts.as_ref(), budget_failed)?;
+                let whole = rounds.is_some();
+                let b =
+                    gather_checked(job, (*keep, whole), b, verdicts.as_ref(), stopped_together)?;
+                if let Some(s) = servers {
+                    s.gathered = b.step;
+                    s.release(job, weights.as_ref(), batches)?;
+                }
                 *handed = Some((b.clone(), *last_cursor));
                 *last_cursor = b.cursor;
                 Ok(Next::Batch(b))
@@ -261,6 +329,9 @@ impl Feed {
                 weights,
                 synced,
                 sync: (v, _),
+                servers,
+                job,
+                batches,
                 ..
             } => {
                 // A copy: the trainer keeps updating its weights while the explorer loads these.
@@ -279,6 +350,11 @@ impl Feed {
                         .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
                         .collect::<candle_core::Result<_>>()?
                 };
+                if let Some(s) = servers {
+                    // Held until every rank's explorer finished the batches of older versions.
+                    s.held.push_back((t, w));
+                    return s.release(job, weights.as_ref(), batches);
+                }
                 if let Some(tx) = weights {
                     // A closed channel means the explorer already finished its last batch.
                     let _ = tx.send((t, w));
@@ -386,11 +462,11 @@ impl Feed {
             },
         };
         let received = match received {
-            Received::None if in_flight == InFlight::TryWait && self.budget_failed() => {
+            Received::None if in_flight == InFlight::TryWait && self.stopped_together() => {
                 match self.hold_after_failure(t, last_step) {
                     Some(h) => {
                         crate::log::log_only(&format!(
-                            "note: env.max_error_frac stopped every rank; the checkpoint of \
+                            "note: every rank stopped at the same batch; the checkpoint of \
                              step {t} keeps the explorer's weights (version {}), with which the \
                              resume samples the failed batch again, exactly",
                             h.version
@@ -440,13 +516,14 @@ impl Feed {
         })
     }
 
-    /// Data parallel: whether the environment's error budget stopped the run at a gather of
-    /// the explorer thread's shares (every rank met it there).
-    fn budget_failed(&self) -> bool {
+    /// Data parallel: whether an error every rank meets at the same point stopped the run at a
+    /// batch of the explorer thread (the environment's error budget at a gather, DAPO's short
+    /// batch in the explorer).
+    fn stopped_together(&self) -> bool {
         matches!(
             self,
             Feed::Threaded {
-                budget_failed: true,
+                stopped_together: true,
                 ..
             }
         )
@@ -549,7 +626,7 @@ impl Feed {
             // What is ready, without waiting.
             while last(pending) < until {
                 match batches.try_recv() {
-                    Ok(b) => pending.push_back(b?),
+                    Ok(m) => pending.push_back(batch_of(m)?),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(e @ mpsc::TryRecvError::Disconnected) => {
                         return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
@@ -606,7 +683,7 @@ impl Feed {
                 }
             }
             match batches.recv_timeout(STOP_POLL) {
-                Ok(b) => pending.push_back(b?),
+                Ok(m) => pending.push_back(batch_of(m)?),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(e @ mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
@@ -661,17 +738,18 @@ impl Feed {
             pending,
             sync: (v, o),
             live: Some(l),
-            budget_failed,
+            stopped_together,
             ..
         } = self
         else {
             return None;
         };
         let first = pending.back().map_or(base, |b| b.step) + 1;
-        // Data parallel, only after the error budget stopped every rank at a gather: the
-        // explorer thread then still holds the weights of the batch that failed ([`Feed::next`]
-        // held back its next load until the check, [`spawn_explorer`]).
-        if (job.is_parallel() && !*budget_failed) || first > until {
+        // Data parallel, only after the error budget stopped every rank at a gather, or DAPO's
+        // short batch every rank's explorer: the explorer thread then still holds the weights
+        // of the batch that failed ([`Feed::next`] held back its next load until the check,
+        // [`spawn_explorer`]; a short batch is the explorer's own end).
+        if (job.is_parallel() && !*stopped_together) || first > until {
             return None;
         }
         live_hold(l, (t, first, until.min(last_step - 1) + 1), (*v, *o))
@@ -698,7 +776,10 @@ impl Feed {
             keep,
             pending,
             verdicts,
-            budget_failed,
+            stopped_together,
+            rounds,
+            servers,
+            weights,
             ..
         } = self
         else {
@@ -707,9 +788,20 @@ impl Feed {
         if !job.is_parallel() {
             return Ok(());
         }
+        let whole = rounds.is_some();
         while pending.back().map_or(base, |b| b.step) < until {
-            let share = batches.recv().context("the explorer thread stopped")??;
-            let b = gather_checked(job, *keep, share, verdicts.as_ref(), budget_failed)?;
+            let share = receive_share(batches, job, rounds.as_ref(), stopped_together)?;
+            let b = gather_checked(
+                job,
+                (*keep, whole),
+                share,
+                verdicts.as_ref(),
+                stopped_together,
+            )?;
+            if let Some(s) = servers.as_mut() {
+                s.gathered = b.step;
+                s.release(job, weights.as_ref(), batches)?;
+            }
             pending.push_back(b);
         }
         Ok(())
@@ -726,11 +818,14 @@ impl Feed {
             handle,
             batches,
             verdicts,
+            rounds,
             ..
         } = self
         {
             weights.take();
             verdicts.take();
+            // Unblock an explorer waiting for a gathered round.
+            rounds.take();
             // Unblock an explorer waiting to send.
             while batches.try_recv().is_ok() {}
             if let Some(h) = handle.take() {
@@ -750,7 +845,8 @@ impl Feed {
 
 /// Data parallel: every rank's share of a batch sampled by the explorer thread, gathered into
 /// the whole batch on every rank (experiences and rollout records in rank order, the first `keep`
-/// records kept); the environment's counts summed over the ranks onto rank 0's copy (the
+/// records kept; with `whole` the explorer's rounds were gathered already, [`RoundLink`], and
+/// the batch is whole as it came); the environment's counts summed over the ranks onto rank 0's copy (the
 /// others' zero), so that the run's own sum over the ranks ([`env_over_ranks`]) gives the whole
 /// batch's whichever rank's copy a checkpoint saves, and `env.max_error_frac` checked on those
 /// sums ([`Batch::env_check`]; the same decision on every rank). One process: `b`.
@@ -758,15 +854,21 @@ impl Feed {
 /// # Errors
 /// A failed collective; more than `env.max_error_frac` of the whole batch's episodes failed
 /// ([`episodes::ErrorBudgetExceeded`], on every rank).
-fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batch> {
+fn gather_batch(
+    job: &mut Job,
+    (keep, whole): (usize, bool),
+    mut b: Batch,
+) -> anyhow::Result<Batch> {
     if !job.is_parallel() {
         return Ok(b);
     }
-    let rows = vec![std::mem::take(&mut b.experiences)];
-    let recs = std::mem::take(&mut b.rollouts);
-    let (all, all_recs) = job.gather_round(rows, recs)?;
-    b.experiences = all.into_iter().flatten().collect();
-    b.rollouts = all_recs.into_iter().take(keep).collect();
+    if !whole {
+        let rows = vec![std::mem::take(&mut b.experiences)];
+        let recs = std::mem::take(&mut b.rollouts);
+        let (all, all_recs) = job.gather_round(rows, recs)?;
+        b.experiences = all.into_iter().flatten().collect();
+        b.rollouts = all_recs.into_iter().take(keep).collect();
+    }
     if let Some(e) = b.env.take() {
         let total = env_over_ranks(job, &e)?;
         if let Some(c) = b.env_check.take() {
@@ -793,7 +895,7 @@ fn gather_batch(job: &mut Job, keep: usize, mut b: Batch) -> anyhow::Result<Batc
 /// As [`gather_batch`].
 fn gather_checked(
     job: &mut Job,
-    keep: usize,
+    keep: (usize, bool),
     b: Batch,
     verdicts: Option<&mpsc::Sender<u64>>,
     failed: &mut bool,
@@ -896,6 +998,63 @@ pub(crate) fn env_over_ranks(job: &mut Job, e: &EnvStats) -> anyhow::Result<EnvS
     })
 }
 
+/// One process: the batch (or the error) a message of the explorer thread carries; a round to
+/// gather is never sent without several ranks.
+///
+/// # Errors
+/// The explorer's error; a round (an internal error).
+fn batch_of(m: FromExplorer) -> anyhow::Result<Batch> {
+    match m {
+        FromExplorer::Batch(b) => b,
+        FromExplorer::Round(_) => {
+            anyhow::bail!("internal: a sampling round to gather in a run of one process")
+        }
+    }
+}
+
+/// Data parallel, on the run's thread: this rank's share of the explorer thread's next batch
+/// (whole with a round link), gathering on the way every round the explorer sends before it
+/// ([`RoundLink`]: `env.max_error_frac` checked on the round's counts summed over the ranks
+/// first, as the explorer on the run's thread checks it, then the round gathered in rank order
+/// and sent `back`). Every rank's explorer sends the same sequence (its decisions are taken on
+/// the gathered rounds), so the ranks meet in the same collectives. `together` is set when the
+/// error is one every rank meets here (the budget, or the explorer's
+/// [`explorer::ShortBatchStop`]).
+///
+/// # Errors
+/// The explorer's error; the error budget exceeded; a failed collective; the explorer thread
+/// stopped.
+fn receive_share(
+    batches: &mpsc::Receiver<FromExplorer>,
+    job: &mut Job,
+    back: Option<&mpsc::Sender<Round>>,
+    together: &mut bool,
+) -> anyhow::Result<Batch> {
+    loop {
+        match batches.recv().context("the explorer thread stopped")? {
+            FromExplorer::Batch(Ok(b)) => return Ok(b),
+            FromExplorer::Batch(Err(e)) => {
+                *together |= e.chain().any(|c| c.is::<explorer::ShortBatchStop>());
+                return Err(e);
+            }
+            FromExplorer::Round(r) => {
+                if let Some((mine, max_error_frac)) = r.budget {
+                    if let Err(e) = check_over_ranks(job, mine, max_error_frac) {
+                        *together |= e.chain().any(|c| c.is::<episodes::ErrorBudgetExceeded>());
+                        return Err(e);
+                    }
+                }
+                let (groups, recs) = r.round;
+                let whole = job.gather_round(groups, recs)?;
+                if let Some(back) = back {
+                    // A closed channel: the explorer thread already ended.
+                    let _ = back.send(whole);
+                }
+            }
+        }
+    }
+}
+
 /// How often a wait for the explorer thread looks at the stop flag ([`Feed::next`]).
 const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -909,25 +1068,23 @@ const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 /// The explorer's error; the explorer thread stopped (while waiting: a thread that ended after
 /// a stop yields no batch).
 fn receive_or_stop(
-    batches: &mpsc::Receiver<anyhow::Result<Batch>>,
+    batches: &mpsc::Receiver<FromExplorer>,
     stop: Option<&AtomicBool>,
 ) -> anyhow::Result<(Option<Batch>, bool)> {
     let Some(stop) = stop else {
-        return Ok((
-            Some(batches.recv().context("the explorer thread stopped")??),
-            true,
-        ));
+        let m = batches.recv().context("the explorer thread stopped")?;
+        return Ok((Some(batch_of(m)?), true));
     };
     let mut waited = false;
     loop {
         if stop.load(Ordering::SeqCst) {
             return match batches.try_recv() {
-                Ok(b) => Ok((Some(b?), waited)),
+                Ok(m) => Ok((Some(batch_of(m)?), waited)),
                 Err(_) => Ok((None, waited)),
             };
         }
         match batches.recv_timeout(STOP_POLL) {
-            Ok(b) => return Ok((Some(b?), waited)),
+            Ok(m) => return Ok((Some(batch_of(m)?), waited)),
             Err(mpsc::RecvTimeoutError::Timeout) => waited = true,
             Err(e @ mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(anyhow::Error::new(e).context("the explorer thread stopped"))
@@ -1027,13 +1184,100 @@ pub struct FeedState<'a> {
     pub held: Option<live::Hold>,
 }
 
+/// Data parallel with an explorer thread on servers every rank samples from, which rank 0 alone
+/// loads each version into (the vLLM backend: rank 0 writes and pushes, the others follow).
+/// One process samples batch j with version s(j) = v·⌊(j−1−o)/v⌋ (DESIGN.md section 3), so the
+/// first batch of version u (a multiple of v) is u+o+1, and every batch up to u+o samples older
+/// weights. Here the run's threads, through collectives (MPI is initialised
+/// `MPI_THREAD_SERIALIZED`: collectives never leave the run's thread), order each version's
+/// load against every rank's sampling:
+/// 1. version u, published at the sync after step u, is held until the batch of step u+o is
+///    gathered (every rank's explorer finished its share of every batch of older versions; no
+///    explorer can start batch u+o+1, which waits for version u);
+/// 2. then rank 0 hands it to its explorer thread, which pushes it to the servers, and waits
+///    until the push is done ([`SharedServers::pushed`]);
+/// 3. every rank learns at one collective (rank 0's flag: the push failed) that it is done, and
+///    only then the other ranks hand the version to their explorers.
+///
+/// The explorers sample batch u+o+1 while the trainers train step u+o: sampling still overlaps
+/// training between syncs; the push itself is on the run's path of rank 0 (as with sync offset
+/// 0). A version no batch of the run samples with (u+o ≥ the last step) is dropped. The batches
+/// are those one process samples: each is sampled by its version s(j), whatever the timing.
+pub struct SharedServers {
+    /// Versions published at a sync (with their weights), in order, not yet handed to the
+    /// explorer thread.
+    held: VecDeque<WeightsMsg>,
+    /// The last step whose batch was gathered (every rank finished sampling its share).
+    gathered: u64,
+    /// Rank 0: whether each load of its explorer thread (a push to the servers) succeeded.
+    pushed: Option<mpsc::Receiver<bool>>,
+    /// The sync offset o.
+    o: u64,
+    /// The run's last step.
+    last_step: u64,
+}
+
+impl SharedServers {
+    /// Hands the explorer thread (`weights`) every held version whose older batches every rank
+    /// finished, in order, as the type docs say: rank 0 first, waiting for its push, then the
+    /// other ranks. Every rank calls it at the same points (after each gather and each sync),
+    /// with the same state, so they meet in the same collectives.
+    ///
+    /// # Errors
+    /// Rank 0's push failed (on rank 0 its explorer's error, from `batches`; on the others one
+    /// that names rank 0): every rank stops here; a failed collective.
+    fn release(
+        &mut self,
+        job: &mut Job,
+        weights: Option<&mpsc::Sender<WeightsMsg>>,
+        batches: &mpsc::Receiver<FromExplorer>,
+    ) -> anyhow::Result<()> {
+        while self
+            .held
+            .front()
+            .is_some_and(|(u, _)| u + self.o <= self.gathered)
+        {
+            let (u, w) = self.held.pop_front().expect("a held version");
+            // No batch of this run samples with version u: its explorer thread ends first.
+            if u + self.o >= self.last_step {
+                continue;
+            }
+            let (ok, w) = match &self.pushed {
+                Some(pushed) => {
+                    if let Some(tx) = weights {
+                        let _ = tx.send((u, w));
+                    }
+                    (pushed.recv().unwrap_or(false), None)
+                }
+                None => (true, Some(w)),
+            };
+            if job.any(!ok)? {
+                if self.pushed.is_some() {
+                    let e = match batches.recv() {
+                        Ok(FromExplorer::Batch(Err(e))) => e,
+                        _ => anyhow::anyhow!("the explorer thread stopped"),
+                    };
+                    return Err(e.context(format!(
+                        "loading version {u} into the servers every rank samples from"
+                    )));
+                }
+                anyhow::bail!(
+                    "rank 0 could not load version {u} into the servers every rank samples \
+                     from (its error is in train.log): no rank samples from them"
+                );
+            }
+            if let (Some(w), Some(tx)) = (w, weights) {
+                // A closed channel: the explorer thread already ended.
+                let _ = tx.send((u, w));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A weight sync to the explorer thread: the version and its weights.
 pub type WeightsMsg = (u64, NamedWeights);
-type ExplorerThread = (
-    mpsc::Receiver<anyhow::Result<Batch>>,
-    mpsc::Sender<WeightsMsg>,
-    std::thread::JoinHandle<()>,
-);
+type ExplorerThread = (mpsc::Sender<WeightsMsg>, std::thread::JoinHandle<()>);
 
 /// The explorer thread of o ≥ 1: batch t waits for version s(t). With `verdicts` (data parallel,
 /// an error budget that can stop the run: [`Feed::Threaded`]'s `verdicts`) it replaces its
@@ -1042,12 +1286,12 @@ type ExplorerThread = (
 /// one-process explorer, which checks its batches itself, stops at once and loads nothing).
 fn spawn_explorer(
     mut ex: Explorer,
+    (btx, pushed): (mpsc::SyncSender<FromExplorer>, Option<mpsc::Sender<bool>>),
     (first_step, last_step): (u64, u64),
     (v, o): (u64, u64),
     gate: std::sync::Arc<live::LoadGate>,
     verdicts: Option<mpsc::Receiver<u64>>,
 ) -> ExplorerThread {
-    let (btx, brx) = mpsc::sync_channel::<anyhow::Result<Batch>>(o.max(1) as usize);
     let (wtx, wrx) = mpsc::channel::<WeightsMsg>();
     // No CUDA-graph capture anywhere while this thread may queue work on the GPU's one stream
     // beside the trainer's (an evaluation's decode would record it; rlvr_rollout::CaptureBlock).
@@ -1071,18 +1315,23 @@ fn spawn_explorer(
                     ex.set_weights(ver, &w)?;
                     Ok(ex.version())
                 });
+                // Rank 0 on shared servers: the run's thread waits for this before the other
+                // ranks take the version ([`SharedServers`]).
+                if let Some(p) = &pushed {
+                    let _ = p.send(loaded.is_ok());
+                }
                 if let Err(e) = loaded {
-                    let _ = btx.send(Err(e));
+                    let _ = btx.send(FromExplorer::Batch(Err(e)));
                     return;
                 }
             }
             let r = ex.produce(t);
             produced = t;
             let failed = r.is_err();
-            if btx.send(r).is_err() || failed {
+            if btx.send(FromExplorer::Batch(r)).is_err() || failed {
                 return;
             }
         }
     });
-    (brx, wtx, handle)
+    (wtx, handle)
 }

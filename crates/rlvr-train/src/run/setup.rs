@@ -43,9 +43,6 @@ impl<'a> Run<'a> {
         let c = &cfg.raw;
         let run_dir = c.output.dir.clone();
         let writer = job.writer();
-        if job.is_parallel() {
-            refuse_under_data_parallel(cfg, job.world())?;
-        }
         // The device first: a GPU that does not open is the whole story, told before the run
         // directory's config.toml is written or the resolved `auto` values are printed.
         let device = c.model.open_device()?;
@@ -420,6 +417,9 @@ fn online_feed(
     if let Some(r) = runner {
         explorer = explorer.with_episodes(r, c.env.builtin.is_some());
     }
+    if job.is_parallel() && c.rollout.backend == crate::config::RolloutBackend::Vllm {
+        explorer = explorer.with_shared_servers();
+    }
     let (v, o) = (c.sync.interval, c.sync.offset);
     // An explorer thread under v > 1 keeps its starting weights until the first sync.
     let keep = o > 0 && v > 1;
@@ -667,35 +667,6 @@ fn say_manifest(cfg: &ResolvedConfig, dir: &Path) {
              original would have",
             dir.display()
         ));
-    }
-}
-
-/// What data parallel does not run yet, refused before anything is loaded (each with what to do).
-///
-/// # Errors
-/// The vLLM backend with an explorer thread (rank 0's push of a version could overlap another
-/// rank's sampling of an older one), DAPO's
-/// dynamic sampling with an explorer thread (its decision needs a gather off the run's thread).
-fn refuse_under_data_parallel(cfg: &ResolvedConfig, world: usize) -> anyhow::Result<()> {
-    let c = &cfg.raw;
-    let why = if c.rollout.backend == crate::config::RolloutBackend::Vllm && c.sync.offset > 0 {
-        Some(
-            "rollout.backend = \"vllm\" with sync.offset > 0 is not supported with data parallel \
-             yet (rank 0 pushes each version to the servers every rank samples from, which must \
-             not happen while another rank's explorer thread still samples); use sync.offset = 0",
-        )
-    } else if cfg.algorithm.dynamic_sampling && c.sync.offset > 0 && c.data.experiences.is_none() {
-        Some(
-            "DAPO's dynamic sampling with sync.offset > 0 is not supported with data parallel yet \
-              (the keep decision gathers every rank's groups, which the explorer thread cannot); \
-              use sync.offset = 0",
-        )
-    } else {
-        None
-    };
-    match why {
-        Some(w) => bail!("{w} (this run has {world} ranks)"),
-        None => Ok(()),
     }
 }
 

@@ -175,6 +175,11 @@ fn checkpoint(run: &Path, step: u64) -> PathBuf {
 
 /// Runs `extra` on 1 process and on each world size of `worlds`, and compares.
 fn check(extra: &[&str], worlds: &[usize]) {
+    check_and(extra, worlds, |_, _| {});
+}
+
+/// [`check`], then `more` on the one-process run's directory and each data-parallel one's.
+fn check_and(extra: &[&str], worlds: &[usize], more: impl Fn(&Path, &Path)) {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::tiny_model(tmp.path(), 3);
     let one = tmp.path().join("one");
@@ -220,6 +225,7 @@ fn check(extra: &[&str], worlds: &[usize]) {
         )
         .unwrap();
         assert_eq!(state["world_size"], w as u64);
+        more(&one, &dp);
     }
 }
 
@@ -249,6 +255,41 @@ fn dapo_dynamic_sampling_and_recompute_decide_on_the_gathered_groups() {
         ],
         &[2],
     );
+}
+
+/// The dynamic-sampling numbers of diagnostics.jsonl, step by step: (dropped, short) groups.
+fn dynamic_sampling_counts(run: &Path) -> Vec<(u64, u64)> {
+    lines(run, "diagnostics.jsonl")
+        .iter()
+        .map(|l| {
+            (
+                l["dynamic_sampling/dropped_groups"].as_u64().unwrap(),
+                l["dynamic_sampling/short_groups"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn dapo_with_an_explorer_thread_decides_on_the_gathered_rounds() {
+    // sync.offset = 1: the explorer thread samples its share of each round and the run's thread
+    // gathers it for the keep decision (feed::share::RoundLink). One refill round at most, so
+    // that some steps end short (trained short: train.dynamic_sampling_short_batch = "train"):
+    // the kept groups, the rounds and the short counts are the one process's at 2 and 3 ranks.
+    let extra = [
+        "algorithm.preset=\"dapo\"",
+        "train.dynamic_sampling_max_rounds=1",
+        "sync.interval=1",
+        "sync.offset=1",
+    ];
+    check_and(&extra, &[2, 3], |one, dp| {
+        let counts = dynamic_sampling_counts(one);
+        assert!(
+            counts.iter().any(|c| c.0 > 0),
+            "no group dropped: {counts:?}"
+        );
+        assert_eq!(counts, dynamic_sampling_counts(dp), "{}", dp.display());
+    });
 }
 
 #[test]
@@ -285,35 +326,6 @@ fn a_run_saved_at_two_ranks_resumes_at_two_and_at_one_as_if_uninterrupted() {
         same_metrics(&whole, &part);
         same_files(&whole, &part, &["eval.jsonl"]);
         same_weights(&checkpoint(&whole, 4), &checkpoint(&part, 4), 3e-3);
-    }
-}
-
-#[test]
-fn what_data_parallel_does_not_run_yet_is_refused_before_loading() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = common::tiny_model(tmp.path(), 0);
-    for (extra, want) in [(
-        vec!["algorithm.preset=\"dapo\"", "sync.offset=1"],
-        "sync.offset = 0",
-    )] {
-        let rd = tmp.path().join(want.replace(' ', ""));
-        let cfg = RawConfig::load(None, &sets(&model, &rd, &extra))
-            .unwrap()
-            .resolve()
-            .unwrap();
-        let errs = ThreadComm::run(2, |c| {
-            train_on(
-                &cfg,
-                &RunOptions::default(),
-                Job::over(SharedComm::new(Box::new(c))),
-            )
-            .map(|_| ())
-            .map_err(|e| format!("{e:#}"))
-        });
-        for e in errs {
-            let e = e.unwrap_err();
-            assert!(e.contains(want) && e.contains("2 ranks"), "{e}");
-        }
     }
 }
 
@@ -993,7 +1005,9 @@ for line in sys.stdin:
 /// at 1 and 2 ranks with ZeRO-1: the ranks decided it on the same gathered groups, so they gather
 /// the optimizer's shards and rank 0 saves step 1 (before, the stop was not known to be every
 /// rank's, and under ZeRO-1 the save was not made). With the group's rewards varying again, the
-/// resume equals the uninterrupted run.
+/// resume equals the uninterrupted run. Likewise with an explorer thread (`sync.offset = 1`),
+/// whose rounds the run's thread gathers: the checkpoint keeps the explorer's weights of the
+/// short batch, with which the resume samples it again.
 #[test]
 fn a_short_dapo_batch_stops_every_rank_together_and_saves_under_zero_1() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1013,67 +1027,71 @@ fn a_short_dapo_batch_stops_every_rank_together_and_saves_under_zero_1() {
         listed.display()
     );
     let tpl = format!("env.chat_template=\"{}\"", tpl.display());
-    let extra = [
-        cmd.as_str(),
-        tpl.as_str(),
-        "env.max_turns=1",
-        "env.max_episode_tokens=16",
-        "algorithm.preset=\"dapo\"",
-        "algorithm.overlong=\"none\"",
-        "train.dynamic_sampling_max_rounds=0",
-        "train.dynamic_sampling_short_batch=\"error\"",
-        "distributed.zero=1",
-    ];
     let model = common::tiny_model(&tmp.path().join("m"), 3);
-    // The reference: nothing listed, three steps of 5 groups, none dropped.
-    std::fs::write(&listed, "").unwrap();
-    let whole = tmp.path().join("whole");
-    run(&sets(&model, &whole, &extra), 1, false);
-    let m = lines(&whole, "metrics.jsonl");
-    assert_eq!(m.len(), 4, "{m:?}");
-    assert!(
-        m.iter()
-            .any(|l| l["grad_norm"].as_f64().is_some_and(|g| g > 0.0)),
-        "no learning signal: {m:?}"
-    );
-    let want = "step 2: DAPO dynamic sampling found only 4 of 5 groups with reward variance in 1 \
+    for offset in ["sync.offset=0", "sync.offset=1"] {
+        let extra = [
+            cmd.as_str(),
+            tpl.as_str(),
+            "env.max_turns=1",
+            "env.max_episode_tokens=16",
+            "algorithm.preset=\"dapo\"",
+            "algorithm.overlong=\"none\"",
+            "train.dynamic_sampling_max_rounds=0",
+            "train.dynamic_sampling_short_batch=\"error\"",
+            "distributed.zero=1",
+            offset,
+        ];
+        // The reference: nothing listed, three steps of 5 groups, none dropped.
+        std::fs::write(&listed, "").unwrap();
+        let whole = tmp.path().join(format!("whole-{offset}"));
+        run(&sets(&model, &whole, &extra), 1, false);
+        let m = lines(&whole, "metrics.jsonl");
+        assert_eq!(m.len(), 4, "{m:?}");
+        assert!(
+            m.iter()
+                .any(|l| l["grad_norm"].as_f64().is_some_and(|g| g > 0.0)),
+            "no learning signal: {m:?}"
+        );
+        let want =
+            "step 2: DAPO dynamic sampling found only 4 of 5 groups with reward variance in 1 \
                 sampling rounds (1 zero-variance groups dropped); \
                 train.dynamic_sampling_short_batch = \"error\" stops here. Raise \
                 train.dynamic_sampling_max_rounds, or set it to \"train\" to train on the short \
                 batch";
-    for w in [1, 2] {
-        std::fs::write(&listed, "7").unwrap();
-        let dir = tmp.path().join(format!("w{w}"));
-        let s = sets(&model, &dir, &extra);
-        let out = run_each(&s, w, false);
-        assert_eq!(out.len(), w);
-        for (r, o) in out.iter().enumerate() {
-            let e = o
-                .as_ref()
-                .expect_err(&format!("{w} ranks: rank {r} went on"));
-            assert!(e.ends_with(want), "{w} ranks: rank {r}: {e}");
-            if r == 0 {
-                let saved = format!(
-                    "stopped by an error after step 1; its state was saved to {}",
-                    checkpoint(&dir, 1).display()
-                );
-                assert!(e.contains(&saved), "{w} ranks: {e}");
+        for w in [1, 2] {
+            std::fs::write(&listed, "7").unwrap();
+            let dir = tmp.path().join(format!("w{w}-{offset}"));
+            let s = sets(&model, &dir, &extra);
+            let out = run_each(&s, w, false);
+            assert_eq!(out.len(), w);
+            for (r, o) in out.iter().enumerate() {
+                let e = o
+                    .as_ref()
+                    .expect_err(&format!("{w} ranks: rank {r} went on"));
+                assert!(e.ends_with(want), "{w} ranks: rank {r}: {e}");
+                if r == 0 {
+                    let saved = format!(
+                        "stopped by an error after step 1; its state was saved to {}",
+                        checkpoint(&dir, 1).display()
+                    );
+                    assert!(e.contains(&saved), "{w} ranks: {e}");
+                }
             }
+            // The save holds the whole optimizer state (the shards gathered).
+            let state = checkpoint(&dir, 1).join("trainer_state");
+            assert!(state.join("optimizer.safetensors").exists(), "{w} ranks");
+            std::fs::write(&listed, "").unwrap();
+            let out = run_each(&s, w, true);
+            assert!(out.iter().all(|o| o == &Ok(3)), "{w} ranks: {out:?}");
+            let steps: Vec<u64> = lines(&dir, "metrics.jsonl")
+                .iter()
+                .map(|l| l["step"].as_u64().unwrap())
+                .collect();
+            assert_eq!(steps, [0, 1, 2, 3], "{w} ranks");
+            let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+            assert!(!log.contains("not exact"), "{w} ranks: {log}");
+            same_metrics(&whole, &dir);
+            same_weights(&checkpoint(&whole, 3), &checkpoint(&dir, 3), 3e-3);
         }
-        // The save holds the whole optimizer state (the shards gathered).
-        let state = checkpoint(&dir, 1).join("trainer_state");
-        assert!(state.join("optimizer.safetensors").exists(), "{w} ranks");
-        std::fs::write(&listed, "").unwrap();
-        let out = run_each(&s, w, true);
-        assert!(out.iter().all(|o| o == &Ok(3)), "{w} ranks: {out:?}");
-        let steps: Vec<u64> = lines(&dir, "metrics.jsonl")
-            .iter()
-            .map(|l| l["step"].as_u64().unwrap())
-            .collect();
-        assert_eq!(steps, [0, 1, 2, 3], "{w} ranks");
-        let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
-        assert!(!log.contains("not exact"), "{w} ranks: {log}");
-        same_metrics(&whole, &dir);
-        same_weights(&checkpoint(&whole, 3), &checkpoint(&dir, 3), 3e-3);
     }
 }

@@ -42,5 +42,6 @@ mod reward_extra;
 mod run_v1;
 mod sft;
 mod shared_prompt;
+mod shared_servers;
 mod stop_message;
 mod train;
