@@ -300,3 +300,48 @@ fn longrope_needs_a_max_model_len_within_its_switch_and_vllms_attention_factor()
     // Other rope types pass whatever the length.
     check_longrope(tiny("phi3", json!({})).config(), &at(4096)).unwrap();
 }
+
+#[test]
+fn lora_on_a_multimodal_gemma3_base_is_refused_before_any_request() {
+    let m = tiny("gemma3_text", json!({"query_pre_attn_scalar": 8}));
+    let base = tempfile::tempdir().unwrap();
+    multimodal(base.path(), &m, "dtype");
+    let mut policy = Model::load(base.path(), DType::F32, &Device::Cpu).unwrap();
+    let lora = rlvr_model::LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        targets: rlvr_model::LoraTarget::ALL.to_vec(),
+        dropout: 0.0,
+    };
+    policy.add_lora(&lora, 1).unwrap();
+    let tok = rlvr_model::TokenizerBundle::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../rlvr-model/tests/fixtures/gemma_tokenizer"),
+    )
+    .unwrap();
+    let weights = tempfile::tempdir().unwrap();
+    // No server listens there: the refusal comes before any request.
+    let e = rlvr_vllm::VllmRollout::connect(
+        rlvr_vllm::VllmRolloutConfig {
+            client: rlvr_vllm::ClientConfig {
+                servers: vec!["http://127.0.0.1:9".into()],
+                served_model_name: "rlvr-policy".into(),
+                ..Default::default()
+            },
+            weights_dir: weights.path().to_path_buf(),
+            refresh_tolerance: 1e-4,
+            follower: false,
+            lease: None,
+            served_layout: Some(ServedLayout::of_dir(base.path()).unwrap()),
+        },
+        &policy,
+        &tok,
+        8,
+        8,
+        "rollout.max_new_tokens",
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(e.contains("LoRA on a multimodal Gemma 3"), "{e}");
+}
