@@ -8,7 +8,12 @@
 #     to its labels), then crates/rlvr-vllm/tests/it/live_killed.rs (which kills that server
 #     mid-call); then, on the same core, a third server with --runner pooling on a small random
 #     reward model (scripts/make_reward_model.py, which also writes transformers' scores) for
-#     crates/rlvr-reward/tests/it/live_reward_model.rs;
+#     crates/rlvr-reward/tests/it/live_reward_model.rs; then, on the same core, a fourth server with
+#     LoRA on (LORA_RANK=8) on a small random Phi-3 model laid out as Phi-4-mini is (fused qkv_proj and
+#     gate_up_proj in its file, partial rotary 0.75, LongRoPE; --max-model-len 256, its
+#     original_max_position_embeddings) for crates/rlvr-vllm/tests/it/live_arch.rs (the architecture
+#     whose refresh names differ most from its files: every kind of weight pushed alone reaches the
+#     server, adapters by name);
 #   lane U, a server on the UNTIED model with LoRA on (LORA_RANK=8: --enable-lora --max-lora-rank 8
 #     --max-loras 3) and prefix caching on (PREFIX_CACHING=1 BLOCK_SIZE=32, so that the short
 #     episodes' later turns reuse blocks; every live_train and live_lora check then holds with the
@@ -70,7 +75,7 @@ for line in sys.stdin:
         print(os.path.relpath(m["target"]["src_path"].rsplit("/tests/it/", 1)[0]), m["executable"])')
 # The crate directory of a live test module, crates/NAME/tests/it/FILE.rs -> crates/NAME.
 crate_of() { local src; src=$(ls crates/*/tests/it/"$1".rs | head -n 1); echo "${src%/tests/it/*}"; }
-for f in live_server live_data_parallel live_judge live_killed live_reward_model live_train live_lora; do
+for f in live_server live_data_parallel live_judge live_killed live_reward_model live_arch live_train live_lora; do
   [ -x "${EXE[$(crate_of "$f")]:-}" ] || { echo "ci_vllm: FAIL: no test executable for $f (cargo test --no-run)" >&2; exit 1; }
 done
 MODEL="$RUN/model" UNTIED="$RUN/model-untied" RM="$RUN/reward-model-dir"
@@ -78,12 +83,27 @@ VENV_PY=${VENV:-$(pwd)/.venv-vllm}/bin/python
 rm -rf "$MODEL" "$UNTIED"
 "$S" model "$MODEL" --tied true >/dev/null
 "$S" model "$UNTIED" --tied false >/dev/null
+# Phi-3 as Phi-4-mini lays it out: partial rotary 0.75 and LongRoPE (factors per rotated pair, 12 here),
+# whose switch (original_max_position_embeddings 256) the server's --max-model-len must not pass.
+PHI3="$RUN/model-phi3"
+rm -rf "$PHI3"
+"$S" model "$PHI3" --tied false --arch phi3 >/dev/null
+python3 - "$PHI3/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(partial_rotary_factor=0.75, original_max_position_embeddings=256, rope_scaling={
+    "rope_type": "longrope", "original_max_position_embeddings": 256,
+    "short_factor": [1.0 + 0.1 * i for i in range(12)], "long_factor": [1.0 + 0.5 * i for i in range(12)]})
+json.dump(c, open(sys.argv[1], "w"), indent=2)
+PY
 # One core each for the two engines where there are two.
 BIND_T=auto BIND_U=auto
 if [ "$(nproc)" -ge 2 ]; then BIND_T=0 BIND_U=1; fi
 RUN_R="$RUN/reward-model"
 mkdir -p "$RUN_R"
-trap 'RUN=$RUN_T "$S" stop; RUN=$RUN_U "$S" stop; RUN=$RUN_R "$S" stop' EXIT
+RUN_P="$RUN/phi3"
+mkdir -p "$RUN_P"
+trap 'RUN=$RUN_T "$S" stop; RUN=$RUN_U "$S" stop; RUN=$RUN_R "$S" stop; RUN=$RUN_P "$S" stop' EXIT
 RUN=$RUN_T CPU_BIND=$BIND_T "$S" start "$MODEL" > "$RUN_T/url" &
 start_t=$!
 # LoRA and prefix caching on for the untied server (and for live_train.rs's restart of it, which
@@ -132,6 +152,18 @@ lane_r() {
   live live_reward_model RLVR_RM_URL="$url" RLVR_RM_DIR="$RM" RLVR_RM_NAME=rlvr-rm
   local ok=$?
   RUN=$RUN_R "$S" stop || true
+  [ "$ok" = 0 ] && lane_p
+}
+# Phi-3 (LongRoPE, partial rotary), after the reward model's server is gone, on its core, LoRA on.
+lane_p() {
+  local t=$SECONDS url
+  url=$(RUN=$RUN_P CPU_BIND=$BIND_T LORA_RANK=8 MAX_LORAS=3 MAX_MODEL_LEN=256 "$S" start "$PHI3") ||
+    { echo "ci_vllm: FAIL: the Phi-3 server did not start (log: $RUN_P/vllm.log)" >&2; return 1; }
+  echo "ci_vllm: Phi-3 server at $url after $((SECONDS - t)) s"
+  live live_arch RLVR_VLLM_URL="$url" RLVR_VLLM_MODEL="$PHI3" RLVR_VLLM_LORA_RANK=8
+  local ok=$?
+  RUN=$RUN_P "$S" stop || true
+  echo "ci_vllm: Phi-3 lane took $((SECONDS - t)) s"
   return $ok
 }
 lane_u() {
@@ -148,10 +180,10 @@ lu=$!
 ok=1
 wait "$lt" || ok=0
 wait "$lu" || ok=0
-for f in live_server live_data_parallel live_judge live_killed live_reward_model live_train live_lora; do
+for f in live_server live_data_parallel live_judge live_killed live_reward_model live_arch live_train live_lora; do
   [ -f "$RUN/$f.log" ] && { echo "--- $f"; cat "$RUN/$f.log"; }
 done
 cat "$RUN/lane_t.out" "$RUN/lane_u.out"
 [ "$ok" = 1 ] || { echo "ci_vllm: FAIL (server logs: $RUN_T/vllm.log, $RUN_U/vllm.log)" >&2; exit 1; }
-rm -rf "$MODEL" "$UNTIED" "$RM" # the logs stay in $RUN
+rm -rf "$MODEL" "$UNTIED" "$RM" "$PHI3" # the logs stay in $RUN
 echo "ci_vllm: live tests took $((SECONDS - t2)) s; whole script $((SECONDS - t0)) s"

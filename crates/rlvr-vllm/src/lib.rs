@@ -43,5 +43,7 @@ pub use fingerprint::RefreshCheck;
 pub use http::{RetryPolicy, Server};
 pub use lease::{LeaseHolder, ServerLease};
 pub use lora::{write_adapter, LORA_SERVER_FLAGS};
-pub use refresh::{prune_versions, version_dir, write_weights, RefreshTimings};
+pub use refresh::{
+    prune_versions, version_dir, write_weights, write_weights_as, RefreshTimings, ServedLayout,
+};
 pub use rollout::{VllmRollout, VllmRolloutConfig};

@@ -9,11 +9,97 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use rlvr_model::ModelConfig;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::client::VllmClient;
 use crate::error::{io, Result, VllmError};
 use crate::fingerprint::{check_scores, RefreshCheck};
+
+/// How the checkpoint directory of a refresh names the weights: as the servers' loader takes them
+/// for the checkpoint the servers were started on (the trainer's base, `model.path`). vLLM's
+/// `reload_weights` reads the directory with the loader of the architecture it serves, which
+/// refuses a name outside that model ("There is no module or parameter named …") and leaves the
+/// model's layers on the meta device, so the engine dies at its next request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ServedLayout {
+    /// A `*ForCausalLM` checkpoint (every text architecture rlvr trains): the model's own names
+    /// (`model.layers.N.…`, `lm_head.weight`; Phi-3's q/k/v and gate/up split, which vLLM's
+    /// Phi-3 loader stacks into `qkv_proj` and `gate_up_proj` as it loads) and its config.json.
+    #[default]
+    CausalLm,
+    /// The multimodal Gemma 3 wrapper (config.json `model_type` "gemma3",
+    /// `Gemma3ForConditionalGeneration`), whose language model rlvr trains: every name under
+    /// `language_model.` (`language_model.model.layers.N.…`, `language_model.lm_head.weight`: the
+    /// Hub's layout, which vLLM's `Gemma3ForConditionalGeneration` loads as named; its vision
+    /// tower and projector are not written, and a reload keeps theirs), and the wrapper's
+    /// config.json (this value, with its dtype set to the written one).
+    Gemma3Multimodal(Value),
+}
+
+impl ServedLayout {
+    /// The layout of the checkpoint directory `dir` (its config.json: a server started on `dir`
+    /// loads this layout): [`ServedLayout::Gemma3Multimodal`] for `model_type` "gemma3", else
+    /// [`ServedLayout::CausalLm`]. Read from the directory the servers were started on (a run's
+    /// `model.path`), not from the model pushed: rlvr's own checkpoints of a multimodal Gemma 3
+    /// base (a resumed run's policy) hold its language model alone. A directory without
+    /// config.json (a LoRA adapter's, whose base lies elsewhere) is [`ServedLayout::CausalLm`].
+    ///
+    /// # Errors
+    /// [`VllmError::Model`]: config.json unreadable or not JSON, naming the file.
+    pub fn of_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        if !path.exists() {
+            return Ok(Self::CausalLm);
+        }
+        let c = ModelConfig::read_json(&path)?;
+        Ok(match c.get("model_type").and_then(Value::as_str) {
+            Some("gemma3") => Self::Gemma3Multimodal(c),
+            _ => Self::CausalLm,
+        })
+    }
+
+    /// The name the servers' loader takes for the model's weight `name`.
+    pub fn served_name(&self, name: &str) -> String {
+        match self {
+            Self::CausalLm => name.to_string(),
+            Self::Gemma3Multimodal(_) => format!("language_model.{name}"),
+        }
+    }
+
+    /// config.json's bytes for `config` stored as `dtype` in this layout.
+    fn config_bytes(&self, config: &ModelConfig, dtype: DType) -> Vec<u8> {
+        let Self::Gemma3Multimodal(wrapper) = self else {
+            return config.json_bytes_for(dtype);
+        };
+        let name = match dtype {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            _ => "float32",
+        };
+        let mut out = wrapper.clone();
+        // The dtype fields the wrapper has (transformers 5: `dtype`; 4: `torch_dtype`), at the top
+        // and in `text_config`; `torch_dtype` at the top when it has neither.
+        let set = |o: &mut Value, top: bool| {
+            if let Some(m) = o.as_object_mut() {
+                let has = |k: &str| m.get(k).is_some_and(|v| !v.is_null());
+                let (dt, tdt) = (has("dtype"), has("torch_dtype"));
+                if dt {
+                    m.insert("dtype".into(), name.into());
+                }
+                if tdt || (top && !dt) {
+                    m.insert("torch_dtype".into(), name.into());
+                }
+            }
+        };
+        set(&mut out, true);
+        if let Some(text) = out.get_mut("text_config") {
+            set(text, false);
+        }
+        let mut b = serde_json::to_vec_pretty(&out).expect("config serialises");
+        b.push(b'\n');
+        b
+    }
+}
 
 /// The directory of `version` under `weights_dir`: `weights_dir/version-NNNNNNNN`.
 pub fn version_dir(weights_dir: &Path, version: u64) -> PathBuf {
@@ -27,7 +113,8 @@ pub fn version_dir(weights_dir: &Path, version: u64) -> PathBuf {
 /// For a tied-embedding model (`config.tie_word_embeddings`) without an `lm_head.weight` tensor, a
 /// copy of `model.embed_tokens.weight` is written as `lm_head.weight`: vLLM's reload otherwise
 /// keeps its old head silently ("ParallelLMHead: Failed to load weights"; this crate's
-/// docs/VLLM-CPU.md).
+/// docs/VLLM-CPU.md). Except for Gemma 2 ([`head_written`]): vLLM's `Gemma2ForCausalLM` has no
+/// `lm_head` (its logits always come from the embedding), and a reload naming one fails.
 ///
 /// # Errors
 /// [`VllmError::Io`]; a tied model without `model.embed_tokens.weight` ([`VllmError::Config`]);
@@ -40,22 +127,30 @@ pub fn write_weights(
     dtype: DType,
 ) -> Result<PathBuf> {
     let name = format!("version-{version:08}");
-    write_weights_as(weights_dir, &name, tensors, config, dtype)
+    write_weights_as(
+        weights_dir,
+        &name,
+        tensors,
+        config,
+        dtype,
+        &ServedLayout::CausalLm,
+    )
 }
 
-/// As [`write_weights`], into `weights_dir/name`.
+/// As [`write_weights`], into `weights_dir/name`, in `layout`'s names and config.json.
 ///
 /// # Errors
 /// As [`write_weights`].
-pub(crate) fn write_weights_as(
+pub fn write_weights_as(
     weights_dir: &Path,
     name: &str,
     tensors: &[(String, Tensor)],
     config: &ModelConfig,
     dtype: DType,
+    layout: &ServedLayout,
 ) -> Result<PathBuf> {
     write_dir(weights_dir, name, |tmp| {
-        write_checkpoint(tmp, tensors, config, dtype)
+        write_checkpoint(tmp, tensors, config, dtype, layout)
     })
 }
 
@@ -106,19 +201,30 @@ pub fn remove_stale_temporaries(weights_dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// `tensors` in `dtype` and `config` as a HuggingFace checkpoint in the existing directory `tmp`
-/// (see [`write_weights`]).
+/// Whether a refresh of a model of `config` writes a copy of the embedding as `lm_head.weight`: for a
+/// tied model, except Gemma 2, whose vLLM 0.32 model (`Gemma2ForCausalLM`, vllm/model_executor/
+/// models/gemma2.py) has no `lm_head` module: its logits always come from `embed_tokens`, and its
+/// loader refuses an `lm_head.weight` ("There is no module or parameter named 'lm_head'"), which on
+/// a reload leaves the engine dead. (An untied Gemma 2 is refused before any push:
+/// [`crate::checks::check_servable`].)
+pub fn head_written(config: &ModelConfig) -> bool {
+    config.tie_word_embeddings && config.arch != rlvr_model::Arch::Gemma2
+}
+
+/// `tensors` in `dtype` and `config` as a HuggingFace checkpoint in `layout` in the existing
+/// directory `tmp` (see [`write_weights`]).
 fn write_checkpoint(
     tmp: &Path,
     tensors: &[(String, Tensor)],
     config: &ModelConfig,
     dtype: DType,
+    layout: &ServedLayout,
 ) -> Result<()> {
     let mut out: Vec<(String, Tensor)> = tensors
         .iter()
         .map(|(n, t)| Ok((n.clone(), t.detach().to_dtype(dtype)?)))
         .collect::<Result<_>>()?;
-    if config.tie_word_embeddings && !out.iter().any(|(n, _)| n == "lm_head.weight") {
+    if head_written(config) && !out.iter().any(|(n, _)| n == "lm_head.weight") {
         let embed = out
             .iter()
             .find(|(n, _)| n == "model.embed_tokens.weight")
@@ -128,8 +234,11 @@ fn write_checkpoint(
             })?;
         out.push(("lm_head.weight".into(), embed));
     }
+    for (n, _) in &mut out {
+        *n = layout.served_name(n);
+    }
     rlvr_model::weights::write_safetensors(&tmp.join("model.safetensors"), &out)?;
-    std::fs::write(tmp.join("config.json"), config.json_bytes_for(dtype)).map_err(io(tmp))?;
+    std::fs::write(tmp.join("config.json"), layout.config_bytes(config, dtype)).map_err(io(tmp))?;
     Ok(())
 }
 
@@ -198,7 +307,8 @@ impl VllmClient {
 }
 
 impl VllmClient {
-    /// Pushes the policy of `version` to every server: [`write_weights`] under `weights_dir`,
+    /// Pushes the policy of `version` to every server: [`write_weights`] under `weights_dir` (in
+    /// the client's [`ServedLayout`], [`VllmClient::set_served_layout`]),
     /// [`VllmClient::reload`], [`VllmClient::verify`] with `check`, then the client's version
     /// becomes `version` and older version directories are deleted ([`prune_versions`]).
     ///
@@ -217,7 +327,14 @@ impl VllmClient {
     ) -> Result<RefreshTimings> {
         self.refresh_failed = Some(version);
         let t0 = Instant::now();
-        let dir = write_weights(weights_dir, version, tensors, config, DType::F32)?;
+        let dir = write_weights_as(
+            weights_dir,
+            &format!("version-{version:08}"),
+            tensors,
+            config,
+            DType::F32,
+            &self.layout,
+        )?;
         let write_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         self.reload(&dir)?;

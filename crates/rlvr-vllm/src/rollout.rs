@@ -34,7 +34,7 @@ use crate::checks::{trainer_logprobs, ServerInfo};
 use crate::client::{ClientConfig, VllmClient};
 use crate::error::{Result, VllmError};
 use crate::fingerprint::{check_scores, RefreshCheck};
-use crate::refresh::{write_weights_as, RefreshTimings};
+use crate::refresh::{write_weights_as, RefreshTimings, ServedLayout};
 
 /// Tokens sampled by the log-prob-mode check after the first push.
 const MODE_CHECK_TOKENS: usize = 16;
@@ -62,6 +62,10 @@ pub struct VllmRolloutConfig {
     /// and held while the backend lives, tagged with the version at every push. `None`: no lease
     /// (a data-parallel follower, whose leader holds it; `--share-server`).
     pub lease: Option<crate::lease::LeaseHolder>,
+    /// How full-weight pushes name the weights ([`ServedLayout`]): as the loader of the checkpoint
+    /// the servers were started on takes them (rlvr-train: [`ServedLayout::of_dir`] of
+    /// `model.path`, or of the evaluated model). `None`: [`ServedLayout::CausalLm`].
+    pub served_layout: Option<ServedLayout>,
 }
 
 /// The vLLM backend of the explorer. See the module docs.
@@ -116,12 +120,28 @@ impl VllmRollout {
         room: usize,
         room_key: &str,
     ) -> Result<Self> {
+        crate::checks::check_servable(model.config())?;
         let mut client =
             VllmClient::new(config.client)?.with_tokenizer(tokenizer.tokenizer.clone());
+        let layout = config.served_layout.unwrap_or_default();
+        if model.lora_config().is_some() && matches!(layout, ServedLayout::Gemma3Multimodal(_)) {
+            // Checked live with vLLM 0.32: the adapter loaded, the refresh's check then scored the
+            // base (1.99 nats from the adapted model).
+            return Err(VllmError::Config(
+                "LoRA on a multimodal Gemma 3 base (model_type \"gemma3\") is not served: the \
+                 adapter rlvr writes names the text model's modules (PEFT's \
+                 base_model.model.model.layers.…), which vLLM's Gemma3ForConditionalGeneration \
+                 does not apply, so the servers would sample the base; train it without LoRA, or \
+                 sample with rollout.backend = \"native\""
+                    .into(),
+            ));
+        }
+        client.set_served_layout(layout);
         if let Some(holder) = config.lease {
             client.take_lease(holder)?;
         }
         let infos = client.check_servers(tokenizer, longest_prompt, room, room_key)?;
+        crate::checks::check_longrope(model.config(), &infos)?;
         let vocab = model.config().vocab_size;
         Ok(Self {
             client,
@@ -199,6 +219,7 @@ impl VllmRollout {
             &tensors,
             base.config(),
             candle_core::DType::F32,
+            self.client.served_layout(),
         )?;
         self.client.reload(&dir)?;
         let _ = std::fs::remove_dir_all(&dir);

@@ -322,6 +322,7 @@ pub fn backend_settings(r: &RolloutSection, run_dir: &Path) -> BackendSettings {
             refresh_tolerance: r.refresh_tolerance,
             cache_salt: r.cache_salt == super::CacheSalt::Version,
             follower: false,
+            served_base: None,
         }),
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use rlvr_model::{Model, TokenizerBundle};
 use rlvr_rollout::{NativeRollout, Rollout, Sampler};
-use rlvr_vllm::{ClientConfig, LeaseHolder, VllmRollout, VllmRolloutConfig};
+use rlvr_vllm::{ClientConfig, LeaseHolder, ServedLayout, VllmRollout, VllmRolloutConfig};
 use serde_json::json;
 
 /// Which engine samples, with its settings (`rollout.backend` and the `rollout.*` vLLM keys).
@@ -53,6 +53,12 @@ pub struct VllmSettings {
     /// (`rlvr_vllm::VllmRolloutConfig::follower`); the run loop holds every rank at a barrier
     /// after each weight load.
     pub follower: bool,
+    /// The checkpoint directory the servers were started on (`rlvr train`: `model.path`; `rlvr
+    /// eval` and `rlvr generate`: the evaluated model): full-weight pushes name the weights as its
+    /// loader takes them ([`ServedLayout::of_dir`]), so that a resumed run of a multimodal Gemma 3
+    /// base, whose checkpoints hold its language model alone, still writes the wrapper's names.
+    /// `None`: the model's own names.
+    pub served_base: Option<PathBuf>,
 }
 
 /// What the vLLM servers are used for, which decides their lease (rlvr-vllm's `lease` module:
@@ -229,13 +235,20 @@ pub fn build(
             Box::new(NativeRollout::new(sampler))
         }
         (BackendSettings::Vllm(v), _) => {
-            let config = VllmRolloutConfig {
-                client: client_config(v, server_use)?,
-                weights_dir: v.weights_dir.clone(),
-                refresh_tolerance: v.refresh_tolerance,
-                follower: v.follower,
-                lease: lease_holder(server_use, v.follower),
-            };
+            let config =
+                VllmRolloutConfig {
+                    client: client_config(v, server_use)?,
+                    weights_dir: v.weights_dir.clone(),
+                    refresh_tolerance: v.refresh_tolerance,
+                    follower: v.follower,
+                    lease: lease_holder(server_use, v.follower),
+                    served_layout: match &v.served_base {
+                        Some(dir) => Some(ServedLayout::of_dir(dir).with_context(|| {
+                            format!("reading the served base {}", dir.display())
+                        })?),
+                        None => None,
+                    },
+                };
             let r = VllmRollout::connect(
                 config,
                 model,

@@ -482,6 +482,9 @@ fn explorer_rollout(
     // Data parallel on vLLM: rank 0 writes and pushes each version, the other ranks take it.
     if let BackendSettings::Vllm(v) = &mut backend_settings {
         v.follower = !job.writer();
+        // The servers run `model.path` (a resumed run's policy is an rlvr checkpoint, which for a
+        // multimodal Gemma 3 base holds its language model alone).
+        v.served_base = Some(c.model.path.clone());
     }
     if job.writer() {
         crate::store::run_json::record(

@@ -953,6 +953,7 @@ fn vllm_settings(cache_salt: bool) -> backend::VllmSettings {
         refresh_tolerance: 0.01,
         cache_salt,
         follower: false,
+        served_base: None,
     }
 }
 

@@ -102,6 +102,7 @@ fn rollout(l: &Live, policy: &Policy, weights_dir: &Path) -> VllmRollout {
             refresh_tolerance: 1e-4,
             follower: false,
             lease: None,
+            served_layout: None,
         },
         &policy.model,
         &policy.tokenizer,
