@@ -44,8 +44,11 @@ pub struct ModelSection {
     /// (the resolved config records the value).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora_alpha: Option<f64>,
-    /// Projections that get an adapter: any of `q`, `k`, `v`, `o`, `gate`, `up`, `down` (or PEFT's
-    /// `q_proj` … `down_proj`). Default all seven.
+    /// Projections that get an adapter: `all-linear` (every decoder projection, as PEFT's
+    /// shorthand), or any of `q`, `k`, `v`, `o`, `gate`, `up`, `down` (or PEFT's `q_proj` …
+    /// `down_proj`); phi3 checkpoints fuse q/k/v and gate/up, so there: `qkv_proj`, `o_proj`,
+    /// `gate_up_proj`, `down_proj` (as a PEFT adapter for Phi-3 names them). Default
+    /// `["all-linear"]`.
     pub lora_targets: Vec<LoraTarget>,
     /// Dropout probability on the adapters' input in training forwards, in [0, 1) (PEFT's
     /// `lora_dropout`; sampling and scoring never drop, so dropout > 0 makes even staleness-0 data
@@ -65,7 +68,7 @@ pub const LORA_PARTS: &[Part] = &[
             },
             Knob {
                 key: "lora_targets",
-                default: "every projection",
+                default: "[\"all-linear\"]",
             },
             Knob {
                 key: "lora_dropout",
@@ -90,7 +93,7 @@ impl Default for ModelSection {
             reference: None,
             lora_rank: 0,
             lora_alpha: None,
-            lora_targets: LoraTarget::ALL.to_vec(),
+            lora_targets: vec![LoraTarget::AllLinear],
             lora_dropout: 0.0,
         }
     }

@@ -275,12 +275,26 @@ fn invalid_lora_keys_are_refused_by_name() {
         assert!(format!("{e:#}").contains(key), "{set}: {e:#}");
     }
     let mut s = base.to_vec();
-    s.push("model.lora_targets=[\"qkv\"]".into());
+    s.push("model.lora_targets=[\"fc1\"]".into());
     let e = RawConfig::load(None, &s).map(|_| ()).unwrap_err();
     let e = format!("{e:#}");
     assert!(
         e.contains("lora_targets") && e.contains("valid: q, k, v"),
         "{e}"
+    );
+    // all-linear is every projection: not beside others.
+    let mut s = base.to_vec();
+    s.extend([
+        "model.lora_rank=8".to_string(),
+        "model.lora_targets=[\"all-linear\",\"q\"]".into(),
+    ]);
+    let e = RawConfig::load(None, &s)
+        .and_then(|c| c.resolve())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("model.lora_targets: all-linear stands alone"),
+        "{e:#}"
     );
     // α without a rank: LoRA is off, so the key would do nothing.
     let mut s = base.to_vec();
@@ -319,4 +333,40 @@ fn resuming_with_another_lora_rank_names_the_optimizer_file_and_the_key() {
     let file = rd.join("checkpoints/step-1/trainer_state/optimizer.safetensors");
     assert!(e.contains(&format!("restoring {}", file.display())), "{e}");
     assert!(e.contains("model.lora_rank"), "{e}");
+}
+
+/// On a phi3 model `all-linear` (the default) adapts the checkpoint's four modules (the fused
+/// `qkv_proj` and `gate_up_proj`), and a split projection is refused naming
+/// `model.lora_targets`, the fused module and phi3's valid names.
+#[test]
+fn phi3_lora_targets_are_resolved_and_checked_by_name() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rlvr-model/tests/fixtures/phi3_longrope_partial");
+    let load = || {
+        rlvr_model::Model::load(&dir, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()
+    };
+    let cfg = |targets: Vec<rlvr_model::LoraTarget>| rlvr_model::LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        targets,
+        dropout: 0.0,
+    };
+    use rlvr_model::LoraTarget as T;
+    let mut m = load();
+    rlvr_train::lora::attach(&mut m, Some(cfg(vec![T::AllLinear])), &dir, 0).unwrap();
+    assert_eq!(
+        m.lora_config().unwrap().targets,
+        [T::Qkv, T::O, T::GateUp, T::Down]
+    );
+    // Resuming with the same setting (the adapter lists the four modules) is accepted.
+    rlvr_train::lora::attach(&mut m, Some(cfg(vec![T::AllLinear])), &dir, 0).unwrap();
+    let mut m = load();
+    let e = rlvr_train::lora::attach(&mut m, Some(cfg(vec![T::Q, T::O])), &dir, 0).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("model.lora_targets")
+            && e.contains("`q_proj`")
+            && e.contains("qkv_proj, o_proj, gate_up_proj, down_proj"),
+        "{e}"
+    );
 }
