@@ -3,7 +3,7 @@
 modules, Gemma 2, Gemma 3 text, the Gemma 3 multimodal wrapper) and gives the fixtures' log-probs.
 
     RLVR_LORA_KEEP=/tmp/kept cargo test -p rlvr-model --test it -- lora_parity::
-    /work/venv-a/bin/python scripts/check_peft_fixtures.py /tmp/kept [--tol 1e-5]
+    /work/venv-a/bin/python scripts/check_peft_fixtures.py /tmp/kept [--tol 2e-5]
 
 For each `/tmp/kept/NAME` (an `adapter_config.json` and `adapter_model.safetensors` written by
 rlvr's `Model::save` of the PEFT fixture `crates/rlvr-model/tests/fixtures/lora/NAME` loaded in
@@ -44,7 +44,8 @@ def logprobs(model, case: dict) -> torch.Tensor:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kept", type=Path)
-    ap.add_argument("--tol", type=float, default=1e-5)
+    # peft's own merge_and_unload of the Phi-3 fixture is 1.5e-5 off its unmerged log-probs.
+    ap.add_argument("--tol", type=float, default=2e-5)
     args = ap.parse_args()
     problems: list[str] = []
     dirs = sorted(d for d in args.kept.iterdir() if (d / "adapter_config.json").is_file())
