@@ -17,6 +17,7 @@ use crate::config::{Arch, ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::kernels::{AttnKind, Fused, FusedRope};
 use crate::kv::KvStore;
+use crate::lora::Adapter;
 use crate::ops::{rms_norm, rms_norm_plus_one, rope, softmax, upcast};
 use crate::param::{Param, Pass};
 
@@ -480,6 +481,9 @@ pub(crate) struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    /// Phi-3's LoRA adapter on the checkpoint's fused `qkv_proj` (B's rows: q's, k's, v's), which
+    /// rlvr holds as the three projections above ([`crate::lora::Adapter::forward_parts`]).
+    pub qkv_lora: Option<crate::lora::Adapter>,
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
     n_heads: usize,
@@ -519,6 +523,7 @@ impl Attention {
             k_proj,
             v_proj,
             o_proj,
+            qkv_lora: None,
             n_heads: cfg.num_attention_heads,
             n_kv: cfg.num_key_value_heads,
             head_dim: hd,
@@ -557,9 +562,10 @@ impl Attention {
             _ => mask,
         };
         let shared_window = self.window.is_some();
-        let q = self.q_proj.forward(x, pass)?.reshape((b, t, nh, hd))?;
-        let k = self.k_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
-        let v = self.v_proj.forward(x, pass)?.reshape((b, t, nkv, hd))?;
+        let (q, k, v) = self.project_qkv(x, pass)?;
+        let q = q.reshape((b, t, nh, hd))?;
+        let k = k.reshape((b, t, nkv, hd))?;
+        let v = v.reshape((b, t, nkv, hd))?;
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (qn.forward(&q, pass)?, kn.forward(&k, pass)?),
             _ => (q, k),
@@ -805,6 +811,20 @@ impl Attention {
         Ok(o.unsqueeze(0)?)
     }
 
+    /// q, k and v `[.., out]` of x `[.., hidden]`, with the fused `qkv_proj` adapter's update
+    /// when Phi-3's is attached (each projection's own adapter is its [`Linear`]'s).
+    fn project_qkv(&self, x: &Tensor, pass: Pass) -> Result<(Tensor, Tensor, Tensor)> {
+        let q = self.q_proj.forward(x, pass)?;
+        let k = self.k_proj.forward(x, pass)?;
+        let v = self.v_proj.forward(x, pass)?;
+        let Some(a) = &self.qkv_lora else {
+            return Ok((q, k, v));
+        };
+        let mut p = fused_lora(a, x, &[q, k, v], pass)?.into_iter();
+        let mut next = || p.next().expect("three parts");
+        Ok((next(), next(), next()))
+    }
+
     fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
         for l in [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj] {
             l.params(out);
@@ -812,6 +832,30 @@ impl Attention {
         out.extend(self.q_norm.as_ref().map(|n| &n.weight));
         out.extend(self.k_norm.as_ref().map(|n| &n.weight));
     }
+}
+
+/// `parts` `[.., out_i]` (the base outputs of the projections a fused module's rows hold, of
+/// x `[.., in]`) plus the fused module's adapter update, split the same way
+/// ([`crate::lora::Adapter::forward_parts`]).
+fn fused_lora(
+    a: &crate::lora::Adapter,
+    x: &Tensor,
+    parts: &[Tensor],
+    pass: Pass,
+) -> Result<Vec<Tensor>> {
+    let dims = x.dims();
+    let inner = *dims.last().expect("an input with a last dimension");
+    let rows: usize = dims[..dims.len() - 1].iter().product();
+    let flat = parts
+        .iter()
+        .map(|p| Ok(p.reshape((rows, p.dim(candle_core::D::Minus1)?))?))
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&Tensor> = flat.iter().collect();
+    a.forward_parts(&x.reshape((rows, inner))?, &refs, pass)?
+        .into_iter()
+        .zip(parts)
+        .map(|(y, p)| Ok(y.reshape(p.dims())?))
+        .collect()
 }
 
 /// The SiLU-gated MLP: `down(silu(gate(x)) · up(x))`, or Gemma's GeGLU `down(gelu(gate(x)) ·
@@ -822,6 +866,9 @@ pub(crate) struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// Phi-3's LoRA adapter on the checkpoint's fused `gate_up_proj` (B's rows: gate's, then
+    /// up's), which rlvr holds as the two projections above.
+    pub gate_up_lora: Option<crate::lora::Adapter>,
     /// GeGLU (Gemma) instead of SwiGLU.
     gelu: bool,
     /// The gating through the fused kernels (`kernels.swiglu`, [`crate::kernels::swiglu`]).
@@ -835,28 +882,32 @@ impl Mlp {
             gate_proj: Linear::new(vb.pp("gate_proj"), i, h, bias)?,
             up_proj: Linear::new(vb.pp("up_proj"), i, h, bias)?,
             down_proj: Linear::new(vb.pp("down_proj"), h, i, bias)?,
+            gate_up_lora: None,
             gelu: cfg.arch.is_gemma(),
             fused: false,
         })
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let g = self.gate_proj.forward(x, pass)?;
+        let u = self.up_proj.forward(x, pass)?;
+        let (g, u) = match &self.gate_up_lora {
+            Some(a) => {
+                let mut p = fused_lora(a, x, &[g, u], pass)?.into_iter();
+                (p.next().expect("gate"), p.next().expect("up"))
+            }
+            None => (g, u),
+        };
         if self.gelu {
             // candle's `gelu` is the tanh approximation (`gelu_erf` the exact one).
-            let g = self.gate_proj.forward(x, pass)?.gelu()?;
-            let u = self.up_proj.forward(x, pass)?;
-            return self.down_proj.forward(&(g * u)?, pass);
+            return self.down_proj.forward(&(g.gelu()? * u)?, pass);
         }
         if self.fused {
-            let g = self.gate_proj.forward(x, pass)?;
-            let u = self.up_proj.forward(x, pass)?;
             return self
                 .down_proj
                 .forward(&crate::kernels::swiglu(&g, &u)?, pass);
         }
-        let g = self.gate_proj.forward(x, pass)?.silu()?;
-        let u = self.up_proj.forward(x, pass)?;
-        self.down_proj.forward(&(g * u)?, pass)
+        self.down_proj.forward(&(g.silu()? * u)?, pass)
     }
 
     fn params<'s>(&'s self, out: &mut Vec<&'s Param>) {
@@ -917,10 +968,8 @@ impl DecoderLayer {
         pass: Pass,
     ) -> Result<Tensor> {
         if pass.dropout {
-            for (_, lin) in self.linears() {
-                if let Some(a) = &lin.lora {
-                    a.set_keys(rope_cs.dropout.clone());
-                }
+            for (_, _, a) in self.adapter_slots() {
+                a.iter().for_each(|a| a.set_keys(rope_cs.dropout.clone()));
             }
         }
         let h = self.input_norm.forward(x, pass)?;
@@ -954,33 +1003,64 @@ impl DecoderLayer {
         self.mlp.fused = fused.swiglu;
     }
 
-    /// The layer's seven projections with their module names under the layer (PEFT's
-    /// `target_modules` names: `q_proj` … `down_proj`), in checkpoint order.
-    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 7] {
-        let (a, m) = (&mut self.attn, &mut self.mlp);
+    /// The layer's LoRA adapter slots, in checkpoint order, each with its module's name under
+    /// the layer (PEFT's: `self_attn.q_proj` …), its `(out, in)` widths and its adapter: the
+    /// seven projections' own, and Phi-3's fused `self_attn.qkv_proj` (after v) and
+    /// `mlp.gate_up_proj` (after up), whose rows are the split projections'
+    /// ([`DecoderLayer::slot_weights`]).
+    pub fn adapter_slots(&self) -> [(&'static str, (usize, usize), &Option<Adapter>); 9] {
+        let (a, m) = (&self.attn, &self.mlp);
+        let w = |l: &Linear| (l.weight.var.dims()[0], l.weight.var.dims()[1]);
+        let h = w(&a.q_proj).1;
+        let qkv = w(&a.q_proj).0 + w(&a.k_proj).0 + w(&a.v_proj).0;
+        let gate_up = w(&m.gate_proj).0 + w(&m.up_proj).0;
         [
-            ("self_attn.q_proj", &mut a.q_proj),
-            ("self_attn.k_proj", &mut a.k_proj),
-            ("self_attn.v_proj", &mut a.v_proj),
-            ("self_attn.o_proj", &mut a.o_proj),
-            ("mlp.gate_proj", &mut m.gate_proj),
-            ("mlp.up_proj", &mut m.up_proj),
-            ("mlp.down_proj", &mut m.down_proj),
+            ("self_attn.q_proj", w(&a.q_proj), &a.q_proj.lora),
+            ("self_attn.k_proj", w(&a.k_proj), &a.k_proj.lora),
+            ("self_attn.v_proj", w(&a.v_proj), &a.v_proj.lora),
+            ("self_attn.qkv_proj", (qkv, h), &a.qkv_lora),
+            ("self_attn.o_proj", w(&a.o_proj), &a.o_proj.lora),
+            ("mlp.gate_proj", w(&m.gate_proj), &m.gate_proj.lora),
+            ("mlp.up_proj", w(&m.up_proj), &m.up_proj.lora),
+            ("mlp.gate_up_proj", (gate_up, h), &m.gate_up_lora),
+            ("mlp.down_proj", w(&m.down_proj), &m.down_proj.lora),
         ]
     }
 
-    /// [`DecoderLayer::linears_mut`], shared.
-    pub fn linears(&self) -> [(&'static str, &Linear); 7] {
-        let (a, m) = (&self.attn, &self.mlp);
+    /// [`DecoderLayer::adapter_slots`], mutable (no widths).
+    pub fn adapter_slots_mut(&mut self) -> [(&'static str, &mut Option<Adapter>); 9] {
+        let (a, m) = (&mut self.attn, &mut self.mlp);
         [
-            ("self_attn.q_proj", &a.q_proj),
-            ("self_attn.k_proj", &a.k_proj),
-            ("self_attn.v_proj", &a.v_proj),
-            ("self_attn.o_proj", &a.o_proj),
-            ("mlp.gate_proj", &m.gate_proj),
-            ("mlp.up_proj", &m.up_proj),
-            ("mlp.down_proj", &m.down_proj),
+            ("self_attn.q_proj", &mut a.q_proj.lora),
+            ("self_attn.k_proj", &mut a.k_proj.lora),
+            ("self_attn.v_proj", &mut a.v_proj.lora),
+            ("self_attn.qkv_proj", &mut a.qkv_lora),
+            ("self_attn.o_proj", &mut a.o_proj.lora),
+            ("mlp.gate_proj", &mut m.gate_proj.lora),
+            ("mlp.up_proj", &mut m.up_proj.lora),
+            ("mlp.gate_up_proj", &mut m.gate_up_lora),
+            ("mlp.down_proj", &mut m.down_proj.lora),
         ]
+    }
+
+    /// The weights whose rows an adapter slot's update adds to, in B's row order: the
+    /// projection's own, or q/k/v for `self_attn.qkv_proj` and gate/up for `mlp.gate_up_proj`.
+    /// Empty for an unknown name.
+    pub fn slot_weights(&self, path: &str) -> Vec<&Param> {
+        let (a, m) = (&self.attn, &self.mlp);
+        let lins: Vec<&Linear> = match path {
+            "self_attn.q_proj" => vec![&a.q_proj],
+            "self_attn.k_proj" => vec![&a.k_proj],
+            "self_attn.v_proj" => vec![&a.v_proj],
+            "self_attn.qkv_proj" => vec![&a.q_proj, &a.k_proj, &a.v_proj],
+            "self_attn.o_proj" => vec![&a.o_proj],
+            "mlp.gate_proj" => vec![&m.gate_proj],
+            "mlp.up_proj" => vec![&m.up_proj],
+            "mlp.gate_up_proj" => vec![&m.gate_proj, &m.up_proj],
+            "mlp.down_proj" => vec![&m.down_proj],
+            _ => vec![],
+        };
+        lins.into_iter().map(|l| &l.weight).collect()
     }
 
     /// The layer's params in checkpoint order.

@@ -176,10 +176,9 @@ impl CustomOp1 for Recompute {
         let grads = (y * grad_res.detach())?.sum_all()?.backward()?;
         let mut params = Vec::new();
         self.layer.params(&mut params);
-        for (_, lin) in self.layer.linears() {
-            if let Some(a) = &lin.lora {
-                params.extend([&a.a, &a.b]);
-            }
+        // Every adapter, Phi-3's on the fused modules too.
+        for (_, _, a) in self.layer.adapter_slots() {
+            params.extend(a.iter().flat_map(|a| [&a.a, &a.b]));
         }
         SINK.with(|s| {
             let mut s = s.borrow_mut();

@@ -35,6 +35,19 @@ fn mmap(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&f) }.map_err(io(path))
 }
 
+/// The tensor names of safetensors file `path` (its header only is parsed; the file is mapped,
+/// not read).
+///
+/// Errors: the file is missing or not regular, or not valid safetensors.
+pub(crate) fn tensor_names(path: &Path) -> Result<Vec<String>> {
+    let m = mmap(path)?;
+    let st = SafeTensors::deserialize(&m).map_err(|e| ModelError::Safetensors {
+        file: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    Ok(st.names().into_iter().map(str::to_string).collect())
+}
+
 impl WeightFiles {
     /// Opens the weights of the model directory `dir`: `model.safetensors`, or the shards named by
     /// `model.safetensors.index.json` (`weight_map`).

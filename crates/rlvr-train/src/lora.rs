@@ -23,6 +23,11 @@ pub fn attach(
     dir: &Path,
     seed: u64,
 ) -> anyhow::Result<()> {
+    // `all-linear` as the architecture's projections, the targets checked against its modules.
+    let lora = lora
+        .map(|c| c.for_arch(model.config().arch))
+        .transpose()
+        .context("model.lora_targets")?;
     match (lora, model.lora_config().cloned()) {
         (None, None) => Ok(()),
         (None, Some(l)) => bail!(

@@ -83,7 +83,12 @@ pub fn read_adapter_config(adapter_dir: &Path) -> Result<(LoraConfig, Option<Pat
         .and_then(Value::as_f64)
         .ok_or_else(|| bad("missing or invalid `lora_alpha`".into()))?;
     let targets = match v.get("target_modules") {
-        Some(Value::String(s)) if s == "all-linear" => LoraTarget::ALL.to_vec(),
+        // Resolved against the base's architecture when attached (`LoraConfig::for_arch`).
+        Some(Value::String(s)) if s == "all-linear" => vec![LoraTarget::AllLinear],
+        // A regular expression over module names (PEFT matches it in full; rlvr writes one
+        // for the Gemma 3 wrapper, so the vision tower gets no adapter): the targets are the
+        // language model's modules that the adapter file holds factors of.
+        Some(Value::String(_)) => targets_in_file(adapter_dir).map_err(bad)?,
         Some(Value::Array(a)) => a
             .iter()
             .map(|x| {
@@ -95,7 +100,9 @@ pub fn read_adapter_config(adapter_dir: &Path) -> Result<(LoraConfig, Option<Pat
             .collect::<Result<Vec<_>>>()?,
         _ => {
             return Err(bad(
-                "target_modules must be a list of module names or \"all-linear\"".into(),
+                "target_modules must be a list of module names, \"all-linear\" or a regular \
+                 expression"
+                    .into(),
             ))
         }
     };
@@ -113,4 +120,49 @@ pub fn read_adapter_config(adapter_dir: &Path) -> Result<(LoraConfig, Option<Pat
     };
     cfg.validate().map_err(|e| bad(e.to_string()))?;
     Ok((cfg, base))
+}
+
+/// Whether adapter tensor `name` belongs to the multimodal Gemma 3 wrapper's vision side (its
+/// vision tower or projector), which rlvr does not run (text only): PEFT gives it adapters when a
+/// target list names modules it has too (SigLIP's `q_proj`, `k_proj`, `v_proj`).
+pub(crate) fn is_vision_tensor(name: &str) -> bool {
+    name.contains(".vision_tower.") || name.contains(".multi_modal_projector.")
+}
+
+/// The decoder modules (`q_proj` …) whose factors `adapter_model.safetensors` in `adapter_dir`
+/// holds (`….layers.N.<block>.<module>.lora_A.weight`), vision-side tensors aside, in
+/// checkpoint order.
+///
+/// Errors (as text): the file cannot be read, a module rlvr has no target for, no factors.
+fn targets_in_file(adapter_dir: &Path) -> std::result::Result<Vec<LoraTarget>, String> {
+    let file = adapter_dir.join("adapter_model.safetensors");
+    let names = crate::weights::tensor_names(&file).map_err(|e| e.to_string())?;
+    let mut found = Vec::new();
+    for n in names.iter().filter(|n| !is_vision_tensor(n)) {
+        let Some(stem) = n
+            .strip_suffix(".lora_A.weight")
+            .or_else(|| n.strip_suffix(".lora_A.default.weight"))
+        else {
+            continue;
+        };
+        let module = stem.rsplit('.').next().unwrap_or(stem);
+        let t: LoraTarget = module
+            .parse()
+            .map_err(|e| format!("target_modules (a pattern): tensor `{n}`: {e}"))?;
+        if !found.contains(&t) {
+            found.push(t);
+        }
+    }
+    if found.is_empty() {
+        return Err(format!(
+            "target_modules is a pattern and {} holds no lora_A factor",
+            file.display()
+        ));
+    }
+    let order = |t: &LoraTarget| {
+        let all = [LoraTarget::ALL.as_slice(), LoraTarget::PHI3.as_slice()].concat();
+        all.iter().position(|x| x == t).unwrap_or(usize::MAX)
+    };
+    found.sort_by_key(order);
+    Ok(found)
 }

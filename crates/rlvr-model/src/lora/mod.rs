@@ -26,6 +26,7 @@
 
 mod files;
 
+pub(crate) use files::is_vision_tensor;
 pub use files::{find_adapter, read_adapter_config};
 
 use std::str::FromStr;
@@ -35,11 +36,16 @@ use std::sync::{Arc, Mutex};
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use crate::config::Arch;
 use crate::error::{ModelError, Result};
 use crate::param::{Param, Pass};
 
 /// A decoder projection LoRA may target; names as PEFT's `target_modules` (`q_proj` …), with the
-/// short forms `q`, `k`, `v`, `o`, `gate`, `up`, `down` accepted too.
+/// short forms `q`, `k`, `v`, `o`, `gate`, `up`, `down` accepted too. Phi-3 checkpoints fuse q/k/v
+/// into `qkv_proj` and gate/up into `gate_up_proj`, which are then the modules PEFT (and rlvr)
+/// adapt ([`LoraTarget::Qkv`], [`LoraTarget::GateUp`]); `all-linear` ([`LoraTarget::AllLinear`],
+/// PEFT's shorthand) stands for every decoder projection of the checkpoint's architecture
+/// ([`LoraConfig::for_arch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum LoraTarget {
@@ -50,10 +56,20 @@ pub enum LoraTarget {
     Gate,
     Up,
     Down,
+    /// Phi-3's fused `qkv_proj` `[(h + 2·kv)·head_dim, hidden]`: one adapter whose B rows are
+    /// q's, then k's, then v's.
+    Qkv,
+    /// Phi-3's fused `gate_up_proj` `[2·intermediate, hidden]`: one adapter whose B rows are
+    /// gate's, then up's.
+    GateUp,
+    /// Every decoder projection of the architecture (PEFT's `"all-linear"`, which leaves out
+    /// the output layer): the seven, or Phi-3's four modules.
+    AllLinear,
 }
 
 impl LoraTarget {
-    /// All seven, in checkpoint order (the default target list).
+    /// All seven split projections, in checkpoint order (`all-linear` of every architecture but
+    /// phi3).
     pub const ALL: [LoraTarget; 7] = [
         Self::Q,
         Self::K,
@@ -64,7 +80,11 @@ impl LoraTarget {
         Self::Down,
     ];
 
-    /// PEFT's module name: `q_proj`, …, `down_proj`.
+    /// Phi-3's four modules (`all-linear` there), in checkpoint order.
+    pub const PHI3: [LoraTarget; 4] = [Self::Qkv, Self::O, Self::GateUp, Self::Down];
+
+    /// PEFT's module name: `q_proj`, …, `down_proj`, `qkv_proj`, `gate_up_proj`, or
+    /// `all-linear`.
     pub fn module(self) -> &'static str {
         match self {
             Self::Q => "q_proj",
@@ -74,14 +94,43 @@ impl LoraTarget {
             Self::Gate => "gate_proj",
             Self::Up => "up_proj",
             Self::Down => "down_proj",
+            Self::Qkv => "qkv_proj",
+            Self::GateUp => "gate_up_proj",
+            Self::AllLinear => "all-linear",
+        }
+    }
+
+    /// The fused module whose rows hold this split projection in a Phi-3 checkpoint (q, k, v:
+    /// [`LoraTarget::Qkv`]; gate, up: [`LoraTarget::GateUp`]); `None` for the others.
+    pub fn fused_in(self) -> Option<LoraTarget> {
+        match self {
+            Self::Q | Self::K | Self::V => Some(Self::Qkv),
+            Self::Gate | Self::Up => Some(Self::GateUp),
+            _ => None,
+        }
+    }
+
+    /// The targets of `all-linear` for `arch`: [`LoraTarget::PHI3`] for phi3, else
+    /// [`LoraTarget::ALL`].
+    pub fn all_linear(arch: Arch) -> &'static [LoraTarget] {
+        match arch {
+            Arch::Phi3 => &Self::PHI3,
+            _ => &Self::ALL,
         }
     }
 }
+
+/// The accepted spellings, for error messages.
+const VALID_TARGETS: &str = "q, k, v, o, gate, up, down (or q_proj, …, down_proj), phi3's \
+                             qkv_proj and gate_up_proj, or all-linear";
 
 impl FromStr for LoraTarget {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "all-linear" {
+            return Ok(Self::AllLinear);
+        }
         let short = s.strip_suffix("_proj").unwrap_or(s);
         Ok(match short {
             "q" => Self::Q,
@@ -91,13 +140,9 @@ impl FromStr for LoraTarget {
             "gate" => Self::Gate,
             "up" => Self::Up,
             "down" => Self::Down,
-            _ => {
-                return Err(format!(
-                    "unknown LoRA target `{s}`; valid: q, k, v, o, gate, up, down (or q_proj, …, down_proj; \
-                     phi3's fused qkv_proj and gate_up_proj are not supported: o_proj and \
-                     down_proj are its adaptable modules)"
-                ))
-            }
+            "qkv" => Self::Qkv,
+            "gate_up" => Self::GateUp,
+            _ => return Err(format!("unknown LoRA target `{s}`; valid: {VALID_TARGETS}")),
         })
     }
 }
@@ -111,7 +156,8 @@ impl TryFrom<String> for LoraTarget {
 
 impl From<LoraTarget> for String {
     fn from(t: LoraTarget) -> String {
-        t.module().strip_suffix("_proj").unwrap_or("").to_string()
+        let m = t.module();
+        m.strip_suffix("_proj").unwrap_or(m).to_string()
     }
 }
 
@@ -161,6 +207,57 @@ impl LoraConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The settings with `all-linear` expanded to `arch`'s projections
+    /// ([`LoraTarget::all_linear`]) and every target checked against the modules `arch`'s
+    /// checkpoints have: phi3 has `qkv_proj` and `gate_up_proj` where the others have the
+    /// q/k/v and gate/up projections (a PEFT `target_modules` of `q_proj` matches no phi3
+    /// module). Idempotent.
+    ///
+    /// # Errors
+    /// [`LoraConfig::validate`]'s; `all-linear` beside other targets; a target `arch` has no
+    /// module of (named, with the valid names for `arch`).
+    pub fn for_arch(&self, arch: Arch) -> Result<LoraConfig> {
+        self.validate()?;
+        let bad = |m: String| Err(ModelError::Invalid(m));
+        let mut out = self.clone();
+        if self.targets.contains(&LoraTarget::AllLinear) {
+            if self.targets.len() > 1 {
+                return bad(format!(
+                    "LoRA targets {:?}: all-linear stands alone (it is every projection)",
+                    self.targets.iter().map(|t| t.module()).collect::<Vec<_>>()
+                ));
+            }
+            out.targets = LoraTarget::all_linear(arch).to_vec();
+            return Ok(out);
+        }
+        let valid = LoraTarget::all_linear(arch);
+        for t in &self.targets {
+            if valid.contains(t) {
+                continue;
+            }
+            let names: Vec<&str> = valid.iter().map(|v| v.module()).collect();
+            let names = names.join(", ");
+            return match t.fused_in() {
+                Some(f) => bad(format!(
+                    "LoRA target `{}` is not a module of {} checkpoints, which fuse q, k and v \
+                     into `qkv_proj` and gate and up into `gate_up_proj` (PEFT adapts the fused \
+                     module, here `{}`); valid for {}: {names}, or all-linear",
+                    t.module(),
+                    arch.model_type(),
+                    f.module(),
+                    arch.model_type()
+                )),
+                None => bad(format!(
+                    "LoRA target `{}` is a fused module of phi3 checkpoints only; valid for {}: \
+                     {names} (or their short forms), or all-linear",
+                    t.module(),
+                    arch.model_type()
+                )),
+            };
+        }
+        Ok(out)
     }
 }
 
@@ -285,14 +382,53 @@ impl Adapter {
     /// `y + (α/r)·((dropout(x)·Aᵀ)·Bᵀ)` for x `[rows, in]` and y `[rows, out]`, computed in the
     /// adapter dtype and returned in y's dtype (peft's order: A, then B, then the scale).
     pub fn forward(&self, x: &Tensor, y: &Tensor, pass: Pass) -> Result<Tensor> {
+        let delta = self.update(x, pass)?;
+        Ok((y.to_dtype(delta.dtype())? + delta)?.to_dtype(y.dtype())?)
+    }
+
+    /// [`Adapter::forward`] of a fused module whose base output rlvr holds as parts: for x
+    /// `[rows, in]` and the parts' base outputs `ys[i]` `[rows, out_i]` (Σ out_i = B's rows, in
+    /// B's row order), `ys[i] + ((α/r)·(dropout(x)·Aᵀ)·Bᵀ)[:, part i's columns]`, each in the
+    /// adapter dtype and cast back to its y's dtype. This is peft's one adapter on Phi-3's
+    /// `qkv_proj` (parts q, k, v) or `gate_up_proj` (gate, up): one dropout mask and one `x·Aᵀ`
+    /// for all parts, so A's gradient sums the parts' and B's rows are the parts' own.
+    ///
+    /// # Errors
+    /// The parts' widths do not sum to B's rows; tensor errors.
+    pub fn forward_parts(&self, x: &Tensor, ys: &[&Tensor], pass: Pass) -> Result<Vec<Tensor>> {
+        let delta = self.update(x, pass)?;
+        let out = delta.dim(1)?;
+        let widths = ys
+            .iter()
+            .map(|y| y.dim(1))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        if widths.iter().sum::<usize>() != out {
+            return Err(ModelError::Invalid(format!(
+                "LoRA {}: parts of widths {widths:?} for B's {out} rows",
+                self.a.name
+            )));
+        }
+        let mut at = 0;
+        ys.iter()
+            .zip(widths)
+            .map(|(y, w)| {
+                let d = delta.narrow(1, at, w)?;
+                at += w;
+                Ok((y.to_dtype(d.dtype())? + d)?.to_dtype(y.dtype())?)
+            })
+            .collect()
+    }
+
+    /// The update `(α/r)·((dropout(x)·Aᵀ)·Bᵀ)` `[rows, out]` of x `[rows, in]`, in the adapter
+    /// dtype.
+    fn update(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let dt = self.a.var.dtype();
         let mut xa = x.to_dtype(dt)?;
         if pass.dropout && self.dropout > 0.0 {
             xa = (xa * self.dropout_mask(x.dims(), x.device())?)?;
         }
         let (a, b) = (self.a.get(pass.grad), self.b.get(pass.grad));
-        let delta = (xa.matmul(&a.t()?)?.matmul(&b.t()?)? * self.scale)?;
-        Ok((y.to_dtype(dt)? + delta)?.to_dtype(y.dtype())?)
+        Ok((xa.matmul(&a.t()?)?.matmul(&b.t()?)? * self.scale)?)
     }
 
     /// The dropout round ([`crate::Model::lora_dropout_round`]).

@@ -26,26 +26,15 @@ fn adapter_dtype(dt: DType) -> DType {
 impl Model {
     /// Attaches fresh LoRA adapters (A Kaiming-uniform, a = √5, drawn from `seed` in
     /// [`Model::named_vars`] order; B zeros) to the `cfg.targets` projections of every layer and
-    /// freezes the base. The model's outputs are unchanged until B moves.
+    /// freezes the base. The model's outputs are unchanged until B moves. `all-linear` becomes
+    /// the architecture's projections and the targets are checked against its modules
+    /// ([`LoraConfig::for_arch`]): on phi3 the adapters sit on the fused `qkv_proj` (B
+    /// `[(h + 2·kv)·head_dim, r]`) and `gate_up_proj` (B `[2·intermediate, r]`) as PEFT's do.
     ///
     /// # Errors
-    /// Invalid settings ([`LoraConfig::validate`]), adapters already attached.
+    /// Invalid settings or targets ([`LoraConfig::for_arch`]), adapters already attached.
     pub fn add_lora(&mut self, cfg: &LoraConfig, seed: u64) -> Result<()> {
-        cfg.validate()?;
-        if self.config.arch == crate::config::Arch::Phi3 {
-            let fused: Vec<&str> = (cfg.targets.iter())
-                .map(|t| t.module())
-                .filter(|m| matches!(*m, "q_proj" | "k_proj" | "v_proj" | "gate_proj" | "up_proj"))
-                .collect();
-            if !fused.is_empty() {
-                return Err(ModelError::Invalid(format!(
-                    "LoRA targets {fused:?} are not supported for phi3: its checkpoints fuse q/k/v \
-                     into `qkv_proj` and gate/up into `gate_up_proj`, so a PEFT adapter for phi3 \
-                     names those, and rlvr adapts only unfused projections there; use \
-                     target_modules [\"o_proj\", \"down_proj\"] (the phi3 modules rlvr adapts)"
-                )));
-            }
-        }
+        let cfg = &cfg.for_arch(self.config.arch)?;
         if self.lora.is_some() {
             return Err(ModelError::Invalid(
                 "this model already has LoRA adapters".into(),
@@ -55,22 +44,22 @@ impl Model {
         let device = self.device().clone();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let r = cfg.rank;
+        let prefix = self.adapter_prefix();
         for (li, layer) in self.layers.iter_mut().enumerate() {
-            for (path, lin) in layer.linears_mut() {
+            let dims: Vec<(usize, usize)> = layer.adapter_slots().iter().map(|s| s.1).collect();
+            for ((path, slot), (out, inp)) in layer.adapter_slots_mut().into_iter().zip(dims) {
                 let module = path.rsplit('.').next().expect("a module name");
                 if !cfg.targets.iter().any(|t| t.module() == module) {
                     continue;
                 }
-                let (out, inp) = lin.weight.var.dims2()?;
                 let bound = 1.0 / (inp as f64).sqrt();
                 let a: Vec<f64> = (0..r * inp)
                     .map(|_| rng.random_range(-bound..bound))
                     .collect();
                 let a = Tensor::from_vec(a, (r, inp), &device)?.to_dtype(dt)?;
                 let b = Tensor::zeros((out, r), dt, &device)?;
-                let name =
-                    |m: &str| format!("base_model.model.model.layers.{li}.{path}.lora_{m}.weight");
-                lin.lora = Some(Adapter::new(
+                let name = |m: &str| format!("{prefix}.{li}.{path}.lora_{m}.weight");
+                *slot = Some(Adapter::new(
                     Param::new(name("A"), Var::from_tensor(&a)?),
                     Param::new(name("B"), Var::from_tensor(&b)?),
                     cfg,
@@ -80,6 +69,25 @@ impl Model {
         }
         self.lora = Some(cfg.clone());
         Ok(())
+    }
+
+    /// Whether the model is the language model of the multimodal Gemma 3 wrapper (config.json's
+    /// `model_type` "gemma3", `Gemma3ForConditionalGeneration`).
+    pub(crate) fn is_gemma3_wrapper(&self) -> bool {
+        (self.source_config.as_ref())
+            .and_then(|c| c.get("model_type"))
+            .and_then(|t| t.as_str())
+            == Some("gemma3")
+    }
+
+    /// Where PEFT names the decoder layers' adapters: `base_model.model.model.layers`, or for
+    /// the Gemma 3 wrapper (whose language model transformers holds as
+    /// `model.language_model`) `base_model.model.model.language_model.layers`.
+    pub(crate) fn adapter_prefix(&self) -> &'static str {
+        match self.is_gemma3_wrapper() {
+            true => "base_model.model.model.language_model.layers",
+            false => "base_model.model.model.layers",
+        }
     }
 
     /// The LoRA settings when adapters are attached.
@@ -113,8 +121,55 @@ impl Model {
     fn adapters(&self) -> impl Iterator<Item = &Adapter> {
         self.layers
             .iter()
-            .flat_map(|l| l.linears())
-            .filter_map(|(_, lin)| lin.lora.as_ref())
+            .flat_map(|l| l.adapter_slots())
+            .filter_map(|(_, _, a)| a.as_ref())
+    }
+
+    /// The LoRA factors acting on projection `path` (e.g. `self_attn.q_proj`) of layer `layer`,
+    /// detached: A `[r, in]` and the rows of B that update this projection `[out, r]`. They are
+    /// the projection's own adapter's, or, for Phi-3's split projections, A and the projection's
+    /// rows of the fused module's B (`self_attn.qkv_proj`: q's, k's, v's; `mlp.gate_up_proj`:
+    /// gate's, up's). `None` when no adapter acts on it. (The fused decode step reads them.)
+    ///
+    /// # Errors
+    /// Tensor errors.
+    pub fn lora_factors(&self, layer: usize, path: &str) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(l) = self.layers.get(layer) else {
+            return Ok(None);
+        };
+        let slots = l.adapter_slots();
+        let find = |p: &str| {
+            slots
+                .iter()
+                .find(|(name, _, _)| *name == p)
+                .and_then(|(_, _, a)| a.as_ref())
+        };
+        let detach = |a: &Adapter| (a.a.var.as_tensor().detach(), a.b.var.as_tensor().detach());
+        if let Some(a) = find(path) {
+            return Ok(Some(detach(a)));
+        }
+        const QKV: [&str; 3] = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
+        const GATE_UP: [&str; 2] = ["mlp.gate_proj", "mlp.up_proj"];
+        let (fused, parts): (&str, &[&str]) = if QKV.contains(&path) {
+            ("self_attn.qkv_proj", &QKV)
+        } else if GATE_UP.contains(&path) {
+            ("mlp.gate_up_proj", &GATE_UP)
+        } else {
+            return Ok(None);
+        };
+        let Some(a) = find(fused) else {
+            return Ok(None);
+        };
+        let (fa, fb) = detach(a);
+        let mut at = 0;
+        for part in parts {
+            let rows = l.slot_weights(part)[0].var.dims()[0];
+            if *part == path {
+                return Ok(Some((fa, fb.narrow(0, at, rows)?)));
+            }
+            at += rows;
+        }
+        Ok(None)
     }
 
     /// The base model with the adapters disabled, sharing the base weights' storage (no copy):
@@ -122,8 +177,8 @@ impl Model {
     pub fn without_adapters(&self) -> Model {
         let mut m = self.clone();
         for layer in &mut m.layers {
-            for (_, lin) in layer.linears_mut() {
-                lin.lora = None;
+            for (_, slot) in layer.adapter_slots_mut() {
+                *slot = None;
             }
         }
         m.lora = None;
@@ -133,13 +188,9 @@ impl Model {
     /// The adapters' params (A then B per projection, layer by layer, checkpoint order).
     pub(crate) fn adapter_params(&self) -> Vec<&Param> {
         let mut v = Vec::new();
-        for layer in &self.layers {
-            for (_, lin) in layer.linears() {
-                if let Some(a) = &lin.lora {
-                    v.push(&a.a);
-                    v.push(&a.b);
-                }
-            }
+        for a in self.adapters() {
+            v.push(&a.a);
+            v.push(&a.b);
         }
         v
     }
@@ -148,10 +199,8 @@ impl Model {
     pub(crate) fn copy_adapters(&self) -> Result<Model> {
         let mut m = self.clone();
         for layer in &mut m.layers {
-            for (_, lin) in layer.linears_mut() {
-                if let Some(a) = &mut lin.lora {
-                    *a = a.try_copy()?;
-                }
+            for (_, slot) in layer.adapter_slots_mut() {
+                *slot = slot.as_ref().map(Adapter::try_copy).transpose()?;
             }
         }
         Ok(m)
@@ -159,20 +208,27 @@ impl Model {
 
     /// A model without adapters whose targeted weights are `W + (α/r)·B·A`, computed in f32 (f64
     /// for an f64 model) and cast to the model's dtype (peft's `merge_and_unload`); new storage
-    /// for every weight. Without adapters: a deep copy.
+    /// for every weight. A fused module's update (Phi-3's `qkv_proj`, `gate_up_proj`) is split
+    /// by rows over the projections it holds, as the fused weight is. Without adapters: a deep
+    /// copy.
     ///
     /// # Errors
     /// Tensor errors.
     pub fn merged(&self) -> Result<Model> {
         let m = self.without_adapters().try_clone()?;
         for (li, layer) in self.layers.iter().enumerate() {
-            for (k, (_, lin)) in layer.linears().into_iter().enumerate() {
-                let Some(a) = &lin.lora else { continue };
+            for (path, _, a) in layer.adapter_slots() {
+                let Some(a) = a else { continue };
                 let dt = a.a.var.dtype();
                 let delta = a.delta()?;
-                let w = (lin.weight.var.as_tensor().to_dtype(dt)? + delta)?;
-                let target = &m.layers[li].linears()[k].1.weight.var;
-                target.set(&w.to_dtype(target.dtype())?)?;
+                let mut at = 0;
+                for target in m.layers[li].slot_weights(path) {
+                    let target = &target.var;
+                    let rows = target.dims()[0];
+                    let w = (target.as_tensor().to_dtype(dt)? + delta.narrow(0, at, rows)?)?;
+                    target.set(&w.to_dtype(target.dtype())?)?;
+                    at += rows;
+                }
             }
         }
         Ok(m)
@@ -210,7 +266,10 @@ pub(crate) fn load_with_adapter(
         }
     };
     let mut model = Model::load_base(&base_dir, dtype, device)?;
-    model.add_lora(&cfg, 0)?;
+    model.add_lora(&cfg, 0).map_err(|e| ModelError::Config {
+        file: adapter_dir.join("adapter_config.json"),
+        msg: format!("target_modules: {e}"),
+    })?;
     let file = adapter_dir.join("adapter_model.safetensors");
     if !file.is_file() {
         return Err(ModelError::MissingFile {
@@ -223,6 +282,14 @@ pub(crate) fn load_with_adapter(
             file: file.clone(),
             msg: e.to_string(),
         })?;
+    // The wrapper's vision-side adapters (PEFT adds them when a target list names a SigLIP
+    // module too) act on image inputs only, which rlvr never has: left unread.
+    let stored: std::collections::HashMap<String, Tensor> = match model.is_gemma3_wrapper() {
+        true => (stored.into_iter())
+            .filter(|(n, _)| !crate::lora::is_vision_tensor(n))
+            .collect(),
+        false => stored,
+    };
     let mut weights = Vec::with_capacity(stored.len());
     for (name, _) in model.named_vars() {
         // PEFT writes no adapter name; some writers keep `.default` before `.weight`.
@@ -288,6 +355,16 @@ pub(crate) fn save_adapter(model: &Model, adapter_dir: &Path) -> Result<()> {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let targets: Vec<&str> = cfg.targets.iter().map(|t| t.module()).collect();
+    // On the Gemma 3 wrapper a list would match the vision tower's q/k/v_proj too (PEFT
+    // matches names by suffix): a pattern over the language model's modules instead, which PEFT
+    // matches in full against `model.language_model.layers.N.self_attn.q_proj` ….
+    let targets = match model.is_gemma3_wrapper() {
+        true => json!(format!(
+            "model\\.language_model\\.layers\\.\\d+\\.(self_attn|mlp)\\.({})",
+            targets.join("|")
+        )),
+        false => json!(targets),
+    };
     let config = json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -350,7 +350,7 @@ fn invalid_settings_are_refused_with_the_reason() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("dropout"), "{e}");
-    let e = "qkv".parse::<LoraTarget>().unwrap_err();
+    let e = "fc1".parse::<LoraTarget>().unwrap_err();
     assert!(e.contains("valid: q, k, v"), "{e}");
     assert_eq!("gate_proj".parse::<LoraTarget>(), Ok(LoraTarget::Gate));
 }

@@ -196,7 +196,8 @@ pub struct LoraShape {
     pub rank: usize,
     /// α / r.
     pub scale: f32,
-    /// Bit i set: `rlvr_model::LoraTarget::ALL[i]` has an adapter.
+    /// Bit i set: an adapter acts on `rlvr_model::LoraTarget::ALL[i]`, its own or (Phi-3) the
+    /// fused module's whose rows hold it ([`rlvr_model::Model::lora_factors`]).
     pub targets: u8,
 }
 
@@ -249,7 +250,10 @@ impl StepShape {
                 rank: l.rank,
                 scale: l.scale() as f32,
                 targets: (rlvr_model::LoraTarget::ALL.iter().enumerate())
-                    .filter(|(_, t)| l.targets.contains(t))
+                    .filter(|(_, t)| {
+                        l.targets.contains(t)
+                            || t.fused_in().is_some_and(|f| l.targets.contains(&f))
+                    })
                     .fold(0u8, |m, (i, _)| m | (1 << i)),
             }),
         })
@@ -729,9 +733,14 @@ pub fn rotary_tables(model: &Model) -> Result<(Tensor, Tensor)> {
 pub fn weight(model: &Model, w: Weight) -> Result<Tensor> {
     match (w, w.name()) {
         (_, None) => Ok(model.head_weight().clone()),
-        // The adapters are f32: the step's products run in the model's dtype.
-        (Weight::LoraA(..) | Weight::LoraB(..), Some(n)) => {
-            Ok(weight_named(model, &n)?.to_dtype(model.dtype())?)
+        // The adapters are f32: the step's products run in the model's dtype. A Phi-3 split
+        // projection's factors are the fused module's A and its rows of B.
+        (Weight::LoraA(l, p) | Weight::LoraB(l, p), Some(n)) => {
+            let (a, b) = model
+                .lora_factors(l, p)?
+                .ok_or_else(|| ModelError::Invalid(format!("fused decode step: no weight {n}")))?;
+            let t = if matches!(w, Weight::LoraA(..)) { a } else { b };
+            Ok(t.to_dtype(model.dtype())?)
         }
         (_, Some(n)) => weight_named(model, &n),
     }

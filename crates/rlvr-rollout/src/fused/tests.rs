@@ -702,3 +702,87 @@ fn lora_adapters_run_in_the_fused_step() {
     let got = host_fused_sample(&model, &prompts, &params, 9);
     assert_close(&got, &want);
 }
+
+/// Phi-3's adapters on its fused `qkv_proj` and `gate_up_proj` in the fused step: the split
+/// projections q, k, v (gate, up) each take the fused adapter's A and their own rows of its B
+/// (`Model::lora_factors`), and the host fused path samples what the candle step samples
+/// (tokens equal, log-probs within 1e-5), the adapters' B off zero.
+#[test]
+fn phi3_fused_module_adapters_run_in_the_fused_step() {
+    let m = manifest().expect("the committed manifest holds the decode kernels");
+    let cfg = ModelConfig::from_json(
+        &serde_json::json!({"model_type": "phi3", "vocab_size": 64, "hidden_size": 128,
+            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "max_position_embeddings": 512, "sliding_window": null}),
+        "inline".as_ref(),
+    )
+    .unwrap();
+    let mut model = Model::random(cfg, 0.05, 23, DType::F32, &Device::Cpu).unwrap();
+    use rlvr_model::LoraTarget as T;
+    let lora = rlvr_model::LoraConfig {
+        rank: 3,
+        alpha: 6.0,
+        targets: vec![T::Qkv, T::GateUp],
+        dropout: 0.0,
+    };
+    model.add_lora(&lora, 5).unwrap();
+    for l in 0..2 {
+        for p in ["self_attn.qkv_proj", "mlp.gate_up_proj"] {
+            let name = format!("base_model.model.model.layers.{l}.{p}.lora_B.weight");
+            let var = model.var(&name).unwrap();
+            let b = Tensor::randn(0f32, 0.5, var.dims(), &Device::Cpu).unwrap();
+            var.set(&b).unwrap();
+        }
+    }
+    // q's rows of the fused B are its first 128; v's the last 64.
+    let (_, bq) = model.lora_factors(1, "self_attn.q_proj").unwrap().unwrap();
+    let (_, bv) = model.lora_factors(1, "self_attn.v_proj").unwrap().unwrap();
+    let fused = model
+        .var("base_model.model.model.layers.1.self_attn.qkv_proj.lora_B.weight")
+        .unwrap()
+        .as_tensor()
+        .clone();
+    assert_eq!(bq.dims(), [128, 3]);
+    assert_eq!(bv.dims(), [64, 3]);
+    let rows = |t: &Tensor| t.to_vec2::<f32>().unwrap();
+    assert_eq!(rows(&bq), rows(&fused)[..128]);
+    assert_eq!(rows(&bv), rows(&fused)[192..]);
+    assert!(model.lora_factors(1, "self_attn.o_proj").unwrap().is_none());
+    let p = StepProgram::build(StepShape::of(&model, 3, 64).unwrap(), m, Target::Sm90a).unwrap();
+    let n = names(&p);
+    for proj in ["q", "k", "v", "gate", "up"] {
+        let sub = if matches!(proj, "gate" | "up") {
+            "mlp"
+        } else {
+            "self_attn"
+        };
+        assert!(
+            n.contains(&format!("lora_B {sub}.{proj}_proj")),
+            "{proj}: {n:?}"
+        );
+    }
+    assert!(!n.iter().any(|x| x.contains("lora_A self_attn.o_proj")));
+    let prompts: Vec<Vec<u32>> = [21u32, 9]
+        .iter()
+        .map(|n| (0..*n).map(|i| (i * 11 + n) % 64).collect())
+        .collect();
+    let params = crate::SamplingParams {
+        group_size: 2,
+        max_new_tokens: 8,
+        stop_ids: (0..16).collect(),
+        ..Default::default()
+    };
+    let want = crate::Sampler::new(&model, 0)
+        .sample(&prompts, 0, &params, 4)
+        .unwrap();
+    let plain = crate::Sampler::new(&model.without_adapters(), 0)
+        .sample(&prompts, 0, &params, 4)
+        .unwrap();
+    assert_ne!(
+        want.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
+        plain.iter().map(|c| &c.token_ids).collect::<Vec<_>>(),
+        "the adapters should change what is sampled"
+    );
+    let got = host_fused_sample(&model, &prompts, &params, 4);
+    assert_close(&got, &want);
+}

@@ -244,7 +244,13 @@ impl RawConfig {
         }
         m.lora_alpha = Some(alpha);
         if m.lora_targets.is_empty() {
-            bail!("model.lora_targets is empty; list some of q, k, v, o, gate, up, down");
+            bail!(
+                "model.lora_targets is empty; use [\"all-linear\"] or list some of q, k, v, o, \
+                 gate, up, down (phi3: qkv, o, gate_up, down)"
+            );
+        }
+        if m.lora_targets.len() > 1 && m.lora_targets.contains(&rlvr_model::LoraTarget::AllLinear) {
+            bail!("model.lora_targets: all-linear stands alone (it is every projection)");
         }
         for (i, t) in m.lora_targets.iter().enumerate() {
             if m.lora_targets[..i].contains(t) {

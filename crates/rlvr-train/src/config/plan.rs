@@ -137,6 +137,8 @@ pub struct Shape {
     o_bias: bool,
     mlp_bias: bool,
     qk_norm: bool,
+    /// What `all-linear` LoRA targets mean (phi3: the fused `qkv_proj` and `gate_up_proj`).
+    arch: rlvr_model::Arch,
 }
 
 impl Shape {
@@ -178,6 +180,7 @@ impl Shape {
             o_bias: c.o_bias,
             mlp_bias: c.mlp_bias,
             qk_norm,
+            arch: c.arch,
         }
     }
 
@@ -227,6 +230,18 @@ impl Shape {
             LoraTarget::O => (q, h),
             LoraTarget::Gate | LoraTarget::Up => (h, i),
             LoraTarget::Down => (i, h),
+            LoraTarget::Qkv => (h, q + 2 * kv),
+            LoraTarget::GateUp => (h, 2 * i),
+            // Expanded by `Shape::lora_targets` before this is asked.
+            LoraTarget::AllLinear => (0, 0),
+        }
+    }
+
+    /// `lora`'s targets with `all-linear` as this architecture's projections.
+    fn lora_targets(&self, lora: &LoraConfig) -> Vec<LoraTarget> {
+        match lora.targets.contains(&LoraTarget::AllLinear) {
+            true => LoraTarget::all_linear(self.arch).to_vec(),
+            false => lora.targets.clone(),
         }
     }
 
@@ -234,9 +249,7 @@ impl Shape {
     /// `Model::named_vars` lists them with adapters attached).
     pub fn adapter_params(&self, lora: &LoraConfig) -> u64 {
         let r = lora.rank as u64;
-        let per_layer: u64 = lora
-            .targets
-            .iter()
+        let per_layer: u64 = (self.lora_targets(lora).iter())
             .map(|&t| {
                 let (i, o) = self.dims(t);
                 r * (i + o)
@@ -251,8 +264,7 @@ impl Shape {
     pub fn adapter_bytes_per_token(&self, lora: &LoraConfig, b: u64) -> u64 {
         let a = b.max(4);
         let r = lora.rank as u64;
-        lora.targets
-            .iter()
+        (self.lora_targets(lora).iter())
             .map(|&t| {
                 let (i, o) = self.dims(t);
                 (if b < 4 { i * a } else { 0 }) + r * a + o * (4 * a + b)

@@ -44,9 +44,11 @@ pub struct ModelSection {
     /// (the resolved config records the value).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora_alpha: Option<f64>,
-    /// Projections that get an adapter: a list of any of `q`, `k`, `v`, `o`, `gate`, `up`, `down`
-    /// (or PEFT's `q_proj` … `down_proj`), or `"all-linear"` (PEFT's `target_modules` value for
-    /// every linear layer but the lm_head: all seven). Default all seven.
+    /// Projections that get an adapter: `"all-linear"` (PEFT's `target_modules` value: every
+    /// decoder projection, not the lm_head; as a bare string or a one-item list), or a list of any
+    /// of `q`, `k`, `v`, `o`, `gate`, `up`, `down` (or PEFT's `q_proj` … `down_proj`); phi3
+    /// checkpoints fuse q/k/v and gate/up, so there: `qkv_proj`, `o_proj`, `gate_up_proj`,
+    /// `down_proj` (as a PEFT adapter for Phi-3 names them). Default `["all-linear"]`.
     #[serde(deserialize_with = "lora_targets")]
     pub lora_targets: Vec<LoraTarget>,
     /// Dropout probability on the adapters' input in training forwards, in [0, 1) (PEFT's
@@ -66,15 +68,16 @@ fn lora_targets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<LoraTarget
     impl<'de> serde::de::Visitor<'de> for Targets {
         type Value = Vec<LoraTarget>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a list of q, k, v, o, gate, up, down, or \"all-linear\"")
+            f.write_str("a list of q, k, v, o, gate, up, down (phi3: qkv_proj, o_proj, gate_up_proj, down_proj), or \"all-linear\"")
         }
         fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
             if s == "all-linear" {
-                return Ok(LoraTarget::ALL.to_vec());
+                return Ok(vec![LoraTarget::AllLinear]);
             }
             Err(E::custom(format!(
                 "\"{s}\" is one string: write a list, e.g. [\"{s}\"], of q, k, v, o, gate, up, \
-                 down (or q_proj … down_proj), or \"all-linear\" for all seven"
+                 down (or q_proj … down_proj; phi3: qkv_proj, o_proj, gate_up_proj, down_proj), \
+                 or \"all-linear\" for every projection"
             )))
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(
@@ -82,14 +85,9 @@ fn lora_targets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<LoraTarget
             mut seq: A,
         ) -> Result<Self::Value, A::Error> {
             let mut out = Vec::new();
+            // `["all-linear"]` (the resolved config's own spelling) reads back; all-linear beside
+            // other names is refused by the config checks, naming the key.
             while let Some(s) = seq.next_element::<String>()? {
-                if s == "all-linear" {
-                    return Err(serde::de::Error::custom(
-                        "\"all-linear\" stands alone, as in peft: write lora_targets = \
-                         \"all-linear\" (no brackets), or leave the key out (all seven is the \
-                         default)",
-                    ));
-                }
                 out.push(s.parse().map_err(serde::de::Error::custom)?);
             }
             Ok(out)
@@ -109,7 +107,7 @@ pub const LORA_PARTS: &[Part] = &[
             },
             Knob {
                 key: "lora_targets",
-                default: "every projection",
+                default: "[\"all-linear\"]",
             },
             Knob {
                 key: "lora_dropout",
@@ -134,7 +132,7 @@ impl Default for ModelSection {
             reference: None,
             lora_rank: 0,
             lora_alpha: None,
-            lora_targets: LoraTarget::ALL.to_vec(),
+            lora_targets: vec![LoraTarget::AllLinear],
             lora_dropout: 0.0,
         }
     }

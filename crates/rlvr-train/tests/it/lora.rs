@@ -275,12 +275,26 @@ fn invalid_lora_keys_are_refused_by_name() {
         assert!(format!("{e:#}").contains(key), "{set}: {e:#}");
     }
     let mut s = base.to_vec();
-    s.push("model.lora_targets=[\"qkv\"]".into());
+    s.push("model.lora_targets=[\"fc1\"]".into());
     let e = RawConfig::load(None, &s).map(|_| ()).unwrap_err();
     let e = format!("{e:#}");
     assert!(
         e.contains("lora_targets") && e.contains("valid: q, k, v"),
         "{e}"
+    );
+    // all-linear is every projection: not beside others.
+    let mut s = base.to_vec();
+    s.extend([
+        "model.lora_rank=8".to_string(),
+        "model.lora_targets=[\"all-linear\",\"q\"]".into(),
+    ]);
+    let e = RawConfig::load(None, &s)
+        .and_then(|c| c.resolve())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("model.lora_targets: all-linear stands alone"),
+        "{e:#}"
     );
     // α without a rank: LoRA is off, so the key would do nothing.
     let mut s = base.to_vec();
@@ -289,9 +303,9 @@ fn invalid_lora_keys_are_refused_by_name() {
     assert!(format!("{e:#}").contains("model.lora_rank"), "{e:#}");
 }
 
-/// peft's `target_modules="all-linear"` is accepted as it is written there (all seven projections,
-/// the default); a single other string, or "all-linear" inside a list, is refused saying what to
-/// write. It was refused with serde's "invalid type: string \"all-linear\", expected a sequence".
+/// peft's `target_modules="all-linear"` is accepted as it is written there (every projection of
+/// the architecture, the default), and as the one-item list the resolved config writes; a single
+/// other string, or "all-linear" beside other names, is refused saying what to write. It was refused with serde's "invalid type: string \"all-linear\", expected a sequence".
 #[test]
 fn lora_targets_take_pefts_all_linear() {
     let load = |set: &str| {
@@ -305,8 +319,10 @@ fn lora_targets_take_pefts_all_linear() {
     let all = load("model.lora_targets=\"all-linear\"").unwrap();
     assert_eq!(
         all.raw.model.lora_targets,
-        rlvr_model::LoraTarget::ALL.to_vec()
+        [rlvr_model::LoraTarget::AllLinear]
     );
+    let listed = load("model.lora_targets=[\"all-linear\"]").unwrap();
+    assert_eq!(listed.raw.model.lora_targets, all.raw.model.lora_targets);
     let two = load("model.lora_targets=[\"q_proj\", \"v\"]").unwrap();
     assert_eq!(
         two.raw.model.lora_targets,
@@ -324,20 +340,17 @@ fn lora_targets_take_pefts_all_linear() {
     );
     let e = format!(
         "{:#}",
-        load("model.lora_targets=[\"all-linear\"]")
+        load("model.lora_targets=[\"all-linear\", \"q\"]")
             .map(|_| ())
             .unwrap_err()
     );
     assert!(
-        e.contains("write lora_targets = \"all-linear\" (no brackets)"),
+        e.contains("model.lora_targets") && e.contains("stands alone"),
         "{e}"
     );
-    // The resolved config writes the list, which reads back the same.
+    // The resolved config writes the one-item list, which reads back the same.
     let text = toml::to_string(&all.raw).unwrap();
-    assert!(
-        text.contains("lora_targets = [") && text.contains("\"down\""),
-        "{text}"
-    );
+    assert!(text.contains("lora_targets = [\"all-linear\"]"), "{text}");
 }
 
 /// A full fine-tuning run resumed with `--set model.lora_rank=4`: the checkpoint's optimizer
@@ -370,4 +383,40 @@ fn resuming_with_another_lora_rank_names_the_optimizer_file_and_the_key() {
     let file = rd.join("checkpoints/step-1/trainer_state/optimizer.safetensors");
     assert!(e.contains(&format!("restoring {}", file.display())), "{e}");
     assert!(e.contains("model.lora_rank"), "{e}");
+}
+
+/// On a phi3 model `all-linear` (the default) adapts the checkpoint's four modules (the fused
+/// `qkv_proj` and `gate_up_proj`), and a split projection is refused naming
+/// `model.lora_targets`, the fused module and phi3's valid names.
+#[test]
+fn phi3_lora_targets_are_resolved_and_checked_by_name() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../rlvr-model/tests/fixtures/phi3_longrope_partial");
+    let load = || {
+        rlvr_model::Model::load(&dir, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()
+    };
+    let cfg = |targets: Vec<rlvr_model::LoraTarget>| rlvr_model::LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        targets,
+        dropout: 0.0,
+    };
+    use rlvr_model::LoraTarget as T;
+    let mut m = load();
+    rlvr_train::lora::attach(&mut m, Some(cfg(vec![T::AllLinear])), &dir, 0).unwrap();
+    assert_eq!(
+        m.lora_config().unwrap().targets,
+        [T::Qkv, T::O, T::GateUp, T::Down]
+    );
+    // Resuming with the same setting (the adapter lists the four modules) is accepted.
+    rlvr_train::lora::attach(&mut m, Some(cfg(vec![T::AllLinear])), &dir, 0).unwrap();
+    let mut m = load();
+    let e = rlvr_train::lora::attach(&mut m, Some(cfg(vec![T::Q, T::O])), &dir, 0).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("model.lora_targets")
+            && e.contains("`q_proj`")
+            && e.contains("qkv_proj, o_proj, gate_up_proj, down_proj"),
+        "{e}"
+    );
 }

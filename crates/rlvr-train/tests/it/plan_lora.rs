@@ -20,6 +20,10 @@ fn adapter_parameter_count_equals_the_model_adapters() {
             "llama",
             vec![LoraTarget::K, LoraTarget::Gate, LoraTarget::Up],
         ),
+        ("mistral", vec![LoraTarget::AllLinear]),
+        // Phi-3's fused modules: B `[(4 + 2·2)·8, r]` and `[2·24, r]`.
+        ("phi3", vec![LoraTarget::AllLinear]),
+        ("phi3", vec![LoraTarget::Qkv, LoraTarget::Down]),
     ] {
         let c = ModelConfig::from_json(
             &serde_json::json!({"model_type": arch, "vocab_size": 50, "hidden_size": 16,
