@@ -8,10 +8,12 @@
 # and under mpirun time/comm_s from diagnostics.jsonl (rank 0's time inside collectives: the
 # communication and the wait for the other rank). Then the all-reduce bandwidth at 2 ranks
 # (rlvr-dist-check --case bandwidth). Medians are printed. Then memory per rank at 2 ranks with
-# ZeRO-1 off and on: each rank's peak RSS (/usr/bin/time -f %M around each rank) next to
-# `rlvr plan --world-size 2 --zero Z`'s training-step peak for the same config.
+# ZeRO stage 0, 1 and 2: each rank's peak RSS (/usr/bin/time -f %M around each rank) next to
+# `rlvr plan --world-size 2 --zero Z`'s training-step peak for the same config, and the median
+# step and training times of those runs' steps 2 and 3.
 #
 #   bench/data_parallel.sh [STEPS] [ROUNDS]        defaults: 3 timed steps, 3 rounds
+#   MEMORY_ONLY=1 bench/data_parallel.sh           the memory part alone
 #
 # Needs OpenMPI (apt: openmpi-bin libopenmpi-dev libclang-dev) and builds
 # `cargo build --release -p rlvr -p rlvr-dist --features rlvr/mpi,rlvr-dist/mpi` unless RLVR (an
@@ -49,6 +51,7 @@ run() { # $1 = one|dp, $2 = round
       2>"$dir.log" || { cat "$dir.log"; exit 1; }
   fi
 }
+if [ "${MEMORY_ONLY:-0}" != 1 ]; then
 for r in $(seq 1 "$ROUNDS"); do
   run one "$r"
   run dp "$r"
@@ -76,8 +79,9 @@ for side, label in (("one", "1 process x 2 threads"), ("dp", "2 ranks x 1 thread
 PY
 echo "# all-reduce, f32 SUM in place, 2 ranks (rlvr-dist MpiComm over $(mpirun --version | head -n 1))"
 "${MPIRUN[@]}" "$CHECK" --case bandwidth
+fi
 
-echo "# memory per rank at 2 ranks, ZeRO-0 vs ZeRO-1: peak RSS of each rank (GNU time), and rlvr plan's peaks"
+echo "# memory per rank at 2 ranks, ZeRO-0, 1 and 2: peak RSS of each rank (GNU time), and rlvr plan's peaks"
 printf '' > "$W/empty.toml"
 # Two models: the workload's (39 M of its 43 M parameters are the tied embedding, one tensor,
 # which whole-parameter sharding cannot split), and one whose parameters sit in its layers
@@ -100,7 +104,7 @@ LAYER_SETS=(--set model.path="\"$W/layers\"" --set model.dtype='"f32"' --set mod
   --set data.task='"arithmetic"' --set data.prompts_per_step=4 --set rollout.group_size=8
   --set rollout.max_new_tokens=16 --set train.lr=1e-6 --set train.eval_every=0)
 for m in embedding layers; do
-for z in 0 1; do
+for z in 0 1 2; do
   dir="$W/$m-zero$z"
   if [ $m = embedding ]; then sets=("${BENCH_WORKLOAD_SETS[@]}"); else sets=("${LAYER_SETS[@]}"); fi
   "${MPIRUN[@]}" -x RAYON_NUM_THREADS=1 /usr/bin/time -f "rank peak RSS kB %M" \
@@ -108,12 +112,17 @@ for z in 0 1; do
     --set train.skip_zero_gradient_rows=false --set distributed.zero=$z --set output.dir="\"$dir\"" \
     >/dev/null 2>"$dir.log" || { cat "$dir.log"; exit 1; }
   plan=$("$RLVR" plan --config "$W/empty.toml" "${sets[@]}" --world-size 2 --zero $z --json | tail -n 1)
-  python3 - "$dir.log" "$z" "$plan" "$m" <<'PY'
-import json, re, sys
+  python3 - "$dir.log" "$z" "$plan" "$m" "$dir" <<'PY'
+import json, re, statistics, sys
 rss = [int(x) * 1024 for x in re.findall(r"rank peak RSS kB (\d+)", open(sys.argv[1]).read())]
 p = json.loads(sys.argv[3])
 mib = lambda b: round(b / 2**20, 1)
+m = [json.loads(l) for l in open(f"{sys.argv[5]}/metrics.jsonl")]
+later = [l for l in m if l["step"] >= 2]  # step 1 is the warm-up
+med = lambda k: round(statistics.median(l[k] for l in later), 3)
 print(json.dumps({"model": sys.argv[4], "zero": int(sys.argv[2]), "peak_rss_mib_per_rank": [mib(x) for x in rss],
+                  "step_s": round(statistics.median(l["time/sample_s"] + l["time/train_s"] for l in later), 3),
+                  "train_s": med("time/train_s"),
                   "plan_train_peak_mib": mib(p["train_peak"]), "plan_sampling_peak_mib": mib(p["rollout_peak"]),
                   "plan_moments_mib": mib(p["adamw_moments"]), "plan_reduction_buffer_mib": mib(p["reduction_buffer"])}))
 PY

@@ -15,6 +15,19 @@
 //! 4. **The new weights reach every rank**: each owner broadcasts its parameters in place, one
 //!    collective per owner and dtype ([`ZeroReduce::share_weights`]).
 //!
+//! **Stage 2** ([`ZeroReduce::with_sharded_gradients`], ZeRO's "P_os+g"): the gradients are
+//! sharded too. Step 1 runs per micro-batch instead of per update: after each micro-batch's
+//! backward every rank calls [`ZeroReduce::reduce_micro_batch`], which leaves it the sums over the
+//! ranks of that micro-batch's gradients of its own parameters; it adds them to its f32
+//! accumulation and drops the rest, so no rank holds the whole gradient sum across
+//! micro-batches (the whole gradient of one micro-batch stays transient: the backward gives it
+//! whole). Ranks with fewer micro-batches take part in the others' with no gradients: the count
+//! is agreed per update ([`ZeroReduce::agree_micro_batches`], the largest). At the update,
+//! [`ZeroReduce::reduce`] combines the non-finite flags only; steps 2 to 4 are stage 1's. The
+//! sum's order changes: Σ over micro-batches of Σ over ranks, where stage 0 and 1 take
+//! Σ over ranks of each rank's Σ over micro-batches (equal in exact arithmetic; bit-equal when
+//! every rank has at most one micro-batch; fixed for a fixed world size and micro-batching).
+//!
 //! Owners ([`assign_owners`]) are a function of the parameter sizes and the world size only.
 //! Checkpoints are gathered on save ([`ZeroReduce::gather_to_root`]: each owner broadcasts one
 //! parameter's state at a time, rank 0 keeps it), so they hold what one process would write and
@@ -68,6 +81,8 @@ pub struct ZeroReduce {
     bucket: usize,
     device: Device,
     non_finite_ranks: usize,
+    /// ZeRO-2: gradients reduced per micro-batch ([`ZeroReduce::with_sharded_gradients`]).
+    shard_gradients: bool,
 }
 
 impl ZeroReduce {
@@ -102,6 +117,7 @@ impl ZeroReduce {
             device,
             comm,
             non_finite_ranks: 0,
+            shard_gradients: false,
         })
     }
 
@@ -109,6 +125,19 @@ impl ZeroReduce {
     pub fn with_bucket_elems(mut self, elems: usize) -> Self {
         self.bucket = elems.max(1);
         self
+    }
+
+    /// ZeRO stage 2: the gradients sharded too. Each micro-batch's gradients go to their owners
+    /// at once ([`ZeroReduce::reduce_micro_batch`]), so a rank accumulates only its own share;
+    /// [`ZeroReduce::reduce`] then combines the non-finite flags only.
+    pub fn with_sharded_gradients(mut self) -> Self {
+        self.shard_gradients = true;
+        self
+    }
+
+    /// Whether the gradients are sharded (ZeRO-2) as well as the optimizer state.
+    pub fn shards_gradients(&self) -> bool {
+        self.shard_gradients
     }
 
     /// Which parameters this rank owns (updates and keeps optimizer state for).
@@ -138,23 +167,68 @@ impl ZeroReduce {
     /// # Errors
     /// A failed collective; a count of gradients differing from the parameters'.
     pub fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> Result<()> {
-        if grads.len() != self.shapes.len() {
-            return Err(DistError::Invalid {
-                op: "ZeroReduce::reduce",
-                detail: format!(
-                    "{} gradients for {} parameters",
-                    grads.len(),
-                    self.shapes.len()
-                ),
-            });
-        }
-        let world = self.comm.world_size();
+        self.check_len("ZeroReduce::reduce", grads.len())?;
         let mut flag = [if *finite { 0.0 } else { 1.0 }];
         self.comm.all_reduce_f64(&mut flag, Op::Sum)?;
         self.non_finite_ranks = flag[0].round() as usize;
         if self.non_finite_ranks > 0 {
             *finite = false;
         }
+        if self.shard_gradients {
+            // ZeRO-2: every micro-batch was reduced to its owners already
+            // ([`ZeroReduce::reduce_micro_batch`]); what this rank accumulated is its share.
+            for (g, &mine) in grads.iter_mut().zip(&self.owned) {
+                if !mine {
+                    *g = None;
+                }
+            }
+            return Ok(());
+        }
+        self.scatter(grads)
+    }
+
+    /// ZeRO-2, after each micro-batch's backward on every rank together: leaves in `grads` the
+    /// sums over the ranks of this micro-batch's gradients of this rank's own parameters (`Some`,
+    /// f32; zeros where no rank's micro-batch reached one) and `None` for the others, whose
+    /// gradients are dropped as soon as their last bucket is sent. The caller adds the owned sums
+    /// to its accumulation; `None` entries (a rank with fewer micro-batches, a non-finite loss)
+    /// take part as zeros. Every rank must call it the same number of times per update
+    /// ([`ZeroReduce::agree_micro_batches`]).
+    ///
+    /// # Errors
+    /// A failed collective; a count of gradients differing from the parameters'.
+    pub fn reduce_micro_batch(&mut self, grads: &mut [Option<Tensor>]) -> Result<()> {
+        self.check_len("ZeroReduce::reduce_micro_batch", grads.len())?;
+        self.scatter(grads)
+    }
+
+    /// ZeRO-2: the number of micro-batches every rank runs in this update, the largest of the
+    /// ranks' `local` counts (one `all_reduce_f64` with [`Op::Max`]); a rank with fewer takes part
+    /// in the rest with no gradients. Counts are exact in f64 (below 2⁵³).
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn agree_micro_batches(&mut self, local: usize) -> Result<usize> {
+        let mut x = [local as f64];
+        self.comm.all_reduce_f64(&mut x, Op::Max)?;
+        Ok(x[0] as usize)
+    }
+
+    fn check_len(&self, op: &'static str, n: usize) -> Result<()> {
+        if n != self.shapes.len() {
+            return Err(DistError::Invalid {
+                op,
+                detail: format!("{n} gradients for {} parameters", self.shapes.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The reduction to the owners (steps 1 of the module docs without the flag): `grads` in,
+    /// this rank's owned sums out (`Some`, f32), `None` elsewhere. A gradient is dropped once
+    /// its last element has gone into a bucket.
+    fn scatter(&mut self, grads: &mut [Option<Tensor>]) -> Result<()> {
+        let world = self.comm.world_size();
         // Each rank's region: (parameter, elements) in order.
         let regions: Vec<Vec<usize>> = (0..world)
             .map(|r| (0..grads.len()).filter(|&i| self.owner[i] == r).collect())
@@ -183,16 +257,22 @@ impl ZeroReduce {
                     let n = self.shapes[i].elem_count();
                     let (lo, hi) = (k0.max(at), k1.min(at + n));
                     if lo < hi {
+                        // Narrowed before the conversion: one bucket's part is converted, not
+                        // the whole parameter once per bucket it spans.
                         let g = match &grads[i] {
-                            Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.narrow(
-                                0,
-                                lo - at,
-                                hi - lo,
-                            )?,
+                            Some(g) => g
+                                .flatten_all()?
+                                .narrow(0, lo - at, hi - lo)?
+                                .to_dtype(DType::F32)?,
                             None => Tensor::zeros(hi - lo, DType::F32, &self.device)?,
                         };
                         parts.push(g);
                         filled += hi - lo;
+                        if hi == at + n {
+                            // Its last elements are in this bucket: the caller's gradient is no
+                            // longer needed (its output, if owned here, is `out`).
+                            grads[i] = None;
+                        }
                     }
                     at += n;
                     if at >= k1 {
@@ -466,6 +546,127 @@ mod tests {
                     !o.3,
                     "the NaN of the last rank must clear finite everywhere"
                 );
+            }
+        }
+    }
+
+    /// ZeRO-2 on two and three ranks with different numbers of micro-batches (rank r has r + 1,
+    /// the last rank none at three ranks): the count agreed is the largest; each owner's
+    /// accumulated share is the whole sum over ranks and micro-batches (to f32 rounding: the
+    /// order differs from stage 1's, which is also checked), the non-owners hold nothing, and a
+    /// rerun is bit-identical. With one micro-batch a rank, stage 2 equals stage 1 bit for bit.
+    #[test]
+    fn stage_2_accumulates_each_owners_share_of_every_micro_batch() {
+        let shapes: Vec<Vec<usize>> = vec![vec![3, 2], vec![5], vec![2, 2], vec![7], vec![1]];
+        let grad = |rank: usize, m: usize, i: usize| -> Tensor {
+            let n: usize = shapes[i].iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|k| ((rank * 31 + m * 17 + i * 7 + k) as f32 * 0.37).sin() * 1e3)
+                .collect();
+            Tensor::from_vec(v, shapes[i].clone(), &Device::Cpu).unwrap()
+        };
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // Per rank: (owned, stage-1 sums, stage-2 sums, agreed count) for micro-batch counts `mbs`.
+        type Out = (
+            Vec<bool>,
+            Vec<Option<Vec<f32>>>,
+            Vec<Option<Vec<f32>>>,
+            usize,
+        );
+        let run = |world: usize, mbs: &(dyn Fn(usize) -> usize + Sync)| -> Vec<Out> {
+            ThreadComm::run(world, |c| {
+                let rank = c.rank();
+                let params: Vec<Tensor> = shapes
+                    .iter()
+                    .map(|s| Tensor::zeros(s.clone(), DType::F32, &Device::Cpu).unwrap())
+                    .collect();
+                let comm = crate::SharedComm::new(Box::new(c));
+                let mut one = ZeroReduce::new(Box::new(comm.clone()), &params)
+                    .unwrap()
+                    .with_bucket_elems(4);
+                let mut two = ZeroReduce::new(Box::new(comm), &params)
+                    .unwrap()
+                    .with_bucket_elems(4)
+                    .with_sharded_gradients();
+                assert!(two.shards_gradients() && !one.shards_gradients());
+                // Stage 1: this rank's sum over its micro-batches, then one reduction.
+                let mine = mbs(rank);
+                let mut g1: Vec<Option<Tensor>> = (0..shapes.len())
+                    .map(|i| {
+                        (0..mine)
+                            .map(|m| grad(rank, m, i))
+                            .reduce(|a, b| (a + b).unwrap())
+                    })
+                    .collect();
+                let mut finite = true;
+                one.reduce(&mut g1, &mut finite).unwrap();
+                // Stage 2: every micro-batch reduced, the share accumulated (in order).
+                let rounds = two.agree_micro_batches(mine).unwrap();
+                let mut acc: Vec<Option<Tensor>> = vec![None; shapes.len()];
+                for m in 0..rounds {
+                    let mut g: Vec<Option<Tensor>> = (0..shapes.len())
+                        .map(|i| (m < mine).then(|| grad(rank, m, i)))
+                        .collect();
+                    two.reduce_micro_batch(&mut g).unwrap();
+                    for (i, x) in g.into_iter().enumerate() {
+                        assert_eq!(x.is_some(), two.owned()[i], "rank {rank} param {i}");
+                        if let Some(x) = x {
+                            acc[i] = Some(match acc[i].take() {
+                                None => x,
+                                Some(a) => (a + x).unwrap(),
+                            });
+                        }
+                    }
+                }
+                let mut finite2 = true;
+                two.reduce(&mut acc, &mut finite2).unwrap();
+                assert!(finite && finite2);
+                (
+                    two.owned().to_vec(),
+                    g1.iter().map(|t| t.as_ref().map(flat)).collect(),
+                    acc.iter().map(|t| t.as_ref().map(flat)).collect(),
+                    rounds,
+                )
+            })
+        };
+        for world in [2usize, 3] {
+            let counts = move |r: usize| if r == 2 { 0 } else { r + 1 };
+            let out = run(world, &counts);
+            assert_eq!(run(world, &counts), out, "a rerun differs");
+            for (r, (owned, s1, s2, rounds)) in out.iter().enumerate() {
+                assert_eq!(*rounds, world.min(2), "rank {r}: the agreed count");
+                for i in 0..shapes.len() {
+                    assert_eq!(s2[i].is_some(), owned[i], "rank {r} param {i}");
+                    let (Some(a), Some(b)) = (&s1[i], &s2[i]) else {
+                        continue;
+                    };
+                    // The exact sum in f64, for the tolerance.
+                    let n = a.len();
+                    let mut want = vec![0f64; n];
+                    for q in 0..world {
+                        for m in 0..counts(q) {
+                            for (w, x) in want.iter_mut().zip(flat(&grad(q, m, i))) {
+                                *w += f64::from(x);
+                            }
+                        }
+                    }
+                    for k in 0..n {
+                        for got in [a[k], b[k]] {
+                            let err = (f64::from(got) - want[k]).abs();
+                            assert!(err <= 1e-6 * 4e3, "param {i}[{k}]: {got} vs {}", want[k]);
+                        }
+                    }
+                }
+            }
+            // The order differs: somewhere the two stages' sums differ in their last bits.
+            assert!(
+                out.iter().any(|(_, s1, s2, _)| s1 != s2),
+                "{world} ranks: expected some rounding difference between the orders"
+            );
+            // One micro-batch a rank (none on the last at three ranks): bit for bit stage 1's.
+            let single = move |r: usize| usize::from(r < 2);
+            for (_, s1, s2, _) in run(world, &single) {
+                assert_eq!(s1, s2, "{world} ranks, one micro-batch a rank");
             }
         }
     }

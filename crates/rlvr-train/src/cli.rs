@@ -1440,8 +1440,8 @@ pub struct PlanArgs {
     /// Plan per rank of this many data-parallel ranks (`mpirun -np N`).
     #[arg(long, default_value_t = 1)]
     pub world_size: u64,
-    /// ZeRO stage per rank: 0 (every rank holds the optimizer state) or 1 (sharded); default:
-    /// the config's `distributed.zero`.
+    /// ZeRO stage per rank: 0 (every rank holds the optimizer state), 1 (sharded) or 2 (the
+    /// gradient sum sharded too); default: the config's `distributed.zero`.
     #[arg(long)]
     pub zero: Option<u8>,
 }
@@ -1513,7 +1513,7 @@ pub fn run_plan(a: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             match to_fit.is_empty() {
                 true => writeln!(
                     out,
-                    "none of ZeRO-1, activation checkpointing, one row per micro-batch or LoRA \
+                    "none of ZeRO-1 or 2, activation checkpointing, one row per micro-batch or LoRA \
                      rank 16 makes it fit: more ranks, a smaller model or more memory"
                 )?,
                 false => {

@@ -402,9 +402,10 @@ impl RawConfig {
     /// An out-of-range value, naming its key.
     fn check_distributed(&self) -> anyhow::Result<()> {
         // distributed.zero and distributed.timeout_s (the environment variable is read at launch).
-        if self.distributed.zero > 1 {
+        if self.distributed.zero > 2 {
             bail!(
-                "distributed.zero = {}: expected 0 (no sharding) or 1 (optimizer state sharded)",
+                "distributed.zero = {}: expected 0 (no sharding), 1 (optimizer state sharded) or \
+                 2 (gradients sharded too)",
                 self.distributed.zero
             );
         }

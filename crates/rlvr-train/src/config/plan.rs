@@ -19,6 +19,10 @@
 //!   backward candle adds the embedding lookup's gradient into the embedding's (the tied head's,
 //!   or zeros) as a new tensor beside the old one, when every other gradient is alive: one more
 //!   `V·H·b` (full fine-tuning; LoRA's frozen embedding gets none).
+//!   Data parallel with ZeRO-2 (`distributed.zero = 2`), each micro-batch's gradients are reduced
+//!   to their owners and the f32 sum is this rank's share only (`P_r·4`, the most-loaded owner's
+//!   elements): one backward's gradients `P·b` (and the embedding's re-sum) stay, plus the share
+//!   from the second micro-batch on (the share's reduce-scatter output is the reduction buffer).
 //! - the **explorer's weights**: sampling from a dataset (not an experiences file) loads a second
 //!   copy of the policy (`P·b`) whatever `sync.offset`; with `sync.offset ≥ 1` the explorer runs on
 //!   its own thread and one more copy is in flight at each weight sync.
@@ -389,13 +393,14 @@ pub struct Plan {
     pub adamw_moments: u64,
     /// Data-parallel ranks the plan is for (`--world-size`); every figure is per rank.
     pub world_size: u64,
-    /// ZeRO stage (`--zero`, else `distributed.zero`): 1 shards the masters and moments.
+    /// ZeRO stage (`--zero`, else `distributed.zero`): 1 shards the masters and moments, 2 the
+    /// f32 gradient sum too.
     pub zero: u8,
-    /// Trained parameters whose optimizer state this rank keeps: all of them, or under ZeRO-1 the
-    /// most-loaded rank's share (owners by whole parameters, as `rlvr_dist::zero::assign_owners`).
+    /// Trained parameters whose optimizer state (and under ZeRO-2 gradient sum) this rank keeps:
+    /// all of them, or under ZeRO-1 and 2 the most-loaded rank's share (owners by whole parameters, as `rlvr_dist::zero::assign_owners`).
     pub optimizer_params_per_rank: u64,
     /// World size > 1: the reduction's transient f32 (one all-reduce bucket of at most 256 MiB;
-    /// ZeRO-1: one reduce-scatter bucket of at most 64 MiB plus this rank's reduced share).
+    /// ZeRO-1 and 2: one reduce-scatter bucket of at most 64 MiB plus this rank's reduced share).
     pub reduction_buffer: u64,
     /// The explorer's copies of the weights (sampling from a dataset; one more with `sync.offset ≥ 1`).
     pub explorer_weights: u64,
@@ -487,16 +492,16 @@ pub fn plan(raw: &RawConfig, needs_reference: bool, memory: Option<u64>) -> anyh
     plan_ranks(raw, needs_reference, memory, 1, raw.distributed.zero)
 }
 
-/// [`plan`] per rank of a data-parallel run of `world` ranks with ZeRO stage `zero` (0 or 1).
+/// [`plan`] per rank of a data-parallel run of `world` ranks with ZeRO stage `zero` (0, 1 or 2).
 /// `model.device`/`model.dtype = "auto"` are planned as a GPU run (`cuda`, bf16) whatever this
 /// machine has ([`super::ModelSection::assume_gpu`]):
 /// each rank holds the weights, its explorer's copy, the gradient and the activations of its
 /// micro-batches as one process does; ZeRO-1 divides the masters and moments by whole
-/// parameters (the most-loaded rank's share is reported); a world above 1 adds the reduction's
-/// f32 gradient buffer.
+/// parameters (the most-loaded rank's share is reported), ZeRO-2 the f32 gradient sum too; a
+/// world above 1 adds the reduction's f32 gradient buffer.
 ///
 /// # Errors
-/// As [`plan`]; a world size of 0 or a ZeRO stage above 1.
+/// As [`plan`]; a world size of 0 or a ZeRO stage above 2.
 pub fn plan_ranks(
     raw: &RawConfig,
     needs_reference: bool,
@@ -505,7 +510,7 @@ pub fn plan_ranks(
     zero: u8,
 ) -> anyhow::Result<Plan> {
     anyhow::ensure!(world >= 1, "--world-size must be at least 1");
-    anyhow::ensure!(zero <= 1, "--zero {zero}: expected 0 or 1");
+    anyhow::ensure!(zero <= 2, "--zero {zero}: expected 0, 1 or 2");
     anyhow::ensure!(
         world <= MAX_WORLD,
         "--world-size {world}: at most {MAX_WORLD} ranks can be planned"
@@ -568,8 +573,8 @@ pub fn plan_ranks(
         } else {
             0
         };
-    // ZeRO-1: this rank's share of the optimizer state (the most-loaded owner's).
-    let owned = if zero == 1 && world > 1 {
+    // ZeRO-1 and 2: this rank's share of the optimizer state (the most-loaded owner's).
+    let owned = if zero >= 1 && world > 1 {
         match lora {
             Some(_) => trained.div_ceil(world),
             None => {
@@ -719,9 +724,16 @@ pub fn plan_ranks(
         Some(_) => 0,
         None => shape.vocab * shape.hidden * tb,
     };
-    let gradients = match micro_batches_per_update {
-        1 => (trained * tb + embedding_resum).max(trained * 4 + (tb != 4) as u64 * trained * tb),
-        _ => trained * 4 + trained * tb + embedding_resum,
+    // ZeRO-2: one backward's gradients whole, the f32 sum this rank's share only (none to add
+    // to while the first micro-batch is reduced: its reduced share, counted in the reduction
+    // buffer, becomes the sum).
+    let gradients = match (micro_batches_per_update, zero >= 2 && world > 1) {
+        (1, false) => {
+            (trained * tb + embedding_resum).max(trained * 4 + (tb != 4) as u64 * trained * tb)
+        }
+        (_, false) => trained * 4 + trained * tb + embedding_resum,
+        (1, true) => trained * tb + embedding_resum,
+        (_, true) => owned * 4 + trained * tb + embedding_resum,
     };
     let scored = rows * completion;
     let logits_buffer = if cpu && b == 4 {
@@ -897,8 +909,9 @@ pub fn step_bytes(
 type Change<'a> = (&'a str, &'a dyn Fn(&mut RawConfig));
 
 /// When a plan does not fit `memory`: the changes, alone or together, that make it fit (each as
-/// the `--set` keys to use), tried in this order: ZeRO-1 (world size > 1), activation
-/// checkpointing, both, one row per micro-batch with checkpointing, LoRA rank 16 (with ZeRO and
+/// the `--set` keys to use), tried in this order: ZeRO-1 then ZeRO-2 (world size > 1; ZeRO-2
+/// only where ZeRO-1 does not fit, and only above the plan's stage), activation checkpointing,
+/// with ZeRO-1 or 2, one row per micro-batch with checkpointing, LoRA rank 16 (with ZeRO and
 /// checkpointing as the plan has them), LoRA with checkpointing. Empty when it fits or nothing
 /// listed fits.
 ///
@@ -932,24 +945,32 @@ pub fn suggestions(
         r.model.lora_rank = 16
     });
     let mut tries: Vec<(Vec<Change>, u8)> = Vec::new();
-    if world > 1 && zero == 0 {
-        tries.push((vec![], 1));
-    }
+    // The higher stages to try (world size > 1): ZeRO-1 then ZeRO-2.
+    let higher: Vec<u8> = match world > 1 {
+        true => ((zero + 1)..=2).collect(),
+        false => Vec::new(),
+    };
+    tries.extend(higher.iter().map(|&z| (vec![], z)));
     if !raw.train.gradient_checkpointing {
         tries.push((vec![ck], zero));
-        if world > 1 && zero == 0 {
-            tries.push((vec![ck], 1));
-        }
+        tries.extend(higher.iter().map(|&z| (vec![ck], z)));
     }
-    let z = if world > 1 { 1 } else { zero };
+    let z = if world > 1 { zero.max(1) } else { zero };
     tries.push((vec![ck, mb1], z));
     if raw.model.lora_rank == 0 {
         tries.push((vec![lora], z));
         tries.push((vec![lora, ck], z));
     }
     let mut out = Vec::new();
+    // The sets that fit at a lower stage: a higher one is not listed for them.
+    let mut fitted: Vec<Vec<&str>> = Vec::new();
     for (sets, z) in tries {
+        let keys: Vec<&str> = sets.iter().map(|(k, _)| *k).collect();
+        if z == 2 && zero < 2 && fitted.contains(&keys) {
+            continue;
+        }
         if fits(&sets, z)? {
+            fitted.push(keys);
             let mut keys: Vec<String> = sets.iter().map(|(k, _)| k.to_string()).collect();
             if z != zero {
                 keys.insert(0, format!("distributed.zero={z}"));
@@ -1048,9 +1069,11 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
             out,
             "per rank of {} data-parallel ranks{}",
             p.world_size,
-            if p.zero == 1 {
+            if p.zero >= 1 {
                 format!(
-                    ", ZeRO-1: optimizer state of {:.1} M parameters on the most-loaded rank",
+                    ", ZeRO-{}: optimizer state{} of {:.1} M parameters on the most-loaded rank",
+                    p.zero,
+                    if p.zero >= 2 { " and gradient sum" } else { "" },
                     p.optimizer_params_per_rank as f64 / 1e6
                 )
             } else {
@@ -1076,6 +1099,10 @@ pub fn write_table(p: &Plan, out: &mut dyn Write) -> std::io::Result<()> {
                 gib(p.gradients),
                 match p.micro_batches_per_update {
                     1 => "one micro-batch per update".to_string(),
+                    n if p.zero >= 2 && p.world_size > 1 => format!(
+                        "{n} micro-batches per update: this rank's share of the f32 sum and one \
+                         backward's"
+                    ),
                     n => format!("{n} micro-batches per update: the f32 sum and one backward's"),
                 }
             ),

@@ -610,7 +610,9 @@ pub struct DistributedSection {
     /// ZeRO stage: 0 every rank holds the whole optimizer state (AdamW moments, the f32 masters
     /// of bf16 weights); 1 shards it over the ranks by whole parameters (about 1/W of it per
     /// rank), with the same steps, metrics and checkpoints (`rlvr plan --world-size N --zero 1`
-    /// shows the memory). Default 0.
+    /// shows the memory); 2 shards the f32 gradient sum too (each micro-batch's gradients are
+    /// reduced to their owners; the sums in another order, so metrics agree with stage 0 and 1
+    /// to rounding). Default 0.
     pub zero: u8,
 }
 
@@ -644,8 +646,9 @@ impl DistributedSection {
     /// A negative or non-finite `timeout_s`; a bad `RLVR_DIST_TIMEOUT_S`.
     pub fn timeout(&self) -> anyhow::Result<Option<std::time::Duration>> {
         match self.timeout_s {
-            _ if self.zero > 1 => anyhow::bail!(
-                "distributed.zero = {}: expected 0 (no sharding) or 1 (optimizer state sharded)",
+            _ if self.zero > 2 => anyhow::bail!(
+                "distributed.zero = {}: expected 0 (no sharding), 1 (optimizer state sharded) or \
+                 2 (gradients sharded too)",
                 self.zero
             ),
             Some(s) if !(s.is_finite() && (0.0..=rlvr_dist::comm::MAX_TIMEOUT_S).contains(&s)) => {

@@ -199,9 +199,11 @@ fn train_locked(cfg: &ResolvedConfig, opts: &RunOptions, job: Job) -> anyhow::Re
         // ZeRO-1: rank 0 holds only its shard of the optimizer state, and the gather of the
         // others needs every rank at the same point, which an error does not leave them in.
         let cannot = (!run.trainer.optimizer.can_record()).then(|| {
-            "distributed.zero = 1 shards the optimizer state over the ranks, and gathering it \
-             needs every rank, which the error left in different places"
-                .to_string()
+            format!(
+                "distributed.zero = {} shards the optimizer state over the ranks, and gathering \
+                 it needs every rank, which the error left in different places",
+                cfg.raw.distributed.zero
+            )
         });
         good.save_after_error(result, cannot, |step, cursor| {
             run.save(step, Some(cursor), InFlight::TryWait)

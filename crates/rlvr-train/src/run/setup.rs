@@ -100,7 +100,7 @@ impl<'a> Run<'a> {
         if let Some(r) = trainer.reference.as_mut() {
             r.set_kernels(c.kernels);
         }
-        trainer = trainer.data_parallel_with(job.clone(), c.distributed.zero == 1)?;
+        trainer = trainer.data_parallel_with(job.clone(), c.distributed.zero)?;
         if let (Some(st), Some(dir)) = (&state, &ckpt) {
             restore_trainer(&mut trainer, st, dir, &device)?;
         }

@@ -18,7 +18,10 @@
 //!
 //! Sharded (ZeRO-1, `rlvr_dist::ZeroReduce`): the reduction leaves each rank the sums of the
 //! parameters it owns, ‖g‖² is summed over the ranks' shares, each rank's AdamW keeps state for
-//! and updates its own parameters only, and the owners then share the new weights.
+//! and updates its own parameters only, and the owners then share the new weights. ZeRO-2
+//! ([`GradReduce::shards_gradients`]) reduces each micro-batch's gradients to their owners in
+//! [`OptimizerStep::accumulate`] instead, so `g_k` above is only ever held by its owner; the rest
+//! is ZeRO-1's.
 
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 use rlvr_model::optim::{AdamW, AdamWConfig, GradAccumulator};
@@ -142,9 +145,37 @@ pub trait GradReduce: Send {
     ) -> anyhow::Result<Option<Vec<Tensor>>> {
         Ok(state.map(<[Tensor]>::to_vec))
     }
+
+    /// Whether the gradients are sharded too (ZeRO-2): each micro-batch's gradients go to their
+    /// owners through [`GradReduce::reduce_micro_batch`] and the accumulation holds this rank's
+    /// share only; `reduce` then combines the non-finite flags alone.
+    fn shards_gradients(&self) -> bool {
+        false
+    }
+
+    /// ZeRO-2, after each micro-batch's backward on every rank together: leaves in `grads` (one
+    /// micro-batch's, `None` where it reached no parameter or the rank had no micro-batch) the
+    /// sums over the ranks of this rank's own parameters and `None` elsewhere. The identity
+    /// otherwise.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn reduce_micro_batch(&mut self, _grads: &mut [Option<Tensor>]) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// The number of micro-batches this rank runs in the update when it has `local` of its own:
+    /// ZeRO-2's per-micro-batch collectives need the same count on every rank (the largest);
+    /// otherwise `local`.
+    ///
+    /// # Errors
+    /// A failed collective.
+    fn agree_micro_batches(&mut self, local: usize) -> anyhow::Result<usize> {
+        Ok(local)
+    }
 }
 
-/// ZeRO-1 over a [`rlvr_dist::Communicator`] (`rlvr_dist::zero`'s module docs).
+/// ZeRO-1 and ZeRO-2 over a [`rlvr_dist::Communicator`] (`rlvr_dist::zero`'s module docs).
 impl GradReduce for rlvr_dist::ZeroReduce {
     fn reduce(&mut self, grads: &mut [Option<Tensor>], finite: &mut bool) -> anyhow::Result<()> {
         Ok(rlvr_dist::ZeroReduce::reduce(self, grads, finite)?)
@@ -167,6 +198,18 @@ impl GradReduce for rlvr_dist::ZeroReduce {
         Ok(rlvr_dist::ZeroReduce::gather_to_root(
             self, i, state, count,
         )?)
+    }
+    fn shards_gradients(&self) -> bool {
+        rlvr_dist::ZeroReduce::shards_gradients(self)
+    }
+    fn reduce_micro_batch(&mut self, grads: &mut [Option<Tensor>]) -> anyhow::Result<()> {
+        Ok(rlvr_dist::ZeroReduce::reduce_micro_batch(self, grads)?)
+    }
+    fn agree_micro_batches(&mut self, local: usize) -> anyhow::Result<usize> {
+        match rlvr_dist::ZeroReduce::shards_gradients(self) {
+            true => Ok(rlvr_dist::ZeroReduce::agree_micro_batches(self, local)?),
+            false => Ok(local),
+        }
     }
 }
 
@@ -325,7 +368,7 @@ impl OptimizerStep {
         }
         self.gathered.clone().ok_or_else(|| {
             anyhow::anyhow!(
-                "the optimizer state is sharded over the ranks (distributed.zero = 1) and was not \
+                "the optimizer state is sharded over the ranks (distributed.zero >= 1) and was not \
                  gathered: a checkpoint needs every rank (the last one written stays the last good \
                  one)"
             )
@@ -412,17 +455,73 @@ impl OptimizerStep {
     /// Backpropagates `loss` (a scalar already weighted by the update's normaliser) and adds its
     /// gradient to `g` (summed in f32).
     ///
+    /// ZeRO-2 ([`GradReduce::shards_gradients`]): the micro-batch's gradients are first reduced
+    /// to their owners, on every rank together, and this rank adds only the sums of its own
+    /// parameters; the others' are dropped at once. Every rank must then make the same number of
+    /// calls to this and [`OptimizerStep::accumulate_nothing`] per update
+    /// ([`OptimizerStep::agree_micro_batches`]).
+    ///
     /// # Errors
-    /// Tensor errors.
-    pub fn accumulate(&self, g: &mut Gradients, loss: &Tensor) -> anyhow::Result<()> {
+    /// Tensor errors; a failed collective.
+    pub fn accumulate(&mut self, g: &mut Gradients, loss: &Tensor) -> anyhow::Result<()> {
         // Tensor::backward plus the weight gradients of checkpointed decoder layers.
-        let grads = rlvr_model::recompute::backward(loss)?;
-        for (k, v) in self.vars.iter().enumerate() {
-            if let Some(x) = grads.get(v.as_tensor()) {
-                g.acc[k].add(x)?;
+        let mut grads = rlvr_model::recompute::backward(loss)?;
+        if !self.reduce.shards_gradients() {
+            for (k, v) in self.vars.iter().enumerate() {
+                if let Some(x) = grads.get(v.as_tensor()) {
+                    g.acc[k].add(x)?;
+                }
+            }
+            return Ok(());
+        }
+        let mut mine: Vec<Option<Tensor>> = self
+            .vars
+            .iter()
+            .map(|v| grads.remove(v.as_tensor()))
+            .collect();
+        // The backward's other gradients (activations') are not needed.
+        drop(grads);
+        self.add_reduced(g, &mut mine)
+    }
+
+    /// A micro-batch this rank has no gradient for (no rows left, a skipped forward, a
+    /// non-finite loss): nothing to add, except under ZeRO-2, where it takes part in the other
+    /// ranks' reduction with zeros and adds the sums of its own parameters.
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn accumulate_nothing(&mut self, g: &mut Gradients) -> anyhow::Result<()> {
+        if !self.reduce.shards_gradients() {
+            return Ok(());
+        }
+        let mut none: Vec<Option<Tensor>> = vec![None; self.vars.len()];
+        self.add_reduced(g, &mut none)
+    }
+
+    /// ZeRO-2: the micro-batch's `grads` reduced to their owners, this rank's share added to `g`.
+    fn add_reduced(
+        &mut self,
+        g: &mut Gradients,
+        grads: &mut [Option<Tensor>],
+    ) -> anyhow::Result<()> {
+        self.reduce.reduce_micro_batch(grads)?;
+        for (acc, x) in g.acc.iter_mut().zip(grads.iter_mut()) {
+            if let Some(x) = x.take() {
+                acc.add(&x)?;
             }
         }
         Ok(())
+    }
+
+    /// The number of micro-batches to run in an update where this rank has `local`: `local`,
+    /// or under ZeRO-2 the largest over the ranks (one collective; every rank must call it once
+    /// per update, before its micro-batches), the ones past `local` passed to
+    /// [`OptimizerStep::accumulate_nothing`].
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn agree_micro_batches(&mut self, local: usize) -> anyhow::Result<usize> {
+        self.reduce.agree_micro_batches(local)
     }
 
     /// Reduces, measures, clips and applies `g` with learning rate `lr` (module docs). Returns

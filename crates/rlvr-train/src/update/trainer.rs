@@ -224,7 +224,7 @@ impl Trainer {
     /// # Errors
     /// Tensor errors building the reduction's buffers.
     pub fn data_parallel(self, job: Job) -> anyhow::Result<Self> {
-        self.data_parallel_with(job, false)
+        self.data_parallel_with(job, 0)
     }
 
     /// The fused GPU kernels (`[kernels]`) for the policy ([`Model::set_kernels`]: resolved
@@ -236,14 +236,16 @@ impl Trainer {
         self.optimizer.adamw.set_fused(fused);
     }
 
-    /// [`Trainer::data_parallel`], with the optimizer state sharded over the ranks when `zero`
-    /// (ZeRO-1, `rlvr_dist::ZeroReduce`: gradients reduced to each parameter's owner, the global
-    /// norm summed over the shards, each owner's new weights broadcast); the steps and reports
-    /// are the same.
+    /// [`Trainer::data_parallel`] at ZeRO stage `zero`: 0 as it; 1 the optimizer state sharded
+    /// over the ranks (`rlvr_dist::ZeroReduce`: gradients reduced to each parameter's owner, the
+    /// global norm summed over the shards, each owner's new weights broadcast); 2 the gradients
+    /// too (each micro-batch's reduced to the owners, who alone accumulate them). The steps and
+    /// reports are the same (stage 2's sums in another order: `rlvr_dist::zero`).
     ///
     /// # Errors
-    /// As [`Trainer::data_parallel`].
-    pub fn data_parallel_with(mut self, job: Job, zero: bool) -> anyhow::Result<Self> {
+    /// As [`Trainer::data_parallel`]; a stage above 2.
+    pub fn data_parallel_with(mut self, job: Job, zero: u8) -> anyhow::Result<Self> {
+        anyhow::ensure!(zero <= 2, "ZeRO stage {zero}: expected 0, 1 or 2");
         if !job.is_parallel() {
             return Ok(self);
         }
@@ -254,10 +256,12 @@ impl Trainer {
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
         let comm = job.comm();
-        let reduce: Box<dyn crate::update::GradReduce> = if zero {
-            Box::new(rlvr_dist::ZeroReduce::new(Box::new(comm), &params)?)
-        } else {
-            Box::new(rlvr_dist::DistReduce::new(Box::new(comm), &params)?)
+        let reduce: Box<dyn crate::update::GradReduce> = match zero {
+            0 => Box::new(rlvr_dist::DistReduce::new(Box::new(comm), &params)?),
+            1 => Box::new(rlvr_dist::ZeroReduce::new(Box::new(comm), &params)?),
+            _ => Box::new(
+                rlvr_dist::ZeroReduce::new(Box::new(comm), &params)?.with_sharded_gradients(),
+            ),
         };
         // The optimizer built by `new` (no update has run yet), with the ranks' reduction.
         self.optimizer = self.optimizer.with_reduce(reduce)?;
@@ -415,9 +419,19 @@ impl Trainer {
         let index = UpdateIndex::new(view, rows);
         let mut grads = self.optimizer.gradients();
         let mut stats = LossStats::default();
-        for mb in micro_batches(batch, &index.local_rows(&trained), self.micro_batch_limit()) {
+        let mbs = micro_batches(batch, &index.local_rows(&trained), self.micro_batch_limit());
+        // ZeRO-2 reduces every micro-batch's gradients: every rank runs the ranks' largest count,
+        // those past its own (or skipped below) with no gradient.
+        let rounds = self.optimizer.agree_micro_batches(mbs.len())?;
+        let mut mbs = mbs.into_iter();
+        for _ in 0..rounds {
+            let Some(mb) = mbs.next() else {
+                self.optimizer.accumulate_nothing(&mut grads)?;
+                continue;
+            };
             let weights = norm.rows(&index.places(&mb));
             let Some(t) = self.forward(batch, &mb)? else {
+                self.optimizer.accumulate_nothing(&mut grads)?;
                 continue;
             };
             if let Some(d) = diff.as_deref_mut() {
@@ -429,6 +443,7 @@ impl Trainer {
             stats.mismatch.merge(&out.corrected);
             if !out.stats.loss.is_finite() {
                 grads.mark_non_finite();
+                self.optimizer.accumulate_nothing(&mut grads)?;
                 continue;
             }
             self.optimizer.accumulate(&mut grads, &out.loss)?;

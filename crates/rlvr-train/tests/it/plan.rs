@@ -390,7 +390,7 @@ fn param_sizes_are_the_model_tensors() {
 
 /// Per rank: ZeRO-1 divides the masters and moments by the owners' largest share (within one
 /// parameter of 1/W) and leaves every other term; a world above 1 adds the reduction buffer; the
-/// 7B shape on 8 × 80 GB does not fit as full fine-tuning and the plan names what does.
+/// 7B shape on 8 × 80 GB does not fit as full fine-tuning at ZeRO-1 and the plan names what does.
 #[test]
 fn world_size_and_zero_1_per_rank() {
     use rlvr_train::config::plan::{plan_ranks, suggestions};
@@ -430,11 +430,114 @@ fn world_size_and_zero_1_per_rank() {
         (z0.adamw_moments + z0.master_weights + z0.reduction_buffer)
             - (z1.adamw_moments + z1.master_weights + z1.reduction_buffer)
     );
+    // ZeRO-2 with activation checkpointing fits too (since 2026-12-08), named first.
     let fit = suggestions(&r, false, 80 << 30, 8, 1).unwrap();
-    assert!(
-        !fit.is_empty() && fit.iter().all(|s| s.contains("model.lora_rank=16")),
+    assert_eq!(
+        fit.first().map(String::as_str),
+        Some("distributed.zero=2 train.gradient_checkpointing=true"),
         "{fit:?}"
     );
+    assert!(
+        fit[1..].iter().all(|s| s.contains("model.lora_rank=16")),
+        "{fit:?}"
+    );
+}
+
+/// ZeRO-2 per rank: the f32 gradient sum becomes the most-loaded owner's share (one backward's
+/// gradients in bf16 and the embedding's re-sum stay whole), every other term is ZeRO-1's; with
+/// one micro-batch per update the sum is the reduced share itself (no separate sum). The advice:
+/// where ZeRO-1 does not fit and ZeRO-2 does, `distributed.zero=2` is listed (alone, first);
+/// where ZeRO-1 fits, ZeRO-2 is not listed beside it; `--zero 3` is refused.
+#[test]
+fn zero_2_shards_the_gradient_sum_and_the_advice_names_it() {
+    use rlvr_train::config::plan::{plan_ranks, suggestions};
+    let load = |mb: &str| {
+        RawConfig::load(
+            None,
+            &[
+                format!(
+                    "model.path=\"{}\"",
+                    repo().join("configs/shapes/qwen2.5-7b").display()
+                ),
+                "model.dtype=\"bf16\"".into(),
+                "model.device=\"cuda:0\"".into(),
+                "data.max_prompt_len=256".into(),
+                "rollout.max_new_tokens=512".into(),
+                format!("train.micro_batch_size={mb}"),
+            ],
+        )
+        .unwrap()
+    };
+    let r = load("4");
+    let p = shape("qwen2.5-7b").params;
+    let (v, h) = (152_064u64, 3584u64);
+    let z1 = plan_ranks(&r, false, None, 8, 1).unwrap();
+    let z2 = plan_ranks(&r, false, None, 8, 2).unwrap();
+    assert!(
+        z2.micro_batches_per_update > 1,
+        "{}",
+        z2.micro_batches_per_update
+    );
+    let share = z2.optimizer_params_per_rank;
+    assert_eq!(share, z1.optimizer_params_per_rank);
+    // bf16: one backward's gradients (2 bytes), the embedding's re-sum, the f32 share.
+    assert_eq!(z1.gradients, p * 4 + p * 2 + v * h * 2);
+    assert_eq!(z2.gradients, share * 4 + p * 2 + v * h * 2);
+    assert_eq!(
+        (
+            z2.adamw_moments,
+            z2.master_weights,
+            z2.reduction_buffer,
+            z2.weights
+        ),
+        (
+            z1.adamw_moments,
+            z1.master_weights,
+            z1.reduction_buffer,
+            z1.weights
+        )
+    );
+    assert_eq!(z1.train_peak - z2.train_peak, (p - share) * 4);
+    // One process or one rank: the stage changes nothing.
+    let one = plan_ranks(&r, false, None, 1, 2).unwrap();
+    assert_eq!(
+        one.gradients,
+        plan_ranks(&r, false, None, 1, 0).unwrap().gradients
+    );
+    // One micro-batch per update (128 rows): the reduced share is the sum.
+    let big = load("128");
+    let b2 = plan_ranks(&big, false, None, 8, 2).unwrap();
+    assert_eq!(b2.micro_batches_per_update, 1);
+    assert_eq!(b2.gradients, p * 2 + v * h * 2);
+    // Memory between the two peaks: ZeRO-2 fits, ZeRO-1 does not; the advice says so first.
+    let mid = (z1.train_peak.max(z1.rollout_peak) + z2.train_peak.max(z2.rollout_peak)) / 2;
+    assert_eq!(
+        plan_ranks(&r, false, Some(mid), 8, 1).unwrap().fits,
+        Some(false)
+    );
+    assert_eq!(
+        plan_ranks(&r, false, Some(mid), 8, 2).unwrap().fits,
+        Some(true)
+    );
+    for from in [0u8, 1] {
+        let fit = suggestions(&r, false, mid, 8, from).unwrap();
+        assert_eq!(
+            fit.first().map(String::as_str),
+            Some("distributed.zero=2"),
+            "{fit:?}"
+        );
+    }
+    // Enough for ZeRO-1: it is listed, ZeRO-2 alone is not.
+    let m1 = z1.train_peak.max(z1.rollout_peak) + (1 << 20);
+    let fit = suggestions(&r, false, m1, 8, 0).unwrap();
+    assert_eq!(
+        fit.first().map(String::as_str),
+        Some("distributed.zero=1"),
+        "{fit:?}"
+    );
+    assert!(!fit.iter().any(|s| s == "distributed.zero=2"), "{fit:?}");
+    let e = plan_ranks(&r, false, None, 8, 3).unwrap_err().to_string();
+    assert!(e.contains("expected 0, 1 or 2"), "{e}");
 }
 
 #[test]
