@@ -444,7 +444,7 @@ fn coming_from_trl_configs_load_and_resolve() {
         if cfg.raw.model.lora_rank > 0 {
             let lora = cfg.raw.model.lora().unwrap();
             assert_eq!((lora.rank, lora.alpha, lora.dropout), (16, 32.0, 0.05));
-            assert_eq!(lora.targets, rlvr_model::LoraTarget::ALL.to_vec());
+            assert_eq!(lora.targets, [rlvr_model::LoraTarget::AllLinear]);
         }
     }
     // "The same run", the `kind = "python"` components alone, the LoRA block.
