@@ -113,8 +113,8 @@ pub struct VllmClient {
     pub(crate) verified: Option<crate::fingerprint::RefreshCheck>,
     /// The servers' lease, when this client took one ([`VllmClient::take_lease`]).
     pub(crate) lease: Option<crate::lease::ServerLease>,
-    /// How a full-weight refresh names the weights ([`crate::refresh::ServedLayout`]).
-    pub(crate) layout: crate::refresh::ServedLayout,
+    /// How a full-weight refresh names the weights ([`crate::layout::ServedLayout`]).
+    pub(crate) layout: crate::layout::ServedLayout,
 }
 
 impl VllmClient {
@@ -173,14 +173,14 @@ impl VllmClient {
     }
 
     /// Sets how full-weight refreshes name the weights: as the loader of the checkpoint the
-    /// servers were started on takes them ([`crate::refresh::ServedLayout::of_dir`] of that
+    /// servers were started on takes them ([`crate::layout::ServedLayout::of_dir`] of that
     /// directory; [`crate::VllmRollout::connect`] sets it). Default: the model's own names.
-    pub fn set_served_layout(&mut self, layout: crate::refresh::ServedLayout) {
+    pub fn set_served_layout(&mut self, layout: crate::layout::ServedLayout) {
         self.layout = layout;
     }
 
     /// How full-weight refreshes name the weights ([`VllmClient::set_served_layout`]).
-    pub fn served_layout(&self) -> &crate::refresh::ServedLayout {
+    pub fn served_layout(&self) -> &crate::layout::ServedLayout {
         &self.layout
     }
 

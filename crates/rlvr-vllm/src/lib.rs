@@ -9,6 +9,8 @@
 //!   malformed) is retried with back-off, then the call fails naming the server and its answer.
 //! - [`checks`]: start-up checks (health, served name and context length, tokenizer agreement)
 //!   and the log-prob-mode check (`--logprobs-mode processed_logprobs`).
+//! - [`layout`]: how a refresh names the weights for the architecture the servers were started
+//!   on ([`ServedLayout`]: a causal LM's own names, or the multimodal Gemma 3 wrapper's).
 //! - [`refresh`]: the policy written as a checkpoint per version and reloaded on every server,
 //!   verified by scoring a fixed sequence ([`fingerprint`]).
 //! - [`lora`]: with LoRA, each version's adapter written in PEFT's format and loaded by name
@@ -31,6 +33,7 @@ pub mod completion;
 pub mod error;
 pub mod fingerprint;
 pub mod http;
+pub mod layout;
 pub mod lease;
 pub mod lora;
 pub mod refresh;
