@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use rlvr_model::ModelConfig;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::client::VllmClient;
 use crate::error::{io, Result, VllmError};
